@@ -1,0 +1,135 @@
+// Training throughput of the single-rank engine on configs S and M (char
+// Shakespeare), against this machine's sgemm peak measured here with the same
+// library, plus memory: analytic count vs buffers vs resident set growth.
+// Prints figures and ratios; never passes or fails on time.
+//
+//   build/bench/engine_throughput [--steps N] [--config S|M|both]
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "common/spec.h"
+#include "worker/engine/flops.h"
+#include "worker/engine/trainer.h"
+
+namespace {
+
+// Resident set size from /proc/self/status, in bytes ("VmRSS" or "VmHWM").
+int64_t ProcStatusBytes(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key, 0) == 0) {
+      return std::stoll(line.substr(std::strlen(key) + 1)) * 1024;
+    }
+  }
+  return 0;
+}
+
+struct Config {
+  const char* name;
+  int L, NH, C, T, B, warmup, steps;
+};
+
+// What training must hold, counted from the model's definition rather than
+// from the engine's allocation: 4 copies of the parameters (weights,
+// gradients, two Adam moments) and, per token, what backward reads.
+int64_t AnalyticBytes(const Config& c, int V, int64_t n_params,
+                      int64_t* activations) {
+  const int64_t BT = static_cast<int64_t>(c.B) * c.T;
+  // Saved per layer: ln1, qkv(3), atty, residual2, ln2, fch(4), gelu(4),
+  // residual3 = 16 C; LayerNorm mean/rstd = 4; attention probabilities NH·T.
+  const int64_t per_layer = 16LL * c.C + 4 + static_cast<int64_t>(c.NH) * c.T;
+  const int64_t saved = BT * (c.L * per_layer + c.C /*embedding*/ + c.C +
+                              2 /*ln_f*/ + V /*probs*/ + 1 /*losses*/);
+  // Backward of one layer at a time: gradients of every activation of a
+  // layer (15 C per token plus NH·T), and of the logits.
+  const int64_t working =
+      BT * (15LL * c.C + static_cast<int64_t>(c.NH) * c.T + V);
+  *activations = 4 * (saved + working);
+  return 4 * 4 * n_params + *activations;
+}
+
+void RunConfig(const Config& c, double peak) {
+  const int64_t rss0 = ProcStatusBytes("VmRSS");
+  auto spec = ptrain::LoadJobSpecFile(
+      "examples/shakespeare-char.yaml",
+      {"model.n_layer=" + std::to_string(c.L),
+       "model.n_head=" + std::to_string(c.NH),
+       "model.n_embd=" + std::to_string(c.C),
+       "model.block_size=" + std::to_string(c.T),
+       "train.global_batch=" + std::to_string(c.B),
+       "train.steps=" + std::to_string(c.warmup + c.steps)});
+  if (!spec.ok()) {
+    std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
+    std::exit(1);
+  }
+  ptrain::TrainerOptions opt;
+  opt.peak_flops = peak;
+  opt.quiet = true;
+  auto trainer = ptrain::Trainer::Create(*spec, opt);
+  if (!trainer.ok()) {
+    std::fprintf(stderr, "%s\n", trainer.status().ToString().c_str());
+    std::exit(1);
+  }
+  auto& tr = **trainer;
+  for (int s = 0; s < c.warmup; ++s) tr.TrainStep(s);
+  double total = 0, best = 1e30;
+  for (int s = c.warmup; s < c.warmup + c.steps; ++s) {
+    const double t = tr.TrainStep(s).seconds;
+    total += t;
+    best = std::min(best, t);
+  }
+  const double mean = total / c.steps;
+  const double tokens = static_cast<double>(c.B) * c.T;
+  const double flops = tr.flops_per_step();
+  const int64_t rss1 = ProcStatusBytes("VmRSS");
+  std::printf(
+      "config %s (L%d H%d C%d T%d B%d, %lld params): %.1f ms/step (best "
+      "%.1f), %.0f tok/s, %.1f GFLOP/s, MFU %.1f%% of sgemm peak\n",
+      c.name, c.L, c.NH, c.C, c.T, c.B,
+      static_cast<long long>(tr.model().num_params()), mean * 1e3, best * 1e3,
+      tokens / mean, flops / mean / 1e9, 100.0 * flops / mean / peak);
+  const ptrain::MemoryBytes m = tr.memory();
+  int64_t analytic_acts = 0;
+  const int64_t analytic = AnalyticBytes(
+      c, tr.data().vocab_size, tr.model().num_params(), &analytic_acts);
+  const int64_t buffers = m.params + m.grads + m.optimizer + m.activations;
+  std::printf(
+      "  memory: params %.2f MB, grads %.2f MB, adam %.2f MB, activations "
+      "%.2f MB (analytic %.2f MB)\n",
+      m.params / 1e6, m.grads / 1e6, m.optimizer / 1e6, m.activations / 1e6,
+      analytic_acts / 1e6);
+  std::printf(
+      "  memory: analytic %.2f MB, engine buffers %.2f MB (ratio %.3f), "
+      "resident growth %.2f MB (ratio %.3f)\n",
+      analytic / 1e6, buffers / 1e6, double(buffers) / analytic,
+      (rss1 - rss0) / 1e6, double(rss1 - rss0) / analytic);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps_s = 40, steps_m = 6;
+  std::string which = "both";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--steps"))
+      steps_s = steps_m = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--config")) which = argv[i + 1];
+  }
+  const double peak = ptrain::MeasureSgemmPeakFlops(2048, 5);
+  std::printf("threads %d, sgemm peak (oneDNN, 2048^3) %.1f GFLOP/s\n",
+              omp_get_max_threads(), peak / 1e9);
+  if (which == "both" || which == "S") {
+    RunConfig({"S", 4, 4, 128, 64, 16, 5, steps_s}, peak);
+  }
+  if (which == "both" || which == "M") {
+    RunConfig({"M", 6, 6, 384, 256, 8, 2, steps_m}, peak);
+  }
+  std::printf("peak RSS %.1f MB\n", ProcStatusBytes("VmHWM") / 1e6);
+  return 0;
+}

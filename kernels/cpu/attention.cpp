@@ -1,0 +1,136 @@
+// Causal multi-head self-attention forward and backward on CPU: per (batch,
+// head) GEMMs straight on the interleaved QKV buffer, softmax in between.
+// Not flash attention: the (T,T) probabilities are materialised and saved.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/vec_math.h"
+
+namespace ptrain::kernels {
+
+namespace {
+
+// Query rows per causal tile. A tile's scores are computed only for keys
+// [0, end of tile), which skips most of the masked upper triangle while each
+// GEMM stays large enough to run near sgemm speed.
+constexpr int kTile = 64;
+
+}  // namespace
+
+// out is (B,T,C), att is (B,NH,T,T), inp is (B,T,3C).
+// One (b,h) pair per task; gemm called from inside the parallel region runs
+// on its calling thread, so the pairs are the only level of parallelism.
+template <typename F>
+void attention_forward(F* out, F* att, const F* inp, int B, int T, int C,
+                       int NH) {
+  const int hs = C / NH;
+  const int64_t C3 = 3 * static_cast<int64_t>(C);
+  const F scale = F(1) / std::sqrt(static_cast<F>(hs));
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < static_cast<int64_t>(B) * NH; bh++) {
+    const int64_t b = bh / NH;
+    const int64_t h = bh % NH;
+    // q, k, v are (T,hs) views with row stride 3C; out_bh is (T,hs) with
+    // row stride C; att_bh is (T,T).
+    const F* q = inp + b * T * C3 + h * hs;
+    const F* k = q + C;
+    const F* v = q + 2 * C;
+    F* out_bh = out + b * T * C + h * hs;
+    F* att_bh = att + bh * T * T;
+    for (int t0 = 0; t0 < T; t0 += kTile) {
+      const int t1 = std::min(T, t0 + kTile);
+      // att[t0:t1, 0:t1] = scale * q[t0:t1] @ k[0:t1]^T
+      gemm<F>(false, true, t1 - t0, t1, hs, scale, q + t0 * C3, C3, k, C3, F(0),
+              att_bh + static_cast<int64_t>(t0) * T, T);
+      for (int t = t0; t < t1; t++) {
+        F* row = att_bh + static_cast<int64_t>(t) * T;
+        const F maxval = internal::MaxOf(row, t + 1);
+        F sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int t2 = 0; t2 <= t; t2++) {
+          const F e = internal::Exp(row[t2] - maxval);
+          row[t2] = e;
+          sum += e;
+        }
+        const F inv_sum = F(1) / sum;
+#pragma omp simd
+        for (int t2 = 0; t2 <= t; t2++) row[t2] *= inv_sum;
+        for (int t2 = t + 1; t2 < T; t2++) row[t2] = 0;
+      }
+      // out[t0:t1] = att[t0:t1, 0:t1] @ v[0:t1]
+      gemm<F>(false, false, t1 - t0, hs, t1, F(1),
+              att_bh + static_cast<int64_t>(t0) * T, T, v, C3, F(0),
+              out_bh + t0 * static_cast<int64_t>(C), C);
+    }
+  }
+}
+
+// dinp is (B,T,3C), datt is (B,NH,T,T) scratch, dout is (B,T,C),
+// inp is (B,T,3C), att is (B,NH,T,T).
+// Mirrors forward tile by tile; the sums over query tiles (dk, dv) accumulate
+// through beta = 1, and each (b,h) pair owns its own columns of dinp.
+template <typename F>
+void attention_backward(F* dinp, F* datt, const F* dout, const F* inp,
+                        const F* att, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const int64_t C3 = 3 * static_cast<int64_t>(C);
+  const F scale = F(1) / std::sqrt(static_cast<F>(hs));
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < static_cast<int64_t>(B) * NH; bh++) {
+    const int64_t b = bh / NH;
+    const int64_t h = bh % NH;
+    const F* q = inp + b * T * C3 + h * hs;
+    const F* k = q + C;
+    const F* v = q + 2 * C;
+    F* dq = dinp + b * T * C3 + h * hs;
+    F* dk = dq + C;
+    F* dv = dq + 2 * C;
+    const F* dout_bh = dout + b * T * C + h * hs;
+    const F* att_bh = att + bh * T * T;
+    F* datt_bh = datt + bh * T * T;
+    for (int t0 = 0; t0 < T; t0 += kTile) {
+      const int t1 = std::min(T, t0 + kTile);
+      const int nt = t1 - t0;
+      const F* att_tile = att_bh + static_cast<int64_t>(t0) * T;
+      F* datt_tile = datt_bh + static_cast<int64_t>(t0) * T;
+      const F* dout_tile = dout_bh + t0 * static_cast<int64_t>(C);
+      // datt[t0:t1, 0:t1] = dout[t0:t1] @ v[0:t1]^T
+      gemm<F>(false, true, nt, t1, hs, F(1), dout_tile, C, v, C3, F(0),
+              datt_tile, T);
+      // dv[0:t1] += att[t0:t1, 0:t1]^T @ dout[t0:t1]
+      gemm<F>(true, false, t1, hs, nt, F(1), att_tile, T, dout_tile, C, F(1),
+              dv, C3);
+      // Softmax backward in place: dpreatt = att * (datt - sum(att * datt)).
+      for (int t = t0; t < t1; t++) {
+        const F* a = att_bh + static_cast<int64_t>(t) * T;
+        F* d = datt_bh + static_cast<int64_t>(t) * T;
+        F dot = 0;
+#pragma omp simd reduction(+ : dot)
+        for (int t2 = 0; t2 <= t; t2++) dot += a[t2] * d[t2];
+#pragma omp simd
+        for (int t2 = 0; t2 <= t; t2++) d[t2] = a[t2] * (d[t2] - dot);
+        for (int t2 = t + 1; t2 < T; t2++) d[t2] = 0;
+      }
+      // dq[t0:t1] += scale * dpreatt[t0:t1, 0:t1] @ k[0:t1]
+      gemm<F>(false, false, nt, hs, t1, scale, datt_tile, T, k, C3, F(1),
+              dq + t0 * C3, C3);
+      // dk[0:t1] += scale * dpreatt[t0:t1, 0:t1]^T @ q[t0:t1]
+      gemm<F>(true, false, t1, hs, nt, scale, datt_tile, T, q + t0 * C3, C3,
+              F(1), dk, C3);
+    }
+  }
+}
+
+template void attention_forward<float>(float*, float*, const float*, int, int,
+                                       int, int);
+template void attention_forward<double>(double*, double*, const double*, int,
+                                        int, int, int);
+template void attention_backward<float>(float*, float*, const float*,
+                                        const float*, const float*, int, int,
+                                        int, int);
+template void attention_backward<double>(double*, double*, const double*,
+                                         const double*, const double*, int, int,
+                                         int, int);
+
+}  // namespace ptrain::kernels

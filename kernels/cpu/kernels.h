@@ -1,0 +1,109 @@
+// CPU kernels of the GPT forward and backward passes: pure math on raw buffers.
+// No MPI, no model, no allocation; OpenMP inside. Not thread-safe to call on
+// overlapping outputs from several threads.
+//
+// Dimension legend: B batch, T sequence, C channels, OC output channels,
+// V vocabulary, NH heads, hs = C / NH head size, N element count.
+// Every kernel is instantiated for float (training) and double (gradient
+// checks). Tensors are dense row-major.
+//
+// Conventions (llm.c's): forward and backward sit side by side; backward takes
+// forward's arguments mirrored. Every gradient output (`d` + forward name)
+// ACCUMULATES (+=), activation gradients included: callers zero them first.
+#ifndef PTRAIN_KERNELS_CPU_KERNELS_H_
+#define PTRAIN_KERNELS_CPU_KERNELS_H_
+
+#include <cstdint>
+
+namespace ptrain::kernels {
+
+// Row-major C(M,N) = alpha * op(A)(M,K) * op(B)(K,N) + beta * C(M,N).
+// float goes to oneDNN's sgemm, double to BLAS dgemm. Called from inside an
+// OpenMP parallel region it runs on the calling thread only.
+template <typename F>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, F alpha,
+          const F* A, int64_t lda, const F* B, int64_t ldb, F beta, F* C,
+          int64_t ldc);
+
+// out is (B,T,C), inp is (B,T) token ids, wte is (V,C), wpe is (>=T,C).
+// out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
+template <typename F>
+void encoder_forward(F* out, const int32_t* inp, const F* wte, const F* wpe,
+                     int B, int T, int C);
+template <typename F>
+void encoder_backward(F* dwte, F* dwpe, const F* dout, const int32_t* inp,
+                      int B, int T, int C);
+
+// out is (B,T,C), mean and rstd are (B,T) saved for backward, inp is (B,T,C),
+// weight and bias are (C). eps = 1e-5.
+template <typename F>
+void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight,
+                       const F* bias, int B, int T, int C);
+template <typename F>
+void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout,
+                        const F* inp, const F* weight, const F* mean,
+                        const F* rstd, int B, int T, int C);
+
+// out is (B,T,OC), inp is (B,T,C), weight is (OC,C), bias is (OC) or null.
+// out = inp @ weight^T + bias. dinp and dbias may be null (not wanted).
+template <typename F>
+void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int B,
+                    int T, int C, int OC);
+template <typename F>
+void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
+                     const F* weight, int B, int T, int C, int OC);
+
+// Causal multi-head self-attention.
+// inp is (B,T,3C): per position the query, key and value vectors, each C =
+// NH*hs wide, head h at columns [h*hs, (h+1)*hs) of its third.
+// out is (B,T,C), att is (B,NH,T,T): the softmax probabilities, saved for
+// backward (entries above the diagonal are 0). Scores are scaled by 1/sqrt(hs).
+template <typename F>
+void attention_forward(F* out, F* att, const F* inp, int B, int T, int C,
+                       int NH);
+// datt is scratch of (B,NH,T,T), overwritten; dinp is (B,T,3C), accumulated.
+template <typename F>
+void attention_backward(F* dinp, F* datt, const F* dout, const F* inp,
+                        const F* att, int B, int T, int C, int NH);
+
+// GELU, tanh approximation. out, inp are (N).
+template <typename F>
+void gelu_forward(F* out, const F* inp, int64_t N);
+template <typename F>
+void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N);
+
+// out = inp1 + inp2, all (N).
+template <typename F>
+void residual_forward(F* out, const F* inp1, const F* inp2, int64_t N);
+template <typename F>
+void residual_backward(F* dinp1, F* dinp2, const F* dout, int64_t N);
+
+// Fused softmax + cross-entropy. logits is (B,T,V), targets is (B,T),
+// losses is (B,T): -log softmax(logits)[target]; probs is (B,T,V), saved for
+// backward; probs may alias logits.
+template <typename F>
+void crossentropy_softmax_forward(F* losses, F* probs, const F* logits,
+                                  const int32_t* targets, int B, int T, int V);
+// dlogits += (probs - onehot(targets)) * dloss, where dloss is the gradient of
+// the total loss with respect to each position's loss (1/(B*T) for a mean).
+template <typename F>
+void crossentropy_softmax_backward(F* dlogits, const F* probs,
+                                   const int32_t* targets, F dloss, int B,
+                                   int T, int V);
+
+// AdamW on a slice of N parameters, PyTorch's formulation:
+//   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
+//   param -= lr * (weight_decay * param + mhat / (sqrt(vhat) + eps))
+// with bias corrections for step t (1-based). grad_scale applies clipping.
+template <typename F>
+void adamw_update(F* params, F* m, F* v, const F* grads, int64_t N, float lr,
+                  float beta1, float beta2, float eps, float weight_decay,
+                  int64_t t, float grad_scale);
+
+// Sum of squares of x (N), accumulated in double.
+template <typename F>
+double sum_squares(const F* x, int64_t N);
+
+}  // namespace ptrain::kernels
+
+#endif  // PTRAIN_KERNELS_CPU_KERNELS_H_

@@ -1,0 +1,71 @@
+// Linear layer out = inp @ weight^T + bias, forward and backward on CPU, on top
+// of gemm. The bias is folded into the GEMM's C operand (beta = 1).
+#include <omp.h>
+
+#include <algorithm>
+
+#include "kernels/cpu/kernels.h"
+
+namespace ptrain::kernels {
+
+// out is (B,T,OC), inp is (B,T,C), weight is (OC,C), bias is (OC) or null.
+template <typename F>
+void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int B,
+                    int T, int C, int OC) {
+  const int64_t rows = static_cast<int64_t>(B) * T;
+  F beta = 0;
+  if (bias != nullptr) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+      F* o = out + r * OC;
+#pragma omp simd
+      for (int i = 0; i < OC; i++) o[i] = bias[i];
+    }
+    beta = 1;
+  }
+  gemm<F>(false, true, rows, OC, C, F(1), inp, C, weight, C, beta, out, OC);
+}
+
+// dinp is (B,T,C) or null, dweight is (OC,C), dbias is (OC) or null,
+// dout is (B,T,OC), inp is (B,T,C), weight is (OC,C).
+template <typename F>
+void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
+                     const F* weight, int B, int T, int C, int OC) {
+  const int64_t rows = static_cast<int64_t>(B) * T;
+  if (dinp != nullptr) {
+    // dinp (rows,C) += dout (rows,OC) @ weight (OC,C)
+    gemm<F>(false, false, rows, C, OC, F(1), dout, OC, weight, C, F(1), dinp,
+            C);
+  }
+  // dweight (OC,C) += dout^T (OC,rows) @ inp (rows,C)
+  gemm<F>(true, false, OC, C, rows, F(1), dout, OC, inp, C, F(1), dweight, C);
+  if (dbias != nullptr) {
+    // Column sums of dout. One contiguous column slice per thread (aligned to
+    // a 64-byte line): race-free, and the sum order is fixed.
+#pragma omp parallel
+    {
+      const int nth = omp_get_num_threads();
+      const int per = ((OC + nth - 1) / nth + 15) / 16 * 16;
+      const int o0 = std::min(OC, omp_get_thread_num() * per);
+      const int o1 = std::min(OC, o0 + per);
+      for (int64_t r = 0; r < rows; r++) {
+        const F* dy = dout + r * OC;
+#pragma omp simd
+        for (int i = o0; i < o1; i++) dbias[i] += dy[i];
+      }
+    }
+  }
+}
+
+template void matmul_forward<float>(float*, const float*, const float*,
+                                    const float*, int, int, int, int);
+template void matmul_forward<double>(double*, const double*, const double*,
+                                     const double*, int, int, int, int);
+template void matmul_backward<float>(float*, float*, float*, const float*,
+                                     const float*, const float*, int, int, int,
+                                     int);
+template void matmul_backward<double>(double*, double*, double*, const double*,
+                                      const double*, const double*, int, int,
+                                      int, int);
+
+}  // namespace ptrain::kernels

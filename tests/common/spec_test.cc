@@ -1,0 +1,740 @@
+// Tests for common/spec: defaults, YAML mapping and its errors, --set
+// overrides, validation rules and the YAML round trip. All in memory except
+// the LoadJobSpecFile cases, which use the test's temporary directory.
+#include "common/spec.h"
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/util/message_differencer.h>
+#include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace ptrain {
+namespace {
+
+using google::protobuf::util::MessageDifferencer;
+
+// gmock is not linked; this reports a miss the way HasSubstr would.
+::testing::AssertionResult Contains(absl::string_view text,
+                                    absl::string_view part) {
+  if (absl::StrContains(text, part)) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure()
+         << "'" << text << "' does not contain '" << part << "'";
+}
+
+// The smallest spec that validates: everything else is at its default.
+constexpr char kMinimal[] = R"(name: t
+data: {path: data/tinyshakespeare.txt}
+)";
+
+// DESIGN.md §4, verbatim.
+constexpr char kDesignExample[] = R"(name: shakespeare-3d
+model:  {arch: gpt, n_layer: 4, n_head: 4, n_embd: 128, block_size: 64}
+data:   {path: data/tinyshakespeare.txt, tokenizer: char, val_fraction: 0.1}   # or {train_bin: …, val_bin: …} llm.c token files
+parallel: {dp: 2, tp: 2, pp: 2, zero: 1, sequence_parallel: false, microbatches: 4, schedule: 1f1b}
+train:  {steps: 2000, global_batch: 32, lr: 1.0e-3, min_lr: 1.0e-4, warmup_steps: 100,
+         weight_decay: 0.1, grad_clip: 1.0, seed: 1337, eval_every: 100, eval_batches: 20, sample_every: 500}
+checkpoint: {every: 200, keep_last: 3, dir: checkpoints/shakespeare-3d}   # dir holds step-NNNNNNNN/ folders
+resources:  {device: cpu, ranks_per_node: 4}          # device: cpu | cuda
+restart:    {max_restarts: 3, hang_timeout_s: 300}
+)";
+
+// Parses `yaml` and returns the error message, failing the test if it
+// parsed.
+std::string ParseError(const std::string& yaml,
+                       const std::vector<std::string>& overrides = {}) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpec(yaml, overrides, "job.yaml");
+  EXPECT_FALSE(spec.ok()) << "parsed, expected an error:\n" << yaml;
+  if (spec.ok()) return "";
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(spec.status().message());
+}
+
+// The error from applying `overrides` to the minimal spec.
+std::string OverrideError(const std::vector<std::string>& overrides) {
+  return ParseError(kMinimal, overrides);
+}
+
+v1::JobSpec MustParse(const std::string& yaml,
+                      const std::vector<std::string>& overrides = {}) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpec(yaml, overrides, "job.yaml");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *spec : v1::JobSpec();
+}
+
+TEST(DefaultJobSpec, HasTheDocumentedDefaults) {
+  const v1::JobSpec s = DefaultJobSpec();
+  EXPECT_EQ(s.name(), "");
+  EXPECT_EQ(s.model().arch(), "gpt");
+  EXPECT_EQ(s.model().n_layer(), 4);
+  EXPECT_EQ(s.model().n_head(), 4);
+  EXPECT_EQ(s.model().n_embd(), 128);
+  EXPECT_EQ(s.model().block_size(), 64);
+  EXPECT_EQ(s.model().vocab_size(), 0);
+  EXPECT_EQ(s.model().init_from(), "");
+  EXPECT_EQ(s.data().path(), "");
+  EXPECT_EQ(s.data().tokenizer(), "char");
+  EXPECT_EQ(s.data().val_fraction(), 0.1);
+  EXPECT_EQ(s.data().train_bin(), "");
+  EXPECT_EQ(s.data().val_bin(), "");
+  EXPECT_EQ(s.parallel().dp(), 1);
+  EXPECT_EQ(s.parallel().tp(), 1);
+  EXPECT_EQ(s.parallel().pp(), 1);
+  EXPECT_EQ(s.parallel().zero(), 0);
+  EXPECT_FALSE(s.parallel().sequence_parallel());
+  EXPECT_EQ(s.parallel().microbatches(), 1);
+  EXPECT_EQ(s.parallel().schedule(), "1f1b");
+  EXPECT_EQ(s.parallel().bucket_bytes(), 26214400);
+  EXPECT_EQ(s.train().steps(), 1000);
+  EXPECT_EQ(s.train().global_batch(), 32);
+  EXPECT_EQ(s.train().lr(), 1e-3);
+  EXPECT_EQ(s.train().min_lr(), 1e-4);
+  EXPECT_EQ(s.train().warmup_steps(), 100);
+  EXPECT_EQ(s.train().weight_decay(), 0.1);
+  EXPECT_EQ(s.train().grad_clip(), 1.0);
+  EXPECT_EQ(s.train().seed(), 1337u);
+  EXPECT_EQ(s.train().eval_every(), 100);
+  EXPECT_EQ(s.train().eval_batches(), 20);
+  EXPECT_EQ(s.train().sample_every(), 0);
+  EXPECT_EQ(s.train().beta1(), 0.9);
+  EXPECT_EQ(s.train().beta2(), 0.95);
+  EXPECT_EQ(s.train().eps(), 1e-8);
+  EXPECT_EQ(s.train().sample_prompt(), "\n");
+  EXPECT_EQ(s.train().sample_tokens(), 200);
+  EXPECT_EQ(s.train().sample_temperature(), 1.0);
+  EXPECT_EQ(s.train().sample_top_k(), 0);
+  EXPECT_EQ(s.train().log_every(), 10);
+  EXPECT_EQ(s.checkpoint().every(), 0);
+  EXPECT_EQ(s.checkpoint().keep_last(), 3);
+  EXPECT_EQ(s.checkpoint().dir(), "");
+  EXPECT_EQ(s.resources().device(), "cpu");
+  EXPECT_EQ(s.resources().ranks_per_node(), 1);
+  EXPECT_EQ(s.resources().threads_per_rank(), 0);
+  EXPECT_EQ(s.restart().max_restarts(), 3);
+  EXPECT_EQ(s.restart().hang_timeout_s(), 300);
+}
+
+TEST(ParseJobSpec, FieldsMissingFromTheFileKeepTheirDefaults) {
+  v1::JobSpec expected = DefaultJobSpec();
+  expected.set_name("t");
+  expected.mutable_data()->set_path("data/tinyshakespeare.txt");
+  EXPECT_TRUE(MessageDifferencer::Equals(MustParse(kMinimal), expected));
+}
+
+TEST(ParseJobSpec, DesignExampleParsesToTheExpectedValues) {
+  v1::JobSpec expected = DefaultJobSpec();
+  expected.set_name("shakespeare-3d");
+  expected.mutable_data()->set_path("data/tinyshakespeare.txt");
+  v1::ParallelSpec* p = expected.mutable_parallel();
+  p->set_dp(2);
+  p->set_tp(2);
+  p->set_pp(2);
+  p->set_zero(1);
+  p->set_microbatches(4);
+  v1::TrainSpec* t = expected.mutable_train();
+  t->set_steps(2000);
+  t->set_sample_every(500);
+  v1::CheckpointSpec* c = expected.mutable_checkpoint();
+  c->set_every(200);
+  c->set_dir("checkpoints/shakespeare-3d");
+  expected.mutable_resources()->set_ranks_per_node(4);
+
+  const v1::JobSpec got = MustParse(kDesignExample);
+  std::string diff;
+  MessageDifferencer differencer;
+  differencer.ReportDifferencesToString(&diff);
+  EXPECT_TRUE(differencer.Compare(got, expected)) << diff;
+}
+
+TEST(ParseJobSpec, UnknownTopLevelKeyIsRefusedNamingIt) {
+  const std::string msg = ParseError(absl::StrCat(kMinimal, "n_layer: 4\n"));
+  EXPECT_TRUE(Contains(msg,
+                       "job.yaml: n_layer: unknown key; expected one "
+                       "of name, model, data, parallel"));
+  EXPECT_TRUE(Contains(msg, "(line 3, column 1)"));
+}
+
+TEST(ParseJobSpec, UnknownNestedKeyIsRefusedNamingTheDottedPath) {
+  const std::string msg =
+      ParseError(absl::StrCat(kMinimal, "model:\n  n_layers: 4\n"));
+  EXPECT_TRUE(Contains(msg,
+                       "model.n_layers: unknown key; expected one of arch, "
+                       "n_layer, n_head, n_embd, block_size, vocab_size, "
+                       "init_from (line 4, column 3)"));
+}
+
+TEST(ParseJobSpec, DuplicateKeyIsRefused) {
+  EXPECT_TRUE(Contains(
+      ParseError(absl::StrCat(kMinimal, "train: {steps: 1, steps: 2}\n")),
+      "train.steps: duplicate key"));
+}
+
+TEST(ParseJobSpec, NonIntegerForIntegerFieldIsRefusedWithLineAndColumn) {
+  const std::string yaml =
+      "name: t\ndata: {path: a.txt}\ntrain:\n  steps: abc\n";
+  EXPECT_TRUE(Contains(ParseError(yaml),
+                       "train.steps: expected an integer, got 'abc' (line "
+                       "4, column 10)"));
+}
+
+TEST(ParseJobSpec, FractionForIntegerFieldIsRefused) {
+  EXPECT_TRUE(
+      Contains(ParseError(absl::StrCat(kMinimal, "train: {steps: 1.5}\n")),
+               "train.steps: expected an integer, got '1.5'"));
+}
+
+TEST(ParseJobSpec, NonNumberForDoubleFieldIsRefused) {
+  EXPECT_TRUE(
+      Contains(ParseError(absl::StrCat(kMinimal, "train: {lr: fast}\n")),
+               "train.lr: expected a number, got 'fast'"));
+}
+
+TEST(ParseJobSpec, NonBooleanForBoolFieldIsRefused) {
+  EXPECT_TRUE(Contains(
+      ParseError(absl::StrCat(kMinimal, "parallel: {sequence_parallel: 1}\n")),
+      "parallel.sequence_parallel: expected true or false, got '1'"));
+}
+
+TEST(ParseJobSpec, QuotedNumberIsAStringNotANumber) {
+  EXPECT_TRUE(
+      Contains(ParseError(absl::StrCat(kMinimal, "train: {steps: \"200\"}\n")),
+               "train.steps: expected an integer, got the quoted "
+               "string '200'"));
+}
+
+TEST(ParseJobSpec, EmptyValueIsATypeError) {
+  EXPECT_TRUE(Contains(ParseError(absl::StrCat(kMinimal, "train:\n  steps:\n")),
+                       "train.steps: expected an integer, got an empty value"));
+  EXPECT_TRUE(
+      Contains(ParseError(absl::StrCat(kMinimal, "checkpoint: {dir: ~}\n")),
+               "checkpoint.dir: expected a string, got an empty "
+               "value; write '' for an empty string"));
+  EXPECT_TRUE(Contains(ParseError(absl::StrCat(kMinimal, "model:\n")),
+                       "model: expected a map of fields, got an empty value"));
+}
+
+TEST(ParseJobSpec, EmptyQuotedStringIsAnEmptyString) {
+  v1::JobSpec spec =
+      MustParse(absl::StrCat(kMinimal, "train: {sample_prompt: ''}\n"));
+  EXPECT_EQ(spec.train().sample_prompt(), "");
+}
+
+TEST(ParseJobSpec, MapWhereScalarExpectedIsRefused) {
+  EXPECT_TRUE(
+      Contains(ParseError(absl::StrCat(kMinimal, "train:\n  steps: {a: 1}\n")),
+               "train.steps: expected an integer, got a map (line 4, column "
+               "10)"));
+}
+
+TEST(ParseJobSpec, ScalarWhereMapExpectedIsRefused) {
+  EXPECT_TRUE(Contains(ParseError(absl::StrCat(kMinimal, "model: gpt\n")),
+                       "model: expected a map of fields, got 'gpt' (line 3, "
+                       "column 8)"));
+}
+
+TEST(ParseJobSpec, ListWhereScalarExpectedIsRefused) {
+  EXPECT_TRUE(Contains(ParseError("name: [a, b]\ndata: {path: a.txt}\n"),
+                       "name: expected a string, got a list"));
+}
+
+TEST(ParseJobSpec, Int32OverflowIsRefused) {
+  EXPECT_TRUE(Contains(
+      ParseError(absl::StrCat(kMinimal, "model: {n_layer: 2147483648}\n")),
+      "model.n_layer: 2147483648 is out of range for int32 "
+      "[-2147483648, 2147483647]"));
+  EXPECT_TRUE(Contains(
+      ParseError(absl::StrCat(kMinimal, "model: {n_layer: -2147483649}\n")),
+      "model.n_layer: -2147483649 is out of range for int32"));
+  // The boundary itself reads; only validation may refuse it.
+  v1::JobSpec spec = DefaultJobSpec();
+  EXPECT_TRUE(ApplyOverride(&spec, "model.n_layer=2147483647").ok());
+  EXPECT_EQ(spec.model().n_layer(), 2147483647);
+}
+
+TEST(ParseJobSpec, Int64AndUint64RangesAreEnforced) {
+  EXPECT_TRUE(Contains(ParseError(absl::StrCat(
+                           kMinimal, "train: {steps: 9223372036854775808}\n")),
+                       "train.steps: 9223372036854775808 is out of range for "
+                       "int64"));
+  EXPECT_TRUE(
+      Contains(ParseError(absl::StrCat(kMinimal, "train: {seed: -1}\n")),
+               "train.seed: -1 is out of range for uint64"));
+  v1::JobSpec spec = MustParse(
+      absl::StrCat(kMinimal, "train: {seed: 18446744073709551615}\n"));
+  EXPECT_EQ(spec.train().seed(), 18446744073709551615u);
+}
+
+TEST(ParseJobSpec, MalformedYamlReportsSourceLineAndColumn) {
+  const std::string msg = ParseError("name: t\nmodel: {n_layer: 4\n");
+  EXPECT_TRUE(Contains(msg, "job.yaml: malformed YAML at line 3, column 1"));
+}
+
+TEST(ParseJobSpec, TopLevelThatIsNotAMapIsRefused) {
+  EXPECT_TRUE(
+      Contains(ParseError("- a\n- b\n"), "job.yaml: expected a map of fields"));
+  EXPECT_TRUE(Contains(ParseError("just text\n"), "got 'just text'"));
+  EXPECT_TRUE(Contains(ParseError(""), "got an empty document"));
+  EXPECT_TRUE(
+      Contains(ParseError("# only a comment\n"), "got an empty document"));
+}
+
+TEST(ParseJobSpec, SeveralDocumentsAreRefused) {
+  EXPECT_TRUE(Contains(ParseError(absl::StrCat(kMinimal, "---\n", kMinimal)),
+                       "job.yaml: holds 2 YAML documents"));
+}
+
+TEST(ParseJobSpec, YamlNumberSpellingsAreRead) {
+  v1::JobSpec spec = MustParse(absl::StrCat(
+      kMinimal, "train: {lr: 3e-4, min_lr: 0, steps: +7, weight_decay: .5}\n"));
+  EXPECT_EQ(spec.train().lr(), 3e-4);
+  EXPECT_EQ(spec.train().min_lr(), 0.0);
+  EXPECT_EQ(spec.train().steps(), 7);
+  EXPECT_EQ(spec.train().weight_decay(), 0.5);
+}
+
+// --- validation -------------------------------------------------------------
+
+TEST(ValidateJobSpec, MinimalSpecIsValid) { MustParse(kMinimal); }
+
+TEST(ValidateJobSpec, TpMustDivideNHead) {
+  EXPECT_EQ(OverrideError({"parallel.tp=3"}),
+            "parallel.tp=3 does not divide model.n_head=4");
+}
+
+TEST(ValidateJobSpec, PpMustDivideNLayer) {
+  EXPECT_EQ(OverrideError({"parallel.pp=3"}),
+            "parallel.pp=3 does not divide model.n_layer=4");
+}
+
+TEST(ValidateJobSpec, NHeadMustDivideNEmbd) {
+  EXPECT_EQ(OverrideError({"model.n_head=3", "parallel.tp=1"}),
+            "model.n_head=3 does not divide model.n_embd=128");
+}
+
+TEST(ValidateJobSpec, GlobalBatchMustBeDivisibleByDpTimesMicrobatches) {
+  EXPECT_EQ(OverrideError({"parallel.dp=4", "parallel.microbatches=2",
+                           "train.global_batch=30"}),
+            "train.global_batch=30 is not divisible by parallel.dp × "
+            "parallel.microbatches = 4 × 2 = 8");
+  MustParse(kMinimal, {"parallel.dp=4", "parallel.microbatches=2",
+                       "train.global_batch=32"});
+}
+
+TEST(ValidateJobSpec, ZeroStageMustBeZeroToThree) {
+  for (const char* bad : {"parallel.zero=4", "parallel.zero=-1"}) {
+    EXPECT_TRUE(Contains(OverrideError({bad}), "must be between 0 and 3"))
+        << bad;
+  }
+  for (const char* good : {"parallel.zero=0", "parallel.zero=3"}) {
+    MustParse(kMinimal, {good});
+  }
+}
+
+TEST(ValidateJobSpec, SequenceParallelRequiresTensorParallel) {
+  EXPECT_EQ(OverrideError({"parallel.sequence_parallel=true"}),
+            "parallel.sequence_parallel=true requires parallel.tp > 1 "
+            "(parallel.tp=1)");
+  MustParse(kMinimal, {"parallel.sequence_parallel=true", "parallel.tp=2"});
+}
+
+TEST(ValidateJobSpec, SequenceParallelRequiresTpDividingBlockSize) {
+  EXPECT_EQ(OverrideError({"parallel.sequence_parallel=true", "parallel.tp=4",
+                           "model.block_size=66"}),
+            "parallel.tp=4 does not divide model.block_size=66 (required by "
+            "parallel.sequence_parallel=true)");
+}
+
+TEST(ValidateJobSpec, DataPathAndBinsAreExclusive) {
+  EXPECT_TRUE(
+      Contains(OverrideError({"data.train_bin=a.bin", "data.val_bin=b.bin"}),
+               "data.path and data.train_bin/data.val_bin are "
+               "mutually exclusive"));
+  MustParse("name: t\ndata: {train_bin: a.bin, val_bin: b.bin}\n");
+}
+
+TEST(ValidateJobSpec, DataBinsGoTogether) {
+  EXPECT_EQ(ParseError("name: t\ndata: {train_bin: a.bin}\n"),
+            "data.train_bin and data.val_bin go together; data.val_bin is "
+            "empty");
+  EXPECT_EQ(ParseError("name: t\ndata: {val_bin: b.bin}\n"),
+            "data.train_bin and data.val_bin go together; data.train_bin is "
+            "empty");
+}
+
+TEST(ValidateJobSpec, DataNeedsATextFileOrTokenFiles) {
+  EXPECT_TRUE(Contains(ParseError("name: t\n"),
+                       "data: give either data.path (a text file) or both "
+                       "data.train_bin and data.val_bin"));
+}
+
+TEST(ValidateJobSpec, CheckpointEveryRequiresDir) {
+  EXPECT_EQ(OverrideError({"checkpoint.every=100"}),
+            "checkpoint.every=100 requires checkpoint.dir (where step folders "
+            "go)");
+  MustParse(kMinimal, {"checkpoint.every=100", "checkpoint.dir=ck"});
+}
+
+TEST(ValidateJobSpec, MinLrMustNotExceedLr) {
+  EXPECT_EQ(OverrideError({"train.min_lr=0.01"}),
+            "train.min_lr=0.01 must be >= 0 and <= train.lr=0.001");
+}
+
+TEST(ValidateJobSpec, NonFiniteNumbersAreRefused) {
+  EXPECT_EQ(OverrideError({"train.lr=.inf"}),
+            "train.lr=inf must be a finite number");
+  EXPECT_EQ(OverrideError({"train.weight_decay=.nan"}),
+            "train.weight_decay=nan must be a finite number");
+  EXPECT_EQ(OverrideError({"data.val_fraction=-.inf"}),
+            "data.val_fraction=-inf must be a finite number");
+}
+
+TEST(ValidateJobSpec, FirstErrorFollowsProtoSectionOrder) {
+  // Both restart and model are broken; model comes first in job.proto.
+  EXPECT_EQ(OverrideError({"restart.hang_timeout_s=0", "model.n_layer=0"}),
+            "model.n_layer=0 must be >= 1");
+  EXPECT_EQ(OverrideError({"restart.hang_timeout_s=0", "train.steps=0"}),
+            "train.steps=0 must be >= 1");
+}
+
+// One override that breaks one rule, and the error it must produce.
+struct RuleCase {
+  const char* override_;
+  const char* error;
+};
+
+class SingleFieldRuleTest : public ::testing::TestWithParam<RuleCase> {};
+
+TEST_P(SingleFieldRuleTest, OverrideBreakingTheRuleIsRefusedNamingIt) {
+  EXPECT_TRUE(
+      Contains(OverrideError({GetParam().override_}), GetParam().error));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllRules, SingleFieldRuleTest,
+    ::testing::Values(
+        RuleCase{"name=''", "name is empty"},
+        RuleCase{"name=a234567890123456789012345678901234567890123456789012345"
+                 "678901234",
+                 "is 64 characters long; at most 63"},
+        RuleCase{"name='a b'", "contains ' '; only A-Z a-z 0-9 . _ -"},
+        RuleCase{"name=a/b", "contains '/'"},
+        RuleCase{"model.arch=bert", "model.arch='bert' must be one of gpt"},
+        RuleCase{"model.n_layer=0", "model.n_layer=0 must be >= 1"},
+        RuleCase{"model.n_head=0", "model.n_head=0 must be >= 1"},
+        RuleCase{"model.n_embd=0", "model.n_embd=0 must be >= 1"},
+        RuleCase{"model.block_size=0", "model.block_size=0 must be >= 1"},
+        RuleCase{"model.vocab_size=-1", "model.vocab_size=-1 must be >= 0"},
+        RuleCase{"model.init_from=gpt2.bin",
+                 "model.init_from='gpt2.bin' must be empty or 'llmc:PATH'"},
+        RuleCase{"model.init_from='llmc:'", "names no file after 'llmc:'"},
+        RuleCase{"data.tokenizer=bpe",
+                 "data.tokenizer='bpe' must be one of "
+                 "char"},
+        RuleCase{"data.val_fraction=0",
+                 "data.val_fraction=0 must be > 0 and "
+                 "< 1"},
+        RuleCase{"data.val_fraction=1", "data.val_fraction=1 must be > 0"},
+        RuleCase{"parallel.dp=0", "parallel.dp=0 must be >= 1"},
+        RuleCase{"parallel.tp=0", "parallel.tp=0 must be >= 1"},
+        RuleCase{"parallel.pp=0", "parallel.pp=0 must be >= 1"},
+        RuleCase{"parallel.microbatches=0",
+                 "parallel.microbatches=0 must be >= 1"},
+        RuleCase{"parallel.schedule=zb",
+                 "parallel.schedule='zb' must be one "
+                 "of 1f1b, gpipe"},
+        RuleCase{"parallel.bucket_bytes=0",
+                 "parallel.bucket_bytes=0 must be >= 1"},
+        RuleCase{"train.steps=0", "train.steps=0 must be >= 1"},
+        RuleCase{"train.global_batch=0", "train.global_batch=0 must be >= 1"},
+        RuleCase{"train.lr=0", "train.lr=0 must be > 0"},
+        RuleCase{"train.min_lr=-1e-5", "train.min_lr=-1e-05 must be >= 0"},
+        RuleCase{"train.warmup_steps=-1", "train.warmup_steps=-1 must be >= 0"},
+        RuleCase{"train.weight_decay=-0.1",
+                 "train.weight_decay=-0.1 must be >= 0"},
+        RuleCase{"train.grad_clip=-1", "train.grad_clip=-1 must be >= 0"},
+        RuleCase{"train.eval_every=-1", "train.eval_every=-1 must be >= 0"},
+        RuleCase{"train.eval_batches=0", "train.eval_batches=0 must be >= 1"},
+        RuleCase{"train.sample_every=-1", "train.sample_every=-1 must be >= 0"},
+        RuleCase{"train.beta1=1", "train.beta1=1 must be >= 0 and < 1"},
+        RuleCase{"train.beta2=-0.5", "train.beta2=-0.5 must be >= 0 and < 1"},
+        RuleCase{"train.eps=0", "train.eps=0 must be > 0"},
+        RuleCase{"train.sample_tokens=-1",
+                 "train.sample_tokens=-1 must be >= 0"},
+        RuleCase{"train.sample_temperature=0",
+                 "train.sample_temperature=0 must be > 0"},
+        RuleCase{"train.sample_top_k=-1", "train.sample_top_k=-1 must be >= 0"},
+        RuleCase{"train.log_every=0", "train.log_every=0 must be >= 1"},
+        RuleCase{"checkpoint.every=-1", "checkpoint.every=-1 must be >= 0"},
+        RuleCase{"checkpoint.keep_last=0",
+                 "checkpoint.keep_last=0 must be >= 1"},
+        RuleCase{"resources.device=tpu",
+                 "resources.device='tpu' must be one of cpu, cuda"},
+        RuleCase{"resources.ranks_per_node=0",
+                 "resources.ranks_per_node=0 must be >= 1"},
+        RuleCase{"resources.threads_per_rank=-1",
+                 "resources.threads_per_rank=-1 must be >= 0"},
+        RuleCase{"restart.max_restarts=-1",
+                 "restart.max_restarts=-1 must be >= 0"},
+        RuleCase{"restart.hang_timeout_s=0",
+                 "restart.hang_timeout_s=0 must be >= 1"}));
+
+// --- overrides --------------------------------------------------------------
+
+TEST(ApplyOverride, SetsTheFieldNamedByThePath) {
+  v1::JobSpec spec = DefaultJobSpec();
+  ASSERT_TRUE(ApplyOverride(&spec, "train.steps=200").ok());
+  ASSERT_TRUE(ApplyOverride(&spec, "parallel.schedule=gpipe").ok());
+  ASSERT_TRUE(ApplyOverride(&spec, "train.lr=3e-4").ok());
+  ASSERT_TRUE(ApplyOverride(&spec, "parallel.sequence_parallel=true").ok());
+  ASSERT_TRUE(ApplyOverride(&spec, "name=run-2").ok());
+  EXPECT_EQ(spec.train().steps(), 200);
+  EXPECT_EQ(spec.parallel().schedule(), "gpipe");
+  EXPECT_EQ(spec.train().lr(), 3e-4);
+  EXPECT_TRUE(spec.parallel().sequence_parallel());
+  EXPECT_EQ(spec.name(), "run-2");
+}
+
+TEST(ApplyOverride, QuotedValueKeepsColonsAndHashes) {
+  v1::JobSpec spec = DefaultJobSpec();
+  ASSERT_TRUE(ApplyOverride(&spec, "train.sample_prompt='a: b # c'").ok());
+  EXPECT_EQ(spec.train().sample_prompt(), "a: b # c");
+  ASSERT_TRUE(ApplyOverride(&spec, "model.init_from=llmc:gpt2.bin").ok());
+  EXPECT_EQ(spec.model().init_from(), "llmc:gpt2.bin");
+}
+
+TEST(ApplyOverride, CanSetSeveralFieldsOfASectionAtOnce) {
+  v1::JobSpec spec = DefaultJobSpec();
+  ASSERT_TRUE(ApplyOverride(&spec, "parallel={dp: 2, tp: 2}").ok());
+  EXPECT_EQ(spec.parallel().dp(), 2);
+  EXPECT_EQ(spec.parallel().tp(), 2);
+  EXPECT_EQ(spec.parallel().schedule(), "1f1b");  // untouched fields stay
+}
+
+TEST(ApplyOverride, UnknownPathComponentIsRefusedNamingIt) {
+  v1::JobSpec spec = DefaultJobSpec();
+  absl::Status s = ApplyOverride(&spec, "train.stepz=200");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(
+      Contains(s.message(), "train.stepz: unknown key; expected one of steps"));
+  EXPECT_TRUE(Contains(ApplyOverride(&spec, "trian.steps=200").message(),
+                       "trian: unknown key; expected one of name, model"));
+  EXPECT_TRUE(Contains(ApplyOverride(&spec, "train.steps.x=200").message(),
+                       "train.steps is not a section"));
+  EXPECT_TRUE(Contains(ApplyOverride(&spec, "train..steps=200").message(),
+                       "empty component"));
+}
+
+TEST(ApplyOverride, MissingEqualsIsRefused) {
+  v1::JobSpec spec = DefaultJobSpec();
+  absl::Status s = ApplyOverride(&spec, "train.steps");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(s.message(), "expected path=value"));
+}
+
+TEST(ApplyOverride, ValueIsCheckedLikeTheSameValueInYaml) {
+  v1::JobSpec spec = DefaultJobSpec();
+  EXPECT_TRUE(Contains(ApplyOverride(&spec, "train.steps=abc").message(),
+                       "train.steps: expected an integer, got 'abc'"));
+  EXPECT_TRUE(
+      Contains(ApplyOverride(&spec, "model.n_layer=2147483648").message(),
+               "out of range for int32"));
+  EXPECT_TRUE(Contains(ApplyOverride(&spec, "train.steps=").message(),
+                       "got an empty value"));
+  EXPECT_TRUE(Contains(ApplyOverride(&spec, "model=gpt").message(),
+                       "model: expected a map of fields"));
+  EXPECT_EQ(spec.train().steps(), 1000);
+}
+
+TEST(ParseJobSpec, OverridesApplyAfterTheYamlInOrder) {
+  v1::JobSpec spec =
+      MustParse(absl::StrCat(kMinimal, "train: {steps: 50}\n"),
+                {"train.steps=200", "train.steps=300", "name=other"});
+  EXPECT_EQ(spec.train().steps(), 300);
+  EXPECT_EQ(spec.name(), "other");
+}
+
+TEST(ParseJobSpec, OverrideThatBreaksARuleIsRefused) {
+  EXPECT_EQ(ParseError(kDesignExample, {"parallel.tp=3"}),
+            "parallel.tp=3 does not divide model.n_head=4");
+}
+
+TEST(ParseJobSpec, OverrideThatFixesARuleIsAccepted) {
+  // Overrides run before validation, so they can repair the file.
+  MustParse(absl::StrCat(kMinimal, "parallel: {tp: 3}\n"), {"parallel.tp=2"});
+}
+
+TEST(ParseJobSpec, OverrideWithUnknownPathIsRefused) {
+  EXPECT_TRUE(Contains(ParseError(kMinimal, {"train.stepz=1"}),
+                       "override 'train.stepz=1': train.stepz: unknown key"));
+}
+
+// --- round trip -------------------------------------------------------------
+
+// A valid spec with every field away from its default.
+v1::JobSpec FullyCustomSpec() {
+  v1::JobSpec s = MustParse(kDesignExample);
+  s.set_name("Run_2.b-c");
+  v1::ModelSpec* m = s.mutable_model();
+  m->set_n_layer(6);
+  m->set_n_head(6);
+  m->set_n_embd(384);
+  m->set_block_size(256);
+  m->set_vocab_size(50257);
+  m->set_init_from("llmc:/models/gpt2 124M.bin");
+  v1::DataSpec* d = s.mutable_data();
+  d->set_path("");
+  d->set_train_bin("data/train: #1.bin");
+  d->set_val_bin("'data'/\"val\".bin");
+  d->set_tokenizer("char");
+  d->set_val_fraction(0.1 + 0.2);  // not the shortest decimal of itself
+  v1::ParallelSpec* p = s.mutable_parallel();
+  p->set_dp(3);
+  p->set_tp(2);
+  p->set_pp(3);
+  p->set_zero(3);
+  p->set_sequence_parallel(true);
+  p->set_microbatches(5);
+  p->set_schedule("gpipe");
+  p->set_bucket_bytes(int64_t{1} << 40);
+  v1::TrainSpec* t = s.mutable_train();
+  t->set_steps(int64_t{1} << 40);
+  t->set_global_batch(30);
+  t->set_lr(6e-4);
+  t->set_min_lr(6e-5);
+  t->set_warmup_steps(7);
+  t->set_weight_decay(0);
+  t->set_grad_clip(0.5);
+  t->set_seed(18446744073709551615u);
+  t->set_eval_every(0);
+  t->set_eval_batches(1);
+  t->set_sample_every(13);
+  t->set_beta1(0);
+  t->set_beta2(0.999);
+  t->set_eps(1e-300);
+  t->set_sample_prompt("First Citizen:\n  # not a comment\n\t\"q\" 'q' \\ ~");
+  t->set_sample_tokens(0);
+  t->set_sample_temperature(0.7);
+  t->set_sample_top_k(40);
+  t->set_log_every(1);
+  v1::CheckpointSpec* c = s.mutable_checkpoint();
+  c->set_every(1);
+  c->set_keep_last(1);
+  c->set_dir(" leading and trailing ");
+  v1::ResourcesSpec* r = s.mutable_resources();
+  r->set_device("cuda");
+  r->set_ranks_per_node(8);
+  r->set_threads_per_rank(2);
+  v1::RestartSpec* rs = s.mutable_restart();
+  rs->set_max_restarts(0);
+  rs->set_hang_timeout_s(1);
+  return s;
+}
+
+void ExpectRoundTrip(const v1::JobSpec& spec) {
+  const std::string yaml = JobSpecToYaml(spec);
+  absl::StatusOr<v1::JobSpec> back = ParseJobSpec(yaml);
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << yaml;
+  std::string diff;
+  MessageDifferencer differencer;
+  differencer.ReportDifferencesToString(&diff);
+  EXPECT_TRUE(differencer.Compare(*back, spec)) << diff << "\n" << yaml;
+}
+
+TEST(JobSpecToYaml, RoundTripPreservesEveryField) {
+  const v1::JobSpec spec = FullyCustomSpec();
+  ASSERT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  ExpectRoundTrip(spec);
+  ExpectRoundTrip(MustParse(kMinimal));
+}
+
+class StringRoundTripTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(StringRoundTripTest, StringFieldReadsBackUnchanged) {
+  v1::JobSpec spec = MustParse(kMinimal);
+  spec.mutable_train()->set_sample_prompt(GetParam());
+  spec.mutable_checkpoint()->set_dir(GetParam());
+  ExpectRoundTrip(spec);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Awkward, StringRoundTripTest,
+    ::testing::Values("", "\n", "\n\n", "a\nb\n", "a: b", "#x", "a #b", "'",
+                      "\"", "'\"'", "~", "null", "Null", "true", "false", "123",
+                      "1e3", ".inf", "- x", "? x", "{a: 1}", "[1]", "&a", "*a",
+                      "!tag", "|", ">", "%", "@", "`", " lead", "trail ", "\t",
+                      "\r\n", std::string("\x01\x7f", 2),
+                      "\xc3\xbc\xe2\x82\xac", "---", "...", "\\n"));
+
+TEST(JobSpecToYaml, EmitsEveryFieldEvenAtItsDefault) {
+  const YAML::Node root = YAML::Load(JobSpecToYaml(DefaultJobSpec()));
+  const google::protobuf::Descriptor* top = v1::JobSpec::descriptor();
+  for (int i = 0; i < top->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = top->field(i);
+    ASSERT_TRUE(root[f->name()]) << f->name();
+    if (f->message_type() == nullptr) continue;
+    for (int j = 0; j < f->message_type()->field_count(); ++j) {
+      const std::string& name = f->message_type()->field(j)->name();
+      EXPECT_TRUE(root[f->name()][name]) << f->name() << "." << name;
+    }
+  }
+}
+
+// --- files
+// --------------------------------------------------------------------
+
+TEST(LoadJobSpecFile, MissingFileIsNotFoundNamingThePath) {
+  absl::StatusOr<v1::JobSpec> spec =
+      LoadJobSpecFile("/nonexistent/ptrain/job.yaml");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(
+      Contains(spec.status().message(), "/nonexistent/ptrain/job.yaml"));
+}
+
+TEST(LoadJobSpecFile, ReadsAFileAndNamesItInErrors) {
+  const std::string good = ::testing::TempDir() + "/spec_test_good.yaml";
+  std::ofstream(good) << kMinimal;
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(good, {"train.steps=5"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "t");
+  EXPECT_EQ(spec->train().steps(), 5);
+
+  const std::string bad = ::testing::TempDir() + "/spec_test_bad.yaml";
+  std::ofstream(bad) << kMinimal << "train: {steps: x}\n";
+  spec = LoadJobSpecFile(bad);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_TRUE(Contains(spec.status().message(),
+                       bad + ": train.steps: expected an integer"));
+}
+
+TEST(LoadJobSpecFile, FileLargerThanOneMebibyteIsRefused) {
+  const std::string path = ::testing::TempDir() + "/spec_test_big.yaml";
+  {
+    std::ofstream out(path);
+    out << kMinimal << "# " << std::string(1 << 20, 'x') << "\n";
+  }
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(path);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(spec.status().message(), "larger than 1 MiB"));
+}
+
+TEST(LoadJobSpecFile, DirectoryIsRefused) {
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(::testing::TempDir());
+  ASSERT_FALSE(spec.ok());
+  EXPECT_TRUE(Contains(spec.status().message(), "is a directory"));
+}
+
+}  // namespace
+}  // namespace ptrain

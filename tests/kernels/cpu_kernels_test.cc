@@ -1,0 +1,689 @@
+// Tests of the CPU kernels: double-precision gradient checks against central
+// finite differences, accumulation of every gradient, float against double,
+// and the properties of attention, AdamW and the sum of squares.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/kernels.h"
+
+namespace ptrain::kernels {
+namespace {
+
+using Vec = std::vector<double>;
+
+// Odd, non-power-of-two sizes so that no stride or remainder bug hides.
+constexpr int kB = 2;
+constexpr int kT = 5;
+constexpr int kC = 12;
+constexpr int kNH = 3;
+constexpr int kOC = 7;
+constexpr int kV = 11;
+
+// Central differences in double: truncation ~h^2 and rounding ~1e-16 |L| / h
+// are both ~1e-10 for these losses, so 1e-6 leaves margin while any wrong or
+// missing term (errors of 1e-3 and up) fails.
+constexpr double kStep = 1e-6;
+constexpr double kGradTol = 1e-6;
+// Float against double, relative to the tensor's largest value: float
+// rounding over sums of a few hundred terms stays near 1e-6.
+constexpr double kFloatTol = 1e-5;
+
+Vec Random(size_t n, std::mt19937_64* rng, double lo = -1.0, double hi = 1.0) {
+  std::uniform_real_distribution<double> dist(lo, hi);
+  Vec v(n);
+  for (double& x : v) x = dist(*rng);
+  return v;
+}
+
+std::vector<int32_t> RandomTokens(size_t n, int V, std::mt19937_64* rng) {
+  std::uniform_int_distribution<int32_t> dist(0, V - 1);
+  std::vector<int32_t> v(n);
+  for (int32_t& x : v) x = dist(*rng);
+  return v;
+}
+
+double Dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); i++) s += a[i] * b[i];
+  return s;
+}
+
+std::vector<float> ToFloat(const Vec& v) { return {v.begin(), v.end()}; }
+
+// Largest |analytic - numeric| / max(1, |analytic|, |numeric|) over the
+// elements of *x, numeric being the central difference of loss(); prints it.
+double MaxGradError(const std::string& name, Vec* x, const Vec& analytic,
+                    const std::function<double()>& loss) {
+  double maxdiff = 0;
+  double maxrel = 0;
+  for (size_t i = 0; i < x->size(); i++) {
+    const double saved = (*x)[i];
+    (*x)[i] = saved + kStep;
+    const double plus = loss();
+    (*x)[i] = saved - kStep;
+    const double minus = loss();
+    (*x)[i] = saved;
+    const double numeric = (plus - minus) / (2 * kStep);
+    const double diff = std::abs(analytic[i] - numeric);
+    maxdiff = std::max(maxdiff, diff);
+    maxrel = std::max(maxrel, diff / std::max({1.0, std::abs(analytic[i]),
+                                               std::abs(numeric)}));
+  }
+  std::printf("%-28s maxdiff %.3e  maxrel %.3e  (tol %.0e)\n", name.c_str(),
+              maxdiff, maxrel, kGradTol);
+  return maxrel;
+}
+
+// Runs backward() on zeroed gradient buffers, then again on buffers holding
+// noise: the second result must be the noise plus the first.
+void ExpectAccumulates(const std::vector<Vec*>& grads,
+                       const std::function<void()>& backward) {
+  for (Vec* g : grads) std::fill(g->begin(), g->end(), 0.0);
+  backward();
+  std::vector<Vec> fresh;
+  std::vector<Vec> noise;
+  std::mt19937_64 rng(7);
+  for (Vec* g : grads) {
+    fresh.push_back(*g);
+    noise.push_back(Random(g->size(), &rng));
+    *g = noise.back();
+  }
+  backward();
+  for (size_t k = 0; k < grads.size(); k++) {
+    double maxdiff = 0;
+    for (size_t i = 0; i < fresh[k].size(); i++) {
+      maxdiff = std::max(maxdiff,
+                         std::abs((*grads[k])[i] - noise[k][i] - fresh[k][i]));
+    }
+    EXPECT_LE(maxdiff, 1e-12) << "gradient buffer " << k << " not accumulated";
+  }
+}
+
+// Prints and checks max |f - d| / max |d|: relative to the tensor's scale, not
+// each element's, because float sums with cancellation (a GEMM's dot
+// products, K = 384) carry errors relative to their partial sums.
+void ExpectFloatMatchesDouble(const std::string& name,
+                              const std::vector<float>& f, const Vec& d,
+                              double tol = kFloatTol) {
+  ASSERT_EQ(f.size(), d.size());
+  double maxdiff = 0;
+  double scale = 1e-300;
+  for (size_t i = 0; i < d.size(); i++) {
+    maxdiff = std::max(maxdiff, std::abs(double(f[i]) - d[i]));
+    scale = std::max(scale, std::abs(d[i]));
+  }
+  std::printf("%-28s float vs double maxdiff %.3e  rel %.3e  (tol %.0e)\n",
+              name.c_str(), maxdiff, maxdiff / scale, tol);
+  EXPECT_LE(maxdiff / scale, tol) << name;
+}
+
+// ---------------------------------------------------------------- encoder
+
+struct EncoderProblem {
+  EncoderProblem() : rng(1) {
+    tokens = RandomTokens(kB * kT, kV, &rng);
+    tokens[3] = tokens[0];  // repeated tokens share a row of dwte
+    tokens[8] = tokens[0];
+    wte = Random(kV * kC, &rng);
+    wpe = Random(kT * kC, &rng);
+    dout = Random(kB * kT * kC, &rng);
+    out.resize(dout.size());
+    dwte.resize(wte.size());
+    dwpe.resize(wpe.size());
+  }
+  double Loss() {
+    encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), kB, kT,
+                    kC);
+    return Dot(out, dout);
+  }
+  void Backward() {
+    encoder_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), kB,
+                     kT, kC);
+  }
+  std::mt19937_64 rng;
+  std::vector<int32_t> tokens;
+  Vec wte, wpe, dout, out, dwte, dwpe;
+};
+
+TEST(EncoderTest, BackwardMatchesFiniteDifferences) {
+  EncoderProblem p;
+  p.Backward();
+  auto loss = [&] { return p.Loss(); };
+  EXPECT_LE(MaxGradError("encoder dwte", &p.wte, p.dwte, loss), kGradTol);
+  EXPECT_LE(MaxGradError("encoder dwpe", &p.wpe, p.dwpe, loss), kGradTol);
+}
+
+TEST(EncoderTest, BackwardAccumulates) {
+  EncoderProblem p;
+  ExpectAccumulates({&p.dwte, &p.dwpe}, [&] { p.Backward(); });
+}
+
+TEST(EncoderTest, FloatForwardMatchesDouble) {
+  EncoderProblem p;
+  p.Loss();
+  std::vector<float> out(p.out.size());
+  encoder_forward(out.data(), p.tokens.data(), ToFloat(p.wte).data(),
+                  ToFloat(p.wpe).data(), kB, kT, kC);
+  ExpectFloatMatchesDouble("encoder out", out, p.out);
+}
+
+// -------------------------------------------------------------- layernorm
+
+struct LayernormProblem {
+  LayernormProblem() : rng(2) {
+    inp = Random(kB * kT * kC, &rng, -0.5, 1.5);  // nonzero mean per row
+    weight = Random(kC, &rng);
+    bias = Random(kC, &rng);
+    dout = Random(inp.size(), &rng);
+    out.resize(inp.size());
+    mean.resize(kB * kT);
+    rstd.resize(kB * kT);
+    dinp.resize(inp.size());
+    dweight.resize(kC);
+    dbias.resize(kC);
+  }
+  double Loss() {
+    layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(),
+                      weight.data(), bias.data(), kB, kT, kC);
+    return Dot(out, dout);
+  }
+  void Backward() {
+    Loss();  // mean and rstd at the unperturbed point
+    layernorm_backward(dinp.data(), dweight.data(), dbias.data(), dout.data(),
+                       inp.data(), weight.data(), mean.data(), rstd.data(), kB,
+                       kT, kC);
+  }
+  std::mt19937_64 rng;
+  Vec inp, weight, bias, dout, out, mean, rstd, dinp, dweight, dbias;
+};
+
+TEST(LayernormTest, BackwardMatchesFiniteDifferences) {
+  LayernormProblem p;
+  p.Backward();
+  auto loss = [&] { return p.Loss(); };
+  EXPECT_LE(MaxGradError("layernorm dinp", &p.inp, p.dinp, loss), kGradTol);
+  EXPECT_LE(MaxGradError("layernorm dweight", &p.weight, p.dweight, loss),
+            kGradTol);
+  EXPECT_LE(MaxGradError("layernorm dbias", &p.bias, p.dbias, loss), kGradTol);
+}
+
+TEST(LayernormTest, BackwardAccumulates) {
+  LayernormProblem p;
+  ExpectAccumulates({&p.dinp, &p.dweight, &p.dbias}, [&] { p.Backward(); });
+}
+
+TEST(LayernormTest, ForwardNormalisesRows) {
+  LayernormProblem p;
+  std::fill(p.weight.begin(), p.weight.end(), 1.0);
+  std::fill(p.bias.begin(), p.bias.end(), 0.0);
+  p.Loss();
+  for (int r = 0; r < kB * kT; r++) {
+    double sum = 0;
+    double sum_sq = 0;
+    for (int i = 0; i < kC; i++) {
+      sum += p.out[r * kC + i];
+      sum_sq += p.out[r * kC + i] * p.out[r * kC + i];
+    }
+    EXPECT_NEAR(sum / kC, 0.0, 1e-12);
+    // Variance 1 up to the eps = 1e-5 in the denominator.
+    const double var_in = 1.0 / (p.rstd[r] * p.rstd[r]) - 1e-5;
+    EXPECT_NEAR(sum_sq / kC, var_in / (var_in + 1e-5), 1e-12);
+  }
+}
+
+TEST(LayernormTest, FloatForwardMatchesDouble) {
+  LayernormProblem p;
+  p.Loss();
+  std::vector<float> out(p.out.size()), mean(p.mean.size()),
+      rstd(p.rstd.size());
+  layernorm_forward(out.data(), mean.data(), rstd.data(), ToFloat(p.inp).data(),
+                    ToFloat(p.weight).data(), ToFloat(p.bias).data(), kB, kT,
+                    kC);
+  ExpectFloatMatchesDouble("layernorm out", out, p.out);
+  ExpectFloatMatchesDouble("layernorm mean", mean, p.mean);
+  ExpectFloatMatchesDouble("layernorm rstd", rstd, p.rstd);
+}
+
+// ----------------------------------------------------------------- matmul
+
+struct MatmulProblem {
+  MatmulProblem(bool with_bias, int B = kB, int T = kT, int C = kC,
+                int OC = kOC)
+      : rng(3), B(B), T(T), C(C), OC(OC), with_bias(with_bias) {
+    inp = Random(B * T * C, &rng);
+    weight = Random(OC * C, &rng);
+    bias = Random(OC, &rng);
+    dout = Random(B * T * OC, &rng);
+    out.resize(dout.size());
+    dinp.resize(inp.size());
+    dweight.resize(weight.size());
+    dbias.resize(bias.size());
+  }
+  double Loss() {
+    matmul_forward(out.data(), inp.data(), weight.data(),
+                   with_bias ? bias.data() : nullptr, B, T, C, OC);
+    return Dot(out, dout);
+  }
+  void Backward() {
+    matmul_backward(dinp.data(), dweight.data(),
+                    with_bias ? dbias.data() : nullptr, dout.data(), inp.data(),
+                    weight.data(), B, T, C, OC);
+  }
+  std::mt19937_64 rng;
+  int B, T, C, OC;
+  bool with_bias;
+  Vec inp, weight, bias, dout, out, dinp, dweight, dbias;
+};
+
+TEST(MatmulTest, BackwardWithBiasMatchesFiniteDifferences) {
+  MatmulProblem p(/*with_bias=*/true);
+  p.Backward();
+  auto loss = [&] { return p.Loss(); };
+  EXPECT_LE(MaxGradError("matmul dinp", &p.inp, p.dinp, loss), kGradTol);
+  EXPECT_LE(MaxGradError("matmul dweight", &p.weight, p.dweight, loss),
+            kGradTol);
+  EXPECT_LE(MaxGradError("matmul dbias", &p.bias, p.dbias, loss), kGradTol);
+}
+
+TEST(MatmulTest, BackwardWithoutBiasMatchesFiniteDifferences) {
+  MatmulProblem p(/*with_bias=*/false);
+  p.Backward();
+  auto loss = [&] { return p.Loss(); };
+  EXPECT_LE(MaxGradError("matmul(nobias) dinp", &p.inp, p.dinp, loss),
+            kGradTol);
+  EXPECT_LE(MaxGradError("matmul(nobias) dweight", &p.weight, p.dweight, loss),
+            kGradTol);
+}
+
+TEST(MatmulTest, BackwardAccumulates) {
+  MatmulProblem p(/*with_bias=*/true);
+  ExpectAccumulates({&p.dinp, &p.dweight, &p.dbias}, [&] { p.Backward(); });
+}
+
+TEST(MatmulTest, BackwardWithNullDinpStillAccumulatesDweight) {
+  MatmulProblem p(/*with_bias=*/true);
+  p.Backward();
+  const Vec dweight = p.dweight;
+  const Vec dbias = p.dbias;
+  std::fill(p.dweight.begin(), p.dweight.end(), 0.0);
+  std::fill(p.dbias.begin(), p.dbias.end(), 0.0);
+  matmul_backward<double>(nullptr, p.dweight.data(), p.dbias.data(),
+                          p.dout.data(), p.inp.data(), p.weight.data(), kB, kT,
+                          kC, kOC);
+  EXPECT_EQ(p.dweight, dweight);
+  EXPECT_EQ(p.dbias, dbias);
+}
+
+TEST(MatmulTest, FloatForwardAndBackwardMatchDouble) {
+  // Large enough for sgemm's blocked paths (C = 384 as in the model).
+  for (bool with_bias : {true, false}) {
+    MatmulProblem p(with_bias, 2, 37, 384, 129);
+    p.Loss();
+    p.Backward();
+    std::vector<float> out(p.out.size()), dinp(p.dinp.size()),
+        dweight(p.dweight.size()), dbias(p.dbias.size());
+    const std::vector<float> inp = ToFloat(p.inp), weight = ToFloat(p.weight),
+                             bias = ToFloat(p.bias), dout = ToFloat(p.dout);
+    matmul_forward(out.data(), inp.data(), weight.data(),
+                   with_bias ? bias.data() : nullptr, p.B, p.T, p.C, p.OC);
+    matmul_backward(dinp.data(), dweight.data(),
+                    with_bias ? dbias.data() : nullptr, dout.data(), inp.data(),
+                    weight.data(), p.B, p.T, p.C, p.OC);
+    ExpectFloatMatchesDouble("matmul out", out, p.out);
+    ExpectFloatMatchesDouble("matmul dinp", dinp, p.dinp);
+    ExpectFloatMatchesDouble("matmul dweight", dweight, p.dweight);
+    ExpectFloatMatchesDouble("matmul dbias", dbias, p.dbias);
+  }
+}
+
+// -------------------------------------------------------------- attention
+
+struct AttentionProblem {
+  AttentionProblem(int B = kB, int T = kT, int C = kC, int NH = kNH)
+      : rng(4), B(B), T(T), C(C), NH(NH) {
+    inp = Random(B * T * 3 * C, &rng);
+    dout = Random(B * T * C, &rng);
+    out.resize(dout.size());
+    att.resize(B * NH * T * T);
+    datt.resize(att.size());
+    dinp.resize(inp.size());
+  }
+  double Loss() {
+    attention_forward(out.data(), att.data(), inp.data(), B, T, C, NH);
+    return Dot(out, dout);
+  }
+  void Backward() {
+    Loss();  // att at the unperturbed point
+    attention_backward(dinp.data(), datt.data(), dout.data(), inp.data(),
+                       att.data(), B, T, C, NH);
+  }
+  std::mt19937_64 rng;
+  int B, T, C, NH;
+  Vec inp, dout, out, att, datt, dinp;
+};
+
+TEST(AttentionTest, BackwardMatchesFiniteDifferences) {
+  AttentionProblem p;
+  p.Backward();
+  EXPECT_LE(
+      MaxGradError("attention dinp", &p.inp, p.dinp, [&] { return p.Loss(); }),
+      kGradTol);
+}
+
+TEST(AttentionTest, BackwardMatchesFiniteDifferencesAcrossCausalTiles) {
+  // T = 70 spans two query tiles (the kernel tiles by 64 rows), the second
+  // one partial.
+  AttentionProblem p(/*B=*/1, /*T=*/70, /*C=*/6, /*NH=*/2);
+  p.Backward();
+  EXPECT_LE(MaxGradError("attention(T=70) dinp", &p.inp, p.dinp,
+                         [&] { return p.Loss(); }),
+            kGradTol);
+}
+
+TEST(AttentionTest, BackwardAccumulates) {
+  AttentionProblem p;
+  ExpectAccumulates({&p.dinp}, [&] { p.Backward(); });
+}
+
+TEST(AttentionTest, ProbabilitiesAreCausalAndRowsSumToOne) {
+  AttentionProblem p(2, 70, 12, 3);
+  p.Loss();
+  for (int bh = 0; bh < p.B * p.NH; bh++) {
+    for (int t = 0; t < p.T; t++) {
+      const double* row = &p.att[(static_cast<size_t>(bh) * p.T + t) * p.T];
+      double sum = 0;
+      for (int t2 = 0; t2 <= t; t2++) {
+        EXPECT_GT(row[t2], 0.0);
+        sum += row[t2];
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-12) << "bh " << bh << " t " << t;
+      for (int t2 = t + 1; t2 < p.T; t2++) ASSERT_EQ(row[t2], 0.0);
+    }
+  }
+}
+
+TEST(AttentionTest, FutureKeysAndValuesDoNotChangeEarlierOutputs) {
+  AttentionProblem p(2, 70, 12, 3);
+  const int C = p.C;
+  for (int t_changed : {3, 66}) {
+    p.Loss();
+    const Vec before = p.out;
+    AttentionProblem q = p;
+    for (int b = 0; b < p.B; b++) {
+      // Every key and value (columns C..3C) at position t_changed.
+      double* kv = &q.inp[(static_cast<size_t>(b) * p.T + t_changed) * 3 * C];
+      for (int i = C; i < 3 * C; i++) kv[i] += 0.5;
+    }
+    q.Loss();
+    for (int b = 0; b < p.B; b++) {
+      for (int t = 0; t < p.T; t++) {
+        for (int i = 0; i < C; i++) {
+          const size_t idx = (static_cast<size_t>(b) * p.T + t) * C + i;
+          if (t < t_changed) {
+            ASSERT_EQ(q.out[idx], before[idx]) << "t " << t;
+          }
+        }
+      }
+      const size_t at = (static_cast<size_t>(b) * p.T + t_changed) * C;
+      EXPECT_NE(q.out[at], before[at]) << "the change itself must be seen";
+    }
+  }
+}
+
+TEST(AttentionTest, FloatForwardAndBackwardMatchDouble) {
+  // T = 150 covers full and partial causal tiles; hs = 64 as in the model.
+  AttentionProblem p(/*B=*/2, /*T=*/150, /*C=*/128, /*NH=*/2);
+  p.Backward();
+  std::vector<float> out(p.out.size()), att(p.att.size()), datt(p.datt.size()),
+      dinp(p.dinp.size());
+  const std::vector<float> inp = ToFloat(p.inp), dout = ToFloat(p.dout);
+  attention_forward(out.data(), att.data(), inp.data(), p.B, p.T, p.C, p.NH);
+  attention_backward(dinp.data(), datt.data(), dout.data(), inp.data(),
+                     att.data(), p.B, p.T, p.C, p.NH);
+  ExpectFloatMatchesDouble("attention out", out, p.out);
+  ExpectFloatMatchesDouble("attention att", att, p.att);
+  ExpectFloatMatchesDouble("attention dinp", dinp, p.dinp);
+}
+
+// ------------------------------------------------------------------- gelu
+
+TEST(GeluTest, BackwardMatchesFiniteDifferences) {
+  std::mt19937_64 rng(5);
+  Vec inp = Random(157, &rng, -5.0, 5.0);
+  const Vec dout = Random(inp.size(), &rng);
+  Vec out(inp.size()), dinp(inp.size());
+  gelu_backward(dinp.data(), inp.data(), dout.data(), inp.size());
+  auto loss = [&] {
+    gelu_forward(out.data(), inp.data(), inp.size());
+    return Dot(out, dout);
+  };
+  EXPECT_LE(MaxGradError("gelu dinp", &inp, dinp, loss), kGradTol);
+  ExpectAccumulates({&dinp}, [&] {
+    gelu_backward(dinp.data(), inp.data(), dout.data(), inp.size());
+  });
+}
+
+// The tanh formula itself in long double. 1 + tanh(u) cancels for negative
+// x, so it is trusted only down to x = -5, where it is ~1e-7 and long double
+// still keeps ~12 digits of it.
+double GeluReference(double x) {
+  const long double xl = x;
+  const long double u =
+      std::sqrt(2.0L / M_PIl) * (xl + 0.044715L * xl * xl * xl);
+  return static_cast<double>(0.5L * xl * (1.0L + std::tanh(u)));
+}
+
+TEST(GeluTest, ForwardMatchesTanhFormula) {
+  Vec inp;
+  for (double x = -12.0; x <= 12.0; x += 1.0 / 64) inp.push_back(x);
+  Vec out(inp.size());
+  std::vector<float> outf(inp.size());
+  gelu_forward(out.data(), inp.data(), inp.size());
+  gelu_forward(outf.data(), ToFloat(inp).data(), inp.size());
+  double maxrel_d = 0;
+  double maxrel_f = 0;
+  double worst_x = 0;
+  for (size_t i = 0; i < inp.size(); i++) {
+    if (inp[i] < -5.0) {
+      // |GELU(x)| < 3e-7 here; float's 0.5 x (1 + tanhf) already gives 0.
+      EXPECT_LE(std::abs(outf[i]), 3e-7) << "x " << inp[i];
+      EXPECT_LE(std::abs(out[i]), 3e-7) << "x " << inp[i];
+      continue;
+    }
+    const double ref = GeluReference(inp[i]);
+    const double scale = std::max(std::abs(ref), 1e-300);
+    maxrel_d = std::max(maxrel_d, std::abs(out[i] - ref) / scale);
+    const double rel_f = std::abs(outf[i] - ref) / scale;
+    if (rel_f > maxrel_f) {
+      maxrel_f = rel_f;
+      worst_x = inp[i];
+    }
+  }
+  std::printf(
+      "gelu vs tanh formula on [-5,12]: double maxrel %.3e, float maxrel "
+      "%.3e (at x = %.4f)\n",
+      maxrel_d, maxrel_f, worst_x);
+  EXPECT_LE(maxrel_d, 1e-12);
+  EXPECT_LE(maxrel_f, 2e-6);
+}
+
+TEST(GeluTest, FloatForwardAndBackwardMatchDouble) {
+  std::mt19937_64 rng(6);
+  const Vec inp = Random(1001, &rng, -6.0, 6.0);
+  const Vec dout = Random(inp.size(), &rng);
+  Vec out(inp.size()), dinp(inp.size());
+  std::vector<float> outf(inp.size()), dinpf(inp.size());
+  gelu_forward(out.data(), inp.data(), inp.size());
+  gelu_backward(dinp.data(), inp.data(), dout.data(), inp.size());
+  gelu_forward(outf.data(), ToFloat(inp).data(), inp.size());
+  gelu_backward(dinpf.data(), ToFloat(inp).data(), ToFloat(dout).data(),
+                inp.size());
+  ExpectFloatMatchesDouble("gelu out", outf, out);
+  ExpectFloatMatchesDouble("gelu dinp", dinpf, dinp);
+}
+
+// --------------------------------------------------------------- residual
+
+TEST(ResidualTest, BackwardMatchesFiniteDifferencesAndAccumulates) {
+  std::mt19937_64 rng(8);
+  Vec inp1 = Random(97, &rng), inp2 = Random(97, &rng);
+  const Vec dout = Random(97, &rng);
+  Vec out(97), dinp1(97), dinp2(97);
+  residual_backward(dinp1.data(), dinp2.data(), dout.data(), 97);
+  auto loss = [&] {
+    residual_forward(out.data(), inp1.data(), inp2.data(), 97);
+    return Dot(out, dout);
+  };
+  EXPECT_LE(MaxGradError("residual dinp1", &inp1, dinp1, loss), kGradTol);
+  EXPECT_LE(MaxGradError("residual dinp2", &inp2, dinp2, loss), kGradTol);
+  ExpectAccumulates({&dinp1, &dinp2}, [&] {
+    residual_backward(dinp1.data(), dinp2.data(), dout.data(), 97);
+  });
+  std::vector<float> outf(97);
+  residual_forward(outf.data(), ToFloat(inp1).data(), ToFloat(inp2).data(), 97);
+  loss();
+  ExpectFloatMatchesDouble("residual out", outf, out);
+}
+
+// ----------------------------------------------------------- crossentropy
+
+struct CrossentropyProblem {
+  explicit CrossentropyProblem(int V = kV) : rng(9), V(V) {
+    logits = Random(kB * kT * V, &rng, -3.0, 3.0);
+    targets = RandomTokens(kB * kT, V, &rng);
+    losses.resize(kB * kT);
+    probs.resize(logits.size());
+    dlogits.resize(logits.size());
+  }
+  // Mean loss over positions, as training uses it.
+  double Loss() {
+    crossentropy_softmax_forward(losses.data(), probs.data(), logits.data(),
+                                 targets.data(), kB, kT, V);
+    double sum = 0;
+    for (double l : losses) sum += l;
+    return sum * dloss;
+  }
+  void Backward() {
+    Loss();
+    crossentropy_softmax_backward(dlogits.data(), probs.data(), targets.data(),
+                                  dloss, kB, kT, V);
+  }
+  std::mt19937_64 rng;
+  int V;
+  double dloss = 1.0 / (kB * kT);
+  Vec logits;
+  std::vector<int32_t> targets;
+  Vec losses, probs, dlogits;
+};
+
+TEST(CrossentropyTest, BackwardMatchesFiniteDifferences) {
+  CrossentropyProblem p;
+  p.Backward();
+  EXPECT_LE(MaxGradError("crossentropy dlogits", &p.logits, p.dlogits,
+                         [&] { return p.Loss(); }),
+            kGradTol);
+}
+
+TEST(CrossentropyTest, BackwardAccumulates) {
+  CrossentropyProblem p;
+  ExpectAccumulates({&p.dlogits}, [&] { p.Backward(); });
+}
+
+TEST(CrossentropyTest, ForwardIsStableForLargeLogits) {
+  CrossentropyProblem p;
+  for (double& x : p.logits) x += 1000.0;  // exp would overflow unshifted
+  const double shifted = p.Loss();
+  for (double& x : p.logits) x -= 1000.0;
+  EXPECT_NEAR(shifted, p.Loss(), 1e-9);
+  EXPECT_TRUE(std::isfinite(shifted));
+}
+
+TEST(CrossentropyTest, ForwardInPlaceMatchesSeparateProbs) {
+  CrossentropyProblem p(/*V=*/1001);
+  p.Loss();
+  std::vector<float> logits = ToFloat(p.logits), probs(logits.size());
+  std::vector<float> losses(kB * kT), losses_inplace(kB * kT);
+  crossentropy_softmax_forward(losses.data(), probs.data(), logits.data(),
+                               p.targets.data(), kB, kT, p.V);
+  crossentropy_softmax_forward(losses_inplace.data(), logits.data(),
+                               logits.data(), p.targets.data(), kB, kT, p.V);
+  EXPECT_EQ(losses, losses_inplace);
+  EXPECT_EQ(probs, logits);
+  ExpectFloatMatchesDouble("crossentropy losses", losses, p.losses);
+  ExpectFloatMatchesDouble("crossentropy probs", probs, p.probs);
+}
+
+// ------------------------------------------------------------------ adamw
+
+// PyTorch's single-tensor AdamW step, scalar, in double.
+void AdamwReference(Vec* params, Vec* m, Vec* v, const Vec& grads, float lr,
+                    float beta1, float beta2, float eps, float weight_decay,
+                    int64_t t, float grad_scale) {
+  const double b1 = beta1, b2 = beta2;
+  const double bc1 = 1.0 - std::pow(b1, double(t));
+  const double bc2 = 1.0 - std::pow(b2, double(t));
+  for (size_t i = 0; i < params->size(); i++) {
+    const double g = grads[i] * double(grad_scale);
+    (*params)[i] *= 1.0 - double(lr) * double(weight_decay);
+    (*m)[i] = b1 * (*m)[i] + (1.0 - b1) * g;
+    (*v)[i] = b2 * (*v)[i] + (1.0 - b2) * g * g;
+    const double denom = std::sqrt((*v)[i]) / std::sqrt(bc2) + double(eps);
+    (*params)[i] -= double(lr) / bc1 * (*m)[i] / denom;
+  }
+}
+
+TEST(AdamwTest, ThreeStepsMatchPytorchAdamw) {
+  constexpr size_t kN = 1003;
+  constexpr float kLr = 1e-2f, kBeta1 = 0.9f, kBeta2 = 0.95f, kEps = 1e-8f,
+                  kWd = 0.1f, kGradScale = 0.7f;
+  std::mt19937_64 rng(10);
+  Vec ref_p = Random(kN, &rng), ref_m(kN), ref_v(kN);
+  Vec p = ref_p, m(kN), v(kN);
+  std::vector<float> pf = ToFloat(ref_p), mf(kN), vf(kN);
+  for (int64_t t = 1; t <= 3; t++) {
+    const Vec grads = Random(kN, &rng);
+    AdamwReference(&ref_p, &ref_m, &ref_v, grads, kLr, kBeta1, kBeta2, kEps,
+                   kWd, t, kGradScale);
+    adamw_update(p.data(), m.data(), v.data(), grads.data(), kN, kLr, kBeta1,
+                 kBeta2, kEps, kWd, t, kGradScale);
+    adamw_update(pf.data(), mf.data(), vf.data(), ToFloat(grads).data(), kN,
+                 kLr, kBeta1, kBeta2, kEps, kWd, t, kGradScale);
+  }
+  double maxdiff = 0;
+  for (size_t i = 0; i < kN; i++) {
+    maxdiff = std::max(maxdiff, std::abs(p[i] - ref_p[i]));
+  }
+  std::printf("adamw double vs reference maxdiff %.3e (tol 1e-12)\n", maxdiff);
+  EXPECT_LE(maxdiff, 1e-12);
+  ExpectFloatMatchesDouble("adamw params", pf, ref_p, 1e-6);
+  ExpectFloatMatchesDouble("adamw m", mf, ref_m, 1e-6);
+  ExpectFloatMatchesDouble("adamw v", vf, ref_v, 1e-6);
+}
+
+// ------------------------------------------------------------ sum_squares
+
+TEST(SumSquaresTest, MatchesSimpleLoop) {
+  std::mt19937_64 rng(11);
+  const Vec x = Random(100003, &rng);
+  const std::vector<float> xf = ToFloat(x);
+  double ref = 0;
+  double ref_f = 0;
+  for (size_t i = 0; i < x.size(); i++) {
+    ref += x[i] * x[i];
+    ref_f += double(xf[i]) * double(xf[i]);
+  }
+  EXPECT_NEAR(sum_squares(x.data(), x.size()), ref, 1e-10 * ref);
+  EXPECT_NEAR(sum_squares(xf.data(), xf.size()), ref_f, 1e-10 * ref_f);
+  EXPECT_EQ(sum_squares(x.data(), 0), 0.0);
+}
+
+}  // namespace
+}  // namespace ptrain::kernels

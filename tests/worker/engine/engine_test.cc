@@ -1,0 +1,326 @@
+// Engine pieces on one rank: layout-invariant initialisation, the parameter
+// table, the data sampler, token files, the schedule, clipping, and gradient
+// accumulation over microbatches.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "worker/engine/data.h"
+#include "worker/engine/gpt.h"
+#include "worker/engine/optimizer.h"
+#include "worker/engine/rng.h"
+
+namespace ptrain {
+namespace {
+
+const GptConfig kTiny{/*n_layer=*/2, /*n_head=*/2, /*n_embd=*/12,
+                      /*block_size=*/8, /*vocab_size=*/13};
+
+std::string TempPath(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          ("ptrain_engine_test_" + name))
+      .string();
+}
+
+TEST(Rng, PhiloxMatchesPublishedKnownAnswer) {
+  // Random123's kat_vectors for philox4x32_10, all-ones counter and key.
+  auto r = Philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu},
+                      {0xffffffffu, 0xffffffffu});
+  EXPECT_EQ(r[0], 0x408f276du);
+  EXPECT_EQ(r[1], 0x41c83b0eu);
+  EXPECT_EQ(r[2], 0xa20bc7c6u);
+  EXPECT_EQ(r[3], 0x6d5451fdu);
+}
+
+TEST(Rng, CounterNormalHasUnitMomentsAndDependsOnAllInputs) {
+  double sum = 0, sq = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) {
+    const double x = CounterNormal(7, 3, i);
+    sum += x;
+    sq += x * x;
+  }
+  EXPECT_NEAR(sum / n, 0.0, 0.01);
+  EXPECT_NEAR(sq / n, 1.0, 0.01);
+  EXPECT_NE(CounterNormal(7, 3, 5), CounterNormal(8, 3, 5));
+  EXPECT_NE(CounterNormal(7, 3, 5), CounterNormal(7, 4, 5));
+  EXPECT_NE(CounterNormal(7, 3, 5), CounterNormal(7, 3, 6));
+}
+
+TEST(GptLayout, ParameterCountMatchesGpt2Formula) {
+  const int64_t C = kTiny.n_embd, L = kTiny.n_layer, V = kTiny.vocab_size;
+  const int64_t T = kTiny.block_size;
+  const int64_t expect = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
+  EXPECT_EQ(GptNumParams(kTiny), expect);
+  // Contiguous, in order, with decay exactly on the matrices.
+  int64_t offset = 0;
+  for (const auto& p : GptParamLayout(kTiny)) {
+    EXPECT_EQ(p.offset, offset) << p.name;
+    offset += p.numel;
+    EXPECT_EQ(p.decay, p.shape.size() == 2) << p.name;
+  }
+}
+
+TEST(GptInit, EveryElementIsAPureFunctionOfSeedNameAndIndex) {
+  Gpt a(kTiny, 1, 4), b(kTiny, 2, 8);
+  a.InitParams(42);
+  b.InitParams(42);
+  ASSERT_EQ(a.num_params(), b.num_params());
+  for (int64_t i = 0; i < a.num_params(); ++i) {
+    ASSERT_EQ(a.params()[i], b.params()[i]) << i;
+  }
+  // A shard computes its elements alone, without the rest of the model.
+  for (const auto& p : a.layout()) {
+    for (int64_t i = p.numel / 2; i < p.numel; ++i) {
+      ASSERT_EQ(InitialValue(p, 42, i), a.params()[p.offset + i]) << p.name;
+    }
+  }
+  Gpt c(kTiny, 1, 4);
+  c.InitParams(43);
+  int same = 0;
+  for (int64_t i = 0; i < a.num_params(); ++i) {
+    same += a.params()[i] == c.params()[i];
+  }
+  // Only LayerNorm ones and zero biases coincide across seeds.
+  const int64_t C = kTiny.n_embd, L = kTiny.n_layer;
+  EXPECT_EQ(same, L * 13 * C + 2 * C);
+}
+
+TEST(GptInit, InitialValueDoesNotDependOnTheParameterOffset) {
+  // A tensor keeps its numbers when other tensors change size (another
+  // vocabulary moves every offset after wte).
+  GptConfig other = kTiny;
+  other.vocab_size = 29;
+  const auto a = GptParamLayout(kTiny), b = GptParamLayout(other);
+  ASSERT_NE(a[2].offset, b[2].offset);
+  for (int64_t i = 0; i < a[4].numel; ++i) {
+    ASSERT_EQ(InitialValue(a[4], 9, i), InitialValue(b[4], 9, i));
+  }
+}
+
+TEST(GptInit, WeightsHaveTheGpt2StandardDeviations) {
+  GptConfig big{4, 4, 64, 16, 50};
+  Gpt m(big, 1, 1);
+  m.InitParams(1);
+  for (const auto& p : m.layout()) {
+    if (p.init != ParamInfo::Init::kNormal) continue;
+    double sq = 0;
+    for (int64_t i = 0; i < p.numel; ++i) {
+      sq += double(m.params()[p.offset + i]) * m.params()[p.offset + i];
+    }
+    EXPECT_NEAR(std::sqrt(sq / p.numel), p.init_std, 0.1 * p.init_std)
+        << p.name;
+  }
+}
+
+TEST(BatchSampler, GlobalBatchIsAPureFunctionOfSeedAndStep) {
+  std::vector<uint16_t> tokens(1000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = i % 50;
+  const int T = 8, GB = 6;
+  BatchSampler s(&tokens, T, GB, 5, "train");
+  std::vector<int32_t> whole_in(GB * T), whole_tg(GB * T);
+  s.Fill(3, 0, GB, whole_in.data(), whole_tg.data());
+  // Any split of the batch over ranks and microbatches sees the same rows.
+  for (int first : {0, 2, 4}) {
+    std::vector<int32_t> in(2 * T), tg(2 * T);
+    BatchSampler again(&tokens, T, GB, 5, "train");
+    again.Fill(3, first, 2, in.data(), tg.data());
+    for (int i = 0; i < 2 * T; ++i) {
+      ASSERT_EQ(in[i], whole_in[first * T + i]);
+      ASSERT_EQ(tg[i], whole_tg[first * T + i]);
+    }
+  }
+  for (int i = 0; i < GB; ++i) {
+    for (int t = 0; t + 1 < T; ++t) {
+      EXPECT_EQ(whole_tg[i * T + t], whole_in[i * T + t + 1]);
+    }
+  }
+  std::vector<int32_t> other_in(GB * T), other_tg(GB * T);
+  s.Fill(4, 0, GB, other_in.data(), other_tg.data());
+  EXPECT_NE(other_in, whole_in);
+}
+
+TEST(TokenData, CharTokenizerRoundTripsAndSplitsTheTail) {
+  const std::string path = TempPath("text.txt");
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += "hello world\n";
+  std::ofstream(path) << text;
+  v1::DataSpec spec;
+  spec.set_path(path);
+  spec.set_tokenizer("char");
+  spec.set_val_fraction(0.25);
+  auto data = LoadTokenData(spec, 0, 8);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->vocab_size, 9);  // "\n dehlorw"
+  EXPECT_EQ(data->train.size(), 900u);
+  EXPECT_EQ(data->val.size(), 300u);
+  std::vector<int32_t> ids(data->val.begin(), data->val.begin() + 12);
+  EXPECT_EQ(data->tokenizer.Decode(ids), "hello world\n");
+  EXPECT_EQ(LoadTokenData(spec, 10, 8).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::filesystem::remove(path);
+}
+
+TEST(TokenData, VocabularyMismatchNamesTheField) {
+  const std::string path = TempPath("vocab.txt");
+  std::ofstream(path) << std::string(100, 'a') + std::string(100, 'b');
+  v1::DataSpec spec;
+  spec.set_path(path);
+  spec.set_val_fraction(0.5);
+  auto data = LoadTokenData(spec, 65, 8);
+  ASSERT_FALSE(data.ok());
+  EXPECT_NE(data.status().message().find("model.vocab_size=65"),
+            std::string::npos)
+      << data.status();
+  std::filesystem::remove(path);
+}
+
+TEST(TokenData, LlmcTokenFilesLoadAndBadHeadersAreRefused) {
+  const std::string train = TempPath("train.bin"), val = TempPath("val.bin");
+  std::vector<uint16_t> toks(64);
+  for (size_t i = 0; i < toks.size(); ++i) toks[i] = (i * 7) % 100;
+  ASSERT_TRUE(WriteTokenFile(train, toks).ok());
+  ASSERT_TRUE(WriteTokenFile(val, toks).ok());
+  v1::DataSpec spec;
+  spec.set_train_bin(train);
+  spec.set_val_bin(val);
+  auto data = LoadTokenData(spec, 0, 16);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->vocab_size, 50257);
+  EXPECT_EQ(data->train, toks);
+
+  // Token 99 does not fit a vocabulary of 50.
+  auto small = LoadTokenData(spec, 50, 16);
+  ASSERT_FALSE(small.ok());
+  EXPECT_NE(small.status().message().find("data.train_bin: token"),
+            std::string::npos)
+      << small.status();
+
+  // Wrong magic.
+  {
+    std::fstream f(train, std::ios::in | std::ios::out | std::ios::binary);
+    int32_t bad = 1234;
+    f.write(reinterpret_cast<char*>(&bad), 4);
+  }
+  auto magic = LoadTokenData(spec, 0, 16);
+  ASSERT_FALSE(magic.ok());
+  EXPECT_NE(magic.status().message().find("bad magic 1234"), std::string::npos)
+      << magic.status();
+
+  // Truncated body.
+  ASSERT_TRUE(WriteTokenFile(train, toks).ok());
+  std::filesystem::resize_file(train, 1024 + 2 * 60);
+  auto size = LoadTokenData(spec, 0, 16);
+  ASSERT_FALSE(size.ok());
+  EXPECT_NE(size.status().message().find("header says 64 tokens"),
+            std::string::npos)
+      << size.status();
+
+  spec.set_val_bin(TempPath("missing.bin"));
+  ASSERT_TRUE(WriteTokenFile(train, toks).ok());
+  EXPECT_EQ(LoadTokenData(spec, 0, 16).status().code(),
+            absl::StatusCode::kNotFound);
+  std::filesystem::remove(train);
+  std::filesystem::remove(val);
+}
+
+TEST(Schedule, WarmupRisesLinearlyThenCosineEndsAtMinLr) {
+  v1::TrainSpec t;
+  t.set_lr(1e-3);
+  t.set_min_lr(1e-4);
+  t.set_warmup_steps(10);
+  t.set_steps(110);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 0), 1e-4);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 4), 5e-4);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 10), 1e-3);
+  EXPECT_NEAR(LearningRate(t, 10 + 99 / 2.0), 5.5e-4, 1e-5);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 109), 1e-4);
+  for (int s = 11; s < 110; ++s) {
+    EXPECT_LT(LearningRate(t, s), LearningRate(t, s - 1));
+  }
+}
+
+TEST(Clipping, ScaleBringsTheNormDownToTheThresholdOnly) {
+  EXPECT_FLOAT_EQ(ClipScale(0.5, 1.0), 1.0f);
+  EXPECT_NEAR(ClipScale(4.0, 1.0), 0.25f, 1e-6);
+  EXPECT_FLOAT_EQ(ClipScale(100.0, 0.0), 1.0f);
+}
+
+TEST(AdamW, DecayAppliesToMatricesOnlyEvenInsideAShard) {
+  const auto layout = GptParamLayout(kTiny);
+  const int64_t n = GptNumParams(kTiny);
+  v1::TrainSpec t;
+  t.set_beta1(0.9);
+  t.set_beta2(0.95);
+  t.set_eps(1e-8);
+  t.set_weight_decay(0.5);
+  // Zero gradients: only decay moves a parameter.
+  std::vector<float> params(n, 1.0f), grads(n, 0.0f);
+  // A shard that starts inside wpe and ends inside the first block.
+  const int64_t lo = layout[1].offset + 3, hi = layout[4].offset + 5;
+  AdamW opt(layout, lo, hi, t);
+  opt.Step(params.data() + lo, grads.data() + lo, 0.1f, 1.0f);
+  for (const auto& p : layout) {
+    for (int64_t i = p.offset; i < p.offset + p.numel; ++i) {
+      const bool inside = i >= lo && i < hi;
+      const float want = inside && p.decay ? 0.95f : 1.0f;
+      ASSERT_FLOAT_EQ(params[i], want) << p.name << " element " << i - p.offset;
+    }
+  }
+  EXPECT_EQ(opt.bytes(), 2 * (hi - lo) * 4);
+}
+
+TEST(Gpt, MicrobatchAccumulationEqualsOneLargeBatch) {
+  const int B = 4, T = 8;
+  std::vector<int32_t> in(B * T), tg(B * T);
+  for (int i = 0; i < B * T; ++i) {
+    in[i] = CounterRandom64(1, 1, i) % kTiny.vocab_size;
+    tg[i] = CounterRandom64(1, 2, i) % kTiny.vocab_size;
+  }
+  Gpt whole(kTiny, B, T), parts(kTiny, B / 2, T);
+  whole.InitParams(3);
+  parts.InitParams(3);
+  whole.ZeroGrad();
+  parts.ZeroGrad();
+  const float dloss = 1.0f / (B * T);
+  const float l = whole.Forward(in.data(), tg.data(), B, T);
+  whole.Backward(in.data(), tg.data(), dloss);
+  float l2 = 0;
+  for (int half = 0; half < 2; ++half) {
+    const int32_t* i = in.data() + half * (B / 2) * T;
+    const int32_t* g = tg.data() + half * (B / 2) * T;
+    l2 += parts.Forward(i, g, B / 2, T) / 2;
+    parts.Backward(i, g, dloss);
+  }
+  EXPECT_NEAR(l, l2, 1e-6);
+  double diff = 0, scale = 0;
+  for (int64_t i = 0; i < whole.num_params(); ++i) {
+    diff =
+        std::max(diff, double(std::fabs(whole.grads()[i] - parts.grads()[i])));
+    scale = std::max(scale, double(std::fabs(whole.grads()[i])));
+  }
+  std::printf("accumulated vs whole-batch gradient maxdiff %.3e (scale %.3e)\n",
+              diff, scale);
+  EXPECT_LE(diff, 1e-5 * scale);
+  EXPECT_GT(scale, 0.0);
+}
+
+TEST(Gpt, ShorterSequencesUseTheFrontOfTheBuffers) {
+  // Forward on (1,T') inside a model allocated for (2,8) gives the logits
+  // that a model allocated for exactly (1,T') gives.
+  std::vector<int32_t> in = {1, 5, 7, 2, 9};
+  Gpt big(kTiny, 2, 8), exact(kTiny, 1, 5);
+  big.InitParams(11);
+  exact.InitParams(11);
+  big.Forward(in.data(), nullptr, 1, 5);
+  exact.Forward(in.data(), nullptr, 1, 5);
+  for (int i = 0; i < 5 * kTiny.vocab_size; ++i) {
+    ASSERT_FLOAT_EQ(big.logits()[i], exact.logits()[i]) << i;
+  }
+}
+
+}  // namespace
+}  // namespace ptrain

@@ -1,0 +1,203 @@
+#include "worker/engine/data.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "worker/engine/rng.h"
+
+namespace ptrain {
+
+namespace {
+
+constexpr int32_t kTokenMagic = 20240520;
+constexpr int32_t kTokenVersion = 1;
+constexpr int kHeaderInts = 256;
+constexpr int kGpt2Vocab = 50257;
+
+absl::StatusOr<std::string> ReadFile(const std::string& field,
+                                     const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat(field, ": no such file '", path, "'"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(field, ": cannot read '", path, "'"));
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) {
+    return absl::DataLossError(
+        absl::StrCat(field, ": read error on '", path, "'"));
+  }
+  return ss.str();
+}
+
+absl::StatusOr<std::vector<uint16_t>> ReadTokenFile(const std::string& field,
+                                                    const std::string& path,
+                                                    int vocab_size) {
+  auto bytes = ReadFile(field, path);
+  if (!bytes.ok()) return bytes.status();
+  const std::string& b = *bytes;
+  if (b.size() < kHeaderInts * sizeof(int32_t)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", path, "' is ", b.size(),
+                     " bytes, shorter than the 1024-byte llm.c token header"));
+  }
+  int32_t header[kHeaderInts];
+  std::memcpy(header, b.data(), sizeof(header));
+  if (header[0] != kTokenMagic) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", path, "' has bad magic ", header[0],
+                     " (expected ", kTokenMagic, ")"));
+  }
+  if (header[1] != kTokenVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", path, "' has version ", header[1],
+                     " (expected ", kTokenVersion, ")"));
+  }
+  const int64_t count = header[2];
+  const int64_t want = static_cast<int64_t>(sizeof(header)) + 2 * count;
+  if (count < 0 || static_cast<int64_t>(b.size()) != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", path, "' header says ", count, " tokens (",
+                     want, " bytes) but the file has ", b.size(), " bytes"));
+  }
+  std::vector<uint16_t> tokens(count);
+  std::memcpy(tokens.data(), b.data() + sizeof(header), 2 * count);
+  for (int64_t i = 0; i < count; ++i) {
+    if (tokens[i] >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": token ", tokens[i], " at position ", i, " of '", path,
+          "' is outside the model's vocabulary of ", vocab_size));
+    }
+  }
+  return tokens;
+}
+
+}  // namespace
+
+CharTokenizer::CharTokenizer(std::string vocab) : vocab_(std::move(vocab)) {
+  std::fill(std::begin(id_of_), std::end(id_of_), -1);
+  for (size_t i = 0; i < vocab_.size(); ++i) {
+    id_of_[static_cast<unsigned char>(vocab_[i])] = static_cast<int>(i);
+  }
+}
+
+CharTokenizer CharTokenizer::FromText(std::string_view text) {
+  bool seen[256] = {};
+  for (unsigned char c : text) seen[c] = true;
+  std::string vocab;
+  for (int c = 0; c < 256; ++c) {
+    if (seen[c]) vocab.push_back(static_cast<char>(c));
+  }
+  return CharTokenizer(std::move(vocab));
+}
+
+std::vector<int32_t> CharTokenizer::Encode(std::string_view text) const {
+  std::vector<int32_t> ids;
+  ids.reserve(text.size());
+  for (unsigned char c : text) {
+    if (id_of_[c] >= 0) ids.push_back(id_of_[c]);
+  }
+  return ids;
+}
+
+std::string CharTokenizer::Decode(const std::vector<int32_t>& ids) const {
+  std::string out;
+  out.reserve(ids.size());
+  for (int32_t id : ids) {
+    if (id >= 0 && id < size()) out.push_back(vocab_[id]);
+  }
+  return out;
+}
+
+absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
+                                        int model_vocab_size, int block_size) {
+  TokenData data;
+  if (!spec.path().empty()) {
+    auto text = ReadFile("data.path", spec.path());
+    if (!text.ok()) return text.status();
+    data.tokenizer = CharTokenizer::FromText(*text);
+    data.has_tokenizer = true;
+    data.vocab_size = data.tokenizer.size();
+    if (model_vocab_size != 0 && model_vocab_size != data.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.vocab_size=", model_vocab_size,
+          " does not match the vocabulary of data.path '", spec.path(), "' (",
+          data.vocab_size, " distinct characters)"));
+    }
+    const auto ids = data.tokenizer.Encode(*text);
+    const auto n_val = static_cast<size_t>(static_cast<double>(ids.size()) *
+                                           spec.val_fraction());
+    const size_t n_train = ids.size() - n_val;
+    data.train.assign(ids.begin(), ids.begin() + n_train);
+    data.val.assign(ids.begin() + n_train, ids.end());
+  } else {
+    data.vocab_size = model_vocab_size != 0 ? model_vocab_size : kGpt2Vocab;
+    auto train =
+        ReadTokenFile("data.train_bin", spec.train_bin(), data.vocab_size);
+    if (!train.ok()) return train.status();
+    auto val = ReadTokenFile("data.val_bin", spec.val_bin(), data.vocab_size);
+    if (!val.ok()) return val.status();
+    data.train = std::move(*train);
+    data.val = std::move(*val);
+  }
+  const auto need = static_cast<size_t>(block_size) + 1;
+  if (data.train.size() < need || data.val.size() < need) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data: the train split (", data.train.size(),
+        " tokens) and the validation split (", data.val.size(),
+        " tokens) must each hold at least model.block_size+1 = ", need,
+        " tokens"));
+  }
+  return data;
+}
+
+absl::Status WriteTokenFile(const std::string& path,
+                            const std::vector<uint16_t>& tokens) {
+  int32_t header[kHeaderInts] = {};
+  header[0] = kTokenMagic;
+  header[1] = kTokenVersion;
+  header[2] = static_cast<int32_t>(tokens.size());
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(header), sizeof(header));
+  out.write(reinterpret_cast<const char*>(tokens.data()),
+            static_cast<std::streamsize>(tokens.size() * sizeof(uint16_t)));
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+BatchSampler::BatchSampler(const std::vector<uint16_t>* tokens, int T,
+                           int global_batch, uint64_t seed,
+                           std::string_view stream)
+    : tokens_(tokens),
+      T_(T),
+      global_batch_(global_batch),
+      seed_(seed),
+      stream_(StableHash(stream)) {}
+
+void BatchSampler::Fill(int64_t b, int first, int count, int32_t* inputs,
+                        int32_t* targets) const {
+  // Starting positions 0 .. n-T-1 leave room for the shifted target.
+  const uint64_t span = tokens_->size() - static_cast<size_t>(T_);
+  for (int i = 0; i < count; ++i) {
+    const uint64_t index = static_cast<uint64_t>(b) * global_batch_ + first + i;
+    const uint64_t start = CounterRandom64(seed_, stream_, index) % span;
+    const uint16_t* src = tokens_->data() + start;
+    for (int t = 0; t < T_; ++t) {
+      inputs[static_cast<int64_t>(i) * T_ + t] = src[t];
+      targets[static_cast<int64_t>(i) * T_ + t] = src[t + 1];
+    }
+  }
+}
+
+}  // namespace ptrain

@@ -1,0 +1,14 @@
+// This machine's matrix-multiply peak, measured with the library the engine
+// uses, as the denominator of MFU (model FLOPs utilisation).
+#ifndef PTRAIN_WORKER_ENGINE_FLOPS_H_
+#define PTRAIN_WORKER_ENGINE_FLOPS_H_
+
+namespace ptrain {
+
+// FLOP/s of the best of `reps` single-precision n×n×n GEMMs on the current
+// OpenMP thread count.
+double MeasureSgemmPeakFlops(int n = 1024, int reps = 8);
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_WORKER_ENGINE_FLOPS_H_

@@ -1,0 +1,295 @@
+// GPT-2 forward and backward on one rank, over kernels/cpu.
+#include "worker/engine/gpt.h"
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/kernels.h"
+#include "worker/engine/rng.h"
+
+namespace ptrain {
+
+namespace k = kernels;
+
+std::vector<ParamInfo> GptParamLayout(const GptConfig& cfg) {
+  const int64_t C = cfg.n_embd, L = cfg.n_layer, V = cfg.vocab_size;
+  const double std = 0.02;
+  // GPT-2 scales the residual projections by 1/sqrt(2L): two per block.
+  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(L));
+  std::vector<ParamInfo> out;
+  int64_t offset = 0;
+  auto add = [&](std::string name, std::vector<int64_t> shape, int layer,
+                 ParamInfo::Init init, double init_std) {
+    ParamInfo p;
+    p.name = std::move(name);
+    p.numel = 1;
+    for (int64_t d : shape) p.numel *= d;
+    p.shape = std::move(shape);
+    p.offset = offset;
+    p.layer = layer;
+    p.decay = p.shape.size() == 2;
+    p.init = init;
+    p.init_std = init_std;
+    offset += p.numel;
+    out.push_back(std::move(p));
+  };
+  using I = ParamInfo::Init;
+  add("wte", {V, C}, -1, I::kNormal, std);
+  add("wpe", {cfg.block_size, C}, -1, I::kNormal, std);
+  for (int l = 0; l < L; ++l) {
+    const std::string h = absl::StrCat("h.", l, ".");
+    add(h + "ln_1.weight", {C}, l, I::kOnes, 0);
+    add(h + "ln_1.bias", {C}, l, I::kZeros, 0);
+    add(h + "attn.c_attn.weight", {3 * C, C}, l, I::kNormal, std);
+    add(h + "attn.c_attn.bias", {3 * C}, l, I::kZeros, 0);
+    add(h + "attn.c_proj.weight", {C, C}, l, I::kNormal, proj_std);
+    add(h + "attn.c_proj.bias", {C}, l, I::kZeros, 0);
+    add(h + "ln_2.weight", {C}, l, I::kOnes, 0);
+    add(h + "ln_2.bias", {C}, l, I::kZeros, 0);
+    add(h + "mlp.c_fc.weight", {4 * C, C}, l, I::kNormal, std);
+    add(h + "mlp.c_fc.bias", {4 * C}, l, I::kZeros, 0);
+    add(h + "mlp.c_proj.weight", {C, 4 * C}, l, I::kNormal, proj_std);
+    add(h + "mlp.c_proj.bias", {C}, l, I::kZeros, 0);
+  }
+  add("ln_f.weight", {C}, -1, I::kOnes, 0);
+  add("ln_f.bias", {C}, -1, I::kZeros, 0);
+  return out;
+}
+
+int64_t GptNumParams(const GptConfig& config) {
+  const auto layout = GptParamLayout(config);
+  return layout.back().offset + layout.back().numel;
+}
+
+float InitialValue(const ParamInfo& info, uint64_t seed, int64_t index) {
+  switch (info.init) {
+    case ParamInfo::Init::kZeros:
+      return 0.0f;
+    case ParamInfo::Init::kOnes:
+      return 1.0f;
+    case ParamInfo::Init::kNormal:
+      break;
+  }
+  return static_cast<float>(
+      info.init_std *
+      CounterNormal(seed, StableHash(info.name), static_cast<uint64_t>(index)));
+}
+
+double GptFlopsPerToken(const GptConfig& cfg, int T) {
+  const double N = static_cast<double>(GptNumParams(cfg)) -
+                   static_cast<double>(cfg.block_size) * cfg.n_embd;
+  return 6.0 * N + 12.0 * cfg.n_layer * cfg.n_embd * static_cast<double>(T);
+}
+
+Gpt::Gpt(const GptConfig& config, int max_B, int max_T)
+    : config_(config), max_B_(max_B), max_T_(max_T) {
+  if (config.n_layer < 1 || config.n_head < 1 || config.n_embd < 1 ||
+      config.n_embd % config.n_head != 0 || config.vocab_size < 1 ||
+      max_T < 1 || max_T > config.block_size || max_B < 1) {
+    throw std::invalid_argument("Gpt: inconsistent model config");
+  }
+  layout_ = GptParamLayout(config);
+  num_params_ = layout_.back().offset + layout_.back().numel;
+  params_.assign(num_params_, 0.0f);
+  grads_.assign(num_params_, 0.0f);
+
+  const int64_t BT = static_cast<int64_t>(max_B) * max_T;
+  const int64_t C = config.n_embd, L = config.n_layer, V = config.vocab_size;
+  const int64_t NH = config.n_head;
+  const int64_t att = static_cast<int64_t>(max_B) * NH * max_T * max_T;
+  // Saved activations: 16C + 4 floats per token per layer, plus attention.
+  const int64_t total = BT * C + L * BT * (16 * C + 4) + L * att +
+                        BT * (C + 2) + BT * V + BT +
+                        // backward working set of one layer
+                        BT * C * 7 + BT * 8 * C + att + BT * V;
+  acts_.assign(total, 0.0f);
+  encoded_ = Slice(acts_, BT * C);
+  ln1_ = Slice(acts_, L * BT * C);
+  ln1_mean_ = Slice(acts_, L * BT);
+  ln1_rstd_ = Slice(acts_, L * BT);
+  qkv_ = Slice(acts_, L * BT * 3 * C);
+  atty_ = Slice(acts_, L * BT * C);
+  att_ = Slice(acts_, L * att);
+  residual2_ = Slice(acts_, L * BT * C);
+  ln2_ = Slice(acts_, L * BT * C);
+  ln2_mean_ = Slice(acts_, L * BT);
+  ln2_rstd_ = Slice(acts_, L * BT);
+  fch_ = Slice(acts_, L * BT * 4 * C);
+  fch_gelu_ = Slice(acts_, L * BT * 4 * C);
+  residual3_ = Slice(acts_, L * BT * C);
+  lnf_ = Slice(acts_, BT * C);
+  lnf_mean_ = Slice(acts_, BT);
+  lnf_rstd_ = Slice(acts_, BT);
+  logits_ = Slice(acts_, BT * V);
+  losses_ = Slice(acts_, BT);
+  scratch_ = Slice(acts_, BT * C);
+  dresidual_ = Slice(acts_, BT * C);
+  dln_ = Slice(acts_, BT * C);
+  dqkv_ = Slice(acts_, BT * 3 * C);
+  datty_ = Slice(acts_, BT * C);
+  datt_ = Slice(acts_, att);
+  dfch_ = Slice(acts_, BT * 4 * C);
+  dfch_gelu_ = Slice(acts_, BT * 4 * C);
+  dlogits_ = Slice(acts_, BT * V);
+  if (acts_used_ != total) throw std::logic_error("Gpt: activation layout");
+}
+
+float* Gpt::Slice(std::vector<float>& buf, int64_t count) {
+  float* p = buf.data() + acts_used_;
+  acts_used_ += count;
+  return p;
+}
+
+LayerParams Gpt::LayerView(float* base, int l) const {
+  // The 12 tensors of block l follow wte and wpe in layout order.
+  const ParamInfo* p = &layout_[2 + 12 * l];
+  auto at = [&](int i) { return base + p[i].offset; };
+  return LayerParams{at(0), at(1), at(2), at(3), at(4),  at(5),
+                     at(6), at(7), at(8), at(9), at(10), at(11)};
+}
+
+void Gpt::InitParams(uint64_t seed) {
+  for (const auto& p : layout_) {
+    float* dst = params_.data() + p.offset;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < p.numel; ++i) dst[i] = InitialValue(p, seed, i);
+  }
+}
+
+void Gpt::ZeroGrad() {
+  std::memset(grads_.data(), 0, grads_.size() * sizeof(float));
+}
+
+float Gpt::Forward(const int32_t* inputs, const int32_t* targets, int B,
+                   int T) {
+  if (B < 1 || B > max_B_ || T < 1 || T > max_T_) {
+    throw std::invalid_argument("Gpt::Forward: batch larger than allocated");
+  }
+  B_ = B;
+  T_ = T;
+  const int C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size;
+  const int L = config_.n_layer;
+  const int64_t BTC = static_cast<int64_t>(B) * T * C;
+  const int64_t BT = static_cast<int64_t>(B) * T;
+  // Per-layer slabs are laid out for the allocated maximum, so index them by
+  // the maximum stride; a smaller batch uses the front of each slab.
+  const int64_t sBTC = static_cast<int64_t>(max_B_) * max_T_ * C;
+  const int64_t sBT = static_cast<int64_t>(max_B_) * max_T_;
+  const int64_t sAtt = static_cast<int64_t>(max_B_) * NH * max_T_ * max_T_;
+
+  float* P = params_.data();
+  const float* wte = P + layout_[0].offset;
+  const float* wpe = P + layout_[1].offset;
+  k::encoder_forward(encoded_, inputs, wte, wpe, B, T, C);
+  for (int l = 0; l < L; ++l) {
+    const LayerParams w = LayerView(P, l);
+    const float* residual = l == 0 ? encoded_ : residual3_ + (l - 1) * sBTC;
+    float* ln1 = ln1_ + l * sBTC;
+    float* qkv = qkv_ + l * 3 * sBTC;
+    float* atty = atty_ + l * sBTC;
+    float* att = att_ + l * sAtt;
+    float* residual2 = residual2_ + l * sBTC;
+    float* ln2 = ln2_ + l * sBTC;
+    float* fch = fch_ + l * 4 * sBTC;
+    float* fch_gelu = fch_gelu_ + l * 4 * sBTC;
+    float* residual3 = residual3_ + l * sBTC;
+    k::layernorm_forward(ln1, ln1_mean_ + l * sBT, ln1_rstd_ + l * sBT,
+                         residual, w.ln1w, w.ln1b, B, T, C);
+    k::matmul_forward(qkv, ln1, w.qkvw, w.qkvb, B, T, C, 3 * C);
+    k::attention_forward(atty, att, qkv, B, T, C, NH);
+    k::matmul_forward(scratch_, atty, w.attprojw, w.attprojb, B, T, C, C);
+    k::residual_forward(residual2, residual, scratch_, BTC);
+    k::layernorm_forward(ln2, ln2_mean_ + l * sBT, ln2_rstd_ + l * sBT,
+                         residual2, w.ln2w, w.ln2b, B, T, C);
+    k::matmul_forward(fch, ln2, w.fcw, w.fcb, B, T, C, 4 * C);
+    k::gelu_forward(fch_gelu, fch, 4 * BTC);
+    k::matmul_forward(scratch_, fch_gelu, w.fcprojw, w.fcprojb, B, T, 4 * C, C);
+    k::residual_forward(residual3, residual2, scratch_, BTC);
+  }
+  const float* lnfw = P + layout_[layout_.size() - 2].offset;
+  const float* lnfb = P + layout_[layout_.size() - 1].offset;
+  k::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residual3_ + (L - 1) * sBTC,
+                       lnfw, lnfb, B, T, C);
+  k::matmul_forward(logits_, lnf_, wte, static_cast<const float*>(nullptr), B,
+                    T, C, V);
+  if (targets == nullptr) return 0.0f;
+  k::crossentropy_softmax_forward(losses_, logits_, logits_, targets, B, T, V);
+  double sum = 0.0;
+  for (int64_t i = 0; i < BT; ++i) sum += losses_[i];
+  return static_cast<float>(sum / static_cast<double>(BT));
+}
+
+void Gpt::Backward(const int32_t* inputs, const int32_t* targets, float dloss) {
+  const int B = B_, T = T_;
+  const int C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size;
+  const int L = config_.n_layer;
+  const int64_t BTC = static_cast<int64_t>(B) * T * C;
+  const int64_t sBTC = static_cast<int64_t>(max_B_) * max_T_ * C;
+  const int64_t sBT = static_cast<int64_t>(max_B_) * max_T_;
+  const int64_t sAtt = static_cast<int64_t>(max_B_) * NH * max_T_ * max_T_;
+  auto zero = [](float* p, int64_t n) { std::memset(p, 0, n * sizeof(float)); };
+
+  float* P = params_.data();
+  float* G = grads_.data();
+  const ParamInfo& lnfw_info = layout_[layout_.size() - 2];
+  const ParamInfo& lnfb_info = layout_[layout_.size() - 1];
+
+  zero(dlogits_, static_cast<int64_t>(B) * T * V);
+  k::crossentropy_softmax_backward(dlogits_, logits_, targets, dloss, B, T, V);
+  zero(dln_, BTC);
+  k::matmul_backward(dln_, G + layout_[0].offset, static_cast<float*>(nullptr),
+                     dlogits_, lnf_, P + layout_[0].offset, B, T, C, V);
+  zero(dresidual_, BTC);
+  k::layernorm_backward(dresidual_, G + lnfw_info.offset, G + lnfb_info.offset,
+                        dln_, residual3_ + (L - 1) * sBTC, P + lnfw_info.offset,
+                        lnf_mean_, lnf_rstd_, B, T, C);
+  // dresidual_ carries the gradient of the residual stream downwards; each
+  // residual add passes it through unchanged, so branches accumulate into it.
+  for (int l = L - 1; l >= 0; --l) {
+    const LayerParams w = LayerView(P, l);
+    const LayerParams dw = LayerView(G, l);
+    const float* residual = l == 0 ? encoded_ : residual3_ + (l - 1) * sBTC;
+    const float* ln1 = ln1_ + l * sBTC;
+    const float* qkv = qkv_ + l * 3 * sBTC;
+    const float* atty = atty_ + l * sBTC;
+    const float* att = att_ + l * sAtt;
+    const float* residual2 = residual2_ + l * sBTC;
+    const float* ln2 = ln2_ + l * sBTC;
+    const float* fch = fch_ + l * 4 * sBTC;
+    const float* fch_gelu = fch_gelu_ + l * 4 * sBTC;
+
+    zero(dfch_gelu_, 4 * BTC);
+    k::matmul_backward(dfch_gelu_, dw.fcprojw, dw.fcprojb, dresidual_, fch_gelu,
+                       w.fcprojw, B, T, 4 * C, C);
+    zero(dfch_, 4 * BTC);
+    k::gelu_backward(dfch_, fch, dfch_gelu_, 4 * BTC);
+    zero(dln_, BTC);
+    k::matmul_backward(dln_, dw.fcw, dw.fcb, dfch_, ln2, w.fcw, B, T, C, 4 * C);
+    k::layernorm_backward(dresidual_, dw.ln2w, dw.ln2b, dln_, residual2, w.ln2w,
+                          ln2_mean_ + l * sBT, ln2_rstd_ + l * sBT, B, T, C);
+    zero(datty_, BTC);
+    k::matmul_backward(datty_, dw.attprojw, dw.attprojb, dresidual_, atty,
+                       w.attprojw, B, T, C, C);
+    zero(dqkv_, 3 * BTC);
+    k::attention_backward(dqkv_, datt_, datty_, qkv, att, B, T, C, NH);
+    zero(dln_, BTC);
+    k::matmul_backward(dln_, dw.qkvw, dw.qkvb, dqkv_, ln1, w.qkvw, B, T, C,
+                       3 * C);
+    k::layernorm_backward(dresidual_, dw.ln1w, dw.ln1b, dln_, residual, w.ln1w,
+                          ln1_mean_ + l * sBT, ln1_rstd_ + l * sBT, B, T, C);
+  }
+  k::encoder_backward(G + layout_[0].offset, G + layout_[1].offset, dresidual_,
+                      inputs, B, T, C);
+}
+
+MemoryBytes Gpt::memory() const {
+  MemoryBytes m;
+  m.params = static_cast<int64_t>(params_.size() * sizeof(float));
+  m.grads = static_cast<int64_t>(grads_.size() * sizeof(float));
+  m.activations = static_cast<int64_t>(acts_.size() * sizeof(float));
+  return m;
+}
+
+}  // namespace ptrain

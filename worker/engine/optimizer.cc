@@ -1,0 +1,65 @@
+#include "worker/engine/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "kernels/cpu/kernels.h"
+
+namespace ptrain {
+
+double LearningRate(const v1::TrainSpec& train, int64_t step) {
+  const double lr = train.lr(), min_lr = train.min_lr();
+  const int64_t warmup = train.warmup_steps();
+  if (step < warmup) {
+    return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  }
+  const int64_t decay_steps = train.steps() - warmup;
+  if (decay_steps <= 1) return lr;
+  const double ratio =
+      static_cast<double>(step - warmup) / static_cast<double>(decay_steps - 1);
+  const double coeff =
+      0.5 * (1.0 + std::cos(std::numbers::pi * std::min(ratio, 1.0)));
+  return min_lr + coeff * (lr - min_lr);
+}
+
+float ClipScale(double norm, double max_norm) {
+  if (max_norm <= 0.0) return 1.0f;
+  // PyTorch's clip_grad_norm_: the 1e-6 keeps a zero gradient finite.
+  const double coef = max_norm / (norm + 1e-6);
+  return static_cast<float>(std::min(coef, 1.0));
+}
+
+AdamW::AdamW(const std::vector<ParamInfo>& layout, int64_t begin, int64_t end,
+             const v1::TrainSpec& train)
+    : m_(end - begin, 0.0f),
+      v_(end - begin, 0.0f),
+      beta1_(static_cast<float>(train.beta1())),
+      beta2_(static_cast<float>(train.beta2())),
+      eps_(static_cast<float>(train.eps())),
+      weight_decay_(static_cast<float>(train.weight_decay())) {
+  for (const ParamInfo& p : layout) {
+    const int64_t lo = std::max(begin, p.offset);
+    const int64_t hi = std::min(end, p.offset + p.numel);
+    if (lo >= hi) continue;
+    if (!runs_.empty() && runs_.back().decay == p.decay &&
+        runs_.back().begin + runs_.back().count == lo - begin) {
+      runs_.back().count += hi - lo;
+    } else {
+      runs_.push_back({lo - begin, hi - lo, p.decay});
+    }
+  }
+}
+
+void AdamW::Step(float* params, const float* grads, float lr,
+                 float grad_scale) {
+  ++t_;
+  for (const Run& r : runs_) {
+    kernels::adamw_update(params + r.begin, m_.data() + r.begin,
+                          v_.data() + r.begin, grads + r.begin, r.count, lr,
+                          beta1_, beta2_, eps_, r.decay ? weight_decay_ : 0.0f,
+                          t_, grad_scale);
+  }
+}
+
+}  // namespace ptrain

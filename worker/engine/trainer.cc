@@ -1,0 +1,256 @@
+#include "worker/engine/trainer.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/kernels.h"
+#include "spdlog/spdlog.h"
+#include "worker/engine/flops.h"
+#include "worker/engine/rng.h"
+
+namespace ptrain {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double SecondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    const v1::JobSpec& spec, const TrainerOptions& options) {
+  const auto& par = spec.parallel();
+  const int64_t world = static_cast<int64_t>(par.dp()) * par.tp() * par.pp();
+  if (world != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel: dp·tp·pp = ", par.dp(), "·", par.tp(), "·", par.pp(), " = ",
+        world, " ranks, but this engine runs on 1 rank"));
+  }
+  if (spec.resources().device() != "cpu") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resources.device=", spec.resources().device(),
+                     ": this build trains on cpu only"));
+  }
+  if (!spec.model().init_from().empty()) {
+    return absl::UnimplementedError(
+        "model.init_from: loading llm.c weights is not available yet");
+  }
+  auto data = LoadTokenData(spec.data(), spec.model().vocab_size(),
+                            spec.model().block_size());
+  if (!data.ok()) return data.status();
+  return std::unique_ptr<Trainer>(new Trainer(spec, options, std::move(*data)));
+}
+
+Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
+                 TokenData data)
+    : spec_(spec), options_(options), data_(std::move(data)) {
+  if (spec_.resources().threads_per_rank() > 0) {
+    omp_set_num_threads(spec_.resources().threads_per_rank());
+  }
+  const auto& m = spec_.model();
+  GptConfig cfg{m.n_layer(), m.n_head(), m.n_embd(), m.block_size(),
+                data_.vocab_size};
+  T_ = m.block_size();
+  microbatches_ = spec_.parallel().microbatches();
+  micro_B_ =
+      spec_.train().global_batch() / (spec_.parallel().dp() * microbatches_);
+  model_ = std::make_unique<Gpt>(cfg, micro_B_, T_);
+  model_->InitParams(spec_.train().seed());
+  optimizer_ = std::make_unique<AdamW>(model_->layout(), 0,
+                                       model_->num_params(), spec_.train());
+  train_sampler_ = std::make_unique<BatchSampler>(
+      &data_.train, T_, spec_.train().global_batch(), spec_.train().seed(),
+      "train");
+  val_sampler_ = std::make_unique<BatchSampler>(&data_.val, T_,
+                                                spec_.train().global_batch(),
+                                                spec_.train().seed(), "val");
+  inputs_.resize(static_cast<size_t>(micro_B_) * T_);
+  targets_.resize(inputs_.size());
+}
+
+MemoryBytes Trainer::memory() const {
+  MemoryBytes m = model_->memory();
+  m.optimizer = optimizer_->bytes();
+  return m;
+}
+
+double Trainer::flops_per_step() const {
+  return GptFlopsPerToken(model_->config(), T_) *
+         static_cast<double>(spec_.train().global_batch()) * T_;
+}
+
+StepResult Trainer::TrainStep(int64_t step) {
+  const auto t0 = Clock::now();
+  const int global_batch = spec_.train().global_batch();
+  // Each position's loss enters the mean over the whole global batch.
+  const float dloss = 1.0f / (static_cast<float>(global_batch) * T_);
+  model_->ZeroGrad();
+  double loss_sum = 0.0;
+  for (int mb = 0; mb < microbatches_; ++mb) {
+    train_sampler_->Fill(step, mb * micro_B_, micro_B_, inputs_.data(),
+                         targets_.data());
+    loss_sum += model_->Forward(inputs_.data(), targets_.data(), micro_B_, T_);
+    model_->Backward(inputs_.data(), targets_.data(), dloss);
+  }
+  StepResult r;
+  r.loss = static_cast<float>(loss_sum / microbatches_);
+  r.grad_norm =
+      std::sqrt(kernels::sum_squares(model_->grads(), model_->num_params()));
+  const float scale = ClipScale(r.grad_norm, spec_.train().grad_clip());
+  r.lr = LearningRate(spec_.train(), step);
+  optimizer_->Step(model_->params(), model_->grads(), static_cast<float>(r.lr),
+                   scale);
+  r.seconds = SecondsSince(t0);
+  return r;
+}
+
+float Trainer::Evaluate() {
+  const int global_batch = spec_.train().global_batch();
+  double sum = 0.0;
+  int64_t count = 0;
+  for (int b = 0; b < spec_.train().eval_batches(); ++b) {
+    for (int first = 0; first < global_batch; first += micro_B_) {
+      val_sampler_->Fill(b, first, micro_B_, inputs_.data(), targets_.data());
+      sum += model_->Forward(inputs_.data(), targets_.data(), micro_B_, T_);
+      ++count;
+    }
+  }
+  return static_cast<float>(sum / static_cast<double>(count));
+}
+
+std::string Trainer::Sample(uint64_t salt) {
+  const auto& train = spec_.train();
+  const int V = data_.vocab_size;
+  std::vector<int32_t> ids;
+  if (data_.has_tokenizer) ids = data_.tokenizer.Encode(train.sample_prompt());
+  if (ids.empty()) ids.push_back(0);
+  const size_t prompt_len = ids.size();
+  const uint64_t stream = StableHash("sample");
+  std::vector<float> probs(V);
+  std::vector<int> order(V);
+  for (int i = 0; i < train.sample_tokens(); ++i) {
+    const int T = static_cast<int>(std::min<size_t>(ids.size(), T_));
+    model_->Forward(ids.data() + ids.size() - T, nullptr, 1, T);
+    const float* logits = model_->logits() + static_cast<int64_t>(T - 1) * V;
+    // Softmax at the temperature, restricted to the top k logits if asked.
+    const double temp = train.sample_temperature();
+    std::iota(order.begin(), order.end(), 0);
+    int keep = V;
+    if (train.sample_top_k() > 0 && train.sample_top_k() < V) {
+      keep = train.sample_top_k();
+      std::partial_sort(order.begin(), order.begin() + keep, order.end(),
+                        [&](int a, int b) { return logits[a] > logits[b]; });
+    }
+    float maxv = logits[order[0]];
+    for (int j = 0; j < keep; ++j) maxv = std::max(maxv, logits[order[j]]);
+    double total = 0.0;
+    for (int j = 0; j < keep; ++j) {
+      probs[j] = static_cast<float>(std::exp((logits[order[j]] - maxv) / temp));
+      total += probs[j];
+    }
+    const double u =
+        static_cast<double>(CounterRandom64(train.seed() + salt, stream, i) >>
+                            11) *
+        0x1.0p-53 * total;
+    double acc = 0.0;
+    int pick = order[keep - 1];
+    for (int j = 0; j < keep; ++j) {
+      acc += probs[j];
+      if (u < acc) {
+        pick = order[j];
+        break;
+      }
+    }
+    ids.push_back(pick);
+  }
+  if (data_.has_tokenizer) return data_.tokenizer.Decode(ids);
+  std::string out;
+  for (size_t i = prompt_len; i < ids.size(); ++i) {
+    absl::StrAppend(&out, i == prompt_len ? "" : " ", ids[i]);
+  }
+  return out;
+}
+
+absl::Status Trainer::Run() {
+  std::unique_ptr<RunLog> log = std::make_unique<RunLog>();
+  if (!options_.log_json_path.empty()) {
+    auto opened = RunLog::Open(options_.log_json_path);
+    if (!opened.ok()) return opened.status();
+    log = std::move(*opened);
+  }
+  const auto& train = spec_.train();
+  const double peak =
+      options_.peak_flops > 0 ? options_.peak_flops : MeasureSgemmPeakFlops();
+  const MemoryBytes mem = memory();
+  spdlog::info(
+      "model: {} parameters (L={} NH={} C={} T={} V={}), {} threads, sgemm "
+      "peak {:.1f} GFLOP/s",
+      model_->num_params(), spec_.model().n_layer(), spec_.model().n_head(),
+      spec_.model().n_embd(), T_, data_.vocab_size, omp_get_max_threads(),
+      peak / 1e9);
+  spdlog::info(
+      "memory per rank: params {:.1f} MB, grads {:.1f} MB, optimizer {:.1f} "
+      "MB, activations {:.1f} MB",
+      mem.params / 1e6, mem.grads / 1e6, mem.optimizer / 1e6,
+      mem.activations / 1e6);
+  log->Write({{"type", "memory"},
+              {"params_bytes", mem.params},
+              {"grads_bytes", mem.grads},
+              {"optimizer_bytes", mem.optimizer},
+              {"activations_bytes", mem.activations}});
+
+  const double tokens_per_step = static_cast<double>(train.global_batch()) * T_;
+  auto eval = [&](int64_t step) {
+    const float val = Evaluate();
+    spdlog::info("step {:>6} | val loss {:.6f}", step, val);
+    log->Write({{"type", "eval"}, {"step", step}, {"val_loss", val}});
+  };
+  auto sample = [&](int64_t step) {
+    const std::string text = Sample(static_cast<uint64_t>(step));
+    spdlog::info("sample at step {}:\n{}", step, text);
+    log->Write({{"type", "sample"}, {"step", step}, {"text", text}});
+  };
+  for (int64_t s = 0; s < train.steps(); ++s) {
+    const StepResult r = TrainStep(s);
+    const int64_t step = s + 1;  // steps completed
+    const double tok_per_s = tokens_per_step / r.seconds;
+    const double mfu = flops_per_step() / r.seconds / peak;
+    if (!std::isfinite(r.loss)) {
+      return absl::InternalError(
+          absl::StrCat("loss is ", r.loss, " at step ", step));
+    }
+    log->Write({{"type", "step"},
+                {"step", step},
+                {"loss", r.loss},
+                {"lr", r.lr},
+                {"ms", r.seconds * 1e3},
+                {"tok_per_s", tok_per_s},
+                {"mfu", mfu},
+                {"grad_norm", r.grad_norm}});
+    if (!options_.quiet &&
+        (step == 1 || step % train.log_every() == 0 || step == train.steps())) {
+      spdlog::info(
+          "step {:>6}/{} | loss {:.6f} | lr {:.2e} | norm {:.3f} | {:.1f} ms | "
+          "{:.0f} tok/s | MFU {:.1f}%",
+          step, train.steps(), r.loss, r.lr, r.grad_norm, r.seconds * 1e3,
+          tok_per_s, 100.0 * mfu);
+    }
+    if ((train.eval_every() > 0 && step % train.eval_every() == 0) ||
+        step == train.steps()) {
+      eval(step);
+    }
+    if (train.sample_every() > 0 && step % train.sample_every() == 0 &&
+        step != train.steps()) {
+      sample(step);
+    }
+  }
+  sample(train.steps());
+  return absl::OkStatus();
+}
+
+}  // namespace ptrain

@@ -1,0 +1,74 @@
+// The training loop of one job: builds data, model and optimizer from a
+// JobSpec, then steps, evaluates, samples and logs. Single rank for now; the
+// parallel engines plug in at the gradient-reduction and update points.
+#ifndef PTRAIN_WORKER_ENGINE_TRAINER_H_
+#define PTRAIN_WORKER_ENGINE_TRAINER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ptrain/v1/job.pb.h"
+#include "worker/engine/data.h"
+#include "worker/engine/gpt.h"
+#include "worker/engine/optimizer.h"
+#include "worker/engine/runlog.h"
+
+namespace ptrain {
+
+struct TrainerOptions {
+  std::string log_json_path;  // "" for no run log
+  double peak_flops = 0.0;    // MFU denominator; 0 measures sgemm at start
+  bool quiet = false;         // no per-step lines on stderr
+};
+
+struct StepResult {
+  float loss = 0.0f;
+  double lr = 0.0;
+  double grad_norm = 0.0;
+  double seconds = 0.0;
+};
+
+class Trainer {
+ public:
+  // Loads the data and builds the model; a bad spec or bad data is
+  // InvalidArgument/NotFound naming the field. Writes nothing.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(
+      const v1::JobSpec& spec, const TrainerOptions& options);
+
+  // Trains train.steps steps with evaluation and sampling, writing the run
+  // log (opened here, after every check has passed).
+  absl::Status Run();
+
+  // One optimizer step (0-based index) over the global batch of that step.
+  StepResult TrainStep(int64_t step);
+  // Mean loss over train.eval_batches fixed validation batches.
+  float Evaluate();
+  // Text generated from train.sample_prompt; `salt` varies the draw.
+  std::string Sample(uint64_t salt);
+
+  Gpt& model() { return *model_; }
+  const TokenData& data() const { return data_; }
+  MemoryBytes memory() const;
+  double flops_per_step() const;
+
+ private:
+  Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
+          TokenData data);
+
+  const v1::JobSpec spec_;
+  const TrainerOptions options_;
+  TokenData data_;
+  int T_ = 0, micro_B_ = 0, microbatches_ = 0;
+  std::unique_ptr<Gpt> model_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<BatchSampler> train_sampler_, val_sampler_;
+  std::vector<int32_t> inputs_, targets_;
+};
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_WORKER_ENGINE_TRAINER_H_
