@@ -1,6 +1,10 @@
 // ptworker: one training rank. Standalone: `ptworker --config job.yaml
-// [--set key=value]... [--log-json run.jsonl]`. Exit codes: 0 done, 1 runtime
-// failure, 2 bad input (spec, data, flags) with one error line on stderr.
+// [--set key=value]... [--log-json run.jsonl]`, alone or under
+// `mpirun -n N`. Exit codes: 0 done, 1 runtime failure, 2 bad input (spec,
+// data, flags, layout) with one error line on stderr from the lowest failing
+// rank; every rank exits, none waits for another.
+#include <mpi.h>
+
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -9,13 +13,14 @@
 #include "common/logging.h"
 #include "common/spec.h"
 #include "spdlog/spdlog.h"
+#include "worker/engine/parallel_dims.h"
 #include "worker/engine/trainer.h"
 
 namespace {
 
 constexpr int kExitBadInput = 2;
 
-int IsInputError(const absl::Status& s) {
+bool IsInputError(const absl::Status& s) {
   switch (s.code()) {
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kNotFound:
@@ -27,15 +32,27 @@ int IsInputError(const absl::Status& s) {
   }
 }
 
-int Fail(const absl::Status& s) {
-  std::fprintf(stderr, "ptworker: error: %s\n",
-               std::string(s.message()).c_str());
-  return IsInputError(s) ? kExitBadInput : 1;
+int WorldRank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
 }
 
-}  // namespace
+// Every rank learns whether any rank failed setup, so that all leave
+// together; the lowest failing rank prints its error. Returns the exit code.
+int AgreeOnSetup(const absl::Status& status) {
+  const int mine = status.ok() ? 1 << 30 : WorldRank();
+  int first_failed = 0;
+  MPI_Allreduce(&mine, &first_failed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (first_failed == 1 << 30) return 0;
+  if (first_failed == WorldRank()) {
+    std::fprintf(stderr, "ptworker: error: %s\n",
+                 std::string(status.message()).c_str());
+  }
+  return status.ok() || IsInputError(status) ? kExitBadInput : 1;
+}
 
-int main(int argc, char** argv) {
+int Run(int argc, char** argv) {
   CLI::App app{"ptworker: trains a GPT as one rank of a ptrain job"};
   std::string config_path, log_json, log_level = "info";
   std::vector<std::string> overrides;
@@ -46,24 +63,58 @@ int main(int argc, char** argv) {
   app.add_option("--log-json", log_json,
                  "write one JSON object per step/eval/sample to this file");
   app.add_option("--peak-gflops", peak_gflops,
-                 "MFU denominator in GFLOP/s (default: measure sgemm)");
+                 "MFU denominator per rank in GFLOP/s (default: measure)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
+    const int rc = WorldRank() == 0 ? app.exit(e) : (e.get_exit_code() != 0);
     return rc == 0 ? 0 : kExitBadInput;
   }
-  ptrain::SetupLogging(log_level);
+  // Only rank 0 narrates; the others speak up for warnings and errors.
+  ptrain::SetupLogging(WorldRank() == 0 ? log_level : "warn");
 
+  absl::Status setup = absl::OkStatus();
   auto spec = ptrain::LoadJobSpecFile(config_path, overrides);
-  if (!spec.ok()) return Fail(spec.status());
-  ptrain::TrainerOptions options;
-  options.log_json_path = log_json;
-  options.peak_flops = peak_gflops * 1e9;
-  auto trainer = ptrain::Trainer::Create(*spec, options);
-  if (!trainer.ok()) return Fail(trainer.status());
-  const absl::Status done = (*trainer)->Run();
-  if (!done.ok()) return Fail(done);
+  std::unique_ptr<ptrain::ParallelDims> dims;
+  std::unique_ptr<ptrain::Trainer> trainer;
+  if (!spec.ok()) {
+    setup = spec.status();
+  } else {
+    auto d = ptrain::ParallelDims::Create(spec->parallel(), MPI_COMM_WORLD);
+    if (!d.ok()) {
+      setup = d.status();
+    } else {
+      dims = std::move(*d);
+      ptrain::TrainerOptions options;
+      options.log_json_path = log_json;
+      options.peak_flops = peak_gflops * 1e9;
+      auto t = ptrain::Trainer::Create(*spec, options, dims.get());
+      if (t.ok()) {
+        trainer = std::move(*t);
+      } else {
+        setup = t.status();
+      }
+    }
+  }
+  if (const int rc = AgreeOnSetup(setup); rc != 0) return rc;
+  spdlog::info("layout: {}", dims->ToString());
+  const absl::Status done = trainer->Run();
+  if (!done.ok()) {
+    // Other ranks may be inside a collective: take the whole job down.
+    std::fprintf(stderr, "ptworker: error on rank %d: %s\n", WorldRank(),
+                 std::string(done.message()).c_str());
+    MPI_Abort(MPI_COMM_WORLD, IsInputError(done) ? kExitBadInput : 1);
+  }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  const int rc = Run(argc, argv);
+  MPI_Finalize();
+  return rc;
 }

@@ -1,6 +1,7 @@
 // GPT-2 forward and backward on one rank, over kernels/cpu.
 #include "worker/engine/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -13,13 +14,20 @@ namespace ptrain {
 
 namespace k = kernels;
 
-std::vector<ParamInfo> GptParamLayout(const GptConfig& cfg) {
+std::vector<ParamInfo> GptParamLayout(const GptConfig& cfg, int pad) {
   const int64_t C = cfg.n_embd, L = cfg.n_layer, V = cfg.vocab_size;
   const double std = 0.02;
   // GPT-2 scales the residual projections by 1/sqrt(2L): two per block.
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(L));
   std::vector<ParamInfo> out;
-  int64_t offset = 0;
+  int64_t offset = 0, unit_begin = 0;
+  int unit = 0;
+  auto close_unit = [&] {
+    const int64_t size = offset - unit_begin;
+    offset = unit_begin + (size + pad - 1) / pad * pad;
+    unit_begin = offset;
+    ++unit;
+  };
   auto add = [&](std::string name, std::vector<int64_t> shape, int layer,
                  ParamInfo::Init init, double init_std) {
     ParamInfo p;
@@ -29,6 +37,8 @@ std::vector<ParamInfo> GptParamLayout(const GptConfig& cfg) {
     p.shape = std::move(shape);
     p.offset = offset;
     p.layer = layer;
+    p.unit = unit;
+    p.unit_offset = offset - unit_begin;
     p.decay = p.shape.size() == 2;
     p.init = init;
     p.init_std = init_std;
@@ -38,6 +48,7 @@ std::vector<ParamInfo> GptParamLayout(const GptConfig& cfg) {
   using I = ParamInfo::Init;
   add("wte", {V, C}, -1, I::kNormal, std);
   add("wpe", {cfg.block_size, C}, -1, I::kNormal, std);
+  close_unit();
   for (int l = 0; l < L; ++l) {
     const std::string h = absl::StrCat("h.", l, ".");
     add(h + "ln_1.weight", {C}, l, I::kOnes, 0);
@@ -52,15 +63,29 @@ std::vector<ParamInfo> GptParamLayout(const GptConfig& cfg) {
     add(h + "mlp.c_fc.bias", {4 * C}, l, I::kZeros, 0);
     add(h + "mlp.c_proj.weight", {C, 4 * C}, l, I::kNormal, proj_std);
     add(h + "mlp.c_proj.bias", {C}, l, I::kZeros, 0);
+    close_unit();
   }
   add("ln_f.weight", {C}, -1, I::kOnes, 0);
   add("ln_f.bias", {C}, -1, I::kZeros, 0);
+  close_unit();
   return out;
 }
 
+std::vector<UnitRange> GptUnits(const std::vector<ParamInfo>& layout, int pad) {
+  std::vector<UnitRange> units(layout.back().unit + 1);
+  for (const ParamInfo& p : layout) {
+    UnitRange& u = units[p.unit];
+    if (p.unit_offset == 0) u.begin = p.offset;
+    u.size = std::max(u.size, p.unit_offset + p.numel);
+  }
+  for (UnitRange& u : units) u.size = (u.size + pad - 1) / pad * pad;
+  return units;
+}
+
 int64_t GptNumParams(const GptConfig& config) {
-  const auto layout = GptParamLayout(config);
-  return layout.back().offset + layout.back().numel;
+  int64_t n = 0;
+  for (const ParamInfo& p : GptParamLayout(config)) n += p.numel;
+  return n;
 }
 
 float InitialValue(const ParamInfo& info, uint64_t seed, int64_t index) {
@@ -83,17 +108,25 @@ double GptFlopsPerToken(const GptConfig& cfg, int T) {
   return 6.0 * N + 12.0 * cfg.n_layer * cfg.n_embd * static_cast<double>(T);
 }
 
-Gpt::Gpt(const GptConfig& config, int max_B, int max_T)
-    : config_(config), max_B_(max_B), max_T_(max_T) {
+Gpt::Gpt(const GptConfig& config, int max_B, int max_T, UnitStore* store,
+         int pad)
+    : config_(config),
+      max_B_(max_B),
+      max_T_(max_T),
+      store_(store != nullptr ? store : this) {
   if (config.n_layer < 1 || config.n_head < 1 || config.n_embd < 1 ||
       config.n_embd % config.n_head != 0 || config.vocab_size < 1 ||
       max_T < 1 || max_T > config.block_size || max_B < 1) {
     throw std::invalid_argument("Gpt: inconsistent model config");
   }
-  layout_ = GptParamLayout(config);
-  num_params_ = layout_.back().offset + layout_.back().numel;
-  params_.assign(num_params_, 0.0f);
-  grads_.assign(num_params_, 0.0f);
+  layout_ = GptParamLayout(config, pad);
+  units_ = GptUnits(layout_, pad);
+  num_params_ = GptNumParams(config);
+  buffer_size_ = units_.back().begin + units_.back().size;
+  if (store == nullptr) {
+    params_.assign(buffer_size_, 0.0f);
+    grads_.assign(buffer_size_, 0.0f);
+  }
 
   const int64_t BT = static_cast<int64_t>(max_B) * max_T;
   const int64_t C = config.n_embd, L = config.n_layer, V = config.vocab_size;
@@ -142,15 +175,18 @@ float* Gpt::Slice(std::vector<float>& buf, int64_t count) {
   return p;
 }
 
-LayerParams Gpt::LayerView(float* base, int l) const {
-  // The 12 tensors of block l follow wte and wpe in layout order.
+LayerParams Gpt::LayerView(const float* unit_base, int l) const {
+  // The 12 tensors of block l follow wte and wpe in layout order. The views
+  // serve weights (read-only by convention) and gradients alike.
+  float* base = const_cast<float*>(unit_base);
   const ParamInfo* p = &layout_[2 + 12 * l];
-  auto at = [&](int i) { return base + p[i].offset; };
+  auto at = [&](int i) { return base + p[i].unit_offset; };
   return LayerParams{at(0), at(1), at(2), at(3), at(4),  at(5),
                      at(6), at(7), at(8), at(9), at(10), at(11)};
 }
 
 void Gpt::InitParams(uint64_t seed) {
+  if (params_.empty()) throw std::logic_error("Gpt: weights live in a store");
   for (const auto& p : layout_) {
     float* dst = params_.data() + p.offset;
 #pragma omp parallel for schedule(static)
@@ -158,9 +194,7 @@ void Gpt::InitParams(uint64_t seed) {
   }
 }
 
-void Gpt::ZeroGrad() {
-  std::memset(grads_.data(), 0, grads_.size() * sizeof(float));
-}
+void Gpt::ZeroGrad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 
 float Gpt::Forward(const int32_t* inputs, const int32_t* targets, int B,
                    int T) {
@@ -179,12 +213,14 @@ float Gpt::Forward(const int32_t* inputs, const int32_t* targets, int B,
   const int64_t sBT = static_cast<int64_t>(max_B_) * max_T_;
   const int64_t sAtt = static_cast<int64_t>(max_B_) * NH * max_T_ * max_T_;
 
-  float* P = params_.data();
-  const float* wte = P + layout_[0].offset;
-  const float* wpe = P + layout_[1].offset;
+  UnitStore& st = *store_;
+  st.BeginForward(0);
+  const float* wte = st.Params(0);
+  const float* wpe = st.Params(0) + layout_[1].unit_offset;
   k::encoder_forward(encoded_, inputs, wte, wpe, B, T, C);
   for (int l = 0; l < L; ++l) {
-    const LayerParams w = LayerView(P, l);
+    st.BeginForward(l + 1);
+    const LayerParams w = LayerView(st.Params(l + 1), l);
     const float* residual = l == 0 ? encoded_ : residual3_ + (l - 1) * sBTC;
     float* ln1 = ln1_ + l * sBTC;
     float* qkv = qkv_ + l * 3 * sBTC;
@@ -207,13 +243,17 @@ float Gpt::Forward(const int32_t* inputs, const int32_t* targets, int B,
     k::gelu_forward(fch_gelu, fch, 4 * BTC);
     k::matmul_forward(scratch_, fch_gelu, w.fcprojw, w.fcprojb, B, T, 4 * C, C);
     k::residual_forward(residual3, residual2, scratch_, BTC);
+    st.EndForward(l + 1);
   }
-  const float* lnfw = P + layout_[layout_.size() - 2].offset;
-  const float* lnfb = P + layout_[layout_.size() - 1].offset;
+  st.BeginForward(L + 1);
+  const float* lnfw = st.Params(L + 1);
+  const float* lnfb = lnfw + C;
   k::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residual3_ + (L - 1) * sBTC,
                        lnfw, lnfb, B, T, C);
+  st.EndForward(L + 1);
   k::matmul_forward(logits_, lnf_, wte, static_cast<const float*>(nullptr), B,
                     T, C, V);
+  st.EndForward(0);
   if (targets == nullptr) return 0.0f;
   k::crossentropy_softmax_forward(losses_, logits_, logits_, targets, B, T, V);
   double sum = 0.0;
@@ -231,25 +271,25 @@ void Gpt::Backward(const int32_t* inputs, const int32_t* targets, float dloss) {
   const int64_t sAtt = static_cast<int64_t>(max_B_) * NH * max_T_ * max_T_;
   auto zero = [](float* p, int64_t n) { std::memset(p, 0, n * sizeof(float)); };
 
-  float* P = params_.data();
-  float* G = grads_.data();
-  const ParamInfo& lnfw_info = layout_[layout_.size() - 2];
-  const ParamInfo& lnfb_info = layout_[layout_.size() - 1];
-
+  UnitStore& st = *store_;
+  st.BeginBackward(0);
+  st.BeginBackward(L + 1);
   zero(dlogits_, static_cast<int64_t>(B) * T * V);
   k::crossentropy_softmax_backward(dlogits_, logits_, targets, dloss, B, T, V);
   zero(dln_, BTC);
-  k::matmul_backward(dln_, G + layout_[0].offset, static_cast<float*>(nullptr),
-                     dlogits_, lnf_, P + layout_[0].offset, B, T, C, V);
+  k::matmul_backward(dln_, st.Grads(0), static_cast<float*>(nullptr), dlogits_,
+                     lnf_, st.Params(0), B, T, C, V);
   zero(dresidual_, BTC);
-  k::layernorm_backward(dresidual_, G + lnfw_info.offset, G + lnfb_info.offset,
-                        dln_, residual3_ + (L - 1) * sBTC, P + lnfw_info.offset,
+  k::layernorm_backward(dresidual_, st.Grads(L + 1), st.Grads(L + 1) + C, dln_,
+                        residual3_ + (L - 1) * sBTC, st.Params(L + 1),
                         lnf_mean_, lnf_rstd_, B, T, C);
+  st.EndBackward(L + 1);
   // dresidual_ carries the gradient of the residual stream downwards; each
   // residual add passes it through unchanged, so branches accumulate into it.
   for (int l = L - 1; l >= 0; --l) {
-    const LayerParams w = LayerView(P, l);
-    const LayerParams dw = LayerView(G, l);
+    st.BeginBackward(l + 1);
+    const LayerParams w = LayerView(st.Params(l + 1), l);
+    const LayerParams dw = LayerView(st.Grads(l + 1), l);
     const float* residual = l == 0 ? encoded_ : residual3_ + (l - 1) * sBTC;
     const float* ln1 = ln1_ + l * sBTC;
     const float* qkv = qkv_ + l * 3 * sBTC;
@@ -263,25 +303,31 @@ void Gpt::Backward(const int32_t* inputs, const int32_t* targets, float dloss) {
     zero(dfch_gelu_, 4 * BTC);
     k::matmul_backward(dfch_gelu_, dw.fcprojw, dw.fcprojb, dresidual_, fch_gelu,
                        w.fcprojw, B, T, 4 * C, C);
+    st.Poll();
     zero(dfch_, 4 * BTC);
     k::gelu_backward(dfch_, fch, dfch_gelu_, 4 * BTC);
     zero(dln_, BTC);
     k::matmul_backward(dln_, dw.fcw, dw.fcb, dfch_, ln2, w.fcw, B, T, C, 4 * C);
+    st.Poll();
     k::layernorm_backward(dresidual_, dw.ln2w, dw.ln2b, dln_, residual2, w.ln2w,
                           ln2_mean_ + l * sBT, ln2_rstd_ + l * sBT, B, T, C);
     zero(datty_, BTC);
     k::matmul_backward(datty_, dw.attprojw, dw.attprojb, dresidual_, atty,
                        w.attprojw, B, T, C, C);
+    st.Poll();
     zero(dqkv_, 3 * BTC);
     k::attention_backward(dqkv_, datt_, datty_, qkv, att, B, T, C, NH);
+    st.Poll();
     zero(dln_, BTC);
     k::matmul_backward(dln_, dw.qkvw, dw.qkvb, dqkv_, ln1, w.qkvw, B, T, C,
                        3 * C);
     k::layernorm_backward(dresidual_, dw.ln1w, dw.ln1b, dln_, residual, w.ln1w,
                           ln1_mean_ + l * sBT, ln1_rstd_ + l * sBT, B, T, C);
+    st.EndBackward(l + 1);
   }
-  k::encoder_backward(G + layout_[0].offset, G + layout_[1].offset, dresidual_,
-                      inputs, B, T, C);
+  k::encoder_backward(st.Grads(0), st.Grads(0) + layout_[1].unit_offset,
+                      dresidual_, inputs, B, T, C);
+  st.EndBackward(0);
 }
 
 MemoryBytes Gpt::memory() const {

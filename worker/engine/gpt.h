@@ -3,8 +3,11 @@
 // the parallel engines slice its buffers. Not thread-safe.
 //
 // Parameters, gradients and saved activations each live in one contiguous
-// buffer. Parameters are grouped per layer ([wte, wpe] [h.0 ...] ... [ln_f]),
-// so that a layer, a pipeline stage or a ZeRO shard is a plain slice.
+// buffer. Parameters are grouped in units — [wte, wpe] [h.0 ...] ... [h.L-1]
+// [ln_f] — each unit padded to a multiple of the shard count, so that a layer,
+// a pipeline stage or a ZeRO shard is a plain slice. A UnitStore says where a
+// unit's weights and gradients are while a pass uses them: the model's own
+// flat buffers on one rank, gathered or sharded buffers under ZeRO.
 #ifndef PTRAIN_WORKER_ENGINE_GPT_H_
 #define PTRAIN_WORKER_ENGINE_GPT_H_
 
@@ -28,16 +31,46 @@ struct ParamInfo {
   std::vector<int64_t> shape;  // global shape, row-major
   int64_t offset = 0;          // element offset in the flat buffer
   int64_t numel = 0;
-  int layer = -1;      // block index, -1 for embeddings and ln_f
-  bool decay = false;  // AdamW weight decay applies (matrices only)
+  int layer = -1;           // block index, -1 for embeddings and ln_f
+  int unit = 0;             // 0 embeddings, 1+layer blocks, L+1 ln_f
+  int64_t unit_offset = 0;  // element offset inside its unit
+  bool decay = false;       // AdamW weight decay applies (matrices only)
   enum class Init { kNormal, kZeros, kOnes } init = Init::kNormal;
   double init_std = 0.0;
 };
 
 // The parameter table of a config: data, not code, so that sharding plans and
-// checkpoints can walk it.
-std::vector<ParamInfo> GptParamLayout(const GptConfig& config);
-int64_t GptNumParams(const GptConfig& config);
+// checkpoints can walk it. Each unit's size is rounded up to a multiple of
+// `pad` (the ZeRO shard count) with unused zero elements after its tensors.
+std::vector<ParamInfo> GptParamLayout(const GptConfig& config, int pad = 1);
+int64_t GptNumParams(const GptConfig& config);  // real elements, no padding
+
+// A unit's place in the flat buffer: [begin, begin + size), size padded.
+struct UnitRange {
+  int64_t begin = 0, size = 0;
+};
+std::vector<UnitRange> GptUnits(const std::vector<ParamInfo>& layout, int pad);
+inline int GptNumUnits(const GptConfig& c) { return c.n_layer + 2; }
+
+// Where the weights and gradients of each unit live while a pass runs. The
+// model brackets its use of unit u with Begin/End calls, in this order:
+// forward: B(0) [B(l) E(l) for l = 1..L] B(L+1) E(L+1) E(0);
+// backward: B(0) B(L+1) E(L+1) [B(l) E(l) for l = L..1] E(0).
+// Params(u)/Grads(u) are valid between Begin and End and point at the unit's
+// first element (unit-relative offsets). Gradients accumulate (+=).
+class UnitStore {
+ public:
+  virtual ~UnitStore() = default;
+  virtual const float* Params(int u) = 0;
+  virtual float* Grads(int u) = 0;
+  virtual void BeginForward(int u) {}
+  virtual void EndForward(int u) {}
+  virtual void BeginBackward(int u) {}
+  // The unit's gradients of this pass are complete.
+  virtual void EndBackward(int u) {}
+  // Called between kernels of backward: a chance to progress communication.
+  virtual void Poll() {}
+};
 
 // Initial value of element `index` of parameter `info`: a pure function of
 // (seed, name, index). Any shard of any layout gets the same numbers.
@@ -61,23 +94,32 @@ struct MemoryBytes {
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
 };
 
-class Gpt {
+class Gpt : private UnitStore {
  public:
   // Allocates parameters, gradients and activations for batches of up to
-  // max_B sequences of up to max_T tokens.
-  Gpt(const GptConfig& config, int max_B, int max_T);
+  // max_B sequences of up to max_T tokens. With a `store` (not owned, must
+  // outlive the model) weights and gradients live there instead, laid out by
+  // GptParamLayout(config, pad), and params()/grads() are null.
+  Gpt(const GptConfig& config, int max_B, int max_T, UnitStore* store = nullptr,
+      int pad = 1);
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
 
   const GptConfig& config() const { return config_; }
   const std::vector<ParamInfo>& layout() const { return layout_; }
-  int64_t num_params() const { return num_params_; }
-  float* params() { return params_.data(); }
-  const float* params() const { return params_.data(); }
-  float* grads() { return grads_.data(); }
-  const float* grads() const { return grads_.data(); }
+  const std::vector<UnitRange>& units() const { return units_; }
+  int64_t num_params() const { return num_params_; }    // real elements
+  int64_t buffer_size() const { return buffer_size_; }  // padded elements
+  float* params() { return params_.empty() ? nullptr : params_.data(); }
+  const float* params() const {
+    return params_.empty() ? nullptr : params_.data();
+  }
+  float* grads() { return grads_.empty() ? nullptr : grads_.data(); }
+  const float* grads() const {
+    return grads_.empty() ? nullptr : grads_.data();
+  }
 
-  // Fills every parameter with InitialValue(seed).
+  // Fills the model's own parameters with InitialValue(seed).
   void InitParams(uint64_t seed);
   void ZeroGrad();
 
@@ -97,13 +139,21 @@ class Gpt {
   MemoryBytes memory() const;
 
  private:
-  LayerParams LayerView(float* base, int l) const;
+  // The model's own flat buffers, when no external store is given.
+  const float* Params(int u) override {
+    return params_.data() + units_[u].begin;
+  }
+  float* Grads(int u) override { return grads_.data() + units_[u].begin; }
+
+  LayerParams LayerView(const float* unit_base, int l) const;
   float* Slice(std::vector<float>& buf, int64_t count);
 
   const GptConfig config_;
   const int max_B_, max_T_;
   std::vector<ParamInfo> layout_;
-  int64_t num_params_ = 0;
+  std::vector<UnitRange> units_;
+  int64_t num_params_ = 0, buffer_size_ = 0;
+  UnitStore* store_;
   std::vector<float> params_, grads_;
 
   // Saved activations, one buffer. Per layer l: (L,B,T,·) slabs.

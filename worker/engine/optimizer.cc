@@ -32,23 +32,33 @@ float ClipScale(double norm, double max_norm) {
 
 AdamW::AdamW(const std::vector<ParamInfo>& layout, int64_t begin, int64_t end,
              const v1::TrainSpec& train)
-    : m_(end - begin, 0.0f),
-      v_(end - begin, 0.0f),
-      beta1_(static_cast<float>(train.beta1())),
+    : AdamW(layout, {{begin, end}}, train) {}
+
+AdamW::AdamW(const std::vector<ParamInfo>& layout,
+             const std::vector<std::pair<int64_t, int64_t>>& pieces,
+             const v1::TrainSpec& train)
+    : beta1_(static_cast<float>(train.beta1())),
       beta2_(static_cast<float>(train.beta2())),
       eps_(static_cast<float>(train.eps())),
       weight_decay_(static_cast<float>(train.weight_decay())) {
-  for (const ParamInfo& p : layout) {
-    const int64_t lo = std::max(begin, p.offset);
-    const int64_t hi = std::min(end, p.offset + p.numel);
-    if (lo >= hi) continue;
-    if (!runs_.empty() && runs_.back().decay == p.decay &&
-        runs_.back().begin + runs_.back().count == lo - begin) {
-      runs_.back().count += hi - lo;
-    } else {
-      runs_.push_back({lo - begin, hi - lo, p.decay});
+  int64_t local = 0;  // where the current piece starts in the shard
+  for (const auto& [begin, end] : pieces) {
+    for (const ParamInfo& p : layout) {
+      const int64_t lo = std::max(begin, p.offset);
+      const int64_t hi = std::min(end, p.offset + p.numel);
+      if (lo >= hi) continue;
+      const int64_t at = local + (lo - begin);
+      if (!runs_.empty() && runs_.back().decay == p.decay &&
+          runs_.back().begin + runs_.back().count == at) {
+        runs_.back().count += hi - lo;
+      } else {
+        runs_.push_back({at, hi - lo, p.decay});
+      }
     }
+    local += end - begin;
   }
+  m_.assign(local, 0.0f);
+  v_.assign(local, 0.0f);
 }
 
 void AdamW::Step(float* params, const float* grads, float lr,

@@ -5,6 +5,7 @@
 #define PTRAIN_WORKER_ENGINE_OPTIMIZER_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "ptrain/v1/job.pb.h"
@@ -25,6 +26,12 @@ class AdamW {
   // Owns the moments of elements [begin, end) of a buffer laid out by
   // `layout`; decay applies to tensors with ParamInfo::decay.
   AdamW(const std::vector<ParamInfo>& layout, int64_t begin, int64_t end,
+        const v1::TrainSpec& train);
+  // Owns the moments of a shard made of `pieces`: [begin, end) ranges of the
+  // buffer, concatenated in order. Elements outside every tensor (padding)
+  // are never updated.
+  AdamW(const std::vector<ParamInfo>& layout,
+        const std::vector<std::pair<int64_t, int64_t>>& pieces,
         const v1::TrainSpec& train);
 
   // One update of params[begin,end) from grads[begin,end) (pointers to the

@@ -23,13 +23,25 @@ double SecondsSince(Clock::time_point t0) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
-    const v1::JobSpec& spec, const TrainerOptions& options) {
+    const v1::JobSpec& spec, const TrainerOptions& options,
+    ParallelDims* dims) {
   const auto& par = spec.parallel();
   const int64_t world = static_cast<int64_t>(par.dp()) * par.tp() * par.pp();
-  if (world != 1) {
+  if (dims == nullptr && world != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "parallel: dp·tp·pp = ", par.dp(), "·", par.tp(), "·", par.pp(), " = ",
-        world, " ranks, but this engine runs on 1 rank"));
+        "world size 1 does not equal parallel.dp × parallel.tp × parallel.pp "
+        "= ",
+        par.dp(), " × ", par.tp(), " × ", par.pp(), " = ", world));
+  }
+  if (dims == nullptr && par.zero() != 0) {
+    return absl::InvalidArgumentError(
+        "parallel.zero > 0 needs MPI (run ptworker, under mpirun or alone)");
+  }
+  if (par.tp() != 1 || par.pp() != 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "parallel.tp=", par.tp(), ", parallel.pp=", par.pp(),
+        ": tensor and pipeline parallelism are not available yet (use "
+        "tp=1, pp=1)"));
   }
   if (spec.resources().device() != "cpu") {
     return absl::InvalidArgumentError(
@@ -43,12 +55,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   auto data = LoadTokenData(spec.data(), spec.model().vocab_size(),
                             spec.model().block_size());
   if (!data.ok()) return data.status();
-  return std::unique_ptr<Trainer>(new Trainer(spec, options, std::move(*data)));
+  return std::unique_ptr<Trainer>(
+      new Trainer(spec, options, std::move(*data), dims));
 }
 
 Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
-                 TokenData data)
-    : spec_(spec), options_(options), data_(std::move(data)) {
+                 TokenData data, ParallelDims* dims)
+    : spec_(spec), options_(options), data_(std::move(data)), dims_(dims) {
   if (spec_.resources().threads_per_rank() > 0) {
     omp_set_num_threads(spec_.resources().threads_per_rank());
   }
@@ -57,12 +70,14 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
                 data_.vocab_size};
   T_ = m.block_size();
   microbatches_ = spec_.parallel().microbatches();
-  micro_B_ =
-      spec_.train().global_batch() / (spec_.parallel().dp() * microbatches_);
-  model_ = std::make_unique<Gpt>(cfg, micro_B_, T_);
-  model_->InitParams(spec_.train().seed());
-  optimizer_ = std::make_unique<AdamW>(model_->layout(), 0,
-                                       model_->num_params(), spec_.train());
+  dp_ = spec_.parallel().dp();
+  dp_rank_ = dims_ != nullptr ? dims_->dp_rank() : 0;
+  micro_B_ = spec_.train().global_batch() / (dp_ * microbatches_);
+  store_ = std::make_unique<DataParallel>(
+      cfg, spec_, dims_ != nullptr ? &dims_->dp_group() : nullptr);
+  model_ =
+      std::make_unique<Gpt>(cfg, micro_B_, T_, store_.get(), store_->pad());
+  store_->InitParams(spec_.train().seed());
   train_sampler_ = std::make_unique<BatchSampler>(
       &data_.train, T_, spec_.train().global_batch(), spec_.train().seed(),
       "train");
@@ -74,9 +89,14 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
 }
 
 MemoryBytes Trainer::memory() const {
-  MemoryBytes m = model_->memory();
-  m.optimizer = optimizer_->bytes();
+  MemoryBytes m = store_->memory();
+  m.activations = model_->memory().activations;
   return m;
+}
+
+double Trainer::SumOverDp(double x) {
+  if (dims_ != nullptr && dp_ > 1) dims_->dp_group().AllReduce(&x, 1);
+  return x;
 }
 
 double Trainer::flops_per_step() const {
@@ -89,22 +109,23 @@ StepResult Trainer::TrainStep(int64_t step) {
   const int global_batch = spec_.train().global_batch();
   // Each position's loss enters the mean over the whole global batch.
   const float dloss = 1.0f / (static_cast<float>(global_batch) * T_);
-  model_->ZeroGrad();
+  store_->BeginStep();
   double loss_sum = 0.0;
   for (int mb = 0; mb < microbatches_; ++mb) {
-    train_sampler_->Fill(step, mb * micro_B_, micro_B_, inputs_.data(),
+    // This rank's rows of the global batch: dp rank r takes the r-th block
+    // of microbatches·micro_B sequences.
+    const int first = (dp_rank_ * microbatches_ + mb) * micro_B_;
+    train_sampler_->Fill(step, first, micro_B_, inputs_.data(),
                          targets_.data());
+    store_->BeginMicrobatch(mb == microbatches_ - 1);
     loss_sum += model_->Forward(inputs_.data(), targets_.data(), micro_B_, T_);
     model_->Backward(inputs_.data(), targets_.data(), dloss);
   }
+  store_->FinishGradients();
   StepResult r;
-  r.loss = static_cast<float>(loss_sum / microbatches_);
-  r.grad_norm =
-      std::sqrt(kernels::sum_squares(model_->grads(), model_->num_params()));
-  const float scale = ClipScale(r.grad_norm, spec_.train().grad_clip());
+  r.loss = static_cast<float>(SumOverDp(loss_sum) / (microbatches_ * dp_));
   r.lr = LearningRate(spec_.train(), step);
-  optimizer_->Step(model_->params(), model_->grads(), static_cast<float>(r.lr),
-                   scale);
+  r.grad_norm = store_->Update(static_cast<float>(r.lr)).grad_norm;
   r.seconds = SecondsSince(t0);
   return r;
 }
@@ -113,14 +134,17 @@ float Trainer::Evaluate() {
   const int global_batch = spec_.train().global_batch();
   double sum = 0.0;
   int64_t count = 0;
+  const int local = global_batch / dp_;
   for (int b = 0; b < spec_.train().eval_batches(); ++b) {
-    for (int first = 0; first < global_batch; first += micro_B_) {
+    for (int first = dp_rank_ * local; first < (dp_rank_ + 1) * local;
+         first += micro_B_) {
       val_sampler_->Fill(b, first, micro_B_, inputs_.data(), targets_.data());
       sum += model_->Forward(inputs_.data(), targets_.data(), micro_B_, T_);
       ++count;
     }
   }
-  return static_cast<float>(sum / static_cast<double>(count));
+  return static_cast<float>(SumOverDp(sum) /
+                            SumOverDp(static_cast<double>(count)));
 }
 
 std::string Trainer::Sample(uint64_t salt) {
@@ -178,7 +202,7 @@ std::string Trainer::Sample(uint64_t salt) {
 
 absl::Status Trainer::Run() {
   std::unique_ptr<RunLog> log = std::make_unique<RunLog>();
-  if (!options_.log_json_path.empty()) {
+  if (!options_.log_json_path.empty() && is_log_rank()) {
     auto opened = RunLog::Open(options_.log_json_path);
     if (!opened.ok()) return opened.status();
     log = std::move(*opened);
@@ -219,7 +243,9 @@ absl::Status Trainer::Run() {
     const StepResult r = TrainStep(s);
     const int64_t step = s + 1;  // steps completed
     const double tok_per_s = tokens_per_step / r.seconds;
-    const double mfu = flops_per_step() / r.seconds / peak;
+    // Model FLOPs of the global batch over the peak of every rank.
+    const double mfu = flops_per_step() / r.seconds /
+                       (peak * (dims_ != nullptr ? dims_->world_size() : 1));
     if (!std::isfinite(r.loss)) {
       return absl::InternalError(
           absl::StrCat("loss is ", r.loss, " at step ", step));

@@ -1,6 +1,7 @@
 // The training loop of one job: builds data, model and optimizer from a
-// JobSpec, then steps, evaluates, samples and logs. Single rank for now; the
-// parallel engines plug in at the gradient-reduction and update points.
+// JobSpec, then steps, evaluates, samples and logs. Data parallelism and ZeRO
+// come in through the model's UnitStore (DataParallel); every rank runs the
+// same loop, rank 0 writes the logs.
 #ifndef PTRAIN_WORKER_ENGINE_TRAINER_H_
 #define PTRAIN_WORKER_ENGINE_TRAINER_H_
 
@@ -13,8 +14,10 @@
 #include "absl/status/statusor.h"
 #include "ptrain/v1/job.pb.h"
 #include "worker/engine/data.h"
+#include "worker/engine/data_parallel.h"
 #include "worker/engine/gpt.h"
 #include "worker/engine/optimizer.h"
+#include "worker/engine/parallel_dims.h"
 #include "worker/engine/runlog.h"
 
 namespace ptrain {
@@ -35,9 +38,11 @@ struct StepResult {
 class Trainer {
  public:
   // Loads the data and builds the model; a bad spec or bad data is
-  // InvalidArgument/NotFound naming the field. Writes nothing.
+  // InvalidArgument/NotFound naming the field. Writes nothing. `dims` (not
+  // owned, may be null for a single rank without MPI) gives the groups.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(
-      const v1::JobSpec& spec, const TrainerOptions& options);
+      const v1::JobSpec& spec, const TrainerOptions& options,
+      ParallelDims* dims = nullptr);
 
   // Trains train.steps steps with evaluation and sampling, writing the run
   // log (opened here, after every check has passed).
@@ -51,20 +56,28 @@ class Trainer {
   std::string Sample(uint64_t salt);
 
   Gpt& model() { return *model_; }
+  DataParallel& store() { return *store_; }
+  bool is_log_rank() const {
+    return dims_ == nullptr || dims_->world_rank() == 0;
+  }
   const TokenData& data() const { return data_; }
   MemoryBytes memory() const;
   double flops_per_step() const;
 
  private:
   Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
-          TokenData data);
+          TokenData data, ParallelDims* dims);
+  // Sum over the dp group (identity on one rank).
+  double SumOverDp(double x);
 
   const v1::JobSpec spec_;
   const TrainerOptions options_;
   TokenData data_;
+  ParallelDims* dims_;
+  int dp_ = 1, dp_rank_ = 0;
   int T_ = 0, micro_B_ = 0, microbatches_ = 0;
+  std::unique_ptr<DataParallel> store_;
   std::unique_ptr<Gpt> model_;
-  std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<BatchSampler> train_sampler_, val_sampler_;
   std::vector<int32_t> inputs_, targets_;
 };

@@ -1,0 +1,107 @@
+// Communicator: the collectives and point-to-point operations the parallel
+// engines use, over one process group. Implemented over MPI (comm_mpi.cc) and,
+// later, NCCL. Every call is timed and counted per (group, op) into a
+// CommStats, which feeds ptrain_comm_seconds_total / ptrain_comm_bytes_total.
+//
+// Thread-safety: a Communicator is used by one thread at a time (the engine
+// thread); CommStats may be read from any thread.
+#ifndef PTRAIN_WORKER_ENGINE_COMM_H_
+#define PTRAIN_WORKER_ENGINE_COMM_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+namespace ptrain {
+
+enum class CommOp {
+  kAllReduce,
+  kReduceScatter,
+  kAllGather,
+  kBroadcast,
+  kSend,
+  kRecv,
+  kBarrier
+};
+// "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv",
+// "barrier": the `op` label of the metrics.
+const char* CommOpName(CommOp op);
+
+struct CommStat {
+  double seconds = 0.0;  // wall time from issue to observed completion
+  int64_t bytes = 0;     // payload bytes this rank contributed (see Record)
+  int64_t calls = 0;
+};
+
+// Per-rank counters keyed by (group, op). Thread-safe.
+class CommStats {
+ public:
+  void Record(const std::string& group, CommOp op, double seconds,
+              int64_t bytes);
+  std::map<std::pair<std::string, std::string>, CommStat> Snapshot() const;
+  CommStat Get(const std::string& group, CommOp op) const;
+  void Reset();
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, std::string>, CommStat> stats_;
+};
+
+// A started non-blocking operation. Wait() blocks until it is complete (and
+// records its time); destroying an unfinished handle waits for it.
+class CommHandle {
+ public:
+  virtual ~CommHandle() = default;
+  virtual void Wait() = 0;
+  // Drives progress; true once complete (then Wait returns at once).
+  virtual bool Test() = 0;
+};
+
+// Operations on float buffers sum (reductions are always sums). Counts are
+// elements. All ranks of the group call collectives in the same order.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const std::string& group() const = 0;  // "dp", "tp", "pp", "world"
+
+  // data (count) = sum over ranks of data.
+  virtual void AllReduce(float* data, int64_t count) = 0;
+  virtual void AllReduce(double* data, int64_t count) = 0;
+  // recv (count) = sum over ranks of send[rank*count, (rank+1)*count);
+  // send has size()*count elements.
+  virtual void ReduceScatter(const float* send, float* recv, int64_t count) = 0;
+  // recv (size()*count) = concatenation over ranks of send (count).
+  // send may alias recv + rank()*count (in place).
+  virtual void AllGather(const float* send, float* recv, int64_t count) = 0;
+  virtual void Broadcast(float* data, int64_t count, int root) = 0;
+  virtual void Send(const float* data, int64_t count, int peer, int tag) = 0;
+  virtual void Recv(float* data, int64_t count, int peer, int tag) = 0;
+  virtual void Barrier() = 0;
+
+  virtual std::unique_ptr<CommHandle> AllReduceAsync(float* data,
+                                                     int64_t count) = 0;
+  virtual std::unique_ptr<CommHandle> ReduceScatterAsync(const float* send,
+                                                         float* recv,
+                                                         int64_t count) = 0;
+  virtual std::unique_ptr<CommHandle> AllGatherAsync(const float* send,
+                                                     float* recv,
+                                                     int64_t count) = 0;
+  virtual std::unique_ptr<CommHandle> BroadcastAsync(float* data, int64_t count,
+                                                     int root) = 0;
+  virtual std::unique_ptr<CommHandle> SendAsync(const float* data,
+                                                int64_t count, int peer,
+                                                int tag) = 0;
+  virtual std::unique_ptr<CommHandle> RecvAsync(float* data, int64_t count,
+                                                int peer, int tag) = 0;
+
+  virtual CommStats& stats() = 0;
+};
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_WORKER_ENGINE_COMM_H_

@@ -1,0 +1,22 @@
+// The MPI implementation of Communicator.
+#ifndef PTRAIN_WORKER_ENGINE_COMM_MPI_H_
+#define PTRAIN_WORKER_ENGINE_COMM_MPI_H_
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+
+#include "worker/engine/comm.h"
+
+namespace ptrain {
+
+// Wraps a duplicate of `comm` (collective: every rank of `comm` calls it),
+// with MPI errors returned and reported as aborts naming the call. Records
+// into `stats` under `group`.
+std::unique_ptr<Communicator> MakeMpiCommunicator(
+    MPI_Comm comm, std::string group, std::shared_ptr<CommStats> stats);
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_WORKER_ENGINE_COMM_MPI_H_

@@ -1,0 +1,71 @@
+// ParallelDims: the one place that knows the parallel layout. Validates
+// dp·tp·pp == world size, computes this rank's coordinates (tp fastest, then
+// dp, then pp — Megatron's order) and creates the dp, tp and pp process
+// groups. No other code splits communicators or computes rank coordinates.
+#ifndef PTRAIN_WORKER_ENGINE_PARALLEL_DIMS_H_
+#define PTRAIN_WORKER_ENGINE_PARALLEL_DIMS_H_
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "ptrain/v1/job.pb.h"
+#include "worker/engine/comm.h"
+
+namespace ptrain {
+
+class ParallelDims {
+ public:
+  // Splits `world` (not owned). InvalidArgument, printing every factor, when
+  // dp·tp·pp differs from the world size. Collective over `world`.
+  static absl::StatusOr<std::unique_ptr<ParallelDims>> Create(
+      const v1::ParallelSpec& spec, MPI_Comm world);
+  ~ParallelDims();
+  ParallelDims(const ParallelDims&) = delete;
+  ParallelDims& operator=(const ParallelDims&) = delete;
+
+  int dp() const { return dp_; }
+  int tp() const { return tp_; }
+  int pp() const { return pp_; }
+  int zero() const { return zero_; }
+  bool sequence_parallel() const { return sp_; }
+  int microbatches() const { return microbatches_; }
+  bool dp_enabled() const { return dp_ > 1; }
+  bool tp_enabled() const { return tp_ > 1; }
+  bool pp_enabled() const { return pp_ > 1; }
+
+  int world_size() const { return world_size_; }
+  int world_rank() const { return world_rank_; }
+  int dp_rank() const { return dp_rank_; }
+  int tp_rank() const { return tp_rank_; }
+  int pp_rank() const { return pp_rank_; }
+
+  // The groups this rank belongs to; they share one CommStats.
+  Communicator& world_group() { return *world_group_; }
+  Communicator& dp_group() { return *dp_group_; }
+  Communicator& tp_group() { return *tp_group_; }
+  Communicator& pp_group() { return *pp_group_; }
+  std::shared_ptr<CommStats> comm_stats() const { return stats_; }
+
+  // "dp=2 tp=1 pp=1 zero=1 (rank 3: dp_rank 1, tp_rank 0, pp_rank 0)"
+  std::string ToString() const;
+
+ private:
+  ParallelDims() = default;
+
+  int dp_ = 1, tp_ = 1, pp_ = 1, zero_ = 0, microbatches_ = 1;
+  bool sp_ = false;
+  int world_size_ = 1, world_rank_ = 0;
+  int dp_rank_ = 0, tp_rank_ = 0, pp_rank_ = 0;
+  MPI_Comm world_ = MPI_COMM_NULL;
+  MPI_Comm dp_comm_ = MPI_COMM_NULL, tp_comm_ = MPI_COMM_NULL,
+           pp_comm_ = MPI_COMM_NULL;
+  std::shared_ptr<CommStats> stats_;
+  std::unique_ptr<Communicator> world_group_, dp_group_, tp_group_, pp_group_;
+};
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_WORKER_ENGINE_PARALLEL_DIMS_H_
