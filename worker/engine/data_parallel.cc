@@ -22,6 +22,7 @@ DataParallel::DataParallel(const GptConfig& config, const v1::JobSpec& spec,
       n_units_(GptNumUnits(config)),
       bucket_bytes_(spec.parallel().bucket_bytes()),
       clip_(spec.train().grad_clip()),
+      reduce_into_shard_(spec.parallel().microbatches() == 1),
       comm_(dp_group) {
   if (comm_ == nullptr && (dp_ > 1 || zero_ > 0)) {
     throw std::invalid_argument(
@@ -46,19 +47,25 @@ DataParallel::DataParallel(const GptConfig& config, const v1::JobSpec& spec,
     param_shard_.assign(shard_total_, 0.0f);
     grad_shard_.assign(shard_total_, 0.0f);
   }
+  // Block units differ in size; their shared slots fit the largest.
+  int64_t block_max = 0;
+  for (int u = 1; u < n_units_ - 1; ++u) {
+    block_max = std::max(block_max, units_[u].size);
+  }
   if (zero_ >= 2) {
     const int64_t sizes[4] = {units_[0].size, units_[n_units_ - 1].size,
-                              units_[1].size, units_[1].size};
-    const int units_of[4] = {0, n_units_ - 1, 1, 1};
+                              block_max, block_max};
     for (int s = 0; s < 4; ++s) {
       scratch_[s].assign(sizes[s], 0.0f);
-      staging_[s].assign(ShardSize(units_of[s]), 0.0f);
+      // With one microbatch a unit is reduced once per step, straight into
+      // the (zeroed) shard; only accumulation needs a staging buffer.
+      if (!reduce_into_shard_) staging_[s].assign(sizes[s] / dp_, 0.0f);
     }
   }
   if (zero_ == 3) {
     gathered_[kEmbSlot].assign(units_[0].size, 0.0f);
     gathered_[kFinalSlot].assign(units_[n_units_ - 1].size, 0.0f);
-    gathered_[kBlockSlot].assign(units_[1].size, 0.0f);
+    gathered_[kBlockSlot].assign(block_max, 0.0f);
   }
   optimizer_ = zero_ == 0
                    ? std::make_unique<AdamW>(layout_, 0, total_, spec.train())
@@ -145,7 +152,8 @@ void DataParallel::BeginBackward(int u) {
     Complete(p);
     pending_.pop_front();
   }
-  std::fill(scratch_[slot].begin(), scratch_[slot].end(), 0.0f);
+  std::fill(scratch_[slot].begin(), scratch_[slot].begin() + units_[u].size,
+            0.0f);
   slot_unit_[slot] = u;
 }
 
@@ -153,8 +161,10 @@ void DataParallel::EndBackward(int u) {
   Pending p;
   if (sharded_grads()) {
     const int slot = SlotFor(u);
-    p.handle = comm_->ReduceScatterAsync(scratch_[slot].data(),
-                                         staging_[slot].data(), ShardSize(u));
+    float* out = reduce_into_shard_ ? grad_shard_.data() + shard_offset_[u]
+                                    : staging_[slot].data();
+    p.handle =
+        comm_->ReduceScatterAsync(scratch_[slot].data(), out, ShardSize(u));
     p.unit = u;
     p.slot = slot;
   } else if (!last_microbatch_ || (zero_ == 0 && dp_ == 1)) {
@@ -180,6 +190,10 @@ void DataParallel::EndBackward(int u) {
 
 void DataParallel::Complete(Pending& p) {
   if (p.slot < 0) return;
+  if (reduce_into_shard_) {
+    slot_unit_[p.slot] = -1;
+    return;
+  }
   float* dst = grad_shard_.data() + shard_offset_[p.unit];
   const float* src = staging_[p.slot].data();
   const int64_t n = ShardSize(p.unit);

@@ -11,7 +11,7 @@
 //   zero 3  also weights (FSDP): a unit's weights are all-gathered before its
 //           forward and again before its backward, and dropped after use.
 //
-// Units are [wte wpe] [block 0] ... [block L-1] [ln_f], each padded to a
+// Units (gpt.h: embeddings, four per block, ln_f) are each padded to a
 // multiple of dp and sharded evenly: rank r owns the r-th 1/dp of every unit.
 // Not thread-safe; one instance per rank.
 #ifndef PTRAIN_WORKER_ENGINE_DATA_PARALLEL_H_
@@ -96,6 +96,7 @@ class DataParallel : public UnitStore {
   const int n_units_;
   const int64_t bucket_bytes_;
   const double clip_;
+  const bool reduce_into_shard_;  // zero 2-3 with a single microbatch
   Communicator* comm_;
   std::vector<ParamInfo> layout_;
   std::vector<UnitRange> units_;

@@ -55,12 +55,15 @@ std::vector<ParamInfo> GptParamLayout(const GptConfig& cfg, int pad) {
     add(h + "ln_1.bias", {C}, l, I::kZeros, 0);
     add(h + "attn.c_attn.weight", {3 * C, C}, l, I::kNormal, std);
     add(h + "attn.c_attn.bias", {3 * C}, l, I::kZeros, 0);
+    close_unit();
     add(h + "attn.c_proj.weight", {C, C}, l, I::kNormal, proj_std);
     add(h + "attn.c_proj.bias", {C}, l, I::kZeros, 0);
+    close_unit();
     add(h + "ln_2.weight", {C}, l, I::kOnes, 0);
     add(h + "ln_2.bias", {C}, l, I::kZeros, 0);
     add(h + "mlp.c_fc.weight", {4 * C, C}, l, I::kNormal, std);
     add(h + "mlp.c_fc.bias", {4 * C}, l, I::kZeros, 0);
+    close_unit();
     add(h + "mlp.c_proj.weight", {C, 4 * C}, l, I::kNormal, proj_std);
     add(h + "mlp.c_proj.bias", {C}, l, I::kZeros, 0);
     close_unit();
@@ -175,14 +178,8 @@ float* Gpt::Slice(std::vector<float>& buf, int64_t count) {
   return p;
 }
 
-LayerParams Gpt::LayerView(const float* unit_base, int l) const {
-  // The 12 tensors of block l follow wte and wpe in layout order. The views
-  // serve weights (read-only by convention) and gradients alike.
-  float* base = const_cast<float*>(unit_base);
-  const ParamInfo* p = &layout_[2 + 12 * l];
-  auto at = [&](int i) { return base + p[i].unit_offset; };
-  return LayerParams{at(0), at(1), at(2), at(3), at(4),  at(5),
-                     at(6), at(7), at(8), at(9), at(10), at(11)};
+const float* Gpt::Tensor(const float* unit_base, int l, int i) const {
+  return unit_base + layout_[2 + 12 * l + i].unit_offset;
 }
 
 void Gpt::InitParams(uint64_t seed) {
@@ -219,8 +216,8 @@ float Gpt::Forward(const int32_t* inputs, const int32_t* targets, int B,
   const float* wpe = st.Params(0) + layout_[1].unit_offset;
   k::encoder_forward(encoded_, inputs, wte, wpe, B, T, C);
   for (int l = 0; l < L; ++l) {
-    st.BeginForward(l + 1);
-    const LayerParams w = LayerView(st.Params(l + 1), l);
+    const int u = BlockUnit(l);  // u..u+3: [ln_1 c_attn] [c_proj] [ln_2 c_fc]
+                                 // [mlp.c_proj]
     const float* residual = l == 0 ? encoded_ : residual3_ + (l - 1) * sBTC;
     float* ln1 = ln1_ + l * sBTC;
     float* qkv = qkv_ + l * 3 * sBTC;
@@ -231,26 +228,44 @@ float Gpt::Forward(const int32_t* inputs, const int32_t* targets, int B,
     float* fch = fch_ + l * 4 * sBTC;
     float* fch_gelu = fch_gelu_ + l * 4 * sBTC;
     float* residual3 = residual3_ + l * sBTC;
+    st.BeginForward(u);
+    const float* w = st.Params(u);
     k::layernorm_forward(ln1, ln1_mean_ + l * sBT, ln1_rstd_ + l * sBT,
-                         residual, w.ln1w, w.ln1b, B, T, C);
-    k::matmul_forward(qkv, ln1, w.qkvw, w.qkvb, B, T, C, 3 * C);
+                         residual, Tensor(w, l, kLn1W), Tensor(w, l, kLn1B), B,
+                         T, C);
+    k::matmul_forward(qkv, ln1, Tensor(w, l, kQkvW), Tensor(w, l, kQkvB), B, T,
+                      C, 3 * C);
+    st.EndForward(u);
     k::attention_forward(atty, att, qkv, B, T, C, NH);
-    k::matmul_forward(scratch_, atty, w.attprojw, w.attprojb, B, T, C, C);
+    st.BeginForward(u + 1);
+    w = st.Params(u + 1);
+    k::matmul_forward(scratch_, atty, Tensor(w, l, kAttProjW),
+                      Tensor(w, l, kAttProjB), B, T, C, C);
+    st.EndForward(u + 1);
     k::residual_forward(residual2, residual, scratch_, BTC);
+    st.BeginForward(u + 2);
+    w = st.Params(u + 2);
     k::layernorm_forward(ln2, ln2_mean_ + l * sBT, ln2_rstd_ + l * sBT,
-                         residual2, w.ln2w, w.ln2b, B, T, C);
-    k::matmul_forward(fch, ln2, w.fcw, w.fcb, B, T, C, 4 * C);
+                         residual2, Tensor(w, l, kLn2W), Tensor(w, l, kLn2B), B,
+                         T, C);
+    k::matmul_forward(fch, ln2, Tensor(w, l, kFcW), Tensor(w, l, kFcB), B, T, C,
+                      4 * C);
+    st.EndForward(u + 2);
     k::gelu_forward(fch_gelu, fch, 4 * BTC);
-    k::matmul_forward(scratch_, fch_gelu, w.fcprojw, w.fcprojb, B, T, 4 * C, C);
+    st.BeginForward(u + 3);
+    w = st.Params(u + 3);
+    k::matmul_forward(scratch_, fch_gelu, Tensor(w, l, kFcProjW),
+                      Tensor(w, l, kFcProjB), B, T, 4 * C, C);
+    st.EndForward(u + 3);
     k::residual_forward(residual3, residual2, scratch_, BTC);
-    st.EndForward(l + 1);
   }
-  st.BeginForward(L + 1);
-  const float* lnfw = st.Params(L + 1);
+  const int uf = FinalUnit();
+  st.BeginForward(uf);
+  const float* lnfw = st.Params(uf);
   const float* lnfb = lnfw + C;
   k::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residual3_ + (L - 1) * sBTC,
                        lnfw, lnfb, B, T, C);
-  st.EndForward(L + 1);
+  st.EndForward(uf);
   k::matmul_forward(logits_, lnf_, wte, static_cast<const float*>(nullptr), B,
                     T, C, V);
   st.EndForward(0);
@@ -272,24 +287,25 @@ void Gpt::Backward(const int32_t* inputs, const int32_t* targets, float dloss) {
   auto zero = [](float* p, int64_t n) { std::memset(p, 0, n * sizeof(float)); };
 
   UnitStore& st = *store_;
+  const int uf = FinalUnit();
   st.BeginBackward(0);
-  st.BeginBackward(L + 1);
+  st.BeginBackward(uf);
   zero(dlogits_, static_cast<int64_t>(B) * T * V);
   k::crossentropy_softmax_backward(dlogits_, logits_, targets, dloss, B, T, V);
   zero(dln_, BTC);
   k::matmul_backward(dln_, st.Grads(0), static_cast<float*>(nullptr), dlogits_,
                      lnf_, st.Params(0), B, T, C, V);
   zero(dresidual_, BTC);
-  k::layernorm_backward(dresidual_, st.Grads(L + 1), st.Grads(L + 1) + C, dln_,
-                        residual3_ + (L - 1) * sBTC, st.Params(L + 1),
-                        lnf_mean_, lnf_rstd_, B, T, C);
-  st.EndBackward(L + 1);
+  k::layernorm_backward(dresidual_, st.Grads(uf), st.Grads(uf) + C, dln_,
+                        residual3_ + (L - 1) * sBTC, st.Params(uf), lnf_mean_,
+                        lnf_rstd_, B, T, C);
+  st.EndBackward(uf);
   // dresidual_ carries the gradient of the residual stream downwards; each
   // residual add passes it through unchanged, so branches accumulate into it.
+  // Units finish in descending order, each as soon as its weights' gradients
+  // are complete.
   for (int l = L - 1; l >= 0; --l) {
-    st.BeginBackward(l + 1);
-    const LayerParams w = LayerView(st.Params(l + 1), l);
-    const LayerParams dw = LayerView(st.Grads(l + 1), l);
+    const int u = BlockUnit(l);
     const float* residual = l == 0 ? encoded_ : residual3_ + (l - 1) * sBTC;
     const float* ln1 = ln1_ + l * sBTC;
     const float* qkv = qkv_ + l * 3 * sBTC;
@@ -299,31 +315,47 @@ void Gpt::Backward(const int32_t* inputs, const int32_t* targets, float dloss) {
     const float* ln2 = ln2_ + l * sBTC;
     const float* fch = fch_ + l * 4 * sBTC;
     const float* fch_gelu = fch_gelu_ + l * 4 * sBTC;
+    auto dT = [&](int unit, int i) {
+      return const_cast<float*>(Tensor(st.Grads(unit), l, i));
+    };
 
+    st.BeginBackward(u + 3);
     zero(dfch_gelu_, 4 * BTC);
-    k::matmul_backward(dfch_gelu_, dw.fcprojw, dw.fcprojb, dresidual_, fch_gelu,
-                       w.fcprojw, B, T, 4 * C, C);
-    st.Poll();
+    k::matmul_backward(dfch_gelu_, dT(u + 3, kFcProjW), dT(u + 3, kFcProjB),
+                       dresidual_, fch_gelu,
+                       Tensor(st.Params(u + 3), l, kFcProjW), B, T, 4 * C, C);
+    st.EndBackward(u + 3);
     zero(dfch_, 4 * BTC);
     k::gelu_backward(dfch_, fch, dfch_gelu_, 4 * BTC);
+    st.BeginBackward(u + 2);
+    const float* w = st.Params(u + 2);
     zero(dln_, BTC);
-    k::matmul_backward(dln_, dw.fcw, dw.fcb, dfch_, ln2, w.fcw, B, T, C, 4 * C);
+    k::matmul_backward(dln_, dT(u + 2, kFcW), dT(u + 2, kFcB), dfch_, ln2,
+                       Tensor(w, l, kFcW), B, T, C, 4 * C);
     st.Poll();
-    k::layernorm_backward(dresidual_, dw.ln2w, dw.ln2b, dln_, residual2, w.ln2w,
-                          ln2_mean_ + l * sBT, ln2_rstd_ + l * sBT, B, T, C);
+    k::layernorm_backward(dresidual_, dT(u + 2, kLn2W), dT(u + 2, kLn2B), dln_,
+                          residual2, Tensor(w, l, kLn2W), ln2_mean_ + l * sBT,
+                          ln2_rstd_ + l * sBT, B, T, C);
+    st.EndBackward(u + 2);
+    st.BeginBackward(u + 1);
     zero(datty_, BTC);
-    k::matmul_backward(datty_, dw.attprojw, dw.attprojb, dresidual_, atty,
-                       w.attprojw, B, T, C, C);
-    st.Poll();
+    k::matmul_backward(datty_, dT(u + 1, kAttProjW), dT(u + 1, kAttProjB),
+                       dresidual_, atty, Tensor(st.Params(u + 1), l, kAttProjW),
+                       B, T, C, C);
+    st.EndBackward(u + 1);
     zero(dqkv_, 3 * BTC);
     k::attention_backward(dqkv_, datt_, datty_, qkv, att, B, T, C, NH);
     st.Poll();
+    st.BeginBackward(u);
+    w = st.Params(u);
     zero(dln_, BTC);
-    k::matmul_backward(dln_, dw.qkvw, dw.qkvb, dqkv_, ln1, w.qkvw, B, T, C,
-                       3 * C);
-    k::layernorm_backward(dresidual_, dw.ln1w, dw.ln1b, dln_, residual, w.ln1w,
-                          ln1_mean_ + l * sBT, ln1_rstd_ + l * sBT, B, T, C);
-    st.EndBackward(l + 1);
+    k::matmul_backward(dln_, dT(u, kQkvW), dT(u, kQkvB), dqkv_, ln1,
+                       Tensor(w, l, kQkvW), B, T, C, 3 * C);
+    st.Poll();
+    k::layernorm_backward(dresidual_, dT(u, kLn1W), dT(u, kLn1B), dln_,
+                          residual, Tensor(w, l, kLn1W), ln1_mean_ + l * sBT,
+                          ln1_rstd_ + l * sBT, B, T, C);
+    st.EndBackward(u);
   }
   k::encoder_backward(st.Grads(0), st.Grads(0) + layout_[1].unit_offset,
                       dresidual_, inputs, B, T, C);

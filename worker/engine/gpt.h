@@ -50,12 +50,16 @@ struct UnitRange {
   int64_t begin = 0, size = 0;
 };
 std::vector<UnitRange> GptUnits(const std::vector<ParamInfo>& layout, int pad);
-inline int GptNumUnits(const GptConfig& c) { return c.n_layer + 2; }
+// Units: 0 [wte wpe]; per block l four, from BlockUnit(l): [ln_1 c_attn]
+// [attn.c_proj] [ln_2 c_fc] [mlp.c_proj] — each kernel's weights are one
+// unit, so ZeRO-3 holds at most one matrix's worth gathered; last [ln_f].
+inline int GptNumUnits(const GptConfig& c) { return 4 * c.n_layer + 2; }
+inline int BlockUnit(int l) { return 1 + 4 * l; }
 
 // Where the weights and gradients of each unit live while a pass runs. The
-// model brackets its use of unit u with Begin/End calls, in this order:
-// forward: B(0) [B(l) E(l) for l = 1..L] B(L+1) E(L+1) E(0);
-// backward: B(0) B(L+1) E(L+1) [B(l) E(l) for l = L..1] E(0).
+// model brackets its use of unit u with Begin/End calls, with F the last:
+// forward: B(0) [B(u) E(u) for u = 1..F-1] B(F) E(F) E(0);
+// backward: B(0) B(F) E(F) [B(u) E(u) for u = F-1..1] E(0).
 // Params(u)/Grads(u) are valid between Begin and End and point at the unit's
 // first element (unit-relative offsets). Gradients accumulate (+=).
 class UnitStore {
@@ -79,16 +83,6 @@ float InitialValue(const ParamInfo& info, uint64_t seed, int64_t index);
 // Model FLOPs per trained token (forward + backward): 6 per matmul weight
 // (wpe does no matmul) plus 12·L·C·T for attention scores and mixing.
 double GptFlopsPerToken(const GptConfig& config, int T);
-
-// Views into one layer's slice of a parameter-shaped buffer.
-struct LayerParams {
-  float *ln1w, *ln1b;          // (C), (C)
-  float *qkvw, *qkvb;          // (3C,C), (3C)
-  float *attprojw, *attprojb;  // (C,C), (C)
-  float *ln2w, *ln2b;          // (C), (C)
-  float *fcw, *fcb;            // (4C,C), (4C)
-  float *fcprojw, *fcprojb;    // (C,4C), (C)
-};
 
 struct MemoryBytes {
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
@@ -145,7 +139,23 @@ class Gpt : private UnitStore {
   }
   float* Grads(int u) override { return grads_.data() + units_[u].begin; }
 
-  LayerParams LayerView(const float* unit_base, int l) const;
+  // Block l's tensors in layout order, addressed inside their unit.
+  enum BlockTensor {
+    kLn1W,
+    kLn1B,
+    kQkvW,
+    kQkvB,
+    kAttProjW,
+    kAttProjB,
+    kLn2W,
+    kLn2B,
+    kFcW,
+    kFcB,
+    kFcProjW,
+    kFcProjB
+  };
+  const float* Tensor(const float* unit_base, int l, int i) const;
+  int FinalUnit() const { return static_cast<int>(units_.size()) - 1; }
   float* Slice(std::vector<float>& buf, int64_t count);
 
   const GptConfig config_;

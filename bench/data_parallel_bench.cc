@@ -1,0 +1,133 @@
+// Data-parallel training under mpirun: throughput, how much of the gradient
+// reduction backward hides, and per-rank memory against one rank's. Prints
+// figures and ratios; never passes or fails on time.
+//
+//   mpirun -n 2 build/bench/data_parallel_bench [--config S|M] [--zero Z]
+//          [--steps N] [--bucket-mb X] [--microbatches K]
+#include <mpi.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "common/spec.h"
+#include "worker/engine/parallel_dims.h"
+#include "worker/engine/trainer.h"
+
+namespace {
+
+struct Args {
+  std::string config = "M";
+  int zero = 0, steps = 6, warmup = 2, microbatches = 1;
+  double bucket_mb = 4.0;
+};
+
+Args Parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--config") a.config = v;
+    if (k == "--zero") a.zero = std::stoi(v);
+    if (k == "--steps") a.steps = std::stoi(v);
+    if (k == "--bucket-mb") a.bucket_mb = std::stod(v);
+    if (k == "--microbatches") a.microbatches = std::stoi(v);
+  }
+  return a;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const Args a = Parse(argc, argv);
+  const bool m = a.config == "M";
+  std::vector<std::string> overrides = {
+      std::string("model.n_layer=") + (m ? "6" : "4"),
+      std::string("model.n_head=") + (m ? "6" : "4"),
+      std::string("model.n_embd=") + (m ? "384" : "128"),
+      std::string("model.block_size=") + (m ? "256" : "64"),
+      std::string("train.global_batch=") + (m ? "8" : "16"),
+      "parallel.dp=" + std::to_string(world),
+      "parallel.zero=" + std::to_string(a.zero),
+      "parallel.microbatches=" + std::to_string(a.microbatches),
+      "parallel.bucket_bytes=" +
+          std::to_string(static_cast<int64_t>(a.bucket_mb * (1 << 20))),
+      "train.steps=" + std::to_string(a.warmup + a.steps)};
+  auto spec =
+      ptrain::LoadJobSpecFile("examples/shakespeare-char.yaml", overrides);
+  if (!spec.ok()) {
+    if (rank == 0)
+      std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
+    MPI_Finalize();
+    return 2;
+  }
+  {
+    auto dims = ptrain::ParallelDims::Create(spec->parallel(), MPI_COMM_WORLD);
+    ptrain::TrainerOptions opt;
+    opt.peak_flops = 1e12;
+    opt.quiet = true;
+    auto trainer = ptrain::Trainer::Create(*spec, opt, dims->get());
+    if (!trainer.ok()) {
+      std::fprintf(stderr, "%s\n", trainer.status().ToString().c_str());
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    auto& tr = **trainer;
+    auto& stats = *(*dims)->comm_stats();
+    for (int s = 0; s < a.warmup; ++s) tr.TrainStep(s);
+    stats.Reset();
+    const double exposed0 = tr.store().exposed_seconds();
+    double total = 0;
+    for (int s = a.warmup; s < a.warmup + a.steps; ++s) {
+      total += tr.TrainStep(s).seconds;
+    }
+    const double exposed = tr.store().exposed_seconds() - exposed0;
+    // The gradient reductions issued during backward.
+    const char* op = a.zero == 0 ? "all_reduce" : "reduce_scatter";
+    const ptrain::CommStat red =
+        stats.Get("dp", a.zero == 0 ? ptrain::CommOp::kAllReduce
+                                    : ptrain::CommOp::kReduceScatter);
+    const ptrain::CommStat gather = stats.Get("dp", ptrain::CommOp::kAllGather);
+    const ptrain::MemoryBytes mem = tr.memory();
+    // One rank alone holds weights, gradients and two Adam moments of every
+    // element: 16 bytes each.
+    const double single = 16.0 * static_cast<double>(tr.model().num_params());
+    const double tokens = static_cast<double>(spec->train().global_batch()) *
+                          spec->model().block_size();
+    if (rank == 0) {
+      const double mean = total / a.steps;
+      std::printf(
+          "config %s, dp=%d zero=%d microbatches=%d, %d thread(s)/rank, "
+          "bucket %.1f MB\n",
+          a.config.c_str(), world, a.zero, a.microbatches,
+          omp_get_max_threads(), a.bucket_mb);
+      std::printf("  %.1f ms/step, %.0f tok/s (global)\n", mean * 1e3,
+                  tokens / mean);
+      std::printf(
+          "  dp %s: %.1f ms/step over %lld calls; blocked after backward "
+          "%.1f ms/step: %.1f%% of the reduction time not hidden\n",
+          op, red.seconds / a.steps * 1e3,
+          static_cast<long long>(red.calls / a.steps), exposed / a.steps * 1e3,
+          100.0 * exposed / std::max(red.seconds, 1e-12));
+      std::printf("  dp all_gather: %.1f ms/step\n",
+                  gather.seconds / a.steps * 1e3);
+      const double pgo =
+          static_cast<double>(mem.params + mem.grads + mem.optimizer);
+      std::printf(
+          "  memory per rank: params %.2f MB, grads %.2f MB, optimizer %.2f "
+          "MB, activations %.2f MB\n",
+          mem.params / 1e6, mem.grads / 1e6, mem.optimizer / 1e6,
+          mem.activations / 1e6);
+      std::printf(
+          "  params+grads+optimizer %.2f MB = %.3f x the single-rank %.2f "
+          "MB\n",
+          pgo / 1e6, pgo / single, single / 1e6);
+    }
+  }
+  MPI_Finalize();
+  return 0;
+}

@@ -1,0 +1,112 @@
+// ptworker under mpirun: a layout that does not fit the world, or any other
+// bad input, ends every rank with a non-zero exit and one error line (no
+// hang, no orphan); a good data-parallel run has rank 0 alone write the log.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "nlohmann/json.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code = -1;
+  std::string err;
+};
+
+class PtworkerMpi : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("ptworker_mpi_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    log_ = (dir_ / "run.jsonl").string();
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Result Mpirun(int n, const std::string& args) {
+    const std::string err_file = (dir_ / "err.txt").string();
+    const std::string cmd =
+        std::string(MPIEXEC) +
+        " --allow-run-as-root --oversubscribe --mca btl self,vader,tcp -n " +
+        std::to_string(n) + " " + PTWORKER_PATH + " --config " + PT_SOURCE_DIR +
+        "/examples/shakespeare-char.yaml --peak-gflops 100 " + "--log-json " +
+        log_ + " " + args + " 2>" + err_file + " >/dev/null";
+    const int status = std::system(cmd.c_str());
+    Result r;
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::ifstream in(err_file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    r.err = ss.str();
+    return r;
+  }
+
+  void ExpectRefused(const Result& r, const std::string& needle) {
+    EXPECT_NE(r.code, 0) << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+    // One error line, from one rank.
+    size_t count = 0;
+    for (size_t at = r.err.find("ptworker: error"); at != std::string::npos;
+         at = r.err.find("ptworker: error", at + 1)) {
+      ++count;
+    }
+    EXPECT_EQ(count, 1u) << r.err;
+    EXPECT_FALSE(fs::exists(log_)) << "a refused run wrote its log";
+  }
+
+  fs::path dir_;
+  std::string log_;
+};
+
+TEST_F(PtworkerMpi, WorldSizeThatIsNotDpTpPpPrintsEveryFactor) {
+  ExpectRefused(Mpirun(2, "--set parallel.dp=3 --set train.global_batch=33"),
+                "world size 2 does not equal parallel.dp × parallel.tp × "
+                "parallel.pp = 3 × 1 × 1 = 3");
+}
+
+TEST_F(PtworkerMpi, ZeroStageOutsideZeroToThreeIsRefused) {
+  ExpectRefused(Mpirun(2, "--set parallel.dp=2 --set parallel.zero=4"),
+                "parallel.zero");
+}
+
+TEST_F(PtworkerMpi, BatchThatDoesNotDivideIsRefused) {
+  ExpectRefused(Mpirun(2, "--set parallel.dp=2 --set train.global_batch=7"),
+                "train.global_batch=7 is not divisible by parallel.dp × "
+                "parallel.microbatches");
+}
+
+TEST_F(PtworkerMpi, ZeroThreeRunHasRankZeroWriteTheLogAlone) {
+  const Result r =
+      Mpirun(2,
+             "--set parallel.dp=2 --set parallel.zero=3 --set train.steps=4 "
+             "--set train.eval_every=2 --set train.eval_batches=1 "
+             "--set train.sample_tokens=10 --set model.n_layer=1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream in(log_);
+  std::string line;
+  int steps = 0, memory = 0;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("type") == "step") ++steps;
+    if (j.at("type") == "memory") {
+      ++memory;
+      // ZeRO-3 over 2 ranks: each holds half of the Adam moments.
+      EXPECT_LT(j.at("optimizer_bytes").get<int64_t>(),
+                j.at("grads_bytes").get<int64_t>() * 2);
+    }
+  }
+  // Two ranks appending to one file would double every line.
+  EXPECT_EQ(steps, 4);
+  EXPECT_EQ(memory, 1);
+}
+
+}  // namespace
