@@ -207,6 +207,10 @@ absl::Status Trainer::Run() {
     if (!opened.ok()) return opened.status();
     log = std::move(*opened);
   }
+    auto emit = [&](const nlohmann::json& record) {
+    log->Write(record);
+    if (options_.on_record && is_log_rank()) options_.on_record(record);
+  };
   const auto& train = spec_.train();
   const double peak =
       options_.peak_flops > 0 ? options_.peak_flops : MeasureSgemmPeakFlops();
@@ -222,7 +226,7 @@ absl::Status Trainer::Run() {
       "MB, activations {:.1f} MB",
       mem.params / 1e6, mem.grads / 1e6, mem.optimizer / 1e6,
       mem.activations / 1e6);
-  log->Write({{"type", "memory"},
+  emit({{"type", "memory"},
               {"params_bytes", mem.params},
               {"grads_bytes", mem.grads},
               {"optimizer_bytes", mem.optimizer},
@@ -232,12 +236,12 @@ absl::Status Trainer::Run() {
   auto eval = [&](int64_t step) {
     const float val = Evaluate();
     spdlog::info("step {:>6} | val loss {:.6f}", step, val);
-    log->Write({{"type", "eval"}, {"step", step}, {"val_loss", val}});
+    emit({{"type", "eval"}, {"step", step}, {"val_loss", val}});
   };
   auto sample = [&](int64_t step) {
     const std::string text = Sample(static_cast<uint64_t>(step));
     spdlog::info("sample at step {}:\n{}", step, text);
-    log->Write({{"type", "sample"}, {"step", step}, {"text", text}});
+    emit({{"type", "sample"}, {"step", step}, {"text", text}});
   };
   for (int64_t s = 0; s < train.steps(); ++s) {
     const StepResult r = TrainStep(s);
@@ -250,7 +254,7 @@ absl::Status Trainer::Run() {
       return absl::InternalError(
           absl::StrCat("loss is ", r.loss, " at step ", step));
     }
-    log->Write({{"type", "step"},
+    emit({{"type", "step"},
                 {"step", step},
                 {"loss", r.loss},
                 {"lr", r.lr},

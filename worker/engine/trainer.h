@@ -6,12 +6,14 @@
 #define PTRAIN_WORKER_ENGINE_TRAINER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 #include "ptrain/v1/job.pb.h"
 #include "worker/engine/data.h"
 #include "worker/engine/data_parallel.h"
@@ -25,7 +27,10 @@ namespace ptrain {
 struct TrainerOptions {
   std::string log_json_path;  // "" for no run log
   double peak_flops = 0.0;    // MFU denominator; 0 measures sgemm at start
-  bool quiet = false;         // no per-step lines on stderr
+    bool quiet = false;         // no per-step lines on stderr
+  // Called on rank 0 with every run-log record (docs/run-log.md) as it is
+  // written: how ptworker reports progress to the coordinator.
+  std::function<void(const nlohmann::json&)> on_record;
 };
 
 struct StepResult {
