@@ -1,11 +1,14 @@
 // ptworker: one training rank. Standalone: `ptworker --config job.yaml
-// [--set key=value]... [--log-json run.jsonl]`, alone or under
-// `mpirun -n N`. Exit codes: 0 done, 1 runtime failure, 2 bad input (spec,
-// data, flags, layout) with one error line on stderr from the lowest failing
-// rank; every rank exits, none waits for another.
+// [--set key=value]... [--log-json run.jsonl] [--resume-from latest|DIR]`,
+// alone or under `mpirun -n N`; `ptworker export --checkpoint DIR --llmc
+// OUT.bin` writes a checkpoint's weights in llm.c's format. Exit codes: 0 done,
+// 1 runtime failure, 2 bad input (spec, data, flags, layout) with one error
+// line on stderr from the lowest failing rank; every rank exits, none waits for
+// another.
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -26,6 +29,8 @@ bool IsInputError(const absl::Status& s) {
     case absl::StatusCode::kNotFound:
     case absl::StatusCode::kPermissionDenied:
     case absl::StatusCode::kUnimplemented:
+    case absl::StatusCode::kFailedPrecondition:  // checkpoint does not fit
+    case absl::StatusCode::kDataLoss:            // checkpoint is damaged
       return true;
     default:
       return false;
@@ -52,12 +57,41 @@ int AgreeOnSetup(const absl::Status& status) {
   return status.ok() || IsInputError(status) ? kExitBadInput : 1;
 }
 
+double EnvDouble(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::atof(v) : 0.0;
+}
+
+// `ptworker export`: one process, no training.
+int Export(const std::string& checkpoint, const std::string& out) {
+  auto reader = ptrain::CheckpointReader::Open(checkpoint);
+  absl::Status s =
+      reader.ok() ? ptrain::ExportLlmc(**reader, (*reader)->meta().model, out)
+                  : reader.status();
+  if (!s.ok()) {
+    std::fprintf(stderr, "ptworker: error: %s\n",
+                 std::string(s.message()).c_str());
+    return IsInputError(s) ? kExitBadInput : 1;
+  }
+  std::printf("wrote %s (llm.c GPT-2 fp32) from %s\n", out.c_str(),
+              checkpoint.c_str());
+  return 0;
+}
+
 int Run(int argc, char** argv) {
   CLI::App app{"ptworker: trains a GPT as one rank of a ptrain job"};
-  std::string config_path, log_json, log_level = "info";
+  std::string config_path, log_json, log_level = "info", resume_from;
   std::vector<std::string> overrides;
   double peak_gflops = 0.0;
-  app.add_option("--config", config_path, "job spec YAML file")->required();
+  app.add_option("--config", config_path, "job spec YAML file");
+  app.add_option("--resume-from", resume_from,
+                 "latest (newest intact checkpoint under checkpoint.dir, or "
+                 "a fresh start) or a checkpoint folder");
+  std::string export_ckpt, export_out;
+  CLI::App* exp = app.add_subcommand(
+      "export", "write a checkpoint's weights as an llm.c GPT-2 file");
+  exp->add_option("--checkpoint", export_ckpt, "checkpoint folder")->required();
+  exp->add_option("--llmc", export_out, "output .bin")->required();
   app.add_option("--set", overrides,
                  "override a spec field: dotted.path=value (repeatable)");
   app.add_option("--log-json", log_json,
@@ -70,6 +104,14 @@ int Run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const int rc = WorldRank() == 0 ? app.exit(e) : (e.get_exit_code() != 0);
     return rc == 0 ? 0 : kExitBadInput;
+  }
+  if (exp->parsed())
+    return WorldRank() == 0 ? Export(export_ckpt, export_out) : 0;
+  if (config_path.empty()) {
+    if (WorldRank() == 0) {
+      std::fprintf(stderr, "ptworker: error: --config is required\n");
+    }
+    return kExitBadInput;
   }
   // Only rank 0 narrates; the others speak up for warnings and errors.
   ptrain::SetupLogging(WorldRank() == 0 ? log_level : "warn");
@@ -89,6 +131,12 @@ int Run(int argc, char** argv) {
       ptrain::TrainerOptions options;
       options.log_json_path = log_json;
       options.peak_flops = peak_gflops * 1e9;
+      options.resume_from = resume_from;
+      // Test hooks (tests/): pause mid checkpoint write; stop progressing.
+      options.save.pause_mid_write_s =
+          EnvDouble("PTRAIN_TEST_CHECKPOINT_PAUSE_S");
+      options.hang_at_step =
+          static_cast<int64_t>(EnvDouble("PTRAIN_TEST_HANG_AT_STEP"));
       auto t = ptrain::Trainer::Create(*spec, options, dims.get());
       if (t.ok()) {
         trainer = std::move(*t);

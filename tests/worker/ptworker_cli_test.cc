@@ -1,7 +1,9 @@
 // ptworker as a process: bad input ends with exit code 2 and one error line
 // naming the problem, and writes nothing; a tiny good run writes the run log.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -11,6 +13,7 @@
 #include <string>
 
 #include "nlohmann/json.hpp"
+#include "worker/engine/checkpoint.h"
 
 namespace {
 
@@ -128,6 +131,57 @@ TEST_F(PtworkerCli, GoodRunWritesOneJsonObjectPerLine) {
   EXPECT_EQ(evals, 2);  // step 2 and the last step
   EXPECT_EQ(memory, 1);
   EXPECT_EQ(samples, 1);
+}
+
+TEST_F(PtworkerCli, KillDuringCheckpointWriteLeavesThePreviousOneAsLatest) {
+  const fs::path ckpt = dir_ / "ck";
+  const std::string args =
+      Base() + "--set model.n_layer=1 --set model.n_embd=32 " +
+      "--set train.eval_every=0 --set train.eval_batches=1 " +
+      "--set train.sample_tokens=0 --set checkpoint.every=5 " +
+      "--set checkpoint.dir=" + ckpt.string() + " --resume-from latest ";
+  ASSERT_EQ(RunPtworker(args + "--set train.steps=5").code, 0);
+  ASSERT_TRUE(fs::exists(ckpt / "step-00000005" / "manifest.json"));
+
+  // Resume towards step 10 with the test hook pausing halfway through the
+  // shard of step 10, and kill -9 the rank there.
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setenv("PTRAIN_TEST_CHECKPOINT_PAUSE_S", "120", 1);
+    const std::string cmd = std::string(PTWORKER_PATH) + " " + args +
+                            "--set train.steps=10 >/dev/null 2>&1";
+    execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  const fs::path partial = ckpt / "step-00000010.tmp" / "shard-00000.bin";
+  for (int i = 0; i < 600 && !fs::exists(partial); ++i) usleep(100000);
+  ASSERT_TRUE(fs::exists(partial)) << "the save never started";
+  usleep(200000);
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status));
+
+  EXPECT_FALSE(fs::exists(ckpt / "step-00000010"));
+  const auto all = ptrain::ListCheckpoints(ckpt.string());
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(fs::path(all[0]).filename(), "step-00000005");
+  // The previous checkpoint is whole: every tensor reads and checks out.
+  auto reader = ptrain::CheckpointReader::Open(all[0]);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<float> buf;
+  for (const auto& p : ptrain::GptParamLayout((*reader)->meta().model)) {
+    buf.resize(p.numel);
+    ASSERT_TRUE((*reader)->Read(p.name, 0, p.numel, buf.data()).ok());
+    ASSERT_TRUE((*reader)
+                    ->Read(ptrain::ExpAvgSqName(p.name), 0, p.numel, buf.data())
+                    .ok());
+  }
+  // The job comes back from it and finishes; the stale folder is replaced.
+  ASSERT_EQ(RunPtworker(args + "--set train.steps=10").code, 0);
+  EXPECT_TRUE(fs::exists(ckpt / "step-00000010" / "manifest.json"));
+  EXPECT_FALSE(fs::exists(ckpt / "step-00000010.tmp"));
 }
 
 }  // namespace

@@ -271,4 +271,85 @@ MemoryBytes DataParallel::memory() const {
   return m;
 }
 
+template <typename Fn>
+void DataParallel::ForEachShardStretch(Fn fn) const {
+  for (const ParamInfo& p : layout_) {
+    const int64_t begin = ShardBegin(p.unit), end = begin + ShardSize(p.unit);
+    const int64_t lo = std::max(p.offset, begin);
+    const int64_t hi = std::min(p.offset + p.numel, end);
+    if (lo < hi) fn(p, lo, hi, shard_offset_[p.unit] + (lo - begin));
+  }
+}
+
+std::vector<ShardRun> DataParallel::CheckpointRuns() const {
+  // Weights, then first moments, then second moments: a reader that needs a
+  // stretch of every unit finds it contiguous in each section.
+  std::vector<ShardRun> runs, m_runs, v_runs;
+  AdamW& opt = *optimizer_;
+  ForEachShardStretch(
+      [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t local) {
+        // Replicated buffers are indexed globally, shard buffers locally.
+        const float* w =
+            zero_ == 3 ? param_shard_.data() + local : params_full_.data() + lo;
+        const int64_t at = zero_ == 0 ? lo : local;
+        runs.push_back({p.name, lo - p.offset, hi - lo, w});
+        m_runs.push_back(
+            {ExpAvgName(p.name), lo - p.offset, hi - lo, opt.m() + at});
+        v_runs.push_back(
+            {ExpAvgSqName(p.name), lo - p.offset, hi - lo, opt.v() + at});
+      });
+  runs.insert(runs.end(), m_runs.begin(), m_runs.end());
+  runs.insert(runs.end(), v_runs.begin(), v_runs.end());
+  return runs;
+}
+
+absl::Status DataParallel::LoadState(TensorSource& source,
+                                     bool with_optimizer) {
+  AdamW& opt = *optimizer_;
+  // Replicated state: whole tensors, read by every rank (its layout needs
+  // them).
+  for (const ParamInfo& p : layout_) {
+    if (zero_ <= 2) {
+      if (auto s =
+              source.Read(p.name, 0, p.numel, params_full_.data() + p.offset);
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (with_optimizer && zero_ == 0) {
+      if (auto s =
+              source.Read(ExpAvgName(p.name), 0, p.numel, opt.m() + p.offset);
+          !s.ok()) {
+        return s;
+      }
+      if (auto s =
+              source.Read(ExpAvgSqName(p.name), 0, p.numel, opt.v() + p.offset);
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  // Sharded state: only this rank's stretches, weights then each moment
+  // (the order checkpoints store them in, so reads move forward).
+  absl::Status status = absl::OkStatus();
+  if (zero_ == 0) return status;
+  for (int kind = 0; kind < (with_optimizer ? 3 : 1); ++kind) {
+    ForEachShardStretch([&](const ParamInfo& p, int64_t lo, int64_t hi,
+                            int64_t local) {
+      if (!status.ok()) return;
+      const int64_t start = lo - p.offset, n = hi - lo;
+      if (kind == 1) {
+        status = source.Read(ExpAvgName(p.name), start, n, opt.m() + local);
+      } else if (kind == 2) {
+        status = source.Read(ExpAvgSqName(p.name), start, n, opt.v() + local);
+      } else if (zero_ == 3) {
+        status = source.Read(p.name, start, n, param_shard_.data() + local);
+      } else {
+        std::copy_n(params_full_.data() + lo, n, param_shard_.data() + local);
+      }
+    });
+  }
+  return status;
+}
+
 }  // namespace ptrain

@@ -23,7 +23,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "ptrain/v1/job.pb.h"
+#include "worker/engine/checkpoint.h"
 #include "worker/engine/comm.h"
 #include "worker/engine/gpt.h"
 #include "worker/engine/optimizer.h"
@@ -68,6 +70,17 @@ class DataParallel : public UnitStore {
   // Gathers the whole weight vector (padded layout) on every rank.
   std::vector<float> FullParams();
 
+  // What this rank writes into a checkpoint: its 1/dp slice of every unit,
+  // weights and both Adam moments, whatever the ZeRO stage (so that every
+  // rank writes an equal share).
+  std::vector<ShardRun> CheckpointRuns() const;
+  // Fills what this rank holds (weights, and Adam moments when
+  // with_optimizer) from `source`, reading only those slices.
+  absl::Status LoadState(TensorSource& source, bool with_optimizer);
+  int64_t optimizer_step() const { return optimizer_->steps_taken(); }
+  void set_optimizer_step(int64_t t) { optimizer_->set_steps_taken(t); }
+  const std::vector<ParamInfo>& layout() const { return layout_; }
+
   // UnitStore.
   const float* Params(int u) override;
   float* Grads(int u) override;
@@ -89,6 +102,11 @@ class DataParallel : public UnitStore {
     return units_[u].begin + dp_rank_ * ShardSize(u);
   }
   void Complete(Pending& p);  // after the handle finished
+  // Calls fn(param, global_lo, global_hi, local) for every stretch of a
+  // tensor that this rank's shard holds: unit slices [ShardBegin(u), +size)
+  // cut at tensor boundaries; `local` indexes the shard buffers.
+  template <typename Fn>
+  void ForEachShardStretch(Fn fn) const;
   void Gather(int u, float* dst);
   int SlotFor(int u) const;
 

@@ -39,6 +39,7 @@ class AdamW {
   void Step(float* params, const float* grads, float lr, float grad_scale);
 
   int64_t steps_taken() const { return t_; }
+  void set_steps_taken(int64_t t) { t_ = t; }  // resuming from a checkpoint
   int64_t bytes() const {
     return static_cast<int64_t>((m_.size() + v_.size()) * sizeof(float));
   }

@@ -6,8 +6,10 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/spec.h"
 #include "kernels/cpu/kernels.h"
 #include "spdlog/spdlog.h"
 #include "worker/engine/flops.h"
@@ -48,15 +50,115 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
         absl::StrCat("resources.device=", spec.resources().device(),
                      ": this build trains on cpu only"));
   }
-  if (!spec.model().init_from().empty()) {
-    return absl::UnimplementedError(
-        "model.init_from: loading llm.c weights is not available yet");
-  }
+
   auto data = LoadTokenData(spec.data(), spec.model().vocab_size(),
                             spec.model().block_size());
   if (!data.ok()) return data.status();
-  return std::unique_ptr<Trainer>(
+  std::unique_ptr<Trainer> trainer(
       new Trainer(spec, options, std::move(*data), dims));
+  if (auto s = trainer->LoadInitialState(); !s.ok()) return s;
+  return trainer;
+}
+
+absl::Status Trainer::LoadInitialState() {
+  const std::string& init = spec_.model().init_from();
+  if (!init.empty()) {
+    // init_from is validated as "llmc:PATH".
+    auto src = LlmcSource::Open(init.substr(5), model_->config());
+    absl::Status s = src.ok() ? store_->LoadState(**src, false) : src.status();
+    if (SumOverWorld(s.ok() ? 0.0 : 1.0) > 0) {
+      return s.ok() ? absl::InternalError(
+                          "model.init_from: another rank "
+                          "failed to load")
+                    : s;
+    }
+  }
+  const std::string& from = options_.resume_from;
+  if (from.empty()) return absl::OkStatus();
+  const bool latest = from == "latest";
+  const std::vector<std::string> candidates =
+      latest ? ListCheckpoints(spec_.checkpoint().dir())
+             : std::vector<std::string>{from};
+  if (latest && candidates.empty()) {
+    spdlog::info("resume: no checkpoint under '{}', starting fresh",
+                 spec_.checkpoint().dir());
+    return absl::OkStatus();
+  }
+  std::string skipped;
+  for (const std::string& dir : candidates) {
+    // A checkpoint that does not fit the model is an error, not a reason to
+    // fall back: an older one would not fit either.
+    bool fatal = false;
+    int64_t step = 0, opt_step = 0;
+    absl::Status s = [&]() -> absl::Status {
+      auto reader = CheckpointReader::Open(dir);
+      if (!reader.ok()) return reader.status();
+      const CheckpointMeta& meta = (*reader)->meta();
+      if (auto c = (*reader)->CheckCompatible(store_->layout()); !c.ok()) {
+        fatal = true;
+        return c;
+      }
+      if (data_.has_tokenizer && meta.vocab != data_.tokenizer.vocab()) {
+        fatal = true;
+        return absl::FailedPreconditionError(
+            absl::StrCat("checkpoint '", dir,
+                         "' was trained on another vocabulary than "
+                         "data.path '",
+                         spec_.data().path(), "'"));
+      }
+      if (meta.step > spec_.train().steps()) {
+        fatal = true;
+        return absl::FailedPreconditionError(
+            absl::StrCat("checkpoint '", dir, "' is at step ", meta.step,
+                         ", past train.steps=", spec_.train().steps()));
+      }
+      step = meta.step;
+      opt_step = meta.optimizer_step;
+      absl::Status loaded =
+          store_->LoadState(**reader, /*with_optimizer=*/true);
+      resume_bytes_read_ = (*reader)->bytes_read();
+      return loaded;
+    }();
+    const double failures = SumOverWorld(s.ok() ? 0.0 : 1.0);
+    const bool any_fatal = SumOverWorld(fatal ? 1.0 : 0.0) > 0;
+    if (failures == 0) {
+      start_step_ = step;
+      store_->set_optimizer_step(opt_step);
+      spdlog::info("resumed from '{}' at step {}{}", dir, step, skipped);
+      return absl::OkStatus();
+    }
+    if (s.ok()) s = absl::DataLossError("another rank failed to read " + dir);
+    if (!latest || any_fatal) return s;
+    spdlog::warn("resume: skipping '{}': {}", dir, std::string(s.message()));
+    absl::StrAppend(&skipped, " (skipped ", dir, ")");
+  }
+  return absl::DataLossError(
+      absl::StrCat("resume: no intact checkpoint under '",
+                   spec_.checkpoint().dir(), "'", skipped));
+}
+
+absl::StatusOr<std::string> Trainer::SaveCheckpointAt(int64_t step) {
+  CheckpointMeta meta;
+  meta.step = step;
+  meta.tokens_seen =
+      step * static_cast<int64_t>(spec_.train().global_batch()) * T_;
+  meta.optimizer_step = store_->optimizer_step();
+  meta.seed = spec_.train().seed();
+  meta.model = model_->config();
+  if (data_.has_tokenizer) meta.vocab = data_.tokenizer.vocab();
+  meta.spec_yaml = JobSpecToYaml(spec_);
+  const auto& par = spec_.parallel();
+  meta.dp = par.dp();
+  meta.tp = par.tp();
+  meta.pp = par.pp();
+  meta.zero = par.zero();
+  meta.world = dims_ != nullptr ? dims_->world_size() : 1;
+  SaveOptions save = options_.save;
+  save.keep_last = spec_.checkpoint().keep_last();
+  return SaveCheckpoint(spec_.checkpoint().dir(), meta, store_->layout(),
+                        store_->CheckpointRuns(),
+                        dims_ != nullptr ? &dims_->world_group() : nullptr,
+                        save);
 }
 
 Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
@@ -96,6 +198,13 @@ MemoryBytes Trainer::memory() const {
 
 double Trainer::SumOverDp(double x) {
   if (dims_ != nullptr && dp_ > 1) dims_->dp_group().AllReduce(&x, 1);
+  return x;
+}
+
+double Trainer::SumOverWorld(double x) {
+  if (dims_ != nullptr && dims_->world_size() > 1) {
+    dims_->world_group().AllReduce(&x, 1);
+  }
   return x;
 }
 
@@ -207,7 +316,7 @@ absl::Status Trainer::Run() {
     if (!opened.ok()) return opened.status();
     log = std::move(*opened);
   }
-    auto emit = [&](const nlohmann::json& record) {
+  auto emit = [&](const nlohmann::json& record) {
     log->Write(record);
     if (options_.on_record && is_log_rank()) options_.on_record(record);
   };
@@ -227,10 +336,10 @@ absl::Status Trainer::Run() {
       mem.params / 1e6, mem.grads / 1e6, mem.optimizer / 1e6,
       mem.activations / 1e6);
   emit({{"type", "memory"},
-              {"params_bytes", mem.params},
-              {"grads_bytes", mem.grads},
-              {"optimizer_bytes", mem.optimizer},
-              {"activations_bytes", mem.activations}});
+        {"params_bytes", mem.params},
+        {"grads_bytes", mem.grads},
+        {"optimizer_bytes", mem.optimizer},
+        {"activations_bytes", mem.activations}});
 
   const double tokens_per_step = static_cast<double>(train.global_batch()) * T_;
   auto eval = [&](int64_t step) {
@@ -243,7 +352,12 @@ absl::Status Trainer::Run() {
     spdlog::info("sample at step {}:\n{}", step, text);
     emit({{"type", "sample"}, {"step", step}, {"text", text}});
   };
-  for (int64_t s = 0; s < train.steps(); ++s) {
+  const bool checkpoints = !spec_.checkpoint().dir().empty();
+  for (int64_t s = start_step_; s < train.steps(); ++s) {
+    if (options_.hang_at_step == s + 1) {
+      spdlog::warn("test hook: hanging at step {}", s + 1);
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
     const StepResult r = TrainStep(s);
     const int64_t step = s + 1;  // steps completed
     const double tok_per_s = tokens_per_step / r.seconds;
@@ -255,13 +369,13 @@ absl::Status Trainer::Run() {
           absl::StrCat("loss is ", r.loss, " at step ", step));
     }
     emit({{"type", "step"},
-                {"step", step},
-                {"loss", r.loss},
-                {"lr", r.lr},
-                {"ms", r.seconds * 1e3},
-                {"tok_per_s", tok_per_s},
-                {"mfu", mfu},
-                {"grad_norm", r.grad_norm}});
+          {"step", step},
+          {"loss", r.loss},
+          {"lr", r.lr},
+          {"ms", r.seconds * 1e3},
+          {"tok_per_s", tok_per_s},
+          {"mfu", mfu},
+          {"grad_norm", r.grad_norm}});
     if (!options_.quiet &&
         (step == 1 || step % train.log_every() == 0 || step == train.steps())) {
       spdlog::info(
@@ -277,6 +391,19 @@ absl::Status Trainer::Run() {
     if (train.sample_every() > 0 && step % train.sample_every() == 0 &&
         step != train.steps()) {
       sample(step);
+    }
+    if (checkpoints && ((spec_.checkpoint().every() > 0 &&
+                         step % spec_.checkpoint().every() == 0) ||
+                        step == train.steps())) {
+      const auto t0 = Clock::now();
+      auto dir = SaveCheckpointAt(step);
+      if (!dir.ok()) return dir.status();
+      const double secs = SecondsSince(t0);
+      spdlog::info("step {:>6} | checkpoint {} ({:.2f} s)", step, *dir, secs);
+      emit({{"type", "checkpoint"},
+            {"step", step},
+            {"dir", *dir},
+            {"seconds", secs}});
     }
   }
   sample(train.steps());

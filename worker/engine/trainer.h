@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 #include "ptrain/v1/job.pb.h"
+#include "worker/engine/checkpoint.h"
 #include "worker/engine/data.h"
 #include "worker/engine/data_parallel.h"
 #include "worker/engine/gpt.h"
@@ -27,10 +28,17 @@ namespace ptrain {
 struct TrainerOptions {
   std::string log_json_path;  // "" for no run log
   double peak_flops = 0.0;    // MFU denominator; 0 measures sgemm at start
-    bool quiet = false;         // no per-step lines on stderr
+  bool quiet = false;         // no per-step lines on stderr
   // Called on rank 0 with every run-log record (docs/run-log.md) as it is
   // written: how ptworker reports progress to the coordinator.
   std::function<void(const nlohmann::json&)> on_record;
+  // "" (start fresh), "latest" (newest intact checkpoint under
+  // checkpoint.dir, falling back past corrupt ones; fresh if there is none)
+  // or a checkpoint folder (must load, or Create fails).
+  std::string resume_from;
+  SaveOptions save;  // test hooks and pruning are taken from the spec
+  // Test hook: at this step (1-based) the loop stops making progress.
+  int64_t hang_at_step = 0;
 };
 
 struct StepResult {
@@ -60,6 +68,13 @@ class Trainer {
   // Text generated from train.sample_prompt; `salt` varies the draw.
   std::string Sample(uint64_t salt);
 
+  // Writes a checkpoint of the state after `step` steps (collective).
+  absl::StatusOr<std::string> SaveCheckpointAt(int64_t step);
+  // Steps already done when Run starts (from a resumed checkpoint).
+  int64_t start_step() const { return start_step_; }
+  // Checkpoint bytes this rank read when resuming.
+  int64_t resume_bytes_read() const { return resume_bytes_read_; }
+
   Gpt& model() { return *model_; }
   DataParallel& store() { return *store_; }
   bool is_log_rank() const {
@@ -72,8 +87,11 @@ class Trainer {
  private:
   Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
           TokenData data, ParallelDims* dims);
-  // Sum over the dp group (identity on one rank).
+  // Sum over the dp group / the world (identity on one rank).
   double SumOverDp(double x);
+  double SumOverWorld(double x);
+  // Loads weights from model.init_from, then the resume_from checkpoint.
+  absl::Status LoadInitialState();
 
   const v1::JobSpec spec_;
   const TrainerOptions options_;
@@ -81,6 +99,7 @@ class Trainer {
   ParallelDims* dims_;
   int dp_ = 1, dp_rank_ = 0;
   int T_ = 0, micro_B_ = 0, microbatches_ = 0;
+  int64_t start_step_ = 0, resume_bytes_read_ = 0;
   std::unique_ptr<DataParallel> store_;
   std::unique_ptr<Gpt> model_;
   std::unique_ptr<BatchSampler> train_sampler_, val_sampler_;

@@ -1,0 +1,208 @@
+// Checkpoints across layouts: a checkpoint written by any of {1 rank, dp2,
+// zero1 dp2, zero3 dp2} loads into any of them and training goes on as the
+// single-rank run does (losses within 1e-5); on the same layout it goes on
+// bit for bit. A sharded layout reads only its share. Runs under
+// `mpirun -n 2`.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/spec.h"
+#include "worker/engine/checkpoint.h"
+#include "worker/engine/parallel_dims.h"
+#include "worker/engine/trainer.h"
+
+namespace ptrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Layout {
+  const char* name;
+  int dp, zero;
+};
+const Layout kLayouts[] = {
+    {"single", 1, 0}, {"dp2", 2, 0}, {"zero1_dp2", 2, 1}, {"zero3_dp2", 2, 3}};
+constexpr int kSave = 8, kEnd = 16;
+
+int WorldRank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+std::string Root() {
+  // One folder for the whole run, shared by the ranks (same machine).
+  static std::string root = [] {
+    int stamp = WorldRank() == 0 ? ::getpid() : 0;
+    MPI_Bcast(&stamp, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    return (fs::temp_directory_path() /
+            ("ptrain_reshard_" + std::to_string(stamp)))
+        .string();
+  }();
+  return root;
+}
+
+v1::JobSpec Spec(const Layout& l, const std::string& ckpt_dir,
+                 const std::string& n_embd) {
+  auto spec = LoadJobSpecFile(
+      "examples/shakespeare-char.yaml",
+      {"model.n_layer=2", "model.n_head=2", "model.n_embd=" + n_embd,
+       "model.block_size=16", "train.global_batch=8",
+       "train.steps=" + std::to_string(kEnd), "train.lr=3e-3",
+       "train.warmup_steps=3", "train.eval_batches=1",
+       "parallel.dp=" + std::to_string(l.dp),
+       "parallel.zero=" + std::to_string(l.zero), "checkpoint.dir=" + ckpt_dir,
+       "checkpoint.keep_last=10"});
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+// Runs `fn(trainer)` on the first l.dp ranks; the others wait.
+template <typename Fn>
+void OnLayout(const Layout& l, const std::string& ckpt_dir,
+              const std::string& resume, Fn fn,
+              const std::string& n_embd = "36") {
+  MPI_Comm comm;
+  const bool member = WorldRank() < l.dp;
+  MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, WorldRank(),
+                 &comm);
+  if (member) {
+    const v1::JobSpec spec = Spec(l, ckpt_dir, n_embd);
+    auto dims = ParallelDims::Create(spec.parallel(), comm);
+    EXPECT_TRUE(dims.ok()) << dims.status();
+    TrainerOptions opt;
+    opt.peak_flops = 1e12;
+    opt.quiet = true;
+    opt.resume_from = resume;
+    auto trainer = Trainer::Create(spec, opt, dims->get());
+    EXPECT_TRUE(trainer.ok()) << trainer.status();
+    if (trainer.ok()) fn(**trainer);
+    trainer->reset();
+    dims->reset();
+    MPI_Comm_free(&comm);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+std::vector<float> Steps(Trainer& t, int from, int to) {
+  std::vector<float> out;
+  for (int s = from; s < to; ++s) out.push_back(t.TrainStep(s).loss);
+  return out;
+}
+
+class Reshard : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    // Straight runs of every layout, and a checkpoint from each at kSave.
+    for (const Layout& l : kLayouts) {
+      const std::string dir = Root() + "/" + l.name;
+      OnLayout(l, dir, "",
+               [&](Trainer& t) { straight_[l.name] = Steps(t, 0, kEnd); });
+      // Ranks outside a layout learn its losses from rank 0.
+      straight_[l.name].resize(kEnd);
+      MPI_Bcast(straight_[l.name].data(), kEnd, MPI_FLOAT, 0, MPI_COMM_WORLD);
+      OnLayout(l, dir, "", [&](Trainer& t) {
+        Steps(t, 0, kSave);
+        auto saved = t.SaveCheckpointAt(kSave);
+        EXPECT_TRUE(saved.ok()) << saved.status();
+      });
+    }
+  }
+  static void TearDownTestSuite() {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (WorldRank() == 0) fs::remove_all(Root());
+  }
+  static std::map<std::string, std::vector<float>> straight_;
+};
+std::map<std::string, std::vector<float>> Reshard::straight_;
+
+TEST_F(Reshard, EveryLayoutLoadsEveryLayoutsCheckpoint) {
+  const std::vector<float>& ref = straight_["single"];
+  for (const Layout& from : kLayouts) {
+    const std::string ckpt =
+        Root() + "/" + from.name + "/step-0000000" + std::to_string(kSave);
+    for (const Layout& to : kLayouts) {
+      OnLayout(to, Root() + "/scratch", ckpt, [&](Trainer& t) {
+        ASSERT_EQ(t.start_step(), kSave);
+        const std::vector<float> got = Steps(t, kSave, kEnd);
+        double diff = 0;
+        bool exact = true;
+        for (int i = 0; i < kEnd - kSave; ++i) {
+          diff = std::max(diff, std::fabs(double(got[i]) - ref[kSave + i]) /
+                                    ref[kSave + i]);
+          exact = exact && got[i] == straight_[to.name][kSave + i];
+        }
+        if (WorldRank() == 0) {
+          std::printf(
+              "saved %-10s loaded %-10s losses vs single rank maxdiff %.2e%s\n",
+              from.name, to.name, diff,
+              from.name == to.name ? (exact ? ", bit-exact" : ", NOT exact")
+                                   : "");
+        }
+        EXPECT_LE(diff, 1e-5) << from.name << " -> " << to.name;
+        if (std::strcmp(from.name, to.name) == 0) {
+          EXPECT_TRUE(exact)
+              << "same layout must resume bit for bit: " << to.name;
+        }
+      });
+    }
+  }
+}
+
+TEST_F(Reshard, ShardedLayoutReadsOnlyItsShare) {
+  // A model several checksum chunks large, saved by one rank.
+  const std::string dir = Root() + "/wide";
+  OnLayout(
+      kLayouts[0], dir, "",
+      [&](Trainer& t) {
+        Steps(t, 0, 1);
+        EXPECT_TRUE(t.SaveCheckpointAt(1).ok());
+      },
+      "256");
+  const std::string ckpt = dir + "/step-00000001";
+  int64_t files = 0;
+  for (const auto& e : fs::directory_iterator(ckpt)) {
+    if (e.path().extension() == ".bin") files += fs::file_size(e.path());
+  }
+  OnLayout(
+      kLayouts[3], Root() + "/scratch", ckpt,
+      [&](Trainer& t) {
+        const double share = double(t.resume_bytes_read()) / files;
+        if (WorldRank() == 0) {
+          std::printf(
+              "zero3 dp2 rank 0 read %.1f%% of a single-rank checkpoint\n",
+              100 * share);
+        }
+        // Half of the state, plus whole chunks at each stretch's ends.
+        EXPECT_LT(share, 0.75);
+        EXPECT_GT(share, 0.25);
+      },
+      "256");
+}
+
+}  // namespace
+}  // namespace ptrain
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  if (ptrain::WorldRank() != 0) {
+    delete ::testing::UnitTest::GetInstance()->listeners().Release(
+        ::testing::UnitTest::GetInstance()
+            ->listeners()
+            .default_result_printer());
+  }
+  const int local = RUN_ALL_TESTS();
+  int any = 0;
+  MPI_Allreduce(&local, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any;
+}

@@ -1,0 +1,149 @@
+// Checkpoints (DESIGN.md §6): one folder per step with manifest.json and one
+// shard file per rank, written into step-N.tmp/, fsynced, then renamed — a
+// crash leaves the old set or the new set, never half of one. The manifest
+// indexes every tensor (weights and Adam moments) by name, global shape and
+// flat element ranges, so any layout reads exactly the slices it holds.
+// Shard files carry an xxHash64 per 64 KiB chunk: a reader verifies what it
+// reads without reading whole files.
+//
+// Also the llm.c GPT-2 weight format (export, and import via init_from).
+#ifndef PTRAIN_WORKER_ENGINE_CHECKPOINT_H_
+#define PTRAIN_WORKER_ENGINE_CHECKPOINT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/engine/comm.h"
+#include "worker/engine/gpt.h"
+
+namespace ptrain {
+
+// Names of the optimizer state of parameter `name` in the tensor index.
+std::string ExpAvgName(const std::string& name);    // "optimizer.exp_avg.X"
+std::string ExpAvgSqName(const std::string& name);  // "optimizer.exp_avg_sq.X"
+
+// Everything a checkpoint records besides tensors.
+struct CheckpointMeta {
+  int64_t step = 0;  // optimizer steps completed
+  int64_t tokens_seen = 0;
+  int64_t optimizer_step = 0;  // AdamW's t (bias correction)
+  uint64_t seed = 0;  // data sampler and sampling: pure in (seed, step)
+  GptConfig model;
+  std::string vocab;      // char tokenizer's characters; "" for token files
+  std::string spec_yaml;  // the JobSpec that wrote it
+  int dp = 1, tp = 1, pp = 1, zero = 0, world = 1;
+};
+
+// One contiguous run of a rank's state: elements [start, start+count) of the
+// flattened tensor `name`.
+struct ShardRun {
+  std::string name;
+  int64_t start = 0, count = 0;
+  const float* data = nullptr;
+};
+
+// Reads slices of named tensors (a checkpoint, an llm.c file).
+class TensorSource {
+ public:
+  virtual ~TensorSource() = default;
+  // Elements [start, start+count) of flattened tensor `name` into dst.
+  virtual absl::Status Read(const std::string& name, int64_t start,
+                            int64_t count, float* dst) = 0;
+};
+
+struct SaveOptions {
+  int keep_last = 0;  // prune to this many committed checkpoints (0: keep all)
+  // Test hook: sleep this long halfway through writing the shard, so a test
+  // can kill the process mid-save.
+  double pause_mid_write_s = 0.0;
+};
+
+// Collective over `world` (null for a single rank without MPI): every rank
+// writes its runs to root/step-NNNNNNNN.tmp/shard-RRRRR.bin; rank 0 writes
+// the manifest and commits. `layout` gives each tensor's global shape.
+// Returns the committed folder.
+absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
+                                           const CheckpointMeta& meta,
+                                           const std::vector<ParamInfo>& layout,
+                                           const std::vector<ShardRun>& runs,
+                                           Communicator* world,
+                                           const SaveOptions& options);
+
+// Committed checkpoint folders under root, newest first (step-N.tmp and
+// anything else ignored). Empty when root does not exist.
+std::vector<std::string> ListCheckpoints(const std::string& root);
+
+class CheckpointReader : public TensorSource {
+ public:
+  // Reads and checks the manifest. A folder without one is "not a committed
+  // checkpoint". Touches nothing on disk.
+  static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(
+      const std::string& dir);
+
+  const CheckpointMeta& meta() const { return meta_; }
+  const std::string& dir() const { return dir_; }
+  // FailedPrecondition naming the first tensor whose shape differs from the
+  // model's (or that is missing).
+  absl::Status CheckCompatible(const std::vector<ParamInfo>& layout) const;
+  // Verifies the checksum of every chunk it reads: DataLoss on mismatch.
+  absl::Status Read(const std::string& name, int64_t start, int64_t count,
+                    float* dst) override;
+  // Bytes read from shard files so far (chunks included).
+  int64_t bytes_read() const { return bytes_read_; }
+
+ private:
+  struct Entry {
+    std::string file;
+    int64_t offset = 0;  // bytes into the file
+    int64_t start = 0, count = 0;
+  };
+  struct FileInfo {
+    int64_t bytes = 0, chunk_bytes = 0;
+    std::vector<uint64_t> chunks;
+  };
+  absl::Status ReadFileRange(const std::string& file, int64_t offset,
+                             int64_t bytes, char* dst);
+  // Chunk c of `file`, read and verified once.
+  absl::StatusOr<const std::vector<char>*> Chunk(const std::string& file,
+                                                 const std::string& path,
+                                                 const FileInfo& info,
+                                                 int64_t c);
+  static constexpr size_t kCachedChunks = 16;
+
+  std::string dir_;
+  CheckpointMeta meta_;
+  std::map<std::string, std::vector<int64_t>> shapes_;
+  std::map<std::string, std::vector<Entry>> entries_;
+  std::map<std::string, FileInfo> files_;
+  int64_t bytes_read_ = 0;
+  std::map<std::pair<std::string, int64_t>, std::vector<char>> cache_;
+};
+
+// llm.c's GPT-2 checkpoint: int32[256] header (magic 20240326, version 3,
+// maxT, V, L, NH, C, Vp), then fp32 tensors grouped by kind across layers,
+// wte padded to Vp rows.
+absl::Status ExportLlmc(TensorSource& source, const GptConfig& config,
+                        const std::string& path);
+class LlmcSource : public TensorSource {
+ public:
+  // Checks the header against `config` (wpe may hold more positions than
+  // config.block_size; the first block_size are used).
+  static absl::StatusOr<std::unique_ptr<LlmcSource>> Open(
+      const std::string& path, const GptConfig& config);
+  absl::Status Read(const std::string& name, int64_t start, int64_t count,
+                    float* dst) override;
+
+ private:
+  std::string path_;
+  std::map<std::string, int64_t> offsets_;  // tensor name -> byte offset
+  std::map<std::string, int64_t> numel_;
+};
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_WORKER_ENGINE_CHECKPOINT_H_
