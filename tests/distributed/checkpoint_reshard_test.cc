@@ -190,19 +190,3 @@ TEST_F(Reshard, ShardedLayoutReadsOnlyItsShare) {
 
 }  // namespace
 }  // namespace ptrain
-
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  if (ptrain::WorldRank() != 0) {
-    delete ::testing::UnitTest::GetInstance()->listeners().Release(
-        ::testing::UnitTest::GetInstance()
-            ->listeners()
-            .default_result_printer());
-  }
-  const int local = RUN_ALL_TESTS();
-  int any = 0;
-  MPI_Allreduce(&local, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any;
-}

@@ -438,41 +438,5 @@ TEST(MpiCommunicatorTest, ZeroCountOpsCompleteAndRecordZeroBytes) {
   EXPECT_EQ(stats->Get("world", CommOp::kRecv).bytes, 0);
 }
 
-// Ranks other than 0 print only their failures, tagged with the rank, so a
-// failure on any rank is visible without n copies of the report.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (!r.failed()) return;
-    std::fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", rank_,
-                 r.file_name() ? r.file_name() : "?", r.line_number(),
-                 r.summary());
-    std::fflush(stderr);
-  }
-
- private:
-  const int rank_;
-};
-
 }  // namespace
 }  // namespace ptrain
-
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  const int rank = ptrain::WorldRank();
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new ptrain::RankFailurePrinter(rank));
-  }
-  const int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
-  int any_failed = 0;
-  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (rank == 0 && any_failed && !failed) {
-    std::fprintf(stderr, "FAILED on another rank (see [rank N] lines)\n");
-  }
-  MPI_Finalize();
-  return any_failed;
-}

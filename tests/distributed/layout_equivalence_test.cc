@@ -169,20 +169,3 @@ INSTANTIATE_TEST_SUITE_P(Layouts, LayoutEquivalence,
 
 }  // namespace
 }  // namespace ptrain
-
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  if (ptrain::WorldRank() != 0) {
-    // Rank 0 reports; the others still fail the run through their exit code.
-    delete ::testing::UnitTest::GetInstance()->listeners().Release(
-        ::testing::UnitTest::GetInstance()
-            ->listeners()
-            .default_result_printer());
-  }
-  const int local = RUN_ALL_TESTS();
-  int any = 0;
-  MPI_Allreduce(&local, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any;
-}

@@ -12,15 +12,13 @@
 #include <string>
 
 #include "nlohmann/json.hpp"
+#include "tests/testing/shell.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int code = -1;
-  std::string err;
-};
+using Result = ptrain::testing::ShellResult;
 
 class PtworkerMpi : public ::testing::Test {
  protected:
@@ -39,15 +37,8 @@ class PtworkerMpi : public ::testing::Test {
         " --allow-run-as-root --oversubscribe --mca btl self,vader,tcp -n " +
         std::to_string(n) + " " + PTWORKER_PATH + " --config " + PT_SOURCE_DIR +
         "/examples/shakespeare-char.yaml --peak-gflops 100 " + "--log-json " +
-        log_ + " " + args + " 2>" + err_file + " >/dev/null";
-    const int status = std::system(cmd.c_str());
-    Result r;
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    std::ifstream in(err_file);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    r.err = ss.str();
-    return r;
+        log_ + " " + args;
+    return ptrain::testing::RunShell(cmd, err_file);
   }
 
   void ExpectRefused(const Result& r, const std::string& needle) {

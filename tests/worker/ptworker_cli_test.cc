@@ -13,29 +13,21 @@
 #include <string>
 
 #include "nlohmann/json.hpp"
+#include "tests/testing/shell.h"
 #include "worker/engine/checkpoint.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int code = -1;
-  std::string err;
-};
+using Result = ptrain::testing::ShellResult;
 
 Result RunPtworker(const std::string& args) {
-  const fs::path err_file = fs::temp_directory_path() / "ptworker_cli_err.txt";
-  const std::string cmd = std::string(PTWORKER_PATH) + " " + args + " 2>" +
-                          err_file.string() + " >/dev/null";
-  const int status = std::system(cmd.c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(err_file);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.err = ss.str();
-  return r;
+  const fs::path err_file =
+      fs::temp_directory_path() /
+      ("ptworker_cli_err_" + std::to_string(::getpid()) + ".txt");
+  return ptrain::testing::RunShell(std::string(PTWORKER_PATH) + " " + args,
+                                   err_file.string());
 }
 
 class PtworkerCli : public ::testing::Test {
