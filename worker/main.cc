@@ -6,6 +6,7 @@
 // line on stderr from the lowest failing rank; every rank exits, none waits for
 // another.
 #include <mpi.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -99,6 +100,11 @@ int Run(int argc, char** argv) {
   app.add_option("--peak-gflops", peak_gflops,
                  "MFU denominator per rank in GFLOP/s (default: measure)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  std::string metrics_bind;
+  app.add_option("--metrics-bind", metrics_bind,
+                 "serve Prometheus /metrics on ADDR:PORT (port 0: any free "
+                 "port); default $PTRAIN_METRICS_BIND, else off")
+      ->envname("PTRAIN_METRICS_BIND");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -145,8 +151,26 @@ int Run(int argc, char** argv) {
       }
     }
   }
+  std::unique_ptr<ptrain::RankMetrics> metrics;
+  if (setup.ok() && !metrics_bind.empty()) {
+    char host[256] = "";
+    gethostname(host, sizeof(host) - 1);
+    auto m = ptrain::RankMetrics::Start(
+        metrics_bind, {spec->name(), host, dims->world_rank(), dims->dp_rank(),
+                       dims->tp_rank(), dims->pp_rank()});
+    if (m.ok()) {
+      metrics = std::move(*m);
+      trainer->set_metrics(metrics.get());
+    } else {
+      setup = m.status();
+    }
+  }
   if (const int rc = AgreeOnSetup(setup); rc != 0) return rc;
   spdlog::info("layout: {}", dims->ToString());
+  if (metrics != nullptr) {
+    spdlog::warn("rank {} serves metrics on port {}", dims->world_rank(),
+                 metrics->port());
+  }
   const absl::Status done = trainer->Run();
   if (!done.ok()) {
     // Other ranks may be inside a collective: take the whole job down.

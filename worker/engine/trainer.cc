@@ -218,23 +218,31 @@ StepResult Trainer::TrainStep(int64_t step) {
   const int global_batch = spec_.train().global_batch();
   // Each position's loss enters the mean over the whole global batch.
   const float dloss = 1.0f / (static_cast<float>(global_batch) * T_);
+  StepResult r;
   store_->BeginStep();
   double loss_sum = 0.0;
   for (int mb = 0; mb < microbatches_; ++mb) {
     // This rank's rows of the global batch: dp rank r takes the r-th block
     // of microbatches·micro_B sequences.
+    auto t = Clock::now();
     const int first = (dp_rank_ * microbatches_ + mb) * micro_B_;
     train_sampler_->Fill(step, first, micro_B_, inputs_.data(),
                          targets_.data());
+    r.phases.data += SecondsSince(t);
+    t = Clock::now();
     store_->BeginMicrobatch(mb == microbatches_ - 1);
     loss_sum += model_->Forward(inputs_.data(), targets_.data(), micro_B_, T_);
+    r.phases.forward += SecondsSince(t);
+    t = Clock::now();
     model_->Backward(inputs_.data(), targets_.data(), dloss);
+    if (mb == microbatches_ - 1) store_->FinishGradients();
+    r.phases.backward += SecondsSince(t);
   }
-  store_->FinishGradients();
-  StepResult r;
+  const auto t = Clock::now();
   r.loss = static_cast<float>(SumOverDp(loss_sum) / (microbatches_ * dp_));
   r.lr = LearningRate(spec_.train(), step);
   r.grad_norm = store_->Update(static_cast<float>(r.lr)).grad_norm;
+  r.phases.optimizer = SecondsSince(t);
   r.seconds = SecondsSince(t0);
   return r;
 }
@@ -335,6 +343,7 @@ absl::Status Trainer::Run() {
       "MB, activations {:.1f} MB",
       mem.params / 1e6, mem.grads / 1e6, mem.optimizer / 1e6,
       mem.activations / 1e6);
+  if (options_.metrics != nullptr) options_.metrics->SetMemory(mem);
   emit({{"type", "memory"},
         {"params_bytes", mem.params},
         {"grads_bytes", mem.grads},
@@ -344,6 +353,7 @@ absl::Status Trainer::Run() {
   const double tokens_per_step = static_cast<double>(train.global_batch()) * T_;
   auto eval = [&](int64_t step) {
     const float val = Evaluate();
+    if (options_.metrics != nullptr) options_.metrics->OnEval(val);
     spdlog::info("step {:>6} | val loss {:.6f}", step, val);
     emit({{"type", "eval"}, {"step", step}, {"val_loss", val}});
   };
@@ -364,6 +374,11 @@ absl::Status Trainer::Run() {
     // Model FLOPs of the global batch over the peak of every rank.
     const double mfu = flops_per_step() / r.seconds /
                        (peak * (dims_ != nullptr ? dims_->world_size() : 1));
+    if (options_.metrics != nullptr) {
+      options_.metrics->OnStep(step, r.loss, r.seconds, tok_per_s, mfu,
+                               r.phases);
+      if (dims_ != nullptr) options_.metrics->UpdateComm(*dims_->comm_stats());
+    }
     if (!std::isfinite(r.loss)) {
       return absl::InternalError(
           absl::StrCat("loss is ", r.loss, " at step ", step));
@@ -399,6 +414,7 @@ absl::Status Trainer::Run() {
       auto dir = SaveCheckpointAt(step);
       if (!dir.ok()) return dir.status();
       const double secs = SecondsSince(t0);
+      if (options_.metrics != nullptr) options_.metrics->OnCheckpoint(secs);
       spdlog::info("step {:>6} | checkpoint {} ({:.2f} s)", step, *dir, secs);
       emit({{"type", "checkpoint"},
             {"step", step},

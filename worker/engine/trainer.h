@@ -19,6 +19,7 @@
 #include "worker/engine/data.h"
 #include "worker/engine/data_parallel.h"
 #include "worker/engine/gpt.h"
+#include "worker/engine/metrics.h"
 #include "worker/engine/optimizer.h"
 #include "worker/engine/parallel_dims.h"
 #include "worker/engine/runlog.h"
@@ -37,8 +38,11 @@ struct TrainerOptions {
   // or a checkpoint folder (must load, or Create fails).
   std::string resume_from;
   SaveOptions save;  // test hooks and pruning are taken from the spec
-  // Test hook: at this step (1-based) the loop stops making progress.
+                     // Test hook: at this step (1-based) the loop stops making
+                     // progress.
   int64_t hang_at_step = 0;
+  // Prometheus metrics of this rank (not owned; null for none).
+  RankMetrics* metrics = nullptr;
 };
 
 struct StepResult {
@@ -46,6 +50,7 @@ struct StepResult {
   double lr = 0.0;
   double grad_norm = 0.0;
   double seconds = 0.0;
+  PhaseSeconds phases;  // backward includes waiting for gradient reductions
 };
 
 class Trainer {
@@ -75,6 +80,8 @@ class Trainer {
   // Checkpoint bytes this rank read when resuming.
   int64_t resume_bytes_read() const { return resume_bytes_read_; }
 
+  void set_metrics(RankMetrics* metrics) { options_.metrics = metrics; }
+
   Gpt& model() { return *model_; }
   DataParallel& store() { return *store_; }
   bool is_log_rank() const {
@@ -94,7 +101,7 @@ class Trainer {
   absl::Status LoadInitialState();
 
   const v1::JobSpec spec_;
-  const TrainerOptions options_;
+  TrainerOptions options_;
   TokenData data_;
   ParallelDims* dims_;
   int dp_ = 1, dp_rank_ = 0;

@@ -1,0 +1,93 @@
+// A rank's /metrics page: the DESIGN.md §7 names, the rank's labels, and the
+// values the trainer last reported, fetched over HTTP as Prometheus does.
+#include "worker/engine/metrics.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+namespace ptrain {
+namespace {
+
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req =
+      "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, n);
+  close(fd);
+  return out;
+}
+
+TEST(RankMetrics, PageCarriesDesignNamesLabelsAndLastValues) {
+  auto m =
+      RankMetrics::Start("127.0.0.1:0", {"shakespeare", "node7", 3, 1, 1, 0});
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_GT((*m)->port(), 0);
+  (*m)->OnStep(12, 2.5, 0.2, 1234.0, 0.4, {0.01, 0.05, 0.1, 0.02});
+  (*m)->OnStep(13, 2.25, 0.2, 1500.0, 0.45, {0.01, 0.05, 0.1, 0.02});
+  (*m)->OnEval(2.75);
+  (*m)->OnCheckpoint(0.5);
+  (*m)->SetMemory({100, 200, 300, 400});
+  CommStats stats;
+  stats.Record("dp", CommOp::kAllReduce, 0.125, 4096);
+  (*m)->UpdateComm(stats);
+  stats.Record("dp", CommOp::kAllReduce, 0.125, 4096);
+  (*m)->UpdateComm(stats);  // counters advance by the difference only
+
+  const std::string page = HttpGet((*m)->port(), "/metrics");
+  const std::string labels =
+      "dp_rank=\"1\",job=\"shakespeare\",node=\"node7\",pp_rank=\"0\","
+      "rank=\"3\",tp_rank=\"1\"";
+  for (const std::string& line : std::vector<std::string>{
+           "ptrain_step{" + labels + "} 13",
+           "ptrain_train_loss{" + labels + "} 2.25",
+           "ptrain_val_loss{" + labels + "} 2.75",
+           "ptrain_tokens_per_second{" + labels + "} 1500",
+           "ptrain_mfu_ratio{" + labels + "} 0.45",
+           "ptrain_step_seconds_count{" + labels + "} 2",
+           "ptrain_checkpoint_seconds_count{" + labels + "} 1",
+           "ptrain_memory_bytes{dp_rank=\"1\",job=\"shakespeare\",kind="
+           "\"grads\",node=\"node7\",pp_rank=\"0\",rank=\"3\",tp_rank=\"1\"} "
+           "200",
+           "ptrain_phase_seconds_total{dp_rank=\"1\",job=\"shakespeare\",node="
+           "\"node7\",phase=\"backward\",pp_rank=\"0\",rank=\"3\",tp_rank="
+           "\"1\"} 0.2",
+           "ptrain_comm_bytes_total{dp_rank=\"1\",group=\"dp\",job="
+           "\"shakespeare\","
+           "node=\"node7\",op=\"all_reduce\",pp_rank=\"0\",rank=\"3\","
+           "tp_rank=\"1\"} 8192",
+           "ptrain_comm_seconds_total{dp_rank=\"1\",group=\"dp\",job="
+           "\"shakespeare\",node=\"node7\",op=\"all_reduce\",pp_rank=\"0\","
+           "rank=\"3\",tp_rank=\"1\"} 0.25",
+       }) {
+    EXPECT_NE(page.find(line), std::string::npos) << line << "\n" << page;
+  }
+}
+
+TEST(RankMetrics, AddressInUseIsAClearError) {
+  auto a = RankMetrics::Start("127.0.0.1:0", {"j", "n", 0, 0, 0, 0});
+  ASSERT_TRUE(a.ok());
+  auto b = RankMetrics::Start("127.0.0.1:" + std::to_string((*a)->port()),
+                              {"j", "n", 1, 0, 0, 0});
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("--metrics-bind"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ptrain

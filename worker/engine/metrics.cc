@@ -1,0 +1,160 @@
+#include "worker/engine/metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <exception>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace ptrain {
+
+namespace p8s = prometheus;
+
+namespace {
+
+std::map<std::string, std::string> With(std::map<std::string, std::string> a,
+                                        const std::string& k,
+                                        const std::string& v) {
+  a[k] = v;
+  return a;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RankMetrics>> RankMetrics::Start(
+    const std::string& bind, const RankLabels& labels) {
+  std::unique_ptr<RankMetrics> m(new RankMetrics());
+  m->labels_ = labels;
+  m->base_ = {{"job", labels.job},
+              {"rank", std::to_string(labels.rank)},
+              {"node", labels.node},
+              {"dp_rank", std::to_string(labels.dp_rank)},
+              {"tp_rank", std::to_string(labels.tp_rank)},
+              {"pp_rank", std::to_string(labels.pp_rank)}};
+  try {
+    m->exposer_ = std::make_unique<p8s::Exposer>(bind);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-bind ", bind, ": cannot listen: ", e.what()));
+  }
+  m->registry_ = std::make_shared<p8s::Registry>();
+  auto& reg = *m->registry_;
+  auto gauge = [&](const char* name, const char* help) {
+    return &p8s::BuildGauge().Name(name).Help(help).Register(reg).Add(m->base_);
+  };
+  m->step_ = gauge("ptrain_step", "Optimizer steps completed.");
+  m->loss_ = gauge("ptrain_train_loss", "Mean loss of the last global batch.");
+  m->val_loss_ = gauge("ptrain_val_loss", "Last validation loss.");
+  m->tok_per_s_ =
+      gauge("ptrain_tokens_per_second", "Global tokens per second, last step.");
+  m->mfu_ = gauge("ptrain_mfu_ratio",
+                  "Model FLOPs utilisation of the last step (0..1).");
+  m->step_seconds_ = &p8s::BuildHistogram()
+                          .Name("ptrain_step_seconds")
+                          .Help("Wall time of a training step.")
+                          .Register(reg)
+                          .Add(m->base_, p8s::Histogram::BucketBoundaries{
+                                             0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                             1, 2.5, 5, 10, 30});
+  m->checkpoint_seconds_ =
+      &p8s::BuildHistogram()
+           .Name("ptrain_checkpoint_seconds")
+           .Help("Time the training loop was blocked by a checkpoint save.")
+           .Register(reg)
+           .Add(m->base_, p8s::Histogram::BucketBoundaries{
+                              0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300});
+  auto& memory = p8s::BuildGauge()
+                     .Name("ptrain_memory_bytes")
+                     .Help("Bytes this rank holds, by kind.")
+                     .Register(reg);
+  for (const char* kind : {"params", "grads", "optimizer", "activations"}) {
+    m->memory_[kind] = &memory.Add(With(m->base_, "kind", kind));
+  }
+  auto& phases = p8s::BuildCounter()
+                     .Name("ptrain_phase_seconds_total")
+                     .Help("Seconds spent by phase of the training loop.")
+                     .Register(reg);
+  for (const char* phase :
+       {"forward", "backward", "optimizer", "data", "checkpoint"}) {
+    m->phases_[phase] = &phases.Add(With(m->base_, "phase", phase));
+  }
+  m->comm_seconds_ = &p8s::BuildCounter()
+                          .Name("ptrain_comm_seconds_total")
+                          .Help("Seconds in communication by group and op.")
+                          .Register(reg);
+  m->comm_bytes_ = &p8s::BuildCounter()
+                        .Name("ptrain_comm_bytes_total")
+                        .Help("Bytes communicated by group and op.")
+                        .Register(reg);
+  m->exposer_->RegisterCollectable(m->registry_);
+  return m;
+}
+
+RankMetrics::~RankMetrics() = default;
+
+int RankMetrics::port() const {
+  const auto ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : ports.front();
+}
+
+p8s::Counter& RankMetrics::Phase(const std::string& phase) {
+  return *phases_.at(phase);
+}
+
+void RankMetrics::OnStep(int64_t step, double loss, double seconds,
+                         double tok_per_s, double mfu,
+                         const PhaseSeconds& phases) {
+  step_->Set(static_cast<double>(step));
+  loss_->Set(loss);
+  tok_per_s_->Set(tok_per_s);
+  mfu_->Set(mfu);
+  step_seconds_->Observe(seconds);
+  Phase("data").Increment(phases.data);
+  Phase("forward").Increment(phases.forward);
+  Phase("backward").Increment(phases.backward);
+  Phase("optimizer").Increment(phases.optimizer);
+}
+
+void RankMetrics::OnEval(double val_loss) { val_loss_->Set(val_loss); }
+
+void RankMetrics::OnCheckpoint(double seconds) {
+  checkpoint_seconds_->Observe(seconds);
+  Phase("checkpoint").Increment(seconds);
+}
+
+void RankMetrics::SetMemory(const MemoryBytes& m) {
+  memory_.at("params")->Set(static_cast<double>(m.params));
+  memory_.at("grads")->Set(static_cast<double>(m.grads));
+  memory_.at("optimizer")->Set(static_cast<double>(m.optimizer));
+  memory_.at("activations")->Set(static_cast<double>(m.activations));
+}
+
+void RankMetrics::UpdateComm(const CommStats& stats) {
+  for (const auto& [key, stat] : stats.Snapshot()) {
+    auto it = comm_.find(key);
+    if (it == comm_.end()) {
+      auto labels = With(With(base_, "group", key.first), "op", key.second);
+      it = comm_
+               .emplace(key, std::make_pair(&comm_seconds_->Add(labels),
+                                            &comm_bytes_->Add(labels)))
+               .first;
+    }
+    CommStat& seen = comm_seen_[key];
+    // Counters only grow: a reset of the source shows up as no change.
+    if (stat.seconds > seen.seconds) {
+      it->second.first->Increment(stat.seconds - seen.seconds);
+    }
+    if (stat.bytes > seen.bytes) {
+      it->second.second->Increment(
+          static_cast<double>(stat.bytes - seen.bytes));
+    }
+    seen = stat;
+  }
+}
+
+}  // namespace ptrain

@@ -1,0 +1,78 @@
+// Per-rank Prometheus metrics (DESIGN.md §7), served on /metrics by
+// prometheus-cpp: loss, step, throughput, MFU, step and phase times,
+// communication time and bytes per (group, op), memory, checkpoint time.
+// Every rank serves its own, labelled with its coordinates, so a dashboard
+// can show which rank is slow. Thread-safe (prometheus-cpp metrics are).
+#ifndef PTRAIN_WORKER_ENGINE_METRICS_H_
+#define PTRAIN_WORKER_ENGINE_METRICS_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "worker/engine/comm.h"
+#include "worker/engine/gpt.h"
+
+namespace ptrain {
+
+struct RankLabels {
+  std::string job, node;
+  int rank = 0, dp_rank = 0, tp_rank = 0, pp_rank = 0;
+};
+
+// Seconds of one step by phase.
+struct PhaseSeconds {
+  double data = 0, forward = 0, backward = 0, optimizer = 0;
+};
+
+class RankMetrics {
+ public:
+  // Serves /metrics on `bind` ("0.0.0.0:0" takes a free port).
+  static absl::StatusOr<std::unique_ptr<RankMetrics>> Start(
+      const std::string& bind, const RankLabels& labels);
+  ~RankMetrics();
+  RankMetrics(const RankMetrics&) = delete;
+  RankMetrics& operator=(const RankMetrics&) = delete;
+
+  int port() const;
+  // ptrain_step, ptrain_train_loss, ptrain_tokens_per_second,
+  // ptrain_mfu_ratio, ptrain_step_seconds, ptrain_phase_seconds_total.
+  void OnStep(int64_t step, double loss, double seconds, double tok_per_s,
+              double mfu, const PhaseSeconds& phases);
+  void OnEval(double val_loss);
+  void OnCheckpoint(double seconds);
+  void SetMemory(const MemoryBytes& m);
+  // Brings ptrain_comm_{seconds,bytes}_total up to `stats` (cumulative).
+  void UpdateComm(const CommStats& stats);
+
+ private:
+  RankMetrics() = default;
+  prometheus::Counter& Phase(const std::string& phase);
+
+  RankLabels labels_;
+  std::map<std::string, std::string> base_;  // the labels every series has
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Gauge *step_, *loss_, *val_loss_, *tok_per_s_, *mfu_;
+  prometheus::Histogram *step_seconds_, *checkpoint_seconds_;
+  std::map<std::string, prometheus::Gauge*> memory_;
+  std::map<std::string, prometheus::Counter*> phases_;
+  prometheus::Family<prometheus::Counter>*comm_seconds_, *comm_bytes_;
+  // (group, op) -> counters, and the totals already added.
+  std::map<std::pair<std::string, std::string>,
+           std::pair<prometheus::Counter*, prometheus::Counter*>>
+      comm_;
+  std::map<std::pair<std::string, std::string>, CommStat> comm_seen_;
+};
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_WORKER_ENGINE_METRICS_H_
