@@ -51,8 +51,18 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
                      ": this build trains on cpu only"));
   }
 
-  auto data = LoadTokenData(spec.data(), spec.model().vocab_size(),
+    auto data = LoadTokenData(spec.data(), spec.model().vocab_size(),
                             spec.model().block_size());
+  if (dims != nullptr && dims->world_size() > 1) {
+    // Ranks agree before the collectives of loading state: one rank that
+    // cannot read the data must not leave the others waiting.
+    double failed = data.ok() ? 0.0 : 1.0;
+    dims->world_group().AllReduce(&failed, 1);
+    if (failed > 0 && data.ok()) {
+      return absl::InvalidArgumentError(
+          "data: another rank could not load the data (see its error)");
+    }
+  }
   if (!data.ok()) return data.status();
   std::unique_ptr<Trainer> trainer(
       new Trainer(spec, options, std::move(*data), dims));
