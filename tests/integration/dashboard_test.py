@@ -1,0 +1,118 @@
+#!/usr/bin/python3
+"""The Grafana dashboard against a live job: two ranks serve /metrics, a real
+Prometheus scrapes them, and every query of dashboards/ptrain-job.json must
+return series for each rank it is about. Fails if a metric name, a label or a
+query of the dashboard is wrong.
+
+    dashboard_test.py PTWORKER_PATH SOURCE_DIR
+"""
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def query(port, expr):
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode(
+        {"query": expr})
+    with urllib.request.urlopen(url, timeout=5) as r:
+        body = json.load(r)
+    if body.get("status") != "success":
+        raise RuntimeError(f"query failed: {expr}: {body}")
+    return body["data"]["result"]
+
+
+def main():
+    ptworker, src = sys.argv[1], sys.argv[2]
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        sys.exit("prometheus is not installed (scripts/setup.sh installs it)")
+    tmp = tempfile.mkdtemp(prefix="ptrain_dashboard_")
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_mpi_yield_when_idle="1", OMP_NUM_THREADS="1")
+    log = open(os.path.join(tmp, "worker.log"), "w+")
+    worker = subprocess.Popen(
+        ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl",
+         "self,vader,tcp", "-n", "2", ptworker, "--config",
+         os.path.join(src, "examples/shakespeare-char.yaml"),
+         "--set", "parallel.dp=2", "--set", "train.steps=100000",
+         "--set", "model.n_layer=1", "--set", "model.n_embd=32",
+         "--set", "train.eval_every=20", "--set", "train.eval_batches=1",
+         "--set", f"checkpoint.dir={tmp}/ck", "--set", "checkpoint.every=50",
+         "--peak-gflops", "100", "--metrics-bind", "127.0.0.1:0"],
+        cwd=src, env=env, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    prom = None
+    try:
+        ports = []
+        deadline = time.time() + 60
+        while len(ports) < 2 and time.time() < deadline:
+            time.sleep(0.2)
+            log.seek(0)
+            ports = re.findall(r"serves metrics on port (\d+)", log.read())
+        if len(ports) < 2:
+            log.seek(0)
+            sys.exit("ranks did not start their metrics:\n" + log.read())
+        web = free_port()
+        with open(os.path.join(tmp, "prometheus.yml"), "w") as f:
+            f.write("global: {scrape_interval: 1s}\n"
+                    "scrape_configs:\n"
+                    "  - job_name: ptrain-ranks\n"
+                    "    honor_labels: true\n"
+                    "    static_configs: [{targets: [%s]}]\n" %
+                    ", ".join(f'"127.0.0.1:{p}"' for p in ports))
+        prom = subprocess.Popen(
+            [prometheus, f"--config.file={tmp}/prometheus.yml",
+             f"--storage.tsdb.path={tmp}/tsdb",
+             f"--web.listen-address=127.0.0.1:{web}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        dash = json.load(open(os.path.join(src, "dashboards/ptrain-job.json")))
+        exprs = [(p["title"], t["expr"].replace("$job", "shakespeare-char"))
+                 for p in dash["panels"] for t in p["targets"]]
+        # Rates and quantiles need a few scrapes; checkpoints come every 50
+        # steps. Poll until every query has data or the deadline passes.
+        missing = exprs
+        deadline = time.time() + 90
+        while missing and time.time() < deadline:
+            time.sleep(2)
+            try:
+                missing = [(t, e) for t, e in missing if not query(web, e)]
+            except OSError:
+                continue  # prometheus still starting
+        for title, expr in missing:
+            print(f"no data: {title}: {expr}")
+        # Per-rank panels must show both ranks.
+        ranks = {r["metric"].get("rank") for r in query(
+            web, 'sum by (rank) (rate(ptrain_comm_seconds_total'
+                 '{job="shakespeare-char"}[1m]))')}
+        print(f"{len(exprs) - len(missing)} of {len(exprs)} dashboard queries "
+              f"returned data; ranks seen: {sorted(ranks)}")
+        ok = not missing and ranks == {"0", "1"}
+        print(f"{len(exprs) - len(missing) + (ranks == {'0', '1'})} passed, "
+              f"{len(missing) + (ranks != {'0', '1'})} failed")
+        return 0 if ok else 1
+    finally:
+        if prom is not None:
+            prom.terminate()
+            prom.wait()
+        os.killpg(worker.pid, 9)
+        worker.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
