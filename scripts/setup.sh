@@ -14,7 +14,7 @@ PACKAGES=(
   libdnnl-dev libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-torch
-  prometheus curl
+  prometheus
 )
 
 missing=()
