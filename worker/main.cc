@@ -19,6 +19,7 @@
 #include "spdlog/spdlog.h"
 #include "worker/engine/parallel_dims.h"
 #include "worker/engine/trainer.h"
+#include "worker/progress_reporter.h"
 
 namespace {
 
@@ -122,54 +123,59 @@ int Run(int argc, char** argv) {
   // Only rank 0 narrates; the others speak up for warnings and errors.
   ptrain::SetupLogging(WorldRank() == 0 ? log_level : "warn");
 
-  absl::Status setup = absl::OkStatus();
-  auto spec = ptrain::LoadJobSpecFile(config_path, overrides);
+  char host[256] = "";
+  gethostname(host, sizeof(host) - 1);
+  std::unique_ptr<ptrain::ProgressReporter> reporter;
   std::unique_ptr<ptrain::ParallelDims> dims;
   std::unique_ptr<ptrain::Trainer> trainer;
-  if (!spec.ok()) {
-    setup = spec.status();
-  } else {
-    auto d = ptrain::ParallelDims::Create(spec->parallel(), MPI_COMM_WORLD);
-    if (!d.ok()) {
-      setup = d.status();
-    } else {
-      dims = std::move(*d);
-      ptrain::TrainerOptions options;
-      options.log_json_path = log_json;
-      options.peak_flops = peak_gflops * 1e9;
-      options.resume_from = resume_from;
-      // Test hooks (tests/): pause mid checkpoint write; stop progressing.
-      options.save.pause_mid_write_s =
-          EnvDouble("PTRAIN_TEST_CHECKPOINT_PAUSE_S");
-      options.hang_at_step =
-          static_cast<int64_t>(EnvDouble("PTRAIN_TEST_HANG_AT_STEP"));
-      auto t = ptrain::Trainer::Create(*spec, options, dims.get());
-      if (t.ok()) {
-        trainer = std::move(*t);
-      } else {
-        setup = t.status();
-      }
-    }
-  }
   std::unique_ptr<ptrain::RankMetrics> metrics;
-  if (setup.ok() && !metrics_bind.empty()) {
-    char host[256] = "";
-    gethostname(host, sizeof(host) - 1);
-    auto m = ptrain::RankMetrics::Start(
-        metrics_bind, {spec->name(), host, dims->world_rank(), dims->dp_rank(),
-                       dims->tp_rank(), dims->pp_rank()});
-    if (m.ok()) {
+  const absl::Status setup = [&]() -> absl::Status {
+    // Under ptcoord every rank reports to the coordinator (rank 0 its
+    // progress, each rank its metrics endpoint); standalone, nobody.
+    auto r = ptrain::ProgressReporter::FromEnvironment();
+    if (!r.ok()) return r.status();
+    reporter = std::move(*r);
+    auto spec = ptrain::LoadJobSpecFile(config_path, overrides);
+    if (!spec.ok()) return spec.status();
+    auto d = ptrain::ParallelDims::Create(spec->parallel(), MPI_COMM_WORLD);
+    if (!d.ok()) return d.status();
+    dims = std::move(*d);
+    ptrain::TrainerOptions options;
+    options.log_json_path = log_json;
+    options.peak_flops = peak_gflops * 1e9;
+    options.resume_from = resume_from;
+    // Test hooks (tests/): pause mid checkpoint write; stop progressing.
+    options.save.pause_mid_write_s =
+        EnvDouble("PTRAIN_TEST_CHECKPOINT_PAUSE_S");
+    options.hang_at_step =
+        static_cast<int64_t>(EnvDouble("PTRAIN_TEST_HANG_AT_STEP"));
+    if (reporter != nullptr) {
+      options.on_record = [r = reporter.get()](const nlohmann::json& rec) {
+        r->OnRecord(rec);
+      };
+    }
+    auto t = ptrain::Trainer::Create(*spec, options, dims.get());
+    if (!t.ok()) return t.status();
+    trainer = std::move(*t);
+    if (!metrics_bind.empty()) {
+      auto m = ptrain::RankMetrics::Start(
+          metrics_bind, {spec->name(), host, dims->world_rank(),
+                         dims->dp_rank(), dims->tp_rank(), dims->pp_rank()});
+      if (!m.ok()) return m.status();
       metrics = std::move(*m);
       trainer->set_metrics(metrics.get());
-    } else {
-      setup = m.status();
     }
-  }
+    return absl::OkStatus();
+  }();
   if (const int rc = AgreeOnSetup(setup); rc != 0) return rc;
   spdlog::info("layout: {}", dims->ToString());
   if (metrics != nullptr) {
     spdlog::warn("rank {} serves metrics on port {}", dims->world_rank(),
                  metrics->port());
+    if (reporter != nullptr) {
+      reporter->ReportEndpoint(std::string(host) + ":" +
+                               std::to_string(metrics->port()));
+    }
   }
   const absl::Status done = trainer->Run();
   if (!done.ok()) {

@@ -51,7 +51,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
                      ": this build trains on cpu only"));
   }
 
-    auto data = LoadTokenData(spec.data(), spec.model().vocab_size(),
+  auto data = LoadTokenData(spec.data(), spec.model().vocab_size(),
                             spec.model().block_size());
   if (dims != nullptr && dims->world_size() > 1) {
     // Ranks agree before the collectives of loading state: one rank that

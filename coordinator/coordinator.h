@@ -1,0 +1,162 @@
+// The control plane's logic: job lifecycle, FIFO gang scheduling, launching
+// and supervising attempts, restarts, recovery after a ptcoord restart. Plain
+// C++ over absl::Status; service.cc translates gRPC onto it. Thread-safe.
+#ifndef PTRAIN_COORDINATOR_COORDINATOR_H_
+#define PTRAIN_COORDINATOR_COORDINATOR_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/scheduler.h"
+#include "coordinator/store.h"
+#include "ptrain/v1/coordinator.pb.h"
+
+namespace ptrain {
+
+struct CoordinatorOptions {
+  std::string state_dir;  // ptcoord.db and jobs/ live here
+  int local_slots = 1;
+  std::vector<std::string> user_tokens;  // JobService bearer tokens
+  std::vector<std::string>
+      data_roots;         // absolute; spec paths must lie under one
+  std::string work_root;  // relative spec paths resolve here
+  std::string ptworker;
+  std::string mpirun = "mpirun";
+  std::string advertise_address;  // what ranks dial (PTRAIN_COORDINATOR)
+  bool resume_flag = true;        // ptworker understands --resume-from
+  int cores = 1;
+  absl::Duration cancel_grace = absl::Seconds(10);  // SIGTERM -> SIGKILL
+  absl::Duration tick = absl::Milliseconds(200);    // supervision period
+};
+
+// Bounds on what a client may send.
+inline constexpr size_t kMaxSpecBytes = 1 << 20;
+inline constexpr int kMaxListLimit = 10000;
+
+class Coordinator {
+ public:
+  // Opens the store and recovers jobs that were running (see README: a live
+  // attempt is re-adopted, a dead one is finished from its exit_code file or
+  // requeued to resume from its latest checkpoint).
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(
+      CoordinatorOptions options);
+  ~Coordinator();  // stops supervision; running attempts keep running
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // Where ranks reach this coordinator (PTRAIN_COORDINATOR) when it is only
+  // known after the server has bound its port; call before Start().
+  void SetAdvertiseAddress(const std::string& address);
+  // Starts the supervision thread (ticks every options.tick).
+  void Start();
+  void Stop();
+  // One supervision pass: reap, detect hangs, escalate kills, schedule.
+  void Tick();
+
+  absl::Status AuthenticateUser(
+      const std::optional<std::string>& authorization) const;
+  // The job's current attempt token; NotFound/Unauthenticated otherwise.
+  absl::Status AuthenticateRank(
+      const std::string& job_id,
+      const std::optional<std::string>& authorization);
+
+  absl::StatusOr<v1::Job> Submit(const std::string& spec_yaml,
+                                 const std::vector<std::string>& overrides);
+  absl::StatusOr<v1::GetJobResponse> Get(const std::string& id,
+                                         bool include_loss_history);
+  absl::StatusOr<std::vector<v1::Job>> List(v1::JobState state, int limit);
+  absl::StatusOr<v1::Job> Cancel(const std::string& id);
+  absl::StatusOr<std::vector<v1::Checkpoint>> Checkpoints(
+      const std::string& id);
+
+  struct Snapshot {
+    v1::Job job;
+    uint64_t version = 0;  // grows with every change of the job
+    std::string message;   // what the last change was
+  };
+  // Returns once the job's version exceeds `seen` or `timeout` passes (then
+  // the unchanged snapshot). NotFound for an unknown id.
+  absl::StatusOr<Snapshot> WaitForChange(const std::string& id, uint64_t seen,
+                                         absl::Duration timeout);
+
+  struct LogSource {
+    int attempt = 0;
+    std::string dir;
+    bool finished = false;  // the attempt has ended: logs are complete
+  };
+  // `attempt` 0 = the latest. NotFound before the first attempt.
+  absl::StatusOr<LogSource> Logs(const std::string& id, int attempt);
+
+  absl::Status ReportProgress(const v1::ReportProgressRequest& r);
+  absl::Status ReportCheckpoint(const v1::ReportCheckpointRequest& r);
+  absl::Status ReportEndpoint(const v1::ReportEndpointRequest& r);
+
+  const CoordinatorOptions& options() const { return options_; }
+
+ private:
+  // What only a live ptcoord knows about a running attempt.
+  struct Running {
+    std::string attempt_dir;
+    bool is_child = true;  // false: re-adopted, not waitable
+    std::optional<absl::Time>
+        kill_at;                     // SIGKILL deadline once SIGTERM went out
+    std::string kill_reason;         // "hang at step N ..." when we killed it
+    std::optional<int> leader_exit;  // the wrapper's exit code once it ended
+  };
+  struct Entry {
+    JobRecord record;
+    uint64_t version = 0;
+    std::string message;
+  };
+
+  Coordinator(CoordinatorOptions options, std::unique_ptr<Store> store);
+  void Recover();
+  // Persists the entry, records `event` and wakes watchers.
+  void Commit(Entry& e, const std::string& event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Launch(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnAttemptEnded(Entry& e, int exit_code)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailAttempt(Entry& e, const std::string& error, bool counts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BeginKill(Entry& e, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int UsedSlots() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Entry* Find(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const CoordinatorOptions options_;
+  const std::unique_ptr<Store> store_;
+  const Scheduler scheduler_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, Entry> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Running> running_ ABSL_GUARDED_BY(mu_);
+  std::string advertise_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar changed_;
+  absl::CondVar
+      wake_;  // a submit or cancel wants a Tick now, not at the next period
+
+  std::atomic<bool> stop_{false};
+  std::thread supervisor_;
+};
+
+bool IsFinal(v1::JobState s);
+std::string StateName(v1::JobState s);  // "RUNNING", ...
+int64_t NowMs();
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_COORDINATOR_COORDINATOR_H_

@@ -1,0 +1,79 @@
+// Starts and stops one job attempt on this host: writes the job folder, runs
+// `mpirun ... ptworker` in its own process group with stdout/stderr to files,
+// signals the group. Knows nothing of job states; Coordinator decides.
+#ifndef PTRAIN_COORDINATOR_LAUNCHER_H_
+#define PTRAIN_COORDINATOR_LAUNCHER_H_
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "ptrain/v1/job.pb.h"
+
+namespace ptrain {
+
+struct LaunchRequest {
+  std::string job_id;
+  int attempt = 1;
+  std::string job_dir;              // from PrepareJobDir
+  std::string token;                // PTRAIN_JOB_TOKEN
+  std::string coordinator_address;  // PTRAIN_COORDINATOR
+  int world_size = 1;
+  int cores = 1;  // OMP_NUM_THREADS = max(1, cores / world_size)
+  std::string mpirun = "mpirun";
+  std::string ptworker;
+  std::string work_dir;     // the ranks' working directory
+  bool resume_flag = true;  // pass --resume-from latest
+};
+
+struct Launched {
+  pid_t pid = 0;  // group leader (a /bin/sh that waits for mpirun)
+  std::string attempt_dir;
+};
+
+// Creates `state_dir`/jobs/`job_id`/ with spec.yaml (JobSpecToYaml) and a
+// hostfile; returns the folder.
+absl::StatusOr<std::string> PrepareJobDir(const std::string& state_dir,
+                                          const std::string& job_id,
+                                          const v1::JobSpec& spec,
+                                          int world_size);
+
+// The argv that runs one attempt (exposed for tests and logs).
+std::vector<std::string> AttemptCommand(const LaunchRequest& r,
+                                        const std::string& attempt_dir);
+
+// Forks the attempt: attempt-N/ gets stdout.log, stderr.log, run.jsonl and,
+// when mpirun ends, exit_code (written by the wrapping shell, so the outcome
+// survives a ptcoord crash). The child leads its own process group.
+absl::StatusOr<Launched> LaunchAttempt(const LaunchRequest& r);
+
+// Every live (not zombie) process of an attempt: those whose environment
+// holds PTRAIN_JOB_TOKEN=`token`. The token is unique per attempt and
+// inherited by mpirun's ranks even when they leave the process group or
+// outlive ptcoord, so this finds them all.
+std::vector<pid_t> AttemptProcesses(const std::string& token);
+
+// Sends `sig` to the group `pgid` and to every process of the attempt.
+void SignalAttempt(pid_t pgid, const std::string& token, int sig);
+
+// For a child of this process: the exit code once it has ended (128+signal
+// when killed), nullopt while it runs. Reaps it.
+std::optional<int> ReapChild(pid_t pid);
+
+// For a process this ptcoord did not start (re-adopted after a restart):
+// alive and still the attempt's wrapper shell (its command line names
+// `attempt_dir`), so a recycled pid is not mistaken for it.
+bool AttemptAlive(pid_t pid, const std::string& attempt_dir);
+
+// exit_code written by the wrapper, if present.
+std::optional<int> ReadExitCode(const std::string& attempt_dir);
+
+// The last `n` lines of a file (for error messages).
+std::string TailLines(const std::string& path, int n);
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_COORDINATOR_LAUNCHER_H_

@@ -1,0 +1,31 @@
+// Confinement of the file paths in a job spec to the coordinator's data
+// roots. Pure path arithmetic plus symlink resolution; no spec parsing.
+#ifndef PTRAIN_COORDINATOR_PATHS_H_
+#define PTRAIN_COORDINATOR_PATHS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "ptrain/v1/job.pb.h"
+
+namespace ptrain {
+
+// Resolves `value` (relative paths against `base_dir`), following the
+// symlinks that exist, and returns the absolute path when it lies under one
+// of `roots` (each resolved the same way). Otherwise InvalidArgument naming
+// `field`. `roots` are compared component-wise: /data2 is not under /data.
+absl::StatusOr<std::string> ConfinePath(const std::string& field,
+                                        const std::string& value,
+                                        const std::string& base_dir,
+                                        const std::vector<std::string>& roots);
+
+// Applies ConfinePath to data.path, data.train_bin, data.val_bin,
+// checkpoint.dir and model.init_from ("llmc:PATH"), rewriting each non-empty
+// one to its absolute form. The first field outside the roots is the error.
+absl::Status ConfineSpecPaths(v1::JobSpec* spec, const std::string& base_dir,
+                              const std::vector<std::string>& roots);
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_COORDINATOR_PATHS_H_

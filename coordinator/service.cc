@@ -1,0 +1,316 @@
+// gRPC callback services for ptcoord; see service.h. Streams run their loop
+// on a thread of their own that blocks on the coordinator, so no gRPC
+// callback thread ever waits.
+#include "coordinator/service.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "ptrain/v1/coordinator.grpc.pb.h"
+
+namespace ptrain {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                      std::string(s.message()));
+}
+
+namespace {
+
+std::optional<std::string> Authorization(grpc::CallbackServerContext* ctx) {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) return std::nullopt;
+  return std::string(it->second.data(), it->second.size());
+}
+
+grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx,
+                               const absl::Status& s) {
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  r->Finish(ToGrpc(s));
+  return r;
+}
+
+// A server stream whose body runs on its own thread: `body(write)` calls
+// write(msg) for each message (false once the client is gone) and returns
+// the final status.
+template <typename T>
+class ThreadedWriter : public grpc::ServerWriteReactor<T> {
+ public:
+  using Write = std::function<bool(const T&)>;
+  using Body = std::function<absl::Status(const Write&,
+                                          const std::atomic<bool>& cancelled)>;
+
+  explicit ThreadedWriter(Body body) {
+    thread_ = std::thread([this, body = std::move(body)] {
+      const absl::Status s =
+          body([this](const T& m) { return WriteOne(m); }, cancelled_);
+      this->Finish(ToGrpc(s));
+    });
+  }
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    write_ok_ = ok;
+    write_done_ = true;
+    cv_.notify_all();
+  }
+  void OnCancel() override { cancelled_ = true; }
+  void OnDone() override {
+    thread_.join();
+    delete this;
+  }
+
+ private:
+  bool WriteOne(const T& m) {
+    if (cancelled_) return false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      write_done_ = false;
+    }
+    this->StartWrite(&m);
+    // `m` must live until OnWriteDone, which gRPC always calls.
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return write_done_; });
+    return write_ok_ && !cancelled_;
+  }
+
+  std::thread thread_;
+  std::atomic<bool> cancelled_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool write_done_ = true;
+  bool write_ok_ = true;
+};
+
+class JobServiceImpl final : public v1::JobService::CallbackService {
+ public:
+  explicit JobServiceImpl(Coordinator* c) : c_(c) {}
+
+  grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* ctx,
+                                      const v1::SubmitJobRequest* req,
+                                      v1::SubmitJobResponse* resp) override {
+    if (absl::Status a = c_->AuthenticateUser(Authorization(ctx)); !a.ok())
+      return Done(ctx, a);
+    std::vector<std::string> overrides(req->overrides().begin(),
+                                       req->overrides().end());
+    absl::StatusOr<v1::Job> job = c_->Submit(req->spec_yaml(), overrides);
+    if (job.ok()) *resp->mutable_job() = std::move(*job);
+    return Done(ctx, job.status());
+  }
+
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx,
+                                   const v1::GetJobRequest* req,
+                                   v1::GetJobResponse* resp) override {
+    if (absl::Status a = c_->AuthenticateUser(Authorization(ctx)); !a.ok())
+      return Done(ctx, a);
+    absl::StatusOr<v1::GetJobResponse> r =
+        c_->Get(req->job_id(), req->include_loss_history());
+    if (r.ok()) *resp = std::move(*r);
+    return Done(ctx, r.status());
+  }
+
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
+                                     const v1::ListJobsRequest* req,
+                                     v1::ListJobsResponse* resp) override {
+    if (absl::Status a = c_->AuthenticateUser(Authorization(ctx)); !a.ok())
+      return Done(ctx, a);
+    absl::StatusOr<std::vector<v1::Job>> jobs =
+        c_->List(req->state(), req->limit());
+    if (jobs.ok()) {
+      for (v1::Job& j : *jobs) *resp->add_jobs() = std::move(j);
+    }
+    return Done(ctx, jobs.status());
+  }
+
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* ctx,
+                                      const v1::CancelJobRequest* req,
+                                      v1::CancelJobResponse* resp) override {
+    if (absl::Status a = c_->AuthenticateUser(Authorization(ctx)); !a.ok())
+      return Done(ctx, a);
+    absl::StatusOr<v1::Job> job = c_->Cancel(req->job_id());
+    if (job.ok()) *resp->mutable_job() = std::move(*job);
+    return Done(ctx, job.status());
+  }
+
+  grpc::ServerUnaryReactor* ListCheckpoints(
+      grpc::CallbackServerContext* ctx, const v1::ListCheckpointsRequest* req,
+      v1::ListCheckpointsResponse* resp) override {
+    if (absl::Status a = c_->AuthenticateUser(Authorization(ctx)); !a.ok())
+      return Done(ctx, a);
+    absl::StatusOr<std::vector<v1::Checkpoint>> cps =
+        c_->Checkpoints(req->job_id());
+    if (cps.ok()) {
+      for (v1::Checkpoint& c : *cps) *resp->add_checkpoints() = std::move(c);
+    }
+    return Done(ctx, cps.status());
+  }
+
+  grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(
+      grpc::CallbackServerContext* ctx,
+      const v1::WatchJobRequest* req) override {
+    const absl::Status auth = c_->AuthenticateUser(Authorization(ctx));
+    const std::string id = req->job_id();
+    Coordinator* c = c_;
+    return new ThreadedWriter<v1::JobEvent>(
+        [auth, id, c](const auto& write,
+                      const std::atomic<bool>& cancelled) -> absl::Status {
+          if (!auth.ok()) return auth;
+          uint64_t seen = 0;
+          while (!cancelled) {
+            absl::StatusOr<Coordinator::Snapshot> snap =
+                c->WaitForChange(id, seen, absl::Seconds(1));
+            if (!snap.ok()) return snap.status();
+            if (snap->version == seen)
+              continue;  // timeout: look at `cancelled`
+            seen = snap->version;
+            v1::JobEvent ev;
+            *ev.mutable_job() = snap->job;
+            ev.mutable_job()
+                ->clear_spec();  // sent once by GetJob, not per step
+            ev.set_message(snap->message);
+            ev.set_unix_ms(NowMs());
+            if (!write(ev)) return absl::CancelledError("client went away");
+            if (IsFinal(snap->job.state())) return absl::OkStatus();
+          }
+          return absl::CancelledError("client went away");
+        });
+  }
+
+  grpc::ServerWriteReactor<v1::LogChunk>* StreamLogs(
+      grpc::CallbackServerContext* ctx,
+      const v1::StreamLogsRequest* req) override {
+    const absl::Status auth = c_->AuthenticateUser(Authorization(ctx));
+    const v1::StreamLogsRequest r = *req;
+    Coordinator* c = c_;
+    return new ThreadedWriter<v1::LogChunk>(
+        [auth, r, c](const auto& write,
+                     const std::atomic<bool>& cancelled) -> absl::Status {
+          if (!auth.ok()) return auth;
+          absl::StatusOr<Coordinator::LogSource> src =
+              c->Logs(r.job_id(), r.attempt());
+          // Following a job that is still queued: wait for its first attempt.
+          uint64_t seen = 0;
+          while (r.follow() && !cancelled && !src.ok() &&
+                 src.status().code() == absl::StatusCode::kNotFound) {
+            absl::StatusOr<Coordinator::Snapshot> snap =
+                c->WaitForChange(r.job_id(), seen, absl::Seconds(1));
+            if (!snap.ok() || IsFinal(snap->job.state())) break;
+            seen = snap->version;
+            src = c->Logs(r.job_id(), r.attempt());
+          }
+          if (!src.ok()) return src.status();
+          struct File {
+            const char* stream;
+            std::string path;
+            std::streamoff offset = 0;
+          };
+          File files[] = {{"stdout", src->dir + "/stdout.log"},
+                          {"stderr", src->dir + "/stderr.log"}};
+          constexpr size_t kChunk = 64 << 10;
+          while (!cancelled) {
+            // Decide "finished" before reading, so no byte written before the
+            // end is missed.
+            bool finished = src->finished;
+            if (!finished) {
+              absl::StatusOr<Coordinator::LogSource> now =
+                  c->Logs(r.job_id(), src->attempt);
+              finished = !now.ok() || now->finished;
+            }
+            bool any = false;
+            for (File& f : files) {
+              std::ifstream in(f.path, std::ios::binary);
+              if (!in) continue;
+              in.seekg(f.offset);
+              std::string buf(kChunk, '\0');
+              while (in.read(buf.data(), kChunk) || in.gcount() > 0) {
+                const std::streamsize n = in.gcount();
+                f.offset += n;
+                any = true;
+                v1::LogChunk chunk;
+                chunk.set_attempt(src->attempt);
+                chunk.set_stream(f.stream);
+                chunk.set_data(buf.data(), n);
+                if (!write(chunk))
+                  return absl::CancelledError("client went away");
+                if (n < static_cast<std::streamsize>(kChunk)) break;
+              }
+            }
+            if (!r.follow() || (finished && !any)) return absl::OkStatus();
+            if (!any) absl::SleepFor(absl::Milliseconds(200));
+          }
+          return absl::CancelledError("client went away");
+        });
+  }
+
+ private:
+  Coordinator* const c_;
+};
+
+class RankServiceImpl final : public v1::RankService::CallbackService {
+ public:
+  explicit RankServiceImpl(Coordinator* c) : c_(c) {}
+
+  grpc::ServerUnaryReactor* ReportProgress(
+      grpc::CallbackServerContext* ctx, const v1::ReportProgressRequest* req,
+      v1::ReportProgressResponse*) override {
+    if (absl::Status a =
+            c_->AuthenticateRank(req->job_id(), Authorization(ctx));
+        !a.ok()) {
+      return Done(ctx, a);
+    }
+    return Done(ctx, c_->ReportProgress(*req));
+  }
+  grpc::ServerUnaryReactor* ReportCheckpoint(
+      grpc::CallbackServerContext* ctx, const v1::ReportCheckpointRequest* req,
+      v1::ReportCheckpointResponse*) override {
+    if (absl::Status a =
+            c_->AuthenticateRank(req->job_id(), Authorization(ctx));
+        !a.ok()) {
+      return Done(ctx, a);
+    }
+    return Done(ctx, c_->ReportCheckpoint(*req));
+  }
+  grpc::ServerUnaryReactor* ReportEndpoint(
+      grpc::CallbackServerContext* ctx, const v1::ReportEndpointRequest* req,
+      v1::ReportEndpointResponse*) override {
+    if (absl::Status a =
+            c_->AuthenticateRank(req->job_id(), Authorization(ctx));
+        !a.ok()) {
+      return Done(ctx, a);
+    }
+    return Done(ctx, c_->ReportEndpoint(*req));
+  }
+
+ private:
+  Coordinator* const c_;
+};
+
+}  // namespace
+
+absl::StatusOr<RunningServer> StartServer(const std::string& listen,
+                                          Coordinator* coordinator) {
+  RunningServer out;
+  out.jobs = std::make_unique<JobServiceImpl>(coordinator);
+  out.ranks = std::make_unique<RankServiceImpl>(coordinator);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(),
+                           &out.port);
+  builder.RegisterService(out.jobs.get());
+  builder.RegisterService(out.ranks.get());
+  // Room for a 1 MiB spec plus overrides; a bigger message is refused by
+  // gRPC (RESOURCE_EXHAUSTED) before it is read.
+  builder.SetMaxReceiveMessageSize(4 << 20);
+  out.server = builder.BuildAndStart();
+  if (out.server == nullptr || out.port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+  }
+  return out;
+}
+
+}  // namespace ptrain

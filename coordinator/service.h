@@ -1,0 +1,33 @@
+// The gRPC edge of ptcoord: JobService and RankService (callback API) over a
+// Coordinator, and the one function that starts the server. Translation
+// only: auth header in, absl::Status -> grpc::Status out.
+#ifndef PTRAIN_COORDINATOR_SERVICE_H_
+#define PTRAIN_COORDINATOR_SERVICE_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "coordinator/coordinator.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/impl/codegen/service_type.h"
+
+namespace ptrain {
+
+grpc::Status ToGrpc(const absl::Status& s);
+
+struct RunningServer {
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<grpc::Service> jobs;
+  std::unique_ptr<grpc::Service> ranks;
+  int port = 0;  // the bound port (useful with ":0")
+};
+
+// Binds `listen` (host:port; port 0 picks a free one) without TLS and serves
+// both services over `coordinator` (not owned; must outlive the server).
+absl::StatusOr<RunningServer> StartServer(const std::string& listen,
+                                          Coordinator* coordinator);
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_COORDINATOR_SERVICE_H_

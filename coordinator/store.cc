@@ -1,0 +1,352 @@
+// SQLite persistence for ptcoord; see store.h. Jobs are stored as a
+// serialized v1::Job beside the columns queries need, so adding a field to
+// the proto needs no migration. Migrations are CREATE TABLE IF NOT EXISTS.
+#include "coordinator/store.h"
+
+#include <sqlite3.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace ptrain {
+namespace {
+
+constexpr const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS jobs (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT UNIQUE NOT NULL,
+  state INTEGER NOT NULL,
+  job BLOB NOT NULL,
+  token TEXT NOT NULL DEFAULT '',
+  pid INTEGER NOT NULL DEFAULT 0,
+  last_progress_ms INTEGER NOT NULL DEFAULT 0,
+  restarts_used INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS attempts (
+  job_id TEXT NOT NULL, number INTEGER NOT NULL, attempt BLOB NOT NULL,
+  PRIMARY KEY (job_id, number));
+CREATE TABLE IF NOT EXISTS events (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL,
+  unix_ms INTEGER NOT NULL, message TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS events_job ON events (job_id);
+CREATE TABLE IF NOT EXISTS checkpoints (
+  job_id TEXT NOT NULL, step INTEGER NOT NULL, dir TEXT NOT NULL,
+  attempt INTEGER NOT NULL, unix_ms INTEGER NOT NULL,
+  PRIMARY KEY (job_id, step));
+CREATE TABLE IF NOT EXISTS loss_history (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL,
+  attempt INTEGER NOT NULL, step INTEGER NOT NULL, loss REAL NOT NULL,
+  val_loss REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS loss_job ON loss_history (job_id);
+)sql";
+
+// One prepared statement, finalized on scope exit.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql) : db_(db) {
+    rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
+  }
+  ~Stmt() { sqlite3_finalize(stmt_); }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+
+  absl::Status status() const {
+    if (rc_ == SQLITE_OK) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
+  }
+  Stmt& Bind(int i, int64_t v) {
+    sqlite3_bind_int64(stmt_, i, v);
+    return *this;
+  }
+  Stmt& Bind(int i, double v) {
+    sqlite3_bind_double(stmt_, i, v);
+    return *this;
+  }
+  Stmt& Bind(int i, const std::string& v) {
+    sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()),
+                      SQLITE_TRANSIENT);
+    return *this;
+  }
+  Stmt& BindBlob(int i, const std::string& v) {
+    sqlite3_bind_blob(stmt_, i, v.data(), static_cast<int>(v.size()),
+                      SQLITE_TRANSIENT);
+    return *this;
+  }
+  // SQLITE_ROW -> true, SQLITE_DONE -> false, else the error in *status.
+  bool Step(absl::Status* status) {
+    const int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc != SQLITE_DONE) {
+      *status =
+          absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
+    }
+    return false;
+  }
+  absl::Status Run() {
+    absl::Status s = status();
+    if (!s.ok()) return s;
+    while (Step(&s)) {
+    }
+    return s;
+  }
+  int64_t Int(int col) { return sqlite3_column_int64(stmt_, col); }
+  double Double(int col) { return sqlite3_column_double(stmt_, col); }
+  std::string Text(int col) {
+    const void* p = sqlite3_column_blob(stmt_, col);
+    const int n = sqlite3_column_bytes(stmt_, col);
+    return p == nullptr ? std::string()
+                        : std::string(static_cast<const char*>(p), n);
+  }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+  int rc_;
+};
+
+JobRecord RowToJob(Stmt& s) {
+  // Columns: seq, job, token, pid, last_progress_ms, restarts_used.
+  JobRecord r;
+  r.seq = s.Int(0);
+  r.job.ParseFromString(s.Text(1));
+  r.token = s.Text(2);
+  r.pid = s.Int(3);
+  r.last_progress_ms = s.Int(4);
+  r.restarts_used = static_cast<int32_t>(s.Int(5));
+  return r;
+}
+
+constexpr const char* kSelectJob =
+    "SELECT seq, job, token, pid, last_progress_ms, restarts_used FROM jobs";
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE,
+                      nullptr) != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return absl::UnavailableError(
+        absl::StrCat("cannot open ", path, ": ", msg));
+  }
+  sqlite3_busy_timeout(db, 5000);
+  std::unique_ptr<Store> store(new Store(db));
+  absl::MutexLock lock(&store->mu_);
+  // NORMAL is durable across a ptcoord crash in WAL mode; only a power loss
+  // may drop the last transactions.
+  for (const char* sql :
+       {"PRAGMA journal_mode=WAL;", "PRAGMA synchronous=NORMAL;", kSchema}) {
+    absl::Status s = store->Exec(sql);
+    if (!s.ok()) return s;
+  }
+  return store;
+}
+
+Store::~Store() { sqlite3_close(db_); }
+
+absl::Status Store::Exec(const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "unknown error";
+    sqlite3_free(err);
+    return absl::InternalError(absl::StrCat("sqlite: ", msg));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobRecord> Store::InsertJob(JobRecord record) {
+  absl::MutexLock lock(&mu_);
+  absl::Status s = Exec("BEGIN IMMEDIATE;");
+  if (!s.ok()) return s;
+  int64_t next = 1;
+  {
+    Stmt q(db_, "SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs");
+    if (q.Step(&s)) next = q.Int(0);
+  }
+  record.seq = next;
+  record.job.set_id(absl::StrFormat("job-%04d", next));
+  Stmt ins(
+      db_,
+      "INSERT INTO jobs (seq, id, state, job, token, pid, last_progress_ms, "
+      "restarts_used) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+  ins.Bind(1, record.seq)
+      .Bind(2, record.job.id())
+      .Bind(3, static_cast<int64_t>(record.job.state()))
+      .BindBlob(4, record.job.SerializeAsString())
+      .Bind(5, record.token)
+      .Bind(6, record.pid)
+      .Bind(7, record.last_progress_ms)
+      .Bind(8, static_cast<int64_t>(record.restarts_used));
+  s = ins.Run();
+  if (!s.ok()) {
+    Exec("ROLLBACK;").IgnoreError();
+    return s;
+  }
+  s = Exec("COMMIT;");
+  if (!s.ok()) return s;
+  return record;
+}
+
+absl::Status Store::UpdateJob(const JobRecord& r) {
+  absl::MutexLock lock(&mu_);
+  Stmt up(db_,
+          "UPDATE jobs SET state=?, job=?, token=?, pid=?, last_progress_ms=?, "
+          "restarts_used=? WHERE id=?");
+  up.Bind(1, static_cast<int64_t>(r.job.state()))
+      .BindBlob(2, r.job.SerializeAsString())
+      .Bind(3, r.token)
+      .Bind(4, r.pid)
+      .Bind(5, r.last_progress_ms)
+      .Bind(6, static_cast<int64_t>(r.restarts_used))
+      .Bind(7, r.job.id());
+  absl::Status s = up.Run();
+  if (!s.ok()) return s;
+  if (sqlite3_changes(db_) == 0)
+    return absl::NotFoundError(absl::StrCat("no job ", r.job.id()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobRecord> Store::GetJob(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, absl::StrCat(kSelectJob, " WHERE id=?").c_str());
+  q.Bind(1, id);
+  absl::Status s = q.status();
+  if (!s.ok()) return s;
+  if (q.Step(&s)) return RowToJob(q);
+  if (!s.ok()) return s;
+  return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+}
+
+absl::StatusOr<std::vector<JobRecord>> Store::ListJobs() {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, absl::StrCat(kSelectJob, " ORDER BY seq").c_str());
+  absl::Status s = q.status();
+  if (!s.ok()) return s;
+  std::vector<JobRecord> out;
+  while (q.Step(&s)) out.push_back(RowToJob(q));
+  if (!s.ok()) return s;
+  return out;
+}
+
+absl::Status Store::UpsertAttempt(const std::string& job_id,
+                                  const v1::Attempt& a) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_,
+         "INSERT OR REPLACE INTO attempts (job_id, number, attempt) VALUES (?, "
+         "?, ?)");
+  q.Bind(1, job_id)
+      .Bind(2, static_cast<int64_t>(a.number()))
+      .BindBlob(3, a.SerializeAsString());
+  return q.Run();
+}
+
+absl::StatusOr<std::vector<v1::Attempt>> Store::ListAttempts(
+    const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, "SELECT attempt FROM attempts WHERE job_id=? ORDER BY number");
+  q.Bind(1, job_id);
+  absl::Status s = q.status();
+  if (!s.ok()) return s;
+  std::vector<v1::Attempt> out;
+  while (q.Step(&s)) out.emplace_back().ParseFromString(q.Text(0));
+  if (!s.ok()) return s;
+  return out;
+}
+
+absl::Status Store::AddEvent(const std::string& job_id, int64_t unix_ms,
+                             const std::string& message) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, "INSERT INTO events (job_id, unix_ms, message) VALUES (?, ?, ?)");
+  q.Bind(1, job_id).Bind(2, unix_ms).Bind(3, message);
+  return q.Run();
+}
+
+absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> Store::ListEvents(
+    const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, "SELECT unix_ms, message FROM events WHERE job_id=? ORDER BY id");
+  q.Bind(1, job_id);
+  absl::Status s = q.status();
+  if (!s.ok()) return s;
+  std::vector<std::pair<int64_t, std::string>> out;
+  while (q.Step(&s)) out.emplace_back(q.Int(0), q.Text(1));
+  if (!s.ok()) return s;
+  return out;
+}
+
+absl::Status Store::AddLossPoint(const std::string& job_id,
+                                 const v1::LossPoint& p) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_,
+         "INSERT INTO loss_history (job_id, attempt, step, loss, val_loss) "
+         "VALUES (?, ?, ?, ?, ?)");
+  q.Bind(1, job_id)
+      .Bind(2, static_cast<int64_t>(p.attempt()))
+      .Bind(3, p.step())
+      .Bind(4, p.loss())
+      .Bind(5, p.val_loss());
+  return q.Run();
+}
+
+absl::StatusOr<std::vector<v1::LossPoint>> Store::LossHistory(
+    const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(
+      db_,
+      "SELECT attempt, step, loss, val_loss FROM loss_history WHERE job_id=? "
+      "ORDER BY id");
+  q.Bind(1, job_id);
+  absl::Status s = q.status();
+  if (!s.ok()) return s;
+  std::vector<v1::LossPoint> out;
+  while (q.Step(&s)) {
+    v1::LossPoint& p = out.emplace_back();
+    p.set_attempt(static_cast<int32_t>(q.Int(0)));
+    p.set_step(q.Int(1));
+    p.set_loss(q.Double(2));
+    p.set_val_loss(q.Double(3));
+  }
+  if (!s.ok()) return s;
+  return out;
+}
+
+absl::Status Store::AddCheckpoint(const std::string& job_id,
+                                  const v1::Checkpoint& c) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_,
+         "INSERT OR REPLACE INTO checkpoints (job_id, step, dir, attempt, "
+         "unix_ms) "
+         "VALUES (?, ?, ?, ?, ?)");
+  q.Bind(1, job_id)
+      .Bind(2, c.step())
+      .Bind(3, c.dir())
+      .Bind(4, static_cast<int64_t>(c.attempt()))
+      .Bind(5, c.unix_ms());
+  return q.Run();
+}
+
+absl::StatusOr<std::vector<v1::Checkpoint>> Store::ListCheckpoints(
+    const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_,
+         "SELECT step, dir, attempt, unix_ms FROM checkpoints WHERE job_id=? "
+         "ORDER BY step");
+  q.Bind(1, job_id);
+  absl::Status s = q.status();
+  if (!s.ok()) return s;
+  std::vector<v1::Checkpoint> out;
+  while (q.Step(&s)) {
+    v1::Checkpoint& c = out.emplace_back();
+    c.set_step(q.Int(0));
+    c.set_dir(q.Text(1));
+    c.set_attempt(static_cast<int32_t>(q.Int(2)));
+    c.set_unix_ms(q.Int(3));
+  }
+  if (!s.ok()) return s;
+  return out;
+}
+
+}  // namespace ptrain

@@ -1,0 +1,454 @@
+// ptctl: the command line over ptcoord's JobService (submit, get, list, logs,
+// cancel, watch, checkpoints). Spec files are checked here with the same
+// library ptcoord uses, before anything is sent.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/spec.h"
+#include "google/protobuf/util/json_util.h"
+#include "grpcpp/grpcpp.h"
+#include "ptrain/v1/coordinator.grpc.pb.h"
+
+namespace {
+
+using ptrain::v1::JobService;
+
+constexpr int kExitFailed = 1;     // RPC error, or the watched job FAILED
+constexpr int kExitBadInput = 2;   // usage or spec errors
+constexpr int kExitCancelled = 3;  // the watched job was CANCELLED
+
+struct Options {
+  std::string server = "127.0.0.1:7070";
+  std::string token;
+  std::string output = "table";
+};
+
+std::string StateName(ptrain::v1::JobState s) {
+  std::string n = ptrain::v1::JobState_Name(s);
+  return n.rfind("JOB_STATE_", 0) == 0 ? n.substr(10) : n;
+}
+
+bool IsFinal(ptrain::v1::JobState s) {
+  return s == ptrain::v1::JOB_STATE_SUCCEEDED ||
+         s == ptrain::v1::JOB_STATE_FAILED ||
+         s == ptrain::v1::JOB_STATE_CANCELLED;
+}
+
+int OutcomeExitCode(ptrain::v1::JobState s) {
+  switch (s) {
+    case ptrain::v1::JOB_STATE_SUCCEEDED:
+      return 0;
+    case ptrain::v1::JOB_STATE_CANCELLED:
+      return kExitCancelled;
+    default:
+      return kExitFailed;
+  }
+}
+
+std::string ToJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = true;
+  o.always_print_primitive_fields = true;
+  o.preserve_proto_field_names = true;  // the names of the proto and the YAML
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
+std::string Ago(int64_t unix_ms) {
+  if (unix_ms == 0) return "-";
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  const int64_t s = std::max<int64_t>(0, (now - unix_ms) / 1000);
+  if (s < 120) return absl::StrCat(s, "s");
+  if (s < 7200) return absl::StrCat(s / 60, "m");
+  return absl::StrCat(s / 3600, "h");
+}
+
+std::string Duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "--:--";
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  if (s >= 3600)
+    return absl::StrFormat("%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60);
+  return absl::StrFormat("%d:%02d", s / 60, s % 60);
+}
+
+class Client {
+ public:
+  explicit Client(const Options& o)
+      : o_(o),
+        stub_(JobService::NewStub(grpc::CreateChannel(
+            o.server, grpc::InsecureChannelCredentials()))) {}
+
+  // A context carrying the token; unary calls get a deadline.
+  std::unique_ptr<grpc::ClientContext> Context(bool unary = true) const {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    if (!o_.token.empty())
+      ctx->AddMetadata("authorization", absl::StrCat("Bearer ", o_.token));
+    if (unary)
+      ctx->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::seconds(30));
+    return ctx;
+  }
+  JobService::Stub& stub() { return *stub_; }
+  const Options& options() const { return o_; }
+
+ private:
+  const Options o_;
+  std::unique_ptr<JobService::Stub> stub_;
+};
+
+const char* CodeName(grpc::StatusCode c) {
+  static constexpr const char* kNames[] = {"OK",
+                                           "CANCELLED",
+                                           "UNKNOWN",
+                                           "INVALID_ARGUMENT",
+                                           "DEADLINE_EXCEEDED",
+                                           "NOT_FOUND",
+                                           "ALREADY_EXISTS",
+                                           "PERMISSION_DENIED",
+                                           "RESOURCE_EXHAUSTED",
+                                           "FAILED_PRECONDITION",
+                                           "ABORTED",
+                                           "OUT_OF_RANGE",
+                                           "UNIMPLEMENTED",
+                                           "INTERNAL",
+                                           "UNAVAILABLE",
+                                           "DATA_LOSS",
+                                           "UNAUTHENTICATED"};
+  const int i = static_cast<int>(c);
+  return i >= 0 && i < 17 ? kNames[i] : "UNKNOWN";
+}
+
+int RpcError(const grpc::Status& s) {
+  std::fprintf(stderr, "ptctl: error: %s: %s\n", CodeName(s.error_code()),
+               s.error_message().c_str());
+  return kExitFailed;
+}
+
+void PrintJobsTable(const std::vector<ptrain::v1::Job>& jobs) {
+  std::printf("%-10s %-24s %-11s %8s %13s %9s %8s\n", "ID", "NAME", "STATE",
+              "ATTEMPTS", "STEP", "LOSS", "AGE");
+  for (const ptrain::v1::Job& j : jobs) {
+    const auto& p = j.progress();
+    std::printf("%-10s %-24s %-11s %8d %13s %9s %8s\n", j.id().c_str(),
+                j.name().c_str(), StateName(j.state()).c_str(), j.attempts(),
+                absl::StrCat(p.step(), "/", p.total_steps()).c_str(),
+                p.step() > 0 ? absl::StrFormat("%.4f", p.loss()).c_str() : "-",
+                Ago(j.created_unix_ms()).c_str());
+  }
+}
+
+// Renders one line of progress: bar, step/total, loss, tok/s, ETA.
+class ProgressBar {
+ public:
+  void Update(const ptrain::v1::Job& j) {
+    const auto& p = j.progress();
+    const auto now = std::chrono::steady_clock::now();
+    if (!started_ || p.step() < start_step_ || j.attempts() != attempt_) {
+      started_ = true;
+      start_ = now;
+      start_step_ = p.step();
+      attempt_ = j.attempts();
+    }
+    const double elapsed = std::chrono::duration<double>(now - start_).count();
+    const double rate = elapsed > 0 ? (p.step() - start_step_) / elapsed : 0;
+    const double eta = rate > 0 ? (p.total_steps() - p.step()) / rate : NAN;
+    const int width = 30;
+    const double frac = p.total_steps() > 0
+                            ? std::min(1.0, double(p.step()) / p.total_steps())
+                            : 0;
+    const int filled = static_cast<int>(frac * width);
+    std::string bar =
+        std::string(filled, '#') + std::string(width - filled, '.');
+    std::string line = absl::StrFormat(
+        "%s [%s] %lld/%lld loss %.4f%s tok/s %.0f ETA %s attempt %d %s", j.id(),
+        bar, static_cast<long long>(p.step()),
+        static_cast<long long>(p.total_steps()), p.loss(),
+        p.val_loss() > 0 ? absl::StrFormat(" val %.4f", p.val_loss()) : "",
+        p.tok_per_s(), Duration(eta), j.attempts(), StateName(j.state()));
+    if (tty_) {
+      std::fprintf(stderr, "\r%-*s", static_cast<int>(last_len_), line.c_str());
+      last_len_ = line.size();
+    } else if (line_due(p.step(), p.total_steps(), j.state())) {
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
+    std::fflush(stderr);
+  }
+  void Message(const std::string& text) {
+    if (tty_ && last_len_ > 0) std::fprintf(stderr, "\n");
+    last_len_ = 0;
+    std::fprintf(stderr, "%s\n", text.c_str());
+  }
+  void End() {
+    if (tty_ && last_len_ > 0) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  // Without a terminal: a line per tenth of the run and per state change.
+  bool line_due(int64_t step, int64_t total, ptrain::v1::JobState state) {
+    const bool due = state != last_state_ || step >= next_step_;
+    last_state_ = state;
+    if (step >= next_step_)
+      next_step_ = step + std::max<int64_t>(1, total / 10);
+    return due;
+  }
+  const bool tty_ = isatty(2);
+  size_t last_len_ = 0;
+  bool started_ = false;
+  std::chrono::steady_clock::time_point start_;
+  int64_t start_step_ = 0;
+  int attempt_ = 0;
+  int64_t next_step_ = 0;
+  ptrain::v1::JobState last_state_ = ptrain::v1::JOB_STATE_UNSPECIFIED;
+};
+
+int Watch(Client& client, const std::string& id) {
+  ProgressBar bar;
+  std::string last_message;
+  bool connected = false;
+  auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  while (true) {
+    auto ctx = client.Context(/*unary=*/false);
+    ptrain::v1::WatchJobRequest req;
+    req.set_job_id(id);
+    auto reader = client.stub().WatchJob(ctx.get(), req);
+    ptrain::v1::JobEvent ev;
+    std::optional<ptrain::v1::Job> last;
+    while (reader->Read(&ev)) {
+      connected = true;
+      give_up = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+      if (ev.message() != "progress" && ev.message() != last_message) {
+        bar.Message(absl::StrCat(ev.job().id(), ": ", ev.message()));
+        last_message = ev.message();
+      }
+      bar.Update(ev.job());
+      last = ev.job();
+    }
+    const grpc::Status s = reader->Finish();
+    if (last.has_value() && IsFinal(last->state())) {
+      bar.End();
+      if (!last->error().empty() &&
+          last->state() != ptrain::v1::JOB_STATE_SUCCEEDED) {
+        std::fprintf(stderr, "error: %s\n", last->error().c_str());
+      }
+      std::printf("%s %s\n", last->id().c_str(),
+                  StateName(last->state()).c_str());
+      return OutcomeExitCode(last->state());
+    }
+    // A coordinator restart breaks the stream; the job goes on, so do we.
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        s.error_code() != grpc::StatusCode::CANCELLED && !s.ok()) {
+      bar.End();
+      return RpcError(s);
+    }
+    if (!connected || std::chrono::steady_clock::now() > give_up) {
+      bar.End();
+      return RpcError(s);
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+}
+
+int Submit(Client& client, const std::string& file,
+           const std::vector<std::string>& sets, bool watch) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) {
+    std::fprintf(stderr, "ptctl: error: cannot read %s\n", file.c_str());
+    return kExitBadInput;
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<ptrain::v1::JobSpec> spec =
+      ptrain::ParseJobSpec(text.str(), sets, file);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "ptctl: error: %s\n",
+                 std::string(spec.status().message()).c_str());
+    return kExitBadInput;
+  }
+  ptrain::v1::SubmitJobRequest req;
+  req.set_spec_yaml(text.str());
+  for (const std::string& s : sets) req.add_overrides(s);
+  ptrain::v1::SubmitJobResponse resp;
+  auto ctx = client.Context();
+  const grpc::Status s = client.stub().SubmitJob(ctx.get(), req, &resp);
+  if (!s.ok()) return RpcError(s);
+  if (client.options().output == "json") {
+    std::printf("%s\n", ToJson(resp.job()).c_str());
+  } else {
+    std::printf("%s\n", resp.job().id().c_str());
+  }
+  std::fflush(stdout);
+  return watch ? Watch(client, resp.job().id()) : 0;
+}
+
+int Get(Client& client, const std::string& id) {
+  ptrain::v1::GetJobRequest req;
+  req.set_job_id(id);
+  req.set_include_loss_history(client.options().output == "json");
+  ptrain::v1::GetJobResponse resp;
+  auto ctx = client.Context();
+  const grpc::Status s = client.stub().GetJob(ctx.get(), req, &resp);
+  if (!s.ok()) return RpcError(s);
+  if (client.options().output == "json") {
+    std::printf("%s\n", ToJson(resp).c_str());
+    return 0;
+  }
+  const auto& j = resp.job();
+  const auto& p = j.progress();
+  std::printf(
+      "id:        %s\nname:      %s\nstate:     %s%s\nattempts:  %d\nslots:    "
+      " %d\n",
+      j.id().c_str(), j.name().c_str(), StateName(j.state()).c_str(),
+      j.cancel_requested() && !IsFinal(j.state()) ? " (cancelling)" : "",
+      j.attempts(), j.world_size());
+  std::printf(
+      "step:      %lld/%lld\nloss:      %.4f\nval_loss:  %.4f\ntok/s:     "
+      "%.0f\n",
+      static_cast<long long>(p.step()), static_cast<long long>(p.total_steps()),
+      p.loss(), p.val_loss(), p.tok_per_s());
+  std::printf("created:   %s ago\n", Ago(j.created_unix_ms()).c_str());
+  if (!j.error().empty()) std::printf("error:     %s\n", j.error().c_str());
+  for (const auto& a : resp.attempts()) {
+    std::printf("attempt %d: exit %d%s%s  %s\n", a.number(), a.exit_code(),
+                a.finished_unix_ms() == 0 ? " (running)" : "",
+                a.error().empty() ? "" : " (failed)", a.dir().c_str());
+  }
+  return 0;
+}
+
+int List(Client& client) {
+  ptrain::v1::ListJobsRequest req;
+  ptrain::v1::ListJobsResponse resp;
+  auto ctx = client.Context();
+  const grpc::Status s = client.stub().ListJobs(ctx.get(), req, &resp);
+  if (!s.ok()) return RpcError(s);
+  if (client.options().output == "json") {
+    std::printf("%s\n", ToJson(resp).c_str());
+  } else {
+    PrintJobsTable({resp.jobs().begin(), resp.jobs().end()});
+  }
+  return 0;
+}
+
+int Cancel(Client& client, const std::string& id) {
+  ptrain::v1::CancelJobRequest req;
+  req.set_job_id(id);
+  ptrain::v1::CancelJobResponse resp;
+  auto ctx = client.Context();
+  const grpc::Status s = client.stub().CancelJob(ctx.get(), req, &resp);
+  if (!s.ok()) return RpcError(s);
+  if (client.options().output == "json") {
+    std::printf("%s\n", ToJson(resp.job()).c_str());
+  } else {
+    std::printf("%s %s\n", resp.job().id().c_str(),
+                IsFinal(resp.job().state())
+                    ? StateName(resp.job().state()).c_str()
+                    : "cancelling");
+  }
+  return 0;
+}
+
+int Logs(Client& client, const std::string& id, bool follow, int attempt) {
+  ptrain::v1::StreamLogsRequest req;
+  req.set_job_id(id);
+  req.set_follow(follow);
+  req.set_attempt(attempt);
+  auto ctx = client.Context(/*unary=*/false);
+  auto reader = client.stub().StreamLogs(ctx.get(), req);
+  ptrain::v1::LogChunk chunk;
+  while (reader->Read(&chunk)) {
+    std::fwrite(chunk.data().data(), 1, chunk.data().size(), stdout);
+    std::fflush(stdout);
+  }
+  const grpc::Status s = reader->Finish();
+  return s.ok() ? 0 : RpcError(s);
+}
+
+int Checkpoints(Client& client, const std::string& id) {
+  ptrain::v1::ListCheckpointsRequest req;
+  req.set_job_id(id);
+  ptrain::v1::ListCheckpointsResponse resp;
+  auto ctx = client.Context();
+  const grpc::Status s = client.stub().ListCheckpoints(ctx.get(), req, &resp);
+  if (!s.ok()) return RpcError(s);
+  if (client.options().output == "json") {
+    std::printf("%s\n", ToJson(resp).c_str());
+    return 0;
+  }
+  std::printf("%10s %8s  %s\n", "STEP", "ATTEMPT", "DIR");
+  for (const auto& c : resp.checkpoints()) {
+    std::printf("%10lld %8d  %s\n", static_cast<long long>(c.step()),
+                c.attempt(), c.dir().c_str());
+  }
+  return 0;
+}
+
+int Run(int argc, char** argv) {
+  CLI::App app{"ptctl: submit and manage ptrain jobs on a ptcoord"};
+  app.require_subcommand(1);
+  Options o;
+  if (const char* s = std::getenv("PTCTL_SERVER")) o.server = s;
+  if (const char* t = std::getenv("PTCTL_TOKEN")) o.token = t;
+  app.add_option("--server", o.server,
+                 "ptcoord address host:port (or PTCTL_SERVER)");
+  app.add_option("--token", o.token, "bearer token (or PTCTL_TOKEN)");
+  app.add_option("-o,--output", o.output, "table|json")
+      ->check(CLI::IsMember({"table", "json"}));
+
+  std::string file, job;
+  std::vector<std::string> sets;
+  bool watch = false, follow = false;
+  int attempt = 0;
+  auto* submit = app.add_subcommand("submit", "submit a job spec (YAML)");
+  submit->add_option("FILE", file, "job spec")->required();
+  submit->add_option("--set", sets,
+                     "override a field: dotted.path=value (repeatable)");
+  submit->add_flag("--watch", watch,
+                   "follow the job; exit 0 only if it SUCCEEDED");
+  auto* get = app.add_subcommand("get", "show one job");
+  get->add_option("JOB", job)->required();
+  auto* list = app.add_subcommand("list", "list jobs");
+  auto* logs = app.add_subcommand("logs", "print an attempt's output");
+  logs->add_option("JOB", job)->required();
+  logs->add_flag("-f,--follow", follow, "keep printing until the attempt ends");
+  logs->add_option("--attempt", attempt, "attempt number (default: the latest)")
+      ->check(CLI::NonNegativeNumber);
+  auto* cancel = app.add_subcommand("cancel", "cancel a job (idempotent)");
+  cancel->add_option("JOB", job)->required();
+  auto* watch_cmd = app.add_subcommand("watch", "follow a job until it ends");
+  watch_cmd->add_option("JOB", job)->required();
+  auto* ckpts = app.add_subcommand("checkpoints", "list a job's checkpoints");
+  ckpts->add_option("JOB", job)->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : kExitBadInput;
+  }
+  Client client(o);
+  if (*submit) return Submit(client, file, sets, watch);
+  if (*get) return Get(client, job);
+  if (*list) return List(client);
+  if (*logs) return Logs(client, job, follow, attempt);
+  if (*cancel) return Cancel(client, job);
+  if (*watch_cmd) return Watch(client, job);
+  if (*ckpts) return Checkpoints(client, job);
+  return kExitBadInput;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return Run(argc, argv); }

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The control plane in one command: builds when needed, starts ptcoord on a
+# temporary state folder, submits examples/shakespeare-char.yaml (dp=2,
+# ZeRO-1, a few hundred steps) with a live progress bar, prints the sample,
+# stops ptcoord. Exits with the job's outcome (0: SUCCEEDED).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${PT_BUILD_DIR:-build}
+STEPS=${DEMO_STEPS:-300}
+
+if [[ ! -x $BUILD/coordinator/ptcoord || ! -x $BUILD/ptctl/ptctl || ! -x $BUILD/worker/ptworker ]]; then
+  scripts/setup.sh
+fi
+
+TMP=$(mktemp -d /tmp/ptrain-demo.XXXXXX)
+head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$TMP/tokens"
+mkdir -p "$TMP/checkpoints"
+"$BUILD/coordinator/ptcoord" --listen 127.0.0.1:0 --state-dir "$TMP/state" --local-slots 2 \
+  --token-file "$TMP/tokens" --data-root data --data-root "$TMP/checkpoints" \
+  --log-level warn > "$TMP/ptcoord.log" 2>&1 &
+COORD=$!
+trap 'kill "$COORD" 2>/dev/null; wait "$COORD" 2>/dev/null || true' EXIT
+
+for _ in $(seq 100); do
+  [[ -s $TMP/state/address ]] && break
+  kill -0 "$COORD" 2>/dev/null || { cat "$TMP/ptcoord.log"; exit 1; }
+  sleep 0.1
+done
+export PTCTL_SERVER PTCTL_TOKEN
+PTCTL_SERVER=$(cat "$TMP/state/address")
+PTCTL_TOKEN=$(cat "$TMP/tokens")
+echo "demo: ptcoord at $PTCTL_SERVER, state in $TMP"
+
+rc=0
+"$BUILD/ptctl/ptctl" submit examples/shakespeare-char.yaml --watch \
+  --set parallel.dp=2 --set parallel.zero=1 --set train.steps="$STEPS" \
+  --set train.eval_every=100 --set checkpoint.every=100 \
+  --set checkpoint.dir="$TMP/checkpoints" > "$TMP/submit.out" || rc=$?
+cat "$TMP/submit.out"
+JOB=$(head -n 1 "$TMP/submit.out")
+
+# The sample is the last "sample" record of the final attempt's run log.
+LOG=$(ls -d "$TMP"/state/jobs/"$JOB"/attempt-* 2>/dev/null | sort -V | tail -n 1)/run.jsonl
+if [[ -f $LOG ]]; then
+  python3 - "$LOG" <<'PY'
+import json, sys
+sample = None
+for line in open(sys.argv[1]):
+    record = json.loads(line)
+    if record.get("type") == "sample":
+        sample = record
+if sample:
+    print(f"--- sample after step {sample.get('step')} ---")
+    print(sample["text"])
+PY
+fi
+"$BUILD/ptctl/ptctl" checkpoints "$JOB" || true
+exit "$rc"

@@ -1,0 +1,84 @@
+// Path confinement: spec paths resolve under a data root or are refused
+// naming the field; "..", symlinks and prefix tricks do not escape.
+#include "coordinator/paths.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "gtest/gtest.h"
+
+namespace ptrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+class PathsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base_ =
+        fs::temp_directory_path() / ("paths_test_" + std::to_string(getpid()));
+    fs::remove_all(base_);
+    fs::create_directories(base_ / "data");
+    fs::create_directories(base_ / "data2");
+    fs::create_directories(base_ / "outside");
+    fs::create_symlink(base_ / "outside", base_ / "data" / "link");
+    roots_ = {(base_ / "data").string()};
+  }
+  void TearDown() override { fs::remove_all(base_); }
+  fs::path base_;
+  std::vector<std::string> roots_;
+};
+
+TEST_F(PathsTest, RelativePathUnderRootResolvesToAbsolute) {
+  auto p = ConfinePath("data.path", "data/x.txt", base_.string(), roots_);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(*p, (base_ / "data" / "x.txt").string());
+}
+
+TEST_F(PathsTest, DotDotEscapeIsRefusedNamingTheField) {
+  auto p =
+      ConfinePath("data.path", "data/../outside/x", base_.string(), roots_);
+  ASSERT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find("data.path"), absl::string_view::npos);
+}
+
+TEST_F(PathsTest, SymlinkOutOfRootIsRefused) {
+  EXPECT_FALSE(
+      ConfinePath("data.path", "data/link/x", base_.string(), roots_).ok());
+}
+
+TEST_F(PathsTest, SiblingWithCommonPrefixIsNotUnderRoot) {
+  EXPECT_FALSE(
+      ConfinePath("data.path", "data2/x", base_.string(), roots_).ok());
+}
+
+TEST_F(PathsTest, AbsolutePathOutsideIsRefused) {
+  EXPECT_FALSE(
+      ConfinePath("data.path", "/etc/passwd", base_.string(), roots_).ok());
+}
+
+TEST_F(PathsTest, SpecFieldsAreCheckedAndRewritten) {
+  v1::JobSpec spec;
+  spec.mutable_data()->set_path("data/a.txt");
+  spec.mutable_checkpoint()->set_dir("data/ckpt");
+  ASSERT_TRUE(ConfineSpecPaths(&spec, base_.string(), roots_).ok());
+  EXPECT_EQ(spec.checkpoint().dir(), (base_ / "data" / "ckpt").string());
+  spec.mutable_checkpoint()->set_dir("/tmp/elsewhere");
+  const absl::Status s = ConfineSpecPaths(&spec, base_.string(), roots_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("checkpoint.dir"), absl::string_view::npos) << s;
+  v1::JobSpec bin;
+  bin.mutable_data()->set_val_bin("../../x.bin");
+  const absl::Status b = ConfineSpecPaths(&bin, base_.string(), roots_);
+  EXPECT_NE(b.message().find("data.val_bin"), absl::string_view::npos) << b;
+  v1::JobSpec init;
+  init.mutable_model()->set_init_from("llmc:/etc/x.bin");
+  EXPECT_NE(ConfineSpecPaths(&init, base_.string(), roots_)
+                .message()
+                .find("model.init_from"),
+            absl::string_view::npos);
+}
+
+}  // namespace
+}  // namespace ptrain

@@ -1,0 +1,409 @@
+// End-to-end tests of the control plane: a real ptcoord (free port, temp
+// state dir) running real ptworker jobs under mpirun, driven by ptctl and by
+// raw RPCs. Waits are generous deadlines, never timings.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "ptrain/v1/coordinator.grpc.pb.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kToken = "integration-token";
+
+// Small and quick: one layer, 32 channels.
+const std::vector<std::string> kSmall = {
+    "model.n_layer=1",     "model.n_embd=32",      "model.n_head=2",
+    "train.eval_every=20", "train.sample_every=0", "train.log_every=10"};
+
+struct Result {
+  int rc = -1;
+  std::string out;
+};
+
+// Runs a shell command, capturing stdout and stderr together.
+Result Sh(const std::string& cmd) {
+  Result r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// proto3 JSON writes 64-bit integers as strings.
+int64_t Int(const json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key)) return 0;
+  const json& v = j[key];
+  if (v.is_string()) return std::stoll(v.get<std::string>());
+  return v.is_number() ? v.get<int64_t>() : 0;
+}
+
+bool WaitFor(const std::function<bool()>& done, int seconds) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return done();
+}
+
+// Pids of live processes whose environment holds every `needles` entry.
+std::vector<pid_t> ProcessesWithEnv(const std::vector<std::string>& needles) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream env(e.path() / "environ");
+    std::string text((std::istreambuf_iterator<char>(env)),
+                     std::istreambuf_iterator<char>());
+    std::ifstream stat(e.path() / "stat");
+    std::string st((std::istreambuf_iterator<char>(stat)),
+                   std::istreambuf_iterator<char>());
+    const size_t close = st.rfind(')');
+    if (close != std::string::npos && close + 2 < st.size() &&
+        st[close + 2] == 'Z')
+      continue;
+    std::vector<std::string> vars = absl::StrSplit(text, '\0');
+    bool all = true;
+    for (const std::string& n : needles) {
+      all &= std::find(vars.begin(), vars.end(), n) != vars.end();
+    }
+    if (all) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+class ControlPlaneTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           absl::StrCat(
+               "control_plane_", getpid(), "_",
+               ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "ckpt");
+    std::ofstream(dir_ / "tokens") << kToken << "\n";
+    StartCoordinator("127.0.0.1:0");
+  }
+  void TearDown() override {
+    // Cancel what is left so no rank outlives the test.
+    Ptctl("list -o json");
+    for (const auto& j : ListJobs())
+      Ptctl("cancel " + j["id"].get<std::string>());
+    WaitFor(
+        [&] {
+          return ProcessesWithEnv({"PTRAIN_COORDINATOR=" + address_}).empty();
+        },
+        30);
+    StopCoordinator(SIGTERM);
+    fs::remove_all(dir_);
+  }
+
+  void StartCoordinator(const std::string& listen) {
+    fs::remove(dir_ / "state" / "address");
+    std::vector<std::string> argv = {PT_PTCOORD,
+                                     "--listen",
+                                     listen,
+                                     "--state-dir",
+                                     (dir_ / "state").string(),
+                                     "--local-slots",
+                                     "4",
+                                     "--token-file",
+                                     (dir_ / "tokens").string(),
+                                     "--data-root",
+                                     std::string(PT_SOURCE_DIR) + "/data",
+                                     "--data-root",
+                                     (dir_ / "ckpt").string(),
+                                     "--cancel-grace-s",
+                                     "5",
+                                     "--log-level",
+                                     "warn"};
+    // A ptworker other than the one built beside ptcoord (while the progress
+    // reporter is wired into worker/main.cc).
+    if (const char* w = std::getenv("PT_TEST_PTWORKER")) {
+      argv.push_back("--ptworker");
+      argv.push_back(w);
+    }
+    coordinator_ = fork();
+    if (coordinator_ == 0) {
+      std::vector<char*> args;
+      for (std::string& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      const std::string log = (dir_ / "ptcoord.log").string();
+      freopen(log.c_str(), "a", stdout);
+      freopen(log.c_str(), "a", stderr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+    ASSERT_TRUE(
+        WaitFor([&] { return fs::exists(dir_ / "state" / "address"); }, 30))
+        << Sh("cat " + (dir_ / "ptcoord.log").string()).out;
+    std::ifstream(dir_ / "state" / "address") >> address_;
+    channel_ =
+        grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+  }
+  void StopCoordinator(int sig) {
+    if (coordinator_ <= 0) return;
+    kill(coordinator_, sig);
+    int status = 0;
+    waitpid(coordinator_, &status, 0);
+    coordinator_ = 0;
+  }
+
+  Result Ptctl(const std::string& args, const std::string& token = kToken) {
+    return Sh(absl::StrCat(
+        "cd ", PT_SOURCE_DIR, " && ", PT_PTCTL, " --server ", address_,
+        token.empty() ? "" : absl::StrCat(" --token ", token), " ", args));
+  }
+  std::string Submit(
+      const std::vector<std::string>& sets,
+      const std::string& file = "examples/shakespeare-char.yaml") {
+    std::string cmd = "submit " + file;
+    std::vector<std::string> all = kSmall;
+    all.insert(all.end(), sets.begin(), sets.end());
+    all.push_back("checkpoint.dir=" + (dir_ / "ckpt").string());
+    for (const std::string& s : all) cmd += " --set " + s;
+    Result r = Ptctl(cmd);
+    EXPECT_EQ(r.rc, 0) << r.out;
+    std::string id = r.out.substr(0, r.out.find('\n'));
+    return id;
+  }
+  json Get(const std::string& id) {
+    Result r = Ptctl("-o json get " + id);
+    if (r.rc != 0) return json::object();
+    return json::parse(r.out, nullptr, false);
+  }
+  std::vector<json> ListJobs() {
+    Result r = Ptctl("-o json list");
+    json j = json::parse(r.out, nullptr, false);
+    if (j.is_discarded() || !j.contains("jobs")) return {};
+    return j["jobs"].get<std::vector<json>>();
+  }
+  std::string State(const std::string& id) {
+    json j = Get(id);
+    return j.contains("job") ? j["job"].value("state", "") : "";
+  }
+  int64_t Step(const std::string& id) {
+    json j = Get(id);
+    if (!j.contains("job")) return -1;
+    return Int(j["job"]["progress"], "step");
+  }
+  std::unique_ptr<grpc::ClientContext> Ctx(const std::string& token) {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::seconds(30));
+    return ctx;
+  }
+
+  fs::path dir_;
+  pid_t coordinator_ = 0;
+  std::string address_;
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+TEST_F(ControlPlaneTest, SubmitSucceedsWithDecreasingLossHistory) {
+  Result r =
+      Ptctl(absl::StrCat("submit examples/shakespeare-char.yaml --watch --set "
+                         "model.n_layer=1 --set "
+                         "model.n_embd=32 --set model.n_head=2 --set "
+                         "train.steps=40 --set parallel.dp=2 "
+                         "--set train.sample_every=0 --set checkpoint.dir=",
+                         (dir_ / "ckpt").string()));
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const std::string id = r.out.substr(0, r.out.find('\n'));
+  json j = Get(id);
+  EXPECT_EQ(j["job"]["state"], "JOB_STATE_SUCCEEDED");
+  EXPECT_EQ(j["job"]["attempts"], 1);
+  std::vector<double> losses;
+  for (const json& p : j["loss_history"]) {
+    if (p.value("loss", 0.0) > 0) losses.push_back(p["loss"].get<double>());
+  }
+  ASSERT_GE(losses.size(), 40u) << j.dump();
+  double head = 0, tail = 0;
+  for (int i = 0; i < 5; ++i) {
+    head += losses[i];
+    tail += losses[losses.size() - 1 - i];
+  }
+  EXPECT_LT(tail, head)
+      << "mean loss of the last 5 steps is not below the first 5";
+}
+
+TEST_F(ControlPlaneTest, CancelRunningJobLeavesNoRankProcess) {
+  const std::string id = Submit({"train.steps=100000", "parallel.dp=2"});
+  ASSERT_TRUE(WaitFor([&] { return Step(id) > 0; }, 120)) << Get(id).dump();
+  Result c1 = Ptctl("cancel " + id);
+  Result c2 = Ptctl("cancel " + id);
+  EXPECT_EQ(c1.rc, 0) << c1.out;
+  EXPECT_EQ(c2.rc, 0) << c2.out;  // idempotent
+  ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_CANCELLED"; }, 60));
+  EXPECT_TRUE(ProcessesWithEnv(
+                  {"PTRAIN_COORDINATOR=" + address_, "PTRAIN_JOB_ID=" + id})
+                  .empty());
+}
+
+TEST_F(ControlPlaneTest, BadInputIsRefusedAndChangesNothing) {
+  auto stub = ptrain::v1::JobService::NewStub(channel_);
+  // A data path outside the roots: INVALID_ARGUMENT naming the field.
+  Result outside = Ptctl(
+      "submit examples/shakespeare-char.yaml --set data.path=/etc/passwd");
+  EXPECT_NE(outside.rc, 0);
+  EXPECT_NE(outside.out.find("INVALID_ARGUMENT"), std::string::npos)
+      << outside.out;
+  EXPECT_NE(outside.out.find("data.path"), std::string::npos) << outside.out;
+  // Malformed YAML sent raw: line and column in the message.
+  ptrain::v1::SubmitJobRequest req;
+  req.set_spec_yaml("name: x\nmodel: {n_layer: [1,\n");
+  ptrain::v1::SubmitJobResponse resp;
+  grpc::Status s = stub->SubmitJob(Ctx(kToken).get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("line"), std::string::npos)
+      << s.error_message();
+  // A 10 MB spec is refused by size.
+  req.set_spec_yaml(std::string(10 << 20, '#'));
+  s = stub->SubmitJob(Ctx(kToken).get(), req, &resp);
+  EXPECT_TRUE(s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+              s.error_code() == grpc::StatusCode::INVALID_ARGUMENT)
+      << s.error_code();
+  // Unknown ids and out-of-range fields.
+  ptrain::v1::GetJobRequest get;
+  get.set_job_id("job-9999");
+  ptrain::v1::GetJobResponse got;
+  EXPECT_EQ(stub->GetJob(Ctx(kToken).get(), get, &got).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  ptrain::v1::ListJobsRequest list;
+  list.set_limit(-5);
+  ptrain::v1::ListJobsResponse listed;
+  EXPECT_EQ(stub->ListJobs(Ctx(kToken).get(), list, &listed).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  Result missing = Ptctl("cancel job-9999");
+  EXPECT_NE(missing.out.find("NOT_FOUND"), std::string::npos) << missing.out;
+  EXPECT_TRUE(ListJobs().empty());
+}
+
+TEST_F(ControlPlaneTest, MissingOrWrongTokenIsUnauthenticated) {
+  for (const std::string& token : {std::string(), std::string("wrong")}) {
+    Result list = Ptctl("list", token);
+    EXPECT_NE(list.rc, 0);
+    EXPECT_NE(list.out.find("UNAUTHENTICATED"), std::string::npos) << list.out;
+    Result submit = Ptctl("submit examples/shakespeare-char.yaml", token);
+    EXPECT_NE(submit.out.find("UNAUTHENTICATED"), std::string::npos)
+        << submit.out;
+  }
+  // A rank token that is not the job's cannot report progress either.
+  auto ranks = ptrain::v1::RankService::NewStub(channel_);
+  ptrain::v1::ReportProgressRequest p;
+  p.set_job_id("job-0001");
+  p.set_attempt(1);
+  p.set_step(5);
+  ptrain::v1::ReportProgressResponse pr;
+  EXPECT_EQ(ranks->ReportProgress(Ctx(kToken).get(), p, &pr).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(ListJobs().empty());
+}
+
+TEST_F(ControlPlaneTest, CoordinatorKilledMidJobRestartsAndJobFinishes) {
+  const std::string a = Submit({"train.steps=1000", "parallel.dp=2"});
+  const std::string b =
+      Submit({"train.steps=20", "parallel.dp=2", "name=second"});
+  ASSERT_TRUE(WaitFor([&] { return Step(a) > 0; }, 120)) << Get(a).dump();
+  const std::vector<json> before = ListJobs();
+  ASSERT_EQ(before.size(), 2u);
+  const std::string port = address_.substr(address_.rfind(':'));
+  StopCoordinator(SIGKILL);
+  // Ranks report to this address: the new ptcoord must take the same port.
+  StartCoordinator("127.0.0.1" + port);
+  ASSERT_TRUE(WaitFor([&] { return State(a) == "JOB_STATE_SUCCEEDED"; }, 240))
+      << Get(a).dump() << Sh("cat " + (dir_ / "ptcoord.log").string()).out;
+  ASSERT_TRUE(WaitFor([&] { return State(b) == "JOB_STATE_SUCCEEDED"; }, 240))
+      << Get(b).dump();
+  const std::vector<json> after = ListJobs();
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_EQ(after[i]["id"], before[i]["id"]);
+    EXPECT_EQ(after[i]["name"], before[i]["name"]);
+  }
+  EXPECT_EQ(Get(a)["job"]["attempts"], 1);  // re-adopted, not restarted
+}
+
+// Needs checkpoints and --resume-from in ptworker.
+TEST_F(ControlPlaneTest, KilledRankResumesFromCheckpointBitIdentical) {
+  const std::vector<std::string> sets = {"train.steps=60", "parallel.dp=2",
+                                         "checkpoint.every=10",
+                                         "restart.max_restarts=2"};
+  const std::string id = Submit(sets);
+  ASSERT_TRUE(WaitFor([&] { return Step(id) >= 25; }, 180)) << Get(id).dump();
+  std::vector<pid_t> ranks = ProcessesWithEnv(
+      {"PTRAIN_COORDINATOR=" + address_, "PTRAIN_JOB_ID=" + id});
+  // Kill a rank, not mpirun or the wrapper shell: the one named ptworker.
+  pid_t victim = 0;
+  for (pid_t p : ranks) {
+    std::ifstream comm(absl::StrCat("/proc/", p, "/comm"));
+    std::string name;
+    comm >> name;
+    if (name == "ptworker") victim = p;
+  }
+  ASSERT_NE(victim, 0);
+  kill(victim, SIGKILL);
+  ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_SUCCEEDED"; }, 240))
+      << Get(id).dump();
+  json resumed = Get(id);
+  EXPECT_EQ(resumed["job"]["attempts"], 2);
+  // The same spec uninterrupted (its own checkpoint folder).
+  const std::string ref = Submit(sets);
+  ASSERT_TRUE(
+      WaitFor([&] { return State(ref) == "JOB_STATE_SUCCEEDED"; }, 240));
+  auto final_loss = [](const json& j) {
+    double loss = 0;
+    int64_t step = -1;
+    for (const json& p : j["loss_history"]) {
+      const int64_t s = Int(p, "step");
+      if (p.value("loss", 0.0) > 0 && s >= step) {
+        step = s;
+        loss = p["loss"].get<double>();
+      }
+    }
+    return loss;
+  };
+  EXPECT_EQ(final_loss(resumed), final_loss(Get(ref)));
+}
+
+// Needs ptworker's PTRAIN_TEST_HANG_AT_STEP hook.
+TEST_F(ControlPlaneTest, StalledRankIsKilledAsHangAndRestarted) {
+  StopCoordinator(SIGTERM);
+  setenv("PTRAIN_TEST_HANG_AT_STEP", "5", 1);
+  StartCoordinator("127.0.0.1:0");
+  unsetenv("PTRAIN_TEST_HANG_AT_STEP");
+  const std::string id = Submit(
+      {"train.steps=40", "restart.hang_timeout_s=3", "restart.max_restarts=1"});
+  ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_FAILED"; }, 180))
+      << Get(id).dump();
+  json j = Get(id);
+  EXPECT_EQ(j["job"]["attempts"], 2);
+  EXPECT_NE(j["job"]["error"].get<std::string>().find("hang at step"),
+            std::string::npos)
+      << j.dump();
+}
+
+}  // namespace

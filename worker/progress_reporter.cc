@@ -1,0 +1,207 @@
+// The rank side of RankService; see progress_reporter.h. One channel, one
+// thread, a bounded queue; a coordinator that is down or restarting costs
+// the training loop nothing.
+#include "worker/progress_reporter.h"
+
+#include <chrono>
+#include <cstdlib>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "ptrain/v1/coordinator.grpc.pb.h"
+#include "spdlog/spdlog.h"
+
+namespace ptrain {
+
+class ProgressReporter::Rpc {
+ public:
+  explicit Rpc(const std::string& address)
+      : stub_(v1::RankService::NewStub(grpc::CreateChannel(
+            address, grpc::InsecureChannelCredentials()))) {}
+
+  grpc::Status Send(const Item& item, const std::string& token) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(5));
+    if (item.kind == Item::kCheckpoint) {
+      v1::ReportCheckpointResponse resp;
+      return stub_->ReportCheckpoint(&ctx, item.checkpoint, &resp);
+    }
+    if (item.kind == Item::kEndpoint) {
+      v1::ReportEndpointResponse resp;
+      return stub_->ReportEndpoint(&ctx, item.endpoint, &resp);
+    }
+    v1::ReportProgressResponse resp;
+    return stub_->ReportProgress(&ctx, item.progress, &resp);
+  }
+
+ private:
+  std::unique_ptr<v1::RankService::Stub> stub_;
+};
+
+namespace {
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? std::string() : std::string(v);
+}
+
+double Number(const nlohmann::json& r, const char* key) {
+  auto it = r.find(key);
+  return it != r.end() && it->is_number() ? it->get<double>() : 0.0;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ProgressReporter>>
+ProgressReporter::FromEnvironment() {
+  const std::string address = Env("PTRAIN_COORDINATOR");
+  if (address.empty()) return std::unique_ptr<ProgressReporter>();
+  const std::string job_id = Env("PTRAIN_JOB_ID");
+  const std::string token = Env("PTRAIN_JOB_TOKEN");
+  const std::string attempt_text = Env("PTRAIN_ATTEMPT");
+  if (job_id.empty() || token.empty()) {
+    return absl::InvalidArgumentError(
+        "PTRAIN_COORDINATOR is set but PTRAIN_JOB_ID or PTRAIN_JOB_TOKEN is "
+        "not");
+  }
+  int attempt = 0;
+  if (!absl::SimpleAtoi(attempt_text, &attempt) || attempt < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PTRAIN_ATTEMPT='", attempt_text, "' is not a positive integer"));
+  }
+  int rank = 0;
+  if (!absl::SimpleAtoi(Env("OMPI_COMM_WORLD_RANK"), &rank)) rank = 0;
+  return std::unique_ptr<ProgressReporter>(
+      new ProgressReporter(address, job_id, token, attempt, rank));
+}
+
+ProgressReporter::ProgressReporter(std::string address, std::string job_id,
+                                   std::string token, int attempt, int rank)
+    : job_id_(std::move(job_id)),
+      token_(std::move(token)),
+      attempt_(attempt),
+      rank_(rank),
+      rpc_(std::make_unique<Rpc>(address)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+ProgressReporter::~ProgressReporter() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failed_ > 0 || dropped_ > 0 || !queue_.empty()) {
+    spdlog::warn("progress reporter: {} sent, {} failed, {} dropped, {} unsent",
+                 sent_, failed_, dropped_, queue_.size());
+  }
+}
+
+void ProgressReporter::OnRecord(const nlohmann::json& record) {
+  auto type_it = record.find("type");
+  if (type_it == record.end() || !type_it->is_string()) return;
+  const std::string type = type_it->get<std::string>();
+  Item item;
+  const int64_t step = static_cast<int64_t>(Number(record, "step"));
+  if (type == "step" || type == "eval") {
+    v1::ReportProgressRequest& p = item.progress;
+    p.set_job_id(job_id_);
+    p.set_attempt(attempt_);
+    p.set_rank(rank_);
+    p.set_step(step);
+    p.set_is_eval(type == "eval");
+    p.set_loss(Number(record, "loss"));
+    p.set_val_loss(Number(record, "val_loss"));
+    p.set_tok_per_s(Number(record, "tok_per_s"));
+    p.set_mfu(Number(record, "mfu"));
+    p.set_lr(Number(record, "lr"));
+  } else if (type == "checkpoint") {
+    item.kind = Item::kCheckpoint;
+    v1::ReportCheckpointRequest& c = item.checkpoint;
+    c.set_job_id(job_id_);
+    c.set_attempt(attempt_);
+    c.set_step(step);
+    auto dir = record.find("dir");
+    if (dir != record.end() && dir->is_string())
+      c.set_dir(dir->get<std::string>());
+  } else {
+    return;
+  }
+  Enqueue(std::move(item));
+}
+
+void ProgressReporter::ReportEndpoint(const std::string& address) {
+  Item item;
+  item.kind = Item::kEndpoint;
+  item.endpoint.set_job_id(job_id_);
+  item.endpoint.set_attempt(attempt_);
+  item.endpoint.set_rank(rank_);
+  item.endpoint.set_address(address);
+  Enqueue(std::move(item));
+}
+
+void ProgressReporter::Enqueue(Item item) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (queue_.size() >= kMaxQueued) {
+      for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+        if (it->kind == Item::kProgress) {
+          queue_.erase(it);
+          ++dropped_;
+          break;
+        }
+      }
+    }
+    queue_.push_back(std::move(item));
+  }
+  cv_.notify_one();
+}
+
+void ProgressReporter::Loop() {
+  using Clock = std::chrono::steady_clock;
+  std::optional<Clock::time_point> give_up;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    if (stopping_) {
+      if (!give_up) give_up = Clock::now() + std::chrono::seconds(3);
+      if (queue_.empty() || Clock::now() >= *give_up) return;
+    }
+    Item item = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    const grpc::Status s = rpc_->Send(item, token_);
+    lock.lock();
+    if (s.ok()) {
+      ++sent_;
+    } else {
+      // The first failure and then every 100th: a coordinator restart must
+      // not flood the rank's log.
+      if (failed_ % 100 == 0) {
+        spdlog::warn("progress report to the coordinator failed ({}): {}",
+                     static_cast<int>(s.error_code()), s.error_message());
+      }
+      ++failed_;
+    }
+  }
+}
+
+int64_t ProgressReporter::sent() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sent_;
+}
+int64_t ProgressReporter::failed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failed_;
+}
+int64_t ProgressReporter::dropped() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return dropped_;
+}
+
+}  // namespace ptrain

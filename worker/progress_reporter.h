@@ -1,0 +1,83 @@
+// ProgressReporter: forwards a rank's run-log records to ptcoord's
+// RankService (ReportProgress, ReportCheckpoint). Not part of training: RPCs
+// run on a background thread and their failures are logged, never fatal.
+#ifndef PTRAIN_WORKER_PROGRESS_REPORTER_H_
+#define PTRAIN_WORKER_PROGRESS_REPORTER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "ptrain/v1/coordinator.pb.h"
+
+namespace ptrain {
+
+class ProgressReporter {
+ public:
+  // Reads PTRAIN_COORDINATOR (host:port), PTRAIN_JOB_ID, PTRAIN_JOB_TOKEN and
+  // PTRAIN_ATTEMPT, which ptcoord sets for every rank. nullptr (not an
+  // error) when PTRAIN_COORDINATOR is unset: ptworker runs standalone.
+  // InvalidArgument when it is set but another variable is missing or bad.
+  static absl::StatusOr<std::unique_ptr<ProgressReporter>> FromEnvironment();
+
+  // Sends what is still queued (for at most 3 s), then stops.
+  ~ProgressReporter();
+  ProgressReporter(const ProgressReporter&) = delete;
+  ProgressReporter& operator=(const ProgressReporter&) = delete;
+
+  // Queues the RPC for one run-log record (docs/run-log.md): "step" and
+  // "eval" become ReportProgress, "checkpoint" ({"step", "dir"}) becomes
+  // ReportCheckpoint; other types are ignored. Never blocks on the network;
+  // thread-safe. When more than kMaxQueued are waiting (coordinator down),
+  // the oldest progress report is dropped; checkpoint reports are kept.
+  void OnRecord(const nlohmann::json& record);
+
+  // Queues ReportEndpoint: this rank serves Prometheus metrics at `address`
+  // (host:port), for the coordinator's service discovery.
+  void ReportEndpoint(const std::string& address);
+
+  static constexpr size_t kMaxQueued = 4096;
+
+  // Counters for tests and the exit log line.
+  int64_t sent() const;
+  int64_t failed() const;
+  int64_t dropped() const;
+
+ private:
+  struct Item {
+    enum Kind { kProgress, kCheckpoint, kEndpoint } kind = kProgress;
+    v1::ReportProgressRequest progress;
+    v1::ReportCheckpointRequest checkpoint;
+    v1::ReportEndpointRequest endpoint;
+  };
+  void Enqueue(Item item);
+  class Rpc;  // the gRPC stub, kept out of this header
+
+  ProgressReporter(std::string address, std::string job_id, std::string token,
+                   int attempt, int rank);
+  void Loop();
+
+  const std::string job_id_;
+  const std::string token_;
+  const int attempt_;
+  const int rank_;
+  std::unique_ptr<Rpc> rpc_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;                       // guarded by mu_
+  bool stopping_ = false;                        // guarded by mu_
+  int64_t sent_ = 0, failed_ = 0, dropped_ = 0;  // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_WORKER_PROGRESS_REPORTER_H_
