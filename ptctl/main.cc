@@ -400,6 +400,8 @@ int Checkpoints(Client& client, const std::string& id) {
 int Run(int argc, char** argv) {
   CLI::App app{"ptctl: submit and manage ptrain jobs on a ptcoord"};
   app.require_subcommand(1);
+  // --server, --token and -o may also follow the subcommand.
+  app.fallthrough();
   Options o;
   if (const char* s = std::getenv("PTCTL_SERVER")) o.server = s;
   if (const char* t = std::getenv("PTCTL_TOKEN")) o.token = t;
