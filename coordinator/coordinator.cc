@@ -462,9 +462,48 @@ absl::Status Coordinator::ReportEndpoint(const v1::ReportEndpointRequest& r) {
   Entry* e = Find(r.job_id());
   if (e == nullptr)
     return absl::NotFoundError(absl::StrCat("no job '", r.job_id(), "'"));
-  // Recorded as an event until metrics discovery (http_sd) serves them.
+  // Only the current attempt's ranks are live endpoints.
+  auto run = running_.find(r.job_id());
+  if (run != running_.end() && r.attempt() == e->record.job.attempts()) {
+    run->second.endpoints[r.rank()] = r.address();
+  }
   Commit(*e, absl::StrCat("rank ", r.rank(), " metrics at ", r.address()));
   return absl::OkStatus();
+}
+
+std::vector<Coordinator::RankEndpoint> Coordinator::Endpoints() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<RankEndpoint> out;
+  for (const auto& [id, run] : running_) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;
+    const v1::Job& job = it->second.record.job;
+    for (const auto& [rank, address] : run.endpoints) {
+      out.push_back({id, job.name(), address, rank, job.attempts()});
+    }
+  }
+  return out;
+}
+
+std::map<std::string, int> Coordinator::JobCounts() const {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, int> out;
+  for (int s = v1::JobState_MIN; s <= v1::JobState_MAX; ++s) {
+    if (v1::JobState_IsValid(s) && s != v1::JOB_STATE_UNSPECIFIED) {
+      out[StateName(static_cast<v1::JobState>(s))] = 0;
+    }
+  }
+  for (const auto& [id, e] : jobs_) ++out[StateName(e.record.job.state())];
+  return out;
+}
+
+int64_t Coordinator::Restarts() const {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const auto& [id, e] : jobs_) {
+    n += std::max(0, e.record.job.attempts() - 1);
+  }
+  return n;
 }
 
 int Coordinator::UsedSlots() const {
@@ -522,6 +561,7 @@ void Coordinator::Launch(Entry& e) {
     req.cores = options_.cores;
     req.mpirun = options_.mpirun;
     req.ptworker = options_.ptworker;
+    req.rank_metrics_bind = options_.rank_metrics_bind;
     req.work_dir = options_.work_root;
     req.resume_flag = options_.resume_flag;
     launched = LaunchAttempt(req);

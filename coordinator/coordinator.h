@@ -40,6 +40,9 @@ struct CoordinatorOptions {
   int cores = 1;
   absl::Duration cancel_grace = absl::Seconds(10);  // SIGTERM -> SIGKILL
   absl::Duration tick = absl::Milliseconds(200);    // supervision period
+  // Ranks serve /metrics here (PTRAIN_METRICS_BIND) and report the address;
+  // "" = ranks serve no metrics.
+  std::string rank_metrics_bind;
 };
 
 // Bounds on what a client may send.
@@ -106,6 +109,17 @@ class Coordinator {
 
   const CoordinatorOptions& options() const { return options_; }
 
+  // A live rank's metrics endpoint, for Prometheus service discovery.
+  struct RankEndpoint {
+    std::string job_id, job_name, address;
+    int rank = 0, attempt = 0;
+  };
+  std::vector<RankEndpoint> Endpoints() const;
+  // Jobs per state name, every state listed (zero included).
+  std::map<std::string, int> JobCounts() const;
+  // Attempts beyond each job's first, over all jobs.
+  int64_t Restarts() const;
+
  private:
   // What only a live ptcoord knows about a running attempt.
   struct Running {
@@ -115,6 +129,7 @@ class Coordinator {
         kill_at;                     // SIGKILL deadline once SIGTERM went out
     std::string kill_reason;         // "hang at step N ..." when we killed it
     std::optional<int> leader_exit;  // the wrapper's exit code once it ended
+    std::map<int, std::string> endpoints;  // rank -> host:port of /metrics
   };
   struct Entry {
     JobRecord record;

@@ -89,6 +89,8 @@ std::vector<std::string> AttemptCommand(const LaunchRequest& r,
       "PTRAIN_ATTEMPT",
       "-x",
       "OMP_NUM_THREADS",
+      "-x",
+      "PTRAIN_METRICS_BIND",
       r.ptworker,
       "--config",
       (fs::path(r.job_dir) / "spec.yaml").string(),
@@ -123,6 +125,7 @@ absl::StatusOr<Launched> LaunchAttempt(const LaunchRequest& r) {
   env["OMP_NUM_THREADS"] =
       absl::StrCat(std::max(1, r.cores / std::max(1, r.world_size)));
   env["OMPI_MCA_mpi_yield_when_idle"] = "1";
+  env["PTRAIN_METRICS_BIND"] = r.rank_metrics_bind;
   std::vector<std::string> env_strings;
   for (const auto& [k, v] : env) env_strings.push_back(absl::StrCat(k, "=", v));
 

@@ -27,6 +27,8 @@ struct LaunchRequest {
   std::string ptworker;
   std::string work_dir;     // the ranks' working directory
   bool resume_flag = true;  // pass --resume-from latest
+  // PTRAIN_METRICS_BIND for every rank ("" = ranks serve no metrics).
+  std::string rank_metrics_bind;
 };
 
 struct Launched {

@@ -18,6 +18,7 @@
 #include "common/logging.h"
 #include "coordinator/auth.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/http.h"
 #include "coordinator/service.h"
 #include "spdlog/spdlog.h"
 
@@ -88,6 +89,10 @@ int Run(int argc, char** argv) {
   app.add_option("--cancel-grace-s", grace_s, "SIGTERM to SIGKILL delay")
       ->check(CLI::Range(0.0, 3600.0));
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  std::string metrics_listen;
+  app.add_option("--metrics-listen", metrics_listen,
+                 "serve Prometheus /metrics and /sd (rank discovery) on "
+                 "HOST:PORT; ranks then serve their own /metrics");
   CLI11_PARSE(app, argc, argv);
   ptrain::SetupLogging(log_level);
 
@@ -146,6 +151,7 @@ int Run(int argc, char** argv) {
     return 2;
   }
   o.user_tokens = *tokens;
+  if (!metrics_listen.empty()) o.rank_metrics_bind = "0.0.0.0:0";
 
   absl::StatusOr<std::unique_ptr<ptrain::Coordinator>> coordinator =
       ptrain::Coordinator::Create(o);
@@ -168,6 +174,26 @@ int Run(int argc, char** argv) {
   const std::string bound = absl::StrCat(host, ":", server->port);
   c->SetAdvertiseAddress(advertise.empty() ? bound : advertise);
   c->Start();
+  std::unique_ptr<ptrain::CoordinatorHttp> http;
+  if (!metrics_listen.empty()) {
+    auto h = ptrain::CoordinatorHttp::Start(metrics_listen, c.get());
+    if (!h.ok()) {
+      std::fprintf(stderr, "ptcoord: error: %s\n",
+                   std::string(h.status().message()).c_str());
+      return 2;
+    }
+    http = std::move(*h);
+    const std::string metrics_host =
+        metrics_listen.substr(0, metrics_listen.rfind(':'));
+    const std::string metrics_at =
+        absl::StrCat(metrics_host, ":", http->port());
+    std::ofstream(fs::path(o.state_dir) / "metrics_address")
+        << metrics_at << "\n";
+    std::printf(
+        "ptcoord: metrics and rank discovery on http://%s/metrics, "
+        "/sd\n",
+        metrics_at.c_str());
+  }
   std::ofstream(fs::path(o.state_dir) / "address") << bound << "\n";
   std::printf("ptcoord: listening on %s\n", bound.c_str());
   std::fflush(stdout);

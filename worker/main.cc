@@ -172,9 +172,11 @@ int Run(int argc, char** argv) {
   if (metrics != nullptr) {
     spdlog::warn("rank {} serves metrics on port {}", dims->world_rank(),
                  metrics->port());
-    if (reporter != nullptr) {
-      reporter->ReportEndpoint(std::string(host) + ":" +
-                               std::to_string(metrics->port()));
+        if (reporter != nullptr) {
+      // A wildcard bind is reached through the node's name.
+      std::string at = metrics_bind.substr(0, metrics_bind.rfind(':'));
+      if (at.empty() || at == "0.0.0.0" || at == "[::]") at = host;
+      reporter->ReportEndpoint(at + ":" + std::to_string(metrics->port()));
     }
   }
   const absl::Status done = trainer->Run();

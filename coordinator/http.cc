@@ -1,0 +1,102 @@
+#include "coordinator/http.h"
+
+#include <CivetServer.h>
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <functional>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace ptrain {
+
+// Serves one page from a function producing its body.
+class CoordinatorHttp::Handler : public CivetHandler {
+ public:
+  Handler(std::string content_type, std::function<std::string()> body)
+      : content_type_(std::move(content_type)), body_(std::move(body)) {}
+  bool handleGet(CivetServer*, mg_connection* conn) override {
+    const std::string body = body_();
+    mg_printf(conn,
+              "HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: "
+              "%zu\r\nConnection: close\r\n\r\n",
+              content_type_.c_str(), body.size());
+    mg_write(conn, body.data(), body.size());
+    return true;
+  }
+
+ private:
+  const std::string content_type_;
+  const std::function<std::string()> body_;
+};
+
+std::string CoordinatorHttp::MetricsText(const Coordinator& c) {
+  // Built per scrape from the coordinator's state: nothing to keep in sync.
+  prometheus::Registry registry;
+  auto& jobs = prometheus::BuildGauge()
+                   .Name("ptrain_jobs")
+                   .Help("Jobs known to this coordinator, by state.")
+                   .Register(registry);
+  for (const auto& [state, n] : c.JobCounts()) {
+    jobs.Add({{"state", state}}).Set(n);
+  }
+  prometheus::BuildCounter()
+      .Name("ptrain_job_restarts_total")
+      .Help("Attempts started after a job's first, over all jobs.")
+      .Register(registry)
+      .Add({})
+      .Increment(static_cast<double>(c.Restarts()));
+  // One machine: ptcoord itself runs the jobs (--local-slots).
+  prometheus::BuildGauge()
+      .Name("ptrain_nodes")
+      .Help("Nodes by state.")
+      .Register(registry)
+      .Add({{"state", "ready"}})
+      .Set(1);
+  return prometheus::TextSerializer().Serialize(registry.Collect());
+}
+
+std::string CoordinatorHttp::ServiceDiscoveryJson(const Coordinator& c) {
+  nlohmann::json targets = nlohmann::json::array();
+  for (const Coordinator::RankEndpoint& e : c.Endpoints()) {
+    targets.push_back({{"targets", {e.address}},
+                       {"labels",
+                        {{"ptrain_job_id", e.job_id},
+                         {"ptrain_job", e.job_name},
+                         {"ptrain_rank", std::to_string(e.rank)},
+                         {"ptrain_attempt", std::to_string(e.attempt)}}}});
+  }
+  return targets.dump();
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorHttp>> CoordinatorHttp::Start(
+    const std::string& listen, Coordinator* c) {
+  std::unique_ptr<CoordinatorHttp> h(new CoordinatorHttp());
+  // civetweb wants host:port as "127.0.0.1:8080"; "0.0.0.0" binds all.
+  try {
+    h->server_ = std::make_unique<CivetServer>(std::vector<std::string>{
+        "listening_ports", listen, "num_threads", "4"});
+  } catch (const CivetException& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-listen ", listen, ": ", e.what()));
+  }
+  h->metrics_ = std::make_unique<Handler>("text/plain; version=0.0.4",
+                                          [c] { return MetricsText(*c); });
+  h->sd_ = std::make_unique<Handler>("application/json",
+                                     [c] { return ServiceDiscoveryJson(*c); });
+  h->server_->addHandler("/metrics", h->metrics_.get());
+  h->server_->addHandler("/sd", h->sd_.get());
+  const auto ports = h->server_->getListeningPorts();
+  h->port_ = ports.empty() ? 0 : ports.front();
+  return h;
+}
+
+CoordinatorHttp::~CoordinatorHttp() {
+  if (server_ != nullptr) server_->close();
+}
+
+}  // namespace ptrain

@@ -1,0 +1,95 @@
+#!/usr/bin/python3
+"""Prometheus finds a job's ranks through ptcoord: with --metrics-listen,
+ptcoord's /sd lists every live rank's /metrics endpoint (http_sd_configs
+format) and its own /metrics counts jobs by state; each listed endpoint
+serves that rank's series.
+
+    metrics_discovery_test.py PTCOORD PTCTL SOURCE_DIR
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+
+def get(url):
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.read().decode()
+
+
+def wait_for(pred, seconds, what):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+def main():
+    ptcoord, ptctl, src = sys.argv[1:4]
+    tmp = tempfile.mkdtemp(prefix="ptrain_sd_")
+    with open(os.path.join(tmp, "tokens"), "w") as f:
+        f.write("sd-test-token\n")
+    os.makedirs(os.path.join(tmp, "ck"))
+    coord = subprocess.Popen(
+        [ptcoord, "--listen", "127.0.0.1:0", "--state-dir", f"{tmp}/state",
+         "--local-slots", "2", "--token-file", f"{tmp}/tokens",
+         "--data-root", os.path.join(src, "data"), "--data-root", f"{tmp}/ck",
+         "--metrics-listen", "127.0.0.1:0", "--log-level", "warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checks = []
+    try:
+        read = lambda name: (open(f"{tmp}/state/{name}").read().strip()
+                             if os.path.exists(f"{tmp}/state/{name}") else "")
+        server = wait_for(lambda: read("address"), 30, "ptcoord's address")
+        metrics = wait_for(lambda: read("metrics_address"), 30, "metrics")
+        env = dict(os.environ, PTCTL_SERVER=server, PTCTL_TOKEN="sd-test-token")
+        job = subprocess.run(
+            [ptctl, "submit", os.path.join(src, "examples/shakespeare-char.yaml"),
+             "--set", "parallel.dp=2", "--set", "train.steps=100000",
+             "--set", "model.n_layer=1", "--set", "model.n_embd=32",
+             "--set", f"checkpoint.dir={tmp}/ck"],
+            env=env, capture_output=True, text=True, check=True).stdout.split()[0]
+
+        def two_targets():
+            sd = json.loads(get(f"http://{metrics}/sd"))
+            return sd if len(sd) == 2 else None
+        sd = wait_for(two_targets, 60, "two ranks in /sd")
+        ranks = sorted(t["labels"]["ptrain_rank"] for t in sd)
+        checks.append(("sd lists ranks 0 and 1", ranks == ["0", "1"]))
+        checks.append(("sd labels name the job",
+                       all(t["labels"]["ptrain_job_id"] == job for t in sd)))
+        for t in sd:
+            page = get(f"http://{t['targets'][0]}/metrics")
+            rank = t["labels"]["ptrain_rank"]
+            checks.append((f"rank {rank} endpoint serves its series",
+                           f'ptrain_step{{' in page and f'rank="{rank}"' in page))
+        page = get(f"http://{metrics}/metrics")
+        checks.append(("coordinator counts the running job",
+                       'ptrain_jobs{state="RUNNING"} 1' in page))
+        subprocess.run([ptctl, "cancel", job], env=env, check=True,
+                       capture_output=True)
+        wait_for(lambda: json.loads(get(f"http://{metrics}/sd")) == [], 60,
+                 "an empty /sd after cancel")
+        checks.append(("cancelled ranks leave /sd", True))
+    finally:
+        coord.terminate()
+        coord.wait()
+        # A leftover attempt (on failure) must not outlive the test.
+        subprocess.run(["pkill", "-f", f"{tmp}/state"], check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+    for name, ok in checks:
+        print(("ok   " if ok else "FAIL ") + name)
+    failed = sum(1 for _, ok in checks if not ok)
+    print(f"{len(checks) - failed} passed, {failed} failed")
+    return 1 if failed or not checks else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
