@@ -5,6 +5,7 @@
 //
 //   build/bench/engine_throughput [--steps N] [--config S|M|both]
 #include <cblas.h>
+#include <malloc.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -58,6 +59,8 @@ int64_t AnalyticBytes(const Config& c, int V, int64_t n_params,
 }
 
 void RunConfig(const Config& c, double peak) {
+  // Freed heap kept by malloc would be reused silently and hide growth.
+  malloc_trim(0);
   const int64_t rss0 = ProcStatusBytes("VmRSS");
   auto spec = ptrain::LoadJobSpecFile(
       "examples/shakespeare-char.yaml",
@@ -90,7 +93,11 @@ void RunConfig(const Config& c, double peak) {
   const double mean = total / c.steps;
   const double tokens = static_cast<double>(c.B) * c.T;
   const double flops = tr.flops_per_step();
+  malloc_trim(0);  // drop the data loader's freed temporaries
   const int64_t rss1 = ProcStatusBytes("VmRSS");
+  // The token arrays are data, not training state.
+  const int64_t data_bytes = static_cast<int64_t>(
+      (tr.data().train.size() + tr.data().val.size()) * sizeof(uint16_t));
   std::printf(
       "config %s (L%d H%d C%d T%d B%d, %lld params): %.1f ms/step (best "
       "%.1f), %.0f tok/s, %.1f GFLOP/s, MFU %.1f%% of sgemm peak\n",
@@ -109,9 +116,10 @@ void RunConfig(const Config& c, double peak) {
       analytic_acts / 1e6);
   std::printf(
       "  memory: analytic %.2f MB, engine buffers %.2f MB (ratio %.3f), "
-      "resident growth %.2f MB (ratio %.3f)\n",
+      "resident growth less %.2f MB of tokens %.2f MB (ratio %.3f)\n",
       analytic / 1e6, buffers / 1e6, double(buffers) / analytic,
-      (rss1 - rss0) / 1e6, double(rss1 - rss0) / analytic);
+      data_bytes / 1e6, (rss1 - rss0 - data_bytes) / 1e6,
+      double(rss1 - rss0 - data_bytes) / analytic);
 }
 
 // The same 2048^3 product through OpenBLAS, to justify the library choice.
