@@ -39,6 +39,11 @@ std::string StateName(v1::JobState s) {
 
 namespace {
 
+// What every lookup of a job id answers when there is no such job.
+absl::Status UnknownJob(const std::string& id) {
+  return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+}
+
 int WorldSize(const v1::JobSpec& spec) {
   return spec.parallel().dp() * spec.parallel().tp() * spec.parallel().pp();
 }
@@ -259,8 +264,7 @@ absl::StatusOr<v1::GetJobResponse> Coordinator::Get(const std::string& id,
   {
     absl::MutexLock lock(&mu_);
     Entry* e = Find(id);
-    if (e == nullptr)
-      return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+    if (e == nullptr) return UnknownJob(id);
     *out.mutable_job() = e->record.job;
   }
   absl::StatusOr<std::vector<v1::Attempt>> attempts = store_->ListAttempts(id);
@@ -307,8 +311,7 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& id) {
   if (id.empty()) return absl::InvalidArgumentError("job_id is empty");
   absl::MutexLock lock(&mu_);
   Entry* e = Find(id);
-  if (e == nullptr)
-    return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  if (e == nullptr) return UnknownJob(id);
   v1::Job& job = e->record.job;
   if (IsFinal(job.state()) || job.cancel_requested()) return job;  // idempotent
   job.set_cancel_requested(true);
@@ -331,8 +334,7 @@ absl::StatusOr<std::vector<v1::Checkpoint>> Coordinator::Checkpoints(
   {
     absl::MutexLock lock(&mu_);
     Entry* e = Find(id);
-    if (e == nullptr)
-      return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+    if (e == nullptr) return UnknownJob(id);
     dir = e->record.job.spec().checkpoint().dir();
   }
   absl::StatusOr<std::vector<v1::Checkpoint>> reported =
@@ -369,8 +371,7 @@ absl::StatusOr<Coordinator::Snapshot> Coordinator::WaitForChange(
   absl::MutexLock lock(&mu_);
   while (true) {
     Entry* e = Find(id);
-    if (e == nullptr)
-      return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+    if (e == nullptr) return UnknownJob(id);
     if (e->version > seen || absl::Now() >= deadline || stop_) {
       return Snapshot{e->record.job, e->version, e->message};
     }
@@ -386,8 +387,7 @@ absl::StatusOr<Coordinator::LogSource> Coordinator::Logs(const std::string& id,
         absl::StrCat("attempt=", attempt, " < 0"));
   absl::MutexLock lock(&mu_);
   Entry* e = Find(id);
-  if (e == nullptr)
-    return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  if (e == nullptr) return UnknownJob(id);
   const int latest = e->record.job.attempts();
   if (latest == 0)
     return absl::NotFoundError(absl::StrCat(id, " has not started yet"));
@@ -405,8 +405,7 @@ absl::Status Coordinator::ReportProgress(const v1::ReportProgressRequest& r) {
     return absl::InvalidArgumentError(absl::StrCat("step=", r.step(), " < 0"));
   absl::MutexLock lock(&mu_);
   Entry* e = Find(r.job_id());
-  if (e == nullptr)
-    return absl::NotFoundError(absl::StrCat("no job '", r.job_id(), "'"));
+  if (e == nullptr) return UnknownJob(r.job_id());
   v1::Job& job = e->record.job;
   if (r.attempt() != job.attempts() || job.state() != v1::JOB_STATE_RUNNING) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -440,8 +439,7 @@ absl::Status Coordinator::ReportCheckpoint(
     return absl::InvalidArgumentError(absl::StrCat("step=", r.step(), " < 0"));
   absl::MutexLock lock(&mu_);
   Entry* e = Find(r.job_id());
-  if (e == nullptr)
-    return absl::NotFoundError(absl::StrCat("no job '", r.job_id(), "'"));
+  if (e == nullptr) return UnknownJob(r.job_id());
   v1::Checkpoint c;
   c.set_step(r.step());
   c.set_dir(r.dir());
@@ -460,8 +458,7 @@ absl::Status Coordinator::ReportEndpoint(const v1::ReportEndpointRequest& r) {
     return absl::InvalidArgumentError(absl::StrCat("rank=", r.rank(), " < 0"));
   absl::MutexLock lock(&mu_);
   Entry* e = Find(r.job_id());
-  if (e == nullptr)
-    return absl::NotFoundError(absl::StrCat("no job '", r.job_id(), "'"));
+  if (e == nullptr) return UnknownJob(r.job_id());
   // Only the current attempt's ranks are live endpoints.
   auto run = running_.find(r.job_id());
   if (run != running_.end() && r.attempt() == e->record.job.attempts()) {
