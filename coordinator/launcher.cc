@@ -166,10 +166,8 @@ absl::StatusOr<Launched> LaunchAttempt(const LaunchRequest& r) {
   return Launched{pid, attempt_dir};
 }
 
-std::vector<pid_t> AttemptProcesses(const std::string& token) {
+std::vector<pid_t> ProcessesWithEnv(const std::vector<std::string>& vars) {
   std::vector<pid_t> out;
-  if (token.empty()) return out;
-  const std::string needle = absl::StrCat("PTRAIN_JOB_TOKEN=", token);
   std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator("/proc", ec)) {
     int pid = 0;
@@ -177,11 +175,12 @@ std::vector<pid_t> AttemptProcesses(const std::string& token) {
     std::ifstream env(e.path() / "environ");
     std::string text((std::istreambuf_iterator<char>(env)),
                      std::istreambuf_iterator<char>());
-    bool found = false;
-    for (absl::string_view var : absl::StrSplit(text, '\0')) {
-      if (var == needle) found = true;
+    const std::vector<absl::string_view> have = absl::StrSplit(text, '\0');
+    bool all = true;
+    for (const std::string& v : vars) {
+      all = all && std::find(have.begin(), have.end(), v) != have.end();
     }
-    if (!found) continue;
+    if (!all) continue;
     std::ifstream stat(e.path() / "stat");
     std::string st((std::istreambuf_iterator<char>(stat)),
                    std::istreambuf_iterator<char>());
@@ -192,6 +191,11 @@ std::vector<pid_t> AttemptProcesses(const std::string& token) {
     out.push_back(pid);
   }
   return out;
+}
+
+std::vector<pid_t> AttemptProcesses(const std::string& token) {
+  if (token.empty()) return {};
+  return ProcessesWithEnv({absl::StrCat("PTRAIN_JOB_TOKEN=", token)});
 }
 
 void SignalAttempt(pid_t pgid, const std::string& token, int sig) {

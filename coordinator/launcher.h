@@ -52,6 +52,10 @@ std::vector<std::string> AttemptCommand(const LaunchRequest& r,
 // survives a ptcoord crash). The child leads its own process group.
 absl::StatusOr<Launched> LaunchAttempt(const LaunchRequest& r);
 
+// Live (not zombie) processes whose environment holds every "NAME=value"
+// entry of `vars`.
+std::vector<pid_t> ProcessesWithEnv(const std::vector<std::string>& vars);
+
 // Every live (not zombie) process of an attempt: those whose environment
 // holds PTRAIN_JOB_TOKEN=`token`. The token is unique per attempt and
 // inherited by mpirun's ranks even when they leave the process group or

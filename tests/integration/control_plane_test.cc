@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "coordinator/launcher.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -67,33 +68,6 @@ bool WaitFor(const std::function<bool()>& done, int seconds) {
   return done();
 }
 
-// Pids of live processes whose environment holds every `needles` entry.
-std::vector<pid_t> ProcessesWithEnv(const std::vector<std::string>& needles) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/proc", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream env(e.path() / "environ");
-    std::string text((std::istreambuf_iterator<char>(env)),
-                     std::istreambuf_iterator<char>());
-    std::ifstream stat(e.path() / "stat");
-    std::string st((std::istreambuf_iterator<char>(stat)),
-                   std::istreambuf_iterator<char>());
-    const size_t close = st.rfind(')');
-    if (close != std::string::npos && close + 2 < st.size() &&
-        st[close + 2] == 'Z')
-      continue;
-    std::vector<std::string> vars = absl::StrSplit(text, '\0');
-    bool all = true;
-    for (const std::string& n : needles) {
-      all &= std::find(vars.begin(), vars.end(), n) != vars.end();
-    }
-    if (all) out.push_back(std::stoi(name));
-  }
-  return out;
-}
-
 class ControlPlaneTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -113,7 +87,8 @@ class ControlPlaneTest : public ::testing::Test {
       Ptctl("cancel " + j["id"].get<std::string>());
     WaitFor(
         [&] {
-          return ProcessesWithEnv({"PTRAIN_COORDINATOR=" + address_}).empty();
+          return ptrain::ProcessesWithEnv({"PTRAIN_COORDINATOR=" + address_})
+              .empty();
         },
         30);
     StopCoordinator(SIGTERM);
@@ -258,7 +233,7 @@ TEST_F(ControlPlaneTest, CancelRunningJobLeavesNoRankProcess) {
   EXPECT_EQ(c1.rc, 0) << c1.out;
   EXPECT_EQ(c2.rc, 0) << c2.out;  // idempotent
   ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_CANCELLED"; }, 60));
-  EXPECT_TRUE(ProcessesWithEnv(
+  EXPECT_TRUE(ptrain::ProcessesWithEnv(
                   {"PTRAIN_COORDINATOR=" + address_, "PTRAIN_JOB_ID=" + id})
                   .empty());
 }
@@ -354,7 +329,7 @@ TEST_F(ControlPlaneTest, KilledRankResumesFromCheckpointBitIdentical) {
                                          "restart.max_restarts=2"};
   const std::string id = Submit(sets);
   ASSERT_TRUE(WaitFor([&] { return Step(id) >= 25; }, 180)) << Get(id).dump();
-  std::vector<pid_t> ranks = ProcessesWithEnv(
+  std::vector<pid_t> ranks = ptrain::ProcessesWithEnv(
       {"PTRAIN_COORDINATOR=" + address_, "PTRAIN_JOB_ID=" + id});
   // Kill a rank, not mpirun or the wrapper shell: the one named ptworker.
   pid_t victim = 0;
