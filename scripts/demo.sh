@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The control plane in one command: builds when needed, starts ptcoord on a
 # temporary state folder, submits examples/shakespeare-char.yaml (dp=2,
-# ZeRO-1, a few hundred steps) with a live progress bar, prints the sample,
-# stops ptcoord. Exits with the job's outcome (0: SUCCEEDED).
+# ZeRO-1, $PTRAIN_DEMO_STEPS steps, default 300) and watches it live (a
+# progress bar on a terminal, a line per tenth of the run otherwise), prints
+# the sample, stops ptcoord. Exits with the job's outcome (0: SUCCEEDED).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${PT_BUILD_DIR:-build}
-STEPS=${DEMO_STEPS:-300}
+STEPS=${PTRAIN_DEMO_STEPS:-300}
 
 if [[ ! -x $BUILD/coordinator/ptcoord || ! -x $BUILD/ptctl/ptctl || ! -x $BUILD/worker/ptworker ]]; then
   scripts/setup.sh
@@ -19,7 +20,20 @@ mkdir -p "$TMP/checkpoints"
   --token-file "$TMP/tokens" --data-root data --data-root "$TMP/checkpoints" \
   --log-level warn > "$TMP/ptcoord.log" 2>&1 &
 COORD=$!
-trap 'kill "$COORD" 2>/dev/null; wait "$COORD" 2>/dev/null || true' EXIT
+JOB=""
+WATCHED=0
+# Interrupted (Ctrl-C): cancel the job before stopping ptcoord, which would
+# otherwise leave its ranks running for a later ptcoord to re-adopt.
+cleanup() {
+  if [[ -n $JOB && $WATCHED == 0 ]]; then
+    "$BUILD/ptctl/ptctl" cancel "$JOB" >/dev/null 2>&1 &&
+      "$BUILD/ptctl/ptctl" watch "$JOB" >/dev/null 2>&1 || true
+  fi
+  kill "$COORD" 2>/dev/null
+  wait "$COORD" 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 for _ in $(seq 100); do
   [[ -s $TMP/state/address ]] && break
@@ -31,13 +45,14 @@ PTCTL_SERVER=$(cat "$TMP/state/address")
 PTCTL_TOKEN=$(cat "$TMP/tokens")
 echo "demo: ptcoord at $PTCTL_SERVER, state in $TMP"
 
-rc=0
-"$BUILD/ptctl/ptctl" submit examples/shakespeare-char.yaml --watch \
+JOB=$("$BUILD/ptctl/ptctl" submit examples/shakespeare-char.yaml \
   --set parallel.dp=2 --set parallel.zero=1 --set train.steps="$STEPS" \
   --set train.eval_every=100 --set checkpoint.every=100 \
-  --set checkpoint.dir="$TMP/checkpoints" > "$TMP/submit.out" || rc=$?
-cat "$TMP/submit.out"
-JOB=$(head -n 1 "$TMP/submit.out")
+  --set checkpoint.dir="$TMP/checkpoints")
+echo "demo: submitted $JOB ($STEPS steps); watching it"
+rc=0
+"$BUILD/ptctl/ptctl" watch "$JOB" || rc=$?
+WATCHED=1
 
 # The sample is the last "sample" record of the final attempt's run log.
 LOG=$(ls -d "$TMP"/state/jobs/"$JOB"/attempt-* 2>/dev/null | sort -V | tail -n 1)/run.jsonl

@@ -1,21 +1,48 @@
 #!/usr/bin/env bash
-# Installs every Debian package ptrain needs (when one is missing) and builds
+# Installs the Debian packages ptrain needs (only those missing) and builds
 # Release into build/. Safe to re-run: installed packages are skipped and the
 # build is incremental.
+#
+#   scripts/setup.sh           what building and running ptrain needs
+#   scripts/setup.sh --tests   also what the tests and benchmarks need
+#                              (GoogleTest, PyTorch for the reference model,
+#                              a Prometheus server), and builds them
+#
+# Every package is named: nothing is left to apt's recommendations, so a
+# minimal Debian 12 (debootstrap --variant=minbase) gets everything it needs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+start=$SECONDS
 
+tests=0
+for arg in "$@"; do
+  case $arg in
+    --tests) tests=1 ;;
+    *) echo "setup: unknown argument '$arg' (use --tests or nothing)" >&2; exit 2 ;;
+  esac
+done
+
+# Building and running: compiler and build tools, gRPC + protobuf, OpenMPI,
+# the libraries, and oneDNN with the OpenCL headers its CMake config requires
+# (libdnnl-dev only recommends them). python3 prints the demo's sample.
 PACKAGES=(
-  build-essential cmake pkg-config git
+  build-essential cmake pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libopenmpi-dev openmpi-bin
   prometheus-cpp-dev libspdlog-dev libyaml-cpp-dev libsqlite3-dev libcli11-dev
   nlohmann-json3-dev libxxhash-dev
-  libdnnl-dev libopenblas-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-numpy python3-torch
+  libdnnl-dev ocl-icd-opencl-dev libopenblas-dev
+  python3
+)
+# Only for tests and benchmarks: GoogleTest; PyTorch computes the reference
+# model during the test run; a real Prometheus scrapes ranks in integration
+# tests.
+TEST_PACKAGES=(
+  libgtest-dev
+  python3-numpy python3-torch
   prometheus
 )
+if ((tests)); then PACKAGES+=("${TEST_PACKAGES[@]}"); fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -30,6 +57,13 @@ if ((${#missing[@]})); then
   $SUDO apt-get update
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
 fi
+packages_s=$((SECONDS - start))
 
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${PT_CMAKE_ARGS:-}
+# Tests and benchmarks are built only when asked for (they need GoogleTest);
+# a later plain run keeps whatever the build folder was configured with.
+cmake_args=(-DCMAKE_BUILD_TYPE=Release)
+if ((tests)); then cmake_args+=(-DPT_BUILD_TESTS=ON -DPT_BUILD_BENCH=ON); fi
+# shellcheck disable=SC2086  # PT_CMAKE_ARGS is a list of words by design
+cmake -S . -B build "${cmake_args[@]}" ${PT_CMAKE_ARGS:-}
 cmake --build build -j"$(nproc)"
+echo "setup: done in $((SECONDS - start)) s (packages ${packages_s} s, build $((SECONDS - start - packages_s)) s)"

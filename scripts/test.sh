@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# The test command (README, CI): sets up and builds when needed, then runs
-# every ctest label that can run without a GPU.
+# The test command (README, CI): installs what the tests need and builds
+# them (scripts/setup.sh --tests), then runs every ctest label that can run
+# without a GPU. Extra arguments go to ctest (e.g. -L unit, -R spec).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --tests
 cd build
+start=$SECONDS
+rc=0
 # Tests run one at a time: each already uses every core through OpenMP.
-ctest --output-on-failure --label-exclude gpu "$@"
+ctest --output-on-failure --label-exclude gpu "$@" || rc=$?
+echo "test: ctest took $((SECONDS - start)) s"
+exit "$rc"

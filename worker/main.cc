@@ -15,6 +15,7 @@
 
 #include "CLI/CLI.hpp"
 #include "common/logging.h"
+#include "common/net.h"
 #include "common/spec.h"
 #include "spdlog/spdlog.h"
 #include "worker/engine/parallel_dims.h"
@@ -106,6 +107,13 @@ int Run(int argc, char** argv) {
                  "serve Prometheus /metrics on ADDR:PORT (port 0: any free "
                  "port); default $PTRAIN_METRICS_BIND, else off")
       ->envname("PTRAIN_METRICS_BIND");
+  std::string advertise_host;
+  app.add_option("--advertise-host", advertise_host,
+                 "host or address under which a wildcard --metrics-bind is "
+                 "advertised to the coordinator (default: the address of "
+                 "the interface that reaches the coordinator); default "
+                 "$PTRAIN_ADVERTISE_HOST")
+      ->envname("PTRAIN_ADVERTISE_HOST");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -172,11 +180,12 @@ int Run(int argc, char** argv) {
   if (metrics != nullptr) {
     spdlog::warn("rank {} serves metrics on port {}", dims->world_rank(),
                  metrics->port());
-        if (reporter != nullptr) {
-      // A wildcard bind is reached through the node's name.
-      std::string at = metrics_bind.substr(0, metrics_bind.rfind(':'));
-      if (at.empty() || at == "0.0.0.0" || at == "[::]") at = host;
-      reporter->ReportEndpoint(at + ":" + std::to_string(metrics->port()));
+    if (reporter != nullptr) {
+      // Others must reach the address: see AdvertiseHost for the rule.
+      const std::string at = ptrain::AdvertiseHost(
+          metrics_bind, advertise_host, reporter->coordinator_address(), host);
+      reporter->ReportEndpoint(
+          ptrain::JoinHostPort(at, std::to_string(metrics->port())));
     }
   }
   const absl::Status done = trainer->Run();

@@ -80,7 +80,8 @@ ProgressReporter::FromEnvironment() {
 
 ProgressReporter::ProgressReporter(std::string address, std::string job_id,
                                    std::string token, int attempt, int rank)
-    : job_id_(std::move(job_id)),
+    : address_(address),
+      job_id_(std::move(job_id)),
       token_(std::move(token)),
       attempt_(attempt),
       rank_(rank),

@@ -45,6 +45,9 @@ class ProgressReporter {
 
   static constexpr size_t kMaxQueued = 4096;
 
+  // PTRAIN_COORDINATOR: host:port of the coordinator.
+  const std::string& coordinator_address() const { return address_; }
+
   // Counters for tests and the exit log line.
   int64_t sent() const;
   int64_t failed() const;
@@ -64,6 +67,7 @@ class ProgressReporter {
                    int attempt, int rank);
   void Loop();
 
+  const std::string address_;
   const std::string job_id_;
   const std::string token_;
   const int attempt_;

@@ -2,13 +2,18 @@
 """Prometheus finds a job's ranks through ptcoord: with --metrics-listen,
 ptcoord's /sd lists every live rank's /metrics endpoint (http_sd_configs
 format) and its own /metrics counts jobs by state; each listed endpoint
-serves that rank's series.
+serves that rank's series. Endpoints are advertised under an address
+others can dial, not the host name: as root the test runs in a UTS
+namespace whose host name resolves nowhere (as in many containers), and
+the endpoints must still be scraped.
 
     metrics_discovery_test.py PTCOORD PTCTL SOURCE_DIR
 """
 import json
 import os
+import ipaddress
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -31,8 +36,33 @@ def wait_for(pred, seconds, what):
     raise SystemExit(f"timed out waiting for {what}")
 
 
+UNRESOLVABLE = "ptrain-no-such-node.invalid"
+
+
+def unresolvable_host_name():
+    """Re-runs this script in a UTS namespace named UNRESOLVABLE when it can
+    (root); returns whether the host name is now unresolvable."""
+    if os.environ.get("PTRAIN_SD_TEST_UTS") == "1":
+        socket.sethostname(UNRESOLVABLE)
+        return True
+    if os.geteuid() == 0 and shutil.which("unshare"):
+        os.environ["PTRAIN_SD_TEST_UTS"] = "1"
+        os.execvp("unshare", ["unshare", "--uts", sys.executable] + sys.argv)
+    print("note: not root; the host name is left as it is")
+    return False
+
+
+def resolves(name):
+    try:
+        socket.getaddrinfo(name, None)
+        return True
+    except OSError:
+        return False
+
+
 def main():
     ptcoord, ptctl, src = sys.argv[1:4]
+    renamed = unresolvable_host_name()
     tmp = tempfile.mkdtemp(prefix="ptrain_sd_")
     with open(os.path.join(tmp, "tokens"), "w") as f:
         f.write("sd-test-token\n")
@@ -44,6 +74,9 @@ def main():
          "--metrics-listen", "127.0.0.1:0", "--log-level", "warn"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     checks = []
+    if renamed:
+        checks.append(("the host name resolves nowhere (precondition)",
+                       not resolves(socket.gethostname())))
     try:
         read = lambda name: (open(f"{tmp}/state/{name}").read().strip()
                              if os.path.exists(f"{tmp}/state/{name}") else "")
@@ -66,6 +99,14 @@ def main():
         checks.append(("sd labels name the job",
                        all(t["labels"]["ptrain_job_id"] == job for t in sd)))
         for t in sd:
+            host = t["targets"][0].rsplit(":", 1)[0].strip("[]")
+            try:
+                ipaddress.ip_address(host)
+                numeric = True
+            except ValueError:
+                numeric = False
+            checks.append((f"rank {t['labels']['ptrain_rank']} is advertised "
+                           f"under an address ({host})", numeric))
             page = get(f"http://{t['targets'][0]}/metrics")
             rank = t["labels"]["ptrain_rank"]
             checks.append((f"rank {rank} endpoint serves its series",

@@ -1,0 +1,44 @@
+// Network addresses as ranks advertise them: which local address other
+// machines can reach. Not a socket library: only name resolution and the
+// kernel's routing decision, no traffic.
+#ifndef PTRAIN_COMMON_NET_H_
+#define PTRAIN_COMMON_NET_H_
+
+#include <string>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace ptrain {
+
+// Splits "host:port", "[v6]:port" into host (without brackets) and port.
+// InvalidArgument when there is no port.
+absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(
+    absl::string_view host_port);
+
+// "host:port", bracketing an IPv6 literal.
+std::string JoinHostPort(absl::string_view host, absl::string_view port);
+
+// The numeric address of this machine's interface that the kernel would use
+// to reach `host_port` (a name or an address): a UDP socket is connected,
+// which sends nothing, and asked for its local address. Unavailable when the
+// host does not resolve or no route leads there.
+absl::StatusOr<std::string> LocalAddressToward(absl::string_view host_port);
+
+// True for "", "0.0.0.0", "::" and "[::]": a bind address that says "every
+// interface" and so names none that others could dial.
+bool IsWildcardHost(absl::string_view host);
+
+// The host under which a server bound to `bind` (host:port) is advertised:
+// `explicit_host` when set; else the bind host when it names one interface;
+// else the local address toward `peer` (host:port of whoever must reach
+// us, e.g. the coordinator); else `fallback` (the node's name). Why each
+// was chosen is not reported: the rule is documented in docs/metrics.md.
+std::string AdvertiseHost(absl::string_view bind,
+                          absl::string_view explicit_host,
+                          absl::string_view peer, absl::string_view fallback);
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_COMMON_NET_H_
