@@ -8,8 +8,10 @@
 #include <google/protobuf/message.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -18,6 +20,7 @@
 #include <initializer_list>
 #include <limits>
 #include <set>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,10 +43,6 @@ using google::protobuf::EnumValueDescriptor;
 using google::protobuf::FieldDescriptor;
 using google::protobuf::Message;
 using google::protobuf::Reflection;
-
-// A job spec is a page of YAML; anything this large is a wrong file, and
-// refusing it keeps a stray path from pulling gigabytes into ptcoord.
-constexpr size_t kMaxSpecBytes = size_t{1} << 20;
 
 // Debian's abseil keeps its own string_view type; the header speaks std.
 absl::string_view ToAbsl(std::string_view s) { return {s.data(), s.size()}; }
@@ -383,6 +382,46 @@ absl::Status MapOntoMessage(const YAML::Node& node, Message* msg,
 // Validation. Messages name each field as `section.field=value` so the user
 // can find it in the file or in a --set.
 
+// Counts the documents of `text`, stopping at two. yaml-cpp 0.7's LoadAll
+// loops forever, allocating, on input such as a leading ',': its parser
+// keeps reporting an empty document without consuming anything. Here a
+// document that starts where the previous one did is that case, and the
+// text is malformed.
+absl::StatusOr<int> CountDocuments(const std::string& text) {
+  struct Starts : YAML::EventHandler {
+    std::vector<YAML::Mark> marks;
+    void OnDocumentStart(const YAML::Mark& m) override { marks.push_back(m); }
+    void OnDocumentEnd() override {}
+    void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  const std::string&) override {}
+    void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                         YAML::EmitterStyle::value) override {}
+    void OnSequenceEnd() override {}
+    void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                    YAML::EmitterStyle::value) override {}
+    void OnMapEnd() override {}
+  } starts;
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  int n = 0;
+  while (n < 2 && parser.HandleNextDocument(starts)) {
+    ++n;
+    if (n == 2 && starts.marks.size() == 2 &&
+        starts.marks[0].pos == starts.marks[1].pos) {
+      const YAML::Mark& at = starts.marks[1];
+      const char c = at.pos >= 0 && static_cast<size_t>(at.pos) < text.size()
+                         ? text[at.pos]
+                         : ' ';
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "malformed YAML at line %d, column %d: unexpected %s", at.line + 1,
+          at.column + 1, Quote(absl::string_view(&c, 1))));
+    }
+  }
+  return n;
+}
+
 absl::Status Error(auto&&... parts) {
   return absl::InvalidArgumentError(absl::StrCat(parts...));
 }
@@ -391,6 +430,15 @@ template <typename T>
 absl::Status AtLeast(absl::string_view field, T value, T min) {
   if (value >= min) return absl::OkStatus();
   return Error(field, "=", value, " must be >= ", min);
+}
+
+// Upper bounds keep every product the engine forms from these fields (bytes
+// of a tensor, tokens of a run) inside 64 bits; what fits the machine's
+// memory is checked where the machine is known (the ranks).
+template <typename T>
+absl::Status InRange(absl::string_view field, T value, T min, T max) {
+  if (value >= min && value <= max) return absl::OkStatus();
+  return Error(field, "=", value, " must be between ", min, " and ", max);
 }
 
 absl::Status Positive(absl::string_view field, double value) {
@@ -439,6 +487,38 @@ absl::Status CheckFinite(const Message& msg, absl::string_view section) {
   return absl::OkStatus();
 }
 
+// Every text field, in every section: UTF-8 (protobuf's wire format and
+// every client expect it) and of a length a path or a prompt can have.
+absl::Status CheckStrings(const Message& msg, absl::string_view section) {
+  constexpr size_t kMaxStringBytes = 64 << 10;
+  const Descriptor* desc = msg.GetDescriptor();
+  const Reflection* refl = msg.GetReflection();
+  for (int i = 0; i < desc->field_count(); ++i) {
+    const FieldDescriptor* f = desc->field(i);
+    const std::string field = JoinPath(section, f->name());
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE &&
+        !f->is_repeated()) {
+      if (absl::Status s = CheckStrings(refl->GetMessage(msg, f), field);
+          !s.ok()) {
+        return s;
+      }
+      continue;
+    }
+    if (f->cpp_type() != FieldDescriptor::CPPTYPE_STRING || f->is_repeated()) {
+      continue;
+    }
+    const std::string value = refl->GetString(msg, f);
+    if (const int64_t bad = FirstInvalidUtf8(value); bad >= 0) {
+      return Error(field, " is not UTF-8 (byte ", bad, ")");
+    }
+    if (value.size() > kMaxStringBytes) {
+      return Error(field, " is ", value.size(), " bytes long; at most ",
+                   kMaxStringBytes);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateName(const v1::JobSpec& spec) {
   constexpr size_t kMaxNameLength = 63;  // fits a DNS label and a file name
   const std::string& name = spec.name();
@@ -463,11 +543,11 @@ absl::Status ValidateModel(const v1::JobSpec& spec) {
   if (absl::Status s = First({
           CheckFinite(m, "model"),
           OneOf("model.arch", m.arch(), {"gpt"}),
-          AtLeast("model.n_layer", m.n_layer(), 1),
-          AtLeast("model.n_head", m.n_head(), 1),
-          AtLeast("model.n_embd", m.n_embd(), 1),
-          AtLeast("model.block_size", m.block_size(), 1),
-          AtLeast("model.vocab_size", m.vocab_size(), 0),
+          InRange("model.n_layer", m.n_layer(), 1, 1 << 12),
+          InRange("model.n_head", m.n_head(), 1, 1 << 12),
+          InRange("model.n_embd", m.n_embd(), 1, 1 << 17),
+          InRange("model.block_size", m.block_size(), 1, 1 << 20),
+          InRange("model.vocab_size", m.vocab_size(), 0, 1 << 24),
       });
       !s.ok()) {
     return s;
@@ -531,21 +611,27 @@ absl::Status ValidateParallel(const v1::JobSpec& spec) {
   const v1::ModelSpec& m = spec.model();
   if (absl::Status s = First({
           CheckFinite(p, "parallel"),
-          AtLeast("parallel.dp", p.dp(), 1),
-          AtLeast("parallel.tp", p.tp(), 1),
-          AtLeast("parallel.pp", p.pp(), 1),
+          InRange<int64_t>("parallel.dp", p.dp(), 1, kMaxDegree),
+          InRange<int64_t>("parallel.tp", p.tp(), 1, kMaxDegree),
+          InRange<int64_t>("parallel.pp", p.pp(), 1, kMaxDegree),
       });
       !s.ok()) {
     return s;
+  }
+  if (const int64_t world = JobWorldSize(spec); world > kMaxWorldSize) {
+    return Error("parallel.dp × parallel.tp × parallel.pp = ", p.dp(), " × ",
+                 p.tp(), " × ", p.pp(), " = ", world, " ranks; at most ",
+                 kMaxWorldSize);
   }
   if (p.zero() < 0 || p.zero() > 3) {
     return Error("parallel.zero=", p.zero(),
                  " must be between 0 and 3 (a ZeRO stage)");
   }
   if (absl::Status s = First({
-          AtLeast("parallel.microbatches", p.microbatches(), 1),
+          InRange("parallel.microbatches", p.microbatches(), 1, 1 << 20),
           OneOf("parallel.schedule", p.schedule(), {"1f1b", "gpipe"}),
-          AtLeast<int64_t>("parallel.bucket_bytes", p.bucket_bytes(), 1),
+          InRange<int64_t>("parallel.bucket_bytes", p.bucket_bytes(), 1,
+                           int64_t{1} << 40),
       });
       !s.ok()) {
     return s;
@@ -580,11 +666,21 @@ absl::Status ValidateTrain(const v1::JobSpec& spec) {
   const v1::ParallelSpec& p = spec.parallel();
   if (absl::Status s = First({
           CheckFinite(t, "train"),
-          AtLeast<int64_t>("train.steps", t.steps(), 1),
-          AtLeast("train.global_batch", t.global_batch(), 1),
+          InRange<int64_t>("train.steps", t.steps(), 1, int64_t{1} << 40),
+          InRange("train.global_batch", t.global_batch(), 1, 1 << 24),
       });
       !s.ok()) {
     return s;
+  }
+  // Token counters (tokens seen, the sampler's positions) are int64.
+  constexpr double kMaxRunTokens = 0x1p62;
+  const double run_tokens =
+      double(t.steps()) * t.global_batch() * spec.model().block_size();
+  if (run_tokens > kMaxRunTokens) {
+    return Error(
+        "train.steps × train.global_batch × model.block_size = ", t.steps(),
+        " × ", t.global_batch(), " × ", spec.model().block_size(),
+        " tokens is more than a run can count (2^62)");
   }
   // Every dp rank runs the same number of whole microbatches per step.
   const int64_t per_step = int64_t{p.dp()} * p.microbatches();
@@ -603,7 +699,7 @@ absl::Status ValidateTrain(const v1::JobSpec& spec) {
           AtLeast("train.weight_decay", t.weight_decay(), 0.0),
           AtLeast("train.grad_clip", t.grad_clip(), 0.0),
           AtLeast<int64_t>("train.eval_every", t.eval_every(), 0),
-          AtLeast("train.eval_batches", t.eval_batches(), 1),
+          InRange("train.eval_batches", t.eval_batches(), 1, 1 << 20),
           AtLeast<int64_t>("train.sample_every", t.sample_every(), 0),
       });
       !s.ok()) {
@@ -618,9 +714,9 @@ absl::Status ValidateTrain(const v1::JobSpec& spec) {
   }
   return First({
       Positive("train.eps", t.eps()),
-      AtLeast("train.sample_tokens", t.sample_tokens(), 0),
+      InRange("train.sample_tokens", t.sample_tokens(), 0, 1 << 20),
       Positive("train.sample_temperature", t.sample_temperature()),
-      AtLeast("train.sample_top_k", t.sample_top_k(), 0),
+      InRange("train.sample_top_k", t.sample_top_k(), 0, 1 << 24),
       AtLeast("train.log_every", t.log_every(), 1),
   });
 }
@@ -630,7 +726,7 @@ absl::Status ValidateCheckpoint(const v1::JobSpec& spec) {
   if (absl::Status s = First({
           CheckFinite(c, "checkpoint"),
           AtLeast<int64_t>("checkpoint.every", c.every(), 0),
-          AtLeast("checkpoint.keep_last", c.keep_last(), 1),
+          InRange("checkpoint.keep_last", c.keep_last(), 1, 1 << 20),
       });
       !s.ok()) {
     return s;
@@ -647,8 +743,9 @@ absl::Status ValidateResources(const v1::JobSpec& spec) {
   return First({
       CheckFinite(r, "resources"),
       OneOf("resources.device", r.device(), {"cpu", "cuda"}),
-      AtLeast("resources.ranks_per_node", r.ranks_per_node(), 1),
-      AtLeast("resources.threads_per_rank", r.threads_per_rank(), 0),
+      InRange<int64_t>("resources.ranks_per_node", r.ranks_per_node(), 1,
+                       kMaxDegree),
+      InRange("resources.threads_per_rank", r.threads_per_rank(), 0, 1 << 12),
   });
 }
 
@@ -656,8 +753,8 @@ absl::Status ValidateRestart(const v1::JobSpec& spec) {
   const v1::RestartSpec& r = spec.restart();
   return First({
       CheckFinite(r, "restart"),
-      AtLeast("restart.max_restarts", r.max_restarts(), 0),
-      AtLeast("restart.hang_timeout_s", r.hang_timeout_s(), 1),
+      InRange("restart.max_restarts", r.max_restarts(), 0, 1 << 16),
+      InRange("restart.hang_timeout_s", r.hang_timeout_s(), 1, 30 * 24 * 3600),
   });
 }
 
@@ -720,6 +817,46 @@ void EmitMessage(const Message& msg, YAML::Emitter* out) {
 }
 
 }  // namespace
+
+int64_t JobWorldSize(const v1::JobSpec& spec) {
+  const v1::ParallelSpec& p = spec.parallel();
+  return int64_t{p.dp()} * p.tp() * p.pp();
+}
+
+int64_t FirstInvalidUtf8(std::string_view text) {
+  const auto* b = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned char c = b[i];
+    size_t len = 0;
+    uint32_t min = 0, cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2, min = 0x80, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3, min = 0x800, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4, min = 0x10000, cp = c & 0x07;
+    } else {
+      return static_cast<int64_t>(i);
+    }
+    if (i + len > n) return static_cast<int64_t>(i);
+    for (size_t k = 1; k < len; ++k) {
+      if ((b[i + k] & 0xC0) != 0x80) return static_cast<int64_t>(i);
+      cp = (cp << 6) | (b[i + k] & 0x3F);
+    }
+    // Overlong forms, UTF-16 surrogates and code points past U+10FFFF are
+    // not UTF-8.
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return static_cast<int64_t>(i);
+    }
+    i += len;
+  }
+  return -1;
+}
 
 v1::JobSpec DefaultJobSpec() {
   v1::JobSpec spec;
@@ -792,14 +929,43 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(
     std::string_view source_name) {
   const absl::string_view source = ToAbsl(source_name);
   const Origin origin{absl::StrCat(source, ": "), /*has_marks=*/true};
+  if (yaml_text.size() > kMaxSpecBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": is ", yaml_text.size(), " bytes; a job spec ",
+                     "is at most ", kMaxSpecBytes, " bytes (1 MiB)"));
+  }
+  if (const int64_t bad = FirstInvalidUtf8(yaml_text); bad >= 0) {
+    const std::string_view before = yaml_text.substr(0, bad);
+    const size_t line_start = before.rfind('\n');
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: not UTF-8: byte 0x%02x at offset %d (line %d, column %d); a job "
+        "spec is UTF-8 text",
+        source, static_cast<unsigned char>(yaml_text[bad]), bad,
+        std::count(before.begin(), before.end(), '\n') + 1,
+        bad -
+            (line_start == std::string_view::npos ? -1 : int64_t(line_start))));
+  }
+  for (const std::string& assignment : overrides) {
+    if (const int64_t bad = FirstInvalidUtf8(assignment); bad >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "override ", Quote(assignment), ": not UTF-8 (byte ", bad, ")"));
+    }
+  }
   v1::JobSpec spec = DefaultJobSpec();
   try {
-    std::vector<YAML::Node> docs = YAML::LoadAll(std::string(yaml_text));
-    if (docs.size() > 1) {
+    const std::string text(yaml_text);
+    absl::StatusOr<int> documents = CountDocuments(text);
+    if (!documents.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(source, ": holds ", docs.size(),
-                       " YAML documents; a job spec is one"));
+          absl::StrCat(source, ": ", documents.status().message()));
     }
+    if (*documents > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": holds more than one YAML document; a job ",
+                       "spec is one"));
+    }
+    std::vector<YAML::Node> docs;
+    if (*documents == 1) docs.push_back(YAML::Load(text));
     if (docs.empty() || !docs[0].IsMap()) {
       std::string got = docs.empty() ? "an empty document" : Describe(docs[0]);
       std::string where;
@@ -829,12 +995,17 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(
       return s;
     }
   }
+  // Overrides must not be a way around the size limit of the file.
+  if (const size_t bytes = spec.ByteSizeLong(); bytes > kMaxSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": the spec after overrides is ", bytes,
+        " bytes; a job spec is at most ", kMaxSpecBytes, " bytes (1 MiB)"));
+  }
   if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
   return spec;
 }
 
-absl::StatusOr<v1::JobSpec> LoadJobSpecFile(
-    const std::string& path, const std::vector<std::string>& overrides) {
+absl::StatusOr<std::string> ReadJobSpecFile(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return absl::NotFoundError(absl::StrCat("cannot open job spec '", path,
@@ -869,7 +1040,14 @@ absl::StatusOr<v1::JobSpec> LoadJobSpecFile(
                      kMaxSpecBytes, " bytes); is it the right file?"));
   }
   text.resize(got);
-  return ParseJobSpec(text, overrides, path);
+  return text;
+}
+
+absl::StatusOr<v1::JobSpec> LoadJobSpecFile(
+    const std::string& path, const std::vector<std::string>& overrides) {
+  absl::StatusOr<std::string> text = ReadJobSpecFile(path);
+  if (!text.ok()) return text.status();
+  return ParseJobSpec(*text, overrides, path);
 }
 
 absl::Status ApplyOverride(v1::JobSpec* spec,
@@ -925,6 +1103,7 @@ absl::Status ApplyOverride(v1::JobSpec* spec,
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   // Sections in job.proto order, so the first error reported is stable.
+  if (absl::Status s = CheckStrings(spec, ""); !s.ok()) return s;
   for (auto* validate : {&ValidateName, &ValidateModel, &ValidateData,
                          &ValidateParallel, &ValidateTrain, &ValidateCheckpoint,
                          &ValidateResources, &ValidateRestart}) {

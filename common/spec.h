@@ -5,6 +5,8 @@
 #ifndef PTRAIN_COMMON_SPEC_H_
 #define PTRAIN_COMMON_SPEC_H_
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,20 +17,43 @@
 
 namespace ptrain {
 
+// A job spec is a page of YAML; anything this large, as a file or after
+// `--set` overrides, is a wrong file or a mistake, and refusing it keeps a
+// stray path from pulling gigabytes into ptctl, ptcoord or ptworker.
+inline constexpr size_t kMaxSpecBytes = size_t{1} << 20;
+
+// Bounds on the parallel degrees, one by one and multiplied together.
+inline constexpr int64_t kMaxDegree = int64_t{1} << 16;
+inline constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
+
+// dp·tp·pp in 64 bits (each degree is an int32, so no product wraps).
+int64_t JobWorldSize(const v1::JobSpec& spec);
+
+// The offset of the first byte of `text` that is not part of well-formed
+// UTF-8, or -1 when all of it is. Every entry point takes only UTF-8.
+int64_t FirstInvalidUtf8(std::string_view text);
+
 // A JobSpec with every field at its documented default (docs/job-spec.md).
 v1::JobSpec DefaultJobSpec();
 
 // Parses YAML onto DefaultJobSpec(), applies `overrides` ("a.b.c=value", in
-// order) and validates. Errors are InvalidArgument and name the field path and
-// the rule, e.g. "train.steps: expected an integer, got 'abc' (line 4, column
-// 10)" or "parallel.tp=3 does not divide model.n_head=4". An unknown key is an
-// error. `source` names the text in messages (a file name).
+// order) and validates. The text and each override must be UTF-8, and the
+// spec after overrides at most kMaxSpecBytes. Errors are InvalidArgument and
+// name the field path and the rule, e.g. "train.steps: expected an integer, got
+// 'abc' (line 4, column 10)" or "parallel.tp=3 does not divide model.n_head=4".
+// An unknown key is an error. `source` names the text in messages (a file
+// name).
 absl::StatusOr<v1::JobSpec> ParseJobSpec(
     std::string_view yaml_text, const std::vector<std::string>& overrides = {},
     std::string_view source = "job spec");
 
-// Reads `path` and calls ParseJobSpec. A missing or unreadable file is
-// NotFound/InvalidArgument naming the path.
+// Reads at most kMaxSpecBytes of `path` (a file, or a pipe such as
+// /dev/stdin, never more whatever the file is). NotFound when it cannot be
+// opened; InvalidArgument naming the path when it is a folder, unreadable or
+// larger than the limit.
+absl::StatusOr<std::string> ReadJobSpecFile(const std::string& path);
+
+// ReadJobSpecFile, then ParseJobSpec.
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(
     const std::string& path, const std::vector<std::string>& overrides = {});
 

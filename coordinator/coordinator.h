@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/scheduler.h"
+#include "common/spec.h"
 #include "coordinator/store.h"
 #include "ptrain/v1/coordinator.pb.h"
 
@@ -46,7 +47,6 @@ struct CoordinatorOptions {
 };
 
 // Bounds on what a client may send.
-inline constexpr size_t kMaxSpecBytes = 1 << 20;
 inline constexpr int kMaxListLimit = 10000;
 
 class Coordinator {

@@ -1,9 +1,21 @@
-// Path confinement for job specs; see paths.h. weakly_canonical resolves
-// "..", "." and existing symlinks, so neither can step outside a root.
+// Path confinement for job specs; see paths.h. Paths are resolved one
+// component at a time, as the kernel would walk them: a symlink is replaced
+// by its target before the next component is looked at, and ".." steps back
+// from what has been resolved so far (never from the text). So "..", a
+// missing folder followed by "..", or a symlink anywhere along the way
+// cannot leave a root unnoticed.
 #include "coordinator/paths.h"
 
+#include <limits.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
 #include <filesystem>
-#include <system_error>
+#include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -14,13 +26,75 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path Resolve(const std::string& value, const std::string& base_dir) {
-  fs::path p(value);
-  if (p.is_relative()) p = fs::path(base_dir) / p;
-  std::error_code ec;
-  fs::path canonical = fs::weakly_canonical(p, ec);
-  return ec ? p.lexically_normal() : canonical;
+// As Linux's MAXSYMLINKS: more links than this on one walk is a loop.
+constexpr int kMaxSymlinks = 40;
+
+absl::StatusOr<std::string> ReadLink(const std::string& path) {
+  std::string target(PATH_MAX, '\0');
+  const ssize_t n = ::readlink(path.c_str(), target.data(), target.size());
+  if (n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read symlink ", path, ": ", std::strerror(errno)));
+  }
+  target.resize(static_cast<size_t>(n));
+  return target;
 }
+
+void PushComponents(const fs::path& p, std::deque<std::string>* pending) {
+  std::deque<std::string> parts;
+  for (const fs::path& c : p.relative_path()) parts.push_back(c.string());
+  pending->insert(pending->begin(), parts.begin(), parts.end());
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResolvePath(const std::string& value,
+                                        const std::string& base_dir) {
+  fs::path start(value);
+  if (start.is_relative()) start = fs::absolute(fs::path(base_dir) / start);
+  std::deque<std::string> pending;
+  PushComponents(start, &pending);
+  std::vector<std::string> resolved;  // components below "/", no symlinks
+  int links = 0;
+  while (!pending.empty()) {
+    const std::string name = std::move(pending.front());
+    pending.pop_front();
+    if (name.empty() || name == ".") continue;
+    if (name == "..") {
+      if (!resolved.empty()) resolved.pop_back();
+      continue;
+    }
+    const std::string candidate = absl::StrCat(
+        "/", absl::StrJoin(resolved, "/"), resolved.empty() ? "" : "/", name);
+    struct stat st;
+    if (::lstat(candidate.c_str(), &st) != 0) {
+      // Not there (yet): kept as written. A later ".." steps back over it
+      // and resolution goes on from a folder that does exist.
+      if (errno != ENOENT && errno != ENOTDIR) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cannot resolve ", candidate, ": ", std::strerror(errno)));
+      }
+      resolved.push_back(name);
+      continue;
+    }
+    if (!S_ISLNK(st.st_mode)) {
+      resolved.push_back(name);
+      continue;
+    }
+    if (++links > kMaxSymlinks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", value, "' passes more than ", kMaxSymlinks,
+                       " symlinks (a symlink loop?)"));
+    }
+    absl::StatusOr<std::string> target = ReadLink(candidate);
+    if (!target.ok()) return target.status();
+    if (fs::path(*target).is_absolute()) resolved.clear();
+    PushComponents(fs::path(*target), &pending);
+  }
+  return absl::StrCat("/", absl::StrJoin(resolved, "/"));
+}
+
+namespace {
 
 bool IsUnder(const fs::path& path, const fs::path& root) {
   auto r = root.begin();
@@ -38,9 +112,15 @@ absl::StatusOr<std::string> ConfinePath(const std::string& field,
                                         const std::string& value,
                                         const std::string& base_dir,
                                         const std::vector<std::string>& roots) {
-  const fs::path resolved = Resolve(value, base_dir);
+  absl::StatusOr<std::string> path = ResolvePath(value, base_dir);
+  if (!path.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", path.status().message()));
+  }
+  const fs::path resolved(*path);
   for (const std::string& root : roots) {
-    if (IsUnder(resolved, Resolve(root, base_dir))) return resolved.string();
+    absl::StatusOr<std::string> r = ResolvePath(root, base_dir);
+    if (r.ok() && IsUnder(resolved, fs::path(*r))) return resolved.string();
   }
   return absl::InvalidArgumentError(
       absl::StrCat(field, "='", value, "' resolves to ", resolved.string(),

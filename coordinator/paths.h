@@ -1,5 +1,7 @@
 // Confinement of the file paths in a job spec to the coordinator's data
-// roots. Pure path arithmetic plus symlink resolution; no spec parsing.
+// roots, checked at submit. Path arithmetic plus symlink resolution; no
+// spec parsing. The ranks open the same paths confined again
+// (common/confined_fs.h), so a symlink swapped in later cannot escape.
 #ifndef PTRAIN_COORDINATOR_PATHS_H_
 #define PTRAIN_COORDINATOR_PATHS_H_
 
@@ -10,6 +12,14 @@
 #include "ptrain/v1/job.pb.h"
 
 namespace ptrain {
+
+// The absolute form of `value` (relative to `base_dir`) with every symlink
+// of its existing part resolved and no "." or ".." left, resolved component
+// by component. Components that do not exist are kept as written (a file a
+// job will create). InvalidArgument on a symlink loop or an unreadable
+// folder.
+absl::StatusOr<std::string> ResolvePath(const std::string& value,
+                                        const std::string& base_dir);
 
 // Resolves `value` (relative paths against `base_dir`), following the
 // symlinks that exist, and returns the absolute path when it lies under one

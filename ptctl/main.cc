@@ -265,22 +265,23 @@ int Watch(Client& client, const std::string& id) {
 
 int Submit(Client& client, const std::string& file,
            const std::vector<std::string>& sets, bool watch) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) {
-    std::fprintf(stderr, "ptctl: error: cannot read %s\n", file.c_str());
+  // The same bounded reader and parser as ptworker's: a huge file or
+  // /dev/zero is refused here, before anything reaches the coordinator.
+  absl::StatusOr<std::string> text = ptrain::ReadJobSpecFile(file);
+  if (!text.ok()) {
+    std::fprintf(stderr, "ptctl: error: %s\n",
+                 std::string(text.status().message()).c_str());
     return kExitBadInput;
   }
-  std::stringstream text;
-  text << in.rdbuf();
   absl::StatusOr<ptrain::v1::JobSpec> spec =
-      ptrain::ParseJobSpec(text.str(), sets, file);
+      ptrain::ParseJobSpec(*text, sets, file);
   if (!spec.ok()) {
     std::fprintf(stderr, "ptctl: error: %s\n",
                  std::string(spec.status().message()).c_str());
     return kExitBadInput;
   }
   ptrain::v1::SubmitJobRequest req;
-  req.set_spec_yaml(text.str());
+  req.set_spec_yaml(*text);
   for (const std::string& s : sets) req.add_overrides(s);
   ptrain::v1::SubmitJobResponse resp;
   auto ctx = client.Context();

@@ -280,6 +280,16 @@ TEST(ParseJobSpec, MalformedYamlReportsSourceLineAndColumn) {
   EXPECT_TRUE(Contains(msg, "job.yaml: malformed YAML at line 3, column 1"));
 }
 
+// yaml-cpp 0.7's LoadAll never returns on these (the fuzzer's first
+// finding); the parser must refuse them at once.
+TEST(ParseJobSpec, InputThatStallsTheYamlParserIsRefused) {
+  for (const char* text :
+       {",", ",a: b", "\n,\n", ",\x02ndel: {arch: g--\nt`"}) {
+    const std::string e = ParseError(text);
+    EXPECT_TRUE(Contains(e, "malformed YAML at line")) << text << ": " << e;
+  }
+}
+
 TEST(ParseJobSpec, TopLevelThatIsNotAMapIsRefused) {
   EXPECT_TRUE(
       Contains(ParseError("- a\n- b\n"), "job.yaml: expected a map of fields"));
@@ -291,7 +301,7 @@ TEST(ParseJobSpec, TopLevelThatIsNotAMapIsRefused) {
 
 TEST(ParseJobSpec, SeveralDocumentsAreRefused) {
   EXPECT_TRUE(Contains(ParseError(absl::StrCat(kMinimal, "---\n", kMinimal)),
-                       "job.yaml: holds 2 YAML documents"));
+                       "job.yaml: holds more than one YAML document"));
 }
 
 TEST(ParseJobSpec, YamlNumberSpellingsAreRead) {
@@ -402,9 +412,9 @@ TEST(ValidateJobSpec, NonFiniteNumbersAreRefused) {
 TEST(ValidateJobSpec, FirstErrorFollowsProtoSectionOrder) {
   // Both restart and model are broken; model comes first in job.proto.
   EXPECT_EQ(OverrideError({"restart.hang_timeout_s=0", "model.n_layer=0"}),
-            "model.n_layer=0 must be >= 1");
+            "model.n_layer=0 must be between 1 and 4096");
   EXPECT_EQ(OverrideError({"restart.hang_timeout_s=0", "train.steps=0"}),
-            "train.steps=0 must be >= 1");
+            "train.steps=0 must be between 1 and 1099511627776");
 }
 
 // One override that breaks one rule, and the error it must produce.
@@ -430,11 +440,15 @@ INSTANTIATE_TEST_SUITE_P(
         RuleCase{"name='a b'", "contains ' '; only A-Z a-z 0-9 . _ -"},
         RuleCase{"name=a/b", "contains '/'"},
         RuleCase{"model.arch=bert", "model.arch='bert' must be one of gpt"},
-        RuleCase{"model.n_layer=0", "model.n_layer=0 must be >= 1"},
-        RuleCase{"model.n_head=0", "model.n_head=0 must be >= 1"},
-        RuleCase{"model.n_embd=0", "model.n_embd=0 must be >= 1"},
-        RuleCase{"model.block_size=0", "model.block_size=0 must be >= 1"},
-        RuleCase{"model.vocab_size=-1", "model.vocab_size=-1 must be >= 0"},
+        RuleCase{"model.n_layer=0",
+                 "model.n_layer=0 must be between 1 and 4096"},
+        RuleCase{"model.n_head=0", "model.n_head=0 must be between 1 and 4096"},
+        RuleCase{"model.n_embd=0",
+                 "model.n_embd=0 must be between 1 and 131072"},
+        RuleCase{"model.block_size=0",
+                 "model.block_size=0 must be between 1 and 1048576"},
+        RuleCase{"model.vocab_size=-1",
+                 "model.vocab_size=-1 must be between 0 and 16777216"},
         RuleCase{"model.init_from=gpt2.bin",
                  "model.init_from='gpt2.bin' must be empty or 'llmc:PATH'"},
         RuleCase{"model.init_from='llmc:'", "names no file after 'llmc:'"},
@@ -445,18 +459,20 @@ INSTANTIATE_TEST_SUITE_P(
                  "data.val_fraction=0 must be > 0 and "
                  "< 1"},
         RuleCase{"data.val_fraction=1", "data.val_fraction=1 must be > 0"},
-        RuleCase{"parallel.dp=0", "parallel.dp=0 must be >= 1"},
-        RuleCase{"parallel.tp=0", "parallel.tp=0 must be >= 1"},
-        RuleCase{"parallel.pp=0", "parallel.pp=0 must be >= 1"},
+        RuleCase{"parallel.dp=0", "parallel.dp=0 must be between 1 and 65536"},
+        RuleCase{"parallel.tp=0", "parallel.tp=0 must be between 1 and 65536"},
+        RuleCase{"parallel.pp=0", "parallel.pp=0 must be between 1 and 65536"},
         RuleCase{"parallel.microbatches=0",
-                 "parallel.microbatches=0 must be >= 1"},
+                 "parallel.microbatches=0 must be between 1 and 1048576"},
         RuleCase{"parallel.schedule=zb",
                  "parallel.schedule='zb' must be one "
                  "of 1f1b, gpipe"},
         RuleCase{"parallel.bucket_bytes=0",
-                 "parallel.bucket_bytes=0 must be >= 1"},
-        RuleCase{"train.steps=0", "train.steps=0 must be >= 1"},
-        RuleCase{"train.global_batch=0", "train.global_batch=0 must be >= 1"},
+                 "parallel.bucket_bytes=0 must be between 1 and 1099511627776"},
+        RuleCase{"train.steps=0",
+                 "train.steps=0 must be between 1 and 1099511627776"},
+        RuleCase{"train.global_batch=0",
+                 "train.global_batch=0 must be between 1 and 16777216"},
         RuleCase{"train.lr=0", "train.lr=0 must be > 0"},
         RuleCase{"train.min_lr=-1e-5", "train.min_lr=-1e-05 must be >= 0"},
         RuleCase{"train.warmup_steps=-1", "train.warmup_steps=-1 must be >= 0"},
@@ -464,30 +480,132 @@ INSTANTIATE_TEST_SUITE_P(
                  "train.weight_decay=-0.1 must be >= 0"},
         RuleCase{"train.grad_clip=-1", "train.grad_clip=-1 must be >= 0"},
         RuleCase{"train.eval_every=-1", "train.eval_every=-1 must be >= 0"},
-        RuleCase{"train.eval_batches=0", "train.eval_batches=0 must be >= 1"},
+        RuleCase{"train.eval_batches=0",
+                 "train.eval_batches=0 must be between 1 and 1048576"},
         RuleCase{"train.sample_every=-1", "train.sample_every=-1 must be >= 0"},
         RuleCase{"train.beta1=1", "train.beta1=1 must be >= 0 and < 1"},
         RuleCase{"train.beta2=-0.5", "train.beta2=-0.5 must be >= 0 and < 1"},
         RuleCase{"train.eps=0", "train.eps=0 must be > 0"},
         RuleCase{"train.sample_tokens=-1",
-                 "train.sample_tokens=-1 must be >= 0"},
+                 "train.sample_tokens=-1 must be between 0 and 1048576"},
         RuleCase{"train.sample_temperature=0",
                  "train.sample_temperature=0 must be > 0"},
-        RuleCase{"train.sample_top_k=-1", "train.sample_top_k=-1 must be >= 0"},
+        RuleCase{"train.sample_top_k=-1",
+                 "train.sample_top_k=-1 must be between 0 and 16777216"},
         RuleCase{"train.log_every=0", "train.log_every=0 must be >= 1"},
         RuleCase{"checkpoint.every=-1", "checkpoint.every=-1 must be >= 0"},
         RuleCase{"checkpoint.keep_last=0",
-                 "checkpoint.keep_last=0 must be >= 1"},
+                 "checkpoint.keep_last=0 must be between 1 and 1048576"},
         RuleCase{"resources.device=tpu",
                  "resources.device='tpu' must be one of cpu, cuda"},
         RuleCase{"resources.ranks_per_node=0",
-                 "resources.ranks_per_node=0 must be >= 1"},
+                 "resources.ranks_per_node=0 must be between 1 and 65536"},
         RuleCase{"resources.threads_per_rank=-1",
-                 "resources.threads_per_rank=-1 must be >= 0"},
+                 "resources.threads_per_rank=-1 must be between 0 and 4096"},
         RuleCase{"restart.max_restarts=-1",
-                 "restart.max_restarts=-1 must be >= 0"},
+                 "restart.max_restarts=-1 must be between 0 and 65536"},
         RuleCase{"restart.hang_timeout_s=0",
-                 "restart.hang_timeout_s=0 must be >= 1"}));
+                 "restart.hang_timeout_s=0 must be between 1 and 2592000"},
+        // Upper bounds: sizes that would overflow what the engine computes
+        // from them, or that no machine runs.
+        RuleCase{"model.n_embd=1073741824",
+                 "model.n_embd=1073741824 must be between 1 and 131072"},
+        RuleCase{"model.block_size=100000000",
+                 "model.block_size=100000000 must be between 1 and 1048576"},
+        RuleCase{"train.global_batch=2147483647",
+                 "train.global_batch=2147483647 must be between 1 and "
+                 "16777216"},
+        RuleCase{"resources.threads_per_rank=2147483647",
+                 "resources.threads_per_rank=2147483647 must be between 0 "
+                 "and 4096"},
+        RuleCase{"parallel.pp=715827883",
+                 "parallel.pp=715827883 must be between 1 and 65536"},
+        RuleCase{"train.steps=4611686018427387904",
+                 "train.steps=4611686018427387904 must be between 1 and "
+                 "1099511627776"},
+        RuleCase{"restart.hang_timeout_s=2147483647",
+                 "must be between 1 and 2592000"}));
+
+// The world size is a 64-bit product: {dp: 2, tp: 3, pp: 715827883} once
+// wrapped to 2 in 32 bits and was accepted as a 2-rank job.
+TEST(ValidateJobSpec, WorldSizeIsSixtyFourBitAndBounded) {
+  v1::JobSpec spec = MustParse(kMinimal);
+  spec.mutable_parallel()->set_dp(2);
+  spec.mutable_parallel()->set_tp(3);
+  spec.mutable_parallel()->set_pp(715827883);
+  EXPECT_EQ(JobWorldSize(spec), int64_t{2} * 3 * 715827883);
+  spec.mutable_parallel()->set_dp(65536);
+  spec.mutable_parallel()->set_tp(4096);
+  spec.mutable_parallel()->set_pp(1);
+  spec.mutable_model()->set_n_head(4096);
+  spec.mutable_model()->set_n_embd(8192);
+  const absl::Status s = ValidateJobSpec(spec);
+  EXPECT_TRUE(Contains(s.message(), "= 268435456 ranks; at most 1048576")) << s;
+}
+
+TEST(ValidateJobSpec, RunTokenCountMustFitSixtyFourBits) {
+  const std::string error =
+      OverrideError({"train.steps=1099511627776", "train.global_batch=16384",
+                     "model.block_size=1024"});
+  EXPECT_TRUE(Contains(error,
+                       "train.steps × train.global_batch × "
+                       "model.block_size"));
+}
+
+// --- size and encoding: one rule for every entry point ---------------------
+
+TEST(ParseJobSpec, OverridesCannotGrowTheSpecPastTheLimit) {
+  // A 3.9 MB prompt through --set: the file was small, the spec is not.
+  const std::string e = ParseError(
+      kMinimal,
+      {absl::StrCat("train.sample_prompt=", std::string(3900000, 'p'))});
+  EXPECT_TRUE(Contains(e, "after overrides")) << e;
+  EXPECT_TRUE(Contains(e, "1 MiB")) << e;
+}
+
+TEST(ParseJobSpec, AStringFieldIsBounded) {
+  const std::string e = ParseError(
+      kMinimal,
+      {absl::StrCat("train.sample_prompt=", std::string(70000, 'p'))});
+  EXPECT_TRUE(Contains(e, "train.sample_prompt is 70000 bytes long")) << e;
+}
+
+TEST(ParseJobSpec, TextLargerThanTheLimitIsRefusedWithoutParsing) {
+  const std::string e =
+      ParseError(absl::StrCat(kMinimal, "# ", std::string(1 << 20, 'x')));
+  EXPECT_TRUE(Contains(e, "at most 1048576 bytes")) << e;
+}
+
+TEST(ParseJobSpec, NonUtf8TextIsRefusedNamingTheByteAndLine) {
+  const std::string e = ParseError(absl::StrCat(kMinimal, "# caf\xe9\n"));
+  EXPECT_TRUE(Contains(e, "not UTF-8: byte 0xe9")) << e;
+  EXPECT_TRUE(Contains(e, "line 3")) << e;
+  EXPECT_TRUE(Contains(e, "column 6")) << e;
+}
+
+TEST(ParseJobSpec, NonUtf8OverrideIsRefused) {
+  const std::string e = ParseError(kMinimal, {"train.sample_prompt=\xff\xfe"});
+  EXPECT_TRUE(Contains(e, "not UTF-8")) << e;
+}
+
+TEST(ParseJobSpec, Utf8TextIsAccepted) {
+  v1::JobSpec spec = MustParse(
+      absl::StrCat(kMinimal, "train: {sample_prompt: \"café — 東京 🚀\"}\n"));
+  EXPECT_EQ(spec.train().sample_prompt(), "café — 東京 🚀");
+}
+
+TEST(FirstInvalidUtf8, FindsEveryIllFormedSequence) {
+  EXPECT_EQ(FirstInvalidUtf8("plain ascii"), -1);
+  EXPECT_EQ(FirstInvalidUtf8("\xc3\xa9t\xc3\xa9"), -1);
+  EXPECT_EQ(FirstInvalidUtf8("\xf0\x9f\x9a\x80"), -1);  // U+1F680
+  EXPECT_EQ(FirstInvalidUtf8("ab\xff"), 2);             // never a lead byte
+  EXPECT_EQ(FirstInvalidUtf8("a\x80"), 1);              // lone continuation
+  EXPECT_EQ(FirstInvalidUtf8("a\xc3"), 1);              // truncated
+  EXPECT_EQ(FirstInvalidUtf8("\xc0\xaf"), 0);           // overlong '/'
+  EXPECT_EQ(FirstInvalidUtf8("\xed\xa0\x80"), 0);       // surrogate D800
+  EXPECT_EQ(FirstInvalidUtf8("\xf4\x90\x80\x80"), 0);   // past U+10FFFF
+  EXPECT_EQ(FirstInvalidUtf8(std::string_view("a\0b", 3)), -1);
+}
 
 // --- overrides --------------------------------------------------------------
 
@@ -728,6 +846,13 @@ TEST(LoadJobSpecFile, FileLargerThanOneMebibyteIsRefused) {
   ASSERT_FALSE(spec.ok());
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(spec.status().message(), "larger than 1 MiB"));
+}
+
+// /dev/zero never ends and has no size: the read stops at the limit.
+TEST(ReadJobSpecFile, AnEndlessFileIsRefusedAtTheLimit) {
+  absl::StatusOr<std::string> text = ReadJobSpecFile("/dev/zero");
+  ASSERT_FALSE(text.ok());
+  EXPECT_TRUE(Contains(text.status().message(), "larger than 1 MiB"));
 }
 
 TEST(LoadJobSpecFile, DirectoryIsRefused) {

@@ -58,6 +58,54 @@ TEST_F(PathsTest, AbsolutePathOutsideIsRefused) {
       ConfinePath("data.path", "/etc/passwd", base_.string(), roots_).ok());
 }
 
+// A missing folder followed by "..": resolving the text lexically would
+// land on data/link_out without ever resolving that symlink.
+TEST_F(PathsTest, DotDotAfterAMissingFolderStillResolvesTheSymlinkAfterIt) {
+  const std::string value =
+      (base_ / "data" / "nonexistent" / ".." / "link" / "secret.txt").string();
+  auto p = ConfinePath("data.path", value, base_.string(), roots_);
+  ASSERT_FALSE(p.ok()) << "accepted as " << *p;
+  EXPECT_NE(p.status().message().find("outside"), absl::string_view::npos)
+      << p.status();
+  // The same through a relative path and a deeper missing chain.
+  EXPECT_FALSE(ConfinePath("checkpoint.dir", "data/a/b/../../link/ck",
+                           base_.string(), roots_)
+                   .ok());
+}
+
+TEST_F(PathsTest, SymlinkLoopIsRefusedNamingTheField) {
+  fs::create_symlink(base_ / "data" / "loop2", base_ / "data" / "loop1");
+  fs::create_symlink(base_ / "data" / "loop1", base_ / "data" / "loop2");
+  auto p = ConfinePath("model.init_from", "data/loop1/x.bin", base_.string(),
+                       roots_);
+  ASSERT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find("model.init_from"),
+            absl::string_view::npos)
+      << p.status();
+  EXPECT_NE(p.status().message().find("loop"), absl::string_view::npos)
+      << p.status();
+}
+
+TEST_F(PathsTest, RelativeSymlinkOutOfRootIsRefused) {
+  fs::create_symlink(fs::path("..") / "outside", base_ / "data" / "rel");
+  EXPECT_FALSE(
+      ConfinePath("data.path", "data/rel/x", base_.string(), roots_).ok());
+}
+
+TEST_F(PathsTest, SymlinkThatStaysInsideIsResolvedToItsTarget) {
+  fs::create_directories(base_ / "data" / "real");
+  fs::create_symlink("real", base_ / "data" / "alias");
+  auto p = ConfinePath("data.path", "data/alias/x.txt", base_.string(), roots_);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(*p, (base_ / "data" / "real" / "x.txt").string());
+}
+
+TEST_F(PathsTest, ResolvedPathsHoldNoDotDotAndNoSymlink) {
+  auto p = ResolvePath("data/x/../link/./y/../z", base_.string());
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(*p, (base_ / "outside" / "z").string());
+}
+
 TEST_F(PathsTest, SpecFieldsAreCheckedAndRewritten) {
   v1::JobSpec spec;
   spec.mutable_data()->set_path("data/a.txt");
