@@ -1,5 +1,5 @@
-// Elementwise CPU kernels: GELU (tanh approximation) and the residual add,
-// forward and backward. Memory-bound streams; one pass each.
+// Elementwise CPU kernels: GELU (tanh approximation), the residual add and
+// the bias add, forward and backward. Memory-bound streams; one pass each.
 #include <cmath>
 
 #include "kernels/cpu/kernels.h"
@@ -65,6 +65,19 @@ void residual_backward(F* dinp1, F* dinp2, const F* dout, int64_t N) {
   }
 }
 
+// out is (rows,OC), bias is (OC): out[r,:] += bias.
+template <typename F>
+void bias_forward(F* out, const F* bias, int64_t rows, int OC) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; r++) {
+    F* o = out + r * OC;
+#pragma omp simd
+    for (int i = 0; i < OC; i++) o[i] += bias[i];
+  }
+}
+
+template void bias_forward<float>(float*, const float*, int64_t, int);
+template void bias_forward<double>(double*, const double*, int64_t, int);
 template void gelu_forward<float>(float*, const float*, int64_t);
 template void gelu_forward<double>(double*, const double*, int64_t);
 template void gelu_backward<float>(float*, const float*, const float*, int64_t);

@@ -33,6 +33,20 @@ void encoder_forward(F* out, const int32_t* inp, const F* wte, const F* wpe,
 template <typename F>
 void encoder_backward(F* dwte, F* dwpe, const F* dout, const int32_t* inp,
                       int B, int T, int C);
+// The encoder in parts, for a vocabulary split over ranks. wte is (Vl,C):
+// rows [vocab_begin, vocab_begin + Vl) of the vocabulary; out (B,T,C) gets
+// the row of each token this rank holds and zeros for the others.
+template <typename F>
+void embedding_forward(F* out, const int32_t* inp, const F* wte, int B, int T,
+                       int C, int vocab_begin, int Vl);
+template <typename F>
+void embedding_backward(F* dwte, const F* dout, const int32_t* inp, int B,
+                        int T, int C, int vocab_begin, int Vl);
+// out (B,T,C) += wpe[t0 + t]: the batch holds positions [t0, t0 + T).
+template <typename F>
+void position_forward(F* out, const F* wpe, int B, int T, int C, int t0);
+template <typename F>
+void position_backward(F* dwpe, const F* dout, int B, int T, int C, int t0);
 
 // out is (B,T,C), mean and rstd are (B,T) saved for backward, inp is (B,T,C),
 // weight and bias are (C). eps = 1e-5.
@@ -72,6 +86,11 @@ void gelu_forward(F* out, const F* inp, int64_t N);
 template <typename F>
 void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N);
 
+// out (rows,OC) += bias (OC) on every row; its backward is the column sum
+// that matmul_backward's dbias computes.
+template <typename F>
+void bias_forward(F* out, const F* bias, int64_t rows, int OC);
+
 // out = inp1 + inp2, all (N).
 template <typename F>
 void residual_forward(F* out, const F* inp1, const F* inp2, int64_t N);
@@ -90,6 +109,35 @@ template <typename F>
 void crossentropy_softmax_backward(F* dlogits, const F* probs,
                                    const int32_t* targets, F dloss, int B,
                                    int T, int V);
+
+// The same over a vocabulary split by columns: logits is (B,T,Vl), column j
+// is vocabulary entry vocab_begin + j, and entries at or past V (padding)
+// take no part. A tensor-parallel caller takes the maximum of `maxes` over
+// its group after step 1 and the sums of `sums` and `target_shifted` after
+// step 2; a single rank calls the steps back to back.
+// 1. maxes (B,T) = max of this rank's real logits (-inf when it has none).
+template <typename F>
+void crossentropy_parallel_max(F* maxes, const F* logits, int B, int T, int Vl,
+                               int vocab_begin, int V);
+// 2. probs = exp(logits - maxes) on real columns, 0 on padding (may alias
+// logits); sums (B,T) = their sum; target_shifted (B,T) = logit of the
+// target minus the max where this rank holds the target, else 0.
+template <typename F>
+void crossentropy_parallel_exp(F* sums, F* target_shifted, F* probs,
+                               const F* logits, const F* maxes,
+                               const int32_t* targets, int B, int T, int Vl,
+                               int vocab_begin, int V);
+// 3. probs /= sums; losses (B,T) = log(sums) - target_shifted.
+template <typename F>
+void crossentropy_parallel_finish(F* losses, F* probs, const F* sums,
+                                  const F* target_shifted, int B, int T,
+                                  int Vl);
+// dlogits (B,T,Vl) += (probs - onehot(targets)) * dloss on this rank's
+// columns.
+template <typename F>
+void crossentropy_parallel_backward(F* dlogits, const F* probs,
+                                    const int32_t* targets, F dloss, int B,
+                                    int T, int Vl, int vocab_begin);
 
 // AdamW on a slice of N parameters, PyTorch's formulation:
 //   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2

@@ -119,6 +119,23 @@ TEST(MpiCommunicatorTest, AllReduceDoubleSumsInDoublePrecision) {
   EXPECT_TRUE(ElementsEqual(data, want));
 }
 
+TEST(MpiCommunicatorTest, AllReduceMaxTakesTheLargestOfEveryRank) {
+  auto comm = World();
+  const int n = comm->size(), me = comm->rank();
+  // Which rank holds the maximum changes with the element.
+  auto value = [](int r, int64_t i) {
+    return static_cast<float>(((r + i) % 7) * 1.5 - 4.0 + 0.001 * r);
+  };
+  std::vector<float> data(kCount), want(kCount);
+  for (int64_t i = 0; i < kCount; ++i) {
+    data[i] = value(me, i);
+    want[i] = value(0, i);
+    for (int r = 1; r < n; ++r) want[i] = std::max(want[i], value(r, i));
+  }
+  comm->AllReduceMax(data.data(), kCount);
+  EXPECT_TRUE(ElementsEqual(data, want));
+}
+
 TEST(MpiCommunicatorTest, AllReduceTwiceGivesSizeTimesTheSum) {
   auto comm = World();
   const int n = comm->size(), me = comm->rank();

@@ -175,6 +175,52 @@ TEST(EncoderTest, FloatForwardMatchesDouble) {
   ExpectFloatMatchesDouble("encoder out", out, p.out);
 }
 
+// A vocabulary split over ranks: each part's rows, then the sum over parts,
+// is the whole encoder; positions from an offset are the rows of wpe there.
+TEST(EncoderTest, VocabularyPartsSumToTheWholeEmbedding) {
+  EncoderProblem p;
+  p.Loss();
+  const int parts[][2] = {{0, 4}, {4, 4}, {8, 4}};  // the last one pads past V
+  Vec sum(p.out.size(), 0.0), part(p.out.size());
+  Vec dwte(p.wte.size(), 0.0);
+  for (const auto& [begin, rows] : parts) {
+    Vec wte(static_cast<size_t>(rows) * kC, 0.0);
+    for (int r = 0; r < rows && begin + r < kV; r++) {
+      std::copy_n(p.wte.begin() + (begin + r) * kC, kC, wte.begin() + r * kC);
+    }
+    embedding_forward(part.data(), p.tokens.data(), wte.data(), kB, kT, kC,
+                      begin, rows);
+    for (size_t i = 0; i < sum.size(); i++) sum[i] += part[i];
+    Vec dpart(wte.size(), 0.0);
+    embedding_backward(dpart.data(), p.dout.data(), p.tokens.data(), kB, kT, kC,
+                       begin, rows);
+    for (int r = 0; r < rows && begin + r < kV; r++) {
+      std::copy_n(dpart.begin() + r * kC, kC, dwte.begin() + (begin + r) * kC);
+    }
+  }
+  position_forward(sum.data(), p.wpe.data(), kB, kT, kC, 0);
+  EXPECT_EQ(sum, p.out);
+  p.Backward();
+  EXPECT_EQ(dwte, p.dwte);
+}
+
+TEST(EncoderTest, PositionsStartAtTheirOffset) {
+  EncoderProblem p;
+  const int t0 = 2, T = kT - t0;
+  Vec out(static_cast<size_t>(kB) * T * kC, 0.0), dwpe(p.wpe.size(), 0.0);
+  position_forward(out.data(), p.wpe.data(), kB, T, kC, t0);
+  for (int b = 0; b < kB; b++) {
+    for (int t = 0; t < T; t++) {
+      for (int c = 0; c < kC; c++) {
+        ASSERT_EQ(out[(b * T + t) * kC + c], p.wpe[(t0 + t) * kC + c]);
+      }
+    }
+  }
+  position_backward(dwpe.data(), p.dout.data(), kB, T, kC, t0);
+  for (int c = 0; c < kC; c++) EXPECT_EQ(dwpe[c], 0.0);  // position 0 unused
+  EXPECT_NE(dwpe[t0 * kC], 0.0);
+}
+
 // -------------------------------------------------------------- layernorm
 
 struct LayernormProblem {
@@ -619,6 +665,68 @@ TEST(CrossentropyTest, ForwardInPlaceMatchesSeparateProbs) {
   EXPECT_EQ(probs, logits);
   ExpectFloatMatchesDouble("crossentropy losses", losses, p.losses);
   ExpectFloatMatchesDouble("crossentropy probs", probs, p.probs);
+}
+
+// The vocabulary split in parts of Vl columns (the last padded past V),
+// reduced by hand between the steps as a tensor-parallel group would: the
+// losses and probabilities are those of the whole vocabulary, and each
+// part's gradient is its columns of the whole gradient.
+TEST(CrossentropyTest, VocabularyPartsReducedBetweenStepsEqualTheWhole) {
+  CrossentropyProblem p;
+  p.Backward();
+  const int V = p.V, rows = kB * kT, Vl = 4, nparts = (V + Vl - 1) / Vl;
+  ASSERT_GT(nparts * Vl, V);  // some padding
+  std::vector<Vec> logits(nparts), probs(nparts), dlogits(nparts);
+  std::vector<Vec> maxes(nparts, Vec(rows)), sums(nparts, Vec(rows)),
+      shifted(nparts, Vec(rows));
+  for (int k = 0; k < nparts; k++) {
+    logits[k].assign(static_cast<size_t>(rows) * Vl, 1e30);  // padding: ignored
+    for (int r = 0; r < rows; r++) {
+      for (int j = 0; j < Vl && k * Vl + j < V; j++) {
+        logits[k][r * Vl + j] = p.logits[r * V + k * Vl + j];
+      }
+    }
+    probs[k].resize(logits[k].size());
+    dlogits[k].assign(logits[k].size(), 0.0);
+    crossentropy_parallel_max(maxes[k].data(), logits[k].data(), kB, kT, Vl,
+                              k * Vl, V);
+  }
+  Vec max(rows, -1e300), sum(rows, 0.0), target(rows, 0.0), losses(rows);
+  for (int k = 0; k < nparts; k++) {
+    for (int r = 0; r < rows; r++) max[r] = std::max(max[r], maxes[k][r]);
+  }
+  for (int k = 0; k < nparts; k++) {
+    crossentropy_parallel_exp(sums[k].data(), shifted[k].data(),
+                              probs[k].data(), logits[k].data(), max.data(),
+                              p.targets.data(), kB, kT, Vl, k * Vl, V);
+    for (int r = 0; r < rows; r++) {
+      sum[r] += sums[k][r];
+      target[r] += shifted[k][r];
+    }
+  }
+  for (int k = 0; k < nparts; k++) {
+    crossentropy_parallel_finish(losses.data(), probs[k].data(), sum.data(),
+                                 target.data(), kB, kT, Vl);
+    crossentropy_parallel_backward(dlogits[k].data(), probs[k].data(),
+                                   p.targets.data(), p.dloss, kB, kT, Vl,
+                                   k * Vl);
+  }
+  double maxdiff = 0;
+  for (int r = 0; r < rows; r++) {
+    maxdiff = std::max(maxdiff, std::abs(losses[r] - p.losses[r]));
+    for (int k = 0; k < nparts; k++) {
+      for (int j = 0; j < Vl; j++) {
+        const int g = k * Vl + j;
+        const double want_p = g < V ? p.probs[r * V + g] : 0.0;
+        const double want_d = g < V ? p.dlogits[r * V + g] : 0.0;
+        maxdiff = std::max(maxdiff, std::abs(probs[k][r * Vl + j] - want_p));
+        maxdiff = std::max(maxdiff, std::abs(dlogits[k][r * Vl + j] - want_d));
+      }
+    }
+  }
+  std::printf("crossentropy in %d vocabulary parts: maxdiff %.3e (tol 1e-12)\n",
+              nparts, maxdiff);
+  EXPECT_LE(maxdiff, 1e-12);
 }
 
 // ------------------------------------------------------------------ adamw

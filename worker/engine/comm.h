@@ -72,6 +72,8 @@ class Communicator {
   // data (count) = sum over ranks of data.
   virtual void AllReduce(float* data, int64_t count) = 0;
   virtual void AllReduce(double* data, int64_t count) = 0;
+  // data (count) = element-wise maximum over ranks (vocab-parallel softmax).
+  virtual void AllReduceMax(float* data, int64_t count) = 0;
   // recv (count) = sum over ranks of send[rank*count, (rank+1)*count);
   // send has size()*count elements.
   virtual void ReduceScatter(const float* send, float* recv, int64_t count) = 0;

@@ -165,6 +165,14 @@ class MpiCommunicator : public Communicator {
     });
   }
 
+  void AllReduceMax(float* data, int64_t count) override {
+    const int n = MpiCount(count, CommOp::kAllReduce);
+    Blocking(CommOp::kAllReduce, count * sizeof(float), [&] {
+      PT_MPI_CHECK(
+          MPI_Allreduce(MPI_IN_PLACE, data, n, MPI_FLOAT, MPI_MAX, comm_));
+    });
+  }
+
   void ReduceScatter(const float* send, float* recv, int64_t count) override {
     const int n = MpiCount(count, CommOp::kReduceScatter);
     Blocking(CommOp::kReduceScatter, WholeBuffer(count), [&] {

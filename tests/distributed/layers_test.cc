@@ -1,0 +1,235 @@
+// Each tensor-parallel layer at tp = world size (2 or 4 under mpirun),
+// with and without sequence parallelism, against the same layer at tp = 1
+// on the whole tensors: the forward output and every gradient of this
+// rank's part equal the corresponding part of the single-rank result
+// (relative max difference <= 1e-5, printed).
+#include "worker/engine/layers.h"
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "worker/engine/comm_mpi.h"
+
+namespace ptrain {
+namespace {
+
+using Vec = std::vector<float>;
+
+constexpr int kB = 2, kT = 8, kC = 12, kOC = 20, kV = 37;
+constexpr double kTol = 1e-5;
+
+Vec Random(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  Vec v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// Rows [r0, r0+n) of a (rows, cols) matrix.
+Vec Rows(const Vec& m, int cols, int r0, int n) {
+  return Vec(m.begin() + static_cast<int64_t>(r0) * cols,
+             m.begin() + static_cast<int64_t>(r0 + n) * cols);
+}
+// Columns [c0, c0+n) of a (rows, cols) matrix.
+Vec Cols(const Vec& m, int cols, int c0, int n) {
+  const int rows = static_cast<int>(m.size() / cols);
+  Vec out(static_cast<size_t>(rows) * n);
+  for (int r = 0; r < rows; r++) {
+    std::copy_n(m.begin() + static_cast<int64_t>(r) * cols + c0, n,
+                out.begin() + static_cast<int64_t>(r) * n);
+  }
+  return out;
+}
+// Positions [t0, t0+n) of every sequence of a (B,T,C) tensor.
+Vec Positions(const Vec& x, int T, int C, int t0, int n) {
+  Vec out;
+  for (int b = 0; b < kB; b++) {
+    const auto* row = x.data() + (static_cast<int64_t>(b) * T + t0) * C;
+    out.insert(out.end(), row, row + static_cast<int64_t>(n) * C);
+  }
+  return out;
+}
+
+double RelDiff(const Vec& got, const Vec& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double diff = 0, scale = 1e-30;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); i++) {
+    diff = std::max(diff, std::abs(double(got[i]) - want[i]));
+    scale = std::max(scale, std::abs(double(want[i])));
+  }
+  return diff / scale;
+}
+
+class LayersTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    comm_ = MakeMpiCommunicator(MPI_COMM_WORLD, "tp",
+                                std::make_shared<CommStats>());
+    g_ = TpGroup{comm_.get(), GetParam()};
+    tp_ = g_.size();
+    rank_ = g_.rank();
+    a_.assign(static_cast<size_t>(kB) * kT * kOC, 0.0f);
+    b_.assign(a_.size(), 0.0f);
+    s_ = LayerScratch{a_.data(), b_.data()};
+  }
+  // Positions this rank holds outside the tensor-parallel regions.
+  int Ts() const { return g_.SeqLocal(kT); }
+  int T0() const { return g_.SeqBegin(kT); }
+  void Check(const char* what, const Vec& got, const Vec& want) {
+    const double d = RelDiff(got, want);
+    if (rank_ == 0) {
+      std::printf("tp=%d sp=%d %-28s maxdiff %.3e (tol %.0e)\n", tp_,
+                  g_.sp ? 1 : 0, what, d, kTol);
+    }
+    EXPECT_LE(d, kTol) << what << " on rank " << rank_;
+  }
+
+  std::unique_ptr<Communicator> comm_;
+  TpGroup g_;
+  int tp_ = 1, rank_ = 0;
+  Vec a_, b_;
+  LayerScratch s_;
+  // Scratch of the single-rank reference.
+  Vec ra_ = Vec(static_cast<size_t>(kB) * kT * kOC),
+      rb_ = Vec(static_cast<size_t>(kB) * kT * kOC);
+  LayerScratch one_{ra_.data(), rb_.data()};
+};
+
+TEST_P(LayersTest, ColumnParallelLinearMatchesOneRank) {
+  const Vec inp = Random(kB * kT * kC, 1), w = Random(kOC * kC, 2),
+            bias = Random(kOC, 3), dout = Random(kB * kT * kOC, 4);
+  Vec out(kB * kT * kOC), dinp(inp.size(), 0.5f), dw(w.size(), 0.25f),
+      db(kOC, 0.125f);  // gradients accumulate onto what is there
+  column_linear_forward(out.data(), inp.data(), w.data(), bias.data(), kB, kT,
+                        kC, kOC, TpGroup{}, one_);
+  column_linear_backward(dinp.data(), dw.data(), db.data(), dout.data(),
+                         inp.data(), w.data(), kB, kT, kC, kOC, TpGroup{},
+                         one_);
+
+  const int OCl = kOC / tp_, o0 = rank_ * OCl;
+  const Vec my_inp = Positions(inp, kT, kC, T0(), Ts());
+  const Vec my_w = Rows(w, kC, o0, OCl), my_b = Rows(bias, 1, o0, OCl);
+  const Vec my_dout = Cols(dout, kOC, o0, OCl);
+  Vec my_out(kB * kT * OCl), my_dinp(my_inp.size(), 0.5f),
+      my_dw(my_w.size(), 0.25f), my_db(OCl, 0.125f);
+  column_linear_forward(my_out.data(), my_inp.data(), my_w.data(), my_b.data(),
+                        kB, kT, kC, OCl, g_, s_);
+  column_linear_backward(my_dinp.data(), my_dw.data(), my_db.data(),
+                         my_dout.data(), my_inp.data(), my_w.data(), kB, kT, kC,
+                         OCl, g_, s_);
+  Check("column out", my_out, Cols(out, kOC, o0, OCl));
+  Check("column dinp", my_dinp, Positions(dinp, kT, kC, T0(), Ts()));
+  Check("column dweight", my_dw, Rows(dw, kC, o0, OCl));
+  Check("column dbias", my_db, Rows(db, 1, o0, OCl));
+}
+
+TEST_P(LayersTest, RowParallelLinearMatchesOneRank) {
+  const Vec inp = Random(kB * kT * kOC, 5), w = Random(kC * kOC, 6),
+            bias = Random(kC, 7), dout = Random(kB * kT * kC, 8);
+  Vec out(kB * kT * kC), dinp(inp.size(), 0.5f), dw(w.size(), 0.25f),
+      db(kC, 0.125f);
+  row_linear_forward(out.data(), inp.data(), w.data(), bias.data(), kB, kT, kOC,
+                     kC, TpGroup{}, one_);
+  row_linear_backward(dinp.data(), dw.data(), db.data(), dout.data(),
+                      inp.data(), w.data(), kB, kT, kOC, kC, TpGroup{}, one_);
+
+  const int Il = kOC / tp_, i0 = rank_ * Il;
+  const Vec my_inp = Cols(inp, kOC, i0, Il), my_w = Cols(w, kOC, i0, Il);
+  const Vec my_dout = Positions(dout, kT, kC, T0(), Ts());
+  Vec my_out(kB * Ts() * kC), my_dinp(my_inp.size(), 0.5f),
+      my_dw(my_w.size(), 0.25f), my_db(kC, 0.125f);
+  row_linear_forward(my_out.data(), my_inp.data(), my_w.data(), bias.data(), kB,
+                     kT, Il, kC, g_, s_);
+  row_linear_backward(my_dinp.data(), my_dw.data(), my_db.data(),
+                      my_dout.data(), my_inp.data(), my_w.data(), kB, kT, Il,
+                      kC, g_, s_);
+  Check("row out", my_out, Positions(out, kT, kC, T0(), Ts()));
+  Check("row dinp", my_dinp, Cols(dinp, kOC, i0, Il));
+  Check("row dweight", my_dw, Cols(dw, kOC, i0, Il));
+  Check("row dbias", my_db, db);
+}
+
+// The vocabulary padded to Vp = 48: the last rank's rows run past V.
+TEST_P(LayersTest, VocabParallelEmbeddingMatchesOneRank) {
+  constexpr int kVp = 48;
+  std::vector<int32_t> tokens(kB * kT);
+  for (size_t i = 0; i < tokens.size(); i++) tokens[i] = (i * 13 + 5) % kV;
+  tokens[3] = tokens[0];  // repeats share a row of dwte
+  Vec wte = Random(kVp * kC, 9), wpe = Random(kT * kC, 10);
+  std::fill(wte.begin() + kV * kC, wte.end(), 0.0f);  // padding rows
+  const Vec dout = Random(kB * kT * kC, 11);
+  Vec out(kB * kT * kC), dwte(wte.size(), 0.0f), dwpe(wpe.size(), 0.0f);
+  vocab_embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), kB,
+                          kT, kC, 0, kVp, TpGroup{}, one_);
+  vocab_embedding_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(),
+                           kB, kT, kC, 0, kVp, TpGroup{}, one_);
+
+  const int Vl = kVp / tp_, v0 = rank_ * Vl;
+  const Vec my_wte = Rows(wte, kC, v0, Vl);
+  const Vec my_dout = Positions(dout, kT, kC, T0(), Ts());
+  Vec my_out(kB * Ts() * kC), my_dwte(my_wte.size(), 0.0f),
+      my_dwpe(wpe.size(), 0.0f);
+  vocab_embedding_forward(my_out.data(), tokens.data(), my_wte.data(),
+                          wpe.data(), kB, kT, kC, v0, Vl, g_, s_);
+  vocab_embedding_backward(my_dwte.data(), my_dwpe.data(), my_dout.data(),
+                           tokens.data(), kB, kT, kC, v0, Vl, g_, s_);
+  // Under sp each rank has the position gradients of its own positions: the
+  // caller sums them over the group (as for LayerNorm).
+  if (g_.sp) comm_->AllReduce(my_dwpe.data(), my_dwpe.size());
+  Check("embedding out", my_out, Positions(out, kT, kC, T0(), Ts()));
+  Check("embedding dwte", my_dwte, Rows(dwte, kC, v0, Vl));
+  Check("embedding dwpe", my_dwpe, dwpe);
+}
+
+TEST_P(LayersTest, VocabParallelCrossEntropyMatchesOneRank) {
+  constexpr int kVp = 48;
+  Vec logits = Random(kB * kT * kVp, 12);
+  for (float& x : logits) x *= 4.0f;
+  std::vector<int32_t> targets(kB * kT);
+  for (size_t i = 0; i < targets.size(); i++) targets[i] = (i * 7 + 3) % kV;
+  targets[1] = kV - 1;  // held by the last rank, beside the padding
+  const float dloss = 1.0f / (kB * kT);
+  Vec losses(kB * kT), probs(logits.size()), dlogits(logits.size(), 0.5f),
+      stats(3 * kB * kT);
+  vocab_crossentropy_forward(losses.data(), probs.data(), logits.data(),
+                             targets.data(), kB, kT, 0, kVp, kV, TpGroup{},
+                             stats.data());
+  vocab_crossentropy_backward(dlogits.data(), probs.data(), targets.data(),
+                              dloss, kB, kT, 0, kVp);
+
+  const int Vl = kVp / tp_, v0 = rank_ * Vl;
+  const Vec my_logits = Cols(logits, kVp, v0, Vl);
+  Vec my_losses(kB * kT), my_probs(my_logits.size()),
+      my_dlogits(my_logits.size(), 0.5f);
+  vocab_crossentropy_forward(my_losses.data(), my_probs.data(),
+                             my_logits.data(), targets.data(), kB, kT, v0, Vl,
+                             kV, g_, stats.data());
+  vocab_crossentropy_backward(my_dlogits.data(), my_probs.data(),
+                              targets.data(), dloss, kB, kT, v0, Vl);
+  Check("crossentropy losses", my_losses, losses);
+  Check("crossentropy probs", my_probs, Cols(probs, kVp, v0, Vl));
+  Check("crossentropy dlogits", my_dlogits, Cols(dlogits, kVp, v0, Vl));
+  // Padding takes no part: its probabilities are exactly zero.
+  for (int r = 0; r < kB * kT; r++) {
+    for (int j = std::max(0, kV - v0); j < Vl; j++) {
+      ASSERT_EQ(my_probs[r * Vl + j], 0.0f);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(SequenceParallel, LayersTest,
+                         ::testing::Values(false, true), [](const auto& info) {
+                           return info.param ? "sp" : "no_sp";
+                         });
+
+}  // namespace
+}  // namespace ptrain

@@ -1,0 +1,119 @@
+// The tensor-parallel layers of GPT (Megatron's): column- and row-parallel
+// linear, vocabulary-parallel embedding and cross-entropy, and the
+// conversions between the sequence-parallel and the whole sequence. Not the
+// model: a stage (gpt_stage.h) strings them together. Each takes its
+// tensor-parallel group explicitly; with no group (tp = 1) it is the plain
+// single-rank layer and communicates nothing.
+//
+// llm.c's conventions: forward and backward side by side, backward takes
+// forward's arguments mirrored, every gradient output ACCUMULATES (+=).
+//
+// Dimensions: B batch, T the whole sequence, Ts = T/tp under sequence
+// parallelism (else T), C channels, Cl = C/tp, OC output channels,
+// OCl = OC/tp, Vl = Vp/tp rows of the padded vocabulary per rank.
+//
+// Sequence parallelism (sp): activations outside the tensor-parallel
+// regions (LayerNorm, residual stream) are split along T, rank r holding
+// positions [r·Ts, (r+1)·Ts). A column-parallel layer all-gathers its input
+// along T and reduce-scatters its input gradient; a row-parallel layer
+// reduce-scatters its output and all-gathers its output gradient. Without
+// sp the same places all-reduce (column backward, row forward).
+#ifndef PTRAIN_WORKER_ENGINE_LAYERS_H_
+#define PTRAIN_WORKER_ENGINE_LAYERS_H_
+
+#include <cstdint>
+
+#include "worker/engine/comm.h"
+
+namespace ptrain {
+
+// The tensor-parallel group of a layer. Not owned.
+struct TpGroup {
+  Communicator* comm = nullptr;  // null: tp = 1
+  bool sp = false;               // sequence parallelism
+  int size() const { return comm != nullptr ? comm->size() : 1; }
+  int rank() const { return comm != nullptr ? comm->rank() : 0; }
+  // Positions of the sequence this rank holds outside the regions.
+  int SeqLocal(int T) const { return sp ? T / size() : T; }
+  int SeqBegin(int T) const { return sp ? rank() * (T / size()) : 0; }
+};
+
+// Scratch the layers share: two buffers of B·T·C floats, reused by every
+// call (nothing in them outlives a call).
+struct LayerScratch {
+  float* a = nullptr;
+  float* b = nullptr;
+};
+
+// Gathers the sequence: full (B,T,C) from every rank's local (B,Ts,C).
+// Without sp, a copy. scratch is (B,T,C).
+void sequence_gather(float* full, const float* local, int B, int T, int C,
+                     const TpGroup& g, float* scratch);
+// Sums partial (B,T,C) over the group into this rank's part: local (B,Ts,C)
+// (+= when accumulate). Without sp every rank gets the whole sum. partial
+// is destroyed; scratch is (B,T,C).
+void sequence_reduce(float* local, float* partial, bool accumulate, int B,
+                     int T, int C, const TpGroup& g, float* scratch);
+
+// Column-parallel linear: weight (OCl,C) holds this rank's rows of the
+// whole (OC,C). out (B,T,OCl) = gather(inp) @ weight^T + bias; inp is
+// (B,Ts,C); bias (OCl) or null. Under sp the gathered input is rebuilt in
+// backward rather than kept (activation memory is the point of sp).
+// scratch: a, b.
+void column_linear_forward(float* out, const float* inp, const float* weight,
+                           const float* bias, int B, int T, int C, int OCl,
+                           const TpGroup& g, const LayerScratch& s);
+// dinp (B,Ts,C) += reduce over the group of dout @ weight; dweight, dbias
+// accumulate this rank's rows.
+void column_linear_backward(float* dinp, float* dweight, float* dbias,
+                            const float* dout, const float* inp,
+                            const float* weight, int B, int T, int C, int OCl,
+                            const TpGroup& g, const LayerScratch& s);
+
+// Row-parallel linear: weight (OC,Cl) holds this rank's columns of the whole
+// (OC,C). out (B,Ts,OC) = reduce(inp @ weight^T) + bias; inp is (B,T,Cl),
+// bias (OC) is added once, after the reduction. scratch: a, b.
+void row_linear_forward(float* out, const float* inp, const float* weight,
+                        const float* bias, int B, int T, int Cl, int OC,
+                        const TpGroup& g, const LayerScratch& s);
+// dinp (B,T,Cl) += gather(dout) @ weight; dweight += gather(dout)^T inp;
+// dbias += column sums of gather(dout) (the same on every rank).
+void row_linear_backward(float* dinp, float* dweight, float* dbias,
+                         const float* dout, const float* inp,
+                         const float* weight, int B, int T, int Cl, int OC,
+                         const TpGroup& g, const LayerScratch& s);
+
+// Vocabulary-parallel embedding: wte (Vl,C) holds vocabulary rows
+// [vocab_begin, vocab_begin + Vl), wpe (>=T,C) every position. out (B,Ts,C)
+// = reduce(rows of inp held here) + wpe at this rank's positions. inp is
+// (B,T). scratch: a, b.
+void vocab_embedding_forward(float* out, const int32_t* inp, const float* wte,
+                             const float* wpe, int B, int T, int C,
+                             int vocab_begin, int Vl, const TpGroup& g,
+                             const LayerScratch& s);
+// dwte += rows of gather(dout) for the tokens held here; dwpe += dout at
+// this rank's positions (under sp only those: the caller sums dwpe over the
+// group, as it does LayerNorm's gradients).
+void vocab_embedding_backward(float* dwte, float* dwpe, const float* dout,
+                              const int32_t* inp, int B, int T, int C,
+                              int vocab_begin, int Vl, const TpGroup& g,
+                              const LayerScratch& s);
+
+// Vocabulary-parallel softmax + cross-entropy over the (B,T,Vl) logits of
+// this rank's vocabulary columns (entries at or past V pad the vocabulary).
+// losses (B,T), the same on every rank; probs (B,T,Vl), saved for backward,
+// may alias logits. stats is scratch of 3·B·T floats. The logits are never
+// gathered.
+void vocab_crossentropy_forward(float* losses, float* probs,
+                                const float* logits, const int32_t* targets,
+                                int B, int T, int vocab_begin, int Vl, int V,
+                                const TpGroup& g, float* stats);
+// dlogits (B,T,Vl) += (probs - onehot(targets)) · dloss on this rank's
+// columns: nothing to communicate.
+void vocab_crossentropy_backward(float* dlogits, const float* probs,
+                                 const int32_t* targets, float dloss, int B,
+                                 int T, int vocab_begin, int Vl);
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_WORKER_ENGINE_LAYERS_H_
