@@ -2,18 +2,31 @@
 // [--set key=value]... [--log-json run.jsonl] [--resume-from latest|DIR]`,
 // alone or under `mpirun -n N`; `ptworker export --checkpoint DIR --llmc
 // OUT.bin` writes a checkpoint's weights in llm.c's format. Exit codes: 0 done,
-// 1 runtime failure, 2 bad input (spec, data, flags, layout) with one error
-// line on stderr from the lowest failing rank; every rank exits, none waits for
-// another.
+// 1 runtime failure, 2 bad input (spec, data, flags, layout, a damaged or
+// foreign checkpoint, a path outside the data roots, a model that does not fit
+// in memory) with one error line on stderr from the lowest failing rank; every
+// rank exits, none waits for another, none aborts.
+//
+// Environment (set by ptcoord's launcher): PTRAIN_DATA_ROOTS confines every
+// file ptworker opens (common/confined_fs.h); PTRAIN_JOB_UID is recorded in
+// checkpoints and checked on `--resume-from latest`. Test hooks, read only
+// when set: PTRAIN_TEST_CHECKPOINT_PAUSE_S, PTRAIN_TEST_HANG_AT_STEP.
 #include <mpi.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
+#include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/confined_fs.h"
 #include "common/logging.h"
 #include "common/net.h"
 #include "common/spec.h"
@@ -34,6 +47,7 @@ bool IsInputError(const absl::Status& s) {
     case absl::StatusCode::kUnimplemented:
     case absl::StatusCode::kFailedPrecondition:  // checkpoint does not fit
     case absl::StatusCode::kDataLoss:            // checkpoint is damaged
+    case absl::StatusCode::kResourceExhausted:   // does not fit in memory
       return true;
     default:
       return false;
@@ -60,17 +74,86 @@ int AgreeOnSetup(const absl::Status& status) {
   return status.ok() || IsInputError(status) ? kExitBadInput : 1;
 }
 
-double EnvDouble(const char* name) {
+// A test hook's value: unset unless the variable is present; a value that
+// is not a number is an error, never a silent 0.
+absl::Status EnvNumber(const char* name, std::optional<double>* out) {
   const char* v = std::getenv(name);
-  return v != nullptr ? std::atof(v) : 0.0;
+  if (v == nullptr) return absl::OkStatus();
+  double d = 0;
+  if (!absl::SimpleAtod(v, &d) || !(d >= 0 && d <= 86400)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, "='", v, "' is not a number of seconds in [0, 86400]"));
+  }
+  *out = d;
+  return absl::OkStatus();
+}
+
+absl::Status EnvInteger(const char* name, std::optional<int64_t>* out) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return absl::OkStatus();
+  int64_t i = 0;
+  if (!absl::SimpleAtoi(v, &i) || i < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, "='", v, "' is not an integer >= 1"));
+  }
+  *out = i;
+  return absl::OkStatus();
+}
+
+// $PTRAIN_JOB_UID: "" when unset; else a short token.
+absl::StatusOr<std::string> JobUid() {
+  const char* v = std::getenv("PTRAIN_JOB_UID");
+  if (v == nullptr) return std::string();
+  const std::string uid = v;
+  bool ok = uid.size() <= 128;
+  for (char c : uid) {
+    ok = ok && (absl::ascii_isalnum(static_cast<unsigned char>(c)) ||
+                c == '-' || c == '_' || c == '.');
+  }
+  if (!ok) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PTRAIN_JOB_UID='", uid.substr(0, 140),
+                     "' must be at most 128 characters of A-Z a-z 0-9 . _ -"));
+  }
+  return uid;
+}
+
+// Ranks of MPI_COMM_WORLD on this machine: they share its memory.
+int RanksOnNode() {
+  MPI_Comm node;
+  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0,
+                          MPI_INFO_NULL, &node) != MPI_SUCCESS) {
+    return 1;
+  }
+  int n = 1;
+  MPI_Comm_size(node, &n);
+  MPI_Comm_free(&node);
+  return n;
+}
+
+absl::Status ExportStatus(const std::string& checkpoint,
+                          const std::string& out) {
+  auto fs = ptrain::ConfinedFs::FromEnvironment();
+  if (!fs.ok()) return fs.status();
+  auto reader = ptrain::CheckpointReader::Open(checkpoint, *fs, "--checkpoint");
+  if (!reader.ok()) return reader.status();
+  // Open checked that the tensors are those of the manifest's model, so
+  // the export allocates no more than the checkpoint holds.
+  const ptrain::GptConfig& model = (*reader)->meta().model;
+  return ptrain::ExportLlmc(**reader, model, out, *fs, "--llmc");
 }
 
 // `ptworker export`: one process, no training.
 int Export(const std::string& checkpoint, const std::string& out) {
-  auto reader = ptrain::CheckpointReader::Open(checkpoint);
-  absl::Status s =
-      reader.ok() ? ptrain::ExportLlmc(**reader, (*reader)->meta().model, out)
-                  : reader.status();
+  absl::Status s;
+  try {
+    s = ExportStatus(checkpoint, out);
+  } catch (const std::bad_alloc&) {
+    s = absl::ResourceExhaustedError(
+        "export: out of memory reading the checkpoint");
+  } catch (const std::exception& e) {
+    s = absl::InternalError(absl::StrCat("export: ", e.what()));
+  }
   if (!s.ok()) {
     std::fprintf(stderr, "ptworker: error: %s\n",
                  std::string(s.message()).c_str());
@@ -137,7 +220,8 @@ int Run(int argc, char** argv) {
   std::unique_ptr<ptrain::ParallelDims> dims;
   std::unique_ptr<ptrain::Trainer> trainer;
   std::unique_ptr<ptrain::RankMetrics> metrics;
-  const absl::Status setup = [&]() -> absl::Status {
+  const int ranks_on_node = RanksOnNode();
+  const auto set_up = [&]() -> absl::Status {
     // Under ptcoord every rank reports to the coordinator (rank 0 its
     // progress, each rank its metrics endpoint); standalone, nobody.
     auto r = ptrain::ProgressReporter::FromEnvironment();
@@ -152,11 +236,23 @@ int Run(int argc, char** argv) {
     options.log_json_path = log_json;
     options.peak_flops = peak_gflops * 1e9;
     options.resume_from = resume_from;
+    auto fs = ptrain::ConfinedFs::FromEnvironment();
+    if (!fs.ok()) return fs.status();
+    options.fs = *fs;
+    auto uid = JobUid();
+    if (!uid.ok()) return uid.status();
+    options.job_uid = *uid;
+    options.ranks_on_node = ranks_on_node;
     // Test hooks (tests/): pause mid checkpoint write; stop progressing.
-    options.save.pause_mid_write_s =
-        EnvDouble("PTRAIN_TEST_CHECKPOINT_PAUSE_S");
-    options.hang_at_step =
-        static_cast<int64_t>(EnvDouble("PTRAIN_TEST_HANG_AT_STEP"));
+    if (auto s = EnvNumber("PTRAIN_TEST_CHECKPOINT_PAUSE_S",
+                           &options.save.pause_mid_write_s);
+        !s.ok()) {
+      return s;
+    }
+    if (auto s = EnvInteger("PTRAIN_TEST_HANG_AT_STEP", &options.hang_at_step);
+        !s.ok()) {
+      return s;
+    }
     if (reporter != nullptr) {
       options.on_record = [r = reporter.get()](const nlohmann::json& rec) {
         r->OnRecord(rec);
@@ -174,7 +270,19 @@ int Run(int argc, char** argv) {
       trainer->set_metrics(metrics.get());
     }
     return absl::OkStatus();
-  }();
+  };
+  // A failed allocation (or any exception) is an error like the others:
+  // every rank still reaches AgreeOnSetup.
+  absl::Status setup;
+  try {
+    setup = set_up();
+  } catch (const std::bad_alloc&) {
+    setup = absl::ResourceExhaustedError(
+        "memory: out of memory while setting up (see the model.*, "
+        "train.global_batch and parallel.* settings)");
+  } catch (const std::exception& e) {
+    setup = absl::InternalError(absl::StrCat("setup failed: ", e.what()));
+  }
   if (const int rc = AgreeOnSetup(setup); rc != 0) return rc;
   spdlog::info("layout: {}", dims->ToString());
   if (metrics != nullptr) {
@@ -188,7 +296,14 @@ int Run(int argc, char** argv) {
           ptrain::JoinHostPort(at, std::to_string(metrics->port())));
     }
   }
-  const absl::Status done = trainer->Run();
+  absl::Status done;
+  try {
+    done = trainer->Run();
+  } catch (const std::bad_alloc&) {
+    done = absl::ResourceExhaustedError("memory: out of memory while training");
+  } catch (const std::exception& e) {
+    done = absl::InternalError(absl::StrCat("training failed: ", e.what()));
+  }
   if (!done.ok()) {
     // Other ranks may be inside a collective: take the whole job down.
     std::fprintf(stderr, "ptworker: error on rank %d: %s\n", WorldRank(),
@@ -203,7 +318,18 @@ int Run(int argc, char** argv) {
 int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  const int rc = Run(argc, argv);
+  int rc = 0;
+  try {
+    rc = Run(argc, argv);
+  } catch (const std::exception& e) {
+    // Nothing may end in an abort: one error line, exit 2, and the other
+    // ranks taken down with it.
+    std::fprintf(stderr, "ptworker: error: %s\n", e.what());
+    int size = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, kExitBadInput);
+    rc = kExitBadInput;
+  }
   MPI_Finalize();
   return rc;
 }

@@ -2,7 +2,8 @@
 // zero1 dp2, zero3 dp2} loads into any of them and training goes on as the
 // single-rank run does (losses within 1e-5); on the same layout it goes on
 // bit for bit. A sharded layout reads only its share. Runs under
-// `mpirun -n 2`.
+// `mpirun -n 2`. Also: the memory estimate equals the engine's buffers for
+// every ZeRO stage.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/memory_estimate.h"
 #include "common/spec.h"
 #include "worker/engine/checkpoint.h"
 #include "worker/engine/parallel_dims.h"
@@ -51,16 +53,23 @@ std::string Root() {
 }
 
 v1::JobSpec Spec(const Layout& l, const std::string& ckpt_dir,
-                 const std::string& n_embd) {
-  auto spec = LoadJobSpecFile(
-      "examples/shakespeare-char.yaml",
-      {"model.n_layer=2", "model.n_head=2", "model.n_embd=" + n_embd,
-       "model.block_size=16", "train.global_batch=8",
-       "train.steps=" + std::to_string(kEnd), "train.lr=3e-3",
-       "train.warmup_steps=3", "train.eval_batches=1",
-       "parallel.dp=" + std::to_string(l.dp),
-       "parallel.zero=" + std::to_string(l.zero), "checkpoint.dir=" + ckpt_dir,
-       "checkpoint.keep_last=10"});
+                 const std::string& n_embd,
+                 const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> o = {"model.n_layer=2",
+                                "model.n_head=2",
+                                "model.n_embd=" + n_embd,
+                                "model.block_size=16",
+                                "train.global_batch=8",
+                                "train.steps=" + std::to_string(kEnd),
+                                "train.lr=3e-3",
+                                "train.warmup_steps=3",
+                                "train.eval_batches=1",
+                                "parallel.dp=" + std::to_string(l.dp),
+                                "parallel.zero=" + std::to_string(l.zero),
+                                "checkpoint.dir=" + ckpt_dir,
+                                "checkpoint.keep_last=10"};
+  o.insert(o.end(), extra.begin(), extra.end());
+  auto spec = LoadJobSpecFile("examples/shakespeare-char.yaml", o);
   EXPECT_TRUE(spec.ok()) << spec.status();
   return *spec;
 }
@@ -69,13 +78,14 @@ v1::JobSpec Spec(const Layout& l, const std::string& ckpt_dir,
 template <typename Fn>
 void OnLayout(const Layout& l, const std::string& ckpt_dir,
               const std::string& resume, Fn fn,
-              const std::string& n_embd = "36") {
+              const std::string& n_embd = "36",
+              const std::vector<std::string>& extra = {}) {
   MPI_Comm comm;
   const bool member = WorldRank() < l.dp;
   MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, WorldRank(),
                  &comm);
   if (member) {
-    const v1::JobSpec spec = Spec(l, ckpt_dir, n_embd);
+    const v1::JobSpec spec = Spec(l, ckpt_dir, n_embd, extra);
     auto dims = ParallelDims::Create(spec.parallel(), comm);
     EXPECT_TRUE(dims.ok()) << dims.status();
     TrainerOptions opt;
@@ -186,6 +196,38 @@ TEST_F(Reshard, ShardedLayoutReadsOnlyItsShare) {
         EXPECT_GT(share, 0.25);
       },
       "256");
+}
+
+TEST_F(Reshard, MemoryEstimateEqualsTheEngineBuffersOfEveryZeroStage) {
+  for (int zero = 0; zero <= 3; ++zero) {
+    for (int micro : {1, 2}) {
+      const Layout l{"memory", 2, zero};
+      // n_embd 35, one head, vocabulary 65: units of odd size, padded to
+      // dp=2.
+      const std::vector<std::string> extra = {
+          "model.n_head=1", "parallel.microbatches=" + std::to_string(micro)};
+      OnLayout(
+          l, Root() + "/scratch", "",
+          [&](Trainer& t) {
+            const MemoryBytes real = t.memory();
+            const MemoryEstimate e = EstimateRankMemory(
+                Spec(l, Root() + "/scratch", "35", extra), t.data().vocab_size);
+            if (WorldRank() == 0) {
+              std::printf(
+                  "zero%d microbatches %d: estimate %lld bytes, engine %lld "
+                  "bytes\n",
+                  zero, micro, static_cast<long long>(e.total()),
+                  static_cast<long long>(real.params + real.grads +
+                                         real.optimizer + real.activations));
+            }
+            EXPECT_EQ(e.params, real.params) << zero << "/" << micro;
+            EXPECT_EQ(e.grads, real.grads) << zero << "/" << micro;
+            EXPECT_EQ(e.optimizer, real.optimizer) << zero << "/" << micro;
+            EXPECT_EQ(e.activations, real.activations) << zero << "/" << micro;
+          },
+          "35", extra);
+    }
+  }
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 // ptworker as a process: bad input ends with exit code 2 and one error line
-// naming the problem, and writes nothing; a tiny good run writes the run log.
+// naming the problem, and writes nothing — sizes too large to allocate, a
+// damaged or foreign checkpoint, a path that leads out of the data roots —
+// never an abort; a tiny good run writes the run log.
 #include <gtest/gtest.h>
+#include <openssl/evp.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,9 +12,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 
+#include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/shell.h"
 #include "worker/engine/checkpoint.h"
@@ -22,12 +27,45 @@ namespace fs = std::filesystem;
 
 using Result = ptrain::testing::ShellResult;
 
-Result RunPtworker(const std::string& args) {
+// `env`: "NAME=value ..." set for the process.
+Result RunPtworker(const std::string& args, const std::string& env = "") {
   const fs::path err_file =
       fs::temp_directory_path() /
       ("ptworker_cli_err_" + std::to_string(::getpid()) + ".txt");
-  return ptrain::testing::RunShell(std::string(PTWORKER_PATH) + " " + args,
+  return ptrain::testing::RunShell(env + " " + PTWORKER_PATH + " " + args,
                                    err_file.string());
+}
+
+std::string ReadAll(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Sets dir's manifest `step` and recomputes the digest: a manifest that
+// only validation can refuse.
+void SetManifestStep(const fs::path& dir, int64_t step) {
+  auto m = nlohmann::json::parse(ReadAll(dir / "manifest.json"));
+  m["step"] = step;
+  const std::string text = m.dump(1);
+  std::ofstream(dir / "manifest.json", std::ios::trunc) << text;
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(text.data(), text.size(), md, &len, EVP_sha256(), nullptr);
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) hex += absl::StrFormat("%02x", md[i]);
+  std::ofstream(dir / "manifest.sha256", std::ios::trunc)
+      << hex << "  manifest.json\n";
+}
+
+// Names and contents of every file under `dir`: "nothing changed there".
+std::map<std::string, std::string> Tree(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    out[e.path().string()] = e.is_regular_file() ? ReadAll(e.path()) : "";
+  }
+  return out;
 }
 
 class PtworkerCli : public ::testing::Test {
@@ -43,6 +81,13 @@ class PtworkerCli : public ::testing::Test {
     return std::string("--config ") + PT_SOURCE_DIR +
            "/examples/shakespeare-char.yaml --log-json " + log_ +
            " --peak-gflops 100 ";
+  }
+  // A small, fast model.
+  std::string Small() const {
+    return Base() +
+           "--set model.n_layer=1 --set model.n_embd=32 "
+           "--set train.eval_every=0 --set train.eval_batches=1 "
+           "--set train.sample_tokens=0 ";
   }
   void ExpectRefused(const Result& r, const std::string& needle) {
     EXPECT_EQ(r.code, 2) << r.err;
@@ -157,10 +202,11 @@ TEST_F(PtworkerCli, KillDuringCheckpointWriteLeavesThePreviousOneAsLatest) {
 
   EXPECT_FALSE(fs::exists(ckpt / "step-00000010"));
   const auto all = ptrain::ListCheckpoints(ckpt.string());
-  ASSERT_EQ(all.size(), 1u);
-  EXPECT_EQ(fs::path(all[0]).filename(), "step-00000005");
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 1u);
+  EXPECT_EQ(fs::path((*all)[0]).filename(), "step-00000005");
   // The previous checkpoint is whole: every tensor reads and checks out.
-  auto reader = ptrain::CheckpointReader::Open(all[0]);
+  auto reader = ptrain::CheckpointReader::Open((*all)[0]);
   ASSERT_TRUE(reader.ok()) << reader.status();
   std::vector<float> buf;
   for (const auto& p : ptrain::GptParamLayout((*reader)->meta().model)) {
@@ -174,6 +220,197 @@ TEST_F(PtworkerCli, KillDuringCheckpointWriteLeavesThePreviousOneAsLatest) {
   ASSERT_EQ(RunPtworker(args + "--set train.steps=10").code, 0);
   EXPECT_TRUE(fs::exists(ckpt / "step-00000010" / "manifest.json"));
   EXPECT_FALSE(fs::exists(ckpt / "step-00000010.tmp"));
+}
+
+// Sizes that pass as numbers but cannot be allocated: exit 2 and one line
+// naming the field, never std::bad_alloc's abort. The first four are the
+// reported inputs (refused by the spec's bounds or the memory estimate,
+// whichever comes first); the rest are within any field bound and only the
+// memory estimate can refuse them.
+TEST_F(PtworkerCli, HugeSizesAreRefusedNamingTheFieldNeverAborted) {
+  const std::string small = (dir_ / "small.txt").string();
+  std::ofstream(small) << std::string(3000, 'a') + std::string(3000, 'b');
+  const struct {
+    std::string set, needle;
+  } cases[] = {
+      {"model.n_embd=1073741824", "model.n_embd"},
+      {"train.global_batch=2147483647", "train.global_batch"},
+      {"model.block_size=100000 --set data.path=" + small,
+       "model.block_size=100000"},
+      {"resources.threads_per_rank=2147483647", "resources.threads_per_rank"},
+      {"model.n_embd=65536", "memory: each rank needs"},
+      {"model.n_embd=65536", "model.n_embd=65536"},
+      {"train.global_batch=1048576", "train.global_batch=1048576"},
+      {"model.block_size=100000", "memory: each rank needs"},
+      {"model.block_size=100000", "model.block_size=100000"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.set);
+    ExpectRefused(RunPtworker(Base() + "--set " + c.set), c.needle);
+  }
+}
+
+// When the allocator fails anyway (here: a 1.2 GB address-space limit
+// under a 1.6 GB model the machine could hold), std::bad_alloc becomes one
+// error line and exit 2, not an abort.
+TEST_F(PtworkerCli, OutOfMemoryIsOneErrorLineExitTwoNotAnAbort) {
+  ExpectRefused(RunPtworker(Base() + "--set model.n_embd=1024 "
+                                     "--set model.n_layer=8",
+                            "ulimit -v 1200000;"),
+                "memory: out of memory while building the model");
+}
+
+TEST_F(PtworkerCli, TestHookWithABadValueIsRefused) {
+  ExpectRefused(RunPtworker(Small() + "--set train.steps=2",
+                            "PTRAIN_TEST_HANG_AT_STEP=abc"),
+                "PTRAIN_TEST_HANG_AT_STEP='abc' is not an integer");
+}
+
+TEST_F(PtworkerCli, DamagedCheckpointExitsTwoExplicitlyAndIsSkippedByLatest) {
+  const fs::path ckpt = dir_ / "ck";
+  const std::string args = Small() + "--set checkpoint.every=5 " +
+                           "--set checkpoint.dir=" + ckpt.string() + " ";
+  ASSERT_EQ(RunPtworker(args + "--set train.steps=10").code, 0);
+  const fs::path ten = ckpt / "step-00000010";
+  SetManifestStep(ten, -5);
+  fs::remove(log_);
+
+  // Named explicitly: exit 2, one line, nothing written.
+  const auto before = Tree(ckpt);
+  ExpectRefused(
+      RunPtworker(args + "--set train.steps=12 --resume-from " + ten.string()),
+      "checkpoint " + ten.string() + " is damaged: step=-5 is outside");
+  // Exported: the same refusal, no output file.
+  const fs::path out = dir_ / "model.bin";
+  ExpectRefused(RunPtworker("export --checkpoint " + ten.string() + " --llmc " +
+                            out.string()),
+                "is damaged: step=-5");
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_FALSE(fs::exists(out.string() + ".tmp"));
+  EXPECT_EQ(Tree(ckpt), before);
+
+  // latest: falls back to step 5 with a warning naming the damaged one.
+  const Result r =
+      RunPtworker(args + "--set train.steps=12 --resume-from latest");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("skipping damaged checkpoint '" + ten.string() + "'"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("step-00000005' at step 5"), std::string::npos) << r.err;
+  // And an intact one exports.
+  EXPECT_EQ(
+      RunPtworker("export --checkpoint " + (ckpt / "step-00000005").string() +
+                  " --llmc " + out.string())
+          .code,
+      0);
+  EXPECT_TRUE(fs::exists(out));
+}
+
+TEST_F(PtworkerCli, LatestRefusesACheckpointOfAnotherJob) {
+  const fs::path ckpt = dir_ / "ck";
+  const std::string args = Small() + "--set checkpoint.every=2 " +
+                           "--set checkpoint.dir=" + ckpt.string() +
+                           " --resume-from latest ";
+  ASSERT_EQ(
+      RunPtworker(args + "--set train.steps=2", "PTRAIN_JOB_UID=job-a").code,
+      0);
+  fs::remove(log_);
+  const auto before = Tree(ckpt);
+  ExpectRefused(
+      RunPtworker(args + "--set train.steps=4", "PTRAIN_JOB_UID=job-b"),
+      "belongs to job 'job-a', not to this job 'job-b'");
+  EXPECT_EQ(Tree(ckpt), before);
+  ASSERT_EQ(
+      RunPtworker(args + "--set train.steps=4", "PTRAIN_JOB_UID=job-a").code,
+      0);
+}
+
+// With PTRAIN_DATA_ROOTS set, every file is opened beneath a root: a data
+// file, a checkpoint folder or an init_from file reached through a symlink
+// that leads out is refused (exit 2) and nothing is written outside.
+class ConfinedPtworker : public PtworkerCli {
+ protected:
+  void SetUp() override {
+    PtworkerCli::SetUp();
+    root_ = fs::canonical(dir_) / "root";
+    outside_ = fs::canonical(dir_) / "outside";
+    fs::create_directories(root_ / "data");
+    fs::create_directories(outside_ / "ckpt");
+    std::string text =
+        ReadAll(fs::path(PT_SOURCE_DIR) / "data/tinyshakespeare.txt")
+            .substr(0, 20000);
+    std::ofstream(root_ / "data" / "text.txt") << text;
+    std::ofstream(outside_ / "secret.txt") << text;
+  }
+  std::string Confined() const {
+    return Small() + "--set train.steps=2 --set checkpoint.dir=" +
+           (root_ / "ck").string() + " ";
+  }
+  // Runs ptworker with the roots set, as ptcoord's launcher does.
+  Result Run(const std::string& args) const {
+    return RunPtworker(args, "PTRAIN_DATA_ROOTS=" + root_.string());
+  }
+  fs::path root_, outside_;
+};
+
+TEST_F(ConfinedPtworker, DataInsideTheRootsTrainsAndCheckpoints) {
+  const std::string args =
+      Confined() + "--set data.path=" + (root_ / "data/text.txt").string() +
+      " --set checkpoint.dir=" + (root_ / "ck").string() +
+      " --set checkpoint.every=1 --resume-from latest ";
+  const Result r = Run(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(root_ / "ck/step-00000002/manifest.sha256"));
+  // A symlink that stays inside the root is fine.
+  fs::create_symlink("data/text.txt", root_ / "alias.txt");
+  fs::remove(log_);
+  const Result again =
+      Run(Confined() + "--set data.path=" + (root_ / "alias.txt").string() +
+          " --set checkpoint.dir=" + (root_ / "ck").string() +
+          " --set checkpoint.every=1 --set train.steps=3 --resume-from latest");
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_NE(again.err.find("at step 2"), std::string::npos) << again.err;
+}
+
+TEST_F(ConfinedPtworker, DataFileSymlinkedOutsideIsRefused) {
+  fs::create_symlink(outside_ / "secret.txt", root_ / "data/abs.txt");
+  fs::create_symlink("../../outside/secret.txt", root_ / "data/rel.txt");
+  for (const char* name : {"data/abs.txt", "data/rel.txt"}) {
+    SCOPED_TRACE(name);
+    ExpectRefused(
+        Run(Confined() + "--set data.path=" + (root_ / name).string()),
+        "data.path: '" + (root_ / name).string() +
+            "' leads outside the data roots (" + root_.string() + ")");
+  }
+  // Lexically outside: refused before any lookup.
+  ExpectRefused(
+      Run(Confined() + "--set data.path=" + (outside_ / "secret.txt").string()),
+      "is outside the data roots (" + root_.string() + ")");
+}
+
+TEST_F(ConfinedPtworker, CheckpointFolderSymlinkedOutsideIsRefusedUnwritten) {
+  fs::create_symlink(outside_ / "ckpt", root_ / "ck");
+  const auto before = Tree(outside_);
+  for (const char* resume : {"", "--resume-from latest"}) {
+    SCOPED_TRACE(resume);
+    ExpectRefused(Run(Confined() +
+                      "--set data.path=" + (root_ / "data/text.txt").string() +
+                      " --set checkpoint.every=1 --set checkpoint.dir=" +
+                      (root_ / "ck" / "job").string() + " " + resume),
+                  "checkpoint.dir: '" + (root_ / "ck" / "job").string() +
+                      "' leads outside the data roots");
+  }
+  EXPECT_EQ(Tree(outside_), before) << "something was written outside";
+}
+
+TEST_F(ConfinedPtworker, InitFromSymlinkedOutsideIsRefused) {
+  std::ofstream(outside_ / "model.bin") << std::string(4096, '\0');
+  fs::create_symlink(outside_ / "model.bin", root_ / "model.bin");
+  ExpectRefused(
+      Run(Confined() + "--set data.path=" + (root_ / "data/text.txt").string() +
+          " --set model.init_from=llmc:" + (root_ / "model.bin").string()),
+      "model.init_from: '" + (root_ / "model.bin").string() +
+          "' leads outside the data roots");
 }
 
 }  // namespace

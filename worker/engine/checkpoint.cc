@@ -1,6 +1,7 @@
 #include "worker/engine/checkpoint.h"
 
 #include <fcntl.h>
+#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -11,15 +12,16 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <regex>
-#include <sstream>
+#include <set>
 #include <thread>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
 
 namespace ptrain {
 
@@ -31,7 +33,32 @@ namespace {
 // Checksum granularity: a reader verifies whole chunks, so this bounds how
 // much it reads beyond the slices it needs.
 constexpr int64_t kChunkBytes = 64 << 10;
-constexpr char kFormat[] = "ptrain-checkpoint-1";
+// 2: manifest.sha256 and job_uid (docs/checkpoints.md).
+constexpr char kFormat[] = "ptrain-checkpoint-2";
+constexpr char kManifest[] = "manifest.json";
+constexpr char kDigestFile[] = "manifest.sha256";
+constexpr char kField[] = "checkpoint.dir";
+
+// What a reader accepts (docs/checkpoints.md). Far above any real model,
+// far below where int64 arithmetic on them could overflow.
+constexpr int64_t kMinChunkBytes = 4 << 10;
+constexpr int64_t kMaxChunkBytes = 16 << 20;
+constexpr int64_t kMaxManifestBytes = 256 << 20;
+constexpr int64_t kMaxSideIndexBytes = 256 << 20;
+constexpr int64_t kMaxStep = int64_t{1} << 48;
+constexpr int64_t kMaxTokens = int64_t{1} << 62;
+constexpr int64_t kMaxModelDim = 1 << 24;  // n_head, n_embd, block_size, V
+constexpr int64_t kMaxLayers = 1 << 16;
+constexpr int64_t kMaxDegree = 1 << 16;  // dp, tp, pp
+constexpr int64_t kMaxWorld = 1 << 20;
+constexpr int64_t kMaxFileBytes = int64_t{1} << 50;
+constexpr int64_t kMaxDim = int64_t{1} << 32;  // one dimension of a shape
+constexpr int64_t kMaxElements = int64_t{1} << 48;
+constexpr size_t kMaxShapeRank = 8;
+constexpr size_t kMaxNameLength = 256;
+constexpr size_t kMaxUidLength = 128;
+constexpr int64_t kMaxSpecBytes = 1 << 20;
+constexpr int kMaxJsonDepth = 16;
 
 std::string Errno(const std::string& what, const std::string& path) {
   return absl::StrCat(what, " '", path, "': ", std::strerror(errno));
@@ -39,26 +66,224 @@ std::string Errno(const std::string& what, const std::string& path) {
 
 std::string Hex(uint64_t h) { return absl::StrFormat("%016x", h); }
 
-absl::Status FsyncPath(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return absl::InternalError(Errno("cannot open", path));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) return absl::InternalError(Errno("cannot fsync", path));
+std::string Join(const std::string& dir, const std::string& name) {
+  return (fs::path(dir) / name).string();
+}
+
+std::string Sha256Hex(const std::string& data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr) !=
+      1) {
+    return "";
+  }
+  std::string out;
+  for (unsigned int i = 0; i < len; ++i)
+    absl::StrAppendFormat(&out, "%02x", md[i]);
+  return out;
+}
+
+// manifest.sha256 in sha256sum's format, so `sha256sum -c` checks it too.
+std::string DigestLine(const std::string& manifest_text) {
+  return absl::StrCat(Sha256Hex(manifest_text), "  ", kManifest, "\n");
+}
+
+// A name from a manifest, shortened for an error message.
+std::string Quote(absl::string_view s) {
+  std::string out(s.substr(0, 64));
+  for (char& c : out) {
+    if (!absl::ascii_isprint(static_cast<unsigned char>(c))) c = '?';
+  }
+  return absl::StrCat("'", out, s.size() > 64 ? "...'" : "'");
+}
+
+// Deepest nesting of [ and { outside strings: refused before parsing, so
+// that no recursion anywhere sees an absurd depth.
+int JsonDepth(const std::string& text) {
+  int depth = 0, max_depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      max_depth = std::max(max_depth, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return max_depth;
+}
+
+// Parses a manifest-like JSON text without exceptions; nullopt if it is not
+// JSON or nests too deeply.
+std::optional<json> ParseJson(const std::string& text) {
+  if (JsonDepth(text) > kMaxJsonDepth) return std::nullopt;
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return std::nullopt;
+  return j;
+}
+
+// --- typed access to manifest fields: never throws, names the field -----
+
+std::string Path(absl::string_view where, absl::string_view key) {
+  return where.empty() ? std::string(key) : absl::StrCat(where, ".", key);
+}
+
+absl::Status Bad(const std::string& msg) {
+  return absl::InvalidArgumentError(msg);
+}
+
+absl::StatusOr<const json*> Member(const json& obj, absl::string_view where,
+                                   absl::string_view key) {
+  if (!obj.is_object()) {
+    return Bad(absl::StrCat(where.empty() ? "the manifest" : where,
+                            " is not an object"));
+  }
+  auto it = obj.find(key);
+  if (it == obj.end()) return Bad(Path(where, key) + " is missing");
+  return &*it;
+}
+
+absl::StatusOr<const json*> ObjectAt(const json& obj, absl::string_view where,
+                                     absl::string_view key) {
+  auto v = Member(obj, where, key);
+  if (!v.ok()) return v.status();
+  if (!(*v)->is_object()) {
+    return Bad(absl::StrCat(Path(where, key), " is ", (*v)->type_name(),
+                            ", not an object"));
+  }
+  return v;
+}
+
+// An integer in [lo, hi]: a JSON integer (not 5.0, not 1e30, not "5").
+absl::Status IntValue(const json& v, const std::string& path, int64_t lo,
+                      int64_t hi, int64_t* out) {
+  if (v.is_number_float()) {
+    return Bad(absl::StrCat(path, "=", v.get<double>(), " is not an integer"));
+  }
+  if (!v.is_number_integer()) {
+    return Bad(absl::StrCat(path, " is ", v.type_name(), ", not an integer"));
+  }
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(hi)) {
+      return Bad(
+          absl::StrCat(path, "=", u, " is outside [", lo, ", ", hi, "]"));
+    }
+    *out = static_cast<int64_t>(u);
+  } else {
+    *out = v.get<int64_t>();
+  }
+  if (*out < lo || *out > hi) {
+    return Bad(
+        absl::StrCat(path, "=", *out, " is outside [", lo, ", ", hi, "]"));
+  }
   return absl::OkStatus();
+}
+
+absl::Status Int(const json& obj, absl::string_view where,
+                 absl::string_view key, int64_t lo, int64_t hi, int64_t* out) {
+  auto v = Member(obj, where, key);
+  if (!v.ok()) return v.status();
+  return IntValue(**v, Path(where, key), lo, hi, out);
+}
+
+absl::Status Int32(const json& obj, absl::string_view where,
+                   absl::string_view key, int64_t lo, int64_t hi, int* out) {
+  int64_t v = 0;
+  if (auto s = Int(obj, where, key, lo, hi, &v); !s.ok()) return s;
+  *out = static_cast<int>(v);
+  return absl::OkStatus();
+}
+
+absl::Status Uint64(const json& obj, absl::string_view where,
+                    absl::string_view key, uint64_t* out) {
+  auto v = Member(obj, where, key);
+  if (!v.ok()) return v.status();
+  const std::string path = Path(where, key);
+  if (!(*v)->is_number_integer() ||
+      (!(*v)->is_number_unsigned() && (*v)->get<int64_t>() < 0)) {
+    return Bad(path + " is not an integer between 0 and 2^64-1");
+  }
+  *out = (*v)->get<uint64_t>();
+  return absl::OkStatus();
+}
+
+absl::Status String(const json& obj, absl::string_view where,
+                    absl::string_view key, size_t max_len, std::string* out) {
+  auto v = Member(obj, where, key);
+  if (!v.ok()) return v.status();
+  const std::string path = Path(where, key);
+  if (!(*v)->is_string()) {
+    return Bad(absl::StrCat(path, " is ", (*v)->type_name(), ", not a string"));
+  }
+  const auto& s = (*v)->get_ref<const std::string&>();
+  if (s.size() > max_len) {
+    return Bad(
+        absl::StrCat(path, " is ", s.size(), " bytes long; at most ", max_len));
+  }
+  *out = s;
+  return absl::OkStatus();
+}
+
+// "shard-RRRRR.bin" (5 or more digits) -> R, or -1.
+int64_t ShardNumber(absl::string_view name) {
+  constexpr absl::string_view kPrefix = "shard-", kSuffix = ".bin";
+  if (name.size() < kPrefix.size() + 5 + kSuffix.size() ||
+      name.substr(0, kPrefix.size()) != kPrefix ||
+      name.substr(name.size() - kSuffix.size()) != kSuffix) {
+    return -1;
+  }
+  const absl::string_view digits = name.substr(
+      kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
+  int64_t n = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9' || n > kMaxWorld) return -1;
+    n = n * 10 + (c - '0');
+  }
+  return n;
+}
+
+// "step-NNNNNNNN" (8 or more digits) -> N, or -1.
+int64_t StepNumber(absl::string_view name) {
+  constexpr absl::string_view kPrefix = "step-";
+  if (name.size() < kPrefix.size() + 8 ||
+      name.substr(0, kPrefix.size()) != kPrefix) {
+    return -1;
+  }
+  int64_t n = 0;
+  for (char c : name.substr(kPrefix.size())) {
+    if (c < '0' || c > '9' || n > kMaxStep) return -1;
+    n = n * 10 + (c - '0');
+  }
+  return n;
+}
+
+std::string StepName(int64_t step) {
+  return absl::StrFormat("step-%08d", step);
 }
 
 // Writes a file through a buffer, hashing each kChunkBytes chunk.
 class ChunkedWriter {
  public:
   ~ChunkedWriter() {
-    if (fd_ >= 0) ::close(fd_);
     if (state_ != nullptr) XXH64_freeState(state_);
   }
-  absl::Status Open(const std::string& path) {
+  absl::Status Open(const ConfinedFs& fs, const std::string& path,
+                    const std::string& field) {
     path_ = path;
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd_ < 0) return absl::InternalError(Errno("cannot create", path));
+    auto fd =
+        fs.Open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK, field, 0644);
+    if (!fd.ok()) return fd.status();
+    fd_ = std::move(*fd);
     state_ = XXH64_createState();
     XXH64_reset(state_, 0);
     buffer_.reserve(kBuffer);
@@ -87,13 +312,12 @@ class ChunkedWriter {
   absl::Status Finish() {
     if (in_chunk_ > 0) CloseChunk();
     if (auto s = Flush(); !s.ok()) return s;
-    if (::fsync(fd_) != 0)
+    if (::fsync(fd_.get()) != 0) {
       return absl::InternalError(Errno("cannot fsync", path_));
-    if (::close(fd_) != 0) {
-      fd_ = -1;
+    }
+    if (::close(fd_.Release()) != 0) {
       return absl::InternalError(Errno("cannot close", path_));
     }
-    fd_ = -1;
     return absl::OkStatus();
   }
   int64_t total() const { return total_; }
@@ -110,7 +334,7 @@ class ChunkedWriter {
     const char* p = buffer_.data();
     size_t left = buffer_.size();
     while (left > 0) {
-      const ssize_t n = ::write(fd_, p, left);
+      const ssize_t n = ::write(fd_.get(), p, left);
       if (n < 0) {
         if (errno == EINTR) continue;
         return absl::InternalError(Errno("cannot write", path_));
@@ -123,29 +347,22 @@ class ChunkedWriter {
   }
 
   std::string path_;
-  int fd_ = -1;
+  UniqueFd fd_;
   XXH64_state_t* state_ = nullptr;
   std::vector<char> buffer_;
   std::vector<uint64_t> chunks_;
   int64_t in_chunk_ = 0, total_ = 0;
 };
 
-absl::Status WriteSmallFile(const std::string& path, const std::string& text) {
+absl::Status WriteSmallFile(const ConfinedFs& fs, const std::string& path,
+                            const std::string& text) {
   ChunkedWriter w;
-  if (auto s = w.Open(path); !s.ok()) return s;
+  if (auto s = w.Open(fs, path, kField); !s.ok()) return s;
   if (auto s = w.Write(text.data(), static_cast<int64_t>(text.size()));
       !s.ok()) {
     return s;
   }
   return w.Finish();
-}
-
-absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(Errno("cannot read", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // Sum of x over the world (x itself without one): how ranks agree.
@@ -168,32 +385,13 @@ json MetaToJson(const CheckpointMeta& m) {
             {"vocab_size", m.model.vocab_size}}},
           {"vocab", m.vocab},
           {"spec", m.spec_yaml},
+          {"job_uid", m.job_uid},
           {"layout",
            {{"dp", m.dp},
             {"tp", m.tp},
             {"pp", m.pp},
             {"zero", m.zero},
             {"world", m.world}}}};
-}
-
-CheckpointMeta MetaFromJson(const json& j) {
-  CheckpointMeta m;
-  m.step = j.at("step");
-  m.tokens_seen = j.at("tokens_seen");
-  m.optimizer_step = j.at("optimizer_step");
-  m.seed = j.at("sampler").at("seed");
-  const json& md = j.at("model");
-  m.model = GptConfig{md.at("n_layer"), md.at("n_head"), md.at("n_embd"),
-                      md.at("block_size"), md.at("vocab_size")};
-  m.vocab = j.at("vocab");
-  m.spec_yaml = j.at("spec");
-  const json& l = j.at("layout");
-  m.dp = l.at("dp");
-  m.tp = l.at("tp");
-  m.pp = l.at("pp");
-  m.zero = l.at("zero");
-  m.world = l.at("world");
-  return m;
 }
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
@@ -209,32 +407,82 @@ std::string ExpAvgSqName(const std::string& name) {
   return "optimizer.exp_avg_sq." + name;
 }
 
+absl::StatusOr<std::vector<std::string>> ListCheckpoints(
+    const std::string& root, const ConfinedFs& fs) {
+  std::vector<std::string> out;
+  auto entries = fs.List(root, kField);
+  if (!entries.ok()) {
+    if (entries.status().code() == absl::StatusCode::kNotFound) return out;
+    return entries.status();
+  }
+  std::vector<std::pair<int64_t, std::string>> steps;
+  for (const ConfinedFs::Entry& e : *entries) {
+    const int64_t n = StepNumber(e.name);
+    if (e.is_dir && n >= 0) steps.emplace_back(n, Join(root, e.name));
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  for (auto& [n, dir] : steps) out.push_back(std::move(dir));
+  return out;
+}
+
+absl::StatusOr<std::string> CheckpointJobUid(const std::string& dir,
+                                             const ConfinedFs& fs) {
+  auto text = fs.ReadFile(Join(dir, kManifest), kField, kMaxManifestBytes);
+  if (!text.ok()) return text.status();
+  const std::optional<json> m = ParseJson(*text);
+  if (!m.has_value() || !m->is_object()) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint ", dir, " is damaged: manifest.json is not valid JSON"));
+  }
+  auto it = m->find("job_uid");
+  if (it == m->end()) return std::string();
+  if (!it->is_string() ||
+      it->get_ref<const std::string&>().size() > kMaxUidLength) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint ", dir, " is damaged: job_uid is not a short string"));
+  }
+  return it->get<std::string>();
+}
+
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
                                            const CheckpointMeta& meta,
                                            const std::vector<ParamInfo>& layout,
                                            const std::vector<ShardRun>& runs,
                                            Communicator* world,
                                            const SaveOptions& options) {
+  const ConfinedFs& cfs = options.fs;
   const int rank = world != nullptr ? world->rank() : 0;
   const int size = world != nullptr ? world->size() : 1;
-  const std::string final_dir =
-      (fs::path(root) / absl::StrFormat("step-%08d", meta.step)).string();
+  const std::string final_dir = Join(root, StepName(meta.step));
   const std::string tmp = final_dir + ".tmp";
 
   // Rank 0 prepares a clean step-N.tmp/ (a crashed save may have left one).
   absl::Status prep = absl::OkStatus();
   bool exists = false;
   if (rank == 0) {
-    std::error_code ec;
-    exists = fs::exists(fs::path(final_dir) / "manifest.json", ec);
-    if (!exists) {
-      fs::remove_all(tmp, ec);
-      fs::create_directories(tmp, ec);
-      if (ec) {
-        prep = absl::InternalError(
-            absl::StrCat("cannot create '", tmp, "': ", ec.message()));
+    prep = [&]() -> absl::Status {
+      auto committed = cfs.Exists(Join(final_dir, kManifest), kField);
+      if (!committed.ok()) return committed.status();
+      if (*committed) {
+        // Ours already (a resumed run reaching a step it saved before), or
+        // another job's, which is never touched.
+        auto owner = CheckpointJobUid(final_dir, cfs);
+        if (owner.ok() && *owner != meta.job_uid) {
+          return absl::FailedPreconditionError(
+              absl::StrCat(kField, ": ", final_dir, " belongs to job '", *owner,
+                           "', not to this job '", meta.job_uid,
+                           "'; two jobs must not share a checkpoint folder"));
+        }
+        if (!owner.ok()) {
+          spdlog::warn("checkpoint: leaving {} as it is: {}", final_dir,
+                       std::string(owner.status().message()));
+        }
+        exists = true;
+        return absl::OkStatus();
       }
-    }
+      if (auto s = cfs.RemoveAll(tmp, kField); !s.ok()) return s;
+      return cfs.MakeDirs(tmp, kField);
+    }();
   }
   const double prep_flags =
       Agree(world, (prep.ok() ? 0.0 : 1.0) + (exists ? 2.0 : 0.0));
@@ -250,7 +498,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
   const std::string file = absl::StrFormat("shard-%05d.bin", rank);
   absl::Status wrote = [&]() -> absl::Status {
     ChunkedWriter w;
-    if (auto s = w.Open((fs::path(tmp) / file).string()); !s.ok()) return s;
+    if (auto s = w.Open(cfs, Join(tmp, file), kField); !s.ok()) return s;
     json entries = json::array();
     int64_t total = 0;
     for (const ShardRun& r : runs) total += r.count;
@@ -267,10 +515,11 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
         return s;
       }
       done += r.count;
-      if (!paused && options.pause_mid_write_s > 0 && 2 * done >= total) {
+      if (!paused && options.pause_mid_write_s.has_value() &&
+          2 * done >= total) {
         paused = true;
         std::this_thread::sleep_for(
-            std::chrono::duration<double>(options.pause_mid_write_s));
+            std::chrono::duration<double>(*options.pause_mid_write_s));
       }
     }
     if (auto s = w.Finish(); !s.ok()) return s;
@@ -282,15 +531,15 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
                         {"xxh64_chunks", chunks},
                         {"entries", entries}};
     return WriteSmallFile(
-        (fs::path(tmp) / absl::StrFormat("shard-%05d.json", rank)).string(),
-        index.dump());
+        cfs, Join(tmp, absl::StrFormat("shard-%05d.json", rank)), index.dump());
   }();
   if (Agree(world, wrote.ok() ? 0.0 : 1.0) > 0.0) {
     if (!wrote.ok()) return wrote;
     return absl::InternalError("checkpoint: another rank failed to write");
   }
 
-  // Rank 0 merges the indexes into the manifest and commits by rename.
+  // Rank 0 merges the indexes into the manifest, writes its digest last and
+  // commits by rename.
   absl::Status committed = absl::OkStatus();
   if (rank == 0) {
     committed = [&]() -> absl::Status {
@@ -307,44 +556,64 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
       }
       for (int r = 0; r < size; ++r) {
         const std::string side =
-            (fs::path(tmp) / absl::StrFormat("shard-%05d.json", r)).string();
-        auto text = ReadSmallFile(side);
+            Join(tmp, absl::StrFormat("shard-%05d.json", r));
+        auto text = cfs.ReadFile(side, kField, kMaxSideIndexBytes);
         if (!text.ok()) return text.status();
-        const json index = json::parse(*text);
-        files[index.at("file").get<std::string>()] = {
-            {"bytes", index.at("bytes")},
-            {"chunk_bytes", index.at("chunk_bytes")},
-            {"xxh64_chunks", index.at("xxh64_chunks")}};
-        for (const json& e : index.at("entries")) {
-          const std::string t = e.at("tensor");
-          if (!tensors.contains(t)) {
-            return absl::InternalError("checkpoint: unknown tensor " + t);
-          }
-          tensors[t]["shards"].push_back({{"file", index.at("file")},
-                                          {"offset", e.at("offset")},
-                                          {"start", e.at("start")},
-                                          {"count", e.at("count")}});
+        // Written by this job's ranks a moment ago; still, a bad one is an
+        // error, not an exception.
+        const std::optional<json> index = ParseJson(*text);
+        if (!index.has_value() || !index->is_object() ||
+            !index->contains("file") || !index->contains("entries")) {
+          return absl::InternalError(
+              absl::StrCat("checkpoint: ", side, " is not a shard index"));
         }
-        fs::remove(side);
+        try {
+          files[index->at("file").get<std::string>()] = {
+              {"bytes", index->at("bytes")},
+              {"chunk_bytes", index->at("chunk_bytes")},
+              {"xxh64_chunks", index->at("xxh64_chunks")}};
+          for (const json& e : index->at("entries")) {
+            const std::string t = e.at("tensor");
+            if (!tensors.contains(t)) {
+              return absl::InternalError("checkpoint: unknown tensor " + t);
+            }
+            tensors[t]["shards"].push_back({{"file", index->at("file")},
+                                            {"offset", e.at("offset")},
+                                            {"start", e.at("start")},
+                                            {"count", e.at("count")}});
+          }
+        } catch (const json::exception& e) {
+          return absl::InternalError(absl::StrCat(
+              "checkpoint: ", side, " is not a shard index: ", e.what()));
+        }
+        if (auto s = cfs.Remove(side, kField); !s.ok()) return s;
       }
       manifest["tensors"] = tensors;
       manifest["files"] = files;
-      if (auto s = WriteSmallFile((fs::path(tmp) / "manifest.json").string(),
-                                  manifest.dump(1));
+      const std::string text = manifest.dump(1);
+      if (auto s = WriteSmallFile(cfs, Join(tmp, kManifest), text); !s.ok()) {
+        return s;
+      }
+      // The digest goes last: a folder with a valid one is complete.
+      if (auto s =
+              WriteSmallFile(cfs, Join(tmp, kDigestFile), DigestLine(text));
           !s.ok()) {
         return s;
       }
-      if (auto s = FsyncPath(tmp); !s.ok()) return s;
-      if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
-        return absl::InternalError(Errno("cannot rename", tmp));
-      }
-      if (auto s = FsyncPath(root); !s.ok()) return s;
-      // Prune only once the new checkpoint is committed.
+      if (auto s = cfs.SyncDir(tmp, kField); !s.ok()) return s;
+      if (auto s = cfs.Rename(tmp, final_dir, kField); !s.ok()) return s;
+      if (auto s = cfs.SyncDir(root, kField); !s.ok()) return s;
+      // Prune only once the new checkpoint is committed, and only this
+      // job's: a checkpoint whose owner cannot be read is left alone.
       if (options.keep_last > 0) {
-        const auto all = ListCheckpoints(root);
-        for (size_t i = options.keep_last; i < all.size(); ++i) {
-          std::error_code ec;
-          fs::remove_all(all[i], ec);
+        auto all = ListCheckpoints(root, cfs);
+        if (!all.ok()) return all.status();
+        int kept = 0;
+        for (const std::string& dir : *all) {
+          auto owner = CheckpointJobUid(dir, cfs);
+          if (!owner.ok() || *owner != meta.job_uid) continue;
+          if (++kept <= options.keep_last) continue;
+          if (auto s = cfs.RemoveAll(dir, kField); !s.ok()) return s;
         }
       }
       return absl::OkStatus();
@@ -357,67 +626,361 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
   return final_dir;
 }
 
-std::vector<std::string> ListCheckpoints(const std::string& root) {
-  static const std::regex kName("step-[0-9]{8}");
-  std::vector<std::string> out;
-  std::error_code ec;
-  if (!fs::is_directory(root, ec)) return out;
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && std::regex_match(name, kName)) {
-      out.push_back(entry.path().string());
-    }
-  }
-  // Fixed-width step numbers sort as text.
-  std::sort(out.rbegin(), out.rend());
-  return out;
+absl::Status CheckpointReader::Damaged(const std::string& what) const {
+  return absl::DataLossError(
+      absl::StrCat("checkpoint ", dir_, " is damaged: ", what));
 }
 
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
-    const std::string& dir) {
-  const std::string path = (fs::path(dir) / "manifest.json").string();
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) {
+    const std::string& dir, const ConfinedFs& fs, const std::string& field) {
+  std::unique_ptr<CheckpointReader> r(new CheckpointReader());
+  r->dir_ = dir;
+  r->fs_ = fs;
+  r->field_ = field;
+  auto has_manifest = fs.Exists(Join(dir, kManifest), field);
+  if (!has_manifest.ok()) return has_manifest.status();
+  if (!*has_manifest) {
     return absl::FailedPreconditionError(absl::StrCat(
         "'", dir, "' is not a committed checkpoint (no manifest.json)"));
   }
-  auto text = ReadSmallFile(path);
-  if (!text.ok()) return text.status();
-  std::unique_ptr<CheckpointReader> r(new CheckpointReader());
-  r->dir_ = dir;
-  try {
-    const json m = json::parse(*text);
-    if (m.at("format") != kFormat) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "'", dir, "': unknown checkpoint format ", m.at("format").dump()));
+  // The digest first: it says whether the manifest is the one written.
+  auto digest = fs.ReadFile(Join(dir, kDigestFile), field, 4096);
+  if (!digest.ok()) {
+    switch (digest.status().code()) {
+      case absl::StatusCode::kNotFound:
+        return r->Damaged(
+            "it has no manifest.sha256 (the digest of manifest.json)");
+      case absl::StatusCode::kResourceExhausted:
+      case absl::StatusCode::kInvalidArgument:
+        return r->Damaged("manifest.sha256 is not a SHA-256 line");
+      default:
+        return digest.status();
     }
-    r->meta_ = MetaFromJson(m);
-    for (const auto& [name, t] : m.at("tensors").items()) {
-      r->shapes_[name] = t.at("shape").get<std::vector<int64_t>>();
-      auto& list = r->entries_[name];
-      for (const json& s : t.at("shards")) {
-        list.push_back(
-            Entry{s.at("file"), s.at("offset"), s.at("start"), s.at("count")});
-      }
-    }
-    for (const auto& [name, f] : m.at("files").items()) {
-      FileInfo info;
-      info.bytes = f.at("bytes");
-      info.chunk_bytes = f.at("chunk_bytes");
-      for (const json& h : f.at("xxh64_chunks")) {
-        info.chunks.push_back(std::stoull(h.get<std::string>(), nullptr, 16));
-      }
-      r->files_[name] = std::move(info);
-    }
-  } catch (const json::exception& e) {
-    return absl::DataLossError(
-        absl::StrCat("'", path, "' is damaged: ", e.what()));
   }
+  auto text = fs.ReadFile(Join(dir, kManifest), field, kMaxManifestBytes);
+  if (!text.ok()) {
+    if (text.status().code() == absl::StatusCode::kResourceExhausted ||
+        text.status().code() == absl::StatusCode::kInvalidArgument) {
+      return r->Damaged(std::string(text.status().message()));
+    }
+    return text.status();
+  }
+  const std::string want = DigestLine(*text);
+  std::string got = *digest;
+  if (!got.empty() && got.back() != '\n') got.push_back('\n');
+  if (got != want) {
+    const bool well_formed =
+        got.size() == want.size() && got.substr(64) == want.substr(64) &&
+        std::all_of(got.begin(), got.begin() + 64, [](char c) {
+          return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+        });
+    return r->Damaged(
+        well_formed
+            ? "manifest.json does not match its SHA-256 in manifest.sha256"
+            : "manifest.sha256 is not a SHA-256 line for manifest.json");
+  }
+  const std::optional<json> m = ParseJson(*text);
+  if (!m.has_value()) {
+    return r->Damaged(
+        absl::StrCat("manifest.json is not JSON (or nests more than ",
+                     kMaxJsonDepth, " levels)"));
+  }
+  if (auto s = r->Load(*m); !s.ok()) return s;
   return r;
 }
 
+absl::Status CheckpointReader::Load(const json& m) {
+  // Every number is checked here, before anything is read from a shard
+  // (docs/checkpoints.md has the rules).
+  auto fail = [&](const absl::Status& s) {
+    return Damaged(std::string(s.message()));
+  };
+  std::string format;
+  if (auto s = String(m, "", "format", 64, &format); !s.ok()) return fail(s);
+  if (format != kFormat) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", dir_, " has format ", Quote(format),
+                     "; this ptworker reads ", kFormat));
+  }
+  CheckpointMeta& meta = meta_;
+  absl::Status s = absl::OkStatus();
+  auto check = [&](absl::Status next) {
+    if (s.ok()) s = std::move(next);
+  };
+  check(Int(m, "", "step", 0, kMaxStep, &meta.step));
+  check(Int(m, "", "tokens_seen", 0, kMaxTokens, &meta.tokens_seen));
+  if (s.ok()) {
+    check(Int(m, "", "optimizer_step", 0, meta.step, &meta.optimizer_step));
+  }
+  if (!s.ok()) return fail(s);
+
+  auto sampler = ObjectAt(m, "", "sampler");
+  if (!sampler.ok()) return fail(sampler.status());
+  check(Uint64(**sampler, "sampler", "seed", &meta.seed));
+  auto model = ObjectAt(m, "", "model");
+  if (!model.ok()) return fail(model.status());
+  GptConfig& c = meta.model;
+  check(Int32(**model, "model", "n_layer", 1, kMaxLayers, &c.n_layer));
+  check(Int32(**model, "model", "n_head", 1, kMaxModelDim, &c.n_head));
+  check(Int32(**model, "model", "n_embd", 1, kMaxModelDim, &c.n_embd));
+  check(Int32(**model, "model", "block_size", 1, kMaxModelDim, &c.block_size));
+  check(Int32(**model, "model", "vocab_size", 1, kMaxModelDim, &c.vocab_size));
+  if (!s.ok()) return fail(s);
+  if (c.n_embd % c.n_head != 0) {
+    return Damaged(absl::StrCat("model.n_head=", c.n_head,
+                                " does not divide model.n_embd=", c.n_embd));
+  }
+  check(String(m, "", "vocab", 256, &meta.vocab));
+  check(String(m, "", "spec", kMaxSpecBytes, &meta.spec_yaml));
+  if (!s.ok()) return fail(s);
+  if (!meta.vocab.empty() &&
+      static_cast<int64_t>(meta.vocab.size()) != c.vocab_size) {
+    return Damaged(
+        absl::StrCat("vocab has ", meta.vocab.size(),
+                     " characters but model.vocab_size=", c.vocab_size));
+  }
+  if (m.contains("job_uid")) {
+    if (auto st = String(m, "", "job_uid", kMaxUidLength, &meta.job_uid);
+        !st.ok()) {
+      return fail(st);
+    }
+  }
+  auto layout = ObjectAt(m, "", "layout");
+  if (!layout.ok()) return fail(layout.status());
+  check(Int32(**layout, "layout", "dp", 1, kMaxDegree, &meta.dp));
+  check(Int32(**layout, "layout", "tp", 1, kMaxDegree, &meta.tp));
+  check(Int32(**layout, "layout", "pp", 1, kMaxDegree, &meta.pp));
+  check(Int32(**layout, "layout", "zero", 0, 3, &meta.zero));
+  check(Int32(**layout, "layout", "world", 1, kMaxWorld, &meta.world));
+  if (!s.ok()) return fail(s);
+  if (int64_t{meta.dp} * meta.tp * meta.pp != meta.world) {
+    return Damaged(absl::StrCat("layout.world=", meta.world,
+                                " is not layout.dp × tp × pp = ", meta.dp,
+                                " × ", meta.tp, " × ", meta.pp));
+  }
+  // The folder's name, when it is a step folder, is the manifest's step.
+  std::string base = dir_;
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  const int64_t named = StepNumber(fs::path(base).filename().string());
+  if (named >= 0 && named != meta.step) {
+    return Damaged(absl::StrCat("it is folder ", StepName(named),
+                                " but its manifest has step=", meta.step));
+  }
+
+  // Files: one per rank, shard-00000.bin .. shard-<world-1>.bin, each with
+  // its size and one well-formed hash per chunk.
+  auto files = ObjectAt(m, "", "files");
+  if (!files.ok()) return fail(files.status());
+  if (static_cast<int64_t>((*files)->size()) != meta.world) {
+    return Damaged(absl::StrCat("files lists ", (*files)->size(),
+                                " shard files for layout.world=", meta.world));
+  }
+  std::set<int64_t> ranks;
+  for (const auto& [name, f] : (*files)->items()) {
+    const int64_t r = ShardNumber(name);
+    if (r < 0 || r >= meta.world || !ranks.insert(r).second) {
+      return Damaged(absl::StrCat("files has ", Quote(name),
+                                  ", not shard-RRRRR.bin of a rank below ",
+                                  meta.world));
+    }
+    const std::string where = absl::StrCat("files.", name);
+    FileInfo info;
+    check(Int(f, where, "bytes", 0, kMaxFileBytes, &info.bytes));
+    check(Int(f, where, "chunk_bytes", kMinChunkBytes, kMaxChunkBytes,
+              &info.chunk_bytes));
+    if (!s.ok()) return fail(s);
+    auto hashes = Member(f, where, "xxh64_chunks");
+    if (!hashes.ok()) return fail(hashes.status());
+    const int64_t n_chunks =
+        (info.bytes + info.chunk_bytes - 1) / info.chunk_bytes;
+    if (!(*hashes)->is_array() ||
+        static_cast<int64_t>((*hashes)->size()) != n_chunks) {
+      return Damaged(absl::StrCat(where, ".xxh64_chunks must be a list of ",
+                                  n_chunks, " hashes (bytes=", info.bytes,
+                                  " / chunk_bytes=", info.chunk_bytes, ")"));
+    }
+    info.chunks.reserve(n_chunks);
+    for (const json& h : **hashes) {
+      uint64_t v = 0;
+      const bool hex = h.is_string() &&
+                       h.get_ref<const std::string&>().size() == 16 &&
+                       std::all_of(h.get_ref<const std::string&>().begin(),
+                                   h.get_ref<const std::string&>().end(),
+                                   [](char ch) {
+                                     return (ch >= '0' && ch <= '9') ||
+                                            (ch >= 'a' && ch <= 'f');
+                                   }) &&
+                       absl::SimpleHexAtoi(h.get_ref<const std::string&>(), &v);
+      if (!hex) {
+        return Damaged(absl::StrCat(where, ".xxh64_chunks[", info.chunks.size(),
+                                    "] is not 16 lowercase hex digits"));
+      }
+      info.chunks.push_back(v);
+    }
+    files_[name] = std::move(info);
+  }
+
+  // Tensors: shapes in range; each tensor's shards tile [0, numel) with
+  // no gap and no overlap, each inside its file.
+  auto tensors = ObjectAt(m, "", "tensors");
+  if (!tensors.ok()) return fail(tensors.status());
+  struct Span {
+    int64_t begin, end;
+    std::string tensor;
+  };
+  std::map<std::string, std::vector<Span>> file_spans;
+  for (const auto& [name, t] : (*tensors)->items()) {
+    if (name.empty() || name.size() > kMaxNameLength) {
+      return Damaged(absl::StrCat("tensor name ", Quote(name),
+                                  " is empty or longer than ", kMaxNameLength));
+    }
+    const std::string where = absl::StrCat("tensors.", name);
+    std::string dtype;
+    if (auto st = String(t, where, "dtype", 16, &dtype); !st.ok()) {
+      return fail(st);
+    }
+    if (dtype != "float32") {
+      return Damaged(absl::StrCat(where, ".dtype=", Quote(dtype),
+                                  " (only float32 is written)"));
+    }
+    auto shape = Member(t, where, "shape");
+    if (!shape.ok()) return fail(shape.status());
+    if (!(*shape)->is_array() || (*shape)->empty() ||
+        (*shape)->size() > kMaxShapeRank) {
+      return Damaged(absl::StrCat(where, ".shape must be a list of 1 to ",
+                                  kMaxShapeRank, " dimensions"));
+    }
+    std::vector<int64_t> dims;
+    int64_t numel = 1;
+    for (size_t i = 0; i < (*shape)->size(); ++i) {
+      int64_t d = 0;
+      if (auto st =
+              IntValue((**shape)[i], absl::StrCat(where, ".shape[", i, "]"), 1,
+                       kMaxDim, &d);
+          !st.ok()) {
+        return fail(st);
+      }
+      if (__builtin_mul_overflow(numel, d, &numel) || numel > kMaxElements) {
+        return Damaged(absl::StrCat(where, ".shape has more than ",
+                                    kMaxElements, " elements"));
+      }
+      dims.push_back(d);
+    }
+    auto shards = Member(t, where, "shards");
+    if (!shards.ok()) return fail(shards.status());
+    if (!(*shards)->is_array()) {
+      return Damaged(where + ".shards is not a list");
+    }
+    std::vector<Entry> list;
+    for (size_t i = 0; i < (*shards)->size(); ++i) {
+      const json& e = (**shards)[i];
+      const std::string at = absl::StrCat(where, ".shards[", i, "]");
+      Entry entry;
+      check(String(e, at, "file", kMaxNameLength, &entry.file));
+      if (!s.ok()) return fail(s);
+      auto f = files_.find(entry.file);
+      if (f == files_.end()) {
+        return Damaged(
+            absl::StrCat(at, ".file=", Quote(entry.file), " is not in files"));
+      }
+      const int64_t file_bytes = f->second.bytes;
+      check(Int(e, at, "start", 0, numel - 1, &entry.start));
+      check(Int(e, at, "count", 1, numel, &entry.count));
+      check(Int(e, at, "offset", 0, file_bytes, &entry.offset));
+      if (!s.ok()) return fail(s);
+      const int64_t bytes = entry.count * static_cast<int64_t>(sizeof(float));
+      if (entry.offset % static_cast<int64_t>(sizeof(float)) != 0 ||
+          bytes > file_bytes - entry.offset) {
+        return Damaged(absl::StrCat(at, ": bytes [", entry.offset, ", ",
+                                    entry.offset, " + 4·", entry.count,
+                                    ") are not whole floats inside ",
+                                    entry.file, " (", file_bytes, " bytes)"));
+      }
+      file_spans[entry.file].push_back(
+          {entry.offset, entry.offset + bytes, name});
+      list.push_back(std::move(entry));
+    }
+    std::sort(list.begin(), list.end(),
+              [](const Entry& a, const Entry& b) { return a.start < b.start; });
+    int64_t next = 0;
+    for (const Entry& e : list) {
+      if (e.start != next) {
+        return Damaged(absl::StrCat(
+            where, ".shards ", e.start < next ? "overlap" : "leave a gap",
+            " at element ", std::min(e.start, next), " (they must tile [0, ",
+            numel, ") exactly)"));
+      }
+      if (e.count > numel - next) {
+        return Damaged(absl::StrCat(where, ".shards run past element ", numel));
+      }
+      next += e.count;
+    }
+    if (next != numel) {
+      return Damaged(absl::StrCat(where, ".shards cover [0, ", next,
+                                  ") of its ", numel, " elements"));
+    }
+    shapes_[name] = std::move(dims);
+    entries_[name] = std::move(list);
+  }
+  // Each shard file is exactly the runs it holds, back to back: no byte
+  // claimed twice (which offsets pointing into another tensor would do).
+  for (const auto& [name, info] : files_) {
+    auto& spans = file_spans[name];
+    std::sort(spans.begin(), spans.end(),
+              [](const Span& a, const Span& b) { return a.begin < b.begin; });
+    int64_t next = 0;
+    for (const Span& sp : spans) {
+      if (sp.begin != next) {
+        return Damaged(absl::StrCat(
+            name, ": ", sp.begin < next ? "tensors overlap" : "a gap",
+            " at byte ", std::min(sp.begin, next), " (tensor ",
+            Quote(sp.tensor), ")"));
+      }
+      next = sp.end;
+    }
+    if (next != info.bytes) {
+      return Damaged(absl::StrCat(name, ": its tensors end at byte ", next,
+                                  " of its ", info.bytes));
+    }
+  }
+  // The tensors are the model's: weights and both moments of every tensor
+  // GptParamLayout(model) has, with its shapes. (Counted first, so that the
+  // layout built for the comparison is no larger than the manifest.)
+  const int64_t needed = 3 * (12 * int64_t{c.n_layer} + 4);
+  if (static_cast<int64_t>(shapes_.size()) < needed) {
+    return Damaged(absl::StrCat("model.n_layer=", c.n_layer, " needs ", needed,
+                                " tensors but the manifest has ",
+                                shapes_.size()));
+  }
+  if (auto own = CheckCompatible(c, GptParamLayout(c)); !own.ok()) {
+    return Damaged(absl::StrCat("its tensors do not match its own model: ",
+                                own.message()));
+  }
+  // Only now the files: each must be there, a regular file of its size.
+  for (auto& [name, info] : files_) {
+    const std::string path = Join(dir_, name);
+    auto fd = fs_.Open(path, O_RDONLY | O_NONBLOCK, field_);
+    if (!fd.ok()) {
+      if (fd.status().code() == absl::StatusCode::kNotFound) {
+        return Damaged(name + " is missing");
+      }
+      return fd.status();
+    }
+    struct stat st;
+    if (::fstat(fd->get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      return Damaged(name + " is not a regular file");
+    }
+    if (st.st_size != info.bytes) {
+      return Damaged(absl::StrCat(name, " is ", st.st_size,
+                                  " bytes, the manifest says ", info.bytes));
+    }
+    info.fd = std::make_shared<UniqueFd>(std::move(*fd));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckpointReader::CheckCompatible(
-    const std::vector<ParamInfo>& layout) const {
+    const GptConfig& model, const std::vector<ParamInfo>& layout) const {
   for (const ParamInfo& p : layout) {
     for (const std::string& n :
          {p.name, ExpAvgName(p.name), ExpAvgSqName(p.name)}) {
@@ -435,6 +998,19 @@ absl::Status CheckpointReader::CheckCompatible(
       }
     }
   }
+  const GptConfig& c = meta_.model;
+  for (auto [field, theirs, ours] :
+       {std::tuple<const char*, int, int>{"n_layer", c.n_layer, model.n_layer},
+        {"n_head", c.n_head, model.n_head},
+        {"n_embd", c.n_embd, model.n_embd},
+        {"block_size", c.block_size, model.block_size},
+        {"vocab_size", c.vocab_size, model.vocab_size}}) {
+    if (theirs != ours) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint '", dir_, "' does not fit the model: model.", field, "=",
+          theirs, " in the checkpoint but ", ours, " in the model"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -442,25 +1018,15 @@ absl::Status CheckpointReader::ReadFileRange(const std::string& file,
                                              int64_t offset, int64_t bytes,
                                              char* dst) {
   auto it = files_.find(file);
-  if (it == files_.end()) {
-    return absl::DataLossError(
-        absl::StrCat("'", dir_, "': manifest lists no file ", file));
-  }
+  if (it == files_.end()) return Damaged("manifest lists no file " + file);
   const FileInfo& info = it->second;
-  const std::string path = (fs::path(dir_) / file).string();
-  std::error_code ec;
-  const auto on_disk = fs::file_size(path, ec);
-  if (ec || static_cast<int64_t>(on_disk) != info.bytes) {
-    return absl::DataLossError(
-        absl::StrCat("'", path, "' is ", ec ? 0 : on_disk,
-                     " bytes, the manifest says ", info.bytes));
-  }
+  if (bytes <= 0) return absl::OkStatus();
   // Whole chunks, each checked against its hash once and kept for the
   // neighbouring slices that share it.
   const int64_t cb = info.chunk_bytes;
   const int64_t c0 = offset / cb, c1 = (offset + bytes - 1) / cb;
   for (int64_t c = c0; c <= c1; ++c) {
-    auto chunk = Chunk(file, path, info, c);
+    auto chunk = Chunk(file, info, c);
     if (!chunk.ok()) return chunk.status();
     const int64_t lo = std::max(offset, c * cb);
     const int64_t hi = std::min(offset + bytes, (c + 1) * cb);
@@ -470,28 +1036,26 @@ absl::Status CheckpointReader::ReadFileRange(const std::string& file,
 }
 
 absl::StatusOr<const std::vector<char>*> CheckpointReader::Chunk(
-    const std::string& file, const std::string& path, const FileInfo& info,
-    int64_t c) {
+    const std::string& file, const FileInfo& info, int64_t c) {
   const auto key = std::make_pair(file, c);
   if (auto it = cache_.find(key); it != cache_.end()) return &it->second;
   const int64_t cb = info.chunk_bytes;
+  const std::string path = Join(dir_, file);
+  if (c < 0 || c >= static_cast<int64_t>(info.chunks.size())) {
+    return Damaged(absl::StrCat(file, " has no chunk ", c));
+  }
   const int64_t n = std::min(cb, info.bytes - c * cb);
   std::vector<char> buf(n);
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return absl::DataLossError(Errno("cannot open", path));
   int64_t got = 0;
   while (got < n) {
-    const ssize_t r = ::pread(fd, buf.data() + got, n - got, c * cb + got);
-    if (r <= 0) {
-      ::close(fd);
-      return absl::DataLossError(Errno("short read from", path));
-    }
+    const ssize_t r =
+        ::pread(info.fd->get(), buf.data() + got, n - got, c * cb + got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return absl::DataLossError(Errno("short read from", path));
     got += r;
   }
-  ::close(fd);
   bytes_read_ += n;
-  if (c >= static_cast<int64_t>(info.chunks.size()) ||
-      XXH64(buf.data(), static_cast<size_t>(n), 0) != info.chunks[c]) {
+  if (XXH64(buf.data(), static_cast<size_t>(n), 0) != info.chunks[c]) {
     return absl::DataLossError(
         absl::StrCat("'", path, "' is corrupt: checksum mismatch in bytes [",
                      c * cb, ", ", c * cb + n, ")"));
@@ -506,6 +1070,13 @@ absl::Status CheckpointReader::Read(const std::string& name, int64_t start,
   if (it == entries_.end()) {
     return absl::NotFoundError(
         absl::StrCat("checkpoint '", dir_, "' has no tensor ", name));
+  }
+  int64_t numel = 1;
+  for (int64_t d : shapes_.at(name)) numel *= d;
+  if (start < 0 || count < 0 || start > numel || count > numel - start) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint '", dir_, "': elements [", start, ", +", count,
+                     ") are outside tensor ", name, " of ", numel));
   }
   int64_t covered = 0;
   for (const Entry& e : it->second) {
@@ -576,10 +1147,22 @@ std::vector<std::pair<std::string, int64_t>> LlmcOrder(const GptConfig& c,
   return out;
 }
 
+// A model config whose llm.c tensors can be counted in int64 without
+// overflow (the header stores int32 dimensions; C·C must stay far inside).
+bool LlmcSizable(const GptConfig& c) {
+  return c.n_layer >= 1 && c.n_layer <= (1 << 20) && c.n_embd >= 1 &&
+         c.n_embd <= (1 << 24) && c.vocab_size >= 1 && c.block_size >= 1;
+}
+
 }  // namespace
 
 absl::Status ExportLlmc(TensorSource& source, const GptConfig& config,
-                        const std::string& path) {
+                        const std::string& path, const ConfinedFs& fs,
+                        const std::string& field) {
+  if (!LlmcSizable(config)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": the model is too large for llm.c's format"));
+  }
   const int64_t C = config.n_embd, V = config.vocab_size;
   int32_t header[256] = {};
   header[0] = kLlmcMagic;
@@ -592,46 +1175,46 @@ absl::Status ExportLlmc(TensorSource& source, const GptConfig& config,
   header[7] = static_cast<int32_t>(PaddedVocab(V));
   // Written beside the target and renamed: never a half-written file.
   const std::string tmp = path + ".tmp";
+  auto fail = [&](absl::Status s) {
+    (void)fs.Remove(tmp, field);
+    return s;
+  };
   ChunkedWriter w;
-  if (auto s = w.Open(tmp); !s.ok()) return s;
+  if (auto s = w.Open(fs, tmp, field); !s.ok()) return s;
   if (auto s = w.Write(reinterpret_cast<const char*>(header), sizeof(header));
       !s.ok()) {
-    return s;
+    return fail(s);
   }
   for (const auto& [name, stored] : LlmcOrder(config, config.block_size)) {
     const int64_t real = name == "wte" ? V * C : stored;
     std::vector<float> buf(stored, 0.0f);  // wte rows past V stay zero
     if (auto s = source.Read(name, 0, real, buf.data()); !s.ok()) {
-      ::unlink(tmp.c_str());
-      return s;
+      return fail(s);
     }
     if (auto s = w.Write(reinterpret_cast<const char*>(buf.data()),
                          stored * static_cast<int64_t>(sizeof(float)));
         !s.ok()) {
-      ::unlink(tmp.c_str());
-      return s;
+      return fail(s);
     }
   }
-  if (auto s = w.Finish(); !s.ok()) {
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(Errno("cannot rename", tmp));
-  }
+  if (auto s = w.Finish(); !s.ok()) return fail(s);
+  if (auto s = fs.Rename(tmp, path, field); !s.ok()) return fail(s);
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<LlmcSource>> LlmcSource::Open(
-    const std::string& path, const GptConfig& config) {
-  const std::string field = "model.init_from";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat(field, ": cannot read llm.c checkpoint '", path, "'"));
+    const std::string& path, const GptConfig& config, const ConfinedFs& fs,
+    const std::string& field) {
+  auto fd =
+      fs.Open(path, O_RDONLY | O_NONBLOCK, field);  // never wait on a FIFO
+  if (!fd.ok()) return fd.status();
+  struct stat st;
+  if (::fstat(fd->get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", path, "' is not a regular file"));
   }
   int32_t h[256];
-  if (!in.read(reinterpret_cast<char*>(h), sizeof(h))) {
+  if (::pread(fd->get(), h, sizeof(h), 0) != static_cast<ssize_t>(sizeof(h))) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": '", path, "' is shorter than the llm.c header"));
   }
@@ -655,36 +1238,56 @@ absl::StatusOr<std::unique_ptr<LlmcSource>> LlmcSource::Open(
     return mismatch("max sequence length", maxT, config.block_size);
   }
   if (Vp != PaddedVocab(V)) return mismatch("padded vocab", Vp, PaddedVocab(V));
+  if (!LlmcSizable(config)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": the model is too large for llm.c's format"));
+  }
   std::unique_ptr<LlmcSource> src(new LlmcSource());
   src->path_ = path;
+  // Every count fits int64 (LlmcSizable, maxT < 2^31); their byte sum is
+  // checked as it grows.
   int64_t offset = sizeof(h);
   for (const auto& [name, stored] : LlmcOrder(config, maxT)) {
     src->offsets_[name] = offset;
     src->numel_[name] = stored;
-    offset += stored * static_cast<int64_t>(sizeof(float));
+    if (__builtin_add_overflow(offset, stored * 4, &offset) ||
+        offset > st.st_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": '", path, "' is ", st.st_size,
+                       " bytes; its header implies more (at least ",
+                       std::min<int64_t>(offset, INT64_MAX), ")"));
+    }
   }
-  std::error_code ec;
-  const auto size = fs::file_size(path, ec);
-  if (ec || static_cast<int64_t>(size) != offset) {
+  if (st.st_size != offset) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ": '", path, "' is ", ec ? 0 : size,
+        absl::StrCat(field, ": '", path, "' is ", st.st_size,
                      " bytes; its header implies ", offset));
   }
+  src->fd_ = std::move(*fd);
   return src;
 }
 
 absl::Status LlmcSource::Read(const std::string& name, int64_t start,
                               int64_t count, float* dst) {
   auto it = offsets_.find(name);
-  if (it == offsets_.end() || start + count > numel_.at(name)) {
+  const int64_t numel = it == offsets_.end() ? 0 : numel_.at(name);
+  if (it == offsets_.end() || start < 0 || count < 0 || start > numel ||
+      count > numel - start) {
     return absl::NotFoundError(absl::StrCat("llm.c checkpoint '", path_,
-                                            "' has no ", name, "[", start, ", ",
-                                            start + count, ")"));
+                                            "' has no ", name, "[", start,
+                                            ", +", count, ")"));
   }
-  std::ifstream in(path_, std::ios::binary);
-  in.seekg(it->second + start * static_cast<int64_t>(sizeof(float)));
-  if (!in.read(reinterpret_cast<char*>(dst), count * sizeof(float))) {
-    return absl::DataLossError(absl::StrCat("short read from '", path_, "'"));
+  char* out = reinterpret_cast<char*>(dst);
+  const int64_t bytes = count * static_cast<int64_t>(sizeof(float));
+  const int64_t at = it->second + start * static_cast<int64_t>(sizeof(float));
+  int64_t got = 0;
+  while (got < bytes) {
+    const ssize_t n = ::pread(fd_.get(), out + got, bytes - got, at + got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::DataLossError(absl::StrCat("short read from '", path_, "'"));
+    }
+    got += n;
   }
   return absl::OkStatus();
 }

@@ -1,10 +1,16 @@
-// Checkpoints (DESIGN.md §6): one folder per step with manifest.json and one
-// shard file per rank, written into step-N.tmp/, fsynced, then renamed — a
-// crash leaves the old set or the new set, never half of one. The manifest
-// indexes every tensor (weights and Adam moments) by name, global shape and
-// flat element ranges, so any layout reads exactly the slices it holds.
-// Shard files carry an xxHash64 per 64 KiB chunk: a reader verifies what it
-// reads without reading whole files.
+// Checkpoints (DESIGN.md §6, docs/checkpoints.md): one folder per step with
+// manifest.json, its SHA-256 in manifest.sha256 and one shard file per rank,
+// written into step-N.tmp/, fsynced, then renamed — a crash leaves the old
+// set or the new set, never half of one. The manifest indexes every tensor
+// (weights and Adam moments) by name, global shape and flat element ranges,
+// so any layout reads exactly the slices it holds. Shard files carry an
+// xxHash64 per 64 KiB chunk: a reader verifies what it reads without reading
+// whole files. The digest makes the manifest tamper-evident; independently,
+// every number in it is checked against the shard files and the model before
+// any shard is read, so not even a manifest with a correct digest can make
+// a reader crash, overflow or hang.
+//
+// All file access goes through a ConfinedFs (common/confined_fs.h).
 //
 // Also the llm.c GPT-2 weight format (export, and import via init_from).
 #ifndef PTRAIN_WORKER_ENGINE_CHECKPOINT_H_
@@ -13,11 +19,14 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/confined_fs.h"
+#include "nlohmann/json_fwd.hpp"
 #include "worker/engine/comm.h"
 #include "worker/engine/gpt.h"
 
@@ -37,6 +46,9 @@ struct CheckpointMeta {
   std::string vocab;      // char tokenizer's characters; "" for token files
   std::string spec_yaml;  // the JobSpec that wrote it
   int dp = 1, tp = 1, pp = 1, zero = 0, world = 1;
+  // The coordinator's globally unique id of the job that wrote it
+  // ($PTRAIN_JOB_UID); "" when written outside a coordinator.
+  std::string job_uid;
 };
 
 // One contiguous run of a rank's state: elements [start, start+count) of the
@@ -57,16 +69,21 @@ class TensorSource {
 };
 
 struct SaveOptions {
-  int keep_last = 0;  // prune to this many committed checkpoints (0: keep all)
-  // Test hook: sleep this long halfway through writing the shard, so a test
-  // can kill the process mid-save.
-  double pause_mid_write_s = 0.0;
+  // Prune to this many committed checkpoints of this job (meta.job_uid);
+  // 0 keeps all. Another job's checkpoints are never removed.
+  int keep_last = 0;
+  // Test hook, set only from the environment: sleep this long halfway
+  // through writing the shard, so a test can kill the process mid-save.
+  std::optional<double> pause_mid_write_s;
+  ConfinedFs fs;  // where root may be (field "checkpoint.dir")
 };
 
 // Collective over `world` (null for a single rank without MPI): every rank
 // writes its runs to root/step-NNNNNNNN.tmp/shard-RRRRR.bin; rank 0 writes
-// the manifest and commits. `layout` gives each tensor's global shape.
-// Returns the committed folder.
+// the manifest, then its digest, and commits. `layout` gives each tensor's
+// global shape. Returns the committed folder. A step already committed by
+// this job is left as it is; one committed by another job (another
+// job_uid) is FailedPrecondition.
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
                                            const CheckpointMeta& meta,
                                            const std::vector<ParamInfo>& layout,
@@ -74,23 +91,39 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
                                            Communicator* world,
                                            const SaveOptions& options);
 
-// Committed checkpoint folders under root, newest first (step-N.tmp and
-// anything else ignored). Empty when root does not exist.
-std::vector<std::string> ListCheckpoints(const std::string& root);
+// Committed checkpoint folders (step-N, N of 8 or more digits) under root,
+// newest first; step-N.tmp, symlinks and anything else ignored. Empty when
+// root does not exist; an error when it cannot be listed (or is outside the
+// data roots).
+absl::StatusOr<std::vector<std::string>> ListCheckpoints(
+    const std::string& root, const ConfinedFs& fs = ConfinedFs());
+
+// The job_uid recorded in checkpoint `dir`'s manifest ("" for none), read
+// without verifying the rest: for deciding whose a checkpoint is.
+absl::StatusOr<std::string> CheckpointJobUid(
+    const std::string& dir, const ConfinedFs& fs = ConfinedFs());
 
 class CheckpointReader : public TensorSource {
  public:
-  // Reads and checks the manifest. A folder without one is "not a committed
-  // checkpoint". Touches nothing on disk.
+  // Reads the manifest, verifies it against manifest.sha256 and validates
+  // every number in it against the shard files' sizes (docs/checkpoints.md
+  // lists the rules). A folder without manifest.json is FailedPrecondition
+  // "not a committed checkpoint"; anything else wrong is DataLoss
+  // "checkpoint DIR is damaged: ...". Keeps the shard files open; touches
+  // nothing on disk. `field` names where dir came from in errors.
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(
-      const std::string& dir);
+      const std::string& dir, const ConfinedFs& fs = ConfinedFs(),
+      const std::string& field = "checkpoint");
 
   const CheckpointMeta& meta() const { return meta_; }
   const std::string& dir() const { return dir_; }
   // FailedPrecondition naming the first tensor whose shape differs from the
-  // model's (or that is missing).
-  absl::Status CheckCompatible(const std::vector<ParamInfo>& layout) const;
+  // model's (or that is missing), else the first model setting (n_head...)
+  // that differs from `model`.
+  absl::Status CheckCompatible(const GptConfig& model,
+                               const std::vector<ParamInfo>& layout) const;
   // Verifies the checksum of every chunk it reads: DataLoss on mismatch.
+  // InvalidArgument for a range outside the tensor.
   absl::Status Read(const std::string& name, int64_t start, int64_t count,
                     float* dst) override;
   // Bytes read from shard files so far (chunks included).
@@ -105,17 +138,22 @@ class CheckpointReader : public TensorSource {
   struct FileInfo {
     int64_t bytes = 0, chunk_bytes = 0;
     std::vector<uint64_t> chunks;
+    std::shared_ptr<UniqueFd> fd;  // opened (confined) by Open
   };
+  // Checks the parsed manifest and fills the reader from it.
+  absl::Status Load(const nlohmann::json& m);
+  absl::Status Damaged(const std::string& what) const;
   absl::Status ReadFileRange(const std::string& file, int64_t offset,
                              int64_t bytes, char* dst);
   // Chunk c of `file`, read and verified once.
   absl::StatusOr<const std::vector<char>*> Chunk(const std::string& file,
-                                                 const std::string& path,
                                                  const FileInfo& info,
                                                  int64_t c);
   static constexpr size_t kCachedChunks = 16;
 
   std::string dir_;
+  ConfinedFs fs_;
+  std::string field_;
   CheckpointMeta meta_;
   std::map<std::string, std::vector<int64_t>> shapes_;
   std::map<std::string, std::vector<Entry>> entries_;
@@ -126,20 +164,26 @@ class CheckpointReader : public TensorSource {
 
 // llm.c's GPT-2 checkpoint: int32[256] header (magic 20240326, version 3,
 // maxT, V, L, NH, C, Vp), then fp32 tensors grouped by kind across layers,
-// wte padded to Vp rows.
+// wte padded to Vp rows. Written beside `path` and renamed into place.
 absl::Status ExportLlmc(TensorSource& source, const GptConfig& config,
-                        const std::string& path);
+                        const std::string& path,
+                        const ConfinedFs& fs = ConfinedFs(),
+                        const std::string& field = "--llmc");
 class LlmcSource : public TensorSource {
  public:
   // Checks the header against `config` (wpe may hold more positions than
-  // config.block_size; the first block_size are used).
+  // config.block_size; the first block_size are used) and the file's size
+  // against the header. Errors name `field`. Keeps the file open.
   static absl::StatusOr<std::unique_ptr<LlmcSource>> Open(
-      const std::string& path, const GptConfig& config);
+      const std::string& path, const GptConfig& config,
+      const ConfinedFs& fs = ConfinedFs(),
+      const std::string& field = "model.init_from");
   absl::Status Read(const std::string& name, int64_t start, int64_t count,
                     float* dst) override;
 
  private:
   std::string path_;
+  UniqueFd fd_;
   std::map<std::string, int64_t> offsets_;  // tensor name -> byte offset
   std::map<std::string, int64_t> numel_;
 };

@@ -2,9 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -19,33 +17,21 @@ constexpr int32_t kTokenVersion = 1;
 constexpr int kHeaderInts = 256;
 constexpr int kGpt2Vocab = 50257;
 
-absl::StatusOr<std::string> ReadFile(const std::string& field,
-                                     const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    return absl::NotFoundError(
-        absl::StrCat(field, ": no such file '", path, "'"));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::PermissionDeniedError(
-        absl::StrCat(field, ": cannot read '", path, "'"));
-  }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) {
-    return absl::DataLossError(
-        absl::StrCat(field, ": read error on '", path, "'"));
-  }
-  return ss.str();
-}
-
 absl::StatusOr<std::vector<uint16_t>> ReadTokenFile(const std::string& field,
                                                     const std::string& path,
-                                                    int vocab_size) {
-  auto bytes = ReadFile(field, path);
+                                                    int vocab_size,
+                                                    const ConfinedFs& fs) {
+  auto bytes = fs.ReadFile(path, field);
   if (!bytes.ok()) return bytes.status();
-  const std::string& b = *bytes;
+  return ParseTokenFile(*bytes, field, path, vocab_size);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<uint16_t>> ParseTokenFile(absl::string_view b,
+                                                     absl::string_view field,
+                                                     absl::string_view path,
+                                                     int vocab_size) {
   if (b.size() < kHeaderInts * sizeof(int32_t)) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": '", path, "' is ", b.size(),
@@ -70,8 +56,12 @@ absl::StatusOr<std::vector<uint16_t>> ReadTokenFile(const std::string& field,
         absl::StrCat(field, ": '", path, "' header says ", count, " tokens (",
                      want, " bytes) but the file has ", b.size(), " bytes"));
   }
+  // Byte copy, not a cast: the body need not be aligned. An empty file
+  // has no body to copy (and an empty vector no storage).
   std::vector<uint16_t> tokens(count);
-  std::memcpy(tokens.data(), b.data() + sizeof(header), 2 * count);
+  if (count > 0) {
+    std::memcpy(tokens.data(), b.data() + sizeof(header), 2 * count);
+  }
   for (int64_t i = 0; i < count; ++i) {
     if (tokens[i] >= vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -81,8 +71,6 @@ absl::StatusOr<std::vector<uint16_t>> ReadTokenFile(const std::string& field,
   }
   return tokens;
 }
-
-}  // namespace
 
 CharTokenizer::CharTokenizer(std::string vocab) : vocab_(std::move(vocab)) {
   std::fill(std::begin(id_of_), std::end(id_of_), -1);
@@ -120,10 +108,11 @@ std::string CharTokenizer::Decode(const std::vector<int32_t>& ids) const {
 }
 
 absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
-                                        int model_vocab_size, int block_size) {
+                                        int model_vocab_size, int block_size,
+                                        const ConfinedFs& fs) {
   TokenData data;
   if (!spec.path().empty()) {
-    auto text = ReadFile("data.path", spec.path());
+    auto text = fs.ReadFile(spec.path(), "data.path");
     if (!text.ok()) return text.status();
     data.tokenizer = CharTokenizer::FromText(*text);
     data.has_tokenizer = true;
@@ -143,9 +132,10 @@ absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
   } else {
     data.vocab_size = model_vocab_size != 0 ? model_vocab_size : kGpt2Vocab;
     auto train =
-        ReadTokenFile("data.train_bin", spec.train_bin(), data.vocab_size);
+        ReadTokenFile("data.train_bin", spec.train_bin(), data.vocab_size, fs);
     if (!train.ok()) return train.status();
-    auto val = ReadTokenFile("data.val_bin", spec.val_bin(), data.vocab_size);
+    auto val =
+        ReadTokenFile("data.val_bin", spec.val_bin(), data.vocab_size, fs);
     if (!val.ok()) return val.status();
     data.train = std::move(*train);
     data.val = std::move(*val);
@@ -153,7 +143,8 @@ absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
   const auto need = static_cast<size_t>(block_size) + 1;
   if (data.train.size() < need || data.val.size() < need) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "data: the train split (", data.train.size(),
+        "model.block_size=", block_size,
+        " is too large for the data: the train split (", data.train.size(),
         " tokens) and the validation split (", data.val.size(),
         " tokens) must each hold at least model.block_size+1 = ", need,
         " tokens"));

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/confined_fs.h"
 #include "ptrain/v1/job.pb.h"
 
 namespace ptrain {
@@ -40,11 +42,21 @@ struct TokenData {
   CharTokenizer tokenizer;
 };
 
-// Loads the data of `spec`, checking it against the model's vocabulary
-// (model_vocab_size 0: take the data's) and the context length. Errors name
-// the spec field: "data.train_bin: bad magic 1234 (expected 20240520)".
+// Loads the data of `spec` through `fs` (confined to the data roots),
+// checking it against the model's vocabulary (model_vocab_size 0: take the
+// data's) and the context length. Errors name the spec field:
+// "data.train_bin: bad magic 1234 (expected 20240520)".
 absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
-                                        int model_vocab_size, int block_size);
+                                        int model_vocab_size, int block_size,
+                                        const ConfinedFs& fs = ConfinedFs());
+
+// The tokens of an llm.c token file's bytes (256 × int32 header: magic
+// 20240520, version 1, token count; then uint16 tokens), each checked to be
+// below vocab_size. `field` and `path` name the file in errors.
+absl::StatusOr<std::vector<uint16_t>> ParseTokenFile(absl::string_view bytes,
+                                                     absl::string_view field,
+                                                     absl::string_view path,
+                                                     int vocab_size);
 
 // Writes an llm.c token file (for tests and tools).
 absl::Status WriteTokenFile(const std::string& path,

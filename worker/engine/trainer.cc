@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <new>
 #include <numeric>
+#include <stdexcept>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/memory_estimate.h"
 #include "common/spec.h"
 #include "kernels/cpu/kernels.h"
 #include "spdlog/spdlog.h"
@@ -51,30 +54,78 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
                      ": this build trains on cpu only"));
   }
 
-  auto data = LoadTokenData(spec.data(), spec.model().vocab_size(),
-                            spec.model().block_size());
-  if (dims != nullptr && dims->world_size() > 1) {
-    // Ranks agree before the collectives of loading state: one rank that
-    // cannot read the data must not leave the others waiting.
-    double failed = data.ok() ? 0.0 : 1.0;
-    dims->world_group().AllReduce(&failed, 1);
-    if (failed > 0 && data.ok()) {
-      return absl::InvalidArgumentError(
-          "data: another rank could not load the data (see its error)");
-    }
+  // More threads than any machine has cores is a mistake, and each one
+  // costs a stack.
+  constexpr int kMaxThreadsPerRank = 1024;
+  if (spec.resources().threads_per_rank() > kMaxThreadsPerRank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resources.threads_per_rank=", spec.resources().threads_per_rank(),
+        " is more than ", kMaxThreadsPerRank, " threads per rank"));
   }
-  if (!data.ok()) return data.status();
-  std::unique_ptr<Trainer> trainer(
-      new Trainer(spec, options, std::move(*data), dims));
+
+  absl::StatusOr<TokenData> data = absl::UnknownError("data not loaded");
+  try {
+    data = LoadTokenData(spec.data(), spec.model().vocab_size(),
+                         spec.model().block_size(), options.fs);
+  } catch (const std::bad_alloc&) {
+    data = absl::ResourceExhaustedError(
+        "data: out of memory while reading the data files");
+  }
+  // Before anything large is allocated: does the model fit? And would its
+  // checkpoints stay inside the data roots?
+  absl::Status ready = data.status();
+  if (ready.ok() && !spec.checkpoint().dir().empty()) {
+    ready = options.fs.Check(spec.checkpoint().dir(), "checkpoint.dir");
+  }
+  if (ready.ok()) {
+    ready =
+        CheckMemoryFits(spec, data->vocab_size, options.ranks_on_node,
+                        options.memory_bytes.value_or(AvailableMemoryBytes()));
+  }
+  // Ranks agree before the collectives of loading state: one rank that
+  // cannot read the data must not leave the others waiting.
+  if (SumOverWorld(dims, ready.ok() ? 0.0 : 1.0) > 0 && ready.ok()) {
+    return absl::InvalidArgumentError(
+        "another rank could not load the data, reach checkpoint.dir or fit "
+        "the model in memory (see its error)");
+  }
+  if (!ready.ok()) return ready;
+  std::unique_ptr<Trainer> trainer;
+  absl::Status built = absl::OkStatus();
+  try {
+    trainer.reset(new Trainer(spec, options, std::move(*data), dims));
+  } catch (const std::bad_alloc&) {
+    built = absl::ResourceExhaustedError(
+        "memory: out of memory while building the model, its gradients and "
+        "optimizer state (see the model.*, train.global_batch and "
+        "parallel.* settings)");
+  } catch (const std::exception& e) {
+    built = absl::InternalError(
+        absl::StrCat("building the model failed: ", e.what()));
+  }
+  if (SumOverWorld(dims, built.ok() ? 0.0 : 1.0) > 0) {
+    return built.ok() ? absl::ResourceExhaustedError(
+                            "memory: another rank could not build the model "
+                            "(see its error)")
+                      : built;
+  }
   if (auto s = trainer->LoadInitialState(); !s.ok()) return s;
   return trainer;
+}
+
+double Trainer::SumOverWorld(ParallelDims* dims, double x) {
+  if (dims != nullptr && dims->world_size() > 1) {
+    dims->world_group().AllReduce(&x, 1);
+  }
+  return x;
 }
 
 absl::Status Trainer::LoadInitialState() {
   const std::string& init = spec_.model().init_from();
   if (!init.empty()) {
     // init_from is validated as "llmc:PATH".
-    auto src = LlmcSource::Open(init.substr(5), model_->config());
+    auto src = LlmcSource::Open(init.substr(5), model_->config(), options_.fs,
+                                "model.init_from");
     absl::Status s = src.ok() ? store_->LoadState(**src, false) : src.status();
     if (SumOverWorld(s.ok() ? 0.0 : 1.0) > 0) {
       return s.ok() ? absl::InternalError(
@@ -86,25 +137,54 @@ absl::Status Trainer::LoadInitialState() {
   const std::string& from = options_.resume_from;
   if (from.empty()) return absl::OkStatus();
   const bool latest = from == "latest";
-  const std::vector<std::string> candidates =
-      latest ? ListCheckpoints(spec_.checkpoint().dir())
-             : std::vector<std::string>{from};
-  if (latest && candidates.empty()) {
-    spdlog::info("resume: no checkpoint under '{}', starting fresh",
-                 spec_.checkpoint().dir());
+  const std::string& root = spec_.checkpoint().dir();
+  if (latest && root.empty()) {
+    spdlog::info("resume: no checkpoint.dir, starting fresh");
     return absl::OkStatus();
   }
+  auto listed = latest ? ListCheckpoints(root, options_.fs)
+                       : absl::StatusOr<std::vector<std::string>>(
+                             std::vector<std::string>{from});
+  if (SumOverWorld(listed.ok() ? 0.0 : 1.0) > 0) {
+    return listed.ok()
+               ? absl::InternalError(absl::StrCat(
+                     "resume: another rank could not list '", root, "'"))
+               : listed.status();
+  }
+  const std::vector<std::string>& candidates = *listed;
+  if (latest && candidates.empty()) {
+    spdlog::info("resume: no checkpoint under '{}', starting fresh", root);
+    return absl::OkStatus();
+  }
+  const std::string field = latest ? "checkpoint.dir" : "--resume-from";
   std::string skipped;
   for (const std::string& dir : candidates) {
-    // A checkpoint that does not fit the model is an error, not a reason to
-    // fall back: an older one would not fit either.
+    // A checkpoint that does not fit the model, or is another job's, is an
+    // error, not a reason to fall back: an older one would not do either.
     bool fatal = false;
     int64_t step = 0, opt_step = 0;
     absl::Status s = [&]() -> absl::Status {
-      auto reader = CheckpointReader::Open(dir);
-      if (!reader.ok()) return reader.status();
+      auto reader = CheckpointReader::Open(dir, options_.fs, field);
+      if (!reader.ok()) {
+        // Damaged or not a checkpoint (of this format): fall back. Refused
+        // by confinement, or unreadable: stop.
+        const absl::StatusCode code = reader.status().code();
+        fatal = code != absl::StatusCode::kDataLoss &&
+                code != absl::StatusCode::kFailedPrecondition;
+        return reader.status();
+      }
       const CheckpointMeta& meta = (*reader)->meta();
-      if (auto c = (*reader)->CheckCompatible(store_->layout()); !c.ok()) {
+      if (latest && meta.job_uid != options_.job_uid) {
+        fatal = true;
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint '", dir, "' belongs to job '", meta.job_uid,
+            "', not to this job '", options_.job_uid,
+            "' (PTRAIN_JOB_UID); refusing to resume another job's checkpoint "
+            "(give checkpoint.dir a folder of this job's own)"));
+      }
+      if (auto c =
+              (*reader)->CheckCompatible(model_->config(), store_->layout());
+          !c.ok()) {
         fatal = true;
         return c;
       }
@@ -139,12 +219,12 @@ absl::Status Trainer::LoadInitialState() {
     }
     if (s.ok()) s = absl::DataLossError("another rank failed to read " + dir);
     if (!latest || any_fatal) return s;
-    spdlog::warn("resume: skipping '{}': {}", dir, std::string(s.message()));
-    absl::StrAppend(&skipped, " (skipped ", dir, ")");
+    spdlog::warn("resume: skipping damaged checkpoint '{}': {}", dir,
+                 std::string(s.message()));
+    absl::StrAppend(&skipped, " (skipped damaged ", dir, ")");
   }
   return absl::DataLossError(
-      absl::StrCat("resume: no intact checkpoint under '",
-                   spec_.checkpoint().dir(), "'", skipped));
+      absl::StrCat("resume: no intact checkpoint under '", root, "'", skipped));
 }
 
 absl::StatusOr<std::string> Trainer::SaveCheckpointAt(int64_t step) {
@@ -163,8 +243,10 @@ absl::StatusOr<std::string> Trainer::SaveCheckpointAt(int64_t step) {
   meta.pp = par.pp();
   meta.zero = par.zero();
   meta.world = dims_ != nullptr ? dims_->world_size() : 1;
+  meta.job_uid = options_.job_uid;
   SaveOptions save = options_.save;
   save.keep_last = spec_.checkpoint().keep_last();
+  save.fs = options_.fs;
   return SaveCheckpoint(spec_.checkpoint().dir(), meta, store_->layout(),
                         store_->CheckpointRuns(),
                         dims_ != nullptr ? &dims_->world_group() : nullptr,
@@ -211,12 +293,7 @@ double Trainer::SumOverDp(double x) {
   return x;
 }
 
-double Trainer::SumOverWorld(double x) {
-  if (dims_ != nullptr && dims_->world_size() > 1) {
-    dims_->world_group().AllReduce(&x, 1);
-  }
-  return x;
-}
+double Trainer::SumOverWorld(double x) { return SumOverWorld(dims_, x); }
 
 double Trainer::flops_per_step() const {
   return GptFlopsPerToken(model_->config(), T_) *
@@ -374,7 +451,7 @@ absl::Status Trainer::Run() {
   };
   const bool checkpoints = !spec_.checkpoint().dir().empty();
   for (int64_t s = start_step_; s < train.steps(); ++s) {
-    if (options_.hang_at_step == s + 1) {
+    if (options_.hang_at_step.has_value() && *options_.hang_at_step == s + 1) {
       spdlog::warn("test hook: hanging at step {}", s + 1);
       for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     }

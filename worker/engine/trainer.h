@@ -8,11 +8,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/confined_fs.h"
 #include "nlohmann/json.hpp"
 #include "ptrain/v1/job.pb.h"
 #include "worker/engine/checkpoint.h"
@@ -34,13 +36,24 @@ struct TrainerOptions {
   // written: how ptworker reports progress to the coordinator.
   std::function<void(const nlohmann::json&)> on_record;
   // "" (start fresh), "latest" (newest intact checkpoint under
-  // checkpoint.dir, falling back past corrupt ones; fresh if there is none)
-  // or a checkpoint folder (must load, or Create fails).
+  // checkpoint.dir, falling back past damaged ones; fresh if there is none;
+  // one of another job is refused) or a checkpoint folder (must load, or
+  // Create fails).
   std::string resume_from;
-  SaveOptions save;  // test hooks and pruning are taken from the spec
-                     // Test hook: at this step (1-based) the loop stops making
-                     // progress.
-  int64_t hang_at_step = 0;
+  SaveOptions save;  // test hooks (keep_last and fs come from spec and fs)
+  // Every data file, checkpoint file and folder and model.init_from is
+  // opened through this (confined to $PTRAIN_DATA_ROOTS under ptcoord).
+  ConfinedFs fs;
+  // The coordinator's unique id of this job ($PTRAIN_JOB_UID), recorded in
+  // every checkpoint; "latest" refuses a checkpoint with another one.
+  std::string job_uid;
+  // Ranks of this job on this machine, and the memory they may use (unset:
+  // MemAvailable). Create refuses a job whose estimate does not fit.
+  int ranks_on_node = 1;
+  std::optional<int64_t> memory_bytes;
+  // Test hook, set only from the environment: at this step (1-based) the
+  // loop stops making progress.
+  std::optional<int64_t> hang_at_step;
   // Prometheus metrics of this rank (not owned; null for none).
   RankMetrics* metrics = nullptr;
 };
@@ -55,9 +68,13 @@ struct StepResult {
 
 class Trainer {
  public:
-  // Loads the data and builds the model; a bad spec or bad data is
-  // InvalidArgument/NotFound naming the field. Writes nothing. `dims` (not
-  // owned, may be null for a single rank without MPI) gives the groups.
+  // Loads the data, checks that the model fits in memory
+  // (common/memory_estimate.h) and builds it; a bad spec or bad data is
+  // InvalidArgument/NotFound naming the field, a model that does not fit
+  // ResourceExhausted naming the fields that size it, a damaged checkpoint
+  // DataLoss. Writes nothing. `dims` (not owned, may be null for a single
+  // rank without MPI) gives the groups; every rank returns an error if any
+  // rank fails.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(
       const v1::JobSpec& spec, const TrainerOptions& options,
       ParallelDims* dims = nullptr);
@@ -97,6 +114,7 @@ class Trainer {
   // Sum over the dp group / the world (identity on one rank).
   double SumOverDp(double x);
   double SumOverWorld(double x);
+  static double SumOverWorld(ParallelDims* dims, double x);
   // Loads weights from model.init_from, then the resume_from checkpoint.
   absl::Status LoadInitialState();
 

@@ -1,25 +1,64 @@
-// Checkpoints on one rank: bit-exact resume, fallback past a corrupt
-// checkpoint, clear refusals that leave the disk untouched, pruning, and the
-// llm.c format round trip.
+// Checkpoints on one rank: bit-exact resume, fallback past a corrupt or
+// damaged checkpoint, a manifest covered by its digest and validated number
+// by number, clear refusals that leave the disk untouched, pruning that
+// never touches another job's steps, and the llm.c format round trip.
 #include "worker/engine/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <openssl/evp.h>
 #include <xxhash.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "common/spec.h"
+#include "nlohmann/json.hpp"
 #include "worker/engine/trainer.h"
 
 namespace ptrain {
 namespace {
 
 namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string ReadAll(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string Sha256Hex(const std::string& data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr);
+  std::string out;
+  for (unsigned int i = 0; i < len; ++i) {
+    out += absl::StrFormat("%02x", md[i]);
+  }
+  return out;
+}
+
+// Rewrites dir/manifest.json through `edit`. With `redigest` its digest is
+// recomputed, so only validation stands between the edit and the reader.
+void EditManifest(const std::string& dir,
+                  const std::function<void(json&)>& edit, bool redigest) {
+  json m = json::parse(ReadAll(fs::path(dir) / "manifest.json"));
+  edit(m);
+  const std::string text = m.dump(1);
+  std::ofstream(fs::path(dir) / "manifest.json", std::ios::trunc) << text;
+  if (redigest) {
+    std::ofstream(fs::path(dir) / "manifest.sha256", std::ios::trunc)
+        << Sha256Hex(text) << "  manifest.json\n";
+  }
+}
 
 class CheckpointTest : public ::testing::Test {
  protected:
@@ -46,19 +85,31 @@ class CheckpointTest : public ::testing::Test {
     return *spec;
   }
   std::unique_ptr<Trainer> Make(const v1::JobSpec& spec,
-                                const std::string& resume = "") {
+                                const std::string& resume = "",
+                                const std::string& job_uid = "") {
     TrainerOptions opt;
     opt.peak_flops = 1e12;
     opt.quiet = true;
     opt.resume_from = resume;
+    opt.job_uid = job_uid;
     auto t = Trainer::Create(spec, opt);
     EXPECT_TRUE(t.ok()) << t.status();
     return t.ok() ? std::move(*t) : nullptr;
   }
-  absl::Status MakeStatus(const v1::JobSpec& spec, const std::string& resume) {
+  absl::Status MakeStatus(const v1::JobSpec& spec, const std::string& resume,
+                          const std::string& job_uid = "") {
     TrainerOptions opt;
     opt.resume_from = resume;
+    opt.job_uid = job_uid;
     return Trainer::Create(spec, opt).status();
+  }
+  // Checkpoints at steps 5 and 10 of one run.
+  void SaveFiveAndTen(const v1::JobSpec& spec) {
+    auto t = Make(spec);
+    Steps(*t, 0, 5);
+    ASSERT_TRUE(t->SaveCheckpointAt(5).ok());
+    Steps(*t, 5, 10);
+    ASSERT_TRUE(t->SaveCheckpointAt(10).ok());
   }
   // Runs steps [from, to) and returns their losses.
   std::vector<float> Steps(Trainer& t, int from, int to) {
@@ -119,7 +170,13 @@ TEST_F(CheckpointTest, ManifestIndexesEveryTensorWithShapeAndChecksums) {
   EXPECT_EQ((*reader)->meta().optimizer_step, 2);
   EXPECT_EQ((*reader)->meta().tokens_seen, 2 * 4 * 16);
   EXPECT_EQ((*reader)->meta().vocab.size(), 65u);
-  EXPECT_TRUE((*reader)->CheckCompatible(t->store().layout()).ok());
+  EXPECT_TRUE((*reader)
+                  ->CheckCompatible(t->model().config(), t->store().layout())
+                  .ok());
+  // The manifest's digest, in sha256sum's format, is the last file written.
+  EXPECT_EQ(
+      ReadAll(StepDir(2) + "/manifest.sha256"),
+      Sha256Hex(ReadAll(StepDir(2) + "/manifest.json")) + "  manifest.json\n");
   // Every element of every weight reads back as it is in memory.
   const auto full = t->store().FullParams();
   for (const ParamInfo& p : t->store().layout()) {
@@ -172,6 +229,13 @@ TEST_F(CheckpointTest, FolderWithoutManifestIsNotACommittedCheckpoint) {
   EXPECT_EQ(t->start_step(), 0);
 }
 
+TEST_F(CheckpointTest, LatestWithoutACheckpointFolderStartsFresh) {
+  // ptcoord passes --resume-from latest to every job, with or without one.
+  auto t = Make(Spec(2, 0, {"checkpoint.dir=''"}), "latest");
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->start_step(), 0);
+}
+
 TEST_F(CheckpointTest, OtherModelShapeNamesTheFirstMismatchingTensor) {
   auto t = Make(Spec(2, 0));
   Steps(*t, 0, 2);
@@ -199,9 +263,10 @@ TEST_F(CheckpointTest, KeepLastPrunesOnlyAfterCommit) {
   ASSERT_TRUE(t.ok());
   ASSERT_TRUE((*t)->Run().ok());
   const auto all = ListCheckpoints(root_.string());
-  ASSERT_EQ(all.size(), 2u);
-  EXPECT_EQ(all[0], StepDir(8));
-  EXPECT_EQ(all[1], StepDir(6));
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0], StepDir(8));
+  EXPECT_EQ((*all)[1], StepDir(6));
 }
 
 TEST_F(CheckpointTest, LlmcExportThenInitFromGivesIdenticalWeights) {
@@ -233,6 +298,304 @@ TEST_F(CheckpointTest, LlmcExportThenInitFromGivesIdenticalWeights) {
   EXPECT_NE(wrong.message().find("has n_layer=2 but the model has 3"),
             std::string::npos)
       << wrong;
+}
+
+TEST_F(CheckpointTest, ManifestWithoutItsDigestIsDamagedAndLatestFallsBack) {
+  const v1::JobSpec spec = Spec(10, 5);
+  SaveFiveAndTen(spec);
+  fs::remove(StepDir(10) + "/manifest.sha256");
+  auto resumed = Make(spec, "latest");
+  ASSERT_NE(resumed, nullptr);
+  EXPECT_EQ(resumed->start_step(), 5);
+  const absl::Status s = MakeStatus(spec, StepDir(10));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("checkpoint " + StepDir(10) +
+                             " is damaged: it has no manifest.sha256"),
+            std::string::npos)
+      << s;
+}
+
+TEST_F(CheckpointTest, ManifestEditedWithoutItsDigestIsDamaged) {
+  const v1::JobSpec spec = Spec(10, 5);
+  SaveFiveAndTen(spec);
+  EditManifest(
+      StepDir(10), [](json& m) { m["tokens_seen"] = 1; }, false);
+  const auto before = Snapshot();
+  auto resumed = Make(spec, "latest");
+  ASSERT_NE(resumed, nullptr);
+  EXPECT_EQ(resumed->start_step(), 5);
+  const absl::Status s = MakeStatus(spec, StepDir(10));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find(
+                "manifest.json does not match its SHA-256 in manifest.sha256"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(Snapshot(), before) << "a failed load changed the disk";
+}
+
+// Swaps where two tensors' data lie in the shard file.
+void SwapOffsets(json& m, const std::string& a, const std::string& b) {
+  json& sa = m["tensors"][a]["shards"][0]["offset"];
+  json& sb = m["tensors"][b]["shards"][0]["offset"];
+  std::swap(sa, sb);
+}
+
+TEST_F(CheckpointTest, SwappedTensorOffsetsAreDetected) {
+  const v1::JobSpec spec = Spec(10, 5);
+  SaveFiveAndTen(spec);
+  // Same size: only the digest can tell, and it does.
+  EditManifest(
+      StepDir(10),
+      [](json& m) { SwapOffsets(m, "h.0.ln_1.weight", "h.0.ln_1.bias"); },
+      false);
+  absl::Status s = MakeStatus(spec, StepDir(10));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("does not match its SHA-256"), std::string::npos)
+      << s;
+  // Different sizes, digest recomputed: the tensors no longer tile the
+  // shard file, and validation says so.
+  EditManifest(
+      StepDir(5), [](json& m) { SwapOffsets(m, "wte", "h.0.ln_1.bias"); },
+      true);
+  s = MakeStatus(spec, StepDir(5));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("is damaged: shard-00000.bin: "),
+            std::string::npos)
+      << s;
+}
+
+// Every class of bad number in a manifest whose digest is correct: the
+// reader refuses it before reading any shard, naming the field and the rule.
+TEST_F(CheckpointTest, EveryBadManifestNumberIsRefusedBeforeAnyRead) {
+  const v1::JobSpec spec = Spec(2, 0);
+  {
+    auto t = Make(spec);
+    Steps(*t, 0, 2);
+    ASSERT_TRUE(t->SaveCheckpointAt(2).ok());
+  }
+  const std::string pristine = StepDir(2);
+  const json m0 = json::parse(ReadAll(fs::path(pristine) / "manifest.json"));
+  const int64_t shard_bytes = m0["files"]["shard-00000.bin"]["bytes"];
+  struct Case {
+    const char* what;
+    std::function<void(json&)> edit;
+    const char* expect;
+  };
+  auto file = [](json& m) -> json& { return m["files"]["shard-00000.bin"]; };
+  auto wte = [](json& m) -> json& { return m["tensors"]["wte"]["shards"][0]; };
+  const std::vector<Case> cases = {
+      {"chunk_bytes 0", [&](json& m) { file(m)["chunk_bytes"] = 0; },
+       "files.shard-00000.bin.chunk_bytes=0 is outside [4096, 16777216]"},
+      {"chunk_bytes negative",
+       [&](json& m) { file(m)["chunk_bytes"] = -65536; },
+       "chunk_bytes=-65536 is outside"},
+      {"chunk_bytes a double",
+       [&](json& m) { file(m)["chunk_bytes"] = 65536.0; },
+       "chunk_bytes=65536 is not an integer"},
+      {"malformed hash",
+       [&](json& m) { file(m)["xxh64_chunks"][0] = "not-a-hash"; },
+       "xxh64_chunks[0] is not 16 lowercase hex digits"},
+      {"hash a number", [&](json& m) { file(m)["xxh64_chunks"][0] = 7; },
+       "xxh64_chunks[0] is not 16 lowercase hex digits"},
+      {"too few hashes", [&](json& m) { file(m)["xxh64_chunks"].erase(0); },
+       "xxh64_chunks must be a list of"},
+      {"offset 1e15", [&](json& m) { wte(m)["offset"] = 1000000000000000LL; },
+       "tensors.wte.shards[0].offset=1000000000000000 is outside"},
+      {"offset 1e15 as a double", [&](json& m) { wte(m)["offset"] = 1e15; },
+       "tensors.wte.shards[0].offset=1e+15 is not an integer"},
+      {"offset near the end of the shard",
+       [&](json& m) { wte(m)["offset"] = shard_bytes - 4; },
+       "are not whole floats inside shard-00000.bin"},
+      {"offset not a float boundary", [&](json& m) { wte(m)["offset"] = 2; },
+       "are not whole floats"},
+      {"negative count", [&](json& m) { wte(m)["count"] = -1; },
+       "tensors.wte.shards[0].count=-1 is outside"},
+      {"start past the tensor", [&](json& m) { wte(m)["start"] = 1 << 30; },
+       "tensors.wte.shards[0].start=1073741824 is outside"},
+      {"a shard missing (a gap)",
+       [&](json& m) { m["tensors"]["wte"]["shards"].erase(0); },
+       "tensors.wte.shards cover [0, 0) of its 1560 elements"},
+      {"a shard twice (an overlap)",
+       [&](json& m) {
+         m["tensors"]["wte"]["shards"].push_back(
+             m["tensors"]["wte"]["shards"][0]);
+       },
+       "tensors.wte.shards overlap at element"},
+      {"shape larger than its shards",
+       [&](json& m) { m["tensors"]["wte"]["shape"][0] = 66; },
+       "tensors.wte.shards cover [0, 1560) of its 1584 elements"},
+      {"shape with a zero",
+       [&](json& m) { m["tensors"]["wte"]["shape"][0] = 0; },
+       "tensors.wte.shape[0]=0 is outside"},
+      {"file size differs from the manifest",
+       [&](json& m) { file(m)["bytes"] = shard_bytes + 4; },
+       "shard-00000.bin: its tensors end at byte"},
+      {"file outside the folder",
+       [&](json& m) {
+         m["files"]["../../etc/passwd"] = file(m);
+         m["files"].erase("shard-00000.bin");
+       },
+       "files has '../../etc/passwd', not shard-RRRRR.bin"},
+      {"shard of an unknown file",
+       [&](json& m) { wte(m)["file"] = "shard-00001.bin"; },
+       "tensors.wte.shards[0].file='shard-00001.bin' is not in files"},
+      {"negative step", [&](json& m) { m["step"] = -5; },
+       "step=-5 is outside [0, 281474976710656]"},
+      {"huge step", [&](json& m) { m["step"] = 1e30; },
+       "step=1e+30 is not an integer"},
+      {"step beyond int64",
+       [&](json& m) { m["step"] = 18446744073709551615ULL; },
+       "step=18446744073709551615 is outside"},
+      {"step of another folder", [&](json& m) { m["step"] = 3; },
+       "it is folder step-00000002 but its manifest has step=3"},
+      {"negative tokens_seen", [&](json& m) { m["tokens_seen"] = -1; },
+       "tokens_seen=-1 is outside"},
+      {"optimizer_step past step", [&](json& m) { m["optimizer_step"] = 3; },
+       "optimizer_step=3 is outside [0, 2]"},
+      {"layout degree zero", [&](json& m) { m["layout"]["dp"] = 0; },
+       "layout.dp=0 is outside"},
+      {"layout world inconsistent", [&](json& m) { m["layout"]["world"] = 2; },
+       "layout.world=2 is not layout.dp"},
+      {"model number a string", [&](json& m) { m["model"]["n_layer"] = "2"; },
+       "model.n_layer is string, not an integer"},
+      {"model heads do not divide", [&](json& m) { m["model"]["n_head"] = 5; },
+       "model.n_head=5 does not divide model.n_embd=24"},
+      {"model other than its tensors'",
+       [&](json& m) { m["model"]["n_embd"] = 32; },
+       "its tensors do not match its own model"},
+      {"more layers than tensors",
+       [&](json& m) { m["model"]["n_layer"] = 65536; },
+       "model.n_layer=65536 needs 2359308 tensors"},
+      {"missing section", [&](json& m) { m.erase("files"); },
+       "files is missing"},
+      {"not an object",
+       [&](json& m) {
+         m = json::array({1, 2});
+       },
+       "the manifest is not an object"},
+      {"job_uid not a string", [&](json& m) { m["job_uid"] = 5; },
+       "job_uid is number, not a string"},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    const std::string dir =
+        (root_ / ("case" + std::to_string(n++)) / "step-00000002").string();
+    fs::create_directories(fs::path(dir).parent_path());
+    fs::copy(pristine, dir);
+    EditManifest(dir, c.edit, true);
+    auto r = CheckpointReader::Open(dir);
+    ASSERT_FALSE(r.ok()) << c.what;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << c.what;
+    EXPECT_EQ(r.status().message().find("checkpoint " + dir + " is damaged: "),
+              0u)
+        << c.what << ": " << r.status();
+    EXPECT_NE(r.status().message().find(c.expect), std::string::npos)
+        << c.what << ": " << r.status();
+  }
+  // The pristine one itself reads.
+  EXPECT_TRUE(CheckpointReader::Open(pristine).ok());
+}
+
+TEST_F(CheckpointTest, NegativeOrHugeStepIsDamagedAndLatestFallsBack) {
+  const v1::JobSpec spec = Spec(10, 5);
+  for (const json& step : {json(-5), json(1e30)}) {
+    fs::remove_all(root_);
+    SaveFiveAndTen(spec);
+    EditManifest(
+        StepDir(10), [&](json& m) { m["step"] = step; }, true);
+    auto resumed = Make(spec, "latest");
+    ASSERT_NE(resumed, nullptr);
+    EXPECT_EQ(resumed->start_step(), 5) << step;
+    const absl::Status s = MakeStatus(spec, StepDir(10));
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  }
+}
+
+TEST_F(CheckpointTest, ModelSettingThatShapesDoNotShowIsChecked) {
+  const v1::JobSpec spec = Spec(2, 0);
+  auto t = Make(spec);
+  ASSERT_TRUE(t->SaveCheckpointAt(0).ok());
+  auto reader = CheckpointReader::Open(StepDir(0));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  GptConfig other = t->model().config();
+  other.n_head = 4;  // same tensor shapes, other attention
+  const absl::Status s = (*reader)->CheckCompatible(other, t->store().layout());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(
+      s.message().find("model.n_head=2 in the checkpoint but 4 in the model"),
+      std::string::npos)
+      << s;
+}
+
+TEST_F(CheckpointTest, LatestRefusesAnotherJobsCheckpointNamingBothUids) {
+  const v1::JobSpec spec = Spec(4, 2);
+  {
+    auto t = Make(spec, "", "job-a");
+    Steps(*t, 0, 2);
+    ASSERT_TRUE(t->SaveCheckpointAt(2).ok());
+  }
+  auto reader = CheckpointReader::Open(StepDir(2));
+  ASSERT_TRUE(reader.ok());
+  EXPECT_EQ((*reader)->meta().job_uid, "job-a");
+  const auto before = Snapshot();
+  const absl::Status s = MakeStatus(spec, "latest", "job-b");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("belongs to job 'job-a', not to this job 'job-b'"),
+            std::string::npos)
+      << s;
+  // Standalone (no uid) is another job too.
+  EXPECT_FALSE(MakeStatus(spec, "latest", "").ok());
+  EXPECT_EQ(Snapshot(), before);
+  auto same = Make(spec, "latest", "job-a");
+  ASSERT_NE(same, nullptr);
+  EXPECT_EQ(same->start_step(), 2);
+}
+
+TEST_F(CheckpointTest, JobsSharingAFolderNeverPruneOrOverwriteEachOther) {
+  const v1::JobSpec spec = Spec(8, 2, {"checkpoint.keep_last=1"});
+  auto a = Make(spec, "", "job-a");
+  auto b = Make(spec, "", "job-b");
+  ASSERT_TRUE(a->SaveCheckpointAt(1).ok());
+  ASSERT_TRUE(b->SaveCheckpointAt(2).ok());
+  ASSERT_TRUE(a->SaveCheckpointAt(3).ok());  // prunes a's step 1 only
+  ASSERT_TRUE(b->SaveCheckpointAt(4).ok());  // prunes b's step 2 only
+  auto all = ListCheckpoints(root_.string());
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(*all, (std::vector<std::string>{StepDir(4), StepDir(3)}));
+  // Job a reaching step 4 finds b's: refused, b's left as it was.
+  const auto before = Snapshot();
+  auto clash = a->SaveCheckpointAt(4);
+  EXPECT_EQ(clash.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(clash.status().message().find("belongs to job 'job-b'"),
+            std::string::npos)
+      << clash.status();
+  EXPECT_EQ(Snapshot(), before);
+}
+
+TEST_F(CheckpointTest, StepsPastEightDigitsAreListedInOrder) {
+  fs::create_directories(root_ / "step-99999999");
+  fs::create_directories(root_ / "step-100000000");
+  fs::create_directories(root_ / "step-00000010.tmp");
+  fs::create_directories(root_ / "other");
+  auto all = ListCheckpoints(root_.string());
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(*all, (std::vector<std::string>{(root_ / "step-100000000").string(),
+                                            StepDir(99999999)}));
+}
+
+TEST_F(CheckpointTest, ReadOutsideATensorIsAnErrorNotAnOverflow) {
+  auto t = Make(Spec(2, 0));
+  ASSERT_TRUE(t->SaveCheckpointAt(0).ok());
+  auto reader = CheckpointReader::Open(StepDir(0));
+  ASSERT_TRUE(reader.ok());
+  float x[4];
+  EXPECT_EQ((*reader)->Read("wte", -1, 1, x).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*reader)->Read("wte", 65 * 24 - 1, 2, x).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*reader)->Read("wte", INT64_MAX, 2, x).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*reader)->Read("wte", 65 * 24 - 4, 4, x).ok());
 }
 
 }  // namespace

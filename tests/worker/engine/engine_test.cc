@@ -219,6 +219,20 @@ TEST(TokenData, LlmcTokenFilesLoadAndBadHeadersAreRefused) {
             std::string::npos)
       << size.status();
 
+  // A header with no tokens parses to nothing (fuzz/corpus/llmc keeps the
+  // input that once made this copy from a null pointer), and is too short.
+  ASSERT_TRUE(WriteTokenFile(train, {}).ok());
+  std::ifstream empty_in(train, std::ios::binary);
+  const std::string empty((std::istreambuf_iterator<char>(empty_in)), {});
+  auto none = ParseTokenFile(empty, "data.train_bin", train, 50257);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());
+  EXPECT_NE(LoadTokenData(spec, 0, 16)
+                .status()
+                .message()
+                .find("model.block_size=16 is too large for the data"),
+            std::string::npos);
+
   spec.set_val_bin(TempPath("missing.bin"));
   ASSERT_TRUE(WriteTokenFile(train, toks).ok());
   EXPECT_EQ(LoadTokenData(spec, 0, 16).status().code(),
