@@ -24,7 +24,8 @@ done
 
 # Building and running: compiler and build tools, gRPC + protobuf, OpenMPI,
 # the libraries, and oneDNN with the OpenCL headers its CMake config requires
-# (libdnnl-dev only recommends them). python3 prints the demo's sample.
+# (libdnnl-dev only recommends them); OpenSSL's libcrypto for digests.
+# python3 prints the demo's sample.
 PACKAGES=(
   build-essential cmake pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
@@ -32,15 +33,19 @@ PACKAGES=(
   prometheus-cpp-dev libspdlog-dev libyaml-cpp-dev libsqlite3-dev libcli11-dev
   nlohmann-json3-dev libxxhash-dev
   libdnnl-dev ocl-icd-opencl-dev libopenblas-dev
+  libssl-dev
   python3
 )
 # Only for tests and benchmarks: GoogleTest; PyTorch computes the reference
 # model during the test run; a real Prometheus scrapes ranks in integration
-# tests.
+# tests; clang with its sanitizer and libFuzzer runtimes and OpenMP builds
+# the fuzz targets (scripts/fuzz.sh); openssl makes test certificates.
 TEST_PACKAGES=(
   libgtest-dev
   python3-numpy python3-torch
   prometheus
+  clang libclang-rt-14-dev libomp-14-dev
+  openssl
 )
 if ((tests)); then PACKAGES+=("${TEST_PACKAGES[@]}"); fi
 

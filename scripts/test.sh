@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test command (README, CI): installs what the tests need and builds
 # them (scripts/setup.sh --tests), then runs every ctest label that can run
-# without a GPU. Extra arguments go to ctest (e.g. -L unit, -R spec).
+# without a GPU, then (unless ctest arguments narrow the run) the fuzz
+# targets for $PTRAIN_FUZZ_SECONDS each (default 60; 0 skips them). Extra
+# arguments go to ctest (e.g. -L unit, -R spec).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --tests
@@ -11,4 +13,8 @@ rc=0
 # Tests run one at a time: each already uses every core through OpenMP.
 ctest --output-on-failure --label-exclude gpu "$@" || rc=$?
 echo "test: ctest took $((SECONDS - start)) s"
+cd ..
+if (($# == 0)) && [[ ${PTRAIN_FUZZ_SECONDS:-60} != 0 ]]; then
+  scripts/fuzz.sh || rc=$?
+fi
 exit "$rc"

@@ -1,0 +1,94 @@
+// Fuzzes the readers of llm.c's files: the token file parser (data.cc:
+// 256 × int32 header, magic 20240520, then uint16 tokens) and LlmcSource, the
+// GPT-2 weight file reader behind model.init_from (header, then fp32
+// tensors). Input: the file's bytes. For the weight file the model config is
+// taken from the header when it is small (so the size check and the reads
+// are reached) and is a fixed tiny one otherwise. Whatever the bytes: OK or
+// an error with a message; never a crash, an overflow or an out-of-bounds
+// read.
+//
+// Seed corpus: fuzz/corpus/llmc/ holds a real token file and a real weight
+// file (a 1-layer model exported by `ptworker export`).
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "worker/engine/checkpoint.h"
+#include "worker/engine/data.h"
+#include "worker/engine/gpt.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string* g_path = nullptr;
+
+void RemoveFile() {
+  if (g_path != nullptr) {
+    std::error_code ec;
+    fs::remove(fs::path(*g_path).parent_path() / "model.bin", ec);
+    fs::remove(fs::path(*g_path).parent_path(), ec);
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
+  std::string base = fs::is_directory("/dev/shm") ? "/dev/shm" : "/tmp";
+  std::string tmpl = base + "/ptrain_llmc_fuzz_XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) std::abort();
+  g_path = new std::string(tmpl + "/model.bin");
+  std::atexit(RemoveFile);
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const absl::string_view bytes(reinterpret_cast<const char*>(data), size);
+
+  // The token file parser, for a GPT-2 and a character vocabulary.
+  for (int vocab : {50257, 65}) {
+    auto tokens =
+        ptrain::ParseTokenFile(bytes, "data.train_bin", "fuzz", vocab);
+    if (!tokens.ok() && tokens.status().message().empty()) std::abort();
+    if (tokens.ok()) {
+      for (uint16_t t : *tokens) {
+        if (t >= vocab) std::abort();  // accepted tokens are in range
+      }
+    }
+  }
+
+  // The weight file reader.
+  {
+    std::ofstream out(*g_path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out) std::abort();
+  }
+  int32_t h[8] = {};
+  std::memcpy(h, data, std::min(size, sizeof(h)));
+  ptrain::GptConfig config{1, 1, 2, 4, 3};
+  if (h[4] >= 1 && h[4] <= 4 && h[5] >= 1 && h[6] >= 1 && h[6] <= 32 &&
+      h[3] >= 1 && h[3] <= 512 && h[2] >= 1 && h[2] <= 64) {
+    config = ptrain::GptConfig{h[4], h[5], h[6], h[2], h[3]};
+  }
+  auto src = ptrain::LlmcSource::Open(*g_path, config);
+  if (!src.ok()) {
+    if (src.status().message().empty()) std::abort();
+    return 0;
+  }
+  std::vector<float> buf;
+  for (const auto& p : ptrain::GptParamLayout(config)) {
+    buf.assign(p.numel + 1, 0.0f);
+    (void)(*src)->Read(p.name, 0, p.numel, buf.data());
+    (void)(*src)->Read(p.name, p.numel, 1, buf.data());  // past the end
+    (void)(*src)->Read(p.name, -1, 1, buf.data());
+  }
+  return 0;
+}
