@@ -1,6 +1,7 @@
 // Bearer-token checks for ptcoord: user tokens (JobService) from a file and
-// per-job tokens (RankService) generated at launch. No RPC types here; the
-// service edge passes the `authorization` header value in.
+// per-attempt tokens (RankService) generated at launch, of which only the
+// SHA-256 is kept. No RPC types here; the service edge passes the
+// `authorization` header value in.
 #ifndef PTRAIN_COORDINATOR_AUTH_H_
 #define PTRAIN_COORDINATOR_AUTH_H_
 
@@ -10,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace ptrain {
 
@@ -31,6 +33,23 @@ absl::Status CheckBearer(const std::optional<std::string>& authorization,
 
 // 32 random bytes from /dev/urandom as 64 hex characters.
 std::string GenerateToken();
+
+// `n` random bytes as 2n lowercase hex characters (non-secret ids too).
+std::string RandomHex(int n);
+
+// SHA-256 of `text` as 64 lowercase hex characters (OpenSSL's libcrypto).
+// What ptcoord stores instead of a rank token.
+std::string Sha256Hex(absl::string_view text);
+
+// OK when `authorization` carries a token whose Sha256Hex is `sha256_hex`
+// (compared in constant time), else Unauthenticated. An empty `sha256_hex`
+// (no attempt running) matches nothing.
+absl::Status CheckBearerHash(const std::optional<std::string>& authorization,
+                             const std::string& sha256_hex);
+
+// A universally unique, time-ordered id: a ULID (48-bit milliseconds since
+// the epoch, then 80 random bits, 26 characters of Crockford base32).
+std::string NewUlid();
 
 }  // namespace ptrain
 

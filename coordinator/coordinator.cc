@@ -1,18 +1,30 @@
-// Job lifecycle, supervision and recovery; see coordinator.h. Every state
-// change goes through Commit (SQLite first, then watchers), all under mu_;
-// process work (fork, /proc scans, signals) is short and also under mu_, so
-// the supervisor and the RPC handlers never see a half-made change.
+// Job lifecycle, supervision and recovery; see coordinator.h. Every change
+// of a job is computed on a copy of its record, written by Commit (SQLite
+// first, in one transaction) and only then applied in memory and shown to
+// watchers, all under mu_; a write the store refuses leaves memory as the
+// disk has it and the supervisor tries again. Process work (fork, /proc
+// scans, signals) is short and also under mu_, so the supervisor and the
+// RPC handlers never see a half-made change.
 #include "coordinator/coordinator.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <regex>
+#include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/spec.h"
 #include "coordinator/auth.h"
 #include "coordinator/launcher.h"
@@ -37,6 +49,31 @@ std::string StateName(v1::JobState s) {
   return name;
 }
 
+absl::Status CheckPrivateDir(const std::string& dir) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("state dir ", dir, ": ", std::strerror(errno)));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("state dir ", dir, " is not a directory"));
+  }
+  if (st.st_uid != geteuid()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "state dir ", dir, " is owned by uid ", st.st_uid,
+        ", not by this user (uid ", geteuid(),
+        "); it holds the job database, so ptcoord uses only its own"));
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "state dir %s is writable by group or others (mode %04o); another "
+        "user could replace the job database: chmod 700 %s",
+        dir, st.st_mode & 07777, dir));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 // What every lookup of a job id answers when there is no such job.
@@ -58,9 +95,69 @@ std::string AttemptDir(const std::string& state_dir, const std::string& id,
       .string();
 }
 
-void LogIfError(const absl::Status& s, absl::string_view what) {
-  if (!s.ok())
-    spdlog::error("{}: {}", std::string(what), std::string(s.message()));
+AttemptKey KeyOf(const JobRecord& r) {
+  return AttemptKey{r.attempt_uid, r.token_sha256};
+}
+
+// A job's id for checkpoints and ranks that no other coordinator will give:
+// its name and a ULID.
+std::string NewJobUid(const std::string& name) {
+  return absl::StrCat(name, "-", NewUlid());
+}
+
+// Locks `dir`/lock (flock, released when the fd closes or we die) and
+// writes our pid into it; FailedPrecondition naming the holder when another
+// process has it.
+absl::StatusOr<int> LockStateDir(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "lock").string();
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char buf[32] = "";
+    const ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+    close(fd);
+    const std::string holder(absl::StripAsciiWhitespace(
+        absl::string_view(buf, n > 0 ? static_cast<size_t>(n) : 0)));
+    if (err != EWOULDBLOCK) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot lock ", path, ": ", std::strerror(err)));
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("state dir ", dir, " is in use by another ptcoord",
+                     holder.empty() ? "" : absl::StrCat(" (pid ", holder, ")"),
+                     "; one state dir serves one coordinator at a time"));
+  }
+  const std::string pid = absl::StrCat(getpid(), "\n");
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) !=
+                                   static_cast<ssize_t>(pid.size())) {
+    spdlog::warn("cannot record our pid in {}: {}", path, std::strerror(errno));
+  }
+  return fd;
+}
+
+// Older ptcoords left the state dir 0755 and files 0644: tighten what we
+// own to 0700/0600 (the directory's mode alone keeps others out).
+void TightenStateDir(const std::string& dir) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
+    spdlog::warn("state dir {} was mode {:04o}; making it 0700", dir,
+                 st.st_mode & 07777);
+    chmod(dir.c_str(), 0700);
+  }
+  std::error_code ec;
+  for (const fs::directory_entry& d : fs::directory_iterator(dir, ec)) {
+    struct stat f;
+    if (lstat(d.path().c_str(), &f) != 0 || f.st_uid != geteuid()) continue;
+    if (S_ISREG(f.st_mode) && (f.st_mode & 077) != 0) {
+      chmod(d.path().c_str(), 0600);
+    } else if (S_ISDIR(f.st_mode) && (f.st_mode & 077) != 0) {
+      chmod(d.path().c_str(), 0700);
+    }
+  }
 }
 
 }  // namespace
@@ -68,20 +165,32 @@ void LogIfError(const absl::Status& s, absl::string_view what) {
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
     CoordinatorOptions options) {
   std::error_code ec;
+  const bool existed = fs::exists(options.state_dir, ec);
   fs::create_directories(options.state_dir, ec);
   if (ec) {
     return absl::InvalidArgumentError(
         absl::StrCat("--state-dir ", options.state_dir, ": ", ec.message()));
   }
+  if (!existed) chmod(options.state_dir.c_str(), 0700);
+  if (absl::Status s = CheckPrivateDir(options.state_dir); !s.ok()) return s;
+  TightenStateDir(options.state_dir);
+  absl::StatusOr<int> lock_fd = LockStateDir(options.state_dir);
+  if (!lock_fd.ok()) return lock_fd.status();
   absl::StatusOr<std::unique_ptr<Store>> store =
       Store::Open((fs::path(options.state_dir) / "ptcoord.db").string());
-  if (!store.ok()) return store.status();
+  if (!store.ok()) {
+    close(*lock_fd);
+    return store.status();
+  }
   std::unique_ptr<Coordinator> c(
-      new Coordinator(std::move(options), std::move(*store)));
+      new Coordinator(std::move(options), std::move(*store), *lock_fd));
   absl::StatusOr<std::vector<JobRecord>> jobs = c->store_->ListJobs();
   if (!jobs.ok()) return jobs.status();
   {
     absl::MutexLock lock(&c->mu_);
+    // A job submitted before jobs had uids keeps none: its checkpoints
+    // (in checkpoint.dir/JOB-ID/) carry none either, and its ranks, with an
+    // empty PTRAIN_JOB_UID, resume them as their own.
     for (JobRecord& r : *jobs) {
       const std::string id = r.job.id();
       c->jobs_[id].record = std::move(r);
@@ -92,10 +201,11 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
 }
 
 Coordinator::Coordinator(CoordinatorOptions options,
-                         std::unique_ptr<Store> store)
+                         std::unique_ptr<Store> store, int lock_fd)
     : options_(std::move(options)),
       store_(std::move(store)),
       scheduler_(options_.local_slots),
+      lock_fd_(lock_fd),
       advertise_(options_.advertise_address) {}
 
 void Coordinator::SetAdvertiseAddress(const std::string& address) {
@@ -103,10 +213,19 @@ void Coordinator::SetAdvertiseAddress(const std::string& address) {
   advertise_ = address;
 }
 
-Coordinator::~Coordinator() { Stop(); }
+Coordinator::~Coordinator() {
+  Stop();
+  if (lock_fd_ >= 0) close(lock_fd_);
+}
 
 void Coordinator::Start() {
   if (supervisor_.joinable()) return;
+  {
+    // A re-adopted attempt's ranks could not report while we were down, nor
+    // until they have reconnected: their hang timer starts now.
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, run] : running_) run.last_report = absl::Now();
+  }
   stop_ = false;
   supervisor_ = std::thread([this] {
     while (!stop_) {
@@ -131,64 +250,63 @@ void Coordinator::Stop() {
 void Coordinator::Recover() {
   absl::MutexLock lock(&mu_);
   for (auto& [id, e] : jobs_) {
-    JobRecord& r = e.record;
+    const JobRecord& r = e.record;
     if (r.job.state() != v1::JOB_STATE_RUNNING) continue;
-    const std::string dir =
-        AttemptDir(options_.state_dir, id, r.job.attempts());
-    if (!AttemptProcesses(r.token).empty()) {
+    Running run;
+    run.attempt_dir = AttemptDir(options_.state_dir, id, r.job.attempts());
+    run.is_child = false;
+    run.last_report = absl::Now();
+    const AttemptKey key = KeyOf(r);
+    if (!AttemptProcesses(key).empty()) {
       // Re-adopt: the attempt kept training while we were down, and its ranks
       // report to the same address with the same token. Requeueing it would
-      // throw away every step since its last checkpoint.
-      Running& run = running_[id];
-      run.attempt_dir = dir;
-      run.is_child = false;
-      r.last_progress_ms = NowMs();  // a full hang timeout from now
-      Commit(e, absl::StrCat("attempt ", r.job.attempts(),
-                             " re-adopted after a coordinator restart"));
-      if (r.job.cancel_requested()) BeginKill(e, "");
+      // throw away every step since its last checkpoint. What they logged
+      // while we were down is taken from the run log.
+      run.pgid = AttemptLeader(key, run.attempt_dir);
+      running_[id] = run;
+      JobUpdate u;
+      u.record = r;
+      RecoverFromRunLog(e, run.attempt_dir, &u);
+      u.event = absl::StrCat("attempt ", r.job.attempts(),
+                             " re-adopted after a coordinator restart");
+      if (absl::Status s = Commit(e, std::move(u)); !s.ok()) {
+        LogStoreError(e, s);
+      }
+      if (e.record.job.cancel_requested()) BeginKill(e, "");
       continue;
     }
-    if (std::optional<int> rc = ReadExitCode(dir); rc.has_value()) {
-      running_[id] = Running{dir, false, std::nullopt, "", std::nullopt};
-      OnAttemptEnded(e, *rc);
-      continue;
-    }
-    // Gone without an exit status (its processes died with the host or were
-    // killed): not the job's fault, so it does not use up a restart.
-    r.pid = 0;
-    if (r.job.cancel_requested()) {
-      r.job.set_state(v1::JOB_STATE_CANCELLED);
-      r.job.set_finished_unix_ms(NowMs());
-      Commit(e, "cancelled while the coordinator was down");
-      continue;
-    }
-    const std::string lost =
-        absl::StrCat("attempt ", r.job.attempts(),
-                     " was lost while the coordinator was down");
-    v1::Attempt a;
-    if (auto all = store_->ListAttempts(id); all.ok() && !all->empty()) {
-      a = all->back();
-    }
-    a.set_number(r.job.attempts());
-    a.set_finished_unix_ms(NowMs());
-    a.set_exit_code(-1);
-    a.set_error(lost);
-    a.set_dir(dir);
-    LogIfError(store_->UpsertAttempt(id, a), "store attempt");
-    FailAttempt(e, lost, /*counts=*/false);
+    // Ended while we were down: the exit_code file decides; without one its
+    // processes died with the host or were killed, which is not the job's
+    // fault, so it does not use up a restart.
+    const std::optional<int> rc = ReadExitCode(run.attempt_dir);
+    run.leader_exit = rc.value_or(-1);
+    run.lost = !rc.has_value();
+    running_[id] = run;
   }
+  Supervise();
 }
 
-void Coordinator::Commit(Entry& e, const std::string& event) {
-  LogIfError(store_->UpdateJob(e.record), "store job");
-  if (!event.empty()) {
-    LogIfError(store_->AddEvent(e.record.job.id(), NowMs(), event),
-               "store event");
-    spdlog::info("{}: {}", e.record.job.id(), event);
+absl::Status Coordinator::Commit(Entry& e, JobUpdate update) {
+  if (update.unix_ms == 0) update.unix_ms = NowMs();
+  absl::Status s = store_->Apply(update);
+  if (!s.ok()) return s;
+  if (!update.event.empty()) {
+    spdlog::info("{}: {}", update.record.job.id(), update.event);
   }
+  last_store_error_.clear();
+  e.record = std::move(update.record);
   ++e.version;
-  e.message = event.empty() ? "progress" : event;
+  e.message = update.event.empty() ? "progress" : update.event;
   changed_.SignalAll();
+  return absl::OkStatus();
+}
+
+void Coordinator::LogStoreError(const Entry& e, const absl::Status& s) {
+  // Once per distinct error: a full disk would otherwise log every tick.
+  const std::string text(s.message());
+  if (text == last_store_error_) return;
+  last_store_error_ = text;
+  spdlog::error("{}: not saved, will retry: {}", e.record.job.id(), text);
 }
 
 Coordinator::Entry* Coordinator::Find(const std::string& id) {
@@ -204,14 +322,29 @@ absl::Status Coordinator::AuthenticateUser(
 absl::Status Coordinator::AuthenticateRank(
     const std::string& job_id,
     const std::optional<std::string>& authorization) {
-  std::string token;
+  std::string hash;
   {
     absl::MutexLock lock(&mu_);
-    if (Entry* e = Find(job_id)) token = e->record.token;
+    if (Entry* e = Find(job_id);
+        e != nullptr && e->record.job.state() == v1::JOB_STATE_RUNNING) {
+      hash = e->record.token_sha256;
+    }
   }
-  // An unknown job and a wrong token look the same: no probing for ids.
-  if (token.empty()) return absl::UnauthenticatedError("invalid job token");
-  return CheckBearer(authorization, {token});
+  // An unknown job, an ended attempt and a wrong token look the same: no
+  // probing for ids.
+  return CheckBearerHash(authorization, hash);
+}
+
+absl::StatusOr<ReportContext> Coordinator::RunningContext(
+    const Entry& e) const {
+  const v1::Job& job = e.record.job;
+  if (job.state() != v1::JOB_STATE_RUNNING || !running_.count(job.id()) ||
+      e.record.token_sha256.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(job.id(), " has no attempt running"));
+  }
+  return ReportContext{job.id(), job.attempts(), job.world_size(),
+                       job.spec().train().steps()};
 }
 
 absl::StatusOr<v1::Job> Coordinator::Submit(
@@ -235,24 +368,31 @@ absl::StatusOr<v1::Job> Coordinator::Submit(
     return s;
   }
   JobRecord r;
+  r.job.set_uid(NewJobUid(spec->name()));
   r.job.set_name(spec->name());
   r.job.set_state(v1::JOB_STATE_QUEUED);
   r.job.set_world_size(world);
   r.job.set_created_unix_ms(NowMs());
   r.job.mutable_progress()->set_total_steps(spec->train().steps());
+  // Each job checkpoints into a folder of its own, named by its uid, so
+  // `--resume-from latest` never picks up another job's steps, not even
+  // those of a job of another coordinator sharing the checkpoint root.
+  v1::CheckpointSpec* ckpt = spec->mutable_checkpoint();
+  if (!ckpt->dir().empty())
+    ckpt->set_dir((fs::path(ckpt->dir()) / r.job.uid()).string());
   *r.job.mutable_spec() = *spec;
 
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<JobRecord> stored = store_->InsertJob(std::move(r));
+  const std::string event = absl::StrCat("submitted (", world, " slots)");
+  absl::StatusOr<JobRecord> stored =
+      store_->InsertJob(std::move(r), event, NowMs());
   if (!stored.ok()) return stored.status();
-  // Each job gets its own checkpoint folder, so that `--resume-from latest`
-  // can never pick up another job's (or an earlier submission's) steps.
-  v1::CheckpointSpec* ckpt = stored->job.mutable_spec()->mutable_checkpoint();
-  if (!ckpt->dir().empty())
-    ckpt->set_dir((fs::path(ckpt->dir()) / stored->job.id()).string());
   Entry& e = jobs_[stored->job.id()];
   e.record = std::move(*stored);
-  Commit(e, absl::StrCat("submitted (", world, " slots)"));
+  ++e.version;
+  e.message = event;
+  spdlog::info("{}: {} as {}", e.record.job.id(), event, e.record.job.uid());
+  changed_.SignalAll();
   wake_.Signal();
   return e.record.job;
 }
@@ -312,19 +452,27 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& id) {
   absl::MutexLock lock(&mu_);
   Entry* e = Find(id);
   if (e == nullptr) return UnknownJob(id);
-  v1::Job& job = e->record.job;
-  if (IsFinal(job.state()) || job.cancel_requested()) return job;  // idempotent
+  const v1::Job& now = e->record.job;
+  if (IsFinal(now.state()) || now.cancel_requested()) return now;  // idempotent
+  JobUpdate u;
+  u.record = e->record;
+  v1::Job& job = u.record.job;
   job.set_cancel_requested(true);
-  if (IsWaiting(job.state())) {
+  const bool waiting = IsWaiting(job.state());
+  if (waiting) {
     job.set_state(v1::JOB_STATE_CANCELLED);
     job.set_finished_unix_ms(NowMs());
-    Commit(*e, "cancelled before it ran");
+    u.event = "cancelled before it ran";
   } else {
-    Commit(*e, "cancel requested");
+    u.event = "cancel requested";
+  }
+  // Not written, not done: the caller may try again.
+  if (absl::Status s = Commit(*e, std::move(u)); !s.ok()) return s;
+  if (!waiting) {
     BeginKill(*e, "");
     wake_.Signal();
   }
-  return job;
+  return e->record.job;
 }
 
 absl::StatusOr<std::vector<v1::Checkpoint>> Coordinator::Checkpoints(
@@ -342,17 +490,23 @@ absl::StatusOr<std::vector<v1::Checkpoint>> Coordinator::Checkpoints(
   if (!reported.ok()) return reported.status();
   // Committed folders on disk count too: a report may have been lost while
   // the coordinator was down. Pruned ones (keep_last) are not listed.
+  // Listed only when committed and really under the job's folder (a
+  // symlink out of it is not the job's checkpoint).
   std::map<int64_t, v1::Checkpoint> by_step;
   std::error_code ec;
-  static const std::regex kStep("step-([0-9]{8})");
+  static const std::regex kStep("step-([0-9]{8,18})");
   if (!dir.empty()) {
     for (const fs::directory_entry& d : fs::directory_iterator(dir, ec)) {
       std::smatch m;
       const std::string name = d.path().filename().string();
-      if (!d.is_directory(ec) || !std::regex_match(name, m, kStep)) continue;
+      if (!std::regex_match(name, m, kStep)) continue;
+      const int64_t step = std::stoll(m[1].str());
+      absl::StatusOr<std::string> real =
+          ResolveCheckpointDir("dir", d.path().string(), step, dir);
+      if (!real.ok()) continue;
       v1::Checkpoint c;
-      c.set_step(std::stoll(m[1].str()));
-      c.set_dir(d.path().string());
+      c.set_step(step);
+      c.set_dir(*real);
       by_step[c.step()] = c;
     }
   }
@@ -401,17 +555,17 @@ absl::StatusOr<Coordinator::LogSource> Coordinator::Logs(const std::string& id,
 }
 
 absl::Status Coordinator::ReportProgress(const v1::ReportProgressRequest& r) {
-  if (r.step() < 0)
-    return absl::InvalidArgumentError(absl::StrCat("step=", r.step(), " < 0"));
   absl::MutexLock lock(&mu_);
   Entry* e = Find(r.job_id());
   if (e == nullptr) return UnknownJob(r.job_id());
-  v1::Job& job = e->record.job;
-  if (r.attempt() != job.attempts() || job.state() != v1::JOB_STATE_RUNNING) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "attempt ", r.attempt(), " of ", r.job_id(), " is not running"));
-  }
-  v1::Progress* p = job.mutable_progress();
+  absl::StatusOr<ReportContext> ctx = RunningContext(*e);
+  if (!ctx.ok()) return ctx.status();
+  if (absl::Status s = ValidateProgress(r, *ctx); !s.ok()) return s;
+  // The rank is alive even when the disk is full.
+  running_[r.job_id()].last_report = absl::Now();
+  JobUpdate u;
+  u.record = e->record;
+  v1::Progress* p = u.record.job.mutable_progress();
   p->set_step(r.step());
   if (r.is_eval()) {
     p->set_val_loss(r.val_loss());
@@ -422,49 +576,50 @@ absl::Status Coordinator::ReportProgress(const v1::ReportProgressRequest& r) {
     p->set_lr(r.lr());
   }
   p->set_unix_ms(NowMs());
-  e->record.last_progress_ms = p->unix_ms();
-  v1::LossPoint point;
+  v1::LossPoint& point = u.loss_points.emplace_back();
   point.set_step(r.step());
   point.set_loss(r.is_eval() ? 0.0 : r.loss());
   point.set_val_loss(r.is_eval() ? r.val_loss() : 0.0);
   point.set_attempt(r.attempt());
-  LogIfError(store_->AddLossPoint(job.id(), point), "store loss");
-  Commit(*e, "");
-  return absl::OkStatus();
+  return Commit(*e, std::move(u));
 }
 
 absl::Status Coordinator::ReportCheckpoint(
     const v1::ReportCheckpointRequest& r) {
-  if (r.step() < 0)
-    return absl::InvalidArgumentError(absl::StrCat("step=", r.step(), " < 0"));
   absl::MutexLock lock(&mu_);
   Entry* e = Find(r.job_id());
   if (e == nullptr) return UnknownJob(r.job_id());
-  v1::Checkpoint c;
+  absl::StatusOr<ReportContext> ctx = RunningContext(*e);
+  if (!ctx.ok()) return ctx.status();
+  if (absl::Status s = ValidateCheckpoint(r, *ctx); !s.ok()) return s;
+  absl::StatusOr<std::string> dir = ResolveCheckpointDir(
+      "dir", r.dir(), r.step(), e->record.job.spec().checkpoint().dir());
+  if (!dir.ok()) return dir.status();
+  // A checkpoint is progress too: a long save must not look like a hang.
+  running_[r.job_id()].last_report = absl::Now();
+  JobUpdate u;
+  u.record = e->record;
+  v1::Checkpoint& c = u.checkpoints.emplace_back();
   c.set_step(r.step());
-  c.set_dir(r.dir());
+  c.set_dir(*dir);
   c.set_attempt(r.attempt());
   c.set_unix_ms(NowMs());
-  absl::Status s = store_->AddCheckpoint(r.job_id(), c);
-  if (!s.ok()) return s;
-  // A checkpoint is progress too: a long save must not look like a hang.
-  e->record.last_progress_ms = c.unix_ms();
-  Commit(*e, absl::StrCat("checkpoint at step ", r.step()));
-  return absl::OkStatus();
+  u.event = absl::StrCat("checkpoint at step ", r.step());
+  return Commit(*e, std::move(u));
 }
 
 absl::Status Coordinator::ReportEndpoint(const v1::ReportEndpointRequest& r) {
-  if (r.rank() < 0)
-    return absl::InvalidArgumentError(absl::StrCat("rank=", r.rank(), " < 0"));
   absl::MutexLock lock(&mu_);
   Entry* e = Find(r.job_id());
   if (e == nullptr) return UnknownJob(r.job_id());
-  // Only the current attempt's ranks are live endpoints.
-  auto run = running_.find(r.job_id());
-  if (run != running_.end() && r.attempt() == e->record.job.attempts()) {
-    run->second.endpoints[r.rank()] = r.address();
-  }
-  Commit(*e, absl::StrCat("rank ", r.rank(), " metrics at ", r.address()));
+  absl::StatusOr<ReportContext> ctx = RunningContext(*e);
+  if (!ctx.ok()) return ctx.status();
+  if (absl::Status s = ValidateEndpoint(r, *ctx); !s.ok()) return s;
+  JobUpdate u;
+  u.record = e->record;
+  u.event = absl::StrCat("rank ", r.rank(), " metrics at ", r.address());
+  if (absl::Status s = Commit(*e, std::move(u)); !s.ok()) return s;
+  running_[r.job_id()].endpoints[r.rank()] = r.address();
   return absl::OkStatus();
 }
 
@@ -518,43 +673,126 @@ void Coordinator::BeginKill(Entry& e, const std::string& reason) {
   Running& run = it->second;
   if (!reason.empty() && run.kill_reason.empty()) run.kill_reason = reason;
   if (run.kill_at.has_value()) return;
-  SignalAttempt(static_cast<pid_t>(e.record.pid), e.record.token, SIGTERM);
+  SignalAttempt(run.pgid, KeyOf(e.record), SIGTERM);
   run.kill_at = absl::Now() + options_.cancel_grace;
 }
 
+void Coordinator::RecoverFromRunLog(const Entry& e,
+                                    const std::string& attempt_dir,
+                                    JobUpdate* u) {
+  const v1::Job& job = e.record.job;
+  const ReportContext ctx{job.id(), job.attempts(), job.world_size(),
+                          job.spec().train().steps()};
+  const RunLogSummary log =
+      ReadRunLog((fs::path(attempt_dir) / "run.jsonl").string(), ctx);
+  if (log.records.empty() && log.checkpoints.empty()) return;
+  v1::Progress* p = u->record.job.mutable_progress();
+  if (log.last_step.has_value()) {
+    p->set_step(log.last_step->step);
+    p->set_loss(log.last_step->loss);
+    p->set_lr(log.last_step->lr);
+    p->set_tok_per_s(log.last_step->tok_per_s);
+    p->set_mfu(log.last_step->mfu);
+    p->set_unix_ms(NowMs());
+  }
+  if (log.last_eval.has_value()) {
+    p->set_val_loss(log.last_eval->val_loss);
+    p->set_step(std::max(p->step(), log.last_eval->step));
+  }
+  // Points of this attempt past the last one its reports delivered (an
+  // attempt's steps only grow).
+  int64_t have_step = -1, have_eval = -1;
+  if (absl::StatusOr<std::vector<v1::LossPoint>> h =
+          store_->LossHistory(job.id());
+      h.ok()) {
+    for (const v1::LossPoint& q : *h) {
+      if (q.attempt() != job.attempts()) continue;
+      int64_t& have =
+          q.loss() == 0 && q.val_loss() != 0 ? have_eval : have_step;
+      have = std::max(have, q.step());
+    }
+  }
+  for (const RunLogRecord& rec : log.records) {
+    const bool eval = rec.kind == RunLogRecord::kEval;
+    if (rec.step <= (eval ? have_eval : have_step)) continue;
+    v1::LossPoint& q = u->loss_points.emplace_back();
+    q.set_step(rec.step);
+    q.set_loss(eval ? 0.0 : rec.loss);
+    q.set_val_loss(eval ? rec.val_loss : 0.0);
+    q.set_attempt(job.attempts());
+  }
+  std::set<int64_t> known;
+  if (auto c = store_->ListCheckpoints(job.id()); c.ok()) {
+    for (const v1::Checkpoint& k : *c) known.insert(k.step());
+  }
+  for (const RunLogRecord& rec : log.checkpoints) {
+    if (known.count(rec.step)) continue;
+    // Pruned since (keep_last), or never committed: not listed.
+    absl::StatusOr<std::string> dir = ResolveCheckpointDir(
+        "run.jsonl dir", rec.dir, rec.step, job.spec().checkpoint().dir());
+    if (!dir.ok()) continue;
+    v1::Checkpoint& c = u->checkpoints.emplace_back();
+    c.set_step(rec.step);
+    c.set_dir(*dir);
+    c.set_attempt(job.attempts());
+    c.set_unix_ms(NowMs());
+    known.insert(rec.step);
+  }
+}
+
 void Coordinator::Launch(Entry& e) {
-  JobRecord& r = e.record;
-  v1::Job& job = r.job;
+  const std::string id = e.record.job.id();
+  JobUpdate u;
+  u.record = e.record;
+  JobRecord& next = u.record;
+  v1::Job& job = next.job;
   const int attempt = job.attempts() + 1;
   job.set_attempts(attempt);
   if (job.started_unix_ms() == 0) job.set_started_unix_ms(NowMs());
-  r.token = GenerateToken();
-  r.pid = 0;
-  r.last_progress_ms = NowMs();
   job.set_state(v1::JOB_STATE_RUNNING);
-  // The token is durable before any process carries it, so a crash right
-  // after the fork still finds (and re-adopts) the attempt.
-  Commit(e, "");
-
-  v1::Attempt a;
+  // The token lives only in this function and in the attempt's environment;
+  // the store keeps its hash. The attempt uid (not secret) finds the
+  // attempt's processes after a coordinator restart.
+  const std::string token = GenerateToken();
+  next.token_sha256 = Sha256Hex(token);
+  next.attempt_uid = absl::StrCat(job.uid().empty() ? id : job.uid(), ".",
+                                  attempt, ".", RandomHex(4));
+  const std::string attempt_dir = AttemptDir(options_.state_dir, id, attempt);
+  v1::Attempt& a = u.attempt.emplace();
   a.set_number(attempt);
   a.set_started_unix_ms(NowMs());
   a.set_exit_code(-1);
-  a.set_dir(AttemptDir(options_.state_dir, job.id(), attempt));
+  a.set_dir(attempt_dir);
+  u.event = absl::StrCat("attempt ", attempt, " started");
+  // Durable before any process carries the uid, so a crash right after the
+  // fork still finds (and re-adopts) the attempt. Not written: not started;
+  // the job stays queued and the next tick tries again.
+  if (absl::Status s = Commit(e, std::move(u)); !s.ok()) {
+    LogStoreError(e, s);
+    return;
+  }
+  const v1::Job& started = e.record.job;
+  Running& run = running_[id];
+  run.attempt_dir = attempt_dir;
+  run.last_report = absl::Now();
   absl::StatusOr<std::string> job_dir =
-      PrepareJobDir(options_.state_dir, job.id(), job.spec(), job.world_size());
+      PrepareJobDir(options_.state_dir, id, started.spec(),
+                    started.world_size(), options_.tls_ca_pem);
   absl::StatusOr<Launched> launched =
-      absl::InternalError("job folder not prepared");
-  if (!job_dir.ok()) {
-    launched = job_dir.status();
-  } else {
+      job_dir.ok() ? absl::InternalError("not launched") : job_dir.status();
+  if (job_dir.ok()) {
     LaunchRequest req;
-    req.job_id = job.id();
+    req.job_id = id;
+    req.job_uid = started.uid();
     req.attempt = attempt;
     req.job_dir = *job_dir;
-    req.token = r.token;
+    req.token = token;
+    req.attempt_uid = e.record.attempt_uid;
     req.coordinator_address = advertise_;
-    req.world_size = job.world_size();
+    req.data_roots = options_.data_roots;
+    if (!options_.tls_ca_pem.empty())
+      req.tls_ca_file = (fs::path(*job_dir) / "tls-ca.pem").string();
+    req.world_size = started.world_size();
     req.cores = options_.cores;
     req.mpirun = options_.mpirun;
     req.ptworker = options_.ptworker;
@@ -564,131 +802,157 @@ void Coordinator::Launch(Entry& e) {
     launched = LaunchAttempt(req);
   }
   if (!launched.ok()) {
-    a.set_finished_unix_ms(NowMs());
-    a.set_error(std::string(launched.status().message()));
-    LogIfError(store_->UpsertAttempt(job.id(), a), "store attempt");
-    FailAttempt(
-        e, absl::StrCat("attempt ", attempt, " did not start: ", a.error()),
-        true);
+    run.is_child = false;
+    run.leader_exit = -1;
+    run.kill_reason = absl::StrCat(
+        "attempt ", attempt, " did not start: ", launched.status().message());
+    OnAttemptEnded(e);
     return;
   }
-  LogIfError(store_->UpsertAttempt(job.id(), a), "store attempt");
-  r.pid = launched->pid;
-  running_[job.id()] =
-      Running{launched->attempt_dir, true, std::nullopt, "", std::nullopt};
-  Commit(e, absl::StrCat("attempt ", attempt, " started (pid ", r.pid, ")"));
+  run.pgid = launched->pid;
+  spdlog::info("{}: attempt {} is pid {}", id, attempt, run.pgid);
 }
 
-void Coordinator::OnAttemptEnded(Entry& e, int exit_code) {
-  JobRecord& r = e.record;
-  v1::Job& job = r.job;
-  const std::string id = job.id();
-  Running run = running_[id];
-  running_.erase(id);
-  r.pid = 0;
+void Coordinator::OnAttemptEnded(Entry& e) {
+  const std::string id = e.record.job.id();
+  Running& run = running_[id];
+  const int exit_code = run.leader_exit.value_or(-1);
+  JobUpdate u;
+  u.record = e.record;
+  RecoverFromRunLog(e, run.attempt_dir, &u);
+  JobRecord& next = u.record;
+  v1::Job& job = next.job;
+  const int n = job.attempts();
 
   std::string error;
   if (!run.kill_reason.empty()) {
     error = run.kill_reason;
+  } else if (run.lost) {
+    error = absl::StrCat("attempt ", n,
+                         " was lost: its processes ended without an exit code "
+                         "(coordinator down, host restarted or killed)");
   } else if (exit_code != 0) {
     const std::string tail =
         TailLines((fs::path(run.attempt_dir) / "stderr.log").string(), 20);
-    error = absl::StrCat("attempt ", job.attempts(), " exited with code ",
-                         exit_code,
+    error = absl::StrCat("attempt ", n, " exited with code ", exit_code,
                          tail.empty() ? "" : "; last stderr lines:\n", tail);
   }
-  absl::StatusOr<std::vector<v1::Attempt>> attempts = store_->ListAttempts(id);
-  v1::Attempt a;
-  if (attempts.ok() && !attempts->empty() &&
-      attempts->back().number() == job.attempts()) {
-    a = attempts->back();
+  v1::Attempt& a = u.attempt.emplace();
+  if (auto all = store_->ListAttempts(id);
+      all.ok() && !all->empty() && all->back().number() == n) {
+    a = all->back();
   }
-  a.set_number(job.attempts());
+  a.set_number(n);
   a.set_finished_unix_ms(NowMs());
-  a.set_exit_code(exit_code);
+  a.set_exit_code(run.lost ? -1 : exit_code);
   a.set_error(error);
   a.set_dir(run.attempt_dir);
-  LogIfError(store_->UpsertAttempt(id, a), "store attempt");
+  // The attempt's token and uid die with it: a report signed with that
+  // token is refused from now on.
+  next.token_sha256.clear();
+  next.attempt_uid.clear();
 
+  const int max = job.spec().restart().max_restarts();
   if (job.cancel_requested()) {
     job.set_state(v1::JOB_STATE_CANCELLED);
     job.set_finished_unix_ms(NowMs());
-    Commit(e, absl::StrCat("cancelled (attempt ", job.attempts(), " ended)"));
+    u.event = absl::StrCat("cancelled (attempt ", n, " ended)");
   } else if (error.empty()) {
     job.set_state(v1::JOB_STATE_SUCCEEDED);
     job.set_finished_unix_ms(NowMs());
     job.set_error("");
-    Commit(e, absl::StrCat("succeeded on attempt ", job.attempts()));
-  } else {
-    FailAttempt(e, error, /*counts=*/true);
-  }
-}
-
-void Coordinator::FailAttempt(Entry& e, const std::string& error, bool counts) {
-  JobRecord& r = e.record;
-  v1::Job& job = r.job;
-  job.set_error(error);
-  const int max = job.spec().restart().max_restarts();
-  if (!counts || r.restarts_used < max) {
-    if (counts) ++r.restarts_used;
+    u.event = absl::StrCat("succeeded on attempt ", n);
+  } else if (run.lost) {
+    // Not the job's fault: requeued without using up a restart.
+    job.set_error(error);
     job.set_state(v1::JOB_STATE_RESTARTING);
-    Commit(e, absl::StrCat("attempt ", job.attempts(), " failed (restart ",
-                           r.restarts_used, " of ", max, "): ", error));
-  } else {
+    u.event = absl::StrCat(error, "; requeued (not counted as a restart)");
+  } else if (run.kill_reason.empty() && exit_code == kExitBadInput) {
+    // Deterministic bad input (spec, data, checkpoint): every restart would
+    // fail the same way.
+    job.set_error(error);
     job.set_state(v1::JOB_STATE_FAILED);
     job.set_finished_unix_ms(NowMs());
-    Commit(e,
-           absl::StrCat("failed after ", job.attempts(), " attempts: ", error));
+    u.event = absl::StrCat("failed on bad input (exit code ", kExitBadInput,
+                           "), not restarted: ", error);
+  } else if (next.restarts_used < max) {
+    ++next.restarts_used;
+    job.set_error(error);
+    job.set_state(v1::JOB_STATE_RESTARTING);
+    u.event = absl::StrCat("attempt ", n, " failed (restart ",
+                           next.restarts_used, " of ", max, "): ", error);
+  } else {
+    job.set_error(error);
+    job.set_state(v1::JOB_STATE_FAILED);
+    job.set_finished_unix_ms(NowMs());
+    u.event = absl::StrCat("failed after ", n, " attempts: ", error);
   }
+  if (absl::Status s = Commit(e, std::move(u)); !s.ok()) {
+    // Still running as far as the disk knows, so here too; try again soon.
+    LogStoreError(e, s);
+    run.retry_at = absl::Now() + absl::Seconds(1);
+    return;
+  }
+  running_.erase(id);
 }
 
-void Coordinator::Tick() {
-  absl::MutexLock lock(&mu_);
+void Coordinator::Supervise() {
   const absl::Time now = absl::Now();
   std::vector<std::string> ids;
   for (const auto& [id, run] : running_) ids.push_back(id);
   for (const std::string& id : ids) {
     Entry& e = jobs_[id];
     Running& run = running_[id];
-    JobRecord& r = e.record;
+    const AttemptKey key = KeyOf(e.record);
     // The wrapper shell ends after mpirun; the attempt has ended once no
-    // process carrying its token is left (ranks may outlive mpirun briefly).
+    // process of it is left (ranks may outlive mpirun briefly).
     if (!run.leader_exit.has_value()) {
-      if (run.is_child && r.pid > 0) {
-        if (std::optional<int> rc = ReapChild(static_cast<pid_t>(r.pid));
-            rc.has_value()) {
+      if (run.is_child && run.pgid > 0) {
+        if (std::optional<int> rc = ReapChild(run.pgid); rc.has_value()) {
           run.leader_exit =
               *rc >= 0 ? *rc : ReadExitCode(run.attempt_dir).value_or(-1);
         }
-      } else if (!AttemptAlive(static_cast<pid_t>(r.pid), run.attempt_dir)) {
-        run.leader_exit = ReadExitCode(run.attempt_dir)
-                              .value_or(run.kill_at.has_value() ? 137 : -1);
+      } else if (!AttemptAlive(run.pgid, run.attempt_dir)) {
+        if (std::optional<int> rc = ReadExitCode(run.attempt_dir)) {
+          run.leader_exit = *rc;
+        } else if (run.kill_at.has_value()) {
+          run.leader_exit = 128 + SIGKILL;
+        } else {
+          run.leader_exit = -1;
+          run.lost = true;
+        }
       }
     }
     if (run.leader_exit.has_value()) {
-      if (AttemptProcesses(r.token).empty()) {
-        OnAttemptEnded(e, *run.leader_exit);
+      if (AttemptProcesses(key).empty()) {
+        if (!run.retry_at.has_value() || now >= *run.retry_at) {
+          OnAttemptEnded(e);
+        }
         continue;
       }
       // mpirun is gone but ranks linger: they get the grace period.
       if (!run.kill_at.has_value()) run.kill_at = now + options_.cancel_grace;
     }
     if (run.kill_at.has_value() && now >= *run.kill_at) {
-      SignalAttempt(static_cast<pid_t>(r.pid), r.token, SIGKILL);
+      SignalAttempt(run.pgid, key, SIGKILL);
       run.kill_at = now + options_.cancel_grace;
       continue;
     }
-    const int64_t timeout_ms =
-        int64_t{r.job.spec().restart().hang_timeout_s()} * 1000;
-    const int64_t silent_ms = NowMs() - r.last_progress_ms;
-    if (!run.kill_at.has_value() && timeout_ms > 0 && silent_ms > timeout_ms) {
-      BeginKill(e, absl::StrCat("hang at step ", r.job.progress().step(),
-                                ": no progress report for ", silent_ms / 1000,
-                                " s (restart.hang_timeout_s=",
-                                r.job.spec().restart().hang_timeout_s(), ")"));
+    const int64_t timeout_s = e.record.job.spec().restart().hang_timeout_s();
+    const absl::Duration silent = now - run.last_report;
+    if (!run.kill_at.has_value() && timeout_s > 0 &&
+        silent > absl::Seconds(timeout_s)) {
+      BeginKill(e, absl::StrCat("hang at step ", e.record.job.progress().step(),
+                                ": no progress report for ",
+                                absl::ToInt64Seconds(silent),
+                                " s (restart.hang_timeout_s=", timeout_s, ")"));
     }
   }
+}
 
+void Coordinator::Tick() {
+  absl::MutexLock lock(&mu_);
+  Supervise();
   std::vector<const Entry*> waiting;
   for (const auto& [id, e] : jobs_) {
     if (IsWaiting(e.record.job.state())) waiting.push_back(&e);

@@ -1,6 +1,8 @@
 // The control plane's logic: job lifecycle, FIFO gang scheduling, launching
 // and supervising attempts, restarts, recovery after a ptcoord restart. Plain
 // C++ over absl::Status; service.cc translates gRPC onto it. Thread-safe.
+// Durable state changes are written to the store first and applied in
+// memory only once written, so memory is never ahead of disk.
 #ifndef PTRAIN_COORDINATOR_COORDINATOR_H_
 #define PTRAIN_COORDINATOR_COORDINATOR_H_
 
@@ -20,15 +22,19 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "coordinator/scheduler.h"
 #include "common/spec.h"
+#include "coordinator/reports.h"
+#include "coordinator/scheduler.h"
 #include "coordinator/store.h"
 #include "ptrain/v1/coordinator.pb.h"
 
 namespace ptrain {
 
 struct CoordinatorOptions {
-  std::string state_dir;  // ptcoord.db and jobs/ live here
+  // ptcoord.db, jobs/ and the lock file live here. Created 0700; refused
+  // when another user owns it or group/others may write it; held by one
+  // coordinator at a time (flock on STATE/lock).
+  std::string state_dir;
   int local_slots = 1;
   std::vector<std::string> user_tokens;  // JobService bearer tokens
   std::vector<std::string>
@@ -44,34 +50,46 @@ struct CoordinatorOptions {
   // Ranks serve /metrics here (PTRAIN_METRICS_BIND) and report the address;
   // "" = ranks serve no metrics.
   std::string rank_metrics_bind;
+  // PEM the ranks trust for the coordinator's TLS certificate, copied to
+  // jobs/ID/tls-ca.pem and named by PTRAIN_TLS_CA; "" = plain text.
+  std::string tls_ca_pem;
 };
 
-// Bounds on what a client may send.
+// Bounds on what a client may send (and kMaxSpecBytes of common/spec.h).
 inline constexpr int kMaxListLimit = 10000;
 
 class Coordinator {
  public:
-  // Opens the store and recovers jobs that were running (see README: a live
-  // attempt is re-adopted, a dead one is finished from its exit_code file or
-  // requeued to resume from its latest checkpoint).
+  // Checks and locks the state dir (FailedPrecondition naming it, and the
+  // holder's pid, when another coordinator holds it; PermissionDenied when
+  // it is not private), opens the store and recovers jobs that were running
+  // (docs/control-plane.md: a live attempt is re-adopted, a dead one is
+  // finished from its exit_code file and run log or requeued to resume from
+  // its latest checkpoint).
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(
       CoordinatorOptions options);
-  ~Coordinator();  // stops supervision; running attempts keep running
+  // Stops supervision and releases the state dir; running attempts keep
+  // running.
+  ~Coordinator();
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
 
   // Where ranks reach this coordinator (PTRAIN_COORDINATOR) when it is only
   // known after the server has bound its port; call before Start().
   void SetAdvertiseAddress(const std::string& address);
-  // Starts the supervision thread (ticks every options.tick).
+  // Starts the supervision thread (ticks every options.tick). Hang timers
+  // of re-adopted attempts start here.
   void Start();
   void Stop();
-  // One supervision pass: reap, detect hangs, escalate kills, schedule.
+  // One supervision pass: reap, detect hangs, escalate kills, schedule. A
+  // change the store refuses (disk full) is retried by the next pass.
   void Tick();
 
   absl::Status AuthenticateUser(
       const std::optional<std::string>& authorization) const;
-  // The job's current attempt token; NotFound/Unauthenticated otherwise.
+  // OK when the bearer token is the running attempt's (its SHA-256 matches);
+  // Unauthenticated otherwise, also for an unknown job or one with no
+  // attempt running (a token dies with its attempt).
   absl::Status AuthenticateRank(
       const std::string& job_id,
       const std::optional<std::string>& authorization);
@@ -103,6 +121,10 @@ class Coordinator {
   // `attempt` 0 = the latest. NotFound before the first attempt.
   absl::StatusOr<LogSource> Logs(const std::string& id, int attempt);
 
+  // Rank reports, after AuthenticateRank. InvalidArgument (reports.h rules;
+  // a checkpoint must also be a committed folder of this job) and
+  // FailedPrecondition (no attempt running) change nothing; Unavailable when
+  // the store cannot write it (then nothing changes either).
   absl::Status ReportProgress(const v1::ReportProgressRequest& r);
   absl::Status ReportCheckpoint(const v1::ReportCheckpointRequest& r);
   absl::Status ReportEndpoint(const v1::ReportEndpointRequest& r);
@@ -121,14 +143,20 @@ class Coordinator {
   int64_t Restarts() const;
 
  private:
-  // What only a live ptcoord knows about a running attempt.
+  // What only a live ptcoord knows about a running attempt: facts about
+  // processes, not durable job state.
   struct Running {
     std::string attempt_dir;
     bool is_child = true;  // false: re-adopted, not waitable
+    pid_t pgid = 0;        // the wrapper shell, leader of the group; 0 unknown
     std::optional<absl::Time>
         kill_at;                     // SIGKILL deadline once SIGTERM went out
     std::string kill_reason;         // "hang at step N ..." when we killed it
     std::optional<int> leader_exit;  // the wrapper's exit code once it ended
+    bool lost = false;  // ended without an exit code we know (not counted)
+    // Its end could not be written: not before this time again.
+    std::optional<absl::Time> retry_at;
+    absl::Time last_report;  // hang detection: last accepted rank report
     std::map<int, std::string> endpoints;  // rank -> host:port of /metrics
   };
   struct Entry {
@@ -137,17 +165,31 @@ class Coordinator {
     std::string message;
   };
 
-  Coordinator(CoordinatorOptions options, std::unique_ptr<Store> store);
+  Coordinator(CoordinatorOptions options, std::unique_ptr<Store> store,
+              int lock_fd);
   void Recover();
-  // Persists the entry, records `event` and wakes watchers.
-  void Commit(Entry& e, const std::string& event)
+  // Writes `update` (whose record is the job's next record) to the store
+  // and only then makes it the entry's record and wakes watchers. On a store
+  // error nothing in memory changes and the error is returned.
+  absl::Status Commit(Entry& e, JobUpdate update)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Launch(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnAttemptEnded(Entry& e, int exit_code)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FailAttempt(Entry& e, const std::string& error, bool counts)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Decides and commits the outcome of the ended attempt in running_[id];
+  // the running_ entry goes only once that is on disk.
+  void OnAttemptEnded(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BeginKill(Entry& e, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reaps, ends, kills and hang-checks every running attempt.
+  void Supervise() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds to `u` what the attempt's run.jsonl holds beyond what the store
+  // has: progress, loss points and committed checkpoints.
+  void RecoverFromRunLog(const Entry& e, const std::string& attempt_dir,
+                         JobUpdate* u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The running attempt's context for reports.h; FailedPrecondition when no
+  // attempt runs.
+  absl::StatusOr<ReportContext> RunningContext(const Entry& e) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LogStoreError(const Entry& e, const absl::Status& s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int UsedSlots() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Entry* Find(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -155,11 +197,13 @@ class Coordinator {
   const CoordinatorOptions options_;
   const std::unique_ptr<Store> store_;
   const Scheduler scheduler_;
+  const int lock_fd_;  // flock'ed STATE/lock, held for our lifetime
 
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Running> running_ ABSL_GUARDED_BY(mu_);
   std::string advertise_ ABSL_GUARDED_BY(mu_);
+  std::string last_store_error_ ABSL_GUARDED_BY(mu_);  // logged once
   absl::CondVar changed_;
   absl::CondVar
       wake_;  // a submit or cancel wants a Tick now, not at the next period
@@ -171,6 +215,14 @@ class Coordinator {
 bool IsFinal(v1::JobState s);
 std::string StateName(v1::JobState s);  // "RUNNING", ...
 int64_t NowMs();
+
+// The exit code of an attempt that met deterministic bad input (ptworker's
+// kExitBadInput): the job fails at once, without a restart.
+inline constexpr int kExitBadInput = 2;
+
+// OK when `dir` is a folder owned by the effective user that neither group
+// nor others may write; PermissionDenied naming it and the rule otherwise.
+absl::Status CheckPrivateDir(const std::string& dir);
 
 }  // namespace ptrain
 

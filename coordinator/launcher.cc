@@ -15,13 +15,17 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/spec.h"
+#include "coordinator/auth.h"
 
 extern char** environ;
 
@@ -33,34 +37,100 @@ namespace fs = std::filesystem;
 // $0 of the wrapper: its command line then names the attempt folder, which is
 // how a re-adopting ptcoord recognises it.
 constexpr const char* kWrapper =
-    "\"$@\"; rc=$?; echo $rc > \"$0/exit_code.tmp\" && mv \"$0/exit_code.tmp\" "
-    "\"$0/exit_code\"; exit $rc";
+    "\"$@\"; rc=$?; umask 077; echo $rc > \"$0/exit_code.tmp\" && "
+    "mv \"$0/exit_code.tmp\" \"$0/exit_code\"; exit $rc";
 
-absl::Status WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
-  return absl::OkStatus();
+// The fields after the command name in /proc/PID/stat start with the state
+// letter; 'Z' is a zombie, which has ended.
+bool IsZombie(const fs::path& proc) {
+  std::ifstream stat(proc / "stat");
+  std::string st((std::istreambuf_iterator<char>(stat)),
+                 std::istreambuf_iterator<char>());
+  const size_t close = st.rfind(')');
+  return close != std::string::npos && close + 2 < st.size() &&
+         st[close + 2] == 'Z';
+}
+
+std::string ReadAll(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)),
+                     std::istreambuf_iterator<char>());
+}
+
+// Live processes of this user whose NUL-separated environment satisfies
+// `match`. Another user's process is never ours to signal, whatever its
+// environment claims.
+std::vector<pid_t> ScanProcesses(
+    const std::function<bool(const std::vector<absl::string_view>&)>& match) {
+  std::vector<pid_t> out;
+  const uid_t me = geteuid();
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator("/proc", ec)) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(e.path().filename().string(), &pid)) continue;
+    struct stat st;
+    if (stat(e.path().c_str(), &st) != 0 || st.st_uid != me) continue;
+    const std::string text = ReadAll(e.path() / "environ");
+    const std::vector<absl::string_view> env = absl::StrSplit(text, '\0');
+    if (!match(env) || IsZombie(e.path())) continue;
+    out.push_back(pid);
+  }
+  return out;
 }
 
 }  // namespace
 
+absl::Status WritePrivateFile(const std::string& path,
+                              const std::string& text) {
+  const int fd =
+      open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+  }
+  fchmod(fd, 0600);
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      close(fd);
+      return absl::UnavailableError(
+          absl::StrCat("cannot write ", path, ": ", std::strerror(err)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (close(fd) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> PrepareJobDir(const std::string& state_dir,
                                           const std::string& job_id,
                                           const v1::JobSpec& spec,
-                                          int world_size) {
+                                          int world_size,
+                                          const std::string& tls_ca_pem) {
   const fs::path dir = fs::path(state_dir) / "jobs" / job_id;
   std::error_code ec;
   fs::create_directories(dir, ec);
+  if (!ec) fs::permissions(dir.parent_path(), fs::perms::owner_all, ec);
+  if (!ec) fs::permissions(dir, fs::perms::owner_all, ec);
   if (ec)
-    return absl::InternalError(
+    return absl::UnavailableError(
         absl::StrCat("cannot create ", dir.string(), ": ", ec.message()));
-  absl::Status s = WriteFile((dir / "spec.yaml").string(), JobSpecToYaml(spec));
+  absl::Status s =
+      WritePrivateFile((dir / "spec.yaml").string(), JobSpecToYaml(spec));
   if (!s.ok()) return s;
-  s = WriteFile((dir / "hostfile").string(),
-                absl::StrCat("localhost slots=", world_size, "\n"));
+  s = WritePrivateFile((dir / "hostfile").string(),
+                       absl::StrCat("localhost slots=", world_size, "\n"));
   if (!s.ok()) return s;
+  if (!tls_ca_pem.empty()) {
+    s = WritePrivateFile((dir / "tls-ca.pem").string(), tls_ca_pem);
+    if (!s.ok()) return s;
+  }
   return dir.string();
 }
 
@@ -84,9 +154,17 @@ std::vector<std::string> AttemptCommand(const LaunchRequest& r,
       "-x",
       "PTRAIN_JOB_ID",
       "-x",
+      "PTRAIN_JOB_UID",
+      "-x",
       "PTRAIN_JOB_TOKEN",
       "-x",
       "PTRAIN_ATTEMPT",
+      "-x",
+      "PTRAIN_ATTEMPT_UID",
+      "-x",
+      "PTRAIN_DATA_ROOTS",
+      "-x",
+      "PTRAIN_TLS_CA",
       "-x",
       "OMP_NUM_THREADS",
       "-x",
@@ -108,8 +186,11 @@ absl::StatusOr<Launched> LaunchAttempt(const LaunchRequest& r) {
       (fs::path(r.job_dir) / absl::StrCat("attempt-", r.attempt)).string();
   std::error_code ec;
   fs::create_directories(attempt_dir, ec);
-  if (ec)
-    return absl::InternalError(absl::StrCat("cannot create ", attempt_dir));
+  if (!ec) fs::permissions(attempt_dir, fs::perms::owner_all, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create ", attempt_dir, ": ", ec.message()));
+  }
   fs::remove(fs::path(attempt_dir) / "exit_code", ec);
 
   // Environment: ours, with the job's variables replaced.
@@ -120,8 +201,14 @@ absl::StatusOr<Launched> LaunchAttempt(const LaunchRequest& r) {
   }
   env["PTRAIN_COORDINATOR"] = r.coordinator_address;
   env["PTRAIN_JOB_ID"] = r.job_id;
+  env["PTRAIN_JOB_UID"] = r.job_uid;
   env["PTRAIN_JOB_TOKEN"] = r.token;
   env["PTRAIN_ATTEMPT"] = absl::StrCat(r.attempt);
+  env["PTRAIN_ATTEMPT_UID"] = r.attempt_uid;
+  env["PTRAIN_DATA_ROOTS"] = absl::StrJoin(r.data_roots, ":");
+  // Set (possibly empty) either way, so `-x` forwards it and nothing from
+  // ptcoord's own environment leaks through.
+  env["PTRAIN_TLS_CA"] = r.tls_ca_file;
   env["OMP_NUM_THREADS"] =
       absl::StrCat(std::max(1, r.cores / std::max(1, r.world_size)));
   env["OMPI_MCA_mpi_yield_when_idle"] = "1";
@@ -150,8 +237,8 @@ absl::StatusOr<Launched> LaunchAttempt(const LaunchRequest& r) {
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     const int in = open("/dev/null", O_RDONLY);
-    const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+    const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
     if (in < 0 || out < 0 || err < 0) _exit(127);
     dup2(in, 0);
     dup2(out, 1);
@@ -167,40 +254,46 @@ absl::StatusOr<Launched> LaunchAttempt(const LaunchRequest& r) {
 }
 
 std::vector<pid_t> ProcessesWithEnv(const std::vector<std::string>& vars) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator("/proc", ec)) {
-    int pid = 0;
-    if (!absl::SimpleAtoi(e.path().filename().string(), &pid)) continue;
-    std::ifstream env(e.path() / "environ");
-    std::string text((std::istreambuf_iterator<char>(env)),
-                     std::istreambuf_iterator<char>());
-    const std::vector<absl::string_view> have = absl::StrSplit(text, '\0');
-    bool all = true;
+  return ScanProcesses([&](const std::vector<absl::string_view>& env) {
     for (const std::string& v : vars) {
-      all = all && std::find(have.begin(), have.end(), v) != have.end();
+      if (std::find(env.begin(), env.end(), v) == env.end()) return false;
     }
-    if (!all) continue;
-    std::ifstream stat(e.path() / "stat");
-    std::string st((std::istreambuf_iterator<char>(stat)),
-                   std::istreambuf_iterator<char>());
-    const size_t close = st.rfind(')');
-    if (close != std::string::npos && close + 2 < st.size() &&
-        st[close + 2] == 'Z')
-      continue;
-    out.push_back(pid);
+    return true;
+  });
+}
+
+std::vector<pid_t> AttemptProcesses(const AttemptKey& key) {
+  if (!key.attempt_uid.empty()) {
+    return ProcessesWithEnv(
+        {absl::StrCat("PTRAIN_ATTEMPT_UID=", key.attempt_uid)});
   }
-  return out;
+  if (key.token_sha256.empty()) return {};
+  constexpr absl::string_view kToken = "PTRAIN_JOB_TOKEN=";
+  return ScanProcesses([&](const std::vector<absl::string_view>& env) {
+    for (absl::string_view v : env) {
+      if (absl::StartsWith(v, kToken) &&
+          Sha256Hex(v.substr(kToken.size())) == key.token_sha256) {
+        return true;
+      }
+    }
+    return false;
+  });
 }
 
-std::vector<pid_t> AttemptProcesses(const std::string& token) {
-  if (token.empty()) return {};
-  return ProcessesWithEnv({absl::StrCat("PTRAIN_JOB_TOKEN=", token)});
+pid_t AttemptLeader(const AttemptKey& key, const std::string& attempt_dir) {
+  for (pid_t pid : AttemptProcesses(key)) {
+    const std::string cmdline =
+        ReadAll(fs::path("/proc") / std::to_string(pid) / "cmdline");
+    for (absl::string_view arg : absl::StrSplit(cmdline, '\0')) {
+      if (arg == attempt_dir) return pid;
+    }
+  }
+  return 0;
 }
 
-void SignalAttempt(pid_t pgid, const std::string& token, int sig) {
+void SignalAttempt(pid_t pgid, const AttemptKey& key, int sig) {
   if (pgid > 0) kill(-pgid, sig);
-  for (pid_t p : AttemptProcesses(token)) kill(p, sig);
+  for (pid_t p : AttemptProcesses(key)) kill(p, sig);
 }
 
 std::optional<int> ReapChild(pid_t pid) {
@@ -215,17 +308,9 @@ std::optional<int> ReapChild(pid_t pid) {
 
 bool AttemptAlive(pid_t pid, const std::string& attempt_dir) {
   if (pid <= 0 || kill(pid, 0) != 0) return false;
-  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
-  std::string text((std::istreambuf_iterator<char>(stat)),
-                   std::istreambuf_iterator<char>());
-  const size_t close = text.rfind(')');
-  if (close != std::string::npos && close + 2 < text.size() &&
-      text[close + 2] == 'Z') {
-    return false;  // a zombie nobody reaped has still ended
-  }
-  std::ifstream cmd(absl::StrCat("/proc/", pid, "/cmdline"));
-  std::string cmdline((std::istreambuf_iterator<char>(cmd)),
-                      std::istreambuf_iterator<char>());
+  const fs::path proc = fs::path("/proc") / std::to_string(pid);
+  if (IsZombie(proc)) return false;  // a zombie nobody reaped has ended
+  const std::string cmdline = ReadAll(proc / "cmdline");
   for (absl::string_view arg : absl::StrSplit(cmdline, '\0')) {
     if (arg == attempt_dir) return true;
   }

@@ -17,10 +17,18 @@ namespace ptrain {
 
 struct LaunchRequest {
   std::string job_id;
+  std::string job_uid;  // PTRAIN_JOB_UID: unique across coordinators
   int attempt = 1;
-  std::string job_dir;              // from PrepareJobDir
-  std::string token;                // PTRAIN_JOB_TOKEN
+  std::string job_dir;      // from PrepareJobDir
+  std::string token;        // PTRAIN_JOB_TOKEN: secret, never stored
+  std::string attempt_uid;  // PTRAIN_ATTEMPT_UID: not secret, finds processes
   std::string coordinator_address;  // PTRAIN_COORDINATOR
+  // PTRAIN_DATA_ROOTS: the coordinator's resolved --data-root folders,
+  // joined by ':'; the ranks open the spec's files confined to them.
+  std::vector<std::string> data_roots;
+  // PTRAIN_TLS_CA: PEM file the ranks trust for the coordinator's
+  // certificate; "" = the coordinator serves plain text.
+  std::string tls_ca_file;
   int world_size = 1;
   int cores = 1;  // OMP_NUM_THREADS = max(1, cores / world_size)
   std::string mpirun = "mpirun";
@@ -36,34 +44,53 @@ struct Launched {
   std::string attempt_dir;
 };
 
-// Creates `state_dir`/jobs/`job_id`/ with spec.yaml (JobSpecToYaml) and a
-// hostfile; returns the folder.
+// Creates `state_dir`/jobs/`job_id`/ (0700) with spec.yaml (JobSpecToYaml),
+// a hostfile and, when `tls_ca_pem` is not empty, tls-ca.pem holding it
+// (files 0600); returns the folder.
 absl::StatusOr<std::string> PrepareJobDir(const std::string& state_dir,
                                           const std::string& job_id,
                                           const v1::JobSpec& spec,
-                                          int world_size);
+                                          int world_size,
+                                          const std::string& tls_ca_pem = "");
+
+// Writes `text` to `path` created 0600 (replacing it), whatever the umask.
+absl::Status WritePrivateFile(const std::string& path, const std::string& text);
 
 // The argv that runs one attempt (exposed for tests and logs).
 std::vector<std::string> AttemptCommand(const LaunchRequest& r,
                                         const std::string& attempt_dir);
 
-// Forks the attempt: attempt-N/ gets stdout.log, stderr.log, run.jsonl and,
-// when mpirun ends, exit_code (written by the wrapping shell, so the outcome
-// survives a ptcoord crash). The child leads its own process group.
+// Forks the attempt: attempt-N/ (0700) gets stdout.log, stderr.log,
+// run.jsonl and, when mpirun ends, exit_code (written by the wrapping shell,
+// so the outcome survives a ptcoord crash). The child leads its own process
+// group.
 absl::StatusOr<Launched> LaunchAttempt(const LaunchRequest& r);
 
-// Live (not zombie) processes whose environment holds every "NAME=value"
-// entry of `vars`.
+// Live (not zombie) processes of this user (the effective uid) whose
+// environment holds every "NAME=value" entry of `vars`.
 std::vector<pid_t> ProcessesWithEnv(const std::vector<std::string>& vars);
 
-// Every live (not zombie) process of an attempt: those whose environment
-// holds PTRAIN_JOB_TOKEN=`token`. The token is unique per attempt and
-// inherited by mpirun's ranks even when they leave the process group or
-// outlive ptcoord, so this finds them all.
-std::vector<pid_t> AttemptProcesses(const std::string& token);
+// How an attempt's processes are recognised: PTRAIN_ATTEMPT_UID=`attempt_uid`
+// in their environment, or, for an attempt an older ptcoord launched (no
+// attempt uid), a PTRAIN_JOB_TOKEN whose Sha256Hex is `token_sha256`.
+struct AttemptKey {
+  std::string attempt_uid;
+  std::string token_sha256;
+};
 
-// Sends `sig` to the group `pgid` and to every process of the attempt.
-void SignalAttempt(pid_t pgid, const std::string& token, int sig);
+// Every live (not zombie) process of an attempt, of this user. The key is
+// unique per attempt and inherited by mpirun's ranks even when they leave
+// the process group or outlive ptcoord, so this finds them all. Empty for an
+// empty key.
+std::vector<pid_t> AttemptProcesses(const AttemptKey& key);
+
+// The attempt's wrapper shell among its processes (its command line names
+// `attempt_dir` as an argument of its own), 0 when it is gone.
+pid_t AttemptLeader(const AttemptKey& key, const std::string& attempt_dir);
+
+// Sends `sig` to the group `pgid` (when > 0) and to every process of the
+// attempt.
+void SignalAttempt(pid_t pgid, const AttemptKey& key, int sig);
 
 // For a child of this process: the exit code once it has ended (128+signal
 // when killed), nullopt while it runs. Reaps it.

@@ -1,6 +1,7 @@
 // ptcoord: the control plane's server. Parses flags, recovers state, serves
-// JobService and RankService until SIGINT/SIGTERM. Running jobs survive a
-// stop (the next ptcoord re-adopts them); `ptctl cancel` ends a job.
+// JobService and RankService (TLS with --tls-cert/--tls-key) until
+// SIGINT/SIGTERM. Running jobs survive a stop (the next ptcoord re-adopts
+// them); `ptctl cancel` ends a job.
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <thread>
 
 #include "CLI/CLI.hpp"
@@ -19,6 +21,7 @@
 #include "coordinator/auth.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/http.h"
+#include "coordinator/launcher.h"
 #include "coordinator/service.h"
 #include "spdlog/spdlog.h"
 
@@ -55,7 +58,31 @@ bool SupportsResume(const std::string& ptworker) {
   return absl::StrContains(out, "--resume-from");
 }
 
+// A PEM file's text; exits with a message naming the flag when unreadable.
+bool ReadPem(const std::string& flag, const std::string& path,
+             std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in || text.str().find("-----BEGIN ") == std::string::npos) {
+    std::fprintf(stderr, "ptcoord: error: %s %s: not a readable PEM file\n",
+                 flag.c_str(), path.c_str());
+    return false;
+  }
+  *out = text.str();
+  return true;
+}
+
+bool IsLoopbackHost(std::string host) {
+  if (host.size() >= 2 && host.front() == '[')
+    host = host.substr(1, host.size() - 2);
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
+
 int Run(int argc, char** argv) {
+  // Everything ptcoord writes (database, tokens, logs, the attempts' files)
+  // is its user's alone.
+  umask(077);
   CLI::App app{
       "ptcoord: ptrain's control plane (jobs, scheduling, supervision)"};
   std::string listen = "127.0.0.1:7070", state_dir = "ptcoord-state",
@@ -93,6 +120,16 @@ int Run(int argc, char** argv) {
   app.add_option("--metrics-listen", metrics_listen,
                  "serve Prometheus /metrics and /sd (rank discovery) on "
                  "HOST:PORT; ranks then serve their own /metrics");
+  std::string tls_cert, tls_key, tls_client_ca, tls_ca;
+  app.add_option("--tls-cert", tls_cert,
+                 "serve TLS with this certificate (PEM, chain leaf first)");
+  app.add_option("--tls-key", tls_key, "the private key of --tls-cert (PEM)");
+  app.add_option("--tls-client-ca", tls_client_ca,
+                 "require job API clients (ptctl) to present a certificate "
+                 "this CA signed (mutual TLS); ranks use their attempt token");
+  app.add_option("--tls-ca", tls_ca,
+                 "the CA ranks trust for --tls-cert (default: --tls-cert "
+                 "itself, right for a self-signed certificate)");
   CLI11_PARSE(app, argc, argv);
   ptrain::SetupLogging(log_level);
 
@@ -104,18 +141,68 @@ int Run(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  ptrain::ServerTls tls;
+  if (tls_cert.empty() != tls_key.empty()) {
+    std::fprintf(stderr,
+                 "ptcoord: error: --tls-cert and --tls-key go together\n");
+    return 2;
+  }
+  if (tls_cert.empty() && (!tls_client_ca.empty() || !tls_ca.empty())) {
+    std::fprintf(stderr,
+                 "ptcoord: error: --tls-client-ca and --tls-ca need "
+                 "--tls-cert and --tls-key\n");
+    return 2;
+  }
+  std::string rank_ca_pem;
+  if (!tls_cert.empty()) {
+    if (!ReadPem("--tls-cert", tls_cert, &tls.cert_pem) ||
+        !ReadPem("--tls-key", tls_key, &tls.key_pem) ||
+        (!tls_client_ca.empty() &&
+         !ReadPem("--tls-client-ca", tls_client_ca, &tls.client_ca_pem)) ||
+        !ReadPem("--tls-ca", tls_ca.empty() ? tls_cert : tls_ca,
+                 &rank_ca_pem)) {
+      return 2;
+    }
+  } else if (const std::string host = listen.substr(0, listen.rfind(':'));
+             !IsLoopbackHost(host)) {
+    // Loud on purpose: tokens and job data would cross the network in clear.
+    std::fprintf(stderr,
+                 "ptcoord: WARNING: serving plain text on %s, which is not "
+                 "loopback: bearer tokens, specs and logs cross the network "
+                 "unencrypted and can be read or forged. Use --tls-cert and "
+                 "--tls-key, or --listen 127.0.0.1:PORT.\n",
+                 listen.c_str());
+    spdlog::warn("plain text on a non-loopback address ({}); use TLS", listen);
+  }
+
   ptrain::CoordinatorOptions o;
   std::error_code ec;
   fs::create_directories(state_dir, ec);
   o.state_dir = fs::absolute(state_dir).lexically_normal().string();
+  // Before anything is written into it (the user token below).
+  if (absl::Status s = ptrain::CheckPrivateDir(o.state_dir); !s.ok()) {
+    std::fprintf(stderr, "ptcoord: error: %s\n",
+                 std::string(s.message()).c_str());
+    return 1;
+  }
+  o.tls_ca_pem = rank_ca_pem;
   o.local_slots = local_slots;
   const fs::path repo = RepositoryRoot();
   o.work_root =
       work_root.empty() ? repo.string() : fs::absolute(work_root).string();
   if (data_roots.empty())
     data_roots = {(repo / "data").string(), (repo / "checkpoints").string()};
-  for (const std::string& r : data_roots)
-    o.data_roots.push_back(fs::absolute(r).string());
+  // Resolved (symlinks followed) as the ranks get them in PTRAIN_DATA_ROOTS,
+  // where ':' separates them.
+  for (const std::string& r : data_roots) {
+    const std::string root = fs::weakly_canonical(fs::absolute(r), ec).string();
+    if (ec || root.find(':') != std::string::npos) {
+      std::fprintf(stderr, "ptcoord: error: --data-root %s: %s\n", r.c_str(),
+                   ec ? ec.message().c_str() : "must not contain ':'");
+      return 2;
+    }
+    o.data_roots.push_back(root);
+  }
   o.ptworker =
       ptworker.empty()
           ? (SelfDir() / "../worker/ptworker").lexically_normal().string()
@@ -138,8 +225,13 @@ int Run(int argc, char** argv) {
   if (token_file.empty()) {
     token_file = (fs::path(o.state_dir) / "user-token").string();
     if (!fs::exists(token_file)) {
-      std::ofstream(token_file) << ptrain::GenerateToken() << "\n";
-      chmod(token_file.c_str(), 0600);
+      if (absl::Status s = ptrain::WritePrivateFile(
+              token_file, ptrain::GenerateToken() + "\n");
+          !s.ok()) {
+        std::fprintf(stderr, "ptcoord: error: %s\n",
+                     std::string(s.message()).c_str());
+        return 1;
+      }
     }
     spdlog::info("user token in {}", token_file);
   }
@@ -162,7 +254,7 @@ int Run(int argc, char** argv) {
   }
   std::unique_ptr<ptrain::Coordinator> c = std::move(*coordinator);
   absl::StatusOr<ptrain::RunningServer> server =
-      ptrain::StartServer(listen, c.get());
+      ptrain::StartServer(listen, c.get(), tls);
   if (!server.ok()) {
     std::fprintf(stderr, "ptcoord: error: %s\n",
                  std::string(server.status().message()).c_str());
@@ -187,15 +279,21 @@ int Run(int argc, char** argv) {
         metrics_listen.substr(0, metrics_listen.rfind(':'));
     const std::string metrics_at =
         absl::StrCat(metrics_host, ":", http->port());
-    std::ofstream(fs::path(o.state_dir) / "metrics_address")
-        << metrics_at << "\n";
+    ptrain::WritePrivateFile(
+        (fs::path(o.state_dir) / "metrics_address").string(), metrics_at + "\n")
+        .IgnoreError();
     std::printf(
         "ptcoord: metrics and rank discovery on http://%s/metrics, "
         "/sd\n",
         metrics_at.c_str());
   }
-  std::ofstream(fs::path(o.state_dir) / "address") << bound << "\n";
-  std::printf("ptcoord: listening on %s\n", bound.c_str());
+  ptrain::WritePrivateFile((fs::path(o.state_dir) / "address").string(),
+                           bound + "\n")
+      .IgnoreError();
+  std::printf("ptcoord: listening on %s (%s)\n", bound.c_str(),
+              tls.cert_pem.empty()        ? "plain text"
+              : tls.client_ca_pem.empty() ? "TLS"
+                                          : "TLS, client certificates");
   std::fflush(stdout);
   spdlog::info("state {}, {} slots, data roots {}, work root {}", o.state_dir,
                o.local_slots, absl::StrJoin(o.data_roots, ","), o.work_root);

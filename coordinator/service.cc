@@ -1,6 +1,6 @@
 // gRPC callback services for ptcoord; see service.h. Streams run their loop
 // on a thread of their own that blocks on the coordinator, so no gRPC
-// callback thread ever waits.
+// callback thread ever waits. TLS, when configured, is gRPC's (OpenSSL).
 #include "coordinator/service.h"
 
 #include <atomic>
@@ -90,13 +90,13 @@ class ThreadedWriter : public grpc::ServerWriteReactor<T> {
 
 class JobServiceImpl final : public v1::JobService::CallbackService {
  public:
-  explicit JobServiceImpl(Coordinator* c) : c_(c) {}
+  JobServiceImpl(Coordinator* c, bool require_client_cert)
+      : c_(c), require_client_cert_(require_client_cert) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* ctx,
                                       const v1::SubmitJobRequest* req,
                                       v1::SubmitJobResponse* resp) override {
-    if (absl::Status a = c_->AuthenticateUser(Authorization(ctx)); !a.ok())
-      return Done(ctx, a);
+    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
     std::vector<std::string> overrides(req->overrides().begin(),
                                        req->overrides().end());
     absl::StatusOr<v1::Job> job = c_->Submit(req->spec_yaml(), overrides);
@@ -107,8 +107,7 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx,
                                    const v1::GetJobRequest* req,
                                    v1::GetJobResponse* resp) override {
-    if (absl::Status a = c_->AuthenticateUser(Authorization(ctx)); !a.ok())
-      return Done(ctx, a);
+    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
     absl::StatusOr<v1::GetJobResponse> r =
         c_->Get(req->job_id(), req->include_loss_history());
     if (r.ok()) *resp = std::move(*r);
@@ -118,8 +117,7 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
                                      const v1::ListJobsRequest* req,
                                      v1::ListJobsResponse* resp) override {
-    if (absl::Status a = c_->AuthenticateUser(Authorization(ctx)); !a.ok())
-      return Done(ctx, a);
+    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
     absl::StatusOr<std::vector<v1::Job>> jobs =
         c_->List(req->state(), req->limit());
     if (jobs.ok()) {
@@ -131,8 +129,7 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* ctx,
                                       const v1::CancelJobRequest* req,
                                       v1::CancelJobResponse* resp) override {
-    if (absl::Status a = c_->AuthenticateUser(Authorization(ctx)); !a.ok())
-      return Done(ctx, a);
+    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
     absl::StatusOr<v1::Job> job = c_->Cancel(req->job_id());
     if (job.ok()) *resp->mutable_job() = std::move(*job);
     return Done(ctx, job.status());
@@ -141,8 +138,7 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   grpc::ServerUnaryReactor* ListCheckpoints(
       grpc::CallbackServerContext* ctx, const v1::ListCheckpointsRequest* req,
       v1::ListCheckpointsResponse* resp) override {
-    if (absl::Status a = c_->AuthenticateUser(Authorization(ctx)); !a.ok())
-      return Done(ctx, a);
+    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
     absl::StatusOr<std::vector<v1::Checkpoint>> cps =
         c_->Checkpoints(req->job_id());
     if (cps.ok()) {
@@ -154,7 +150,7 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(
       grpc::CallbackServerContext* ctx,
       const v1::WatchJobRequest* req) override {
-    const absl::Status auth = c_->AuthenticateUser(Authorization(ctx));
+    const absl::Status auth = Authenticate(ctx);
     const std::string id = req->job_id();
     Coordinator* c = c_;
     return new ThreadedWriter<v1::JobEvent>(
@@ -185,7 +181,7 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   grpc::ServerWriteReactor<v1::LogChunk>* StreamLogs(
       grpc::CallbackServerContext* ctx,
       const v1::StreamLogsRequest* req) override {
-    const absl::Status auth = c_->AuthenticateUser(Authorization(ctx));
+    const absl::Status auth = Authenticate(ctx);
     const v1::StreamLogsRequest r = *req;
     Coordinator* c = c_;
     return new ThreadedWriter<v1::LogChunk>(
@@ -249,7 +245,22 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   }
 
  private:
+  // With --tls-client-ca, a verified client certificate first; then the
+  // user token either way.
+  absl::Status Authenticate(grpc::CallbackServerContext* ctx) const {
+    if (require_client_cert_) {
+      const std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
+      if (auth == nullptr || !auth->IsPeerAuthenticated()) {
+        return absl::UnauthenticatedError(
+            "this coordinator requires a client certificate signed by its "
+            "--tls-client-ca (ptctl --tls-cert/--tls-key)");
+      }
+    }
+    return c_->AuthenticateUser(Authorization(ctx));
+  }
+
   Coordinator* const c_;
+  const bool require_client_cert_;
 };
 
 class RankServiceImpl final : public v1::RankService::CallbackService {
@@ -294,13 +305,32 @@ class RankServiceImpl final : public v1::RankService::CallbackService {
 }  // namespace
 
 absl::StatusOr<RunningServer> StartServer(const std::string& listen,
-                                          Coordinator* coordinator) {
+                                          Coordinator* coordinator,
+                                          const ServerTls& tls) {
+  if (tls.cert_pem.empty() != tls.key_pem.empty()) {
+    return absl::InvalidArgumentError(
+        "TLS needs both a certificate and its key");
+  }
+  if (tls.cert_pem.empty() && !tls.client_ca_pem.empty()) {
+    return absl::InvalidArgumentError(
+        "a client CA needs TLS: give a certificate and key too");
+  }
   RunningServer out;
-  out.jobs = std::make_unique<JobServiceImpl>(coordinator);
+  const bool client_certs = !tls.client_ca_pem.empty();
+  out.jobs = std::make_unique<JobServiceImpl>(coordinator, client_certs);
   out.ranks = std::make_unique<RankServiceImpl>(coordinator);
+  std::shared_ptr<grpc::ServerCredentials> credentials =
+      grpc::InsecureServerCredentials();
+  if (!tls.cert_pem.empty()) {
+    grpc::SslServerCredentialsOptions ssl(
+        client_certs ? GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY
+                     : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+    ssl.pem_root_certs = tls.client_ca_pem;
+    ssl.pem_key_cert_pairs.push_back({tls.key_pem, tls.cert_pem});
+    credentials = grpc::SslServerCredentials(ssl);
+  }
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(),
-                           &out.port);
+  builder.AddListeningPort(listen, credentials, &out.port);
   builder.RegisterService(out.jobs.get());
   builder.RegisterService(out.ranks.get());
   // Room for a 1 MiB spec plus overrides; a bigger message is refused by

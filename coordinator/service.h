@@ -23,10 +23,22 @@ struct RunningServer {
   int port = 0;  // the bound port (useful with ":0")
 };
 
-// Binds `listen` (host:port; port 0 picks a free one) without TLS and serves
-// both services over `coordinator` (not owned; must outlive the server).
+// Transport security of the server. Both PEMs empty: plain text.
+struct ServerTls {
+  std::string cert_pem;  // certificate chain, leaf first
+  std::string key_pem;
+  // Not empty: clients may present a certificate, verified against this CA;
+  // JobService then answers only clients that did (ranks authenticate by
+  // their attempt token and need none).
+  std::string client_ca_pem;
+};
+
+// Binds `listen` (host:port; port 0 picks a free one), with TLS when `tls`
+// has a certificate, and serves both services over `coordinator` (not
+// owned; must outlive the server).
 absl::StatusOr<RunningServer> StartServer(const std::string& listen,
-                                          Coordinator* coordinator);
+                                          Coordinator* coordinator,
+                                          const ServerTls& tls = {});
 
 }  // namespace ptrain
 

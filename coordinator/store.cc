@@ -1,27 +1,37 @@
 // SQLite persistence for ptcoord; see store.h. Jobs are stored as a
 // serialized v1::Job beside the columns queries need, so adding a field to
-// the proto needs no migration. Migrations are CREATE TABLE IF NOT EXISTS.
+// the proto needs no migration. Migrations are CREATE TABLE IF NOT EXISTS
+// plus the column changes in Migrate().
 #include "coordinator/store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "coordinator/auth.h"
 
 namespace ptrain {
 namespace {
 
+// Columns that older databases may still have (`token`: the plain rank
+// token; `pid`, `last_progress_ms`: now only in memory) are left alone by
+// the queries below, except `token`, which Migrate() removes.
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS jobs (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
   id TEXT UNIQUE NOT NULL,
   state INTEGER NOT NULL,
   job BLOB NOT NULL,
-  token TEXT NOT NULL DEFAULT '',
-  pid INTEGER NOT NULL DEFAULT 0,
-  last_progress_ms INTEGER NOT NULL DEFAULT 0,
+  token_sha256 TEXT NOT NULL DEFAULT '',
+  attempt_uid TEXT NOT NULL DEFAULT '',
   restarts_used INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS attempts (
   job_id TEXT NOT NULL, number INTEGER NOT NULL, attempt BLOB NOT NULL,
@@ -41,20 +51,36 @@ CREATE TABLE IF NOT EXISTS loss_history (
 CREATE INDEX IF NOT EXISTS loss_job ON loss_history (job_id);
 )sql";
 
+// A full disk, an I/O error or a lock held elsewhere may pass: Unavailable
+// (the caller retries later). Anything else is a bug or corruption.
+absl::Status SqliteError(sqlite3* db) {
+  const std::string msg = absl::StrCat("state store: ", sqlite3_errmsg(db));
+  switch (sqlite3_errcode(db)) {
+    case SQLITE_FULL:
+    case SQLITE_IOERR:
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+    case SQLITE_CANTOPEN:
+    case SQLITE_READONLY:
+    case SQLITE_NOMEM:
+      return absl::UnavailableError(msg);
+    default:
+      return absl::InternalError(msg);
+  }
+}
+
 // One prepared statement, finalized on scope exit.
 class Stmt {
  public:
   Stmt(sqlite3* db, const char* sql) : db_(db) {
     rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
+    if (rc_ != SQLITE_OK) prepare_error_ = SqliteError(db);
   }
   ~Stmt() { sqlite3_finalize(stmt_); }
   Stmt(const Stmt&) = delete;
   Stmt& operator=(const Stmt&) = delete;
 
-  absl::Status status() const {
-    if (rc_ == SQLITE_OK) return absl::OkStatus();
-    return absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
-  }
+  absl::Status status() const { return prepare_error_; }
   Stmt& Bind(int i, int64_t v) {
     sqlite3_bind_int64(stmt_, i, v);
     return *this;
@@ -75,12 +101,13 @@ class Stmt {
   }
   // SQLITE_ROW -> true, SQLITE_DONE -> false, else the error in *status.
   bool Step(absl::Status* status) {
+    if (stmt_ == nullptr) {
+      *status = prepare_error_;
+      return false;
+    }
     const int rc = sqlite3_step(stmt_);
     if (rc == SQLITE_ROW) return true;
-    if (rc != SQLITE_DONE) {
-      *status =
-          absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
-    }
+    if (rc != SQLITE_DONE) *status = SqliteError(db_);
     return false;
   }
   absl::Status Run() {
@@ -103,26 +130,35 @@ class Stmt {
   sqlite3* db_;
   sqlite3_stmt* stmt_ = nullptr;
   int rc_;
+  absl::Status prepare_error_;
 };
 
 JobRecord RowToJob(Stmt& s) {
-  // Columns: seq, job, token, pid, last_progress_ms, restarts_used.
+  // Columns: seq, job, token_sha256, attempt_uid, restarts_used.
   JobRecord r;
   r.seq = s.Int(0);
   r.job.ParseFromString(s.Text(1));
-  r.token = s.Text(2);
-  r.pid = s.Int(3);
-  r.last_progress_ms = s.Int(4);
-  r.restarts_used = static_cast<int32_t>(s.Int(5));
+  r.token_sha256 = s.Text(2);
+  r.attempt_uid = s.Text(3);
+  r.restarts_used = static_cast<int32_t>(s.Int(4));
   return r;
 }
 
 constexpr const char* kSelectJob =
-    "SELECT seq, job, token, pid, last_progress_ms, restarts_used FROM jobs";
+    "SELECT seq, job, token_sha256, attempt_uid, restarts_used FROM jobs";
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
+  // SQLite gives its -wal and -shm files the main file's mode: create that
+  // private before SQLite does, whatever the umask.
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  }
+  fchmod(fd, 0600);
+  close(fd);
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db,
                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE,
@@ -142,6 +178,11 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
     absl::Status s = store->Exec(sql);
     if (!s.ok()) return s;
   }
+  absl::Status s = store->Migrate();
+  if (!s.ok()) return s;
+  for (const std::string suffix : {"-wal", "-shm"}) {
+    chmod((path + suffix).c_str(), 0600);
+  }
   return store;
 }
 
@@ -150,63 +191,141 @@ Store::~Store() { sqlite3_close(db_); }
 absl::Status Store::Exec(const char* sql) {
   char* err = nullptr;
   if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : "unknown error";
+    absl::Status s = SqliteError(db_);
     sqlite3_free(err);
-    return absl::InternalError(absl::StrCat("sqlite: ", msg));
+    return s;
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<JobRecord> Store::InsertJob(JobRecord record) {
-  absl::MutexLock lock(&mu_);
+template <typename F>
+absl::Status Store::InTransaction(F body) {
   absl::Status s = Exec("BEGIN IMMEDIATE;");
   if (!s.ok()) return s;
-  int64_t next = 1;
+  s = body();
+  if (s.ok()) s = Exec("COMMIT;");
+  if (!s.ok()) Exec("ROLLBACK;").IgnoreError();
+  return s;
+}
+
+absl::Status Store::Migrate() {
+  std::set<std::string> columns;
   {
-    Stmt q(db_, "SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs");
-    if (q.Step(&s)) next = q.Int(0);
+    Stmt q(db_, "PRAGMA table_info(jobs)");
+    absl::Status s = q.status();
+    if (!s.ok()) return s;
+    while (q.Step(&s)) columns.insert(q.Text(1));
+    if (!s.ok()) return s;
   }
-  record.seq = next;
-  record.job.set_id(absl::StrFormat("job-%04d", next));
-  Stmt ins(
-      db_,
-      "INSERT INTO jobs (seq, id, state, job, token, pid, last_progress_ms, "
-      "restarts_used) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
-  ins.Bind(1, record.seq)
-      .Bind(2, record.job.id())
-      .Bind(3, static_cast<int64_t>(record.job.state()))
-      .BindBlob(4, record.job.SerializeAsString())
-      .Bind(5, record.token)
-      .Bind(6, record.pid)
-      .Bind(7, record.last_progress_ms)
-      .Bind(8, static_cast<int64_t>(record.restarts_used));
-  s = ins.Run();
-  if (!s.ok()) {
-    Exec("ROLLBACK;").IgnoreError();
-    return s;
+  const bool plain_tokens = columns.count("token") > 0;
+  absl::Status s = InTransaction([&]() -> absl::Status {
+    for (const char* column : {"token_sha256", "attempt_uid"}) {
+      if (columns.count(column)) continue;
+      absl::Status a = Exec(absl::StrCat("ALTER TABLE jobs ADD COLUMN ", column,
+                                         " TEXT NOT NULL DEFAULT '';")
+                                .c_str());
+      if (!a.ok()) return a;
+    }
+    if (!plain_tokens) return absl::OkStatus();
+    // Only the hash survives; an attempt launched by an older ptcoord has no
+    // PTRAIN_ATTEMPT_UID, so its processes are found by that hash instead.
+    std::vector<std::pair<std::string, std::string>> tokens;
+    {
+      Stmt q(db_, "SELECT id, token FROM jobs WHERE token != ''");
+      absl::Status r = q.status();
+      if (!r.ok()) return r;
+      while (q.Step(&r)) tokens.emplace_back(q.Text(0), q.Text(1));
+      if (!r.ok()) return r;
+    }
+    for (const auto& [id, token] : tokens) {
+      Stmt up(db_, "UPDATE jobs SET token_sha256=? WHERE id=?");
+      up.Bind(1, Sha256Hex(token)).Bind(2, id);
+      absl::Status r = up.Run();
+      if (!r.ok()) return r;
+    }
+    return Exec("ALTER TABLE jobs DROP COLUMN token;");
+  });
+  if (!s.ok() || !plain_tokens) return s;
+  // The dropped column's bytes may linger in free pages and in the WAL:
+  // rewrite the file and empty the log.
+  for (const char* sql : {"PRAGMA secure_delete=ON;", "VACUUM;",
+                          "PRAGMA wal_checkpoint(TRUNCATE);"}) {
+    s = Exec(sql);
+    if (!s.ok()) return s;
   }
-  s = Exec("COMMIT;");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobRecord> Store::InsertJob(JobRecord record,
+                                           const std::string& event,
+                                           int64_t unix_ms) {
+  absl::MutexLock lock(&mu_);
+  absl::Status s = InTransaction([&]() -> absl::Status {
+    int64_t next = 1;
+    {
+      absl::Status r;
+      Stmt q(db_, "SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs");
+      if (q.Step(&r)) next = q.Int(0);
+      if (!r.ok()) return r;
+    }
+    record.seq = next;
+    record.job.set_id(absl::StrFormat("job-%04d", next));
+    Stmt ins(db_,
+             "INSERT INTO jobs (seq, id, state, job, token_sha256, "
+             "attempt_uid, restarts_used) VALUES (?, ?, ?, ?, ?, ?, ?)");
+    ins.Bind(1, record.seq)
+        .Bind(2, record.job.id())
+        .Bind(3, static_cast<int64_t>(record.job.state()))
+        .BindBlob(4, record.job.SerializeAsString())
+        .Bind(5, record.token_sha256)
+        .Bind(6, record.attempt_uid)
+        .Bind(7, static_cast<int64_t>(record.restarts_used));
+    absl::Status r = ins.Run();
+    if (!r.ok() || event.empty()) return r;
+    return AddEventLocked(record.job.id(), unix_ms, event);
+  });
   if (!s.ok()) return s;
   return record;
 }
 
-absl::Status Store::UpdateJob(const JobRecord& r) {
-  absl::MutexLock lock(&mu_);
+absl::Status Store::UpdateJobLocked(const JobRecord& r) {
   Stmt up(db_,
-          "UPDATE jobs SET state=?, job=?, token=?, pid=?, last_progress_ms=?, "
+          "UPDATE jobs SET state=?, job=?, token_sha256=?, attempt_uid=?, "
           "restarts_used=? WHERE id=?");
   up.Bind(1, static_cast<int64_t>(r.job.state()))
       .BindBlob(2, r.job.SerializeAsString())
-      .Bind(3, r.token)
-      .Bind(4, r.pid)
-      .Bind(5, r.last_progress_ms)
-      .Bind(6, static_cast<int64_t>(r.restarts_used))
-      .Bind(7, r.job.id());
+      .Bind(3, r.token_sha256)
+      .Bind(4, r.attempt_uid)
+      .Bind(5, static_cast<int64_t>(r.restarts_used))
+      .Bind(6, r.job.id());
   absl::Status s = up.Run();
   if (!s.ok()) return s;
   if (sqlite3_changes(db_) == 0)
     return absl::NotFoundError(absl::StrCat("no job ", r.job.id()));
   return absl::OkStatus();
+}
+
+absl::Status Store::UpdateJob(const JobRecord& r) {
+  absl::MutexLock lock(&mu_);
+  return UpdateJobLocked(r);
+}
+
+absl::Status Store::Apply(const JobUpdate& u) {
+  absl::MutexLock lock(&mu_);
+  const std::string& id = u.record.job.id();
+  return InTransaction([&]() -> absl::Status {
+    absl::Status s = UpdateJobLocked(u.record);
+    if (s.ok() && u.attempt.has_value())
+      s = UpsertAttemptLocked(id, *u.attempt);
+    for (const v1::LossPoint& p : u.loss_points) {
+      if (s.ok()) s = AddLossPointLocked(id, p);
+    }
+    for (const v1::Checkpoint& c : u.checkpoints) {
+      if (s.ok()) s = AddCheckpointLocked(id, c);
+    }
+    if (s.ok() && !u.event.empty()) s = AddEventLocked(id, u.unix_ms, u.event);
+    return s;
+  });
 }
 
 absl::StatusOr<JobRecord> Store::GetJob(const std::string& id) {
@@ -231,9 +350,8 @@ absl::StatusOr<std::vector<JobRecord>> Store::ListJobs() {
   return out;
 }
 
-absl::Status Store::UpsertAttempt(const std::string& job_id,
-                                  const v1::Attempt& a) {
-  absl::MutexLock lock(&mu_);
+absl::Status Store::UpsertAttemptLocked(const std::string& job_id,
+                                        const v1::Attempt& a) {
   Stmt q(db_,
          "INSERT OR REPLACE INTO attempts (job_id, number, attempt) VALUES (?, "
          "?, ?)");
@@ -241,6 +359,12 @@ absl::Status Store::UpsertAttempt(const std::string& job_id,
       .Bind(2, static_cast<int64_t>(a.number()))
       .BindBlob(3, a.SerializeAsString());
   return q.Run();
+}
+
+absl::Status Store::UpsertAttempt(const std::string& job_id,
+                                  const v1::Attempt& a) {
+  absl::MutexLock lock(&mu_);
+  return UpsertAttemptLocked(job_id, a);
 }
 
 absl::StatusOr<std::vector<v1::Attempt>> Store::ListAttempts(
@@ -256,12 +380,17 @@ absl::StatusOr<std::vector<v1::Attempt>> Store::ListAttempts(
   return out;
 }
 
-absl::Status Store::AddEvent(const std::string& job_id, int64_t unix_ms,
-                             const std::string& message) {
-  absl::MutexLock lock(&mu_);
+absl::Status Store::AddEventLocked(const std::string& job_id, int64_t unix_ms,
+                                   const std::string& message) {
   Stmt q(db_, "INSERT INTO events (job_id, unix_ms, message) VALUES (?, ?, ?)");
   q.Bind(1, job_id).Bind(2, unix_ms).Bind(3, message);
   return q.Run();
+}
+
+absl::Status Store::AddEvent(const std::string& job_id, int64_t unix_ms,
+                             const std::string& message) {
+  absl::MutexLock lock(&mu_);
+  return AddEventLocked(job_id, unix_ms, message);
 }
 
 absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> Store::ListEvents(
@@ -277,9 +406,8 @@ absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> Store::ListEvents(
   return out;
 }
 
-absl::Status Store::AddLossPoint(const std::string& job_id,
-                                 const v1::LossPoint& p) {
-  absl::MutexLock lock(&mu_);
+absl::Status Store::AddLossPointLocked(const std::string& job_id,
+                                       const v1::LossPoint& p) {
   Stmt q(db_,
          "INSERT INTO loss_history (job_id, attempt, step, loss, val_loss) "
          "VALUES (?, ?, ?, ?, ?)");
@@ -289,6 +417,12 @@ absl::Status Store::AddLossPoint(const std::string& job_id,
       .Bind(4, p.loss())
       .Bind(5, p.val_loss());
   return q.Run();
+}
+
+absl::Status Store::AddLossPoint(const std::string& job_id,
+                                 const v1::LossPoint& p) {
+  absl::MutexLock lock(&mu_);
+  return AddLossPointLocked(job_id, p);
 }
 
 absl::StatusOr<std::vector<v1::LossPoint>> Store::LossHistory(
@@ -313,9 +447,8 @@ absl::StatusOr<std::vector<v1::LossPoint>> Store::LossHistory(
   return out;
 }
 
-absl::Status Store::AddCheckpoint(const std::string& job_id,
-                                  const v1::Checkpoint& c) {
-  absl::MutexLock lock(&mu_);
+absl::Status Store::AddCheckpointLocked(const std::string& job_id,
+                                        const v1::Checkpoint& c) {
   Stmt q(db_,
          "INSERT OR REPLACE INTO checkpoints (job_id, step, dir, attempt, "
          "unix_ms) "
@@ -326,6 +459,12 @@ absl::Status Store::AddCheckpoint(const std::string& job_id,
       .Bind(4, static_cast<int64_t>(c.attempt()))
       .Bind(5, c.unix_ms());
   return q.Run();
+}
+
+absl::Status Store::AddCheckpoint(const std::string& job_id,
+                                  const v1::Checkpoint& c) {
+  absl::MutexLock lock(&mu_);
+  return AddCheckpointLocked(job_id, c);
 }
 
 absl::StatusOr<std::vector<v1::Checkpoint>> Store::ListCheckpoints(

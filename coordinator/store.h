@@ -1,11 +1,13 @@
 // Durable state of ptcoord in SQLite (WAL): jobs, attempts, events,
 // checkpoints and loss history. Persistence only: the job lifecycle rules
-// live in Coordinator. Thread-safe (one connection behind a mutex).
+// live in Coordinator. No secret is stored: a rank token only as its
+// SHA-256. Thread-safe (one connection behind a mutex).
 #ifndef PTRAIN_COORDINATOR_STORE_H_
 #define PTRAIN_COORDINATOR_STORE_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,24 +24,46 @@ namespace ptrain {
 // A job as stored: what users see plus what only the coordinator needs.
 struct JobRecord {
   v1::Job job;
-  int64_t seq = 0;    // submission order (FIFO), assigned by InsertJob
-  std::string token;  // per-job RankService token of the current attempt
-  int64_t pid = 0;    // attempt's process-group leader; 0 when none
-  int64_t last_progress_ms = 0;
+  int64_t seq = 0;  // submission order (FIFO), assigned by InsertJob
+  // Sha256Hex of the current attempt's RankService token; "" when no
+  // attempt runs, so no token is valid then.
+  std::string token_sha256;
+  // PTRAIN_ATTEMPT_UID of the current attempt: not a secret, it finds the
+  // attempt's processes in /proc. "" when none runs.
+  std::string attempt_uid;
   int32_t restarts_used = 0;
+};
+
+// One change of one job, written in a single transaction: the new record
+// and what goes with it. Either all of it is on disk or none.
+struct JobUpdate {
+  JobRecord record;     // replaces the stored job (matched by record.job.id())
+  std::string event;    // "" = none
+  int64_t unix_ms = 0;  // the event's time
+  std::optional<v1::Attempt> attempt;  // upserted by number
+  std::vector<v1::LossPoint> loss_points;
+  std::vector<v1::Checkpoint> checkpoints;  // upserted by step
 };
 
 class Store {
  public:
-  // Opens or creates the database (WAL mode, tables created if missing).
+  // Opens or creates the database (WAL mode, tables created if missing) and
+  // migrates an older one: a plain `token` column is replaced by its
+  // SHA-256 and the freed pages are wiped (secure_delete, VACUUM, WAL
+  // truncated). A new file is created 0600.
   static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path);
   ~Store();
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
 
-  // Assigns seq and id ("job-NNNN") and stores the job; returns the record.
-  absl::StatusOr<JobRecord> InsertJob(JobRecord record);
+  // Assigns seq and id ("job-NNNN") and stores the job, with `event` when
+  // not empty, in one transaction; returns the record.
+  absl::StatusOr<JobRecord> InsertJob(JobRecord record,
+                                      const std::string& event = "",
+                                      int64_t unix_ms = 0);
   absl::Status UpdateJob(const JobRecord& record);
+  // Applies `update` atomically; NotFound for an unknown job.
+  absl::Status Apply(const JobUpdate& update);
   absl::StatusOr<JobRecord> GetJob(const std::string& id);  // NotFound
   // Every job in submission order.
   absl::StatusOr<std::vector<JobRecord>> ListJobs();
@@ -65,6 +89,26 @@ class Store {
  private:
   explicit Store(sqlite3* db) : db_(db) {}
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Migrate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The statements behind the public calls, inside a transaction of the
+  // caller's.
+  absl::Status UpdateJobLocked(const JobRecord& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status UpsertAttemptLocked(const std::string& job_id,
+                                   const v1::Attempt& a)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status AddEventLocked(const std::string& job_id, int64_t unix_ms,
+                              const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status AddLossPointLocked(const std::string& job_id,
+                                  const v1::LossPoint& p)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status AddCheckpointLocked(const std::string& job_id,
+                                   const v1::Checkpoint& c)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `body` between BEGIN IMMEDIATE and COMMIT; rolls back on error.
+  template <typename F>
+  absl::Status InTransaction(F body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);

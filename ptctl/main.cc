@@ -1,6 +1,7 @@
 // ptctl: the command line over ptcoord's JobService (submit, get, list, logs,
-// cancel, watch, checkpoints). Spec files are checked here with the same
-// library ptcoord uses, before anything is sent.
+// cancel, watch, checkpoints), in plain text or TLS (--tls-ca). Spec files
+// are checked here with the same library ptcoord uses, before anything is
+// sent.
 #include <unistd.h>
 
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/spec.h"
@@ -33,7 +35,57 @@ struct Options {
   std::string server = "127.0.0.1:7070";
   std::string token;
   std::string output = "table";
+  // TLS: the CA that signed ptcoord's certificate (turns TLS on), and this
+  // client's certificate and key when ptcoord asks for one.
+  std::string tls_ca, tls_cert, tls_key;
 };
+
+// A file's text, or an error naming the flag.
+absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in || text.str().find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " ", path, ": not a readable PEM file"));
+  }
+  return text.str();
+}
+
+// The channel to ptcoord: TLS when a CA is given, else plain text.
+// Reconnecting is capped at a couple of seconds, so `watch` picks a
+// restarted coordinator up at once (gRPC's own backoff grows to 120 s).
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const Options& o) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      grpc::InsecureChannelCredentials();
+  if (o.tls_ca.empty() && (!o.tls_cert.empty() || !o.tls_key.empty())) {
+    return absl::InvalidArgumentError(
+        "--tls-cert/--tls-key need --tls-ca (or PTCTL_TLS_CA)");
+  }
+  if (o.tls_cert.empty() != o.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  if (!o.tls_ca.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    absl::StatusOr<std::string> ca = ReadPem("--tls-ca", o.tls_ca);
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *ca;
+    if (!o.tls_cert.empty()) {
+      absl::StatusOr<std::string> cert = ReadPem("--tls-cert", o.tls_cert);
+      if (!cert.ok()) return cert.status();
+      absl::StatusOr<std::string> key = ReadPem("--tls-key", o.tls_key);
+      if (!key.ok()) return key.status();
+      ssl.pem_cert_chain = *cert;
+      ssl.pem_private_key = *key;
+    }
+    credentials = grpc::SslCredentials(ssl);
+  }
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 500);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 500);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  return grpc::CreateCustomChannel(o.server, credentials, args);
+}
 
 std::string StateName(ptrain::v1::JobState s) {
   std::string n = ptrain::v1::JobState_Name(s);
@@ -88,10 +140,8 @@ std::string Duration(double seconds) {
 
 class Client {
  public:
-  explicit Client(const Options& o)
-      : o_(o),
-        stub_(JobService::NewStub(grpc::CreateChannel(
-            o.server, grpc::InsecureChannelCredentials()))) {}
+  Client(const Options& o, std::shared_ptr<grpc::Channel> channel)
+      : o_(o), stub_(JobService::NewStub(std::move(channel))) {}
 
   // A context carrying the token; unary calls get a deadline.
   std::unique_ptr<grpc::ClientContext> Context(bool unary = true) const {
@@ -321,6 +371,7 @@ int Get(Client& client, const std::string& id) {
       "%.0f\n",
       static_cast<long long>(p.step()), static_cast<long long>(p.total_steps()),
       p.loss(), p.val_loss(), p.tok_per_s());
+  std::printf("uid:       %s\n", j.uid().c_str());
   std::printf("created:   %s ago\n", Ago(j.created_unix_ms()).c_str());
   if (!j.error().empty()) std::printf("error:     %s\n", j.error().c_str());
   for (const auto& a : resp.attempts()) {
@@ -411,6 +462,17 @@ int Run(int argc, char** argv) {
   app.add_option("--token", o.token, "bearer token (or PTCTL_TOKEN)");
   app.add_option("-o,--output", o.output, "table|json")
       ->check(CLI::IsMember({"table", "json"}));
+  if (const char* v = std::getenv("PTCTL_TLS_CA")) o.tls_ca = v;
+  if (const char* v = std::getenv("PTCTL_TLS_CERT")) o.tls_cert = v;
+  if (const char* v = std::getenv("PTCTL_TLS_KEY")) o.tls_key = v;
+  app.add_option("--tls-ca", o.tls_ca,
+                 "talk TLS, trusting this CA for ptcoord's certificate (or "
+                 "PTCTL_TLS_CA)");
+  app.add_option("--tls-cert", o.tls_cert,
+                 "client certificate for a ptcoord with --tls-client-ca (or "
+                 "PTCTL_TLS_CERT)");
+  app.add_option("--tls-key", o.tls_key,
+                 "the key of --tls-cert (or PTCTL_TLS_KEY)");
 
   std::string file, job;
   std::vector<std::string> sets;
@@ -441,7 +503,13 @@ int Run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kExitBadInput;
   }
-  Client client(o);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(o);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "ptctl: error: %s\n",
+                 std::string(channel.status().message()).c_str());
+    return kExitBadInput;
+  }
+  Client client(o, *channel);
   if (*submit) return Submit(client, file, sets, watch);
   if (*get) return Get(client, job);
   if (*list) return List(client);

@@ -1,10 +1,13 @@
 // The rank side of RankService; see progress_reporter.h. One channel, one
 // thread, a bounded queue; a coordinator that is down or restarting costs
-// the training loop nothing.
+// the training loop nothing, and one that is back is reached within
+// kMaxReconnectBackoffMs.
 #include "worker/progress_reporter.h"
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -16,9 +19,8 @@ namespace ptrain {
 
 class ProgressReporter::Rpc {
  public:
-  explicit Rpc(const std::string& address)
-      : stub_(v1::RankService::NewStub(grpc::CreateChannel(
-            address, grpc::InsecureChannelCredentials()))) {}
+  Rpc(const std::string& address, const std::string& tls_ca_pem)
+      : stub_(v1::RankService::NewStub(Channel(address, tls_ca_pem))) {}
 
   grpc::Status Send(const Item& item, const std::string& token) {
     grpc::ClientContext ctx;
@@ -38,6 +40,22 @@ class ProgressReporter::Rpc {
   }
 
  private:
+  static std::shared_ptr<grpc::Channel> Channel(const std::string& address,
+                                                const std::string& tls_ca_pem) {
+    std::shared_ptr<grpc::ChannelCredentials> credentials =
+        grpc::InsecureChannelCredentials();
+    if (!tls_ca_pem.empty()) {
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = tls_ca_pem;
+      credentials = grpc::SslCredentials(ssl);
+    }
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 500);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 500);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
+    return grpc::CreateCustomChannel(address, credentials, args);
+  }
+
   std::unique_ptr<v1::RankService::Stub> stub_;
 };
 
@@ -74,18 +92,30 @@ ProgressReporter::FromEnvironment() {
   }
   int rank = 0;
   if (!absl::SimpleAtoi(Env("OMPI_COMM_WORLD_RANK"), &rank)) rank = 0;
-  return std::unique_ptr<ProgressReporter>(
-      new ProgressReporter(address, job_id, token, attempt, rank));
+  std::string tls_ca_pem;
+  if (const std::string ca = Env("PTRAIN_TLS_CA"); !ca.empty()) {
+    std::ifstream in(ca, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in || text.str().find("-----BEGIN ") == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PTRAIN_TLS_CA='", ca, "' is not a readable PEM file"));
+    }
+    tls_ca_pem = text.str();
+  }
+  return std::unique_ptr<ProgressReporter>(new ProgressReporter(
+      address, job_id, token, attempt, rank, std::move(tls_ca_pem)));
 }
 
 ProgressReporter::ProgressReporter(std::string address, std::string job_id,
-                                   std::string token, int attempt, int rank)
+                                   std::string token, int attempt, int rank,
+                                   std::string tls_ca_pem)
     : address_(address),
       job_id_(std::move(job_id)),
       token_(std::move(token)),
       attempt_(attempt),
       rank_(rank),
-      rpc_(std::make_unique<Rpc>(address)) {
+      rpc_(std::make_unique<Rpc>(address, tls_ca_pem)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -178,8 +208,16 @@ void ProgressReporter::Loop() {
     lock.unlock();
     const grpc::Status s = rpc_->Send(item, token_);
     lock.lock();
+    const bool transient =
+        s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+        s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
     if (s.ok()) {
       ++sent_;
+    } else if (transient && item.kind != Item::kProgress && !stopping_) {
+      // A checkpoint or endpoint is said once; a newer progress report
+      // replaces a lost one, these do not. Try again shortly, first in line.
+      queue_.push_front(std::move(item));
+      cv_.wait_for(lock, std::chrono::seconds(1), [this] { return stopping_; });
     } else {
       // The first failure and then every 100th: a coordinator restart must
       // not flood the rank's log.

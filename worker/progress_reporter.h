@@ -1,6 +1,7 @@
 // ProgressReporter: forwards a rank's run-log records to ptcoord's
-// RankService (ReportProgress, ReportCheckpoint). Not part of training: RPCs
-// run on a background thread and their failures are logged, never fatal.
+// RankService (ReportProgress, ReportCheckpoint, ReportEndpoint), over TLS
+// when ptcoord hands the rank a CA. Not part of training: RPCs run on a
+// background thread and their failures are logged, never fatal.
 #ifndef PTRAIN_WORKER_PROGRESS_REPORTER_H_
 #define PTRAIN_WORKER_PROGRESS_REPORTER_H_
 
@@ -21,11 +22,17 @@ namespace ptrain {
 
 class ProgressReporter {
  public:
-  // Reads PTRAIN_COORDINATOR (host:port), PTRAIN_JOB_ID, PTRAIN_JOB_TOKEN and
-  // PTRAIN_ATTEMPT, which ptcoord sets for every rank. nullptr (not an
-  // error) when PTRAIN_COORDINATOR is unset: ptworker runs standalone.
-  // InvalidArgument when it is set but another variable is missing or bad.
+  // Reads PTRAIN_COORDINATOR (host:port), PTRAIN_JOB_ID, PTRAIN_JOB_TOKEN,
+  // PTRAIN_ATTEMPT and PTRAIN_TLS_CA (a PEM file: talk TLS trusting it;
+  // unset or empty: plain text), which ptcoord sets for every rank. nullptr
+  // (not an error) when PTRAIN_COORDINATOR is unset: ptworker runs
+  // standalone. InvalidArgument when it is set but another variable is
+  // missing or bad, or the CA file is unreadable.
   static absl::StatusOr<std::unique_ptr<ProgressReporter>> FromEnvironment();
+
+  // The channel reconnects at most this long after the coordinator is back
+  // (gRPC's default backoff grows to 120 s, longer than a hang timeout).
+  static constexpr int kMaxReconnectBackoffMs = 2000;
 
   // Sends what is still queued (for at most 3 s), then stops.
   ~ProgressReporter();
@@ -37,6 +44,9 @@ class ProgressReporter {
   // ReportCheckpoint; other types are ignored. Never blocks on the network;
   // thread-safe. When more than kMaxQueued are waiting (coordinator down),
   // the oldest progress report is dropped; checkpoint reports are kept.
+  // A checkpoint or endpoint report that fails because the coordinator is
+  // unreachable or busy (UNAVAILABLE, DEADLINE_EXCEEDED) is sent again a
+  // second later; a refused one (INVALID_ARGUMENT, ...) is not.
   void OnRecord(const nlohmann::json& record);
 
   // Queues ReportEndpoint: this rank serves Prometheus metrics at `address`
@@ -64,7 +74,7 @@ class ProgressReporter {
   class Rpc;  // the gRPC stub, kept out of this header
 
   ProgressReporter(std::string address, std::string job_id, std::string token,
-                   int attempt, int rank);
+                   int attempt, int rank, std::string tls_ca_pem);
   void Loop();
 
   const std::string address_;

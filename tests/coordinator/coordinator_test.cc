@@ -1,13 +1,27 @@
-// Coordinator without RPC: submit validation, cancel, lookups, and the
-// supervision rules driven by a fake mpirun (a shell script) through Tick().
+// Coordinator without RPC: submit validation, cancel, lookups, the
+// supervision rules driven by a fake mpirun (a shell script) through Tick(),
+// and the hardening rules: a private, locked state dir; tokens stored only
+// as hashes and valid only while their attempt runs; rank reports checked
+// field by field; run logs recovered; a store that cannot write changes
+// nothing in memory.
 #include "coordinator/coordinator.h"
 
+#include <signal.h>
+#include <sqlite3.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <sstream>
 
+#include "common/spec.h"
+#include "coordinator/auth.h"
 #include "coordinator/launcher.h"
 #include "gtest/gtest.h"
 
@@ -22,6 +36,60 @@ train: {steps: 10}
 restart: {max_restarts: 1, hang_timeout_s: 1}
 )";
 
+// Stands in for mpirun: its mode comes from the environment it inherits. It
+// leaves its environment in fake.env beside run.jsonl (its --log-json), and
+// in mode `log` writes a run log and a committed checkpoint first.
+constexpr const char* kFakeMpirun = R"(#!/bin/sh
+echo "fake rank says goodbye" >&2
+log=""
+while [ $# -gt 0 ]; do
+  if [ "$1" = "--log-json" ]; then log="$2"; fi
+  shift
+done
+env > "$(dirname "$log")/fake.env"
+if [ "$FAKE_MODE" = log ] || [ "$FAKE_MODE" = logsleep ]; then
+  ck="$FAKE_CKPT_ROOT/$PTRAIN_JOB_UID/step-00000005"
+  mkdir -p "$ck" && echo '{}' > "$ck/manifest.json"
+  for s in 1 2 3 4 5 6 7; do
+    echo "{\"type\":\"step\",\"step\":$s,\"loss\":$((10 - s)).5,\"lr\":0.001,\"ms\":1,\"tok_per_s\":100,\"mfu\":0.01}" >> "$log"
+  done
+  echo "{\"type\":\"eval\",\"step\":6,\"val_loss\":2.25}" >> "$log"
+  echo "{\"type\":\"checkpoint\",\"step\":5,\"dir\":\"$ck\"}" >> "$log"
+  echo "{\"type\":\"checkpoint\",\"step\":9,\"dir\":\"/etc\"}" >> "$log"
+  echo "{\"type\":\"step\",\"step\":8,\"loss\":NaN}" >> "$log"
+fi
+case "$FAKE_MODE" in
+  ok|log) exit 0;;
+  fail) exit 3;;
+  bad) exit 2;;
+  waitfile) while [ ! -e "$FAKE_GO" ]; do sleep 0.05; done; exit 0;;
+  *) exec sleep 100;;
+esac
+)";
+
+std::string ReadFile(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// VAR's value in a fake.env file ("" when absent).
+std::string EnvValue(const fs::path& env_file, const std::string& var) {
+  std::ifstream in(env_file);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(var + "=", 0) == 0) return line.substr(var.size() + 1);
+  }
+  return "";
+}
+
+mode_t Mode(const fs::path& p) {
+  struct stat st;
+  EXPECT_EQ(stat(p.c_str(), &st), 0) << p;
+  return st.st_mode & 07777;
+}
+
 class CoordinatorTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -29,14 +97,13 @@ class CoordinatorTest : public ::testing::Test {
            ("coordinator_test_" + std::to_string(getpid()) + "_" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
-    fs::create_directories(dir_ / "data");
-    // Stands in for mpirun: its mode comes from the environment it inherits.
+    fs::create_directories(dir_ / "data" / "ckpt");
     const fs::path fake = dir_ / "fake_mpirun";
-    std::ofstream(fake) << "#!/bin/sh\necho \"fake rank says goodbye\" >&2\n"
-                           "case \"$FAKE_MODE\" in ok) exit 0;; fail) exit 3;; "
-                           "*) exec sleep 100;; esac\n";
+    std::ofstream(fake) << kFakeMpirun;
     fs::permissions(fake, fs::perms::owner_all);
     setenv("FAKE_MODE", "ok", 1);
+    setenv("FAKE_CKPT_ROOT", (dir_ / "data" / "ckpt").c_str(), 1);
+    setenv("FAKE_GO", (dir_ / "go").c_str(), 1);
     options_.state_dir = (dir_ / "state").string();
     options_.local_slots = 2;
     options_.user_tokens = {"user"};
@@ -47,12 +114,18 @@ class CoordinatorTest : public ::testing::Test {
     options_.advertise_address = "127.0.0.1:1";
     options_.cancel_grace = absl::Milliseconds(500);
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override {
+    for (pid_t p : ProcessesWithEnv(
+             {"FAKE_CKPT_ROOT=" + (dir_ / "data" / "ckpt").string()})) {
+      kill(p, SIGKILL);
+    }
+    fs::remove_all(dir_);
+  }
 
   std::unique_ptr<Coordinator> Make() {
     auto c = Coordinator::Create(options_);
     EXPECT_TRUE(c.ok()) << c.status();
-    return std::move(*c);
+    return c.ok() ? std::move(*c) : nullptr;
   }
   // Ticks until the job reaches `state` or 20 s pass.
   v1::Job TickUntil(Coordinator& c, const std::string& id, v1::JobState state) {
@@ -64,6 +137,19 @@ class CoordinatorTest : public ::testing::Test {
       absl::SleepFor(absl::Milliseconds(50));
     }
     return job;
+  }
+  fs::path AttemptDir(const std::string& id, int n) const {
+    return dir_ / "state" / "jobs" / id / ("attempt-" + std::to_string(n));
+  }
+  // The attempt's token, as the fake found it in its environment.
+  std::string TokenOf(const std::string& id, int n) {
+    for (int i = 0; i < 200; ++i) {
+      const std::string t =
+          EnvValue(AttemptDir(id, n) / "fake.env", "PTRAIN_JOB_TOKEN");
+      if (!t.empty()) return t;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return "";
   }
 
   fs::path dir_;
@@ -136,6 +222,19 @@ TEST_F(CoordinatorTest, FailureRestartsThenFailsWithLastStderrLines) {
   EXPECT_NE(done.error().find("code 3"), std::string::npos) << done.error();
 }
 
+TEST_F(CoordinatorTest, ExitCodeTwoIsBadInputAndFailsWithoutRestart) {
+  setenv("FAKE_MODE", "bad", 1);
+  auto c = Make();
+  auto job = c->Submit(kSpec, {"restart.max_restarts=3"});
+  ASSERT_TRUE(job.ok());
+  const v1::Job done = TickUntil(*c, job->id(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(done.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(done.attempts(), 1) << done.error();
+  EXPECT_NE(done.error().find("code 2"), std::string::npos) << done.error();
+  EXPECT_NE(done.error().find("fake rank says goodbye"), std::string::npos)
+      << done.error();
+}
+
 TEST_F(CoordinatorTest, SilentAttemptIsKilledAsHangAndRestarted) {
   setenv("FAKE_MODE", "sleep", 1);
   auto c = Make();
@@ -179,6 +278,469 @@ TEST_F(CoordinatorTest, RestartReadoptsLiveAttempt) {
   ASSERT_TRUE(c->Cancel(id).ok());
   EXPECT_EQ(TickUntil(*c, id, v1::JOB_STATE_CANCELLED).state(),
             v1::JOB_STATE_CANCELLED);
+}
+
+// --- the state dir -------------------------------------------------------
+
+TEST_F(CoordinatorTest, StateDirIsPrivateAndItsFilesAreOwnerOnly) {
+  auto c = Make();
+  ASSERT_NE(c, nullptr);
+  auto job = c->Submit(kSpec, {});
+  ASSERT_TRUE(job.ok());
+  TickUntil(*c, job->id(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(Mode(dir_ / "state"), 0700u);
+  for (const char* f :
+       {"ptcoord.db", "ptcoord.db-wal", "ptcoord.db-shm", "lock"}) {
+    EXPECT_EQ(Mode(dir_ / "state" / f), 0600u) << f;
+  }
+  EXPECT_EQ(Mode(dir_ / "state/jobs" / job->id()), 0700u);
+  EXPECT_EQ(Mode(dir_ / "state/jobs" / job->id() / "spec.yaml"), 0600u);
+  EXPECT_EQ(Mode(AttemptDir(job->id(), 1)), 0700u);
+  EXPECT_EQ(Mode(AttemptDir(job->id(), 1) / "stderr.log"), 0600u);
+}
+
+TEST_F(CoordinatorTest, OlderOpenStateDirIsTightened) {
+  fs::create_directories(dir_ / "state");
+  chmod((dir_ / "state").c_str(), 0755);
+  std::ofstream(dir_ / "state" / "address") << "127.0.0.1:1\n";
+  chmod((dir_ / "state" / "address").c_str(), 0644);
+  auto c = Make();
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(Mode(dir_ / "state"), 0700u);
+  EXPECT_EQ(Mode(dir_ / "state" / "address"), 0600u);
+}
+
+TEST_F(CoordinatorTest, StateDirOthersCanWriteIsRefused) {
+  fs::create_directories(dir_ / "state");
+  chmod((dir_ / "state").c_str(), 0777);
+  auto c = Coordinator::Create(options_);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(c.status().message().find(options_.state_dir),
+            absl::string_view::npos)
+      << c.status();
+  EXPECT_NE(c.status().message().find("writable by group or others"),
+            absl::string_view::npos)
+      << c.status();
+  EXPECT_FALSE(fs::exists(dir_ / "state" / "ptcoord.db"));
+}
+
+TEST_F(CoordinatorTest, StateDirOfAnotherUserIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to chown";
+  fs::create_directories(dir_ / "state");
+  chmod((dir_ / "state").c_str(), 0700);
+  ASSERT_EQ(chown((dir_ / "state").c_str(), 65534, 65534), 0);
+  auto c = Coordinator::Create(options_);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(c.status().message().find("owned by uid 65534"),
+            absl::string_view::npos)
+      << c.status();
+  EXPECT_FALSE(fs::exists(dir_ / "state" / "ptcoord.db"));
+}
+
+TEST_F(CoordinatorTest, SecondCoordinatorOnOneStateDirIsRefused) {
+  auto first = Make();
+  ASSERT_NE(first, nullptr);
+  auto second = Coordinator::Create(options_);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find(options_.state_dir),
+            absl::string_view::npos)
+      << second.status();
+  EXPECT_NE(second.status().message().find("pid " + std::to_string(getpid())),
+            absl::string_view::npos)
+      << second.status();
+  first.reset();  // released with its owner
+  EXPECT_TRUE(Coordinator::Create(options_).ok());
+}
+
+// --- tokens, uids and the attempt's environment --------------------------
+
+TEST_F(CoordinatorTest, RankTokenIsStoredOnlyAsItsHash) {
+  setenv("FAKE_MODE", "sleep", 1);
+  auto c = Make();
+  auto job = c->Submit(kSpec, {"restart.hang_timeout_s=600"});
+  ASSERT_TRUE(job.ok());
+  TickUntil(*c, job->id(), v1::JOB_STATE_RUNNING);
+  const std::string token = TokenOf(job->id(), 1);
+  ASSERT_EQ(token.size(), 64u);
+  EXPECT_TRUE(c->AuthenticateRank(job->id(), "Bearer " + token).ok());
+  EXPECT_EQ(c->AuthenticateRank(job->id(), "Bearer " + GenerateToken()).code(),
+            absl::StatusCode::kUnauthenticated);
+  for (const char* f : {"ptcoord.db", "ptcoord.db-wal"}) {
+    const std::string bytes = ReadFile(dir_ / "state" / f);
+    EXPECT_EQ(bytes.find(token), std::string::npos) << f << " holds the token";
+  }
+  ASSERT_TRUE(c->Cancel(job->id()).ok());
+  TickUntil(*c, job->id(), v1::JOB_STATE_CANCELLED);
+}
+
+TEST_F(CoordinatorTest, RankTokenDiesWithItsAttempt) {
+  auto c = Make();
+  auto job = c->Submit(kSpec, {"checkpoint.dir=data/ckpt"});
+  ASSERT_TRUE(job.ok());
+  TickUntil(*c, job->id(), v1::JOB_STATE_SUCCEEDED);
+  const std::string token = TokenOf(job->id(), 1);
+  ASSERT_FALSE(token.empty());
+  EXPECT_EQ(c->AuthenticateRank(job->id(), "Bearer " + token).code(),
+            absl::StatusCode::kUnauthenticated);
+  // Even past the token check, an ended attempt reports nothing.
+  const fs::path forged =
+      fs::path(job->spec().checkpoint().dir()) / "step-00123456";
+  fs::create_directories(forged);
+  std::ofstream(forged / "manifest.json") << "{}";
+  v1::ReportCheckpointRequest r;
+  r.set_job_id(job->id());
+  r.set_attempt(1);
+  r.set_step(10);
+  r.set_dir(forged.string());
+  EXPECT_EQ(c->ReportCheckpoint(r).code(),
+            absl::StatusCode::kFailedPrecondition);
+  v1::ReportProgressRequest p;
+  p.set_job_id(job->id());
+  p.set_attempt(1);
+  p.set_step(5);
+  EXPECT_EQ(c->ReportProgress(p).code(), absl::StatusCode::kFailedPrecondition);
+  auto got = c->Get(job->id(), true);
+  EXPECT_EQ(got->loss_history_size(), 0);
+  EXPECT_EQ(got->job().progress().step(), 0);
+}
+
+TEST_F(CoordinatorTest, AttemptGetsUidsDataRootsAndTlsCa) {
+  options_.tls_ca_pem = "-----BEGIN CERTIFICATE-----\nfake\n";
+  auto c = Make();
+  auto job = c->Submit(kSpec, {});
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->uid().rfind("t-", 0), 0u) << job->uid();
+  EXPECT_EQ(job->uid().size(), 2u + 26u) << job->uid();
+  TickUntil(*c, job->id(), v1::JOB_STATE_SUCCEEDED);
+  const fs::path env = AttemptDir(job->id(), 1) / "fake.env";
+  EXPECT_EQ(EnvValue(env, "PTRAIN_JOB_UID"), job->uid());
+  EXPECT_EQ(EnvValue(env, "PTRAIN_ATTEMPT_UID").rfind(job->uid() + ".1.", 0),
+            0u);
+  EXPECT_EQ(EnvValue(env, "PTRAIN_DATA_ROOTS"), (dir_ / "data").string());
+  const std::string ca = EnvValue(env, "PTRAIN_TLS_CA");
+  ASSERT_FALSE(ca.empty());
+  EXPECT_EQ(ReadFile(ca), options_.tls_ca_pem);
+}
+
+TEST_F(CoordinatorTest, CoordinatorsSharingACheckpointRootUseDistinctFolders) {
+  auto a = Make();
+  options_.state_dir = (dir_ / "state-b").string();
+  auto b = Make();
+  auto ja = a->Submit(kSpec, {"checkpoint.dir=data/ckpt"});
+  auto jb = b->Submit(kSpec, {"checkpoint.dir=data/ckpt"});
+  ASSERT_TRUE(ja.ok() && jb.ok());
+  EXPECT_EQ(ja->id(), jb->id());  // both job-0001
+  EXPECT_NE(ja->uid(), jb->uid());
+  EXPECT_EQ(ja->spec().checkpoint().dir(),
+            (dir_ / "data/ckpt" / ja->uid()).string());
+  EXPECT_EQ(jb->spec().checkpoint().dir(),
+            (dir_ / "data/ckpt" / jb->uid()).string());
+}
+
+// An attempt an older ptcoord launched: its database has the plain token,
+// its processes no PTRAIN_ATTEMPT_UID. Migrated, it is still found (by the
+// token's hash), re-adopted and can be cancelled.
+TEST_F(CoordinatorTest, AttemptOfAnOlderCoordinatorIsFoundByItsTokenHash) {
+  const std::string token = GenerateToken();
+  const fs::path attempt = AttemptDir("job-0001", 1);
+  fs::create_directories(attempt);
+  fs::create_directories(dir_ / "state");
+  chmod((dir_ / "state").c_str(), 0700);
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open((dir_ / "state" / "ptcoord.db").c_str(), &db),
+              SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, R"sql(
+CREATE TABLE jobs (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL,
+  state INTEGER NOT NULL, job BLOB NOT NULL,
+  token TEXT NOT NULL DEFAULT '', pid INTEGER NOT NULL DEFAULT 0,
+  last_progress_ms INTEGER NOT NULL DEFAULT 0,
+  restarts_used INTEGER NOT NULL DEFAULT 0);)sql",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    v1::Job job;
+    job.set_id("job-0001");
+    job.set_name("old");
+    job.set_state(v1::JOB_STATE_RUNNING);
+    job.set_attempts(1);
+    job.set_world_size(1);
+    auto spec = ParseJobSpec(kSpec, {"restart.hang_timeout_s=600"});
+    ASSERT_TRUE(spec.ok());
+    *job.mutable_spec() = *spec;
+    const std::string blob = job.SerializeAsString();
+    sqlite3_stmt* st = nullptr;
+    ASSERT_EQ(sqlite3_prepare_v2(db,
+                                 "INSERT INTO jobs (id, state, job, token) "
+                                 "VALUES ('job-0001', 2, ?, ?)",
+                                 -1, &st, nullptr),
+              SQLITE_OK);
+    sqlite3_bind_blob(st, 1, blob.data(), blob.size(), SQLITE_TRANSIENT);
+    sqlite3_bind_text(st, 2, token.data(), token.size(), SQLITE_TRANSIENT);
+    ASSERT_EQ(sqlite3_step(st), SQLITE_DONE);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+  }
+  // The old attempt: a wrapper shell naming its folder, a child that lives.
+  const pid_t shell = fork();
+  if (shell == 0) {
+    const std::string env_token = "PTRAIN_JOB_TOKEN=" + token;
+    const std::string env_mark =
+        "FAKE_CKPT_ROOT=" + (dir_ / "data" / "ckpt").string();
+    const char* envp[] = {env_token.c_str(), env_mark.c_str(), nullptr};
+    execle("/bin/sh", "/bin/sh", "-c", "sleep 100; :", attempt.c_str(),
+           static_cast<char*>(nullptr), envp);
+    _exit(127);
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  auto c = Make();
+  ASSERT_NE(c, nullptr);
+  for (int i = 0; i < 10; ++i) {
+    c->Tick();
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  v1::Job job = c->Get("job-0001", false)->job();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.attempts(), 1);
+  EXPECT_TRUE(c->AuthenticateRank("job-0001", "Bearer " + token).ok());
+  ASSERT_TRUE(c->Cancel("job-0001").ok());
+  job = TickUntil(*c, "job-0001", v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_CANCELLED);
+  int status = 0;
+  EXPECT_EQ(waitpid(shell, &status, WNOHANG), shell);  // signalled, gone
+}
+
+// --- rank reports --------------------------------------------------------
+
+TEST_F(CoordinatorTest, InvalidRankReportsAreRefusedAndChangeNothing) {
+  setenv("FAKE_MODE", "sleep", 1);
+  auto c = Make();
+  auto job = c->Submit(
+      kSpec, {"restart.hang_timeout_s=600", "checkpoint.dir=data/ckpt"});
+  ASSERT_TRUE(job.ok());
+  const std::string id = job->id();
+  TickUntil(*c, id, v1::JOB_STATE_RUNNING);
+  const fs::path ckpt = job->spec().checkpoint().dir();
+  fs::create_directories(ckpt / "step-00000004");
+  std::ofstream(ckpt / "step-00000004" / "manifest.json") << "{}";
+  fs::create_directories(ckpt / "step-00000006");  // no manifest
+  fs::create_directories(dir_ / "data" / "elsewhere" / "step-00000007");
+  std::ofstream(dir_ / "data" / "elsewhere" / "step-00000007" / "manifest.json")
+      << "{}";
+  fs::create_directory_symlink(dir_ / "data" / "elsewhere" / "step-00000007",
+                               ckpt / "step-00000007");
+
+  auto progress = [&](auto&& edit) {
+    v1::ReportProgressRequest r;
+    r.set_job_id(id);
+    r.set_attempt(1);
+    r.set_rank(0);
+    r.set_step(3);
+    r.set_loss(2.5);
+    r.set_tok_per_s(100);
+    edit(r);
+    return c->ReportProgress(r);
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  struct Case {
+    const char* field;
+    absl::Status status;
+  };
+  const std::vector<Case> cases = {
+      {"loss", progress([&](auto& r) { r.set_loss(nan); })},
+      {"loss", progress([&](auto& r) { r.set_loss(inf); })},
+      {"val_loss",
+       progress([&](auto& r) { r.set_is_eval(true), r.set_val_loss(-inf); })},
+      {"step", progress([&](auto& r) { r.set_step(int64_t{1} << 62); })},
+      {"step", progress([&](auto& r) { r.set_step(11); })},
+      {"step", progress([&](auto& r) { r.set_step(-1); })},
+      {"rank", progress([&](auto& r) { r.set_rank(-1); })},
+      {"rank", progress([&](auto& r) { r.set_rank(1); })},  // world size 1
+      {"tok_per_s", progress([&](auto& r) { r.set_tok_per_s(-5); })},
+      {"mfu", progress([&](auto& r) { r.set_mfu(nan); })},
+      {"attempt", progress([&](auto& r) { r.set_attempt(2); })},
+      {"attempt", progress([&](auto& r) { r.set_attempt(0); })},
+  };
+  for (const Case& k : cases) {
+    EXPECT_EQ(k.status.code(), absl::StatusCode::kInvalidArgument)
+        << k.field << ": " << k.status;
+    EXPECT_EQ(k.status.message().rfind(k.field, 0), 0u)
+        << k.field << ": " << k.status;
+  }
+  auto checkpoint = [&](int64_t step, const std::string& dir) {
+    v1::ReportCheckpointRequest r;
+    r.set_job_id(id);
+    r.set_attempt(1);
+    r.set_step(step);
+    r.set_dir(dir);
+    return c->ReportCheckpoint(r);
+  };
+  for (const absl::Status& s : {
+           checkpoint(123456, "/etc/forged/step-00123456"),  // step too
+           checkpoint(4, "/etc/step-00000004"),
+           checkpoint(5, (ckpt / "step-00000004").string()),  // wrong step
+           checkpoint(6, (ckpt / "step-00000006").string()),  // uncommitted
+           checkpoint(7, (ckpt / "step-00000007").string()),  // symlink out
+           checkpoint(8, (ckpt / "step-00000008").string()),  // missing
+           checkpoint(4, "relative/step-00000004"),
+       }) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  }
+  auto endpoint = [&](const std::string& address) {
+    v1::ReportEndpointRequest r;
+    r.set_job_id(id);
+    r.set_attempt(1);
+    r.set_rank(0);
+    r.set_address(address);
+    return c->ReportEndpoint(r);
+  };
+  for (const char* a :
+       {"", "host", "host:", "host:0", "host:65536", "host:-1", "host:80x",
+        "0.0.0.0:80", "[::]:80", "a b:80", "::1:80", "-x:80", "999.1.1.1:80"}) {
+    EXPECT_EQ(endpoint(a).code(), absl::StatusCode::kInvalidArgument) << a;
+  }
+  const uint64_t version =
+      c->WaitForChange(id, 0, absl::ZeroDuration())->version;
+  auto got = c->Get(id, true);
+  EXPECT_EQ(got->loss_history_size(), 0);
+  EXPECT_EQ(got->job().progress().step(), 0);
+  EXPECT_TRUE(c->Endpoints().empty());
+  auto listed = c->Checkpoints(id);
+  ASSERT_TRUE(listed.ok());
+  for (const v1::Checkpoint& k : *listed) EXPECT_EQ(k.step(), 4) << k.dir();
+
+  // What is right is taken.
+  EXPECT_TRUE(progress([](auto&) {}).ok());
+  EXPECT_TRUE(checkpoint(4, (ckpt / "step-00000004").string()).ok());
+  EXPECT_TRUE(endpoint("[::1]:9100").ok());
+  EXPECT_TRUE(endpoint("node-1.example:9100").ok());
+  EXPECT_GT(c->WaitForChange(id, 0, absl::ZeroDuration())->version, version);
+  got = c->Get(id, true);
+  EXPECT_EQ(got->loss_history_size(), 1);
+  EXPECT_EQ(got->job().progress().step(), 3);
+  ASSERT_TRUE(c->Cancel(id).ok());
+  TickUntil(*c, id, v1::JOB_STATE_CANCELLED);
+}
+
+// --- the run log ---------------------------------------------------------
+
+TEST_F(CoordinatorTest, EndedAttemptIsCompletedFromItsRunLog) {
+  setenv("FAKE_MODE", "log", 1);
+  auto c = Make();
+  auto job = c->Submit(kSpec, {"checkpoint.dir=data/ckpt"});
+  ASSERT_TRUE(job.ok());
+  const v1::Job done = TickUntil(*c, job->id(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.progress().step(), 7);
+  EXPECT_EQ(done.progress().loss(), 3.5);
+  EXPECT_EQ(done.progress().val_loss(), 2.25);
+  auto got = c->Get(job->id(), true);
+  EXPECT_EQ(got->loss_history_size(), 8);  // 7 steps and an eval
+  auto cps = c->Checkpoints(job->id());
+  ASSERT_TRUE(cps.ok());
+  ASSERT_EQ(cps->size(), 1u);
+  EXPECT_EQ((*cps)[0].step(), 5);
+  EXPECT_EQ((*cps)[0].attempt(), 1);  // from the log, not just the folder
+}
+
+TEST_F(CoordinatorTest, ReadoptedAttemptCatchesUpFromItsRunLog) {
+  setenv("FAKE_MODE", "logsleep", 1);
+  std::string id;
+  {
+    auto c = Make();
+    auto job = c->Submit(
+        kSpec, {"restart.hang_timeout_s=600", "checkpoint.dir=data/ckpt"});
+    ASSERT_TRUE(job.ok());
+    id = job->id();
+    TickUntil(*c, id, v1::JOB_STATE_RUNNING);
+    for (int i = 0; i < 200 && !fs::exists(AttemptDir(id, 1) / "run.jsonl");
+         ++i) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    absl::SleepFor(absl::Milliseconds(300));
+  }
+  auto c = Make();
+  const v1::Job job = c->Get(id, false)->job();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.progress().step(), 7);
+  EXPECT_EQ(job.progress().val_loss(), 2.25);
+  ASSERT_TRUE(c->Cancel(id).ok());
+  TickUntil(*c, id, v1::JOB_STATE_CANCELLED);
+}
+
+// --- a store that cannot write -------------------------------------------
+
+// Every file write of this process fails (EFBIG, as on a full disk) while
+// it lives; processes started before keep their limits.
+class FullDisk {
+ public:
+  FullDisk() {
+    signal(SIGXFSZ, SIG_IGN);
+    getrlimit(RLIMIT_FSIZE, &saved_);
+    rlimit none = saved_;
+    none.rlim_cur = 0;
+    setrlimit(RLIMIT_FSIZE, &none);
+  }
+  ~FullDisk() { setrlimit(RLIMIT_FSIZE, &saved_); }
+
+ private:
+  rlimit saved_;
+};
+
+TEST_F(CoordinatorTest, FailedStoreWriteChangesNothingAndIsRetried) {
+  setenv("FAKE_MODE", "waitfile", 1);
+  std::string id, queued;
+  {
+    auto c = Make();
+    auto job = c->Submit(kSpec, {"restart.hang_timeout_s=600"});
+    ASSERT_TRUE(job.ok());
+    id = job->id();
+    auto q = c->Submit(kSpec, {"parallel.dp=2"});  // waits for the slots
+    ASSERT_TRUE(q.ok());
+    queued = q->id();
+    TickUntil(*c, id, v1::JOB_STATE_RUNNING);
+    {
+      FullDisk full;
+      // Refused operations say so and leave memory as the disk has it.
+      auto cancel = c->Cancel(queued);
+      EXPECT_EQ(cancel.status().code(), absl::StatusCode::kUnavailable)
+          << cancel.status();
+      EXPECT_EQ(c->Get(queued, false)->job().state(), v1::JOB_STATE_QUEUED);
+      EXPECT_FALSE(c->Get(queued, false)->job().cancel_requested());
+      auto submit = c->Submit(kSpec, {});
+      EXPECT_EQ(submit.status().code(), absl::StatusCode::kUnavailable);
+      EXPECT_EQ(c->List(v1::JOB_STATE_UNSPECIFIED, 0)->size(), 2u);
+      v1::ReportProgressRequest p;
+      p.set_job_id(id);
+      p.set_attempt(1);
+      p.set_step(4);
+      p.set_loss(1.5);
+      EXPECT_EQ(c->ReportProgress(p).code(), absl::StatusCode::kUnavailable);
+      EXPECT_EQ(c->Get(id, false)->job().progress().step(), 0);
+      // The attempt ends while nothing can be written: still RUNNING, as on
+      // disk, however often the supervisor looks.
+      std::ofstream(dir_ / "go");
+      for (int i = 0; i < 40; ++i) {
+        c->Tick();
+        absl::SleepFor(absl::Milliseconds(50));
+      }
+      EXPECT_EQ(c->Get(id, false)->job().state(), v1::JOB_STATE_RUNNING);
+    }
+    // Space again: the outcome is written on a later pass.
+    EXPECT_EQ(TickUntil(*c, id, v1::JOB_STATE_SUCCEEDED).state(),
+              v1::JOB_STATE_SUCCEEDED);
+  }
+  // After a restart it stays done: nothing runs twice.
+  auto c = Make();
+  ASSERT_NE(c, nullptr);
+  for (int i = 0; i < 10; ++i) c->Tick();
+  const v1::Job job = c->Get(id, false)->job();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(job.attempts(), 1);
+  ASSERT_TRUE(c->Cancel(queued).ok());
 }
 
 }  // namespace

@@ -1,11 +1,17 @@
 // Store: jobs, attempts, events, checkpoints and loss history survive a
-// reopen of the database (what a ptcoord restart relies on).
+// reopen of the database (what a ptcoord restart relies on); a change is
+// written whole or not at all; an older database loses its plain tokens.
 #include "coordinator/store.h"
 
+#include <sqlite3.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
+#include "coordinator/auth.h"
 #include "gtest/gtest.h"
 
 namespace ptrain {
@@ -33,7 +39,8 @@ TEST_F(StoreTest, JobsAndHistorySurviveReopen) {
     JobRecord r;
     r.job.set_name("a");
     r.job.set_state(v1::JOB_STATE_QUEUED);
-    r.token = "t";
+    r.token_sha256 = Sha256Hex("t");
+    r.attempt_uid = "a-1.1";
     auto a = (*store)->InsertJob(r);
     ASSERT_TRUE(a.ok()) << a.status();
     EXPECT_EQ(a->job.id(), "job-0001");
@@ -42,7 +49,7 @@ TEST_F(StoreTest, JobsAndHistorySurviveReopen) {
     EXPECT_EQ(b->job.id(), "job-0002");
     EXPECT_GT(b->seq, a->seq);
     a->job.set_state(v1::JOB_STATE_RUNNING);
-    a->pid = 42;
+    a->restarts_used = 2;
     ASSERT_TRUE((*store)->UpdateJob(*a).ok());
     v1::LossPoint p;
     p.set_step(1);
@@ -64,8 +71,9 @@ TEST_F(StoreTest, JobsAndHistorySurviveReopen) {
   ASSERT_TRUE(jobs.ok());
   ASSERT_EQ(jobs->size(), 2u);
   EXPECT_EQ((*jobs)[0].job.state(), v1::JOB_STATE_RUNNING);
-  EXPECT_EQ((*jobs)[0].pid, 42);
-  EXPECT_EQ((*jobs)[0].token, "t");
+  EXPECT_EQ((*jobs)[0].restarts_used, 2);
+  EXPECT_EQ((*jobs)[0].token_sha256, Sha256Hex("t"));
+  EXPECT_EQ((*jobs)[0].attempt_uid, "a-1.1");
   auto h = (*store)->LossHistory("job-0001");
   ASSERT_TRUE(h.ok());
   ASSERT_EQ(h->size(), 1u);
@@ -90,6 +98,105 @@ TEST_F(StoreTest, UnknownJobIsNotFound) {
   JobRecord r;
   r.job.set_id("job-9999");
   EXPECT_EQ((*store)->UpdateJob(r).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(StoreTest, UpdateIsWrittenWholeOrNotAtAll) {
+  auto store = Store::Open(TempDb());
+  ASSERT_TRUE(store.ok());
+  JobRecord r;
+  r.job.set_name("a");
+  auto a = (*store)->InsertJob(r, "submitted", 1);
+  ASSERT_TRUE(a.ok());
+  JobUpdate u;
+  u.record = *a;
+  u.record.job.set_id("job-0042");  // no such job: the whole update fails
+  u.event = "ghost";
+  u.loss_points.emplace_back().set_step(1);
+  u.checkpoints.emplace_back().set_step(1);
+  u.attempt.emplace().set_number(1);
+  EXPECT_EQ((*store)->Apply(u).code(), absl::StatusCode::kNotFound);
+  for (const std::string id : {"job-0001", "job-0042"}) {
+    EXPECT_TRUE((*store)->LossHistory(id)->empty());
+    EXPECT_TRUE((*store)->ListCheckpoints(id)->empty());
+    EXPECT_TRUE((*store)->ListAttempts(id)->empty());
+  }
+  EXPECT_EQ((*store)->ListEvents("job-0001")->size(), 1u);  // "submitted"
+  EXPECT_TRUE((*store)->ListEvents("job-0042")->empty());
+  u.record.job.set_id("job-0001");
+  u.record.job.set_state(v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE((*store)->Apply(u).ok());
+  EXPECT_EQ((*store)->GetJob("job-0001")->job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ((*store)->LossHistory("job-0001")->size(), 1u);
+  EXPECT_EQ((*store)->ListCheckpoints("job-0001")->size(), 1u);
+  EXPECT_EQ((*store)->ListAttempts("job-0001")->size(), 1u);
+  EXPECT_EQ((*store)->ListEvents("job-0001")->size(), 2u);
+}
+
+TEST_F(StoreTest, NewDatabaseIsOwnerOnly) {
+  const mode_t old = umask(022);
+  auto store = Store::Open(TempDb());
+  umask(old);
+  ASSERT_TRUE(store.ok());
+  for (const std::string suffix : {"", "-wal", "-shm"}) {
+    struct stat st;
+    ASSERT_EQ(stat((TempDb() + suffix).c_str(), &st), 0) << suffix;
+    EXPECT_EQ(st.st_mode & 0777, 0600u) << suffix;
+  }
+}
+
+// A database of an older ptcoord: plain rank tokens in jobs.token.
+TEST_F(StoreTest, OldPlainTokenColumnIsReplacedByItsHash) {
+  const std::string token = "0123456789abcdef-plain-secret-token-of-a-rank";
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(TempDb().c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, R"sql(
+PRAGMA journal_mode=WAL;
+CREATE TABLE jobs (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL,
+  state INTEGER NOT NULL, job BLOB NOT NULL,
+  token TEXT NOT NULL DEFAULT '', pid INTEGER NOT NULL DEFAULT 0,
+  last_progress_ms INTEGER NOT NULL DEFAULT 0,
+  restarts_used INTEGER NOT NULL DEFAULT 0);)sql",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    v1::Job job;
+    job.set_id("job-0001");
+    job.set_name("old");
+    job.set_state(v1::JOB_STATE_RUNNING);
+    const std::string blob = job.SerializeAsString();
+    sqlite3_stmt* st = nullptr;
+    ASSERT_EQ(sqlite3_prepare_v2(db,
+                                 "INSERT INTO jobs (id, state, job, token, "
+                                 "pid) VALUES ('job-0001', 2, ?, ?, 77)",
+                                 -1, &st, nullptr),
+              SQLITE_OK);
+    sqlite3_bind_blob(st, 1, blob.data(), blob.size(), SQLITE_TRANSIENT);
+    sqlite3_bind_text(st, 2, token.data(), token.size(), SQLITE_TRANSIENT);
+    ASSERT_EQ(sqlite3_step(st), SQLITE_DONE);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+  }
+  auto store = Store::Open(TempDb());
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto jobs = (*store)->ListJobs();
+  ASSERT_TRUE(jobs.ok());
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ((*jobs)[0].job.name(), "old");
+  EXPECT_EQ((*jobs)[0].token_sha256, Sha256Hex(token));
+  EXPECT_EQ((*jobs)[0].attempt_uid, "");
+  store->reset();
+  for (const std::string suffix : {"", "-wal", "-shm"}) {
+    std::ifstream in(TempDb() + suffix, std::ios::binary);
+    std::stringstream bytes;
+    bytes << in.rdbuf();
+    EXPECT_EQ(bytes.str().find(token), std::string::npos)
+        << "ptcoord.db" << suffix << " still holds the plain token";
+  }
+  // Reopening a migrated database changes nothing.
+  store = Store::Open(TempDb());
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ((*store)->ListJobs()->at(0).token_sha256, Sha256Hex(token));
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // End-to-end tests of the control plane: a real ptcoord (free port, temp
 // state dir) running real ptworker jobs under mpirun, driven by ptctl and by
-// raw RPCs. Waits are generous deadlines, never timings.
+// raw RPCs, in plain text and over TLS with certificates openssl makes at
+// test time. Waits are generous deadlines, never timings.
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +16,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "coordinator/launcher.h"
@@ -95,7 +98,8 @@ class ControlPlaneTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
-  void StartCoordinator(const std::string& listen) {
+  void StartCoordinator(const std::string& listen,
+                        const std::vector<std::string>& extra = {}) {
     fs::remove(dir_ / "state" / "address");
     std::vector<std::string> argv = {PT_PTCOORD,
                                      "--listen",
@@ -120,6 +124,7 @@ class ControlPlaneTest : public ::testing::Test {
       argv.push_back("--ptworker");
       argv.push_back(w);
     }
+    argv.insert(argv.end(), extra.begin(), extra.end());
     coordinator_ = fork();
     if (coordinator_ == 0) {
       std::vector<char*> args;
@@ -135,8 +140,7 @@ class ControlPlaneTest : public ::testing::Test {
         WaitFor([&] { return fs::exists(dir_ / "state" / "address"); }, 30))
         << Sh("cat " + (dir_ / "ptcoord.log").string()).out;
     std::ifstream(dir_ / "state" / "address") >> address_;
-    channel_ =
-        grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+    channel_ = grpc::CreateChannel(address_, credentials_);
   }
   void StopCoordinator(int sig) {
     if (coordinator_ <= 0) return;
@@ -149,7 +153,8 @@ class ControlPlaneTest : public ::testing::Test {
   Result Ptctl(const std::string& args, const std::string& token = kToken) {
     return Sh(absl::StrCat(
         "cd ", PT_SOURCE_DIR, " && ", PT_PTCTL, " --server ", address_,
-        token.empty() ? "" : absl::StrCat(" --token ", token), " ", args));
+        token.empty() ? "" : absl::StrCat(" --token ", token), ptctl_tls_, " ",
+        args));
   }
   std::string Submit(
       const std::vector<std::string>& sets,
@@ -192,9 +197,55 @@ class ControlPlaneTest : public ::testing::Test {
     return ctx;
   }
 
+  // A CA, a server certificate for 127.0.0.1 and localhost, and a client
+  // certificate, in dir_/tls/, made by the openssl command line.
+  void MakeCertificates() {
+    const fs::path t = dir_ / "tls";
+    fs::create_directories(t);
+    const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1";
+    const std::string script = absl::StrCat(
+        "exec 2>&1; set -e; cd ", t.string(), "; ", "openssl req -x509 ", key,
+        " -nodes -keyout ca.key -out ca.pem ",
+        "-days 2 -subj /CN=ptrain-test-ca; ", "openssl req ", key,
+        " -nodes -keyout server.key -out server.csr ", "-subj /CN=localhost; ",
+        "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+        "extendedKeyUsage=serverAuth\n' > server.ext; ",
+        "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key ",
+        "-CAcreateserial -out server.pem -days 2 -extfile server.ext; ",
+        "openssl req ", key, " -nodes -keyout client.key -out client.csr ",
+        "-subj /CN=ptctl-user; ",
+        "printf 'extendedKeyUsage=clientAuth\n' > client.ext; ",
+        "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key ",
+        "-CAcreateserial -out client.pem -days 2 -extfile client.ext");
+    Result r = Sh(script);
+    ASSERT_EQ(r.rc, 0) << r.out;
+  }
+  std::string ReadFile(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+  // The running attempt's token, read from a rank's environment.
+  std::string RankToken(const std::string& id) {
+    for (pid_t p : ptrain::ProcessesWithEnv({"PTRAIN_JOB_ID=" + id})) {
+      const std::string env =
+          ReadFile(fs::path("/proc") / std::to_string(p) / "environ");
+      for (absl::string_view v : absl::StrSplit(env, '\0')) {
+        if (absl::StartsWith(v, "PTRAIN_JOB_TOKEN=")) {
+          return std::string(v.substr(17));
+        }
+      }
+    }
+    return "";
+  }
+
   fs::path dir_;
   pid_t coordinator_ = 0;
   std::string address_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_ =
+      grpc::InsecureChannelCredentials();
+  std::string ptctl_tls_;  // TLS flags every Ptctl call carries
   std::shared_ptr<grpc::Channel> channel_;
 };
 
@@ -255,6 +306,20 @@ TEST_F(ControlPlaneTest, BadInputIsRefusedAndChangesNothing) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("line"), std::string::npos)
       << s.error_message();
+  // Text that is not UTF-8: the same rule and message as ptctl and
+  // ptworker give, never an empty UNIMPLEMENTED.
+  req.set_spec_yaml("name: caf\xe9\n");
+  s = stub->SubmitJob(Ctx(kToken).get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("not UTF-8: byte 0xe9"), std::string::npos)
+      << s.error_message();
+  req.set_spec_yaml("name: x\ndata: {path: data/tinyshakespeare.txt}\n");
+  req.add_overrides("train.sample_prompt=\xff");
+  s = stub->SubmitJob(Ctx(kToken).get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("not UTF-8"), std::string::npos)
+      << s.error_message();
+  req.clear_overrides();
   // A 10 MB spec is refused by size.
   req.set_spec_yaml(std::string(10 << 20, '#'));
   s = stub->SubmitJob(Ctx(kToken).get(), req, &resp);
@@ -379,6 +444,229 @@ TEST_F(ControlPlaneTest, StalledRankIsKilledAsHangAndRestarted) {
   EXPECT_NE(j["job"]["error"].get<std::string>().find("hang at step"),
             std::string::npos)
       << j.dump();
+}
+
+TEST_F(ControlPlaneTest, StateDirIsPrivateAndHeldByOneCoordinator) {
+  struct stat st;
+  ASSERT_EQ(stat((dir_ / "state").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(stat((dir_ / "state" / "ptcoord.db").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  // A second ptcoord on the same state dir refuses to start, saying why
+  // (one that started anyway is stopped by `timeout` and fails the test).
+  Result second = Sh(absl::StrCat(
+      "timeout 20 ", PT_PTCOORD, " --listen 127.0.0.1:0 --state-dir ",
+      (dir_ / "state").string(), " --token-file ", (dir_ / "tokens").string()));
+  EXPECT_NE(second.rc, 0) << second.out;
+  EXPECT_NE(second.out.find("state dir " + (dir_ / "state").string() +
+                            " is in use by another ptcoord (pid " +
+                            std::to_string(coordinator_) + ")"),
+            std::string::npos)
+      << second.out;
+  // One that others may write is refused too.
+  fs::create_directories(dir_ / "open");
+  chmod((dir_ / "open").c_str(), 0777);
+  Result open = Sh(absl::StrCat(
+      "timeout 20 ", PT_PTCOORD, " --listen 127.0.0.1:0 --state-dir ",
+      (dir_ / "open").string(), " --token-file ", (dir_ / "tokens").string()));
+  EXPECT_NE(open.rc, 0);
+  EXPECT_NE(open.out.find("writable by group or others"), std::string::npos)
+      << open.out;
+  EXPECT_EQ(Ptctl("list").rc, 0);  // the first one is unharmed
+}
+
+TEST_F(ControlPlaneTest, BadInputExitCodeFailsTheJobWithoutRestarts) {
+  // A data file under a data root that does not exist: every attempt would
+  // fail the same way.
+  const std::string id =
+      Submit({"train.steps=20", "restart.max_restarts=3",
+              "data.path=" + (dir_ / "ckpt" / "missing.txt").string()});
+  ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_FAILED"; }, 120))
+      << Get(id).dump();
+  json j = Get(id);
+  EXPECT_EQ(j["job"]["attempts"], 1) << j.dump();
+  EXPECT_NE(j["job"]["error"].get<std::string>().find("code 2"),
+            std::string::npos)
+      << j.dump();
+}
+
+// The job finishes while ptcoord is down: the next ptcoord reads its end
+// from the run log, and the rank token of the ended attempt is worthless.
+TEST_F(ControlPlaneTest, JobThatEndedWhileCoordinatorWasDownIsCompleted) {
+  const std::string id =
+      Submit({"train.steps=60", "parallel.dp=2", "checkpoint.every=20"});
+  ASSERT_TRUE(WaitFor([&] { return Step(id) > 0; }, 120)) << Get(id).dump();
+  const std::string token = RankToken(id);
+  ASSERT_EQ(token.size(), 64u);
+  // Reports are checked field by field at the RPC edge too.
+  auto ranks = ptrain::v1::RankService::NewStub(channel_);
+  ptrain::v1::ReportProgressRequest nan;
+  nan.set_job_id(id);
+  nan.set_attempt(1);
+  nan.set_step(5);
+  nan.set_loss(std::nan(""));
+  ptrain::v1::ReportProgressResponse pr;
+  grpc::Status s = ranks->ReportProgress(Ctx(token).get(), nan, &pr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << s.error_message();
+  EXPECT_NE(s.error_message().find("loss"), std::string::npos);
+
+  const std::string port = address_.substr(address_.rfind(':'));
+  StopCoordinator(SIGKILL);
+  ASSERT_TRUE(WaitFor(
+      [&] { return ptrain::ProcessesWithEnv({"PTRAIN_JOB_ID=" + id}).empty(); },
+      240));
+  StartCoordinator("127.0.0.1" + port);
+  json j = Get(id);
+  EXPECT_EQ(j["job"]["state"], "JOB_STATE_SUCCEEDED") << j.dump();
+  EXPECT_EQ(Int(j["job"]["progress"], "step"), 60) << j.dump();
+  EXPECT_GT(j["job"]["progress"].value("loss", 0.0), 0.0) << j.dump();
+  int64_t last = 0;
+  for (const json& p : j["loss_history"]) last = std::max(last, Int(p, "step"));
+  EXPECT_EQ(last, 60);
+  Result cps = Ptctl("-o json checkpoints " + id);
+  ASSERT_EQ(cps.rc, 0) << cps.out;
+  json listed = json::parse(cps.out);
+  ASSERT_FALSE(listed["checkpoints"].empty()) << cps.out;
+  EXPECT_EQ(Int(listed["checkpoints"].back(), "step"), 60) << cps.out;
+
+  // The ended attempt's token forges nothing (seen: a checkpoint at step
+  // 123456 in /etc/forged listed by `ptctl checkpoints`).
+  ranks = ptrain::v1::RankService::NewStub(channel_);  // the new ptcoord
+  ptrain::v1::ReportCheckpointRequest forged;
+  forged.set_job_id(id);
+  forged.set_attempt(1);
+  forged.set_step(123456);
+  forged.set_dir("/etc/forged");
+  ptrain::v1::ReportCheckpointResponse cr;
+  s = ranks->ReportCheckpoint(Ctx(token).get(), forged, &cr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+      << s.error_message();
+  ptrain::v1::ReportProgressRequest late = nan;
+  late.set_loss(1.0);
+  s = ranks->ReportProgress(Ctx(token).get(), late, &pr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Ptctl("-o json checkpoints " + id).out, cps.out);
+  EXPECT_EQ(Int(Get(id)["job"]["progress"], "step"), 60);
+}
+
+// Longer than gRPC's default reconnect backoff would wait: the ranks'
+// reporters (backoff capped at 2 s) are back before the hang timeout that
+// starts with the new ptcoord, so the re-adopted attempt is not killed.
+TEST_F(ControlPlaneTest, LongCoordinatorOutageDoesNotKillHealthyJobAsHung) {
+  StopCoordinator(SIGTERM);
+  // Every step saves a checkpoint and pauses in it: at least 0.25 s a step,
+  // so the job outlives the outage whatever the machine's speed.
+  setenv("PTRAIN_TEST_CHECKPOINT_PAUSE_S", "0.25", 1);
+  StartCoordinator("127.0.0.1:0");
+  unsetenv("PTRAIN_TEST_CHECKPOINT_PAUSE_S");
+  const std::string id =
+      Submit({"train.steps=300", "checkpoint.every=1", "checkpoint.keep_last=2",
+              "restart.hang_timeout_s=6", "restart.max_restarts=0"});
+  ASSERT_TRUE(WaitFor([&] { return Step(id) > 0; }, 120))
+      << Get(id)["job"].dump();
+  const std::string port = address_.substr(address_.rfind(':'));
+  StopCoordinator(SIGKILL);
+  // gRPC's default backoff (1 s, x1.6, up to 120 s) tries at about 26 s and
+  // 43 s, then not before 70 s: far past the 6 s hang timeout.
+  std::this_thread::sleep_for(std::chrono::seconds(45));
+  ASSERT_FALSE(ptrain::ProcessesWithEnv({"PTRAIN_JOB_ID=" + id}).empty())
+      << "the job ended during the outage; the test proves nothing";
+  StartCoordinator("127.0.0.1" + port);
+  const int64_t at_restart = Step(id);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const std::string st = State(id);
+        return st != "JOB_STATE_RUNNING";
+      },
+      300))
+      << Get(id)["job"].dump();
+  json j = Get(id);
+  EXPECT_EQ(j["job"]["state"], "JOB_STATE_SUCCEEDED") << j["job"].dump();
+  EXPECT_EQ(j["job"]["attempts"], 1) << j["job"].dump();
+  EXPECT_EQ(j["job"]["error"], "") << j["job"].dump();
+  EXPECT_LT(at_restart, 300) << "finished before the coordinator was back";
+}
+
+// TLS with client certificates: the ranks report over TLS (trusting the CA
+// ptcoord hands them), ptctl needs the CA and a client certificate, and a
+// plain-text client gets nowhere.
+TEST_F(ControlPlaneTest, TlsJobSucceedsWithRanksReporting) {
+  StopCoordinator(SIGTERM);
+  MakeCertificates();
+  const fs::path t = dir_ / "tls";
+  credentials_ =
+      grpc::SslCredentials({ReadFile(t / "ca.pem"), ReadFile(t / "client.key"),
+                            ReadFile(t / "client.pem")});
+  ptctl_tls_ = absl::StrCat(" --tls-ca ", (t / "ca.pem").string(),
+                            " --tls-cert ", (t / "client.pem").string(),
+                            " --tls-key ", (t / "client.key").string());
+  StartCoordinator("127.0.0.1:0", {"--tls-cert", (t / "server.pem").string(),
+                                   "--tls-key", (t / "server.key").string(),
+                                   "--tls-ca", (t / "ca.pem").string(),
+                                   "--tls-client-ca", (t / "ca.pem").string()});
+  const std::string id = Submit({"train.steps=30", "parallel.dp=2"});
+  ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_SUCCEEDED"; }, 180))
+      << Get(id).dump() << Sh("cat " + (dir_ / "ptcoord.log").string()).out;
+  json j = Get(id);
+  EXPECT_EQ(Int(j["job"]["progress"], "step"), 30);
+  EXPECT_GE(j["loss_history"].size(), 30u) << "the ranks' reports arrived";
+  const std::string stderr_log =
+      ReadFile(dir_ / "state" / "jobs" / id / "attempt-1" / "stderr.log");
+  EXPECT_EQ(stderr_log.find("progress report to the coordinator failed"),
+            std::string::npos)
+      << stderr_log;
+
+  const std::string tls = ptctl_tls_;
+  ptctl_tls_ = "";  // no CA: plain text against a TLS port
+  Result plain = Ptctl("list");
+  EXPECT_EQ(plain.rc, 1) << plain.out;
+  EXPECT_NE(plain.out.find("ptctl: error: UNAVAILABLE"), std::string::npos)
+      << plain.out;
+  ptctl_tls_ = " --tls-ca " + (t / "ca.pem").string();  // no client cert
+  Result anonymous = Ptctl("list");
+  EXPECT_EQ(anonymous.rc, 1);
+  EXPECT_NE(anonymous.out.find("UNAUTHENTICATED"), std::string::npos)
+      << anonymous.out;
+  ptctl_tls_ = tls;
+  EXPECT_EQ(Ptctl("list").rc, 0);
+
+  auto insecure = ptrain::v1::JobService::NewStub(
+      grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  ptrain::v1::ListJobsRequest list;
+  ptrain::v1::ListJobsResponse listed;
+  EXPECT_EQ(insecure->ListJobs(Ctx(kToken).get(), list, &listed).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  // A rank without the CA cannot report either.
+  auto ranks = ptrain::v1::RankService::NewStub(
+      grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  ptrain::v1::ReportProgressRequest p;
+  p.set_job_id(id);
+  ptrain::v1::ReportProgressResponse pr;
+  EXPECT_EQ(ranks->ReportProgress(Ctx(kToken).get(), p, &pr).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+}
+
+// TLS without client certificates: the CA alone is enough for ptctl.
+TEST_F(ControlPlaneTest, TlsServerNeedsOnlyTheCaFromPtctl) {
+  StopCoordinator(SIGTERM);
+  MakeCertificates();
+  const fs::path t = dir_ / "tls";
+  credentials_ = grpc::SslCredentials({ReadFile(t / "ca.pem"), "", ""});
+  StartCoordinator("127.0.0.1:0", {"--tls-cert", (t / "server.pem").string(),
+                                   "--tls-key", (t / "server.key").string()});
+  Result plain = Ptctl("list");
+  EXPECT_EQ(plain.rc, 1);
+  EXPECT_NE(plain.out.find("UNAVAILABLE"), std::string::npos) << plain.out;
+  ptctl_tls_ = " --tls-ca " + (t / "ca.pem").string();
+  Result ok = Ptctl("list");
+  EXPECT_EQ(ok.rc, 0) << ok.out;
+  setenv("PTCTL_TLS_CA", (t / "ca.pem").c_str(), 1);
+  ptctl_tls_ = "";
+  ok = Ptctl("list");
+  unsetenv("PTCTL_TLS_CA");
+  EXPECT_EQ(ok.rc, 0) << ok.out;
+  ptctl_tls_ = " --tls-ca " + (t / "ca.pem").string();
 }
 
 }  // namespace

@@ -1,0 +1,211 @@
+// The checks on rank reports and run-log lines (coordinator/reports.h): each
+// rule refuses what breaks it, names the field, and lets the rest through.
+#include "coordinator/reports.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "gtest/gtest.h"
+
+namespace ptrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+const ReportContext kCtx{"job-0001", 2, 4, 100};
+
+v1::ReportProgressRequest GoodProgress() {
+  v1::ReportProgressRequest r;
+  r.set_job_id("job-0001");
+  r.set_attempt(2);
+  r.set_rank(3);
+  r.set_step(100);
+  r.set_loss(2.5);
+  r.set_tok_per_s(1e6);
+  r.set_mfu(0.3);
+  r.set_lr(1e-3);
+  return r;
+}
+
+TEST(ReportsTest, ProgressWithinTheRulesPasses) {
+  EXPECT_TRUE(ValidateProgress(GoodProgress(), kCtx).ok());
+  v1::ReportProgressRequest zero = GoodProgress();
+  zero.set_step(0);
+  zero.set_rank(0);
+  EXPECT_TRUE(ValidateProgress(zero, kCtx).ok());
+}
+
+TEST(ReportsTest, EachProgressFieldIsCheckedAndNamed) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  struct Case {
+    const char* field;
+    void (*edit)(v1::ReportProgressRequest&, double, double);
+  };
+  const Case cases[] = {
+      {"job_id", [](auto& r, double, double) { r.set_job_id("job-0002"); }},
+      {"attempt", [](auto& r, double, double) { r.set_attempt(1); }},
+      {"rank", [](auto& r, double, double) { r.set_rank(4); }},
+      {"rank", [](auto& r, double, double) { r.set_rank(-1); }},
+      {"step", [](auto& r, double, double) { r.set_step(101); }},
+      {"step", [](auto& r, double, double) { r.set_step(int64_t{1} << 62); }},
+      {"step", [](auto& r, double, double) { r.set_step(-3); }},
+      {"loss", [](auto& r, double n, double) { r.set_loss(n); }},
+      {"loss", [](auto& r, double, double i) { r.set_loss(i); }},
+      {"loss", [](auto& r, double, double) { r.set_loss(-1); }},
+      {"val_loss", [](auto& r, double n, double) { r.set_val_loss(n); }},
+      {"tok_per_s", [](auto& r, double, double) { r.set_tok_per_s(-1); }},
+      {"mfu", [](auto& r, double, double i) { r.set_mfu(-i); }},
+      {"lr", [](auto& r, double n, double) { r.set_lr(n); }},
+  };
+  for (const Case& c : cases) {
+    v1::ReportProgressRequest r = GoodProgress();
+    c.edit(r, nan, inf);
+    const absl::Status s = ValidateProgress(r, kCtx);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_EQ(s.message().rfind(c.field, 0), 0u) << s;
+  }
+}
+
+TEST(ReportsTest, HostPortNeedsADialableHostAndAPortInRange) {
+  for (const char* ok : {"127.0.0.1:9100", "[::1]:1", "node-1:65535",
+                         "a.b.example:80", "localhost:8080"}) {
+    EXPECT_TRUE(ValidateHostPort("address", ok).ok()) << ok;
+  }
+  for (const char* bad :
+       {"", ":80", "host", "host:", "host:0", "host:65536", "host:99999",
+        "host:+80", "host:8 0", "0.0.0.0:80", "[::]:80", "::1:80", "[zz]:80",
+        "ho st:80", "-host:80", "host-:80", "a..b:80", "300.1.1.1:80",
+        "1.2.3:80"}) {
+    const absl::Status s = ValidateHostPort("address", bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(s.message().rfind("address", 0), 0u) << s;
+  }
+  EXPECT_FALSE(ValidateHostPort("address", std::string(400, 'a') + ":80").ok());
+}
+
+TEST(ReportsTest, EndpointLabelsAreBounded) {
+  v1::ReportEndpointRequest r;
+  r.set_job_id("job-0001");
+  r.set_attempt(2);
+  r.set_rank(0);
+  r.set_address("127.0.0.1:9100");
+  EXPECT_TRUE(ValidateEndpoint(r, kCtx).ok());
+  (*r.mutable_labels())["k"] = std::string(kMaxEndpointLabelBytes + 1, 'v');
+  EXPECT_EQ(ValidateEndpoint(r, kCtx).code(),
+            absl::StatusCode::kInvalidArgument);
+  r.clear_labels();
+  for (size_t i = 0; i <= kMaxEndpointLabels; ++i)
+    (*r.mutable_labels())[std::to_string(i)] = "v";
+  EXPECT_EQ(ValidateEndpoint(r, kCtx).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+class CheckpointDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("reports_test_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    root_ = dir_ / "ckpt" / "job-uid";
+    fs::create_directories(root_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path Committed(const fs::path& at) {
+    fs::create_directories(at);
+    std::ofstream(at / "manifest.json") << "{}";
+    return at;
+  }
+  fs::path dir_, root_;
+};
+
+TEST_F(CheckpointDirTest, OnlyACommittedFolderOfTheStepUnderTheRootPasses) {
+  const fs::path good = Committed(root_ / StepFolderName(20));
+  EXPECT_EQ(StepFolderName(20), "step-00000020");
+  EXPECT_EQ(StepFolderName(123456789), "step-123456789");
+  auto ok = ResolveCheckpointDir("dir", good.string(), 20, root_.string());
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*ok, fs::canonical(good).string());
+  // Through a ".." that still lands on it: fine, the real path is kept.
+  auto dotted = ResolveCheckpointDir(
+      "dir", (root_ / "x" / ".." / "step-00000020").string(), 20,
+      root_.string());
+  EXPECT_FALSE(dotted.ok());  // x does not exist, so the path does not either
+  fs::create_directories(root_ / "x");
+  dotted = ResolveCheckpointDir("dir",
+                                (root_ / "x" / ".." / "step-00000020").string(),
+                                20, root_.string());
+  EXPECT_TRUE(dotted.ok()) << dotted.status();
+
+  const fs::path other =
+      Committed(dir_ / "ckpt" / "other-job" / "step-00000020");
+  fs::create_directories(root_ / "step-00000030");  // no manifest
+  const fs::path escape = root_ / "step-00000040";
+  fs::create_directory_symlink(Committed(dir_ / "outside" / "step-00000040"),
+                               escape);
+  const fs::path nested = Committed(root_ / "sub" / "step-00000050");
+  struct Case {
+    std::string dir;
+    int64_t step;
+  };
+  const Case bad[] = {
+      {good.string(), 21},                       // another step
+      {other.string(), 20},                      // another job's folder
+      {(root_ / "step-00000030").string(), 30},  // not committed
+      {escape.string(), 40},                     // symlink out of the root
+      {nested.string(), 50},                     // not directly under it
+      {(root_ / "step-00000060").string(), 60},  // missing
+      {"/etc", 0},
+  };
+  for (const Case& c : bad) {
+    auto s = ResolveCheckpointDir("dir", c.dir, c.step, root_.string());
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << c.dir;
+    EXPECT_EQ(s.status().message().rfind("dir", 0), 0u) << s.status();
+  }
+  EXPECT_FALSE(ResolveCheckpointDir("dir", good.string(), 20, "").ok());
+}
+
+TEST(ReportsTest, RunLogLinesAreCheckedLikeReports) {
+  auto line = [](const std::string& text) {
+    return ParseRunLogLine(text, kCtx);
+  };
+  auto step = line(
+      R"({"type":"step","step":7,"loss":2.5,"lr":0.001,"ms":3,"tok_per_s":9,"mfu":0.1})");
+  ASSERT_TRUE(step.has_value());
+  EXPECT_EQ(step->kind, RunLogRecord::kStep);
+  EXPECT_EQ(step->step, 7);
+  EXPECT_EQ(step->loss, 2.5);
+  auto eval = line(R"({"type":"eval","step":7,"val_loss":2.0})");
+  ASSERT_TRUE(eval.has_value());
+  EXPECT_EQ(eval->val_loss, 2.0);
+  auto ckpt =
+      line(R"({"type":"checkpoint","step":7,"dir":"/c/step-00000007"})");
+  ASSERT_TRUE(ckpt.has_value());
+  EXPECT_EQ(ckpt->dir, "/c/step-00000007");
+  for (const char* bad : {
+           "",
+           "{",
+           "[]",
+           "null",
+           R"({"type":"sample","step":1,"text":"x"})",
+           R"({"type":"step","loss":1})",                     // no step
+           R"({"type":"step","step":"7","loss":1})",          // step a string
+           R"({"type":"step","step":7.5,"loss":1})",          // not integral
+           R"({"type":"step","step":101,"loss":1})",          // past the end
+           R"({"type":"step","step":7,"loss":-1})",           // negative
+           R"({"type":"step","step":7,"loss":"x"})",          // not a number
+           R"({"type":"step","step":7,"loss":1e999})",        // infinite
+           R"({"type":"step","step":18446744073709551615})",  // wraps negative
+           R"({"type":"checkpoint","step":7,"dir":"/etc"})",
+           R"({"type":"checkpoint","step":7})",
+       }) {
+    EXPECT_FALSE(line(bad).has_value()) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace ptrain
