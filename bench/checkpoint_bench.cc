@@ -103,10 +103,11 @@ int main(int argc, char** argv) {
     auto reader = ptrain::CheckpointReader::Open(*saved);
     std::vector<float> buf;
     for (const auto& p : tr.store().layout()) {
+      const ptrain::Box whole = ptrain::WholeBox(p.global_shape);
       for (const std::string& n :
            {p.name, ptrain::ExpAvgName(p.name), ptrain::ExpAvgSqName(p.name)}) {
-        buf.resize(p.numel);
-        if (!(*reader)->Read(n, 0, p.numel, buf.data()).ok()) return 1;
+        buf.resize(whole.numel());
+        if (!(*reader)->Read(n, whole, buf.data()).ok()) return 1;
       }
     }
     best_load = std::min(best_load, Since(t1));

@@ -94,8 +94,12 @@ int main(int argc, char** argv) {
     const ptrain::CommStat gather = stats.Get("dp", ptrain::CommOp::kAllGather);
     const ptrain::MemoryBytes mem = tr.memory();
     // One rank alone holds weights, gradients and two Adam moments of every
-    // element: 16 bytes each.
-    const double single = 16.0 * static_cast<double>(tr.model().num_params());
+    // element (the padded vocabulary included): 16 bytes each.
+    const double single =
+        16.0 * static_cast<double>(ptrain::GptNumParams(tr.model().config()) +
+                                   int64_t{tr.model().config().padded_vocab -
+                                           tr.model().config().vocab_size} *
+                                       tr.model().config().n_embd);
     const double tokens = static_cast<double>(spec->train().global_batch()) *
                           spec->model().block_size();
     if (rank == 0) {

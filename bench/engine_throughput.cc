@@ -102,12 +102,16 @@ void RunConfig(const Config& c, double peak) {
       "config %s (L%d H%d C%d T%d B%d, %lld params): %.1f ms/step (best "
       "%.1f), %.0f tok/s, %.1f GFLOP/s, MFU %.1f%% of sgemm peak\n",
       c.name, c.L, c.NH, c.C, c.T, c.B,
-      static_cast<long long>(tr.model().num_params()), mean * 1e3, best * 1e3,
-      tokens / mean, flops / mean / 1e9, 100.0 * flops / mean / peak);
+      static_cast<long long>(ptrain::GptNumParams(tr.model().config())),
+      mean * 1e3, best * 1e3, tokens / mean, flops / mean / 1e9,
+      100.0 * flops / mean / peak);
   const ptrain::MemoryBytes m = tr.memory();
   int64_t analytic_acts = 0;
-  const int64_t analytic = AnalyticBytes(
-      c, tr.data().vocab_size, tr.model().num_params(), &analytic_acts);
+  // The model as built: its vocabulary padded to a multiple of 128, the
+  // padding rows of wte included.
+  const int64_t analytic =
+      AnalyticBytes(c, tr.model().config().padded_vocab,
+                    tr.model().buffer_size(), &analytic_acts);
   const int64_t buffers = m.params + m.grads + m.optimizer + m.activations;
   std::printf(
       "  memory: params %.2f MB, grads %.2f MB, adam %.2f MB, activations "

@@ -23,7 +23,7 @@
 
 #include "absl/strings/str_format.h"
 #include "worker/engine/checkpoint.h"
-#include "worker/engine/gpt.h"
+#include "worker/engine/plan.h"
 
 namespace {
 
@@ -69,9 +69,10 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   std::atexit(RemoveRoot);
 
   // A real checkpoint of a tiny model at step 3: weights and both moments,
-  // each tensor written as two runs so that the index has several entries.
-  g->config = ptrain::GptConfig{1, 2, 8, 4, 5};
-  g->layout = ptrain::GptParamLayout(g->config);
+  // each tensor written as two boxes (the first rows, then the rest) so
+  // that the index has several entries.
+  g->config = ptrain::GptConfig{1, 2, 8, 4, 5, 128};
+  g->layout = ptrain::GptTensors(g->config);
   int64_t total = 0;
   for (const auto& p : g->layout) total += p.numel;
   static std::vector<float> values;
@@ -84,9 +85,12 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
       const std::string name = kind == 0   ? p.name
                                : kind == 1 ? ptrain::ExpAvgName(p.name)
                                            : ptrain::ExpAvgSqName(p.name);
-      const int64_t half = p.numel / 2;
-      if (half > 0) runs.push_back({name, 0, half, values.data() + at});
-      runs.push_back({name, half, p.numel - half, values.data() + at + half});
+      ptrain::Box first = ptrain::WholeBox(p.global_shape), rest = first;
+      const int64_t rows = p.global_shape[0] / 2;
+      first.hi[0] = rows;
+      rest.lo[0] = rows;
+      if (rows > 0) runs.push_back({name, first, values.data() + at});
+      runs.push_back({name, rest, values.data() + at + first.numel()});
       at += p.numel;
     }
   }
@@ -99,7 +103,7 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   meta.vocab = "abcde";
   meta.spec_yaml = "name: fuzz\n";
   meta.job_uid = "fuzz-job";
-  auto dir = ptrain::SaveCheckpoint(g->root, meta, g->layout, runs, nullptr,
+  auto dir = ptrain::SaveCheckpoint(g->root, meta, runs, nullptr,
                                     ptrain::SaveOptions());
   if (!dir.ok()) std::abort();
   g->dir = *dir;
@@ -127,10 +131,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const std::string& name :
          {p.name, ptrain::ExpAvgName(p.name), ptrain::ExpAvgSqName(p.name)}) {
       buf.assign(p.numel + 2, 0.0f);
-      (void)r.Read(name, 0, p.numel, buf.data());
-      (void)r.Read(name, 1, p.numel - 1, buf.data());
-      (void)r.Read(name, p.numel, 2, buf.data());  // past the end: refused
-      (void)r.Read(name, -1, 1, buf.data());
+      const ptrain::Box whole = ptrain::WholeBox(p.global_shape);
+      ptrain::Box inner = whole, past = whole, before = whole;
+      inner.lo[0] = 1;
+      past.hi[0] += 1;  // past the end: refused
+      before.lo[0] = -1;
+      for (const ptrain::Box& b : {whole, inner, past, before}) {
+        (void)r.Read(name, b, buf.data());
+      }
     }
   }
   // What `ptworker export` does with an accepted checkpoint.

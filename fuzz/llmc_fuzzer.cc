@@ -23,7 +23,7 @@
 #include "absl/strings/string_view.h"
 #include "worker/engine/checkpoint.h"
 #include "worker/engine/data.h"
-#include "worker/engine/gpt.h"
+#include "worker/engine/plan.h"
 
 namespace {
 
@@ -73,10 +73,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   int32_t h[8] = {};
   std::memcpy(h, data, std::min(size, sizeof(h)));
-  ptrain::GptConfig config{1, 1, 2, 4, 3};
+  ptrain::GptConfig config{1, 1, 2, 4, 3, 128};
   if (h[4] >= 1 && h[4] <= 4 && h[5] >= 1 && h[6] >= 1 && h[6] <= 32 &&
       h[3] >= 1 && h[3] <= 512 && h[2] >= 1 && h[2] <= 64) {
-    config = ptrain::GptConfig{h[4], h[5], h[6], h[2], h[3]};
+    config = ptrain::GptConfig{h[4], h[5], h[6],
+                               h[2], h[3], ptrain::PaddedVocab(h[3], 1)};
   }
   auto src = ptrain::LlmcSource::Open(*g_path, config);
   if (!src.ok()) {
@@ -84,11 +85,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   std::vector<float> buf;
-  for (const auto& p : ptrain::GptParamLayout(config)) {
+  for (const auto& p : ptrain::GptTensors(config)) {
     buf.assign(p.numel + 1, 0.0f);
-    (void)(*src)->Read(p.name, 0, p.numel, buf.data());
-    (void)(*src)->Read(p.name, p.numel, 1, buf.data());  // past the end
-    (void)(*src)->Read(p.name, -1, 1, buf.data());
+    const ptrain::Box whole = ptrain::WholeBox(p.global_shape);
+    ptrain::Box past = whole, before = whole;
+    past.hi[0] += 1;  // past the end
+    before.lo[0] = -1;
+    for (const ptrain::Box& b : {whole, past, before}) {
+      (void)(*src)->Read(p.name, b, buf.data());
+    }
   }
   return 0;
 }

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "common/memory_estimate.h"
 #include "common/spec.h"
 #include "worker/engine/checkpoint.h"
+#include "worker/engine/memory_estimate.h"
 #include "worker/engine/parallel_dims.h"
 #include "worker/engine/trainer.h"
 

@@ -209,12 +209,12 @@ TEST_F(PtworkerCli, KillDuringCheckpointWriteLeavesThePreviousOneAsLatest) {
   auto reader = ptrain::CheckpointReader::Open((*all)[0]);
   ASSERT_TRUE(reader.ok()) << reader.status();
   std::vector<float> buf;
-  for (const auto& p : ptrain::GptParamLayout((*reader)->meta().model)) {
-    buf.resize(p.numel);
-    ASSERT_TRUE((*reader)->Read(p.name, 0, p.numel, buf.data()).ok());
-    ASSERT_TRUE((*reader)
-                    ->Read(ptrain::ExpAvgSqName(p.name), 0, p.numel, buf.data())
-                    .ok());
+  for (const auto& p : ptrain::GptTensors((*reader)->meta().model)) {
+    const ptrain::Box whole = ptrain::WholeBox(p.global_shape);
+    buf.resize(whole.numel());
+    ASSERT_TRUE((*reader)->Read(p.name, whole, buf.data()).ok());
+    ASSERT_TRUE(
+        (*reader)->Read(ptrain::ExpAvgSqName(p.name), whole, buf.data()).ok());
   }
   // The job comes back from it and finishes; the stale folder is replaced.
   ASSERT_EQ(RunPtworker(args + "--set train.steps=10").code, 0);

@@ -34,7 +34,7 @@ namespace {
 // much it reads beyond the slices it needs.
 constexpr int64_t kChunkBytes = 64 << 10;
 // 2: manifest.sha256 and job_uid (docs/checkpoints.md).
-constexpr char kFormat[] = "ptrain-checkpoint-2";
+constexpr char kFormat[] = "ptrain-checkpoint-3";
 constexpr char kManifest[] = "manifest.json";
 constexpr char kDigestFile[] = "manifest.sha256";
 constexpr char kField[] = "checkpoint.dir";
@@ -55,6 +55,8 @@ constexpr int64_t kMaxFileBytes = int64_t{1} << 50;
 constexpr int64_t kMaxDim = int64_t{1} << 32;  // one dimension of a shape
 constexpr int64_t kMaxElements = int64_t{1} << 48;
 constexpr size_t kMaxShapeRank = 8;
+// Boxes of one tensor: a shard per rank, a few per ZeRO stretch.
+constexpr size_t kMaxShardsPerTensor = 1 << 14;
 constexpr size_t kMaxNameLength = 256;
 constexpr size_t kMaxUidLength = 128;
 constexpr int64_t kMaxSpecBytes = 1 << 20;
@@ -398,6 +400,12 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
+json BoxToJson(const Box& b) {
+  json out = json::array();
+  for (size_t d = 0; d < b.lo.size(); ++d) out.push_back({b.lo[d], b.hi[d]});
+  return out;
+}
+
 }  // namespace
 
 std::string ExpAvgName(const std::string& name) {
@@ -446,7 +454,6 @@ absl::StatusOr<std::string> CheckpointJobUid(const std::string& dir,
 
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
                                            const CheckpointMeta& meta,
-                                           const std::vector<ParamInfo>& layout,
                                            const std::vector<ShardRun>& runs,
                                            Communicator* world,
                                            const SaveOptions& options) {
@@ -501,20 +508,20 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
     if (auto s = w.Open(cfs, Join(tmp, file), kField); !s.ok()) return s;
     json entries = json::array();
     int64_t total = 0;
-    for (const ShardRun& r : runs) total += r.count;
+    for (const ShardRun& r : runs) total += r.box.numel();
     int64_t done = 0;
     bool paused = false;
     for (const ShardRun& r : runs) {
+      const int64_t count = r.box.numel();
       entries.push_back({{"tensor", r.name},
-                         {"start", r.start},
-                         {"count", r.count},
+                         {"box", BoxToJson(r.box)},
                          {"offset", w.total()}});
       if (auto s = w.Write(reinterpret_cast<const char*>(r.data),
-                           r.count * static_cast<int64_t>(sizeof(float)));
+                           count * static_cast<int64_t>(sizeof(float)));
           !s.ok()) {
         return s;
       }
-      done += r.count;
+      done += count;
       if (!paused && options.pause_mid_write_s.has_value() &&
           2 * done >= total) {
         paused = true;
@@ -546,10 +553,10 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
       json manifest = MetaToJson(meta);
       manifest["format"] = kFormat;
       json tensors = json::object(), files = json::object();
-      for (const ParamInfo& p : layout) {
+      for (const ParamInfo& p : GptTensors(meta.model)) {
         for (const std::string& n :
              {p.name, ExpAvgName(p.name), ExpAvgSqName(p.name)}) {
-          tensors[n] = {{"shape", p.shape},
+          tensors[n] = {{"shape", p.global_shape},
                         {"dtype", "float32"},
                         {"shards", json::array()}};
         }
@@ -579,8 +586,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
             }
             tensors[t]["shards"].push_back({{"file", index->at("file")},
                                             {"offset", e.at("offset")},
-                                            {"start", e.at("start")},
-                                            {"count", e.at("count")}});
+                                            {"box", e.at("box")}});
           }
         } catch (const json::exception& e) {
           return absl::InternalError(absl::StrCat(
@@ -884,15 +890,34 @@ absl::Status CheckpointReader::Load(const json& m) {
             absl::StrCat(at, ".file=", Quote(entry.file), " is not in files"));
       }
       const int64_t file_bytes = f->second.bytes;
-      check(Int(e, at, "start", 0, numel - 1, &entry.start));
-      check(Int(e, at, "count", 1, numel, &entry.count));
       check(Int(e, at, "offset", 0, file_bytes, &entry.offset));
       if (!s.ok()) return fail(s);
-      const int64_t bytes = entry.count * static_cast<int64_t>(sizeof(float));
+      auto box = Member(e, at, "box");
+      if (!box.ok()) return fail(box.status());
+      if (!(*box)->is_array() || (*box)->size() != dims.size()) {
+        return Damaged(absl::StrCat(at, ".box must be a list of ", dims.size(),
+                                    " [lo, hi] pairs"));
+      }
+      for (size_t d = 0; d < dims.size(); ++d) {
+        const json& range = (**box)[d];
+        const std::string rd = absl::StrCat(at, ".box[", d, "]");
+        int64_t lo = 0, hi = 0;
+        if (!range.is_array() || range.size() != 2) {
+          return Damaged(rd + " must be a [lo, hi] pair");
+        }
+        check(IntValue(range[0], rd + "[0]", 0, dims[d] - 1, &lo));
+        check(IntValue(range[1], rd + "[1]", lo + 1, dims[d], &hi));
+        if (!s.ok()) return fail(s);
+        entry.box.lo.push_back(lo);
+        entry.box.hi.push_back(hi);
+      }
+      // Inside a tensor of at most kMaxElements: no overflow.
+      const int64_t count = entry.box.numel();
+      const int64_t bytes = count * static_cast<int64_t>(sizeof(float));
       if (entry.offset % static_cast<int64_t>(sizeof(float)) != 0 ||
           bytes > file_bytes - entry.offset) {
         return Damaged(absl::StrCat(at, ": bytes [", entry.offset, ", ",
-                                    entry.offset, " + 4·", entry.count,
+                                    entry.offset, " + 4·", count,
                                     ") are not whole floats inside ",
                                     entry.file, " (", file_bytes, " bytes)"));
       }
@@ -900,24 +925,15 @@ absl::Status CheckpointReader::Load(const json& m) {
           {entry.offset, entry.offset + bytes, name});
       list.push_back(std::move(entry));
     }
-    std::sort(list.begin(), list.end(),
-              [](const Entry& a, const Entry& b) { return a.start < b.start; });
-    int64_t next = 0;
-    for (const Entry& e : list) {
-      if (e.start != next) {
-        return Damaged(absl::StrCat(
-            where, ".shards ", e.start < next ? "overlap" : "leave a gap",
-            " at element ", std::min(e.start, next), " (they must tile [0, ",
-            numel, ") exactly)"));
-      }
-      if (e.count > numel - next) {
-        return Damaged(absl::StrCat(where, ".shards run past element ", numel));
-      }
-      next += e.count;
+    if (list.size() > kMaxShardsPerTensor) {
+      return Damaged(absl::StrCat(where, " has more than ", kMaxShardsPerTensor,
+                                  " shards"));
     }
-    if (next != numel) {
-      return Damaged(absl::StrCat(where, ".shards cover [0, ", next,
-                                  ") of its ", numel, " elements"));
+    std::vector<Box> boxes;
+    for (const Entry& e : list) boxes.push_back(e.box);
+    if (const std::string why = CheckTiling(dims, boxes); !why.empty()) {
+      return Damaged(absl::StrCat(where, ".shards must tile ",
+                                  ShapeString(dims), " exactly: ", why));
     }
     shapes_[name] = std::move(dims);
     entries_[name] = std::move(list);
@@ -944,15 +960,15 @@ absl::Status CheckpointReader::Load(const json& m) {
     }
   }
   // The tensors are the model's: weights and both moments of every tensor
-  // GptParamLayout(model) has, with its shapes. (Counted first, so that the
-  // layout built for the comparison is no larger than the manifest.)
+  // GptTensors(model) has, with its shapes. (Counted first, so that the
+  // table built for the comparison is no larger than the manifest.)
   const int64_t needed = 3 * (12 * int64_t{c.n_layer} + 4);
   if (static_cast<int64_t>(shapes_.size()) < needed) {
     return Damaged(absl::StrCat("model.n_layer=", c.n_layer, " needs ", needed,
                                 " tensors but the manifest has ",
                                 shapes_.size()));
   }
-  if (auto own = CheckCompatible(c, GptParamLayout(c)); !own.ok()) {
+  if (auto own = CheckCompatible(c, GptTensors(c)); !own.ok()) {
     return Damaged(absl::StrCat("its tensors do not match its own model: ",
                                 own.message()));
   }
@@ -990,11 +1006,11 @@ absl::Status CheckpointReader::CheckCompatible(
             absl::StrCat("checkpoint '", dir_,
                          "' does not fit the model: it has no tensor ", n));
       }
-      if (it->second != p.shape) {
+      if (it->second != p.global_shape) {
         return absl::FailedPreconditionError(absl::StrCat(
             "checkpoint '", dir_, "' does not fit the model: tensor ", n,
             " has shape ", ShapeString(it->second), " in the checkpoint but ",
-            ShapeString(p.shape), " in the model"));
+            ShapeString(p.global_shape), " in the model"));
       }
     }
   }
@@ -1064,38 +1080,44 @@ absl::StatusOr<const std::vector<char>*> CheckpointReader::Chunk(
   return &cache_.emplace(key, std::move(buf)).first->second;
 }
 
-absl::Status CheckpointReader::Read(const std::string& name, int64_t start,
-                                    int64_t count, float* dst) {
+absl::Status CheckpointReader::Read(const std::string& name, const Box& box,
+                                    float* dst) {
   auto it = entries_.find(name);
   if (it == entries_.end()) {
     return absl::NotFoundError(
         absl::StrCat("checkpoint '", dir_, "' has no tensor ", name));
   }
-  int64_t numel = 1;
-  for (int64_t d : shapes_.at(name)) numel *= d;
-  if (start < 0 || count < 0 || start > numel || count > numel - start) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint '", dir_, "': elements [", start, ", +", count,
-                     ") are outside tensor ", name, " of ", numel));
+  const std::vector<int64_t>& shape = shapes_.at(name);
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (box.lo.size() != shape.size() || box.hi.size() != shape.size() ||
+        box.lo[d] < 0 || box.lo[d] > box.hi[d] || box.hi[d] > shape[d]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint '", dir_, "': a box outside tensor ", name,
+                       " of shape ", ShapeString(shape)));
+    }
   }
   int64_t covered = 0;
   for (const Entry& e : it->second) {
-    const int64_t lo = std::max(start, e.start);
-    const int64_t hi = std::min(start + count, e.start + e.count);
-    if (lo >= hi) continue;
-    const int64_t offset =
-        e.offset + (lo - e.start) * static_cast<int64_t>(sizeof(float));
-    if (auto s = ReadFileRange(e.file, offset, (hi - lo) * sizeof(float),
-                               reinterpret_cast<char*>(dst + (lo - start)));
-        !s.ok()) {
-      return s;
-    }
-    covered += hi - lo;
+    const Box part = Intersect(box, e.box);
+    if (part.empty()) continue;
+    // Row by row: a row of the intersection is contiguous in the entry's
+    // data and in dst alike.
+    const int64_t row = part.hi.back() - part.lo.back();
+    absl::Status status = absl::OkStatus();
+    ForEachBoxRow(part, [&](const std::vector<int64_t>& coord) {
+      if (!status.ok()) return;
+      const int64_t offset = e.offset + BoxIndex(e.box, coord) *
+                                            static_cast<int64_t>(sizeof(float));
+      status = ReadFileRange(
+          e.file, offset, row * static_cast<int64_t>(sizeof(float)),
+          reinterpret_cast<char*>(dst + BoxIndex(box, coord)));
+    });
+    if (!status.ok()) return status;
+    covered += part.numel();
   }
-  if (covered != count) {
-    return absl::DataLossError(absl::StrCat(
-        "checkpoint '", dir_, "': tensor ", name, " elements [", start, ", ",
-        start + count, ") are not all in its shards"));
+  if (covered != box.numel()) {
+    return absl::DataLossError(absl::StrCat("checkpoint '", dir_, "': tensor ",
+                                            name, " is not all in its shards"));
   }
   return absl::OkStatus();
 }
@@ -1108,43 +1130,31 @@ constexpr int32_t kLlmcMagic = 20240326;
 constexpr int32_t kLlmcVersion = 3;  // fp32, padded vocabulary
 
 // llm.c's order: wte, wpe, then each block tensor kind across all layers,
-// then ln_f.
-const char* const kBlockKinds[] = {
-    "ln_1.weight",      "ln_1.bias",          "attn.c_attn.weight",
-    "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
-    "ln_2.weight",      "ln_2.bias",          "mlp.c_fc.weight",
-    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
-
-int64_t PaddedVocab(int64_t V) { return (V + 127) / 128 * 128; }
-
-// Tensors in llm.c order with their element counts as stored (wte padded).
-std::vector<std::pair<std::string, int64_t>> LlmcOrder(const GptConfig& c,
-                                                       int64_t maxT) {
-  const int64_t C = c.n_embd;
-  const std::map<std::string, int64_t> per_layer = {
-      {"ln_1.weight", C},
-      {"ln_1.bias", C},
-      {"attn.c_attn.weight", 3 * C * C},
-      {"attn.c_attn.bias", 3 * C},
-      {"attn.c_proj.weight", C * C},
-      {"attn.c_proj.bias", C},
-      {"ln_2.weight", C},
-      {"ln_2.bias", C},
-      {"mlp.c_fc.weight", 4 * C * C},
-      {"mlp.c_fc.bias", 4 * C},
-      {"mlp.c_proj.weight", 4 * C * C},
-      {"mlp.c_proj.bias", C}};
-  std::vector<std::pair<std::string, int64_t>> out;
-  out.emplace_back("wte", PaddedVocab(c.vocab_size) * C);
-  out.emplace_back("wpe", maxT * C);
-  for (const char* kind : kBlockKinds) {
+// then ln_f; each tensor with its global shape as stored (wte padded to
+// the multiple of 128 llm.c pads to, wpe with maxT rows).
+std::vector<std::pair<std::string, std::vector<int64_t>>> LlmcOrder(
+    const GptConfig& c, int64_t maxT) {
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const ParamInfo& p : GptTensors(c)) shapes[p.name] = p.global_shape;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  out.emplace_back(
+      "wte", std::vector<int64_t>{PaddedVocab(c.vocab_size, 1), c.n_embd});
+  out.emplace_back("wpe", std::vector<int64_t>{maxT, c.n_embd});
+  for (const std::string& kind : GptBlockTensorNames()) {
     for (int l = 0; l < c.n_layer; ++l) {
-      out.emplace_back(absl::StrCat("h.", l, ".", kind), per_layer.at(kind));
+      const std::string name = absl::StrCat("h.", l, ".", kind);
+      out.emplace_back(name, shapes.at(name));
     }
   }
-  out.emplace_back("ln_f.weight", C);
-  out.emplace_back("ln_f.bias", C);
+  out.emplace_back("ln_f.weight", shapes.at("ln_f.weight"));
+  out.emplace_back("ln_f.bias", shapes.at("ln_f.bias"));
   return out;
+}
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
 }
 
 // A model config whose llm.c tensors can be counted in int64 without
@@ -1172,7 +1182,7 @@ absl::Status ExportLlmc(TensorSource& source, const GptConfig& config,
   header[4] = config.n_layer;
   header[5] = config.n_head;
   header[6] = config.n_embd;
-  header[7] = static_cast<int32_t>(PaddedVocab(V));
+  header[7] = PaddedVocab(config.vocab_size, 1);
   // Written beside the target and renamed: never a half-written file.
   const std::string tmp = path + ".tmp";
   auto fail = [&](absl::Status s) {
@@ -1185,10 +1195,12 @@ absl::Status ExportLlmc(TensorSource& source, const GptConfig& config,
       !s.ok()) {
     return fail(s);
   }
-  for (const auto& [name, stored] : LlmcOrder(config, config.block_size)) {
-    const int64_t real = name == "wte" ? V * C : stored;
-    std::vector<float> buf(stored, 0.0f);  // wte rows past V stay zero
-    if (auto s = source.Read(name, 0, real, buf.data()); !s.ok()) {
+  for (const auto& [name, shape] : LlmcOrder(config, config.block_size)) {
+    const int64_t stored = Numel(shape);
+    Box real = WholeBox(shape);
+    if (name == "wte") real.hi[0] = V;  // rows past V stay zero
+    std::vector<float> buf(stored, 0.0f);
+    if (auto s = source.Read(name, real, buf.data()); !s.ok()) {
       return fail(s);
     }
     if (auto s = w.Write(reinterpret_cast<const char*>(buf.data()),
@@ -1237,7 +1249,9 @@ absl::StatusOr<std::unique_ptr<LlmcSource>> LlmcSource::Open(
   if (maxT < config.block_size) {
     return mismatch("max sequence length", maxT, config.block_size);
   }
-  if (Vp != PaddedVocab(V)) return mismatch("padded vocab", Vp, PaddedVocab(V));
+  if (Vp != PaddedVocab(V, 1)) {
+    return mismatch("padded vocab", Vp, PaddedVocab(V, 1));
+  }
   if (!LlmcSizable(config)) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": the model is too large for llm.c's format"));
@@ -1247,10 +1261,10 @@ absl::StatusOr<std::unique_ptr<LlmcSource>> LlmcSource::Open(
   // Every count fits int64 (LlmcSizable, maxT < 2^31); their byte sum is
   // checked as it grows.
   int64_t offset = sizeof(h);
-  for (const auto& [name, stored] : LlmcOrder(config, maxT)) {
+  for (const auto& [name, shape] : LlmcOrder(config, maxT)) {
     src->offsets_[name] = offset;
-    src->numel_[name] = stored;
-    if (__builtin_add_overflow(offset, stored * 4, &offset) ||
+    src->shapes_[name] = shape;
+    if (__builtin_add_overflow(offset, Numel(shape) * 4, &offset) ||
         offset > st.st_size) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": '", path, "' is ", st.st_size,
@@ -1267,29 +1281,42 @@ absl::StatusOr<std::unique_ptr<LlmcSource>> LlmcSource::Open(
   return src;
 }
 
-absl::Status LlmcSource::Read(const std::string& name, int64_t start,
-                              int64_t count, float* dst) {
+absl::Status LlmcSource::Read(const std::string& name, const Box& box,
+                              float* dst) {
   auto it = offsets_.find(name);
-  const int64_t numel = it == offsets_.end() ? 0 : numel_.at(name);
-  if (it == offsets_.end() || start < 0 || count < 0 || start > numel ||
-      count > numel - start) {
+  bool inside = it != offsets_.end();
+  const std::vector<int64_t>* shape = inside ? &shapes_.at(name) : nullptr;
+  for (size_t d = 0; inside && d < shape->size(); ++d) {
+    inside = box.lo.size() == shape->size() && box.hi.size() == shape->size() &&
+             box.lo[d] >= 0 && box.lo[d] <= box.hi[d] &&
+             box.hi[d] <= (*shape)[d];
+  }
+  if (!inside) {
     return absl::NotFoundError(absl::StrCat("llm.c checkpoint '", path_,
-                                            "' has no ", name, "[", start,
-                                            ", +", count, ")"));
+                                            "' has no such part of ", name));
   }
-  char* out = reinterpret_cast<char*>(dst);
-  const int64_t bytes = count * static_cast<int64_t>(sizeof(float));
-  const int64_t at = it->second + start * static_cast<int64_t>(sizeof(float));
-  int64_t got = 0;
-  while (got < bytes) {
-    const ssize_t n = ::pread(fd_.get(), out + got, bytes - got, at + got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      return absl::DataLossError(absl::StrCat("short read from '", path_, "'"));
+  const Box whole = WholeBox(*shape);
+  const int64_t row = box.hi.back() - box.lo.back();
+  absl::Status status = absl::OkStatus();
+  ForEachBoxRow(box, [&](const std::vector<int64_t>& coord) {
+    if (!status.ok()) return;
+    char* out = reinterpret_cast<char*>(dst + BoxIndex(box, coord));
+    const int64_t bytes = row * static_cast<int64_t>(sizeof(float));
+    const int64_t at = it->second + BoxIndex(whole, coord) *
+                                        static_cast<int64_t>(sizeof(float));
+    int64_t got = 0;
+    while (got < bytes) {
+      const ssize_t n = ::pread(fd_.get(), out + got, bytes - got, at + got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        status =
+            absl::DataLossError(absl::StrCat("short read from '", path_, "'"));
+        return;
+      }
+      got += n;
     }
-    got += n;
-  }
-  return absl::OkStatus();
+  });
+  return status;
 }
 
 }  // namespace ptrain

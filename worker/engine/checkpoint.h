@@ -2,8 +2,9 @@
 // manifest.json, its SHA-256 in manifest.sha256 and one shard file per rank,
 // written into step-N.tmp/, fsynced, then renamed — a crash leaves the old
 // set or the new set, never half of one. The manifest indexes every tensor
-// (weights and Adam moments) by name, global shape and flat element ranges,
-// so any layout reads exactly the slices it holds. Shard files carry an
+// (weights and Adam moments) by name, global shape and the global boxes
+// (n-dimensional slices) each rank wrote, so any layout — any dp, tp, pp
+// and ZeRO stage — reads exactly the slices it holds. Shard files carry an
 // xxHash64 per 64 KiB chunk: a reader verifies what it reads without reading
 // whole files. The digest makes the manifest tamper-evident; independently,
 // every number in it is checked against the shard files and the model before
@@ -28,7 +29,7 @@
 #include "common/confined_fs.h"
 #include "nlohmann/json_fwd.hpp"
 #include "worker/engine/comm.h"
-#include "worker/engine/gpt.h"
+#include "worker/engine/plan.h"
 
 namespace ptrain {
 
@@ -51,21 +52,22 @@ struct CheckpointMeta {
   std::string job_uid;
 };
 
-// One contiguous run of a rank's state: elements [start, start+count) of the
-// flattened tensor `name`.
+// A piece of a rank's state: the global box `box` of tensor `name`, its
+// box.numel() elements at `data` in the box's row-major order.
 struct ShardRun {
   std::string name;
-  int64_t start = 0, count = 0;
+  Box box;
   const float* data = nullptr;
 };
 
-// Reads slices of named tensors (a checkpoint, an llm.c file).
+// Reads boxes of named tensors (a checkpoint, an llm.c file).
 class TensorSource {
  public:
   virtual ~TensorSource() = default;
-  // Elements [start, start+count) of flattened tensor `name` into dst.
-  virtual absl::Status Read(const std::string& name, int64_t start,
-                            int64_t count, float* dst) = 0;
+  // The box `box` of tensor `name` (global coordinates) into dst, in the
+  // box's row-major order.
+  virtual absl::Status Read(const std::string& name, const Box& box,
+                            float* dst) = 0;
 };
 
 struct SaveOptions {
@@ -80,13 +82,12 @@ struct SaveOptions {
 
 // Collective over `world` (null for a single rank without MPI): every rank
 // writes its runs to root/step-NNNNNNNN.tmp/shard-RRRRR.bin; rank 0 writes
-// the manifest, then its digest, and commits. `layout` gives each tensor's
-// global shape. Returns the committed folder. A step already committed by
-// this job is left as it is; one committed by another job (another
+// the manifest (every tensor of meta.model, whichever ranks hold it), then
+// its digest, and commits. Returns the committed folder. A step already
+// committed by this job is left as it is; one committed by another job (another
 // job_uid) is FailedPrecondition.
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
                                            const CheckpointMeta& meta,
-                                           const std::vector<ParamInfo>& layout,
                                            const std::vector<ShardRun>& runs,
                                            Communicator* world,
                                            const SaveOptions& options);
@@ -117,14 +118,14 @@ class CheckpointReader : public TensorSource {
 
   const CheckpointMeta& meta() const { return meta_; }
   const std::string& dir() const { return dir_; }
-  // FailedPrecondition naming the first tensor whose shape differs from the
-  // model's (or that is missing), else the first model setting (n_head...)
-  // that differs from `model`.
+  // FailedPrecondition naming the first tensor whose global shape differs
+  // from the model's (or that is missing), else the first model setting
+  // (n_head...) that differs from `model`.
   absl::Status CheckCompatible(const GptConfig& model,
                                const std::vector<ParamInfo>& layout) const;
   // Verifies the checksum of every chunk it reads: DataLoss on mismatch.
-  // InvalidArgument for a range outside the tensor.
-  absl::Status Read(const std::string& name, int64_t start, int64_t count,
+  // InvalidArgument for a box outside the tensor.
+  absl::Status Read(const std::string& name, const Box& box,
                     float* dst) override;
   // Bytes read from shard files so far (chunks included).
   int64_t bytes_read() const { return bytes_read_; }
@@ -133,7 +134,7 @@ class CheckpointReader : public TensorSource {
   struct Entry {
     std::string file;
     int64_t offset = 0;  // bytes into the file
-    int64_t start = 0, count = 0;
+    Box box;             // its elements, row-major from offset
   };
   struct FileInfo {
     int64_t bytes = 0, chunk_bytes = 0;
@@ -178,14 +179,14 @@ class LlmcSource : public TensorSource {
       const std::string& path, const GptConfig& config,
       const ConfinedFs& fs = ConfinedFs(),
       const std::string& field = "model.init_from");
-  absl::Status Read(const std::string& name, int64_t start, int64_t count,
+  absl::Status Read(const std::string& name, const Box& box,
                     float* dst) override;
 
  private:
   std::string path_;
   UniqueFd fd_;
   std::map<std::string, int64_t> offsets_;  // tensor name -> byte offset
-  std::map<std::string, int64_t> numel_;
+  std::map<std::string, std::vector<int64_t>> shapes_;  // as stored
 };
 
 }  // namespace ptrain

@@ -50,4 +50,16 @@ void CommStats::Reset() {
   stats_.clear();
 }
 
+bool AnyRankFailed(Communicator* group, bool failed) {
+  double n = failed ? 1.0 : 0.0;
+  if (group != nullptr && group->size() > 1) group->AllReduce(&n, 1);
+  return n > 0;
+}
+
+absl::Status AgreeOnStatus(Communicator* group, const absl::Status& mine,
+                           absl::string_view others) {
+  if (!AnyRankFailed(group, !mine.ok())) return absl::OkStatus();
+  return mine.ok() ? absl::FailedPreconditionError(others) : mine;
+}
+
 }  // namespace ptrain

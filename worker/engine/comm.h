@@ -15,6 +15,9 @@
 #include <string>
 #include <utility>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
 namespace ptrain {
 
 enum class CommOp {
@@ -103,6 +106,17 @@ class Communicator {
 
   virtual CommStats& stats() = 0;
 };
+
+// The one way ranks agree that something went wrong before they go on to
+// their next collective: true on every rank of `group` when `failed` is
+// true on any (collective; a null group is this rank alone).
+bool AnyRankFailed(Communicator* group, bool failed);
+
+// The same for a status: OK on every rank when every rank's `mine` is OK;
+// otherwise a failed rank returns its own error and the others
+// FailedPrecondition "`others`" (another rank's error is in its own log).
+absl::Status AgreeOnStatus(Communicator* group, const absl::Status& mine,
+                           absl::string_view others);
 
 }  // namespace ptrain
 

@@ -19,7 +19,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "worker/engine/comm.h"
-#include "worker/engine/gpt.h"
+#include "worker/engine/gpt_stage.h"
 
 namespace ptrain {
 

@@ -5,6 +5,7 @@
 #include <numbers>
 
 #include "kernels/cpu/kernels.h"
+#include "worker/engine/zero_store.h"
 
 namespace ptrain {
 
@@ -70,6 +71,71 @@ void AdamW::Step(float* params, const float* grads, float lr,
                           beta1_, beta2_, eps_, r.decay ? weight_decay_ : 0.0f,
                           t_, grad_scale);
   }
+}
+
+DistributedOptimizer::DistributedOptimizer(ZeroStore* store,
+                                           const v1::TrainSpec& train,
+                                           Groups groups)
+    : store_(store), groups_(groups), clip_(train.grad_clip()) {
+  adam_ = store->sharded()
+              ? std::make_unique<AdamW>(store->layout(), store->ShardPieces(),
+                                        train)
+              : std::make_unique<AdamW>(store->layout(), 0,
+                                        store->update_size(), train);
+}
+
+void DistributedOptimizer::ReduceSequencePartial() {
+  if (!groups_.sequence_parallel || groups_.tp == nullptr ||
+      groups_.tp->size() == 1) {
+    return;
+  }
+  float* grads = store_->update_grads();
+  pack_.clear();
+  store_->ForEachUpdateStretch(
+      [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
+        if (p.sequence_partial) {
+          pack_.insert(pack_.end(), grads + at, grads + at + (hi - lo));
+        }
+      });
+  if (pack_.empty()) return;
+  groups_.tp->AllReduce(pack_.data(), static_cast<int64_t>(pack_.size()));
+  const float* next = pack_.data();
+  store_->ForEachUpdateStretch(
+      [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
+        if (!p.sequence_partial) return;
+        std::copy(next, next + (hi - lo), grads + at);
+        next += hi - lo;
+      });
+}
+
+double DistributedOptimizer::GlobalNormSquared() {
+  const float* grads = store_->update_grads();
+  // [tp-split parts, tp-replicated tensors]: the first summed over tp, the
+  // second (the same on every tp rank) counted once.
+  double sq[2] = {0.0, 0.0};
+  store_->ForEachUpdateStretch([&](const ParamInfo& p, int64_t lo, int64_t hi,
+                                   int64_t at) {
+    sq[p.tp_replicated() ? 1 : 0] += kernels::sum_squares(grads + at, hi - lo);
+  });
+  if (store_->sharded() && groups_.dp != nullptr) groups_.dp->AllReduce(sq, 2);
+  if (groups_.tp != nullptr && groups_.tp->size() > 1) {
+    groups_.tp->AllReduce(sq, 1);
+  }
+  double total = sq[0] + sq[1];
+  if (groups_.pp != nullptr && groups_.pp->size() > 1) {
+    groups_.pp->AllReduce(&total, 1);
+  }
+  return total;
+}
+
+UpdateResult DistributedOptimizer::Step(float lr) {
+  ReduceSequencePartial();
+  UpdateResult r;
+  r.grad_norm = std::sqrt(GlobalNormSquared());
+  const float scale = ClipScale(r.grad_norm, clip_);
+  adam_->Step(store_->update_params(), store_->update_grads(), lr, scale);
+  store_->GatherUpdatedParams();
+  return r;
 }
 
 }  // namespace ptrain

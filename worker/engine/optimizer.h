@@ -5,11 +5,13 @@
 #define PTRAIN_WORKER_ENGINE_OPTIMIZER_H_
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "ptrain/v1/job.pb.h"
-#include "worker/engine/gpt.h"
+#include "worker/engine/comm.h"
+#include "worker/engine/plan.h"
 
 namespace ptrain {
 
@@ -55,6 +57,49 @@ class AdamW {
   std::vector<float> m_, v_;
   const float beta1_, beta2_, eps_, weight_decay_;
   int64_t t_ = 0;
+};
+
+class ZeroStore;
+
+struct UpdateResult {
+  double grad_norm = 0.0;  // global, before clipping
+};
+
+// The optimizer step of one rank of any layout: AdamW on what its ZeroStore
+// says it updates (everything at zero 0, its shard from zero 1), after
+// global-norm clipping in which every element of the model counts exactly
+// once — shards summed over dp, tensor-parallel parts summed over tp while
+// tp-replicated tensors (LayerNorm, biases of row-parallel layers, wpe)
+// count once, stages summed over pp. Under sequence parallelism the
+// gradients of sequence-partial tensors are first summed over tp.
+class DistributedOptimizer {
+ public:
+  struct Groups {
+    Communicator* dp = nullptr;  // null: dp = 1
+    Communicator* tp = nullptr;  // null: tp = 1
+    Communicator* pp = nullptr;  // null: pp = 1
+    bool sequence_parallel = false;
+  };
+  // `store` is not owned and outlives the optimizer.
+  DistributedOptimizer(ZeroStore* store, const v1::TrainSpec& train,
+                       Groups groups);
+
+  // One step at learning rate lr; the weights are whole again afterwards.
+  UpdateResult Step(float lr);
+
+  AdamW& adam() { return *adam_; }
+  const AdamW& adam() const { return *adam_; }
+
+ private:
+  // Sums sequence-partial gradients over tp (sp only).
+  void ReduceSequencePartial();
+  double GlobalNormSquared();
+
+  ZeroStore* const store_;
+  const Groups groups_;
+  const double clip_;
+  std::unique_ptr<AdamW> adam_;
+  std::vector<float> pack_;  // sequence-partial gradients, for one all-reduce
 };
 
 }  // namespace ptrain

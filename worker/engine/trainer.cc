@@ -11,11 +11,12 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/memory_estimate.h"
 #include "common/spec.h"
 #include "kernels/cpu/kernels.h"
 #include "spdlog/spdlog.h"
+#include "worker/engine/checkpoint_state.h"
 #include "worker/engine/flops.h"
+#include "worker/engine/memory_estimate.h"
 #include "worker/engine/rng.h"
 
 namespace ptrain {
@@ -42,11 +43,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     return absl::InvalidArgumentError(
         "parallel.zero > 0 needs MPI (run ptworker, under mpirun or alone)");
   }
-  if (par.tp() != 1 || par.pp() != 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "parallel.tp=", par.tp(), ", parallel.pp=", par.pp(),
-        ": tensor and pipeline parallelism are not available yet (use "
-        "tp=1, pp=1)"));
+  if (par.pp() != 1) {
+    return absl::UnimplementedError(
+        absl::StrCat("parallel.pp=", par.pp(),
+                     ": pipeline parallelism is not available yet (use pp=1)"));
   }
   if (spec.resources().device() != "cpu") {
     return absl::InvalidArgumentError(
@@ -84,12 +84,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   }
   // Ranks agree before the collectives of loading state: one rank that
   // cannot read the data must not leave the others waiting.
-  if (SumOverWorld(dims, ready.ok() ? 0.0 : 1.0) > 0 && ready.ok()) {
-    return absl::InvalidArgumentError(
-        "another rank could not load the data, reach checkpoint.dir or fit "
-        "the model in memory (see its error)");
+  Communicator* world_group = dims != nullptr && dims->world_size() > 1
+                                  ? &dims->world_group()
+                                  : nullptr;
+  if (absl::Status agreed = AgreeOnStatus(
+          world_group, ready,
+          "another rank could not load the data, reach checkpoint.dir or fit "
+          "the model in memory (see its error)");
+      !agreed.ok()) {
+    return ready.ok() ? absl::InvalidArgumentError(agreed.message()) : ready;
   }
-  if (!ready.ok()) return ready;
   std::unique_ptr<Trainer> trainer;
   absl::Status built = absl::OkStatus();
   try {
@@ -103,7 +107,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     built = absl::InternalError(
         absl::StrCat("building the model failed: ", e.what()));
   }
-  if (SumOverWorld(dims, built.ok() ? 0.0 : 1.0) > 0) {
+  if (AnyRankFailed(world_group, !built.ok())) {
     return built.ok() ? absl::ResourceExhaustedError(
                             "memory: another rank could not build the model "
                             "(see its error)")
@@ -113,11 +117,18 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   return trainer;
 }
 
-double Trainer::SumOverWorld(ParallelDims* dims, double x) {
-  if (dims != nullptr && dims->world_size() > 1) {
-    dims->world_group().AllReduce(&x, 1);
-  }
-  return x;
+Communicator* Trainer::world() const {
+  return dims_ != nullptr && dims_->world_size() > 1 ? &dims_->world_group()
+                                                     : nullptr;
+}
+
+Communicator* Trainer::dp_group() const {
+  // ZeRO needs its group even at dp = 1 (its collectives are then local).
+  return dims_ != nullptr ? &dims_->dp_group() : nullptr;
+}
+
+Communicator* Trainer::tp_group() const {
+  return dims_ != nullptr && dims_->tp() > 1 ? &dims_->tp_group() : nullptr;
 }
 
 absl::Status Trainer::LoadInitialState() {
@@ -126,13 +137,16 @@ absl::Status Trainer::LoadInitialState() {
     // init_from is validated as "llmc:PATH".
     auto src = LlmcSource::Open(init.substr(5), model_->config(), options_.fs,
                                 "model.init_from");
-    absl::Status s = src.ok() ? store_->LoadState(**src, false) : src.status();
-    if (SumOverWorld(s.ok() ? 0.0 : 1.0) > 0) {
-      return s.ok() ? absl::InternalError(
-                          "model.init_from: another rank "
-                          "failed to load")
-                    : s;
+    absl::Status s = src.ok() ? LoadState(*store_, optimizer_->adam(), **src,
+                                          /*with_optimizer=*/false)
+                              : src.status();
+    if (auto agreed = AgreeOnStatus(world(), s,
+                                    "model.init_from: another rank failed to "
+                                    "load (see its error)");
+        !agreed.ok()) {
+      return agreed;
     }
+    store_->GatherUpdatedParams();
   }
   const std::string& from = options_.resume_from;
   if (from.empty()) return absl::OkStatus();
@@ -145,11 +159,11 @@ absl::Status Trainer::LoadInitialState() {
   auto listed = latest ? ListCheckpoints(root, options_.fs)
                        : absl::StatusOr<std::vector<std::string>>(
                              std::vector<std::string>{from});
-  if (SumOverWorld(listed.ok() ? 0.0 : 1.0) > 0) {
-    return listed.ok()
-               ? absl::InternalError(absl::StrCat(
-                     "resume: another rank could not list '", root, "'"))
-               : listed.status();
+  if (auto agreed = AgreeOnStatus(
+          world(), listed.status(),
+          absl::StrCat("resume: another rank could not list '", root, "'"));
+      !agreed.ok()) {
+    return agreed;
   }
   const std::vector<std::string>& candidates = *listed;
   if (latest && candidates.empty()) {
@@ -204,16 +218,17 @@ absl::Status Trainer::LoadInitialState() {
       }
       step = meta.step;
       opt_step = meta.optimizer_step;
-      absl::Status loaded =
-          store_->LoadState(**reader, /*with_optimizer=*/true);
+      absl::Status loaded = LoadState(*store_, optimizer_->adam(), **reader,
+                                      /*with_optimizer=*/true);
       resume_bytes_read_ = (*reader)->bytes_read();
       return loaded;
     }();
-    const double failures = SumOverWorld(s.ok() ? 0.0 : 1.0);
-    const bool any_fatal = SumOverWorld(fatal ? 1.0 : 0.0) > 0;
-    if (failures == 0) {
+    const bool failed = AnyRankFailed(world(), !s.ok());
+    const bool any_fatal = AnyRankFailed(world(), fatal);
+    if (!failed) {
+      store_->GatherUpdatedParams();
       start_step_ = step;
-      store_->set_optimizer_step(opt_step);
+      optimizer_->adam().set_steps_taken(opt_step);
       spdlog::info("resumed from '{}' at step {}{}", dir, step, skipped);
       return absl::OkStatus();
     }
@@ -232,7 +247,7 @@ absl::StatusOr<std::string> Trainer::SaveCheckpointAt(int64_t step) {
   meta.step = step;
   meta.tokens_seen =
       step * static_cast<int64_t>(spec_.train().global_batch()) * T_;
-  meta.optimizer_step = store_->optimizer_step();
+  meta.optimizer_step = optimizer_->adam().steps_taken();
   meta.seed = spec_.train().seed();
   meta.model = model_->config();
   if (data_.has_tokenizer) meta.vocab = data_.tokenizer.vocab();
@@ -247,10 +262,10 @@ absl::StatusOr<std::string> Trainer::SaveCheckpointAt(int64_t step) {
   SaveOptions save = options_.save;
   save.keep_last = spec_.checkpoint().keep_last();
   save.fs = options_.fs;
-  return SaveCheckpoint(spec_.checkpoint().dir(), meta, store_->layout(),
-                        store_->CheckpointRuns(),
-                        dims_ != nullptr ? &dims_->world_group() : nullptr,
-                        save);
+  const bool tp_rank0 = dims_ == nullptr || dims_->tp_rank() == 0;
+  return SaveCheckpoint(spec_.checkpoint().dir(), meta,
+                        CheckpointRuns(*store_, optimizer_->adam(), tp_rank0),
+                        world(), save);
 }
 
 Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
@@ -259,18 +274,33 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
   if (spec_.resources().threads_per_rank() > 0) {
     omp_set_num_threads(spec_.resources().threads_per_rank());
   }
-  const auto& m = spec_.model();
-  GptConfig cfg{m.n_layer(), m.n_head(), m.n_embd(), m.block_size(),
-                data_.vocab_size};
-  T_ = m.block_size();
-  microbatches_ = spec_.parallel().microbatches();
-  dp_ = spec_.parallel().dp();
+  const auto& par = spec_.parallel();
+  const GptConfig cfg = ModelConfig(spec_, data_.vocab_size);
+  T_ = spec_.model().block_size();
+  microbatches_ = par.microbatches();
+  dp_ = par.dp();
   dp_rank_ = dims_ != nullptr ? dims_->dp_rank() : 0;
   micro_B_ = spec_.train().global_batch() / (dp_ * microbatches_);
-  store_ = std::make_unique<DataParallel>(
-      cfg, spec_, dims_ != nullptr ? &dims_->dp_group() : nullptr);
-  model_ =
-      std::make_unique<Gpt>(cfg, micro_B_, T_, store_.get(), store_->pad());
+  // The plan of this rank: split into stages, tensor-parallel, ZeRO units.
+  PlanOptions plan;
+  plan.tp = par.tp();
+  plan.tp_rank = dims_ != nullptr ? dims_->tp_rank() : 0;
+  plan.pad = dp_;
+  std::vector<ParamInfo> layout = BuildPlan(cfg, plan);
+  store_ = std::make_unique<ZeroStore>(
+      layout, dp_, ZeroOptions{par.zero(), microbatches_, par.bucket_bytes()},
+      dp_group());
+  StageOptions stage;
+  stage.max_B = micro_B_;
+  stage.max_T = T_;
+  stage.tp = TpGroup{tp_group(), par.sequence_parallel()};
+  stage.store = store_.get();
+  stage.pad = dp_;
+  model_ = std::make_unique<GptStage>(cfg, std::move(layout), stage);
+  optimizer_ = std::make_unique<DistributedOptimizer>(
+      store_.get(), spec_.train(),
+      DistributedOptimizer::Groups{dp_group(), tp_group(), nullptr,
+                                   par.sequence_parallel()});
   store_->InitParams(spec_.train().seed());
   train_sampler_ = std::make_unique<BatchSampler>(
       &data_.train, T_, spec_.train().global_batch(), spec_.train().seed(),
@@ -284,6 +314,7 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
 
 MemoryBytes Trainer::memory() const {
   MemoryBytes m = store_->memory();
+  m.optimizer = optimizer_->adam().bytes();
   m.activations = model_->memory().activations;
   return m;
 }
@@ -292,8 +323,6 @@ double Trainer::SumOverDp(double x) {
   if (dims_ != nullptr && dp_ > 1) dims_->dp_group().AllReduce(&x, 1);
   return x;
 }
-
-double Trainer::SumOverWorld(double x) { return SumOverWorld(dims_, x); }
 
 double Trainer::flops_per_step() const {
   return GptFlopsPerToken(model_->config(), T_) *
@@ -318,17 +347,18 @@ StepResult Trainer::TrainStep(int64_t step) {
     r.phases.data += SecondsSince(t);
     t = Clock::now();
     store_->BeginMicrobatch(mb == microbatches_ - 1);
-    loss_sum += model_->Forward(inputs_.data(), targets_.data(), micro_B_, T_);
+    loss_sum += model_->Forward(0, inputs_.data(), nullptr, targets_.data(),
+                                micro_B_, T_);
     r.phases.forward += SecondsSince(t);
     t = Clock::now();
-    model_->Backward(inputs_.data(), targets_.data(), dloss);
+    model_->Backward(0, inputs_.data(), targets_.data(), dloss, nullptr);
     if (mb == microbatches_ - 1) store_->FinishGradients();
     r.phases.backward += SecondsSince(t);
   }
   const auto t = Clock::now();
   r.loss = static_cast<float>(SumOverDp(loss_sum) / (microbatches_ * dp_));
   r.lr = LearningRate(spec_.train(), step);
-  r.grad_norm = store_->Update(static_cast<float>(r.lr)).grad_norm;
+  r.grad_norm = optimizer_->Step(static_cast<float>(r.lr)).grad_norm;
   r.phases.optimizer = SecondsSince(t);
   r.seconds = SecondsSince(t0);
   return r;
@@ -343,7 +373,8 @@ float Trainer::Evaluate() {
     for (int first = dp_rank_ * local; first < (dp_rank_ + 1) * local;
          first += micro_B_) {
       val_sampler_->Fill(b, first, micro_B_, inputs_.data(), targets_.data());
-      sum += model_->Forward(inputs_.data(), targets_.data(), micro_B_, T_);
+      sum += model_->Forward(0, inputs_.data(), nullptr, targets_.data(),
+                             micro_B_, T_);
       ++count;
     }
   }
@@ -361,10 +392,28 @@ std::string Trainer::Sample(uint64_t salt) {
   const uint64_t stream = StableHash("sample");
   std::vector<float> probs(V);
   std::vector<int> order(V);
+  // Under sequence parallelism a forward's length is a multiple of tp: the
+  // context is padded at its end, which causal attention keeps from the
+  // positions that matter.
+  Communicator* tp = tp_group();
+  const int multiple =
+      tp != nullptr && spec_.parallel().sequence_parallel() ? tp->size() : 1;
+  const int Vl = model_->vocab_local();
+  std::vector<float> gathered(tp != nullptr ? int64_t{Vl} * tp->size() : 0);
+  std::vector<int32_t> context;
   for (int i = 0; i < train.sample_tokens(); ++i) {
     const int T = static_cast<int>(std::min<size_t>(ids.size(), T_));
-    model_->Forward(ids.data() + ids.size() - T, nullptr, 1, T);
-    const float* logits = model_->logits() + static_cast<int64_t>(T - 1) * V;
+    const int padded = (T + multiple - 1) / multiple * multiple;
+    context.assign(ids.end() - T, ids.end());
+    context.resize(padded, 0);
+    model_->Forward(0, context.data(), nullptr, nullptr, 1, padded);
+    // This rank's vocabulary columns at the last position; the whole
+    // vocabulary is gathered only here, for sampling.
+    const float* logits = model_->logits(0) + static_cast<int64_t>(T - 1) * Vl;
+    if (tp != nullptr) {
+      tp->AllGather(logits, gathered.data(), Vl);
+      logits = gathered.data();
+    }
     // Softmax at the temperature, restricted to the top k logits if asked.
     const double temp = train.sample_temperature();
     std::iota(order.begin(), order.end(), 0);
@@ -422,9 +471,9 @@ absl::Status Trainer::Run() {
   spdlog::info(
       "model: {} parameters (L={} NH={} C={} T={} V={}), {} threads, sgemm "
       "peak {:.1f} GFLOP/s",
-      model_->num_params(), spec_.model().n_layer(), spec_.model().n_head(),
-      spec_.model().n_embd(), T_, data_.vocab_size, omp_get_max_threads(),
-      peak / 1e9);
+      GptNumParams(model_->config()), spec_.model().n_layer(),
+      spec_.model().n_head(), spec_.model().n_embd(), T_, data_.vocab_size,
+      omp_get_max_threads(), peak / 1e9);
   spdlog::info(
       "memory per rank: params {:.1f} MB, grads {:.1f} MB, optimizer {:.1f} "
       "MB, activations {:.1f} MB",

@@ -1,7 +1,9 @@
-// The training loop of one job: builds data, model and optimizer from a
-// JobSpec, then steps, evaluates, samples and logs. Data parallelism and ZeRO
-// come in through the model's UnitStore (DataParallel); every rank runs the
-// same loop, rank 0 writes the logs.
+// The training loop of one job: builds data, the model stage, its ZeRO store
+// and the optimizer from a JobSpec and the parallel plan, then steps,
+// evaluates, samples and logs. Tensor (and sequence) parallelism lives in
+// the stage's layers, data parallelism and ZeRO in its UnitStore (ZeroStore)
+// and the DistributedOptimizer; every rank runs the same loop, rank 0 writes
+// the logs.
 #ifndef PTRAIN_WORKER_ENGINE_TRAINER_H_
 #define PTRAIN_WORKER_ENGINE_TRAINER_H_
 
@@ -19,12 +21,12 @@
 #include "ptrain/v1/job.pb.h"
 #include "worker/engine/checkpoint.h"
 #include "worker/engine/data.h"
-#include "worker/engine/data_parallel.h"
-#include "worker/engine/gpt.h"
+#include "worker/engine/gpt_stage.h"
 #include "worker/engine/metrics.h"
 #include "worker/engine/optimizer.h"
 #include "worker/engine/parallel_dims.h"
 #include "worker/engine/runlog.h"
+#include "worker/engine/zero_store.h"
 
 namespace ptrain {
 
@@ -69,7 +71,7 @@ struct StepResult {
 class Trainer {
  public:
   // Loads the data, checks that the model fits in memory
-  // (common/memory_estimate.h) and builds it; a bad spec or bad data is
+  // (memory_estimate.h) and builds it; a bad spec or bad data is
   // InvalidArgument/NotFound naming the field, a model that does not fit
   // ResourceExhausted naming the fields that size it, a damaged checkpoint
   // DataLoss. Writes nothing. `dims` (not owned, may be null for a single
@@ -99,8 +101,9 @@ class Trainer {
 
   void set_metrics(RankMetrics* metrics) { options_.metrics = metrics; }
 
-  Gpt& model() { return *model_; }
-  DataParallel& store() { return *store_; }
+  GptStage& model() { return *model_; }
+  ZeroStore& store() { return *store_; }
+  DistributedOptimizer& optimizer() { return *optimizer_; }
   bool is_log_rank() const {
     return dims_ == nullptr || dims_->world_rank() == 0;
   }
@@ -111,10 +114,12 @@ class Trainer {
  private:
   Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
           TokenData data, ParallelDims* dims);
-  // Sum over the dp group / the world (identity on one rank).
+  // Sum over the dp group (identity on one rank).
   double SumOverDp(double x);
-  double SumOverWorld(double x);
-  static double SumOverWorld(ParallelDims* dims, double x);
+  // The groups of this rank; null where a degree is 1 (or no MPI).
+  Communicator* world() const;
+  Communicator* dp_group() const;
+  Communicator* tp_group() const;
   // Loads weights from model.init_from, then the resume_from checkpoint.
   absl::Status LoadInitialState();
 
@@ -125,8 +130,9 @@ class Trainer {
   int dp_ = 1, dp_rank_ = 0;
   int T_ = 0, micro_B_ = 0, microbatches_ = 0;
   int64_t start_step_ = 0, resume_bytes_read_ = 0;
-  std::unique_ptr<DataParallel> store_;
-  std::unique_ptr<Gpt> model_;
+  std::unique_ptr<ZeroStore> store_;
+  std::unique_ptr<GptStage> model_;
+  std::unique_ptr<DistributedOptimizer> optimizer_;
   std::unique_ptr<BatchSampler> train_sampler_, val_sampler_;
   std::vector<int32_t> inputs_, targets_;
 };

@@ -180,10 +180,13 @@ TEST_F(CheckpointTest, ManifestIndexesEveryTensorWithShapeAndChecksums) {
   // Every element of every weight reads back as it is in memory.
   const auto full = t->store().FullParams();
   for (const ParamInfo& p : t->store().layout()) {
-    std::vector<float> got(p.numel);
-    ASSERT_TRUE((*reader)->Read(p.name, 0, p.numel, got.data()).ok());
+    // One rank: the whole tensor is its one box (wte's padding rows, which
+    // follow it, are not in checkpoints).
+    const Box whole = WholeBox(p.global_shape);
+    std::vector<float> got(whole.numel());
+    ASSERT_TRUE((*reader)->Read(p.name, whole, got.data()).ok());
     ASSERT_EQ(0, std::memcmp(got.data(), full.data() + p.offset,
-                             p.numel * sizeof(float)))
+                             got.size() * sizeof(float)))
         << p.name;
   }
 }
@@ -408,22 +411,36 @@ TEST_F(CheckpointTest, EveryBadManifestNumberIsRefusedBeforeAnyRead) {
        "are not whole floats inside shard-00000.bin"},
       {"offset not a float boundary", [&](json& m) { wte(m)["offset"] = 2; },
        "are not whole floats"},
-      {"negative count", [&](json& m) { wte(m)["count"] = -1; },
-       "tensors.wte.shards[0].count=-1 is outside"},
-      {"start past the tensor", [&](json& m) { wte(m)["start"] = 1 << 30; },
-       "tensors.wte.shards[0].start=1073741824 is outside"},
+      {"negative box start", [&](json& m) { wte(m)["box"][0][0] = -1; },
+       "tensors.wte.shards[0].box[0][0]=-1 is outside"},
+      {"box start past the tensor",
+       [&](json& m) { wte(m)["box"][1][0] = 1 << 30; },
+       "tensors.wte.shards[0].box[1][0]=1073741824 is outside"},
+      {"empty box",
+       [&](json& m) {
+         wte(m)["box"][0] = {5, 5};
+       },
+       "tensors.wte.shards[0].box[0][1]=5 is outside [6, 65]"},
+      {"box end past the tensor", [&](json& m) { wte(m)["box"][1][1] = 25; },
+       "tensors.wte.shards[0].box[1][1]=25 is outside [1, 24]"},
+      {"box of the wrong rank", [&](json& m) { wte(m)["box"].erase(1); },
+       "tensors.wte.shards[0].box must be a list of 2 [lo, hi] pairs"},
+      {"box bound a double", [&](json& m) { wte(m)["box"][0][1] = 65.0; },
+       "box[0][1]=65 is not an integer"},
       {"a shard missing (a gap)",
        [&](json& m) { m["tensors"]["wte"]["shards"].erase(0); },
-       "tensors.wte.shards cover [0, 0) of its 1560 elements"},
+       "tensors.wte.shards must tile [65, 24] exactly: the boxes cover 0 of "
+       "the tensor's 1560 elements"},
       {"a shard twice (an overlap)",
        [&](json& m) {
          m["tensors"]["wte"]["shards"].push_back(
              m["tensors"]["wte"]["shards"][0]);
        },
-       "tensors.wte.shards overlap at element"},
+       "tensors.wte.shards must tile [65, 24] exactly: boxes [0:65, 0:24] "
+       "and [0:65, 0:24] overlap"},
       {"shape larger than its shards",
        [&](json& m) { m["tensors"]["wte"]["shape"][0] = 66; },
-       "tensors.wte.shards cover [0, 1560) of its 1584 elements"},
+       "the boxes cover 1560 of the tensor's 1584 elements"},
       {"shape with a zero",
        [&](json& m) { m["tensors"]["wte"]["shape"][0] = 0; },
        "tensors.wte.shape[0]=0 is outside"},
@@ -589,13 +606,16 @@ TEST_F(CheckpointTest, ReadOutsideATensorIsAnErrorNotAnOverflow) {
   auto reader = CheckpointReader::Open(StepDir(0));
   ASSERT_TRUE(reader.ok());
   float x[4];
-  EXPECT_EQ((*reader)->Read("wte", -1, 1, x).code(),
+  EXPECT_EQ((*reader)->Read("wte", Box{{-1, 0}, {0, 1}}, x).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*reader)->Read("wte", 65 * 24 - 1, 2, x).code(),
+  EXPECT_EQ((*reader)->Read("wte", Box{{64, 22}, {65, 26}}, x).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*reader)->Read("wte", INT64_MAX, 2, x).code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE((*reader)->Read("wte", 65 * 24 - 4, 4, x).ok());
+  EXPECT_EQ(
+      (*reader)->Read("wte", Box{{INT64_MAX - 1, 0}, {INT64_MAX, 4}}, x).code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*reader)->Read("wte", Box{{0}, {1}}, x).code(),
+            absl::StatusCode::kInvalidArgument);  // the wrong rank
+  EXPECT_TRUE((*reader)->Read("wte", Box{{64, 20}, {65, 24}}, x).ok());
 }
 
 }  // namespace

@@ -9,15 +9,25 @@
 #include <fstream>
 
 #include "worker/engine/data.h"
-#include "worker/engine/gpt.h"
+#include "worker/engine/gpt_stage.h"
 #include "worker/engine/optimizer.h"
 #include "worker/engine/rng.h"
 
 namespace ptrain {
 namespace {
 
-const GptConfig kTiny{/*n_layer=*/2, /*n_head=*/2, /*n_embd=*/12,
-                      /*block_size=*/8, /*vocab_size=*/13};
+const GptConfig kTiny{/*n_layer=*/2,       /*n_head=*/2,
+                      /*n_embd=*/12,
+                      /*block_size=*/8,    /*vocab_size=*/13,
+                      /*padded_vocab=*/128};
+
+// A single-rank model with its own buffers, for up to (B, T) microbatches.
+std::unique_ptr<GptStage> Stage(const GptConfig& c, int B, int T) {
+  StageOptions o;
+  o.max_B = B;
+  o.max_T = T;
+  return std::make_unique<GptStage>(c, BuildPlan(c, {}), o);
+}
 
 std::string TempPath(const std::string& name) {
   return (std::filesystem::temp_directory_path() /
@@ -57,7 +67,7 @@ TEST(GptLayout, ParameterCountMatchesGpt2Formula) {
   EXPECT_EQ(GptNumParams(kTiny), expect);
   // Contiguous, in order, with decay exactly on the matrices.
   int64_t offset = 0;
-  for (const auto& p : GptParamLayout(kTiny)) {
+  for (const auto& p : BuildPlan(kTiny, {})) {
     EXPECT_EQ(p.offset, offset) << p.name;
     offset += p.numel;
     EXPECT_EQ(p.decay, p.shape.size() == 2) << p.name;
@@ -65,28 +75,32 @@ TEST(GptLayout, ParameterCountMatchesGpt2Formula) {
 }
 
 TEST(GptInit, EveryElementIsAPureFunctionOfSeedNameAndIndex) {
-  Gpt a(kTiny, 1, 4), b(kTiny, 2, 8);
-  a.InitParams(42);
-  b.InitParams(42);
-  ASSERT_EQ(a.num_params(), b.num_params());
-  for (int64_t i = 0; i < a.num_params(); ++i) {
-    ASSERT_EQ(a.params()[i], b.params()[i]) << i;
+  auto a = Stage(kTiny, 1, 4), b = Stage(kTiny, 2, 8);
+  a->InitParams(42);
+  b->InitParams(42);
+  ASSERT_EQ(a->buffer_size(), b->buffer_size());
+  for (int64_t i = 0; i < a->buffer_size(); ++i) {
+    ASSERT_EQ(a->params()[i], b->params()[i]) << i;
   }
   // A shard computes its elements alone, without the rest of the model.
-  for (const auto& p : a.layout()) {
+  for (const auto& p : a->layout()) {
     for (int64_t i = p.numel / 2; i < p.numel; ++i) {
-      ASSERT_EQ(InitialValue(p, 42, i), a.params()[p.offset + i]) << p.name;
+      const std::optional<int64_t> g = GlobalIndex(p, i);
+      const float want = g.has_value() ? InitialValue(p, 42, *g) : 0.0f;
+      ASSERT_EQ(want, a->params()[p.offset + i]) << p.name;
     }
   }
-  Gpt c(kTiny, 1, 4);
-  c.InitParams(43);
+  auto c = Stage(kTiny, 1, 4);
+  c->InitParams(43);
   int same = 0;
-  for (int64_t i = 0; i < a.num_params(); ++i) {
-    same += a.params()[i] == c.params()[i];
+  for (int64_t i = 0; i < a->buffer_size(); ++i) {
+    same += a->params()[i] == c->params()[i];
   }
-  // Only LayerNorm ones and zero biases coincide across seeds.
+  // Only LayerNorm ones, zero biases and wte's padding rows coincide
+  // across seeds.
   const int64_t C = kTiny.n_embd, L = kTiny.n_layer;
-  EXPECT_EQ(same, L * 13 * C + 2 * C);
+  EXPECT_EQ(same,
+            L * 13 * C + 2 * C + (kTiny.padded_vocab - kTiny.vocab_size) * C);
 }
 
 TEST(GptInit, InitialValueDoesNotDependOnTheParameterOffset) {
@@ -94,7 +108,8 @@ TEST(GptInit, InitialValueDoesNotDependOnTheParameterOffset) {
   // vocabulary moves every offset after wte).
   GptConfig other = kTiny;
   other.vocab_size = 29;
-  const auto a = GptParamLayout(kTiny), b = GptParamLayout(other);
+  other.padded_vocab = 256;
+  const auto a = BuildPlan(kTiny, {}), b = BuildPlan(other, {});
   ASSERT_NE(a[2].offset, b[2].offset);
   for (int64_t i = 0; i < a[4].numel; ++i) {
     ASSERT_EQ(InitialValue(a[4], 9, i), InitialValue(b[4], 9, i));
@@ -102,17 +117,19 @@ TEST(GptInit, InitialValueDoesNotDependOnTheParameterOffset) {
 }
 
 TEST(GptInit, WeightsHaveTheGpt2StandardDeviations) {
-  GptConfig big{4, 4, 64, 16, 50};
-  Gpt m(big, 1, 1);
-  m.InitParams(1);
-  for (const auto& p : m.layout()) {
+  GptConfig big{4, 4, 64, 16, 50, 128};
+  auto m = Stage(big, 1, 1);
+  m->InitParams(1);
+  for (const auto& p : m->layout()) {
     if (p.init != ParamInfo::Init::kNormal) continue;
     double sq = 0;
+    int64_t n = 0;
     for (int64_t i = 0; i < p.numel; ++i) {
-      sq += double(m.params()[p.offset + i]) * m.params()[p.offset + i];
+      if (!GlobalIndex(p, i).has_value()) continue;  // padding rows
+      sq += double(m->params()[p.offset + i]) * m->params()[p.offset + i];
+      ++n;
     }
-    EXPECT_NEAR(std::sqrt(sq / p.numel), p.init_std, 0.1 * p.init_std)
-        << p.name;
+    EXPECT_NEAR(std::sqrt(sq / n), p.init_std, 0.1 * p.init_std) << p.name;
   }
 }
 
@@ -264,8 +281,8 @@ TEST(Clipping, ScaleBringsTheNormDownToTheThresholdOnly) {
 }
 
 TEST(AdamW, DecayAppliesToMatricesOnlyEvenInsideAShard) {
-  const auto layout = GptParamLayout(kTiny);
-  const int64_t n = GptNumParams(kTiny);
+  const auto layout = BuildPlan(kTiny, {});
+  const int64_t n = layout.back().offset + layout.back().numel;
   v1::TrainSpec t;
   t.set_beta1(0.9);
   t.set_beta2(0.95);
@@ -287,34 +304,34 @@ TEST(AdamW, DecayAppliesToMatricesOnlyEvenInsideAShard) {
   EXPECT_EQ(opt.bytes(), 2 * (hi - lo) * 4);
 }
 
-TEST(Gpt, MicrobatchAccumulationEqualsOneLargeBatch) {
+TEST(GptStage, MicrobatchAccumulationEqualsOneLargeBatch) {
   const int B = 4, T = 8;
   std::vector<int32_t> in(B * T), tg(B * T);
   for (int i = 0; i < B * T; ++i) {
     in[i] = CounterRandom64(1, 1, i) % kTiny.vocab_size;
     tg[i] = CounterRandom64(1, 2, i) % kTiny.vocab_size;
   }
-  Gpt whole(kTiny, B, T), parts(kTiny, B / 2, T);
-  whole.InitParams(3);
-  parts.InitParams(3);
-  whole.ZeroGrad();
-  parts.ZeroGrad();
+  auto whole = Stage(kTiny, B, T), parts = Stage(kTiny, B / 2, T);
+  whole->InitParams(3);
+  parts->InitParams(3);
+  whole->ZeroGrad();
+  parts->ZeroGrad();
   const float dloss = 1.0f / (B * T);
-  const float l = whole.Forward(in.data(), tg.data(), B, T);
-  whole.Backward(in.data(), tg.data(), dloss);
+  const float l = whole->Forward(0, in.data(), nullptr, tg.data(), B, T);
+  whole->Backward(0, in.data(), tg.data(), dloss, nullptr);
   float l2 = 0;
   for (int half = 0; half < 2; ++half) {
     const int32_t* i = in.data() + half * (B / 2) * T;
     const int32_t* g = tg.data() + half * (B / 2) * T;
-    l2 += parts.Forward(i, g, B / 2, T) / 2;
-    parts.Backward(i, g, dloss);
+    l2 += parts->Forward(0, i, nullptr, g, B / 2, T) / 2;
+    parts->Backward(0, i, g, dloss, nullptr);
   }
   EXPECT_NEAR(l, l2, 1e-6);
   double diff = 0, scale = 0;
-  for (int64_t i = 0; i < whole.num_params(); ++i) {
-    diff =
-        std::max(diff, double(std::fabs(whole.grads()[i] - parts.grads()[i])));
-    scale = std::max(scale, double(std::fabs(whole.grads()[i])));
+  for (int64_t i = 0; i < whole->buffer_size(); ++i) {
+    diff = std::max(diff,
+                    double(std::fabs(whole->grads()[i] - parts->grads()[i])));
+    scale = std::max(scale, double(std::fabs(whole->grads()[i])));
   }
   std::printf("accumulated vs whole-batch gradient maxdiff %.3e (scale %.3e)\n",
               diff, scale);
@@ -322,17 +339,17 @@ TEST(Gpt, MicrobatchAccumulationEqualsOneLargeBatch) {
   EXPECT_GT(scale, 0.0);
 }
 
-TEST(Gpt, ShorterSequencesUseTheFrontOfTheBuffers) {
+TEST(GptStage, ShorterSequencesUseTheFrontOfTheBuffers) {
   // Forward on (1,T') inside a model allocated for (2,8) gives the logits
   // that a model allocated for exactly (1,T') gives.
   std::vector<int32_t> in = {1, 5, 7, 2, 9};
-  Gpt big(kTiny, 2, 8), exact(kTiny, 1, 5);
-  big.InitParams(11);
-  exact.InitParams(11);
-  big.Forward(in.data(), nullptr, 1, 5);
-  exact.Forward(in.data(), nullptr, 1, 5);
-  for (int i = 0; i < 5 * kTiny.vocab_size; ++i) {
-    ASSERT_FLOAT_EQ(big.logits()[i], exact.logits()[i]) << i;
+  auto big = Stage(kTiny, 2, 8), exact = Stage(kTiny, 1, 5);
+  big->InitParams(11);
+  exact->InitParams(11);
+  big->Forward(0, in.data(), nullptr, nullptr, 1, 5);
+  exact->Forward(0, in.data(), nullptr, nullptr, 1, 5);
+  for (int i = 0; i < 5 * kTiny.padded_vocab; ++i) {
+    ASSERT_FLOAT_EQ(big->logits(0)[i], exact->logits(0)[i]) << i;
   }
 }
 

@@ -10,8 +10,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   ptrain::testing::ReferenceSetup ref;
-  ptrain::Gpt model(ref.config, ref.B, ref.T);
-  model.InitParams(ref.seed);
+  const auto model = ptrain::testing::ReferenceModel(ref);
   ptrain::testing::RecordWriter w(argv[1]);
   const auto& c = ref.config;
   const float config[] = {float(c.n_layer),    float(c.n_head),
@@ -27,8 +26,9 @@ int main(int argc, char** argv) {
   w.F32("hyper", {9}, hyper);
   w.I32("inputs", {ref.B, ref.T}, ref.inputs.data());
   w.I32("targets", {ref.B, ref.T}, ref.targets.data());
-  for (const auto& p : model.layout()) {
-    w.F32(p.name, p.shape, model.params() + p.offset);
+  // Global shapes: wte's padding rows (past V) are not the model's.
+  for (const auto& p : model->layout()) {
+    w.F32(p.name, p.global_shape, model->params() + p.offset);
   }
   if (!w.ok()) {
     std::fprintf(stderr, "gpt_reference_dump: cannot write %s\n", argv[1]);

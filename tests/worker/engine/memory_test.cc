@@ -4,8 +4,8 @@
 // ZeRO stages are compared in tests/distributed/checkpoint_reshard_test.cc.
 #include <gtest/gtest.h>
 
-#include "common/memory_estimate.h"
 #include "common/spec.h"
+#include "worker/engine/memory_estimate.h"
 #include "worker/engine/trainer.h"
 
 namespace ptrain {

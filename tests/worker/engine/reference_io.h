@@ -7,20 +7,22 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "ptrain/v1/job.pb.h"
-#include "worker/engine/gpt.h"
+#include "worker/engine/gpt_stage.h"
 #include "worker/engine/rng.h"
 
 namespace ptrain::testing {
 
 // Odd sizes on purpose: nothing a power of two except where the model needs it.
 struct ReferenceSetup {
-  GptConfig config{/*n_layer=*/2, /*n_head=*/2, /*n_embd=*/16,
-                   /*block_size=*/8, /*vocab_size=*/11};
+  GptConfig config{
+      /*n_layer=*/2,    /*n_head=*/2,      /*n_embd=*/16,
+      /*block_size=*/8, /*vocab_size=*/11, /*padded_vocab=*/128};
   int B = 3, T = 8;
   uint64_t seed = 1337;
   v1::TrainSpec train;
@@ -44,6 +46,17 @@ struct ReferenceSetup {
     }
   }
 };
+
+// The single-rank model of the setup, with its own buffers, initialised.
+inline std::unique_ptr<GptStage> ReferenceModel(const ReferenceSetup& setup) {
+  StageOptions o;
+  o.max_B = setup.B;
+  o.max_T = setup.T;
+  auto model =
+      std::make_unique<GptStage>(setup.config, BuildPlan(setup.config, {}), o);
+  model->InitParams(setup.seed);
+  return model;
+}
 
 struct Record {
   std::vector<int64_t> dims;

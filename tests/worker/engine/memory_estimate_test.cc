@@ -1,9 +1,9 @@
-// The per-rank memory estimate: saturates instead of overflowing on absurd
-// sizes, follows the ZeRO stage, and refuses what does not fit with a
+// The per-rank memory estimate: saturates instead of overflowing on sizes
+// past 64 bits, follows the ZeRO stage, and refuses what does not fit with a
 // message naming the fields. (tests/worker/engine/memory_test.cc and
 // tests/distributed/checkpoint_reshard_test.cc compare it with the engine's
 // own buffers.)
-#include "common/memory_estimate.h"
+#include "worker/engine/memory_estimate.h"
 
 #include <gtest/gtest.h>
 
@@ -20,20 +20,20 @@ v1::JobSpec Spec(std::vector<std::string> overrides) {
   return *spec;
 }
 
-TEST(MemoryEstimate, AbsurdSizesSaturateInsteadOfOverflowing) {
-  // Set directly: these need not pass the spec's bounds to be estimated.
-  v1::JobSpec spec = Spec({});
-  spec.mutable_model()->set_n_embd(1 << 30);
-  MemoryEstimate e = EstimateRankMemory(spec, 65);
-  EXPECT_EQ(e.params, INT64_MAX);
-  EXPECT_EQ(e.total(), INT64_MAX);
-  spec = Spec({});
-  spec.mutable_train()->set_global_batch(2147483647);
-  spec.mutable_model()->set_block_size(2147483647);
-  e = EstimateRankMemory(spec, 50257);
+// The largest sizes the spec's bounds allow: the attention probabilities
+// alone are B·NH·T² = 2^24·2^12·2^40 floats, far past int64.
+TEST(MemoryEstimate, SizesPastSixtyFourBitsSaturateInsteadOfOverflowing) {
+  const v1::JobSpec spec =
+      Spec({"model.block_size=1048576", "train.global_batch=16777216",
+            "model.n_head=4096", "model.n_embd=8192"});
+  MemoryEstimate e = EstimateRankMemory(spec, 50257);
   EXPECT_EQ(e.activations, INT64_MAX);
+  EXPECT_EQ(e.total(), INT64_MAX);
   EXPECT_GT(e.params, 0);
   EXPECT_LT(e.params, int64_t{1} << 50);
+  const absl::Status s = CheckMemoryFits(spec, 50257, 1, int64_t{1} << 40);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("more than 2^63"), std::string::npos) << s;
 }
 
 TEST(MemoryEstimate, ZeroStagesShardOptimizerThenGradientsThenWeights) {

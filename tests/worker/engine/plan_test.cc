@@ -1,0 +1,190 @@
+// The parallel plan's steps, each on its own: the tensor table, stages, the
+// tensor-parallel plan (every element of every tensor held by exactly one
+// tp rank, or by all when replicated), ZeRO units.
+#include "worker/engine/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace ptrain {
+namespace {
+
+GptConfig Config(int tp = 1) {
+  GptConfig c{/*n_layer=*/4, /*n_head=*/4, /*n_embd=*/24, /*block_size=*/16,
+              /*vocab_size=*/65};
+  c.padded_vocab = PaddedVocab(c.vocab_size, tp);
+  return c;
+}
+
+TEST(PaddedVocab, IsAMultipleOf128TimesTp) {
+  EXPECT_EQ(PaddedVocab(65, 1), 128);
+  EXPECT_EQ(PaddedVocab(128, 1), 128);
+  EXPECT_EQ(PaddedVocab(129, 1), 256);
+  EXPECT_EQ(PaddedVocab(50257, 1), 50304);  // GPT-2's, as llm.c pads it
+  EXPECT_EQ(PaddedVocab(65, 4), 512);
+}
+
+TEST(GptTensors, AreTheGpt2StateInOrderWithGlobalShapes) {
+  const GptConfig c = Config();
+  const std::vector<ParamInfo> t = GptTensors(c);
+  ASSERT_EQ(t.size(), 2 + 12 * 4 + 2u);
+  EXPECT_EQ(t[0].name, "wte");
+  EXPECT_EQ(t[0].global_shape, (std::vector<int64_t>{65, 24}));
+  EXPECT_EQ(t[1].name, "wpe");
+  EXPECT_EQ(t[2].name, "h.0.ln_1.weight");
+  EXPECT_EQ(t[4].name, "h.0.attn.c_attn.weight");
+  EXPECT_EQ(t[4].global_shape, (std::vector<int64_t>{72, 24}));
+  EXPECT_EQ(t[12].name, "h.0.mlp.c_proj.weight");
+  EXPECT_EQ(t[12].global_shape, (std::vector<int64_t>{24, 96}));
+  EXPECT_EQ(t.back().name, "ln_f.bias");
+  // Decay on matrices only.
+  for (const ParamInfo& p : t) {
+    EXPECT_EQ(p.decay, p.global_shape.size() == 2) << p.name;
+  }
+  // llm.c's count: V·C + T·C + L·(12C² + 13C) + 2C.
+  const int64_t C = 24, L = 4;
+  EXPECT_EQ(GptNumParams(c),
+            65 * C + 16 * C + L * (12 * C * C + 13 * C) + 2 * C);
+}
+
+TEST(SplitStages, ContiguousLayersEmbeddingFirstFinalNormLast) {
+  std::vector<ParamInfo> t = GptTensors(Config());
+  SplitStages(&t, 4, 2);
+  for (const ParamInfo& p : t) {
+    if (p.layer >= 0) {
+      EXPECT_EQ(p.stage, p.layer / 2) << p.name;
+    } else if (p.name.rfind("ln_f", 0) == 0) {
+      EXPECT_EQ(p.stage, 1) << p.name;
+    } else {
+      EXPECT_EQ(p.stage, 0) << p.name;
+    }
+  }
+  EXPECT_DEATH(SplitStages(&t, 4, 3), "pp must divide n_layer");
+}
+
+TEST(ApplyTensorParallel, SplitsFollowMegatronsPlan) {
+  const GptConfig c = Config(2);
+  std::vector<ParamInfo> t = GptTensors(c);
+  ApplyTensorParallel(&t, c, 2, 1);
+  std::map<std::string, const ParamInfo*> by;
+  for (const ParamInfo& p : t) by[p.name] = &p;
+  const ParamInfo& qkv = *by["h.0.attn.c_attn.weight"];
+  EXPECT_EQ(qkv.split, TpSplit::kQkv);
+  EXPECT_EQ(qkv.shape, (std::vector<int64_t>{36, 24}));
+  ASSERT_EQ(qkv.boxes.size(), 3u);  // rank 1's heads of q, of k, of v
+  EXPECT_EQ(qkv.boxes[0].lo[0], 12);
+  EXPECT_EQ(qkv.boxes[1].lo[0], 36);
+  EXPECT_EQ(qkv.boxes[2].lo[0], 60);
+  EXPECT_EQ(by["h.0.attn.c_proj.weight"]->split, TpSplit::kRow);
+  EXPECT_EQ(by["h.0.attn.c_proj.weight"]->shape,
+            (std::vector<int64_t>{24, 12}));
+  EXPECT_EQ(by["h.0.attn.c_proj.bias"]->split, TpSplit::kReplicated);
+  EXPECT_EQ(by["h.0.mlp.c_fc.weight"]->split, TpSplit::kColumn);
+  EXPECT_EQ(by["h.0.mlp.c_fc.bias"]->shape, (std::vector<int64_t>{48}));
+  EXPECT_EQ(by["h.0.mlp.c_proj.weight"]->split, TpSplit::kRow);
+  EXPECT_TRUE(by["h.0.ln_2.bias"]->sequence_partial);
+  EXPECT_TRUE(by["wpe"]->sequence_partial);
+  EXPECT_FALSE(by["h.0.mlp.c_fc.weight"]->sequence_partial);
+  // wte: 256 padded rows, 128 per rank; rank 1 holds only padding.
+  const ParamInfo& wte = *by["wte"];
+  EXPECT_EQ(wte.shape, (std::vector<int64_t>{128, 24}));
+  EXPECT_TRUE(wte.boxes[0].empty());
+}
+
+// Every element of every tensor is held by exactly one tp rank (split
+// tensors) or by every rank (replicated), and GlobalIndex names each once.
+TEST(ApplyTensorParallel, RanksTileEveryTensorExactly) {
+  for (int tp : {1, 2, 4}) {
+    const GptConfig c = Config(tp);
+    std::map<std::string, std::map<int64_t, int>> seen;
+    std::map<std::string, int64_t> numel;
+    std::map<std::string, bool> replicated;
+    for (int r = 0; r < tp; ++r) {
+      std::vector<ParamInfo> t = GptTensors(c);
+      ApplyTensorParallel(&t, c, tp, r);
+      for (const ParamInfo& p : t) {
+        int64_t n = 1;
+        for (int64_t d : p.global_shape) n *= d;
+        numel[p.name] = n;
+        replicated[p.name] = p.tp_replicated();
+        int64_t held = 0;
+        for (const Box& b : p.boxes) held += b.numel();
+        for (int64_t i = 0; i < p.numel; ++i) {
+          if (auto g = GlobalIndex(p, i)) {
+            ASSERT_GE(*g, 0);
+            ASSERT_LT(*g, n) << p.name;
+            ++seen[p.name][*g];
+          }
+        }
+        EXPECT_LE(held, p.numel) << p.name;
+      }
+    }
+    for (const auto& [name, counts] : seen) {
+      const int want = replicated[name] ? tp : 1;
+      ASSERT_EQ(static_cast<int64_t>(counts.size()), numel[name])
+          << name << " tp=" << tp;
+      for (const auto& [index, n] : counts) {
+        ASSERT_EQ(n, want) << name << "[" << index << "] tp=" << tp;
+      }
+    }
+  }
+}
+
+TEST(ApplyTensorParallel, RefusesADegreeThatDoesNotDivideTheHeads) {
+  GptConfig c = Config(3);
+  std::vector<ParamInfo> t = GptTensors(c);
+  EXPECT_DEATH(ApplyTensorParallel(&t, c, 3, 0), "tp must divide n_head");
+}
+
+TEST(LayoutUnits, UnitsArePaddedSlicesInTableOrderPerStage) {
+  const GptConfig c = Config();
+  std::vector<ParamInfo> t = GptTensors(c);
+  SplitStages(&t, 4, 2);
+  ApplyTensorParallel(&t, c, 1, 0);
+  for (int stage : {0, 1}) {
+    const std::vector<ParamInfo> layout = LayoutUnits(t, stage, 3);
+    const std::vector<UnitRange> units = Units(layout, 3);
+    // Stage 0: [wte wpe] + 4 units per block of its 2 blocks; stage 1: the
+    // blocks' 8 and [ln_f].
+    EXPECT_EQ(units.size(), 9u) << stage;
+    int64_t expect_begin = 0;
+    for (const UnitRange& u : units) {
+      EXPECT_EQ(u.begin, expect_begin);
+      EXPECT_EQ(u.size % 3, 0);
+      expect_begin = u.begin + u.size;
+    }
+    for (size_t i = 1; i < layout.size(); ++i) {
+      const ParamInfo& a = layout[i - 1];
+      const ParamInfo& b = layout[i];
+      if (a.unit == b.unit) EXPECT_EQ(b.offset, a.offset + a.numel);
+      EXPECT_EQ(b.offset - units[b.unit].begin, b.unit_offset);
+    }
+    EXPECT_EQ(layout.front().name, stage == 0 ? "wte" : "h.2.ln_1.weight");
+    EXPECT_EQ(layout.back().name,
+              stage == 0 ? "h.1.mlp.c_proj.bias" : "ln_f.bias");
+  }
+}
+
+// A tp rank's shard initialises to the single-rank values at the same
+// global elements: layout invariance starts here.
+TEST(BuildPlan, InitialValuesDoNotDependOnTheLayout) {
+  const GptConfig one = Config(1);
+  std::map<std::string, ParamInfo> whole;
+  for (const ParamInfo& p : BuildPlan(one, {})) whole[p.name] = p;
+  const GptConfig two = Config(2);
+  for (const ParamInfo& p : BuildPlan(two, {2, 1, 1, 0, 2})) {
+    for (int64_t i = 0; i < p.numel; i += 7) {
+      if (auto g = GlobalIndex(p, i)) {
+        ASSERT_EQ(InitialValue(p, 1337, *g),
+                  InitialValue(whole[p.name], 1337, *g));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ptrain

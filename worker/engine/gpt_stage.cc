@@ -1,0 +1,420 @@
+// One stage of GPT-2 over the tensor-parallel layers; see gpt_stage.h.
+#include "worker/engine/gpt_stage.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+#include "kernels/cpu/kernels.h"
+
+namespace ptrain {
+
+namespace k = kernels;
+
+namespace {
+
+// Block tensors by their index in GptBlockTensorNames().
+enum BlockTensorIndex {
+  kLn1W,
+  kLn1B,
+  kQkvW,
+  kQkvB,
+  kAttProjW,
+  kAttProjB,
+  kLn2W,
+  kLn2B,
+  kFcW,
+  kFcB,
+  kFcProjW,
+  kFcProjB,
+  kBlockTensors
+};
+
+void Zero(float* p, int64_t n) { std::memset(p, 0, n * sizeof(float)); }
+
+}  // namespace
+
+GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
+                   const StageOptions& o)
+    : config_(config),
+      layout_(std::move(layout)),
+      stage_(o.stage),
+      n_stages_(o.n_stages),
+      n_blocks_(config.n_layer / std::max(1, o.n_stages)),
+      max_B_(o.max_B),
+      max_T_(o.max_T),
+      tp_(o.tp),
+      Cl_(config.n_embd / o.tp.size()),
+      NHl_(config.n_head / o.tp.size()),
+      Vl_(config.padded_vocab / o.tp.size()),
+      vocab_begin_(o.tp.rank() * (config.padded_vocab / o.tp.size())),
+      store_(o.store != nullptr ? o.store : this) {
+  const int tp = o.tp.size();
+  PT_CHECK(config.n_layer >= 1 && config.n_head >= 1 && config.n_embd >= 1 &&
+               config.n_embd % config.n_head == 0 && config.vocab_size >= 1 &&
+               config.padded_vocab >= config.vocab_size &&
+               config.n_head % tp == 0 && config.padded_vocab % tp == 0 &&
+               o.n_stages >= 1 && config.n_layer % o.n_stages == 0 &&
+               o.stage >= 0 && o.stage < o.n_stages && o.max_T >= 1 &&
+               o.max_T <= config.block_size && o.max_B >= 1 && o.slots >= 1 &&
+               (!o.tp.sp || o.max_T % tp == 0),
+           "inconsistent model config for a stage");
+  units_ = Units(layout_, o.pad);
+  buffer_size_ = units_.empty() ? 0 : units_.back().begin + units_.back().size;
+  if (o.store == nullptr) {
+    params_.assign(buffer_size_, 0.0f);
+    grads_.assign(buffer_size_, 0.0f);
+  }
+  std::map<std::string, const ParamInfo*> by_name;
+  for (const ParamInfo& p : layout_) by_name[p.name] = &p;
+  auto find = [&](const std::string& name) -> const ParamInfo& {
+    auto it = by_name.find(name);
+    PT_CHECK(it != by_name.end(), ("the layout has no " + name).c_str());
+    return *it->second;
+  };
+  if (first()) {
+    emb_unit_ = find("wte").unit;
+    wte_offset_ = find("wte").unit_offset;
+    wpe_offset_ = find("wpe").unit_offset;
+  }
+  if (last()) {
+    final_unit_ = find("ln_f.weight").unit;
+    lnf_offset_ = find("ln_f.weight").unit_offset;
+  }
+  const std::vector<std::string>& names = GptBlockTensorNames();
+  for (int b = 0; b < n_blocks_; ++b) {
+    const int l = stage_ * n_blocks_ + b;
+    for (const std::string& name : names) {
+      block_offsets_.push_back(
+          find(absl::StrCat("h.", l, ".", name)).unit_offset);
+    }
+  }
+
+  const int64_t C = config.n_embd, L = n_blocks_;
+  const int64_t BT = static_cast<int64_t>(max_B_) * max_T_;
+  const int64_t BTs = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_);
+  const int64_t att = static_cast<int64_t>(max_B_) * NHl_ * max_T_ * max_T_;
+  const int64_t Cl = Cl_, Vl = Vl_;
+  acts_.assign(ActivationFloats(config, max_B_, max_T_, o.slots, tp, tp_.sp,
+                                stage_, n_stages_),
+               0.0f);
+  for (int s = 0; s < o.slots; ++s) {
+    Slot slot;
+    slot.input = Take(BTs * C);
+    slot.ln1 = Take(L * BTs * C);
+    slot.ln1_mean = Take(L * BTs);
+    slot.ln1_rstd = Take(L * BTs);
+    slot.qkv = Take(L * BT * 3 * Cl);
+    slot.atty = Take(L * BT * Cl);
+    slot.att = Take(L * att);
+    slot.residual2 = Take(L * BTs * C);
+    slot.ln2 = Take(L * BTs * C);
+    slot.ln2_mean = Take(L * BTs);
+    slot.ln2_rstd = Take(L * BTs);
+    slot.fch = Take(L * BT * 4 * Cl);
+    slot.fch_gelu = Take(L * BT * 4 * Cl);
+    slot.residual3 = Take(L * BTs * C);
+    if (last()) {
+      slot.lnf = Take(BTs * C);
+      slot.lnf_mean = Take(BTs);
+      slot.lnf_rstd = Take(BTs);
+      slot.logits = Take(BT * Vl);
+      slot.losses = Take(BT);
+    } else {
+      slot.lnf = slot.lnf_mean = slot.lnf_rstd = slot.logits = slot.losses =
+          nullptr;
+    }
+    slots_.push_back(slot);
+  }
+  scratch_.a = Take(BT * C);
+  scratch_.b = Take(BT * C);
+  proj_ = Take(BTs * C);
+  dresidual_ = Take(BTs * C);
+  dln_ = Take(BTs * C);
+  dqkv_ = Take(BT * 3 * Cl);
+  datty_ = Take(BT * Cl);
+  datt_ = Take(att);
+  dfch_ = Take(BT * 4 * Cl);
+  dfch_gelu_ = Take(BT * 4 * Cl);
+  dlogits_ = last() ? Take(BT * Vl) : nullptr;
+  ce_stats_ = last() ? Take(3 * BT) : nullptr;
+  PT_CHECK(acts_used_ == static_cast<int64_t>(acts_.size()),
+           "the activation slabs do not add up to ActivationFloats");
+}
+
+int64_t GptStage::ActivationFloats(const GptConfig& config, int max_B,
+                                   int max_T, int slots, int tp, bool sp,
+                                   int stage, int n_stages) {
+  // Mirrors the slabs the constructor takes, in saturating arithmetic.
+  const bool last = stage == n_stages - 1;
+  const int64_t C = config.n_embd, L = config.n_layer / n_stages;
+  const int64_t Cl = config.n_embd / tp, NHl = config.n_head / tp;
+  const int64_t Vl = config.padded_vocab / tp;
+  const int64_t BT = SatMul(max_B, max_T);
+  const int64_t BTs = SatMul(max_B, sp ? max_T / tp : max_T);
+  const int64_t att = SatMul(SatMul(SatMul(max_B, NHl), max_T), max_T);
+  auto sum = [](std::initializer_list<int64_t> xs) {
+    int64_t s = 0;
+    for (int64_t x : xs) s = SatAdd(s, x);
+    return s;
+  };
+  // Per layer: ln1, residual2, ln2, residual3 and four (B,Ts) statistics;
+  // qkv, atty, fch, fch_gelu; the attention probabilities.
+  const int64_t per_layer =
+      sum({SatMul(BTs, 4 * C + 4), SatMul(BT, 3 * Cl + Cl + 8 * Cl), att});
+  const int64_t head = last ? sum({SatMul(BTs, C + 2), SatMul(BT, Vl), BT}) : 0;
+  const int64_t per_slot = sum({SatMul(BTs, C), SatMul(L, per_layer), head});
+  const int64_t working =
+      sum({SatMul(2 * BT, C), SatMul(3 * BTs, C), SatMul(BT, 4 * Cl), att,
+           SatMul(2 * BT, 4 * Cl), last ? sum({SatMul(BT, Vl), 3 * BT}) : 0});
+  return SatAdd(SatMul(per_slot, slots), working);
+}
+
+float* GptStage::Take(int64_t count) {
+  float* p = acts_.data() + acts_used_;
+  acts_used_ += count;
+  return p;
+}
+
+const float* GptStage::BlockTensor(const float* unit_base, int b, int i) const {
+  return unit_base + block_offsets_[b * kBlockTensors + i];
+}
+
+void GptStage::InitParams(uint64_t seed) {
+  PT_CHECK(!params_.empty(), "the stage's weights live in a store");
+  for (const ParamInfo& p : layout_) {
+    float* dst = params_.data() + p.offset;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < p.numel; ++i) {
+      const std::optional<int64_t> g = GlobalIndex(p, i);
+      dst[i] = g.has_value() ? InitialValue(p, seed, *g) : 0.0f;
+    }
+  }
+}
+
+void GptStage::ZeroGrad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+
+const float* GptStage::output(int slot) const {
+  return slots_[slot].residual3 + static_cast<int64_t>(n_blocks_ - 1) * max_B_ *
+                                      tp_.SeqLocal(max_T_) * config_.n_embd;
+}
+
+float GptStage::Forward(int slot, const int32_t* tokens, const float* hidden,
+                        const int32_t* targets, int B, int T) {
+  PT_CHECK(B >= 1 && B <= max_B_ && T >= 1 && T <= max_T_ &&
+               (!tp_.sp || T % tp_.size() == 0) && slot >= 0 &&
+               slot < static_cast<int>(slots_.size()),
+           "a microbatch larger than allocated (or T not divisible by tp "
+           "under sequence parallelism)");
+  Slot& S = slots_[slot];
+  S.B = B;
+  S.T = T;
+  const int C = config_.n_embd, Ts = tp_.SeqLocal(T);
+  const int64_t BTsC = static_cast<int64_t>(B) * Ts * C;
+  // Per-layer slabs are laid out for the allocated maximum, so index them by
+  // the maximum stride; a smaller batch uses the front of each slab.
+  const int64_t sBTsC = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_) * C;
+  const int64_t sBTs = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_);
+  const int64_t sBT = static_cast<int64_t>(max_B_) * max_T_;
+  const int64_t sAtt = sBT * NHl_ * max_T_;
+
+  UnitStore& st = *store_;
+  const float* wte = nullptr;
+  if (first()) {
+    st.BeginForward(emb_unit_);
+    wte = st.Params(emb_unit_) + wte_offset_;
+    vocab_embedding_forward(S.input, tokens, wte,
+                            st.Params(emb_unit_) + wpe_offset_, B, T, C,
+                            vocab_begin_, Vl_, tp_, scratch_);
+  } else {
+    std::memcpy(S.input, hidden, BTsC * sizeof(float));
+  }
+  const float* x = S.input;
+  for (int b = 0; b < n_blocks_; ++b) {
+    const int u = BlockUnit(b);  // u..u+3: [ln_1 c_attn] [attn.c_proj]
+                                 // [ln_2 c_fc] [mlp.c_proj]
+    float* ln1 = S.ln1 + b * sBTsC;
+    float* qkv = S.qkv + b * sBT * 3 * Cl_;
+    float* atty = S.atty + b * sBT * Cl_;
+    float* att = S.att + b * sAtt;
+    float* residual2 = S.residual2 + b * sBTsC;
+    float* ln2 = S.ln2 + b * sBTsC;
+    float* fch = S.fch + b * sBT * 4 * Cl_;
+    float* fch_gelu = S.fch_gelu + b * sBT * 4 * Cl_;
+    float* residual3 = S.residual3 + b * sBTsC;
+    st.BeginForward(u);
+    const float* w = st.Params(u);
+    k::layernorm_forward(ln1, S.ln1_mean + b * sBTs, S.ln1_rstd + b * sBTs, x,
+                         BlockTensor(w, b, kLn1W), BlockTensor(w, b, kLn1B), B,
+                         Ts, C);
+    column_linear_forward(qkv, ln1, BlockTensor(w, b, kQkvW),
+                          BlockTensor(w, b, kQkvB), B, T, C, 3 * Cl_, tp_,
+                          scratch_);
+    st.EndForward(u);
+    k::attention_forward(atty, att, qkv, B, T, Cl_, NHl_);
+    st.BeginForward(u + 1);
+    w = st.Params(u + 1);
+    row_linear_forward(proj_, atty, BlockTensor(w, b, kAttProjW),
+                       BlockTensor(w, b, kAttProjB), B, T, Cl_, C, tp_,
+                       scratch_);
+    st.EndForward(u + 1);
+    k::residual_forward(residual2, x, proj_, BTsC);
+    st.BeginForward(u + 2);
+    w = st.Params(u + 2);
+    k::layernorm_forward(ln2, S.ln2_mean + b * sBTs, S.ln2_rstd + b * sBTs,
+                         residual2, BlockTensor(w, b, kLn2W),
+                         BlockTensor(w, b, kLn2B), B, Ts, C);
+    column_linear_forward(fch, ln2, BlockTensor(w, b, kFcW),
+                          BlockTensor(w, b, kFcB), B, T, C, 4 * Cl_, tp_,
+                          scratch_);
+    st.EndForward(u + 2);
+    k::gelu_forward(fch_gelu, fch, static_cast<int64_t>(B) * T * 4 * Cl_);
+    st.BeginForward(u + 3);
+    w = st.Params(u + 3);
+    row_linear_forward(proj_, fch_gelu, BlockTensor(w, b, kFcProjW),
+                       BlockTensor(w, b, kFcProjB), B, T, 4 * Cl_, C, tp_,
+                       scratch_);
+    st.EndForward(u + 3);
+    k::residual_forward(residual3, residual2, proj_, BTsC);
+    x = residual3;
+  }
+  if (!last()) {
+    if (first()) st.EndForward(emb_unit_);
+    return 0.0f;
+  }
+  st.BeginForward(final_unit_);
+  const float* lnf = st.Params(final_unit_) + lnf_offset_;
+  k::layernorm_forward(S.lnf, S.lnf_mean, S.lnf_rstd, x, lnf, lnf + C, B, Ts,
+                       C);
+  st.EndForward(final_unit_);
+  // The head is tied to the embedding: logits over this rank's vocabulary
+  // rows, never gathered for the loss.
+  column_linear_forward(S.logits, S.lnf, wte, nullptr, B, T, C, Vl_, tp_,
+                        scratch_);
+  st.EndForward(emb_unit_);
+  if (targets == nullptr) return 0.0f;
+  vocab_crossentropy_forward(S.losses, S.logits, S.logits, targets, B, T,
+                             vocab_begin_, Vl_, config_.vocab_size, tp_,
+                             ce_stats_);
+  double sum = 0.0;
+  const int64_t BT = static_cast<int64_t>(B) * T;
+  for (int64_t i = 0; i < BT; ++i) sum += S.losses[i];
+  return static_cast<float>(sum / static_cast<double>(BT));
+}
+
+void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
+                        float dloss, const float* dout) {
+  const Slot& S = slots_[slot];
+  const int B = S.B, T = S.T;
+  const int C = config_.n_embd, Ts = tp_.SeqLocal(T);
+  const int64_t BTsC = static_cast<int64_t>(B) * Ts * C;
+  const int64_t BT = static_cast<int64_t>(B) * T;
+  const int64_t sBTsC = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_) * C;
+  const int64_t sBTs = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_);
+  const int64_t sBT = static_cast<int64_t>(max_B_) * max_T_;
+  const int64_t sAtt = sBT * NHl_ * max_T_;
+
+  UnitStore& st = *store_;
+  if (first()) st.BeginBackward(emb_unit_);
+  if (last()) {
+    st.BeginBackward(final_unit_);
+    Zero(dlogits_, BT * Vl_);
+    vocab_crossentropy_backward(dlogits_, S.logits, targets, dloss, B, T,
+                                vocab_begin_, Vl_);
+    Zero(dln_, BTsC);
+    column_linear_backward(dln_, st.Grads(emb_unit_) + wte_offset_, nullptr,
+                           dlogits_, S.lnf, st.Params(emb_unit_) + wte_offset_,
+                           B, T, C, Vl_, tp_, scratch_);
+    Zero(dresidual_, BTsC);
+    const float* x_last = S.residual3 + (n_blocks_ - 1) * sBTsC;
+    float* dlnf = st.Grads(final_unit_) + lnf_offset_;
+    k::layernorm_backward(dresidual_, dlnf, dlnf + C, dln_, x_last,
+                          st.Params(final_unit_) + lnf_offset_, S.lnf_mean,
+                          S.lnf_rstd, B, Ts, C);
+    st.EndBackward(final_unit_);
+  } else {
+    std::memcpy(dresidual_, dout, BTsC * sizeof(float));
+  }
+  // dresidual_ carries the gradient of the residual stream downwards; each
+  // residual add passes it through unchanged, so branches accumulate into
+  // it. Units finish in descending order, each as soon as its weights'
+  // gradients are complete.
+  for (int b = n_blocks_ - 1; b >= 0; --b) {
+    const int u = BlockUnit(b);
+    const float* residual = b == 0 ? S.input : S.residual3 + (b - 1) * sBTsC;
+    const float* ln1 = S.ln1 + b * sBTsC;
+    const float* qkv = S.qkv + b * sBT * 3 * Cl_;
+    const float* atty = S.atty + b * sBT * Cl_;
+    const float* att = S.att + b * sAtt;
+    const float* residual2 = S.residual2 + b * sBTsC;
+    const float* ln2 = S.ln2 + b * sBTsC;
+    const float* fch = S.fch + b * sBT * 4 * Cl_;
+    const float* fch_gelu = S.fch_gelu + b * sBT * 4 * Cl_;
+    auto dT = [&](int unit, int i) {
+      return const_cast<float*>(BlockTensor(st.Grads(unit), b, i));
+    };
+
+    st.BeginBackward(u + 3);
+    Zero(dfch_gelu_, BT * 4 * Cl_);
+    row_linear_backward(dfch_gelu_, dT(u + 3, kFcProjW), dT(u + 3, kFcProjB),
+                        dresidual_, fch_gelu,
+                        BlockTensor(st.Params(u + 3), b, kFcProjW), B, T,
+                        4 * Cl_, C, tp_, scratch_);
+    st.EndBackward(u + 3);
+    Zero(dfch_, BT * 4 * Cl_);
+    k::gelu_backward(dfch_, fch, dfch_gelu_, BT * 4 * Cl_);
+    st.BeginBackward(u + 2);
+    const float* w = st.Params(u + 2);
+    Zero(dln_, BTsC);
+    column_linear_backward(dln_, dT(u + 2, kFcW), dT(u + 2, kFcB), dfch_, ln2,
+                           BlockTensor(w, b, kFcW), B, T, C, 4 * Cl_, tp_,
+                           scratch_);
+    st.Poll();
+    k::layernorm_backward(dresidual_, dT(u + 2, kLn2W), dT(u + 2, kLn2B), dln_,
+                          residual2, BlockTensor(w, b, kLn2W),
+                          S.ln2_mean + b * sBTs, S.ln2_rstd + b * sBTs, B, Ts,
+                          C);
+    st.EndBackward(u + 2);
+    st.BeginBackward(u + 1);
+    Zero(datty_, BT * Cl_);
+    row_linear_backward(datty_, dT(u + 1, kAttProjW), dT(u + 1, kAttProjB),
+                        dresidual_, atty,
+                        BlockTensor(st.Params(u + 1), b, kAttProjW), B, T, Cl_,
+                        C, tp_, scratch_);
+    st.EndBackward(u + 1);
+    Zero(dqkv_, BT * 3 * Cl_);
+    k::attention_backward(dqkv_, datt_, datty_, qkv, att, B, T, Cl_, NHl_);
+    st.Poll();
+    st.BeginBackward(u);
+    w = st.Params(u);
+    Zero(dln_, BTsC);
+    column_linear_backward(dln_, dT(u, kQkvW), dT(u, kQkvB), dqkv_, ln1,
+                           BlockTensor(w, b, kQkvW), B, T, C, 3 * Cl_, tp_,
+                           scratch_);
+    st.Poll();
+    k::layernorm_backward(dresidual_, dT(u, kLn1W), dT(u, kLn1B), dln_,
+                          residual, BlockTensor(w, b, kLn1W),
+                          S.ln1_mean + b * sBTs, S.ln1_rstd + b * sBTs, B, Ts,
+                          C);
+    st.EndBackward(u);
+  }
+  if (first()) {
+    float* g = st.Grads(emb_unit_);
+    vocab_embedding_backward(g + wte_offset_, g + wpe_offset_, dresidual_,
+                             tokens, B, T, C, vocab_begin_, Vl_, tp_, scratch_);
+    st.EndBackward(emb_unit_);
+  }
+}
+
+MemoryBytes GptStage::memory() const {
+  MemoryBytes m;
+  m.params = static_cast<int64_t>(params_.size() * sizeof(float));
+  m.grads = static_cast<int64_t>(grads_.size() * sizeof(float));
+  m.activations = static_cast<int64_t>(acts_.size() * sizeof(float));
+  return m;
+}
+
+}  // namespace ptrain

@@ -1,0 +1,184 @@
+// GptStage: GPT-2 (pre-LayerNorm blocks, tied LM head) as one pipeline stage
+// on one rank — a contiguous range of blocks, with the token and position
+// embedding on the first stage and the final LayerNorm, the head and the
+// loss on the last — tensor-parallel over its group (layers.h). The plan
+// (plan.h) says which parameters it holds; a UnitStore says where their
+// weights and gradients are while a pass uses them. Activations are kept
+// per in-flight microbatch (a slot) from its forward to its backward.
+// Not thread-safe.
+#ifndef PTRAIN_WORKER_ENGINE_GPT_STAGE_H_
+#define PTRAIN_WORKER_ENGINE_GPT_STAGE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "worker/engine/layers.h"
+#include "worker/engine/plan.h"
+
+namespace ptrain {
+
+// Where the weights and gradients of each unit (plan.h) live while a pass
+// runs. The stage brackets its use of unit u with Begin/End calls, with E
+// the embedding unit (0, first stage only) and F the final one (ln_f, last
+// stage only):
+//   forward:  B(E) [B(u) E(u) for blocks in order] B(F) E(F) E(E);
+//   backward: B(E) B(F) E(F) [B(u) E(u) for blocks in reverse] E(E).
+// Params(u)/Grads(u) are valid between Begin and End and point at the
+// unit's first element (unit-relative offsets). Gradients accumulate (+=).
+class UnitStore {
+ public:
+  virtual ~UnitStore() = default;
+  virtual const float* Params(int u) = 0;
+  virtual float* Grads(int u) = 0;
+  virtual void BeginForward(int u) {}
+  virtual void EndForward(int u) {}
+  virtual void BeginBackward(int u) {}
+  // The unit's gradients of this pass are complete.
+  virtual void EndBackward(int u) {}
+  // Called between kernels of backward: a chance to progress communication.
+  virtual void Poll() {}
+};
+
+struct MemoryBytes {
+  int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
+};
+
+struct StageOptions {
+  int max_B = 1, max_T = 1;  // the largest microbatch
+  int slots = 1;             // microbatches in flight at once
+  TpGroup tp;                // tensor-parallel group (none: tp = 1)
+  int stage = 0, n_stages = 1;
+  // Weights and gradients, laid out by `layout` (not owned; outlives the
+  // stage). Null: the stage owns flat buffers of its own.
+  UnitStore* store = nullptr;
+  int pad = 1;  // the layout's unit padding (PlanOptions::pad)
+};
+
+class GptStage : private UnitStore {
+ public:
+  // `config` has padded_vocab set; `layout` is BuildPlan's for this rank.
+  // Throws std::invalid_argument on an inconsistent config (a programming
+  // error: the spec was validated).
+  GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
+           const StageOptions& options);
+  GptStage(const GptStage&) = delete;
+  GptStage& operator=(const GptStage&) = delete;
+
+  const GptConfig& config() const { return config_; }
+  const std::vector<ParamInfo>& layout() const { return layout_; }
+  const std::vector<UnitRange>& units() const { return units_; }
+  bool first() const { return stage_ == 0; }
+  bool last() const { return stage_ == n_stages_ - 1; }
+  int64_t buffer_size() const { return buffer_size_; }  // padded elements
+  // The stage's own buffers (no external store), else null.
+  float* params() { return params_.empty() ? nullptr : params_.data(); }
+  float* grads() { return grads_.empty() ? nullptr : grads_.data(); }
+
+  // Fills the stage's own parameters with InitialValue(seed).
+  void InitParams(uint64_t seed);
+  void ZeroGrad();
+
+  // One microbatch's forward into `slot`. First stage: `tokens` (B,T).
+  // Other stages: `hidden` (B,Ts,C), the previous stage's output. Last stage
+  // with `targets`: returns the mean loss over the B·T positions and keeps
+  // what backward needs; without targets returns 0 and leaves logits()
+  // valid. Other stages: output() holds (B,Ts,C) for the next stage.
+  float Forward(int slot, const int32_t* tokens, const float* hidden,
+                const int32_t* targets, int B, int T);
+  // Backward of the microbatch in `slot` (its Forward had targets on the
+  // last stage). Last stage: `dloss` is 1/(tokens of the whole optimizer
+  // step); other stages: `dout` (B,Ts,C) from the next stage. Accumulates
+  // parameter gradients; non-first stages leave dinput() for the previous.
+  void Backward(int slot, const int32_t* tokens, const int32_t* targets,
+                float dloss, const float* dout);
+
+  const float* output(int slot) const;  // (B,Ts,C), non-last stages
+  const float* dinput() const { return dresidual_; }  // (B,Ts,C)
+  // (B,T,Vl): this rank's vocabulary columns of the last Forward without
+  // targets (columns at or past V are padding).
+  const float* logits(int slot) const { return slots_[slot].logits; }
+  int vocab_begin() const { return vocab_begin_; }
+  int vocab_local() const { return Vl_; }
+
+  // Bytes of the stage's own buffers: params and grads when it owns them,
+  // activations (every slot plus the backward working set).
+  MemoryBytes memory() const;
+
+  // The floats of activations a stage with these settings allocates (every
+  // slot and the working set), without building one; INT64_MAX when that
+  // does not fit in 64 bits.
+  static int64_t ActivationFloats(const GptConfig& config, int max_B, int max_T,
+                                  int slots, int tp, bool sp, int stage,
+                                  int n_stages);
+
+ private:
+  // Activations a microbatch keeps from forward to backward.
+  struct Slot {
+    float* input;      // (B,Ts,C): embedding output or the received input
+    float* ln1;        // (L,B,Ts,C)
+    float* ln1_mean;   // (L,B,Ts)
+    float* ln1_rstd;   // (L,B,Ts)
+    float* qkv;        // (L,B,T,3Cl)
+    float* atty;       // (L,B,T,Cl)
+    float* att;        // (L,B,NHl,T,T)
+    float* residual2;  // (L,B,Ts,C)
+    float* ln2;        // (L,B,Ts,C)
+    float* ln2_mean;   // (L,B,Ts)
+    float* ln2_rstd;   // (L,B,Ts)
+    float* fch;        // (L,B,T,4Cl)
+    float* fch_gelu;   // (L,B,T,4Cl)
+    float* residual3;  // (L,B,Ts,C)
+    float* lnf;        // (B,Ts,C)
+    float* lnf_mean;   // (B,Ts)
+    float* lnf_rstd;   // (B,Ts)
+    float* logits;     // (B,T,Vl); softmax probabilities after a loss
+    float* losses;     // (B,T)
+    int B = 0, T = 0;  // dims of its forward
+  };
+
+  const float* Params(int u) override {
+    return params_.data() + units_[u].begin;
+  }
+  float* Grads(int u) override { return grads_.data() + units_[u].begin; }
+  // Tensor `i` of block-local table index (GptBlockTensorNames order) of
+  // local block `b`, inside its unit's buffer.
+  const float* BlockTensor(const float* unit_base, int b, int i) const;
+  float* Take(int64_t count);
+  int BlockUnit(int b) const { return (first() ? 1 : 0) + 4 * b; }
+
+  const GptConfig config_;
+  std::vector<ParamInfo> layout_;
+  std::vector<UnitRange> units_;
+  const int stage_, n_stages_, n_blocks_;
+  const int max_B_, max_T_;
+  const TpGroup tp_;
+  const int Cl_, NHl_, Vl_, vocab_begin_;
+  int64_t buffer_size_ = 0;
+  UnitStore* store_;
+  std::vector<float> params_, grads_;
+  // Offsets of the embedding (wte, wpe), each block's tensors and ln_f in
+  // their units.
+  int64_t wte_offset_ = 0, wpe_offset_ = 0, lnf_offset_ = 0;
+  int emb_unit_ = -1, final_unit_ = -1;
+  std::vector<int64_t> block_offsets_;  // (n_blocks, 12)
+
+  std::vector<float> acts_;
+  int64_t acts_used_ = 0;
+  std::vector<Slot> slots_;
+  // Backward working set, shared by every slot and layer.
+  LayerScratch scratch_;
+  float* proj_;       // (B,Ts,C): a row-parallel output before the residual
+  float* dresidual_;  // (B,Ts,C)
+  float* dln_;        // (B,Ts,C)
+  float* dqkv_;       // (B,T,3Cl)
+  float* datty_;      // (B,T,Cl)
+  float* datt_;       // (B,NHl,T,T)
+  float* dfch_;       // (B,T,4Cl)
+  float* dfch_gelu_;  // (B,T,4Cl)
+  float* dlogits_;    // (B,T,Vl)
+  float* ce_stats_;   // (3,B,T)
+};
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_WORKER_ENGINE_GPT_STAGE_H_

@@ -1,0 +1,111 @@
+#include "worker/engine/memory_estimate.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "worker/engine/gpt_stage.h"
+#include "worker/engine/zero_store.h"
+
+namespace ptrain {
+
+namespace {
+
+constexpr int64_t kMax = INT64_MAX;
+constexpr int64_t kFloat = 4;
+
+std::string Human(int64_t bytes) {
+  if (bytes == kMax) return "more than 9.2 EB";
+  const double b = static_cast<double>(bytes);
+  if (b >= 1e12) return absl::StrFormat("%.1f TB", b / 1e12);
+  if (b >= 1e9) return absl::StrFormat("%.1f GB", b / 1e9);
+  return absl::StrFormat("%.1f MB", b / 1e6);
+}
+
+std::string Bytes(int64_t bytes) {
+  return bytes == kMax ? std::string("more than 2^63")
+                       : absl::StrCat(bytes, " bytes");
+}
+
+}  // namespace
+
+GptConfig ModelConfig(const v1::JobSpec& spec, int vocab_size) {
+  const auto& m = spec.model();
+  GptConfig c{m.n_layer(), m.n_head(), m.n_embd(), m.block_size(), vocab_size};
+  c.padded_vocab = PaddedVocab(vocab_size, spec.parallel().tp());
+  return c;
+}
+
+int64_t MemoryEstimate::total() const {
+  return SatAdd(SatAdd(params, grads), SatAdd(optimizer, activations));
+}
+
+MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size) {
+  const auto& p = spec.parallel();
+  const GptConfig config = ModelConfig(spec, vocab_size);
+  PlanOptions plan;
+  plan.tp = p.tp();
+  plan.pad = p.dp();
+  const ZeroStore::Footprint f = ZeroStore::Measure(
+      BuildPlan(config, plan), p.dp(),
+      ZeroOptions{p.zero(), p.microbatches(), p.bucket_bytes()});
+  const int micro_B = spec.train().global_batch() / (p.dp() * p.microbatches());
+  MemoryEstimate e;
+  e.params = SatMul(f.params, kFloat);
+  e.grads = SatMul(f.grads, kFloat);
+  e.optimizer = SatMul(SatMul(2, f.update), kFloat);
+  e.activations =
+      SatMul(GptStage::ActivationFloats(config, micro_B, config.block_size, 1,
+                                        p.tp(), p.sequence_parallel(), 0, 1),
+             kFloat);
+  return e;
+}
+
+int64_t AvailableMemoryBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string key, unit;
+    int64_t kb = 0;
+    if (fields >> key >> kb >> unit && key == "MemAvailable:" && kb > 0) {
+      return SatMul(kb, 1024);
+    }
+  }
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? SatMul(pages, page) : 0;
+}
+
+absl::Status CheckMemoryFits(const v1::JobSpec& spec, int vocab_size,
+                             int ranks_on_node, int64_t available_bytes) {
+  if (available_bytes <= 0) return absl::OkStatus();
+  const MemoryEstimate e = EstimateRankMemory(spec, vocab_size);
+  const int64_t ranks = std::max(ranks_on_node, 1);
+  const int64_t need = SatMul(e.total(), ranks);
+  if (need <= available_bytes) return absl::OkStatus();
+  const auto& m = spec.model();
+  const auto& p = spec.parallel();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "memory: each rank needs ", Bytes(e.total()), " (", Human(e.total()),
+      ": params ", Human(e.params), ", grads ", Human(e.grads), ", optimizer ",
+      Human(e.optimizer), ", activations ", Human(e.activations),
+      ") for model.n_layer=", m.n_layer(), ", model.n_head=", m.n_head(),
+      ", model.n_embd=", m.n_embd(), ", model.block_size=", m.block_size(),
+      ", vocabulary ", vocab_size, ", train.global_batch=",
+      spec.train().global_batch(), " over parallel.dp=", p.dp(),
+      " x parallel.microbatches=", p.microbatches(),
+      ", parallel.zero=", p.zero(), ", parallel.tp=", p.tp(),
+      ", parallel.sequence_parallel=", p.sequence_parallel() ? "true" : "false",
+      "; ", ranks, ranks == 1 ? " rank" : " ranks", " on this machine need ",
+      Bytes(need), " but it has ", available_bytes, " bytes (",
+      Human(available_bytes), ") available"));
+}
+
+}  // namespace ptrain

@@ -1,0 +1,44 @@
+// What one rank of a job allocates for its model, before it allocates it:
+// parameters, gradients, Adam moments and saved activations, computed from
+// the same plan and by the same size functions the engine allocates with
+// (BuildPlan, ZeroStore::Measure, GptStage::ActivationFloats). So ptworker
+// can refuse a job that cannot fit with a clear error instead of dying in
+// the allocator. Not the data tokens, not the run's small buffers (inputs,
+// sampling).
+#ifndef PTRAIN_WORKER_ENGINE_MEMORY_ESTIMATE_H_
+#define PTRAIN_WORKER_ENGINE_MEMORY_ESTIMATE_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "ptrain/v1/job.pb.h"
+#include "worker/engine/plan.h"
+
+namespace ptrain {
+
+// The model of a spec: its dimensions, `vocab_size` (model.vocab_size, or
+// the data's when that is 0) and the vocabulary padded for parallel.tp.
+GptConfig ModelConfig(const v1::JobSpec& spec, int vocab_size);
+
+// Bytes per rank; a value that does not fit in int64 is INT64_MAX.
+struct MemoryEstimate {
+  int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
+  int64_t total() const;  // saturating sum
+};
+
+// For a validated spec (its bounds keep the plan's sizes in int64).
+MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size);
+
+// MemAvailable from /proc/meminfo, else the physical memory; 0 if unknown.
+int64_t AvailableMemoryBytes();
+
+// ResourceExhausted when `ranks_on_node` ranks of this estimate need more
+// than `available_bytes` (0: unknown, no check). The message names every
+// spec field that sizes the estimate, the bytes of each part and what is
+// available.
+absl::Status CheckMemoryFits(const v1::JobSpec& spec, int vocab_size,
+                             int ranks_on_node, int64_t available_bytes);
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_WORKER_ENGINE_MEMORY_ESTIMATE_H_

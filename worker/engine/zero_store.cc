@@ -1,0 +1,208 @@
+// See zero_store.h.
+#include "worker/engine/zero_store.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "common/check.h"
+
+namespace ptrain {
+
+namespace {
+constexpr int kEmbSlot = 0, kFinalSlot = 1, kBlockSlot = 2;
+
+// The units that stay in use for a whole pass: the embedding (wte, wpe)
+// and the final LayerNorm, when the stage holds them.
+int UnitOf(const std::vector<ParamInfo>& layout, const char* name) {
+  for (const ParamInfo& p : layout) {
+    if (p.name == name) return p.unit;
+  }
+  return -1;
+}
+}  // namespace
+
+ZeroStore::Sizes ZeroStore::ComputeSizes(const std::vector<ParamInfo>& layout,
+                                         const std::vector<UnitRange>& units,
+                                         int dp, int zero) {
+  Sizes z;
+  z.emb_unit = UnitOf(layout, "wte");
+  z.final_unit = UnitOf(layout, "ln_f.weight");
+  z.total = units.empty() ? 0 : units.back().begin + units.back().size;
+  int64_t block_max = 0;
+  for (int u = 0; u < static_cast<int>(units.size()); ++u) {
+    z.shard_total += units[u].size / dp;
+    if (u != z.emb_unit && u != z.final_unit) {
+      block_max = std::max(block_max, units[u].size);
+    }
+  }
+  if (zero <= 2) z.params_full = z.total;
+  if (zero <= 1) z.grads_full = z.total;
+  if (zero >= 1) z.shard = z.shard_total;
+  if (zero == 3) {
+    z.gathered[kEmbSlot] = z.emb_unit >= 0 ? units[z.emb_unit].size : 0;
+    z.gathered[kFinalSlot] = z.final_unit >= 0 ? units[z.final_unit].size : 0;
+    z.gathered[kBlockSlot] = block_max;
+  }
+  return z;
+}
+
+ZeroStore::Footprint ZeroStore::Measure(const std::vector<ParamInfo>& layout,
+                                        int dp, const ZeroOptions& o) {
+  const std::vector<UnitRange> units = Units(layout, dp);
+  const Sizes z = ComputeSizes(layout, units, dp, o.zero);
+  Footprint f;
+  f.params =
+      z.params_full + z.shard + z.gathered[0] + z.gathered[1] + z.gathered[2];
+  f.grads = z.grads_full + z.shard +
+            GradReducer::ScratchFloats(units, z.emb_unit, z.final_unit, dp,
+                                       o.zero, o.microbatches);
+  f.update = o.zero >= 1 ? z.shard_total : z.total;
+  return f;
+}
+
+ZeroStore::ZeroStore(std::vector<ParamInfo> layout, int dp,
+                     const ZeroOptions& o, Communicator* dp_group)
+    : dp_(dp),
+      dp_rank_(dp_group != nullptr ? dp_group->rank() : 0),
+      zero_(o.zero),
+      comm_(dp_group),
+      layout_(std::move(layout)),
+      units_(Units(layout_, dp)),
+      n_units_(static_cast<int>(units_.size())) {
+  PT_CHECK(comm_ != nullptr || (dp_ == 1 && zero_ == 0),
+           "dp > 1 or zero > 0 needs a dp group");
+  PT_CHECK(comm_ == nullptr || comm_->size() == dp_,
+           "the dp group's size differs from dp");
+  const Sizes z = ComputeSizes(layout_, units_, dp_, zero_);
+  emb_unit_ = z.emb_unit;
+  final_unit_ = z.final_unit;
+  total_ = z.total;
+  shard_total_ = z.shard_total;
+  shard_offset_.resize(n_units_);
+  int64_t offset = 0;
+  for (int u = 0; u < n_units_; ++u) {
+    shard_offset_[u] = offset;
+    offset += ShardSize(u);
+  }
+  params_full_.assign(z.params_full, 0.0f);
+  grads_full_.assign(z.grads_full, 0.0f);
+  param_shard_.assign(z.shard, 0.0f);
+  grad_shard_.assign(z.shard, 0.0f);
+  for (int s = 0; s < 3; ++s) gathered_[s].assign(z.gathered[s], 0.0f);
+  reducer_ =
+      std::make_unique<GradReducer>(units_, emb_unit_, final_unit_, dp_, zero_,
+                                    o.microbatches, o.bucket_bytes, comm_);
+  reducer_->Attach(grads_full_.empty() ? nullptr : grads_full_.data(),
+                   grad_shard_.empty() ? nullptr : grad_shard_.data(),
+                   &shard_offset_);
+}
+
+void ZeroStore::InitParams(uint64_t seed) {
+  for (const ParamInfo& p : layout_) {
+    auto value = [&](int64_t local) {
+      const std::optional<int64_t> g = GlobalIndex(p, local);
+      return g.has_value() ? InitialValue(p, seed, *g) : 0.0f;
+    };
+    if (zero_ <= 2) {
+      float* dst = params_full_.data() + p.offset;
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < p.numel; ++i) dst[i] = value(i);
+    }
+  }
+  if (!sharded()) return;
+  // Only the elements of this rank's shard, computed directly.
+  ForEachUpdateStretch(
+      [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
+        for (int64_t i = lo; i < hi; ++i) {
+          const std::optional<int64_t> g = GlobalIndex(p, i);
+          param_shard_[at + (i - lo)] =
+              g.has_value() ? InitialValue(p, seed, *g) : 0.0f;
+        }
+      });
+}
+
+void ZeroStore::BeginStep() {
+  if (!grads_full_.empty()) {
+    std::fill(grads_full_.begin(), grads_full_.end(), 0.0f);
+  }
+  if (zero_ >= 2) std::fill(grad_shard_.begin(), grad_shard_.end(), 0.0f);
+  reducer_->BeginStep();
+}
+
+std::vector<std::pair<int64_t, int64_t>> ZeroStore::ShardPieces() const {
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  for (int u = 0; u < n_units_; ++u) {
+    pieces.emplace_back(ShardBegin(u), ShardBegin(u) + ShardSize(u));
+  }
+  return pieces;
+}
+
+float* ZeroStore::update_params() {
+  return sharded() ? param_shard_.data() : params_full_.data();
+}
+
+float* ZeroStore::update_grads() {
+  return sharded() ? grad_shard_.data() : grads_full_.data();
+}
+
+void ZeroStore::Gather(int u, float* dst) {
+  comm_->AllGather(param_shard_.data() + shard_offset_[u], dst, ShardSize(u));
+}
+
+void ZeroStore::GatherUpdatedParams() {
+  if (zero_ != 1 && zero_ != 2) return;
+  for (int u = 0; u < n_units_; ++u) {
+    Gather(u, params_full_.data() + units_[u].begin);
+  }
+}
+
+int ZeroStore::WeightSlot(int u) const {
+  if (u == emb_unit_) return kEmbSlot;
+  return u == final_unit_ ? kFinalSlot : kBlockSlot;
+}
+
+const float* ZeroStore::Params(int u) {
+  if (zero_ <= 2) return params_full_.data() + units_[u].begin;
+  const int slot = WeightSlot(u);
+  PT_CHECK(gathered_unit_[slot] == u, "weights of a unit not gathered");
+  return gathered_[slot].data();
+}
+
+void ZeroStore::BeginForward(int u) {
+  if (zero_ < 3) return;
+  const int slot = WeightSlot(u);
+  Gather(u, gathered_[slot].data());
+  gathered_unit_[slot] = u;
+}
+
+float* ZeroStore::Grads(int u) {
+  if (zero_ >= 2) return reducer_->UnitGrads(u);
+  return grads_full_.data() + units_[u].begin;
+}
+
+void ZeroStore::BeginBackward(int u) {
+  BeginForward(u);  // zero 3 gathers the weights again
+  reducer_->BeginUnit(u);
+}
+
+void ZeroStore::EndBackward(int u) { reducer_->UnitDone(u); }
+
+std::vector<float> ZeroStore::FullParams() {
+  if (zero_ <= 2) return params_full_;
+  std::vector<float> out(total_);
+  for (int u = 0; u < n_units_; ++u) Gather(u, out.data() + units_[u].begin);
+  return out;
+}
+
+MemoryBytes ZeroStore::memory() const {
+  auto bytes = [](const std::vector<float>& v) {
+    return static_cast<int64_t>(v.size() * sizeof(float));
+  };
+  MemoryBytes m;
+  m.params = bytes(params_full_) + bytes(param_shard_);
+  for (const auto& g : gathered_) m.params += bytes(g);
+  m.grads = bytes(grads_full_) + bytes(grad_shard_) + reducer_->scratch_bytes();
+  return m;
+}
+
+}  // namespace ptrain

@@ -1,0 +1,177 @@
+// ZeroStore: where a rank's weights and gradients live under data
+// parallelism and ZeRO over its dp group — the UnitStore of its GptStage.
+//
+//   zero 0  replicated weights, gradients and Adam moments.
+//   zero 1  Adam moments sharded; weights and gradients replicated, the
+//           gradients reduce-scattered into the rank's shard.
+//   zero 2  also gradients: a unit's gradients live in a scratch slot only
+//           until reduce-scattered (every microbatch) into the shard.
+//   zero 3  also weights (FSDP): a unit's weights are all-gathered before
+//           its forward and again before its backward, and dropped after.
+//
+// Units (plan.h) are each padded to a multiple of dp and sharded evenly:
+// rank r owns the r-th 1/dp of every unit. When gradients are reduced is
+// the GradReducer's business (grad_reducer.h), the update the
+// DistributedOptimizer's (optimizer.h). Not thread-safe.
+#ifndef PTRAIN_WORKER_ENGINE_ZERO_STORE_H_
+#define PTRAIN_WORKER_ENGINE_ZERO_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "worker/engine/comm.h"
+#include "worker/engine/gpt_stage.h"
+#include "worker/engine/grad_reducer.h"
+#include "worker/engine/plan.h"
+
+namespace ptrain {
+
+struct ZeroOptions {
+  int zero = 0;                     // stage 0..3
+  int microbatches = 1;             // per optimizer step
+  int64_t bucket_bytes = 25 << 20;  // zero 0: all-reduce bucket size
+};
+
+class ZeroStore : public UnitStore {
+ public:
+  // `layout` is BuildPlan's with pad = dp. dp_group may be null when dp = 1
+  // and zero = 0 (nothing to communicate).
+  ZeroStore(std::vector<ParamInfo> layout, int dp, const ZeroOptions& options,
+            Communicator* dp_group);
+  ZeroStore(const ZeroStore&) = delete;
+  ZeroStore& operator=(const ZeroStore&) = delete;
+
+  const std::vector<ParamInfo>& layout() const { return layout_; }
+  const std::vector<UnitRange>& units() const { return units_; }
+  int dp() const { return dp_; }
+  int zero() const { return zero_; }
+
+  // Every rank initialises exactly what it holds, from (seed, name, global
+  // index): the same numbers on any layout.
+  void InitParams(uint64_t seed);
+
+  // Before the first microbatch of a step; before each microbatch (the last
+  // one's backward issues the reductions of replicated gradients); after
+  // the last backward (waits for every reduction in flight).
+  void BeginStep();
+  void BeginMicrobatch(bool last) { reducer_->BeginMicrobatch(last); }
+  void FinishGradients() { reducer_->Finish(); }
+  // Seconds FinishGradients spent blocked: reduction time not hidden
+  // behind backward.
+  double exposed_seconds() const { return reducer_->exposed_seconds(); }
+
+  // The buffers the optimizer updates: the whole replicated vectors at
+  // zero 0, this rank's shard from zero 1 on (shard_size() elements, the
+  // pieces of ShardPieces() concatenated).
+  bool sharded() const { return zero_ >= 1; }
+  float* update_params();
+  float* update_grads();
+  int64_t update_size() const { return sharded() ? shard_total_ : total_; }
+  // [begin, end) ranges of the flat layout this rank's shard is made of.
+  std::vector<std::pair<int64_t, int64_t>> ShardPieces() const;
+  // Zero 1-2: makes the replicated weights whole again after an update of
+  // the shards.
+  void GatherUpdatedParams();
+
+  // fn(param, local_lo, local_hi, at): every stretch [local_lo, local_hi)
+  // of a tensor's local elements that this rank updates, `at` indexing
+  // update_params()/update_grads(). Zero 0: every tensor whole.
+  template <typename Fn>
+  void ForEachUpdateStretch(Fn fn) const;
+  // The same over this rank's 1/dp of every unit, whatever the ZeRO stage
+  // (at zero 0 a slice of the replicated vectors): what it writes into a
+  // checkpoint, so that the dp group writes every element once.
+  template <typename Fn>
+  void ForEachShardStretch(Fn fn) const;
+
+  // The whole weight vector (padded layout) on every rank (collective).
+  std::vector<float> FullParams();
+
+  // Bytes this rank holds: params (incl. gathered copies), grads (incl.
+  // scratch). Optimizer and activations belong to others.
+  MemoryBytes memory() const;
+
+  // What a ZeroStore over `layout` allocates, in floats, without building
+  // one (memory estimates): the same numbers memory() reports / 4.
+  struct Footprint {
+    int64_t params = 0, grads = 0;
+    int64_t update = 0;  // update_size(): Adam keeps two floats per element
+  };
+  static Footprint Measure(const std::vector<ParamInfo>& layout, int dp,
+                           const ZeroOptions& options);
+
+  // UnitStore.
+  const float* Params(int u) override;
+  float* Grads(int u) override;
+  void BeginForward(int u) override;
+  void BeginBackward(int u) override;
+  void EndBackward(int u) override;
+  void Poll() override { reducer_->Poll(); }
+
+ private:
+  // The buffers' sizes for a layout; the constructor allocates them.
+  struct Sizes {
+    int64_t total = 0, shard_total = 0;
+    int emb_unit = -1, final_unit = -1;
+    int64_t params_full = 0, grads_full = 0, shard = 0;
+    int64_t gathered[3] = {0, 0, 0};
+  };
+  static Sizes ComputeSizes(const std::vector<ParamInfo>& layout,
+                            const std::vector<UnitRange>& units, int dp,
+                            int zero);
+  int64_t ShardSize(int u) const { return units_[u].size / dp_; }
+  // First element of this rank's shard of unit u in the full buffer.
+  int64_t ShardBegin(int u) const {
+    return units_[u].begin + dp_rank_ * ShardSize(u);
+  }
+  // Gathered-weight slot (zero 3) of a unit: the embedding and the final
+  // unit have their own (they bracket the whole pass), blocks share one.
+  int WeightSlot(int u) const;
+  void Gather(int u, float* dst);
+
+  const int dp_, dp_rank_, zero_;
+  Communicator* comm_;
+  std::vector<ParamInfo> layout_;
+  std::vector<UnitRange> units_;
+  const int n_units_;
+  std::vector<int64_t> shard_offset_;  // unit -> offset in the shard buffers
+  int64_t total_ = 0, shard_total_ = 0;
+  int emb_unit_ = -1, final_unit_ = -1;  // -1 when the stage has none
+
+  std::vector<float> params_full_;  // zero 0-2
+  std::vector<float> grads_full_;   // zero 0-1
+  std::vector<float> param_shard_;  // zero 1-3: master weights of the shard
+  std::vector<float> grad_shard_;   // zero 1-3
+  // zero 3: gathered weights (0 embedding, 1 final, 2 the current block).
+  std::vector<float> gathered_[3];
+  int gathered_unit_[3] = {-1, -1, -1};
+
+  std::unique_ptr<GradReducer> reducer_;
+};
+
+template <typename Fn>
+void ZeroStore::ForEachShardStretch(Fn fn) const {
+  for (const ParamInfo& p : layout_) {
+    const int64_t begin = ShardBegin(p.unit), end = begin + ShardSize(p.unit);
+    const int64_t lo = std::max(p.offset, begin);
+    const int64_t hi = std::min(p.offset + p.numel, end);
+    if (lo >= hi) continue;
+    // The update buffers are the whole vectors at zero 0, the shard after.
+    const int64_t at = sharded() ? shard_offset_[p.unit] + (lo - begin) : lo;
+    fn(p, lo - p.offset, hi - p.offset, at);
+  }
+}
+
+template <typename Fn>
+void ZeroStore::ForEachUpdateStretch(Fn fn) const {
+  if (sharded()) {
+    ForEachShardStretch(fn);
+    return;
+  }
+  for (const ParamInfo& p : layout_) fn(p, int64_t{0}, p.numel, p.offset);
+}
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_WORKER_ENGINE_ZERO_STORE_H_
