@@ -115,7 +115,16 @@ absl::StatusOr<int> LockStateDir(const std::string& dir) {
     return absl::UnavailableError(
         absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
   }
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+  // A child we forked just before a restart shares the lock until its exec
+  // closes it (microseconds, longer on a loaded host): wait a little before
+  // calling the dir taken.
+  int locked = -1;
+  for (int i = 0; i < 60; ++i) {
+    locked = flock(fd, LOCK_EX | LOCK_NB);
+    if (locked == 0 || errno != EWOULDBLOCK) break;
+    usleep(50 * 1000);
+  }
+  if (locked != 0) {
     const int err = errno;
     char buf[32] = "";
     const ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
