@@ -1,9 +1,10 @@
 // Checkpoints across layouts: a checkpoint written by any of {1 rank, dp2,
-// zero1 dp2, zero3 dp2} loads into any of them and training goes on as the
+// zero1 dp2, zero3 dp2, dp2 tp2 zero1, tp4, dp2 tp2 zero3 with sequence
+// parallelism} loads into any of them and training goes on as the
 // single-rank run does (losses within 1e-5); on the same layout it goes on
 // bit for bit. A sharded layout reads only its share. Runs under
-// `mpirun -n 2`. Also: the memory estimate equals the engine's buffers for
-// every ZeRO stage.
+// `mpirun -n 4`. Also: the memory estimate equals the engine's buffers for
+// every ZeRO stage, with and without tensor and sequence parallelism.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -28,10 +29,15 @@ namespace fs = std::filesystem;
 
 struct Layout {
   const char* name;
-  int dp, zero;
+  int dp, zero, tp;
+  bool sp;
+  int world() const { return dp * tp; }
 };
 const Layout kLayouts[] = {
-    {"single", 1, 0}, {"dp2", 2, 0}, {"zero1_dp2", 2, 1}, {"zero3_dp2", 2, 3}};
+    {"single", 1, 0, 1, false},         {"dp2", 2, 0, 1, false},
+    {"zero1_dp2", 2, 1, 1, false},      {"zero3_dp2", 2, 3, 1, false},
+    {"dp2_tp2_zero1", 2, 1, 2, false},  {"tp4", 1, 0, 4, false},
+    {"dp2_tp2_zero3_sp", 2, 3, 2, true}};
 constexpr int kSave = 8, kEnd = 16;
 
 int WorldRank() {
@@ -55,33 +61,36 @@ std::string Root() {
 v1::JobSpec Spec(const Layout& l, const std::string& ckpt_dir,
                  const std::string& n_embd,
                  const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> o = {"model.n_layer=2",
-                                "model.n_head=2",
-                                "model.n_embd=" + n_embd,
-                                "model.block_size=16",
-                                "train.global_batch=8",
-                                "train.steps=" + std::to_string(kEnd),
-                                "train.lr=3e-3",
-                                "train.warmup_steps=3",
-                                "train.eval_batches=1",
-                                "parallel.dp=" + std::to_string(l.dp),
-                                "parallel.zero=" + std::to_string(l.zero),
-                                "checkpoint.dir=" + ckpt_dir,
-                                "checkpoint.keep_last=10"};
+  std::vector<std::string> o = {
+      "model.n_layer=2",
+      "model.n_head=4",
+      "model.n_embd=" + n_embd,
+      "model.block_size=16",
+      "train.global_batch=8",
+      "train.steps=" + std::to_string(kEnd),
+      "train.lr=3e-3",
+      "train.warmup_steps=3",
+      "train.eval_batches=1",
+      "parallel.dp=" + std::to_string(l.dp),
+      "parallel.zero=" + std::to_string(l.zero),
+      "parallel.tp=" + std::to_string(l.tp),
+      std::string("parallel.sequence_parallel=") + (l.sp ? "true" : "false"),
+      "checkpoint.dir=" + ckpt_dir,
+      "checkpoint.keep_last=10"};
   o.insert(o.end(), extra.begin(), extra.end());
   auto spec = LoadJobSpecFile("examples/shakespeare-char.yaml", o);
   EXPECT_TRUE(spec.ok()) << spec.status();
   return *spec;
 }
 
-// Runs `fn(trainer)` on the first l.dp ranks; the others wait.
+// Runs `fn(trainer)` on the first l.world() ranks; the others wait.
 template <typename Fn>
 void OnLayout(const Layout& l, const std::string& ckpt_dir,
               const std::string& resume, Fn fn,
               const std::string& n_embd = "36",
               const std::vector<std::string>& extra = {}) {
   MPI_Comm comm;
-  const bool member = WorldRank() < l.dp;
+  const bool member = WorldRank() < l.world();
   MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, WorldRank(),
                  &comm);
   if (member) {
@@ -152,7 +161,7 @@ TEST_F(Reshard, EveryLayoutLoadsEveryLayoutsCheckpoint) {
         }
         if (WorldRank() == 0) {
           std::printf(
-              "saved %-10s loaded %-10s losses vs single rank maxdiff %.2e%s\n",
+              "saved %-16s loaded %-16s losses vs single rank maxdiff %.2e%s\n",
               from.name, to.name, diff,
               from.name == to.name ? (exact ? ", bit-exact" : ", NOT exact")
                                    : "");
@@ -201,31 +210,39 @@ TEST_F(Reshard, ShardedLayoutReadsOnlyItsShare) {
 TEST_F(Reshard, MemoryEstimateEqualsTheEngineBuffersOfEveryZeroStage) {
   for (int zero = 0; zero <= 3; ++zero) {
     for (int micro : {1, 2}) {
-      const Layout l{"memory", 2, zero};
-      // n_embd 35, one head, vocabulary 65: units of odd size, padded to
-      // dp=2.
-      const std::vector<std::string> extra = {
-          "model.n_head=1", "parallel.microbatches=" + std::to_string(micro)};
-      OnLayout(
-          l, Root() + "/scratch", "",
-          [&](Trainer& t) {
-            const MemoryBytes real = t.memory();
-            const MemoryEstimate e = EstimateRankMemory(
-                Spec(l, Root() + "/scratch", "35", extra), t.data().vocab_size);
-            if (WorldRank() == 0) {
-              std::printf(
-                  "zero%d microbatches %d: estimate %lld bytes, engine %lld "
-                  "bytes\n",
-                  zero, micro, static_cast<long long>(e.total()),
-                  static_cast<long long>(real.params + real.grads +
-                                         real.optimizer + real.activations));
-            }
-            EXPECT_EQ(e.params, real.params) << zero << "/" << micro;
-            EXPECT_EQ(e.grads, real.grads) << zero << "/" << micro;
-            EXPECT_EQ(e.optimizer, real.optimizer) << zero << "/" << micro;
-            EXPECT_EQ(e.activations, real.activations) << zero << "/" << micro;
-          },
-          "35", extra);
+      for (int tp : {1, 2}) {
+        const Layout l{"memory", 2, zero, tp, tp == 2 && micro == 2};
+        // n_embd 35, one head, vocabulary 65: units of odd size, padded to
+        // dp=2 (tp=2: n_embd 38, two heads of 19).
+        const std::string n_embd = tp == 1 ? "35" : "38";
+        const std::vector<std::string> extra = {
+            "model.n_head=" + std::to_string(tp),
+            "parallel.microbatches=" + std::to_string(micro)};
+        OnLayout(
+            l, Root() + "/scratch", "",
+            [&](Trainer& t) {
+              const MemoryBytes real = t.memory();
+              const MemoryEstimate e = EstimateRankMemory(
+                  Spec(l, Root() + "/scratch", n_embd, extra),
+                  t.data().vocab_size);
+              if (WorldRank() == 0) {
+                std::printf(
+                    "zero%d microbatches %d tp%d%s: estimate %lld bytes, "
+                    "engine "
+                    "%lld bytes\n",
+                    zero, micro, tp, l.sp ? " sp" : "",
+                    static_cast<long long>(e.total()),
+                    static_cast<long long>(real.params + real.grads +
+                                           real.optimizer + real.activations));
+              }
+              EXPECT_EQ(e.params, real.params) << zero << "/" << micro;
+              EXPECT_EQ(e.grads, real.grads) << zero << "/" << micro;
+              EXPECT_EQ(e.optimizer, real.optimizer) << zero << "/" << micro;
+              EXPECT_EQ(e.activations, real.activations)
+                  << zero << "/" << micro;
+            },
+            n_embd, extra);
+      }
     }
   }
 }

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -98,6 +99,44 @@ TEST_F(PtworkerMpi, ZeroThreeRunHasRankZeroWriteTheLogAlone) {
   // Two ranks appending to one file would double every line.
   EXPECT_EQ(steps, 4);
   EXPECT_EQ(memory, 1);
+}
+
+// Evaluation and sampling under tensor and sequence parallelism give what
+// one rank gives: the same validation losses and the same sampled text (the
+// vocab-parallel logits are gathered for sampling only).
+TEST_F(PtworkerMpi, TensorParallelRunEvaluatesAndSamplesAsOneRankDoes) {
+  const std::string args =
+      "--set train.steps=6 --set train.eval_every=3 --set train.eval_batches=2 "
+      "--set train.sample_every=3 --set train.sample_tokens=24 "
+      "--set model.n_layer=2 --set model.n_embd=64 --set model.block_size=32 ";
+  auto records = [&](const std::string& type, const std::string& field) {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(log_);
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.at("type") == type) out.push_back(j.at(field));
+    }
+    return out;
+  };
+  const Result one = Mpirun(1, args);
+  ASSERT_EQ(one.code, 0) << one.err;
+  const auto loss1 = records("eval", "val_loss");
+  const auto text1 = records("sample", "text");
+  fs::remove(log_);
+  const Result tp = Mpirun(
+      2, args + "--set parallel.tp=2 --set parallel.sequence_parallel=true");
+  ASSERT_EQ(tp.code, 0) << tp.err;
+  const auto loss2 = records("eval", "val_loss");
+  const auto text2 = records("sample", "text");
+  ASSERT_EQ(loss1.size(), 2u);
+  ASSERT_EQ(loss2.size(), loss1.size());
+  for (size_t i = 0; i < loss1.size(); ++i) {
+    const double a = loss1[i].get<double>(), b = loss2[i].get<double>();
+    EXPECT_LE(std::fabs(a - b) / a, 1e-5) << a << " vs " << b;
+  }
+  ASSERT_EQ(text1.size(), 2u);
+  EXPECT_EQ(text2, text1);
 }
 
 }  // namespace

@@ -342,6 +342,56 @@ TEST_F(ControlPlaneTest, BadInputIsRefusedAndChangesNothing) {
   EXPECT_TRUE(ListJobs().empty());
 }
 
+// Tensor-parallel layouts that cannot work are refused with the fields and
+// the rule: by ptctl before anything is sent (it names the rule even with no
+// coordinator to talk to), and by ptcoord again for any other client.
+TEST_F(ControlPlaneTest, ImpossibleTensorParallelLayoutsAreRefusedTwice) {
+  struct Case {
+    std::vector<std::string> sets;
+    std::string rule;
+  };
+  const std::vector<Case> cases = {
+      {{"parallel.tp=3"}, "parallel.tp=3 does not divide model.n_head=4"},
+      {{"parallel.tp=2", "parallel.sequence_parallel=true",
+        "model.block_size=63"},
+       "parallel.tp=2 does not divide model.block_size=63 (required by "
+       "parallel.sequence_parallel=true)"},
+      {{"parallel.sequence_parallel=true"},
+       "parallel.sequence_parallel=true requires parallel.tp > 1"},
+      // Wider than the pool of 4 slots: only ptcoord knows the pool.
+      {{"parallel.tp=4", "parallel.dp=2"}, ""},
+  };
+  auto stub = ptrain::v1::JobService::NewStub(channel_);
+  for (const Case& c : cases) {
+    std::string sets;
+    for (const std::string& set : c.sets) sets += " --set " + set;
+    if (!c.rule.empty()) {
+      const Result local =
+          Sh(absl::StrCat("cd ", PT_SOURCE_DIR, " && ", PT_PTCTL,
+                          " --server 127.0.0.1:1 --token x submit "
+                          "examples/shakespeare-char.yaml",
+                          sets));
+      EXPECT_NE(local.rc, 0);
+      EXPECT_NE(local.out.find(c.rule), std::string::npos) << local.out;
+      EXPECT_EQ(local.out.find("UNAVAILABLE"), std::string::npos)
+          << "ptctl sent an invalid spec: " << local.out;
+    }
+    ptrain::v1::SubmitJobRequest req;
+    req.set_spec_yaml(
+        ReadFile(fs::path(PT_SOURCE_DIR) / "examples/shakespeare-char.yaml"));
+    for (const std::string& set : c.sets) req.add_overrides(set);
+    ptrain::v1::SubmitJobResponse resp;
+    const grpc::Status s = stub->SubmitJob(Ctx(kToken).get(), req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << sets;
+    const std::string rule =
+        c.rule.empty() ? "parallel.dp*tp*pp=8 slots exceeds the pool of 4"
+                       : c.rule;
+    EXPECT_NE(s.error_message().find(rule), std::string::npos)
+        << s.error_message();
+  }
+  EXPECT_TRUE(ListJobs().empty());
+}
+
 TEST_F(ControlPlaneTest, MissingOrWrongTokenIsUnauthenticated) {
   for (const std::string& token : {std::string(), std::string("wrong")}) {
     Result list = Ptctl("list", token);

@@ -1,0 +1,200 @@
+// Tensor (and sequence) parallelism under mpirun: throughput, the tp
+// group's communication per step against the analytic volume, and memory
+// per rank against one rank's. Prints figures and ratios; never passes or
+// fails on time. bench/tensor_parallel.sh runs it at tp=1 (one rank, all
+// threads) and tp=2 (one thread per rank) side by side.
+//
+//   mpirun -n TP build/bench/tensor_parallel_bench [--config S|M] [--sp 0|1]
+//          [--steps N] [--warmup N]
+#include <mpi.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/spec.h"
+#include "worker/engine/memory_estimate.h"
+#include "worker/engine/parallel_dims.h"
+#include "worker/engine/trainer.h"
+
+namespace {
+
+struct Args {
+  std::string config = "M";
+  bool sp = false;
+  int steps = 6, warmup = 2;
+};
+
+Args Parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--config") a.config = v;
+    if (k == "--sp") a.sp = v == "1" || v == "true";
+    if (k == "--steps") a.steps = std::stoi(v);
+    if (k == "--warmup") a.warmup = std::stoi(v);
+  }
+  return a;
+}
+
+std::vector<std::string> Overrides(const Args& a, int tp, bool sp) {
+  const bool m = a.config == "M";
+  return {std::string("model.n_layer=") + (m ? "6" : "4"),
+          std::string("model.n_head=") + (m ? "6" : "4"),
+          std::string("model.n_embd=") + (m ? "384" : "128"),
+          std::string("model.block_size=") + (m ? "256" : "64"),
+          std::string("train.global_batch=") + (m ? "8" : "16"),
+          "parallel.tp=" + std::to_string(tp),
+          std::string("parallel.sequence_parallel=") + (sp ? "true" : "false"),
+          "train.steps=" + std::to_string(a.warmup + a.steps)};
+}
+
+double Mb(int64_t bytes) { return static_cast<double>(bytes) / 1e6; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const Args a = Parse(argc, argv);
+  const int tp = world;
+  auto spec = ptrain::LoadJobSpecFile("examples/shakespeare-char.yaml",
+                                      Overrides(a, tp, a.sp && tp > 1));
+  if (!spec.ok()) {
+    if (rank == 0)
+      std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
+    MPI_Finalize();
+    return 2;
+  }
+  {
+    auto dims = ptrain::ParallelDims::Create(spec->parallel(), MPI_COMM_WORLD);
+    ptrain::TrainerOptions opt;
+    opt.peak_flops = 1e12;
+    opt.quiet = true;
+    auto trainer = ptrain::Trainer::Create(*spec, opt, dims->get());
+    if (!trainer.ok()) {
+      std::fprintf(stderr, "%s\n", trainer.status().ToString().c_str());
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    auto& tr = **trainer;
+    auto& stats = *(*dims)->comm_stats();
+    for (int s = 0; s < a.warmup; ++s) tr.TrainStep(s);
+    stats.Reset();
+    double total = 0;
+    for (int s = a.warmup; s < a.warmup + a.steps; ++s) {
+      total += tr.TrainStep(s).seconds;
+    }
+    const auto& mc = spec->model();
+    const double B = spec->train().global_batch(), T = mc.block_size(),
+                 C = mc.n_embd(), L = mc.n_layer();
+    const double tokens = B * T;
+    if (rank == 0) {
+      const double mean = total / a.steps;
+      std::printf("config %s, tp=%d%s, %d thread(s)/rank\n", a.config.c_str(),
+                  tp, spec->parallel().sequence_parallel() ? " sp" : "",
+                  omp_get_max_threads());
+      std::printf("  %.1f ms/step, %.0f tok/s\n", mean * 1e3, tokens / mean);
+    }
+    if (rank == 0 && tp > 1) {
+      // The analytic collectives of one step, each counted at the size of
+      // the whole tensor (as the metrics count them). act: one (B, T, C)
+      // activation. Without SP, per layer: an all-reduce after attn.c_proj
+      // and after mlp.c_proj forward, and one into attn.c_attn and mlp.c_fc
+      // backward; plus the embedding's forward and the LM head's backward.
+      // With SP each of those all-reduces is a reduce-scatter and each
+      // identity before a column-parallel layer an all-gather, in both
+      // directions; backward also re-gathers the sharded input of each
+      // column-parallel layer for its weight gradient (only the shard is
+      // kept, which is SP's memory saving): per layer 6 all-gathers and 4
+      // reduce-scatters, at the ends 3 and 2. The cross-entropy's (B, T)
+      // statistics (3 all-reduces), the sequence-partial gradients and the
+      // norm are small and left out.
+      const bool sp = spec->parallel().sequence_parallel();
+      const double act = B * T * C * 4;
+      struct Want {
+        const char* op;
+        double layer, ends;  // collectives per layer, and at the ends
+      };
+      const std::vector<Want> want =
+          sp ? std::vector<Want>{{"all_gather", 6, 3}, {"reduce_scatter", 4, 2}}
+             : std::vector<Want>{{"all_reduce", 4, 2}};
+      double measured = 0, analytic = 0, wire = 0, analytic_wire = 0,
+             seconds = 0;
+      // Bytes each rank sends on a ring: all-reduce 2(p-1)/p of the tensor,
+      // all-gather and reduce-scatter (p-1)/p.
+      auto ring = [&](const std::string& op) {
+        return (tp - 1.0) / tp * (op == "all_reduce" ? 2 : 1);
+      };
+      for (const auto& [key, st] : stats.Snapshot()) {
+        if (key.first != "tp") continue;
+        const double bytes = static_cast<double>(st.bytes) / a.steps;
+        double expect = 0;
+        for (const Want& w : want) {
+          if (key.second == w.op) expect = (w.layer * L + w.ends) * act;
+        }
+        measured += bytes;
+        analytic += expect;
+        wire += bytes * ring(key.second);
+        analytic_wire += expect * ring(key.second);
+        seconds += st.seconds / a.steps;
+        std::printf(
+            "  tp %-14s %5.1f calls/step %8.2f MB/step (analytic %8.2f MB) "
+            "%7.1f ms/step\n",
+            key.second.c_str(), double(st.calls) / a.steps, bytes / 1e6,
+            expect / 1e6, st.seconds / a.steps * 1e3);
+      }
+      std::printf(
+          "  tp total %.2f MB/step = %.3f x analytic; sent per rank %.2f "
+          "MB/step (analytic %.2f MB); %.1f ms/step in tp collectives (%.1f%% "
+          "of the step)\n",
+          measured / 1e6, measured / analytic, wire / 1e6, analytic_wire / 1e6,
+          seconds * 1e3, 100 * seconds / (total / a.steps));
+    }
+    if (rank == 0) {
+      // The engine's own buffers, and the estimate (equal to them, see
+      // checkpoint_reshard_test) for the other layouts of this model.
+      const ptrain::MemoryBytes mem = tr.memory();
+      const int V = tr.data().vocab_size;
+      std::printf(
+          "  this rank: params %.2f MB, grads %.2f MB, optimizer %.2f MB, "
+          "activations %.2f MB\n",
+          Mb(mem.params), Mb(mem.grads), Mb(mem.optimizer),
+          Mb(mem.activations));
+      // Layouts this model cannot take (tp not dividing n_head, or
+      // block_size under SP) are left out.
+      auto estimate = [&](int t,
+                          bool sp) -> std::optional<ptrain::MemoryEstimate> {
+        auto s = ptrain::LoadJobSpecFile("examples/shakespeare-char.yaml",
+                                         Overrides(a, t, sp));
+        if (!s.ok()) return std::nullopt;
+        return ptrain::EstimateRankMemory(*s, V);
+      };
+      const ptrain::MemoryEstimate one = *estimate(1, false);
+      const double one_pgo = one.params + one.grads + one.optimizer;
+      std::printf(
+          "  per rank (estimate), params+grads+Adam and activations (ratio to "
+          "tp=1):\n");
+      for (int t : {1, 2, 3, 4, 6}) {
+        for (bool sp : {false, true}) {
+          if (sp && t == 1) continue;
+          const auto e = estimate(t, sp), nosp = estimate(t, false);
+          if (!e || !nosp) continue;
+          const double pgo = e->params + e->grads + e->optimizer;
+          std::printf(
+              "    tp=%d%-3s %7.2f MB (%.3fx)  activations %7.2f MB (%.3fx; "
+              "%.3fx of tp=%d without sp)\n",
+              t, sp ? " sp" : "", pgo / 1e6, pgo / one_pgo, Mb(e->activations),
+              double(e->activations) / one.activations,
+              double(e->activations) / nosp->activations, t);
+        }
+      }
+    }
+  }
+  MPI_Finalize();
+  return 0;
+}
