@@ -7,13 +7,25 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <utility>
+
+#include "common/check.h"
 
 namespace ptrain {
 namespace {
 
-// MPI failures are not recoverable in a training job: say where, then take
-// every rank down so the launcher sees the failure instead of a hang.
+// The abort hook of PT_CHECK while MPI is up: every rank goes down, so the
+// launcher sees the failure instead of ranks waiting in a collective.
+void AbortWorld() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+// MPI failures are not recoverable in a training job: PT_CHECK's failure,
+// with this rank's number.
 [[noreturn]] void MpiFail(const char* file, int line, const char* what,
                           const char* detail) {
   int rank = -1;
@@ -21,11 +33,9 @@ namespace {
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  std::fprintf(stderr, "%s:%d: [rank %d] %s: %s\n", file, line, rank, what,
-               detail);
-  std::fflush(stderr);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
-  std::abort();
+  const std::string ranked =
+      "[rank " + std::to_string(rank) + "] " + (detail ? detail : "");
+  CheckFailed(file, line, what, ranked.c_str());
 }
 
 void CheckMpi(int rc, const char* call, const char* file, int line) {
@@ -317,6 +327,7 @@ class MpiCommunicator : public Communicator {
 
 std::unique_ptr<Communicator> MakeMpiCommunicator(
     MPI_Comm comm, std::string group, std::shared_ptr<CommStats> stats) {
+  SetCheckAbortHook(&AbortWorld);
   return std::make_unique<MpiCommunicator>(comm, std::move(group),
                                            std::move(stats));
 }

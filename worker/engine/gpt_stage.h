@@ -57,8 +57,8 @@ struct StageOptions {
 class GptStage : private UnitStore {
  public:
   // `config` has padded_vocab set; `layout` is BuildPlan's for this rank.
-  // Throws std::invalid_argument on an inconsistent config (a programming
-  // error: the spec was validated).
+  // An inconsistent config is a programming error (the spec was
+  // validated): PT_CHECK fails.
   GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
            const StageOptions& options);
   GptStage(const GptStage&) = delete;
