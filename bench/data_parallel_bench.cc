@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "bench/mpi_trainer.h"
 #include "common/spec.h"
 #include "worker/engine/parallel_dims.h"
 #include "worker/engine/trainer.h"
@@ -58,26 +59,11 @@ int main(int argc, char** argv) {
       "parallel.bucket_bytes=" +
           std::to_string(static_cast<int64_t>(a.bucket_mb * (1 << 20))),
       "train.steps=" + std::to_string(a.warmup + a.steps)};
-  auto spec =
-      ptrain::LoadJobSpecFile("examples/shakespeare-char.yaml", overrides);
-  if (!spec.ok()) {
-    if (rank == 0)
-      std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
-    MPI_Finalize();
-    return 2;
-  }
   {
-    auto dims = ptrain::ParallelDims::Create(spec->parallel(), MPI_COMM_WORLD);
-    ptrain::TrainerOptions opt;
-    opt.peak_flops = 1e12;
-    opt.quiet = true;
-    auto trainer = ptrain::Trainer::Create(*spec, opt, dims->get());
-    if (!trainer.ok()) {
-      std::fprintf(stderr, "%s\n", trainer.status().ToString().c_str());
-      MPI_Abort(MPI_COMM_WORLD, 2);
-    }
-    auto& tr = **trainer;
-    auto& stats = *(*dims)->comm_stats();
+    ptrain::MpiTrainer run = ptrain::MakeMpiTrainer(overrides);
+    const auto* spec = &run.spec;
+    auto& tr = *run.trainer;
+    auto& stats = *run.dims->comm_stats();
     for (int s = 0; s < a.warmup; ++s) tr.TrainStep(s);
     stats.Reset();
     const double exposed0 = tr.store().exposed_seconds();

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/mpi_trainer.h"
 #include "common/spec.h"
 #include "worker/engine/memory_estimate.h"
 #include "worker/engine/parallel_dims.h"
@@ -63,26 +64,12 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const Args a = Parse(argc, argv);
   const int tp = world;
-  auto spec = ptrain::LoadJobSpecFile("examples/shakespeare-char.yaml",
-                                      Overrides(a, tp, a.sp && tp > 1));
-  if (!spec.ok()) {
-    if (rank == 0)
-      std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
-    MPI_Finalize();
-    return 2;
-  }
   {
-    auto dims = ptrain::ParallelDims::Create(spec->parallel(), MPI_COMM_WORLD);
-    ptrain::TrainerOptions opt;
-    opt.peak_flops = 1e12;
-    opt.quiet = true;
-    auto trainer = ptrain::Trainer::Create(*spec, opt, dims->get());
-    if (!trainer.ok()) {
-      std::fprintf(stderr, "%s\n", trainer.status().ToString().c_str());
-      MPI_Abort(MPI_COMM_WORLD, 2);
-    }
-    auto& tr = **trainer;
-    auto& stats = *(*dims)->comm_stats();
+    ptrain::MpiTrainer run =
+        ptrain::MakeMpiTrainer(Overrides(a, tp, a.sp && tp > 1));
+    const auto* spec = &run.spec;
+    auto& tr = *run.trainer;
+    auto& stats = *run.dims->comm_stats();
     for (int s = 0; s < a.warmup; ++s) tr.TrainStep(s);
     stats.Reset();
     double total = 0;

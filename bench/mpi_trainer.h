@@ -1,0 +1,51 @@
+// The MPI benchmarks' common start: a job spec from the example and
+// overrides, the rank layout over MPI_COMM_WORLD, and a quiet trainer. Any
+// failure prints its error (rank 0) and ends every rank with exit 2.
+#ifndef PTRAIN_BENCH_MPI_TRAINER_H_
+#define PTRAIN_BENCH_MPI_TRAINER_H_
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/spec.h"
+#include "worker/engine/parallel_dims.h"
+#include "worker/engine/trainer.h"
+
+namespace ptrain {
+
+struct MpiTrainer {
+  v1::JobSpec spec;
+  std::unique_ptr<ParallelDims> dims;
+  std::unique_ptr<Trainer> trainer;
+};
+
+inline MpiTrainer MakeMpiTrainer(const std::vector<std::string>& overrides) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  auto fail = [&](const absl::Status& s) {
+    if (rank == 0) std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  };
+  MpiTrainer t;
+  auto spec = LoadJobSpecFile("examples/shakespeare-char.yaml", overrides);
+  if (!spec.ok()) fail(spec.status());
+  t.spec = *spec;
+  auto dims = ParallelDims::Create(t.spec.parallel(), MPI_COMM_WORLD);
+  if (!dims.ok()) fail(dims.status());
+  t.dims = std::move(*dims);
+  TrainerOptions opt;
+  opt.peak_flops = 1e12;
+  opt.quiet = true;
+  auto trainer = Trainer::Create(t.spec, opt, t.dims.get());
+  if (!trainer.ok()) fail(trainer.status());
+  t.trainer = std::move(*trainer);
+  return t;
+}
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_BENCH_MPI_TRAINER_H_
