@@ -172,12 +172,26 @@ int main(int argc, char** argv) {
           const auto e = estimate(t, sp), nosp = estimate(t, false);
           if (!e || !nosp) continue;
           const double pgo = e->params + e->grads + e->optimizer;
+          // What one microbatch keeps from forward to backward (the part
+          // that grows with microbatches in flight), without the working
+          // set every layout needs once.
+          auto stash = [&](bool with_sp) {
+            const ptrain::GptConfig c = tr.model().config();
+            const int mb = spec->train().global_batch();
+            ptrain::GptConfig ct = c;
+            ct.padded_vocab = ptrain::PaddedVocab(c.vocab_size, t);
+            return double(ptrain::GptStage::ActivationFloats(
+                              ct, mb, c.block_size, 1, t, with_sp, 0, 1) -
+                          ptrain::GptStage::ActivationFloats(
+                              ct, mb, c.block_size, 0, t, with_sp, 0, 1));
+          };
           std::printf(
               "    tp=%d%-3s %7.2f MB (%.3fx)  activations %7.2f MB (%.3fx; "
-              "%.3fx of tp=%d without sp)\n",
+              "%.3fx of tp=%d without sp; stash per microbatch %.3fx)\n",
               t, sp ? " sp" : "", pgo / 1e6, pgo / one_pgo, Mb(e->activations),
               double(e->activations) / one.activations,
-              double(e->activations) / nosp->activations, t);
+              double(e->activations) / nosp->activations, t,
+              stash(sp) / stash(false));
         }
       }
     }
