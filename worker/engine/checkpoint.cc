@@ -1173,7 +1173,7 @@ absl::Status ExportLlmc(TensorSource& source, const GptConfig& config,
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": the model is too large for llm.c's format"));
   }
-  const int64_t C = config.n_embd, V = config.vocab_size;
+  const int64_t V = config.vocab_size;
   int32_t header[256] = {};
   header[0] = kLlmcMagic;
   header[1] = kLlmcVersion;

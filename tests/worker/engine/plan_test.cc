@@ -160,7 +160,9 @@ TEST(LayoutUnits, UnitsArePaddedSlicesInTableOrderPerStage) {
     for (size_t i = 1; i < layout.size(); ++i) {
       const ParamInfo& a = layout[i - 1];
       const ParamInfo& b = layout[i];
-      if (a.unit == b.unit) EXPECT_EQ(b.offset, a.offset + a.numel);
+      if (a.unit == b.unit) {
+        EXPECT_EQ(b.offset, a.offset + a.numel);
+      }
       EXPECT_EQ(b.offset - units[b.unit].begin, b.unit_offset);
     }
     EXPECT_EQ(layout.front().name, stage == 0 ? "wte" : "h.2.ln_1.weight");
