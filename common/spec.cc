@@ -629,7 +629,9 @@ absl::Status ValidateParallel(const v1::JobSpec& spec) {
   }
   if (absl::Status s = First({
           InRange("parallel.microbatches", p.microbatches(), 1, 1 << 20),
-          OneOf("parallel.schedule", p.schedule(), {"1f1b", "gpipe"}),
+          OneOf("parallel.schedule", p.schedule(),
+                {"1f1b", "gpipe", "interleaved"}),
+          InRange("parallel.virtual_stages", p.virtual_stages(), 1, 1 << 12),
           InRange<int64_t>("parallel.bucket_bytes", p.bucket_bytes(), 1,
                            int64_t{1} << 40),
       });
@@ -644,6 +646,40 @@ absl::Status ValidateParallel(const v1::JobSpec& spec) {
   if (m.n_layer() % p.pp() != 0) {
     return Error("parallel.pp=", p.pp(),
                  " does not divide model.n_layer=", m.n_layer());
+  }
+  // Interleaving gives each pipeline rank v chunks of whole layers and
+  // sends microbatches through them in groups of pp.
+  const bool interleaved = p.schedule() == "interleaved";
+  if (interleaved && p.virtual_stages() < 2) {
+    return Error(
+        "parallel.schedule=interleaved requires "
+        "parallel.virtual_stages >= 2 (parallel.virtual_stages=",
+        p.virtual_stages(), ")");
+  }
+  if (!interleaved && p.virtual_stages() != 1) {
+    return Error("parallel.virtual_stages=", p.virtual_stages(),
+                 " requires parallel.schedule=interleaved (parallel.schedule=",
+                 p.schedule(), ")");
+  }
+  if (interleaved) {
+    if (p.pp() < 2) {
+      return Error(
+          "parallel.schedule=interleaved requires parallel.pp >= 2 "
+          "(parallel.pp=",
+          p.pp(), ")");
+    }
+    const int per_stage = m.n_layer() / p.pp();
+    if (per_stage % p.virtual_stages() != 0) {
+      return Error("parallel.virtual_stages=", p.virtual_stages(),
+                   " does not divide the layers per stage, model.n_layer / "
+                   "parallel.pp = ",
+                   m.n_layer(), " / ", p.pp(), " = ", per_stage);
+    }
+    if (p.microbatches() % p.pp() != 0) {
+      return Error("parallel.microbatches=", p.microbatches(),
+                   " is not a multiple of parallel.pp=", p.pp(),
+                   " (required by parallel.schedule=interleaved)");
+    }
   }
   if (p.sequence_parallel()) {
     if (p.tp() <= 1) {
@@ -886,6 +922,7 @@ v1::JobSpec DefaultJobSpec() {
   parallel->set_microbatches(1);
   parallel->set_schedule("1f1b");
   parallel->set_bucket_bytes(int64_t{25} << 20);
+  parallel->set_virtual_stages(1);
 
   v1::TrainSpec* train = spec.mutable_train();
   train->set_steps(1000);

@@ -351,6 +351,37 @@ TEST(ValidateJobSpec, ZeroStageMustBeZeroToThree) {
   }
 }
 
+TEST(ValidateJobSpec, InterleavedScheduleRules) {
+  const std::vector<std::string> base = {"parallel.pp=2",
+                                         "parallel.microbatches=4"};
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> all = base;
+    all.insert(all.end(), more.begin(), more.end());
+    return OverrideError(all);
+  };
+  EXPECT_EQ(with({"parallel.schedule=interleaved"}),
+            "parallel.schedule=interleaved requires parallel.virtual_stages "
+            ">= 2 (parallel.virtual_stages=1)");
+  EXPECT_EQ(with({"parallel.virtual_stages=2"}),
+            "parallel.virtual_stages=2 requires parallel.schedule=interleaved "
+            "(parallel.schedule=1f1b)");
+  EXPECT_EQ(
+      with({"parallel.schedule=interleaved", "parallel.virtual_stages=4"}),
+      "parallel.virtual_stages=4 does not divide the layers per stage, "
+      "model.n_layer / parallel.pp = 4 / 2 = 2");
+  EXPECT_EQ(with({"parallel.schedule=interleaved", "parallel.virtual_stages=2",
+                  "parallel.microbatches=3", "train.global_batch=30"}),
+            "parallel.microbatches=3 is not a multiple of parallel.pp=2 "
+            "(required by parallel.schedule=interleaved)");
+  EXPECT_EQ(OverrideError(
+                {"parallel.schedule=interleaved", "parallel.virtual_stages=2"}),
+            "parallel.schedule=interleaved requires parallel.pp >= 2 "
+            "(parallel.pp=1)");
+  MustParse(kMinimal,
+            {"parallel.pp=2", "parallel.microbatches=4",
+             "parallel.schedule=interleaved", "parallel.virtual_stages=2"});
+}
+
 TEST(ValidateJobSpec, SequenceParallelRequiresTensorParallel) {
   EXPECT_EQ(OverrideError({"parallel.sequence_parallel=true"}),
             "parallel.sequence_parallel=true requires parallel.tp > 1 "
@@ -466,7 +497,9 @@ INSTANTIATE_TEST_SUITE_P(
                  "parallel.microbatches=0 must be between 1 and 1048576"},
         RuleCase{"parallel.schedule=zb",
                  "parallel.schedule='zb' must be one "
-                 "of 1f1b, gpipe"},
+                 "of 1f1b, gpipe, interleaved"},
+        RuleCase{"parallel.virtual_stages=0",
+                 "parallel.virtual_stages=0 must be between 1 and 4096"},
         RuleCase{"parallel.bucket_bytes=0",
                  "parallel.bucket_bytes=0 must be between 1 and 1099511627776"},
         RuleCase{"train.steps=0",
@@ -722,12 +755,13 @@ v1::JobSpec FullyCustomSpec() {
   p->set_pp(3);
   p->set_zero(3);
   p->set_sequence_parallel(true);
-  p->set_microbatches(5);
-  p->set_schedule("gpipe");
+  p->set_microbatches(6);
+  p->set_schedule("interleaved");
+  p->set_virtual_stages(2);
   p->set_bucket_bytes(int64_t{1} << 40);
   v1::TrainSpec* t = s.mutable_train();
   t->set_steps(int64_t{1} << 40);
-  t->set_global_batch(30);
+  t->set_global_batch(36);
   t->set_lr(6e-4);
   t->set_min_lr(6e-5);
   t->set_warmup_steps(7);

@@ -342,10 +342,11 @@ TEST_F(ControlPlaneTest, BadInputIsRefusedAndChangesNothing) {
   EXPECT_TRUE(ListJobs().empty());
 }
 
-// Tensor-parallel layouts that cannot work are refused with the fields and
-// the rule: by ptctl before anything is sent (it names the rule even with no
-// coordinator to talk to), and by ptcoord again for any other client.
-TEST_F(ControlPlaneTest, ImpossibleTensorParallelLayoutsAreRefusedTwice) {
+// Tensor- and pipeline-parallel layouts that cannot work are refused with
+// the fields and the rule: by ptctl before anything is sent (it names the rule
+// even with no coordinator to talk to), and by ptcoord again for any other
+// client.
+TEST_F(ControlPlaneTest, ImpossibleParallelLayoutsAreRefusedTwice) {
   struct Case {
     std::vector<std::string> sets;
     std::string rule;
@@ -358,6 +359,11 @@ TEST_F(ControlPlaneTest, ImpossibleTensorParallelLayoutsAreRefusedTwice) {
        "parallel.sequence_parallel=true)"},
       {{"parallel.sequence_parallel=true"},
        "parallel.sequence_parallel=true requires parallel.tp > 1"},
+      {{"parallel.pp=3"}, "parallel.pp=3 does not divide model.n_layer=4"},
+      {{"parallel.pp=2", "parallel.microbatches=2",
+        "parallel.schedule=interleaved", "parallel.virtual_stages=4"},
+       "parallel.virtual_stages=4 does not divide the layers per stage, "
+       "model.n_layer / parallel.pp = 4 / 2 = 2"},
       // Wider than the pool of 4 slots: only ptcoord knows the pool.
       {{"parallel.tp=4", "parallel.dp=2"}, ""},
   };

@@ -1,0 +1,158 @@
+// Pipeline schedules: the textbook orders, every pass exactly once, orders
+// that neighbours can follow without deadlock, the activation-stash bound,
+// and the bubble a simulation of each yields against the analytic one.
+#include "worker/engine/schedule.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace ptrain {
+namespace {
+
+std::string Order(ScheduleKind kind, int pp, int rank, int m, int v = 1) {
+  std::string out;
+  for (const PipeAction& a : PipelineOrder(kind, pp, rank, m, v)) {
+    if (!out.empty()) out += " ";
+    out += ToString(a, v > 1);
+  }
+  return out;
+}
+
+TEST(PipelineOrder, GpipeRunsEveryForwardThenEveryBackward) {
+  EXPECT_EQ(Order(ScheduleKind::kGpipe, 4, 0, 4), "F0 F1 F2 F3 B0 B1 B2 B3");
+  EXPECT_EQ(Order(ScheduleKind::kGpipe, 4, 3, 4), "F0 F1 F2 F3 B0 B1 B2 B3");
+}
+
+TEST(PipelineOrder, OneFOneBMatchesTheTextbook) {
+  // pp = 4, m = 8: rank r warms up with pp-r-1 forwards.
+  EXPECT_EQ(Order(ScheduleKind::k1F1B, 4, 0, 8),
+            "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
+  EXPECT_EQ(Order(ScheduleKind::k1F1B, 4, 1, 8),
+            "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7");
+  EXPECT_EQ(Order(ScheduleKind::k1F1B, 4, 3, 8),
+            "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
+  // Fewer microbatches than stages: warm-up is cut at m.
+  EXPECT_EQ(Order(ScheduleKind::k1F1B, 4, 0, 2), "F0 F1 B0 B1");
+}
+
+TEST(PipelineOrder, InterleavedMatchesTheTextbook) {
+  // pp = 2, v = 2, m = 4: microbatches go through chunk 0 in pairs, then
+  // chunk 1; rank 0 warms up with (pp-1)·2 + (v-1)·pp = 4 forwards.
+  EXPECT_EQ(Order(ScheduleKind::kInterleaved, 2, 0, 4, 2),
+            "F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 "
+            "B2.1 B3.1 B2.0 B3.0");
+  EXPECT_EQ(Order(ScheduleKind::kInterleaved, 2, 1, 4, 2),
+            "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 "
+            "F3.1 B3.1 B2.0 B3.0");
+}
+
+struct Case {
+  ScheduleKind kind;
+  int pp, m, v;
+};
+
+std::vector<Case> Cases() {
+  std::vector<Case> out;
+  for (int pp : {1, 2, 3, 4, 8}) {
+    for (int m : {1, 2, 3, 4, 8, 16}) {
+      out.push_back({ScheduleKind::kGpipe, pp, m, 1});
+      out.push_back({ScheduleKind::k1F1B, pp, m, 1});
+      for (int v : {2, 3}) {
+        if (m % pp == 0) out.push_back({ScheduleKind::kInterleaved, pp, m, v});
+      }
+    }
+  }
+  return out;
+}
+
+std::string Name(const Case& c) {
+  return std::string(ScheduleName(c.kind)) + " pp=" + std::to_string(c.pp) +
+         " m=" + std::to_string(c.m) + " v=" + std::to_string(c.v);
+}
+
+TEST(PipelineOrder, EveryPassRunsOnceAndBackwardFollowsItsForward) {
+  for (const Case& c : Cases()) {
+    for (int r = 0; r < c.pp; ++r) {
+      std::set<std::tuple<int, int, int>> seen;
+      for (const PipeAction& a : PipelineOrder(c.kind, c.pp, r, c.m, c.v)) {
+        ASSERT_GE(a.microbatch, 0);
+        ASSERT_LT(a.microbatch, c.m);
+        ASSERT_GE(a.chunk, 0);
+        ASSERT_LT(a.chunk, c.v);
+        EXPECT_TRUE(seen.insert({a.kind, a.microbatch, a.chunk}).second)
+            << Name(c) << " rank " << r << " runs " << ToString(a, true)
+            << " twice";
+        if (a.kind == PipeAction::kBackward) {
+          EXPECT_TRUE(seen.count({PipeAction::kForward, a.microbatch, a.chunk}))
+              << Name(c) << " rank " << r << ": " << ToString(a, true)
+              << " before its forward";
+        }
+      }
+      EXPECT_EQ(seen.size(), size_t(2 * c.m * c.v)) << Name(c);
+    }
+  }
+}
+
+TEST(PipelineOrder, NeighboursNeverDeadlock) {
+  for (const Case& c : Cases()) {
+    EXPECT_FALSE(SimulatePipeline(c.kind, c.pp, c.m, c.v, 1, 2).deadlock)
+        << Name(c);
+  }
+}
+
+TEST(PipelineOrder, StashBound) {
+  for (const Case& c : Cases()) {
+    for (int r = 0; r < c.pp; ++r) {
+      const int most = MaxInFlight(PipelineOrder(c.kind, c.pp, r, c.m, c.v));
+      switch (c.kind) {
+        case ScheduleKind::kGpipe:  // every microbatch at once
+          EXPECT_EQ(most, c.m) << Name(c);
+          break;
+        case ScheduleKind::k1F1B:  // at most pp - r, never more than pp
+          EXPECT_EQ(most, std::min(c.pp - r, c.m)) << Name(c) << " rank " << r;
+          break;
+        case ScheduleKind::kInterleaved:  // the warm-up plus one
+          if (c.m > c.pp) {
+            EXPECT_EQ(most, std::min((c.pp - r - 1) * 2 + (c.v - 1) * c.pp + 1,
+                                     c.m * c.v))
+                << Name(c) << " rank " << r;
+          }
+          break;
+      }
+    }
+  }
+}
+
+TEST(PipelineSimulation, GpipeAndOneFOneBHaveTheAnalyticBubble) {
+  for (const Case& c : Cases()) {
+    if (c.kind == ScheduleKind::kInterleaved) continue;
+    const PipelineSimulation sim = SimulatePipeline(c.kind, c.pp, c.m, 1, 1, 2);
+    EXPECT_NEAR(sim.makespan, (c.m + c.pp - 1) * 3.0, 1e-9) << Name(c);
+    EXPECT_NEAR(sim.bubble_fraction(), AnalyticBubble(c.pp, c.m), 1e-9)
+        << Name(c);
+  }
+}
+
+TEST(PipelineSimulation, InterleavingCutsTheBubbleByAboutV) {
+  for (int pp : {2, 4}) {
+    for (int m : {8, 16}) {
+      const double plain = SimulatePipeline(ScheduleKind::k1F1B, pp, m, 1, 1, 2)
+                               .bubble_fraction();
+      for (int v : {2, 3}) {
+        const double inter =
+            SimulatePipeline(ScheduleKind::kInterleaved, pp, m, v, 1, 2)
+                .bubble_fraction();
+        std::printf("pp=%d m=%d v=%d: bubble %.3f -> %.3f (%.2fx less)\n", pp,
+                    m, v, plain, inter, plain / inter);
+        EXPECT_GE(plain / inter, 0.6 * v) << "pp=" << pp << " m=" << m;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ptrain

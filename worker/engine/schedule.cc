@@ -1,0 +1,172 @@
+// See schedule.h.
+#include "worker/engine/schedule.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+
+namespace ptrain {
+namespace {
+
+PipeAction F(int mb, int chunk) { return {PipeAction::kForward, mb, chunk}; }
+PipeAction B(int mb, int chunk) { return {PipeAction::kBackward, mb, chunk}; }
+
+// The k-th forward (or backward) of an interleaved rank: microbatches go
+// through the chunks in groups of pp — pp microbatches on chunk 0, the same
+// pp on chunk 1, ..., then the next pp. Backward visits chunks in reverse.
+PipeAction InterleavedPass(int k, int pp, int v, bool forward) {
+  const int in_group = k % (pp * v);
+  const int chunk = forward ? in_group / pp : v - 1 - in_group / pp;
+  const int mb = k / (pp * v) * pp + k % pp;
+  return forward ? F(mb, chunk) : B(mb, chunk);
+}
+
+}  // namespace
+
+const char* ScheduleName(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kGpipe:
+      return "gpipe";
+    case ScheduleKind::k1F1B:
+      return "1f1b";
+    case ScheduleKind::kInterleaved:
+      return "interleaved";
+  }
+  return "?";
+}
+
+std::string ToString(const PipeAction& a, bool chunks) {
+  return absl::StrCat(a.kind == PipeAction::kForward ? "F" : "B", a.microbatch,
+                      chunks ? absl::StrCat(".", a.chunk) : "");
+}
+
+std::vector<PipeAction> PipelineOrder(ScheduleKind kind, int pp, int rank,
+                                      int m, int v) {
+  PT_CHECK(pp >= 1 && rank >= 0 && rank < pp && m >= 1 && v >= 1,
+           "pipeline order: bad pp, rank, microbatches or chunks");
+  std::vector<PipeAction> order;
+  switch (kind) {
+    case ScheduleKind::kGpipe:
+      PT_CHECK(v == 1, "gpipe runs one chunk per rank");
+      for (int i = 0; i < m; ++i) order.push_back(F(i, 0));
+      for (int i = 0; i < m; ++i) order.push_back(B(i, 0));
+      break;
+    case ScheduleKind::k1F1B: {
+      PT_CHECK(v == 1, "1f1b runs one chunk per rank");
+      // Rank r starts pp-r-1 forwards ahead, so that the last stage's
+      // first backward arrives just as its warm-up ends.
+      const int warmup = std::min(pp - rank - 1, m);
+      for (int i = 0; i < warmup; ++i) order.push_back(F(i, 0));
+      for (int i = 0; i < m - warmup; ++i) {
+        order.push_back(F(warmup + i, 0));
+        order.push_back(B(i, 0));
+      }
+      for (int i = m - warmup; i < m; ++i) order.push_back(B(i, 0));
+      break;
+    }
+    case ScheduleKind::kInterleaved: {
+      PT_CHECK(m % pp == 0, "interleaving needs microbatches a multiple of pp");
+      const int total = m * v;
+      // Warm-up: enough forwards that the first backward of the last
+      // virtual stage can reach this rank, as Megatron counts them; every
+      // forward first when m equals pp.
+      const int warmup =
+          m == pp ? total : std::min((pp - rank - 1) * 2 + (v - 1) * pp, total);
+      for (int k = 0; k < warmup; ++k) {
+        order.push_back(InterleavedPass(k, pp, v, true));
+      }
+      for (int k = 0; k < total - warmup; ++k) {
+        order.push_back(InterleavedPass(warmup + k, pp, v, true));
+        order.push_back(InterleavedPass(k, pp, v, false));
+      }
+      for (int k = total - warmup; k < total; ++k) {
+        order.push_back(InterleavedPass(k, pp, v, false));
+      }
+      break;
+    }
+  }
+  return order;
+}
+
+int MaxInFlight(const std::vector<PipeAction>& order) {
+  int now = 0, most = 0;
+  for (const PipeAction& a : order) {
+    now += a.kind == PipeAction::kForward ? 1 : -1;
+    most = std::max(most, now);
+  }
+  return most;
+}
+
+double PipelineSimulation::bubble_fraction() const {
+  if (idle.empty() || makespan <= 0) return 0;
+  return std::accumulate(idle.begin(), idle.end(), 0.0) / idle.size() /
+         makespan;
+}
+
+PipelineSimulation SimulatePipeline(ScheduleKind kind, int pp, int m, int v,
+                                    double forward, double backward) {
+  const int stages = pp * v;
+  // Each chunk holds 1/v of a rank's layers.
+  const double tf = forward / v, tb = backward / v;
+  std::vector<std::vector<PipeAction>> orders;
+  for (int r = 0; r < pp; ++r)
+    orders.push_back(PipelineOrder(kind, pp, r, m, v));
+  // Finish time of (kind, microbatch, virtual stage) once scheduled.
+  std::map<std::tuple<int, int, int>, double> done;
+  std::vector<size_t> next(pp, 0);
+  std::vector<double> free_at(pp, 0.0), busy(pp, 0.0);
+  size_t left = 0;
+  for (const auto& o : orders) left += o.size();
+  bool progress = true;
+  while (left > 0 && progress) {
+    progress = false;
+    for (int r = 0; r < pp; ++r) {
+      while (next[r] < orders[r].size()) {
+        const PipeAction& a = orders[r][next[r]];
+        const int s = a.chunk * pp + r;
+        const bool fwd = a.kind == PipeAction::kForward;
+        // Forward needs the previous virtual stage's forward; backward its
+        // own forward and the next virtual stage's backward.
+        std::vector<std::tuple<int, int, int>> needs;
+        if (fwd && s > 0) needs.push_back({0, a.microbatch, s - 1});
+        if (!fwd) {
+          needs.push_back({0, a.microbatch, s});
+          if (s < stages - 1) needs.push_back({1, a.microbatch, s + 1});
+        }
+        double start = free_at[r];
+        bool ready = true;
+        for (const auto& n : needs) {
+          auto it = done.find(n);
+          if (it == done.end()) {
+            ready = false;
+            break;
+          }
+          start = std::max(start, it->second);
+        }
+        if (!ready) break;
+        const double t = fwd ? tf : tb;
+        free_at[r] = start + t;
+        busy[r] += t;
+        done[{fwd ? 0 : 1, a.microbatch, s}] = start + t;
+        ++next[r];
+        --left;
+        progress = true;
+      }
+    }
+  }
+  PipelineSimulation sim;
+  sim.deadlock = left > 0;
+  sim.makespan = *std::max_element(free_at.begin(), free_at.end());
+  for (int r = 0; r < pp; ++r) sim.idle.push_back(sim.makespan - busy[r]);
+  return sim;
+}
+
+double AnalyticBubble(int pp, int m) {
+  return static_cast<double>(pp - 1) / (m + pp - 1);
+}
+
+}  // namespace ptrain

@@ -1,0 +1,63 @@
+// Pipeline schedules as data: the order in which one pipeline rank runs the
+// forward and backward passes of an optimizer step's microbatches, for
+// GPipe, 1F1B and interleaved 1F1B. A schedule is chosen once per job and
+// is a pure function of (pp, rank, microbatches, chunks),
+// so it is tested on its own: every pass once, an order the neighbours can
+// follow without deadlock, the stash bound, and the bubble a simulation of
+// it yields against the analytic one.
+#ifndef PTRAIN_WORKER_ENGINE_SCHEDULE_H_
+#define PTRAIN_WORKER_ENGINE_SCHEDULE_H_
+
+#include <string>
+#include <vector>
+
+namespace ptrain {
+
+enum class ScheduleKind {
+  kGpipe,        // every forward, then every backward
+  k1F1B,         // warm-up forwards, one forward one backward, cool-down
+  kInterleaved,  // 1F1B over v model chunks per rank (virtual stages)
+};
+// "gpipe", "1f1b", "interleaved".
+const char* ScheduleName(ScheduleKind kind);
+
+struct PipeAction {
+  enum Kind { kForward, kBackward } kind;
+  int microbatch;  // 0 .. m-1
+  int chunk;       // this rank's model chunk, 0 .. v-1 (0 unless interleaved)
+  bool operator==(const PipeAction& o) const {
+    return kind == o.kind && microbatch == o.microbatch && chunk == o.chunk;
+  }
+};
+// "F3" / "B0", with the chunk when there are several ("F3.1").
+std::string ToString(const PipeAction& a, bool chunks = false);
+
+// The passes rank `rank` of `pp` runs in one optimizer step of `m`
+// microbatches over its `v` chunks (v = 1 but for kInterleaved). Chunk c
+// of rank r is virtual stage c·pp + r of pp·v. Interleaving needs m a
+// multiple of pp (the caller validated; PT_CHECK otherwise).
+std::vector<PipeAction> PipelineOrder(ScheduleKind kind, int pp, int rank,
+                                      int m, int v);
+
+// The most microbatch-chunks whose forward has run and backward has not:
+// the activation slots the rank needs.
+int MaxInFlight(const std::vector<PipeAction>& order);
+
+// Every rank following its PipelineOrder, each pass of a chunk taking
+// `forward` or `backward` time units, transfers free, each rank blocking
+// on the neighbour it needs. Idle time is the bubble.
+struct PipelineSimulation {
+  bool deadlock = false;           // some rank waits forever
+  double makespan = 0;             // the step
+  std::vector<double> idle;        // per rank: makespan minus its busy time
+  double bubble_fraction() const;  // mean idle / makespan
+};
+PipelineSimulation SimulatePipeline(ScheduleKind kind, int pp, int m, int v,
+                                    double forward, double backward);
+
+// The textbook bubble of GPipe and 1F1B: (pp-1) / (m+pp-1).
+double AnalyticBubble(int pp, int m);
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_WORKER_ENGINE_SCHEDULE_H_
