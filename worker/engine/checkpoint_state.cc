@@ -10,6 +10,7 @@ std::vector<ShardRun> CheckpointRuns(ZeroStore& store, AdamW& adam,
   store.ForEachShardStretch(
       [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
         if (p.tp_replicated() && !write_tp_replicated) return;
+        if (p.tied_copy) return;  // stage 0 writes wte
         ForEachLocalBox(p, lo, hi, [&](const Box& box, int64_t local) {
           const int64_t i = at + (local - lo);
           runs.push_back({p.name, box, params + i});

@@ -83,6 +83,19 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
   if (last()) {
     final_unit_ = find("ln_f.weight").unit;
     lnf_offset_ = find("ln_f.weight").unit_offset;
+    // The head's weights: wte itself on a stage that also embeds, else the
+    // tied copy the plan puts in the final unit.
+    head_unit_ = first() ? emb_unit_ : final_unit_;
+    head_wte_offset_ = first() ? wte_offset_ : 0;
+    if (!first()) {
+      const ParamInfo* copy = nullptr;
+      for (const ParamInfo& p : layout_) {
+        if (p.tied_copy) copy = &p;
+      }
+      PT_CHECK(copy != nullptr && copy->unit == final_unit_,
+               "the last stage's layout has no tied copy of wte");
+      head_wte_offset_ = copy->unit_offset;
+    }
   }
   const std::vector<std::string>& names = GptBlockTensorNames();
   for (int b = 0; b < n_blocks_; ++b) {
@@ -289,12 +302,16 @@ float GptStage::Forward(int slot, const int32_t* tokens, const float* hidden,
   const float* lnf = st.Params(final_unit_) + lnf_offset_;
   k::layernorm_forward(S.lnf, S.lnf_mean, S.lnf_rstd, x, lnf, lnf + C, B, Ts,
                        C);
-  st.EndForward(final_unit_);
+  if (first()) {
+    st.EndForward(final_unit_);
+  } else {
+    wte = st.Params(head_unit_) + head_wte_offset_;
+  }
   // The head is tied to the embedding: logits over this rank's vocabulary
   // rows, never gathered for the loss.
   column_linear_forward(S.logits, S.lnf, wte, nullptr, B, T, C, Vl_, tp_,
                         scratch_);
-  st.EndForward(emb_unit_);
+  st.EndForward(head_unit_);
   if (targets == nullptr) return 0.0f;
   vocab_crossentropy_forward(S.losses, S.logits, S.logits, targets, B, T,
                              vocab_begin_, Vl_, config_.vocab_size, tp_,
@@ -325,9 +342,9 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
     vocab_crossentropy_backward(dlogits_, S.logits, targets, dloss, B, T,
                                 vocab_begin_, Vl_);
     Zero(dln_, BTsC);
-    column_linear_backward(dln_, st.Grads(emb_unit_) + wte_offset_, nullptr,
-                           dlogits_, S.lnf, st.Params(emb_unit_) + wte_offset_,
-                           B, T, C, Vl_, tp_, scratch_);
+    column_linear_backward(
+        dln_, st.Grads(head_unit_) + head_wte_offset_, nullptr, dlogits_, S.lnf,
+        st.Params(head_unit_) + head_wte_offset_, B, T, C, Vl_, tp_, scratch_);
     Zero(dresidual_, BTsC);
     const float* x_last = S.residual3 + (n_blocks_ - 1) * sBTsC;
     float* dlnf = st.Grads(final_unit_) + lnf_offset_;

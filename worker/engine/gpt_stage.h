@@ -23,6 +23,8 @@ namespace ptrain {
 // stage only):
 //   forward:  B(E) [B(u) E(u) for blocks in order] B(F) E(F) E(E);
 //   backward: B(E) B(F) E(F) [B(u) E(u) for blocks in reverse] E(E).
+// A last stage that does not embed reads the head's weights from the tied
+// copy of wte in F, so there F stays begun until the head is done.
 // Params(u)/Grads(u) are valid between Begin and End and point at the
 // unit's first element (unit-relative offsets). Gradients accumulate (+=).
 class UnitStore {
@@ -160,6 +162,10 @@ class GptStage : private UnitStore {
   // their units.
   int64_t wte_offset_ = 0, wpe_offset_ = 0, lnf_offset_ = 0;
   int emb_unit_ = -1, final_unit_ = -1;
+  // The head's wte: emb_unit_ on a stage that embeds, else the tied copy in
+  // the final unit.
+  int head_unit_ = -1;
+  int64_t head_wte_offset_ = 0;
   std::vector<int64_t> block_offsets_;  // (n_blocks, 12)
 
   std::vector<float> acts_;

@@ -115,6 +115,7 @@ double DistributedOptimizer::GlobalNormSquared() {
   double sq[2] = {0.0, 0.0};
   store_->ForEachUpdateStretch([&](const ParamInfo& p, int64_t lo, int64_t hi,
                                    int64_t at) {
+    if (p.tied_copy) return;  // counted on stage 0
     sq[p.tp_replicated() ? 1 : 0] += kernels::sum_squares(grads + at, hi - lo);
   });
   if (store_->sharded() && groups_.dp != nullptr) groups_.dp->AllReduce(sq, 2);

@@ -270,12 +270,24 @@ std::vector<ParamInfo> GptTensors(const GptConfig& cfg) {
 void SplitStages(std::vector<ParamInfo>* tensors, int n_layer, int pp) {
   PT_CHECK(pp >= 1 && n_layer % pp == 0, "pp must divide n_layer");
   const int per_stage = n_layer / pp;
+  int final_unit = -1;
+  const ParamInfo* wte = nullptr;
   for (ParamInfo& p : *tensors) {
     if (p.layer >= 0) {
       p.stage = p.layer / per_stage;
     } else {
       p.stage = absl::StartsWith(p.name, "ln_f.") ? pp - 1 : 0;
     }
+    if (absl::StartsWith(p.name, "ln_f.")) final_unit = p.unit;
+    if (p.name == "wte") wte = &p;
+  }
+  if (pp > 1) {
+    PT_CHECK(wte != nullptr && final_unit >= 0, "no wte or ln_f to tie");
+    ParamInfo copy = *wte;
+    copy.stage = pp - 1;
+    copy.unit = final_unit;
+    copy.tied_copy = true;
+    tensors->push_back(std::move(copy));
   }
 }
 

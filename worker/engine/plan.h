@@ -81,6 +81,12 @@ struct ParamInfo {
 
   // From SplitStages: the pipeline stage that holds it.
   int stage = 0;
+  // The last stage's copy of wte when pp > 1: the LM head is tied to the
+  // embedding on stage 0. The two copies stay equal because their gradients
+  // are summed over the embedding group (stage 0 and the last stage) before
+  // each update; the copy is not written to checkpoints and its gradient
+  // norm is not counted (the primary's is).
+  bool tied_copy = false;
 
   // From ApplyTensorParallel: this rank's part.
   TpSplit split = TpSplit::kReplicated;
@@ -124,7 +130,8 @@ std::vector<ParamInfo> GptTensors(const GptConfig& config);
 const std::vector<std::string>& GptBlockTensorNames();
 
 // 2. Stage s of pp holds layers [s·L/pp, (s+1)·L/pp); wte and wpe are on
-// stage 0, ln_f on stage pp-1. Requires pp | L.
+// stage 0, ln_f on stage pp-1 and, when pp > 1, a tied copy of wte for the
+// head after it (in ln_f's unit). Requires pp | L.
 void SplitStages(std::vector<ParamInfo>* tensors, int n_layer, int pp);
 
 // 3. Applies the tensor-parallel plan for rank `tp_rank` of `tp`: sets

@@ -339,6 +339,89 @@ TEST(GptStage, MicrobatchAccumulationEqualsOneLargeBatch) {
   EXPECT_GT(scale, 0.0);
 }
 
+// The model cut into pipeline stages and run as a chain on one rank —
+// each stage's output the next one's input, each stage's input gradient
+// the previous one's output gradient — computes what the whole model does:
+// the same loss (bit for bit: the same kernels in the same order) and the
+// same gradients, wte's being the sum of stage 0's (embedding) and the last
+// stage's tied copy (head), as the embedding group will sum them.
+TEST(GptStage, StagesChainedComputeTheWholeModel) {
+  GptConfig c = kTiny;
+  c.n_layer = 4;
+  const int B = 2, T = 8;
+  std::vector<int32_t> in(B * T), tg(B * T);
+  for (int i = 0; i < B * T; ++i) {
+    in[i] = CounterRandom64(4, 1, i) % c.vocab_size;
+    tg[i] = CounterRandom64(4, 2, i) % c.vocab_size;
+  }
+  const float dloss = 1.0f / (B * T);
+  auto whole = Stage(c, B, T);
+  whole->InitParams(5);
+  whole->ZeroGrad();
+  const float want = whole->Forward(0, in.data(), nullptr, tg.data(), B, T);
+  whole->Backward(0, in.data(), tg.data(), dloss, nullptr);
+  std::map<std::string, std::vector<float>> want_grads;
+  for (const ParamInfo& p : whole->layout()) {
+    want_grads[p.name].assign(whole->grads() + p.offset,
+                              whole->grads() + p.offset + p.numel);
+  }
+  for (int pp : {2, 4}) {
+    std::vector<std::unique_ptr<GptStage>> stages;
+    for (int s = 0; s < pp; ++s) {
+      StageOptions o;
+      o.max_B = B;
+      o.max_T = T;
+      o.stage = s;
+      o.n_stages = pp;
+      PlanOptions plan;
+      plan.pp = pp;
+      plan.pp_rank = s;
+      stages.push_back(std::make_unique<GptStage>(c, BuildPlan(c, plan), o));
+      stages.back()->InitParams(5);
+      stages.back()->ZeroGrad();
+    }
+    float loss = 0;
+    for (int s = 0; s < pp; ++s) {
+      loss = stages[s]->Forward(0, in.data(),
+                                s > 0 ? stages[s - 1]->output(0) : nullptr,
+                                s == pp - 1 ? tg.data() : nullptr, B, T);
+    }
+    EXPECT_EQ(loss, want) << "pp " << pp;
+    for (int s = pp - 1; s >= 0; --s) {
+      stages[s]->Backward(0, in.data(), tg.data(), dloss,
+                          s < pp - 1 ? stages[s + 1]->dinput() : nullptr);
+    }
+    // Gather every stage's gradients by name; wte's two copies add up.
+    std::map<std::string, std::vector<float>> got;
+    for (const auto& st : stages) {
+      for (const ParamInfo& p : st->layout()) {
+        std::vector<float>& g = got[p.name];
+        g.resize(p.numel, 0.0f);
+        for (int64_t i = 0; i < p.numel; ++i) {
+          g[i] += st->grads()[p.offset + i];
+        }
+      }
+    }
+    ASSERT_EQ(got.size(), want_grads.size());
+    double diff = 0, scale = 0;
+    std::string worst;
+    for (const auto& [name, w] : want_grads) {
+      ASSERT_EQ(got[name].size(), w.size()) << name;
+      for (size_t i = 0; i < w.size(); ++i) {
+        const double d = std::fabs(double(got[name][i]) - w[i]);
+        if (d > diff) diff = d, worst = name;
+        scale = std::max(scale, double(std::fabs(w[i])));
+      }
+    }
+    std::printf(
+        "pp=%d chained stages: loss %.6f (whole %.6f), gradients "
+        "maxdiff %.3e (%s; scale %.3e)\n",
+        pp, loss, want, diff, worst.c_str(), scale);
+    EXPECT_LE(diff, 1e-6 * scale) << "pp " << pp << " worst " << worst;
+    EXPECT_GT(scale, 0.0);
+  }
+}
+
 TEST(GptStage, ShorterSequencesUseTheFrontOfTheBuffers) {
   // Forward on (1,T') inside a model allocated for (2,8) gives the logits
   // that a model allocated for exactly (1,T') gives.

@@ -57,13 +57,60 @@ TEST(SplitStages, ContiguousLayersEmbeddingFirstFinalNormLast) {
   for (const ParamInfo& p : t) {
     if (p.layer >= 0) {
       EXPECT_EQ(p.stage, p.layer / 2) << p.name;
-    } else if (p.name.rfind("ln_f", 0) == 0) {
+    } else if (p.name.rfind("ln_f", 0) == 0 || p.tied_copy) {
       EXPECT_EQ(p.stage, 1) << p.name;
     } else {
       EXPECT_EQ(p.stage, 0) << p.name;
     }
   }
   EXPECT_DEATH(SplitStages(&t, 4, 3), "pp must divide n_layer");
+}
+
+TEST(SplitStages, LastStageHoldsATiedCopyOfWteForTheHead) {
+  // One stage: no copy.
+  std::vector<ParamInfo> one = GptTensors(Config());
+  SplitStages(&one, 4, 1);
+  for (const ParamInfo& p : one) EXPECT_FALSE(p.tied_copy) << p.name;
+  for (int tp : {1, 2}) {
+    GptConfig c = Config();
+    c.padded_vocab = PaddedVocab(c.vocab_size, tp);
+    for (int tp_rank = 0; tp_rank < tp; ++tp_rank) {
+      PlanOptions o;
+      o.tp = tp;
+      o.tp_rank = tp_rank;
+      o.pp = 2;
+      o.pp_rank = 0;
+      const std::vector<ParamInfo> first = BuildPlan(c, o);
+      o.pp_rank = 1;
+      const std::vector<ParamInfo> last = BuildPlan(c, o);
+      const ParamInfo* wte = nullptr;
+      for (const ParamInfo& p : first) {
+        EXPECT_FALSE(p.tied_copy) << p.name;
+        if (p.name == "wte") wte = &p;
+      }
+      ASSERT_NE(wte, nullptr);
+      const ParamInfo* copy = nullptr;
+      const ParamInfo* lnf = nullptr;
+      for (const ParamInfo& p : last) {
+        if (p.tied_copy) copy = &p;
+        if (p.name == "ln_f.weight") lnf = &p;
+      }
+      ASSERT_NE(copy, nullptr) << "tp " << tp;
+      ASSERT_NE(lnf, nullptr);
+      // The same tensor, part and placement rules as stage 0's, in the
+      // final unit (after ln_f, so that unit keeps its place).
+      EXPECT_EQ(copy->name, "wte");
+      EXPECT_EQ(copy->shape, wte->shape);
+      EXPECT_EQ(copy->boxes.size(), wte->boxes.size());
+      for (size_t i = 0; i < copy->boxes.size(); ++i) {
+        EXPECT_EQ(copy->boxes[i].lo, wte->boxes[i].lo);
+        EXPECT_EQ(copy->boxes[i].hi, wte->boxes[i].hi);
+      }
+      EXPECT_EQ(copy->unit, lnf->unit);
+      EXPECT_GT(copy->unit_offset, lnf->unit_offset);
+      EXPECT_EQ(&last.back(), copy);
+    }
+  }
 }
 
 TEST(ApplyTensorParallel, SplitsFollowMegatronsPlan) {
@@ -149,7 +196,7 @@ TEST(LayoutUnits, UnitsArePaddedSlicesInTableOrderPerStage) {
     const std::vector<ParamInfo> layout = LayoutUnits(t, stage, 3);
     const std::vector<UnitRange> units = Units(layout, 3);
     // Stage 0: [wte wpe] + 4 units per block of its 2 blocks; stage 1: the
-    // blocks' 8 and [ln_f].
+    // blocks' 8 and [ln_f, the head's tied copy of wte].
     EXPECT_EQ(units.size(), 9u) << stage;
     int64_t expect_begin = 0;
     for (const UnitRange& u : units) {
@@ -166,8 +213,8 @@ TEST(LayoutUnits, UnitsArePaddedSlicesInTableOrderPerStage) {
       EXPECT_EQ(b.offset - units[b.unit].begin, b.unit_offset);
     }
     EXPECT_EQ(layout.front().name, stage == 0 ? "wte" : "h.2.ln_1.weight");
-    EXPECT_EQ(layout.back().name,
-              stage == 0 ? "h.1.mlp.c_proj.bias" : "ln_f.bias");
+    EXPECT_EQ(layout.back().name, stage == 0 ? "h.1.mlp.c_proj.bias" : "wte");
+    EXPECT_EQ(layout.back().tied_copy, stage == 1);
   }
 }
 
