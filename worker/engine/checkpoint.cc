@@ -1277,6 +1277,9 @@ absl::StatusOr<std::unique_ptr<LlmcSource>> LlmcSource::Open(
         absl::StrCat(field, ": '", path, "' is ", st.st_size,
                      " bytes; its header implies ", offset));
   }
+  for (const ParamInfo& p : GptTensors(config)) {
+    src->bounds_[p.name] = p.global_shape;
+  }
   src->fd_ = std::move(*fd);
   return src;
 }
@@ -1284,12 +1287,15 @@ absl::StatusOr<std::unique_ptr<LlmcSource>> LlmcSource::Open(
 absl::Status LlmcSource::Read(const std::string& name, const Box& box,
                               float* dst) {
   auto it = offsets_.find(name);
-  bool inside = it != offsets_.end();
+  auto bound = bounds_.find(name);
+  bool inside = it != offsets_.end() && bound != bounds_.end();
   const std::vector<int64_t>* shape = inside ? &shapes_.at(name) : nullptr;
-  for (size_t d = 0; inside && d < shape->size(); ++d) {
-    inside = box.lo.size() == shape->size() && box.hi.size() == shape->size() &&
-             box.lo[d] >= 0 && box.lo[d] <= box.hi[d] &&
-             box.hi[d] <= (*shape)[d];
+  const std::vector<int64_t>* limit = inside ? &bound->second : nullptr;
+  for (size_t d = 0; inside && d < limit->size(); ++d) {
+    inside = box.lo.size() == limit->size() && box.hi.size() == limit->size() &&
+             limit->size() == shape->size() && box.lo[d] >= 0 &&
+             box.lo[d] <= box.hi[d] && box.hi[d] <= (*limit)[d] &&
+             (*limit)[d] <= (*shape)[d];
   }
   if (!inside) {
     return absl::NotFoundError(absl::StrCat("llm.c checkpoint '", path_,

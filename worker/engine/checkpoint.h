@@ -187,6 +187,9 @@ class LlmcSource : public TensorSource {
   UniqueFd fd_;
   std::map<std::string, int64_t> offsets_;  // tensor name -> byte offset
   std::map<std::string, std::vector<int64_t>> shapes_;  // as stored
+  // The model's global shapes (wte without the padding rows, wpe without
+  // positions past block_size): what Read serves.
+  std::map<std::string, std::vector<int64_t>> bounds_;
 };
 
 }  // namespace ptrain

@@ -296,6 +296,17 @@ TEST_F(CheckpointTest, LlmcExportThenInitFromGivesIdenticalWeights) {
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
 
+  // The file stores wte padded to 128 rows and wpe for its own maximum
+  // length; a reader serves the model's tensors only: rows past the
+  // vocabulary are no part of wte.
+  auto src = LlmcSource::Open(bin, (*reader)->meta().model);
+  ASSERT_TRUE(src.ok()) << src.status();
+  const int64_t C = (*reader)->meta().model.n_embd;
+  std::vector<float> row(C);
+  EXPECT_TRUE((*src)->Read("wte", Box{{64, 0}, {65, C}}, row.data()).ok());
+  EXPECT_EQ((*src)->Read("wte", Box{{65, 0}, {66, C}}, row.data()).code(),
+            absl::StatusCode::kNotFound);
+
   const absl::Status wrong = MakeStatus(
       Spec(3, 0, {"model.init_from=llmc:" + bin, "model.n_layer=3"}), "");
   EXPECT_NE(wrong.message().find("has n_layer=2 but the model has 3"),
