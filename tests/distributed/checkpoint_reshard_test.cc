@@ -1,10 +1,11 @@
 // Checkpoints across layouts: a checkpoint written by any of {1 rank, dp2,
 // zero1 dp2, zero3 dp2, dp2 tp2 zero1, tp4, dp2 tp2 zero3 with sequence
-// parallelism} loads into any of them and training goes on as the
-// single-rank run does (losses within 1e-5); on the same layout it goes on
-// bit for bit. A sharded layout reads only its share. Runs under
-// `mpirun -n 4`. Also: the memory estimate equals the engine's buffers for
-// every ZeRO stage, with and without tensor and sequence parallelism.
+// parallelism, pp2, pp2 tp2 with SP, dp2 pp2} loads into any of them and
+// training goes on as the single-rank run does (losses within 1e-5); on the
+// same layout it goes on bit for bit. A sharded layout reads only its share.
+// Runs under `mpirun -n 4`. Also: the memory estimate equals the engine's
+// buffers for every ZeRO stage, with and without tensor and sequence
+// parallelism.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -31,13 +32,15 @@ struct Layout {
   const char* name;
   int dp, zero, tp;
   bool sp;
-  int world() const { return dp * tp; }
+  int pp = 1;
+  int world() const { return dp * tp * pp; }
 };
 const Layout kLayouts[] = {
-    {"single", 1, 0, 1, false},         {"dp2", 2, 0, 1, false},
-    {"zero1_dp2", 2, 1, 1, false},      {"zero3_dp2", 2, 3, 1, false},
-    {"dp2_tp2_zero1", 2, 1, 2, false},  {"tp4", 1, 0, 4, false},
-    {"dp2_tp2_zero3_sp", 2, 3, 2, true}};
+    {"single", 1, 0, 1, false},          {"dp2", 2, 0, 1, false},
+    {"zero1_dp2", 2, 1, 1, false},       {"zero3_dp2", 2, 3, 1, false},
+    {"dp2_tp2_zero1", 2, 1, 2, false},   {"tp4", 1, 0, 4, false},
+    {"dp2_tp2_zero3_sp", 2, 3, 2, true}, {"pp2", 1, 0, 1, false, 2},
+    {"pp2_tp2_sp", 1, 0, 2, true, 2},    {"dp2_pp2", 2, 0, 1, false, 2}};
 constexpr int kSave = 8, kEnd = 16;
 
 int WorldRank() {
@@ -74,6 +77,7 @@ v1::JobSpec Spec(const Layout& l, const std::string& ckpt_dir,
       "parallel.dp=" + std::to_string(l.dp),
       "parallel.zero=" + std::to_string(l.zero),
       "parallel.tp=" + std::to_string(l.tp),
+      "parallel.pp=" + std::to_string(l.pp),
       std::string("parallel.sequence_parallel=") + (l.sp ? "true" : "false"),
       "checkpoint.dir=" + ckpt_dir,
       "checkpoint.keep_last=10"};

@@ -70,6 +70,7 @@ class GptStage : private UnitStore {
   const std::vector<ParamInfo>& layout() const { return layout_; }
   const std::vector<UnitRange>& units() const { return units_; }
   bool first() const { return stage_ == 0; }
+  int slots() const { return static_cast<int>(slots_.size()); }
   bool last() const { return stage_ == n_stages_ - 1; }
   int64_t buffer_size() const { return buffer_size_; }  // padded elements
   // The stage's own buffers (no external store), else null.

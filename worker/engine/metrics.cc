@@ -80,7 +80,7 @@ absl::StatusOr<std::unique_ptr<RankMetrics>> RankMetrics::Start(
                      .Help("Seconds spent by phase of the training loop.")
                      .Register(reg);
   for (const char* phase :
-       {"forward", "backward", "optimizer", "data", "checkpoint"}) {
+       {"forward", "backward", "optimizer", "data", "checkpoint", "bubble"}) {
     m->phases_[phase] = &phases.Add(With(m->base_, "phase", phase));
   }
   m->comm_seconds_ = &p8s::BuildCounter()
@@ -118,6 +118,7 @@ void RankMetrics::OnStep(int64_t step, double loss, double seconds,
   Phase("forward").Increment(phases.forward);
   Phase("backward").Increment(phases.backward);
   Phase("optimizer").Increment(phases.optimizer);
+  Phase("bubble").Increment(phases.bubble);
 }
 
 void RankMetrics::OnEval(double val_loss) { val_loss_->Set(val_loss); }

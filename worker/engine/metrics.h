@@ -31,6 +31,7 @@ struct RankLabels {
 // Seconds of one step by phase.
 struct PhaseSeconds {
   double data = 0, forward = 0, backward = 0, optimizer = 0;
+  double bubble = 0;  // pipeline: waiting for a neighbouring stage
 };
 
 class RankMetrics {

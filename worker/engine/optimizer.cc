@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "common/check.h"
 #include "kernels/cpu/kernels.h"
 #include "worker/engine/zero_store.h"
 
@@ -129,8 +130,23 @@ double DistributedOptimizer::GlobalNormSquared() {
   return total;
 }
 
+void DistributedOptimizer::ReduceTiedEmbedding() {
+  if (groups_.embedding == nullptr) return;
+  // wte on stage 0 and its copy on the last stage have the same local shape
+  // and, unsharded, the same stretch: summing them makes both the gradient
+  // of the one tied tensor.
+  PT_CHECK(!store_->sharded(),
+           "the tied embedding's gradient is summed unsharded (zero 0)");
+  float* grads = store_->update_grads();
+  store_->ForEachUpdateStretch(
+      [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
+        if (p.name == "wte") groups_.embedding->AllReduce(grads + at, hi - lo);
+      });
+}
+
 UpdateResult DistributedOptimizer::Step(float lr) {
   ReduceSequencePartial();
+  ReduceTiedEmbedding();
   UpdateResult r;
   r.grad_norm = std::sqrt(GlobalNormSquared());
   const float scale = ClipScale(r.grad_norm, clip_);

@@ -78,6 +78,9 @@ class DistributedOptimizer {
     Communicator* dp = nullptr;  // null: dp = 1
     Communicator* tp = nullptr;  // null: tp = 1
     Communicator* pp = nullptr;  // null: pp = 1
+    // Stage 0 and the last stage (pp > 1): the tied wte's gradients are
+    // summed over it. Null elsewhere.
+    Communicator* embedding = nullptr;
     bool sequence_parallel = false;
   };
   // `store` is not owned and outlives the optimizer.
@@ -93,6 +96,8 @@ class DistributedOptimizer {
  private:
   // Sums sequence-partial gradients over tp (sp only).
   void ReduceSequencePartial();
+  // pp > 1: wte's gradient summed over stage 0 and the last stage.
+  void ReduceTiedEmbedding();
   double GlobalNormSquared();
 
   ZeroStore* const store_;

@@ -42,11 +42,22 @@ absl::StatusOr<std::unique_ptr<ParallelDims>> ParallelDims::Create(
                  &d->tp_comm_);
   MPI_Comm_split(world, d->dp_rank_ * d->tp_ + d->tp_rank_, d->pp_rank_,
                  &d->pp_comm_);
+  // The embedding group: stage 0 and the last stage of one pipeline (the
+  // tied embedding and head); only those ranks, and only when pp > 1.
+  const bool tied_end =
+      d->pp_ > 1 && (d->pp_rank_ == 0 || d->pp_rank_ == d->pp_ - 1);
+  MPI_Comm_split(world,
+                 tied_end ? d->dp_rank_ * d->tp_ + d->tp_rank_ : MPI_UNDEFINED,
+                 d->pp_rank_, &d->emb_comm_);
   d->stats_ = std::make_shared<CommStats>();
   d->world_group_ = MakeMpiCommunicator(world, "world", d->stats_);
   d->dp_group_ = MakeMpiCommunicator(d->dp_comm_, "dp", d->stats_);
   d->tp_group_ = MakeMpiCommunicator(d->tp_comm_, "tp", d->stats_);
   d->pp_group_ = MakeMpiCommunicator(d->pp_comm_, "pp", d->stats_);
+  if (d->emb_comm_ != MPI_COMM_NULL) {
+    d->embedding_group_ =
+        MakeMpiCommunicator(d->emb_comm_, "embedding", d->stats_);
+  }
   return d;
 }
 
@@ -55,7 +66,8 @@ ParallelDims::~ParallelDims() {
   dp_group_.reset();
   tp_group_.reset();
   pp_group_.reset();
-  for (MPI_Comm* c : {&dp_comm_, &tp_comm_, &pp_comm_}) {
+  embedding_group_.reset();
+  for (MPI_Comm* c : {&dp_comm_, &tp_comm_, &pp_comm_, &emb_comm_}) {
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
   }
 }

@@ -47,6 +47,9 @@ class ParallelDims {
   Communicator& dp_group() { return *dp_group_; }
   Communicator& tp_group() { return *tp_group_; }
   Communicator& pp_group() { return *pp_group_; }
+  // Stage 0 and the last stage of this rank's pipeline (pp > 1), which sum
+  // the gradients of the tied embedding and head; null elsewhere.
+  Communicator* embedding_group() { return embedding_group_.get(); }
   std::shared_ptr<CommStats> comm_stats() const { return stats_; }
 
   // "dp=2 tp=1 pp=1 zero=1 (rank 3: dp_rank 1, tp_rank 0, pp_rank 0)"
@@ -61,9 +64,10 @@ class ParallelDims {
   int dp_rank_ = 0, tp_rank_ = 0, pp_rank_ = 0;
   MPI_Comm world_ = MPI_COMM_NULL;
   MPI_Comm dp_comm_ = MPI_COMM_NULL, tp_comm_ = MPI_COMM_NULL,
-           pp_comm_ = MPI_COMM_NULL;
+           pp_comm_ = MPI_COMM_NULL, emb_comm_ = MPI_COMM_NULL;
   std::shared_ptr<CommStats> stats_;
-  std::unique_ptr<Communicator> world_group_, dp_group_, tp_group_, pp_group_;
+  std::unique_ptr<Communicator> world_group_, dp_group_, tp_group_, pp_group_,
+      embedding_group_;
 };
 
 }  // namespace ptrain

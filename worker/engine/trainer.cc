@@ -43,10 +43,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     return absl::InvalidArgumentError(
         "parallel.zero > 0 needs MPI (run ptworker, under mpirun or alone)");
   }
-  if (par.pp() != 1) {
+  if (par.pp() > 1 && par.zero() != 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "parallel.zero=", par.zero(), " with parallel.pp=", par.pp(),
+        ": ZeRO with pipeline parallelism is not available yet (use "
+        "parallel.zero=0)"));
+  }
+  if (par.schedule() == "interleaved") {
     return absl::UnimplementedError(
-        absl::StrCat("parallel.pp=", par.pp(),
-                     ": pipeline parallelism is not available yet (use pp=1)"));
+        "parallel.schedule=interleaved: the interleaved schedule is not "
+        "available yet (use 1f1b or gpipe)");
   }
   if (spec.resources().device() != "cpu") {
     return absl::InvalidArgumentError(
@@ -129,6 +135,101 @@ Communicator* Trainer::dp_group() const {
 
 Communicator* Trainer::tp_group() const {
   return dims_ != nullptr && dims_->tp() > 1 ? &dims_->tp_group() : nullptr;
+}
+
+Communicator* Trainer::pp_group() const {
+  return dims_ != nullptr && dims_->pp() > 1 ? &dims_->pp_group() : nullptr;
+}
+
+int64_t Trainer::StageFloats(int B, int T) const {
+  const bool sp = spec_.parallel().sequence_parallel() && tp_group() != nullptr;
+  return int64_t{B} * (sp ? T / tp_group()->size() : T) *
+         spec_.model().n_embd();
+}
+
+void Trainer::WaitSends() {
+  for (auto& h : sends_) h->Wait();
+  sends_.clear();
+}
+
+float Trainer::PipelineForward(const int32_t* tokens, const int32_t* targets,
+                               int B, int T) {
+  Communicator* pp = pp_group();
+  if (pp == nullptr) return model_->Forward(0, tokens, nullptr, targets, B, T);
+  const int64_t n = StageFloats(B, T);
+  const float* hidden = nullptr;
+  if (!first_stage()) {
+    pp->Recv(received_.data(), n, pp_rank_ - 1, 0);
+    hidden = received_.data();
+  }
+  const float loss = model_->Forward(0, tokens, hidden,
+                                     last_stage() ? targets : nullptr, B, T);
+  if (!last_stage()) pp->Send(model_->output(0), n, pp_rank_ + 1, 0);
+  return loss;
+}
+
+void Trainer::PipelineStep(int64_t step, float dloss, StepResult* r,
+                           double* loss_sum) {
+  Communicator& pp = *pp_group();
+  const int64_t tokens = int64_t{micro_B_} * T_;
+  const int64_t n = StageFloats(micro_B_, T_);
+  auto t = Clock::now();
+  for (int mb = 0; mb < microbatches_; ++mb) {
+    const int first = (dp_rank_ * microbatches_ + mb) * micro_B_;
+    train_sampler_->Fill(step, first, micro_B_, mb_inputs_.data() + mb * tokens,
+                         mb_targets_.data() + mb * tokens);
+  }
+  r->phases.data += SecondsSince(t);
+  const int slots = model_->slots();
+  int backwards = 0;
+  // Tags: 2·mb for a microbatch's activations, 2·mb+1 for its gradients.
+  for (const PipeAction& a :
+       PipelineOrder(schedule_, pp_, pp_rank_, microbatches_, 1)) {
+    const int mb = a.microbatch, slot = mb % slots;
+    const int32_t* in = mb_inputs_.data() + mb * tokens;
+    const int32_t* tg = mb_targets_.data() + mb * tokens;
+    if (a.kind == PipeAction::kForward) {
+      const float* hidden = nullptr;
+      if (!first_stage()) {
+        t = Clock::now();
+        pp.Recv(received_.data(), n, pp_rank_ - 1, 2 * mb);
+        r->phases.bubble += SecondsSince(t);
+        hidden = received_.data();
+      }
+      t = Clock::now();
+      const float loss = model_->Forward(
+          slot, in, hidden, last_stage() ? tg : nullptr, micro_B_, T_);
+      r->phases.forward += SecondsSince(t);
+      if (last_stage()) *loss_sum += loss;
+      // The slot's output stays put until this microbatch's backward.
+      if (!last_stage()) {
+        sends_.push_back(
+            pp.SendAsync(model_->output(slot), n, pp_rank_ + 1, 2 * mb));
+      }
+    } else {
+      // The input gradient buffer is reused by every backward.
+      t = Clock::now();
+      WaitSends();
+      const float* dout = nullptr;
+      if (!last_stage()) {
+        pp.Recv(received_.data(), n, pp_rank_ + 1, 2 * mb + 1);
+        dout = received_.data();
+      }
+      r->phases.bubble += SecondsSince(t);
+      t = Clock::now();
+      store_->BeginMicrobatch(++backwards == microbatches_);
+      model_->Backward(slot, in, tg, dloss, dout);
+      r->phases.backward += SecondsSince(t);
+      if (!first_stage()) {
+        sends_.push_back(
+            pp.SendAsync(model_->dinput(), n, pp_rank_ - 1, 2 * mb + 1));
+      }
+    }
+  }
+  t = Clock::now();
+  WaitSends();
+  store_->FinishGradients();
+  r->phases.backward += SecondsSince(t);
 }
 
 absl::Status Trainer::LoadInitialState() {
@@ -281,10 +382,16 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
   dp_ = par.dp();
   dp_rank_ = dims_ != nullptr ? dims_->dp_rank() : 0;
   micro_B_ = spec_.train().global_batch() / (dp_ * microbatches_);
+  pp_ = par.pp();
+  pp_rank_ = dims_ != nullptr ? dims_->pp_rank() : 0;
+  schedule_ =
+      par.schedule() == "gpipe" ? ScheduleKind::kGpipe : ScheduleKind::k1F1B;
   // The plan of this rank: split into stages, tensor-parallel, ZeRO units.
   PlanOptions plan;
   plan.tp = par.tp();
   plan.tp_rank = dims_ != nullptr ? dims_->tp_rank() : 0;
+  plan.pp = pp_;
+  plan.pp_rank = pp_rank_;
   plan.pad = dp_;
   std::vector<ParamInfo> layout = BuildPlan(cfg, plan);
   store_ = std::make_unique<ZeroStore>(
@@ -296,11 +403,19 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
   stage.tp = TpGroup{tp_group(), par.sequence_parallel()};
   stage.store = store_.get();
   stage.pad = dp_;
+  stage.stage = pp_rank_;
+  stage.n_stages = pp_;
+  // Activations of the microbatches in flight at once on this stage.
+  stage.slots = pp_ > 1 ? MaxInFlight(PipelineOrder(schedule_, pp_, pp_rank_,
+                                                    microbatches_, 1))
+                        : 1;
   model_ = std::make_unique<GptStage>(cfg, std::move(layout), stage);
   optimizer_ = std::make_unique<DistributedOptimizer>(
       store_.get(), spec_.train(),
-      DistributedOptimizer::Groups{dp_group(), tp_group(), nullptr,
-                                   par.sequence_parallel()});
+      DistributedOptimizer::Groups{
+          dp_group(), tp_group(), pp_group(),
+          dims_ != nullptr ? dims_->embedding_group() : nullptr,
+          par.sequence_parallel()});
   store_->InitParams(spec_.train().seed());
   train_sampler_ = std::make_unique<BatchSampler>(
       &data_.train, T_, spec_.train().global_batch(), spec_.train().seed(),
@@ -310,6 +425,11 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
                                                 spec_.train().seed(), "val");
   inputs_.resize(static_cast<size_t>(micro_B_) * T_);
   targets_.resize(inputs_.size());
+  if (pp_ > 1) {
+    mb_inputs_.resize(inputs_.size() * microbatches_);
+    mb_targets_.resize(mb_inputs_.size());
+    received_.resize(StageFloats(micro_B_, T_));
+  }
 }
 
 MemoryBytes Trainer::memory() const {
@@ -337,7 +457,8 @@ StepResult Trainer::TrainStep(int64_t step) {
   StepResult r;
   store_->BeginStep();
   double loss_sum = 0.0;
-  for (int mb = 0; mb < microbatches_; ++mb) {
+  if (pp_ > 1) PipelineStep(step, dloss, &r, &loss_sum);
+  for (int mb = 0; pp_ == 1 && mb < microbatches_; ++mb) {
     // This rank's rows of the global batch: dp rank r takes the r-th block
     // of microbatches·micro_B sequences.
     auto t = Clock::now();
@@ -356,6 +477,8 @@ StepResult Trainer::TrainStep(int64_t step) {
     r.phases.backward += SecondsSince(t);
   }
   const auto t = Clock::now();
+  // The last stage computed the losses: every stage learns them.
+  if (Communicator* pp = pp_group()) pp->AllReduce(&loss_sum, 1);
   r.loss = static_cast<float>(SumOverDp(loss_sum) / (microbatches_ * dp_));
   r.lr = LearningRate(spec_.train(), step);
   r.grad_norm = optimizer_->Step(static_cast<float>(r.lr)).grad_norm;
@@ -373,11 +496,11 @@ float Trainer::Evaluate() {
     for (int first = dp_rank_ * local; first < (dp_rank_ + 1) * local;
          first += micro_B_) {
       val_sampler_->Fill(b, first, micro_B_, inputs_.data(), targets_.data());
-      sum += model_->Forward(0, inputs_.data(), nullptr, targets_.data(),
-                             micro_B_, T_);
+      sum += PipelineForward(inputs_.data(), targets_.data(), micro_B_, T_);
       ++count;
     }
   }
+  if (Communicator* pp = pp_group()) pp->AllReduce(&sum, 1);
   return static_cast<float>(SumOverDp(sum) /
                             SumOverDp(static_cast<double>(count)));
 }
@@ -406,7 +529,14 @@ std::string Trainer::Sample(uint64_t salt) {
     const int padded = (T + multiple - 1) / multiple * multiple;
     context.assign(ids.end() - T, ids.end());
     context.resize(padded, 0);
-    model_->Forward(0, context.data(), nullptr, nullptr, 1, padded);
+    PipelineForward(context.data(), nullptr, 1, padded);
+    // The last stage picks the token; the others learn it from there.
+    if (!last_stage()) {
+      float pick = 0.0f;
+      pp_group()->Broadcast(&pick, 1, pp_ - 1);
+      ids.push_back(static_cast<int32_t>(pick));
+      continue;
+    }
     // This rank's vocabulary columns at the last position; the whole
     // vocabulary is gathered only here, for sampling.
     const float* logits = model_->logits(0) + static_cast<int64_t>(T - 1) * Vl;
@@ -442,6 +572,10 @@ std::string Trainer::Sample(uint64_t salt) {
         pick = order[j];
         break;
       }
+    }
+    if (Communicator* pp = pp_group()) {
+      float f = static_cast<float>(pick);  // token ids are exact in a float
+      pp->Broadcast(&f, 1, pp_ - 1);
     }
     ids.push_back(pick);
   }

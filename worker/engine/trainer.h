@@ -26,6 +26,7 @@
 #include "worker/engine/optimizer.h"
 #include "worker/engine/parallel_dims.h"
 #include "worker/engine/runlog.h"
+#include "worker/engine/schedule.h"
 #include "worker/engine/zero_store.h"
 
 namespace ptrain {
@@ -120,6 +121,20 @@ class Trainer {
   Communicator* world() const;
   Communicator* dp_group() const;
   Communicator* tp_group() const;
+  Communicator* pp_group() const;
+  bool first_stage() const { return pp_rank_ == 0; }
+  bool last_stage() const { return pp_rank_ == pp_ - 1; }
+  // Floats of one activation passed between stages, (B, T or T/tp, C).
+  int64_t StageFloats(int B, int T) const;
+  // One forward of (B, T) through every stage, in order (evaluation and
+  // sampling): the loss on the last stage with targets, 0 elsewhere.
+  float PipelineForward(const int32_t* tokens, const int32_t* targets, int B,
+                        int T);
+  // The passes of one optimizer step (pp > 1) in the schedule's order,
+  // activations and gradients sent between neighbours as they are ready.
+  // Adds the last stage's microbatch losses to *loss_sum.
+  void PipelineStep(int64_t step, float dloss, StepResult* r, double* loss_sum);
+  void WaitSends();
   // Loads weights from model.init_from, then the resume_from checkpoint.
   absl::Status LoadInitialState();
 
@@ -129,12 +144,19 @@ class Trainer {
   ParallelDims* dims_;
   int dp_ = 1, dp_rank_ = 0;
   int T_ = 0, micro_B_ = 0, microbatches_ = 0;
+  int pp_ = 1, pp_rank_ = 0;
+  ScheduleKind schedule_ = ScheduleKind::k1F1B;
   int64_t start_step_ = 0, resume_bytes_read_ = 0;
   std::unique_ptr<ZeroStore> store_;
   std::unique_ptr<GptStage> model_;
   std::unique_ptr<DistributedOptimizer> optimizer_;
   std::unique_ptr<BatchSampler> train_sampler_, val_sampler_;
   std::vector<int32_t> inputs_, targets_;
+  // pp > 1: every microbatch's tokens of the step, the activation or
+  // gradient received last, and sends not yet complete.
+  std::vector<int32_t> mb_inputs_, mb_targets_;
+  std::vector<float> received_;
+  std::vector<std::unique_ptr<CommHandle>> sends_;
 };
 
 }  // namespace ptrain
