@@ -251,5 +251,38 @@ TEST_F(Reshard, MemoryEstimateEqualsTheEngineBuffersOfEveryZeroStage) {
   }
 }
 
+// Under a pipeline the ranks differ (embedding, head, microbatches in
+// flight): the estimate is the rank that needs the most.
+TEST_F(Reshard, MemoryEstimateIsTheFullestPipelineRank) {
+  for (const char* schedule : {"gpipe", "1f1b"}) {
+    for (int zero : {0, 3}) {
+      const Layout l{"memory", 2, zero, 1, false, 2};
+      const std::vector<std::string> extra = {
+          "parallel.microbatches=4",
+          std::string("parallel.schedule=") + schedule};
+      OnLayout(
+          l, Root() + "/scratch", "",
+          [&](Trainer& t) {
+            const MemoryBytes real = t.memory();
+            long long mine =
+                real.params + real.grads + real.optimizer + real.activations;
+            long long most = 0;
+            MPI_Allreduce(&mine, &most, 1, MPI_LONG_LONG, MPI_MAX,
+                          MPI_COMM_WORLD);
+            const MemoryEstimate e = EstimateRankMemory(
+                Spec(l, Root() + "/scratch", "36", extra), t.data().vocab_size);
+            if (WorldRank() == 0) {
+              std::printf(
+                  "pp2 %s zero%d: estimate %lld bytes, fullest rank "
+                  "%lld bytes\n",
+                  schedule, zero, static_cast<long long>(e.total()), most);
+            }
+            EXPECT_EQ(e.total(), most) << schedule << " zero " << zero;
+          },
+          "36", extra);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ptrain

@@ -80,6 +80,15 @@ std::vector<Layout> AllLayouts() {
     }
   }
   out.push_back({"pp4_1f1b_mb2", 1, 1, 0, 2, false, 4, "1f1b"});
+  // ZeRO shards each stage's parameters over its dp group.
+  for (int zero = 1; zero <= 3; ++zero) {
+    const std::string z = std::to_string(zero);
+    out.push_back({"pp2_1f1b_dp2_zero" + z, 2, 1, zero, 4, false, 2, "1f1b"});
+    out.push_back({"pp2_gpipe_dp2_tp2_zero" + z + "_sp", 2, 2, zero, 4, true, 2,
+                   "gpipe"});
+    out.push_back({"pp4_1f1b_dp2_zero" + z, 2, 1, zero, 4, false, 4, "1f1b"});
+  }
+  out.push_back({"pp2_1f1b_dp2_tp2_zero1_sp", 2, 2, 1, 4, true, 2, "1f1b"});
   return out;
 }
 

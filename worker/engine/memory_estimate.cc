@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "worker/engine/gpt_stage.h"
+#include "worker/engine/schedule.h"
 #include "worker/engine/zero_store.h"
 
 namespace ptrain {
@@ -49,22 +50,39 @@ int64_t MemoryEstimate::total() const {
 MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size) {
   const auto& p = spec.parallel();
   const GptConfig config = ModelConfig(spec, vocab_size);
-  PlanOptions plan;
-  plan.tp = p.tp();
-  plan.pad = p.dp();
-  const ZeroStore::Footprint f = ZeroStore::Measure(
-      BuildPlan(config, plan), p.dp(),
-      ZeroOptions{p.zero(), p.microbatches(), p.bucket_bytes()});
   const int micro_B = spec.train().global_batch() / (p.dp() * p.microbatches());
-  MemoryEstimate e;
-  e.params = SatMul(f.params, kFloat);
-  e.grads = SatMul(f.grads, kFloat);
-  e.optimizer = SatMul(SatMul(2, f.update), kFloat);
-  e.activations =
-      SatMul(GptStage::ActivationFloats(config, micro_B, config.block_size, 1,
-                                        p.tp(), p.sequence_parallel(), 0, 1),
-             kFloat);
-  return e;
+  const ScheduleKind kind =
+      p.schedule() == "gpipe" ? ScheduleKind::kGpipe : ScheduleKind::k1F1B;
+  // The stage that needs the most: stages differ in their tensors (the
+  // first embeds, the last holds the head) and in microbatches in flight
+  // (fewer further down a 1F1B pipeline), so the candidates are the first,
+  // the second (the fullest of the middle ones) and the last.
+  MemoryEstimate most;
+  for (int stage : {0, std::min(1, p.pp() - 1), p.pp() - 1}) {
+    PlanOptions plan;
+    plan.tp = p.tp();
+    plan.pp = p.pp();
+    plan.pp_rank = stage;
+    plan.pad = p.dp();
+    const ZeroStore::Footprint f = ZeroStore::Measure(
+        BuildPlan(config, plan), p.dp(),
+        ZeroOptions{p.zero(), p.microbatches(), p.bucket_bytes()});
+    // As MaxInFlight of the stage's PipelineOrder, without listing it.
+    const int slots = p.pp() == 1 ? 1
+                      : kind == ScheduleKind::kGpipe
+                          ? p.microbatches()
+                          : std::min(p.pp() - stage, p.microbatches());
+    MemoryEstimate e;
+    e.params = SatMul(f.params, kFloat);
+    e.grads = SatMul(f.grads, kFloat);
+    e.optimizer = SatMul(SatMul(2, f.update), kFloat);
+    e.activations = SatMul(GptStage::ActivationFloats(
+                               config, micro_B, config.block_size, slots,
+                               p.tp(), p.sequence_parallel(), stage, p.pp()),
+                           kFloat);
+    if (stage == 0 || e.total() > most.total()) most = e;
+  }
+  return most;
 }
 
 int64_t AvailableMemoryBytes() {

@@ -132,15 +132,41 @@ double DistributedOptimizer::GlobalNormSquared() {
 
 void DistributedOptimizer::ReduceTiedEmbedding() {
   if (groups_.embedding == nullptr) return;
-  // wte on stage 0 and its copy on the last stage have the same local shape
-  // and, unsharded, the same stretch: summing them makes both the gradient
-  // of the one tied tensor.
-  PT_CHECK(!store_->sharded(),
-           "the tied embedding's gradient is summed unsharded (zero 0)");
   float* grads = store_->update_grads();
+  if (!store_->sharded()) {
+    // Unsharded, wte on stage 0 and its copy on the last stage have the
+    // same local shape and stretch: summing them makes both the gradient of
+    // the one tied tensor.
+    store_->ForEachUpdateStretch(
+        [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
+          if (p.name == "wte") {
+            groups_.embedding->AllReduce(grads + at, hi - lo);
+          }
+        });
+    return;
+  }
+  // Sharded (ZeRO), the two stages cut wte into different dp shards (it
+  // sits at different places of their units): assemble this stage's whole
+  // wte gradient over dp, sum it over the embedding group, keep our shard.
+  // Every rank of both stages takes part, whether or not its shard holds
+  // part of wte.
+  int64_t numel = 0;
+  for (const ParamInfo& p : store_->layout()) {
+    if (p.name == "wte") numel = p.numel;
+  }
+  tied_.assign(numel, 0.0f);
   store_->ForEachUpdateStretch(
       [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
-        if (p.name == "wte") groups_.embedding->AllReduce(grads + at, hi - lo);
+        if (p.name == "wte")
+          std::copy(grads + at, grads + at + (hi - lo), tied_.begin() + lo);
+      });
+  if (groups_.dp != nullptr) groups_.dp->AllReduce(tied_.data(), numel);
+  groups_.embedding->AllReduce(tied_.data(), numel);
+  store_->ForEachUpdateStretch(
+      [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
+        if (p.name == "wte") {
+          std::copy(tied_.begin() + lo, tied_.begin() + hi, grads + at);
+        }
       });
 }
 

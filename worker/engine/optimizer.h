@@ -105,6 +105,7 @@ class DistributedOptimizer {
   const double clip_;
   std::unique_ptr<AdamW> adam_;
   std::vector<float> pack_;  // sequence-partial gradients, for one all-reduce
+  std::vector<float> tied_;  // the whole wte gradient (pp > 1, ZeRO)
 };
 
 }  // namespace ptrain

@@ -43,12 +43,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     return absl::InvalidArgumentError(
         "parallel.zero > 0 needs MPI (run ptworker, under mpirun or alone)");
   }
-  if (par.pp() > 1 && par.zero() != 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        "parallel.zero=", par.zero(), " with parallel.pp=", par.pp(),
-        ": ZeRO with pipeline parallelism is not available yet (use "
-        "parallel.zero=0)"));
-  }
   if (par.schedule() == "interleaved") {
     return absl::UnimplementedError(
         "parallel.schedule=interleaved: the interleaved schedule is not "
