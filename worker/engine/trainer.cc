@@ -451,7 +451,14 @@ StepResult Trainer::TrainStep(int64_t step) {
   StepResult r;
   store_->BeginStep();
   double loss_sum = 0.0;
-  if (pp_ > 1) PipelineStep(step, dloss, &r, &loss_sum);
+  if (pp_ > 1) {
+    PipelineStep(step, dloss, &r, &loss_sum);
+    // Stages finish at different times: waiting for the last one is the
+    // bubble's tail, not optimizer time.
+    const auto t = Clock::now();
+    pp_group()->Barrier();
+    r.phases.bubble += SecondsSince(t);
+  }
   for (int mb = 0; pp_ == 1 && mb < microbatches_; ++mb) {
     // This rank's rows of the global batch: dp rank r takes the r-th block
     // of microbatches·micro_B sequences.

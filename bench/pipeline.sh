@@ -1,0 +1,54 @@
+#!/bin/sh
+# Pipeline parallelism on this machine (a build with -DPT_BUILD_BENCH=ON):
+#  1. the bubble of GPipe and 1F1B at pp 2 and 4 over m = 1, 4, 8, 16
+#     microbatches (config S), measured per stage against (pp-1)/(m+pp-1);
+#  2. config M at pp=2 (one thread per rank, m=8) against one rank with
+#     every core's thread, side by side, ROUNDS times: the tok/s ratio;
+#  3. the full 3D layout dp=2 tp=2 pp=2 (8 ranks, one thread each) on
+#     config S and on the names example: tok/s and the per-rank phase table.
+#
+#   bench/pipeline.sh [ROUNDS]
+set -eu
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+bin=${PTRAIN_BUILD:-build}/bench/pipeline_bench
+cores=$(nproc)
+mpi="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader,tcp"
+export OMPI_MCA_mpi_yield_when_idle=1
+
+echo "=== 1. bubble (config S, one thread per rank)"
+for pp in 2 4; do
+  for m in 1 4 8 16; do
+    for schedule in gpipe 1f1b; do
+      printf 'pp=%d m=%-2d %-5s ' "$pp" "$m" "$schedule"
+      $mpi -n "$pp" -x OMP_NUM_THREADS=1 "$bin" --config S --microbatches "$m" \
+        --schedule "$schedule" --steps 3 | sed -n 's/^  bubble: //p'
+    done
+  done
+done
+
+echo "=== 2. config M: pp=2 (1 thread/rank, m=8) vs one rank ($cores threads)"
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+tok() { sed -n 's/.* ms\/step, \([0-9.]*\) tok\/s$/\1/p'; }
+i=0
+while [ "$i" -lt "$rounds" ]; do
+  i=$((i + 1))
+  one=$(OMP_NUM_THREADS="$cores" $mpi -n 1 -x OMP_NUM_THREADS "$bin" --config M \
+    --microbatches 1 --steps 3 | tok)
+  two=$($mpi -n 2 -x OMP_NUM_THREADS=1 "$bin" --config M --microbatches 8 \
+    --steps 3 | tok)
+  echo "round $i: one rank $one tok/s, pp=2 $two tok/s" | tee -a "$out"
+done
+median() { sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+m1=$(awk '{print $5}' "$out" | median)
+m2=$(awk '{print $9}' "$out" | median)
+awk -v a="$m1" -v b="$m2" 'BEGIN {
+  printf "median: one rank %s tok/s, pp=2 %s tok/s = %.3f x (target >= 0.8)\n",
+    a, b, b / a }'
+
+echo "=== 3. dp=2 tp=2 pp=2 (8 ranks, 1 thread each), 1f1b, m=4, ZeRO-1"
+for config in S names; do
+  $mpi -n 8 -x OMP_NUM_THREADS=1 "$bin" --config "$config" --dp 2 --tp 2 \
+    --microbatches 4 --zero 1 --steps 3
+done

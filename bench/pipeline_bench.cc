@@ -1,0 +1,159 @@
+// Pipeline parallelism under mpirun: tok/s, and per rank the time of each
+// phase (forward, backward, bubble, optimizer) and of communication by group,
+// printed as a table; each stage's bubble against the analytic
+// (pp-1)/(m+pp-1). Prints figures and ratios; never passes or fails on time.
+// bench/pipeline.sh runs the sweeps.
+//
+//   mpirun -n DP*TP*PP build/bench/pipeline_bench [--config S|M|names]
+//          [--dp N] [--tp N] [--microbatches M] [--schedule 1f1b|gpipe]
+//          [--zero Z] [--sp 0|1] [--steps N] [--warmup N]
+#include <mpi.h>
+#include <omp.h>
+
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "bench/mpi_trainer.h"
+#include "worker/engine/schedule.h"
+
+namespace {
+
+struct Args {
+  std::string config = "S", schedule = "1f1b";
+  int dp = 1, tp = 1, microbatches = 8, zero = 0, steps = 4, warmup = 1;
+  bool sp = false;
+};
+
+Args Parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--config") a.config = v;
+    if (k == "--schedule") a.schedule = v;
+    if (k == "--dp") a.dp = std::stoi(v);
+    if (k == "--tp") a.tp = std::stoi(v);
+    if (k == "--microbatches") a.microbatches = std::stoi(v);
+    if (k == "--zero") a.zero = std::stoi(v);
+    if (k == "--sp") a.sp = v == "1" || v == "true";
+    if (k == "--steps") a.steps = std::stoi(v);
+    if (k == "--warmup") a.warmup = std::stoi(v);
+  }
+  return a;
+}
+
+// Per rank, summed over the measured steps.
+enum Field {
+  kStep,
+  kForward,
+  kBackward,
+  kBubble,
+  kOptimizer,
+  kDp,
+  kTp,
+  kPp,
+  kEmbedding,
+  kFields
+};
+const char* const kFieldNames[kFields] = {"step",    "forward",   "backward",
+                                          "bubble",  "optimizer", "comm dp",
+                                          "comm tp", "comm pp",   "comm emb"};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const Args a = Parse(argc, argv);
+  const int pp = world / (a.dp * a.tp);
+  std::vector<std::string> o;
+  if (a.config == "names") {
+    // The names example: its own data and model.
+    o = {"data.path=data/names.txt", "model.n_layer=4", "model.n_head=4",
+         "model.n_embd=64", "model.block_size=16"};
+  } else {
+    const bool m = a.config == "M";
+    o = {std::string("model.n_layer=") + (m ? "6" : "4"),
+         std::string("model.n_head=") + (m ? "6" : "4"),
+         std::string("model.n_embd=") + (m ? "384" : "128"),
+         std::string("model.block_size=") + (m ? "256" : "64")};
+  }
+  // Enough sequences for every microbatch of every dp rank.
+  const int batch = std::max(a.config == "M" ? 8 : 16, a.dp * a.microbatches);
+  for (const std::string& s :
+       {"train.global_batch=" + std::to_string(batch),
+        "parallel.dp=" + std::to_string(a.dp),
+        "parallel.tp=" + std::to_string(a.tp),
+        "parallel.pp=" + std::to_string(pp),
+        "parallel.zero=" + std::to_string(a.zero),
+        "parallel.microbatches=" + std::to_string(a.microbatches),
+        "parallel.schedule=" + a.schedule,
+        std::string("parallel.sequence_parallel=") + (a.sp ? "true" : "false"),
+        "train.steps=" + std::to_string(a.warmup + a.steps)}) {
+    o.push_back(s);
+  }
+  {
+    ptrain::MpiTrainer run = ptrain::MakeMpiTrainer(o);
+    auto& tr = *run.trainer;
+    auto& stats = *run.dims->comm_stats();
+    for (int s = 0; s < a.warmup; ++s) tr.TrainStep(s);
+    stats.Reset();
+    double mine[kFields] = {};
+    for (int s = a.warmup; s < a.warmup + a.steps; ++s) {
+      const ptrain::StepResult r = tr.TrainStep(s);
+      mine[kStep] += r.seconds;
+      mine[kForward] += r.phases.forward;
+      mine[kBackward] += r.phases.backward;
+      mine[kBubble] += r.phases.bubble;
+      mine[kOptimizer] += r.phases.optimizer;
+    }
+    const std::map<std::string, Field> groups = {
+        {"dp", kDp}, {"tp", kTp}, {"pp", kPp}, {"embedding", kEmbedding}};
+    for (const auto& [key, st] : stats.Snapshot()) {
+      auto g = groups.find(key.first);
+      if (g != groups.end()) mine[g->second] += st.seconds;
+    }
+    std::vector<double> all(static_cast<size_t>(world) * kFields);
+    MPI_Gather(mine, kFields, MPI_DOUBLE, all.data(), kFields, MPI_DOUBLE, 0,
+               MPI_COMM_WORLD);
+    if (rank == 0) {
+      const double step = all[kStep] / a.steps;  // rank 0's, as logged
+      const double tokens =
+          static_cast<double>(batch) * run.spec.model().block_size();
+      std::printf(
+          "config %s, dp=%d tp=%d pp=%d%s zero=%d, %s, %d microbatches, %d "
+          "thread(s)/rank: %.1f ms/step, %.0f tok/s\n",
+          a.config.c_str(), a.dp, a.tp, pp, a.sp ? " sp" : "", a.zero,
+          a.schedule.c_str(), a.microbatches, omp_get_max_threads(), step * 1e3,
+          tokens / step);
+      std::printf("  rank stage");
+      for (int f = 0; f < kFields; ++f) std::printf(" %10s", kFieldNames[f]);
+      std::printf("   (ms/step)  bubble/step\n");
+      const int per_stage = a.dp * a.tp;
+      std::vector<double> stage_bubble(pp, 0.0);
+      for (int r = 0; r < world; ++r) {
+        const double* v = all.data() + static_cast<size_t>(r) * kFields;
+        std::printf("  %4d %5d", r, r / per_stage);
+        for (int f = 0; f < kFields; ++f) {
+          std::printf(" %10.1f", v[f] / a.steps * 1e3);
+        }
+        const double frac = v[kBubble] / v[kStep];
+        std::printf("   %10.3f\n", frac);
+        stage_bubble[r / per_stage] += frac / per_stage;
+      }
+      double mean = 0;
+      for (double b : stage_bubble) mean += b / pp;
+      const double analytic = ptrain::AnalyticBubble(pp, a.microbatches);
+      std::printf(
+          "  bubble: measured %.3f of the step (mean over stages; first %.3f, "
+          "last %.3f), analytic (pp-1)/(m+pp-1) = %.3f, ratio %.2f\n",
+          mean, stage_bubble.front(), stage_bubble.back(), analytic,
+          analytic > 0 ? mean / analytic : 0.0);
+    }
+  }
+  MPI_Finalize();
+  return 0;
+}
