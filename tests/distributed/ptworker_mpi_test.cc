@@ -33,12 +33,15 @@ class PtworkerMpi : public ::testing::Test {
 
   Result Mpirun(int n, const std::string& args) {
     const std::string err_file = (dir_ / "err.txt").string();
+    // One OpenMP thread per rank, and ranks that yield while they wait:
+    // more ranks than cores otherwise spin against each other.
     const std::string cmd =
-        std::string(MPIEXEC) +
+        std::string("OMP_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1 ") +
+        MPIEXEC +
         " --allow-run-as-root --oversubscribe --mca btl self,vader,tcp -n " +
         std::to_string(n) + " " + PTWORKER_PATH + " --config " + PT_SOURCE_DIR +
         "/examples/shakespeare-char.yaml --peak-gflops 100 " + "--log-json " +
-        log_ + " " + args;
+        log_ + " --set checkpoint.dir=" + (dir_ / "ck").string() + " " + args;
     return ptrain::testing::RunShell(cmd, err_file);
   }
 
@@ -101,42 +104,66 @@ TEST_F(PtworkerMpi, ZeroThreeRunHasRankZeroWriteTheLogAlone) {
   EXPECT_EQ(memory, 1);
 }
 
-// Evaluation and sampling under tensor and sequence parallelism give what
-// one rank gives: the same validation losses and the same sampled text (the
-// vocab-parallel logits are gathered for sampling only).
-TEST_F(PtworkerMpi, TensorParallelRunEvaluatesAndSamplesAsOneRankDoes) {
-  const std::string args =
-      "--set train.steps=6 --set train.eval_every=3 --set train.eval_batches=2 "
-      "--set train.sample_every=3 --set train.sample_tokens=24 "
-      "--set model.n_layer=2 --set model.n_embd=64 --set model.block_size=32 ";
-  auto records = [&](const std::string& type, const std::string& field) {
+// Evaluation and sampling under tensor and sequence parallelism, and
+// through a pipeline, give what one rank gives: the same validation losses
+// and the same sampled text (the vocab-parallel logits are gathered for
+// sampling only; the last stage's pick goes back to the others). The run
+// log's layout record names the layout and the schedule.
+class PtworkerMpiLayouts : public PtworkerMpi {
+ protected:
+  std::vector<nlohmann::json> Records(const std::string& type,
+                                      const std::string& field) {
     std::vector<nlohmann::json> out;
     std::ifstream in(log_);
     std::string line;
     while (std::getline(in, line)) {
       const auto j = nlohmann::json::parse(line);
-      if (j.at("type") == type) out.push_back(j.at(field));
+      if (j.at("type") == type) out.push_back(field.empty() ? j : j.at(field));
     }
     return out;
-  };
-  const Result one = Mpirun(1, args);
-  ASSERT_EQ(one.code, 0) << one.err;
-  const auto loss1 = records("eval", "val_loss");
-  const auto text1 = records("sample", "text");
-  fs::remove(log_);
-  const Result tp = Mpirun(
-      2, args + "--set parallel.tp=2 --set parallel.sequence_parallel=true");
-  ASSERT_EQ(tp.code, 0) << tp.err;
-  const auto loss2 = records("eval", "val_loss");
-  const auto text2 = records("sample", "text");
-  ASSERT_EQ(loss1.size(), 2u);
-  ASSERT_EQ(loss2.size(), loss1.size());
-  for (size_t i = 0; i < loss1.size(); ++i) {
-    const double a = loss1[i].get<double>(), b = loss2[i].get<double>();
-    EXPECT_LE(std::fabs(a - b) / a, 1e-5) << a << " vs " << b;
   }
-  ASSERT_EQ(text1.size(), 2u);
-  EXPECT_EQ(text2, text1);
+  void ExpectSameAsOneRank(int n, const std::string& layout) {
+    const std::string args =
+        "--set train.steps=6 --set train.eval_every=3 "
+        "--set train.eval_batches=2 --set train.sample_every=3 "
+        "--set train.sample_tokens=24 --set model.n_layer=2 "
+        "--set model.n_embd=64 --set model.block_size=32 "
+        "--set parallel.microbatches=4 ";
+    const Result one = Mpirun(1, args);
+    ASSERT_EQ(one.code, 0) << one.err;
+    const auto loss1 = Records("eval", "val_loss");
+    const auto text1 = Records("sample", "text");
+    fs::remove(log_);
+    const Result many = Mpirun(n, args + layout);
+    ASSERT_EQ(many.code, 0) << many.err;
+    const auto loss2 = Records("eval", "val_loss");
+    const auto text2 = Records("sample", "text");
+    ASSERT_EQ(loss1.size(), 2u);
+    ASSERT_EQ(loss2.size(), loss1.size());
+    for (size_t i = 0; i < loss1.size(); ++i) {
+      const double a = loss1[i].get<double>(), b = loss2[i].get<double>();
+      EXPECT_LE(std::fabs(a - b) / a, 1e-5) << a << " vs " << b;
+    }
+    ASSERT_EQ(text1.size(), 2u);
+    EXPECT_EQ(text2, text1);
+  }
+};
+
+TEST_F(PtworkerMpiLayouts, TensorParallelRunEvaluatesAndSamplesAsOneRankDoes) {
+  ExpectSameAsOneRank(
+      2, "--set parallel.tp=2 --set parallel.sequence_parallel=true");
+}
+
+TEST_F(PtworkerMpiLayouts, PipelineRunEvaluatesAndSamplesAsOneRankDoes) {
+  ExpectSameAsOneRank(4,
+                      "--set parallel.pp=2 --set parallel.tp=2 "
+                      "--set parallel.schedule=gpipe");
+  const auto layout = Records("layout", "");
+  ASSERT_EQ(layout.size(), 1u);
+  EXPECT_EQ(layout[0].at("pp"), 2);
+  EXPECT_EQ(layout[0].at("tp"), 2);
+  EXPECT_EQ(layout[0].at("world"), 4);
+  EXPECT_EQ(layout[0].at("schedule"), "gpipe");
 }
 
 }  // namespace

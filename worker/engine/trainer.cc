@@ -615,6 +615,16 @@ absl::Status Trainer::Run() {
       mem.params / 1e6, mem.grads / 1e6, mem.optimizer / 1e6,
       mem.activations / 1e6);
   if (options_.metrics != nullptr) options_.metrics->SetMemory(mem);
+  const auto& par = spec_.parallel();
+  emit({{"type", "layout"},
+        {"world", dims_ != nullptr ? dims_->world_size() : 1},
+        {"dp", par.dp()},
+        {"tp", par.tp()},
+        {"pp", par.pp()},
+        {"zero", par.zero()},
+        {"sequence_parallel", par.sequence_parallel()},
+        {"microbatches", par.microbatches()},
+        {"schedule", pp_ > 1 ? par.schedule() : "none"}});
   emit({{"type", "memory"},
         {"params_bytes", mem.params},
         {"grads_bytes", mem.grads},
