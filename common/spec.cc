@@ -1155,4 +1155,20 @@ std::string JobSpecToYaml(const v1::JobSpec& spec) {
   return std::string(out.c_str()) + "\n";
 }
 
+std::vector<std::string> JobSpecWarnings(const v1::JobSpec& spec) {
+  std::vector<std::string> out;
+  const v1::ParallelSpec& p = spec.parallel();
+  if (p.pp() > 1 && p.microbatches() < p.pp()) {
+    const double bubble =
+        static_cast<double>(p.pp() - 1) / (p.microbatches() + p.pp() - 1);
+    out.push_back(absl::StrCat(
+        "parallel.microbatches=", p.microbatches(),
+        " is fewer than parallel.pp=", p.pp(), ": the pipeline idles ",
+        static_cast<int>(bubble * 100 + 0.5),
+        "% of each step (the bubble, (pp-1)/(m+pp-1)); use at least ", p.pp(),
+        " microbatches, better 4x that"));
+  }
+  return out;
+}
+
 }  // namespace ptrain

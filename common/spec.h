@@ -64,6 +64,11 @@ absl::Status ApplyOverride(v1::JobSpec* spec, std::string_view assignment);
 // Checks ranges and cross-field rules (degrees dividing heads, layers, batch).
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
+// Valid but likely unintended choices, each a sentence naming the fields
+// (e.g. fewer microbatches than pipeline stages under 1F1B: the bubble
+// dominates). ptctl prints them before sending; ptworker logs them.
+std::vector<std::string> JobSpecWarnings(const v1::JobSpec& spec);
+
 // Every field, defaults included, as YAML that ParseJobSpec reads back to an
 // equal JobSpec.
 std::string JobSpecToYaml(const v1::JobSpec& spec);

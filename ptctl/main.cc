@@ -330,6 +330,9 @@ int Submit(Client& client, const std::string& file,
                  std::string(spec.status().message()).c_str());
     return kExitBadInput;
   }
+  for (const std::string& w : ptrain::JobSpecWarnings(*spec)) {
+    std::fprintf(stderr, "ptctl: warning: %s\n", w.c_str());
+  }
   ptrain::v1::SubmitJobRequest req;
   req.set_spec_yaml(*text);
   for (const std::string& s : sets) req.add_overrides(s);

@@ -232,6 +232,11 @@ int Run(int argc, char** argv) {
     auto d = ptrain::ParallelDims::Create(spec->parallel(), MPI_COMM_WORLD);
     if (!d.ok()) return d.status();
     dims = std::move(*d);
+    if (dims->world_rank() == 0) {
+      for (const std::string& w : ptrain::JobSpecWarnings(*spec)) {
+        spdlog::warn("{}", w);
+      }
+    }
     ptrain::TrainerOptions options;
     options.log_json_path = log_json;
     options.peak_flops = peak_gflops * 1e9;

@@ -382,6 +382,20 @@ TEST(ValidateJobSpec, InterleavedScheduleRules) {
              "parallel.schedule=interleaved", "parallel.virtual_stages=2"});
 }
 
+TEST(JobSpecWarnings, FewerMicrobatchesThanStagesIsAllowedWithAWarning) {
+  EXPECT_TRUE(JobSpecWarnings(MustParse(kMinimal)).empty());
+  EXPECT_TRUE(JobSpecWarnings(MustParse(kMinimal, {"parallel.pp=2",
+                                                   "parallel.microbatches=2"}))
+                  .empty());
+  const std::vector<std::string> w = JobSpecWarnings(
+      MustParse(kMinimal, {"parallel.pp=4", "parallel.microbatches=2"}));
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0],
+            "parallel.microbatches=2 is fewer than parallel.pp=4: the pipeline "
+            "idles 60% of each step (the bubble, (pp-1)/(m+pp-1)); use at "
+            "least 4 microbatches, better 4x that");
+}
+
 TEST(ValidateJobSpec, SequenceParallelRequiresTensorParallel) {
   EXPECT_EQ(OverrideError({"parallel.sequence_parallel=true"}),
             "parallel.sequence_parallel=true requires parallel.tp > 1 "

@@ -398,6 +398,23 @@ TEST_F(ControlPlaneTest, ImpossibleParallelLayoutsAreRefusedTwice) {
   EXPECT_TRUE(ListJobs().empty());
 }
 
+// A valid spec with an idle pipeline is sent, after a warning that says
+// how much of each step the bubble takes.
+TEST_F(ControlPlaneTest, PtctlWarnsOfAPipelineBubbleAndSendsAnyway) {
+  const Result r = Ptctl(
+      "submit examples/shakespeare-char.yaml --set parallel.pp=4 "
+      "--set parallel.microbatches=2 --set checkpoint.dir=" +
+      (dir_ / "ckpt").string());
+  EXPECT_NE(r.out.find("ptctl: warning: parallel.microbatches=2 is fewer "
+                       "than parallel.pp=4"),
+            std::string::npos)
+      << r.out;
+  // Four slots: the job is accepted (the warning refuses nothing).
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(ListJobs().size(), 1u);
+  Ptctl("cancel " + r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1));
+}
+
 TEST_F(ControlPlaneTest, MissingOrWrongTokenIsUnauthenticated) {
   for (const std::string& token : {std::string(), std::string("wrong")}) {
     Result list = Ptctl("list", token);
