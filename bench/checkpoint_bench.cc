@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/configs.h"
 #include "common/spec.h"
 #include "worker/engine/checkpoint.h"
 #include "worker/engine/trainer.h"
@@ -60,16 +61,15 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--dir")) dir = argv[i + 1];
     if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
   }
-  const bool m = config == "M";
   fs::remove_all(dir);
-  auto spec = ptrain::LoadJobSpecFile(
-      "examples/shakespeare-char.yaml",
-      {std::string("model.n_layer=") + (m ? "6" : "4"),
-       std::string("model.n_head=") + (m ? "6" : "4"),
-       std::string("model.n_embd=") + (m ? "384" : "128"),
-       std::string("model.block_size=") + (m ? "256" : "64"),
-       "train.global_batch=8", "checkpoint.keep_last=1",
-       "checkpoint.dir=" + dir});
+  std::vector<std::string> overrides = ptrain::BenchModel(config);
+  for (const std::string& s :
+       {std::string("train.global_batch=8"),
+        std::string("checkpoint.keep_last=1"), "checkpoint.dir=" + dir}) {
+    overrides.push_back(s);
+  }
+  auto spec =
+      ptrain::LoadJobSpecFile("examples/shakespeare-char.yaml", overrides);
   if (!spec.ok()) {
     std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
     return 2;

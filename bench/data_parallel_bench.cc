@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "bench/configs.h"
 #include "bench/mpi_trainer.h"
 #include "common/spec.h"
 #include "worker/engine/parallel_dims.h"
@@ -47,18 +48,17 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const Args a = Parse(argc, argv);
   const bool m = a.config == "M";
-  std::vector<std::string> overrides = {
-      std::string("model.n_layer=") + (m ? "6" : "4"),
-      std::string("model.n_head=") + (m ? "6" : "4"),
-      std::string("model.n_embd=") + (m ? "384" : "128"),
-      std::string("model.block_size=") + (m ? "256" : "64"),
-      std::string("train.global_batch=") + (m ? "8" : "16"),
-      "parallel.dp=" + std::to_string(world),
-      "parallel.zero=" + std::to_string(a.zero),
-      "parallel.microbatches=" + std::to_string(a.microbatches),
-      "parallel.bucket_bytes=" +
-          std::to_string(static_cast<int64_t>(a.bucket_mb * (1 << 20))),
-      "train.steps=" + std::to_string(a.warmup + a.steps)};
+  std::vector<std::string> overrides = ptrain::BenchModel(a.config);
+  for (const std::string& s :
+       {std::string("train.global_batch=") + (m ? "8" : "16"),
+        "parallel.dp=" + std::to_string(world),
+        "parallel.zero=" + std::to_string(a.zero),
+        "parallel.microbatches=" + std::to_string(a.microbatches),
+        "parallel.bucket_bytes=" +
+            std::to_string(static_cast<int64_t>(a.bucket_mb * (1 << 20))),
+        "train.steps=" + std::to_string(a.warmup + a.steps)}) {
+    overrides.push_back(s);
+  }
   {
     ptrain::MpiTrainer run = ptrain::MakeMpiTrainer(overrides);
     const auto* spec = &run.spec;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/configs.h"
 #include "bench/mpi_trainer.h"
 #include "worker/engine/schedule.h"
 
@@ -75,11 +76,7 @@ int main(int argc, char** argv) {
     o = {"data.path=data/names.txt", "model.n_layer=4", "model.n_head=4",
          "model.n_embd=64", "model.block_size=16"};
   } else {
-    const bool m = a.config == "M";
-    o = {std::string("model.n_layer=") + (m ? "6" : "4"),
-         std::string("model.n_head=") + (m ? "6" : "4"),
-         std::string("model.n_embd=") + (m ? "384" : "128"),
-         std::string("model.block_size=") + (m ? "256" : "64")};
+    o = ptrain::BenchModel(a.config);
   }
   // Enough sequences for every microbatch of every dp rank.
   const int batch = std::max(a.config == "M" ? 8 : 16, a.dp * a.microbatches);

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/configs.h"
 #include "bench/mpi_trainer.h"
 #include "common/spec.h"
 #include "worker/engine/memory_estimate.h"
@@ -42,15 +43,15 @@ Args Parse(int argc, char** argv) {
 }
 
 std::vector<std::string> Overrides(const Args& a, int tp, bool sp) {
-  const bool m = a.config == "M";
-  return {std::string("model.n_layer=") + (m ? "6" : "4"),
-          std::string("model.n_head=") + (m ? "6" : "4"),
-          std::string("model.n_embd=") + (m ? "384" : "128"),
-          std::string("model.block_size=") + (m ? "256" : "64"),
-          std::string("train.global_batch=") + (m ? "8" : "16"),
-          "parallel.tp=" + std::to_string(tp),
-          std::string("parallel.sequence_parallel=") + (sp ? "true" : "false"),
-          "train.steps=" + std::to_string(a.warmup + a.steps)};
+  std::vector<std::string> o = ptrain::BenchModel(a.config);
+  for (const std::string& s :
+       {std::string("train.global_batch=") + (a.config == "M" ? "8" : "16"),
+        "parallel.tp=" + std::to_string(tp),
+        std::string("parallel.sequence_parallel=") + (sp ? "true" : "false"),
+        "train.steps=" + std::to_string(a.warmup + a.steps)}) {
+    o.push_back(s);
+  }
+  return o;
 }
 
 double Mb(int64_t bytes) { return static_cast<double>(bytes) / 1e6; }
