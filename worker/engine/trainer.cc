@@ -169,8 +169,8 @@ void Trainer::PipelineStep(int64_t step, float dloss, StepResult* r,
   const int64_t n = StageFloats(micro_B_, T_);
   auto t = Clock::now();
   for (int mb = 0; mb < microbatches_; ++mb) {
-    const int first = (dp_rank_ * microbatches_ + mb) * micro_B_;
-    train_sampler_->Fill(step, first, micro_B_, mb_inputs_.data() + mb * tokens,
+    train_sampler_->Fill(step, FirstSequence(mb), micro_B_,
+                         mb_inputs_.data() + mb * tokens,
                          mb_targets_.data() + mb * tokens);
   }
   r->phases.data += SecondsSince(t);
@@ -224,6 +224,11 @@ void Trainer::PipelineStep(int64_t step, float dloss, StepResult* r,
   WaitSends();
   store_->FinishGradients();
   r->phases.backward += SecondsSince(t);
+  // Stages finish at different times: waiting for the last one is the
+  // bubble's tail, not optimizer time.
+  t = Clock::now();
+  pp.Barrier();
+  r->phases.bubble += SecondsSince(t);
 }
 
 absl::Status Trainer::LoadInitialState() {
@@ -453,29 +458,22 @@ StepResult Trainer::TrainStep(int64_t step) {
   double loss_sum = 0.0;
   if (pp_ > 1) {
     PipelineStep(step, dloss, &r, &loss_sum);
-    // Stages finish at different times: waiting for the last one is the
-    // bubble's tail, not optimizer time.
-    const auto t = Clock::now();
-    pp_group()->Barrier();
-    r.phases.bubble += SecondsSince(t);
-  }
-  for (int mb = 0; pp_ == 1 && mb < microbatches_; ++mb) {
-    // This rank's rows of the global batch: dp rank r takes the r-th block
-    // of microbatches·micro_B sequences.
-    auto t = Clock::now();
-    const int first = (dp_rank_ * microbatches_ + mb) * micro_B_;
-    train_sampler_->Fill(step, first, micro_B_, inputs_.data(),
-                         targets_.data());
-    r.phases.data += SecondsSince(t);
-    t = Clock::now();
-    store_->BeginMicrobatch(mb == microbatches_ - 1);
-    loss_sum += model_->Forward(0, inputs_.data(), nullptr, targets_.data(),
-                                micro_B_, T_);
-    r.phases.forward += SecondsSince(t);
-    t = Clock::now();
-    model_->Backward(0, inputs_.data(), targets_.data(), dloss, nullptr);
-    if (mb == microbatches_ - 1) store_->FinishGradients();
-    r.phases.backward += SecondsSince(t);
+  } else {
+    for (int mb = 0; mb < microbatches_; ++mb) {
+      auto t = Clock::now();
+      train_sampler_->Fill(step, FirstSequence(mb), micro_B_, inputs_.data(),
+                           targets_.data());
+      r.phases.data += SecondsSince(t);
+      t = Clock::now();
+      store_->BeginMicrobatch(mb == microbatches_ - 1);
+      loss_sum += model_->Forward(0, inputs_.data(), nullptr, targets_.data(),
+                                  micro_B_, T_);
+      r.phases.forward += SecondsSince(t);
+      t = Clock::now();
+      model_->Backward(0, inputs_.data(), targets_.data(), dloss, nullptr);
+      if (mb == microbatches_ - 1) store_->FinishGradients();
+      r.phases.backward += SecondsSince(t);
+    }
   }
   const auto t = Clock::now();
   // The last stage computed the losses: every stage learns them.

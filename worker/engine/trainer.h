@@ -124,6 +124,11 @@ class Trainer {
   Communicator* pp_group() const;
   bool first_stage() const { return pp_rank_ == 0; }
   bool last_stage() const { return pp_rank_ == pp_ - 1; }
+  // The first sequence of microbatch `mb` in the global batch: dp rank r
+  // takes the r-th block of microbatches·micro_B sequences.
+  int FirstSequence(int mb) const {
+    return (dp_rank_ * microbatches_ + mb) * micro_B_;
+  }
   // Floats of one activation passed between stages, (B, T or T/tp, C).
   int64_t StageFloats(int B, int T) const;
   // One forward of (B, T) through every stage, in order (evaluation and
