@@ -111,6 +111,19 @@ class CheckpointTest : public ::testing::Test {
     Steps(*t, 5, 10);
     ASSERT_TRUE(t->SaveCheckpointAt(10).ok());
   }
+  // Checkpoint 10 of SaveFiveAndTen is damaged: "latest" falls back to 5,
+  // naming it is DataLoss with `needle` in the message, and neither
+  // changes the disk.
+  void ExpectTenDamaged(const v1::JobSpec& spec, const std::string& needle) {
+    const auto before = Snapshot();
+    auto resumed = Make(spec, "latest");
+    ASSERT_NE(resumed, nullptr);
+    EXPECT_EQ(resumed->start_step(), 5);
+    const absl::Status s = MakeStatus(spec, StepDir(10));
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s;
+    EXPECT_EQ(Snapshot(), before) << "a failed load changed the disk";
+  }
   // Runs steps [from, to) and returns their losses.
   std::vector<float> Steps(Trainer& t, int from, int to) {
     std::vector<float> losses;
@@ -208,14 +221,7 @@ TEST_F(CheckpointTest, FlippedByteMakesLatestFallBackAndExplicitDirFail) {
     f.seekp(1234);
     f.write(&c, 1);
   }
-  const auto before = Snapshot();
-  auto resumed = Make(spec, "latest");
-  ASSERT_NE(resumed, nullptr);
-  EXPECT_EQ(resumed->start_step(), 5);
-  const absl::Status s = MakeStatus(spec, StepDir(10));
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_NE(s.message().find("checksum mismatch"), std::string::npos) << s;
-  EXPECT_EQ(Snapshot(), before) << "a failed load changed the disk";
+  ExpectTenDamaged(spec, "checksum mismatch");
 }
 
 TEST_F(CheckpointTest, FolderWithoutManifestIsNotACommittedCheckpoint) {
@@ -318,15 +324,8 @@ TEST_F(CheckpointTest, ManifestWithoutItsDigestIsDamagedAndLatestFallsBack) {
   const v1::JobSpec spec = Spec(10, 5);
   SaveFiveAndTen(spec);
   fs::remove(StepDir(10) + "/manifest.sha256");
-  auto resumed = Make(spec, "latest");
-  ASSERT_NE(resumed, nullptr);
-  EXPECT_EQ(resumed->start_step(), 5);
-  const absl::Status s = MakeStatus(spec, StepDir(10));
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_NE(s.message().find("checkpoint " + StepDir(10) +
-                             " is damaged: it has no manifest.sha256"),
-            std::string::npos)
-      << s;
+  ExpectTenDamaged(spec, "checkpoint " + StepDir(10) +
+                             " is damaged: it has no manifest.sha256");
 }
 
 TEST_F(CheckpointTest, ManifestEditedWithoutItsDigestIsDamaged) {
@@ -334,17 +333,8 @@ TEST_F(CheckpointTest, ManifestEditedWithoutItsDigestIsDamaged) {
   SaveFiveAndTen(spec);
   EditManifest(
       StepDir(10), [](json& m) { m["tokens_seen"] = 1; }, false);
-  const auto before = Snapshot();
-  auto resumed = Make(spec, "latest");
-  ASSERT_NE(resumed, nullptr);
-  EXPECT_EQ(resumed->start_step(), 5);
-  const absl::Status s = MakeStatus(spec, StepDir(10));
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_NE(s.message().find(
-                "manifest.json does not match its SHA-256 in manifest.sha256"),
-            std::string::npos)
-      << s;
-  EXPECT_EQ(Snapshot(), before) << "a failed load changed the disk";
+  ExpectTenDamaged(
+      spec, "manifest.json does not match its SHA-256 in manifest.sha256");
 }
 
 // Swaps where two tensors' data lie in the shard file.
