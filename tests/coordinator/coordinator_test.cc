@@ -7,7 +7,6 @@
 #include "coordinator/coordinator.h"
 
 #include <signal.h>
-#include <sqlite3.h>
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -24,6 +23,7 @@
 #include "coordinator/auth.h"
 #include "coordinator/launcher.h"
 #include "gtest/gtest.h"
+#include "tests/testing/old_store.h"
 
 namespace ptrain {
 namespace {
@@ -450,18 +450,6 @@ TEST_F(CoordinatorTest, AttemptOfAnOlderCoordinatorIsFoundByItsTokenHash) {
   fs::create_directories(dir_ / "state");
   chmod((dir_ / "state").c_str(), 0700);
   {
-    sqlite3* db = nullptr;
-    ASSERT_EQ(sqlite3_open((dir_ / "state" / "ptcoord.db").c_str(), &db),
-              SQLITE_OK);
-    ASSERT_EQ(sqlite3_exec(db, R"sql(
-CREATE TABLE jobs (
-  seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL,
-  state INTEGER NOT NULL, job BLOB NOT NULL,
-  token TEXT NOT NULL DEFAULT '', pid INTEGER NOT NULL DEFAULT 0,
-  last_progress_ms INTEGER NOT NULL DEFAULT 0,
-  restarts_used INTEGER NOT NULL DEFAULT 0);)sql",
-                           nullptr, nullptr, nullptr),
-              SQLITE_OK);
     v1::Job job;
     job.set_id("job-0001");
     job.set_name("old");
@@ -471,18 +459,9 @@ CREATE TABLE jobs (
     auto spec = ParseJobSpec(kSpec, {"restart.hang_timeout_s=600"});
     ASSERT_TRUE(spec.ok());
     *job.mutable_spec() = *spec;
-    const std::string blob = job.SerializeAsString();
-    sqlite3_stmt* st = nullptr;
-    ASSERT_EQ(sqlite3_prepare_v2(db,
-                                 "INSERT INTO jobs (id, state, job, token) "
-                                 "VALUES ('job-0001', 2, ?, ?)",
-                                 -1, &st, nullptr),
-              SQLITE_OK);
-    sqlite3_bind_blob(st, 1, blob.data(), blob.size(), SQLITE_TRANSIENT);
-    sqlite3_bind_text(st, 2, token.data(), token.size(), SQLITE_TRANSIENT);
-    ASSERT_EQ(sqlite3_step(st), SQLITE_DONE);
-    sqlite3_finalize(st);
-    sqlite3_close(db);
+    ASSERT_EQ(testing::WriteOldStore((dir_ / "state" / "ptcoord.db").string(),
+                                     job, token, 0, /*wal=*/false),
+              "");
   }
   // The old attempt: a wrapper shell naming its folder, a child that lives.
   const pid_t shell = fork();

@@ -3,7 +3,6 @@
 // written whole or not at all; an older database loses its plain tokens.
 #include "coordinator/store.h"
 
-#include <sqlite3.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +12,7 @@
 
 #include "coordinator/auth.h"
 #include "gtest/gtest.h"
+#include "tests/testing/old_store.h"
 
 namespace ptrain {
 namespace {
@@ -148,34 +148,12 @@ TEST_F(StoreTest, NewDatabaseIsOwnerOnly) {
 TEST_F(StoreTest, OldPlainTokenColumnIsReplacedByItsHash) {
   const std::string token = "0123456789abcdef-plain-secret-token-of-a-rank";
   {
-    sqlite3* db = nullptr;
-    ASSERT_EQ(sqlite3_open(TempDb().c_str(), &db), SQLITE_OK);
-    ASSERT_EQ(sqlite3_exec(db, R"sql(
-PRAGMA journal_mode=WAL;
-CREATE TABLE jobs (
-  seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL,
-  state INTEGER NOT NULL, job BLOB NOT NULL,
-  token TEXT NOT NULL DEFAULT '', pid INTEGER NOT NULL DEFAULT 0,
-  last_progress_ms INTEGER NOT NULL DEFAULT 0,
-  restarts_used INTEGER NOT NULL DEFAULT 0);)sql",
-                           nullptr, nullptr, nullptr),
-              SQLITE_OK);
     v1::Job job;
     job.set_id("job-0001");
     job.set_name("old");
     job.set_state(v1::JOB_STATE_RUNNING);
-    const std::string blob = job.SerializeAsString();
-    sqlite3_stmt* st = nullptr;
-    ASSERT_EQ(sqlite3_prepare_v2(db,
-                                 "INSERT INTO jobs (id, state, job, token, "
-                                 "pid) VALUES ('job-0001', 2, ?, ?, 77)",
-                                 -1, &st, nullptr),
-              SQLITE_OK);
-    sqlite3_bind_blob(st, 1, blob.data(), blob.size(), SQLITE_TRANSIENT);
-    sqlite3_bind_text(st, 2, token.data(), token.size(), SQLITE_TRANSIENT);
-    ASSERT_EQ(sqlite3_step(st), SQLITE_DONE);
-    sqlite3_finalize(st);
-    sqlite3_close(db);
+    ASSERT_EQ(testing::WriteOldStore(TempDb(), job, token, 77, /*wal=*/true),
+              "");
   }
   auto store = Store::Open(TempDb());
   ASSERT_TRUE(store.ok()) << store.status();
