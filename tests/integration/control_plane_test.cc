@@ -227,8 +227,16 @@ class ControlPlaneTest : public ::testing::Test {
     return s.str();
   }
   // The running attempt's token, read from a rank's environment.
+  // The processes of job `id` of this test's coordinator: job ids repeat
+  // across coordinators (every test's first job is job-0001), and tests run
+  // side by side.
+  std::vector<pid_t> JobProcesses(const std::string& id) {
+    return ptrain::ProcessesWithEnv(
+        {"PTRAIN_COORDINATOR=" + address_, "PTRAIN_JOB_ID=" + id});
+  }
+
   std::string RankToken(const std::string& id) {
-    for (pid_t p : ptrain::ProcessesWithEnv({"PTRAIN_JOB_ID=" + id})) {
+    for (pid_t p : JobProcesses(id)) {
       const std::string env =
           ReadFile(fs::path("/proc") / std::to_string(p) / "environ");
       for (absl::string_view v : absl::StrSplit(env, '\0')) {
@@ -284,9 +292,7 @@ TEST_F(ControlPlaneTest, CancelRunningJobLeavesNoRankProcess) {
   EXPECT_EQ(c1.rc, 0) << c1.out;
   EXPECT_EQ(c2.rc, 0) << c2.out;  // idempotent
   ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_CANCELLED"; }, 60));
-  EXPECT_TRUE(ptrain::ProcessesWithEnv(
-                  {"PTRAIN_COORDINATOR=" + address_, "PTRAIN_JOB_ID=" + id})
-                  .empty());
+  EXPECT_TRUE(JobProcesses(id).empty());
 }
 
 TEST_F(ControlPlaneTest, BadInputIsRefusedAndChangesNothing) {
@@ -467,8 +473,7 @@ TEST_F(ControlPlaneTest, KilledRankResumesFromCheckpointBitIdentical) {
                                          "restart.max_restarts=2"};
   const std::string id = Submit(sets);
   ASSERT_TRUE(WaitFor([&] { return Step(id) >= 25; }, 180)) << Get(id).dump();
-  std::vector<pid_t> ranks = ptrain::ProcessesWithEnv(
-      {"PTRAIN_COORDINATOR=" + address_, "PTRAIN_JOB_ID=" + id});
+  std::vector<pid_t> ranks = JobProcesses(id);
   // Kill a rank, not mpirun or the wrapper shell: the one named ptworker.
   pid_t victim = 0;
   for (pid_t p : ranks) {
@@ -586,9 +591,7 @@ TEST_F(ControlPlaneTest, JobThatEndedWhileCoordinatorWasDownIsCompleted) {
 
   const std::string port = address_.substr(address_.rfind(':'));
   StopCoordinator(SIGKILL);
-  ASSERT_TRUE(WaitFor(
-      [&] { return ptrain::ProcessesWithEnv({"PTRAIN_JOB_ID=" + id}).empty(); },
-      240));
+  ASSERT_TRUE(WaitFor([&] { return JobProcesses(id).empty(); }, 240));
   StartCoordinator("127.0.0.1" + port);
   json j = Get(id);
   EXPECT_EQ(j["job"]["state"], "JOB_STATE_SUCCEEDED") << j.dump();
@@ -643,7 +646,7 @@ TEST_F(ControlPlaneTest, LongCoordinatorOutageDoesNotKillHealthyJobAsHung) {
   // gRPC's default backoff (1 s, x1.6, up to 120 s) tries at about 26 s and
   // 43 s, then not before 70 s: far past the 6 s hang timeout.
   std::this_thread::sleep_for(std::chrono::seconds(45));
-  ASSERT_FALSE(ptrain::ProcessesWithEnv({"PTRAIN_JOB_ID=" + id}).empty())
+  ASSERT_FALSE(JobProcesses(id).empty())
       << "the job ended during the outage; the test proves nothing";
   StartCoordinator("127.0.0.1" + port);
   const int64_t at_restart = Step(id);
