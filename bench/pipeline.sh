@@ -1,7 +1,13 @@
 #!/bin/sh
 # Pipeline parallelism on this machine (a build with -DPT_BUILD_BENCH=ON):
-#  1. the bubble of GPipe and 1F1B at pp 2 and 4 over m = 1, 4, 8, 16
-#     microbatches (config S), measured per stage against (pp-1)/(m+pp-1);
+#  1. the bubble of GPipe, 1F1B and interleaved 1F1B (v=2 chunks per rank)
+#     at pp 2 and 4 over m = 1, 4, 8, 16 microbatches of 4 sequences
+#     (config S; 8 layers at pp=4 so that it interleaves), measured per stage
+#     against (pp-1)/(m+pp-1), (pp-1)/(v·m+pp-1) for interleaved, and the
+#     cut interleaving makes in the measured 1F1B bubble (target >= 0.6·v).
+#     pp=4 runs 4 ranks on this machine's cores: when there are fewer
+#     cores than stages, a waiting stage lends its core to another and the
+#     idle fraction is not a pipeline bubble alone;
 #  2. config M at pp=2 (one thread per rank, m=8) against one rank with
 #     every core's thread, side by side, ROUNDS times: the tok/s ratio;
 #  3. the full 3D layout dp=2 tp=2 pp=2 (8 ranks, one thread each) on
@@ -16,13 +22,39 @@ cores=$(nproc)
 mpi="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader,tcp"
 export OMPI_MCA_mpi_yield_when_idle=1
 
-echo "=== 1. bubble (config S, one thread per rank)"
+echo "=== 1. bubble (config S, microbatches of 4 sequences, one thread per rank; median of $rounds)"
+bubble() {  # pp m schedule v layers -> median over ROUNDS: fraction, ratio
+  r=0
+  while [ "$r" -lt "$rounds" ]; do
+    r=$((r + 1))
+    $mpi -n "$1" -x OMP_NUM_THREADS=1 "$bin" --config S --microbatches "$2" \
+      --micro-batch 4 --schedule "$3" --virtual-stages "$4" --layers "$5" \
+      --steps 4 |
+      sed -n 's/^  bubble: measured \([0-9.]*\) .*ratio \([0-9.]*\)$/\1 \2/p'
+  done | sort -n | awk '{l[NR] = $0} END {print l[int((NR + 1) / 2)]}'
+}
 for pp in 2 4; do
+  layers=$((pp * 2))
+  [ "$layers" -lt 4 ] && layers=4
   for m in 1 4 8 16; do
-    for schedule in gpipe 1f1b; do
-      printf 'pp=%d m=%-2d %-5s ' "$pp" "$m" "$schedule"
-      $mpi -n "$pp" -x OMP_NUM_THREADS=1 "$bin" --config S --microbatches "$m" \
-        --schedule "$schedule" --steps 3 | sed -n 's/^  bubble: //p'
+    for schedule in gpipe 1f1b interleaved; do
+      v=1
+      if [ "$schedule" = interleaved ]; then
+        v=2
+        [ $((m % pp)) -eq 0 ] || continue
+      fi
+      set -- $(bubble "$pp" "$m" "$schedule" "$v" "$layers")
+      printf 'pp=%d m=%-2d %-11s v=%d: bubble %.3f, %.2f x analytic' \
+        "$pp" "$m" "$schedule" "$v" "$1" "$2"
+      if [ "$schedule" = 1f1b ]; then
+        plain=$1
+        echo
+      else
+        [ "$schedule" = interleaved ] &&
+          awk -v a="$plain" -v b="$1" -v v="$v" 'BEGIN {
+            printf ", cut %.2f x vs 1f1b (target >= %.1f)", a / b, 0.6 * v }'
+        echo
+      fi
     done
   done
 done

@@ -5,8 +5,14 @@
 // bench/pipeline.sh runs the sweeps.
 //
 //   mpirun -n DP*TP*PP build/bench/pipeline_bench [--config S|M|names]
-//          [--dp N] [--tp N] [--microbatches M] [--schedule 1f1b|gpipe]
-//          [--zero Z] [--sp 0|1] [--steps N] [--warmup N]
+//          [--dp N] [--tp N] [--microbatches M]
+//          [--schedule 1f1b|gpipe|interleaved] [--virtual-stages V]
+//          [--micro-batch B] [--layers L] [--zero Z] [--sp 0|1]
+//          [--steps N] [--warmup N]
+//
+// --micro-batch fixes the sequences per microbatch (the global batch is then
+// dp·m·B); without it the global batch is fixed (16 sequences, 8 for M) and
+// more microbatches are smaller ones. --layers overrides the config's.
 #include <mpi.h>
 #include <omp.h>
 
@@ -24,6 +30,7 @@ namespace {
 struct Args {
   std::string config = "S", schedule = "1f1b";
   int dp = 1, tp = 1, microbatches = 8, zero = 0, steps = 4, warmup = 1;
+  int virtual_stages = 1, micro_batch = 0, layers = 0;
   bool sp = false;
 };
 
@@ -40,6 +47,9 @@ Args Parse(int argc, char** argv) {
     if (k == "--sp") a.sp = v == "1" || v == "true";
     if (k == "--steps") a.steps = std::stoi(v);
     if (k == "--warmup") a.warmup = std::stoi(v);
+    if (k == "--virtual-stages") a.virtual_stages = std::stoi(v);
+    if (k == "--micro-batch") a.micro_batch = std::stoi(v);
+    if (k == "--layers") a.layers = std::stoi(v);
   }
   return a;
 }
@@ -79,7 +89,10 @@ int main(int argc, char** argv) {
     o = ptrain::BenchModel(a.config);
   }
   // Enough sequences for every microbatch of every dp rank.
-  const int batch = std::max(a.config == "M" ? 8 : 16, a.dp * a.microbatches);
+  const int batch = a.micro_batch > 0 ? a.dp * a.microbatches * a.micro_batch
+                                      : std::max(a.config == "M" ? 8 : 16,
+                                                 a.dp * a.microbatches);
+  if (a.layers > 0) o.push_back("model.n_layer=" + std::to_string(a.layers));
   for (const std::string& s :
        {"train.global_batch=" + std::to_string(batch),
         "parallel.dp=" + std::to_string(a.dp),
@@ -88,6 +101,7 @@ int main(int argc, char** argv) {
         "parallel.zero=" + std::to_string(a.zero),
         "parallel.microbatches=" + std::to_string(a.microbatches),
         "parallel.schedule=" + a.schedule,
+        "parallel.virtual_stages=" + std::to_string(a.virtual_stages),
         std::string("parallel.sequence_parallel=") + (a.sp ? "true" : "false"),
         "train.steps=" + std::to_string(a.warmup + a.steps)}) {
     o.push_back(s);
@@ -121,10 +135,11 @@ int main(int argc, char** argv) {
       const double tokens =
           static_cast<double>(batch) * run.spec.model().block_size();
       std::printf(
-          "config %s, dp=%d tp=%d pp=%d%s zero=%d, %s, %d microbatches, %d "
-          "thread(s)/rank: %.1f ms/step, %.0f tok/s\n",
+          "config %s, dp=%d tp=%d pp=%d%s zero=%d, %s, v=%d, %d microbatches "
+          "of %d, %d thread(s)/rank: %.1f ms/step, %.0f tok/s\n",
           a.config.c_str(), a.dp, a.tp, pp, a.sp ? " sp" : "", a.zero,
-          a.schedule.c_str(), a.microbatches, omp_get_max_threads(), step * 1e3,
+          a.schedule.c_str(), a.virtual_stages, a.microbatches,
+          batch / (a.dp * a.microbatches), omp_get_max_threads(), step * 1e3,
           tokens / step);
       std::printf("  rank stage");
       for (int f = 0; f < kFields; ++f) std::printf(" %10s", kFieldNames[f]);
@@ -143,11 +158,14 @@ int main(int argc, char** argv) {
       }
       double mean = 0;
       for (double b : stage_bubble) mean += b / pp;
-      const double analytic = ptrain::AnalyticBubble(pp, a.microbatches);
+      // Interleaving divides the fill and drain by v: (pp-1)/(v·m+pp-1).
+      const double analytic =
+          ptrain::AnalyticBubble(pp, a.virtual_stages * a.microbatches);
       std::printf(
           "  bubble: measured %.3f of the step (mean over stages; first %.3f, "
-          "last %.3f), analytic (pp-1)/(m+pp-1) = %.3f, ratio %.2f\n",
-          mean, stage_bubble.front(), stage_bubble.back(), analytic,
+          "last %.3f), analytic (pp-1)/(%sm+pp-1) = %.3f, ratio %.2f\n",
+          mean, stage_bubble.front(), stage_bubble.back(),
+          a.virtual_stages > 1 ? "v·" : "", analytic,
           analytic > 0 ? mean / analytic : 0.0);
     }
   }

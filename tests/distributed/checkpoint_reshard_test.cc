@@ -1,11 +1,13 @@
 // Checkpoints across layouts: a checkpoint written by any of {1 rank, dp2,
-// zero1 dp2, zero3 dp2, dp2 tp2 zero1, tp4, dp2 tp2 zero3 with sequence
-// parallelism, pp2, pp2 tp2 with SP, dp2 pp2} loads into any of them and
-// training goes on as the single-rank run does (losses within 1e-5); on the
-// same layout it goes on bit for bit. A sharded layout reads only its share.
-// Runs under `mpirun -n 4`. Also: the memory estimate equals the engine's
-// buffers for every ZeRO stage, with and without tensor and sequence
-// parallelism.
+// zero1 dp2, zero3 dp2, tp2, dp2 tp2 zero1, tp4, dp2 tp2 zero3 with sequence
+// parallelism, pp2, pp2 tp2 with SP, dp2 pp2, dp2 tp2 pp2 zero1 with SP,
+// dp2 pp4, interleaved pp2 with 2 chunks per rank, the same with dp2 and
+// zero2} loads into any of them and training goes on as the single-rank run
+// does (losses within 1e-5); on the same layout it goes on bit for bit. A
+// sharded layout reads only its share. Runs under `mpirun -n 8`. Also: the
+// memory estimate equals the engine's buffers for every ZeRO stage, with
+// and without tensor and sequence parallelism, and is the fullest rank of
+// a pipeline.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -33,14 +35,25 @@ struct Layout {
   int dp, zero, tp;
   bool sp;
   int pp = 1;
+  int virtual_stages = 1;  // > 1: the interleaved schedule
+  int microbatches = 1;
   int world() const { return dp * tp * pp; }
 };
-const Layout kLayouts[] = {
-    {"single", 1, 0, 1, false},          {"dp2", 2, 0, 1, false},
-    {"zero1_dp2", 2, 1, 1, false},       {"zero3_dp2", 2, 3, 1, false},
-    {"dp2_tp2_zero1", 2, 1, 2, false},   {"tp4", 1, 0, 4, false},
-    {"dp2_tp2_zero3_sp", 2, 3, 2, true}, {"pp2", 1, 0, 1, false, 2},
-    {"pp2_tp2_sp", 1, 0, 2, true, 2},    {"dp2_pp2", 2, 0, 1, false, 2}};
+const Layout kLayouts[] = {{"single", 1, 0, 1, false},
+                           {"dp2", 2, 0, 1, false},
+                           {"zero1_dp2", 2, 1, 1, false},
+                           {"zero3_dp2", 2, 3, 1, false},
+                           {"tp2", 1, 0, 2, false},
+                           {"dp2_tp2_zero1", 2, 1, 2, false},
+                           {"tp4", 1, 0, 4, false},
+                           {"dp2_tp2_zero3_sp", 2, 3, 2, true},
+                           {"pp2", 1, 0, 1, false, 2},
+                           {"pp2_tp2_sp", 1, 0, 2, true, 2},
+                           {"dp2_pp2", 2, 0, 1, false, 2},
+                           {"dp2_tp2_pp2_zero1_sp", 2, 1, 2, true, 2, 1, 2},
+                           {"dp2_pp4", 2, 0, 1, false, 4, 1, 4},
+                           {"pp2_v2", 1, 0, 1, false, 2, 2, 2},
+                           {"dp2_pp2_v2_zero2", 2, 2, 1, false, 2, 2, 4}};
 constexpr int kSave = 8, kEnd = 16;
 
 int WorldRank() {
@@ -65,7 +78,7 @@ v1::JobSpec Spec(const Layout& l, const std::string& ckpt_dir,
                  const std::string& n_embd,
                  const std::vector<std::string>& extra = {}) {
   std::vector<std::string> o = {
-      "model.n_layer=2",
+      "model.n_layer=4",
       "model.n_head=4",
       "model.n_embd=" + n_embd,
       "model.block_size=16",
@@ -79,6 +92,10 @@ v1::JobSpec Spec(const Layout& l, const std::string& ckpt_dir,
       "parallel.tp=" + std::to_string(l.tp),
       "parallel.pp=" + std::to_string(l.pp),
       std::string("parallel.sequence_parallel=") + (l.sp ? "true" : "false"),
+      "parallel.microbatches=" + std::to_string(l.microbatches),
+      "parallel.virtual_stages=" + std::to_string(l.virtual_stages),
+      std::string("parallel.schedule=") +
+          (l.virtual_stages > 1 ? "interleaved" : "1f1b"),
       "checkpoint.dir=" + ckpt_dir,
       "checkpoint.keep_last=10"};
   o.insert(o.end(), extra.begin(), extra.end());
@@ -86,6 +103,9 @@ v1::JobSpec Spec(const Layout& l, const std::string& ckpt_dir,
   EXPECT_TRUE(spec.ok()) << spec.status();
   return *spec;
 }
+
+// The ranks of the layout OnLayout is running (valid inside its `fn`).
+MPI_Comm layout_comm = MPI_COMM_NULL;
 
 // Runs `fn(trainer)` on the first l.world() ranks; the others wait.
 template <typename Fn>
@@ -98,6 +118,7 @@ void OnLayout(const Layout& l, const std::string& ckpt_dir,
   MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, WorldRank(),
                  &comm);
   if (member) {
+    layout_comm = comm;
     const v1::JobSpec spec = Spec(l, ckpt_dir, n_embd, extra);
     auto dims = ParallelDims::Create(spec.parallel(), comm);
     EXPECT_TRUE(dims.ok()) << dims.status();
@@ -254,11 +275,11 @@ TEST_F(Reshard, MemoryEstimateEqualsTheEngineBuffersOfEveryZeroStage) {
 // Under a pipeline the ranks differ (embedding, head, microbatches in
 // flight): the estimate is the rank that needs the most.
 TEST_F(Reshard, MemoryEstimateIsTheFullestPipelineRank) {
-  for (const char* schedule : {"gpipe", "1f1b"}) {
-    for (int zero : {0, 3}) {
-      const Layout l{"memory", 2, zero, 1, false, 2};
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved"}) {
+    for (int zero : {0, 2, 3}) {
+      const int v = std::strcmp(schedule, "interleaved") == 0 ? 2 : 1;
+      const Layout l{"memory", 2, zero, 1, false, 2, v, 4};
       const std::vector<std::string> extra = {
-          "parallel.microbatches=4",
           std::string("parallel.schedule=") + schedule};
       OnLayout(
           l, Root() + "/scratch", "",
@@ -267,8 +288,7 @@ TEST_F(Reshard, MemoryEstimateIsTheFullestPipelineRank) {
             long long mine =
                 real.params + real.grads + real.optimizer + real.activations;
             long long most = 0;
-            MPI_Allreduce(&mine, &most, 1, MPI_LONG_LONG, MPI_MAX,
-                          MPI_COMM_WORLD);
+            MPI_Allreduce(&mine, &most, 1, MPI_LONG_LONG, MPI_MAX, layout_comm);
             const MemoryEstimate e = EstimateRankMemory(
                 Spec(l, Root() + "/scratch", "36", extra), t.data().vocab_size);
             if (WorldRank() == 0) {

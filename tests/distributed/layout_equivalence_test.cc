@@ -4,8 +4,9 @@
 // (max relative difference <= 1e-5, printed). The rows are every
 // combination of dp in {1,2}, tp in {1,2,4}, ZeRO 0-3 and sequence
 // parallelism on or off that fits in 8 ranks, plus microbatch and bucket
-// variants of data parallelism, and pipelines (pp 2 and 4, GPipe and 1F1B)
-// composed with dp, tp and SP. Runs under `mpirun -n 8`; ranks a row does
+// variants of data parallelism, and pipelines (pp 2 and 4, GPipe, 1F1B and
+// interleaved 1F1B with 2 or 4 chunks per rank) composed with dp, tp, SP
+// and ZeRO. Runs under `mpirun -n 8`; ranks a row does
 // not use sit it out.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -33,6 +34,8 @@ struct Layout {
   bool sp;
   int pp = 1;
   std::string schedule = "1f1b";
+  int virtual_stages = 1;
+  int n_layer = 4;  // 8 where pp·virtual_stages needs more layers
   int world() const { return dp * tp * pp; }
 };
 
@@ -89,19 +92,48 @@ std::vector<Layout> AllLayouts() {
     out.push_back({"pp4_1f1b_dp2_zero" + z, 2, 1, zero, 4, false, 4, "1f1b"});
   }
   out.push_back({"pp2_1f1b_dp2_tp2_zero1_sp", 2, 2, 1, 4, true, 2, "1f1b"});
+  // Interleaved 1F1B: v chunks per rank (4 or 8 layers over pp·v virtual
+  // stages), with dp, tp, SP and ZeRO.
+  for (int pp : {2, 4}) {
+    for (int dp : {1, 2}) {
+      for (int tp : {1, 2}) {
+        for (bool sp : {false, true}) {
+          if ((sp && tp == 1) || dp * tp * pp > 8) continue;
+          std::string name = "pp" + std::to_string(pp) + "_interleaved_v2_dp" +
+                             std::to_string(dp) + "_tp" + std::to_string(tp) +
+                             (sp ? "_sp" : "");
+          out.push_back(
+              {name, dp, tp, 0, 4, sp, pp, "interleaved", 2, pp == 4 ? 8 : 4});
+        }
+      }
+    }
+  }
+  for (int zero = 1; zero <= 3; ++zero) {
+    const std::string z = std::to_string(zero);
+    out.push_back({"pp2_interleaved_v2_dp2_zero" + z, 2, 1, zero, 4, false, 2,
+                   "interleaved", 2});
+  }
+  out.push_back({"pp2_interleaved_v2_dp2_tp2_zero1_sp", 2, 2, 1, 4, true, 2,
+                 "interleaved", 2});
+  out.push_back({"pp4_interleaved_v2_dp2_zero3", 2, 1, 3, 4, false, 4,
+                 "interleaved", 2, 8});
+  out.push_back(
+      {"pp2_interleaved_v4_mb8", 1, 1, 0, 8, false, 2, "interleaved", 4, 8});
+  out.push_back(
+      {"pp2_interleaved_v2_mb2", 1, 1, 0, 2, false, 2, "interleaved", 2});
   return out;
 }
 
 constexpr int kSteps = 50;
 
-std::vector<std::string> BaseOverrides() {
+std::vector<std::string> BaseOverrides(int n_layer) {
   // Odd widths so that units pad differently for every dp.
   // A learning rate at which training is stable: at 3e-3 the loss bounces
   // and the run amplifies fp32 rounding (any change of summation order)
   // past 1e-4 within 50 steps, which would test chaos, not the layouts.
   // Odd head size (9) and vocabulary (65) so that heads and the padded
   // vocabulary split unevenly against every other dimension.
-  return {"model.n_layer=4",
+  return {"model.n_layer=" + std::to_string(n_layer),
           "model.n_head=4",
           "model.n_embd=36",
           "model.block_size=16",
@@ -128,7 +160,7 @@ std::map<std::string, std::vector<float>> GlobalParams(Trainer& trainer,
   // Every rank walks every tensor of the model (a pipeline stage holds only
   // some; the last stage's tied copy of wte must agree with stage 0's).
   std::map<std::string, std::vector<const ParamInfo*>> mine;
-  for (const ParamInfo& p : trainer.model().layout()) {
+  for (const ParamInfo& p : trainer.store().layout()) {
     mine[p.name].push_back(&p);
   }
   std::map<std::string, std::vector<float>> out;
@@ -169,18 +201,22 @@ RunResult Train(Trainer& trainer, MPI_Comm comm) {
   return r;
 }
 
-const RunResult& Reference() {
-  static RunResult* ref = [] {
-    auto spec =
-        LoadJobSpecFile("examples/shakespeare-char.yaml", BaseOverrides());
+// The single-rank run of the model with `n_layer` layers.
+const RunResult& Reference(int n_layer) {
+  static std::map<int, RunResult>* refs = new std::map<int, RunResult>;
+  if (auto it = refs->find(n_layer); it != refs->end()) return it->second;
+  RunResult& ref = (*refs)[n_layer];
+  {
+    auto spec = LoadJobSpecFile("examples/shakespeare-char.yaml",
+                                BaseOverrides(n_layer));
     EXPECT_TRUE(spec.ok()) << spec.status();
     TrainerOptions opt;
     opt.peak_flops = 1e12;
     auto trainer = Trainer::Create(*spec, opt);
     EXPECT_TRUE(trainer.ok()) << trainer.status();
-    return new RunResult(Train(**trainer, MPI_COMM_NULL));
-  }();
-  return *ref;
+    ref = Train(**trainer, MPI_COMM_NULL);
+  }
+  return ref;
 }
 
 int WorldRank() {
@@ -196,7 +232,7 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   ASSERT_GE(world, layout.world()) << "run under mpirun -n " << layout.world();
-  const RunResult& ref = Reference();
+  const RunResult& ref = Reference(layout.n_layer);
 
   MPI_Comm comm;
   const bool member = WorldRank() < layout.world();
@@ -206,7 +242,7 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
     MPI_Barrier(MPI_COMM_WORLD);
     return;
   }
-  auto overrides = BaseOverrides();
+  auto overrides = BaseOverrides(layout.n_layer);
   overrides.push_back("parallel.dp=" + std::to_string(layout.dp));
   overrides.push_back("parallel.tp=" + std::to_string(layout.tp));
   overrides.push_back(std::string("parallel.sequence_parallel=") +
@@ -214,6 +250,8 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
   overrides.push_back("parallel.zero=" + std::to_string(layout.zero));
   overrides.push_back("parallel.pp=" + std::to_string(layout.pp));
   overrides.push_back("parallel.schedule=" + layout.schedule);
+  overrides.push_back("parallel.virtual_stages=" +
+                      std::to_string(layout.virtual_stages));
   overrides.push_back("parallel.microbatches=" +
                       std::to_string(layout.microbatches));
   auto spec = LoadJobSpecFile("examples/shakespeare-char.yaml", overrides);

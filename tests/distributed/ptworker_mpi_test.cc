@@ -122,12 +122,13 @@ class PtworkerMpiLayouts : public PtworkerMpi {
     }
     return out;
   }
-  void ExpectSameAsOneRank(int n, const std::string& layout) {
+  void ExpectSameAsOneRank(int n, const std::string& layout, int n_layer = 2) {
     const std::string args =
         "--set train.steps=6 --set train.eval_every=3 "
         "--set train.eval_batches=2 --set train.sample_every=3 "
-        "--set train.sample_tokens=24 --set model.n_layer=2 "
-        "--set model.n_embd=64 --set model.block_size=32 "
+        "--set train.sample_tokens=24 --set model.n_layer=" +
+        std::to_string(n_layer) +
+        " --set model.n_embd=64 --set model.block_size=32 "
         "--set parallel.microbatches=4 ";
     const Result one = Mpirun(1, args);
     ASSERT_EQ(one.code, 0) << one.err;
@@ -164,6 +165,19 @@ TEST_F(PtworkerMpiLayouts, PipelineRunEvaluatesAndSamplesAsOneRankDoes) {
   EXPECT_EQ(layout[0].at("tp"), 2);
   EXPECT_EQ(layout[0].at("world"), 4);
   EXPECT_EQ(layout[0].at("schedule"), "gpipe");
+  EXPECT_EQ(layout[0].at("virtual_stages"), 1);
+}
+
+// Through every rank twice: 4 layers as 4 virtual stages on 2 ranks.
+TEST_F(PtworkerMpiLayouts, InterleavedPipelineEvaluatesAndSamplesAsOneRank) {
+  ExpectSameAsOneRank(2,
+                      "--set parallel.pp=2 --set parallel.schedule=interleaved "
+                      "--set parallel.virtual_stages=2",
+                      /*n_layer=*/4);
+  const auto layout = Records("layout", "");
+  ASSERT_EQ(layout.size(), 1u);
+  EXPECT_EQ(layout[0].at("schedule"), "interleaved");
+  EXPECT_EQ(layout[0].at("virtual_stages"), 2);
 }
 
 }  // namespace

@@ -41,6 +41,24 @@ class UnitStore {
   virtual void Poll() {}
 };
 
+// One model chunk's view of its rank's UnitStore: the chunk's units are
+// the store's from `first` on (StageSlice in plan.h numbers them from 0).
+class UnitStoreSlice : public UnitStore {
+ public:
+  UnitStoreSlice(UnitStore* store, int first) : store_(store), first_(first) {}
+  const float* Params(int u) override { return store_->Params(first_ + u); }
+  float* Grads(int u) override { return store_->Grads(first_ + u); }
+  void BeginForward(int u) override { store_->BeginForward(first_ + u); }
+  void EndForward(int u) override { store_->EndForward(first_ + u); }
+  void BeginBackward(int u) override { store_->BeginBackward(first_ + u); }
+  void EndBackward(int u) override { store_->EndBackward(first_ + u); }
+  void Poll() override { store_->Poll(); }
+
+ private:
+  UnitStore* store_;
+  const int first_;
+};
+
 struct MemoryBytes {
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
 };

@@ -51,36 +51,45 @@ MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size) {
   const auto& p = spec.parallel();
   const GptConfig config = ModelConfig(spec, vocab_size);
   const int micro_B = spec.train().global_batch() / (p.dp() * p.microbatches());
-  const ScheduleKind kind =
-      p.schedule() == "gpipe" ? ScheduleKind::kGpipe : ScheduleKind::k1F1B;
-  // The stage that needs the most: stages differ in their tensors (the
-  // first embeds, the last holds the head) and in microbatches in flight
-  // (fewer further down a 1F1B pipeline), so the candidates are the first,
-  // the second (the fullest of the middle ones) and the last.
+  const ScheduleKind kind = p.schedule() == "gpipe" ? ScheduleKind::kGpipe
+                            : p.schedule() == "interleaved"
+                                ? ScheduleKind::kInterleaved
+                                : ScheduleKind::k1F1B;
+  const int v = p.virtual_stages();
+  // The rank that needs the most: ranks differ in their tensors (the first
+  // embeds, the last holds the head) and in microbatches in flight (fewer
+  // further down a pipeline), so the candidates are the first, the second
+  // (the fullest of the middle ones) and the last.
   MemoryEstimate most;
-  for (int stage : {0, std::min(1, p.pp() - 1), p.pp() - 1}) {
+  for (int rank : {0, std::min(1, p.pp() - 1), p.pp() - 1}) {
     PlanOptions plan;
     plan.tp = p.tp();
     plan.pp = p.pp();
-    plan.pp_rank = stage;
+    plan.pp_rank = rank;
     plan.pad = p.dp();
+    plan.virtual_stages = v;
     const ZeroStore::Footprint f = ZeroStore::Measure(
         BuildPlan(config, plan), p.dp(),
-        ZeroOptions{p.zero(), p.microbatches(), p.bucket_bytes()});
-    // As MaxInFlight of the stage's PipelineOrder, without listing it.
-    const int slots = p.pp() == 1 ? 1
-                      : kind == ScheduleKind::kGpipe
-                          ? p.microbatches()
-                          : std::min(p.pp() - stage, p.microbatches());
+        ZeroOptions{p.zero(), p.microbatches(), p.bucket_bytes(),
+                    /*reduce_once_per_step=*/p.pp() > 1});
+    // The trainer's slots per chunk.
+    const std::vector<int> slots =
+        p.pp() == 1 ? std::vector<int>{1}
+                    : ChunkSlots(kind, p.pp(), rank, p.microbatches(), v);
     MemoryEstimate e;
     e.params = SatMul(f.params, kFloat);
     e.grads = SatMul(f.grads, kFloat);
     e.optimizer = SatMul(SatMul(2, f.update), kFloat);
-    e.activations = SatMul(GptStage::ActivationFloats(
-                               config, micro_B, config.block_size, slots,
-                               p.tp(), p.sequence_parallel(), stage, p.pp()),
-                           kFloat);
-    if (stage == 0 || e.total() > most.total()) most = e;
+    const std::vector<int> stages = RankStages(plan);
+    for (int c = 0; c < v; ++c) {
+      e.activations = SatAdd(
+          e.activations,
+          SatMul(GptStage::ActivationFloats(
+                     config, micro_B, config.block_size, slots[c], p.tp(),
+                     p.sequence_parallel(), stages[c], p.pp() * v),
+                 kFloat));
+    }
+    if (rank == 0 || e.total() > most.total()) most = e;
   }
   return most;
 }

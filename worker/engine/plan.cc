@@ -356,6 +356,11 @@ void ApplyTensorParallel(std::vector<ParamInfo>* tensors, const GptConfig& cfg,
 
 std::vector<ParamInfo> LayoutUnits(const std::vector<ParamInfo>& tensors,
                                    int stage, int pad) {
+  return LayoutUnits(tensors, std::vector<int>{stage}, pad);
+}
+
+std::vector<ParamInfo> LayoutUnits(const std::vector<ParamInfo>& tensors,
+                                   const std::vector<int>& stages, int pad) {
   std::vector<ParamInfo> out;
   int64_t offset = 0, unit_begin = 0;
   int unit = -1, global_unit = -1;
@@ -364,8 +369,12 @@ std::vector<ParamInfo> LayoutUnits(const std::vector<ParamInfo>& tensors,
     offset = unit_begin + (size + pad - 1) / pad * pad;
     unit_begin = offset;
   };
+  // The table lists tensors by stage (the tied copy, last, is on the last
+  // stage), so the stages' units follow one another in their order.
   for (const ParamInfo& t : tensors) {
-    if (t.stage != stage) continue;
+    if (std::find(stages.begin(), stages.end(), t.stage) == stages.end()) {
+      continue;
+    }
     if (t.unit != global_unit) {
       if (unit >= 0) close_unit();
       global_unit = t.unit;
@@ -393,12 +402,38 @@ std::vector<UnitRange> Units(const std::vector<ParamInfo>& layout, int pad) {
   return units;
 }
 
+std::vector<ParamInfo> StageSlice(const std::vector<ParamInfo>& layout,
+                                  int stage, int* first_unit) {
+  std::vector<ParamInfo> out;
+  int64_t base = 0;
+  for (const ParamInfo& p : layout) {
+    if (p.stage != stage) continue;
+    if (out.empty()) {
+      *first_unit = p.unit;
+      base = p.offset - p.unit_offset;
+    }
+    out.push_back(p);
+    out.back().unit -= *first_unit;
+    out.back().offset -= base;
+  }
+  PT_CHECK(!out.empty(), "a stage the layout does not hold");
+  return out;
+}
+
+std::vector<int> RankStages(const PlanOptions& o) {
+  std::vector<int> stages;
+  for (int c = 0; c < o.virtual_stages; ++c) {
+    stages.push_back(c * o.pp + o.pp_rank);
+  }
+  return stages;
+}
+
 std::vector<ParamInfo> BuildPlan(const GptConfig& config,
                                  const PlanOptions& o) {
   std::vector<ParamInfo> tensors = GptTensors(config);
-  SplitStages(&tensors, config.n_layer, o.pp);
+  SplitStages(&tensors, config.n_layer, o.pp * o.virtual_stages);
   ApplyTensorParallel(&tensors, config, o.tp, o.tp_rank);
-  return LayoutUnits(tensors, o.pp_rank, o.pad);
+  return LayoutUnits(tensors, RankStages(o), o.pad);
 }
 
 int64_t SatAdd(int64_t a, int64_t b) {

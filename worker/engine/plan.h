@@ -79,7 +79,8 @@ struct ParamInfo {
   // (each rank saw only its positions): LayerNorm weights and biases, wpe.
   bool sequence_partial = false;
 
-  // From SplitStages: the pipeline stage that holds it.
+  // From SplitStages: the pipeline stage that holds it (the virtual stage
+  // under an interleaved schedule: pipeline rank stage % pp holds it).
   int stage = 0;
   // The last stage's copy of wte when pp > 1: the LM head is tied to the
   // embedding on stage 0. The two copies stay equal because their gradients
@@ -145,6 +146,17 @@ void ApplyTensorParallel(std::vector<ParamInfo>* tensors,
 // of `pad` (the dp degree) with zeros after its tensors.
 std::vector<ParamInfo> LayoutUnits(const std::vector<ParamInfo>& tensors,
                                    int stage, int pad);
+// The same for a rank that holds several stages (the virtual stages of an
+// interleaved pipeline, in increasing order): one after the other in one
+// flat buffer, units numbered on from one stage to the next.
+std::vector<ParamInfo> LayoutUnits(const std::vector<ParamInfo>& tensors,
+                                   const std::vector<int>& stages, int pad);
+
+// The entries of a rank's layout that belong to `stage`, with their units
+// and offsets counted from the stage's first unit: the layout of one model
+// chunk. *first_unit gets that unit's index in `layout`.
+std::vector<ParamInfo> StageSlice(const std::vector<ParamInfo>& layout,
+                                  int stage, int* first_unit);
 
 // A unit's place in the flat buffer: [begin, begin + size), size padded.
 struct UnitRange {
@@ -157,10 +169,16 @@ struct PlanOptions {
   int tp = 1, tp_rank = 0;
   int pp = 1, pp_rank = 0;
   int pad = 1;  // dp: ZeRO's shard count
+  // Model chunks per pipeline rank (interleaved schedule): the model is
+  // split into pp·v virtual stages and rank r holds stages r, r+pp, ...
+  int virtual_stages = 1;
 };
 
-// Steps 1-4 for one rank: its stage's tensors, tensor-parallel and laid out.
-// `config.padded_vocab` must be PaddedVocab(V, tp).
+// The virtual stages pipeline rank `pp_rank` holds, in increasing order.
+std::vector<int> RankStages(const PlanOptions& options);
+
+// Steps 1-4 for one rank: its stages' tensors, tensor-parallel and laid
+// out. `config.padded_vocab` must be PaddedVocab(V, tp).
 std::vector<ParamInfo> BuildPlan(const GptConfig& config,
                                  const PlanOptions& options);
 

@@ -101,6 +101,29 @@ int MaxInFlight(const std::vector<PipeAction>& order) {
   return most;
 }
 
+std::vector<int> ChunkSlots(ScheduleKind kind, int pp, int rank, int m, int v) {
+  if (kind == ScheduleKind::kGpipe) return {m};
+  if (kind == ScheduleKind::k1F1B) return {std::min(pp - rank, m)};
+  // After the warm-up, the count of each chunk repeats with a period of
+  // pp·v passes (every period adds pp forwards and pp backwards to every
+  // chunk), and the cool-down only lowers it: microbatches enough for the
+  // warm-up and two periods give every chunk's maximum.
+  int listed = m;
+  if (m > pp) {
+    const int warmup = (pp - rank - 1) * 2 + (v - 1) * pp;
+    const int enough = ((warmup + v - 1) / v + 2 * pp + pp - 1) / pp * pp;
+    listed = std::min(m, enough);
+  }
+  std::vector<int> now(v, 0), most(v, 0);
+  for (const PipeAction& a :
+       PipelineOrder(ScheduleKind::kInterleaved, pp, rank, listed, v)) {
+    int& n = now[a.chunk];
+    n += a.kind == PipeAction::kForward ? 1 : -1;
+    most[a.chunk] = std::max(most[a.chunk], n);
+  }
+  return most;
+}
+
 double PipelineSimulation::bubble_fraction() const {
   if (idle.empty() || makespan <= 0) return 0;
   return std::accumulate(idle.begin(), idle.end(), 0.0) / idle.size() /

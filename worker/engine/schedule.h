@@ -43,6 +43,12 @@ std::vector<PipeAction> PipelineOrder(ScheduleKind kind, int pp, int rank,
 // the activation slots the rank needs.
 int MaxInFlight(const std::vector<PipeAction>& order);
 
+// The same for each of the rank's v chunks: the slots each chunk's stage
+// needs (a chunk's microbatches in flight are consecutive, so microbatch
+// mb can use slot mb % slots). Equal to MaxInFlight of the order's passes
+// of each chunk, computed without listing all 2·m·v of them.
+std::vector<int> ChunkSlots(ScheduleKind kind, int pp, int rank, int m, int v);
+
 // Every rank following its PipelineOrder, each pass of a chunk taking
 // `forward` or `backward` time units, transfers free, each rank blocking
 // on the neighbour it needs. Idle time is the bubble.

@@ -43,11 +43,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     return absl::InvalidArgumentError(
         "parallel.zero > 0 needs MPI (run ptworker, under mpirun or alone)");
   }
-  if (par.schedule() == "interleaved") {
-    return absl::UnimplementedError(
-        "parallel.schedule=interleaved: the interleaved schedule is not "
-        "available yet (use 1f1b or gpipe)");
-  }
   if (spec.resources().device() != "cpu") {
     return absl::InvalidArgumentError(
         absl::StrCat("resources.device=", spec.resources().device(),
@@ -141,24 +136,48 @@ int64_t Trainer::StageFloats(int B, int T) const {
          spec_.model().n_embd();
 }
 
+void Trainer::SendCopy(const float* data, int64_t n, int peer, int tag) {
+  Outgoing* out = nullptr;
+  for (Outgoing& o : outgoing_) {
+    if (o.send != nullptr && o.send->Test()) o.send.reset();
+    if (out == nullptr && o.send == nullptr) out = &o;
+  }
+  if (out == nullptr) out = &outgoing_.emplace_back();
+  out->data.assign(data, data + n);
+  out->send = pp_group()->SendAsync(out->data.data(), n, peer, tag);
+}
+
 void Trainer::WaitSends() {
-  for (auto& h : sends_) h->Wait();
-  sends_.clear();
+  for (Outgoing& o : outgoing_) {
+    if (o.send != nullptr) o.send->Wait();
+    o.send.reset();
+  }
 }
 
 float Trainer::PipelineForward(const int32_t* tokens, const int32_t* targets,
                                int B, int T) {
   Communicator* pp = pp_group();
-  if (pp == nullptr) return model_->Forward(0, tokens, nullptr, targets, B, T);
+  if (pp == nullptr) return model().Forward(0, tokens, nullptr, targets, B, T);
+  // Through the virtual stages in order: this rank's chunk c is stage
+  // c·pp + rank, fed by the rank before it (the last rank for c > 0 on
+  // rank 0).
   const int64_t n = StageFloats(B, T);
-  const float* hidden = nullptr;
-  if (!first_stage()) {
-    pp->Recv(received_.data(), n, pp_rank_ - 1, 0);
-    hidden = received_.data();
+  const int prev = (pp_rank_ + pp_ - 1) % pp_, next = (pp_rank_ + 1) % pp_;
+  float loss = 0.0f;
+  for (int c = 0; c < chunks(); ++c) {
+    const int vs = VirtualStage(c);
+    const bool last = vs == last_virtual_stage();
+    const float* hidden = nullptr;
+    if (vs > 0) {
+      pp->Recv(received_[0].data(), n, prev, Tag(0, c, true));
+      hidden = received_[0].data();
+    }
+    loss =
+        chunks_[c]->Forward(0, tokens, hidden, last ? targets : nullptr, B, T);
+    if (!last) {
+      pp->Send(chunks_[c]->output(0), n, next, Tag(0, (vs + 1) / pp_, true));
+    }
   }
-  const float loss = model_->Forward(0, tokens, hidden,
-                                     last_stage() ? targets : nullptr, B, T);
-  if (!last_stage()) pp->Send(model_->output(0), n, pp_rank_ + 1, 0);
   return loss;
 }
 
@@ -167,6 +186,7 @@ void Trainer::PipelineStep(int64_t step, float dloss, StepResult* r,
   Communicator& pp = *pp_group();
   const int64_t tokens = int64_t{micro_B_} * T_;
   const int64_t n = StageFloats(micro_B_, T_);
+  const int prev = (pp_rank_ + pp_ - 1) % pp_, next = (pp_rank_ + 1) % pp_;
   auto t = Clock::now();
   for (int mb = 0; mb < microbatches_; ++mb) {
     train_sampler_->Fill(step, FirstSequence(mb), micro_B_,
@@ -174,49 +194,69 @@ void Trainer::PipelineStep(int64_t step, float dloss, StepResult* r,
                          mb_targets_.data() + mb * tokens);
   }
   r->phases.data += SecondsSince(t);
-  const int slots = model_->slots();
-  int backwards = 0;
-  // Tags: 2·mb for a microbatch's activations, 2·mb+1 for its gradients.
-  for (const PipeAction& a :
-       PipelineOrder(schedule_, pp_, pp_rank_, microbatches_, 1)) {
-    const int mb = a.microbatch, slot = mb % slots;
+  // The receive each pass needs, posted one receiving pass ahead into the
+  // buffer the current pass does not use, so that it arrives while this
+  // rank computes: a forward's input from the previous virtual stage (none
+  // for the first), a backward's gradient from the next (none for the last).
+  const int n_actions = static_cast<int>(order_.size());
+  auto receives = [&](int i) {
+    const PipeAction& a = order_[i];
+    const int vs = VirtualStage(a.chunk);
+    return a.kind == PipeAction::kForward ? vs > 0 : vs != last_virtual_stage();
+  };
+  std::unique_ptr<CommHandle> posted;
+  int posted_for = n_actions, posted_buffer = 0;
+  auto post_after = [&](int i, int buffer) {
+    posted_for = i + 1;
+    while (posted_for < n_actions && !receives(posted_for)) ++posted_for;
+    if (posted_for == n_actions) return;
+    const PipeAction& a = order_[posted_for];
+    const bool forward = a.kind == PipeAction::kForward;
+    posted_buffer = buffer;
+    posted = pp.RecvAsync(received_[buffer].data(), n, forward ? prev : next,
+                          Tag(a.microbatch, a.chunk, forward));
+  };
+  post_after(-1, 0);
+  // Backwards run so far per chunk: a chunk's last one issues the
+  // reductions of its units.
+  std::vector<int> backwards(chunks(), 0);
+  for (int i = 0; i < n_actions; ++i) {
+    const PipeAction& a = order_[i];
+    const int mb = a.microbatch, c = a.chunk;
+    GptStage& chunk = *chunks_[c];
+    // A chunk's microbatches in flight are consecutive (ChunkSlots).
+    const int slot = mb % chunk.slots();
+    const int vs = VirtualStage(c);
+    const bool last = vs == last_virtual_stage();
     const int32_t* in = mb_inputs_.data() + mb * tokens;
     const int32_t* tg = mb_targets_.data() + mb * tokens;
-    if (a.kind == PipeAction::kForward) {
-      const float* hidden = nullptr;
-      if (!first_stage()) {
-        t = Clock::now();
-        pp.Recv(received_.data(), n, pp_rank_ - 1, 2 * mb);
-        r->phases.bubble += SecondsSince(t);
-        hidden = received_.data();
-      }
+    const float* received = nullptr;
+    if (posted_for == i) {
       t = Clock::now();
-      const float loss = model_->Forward(
-          slot, in, hidden, last_stage() ? tg : nullptr, micro_B_, T_);
+      posted->Wait();
+      r->phases.bubble += SecondsSince(t);
+      received = received_[posted_buffer].data();
+      post_after(i, 1 - posted_buffer);
+    }
+    if (a.kind == PipeAction::kForward) {
+      const float* hidden = received;
+      t = Clock::now();
+      const float loss =
+          chunk.Forward(slot, in, hidden, last ? tg : nullptr, micro_B_, T_);
       r->phases.forward += SecondsSince(t);
-      if (last_stage()) *loss_sum += loss;
-      // The slot's output stays put until this microbatch's backward.
-      if (!last_stage()) {
-        sends_.push_back(
-            pp.SendAsync(model_->output(slot), n, pp_rank_ + 1, 2 * mb));
+      if (last) {
+        *loss_sum += loss;
+      } else {
+        SendCopy(chunk.output(slot), n, next, Tag(mb, (vs + 1) / pp_, true));
       }
     } else {
-      // The input gradient buffer is reused by every backward.
+      const float* dout = received;
       t = Clock::now();
-      WaitSends();
-      const float* dout = nullptr;
-      if (!last_stage()) {
-        pp.Recv(received_.data(), n, pp_rank_ + 1, 2 * mb + 1);
-        dout = received_.data();
-      }
-      r->phases.bubble += SecondsSince(t);
-      t = Clock::now();
-      store_->BeginMicrobatch(++backwards == microbatches_);
-      model_->Backward(slot, in, tg, dloss, dout);
+      store_->BeginMicrobatch(++backwards[c] == microbatches_);
+      chunk.Backward(slot, in, tg, dloss, dout);
       r->phases.backward += SecondsSince(t);
-      if (!first_stage()) {
-        sends_.push_back(
-            pp.SendAsync(model_->dinput(), n, pp_rank_ - 1, 2 * mb + 1));
+      if (vs > 0) {
+        SendCopy(chunk.dinput(), n, prev, Tag(mb, (vs - 1) / pp_, false));
       }
     }
   }
@@ -235,7 +275,7 @@ absl::Status Trainer::LoadInitialState() {
   const std::string& init = spec_.model().init_from();
   if (!init.empty()) {
     // init_from is validated as "llmc:PATH".
-    auto src = LlmcSource::Open(init.substr(5), model_->config(), options_.fs,
+    auto src = LlmcSource::Open(init.substr(5), model().config(), options_.fs,
                                 "model.init_from");
     absl::Status s = src.ok() ? LoadState(*store_, optimizer_->adam(), **src,
                                           /*with_optimizer=*/false)
@@ -297,7 +337,7 @@ absl::Status Trainer::LoadInitialState() {
             "(give checkpoint.dir a folder of this job's own)"));
       }
       if (auto c =
-              (*reader)->CheckCompatible(model_->config(), store_->layout());
+              (*reader)->CheckCompatible(model().config(), store_->layout());
           !c.ok()) {
         fatal = true;
         return c;
@@ -349,7 +389,7 @@ absl::StatusOr<std::string> Trainer::SaveCheckpointAt(int64_t step) {
       step * static_cast<int64_t>(spec_.train().global_batch()) * T_;
   meta.optimizer_step = optimizer_->adam().steps_taken();
   meta.seed = spec_.train().seed();
-  meta.model = model_->config();
+  meta.model = model().config();
   if (data_.has_tokenizer) meta.vocab = data_.tokenizer.vocab();
   meta.spec_yaml = JobSpecToYaml(spec_);
   const auto& par = spec_.parallel();
@@ -383,8 +423,10 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
   micro_B_ = spec_.train().global_batch() / (dp_ * microbatches_);
   pp_ = par.pp();
   pp_rank_ = dims_ != nullptr ? dims_->pp_rank() : 0;
-  schedule_ =
-      par.schedule() == "gpipe" ? ScheduleKind::kGpipe : ScheduleKind::k1F1B;
+  schedule_ = par.schedule() == "gpipe"         ? ScheduleKind::kGpipe
+              : par.schedule() == "interleaved" ? ScheduleKind::kInterleaved
+                                                : ScheduleKind::k1F1B;
+  const int v = par.virtual_stages();
   // The plan of this rank: split into stages, tensor-parallel, ZeRO units.
   PlanOptions plan;
   plan.tp = par.tp();
@@ -392,23 +434,39 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
   plan.pp = pp_;
   plan.pp_rank = pp_rank_;
   plan.pad = dp_;
-  std::vector<ParamInfo> layout = BuildPlan(cfg, plan);
+  plan.virtual_stages = v;
+  const std::vector<ParamInfo> layout = BuildPlan(cfg, plan);
   store_ = std::make_unique<ZeroStore>(
-      layout, dp_, ZeroOptions{par.zero(), microbatches_, par.bucket_bytes()},
+      layout, dp_,
+      ZeroOptions{par.zero(), microbatches_, par.bucket_bytes(),
+                  /*reduce_once_per_step=*/pp_ > 1},
       dp_group());
-  StageOptions stage;
-  stage.max_B = micro_B_;
-  stage.max_T = T_;
-  stage.tp = TpGroup{tp_group(), par.sequence_parallel()};
-  stage.store = store_.get();
-  stage.pad = dp_;
-  stage.stage = pp_rank_;
-  stage.n_stages = pp_;
-  // Activations of the microbatches in flight at once on this stage.
-  stage.slots = pp_ > 1 ? MaxInFlight(PipelineOrder(schedule_, pp_, pp_rank_,
-                                                    microbatches_, 1))
-                        : 1;
-  model_ = std::make_unique<GptStage>(cfg, std::move(layout), stage);
+  // Activations of the microbatches in flight at once on each chunk.
+  const std::vector<int> slots =
+      pp_ > 1 ? ChunkSlots(schedule_, pp_, pp_rank_, microbatches_, v)
+              : std::vector<int>{1};
+  if (pp_ > 1) {
+    order_ = PipelineOrder(schedule_, pp_, pp_rank_, microbatches_, v);
+  }
+  const std::vector<int> stages = RankStages(plan);
+  for (int c = 0; c < v; ++c) {
+    int first_unit = 0;
+    std::vector<ParamInfo> chunk_layout =
+        StageSlice(layout, stages[c], &first_unit);
+    slices_.push_back(
+        std::make_unique<UnitStoreSlice>(store_.get(), first_unit));
+    StageOptions stage;
+    stage.max_B = micro_B_;
+    stage.max_T = T_;
+    stage.tp = TpGroup{tp_group(), par.sequence_parallel()};
+    stage.store = slices_.back().get();
+    stage.pad = dp_;
+    stage.stage = stages[c];
+    stage.n_stages = pp_ * v;
+    stage.slots = slots[c];
+    chunks_.push_back(
+        std::make_unique<GptStage>(cfg, std::move(chunk_layout), stage));
+  }
   optimizer_ = std::make_unique<DistributedOptimizer>(
       store_.get(), spec_.train(),
       DistributedOptimizer::Groups{
@@ -427,14 +485,16 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
   if (pp_ > 1) {
     mb_inputs_.resize(inputs_.size() * microbatches_);
     mb_targets_.resize(mb_inputs_.size());
-    received_.resize(StageFloats(micro_B_, T_));
+    for (auto& buffer : received_) buffer.resize(StageFloats(micro_B_, T_));
   }
 }
 
 MemoryBytes Trainer::memory() const {
   MemoryBytes m = store_->memory();
   m.optimizer = optimizer_->adam().bytes();
-  m.activations = model_->memory().activations;
+  for (const auto& chunk : chunks_) {
+    m.activations += chunk->memory().activations;
+  }
   return m;
 }
 
@@ -444,7 +504,7 @@ double Trainer::SumOverDp(double x) {
 }
 
 double Trainer::flops_per_step() const {
-  return GptFlopsPerToken(model_->config(), T_) *
+  return GptFlopsPerToken(chunks_.front()->config(), T_) *
          static_cast<double>(spec_.train().global_batch()) * T_;
 }
 
@@ -466,11 +526,11 @@ StepResult Trainer::TrainStep(int64_t step) {
       r.phases.data += SecondsSince(t);
       t = Clock::now();
       store_->BeginMicrobatch(mb == microbatches_ - 1);
-      loss_sum += model_->Forward(0, inputs_.data(), nullptr, targets_.data(),
+      loss_sum += model().Forward(0, inputs_.data(), nullptr, targets_.data(),
                                   micro_B_, T_);
       r.phases.forward += SecondsSince(t);
       t = Clock::now();
-      model_->Backward(0, inputs_.data(), targets_.data(), dloss, nullptr);
+      model().Backward(0, inputs_.data(), targets_.data(), dloss, nullptr);
       if (mb == microbatches_ - 1) store_->FinishGradients();
       r.phases.backward += SecondsSince(t);
     }
@@ -520,7 +580,7 @@ std::string Trainer::Sample(uint64_t salt) {
   Communicator* tp = tp_group();
   const int multiple =
       tp != nullptr && spec_.parallel().sequence_parallel() ? tp->size() : 1;
-  const int Vl = model_->vocab_local();
+  const int Vl = model().vocab_local();
   std::vector<float> gathered(tp != nullptr ? int64_t{Vl} * tp->size() : 0);
   std::vector<int32_t> context;
   for (int i = 0; i < train.sample_tokens(); ++i) {
@@ -538,7 +598,8 @@ std::string Trainer::Sample(uint64_t salt) {
     }
     // This rank's vocabulary columns at the last position; the whole
     // vocabulary is gathered only here, for sampling.
-    const float* logits = model_->logits(0) + static_cast<int64_t>(T - 1) * Vl;
+    const float* logits =
+        chunks_.back()->logits(0) + static_cast<int64_t>(T - 1) * Vl;
     if (tp != nullptr) {
       tp->AllGather(logits, gathered.data(), Vl);
       logits = gathered.data();
@@ -604,7 +665,7 @@ absl::Status Trainer::Run() {
   spdlog::info(
       "model: {} parameters (L={} NH={} C={} T={} V={}), {} threads, sgemm "
       "peak {:.1f} GFLOP/s",
-      GptNumParams(model_->config()), spec_.model().n_layer(),
+      GptNumParams(model().config()), spec_.model().n_layer(),
       spec_.model().n_head(), spec_.model().n_embd(), T_, data_.vocab_size,
       omp_get_max_threads(), peak / 1e9);
   spdlog::info(
@@ -622,7 +683,8 @@ absl::Status Trainer::Run() {
         {"zero", par.zero()},
         {"sequence_parallel", par.sequence_parallel()},
         {"microbatches", par.microbatches()},
-        {"schedule", pp_ > 1 ? par.schedule() : "none"}});
+        {"schedule", pp_ > 1 ? par.schedule() : "none"},
+        {"virtual_stages", par.virtual_stages()}});
   emit({{"type", "memory"},
         {"params_bytes", mem.params},
         {"grads_bytes", mem.grads},

@@ -102,7 +102,10 @@ class Trainer {
 
   void set_metrics(RankMetrics* metrics) { options_.metrics = metrics; }
 
-  GptStage& model() { return *model_; }
+  // The rank's first model chunk: its whole stage, but under an
+  // interleaved schedule, where the rank holds `chunks()` of them.
+  GptStage& model() { return *chunks_.front(); }
+  int chunks() const { return static_cast<int>(chunks_.size()); }
   ZeroStore& store() { return *store_; }
   DistributedOptimizer& optimizer() { return *optimizer_; }
   bool is_log_rank() const {
@@ -124,6 +127,14 @@ class Trainer {
   Communicator* pp_group() const;
   bool first_stage() const { return pp_rank_ == 0; }
   bool last_stage() const { return pp_rank_ == pp_ - 1; }
+  // Virtual stage of this rank's chunk c (c·pp + pp rank), and the last one.
+  int VirtualStage(int c) const { return c * pp_ + pp_rank_; }
+  int last_virtual_stage() const { return pp_ * chunks() - 1; }
+  // The message tag of microbatch mb's activation (forward) or gradient
+  // into chunk `into` of the receiving rank: unique per link and step.
+  int Tag(int mb, int into, bool forward) const {
+    return 2 * (mb * chunks() + into) + (forward ? 0 : 1);
+  }
   // The first sequence of microbatch `mb` in the global batch: dp rank r
   // takes the r-th block of microbatches·micro_B sequences.
   int FirstSequence(int mb) const {
@@ -139,6 +150,11 @@ class Trainer {
   // activations and gradients sent between neighbours as they are ready.
   // Adds the last stage's microbatch losses to *loss_sum.
   void PipelineStep(int64_t step, float dloss, StepResult* r, double* loss_sum);
+  // Sends a copy of `data` to pipeline rank `peer` without waiting: the
+  // source buffer may be reused at once, and no rank ever blocks on a send
+  // (only on the receive its schedule needs next), so any schedule the
+  // simulation finds deadlock-free runs without deadlock.
+  void SendCopy(const float* data, int64_t n, int peer, int tag);
   void WaitSends();
   // Loads weights from model.init_from, then the resume_from checkpoint.
   absl::Status LoadInitialState();
@@ -153,15 +169,25 @@ class Trainer {
   ScheduleKind schedule_ = ScheduleKind::k1F1B;
   int64_t start_step_ = 0, resume_bytes_read_ = 0;
   std::unique_ptr<ZeroStore> store_;
-  std::unique_ptr<GptStage> model_;
+  // The model chunks of this rank (one but under an interleaved schedule),
+  // each over its slice of the store.
+  std::vector<std::unique_ptr<UnitStoreSlice>> slices_;
+  std::vector<std::unique_ptr<GptStage>> chunks_;
+  std::vector<PipeAction> order_;  // pp > 1: this rank's passes per step
   std::unique_ptr<DistributedOptimizer> optimizer_;
   std::unique_ptr<BatchSampler> train_sampler_, val_sampler_;
   std::vector<int32_t> inputs_, targets_;
-  // pp > 1: every microbatch's tokens of the step, the activation or
-  // gradient received last, and sends not yet complete.
+  // pp > 1: every microbatch's tokens of the step, two buffers of received
+  // activations or gradients (one in use, one being received into), and
+  // the copies of sent ones with their sends (a copy is reused once its
+  // send completed).
   std::vector<int32_t> mb_inputs_, mb_targets_;
-  std::vector<float> received_;
-  std::vector<std::unique_ptr<CommHandle>> sends_;
+  std::vector<float> received_[2];
+  struct Outgoing {
+    std::vector<float> data;
+    std::unique_ptr<CommHandle> send;  // null: free
+  };
+  std::vector<Outgoing> outgoing_;
 };
 
 }  // namespace ptrain

@@ -23,7 +23,7 @@ int UnitOf(const std::vector<ParamInfo>& layout, const char* name) {
 
 ZeroStore::Sizes ZeroStore::ComputeSizes(const std::vector<ParamInfo>& layout,
                                          const std::vector<UnitRange>& units,
-                                         int dp, int zero) {
+                                         int dp, int zero, int grad_zero) {
   Sizes z;
   z.emb_unit = UnitOf(layout, "wte");
   z.final_unit = UnitOf(layout, "ln_f.weight");
@@ -36,7 +36,7 @@ ZeroStore::Sizes ZeroStore::ComputeSizes(const std::vector<ParamInfo>& layout,
     }
   }
   if (zero <= 2) z.params_full = z.total;
-  if (zero <= 1) z.grads_full = z.total;
+  if (grad_zero <= 1) z.grads_full = z.total;
   if (zero >= 1) z.shard = z.shard_total;
   if (zero == 3) {
     z.gathered[kEmbSlot] = z.emb_unit >= 0 ? units[z.emb_unit].size : 0;
@@ -49,13 +49,13 @@ ZeroStore::Sizes ZeroStore::ComputeSizes(const std::vector<ParamInfo>& layout,
 ZeroStore::Footprint ZeroStore::Measure(const std::vector<ParamInfo>& layout,
                                         int dp, const ZeroOptions& o) {
   const std::vector<UnitRange> units = Units(layout, dp);
-  const Sizes z = ComputeSizes(layout, units, dp, o.zero);
+  const Sizes z = ComputeSizes(layout, units, dp, o.zero, GradZero(o));
   Footprint f;
   f.params =
       z.params_full + z.shard + z.gathered[0] + z.gathered[1] + z.gathered[2];
   f.grads = z.grads_full + z.shard +
             GradReducer::ScratchFloats(units, z.emb_unit, z.final_unit, dp,
-                                       o.zero, o.microbatches);
+                                       GradZero(o), o.microbatches);
   f.update = o.zero >= 1 ? z.shard_total : z.total;
   return f;
 }
@@ -65,6 +65,7 @@ ZeroStore::ZeroStore(std::vector<ParamInfo> layout, int dp,
     : dp_(dp),
       dp_rank_(dp_group != nullptr ? dp_group->rank() : 0),
       zero_(o.zero),
+      grad_zero_(GradZero(o)),
       comm_(dp_group),
       layout_(std::move(layout)),
       units_(Units(layout_, dp)),
@@ -73,7 +74,7 @@ ZeroStore::ZeroStore(std::vector<ParamInfo> layout, int dp,
            "dp > 1 or zero > 0 needs a dp group");
   PT_CHECK(comm_ == nullptr || comm_->size() == dp_,
            "the dp group's size differs from dp");
-  const Sizes z = ComputeSizes(layout_, units_, dp_, zero_);
+  const Sizes z = ComputeSizes(layout_, units_, dp_, zero_, grad_zero_);
   emb_unit_ = z.emb_unit;
   final_unit_ = z.final_unit;
   total_ = z.total;
@@ -89,9 +90,9 @@ ZeroStore::ZeroStore(std::vector<ParamInfo> layout, int dp,
   param_shard_.assign(z.shard, 0.0f);
   grad_shard_.assign(z.shard, 0.0f);
   for (int s = 0; s < 3; ++s) gathered_[s].assign(z.gathered[s], 0.0f);
-  reducer_ =
-      std::make_unique<GradReducer>(units_, emb_unit_, final_unit_, dp_, zero_,
-                                    o.microbatches, o.bucket_bytes, comm_);
+  reducer_ = std::make_unique<GradReducer>(units_, emb_unit_, final_unit_, dp_,
+                                           grad_zero_, o.microbatches,
+                                           o.bucket_bytes, comm_);
   reducer_->Attach(grads_full_.empty() ? nullptr : grads_full_.data(),
                    grad_shard_.empty() ? nullptr : grad_shard_.data(),
                    &shard_offset_);
@@ -125,7 +126,9 @@ void ZeroStore::BeginStep() {
   if (!grads_full_.empty()) {
     std::fill(grads_full_.begin(), grads_full_.end(), 0.0f);
   }
-  if (zero_ >= 2) std::fill(grad_shard_.begin(), grad_shard_.end(), 0.0f);
+  if (grad_zero_ >= 2) {
+    std::fill(grad_shard_.begin(), grad_shard_.end(), 0.0f);
+  }
   reducer_->BeginStep();
 }
 
@@ -176,7 +179,7 @@ void ZeroStore::BeginForward(int u) {
 }
 
 float* ZeroStore::Grads(int u) {
-  if (zero_ >= 2) return reducer_->UnitGrads(u);
+  if (grad_zero_ >= 2) return reducer_->UnitGrads(u);
   return grads_full_.data() + units_[u].begin;
 }
 

@@ -9,6 +9,13 @@
 //   zero 3  also weights (FSDP): a unit's weights are all-gathered before
 //           its forward and again before its backward, and dropped after.
 //
+// In a pipeline (reduce_once_per_step) zero 2 and 3 keep the stage's
+// gradients whole through the step and reduce-scatter them once, in the
+// last microbatch, as zero 1 does: a pipeline runs many microbatches per
+// step (at least pp to fill it), and reducing every one of them would
+// multiply the dp traffic by that many, while whole gradients cost only
+// the stage's 1/pp of the model. Zero 3 still shards the weights.
+//
 // Units (plan.h) are each padded to a multiple of dp and sharded evenly:
 // rank r owns the r-th 1/dp of every unit. When gradients are reduced is
 // the GradReducer's business (grad_reducer.h), the update the
@@ -31,6 +38,9 @@ struct ZeroOptions {
   int zero = 0;                     // stage 0..3
   int microbatches = 1;             // per optimizer step
   int64_t bucket_bytes = 25 << 20;  // zero 0: all-reduce bucket size
+  // Zero 2-3: reduce gradients once per step, not every microbatch (set
+  // for pipelines, pp > 1).
+  bool reduce_once_per_step = false;
 };
 
 class ZeroStore : public UnitStore {
@@ -119,7 +129,12 @@ class ZeroStore : public UnitStore {
   };
   static Sizes ComputeSizes(const std::vector<ParamInfo>& layout,
                             const std::vector<UnitRange>& units, int dp,
-                            int zero);
+                            int zero, int grad_zero);
+  // The ZeRO stage gradients are handled by: zero, but 1 for zero 2-3
+  // reduced once per step.
+  static int GradZero(const ZeroOptions& o) {
+    return o.reduce_once_per_step && o.zero >= 2 ? 1 : o.zero;
+  }
   int64_t ShardSize(int u) const { return units_[u].size / dp_; }
   // First element of this rank's shard of unit u in the full buffer.
   int64_t ShardBegin(int u) const {
@@ -130,7 +145,7 @@ class ZeroStore : public UnitStore {
   int WeightSlot(int u) const;
   void Gather(int u, float* dst);
 
-  const int dp_, dp_rank_, zero_;
+  const int dp_, dp_rank_, zero_, grad_zero_;
   Communicator* comm_;
   std::vector<ParamInfo> layout_;
   std::vector<UnitRange> units_;

@@ -218,6 +218,47 @@ TEST(LayoutUnits, UnitsArePaddedSlicesInTableOrderPerStage) {
   }
 }
 
+// An interleaved rank holds virtual stages r, r+pp, ...: one flat buffer of
+// them in order, each of which, sliced out, is laid out exactly as that
+// stage alone would be.
+TEST(BuildPlan, InterleavedRanksHoldEveryPpThStageOneAfterAnother) {
+  const GptConfig c = Config(2);
+  std::vector<ParamInfo> t = GptTensors(c);
+  SplitStages(&t, 4, 4);  // pp 2 × v 2: one layer per virtual stage
+  ApplyTensorParallel(&t, c, 2, 1);
+  for (int rank : {0, 1}) {
+    PlanOptions o{2, 1, 2, rank, 3, 2};
+    EXPECT_EQ(RankStages(o), (std::vector<int>{rank, rank + 2}));
+    const std::vector<ParamInfo> layout = BuildPlan(c, o);
+    std::set<int> layers;
+    for (const ParamInfo& p : layout) {
+      if (p.layer >= 0) layers.insert(p.layer);
+    }
+    EXPECT_EQ(layers, (std::set<int>{rank, rank + 2}));
+    // The second chunk's units follow the first's without a gap.
+    const std::vector<UnitRange> units = Units(layout, 3);
+    for (size_t u = 1; u < units.size(); ++u) {
+      EXPECT_EQ(units[u].begin, units[u - 1].begin + units[u - 1].size);
+    }
+    int expect_first = 0;
+    for (int stage : RankStages(o)) {
+      int first = -1;
+      const std::vector<ParamInfo> slice = StageSlice(layout, stage, &first);
+      const std::vector<ParamInfo> alone = LayoutUnits(t, stage, 3);
+      EXPECT_EQ(first, expect_first) << "stage " << stage;
+      ASSERT_EQ(slice.size(), alone.size()) << "stage " << stage;
+      for (size_t i = 0; i < slice.size(); ++i) {
+        EXPECT_EQ(slice[i].name, alone[i].name);
+        EXPECT_EQ(slice[i].unit, alone[i].unit) << slice[i].name;
+        EXPECT_EQ(slice[i].offset, alone[i].offset) << slice[i].name;
+        EXPECT_EQ(slice[i].unit_offset, alone[i].unit_offset) << slice[i].name;
+        EXPECT_EQ(slice[i].tied_copy, alone[i].tied_copy) << slice[i].name;
+      }
+      expect_first += static_cast<int>(Units(alone, 3).size());
+    }
+  }
+}
+
 // A tp rank's shard initialises to the single-rank values at the same
 // global elements: layout invariance starts here.
 TEST(BuildPlan, InitialValuesDoNotDependOnTheLayout) {

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <tuple>
@@ -122,6 +123,32 @@ TEST(PipelineOrder, StashBound) {
                 << Name(c) << " rank " << r;
           }
           break;
+      }
+    }
+  }
+}
+
+// ChunkSlots lists only enough microbatches for the warm-up and two
+// periods: it must agree with counting every pass of the whole order, for
+// microbatch counts below, at and far above that.
+TEST(ChunkSlots, EqualsEachChunksMostInFlightOverTheWholeOrder) {
+  for (ScheduleKind kind : {ScheduleKind::kGpipe, ScheduleKind::k1F1B,
+                            ScheduleKind::kInterleaved}) {
+    for (int pp : {2, 3, 4}) {
+      for (int v : {1, 2, 3, 4}) {
+        if ((kind == ScheduleKind::kInterleaved) != (v > 1)) continue;
+        for (int m = pp; m <= 24 * pp; m += pp) {
+          for (int r = 0; r < pp; ++r) {
+            std::vector<int> want(v, 0), now(v, 0);
+            for (const PipeAction& a : PipelineOrder(kind, pp, r, m, v)) {
+              now[a.chunk] += a.kind == PipeAction::kForward ? 1 : -1;
+              want[a.chunk] = std::max(want[a.chunk], now[a.chunk]);
+            }
+            EXPECT_EQ(ChunkSlots(kind, pp, r, m, v), want)
+                << ScheduleName(kind) << " pp " << pp << " v " << v << " m "
+                << m << " rank " << r;
+          }
+        }
       }
     }
   }
