@@ -4,10 +4,16 @@
 #     at pp 2 and 4 over m = 1, 4, 8, 16 microbatches of 4 sequences
 #     (config S; 8 layers at pp=4 so that it interleaves), measured per stage
 #     against (pp-1)/(m+pp-1), (pp-1)/(v·m+pp-1) for interleaved, and the
-#     cut interleaving makes in the measured 1F1B bubble (target >= 0.6·v).
+#     cut interleaving makes in the measured 1F1B bubble (target >= 0.6·v);
+#     also against the schedule simulated with each stage's measured pass
+#     times (stages are not equal: the last computes the head and the loss,
+#     and cores differ from run to run), which the textbook leaves out.
 #     pp=4 runs 4 ranks on this machine's cores: when there are fewer
 #     cores than stages, a waiting stage lends its core to another and the
 #     idle fraction is not a pipeline bubble alone;
+#  1b. the same on config M at pp=2 (its head is a smaller share of the
+#     last stage: the stages are closer to equal), 1F1B and interleaved
+#     with v=3;
 #  2. config M at pp=2 (one thread per rank, m=8) against one rank with
 #     every core's thread, side by side, ROUNDS times: the tok/s ratio;
 #  3. the full 3D layout dp=2 tp=2 pp=2 (8 ranks, one thread each) on
@@ -23,14 +29,18 @@ mpi="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader,tcp"
 export OMPI_MCA_mpi_yield_when_idle=1
 
 echo "=== 1. bubble (config S, microbatches of 4 sequences, one thread per rank; median of $rounds)"
-bubble() {  # pp m schedule v layers -> median over ROUNDS: fraction, ratio
+# pp m schedule v layers [config sequences] -> the median run's measured
+# fraction, its ratio to the analytic and to the simulation with the
+# stages' measured pass times.
+bubble() {
   r=0
   while [ "$r" -lt "$rounds" ]; do
     r=$((r + 1))
-    $mpi -n "$1" -x OMP_NUM_THREADS=1 "$bin" --config S --microbatches "$2" \
-      --micro-batch 4 --schedule "$3" --virtual-stages "$4" --layers "$5" \
-      --steps 4 |
-      sed -n 's/^  bubble: measured \([0-9.]*\) .*ratio \([0-9.]*\)$/\1 \2/p'
+    $mpi -n "$1" -x OMP_NUM_THREADS=1 "$bin" --config "${6:-S}" \
+      --microbatches "$2" --micro-batch "${7:-4}" --schedule "$3" \
+      --virtual-stages "$4" --layers "$5" --steps 4 | awk '
+        /^  bubble: measured/ { f = $3; a = $NF }
+        /^  bubble simulated/ { print f, a, $NF }'
   done | sort -n | awk '{l[NR] = $0} END {print l[int((NR + 1) / 2)]}'
 }
 for pp in 2 4; do
@@ -44,8 +54,8 @@ for pp in 2 4; do
         [ $((m % pp)) -eq 0 ] || continue
       fi
       set -- $(bubble "$pp" "$m" "$schedule" "$v" "$layers")
-      printf 'pp=%d m=%-2d %-11s v=%d: bubble %.3f, %.2f x analytic' \
-        "$pp" "$m" "$schedule" "$v" "$1" "$2"
+      printf 'pp=%d m=%-2d %-11s v=%d: bubble %.3f, %.2f x analytic, %.2f x simulated' \
+        "$pp" "$m" "$schedule" "$v" "$1" "$2" "$3"
       if [ "$schedule" = 1f1b ]; then
         plain=$1
         echo
@@ -57,6 +67,19 @@ for pp in 2 4; do
       fi
     done
   done
+done
+
+echo "=== 1b. bubble, config M (6 layers, microbatches of 1 sequence), pp=2"
+for m in 8 16; do
+  set -- $(bubble 2 "$m" 1f1b 1 6 M 1)
+  plain=$1
+  printf 'pp=2 m=%-2d 1f1b        v=1: bubble %.3f, %.2f x analytic, %.2f x simulated\n' \
+    "$m" "$1" "$2" "$3"
+  set -- $(bubble 2 "$m" interleaved 3 6 M 1)
+  printf 'pp=2 m=%-2d interleaved v=3: bubble %.3f, %.2f x analytic, %.2f x simulated' \
+    "$m" "$1" "$2" "$3"
+  awk -v a="$plain" -v b="$1" 'BEGIN {
+    printf ", cut %.2f x vs 1f1b (target >= 1.8)\n", a / b }'
 done
 
 echo "=== 2. config M: pp=2 (1 thread/rank, m=8) vs one rank ($cores threads)"

@@ -132,9 +132,17 @@ double PipelineSimulation::bubble_fraction() const {
 
 PipelineSimulation SimulatePipeline(ScheduleKind kind, int pp, int m, int v,
                                     double forward, double backward) {
+  return SimulatePipeline(kind, pp, m, v, std::vector<double>(pp, forward),
+                          std::vector<double>(pp, backward));
+}
+
+PipelineSimulation SimulatePipeline(ScheduleKind kind, int pp, int m, int v,
+                                    const std::vector<double>& forward,
+                                    const std::vector<double>& backward) {
+  PT_CHECK(static_cast<int>(forward.size()) == pp &&
+               static_cast<int>(backward.size()) == pp,
+           "one forward and one backward time per rank");
   const int stages = pp * v;
-  // Each chunk holds 1/v of a rank's layers.
-  const double tf = forward / v, tb = backward / v;
   std::vector<std::vector<PipeAction>> orders;
   for (int r = 0; r < pp; ++r)
     orders.push_back(PipelineOrder(kind, pp, r, m, v));
@@ -171,7 +179,8 @@ PipelineSimulation SimulatePipeline(ScheduleKind kind, int pp, int m, int v,
           start = std::max(start, it->second);
         }
         if (!ready) break;
-        const double t = fwd ? tf : tb;
+        // Each chunk holds 1/v of a rank's layers.
+        const double t = (fwd ? forward[r] : backward[r]) / v;
         free_at[r] = start + t;
         busy[r] += t;
         done[{fwd ? 0 : 1, a.microbatch, s}] = start + t;

@@ -60,6 +60,13 @@ struct PipelineSimulation {
 };
 PipelineSimulation SimulatePipeline(ScheduleKind kind, int pp, int m, int v,
                                     double forward, double backward);
+// The same with each rank's own pass times (its microbatch's forward and
+// backward over all its chunks): stages that differ in work — the first
+// embeds, the last computes the head and the loss — wait for the slowest,
+// which the textbook bubble leaves out.
+PipelineSimulation SimulatePipeline(ScheduleKind kind, int pp, int m, int v,
+                                    const std::vector<double>& forward,
+                                    const std::vector<double>& backward);
 
 // The textbook bubble of GPipe and 1F1B: (pp-1) / (m+pp-1).
 double AnalyticBubble(int pp, int m);

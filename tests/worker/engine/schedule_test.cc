@@ -164,6 +164,20 @@ TEST(PipelineSimulation, GpipeAndOneFOneBHaveTheAnalyticBubble) {
   }
 }
 
+// A slower last stage (the head and the loss) sets the pace: stage 0 fills
+// it, then it runs every microbatch back to back, then stage 0 drains:
+// F0 + m·(F1 + B1) + B0, and stage 0 idles for the difference.
+TEST(PipelineSimulation, TheSlowestStageSetsThePaceOfOneFOneB) {
+  for (int m : {2, 8, 16}) {
+    const PipelineSimulation sim = SimulatePipeline(
+        ScheduleKind::k1F1B, 2, m, 1, std::vector<double>{1.0, 1.1},
+        std::vector<double>{2.0, 2.2});
+    EXPECT_NEAR(sim.makespan, 1.0 + m * 3.3 + 2.0, 1e-9) << m;
+    EXPECT_NEAR(sim.idle[0], sim.makespan - m * 3.0, 1e-9) << m;
+    EXPECT_NEAR(sim.idle[1], sim.makespan - m * 3.3, 1e-9) << m;
+  }
+}
+
 TEST(PipelineSimulation, InterleavingCutsTheBubbleByAboutV) {
   for (int pp : {2, 4}) {
     for (int m : {8, 16}) {
