@@ -193,6 +193,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   }
   std::unique_ptr<Coordinator> c(
       new Coordinator(std::move(options), std::move(*store), *lock_fd));
+  absl::StatusOr<std::unique_ptr<NodeRegistry>> nodes =
+      NodeRegistry::Create(c->store_.get(), c->options_.nodes);
+  if (!nodes.ok()) return nodes.status();
+  c->nodes_ = std::move(*nodes);
   absl::StatusOr<std::vector<JobRecord>> jobs = c->store_->ListJobs();
   if (!jobs.ok()) return jobs.status();
   {

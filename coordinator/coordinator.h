@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/spec.h"
+#include "coordinator/nodes.h"
 #include "coordinator/reports.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/store.h"
@@ -53,6 +54,8 @@ struct CoordinatorOptions {
   // PEM the ranks trust for the coordinator's TLS certificate, copied to
   // jobs/ID/tls-ca.pem and named by PTRAIN_TLS_CA; "" = plain text.
   std::string tls_ca_pem;
+  // The nodes that may register (NodeService) and when they count as down.
+  NodeRegistryOptions nodes;
 };
 
 // Bounds on what a client may send (and kMaxSpecBytes of common/spec.h).
@@ -73,6 +76,9 @@ class Coordinator {
   ~Coordinator();
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
+
+  // The cluster's nodes (NodeService, ptctl nodes).
+  NodeRegistry& nodes() { return *nodes_; }
 
   // Where ranks reach this coordinator (PTRAIN_COORDINATOR) when it is only
   // known after the server has bound its port; call before Start().
@@ -196,6 +202,7 @@ class Coordinator {
 
   const CoordinatorOptions options_;
   const std::unique_ptr<Store> store_;
+  std::unique_ptr<NodeRegistry> nodes_;  // set by Create
   const Scheduler scheduler_;
   const int lock_fd_;  // flock'ed STATE/lock, held for our lifetime
 

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/pem.h"
 #include "coordinator/auth.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/http.h"
@@ -58,18 +59,16 @@ bool SupportsResume(const std::string& ptworker) {
   return absl::StrContains(out, "--resume-from");
 }
 
-// A PEM file's text; exits with a message naming the flag when unreadable.
+// A PEM file's text; prints a message naming the flag when unreadable.
 bool ReadPem(const std::string& flag, const std::string& path,
              std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in || text.str().find("-----BEGIN ") == std::string::npos) {
-    std::fprintf(stderr, "ptcoord: error: %s %s: not a readable PEM file\n",
-                 flag.c_str(), path.c_str());
+  absl::StatusOr<std::string> pem = ptrain::ReadPemFile(flag, path);
+  if (!pem.ok()) {
+    std::fprintf(stderr, "ptcoord: error: %s\n",
+                 std::string(pem.status().message()).c_str());
     return false;
   }
-  *out = text.str();
+  *out = std::move(*pem);
   return true;
 }
 
@@ -120,6 +119,15 @@ int Run(int argc, char** argv) {
   app.add_option("--metrics-listen", metrics_listen,
                  "serve Prometheus /metrics and /sd (rank discovery) on "
                  "HOST:PORT; ranks then serve their own /metrics");
+  std::string join_token_file;
+  double node_timeout_s = 15;
+  app.add_option("--join-token-file", join_token_file,
+                 "tokens nodes (ptworkerd) join with, one per line (default: "
+                 "no node may register)");
+  app.add_option("--node-timeout-s", node_timeout_s,
+                 "a node without a heartbeat for this long is down (nodes "
+                 "heartbeat five times as often)")
+      ->check(CLI::Range(1.0, 3600.0));
   std::string tls_cert, tls_key, tls_client_ca, tls_ca;
   app.add_option("--tls-cert", tls_cert,
                  "serve TLS with this certificate (PEM, chain leaf first)");
@@ -243,6 +251,18 @@ int Run(int argc, char** argv) {
     return 2;
   }
   o.user_tokens = *tokens;
+  if (!join_token_file.empty()) {
+    absl::StatusOr<std::vector<std::string>> join =
+        ptrain::LoadTokenFile(join_token_file);
+    if (!join.ok()) {
+      std::fprintf(stderr, "ptcoord: error: --join-token-file: %s\n",
+                   std::string(join.status().message()).c_str());
+      return 2;
+    }
+    o.nodes.join_tokens = *join;
+  }
+  o.nodes.timeout = absl::Seconds(node_timeout_s);
+  o.nodes.heartbeat_interval = o.nodes.timeout / 5;
   if (!metrics_listen.empty()) o.rank_metrics_bind = "0.0.0.0:0";
 
   absl::StatusOr<std::unique_ptr<ptrain::Coordinator>> coordinator =

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ptrain/v1/coordinator.grpc.pb.h"
+#include "ptrain/v1/node.grpc.pb.h"
 
 namespace ptrain {
 
@@ -244,6 +245,16 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
         });
   }
 
+  grpc::ServerUnaryReactor* ListNodes(grpc::CallbackServerContext* ctx,
+                                      const v1::ListNodesRequest*,
+                                      v1::ListNodesResponse* resp) override {
+    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
+    for (v1::Node& n : c_->nodes().List(absl::Now())) {
+      *resp->add_nodes() = std::move(n);
+    }
+    return Done(ctx, absl::OkStatus());
+  }
+
  private:
   // With --tls-client-ca, a verified client certificate first; then the
   // user token either way.
@@ -261,6 +272,37 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
 
   Coordinator* const c_;
   const bool require_client_cert_;
+};
+
+// Nodes authenticate with the cluster's join token.
+class NodeServiceImpl final : public v1::NodeService::CallbackService {
+ public:
+  explicit NodeServiceImpl(NodeRegistry* nodes) : nodes_(nodes) {}
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
+                                     const v1::RegisterNodeRequest* req,
+                                     v1::RegisterNodeResponse* resp) override {
+    if (absl::Status a = nodes_->AuthenticateNode(Authorization(ctx));
+        !a.ok()) {
+      return Done(ctx, a);
+    }
+    absl::StatusOr<v1::RegisterNodeResponse> r =
+        nodes_->Register(*req, absl::Now());
+    if (r.ok()) *resp = std::move(*r);
+    return Done(ctx, r.status());
+  }
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
+                                      const v1::NodeHeartbeatRequest* req,
+                                      v1::NodeHeartbeatResponse*) override {
+    if (absl::Status a = nodes_->AuthenticateNode(Authorization(ctx));
+        !a.ok()) {
+      return Done(ctx, a);
+    }
+    return Done(ctx, nodes_->Heartbeat(*req, absl::Now()));
+  }
+
+ private:
+  NodeRegistry* const nodes_;
 };
 
 class RankServiceImpl final : public v1::RankService::CallbackService {
@@ -319,6 +361,7 @@ absl::StatusOr<RunningServer> StartServer(const std::string& listen,
   const bool client_certs = !tls.client_ca_pem.empty();
   out.jobs = std::make_unique<JobServiceImpl>(coordinator, client_certs);
   out.ranks = std::make_unique<RankServiceImpl>(coordinator);
+  out.nodes = std::make_unique<NodeServiceImpl>(&coordinator->nodes());
   std::shared_ptr<grpc::ServerCredentials> credentials =
       grpc::InsecureServerCredentials();
   if (!tls.cert_pem.empty()) {
@@ -333,6 +376,7 @@ absl::StatusOr<RunningServer> StartServer(const std::string& listen,
   builder.AddListeningPort(listen, credentials, &out.port);
   builder.RegisterService(out.jobs.get());
   builder.RegisterService(out.ranks.get());
+  builder.RegisterService(out.nodes.get());
   // Room for a 1 MiB spec plus overrides; a bigger message is refused by
   // gRPC (RESOURCE_EXHAUSTED) before it is read.
   builder.SetMaxReceiveMessageSize(4 << 20);

@@ -1,4 +1,5 @@
-// The gRPC edge of ptcoord: JobService and RankService (callback API) over a
+// The gRPC edge of ptcoord: JobService, RankService and NodeService
+// (callback API) over a
 // Coordinator, and the one function that starts the server. Translation
 // only: auth header in, absl::Status -> grpc::Status out.
 #ifndef PTRAIN_COORDINATOR_SERVICE_H_
@@ -20,6 +21,7 @@ struct RunningServer {
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<grpc::Service> jobs;
   std::unique_ptr<grpc::Service> ranks;
+  std::unique_ptr<grpc::Service> nodes;
   int port = 0;  // the bound port (useful with ":0")
 };
 

@@ -49,6 +49,8 @@ CREATE TABLE IF NOT EXISTS loss_history (
   attempt INTEGER NOT NULL, step INTEGER NOT NULL, loss REAL NOT NULL,
   val_loss REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS loss_job ON loss_history (job_id);
+CREATE TABLE IF NOT EXISTS nodes (
+  name TEXT PRIMARY KEY, spec BLOB NOT NULL, registered_ms INTEGER NOT NULL);
 )sql";
 
 // A full disk, an I/O error or a lock held elsewhere may pass: Unavailable
@@ -483,6 +485,35 @@ absl::StatusOr<std::vector<v1::Checkpoint>> Store::ListCheckpoints(
     c.set_dir(q.Text(1));
     c.set_attempt(static_cast<int32_t>(q.Int(2)));
     c.set_unix_ms(q.Int(3));
+  }
+  if (!s.ok()) return s;
+  return out;
+}
+
+absl::Status Store::UpsertNode(const v1::NodeSpec& spec,
+                               int64_t registered_unix_ms) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_,
+         "INSERT OR REPLACE INTO nodes (name, spec, registered_ms) "
+         "VALUES (?, ?, ?)");
+  q.Bind(1, spec.name())
+      .BindBlob(2, spec.SerializeAsString())
+      .Bind(3, registered_unix_ms);
+  return q.Run();
+}
+
+absl::StatusOr<std::vector<v1::Node>> Store::ListNodes() {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, "SELECT spec, registered_ms FROM nodes ORDER BY name");
+  absl::Status s = q.status();
+  if (!s.ok()) return s;
+  std::vector<v1::Node> out;
+  while (q.Step(&s)) {
+    v1::Node& n = out.emplace_back();
+    if (!n.mutable_spec()->ParseFromString(q.Text(0))) {
+      return absl::DataLossError("state store: a node row does not parse");
+    }
+    n.set_registered_unix_ms(q.Int(1));
   }
   if (!s.ok()) return s;
   return out;

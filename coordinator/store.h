@@ -1,7 +1,7 @@
 // Durable state of ptcoord in SQLite (WAL): jobs, attempts, events,
-// checkpoints and loss history. Persistence only: the job lifecycle rules
-// live in Coordinator. No secret is stored: a rank token only as its
-// SHA-256. Thread-safe (one connection behind a mutex).
+// checkpoints, loss history and the nodes that registered. Persistence only:
+// the job lifecycle rules live in Coordinator. No secret is stored: a rank
+// token only as its SHA-256. Thread-safe (one connection behind a mutex).
 #ifndef PTRAIN_COORDINATOR_STORE_H_
 #define PTRAIN_COORDINATOR_STORE_H_
 
@@ -83,6 +83,12 @@ class Store {
 
   absl::Status AddCheckpoint(const std::string& job_id,
                              const v1::Checkpoint& c);
+  // A node's latest registration (replaces one of the same name); the nodes
+  // by name, with spec and registered time (state and heartbeats live in
+  // memory).
+  absl::Status UpsertNode(const v1::NodeSpec& spec, int64_t registered_unix_ms);
+  absl::StatusOr<std::vector<v1::Node>> ListNodes();
+
   absl::StatusOr<std::vector<v1::Checkpoint>> ListCheckpoints(
       const std::string& job_id);
 

@@ -18,6 +18,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/pem.h"
 #include "common/spec.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
@@ -40,18 +43,6 @@ struct Options {
   std::string tls_ca, tls_cert, tls_key;
 };
 
-// A file's text, or an error naming the flag.
-absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in || text.str().find("-----BEGIN ") == std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, " ", path, ": not a readable PEM file"));
-  }
-  return text.str();
-}
-
 // The channel to ptcoord: TLS when a CA is given, else plain text.
 // Reconnecting is capped at a couple of seconds, so `watch` picks a
 // restarted coordinator up at once (gRPC's own backoff grows to 120 s).
@@ -67,13 +58,15 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const Options& o) {
   }
   if (!o.tls_ca.empty()) {
     grpc::SslCredentialsOptions ssl;
-    absl::StatusOr<std::string> ca = ReadPem("--tls-ca", o.tls_ca);
+    absl::StatusOr<std::string> ca = ptrain::ReadPemFile("--tls-ca", o.tls_ca);
     if (!ca.ok()) return ca.status();
     ssl.pem_root_certs = *ca;
     if (!o.tls_cert.empty()) {
-      absl::StatusOr<std::string> cert = ReadPem("--tls-cert", o.tls_cert);
+      absl::StatusOr<std::string> cert =
+          ptrain::ReadPemFile("--tls-cert", o.tls_cert);
       if (!cert.ok()) return cert.status();
-      absl::StatusOr<std::string> key = ReadPem("--tls-key", o.tls_key);
+      absl::StatusOr<std::string> key =
+          ptrain::ReadPemFile("--tls-key", o.tls_key);
       if (!key.ok()) return key.status();
       ssl.pem_cert_chain = *cert;
       ssl.pem_private_key = *key;
@@ -452,6 +445,44 @@ int Checkpoints(Client& client, const std::string& id) {
   return 0;
 }
 
+const char* NodeStateName(ptrain::v1::NodeState s) {
+  switch (s) {
+    case ptrain::v1::NODE_STATE_UP:
+      return "UP";
+    case ptrain::v1::NODE_STATE_DOWN:
+      return "DOWN";
+    default:
+      return "?";
+  }
+}
+
+int Nodes(Client& client) {
+  ptrain::v1::ListNodesResponse resp;
+  auto ctx = client.Context();
+  const grpc::Status s =
+      client.stub().ListNodes(ctx.get(), ptrain::v1::ListNodesRequest(), &resp);
+  if (!s.ok()) return RpcError(s);
+  if (client.options().output == "json") {
+    std::printf("%s\n", ToJson(resp).c_str());
+    return 0;
+  }
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  std::printf("%-20s %-24s %6s %6s %-5s %14s %6s\n", "NAME", "ADDRESS", "SLOTS",
+              "CORES", "STATE", "HEARTBEAT", "LOAD");
+  for (const auto& n : resp.nodes()) {
+    const std::string beat =
+        n.last_heartbeat_unix_ms() == 0
+            ? "never"
+            : absl::StrFormat("%.1f s ago",
+                              (now - n.last_heartbeat_unix_ms()) / 1e3);
+    std::printf("%-20s %-24s %6d %6d %-5s %14s %6.2f\n",
+                n.spec().name().c_str(), n.spec().address().c_str(),
+                n.spec().slots(), n.spec().cores(), NodeStateName(n.state()),
+                beat.c_str(), n.load1());
+  }
+  return 0;
+}
+
 int Run(int argc, char** argv) {
   CLI::App app{"ptctl: submit and manage ptrain jobs on a ptcoord"};
   app.require_subcommand(1);
@@ -501,6 +532,7 @@ int Run(int argc, char** argv) {
   watch_cmd->add_option("JOB", job)->required();
   auto* ckpts = app.add_subcommand("checkpoints", "list a job's checkpoints");
   ckpts->add_option("JOB", job)->required();
+  auto* nodes = app.add_subcommand("nodes", "list the cluster's nodes");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -520,6 +552,7 @@ int Run(int argc, char** argv) {
   if (*cancel) return Cancel(client, job);
   if (*watch_cmd) return Watch(client, job);
   if (*ckpts) return Checkpoints(client, job);
+  if (*nodes) return Nodes(client);
   return kExitBadInput;
 }
 

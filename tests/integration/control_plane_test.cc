@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -24,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "ptrain/v1/coordinator.grpc.pb.h"
+#include "ptrain/v1/node.grpc.pb.h"
 
 namespace {
 
@@ -743,6 +745,167 @@ TEST_F(ControlPlaneTest, TlsServerNeedsOnlyTheCaFromPtctl) {
   unsetenv("PTCTL_TLS_CA");
   EXPECT_EQ(ok.rc, 0) << ok.out;
   ptctl_tls_ = " --tls-ca " + (t / "ca.pem").string();
+}
+
+// Nodes: ptworkerd registers with the cluster's join token, heartbeats,
+// is DOWN once its heartbeats stop, and registers again after a ptcoord
+// restart; a wrong token or a bad registration changes nothing.
+class NodesTest : public ControlPlaneTest {
+ protected:
+  static constexpr const char* kJoinToken = "join-token-for-tests";
+
+  void SetUp() override {
+    ControlPlaneTest::SetUp();
+    std::ofstream(dir_ / "join-tokens") << kJoinToken << "\n";
+    std::ofstream(dir_ / "wrong-token") << "not-the-join-token\n";
+    port_ = address_.substr(address_.rfind(':'));
+    StopCoordinator(SIGTERM);
+    StartCoordinator("127.0.0.1" + port_, NodeFlags());
+  }
+  void TearDown() override {
+    for (auto& [name, pid] : daemons_) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    ControlPlaneTest::TearDown();
+  }
+  std::vector<std::string> NodeFlags() {
+    return {"--join-token-file", (dir_ / "join-tokens").string(),
+            "--node-timeout-s", "2"};
+  }
+  // Starts ptworkerd as node `name`, its output in dir_/NAME.log.
+  pid_t StartDaemon(const std::string& name,
+                    const std::string& token_file = "join-tokens") {
+    std::vector<std::string> argv = {PT_PTWORKERD,
+                                     "--coordinator",
+                                     address_,
+                                     "--name",
+                                     name,
+                                     "--slots",
+                                     "3",
+                                     "--advertise",
+                                     name + ":7071",
+                                     "--join-token-file",
+                                     (dir_ / token_file).string()};
+    const pid_t pid = fork();
+    if (pid == 0) {
+      std::vector<char*> args;
+      for (std::string& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      const std::string log = (dir_ / (name + ".log")).string();
+      freopen(log.c_str(), "a", stdout);
+      freopen(log.c_str(), "a", stderr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+    daemons_[name] = pid;
+    return pid;
+  }
+  // The nodes ptctl lists, by name.
+  std::map<std::string, json> Nodes() {
+    Result r = Ptctl("-o json nodes");
+    json j = json::parse(r.out, nullptr, false);
+    std::map<std::string, json> out;
+    if (j.is_discarded() || !j.contains("nodes")) return out;
+    for (const json& n : j["nodes"]) out[n["spec"].value("name", "")] = n;
+    return out;
+  }
+  std::string NodeState(const std::string& name) {
+    auto nodes = Nodes();
+    auto it = nodes.find(name);
+    return it == nodes.end() ? "" : it->second.value("state", "");
+  }
+
+  std::string port_;
+  std::map<std::string, pid_t> daemons_;
+};
+
+TEST_F(NodesTest, NodeJoinsHeartbeatsAndIsDownOnceItsDaemonDies) {
+  StartDaemon("node-a");
+  ASSERT_TRUE(
+      WaitFor([&] { return NodeState("node-a") == "NODE_STATE_UP"; }, 30))
+      << ReadFile(dir_ / "node-a.log");
+  const json n = Nodes()["node-a"];
+  EXPECT_EQ(n["spec"]["slots"], 3) << n.dump();
+  EXPECT_EQ(n["spec"]["address"], "node-a:7071") << n.dump();
+  EXPECT_GT(Int(n["spec"], "memory_bytes"), 0) << n.dump();
+  // Still up after several timeouts: it heartbeats.
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  EXPECT_EQ(NodeState("node-a"), "NODE_STATE_UP");
+  const Result table = Ptctl("nodes");
+  EXPECT_NE(table.out.find("node-a"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("UP"), std::string::npos) << table.out;
+
+  kill(daemons_["node-a"], SIGKILL);
+  waitpid(daemons_["node-a"], nullptr, 0);
+  daemons_.erase("node-a");
+  EXPECT_TRUE(
+      WaitFor([&] { return NodeState("node-a") == "NODE_STATE_DOWN"; }, 30));
+}
+
+TEST_F(NodesTest, WrongJoinTokenOrBadRegistrationChangesNothing) {
+  const pid_t pid = StartDaemon("node-b", "wrong-token");
+  int status = 0;
+  ASSERT_TRUE(
+      WaitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; }, 30));
+  daemons_.erase("node-b");
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << status;
+  EXPECT_NE(ReadFile(dir_ / "node-b.log").find("join token refused"),
+            std::string::npos)
+      << ReadFile(dir_ / "node-b.log");
+  EXPECT_TRUE(Nodes().empty());
+
+  // The join token right, the registration wrong: the field is named.
+  auto stub = ptrain::v1::NodeService::NewStub(channel_);
+  ptrain::v1::RegisterNodeRequest req;
+  req.mutable_node()->set_name("Bad_Name");
+  req.mutable_node()->set_address("10.0.0.1:7071");
+  req.mutable_node()->set_slots(2);
+  req.mutable_node()->set_cores(2);
+  ptrain::v1::RegisterNodeResponse resp;
+  grpc::Status s = stub->Register(Ctx(kJoinToken).get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("node.name"), std::string::npos)
+      << s.error_message();
+  req.mutable_node()->set_name("node-c");
+  req.mutable_node()->set_slots(0);
+  s = stub->Register(Ctx(kJoinToken).get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("node.slots"), std::string::npos)
+      << s.error_message();
+  // A user token is not a join token.
+  req.mutable_node()->set_slots(2);
+  s = stub->Register(Ctx(kToken).get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // A heartbeat of a session nobody registered.
+  ptrain::v1::NodeHeartbeatRequest beat;
+  beat.set_name("node-c");
+  beat.set_session("made-up");
+  ptrain::v1::NodeHeartbeatResponse none;
+  s = stub->Heartbeat(Ctx(kJoinToken).get(), beat, &none);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(Nodes().empty());
+}
+
+TEST_F(NodesTest, NodesRegisterAgainAfterACoordinatorRestart) {
+  StartDaemon("node-a");
+  ASSERT_TRUE(
+      WaitFor([&] { return NodeState("node-a") == "NODE_STATE_UP"; }, 30))
+      << ReadFile(dir_ / "node-a.log");
+  const int64_t first = Int(Nodes()["node-a"], "registered_unix_ms");
+  StopCoordinator(SIGKILL);
+  StartCoordinator("127.0.0.1" + port_, NodeFlags());
+  // Known from the store at once, and up again once the daemon learns that
+  // its session is gone and registers anew.
+  EXPECT_EQ(Nodes().count("node-a"), 1u);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const json n = Nodes()["node-a"];
+        return n.value("state", "") == "NODE_STATE_UP" &&
+               Int(n, "registered_unix_ms") > first;
+      },
+      30))
+      << ReadFile(dir_ / "node-a.log");
 }
 
 }  // namespace

@@ -1,0 +1,75 @@
+// The nodes of the cluster as ptcoord knows them: each ptworkerd registers
+// with the cluster's join token and then heartbeats; a node whose
+// heartbeats stop for the timeout is DOWN. Registrations are stored (a
+// restarted ptcoord lists the nodes it knew, DOWN until they register
+// again); heartbeats are kept in memory only. Thread-safe.
+#ifndef PTRAIN_COORDINATOR_NODES_H_
+#define PTRAIN_COORDINATOR_NODES_H_
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/store.h"
+#include "ptrain/v1/node.pb.h"
+
+namespace ptrain {
+
+struct NodeRegistryOptions {
+  // Tokens a node may join with (ptcoord --join-token-file); none: every
+  // registration is refused.
+  std::vector<std::string> join_tokens;
+  absl::Duration heartbeat_interval = absl::Seconds(3);
+  absl::Duration timeout = absl::Seconds(15);  // no heartbeat: DOWN
+};
+
+// "" when `spec` is a valid registration, else what is wrong, naming the
+// field and the rule.
+std::string CheckNodeSpec(const v1::NodeSpec& spec);
+
+class NodeRegistry {
+ public:
+  // Loads the stored registrations (not owned `store` outlives this).
+  static absl::StatusOr<std::unique_ptr<NodeRegistry>> Create(
+      Store* store, NodeRegistryOptions options);
+
+  // OK when `authorization` carries a join token, else Unauthenticated.
+  absl::Status AuthenticateNode(
+      const std::optional<std::string>& authorization) const;
+
+  // A node (re)registers: InvalidArgument naming the field for a bad spec,
+  // Unavailable when it cannot be stored (nothing changes then).
+  absl::StatusOr<v1::RegisterNodeResponse> Register(
+      const v1::RegisterNodeRequest& request, absl::Time now);
+  // NotFound when the name's session is not the current one (register
+  // again); InvalidArgument naming the field for a bad report.
+  absl::Status Heartbeat(const v1::NodeHeartbeatRequest& request,
+                         absl::Time now);
+
+  // Every known node by name, with its state at `now`.
+  std::vector<v1::Node> List(absl::Time now) const;
+
+ private:
+  struct Entry {
+    v1::Node node;        // spec, registered time, last report
+    std::string session;  // "" until it registers with this ptcoord
+    absl::Time last_heartbeat = absl::InfinitePast();
+  };
+  NodeRegistry(Store* store, NodeRegistryOptions options)
+      : store_(store), options_(std::move(options)) {}
+
+  Store* const store_;
+  const NodeRegistryOptions options_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Entry> nodes_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_COORDINATOR_NODES_H_

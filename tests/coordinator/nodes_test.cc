@@ -1,0 +1,176 @@
+// NodeRegistry without RPC: the join token, every field rule, the timeout
+// that makes a node DOWN (on a clock the test sets), sessions, and the
+// registrations a restarted coordinator finds in the store.
+#include "coordinator/nodes.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <functional>
+
+#include "gtest/gtest.h"
+
+namespace ptrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+class NodeRegistryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("nodes_test_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    store_ = std::move(*Store::Open((dir_ / "ptcoord.db").string()));
+    options_.join_tokens = {"join"};
+    options_.heartbeat_interval = absl::Seconds(1);
+    options_.timeout = absl::Seconds(5);
+  }
+  void TearDown() override {
+    store_.reset();
+    fs::remove_all(dir_);
+  }
+  std::unique_ptr<NodeRegistry> Make() {
+    return std::move(*NodeRegistry::Create(store_.get(), options_));
+  }
+  static v1::RegisterNodeRequest Request(const std::string& name) {
+    v1::RegisterNodeRequest r;
+    r.mutable_node()->set_name(name);
+    r.mutable_node()->set_address(name + ":7071");
+    r.mutable_node()->set_slots(4);
+    r.mutable_node()->set_cores(4);
+    r.mutable_node()->set_memory_bytes(1 << 30);
+    r.mutable_node()->set_version("0.1.0");
+    return r;
+  }
+  static v1::NodeHeartbeatRequest Beat(const std::string& name,
+                                       const std::string& session) {
+    v1::NodeHeartbeatRequest b;
+    b.set_name(name);
+    b.set_session(session);
+    b.set_load1(0.5);
+    return b;
+  }
+
+  fs::path dir_;
+  std::unique_ptr<Store> store_;
+  NodeRegistryOptions options_;
+  const absl::Time t0_ = absl::FromUnixSeconds(1'800'000'000);
+};
+
+TEST_F(NodeRegistryTest, OnlyAJoinTokenAuthenticates) {
+  auto r = Make();
+  EXPECT_TRUE(r->AuthenticateNode(std::string("Bearer join")).ok());
+  EXPECT_EQ(r->AuthenticateNode(std::string("Bearer user")).code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(r->AuthenticateNode(std::nullopt).code(),
+            absl::StatusCode::kUnauthenticated);
+  options_.join_tokens.clear();  // no --join-token-file: nobody joins
+  EXPECT_EQ(Make()->AuthenticateNode(std::string("Bearer join")).code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
+TEST_F(NodeRegistryTest, EveryRuleOfARegistrationIsNamedAndChangesNothing) {
+  auto r = Make();
+  struct Case {
+    std::function<void(v1::NodeSpec*)> spoil;
+    const char* field;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::NodeSpec* s) { s->set_name(""); }, "node.name"},
+      {[](v1::NodeSpec* s) { s->set_name(std::string(64, 'a')); }, "node.name"},
+      {[](v1::NodeSpec* s) { s->set_name("Node1"); }, "node.name"},
+      {[](v1::NodeSpec* s) { s->set_name("-node"); }, "node.name"},
+      {[](v1::NodeSpec* s) { s->set_name("a/b"); }, "node.name"},
+      {[](v1::NodeSpec* s) { s->set_address("nohost"); }, "node.address"},
+      {[](v1::NodeSpec* s) { s->set_address(":7071"); }, "node.address"},
+      {[](v1::NodeSpec* s) { s->set_address("h:70x1"); }, "node.address"},
+      {[](v1::NodeSpec* s) { s->set_slots(0); }, "node.slots"},
+      {[](v1::NodeSpec* s) { s->set_slots(4097); }, "node.slots"},
+      {[](v1::NodeSpec* s) { s->set_cores(0); }, "node.cores"},
+      {[](v1::NodeSpec* s) { s->set_memory_bytes(-1); }, "node.memory_bytes"},
+      {[](v1::NodeSpec* s) { s->set_version(std::string(65, 'v')); },
+       "node.version"},
+  };
+  for (const Case& c : cases) {
+    v1::RegisterNodeRequest req = Request("node1");
+    c.spoil(req.mutable_node());
+    auto got = r->Register(req, t0_);
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.field;
+    EXPECT_NE(got.status().message().find(c.field), std::string::npos)
+        << got.status();
+  }
+  EXPECT_TRUE(r->List(t0_).empty());
+  EXPECT_TRUE(store_->ListNodes()->empty());
+  EXPECT_TRUE(r->Register(Request("node-1.rack-2"), t0_).ok());
+}
+
+TEST_F(NodeRegistryTest, NodeIsUpWhileItHeartbeatsAndDownAfterTheTimeout) {
+  auto r = Make();
+  auto reg = r->Register(Request("n1"), t0_);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  EXPECT_EQ(reg->heartbeat_interval_ms(), 1000);
+  EXPECT_EQ(r->List(t0_)[0].state(), v1::NODE_STATE_UP);
+  absl::Time t = t0_;
+  for (int i = 0; i < 10; ++i) {  // 40 s of heartbeats every 4 s
+    t += absl::Seconds(4);
+    ASSERT_TRUE(r->Heartbeat(Beat("n1", reg->session()), t).ok());
+    EXPECT_EQ(r->List(t + absl::Seconds(5)).at(0).state(), v1::NODE_STATE_UP);
+  }
+  const v1::Node n = r->List(t).at(0);
+  EXPECT_EQ(n.last_heartbeat_unix_ms(), absl::ToUnixMillis(t));
+  EXPECT_DOUBLE_EQ(n.load1(), 0.5);
+  EXPECT_EQ(r->List(t + absl::Seconds(6)).at(0).state(), v1::NODE_STATE_DOWN);
+  // A late heartbeat brings it back.
+  ASSERT_TRUE(
+      r->Heartbeat(Beat("n1", reg->session()), t + absl::Seconds(7)).ok());
+  EXPECT_EQ(r->List(t + absl::Seconds(7)).at(0).state(), v1::NODE_STATE_UP);
+  // Reports are checked.
+  v1::NodeHeartbeatRequest bad = Beat("n1", reg->session());
+  bad.set_load1(std::nan(""));
+  EXPECT_EQ(r->Heartbeat(bad, t).code(), absl::StatusCode::kInvalidArgument);
+  bad = Beat("n1", reg->session());
+  bad.set_processes(-1);
+  EXPECT_EQ(r->Heartbeat(bad, t).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(NodeRegistryTest, ANewRegistrationReplacesTheOldSession) {
+  auto r = Make();
+  auto first = r->Register(Request("n1"), t0_);
+  auto second = r->Register(Request("n1"), t0_ + absl::Seconds(1));
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_NE(first->session(), second->session());
+  EXPECT_EQ(r->Heartbeat(Beat("n1", first->session()), t0_).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(r->Heartbeat(Beat("n1", second->session()), t0_).ok());
+  EXPECT_EQ(r->Heartbeat(Beat("n2", second->session()), t0_).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(r->List(t0_).size(), 1u);
+}
+
+TEST_F(NodeRegistryTest, ARestartedCoordinatorKnowsItsNodesAsDown) {
+  {
+    auto r = Make();
+    ASSERT_TRUE(r->Register(Request("n1"), t0_).ok());
+    ASSERT_TRUE(r->Register(Request("n2"), t0_).ok());
+  }
+  auto r = Make();
+  const std::vector<v1::Node> nodes = r->List(t0_);
+  ASSERT_EQ(nodes.size(), 2u);
+  for (const v1::Node& n : nodes) {
+    EXPECT_EQ(n.state(), v1::NODE_STATE_DOWN) << n.spec().name();
+    EXPECT_EQ(n.last_heartbeat_unix_ms(), 0);
+    EXPECT_EQ(n.registered_unix_ms(), absl::ToUnixMillis(t0_));
+    EXPECT_EQ(n.spec().slots(), 4);
+  }
+  // The old session means nothing to it: the daemon must register again.
+  EXPECT_EQ(r->Heartbeat(Beat("n1", "old"), t0_).code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace ptrain
