@@ -174,10 +174,7 @@ int main(int argc, char** argv) {
           analytic > 0 ? mean / analytic : 0.0);
       // The textbook assumes equal stages; the schedule simulated with each
       // stage's measured pass times is what this split can reach.
-      const ptrain::ScheduleKind kind =
-          a.schedule == "gpipe"         ? ptrain::ScheduleKind::kGpipe
-          : a.schedule == "interleaved" ? ptrain::ScheduleKind::kInterleaved
-                                        : ptrain::ScheduleKind::k1F1B;
+      const ptrain::ScheduleKind kind = ptrain::ScheduleKindOf(a.schedule);
       if (pp > 1) {
         const double sim =
             ptrain::SimulatePipeline(kind, pp, a.microbatches, a.virtual_stages,

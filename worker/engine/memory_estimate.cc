@@ -51,10 +51,7 @@ MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size) {
   const auto& p = spec.parallel();
   const GptConfig config = ModelConfig(spec, vocab_size);
   const int micro_B = spec.train().global_batch() / (p.dp() * p.microbatches());
-  const ScheduleKind kind = p.schedule() == "gpipe" ? ScheduleKind::kGpipe
-                            : p.schedule() == "interleaved"
-                                ? ScheduleKind::kInterleaved
-                                : ScheduleKind::k1F1B;
+  const ScheduleKind kind = ScheduleKindOf(p.schedule());
   const int v = p.virtual_stages();
   // The rank that needs the most: ranks differ in their tensors (the first
   // embeds, the last holds the head) and in microbatches in flight (fewer
@@ -74,8 +71,7 @@ MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size) {
                     /*reduce_once_per_step=*/p.pp() > 1});
     // The trainer's slots per chunk.
     const std::vector<int> slots =
-        p.pp() == 1 ? std::vector<int>{1}
-                    : ChunkSlots(kind, p.pp(), rank, p.microbatches(), v);
+        ChunkSlots(kind, p.pp(), rank, p.microbatches(), v);
     MemoryEstimate e;
     e.params = SatMul(f.params, kFloat);
     e.grads = SatMul(f.grads, kFloat);

@@ -39,6 +39,12 @@ const char* ScheduleName(ScheduleKind kind) {
   return "?";
 }
 
+ScheduleKind ScheduleKindOf(const std::string& name) {
+  if (name == "gpipe") return ScheduleKind::kGpipe;
+  if (name == "interleaved") return ScheduleKind::kInterleaved;
+  return ScheduleKind::k1F1B;
+}
+
 std::string ToString(const PipeAction& a, bool chunks) {
   return absl::StrCat(a.kind == PipeAction::kForward ? "F" : "B", a.microbatch,
                       chunks ? absl::StrCat(".", a.chunk) : "");
@@ -102,6 +108,7 @@ int MaxInFlight(const std::vector<PipeAction>& order) {
 }
 
 std::vector<int> ChunkSlots(ScheduleKind kind, int pp, int rank, int m, int v) {
+  if (pp == 1) return {1};
   if (kind == ScheduleKind::kGpipe) return {m};
   if (kind == ScheduleKind::k1F1B) return {std::min(pp - rank, m)};
   // After the warm-up, the count of each chunk repeats with a period of

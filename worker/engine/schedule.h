@@ -20,6 +20,9 @@ enum class ScheduleKind {
 };
 // "gpipe", "1f1b", "interleaved".
 const char* ScheduleName(ScheduleKind kind);
+// The kind of parallel.schedule (validated by the spec): "gpipe",
+// "interleaved", else 1F1B.
+ScheduleKind ScheduleKindOf(const std::string& name);
 
 struct PipeAction {
   enum Kind { kForward, kBackward } kind;
@@ -45,7 +48,8 @@ int MaxInFlight(const std::vector<PipeAction>& order);
 
 // The same for each of the rank's v chunks: the slots each chunk's stage
 // needs (a chunk's microbatches in flight are consecutive, so microbatch
-// mb can use slot mb % slots). Equal to MaxInFlight of the order's passes
+// mb can use slot mb % slots). Without a pipeline (pp = 1) microbatches run
+// one after another: one slot. Equal to MaxInFlight of the order's passes
 // of each chunk, computed without listing all 2·m·v of them.
 std::vector<int> ChunkSlots(ScheduleKind kind, int pp, int rank, int m, int v);
 

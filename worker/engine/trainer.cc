@@ -423,9 +423,7 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
   micro_B_ = spec_.train().global_batch() / (dp_ * microbatches_);
   pp_ = par.pp();
   pp_rank_ = dims_ != nullptr ? dims_->pp_rank() : 0;
-  schedule_ = par.schedule() == "gpipe"         ? ScheduleKind::kGpipe
-              : par.schedule() == "interleaved" ? ScheduleKind::kInterleaved
-                                                : ScheduleKind::k1F1B;
+  schedule_ = ScheduleKindOf(par.schedule());
   const int v = par.virtual_stages();
   // The plan of this rank: split into stages, tensor-parallel, ZeRO units.
   PlanOptions plan;
@@ -443,8 +441,7 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
       dp_group());
   // Activations of the microbatches in flight at once on each chunk.
   const std::vector<int> slots =
-      pp_ > 1 ? ChunkSlots(schedule_, pp_, pp_rank_, microbatches_, v)
-              : std::vector<int>{1};
+      ChunkSlots(schedule_, pp_, pp_rank_, microbatches_, v);
   if (pp_ > 1) {
     order_ = PipelineOrder(schedule_, pp_, pp_rank_, microbatches_, v);
   }

@@ -128,6 +128,22 @@ TEST(PipelineOrder, StashBound) {
   }
 }
 
+TEST(ScheduleKindOf, ReadsBackEveryScheduleName) {
+  for (ScheduleKind k : {ScheduleKind::kGpipe, ScheduleKind::k1F1B,
+                         ScheduleKind::kInterleaved}) {
+    EXPECT_EQ(ScheduleKindOf(ScheduleName(k)), k) << ScheduleName(k);
+  }
+}
+
+// Without a pipeline microbatches run one after another, whatever the
+// schedule says: one slot.
+TEST(ChunkSlots, OneSlotWithoutAPipeline) {
+  for (ScheduleKind k : {ScheduleKind::kGpipe, ScheduleKind::k1F1B}) {
+    EXPECT_EQ(ChunkSlots(k, 1, 0, 8, 1), std::vector<int>{1})
+        << ScheduleName(k);
+  }
+}
+
 // ChunkSlots lists only enough microbatches for the warm-up and two
 // periods: it must agree with counting every pass of the whole order, for
 // microbatch counts below, at and far above that.
