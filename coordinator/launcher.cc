@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/process.h"
 #include "common/spec.h"
 #include "coordinator/auth.h"
 
@@ -39,44 +40,6 @@ namespace fs = std::filesystem;
 constexpr const char* kWrapper =
     "\"$@\"; rc=$?; umask 077; echo $rc > \"$0/exit_code.tmp\" && "
     "mv \"$0/exit_code.tmp\" \"$0/exit_code\"; exit $rc";
-
-// The fields after the command name in /proc/PID/stat start with the state
-// letter; 'Z' is a zombie, which has ended.
-bool IsZombie(const fs::path& proc) {
-  std::ifstream stat(proc / "stat");
-  std::string st((std::istreambuf_iterator<char>(stat)),
-                 std::istreambuf_iterator<char>());
-  const size_t close = st.rfind(')');
-  return close != std::string::npos && close + 2 < st.size() &&
-         st[close + 2] == 'Z';
-}
-
-std::string ReadAll(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)),
-                     std::istreambuf_iterator<char>());
-}
-
-// Live processes of this user whose NUL-separated environment satisfies
-// `match`. Another user's process is never ours to signal, whatever its
-// environment claims.
-std::vector<pid_t> ScanProcesses(
-    const std::function<bool(const std::vector<absl::string_view>&)>& match) {
-  std::vector<pid_t> out;
-  const uid_t me = geteuid();
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator("/proc", ec)) {
-    int pid = 0;
-    if (!absl::SimpleAtoi(e.path().filename().string(), &pid)) continue;
-    struct stat st;
-    if (stat(e.path().c_str(), &st) != 0 || st.st_uid != me) continue;
-    const std::string text = ReadAll(e.path() / "environ");
-    const std::vector<absl::string_view> env = absl::StrSplit(text, '\0');
-    if (!match(env) || IsZombie(e.path())) continue;
-    out.push_back(pid);
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -108,11 +71,19 @@ absl::Status WritePrivateFile(const std::string& path,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> PrepareJobDir(const std::string& state_dir,
-                                          const std::string& job_id,
-                                          const v1::JobSpec& spec,
-                                          int world_size,
-                                          const std::string& tls_ca_pem) {
+std::string Hostfile(const std::vector<NodeRanks>& placement) {
+  std::string out;
+  for (const NodeRanks& n : placement) {
+    absl::StrAppend(&out, n.name, " slots=", n.ranks, " max_slots=", n.ranks,
+                    "\n");
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> PrepareJobDir(
+    const std::string& state_dir, const std::string& job_id,
+    const v1::JobSpec& spec, int world_size, const std::string& tls_ca_pem,
+    const std::vector<NodeRanks>& placement) {
   const fs::path dir = fs::path(state_dir) / "jobs" / job_id;
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -125,7 +96,9 @@ absl::StatusOr<std::string> PrepareJobDir(const std::string& state_dir,
       WritePrivateFile((dir / "spec.yaml").string(), JobSpecToYaml(spec));
   if (!s.ok()) return s;
   s = WritePrivateFile((dir / "hostfile").string(),
-                       absl::StrCat("localhost slots=", world_size, "\n"));
+                       placement.empty()
+                           ? absl::StrCat("localhost slots=", world_size, "\n")
+                           : Hostfile(placement));
   if (!s.ok()) return s;
   if (!tls_ca_pem.empty()) {
     s = WritePrivateFile((dir / "tls-ca.pem").string(), tls_ca_pem);
@@ -137,16 +110,34 @@ absl::StatusOr<std::string> PrepareJobDir(const std::string& state_dir,
 std::vector<std::string> AttemptCommand(const LaunchRequest& r,
                                         const std::string& attempt_dir) {
   std::vector<std::string> argv = {
-      "/bin/sh",
-      "-c",
-      kWrapper,
-      attempt_dir,
-      r.mpirun,
-      "--allow-run-as-root",
-      "--oversubscribe",
-      "--mca",
-      "btl",
-      "self,vader,tcp",
+      "/bin/sh",         "-c",     kWrapper,
+      attempt_dir,       r.mpirun, "--allow-run-as-root",
+      "--oversubscribe", "--mca",  "btl",
+      "self,vader,tcp"};
+  if (!r.placement.empty()) {
+    // docs/multinode.md: mpirun alone starts an orted on every node through
+    // ptrsh (no tree spawn: a daemon takes launches only from the holder of
+    // the attempt's token), each orted stays attached to its Exec stream
+    // (so a node daemon's death ends the attempt), and TCP keepalive probes
+    // find a vanished node in about 10 s instead of the kernel's minutes.
+    const std::vector<std::pair<std::string, std::string>> mca = {
+        {"plm_rsh_agent", r.rsh_agent},       {"plm_rsh_no_tree_spawn", "1"},
+        {"orte_leave_session_attached", "1"}, {"oob_tcp_keepalive_time", "5"},
+        {"oob_tcp_keepalive_intvl", "2"},     {"oob_tcp_keepalive_probes", "3"},
+    };
+    for (const auto& [k, v] : mca) {
+      argv.insert(argv.end(), {"--mca", k, v});
+    }
+    if (!r.cluster_network.empty()) {
+      argv.insert(argv.end(),
+                  {"--mca", "oob_tcp_if_include", r.cluster_network, "--mca",
+                   "btl_tcp_if_include", r.cluster_network});
+    }
+    argv.insert(argv.end(),
+                {"--hostfile", (fs::path(r.job_dir) / "hostfile").string(),
+                 "--tag-output"});
+  }
+  const std::vector<std::string> tail = {
       "-n",
       absl::StrCat(r.world_size),
       "-x",
@@ -174,6 +165,7 @@ std::vector<std::string> AttemptCommand(const LaunchRequest& r,
       (fs::path(r.job_dir) / "spec.yaml").string(),
       "--log-json",
       (fs::path(attempt_dir) / "run.jsonl").string()};
+  argv.insert(argv.end(), tail.begin(), tail.end());
   if (r.resume_flag) {
     argv.push_back("--resume-from");
     argv.push_back("latest");
@@ -209,8 +201,10 @@ absl::StatusOr<Launched> LaunchAttempt(const LaunchRequest& r) {
   // Set (possibly empty) either way, so `-x` forwards it and nothing from
   // ptcoord's own environment leaks through.
   env["PTRAIN_TLS_CA"] = r.tls_ca_file;
-  env["OMP_NUM_THREADS"] =
-      absl::StrCat(std::max(1, r.cores / std::max(1, r.world_size)));
+  env["OMP_NUM_THREADS"] = absl::StrCat(
+      r.threads > 0 ? r.threads
+                    : std::max(1, r.cores / std::max(1, r.world_size)));
+  if (!r.placement.empty()) env["PTRAIN_NODES_FILE"] = r.nodes_file;
   env["OMPI_MCA_mpi_yield_when_idle"] = "1";
   env["PTRAIN_METRICS_BIND"] = r.rank_metrics_bind;
   std::vector<std::string> env_strings;
@@ -253,15 +247,6 @@ absl::StatusOr<Launched> LaunchAttempt(const LaunchRequest& r) {
   return Launched{pid, attempt_dir};
 }
 
-std::vector<pid_t> ProcessesWithEnv(const std::vector<std::string>& vars) {
-  return ScanProcesses([&](const std::vector<absl::string_view>& env) {
-    for (const std::string& v : vars) {
-      if (std::find(env.begin(), env.end(), v) == env.end()) return false;
-    }
-    return true;
-  });
-}
-
 std::vector<pid_t> AttemptProcesses(const AttemptKey& key) {
   if (!key.attempt_uid.empty()) {
     return ProcessesWithEnv(
@@ -283,7 +268,7 @@ std::vector<pid_t> AttemptProcesses(const AttemptKey& key) {
 pid_t AttemptLeader(const AttemptKey& key, const std::string& attempt_dir) {
   for (pid_t pid : AttemptProcesses(key)) {
     const std::string cmdline =
-        ReadAll(fs::path("/proc") / std::to_string(pid) / "cmdline");
+        ReadWholeFile("/proc/" + std::to_string(pid) + "/cmdline");
     for (absl::string_view arg : absl::StrSplit(cmdline, '\0')) {
       if (arg == attempt_dir) return pid;
     }
@@ -308,9 +293,9 @@ std::optional<int> ReapChild(pid_t pid) {
 
 bool AttemptAlive(pid_t pid, const std::string& attempt_dir) {
   if (pid <= 0 || kill(pid, 0) != 0) return false;
-  const fs::path proc = fs::path("/proc") / std::to_string(pid);
-  if (IsZombie(proc)) return false;  // a zombie nobody reaped has ended
-  const std::string cmdline = ReadAll(proc / "cmdline");
+  if (IsZombie(pid)) return false;  // a zombie nobody reaped has ended
+  const std::string cmdline =
+      ReadWholeFile("/proc/" + std::to_string(pid) + "/cmdline");
   for (absl::string_view arg : absl::StrSplit(cmdline, '\0')) {
     if (arg == attempt_dir) return true;
   }

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/process.h"
+#include "coordinator/scheduler.h"
 #include "ptrain/v1/job.pb.h"
 
 namespace ptrain {
@@ -37,6 +39,15 @@ struct LaunchRequest {
   bool resume_flag = true;  // pass --resume-from latest
   // PTRAIN_METRICS_BIND for every rank ("" = ranks serve no metrics).
   std::string rank_metrics_bind;
+  // OMP_NUM_THREADS; 0 = max(1, cores / world_size).
+  int threads = 0;
+  // On nodes (not empty): the ranks' nodes in rank order; mpirun reads the
+  // job folder's hostfile and starts them through `rsh_agent` (ptrsh),
+  // which finds each node's daemon in `nodes_file` (PTRAIN_NODES_FILE).
+  std::vector<NodeRanks> placement;
+  std::string rsh_agent;
+  std::string nodes_file;
+  std::string cluster_network;  // CIDR for OpenMPI's TCP; "" = any
 };
 
 struct Launched {
@@ -45,13 +56,17 @@ struct Launched {
 };
 
 // Creates `state_dir`/jobs/`job_id`/ (0700) with spec.yaml (JobSpecToYaml),
-// a hostfile and, when `tls_ca_pem` is not empty, tls-ca.pem holding it
-// (files 0600); returns the folder.
-absl::StatusOr<std::string> PrepareJobDir(const std::string& state_dir,
-                                          const std::string& job_id,
-                                          const v1::JobSpec& spec,
-                                          int world_size,
-                                          const std::string& tls_ca_pem = "");
+// a hostfile (`placement`'s nodes, or localhost with `world_size` slots)
+// and, when `tls_ca_pem` is not empty, tls-ca.pem holding it (files 0600);
+// returns the folder.
+absl::StatusOr<std::string> PrepareJobDir(
+    const std::string& state_dir, const std::string& job_id,
+    const v1::JobSpec& spec, int world_size, const std::string& tls_ca_pem = "",
+    const std::vector<NodeRanks>& placement = {});
+
+// The hostfile of a placement: "NODE slots=N max_slots=N" per node, in
+// rank order (mpirun fills each node's slots before the next).
+std::string Hostfile(const std::vector<NodeRanks>& placement);
 
 // Writes `text` to `path` created 0600 (replacing it), whatever the umask.
 absl::Status WritePrivateFile(const std::string& path, const std::string& text);
@@ -65,10 +80,6 @@ std::vector<std::string> AttemptCommand(const LaunchRequest& r,
 // so the outcome survives a ptcoord crash). The child leads its own process
 // group.
 absl::StatusOr<Launched> LaunchAttempt(const LaunchRequest& r);
-
-// Live (not zombie) processes of this user (the effective uid) whose
-// environment holds every "NAME=value" entry of `vars`.
-std::vector<pid_t> ProcessesWithEnv(const std::vector<std::string>& vars);
 
 // How an attempt's processes are recognised: PTRAIN_ATTEMPT_UID=`attempt_uid`
 // in their environment, or, for an attempt an older ptcoord launched (no
