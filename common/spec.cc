@@ -776,10 +776,16 @@ absl::Status ValidateCheckpoint(const v1::JobSpec& spec) {
 
 absl::Status ValidateResources(const v1::JobSpec& spec) {
   const v1::ResourcesSpec& r = spec.resources();
+  const int tp = spec.parallel().tp();
+  if (r.ranks_per_node() > 0 && tp > 1 && r.ranks_per_node() % tp != 0) {
+    return Error("resources.ranks_per_node=", r.ranks_per_node(),
+                 " must be a multiple of parallel.tp=", tp,
+                 " (a tensor-parallel group stays inside one node)");
+  }
   return First({
       CheckFinite(r, "resources"),
       OneOf("resources.device", r.device(), {"cpu", "cuda"}),
-      InRange<int64_t>("resources.ranks_per_node", r.ranks_per_node(), 1,
+      InRange<int64_t>("resources.ranks_per_node", r.ranks_per_node(), 0,
                        kMaxDegree),
       InRange("resources.threads_per_rank", r.threads_per_rank(), 0, 1 << 12),
   });
@@ -952,12 +958,14 @@ v1::JobSpec DefaultJobSpec() {
 
   v1::ResourcesSpec* resources = spec.mutable_resources();
   resources->set_device("cpu");
-  resources->set_ranks_per_node(1);
+  resources->set_ranks_per_node(0);
   resources->set_threads_per_rank(0);
 
   v1::RestartSpec* restart = spec.mutable_restart();
   restart->set_max_restarts(3);
   restart->set_hang_timeout_s(300);
+  restart->set_allow_shrink(false);
+  restart->set_allow_grow(false);
   return spec;
 }
 

@@ -25,6 +25,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/spec.h"
 #include "coordinator/auth.h"
 #include "coordinator/launcher.h"
@@ -75,6 +76,12 @@ absl::Status CheckPrivateDir(const std::string& dir) {
 }
 
 namespace {
+
+std::string LocalHostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
 
 // What every lookup of a job id answers when there is no such job.
 absl::Status UnknownJob(const std::string& id) {
@@ -219,6 +226,7 @@ Coordinator::Coordinator(CoordinatorOptions options,
       store_(std::move(store)),
       scheduler_(options_.local_slots),
       lock_fd_(lock_fd),
+      started_(absl::Now()),
       advertise_(options_.advertise_address) {}
 
 void Coordinator::SetAdvertiseAddress(const std::string& address) {
@@ -374,7 +382,10 @@ absl::StatusOr<v1::Job> Coordinator::Submit(
       ParseJobSpec(spec_yaml, overrides, "job spec");
   if (!spec.ok()) return spec.status();
   const int world = WorldSize(*spec);
-  if (absl::Status s = scheduler_.CheckFits(world); !s.ok()) return s;
+  // On nodes a job waits for slots that may join later.
+  if (!nodes_->enabled()) {
+    if (absl::Status s = scheduler_.CheckFits(world); !s.ok()) return s;
+  }
   if (absl::Status s =
           ConfineSpecPaths(&*spec, options_.work_root, options_.data_roots);
       !s.ok()) {
@@ -610,6 +621,7 @@ absl::Status Coordinator::ReportCheckpoint(
   if (!dir.ok()) return dir.status();
   // A checkpoint is progress too: a long save must not look like a hang.
   running_[r.job_id()].last_report = absl::Now();
+  running_[r.job_id()].newest_checkpoint = r.step();
   JobUpdate u;
   u.record = e->record;
   v1::Checkpoint& c = u.checkpoints.emplace_back();
@@ -644,7 +656,14 @@ std::vector<Coordinator::RankEndpoint> Coordinator::Endpoints() const {
     if (it == jobs_.end()) continue;
     const v1::Job& job = it->second.record.job;
     for (const auto& [rank, address] : run.endpoints) {
-      out.push_back({id, job.name(), address, rank, job.attempts()});
+      // Ranks fill the placement's nodes in order (mpirun maps by slot).
+      std::string node = LocalHostName();
+      int first = 0;
+      for (const v1::Placement& p : job.placement()) {
+        if (rank >= first && rank < first + p.ranks()) node = p.node();
+        first += p.ranks();
+      }
+      out.push_back({id, job.name(), address, rank, job.attempts(), node});
     }
   }
   return out;
@@ -753,14 +772,24 @@ void Coordinator::RecoverFromRunLog(const Entry& e,
   }
 }
 
-void Coordinator::Launch(Entry& e) {
+void Coordinator::Launch(Entry& e, const std::vector<NodeRanks>& placement,
+                         const v1::JobSpec* spec) {
   const std::string id = e.record.job.id();
   JobUpdate u;
   u.record = e.record;
   JobRecord& next = u.record;
   v1::Job& job = next.job;
+  const v1::JobSpec& run_spec = spec != nullptr ? *spec : job.spec();
   const int attempt = job.attempts() + 1;
   job.set_attempts(attempt);
+  job.set_world_size(WorldSize(run_spec));
+  job.set_dp(run_spec.parallel().dp());
+  job.clear_placement();
+  for (const NodeRanks& n : placement) {
+    v1::Placement* p = job.add_placement();
+    p->set_node(n.name);
+    p->set_ranks(n.ranks);
+  }
   if (job.started_unix_ms() == 0) job.set_started_unix_ms(NowMs());
   job.set_state(v1::JOB_STATE_RUNNING);
   // The token lives only in this function and in the attempt's environment;
@@ -777,6 +806,19 @@ void Coordinator::Launch(Entry& e) {
   a.set_exit_code(-1);
   a.set_dir(attempt_dir);
   u.event = absl::StrCat("attempt ", attempt, " started");
+  if (!placement.empty()) {
+    std::vector<std::string> where;
+    for (const NodeRanks& n : placement) {
+      where.push_back(absl::StrCat(n.name, "×", n.ranks));
+    }
+    absl::StrAppend(&u.event, " on ", absl::StrJoin(where, ", "));
+  }
+  if (job.dp() != job.spec().parallel().dp()) {
+    absl::StrAppend(&u.event, " shrunk to dp=", job.dp(),
+                    " (spec dp=", job.spec().parallel().dp(), "; microbatches ",
+                    run_spec.parallel().microbatches(), ", global batch ",
+                    run_spec.train().global_batch(), " kept)");
+  }
   // Durable before any process carries the uid, so a crash right after the
   // fork still finds (and re-adopts) the attempt. Not written: not started;
   // the job stays queued and the next tick tries again.
@@ -789,8 +831,29 @@ void Coordinator::Launch(Entry& e) {
   run.attempt_dir = attempt_dir;
   run.last_report = absl::Now();
   absl::StatusOr<std::string> job_dir =
-      PrepareJobDir(options_.state_dir, id, started.spec(),
-                    started.world_size(), options_.tls_ca_pem);
+      PrepareJobDir(options_.state_dir, id, run_spec, started.world_size(),
+                    options_.tls_ca_pem, placement);
+  std::string nodes_file;
+  int threads = run_spec.resources().threads_per_rank();
+  if (job_dir.ok() && !placement.empty()) {
+    // Where ptrsh finds each node's daemon, and the threads every rank
+    // gets: the fewest cores per rank over the placement.
+    std::string text;
+    int min_threads = 0;
+    for (const v1::Node& n : nodes_->List(absl::Now())) {
+      for (const NodeRanks& p : placement) {
+        if (p.name != n.spec().name()) continue;
+        absl::StrAppend(&text, p.name, " ", n.spec().address(), "\n");
+        const int t = std::max(1, n.spec().cores() / p.ranks);
+        min_threads = min_threads == 0 ? t : std::min(min_threads, t);
+      }
+    }
+    if (threads == 0) threads = min_threads;
+    nodes_file = (fs::path(*job_dir) / "nodes").string();
+    if (absl::Status s = WritePrivateFile(nodes_file, text); !s.ok()) {
+      job_dir = s;
+    }
+  }
   absl::StatusOr<Launched> launched =
       job_dir.ok() ? absl::InternalError("not launched") : job_dir.status();
   if (job_dir.ok()) {
@@ -812,6 +875,11 @@ void Coordinator::Launch(Entry& e) {
     req.rank_metrics_bind = options_.rank_metrics_bind;
     req.work_dir = options_.work_root;
     req.resume_flag = options_.resume_flag;
+    req.threads = threads;
+    req.placement = placement;
+    req.rsh_agent = options_.ptrsh;
+    req.nodes_file = nodes_file;
+    req.cluster_network = options_.cluster_network;
     launched = LaunchAttempt(req);
   }
   if (!launched.ok()) {
@@ -875,9 +943,9 @@ void Coordinator::OnAttemptEnded(Entry& e) {
     job.set_finished_unix_ms(NowMs());
     job.set_error("");
     u.event = absl::StrCat("succeeded on attempt ", n);
-  } else if (run.lost) {
+  } else if (run.lost || run.node_lost || run.growing) {
     // Not the job's fault: requeued without using up a restart.
-    job.set_error(error);
+    job.set_error(run.growing ? "" : error);
     job.set_state(v1::JOB_STATE_RESTARTING);
     u.event = absl::StrCat(error, "; requeued (not counted as a restart)");
   } else if (run.kill_reason.empty() && exit_code == kExitBadInput) {
@@ -909,8 +977,47 @@ void Coordinator::OnAttemptEnded(Entry& e) {
   running_.erase(id);
 }
 
+bool Coordinator::ReadyToEnd(Entry& e, Running& run,
+                             const std::vector<v1::Node>& nodes,
+                             absl::Time now) {
+  const v1::Job& job = e.record.job;
+  if (job.placement().empty() || run.node_lost || job.cancel_requested() ||
+      !run.kill_reason.empty() || run.leader_exit.value_or(-1) == 0) {
+    return true;
+  }
+  // A failed attempt on nodes: mpirun notices a dead node (about 1 s) long
+  // before its heartbeats time out. Decide once every node of the
+  // placement has heartbeated since (the job's own failure) or one is down
+  // (not the job's fault).
+  if (!run.ended_at.has_value()) run.ended_at = now;
+  bool all_heard = true;
+  for (const v1::Placement& p : job.placement()) {
+    const v1::Node* n = nullptr;
+    for (const v1::Node& m : nodes) {
+      if (m.spec().name() == p.node()) n = &m;
+    }
+    if (n == nullptr || n->state() != v1::NODE_STATE_UP) {
+      run.node_lost = true;
+      run.kill_reason =
+          absl::StrCat("attempt ", job.attempts(), " lost node ", p.node(),
+                       " (no heartbeat; its processes are gone)");
+      return true;
+    }
+    if (absl::FromUnixMillis(n->last_heartbeat_unix_ms()) <= *run.ended_at) {
+      all_heard = false;
+    }
+  }
+  return all_heard ||
+         now - *run.ended_at > options_.nodes.timeout + absl::Seconds(2);
+}
+
 void Coordinator::Supervise() {
   const absl::Time now = absl::Now();
+  const std::vector<v1::Node> nodes =
+      nodes_->enabled() ? nodes_->List(now) : std::vector<v1::Node>();
+  // Right after a restart every node is down until it registers again:
+  // re-adopted attempts are not ended for that.
+  const bool nodes_settled = now - started_ > options_.nodes.timeout;
   std::vector<std::string> ids;
   for (const auto& [id, run] : running_) ids.push_back(id);
   for (const std::string& id : ids) {
@@ -936,8 +1043,27 @@ void Coordinator::Supervise() {
         }
       }
     }
+    // A node of the placement stopped heartbeating: the attempt cannot
+    // go on (a frozen node would hold it forever, a cut link for minutes).
+    if (!run.leader_exit.has_value() && !run.kill_at.has_value() &&
+        nodes_settled) {
+      for (const v1::Placement& p : e.record.job.placement()) {
+        const auto n = std::find_if(
+            nodes.begin(), nodes.end(),
+            [&](const v1::Node& m) { return m.spec().name() == p.node(); });
+        if (n == nodes.end() || n->state() != v1::NODE_STATE_UP) {
+          run.node_lost = true;
+          BeginKill(e, absl::StrCat(
+                           "attempt ", e.record.job.attempts(), " lost node ",
+                           p.node(), " (no heartbeat for ",
+                           absl::FormatDuration(options_.nodes.timeout), ")"));
+          break;
+        }
+      }
+    }
     if (run.leader_exit.has_value()) {
       if (AttemptProcesses(key).empty()) {
+        if (!ReadyToEnd(e, run, nodes, now)) continue;
         if (!run.retry_at.has_value() || now >= *run.retry_at) {
           OnAttemptEnded(e);
         }
@@ -973,11 +1099,177 @@ void Coordinator::Tick() {
   std::sort(waiting.begin(), waiting.end(), [](const Entry* a, const Entry* b) {
     return a->record.seq < b->record.seq;
   });
+  if (nodes_->enabled()) {
+    ScheduleOnNodes(waiting);
+    return;
+  }
   std::vector<QueuedJob> queue;
   for (const Entry* e : waiting)
     queue.push_back({e->record.job.id(), e->record.job.world_size()});
   for (const std::string& id : scheduler_.Pick(queue, UsedSlots()))
     Launch(jobs_[id]);
+}
+
+std::map<std::string, int> Coordinator::NodeSlotsUsed(
+    const std::string& except) const {
+  std::map<std::string, int> used;
+  for (const auto& [id, run] : running_) {
+    auto it = jobs_.find(id);
+    if (id == except || it == jobs_.end()) continue;
+    for (const v1::Placement& p : it->second.record.job.placement()) {
+      used[p.node()] += p.ranks();
+    }
+  }
+  return used;
+}
+
+std::vector<FreeNode> Coordinator::FreeNodes(const std::vector<v1::Node>& nodes,
+                                             const std::string& except) const {
+  const std::map<std::string, int> used = NodeSlotsUsed(except);
+  std::vector<FreeNode> out;
+  for (const v1::Node& n : nodes) {
+    if (n.state() != v1::NODE_STATE_UP || n.draining()) continue;
+    auto it = used.find(n.spec().name());
+    const int free = n.spec().slots() - (it == used.end() ? 0 : it->second);
+    if (free > 0) out.push_back({n.spec().name(), free});
+  }
+  return out;
+}
+
+void Coordinator::ScheduleOnNodes(const std::vector<const Entry*>& waiting) {
+  const std::vector<v1::Node> nodes = nodes_->List(absl::Now());
+  std::vector<FreeNode> free = FreeNodes(nodes);
+  bool blocked = false;
+  for (const Entry* w : waiting) {
+    Entry& e = jobs_[w->record.job.id()];
+    const v1::JobSpec& spec = e.record.job.spec();
+    const int tp = spec.parallel().tp();
+    const int per_node = spec.resources().ranks_per_node();
+    std::vector<NodeRanks> place =
+        PlaceRanks(free, WorldSize(spec), tp, per_node);
+    std::optional<v1::JobSpec> shrunk;
+    // Only a job that ran and lost slots shrinks; a new one waits.
+    if (place.empty() && spec.restart().allow_shrink() &&
+        e.record.job.attempts() > 0) {
+      for (int dp = spec.parallel().dp() - 1; dp >= 1 && place.empty(); --dp) {
+        absl::StatusOr<v1::JobSpec> s = ShrinkDp(spec, dp);
+        if (!s.ok()) continue;
+        place = PlaceRanks(free, WorldSize(*s), tp, per_node);
+        if (!place.empty()) shrunk = *s;
+      }
+    }
+    // Strict FIFO, as on one host: the first job that does not fit holds
+    // the queue.
+    if (place.empty()) {
+      blocked = true;
+      break;
+    }
+    Launch(e, place, shrunk.has_value() ? &*shrunk : nullptr);
+    for (const NodeRanks& p : place) {
+      for (FreeNode& f : free) {
+        if (f.name == p.name) f.free -= p.ranks;
+      }
+    }
+  }
+  if (blocked) return;  // queued jobs come before growing ones
+  // Shrunk jobs grow back once their full size fits (their own slots
+  // counted as free), stopping right after their next checkpoint so that
+  // few steps are lost.
+  for (auto& [id, run] : running_) {
+    Entry& e = jobs_[id];
+    const v1::Job& job = e.record.job;
+    if (!job.spec().restart().allow_grow() || job.dp() == 0 ||
+        job.dp() >= job.spec().parallel().dp() || run.kill_at.has_value() ||
+        run.leader_exit.has_value()) {
+      continue;
+    }
+    if (PlaceRanks(FreeNodes(nodes, id), WorldSize(job.spec()),
+                   job.spec().parallel().tp(),
+                   job.spec().resources().ranks_per_node())
+            .empty()) {
+      run.grow_after_step.reset();
+      continue;
+    }
+    if (!run.grow_after_step.has_value()) {
+      run.grow_after_step = run.newest_checkpoint;
+      if (job.spec().checkpoint().every() > 0) continue;
+    }
+    if (job.spec().checkpoint().every() > 0 &&
+        run.newest_checkpoint <= *run.grow_after_step) {
+      continue;
+    }
+    run.growing = true;
+    BeginKill(e,
+              absl::StrCat("stopped at step ", job.progress().step(),
+                           " to grow back to dp=", job.spec().parallel().dp(),
+                           " (the slots are free again)"));
+  }
+}
+
+std::vector<v1::Node> Coordinator::ListNodes() const {
+  std::vector<v1::Node> nodes = nodes_->List(absl::Now());
+  absl::MutexLock lock(&mu_);
+  const std::map<std::string, int> used = NodeSlotsUsed();
+  for (v1::Node& n : nodes) {
+    auto it = used.find(n.spec().name());
+    n.set_slots_used(it == used.end() ? 0 : it->second);
+  }
+  return nodes;
+}
+
+absl::StatusOr<v1::Node> Coordinator::DrainNode(const std::string& name,
+                                                bool drain) {
+  absl::StatusOr<v1::Node> n = nodes_->SetDraining(name, drain, absl::Now());
+  if (!n.ok()) return n;
+  spdlog::info("node {} {}", name, drain ? "drained" : "uncordoned");
+  absl::MutexLock lock(&mu_);
+  const std::map<std::string, int> used = NodeSlotsUsed();
+  auto it = used.find(name);
+  n->set_slots_used(it == used.end() ? 0 : it->second);
+  wake_.Signal();
+  return n;
+}
+
+absl::StatusOr<v1::AuthorizeExecResponse> Coordinator::AuthorizeExec(
+    const v1::AuthorizeExecRequest& r) {
+  if (absl::Status s = nodes_->CheckSession(r.name(), r.session()); !s.ok()) {
+    return s;
+  }
+  const absl::Status denied = absl::PermissionDeniedError(
+      absl::StrCat("the token is not that of a running attempt placed on node ",
+                   r.name().substr(0, 63)));
+  if (r.token_sha256().size() != 64) return denied;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, run] : running_) {
+    const JobRecord& rec = jobs_[id].record;
+    if (rec.token_sha256 != r.token_sha256() || run.kill_at.has_value() ||
+        run.leader_exit.has_value()) {
+      continue;
+    }
+    for (const v1::Placement& p : rec.job.placement()) {
+      if (p.node() != r.name()) continue;
+      v1::AuthorizeExecResponse out;
+      out.set_job_id(id);
+      out.set_attempt(rec.job.attempts());
+      out.set_attempt_uid(rec.attempt_uid);
+      return out;
+    }
+  }
+  return denied;
+}
+
+std::vector<std::string> Coordinator::AttemptsOnNode(
+    const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const auto& [id, run] : running_) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end() || it->second.record.attempt_uid.empty()) continue;
+    for (const v1::Placement& p : it->second.record.job.placement()) {
+      if (p.node() == name) out.push_back(it->second.record.attempt_uid);
+    }
+  }
+  return out;
 }
 
 }  // namespace ptrain

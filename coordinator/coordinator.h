@@ -55,7 +55,13 @@ struct CoordinatorOptions {
   // jobs/ID/tls-ca.pem and named by PTRAIN_TLS_CA; "" = plain text.
   std::string tls_ca_pem;
   // The nodes that may register (NodeService) and when they count as down.
+  // With a join token, jobs run on the registered nodes (mpirun with ptrsh
+  // as its launch agent) instead of on this host's local_slots.
   NodeRegistryOptions nodes;
+  std::string ptrsh;  // the launch agent binary (nodes only)
+  // CIDR of the network nodes reach each other and ptcoord on; OpenMPI's
+  // out-of-band and TCP transports are confined to it. "" = any.
+  std::string cluster_network;
 };
 
 // Bounds on what a client may send (and kMaxSpecBytes of common/spec.h).
@@ -127,6 +133,17 @@ class Coordinator {
   // `attempt` 0 = the latest. NotFound before the first attempt.
   absl::StatusOr<LogSource> Logs(const std::string& id, int attempt);
 
+  // For a node's daemon: whether `token_sha256` is the token of a running
+  // attempt placed on node `name` (NodeService.AuthorizeExec).
+  absl::StatusOr<v1::AuthorizeExecResponse> AuthorizeExec(
+      const v1::AuthorizeExecRequest& request);
+  // The attempt uids of the running attempts placed on node `name`.
+  std::vector<std::string> AttemptsOnNode(const std::string& name) const;
+  // ptctl drain / uncordon; the node as it is now.
+  absl::StatusOr<v1::Node> DrainNode(const std::string& name, bool drain);
+  // Every node, with slots_used filled in.
+  std::vector<v1::Node> ListNodes() const;
+
   // Rank reports, after AuthenticateRank. InvalidArgument (reports.h rules;
   // a checkpoint must also be a committed folder of this job) and
   // FailedPrecondition (no attempt running) change nothing; Unavailable when
@@ -141,6 +158,9 @@ class Coordinator {
   struct RankEndpoint {
     std::string job_id, job_name, address;
     int rank = 0, attempt = 0;
+    // The node the rank runs on (from the placement; this host's name for
+    // a job on --local-slots).
+    std::string node;
   };
   std::vector<RankEndpoint> Endpoints() const;
   // Jobs per state name, every state listed (zero included).
@@ -164,6 +184,17 @@ class Coordinator {
     std::optional<absl::Time> retry_at;
     absl::Time last_report;  // hang detection: last accepted rank report
     std::map<int, std::string> endpoints;  // rank -> host:port of /metrics
+    // Not the job's fault, not counted as a restart: a node of its
+    // placement died, or it was stopped to grow back to its full dp.
+    bool node_lost = false;
+    bool growing = false;
+    // When the leader's exit was first seen (a failed multi-node attempt
+    // waits for its nodes' heartbeats to tell a dead node from a bug).
+    std::optional<absl::Time> ended_at;
+    // Growing back: the newest checkpoint step when slots were first seen
+    // free; the attempt stops at the next checkpoint after it.
+    std::optional<int64_t> grow_after_step;
+    int64_t newest_checkpoint = -1;  // reported by this attempt
   };
   struct Entry {
     JobRecord record;
@@ -179,7 +210,11 @@ class Coordinator {
   // error nothing in memory changes and the error is returned.
   absl::Status Commit(Entry& e, JobUpdate update)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Launch(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts an attempt: on this host (empty placement) or on the placed
+  // nodes with `spec` (the job's spec, or a shrunk one).
+  void Launch(Entry& e, const std::vector<NodeRanks>& placement = {},
+              const v1::JobSpec* spec = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Decides and commits the outcome of the ended attempt in running_[id];
   // the running_ entry goes only once that is on disk.
   void OnAttemptEnded(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -198,6 +233,23 @@ class Coordinator {
   void LogStoreError(const Entry& e, const absl::Status& s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int UsedSlots() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Slots of each node taken by running attempts (optionally not counting
+  // job `except`).
+  std::map<std::string, int> NodeSlotsUsed(const std::string& except = "") const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The up, undrained nodes and their free slots, counting job `except`'s
+  // slots as free.
+  std::vector<FreeNode> FreeNodes(const std::vector<v1::Node>& nodes,
+                                  const std::string& except = "") const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Scheduling over nodes: starts waiting jobs where they fit (shrunk when
+  // allowed), stops shrunk jobs that can grow back.
+  void ScheduleOnNodes(const std::vector<const Entry*>& waiting)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Node checks of a running attempt: a dead node ends it; a failed one
+  // waits for its nodes' heartbeats. False: do not end it yet.
+  bool ReadyToEnd(Entry& e, Running& run, const std::vector<v1::Node>& nodes,
+                  absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Entry* Find(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;
@@ -205,6 +257,7 @@ class Coordinator {
   std::unique_ptr<NodeRegistry> nodes_;  // set by Create
   const Scheduler scheduler_;
   const int lock_fd_;  // flock'ed STATE/lock, held for our lifetime
+  const absl::Time started_;
 
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> jobs_ ABSL_GUARDED_BY(mu_);

@@ -7,6 +7,7 @@
 #include <prometheus/text_serializer.h>
 
 #include <functional>
+#include <map>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -50,13 +51,31 @@ std::string CoordinatorHttp::MetricsText(const Coordinator& c) {
       .Register(registry)
       .Add({})
       .Increment(static_cast<double>(c.Restarts()));
-  // One machine: ptcoord itself runs the jobs (--local-slots).
-  prometheus::BuildGauge()
-      .Name("ptrain_nodes")
-      .Help("Nodes by state.")
-      .Register(registry)
-      .Add({{"state", "ready"}})
-      .Set(1);
+  auto& nodes = prometheus::BuildGauge()
+                    .Name("ptrain_nodes")
+                    .Help(
+                        "Nodes by state (up, down, draining); on one "
+                        "machine, ptcoord's own host is the one node up.")
+                    .Register(registry);
+  auto& slots = prometheus::BuildGauge()
+                    .Name("ptrain_node_slots")
+                    .Help("Slots of each node: total and used by attempts.")
+                    .Register(registry);
+  std::map<std::string, int> by_state = {
+      {"up", 0}, {"down", 0}, {"draining", 0}};
+  if (!c.options().nodes.join_tokens.empty()) {
+    for (const v1::Node& n : c.ListNodes()) {
+      ++by_state[n.state() == v1::NODE_STATE_UP ? "up" : "down"];
+      if (n.draining()) ++by_state["draining"];
+      slots.Add({{"node", n.spec().name()}, {"kind", "total"}})
+          .Set(n.spec().slots());
+      slots.Add({{"node", n.spec().name()}, {"kind", "used"}})
+          .Set(n.slots_used());
+    }
+  } else {
+    by_state["up"] = 1;
+  }
+  for (const auto& [state, n] : by_state) nodes.Add({{"state", state}}).Set(n);
   return prometheus::TextSerializer().Serialize(registry.Collect());
 }
 
@@ -68,6 +87,7 @@ std::string CoordinatorHttp::ServiceDiscoveryJson(const Coordinator& c) {
                         {{"ptrain_job_id", e.job_id},
                          {"ptrain_job", e.job_name},
                          {"ptrain_rank", std::to_string(e.rank)},
+                         {"ptrain_node", e.node},
                          {"ptrain_attempt", std::to_string(e.attempt)}}}});
   }
   return targets.dump();

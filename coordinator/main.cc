@@ -128,6 +128,13 @@ int Run(int argc, char** argv) {
                  "a node without a heartbeat for this long is down (nodes "
                  "heartbeat five times as often)")
       ->check(CLI::Range(1.0, 3600.0));
+  std::string ptrsh, cluster_network;
+  app.add_option("--ptrsh", ptrsh,
+                 "the launch agent mpirun starts ranks on nodes with "
+                 "(default: ../worker/ptrsh)");
+  app.add_option("--cluster-network", cluster_network,
+                 "CIDR of the network nodes and ptcoord share (e.g. "
+                 "10.0.0.0/24); OpenMPI's TCP is confined to it");
   std::string tls_cert, tls_key, tls_client_ca, tls_ca;
   app.add_option("--tls-cert", tls_cert,
                  "serve TLS with this certificate (PEM, chain leaf first)");
@@ -262,6 +269,15 @@ int Run(int argc, char** argv) {
     o.nodes.join_tokens = *join;
   }
   o.nodes.timeout = absl::Seconds(node_timeout_s);
+  o.ptrsh = ptrsh.empty()
+                ? (SelfDir() / "../worker/ptrsh").lexically_normal().string()
+                : fs::absolute(ptrsh).string();
+  o.cluster_network = cluster_network;
+  if (!o.nodes.join_tokens.empty() && !fs::exists(o.ptrsh)) {
+    std::fprintf(stderr, "ptcoord: error: ptrsh not found at %s (--ptrsh)\n",
+                 o.ptrsh.c_str());
+    return 2;
+  }
   o.nodes.heartbeat_interval = o.nodes.timeout / 5;
   if (!metrics_listen.empty()) o.rank_metrics_bind = "0.0.0.0:0";
 

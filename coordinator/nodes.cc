@@ -11,6 +11,12 @@ namespace ptrain {
 
 namespace {
 int64_t UnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
+
+absl::Status SessionNotFound(const std::string& name) {
+  return absl::NotFoundError(
+      absl::StrCat("node '", name.substr(0, 63),
+                   "' is not registered with this session: register again"));
+}
 }  // namespace
 
 std::string CheckNodeSpec(const v1::NodeSpec& spec) {
@@ -100,7 +106,9 @@ absl::StatusOr<v1::RegisterNodeResponse> NodeRegistry::Register(
   }
   absl::MutexLock lock(&mu_);
   Entry& e = nodes_[request.node().name()];
+  const bool draining = e.node.draining();
   e.node = v1::Node();
+  e.node.set_draining(draining);
   *e.node.mutable_spec() = request.node();
   e.node.set_registered_unix_ms(UnixMs(now));
   e.session = RandomHex(16);
@@ -125,9 +133,7 @@ absl::Status NodeRegistry::Heartbeat(const v1::NodeHeartbeatRequest& request,
   auto it = nodes_.find(request.name());
   if (it == nodes_.end() || it->second.session.empty() ||
       it->second.session != request.session()) {
-    return absl::NotFoundError(
-        absl::StrCat("node '", request.name().substr(0, 63),
-                     "' is not registered with this session: register again"));
+    return SessionNotFound(request.name());
   }
   Entry& e = it->second;
   e.last_heartbeat = now;
@@ -136,8 +142,44 @@ absl::Status NodeRegistry::Heartbeat(const v1::NodeHeartbeatRequest& request,
   return absl::OkStatus();
 }
 
+absl::Status NodeRegistry::CheckSession(const std::string& name,
+                                        const std::string& session) const {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(name);
+  if (it == nodes_.end() || it->second.session.empty() ||
+      it->second.session != session) {
+    return SessionNotFound(name);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Node> NodeRegistry::SetDraining(const std::string& name,
+                                                   bool draining,
+                                                   absl::Time now) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!nodes_.count(name)) {
+      return absl::NotFoundError(
+          absl::StrCat("no node '", name.substr(0, 63), "'"));
+    }
+  }
+  if (absl::Status s = store_->SetNodeDraining(name, draining); !s.ok()) {
+    return s;
+  }
+  absl::MutexLock lock(&mu_);
+  nodes_[name].node.set_draining(draining);
+  for (const v1::Node& n : ListLocked(now)) {
+    if (n.spec().name() == name) return n;
+  }
+  return absl::NotFoundError(absl::StrCat("no node '", name, "'"));
+}
+
 std::vector<v1::Node> NodeRegistry::List(absl::Time now) const {
   absl::MutexLock lock(&mu_);
+  return ListLocked(now);
+}
+
+std::vector<v1::Node> NodeRegistry::ListLocked(absl::Time now) const {
   std::vector<v1::Node> out;
   for (const auto& [name, e] : nodes_) {
     v1::Node& n = out.emplace_back(e.node);

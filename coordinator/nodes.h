@@ -52,6 +52,19 @@ class NodeRegistry {
   absl::Status Heartbeat(const v1::NodeHeartbeatRequest& request,
                          absl::Time now);
 
+  // OK when `session` is the node's current one; NotFound otherwise.
+  absl::Status CheckSession(const std::string& name,
+                            const std::string& session) const;
+
+  // Takes a node out of scheduling or puts it back (stored first).
+  // NotFound for an unknown name, Unavailable when it cannot be stored.
+  absl::StatusOr<v1::Node> SetDraining(const std::string& name, bool draining,
+                                       absl::Time now);
+
+  // True when nodes may join (a join token is configured): ptcoord then
+  // places jobs on nodes rather than on its own host.
+  bool enabled() const { return !options_.join_tokens.empty(); }
+
   // Every known node by name, with its state at `now`.
   std::vector<v1::Node> List(absl::Time now) const;
 
@@ -61,6 +74,8 @@ class NodeRegistry {
     std::string session;  // "" until it registers with this ptcoord
     absl::Time last_heartbeat = absl::InfinitePast();
   };
+  std::vector<v1::Node> ListLocked(absl::Time now) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   NodeRegistry(Store* store, NodeRegistryOptions options)
       : store_(store), options_(std::move(options)) {}
 

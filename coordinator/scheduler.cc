@@ -1,8 +1,10 @@
-// FIFO gang scheduler; see scheduler.h. Placement on nodes is not modelled
-// yet: on one machine every slot is equivalent.
+// FIFO gang scheduler and placement on nodes; see scheduler.h.
 #include "coordinator/scheduler.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "common/spec.h"
 
 namespace ptrain {
 
@@ -29,6 +31,55 @@ std::vector<std::string> Scheduler::Pick(const std::vector<QueuedJob>& queue,
     start.push_back(job.id);
   }
   return start;
+}
+
+std::vector<NodeRanks> PlaceRanks(const std::vector<FreeNode>& nodes, int world,
+                                  int tp, int ranks_per_node) {
+  if (world < 1 || tp < 1 || world % tp != 0) return {};
+  std::vector<FreeNode> order = nodes;
+  std::stable_sort(
+      order.begin(), order.end(), [](const FreeNode& a, const FreeNode& b) {
+        return a.free != b.free ? a.free > b.free : a.name < b.name;
+      });
+  std::vector<NodeRanks> out;
+  int left = world;
+  for (const FreeNode& n : order) {
+    if (left == 0) break;
+    int take = std::min(left, n.free);
+    if (ranks_per_node > 0) take = std::min(take, ranks_per_node);
+    take -= take % tp;
+    if (take > 0) {
+      out.push_back({n.name, take});
+      left -= take;
+    }
+  }
+  if (left > 0) return {};
+  // Rank order by name, so a placement reads (and a hostfile lists) the
+  // same way whatever the free counts were.
+  std::sort(out.begin(), out.end(), [](const NodeRanks& a, const NodeRanks& b) {
+    return a.name < b.name;
+  });
+  return out;
+}
+
+absl::StatusOr<v1::JobSpec> ShrinkDp(const v1::JobSpec& spec, int dp) {
+  const v1::ParallelSpec& p = spec.parallel();
+  if (dp < 1 || dp >= p.dp()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a shrunk dp must be in 1..", p.dp() - 1, " (it is ", dp, ")"));
+  }
+  // Each rank keeps its microbatch size: global_batch / (dp * m).
+  const int64_t sequences = int64_t{p.dp()} * p.microbatches();
+  if (sequences % dp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.dp=", dp, " does not divide parallel.dp*microbatches=",
+        sequences, " (the microbatch size would change)"));
+  }
+  v1::JobSpec out = spec;
+  out.mutable_parallel()->set_dp(dp);
+  out.mutable_parallel()->set_microbatches(static_cast<int>(sequences / dp));
+  if (absl::Status s = ValidateJobSpec(out); !s.ok()) return s;
+  return out;
 }
 
 }  // namespace ptrain

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ptrain/v1/job.pb.h"
 
 namespace ptrain {
 
@@ -33,6 +35,35 @@ class Scheduler {
  private:
   const int total_slots_;
 };
+
+// A node that may take ranks now: up, not draining, `free` slots unused.
+struct FreeNode {
+  std::string name;
+  int free = 0;
+};
+
+// Consecutive ranks on one node (ranks are numbered node after node).
+struct NodeRanks {
+  std::string name;
+  int ranks = 0;
+  bool operator==(const NodeRanks& o) const {
+    return name == o.name && ranks == o.ranks;
+  }
+};
+
+// Places `world` ranks on `nodes` (gang: all or nothing). Each node gets a
+// multiple of `tp` ranks, so a tensor-parallel group (tp consecutive ranks)
+// never spans two nodes, and at most `ranks_per_node` (0: no limit). Uses as
+// few nodes as it can: the freest first, ties by name. Empty when they do
+// not fit.
+std::vector<NodeRanks> PlaceRanks(const std::vector<FreeNode>& nodes, int world,
+                                  int tp, int ranks_per_node);
+
+// `spec` with parallel.dp = `dp` (< the spec's), train.global_batch kept and
+// parallel.microbatches grown to keep each rank's microbatch size. An error
+// naming the rule when no such layout is valid (the global batch or the
+// pipeline's microbatch rule does not divide).
+absl::StatusOr<v1::JobSpec> ShrinkDp(const v1::JobSpec& spec, int dp);
 
 }  // namespace ptrain
 

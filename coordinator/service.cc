@@ -249,10 +249,20 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
                                       const v1::ListNodesRequest*,
                                       v1::ListNodesResponse* resp) override {
     if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
-    for (v1::Node& n : c_->nodes().List(absl::Now())) {
-      *resp->add_nodes() = std::move(n);
-    }
+    for (v1::Node& n : c_->ListNodes()) *resp->add_nodes() = std::move(n);
     return Done(ctx, absl::OkStatus());
+  }
+
+  grpc::ServerUnaryReactor* DrainNode(grpc::CallbackServerContext* ctx,
+                                      const v1::DrainNodeRequest* req,
+                                      v1::DrainNodeResponse* resp) override {
+    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
+    if (req->name().empty()) {
+      return Done(ctx, absl::InvalidArgumentError("name is empty"));
+    }
+    absl::StatusOr<v1::Node> n = c_->DrainNode(req->name(), req->drain());
+    if (n.ok()) *resp->mutable_node() = std::move(*n);
+    return Done(ctx, n.status());
   }
 
  private:
@@ -277,7 +287,7 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
 // Nodes authenticate with the cluster's join token.
 class NodeServiceImpl final : public v1::NodeService::CallbackService {
  public:
-  explicit NodeServiceImpl(NodeRegistry* nodes) : nodes_(nodes) {}
+  explicit NodeServiceImpl(Coordinator* c) : c_(c), nodes_(&c->nodes()) {}
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const v1::RegisterNodeRequest* req,
@@ -291,17 +301,35 @@ class NodeServiceImpl final : public v1::NodeService::CallbackService {
     if (r.ok()) *resp = std::move(*r);
     return Done(ctx, r.status());
   }
-  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
-                                      const v1::NodeHeartbeatRequest* req,
-                                      v1::NodeHeartbeatResponse*) override {
+  grpc::ServerUnaryReactor* Heartbeat(
+      grpc::CallbackServerContext* ctx, const v1::NodeHeartbeatRequest* req,
+      v1::NodeHeartbeatResponse* resp) override {
     if (absl::Status a = nodes_->AuthenticateNode(Authorization(ctx));
         !a.ok()) {
       return Done(ctx, a);
     }
-    return Done(ctx, nodes_->Heartbeat(*req, absl::Now()));
+    absl::Status s = nodes_->Heartbeat(*req, absl::Now());
+    if (s.ok()) {
+      for (std::string& uid : c_->AttemptsOnNode(req->name())) {
+        resp->add_attempt_uids(std::move(uid));
+      }
+    }
+    return Done(ctx, s);
+  }
+  grpc::ServerUnaryReactor* AuthorizeExec(
+      grpc::CallbackServerContext* ctx, const v1::AuthorizeExecRequest* req,
+      v1::AuthorizeExecResponse* resp) override {
+    if (absl::Status a = nodes_->AuthenticateNode(Authorization(ctx));
+        !a.ok()) {
+      return Done(ctx, a);
+    }
+    absl::StatusOr<v1::AuthorizeExecResponse> r = c_->AuthorizeExec(*req);
+    if (r.ok()) *resp = std::move(*r);
+    return Done(ctx, r.status());
   }
 
  private:
+  Coordinator* const c_;
   NodeRegistry* const nodes_;
 };
 
@@ -361,7 +389,7 @@ absl::StatusOr<RunningServer> StartServer(const std::string& listen,
   const bool client_certs = !tls.client_ca_pem.empty();
   out.jobs = std::make_unique<JobServiceImpl>(coordinator, client_certs);
   out.ranks = std::make_unique<RankServiceImpl>(coordinator);
-  out.nodes = std::make_unique<NodeServiceImpl>(&coordinator->nodes());
+  out.nodes = std::make_unique<NodeServiceImpl>(coordinator);
   std::shared_ptr<grpc::ServerCredentials> credentials =
       grpc::InsecureServerCredentials();
   if (!tls.cert_pem.empty()) {

@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS loss_history (
 CREATE INDEX IF NOT EXISTS loss_job ON loss_history (job_id);
 CREATE TABLE IF NOT EXISTS nodes (
   name TEXT PRIMARY KEY, spec BLOB NOT NULL, registered_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS drained_nodes (name TEXT PRIMARY KEY);
 )sql";
 
 // A full disk, an I/O error or a lock held elsewhere may pass: Unavailable
@@ -502,9 +503,21 @@ absl::Status Store::UpsertNode(const v1::NodeSpec& spec,
   return q.Run();
 }
 
+absl::Status Store::SetNodeDraining(const std::string& name, bool draining) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, draining
+                  ? "INSERT OR REPLACE INTO drained_nodes (name) VALUES (?)"
+                  : "DELETE FROM drained_nodes WHERE name = ?");
+  q.Bind(1, name);
+  return q.Run();
+}
+
 absl::StatusOr<std::vector<v1::Node>> Store::ListNodes() {
   absl::MutexLock lock(&mu_);
-  Stmt q(db_, "SELECT spec, registered_ms FROM nodes ORDER BY name");
+  Stmt q(db_,
+         "SELECT spec, registered_ms, "
+         "EXISTS (SELECT 1 FROM drained_nodes d WHERE d.name = nodes.name) "
+         "FROM nodes ORDER BY name");
   absl::Status s = q.status();
   if (!s.ok()) return s;
   std::vector<v1::Node> out;
@@ -514,6 +527,7 @@ absl::StatusOr<std::vector<v1::Node>> Store::ListNodes() {
       return absl::DataLossError("state store: a node row does not parse");
     }
     n.set_registered_unix_ms(q.Int(1));
+    n.set_draining(q.Int(2) != 0);
   }
   if (!s.ok()) return s;
   return out;

@@ -87,6 +87,9 @@ class Store {
   // by name, with spec and registered time (state and heartbeats live in
   // memory).
   absl::Status UpsertNode(const v1::NodeSpec& spec, int64_t registered_unix_ms);
+  // Drained nodes take no new attempts; kept across restarts.
+  absl::Status SetNodeDraining(const std::string& name, bool draining);
+  // Registrations by name, with their draining flag.
   absl::StatusOr<std::vector<v1::Node>> ListNodes();
 
   absl::StatusOr<std::vector<v1::Checkpoint>> ListCheckpoints(

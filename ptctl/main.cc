@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/pem.h"
@@ -368,6 +369,17 @@ int Get(Client& client, const std::string& id) {
       static_cast<long long>(p.step()), static_cast<long long>(p.total_steps()),
       p.loss(), p.val_loss(), p.tok_per_s());
   std::printf("uid:       %s\n", j.uid().c_str());
+  if (j.dp() != 0 && j.dp() != j.spec().parallel().dp()) {
+    std::printf("layout:    shrunk to dp=%d (spec dp=%d)\n", j.dp(),
+                j.spec().parallel().dp());
+  }
+  if (j.placement_size() > 0) {
+    std::vector<std::string> where;
+    for (const auto& n : j.placement()) {
+      where.push_back(absl::StrCat(n.node(), " (", n.ranks(), ")"));
+    }
+    std::printf("nodes:     %s\n", absl::StrJoin(where, ", ").c_str());
+  }
   std::printf("created:   %s ago\n", Ago(j.created_unix_ms()).c_str());
   if (!j.error().empty()) std::printf("error:     %s\n", j.error().c_str());
   for (const auto& a : resp.attempts()) {
@@ -467,19 +479,42 @@ int Nodes(Client& client) {
     return 0;
   }
   const int64_t now = absl::ToUnixMillis(absl::Now());
-  std::printf("%-20s %-24s %6s %6s %-5s %14s %6s\n", "NAME", "ADDRESS", "SLOTS",
-              "CORES", "STATE", "HEARTBEAT", "LOAD");
+  std::printf("%-20s %-24s %9s %6s %-14s %14s %6s\n", "NAME", "ADDRESS",
+              "SLOTS", "CORES", "STATE", "HEARTBEAT", "LOAD");
   for (const auto& n : resp.nodes()) {
     const std::string beat =
         n.last_heartbeat_unix_ms() == 0
             ? "never"
             : absl::StrFormat("%.1f s ago",
                               (now - n.last_heartbeat_unix_ms()) / 1e3);
-    std::printf("%-20s %-24s %6d %6d %-5s %14s %6.2f\n",
+    const std::string slots =
+        absl::StrCat(n.slots_used(), "/", n.spec().slots());
+    const std::string state =
+        absl::StrCat(NodeStateName(n.state()), n.draining() ? ",DRAINING" : "");
+    std::printf("%-20s %-24s %9s %6d %-14s %14s %6.2f\n",
                 n.spec().name().c_str(), n.spec().address().c_str(),
-                n.spec().slots(), n.spec().cores(), NodeStateName(n.state()),
-                beat.c_str(), n.load1());
+                slots.c_str(), n.spec().cores(), state.c_str(), beat.c_str(),
+                n.load1());
   }
+  return 0;
+}
+
+// ptctl drain NODE / uncordon NODE.
+int Drain(Client& client, const std::string& node, bool drain) {
+  ptrain::v1::DrainNodeRequest req;
+  req.set_name(node);
+  req.set_drain(drain);
+  ptrain::v1::DrainNodeResponse resp;
+  auto ctx = client.Context();
+  const grpc::Status s = client.stub().DrainNode(ctx.get(), req, &resp);
+  if (!s.ok()) return RpcError(s);
+  if (client.options().output == "json") {
+    std::printf("%s\n", ToJson(resp.node()).c_str());
+    return 0;
+  }
+  std::printf("%s %s\n", node.c_str(),
+              drain ? "drained: no new attempts start on it"
+                    : "uncordoned: attempts may start on it");
   return 0;
 }
 
@@ -533,6 +568,13 @@ int Run(int argc, char** argv) {
   auto* ckpts = app.add_subcommand("checkpoints", "list a job's checkpoints");
   ckpts->add_option("JOB", job)->required();
   auto* nodes = app.add_subcommand("nodes", "list the cluster's nodes");
+  std::string node;
+  auto* drain = app.add_subcommand(
+      "drain", "take a node out of scheduling (running jobs stay)");
+  drain->add_option("NODE", node, "node name")->required();
+  auto* uncordon =
+      app.add_subcommand("uncordon", "let jobs start on a node again");
+  uncordon->add_option("NODE", node, "node name")->required();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -553,6 +595,8 @@ int Run(int argc, char** argv) {
   if (*watch_cmd) return Watch(client, job);
   if (*ckpts) return Checkpoints(client, job);
   if (*nodes) return Nodes(client);
+  if (*drain) return Drain(client, node, true);
+  if (*uncordon) return Drain(client, node, false);
   return kExitBadInput;
 }
 

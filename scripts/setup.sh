@@ -39,13 +39,16 @@ PACKAGES=(
 # Only for tests and benchmarks: GoogleTest; PyTorch computes the reference
 # model during the test run; a real Prometheus scrapes ranks in integration
 # tests; clang with its sanitizer and libFuzzer runtimes and OpenMP builds
-# the fuzz targets (scripts/fuzz.sh); openssl makes test certificates.
+# the fuzz targets (scripts/fuzz.sh); openssl makes test certificates;
+# iproute2, util-linux and procps make the multinode tests' pretend nodes,
+# whose job events sqlite3 reads.
 TEST_PACKAGES=(
   libgtest-dev
   python3-numpy python3-torch
   prometheus
   clang libclang-rt-14-dev libomp-14-dev
   openssl
+  iproute2 util-linux procps sqlite3
 )
 if ((tests)); then PACKAGES+=("${TEST_PACKAGES[@]}"); fi
 

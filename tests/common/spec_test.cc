@@ -119,7 +119,7 @@ TEST(DefaultJobSpec, HasTheDocumentedDefaults) {
   EXPECT_EQ(s.checkpoint().keep_last(), 3);
   EXPECT_EQ(s.checkpoint().dir(), "");
   EXPECT_EQ(s.resources().device(), "cpu");
-  EXPECT_EQ(s.resources().ranks_per_node(), 1);
+  EXPECT_EQ(s.resources().ranks_per_node(), 0);
   EXPECT_EQ(s.resources().threads_per_rank(), 0);
   EXPECT_EQ(s.restart().max_restarts(), 3);
   EXPECT_EQ(s.restart().hang_timeout_s(), 300);
@@ -468,6 +468,17 @@ struct RuleCase {
   const char* error;
 };
 
+TEST(SpecRules, RanksPerNodeIsAMultipleOfTp) {
+  EXPECT_TRUE(Contains(
+      OverrideError({"parallel.tp=2", "resources.ranks_per_node=3"}),
+      "resources.ranks_per_node=3 must be a multiple of parallel.tp=2 (a "
+      "tensor-parallel group stays inside one node)"));
+  EXPECT_EQ(MustParse(kMinimal, {"parallel.tp=2", "resources.ranks_per_node=4"})
+                .resources()
+                .ranks_per_node(),
+            4);
+}
+
 class SingleFieldRuleTest : public ::testing::TestWithParam<RuleCase> {};
 
 TEST_P(SingleFieldRuleTest, OverrideBreakingTheRuleIsRefusedNamingIt) {
@@ -545,8 +556,8 @@ INSTANTIATE_TEST_SUITE_P(
                  "checkpoint.keep_last=0 must be between 1 and 1048576"},
         RuleCase{"resources.device=tpu",
                  "resources.device='tpu' must be one of cpu, cuda"},
-        RuleCase{"resources.ranks_per_node=0",
-                 "resources.ranks_per_node=0 must be between 1 and 65536"},
+        RuleCase{"resources.ranks_per_node=-1",
+                 "resources.ranks_per_node=-1 must be between 0 and 65536"},
         RuleCase{"resources.threads_per_rank=-1",
                  "resources.threads_per_rank=-1 must be between 0 and 4096"},
         RuleCase{"restart.max_restarts=-1",

@@ -2,6 +2,9 @@
 // backfill past a blocked head, oversized jobs refused.
 #include "coordinator/scheduler.h"
 
+#include "absl/strings/match.h"
+#include "common/spec.h"
+#include "coordinator/launcher.h"
 #include "gtest/gtest.h"
 
 namespace ptrain {
@@ -32,6 +35,168 @@ TEST(SchedulerTest, JobLargerThanPoolIsRefused) {
   EXPECT_NE(st.message().find("parallel.dp*tp*pp=8"), absl::string_view::npos)
       << st;
   EXPECT_FALSE(s.CheckFits(0).ok());
+}
+
+// Every placement below is checked for the gang rule (exactly `world`
+// ranks) and the node rule (each node's share a multiple of tp, within its
+// free slots and ranks_per_node).
+void ExpectValid(const std::vector<NodeRanks>& place,
+                 const std::vector<FreeNode>& nodes, int world, int tp,
+                 int per_node) {
+  int total = 0;
+  for (const NodeRanks& p : place) {
+    total += p.ranks;
+    EXPECT_EQ(p.ranks % tp, 0) << p.name;
+    if (per_node > 0) {
+      EXPECT_LE(p.ranks, per_node) << p.name;
+    }
+    bool found = false;
+    for (const FreeNode& n : nodes) {
+      if (n.name == p.name) {
+        found = true;
+        EXPECT_LE(p.ranks, n.free) << p.name;
+      }
+    }
+    EXPECT_TRUE(found) << p.name;
+  }
+  EXPECT_EQ(total, world);
+}
+
+TEST(PlaceRanksTest, FillsTheFreestNodesFirstAndListsThemByName) {
+  const std::vector<FreeNode> nodes = {{"b", 2}, {"a", 2}, {"c", 4}};
+  const std::vector<NodeRanks> place = PlaceRanks(nodes, 6, 1, 0);
+  EXPECT_EQ(place, (std::vector<NodeRanks>{{"a", 2}, {"c", 4}}));
+  ExpectValid(place, nodes, 6, 1, 0);
+}
+
+TEST(PlaceRanksTest, KeepsTensorParallelGroupsInsideANode) {
+  // 3 free slots take one tp=2 group, not one and a half.
+  const std::vector<FreeNode> nodes = {{"a", 3}, {"b", 3}};
+  EXPECT_EQ(PlaceRanks(nodes, 4, 2, 0),
+            (std::vector<NodeRanks>{{"a", 2}, {"b", 2}}));
+  EXPECT_TRUE(PlaceRanks(nodes, 6, 2, 0).empty());
+  EXPECT_TRUE(PlaceRanks({{"a", 3}}, 4, 4, 0).empty());
+}
+
+TEST(PlaceRanksTest, HonoursRanksPerNode) {
+  const std::vector<FreeNode> nodes = {{"a", 8}, {"b", 8}};
+  EXPECT_EQ(PlaceRanks(nodes, 8, 2, 4),
+            (std::vector<NodeRanks>{{"a", 4}, {"b", 4}}));
+  EXPECT_TRUE(PlaceRanks(nodes, 8, 1, 2).empty());
+}
+
+TEST(PlaceRanksTest, GangOrNothingOverManyShapes) {
+  for (int world = 1; world <= 12; ++world) {
+    for (int tp : {1, 2, 4}) {
+      if (world % tp != 0) continue;
+      for (int per_node : {0, 2, 4}) {
+        const std::vector<FreeNode> nodes = {{"n1", 3}, {"n2", 4}, {"n3", 2}};
+        const std::vector<NodeRanks> place =
+            PlaceRanks(nodes, world, tp, per_node);
+        if (place.empty()) continue;
+        ExpectValid(place, nodes, world, tp, per_node);
+      }
+    }
+  }
+  // Enough room is found: 9 slots, world 8 at tp=1.
+  EXPECT_FALSE(PlaceRanks({{"n1", 3}, {"n2", 4}, {"n3", 2}}, 8, 1, 0).empty());
+  EXPECT_TRUE(PlaceRanks({}, 1, 1, 0).empty());
+}
+
+// A valid spec to shrink: the defaults, with a name and data.
+v1::JobSpec Spec() {
+  v1::JobSpec spec = DefaultJobSpec();
+  spec.set_name("t");
+  spec.mutable_data()->set_path("data/tinyshakespeare.txt");
+  return spec;
+}
+
+TEST(ShrinkDpTest, KeepsTheGlobalBatchAndEachRanksMicrobatch) {
+  v1::JobSpec spec = Spec();
+  spec.mutable_parallel()->set_dp(4);
+  spec.mutable_parallel()->set_tp(1);
+  spec.mutable_parallel()->set_microbatches(1);
+  spec.mutable_train()->set_global_batch(32);
+  absl::StatusOr<v1::JobSpec> two = ShrinkDp(spec, 2);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->parallel().dp(), 2);
+  EXPECT_EQ(two->parallel().microbatches(), 2);
+  EXPECT_EQ(two->train().global_batch(), 32);
+  const int micro = spec.train().global_batch() /
+                    (spec.parallel().dp() * spec.parallel().microbatches());
+  EXPECT_EQ(two->train().global_batch() /
+                (two->parallel().dp() * two->parallel().microbatches()),
+            micro);
+  // 4 * 1 sequences per microbatch round cannot be split over 3 ranks.
+  EXPECT_FALSE(ShrinkDp(spec, 3).ok());
+  EXPECT_FALSE(ShrinkDp(spec, 4).ok());
+  EXPECT_FALSE(ShrinkDp(spec, 0).ok());
+}
+
+TEST(ShrinkDpTest, ResultIsAValidSpec) {
+  v1::JobSpec spec = Spec();
+  spec.mutable_model()->set_n_layer(4);
+  spec.mutable_parallel()->set_dp(4);
+  spec.mutable_parallel()->set_pp(2);
+  spec.mutable_parallel()->set_microbatches(2);
+  ASSERT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  for (int dp : {1, 2}) {
+    absl::StatusOr<v1::JobSpec> s = ShrinkDp(spec, dp);
+    ASSERT_TRUE(s.ok()) << dp << ": " << s.status();
+    EXPECT_TRUE(ValidateJobSpec(*s).ok()) << dp;
+    EXPECT_EQ(s->parallel().pp(), 2);
+    EXPECT_EQ(s->parallel().microbatches(), 8 / dp);
+  }
+  // 8 sequences per round over 3 ranks: refused, naming the rule.
+  absl::StatusOr<v1::JobSpec> three = ShrinkDp(spec, 3);
+  ASSERT_FALSE(three.ok());
+  EXPECT_TRUE(absl::StrContains(three.status().message(), "does not divide"))
+      << three.status();
+}
+
+TEST(LauncherTest, HostfileListsTheNodesInRankOrder) {
+  EXPECT_EQ(Hostfile({{"n1", 2}, {"n2", 4}}),
+            "n1 slots=2 max_slots=2\nn2 slots=4 max_slots=4\n");
+}
+
+TEST(LauncherTest, AttemptOnNodesGoesThroughTheAgent) {
+  LaunchRequest r;
+  r.job_dir = "/state/jobs/job-1";
+  r.world_size = 4;
+  r.ptworker = "/bin/ptworker";
+  r.placement = {{"n1", 2}, {"n2", 2}};
+  r.rsh_agent = "/bin/ptrsh";
+  r.cluster_network = "10.0.0.0/24";
+  const std::vector<std::string> argv = AttemptCommand(r, "/a");
+  auto has = [&](const std::string& a, const std::string& b) {
+    for (size_t i = 0; i + 1 < argv.size(); ++i) {
+      if (argv[i] == a && argv[i + 1] == b) return true;
+    }
+    return false;
+  };
+  auto mca = [&](const std::string& k, const std::string& v) {
+    for (size_t i = 0; i + 2 < argv.size(); ++i) {
+      if (argv[i] == "--mca" && argv[i + 1] == k && argv[i + 2] == v) {
+        return true;
+      }
+    }
+    return false;
+  };
+  EXPECT_TRUE(mca("plm_rsh_agent", "/bin/ptrsh"));
+  EXPECT_TRUE(mca("plm_rsh_no_tree_spawn", "1"));
+  EXPECT_TRUE(mca("orte_leave_session_attached", "1"));
+  EXPECT_TRUE(mca("oob_tcp_keepalive_time", "5"));
+  EXPECT_TRUE(mca("oob_tcp_if_include", "10.0.0.0/24"));
+  EXPECT_TRUE(mca("btl_tcp_if_include", "10.0.0.0/24"));
+  EXPECT_TRUE(has("--hostfile", "/state/jobs/job-1/hostfile"));
+  EXPECT_TRUE(has("-n", "4"));
+  // On one host: no agent, no hostfile.
+  r.placement.clear();
+  const std::vector<std::string> local = AttemptCommand(r, "/a");
+  for (const std::string& a : local) {
+    EXPECT_FALSE(absl::StrContains(a, "ptrsh")) << a;
+    EXPECT_NE(a, "--hostfile");
+  }
 }
 
 }  // namespace

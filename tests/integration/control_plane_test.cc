@@ -785,6 +785,8 @@ class NodesTest : public ControlPlaneTest {
                                      "3",
                                      "--advertise",
                                      name + ":7071",
+                                     "--listen",
+                                     "127.0.0.1:0",
                                      "--join-token-file",
                                      (dir_ / token_file).string()};
     const pid_t pid = fork();

@@ -98,6 +98,9 @@ def main():
         checks.append(("sd lists ranks 0 and 1", ranks == ["0", "1"]))
         checks.append(("sd labels name the job",
                        all(t["labels"]["ptrain_job_id"] == job for t in sd)))
+        checks.append(("sd labels name the node (this host)",
+                       all(t["labels"].get("ptrain_node") == socket.gethostname()
+                           for t in sd)))
         for t in sd:
             host = t["targets"][0].rsplit(":", 1)[0].strip("[]")
             try:
