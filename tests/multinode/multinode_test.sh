@@ -1,0 +1,336 @@
+#!/bin/bash
+# Multi-node tests of the control plane: pretend nodes made of network and
+# PID namespaces (cluster.sh), one ptworkerd per node, ptcoord in the root
+# namespace on the nodes' bridge, jobs launched by mpirun through ptrsh.
+#
+#   multinode_test.sh SCENARIO BUILD_DIR SOURCE_DIR
+#
+# Scenarios: two_nodes, node_death_shrink, node_death_spare, link_cut,
+# node_frozen, daemon_killed, refusals, coordinator_restart. Needs root and iproute2;
+# exits 77 (skipped) with a message when namespaces cannot be made here.
+# Everything (namespaces, processes, files) is removed on exit, failed or
+# not. Figures are printed as "FIGURE name value".
+set -euo pipefail
+
+SCENARIO=${1:?scenario}
+BUILD=$(cd "${2:?build dir}" && pwd)
+SRC=$(cd "${3:?source dir}" && pwd)
+# Each scenario its own names and subnet, so that a leftover of one never
+# meets another.
+case $SCENARIO in
+  two_nodes) N=11 ;; node_death_shrink) N=12 ;; node_death_spare) N=13 ;;
+  link_cut) N=14 ;; daemon_killed) N=15 ;; refusals) N=16 ;;
+  coordinator_restart) N=17 ;; node_frozen) N=18 ;;
+  *) echo "unknown scenario $SCENARIO" >&2; exit 2 ;;
+esac
+export MN_PREFIX="pm$N" MN_SUBNET3="10.78.$N"
+# shellcheck source=cluster.sh
+source "$SRC/tests/multinode/cluster.sh"
+
+PTCOORD=$BUILD/coordinator/ptcoord
+PTCTL=$BUILD/ptctl/ptctl
+PTWORKERD=$BUILD/worker/ptworkerd
+PTRSH=$BUILD/worker/ptrsh
+PTWORKER=$BUILD/worker/ptworker
+
+if [[ $(id -u) != 0 ]]; then
+  echo "SKIP: multinode tests need root (network namespaces)"; exit 77
+fi
+if ! command -v ip >/dev/null || ! ip netns add "${MN_PREFIX}probe" 2>/dev/null; then
+  echo "SKIP: cannot create network namespaces here (ip netns add failed)"
+  exit 77
+fi
+ip netns del "${MN_PREFIX}probe"
+
+T=$(mktemp -d /tmp/ptrain-multinode.XXXXXX)
+chmod 700 "$T"
+CKPT="$SRC/checkpoints/multinode-$SCENARIO-$$"
+COORD_PID=""
+cleanup() {
+  local rc=$?
+  [[ -n $COORD_PID ]] && kill -9 "$COORD_PID" 2>/dev/null || true
+  pkill -9 -f "ptrain-multinode-mpirun-$$" 2>/dev/null || true
+  mn_down >/dev/null 2>&1 || true
+  if [[ $rc != 0 && $rc != 77 ]]; then
+    echo "---- FAILED ($rc); logs:"
+    for f in "$T"/*.log "$T"/state/jobs/*/attempt-*/stderr.log; do
+      [[ -f $f ]] || continue
+      echo "== $f"; tail -n 25 "$f"
+    done
+  fi
+  rm -rf "$T" "$CKPT"
+  exit "$rc"
+}
+trap cleanup EXIT
+mn_down >/dev/null 2>&1 || true
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+now() { date +%s.%N; }
+since() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$1" "$(now)"; }
+# JSON field of `ptctl -o json get JOB` by a Python expression over j.
+jget() {
+  "$PTCTL" -o json get "$1" 2>/dev/null |
+    python3 -c "import json,sys; j=json.load(sys.stdin)['job']; print($2)" 2>/dev/null || true
+}
+events() { sqlite3 "$T/state/ptcoord.db" "SELECT message FROM events WHERE job_id='$1' ORDER BY id"; }
+
+echo "tok-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')" > "$T/join"
+chmod 600 "$T/join"
+
+# ptcoord on the bridge; PORT fixed after the first start so a restarted
+# one is found at the same address.
+PORT=0
+start_coordinator() {
+  "$PTCOORD" --listen "$(mn_host_addr):$PORT" --state-dir "$T/state" \
+    --join-token-file "$T/join" --node-timeout-s 6 \
+    --cluster-network "$MN_SUBNET3.0/24" --cancel-grace-s 3 \
+    --work-root "$SRC" >> "$T/ptcoord.log" 2>&1 &
+  COORD_PID=$!
+  rm -f "$T/state/address.seen"
+  mn_wait_for 20 test -s "$T/state/address" || fail "ptcoord did not start"
+  ADDR=$(cat "$T/state/address")
+  PORT=${ADDR##*:}
+  export PTCTL_SERVER=$ADDR PTCTL_TOKEN
+  PTCTL_TOKEN=$(cat "$T/state/user-token")
+}
+
+# start_node K [SLOTS] [wrapped]: ptworkerd as node K. "wrapped": under a
+# shell that stays the node's init, so the daemon can die alone.
+start_node() {
+  local k=$1 slots=${2:-2} mode=${3:-}
+  local -a cmd=("$PTWORKERD" --coordinator "$ADDR" --name "$(mn_ns "$k")"
+    --slots "$slots" --listen 0.0.0.0:7071 --advertise "$(mn_addr "$k"):7071"
+    --join-token-file "$T/join" --orphan-timeout-s 20)
+  if [[ $mode == wrapped ]]; then
+    mn_node_run "$k" "$T/node$k.log" sh -c '"$@" & wait; exec sleep 100000' sh "${cmd[@]}"
+  else
+    mn_node_run "$k" "$T/node$k.log" "${cmd[@]}"
+  fi
+}
+node_state() {
+  "$PTCTL" -o json nodes | python3 -c "
+import json,sys
+for n in json.load(sys.stdin).get('nodes', []):
+    if n['spec']['name'] == sys.argv[1]:
+        print(n.get('state', '') + (',DRAINING' if n.get('draining') else ''))" "$1"
+}
+wait_nodes_up() {
+  local k
+  for k in "$@"; do
+    mn_wait_for 20 bash -c "[[ \$(\"$PTCTL\" -o json nodes | grep -c NODE_STATE_UP) -ge $# ]]" ||
+      fail "nodes $* did not come up"
+  done
+}
+
+# A small job: 2-layer GPT, dp=2 x tp=2 (4 ranks) unless overridden.
+JOB_SETS=(--set model.n_layer=2 --set model.n_embd=32 --set model.n_head=2
+  --set parallel.dp=2 --set parallel.tp=2 --set train.sample_every=0
+  --set train.sample_tokens=0 --set train.log_every=10
+  --set "checkpoint.dir=$CKPT")
+submit() {
+  "$PTCTL" submit "$SRC/examples/shakespeare-char.yaml" "${JOB_SETS[@]}" "$@" | head -n1
+}
+wait_state() {  # JOB STATE TIMEOUT
+  mn_wait_for "$3" bash -c "[[ \$(\"$PTCTL\" -o json get $1 | grep -o '\"state\": *\"[A-Z_]*\"' | head -1) == *$2* ]]"
+}
+wait_step() {  # JOB STEP TIMEOUT: reported progress reaches STEP
+  mn_wait_for "$3" bash -c "s=\$(\"$PTCTL\" -o json get $1 | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"job\"][\"progress\"].get(\"step\", 0))'); [[ \$s -ge $2 ]]"
+}
+# Live (not zombie) processes named NAME in node K.
+live_in_node() {
+  local k=$1 name=$2 p n=0
+  for p in $(mn_node_pids "$k"); do
+    [[ -r /proc/$p/stat ]] || continue
+    [[ $(awk '{print $3}' "/proc/$p/stat" 2>/dev/null) == Z ]] && continue
+    [[ $(cat "/proc/$p/comm" 2>/dev/null) == "$name" ]] && n=$((n + 1))
+  done
+  echo $n
+}
+final_loss() {  # run.jsonl -> the last training step's loss, as written
+  python3 -c "
+import json,sys
+last = None
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r.get('type') == 'step': last = r
+print(repr(last['loss']))" "$1"
+}
+
+mn_up 3 >/dev/null
+start_coordinator
+
+case $SCENARIO in
+two_nodes)
+  # dp=2 x tp=2 over two nodes of 2 slots: each tp pair inside one node;
+  # the final loss equals plain mpirun on one host, bit for bit.
+  start_node 1; start_node 2; wait_nodes_up 1 2
+  t0=$(now)
+  id=$(submit --set train.steps=30 --set checkpoint.every=10)
+  wait_step "$id" 1 60 || fail "no first step"
+  echo "FIGURE launch_submit_to_first_step_s $(since "$t0")"
+  wait_state "$id" SUCCEEDED 120 || fail "$id did not succeed: $(jget "$id" "j['state']")"
+  echo "FIGURE cluster_job_submit_to_succeeded_s $(since "$t0")"
+  [[ $(jget "$id" "j['placement']") == *"${MN_PREFIX}node1"*"'ranks': 2"*"${MN_PREFIX}node2"*"'ranks': 2"* ]] ||
+    fail "placement: $(jget "$id" "j['placement']")"
+  cluster_loss=$(final_loss "$T/state/jobs/$id/attempt-1/run.jsonl")
+  # The same spec, one host, plain mpirun.
+  t0=$(now)
+  (cd "$SRC" && OMP_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1 mpirun --allow-run-as-root --oversubscribe \
+      -n 4 "$PTWORKER" --config "$T/state/jobs/$id/spec.yaml" --log-json "$T/local.jsonl" \
+      --set "checkpoint.dir=$T/local-ckpt" > "$T/local.log" 2>&1) || fail "local mpirun failed"
+  echo "FIGURE local_mpirun_whole_run_s $(since "$t0")"
+  local_loss=$(final_loss "$T/local.jsonl")
+  echo "final loss: nodes $cluster_loss, local $local_loss"
+  [[ $cluster_loss == "$local_loss" ]] || fail "final loss differs: $cluster_loss vs $local_loss"
+  # Rank lines come back through mpirun, tagged with the rank, and
+  # ptctl logs shows them.
+  "$PTCTL" logs "$id" > "$T/logs.out" 2>&1 || fail "ptctl logs failed"
+  grep -q '^\[1,0\]<stderr>:.*step *30/30' "$T/logs.out" ||
+    fail "rank 0's tagged lines are not in ptctl logs"
+  ;;
+
+node_death_shrink)
+  # Node 2 dies: the job comes back on node 1 alone, shrunk to dp=1, from
+  # its last checkpoint, and succeeds.
+  start_node 1; start_node 2; wait_nodes_up 1 2
+  id=$(submit --set train.steps=600 --set checkpoint.every=20 --set restart.allow_shrink=true)
+  wait_step "$id" 60 60 || fail "no progress"
+  t0=$(now)
+  mn_node_kill 2
+  mn_wait_for 30 bash -c "[[ \$(\"$PTCTL\" -o json get $id | grep -c '\"attempts\": 2') == 1 ]]" ||
+    fail "no second attempt"
+  echo "FIGURE node_death_to_running_s $(since "$t0")"
+  wait_state "$id" SUCCEEDED 180 || fail "$id did not succeed"
+  [[ $(jget "$id" "j['dp']") == 1 ]] || fail "not shrunk: dp=$(jget "$id" "j['dp']")"
+  events "$id" | grep -q "lost node ${MN_PREFIX}node2.*not counted as a restart" ||
+    fail "no lost-node event: $(events "$id" | grep -v checkpoint)"
+  events "$id" | grep -q "shrunk to dp=1" || fail "no shrink event"
+  "$PTCTL" get "$id" | grep -q "shrunk to dp=1 (spec dp=2)" || fail "ptctl get does not say it shrank"
+  # Resumed from the newest checkpoint before the death: steps lost <= every.
+  python3 - "$T/state/jobs/$id" <<'EOF' || fail "resume point"
+import json, sys
+a1 = [json.loads(l) for l in open(sys.argv[1] + "/attempt-1/run.jsonl")]
+a2 = [json.loads(l) for l in open(sys.argv[1] + "/attempt-2/run.jsonl")]
+last1 = max(r["step"] for r in a1 if r.get("type") == "step")
+ckpt1 = max(r["step"] for r in a1 if r.get("type") == "checkpoint")
+first2 = min(r["step"] for r in a2 if r.get("type") == "step")
+print(f"FIGURE steps_lost {last1 - (first2 - 1)} (checkpoint.every 20; last step {last1}, resumed at {first2})")
+assert first2 == ckpt1 + 1, (first2, ckpt1)
+assert last1 - ckpt1 <= 20 + 1, (last1, ckpt1)
+EOF
+  ;;
+
+node_death_spare)
+  # Three nodes, node 3 drained: the job runs on 1 and 2. Node 3 is
+  # uncordoned, node 2 dies: the job restarts on 1 and 3 at full size.
+  start_node 1; start_node 2; start_node 3; wait_nodes_up 1 2 3
+  "$PTCTL" drain "${MN_PREFIX}node3" >/dev/null
+  [[ $(node_state "${MN_PREFIX}node3") == NODE_STATE_UP,DRAINING ]] || fail "drain: $(node_state "${MN_PREFIX}node3")"
+  id=$(submit --set train.steps=500 --set checkpoint.every=20 --set restart.allow_shrink=true)
+  wait_step "$id" 40 60 || fail "no progress"
+  [[ $(jget "$id" "j['placement']") != *node3* ]] || fail "placed on a drained node"
+  "$PTCTL" uncordon "${MN_PREFIX}node3" >/dev/null
+  mn_node_kill 2
+  wait_state "$id" SUCCEEDED 180 || fail "$id did not succeed"
+  [[ $(jget "$id" "j['attempts']") == 2 ]] || fail "attempts $(jget "$id" "j['attempts']")"
+  [[ $(jget "$id" "j['dp']") == 2 ]] || fail "not at full size: dp=$(jget "$id" "j['dp']")"
+  [[ $(jget "$id" "j['placement']") == *node1*node3* ]] || fail "placement $(jget "$id" "j['placement']")"
+  ;;
+
+link_cut)
+  # Node 2's link goes down: noticed (node down, attempt ended) within 15 s.
+  start_node 1; start_node 2; wait_nodes_up 1 2
+  id=$(submit --set train.steps=100000 --set checkpoint.every=50)
+  wait_step "$id" 20 60 || fail "no progress"
+  t0=$(now)
+  mn_link_down 2
+  mn_wait_for 15 bash -c "[[ \$(\"$PTCTL\" -o json get $id | grep -o '\"state\": *\"[A-Z_]*\"' | head -1) != *RUNNING* ]]" ||
+    fail "still running 15 s after the link went down"
+  echo "FIGURE link_down_noticed_s $(since "$t0")"
+  [[ $(node_state "${MN_PREFIX}node2") == NODE_STATE_DOWN ]] || fail "node 2 not down"
+  events "$id" | grep -q "lost node ${MN_PREFIX}node2" || fail "no lost-node event"
+  "$PTCTL" cancel "$id" >/dev/null
+  ;;
+
+node_frozen)
+  # Every process of node 2 stopped (its kernel still answers): its
+  # heartbeats stop, so the attempt ends without waiting for the hang
+  # timeout (300 s here).
+  start_node 1; start_node 2; wait_nodes_up 1 2
+  id=$(submit --set train.steps=100000 --set checkpoint.every=50)
+  wait_step "$id" 20 60 || fail "no progress"
+  t0=$(now)
+  mn_node_stop 2
+  mn_wait_for 20 bash -c "[[ \$(\"$PTCTL\" -o json get $id | grep -o '\"state\": *\"[A-Z_]*\"' | head -1) != *RUNNING* ]]" ||
+    fail "still running 20 s after node 2 froze"
+  echo "FIGURE frozen_node_noticed_s $(since "$t0")"
+  events "$id" | grep -q "lost node ${MN_PREFIX}node2" || fail "no lost-node event"
+  "$PTCTL" cancel "$id" >/dev/null
+  mn_node_cont 2
+  ;;
+
+daemon_killed)
+  # Only ptworkerd dies on node 2: no rank or orted of the job stays alive
+  # there, and the job is requeued.
+  start_node 1; start_node 2 2 wrapped; wait_nodes_up 1 2
+  id=$(submit --set train.steps=100000 --set checkpoint.every=50)
+  wait_step "$id" 20 60 || fail "no progress"
+  [[ $(live_in_node 2 ptworker) == 2 ]] || fail "expected 2 ranks on node 2"
+  for p in $(mn_node_pids 2); do
+    [[ $(cat "/proc/$p/comm" 2>/dev/null) == ptworkerd ]] && kill -9 "$p"
+  done
+  mn_wait_for 15 bash -c "source '$SRC/tests/multinode/cluster.sh'; $(declare -f live_in_node); [[ \$(live_in_node 2 ptworker) == 0 && \$(live_in_node 2 orted) == 0 ]]" ||
+    fail "ranks left running on node 2: $(live_in_node 2 ptworker) ptworker, $(live_in_node 2 orted) orted"
+  mn_wait_for 20 bash -c "[[ \$(\"$PTCTL\" -o json get $id | grep -o '\"state\": *\"[A-Z_]*\"' | head -1) != *RUNNING* ]]" ||
+    fail "the job did not notice"
+  "$PTCTL" cancel "$id" >/dev/null
+  ;;
+
+refusals)
+  # A wrong join token registers nothing; Exec refuses programs outside the
+  # allow-list, and tokens that are not a running attempt's.
+  start_node 1; wait_nodes_up 1
+  echo "not-the-token" > "$T/bad"; chmod 600 "$T/bad"
+  set +e
+  mn_exec 2 "$PTWORKERD" --coordinator "$ADDR" --name "${MN_PREFIX}node2" \
+    --listen 0.0.0.0:7071 --join-token-file "$T/bad" > "$T/bad.log" 2>&1
+  rc=$?
+  set -e
+  [[ $rc == 2 ]] || fail "wrong join token: exit $rc"
+  grep -q "join token refused" "$T/bad.log" || fail "no refusal message: $(cat "$T/bad.log")"
+  [[ -z $(node_state "${MN_PREFIX}node2") ]] || fail "a node registered with a wrong token"
+  echo "${MN_PREFIX}node1 $(mn_addr 1):7071" > "$T/nodes"
+  run_rsh() { PTRAIN_NODES_FILE="$T/nodes" PTRAIN_JOB_TOKEN="$1" "$PTRSH" "${MN_PREFIX}node1" "${@:2}"; }
+  set +e
+  out=$(run_rsh some-token /bin/sh -c id 2>&1); rc=$?
+  set -e
+  [[ $rc == 255 && $out == *"not a program this node runs"* ]] || fail "sh was not refused ($rc): $out"
+  set +e
+  out=$(run_rsh some-token "PATH=/tmp:\$PATH ; export PATH ; orted -mca ess env ; id" 2>&1); rc=$?
+  set -e
+  echo "second command: $out"
+  [[ $rc == 255 && $out != *uid=* && $out == *refused* ]] || fail "a second command was not refused ($rc): $out"
+  set +e
+  out=$(run_rsh some-token orted --version 2>&1); rc=$?
+  set -e
+  [[ $rc == 255 && $out == *"not that of a running attempt"* ]] || fail "a foreign token was not refused ($rc): $out"
+  ;;
+
+coordinator_restart)
+  # ptcoord dies mid-job and comes back on the same state and port: the
+  # nodes register again and the job is re-adopted, then succeeds.
+  start_node 1; start_node 2; wait_nodes_up 1 2
+  id=$(submit --set train.steps=1500 --set checkpoint.every=100)
+  wait_step "$id" 50 60 || fail "no progress"
+  kill -9 "$COORD_PID"; wait "$COORD_PID" 2>/dev/null || true
+  sleep 2
+  rm -f "$T/state/address"
+  start_coordinator
+  mn_wait_for 20 bash -c "[[ \$(\"$PTCTL\" -o json nodes | grep -c NODE_STATE_UP) -ge 2 ]]" ||
+    fail "nodes did not register again"
+  wait_state "$id" SUCCEEDED 180 || fail "$id did not succeed after the restart"
+  [[ $(jget "$id" "j['attempts']") == 1 ]] || fail "restarted instead of re-adopted"
+  events "$id" | grep -q "re-adopted" || fail "no re-adopt event"
+  ;;
+esac
+echo "PASS: $SCENARIO"
