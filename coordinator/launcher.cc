@@ -134,9 +134,11 @@ std::vector<std::string> AttemptCommand(const LaunchRequest& r,
                    "btl_tcp_if_include", r.cluster_network});
     }
     argv.insert(argv.end(),
-                {"--hostfile", (fs::path(r.job_dir) / "hostfile").string(),
-                 "--tag-output"});
+                {"--hostfile", (fs::path(r.job_dir) / "hostfile").string()});
   }
+  // Every line in the attempt's logs says which rank wrote it
+  // ("[1,RANK]<stderr>:"), wherever the rank ran: ptctl logs --rank.
+  argv.push_back("--tag-output");
   const std::vector<std::string> tail = {
       "-n",
       absl::StrCat(r.world_size),

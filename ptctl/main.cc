@@ -10,12 +10,14 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <thread>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -422,7 +424,25 @@ int Cancel(Client& client, const std::string& id) {
   return 0;
 }
 
-int Logs(Client& client, const std::string& id, bool follow, int attempt) {
+// True when `line` is tagged as written by `rank`: mpirun --tag-output's
+// "[JOB,RANK]<stream>:" prefix.
+bool LineOfRank(absl::string_view line, int rank) {
+  if (line.empty() || line[0] != '[') return false;
+  const size_t comma = line.find(',');
+  const size_t close = line.find(']');
+  if (comma == absl::string_view::npos || close == absl::string_view::npos ||
+      comma > close) {
+    return false;
+  }
+  int r = -1;
+  return absl::SimpleAtoi(line.substr(comma + 1, close - comma - 1), &r) &&
+         r == rank;
+}
+
+// `rank` < 0: every line; else only that rank's (whole lines, so each
+// stream keeps its unfinished last line until the rest arrives).
+int Logs(Client& client, const std::string& id, bool follow, int attempt,
+         int rank) {
   ptrain::v1::StreamLogsRequest req;
   req.set_job_id(id);
   req.set_follow(follow);
@@ -430,8 +450,23 @@ int Logs(Client& client, const std::string& id, bool follow, int attempt) {
   auto ctx = client.Context(/*unary=*/false);
   auto reader = client.stub().StreamLogs(ctx.get(), req);
   ptrain::v1::LogChunk chunk;
+  std::map<std::string, std::string> partial;  // by stream
   while (reader->Read(&chunk)) {
-    std::fwrite(chunk.data().data(), 1, chunk.data().size(), stdout);
+    if (rank < 0) {
+      std::fwrite(chunk.data().data(), 1, chunk.data().size(), stdout);
+    } else {
+      std::string& text = partial[chunk.stream()];
+      text += chunk.data();
+      size_t start = 0, end;
+      while ((end = text.find('\n', start)) != std::string::npos) {
+        const absl::string_view line(text.data() + start, end - start + 1);
+        if (LineOfRank(line, rank)) {
+          std::fwrite(line.data(), 1, line.size(), stdout);
+        }
+        start = end + 1;
+      }
+      text.erase(0, start);
+    }
     std::fflush(stdout);
   }
   const grpc::Status s = reader->Finish();
@@ -559,6 +594,9 @@ int Run(int argc, char** argv) {
   auto* logs = app.add_subcommand("logs", "print an attempt's output");
   logs->add_option("JOB", job)->required();
   logs->add_flag("-f,--follow", follow, "keep printing until the attempt ends");
+  int rank = -1;
+  logs->add_option("--rank", rank, "only the lines of this rank")
+      ->check(CLI::Range(0, 1 << 20));
   logs->add_option("--attempt", attempt, "attempt number (default: the latest)")
       ->check(CLI::NonNegativeNumber);
   auto* cancel = app.add_subcommand("cancel", "cancel a job (idempotent)");
@@ -590,7 +628,7 @@ int Run(int argc, char** argv) {
   if (*submit) return Submit(client, file, sets, watch);
   if (*get) return Get(client, job);
   if (*list) return List(client);
-  if (*logs) return Logs(client, job, follow, attempt);
+  if (*logs) return Logs(client, job, follow, attempt, rank);
   if (*cancel) return Cancel(client, job);
   if (*watch_cmd) return Watch(client, job);
   if (*ckpts) return Checkpoints(client, job);

@@ -5,8 +5,9 @@
 #
 #   multinode_test.sh SCENARIO BUILD_DIR SOURCE_DIR
 #
-# Scenarios: two_nodes, node_death_shrink, node_death_spare, link_cut,
-# node_frozen, daemon_killed, refusals, coordinator_restart. Needs root and iproute2;
+# Scenarios: two_nodes, node_death_shrink, node_returns_grow,
+# node_death_spare, link_cut, node_frozen, daemon_killed, refusals,
+# coordinator_restart. Needs root and iproute2;
 # exits 77 (skipped) with a message when namespaces cannot be made here.
 # Everything (namespaces, processes, files) is removed on exit, failed or
 # not. Figures are printed as "FIGURE name value".
@@ -20,7 +21,7 @@ SRC=$(cd "${3:?source dir}" && pwd)
 case $SCENARIO in
   two_nodes) N=11 ;; node_death_shrink) N=12 ;; node_death_spare) N=13 ;;
   link_cut) N=14 ;; daemon_killed) N=15 ;; refusals) N=16 ;;
-  coordinator_restart) N=17 ;; node_frozen) N=18 ;;
+  coordinator_restart) N=17 ;; node_frozen) N=18 ;; node_returns_grow) N=19 ;;
   *) echo "unknown scenario $SCENARIO" >&2; exit 2 ;;
 esac
 export MN_PREFIX="pm$N" MN_SUBNET3="10.78.$N"
@@ -84,7 +85,7 @@ start_coordinator() {
   "$PTCOORD" --listen "$(mn_host_addr):$PORT" --state-dir "$T/state" \
     --join-token-file "$T/join" --node-timeout-s 6 \
     --cluster-network "$MN_SUBNET3.0/24" --cancel-grace-s 3 \
-    --work-root "$SRC" >> "$T/ptcoord.log" 2>&1 &
+    --work-root "$SRC" --metrics-listen "$(mn_host_addr):0" >> "$T/ptcoord.log" 2>&1 &
   COORD_PID=$!
   rm -f "$T/state/address.seen"
   mn_wait_for 20 test -s "$T/state/address" || fail "ptcoord did not start"
@@ -187,6 +188,12 @@ two_nodes)
   "$PTCTL" logs "$id" > "$T/logs.out" 2>&1 || fail "ptctl logs failed"
   grep -q '^\[1,0\]<stderr>:.*step *30/30' "$T/logs.out" ||
     fail "rank 0's tagged lines are not in ptctl logs"
+  # Rank 3 ran on node 2; its lines are here, and only its with --rank 3.
+  "$PTCTL" logs "$id" --rank 3 > "$T/logs3.out" 2>&1 || fail "ptctl logs --rank failed"
+  grep -q '^\[1,3\]<stderr>:.*rank 3 serves metrics' "$T/logs3.out" ||
+    fail "rank 3's lines (node 2) are not in ptctl logs --rank 3: $(head -3 "$T/logs3.out")"
+  ! grep -qv '^\[1,3\]<' "$T/logs3.out" || fail "ptctl logs --rank 3 shows other lines"
+  "$PTCTL" logs "$id" --rank 0 | grep -q 'step *30/30' || fail "ptctl logs --rank 0 misses rank 0"
   ;;
 
 node_death_shrink)
@@ -220,6 +227,38 @@ assert last1 - ckpt1 <= 20 + 1, (last1, ckpt1)
 EOF
   ;;
 
+node_returns_grow)
+  # Node 2 dies, the job shrinks to dp=1; node 2 comes back: the job stops
+  # after its next checkpoint, resumes at dp=2 on both nodes and succeeds.
+  start_node 1; start_node 2; wait_nodes_up 1 2
+  id=$(submit --set train.steps=1500 --set checkpoint.every=50 \
+    --set restart.allow_shrink=true --set restart.allow_grow=true)
+  wait_step "$id" 60 60 || fail "no progress"
+  mn_node_kill 2
+  mn_wait_for 30 bash -c "[[ \$(\"$PTCTL\" -o json get $id | grep -c '\"dp\": 1') == 1 ]]" ||
+    fail "did not shrink"
+  start_node 2
+  mn_wait_for 60 bash -c "[[ \$(\"$PTCTL\" -o json get $id | grep -c '\"attempts\": 3') == 1 ]]" ||
+    fail "did not grow back: $(events "$id" | grep -v checkpoint)"
+  wait_state "$id" SUCCEEDED 180 || fail "$id did not succeed"
+  [[ $(jget "$id" "j['dp']") == 2 ]] || fail "not at dp=2 at the end"
+  events "$id" | grep -q "to grow back to dp=2.*not counted as a restart" ||
+    fail "no grow event: $(events "$id" | grep -v checkpoint)"
+  # Stopped right after a checkpoint: attempt 3 starts where attempt 2's
+  # last checkpoint left off, and at most a few steps after it were lost.
+  python3 - "$T/state/jobs/$id" <<'EOF' || fail "grow resume point"
+import json, sys
+a2 = [json.loads(l) for l in open(sys.argv[1] + "/attempt-2/run.jsonl")]
+a3 = [json.loads(l) for l in open(sys.argv[1] + "/attempt-3/run.jsonl")]
+ckpt2 = max(r["step"] for r in a2 if r.get("type") == "checkpoint")
+last2 = max(r["step"] for r in a2 if r.get("type") == "step")
+first3 = min(r["step"] for r in a3 if r.get("type") == "step")
+print(f"FIGURE grow_steps_lost {last2 - ckpt2} (checkpoint {ckpt2}, last step {last2})")
+assert first3 == ckpt2 + 1, (first3, ckpt2)
+assert last2 - ckpt2 < 50, (last2, ckpt2)
+EOF
+  ;;
+
 node_death_spare)
   # Three nodes, node 3 drained: the job runs on 1 and 2. Node 3 is
   # uncordoned, node 2 dies: the job restarts on 1 and 3 at full size.
@@ -242,6 +281,25 @@ link_cut)
   start_node 1; start_node 2; wait_nodes_up 1 2
   id=$(submit --set train.steps=100000 --set checkpoint.every=50)
   wait_step "$id" 20 60 || fail "no progress"
+  # Prometheus discovery: every rank, at its node's address, labelled with
+  # its node; the address answers from the coordinator's namespace.
+  python3 - "$(cat "$T/state/metrics_address")" "$MN_PREFIX" "$MN_SUBNET3" <<'EOF' || fail "/sd"
+import json, sys, time, urllib.request
+at, prefix, net = sys.argv[1:]
+for _ in range(50):
+    sd = json.loads(urllib.request.urlopen(f"http://{at}/sd", timeout=5).read())
+    if len(sd) == 4: break
+    time.sleep(0.2)
+by_rank = {int(t["labels"]["ptrain_rank"]): t for t in sd}
+assert sorted(by_rank) == [0, 1, 2, 3], sd
+for r, t in by_rank.items():
+    k = 1 if r < 2 else 2
+    assert t["labels"]["ptrain_node"] == f"{prefix}node{k}", t
+    assert t["targets"][0].startswith(f"{net}.{10 + k}:"), t
+    page = urllib.request.urlopen(f"http://{t['targets'][0]}/metrics", timeout=5).read().decode()
+    assert f'rank="{r}"' in page, r
+print("sd: 4 ranks, each at its node's address with its node label")
+EOF
   t0=$(now)
   mn_link_down 2
   mn_wait_for 15 bash -c "[[ \$(\"$PTCTL\" -o json get $id | grep -o '\"state\": *\"[A-Z_]*\"' | head -1) != *RUNNING* ]]" ||
