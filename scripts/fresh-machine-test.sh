@@ -90,7 +90,7 @@ kill_inside() {
 unmount_all() {
   kill_inside
   local m
-  for m in usr/local/cuda var/cache/apt/archives dev sys proc; do
+  for m in usr/local/cuda var/cache/apt/archives run/netns dev sys proc; do
     umount -l "$root/$m" 2>/dev/null || true
   done
 }

@@ -774,8 +774,11 @@ class NodesTest : public ControlPlaneTest {
             "--node-timeout-s", "2"};
   }
   // Starts ptworkerd as node `name`, its output in dir_/NAME.log.
+  // `advertise` "": the daemon advertises NAME:BOUND_PORT.
   pid_t StartDaemon(const std::string& name,
-                    const std::string& token_file = "join-tokens") {
+                    const std::string& token_file = "join-tokens",
+                    const std::string& advertise = "default",
+                    const std::vector<std::string>& extra = {}) {
     std::vector<std::string> argv = {PT_PTWORKERD,
                                      "--coordinator",
                                      address_,
@@ -783,12 +786,16 @@ class NodesTest : public ControlPlaneTest {
                                      name,
                                      "--slots",
                                      "3",
-                                     "--advertise",
-                                     name + ":7071",
                                      "--listen",
                                      "127.0.0.1:0",
                                      "--join-token-file",
                                      (dir_ / token_file).string()};
+    if (advertise == "default") {
+      argv.insert(argv.end(), {"--advertise", name + ":7071"});
+    } else if (!advertise.empty()) {
+      argv.insert(argv.end(), {"--advertise", advertise});
+    }
+    argv.insert(argv.end(), extra.begin(), extra.end());
     const pid_t pid = fork();
     if (pid == 0) {
       std::vector<char*> args;
@@ -908,6 +915,80 @@ TEST_F(NodesTest, NodesRegisterAgainAfterACoordinatorRestart) {
       },
       30))
       << ReadFile(dir_ / "node-a.log");
+}
+
+// A process that carries an attempt's uid, as ranks do; its pid.
+pid_t StartAttemptProcess(const std::string& uid) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const std::string env = "PTRAIN_ATTEMPT_UID=" + uid;
+    char* const argv[] = {const_cast<char*>("/bin/sleep"),
+                          const_cast<char*>("600"), nullptr};
+    char* const envp[] = {const_cast<char*>(env.c_str()), nullptr};
+    execve(argv[0], argv, envp);
+    _exit(127);
+  }
+  return pid;
+}
+
+bool Ended(pid_t pid) {
+  int status = 0;
+  return waitpid(pid, &status, WNOHANG) == pid;
+}
+
+TEST_F(NodesTest, KillAttemptNeedsTheJoinTokenAndKillsOnlyThatAttempt) {
+  StartDaemon("node-k", "join-tokens", "");
+  ASSERT_TRUE(
+      WaitFor([&] { return NodeState("node-k") == "NODE_STATE_UP"; }, 30))
+      << ReadFile(dir_ / "node-k.log");
+  const std::string address = Nodes()["node-k"]["spec"].value("address", "");
+  const std::string port = address.substr(address.rfind(':') + 1);
+  auto stub = ptrain::v1::DaemonService::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + port, grpc::InsecureChannelCredentials()));
+  const pid_t mine = StartAttemptProcess("job-1.1.aaaa");
+  const pid_t other = StartAttemptProcess("job-2.1.bbbb");
+  auto call = [&](const std::string& token, const std::string& uid) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + token);
+    ptrain::v1::KillAttemptRequest req;
+    req.set_attempt_uid(uid);
+    ptrain::v1::KillAttemptResponse resp;
+    grpc::Status s = stub->KillAttempt(&ctx, req, &resp);
+    return std::make_pair(s, resp.processes());
+  };
+  auto [refused, n0] = call("not-the-join-token", "job-1.1.aaaa");
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(n0, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(Ended(mine));
+  auto [ok, n1] = call(kJoinToken, "job-1.1.aaaa");
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(n1, 1);
+  EXPECT_TRUE(WaitFor([&] { return Ended(mine); }, 10));
+  EXPECT_FALSE(Ended(other));
+  kill(other, SIGKILL);
+  waitpid(other, nullptr, 0);
+}
+
+TEST_F(NodesTest, DrainIsStoredAndShownUntilUncordon) {
+  StartDaemon("node-d");
+  ASSERT_TRUE(
+      WaitFor([&] { return NodeState("node-d") == "NODE_STATE_UP"; }, 30));
+  EXPECT_EQ(Ptctl("drain node-d").rc, 0);
+  EXPECT_TRUE(Nodes()["node-d"].value("draining", false));
+  Result unknown = Ptctl("drain no-such-node");
+  EXPECT_NE(unknown.rc, 0);
+  EXPECT_TRUE(absl::StrContains(unknown.out, "no node 'no-such-node'"))
+      << unknown.out;
+  // Kept across a restart, and re-registering does not clear it.
+  StopCoordinator(SIGKILL);
+  StartCoordinator("127.0.0.1" + port_, NodeFlags());
+  EXPECT_TRUE(Nodes()["node-d"].value("draining", false));
+  ASSERT_TRUE(
+      WaitFor([&] { return NodeState("node-d") == "NODE_STATE_UP"; }, 30));
+  EXPECT_TRUE(Nodes()["node-d"].value("draining", false));
+  EXPECT_EQ(Ptctl("uncordon node-d").rc, 0);
+  EXPECT_FALSE(Nodes()["node-d"].value("draining", false));
 }
 
 }  // namespace

@@ -37,9 +37,11 @@
 #   MN_NODE_PATH   PATH given to node processes
 #                  (default "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 #   MN_NODE_ENV    bash array of extra NAME=VALUE entries for node processes
-#   MN_NETNS_ENTER how mn_node_run enters the network namespace: "ip" (default,
-#                  `ip netns exec`, which also mounts a /sys matching the
-#                  namespace) or "nsenter" (`nsenter --net=`, which keeps the
+#   MN_NETNS_ENTER how mn_node_run enters the network namespace: "nsenter"
+#                  (default; `nsenter --net=`, which works in a chroot whose
+#                  / is not a mount point) or "ip" (`ip netns exec`, which
+#                  also mounts a /sys matching the namespace but fails
+#                  there); nsenter keeps the
 #                  host's /sys, including /sys/fs/cgroup).
 #
 # Every function is safe under `set -euo pipefail`.  Functions report problems
@@ -48,6 +50,15 @@
 # ---------------------------------------------------------------------------
 # Internal helpers
 # ---------------------------------------------------------------------------
+
+# Run a command in network namespace $1 (nsenter only switches the network
+# namespace; `ip -n`/`ip netns exec` also remount / and /sys, which fails in
+# a chroot whose / is not a mount point).
+_mn_in() {
+    local ns=$1
+    shift
+    nsenter "--net=/run/netns/$ns" "$@"
+}
 
 # Print an error message and return 1.
 _mn_err() {
@@ -300,9 +311,9 @@ mn_up() {
         elif [[ -n $(ip netns pids "$ns" 2>/dev/null || true) ]]; then
             _mn_warn "namespace $ns already has processes in it (left from an earlier run?); call mn_down first for a clean start"
         fi
-        ip -n "$ns" link set lo up || { _mn_err "cannot bring lo up in $ns"; return 1; }
+        _mn_in "$ns" ip link set lo up || { _mn_err "cannot bring lo up in $ns"; return 1; }
         # Create the veth pair unless eth0 already exists inside the node.
-        if ! ip -n "$ns" link show dev eth0 >/dev/null 2>&1; then
+        if ! _mn_in "$ns" ip link show dev eth0 >/dev/null 2>&1; then
             # A host-side veth without its peer is stale: remove it first.
             if _mn_link_exists "$veth"; then
                 ip link del "$veth" 2>/dev/null || true
@@ -312,9 +323,9 @@ mn_up() {
         fi
         ip link set "$veth" master "$br" || { _mn_err "cannot attach $veth to $br"; return 1; }
         ip link set "$veth" up || { _mn_err "cannot bring $veth up"; return 1; }
-        ip -n "$ns" addr replace "$(mn_addr "$k")/24" dev eth0 ||
+        _mn_in "$ns" ip addr replace "$(mn_addr "$k")/24" dev eth0 ||
             { _mn_err "cannot set address of eth0 in $ns"; return 1; }
-        ip -n "$ns" link set eth0 up || { _mn_err "cannot bring eth0 up in $ns"; return 1; }
+        _mn_in "$ns" ip link set eth0 up || { _mn_err "cannot bring eth0 up in $ns"; return 1; }
     done
     return 0
 }
@@ -447,7 +458,7 @@ mn_node_run() {
     envv=(env -i "PATH=${MN_NODE_PATH:-/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin}"
           "HOME=${HOME:-/root}")
     envv+=(${MN_NODE_ENV[@]+"${MN_NODE_ENV[@]}"})
-    case ${MN_NETNS_ENTER:-ip} in
+    case ${MN_NETNS_ENTER:-nsenter} in
         ip) enter=(ip netns exec "$ns") ;;
         nsenter)
             _mn_check_tools nsenter || return 1
@@ -460,10 +471,14 @@ mn_node_run() {
     # --fork, unshare's child is PID 1 of the new PID namespace: a small
     # shell that sets the hostname and then becomes CMD.  --kill-child makes
     # that init die if unshare itself is killed.
+    # The node's own /proc is mounted in a mount namespace of its own, after
+    # making /proc private there (not `--mount-proc`, whose change of /'s
+    # propagation fails in a chroot whose / is not a mount point).
     # shellcheck disable=SC2016  # $0/$@ are for the inner shell
     "${enter[@]}" "${envv[@]}" \
-        unshare --pid --fork --kill-child --mount-proc --uts \
-        /bin/sh -c 'hostname "$0" && exec "$@"' "$ns" "$@" \
+        unshare --pid --fork --kill-child --mount --propagation unchanged --uts \
+        /bin/sh -c 'mount --make-rprivate /proc && mount -t proc proc /proc &&
+                    hostname "$0" && exec "$@"' "$ns" "$@" \
         </dev/null >>"$log" 2>&1 &
     upid=$!
     ustart=$(_mn_starttime "$upid")
@@ -599,7 +614,7 @@ mn_exec() {
     local k=${1:-}
     _mn_check_k "$k" || return 1
     shift
-    ip netns exec "$(mn_ns "$k")" "$@"
+    _mn_in "$(mn_ns "$k")" "$@"
 }
 
 # ---------------------------------------------------------------------------

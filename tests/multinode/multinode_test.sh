@@ -7,7 +7,7 @@
 #
 # Scenarios: two_nodes, node_death_shrink, node_returns_grow,
 # node_death_spare, link_cut, node_frozen, daemon_killed, refusals,
-# coordinator_restart. Needs root and iproute2;
+# coordinator_restart, coordinator_lost. Needs root and iproute2;
 # exits 77 (skipped) with a message when namespaces cannot be made here.
 # Everything (namespaces, processes, files) is removed on exit, failed or
 # not. Figures are printed as "FIGURE name value".
@@ -22,6 +22,7 @@ case $SCENARIO in
   two_nodes) N=11 ;; node_death_shrink) N=12 ;; node_death_spare) N=13 ;;
   link_cut) N=14 ;; daemon_killed) N=15 ;; refusals) N=16 ;;
   coordinator_restart) N=17 ;; node_frozen) N=18 ;; node_returns_grow) N=19 ;;
+  coordinator_lost) N=20 ;;
   *) echo "unknown scenario $SCENARIO" >&2; exit 2 ;;
 esac
 export MN_PREFIX="pm$N" MN_SUBNET3="10.78.$N"
@@ -37,11 +38,10 @@ PTWORKER=$BUILD/worker/ptworker
 if [[ $(id -u) != 0 ]]; then
   echo "SKIP: multinode tests need root (network namespaces)"; exit 77
 fi
-if ! command -v ip >/dev/null || ! ip netns add "${MN_PREFIX}probe" 2>/dev/null; then
-  echo "SKIP: cannot create network namespaces here (ip netns add failed)"
+if ! command -v ip >/dev/null || ! unshare --net --pid --fork true 2>/dev/null; then
+  echo "SKIP: cannot create network and PID namespaces here (unshare --net --pid failed)"
   exit 77
 fi
-ip netns del "${MN_PREFIX}probe"
 
 T=$(mktemp -d /tmp/ptrain-multinode.XXXXXX)
 chmod 700 "$T"
@@ -49,7 +49,7 @@ CKPT="$SRC/checkpoints/multinode-$SCENARIO-$$"
 COORD_PID=""
 cleanup() {
   local rc=$?
-  [[ -n $COORD_PID ]] && kill -9 "$COORD_PID" 2>/dev/null || true
+  if [[ -n $COORD_PID ]]; then kill -9 "$COORD_PID" 2>/dev/null; wait "$COORD_PID" 2>/dev/null; fi || true
   pkill -9 -f "ptrain-multinode-mpirun-$$" 2>/dev/null || true
   mn_down >/dev/null 2>&1 || true
   if [[ $rc != 0 && $rc != 77 ]]; then
@@ -101,7 +101,7 @@ start_node() {
   local k=$1 slots=${2:-2} mode=${3:-}
   local -a cmd=("$PTWORKERD" --coordinator "$ADDR" --name "$(mn_ns "$k")"
     --slots "$slots" --listen 0.0.0.0:7071 --advertise "$(mn_addr "$k"):7071"
-    --join-token-file "$T/join" --orphan-timeout-s 20)
+    --join-token-file "$T/join" --orphan-timeout-s "${ORPHAN_S:-20}")
   if [[ $mode == wrapped ]]; then
     mn_node_run "$k" "$T/node$k.log" sh -c '"$@" & wait; exec sleep 100000' sh "${cmd[@]}"
   else
@@ -389,6 +389,25 @@ coordinator_restart)
   wait_state "$id" SUCCEEDED 180 || fail "$id did not succeed after the restart"
   [[ $(jget "$id" "j['attempts']") == 1 ]] || fail "restarted instead of re-adopted"
   events "$id" | grep -q "re-adopted" || fail "no re-adopt event"
+  ;;
+coordinator_lost)
+  # ptcoord dies for good: after --orphan-timeout-s (4 s here) every
+  # daemon kills what it started; no rank or orted is left on any node.
+  ORPHAN_S=4
+  start_node 1; start_node 2; wait_nodes_up 1 2
+  id=$(submit --set train.steps=100000 --set checkpoint.every=100)
+  wait_step "$id" 20 60 || fail "no progress"
+  [[ $(live_in_node 1 ptworker) == 2 && $(live_in_node 2 ptworker) == 2 ]] || fail "ranks not placed 2+2"
+  kill -9 "$COORD_PID"; wait "$COORD_PID" 2>/dev/null || true
+  COORD_PID=""
+  t0=$(now)
+  # Not at the first failed heartbeat: a ptcoord restart must not kill jobs.
+  sleep 1.5
+  [[ $(live_in_node 1 ptworker) == 2 ]] || fail "ranks killed before the orphan timeout"
+  mn_wait_for 20 bash -c "source '$SRC/tests/multinode/cluster.sh'; $(declare -f live_in_node); [[ \$(live_in_node 1 ptworker) == 0 && \$(live_in_node 2 ptworker) == 0 && \$(live_in_node 1 orted) == 0 && \$(live_in_node 2 orted) == 0 ]]" ||
+    fail "processes left after the orphan timeout"
+  echo "FIGURE orphans_killed_after_s $(since "$t0") (orphan timeout 4 s)"
+  grep -q "killing every attempt process" "$T/node1.log" || fail "node 1 does not say why"
   ;;
 esac
 echo "PASS: $SCENARIO"

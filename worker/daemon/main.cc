@@ -175,6 +175,9 @@ class Daemon final : public ptrain::v1::DaemonService::Service {
         spec_(std::move(spec)),
         orphan_timeout_(orphan_timeout) {}
 
+  // Where ptrsh reaches this daemon; set before Run().
+  void SetAddress(const std::string& address) { spec_.set_address(address); }
+
   // Registers and heartbeats until a stop request (0) or a refusal (2).
   int Run() {
     last_contact_ = std::chrono::steady_clock::now();
@@ -490,7 +493,7 @@ class Daemon final : public ptrain::v1::DaemonService::Service {
 
   std::unique_ptr<ptrain::v1::NodeService::Stub> stub_;
   const std::string token_;
-  const ptrain::v1::NodeSpec spec_;
+  ptrain::v1::NodeSpec spec_;
   const std::chrono::seconds orphan_timeout_;
   Attempts attempts_;
   absl::Mutex mu_;
@@ -586,8 +589,9 @@ int Run(int argc, char** argv) {
   }
   if (advertise.empty() && port_text == "0") {
     spec.set_address(absl::StrCat(name, ":", port));
+    daemon.SetAddress(spec.address());
   }
-  spdlog::info("serving ptrsh on {} (advertised as {})", listen,
+  spdlog::info("serving ptrsh on port {} (advertised as {})", port,
                spec.address());
   const int rc = daemon.Run();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
