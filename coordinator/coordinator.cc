@@ -278,12 +278,29 @@ void Coordinator::Recover() {
     run.is_child = false;
     run.last_report = absl::Now();
     const AttemptKey key = KeyOf(r);
-    if (!AttemptProcesses(key).empty()) {
+    bool alive = false;
+    if (options_.slurm) {
+      // Found by its name: also an attempt whose id never reached the
+      // store (ptcoord died right after sbatch).
+      absl::StatusOr<std::string> sid =
+          FindSlurmJob(SlurmJobName(id, r.job.attempts()));
+      if (!sid.ok()) {
+        spdlog::warn("{}: cannot ask Slurm for attempt {}: {}", id,
+                     r.job.attempts(), std::string(sid.status().message()));
+      }
+      if (sid.ok() && !sid->empty()) {
+        run.slurm_id = *sid;
+        alive = true;
+      }
+    } else {
+      alive = !AttemptProcesses(key).empty();
+    }
+    if (alive) {
       // Re-adopt: the attempt kept training while we were down, and its ranks
       // report to the same address with the same token. Requeueing it would
       // throw away every step since its last checkpoint. What they logged
       // while we were down is taken from the run log.
-      run.pgid = AttemptLeader(key, run.attempt_dir);
+      if (!options_.slurm) run.pgid = AttemptLeader(key, run.attempt_dir);
       running_[id] = run;
       JobUpdate u;
       u.record = r;
@@ -382,8 +399,8 @@ absl::StatusOr<v1::Job> Coordinator::Submit(
       ParseJobSpec(spec_yaml, overrides, "job spec");
   if (!spec.ok()) return spec.status();
   const int world = WorldSize(*spec);
-  // On nodes a job waits for slots that may join later.
-  if (!nodes_->enabled()) {
+  // On nodes a job waits for slots that may join later; Slurm queues it.
+  if (!nodes_->enabled() && !options_.slurm) {
     if (absl::Status s = scheduler_.CheckFits(world); !s.ok()) return s;
   }
   if (absl::Status s =
@@ -705,7 +722,15 @@ void Coordinator::BeginKill(Entry& e, const std::string& reason) {
   Running& run = it->second;
   if (!reason.empty() && run.kill_reason.empty()) run.kill_reason = reason;
   if (run.kill_at.has_value()) return;
-  SignalAttempt(run.pgid, KeyOf(e.record), SIGTERM);
+  if (!run.slurm_id.empty()) {
+    // Slurm signals the batch script and every step (SIGTERM, then
+    // SIGKILL after its KillWait).
+    if (absl::Status s = CancelSlurmJob(run.slurm_id, ""); !s.ok()) {
+      spdlog::warn("{}: {}", e.record.job.id(), std::string(s.message()));
+    }
+  } else {
+    SignalAttempt(run.pgid, KeyOf(e.record), SIGTERM);
+  }
   run.kill_at = absl::Now() + options_.cancel_grace;
 }
 
@@ -880,7 +905,33 @@ void Coordinator::Launch(Entry& e, const std::vector<NodeRanks>& placement,
     req.rsh_agent = options_.ptrsh;
     req.nodes_file = nodes_file;
     req.cluster_network = options_.cluster_network;
-    launched = LaunchAttempt(req);
+    if (options_.slurm) {
+      const int cpus = std::max(1, run_spec.resources().threads_per_rank());
+      absl::StatusOr<std::string> sid =
+          SubmitSlurmAttempt(req, run_spec.resources().ranks_per_node(), cpus,
+                             options_.slurm_options);
+      if (sid.ok()) {
+        run.slurm_id = *sid;
+        run.is_child = false;
+        JobUpdate s;
+        s.record = e.record;
+        v1::Attempt& a = s.attempt.emplace();
+        a.set_number(attempt);
+        a.set_started_unix_ms(NowMs());
+        a.set_exit_code(-1);
+        a.set_dir(attempt_dir);
+        a.set_slurm_job_id(*sid);
+        s.event = absl::StrCat("attempt ", attempt, " is Slurm job ", *sid,
+                               " (", SlurmJobName(id, attempt), ")");
+        if (absl::Status c = Commit(e, std::move(s)); !c.ok()) {
+          LogStoreError(e, c);  // found again by its name after a restart
+        }
+        return;
+      }
+      launched = sid.status();
+    } else {
+      launched = LaunchAttempt(req);
+    }
   }
   if (!launched.ok()) {
     run.is_child = false;
@@ -1011,6 +1062,62 @@ bool Coordinator::ReadyToEnd(Entry& e, Running& run,
          now - *run.ended_at > options_.nodes.timeout + absl::Seconds(2);
 }
 
+void Coordinator::PollSlurm(Entry& e, Running& run, absl::Time now) {
+  if (run.leader_exit.has_value() || now < run.next_poll) return;
+  run.next_poll = now + absl::Seconds(1);
+  absl::StatusOr<SlurmJob> job = QuerySlurmJob(run.slurm_id);
+  if (!job.ok() && job.status().code() != absl::StatusCode::kNotFound) {
+    return;  // slurmctld unreachable: ask again later
+  }
+  if (job.ok() && !SlurmJobEnded(job->state)) {
+    // Queued by Slurm is not a hang: the timer starts when it runs.
+    if (job->state == "PENDING" || job->state == "CONFIGURING") {
+      run.last_report = now;
+    }
+    if (job->state != run.slurm_state) {
+      run.slurm_state = job->state;
+      JobUpdate u;
+      u.record = e.record;
+      u.event = absl::StrCat("Slurm job ", run.slurm_id, " ", job->state,
+                             job->reason.empty() || job->reason == "None"
+                                 ? ""
+                                 : absl::StrCat(" (", job->reason, ")"),
+                             job->nodes.empty() || job->nodes == "(null)"
+                                 ? ""
+                                 : absl::StrCat(" on ", job->nodes));
+      if (absl::Status s = Commit(e, std::move(u)); !s.ok()) {
+        LogStoreError(e, s);
+      }
+    }
+    return;
+  }
+  // Ended (or purged): the batch script's exit_code file decides when it
+  // got to write it; else Slurm's record.
+  const std::optional<int> rc = ReadExitCode(run.attempt_dir);
+  if (!job.ok()) {
+    run.leader_exit = rc.value_or(-1);
+    run.lost = !rc.has_value() && !run.kill_at.has_value();
+    return;
+  }
+  run.leader_exit = rc.has_value()     ? *rc
+                    : job->signal != 0 ? 128 + job->signal
+                                       : job->exit_code;
+  if (job->state == "NODE_FAIL") {
+    run.node_lost = true;
+    run.kill_reason = absl::StrCat("attempt ", e.record.job.attempts(),
+                                   " lost a node: Slurm job ", run.slurm_id,
+                                   " ended NODE_FAIL on ", job->nodes);
+  } else if (job->state == "CANCELLED" && !run.kill_at.has_value()) {
+    run.kill_reason = absl::StrCat("Slurm job ", run.slurm_id,
+                                   " was cancelled outside ptrain (scancel)");
+  } else if (job->state != "COMPLETED" && *run.leader_exit == 0) {
+    run.leader_exit = 1;
+    run.kill_reason =
+        absl::StrCat("Slurm job ", run.slurm_id, " ended ", job->state,
+                     job->reason.empty() ? "" : " (" + job->reason + ")");
+  }
+}
+
 void Coordinator::Supervise() {
   const absl::Time now = absl::Now();
   const std::vector<v1::Node> nodes =
@@ -1024,9 +1131,18 @@ void Coordinator::Supervise() {
     Entry& e = jobs_[id];
     Running& run = running_[id];
     const AttemptKey key = KeyOf(e.record);
+    if (!run.slurm_id.empty()) {
+      PollSlurm(e, run, now);
+      if (run.leader_exit.has_value()) {
+        if (!run.retry_at.has_value() || now >= *run.retry_at) {
+          OnAttemptEnded(e);
+        }
+        continue;
+      }
+    }
     // The wrapper shell ends after mpirun; the attempt has ended once no
     // process of it is left (ranks may outlive mpirun briefly).
-    if (!run.leader_exit.has_value()) {
+    if (!run.leader_exit.has_value() && run.slurm_id.empty()) {
       if (run.is_child && run.pgid > 0) {
         if (std::optional<int> rc = ReapChild(run.pgid); rc.has_value()) {
           run.leader_exit =
@@ -1073,6 +1189,11 @@ void Coordinator::Supervise() {
       if (!run.kill_at.has_value()) run.kill_at = now + options_.cancel_grace;
     }
     if (run.kill_at.has_value() && now >= *run.kill_at) {
+      if (!run.slurm_id.empty()) {
+        CancelSlurmJob(run.slurm_id, "KILL").IgnoreError();
+        run.kill_at = now + options_.cancel_grace;
+        continue;
+      }
       SignalAttempt(run.pgid, key, SIGKILL);
       run.kill_at = now + options_.cancel_grace;
       continue;
@@ -1101,6 +1222,11 @@ void Coordinator::Tick() {
   });
   if (nodes_->enabled()) {
     ScheduleOnNodes(waiting);
+    return;
+  }
+  if (options_.slurm) {
+    // Slurm queues and places: every waiting job becomes a Slurm job.
+    for (const Entry* w : waiting) Launch(jobs_[w->record.job.id()]);
     return;
   }
   std::vector<QueuedJob> queue;

@@ -26,6 +26,7 @@
 #include "coordinator/nodes.h"
 #include "coordinator/reports.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/slurm.h"
 #include "coordinator/store.h"
 #include "ptrain/v1/coordinator.pb.h"
 
@@ -59,6 +60,10 @@ struct CoordinatorOptions {
   // as its launch agent) instead of on this host's local_slots.
   NodeRegistryOptions nodes;
   std::string ptrsh;  // the launch agent binary (nodes only)
+  // Attempts become Slurm jobs (sbatch, srun --mpi=pmix) instead of local
+  // mpirun: Slurm places and queues them (docs/slurm.md).
+  bool slurm = false;
+  SlurmOptions slurm_options;
   // CIDR of the network nodes reach each other and ptcoord on; OpenMPI's
   // out-of-band and TCP transports are confined to it. "" = any.
   std::string cluster_network;
@@ -195,6 +200,11 @@ class Coordinator {
     // free; the attempt stops at the next checkpoint after it.
     std::optional<int64_t> grow_after_step;
     int64_t newest_checkpoint = -1;  // reported by this attempt
+    // Under Slurm: the attempt's Slurm job, its last state, when to ask
+    // scontrol again.
+    std::string slurm_id;
+    std::string slurm_state;
+    absl::Time next_poll = absl::InfinitePast();
   };
   struct Entry {
     JobRecord record;
@@ -245,6 +255,10 @@ class Coordinator {
   // Scheduling over nodes: starts waiting jobs where they fit (shrunk when
   // allowed), stops shrunk jobs that can grow back.
   void ScheduleOnNodes(const std::vector<const Entry*>& waiting)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Under Slurm: asks scontrol (at most once a second) and sets the
+  // attempt's end when its Slurm job has ended.
+  void PollSlurm(Entry& e, Running& run, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Node checks of a running attempt: a dead node ends it; a failed one
   // waits for its nodes' heartbeats. False: do not end it yet.

@@ -4,6 +4,7 @@
 #include "coordinator/launcher.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -175,7 +176,7 @@ std::vector<std::string> AttemptCommand(const LaunchRequest& r,
   return argv;
 }
 
-absl::StatusOr<Launched> LaunchAttempt(const LaunchRequest& r) {
+absl::StatusOr<std::string> MakeAttemptDir(const LaunchRequest& r) {
   const std::string attempt_dir =
       (fs::path(r.job_dir) / absl::StrCat("attempt-", r.attempt)).string();
   std::error_code ec;
@@ -186,13 +187,21 @@ absl::StatusOr<Launched> LaunchAttempt(const LaunchRequest& r) {
         absl::StrCat("cannot create ", attempt_dir, ": ", ec.message()));
   }
   fs::remove(fs::path(attempt_dir) / "exit_code", ec);
+  return attempt_dir;
+}
 
-  // Environment: ours, with the job's variables replaced.
+std::map<std::string, std::string> CurrentEnvironment() {
   std::map<std::string, std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const char* eq = std::strchr(*e, '=');
     if (eq != nullptr) env[std::string(*e, eq - *e)] = eq + 1;
   }
+  return env;
+}
+
+std::map<std::string, std::string> AttemptEnvironment(const LaunchRequest& r) {
+  // Ours, with the job's variables replaced.
+  std::map<std::string, std::string> env = CurrentEnvironment();
   env["PTRAIN_COORDINATOR"] = r.coordinator_address;
   env["PTRAIN_JOB_ID"] = r.job_id;
   env["PTRAIN_JOB_UID"] = r.job_uid;
@@ -209,6 +218,14 @@ absl::StatusOr<Launched> LaunchAttempt(const LaunchRequest& r) {
   if (!r.placement.empty()) env["PTRAIN_NODES_FILE"] = r.nodes_file;
   env["OMPI_MCA_mpi_yield_when_idle"] = "1";
   env["PTRAIN_METRICS_BIND"] = r.rank_metrics_bind;
+  return env;
+}
+
+absl::StatusOr<Launched> LaunchAttempt(const LaunchRequest& r) {
+  absl::StatusOr<std::string> dir = MakeAttemptDir(r);
+  if (!dir.ok()) return dir.status();
+  const std::string attempt_dir = *dir;
+  const std::map<std::string, std::string> env = AttemptEnvironment(r);
   std::vector<std::string> env_strings;
   for (const auto& [k, v] : env) env_strings.push_back(absl::StrCat(k, "=", v));
 
@@ -247,6 +264,78 @@ absl::StatusOr<Launched> LaunchAttempt(const LaunchRequest& r) {
   // Also from the parent: no race between the child's setpgid and a signal.
   setpgid(pid, pid);
   return Launched{pid, attempt_dir};
+}
+
+absl::StatusOr<CommandResult> RunCommand(
+    const std::vector<std::string>& argv_strings,
+    const std::map<std::string, std::string>& env, const std::string& dir) {
+  if (argv_strings.empty()) return absl::InvalidArgumentError("no command");
+  std::vector<std::string> env_strings;
+  for (const auto& [k, v] : env) env_strings.push_back(absl::StrCat(k, "=", v));
+  std::vector<char*> argv, envp;
+  for (const std::string& a : argv_strings) {
+    argv.push_back(const_cast<char*>(a.c_str()));
+  }
+  argv.push_back(nullptr);
+  for (const std::string& e : env_strings) {
+    envp.push_back(const_cast<char*>(e.c_str()));
+  }
+  envp.push_back(nullptr);
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  }
+  if (pipe2(err, O_CLOEXEC) != 0) {
+    close(out[0]);
+    close(out[1]);
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  }
+  const pid_t pid = fork();
+  if (pid < 0) {
+    for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
+    return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    const int in = open("/dev/null", O_RDONLY);
+    if (in < 0) _exit(127);
+    dup2(in, 0);
+    dup2(out[1], 1);
+    dup2(err[1], 2);
+    if (!dir.empty() && chdir(dir.c_str()) != 0) _exit(127);
+    execvpe(argv[0], argv.data(), envp.data());
+    _exit(127);
+  }
+  close(out[1]);
+  close(err[1]);
+  CommandResult result;
+  // Both pipes to their ends (the outputs are small: a job id, a state).
+  std::string* sinks[2] = {&result.out, &result.err};
+  pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+  int open_fds = 2;
+  char buf[4096];
+  while (open_fds > 0) {
+    if (poll(fds, 2, -1) < 0 && errno != EINTR) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      const ssize_t n = read(fds[i].fd, buf, sizeof(buf));
+      if (n > 0) {
+        if (sinks[i]->size() < (1 << 20)) sinks[i]->append(buf, n);
+      } else {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      }
+    }
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  result.exit_code =
+      WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
 }
 
 std::vector<pid_t> AttemptProcesses(const AttemptKey& key) {

@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -74,6 +75,28 @@ absl::Status WritePrivateFile(const std::string& path, const std::string& text);
 // The argv that runs one attempt (exposed for tests and logs).
 std::vector<std::string> AttemptCommand(const LaunchRequest& r,
                                         const std::string& attempt_dir);
+
+// Creates the attempt's folder `job_dir`/attempt-N/ (0700) without an
+// exit_code file; returns it.
+absl::StatusOr<std::string> MakeAttemptDir(const LaunchRequest& r);
+
+// This process's environment.
+std::map<std::string, std::string> CurrentEnvironment();
+
+// The environment an attempt's ranks get: ptcoord's own, with the job's
+// PTRAIN_* variables, OMP_NUM_THREADS and OpenMPI's settings.
+std::map<std::string, std::string> AttemptEnvironment(const LaunchRequest& r);
+
+// What a short command printed and how it ended.
+struct CommandResult {
+  int exit_code = -1;  // 128+N when killed by signal N; 127: not found
+  std::string out, err;
+};
+// Runs `argv` (argv[0] looked up on the PATH of `env`) with environment
+// `env` in folder `dir` ("" = ours), stdin /dev/null, and waits for it.
+absl::StatusOr<CommandResult> RunCommand(
+    const std::vector<std::string>& argv,
+    const std::map<std::string, std::string>& env, const std::string& dir = "");
 
 // Forks the attempt: attempt-N/ (0700) gets stdout.log, stderr.log,
 // run.jsonl and, when mpirun ends, exit_code (written by the wrapping shell,

@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/logging.h"
 #include "common/pem.h"
 #include "coordinator/auth.h"
@@ -128,6 +129,16 @@ int Run(int argc, char** argv) {
                  "a node without a heartbeat for this long is down (nodes "
                  "heartbeat five times as often)")
       ->check(CLI::Range(1.0, 3600.0));
+  std::string launcher, slurm_partition, slurm_account, slurm_extra;
+  app.add_option("--launcher", launcher,
+                 "local (mpirun on this host), nodes (mpirun through ptrsh on "
+                 "the registered nodes) or slurm (one sbatch per attempt); "
+                 "default: nodes with --join-token-file, else local")
+      ->check(CLI::IsMember({"local", "nodes", "slurm"}));
+  app.add_option("--slurm-partition", slurm_partition, "sbatch --partition");
+  app.add_option("--slurm-account", slurm_account, "sbatch --account");
+  app.add_option("--slurm-extra", slurm_extra,
+                 "more sbatch arguments, separated by spaces");
   std::string ptrsh, cluster_network;
   app.add_option("--ptrsh", ptrsh,
                  "the launch agent mpirun starts ranks on nodes with "
@@ -268,6 +279,20 @@ int Run(int argc, char** argv) {
     }
     o.nodes.join_tokens = *join;
   }
+  if (launcher.empty()) launcher = join_token_file.empty() ? "local" : "nodes";
+  if ((launcher == "nodes") != !join_token_file.empty()) {
+    std::fprintf(stderr,
+                 "ptcoord: error: --launcher %s %s --join-token-file (nodes "
+                 "join with it, and only the nodes launcher uses them)\n",
+                 launcher.c_str(),
+                 launcher == "nodes" ? "needs" : "does not take");
+    return 2;
+  }
+  o.slurm = launcher == "slurm";
+  o.slurm_options.partition = slurm_partition;
+  o.slurm_options.account = slurm_account;
+  o.slurm_options.extra =
+      absl::StrSplit(slurm_extra, ' ', absl::SkipWhitespace());
   o.nodes.timeout = absl::Seconds(node_timeout_s);
   o.ptrsh = ptrsh.empty()
                 ? (SelfDir() / "../worker/ptrsh").lexically_normal().string()

@@ -17,6 +17,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -385,9 +386,13 @@ int Get(Client& client, const std::string& id) {
   std::printf("created:   %s ago\n", Ago(j.created_unix_ms()).c_str());
   if (!j.error().empty()) std::printf("error:     %s\n", j.error().c_str());
   for (const auto& a : resp.attempts()) {
-    std::printf("attempt %d: exit %d%s%s  %s\n", a.number(), a.exit_code(),
+    std::printf("attempt %d: exit %d%s%s%s  %s\n", a.number(), a.exit_code(),
                 a.finished_unix_ms() == 0 ? " (running)" : "",
-                a.error().empty() ? "" : " (failed)", a.dir().c_str());
+                a.error().empty() ? "" : " (failed)",
+                a.slurm_job_id().empty()
+                    ? ""
+                    : absl::StrCat(" slurm job ", a.slurm_job_id()).c_str(),
+                a.dir().c_str());
   }
   return 0;
 }
@@ -425,8 +430,15 @@ int Cancel(Client& client, const std::string& id) {
 }
 
 // True when `line` is tagged as written by `rank`: mpirun --tag-output's
-// "[JOB,RANK]<stream>:" prefix.
+// "[JOB,RANK]<stream>:" prefix, or srun --label's "RANK: ".
 bool LineOfRank(absl::string_view line, int rank) {
+  if (!line.empty() && line[0] != '[') {
+    const absl::string_view label =
+        absl::StripLeadingAsciiWhitespace(line.substr(0, line.find(": ")));
+    int r = -1;
+    return line.find(": ") != absl::string_view::npos &&
+           absl::SimpleAtoi(label, &r) && r == rank;
+  }
   if (line.empty() || line[0] != '[') return false;
   const size_t comma = line.find(',');
   const size_t close = line.find(']');

@@ -41,7 +41,8 @@ PACKAGES=(
 # tests; clang with its sanitizer and libFuzzer runtimes and OpenMP builds
 # the fuzz targets (scripts/fuzz.sh); openssl makes test certificates;
 # iproute2, util-linux and procps make the multinode tests' pretend nodes,
-# whose job events sqlite3 reads.
+# whose job events sqlite3 reads; Slurm's daemons and munge run the slurm
+# tests.
 TEST_PACKAGES=(
   libgtest-dev
   python3-numpy python3-torch
@@ -49,6 +50,7 @@ TEST_PACKAGES=(
   clang libclang-rt-14-dev libomp-14-dev
   openssl
   iproute2 util-linux procps sqlite3
+  slurmctld slurmd slurm-client munge
 )
 if ((tests)); then PACKAGES+=("${TEST_PACKAGES[@]}"); fi
 

@@ -1,0 +1,205 @@
+#!/bin/bash
+# ptcoord --launcher slurm against a real Slurm on this machine: munged (if
+# none runs), slurmctld and one slurmd (NodeName=localhost) of our own, on
+# private ports and folders, started without systemd and stopped at the end.
+#
+#   slurm_test.sh SCENARIO BUILD_DIR SOURCE_DIR
+#
+# Scenarios: succeeds, cancel, rank_killed. Root only; exits 77 (skipped)
+# with a message when Slurm's daemons are not installed. Figures are
+# printed as "FIGURE name value".
+set -euo pipefail
+
+SCENARIO=${1:?scenario}
+BUILD=$(cd "${2:?build dir}" && pwd)
+SRC=$(cd "${3:?source dir}" && pwd)
+PTCOORD=$BUILD/coordinator/ptcoord
+PTCTL=$BUILD/ptctl/ptctl
+
+if [[ $(id -u) != 0 ]]; then echo "SKIP: the Slurm tests need root"; exit 77; fi
+for tool in slurmctld slurmd sbatch scontrol squeue scancel munged; do
+  command -v "$tool" >/dev/null || [[ -x /usr/sbin/$tool ]] ||
+    { echo "SKIP: $tool is not installed (scripts/setup.sh --tests installs it)"; exit 77; }
+done
+
+T=$(mktemp -d /tmp/ptrain-slurm.XXXXXX)
+chmod 700 "$T"
+S=$T/slurm
+mkdir -p "$S/state" "$S/spool-localhost" "$S/tmp-localhost"
+CKPT="$SRC/checkpoints/slurm-$SCENARIO-$$"
+PIDS=()
+MUNGED=""
+cleanup() {
+  local rc=$?
+  local p
+  # Our Slurm's jobs first, then its daemons and ptcoord, then any rank
+  # left (its environment names our coordinator).
+  [[ -n ${SLURM_CONF:-} ]] && scancel --full --signal=KILL --user=root 2>/dev/null || true
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  if [[ -n ${PTCTL_SERVER:-} ]]; then
+    for p in /proc/[0-9]*; do
+      grep -qz "^PTRAIN_COORDINATOR=$PTCTL_SERVER\$" "$p/environ" 2>/dev/null &&
+        kill -9 "${p#/proc/}" 2>/dev/null || true
+    done
+  fi
+  [[ -n $MUNGED ]] && kill "$MUNGED" 2>/dev/null || true
+  if [[ $rc != 0 && $rc != 77 ]]; then
+    echo "---- FAILED ($rc); logs:"
+    for f in "$T"/*.log "$S"/*.log "$T"/state/jobs/*/attempt-*/stderr.log; do
+      [[ -f $f ]] || continue
+      echo "== $f"; tail -n 20 "$f"
+    done
+  fi
+  rm -rf "$T" "$CKPT"
+  exit "$rc"
+}
+trap cleanup EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+now() { date +%s.%N; }
+since() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$1" "$(now)"; }
+wait_for() {  # TIMEOUT CMD...
+  local end=$((SECONDS + $1)); shift
+  until "$@"; do ((SECONDS < end)) || return 1; sleep 0.2; done
+}
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+events() { sqlite3 "$T/state/ptcoord.db" "SELECT message FROM events WHERE job_id='$1' ORDER BY id"; }
+state_of() {
+  "$PTCTL" -o json get "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["job"]["state"])'
+}
+step_of() {
+  "$PTCTL" -o json get "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["job"]["progress"].get("step", 0))'
+}
+
+# --- Slurm: one node, two CPUs, its own ports.
+CTLD_PORT=$(free_port)
+SLURMD_PORT=$(free_port)
+cat > "$S/slurm.conf" <<EOF
+ClusterName=ptraintest
+SlurmctldHost=localhost
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT
+AuthType=auth/munge
+CredType=cred/munge
+StateSaveLocation=$S/state
+SlurmdSpoolDir=$S/spool-%n
+TmpFS=$S/tmp-%n
+SlurmctldPidFile=$S/slurmctld.pid
+SlurmdPidFile=$S/slurmd-%n.pid
+SlurmctldLogFile=$S/slurmctld.log
+SlurmdLogFile=$S/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+MpiDefault=none
+ReturnToService=2
+SlurmdTimeout=20
+KillWait=3
+JobCompType=jobcomp/none
+MailProg=/bin/true
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+NodeName=localhost CPUs=$(nproc) State=UNKNOWN
+PartitionName=ptrain Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+EOF
+export SLURM_CONF=$S/slurm.conf
+# munge authenticates Slurm's daemons to each other; Debian's package made
+# the key, systemd would make the socket folder.
+if [[ ! -S /run/munge/munge.socket.2 ]] || ! munge -n </dev/null >/dev/null 2>&1; then
+  install -d -o munge -g munge -m 0755 /run/munge
+  runuser -u munge -- /usr/sbin/munged -F > "$S/munged.log" 2>&1 &
+  MUNGED=$!
+  wait_for 10 test -S /run/munge/munge.socket.2 || fail "munged did not start"
+fi
+slurmctld -D -f "$SLURM_CONF" > "$S/slurmctld.out" 2>&1 &
+PIDS+=($!)
+slurmd -D -f "$SLURM_CONF" -N localhost > "$S/slurmd.out" 2>&1 &
+PIDS+=($!)
+wait_for 30 bash -c '[[ $(sinfo -h -N -o %t 2>/dev/null) == idle ]]' || fail "Slurm did not come up: $(sinfo -N 2>&1)"
+
+# --- ptcoord with the Slurm launcher.
+"$PTCOORD" --listen 127.0.0.1:0 --state-dir "$T/state" --launcher slurm \
+  --slurm-partition ptrain --cancel-grace-s 5 --work-root "$SRC" \
+  > "$T/ptcoord.log" 2>&1 &
+PIDS+=($!)
+wait_for 20 test -s "$T/state/address" || fail "ptcoord did not start"
+export PTCTL_SERVER PTCTL_TOKEN
+PTCTL_SERVER=$(cat "$T/state/address")
+PTCTL_TOKEN=$(cat "$T/state/user-token")
+
+SETS=(--set model.n_layer=2 --set model.n_embd=32 --set model.n_head=2
+  --set parallel.dp=2 --set train.sample_every=0 --set train.log_every=10
+  --set "checkpoint.dir=$CKPT" --set "name=ptrain-slurm-test-$$")
+submit() { "$PTCTL" submit "$SRC/examples/shakespeare-char.yaml" "${SETS[@]}" "$@" | head -n1; }
+
+case $SCENARIO in
+succeeds)
+  # Submit -> SUCCEEDED with its loss history, the attempt a Slurm job.
+  t0=$(now)
+  id=$(submit --set train.steps=60 --set checkpoint.every=20)
+  wait_for 60 bash -c "[[ \$(\"$PTCTL\" -o json get $id | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"job\"][\"progress\"].get(\"step\", 0))') -ge 1 ]]" ||
+    fail "no first step"
+  echo "FIGURE slurm_submit_to_first_step_s $(since "$t0")"
+  wait_for 120 bash -c "[[ \$(\"$PTCTL\" -o json get $id | grep -o 'JOB_STATE_[A-Z]*' | head -1) == JOB_STATE_SUCCEEDED ]]" ||
+    fail "$id: $(state_of "$id")"
+  "$PTCTL" -o json get "$id" | python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+h = [p for p in r.get("loss_history", []) if p.get("loss")]
+assert len(h) >= 5, len(h)
+assert h[-1]["loss"] < h[0]["loss"], (h[0], h[-1])
+sid = r["attempts"][0].get("slurm_job_id", "")
+assert sid.isdigit(), r["attempts"][0]
+first, last = h[0]["loss"], h[-1]["loss"]
+print(f"loss {first:.3f} -> {last:.3f} over {len(h)} points; Slurm job {sid}")' ||
+    fail "loss history or Slurm job id"
+  events "$id" | grep -q "is Slurm job [0-9]* (ptrain-$id-1)" || fail "no Slurm job event"
+  events "$id" | grep -q "RUNNING on localhost" || fail "no RUNNING event"
+  # srun --label: rank 1's lines carry "1: ", and ptctl logs --rank 1 has only those.
+  "$PTCTL" logs "$id" --rank 0 | grep -q '^0: .*step *60/60' || fail "ptctl logs --rank 0"
+  ;;
+
+cancel)
+  # ptctl cancel -> scancel: the Slurm job and every rank are gone.
+  id=$(submit --set train.steps=100000 --set checkpoint.every=100)
+  wait_for 60 bash -c "[[ \$(\"$PTCTL\" -o json get $id | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"job\"][\"progress\"].get(\"step\", 0))') -ge 20 ]]" ||
+    fail "no progress"
+  [[ -n $(squeue -h -n "ptrain-$id-1" -o %i) ]] || fail "no Slurm job"
+  "$PTCTL" cancel "$id" >/dev/null
+  wait_for 30 bash -c "[[ \$(\"$PTCTL\" -o json get $id | grep -o 'JOB_STATE_[A-Z]*' | head -1) == JOB_STATE_CANCELLED ]]" ||
+    fail "not cancelled: $(state_of "$id")"
+  [[ -z $(squeue -h -n "ptrain-$id-1" -o %i) ]] || fail "the Slurm job is still queued or running"
+  wait_for 10 bash -c "! pgrep -x ptworker >/dev/null" || fail "ranks left running: $(pgrep -a ptworker)"
+  ;;
+
+rank_killed)
+  # One rank killed: srun ends the step, the attempt fails, and attempt 2
+  # (a new Slurm job) resumes from the newest checkpoint and succeeds.
+  id=$(submit --set train.steps=400 --set checkpoint.every=50)
+  wait_for 60 bash -c "[[ \$(\"$PTCTL\" -o json get $id | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"job\"][\"progress\"].get(\"step\", 0))') -ge 120 ]]" ||
+    fail "no progress"
+  t0=$(now)
+  kill -9 "$(pgrep -x ptworker | tail -n1)"
+  wait_for 60 bash -c "[[ \$(\"$PTCTL\" -o json get $id | grep -c '\"attempts\": 2') == 1 ]]" || fail "no attempt 2"
+  echo "FIGURE slurm_rank_death_to_next_attempt_s $(since "$t0")"
+  wait_for 120 bash -c "[[ \$(\"$PTCTL\" -o json get $id | grep -o 'JOB_STATE_[A-Z]*' | head -1) == JOB_STATE_SUCCEEDED ]]" ||
+    fail "$id: $(state_of "$id")"
+  python3 - "$T/state/jobs/$id" <<'EOF' || fail "resume point"
+import json, sys
+a1 = [json.loads(l) for l in open(sys.argv[1] + "/attempt-1/run.jsonl")]
+a2 = [json.loads(l) for l in open(sys.argv[1] + "/attempt-2/run.jsonl")]
+ckpt1 = max(r["step"] for r in a1 if r.get("type") == "checkpoint")
+first2 = min(r["step"] for r in a2 if r.get("type") == "step")
+assert first2 == ckpt1 + 1, (first2, ckpt1)
+print(f"attempt 2 resumed at step {first2} (checkpoint {ckpt1})")
+EOF
+  events "$id" | grep -q "attempt 2 is Slurm job" || fail "attempt 2 was not a Slurm job"
+  ;;
+*) fail "unknown scenario $SCENARIO" ;;
+esac
+echo "PASS: $SCENARIO"
