@@ -159,7 +159,8 @@ absl::StatusOr<std::string> SubmitSlurmAttempt(const LaunchRequest& r,
                      FirstLine(run->err.empty() ? run->out : run->err)));
   }
   // --parsable: "ID" or "ID;CLUSTER".
-  const std::string id = FirstLine(run->out).substr(0, run->out.find(';'));
+  const std::string line = FirstLine(run->out);
+  const std::string id = line.substr(0, line.find(';'));
   int64_t n = 0;
   if (!absl::SimpleAtoi(id, &n)) {
     return absl::UnavailableError(
