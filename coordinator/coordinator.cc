@@ -1225,8 +1225,33 @@ void Coordinator::Tick() {
     return;
   }
   if (options_.slurm) {
-    // Slurm queues and places: every waiting job becomes a Slurm job.
-    for (const Entry* w : waiting) Launch(jobs_[w->record.job.id()]);
+    // Slurm queues and places: every waiting job becomes a Slurm job. One
+    // that ran and lost nodes shrinks (when allowed) to what Slurm's up
+    // nodes can hold, instead of waiting for nodes that may not return.
+    for (const Entry* w : waiting) {
+      Entry& e = jobs_[w->record.job.id()];
+      const v1::JobSpec& spec = e.record.job.spec();
+      std::optional<v1::JobSpec> shrunk;
+      if (spec.restart().allow_shrink() && e.record.job.attempts() > 0) {
+        const int per_rank = std::max(1, spec.resources().threads_per_rank());
+        absl::StatusOr<std::vector<int>> cpus =
+            SlurmUpNodeCpus(options_.slurm_options.partition);
+        const int capacity =
+            cpus.ok() ? SlurmTaskCapacity(*cpus, per_rank,
+                                          spec.resources().ranks_per_node())
+                      : 0;
+        if (cpus.ok() && WorldSize(spec) > capacity) {
+          for (int dp = spec.parallel().dp() - 1; dp >= 1; --dp) {
+            absl::StatusOr<v1::JobSpec> s = ShrinkDp(spec, dp);
+            if (s.ok() && WorldSize(*s) <= capacity) {
+              shrunk = *s;
+              break;
+            }
+          }
+        }
+      }
+      Launch(e, {}, shrunk.has_value() ? &*shrunk : nullptr);
+    }
     return;
   }
   std::vector<QueuedJob> queue;

@@ -204,6 +204,46 @@ absl::StatusOr<std::string> FindSlurmJob(const std::string& name) {
   return newest;
 }
 
+int SlurmTaskCapacity(const std::vector<int>& node_cpus, int cpus_per_task,
+                      int per_node) {
+  int tasks = 0;
+  for (int c : node_cpus) {
+    const int n = c / std::max(1, cpus_per_task);
+    tasks += per_node > 0 ? std::min(n, per_node) : n;
+  }
+  return tasks;
+}
+
+absl::StatusOr<std::vector<int>> SlurmUpNodeCpus(const std::string& partition) {
+  std::vector<std::string> argv = {"sinfo", "-h", "-N", "-o", "%N %t %c"};
+  if (!partition.empty()) argv.insert(argv.end(), {"-p", partition});
+  absl::StatusOr<CommandResult> run = RunCommand(argv, CurrentEnvironment());
+  if (!run.ok()) return run.status();
+  if (run->exit_code != 0) {
+    return absl::UnavailableError(absl::StrCat("sinfo: ", FirstLine(run->err)));
+  }
+  // A node in two partitions is listed twice: count it once.
+  std::map<std::string, int> cpus;
+  for (absl::string_view line :
+       absl::StrSplit(run->out, '\n', absl::SkipWhitespace())) {
+    const std::vector<absl::string_view> f =
+        absl::StrSplit(line, ' ', absl::SkipEmpty());
+    int n = 0;
+    if (f.size() < 3 || !absl::SimpleAtoi(f[2], &n)) continue;
+    // idle, mix, alloc, comp(leting) are up; a trailing '*' means not
+    // responding, down/drain/fail/maint are not usable.
+    const std::string state(f[1]);
+    if (absl::EndsWith(state, "*")) continue;
+    if (state == "idle" || state == "mix" || state == "alloc" ||
+        state == "comp" || state == "mixed" || state == "allocated") {
+      cpus[std::string(f[0])] = n;
+    }
+  }
+  std::vector<int> out;
+  for (const auto& [node, n] : cpus) out.push_back(n);
+  return out;
+}
+
 absl::Status CancelSlurmJob(const std::string& id, const std::string& signal) {
   std::vector<std::string> argv = {"scancel"};
   if (!signal.empty()) {

@@ -71,6 +71,16 @@ absl::StatusOr<SlurmJob> QuerySlurmJob(const std::string& id);
 // running, "" when none.
 absl::StatusOr<std::string> FindSlurmJob(const std::string& name);
 
+// The CPUs of each node of `partition` ("" = every partition) that is up
+// (not down, drained or failing), as `sinfo -N` reports them: what a job
+// could get once the queue ahead of it is gone.
+absl::StatusOr<std::vector<int>> SlurmUpNodeCpus(const std::string& partition);
+
+// How many tasks of `cpus_per_task` CPUs, at most `per_node` on a node
+// (0: no limit), nodes of `node_cpus` CPUs hold.
+int SlurmTaskCapacity(const std::vector<int>& node_cpus, int cpus_per_task,
+                      int per_node);
+
 // scancel, with `signal` ("" = Slurm's own: SIGTERM, then SIGKILL after
 // KillWait) sent to the batch script and every step.
 absl::Status CancelSlurmJob(const std::string& id, const std::string& signal);

@@ -102,5 +102,12 @@ TEST(SlurmTest, EndedStates) {
   }
 }
 
+TEST(SlurmTest, TaskCapacityCountsWholeTasksWithinRanksPerNode) {
+  EXPECT_EQ(SlurmTaskCapacity({2, 2}, 1, 0), 4);
+  EXPECT_EQ(SlurmTaskCapacity({2, 2}, 1, 1), 2);
+  EXPECT_EQ(SlurmTaskCapacity({3, 8}, 2, 0), 1 + 4);
+  EXPECT_EQ(SlurmTaskCapacity({}, 1, 0), 0);
+}
+
 }  // namespace
 }  // namespace ptrain

@@ -5,9 +5,10 @@
 #
 #   slurm_test.sh SCENARIO BUILD_DIR SOURCE_DIR
 #
-# Scenarios: succeeds, cancel, rank_killed. Root only; exits 77 (skipped)
-# with a message when Slurm's daemons are not installed. Figures are
-# printed as "FIGURE name value".
+# Scenarios: succeeds, cancel, rank_killed (one node, localhost), and
+# node_death (two pretend nodes of tests/multinode/cluster.sh, one slurmd
+# each). Root only; exits 77 (skipped) with a message when Slurm's daemons
+# are not installed. Figures are printed as "FIGURE name value".
 set -euo pipefail
 
 SCENARIO=${1:?scenario}
@@ -22,6 +23,15 @@ for tool in slurmctld slurmd sbatch scontrol squeue scancel munged; do
     { echo "SKIP: $tool is not installed (scripts/setup.sh --tests installs it)"; exit 77; }
 done
 
+MODE=single
+if [[ $SCENARIO == node_death ]]; then
+  MODE=netns
+  export MN_PREFIX=ps21 MN_SUBNET3=10.78.21
+  # shellcheck source=../multinode/cluster.sh
+  source "$SRC/tests/multinode/cluster.sh"
+  unshare --net --pid --fork true 2>/dev/null ||
+    { echo "SKIP: cannot create network and PID namespaces here"; exit 77; }
+fi
 T=$(mktemp -d /tmp/ptrain-slurm.XXXXXX)
 chmod 700 "$T"
 S=$T/slurm
@@ -44,6 +54,7 @@ cleanup() {
     done
   fi
   [[ -n $MUNGED ]] && kill "$MUNGED" 2>/dev/null || true
+  [[ $MODE == netns ]] && { mn_down >/dev/null 2>&1 || true; }
   if [[ $rc != 0 && $rc != 77 ]]; then
     echo "---- FAILED ($rc); logs:"
     for f in "$T"/*.log "$S"/*.log "$T"/state/jobs/*/attempt-*/stderr.log; do
@@ -64,6 +75,15 @@ wait_for() {  # TIMEOUT CMD...
   until "$@"; do ((SECONDS < end)) || return 1; sleep 0.2; done
 }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Live ranks of this test's jobs: their environment names our coordinator
+# (other ptworkers on the machine are not ours to count or kill).
+our_ranks() {
+  local p
+  for p in $(pgrep -x ptworker); do
+    grep -qz "^PTRAIN_COORDINATOR=$PTCTL_SERVER\$" "/proc/$p/environ" 2>/dev/null && echo "$p"
+  done
+  return 0
+}
 events() { sqlite3 "$T/state/ptcoord.db" "SELECT message FROM events WHERE job_id='$1' ORDER BY id"; }
 state_of() {
   "$PTCTL" -o json get "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["job"]["state"])'
@@ -72,12 +92,25 @@ step_of() {
   "$PTCTL" -o json get "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["job"]["progress"].get("step", 0))'
 }
 
-# --- Slurm: one node, two CPUs, its own ports.
+# --- Slurm: one node (localhost) or two pretend nodes, its own ports.
 CTLD_PORT=$(free_port)
 SLURMD_PORT=$(free_port)
+LISTEN=127.0.0.1
+NODES="NodeName=localhost CPUs=$(nproc) State=UNKNOWN"
+CTLD_HOST=localhost
+if [[ $MODE == netns ]]; then
+  mn_down >/dev/null 2>&1 || true
+  mn_up 2 >/dev/null
+  LISTEN=$(mn_host_addr)
+  CTLD_HOST="localhost($LISTEN)"
+  NODES="NodeName=${MN_PREFIX}node1 NodeAddr=$(mn_addr 1) CPUs=2 State=UNKNOWN
+NodeName=${MN_PREFIX}node2 NodeAddr=$(mn_addr 2) CPUs=2 State=UNKNOWN"
+  mkdir -p "$S/spool-${MN_PREFIX}node1" "$S/spool-${MN_PREFIX}node2" \
+    "$S/tmp-${MN_PREFIX}node1" "$S/tmp-${MN_PREFIX}node2"
+fi
 cat > "$S/slurm.conf" <<EOF
 ClusterName=ptraintest
-SlurmctldHost=localhost
+SlurmctldHost=$CTLD_HOST
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort=$CTLD_PORT
@@ -90,7 +123,7 @@ TmpFS=$S/tmp-%n
 SlurmctldPidFile=$S/slurmctld.pid
 SlurmdPidFile=$S/slurmd-%n.pid
 SlurmctldLogFile=$S/slurmctld.log
-SlurmdLogFile=$S/slurmd.log
+SlurmdLogFile=$S/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -98,13 +131,13 @@ SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
 MpiDefault=none
 ReturnToService=2
-SlurmdTimeout=20
+SlurmdTimeout=10
 KillWait=3
 JobCompType=jobcomp/none
 MailProg=/bin/true
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
-NodeName=localhost CPUs=$(nproc) State=UNKNOWN
+$NODES
 PartitionName=ptrain Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
 export SLURM_CONF=$S/slurm.conf
@@ -118,12 +151,20 @@ if [[ ! -S /run/munge/munge.socket.2 ]] || ! munge -n </dev/null >/dev/null 2>&1
 fi
 slurmctld -D -f "$SLURM_CONF" > "$S/slurmctld.out" 2>&1 &
 PIDS+=($!)
-slurmd -D -f "$SLURM_CONF" -N localhost > "$S/slurmd.out" 2>&1 &
-PIDS+=($!)
-wait_for 30 bash -c '[[ $(sinfo -h -N -o %t 2>/dev/null) == idle ]]' || fail "Slurm did not come up: $(sinfo -N 2>&1)"
+if [[ $MODE == netns ]]; then
+  for k in 1 2; do
+    mn_node_run "$k" "$S/slurmd-$k.out" slurmd -D -f "$SLURM_CONF" -N "${MN_PREFIX}node$k"
+  done
+  wait_for 30 bash -c '[[ $(sinfo -h -N -o %t 2>/dev/null | grep -c idle) == 2 ]]' ||
+    fail "Slurm did not come up: $(sinfo -N 2>&1)"
+else
+  slurmd -D -f "$SLURM_CONF" -N localhost > "$S/slurmd.out" 2>&1 &
+  PIDS+=($!)
+  wait_for 30 bash -c '[[ $(sinfo -h -N -o %t 2>/dev/null) == idle ]]' || fail "Slurm did not come up: $(sinfo -N 2>&1)"
+fi
 
 # --- ptcoord with the Slurm launcher.
-"$PTCOORD" --listen 127.0.0.1:0 --state-dir "$T/state" --launcher slurm \
+"$PTCOORD" --listen "$LISTEN:0" --state-dir "$T/state" --launcher slurm \
   --slurm-partition ptrain --cancel-grace-s 5 --work-root "$SRC" \
   > "$T/ptcoord.log" 2>&1 &
 PIDS+=($!)
@@ -174,7 +215,8 @@ cancel)
   wait_for 30 bash -c "[[ \$(\"$PTCTL\" -o json get $id | grep -o 'JOB_STATE_[A-Z]*' | head -1) == JOB_STATE_CANCELLED ]]" ||
     fail "not cancelled: $(state_of "$id")"
   [[ -z $(squeue -h -n "ptrain-$id-1" -o %i) ]] || fail "the Slurm job is still queued or running"
-  wait_for 10 bash -c "! pgrep -x ptworker >/dev/null" || fail "ranks left running: $(pgrep -a ptworker)"
+  wait_for 10 bash -c "$(declare -f our_ranks); PTCTL_SERVER=$PTCTL_SERVER; [[ -z \$(our_ranks) ]]" ||
+    fail "ranks left running: $(our_ranks)"
   ;;
 
 rank_killed)
@@ -184,7 +226,9 @@ rank_killed)
   wait_for 60 bash -c "[[ \$(\"$PTCTL\" -o json get $id | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"job\"][\"progress\"].get(\"step\", 0))') -ge 120 ]]" ||
     fail "no progress"
   t0=$(now)
-  kill -9 "$(pgrep -x ptworker | tail -n1)"
+  victim=$(our_ranks | tail -n1)
+  [[ -n $victim ]] || fail "no rank of ours to kill"
+  kill -9 "$victim"
   wait_for 60 bash -c "[[ \$(\"$PTCTL\" -o json get $id | grep -c '\"attempts\": 2') == 1 ]]" || fail "no attempt 2"
   echo "FIGURE slurm_rank_death_to_next_attempt_s $(since "$t0")"
   wait_for 120 bash -c "[[ \$(\"$PTCTL\" -o json get $id | grep -o 'JOB_STATE_[A-Z]*' | head -1) == JOB_STATE_SUCCEEDED ]]" ||
@@ -199,6 +243,27 @@ assert first2 == ckpt1 + 1, (first2, ckpt1)
 print(f"attempt 2 resumed at step {first2} (checkpoint {ckpt1})")
 EOF
   events "$id" | grep -q "attempt 2 is Slurm job" || fail "attempt 2 was not a Slurm job"
+  ;;
+node_death)
+  # dp=2, one rank per node: the job spans both nodes. Node 2 dies (every
+  # process in it): Slurm marks it down (SlurmdTimeout=10), the job ends
+  # NODE_FAIL, and ptcoord resubmits it shrunk to dp=1 on node 1, from the
+  # newest checkpoint; it succeeds.
+  id=$(submit --set train.steps=500 --set checkpoint.every=50 \
+    --set resources.ranks_per_node=1 --set restart.allow_shrink=true)
+  wait_for 60 bash -c "[[ \$(\"$PTCTL\" -o json get $id | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"job\"][\"progress\"].get(\"step\", 0))') -ge 60 ]]" ||
+    fail "no progress"
+  nodes=$(squeue -h -n "ptrain-$id-1" -o %N)
+  [[ $nodes == "${MN_PREFIX}node[1-2]" ]] || fail "the job is not on both nodes: $nodes"
+  t0=$(now)
+  mn_node_kill 2
+  wait_for 90 bash -c "[[ \$(\"$PTCTL\" -o json get $id | grep -c '\"attempts\": 2') == 1 ]]" ||
+    fail "no attempt 2: $(events "$id" | grep -v checkpoint)"
+  echo "FIGURE slurm_node_death_to_resubmitted_s $(since "$t0") (SlurmdTimeout 10 s)"
+  wait_for 120 bash -c "[[ \$(\"$PTCTL\" -o json get $id | grep -o 'JOB_STATE_[A-Z]*' | head -1) == JOB_STATE_SUCCEEDED ]]" ||
+    fail "$id: $(state_of "$id"); $(events "$id" | grep -v checkpoint)"
+  events "$id" | grep -q "NODE_FAIL.*not counted as a restart" || fail "no NODE_FAIL event: $(events "$id" | grep -v checkpoint)"
+  events "$id" | grep -q "attempt 2 started shrunk to dp=1" || fail "not shrunk: $(events "$id" | grep -v checkpoint)"
   ;;
 *) fail "unknown scenario $SCENARIO" ;;
 esac
