@@ -214,17 +214,8 @@ node_death_shrink)
   events "$id" | grep -q "shrunk to dp=1" || fail "no shrink event"
   "$PTCTL" get "$id" | grep -q "shrunk to dp=1 (spec dp=2)" || fail "ptctl get does not say it shrank"
   # Resumed from the newest checkpoint before the death: steps lost <= every.
-  python3 - "$T/state/jobs/$id" <<'EOF' || fail "resume point"
-import json, sys
-a1 = [json.loads(l) for l in open(sys.argv[1] + "/attempt-1/run.jsonl")]
-a2 = [json.loads(l) for l in open(sys.argv[1] + "/attempt-2/run.jsonl")]
-last1 = max(r["step"] for r in a1 if r.get("type") == "step")
-ckpt1 = max(r["step"] for r in a1 if r.get("type") == "checkpoint")
-first2 = min(r["step"] for r in a2 if r.get("type") == "step")
-print(f"FIGURE steps_lost {last1 - (first2 - 1)} (checkpoint.every 20; last step {last1}, resumed at {first2})")
-assert first2 == ckpt1 + 1, (first2, ckpt1)
-assert last1 - ckpt1 <= 20 + 1, (last1, ckpt1)
-EOF
+  python3 "$SRC/tests/testing/resume_point.py" "$T/state/jobs/$id" 1 2 21 steps_lost ||
+    fail "resume point"
   ;;
 
 node_returns_grow)
@@ -246,17 +237,8 @@ node_returns_grow)
     fail "no grow event: $(events "$id" | grep -v checkpoint)"
   # Stopped right after a checkpoint: attempt 3 starts where attempt 2's
   # last checkpoint left off, and at most a few steps after it were lost.
-  python3 - "$T/state/jobs/$id" <<'EOF' || fail "grow resume point"
-import json, sys
-a2 = [json.loads(l) for l in open(sys.argv[1] + "/attempt-2/run.jsonl")]
-a3 = [json.loads(l) for l in open(sys.argv[1] + "/attempt-3/run.jsonl")]
-ckpt2 = max(r["step"] for r in a2 if r.get("type") == "checkpoint")
-last2 = max(r["step"] for r in a2 if r.get("type") == "step")
-first3 = min(r["step"] for r in a3 if r.get("type") == "step")
-print(f"FIGURE grow_steps_lost {last2 - ckpt2} (checkpoint {ckpt2}, last step {last2})")
-assert first3 == ckpt2 + 1, (first3, ckpt2)
-assert last2 - ckpt2 < 50, (last2, ckpt2)
-EOF
+  python3 "$SRC/tests/testing/resume_point.py" "$T/state/jobs/$id" 2 3 49 grow_steps_lost ||
+    fail "grow resume point"
   ;;
 
 node_death_spare)

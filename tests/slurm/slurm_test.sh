@@ -203,6 +203,22 @@ print(f"loss {first:.3f} -> {last:.3f} over {len(h)} points; Slurm job {sid}")' 
   events "$id" | grep -q "RUNNING on localhost" || fail "no RUNNING event"
   # srun --label: rank 1's lines carry "1: ", and ptctl logs --rank 1 has only those.
   "$PTCTL" logs "$id" --rank 0 | grep -q '^0: .*step *60/60' || fail "ptctl logs --rank 0"
+  # The same submission to a ptcoord with the local launcher, for the
+  # launch-time figure side by side.
+  "$PTCOORD" --listen 127.0.0.1:0 --state-dir "$T/local-state" --launcher local \
+    --work-root "$SRC" > "$T/ptcoord-local.log" 2>&1 &
+  PIDS+=($!)
+  wait_for 20 test -s "$T/local-state/address" || fail "local ptcoord did not start"
+  (
+    export PTCTL_SERVER PTCTL_TOKEN
+    PTCTL_SERVER=$(cat "$T/local-state/address")
+    PTCTL_TOKEN=$(cat "$T/local-state/user-token")
+    t0=$(now)
+    lid=$(submit --set train.steps=60 --set checkpoint.every=20)
+    wait_for 60 bash -c "[[ \$(\"$PTCTL\" -o json get $lid | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"job\"][\"progress\"].get(\"step\", 0))') -ge 1 ]]" ||
+      fail "local: no first step"
+    echo "FIGURE local_submit_to_first_step_s $(since "$t0")"
+  )
   ;;
 
 cancel)
@@ -233,15 +249,8 @@ rank_killed)
   echo "FIGURE slurm_rank_death_to_next_attempt_s $(since "$t0")"
   wait_for 120 bash -c "[[ \$(\"$PTCTL\" -o json get $id | grep -o 'JOB_STATE_[A-Z]*' | head -1) == JOB_STATE_SUCCEEDED ]]" ||
     fail "$id: $(state_of "$id")"
-  python3 - "$T/state/jobs/$id" <<'EOF' || fail "resume point"
-import json, sys
-a1 = [json.loads(l) for l in open(sys.argv[1] + "/attempt-1/run.jsonl")]
-a2 = [json.loads(l) for l in open(sys.argv[1] + "/attempt-2/run.jsonl")]
-ckpt1 = max(r["step"] for r in a1 if r.get("type") == "checkpoint")
-first2 = min(r["step"] for r in a2 if r.get("type") == "step")
-assert first2 == ckpt1 + 1, (first2, ckpt1)
-print(f"attempt 2 resumed at step {first2} (checkpoint {ckpt1})")
-EOF
+  python3 "$SRC/tests/testing/resume_point.py" "$T/state/jobs/$id" 1 2 51 slurm_steps_lost ||
+    fail "resume point"
   events "$id" | grep -q "attempt 2 is Slurm job" || fail "attempt 2 was not a Slurm job"
   ;;
 node_death)
