@@ -90,6 +90,9 @@ std::vector<std::string> SbatchCommand(const LaunchRequest& r,
       absl::StrCat("--chdir=", r.work_dir.empty() ? attempt_dir : r.work_dir),
       "--export=ALL"};
   if (ranks_per_node > 0) {
+    // As few nodes as the ranks fit on, each with at most ranks_per_node.
+    const int nodes = (r.world_size + ranks_per_node - 1) / ranks_per_node;
+    argv.push_back(absl::StrCat("--nodes=", nodes));
     argv.push_back(absl::StrCat("--ntasks-per-node=", ranks_per_node));
   }
   if (!o.partition.empty()) {

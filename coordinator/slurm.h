@@ -32,7 +32,8 @@ std::string SlurmBatchScript(const LaunchRequest& r,
                              const std::string& attempt_dir);
 
 // sbatch's argv for the attempt (script path last). Tasks = world size;
-// --ntasks-per-node = resources.ranks_per_node when > 0 (`ranks_per_node`);
+// with resources.ranks_per_node > 0 (`ranks_per_node`), --ntasks-per-node
+// = it and --nodes = the fewest nodes that hold the tasks;
 // --cpus-per-task = threads per rank; stdout/stderr to the attempt's logs.
 std::vector<std::string> SbatchCommand(const LaunchRequest& r,
                                        const std::string& attempt_dir,

@@ -38,6 +38,7 @@ TEST(SlurmTest, SbatchAsksForOneTaskPerRankAndNeverRequeues) {
   EXPECT_TRUE(Has(argv, "--job-name=ptrain-job-0007-3"));
   EXPECT_TRUE(Has(argv, "--ntasks=8"));
   EXPECT_TRUE(Has(argv, "--ntasks-per-node=4"));
+  EXPECT_TRUE(Has(argv, "--nodes=2"));
   EXPECT_TRUE(Has(argv, "--cpus-per-task=2"));
   EXPECT_TRUE(Has(argv, "--no-requeue"));
   EXPECT_TRUE(Has(argv, "--partition=gpu"));

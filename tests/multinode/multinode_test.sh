@@ -289,6 +289,10 @@ EOF
   echo "FIGURE link_down_noticed_s $(since "$t0")"
   [[ $(node_state "${MN_PREFIX}node2") == NODE_STATE_DOWN ]] || fail "node 2 not down"
   events "$id" | grep -q "lost node ${MN_PREFIX}node2" || fail "no lost-node event"
+  # No restart.allow_shrink: it waits in the queue for its 4 slots.
+  sleep 2
+  [[ $(jget "$id" "j['state']") == JOB_STATE_RESTARTING && $(jget "$id" "j['attempts']") == 1 ]] ||
+    fail "did not wait in the queue: $(jget "$id" "j['state']"), attempts $(jget "$id" "j['attempts']")"
   "$PTCTL" cancel "$id" >/dev/null
   ;;
 

@@ -132,7 +132,7 @@ class Attempts {
       }
     }
   }
-  void KillAll(const char* why) { KeepOnly({}, kForever); }
+  void KillAll() { KeepOnly({}, kForever); }
   int Processes() {
     int n = 0;
     for (const std::string& uid : Uids()) n += Pids(uid).size();
@@ -201,7 +201,7 @@ class Daemon final : public ptrain::v1::DaemonService::Service {
                    spec_.name(), spec_.slots(), interval_.count());
       HeartbeatUntilLost();
     }
-    attempts_.KillAll("stopping");
+    attempts_.KillAll();
     return 0;
   }
 
@@ -453,7 +453,7 @@ class Daemon final : public ptrain::v1::DaemonService::Service {
             "attempt process",
             orphan_timeout_.count());
       }
-      attempts_.KillAll("orphaned");
+      attempts_.KillAll();
     }
   }
 
