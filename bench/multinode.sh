@@ -30,4 +30,5 @@ for line in sys.stdin:
     f = line.split()
     v[f[1]].append(float(f[2]))
 for k, xs in v.items():
-    print(f"{k:40s} median {statistics.median(xs):7.2f}  runs {\" \".join(f\"{x:.2f}\" for x in xs)}")'
+    runs = " ".join("%.2f" % x for x in xs)
+    print("%-40s median %7.2f  runs %s" % (k, statistics.median(xs), runs))'
