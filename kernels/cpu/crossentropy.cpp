@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/common/math.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -73,8 +74,7 @@ void crossentropy_parallel_finish(F* losses, F* probs, const F* sums,
     const F inv_sum = F(1) / sums[r];
 #pragma omp simd
     for (int i = 0; i < Vl; i++) p[i] *= inv_sum;
-    // -log(exp(target_shifted) / sum), without rounding prob[target] first.
-    losses[r] = std::log(sums[r]) - target_shifted[r];
+    losses[r] = math::CrossEntropyLoss(sums[r], target_shifted[r]);
   }
 }
 

@@ -2,49 +2,31 @@
 // the bias add, forward and backward. Memory-bound streams; one pass each.
 #include <cmath>
 
+#include "kernels/common/math.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace ptrain::kernels {
 
-namespace {
-constexpr double kGeluScale = 0.79788456080286535588;  // sqrt(2/pi)
-constexpr double kGeluCube = 0.044715;
-}  // namespace
-
-// GELU(x) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed
-// through the identity 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)): one exp, which
-// vectorises, and no 1 + tanh cancellation for negative x.
-// out, inp are (N).
+// GELU (tanh approximation; the formula is math.h's, the exp the vectorised
+// one). out, inp are (N).
 template <typename F>
 void gelu_forward(F* out, const F* inp, int64_t N) {
-  const F k2 = F(-2 * kGeluScale);
-  const F k2c = F(-2 * kGeluScale * kGeluCube);
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < N; i++) {
     const F x = inp[i];
-    const F e = internal::Exp(x * (k2 + k2c * x * x));  // exp(-2u)
-    out[i] = x / (F(1) + e);
+    out[i] = math::GeluFromExp(x, internal::Exp(math::GeluExponent(x)));
   }
 }
 
 // dinp, inp, dout are (N).
-// With s = 1 / (1 + exp(-2u)): dGELU/dx = s + 2 x s (1 - s) du/dx, and
-// s (1 - s) = exp(-2u) s^2 keeps its precision where s rounds to 1.
 template <typename F>
 void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N) {
-  const F k2 = F(-2 * kGeluScale);
-  const F k2c = F(-2 * kGeluScale * kGeluCube);
-  const F kdu = F(2 * kGeluScale);
-  const F kdu3 = F(2 * kGeluScale * 3 * kGeluCube);
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < N; i++) {
     const F x = inp[i];
-    const F x2 = x * x;
-    const F e = internal::Exp(x * (k2 + k2c * x2));
-    const F s = F(1) / (F(1) + e);
-    const F local_grad = s + x * (e * s * s) * (kdu + kdu3 * x2);
-    dinp[i] += local_grad * dout[i];
+    const F e = internal::Exp(math::GeluExponent(x));
+    dinp[i] += math::GeluGradFromExp(x, e) * dout[i];
   }
 }
 

@@ -5,13 +5,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/common/math.h"
 #include "kernels/cpu/kernels.h"
 
 namespace ptrain::kernels {
-
-namespace {
-constexpr double kEps = 1e-5;
-}  // namespace
 
 // out is (B,T,C), mean and rstd are (B,T), inp is (B,T,C), weight and bias
 // are (C).
@@ -34,7 +31,7 @@ void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight,
       const F xm = x[i] - m;
       sum_sq += xm * xm;
     }
-    const F s = F(1) / std::sqrt(sum_sq / C + F(kEps));
+    const F s = math::LayerNormRstd(sum_sq / C);
 #pragma omp simd
     for (int i = 0; i < C; i++) o[i] = (x[i] - m) * s * weight[i] + bias[i];
     mean[r] = m;
@@ -76,7 +73,8 @@ void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout,
       for (int i = 0; i < C; i++) {
         const F norm = (x[i] - m) * s;
         const F dnorm = weight[i] * dy[i];
-        dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+        dx[i] += math::LayerNormInputGrad(dnorm, norm, dnorm_mean,
+                                          dnorm_norm_mean, s);
       }
     }
     // One contiguous channel slice per thread, aligned to a 64-byte line, so

@@ -86,7 +86,7 @@ class LayersTest : public ::testing::TestWithParam<bool> {
     rank_ = g_.rank();
     a_.assign(static_cast<size_t>(kB) * kT * kOC, 0.0f);
     b_.assign(a_.size(), 0.0f);
-    s_ = LayerScratch{a_.data(), b_.data()};
+    s_ = LayerContext{a_.data(), b_.data()};
   }
   // Positions this rank holds outside the tensor-parallel regions.
   int Ts() const { return g_.SeqLocal(kT); }
@@ -104,11 +104,11 @@ class LayersTest : public ::testing::TestWithParam<bool> {
   TpGroup g_;
   int tp_ = 1, rank_ = 0;
   Vec a_, b_;
-  LayerScratch s_;
+  LayerContext s_;
   // Scratch of the single-rank reference.
   Vec ra_ = Vec(static_cast<size_t>(kB) * kT * kOC),
       rb_ = Vec(static_cast<size_t>(kB) * kT * kOC);
-  LayerScratch one_{ra_.data(), rb_.data()};
+  LayerContext one_{ra_.data(), rb_.data()};
 };
 
 TEST_P(LayersTest, ColumnParallelLinearMatchesOneRank) {
@@ -209,9 +209,9 @@ TEST_P(LayersTest, VocabParallelCrossEntropyMatchesOneRank) {
       stats(3 * kB * kT);
   vocab_crossentropy_forward(losses.data(), probs.data(), logits.data(),
                              targets.data(), kB, kT, 0, kVp, kV, TpGroup{},
-                             stats.data());
+                             stats.data(), LayerContext{});
   vocab_crossentropy_backward(dlogits.data(), probs.data(), targets.data(),
-                              dloss, kB, kT, 0, kVp);
+                              dloss, kB, kT, 0, kVp, LayerContext{});
 
   const int Vl = kVp / tp_, v0 = rank_ * Vl;
   const Vec my_logits = Cols(logits, kVp, v0, Vl);
@@ -219,9 +219,10 @@ TEST_P(LayersTest, VocabParallelCrossEntropyMatchesOneRank) {
       my_dlogits(my_logits.size(), 0.5f);
   vocab_crossentropy_forward(my_losses.data(), my_probs.data(),
                              my_logits.data(), targets.data(), kB, kT, v0, Vl,
-                             kV, g_, stats.data());
+                             kV, g_, stats.data(), LayerContext{});
   vocab_crossentropy_backward(my_dlogits.data(), my_probs.data(),
-                              targets.data(), dloss, kB, kT, v0, Vl);
+                              targets.data(), dloss, kB, kT, v0, Vl,
+                              LayerContext{});
   Check("crossentropy losses", my_losses, losses);
   Check("crossentropy probs", my_probs, Cols(probs, kVp, v0, Vl));
   Check("crossentropy dlogits", my_dlogits, Cols(dlogits, kVp, v0, Vl));

@@ -8,11 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
-#include "kernels/cpu/kernels.h"
 
 namespace ptrain {
-
-namespace k = kernels;
 
 namespace {
 
@@ -33,8 +30,6 @@ enum BlockTensorIndex {
   kBlockTensors
 };
 
-void Zero(float* p, int64_t n) { std::memset(p, 0, n * sizeof(float)); }
-
 }  // namespace
 
 GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
@@ -51,7 +46,8 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
       NHl_(config.n_head / o.tp.size()),
       Vl_(config.padded_vocab / o.tp.size()),
       vocab_begin_(o.tp.rank() * (config.padded_vocab / o.tp.size())),
-      store_(o.store != nullptr ? o.store : this) {
+      store_(o.store != nullptr ? o.store : this),
+      ops_(o.ops != nullptr ? o.ops : &kernels::CpuOps()) {
   const int tp = o.tp.size();
   PT_CHECK(config.n_layer >= 1 && config.n_head >= 1 && config.n_embd >= 1 &&
                config.n_embd % config.n_head == 0 && config.vocab_size >= 1 &&
@@ -65,8 +61,8 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
   units_ = Units(layout_, o.pad);
   buffer_size_ = units_.empty() ? 0 : units_.back().begin + units_.back().size;
   if (o.store == nullptr) {
-    params_.assign(buffer_size_, 0.0f);
-    grads_.assign(buffer_size_, 0.0f);
+    params_ = kernels::Buffer(ops_, buffer_size_);
+    grads_ = kernels::Buffer(ops_, buffer_size_);
   }
   std::map<std::string, const ParamInfo*> by_name;
   for (const ParamInfo& p : layout_) by_name[p.name] = &p;
@@ -111,9 +107,9 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
   const int64_t BTs = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_);
   const int64_t att = static_cast<int64_t>(max_B_) * NHl_ * max_T_ * max_T_;
   const int64_t Cl = Cl_, Vl = Vl_;
-  acts_.assign(ActivationFloats(config, max_B_, max_T_, o.slots, tp, tp_.sp,
-                                stage_, n_stages_),
-               0.0f);
+  acts_ =
+      kernels::Buffer(ops_, ActivationFloats(config, max_B_, max_T_, o.slots,
+                                             tp, tp_.sp, stage_, n_stages_));
   for (int s = 0; s < o.slots; ++s) {
     Slot slot;
     slot.input = Take(BTs * C);
@@ -140,6 +136,10 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
       slot.lnf = slot.lnf_mean = slot.lnf_rstd = slot.logits = slot.losses =
           nullptr;
     }
+    if (ops_->device() != kernels::Device::kCpu) {
+      slot.tokens_staged = ops_->AllocTokens(BT);
+      slot.targets_staged = ops_->AllocTokens(BT);
+    }
     slots_.push_back(slot);
   }
   scratch_.a = Take(BT * C);
@@ -154,8 +154,22 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
   dfch_gelu_ = Take(BT * 4 * Cl);
   dlogits_ = last() ? Take(BT * Vl) : nullptr;
   ce_stats_ = last() ? Take(3 * BT) : nullptr;
-  PT_CHECK(acts_used_ == static_cast<int64_t>(acts_.size()),
+  scratch_.backend = ops_;
+  PT_CHECK(acts_used_ == acts_.size(),
            "the activation slabs do not add up to ActivationFloats");
+}
+
+GptStage::~GptStage() {
+  for (Slot& slot : slots_) {
+    if (slot.tokens_staged != nullptr) ops_->FreeTokens(slot.tokens_staged);
+    if (slot.targets_staged != nullptr) ops_->FreeTokens(slot.targets_staged);
+  }
+}
+
+const int32_t* GptStage::Stage(int32_t* staged, const int32_t* host, int B,
+                               int T) {
+  if (host == nullptr) return nullptr;
+  return ops_->StageTokens(staged, host, static_cast<int64_t>(B) * T);
 }
 
 int64_t GptStage::ActivationFloats(const GptConfig& config, int max_B,
@@ -198,17 +212,20 @@ const float* GptStage::BlockTensor(const float* unit_base, int b, int i) const {
 
 void GptStage::InitParams(uint64_t seed) {
   PT_CHECK(!params_.empty(), "the stage's weights live in a store");
+  // Computed on the host, then copied where the backend keeps them.
+  std::vector<float> host;
   for (const ParamInfo& p : layout_) {
-    float* dst = params_.data() + p.offset;
+    host.resize(p.numel);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < p.numel; ++i) {
       const std::optional<int64_t> g = GlobalIndex(p, i);
-      dst[i] = g.has_value() ? InitialValue(p, seed, *g) : 0.0f;
+      host[i] = g.has_value() ? InitialValue(p, seed, *g) : 0.0f;
     }
+    ops_->FromHost(params_.data() + p.offset, host.data(), p.numel);
   }
 }
 
-void GptStage::ZeroGrad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+void GptStage::ZeroGrad() { ops_->Zero(grads_.data(), grads_.size()); }
 
 const float* GptStage::output(int slot) const {
   return slots_[slot].residual3 + static_cast<int64_t>(n_blocks_ - 1) * max_B_ *
@@ -225,6 +242,9 @@ float GptStage::Forward(int slot, const int32_t* tokens, const float* hidden,
   Slot& S = slots_[slot];
   S.B = B;
   S.T = T;
+  kernels::Ops& k = *ops_;
+  tokens = Stage(S.tokens_staged, tokens, B, T);
+  targets = Stage(S.targets_staged, targets, B, T);
   const int C = config_.n_embd, Ts = tp_.SeqLocal(T);
   const int64_t BTsC = static_cast<int64_t>(B) * Ts * C;
   // Per-layer slabs are laid out for the allocated maximum, so index them by
@@ -243,7 +263,7 @@ float GptStage::Forward(int slot, const int32_t* tokens, const float* hidden,
                             st.Params(emb_unit_) + wpe_offset_, B, T, C,
                             vocab_begin_, Vl_, tp_, scratch_);
   } else {
-    std::memcpy(S.input, hidden, BTsC * sizeof(float));
+    k.Copy(S.input, hidden, BTsC);
   }
   const float* x = S.input;
   for (int b = 0; b < n_blocks_; ++b) {
@@ -260,38 +280,38 @@ float GptStage::Forward(int slot, const int32_t* tokens, const float* hidden,
     float* residual3 = S.residual3 + b * sBTsC;
     st.BeginForward(u);
     const float* w = st.Params(u);
-    k::layernorm_forward(ln1, S.ln1_mean + b * sBTs, S.ln1_rstd + b * sBTs, x,
-                         BlockTensor(w, b, kLn1W), BlockTensor(w, b, kLn1B), B,
-                         Ts, C);
+    k.layernorm_forward(ln1, S.ln1_mean + b * sBTs, S.ln1_rstd + b * sBTs, x,
+                        BlockTensor(w, b, kLn1W), BlockTensor(w, b, kLn1B), B,
+                        Ts, C);
     column_linear_forward(qkv, ln1, BlockTensor(w, b, kQkvW),
                           BlockTensor(w, b, kQkvB), B, T, C, 3 * Cl_, tp_,
                           scratch_);
     st.EndForward(u);
-    k::attention_forward(atty, att, qkv, B, T, Cl_, NHl_);
+    k.attention_forward(atty, att, qkv, B, T, Cl_, NHl_);
     st.BeginForward(u + 1);
     w = st.Params(u + 1);
     row_linear_forward(proj_, atty, BlockTensor(w, b, kAttProjW),
                        BlockTensor(w, b, kAttProjB), B, T, Cl_, C, tp_,
                        scratch_);
     st.EndForward(u + 1);
-    k::residual_forward(residual2, x, proj_, BTsC);
+    k.residual_forward(residual2, x, proj_, BTsC);
     st.BeginForward(u + 2);
     w = st.Params(u + 2);
-    k::layernorm_forward(ln2, S.ln2_mean + b * sBTs, S.ln2_rstd + b * sBTs,
-                         residual2, BlockTensor(w, b, kLn2W),
-                         BlockTensor(w, b, kLn2B), B, Ts, C);
+    k.layernorm_forward(ln2, S.ln2_mean + b * sBTs, S.ln2_rstd + b * sBTs,
+                        residual2, BlockTensor(w, b, kLn2W),
+                        BlockTensor(w, b, kLn2B), B, Ts, C);
     column_linear_forward(fch, ln2, BlockTensor(w, b, kFcW),
                           BlockTensor(w, b, kFcB), B, T, C, 4 * Cl_, tp_,
                           scratch_);
     st.EndForward(u + 2);
-    k::gelu_forward(fch_gelu, fch, static_cast<int64_t>(B) * T * 4 * Cl_);
+    k.gelu_forward(fch_gelu, fch, static_cast<int64_t>(B) * T * 4 * Cl_);
     st.BeginForward(u + 3);
     w = st.Params(u + 3);
     row_linear_forward(proj_, fch_gelu, BlockTensor(w, b, kFcProjW),
                        BlockTensor(w, b, kFcProjB), B, T, 4 * Cl_, C, tp_,
                        scratch_);
     st.EndForward(u + 3);
-    k::residual_forward(residual3, residual2, proj_, BTsC);
+    k.residual_forward(residual3, residual2, proj_, BTsC);
     x = residual3;
   }
   if (!last()) {
@@ -300,8 +320,7 @@ float GptStage::Forward(int slot, const int32_t* tokens, const float* hidden,
   }
   st.BeginForward(final_unit_);
   const float* lnf = st.Params(final_unit_) + lnf_offset_;
-  k::layernorm_forward(S.lnf, S.lnf_mean, S.lnf_rstd, x, lnf, lnf + C, B, Ts,
-                       C);
+  k.layernorm_forward(S.lnf, S.lnf_mean, S.lnf_rstd, x, lnf, lnf + C, B, Ts, C);
   if (first()) {
     st.EndForward(final_unit_);
   } else {
@@ -315,17 +334,18 @@ float GptStage::Forward(int slot, const int32_t* tokens, const float* hidden,
   if (targets == nullptr) return 0.0f;
   vocab_crossentropy_forward(S.losses, S.logits, S.logits, targets, B, T,
                              vocab_begin_, Vl_, config_.vocab_size, tp_,
-                             ce_stats_);
-  double sum = 0.0;
+                             ce_stats_, scratch_);
   const int64_t BT = static_cast<int64_t>(B) * T;
-  for (int64_t i = 0; i < BT; ++i) sum += S.losses[i];
-  return static_cast<float>(sum / static_cast<double>(BT));
+  return static_cast<float>(k.Sum(S.losses, BT) / static_cast<double>(BT));
 }
 
 void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
                         float dloss, const float* dout) {
   const Slot& S = slots_[slot];
   const int B = S.B, T = S.T;
+  kernels::Ops& k = *ops_;
+  tokens = Stage(S.tokens_staged, tokens, B, T);
+  targets = Stage(S.targets_staged, targets, B, T);
   const int C = config_.n_embd, Ts = tp_.SeqLocal(T);
   const int64_t BTsC = static_cast<int64_t>(B) * Ts * C;
   const int64_t BT = static_cast<int64_t>(B) * T;
@@ -338,22 +358,22 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
   if (first()) st.BeginBackward(emb_unit_);
   if (last()) {
     st.BeginBackward(final_unit_);
-    Zero(dlogits_, BT * Vl_);
+    k.Zero(dlogits_, BT * Vl_);
     vocab_crossentropy_backward(dlogits_, S.logits, targets, dloss, B, T,
-                                vocab_begin_, Vl_);
-    Zero(dln_, BTsC);
+                                vocab_begin_, Vl_, scratch_);
+    k.Zero(dln_, BTsC);
     column_linear_backward(
         dln_, st.Grads(head_unit_) + head_wte_offset_, nullptr, dlogits_, S.lnf,
         st.Params(head_unit_) + head_wte_offset_, B, T, C, Vl_, tp_, scratch_);
-    Zero(dresidual_, BTsC);
+    k.Zero(dresidual_, BTsC);
     const float* x_last = S.residual3 + (n_blocks_ - 1) * sBTsC;
     float* dlnf = st.Grads(final_unit_) + lnf_offset_;
-    k::layernorm_backward(dresidual_, dlnf, dlnf + C, dln_, x_last,
-                          st.Params(final_unit_) + lnf_offset_, S.lnf_mean,
-                          S.lnf_rstd, B, Ts, C);
+    k.layernorm_backward(dresidual_, dlnf, dlnf + C, dln_, x_last,
+                         st.Params(final_unit_) + lnf_offset_, S.lnf_mean,
+                         S.lnf_rstd, B, Ts, C);
     st.EndBackward(final_unit_);
   } else {
-    std::memcpy(dresidual_, dout, BTsC * sizeof(float));
+    k.Copy(dresidual_, dout, BTsC);
   }
   // dresidual_ carries the gradient of the residual stream downwards; each
   // residual add passes it through unchanged, so branches accumulate into
@@ -375,47 +395,46 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
     };
 
     st.BeginBackward(u + 3);
-    Zero(dfch_gelu_, BT * 4 * Cl_);
+    k.Zero(dfch_gelu_, BT * 4 * Cl_);
     row_linear_backward(dfch_gelu_, dT(u + 3, kFcProjW), dT(u + 3, kFcProjB),
                         dresidual_, fch_gelu,
                         BlockTensor(st.Params(u + 3), b, kFcProjW), B, T,
                         4 * Cl_, C, tp_, scratch_);
     st.EndBackward(u + 3);
-    Zero(dfch_, BT * 4 * Cl_);
-    k::gelu_backward(dfch_, fch, dfch_gelu_, BT * 4 * Cl_);
+    k.Zero(dfch_, BT * 4 * Cl_);
+    k.gelu_backward(dfch_, fch, dfch_gelu_, BT * 4 * Cl_);
     st.BeginBackward(u + 2);
     const float* w = st.Params(u + 2);
-    Zero(dln_, BTsC);
+    k.Zero(dln_, BTsC);
     column_linear_backward(dln_, dT(u + 2, kFcW), dT(u + 2, kFcB), dfch_, ln2,
                            BlockTensor(w, b, kFcW), B, T, C, 4 * Cl_, tp_,
                            scratch_);
     st.Poll();
-    k::layernorm_backward(dresidual_, dT(u + 2, kLn2W), dT(u + 2, kLn2B), dln_,
-                          residual2, BlockTensor(w, b, kLn2W),
-                          S.ln2_mean + b * sBTs, S.ln2_rstd + b * sBTs, B, Ts,
-                          C);
+    k.layernorm_backward(dresidual_, dT(u + 2, kLn2W), dT(u + 2, kLn2B), dln_,
+                         residual2, BlockTensor(w, b, kLn2W),
+                         S.ln2_mean + b * sBTs, S.ln2_rstd + b * sBTs, B, Ts,
+                         C);
     st.EndBackward(u + 2);
     st.BeginBackward(u + 1);
-    Zero(datty_, BT * Cl_);
+    k.Zero(datty_, BT * Cl_);
     row_linear_backward(datty_, dT(u + 1, kAttProjW), dT(u + 1, kAttProjB),
                         dresidual_, atty,
                         BlockTensor(st.Params(u + 1), b, kAttProjW), B, T, Cl_,
                         C, tp_, scratch_);
     st.EndBackward(u + 1);
-    Zero(dqkv_, BT * 3 * Cl_);
-    k::attention_backward(dqkv_, datt_, datty_, qkv, att, B, T, Cl_, NHl_);
+    k.Zero(dqkv_, BT * 3 * Cl_);
+    k.attention_backward(dqkv_, datt_, datty_, qkv, att, B, T, Cl_, NHl_);
     st.Poll();
     st.BeginBackward(u);
     w = st.Params(u);
-    Zero(dln_, BTsC);
+    k.Zero(dln_, BTsC);
     column_linear_backward(dln_, dT(u, kQkvW), dT(u, kQkvB), dqkv_, ln1,
                            BlockTensor(w, b, kQkvW), B, T, C, 3 * Cl_, tp_,
                            scratch_);
     st.Poll();
-    k::layernorm_backward(dresidual_, dT(u, kLn1W), dT(u, kLn1B), dln_,
-                          residual, BlockTensor(w, b, kLn1W),
-                          S.ln1_mean + b * sBTs, S.ln1_rstd + b * sBTs, B, Ts,
-                          C);
+    k.layernorm_backward(dresidual_, dT(u, kLn1W), dT(u, kLn1B), dln_, residual,
+                         BlockTensor(w, b, kLn1W), S.ln1_mean + b * sBTs,
+                         S.ln1_rstd + b * sBTs, B, Ts, C);
     st.EndBackward(u);
   }
   if (first()) {
@@ -428,9 +447,9 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
 
 MemoryBytes GptStage::memory() const {
   MemoryBytes m;
-  m.params = static_cast<int64_t>(params_.size() * sizeof(float));
-  m.grads = static_cast<int64_t>(grads_.size() * sizeof(float));
-  m.activations = static_cast<int64_t>(acts_.size() * sizeof(float));
+  m.params = params_.size() * static_cast<int64_t>(sizeof(float));
+  m.grads = grads_.size() * static_cast<int64_t>(sizeof(float));
+  m.activations = acts_.size() * static_cast<int64_t>(sizeof(float));
   return m;
 }
 

@@ -72,6 +72,10 @@ struct StageOptions {
   // stage). Null: the stage owns flat buffers of its own.
   UnitStore* store = nullptr;
   int pad = 1;  // the layout's unit padding (PlanOptions::pad)
+  // The backend that runs the stage and holds its buffers (not owned;
+  // outlives the stage). Null: the CPU. A store's buffers must live in the
+  // same backend's memory.
+  kernels::Ops* ops = nullptr;
 };
 
 class GptStage : private UnitStore {
@@ -83,6 +87,7 @@ class GptStage : private UnitStore {
            const StageOptions& options);
   GptStage(const GptStage&) = delete;
   GptStage& operator=(const GptStage&) = delete;
+  ~GptStage() override;
 
   const GptConfig& config() const { return config_; }
   const std::vector<ParamInfo>& layout() const { return layout_; }
@@ -91,14 +96,18 @@ class GptStage : private UnitStore {
   int slots() const { return static_cast<int>(slots_.size()); }
   bool last() const { return stage_ == n_stages_ - 1; }
   int64_t buffer_size() const { return buffer_size_; }  // padded elements
-  // The stage's own buffers (no external store), else null.
-  float* params() { return params_.empty() ? nullptr : params_.data(); }
-  float* grads() { return grads_.empty() ? nullptr : grads_.data(); }
+  // The stage's own buffers (no external store), else null; in the
+  // backend's memory.
+  float* params() { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  kernels::Ops& ops() const { return *ops_; }
 
   // Fills the stage's own parameters with InitialValue(seed).
   void InitParams(uint64_t seed);
   void ZeroGrad();
 
+  // Pointers to tokens and targets are host memory; every float pointer in
+  // and out is the backend's.
   // One microbatch's forward into `slot`. First stage: `tokens` (B,T).
   // Other stages: `hidden` (B,Ts,C), the previous stage's output. Last stage
   // with `targets`: returns the mean loss over the B·T positions and keeps
@@ -154,6 +163,10 @@ class GptStage : private UnitStore {
     float* lnf_rstd;   // (B,Ts)
     float* logits;     // (B,T,Vl); softmax probabilities after a loss
     float* losses;     // (B,T)
+    // The microbatch's tokens and targets in the backend's memory (null on
+    // the CPU, which reads the caller's).
+    int32_t* tokens_staged = nullptr;
+    int32_t* targets_staged = nullptr;
     int B = 0, T = 0;  // dims of its forward
   };
 
@@ -161,6 +174,8 @@ class GptStage : private UnitStore {
     return params_.data() + units_[u].begin;
   }
   float* Grads(int u) override { return grads_.data() + units_[u].begin; }
+  // Host tokens of `slot` as the backend reads them.
+  const int32_t* Stage(int32_t* staged, const int32_t* host, int B, int T);
   // Tensor `i` of block-local table index (GptBlockTensorNames order) of
   // local block `b`, inside its unit's buffer.
   const float* BlockTensor(const float* unit_base, int b, int i) const;
@@ -176,7 +191,8 @@ class GptStage : private UnitStore {
   const int Cl_, NHl_, Vl_, vocab_begin_;
   int64_t buffer_size_ = 0;
   UnitStore* store_;
-  std::vector<float> params_, grads_;
+  kernels::Ops* ops_;
+  kernels::Buffer params_, grads_;
   // Offsets of the embedding (wte, wpe), each block's tensors and ln_f in
   // their units.
   int64_t wte_offset_ = 0, wpe_offset_ = 0, lnf_offset_ = 0;
@@ -187,11 +203,11 @@ class GptStage : private UnitStore {
   int64_t head_wte_offset_ = 0;
   std::vector<int64_t> block_offsets_;  // (n_blocks, 12)
 
-  std::vector<float> acts_;
+  kernels::Buffer acts_;
   int64_t acts_used_ = 0;
   std::vector<Slot> slots_;
   // Backward working set, shared by every slot and layer.
-  LayerScratch scratch_;
+  LayerContext scratch_;
   float* proj_;       // (B,Ts,C): a row-parallel output before the residual
   float* dresidual_;  // (B,Ts,C)
   float* dln_;        // (B,Ts,C)

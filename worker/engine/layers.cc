@@ -4,11 +4,7 @@
 
 #include <cstring>
 
-#include "kernels/cpu/kernels.h"
-
 namespace ptrain {
-
-namespace k = kernels;
 
 namespace {
 
@@ -87,21 +83,22 @@ void sequence_reduce(float* local, float* partial, bool accumulate, int B,
 
 void column_linear_forward(float* out, const float* inp, const float* weight,
                            const float* bias, int B, int T, int C, int OCl,
-                           const TpGroup& g, const LayerScratch& s) {
+                           const TpGroup& g, const LayerContext& s) {
   const float* full = inp;
   if (g.sp && Parallel(g)) {
     sequence_gather(s.b, inp, B, T, C, g, s.a);
     full = s.b;
   }
-  k::matmul_forward(out, full, weight, bias, B, T, C, OCl);
+  s.ops().matmul_forward(out, full, weight, bias, B, T, C, OCl);
 }
 
 void column_linear_backward(float* dinp, float* dweight, float* dbias,
                             const float* dout, const float* inp,
                             const float* weight, int B, int T, int C, int OCl,
-                            const TpGroup& g, const LayerScratch& s) {
+                            const TpGroup& g, const LayerContext& s) {
   if (!Parallel(g)) {
-    k::matmul_backward(dinp, dweight, dbias, dout, inp, weight, B, T, C, OCl);
+    s.ops().matmul_backward(dinp, dweight, dbias, dout, inp, weight, B, T, C,
+                            OCl);
     return;
   }
   const float* full = inp;
@@ -112,88 +109,92 @@ void column_linear_backward(float* dinp, float* dweight, float* dbias,
   // This rank's rows of the weight give a part of the input gradient; the
   // group sums the parts (Megatron's f operator, backward).
   const int64_t n = static_cast<int64_t>(B) * T * C;
-  std::memset(s.a, 0, n * sizeof(float));
-  k::matmul_backward(s.a, dweight, dbias, dout, full, weight, B, T, C, OCl);
+  s.ops().Zero(s.a, n);
+  s.ops().matmul_backward(s.a, dweight, dbias, dout, full, weight, B, T, C,
+                          OCl);
   sequence_reduce(dinp, s.a, /*accumulate=*/true, B, T, C, g, s.b);
 }
 
 void row_linear_forward(float* out, const float* inp, const float* weight,
                         const float* bias, int B, int T, int Cl, int OC,
-                        const TpGroup& g, const LayerScratch& s) {
+                        const TpGroup& g, const LayerContext& s) {
   if (!Parallel(g)) {
-    k::matmul_forward(out, inp, weight, bias, B, T, Cl, OC);
+    s.ops().matmul_forward(out, inp, weight, bias, B, T, Cl, OC);
     return;
   }
   // Each rank's columns give a part of the output; the bias joins the sum
   // once, after the reduction (Megatron's g operator).
-  k::matmul_forward(s.a, inp, weight, static_cast<const float*>(nullptr), B, T,
-                    Cl, OC);
+  s.ops().matmul_forward(s.a, inp, weight, nullptr, B, T, Cl, OC);
   sequence_reduce(out, s.a, /*accumulate=*/false, B, T, OC, g, s.b);
   if (bias != nullptr) {
-    k::bias_forward(out, bias, static_cast<int64_t>(B) * g.SeqLocal(T), OC);
+    s.ops().bias_forward(out, bias, static_cast<int64_t>(B) * g.SeqLocal(T),
+                         OC);
   }
 }
 
 void row_linear_backward(float* dinp, float* dweight, float* dbias,
                          const float* dout, const float* inp,
                          const float* weight, int B, int T, int Cl, int OC,
-                         const TpGroup& g, const LayerScratch& s) {
+                         const TpGroup& g, const LayerContext& s) {
   const float* full = dout;
   if (g.sp && Parallel(g)) {
     sequence_gather(s.a, dout, B, T, OC, g, s.b);
     full = s.a;
   }
-  k::matmul_backward(dinp, dweight, dbias, full, inp, weight, B, T, Cl, OC);
+  s.ops().matmul_backward(dinp, dweight, dbias, full, inp, weight, B, T, Cl,
+                          OC);
 }
 
 void vocab_embedding_forward(float* out, const int32_t* inp, const float* wte,
                              const float* wpe, int B, int T, int C,
                              int vocab_begin, int Vl, const TpGroup& g,
-                             const LayerScratch& s) {
+                             const LayerContext& s) {
   if (!Parallel(g)) {
-    k::embedding_forward(out, inp, wte, B, T, C, vocab_begin, Vl);
+    s.ops().embedding_forward(out, inp, wte, B, T, C, vocab_begin, Vl);
   } else {
-    k::embedding_forward(s.a, inp, wte, B, T, C, vocab_begin, Vl);
+    s.ops().embedding_forward(s.a, inp, wte, B, T, C, vocab_begin, Vl);
     sequence_reduce(out, s.a, /*accumulate=*/false, B, T, C, g, s.b);
   }
-  k::position_forward(out, wpe, B, g.SeqLocal(T), C, g.SeqBegin(T));
+  s.ops().position_forward(out, wpe, B, g.SeqLocal(T), C, g.SeqBegin(T));
 }
 
 void vocab_embedding_backward(float* dwte, float* dwpe, const float* dout,
                               const int32_t* inp, int B, int T, int C,
                               int vocab_begin, int Vl, const TpGroup& g,
-                              const LayerScratch& s) {
-  k::position_backward(dwpe, dout, B, g.SeqLocal(T), C, g.SeqBegin(T));
+                              const LayerContext& s) {
+  s.ops().position_backward(dwpe, dout, B, g.SeqLocal(T), C, g.SeqBegin(T));
   const float* full = dout;
   if (g.sp && Parallel(g)) {
     sequence_gather(s.a, dout, B, T, C, g, s.b);
     full = s.a;
   }
-  k::embedding_backward(dwte, full, inp, B, T, C, vocab_begin, Vl);
+  s.ops().embedding_backward(dwte, full, inp, B, T, C, vocab_begin, Vl);
 }
 
 void vocab_crossentropy_forward(float* losses, float* probs,
                                 const float* logits, const int32_t* targets,
                                 int B, int T, int vocab_begin, int Vl, int V,
-                                const TpGroup& g, float* stats) {
+                                const TpGroup& g, float* stats,
+                                const LayerContext& s) {
   const int64_t rows = static_cast<int64_t>(B) * T;
   float* maxes = stats;
   float* sums = stats + rows;  // followed by target_shifted: one reduction
   float* target_shifted = stats + 2 * rows;
-  k::crossentropy_parallel_max(maxes, logits, B, T, Vl, vocab_begin, V);
+  s.ops().crossentropy_parallel_max(maxes, logits, B, T, Vl, vocab_begin, V);
   if (Parallel(g)) g.comm->AllReduceMax(maxes, rows);
-  k::crossentropy_parallel_exp(sums, target_shifted, probs, logits, maxes,
-                               targets, B, T, Vl, vocab_begin, V);
+  s.ops().crossentropy_parallel_exp(sums, target_shifted, probs, logits, maxes,
+                                    targets, B, T, Vl, vocab_begin, V);
   if (Parallel(g)) g.comm->AllReduce(sums, 2 * rows);
-  k::crossentropy_parallel_finish(losses, probs, sums, target_shifted, B, T,
-                                  Vl);
+  s.ops().crossentropy_parallel_finish(losses, probs, sums, target_shifted, B,
+                                       T, Vl);
 }
 
 void vocab_crossentropy_backward(float* dlogits, const float* probs,
                                  const int32_t* targets, float dloss, int B,
-                                 int T, int vocab_begin, int Vl) {
-  k::crossentropy_parallel_backward(dlogits, probs, targets, dloss, B, T, Vl,
-                                    vocab_begin);
+                                 int T, int vocab_begin, int Vl,
+                                 const LayerContext& s) {
+  s.ops().crossentropy_parallel_backward(dlogits, probs, targets, dloss, B, T,
+                                         Vl, vocab_begin);
 }
 
 }  // namespace ptrain

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 
+#include "kernels/ops.h"
 #include "worker/engine/comm.h"
 
 namespace ptrain {
@@ -38,11 +39,18 @@ struct TpGroup {
   int SeqBegin(int T) const { return sp ? rank() * (T / size()) : 0; }
 };
 
-// Scratch the layers share: two buffers of B·T·C floats, reused by every
-// call (nothing in them outlives a call).
-struct LayerScratch {
+// What every layer call runs with: two scratch buffers of B·T·C floats,
+// reused by every call (nothing in them outlives a call), and the backend
+// whose memory holds every buffer passed (null: the CPU's). The
+// tensor-parallel communication runs on host memory: a group of tp > 1 needs
+// the CPU backend.
+struct LayerContext {
   float* a = nullptr;
   float* b = nullptr;
+  kernels::Ops* backend = nullptr;
+  kernels::Ops& ops() const {
+    return backend != nullptr ? *backend : kernels::CpuOps();
+  }
 };
 
 // Gathers the sequence: full (B,T,C) from every rank's local (B,Ts,C).
@@ -62,26 +70,26 @@ void sequence_reduce(float* local, float* partial, bool accumulate, int B,
 // scratch: a, b.
 void column_linear_forward(float* out, const float* inp, const float* weight,
                            const float* bias, int B, int T, int C, int OCl,
-                           const TpGroup& g, const LayerScratch& s);
+                           const TpGroup& g, const LayerContext& s);
 // dinp (B,Ts,C) += reduce over the group of dout @ weight; dweight, dbias
 // accumulate this rank's rows.
 void column_linear_backward(float* dinp, float* dweight, float* dbias,
                             const float* dout, const float* inp,
                             const float* weight, int B, int T, int C, int OCl,
-                            const TpGroup& g, const LayerScratch& s);
+                            const TpGroup& g, const LayerContext& s);
 
 // Row-parallel linear: weight (OC,Cl) holds this rank's columns of the whole
 // (OC,C). out (B,Ts,OC) = reduce(inp @ weight^T) + bias; inp is (B,T,Cl),
 // bias (OC) is added once, after the reduction. scratch: a, b.
 void row_linear_forward(float* out, const float* inp, const float* weight,
                         const float* bias, int B, int T, int Cl, int OC,
-                        const TpGroup& g, const LayerScratch& s);
+                        const TpGroup& g, const LayerContext& s);
 // dinp (B,T,Cl) += gather(dout) @ weight; dweight += gather(dout)^T inp;
 // dbias += column sums of gather(dout) (the same on every rank).
 void row_linear_backward(float* dinp, float* dweight, float* dbias,
                          const float* dout, const float* inp,
                          const float* weight, int B, int T, int Cl, int OC,
-                         const TpGroup& g, const LayerScratch& s);
+                         const TpGroup& g, const LayerContext& s);
 
 // Vocabulary-parallel embedding: wte (Vl,C) holds vocabulary rows
 // [vocab_begin, vocab_begin + Vl), wpe (>=T,C) every position. out (B,Ts,C)
@@ -90,14 +98,14 @@ void row_linear_backward(float* dinp, float* dweight, float* dbias,
 void vocab_embedding_forward(float* out, const int32_t* inp, const float* wte,
                              const float* wpe, int B, int T, int C,
                              int vocab_begin, int Vl, const TpGroup& g,
-                             const LayerScratch& s);
+                             const LayerContext& s);
 // dwte += rows of gather(dout) for the tokens held here; dwpe += dout at
 // this rank's positions (under sp only those: the caller sums dwpe over the
 // group, as it does LayerNorm's gradients).
 void vocab_embedding_backward(float* dwte, float* dwpe, const float* dout,
                               const int32_t* inp, int B, int T, int C,
                               int vocab_begin, int Vl, const TpGroup& g,
-                              const LayerScratch& s);
+                              const LayerContext& s);
 
 // Vocabulary-parallel softmax + cross-entropy over the (B,T,Vl) logits of
 // this rank's vocabulary columns (entries at or past V pad the vocabulary).
@@ -107,12 +115,14 @@ void vocab_embedding_backward(float* dwte, float* dwpe, const float* dout,
 void vocab_crossentropy_forward(float* losses, float* probs,
                                 const float* logits, const int32_t* targets,
                                 int B, int T, int vocab_begin, int Vl, int V,
-                                const TpGroup& g, float* stats);
+                                const TpGroup& g, float* stats,
+                                const LayerContext& s);
 // dlogits (B,T,Vl) += (probs - onehot(targets)) · dloss on this rank's
 // columns: nothing to communicate.
 void vocab_crossentropy_backward(float* dlogits, const float* probs,
                                  const int32_t* targets, float dloss, int B,
-                                 int T, int vocab_begin, int Vl);
+                                 int T, int vocab_begin, int Vl,
+                                 const LayerContext& s);
 
 }  // namespace ptrain
 

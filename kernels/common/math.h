@@ -1,0 +1,108 @@
+// Per-element math shared by the CPU and CUDA kernels: one formula for both
+// backends, so the CPU tests exercise what the GPU runs. Everything here is
+// `PT_HD` (host and device under nvcc, plain inline otherwise) and takes
+// the exponentials it needs as arguments where a backend has its own fast
+// exp (the CPU's vectorised ExpF, the GPU's expf).
+#ifndef PTRAIN_KERNELS_COMMON_MATH_H_
+#define PTRAIN_KERNELS_COMMON_MATH_H_
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define PT_HD __host__ __device__ __forceinline__
+#else
+#define PT_HD inline
+#endif
+
+namespace ptrain::kernels::math {
+
+// GELU, tanh approximation: GELU(x) = 0.5 x (1 + tanh(u)),
+// u = sqrt(2/pi) (x + 0.044715 x^3), computed through
+// 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)): one exp, and no 1 + tanh
+// cancellation for negative x.
+constexpr double kGeluScale = 0.79788456080286535588;  // sqrt(2/pi)
+constexpr double kGeluCube = 0.044715;
+
+// The exponent -2u of x; the caller takes e = exp(GeluExponent(x)).
+template <typename F>
+PT_HD F GeluExponent(F x) {
+  return x * (F(-2 * kGeluScale) + F(-2 * kGeluScale * kGeluCube) * x * x);
+}
+template <typename F>
+PT_HD F GeluFromExp(F x, F e) {
+  return x / (F(1) + e);
+}
+// dGELU/dx with s = 1 / (1 + e): s + 2 x s (1 - s) du/dx, where
+// s (1 - s) = e s^2 keeps its precision where s rounds to 1.
+template <typename F>
+PT_HD F GeluGradFromExp(F x, F e) {
+  const F s = F(1) / (F(1) + e);
+  return s +
+         x * (e * s * s) *
+             (F(2 * kGeluScale) + F(2 * kGeluScale * 3 * kGeluCube) * x * x);
+}
+
+// LayerNorm: eps is PyTorch's default.
+constexpr double kLayerNormEps = 1e-5;
+template <typename F>
+PT_HD F LayerNormRstd(F variance) {
+  return F(1) / std::sqrt(variance + F(kLayerNormEps));
+}
+// The input gradient of one element, given the row means of
+// dnorm = weight * dout and of dnorm * norm.
+template <typename F>
+PT_HD F LayerNormInputGrad(F dnorm, F norm, F dnorm_mean, F dnorm_norm_mean,
+                           F rstd) {
+  return (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rstd;
+}
+
+// Cross-entropy of one position from its softmax sum (of exp(logit - max))
+// and its target's logit minus the max: -log(exp(shifted) / sum), without
+// rounding the target's probability first.
+template <typename F>
+PT_HD F CrossEntropyLoss(F sum, F target_shifted) {
+  return std::log(sum) - target_shifted;
+}
+
+// AdamW (PyTorch's formulation, decoupled weight decay). The per-step
+// constants are computed once on the host, in double where they lose digits
+// in float (1 - beta2^t is tiny early on).
+struct AdamWStep {
+  double lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay;
+  double inv_bias_correction1, inv_bias_correction2, grad_scale;
+};
+inline AdamWStep MakeAdamWStep(float lr, float beta1, float beta2, float eps,
+                               float weight_decay, int64_t t,
+                               float grad_scale) {
+  AdamWStep s;
+  s.lr = lr;
+  s.beta1 = beta1;
+  s.beta2 = beta2;
+  s.one_minus_beta1 = 1.0 - double(beta1);
+  s.one_minus_beta2 = 1.0 - double(beta2);
+  s.eps = eps;
+  s.weight_decay = weight_decay;
+  s.inv_bias_correction1 = 1.0 / (1.0 - std::pow(double(beta1), double(t)));
+  s.inv_bias_correction2 = 1.0 / (1.0 - std::pow(double(beta2), double(t)));
+  s.grad_scale = grad_scale;
+  return s;
+}
+// One element: g = grad * grad_scale; m, v move; param steps. Each constant
+// is rounded to F once, by the caller's loop hoisting or here.
+template <typename F>
+PT_HD void AdamWUpdate(F& param, F& m, F& v, F grad, const AdamWStep& s) {
+  const F g = grad * F(s.grad_scale);
+  const F mi = F(s.beta1) * m + F(s.one_minus_beta1) * g;
+  const F vi = F(s.beta2) * v + F(s.one_minus_beta2) * g * g;
+  m = mi;
+  v = vi;
+  const F mhat = mi * F(s.inv_bias_correction1);
+  const F vhat = vi * F(s.inv_bias_correction2);
+  param -= F(s.lr) *
+           (F(s.weight_decay) * param + mhat / (std::sqrt(vhat) + F(s.eps)));
+}
+
+}  // namespace ptrain::kernels::math
+
+#endif  // PTRAIN_KERNELS_COMMON_MATH_H_

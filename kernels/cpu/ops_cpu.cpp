@@ -1,0 +1,173 @@
+// The CPU backend of the Ops seam: kernels/cpu's float kernels on host
+// memory.
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "kernels/cpu/kernels.h"
+#include "kernels/ops.h"
+
+namespace ptrain::kernels {
+
+namespace {
+
+void* AlignedZeroed(int64_t bytes) {
+  // Cache-line aligned, rounded up as aligned_alloc requires.
+  const size_t size = (static_cast<size_t>(bytes) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, size);
+  if (p == nullptr) throw std::bad_alloc();
+  std::memset(p, 0, size);
+  return p;
+}
+
+class CpuBackend final : public Ops {
+ public:
+  Device device() const override { return Device::kCpu; }
+  std::string name() const override { return "cpu"; }
+
+  float* Alloc(int64_t n) override {
+    return static_cast<float*>(AlignedZeroed(n * sizeof(float)));
+  }
+  void Free(float* p) override { std::free(p); }
+  int32_t* AllocTokens(int64_t n) override {
+    return static_cast<int32_t*>(AlignedZeroed(n * sizeof(int32_t)));
+  }
+  void FreeTokens(int32_t* p) override { std::free(p); }
+  const int32_t* StageTokens(int32_t*, const int32_t* host, int64_t) override {
+    return host;
+  }
+  void ToHost(float* host, const float* src, int64_t n) override {
+    Copy(host, src, n);
+  }
+  void FromHost(float* dst, const float* host, int64_t n) override {
+    Copy(dst, host, n);
+  }
+  void Synchronize() override {}
+
+  void Zero(float* p, int64_t n) override {
+    std::memset(p, 0, n * sizeof(float));
+  }
+  void Copy(float* dst, const float* src, int64_t n) override {
+    if (dst != src) std::memcpy(dst, src, n * sizeof(float));
+  }
+  void Add(float* dst, const float* src, int64_t n) override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+  }
+  double Sum(const float* x, int64_t n) override {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += x[i];
+    return sum;
+  }
+  double SumSquares(const float* x, int64_t n) override {
+    return sum_squares(x, n);
+  }
+
+  void embedding_forward(float* out, const int32_t* inp, const float* wte,
+                         int B, int T, int C, int vocab_begin,
+                         int Vl) override {
+    kernels::embedding_forward(out, inp, wte, B, T, C, vocab_begin, Vl);
+  }
+  void embedding_backward(float* dwte, const float* dout, const int32_t* inp,
+                          int B, int T, int C, int vocab_begin,
+                          int Vl) override {
+    kernels::embedding_backward(dwte, dout, inp, B, T, C, vocab_begin, Vl);
+  }
+  void position_forward(float* out, const float* wpe, int B, int T, int C,
+                        int t0) override {
+    kernels::position_forward(out, wpe, B, T, C, t0);
+  }
+  void position_backward(float* dwpe, const float* dout, int B, int T, int C,
+                         int t0) override {
+    kernels::position_backward(dwpe, dout, B, T, C, t0);
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                         const float* weight, const float* bias, int B, int T,
+                         int C) override {
+    kernels::layernorm_forward(out, mean, rstd, inp, weight, bias, B, T, C);
+  }
+  void layernorm_backward(float* dinp, float* dweight, float* dbias,
+                          const float* dout, const float* inp,
+                          const float* weight, const float* mean,
+                          const float* rstd, int B, int T, int C) override {
+    kernels::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean,
+                                rstd, B, T, C);
+  }
+  void matmul_forward(float* out, const float* inp, const float* weight,
+                      const float* bias, int B, int T, int C, int OC) override {
+    kernels::matmul_forward(out, inp, weight, bias, B, T, C, OC);
+  }
+  void matmul_backward(float* dinp, float* dweight, float* dbias,
+                       const float* dout, const float* inp, const float* weight,
+                       int B, int T, int C, int OC) override {
+    kernels::matmul_backward(dinp, dweight, dbias, dout, inp, weight, B, T, C,
+                             OC);
+  }
+  void attention_forward(float* out, float* att, const float* inp, int B, int T,
+                         int C, int NH) override {
+    kernels::attention_forward(out, att, inp, B, T, C, NH);
+  }
+  void attention_backward(float* dinp, float* datt, const float* dout,
+                          const float* inp, const float* att, int B, int T,
+                          int C, int NH) override {
+    kernels::attention_backward(dinp, datt, dout, inp, att, B, T, C, NH);
+  }
+  void gelu_forward(float* out, const float* inp, int64_t N) override {
+    kernels::gelu_forward(out, inp, N);
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout,
+                     int64_t N) override {
+    kernels::gelu_backward(dinp, inp, dout, N);
+  }
+  void bias_forward(float* out, const float* bias, int64_t rows,
+                    int OC) override {
+    kernels::bias_forward(out, bias, rows, OC);
+  }
+  void residual_forward(float* out, const float* inp1, const float* inp2,
+                        int64_t N) override {
+    kernels::residual_forward(out, inp1, inp2, N);
+  }
+  void crossentropy_parallel_max(float* maxes, const float* logits, int B,
+                                 int T, int Vl, int vocab_begin,
+                                 int V) override {
+    kernels::crossentropy_parallel_max(maxes, logits, B, T, Vl, vocab_begin, V);
+  }
+  void crossentropy_parallel_exp(float* sums, float* target_shifted,
+                                 float* probs, const float* logits,
+                                 const float* maxes, const int32_t* targets,
+                                 int B, int T, int Vl, int vocab_begin,
+                                 int V) override {
+    kernels::crossentropy_parallel_exp(sums, target_shifted, probs, logits,
+                                       maxes, targets, B, T, Vl, vocab_begin,
+                                       V);
+  }
+  void crossentropy_parallel_finish(float* losses, float* probs,
+                                    const float* sums,
+                                    const float* target_shifted, int B, int T,
+                                    int Vl) override {
+    kernels::crossentropy_parallel_finish(losses, probs, sums, target_shifted,
+                                          B, T, Vl);
+  }
+  void crossentropy_parallel_backward(float* dlogits, const float* probs,
+                                      const int32_t* targets, float dloss,
+                                      int B, int T, int Vl,
+                                      int vocab_begin) override {
+    kernels::crossentropy_parallel_backward(dlogits, probs, targets, dloss, B,
+                                            T, Vl, vocab_begin);
+  }
+  void adamw_update(float* params, float* m, float* v, const float* grads,
+                    int64_t N, float lr, float beta1, float beta2, float eps,
+                    float weight_decay, int64_t t, float grad_scale) override {
+    kernels::adamw_update(params, m, v, grads, N, lr, beta1, beta2, eps,
+                          weight_decay, t, grad_scale);
+  }
+};
+
+}  // namespace
+
+Ops& CpuOps() {
+  static CpuBackend* const backend = new CpuBackend();
+  return *backend;
+}
+
+}  // namespace ptrain::kernels

@@ -1,0 +1,934 @@
+// The CUDA backend: see ops_cuda.h. Kernels here, in the CPU kernels'
+// order; per-element formulas from kernels/common/math.h.
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "common/check.h"
+#include "kernels/common/math.h"
+#include "kernels/cuda/ops_cuda.h"
+
+namespace ptrain::kernels {
+
+namespace {
+
+void CudaFailed(const char* file, int line, const char* what,
+                const char* detail) {
+  CheckFailed(file, line, what, detail);
+}
+
+#define PT_CUDA_CHECK(call)                                              \
+  do {                                                                   \
+    const cudaError_t pt_err = (call);                                   \
+    if (pt_err != cudaSuccess) {                                         \
+      CudaFailed(__FILE__, __LINE__, #call, cudaGetErrorString(pt_err)); \
+    }                                                                    \
+  } while (0)
+#define PT_CUBLAS_CHECK(call)                                              \
+  do {                                                                     \
+    const cublasStatus_t pt_st = (call);                                   \
+    if (pt_st != CUBLAS_STATUS_SUCCESS) {                                  \
+      CudaFailed(__FILE__, __LINE__, #call, cublasGetStatusString(pt_st)); \
+    }                                                                      \
+  } while (0)
+
+constexpr int kThreads = 256;
+
+int Blocks(int64_t n, int threads = kThreads) {
+  const int64_t b = (n + threads - 1) / threads;
+  return static_cast<int>(b < 65535 * 16 ? b : 65535 * 16);
+}
+
+// --- reductions ------------------------------------------------------------
+
+__device__ __forceinline__ float WarpSum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+__device__ __forceinline__ float WarpMax(float x) {
+  for (int o = 16; o > 0; o >>= 1) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  }
+  return x;
+}
+// Block-wide reduction (blockDim.x a multiple of 32, at most 1024); every
+// thread gets the result.
+template <typename T, typename Op>
+__device__ T BlockReduce(T x, Op op, T init) {
+  __shared__ T shared[32];
+  __shared__ T result;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int o = 16; o > 0; o >>= 1)
+    x = op(x, __shfl_xor_sync(0xffffffffu, x, o));
+  if (lane == 0) shared[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    T y = lane < static_cast<int>(blockDim.x / 32) ? shared[lane] : init;
+    for (int o = 16; o > 0; o >>= 1) {
+      y = op(y, __shfl_xor_sync(0xffffffffu, y, o));
+    }
+    if (lane == 0) result = y;
+  }
+  __syncthreads();
+  return result;
+}
+struct SumOp {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// --- elementwise -----------------------------------------------------------
+
+__global__ void AddKernel(float* dst, const float* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    dst[i] += src[i];
+  }
+}
+
+__global__ void ResidualKernel(float* out, const float* a, const float* b,
+                               int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    out[i] = a[i] + b[i];
+  }
+}
+
+__global__ void BiasKernel(float* out, const float* bias, int64_t n, int OC) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    out[i] += bias[i % OC];
+  }
+}
+
+__global__ void GeluForwardKernel(float* out, const float* inp, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float x = inp[i];
+    out[i] = math::GeluFromExp(x, expf(math::GeluExponent(x)));
+  }
+}
+
+__global__ void GeluBackwardKernel(float* dinp, const float* inp,
+                                   const float* dout, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float x = inp[i];
+    dinp[i] += math::GeluGradFromExp(x, expf(math::GeluExponent(x))) * dout[i];
+  }
+}
+
+__global__ void AdamWKernel(float* params, float* m, float* v,
+                            const float* grads, int64_t n,
+                            math::AdamWStep step) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float p = params[i], mi = m[i], vi = v[i];
+    math::AdamWUpdate(p, mi, vi, grads[i], step);
+    params[i] = p;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+template <bool kSquares>
+__global__ void SumKernel(double* out, const float* x, int64_t n) {
+  double acc = 0.0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const double xi = x[i];
+    acc += kSquares ? xi * xi : xi;
+  }
+  acc = BlockReduce(acc, SumOp(), 0.0);
+  if (threadIdx.x == 0) atomicAdd(out, acc);
+}
+
+// --- encoder ---------------------------------------------------------------
+
+__global__ void EmbeddingForwardKernel(float* out, const int32_t* inp,
+                                       const float* wte, int64_t BT, int C,
+                                       int vocab_begin, int Vl) {
+  const int64_t n = BT * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t bt = i / C;
+    const int c = static_cast<int>(i % C);
+    const int64_t row = static_cast<int64_t>(inp[bt]) - vocab_begin;
+    out[i] = row >= 0 && row < Vl ? wte[row * C + c] : 0.0f;
+  }
+}
+
+__global__ void EmbeddingBackwardKernel(float* dwte, const float* dout,
+                                        const int32_t* inp, int64_t BT, int C,
+                                        int vocab_begin, int Vl) {
+  const int64_t n = BT * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t bt = i / C;
+    const int c = static_cast<int>(i % C);
+    const int64_t row = static_cast<int64_t>(inp[bt]) - vocab_begin;
+    if (row >= 0 && row < Vl) atomicAdd(&dwte[row * C + c], dout[i]);
+  }
+}
+
+__global__ void PositionForwardKernel(float* out, const float* wpe, int B,
+                                      int T, int C, int t0) {
+  const int64_t n = static_cast<int64_t>(B) * T * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = (i / C) % T;
+    out[i] += wpe[(t0 + t) * C + i % C];
+  }
+}
+
+// One thread per (t, c): the sum over the batch in a fixed order.
+__global__ void PositionBackwardKernel(float* dwpe, const float* dout, int B,
+                                       int T, int C, int t0) {
+  const int64_t n = static_cast<int64_t>(T) * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float acc = 0.0f;
+    for (int b = 0; b < B; ++b) acc += dout[static_cast<int64_t>(b) * n + i];
+    dwpe[static_cast<int64_t>(t0) * C + i] += acc;
+  }
+}
+
+// --- LayerNorm -------------------------------------------------------------
+
+// One warp per row.
+__global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd,
+                                       const float* inp, const float* weight,
+                                       const float* bias, int64_t rows, int C) {
+  const int64_t r = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const float* x = inp + r * C;
+  float sum = 0.0f;
+  for (int i = lane; i < C; i += 32) sum += x[i];
+  const float m = WarpSum(sum) / C;
+  float sum_sq = 0.0f;
+  for (int i = lane; i < C; i += 32) {
+    const float xm = x[i] - m;
+    sum_sq += xm * xm;
+  }
+  const float s = math::LayerNormRstd(WarpSum(sum_sq) / C);
+  float* o = out + r * C;
+  for (int i = lane; i < C; i += 32)
+    o[i] = (x[i] - m) * s * weight[i] + bias[i];
+  if (lane == 0) {
+    mean[r] = m;
+    rstd[r] = s;
+  }
+}
+
+// The input gradient, one warp per row.
+__global__ void LayerNormBackwardInputKernel(
+    float* dinp, const float* dout, const float* inp, const float* weight,
+    const float* mean, const float* rstd, int64_t rows, int C) {
+  const int64_t r = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const float* x = inp + r * C;
+  const float* dy = dout + r * C;
+  const float m = mean[r], s = rstd[r];
+  float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
+  for (int i = lane; i < C; i += 32) {
+    const float dnorm = weight[i] * dy[i];
+    dnorm_sum += dnorm;
+    dnorm_norm_sum += dnorm * (x[i] - m) * s;
+  }
+  const float dnorm_mean = WarpSum(dnorm_sum) / C;
+  const float dnorm_norm_mean = WarpSum(dnorm_norm_sum) / C;
+  float* dx = dinp + r * C;
+  for (int i = lane; i < C; i += 32) {
+    dx[i] += math::LayerNormInputGrad(weight[i] * dy[i], (x[i] - m) * s,
+                                      dnorm_mean, dnorm_norm_mean, s);
+  }
+}
+
+// Column sums over rows, accumulated: a block of 32 columns x 8 row lanes
+// takes a chunk of kChunkRows rows, then adds its sums atomically. With
+// `inp` (LayerNorm), sums[0] gets (x - mean) rstd dy and sums[1] dy;
+// without, sums[1] gets dy (a bias gradient).
+constexpr int kChunkRows = 256;
+__global__ void ColumnSumsKernel(float* dweight, float* dbias,
+                                 const float* dout, const float* inp,
+                                 const float* mean, const float* rstd,
+                                 int64_t rows, int C) {
+  __shared__ float sw[8][33];
+  __shared__ float sb[8][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kChunkRows;
+  const int64_t r1 = r0 + kChunkRows < rows ? r0 + kChunkRows : rows;
+  float aw = 0.0f, ab = 0.0f;
+  if (c < C) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
+      const float dy = dout[r * C + c];
+      ab += dy;
+      if (inp != nullptr) aw += (inp[r * C + c] - mean[r]) * rstd[r] * dy;
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = aw;
+  sb[threadIdx.y][threadIdx.x] = ab;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    for (int y = 1; y < 8; ++y) {
+      aw += sw[y][threadIdx.x];
+      ab += sb[y][threadIdx.x];
+    }
+    if (inp != nullptr) atomicAdd(&dweight[c], aw);
+    atomicAdd(&dbias[c], ab);
+  }
+}
+
+// --- attention -------------------------------------------------------------
+
+// inp (B,T,3,NH,hs) -> q, k, v (B,NH,T,hs).
+__global__ void PermuteQkvKernel(float* q, float* k, float* v, const float* inp,
+                                 int B, int T, int NH, int hs) {
+  const int64_t n = static_cast<int64_t>(B) * NH * T * hs;
+  const int C = NH * hs;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int d = i % hs;
+    const int t = (i / hs) % T;
+    const int h = (i / (int64_t(hs) * T)) % NH;
+    const int64_t b = i / (int64_t(hs) * T * NH);
+    const int64_t src = (b * T + t) * 3 * C + h * hs + d;
+    q[i] = inp[src];
+    k[i] = inp[src + C];
+    v[i] = inp[src + 2 * C];
+  }
+}
+
+// y (B,NH,T,hs) -> out (B,T,NH,hs).
+__global__ void UnpermuteKernel(float* out, const float* y, int B, int T,
+                                int NH, int hs) {
+  const int64_t n = static_cast<int64_t>(B) * NH * T * hs;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int d = i % hs;
+    const int t = (i / hs) % T;
+    const int h = (i / (int64_t(hs) * T)) % NH;
+    const int64_t b = i / (int64_t(hs) * T * NH);
+    out[((b * T + t) * NH + h) * hs + d] = y[i];
+  }
+}
+
+// dout (B,T,NH,hs) -> dy (B,NH,T,hs).
+__global__ void PermuteOutKernel(float* dy, const float* dout, int B, int T,
+                                 int NH, int hs) {
+  const int64_t n = static_cast<int64_t>(B) * NH * T * hs;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int d = i % hs;
+    const int t = (i / hs) % T;
+    const int h = (i / (int64_t(hs) * T)) % NH;
+    const int64_t b = i / (int64_t(hs) * T * NH);
+    dy[i] = dout[((b * T + t) * NH + h) * hs + d];
+  }
+}
+
+// dinp (B,T,3,NH,hs) += dq, dk, dv (B,NH,T,hs).
+__global__ void UnpermuteQkvAddKernel(float* dinp, const float* dq,
+                                      const float* dk, const float* dv, int B,
+                                      int T, int NH, int hs) {
+  const int64_t n = static_cast<int64_t>(B) * NH * T * hs;
+  const int C = NH * hs;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int d = i % hs;
+    const int t = (i / hs) % T;
+    const int h = (i / (int64_t(hs) * T)) % NH;
+    const int64_t b = i / (int64_t(hs) * T * NH);
+    const int64_t dst = (b * T + t) * 3 * C + h * hs + d;
+    dinp[dst] += dq[i];
+    dinp[dst + C] += dk[i];
+    dinp[dst + 2 * C] += dv[i];
+  }
+}
+
+// In place over att (B*NH*T rows of T): the scaled causal softmax; entries
+// above the diagonal become 0. One warp per row.
+__global__ void CausalSoftmaxKernel(float* att, int64_t rows, int T,
+                                    float scale) {
+  const int64_t r = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const int t1 = static_cast<int>(r % T);
+  float* row = att + r * T;
+  float mx = -FLT_MAX;
+  for (int t2 = lane; t2 <= t1; t2 += 32) mx = fmaxf(mx, row[t2] * scale);
+  mx = WarpMax(mx);
+  float sum = 0.0f;
+  for (int t2 = lane; t2 <= t1; t2 += 32) {
+    const float e = expf(row[t2] * scale - mx);
+    row[t2] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / WarpSum(sum);
+  for (int t2 = lane; t2 < T; t2 += 32) {
+    row[t2] = t2 <= t1 ? row[t2] * inv : 0.0f;
+  }
+}
+
+// In place over datt: the gradient of the scaled scores,
+// att (datt - sum(att datt)) scale, 0 above the diagonal.
+__global__ void CausalSoftmaxBackwardKernel(float* datt, const float* att,
+                                            int64_t rows, int T, float scale) {
+  const int64_t r = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const int t1 = static_cast<int>(r % T);
+  float* d = datt + r * T;
+  const float* a = att + r * T;
+  float dot = 0.0f;
+  for (int t2 = lane; t2 <= t1; t2 += 32) dot += a[t2] * d[t2];
+  dot = WarpSum(dot);
+  for (int t2 = lane; t2 < T; t2 += 32) {
+    d[t2] = t2 <= t1 ? a[t2] * (d[t2] - dot) * scale : 0.0f;
+  }
+}
+
+// --- cross-entropy ---------------------------------------------------------
+
+// One block per row.
+__global__ void CrossEntropyMaxKernel(float* maxes, const float* logits, int Vl,
+                                      int vocab_begin, int V) {
+  const int64_t r = blockIdx.x;
+  const float* l = logits + r * Vl;
+  const int real = V - vocab_begin < Vl ? V - vocab_begin : Vl;
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < real; j += blockDim.x) mx = fmaxf(mx, l[j]);
+  mx = BlockReduce(mx, MaxOp(), -INFINITY);
+  if (threadIdx.x == 0) maxes[r] = mx;
+}
+
+__global__ void CrossEntropyExpKernel(float* sums, float* target_shifted,
+                                      float* probs, const float* logits,
+                                      const float* maxes,
+                                      const int32_t* targets, int Vl,
+                                      int vocab_begin, int V) {
+  const int64_t r = blockIdx.x;
+  const float* l = logits + r * Vl;
+  float* p = probs + r * Vl;
+  const float mx = maxes[r];
+  const int real = V - vocab_begin < Vl ? V - vocab_begin : Vl;
+  // The target's logit is read before probs (which may alias logits) is
+  // written.
+  if (threadIdx.x == 0) {
+    const int t = targets[r] - vocab_begin;
+    target_shifted[r] = t >= 0 && t < Vl ? l[t] - mx : 0.0f;
+  }
+  __syncthreads();
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < Vl; j += blockDim.x) {
+    const float e = j < real ? expf(l[j] - mx) : 0.0f;
+    p[j] = e;
+    sum += e;
+  }
+  sum = BlockReduce(sum, SumOp(), 0.0f);
+  if (threadIdx.x == 0) sums[r] = sum;
+}
+
+__global__ void CrossEntropyFinishKernel(float* losses, float* probs,
+                                         const float* sums,
+                                         const float* target_shifted, int Vl) {
+  const int64_t r = blockIdx.x;
+  float* p = probs + r * Vl;
+  const float inv = 1.0f / sums[r];
+  for (int j = threadIdx.x; j < Vl; j += blockDim.x) p[j] *= inv;
+  if (threadIdx.x == 0) {
+    losses[r] = math::CrossEntropyLoss(sums[r], target_shifted[r]);
+  }
+}
+
+__global__ void CrossEntropyBackwardKernel(float* dlogits, const float* probs,
+                                           const int32_t* targets, float dloss,
+                                           int64_t rows, int Vl,
+                                           int vocab_begin) {
+  const int64_t n = rows * Vl;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / Vl;
+    const int j = static_cast<int>(i % Vl);
+    const float onehot = targets[r] - vocab_begin == j ? 1.0f : 0.0f;
+    dlogits[i] += (probs[i] - onehot) * dloss;
+  }
+}
+
+// --- the backend -----------------------------------------------------------
+
+int Alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  for (int align : {256, 128, 64, 32, 16, 8}) {
+    if (a % align == 0) return align;
+  }
+  return 4;
+}
+
+class CudaBackend final : public Ops {
+ public:
+  explicit CudaBackend(const CudaOptions& o) : options_(o) {
+    PT_CUDA_CHECK(cudaSetDevice(o.device));
+    PT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    PT_CUBLAS_CHECK(cublasLtCreate(&lt_));
+    PT_CUBLAS_CHECK(cublasCreate(&blas_));
+    PT_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
+    PT_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+    PT_CUBLAS_CHECK(cublasSetWorkspace(blas_, workspace_, kWorkspaceBytes));
+    PT_CUDA_CHECK(cudaMalloc(&sum_, sizeof(double)));
+    compute_ =
+        o.bf16_compute ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+  }
+  ~CudaBackend() override {
+    cudaSetDevice(options_.device);
+    cudaStreamSynchronize(stream_);
+    if (scratch_ != nullptr) cudaFree(scratch_);
+    cudaFree(sum_);
+    cudaFree(workspace_);
+    cublasDestroy(blas_);
+    cublasLtDestroy(lt_);
+    cudaStreamDestroy(stream_);
+  }
+
+  Device device() const override { return Device::kCuda; }
+  std::string name() const override {
+    cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, options_.device);
+    return std::string("cuda:") + std::to_string(options_.device) + " (" +
+           prop.name + (options_.bf16_compute ? ", bf16 compute)" : ", fp32)");
+  }
+
+  float* Alloc(int64_t n) override {
+    float* p = nullptr;
+    PT_CUDA_CHECK(cudaMalloc(&p, n * sizeof(float)));
+    PT_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), stream_));
+    return p;
+  }
+  void Free(float* p) override {
+    PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    PT_CUDA_CHECK(cudaFree(p));
+  }
+  int32_t* AllocTokens(int64_t n) override {
+    int32_t* p = nullptr;
+    PT_CUDA_CHECK(cudaMalloc(&p, n * sizeof(int32_t)));
+    return p;
+  }
+  void FreeTokens(int32_t* p) override {
+    PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    PT_CUDA_CHECK(cudaFree(p));
+  }
+  const int32_t* StageTokens(int32_t* staging, const int32_t* host,
+                             int64_t n) override {
+    // Synchronous: the caller may reuse its host buffer at once.
+    PT_CUDA_CHECK(cudaMemcpyAsync(staging, host, n * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, stream_));
+    PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return staging;
+  }
+  void ToHost(float* host, const float* src, int64_t n) override {
+    PT_CUDA_CHECK(cudaMemcpyAsync(host, src, n * sizeof(float),
+                                  cudaMemcpyDeviceToHost, stream_));
+    PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void FromHost(float* dst, const float* host, int64_t n) override {
+    PT_CUDA_CHECK(cudaMemcpyAsync(dst, host, n * sizeof(float),
+                                  cudaMemcpyHostToDevice, stream_));
+    PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void Synchronize() override { PT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  void Zero(float* p, int64_t n) override {
+    PT_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), stream_));
+  }
+  void Copy(float* dst, const float* src, int64_t n) override {
+    if (dst == src) return;
+    PT_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float),
+                                  cudaMemcpyDeviceToDevice, stream_));
+  }
+  void Add(float* dst, const float* src, int64_t n) override {
+    AddKernel<<<Blocks(n), kThreads, 0, stream_>>>(dst, src, n);
+    Launched();
+  }
+  double Sum(const float* x, int64_t n) override { return Reduce<false>(x, n); }
+  double SumSquares(const float* x, int64_t n) override {
+    return Reduce<true>(x, n);
+  }
+
+  void embedding_forward(float* out, const int32_t* inp, const float* wte,
+                         int B, int T, int C, int vocab_begin,
+                         int Vl) override {
+    const int64_t BT = static_cast<int64_t>(B) * T;
+    EmbeddingForwardKernel<<<Blocks(BT * C), kThreads, 0, stream_>>>(
+        out, inp, wte, BT, C, vocab_begin, Vl);
+    Launched();
+  }
+  void embedding_backward(float* dwte, const float* dout, const int32_t* inp,
+                          int B, int T, int C, int vocab_begin,
+                          int Vl) override {
+    const int64_t BT = static_cast<int64_t>(B) * T;
+    EmbeddingBackwardKernel<<<Blocks(BT * C), kThreads, 0, stream_>>>(
+        dwte, dout, inp, BT, C, vocab_begin, Vl);
+    Launched();
+  }
+  void position_forward(float* out, const float* wpe, int B, int T, int C,
+                        int t0) override {
+    PositionForwardKernel<<<Blocks(int64_t(B) * T * C), kThreads, 0, stream_>>>(
+        out, wpe, B, T, C, t0);
+    Launched();
+  }
+  void position_backward(float* dwpe, const float* dout, int B, int T, int C,
+                         int t0) override {
+    PositionBackwardKernel<<<Blocks(int64_t(T) * C), kThreads, 0, stream_>>>(
+        dwpe, dout, B, T, C, t0);
+    Launched();
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                         const float* weight, const float* bias, int B, int T,
+                         int C) override {
+    const int64_t rows = static_cast<int64_t>(B) * T;
+    LayerNormForwardKernel<<<Blocks(rows * 32), kThreads, 0, stream_>>>(
+        out, mean, rstd, inp, weight, bias, rows, C);
+    Launched();
+  }
+  void layernorm_backward(float* dinp, float* dweight, float* dbias,
+                          const float* dout, const float* inp,
+                          const float* weight, const float* mean,
+                          const float* rstd, int B, int T, int C) override {
+    const int64_t rows = static_cast<int64_t>(B) * T;
+    LayerNormBackwardInputKernel<<<Blocks(rows * 32), kThreads, 0, stream_>>>(
+        dinp, dout, inp, weight, mean, rstd, rows, C);
+    Launched();
+    ColumnSums(dweight, dbias, dout, inp, mean, rstd, rows, C);
+  }
+  void matmul_forward(float* out, const float* inp, const float* weight,
+                      const float* bias, int B, int T, int C, int OC) override {
+    const int64_t BT = static_cast<int64_t>(B) * T;
+    // Column-major: out^T (OC,BT) = weight (C,OC)^T inp^T (C,BT).
+    Matmul(true, false, OC, BT, C, weight, C, inp, C, 0.0f, out, OC, bias);
+  }
+  void matmul_backward(float* dinp, float* dweight, float* dbias,
+                       const float* dout, const float* inp, const float* weight,
+                       int B, int T, int C, int OC) override {
+    const int64_t BT = static_cast<int64_t>(B) * T;
+    // dinp^T (C,BT) += weight^T... in column-major: (C,OC) (OC,BT).
+    if (dinp != nullptr) {
+      Matmul(false, false, C, BT, OC, weight, C, dout, OC, 1.0f, dinp, C,
+             nullptr);
+    }
+    // dweight^T (C,OC) += inp^T (C,BT) dout (BT,OC).
+    Matmul(false, true, C, OC, BT, inp, C, dout, OC, 1.0f, dweight, C, nullptr);
+    if (dbias != nullptr) {
+      ColumnSums(nullptr, dbias, dout, nullptr, nullptr, nullptr, BT, OC);
+    }
+  }
+  void attention_forward(float* out, float* att, const float* inp, int B, int T,
+                         int C, int NH) override {
+    const int hs = C / NH;
+    const int64_t n = static_cast<int64_t>(B) * T * C;
+    float* q = Scratch(4 * n);
+    float* k = q + n;
+    float* v = k + n;
+    float* y = v + n;
+    PermuteQkvKernel<<<Blocks(n), kThreads, 0, stream_>>>(q, k, v, inp, B, T,
+                                                          NH, hs);
+    Launched();
+    const int batch = B * NH;
+    const int64_t sq = static_cast<int64_t>(T) * hs, sa = int64_t(T) * T;
+    // Scores: att^T (T2,T1) = k (T2,hs)^T-major... per head, column-major:
+    // (T,T) = op_T(k: hs x T) op_N(q: hs x T).
+    Batched(true, false, T, T, hs, k, hs, sq, q, hs, sq, 0.0f, att, T, sa,
+            batch);
+    const int64_t rows = static_cast<int64_t>(batch) * T;
+    CausalSoftmaxKernel<<<Blocks(rows * 32), kThreads, 0, stream_>>>(
+        att, rows, T, 1.0f / sqrtf(static_cast<float>(hs)));
+    Launched();
+    // y^T (hs,T1) = v^T (hs,T2) att^T (T2,T1).
+    Batched(false, false, hs, T, T, v, hs, sq, att, T, sa, 0.0f, y, hs, sq,
+            batch);
+    UnpermuteKernel<<<Blocks(n), kThreads, 0, stream_>>>(out, y, B, T, NH, hs);
+    Launched();
+  }
+  void attention_backward(float* dinp, float* datt, const float* dout,
+                          const float* inp, const float* att, int B, int T,
+                          int C, int NH) override {
+    const int hs = C / NH;
+    const int64_t n = static_cast<int64_t>(B) * T * C;
+    float* q = Scratch(7 * n);
+    float* k = q + n;
+    float* v = k + n;
+    float* dy = v + n;
+    float* dq = dy + n;
+    float* dk = dq + n;
+    float* dv = dk + n;
+    PermuteQkvKernel<<<Blocks(n), kThreads, 0, stream_>>>(q, k, v, inp, B, T,
+                                                          NH, hs);
+    Launched();
+    PermuteOutKernel<<<Blocks(n), kThreads, 0, stream_>>>(dy, dout, B, T, NH,
+                                                          hs);
+    Launched();
+    const int batch = B * NH;
+    const int64_t sq = static_cast<int64_t>(T) * hs, sa = int64_t(T) * T;
+    // datt (T1,T2) = dy v^T: the scores' shape, from v and dy.
+    Batched(true, false, T, T, hs, v, hs, sq, dy, hs, sq, 0.0f, datt, T, sa,
+            batch);
+    // dv^T (hs,T2) = dy^T (hs,T1) att (T1,T2).
+    Batched(false, true, hs, T, T, dy, hs, sq, att, T, sa, 0.0f, dv, hs, sq,
+            batch);
+    const int64_t rows = static_cast<int64_t>(batch) * T;
+    CausalSoftmaxBackwardKernel<<<Blocks(rows * 32), kThreads, 0, stream_>>>(
+        datt, att, rows, T, 1.0f / sqrtf(static_cast<float>(hs)));
+    Launched();
+    // dq^T (hs,T1) = k^T (hs,T2) dscores^T (T2,T1).
+    Batched(false, false, hs, T, T, k, hs, sq, datt, T, sa, 0.0f, dq, hs, sq,
+            batch);
+    // dk^T (hs,T2) = q^T (hs,T1) dscores (T1,T2).
+    Batched(false, true, hs, T, T, q, hs, sq, datt, T, sa, 0.0f, dk, hs, sq,
+            batch);
+    UnpermuteQkvAddKernel<<<Blocks(n), kThreads, 0, stream_>>>(dinp, dq, dk, dv,
+                                                               B, T, NH, hs);
+    Launched();
+  }
+  void gelu_forward(float* out, const float* inp, int64_t N) override {
+    GeluForwardKernel<<<Blocks(N), kThreads, 0, stream_>>>(out, inp, N);
+    Launched();
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout,
+                     int64_t N) override {
+    GeluBackwardKernel<<<Blocks(N), kThreads, 0, stream_>>>(dinp, inp, dout, N);
+    Launched();
+  }
+  void bias_forward(float* out, const float* bias, int64_t rows,
+                    int OC) override {
+    BiasKernel<<<Blocks(rows * OC), kThreads, 0, stream_>>>(out, bias,
+                                                            rows * OC, OC);
+    Launched();
+  }
+  void residual_forward(float* out, const float* inp1, const float* inp2,
+                        int64_t N) override {
+    ResidualKernel<<<Blocks(N), kThreads, 0, stream_>>>(out, inp1, inp2, N);
+    Launched();
+  }
+  void crossentropy_parallel_max(float* maxes, const float* logits, int B,
+                                 int T, int Vl, int vocab_begin,
+                                 int V) override {
+    CrossEntropyMaxKernel<<<B * T, kThreads, 0, stream_>>>(maxes, logits, Vl,
+                                                           vocab_begin, V);
+    Launched();
+  }
+  void crossentropy_parallel_exp(float* sums, float* target_shifted,
+                                 float* probs, const float* logits,
+                                 const float* maxes, const int32_t* targets,
+                                 int B, int T, int Vl, int vocab_begin,
+                                 int V) override {
+    CrossEntropyExpKernel<<<B * T, kThreads, 0, stream_>>>(
+        sums, target_shifted, probs, logits, maxes, targets, Vl, vocab_begin,
+        V);
+    Launched();
+  }
+  void crossentropy_parallel_finish(float* losses, float* probs,
+                                    const float* sums,
+                                    const float* target_shifted, int B, int T,
+                                    int Vl) override {
+    CrossEntropyFinishKernel<<<B * T, kThreads, 0, stream_>>>(
+        losses, probs, sums, target_shifted, Vl);
+    Launched();
+  }
+  void crossentropy_parallel_backward(float* dlogits, const float* probs,
+                                      const int32_t* targets, float dloss,
+                                      int B, int T, int Vl,
+                                      int vocab_begin) override {
+    const int64_t rows = static_cast<int64_t>(B) * T;
+    CrossEntropyBackwardKernel<<<Blocks(rows * Vl), kThreads, 0, stream_>>>(
+        dlogits, probs, targets, dloss, rows, Vl, vocab_begin);
+    Launched();
+  }
+  void adamw_update(float* params, float* m, float* v, const float* grads,
+                    int64_t N, float lr, float beta1, float beta2, float eps,
+                    float weight_decay, int64_t t, float grad_scale) override {
+    const math::AdamWStep step =
+        math::MakeAdamWStep(lr, beta1, beta2, eps, weight_decay, t, grad_scale);
+    AdamWKernel<<<Blocks(N), kThreads, 0, stream_>>>(params, m, v, grads, N,
+                                                     step);
+    Launched();
+  }
+
+ private:
+  static constexpr size_t kWorkspaceBytes = 32u << 20;
+
+  void Launched() { PT_CUDA_CHECK(cudaGetLastError()); }
+
+  template <bool kSquares>
+  double Reduce(const float* x, int64_t n) {
+    PT_CUDA_CHECK(cudaMemsetAsync(sum_, 0, sizeof(double), stream_));
+    SumKernel<kSquares>
+        <<<Blocks(n) < 1024 ? Blocks(n) : 1024, kThreads, 0, stream_>>>(sum_, x,
+                                                                        n);
+    Launched();
+    double host = 0.0;
+    PT_CUDA_CHECK(cudaMemcpyAsync(&host, sum_, sizeof(double),
+                                  cudaMemcpyDeviceToHost, stream_));
+    PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return host;
+  }
+
+  void ColumnSums(float* dweight, float* dbias, const float* dout,
+                  const float* inp, const float* mean, const float* rstd,
+                  int64_t rows, int C) {
+    const dim3 grid((C + 31) / 32, static_cast<unsigned>(
+                                       (rows + kChunkRows - 1) / kChunkRows));
+    ColumnSumsKernel<<<grid, dim3(32, 8), 0, stream_>>>(
+        dweight, dbias, dout, inp, mean, rstd, rows, C);
+    Launched();
+  }
+
+  // A grow-only device scratch (attention's permuted copies).
+  float* Scratch(int64_t n) {
+    if (n > scratch_size_) {
+      if (scratch_ != nullptr) Free(scratch_);
+      scratch_ = nullptr;
+      PT_CUDA_CHECK(cudaMalloc(&scratch_, n * sizeof(float)));
+      scratch_size_ = n;
+    }
+    return scratch_;
+  }
+
+  // Column-major D (m,n) = alpha op(A) op(B) + beta D, plus bias (m) on
+  // every column when given, through cuBLASLt.
+  void Matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+              const float* A, int64_t lda, const float* B, int64_t ldb,
+              float beta, float* D, int64_t ldd, const float* bias) {
+    cublasLtMatmulDesc_t desc;
+    PT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, compute_, CUDA_R_32F));
+    const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    PT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    PT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    if (bias != nullptr) {
+      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      PT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+      PT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    cublasLtMatrixLayout_t la, lb, ld;
+    PT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, trans_a ? k : m,
+                                               trans_a ? m : k, lda));
+    PT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, trans_b ? n : k,
+                                               trans_b ? k : n, ldb));
+    PT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, ldd));
+
+    const auto key = std::make_tuple(
+        trans_a, trans_b, m, n, k, lda, ldb, ldd, bias != nullptr, Alignment(A),
+        Alignment(B), Alignment(D), bias != nullptr ? Alignment(bias) : 0,
+        beta != 0.0f);
+    auto it = algos_.find(key);
+    if (it == algos_.end()) {
+      cublasLtMatmulPreference_t pref;
+      PT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      const size_t ws = kWorkspaceBytes;
+      PT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+      const uint32_t aa = Alignment(A), ab = Alignment(B), ad = Alignment(D);
+      PT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof(aa)));
+      PT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof(ab)));
+      PT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof(ad)));
+      PT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof(ad)));
+      cublasLtMatmulHeuristicResult_t result;
+      int found = 0;
+      PT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, desc, la, lb, ld, ld,
+                                                     pref, 1, &result, &found));
+      cublasLtMatmulPreferenceDestroy(pref);
+      PT_CHECK(found > 0, "cuBLASLt has no algorithm for a matmul");
+      it = algos_.emplace(key, result.algo).first;
+    }
+    const float alpha = 1.0f;
+    PT_CUBLAS_CHECK(cublasLtMatmul(lt_, desc, &alpha, A, la, B, lb, &beta, D,
+                                   ld, D, ld, &it->second, workspace_,
+                                   kWorkspaceBytes, stream_));
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(desc);
+  }
+
+  // Strided batched column-major D = op(A) op(B) (+ beta D), through cuBLAS.
+  void Batched(bool trans_a, bool trans_b, int m, int n, int k, const float* A,
+               int lda, int64_t sa, const float* B, int ldb, int64_t sb,
+               float beta, float* D, int ldd, int64_t sd, int batch) {
+    const float alpha = 1.0f;
+    PT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        blas_, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+        trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, A, CUDA_R_32F,
+        lda, sa, B, CUDA_R_32F, ldb, sb, &beta, D, CUDA_R_32F, ldd, sd, batch,
+        compute_, CUBLAS_GEMM_DEFAULT));
+  }
+
+  const CudaOptions options_;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  cublasComputeType_t compute_;
+  void* workspace_ = nullptr;
+  double* sum_ = nullptr;
+  float* scratch_ = nullptr;
+  int64_t scratch_size_ = 0;
+  std::map<std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t,
+                      int64_t, bool, int, int, int, int, bool>,
+           cublasLtMatmulAlgo_t>
+      algos_;
+};
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return 0;
+  }
+  return n;
+}
+
+std::unique_ptr<Ops> MakeCudaOps(const CudaOptions& options,
+                                 std::string* error) {
+  const int n = CudaDeviceCount();
+  if (options.device < 0 || options.device >= n) {
+    *error = n == 0 ? "no CUDA device is present (no GPU, or no driver)"
+                    : "CUDA device " + std::to_string(options.device) +
+                          " does not exist (" + std::to_string(n) + " present)";
+    return nullptr;
+  }
+  return std::make_unique<CudaBackend>(options);
+}
+
+CudaMemory CudaMemoryInfo() {
+  size_t free_bytes = 0, total = 0;
+  if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  return {static_cast<int64_t>(total - free_bytes),
+          static_cast<int64_t>(total)};
+}
+
+}  // namespace ptrain::kernels

@@ -1,0 +1,151 @@
+// The backend seam: the kernels the engine runs, on buffers of one
+// backend's memory (host for the CPU, a GPU's for CUDA), behind one
+// interface so that a model is written once. The op names and arguments are
+// kernels/cpu/kernels.h's (llm.c's mirrored forward/backward, gradients
+// ACCUMULATE); each backend documents only what differs.
+//
+// Tokens and targets come from the host: a backend stages them into its
+// memory with StageTokens. Everything else stays on the backend; ToHost /
+// FromHost are for checkpoints, logs and sampling.
+#ifndef PTRAIN_KERNELS_OPS_H_
+#define PTRAIN_KERNELS_OPS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+namespace ptrain::kernels {
+
+enum class Device { kCpu, kCuda };
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+
+  // Memory of this backend. Alloc returns zeroed floats (never null for
+  // n > 0; out of memory is fatal).
+  virtual float* Alloc(int64_t n) = 0;
+  virtual void Free(float* p) = 0;
+  virtual int32_t* AllocTokens(int64_t n) = 0;
+  virtual void FreeTokens(int32_t* p) = 0;
+  // host (n) -> the backend: returns `host` itself where the backend reads
+  // host memory, else copies into `staging` (n, AllocTokens') and returns it.
+  virtual const int32_t* StageTokens(int32_t* staging, const int32_t* host,
+                                     int64_t n) = 0;
+  virtual void ToHost(float* host, const float* src, int64_t n) = 0;
+  virtual void FromHost(float* dst, const float* host, int64_t n) = 0;
+  // Waits until every op issued so far is done (a no-op on the CPU).
+  virtual void Synchronize() = 0;
+
+  virtual void Zero(float* p, int64_t n) = 0;
+  virtual void Copy(float* dst, const float* src, int64_t n) = 0;
+  virtual void Add(float* dst, const float* src, int64_t n) = 0;  // dst += src
+  // Sum of x (n), in double, on the host.
+  virtual double Sum(const float* x, int64_t n) = 0;
+  virtual double SumSquares(const float* x, int64_t n) = 0;
+
+  virtual void embedding_forward(float* out, const int32_t* inp,
+                                 const float* wte, int B, int T, int C,
+                                 int vocab_begin, int Vl) = 0;
+  virtual void embedding_backward(float* dwte, const float* dout,
+                                  const int32_t* inp, int B, int T, int C,
+                                  int vocab_begin, int Vl) = 0;
+  virtual void position_forward(float* out, const float* wpe, int B, int T,
+                                int C, int t0) = 0;
+  virtual void position_backward(float* dwpe, const float* dout, int B, int T,
+                                 int C, int t0) = 0;
+  virtual void layernorm_forward(float* out, float* mean, float* rstd,
+                                 const float* inp, const float* weight,
+                                 const float* bias, int B, int T, int C) = 0;
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias,
+                                  const float* dout, const float* inp,
+                                  const float* weight, const float* mean,
+                                  const float* rstd, int B, int T, int C) = 0;
+  virtual void matmul_forward(float* out, const float* inp, const float* weight,
+                              const float* bias, int B, int T, int C,
+                              int OC) = 0;
+  virtual void matmul_backward(float* dinp, float* dweight, float* dbias,
+                               const float* dout, const float* inp,
+                               const float* weight, int B, int T, int C,
+                               int OC) = 0;
+  virtual void attention_forward(float* out, float* att, const float* inp,
+                                 int B, int T, int C, int NH) = 0;
+  virtual void attention_backward(float* dinp, float* datt, const float* dout,
+                                  const float* inp, const float* att, int B,
+                                  int T, int C, int NH) = 0;
+  virtual void gelu_forward(float* out, const float* inp, int64_t N) = 0;
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout,
+                             int64_t N) = 0;
+  virtual void bias_forward(float* out, const float* bias, int64_t rows,
+                            int OC) = 0;
+  virtual void residual_forward(float* out, const float* inp1,
+                                const float* inp2, int64_t N) = 0;
+  virtual void crossentropy_parallel_max(float* maxes, const float* logits,
+                                         int B, int T, int Vl, int vocab_begin,
+                                         int V) = 0;
+  virtual void crossentropy_parallel_exp(float* sums, float* target_shifted,
+                                         float* probs, const float* logits,
+                                         const float* maxes,
+                                         const int32_t* targets, int B, int T,
+                                         int Vl, int vocab_begin, int V) = 0;
+  virtual void crossentropy_parallel_finish(float* losses, float* probs,
+                                            const float* sums,
+                                            const float* target_shifted, int B,
+                                            int T, int Vl) = 0;
+  virtual void crossentropy_parallel_backward(float* dlogits,
+                                              const float* probs,
+                                              const int32_t* targets,
+                                              float dloss, int B, int T, int Vl,
+                                              int vocab_begin) = 0;
+  virtual void adamw_update(float* params, float* m, float* v,
+                            const float* grads, int64_t N, float lr,
+                            float beta1, float beta2, float eps,
+                            float weight_decay, int64_t t,
+                            float grad_scale) = 0;
+};
+
+// The CPU backend (kernels/cpu): host memory, OpenMP and oneDNN. One shared
+// instance; its ops are as thread-safe as the kernels.
+Ops& CpuOps();
+
+// A buffer of `n` floats in one backend's memory, freed by it. Move-only.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Ops* ops, int64_t n)
+      : ops_(ops), data_(n > 0 ? ops->Alloc(n) : nullptr), size_(n) {}
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      ops_ = o.ops_;
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { Reset(); }
+
+  float* data() const { return data_; }
+  int64_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+
+ private:
+  void Reset() {
+    if (data_ != nullptr) ops_->Free(data_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+  Ops* ops_ = nullptr;
+  float* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
+}  // namespace ptrain::kernels
+
+#endif  // PTRAIN_KERNELS_OPS_H_
