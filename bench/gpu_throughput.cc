@@ -4,7 +4,12 @@
 // GPU's bf16 dense peak (--peak-tflops; 989 is the H100 SXM's), for fp32
 // compute and for bf16 tensor-core compute.
 //
-//   gpu_throughput [--model 124m|350m] [--batch 8] [--steps 10]
+//   gpu_throughput [--model 124m|350m] [--batch 8] [--steps 10] [--trainer]
+//
+// --trainer runs the whole Trainer instead (as ptworker does, without MPI):
+// data loading, the learning-rate schedule, the distributed optimizer's
+// gradient norm and clipping, metrics — on llm.c token files of random
+// GPT-2 tokens it writes under /tmp. Run from the project root.
 //
 // bench/pytorch_gpt_cuda.py runs the same model in PyTorch on the same GPU.
 #include <chrono>
@@ -17,9 +22,11 @@
 #include <string>
 #include <vector>
 
+#include "common/spec.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "worker/engine/gpt_stage.h"
 #include "worker/engine/plan.h"
+#include "worker/engine/trainer.h"
 
 namespace {
 
@@ -28,12 +35,23 @@ struct Args {
   int batch = 8;
   int steps = 10;
   double peak_tflops = 989.0;
+  bool trainer = false;
 };
 
 Args Parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--trainer") {
+      a.trainer = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n", k.c_str());
+      std::exit(2);
+    }
+    const std::string v = argv[i + 1];
     if (k == "--model") {
       a.model = v;
     } else if (k == "--batch") {
@@ -116,8 +134,79 @@ void Run(const Args& a, bool bf16) {
 
 }  // namespace
 
+// An llm.c token file of `n` random GPT-2 tokens.
+std::string RandomTokenFile(const std::string& name, int64_t n) {
+  std::mt19937 gen(7);
+  std::vector<uint16_t> tokens(n);
+  for (uint16_t& t : tokens) t = gen() % 50257;
+  const std::string path = "/tmp/ptrain_gpu_throughput_" + name + ".bin";
+  const absl::Status s = ptrain::WriteTokenFile(path, tokens);
+  if (!s.ok()) {
+    std::fprintf(stderr, "gpu_throughput: %s\n",
+                 std::string(s.message()).c_str());
+    std::exit(1);
+  }
+  return path;
+}
+
+void RunTrainer(const Args& a, const std::string& precision) {
+  const bool big = a.model == "350m";
+  const int T = 1024;
+  auto spec = ptrain::LoadJobSpecFile(
+      "examples/shakespeare-char.yaml",
+      {big ? "model.n_layer=24" : "model.n_layer=12",
+       big ? "model.n_head=16" : "model.n_head=12",
+       big ? "model.n_embd=1024" : "model.n_embd=768", "model.block_size=1024",
+       "data.path=''", "data.tokenizer=''",
+       "data.train_bin=" + RandomTokenFile("train", 1 << 22),
+       "data.val_bin=" + RandomTokenFile("val", 1 << 16),
+       "train.global_batch=" + std::to_string(a.batch),
+       "train.steps=" + std::to_string(a.steps + 2), "train.eval_every=0",
+       "train.sample_tokens=0", "checkpoint.every=0", "checkpoint.dir=''",
+       "resources.device=cuda", "train.precision=" + precision});
+  if (!spec.ok()) {
+    std::fprintf(stderr, "gpu_throughput: %s\n",
+                 std::string(spec.status().message()).c_str());
+    std::exit(2);
+  }
+  ptrain::TrainerOptions opt;
+  opt.peak_flops = a.peak_tflops * 1e12;
+  opt.quiet = true;
+  auto trainer = ptrain::Trainer::Create(*spec, opt);
+  if (!trainer.ok()) {
+    std::fprintf(stderr, "gpu_throughput: %s\n",
+                 std::string(trainer.status().message()).c_str());
+    std::exit(2);
+  }
+  ptrain::Trainer& t = **trainer;
+  for (int s = 0; s < 2; ++s) t.TrainStep(s);  // warm-up
+  double seconds = 0.0;
+  float loss = 0.0f;
+  for (int s = 2; s < 2 + a.steps; ++s) {
+    const ptrain::StepResult r = t.TrainStep(s);
+    seconds += r.seconds;
+    loss = r.loss;
+  }
+  const double secs = seconds / a.steps;
+  const double flops = t.flops_per_step();
+  const ptrain::kernels::CudaMemory mem = ptrain::kernels::CudaMemoryInfo();
+  std::printf(
+      "ptrain trainer %-4s GPT-2 %-4s B%-2d T%d: %7.1f ms/step %9.0f tok/s "
+      "%6.1f TFLOP/s  MFU %5.1f%% of %.0f  loss %.3f  GPU memory %.1f GiB\n",
+      precision.c_str(), a.model.c_str(), a.batch, T, secs * 1e3,
+      a.batch * T / secs, flops / secs / 1e12,
+      100.0 * flops / secs / (a.peak_tflops * 1e12), a.peak_tflops, loss,
+      mem.used / double(1 << 30));
+  std::fflush(stdout);
+}
+
 int main(int argc, char** argv) {
   const Args a = Parse(argc, argv);
+  if (a.trainer) {
+    RunTrainer(a, "fp32");
+    RunTrainer(a, "bf16");
+    return 0;
+  }
   std::printf("device: %s\n",
               ptrain::kernels::CudaDeviceCount() > 0 ? "CUDA" : "none");
   Run(a, /*bf16=*/false);

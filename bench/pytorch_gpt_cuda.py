@@ -46,6 +46,13 @@ class Gpt(torch.nn.Module):
         self.wpe = torch.nn.Embedding(T, C)
         self.h = torch.nn.ModuleList(Block(C, NH, flash) for _ in range(L))
         self.ln_f = torch.nn.LayerNorm(C)
+        # GPT-2's initialisation, as ptrain's: N(0, 0.02) matrices and
+        # embeddings, zero biases, unit LayerNorm weights.
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                torch.nn.init.normal_(p, 0.0, 0.02)
+            elif name.endswith("bias"):
+                torch.nn.init.zeros_(p)
 
     def forward(self, idx, targets):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))

@@ -753,6 +753,7 @@ absl::Status ValidateTrain(const v1::JobSpec& spec) {
       InRange("train.sample_tokens", t.sample_tokens(), 0, 1 << 20),
       Positive("train.sample_temperature", t.sample_temperature()),
       InRange("train.sample_top_k", t.sample_top_k(), 0, 1 << 24),
+      OneOf("train.precision", t.precision(), {"auto", "fp32", "bf16"}),
       AtLeast("train.log_every", t.log_every(), 1),
   });
 }
@@ -777,6 +778,19 @@ absl::Status ValidateCheckpoint(const v1::JobSpec& spec) {
 absl::Status ValidateResources(const v1::JobSpec& spec) {
   const v1::ResourcesSpec& r = spec.resources();
   const int tp = spec.parallel().tp();
+  const v1::ParallelSpec& par = spec.parallel();
+  if (r.device() == "cuda" &&
+      (par.dp() != 1 || par.tp() != 1 || par.pp() != 1 || par.zero() != 0)) {
+    return Error("resources.device=cuda trains on one GPU per job for now: "
+                 "parallel.dp, tp and pp must be 1 and parallel.zero 0 (got "
+                 "dp=",
+                 par.dp(), " tp=", par.tp(), " pp=", par.pp(),
+                 " zero=", par.zero(), ")");
+  }
+  if (spec.train().precision() == "bf16" && r.device() == "cpu") {
+    return Error("train.precision=bf16 needs resources.device=cuda (the cpu "
+                 "backend computes in fp32; use fp32 or auto)");
+  }
   if (r.ranks_per_node() > 0 && tp > 1 && r.ranks_per_node() % tp != 0) {
     return Error("resources.ranks_per_node=", r.ranks_per_node(),
                  " must be a multiple of parallel.tp=", tp,
@@ -950,6 +964,7 @@ v1::JobSpec DefaultJobSpec() {
   train->set_sample_temperature(1.0);
   train->set_sample_top_k(0);
   train->set_log_every(10);
+  train->set_precision("auto");
 
   v1::CheckpointSpec* checkpoint = spec.mutable_checkpoint();
   checkpoint->set_every(0);

@@ -2,14 +2,18 @@
 // order; per-element formulas from kernels/common/math.h.
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "common/check.h"
 #include "kernels/common/math.h"
@@ -295,9 +299,21 @@ __global__ void ColumnSumsKernel(float* dweight, float* dbias,
 
 // --- attention -------------------------------------------------------------
 
+// fp32 -> the attention products' input type (fp32, or bf16 under bf16
+// compute).
+__device__ __forceinline__ void Store(float* p, float x) { *p = x; }
+__device__ __forceinline__ void Store(__nv_bfloat16* p, float x) {
+  *p = __float2bfloat16(x);
+}
+__device__ __forceinline__ float Load(const float* p) { return *p; }
+__device__ __forceinline__ float Load(const __nv_bfloat16* p) {
+  return __bfloat162float(*p);
+}
+
 // inp (B,T,3,NH,hs) -> q, k, v (B,NH,T,hs).
-__global__ void PermuteQkvKernel(float* q, float* k, float* v, const float* inp,
-                                 int B, int T, int NH, int hs) {
+template <typename Q>
+__global__ void PermuteQkvKernel(Q* q, Q* k, Q* v, const float* inp, int B,
+                                 int T, int NH, int hs) {
   const int64_t n = static_cast<int64_t>(B) * NH * T * hs;
   const int C = NH * hs;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
@@ -307,9 +323,9 @@ __global__ void PermuteQkvKernel(float* q, float* k, float* v, const float* inp,
     const int h = (i / (int64_t(hs) * T)) % NH;
     const int64_t b = i / (int64_t(hs) * T * NH);
     const int64_t src = (b * T + t) * 3 * C + h * hs + d;
-    q[i] = inp[src];
-    k[i] = inp[src + C];
-    v[i] = inp[src + 2 * C];
+    Store(q + i, inp[src]);
+    Store(k + i, inp[src + C]);
+    Store(v + i, inp[src + 2 * C]);
   }
 }
 
@@ -328,8 +344,9 @@ __global__ void UnpermuteKernel(float* out, const float* y, int B, int T,
 }
 
 // dout (B,T,NH,hs) -> dy (B,NH,T,hs).
-__global__ void PermuteOutKernel(float* dy, const float* dout, int B, int T,
-                                 int NH, int hs) {
+template <typename Q>
+__global__ void PermuteOutKernel(Q* dy, const float* dout, int B, int T, int NH,
+                                 int hs) {
   const int64_t n = static_cast<int64_t>(B) * NH * T * hs;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -337,7 +354,7 @@ __global__ void PermuteOutKernel(float* dy, const float* dout, int B, int T,
     const int t = (i / hs) % T;
     const int h = (i / (int64_t(hs) * T)) % NH;
     const int64_t b = i / (int64_t(hs) * T * NH);
-    dy[i] = dout[((b * T + t) * NH + h) * hs + d];
+    Store(dy + i, dout[((b * T + t) * NH + h) * hs + d]);
   }
 }
 
@@ -360,45 +377,47 @@ __global__ void UnpermuteQkvAddKernel(float* dinp, const float* dq,
   }
 }
 
-// In place over att (B*NH*T rows of T): the scaled causal softmax; entries
-// above the diagonal become 0. One warp per row.
-__global__ void CausalSoftmaxKernel(float* att, int64_t rows, int T,
-                                    float scale) {
+// The scaled causal softmax of the scores (B*NH*T rows of T) into att;
+// entries above the diagonal become 0. att may be scores itself (fp32):
+// each element is read before the same thread writes it. One warp per row.
+template <typename A>
+__global__ void CausalSoftmaxKernel(A* att, const float* scores, int64_t rows,
+                                    int T, float scale) {
   const int64_t r = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
   const int t1 = static_cast<int>(r % T);
-  float* row = att + r * T;
+  const float* row = scores + r * T;
   float mx = -FLT_MAX;
   for (int t2 = lane; t2 <= t1; t2 += 32) mx = fmaxf(mx, row[t2] * scale);
   mx = WarpMax(mx);
   float sum = 0.0f;
-  for (int t2 = lane; t2 <= t1; t2 += 32) {
-    const float e = expf(row[t2] * scale - mx);
-    row[t2] = e;
-    sum += e;
-  }
+  for (int t2 = lane; t2 <= t1; t2 += 32) sum += expf(row[t2] * scale - mx);
   const float inv = 1.0f / WarpSum(sum);
+  A* out = att + r * T;
   for (int t2 = lane; t2 < T; t2 += 32) {
-    row[t2] = t2 <= t1 ? row[t2] * inv : 0.0f;
+    Store(out + t2, t2 <= t1 ? expf(row[t2] * scale - mx) * inv : 0.0f);
   }
 }
 
-// In place over datt: the gradient of the scaled scores,
-// att (datt - sum(att datt)) scale, 0 above the diagonal.
-__global__ void CausalSoftmaxBackwardKernel(float* datt, const float* att,
-                                            int64_t rows, int T, float scale) {
+// The gradient of the scaled scores, att (datt - sum(att datt)) scale, 0
+// above the diagonal, into dscores (which may be datt itself, fp32).
+template <typename A, typename D>
+__global__ void CausalSoftmaxBackwardKernel(D* dscores, const float* datt,
+                                            const A* att, int64_t rows, int T,
+                                            float scale) {
   const int64_t r = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
   const int t1 = static_cast<int>(r % T);
-  float* d = datt + r * T;
-  const float* a = att + r * T;
+  const float* d = datt + r * T;
+  const A* a = att + r * T;
   float dot = 0.0f;
-  for (int t2 = lane; t2 <= t1; t2 += 32) dot += a[t2] * d[t2];
+  for (int t2 = lane; t2 <= t1; t2 += 32) dot += Load(a + t2) * d[t2];
   dot = WarpSum(dot);
+  D* out = dscores + r * T;
   for (int t2 = lane; t2 < T; t2 += 32) {
-    d[t2] = t2 <= t1 ? a[t2] * (d[t2] - dot) * scale : 0.0f;
+    Store(out + t2, t2 <= t1 ? Load(a + t2) * (d[t2] - dot) * scale : 0.0f);
   }
 }
 
@@ -479,6 +498,82 @@ int Alignment(const void* p) {
   return 4;
 }
 
+// PTRAIN_CUDA_OP_TIMES=1: every op is bracketed by CUDA events and the
+// backend prints each op's total GPU time when it is destroyed — where a
+// step's time goes, without a profiler.
+class OpTimes {
+ public:
+  OpTimes() {
+    const char* env = std::getenv("PTRAIN_CUDA_OP_TIMES");
+    enabled_ = env != nullptr && std::string(env) == "1";
+  }
+  bool enabled() const { return enabled_; }
+  void Add(const char* name, cudaEvent_t start, cudaEvent_t stop) {
+    pending_.push_back({name, start, stop});
+    if (pending_.size() >= 4096) Resolve();
+  }
+  // Waits for the recorded events and adds up their times.
+  void Resolve() {
+    for (const Pending& p : pending_) {
+      float ms = 0.0f;
+      cudaEventSynchronize(p.stop);
+      cudaEventElapsedTime(&ms, p.start, p.stop);
+      auto& t = totals_[p.name];
+      t.first += ms;
+      t.second += 1;
+      cudaEventDestroy(p.start);
+      cudaEventDestroy(p.stop);
+    }
+    pending_.clear();
+  }
+  void Print() {
+    Resolve();
+    double all = 0.0;
+    for (const auto& [name, t] : totals_) all += t.first;
+    std::vector<std::pair<double, std::string>> rows;
+    for (const auto& [name, t] : totals_) rows.push_back({t.first, name});
+    std::sort(rows.rbegin(), rows.rend());
+    std::fprintf(stderr, "cuda op times (GPU ms, all calls):\n");
+    for (const auto& [ms, name] : rows) {
+      std::fprintf(stderr, "  %-32s %10.2f ms %5.1f%%  %lld calls\n",
+                   name.c_str(), ms, 100.0 * ms / all,
+                   static_cast<long long>(totals_[name].second));
+    }
+  }
+
+ private:
+  struct Pending {
+    const char* name;
+    cudaEvent_t start, stop;
+  };
+  bool enabled_ = false;
+  std::vector<Pending> pending_;
+  std::map<std::string, std::pair<double, int64_t>> totals_;
+};
+
+// Brackets one op on `stream` when timing is on.
+class OpScope {
+ public:
+  OpScope(OpTimes* times, cudaStream_t stream, const char* name)
+      : times_(times), stream_(stream), name_(name) {
+    if (!times_->enabled()) return;
+    cudaEventCreate(&start_);
+    cudaEventCreate(&stop_);
+    cudaEventRecord(start_, stream_);
+  }
+  ~OpScope() {
+    if (!times_->enabled()) return;
+    cudaEventRecord(stop_, stream_);
+    times_->Add(name_, start_, stop_);
+  }
+
+ private:
+  OpTimes* times_;
+  cudaStream_t stream_;
+  const char* name_;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
 class CudaBackend final : public Ops {
  public:
   explicit CudaBackend(const CudaOptions& o) : options_(o) {
@@ -496,6 +591,7 @@ class CudaBackend final : public Ops {
   ~CudaBackend() override {
     cudaSetDevice(options_.device);
     cudaStreamSynchronize(stream_);
+    if (times_.enabled()) times_.Print();
     if (scratch_ != nullptr) cudaFree(scratch_);
     cudaFree(sum_);
     cudaFree(workspace_);
@@ -552,14 +648,17 @@ class CudaBackend final : public Ops {
   void Synchronize() override { PT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
   void Zero(float* p, int64_t n) override {
+    const OpScope scope(&times_, stream_, "Zero");
     PT_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), stream_));
   }
   void Copy(float* dst, const float* src, int64_t n) override {
+    const OpScope scope(&times_, stream_, "Copy");
     if (dst == src) return;
     PT_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float),
                                   cudaMemcpyDeviceToDevice, stream_));
   }
   void Add(float* dst, const float* src, int64_t n) override {
+    const OpScope scope(&times_, stream_, "Add");
     AddKernel<<<Blocks(n), kThreads, 0, stream_>>>(dst, src, n);
     Launched();
   }
@@ -571,6 +670,7 @@ class CudaBackend final : public Ops {
   void embedding_forward(float* out, const int32_t* inp, const float* wte,
                          int B, int T, int C, int vocab_begin,
                          int Vl) override {
+    const OpScope scope(&times_, stream_, "embedding_forward");
     const int64_t BT = static_cast<int64_t>(B) * T;
     EmbeddingForwardKernel<<<Blocks(BT * C), kThreads, 0, stream_>>>(
         out, inp, wte, BT, C, vocab_begin, Vl);
@@ -579,6 +679,7 @@ class CudaBackend final : public Ops {
   void embedding_backward(float* dwte, const float* dout, const int32_t* inp,
                           int B, int T, int C, int vocab_begin,
                           int Vl) override {
+    const OpScope scope(&times_, stream_, "embedding_backward");
     const int64_t BT = static_cast<int64_t>(B) * T;
     EmbeddingBackwardKernel<<<Blocks(BT * C), kThreads, 0, stream_>>>(
         dwte, dout, inp, BT, C, vocab_begin, Vl);
@@ -586,12 +687,14 @@ class CudaBackend final : public Ops {
   }
   void position_forward(float* out, const float* wpe, int B, int T, int C,
                         int t0) override {
+    const OpScope scope(&times_, stream_, "position_forward");
     PositionForwardKernel<<<Blocks(int64_t(B) * T * C), kThreads, 0, stream_>>>(
         out, wpe, B, T, C, t0);
     Launched();
   }
   void position_backward(float* dwpe, const float* dout, int B, int T, int C,
                          int t0) override {
+    const OpScope scope(&times_, stream_, "position_backward");
     PositionBackwardKernel<<<Blocks(int64_t(T) * C), kThreads, 0, stream_>>>(
         dwpe, dout, B, T, C, t0);
     Launched();
@@ -599,6 +702,7 @@ class CudaBackend final : public Ops {
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                          const float* weight, const float* bias, int B, int T,
                          int C) override {
+    const OpScope scope(&times_, stream_, "layernorm_forward");
     const int64_t rows = static_cast<int64_t>(B) * T;
     LayerNormForwardKernel<<<Blocks(rows * 32), kThreads, 0, stream_>>>(
         out, mean, rstd, inp, weight, bias, rows, C);
@@ -608,6 +712,7 @@ class CudaBackend final : public Ops {
                           const float* dout, const float* inp,
                           const float* weight, const float* mean,
                           const float* rstd, int B, int T, int C) override {
+    const OpScope scope(&times_, stream_, "layernorm_backward");
     const int64_t rows = static_cast<int64_t>(B) * T;
     LayerNormBackwardInputKernel<<<Blocks(rows * 32), kThreads, 0, stream_>>>(
         dinp, dout, inp, weight, mean, rstd, rows, C);
@@ -616,6 +721,7 @@ class CudaBackend final : public Ops {
   }
   void matmul_forward(float* out, const float* inp, const float* weight,
                       const float* bias, int B, int T, int C, int OC) override {
+    const OpScope scope(&times_, stream_, "matmul_forward");
     const int64_t BT = static_cast<int64_t>(B) * T;
     // Column-major: out^T (OC,BT) = weight (C,OC)^T inp^T (C,BT).
     Matmul(true, false, OC, BT, C, weight, C, inp, C, 0.0f, out, OC, bias);
@@ -623,6 +729,7 @@ class CudaBackend final : public Ops {
   void matmul_backward(float* dinp, float* dweight, float* dbias,
                        const float* dout, const float* inp, const float* weight,
                        int B, int T, int C, int OC) override {
+    const OpScope scope(&times_, stream_, "matmul_backward");
     const int64_t BT = static_cast<int64_t>(B) * T;
     // dinp^T (C,BT) += weight^T... in column-major: (C,OC) (OC,BT).
     if (dinp != nullptr) {
@@ -635,96 +742,57 @@ class CudaBackend final : public Ops {
       ColumnSums(nullptr, dbias, dout, nullptr, nullptr, nullptr, BT, OC);
     }
   }
+  // Under bf16 compute q, k, v, the probabilities and the score
+  // gradients are bf16 (the products' inputs; fp32 accumulation and fp32
+  // scores): the probabilities are kept packed in the first half of `att`,
+  // which only this backend's backward reads.
   void attention_forward(float* out, float* att, const float* inp, int B, int T,
                          int C, int NH) override {
-    const int hs = C / NH;
-    const int64_t n = static_cast<int64_t>(B) * T * C;
-    float* q = Scratch(4 * n);
-    float* k = q + n;
-    float* v = k + n;
-    float* y = v + n;
-    PermuteQkvKernel<<<Blocks(n), kThreads, 0, stream_>>>(q, k, v, inp, B, T,
-                                                          NH, hs);
-    Launched();
-    const int batch = B * NH;
-    const int64_t sq = static_cast<int64_t>(T) * hs, sa = int64_t(T) * T;
-    // Scores: att^T (T2,T1) = k (T2,hs)^T-major... per head, column-major:
-    // (T,T) = op_T(k: hs x T) op_N(q: hs x T).
-    Batched(true, false, T, T, hs, k, hs, sq, q, hs, sq, 0.0f, att, T, sa,
-            batch);
-    const int64_t rows = static_cast<int64_t>(batch) * T;
-    CausalSoftmaxKernel<<<Blocks(rows * 32), kThreads, 0, stream_>>>(
-        att, rows, T, 1.0f / sqrtf(static_cast<float>(hs)));
-    Launched();
-    // y^T (hs,T1) = v^T (hs,T2) att^T (T2,T1).
-    Batched(false, false, hs, T, T, v, hs, sq, att, T, sa, 0.0f, y, hs, sq,
-            batch);
-    UnpermuteKernel<<<Blocks(n), kThreads, 0, stream_>>>(out, y, B, T, NH, hs);
-    Launched();
+    const OpScope scope(&times_, stream_, "attention_forward");
+    if (options_.bf16_compute) {
+      Attention<__nv_bfloat16>(out, att, inp, B, T, C, NH);
+    } else {
+      Attention<float>(out, att, inp, B, T, C, NH);
+    }
   }
   void attention_backward(float* dinp, float* datt, const float* dout,
                           const float* inp, const float* att, int B, int T,
                           int C, int NH) override {
-    const int hs = C / NH;
-    const int64_t n = static_cast<int64_t>(B) * T * C;
-    float* q = Scratch(7 * n);
-    float* k = q + n;
-    float* v = k + n;
-    float* dy = v + n;
-    float* dq = dy + n;
-    float* dk = dq + n;
-    float* dv = dk + n;
-    PermuteQkvKernel<<<Blocks(n), kThreads, 0, stream_>>>(q, k, v, inp, B, T,
-                                                          NH, hs);
-    Launched();
-    PermuteOutKernel<<<Blocks(n), kThreads, 0, stream_>>>(dy, dout, B, T, NH,
-                                                          hs);
-    Launched();
-    const int batch = B * NH;
-    const int64_t sq = static_cast<int64_t>(T) * hs, sa = int64_t(T) * T;
-    // datt (T1,T2) = dy v^T: the scores' shape, from v and dy.
-    Batched(true, false, T, T, hs, v, hs, sq, dy, hs, sq, 0.0f, datt, T, sa,
-            batch);
-    // dv^T (hs,T2) = dy^T (hs,T1) att (T1,T2).
-    Batched(false, true, hs, T, T, dy, hs, sq, att, T, sa, 0.0f, dv, hs, sq,
-            batch);
-    const int64_t rows = static_cast<int64_t>(batch) * T;
-    CausalSoftmaxBackwardKernel<<<Blocks(rows * 32), kThreads, 0, stream_>>>(
-        datt, att, rows, T, 1.0f / sqrtf(static_cast<float>(hs)));
-    Launched();
-    // dq^T (hs,T1) = k^T (hs,T2) dscores^T (T2,T1).
-    Batched(false, false, hs, T, T, k, hs, sq, datt, T, sa, 0.0f, dq, hs, sq,
-            batch);
-    // dk^T (hs,T2) = q^T (hs,T1) dscores (T1,T2).
-    Batched(false, true, hs, T, T, q, hs, sq, datt, T, sa, 0.0f, dk, hs, sq,
-            batch);
-    UnpermuteQkvAddKernel<<<Blocks(n), kThreads, 0, stream_>>>(dinp, dq, dk, dv,
-                                                               B, T, NH, hs);
-    Launched();
+    const OpScope scope(&times_, stream_, "attention_backward");
+    if (options_.bf16_compute) {
+      AttentionBackward<__nv_bfloat16>(dinp, datt, dout, inp, att, B, T, C, NH);
+    } else {
+      AttentionBackward<float>(dinp, datt, dout, inp, att, B, T, C, NH);
+    }
   }
   void gelu_forward(float* out, const float* inp, int64_t N) override {
+    const OpScope scope(&times_, stream_, "gelu_forward");
     GeluForwardKernel<<<Blocks(N), kThreads, 0, stream_>>>(out, inp, N);
     Launched();
   }
   void gelu_backward(float* dinp, const float* inp, const float* dout,
                      int64_t N) override {
+    const OpScope scope(&times_, stream_, "gelu_backward");
     GeluBackwardKernel<<<Blocks(N), kThreads, 0, stream_>>>(dinp, inp, dout, N);
     Launched();
   }
   void bias_forward(float* out, const float* bias, int64_t rows,
                     int OC) override {
+    const OpScope scope(&times_, stream_, "bias_forward");
     BiasKernel<<<Blocks(rows * OC), kThreads, 0, stream_>>>(out, bias,
                                                             rows * OC, OC);
     Launched();
   }
   void residual_forward(float* out, const float* inp1, const float* inp2,
                         int64_t N) override {
+    const OpScope scope(&times_, stream_, "residual_forward");
     ResidualKernel<<<Blocks(N), kThreads, 0, stream_>>>(out, inp1, inp2, N);
     Launched();
   }
   void crossentropy_parallel_max(float* maxes, const float* logits, int B,
                                  int T, int Vl, int vocab_begin,
                                  int V) override {
+    const OpScope scope(&times_, stream_, "crossentropy_parallel_max");
     CrossEntropyMaxKernel<<<B * T, kThreads, 0, stream_>>>(maxes, logits, Vl,
                                                            vocab_begin, V);
     Launched();
@@ -734,6 +802,7 @@ class CudaBackend final : public Ops {
                                  const float* maxes, const int32_t* targets,
                                  int B, int T, int Vl, int vocab_begin,
                                  int V) override {
+    const OpScope scope(&times_, stream_, "crossentropy_parallel_exp");
     CrossEntropyExpKernel<<<B * T, kThreads, 0, stream_>>>(
         sums, target_shifted, probs, logits, maxes, targets, Vl, vocab_begin,
         V);
@@ -743,6 +812,7 @@ class CudaBackend final : public Ops {
                                     const float* sums,
                                     const float* target_shifted, int B, int T,
                                     int Vl) override {
+    const OpScope scope(&times_, stream_, "crossentropy_parallel_finish");
     CrossEntropyFinishKernel<<<B * T, kThreads, 0, stream_>>>(
         losses, probs, sums, target_shifted, Vl);
     Launched();
@@ -751,6 +821,7 @@ class CudaBackend final : public Ops {
                                       const int32_t* targets, float dloss,
                                       int B, int T, int Vl,
                                       int vocab_begin) override {
+    const OpScope scope(&times_, stream_, "crossentropy_parallel_backward");
     const int64_t rows = static_cast<int64_t>(B) * T;
     CrossEntropyBackwardKernel<<<Blocks(rows * Vl), kThreads, 0, stream_>>>(
         dlogits, probs, targets, dloss, rows, Vl, vocab_begin);
@@ -759,6 +830,7 @@ class CudaBackend final : public Ops {
   void adamw_update(float* params, float* m, float* v, const float* grads,
                     int64_t N, float lr, float beta1, float beta2, float eps,
                     float weight_decay, int64_t t, float grad_scale) override {
+    const OpScope scope(&times_, stream_, "adamw_update");
     const math::AdamWStep step =
         math::MakeAdamWStep(lr, beta1, beta2, eps, weight_decay, t, grad_scale);
     AdamWKernel<<<Blocks(N), kThreads, 0, stream_>>>(params, m, v, grads, N,
@@ -871,19 +943,116 @@ class CudaBackend final : public Ops {
     cublasLtMatmulDescDestroy(desc);
   }
 
-  // Strided batched column-major D = op(A) op(B) (+ beta D), through cuBLAS.
-  void Batched(bool trans_a, bool trans_b, int m, int n, int k, const float* A,
-               int lda, int64_t sa, const float* B, int ldb, int64_t sb,
-               float beta, float* D, int ldd, int64_t sd, int batch) {
-    const float alpha = 1.0f;
+  template <typename Q>
+  static cudaDataType_t TypeOf() {
+    return sizeof(Q) == 2 ? CUDA_R_16BF : CUDA_R_32F;
+  }
+
+  // Q: the type of the products' inputs (float, or bf16).
+  template <typename Q>
+  void Attention(float* out, float* att, const float* inp, int B, int T, int C,
+                 int NH) {
+    const int hs = C / NH;
+    const int64_t n = static_cast<int64_t>(B) * T * C;
+    const int batch = B * NH;
+    const int64_t sq = static_cast<int64_t>(T) * hs, sa = int64_t(T) * T;
+    const int64_t rows = static_cast<int64_t>(batch) * T;
+    const bool packed = sizeof(Q) == 2;
+    // [q k v (Q)] [y (fp32)] [scores (fp32), when att holds Q]
+    char* base = reinterpret_cast<char*>(Scratch(
+        (3 * n * sizeof(Q) + n * 4 + (packed ? rows * T * 4 : 0) + 3) / 4));
+    Q* q = reinterpret_cast<Q*>(base);
+    Q* k = q + n;
+    Q* v = k + n;
+    float* y = reinterpret_cast<float*>(base + 3 * n * sizeof(Q));
+    float* scores = packed ? y + n : att;
+    Q* probs = reinterpret_cast<Q*>(att);
+    PermuteQkvKernel<<<Blocks(n), kThreads, 0, stream_>>>(q, k, v, inp, B, T,
+                                                          NH, hs);
+    Launched();
+    // Scores per head, column-major (T,T) = op_T(k: hs x T) op_N(q: hs x T).
+    Batched(true, false, T, T, hs, k, TypeOf<Q>(), hs, sq, q, TypeOf<Q>(), hs,
+            sq, scores, T, sa, batch);
+    CausalSoftmaxKernel<<<Blocks(rows * 32), kThreads, 0, stream_>>>(
+        probs, scores, rows, T, 1.0f / sqrtf(static_cast<float>(hs)));
+    Launched();
+    // y^T (hs,T1) = v^T (hs,T2) att^T (T2,T1).
+    Batched(false, false, hs, T, T, v, TypeOf<Q>(), hs, sq, probs, TypeOf<Q>(),
+            T, sa, y, hs, sq, batch);
+    UnpermuteKernel<<<Blocks(n), kThreads, 0, stream_>>>(out, y, B, T, NH, hs);
+    Launched();
+  }
+
+  template <typename Q>
+  void AttentionBackward(float* dinp, float* datt, const float* dout,
+                         const float* inp, const float* att, int B, int T,
+                         int C, int NH) {
+    const int hs = C / NH;
+    const int64_t n = static_cast<int64_t>(B) * T * C;
+    const int batch = B * NH;
+    const int64_t sq = static_cast<int64_t>(T) * hs, sa = int64_t(T) * T;
+    const int64_t rows = static_cast<int64_t>(batch) * T;
+    const bool packed = sizeof(Q) == 2;
+    // [q k v dy (Q)] [dq dk dv (fp32)] [dscores (Q), when packed]
+    char* base = reinterpret_cast<char*>(
+        Scratch((4 * n * sizeof(Q) + 3 * n * 4 +
+                 (packed ? rows * T * sizeof(Q) : 0) + 3) /
+                4));
+    Q* q = reinterpret_cast<Q*>(base);
+    Q* k = q + n;
+    Q* v = k + n;
+    Q* dy = v + n;
+    float* dq = reinterpret_cast<float*>(base + 4 * n * sizeof(Q));
+    float* dk = dq + n;
+    float* dv = dk + n;
+    Q* dscores =
+        packed ? reinterpret_cast<Q*>(dv + n) : reinterpret_cast<Q*>(datt);
+    const Q* probs = reinterpret_cast<const Q*>(att);
+    PermuteQkvKernel<<<Blocks(n), kThreads, 0, stream_>>>(q, k, v, inp, B, T,
+                                                          NH, hs);
+    Launched();
+    PermuteOutKernel<<<Blocks(n), kThreads, 0, stream_>>>(dy, dout, B, T, NH,
+                                                          hs);
+    Launched();
+    // datt (T1,T2) = dy v^T: the scores' shape, from v and dy.
+    Batched(true, false, T, T, hs, v, TypeOf<Q>(), hs, sq, dy, TypeOf<Q>(), hs,
+            sq, datt, T, sa, batch);
+    // dv^T (hs,T2) = dy^T (hs,T1) att (T1,T2).
+    Batched(false, true, hs, T, T, dy, TypeOf<Q>(), hs, sq, probs, TypeOf<Q>(),
+            T, sa, dv, hs, sq, batch);
+    CausalSoftmaxBackwardKernel<<<Blocks(rows * 32), kThreads, 0, stream_>>>(
+        dscores, datt, probs, rows, T, 1.0f / sqrtf(static_cast<float>(hs)));
+    Launched();
+    // dq^T (hs,T1) = k^T (hs,T2) dscores^T (T2,T1).
+    Batched(false, false, hs, T, T, k, TypeOf<Q>(), hs, sq, dscores,
+            TypeOf<Q>(), T, sa, dq, hs, sq, batch);
+    // dk^T (hs,T2) = q^T (hs,T1) dscores (T1,T2).
+    Batched(false, true, hs, T, T, q, TypeOf<Q>(), hs, sq, dscores, TypeOf<Q>(),
+            T, sa, dk, hs, sq, batch);
+    UnpermuteQkvAddKernel<<<Blocks(n), kThreads, 0, stream_>>>(dinp, dq, dk, dv,
+                                                               B, T, NH, hs);
+    Launched();
+  }
+
+  // Strided batched column-major D (fp32) = op(A) op(B), through cuBLAS;
+  // A and B fp32 or bf16.
+  void Batched(bool trans_a, bool trans_b, int m, int n, int k, const void* A,
+               cudaDataType_t a_type, int lda, int64_t sa, const void* B,
+               cudaDataType_t b_type, int ldb, int64_t sb, float* D, int ldd,
+               int64_t sd, int batch) {
+    const float alpha = 1.0f, beta = 0.0f;
+    // bf16 inputs compute in fp32 (accumulation); fp32 inputs as configured.
+    const cublasComputeType_t compute =
+        a_type == CUDA_R_16BF ? CUBLAS_COMPUTE_32F : compute_;
     PT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
         blas_, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-        trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, A, CUDA_R_32F,
-        lda, sa, B, CUDA_R_32F, ldb, sb, &beta, D, CUDA_R_32F, ldd, sd, batch,
-        compute_, CUBLAS_GEMM_DEFAULT));
+        trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, A, a_type, lda,
+        sa, B, b_type, ldb, sb, &beta, D, CUDA_R_32F, ldd, sd, batch, compute,
+        CUBLAS_GEMM_DEFAULT));
   }
 
   const CudaOptions options_;
+  OpTimes times_;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   cublasHandle_t blas_ = nullptr;
@@ -898,9 +1067,7 @@ class CudaBackend final : public Ops {
       algos_;
 };
 
-}  // namespace
-
-int CudaDeviceCount() {
+int DeviceCount() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
     cudaGetLastError();  // clear the sticky "no driver" error
@@ -909,26 +1076,32 @@ int CudaDeviceCount() {
   return n;
 }
 
-std::unique_ptr<Ops> MakeCudaOps(const CudaOptions& options,
-                                 std::string* error) {
-  const int n = CudaDeviceCount();
-  if (options.device < 0 || options.device >= n) {
+}  // namespace
+
+// The module's entry points (ops_cuda_loader.cpp finds them with dlsym).
+extern "C" int ptrain_cuda_device_count() { return DeviceCount(); }
+
+extern "C" Ops* ptrain_cuda_make_ops(const CudaOptions* options,
+                                     std::string* error) {
+  const int n = DeviceCount();
+  if (options->device < 0 || options->device >= n) {
     *error = n == 0 ? "no CUDA device is present (no GPU, or no driver)"
-                    : "CUDA device " + std::to_string(options.device) +
+                    : "CUDA device " + std::to_string(options->device) +
                           " does not exist (" + std::to_string(n) + " present)";
     return nullptr;
   }
-  return std::make_unique<CudaBackend>(options);
+  return new CudaBackend(*options);
 }
 
-CudaMemory CudaMemoryInfo() {
-  size_t free_bytes = 0, total = 0;
-  if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+extern "C" void ptrain_cuda_memory(int64_t* used, int64_t* total) {
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
     cudaGetLastError();
-    return {};
+    *used = *total = 0;
+    return;
   }
-  return {static_cast<int64_t>(total - free_bytes),
-          static_cast<int64_t>(total)};
+  *used = static_cast<int64_t>(total_bytes - free_bytes);
+  *total = static_cast<int64_t>(total_bytes);
 }
 
 }  // namespace ptrain::kernels

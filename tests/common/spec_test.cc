@@ -804,12 +804,14 @@ v1::JobSpec FullyCustomSpec() {
   t->set_sample_temperature(0.7);
   t->set_sample_top_k(40);
   t->set_log_every(1);
+  t->set_precision("fp32");
   v1::CheckpointSpec* c = s.mutable_checkpoint();
   c->set_every(1);
   c->set_keep_last(1);
   c->set_dir(" leading and trailing ");
   v1::ResourcesSpec* r = s.mutable_resources();
-  r->set_device("cuda");
+  // cpu: cuda would refuse the layout above (one GPU per job for now).
+  r->set_device("cpu");
   r->set_ranks_per_node(8);
   r->set_threads_per_rank(2);
   v1::RestartSpec* rs = s.mutable_restart();

@@ -170,7 +170,9 @@ TEST_P(CudaOpsTest, CausalAttentionForwardAndBackward) {
   gpu_->attention_backward(g_dinp.get(), g_datt.get(), g_dout.get(),
                            g_inp.get(), g_att.get(), kB, kT, kC, kNH);
   Check("attention out", g_out.Host(), out, true);
-  Check("attention probabilities", g_att.Host(), att, true);
+  // Under bf16 compute the backend keeps the probabilities packed as bf16
+  // for its own backward: only the fp32 ones compare with the CPU's.
+  if (!GetParam()) Check("attention probabilities", g_att.Host(), att);
   Check("attention dinp (accumulated)", g_dinp.Host(), dinp, true);
 }
 

@@ -20,9 +20,12 @@ namespace ptrain {
 // reader that needs a stretch of every tensor finds each kind contiguous.
 // Tensors replicated over tp are written only when `write_tp_replicated`
 // (tp rank 0), so that every element is written once. The runs point into
-// `store` and `adam`, valid until they change.
+// `store` and `adam`, valid until they change — or, where they live in a
+// GPU's memory, into `host`, which receives a copy of the three (and must
+// outlive the runs).
 std::vector<ShardRun> CheckpointRuns(ZeroStore& store, AdamW& adam,
-                                     bool write_tp_replicated);
+                                     bool write_tp_replicated,
+                                     std::vector<float>* host);
 
 // Fills what this rank updates (weights, and Adam moments when
 // with_optimizer) from `source`, reading only those boxes. Not collective:

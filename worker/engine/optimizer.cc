@@ -33,13 +33,14 @@ float ClipScale(double norm, double max_norm) {
 }
 
 AdamW::AdamW(const std::vector<ParamInfo>& layout, int64_t begin, int64_t end,
-             const v1::TrainSpec& train)
-    : AdamW(layout, {{begin, end}}, train) {}
+             const v1::TrainSpec& train, kernels::Ops* ops)
+    : AdamW(layout, {{begin, end}}, train, ops) {}
 
 AdamW::AdamW(const std::vector<ParamInfo>& layout,
              const std::vector<std::pair<int64_t, int64_t>>& pieces,
-             const v1::TrainSpec& train)
-    : beta1_(static_cast<float>(train.beta1())),
+             const v1::TrainSpec& train, kernels::Ops* ops)
+    : ops_(ops != nullptr ? ops : &kernels::CpuOps()),
+      beta1_(static_cast<float>(train.beta1())),
       beta2_(static_cast<float>(train.beta2())),
       eps_(static_cast<float>(train.eps())),
       weight_decay_(static_cast<float>(train.weight_decay())) {
@@ -59,18 +60,18 @@ AdamW::AdamW(const std::vector<ParamInfo>& layout,
     }
     local += end - begin;
   }
-  m_.assign(local, 0.0f);
-  v_.assign(local, 0.0f);
+  m_ = kernels::Buffer(ops_, local);
+  v_ = kernels::Buffer(ops_, local);
 }
 
 void AdamW::Step(float* params, const float* grads, float lr,
                  float grad_scale) {
   ++t_;
   for (const Run& r : runs_) {
-    kernels::adamw_update(params + r.begin, m_.data() + r.begin,
-                          v_.data() + r.begin, grads + r.begin, r.count, lr,
-                          beta1_, beta2_, eps_, r.decay ? weight_decay_ : 0.0f,
-                          t_, grad_scale);
+    ops_->adamw_update(params + r.begin, m_.data() + r.begin,
+                       v_.data() + r.begin, grads + r.begin, r.count, lr,
+                       beta1_, beta2_, eps_, r.decay ? weight_decay_ : 0.0f, t_,
+                       grad_scale);
   }
 }
 
@@ -78,11 +79,12 @@ DistributedOptimizer::DistributedOptimizer(ZeroStore* store,
                                            const v1::TrainSpec& train,
                                            Groups groups)
     : store_(store), groups_(groups), clip_(train.grad_clip()) {
-  adam_ = store->sharded()
-              ? std::make_unique<AdamW>(store->layout(), store->ShardPieces(),
-                                        train)
-              : std::make_unique<AdamW>(store->layout(), 0,
-                                        store->update_size(), train);
+  adam_ =
+      store->sharded()
+          ? std::make_unique<AdamW>(store->layout(), store->ShardPieces(),
+                                    train, &store->ops())
+          : std::make_unique<AdamW>(store->layout(), 0, store->update_size(),
+                                    train, &store->ops());
 }
 
 void DistributedOptimizer::ReduceSequencePartial() {
@@ -111,14 +113,21 @@ void DistributedOptimizer::ReduceSequencePartial() {
 
 double DistributedOptimizer::GlobalNormSquared() {
   const float* grads = store_->update_grads();
+  if (store_->ops().device() != kernels::Device::kCpu) {
+    // One GPU rank (dp = tp = pp = 1, as ZeroStore requires there): every
+    // element counts once, the padding is zero and there is no tied copy,
+    // so one reduction (one wait for the device) over the whole buffer.
+    return store_->ops().SumSquares(grads, store_->update_size());
+  }
   // [tp-split parts, tp-replicated tensors]: the first summed over tp, the
   // second (the same on every tp rank) counted once.
   double sq[2] = {0.0, 0.0};
-  store_->ForEachUpdateStretch([&](const ParamInfo& p, int64_t lo, int64_t hi,
-                                   int64_t at) {
-    if (p.tied_copy) return;  // counted on stage 0
-    sq[p.tp_replicated() ? 1 : 0] += kernels::sum_squares(grads + at, hi - lo);
-  });
+  store_->ForEachUpdateStretch(
+      [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
+        if (p.tied_copy) return;  // counted on stage 0
+        sq[p.tp_replicated() ? 1 : 0] +=
+            store_->ops().SumSquares(grads + at, hi - lo);
+      });
   if (store_->sharded() && groups_.dp != nullptr) groups_.dp->AllReduce(sq, 2);
   if (groups_.tp != nullptr && groups_.tp->size() > 1) {
     groups_.tp->AllReduce(sq, 1);

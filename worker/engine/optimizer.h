@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "ptrain/v1/job.pb.h"
 #include "worker/engine/comm.h"
 #include "worker/engine/plan.h"
@@ -28,13 +29,13 @@ class AdamW {
   // Owns the moments of elements [begin, end) of a buffer laid out by
   // `layout`; decay applies to tensors with ParamInfo::decay.
   AdamW(const std::vector<ParamInfo>& layout, int64_t begin, int64_t end,
-        const v1::TrainSpec& train);
+        const v1::TrainSpec& train, kernels::Ops* ops = nullptr);
   // Owns the moments of a shard made of `pieces`: [begin, end) ranges of the
   // buffer, concatenated in order. Elements outside every tensor (padding)
   // are never updated.
   AdamW(const std::vector<ParamInfo>& layout,
         const std::vector<std::pair<int64_t, int64_t>>& pieces,
-        const v1::TrainSpec& train);
+        const v1::TrainSpec& train, kernels::Ops* ops = nullptr);
 
   // One update of params[begin,end) from grads[begin,end) (pointers to the
   // start of the slice), gradients multiplied by grad_scale first.
@@ -43,10 +44,12 @@ class AdamW {
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }  // resuming from a checkpoint
   int64_t bytes() const {
-    return static_cast<int64_t>((m_.size() + v_.size()) * sizeof(float));
+    return (m_.size() + v_.size()) * static_cast<int64_t>(sizeof(float));
   }
+  // The moments, in the backend's memory (`ops`, null: the CPU).
   float* m() { return m_.data(); }
   float* v() { return v_.data(); }
+  int64_t size() const { return m_.size(); }
 
  private:
   struct Run {  // a stretch of the slice with one decay setting
@@ -54,7 +57,8 @@ class AdamW {
     bool decay;
   };
   std::vector<Run> runs_;
-  std::vector<float> m_, v_;
+  kernels::Ops* ops_;
+  kernels::Buffer m_, v_;
   const float beta1_, beta2_, eps_, weight_decay_;
   int64_t t_ = 0;
 };

@@ -11,8 +11,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "common/spec.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cuda/ops_cuda.h"
 #include "spdlog/spdlog.h"
 #include "worker/engine/checkpoint_state.h"
 #include "worker/engine/flops.h"
@@ -43,10 +45,32 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     return absl::InvalidArgumentError(
         "parallel.zero > 0 needs MPI (run ptworker, under mpirun or alone)");
   }
-  if (spec.resources().device() != "cpu") {
+  if (spec.resources().device() == "cuda") {
+    // One GPU per job until the NCCL communicator lands: the MPI groups
+    // communicate host memory.
+    if (world != 1 || par.zero() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "resources.device=cuda trains on one GPU: parallel.dp, tp and pp "
+          "must be 1 and parallel.zero 0 (got dp=",
+          par.dp(), " tp=", par.tp(), " pp=", par.pp(), " zero=", par.zero(),
+          "); data, tensor and pipeline parallelism run on cpu"));
+    }
+    if (kernels::CudaDeviceCount() == 0) {
+      std::string why;
+      kernels::MakeCudaOps({}, &why);
+      return absl::InvalidArgumentError(
+          absl::StrCat("resources.device=cuda: ", why));
+    }
+  } else if (spec.resources().device() != "cpu") {
     return absl::InvalidArgumentError(
         absl::StrCat("resources.device=", spec.resources().device(),
-                     ": this build trains on cpu only"));
+                     ": must be cpu or cuda"));
+  }
+  if (spec.train().precision() == "bf16" &&
+      spec.resources().device() != "cuda") {
+    return absl::InvalidArgumentError(
+        "train.precision=bf16 needs resources.device=cuda (the cpu backend "
+        "computes in fp32)");
   }
 
   // More threads than any machine has cores is a mistake, and each one
@@ -403,9 +427,10 @@ absl::StatusOr<std::string> Trainer::SaveCheckpointAt(int64_t step) {
   save.keep_last = spec_.checkpoint().keep_last();
   save.fs = options_.fs;
   const bool tp_rank0 = dims_ == nullptr || dims_->tp_rank() == 0;
-  return SaveCheckpoint(spec_.checkpoint().dir(), meta,
-                        CheckpointRuns(*store_, optimizer_->adam(), tp_rank0),
-                        world(), save);
+  return SaveCheckpoint(
+      spec_.checkpoint().dir(), meta,
+      CheckpointRuns(*store_, optimizer_->adam(), tp_rank0, &checkpoint_host_),
+      world(), save);
 }
 
 Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
@@ -434,11 +459,19 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
   plan.pad = dp_;
   plan.virtual_stages = v;
   const std::vector<ParamInfo> layout = BuildPlan(cfg, plan);
+  if (spec_.resources().device() == "cuda") {
+    kernels::CudaOptions cuda;
+    cuda.bf16_compute = spec_.train().precision() != "fp32";
+    std::string error;
+    device_ops_ = kernels::MakeCudaOps(cuda, &error);
+    PT_CHECK(device_ops_ != nullptr, error.c_str());  // Create checked
+    spdlog::info("training on {}", device_ops_->name());
+  }
   store_ = std::make_unique<ZeroStore>(
       layout, dp_,
       ZeroOptions{par.zero(), microbatches_, par.bucket_bytes(),
                   /*reduce_once_per_step=*/pp_ > 1},
-      dp_group());
+      dp_group(), device_ops_.get());
   // Activations of the microbatches in flight at once on each chunk.
   const std::vector<int> slots =
       ChunkSlots(schedule_, pp_, pp_rank_, microbatches_, v);
@@ -457,6 +490,7 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
     stage.max_T = T_;
     stage.tp = TpGroup{tp_group(), par.sequence_parallel()};
     stage.store = slices_.back().get();
+    stage.ops = device_ops_.get();
     stage.pad = dp_;
     stage.stage = stages[c];
     stage.n_stages = pp_ * v;
@@ -580,6 +614,7 @@ std::string Trainer::Sample(uint64_t salt) {
   const int Vl = model().vocab_local();
   std::vector<float> gathered(tp != nullptr ? int64_t{Vl} * tp->size() : 0);
   std::vector<int32_t> context;
+  std::vector<float> last_logits;
   for (int i = 0; i < train.sample_tokens(); ++i) {
     const int T = static_cast<int>(std::min<size_t>(ids.size(), T_));
     const int padded = (T + multiple - 1) / multiple * multiple;
@@ -597,6 +632,11 @@ std::string Trainer::Sample(uint64_t salt) {
     // vocabulary is gathered only here, for sampling.
     const float* logits =
         chunks_.back()->logits(0) + static_cast<int64_t>(T - 1) * Vl;
+    if (device_ops_ != nullptr) {  // only the last position leaves the GPU
+      last_logits.resize(Vl);
+      device_ops_->ToHost(last_logits.data(), logits, Vl);
+      logits = last_logits.data();
+    }
     if (tp != nullptr) {
       tp->AllGather(logits, gathered.data(), Vl);
       logits = gathered.data();

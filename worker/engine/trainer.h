@@ -168,6 +168,10 @@ class Trainer {
   int pp_ = 1, pp_rank_ = 0;
   ScheduleKind schedule_ = ScheduleKind::k1F1B;
   int64_t start_step_ = 0, resume_bytes_read_ = 0;
+  // resources.device=cuda: the GPU backend everything below runs on (null:
+  // the CPU); declared first so that it outlives their buffers.
+  std::unique_ptr<kernels::Ops> device_ops_;
+  std::vector<float> checkpoint_host_;  // a GPU's state copied for saving
   std::unique_ptr<ZeroStore> store_;
   // The model chunks of this rank (one but under an interleaved schedule),
   // each over its slice of the store.

@@ -61,7 +61,8 @@ ZeroStore::Footprint ZeroStore::Measure(const std::vector<ParamInfo>& layout,
 }
 
 ZeroStore::ZeroStore(std::vector<ParamInfo> layout, int dp,
-                     const ZeroOptions& o, Communicator* dp_group)
+                     const ZeroOptions& o, Communicator* dp_group,
+                     kernels::Ops* ops)
     : dp_(dp),
       dp_rank_(dp_group != nullptr ? dp_group->rank() : 0),
       zero_(o.zero),
@@ -69,7 +70,10 @@ ZeroStore::ZeroStore(std::vector<ParamInfo> layout, int dp,
       comm_(dp_group),
       layout_(std::move(layout)),
       units_(Units(layout_, dp)),
-      n_units_(static_cast<int>(units_.size())) {
+      n_units_(static_cast<int>(units_.size())),
+      ops_(ops != nullptr ? ops : &kernels::CpuOps()) {
+  PT_CHECK(ops_->device() == kernels::Device::kCpu || (dp_ == 1 && zero_ == 0),
+           "a GPU store needs dp = 1 and zero = 0");
   PT_CHECK(comm_ != nullptr || (dp_ == 1 && zero_ == 0),
            "dp > 1 or zero > 0 needs a dp group");
   PT_CHECK(comm_ == nullptr || comm_->size() == dp_,
@@ -85,8 +89,8 @@ ZeroStore::ZeroStore(std::vector<ParamInfo> layout, int dp,
     shard_offset_[u] = offset;
     offset += ShardSize(u);
   }
-  params_full_.assign(z.params_full, 0.0f);
-  grads_full_.assign(z.grads_full, 0.0f);
+  params_full_ = kernels::Buffer(ops_, z.params_full);
+  grads_full_ = kernels::Buffer(ops_, z.grads_full);
   param_shard_.assign(z.shard, 0.0f);
   grad_shard_.assign(z.shard, 0.0f);
   for (int s = 0; s < 3; ++s) gathered_[s].assign(z.gathered[s], 0.0f);
@@ -105,9 +109,16 @@ void ZeroStore::InitParams(uint64_t seed) {
       return g.has_value() ? InitialValue(p, seed, *g) : 0.0f;
     };
     if (zero_ <= 2) {
-      float* dst = params_full_.data() + p.offset;
+      // Computed on the host, then copied where the backend keeps them.
+      std::vector<float> host;
+      const bool on_host = ops_->device() == kernels::Device::kCpu;
+      if (!on_host) host.resize(p.numel);
+      float* dst = on_host ? params_full_.data() + p.offset : host.data();
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < p.numel; ++i) dst[i] = value(i);
+      if (!on_host) {
+        ops_->FromHost(params_full_.data() + p.offset, host.data(), p.numel);
+      }
     }
   }
   if (!sharded()) return;
@@ -123,9 +134,7 @@ void ZeroStore::InitParams(uint64_t seed) {
 }
 
 void ZeroStore::BeginStep() {
-  if (!grads_full_.empty()) {
-    std::fill(grads_full_.begin(), grads_full_.end(), 0.0f);
-  }
+  if (!grads_full_.empty()) ops_->Zero(grads_full_.data(), grads_full_.size());
   if (grad_zero_ >= 2) {
     std::fill(grad_shard_.begin(), grad_shard_.end(), 0.0f);
   }
@@ -191,7 +200,11 @@ void ZeroStore::BeginBackward(int u) {
 void ZeroStore::EndBackward(int u) { reducer_->UnitDone(u); }
 
 std::vector<float> ZeroStore::FullParams() {
-  if (zero_ <= 2) return params_full_;
+  if (zero_ <= 2) {
+    std::vector<float> out(params_full_.size());
+    ops_->ToHost(out.data(), params_full_.data(), params_full_.size());
+    return out;
+  }
   std::vector<float> out(total_);
   for (int u = 0; u < n_units_; ++u) Gather(u, out.data() + units_[u].begin);
   return out;
@@ -202,9 +215,11 @@ MemoryBytes ZeroStore::memory() const {
     return static_cast<int64_t>(v.size() * sizeof(float));
   };
   MemoryBytes m;
-  m.params = bytes(params_full_) + bytes(param_shard_);
+  constexpr int64_t kFloat = sizeof(float);
+  m.params = params_full_.size() * kFloat + bytes(param_shard_);
   for (const auto& g : gathered_) m.params += bytes(g);
-  m.grads = bytes(grads_full_) + bytes(grad_shard_) + reducer_->scratch_bytes();
+  m.grads = grads_full_.size() * kFloat + bytes(grad_shard_) +
+            reducer_->scratch_bytes();
   return m;
 }
 

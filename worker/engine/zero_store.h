@@ -46,9 +46,11 @@ struct ZeroOptions {
 class ZeroStore : public UnitStore {
  public:
   // `layout` is BuildPlan's with pad = dp. dp_group may be null when dp = 1
-  // and zero = 0 (nothing to communicate).
+  // and zero = 0 (nothing to communicate). `ops` (null: the CPU) holds the
+  // buffers; a GPU backend needs dp = 1 and zero = 0 (the MPI group
+  // communicates host memory).
   ZeroStore(std::vector<ParamInfo> layout, int dp, const ZeroOptions& options,
-            Communicator* dp_group);
+            Communicator* dp_group, kernels::Ops* ops = nullptr);
   ZeroStore(const ZeroStore&) = delete;
   ZeroStore& operator=(const ZeroStore&) = delete;
 
@@ -56,6 +58,7 @@ class ZeroStore : public UnitStore {
   const std::vector<UnitRange>& units() const { return units_; }
   int dp() const { return dp_; }
   int zero() const { return zero_; }
+  kernels::Ops& ops() const { return *ops_; }
 
   // Every rank initialises exactly what it holds, from (seed, name, global
   // index): the same numbers on any layout.
@@ -95,7 +98,8 @@ class ZeroStore : public UnitStore {
   template <typename Fn>
   void ForEachShardStretch(Fn fn) const;
 
-  // The whole weight vector (padded layout) on every rank (collective).
+  // The whole weight vector (padded layout) on every rank (collective), in
+  // host memory.
   std::vector<float> FullParams();
 
   // Bytes this rank holds: params (incl. gathered copies), grads (incl.
@@ -154,8 +158,9 @@ class ZeroStore : public UnitStore {
   int64_t total_ = 0, shard_total_ = 0;
   int emb_unit_ = -1, final_unit_ = -1;  // -1 when the stage has none
 
-  std::vector<float> params_full_;  // zero 0-2
-  std::vector<float> grads_full_;   // zero 0-1
+  kernels::Ops* ops_;
+  kernels::Buffer params_full_;     // zero 0-2
+  kernels::Buffer grads_full_;      // zero 0-1
   std::vector<float> param_shard_;  // zero 1-3: master weights of the shard
   std::vector<float> grad_shard_;   // zero 1-3
   // zero 3: gathered weights (0 embedding, 1 final, 2 the current block).

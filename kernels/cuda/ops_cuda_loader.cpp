@@ -1,0 +1,111 @@
+// MakeCudaOps and friends: the CUDA backend is a module (libptrain_cuda.so)
+// opened on first use with RTLD_LOCAL, so that a binary that never trains on
+// a GPU neither needs the CUDA libraries to start nor has their symbols in
+// its namespace (cuBLAS's would otherwise interpose on other libraries').
+// The module is looked for at $PTRAIN_CUDA_LIBRARY, beside the executable,
+// in ../kernels/ from it (the build tree), then on the library path.
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/ops_cuda.h"
+
+namespace ptrain::kernels {
+
+namespace {
+
+constexpr char kModule[] = "libptrain_cuda.so";
+
+struct Module {
+  void* handle = nullptr;
+  std::string error;
+  int (*device_count)() = nullptr;
+  Ops* (*make_ops)(const CudaOptions*, std::string*) = nullptr;
+  void (*memory)(int64_t*, int64_t*) = nullptr;
+};
+
+std::vector<std::string> Candidates() {
+  std::vector<std::string> paths;
+  if (const char* env = std::getenv("PTRAIN_CUDA_LIBRARY")) {
+    paths.push_back(env);
+  }
+  std::error_code ec;
+  const std::filesystem::path exe =
+      std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    paths.push_back((exe.parent_path() / kModule).string());
+    paths.push_back(
+        (exe.parent_path().parent_path() / "kernels" / kModule).string());
+    paths.push_back(
+        (exe.parent_path().parent_path().parent_path() / "kernels" / kModule)
+            .string());
+  }
+  paths.push_back(kModule);
+  return paths;
+}
+
+const Module& Load() {
+  static Module* const module = [] {
+    auto* m = new Module();
+    if (!PT_HAVE_CUDA) {
+      m->error =
+          "this ptrain is built without the CUDA backend (configure with "
+          "-DPT_CUDA=ON where nvcc is installed)";
+      return m;
+    }
+    std::string tried;
+    for (const std::string& path : Candidates()) {
+      m->handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (m->handle != nullptr) break;
+      tried += std::string("\n  ") + dlerror();
+    }
+    if (m->handle == nullptr) {
+      m->error = "cannot load the CUDA backend (" + std::string(kModule) +
+                 " or the CUDA libraries it needs):" + tried;
+      return m;
+    }
+    m->device_count = reinterpret_cast<int (*)()>(
+        dlsym(m->handle, "ptrain_cuda_device_count"));
+    m->make_ops = reinterpret_cast<Ops* (*)(const CudaOptions*, std::string*)>(
+        dlsym(m->handle, "ptrain_cuda_make_ops"));
+    m->memory = reinterpret_cast<void (*)(int64_t*, int64_t*)>(
+        dlsym(m->handle, "ptrain_cuda_memory"));
+    if (m->device_count == nullptr || m->make_ops == nullptr ||
+        m->memory == nullptr) {
+      m->error = std::string(kModule) + " lacks its entry points";
+      m->handle = nullptr;
+    }
+    return m;
+  }();
+  return *module;
+}
+
+}  // namespace
+
+int CudaDeviceCount() {
+  const Module& m = Load();
+  return m.handle != nullptr ? m.device_count() : 0;
+}
+
+std::unique_ptr<Ops> MakeCudaOps(const CudaOptions& options,
+                                 std::string* error) {
+  const Module& m = Load();
+  if (m.handle == nullptr) {
+    *error = m.error;
+    return nullptr;
+  }
+  return std::unique_ptr<Ops>(m.make_ops(&options, error));
+}
+
+CudaMemory CudaMemoryInfo() {
+  const Module& m = Load();
+  CudaMemory mem;
+  if (m.handle != nullptr) m.memory(&mem.used, &mem.total);
+  return mem;
+}
+
+}  // namespace ptrain::kernels

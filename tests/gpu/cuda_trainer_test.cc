@@ -1,0 +1,149 @@
+// The trainer on resources.device=cuda: the same losses as on the cpu step
+// by step, and one checkpoint format — a GPU checkpoint resumes on the cpu
+// and a cpu one on the GPU, each continuing as the uninterrupted run does.
+// Plus the refusals of a spec the GPU path cannot take, which need no GPU.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "common/spec.h"
+#include "kernels/cuda/ops_cuda.h"
+#include "worker/engine/trainer.h"
+
+namespace ptrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+class CudaTrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() /
+            ("ptrain_cuda_trainer_" + std::to_string(::getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  absl::StatusOr<v1::JobSpec> Spec(const std::string& device,
+                                   std::vector<std::string> extra = {}) {
+    std::vector<std::string> o = {"model.n_layer=2",
+                                  "model.n_head=4",
+                                  "model.n_embd=64",
+                                  "model.block_size=32",
+                                  "train.global_batch=4",
+                                  "train.steps=10",
+                                  "train.warmup_steps=2",
+                                  "train.lr=3e-3",
+                                  "train.eval_every=0",
+                                  "train.eval_batches=1",
+                                  "train.sample_tokens=0",
+                                  "checkpoint.keep_last=100",
+                                  "checkpoint.dir=" + root_.string(),
+                                  "resources.device=" + device};
+    o.insert(o.end(), extra.begin(), extra.end());
+    return LoadJobSpecFile("examples/shakespeare-char.yaml", o);
+  }
+  absl::StatusOr<std::unique_ptr<Trainer>> Make(
+      const std::string& device, const std::string& resume = "",
+      std::vector<std::string> extra = {}) {
+    auto spec = Spec(device, extra);
+    if (!spec.ok()) return spec.status();
+    TrainerOptions opt;
+    opt.peak_flops = 1e12;
+    opt.quiet = true;
+    opt.resume_from = resume;
+    return Trainer::Create(*spec, opt);
+  }
+  fs::path root_;
+};
+
+std::vector<float> Steps(Trainer& t, int from, int to) {
+  std::vector<float> losses;
+  for (int s = from; s < to; ++s) losses.push_back(t.TrainStep(s).loss);
+  return losses;
+}
+
+void ExpectClose(const char* what, const std::vector<float>& got,
+                 const std::vector<float>& want, double tol) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double rel = std::fabs(got[i] - want[i]) / std::fabs(want[i]);
+    std::printf("  %s step %zu: %.6f vs cpu %.6f (rel %.2g)\n", what, i, got[i],
+                want[i], rel);
+    EXPECT_LE(rel, tol) << what << " step " << i;
+  }
+}
+
+TEST_F(CudaTrainerTest, TrainsAsOnTheCpuAndCheckpointsMoveBetweenDevices) {
+  if (kernels::CudaDeviceCount() == 0) {
+    GTEST_SKIP() << "no CUDA device is present";
+  }
+  // The uninterrupted cpu run, and a GPU run with fp32 compute.
+  auto cpu = Make("cpu");
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  const std::vector<float> want = Steps(**cpu, 0, 10);
+  auto gpu = Make("cuda", "", {"train.precision=fp32"});
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ExpectClose("gpu", Steps(**gpu, 0, 5),
+              std::vector<float>(want.begin(), want.begin() + 5), 1e-4);
+  auto saved = (*gpu)->SaveCheckpointAt(5);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  gpu->reset();
+
+  // The GPU's checkpoint continues on the cpu...
+  auto on_cpu = Make("cpu", *saved);
+  ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+  ASSERT_EQ((*on_cpu)->start_step(), 5);
+  ExpectClose("gpu checkpoint on cpu", Steps(**on_cpu, 5, 8),
+              std::vector<float>(want.begin() + 5, want.begin() + 8), 1e-4);
+  auto saved_cpu = (*on_cpu)->SaveCheckpointAt(8);
+  ASSERT_TRUE(saved_cpu.ok()) << saved_cpu.status();
+  on_cpu->reset();
+
+  // ...and the cpu's on the GPU, in bf16 compute this time.
+  auto back = Make("cuda", *saved_cpu, {"train.precision=bf16"});
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ((*back)->start_step(), 8);
+  ExpectClose("cpu checkpoint on gpu (bf16)", Steps(**back, 8, 10),
+              std::vector<float>(want.begin() + 8, want.end()), 1e-2);
+}
+
+// Refusals that hold with or without a GPU: they come from Create, before
+// anything is allocated, naming the field.
+TEST_F(CudaTrainerTest, RefusesWhatTheGpuPathCannotTake) {
+  auto spec = Spec("cpu", {"train.precision=bf16"});
+  ASSERT_FALSE(spec.ok());
+  EXPECT_NE(spec.status().message().find("train.precision"), std::string::npos)
+      << spec.status();
+  auto spec_bad = Spec("cpu", {"train.precision=fp16"});
+  ASSERT_FALSE(spec_bad.ok());
+  EXPECT_NE(spec_bad.status().message().find("train.precision"),
+            std::string::npos)
+      << spec_bad.status();
+
+  // More than one rank on cuda: refused by the spec (so ptcoord refuses
+  // the job at submission), whatever the machine has.
+  auto multi = Spec("cuda", {"parallel.dp=2", "train.global_batch=4"});
+  ASSERT_FALSE(multi.ok());
+  EXPECT_NE(multi.status().message().find("resources.device=cuda"),
+            std::string::npos)
+      << multi.status();
+
+  if (kernels::CudaDeviceCount() == 0) {
+    const absl::Status no_gpu = Make("cuda").status();
+    EXPECT_EQ(no_gpu.code(), absl::StatusCode::kInvalidArgument) << no_gpu;
+    EXPECT_NE(no_gpu.message().find("resources.device=cuda"), std::string::npos)
+        << no_gpu;
+    std::printf("  without a GPU: %s\n", std::string(no_gpu.message()).c_str());
+  }
+}
+
+}  // namespace
+}  // namespace ptrain
