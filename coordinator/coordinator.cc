@@ -30,6 +30,7 @@
 #include "coordinator/auth.h"
 #include "coordinator/launcher.h"
 #include "coordinator/paths.h"
+#include "kernels/cuda/ops_cuda.h"
 #include "spdlog/spdlog.h"
 
 namespace ptrain {
@@ -86,6 +87,11 @@ std::string LocalHostName() {
 // What every lookup of a job id answers when there is no such job.
 absl::Status UnknownJob(const std::string& id) {
   return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+}
+
+// A job that runs one rank per GPU (resources.device=cuda).
+bool OnGpus(const v1::JobSpec& spec) {
+  return spec.resources().device() == "cuda";
 }
 
 int WorldSize(const v1::JobSpec& spec) {
@@ -399,9 +405,18 @@ absl::StatusOr<v1::Job> Coordinator::Submit(
       ParseJobSpec(spec_yaml, overrides, "job spec");
   if (!spec.ok()) return spec.status();
   const int world = WorldSize(*spec);
-  // On nodes a job waits for slots that may join later; Slurm queues it.
+  // On nodes a job waits for slots (and GPUs) that may join later; Slurm
+  // queues it. On its own host ptcoord knows now.
   if (!nodes_->enabled() && !options_.slurm) {
     if (absl::Status s = scheduler_.CheckFits(world); !s.ok()) return s;
+    if (OnGpus(*spec) && kernels::CudaDeviceCount() == 0) {
+      std::string why;
+      kernels::MakeCudaOps({}, &why);
+      return absl::InvalidArgumentError(
+          absl::StrCat("resources.device=cuda: this coordinator runs jobs on "
+                       "its own host, which cannot train on a GPU: ",
+                       why));
+    }
   }
   if (absl::Status s =
           ConfineSpecPaths(&*spec, options_.work_root, options_.data_roots);
@@ -1261,12 +1276,13 @@ void Coordinator::Tick() {
     Launch(jobs_[id]);
 }
 
-std::map<std::string, int> Coordinator::NodeSlotsUsed(
-    const std::string& except) const {
+std::map<std::string, int> Coordinator::NodeSlotsUsed(const std::string& except,
+                                                      bool gpus_only) const {
   std::map<std::string, int> used;
   for (const auto& [id, run] : running_) {
     auto it = jobs_.find(id);
     if (id == except || it == jobs_.end()) continue;
+    if (gpus_only && !OnGpus(it->second.record.job.spec())) continue;
     for (const v1::Placement& p : it->second.record.job.placement()) {
       used[p.node()] += p.ranks();
     }
@@ -1275,25 +1291,22 @@ std::map<std::string, int> Coordinator::NodeSlotsUsed(
 }
 
 std::vector<FreeNode> Coordinator::FreeNodes(const std::vector<v1::Node>& nodes,
-                                             const std::string& except) const {
-  const std::map<std::string, int> used = NodeSlotsUsed(except);
-  std::vector<FreeNode> out;
-  for (const v1::Node& n : nodes) {
-    if (n.state() != v1::NODE_STATE_UP || n.draining()) continue;
-    auto it = used.find(n.spec().name());
-    const int free = n.spec().slots() - (it == used.end() ? 0 : it->second);
-    if (free > 0) out.push_back({n.spec().name(), free});
-  }
-  return out;
+                                             const std::string& except,
+                                             bool gpus) const {
+  return FreeNodesOf(nodes, NodeSlotsUsed(except),
+                     gpus ? NodeSlotsUsed(except, /*gpus_only=*/true)
+                          : std::map<std::string, int>{},
+                     gpus);
 }
 
 void Coordinator::ScheduleOnNodes(const std::vector<const Entry*>& waiting) {
   const std::vector<v1::Node> nodes = nodes_->List(absl::Now());
-  std::vector<FreeNode> free = FreeNodes(nodes);
   bool blocked = false;
   for (const Entry* w : waiting) {
     Entry& e = jobs_[w->record.job.id()];
     const v1::JobSpec& spec = e.record.job.spec();
+    // What the jobs launched so far in this pass left free.
+    const std::vector<FreeNode> free = FreeNodes(nodes, "", OnGpus(spec));
     const int tp = spec.parallel().tp();
     const int per_node = spec.resources().ranks_per_node();
     std::vector<NodeRanks> place =
@@ -1316,11 +1329,6 @@ void Coordinator::ScheduleOnNodes(const std::vector<const Entry*>& waiting) {
       break;
     }
     Launch(e, place, shrunk.has_value() ? &*shrunk : nullptr);
-    for (const NodeRanks& p : place) {
-      for (FreeNode& f : free) {
-        if (f.name == p.name) f.free -= p.ranks;
-      }
-    }
   }
   if (blocked) return;  // queued jobs come before growing ones
   // Shrunk jobs grow back once their full size fits (their own slots
@@ -1334,8 +1342,8 @@ void Coordinator::ScheduleOnNodes(const std::vector<const Entry*>& waiting) {
         run.leader_exit.has_value()) {
       continue;
     }
-    if (PlaceRanks(FreeNodes(nodes, id), WorldSize(job.spec()),
-                   job.spec().parallel().tp(),
+    if (PlaceRanks(FreeNodes(nodes, id, OnGpus(job.spec())),
+                   WorldSize(job.spec()), job.spec().parallel().tp(),
                    job.spec().resources().ranks_per_node())
             .empty()) {
       run.grow_after_step.reset();

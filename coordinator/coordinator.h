@@ -244,13 +244,15 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int UsedSlots() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Slots of each node taken by running attempts (optionally not counting
-  // job `except`).
-  std::map<std::string, int> NodeSlotsUsed(const std::string& except = "") const
+  // job `except`); with `gpus_only`, the ranks of GPU jobs (one GPU each).
+  std::map<std::string, int> NodeSlotsUsed(const std::string& except = "",
+                                           bool gpus_only = false) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The up, undrained nodes and their free slots, counting job `except`'s
-  // slots as free.
+  // The up, undrained nodes and their free slots (FreeNodesOf), counting
+  // job `except`'s as free; for a job on `gpus`, only GPUs left unused.
   std::vector<FreeNode> FreeNodes(const std::vector<v1::Node>& nodes,
-                                  const std::string& except = "") const
+                                  const std::string& except = "",
+                                  bool gpus = false) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Scheduling over nodes: starts waiting jobs where they fit (shrunk when
   // allowed), stops shrunk jobs that can grow back.

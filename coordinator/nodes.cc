@@ -55,6 +55,10 @@ std::string CheckNodeSpec(const v1::NodeSpec& spec) {
     return absl::StrCat("node.cores must be in 1..65536 (it is ", spec.cores(),
                         ")");
   }
+  if (spec.gpus() < 0 || spec.gpus() > 1024) {
+    return absl::StrCat("node.gpus must be in 0..1024 (it is ", spec.gpus(),
+                        ")");
+  }
   if (spec.memory_bytes() < 0) {
     return absl::StrCat("node.memory_bytes must not be negative (it is ",
                         spec.memory_bytes(), ")");

@@ -33,6 +33,25 @@ std::vector<std::string> Scheduler::Pick(const std::vector<QueuedJob>& queue,
   return start;
 }
 
+std::vector<FreeNode> FreeNodesOf(const std::vector<v1::Node>& nodes,
+                                  const std::map<std::string, int>& used_slots,
+                                  const std::map<std::string, int>& used_gpus,
+                                  bool gpus) {
+  auto used = [](const std::map<std::string, int>& m, const std::string& k) {
+    auto it = m.find(k);
+    return it == m.end() ? 0 : it->second;
+  };
+  std::vector<FreeNode> out;
+  for (const v1::Node& n : nodes) {
+    if (n.state() != v1::NODE_STATE_UP || n.draining()) continue;
+    const std::string& name = n.spec().name();
+    int free = n.spec().slots() - used(used_slots, name);
+    if (gpus) free = std::min(free, n.spec().gpus() - used(used_gpus, name));
+    if (free > 0) out.push_back({name, free});
+  }
+  return out;
+}
+
 std::vector<NodeRanks> PlaceRanks(const std::vector<FreeNode>& nodes, int world,
                                   int tp, int ranks_per_node) {
   if (world < 1 || tp < 1 || world % tp != 0) return {};

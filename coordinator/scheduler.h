@@ -3,12 +3,14 @@
 #ifndef PTRAIN_COORDINATOR_SCHEDULER_H_
 #define PTRAIN_COORDINATOR_SCHEDULER_H_
 
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "ptrain/v1/job.pb.h"
+#include "ptrain/v1/node.pb.h"
 
 namespace ptrain {
 
@@ -41,6 +43,15 @@ struct FreeNode {
   std::string name;
   int free = 0;
 };
+
+// The nodes of `nodes` a job may take ranks on now, with how many: up, not
+// draining, slots unused (`used_slots` per node). A job with `gpus` (one
+// GPU per rank, resources.device=cuda) takes only nodes with unused GPUs
+// (`used_gpus`), at most one rank per free GPU.
+std::vector<FreeNode> FreeNodesOf(const std::vector<v1::Node>& nodes,
+                                  const std::map<std::string, int>& used_slots,
+                                  const std::map<std::string, int>& used_gpus,
+                                  bool gpus);
 
 // Consecutive ranks on one node (ranks are numbered node after node).
 struct NodeRanks {

@@ -526,8 +526,8 @@ int Nodes(Client& client) {
     return 0;
   }
   const int64_t now = absl::ToUnixMillis(absl::Now());
-  std::printf("%-20s %-24s %9s %6s %-14s %14s %6s\n", "NAME", "ADDRESS",
-              "SLOTS", "CORES", "STATE", "HEARTBEAT", "LOAD");
+  std::printf("%-20s %-24s %9s %6s %5s %-14s %14s %6s\n", "NAME", "ADDRESS",
+              "SLOTS", "CORES", "GPUS", "STATE", "HEARTBEAT", "LOAD");
   for (const auto& n : resp.nodes()) {
     const std::string beat =
         n.last_heartbeat_unix_ms() == 0
@@ -538,10 +538,10 @@ int Nodes(Client& client) {
         absl::StrCat(n.slots_used(), "/", n.spec().slots());
     const std::string state =
         absl::StrCat(NodeStateName(n.state()), n.draining() ? ",DRAINING" : "");
-    std::printf("%-20s %-24s %9s %6d %-14s %14s %6.2f\n",
+    std::printf("%-20s %-24s %9s %6d %5d %-14s %14s %6.2f\n",
                 n.spec().name().c_str(), n.spec().address().c_str(),
-                slots.c_str(), n.spec().cores(), state.c_str(), beat.c_str(),
-                n.load1());
+                slots.c_str(), n.spec().cores(), n.spec().gpus(), state.c_str(),
+                beat.c_str(), n.load1());
   }
   return 0;
 }

@@ -310,6 +310,18 @@ __device__ __forceinline__ float Load(const __nv_bfloat16* p) {
   return __bfloat162float(*p);
 }
 
+// Element i of a head-major (B,NH,T,hs) tensor: its offset in the
+// position-major layout (B,T,width,NH,hs), where width is 3 for the q, k,
+// v rows of the attention input and 1 for a (B,T,C) tensor.
+__device__ __forceinline__ int64_t PositionMajor(int64_t i, int T, int NH,
+                                                 int hs, int width) {
+  const int d = i % hs;
+  const int t = (i / hs) % T;
+  const int h = (i / (int64_t(hs) * T)) % NH;
+  const int64_t b = i / (int64_t(hs) * T * NH);
+  return (b * T + t) * width * NH * hs + int64_t(h) * hs + d;
+}
+
 // inp (B,T,3,NH,hs) -> q, k, v (B,NH,T,hs).
 template <typename Q>
 __global__ void PermuteQkvKernel(Q* q, Q* k, Q* v, const float* inp, int B,
@@ -318,11 +330,7 @@ __global__ void PermuteQkvKernel(Q* q, Q* k, Q* v, const float* inp, int B,
   const int C = NH * hs;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const int d = i % hs;
-    const int t = (i / hs) % T;
-    const int h = (i / (int64_t(hs) * T)) % NH;
-    const int64_t b = i / (int64_t(hs) * T * NH);
-    const int64_t src = (b * T + t) * 3 * C + h * hs + d;
+    const int64_t src = PositionMajor(i, T, NH, hs, 3);
     Store(q + i, inp[src]);
     Store(k + i, inp[src + C]);
     Store(v + i, inp[src + 2 * C]);
@@ -335,11 +343,7 @@ __global__ void UnpermuteKernel(float* out, const float* y, int B, int T,
   const int64_t n = static_cast<int64_t>(B) * NH * T * hs;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const int d = i % hs;
-    const int t = (i / hs) % T;
-    const int h = (i / (int64_t(hs) * T)) % NH;
-    const int64_t b = i / (int64_t(hs) * T * NH);
-    out[((b * T + t) * NH + h) * hs + d] = y[i];
+    out[PositionMajor(i, T, NH, hs, 1)] = y[i];
   }
 }
 
@@ -350,11 +354,7 @@ __global__ void PermuteOutKernel(Q* dy, const float* dout, int B, int T, int NH,
   const int64_t n = static_cast<int64_t>(B) * NH * T * hs;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const int d = i % hs;
-    const int t = (i / hs) % T;
-    const int h = (i / (int64_t(hs) * T)) % NH;
-    const int64_t b = i / (int64_t(hs) * T * NH);
-    Store(dy + i, dout[((b * T + t) * NH + h) * hs + d]);
+    Store(dy + i, dout[PositionMajor(i, T, NH, hs, 1)]);
   }
 }
 
@@ -366,11 +366,7 @@ __global__ void UnpermuteQkvAddKernel(float* dinp, const float* dq,
   const int C = NH * hs;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const int d = i % hs;
-    const int t = (i / hs) % T;
-    const int h = (i / (int64_t(hs) * T)) % NH;
-    const int64_t b = i / (int64_t(hs) * T * NH);
-    const int64_t dst = (b * T + t) * 3 * C + h * hs + d;
+    const int64_t dst = PositionMajor(i, T, NH, hs, 3);
     dinp[dst] += dq[i];
     dinp[dst + C] += dk[i];
     dinp[dst + 2 * C] += dv[i];

@@ -23,6 +23,7 @@
 #include "coordinator/auth.h"
 #include "coordinator/launcher.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/ops_cuda.h"
 #include "tests/testing/old_store.h"
 
 namespace ptrain {
@@ -170,6 +171,15 @@ TEST_F(CoordinatorTest, BadInputIsRefusedAndStoresNothing) {
             absl::string_view::npos);
   auto too_wide = c->Submit(kSpec, {"parallel.dp=4"});
   EXPECT_EQ(too_wide.status().code(), absl::StatusCode::kInvalidArgument);
+  // A GPU job where ptcoord's own host has none (with a GPU there is
+  // nothing to refuse).
+  if (kernels::CudaDeviceCount() == 0) {
+    auto gpu = c->Submit(kSpec, {"resources.device=cuda"});
+    EXPECT_EQ(gpu.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(gpu.status().message().find("resources.device=cuda"),
+              absl::string_view::npos)
+        << gpu.status();
+  }
   EXPECT_TRUE(c->List(v1::JOB_STATE_UNSPECIFIED, 0)->empty());
   EXPECT_EQ(c->List(v1::JOB_STATE_UNSPECIFIED, -1).status().code(),
             absl::StatusCode::kInvalidArgument);

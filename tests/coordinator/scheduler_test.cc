@@ -111,6 +111,49 @@ v1::JobSpec Spec() {
   return spec;
 }
 
+v1::Node MakeNode(const std::string& name, int slots, int gpus,
+                  v1::NodeState state = v1::NODE_STATE_UP,
+                  bool draining = false) {
+  v1::Node n;
+  n.mutable_spec()->set_name(name);
+  n.mutable_spec()->set_slots(slots);
+  n.mutable_spec()->set_gpus(gpus);
+  n.set_state(state);
+  n.set_draining(draining);
+  return n;
+}
+
+TEST(FreeNodesTest, SlotsLeftOnUpUndrainedNodes) {
+  const std::vector<v1::Node> nodes = {
+      MakeNode("a", 4, 0), MakeNode("b", 4, 2),
+      MakeNode("down", 4, 2, v1::NODE_STATE_DOWN),
+      MakeNode("drained", 4, 2, v1::NODE_STATE_UP, /*draining=*/true)};
+  const std::vector<FreeNode> free =
+      FreeNodesOf(nodes, {{"a", 1}, {"b", 4}}, {}, /*gpus=*/false);
+  ASSERT_EQ(free.size(), 1u);
+  EXPECT_EQ(free[0].name, "a");
+  EXPECT_EQ(free[0].free, 3);
+}
+
+TEST(FreeNodesTest, GpuJobsTakeOnlyNodesWithUnusedGpusOneRankEach) {
+  const std::vector<v1::Node> nodes = {MakeNode("cpu-only", 8, 0),
+                                       MakeNode("two-gpus", 8, 2),
+                                       MakeNode("busy", 8, 1)};
+  // "busy" runs a GPU job of one rank; "two-gpus" a cpu job of 7 ranks.
+  const std::vector<FreeNode> free = FreeNodesOf(
+      nodes, {{"two-gpus", 7}, {"busy", 1}}, {{"busy", 1}}, /*gpus=*/true);
+  ASSERT_EQ(free.size(), 1u);
+  EXPECT_EQ(free[0].name, "two-gpus");
+  EXPECT_EQ(free[0].free, 1);  // one slot left, though two GPUs are free
+  // A cpu job sees every slot, GPU or not.
+  EXPECT_EQ(FreeNodesOf(nodes, {}, {}, /*gpus=*/false).size(), 3u);
+  // Nowhere to place a GPU job: no node has a GPU.
+  EXPECT_TRUE(PlaceRanks(FreeNodesOf({MakeNode("cpu-only", 8, 0)}, {}, {},
+                                     /*gpus=*/true),
+                         1, 1, 0)
+                  .empty());
+}
+
 TEST(ShrinkDpTest, KeepsTheGlobalBatchAndEachRanksMicrobatch) {
   v1::JobSpec spec = Spec();
   spec.mutable_parallel()->set_dp(4);

@@ -17,10 +17,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -197,8 +199,9 @@ class Daemon final : public ptrain::v1::DaemonService::Service {
         continue;
       }
       ReapOrphans();
-      spdlog::info("registered as {} ({} slots), heartbeat every {} ms",
-                   spec_.name(), spec_.slots(), interval_.count());
+      spdlog::info(
+          "registered as {} ({} slots, {} GPUs), heartbeat every {} ms",
+          spec_.name(), spec_.slots(), spec_.gpus(), interval_.count());
       HeartbeatUntilLost();
     }
     attempts_.KillAll();
@@ -503,6 +506,18 @@ class Daemon final : public ptrain::v1::DaemonService::Service {
   std::chrono::steady_clock::time_point last_contact_;
 };
 
+// NVIDIA GPUs the driver shows on this host (/proc/driver/nvidia/gpus has
+// one folder each); 0 without the driver. The daemon never loads CUDA.
+int CountGpus() {
+  std::error_code ec;
+  int n = 0;
+  for (std::filesystem::directory_iterator it("/proc/driver/nvidia/gpus", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++n;
+  }
+  return std::min(n, 1024);
+}
+
 int Run(int argc, char** argv) {
   CLI::App app{"ptworkerd: the node daemon of a ptrain cluster"};
   std::string coordinator, name = HostName(), token_file, advertise, tls_ca,
@@ -510,12 +525,17 @@ int Run(int argc, char** argv) {
   int slots =
       static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int orphan_timeout_s = 60;
+  int gpus = -1;
   app.add_option("--coordinator", coordinator, "ptcoord's HOST:PORT")
       ->required();
   app.add_option("--name", name, "this node's name (default: the host name)");
   app.add_option("--slots", slots,
                  "ranks this node runs at once (default: "
                  "its cores)");
+  app.add_option("--gpus", gpus,
+                 "CUDA devices this node offers to jobs on resources.device="
+                 "cuda, one per rank (default: those the NVIDIA driver shows)")
+      ->check(CLI::Range(0, 1024));
   app.add_option("--join-token-file", token_file,
                  "the cluster's join token (first token line of the file)")
       ->required();
@@ -547,6 +567,7 @@ int Run(int argc, char** argv) {
   spec.set_cores(
       static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   spec.set_memory_bytes(MemoryBytes());
+  spec.set_gpus(gpus >= 0 ? gpus : CountGpus());
   spec.set_version(kVersion);
 
   std::shared_ptr<grpc::ChannelCredentials> credentials =
