@@ -89,6 +89,21 @@ absl::Status UnknownJob(const std::string& id) {
   return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
 }
 
+// Node `name` of `nodes`, or null.
+const v1::Node* FindNode(const std::vector<v1::Node>& nodes,
+                         const std::string& name) {
+  for (const v1::Node& n : nodes) {
+    if (n.spec().name() == name) return &n;
+  }
+  return nullptr;
+}
+
+// n->slots_used from the slots of running attempts per node.
+void SetSlotsUsed(const std::map<std::string, int>& used, v1::Node* n) {
+  auto it = used.find(n->spec().name());
+  n->set_slots_used(it == used.end() ? 0 : it->second);
+}
+
 // A job that runs one rank per GPU (resources.device=cuda).
 bool OnGpus(const v1::JobSpec& spec) {
   return spec.resources().device() == "cuda";
@@ -1058,10 +1073,7 @@ bool Coordinator::ReadyToEnd(Entry& e, Running& run,
   if (!run.ended_at.has_value()) run.ended_at = now;
   bool all_heard = true;
   for (const v1::Placement& p : job.placement()) {
-    const v1::Node* n = nullptr;
-    for (const v1::Node& m : nodes) {
-      if (m.spec().name() == p.node()) n = &m;
-    }
+    const v1::Node* n = FindNode(nodes, p.node());
     if (n == nullptr || n->state() != v1::NODE_STATE_UP) {
       run.node_lost = true;
       run.kill_reason =
@@ -1179,10 +1191,8 @@ void Coordinator::Supervise() {
     if (!run.leader_exit.has_value() && !run.kill_at.has_value() &&
         nodes_settled) {
       for (const v1::Placement& p : e.record.job.placement()) {
-        const auto n = std::find_if(
-            nodes.begin(), nodes.end(),
-            [&](const v1::Node& m) { return m.spec().name() == p.node(); });
-        if (n == nodes.end() || n->state() != v1::NODE_STATE_UP) {
+        const v1::Node* n = FindNode(nodes, p.node());
+        if (n == nullptr || n->state() != v1::NODE_STATE_UP) {
           run.node_lost = true;
           BeginKill(e, absl::StrCat(
                            "attempt ", e.record.job.attempts(), " lost node ",
@@ -1369,10 +1379,7 @@ std::vector<v1::Node> Coordinator::ListNodes() const {
   std::vector<v1::Node> nodes = nodes_->List(absl::Now());
   absl::MutexLock lock(&mu_);
   const std::map<std::string, int> used = NodeSlotsUsed();
-  for (v1::Node& n : nodes) {
-    auto it = used.find(n.spec().name());
-    n.set_slots_used(it == used.end() ? 0 : it->second);
-  }
+  for (v1::Node& n : nodes) SetSlotsUsed(used, &n);
   return nodes;
 }
 
@@ -1382,9 +1389,7 @@ absl::StatusOr<v1::Node> Coordinator::DrainNode(const std::string& name,
   if (!n.ok()) return n;
   spdlog::info("node {} {}", name, drain ? "drained" : "uncordoned");
   absl::MutexLock lock(&mu_);
-  const std::map<std::string, int> used = NodeSlotsUsed();
-  auto it = used.find(name);
-  n->set_slots_used(it == used.end() ? 0 : it->second);
+  SetSlotsUsed(NodeSlotsUsed(), &*n);
   wake_.Signal();
   return n;
 }
