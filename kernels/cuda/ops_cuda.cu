@@ -13,6 +13,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/check.h"
@@ -23,24 +24,20 @@ namespace ptrain::kernels {
 
 namespace {
 
-void CudaFailed(const char* file, int line, const char* what,
-                const char* detail) {
-  CheckFailed(file, line, what, detail);
-}
+// The status types of the CUDA runtime and cuBLAS, for one check.
+inline bool Ok(cudaError_t e) { return e == cudaSuccess; }
+inline bool Ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
+inline const char* Why(cudaError_t e) { return cudaGetErrorString(e); }
+inline const char* Why(cublasStatus_t s) { return cublasGetStatusString(s); }
 
-#define PT_CUDA_CHECK(call)                                              \
-  do {                                                                   \
-    const cudaError_t pt_err = (call);                                   \
-    if (pt_err != cudaSuccess) {                                         \
-      CudaFailed(__FILE__, __LINE__, #call, cudaGetErrorString(pt_err)); \
-    }                                                                    \
-  } while (0)
-#define PT_CUBLAS_CHECK(call)                                              \
-  do {                                                                     \
-    const cublasStatus_t pt_st = (call);                                   \
-    if (pt_st != CUBLAS_STATUS_SUCCESS) {                                  \
-      CudaFailed(__FILE__, __LINE__, #call, cublasGetStatusString(pt_st)); \
-    }                                                                      \
+// PT_CUDA_CHECK(call): a CUDA runtime or cuBLAS(Lt) call that must
+// succeed; PT_CHECK's failure (file, line, the call, the library's reason).
+#define PT_CUDA_CHECK(call)                                             \
+  do {                                                                  \
+    const auto pt_status = (call);                                      \
+    if (!Ok(pt_status)) {                                               \
+      ::ptrain::CheckFailed(__FILE__, __LINE__, #call, Why(pt_status)); \
+    }                                                                   \
   } while (0)
 
 constexpr int kThreads = 256;
@@ -95,118 +92,115 @@ struct MaxOp {
 
 // --- elementwise -----------------------------------------------------------
 
-__global__ void AddKernel(float* dst, const float* src, int64_t n) {
+// The grid-stride loop: fn(i) for each i < n this thread takes.
+template <typename Fn>
+__device__ __forceinline__ void ForEachIndex(int64_t n, Fn fn) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    dst[i] += src[i];
+    fn(i);
   }
+}
+
+__global__ void AddKernel(float* dst, const float* src, int64_t n) {
+  ForEachIndex(n, [&](int64_t i) { dst[i] += src[i]; });
 }
 
 __global__ void ResidualKernel(float* out, const float* a, const float* b,
                                int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    out[i] = a[i] + b[i];
-  }
+  ForEachIndex(n, [&](int64_t i) { out[i] = a[i] + b[i]; });
 }
 
 __global__ void BiasKernel(float* out, const float* bias, int64_t n, int OC) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    out[i] += bias[i % OC];
-  }
+  ForEachIndex(n, [&](int64_t i) { out[i] += bias[i % OC]; });
 }
 
 __global__ void GeluForwardKernel(float* out, const float* inp, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
+  ForEachIndex(n, [&](int64_t i) {
     const float x = inp[i];
     out[i] = math::GeluFromExp(x, expf(math::GeluExponent(x)));
-  }
+  });
 }
 
 __global__ void GeluBackwardKernel(float* dinp, const float* inp,
                                    const float* dout, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
+  ForEachIndex(n, [&](int64_t i) {
     const float x = inp[i];
     dinp[i] += math::GeluGradFromExp(x, expf(math::GeluExponent(x))) * dout[i];
-  }
+  });
 }
 
 __global__ void AdamWKernel(float* params, float* m, float* v,
                             const float* grads, int64_t n,
                             math::AdamWStep step) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
+  ForEachIndex(n, [&](int64_t i) {
     float p = params[i], mi = m[i], vi = v[i];
     math::AdamWUpdate(p, mi, vi, grads[i], step);
     params[i] = p;
     m[i] = mi;
     v[i] = vi;
-  }
+  });
 }
 
 template <bool kSquares>
 __global__ void SumKernel(double* out, const float* x, int64_t n) {
   double acc = 0.0;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
+  ForEachIndex(n, [&](int64_t i) {
     const double xi = x[i];
     acc += kSquares ? xi * xi : xi;
-  }
+  });
   acc = BlockReduce(acc, SumOp(), 0.0);
   if (threadIdx.x == 0) atomicAdd(out, acc);
 }
 
 // --- encoder ---------------------------------------------------------------
 
+// Element i of a (B,T,C) embedding output: where its value sits in this
+// rank's rows of wte ([vocab_begin, vocab_begin + Vl)), or -1 when the
+// token's row is another rank's.
+__device__ __forceinline__ int64_t WteIndex(const int32_t* inp, int64_t i,
+                                            int C, int vocab_begin, int Vl) {
+  const int64_t row = static_cast<int64_t>(inp[i / C]) - vocab_begin;
+  return row >= 0 && row < Vl ? row * C + i % C : -1;
+}
+
 __global__ void EmbeddingForwardKernel(float* out, const int32_t* inp,
                                        const float* wte, int64_t BT, int C,
                                        int vocab_begin, int Vl) {
   const int64_t n = BT * C;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t bt = i / C;
-    const int c = static_cast<int>(i % C);
-    const int64_t row = static_cast<int64_t>(inp[bt]) - vocab_begin;
-    out[i] = row >= 0 && row < Vl ? wte[row * C + c] : 0.0f;
-  }
+  ForEachIndex(n, [&](int64_t i) {
+    const int64_t at = WteIndex(inp, i, C, vocab_begin, Vl);
+    out[i] = at >= 0 ? wte[at] : 0.0f;
+  });
 }
 
 __global__ void EmbeddingBackwardKernel(float* dwte, const float* dout,
                                         const int32_t* inp, int64_t BT, int C,
                                         int vocab_begin, int Vl) {
   const int64_t n = BT * C;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t bt = i / C;
-    const int c = static_cast<int>(i % C);
-    const int64_t row = static_cast<int64_t>(inp[bt]) - vocab_begin;
-    if (row >= 0 && row < Vl) atomicAdd(&dwte[row * C + c], dout[i]);
-  }
+  ForEachIndex(n, [&](int64_t i) {
+    const int64_t at = WteIndex(inp, i, C, vocab_begin, Vl);
+    if (at >= 0) atomicAdd(&dwte[at], dout[i]);
+  });
 }
 
 __global__ void PositionForwardKernel(float* out, const float* wpe, int B,
                                       int T, int C, int t0) {
   const int64_t n = static_cast<int64_t>(B) * T * C;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
+  ForEachIndex(n, [&](int64_t i) {
     const int64_t t = (i / C) % T;
     out[i] += wpe[(t0 + t) * C + i % C];
-  }
+  });
 }
 
 // One thread per (t, c): the sum over the batch in a fixed order.
 __global__ void PositionBackwardKernel(float* dwpe, const float* dout, int B,
                                        int T, int C, int t0) {
   const int64_t n = static_cast<int64_t>(T) * C;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
+  ForEachIndex(n, [&](int64_t i) {
     float acc = 0.0f;
     for (int b = 0; b < B; ++b) acc += dout[static_cast<int64_t>(b) * n + i];
     dwpe[static_cast<int64_t>(t0) * C + i] += acc;
-  }
+  });
 }
 
 // --- LayerNorm -------------------------------------------------------------
@@ -328,23 +322,20 @@ __global__ void PermuteQkvKernel(Q* q, Q* k, Q* v, const float* inp, int B,
                                  int T, int NH, int hs) {
   const int64_t n = static_cast<int64_t>(B) * NH * T * hs;
   const int C = NH * hs;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
+  ForEachIndex(n, [&](int64_t i) {
     const int64_t src = PositionMajor(i, T, NH, hs, 3);
     Store(q + i, inp[src]);
     Store(k + i, inp[src + C]);
     Store(v + i, inp[src + 2 * C]);
-  }
+  });
 }
 
 // y (B,NH,T,hs) -> out (B,T,NH,hs).
 __global__ void UnpermuteKernel(float* out, const float* y, int B, int T,
                                 int NH, int hs) {
   const int64_t n = static_cast<int64_t>(B) * NH * T * hs;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    out[PositionMajor(i, T, NH, hs, 1)] = y[i];
-  }
+  ForEachIndex(n,
+               [&](int64_t i) { out[PositionMajor(i, T, NH, hs, 1)] = y[i]; });
 }
 
 // dout (B,T,NH,hs) -> dy (B,NH,T,hs).
@@ -352,10 +343,9 @@ template <typename Q>
 __global__ void PermuteOutKernel(Q* dy, const float* dout, int B, int T, int NH,
                                  int hs) {
   const int64_t n = static_cast<int64_t>(B) * NH * T * hs;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
+  ForEachIndex(n, [&](int64_t i) {
     Store(dy + i, dout[PositionMajor(i, T, NH, hs, 1)]);
-  }
+  });
 }
 
 // dinp (B,T,3,NH,hs) += dq, dk, dv (B,NH,T,hs).
@@ -364,13 +354,12 @@ __global__ void UnpermuteQkvAddKernel(float* dinp, const float* dq,
                                       int T, int NH, int hs) {
   const int64_t n = static_cast<int64_t>(B) * NH * T * hs;
   const int C = NH * hs;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
+  ForEachIndex(n, [&](int64_t i) {
     const int64_t dst = PositionMajor(i, T, NH, hs, 3);
     dinp[dst] += dq[i];
     dinp[dst + C] += dk[i];
     dinp[dst + 2 * C] += dv[i];
-  }
+  });
 }
 
 // The scaled causal softmax of the scores (B*NH*T rows of T) into att;
@@ -475,13 +464,12 @@ __global__ void CrossEntropyBackwardKernel(float* dlogits, const float* probs,
                                            int64_t rows, int Vl,
                                            int vocab_begin) {
   const int64_t n = rows * Vl;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
+  ForEachIndex(n, [&](int64_t i) {
     const int64_t r = i / Vl;
     const int j = static_cast<int>(i % Vl);
     const float onehot = targets[r] - vocab_begin == j ? 1.0f : 0.0f;
     dlogits[i] += (probs[i] - onehot) * dloss;
-  }
+  });
 }
 
 // --- the backend -----------------------------------------------------------
@@ -575,11 +563,11 @@ class CudaBackend final : public Ops {
   explicit CudaBackend(const CudaOptions& o) : options_(o) {
     PT_CUDA_CHECK(cudaSetDevice(o.device));
     PT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    PT_CUBLAS_CHECK(cublasLtCreate(&lt_));
-    PT_CUBLAS_CHECK(cublasCreate(&blas_));
-    PT_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
+    PT_CUDA_CHECK(cublasLtCreate(&lt_));
+    PT_CUDA_CHECK(cublasCreate(&blas_));
+    PT_CUDA_CHECK(cublasSetStream(blas_, stream_));
     PT_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
-    PT_CUBLAS_CHECK(cublasSetWorkspace(blas_, workspace_, kWorkspaceBytes));
+    PT_CUDA_CHECK(cublasSetWorkspace(blas_, workspace_, kWorkspaceBytes));
     PT_CUDA_CHECK(cudaMalloc(&sum_, sizeof(double)));
     compute_ =
         o.bf16_compute ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
@@ -654,9 +642,7 @@ class CudaBackend final : public Ops {
                                   cudaMemcpyDeviceToDevice, stream_));
   }
   void Add(float* dst, const float* src, int64_t n) override {
-    const OpScope scope(&times_, stream_, "Add");
-    AddKernel<<<Blocks(n), kThreads, 0, stream_>>>(dst, src, n);
-    Launched();
+    Run("Add", AddKernel, Blocks(n), dst, src, n);
   }
   double Sum(const float* x, int64_t n) override { return Reduce<false>(x, n); }
   double SumSquares(const float* x, int64_t n) override {
@@ -666,43 +652,33 @@ class CudaBackend final : public Ops {
   void embedding_forward(float* out, const int32_t* inp, const float* wte,
                          int B, int T, int C, int vocab_begin,
                          int Vl) override {
-    const OpScope scope(&times_, stream_, "embedding_forward");
     const int64_t BT = static_cast<int64_t>(B) * T;
-    EmbeddingForwardKernel<<<Blocks(BT * C), kThreads, 0, stream_>>>(
-        out, inp, wte, BT, C, vocab_begin, Vl);
-    Launched();
+    Run("embedding_forward", EmbeddingForwardKernel, Blocks(BT * C), out, inp,
+        wte, BT, C, vocab_begin, Vl);
   }
   void embedding_backward(float* dwte, const float* dout, const int32_t* inp,
                           int B, int T, int C, int vocab_begin,
                           int Vl) override {
-    const OpScope scope(&times_, stream_, "embedding_backward");
     const int64_t BT = static_cast<int64_t>(B) * T;
-    EmbeddingBackwardKernel<<<Blocks(BT * C), kThreads, 0, stream_>>>(
-        dwte, dout, inp, BT, C, vocab_begin, Vl);
-    Launched();
+    Run("embedding_backward", EmbeddingBackwardKernel, Blocks(BT * C), dwte,
+        dout, inp, BT, C, vocab_begin, Vl);
   }
   void position_forward(float* out, const float* wpe, int B, int T, int C,
                         int t0) override {
-    const OpScope scope(&times_, stream_, "position_forward");
-    PositionForwardKernel<<<Blocks(int64_t(B) * T * C), kThreads, 0, stream_>>>(
+    Run("position_forward", PositionForwardKernel, Blocks(int64_t(B) * T * C),
         out, wpe, B, T, C, t0);
-    Launched();
   }
   void position_backward(float* dwpe, const float* dout, int B, int T, int C,
                          int t0) override {
-    const OpScope scope(&times_, stream_, "position_backward");
-    PositionBackwardKernel<<<Blocks(int64_t(T) * C), kThreads, 0, stream_>>>(
+    Run("position_backward", PositionBackwardKernel, Blocks(int64_t(T) * C),
         dwpe, dout, B, T, C, t0);
-    Launched();
   }
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                          const float* weight, const float* bias, int B, int T,
                          int C) override {
-    const OpScope scope(&times_, stream_, "layernorm_forward");
     const int64_t rows = static_cast<int64_t>(B) * T;
-    LayerNormForwardKernel<<<Blocks(rows * 32), kThreads, 0, stream_>>>(
-        out, mean, rstd, inp, weight, bias, rows, C);
-    Launched();
+    Run("layernorm_forward", LayerNormForwardKernel, Blocks(rows * 32), out,
+        mean, rstd, inp, weight, bias, rows, C);
   }
   void layernorm_backward(float* dinp, float* dweight, float* dbias,
                           const float* dout, const float* inp,
@@ -762,82 +738,73 @@ class CudaBackend final : public Ops {
     }
   }
   void gelu_forward(float* out, const float* inp, int64_t N) override {
-    const OpScope scope(&times_, stream_, "gelu_forward");
-    GeluForwardKernel<<<Blocks(N), kThreads, 0, stream_>>>(out, inp, N);
-    Launched();
+    Run("gelu_forward", GeluForwardKernel, Blocks(N), out, inp, N);
   }
   void gelu_backward(float* dinp, const float* inp, const float* dout,
                      int64_t N) override {
-    const OpScope scope(&times_, stream_, "gelu_backward");
-    GeluBackwardKernel<<<Blocks(N), kThreads, 0, stream_>>>(dinp, inp, dout, N);
-    Launched();
+    Run("gelu_backward", GeluBackwardKernel, Blocks(N), dinp, inp, dout, N);
   }
   void bias_forward(float* out, const float* bias, int64_t rows,
                     int OC) override {
-    const OpScope scope(&times_, stream_, "bias_forward");
-    BiasKernel<<<Blocks(rows * OC), kThreads, 0, stream_>>>(out, bias,
-                                                            rows * OC, OC);
-    Launched();
+    Run("bias_forward", BiasKernel, Blocks(rows * OC), out, bias, rows * OC,
+        OC);
   }
   void residual_forward(float* out, const float* inp1, const float* inp2,
                         int64_t N) override {
-    const OpScope scope(&times_, stream_, "residual_forward");
-    ResidualKernel<<<Blocks(N), kThreads, 0, stream_>>>(out, inp1, inp2, N);
-    Launched();
+    Run("residual_forward", ResidualKernel, Blocks(N), out, inp1, inp2, N);
   }
   void crossentropy_parallel_max(float* maxes, const float* logits, int B,
                                  int T, int Vl, int vocab_begin,
                                  int V) override {
-    const OpScope scope(&times_, stream_, "crossentropy_parallel_max");
-    CrossEntropyMaxKernel<<<B * T, kThreads, 0, stream_>>>(maxes, logits, Vl,
-                                                           vocab_begin, V);
-    Launched();
+    Run("crossentropy_parallel_max", CrossEntropyMaxKernel, B * T, maxes,
+        logits, Vl, vocab_begin, V);
   }
   void crossentropy_parallel_exp(float* sums, float* target_shifted,
                                  float* probs, const float* logits,
                                  const float* maxes, const int32_t* targets,
                                  int B, int T, int Vl, int vocab_begin,
                                  int V) override {
-    const OpScope scope(&times_, stream_, "crossentropy_parallel_exp");
-    CrossEntropyExpKernel<<<B * T, kThreads, 0, stream_>>>(
-        sums, target_shifted, probs, logits, maxes, targets, Vl, vocab_begin,
-        V);
-    Launched();
+    Run("crossentropy_parallel_exp", CrossEntropyExpKernel, B * T, sums,
+        target_shifted, probs, logits, maxes, targets, Vl, vocab_begin, V);
   }
   void crossentropy_parallel_finish(float* losses, float* probs,
                                     const float* sums,
                                     const float* target_shifted, int B, int T,
                                     int Vl) override {
-    const OpScope scope(&times_, stream_, "crossentropy_parallel_finish");
-    CrossEntropyFinishKernel<<<B * T, kThreads, 0, stream_>>>(
-        losses, probs, sums, target_shifted, Vl);
-    Launched();
+    Run("crossentropy_parallel_finish", CrossEntropyFinishKernel, B * T, losses,
+        probs, sums, target_shifted, Vl);
   }
   void crossentropy_parallel_backward(float* dlogits, const float* probs,
                                       const int32_t* targets, float dloss,
                                       int B, int T, int Vl,
                                       int vocab_begin) override {
-    const OpScope scope(&times_, stream_, "crossentropy_parallel_backward");
     const int64_t rows = static_cast<int64_t>(B) * T;
-    CrossEntropyBackwardKernel<<<Blocks(rows * Vl), kThreads, 0, stream_>>>(
-        dlogits, probs, targets, dloss, rows, Vl, vocab_begin);
-    Launched();
+    Run("crossentropy_parallel_backward", CrossEntropyBackwardKernel,
+        Blocks(rows * Vl), dlogits, probs, targets, dloss, rows, Vl,
+        vocab_begin);
   }
   void adamw_update(float* params, float* m, float* v, const float* grads,
                     int64_t N, float lr, float beta1, float beta2, float eps,
                     float weight_decay, int64_t t, float grad_scale) override {
-    const OpScope scope(&times_, stream_, "adamw_update");
     const math::AdamWStep step =
         math::MakeAdamWStep(lr, beta1, beta2, eps, weight_decay, t, grad_scale);
-    AdamWKernel<<<Blocks(N), kThreads, 0, stream_>>>(params, m, v, grads, N,
-                                                     step);
-    Launched();
+    Run("adamw_update", AdamWKernel, Blocks(N), params, m, v, grads, N, step);
   }
 
  private:
   static constexpr size_t kWorkspaceBytes = 32u << 20;
 
   void Launched() { PT_CUDA_CHECK(cudaGetLastError()); }
+
+  // One kernel that is the whole of op `name`: launched on the stream with
+  // `blocks` blocks of kThreads, timed under PTRAIN_CUDA_OP_TIMES, checked.
+  template <typename... Params, typename... Args>
+  void Run(const char* name, void (*kernel)(Params...), int blocks,
+           Args&&... args) {
+    const OpScope scope(&times_, stream_, name);
+    kernel<<<blocks, kThreads, 0, stream_>>>(std::forward<Args>(args)...);
+    Launched();
+  }
 
   template <bool kSquares>
   double Reduce(const float* x, int64_t n) {
@@ -880,26 +847,26 @@ class CudaBackend final : public Ops {
               const float* A, int64_t lda, const float* B, int64_t ldb,
               float beta, float* D, int64_t ldd, const float* bias) {
     cublasLtMatmulDesc_t desc;
-    PT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, compute_, CUDA_R_32F));
+    PT_CUDA_CHECK(cublasLtMatmulDescCreate(&desc, compute_, CUDA_R_32F));
     const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    PT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+    PT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(
         desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    PT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+    PT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(
         desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
     if (bias != nullptr) {
       const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-      PT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+      PT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(
           desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-      PT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+      PT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(
           desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
     cublasLtMatrixLayout_t la, lb, ld;
-    PT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, trans_a ? k : m,
-                                               trans_a ? m : k, lda));
-    PT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, trans_b ? n : k,
-                                               trans_b ? k : n, ldb));
-    PT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, ldd));
+    PT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, trans_a ? k : m,
+                                             trans_a ? m : k, lda));
+    PT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, trans_b ? n : k,
+                                             trans_b ? k : n, ldb));
+    PT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, ldd));
 
     const auto key = std::make_tuple(
         trans_a, trans_b, m, n, k, lda, ldb, ldd, bias != nullptr, Alignment(A),
@@ -908,31 +875,31 @@ class CudaBackend final : public Ops {
     auto it = algos_.find(key);
     if (it == algos_.end()) {
       cublasLtMatmulPreference_t pref;
-      PT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      PT_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
       const size_t ws = kWorkspaceBytes;
-      PT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
           pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
       const uint32_t aa = Alignment(A), ab = Alignment(B), ad = Alignment(D);
-      PT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
           pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof(aa)));
-      PT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
           pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof(ab)));
-      PT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
           pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof(ad)));
-      PT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
           pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof(ad)));
       cublasLtMatmulHeuristicResult_t result;
       int found = 0;
-      PT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, desc, la, lb, ld, ld,
-                                                     pref, 1, &result, &found));
+      PT_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, desc, la, lb, ld, ld,
+                                                   pref, 1, &result, &found));
       cublasLtMatmulPreferenceDestroy(pref);
       PT_CHECK(found > 0, "cuBLASLt has no algorithm for a matmul");
       it = algos_.emplace(key, result.algo).first;
     }
     const float alpha = 1.0f;
-    PT_CUBLAS_CHECK(cublasLtMatmul(lt_, desc, &alpha, A, la, B, lb, &beta, D,
-                                   ld, D, ld, &it->second, workspace_,
-                                   kWorkspaceBytes, stream_));
+    PT_CUDA_CHECK(cublasLtMatmul(lt_, desc, &alpha, A, la, B, lb, &beta, D, ld,
+                                 D, ld, &it->second, workspace_,
+                                 kWorkspaceBytes, stream_));
     cublasLtMatrixLayoutDestroy(la);
     cublasLtMatrixLayoutDestroy(lb);
     cublasLtMatrixLayoutDestroy(ld);
@@ -1040,7 +1007,7 @@ class CudaBackend final : public Ops {
     // bf16 inputs compute in fp32 (accumulation); fp32 inputs as configured.
     const cublasComputeType_t compute =
         a_type == CUDA_R_16BF ? CUBLAS_COMPUTE_32F : compute_;
-    PT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+    PT_CUDA_CHECK(cublasGemmStridedBatchedEx(
         blas_, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
         trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, A, a_type, lda,
         sa, B, b_type, ldb, sb, &beta, D, CUDA_R_32F, ldd, sd, batch, compute,
