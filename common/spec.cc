@@ -778,18 +778,10 @@ absl::Status ValidateCheckpoint(const v1::JobSpec& spec) {
 absl::Status ValidateResources(const v1::JobSpec& spec) {
   const v1::ResourcesSpec& r = spec.resources();
   const int tp = spec.parallel().tp();
-  const v1::ParallelSpec& par = spec.parallel();
-  if (r.device() == "cuda" &&
-      (par.dp() != 1 || par.tp() != 1 || par.pp() != 1 || par.zero() != 0)) {
-    return Error("resources.device=cuda trains on one GPU per job for now: "
-                 "parallel.dp, tp and pp must be 1 and parallel.zero 0 (got "
-                 "dp=",
-                 par.dp(), " tp=", par.tp(), " pp=", par.pp(),
-                 " zero=", par.zero(), ")");
-  }
   if (spec.train().precision() == "bf16" && r.device() == "cpu") {
-    return Error("train.precision=bf16 needs resources.device=cuda (the cpu "
-                 "backend computes in fp32; use fp32 or auto)");
+    return Error(
+        "train.precision=bf16 needs resources.device=cuda (the cpu "
+        "backend computes in fp32; use fp32 or auto)");
   }
   if (r.ranks_per_node() > 0 && tp > 1 && r.ranks_per_node() % tp != 0) {
     return Error("resources.ranks_per_node=", r.ranks_per_node(),

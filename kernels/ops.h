@@ -39,6 +39,10 @@ class Ops {
   virtual void FromHost(float* dst, const float* host, int64_t n) = 0;
   // Waits until every op issued so far is done (a no-op on the CPU).
   virtual void Synchronize() = 0;
+  // True when `p` points into this backend's memory and the host cannot
+  // read it directly (never on the CPU): a communicator over host memory
+  // must stage it.
+  virtual bool IsDeviceMemory(const void* p) const = 0;
 
   virtual void Zero(float* p, int64_t n) = 0;
   virtual void Copy(float* dst, const float* src, int64_t n) = 0;

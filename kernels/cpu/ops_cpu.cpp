@@ -43,6 +43,7 @@ class CpuBackend final : public Ops {
     Copy(dst, host, n);
   }
   void Synchronize() override {}
+  bool IsDeviceMemory(const void*) const override { return false; }
 
   void Zero(float* p, int64_t n) override {
     std::memset(p, 0, n * sizeof(float));

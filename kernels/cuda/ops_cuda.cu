@@ -630,6 +630,14 @@ class CudaBackend final : public Ops {
     PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void Synchronize() override { PT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  bool IsDeviceMemory(const void* p) const override {
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();  // an unknown pointer: host memory
+      return false;
+    }
+    return a.type == cudaMemoryTypeDevice;
+  }
 
   void Zero(float* p, int64_t n) override {
     const OpScope scope(&times_, stream_, "Zero");

@@ -396,6 +396,13 @@ TEST(JobSpecWarnings, FewerMicrobatchesThanStagesIsAllowedWithAWarning) {
             "least 4 microbatches, better 4x that");
 }
 
+TEST(ValidateJobSpec, CudaTakesEveryLayout) {
+  MustParse(kMinimal,
+            {"resources.device=cuda", "parallel.dp=2", "parallel.tp=2",
+             "parallel.pp=2", "parallel.zero=3", "parallel.microbatches=2",
+             "parallel.sequence_parallel=true", "train.global_batch=4"});
+}
+
 TEST(ValidateJobSpec, SequenceParallelRequiresTensorParallel) {
   EXPECT_EQ(OverrideError({"parallel.sequence_parallel=true"}),
             "parallel.sequence_parallel=true requires parallel.tp > 1 "
@@ -810,7 +817,6 @@ v1::JobSpec FullyCustomSpec() {
   c->set_keep_last(1);
   c->set_dir(" leading and trailing ");
   v1::ResourcesSpec* r = s.mutable_resources();
-  // cpu: cuda would refuse the layout above (one GPU per job for now).
   r->set_device("cpu");
   r->set_ranks_per_node(8);
   r->set_threads_per_rank(2);

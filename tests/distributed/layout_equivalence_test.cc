@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <ostream>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "common/spec.h"
+#include "kernels/cuda/ops_cuda.h"
 #include "worker/engine/parallel_dims.h"
 #include "worker/engine/plan.h"
 #include "worker/engine/trainer.h"
@@ -124,6 +126,24 @@ std::vector<Layout> AllLayouts() {
   return out;
 }
 
+// "cpu", or "cuda" from PTRAIN_TEST_DEVICE.
+std::string Device() {
+  const char* d = std::getenv("PTRAIN_TEST_DEVICE");
+  return d != nullptr && *d != '\0' ? d : "cpu";
+}
+
+// The rows a device runs: every one on the cpu; on cuda those of up to 4
+// ranks (the ranks the gpu test runs, sharing one device).
+std::vector<Layout> DeviceLayouts() {
+  std::vector<Layout> out;
+  for (const Layout& l : AllLayouts()) {
+    if (Device() == "cpu" || l.world() <= 4) {
+      out.push_back(l);
+    }
+  }
+  return out;
+}
+
 constexpr int kSteps = 50;
 
 std::vector<std::string> BaseOverrides(int n_layer) {
@@ -134,6 +154,8 @@ std::vector<std::string> BaseOverrides(int n_layer) {
   // Odd head size (9) and vocabulary (65) so that heads and the padded
   // vocabulary split unevenly against every other dimension.
   return {"model.n_layer=" + std::to_string(n_layer),
+          "resources.device=" + Device(),
+          "train.precision=fp32",
           "model.n_head=4",
           "model.n_embd=36",
           "model.block_size=16",
@@ -229,6 +251,9 @@ class LayoutEquivalence : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
   const Layout& layout = GetParam();
+  if (Device() == "cuda" && kernels::CudaDeviceCount() == 0) {
+    GTEST_SKIP() << "no CUDA device: the GPU rows need one";
+  }
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   ASSERT_GE(world, layout.world()) << "run under mpirun -n " << layout.world();
@@ -292,10 +317,10 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
   const double param_diff = diff / scale;
   if (WorldRank() == 0) {
     std::printf(
-        "%-22s losses maxdiff %.2e (first %.6f last %.6f), final weights "
+        "%-22s %s losses maxdiff %.2e (first %.6f last %.6f), final weights "
         "maxdiff %.2e (%s); tolerance 1e-5\n",
-        layout.name.c_str(), loss_diff, ref.losses.front(), ref.losses.back(),
-        param_diff, worst.c_str());
+        layout.name.c_str(), Device().c_str(), loss_diff, ref.losses.front(),
+        ref.losses.back(), param_diff, worst.c_str());
   }
   EXPECT_LE(loss_diff, 1e-5) << layout.name;
   EXPECT_LE(param_diff, 1e-5) << layout.name << " worst tensor " << worst;
@@ -305,7 +330,7 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, LayoutEquivalence,
-                         ::testing::ValuesIn(AllLayouts()),
+                         ::testing::ValuesIn(DeviceLayouts()),
                          [](const ::testing::TestParamInfo<Layout>& info) {
                            return info.param.name;
                          });

@@ -13,7 +13,8 @@ constexpr int kEmbSlot = 0, kFinalSlot = 1, kBlockSlot = 2;
 
 GradReducer::GradReducer(const std::vector<UnitRange>& units, int emb_unit,
                          int final_unit, int dp, int zero, int microbatches,
-                         int64_t bucket_bytes, Communicator* dp_group)
+                         int64_t bucket_bytes, Communicator* dp_group,
+                         kernels::Ops* ops)
     : units_(units),
       emb_unit_(emb_unit),
       final_unit_(final_unit),
@@ -21,14 +22,16 @@ GradReducer::GradReducer(const std::vector<UnitRange>& units, int emb_unit,
       zero_(zero),
       bucket_bytes_(bucket_bytes),
       reduce_into_shard_(microbatches == 1),
-      comm_(dp_group) {
+      comm_(dp_group),
+      ops_(ops) {
   const std::vector<int64_t> sizes =
       SlotSizes(units_, emb_unit_, final_unit_, zero_);
   for (int s = 0; s < 4; ++s) {
-    scratch_[s].assign(sizes[s], 0.0f);
+    scratch_[s] = kernels::Buffer(ops_, sizes[s]);
     // With one microbatch a unit is reduced once per step, straight into
     // the (zeroed) shard; only accumulation needs a staging buffer.
-    if (!reduce_into_shard_) staging_[s].assign(sizes[s] / dp_, 0.0f);
+    if (!reduce_into_shard_)
+      staging_[s] = kernels::Buffer(ops_, sizes[s] / dp_);
   }
 }
 
@@ -74,7 +77,7 @@ int GradReducer::SlotOf(int u) const {
 }
 
 float* GradReducer::UnitGrads(int u) const {
-  return const_cast<float*>(scratch_[SlotOf(u)].data());
+  return scratch_[SlotOf(u)].data();
 }
 
 void GradReducer::BeginUnit(int u) {
@@ -93,8 +96,7 @@ void GradReducer::BeginUnit(int u) {
     Complete(p);
     pending_.pop_front();
   }
-  std::fill(scratch_[slot].begin(), scratch_[slot].begin() + units_[u].size,
-            0.0f);
+  ops_->Zero(scratch_[slot].data(), units_[u].size);
   slot_unit_[slot] = u;
 }
 
@@ -132,11 +134,8 @@ void GradReducer::UnitDone(int u) {
 void GradReducer::Complete(Pending& p) {
   if (p.slot < 0) return;
   if (!reduce_into_shard_) {
-    float* dst = grad_shard_ + (*shard_offset_)[p.unit];
-    const float* src = staging_[p.slot].data();
-    const int64_t n = ShardSize(p.unit);
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+    ops_->Add(grad_shard_ + (*shard_offset_)[p.unit], staging_[p.slot].data(),
+              ShardSize(p.unit));
   }
   slot_unit_[p.slot] = -1;
 }

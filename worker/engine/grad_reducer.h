@@ -20,6 +20,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "worker/engine/comm.h"
 #include "worker/engine/plan.h"
 
@@ -29,9 +30,10 @@ class GradReducer {
  public:
   // emb_unit / final_unit: the units that stay in backward for the whole
   // pass (-1 when the stage has none); every other unit is a block unit.
+  // The scratch lives in `ops`' memory (not owned), like the gradients.
   GradReducer(const std::vector<UnitRange>& units, int emb_unit, int final_unit,
               int dp, int zero, int microbatches, int64_t bucket_bytes,
-              Communicator* dp_group);
+              Communicator* dp_group, kernels::Ops* ops);
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
 
@@ -81,6 +83,7 @@ class GradReducer {
   const int64_t bucket_bytes_;
   const bool reduce_into_shard_;  // zero 2-3 with a single microbatch
   Communicator* comm_;
+  kernels::Ops* ops_;
   float* grads_full_ = nullptr;
   float* grad_shard_ = nullptr;
   const std::vector<int64_t>* shard_offset_ = nullptr;
@@ -88,7 +91,7 @@ class GradReducer {
   // zero 2-3: scratch per slot (0 embedding, 1 final, 2-3 blocks, double
   // buffered so a block reduces while the next one computes) and the
   // reduce-scatter output of each slot when accumulating.
-  std::vector<float> scratch_[4], staging_[4];
+  kernels::Buffer scratch_[4], staging_[4];
   int slot_unit_[4] = {-1, -1, -1, -1};
   int next_block_slot_ = 2;
 

@@ -10,39 +10,32 @@ namespace {
 
 bool Parallel(const TpGroup& g) { return g.size() > 1; }
 
-void Copy(float* dst, const float* src, int64_t n) {
-  if (dst != src) std::memcpy(dst, src, n * sizeof(float));
-}
-
-void Add(float* dst, const float* src, int64_t n) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; i++) dst[i] += src[i];
-}
-
 // (tp, B, Ts, C) <-> (B, T, C): rank r's block of the gathered sequence is
-// positions [r·Ts, (r+1)·Ts) of every sequence.
-void RanksToSequence(float* seq, const float* ranks, int tp, int B, int Ts,
-                     int C) {
+// positions [r·Ts, (r+1)·Ts) of every sequence. to_sequence: ranks -> seq.
+void Permute(float* seq, float* ranks, bool to_sequence, int tp, int B, int Ts,
+             int C, kernels::Ops& ops) {
   const int64_t run = static_cast<int64_t>(Ts) * C;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int r = 0; r < tp; r++) {
-    for (int b = 0; b < B; b++) {
-      std::memcpy(seq + (static_cast<int64_t>(b) * tp + r) * run,
-                  ranks + (static_cast<int64_t>(r) * B + b) * run,
-                  run * sizeof(float));
+  auto at_seq = [&](int r, int b) {
+    return seq + (static_cast<int64_t>(b) * tp + r) * run;
+  };
+  auto at_ranks = [&](int r, int b) {
+    return ranks + (static_cast<int64_t>(r) * B + b) * run;
+  };
+  if (ops.device() != kernels::Device::kCpu) {
+    for (int r = 0; r < tp; r++) {
+      for (int b = 0; b < B; b++) {
+        if (to_sequence) ops.Copy(at_seq(r, b), at_ranks(r, b), run);
+        if (!to_sequence) ops.Copy(at_ranks(r, b), at_seq(r, b), run);
+      }
     }
+    return;
   }
-}
-
-void SequenceToRanks(float* ranks, const float* seq, int tp, int B, int Ts,
-                     int C) {
-  const int64_t run = static_cast<int64_t>(Ts) * C;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int r = 0; r < tp; r++) {
     for (int b = 0; b < B; b++) {
-      std::memcpy(ranks + (static_cast<int64_t>(r) * B + b) * run,
-                  seq + (static_cast<int64_t>(b) * tp + r) * run,
-                  run * sizeof(float));
+      float* dst = to_sequence ? at_seq(r, b) : at_ranks(r, b);
+      const float* src = to_sequence ? at_ranks(r, b) : at_seq(r, b);
+      std::memcpy(dst, src, run * sizeof(float));
     }
   }
 }
@@ -50,34 +43,35 @@ void SequenceToRanks(float* ranks, const float* seq, int tp, int B, int Ts,
 }  // namespace
 
 void sequence_gather(float* full, const float* local, int B, int T, int C,
-                     const TpGroup& g, float* scratch) {
+                     const TpGroup& g, float* scratch, kernels::Ops& ops) {
   if (!g.sp || !Parallel(g)) {
-    Copy(full, local, static_cast<int64_t>(B) * T * C);
+    ops.Copy(full, local, static_cast<int64_t>(B) * T * C);
     return;
   }
   const int Ts = g.SeqLocal(T);
   g.comm->AllGather(local, scratch, static_cast<int64_t>(B) * Ts * C);
-  RanksToSequence(full, scratch, g.size(), B, Ts, C);
+  Permute(full, scratch, /*to_sequence=*/true, g.size(), B, Ts, C, ops);
 }
 
 void sequence_reduce(float* local, float* partial, bool accumulate, int B,
-                     int T, int C, const TpGroup& g, float* scratch) {
+                     int T, int C, const TpGroup& g, float* scratch,
+                     kernels::Ops& ops) {
   const int Ts = g.SeqLocal(T);
   const int64_t n_local = static_cast<int64_t>(B) * Ts * C;
   if (Parallel(g)) {
     if (g.sp) {
       // The permuted copy is what is scattered; the reduced part lands in
       // the front of `partial`, which is free by then.
-      SequenceToRanks(scratch, partial, g.size(), B, Ts, C);
+      Permute(partial, scratch, /*to_sequence=*/false, g.size(), B, Ts, C, ops);
       g.comm->ReduceScatter(scratch, partial, n_local);
     } else {
       g.comm->AllReduce(partial, n_local);
     }
   }
   if (accumulate) {
-    Add(local, partial, n_local);
+    ops.Add(local, partial, n_local);
   } else {
-    Copy(local, partial, n_local);
+    ops.Copy(local, partial, n_local);
   }
 }
 
@@ -86,7 +80,7 @@ void column_linear_forward(float* out, const float* inp, const float* weight,
                            const TpGroup& g, const LayerContext& s) {
   const float* full = inp;
   if (g.sp && Parallel(g)) {
-    sequence_gather(s.b, inp, B, T, C, g, s.a);
+    sequence_gather(s.b, inp, B, T, C, g, s.a, s.ops());
     full = s.b;
   }
   s.ops().matmul_forward(out, full, weight, bias, B, T, C, OCl);
@@ -103,7 +97,7 @@ void column_linear_backward(float* dinp, float* dweight, float* dbias,
   }
   const float* full = inp;
   if (g.sp) {
-    sequence_gather(s.b, inp, B, T, C, g, s.a);
+    sequence_gather(s.b, inp, B, T, C, g, s.a, s.ops());
     full = s.b;
   }
   // This rank's rows of the weight give a part of the input gradient; the
@@ -112,7 +106,7 @@ void column_linear_backward(float* dinp, float* dweight, float* dbias,
   s.ops().Zero(s.a, n);
   s.ops().matmul_backward(s.a, dweight, dbias, dout, full, weight, B, T, C,
                           OCl);
-  sequence_reduce(dinp, s.a, /*accumulate=*/true, B, T, C, g, s.b);
+  sequence_reduce(dinp, s.a, /*accumulate=*/true, B, T, C, g, s.b, s.ops());
 }
 
 void row_linear_forward(float* out, const float* inp, const float* weight,
@@ -125,7 +119,7 @@ void row_linear_forward(float* out, const float* inp, const float* weight,
   // Each rank's columns give a part of the output; the bias joins the sum
   // once, after the reduction (Megatron's g operator).
   s.ops().matmul_forward(s.a, inp, weight, nullptr, B, T, Cl, OC);
-  sequence_reduce(out, s.a, /*accumulate=*/false, B, T, OC, g, s.b);
+  sequence_reduce(out, s.a, /*accumulate=*/false, B, T, OC, g, s.b, s.ops());
   if (bias != nullptr) {
     s.ops().bias_forward(out, bias, static_cast<int64_t>(B) * g.SeqLocal(T),
                          OC);
@@ -138,7 +132,7 @@ void row_linear_backward(float* dinp, float* dweight, float* dbias,
                          const TpGroup& g, const LayerContext& s) {
   const float* full = dout;
   if (g.sp && Parallel(g)) {
-    sequence_gather(s.a, dout, B, T, OC, g, s.b);
+    sequence_gather(s.a, dout, B, T, OC, g, s.b, s.ops());
     full = s.a;
   }
   s.ops().matmul_backward(dinp, dweight, dbias, full, inp, weight, B, T, Cl,
@@ -153,7 +147,7 @@ void vocab_embedding_forward(float* out, const int32_t* inp, const float* wte,
     s.ops().embedding_forward(out, inp, wte, B, T, C, vocab_begin, Vl);
   } else {
     s.ops().embedding_forward(s.a, inp, wte, B, T, C, vocab_begin, Vl);
-    sequence_reduce(out, s.a, /*accumulate=*/false, B, T, C, g, s.b);
+    sequence_reduce(out, s.a, /*accumulate=*/false, B, T, C, g, s.b, s.ops());
   }
   s.ops().position_forward(out, wpe, B, g.SeqLocal(T), C, g.SeqBegin(T));
 }
@@ -165,7 +159,7 @@ void vocab_embedding_backward(float* dwte, float* dwpe, const float* dout,
   s.ops().position_backward(dwpe, dout, B, g.SeqLocal(T), C, g.SeqBegin(T));
   const float* full = dout;
   if (g.sp && Parallel(g)) {
-    sequence_gather(s.a, dout, B, T, C, g, s.b);
+    sequence_gather(s.a, dout, B, T, C, g, s.b, s.ops());
     full = s.a;
   }
   s.ops().embedding_backward(dwte, full, inp, B, T, C, vocab_begin, Vl);

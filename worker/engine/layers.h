@@ -41,9 +41,8 @@ struct TpGroup {
 
 // What every layer call runs with: two scratch buffers of B·T·C floats,
 // reused by every call (nothing in them outlives a call), and the backend
-// whose memory holds every buffer passed (null: the CPU's). The
-// tensor-parallel communication runs on host memory: a group of tp > 1 needs
-// the CPU backend.
+// whose memory holds every buffer passed (null: the CPU's); the group's
+// communicator must communicate that memory.
 struct LayerContext {
   float* a = nullptr;
   float* b = nullptr;
@@ -54,14 +53,15 @@ struct LayerContext {
 };
 
 // Gathers the sequence: full (B,T,C) from every rank's local (B,Ts,C).
-// Without sp, a copy. scratch is (B,T,C).
+// Without sp, a copy. scratch is (B,T,C). Every buffer in `ops`' memory.
 void sequence_gather(float* full, const float* local, int B, int T, int C,
-                     const TpGroup& g, float* scratch);
+                     const TpGroup& g, float* scratch, kernels::Ops& ops);
 // Sums partial (B,T,C) over the group into this rank's part: local (B,Ts,C)
 // (+= when accumulate). Without sp every rank gets the whole sum. partial
 // is destroyed; scratch is (B,T,C).
 void sequence_reduce(float* local, float* partial, bool accumulate, int B,
-                     int T, int C, const TpGroup& g, float* scratch);
+                     int T, int C, const TpGroup& g, float* scratch,
+                     kernels::Ops& ops);
 
 // Column-parallel linear: weight (OCl,C) holds this rank's rows of the
 // whole (OC,C). out (B,T,OCl) = gather(inp) @ weight^T + bias; inp is

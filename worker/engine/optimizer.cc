@@ -92,42 +92,50 @@ void DistributedOptimizer::ReduceSequencePartial() {
       groups_.tp->size() == 1) {
     return;
   }
+  kernels::Ops& ops = store_->ops();
   float* grads = store_->update_grads();
-  pack_.clear();
-  store_->ForEachUpdateStretch(
-      [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
-        if (p.sequence_partial) {
-          pack_.insert(pack_.end(), grads + at, grads + at + (hi - lo));
-        }
-      });
-  if (pack_.empty()) return;
-  groups_.tp->AllReduce(pack_.data(), static_cast<int64_t>(pack_.size()));
-  const float* next = pack_.data();
+  std::vector<std::pair<int64_t, int64_t>> stretches;  // (at, count)
+  int64_t n = 0;
   store_->ForEachUpdateStretch(
       [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
         if (!p.sequence_partial) return;
-        std::copy(next, next + (hi - lo), grads + at);
-        next += hi - lo;
+        stretches.emplace_back(at, hi - lo);
+        n += hi - lo;
       });
+  if (n == 0) return;
+  if (pack_.size() < n) pack_ = kernels::Buffer(&ops, n);
+  float* packed = pack_.data();
+  for (const auto& [at, count] : stretches) {
+    ops.Copy(packed, grads + at, count);
+    packed += count;
+  }
+  groups_.tp->AllReduce(pack_.data(), n);
+  packed = pack_.data();
+  for (const auto& [at, count] : stretches) {
+    ops.Copy(grads + at, packed, count);
+    packed += count;
+  }
 }
 
 double DistributedOptimizer::GlobalNormSquared() {
   const float* grads = store_->update_grads();
-  if (store_->ops().device() != kernels::Device::kCpu) {
-    // One GPU rank (dp = tp = pp = 1, as ZeroStore requires there): every
-    // element counts once, the padding is zero and there is no tied copy,
-    // so one reduction (one wait for the device) over the whole buffer.
-    return store_->ops().SumSquares(grads, store_->update_size());
-  }
   // [tp-split parts, tp-replicated tensors]: the first summed over tp, the
   // second (the same on every tp rank) counted once.
   double sq[2] = {0.0, 0.0};
-  store_->ForEachUpdateStretch(
-      [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
-        if (p.tied_copy) return;  // counted on stage 0
-        sq[p.tp_replicated() ? 1 : 0] +=
-            store_->ops().SumSquares(grads + at, hi - lo);
-      });
+  const bool tp = groups_.tp != nullptr && groups_.tp->size() > 1;
+  if (store_->ops().device() != kernels::Device::kCpu && !tp &&
+      groups_.embedding == nullptr) {
+    // Without tp and a tied copy every element of the buffer counts once
+    // (the padding is zero): one reduction, one wait for the device.
+    sq[1] = store_->ops().SumSquares(grads, store_->update_size());
+  } else {
+    store_->ForEachUpdateStretch(
+        [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
+          if (p.tied_copy) return;  // counted on stage 0
+          sq[p.tp_replicated() ? 1 : 0] +=
+              store_->ops().SumSquares(grads + at, hi - lo);
+        });
+  }
   if (store_->sharded() && groups_.dp != nullptr) groups_.dp->AllReduce(sq, 2);
   if (groups_.tp != nullptr && groups_.tp->size() > 1) {
     groups_.tp->AllReduce(sq, 1);
@@ -163,19 +171,18 @@ void DistributedOptimizer::ReduceTiedEmbedding() {
   for (const ParamInfo& p : store_->layout()) {
     if (p.name == "wte") numel = p.numel;
   }
-  tied_.assign(numel, 0.0f);
+  kernels::Ops& ops = store_->ops();
+  if (tied_.size() != numel) tied_ = kernels::Buffer(&ops, numel);
+  ops.Zero(tied_.data(), numel);
   store_->ForEachUpdateStretch(
       [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
-        if (p.name == "wte")
-          std::copy(grads + at, grads + at + (hi - lo), tied_.begin() + lo);
+        if (p.name == "wte") ops.Copy(tied_.data() + lo, grads + at, hi - lo);
       });
   if (groups_.dp != nullptr) groups_.dp->AllReduce(tied_.data(), numel);
   groups_.embedding->AllReduce(tied_.data(), numel);
   store_->ForEachUpdateStretch(
       [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
-        if (p.name == "wte") {
-          std::copy(tied_.begin() + lo, tied_.begin() + hi, grads + at);
-        }
+        if (p.name == "wte") ops.Copy(grads + at, tied_.data() + lo, hi - lo);
       });
 }
 

@@ -108,8 +108,10 @@ class DistributedOptimizer {
   const Groups groups_;
   const double clip_;
   std::unique_ptr<AdamW> adam_;
-  std::vector<float> pack_;  // sequence-partial gradients, for one all-reduce
-  std::vector<float> tied_;  // the whole wte gradient (pp > 1, ZeRO)
+  // In the store's backend memory: the sequence-partial gradients, for one
+  // all-reduce; the whole wte gradient (pp > 1, ZeRO).
+  kernels::Buffer pack_;
+  kernels::Buffer tied_;
 };
 
 }  // namespace ptrain

@@ -30,6 +30,12 @@ absl::StatusOr<std::unique_ptr<ParallelDims>> ParallelDims::Create(
   d->world_size_ = size;
   d->world_rank_ = rank;
   d->world_ = world;
+  // The ranks on this node (they share its GPUs).
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  MPI_Comm_size(node, &d->local_size_);
+  MPI_Comm_rank(node, &d->local_rank_);
+  MPI_Comm_free(&node);
   // rank = pp_rank·(dp·tp) + dp_rank·tp + tp_rank
   d->tp_rank_ = rank % d->tp_;
   d->dp_rank_ = (rank / d->tp_) % d->dp_;

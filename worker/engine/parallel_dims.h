@@ -41,6 +41,9 @@ class ParallelDims {
   int dp_rank() const { return dp_rank_; }
   int tp_rank() const { return tp_rank_; }
   int pp_rank() const { return pp_rank_; }
+  // This rank among the ranks of its node (which share its GPUs).
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
 
   // The groups this rank belongs to; they share one CommStats.
   Communicator& world_group() { return *world_group_; }
@@ -61,6 +64,7 @@ class ParallelDims {
   int dp_ = 1, tp_ = 1, pp_ = 1, zero_ = 0, microbatches_ = 1;
   bool sp_ = false;
   int world_size_ = 1, world_rank_ = 0;
+  int local_size_ = 1, local_rank_ = 0;
   int dp_rank_ = 0, tp_rank_ = 0, pp_rank_ = 0;
   MPI_Comm world_ = MPI_COMM_NULL;
   MPI_Comm dp_comm_ = MPI_COMM_NULL, tp_comm_ = MPI_COMM_NULL,

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <new>
 #include <numeric>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +19,7 @@
 #include "kernels/cuda/ops_cuda.h"
 #include "spdlog/spdlog.h"
 #include "worker/engine/checkpoint_state.h"
+#include "worker/engine/comm_staged.h"
 #include "worker/engine/flops.h"
 #include "worker/engine/memory_estimate.h"
 #include "worker/engine/rng.h"
@@ -28,6 +31,14 @@ using Clock = std::chrono::steady_clock;
 double SecondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
+// Ranks may share a GPU (tests of multi-rank layouts on one device): their
+// collectives then go through host memory over MPI.
+constexpr char kShareGpusEnv[] = "PTRAIN_CUDA_SHARE_GPUS";
+bool SharesGpus() {
+  const char* v = std::getenv(kShareGpusEnv);
+  return v != nullptr && std::string_view(v) == "1";
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
@@ -46,20 +57,19 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
         "parallel.zero > 0 needs MPI (run ptworker, under mpirun or alone)");
   }
   if (spec.resources().device() == "cuda") {
-    // One GPU per job until the NCCL communicator lands: the MPI groups
-    // communicate host memory.
-    if (world != 1 || par.zero() != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "resources.device=cuda trains on one GPU: parallel.dp, tp and pp "
-          "must be 1 and parallel.zero 0 (got dp=",
-          par.dp(), " tp=", par.tp(), " pp=", par.pp(), " zero=", par.zero(),
-          "); data, tensor and pipeline parallelism run on cpu"));
-    }
-    if (kernels::CudaDeviceCount() == 0) {
+    const int gpus = kernels::CudaDeviceCount();
+    if (gpus == 0) {
       std::string why;
       kernels::MakeCudaOps({}, &why);
       return absl::InvalidArgumentError(
           absl::StrCat("resources.device=cuda: ", why));
+    }
+    const int local = dims != nullptr ? dims->local_size() : 1;
+    if (local > gpus && !SharesGpus()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "resources.device=cuda: ", local, " ranks on this node but ", gpus,
+          " GPU(s): one rank per GPU (lower resources.ranks_per_node, or set ",
+          kShareGpusEnv, "=1 to let ranks share GPUs)"));
     }
   } else if (spec.resources().device() != "cpu") {
     return absl::InvalidArgumentError(
@@ -141,17 +151,24 @@ Communicator* Trainer::world() const {
                                                      : nullptr;
 }
 
+Communicator* Trainer::OnDevice(Communicator* group) const {
+  const auto it = device_groups_.find(group);
+  return it != device_groups_.end() ? it->second.get() : group;
+}
+
 Communicator* Trainer::dp_group() const {
   // ZeRO needs its group even at dp = 1 (its collectives are then local).
-  return dims_ != nullptr ? &dims_->dp_group() : nullptr;
+  return dims_ != nullptr ? OnDevice(&dims_->dp_group()) : nullptr;
 }
 
 Communicator* Trainer::tp_group() const {
-  return dims_ != nullptr && dims_->tp() > 1 ? &dims_->tp_group() : nullptr;
+  return dims_ != nullptr && dims_->tp() > 1 ? OnDevice(&dims_->tp_group())
+                                             : nullptr;
 }
 
 Communicator* Trainer::pp_group() const {
-  return dims_ != nullptr && dims_->pp() > 1 ? &dims_->pp_group() : nullptr;
+  return dims_ != nullptr && dims_->pp() > 1 ? OnDevice(&dims_->pp_group())
+                                             : nullptr;
 }
 
 int64_t Trainer::StageFloats(int B, int T) const {
@@ -167,7 +184,9 @@ void Trainer::SendCopy(const float* data, int64_t n, int peer, int tag) {
     if (out == nullptr && o.send == nullptr) out = &o;
   }
   if (out == nullptr) out = &outgoing_.emplace_back();
-  out->data.assign(data, data + n);
+  kernels::Ops& ops = store_->ops();
+  if (out->data.size() < n) out->data = kernels::Buffer(&ops, n);
+  ops.Copy(out->data.data(), data, n);
   out->send = pp_group()->SendAsync(out->data.data(), n, peer, tag);
 }
 
@@ -462,10 +481,23 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
   if (spec_.resources().device() == "cuda") {
     kernels::CudaOptions cuda;
     cuda.bf16_compute = spec_.train().precision() != "fp32";
+    // The node's ranks take its GPUs in turn (Create checked there are
+    // enough, unless they share).
+    cuda.device = (dims_ != nullptr ? dims_->local_rank() : 0) %
+                  kernels::CudaDeviceCount();
     std::string error;
     device_ops_ = kernels::MakeCudaOps(cuda, &error);
     PT_CHECK(device_ops_ != nullptr, error.c_str());  // Create checked
     spdlog::info("training on {}", device_ops_->name());
+    if (dims_ != nullptr) {
+      // The groups, over the GPU's memory.
+      for (Communicator* g : {&dims_->dp_group(), &dims_->tp_group(),
+                              &dims_->pp_group(), dims_->embedding_group()}) {
+        if (g != nullptr) {
+          device_groups_[g] = MakeStagedCommunicator(g, device_ops_.get());
+        }
+      }
+    }
   }
   store_ = std::make_unique<ZeroStore>(
       layout, dp_,
@@ -502,7 +534,7 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
       store_.get(), spec_.train(),
       DistributedOptimizer::Groups{
           dp_group(), tp_group(), pp_group(),
-          dims_ != nullptr ? dims_->embedding_group() : nullptr,
+          dims_ != nullptr ? OnDevice(dims_->embedding_group()) : nullptr,
           par.sequence_parallel()});
   store_->InitParams(spec_.train().seed());
   train_sampler_ = std::make_unique<BatchSampler>(
@@ -516,7 +548,9 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
   if (pp_ > 1) {
     mb_inputs_.resize(inputs_.size() * microbatches_);
     mb_targets_.resize(mb_inputs_.size());
-    for (auto& buffer : received_) buffer.resize(StageFloats(micro_B_, T_));
+    for (auto& buffer : received_) {
+      buffer = kernels::Buffer(&store_->ops(), StageFloats(micro_B_, T_));
+    }
   }
 }
 
@@ -530,7 +564,7 @@ MemoryBytes Trainer::memory() const {
 }
 
 double Trainer::SumOverDp(double x) {
-  if (dims_ != nullptr && dp_ > 1) dims_->dp_group().AllReduce(&x, 1);
+  if (dims_ != nullptr && dp_ > 1) dp_group()->AllReduce(&x, 1);
   return x;
 }
 

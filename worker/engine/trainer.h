@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -120,11 +121,15 @@ class Trainer {
           TokenData data, ParallelDims* dims);
   // Sum over the dp group (identity on one rank).
   double SumOverDp(double x);
-  // The groups of this rank; null where a degree is 1 (or no MPI).
+  // The groups of this rank; null where a degree is 1 (or no MPI). On a
+  // GPU they communicate its memory (OnDevice).
   Communicator* world() const;
   Communicator* dp_group() const;
   Communicator* tp_group() const;
   Communicator* pp_group() const;
+  // The group of dims_ that communicates the backend's memory: `group`
+  // itself on the CPU, its staged twin on a GPU.
+  Communicator* OnDevice(Communicator* group) const;
   bool first_stage() const { return pp_rank_ == 0; }
   bool last_stage() const { return pp_rank_ == pp_ - 1; }
   // Virtual stage of this rank's chunk c (c·pp + pp rank), and the last one.
@@ -172,6 +177,7 @@ class Trainer {
   // the CPU); declared first so that it outlives their buffers.
   std::unique_ptr<kernels::Ops> device_ops_;
   std::vector<float> checkpoint_host_;  // a GPU's state copied for saving
+  std::map<Communicator*, std::unique_ptr<Communicator>> device_groups_;
   std::unique_ptr<ZeroStore> store_;
   // The model chunks of this rank (one but under an interleaved schedule),
   // each over its slice of the store.
@@ -186,9 +192,10 @@ class Trainer {
   // the copies of sent ones with their sends (a copy is reused once its
   // send completed).
   std::vector<int32_t> mb_inputs_, mb_targets_;
-  std::vector<float> received_[2];
+  // In the backend's memory.
+  kernels::Buffer received_[2];
   struct Outgoing {
-    std::vector<float> data;
+    kernels::Buffer data;
     std::unique_ptr<CommHandle> send;  // null: free
   };
   std::vector<Outgoing> outgoing_;

@@ -72,8 +72,6 @@ ZeroStore::ZeroStore(std::vector<ParamInfo> layout, int dp,
       units_(Units(layout_, dp)),
       n_units_(static_cast<int>(units_.size())),
       ops_(ops != nullptr ? ops : &kernels::CpuOps()) {
-  PT_CHECK(ops_->device() == kernels::Device::kCpu || (dp_ == 1 && zero_ == 0),
-           "a GPU store needs dp = 1 and zero = 0");
   PT_CHECK(comm_ != nullptr || (dp_ == 1 && zero_ == 0),
            "dp > 1 or zero > 0 needs a dp group");
   PT_CHECK(comm_ == nullptr || comm_->size() == dp_,
@@ -91,27 +89,28 @@ ZeroStore::ZeroStore(std::vector<ParamInfo> layout, int dp,
   }
   params_full_ = kernels::Buffer(ops_, z.params_full);
   grads_full_ = kernels::Buffer(ops_, z.grads_full);
-  param_shard_.assign(z.shard, 0.0f);
-  grad_shard_.assign(z.shard, 0.0f);
-  for (int s = 0; s < 3; ++s) gathered_[s].assign(z.gathered[s], 0.0f);
+  param_shard_ = kernels::Buffer(ops_, z.shard);
+  grad_shard_ = kernels::Buffer(ops_, z.shard);
+  for (int s = 0; s < 3; ++s)
+    gathered_[s] = kernels::Buffer(ops_, z.gathered[s]);
   reducer_ = std::make_unique<GradReducer>(units_, emb_unit_, final_unit_, dp_,
                                            grad_zero_, o.microbatches,
-                                           o.bucket_bytes, comm_);
+                                           o.bucket_bytes, comm_, ops_);
   reducer_->Attach(grads_full_.empty() ? nullptr : grads_full_.data(),
                    grad_shard_.empty() ? nullptr : grad_shard_.data(),
                    &shard_offset_);
 }
 
 void ZeroStore::InitParams(uint64_t seed) {
+  // Computed on the host, then copied where the backend keeps them.
+  const bool on_host = ops_->device() == kernels::Device::kCpu;
+  std::vector<float> host;
   for (const ParamInfo& p : layout_) {
     auto value = [&](int64_t local) {
       const std::optional<int64_t> g = GlobalIndex(p, local);
       return g.has_value() ? InitialValue(p, seed, *g) : 0.0f;
     };
     if (zero_ <= 2) {
-      // Computed on the host, then copied where the backend keeps them.
-      std::vector<float> host;
-      const bool on_host = ops_->device() == kernels::Device::kCpu;
       if (!on_host) host.resize(p.numel);
       float* dst = on_host ? params_full_.data() + p.offset : host.data();
 #pragma omp parallel for schedule(static)
@@ -123,20 +122,22 @@ void ZeroStore::InitParams(uint64_t seed) {
   }
   if (!sharded()) return;
   // Only the elements of this rank's shard, computed directly.
-  ForEachUpdateStretch(
-      [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
-        for (int64_t i = lo; i < hi; ++i) {
-          const std::optional<int64_t> g = GlobalIndex(p, i);
-          param_shard_[at + (i - lo)] =
-              g.has_value() ? InitialValue(p, seed, *g) : 0.0f;
-        }
-      });
+  if (!on_host) host.assign(shard_total_, 0.0f);
+  float* shard = on_host ? param_shard_.data() : host.data();
+  ForEachUpdateStretch([&](const ParamInfo& p, int64_t lo, int64_t hi,
+                           int64_t at) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const std::optional<int64_t> g = GlobalIndex(p, i);
+      shard[at + (i - lo)] = g.has_value() ? InitialValue(p, seed, *g) : 0.0f;
+    }
+  });
+  if (!on_host) ops_->FromHost(param_shard_.data(), host.data(), shard_total_);
 }
 
 void ZeroStore::BeginStep() {
   if (!grads_full_.empty()) ops_->Zero(grads_full_.data(), grads_full_.size());
-  if (grad_zero_ >= 2) {
-    std::fill(grad_shard_.begin(), grad_shard_.end(), 0.0f);
+  if (grad_zero_ >= 2 && !grad_shard_.empty()) {
+    ops_->Zero(grad_shard_.data(), grad_shard_.size());
   }
   reducer_->BeginStep();
 }
@@ -211,14 +212,11 @@ std::vector<float> ZeroStore::FullParams() {
 }
 
 MemoryBytes ZeroStore::memory() const {
-  auto bytes = [](const std::vector<float>& v) {
-    return static_cast<int64_t>(v.size() * sizeof(float));
-  };
-  MemoryBytes m;
   constexpr int64_t kFloat = sizeof(float);
-  m.params = params_full_.size() * kFloat + bytes(param_shard_);
-  for (const auto& g : gathered_) m.params += bytes(g);
-  m.grads = grads_full_.size() * kFloat + bytes(grad_shard_) +
+  MemoryBytes m;
+  m.params = (params_full_.size() + param_shard_.size()) * kFloat;
+  for (const auto& g : gathered_) m.params += g.size() * kFloat;
+  m.grads = (grads_full_.size() + grad_shard_.size()) * kFloat +
             reducer_->scratch_bytes();
   return m;
 }

@@ -47,8 +47,7 @@ class ZeroStore : public UnitStore {
  public:
   // `layout` is BuildPlan's with pad = dp. dp_group may be null when dp = 1
   // and zero = 0 (nothing to communicate). `ops` (null: the CPU) holds the
-  // buffers; a GPU backend needs dp = 1 and zero = 0 (the MPI group
-  // communicates host memory).
+  // buffers (dp_group must then communicate its memory).
   ZeroStore(std::vector<ParamInfo> layout, int dp, const ZeroOptions& options,
             Communicator* dp_group, kernels::Ops* ops = nullptr);
   ZeroStore(const ZeroStore&) = delete;
@@ -159,12 +158,12 @@ class ZeroStore : public UnitStore {
   int emb_unit_ = -1, final_unit_ = -1;  // -1 when the stage has none
 
   kernels::Ops* ops_;
-  kernels::Buffer params_full_;     // zero 0-2
-  kernels::Buffer grads_full_;      // zero 0-1
-  std::vector<float> param_shard_;  // zero 1-3: master weights of the shard
-  std::vector<float> grad_shard_;   // zero 1-3
+  kernels::Buffer params_full_;  // zero 0-2
+  kernels::Buffer grads_full_;   // zero 0-1
+  kernels::Buffer param_shard_;  // zero 1-3: master weights of the shard
+  kernels::Buffer grad_shard_;   // zero 1-3
   // zero 3: gathered weights (0 embedding, 1 final, 2 the current block).
-  std::vector<float> gathered_[3];
+  kernels::Buffer gathered_[3];
   int gathered_unit_[3] = {-1, -1, -1};
 
   std::unique_ptr<GradReducer> reducer_;
