@@ -840,10 +840,17 @@ void Coordinator::Launch(Entry& e, const std::vector<NodeRanks>& placement,
   job.set_world_size(WorldSize(run_spec));
   job.set_dp(run_spec.parallel().dp());
   job.clear_placement();
+  // A GPU job's ranks take GPUs no running job holds (FreeNodes counted
+  // them free).
+  std::map<std::string, std::set<int>> gpus_held;
+  if (OnGpus(run_spec)) gpus_held = GpusHeld(id);
   for (const NodeRanks& n : placement) {
     v1::Placement* p = job.add_placement();
     p->set_node(n.name);
     p->set_ranks(n.ranks);
+    if (OnGpus(run_spec)) {
+      for (int g : TakeGpus(gpus_held[n.name], n.ranks)) p->add_gpus(g);
+    }
   }
   if (job.started_unix_ms() == 0) job.set_started_unix_ms(NowMs());
   job.set_state(v1::JOB_STATE_RUNNING);
@@ -932,6 +939,10 @@ void Coordinator::Launch(Entry& e, const std::vector<NodeRanks>& placement,
     req.resume_flag = options_.resume_flag;
     req.threads = threads;
     req.placement = placement;
+    for (const v1::Placement& p : started.placement()) {
+      req.rank_gpus.insert(req.rank_gpus.end(), p.gpus().begin(),
+                           p.gpus().end());
+    }
     req.rsh_agent = options_.ptrsh;
     req.nodes_file = nodes_file;
     req.cluster_network = options_.cluster_network;
@@ -1298,6 +1309,19 @@ std::map<std::string, int> Coordinator::NodeSlotsUsed(const std::string& except,
     }
   }
   return used;
+}
+
+std::map<std::string, std::set<int>> Coordinator::GpusHeld(
+    const std::string& except) const {
+  std::map<std::string, std::set<int>> held;
+  for (const auto& [id, run] : running_) {
+    auto it = jobs_.find(id);
+    if (id == except || it == jobs_.end()) continue;
+    for (const v1::Placement& p : it->second.record.job.placement()) {
+      held[p.node()].insert(p.gpus().begin(), p.gpus().end());
+    }
+  }
+  return held;
 }
 
 std::vector<FreeNode> Coordinator::FreeNodes(const std::vector<v1::Node>& nodes,

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -247,6 +248,9 @@ class Coordinator {
   // job `except`); with `gpus_only`, the ranks of GPU jobs (one GPU each).
   std::map<std::string, int> NodeSlotsUsed(const std::string& except = "",
                                            bool gpus_only = false) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The GPUs of each node running attempts hold (but job `except`'s).
+  std::map<std::string, std::set<int>> GpusHeld(const std::string& except) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The up, undrained nodes and their free slots (FreeNodesOf), counting
   // job `except`'s as free; for a job on `gpus`, only GPUs left unused.

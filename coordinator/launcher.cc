@@ -163,6 +163,8 @@ std::vector<std::string> AttemptCommand(const LaunchRequest& r,
       "OMP_NUM_THREADS",
       "-x",
       "PTRAIN_METRICS_BIND",
+      "-x",
+      "PTRAIN_RANK_GPUS",
       r.ptworker,
       "--config",
       (fs::path(r.job_dir) / "spec.yaml").string(),
@@ -218,6 +220,8 @@ std::map<std::string, std::string> AttemptEnvironment(const LaunchRequest& r) {
   if (!r.placement.empty()) env["PTRAIN_NODES_FILE"] = r.nodes_file;
   env["OMPI_MCA_mpi_yield_when_idle"] = "1";
   env["PTRAIN_METRICS_BIND"] = r.rank_metrics_bind;
+  // Set (possibly empty) either way, as PTRAIN_TLS_CA.
+  env["PTRAIN_RANK_GPUS"] = absl::StrJoin(r.rank_gpus, ",");
   return env;
 }
 

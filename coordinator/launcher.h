@@ -46,6 +46,9 @@ struct LaunchRequest {
   // job folder's hostfile and starts them through `rsh_agent` (ptrsh),
   // which finds each node's daemon in `nodes_file` (PTRAIN_NODES_FILE).
   std::vector<NodeRanks> placement;
+  // PTRAIN_RANK_GPUS: on nodes, a GPU job's GPU for each rank, in rank
+  // order (Placement.gpus); empty otherwise.
+  std::vector<int> rank_gpus;
   std::string rsh_agent;
   std::string nodes_file;
   std::string cluster_network;  // CIDR for OpenMPI's TCP; "" = any

@@ -52,6 +52,14 @@ std::vector<FreeNode> FreeNodesOf(const std::vector<v1::Node>& nodes,
   return out;
 }
 
+std::vector<int> TakeGpus(const std::set<int>& used, int ranks) {
+  std::vector<int> out;
+  for (int g = 0; static_cast<int>(out.size()) < ranks; ++g) {
+    if (!used.contains(g)) out.push_back(g);
+  }
+  return out;
+}
+
 std::vector<NodeRanks> PlaceRanks(const std::vector<FreeNode>& nodes, int world,
                                   int tp, int ranks_per_node) {
   if (world < 1 || tp < 1 || world % tp != 0) return {};

@@ -4,6 +4,7 @@
 #define PTRAIN_COORDINATOR_SCHEDULER_H_
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,10 @@ std::vector<FreeNode> FreeNodesOf(const std::vector<v1::Node>& nodes,
                                   const std::map<std::string, int>& used_slots,
                                   const std::map<std::string, int>& used_gpus,
                                   bool gpus);
+
+// The GPUs `ranks` new ranks on a node take: the lowest indices not in
+// `used` (those running jobs hold there).
+std::vector<int> TakeGpus(const std::set<int>& used, int ranks);
 
 // Consecutive ranks on one node (ranks are numbered node after node).
 struct NodeRanks {

@@ -379,7 +379,12 @@ int Get(Client& client, const std::string& id) {
   if (j.placement_size() > 0) {
     std::vector<std::string> where;
     for (const auto& n : j.placement()) {
-      where.push_back(absl::StrCat(n.node(), " (", n.ranks(), ")"));
+      where.push_back(absl::StrCat(
+          n.node(), " (", n.ranks(),
+          n.gpus().empty()
+              ? ""
+              : absl::StrCat("; GPUs ", absl::StrJoin(n.gpus(), ",")),
+          ")"));
     }
     std::printf("nodes:     %s\n", absl::StrJoin(where, ", ").c_str());
   }

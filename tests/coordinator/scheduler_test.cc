@@ -154,6 +154,12 @@ TEST(FreeNodesTest, GpuJobsTakeOnlyNodesWithUnusedGpusOneRankEach) {
                   .empty());
 }
 
+TEST(FreeNodesTest, NewRanksTakeTheLowestGpusNoRunningJobHolds) {
+  EXPECT_EQ(TakeGpus({}, 2), (std::vector<int>{0, 1}));
+  EXPECT_EQ(TakeGpus({0, 2}, 3), (std::vector<int>{1, 3, 4}));
+  EXPECT_EQ(TakeGpus({1}, 0), std::vector<int>{});
+}
+
 TEST(ShrinkDpTest, KeepsTheGlobalBatchAndEachRanksMicrobatch) {
   v1::JobSpec spec = Spec();
   spec.mutable_parallel()->set_dp(4);
@@ -233,6 +239,13 @@ TEST(LauncherTest, AttemptOnNodesGoesThroughTheAgent) {
   EXPECT_TRUE(mca("btl_tcp_if_include", "10.0.0.0/24"));
   EXPECT_TRUE(has("--hostfile", "/state/jobs/job-1/hostfile"));
   EXPECT_TRUE(has("-n", "4"));
+  // Each rank's GPU reaches every rank, and an empty list too (so that
+  // ptcoord's own environment does not leak into the ranks').
+  EXPECT_TRUE(has("-x", "PTRAIN_RANK_GPUS"));
+  r.rank_gpus = {2, 3, 0, 1};
+  EXPECT_EQ(AttemptEnvironment(r).at("PTRAIN_RANK_GPUS"), "2,3,0,1");
+  r.rank_gpus.clear();
+  EXPECT_EQ(AttemptEnvironment(r).at("PTRAIN_RANK_GPUS"), "");
   // On one host: no agent, no hostfile.
   r.placement.clear();
   const std::vector<std::string> local = AttemptCommand(r, "/a");

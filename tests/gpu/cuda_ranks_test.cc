@@ -1,6 +1,7 @@
 // More ranks on a node than it has GPUs: ptworker refuses the job at start,
 // naming the field, unless the ranks are told to share GPUs
-// (PTRAIN_CUDA_SHARE_GPUS=1, how the GPU layout tests run on one device).
+// (PTRAIN_CUDA_SHARE_GPUS=1, how the GPU layout tests run on one device);
+// and the GPU of each rank that ptcoord chose (PTRAIN_RANK_GPUS) is checked.
 // Runs under mpirun; skips without a GPU, or where every rank has its own.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -50,6 +51,28 @@ TEST(CudaRanks, MoreRanksOnANodeThanGpusIsRefusedUnlessTheyShare) {
   setenv("PTRAIN_CUDA_SHARE_GPUS", "1", 1);
   auto shared = Trainer::Create(*spec, opt, dims->get());
   EXPECT_TRUE(shared.ok()) << shared.status();
+  if (shared.ok()) shared->reset();
+
+  // ptcoord's choice of GPU per rank (PTRAIN_RANK_GPUS) must name one GPU
+  // of the node for every rank.
+  const std::string every_rank_gpu0 = [&] {
+    std::string s = "0";
+    for (int r = 1; r < world; ++r) s += ",0";
+    return s;
+  }();
+  for (const std::string& bad :
+       {std::string("0"), every_rank_gpu0 + ",0",
+        std::to_string(gpus) + every_rank_gpu0.substr(1),
+        std::string("x") + every_rank_gpu0.substr(1)}) {
+    setenv("PTRAIN_RANK_GPUS", bad.c_str(), 1);
+    const absl::Status s = Trainer::Create(*spec, opt, dims->get()).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad << ": " << s;
+    EXPECT_NE(s.message().find("PTRAIN_RANK_GPUS"), std::string::npos) << s;
+  }
+  setenv("PTRAIN_RANK_GPUS", every_rank_gpu0.c_str(), 1);
+  auto chosen = Trainer::Create(*spec, opt, dims->get());
+  EXPECT_TRUE(chosen.ok()) << chosen.status();
+  unsetenv("PTRAIN_RANK_GPUS");
 }
 
 }  // namespace

@@ -12,7 +12,9 @@
 #include <string_view>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/check.h"
 #include "common/spec.h"
 #include "kernels/cpu/kernels.h"
@@ -37,6 +39,31 @@ constexpr char kShareGpusEnv[] = "PTRAIN_CUDA_SHARE_GPUS";
 bool SharesGpus() {
   const char* v = std::getenv(kShareGpusEnv);
   return v != nullptr && std::string_view(v) == "1";
+}
+
+// The GPU of every rank, in rank order, when ptcoord chose them
+// (PTRAIN_RANK_GPUS, "2,3,0,1": indices as the node's driver numbers its
+// GPUs); empty otherwise, when a node's ranks take its GPUs in turn.
+constexpr char kRankGpusEnv[] = "PTRAIN_RANK_GPUS";
+absl::StatusOr<std::vector<int>> RankGpus(int world, int gpus) {
+  const char* v = std::getenv(kRankGpusEnv);
+  std::vector<int> out;
+  if (v == nullptr || *v == '\0') return out;
+  for (absl::string_view part : absl::StrSplit(v, ',')) {
+    int g = -1;
+    if (!absl::SimpleAtoi(part, &g) || g < 0 || g >= gpus) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kRankGpusEnv, "=", v, ": '", part,
+                       "' is not a GPU of this node (0..", gpus - 1, ")"));
+    }
+    out.push_back(g);
+  }
+  if (static_cast<int>(out.size()) != world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kRankGpusEnv, "=", v, ": ", out.size(),
+                     " GPUs for a world of ", world, " ranks"));
+  }
+  return out;
 }
 
 }  // namespace
@@ -64,6 +91,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
       return absl::InvalidArgumentError(
           absl::StrCat("resources.device=cuda: ", why));
     }
+    auto rank_gpus = RankGpus(dims != nullptr ? dims->world_size() : 1, gpus);
+    if (!rank_gpus.ok()) return rank_gpus.status();
     const int local = dims != nullptr ? dims->local_size() : 1;
     if (local > gpus && !SharesGpus()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -481,10 +510,17 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
   if (spec_.resources().device() == "cuda") {
     kernels::CudaOptions cuda;
     cuda.bf16_compute = spec_.train().precision() != "fp32";
-    // The node's ranks take its GPUs in turn (Create checked there are
-    // enough, unless they share).
-    cuda.device = (dims_ != nullptr ? dims_->local_rank() : 0) %
-                  kernels::CudaDeviceCount();
+    // The GPU ptcoord chose for this rank, else the node's ranks take its
+    // GPUs in turn (Create checked both).
+    const int world_rank = dims_ != nullptr ? dims_->world_rank() : 0;
+    const std::vector<int> rank_gpus =
+        RankGpus(dims_ != nullptr ? dims_->world_size() : 1,
+                 kernels::CudaDeviceCount())
+            .value();
+    cuda.device = !rank_gpus.empty()
+                      ? rank_gpus[world_rank]
+                      : (dims_ != nullptr ? dims_->local_rank() : 0) %
+                            kernels::CudaDeviceCount();
     std::string error;
     device_ops_ = kernels::MakeCudaOps(cuda, &error);
     PT_CHECK(device_ops_ != nullptr, error.c_str());  // Create checked
