@@ -7,8 +7,10 @@
 #ifndef PTRAIN_KERNELS_CUDA_OPS_CUDA_H_
 #define PTRAIN_KERNELS_CUDA_OPS_CUDA_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/ops.h"
 
@@ -29,6 +31,34 @@ int CudaDeviceCount();
 // device or the backend is not built (PT_CUDA=OFF or no nvcc).
 std::unique_ptr<Ops> MakeCudaOps(const CudaOptions& options,
                                  std::string* error);
+
+// Collectives among the GPUs of a group of processes (NCCL), on memory of
+// one CUDA backend. Each is enqueued on the backend's stream: it runs after
+// every op issued on the backend so far and before every op issued later.
+// Sums unless said otherwise; counts are elements; the same contracts as
+// the engine's Communicator (worker/engine/comm.h).
+class DeviceCollectives {
+ public:
+  virtual ~DeviceCollectives() = default;
+  virtual int size() const = 0;
+  virtual void AllReduce(float* data, int64_t count, bool max) = 0;
+  virtual void ReduceScatter(const float* send, float* recv, int64_t count) = 0;
+  virtual void AllGather(const float* send, float* recv, int64_t count) = 0;
+  virtual void Broadcast(float* data, int64_t count, int root) = 0;
+  // The GPU seconds of the operations that finished since the last call, in
+  // the order they were issued (a prefix of those still unread).
+  virtual std::vector<double> FinishedSeconds() = 0;
+};
+
+// A new NCCL unique id (bytes), on one process of the group, which hands it
+// to the others. False with *error where NCCL is not available.
+bool NcclUniqueId(std::string* id, std::string* error);
+// This process's member (rank of nranks) of the group of `id`, on the memory
+// and stream of `backend` (a CUDA backend). Collective over the group.
+std::unique_ptr<DeviceCollectives> MakeNcclCollectives(Ops* backend,
+                                                       const std::string& id,
+                                                       int nranks, int rank,
+                                                       std::string* error);
 
 // Bytes of the device's memory in use by this process and in total.
 struct CudaMemory {

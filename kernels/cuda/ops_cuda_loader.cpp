@@ -26,6 +26,9 @@ struct Module {
   int (*device_count)() = nullptr;
   Ops* (*make_ops)(const CudaOptions*, std::string*) = nullptr;
   void (*memory)(int64_t*, int64_t*) = nullptr;
+  bool (*nccl_unique_id)(std::string*, std::string*) = nullptr;
+  DeviceCollectives* (*nccl_make)(Ops*, const std::string*, int, int,
+                                  std::string*) = nullptr;
 };
 
 std::vector<std::string> Candidates() {
@@ -74,8 +77,15 @@ const Module& Load() {
         dlsym(m->handle, "ptrain_cuda_make_ops"));
     m->memory = reinterpret_cast<void (*)(int64_t*, int64_t*)>(
         dlsym(m->handle, "ptrain_cuda_memory"));
+    m->nccl_unique_id = reinterpret_cast<bool (*)(std::string*, std::string*)>(
+        dlsym(m->handle, "ptrain_nccl_unique_id"));
+    m->nccl_make =
+        reinterpret_cast<DeviceCollectives* (*)(Ops*, const std::string*, int,
+                                                int, std::string*)>(
+            dlsym(m->handle, "ptrain_nccl_make"));
     if (m->device_count == nullptr || m->make_ops == nullptr ||
-        m->memory == nullptr) {
+        m->memory == nullptr || m->nccl_unique_id == nullptr ||
+        m->nccl_make == nullptr) {
       m->error = std::string(kModule) + " lacks its entry points";
       m->handle = nullptr;
     }
@@ -99,6 +109,28 @@ std::unique_ptr<Ops> MakeCudaOps(const CudaOptions& options,
     return nullptr;
   }
   return std::unique_ptr<Ops>(m.make_ops(&options, error));
+}
+
+bool NcclUniqueId(std::string* id, std::string* error) {
+  const Module& m = Load();
+  if (m.handle == nullptr) {
+    *error = m.error;
+    return false;
+  }
+  return m.nccl_unique_id(id, error);
+}
+
+std::unique_ptr<DeviceCollectives> MakeNcclCollectives(Ops* backend,
+                                                       const std::string& id,
+                                                       int nranks, int rank,
+                                                       std::string* error) {
+  const Module& m = Load();
+  if (m.handle == nullptr) {
+    *error = m.error;
+    return nullptr;
+  }
+  return std::unique_ptr<DeviceCollectives>(
+      m.nccl_make(backend, &id, nranks, rank, error));
 }
 
 CudaMemory CudaMemoryInfo() {

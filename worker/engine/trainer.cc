@@ -21,6 +21,7 @@
 #include "kernels/cuda/ops_cuda.h"
 #include "spdlog/spdlog.h"
 #include "worker/engine/checkpoint_state.h"
+#include "worker/engine/comm_nccl.h"
 #include "worker/engine/comm_staged.h"
 #include "worker/engine/flops.h"
 #include "worker/engine/memory_estimate.h"
@@ -178,6 +179,35 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
 Communicator* Trainer::world() const {
   return dims_ != nullptr && dims_->world_size() > 1 ? &dims_->world_group()
                                                      : nullptr;
+}
+
+void Trainer::MakeDeviceGroups() {
+  // NCCL where every rank has its own GPU (NCCL refuses a GPU shared by two
+  // ranks of a group), decided alike on every rank; PTRAIN_CUDA_COMM=staged
+  // keeps to MPI, =nccl takes NCCL for groups of one rank too (tests).
+  const char* env = std::getenv("PTRAIN_CUDA_COMM");
+  const std::string choice = env != nullptr && *env != '\0' ? env : "auto";
+  const bool own_gpu = dims_->local_size() <= kernels::CudaDeviceCount();
+  const bool nccl =
+      !AnyRankFailed(&dims_->world_group(), !own_gpu || choice == "staged");
+  // The pipeline group only sends and receives (staged: see comm_nccl.h)
+  // and sums host numbers.
+  for (Communicator* g :
+       {&dims_->dp_group(), &dims_->tp_group(), dims_->embedding_group()}) {
+    if (g == nullptr) continue;
+    if (nccl && (g->size() > 1 || choice == "nccl")) {
+      auto c = MakeNcclCommunicator(g, device_ops_.get());
+      if (c.ok()) {
+        device_groups_[g] = std::move(*c);
+        continue;
+      }
+      spdlog::warn("{}: group {} communicates through host memory",
+                   std::string(c.status().message()), g->group());
+    }
+    device_groups_[g] = MakeStagedCommunicator(g, device_ops_.get());
+  }
+  device_groups_[&dims_->pp_group()] =
+      MakeStagedCommunicator(&dims_->pp_group(), device_ops_.get());
 }
 
 Communicator* Trainer::OnDevice(Communicator* group) const {
@@ -525,15 +555,7 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
     device_ops_ = kernels::MakeCudaOps(cuda, &error);
     PT_CHECK(device_ops_ != nullptr, error.c_str());  // Create checked
     spdlog::info("training on {}", device_ops_->name());
-    if (dims_ != nullptr) {
-      // The groups, over the GPU's memory.
-      for (Communicator* g : {&dims_->dp_group(), &dims_->tp_group(),
-                              &dims_->pp_group(), dims_->embedding_group()}) {
-        if (g != nullptr) {
-          device_groups_[g] = MakeStagedCommunicator(g, device_ops_.get());
-        }
-      }
-    }
+    if (dims_ != nullptr) MakeDeviceGroups();
   }
   store_ = std::make_unique<ZeroStore>(
       layout, dp_,

@@ -130,6 +130,8 @@ class Trainer {
   // The group of dims_ that communicates the backend's memory: `group`
   // itself on the CPU, its staged twin on a GPU.
   Communicator* OnDevice(Communicator* group) const;
+  // With a GPU backend: the groups over its memory (NCCL or staged).
+  void MakeDeviceGroups();
   bool first_stage() const { return pp_rank_ == 0; }
   bool last_stage() const { return pp_rank_ == pp_ - 1; }
   // Virtual stage of this rank's chunk c (c·pp + pp rank), and the last one.

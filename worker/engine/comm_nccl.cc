@@ -1,0 +1,186 @@
+// See comm_nccl.h.
+#include "worker/engine/comm_nccl.h"
+
+#include <cstring>
+#include <deque>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/ops_cuda.h"
+#include "worker/engine/comm_staged.h"
+
+namespace ptrain {
+namespace {
+
+// A handle of an operation already ordered on the stream.
+class Done : public CommHandle {
+ public:
+  void Wait() override {}
+  bool Test() override { return true; }
+};
+
+class NcclCommunicator : public Communicator {
+ public:
+  NcclCommunicator(Communicator* inner, kernels::Ops* ops,
+                   std::unique_ptr<kernels::DeviceCollectives> nccl)
+      : inner_(inner),
+        ops_(ops),
+        nccl_(std::move(nccl)),
+        staged_(MakeStagedCommunicator(inner, ops)) {}
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const std::string& group() const override { return inner_->group(); }
+  CommStats& stats() override {
+    Collect();
+    return inner_->stats();
+  }
+
+  void AllReduce(float* data, int64_t count) override {
+    if (!OnDevice(data)) return inner_->AllReduce(data, count);
+    nccl_->AllReduce(data, count, /*max=*/false);
+    Issued(CommOp::kAllReduce, count * int64_t{sizeof(float)});
+  }
+  void AllReduce(double* data, int64_t count) override {
+    inner_->AllReduce(data, count);  // host sums only
+  }
+  void AllReduceMax(float* data, int64_t count) override {
+    if (!OnDevice(data)) return inner_->AllReduceMax(data, count);
+    nccl_->AllReduce(data, count, /*max=*/true);
+    Issued(CommOp::kAllReduce, count * int64_t{sizeof(float)});
+  }
+  void ReduceScatter(const float* send, float* recv, int64_t count) override {
+    if (!OnDevice(send) && !OnDevice(recv)) {
+      return inner_->ReduceScatter(send, recv, count);
+    }
+    if (!OnDevice(send) || !OnDevice(recv)) {
+      return staged_->ReduceScatter(send, recv, count);
+    }
+    nccl_->ReduceScatter(send, recv, count);
+    Issued(CommOp::kReduceScatter, count * size() * int64_t{sizeof(float)});
+  }
+  void AllGather(const float* send, float* recv, int64_t count) override {
+    if (!OnDevice(send) && !OnDevice(recv)) {
+      return inner_->AllGather(send, recv, count);
+    }
+    if (!OnDevice(send) || !OnDevice(recv)) {
+      return staged_->AllGather(send, recv, count);
+    }
+    nccl_->AllGather(send, recv, count);
+    Issued(CommOp::kAllGather, count * size() * int64_t{sizeof(float)});
+  }
+  void Broadcast(float* data, int64_t count, int root) override {
+    if (!OnDevice(data)) return inner_->Broadcast(data, count, root);
+    nccl_->Broadcast(data, count, root);
+    Issued(CommOp::kBroadcast, count * int64_t{sizeof(float)});
+  }
+  void Send(const float* data, int64_t count, int peer, int tag) override {
+    staged_->Send(data, count, peer, tag);
+  }
+  void Recv(float* data, int64_t count, int peer, int tag) override {
+    staged_->Recv(data, count, peer, tag);
+  }
+  void Barrier() override { inner_->Barrier(); }
+
+  std::unique_ptr<CommHandle> AllReduceAsync(float* data,
+                                             int64_t count) override {
+    if (!OnDevice(data)) return inner_->AllReduceAsync(data, count);
+    AllReduce(data, count);
+    return std::make_unique<Done>();
+  }
+  std::unique_ptr<CommHandle> ReduceScatterAsync(const float* send, float* recv,
+                                                 int64_t count) override {
+    if (!OnDevice(send) || !OnDevice(recv)) {
+      return staged_->ReduceScatterAsync(send, recv, count);
+    }
+    ReduceScatter(send, recv, count);
+    return std::make_unique<Done>();
+  }
+  std::unique_ptr<CommHandle> AllGatherAsync(const float* send, float* recv,
+                                             int64_t count) override {
+    if (!OnDevice(send) || !OnDevice(recv)) {
+      return staged_->AllGatherAsync(send, recv, count);
+    }
+    AllGather(send, recv, count);
+    return std::make_unique<Done>();
+  }
+  std::unique_ptr<CommHandle> BroadcastAsync(float* data, int64_t count,
+                                             int root) override {
+    if (!OnDevice(data)) return inner_->BroadcastAsync(data, count, root);
+    Broadcast(data, count, root);
+    return std::make_unique<Done>();
+  }
+  std::unique_ptr<CommHandle> SendAsync(const float* data, int64_t count,
+                                        int peer, int tag) override {
+    return staged_->SendAsync(data, count, peer, tag);
+  }
+  std::unique_ptr<CommHandle> RecvAsync(float* data, int64_t count, int peer,
+                                        int tag) override {
+    return staged_->RecvAsync(data, count, peer, tag);
+  }
+
+ private:
+  bool OnDevice(const void* p) const {
+    return p != nullptr && ops_->IsDeviceMemory(p);
+  }
+  // An NCCL operation was enqueued: its time is recorded once it finished.
+  void Issued(CommOp op, int64_t bytes) {
+    pending_.push_back({op, bytes});
+    Collect();
+  }
+  void Collect() {
+    for (double seconds : nccl_->FinishedSeconds()) {
+      const auto [op, bytes] = pending_.front();
+      pending_.pop_front();
+      inner_->stats().Record(group(), op, seconds, bytes);
+    }
+  }
+
+  Communicator* inner_;
+  kernels::Ops* ops_;
+  std::unique_ptr<kernels::DeviceCollectives> nccl_;
+  std::unique_ptr<Communicator> staged_;  // p2p, and mixed host/GPU buffers
+  std::deque<std::pair<CommOp, int64_t>> pending_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(
+    Communicator* inner, kernels::Ops* ops) {
+  // Rank 0's id, behind a flag saying whether it has one, as floats (the
+  // communicator's unit): MPI moves the bytes as they are.
+  constexpr int kIdBytes = 128;
+  constexpr int kFloats = 1 + kIdBytes / sizeof(float);
+  std::vector<float> message(kFloats, 0.0f);
+  std::string id, error;
+  if (inner->rank() == 0 && kernels::NcclUniqueId(&id, &error) &&
+      id.size() == kIdBytes) {
+    message[0] = 1.0f;
+    std::memcpy(message.data() + 1, id.data(), kIdBytes);
+  }
+  inner->Broadcast(message.data(), kFloats, 0);
+  if (message[0] != 1.0f) {
+    return absl::UnavailableError(absl::StrCat(
+        "NCCL: no unique id for group ", inner->group(),
+        inner->rank() == 0 ? absl::StrCat(": ", error) : std::string()));
+  }
+  id.assign(reinterpret_cast<const char*>(message.data() + 1), kIdBytes);
+  std::unique_ptr<kernels::DeviceCollectives> nccl =
+      kernels::MakeNcclCollectives(ops, id, inner->size(), inner->rank(),
+                                   &error);
+  const absl::Status mine =
+      nccl != nullptr ? absl::OkStatus()
+                      : absl::UnavailableError(absl::StrCat(
+                            "NCCL for group ", inner->group(), ": ", error));
+  if (absl::Status s =
+          AgreeOnStatus(inner, mine, "NCCL failed to start on another rank");
+      !s.ok()) {
+    return s;
+  }
+  return std::unique_ptr<Communicator>(
+      new NcclCommunicator(inner, ops, std::move(nccl)));
+}
+
+}  // namespace ptrain
