@@ -424,13 +424,22 @@ absl::StatusOr<v1::Job> Coordinator::Submit(
   // queues it. On its own host ptcoord knows now.
   if (!nodes_->enabled() && !options_.slurm) {
     if (absl::Status s = scheduler_.CheckFits(world); !s.ok()) return s;
-    if (OnGpus(*spec) && kernels::CudaDeviceCount() == 0) {
-      std::string why;
-      kernels::MakeCudaOps({}, &why);
-      return absl::InvalidArgumentError(
-          absl::StrCat("resources.device=cuda: this coordinator runs jobs on "
-                       "its own host, which cannot train on a GPU: ",
-                       why));
+    if (OnGpus(*spec)) {
+      const std::string why = kernels::CudaUnavailableReason();
+      if (!why.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "resources.device=cuda: this coordinator runs jobs on its own "
+            "host, which cannot train on a GPU: ",
+            why));
+      }
+      const int gpus = kernels::CudaDeviceCount();
+      if (world > gpus && !kernels::CudaRanksShareGpus()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "resources.device=cuda: the job's ", world,
+            " ranks (parallel.dp × tp × pp) need one GPU each, and this "
+            "coordinator's host, where it runs jobs, has ",
+            gpus));
+      }
     }
   }
   if (absl::Status s =

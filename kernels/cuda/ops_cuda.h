@@ -27,6 +27,14 @@ struct CudaOptions {
 // backend is not built).
 int CudaDeviceCount();
 
+// PTRAIN_CUDA_SHARE_GPUS=1: ranks may share a GPU (how tests run several
+// ranks on one); otherwise each rank needs its own.
+bool CudaRanksShareGpus();
+
+// Why no GPU can be trained on here (no device, no driver, or the backend
+// not built); "" when one can.
+std::string CudaUnavailableReason();
+
 // The backend on options.device; null with *error set when there is no such
 // device or the backend is not built (PT_CUDA=OFF or no nvcc).
 std::unique_ptr<Ops> MakeCudaOps(const CudaOptions& options,

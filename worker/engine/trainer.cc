@@ -34,14 +34,6 @@ using Clock = std::chrono::steady_clock;
 double SecondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
-// Ranks may share a GPU (tests of multi-rank layouts on one device): their
-// collectives then go through host memory over MPI.
-constexpr char kShareGpusEnv[] = "PTRAIN_CUDA_SHARE_GPUS";
-bool SharesGpus() {
-  const char* v = std::getenv(kShareGpusEnv);
-  return v != nullptr && std::string_view(v) == "1";
-}
-
 // The GPU of every rank, in rank order, when ptcoord chose them
 // (PTRAIN_RANK_GPUS, "2,3,0,1": indices as the node's driver numbers its
 // GPUs); empty otherwise, when a node's ranks take its GPUs in turn.
@@ -85,21 +77,20 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
         "parallel.zero > 0 needs MPI (run ptworker, under mpirun or alone)");
   }
   if (spec.resources().device() == "cuda") {
-    const int gpus = kernels::CudaDeviceCount();
-    if (gpus == 0) {
-      std::string why;
-      kernels::MakeCudaOps({}, &why);
+    if (const std::string why = kernels::CudaUnavailableReason();
+        !why.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("resources.device=cuda: ", why));
     }
+    const int gpus = kernels::CudaDeviceCount();
     auto rank_gpus = RankGpus(dims != nullptr ? dims->world_size() : 1, gpus);
     if (!rank_gpus.ok()) return rank_gpus.status();
     const int local = dims != nullptr ? dims->local_size() : 1;
-    if (local > gpus && !SharesGpus()) {
+    if (local > gpus && !kernels::CudaRanksShareGpus()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "resources.device=cuda: ", local, " ranks on this node but ", gpus,
-          " GPU(s): one rank per GPU (lower resources.ranks_per_node, or set ",
-          kShareGpusEnv, "=1 to let ranks share GPUs)"));
+          " GPU(s): one rank per GPU (lower resources.ranks_per_node, or set "
+          "PTRAIN_CUDA_SHARE_GPUS=1 to let ranks share GPUs)"));
     }
   } else if (spec.resources().device() != "cpu") {
     return absl::InvalidArgumentError(
