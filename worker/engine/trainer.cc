@@ -779,15 +779,20 @@ absl::Status Trainer::Run() {
     if (options_.on_record && is_log_rank()) options_.on_record(record);
   };
   const auto& train = spec_.train();
-  const double peak =
-      options_.peak_flops > 0 ? options_.peak_flops : MeasureSgemmPeakFlops();
+  // MFU's denominator: the measured matmul peak of what trains, the CPU's
+  // sgemm or the GPU's matmul in the job's precision.
+  const double peak = options_.peak_flops > 0 ? options_.peak_flops
+                      : device_ops_ != nullptr
+                          ? MeasureMatmulPeakFlops(*device_ops_)
+                          : MeasureSgemmPeakFlops();
   const MemoryBytes mem = memory();
   spdlog::info(
-      "model: {} parameters (L={} NH={} C={} T={} V={}), {} threads, sgemm "
-      "peak {:.1f} GFLOP/s",
+      "model: {} parameters (L={} NH={} C={} T={} V={}), {} threads, {} "
+      "matmul peak {:.1f} GFLOP/s",
       GptNumParams(model().config()), spec_.model().n_layer(),
       spec_.model().n_head(), spec_.model().n_embd(), T_, data_.vocab_size,
-      omp_get_max_threads(), peak / 1e9);
+      omp_get_max_threads(),
+      device_ops_ != nullptr ? device_ops_->name() : "cpu sgemm", peak / 1e9);
   spdlog::info(
       "memory per rank: params {:.1f} MB, grads {:.1f} MB, optimizer {:.1f} "
       "MB, activations {:.1f} MB",
