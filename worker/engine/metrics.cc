@@ -75,6 +75,13 @@ absl::StatusOr<std::unique_ptr<RankMetrics>> RankMetrics::Start(
   for (const char* kind : {"params", "grads", "optimizer", "activations"}) {
     m->memory_[kind] = &memory.Add(With(m->base_, "kind", kind));
   }
+  m->gpu_memory_family_ =
+      &p8s::BuildGauge()
+           .Name("ptrain_gpu_memory_bytes")
+           .Help(
+               "Memory of this rank's GPU: in use (by every process on "
+               "it) and in total.")
+           .Register(reg);
   auto& phases = p8s::BuildCounter()
                      .Name("ptrain_phase_seconds_total")
                      .Help("Seconds spent by phase of the training loop.")
@@ -133,6 +140,15 @@ void RankMetrics::SetMemory(const MemoryBytes& m) {
   memory_.at("grads")->Set(static_cast<double>(m.grads));
   memory_.at("optimizer")->Set(static_cast<double>(m.optimizer));
   memory_.at("activations")->Set(static_cast<double>(m.activations));
+}
+
+void RankMetrics::SetGpuMemory(int64_t used, int64_t total) {
+  if (gpu_used_ == nullptr) {  // the series appear with the first value
+    gpu_used_ = &gpu_memory_family_->Add(With(base_, "kind", "used"));
+    gpu_total_ = &gpu_memory_family_->Add(With(base_, "kind", "total"));
+  }
+  gpu_used_->Set(static_cast<double>(used));
+  gpu_total_->Set(static_cast<double>(total));
 }
 
 void RankMetrics::UpdateComm(const CommStats& stats) {

@@ -51,6 +51,9 @@ class RankMetrics {
   void OnEval(double val_loss);
   void OnCheckpoint(double seconds);
   void SetMemory(const MemoryBytes& m);
+  // ptrain_gpu_memory_bytes{kind=used|total}: the memory of the rank's GPU
+  // in use (by every process on it) and its size; absent on cpu ranks.
+  void SetGpuMemory(int64_t used, int64_t total);
   // Brings ptrain_comm_{seconds,bytes}_total up to `stats` (cumulative).
   void UpdateComm(const CommStats& stats);
 
@@ -65,6 +68,8 @@ class RankMetrics {
   prometheus::Gauge *step_, *loss_, *val_loss_, *tok_per_s_, *mfu_;
   prometheus::Histogram *step_seconds_, *checkpoint_seconds_;
   std::map<std::string, prometheus::Gauge*> memory_;
+  prometheus::Family<prometheus::Gauge>* gpu_memory_family_ = nullptr;
+  prometheus::Gauge *gpu_used_ = nullptr, *gpu_total_ = nullptr;
   std::map<std::string, prometheus::Counter*> phases_;
   prometheus::Family<prometheus::Counter>*comm_seconds_, *comm_bytes_;
   // (group, op) -> counters, and the totals already added.

@@ -844,6 +844,10 @@ absl::Status Trainer::Run() {
       options_.metrics->OnStep(step, r.loss, r.seconds, tok_per_s, mfu,
                                r.phases);
       if (dims_ != nullptr) options_.metrics->UpdateComm(*dims_->comm_stats());
+      if (device_ops_ != nullptr) {
+        const kernels::CudaMemory gpu = kernels::CudaMemoryInfo();
+        options_.metrics->SetGpuMemory(gpu.used, gpu.total);
+      }
     }
     if (!std::isfinite(r.loss)) {
       return absl::InternalError(

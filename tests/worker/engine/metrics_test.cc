@@ -78,6 +78,22 @@ TEST(RankMetrics, PageCarriesDesignNamesLabelsAndLastValues) {
        }) {
     EXPECT_NE(page.find(line), std::string::npos) << line << "\n" << page;
   }
+  // A cpu rank has no GPU memory series; a GPU rank's appear with its
+  // first value.
+  EXPECT_EQ(page.find("ptrain_gpu_memory_bytes{"), std::string::npos) << page;
+  (*m)->SetGpuMemory(int64_t{3} << 30, int64_t{80} << 30);
+  const std::string gpu_page = HttpGet((*m)->port(), "/metrics");
+  for (const std::string& line : std::vector<std::string>{
+           "ptrain_gpu_memory_bytes{dp_rank=\"1\",job=\"shakespeare\",kind="
+           "\"used\",node=\"node7\",pp_rank=\"0\",rank=\"3\",tp_rank="
+           "\"1\"} 3221225472",
+           "ptrain_gpu_memory_bytes{dp_rank=\"1\",job=\"shakespeare\",kind="
+           "\"total\",node=\"node7\",pp_rank=\"0\",rank=\"3\",tp_rank="
+           "\"1\"} 85899345920",
+       }) {
+    EXPECT_NE(gpu_page.find(line), std::string::npos) << line << "\n"
+                                                      << gpu_page;
+  }
 }
 
 TEST(RankMetrics, AddressInUseIsAClearError) {
