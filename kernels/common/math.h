@@ -34,12 +34,15 @@ PT_HD F GeluFromExp(F x, F e) {
   return x / (F(1) + e);
 }
 // dGELU/dx with s = 1 / (1 + e): s + 2 x s (1 - s) du/dx, where
-// s (1 - s) = e s^2 keeps its precision where s rounds to 1.
+// 1 - s = 1 / (1 + 1/e) keeps its precision where s rounds to 1, and stays
+// finite where e overflows to infinity (x below about -10 in float, where
+// an exact exp — the GPU's expf — gives inf; e s^2 was inf * 0 = NaN there).
 template <typename F>
 PT_HD F GeluGradFromExp(F x, F e) {
   const F s = F(1) / (F(1) + e);
+  const F one_minus_s = F(1) / (F(1) + F(1) / e);
   return s +
-         x * (e * s * s) *
+         x * (s * one_minus_s) *
              (F(2 * kGeluScale) + F(2 * kGeluScale * 3 * kGeluCube) * x * x);
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/math.h"
 #include "kernels/cpu/kernels.h"
 
 namespace ptrain::kernels {
@@ -525,6 +526,29 @@ double GeluReference(double x) {
   const long double u =
       std::sqrt(2.0L / M_PIl) * (xl + 0.044715L * xl * xl * xl);
   return static_cast<double>(0.5L * xl * (1.0L + std::tanh(u)));
+}
+
+// The shared formulas with an exact exp, as the GPU computes them (the CPU's
+// ExpF saturates, which hid this): for x below about -10, exp(-2u)
+// overflows to inf, and the gradient must still be finite (0), not NaN —
+// a NaN there stopped GPU runs after a thousand steps at a high learning rate.
+TEST(GeluTest, SharedFormulasStayFiniteWhereExpOverflows) {
+  for (float x : {-10.0f, -10.5f, -12.0f, -20.0f, -100.0f, -1e4f, 0.0f, 1e-30f,
+                  20.0f, 100.0f, 1e4f}) {
+    const float e = std::exp(math::GeluExponent(x));
+    const float y = math::GeluFromExp(x, e);
+    const float dy = math::GeluGradFromExp(x, e);
+    EXPECT_TRUE(std::isfinite(y)) << "x " << x << " e " << e;
+    EXPECT_TRUE(std::isfinite(dy)) << "x " << x << " e " << e;
+    if (x <= -12.0f) EXPECT_EQ(dy, 0.0f) << "x " << x;
+    if (x >= 20.0f) EXPECT_FLOAT_EQ(dy, 1.0f) << "x " << x;
+  }
+  // Near the overflow the gradient is tiny and of the right sign (GELU
+  // falls towards 0 from below as x decreases: dGELU/dx < 0 there).
+  const float x = -9.0f;
+  const float dy = math::GeluGradFromExp(x, std::exp(math::GeluExponent(x)));
+  EXPECT_LE(dy, 0.0f);
+  EXPECT_GT(dy, -1e-10f);
 }
 
 TEST(GeluTest, ForwardMatchesTanhFormula) {
