@@ -75,11 +75,26 @@ class Ops {
                                const float* dout, const float* inp,
                                const float* weight, int B, int T, int C,
                                int OC) = 0;
+  // Causal attention over inp (B,T,3,NH,hs) into out (B,T,NH,hs). `att`
+  // holds what the forward keeps for the backward (attention_saved_floats:
+  // the (B,NH,T,T) probabilities by default); `datt` is the backward's
+  // scratch (attention_scratch_floats). The backward also reads the
+  // forward's out.
   virtual void attention_forward(float* out, float* att, const float* inp,
                                  int B, int T, int C, int NH) = 0;
   virtual void attention_backward(float* dinp, float* datt, const float* dout,
-                                  const float* inp, const float* att, int B,
-                                  int T, int C, int NH) = 0;
+                                  const float* inp, const float* out,
+                                  const float* att, int B, int T, int C,
+                                  int NH) = 0;
+  virtual int64_t attention_saved_floats(int64_t B, int64_t T, int C,
+                                         int NH) const {
+    (void)C;
+    return B * NH * T * T;
+  }
+  virtual int64_t attention_scratch_floats(int64_t B, int64_t T, int C,
+                                           int NH) const {
+    return attention_saved_floats(B, T, C, NH);
+  }
   virtual void gelu_forward(float* out, const float* inp, int64_t N) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout,
                              int64_t N) = 0;

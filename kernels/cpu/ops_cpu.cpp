@@ -109,8 +109,9 @@ class CpuBackend final : public Ops {
     kernels::attention_forward(out, att, inp, B, T, C, NH);
   }
   void attention_backward(float* dinp, float* datt, const float* dout,
-                          const float* inp, const float* att, int B, int T,
-                          int C, int NH) override {
+                          const float* inp, const float* /*out*/,
+                          const float* att, int B, int T, int C,
+                          int NH) override {
     kernels::attention_backward(dinp, datt, dout, inp, att, B, T, C, NH);
   }
   void gelu_forward(float* out, const float* inp, int64_t N) override {

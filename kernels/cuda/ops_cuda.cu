@@ -21,6 +21,7 @@
 
 #include "common/check.h"
 #include "kernels/common/math.h"
+#include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/ops_cuda.h"
 
 namespace ptrain::kernels {
@@ -574,6 +575,8 @@ class CudaBackend final : public Ops {
     PT_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
     PT_CUDA_CHECK(cublasSetWorkspace(blas_, workspace_, kWorkspaceBytes));
     PT_CUDA_CHECK(cudaMalloc(&sum_, sizeof(double)));
+    PT_CUDA_CHECK(cudaDeviceGetAttribute(
+        &major_, cudaDevAttrComputeCapabilityMajor, o.device));
     compute_ =
         o.bf16_compute ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
   }
@@ -729,28 +732,40 @@ class CudaBackend final : public Ops {
       ColumnSums(nullptr, dbias, dout, nullptr, nullptr, nullptr, BT, OC);
     }
   }
-  // Under bf16 compute q, k, v, the probabilities and the score
-  // gradients are bf16 (the products' inputs; fp32 accumulation and fp32
-  // scores): the probabilities are kept packed in the first half of `att`,
-  // which only this backend's backward reads.
+  // Under bf16 compute, heads of 16, 32 or 64 take the fused kernels
+  // (flash_attention.h): `att` keeps one float per query row and `datt` is
+  // (B,NH,T). Otherwise the products go through cuBLAS with the (T,T)
+  // scores in memory; under bf16 compute q, k, v, the probabilities and the
+  // score gradients are then bf16 (fp32 accumulation and fp32 scores), the
+  // probabilities packed in the first half of `att`, which only this
+  // backend's backward reads.
   void attention_forward(float* out, float* att, const float* inp, int B, int T,
                          int C, int NH) override {
     const OpScope scope(&times_, stream_, "attention_forward");
-    if (options_.bf16_compute) {
+    if (Fused(C, NH)) {
+      FlashAttentionForward(out, att, inp, B, T, NH, C / NH, stream_);
+    } else if (options_.bf16_compute) {
       Attention<__nv_bfloat16>(out, att, inp, B, T, C, NH);
     } else {
       Attention<float>(out, att, inp, B, T, C, NH);
     }
   }
   void attention_backward(float* dinp, float* datt, const float* dout,
-                          const float* inp, const float* att, int B, int T,
-                          int C, int NH) override {
+                          const float* inp, const float* out, const float* att,
+                          int B, int T, int C, int NH) override {
     const OpScope scope(&times_, stream_, "attention_backward");
-    if (options_.bf16_compute) {
+    if (Fused(C, NH)) {
+      FlashAttentionBackward(dinp, datt, dout, out, inp, att, B, T, NH, C / NH,
+                             stream_);
+    } else if (options_.bf16_compute) {
       AttentionBackward<__nv_bfloat16>(dinp, datt, dout, inp, att, B, T, C, NH);
     } else {
       AttentionBackward<float>(dinp, datt, dout, inp, att, B, T, C, NH);
     }
+  }
+  int64_t attention_saved_floats(int64_t B, int64_t T, int C,
+                                 int NH) const override {
+    return Fused(C, NH) ? B * NH * T : B * NH * T * T;
   }
   void gelu_forward(float* out, const float* inp, int64_t N) override {
     Run("gelu_forward", GeluForwardKernel, Blocks(N), out, inp, N);
@@ -810,6 +825,12 @@ class CudaBackend final : public Ops {
   static constexpr size_t kWorkspaceBytes = 32u << 20;
 
   void Launched() { PT_CUDA_CHECK(cudaGetLastError()); }
+
+  // Whether attention over heads of C / NH takes the fused kernels.
+  bool Fused(int C, int NH) const {
+    return options_.bf16_compute && options_.fused_attention &&
+           FlashAttentionSupports(C / NH, major_);
+  }
 
   // One kernel that is the whole of op `name`: launched on the stream with
   // `blocks` blocks of kThreads, timed under PTRAIN_CUDA_OP_TIMES, checked.
@@ -1030,6 +1051,7 @@ class CudaBackend final : public Ops {
   }
 
   const CudaOptions options_;
+  int major_ = 0;  // compute capability
   OpTimes times_;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;

@@ -1,7 +1,8 @@
 // The CUDA backend of the Ops seam (kernels/ops.h): the same ops on one
 // GPU's memory, in fp32 storage, on one stream. Matmuls (cuBLASLt, with the
-// bias as an epilogue) and attention's batched products (cuBLAS) compute in
-// fp32 or, with bf16 compute, on bf16 tensor cores with fp32 accumulation.
+// bias as an epilogue) and attention's products compute in fp32 or, with
+// bf16 compute, on bf16 tensor cores with fp32 accumulation; attention under
+// bf16 compute is one fused kernel each way (flash_attention.h).
 // Reductions that scatter (embedding and LayerNorm weight gradients) use
 // atomics: their order, and so their last bits, vary from run to run.
 #ifndef PTRAIN_KERNELS_CUDA_OPS_CUDA_H_
@@ -21,6 +22,10 @@ struct CudaOptions {
   // Matmul compute: false for fp32, true for bf16 tensor cores (inputs
   // rounded to bf16, fp32 accumulation and output).
   bool bf16_compute = false;
+  // With bf16 compute: attention through the fused kernels
+  // (flash_attention.h) where the head size allows, rather than cuBLAS
+  // products over (T,T) scores in memory.
+  bool fused_attention = true;
 };
 
 // Devices the CUDA runtime sees (0 without a driver or GPU, or when the

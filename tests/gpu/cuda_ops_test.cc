@@ -79,7 +79,7 @@ class Tokens {
 };
 
 class CudaOpsTest : public ::testing::TestWithParam<bool> {
- protected:
+ public:
   void SetUp() override {
     std::string error;
     kernels::CudaOptions o;
@@ -98,6 +98,7 @@ class CudaOpsTest : public ::testing::TestWithParam<bool> {
     EXPECT_LE(d, tol) << what;
   }
   Ops& cpu() { return kernels::CpuOps(); }
+  bool bf16() const { return GetParam(); }
   std::unique_ptr<Ops> gpu_;
   double tol_ = kFp32Tol;
 };
@@ -155,25 +156,53 @@ TEST_P(CudaOpsTest, LayerNormForwardAndBackward) {
   Check("layernorm dbias", g_db.Host(), db);
 }
 
-TEST_P(CudaOpsTest, CausalAttentionForwardAndBackward) {
-  const Vec inp = Random(kB * kT * 3 * kC, 21), dout = Random(kB * kT * kC, 22);
-  Vec out(kB * kT * kC), att(kB * kNH * kT * kT), datt(att.size()),
+// Attention of B sequences of T over NH heads of C / NH, forward and
+// backward, against the CPU. Under bf16 compute the heads of 16, 32 and 64
+// go through the fused kernels, which keep one float per query row.
+void CheckAttention(CudaOpsTest* test, Ops* gpu, int B, int T, int C, int NH) {
+  const Vec inp = Random(B * T * 3 * C, 21), dout = Random(B * T * C, 22);
+  Vec out(B * T * C), att(int64_t(B) * NH * T * T), datt(att.size()),
       dinp = Random(inp.size(), 23);
-  Dev g_inp(gpu_.get(), inp), g_dout(gpu_.get(), dout), g_out(gpu_.get(), out),
-      g_att(gpu_.get(), att), g_datt(gpu_.get(), datt),
-      g_dinp(gpu_.get(), dinp);
-  cpu().attention_forward(out.data(), att.data(), inp.data(), kB, kT, kC, kNH);
-  cpu().attention_backward(dinp.data(), datt.data(), dout.data(), inp.data(),
-                           att.data(), kB, kT, kC, kNH);
-  gpu_->attention_forward(g_out.get(), g_att.get(), g_inp.get(), kB, kT, kC,
-                          kNH);
-  gpu_->attention_backward(g_dinp.get(), g_datt.get(), g_dout.get(),
-                           g_inp.get(), g_att.get(), kB, kT, kC, kNH);
-  Check("attention out", g_out.Host(), out, true);
-  // Under bf16 compute the backend keeps the probabilities packed as bf16
-  // for its own backward: only the fp32 ones compare with the CPU's.
-  if (!GetParam()) Check("attention probabilities", g_att.Host(), att);
-  Check("attention dinp (accumulated)", g_dinp.Host(), dinp, true);
+  Dev g_inp(gpu, inp), g_dout(gpu, dout), g_out(gpu, out),
+      g_att(gpu, Vec(gpu->attention_saved_floats(B, T, C, NH))),
+      g_datt(gpu, Vec(gpu->attention_scratch_floats(B, T, C, NH))),
+      g_dinp(gpu, dinp);
+  kernels::Ops& cpu = kernels::CpuOps();
+  cpu.attention_forward(out.data(), att.data(), inp.data(), B, T, C, NH);
+  cpu.attention_backward(dinp.data(), datt.data(), dout.data(), inp.data(),
+                         out.data(), att.data(), B, T, C, NH);
+  gpu->attention_forward(g_out.get(), g_att.get(), g_inp.get(), B, T, C, NH);
+  gpu->attention_backward(g_dinp.get(), g_datt.get(), g_dout.get(), g_inp.get(),
+                          g_out.get(), g_att.get(), B, T, C, NH);
+  std::printf("  B%d T%d C%d NH%d (heads of %d)\n", B, T, C, NH, C / NH);
+  test->Check("attention out", g_out.Host(), out, true);
+  // Only the fp32 path keeps the probabilities as the CPU does.
+  if (!test->bf16()) {
+    test->Check("attention probabilities", g_att.Host(), att);
+  }
+  test->Check("attention dinp (accumulated)", g_dinp.Host(), dinp, true);
+}
+
+TEST_P(CudaOpsTest, CausalAttentionForwardAndBackward) {
+  CheckAttention(this, gpu_.get(), kB, kT, kC, kNH);
+  CheckAttention(this, gpu_.get(), kB, kT, 40, 5);  // heads of 8: cuBLAS
+}
+
+// GPT-2's heads of 64, over sequences that end inside a tile of 64.
+TEST_P(CudaOpsTest, CausalAttentionWithGpt2Heads) {
+  CheckAttention(this, gpu_.get(), 2, 150, 128, 2);
+  CheckAttention(this, gpu_.get(), 1, 128, 96, 3);  // heads of 32
+}
+
+// The fused kernels keep one float per query row, not the (T,T)
+// probabilities; heads they do not take keep the probabilities.
+TEST_P(CudaOpsTest, FusedAttentionKeepsOneFloatPerRow) {
+  const int64_t B = 8, T = 1024;
+  const int64_t rows = B * 12 * T;
+  EXPECT_EQ(gpu_->attention_saved_floats(B, T, 768, 12),
+            bf16() ? rows : rows * T);
+  EXPECT_EQ(gpu_->attention_saved_floats(B, T, 960, 12), rows * T);  // 80
+  EXPECT_EQ(kernels::CpuOps().attention_saved_floats(B, T, 768, 12), rows * T);
 }
 
 TEST_P(CudaOpsTest, GeluResidualBiasAndAdd) {

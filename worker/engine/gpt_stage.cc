@@ -105,11 +105,13 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
   const int64_t C = config.n_embd, L = n_blocks_;
   const int64_t BT = static_cast<int64_t>(max_B_) * max_T_;
   const int64_t BTs = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_);
-  const int64_t att = static_cast<int64_t>(max_B_) * NHl_ * max_T_ * max_T_;
+  const int64_t att = ops_->attention_saved_floats(max_B_, max_T_, Cl_, NHl_);
+  const int64_t datt =
+      ops_->attention_scratch_floats(max_B_, max_T_, Cl_, NHl_);
   const int64_t Cl = Cl_, Vl = Vl_;
-  acts_ =
-      kernels::Buffer(ops_, ActivationFloats(config, max_B_, max_T_, o.slots,
-                                             tp, tp_.sp, stage_, n_stages_));
+  acts_ = kernels::Buffer(
+      ops_, ActivationFloats(config, max_B_, max_T_, o.slots, tp, tp_.sp,
+                             stage_, n_stages_, ops_));
   for (int s = 0; s < o.slots; ++s) {
     Slot slot;
     slot.input = Take(BTs * C);
@@ -149,7 +151,7 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
   dln_ = Take(BTs * C);
   dqkv_ = Take(BT * 3 * Cl);
   datty_ = Take(BT * Cl);
-  datt_ = Take(att);
+  datt_ = Take(datt);
   dfch_ = Take(BT * 4 * Cl);
   dfch_gelu_ = Take(BT * 4 * Cl);
   dlogits_ = last() ? Take(BT * Vl) : nullptr;
@@ -174,7 +176,8 @@ const int32_t* GptStage::Stage(int32_t* staged, const int32_t* host, int B,
 
 int64_t GptStage::ActivationFloats(const GptConfig& config, int max_B,
                                    int max_T, int slots, int tp, bool sp,
-                                   int stage, int n_stages) {
+                                   int stage, int n_stages,
+                                   const kernels::Ops* ops) {
   // Mirrors the slabs the constructor takes, in saturating arithmetic.
   const bool last = stage == n_stages - 1;
   const int64_t C = config.n_embd, L = config.n_layer / n_stages;
@@ -182,20 +185,25 @@ int64_t GptStage::ActivationFloats(const GptConfig& config, int max_B,
   const int64_t Vl = config.padded_vocab / tp;
   const int64_t BT = SatMul(max_B, max_T);
   const int64_t BTs = SatMul(max_B, sp ? max_T / tp : max_T);
-  const int64_t att = SatMul(SatMul(SatMul(max_B, NHl), max_T), max_T);
+  const int64_t att = ops != nullptr
+                          ? ops->attention_saved_floats(max_B, max_T, Cl, NHl)
+                          : SatMul(SatMul(SatMul(max_B, NHl), max_T), max_T);
+  const int64_t datt =
+      ops != nullptr ? ops->attention_scratch_floats(max_B, max_T, Cl, NHl)
+                     : att;
   auto sum = [](std::initializer_list<int64_t> xs) {
     int64_t s = 0;
     for (int64_t x : xs) s = SatAdd(s, x);
     return s;
   };
   // Per layer: ln1, residual2, ln2, residual3 and four (B,Ts) statistics;
-  // qkv, atty, fch, fch_gelu; the attention probabilities.
+  // qkv, atty, fch, fch_gelu; what attention keeps for its backward.
   const int64_t per_layer =
       sum({SatMul(BTs, 4 * C + 4), SatMul(BT, 3 * Cl + Cl + 8 * Cl), att});
   const int64_t head = last ? sum({SatMul(BTs, C + 2), SatMul(BT, Vl), BT}) : 0;
   const int64_t per_slot = sum({SatMul(BTs, C), SatMul(L, per_layer), head});
   const int64_t working =
-      sum({SatMul(2 * BT, C), SatMul(3 * BTs, C), SatMul(BT, 4 * Cl), att,
+      sum({SatMul(2 * BT, C), SatMul(3 * BTs, C), SatMul(BT, 4 * Cl), datt,
            SatMul(2 * BT, 4 * Cl), last ? sum({SatMul(BT, Vl), 3 * BT}) : 0});
   return SatAdd(SatMul(per_slot, slots), working);
 }
@@ -252,7 +260,7 @@ float GptStage::Forward(int slot, const int32_t* tokens, const float* hidden,
   const int64_t sBTsC = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_) * C;
   const int64_t sBTs = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_);
   const int64_t sBT = static_cast<int64_t>(max_B_) * max_T_;
-  const int64_t sAtt = sBT * NHl_ * max_T_;
+  const int64_t sAtt = ops_->attention_saved_floats(max_B_, max_T_, Cl_, NHl_);
 
   UnitStore& st = *store_;
   const float* wte = nullptr;
@@ -352,7 +360,7 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
   const int64_t sBTsC = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_) * C;
   const int64_t sBTs = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_);
   const int64_t sBT = static_cast<int64_t>(max_B_) * max_T_;
-  const int64_t sAtt = sBT * NHl_ * max_T_;
+  const int64_t sAtt = ops_->attention_saved_floats(max_B_, max_T_, Cl_, NHl_);
 
   UnitStore& st = *store_;
   if (first()) st.BeginBackward(emb_unit_);
@@ -423,7 +431,7 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
                         C, tp_, scratch_);
     st.EndBackward(u + 1);
     k.Zero(dqkv_, BT * 3 * Cl_);
-    k.attention_backward(dqkv_, datt_, datty_, qkv, att, B, T, Cl_, NHl_);
+    k.attention_backward(dqkv_, datt_, datty_, qkv, atty, att, B, T, Cl_, NHl_);
     st.Poll();
     st.BeginBackward(u);
     w = st.Params(u);

@@ -136,10 +136,12 @@ class GptStage : private UnitStore {
 
   // The floats of activations a stage with these settings allocates (every
   // slot and the working set), without building one; INT64_MAX when that
-  // does not fit in 64 bits.
+  // does not fit in 64 bits. Attention keeps what `ops` says it keeps; with
+  // no ops, the (B,NH,T,T) probabilities (the CPU's, and the most).
   static int64_t ActivationFloats(const GptConfig& config, int max_B, int max_T,
                                   int slots, int tp, bool sp, int stage,
-                                  int n_stages);
+                                  int n_stages,
+                                  const kernels::Ops* ops = nullptr);
 
  private:
   // Activations a microbatch keeps from forward to backward.
@@ -150,7 +152,7 @@ class GptStage : private UnitStore {
     float* ln1_rstd;   // (L,B,Ts)
     float* qkv;        // (L,B,T,3Cl)
     float* atty;       // (L,B,T,Cl)
-    float* att;        // (L,B,NHl,T,T)
+    float* att;        // (L, attention_saved_floats)
     float* residual2;  // (L,B,Ts,C)
     float* ln2;        // (L,B,Ts,C)
     float* ln2_mean;   // (L,B,Ts)

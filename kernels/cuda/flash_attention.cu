@@ -1,0 +1,538 @@
+// Fused causal attention (see flash_attention.h), after FlashAttention-2:
+// a block of 4 warps takes a tile of 64 query rows (forward) or 64 key
+// columns (backward) of one head and walks the tiles of the other side
+// that the causal mask leaves, with the 16x16x16 bf16 products of WMMA.
+//
+// Forward: warp w owns query rows w*16..w*16+15 of the tile. For each key
+// tile it forms S = q k^T (16x64, fp32) in shared memory, updates the
+// running row maximum m and sum l (two lanes per row, 32 columns each),
+// writes P = exp2(S scale log2e - m) as bf16 and adds P v to its rows of
+// the output, rescaled by exp2(m_old - m_new).
+//
+// Backward: warp w owns key columns w*16..w*16+15 of the tile and keeps
+// their dk and dv in accumulator fragments for the whole walk. For each
+// query tile: P^T from S^T and the saved lse, dv += P^T do, dP^T = v do^T,
+// dS^T = P^T (dP^T - delta) scale, dk += dS^T q; then the block's dS^T
+// (64x64) gives dq = dS k for the query tile, added to dinp atomically
+// (several key tiles contribute to one query row).
+#include <cuda_bf16.h>
+#include <mma.h>
+
+#include <cmath>
+
+#include "common/check.h"
+#include "kernels/cuda/flash_attention.h"
+
+namespace ptrain::kernels {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+namespace wmma = nvcuda::wmma;
+
+constexpr int kTile = 64;  // query rows or key columns per block
+constexpr int kWarps = 4;  // 16 rows (or columns) of the tile each
+constexpr int kThreads = kWarps * 32;
+constexpr int kPad = 8;              // bf16 row padding: fewer bank conflicts
+constexpr int kFPad = 4;             // fp32 row padding
+constexpr int kLdS = kTile + kFPad;  // fp32 rows of 64
+constexpr int kLdP = kTile + kPad;   // bf16 rows of 64
+
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
+using FragACol =
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major>;
+using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
+using FragBCol =
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
+using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+// Rows t0..t0+63 of one head's q, k, v or dout (row t at src + t * stride)
+// into a bf16 tile of row pitch HS + kPad; rows past T are zeros. A thread
+// takes pairs of neighbours (one 4-byte store each), and its loads go out
+// in batches of 16 before their conversions, so that they are in flight
+// together rather than one round trip each.
+template <int HS>
+__device__ __forceinline__ void LoadTile(bf16* __restrict__ dst,
+                                         const float* __restrict__ src,
+                                         int64_t stride, int t0, int T) {
+  constexpr int kPairs = kTile * HS / 2 / kThreads;  // per thread
+  constexpr int kBatch = kPairs < 8 ? kPairs : 8;
+#pragma unroll 1
+  for (int j0 = 0; j0 < kPairs; j0 += kBatch) {
+    float x[2 * kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = threadIdx.x + (j0 + j) * kThreads;
+      const int t = t0 + i / (HS / 2), d = 2 * (i % (HS / 2));
+      const float* p = src + int64_t(t) * stride + d;
+      x[2 * j] = t < T ? __ldg(p) : 0.0f;
+      x[2 * j + 1] = t < T ? __ldg(p + 1) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = threadIdx.x + (j0 + j) * kThreads;
+      const int r = i / (HS / 2), d = 2 * (i % (HS / 2));
+      *reinterpret_cast<__nv_bfloat162*>(dst + r * (HS + kPad) + d) =
+          __floats2bfloat162_rn(x[2 * j], x[2 * j + 1]);
+    }
+  }
+}
+
+// N floats of a shared-memory row (16-byte aligned) into registers.
+template <int N>
+__device__ __forceinline__ void LoadRow(float (&x)[N], const float* p) {
+#pragma unroll
+  for (int c = 0; c < N; c += 4) {
+    const float4 v = *reinterpret_cast<const float4*>(p + c);
+    x[c] = v.x;
+    x[c + 1] = v.y;
+    x[c + 2] = v.z;
+    x[c + 3] = v.w;
+  }
+}
+
+// Eight floats as bf16 into a shared-memory row (16-byte aligned).
+__device__ __forceinline__ void StoreBf16x8(bf16* p, const float* x) {
+  __nv_bfloat162 h[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    h[k] = __floats2bfloat162_rn(x[2 * k], x[2 * k + 1]);
+  *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(h);
+}
+
+template <int HS>
+constexpr size_t ForwardSmem() {
+  return 3 * kTile * (HS + kPad) * sizeof(bf16) +
+         kWarps * 16 * kLdS * sizeof(float) + kWarps * 16 * kLdP * sizeof(bf16);
+}
+
+template <int HS>
+__global__ void __launch_bounds__(kThreads)
+    FlashForwardKernel(float* out, float* lse, const float* inp, int T, int NH,
+                       float scale_log2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // bf16 WMMA needs sm_80; the backend never launches this
+#else
+  constexpr int kLdB = HS + kPad;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* qs = reinterpret_cast<bf16*>(smem);
+  bf16* ks = qs + kTile * kLdB;
+  bf16* vs = ks + kTile * kLdB;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* ss = reinterpret_cast<float*>(vs + kTile * kLdB) + warp * 16 * kLdS;
+  bf16* ps =
+      reinterpret_cast<bf16*>(reinterpret_cast<float*>(vs + kTile * kLdB) +
+                              kWarps * 16 * kLdS) +
+      warp * 16 * kLdP;
+
+  const int qt = gridDim.x - 1 - blockIdx.x;  // the longest rows first
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int C = NH * HS;
+  const int64_t stride = 3 * C;
+  const float* base = inp + int64_t(b) * T * stride + h * HS;
+  const int q0 = qt * kTile;
+  LoadTile<HS>(qs, base, stride, q0, T);
+
+  // This lane's share: row r of the warp's 16, columns half*32.. of a score
+  // row and half*HS/2.. of an output row.
+  const int r = lane / 2, half = lane % 2;
+  const int row = q0 + warp * 16 + r;
+  float m = -INFINITY, l = 0.0f;
+  float o[HS / 2];
+#pragma unroll
+  for (int c = 0; c < HS / 2; ++c) o[c] = 0.0f;
+
+  for (int kt = 0; kt <= qt; ++kt) {
+    __syncthreads();  // everyone is done with the previous k, v tiles
+    LoadTile<HS>(ks, base + C, stride, kt * kTile, T);
+    LoadTile<HS>(vs, base + 2 * C, stride, kt * kTile, T);
+    __syncthreads();
+
+    Acc s[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) wmma::fill_fragment(s[j], 0.0f);
+    for (int kk = 0; kk < HS; kk += 16) {
+      FragA a;
+      wmma::load_matrix_sync(a, qs + warp * 16 * kLdB + kk, kLdB);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        FragBCol kb;  // k^T: element (d, key) at ks[key][d]
+        wmma::load_matrix_sync(kb, ks + j * 16 * kLdB + kk, kLdB);
+        wmma::mma_sync(s[j], a, kb, s[j]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      wmma::store_matrix_sync(ss + j * 16, s[j], kLdS, wmma::mem_row_major);
+    }
+    __syncwarp();
+
+    const int key0 = kt * kTile + half * 32;
+    float x[32];
+    LoadRow(x, ss + r * kLdS + half * 32);
+    float mx = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < 32; ++c) {
+      x[c] = key0 + c <= row ? x[c] * scale_log2 : -INFINITY;
+      mx = fmaxf(mx, x[c]);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    const float m_new = fmaxf(m, mx);  // finite: key 0 is in every row
+    float sum = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 32; ++c) {
+      x[c] = exp2f(x[c] - m_new);
+      sum += x[c];
+    }
+#pragma unroll
+    for (int c = 0; c < 32; c += 8) {
+      StoreBf16x8(ps + r * kLdP + half * 32 + c, x + c);
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    const float alpha = exp2f(m - m_new);
+    l = l * alpha + sum;
+    m = m_new;
+    __syncwarp();
+
+    Acc pv[HS / 16];
+#pragma unroll
+    for (int j = 0; j < HS / 16; ++j) wmma::fill_fragment(pv[j], 0.0f);
+    for (int kk = 0; kk < kTile; kk += 16) {
+      FragA a;
+      wmma::load_matrix_sync(a, ps + kk, kLdP);
+#pragma unroll
+      for (int j = 0; j < HS / 16; ++j) {
+        FragB vb;
+        wmma::load_matrix_sync(vb, vs + kk * kLdB + j * 16, kLdB);
+        wmma::mma_sync(pv[j], a, vb, pv[j]);
+      }
+    }
+    __syncwarp();  // the scores are read: their rows take P v
+#pragma unroll
+    for (int j = 0; j < HS / 16; ++j) {
+      wmma::store_matrix_sync(ss + j * 16, pv[j], kLdS, wmma::mem_row_major);
+    }
+    __syncwarp();
+    float pv_row[HS / 2];
+    LoadRow(pv_row, ss + r * kLdS + half * (HS / 2));
+#pragma unroll
+    for (int c = 0; c < HS / 2; ++c) o[c] = o[c] * alpha + pv_row[c];
+    __syncwarp();
+  }
+
+  if (row < T) {
+    const float inv = 1.0f / l;
+    float* orow = out + (int64_t(b) * T + row) * C + h * HS + half * (HS / 2);
+#pragma unroll
+    for (int c = 0; c < HS / 2; ++c) orow[c] = o[c] * inv;
+    if (half == 0) lse[int64_t(bh) * T + row] = m + log2f(l);
+  }
+#endif
+}
+
+// delta (B,NH,T) = rowsum(dout * out): one warp per (b, t, h) row.
+__global__ void FlashDeltaKernel(float* delta, const float* dout,
+                                 const float* out, int64_t rows, int T, int NH,
+                                 int hs) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (i >= rows) return;
+  const float* a = dout + i * hs;
+  const float* o = out + i * hs;
+  float s = 0.0f;
+  for (int d = lane; d < hs; d += 32) s += a[d] * o[d];
+  for (int k = 16; k > 0; k >>= 1) s += __shfl_xor_sync(0xffffffffu, s, k);
+  if (lane == 0) {
+    const int64_t bt = i / NH;
+    const int h = static_cast<int>(i % NH);
+    const int64_t b = bt / T, t = bt % T;
+    delta[(b * NH + h) * T + t] = s;
+  }
+}
+
+template <int HS>
+constexpr size_t BackwardSmem() {
+  return 4 * kTile * (HS + kPad) * sizeof(bf16) +  // k, v, q, do
+         kWarps * 16 * kLdS * sizeof(float) +      // S^T, dP^T, dq, dk, dv
+         kWarps * 16 * kLdP * sizeof(bf16) +       // P^T
+         kTile * kLdP * sizeof(bf16) +             // dS^T, all warps
+         2 * kTile * sizeof(float);                // lse, delta
+}
+
+template <int HS>
+__global__ void __launch_bounds__(kThreads, 3)
+    FlashBackwardKernel(float* dinp, const float* dout, const float* inp,
+                        const float* lse, const float* delta, int T, int NH,
+                        float scale, float scale_log2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // bf16 WMMA needs sm_80; the backend never launches this
+#else
+  constexpr int kLdB = HS + kPad;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* ks = reinterpret_cast<bf16*>(smem);
+  bf16* vs = ks + kTile * kLdB;
+  bf16* qs = vs + kTile * kLdB;
+  bf16* dos = qs + kTile * kLdB;
+  float* st_all = reinterpret_cast<float*>(dos + kTile * kLdB);
+  bf16* pt_all = reinterpret_cast<bf16*>(st_all + kWarps * 16 * kLdS);
+  bf16* dst = pt_all + kWarps * 16 * kLdP;
+  float* lse_s = reinterpret_cast<float*>(dst + kTile * kLdP);
+  float* delta_s = lse_s + kTile;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* st = st_all + warp * 16 * kLdS;
+  bf16* pt = pt_all + warp * 16 * kLdP;
+
+  const int kt = blockIdx.x;  // the longest walks first
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int C = NH * HS;
+  const int64_t stride = 3 * C;
+  const float* base = inp + int64_t(b) * T * stride + h * HS;
+  const float* dbase = dout + int64_t(b) * T * C + h * HS;
+  float* gbase = dinp + int64_t(b) * T * stride + h * HS;
+  const int k0 = kt * kTile;
+  LoadTile<HS>(ks, base + C, stride, k0, T);
+  LoadTile<HS>(vs, base + 2 * C, stride, k0, T);
+
+  Acc dk[HS / 16], dv[HS / 16];
+#pragma unroll
+  for (int j = 0; j < HS / 16; ++j) {
+    wmma::fill_fragment(dk[j], 0.0f);
+    wmma::fill_fragment(dv[j], 0.0f);
+  }
+  // This lane's share of a (16 keys x 64 queries) tile: key row r, query
+  // columns half*32..
+  const int r = lane / 2, half = lane % 2;
+  const int key = k0 + warp * 16 + r;
+  const int n_tiles = (T + kTile - 1) / kTile;
+
+  for (int qt = kt; qt < n_tiles; ++qt) {
+    const int q0 = qt * kTile;
+    __syncthreads();  // the previous query tile is done with
+    LoadTile<HS>(qs, base, stride, q0, T);
+    LoadTile<HS>(dos, dbase, C, q0, T);
+    for (int i = threadIdx.x; i < kTile; i += kThreads) {
+      const bool in = q0 + i < T;
+      lse_s[i] = in ? lse[int64_t(bh) * T + q0 + i] : 0.0f;
+      delta_s[i] = in ? delta[int64_t(bh) * T + q0 + i] : 0.0f;
+    }
+    __syncthreads();
+
+    // S^T (16 keys x 64 queries) = k_w q^T.
+    Acc s[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) wmma::fill_fragment(s[j], 0.0f);
+    for (int kk = 0; kk < HS; kk += 16) {
+      FragA a;
+      wmma::load_matrix_sync(a, ks + warp * 16 * kLdB + kk, kLdB);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        FragBCol qb;  // q^T: element (d, query) at qs[query][d]
+        wmma::load_matrix_sync(qb, qs + j * 16 * kLdB + kk, kLdB);
+        wmma::mma_sync(s[j], a, qb, s[j]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      wmma::store_matrix_sync(st + j * 16, s[j], kLdS, wmma::mem_row_major);
+    }
+    __syncwarp();
+    float p[32];
+    LoadRow(p, st + r * kLdS + half * 32);
+#pragma unroll
+    for (int c = 0; c < 32; ++c) {
+      const int q = q0 + half * 32 + c;
+      p[c] = q < T && key <= q ? exp2f(p[c] * scale_log2 - lse_s[half * 32 + c])
+                               : 0.0f;
+    }
+#pragma unroll
+    for (int c = 0; c < 32; c += 8) {
+      StoreBf16x8(pt + r * kLdP + half * 32 + c, p + c);
+    }
+    __syncwarp();
+
+    // dv_w += P^T_w do; dP^T_w = v_w do^T.
+    for (int kk = 0; kk < kTile; kk += 16) {
+      FragA a;
+      wmma::load_matrix_sync(a, pt + kk, kLdP);
+#pragma unroll
+      for (int j = 0; j < HS / 16; ++j) {
+        FragB db;
+        wmma::load_matrix_sync(db, dos + kk * kLdB + j * 16, kLdB);
+        wmma::mma_sync(dv[j], a, db, dv[j]);
+      }
+    }
+    Acc dp[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) wmma::fill_fragment(dp[j], 0.0f);
+    for (int kk = 0; kk < HS; kk += 16) {
+      FragA a;
+      wmma::load_matrix_sync(a, vs + warp * 16 * kLdB + kk, kLdB);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        FragBCol db;  // do^T: element (d, query) at dos[query][d]
+        wmma::load_matrix_sync(db, dos + j * 16 * kLdB + kk, kLdB);
+        wmma::mma_sync(dp[j], a, db, dp[j]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      wmma::store_matrix_sync(st + j * 16, dp[j], kLdS, wmma::mem_row_major);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int c = 0; c < 32; c += 8) {
+      float ds[8];
+      LoadRow(ds, st + r * kLdS + half * 32 + c);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        ds[k] = p[c + k] * (ds[k] - delta_s[half * 32 + c + k]) * scale;
+      }
+      StoreBf16x8(dst + (warp * 16 + r) * kLdP + half * 32 + c, ds);
+    }
+    __syncwarp();
+
+    // dk_w += dS^T_w q.
+    for (int kk = 0; kk < kTile; kk += 16) {
+      FragA a;
+      wmma::load_matrix_sync(a, dst + warp * 16 * kLdP + kk, kLdP);
+#pragma unroll
+      for (int j = 0; j < HS / 16; ++j) {
+        FragB qb;
+        wmma::load_matrix_sync(qb, qs + kk * kLdB + j * 16, kLdB);
+        wmma::mma_sync(dk[j], a, qb, dk[j]);
+      }
+    }
+    __syncthreads();  // every warp's dS^T rows are in
+
+    // dq rows warp*16.. of the query tile = dS k: dS (query, key) is
+    // dS^T[key][query], a column-major A.
+    Acc dq[HS / 16];
+#pragma unroll
+    for (int j = 0; j < HS / 16; ++j) wmma::fill_fragment(dq[j], 0.0f);
+    for (int kk = 0; kk < kTile; kk += 16) {
+      FragACol a;
+      wmma::load_matrix_sync(a, dst + kk * kLdP + warp * 16, kLdP);
+#pragma unroll
+      for (int j = 0; j < HS / 16; ++j) {
+        FragB kb;
+        wmma::load_matrix_sync(kb, ks + kk * kLdB + j * 16, kLdB);
+        wmma::mma_sync(dq[j], a, kb, dq[j]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < HS / 16; ++j) {
+      wmma::store_matrix_sync(st + j * 16, dq[j], kLdS, wmma::mem_row_major);
+    }
+    __syncwarp();
+    for (int i = lane; i < 16 * HS; i += 32) {
+      const int rr = i / HS, d = i % HS;
+      const int q = q0 + warp * 16 + rr;
+      if (q < T) atomicAdd(gbase + int64_t(q) * stride + d, st[rr * kLdS + d]);
+    }
+    __syncwarp();
+  }
+
+  // dk, dv: this block's keys only, so plain adds.
+  for (int part = 1; part <= 2; ++part) {
+    Acc* acc = part == 1 ? dk : dv;
+#pragma unroll
+    for (int j = 0; j < HS / 16; ++j) {
+      wmma::store_matrix_sync(st + j * 16, acc[j], kLdS, wmma::mem_row_major);
+    }
+    __syncwarp();
+    for (int i = lane; i < 16 * HS; i += 32) {
+      const int rr = i / HS, d = i % HS;
+      const int kpos = k0 + warp * 16 + rr;
+      if (kpos < T) {
+        gbase[int64_t(kpos) * stride + part * C + d] += st[rr * kLdS + d];
+      }
+    }
+    __syncwarp();
+  }
+#endif
+}
+
+void Check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    ::ptrain::CheckFailed(__FILE__, __LINE__, what, cudaGetErrorString(e));
+  }
+}
+
+template <int HS>
+void Forward(float* out, float* lse, const float* inp, int B, int T, int NH,
+             cudaStream_t stream) {
+  constexpr size_t smem = ForwardSmem<HS>();
+  static const bool configured = [] {
+    Check(cudaFuncSetAttribute(FlashForwardKernel<HS>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(smem)),
+          "cudaFuncSetAttribute(FlashForwardKernel)");
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid((T + kTile - 1) / kTile, B * NH);
+  const float scale_log2 = 1.4426950408889634f / sqrtf(float(HS));
+  FlashForwardKernel<HS>
+      <<<grid, kThreads, smem, stream>>>(out, lse, inp, T, NH, scale_log2);
+  Check(cudaGetLastError(), "FlashForwardKernel");
+}
+
+template <int HS>
+void Backward(float* dinp, float* delta, const float* dout, const float* out,
+              const float* inp, const float* lse, int B, int T, int NH,
+              cudaStream_t stream) {
+  const int64_t rows = int64_t(B) * T * NH;
+  FlashDeltaKernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0,
+                     stream>>>(delta, dout, out, rows, T, NH, HS);
+  Check(cudaGetLastError(), "FlashDeltaKernel");
+  constexpr size_t smem = BackwardSmem<HS>();
+  static const bool configured = [] {
+    Check(cudaFuncSetAttribute(FlashBackwardKernel<HS>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(smem)),
+          "cudaFuncSetAttribute(FlashBackwardKernel)");
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid((T + kTile - 1) / kTile, B * NH);
+  const float scale = 1.0f / sqrtf(float(HS));
+  FlashBackwardKernel<HS><<<grid, kThreads, smem, stream>>>(
+      dinp, dout, inp, lse, delta, T, NH, scale, scale * 1.4426950408889634f);
+  Check(cudaGetLastError(), "FlashBackwardKernel");
+}
+
+}  // namespace
+
+bool FlashAttentionSupports(int hs, int major) {
+  return major >= 8 && (hs == 16 || hs == 32 || hs == 64);
+}
+
+void FlashAttentionForward(float* out, float* lse, const float* inp, int B,
+                           int T, int NH, int hs, cudaStream_t stream) {
+  switch (hs) {
+    case 16:
+      return Forward<16>(out, lse, inp, B, T, NH, stream);
+    case 32:
+      return Forward<32>(out, lse, inp, B, T, NH, stream);
+    case 64:
+      return Forward<64>(out, lse, inp, B, T, NH, stream);
+  }
+  PT_CHECK(false, "FlashAttentionForward: unsupported head size");
+}
+
+void FlashAttentionBackward(float* dinp, float* delta, const float* dout,
+                            const float* out, const float* inp,
+                            const float* lse, int B, int T, int NH, int hs,
+                            cudaStream_t stream) {
+  switch (hs) {
+    case 16:
+      return Backward<16>(dinp, delta, dout, out, inp, lse, B, T, NH, stream);
+    case 32:
+      return Backward<32>(dinp, delta, dout, out, inp, lse, B, T, NH, stream);
+    case 64:
+      return Backward<64>(dinp, delta, dout, out, inp, lse, B, T, NH, stream);
+  }
+  PT_CHECK(false, "FlashAttentionBackward: unsupported head size");
+}
+
+}  // namespace ptrain::kernels

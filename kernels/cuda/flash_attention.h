@@ -1,0 +1,38 @@
+// Fused causal attention on bf16 tensor cores, for the CUDA backend's bf16
+// compute: the scores and probabilities never leave shared memory. The
+// forward keeps one float per query row for the backward (the row's
+// log-sum-exp, base 2), not the (T,T) probabilities; the backward
+// recomputes the probabilities tile by tile.
+//
+// Layouts are the Ops seam's: inp and dinp (B,T,3,NH,hs) fp32 (q, k, v
+// rows), out and dout (B,T,NH,hs) fp32. q, k, v and the probabilities
+// enter the products as bf16; accumulation, the softmax statistics and
+// every result are fp32.
+#ifndef PTRAIN_KERNELS_CUDA_FLASH_ATTENTION_H_
+#define PTRAIN_KERNELS_CUDA_FLASH_ATTENTION_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ptrain::kernels {
+
+// Whether the fused kernels take heads of size hs (16, 32 or 64) on a GPU
+// of compute capability `major`.x (8 or more: bf16 tensor cores).
+bool FlashAttentionSupports(int hs, int major);
+
+// out (B,T,NH,hs) = causal softmax(q k^T / sqrt(hs)) v, per head; lse
+// (B,NH,T) receives each row's log2-sum-exp of the scaled scores.
+void FlashAttentionForward(float* out, float* lse, const float* inp, int B,
+                           int T, int NH, int hs, cudaStream_t stream);
+
+// dinp (B,T,3,NH,hs) += the gradients of q, k and v, from dout, the
+// forward's out and lse, and inp. delta (B,NH,T) is scratch.
+void FlashAttentionBackward(float* dinp, float* delta, const float* dout,
+                            const float* out, const float* inp,
+                            const float* lse, int B, int T, int NH, int hs,
+                            cudaStream_t stream);
+
+}  // namespace ptrain::kernels
+
+#endif  // PTRAIN_KERNELS_CUDA_FLASH_ATTENTION_H_
