@@ -39,42 +39,35 @@ class NcclCommunicator : public Communicator {
   }
 
   void AllReduce(float* data, int64_t count) override {
-    if (!OnDevice(data)) return inner_->AllReduce(data, count);
-    nccl_->AllReduce(data, count, /*max=*/false);
-    Issued(CommOp::kAllReduce, count * int64_t{sizeof(float)});
+    if (RouteOf(data) == Route::kHost) return inner_->AllReduce(data, count);
+    NcclAllReduce(data, count, /*max=*/false);
   }
   void AllReduce(double* data, int64_t count) override {
     inner_->AllReduce(data, count);  // host sums only
   }
   void AllReduceMax(float* data, int64_t count) override {
-    if (!OnDevice(data)) return inner_->AllReduceMax(data, count);
-    nccl_->AllReduce(data, count, /*max=*/true);
-    Issued(CommOp::kAllReduce, count * int64_t{sizeof(float)});
+    if (RouteOf(data) == Route::kHost) {
+      return inner_->AllReduceMax(data, count);
+    }
+    NcclAllReduce(data, count, /*max=*/true);
   }
   void ReduceScatter(const float* send, float* recv, int64_t count) override {
-    if (!OnDevice(send) && !OnDevice(recv)) {
-      return inner_->ReduceScatter(send, recv, count);
+    if (RouteOf(send, recv) != Route::kNccl) {
+      return staged_->ReduceScatter(send, recv, count);  // host: through
     }
-    if (!OnDevice(send) || !OnDevice(recv)) {
-      return staged_->ReduceScatter(send, recv, count);
-    }
-    nccl_->ReduceScatter(send, recv, count);
-    Issued(CommOp::kReduceScatter, count * size() * int64_t{sizeof(float)});
+    NcclReduceScatter(send, recv, count);
   }
   void AllGather(const float* send, float* recv, int64_t count) override {
-    if (!OnDevice(send) && !OnDevice(recv)) {
-      return inner_->AllGather(send, recv, count);
+    if (RouteOf(send, recv) != Route::kNccl) {
+      return staged_->AllGather(send, recv, count);  // host: through
     }
-    if (!OnDevice(send) || !OnDevice(recv)) {
-      return staged_->AllGather(send, recv, count);
-    }
-    nccl_->AllGather(send, recv, count);
-    Issued(CommOp::kAllGather, count * size() * int64_t{sizeof(float)});
+    NcclAllGather(send, recv, count);
   }
   void Broadcast(float* data, int64_t count, int root) override {
-    if (!OnDevice(data)) return inner_->Broadcast(data, count, root);
-    nccl_->Broadcast(data, count, root);
-    Issued(CommOp::kBroadcast, count * int64_t{sizeof(float)});
+    if (RouteOf(data) == Route::kHost) {
+      return inner_->Broadcast(data, count, root);
+    }
+    NcclBroadcast(data, count, root);
   }
   void Send(const float* data, int64_t count, int peer, int tag) override {
     staged_->Send(data, count, peer, tag);
@@ -84,32 +77,38 @@ class NcclCommunicator : public Communicator {
   }
   void Barrier() override { inner_->Barrier(); }
 
+  // NCCL operations are ordered on the backend's stream: they are done,
+  // as far as the host's ordering goes, once enqueued.
   std::unique_ptr<CommHandle> AllReduceAsync(float* data,
                                              int64_t count) override {
-    if (!OnDevice(data)) return inner_->AllReduceAsync(data, count);
-    AllReduce(data, count);
+    if (RouteOf(data) == Route::kHost) {
+      return inner_->AllReduceAsync(data, count);
+    }
+    NcclAllReduce(data, count, /*max=*/false);
     return std::make_unique<Done>();
   }
   std::unique_ptr<CommHandle> ReduceScatterAsync(const float* send, float* recv,
                                                  int64_t count) override {
-    if (!OnDevice(send) || !OnDevice(recv)) {
+    if (RouteOf(send, recv) != Route::kNccl) {
       return staged_->ReduceScatterAsync(send, recv, count);
     }
-    ReduceScatter(send, recv, count);
+    NcclReduceScatter(send, recv, count);
     return std::make_unique<Done>();
   }
   std::unique_ptr<CommHandle> AllGatherAsync(const float* send, float* recv,
                                              int64_t count) override {
-    if (!OnDevice(send) || !OnDevice(recv)) {
+    if (RouteOf(send, recv) != Route::kNccl) {
       return staged_->AllGatherAsync(send, recv, count);
     }
-    AllGather(send, recv, count);
+    NcclAllGather(send, recv, count);
     return std::make_unique<Done>();
   }
   std::unique_ptr<CommHandle> BroadcastAsync(float* data, int64_t count,
                                              int root) override {
-    if (!OnDevice(data)) return inner_->BroadcastAsync(data, count, root);
-    Broadcast(data, count, root);
+    if (RouteOf(data) == Route::kHost) {
+      return inner_->BroadcastAsync(data, count, root);
+    }
+    NcclBroadcast(data, count, root);
     return std::make_unique<Done>();
   }
   std::unique_ptr<CommHandle> SendAsync(const float* data, int64_t count,
@@ -122,8 +121,32 @@ class NcclCommunicator : public Communicator {
   }
 
  private:
+  // Where an operation's buffers send it: MPI for host memory, NCCL for
+  // GPU memory, staged through the host when one of two is on each side.
+  enum class Route { kHost, kStaged, kNccl };
+  Route RouteOf(const void* a, const void* b = nullptr) const {
+    const bool da = OnDevice(a), db = b == nullptr ? da : OnDevice(b);
+    if (da && db) return Route::kNccl;
+    return !da && !db ? Route::kHost : Route::kStaged;
+  }
   bool OnDevice(const void* p) const {
     return p != nullptr && ops_->IsDeviceMemory(p);
+  }
+  void NcclAllReduce(float* data, int64_t count, bool max) {
+    nccl_->AllReduce(data, count, max);
+    Issued(CommOp::kAllReduce, count * int64_t{sizeof(float)});
+  }
+  void NcclReduceScatter(const float* send, float* recv, int64_t count) {
+    nccl_->ReduceScatter(send, recv, count);
+    Issued(CommOp::kReduceScatter, count * size() * int64_t{sizeof(float)});
+  }
+  void NcclAllGather(const float* send, float* recv, int64_t count) {
+    nccl_->AllGather(send, recv, count);
+    Issued(CommOp::kAllGather, count * size() * int64_t{sizeof(float)});
+  }
+  void NcclBroadcast(float* data, int64_t count, int root) {
+    nccl_->Broadcast(data, count, root);
+    Issued(CommOp::kBroadcast, count * int64_t{sizeof(float)});
   }
   // An NCCL operation was enqueued: its time is recorded once it finished.
   void Issued(CommOp op, int64_t bytes) {

@@ -9,7 +9,6 @@
 #include <new>
 #include <numeric>
 #include <stdexcept>
-#include <string_view>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -76,6 +75,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     return absl::InvalidArgumentError(
         "parallel.zero > 0 needs MPI (run ptworker, under mpirun or alone)");
   }
+  int gpu = -1;  // the rank's GPU, on cuda
   if (spec.resources().device() == "cuda") {
     if (const std::string why = kernels::CudaUnavailableReason();
         !why.empty()) {
@@ -92,6 +92,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
           " GPU(s): one rank per GPU (lower resources.ranks_per_node, or set "
           "PTRAIN_CUDA_SHARE_GPUS=1 to let ranks share GPUs)"));
     }
+    // The GPU ptcoord chose for this rank, else the node's ranks take its
+    // GPUs in turn.
+    gpu = !rank_gpus->empty()
+              ? (*rank_gpus)[dims != nullptr ? dims->world_rank() : 0]
+              : (dims != nullptr ? dims->local_rank() : 0) % gpus;
   } else if (spec.resources().device() != "cpu") {
     return absl::InvalidArgumentError(
         absl::StrCat("resources.device=", spec.resources().device(),
@@ -147,7 +152,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   std::unique_ptr<Trainer> trainer;
   absl::Status built = absl::OkStatus();
   try {
-    trainer.reset(new Trainer(spec, options, std::move(*data), dims));
+    trainer.reset(new Trainer(spec, options, std::move(*data), dims, gpu));
   } catch (const std::bad_alloc&) {
     built = absl::ResourceExhaustedError(
         "memory: out of memory while building the model, its gradients and "
@@ -503,7 +508,7 @@ absl::StatusOr<std::string> Trainer::SaveCheckpointAt(int64_t step) {
 }
 
 Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
-                 TokenData data, ParallelDims* dims)
+                 TokenData data, ParallelDims* dims, int gpu)
     : spec_(spec), options_(options), data_(std::move(data)), dims_(dims) {
   if (spec_.resources().threads_per_rank() > 0) {
     omp_set_num_threads(spec_.resources().threads_per_rank());
@@ -531,17 +536,7 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
   if (spec_.resources().device() == "cuda") {
     kernels::CudaOptions cuda;
     cuda.bf16_compute = spec_.train().precision() != "fp32";
-    // The GPU ptcoord chose for this rank, else the node's ranks take its
-    // GPUs in turn (Create checked both).
-    const int world_rank = dims_ != nullptr ? dims_->world_rank() : 0;
-    const std::vector<int> rank_gpus =
-        RankGpus(dims_ != nullptr ? dims_->world_size() : 1,
-                 kernels::CudaDeviceCount())
-            .value();
-    cuda.device = !rank_gpus.empty()
-                      ? rank_gpus[world_rank]
-                      : (dims_ != nullptr ? dims_->local_rank() : 0) %
-                            kernels::CudaDeviceCount();
+    cuda.device = gpu;  // chosen and checked by Create
     std::string error;
     device_ops_ = kernels::MakeCudaOps(cuda, &error);
     PT_CHECK(device_ops_ != nullptr, error.c_str());  // Create checked

@@ -117,8 +117,9 @@ class Trainer {
   double flops_per_step() const;
 
  private:
+  // gpu: the rank's GPU where resources.device is cuda (else -1).
   Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
-          TokenData data, ParallelDims* dims);
+          TokenData data, ParallelDims* dims, int gpu);
   // Sum over the dp group (identity on one rank).
   double SumOverDp(double x);
   // The groups of this rank; null where a degree is 1 (or no MPI). On a
