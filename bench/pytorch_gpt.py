@@ -2,7 +2,12 @@
 """The models of bench/engine_throughput in PyTorch (Debian's python3-torch),
 same architecture, same batch, fp32, AdamW: tokens per second for comparison.
 
-    /usr/bin/python3 bench/pytorch_gpt.py [--threads 2] [--steps 20]
+    /usr/bin/python3 bench/pytorch_gpt.py [--threads 2] [--interop 1]
+                                          [--config S|M|both] [--steps 20]
+
+--threads sets PyTorch's intra-op threads, --interop its inter-op threads.
+Which is fastest depends on the machine: bench/compare_pytorch.py runs
+each beside ptrain and compares with the best.
 """
 import argparse
 import os
@@ -61,12 +66,20 @@ def run(name, L, NH, C, T, B, V, steps, warmup):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--interop", type=int, default=0,
+                    help="inter-op threads (0: PyTorch's default)")
+    ap.add_argument("--config", choices=["S", "M", "both"], default="both")
     ap.add_argument("--steps", type=int, default=0)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"threads {torch.get_num_threads()}")
-    run("S", 4, 4, 128, 64, 16, 65, args.steps or 40, 5)
-    run("M", 6, 6, 384, 256, 8, 65, args.steps or 6, 2)
+    if args.interop > 0:
+        torch.set_num_interop_threads(args.interop)
+    print(f"threads {torch.get_num_threads()}, "
+          f"inter-op {torch.get_num_interop_threads()}")
+    if args.config in ("S", "both"):
+        run("S", 4, 4, 128, 64, 16, 65, args.steps or 40, 5)
+    if args.config in ("M", "both"):
+        run("M", 6, 6, 384, 256, 8, 65, args.steps or 6, 2)
 
 
 if __name__ == "__main__":
