@@ -100,6 +100,64 @@ __device__ __forceinline__ void StoreBf16x8(bf16* p, const float* x) {
   *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(h);
 }
 
+// The warp's 16 x 64 fp32 tile at out (row pitch kLdS) = a b^T: a is 16
+// rows and b 64 rows of HS bf16 (row pitch HS + kPad).
+template <int HS>
+__device__ __forceinline__ void MulABt(float* out, const bf16* a,
+                                       const bf16* b) {
+  constexpr int kLdB = HS + kPad;
+  Acc s[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) wmma::fill_fragment(s[j], 0.0f);
+  for (int kk = 0; kk < HS; kk += 16) {
+    FragA fa;
+    wmma::load_matrix_sync(fa, a + kk, kLdB);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      FragBCol fb;  // b^T: element (d, row) at b[row][d]
+      wmma::load_matrix_sync(fb, b + j * 16 * kLdB + kk, kLdB);
+      wmma::mma_sync(s[j], fa, fb, s[j]);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    wmma::store_matrix_sync(out + j * 16, s[j], kLdS, wmma::mem_row_major);
+  }
+}
+
+// acc (16 x HS) += a b: a is 16 x 64 bf16 (row pitch lda), b 64 x HS bf16
+// (row pitch HS + kPad).
+template <int HS>
+__device__ __forceinline__ void MulAddAB(Acc (&acc)[HS / 16], const bf16* a,
+                                         int lda, const bf16* b) {
+  constexpr int kLdB = HS + kPad;
+  for (int kk = 0; kk < kTile; kk += 16) {
+    FragA fa;
+    wmma::load_matrix_sync(fa, a + kk, lda);
+#pragma unroll
+    for (int j = 0; j < HS / 16; ++j) {
+      FragB fb;
+      wmma::load_matrix_sync(fb, b + kk * kLdB + j * 16, kLdB);
+      wmma::mma_sync(acc[j], fa, fb, acc[j]);
+    }
+  }
+}
+
+// N accumulator fragments side by side into an fp32 tile of pitch kLdS.
+template <int N>
+__device__ __forceinline__ void StoreAcc(float* out, const Acc (&acc)[N]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    wmma::store_matrix_sync(out + j * 16, acc[j], kLdS, wmma::mem_row_major);
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void Clear(Acc (&acc)[N]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) wmma::fill_fragment(acc[j], 0.0f);
+}
+
 template <int HS>
 constexpr size_t ForwardSmem() {
   return 3 * kTile * (HS + kPad) * sizeof(bf16) +
@@ -148,23 +206,7 @@ __global__ void __launch_bounds__(kThreads)
     LoadTile<HS>(vs, base + 2 * C, stride, kt * kTile, T);
     __syncthreads();
 
-    Acc s[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) wmma::fill_fragment(s[j], 0.0f);
-    for (int kk = 0; kk < HS; kk += 16) {
-      FragA a;
-      wmma::load_matrix_sync(a, qs + warp * 16 * kLdB + kk, kLdB);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        FragBCol kb;  // k^T: element (d, key) at ks[key][d]
-        wmma::load_matrix_sync(kb, ks + j * 16 * kLdB + kk, kLdB);
-        wmma::mma_sync(s[j], a, kb, s[j]);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      wmma::store_matrix_sync(ss + j * 16, s[j], kLdS, wmma::mem_row_major);
-    }
+    MulABt<HS>(ss, qs + warp * 16 * kLdB, ks);  // S = q k^T
     __syncwarp();
 
     const int key0 = kt * kTile + half * 32;
@@ -195,23 +237,10 @@ __global__ void __launch_bounds__(kThreads)
     __syncwarp();
 
     Acc pv[HS / 16];
-#pragma unroll
-    for (int j = 0; j < HS / 16; ++j) wmma::fill_fragment(pv[j], 0.0f);
-    for (int kk = 0; kk < kTile; kk += 16) {
-      FragA a;
-      wmma::load_matrix_sync(a, ps + kk, kLdP);
-#pragma unroll
-      for (int j = 0; j < HS / 16; ++j) {
-        FragB vb;
-        wmma::load_matrix_sync(vb, vs + kk * kLdB + j * 16, kLdB);
-        wmma::mma_sync(pv[j], a, vb, pv[j]);
-      }
-    }
+    Clear(pv);
+    MulAddAB<HS>(pv, ps, kLdP, vs);
     __syncwarp();  // the scores are read: their rows take P v
-#pragma unroll
-    for (int j = 0; j < HS / 16; ++j) {
-      wmma::store_matrix_sync(ss + j * 16, pv[j], kLdS, wmma::mem_row_major);
-    }
+    StoreAcc(ss, pv);
     __syncwarp();
     float pv_row[HS / 2];
     LoadRow(pv_row, ss + r * kLdS + half * (HS / 2));
@@ -294,11 +323,8 @@ __global__ void __launch_bounds__(kThreads, 3)
   LoadTile<HS>(vs, base + 2 * C, stride, k0, T);
 
   Acc dk[HS / 16], dv[HS / 16];
-#pragma unroll
-  for (int j = 0; j < HS / 16; ++j) {
-    wmma::fill_fragment(dk[j], 0.0f);
-    wmma::fill_fragment(dv[j], 0.0f);
-  }
+  Clear(dk);
+  Clear(dv);
   // This lane's share of a (16 keys x 64 queries) tile: key row r, query
   // columns half*32..
   const int r = lane / 2, half = lane % 2;
@@ -318,23 +344,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     __syncthreads();
 
     // S^T (16 keys x 64 queries) = k_w q^T.
-    Acc s[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) wmma::fill_fragment(s[j], 0.0f);
-    for (int kk = 0; kk < HS; kk += 16) {
-      FragA a;
-      wmma::load_matrix_sync(a, ks + warp * 16 * kLdB + kk, kLdB);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        FragBCol qb;  // q^T: element (d, query) at qs[query][d]
-        wmma::load_matrix_sync(qb, qs + j * 16 * kLdB + kk, kLdB);
-        wmma::mma_sync(s[j], a, qb, s[j]);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      wmma::store_matrix_sync(st + j * 16, s[j], kLdS, wmma::mem_row_major);
-    }
+    MulABt<HS>(st, ks + warp * 16 * kLdB, qs);
     __syncwarp();
     float p[32];
     LoadRow(p, st + r * kLdS + half * 32);
@@ -351,33 +361,8 @@ __global__ void __launch_bounds__(kThreads, 3)
     __syncwarp();
 
     // dv_w += P^T_w do; dP^T_w = v_w do^T.
-    for (int kk = 0; kk < kTile; kk += 16) {
-      FragA a;
-      wmma::load_matrix_sync(a, pt + kk, kLdP);
-#pragma unroll
-      for (int j = 0; j < HS / 16; ++j) {
-        FragB db;
-        wmma::load_matrix_sync(db, dos + kk * kLdB + j * 16, kLdB);
-        wmma::mma_sync(dv[j], a, db, dv[j]);
-      }
-    }
-    Acc dp[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) wmma::fill_fragment(dp[j], 0.0f);
-    for (int kk = 0; kk < HS; kk += 16) {
-      FragA a;
-      wmma::load_matrix_sync(a, vs + warp * 16 * kLdB + kk, kLdB);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        FragBCol db;  // do^T: element (d, query) at dos[query][d]
-        wmma::load_matrix_sync(db, dos + j * 16 * kLdB + kk, kLdB);
-        wmma::mma_sync(dp[j], a, db, dp[j]);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      wmma::store_matrix_sync(st + j * 16, dp[j], kLdS, wmma::mem_row_major);
-    }
+    MulAddAB<HS>(dv, pt, kLdP, dos);
+    MulABt<HS>(st, vs + warp * 16 * kLdB, dos);  // the scores' rows are read
     __syncwarp();
 #pragma unroll
     for (int c = 0; c < 32; c += 8) {
@@ -392,23 +377,13 @@ __global__ void __launch_bounds__(kThreads, 3)
     __syncwarp();
 
     // dk_w += dS^T_w q.
-    for (int kk = 0; kk < kTile; kk += 16) {
-      FragA a;
-      wmma::load_matrix_sync(a, dst + warp * 16 * kLdP + kk, kLdP);
-#pragma unroll
-      for (int j = 0; j < HS / 16; ++j) {
-        FragB qb;
-        wmma::load_matrix_sync(qb, qs + kk * kLdB + j * 16, kLdB);
-        wmma::mma_sync(dk[j], a, qb, dk[j]);
-      }
-    }
+    MulAddAB<HS>(dk, dst + warp * 16 * kLdP, kLdP, qs);
     __syncthreads();  // every warp's dS^T rows are in
 
     // dq rows warp*16.. of the query tile = dS k: dS (query, key) is
     // dS^T[key][query], a column-major A.
     Acc dq[HS / 16];
-#pragma unroll
-    for (int j = 0; j < HS / 16; ++j) wmma::fill_fragment(dq[j], 0.0f);
+    Clear(dq);
     for (int kk = 0; kk < kTile; kk += 16) {
       FragACol a;
       wmma::load_matrix_sync(a, dst + kk * kLdP + warp * 16, kLdP);
@@ -419,10 +394,7 @@ __global__ void __launch_bounds__(kThreads, 3)
         wmma::mma_sync(dq[j], a, kb, dq[j]);
       }
     }
-#pragma unroll
-    for (int j = 0; j < HS / 16; ++j) {
-      wmma::store_matrix_sync(st + j * 16, dq[j], kLdS, wmma::mem_row_major);
-    }
+    StoreAcc(st, dq);
     __syncwarp();
     for (int i = lane; i < 16 * HS; i += 32) {
       const int rr = i / HS, d = i % HS;
@@ -434,11 +406,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 
   // dk, dv: this block's keys only, so plain adds.
   for (int part = 1; part <= 2; ++part) {
-    Acc* acc = part == 1 ? dk : dv;
-#pragma unroll
-    for (int j = 0; j < HS / 16; ++j) {
-      wmma::store_matrix_sync(st + j * 16, acc[j], kLdS, wmma::mem_row_major);
-    }
+    StoreAcc(st, part == 1 ? dk : dv);
     __syncwarp();
     for (int i = lane; i < 16 * HS; i += 32) {
       const int rr = i / HS, d = i % HS;
