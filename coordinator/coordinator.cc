@@ -245,7 +245,9 @@ Coordinator::Coordinator(CoordinatorOptions options,
                          std::unique_ptr<Store> store, int lock_fd)
     : options_(std::move(options)),
       store_(std::move(store)),
-      scheduler_(options_.local_slots),
+      scheduler_(options_.local_slots, options_.local_gpus >= 0
+                                           ? options_.local_gpus
+                                           : kernels::CudaDeviceCount()),
       lock_fd_(lock_fd),
       started_(absl::Now()),
       advertise_(options_.advertise_address) {}
@@ -425,20 +427,22 @@ absl::StatusOr<v1::Job> Coordinator::Submit(
   if (!nodes_->enabled() && !options_.slurm) {
     if (absl::Status s = scheduler_.CheckFits(world); !s.ok()) return s;
     if (OnGpus(*spec)) {
-      const std::string why = kernels::CudaUnavailableReason();
+      // --local-gpus was checked against the driver when ptcoord started.
+      const std::string why =
+          options_.local_gpus >= 0 ? "" : kernels::CudaUnavailableReason();
       if (!why.empty()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "resources.device=cuda: this coordinator runs jobs on its own "
             "host, which cannot train on a GPU: ",
             why));
       }
-      const int gpus = kernels::CudaDeviceCount();
+      const int gpus = scheduler_.total_gpus();
       if (world > gpus && !kernels::CudaRanksShareGpus()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "resources.device=cuda: the job's ", world,
             " ranks (parallel.dp × tp × pp) need one GPU each, and this "
-            "coordinator's host, where it runs jobs, has ",
-            gpus));
+            "coordinator's host, where it runs jobs, offers ",
+            gpus, options_.local_gpus >= 0 ? " (--local-gpus)" : ""));
       }
     }
   }
@@ -849,8 +853,9 @@ void Coordinator::Launch(Entry& e, const std::vector<NodeRanks>& placement,
   job.set_world_size(WorldSize(run_spec));
   job.set_dp(run_spec.parallel().dp());
   job.clear_placement();
-  // A GPU job's ranks take GPUs no running job holds (FreeNodes counted
-  // them free).
+  // A GPU job's ranks take GPUs no running job holds (FreeNodes, or the
+  // local scheduler, counted them free). Run on this host, its GPUs are
+  // kept as a placement on this host (mpirun still runs locally).
   std::map<std::string, std::set<int>> gpus_held;
   if (OnGpus(run_spec)) gpus_held = GpusHeld(id);
   for (const NodeRanks& n : placement) {
@@ -859,6 +864,14 @@ void Coordinator::Launch(Entry& e, const std::vector<NodeRanks>& placement,
     p->set_ranks(n.ranks);
     if (OnGpus(run_spec)) {
       for (int g : TakeGpus(gpus_held[n.name], n.ranks)) p->add_gpus(g);
+    }
+  }
+  if (placement.empty() && TakesLocalGpus(run_spec)) {
+    v1::Placement* p = job.add_placement();
+    p->set_node(LocalHostName());
+    p->set_ranks(job.world_size());
+    for (int g : TakeGpus(gpus_held[LocalHostName()], job.world_size())) {
+      p->add_gpus(g);
     }
   }
   if (job.started_unix_ms() == 0) job.set_started_unix_ms(NowMs());
@@ -1082,8 +1095,11 @@ bool Coordinator::ReadyToEnd(Entry& e, Running& run,
                              const std::vector<v1::Node>& nodes,
                              absl::Time now) {
   const v1::Job& job = e.record.job;
-  if (job.placement().empty() || run.node_lost || job.cancel_requested() ||
-      !run.kill_reason.empty() || run.leader_exit.value_or(-1) == 0) {
+  // Only a placement on nodes has nodes to wait for (a local GPU job's
+  // placement names this host).
+  if (!nodes_->enabled() || job.placement().empty() || run.node_lost ||
+      job.cancel_requested() || !run.kill_reason.empty() ||
+      run.leader_exit.value_or(-1) == 0) {
     return true;
   }
   // A failed attempt on nodes: mpirun notices a dead node (about 1 s) long
@@ -1208,8 +1224,8 @@ void Coordinator::Supervise() {
     }
     // A node of the placement stopped heartbeating: the attempt cannot
     // go on (a frozen node would hold it forever, a cut link for minutes).
-    if (!run.leader_exit.has_value() && !run.kill_at.has_value() &&
-        nodes_settled) {
+    if (nodes_->enabled() && !run.leader_exit.has_value() &&
+        !run.kill_at.has_value() && nodes_settled) {
       for (const v1::Placement& p : e.record.job.placement()) {
         const v1::Node* n = FindNode(nodes, p.node());
         if (n == nullptr || n->state() != v1::NODE_STATE_UP) {
@@ -1300,10 +1316,19 @@ void Coordinator::Tick() {
     return;
   }
   std::vector<QueuedJob> queue;
-  for (const Entry* e : waiting)
-    queue.push_back({e->record.job.id(), e->record.job.world_size()});
-  for (const std::string& id : scheduler_.Pick(queue, UsedSlots()))
+  for (const Entry* e : waiting) {
+    const v1::Job& job = e->record.job;
+    queue.push_back({job.id(), job.world_size(),
+                     TakesLocalGpus(job.spec()) ? job.world_size() : 0});
+  }
+  const int gpus_used = static_cast<int>(GpusHeld("")[LocalHostName()].size());
+  for (const std::string& id : scheduler_.Pick(queue, UsedSlots(), gpus_used))
     Launch(jobs_[id]);
+}
+
+bool Coordinator::TakesLocalGpus(const v1::JobSpec& spec) const {
+  return !nodes_->enabled() && !options_.slurm && OnGpus(spec) &&
+         !kernels::CudaRanksShareGpus();
 }
 
 std::map<std::string, int> Coordinator::NodeSlotsUsed(const std::string& except,

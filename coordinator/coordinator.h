@@ -39,6 +39,10 @@ struct CoordinatorOptions {
   // coordinator at a time (flock on STATE/lock).
   std::string state_dir;
   int local_slots = 1;
+  // GPUs of this host that jobs run here may take, one per rank (indices
+  // 0..local_gpus-1); -1: every GPU the driver shows. Not used on nodes or
+  // under Slurm.
+  int local_gpus = -1;
   std::vector<std::string> user_tokens;  // JobService bearer tokens
   std::vector<std::string>
       data_roots;         // absolute; spec paths must lie under one
@@ -244,6 +248,9 @@ class Coordinator {
   void LogStoreError(const Entry& e, const absl::Status& s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int UsedSlots() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a job of `spec` takes GPUs of this host (a GPU job run here,
+  // one GPU per rank unless PTRAIN_CUDA_SHARE_GPUS lets ranks share).
+  bool TakesLocalGpus(const v1::JobSpec& spec) const;
   // Slots of each node taken by running attempts (optionally not counting
   // job `except`); with `gpus_only`, the ranks of GPU jobs (one GPU each).
   std::map<std::string, int> NodeSlotsUsed(const std::string& except = "",

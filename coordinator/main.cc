@@ -25,6 +25,7 @@
 #include "coordinator/http.h"
 #include "coordinator/launcher.h"
 #include "coordinator/service.h"
+#include "kernels/cuda/ops_cuda.h"
 #include "spdlog/spdlog.h"
 
 namespace {
@@ -91,12 +92,17 @@ int Run(int argc, char** argv) {
                         log_level = "info";
   std::vector<std::string> data_roots;
   int local_slots = static_cast<int>(std::thread::hardware_concurrency());
+  int local_gpus = -1;
   double grace_s = 10;
   app.add_option("--listen", listen,
                  "host:port to serve on (port 0: any free port)");
   app.add_option("--state-dir", state_dir, "SQLite database and job folders");
   app.add_option("--local-slots", local_slots, "ranks this host runs at once")
       ->check(CLI::Range(1, 4096));
+  app.add_option("--local-gpus", local_gpus,
+                 "GPUs of this host its jobs may take, from index 0 (default: "
+                 "every GPU the driver shows)")
+      ->check(CLI::Range(0, 4096));
   app.add_option(
       "--token-file", token_file,
       "user tokens, one per line (default: generate STATE_DIR/user-token)");
@@ -179,6 +185,17 @@ int Run(int argc, char** argv) {
                  "--tls-cert and --tls-key\n");
     return 2;
   }
+  if (local_gpus > ptrain::kernels::CudaDeviceCount()) {
+    std::fprintf(
+        stderr,
+        "ptcoord: error: --local-gpus %d: this host shows %d GPU(s)"
+        "%s\n",
+        local_gpus, ptrain::kernels::CudaDeviceCount(),
+        ptrain::kernels::CudaDeviceCount() == 0
+            ? (" (" + ptrain::kernels::CudaUnavailableReason() + ")").c_str()
+            : "");
+    return 2;
+  }
   std::string rank_ca_pem;
   if (!tls_cert.empty()) {
     if (!ReadPem("--tls-cert", tls_cert, &tls.cert_pem) ||
@@ -213,6 +230,7 @@ int Run(int argc, char** argv) {
   }
   o.tls_ca_pem = rank_ca_pem;
   o.local_slots = local_slots;
+  o.local_gpus = local_gpus;
   const fs::path repo = RepositoryRoot();
   o.work_root =
       work_root.empty() ? repo.string() : fs::absolute(work_root).string();

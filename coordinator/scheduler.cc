@@ -22,12 +22,14 @@ absl::Status Scheduler::CheckFits(int slots) const {
 }
 
 std::vector<std::string> Scheduler::Pick(const std::vector<QueuedJob>& queue,
-                                         int used_slots) const {
+                                         int used_slots, int used_gpus) const {
   std::vector<std::string> start;
   int free_slots = total_slots_ - used_slots;
+  int free_gpus = total_gpus_ - used_gpus;
   for (const QueuedJob& job : queue) {
-    if (job.slots > free_slots) break;
+    if (job.slots > free_slots || job.gpus > free_gpus) break;
     free_slots -= job.slots;
+    free_gpus -= job.gpus;
     start.push_back(job.id);
   }
   return start;

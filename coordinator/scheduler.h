@@ -1,5 +1,6 @@
 // FIFO gang scheduling over a pool of identical slots: a job starts only when
-// all of its dp*tp*pp slots are free at once. Pure logic, no clock, no I/O.
+// all of its dp*tp*pp slots (and, for a GPU job, as many GPUs) are free at
+// once. Pure logic, no clock, no I/O.
 #ifndef PTRAIN_COORDINATOR_SCHEDULER_H_
 #define PTRAIN_COORDINATOR_SCHEDULER_H_
 
@@ -18,25 +19,30 @@ namespace ptrain {
 struct QueuedJob {
   std::string id;
   int slots = 1;
+  int gpus = 0;  // one per rank for a GPU job
 };
 
 class Scheduler {
  public:
-  explicit Scheduler(int total_slots) : total_slots_(total_slots) {}
+  explicit Scheduler(int total_slots, int total_gpus = 0)
+      : total_slots_(total_slots), total_gpus_(total_gpus) {}
 
   int total_slots() const { return total_slots_; }
+  int total_gpus() const { return total_gpus_; }
 
   // A job that can never fit is refused at submit rather than queued forever.
   absl::Status CheckFits(int slots) const;
 
-  // The jobs to start now, in queue order, given `used_slots` already taken.
-  // Strict FIFO: the first job that does not fit blocks every job behind it
-  // (no backfill), so a big job cannot be starved by a stream of small ones.
+  // The jobs to start now, in queue order, given `used_slots` and
+  // `used_gpus` already taken. Strict FIFO: the first job that does not fit
+  // blocks every job behind it (no backfill), so a big job cannot be starved
+  // by a stream of small ones.
   std::vector<std::string> Pick(const std::vector<QueuedJob>& queue,
-                                int used_slots) const;
+                                int used_slots, int used_gpus = 0) const;
 
  private:
   const int total_slots_;
+  const int total_gpus_;
 };
 
 // A node that may take ranks now: up, not draining, `free` slots unused.

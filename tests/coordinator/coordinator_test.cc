@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <sstream>
 
 #include "common/spec.h"
@@ -183,6 +184,57 @@ TEST_F(CoordinatorTest, BadInputIsRefusedAndStoresNothing) {
   EXPECT_TRUE(c->List(v1::JOB_STATE_UNSPECIFIED, 0)->empty());
   EXPECT_EQ(c->List(v1::JOB_STATE_UNSPECIFIED, -1).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// On its own host ptcoord keeps GPU jobs apart: each rank gets a GPU no
+// running job holds (PTRAIN_RANK_GPUS, kept as a placement on this host),
+// a GPU job waits while its GPUs are taken, and takes them once freed.
+// --local-gpus stands for the host's GPUs (ptcoord checks it against the
+// driver at start; this test has none).
+TEST_F(CoordinatorTest, LocalGpuJobsTakeDistinctGpusAndWaitForThem) {
+  if (kernels::CudaRanksShareGpus()) GTEST_SKIP() << "PTRAIN_CUDA_SHARE_GPUS";
+  options_.local_slots = 4;
+  options_.local_gpus = 2;
+  setenv("FAKE_MODE", "waitfile", 1);
+  auto c = Make();
+  auto too_wide = c->Submit(kSpec, {"resources.device=cuda", "parallel.dp=4"});
+  EXPECT_EQ(too_wide.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_wide.status().message().find("--local-gpus"),
+            absl::string_view::npos)
+      << too_wide.status();
+  // Silent (the fake reports no steps) for as long as the test takes.
+  const std::vector<std::string> gpu = {"resources.device=cuda",
+                                        "restart.hang_timeout_s=600"};
+  auto a = c->Submit(kSpec, gpu);
+  auto b = c->Submit(kSpec, gpu);
+  auto waits = c->Submit(kSpec, gpu);
+  ASSERT_TRUE(a.ok() && b.ok() && waits.ok());
+  TickUntil(*c, a->id(), v1::JOB_STATE_RUNNING);
+  TickUntil(*c, b->id(), v1::JOB_STATE_RUNNING);
+  std::set<std::string> gpus;
+  for (const auto& id : {a->id(), b->id()}) {
+    const v1::Job job = c->Get(id, false)->job();
+    ASSERT_EQ(job.placement_size(), 1) << id;
+    ASSERT_EQ(job.placement(0).gpus_size(), 1) << id;
+    // What its ranks were told, once the fake has started.
+    std::string env;
+    for (int i = 0; i < 200 && env.empty(); ++i) {
+      env = EnvValue(AttemptDir(id, 1) / "fake.env", "PTRAIN_RANK_GPUS");
+      if (env.empty()) absl::SleepFor(absl::Milliseconds(50));
+    }
+    EXPECT_EQ(env, std::to_string(job.placement(0).gpus(0))) << id;
+    gpus.insert(env);
+  }
+  EXPECT_EQ(gpus, (std::set<std::string>{"0", "1"}));
+  // Both GPUs are held: the third waits, though slots are free.
+  for (int i = 0; i < 5; ++i) c->Tick();
+  EXPECT_EQ(c->Get(waits->id(), false)->job().state(), v1::JOB_STATE_QUEUED);
+  std::ofstream(dir_ / "go") << "";
+  const v1::Job done = TickUntil(*c, waits->id(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED);
+  ASSERT_EQ(done.placement_size(), 1);
+  EXPECT_EQ(done.placement(0).gpus_size(), 1);
+  EXPECT_EQ(c->Get(a->id(), false)->job().state(), v1::JOB_STATE_SUCCEEDED);
 }
 
 TEST_F(CoordinatorTest, UnknownJobIsNotFoundAndRankAuthFails) {

@@ -1,5 +1,5 @@
-// Scheduler: FIFO gang scheduling — all slots at once, in order, no
-// backfill past a blocked head, oversized jobs refused.
+// Scheduler: FIFO gang scheduling — all slots (and GPUs) at once, in order,
+// no backfill past a blocked head, oversized jobs refused.
 #include "coordinator/scheduler.h"
 
 #include "absl/strings/match.h"
@@ -25,6 +25,21 @@ TEST(SchedulerTest, UsedSlotsAreNotHandedOut) {
   Scheduler s(4);
   EXPECT_EQ(s.Pick({{"a", 2}, {"b", 1}}, 2), (std::vector<std::string>{"a"}));
   EXPECT_TRUE(s.Pick({{"a", 1}}, 4).empty());
+}
+
+// A GPU job takes a GPU per rank as well as a slot: with 2 GPUs and 8
+// slots, two one-rank GPU jobs start, the third waits and (FIFO) so does
+// the CPU job behind it; a job without GPUs is not held back by them.
+TEST(SchedulerTest, GpuJobsWaitForFreeGpusInOrder) {
+  Scheduler s(8, 2);
+  EXPECT_EQ(
+      s.Pick({{"g1", 1, 1}, {"g2", 1, 1}, {"g3", 1, 1}, {"cpu", 1, 0}}, 0, 0),
+      (std::vector<std::string>{"g1", "g2"}));
+  EXPECT_EQ(s.Pick({{"cpu", 2, 0}, {"g", 2, 2}}, 0, 0),
+            (std::vector<std::string>{"cpu", "g"}));
+  EXPECT_TRUE(s.Pick({{"g", 1, 1}, {"cpu", 1, 0}}, 2, 2).empty());
+  EXPECT_EQ(s.Pick({{"g", 1, 1}}, 7, 1), (std::vector<std::string>{"g"}));
+  EXPECT_TRUE(Scheduler(8).Pick({{"g", 1, 1}}, 0, 0).empty());  // no GPUs
 }
 
 TEST(SchedulerTest, JobLargerThanPoolIsRefused) {
