@@ -76,13 +76,13 @@ absl::Status CheckPrivateDir(const std::string& dir) {
   return absl::OkStatus();
 }
 
-namespace {
-
 std::string LocalHostName() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
   return buf;
 }
+
+namespace {
 
 // What every lookup of a job id answers when there is no such job.
 absl::Status UnknownJob(const std::string& id) {
@@ -739,6 +739,11 @@ std::map<std::string, int> Coordinator::JobCounts() const {
   }
   for (const auto& [id, e] : jobs_) ++out[StateName(e.record.job.state())];
   return out;
+}
+
+int Coordinator::LocalSlotsUsed() const {
+  absl::MutexLock lock(&mu_);
+  return UsedSlots();
 }
 
 int64_t Coordinator::Restarts() const {

@@ -33,6 +33,10 @@
 
 namespace ptrain {
 
+// This host's name ("localhost" when it has none): the node of jobs run on
+// ptcoord's own host.
+std::string LocalHostName();
+
 struct CoordinatorOptions {
   // ptcoord.db, jobs/ and the lock file live here. Created 0700; refused
   // when another user owns it or group/others may write it; held by one
@@ -177,6 +181,8 @@ class Coordinator {
   std::map<std::string, int> JobCounts() const;
   // Attempts beyond each job's first, over all jobs.
   int64_t Restarts() const;
+  // Slots of this host that running attempts use (--local-slots).
+  int LocalSlotsUsed() const;
 
  private:
   // What only a live ptcoord knows about a running attempt: facts about

@@ -73,7 +73,11 @@ std::string CoordinatorHttp::MetricsText(const Coordinator& c) {
           .Set(n.slots_used());
     }
   } else {
+    // On one machine ptcoord's host is the node.
     by_state["up"] = 1;
+    const std::string host = LocalHostName();
+    slots.Add({{"node", host}, {"kind", "total"}}).Set(c.options().local_slots);
+    slots.Add({{"node", host}, {"kind", "used"}}).Set(c.LocalSlotsUsed());
   }
   for (const auto& [state, n] : by_state) nodes.Add({{"state", state}}).Set(n);
   return prometheus::TextSerializer().Serialize(registry.Collect());

@@ -42,10 +42,11 @@ PACKAGES=(
 # the fuzz targets (scripts/fuzz.sh); openssl makes test certificates;
 # iproute2, util-linux and procps make the multinode tests' pretend nodes,
 # whose job events sqlite3 reads; Slurm's daemons and munge run the slurm
-# tests; systemd's systemd-analyze checks deploy/systemd's units.
+# tests; systemd's systemd-analyze checks deploy/systemd's units; the
+# cluster dashboard's test reads deploy/prometheus.yml with python3-yaml.
 TEST_PACKAGES=(
   libgtest-dev
-  python3-numpy python3-torch
+  python3-numpy python3-torch python3-yaml
   prometheus systemd
   clang libclang-rt-14-dev libomp-14-dev
   openssl

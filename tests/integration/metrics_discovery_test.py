@@ -117,6 +117,12 @@ def main():
         page = get(f"http://{metrics}/metrics")
         checks.append(("coordinator counts the running job",
                        'ptrain_jobs{state="RUNNING"} 1' in page))
+        host = socket.gethostname()
+        checks.append(("coordinator counts its host's slots, 2 of 2 used",
+                       f'ptrain_node_slots{{kind="total",node="{host}"}} 2'
+                       in page and
+                       f'ptrain_node_slots{{kind="used",node="{host}"}} 2'
+                       in page))
         subprocess.run([ptctl, "cancel", job], env=env, check=True,
                        capture_output=True)
         wait_for(lambda: json.loads(get(f"http://{metrics}/sd")) == [], 60,
