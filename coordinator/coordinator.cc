@@ -741,6 +741,15 @@ std::map<std::string, int> Coordinator::JobCounts() const {
   return out;
 }
 
+std::vector<v1::Job> Coordinator::UnfinishedJobs() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::Job> out;
+  for (const auto& [id, e] : jobs_) {
+    if (!IsFinal(e.record.job.state())) out.push_back(e.record.job);
+  }
+  return out;
+}
+
 int Coordinator::LocalSlotsUsed() const {
   absl::MutexLock lock(&mu_);
   return UsedSlots();

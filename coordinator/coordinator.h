@@ -183,6 +183,8 @@ class Coordinator {
   int64_t Restarts() const;
   // Slots of this host that running attempts use (--local-slots).
   int LocalSlotsUsed() const;
+  // Jobs not yet finished (queued, running or restarting).
+  std::vector<v1::Job> UnfinishedJobs() const;
 
  private:
   // What only a live ptcoord knows about a running attempt: facts about

@@ -51,6 +51,15 @@ std::string CoordinatorHttp::MetricsText(const Coordinator& c) {
       .Register(registry)
       .Add({})
       .Increment(static_cast<double>(c.Restarts()));
+  // Per unfinished job, so a rule can tell one job restarting often; the
+  // spec's name is `name` (a scraped `job` label would be Prometheus's).
+  auto& attempts = prometheus::BuildGauge()
+                       .Name("ptrain_job_attempts")
+                       .Help("Attempts started so far, per unfinished job.")
+                       .Register(registry);
+  for (const v1::Job& j : c.UnfinishedJobs()) {
+    attempts.Add({{"job_id", j.id()}, {"name", j.name()}}).Set(j.attempts());
+  }
   auto& nodes = prometheus::BuildGauge()
                     .Name("ptrain_nodes")
                     .Help(

@@ -117,6 +117,9 @@ def main():
         page = get(f"http://{metrics}/metrics")
         checks.append(("coordinator counts the running job",
                        'ptrain_jobs{state="RUNNING"} 1' in page))
+        checks.append(("coordinator counts the job's attempts",
+                       f'ptrain_job_attempts{{job_id="{job}",'
+                       f'name="shakespeare-char"}} 1' in page))
         host = socket.gethostname()
         checks.append(("coordinator counts its host's slots, 2 of 2 used",
                        f'ptrain_node_slots{{kind="total",node="{host}"}} 2'

@@ -82,6 +82,18 @@ absl::StatusOr<std::unique_ptr<RankMetrics>> RankMetrics::Start(
                "Memory of this rank's GPU: in use (by every process on "
                "it) and in total.")
            .Register(reg);
+  m->checkpoint_every_family_ =
+      &p8s::BuildGauge()
+           .Name("ptrain_checkpoint_every_steps")
+           .Help("The job's checkpoint.every (steps between checkpoints).")
+           .Register(reg);
+  m->last_checkpoint_family_ =
+      &p8s::BuildGauge()
+           .Name("ptrain_last_checkpoint_timestamp_seconds")
+           .Help(
+               "Unix time of this rank's last checkpoint save (the start of "
+               "training before the first).")
+           .Register(reg);
   auto& phases = p8s::BuildCounter()
                      .Name("ptrain_phase_seconds_total")
                      .Help("Seconds spent by phase of the training loop.")
@@ -133,6 +145,16 @@ void RankMetrics::OnEval(double val_loss) { val_loss_->Set(val_loss); }
 void RankMetrics::OnCheckpoint(double seconds) {
   checkpoint_seconds_->Observe(seconds);
   Phase("checkpoint").Increment(seconds);
+  if (last_checkpoint_ != nullptr) last_checkpoint_->SetToCurrentTime();
+}
+
+void RankMetrics::OnCheckpointPolicy(int64_t every_steps) {
+  if (checkpoint_every_ == nullptr) {
+    checkpoint_every_ = &checkpoint_every_family_->Add(base_);
+    last_checkpoint_ = &last_checkpoint_family_->Add(base_);
+  }
+  checkpoint_every_->Set(static_cast<double>(every_steps));
+  last_checkpoint_->SetToCurrentTime();
 }
 
 void RankMetrics::SetMemory(const MemoryBytes& m) {

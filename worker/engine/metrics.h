@@ -49,7 +49,16 @@ class RankMetrics {
   void OnStep(int64_t step, double loss, double seconds, double tok_per_s,
               double mfu, const PhaseSeconds& phases);
   void OnEval(double val_loss);
+  // ptrain_checkpoint_seconds; also moves
+  // ptrain_last_checkpoint_timestamp_seconds to now once the job has a
+  // checkpoint policy.
   void OnCheckpoint(double seconds);
+  // A job that checkpoints every `every_steps` steps: exports
+  // ptrain_checkpoint_every_steps and ptrain_last_checkpoint_timestamp_seconds
+  // (now, the start of training, until the first save), from which an alert
+  // tells a checkpoint overdue. Both are absent on ranks of jobs that do not
+  // checkpoint.
+  void OnCheckpointPolicy(int64_t every_steps);
   void SetMemory(const MemoryBytes& m);
   // ptrain_gpu_memory_bytes{kind=used|total}: the memory of the rank's GPU
   // in use (by every process on it) and its size; absent on cpu ranks.
@@ -70,6 +79,9 @@ class RankMetrics {
   std::map<std::string, prometheus::Gauge*> memory_;
   prometheus::Family<prometheus::Gauge>* gpu_memory_family_ = nullptr;
   prometheus::Gauge *gpu_used_ = nullptr, *gpu_total_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* checkpoint_every_family_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* last_checkpoint_family_ = nullptr;
+  prometheus::Gauge *checkpoint_every_ = nullptr, *last_checkpoint_ = nullptr;
   std::map<std::string, prometheus::Counter*> phases_;
   prometheus::Family<prometheus::Counter>*comm_seconds_, *comm_bytes_;
   // (group, op) -> counters, and the totals already added.

@@ -824,6 +824,10 @@ absl::Status Trainer::Run() {
     emit({{"type", "sample"}, {"step", step}, {"text", text}});
   };
   const bool checkpoints = !spec_.checkpoint().dir().empty();
+  if (options_.metrics != nullptr && checkpoints &&
+      spec_.checkpoint().every() > 0) {
+    options_.metrics->OnCheckpointPolicy(spec_.checkpoint().every());
+  }
   for (int64_t s = start_step_; s < train.steps(); ++s) {
     if (options_.hang_at_step.has_value() && *options_.hang_at_step == s + 1) {
       spdlog::warn("test hook: hanging at step {}", s + 1);

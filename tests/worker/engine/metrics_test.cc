@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,24 @@ TEST(RankMetrics, PageCarriesDesignNamesLabelsAndLastValues) {
        }) {
     EXPECT_NE(page.find(line), std::string::npos) << line << "\n" << page;
   }
+  // Checkpoint age: absent until the job's policy is known; then the last
+  // save's time, the start of training before the first.
+  EXPECT_EQ(page.find("ptrain_checkpoint_every_steps{"), std::string::npos);
+  EXPECT_EQ(page.find("ptrain_last_checkpoint_timestamp_seconds{"),
+            std::string::npos);
+  const double before = static_cast<double>(std::time(nullptr));
+  (*m)->OnCheckpointPolicy(250);
+  const std::string ck_page = HttpGet((*m)->port(), "/metrics");
+  EXPECT_NE(ck_page.find("ptrain_checkpoint_every_steps{" + labels + "} 250"),
+            std::string::npos)
+      << ck_page;
+  const std::string last =
+      "ptrain_last_checkpoint_timestamp_seconds{" + labels + "} ";
+  const size_t at = ck_page.find(last);
+  ASSERT_NE(at, std::string::npos) << ck_page;
+  const double when = std::stod(ck_page.substr(at + last.size()));
+  EXPECT_GE(when, before);
+  EXPECT_LE(when, before + 60);
   // A cpu rank has no GPU memory series; a GPU rank's appear with its
   // first value.
   EXPECT_EQ(page.find("ptrain_gpu_memory_bytes{"), std::string::npos) << page;
