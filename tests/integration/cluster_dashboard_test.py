@@ -11,45 +11,13 @@ wrong, or if the deploy configuration does not find the ranks.
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
 
 import yaml
 
-
-def get(url):
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return r.read().decode()
-
-
-def query(port, expr):
-    body = json.loads(get(f"http://127.0.0.1:{port}/api/v1/query?" +
-                          urllib.parse.urlencode({"query": expr})))
-    if body.get("status") != "success":
-        raise RuntimeError(f"query failed: {expr}: {body}")
-    return body["data"]["result"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(pred, seconds, what):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise SystemExit(f"timed out waiting for {what}")
+from promtest import start_prometheus, query, wait_for, without_data
 
 
 def prometheus_config(src, metrics):
@@ -100,25 +68,13 @@ def main():
              "--set", "model.n_layer=1", "--set", "model.n_embd=32",
              "--set", "train.eval_every=0", "--set", f"checkpoint.dir={tmp}/ck"],
             env=cenv, capture_output=True, text=True, check=True)
-        web = free_port()
         with open(os.path.join(tmp, "prometheus.yml"), "w") as f:
             yaml.safe_dump(prometheus_config(src, metrics), f)
-        prom = subprocess.Popen(
-            [prometheus, f"--config.file={tmp}/prometheus.yml",
-             f"--storage.tsdb.path={tmp}/tsdb",
-             f"--web.listen-address=127.0.0.1:{web}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        prom, web = start_prometheus(prometheus, f"{tmp}/prometheus.yml", tmp)
         dash = json.load(open(os.path.join(src, "dashboards/ptrain-cluster.json")))
         exprs = [(p["title"], t["expr"]) for p in dash["panels"]
                  for t in p["targets"]]
-        missing = exprs
-        deadline = time.time() + 120
-        while missing and time.time() < deadline:
-            time.sleep(2)
-            try:
-                missing = [(t, e) for t, e in missing if not query(web, e)]
-            except (OSError, RuntimeError):
-                continue  # prometheus still starting
+        missing = without_data(web, exprs, 120)
         for title, expr in missing:
             print(f"no data: {title}: {expr}")
         # The slowest-rank panel names one rank of the job.

@@ -12,30 +12,13 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
-import urllib.parse
-import urllib.request
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def query(port, expr):
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode(
-        {"query": expr})
-    with urllib.request.urlopen(url, timeout=5) as r:
-        body = json.load(r)
-    if body.get("status") != "success":
-        raise RuntimeError(f"query failed: {expr}: {body}")
-    return body["data"]["result"]
+from promtest import query, start_prometheus, without_data
 
 
 def main():
@@ -70,7 +53,6 @@ def main():
         if len(ports) < 2:
             log.seek(0)
             sys.exit("ranks did not start their metrics:\n" + log.read())
-        web = free_port()
         with open(os.path.join(tmp, "prometheus.yml"), "w") as f:
             f.write("global: {scrape_interval: 1s}\n"
                     "scrape_configs:\n"
@@ -78,11 +60,7 @@ def main():
                     "    honor_labels: true\n"
                     "    static_configs: [{targets: [%s]}]\n" %
                     ", ".join(f'"127.0.0.1:{p}"' for p in ports))
-        prom = subprocess.Popen(
-            [prometheus, f"--config.file={tmp}/prometheus.yml",
-             f"--storage.tsdb.path={tmp}/tsdb",
-             f"--web.listen-address=127.0.0.1:{web}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        prom, web = start_prometheus(prometheus, f"{tmp}/prometheus.yml", tmp)
         dash = json.load(open(os.path.join(src, "dashboards/ptrain-job.json")))
         all_exprs = [(p["title"], t["expr"].replace("$job", "shakespeare-char"))
                      for p in dash["panels"] for t in p["targets"]]
@@ -91,15 +69,8 @@ def main():
         gpu_exprs = [(t, e) for t, e in all_exprs if gpu.search(e)]
         documented = open(os.path.join(src, "docs/metrics.md")).read()
         # Rates and quantiles need a few scrapes; checkpoints come every 50
-        # steps. Poll until every query has data or the deadline passes.
-        missing = exprs
-        deadline = time.time() + 90
-        while missing and time.time() < deadline:
-            time.sleep(2)
-            try:
-                missing = [(t, e) for t, e in missing if not query(web, e)]
-            except OSError:
-                continue  # prometheus still starting
+        # steps.
+        missing = without_data(web, exprs, 90)
         for title, expr in missing:
             print(f"no data: {title}: {expr}")
         # Per-rank panels must show both ranks.

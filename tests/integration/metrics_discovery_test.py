@@ -18,22 +18,8 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
-
-def get(url):
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return r.read().decode()
-
-
-def wait_for(pred, seconds, what):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise SystemExit(f"timed out waiting for {what}")
+from promtest import get, wait_for
 
 
 UNRESOLVABLE = "ptrain-no-such-node.invalid"
