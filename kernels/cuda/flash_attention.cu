@@ -21,6 +21,7 @@
 #include <cmath>
 
 #include "common/check.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/flash_attention.h"
 
 namespace ptrain::kernels {
@@ -420,29 +421,29 @@ __global__ void __launch_bounds__(kThreads, 3)
 #endif
 }
 
-void Check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    ::ptrain::CheckFailed(__FILE__, __LINE__, what, cudaGetErrorString(e));
-  }
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Lets `kernel` take `bytes` of dynamic shared memory, past the default
+// 48 KiB; true, for a function-local static that does it once.
+template <typename Kernel>
+bool AllowSharedMemory(Kernel kernel, size_t bytes) {
+  PT_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(bytes)));
+  return true;
 }
 
 template <int HS>
 void Forward(float* out, float* lse, const float* inp, int B, int T, int NH,
              cudaStream_t stream) {
   constexpr size_t smem = ForwardSmem<HS>();
-  static const bool configured = [] {
-    Check(cudaFuncSetAttribute(FlashForwardKernel<HS>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(smem)),
-          "cudaFuncSetAttribute(FlashForwardKernel)");
-    return true;
-  }();
-  (void)configured;
+  static const bool allowed = AllowSharedMemory(FlashForwardKernel<HS>, smem);
+  (void)allowed;
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
-  const float scale_log2 = 1.4426950408889634f / sqrtf(float(HS));
+  const float scale_log2 = kLog2e / sqrtf(float(HS));
   FlashForwardKernel<HS>
       <<<grid, kThreads, smem, stream>>>(out, lse, inp, T, NH, scale_log2);
-  Check(cudaGetLastError(), "FlashForwardKernel");
+  PT_CUDA_CHECK(cudaGetLastError());
 }
 
 template <int HS>
@@ -452,21 +453,15 @@ void Backward(float* dinp, float* delta, const float* dout, const float* out,
   const int64_t rows = int64_t(B) * T * NH;
   FlashDeltaKernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0,
                      stream>>>(delta, dout, out, rows, T, NH, HS);
-  Check(cudaGetLastError(), "FlashDeltaKernel");
+  PT_CUDA_CHECK(cudaGetLastError());
   constexpr size_t smem = BackwardSmem<HS>();
-  static const bool configured = [] {
-    Check(cudaFuncSetAttribute(FlashBackwardKernel<HS>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(smem)),
-          "cudaFuncSetAttribute(FlashBackwardKernel)");
-    return true;
-  }();
-  (void)configured;
+  static const bool allowed = AllowSharedMemory(FlashBackwardKernel<HS>, smem);
+  (void)allowed;
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
   const float scale = 1.0f / sqrtf(float(HS));
   FlashBackwardKernel<HS><<<grid, kThreads, smem, stream>>>(
-      dinp, dout, inp, lse, delta, T, NH, scale, scale * 1.4426950408889634f);
-  Check(cudaGetLastError(), "FlashBackwardKernel");
+      dinp, dout, inp, lse, delta, T, NH, scale, scale * kLog2e);
+  PT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace

@@ -21,30 +21,20 @@
 
 #include "common/check.h"
 #include "kernels/common/math.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/ops_cuda.h"
 
 namespace ptrain::kernels {
 
-namespace {
-
-// The status types of the CUDA runtime and cuBLAS, for one check.
-inline bool Ok(cudaError_t e) { return e == cudaSuccess; }
+// cuBLAS(Lt) and NCCL statuses for PT_CUDA_CHECK (cuda_check.h), beside
+// the CUDA runtime's.
 inline bool Ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
 inline bool Ok(ncclResult_t r) { return r == ncclSuccess; }
-inline const char* Why(cudaError_t e) { return cudaGetErrorString(e); }
 inline const char* Why(cublasStatus_t s) { return cublasGetStatusString(s); }
 inline const char* Why(ncclResult_t r) { return ncclGetErrorString(r); }
 
-// PT_CUDA_CHECK(call): a CUDA runtime, cuBLAS(Lt) or NCCL call that must
-// succeed; PT_CHECK's failure (file, line, the call, the library's reason).
-#define PT_CUDA_CHECK(call)                                             \
-  do {                                                                  \
-    const auto pt_status = (call);                                      \
-    if (!Ok(pt_status)) {                                               \
-      ::ptrain::CheckFailed(__FILE__, __LINE__, #call, Why(pt_status)); \
-    }                                                                   \
-  } while (0)
+namespace {
 
 constexpr int kThreads = 256;
 
