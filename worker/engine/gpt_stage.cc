@@ -105,7 +105,7 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
   const int64_t C = config.n_embd, L = n_blocks_;
   const int64_t BT = static_cast<int64_t>(max_B_) * max_T_;
   const int64_t BTs = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_);
-  const int64_t att = ops_->attention_saved_floats(max_B_, max_T_, Cl_, NHl_);
+  att_floats_ = ops_->attention_saved_floats(max_B_, max_T_, Cl_, NHl_);
   const int64_t datt =
       ops_->attention_scratch_floats(max_B_, max_T_, Cl_, NHl_);
   const int64_t Cl = Cl_, Vl = Vl_;
@@ -120,7 +120,7 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
     slot.ln1_rstd = Take(L * BTs);
     slot.qkv = Take(L * BT * 3 * Cl);
     slot.atty = Take(L * BT * Cl);
-    slot.att = Take(L * att);
+    slot.att = Take(L * att_floats_);
     slot.residual2 = Take(L * BTs * C);
     slot.ln2 = Take(L * BTs * C);
     slot.ln2_mean = Take(L * BTs);
@@ -260,7 +260,6 @@ float GptStage::Forward(int slot, const int32_t* tokens, const float* hidden,
   const int64_t sBTsC = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_) * C;
   const int64_t sBTs = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_);
   const int64_t sBT = static_cast<int64_t>(max_B_) * max_T_;
-  const int64_t sAtt = ops_->attention_saved_floats(max_B_, max_T_, Cl_, NHl_);
 
   UnitStore& st = *store_;
   const float* wte = nullptr;
@@ -280,7 +279,7 @@ float GptStage::Forward(int slot, const int32_t* tokens, const float* hidden,
     float* ln1 = S.ln1 + b * sBTsC;
     float* qkv = S.qkv + b * sBT * 3 * Cl_;
     float* atty = S.atty + b * sBT * Cl_;
-    float* att = S.att + b * sAtt;
+    float* att = S.att + b * att_floats_;
     float* residual2 = S.residual2 + b * sBTsC;
     float* ln2 = S.ln2 + b * sBTsC;
     float* fch = S.fch + b * sBT * 4 * Cl_;
@@ -360,7 +359,6 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
   const int64_t sBTsC = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_) * C;
   const int64_t sBTs = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_);
   const int64_t sBT = static_cast<int64_t>(max_B_) * max_T_;
-  const int64_t sAtt = ops_->attention_saved_floats(max_B_, max_T_, Cl_, NHl_);
 
   UnitStore& st = *store_;
   if (first()) st.BeginBackward(emb_unit_);
@@ -393,7 +391,7 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
     const float* ln1 = S.ln1 + b * sBTsC;
     const float* qkv = S.qkv + b * sBT * 3 * Cl_;
     const float* atty = S.atty + b * sBT * Cl_;
-    const float* att = S.att + b * sAtt;
+    const float* att = S.att + b * att_floats_;
     const float* residual2 = S.residual2 + b * sBTsC;
     const float* ln2 = S.ln2 + b * sBTsC;
     const float* fch = S.fch + b * sBT * 4 * Cl_;

@@ -192,6 +192,9 @@ class GptStage : private UnitStore {
   const TpGroup tp_;
   const int Cl_, NHl_, Vl_, vocab_begin_;
   int64_t buffer_size_ = 0;
+  // Floats attention keeps per layer and microbatch (the backend's
+  // attention_saved_floats at max_B_, max_T_): the stride of Slot::att.
+  int64_t att_floats_ = 0;
   UnitStore* store_;
   kernels::Ops* ops_;
   kernels::Buffer params_, grads_;
