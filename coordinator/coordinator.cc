@@ -84,6 +84,14 @@ std::string LocalHostName() {
 
 namespace {
 
+// The GPUs jobs run on this host may take: --local-gpus, else the driver's
+// count; none asked of the driver when jobs run on nodes or under Slurm.
+int LocalGpus(const CoordinatorOptions& o) {
+  if (o.local_gpus >= 0) return o.local_gpus;
+  if (o.slurm || !o.nodes.join_tokens.empty()) return 0;
+  return kernels::CudaDeviceCount();
+}
+
 // What every lookup of a job id answers when there is no such job.
 absl::Status UnknownJob(const std::string& id) {
   return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
@@ -245,9 +253,7 @@ Coordinator::Coordinator(CoordinatorOptions options,
                          std::unique_ptr<Store> store, int lock_fd)
     : options_(std::move(options)),
       store_(std::move(store)),
-      scheduler_(options_.local_slots, options_.local_gpus >= 0
-                                           ? options_.local_gpus
-                                           : kernels::CudaDeviceCount()),
+      scheduler_(options_.local_slots, LocalGpus(options_)),
       lock_fd_(lock_fd),
       started_(absl::Now()),
       advertise_(options_.advertise_address) {}

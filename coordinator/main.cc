@@ -185,16 +185,18 @@ int Run(int argc, char** argv) {
                  "--tls-cert and --tls-key\n");
     return 2;
   }
-  if (local_gpus > ptrain::kernels::CudaDeviceCount()) {
-    std::fprintf(
-        stderr,
-        "ptcoord: error: --local-gpus %d: this host shows %d GPU(s)"
-        "%s\n",
-        local_gpus, ptrain::kernels::CudaDeviceCount(),
-        ptrain::kernels::CudaDeviceCount() == 0
-            ? (" (" + ptrain::kernels::CudaUnavailableReason() + ")").c_str()
-            : "");
-    return 2;
+  if (local_gpus >= 0) {
+    const int shown = ptrain::kernels::CudaDeviceCount();
+    if (local_gpus > shown) {
+      const std::string why =
+          shown == 0 ? " (" + ptrain::kernels::CudaUnavailableReason() + ")"
+                     : "";
+      std::fprintf(stderr,
+                   "ptcoord: error: --local-gpus %d: this host shows %d "
+                   "GPU(s)%s\n",
+                   local_gpus, shown, why.c_str());
+      return 2;
+    }
   }
   std::string rank_ca_pem;
   if (!tls_cert.empty()) {
