@@ -86,6 +86,12 @@ class Ops {
                                   const float* inp, const float* out,
                                   const float* att, int B, int T, int C,
                                   int NH) = 0;
+  // Generation's cached attention for n new positions [pos, pos + n) of one
+  // sequence: qkv (n,3C), caches (NH,capacity,hs) each, out (n,C)
+  // (kernels/cpu/kernels.h attention_decode).
+  virtual void attention_decode(float* out, float* kcache, float* vcache,
+                                const float* qkv, int n, int pos, int C, int NH,
+                                int capacity) = 0;
   virtual int64_t attention_saved_floats(int64_t B, int64_t T, int C,
                                          int NH) const {
     (void)C;

@@ -1,8 +1,11 @@
 // Causal multi-head self-attention forward and backward on CPU: per (batch,
 // head) GEMMs straight on the interleaved QKV buffer, softmax in between.
 // Not flash attention: the (T,T) probabilities are materialised and saved.
+// Also the cached attention of generation (new positions over earlier
+// keys and values).
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/vec_math.h"
@@ -122,6 +125,63 @@ void attention_backward(F* dinp, F* datt, const F* dout, const F* inp,
   }
 }
 
+// kcache, vcache are (NH,capacity,hs); qkv is (n,3C); out is (n,C).
+// One (head, new position) pair per task: a dot product per cached key, the
+// softmax, and the probability-weighted sum of the cached values.
+template <typename F>
+void attention_decode(F* out, F* kcache, F* vcache, const F* qkv, int n,
+                      int pos, int C, int NH, int capacity) {
+  const int hs = C / NH;
+  const int64_t C3 = 3 * static_cast<int64_t>(C);
+  const F scale = F(1) / std::sqrt(static_cast<F>(hs));
+  auto row = [&](F* cache, int h, int t) {
+    return cache + (static_cast<int64_t>(h) * capacity + t) * hs;
+  };
+#pragma omp parallel
+  {
+#pragma omp for collapse(2) schedule(static)
+    for (int h = 0; h < NH; h++) {
+      for (int i = 0; i < n; i++) {
+        const F* src = qkv + i * C3 + static_cast<int64_t>(h) * hs;
+        std::copy(src + C, src + C + hs, row(kcache, h, pos + i));
+        std::copy(src + 2 * C, src + 2 * C + hs, row(vcache, h, pos + i));
+      }
+    }
+    std::vector<F> scores(pos + n);
+#pragma omp for collapse(2) schedule(static)
+    for (int h = 0; h < NH; h++) {
+      for (int i = 0; i < n; i++) {
+        const F* q = qkv + i * C3 + static_cast<int64_t>(h) * hs;
+        const int len = pos + i + 1;
+        for (int t = 0; t < len; t++) {
+          const F* k = row(kcache, h, t);
+          F dot = 0;
+#pragma omp simd reduction(+ : dot)
+          for (int d = 0; d < hs; d++) dot += q[d] * k[d];
+          scores[t] = dot * scale;
+        }
+        const F maxval = internal::MaxOf(scores.data(), len);
+        F sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int t = 0; t < len; t++) {
+          const F e = internal::Exp(scores[t] - maxval);
+          scores[t] = e;
+          sum += e;
+        }
+        const F inv_sum = F(1) / sum;
+        F* o = out + static_cast<int64_t>(i) * C + static_cast<int64_t>(h) * hs;
+        std::fill(o, o + hs, F(0));
+        for (int t = 0; t < len; t++) {
+          const F p = scores[t] * inv_sum;
+          const F* v = row(vcache, h, t);
+#pragma omp simd
+          for (int d = 0; d < hs; d++) o[d] += p * v[d];
+        }
+      }
+    }
+  }
+}
+
 template void attention_forward<float>(float*, float*, const float*, int, int,
                                        int, int);
 template void attention_forward<double>(double*, double*, const double*, int,
@@ -132,5 +192,9 @@ template void attention_backward<float>(float*, float*, const float*,
 template void attention_backward<double>(double*, double*, const double*,
                                          const double*, const double*, int, int,
                                          int, int);
+template void attention_decode<float>(float*, float*, float*, const float*, int,
+                                      int, int, int, int);
+template void attention_decode<double>(double*, double*, double*, const double*,
+                                       int, int, int, int, int);
 
 }  // namespace ptrain::kernels

@@ -79,6 +79,16 @@ void attention_forward(F* out, F* att, const F* inp, int B, int T, int C,
 template <typename F>
 void attention_backward(F* dinp, F* datt, const F* dout, const F* inp,
                         const F* att, int B, int T, int C, int NH);
+// The same attention for n new positions [pos, pos + n) of one sequence
+// (B = 1), over a cache of every earlier position's keys and values:
+// generation without recomputing the prefix. qkv is (n,3C) as inp above;
+// kcache and vcache are (NH,capacity,hs) each, and rows [0, pos) of every
+// head must hold the earlier positions. The new keys and values are written
+// to rows [pos, pos + n), then out (n,C) row i attends to rows [0, pos + i].
+// pos + n <= capacity.
+template <typename F>
+void attention_decode(F* out, F* kcache, F* vcache, const F* qkv, int n,
+                      int pos, int C, int NH, int capacity);
 
 // GELU, tanh approximation. out, inp are (N).
 template <typename F>

@@ -114,6 +114,12 @@ class CpuBackend final : public Ops {
                           int NH) override {
     kernels::attention_backward(dinp, datt, dout, inp, att, B, T, C, NH);
   }
+  void attention_decode(float* out, float* kcache, float* vcache,
+                        const float* qkv, int n, int pos, int C, int NH,
+                        int capacity) override {
+    kernels::attention_decode(out, kcache, vcache, qkv, n, pos, C, NH,
+                              capacity);
+  }
   void gelu_forward(float* out, const float* inp, int64_t N) override {
     kernels::gelu_forward(out, inp, N);
   }

@@ -334,6 +334,57 @@ __global__ void UnpermuteKernel(float* out, const float* y, int B, int T,
                [&](int64_t i) { out[PositionMajor(i, T, NH, hs, 1)] = y[i]; });
 }
 
+// Generation's cached attention (kernels/cpu/kernels.h attention_decode).
+// The new positions' keys and values, qkv (n,3,NH,hs), into the caches
+// (NH,capacity,hs) at rows [pos, pos + n).
+__global__ void KvCacheWriteKernel(float* kcache, float* vcache,
+                                   const float* qkv, int n, int pos, int NH,
+                                   int hs, int capacity) {
+  const int C = NH * hs;
+  ForEachIndex(int64_t(n) * C, [&](int64_t i) {
+    const int t = i / C, c = i % C, h = c / hs, d = c % hs;
+    const int64_t src = int64_t(t) * 3 * C + c;
+    const int64_t dst = (int64_t(h) * capacity + pos + t) * hs + d;
+    kcache[dst] = qkv[src + C];
+    vcache[dst] = qkv[src + 2 * C];
+  });
+}
+
+// One block per (head, new position i): scores against cache rows
+// [0, pos + i] in dynamic shared memory, their softmax, then each output
+// channel as the probability-weighted sum of the cached values.
+__global__ void AttentionDecodeKernel(float* out, const float* kcache,
+                                      const float* vcache, const float* qkv,
+                                      int pos, int NH, int hs, int capacity) {
+  extern __shared__ float scores[];
+  const int h = blockIdx.x, i = blockIdx.y, C = NH * hs;
+  const int len = pos + i + 1;
+  const float* q = qkv + int64_t(i) * 3 * C + int64_t(h) * hs;
+  const float* k = kcache + int64_t(h) * capacity * hs;
+  const float* v = vcache + int64_t(h) * capacity * hs;
+  const float scale = rsqrtf(static_cast<float>(hs));
+  float mx = -INFINITY;
+  for (int t = threadIdx.x; t < len; t += blockDim.x) {
+    float dot = 0.0f;
+    for (int d = 0; d < hs; ++d) dot += q[d] * k[int64_t(t) * hs + d];
+    scores[t] = dot * scale;
+    mx = fmaxf(mx, dot * scale);
+  }
+  mx = BlockReduce(mx, MaxOp(), -INFINITY);
+  float sum = 0.0f;
+  for (int t = threadIdx.x; t < len; t += blockDim.x) {
+    const float e = expf(scores[t] - mx);
+    scores[t] = e;
+    sum += e;
+  }
+  sum = BlockReduce(sum, SumOp(), 0.0f);  // its barrier publishes scores
+  for (int d = threadIdx.x; d < hs; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int t = 0; t < len; ++t) acc += scores[t] * v[int64_t(t) * hs + d];
+    out[int64_t(i) * C + int64_t(h) * hs + d] = acc / sum;
+  }
+}
+
 // dout (B,T,NH,hs) -> dy (B,NH,T,hs).
 template <typename Q>
 __global__ void PermuteOutKernel(Q* dy, const float* dout, int B, int T, int NH,
@@ -753,6 +804,26 @@ class CudaBackend final : public Ops {
       AttentionBackward<float>(dinp, datt, dout, inp, att, B, T, C, NH);
     }
   }
+  // fp32 throughout (generation is one sequence; the caches are small).
+  void attention_decode(float* out, float* kcache, float* vcache,
+                        const float* qkv, int n, int pos, int C, int NH,
+                        int capacity) override {
+    const OpScope scope(&times_, stream_, "attention_decode");
+    const int hs = C / NH;
+    KvCacheWriteKernel<<<Blocks(int64_t(n) * C), kThreads, 0, stream_>>>(
+        kcache, vcache, qkv, n, pos, NH, hs, capacity);
+    Launched();
+    const size_t shared = sizeof(float) * (pos + n);
+    if (shared > decode_shared_) {
+      PT_CUDA_CHECK(cudaFuncSetAttribute(
+          AttentionDecodeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+          static_cast<int>(shared)));
+      decode_shared_ = shared;
+    }
+    AttentionDecodeKernel<<<dim3(NH, n), kThreads, shared, stream_>>>(
+        out, kcache, vcache, qkv, pos, NH, hs, capacity);
+    Launched();
+  }
   int64_t attention_saved_floats(int64_t B, int64_t T, int C,
                                  int NH) const override {
     return Fused(C, NH) ? B * NH * T : B * NH * T * T;
@@ -1042,6 +1113,9 @@ class CudaBackend final : public Ops {
 
   const CudaOptions options_;
   int major_ = 0;  // compute capability
+  // Dynamic shared memory AttentionDecodeKernel may use (48 KiB needs no
+  // opt-in; more is asked for once, as a longer cache needs it).
+  size_t decode_shared_ = 48u << 10;
   OpTimes times_;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;

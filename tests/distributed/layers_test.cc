@@ -176,7 +176,7 @@ TEST_P(LayersTest, VocabParallelEmbeddingMatchesOneRank) {
   const Vec dout = Random(kB * kT * kC, 11);
   Vec out(kB * kT * kC), dwte(wte.size(), 0.0f), dwpe(wpe.size(), 0.0f);
   vocab_embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), kB,
-                          kT, kC, 0, kVp, TpGroup{}, one_);
+                          kT, 0, kC, 0, kVp, TpGroup{}, one_);
   vocab_embedding_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(),
                            kB, kT, kC, 0, kVp, TpGroup{}, one_);
 
@@ -186,7 +186,7 @@ TEST_P(LayersTest, VocabParallelEmbeddingMatchesOneRank) {
   Vec my_out(kB * Ts() * kC), my_dwte(my_wte.size(), 0.0f),
       my_dwpe(wpe.size(), 0.0f);
   vocab_embedding_forward(my_out.data(), tokens.data(), my_wte.data(),
-                          wpe.data(), kB, kT, kC, v0, Vl, g_, s_);
+                          wpe.data(), kB, kT, 0, kC, v0, Vl, g_, s_);
   vocab_embedding_backward(my_dwte.data(), my_dwpe.data(), my_dout.data(),
                            tokens.data(), kB, kT, kC, v0, Vl, g_, s_);
   // Under sp each rank has the position gradients of its own positions: the

@@ -107,8 +107,10 @@ TEST_F(PtworkerMpi, ZeroThreeRunHasRankZeroWriteTheLogAlone) {
 // Evaluation and sampling under tensor and sequence parallelism, and
 // through a pipeline, give what one rank gives: the same validation losses
 // and the same sampled text (the vocab-parallel logits are gathered for
-// sampling only; the last stage's pick goes back to the others). The run
-// log's layout record names the layout and the schedule.
+// sampling only; the last stage's pick goes back to the others). Sampling
+// runs through every stage's key/value cache, past the block size, where
+// the context restarts from its last half. The run log's layout record
+// names the layout and the schedule.
 class PtworkerMpiLayouts : public PtworkerMpi {
  protected:
   std::vector<nlohmann::json> Records(const std::string& type,
@@ -126,7 +128,7 @@ class PtworkerMpiLayouts : public PtworkerMpi {
     const std::string args =
         "--set train.steps=6 --set train.eval_every=3 "
         "--set train.eval_batches=2 --set train.sample_every=3 "
-        "--set train.sample_tokens=24 --set model.n_layer=" +
+        "--set train.sample_tokens=60 --set model.n_layer=" +
         std::to_string(n_layer) +
         " --set model.n_embd=64 --set model.block_size=32 "
         "--set parallel.microbatches=4 ";

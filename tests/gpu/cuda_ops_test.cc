@@ -194,6 +194,36 @@ TEST_P(CudaOpsTest, CausalAttentionWithGpt2Heads) {
   CheckAttention(this, gpu_.get(), 1, 128, 96, 3);  // heads of 32
 }
 
+// Generation's cached attention, fed in pieces (a part, then single
+// positions), against the CPU's; fp32 under either setting. The caches
+// start with earlier positions already in them: none, or so many that the
+// scores pass 48 KiB of shared memory and take the opt-in.
+TEST_P(CudaOpsTest, CachedAttentionForGeneration) {
+  for (int first : {0, 12300}) {
+    const int T = 40, C = 64, NH = 4, hs = C / NH, capacity = first + T;
+    const Vec qkv = Random(int64_t(T) * 3 * C, 31);
+    Vec out(int64_t(T) * C), k = Random(int64_t(NH) * capacity * hs, 32),
+                             v = Random(k.size(), 33);
+    Dev g_qkv(gpu_.get(), qkv), g_out(gpu_.get(), out), g_k(gpu_.get(), k),
+        g_v(gpu_.get(), v);
+    int done = 0;
+    for (int n : {T / 2, 1, 1, T - T / 2 - 2}) {
+      const int pos = first + done;
+      cpu().attention_decode(out.data() + done * C, k.data(), v.data(),
+                             qkv.data() + done * 3 * C, n, pos, C, NH,
+                             capacity);
+      gpu_->attention_decode(g_out.get() + done * C, g_k.get(), g_v.get(),
+                             g_qkv.get() + done * 3 * C, n, pos, C, NH,
+                             capacity);
+      done += n;
+    }
+    std::printf("  %d positions after %d cached\n", T, first);
+    Check("decode out", g_out.Host(), out);
+    Check("decode key cache", g_k.Host(), k);
+    Check("decode value cache", g_v.Host(), v);
+  }
+}
+
 // The fused kernels keep one float per query row, not the (T,T)
 // probabilities; heads they do not take keep the probabilities.
 TEST_P(CudaOpsTest, FusedAttentionKeepsOneFloatPerRow) {

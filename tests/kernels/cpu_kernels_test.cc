@@ -500,6 +500,46 @@ TEST(AttentionTest, FloatForwardAndBackwardMatchDouble) {
   ExpectFloatMatchesDouble("attention dinp", dinp, p.dinp);
 }
 
+// Generation: a sequence fed through the cache in pieces of any size gives
+// every position the output the whole-sequence forward gives it, and the
+// cache holds each position's key and value.
+TEST(AttentionTest, DecodeInPiecesMatchesTheWholeForward) {
+  AttentionProblem p(/*B=*/1, /*T=*/37, /*C=*/24, /*NH=*/3);
+  p.Loss();
+  const int C = p.C, hs = C / p.NH, capacity = 40;
+  Vec out(p.out.size()), kcache(p.NH * capacity * hs, -7.0),
+      vcache(kcache.size(), -7.0);
+  int pos = 0;
+  for (int n : {5, 1, 1, 9, 1, 20}) {
+    ASSERT_LE(pos + n, p.T);
+    attention_decode(&out[pos * C], kcache.data(), vcache.data(),
+                     &p.inp[pos * 3 * C], n, pos, C, p.NH, capacity);
+    pos += n;
+  }
+  ASSERT_EQ(pos, p.T);
+  for (size_t i = 0; i < out.size(); i++) {
+    ASSERT_NEAR(out[i], p.out[i], 1e-12) << "position " << i / C;
+  }
+  for (int h = 0; h < p.NH; h++) {
+    for (int t = 0; t < p.T; t++) {
+      for (int d = 0; d < hs; d++) {
+        const double* qkv = &p.inp[t * 3 * C + h * hs + d];
+        const size_t at = (static_cast<size_t>(h) * capacity + t) * hs + d;
+        ASSERT_EQ(kcache[at], qkv[C]) << "head " << h << " position " << t;
+        ASSERT_EQ(vcache[at], qkv[2 * C]) << "head " << h << " position " << t;
+      }
+    }
+  }
+  // Float, one position at a time: within float rounding of double.
+  std::vector<float> fout(out.size()), fk(kcache.size()), fv(vcache.size());
+  const std::vector<float> finp = ToFloat(p.inp);
+  for (int t = 0; t < p.T; t++) {
+    attention_decode(&fout[t * C], fk.data(), fv.data(), &finp[t * 3 * C], 1, t,
+                     C, p.NH, capacity);
+  }
+  ExpectFloatMatchesDouble("attention decode out", fout, p.out);
+}
+
 // ------------------------------------------------------------------- gelu
 
 TEST(GeluTest, BackwardMatchesFiniteDifferences) {

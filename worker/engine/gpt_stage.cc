@@ -247,28 +247,50 @@ float GptStage::Forward(int slot, const int32_t* tokens, const float* hidden,
                slot < static_cast<int>(slots_.size()),
            "a microbatch larger than allocated (or T not divisible by tp "
            "under sequence parallelism)");
+  return ForwardPass(slot, tokens, hidden, targets, B, T, /*pos=*/-1);
+}
+
+void GptStage::Decode(const int32_t* tokens, const float* hidden, int n,
+                      int pos) {
+  PT_CHECK(n >= 1 && n <= decode_max() && pos >= 0 && pos + n <= max_T_,
+           "a generation step past the stage's buffers or its cache");
+  if (kv_.empty()) {
+    kv_ = kernels::Buffer(ops_, 2 * int64_t{n_blocks_} * max_T_ * Cl_);
+  }
+  ForwardPass(0, tokens, hidden, nullptr, 1, n, pos);
+}
+
+float GptStage::ForwardPass(int slot, const int32_t* tokens,
+                            const float* hidden, const int32_t* targets, int B,
+                            int T, int pos) {
+  // Generation runs every position on every rank of the group: a step of
+  // one token cannot be split along the sequence.
+  const bool decode = pos >= 0;
+  const TpGroup g{tp_.comm, tp_.sp && !decode};
   Slot& S = slots_[slot];
   S.B = B;
   S.T = T;
   kernels::Ops& k = *ops_;
   tokens = Stage(S.tokens_staged, tokens, B, T);
   targets = Stage(S.targets_staged, targets, B, T);
-  const int C = config_.n_embd, Ts = tp_.SeqLocal(T);
+  const int C = config_.n_embd, Ts = g.SeqLocal(T);
   const int64_t BTsC = static_cast<int64_t>(B) * Ts * C;
   // Per-layer slabs are laid out for the allocated maximum, so index them by
   // the maximum stride; a smaller batch uses the front of each slab.
   const int64_t sBTsC = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_) * C;
   const int64_t sBTs = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_);
   const int64_t sBT = static_cast<int64_t>(max_B_) * max_T_;
+  // The cache of local block b: keys, then values, (NHl,max_T,hs) each.
+  const int64_t cache = int64_t{max_T_} * Cl_;
 
   UnitStore& st = *store_;
   const float* wte = nullptr;
   if (first()) {
     st.BeginForward(emb_unit_);
     wte = st.Params(emb_unit_) + wte_offset_;
-    vocab_embedding_forward(S.input, tokens, wte,
-                            st.Params(emb_unit_) + wpe_offset_, B, T, C,
-                            vocab_begin_, Vl_, tp_, scratch_);
+    vocab_embedding_forward(
+        S.input, tokens, wte, st.Params(emb_unit_) + wpe_offset_, B, T,
+        decode ? pos : 0, C, vocab_begin_, Vl_, g, scratch_);
   } else {
     k.Copy(S.input, hidden, BTsC);
   }
@@ -291,15 +313,20 @@ float GptStage::Forward(int slot, const int32_t* tokens, const float* hidden,
                         BlockTensor(w, b, kLn1W), BlockTensor(w, b, kLn1B), B,
                         Ts, C);
     column_linear_forward(qkv, ln1, BlockTensor(w, b, kQkvW),
-                          BlockTensor(w, b, kQkvB), B, T, C, 3 * Cl_, tp_,
+                          BlockTensor(w, b, kQkvB), B, T, C, 3 * Cl_, g,
                           scratch_);
     st.EndForward(u);
-    k.attention_forward(atty, att, qkv, B, T, Cl_, NHl_);
+    if (decode) {
+      float* keys = kv_.data() + 2 * b * cache;
+      k.attention_decode(atty, keys, keys + cache, qkv, T, pos, Cl_, NHl_,
+                         max_T_);
+    } else {
+      k.attention_forward(atty, att, qkv, B, T, Cl_, NHl_);
+    }
     st.BeginForward(u + 1);
     w = st.Params(u + 1);
     row_linear_forward(proj_, atty, BlockTensor(w, b, kAttProjW),
-                       BlockTensor(w, b, kAttProjB), B, T, Cl_, C, tp_,
-                       scratch_);
+                       BlockTensor(w, b, kAttProjB), B, T, Cl_, C, g, scratch_);
     st.EndForward(u + 1);
     k.residual_forward(residual2, x, proj_, BTsC);
     st.BeginForward(u + 2);
@@ -308,14 +335,14 @@ float GptStage::Forward(int slot, const int32_t* tokens, const float* hidden,
                         residual2, BlockTensor(w, b, kLn2W),
                         BlockTensor(w, b, kLn2B), B, Ts, C);
     column_linear_forward(fch, ln2, BlockTensor(w, b, kFcW),
-                          BlockTensor(w, b, kFcB), B, T, C, 4 * Cl_, tp_,
+                          BlockTensor(w, b, kFcB), B, T, C, 4 * Cl_, g,
                           scratch_);
     st.EndForward(u + 2);
     k.gelu_forward(fch_gelu, fch, static_cast<int64_t>(B) * T * 4 * Cl_);
     st.BeginForward(u + 3);
     w = st.Params(u + 3);
     row_linear_forward(proj_, fch_gelu, BlockTensor(w, b, kFcProjW),
-                       BlockTensor(w, b, kFcProjB), B, T, 4 * Cl_, C, tp_,
+                       BlockTensor(w, b, kFcProjB), B, T, 4 * Cl_, C, g,
                        scratch_);
     st.EndForward(u + 3);
     k.residual_forward(residual3, residual2, proj_, BTsC);
@@ -335,12 +362,12 @@ float GptStage::Forward(int slot, const int32_t* tokens, const float* hidden,
   }
   // The head is tied to the embedding: logits over this rank's vocabulary
   // rows, never gathered for the loss.
-  column_linear_forward(S.logits, S.lnf, wte, nullptr, B, T, C, Vl_, tp_,
+  column_linear_forward(S.logits, S.lnf, wte, nullptr, B, T, C, Vl_, g,
                         scratch_);
   st.EndForward(head_unit_);
   if (targets == nullptr) return 0.0f;
   vocab_crossentropy_forward(S.losses, S.logits, S.logits, targets, B, T,
-                             vocab_begin_, Vl_, config_.vocab_size, tp_,
+                             vocab_begin_, Vl_, config_.vocab_size, g,
                              ce_stats_, scratch_);
   const int64_t BT = static_cast<int64_t>(B) * T;
   return static_cast<float>(k.Sum(S.losses, BT) / static_cast<double>(BT));

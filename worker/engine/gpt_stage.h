@@ -122,6 +122,19 @@ class GptStage : private UnitStore {
   void Backward(int slot, const int32_t* tokens, const int32_t* targets,
                 float dloss, const float* dout);
 
+  // Generation with a cache of keys and values (one sequence, B = 1): the
+  // forward of the n tokens at positions [pos, pos + n), attending to the
+  // positions before them that earlier Decode calls cached (a Decode at pos
+  // 0 starts a new sequence). First stage: `tokens` (n); others: `hidden`
+  // (n,C), the previous stage's output(0). Afterwards output(0) holds
+  // (n,C) for the next stage, or logits(0) the (n,Vl) logits. Uses slot 0
+  // and a cache of 2·L·max_T·Cl floats, allocated at the first call (not in
+  // memory(): generation only). Every position is computed on every rank
+  // of the tensor-parallel group, with or without sequence parallelism.
+  void Decode(const int32_t* tokens, const float* hidden, int n, int pos);
+  // The most positions one Decode takes (the slot's buffers' size).
+  int decode_max() const { return max_B_ * tp_.SeqLocal(max_T_); }
+
   const float* output(int slot) const;  // (B,Ts,C), non-last stages
   const float* dinput() const { return dresidual_; }  // (B,Ts,C)
   // (B,T,Vl): this rank's vocabulary columns of the last Forward without
@@ -172,6 +185,9 @@ class GptStage : private UnitStore {
     int B = 0, T = 0;  // dims of its forward
   };
 
+  // Forward of `slot`; pos >= 0: a Decode at that position.
+  float ForwardPass(int slot, const int32_t* tokens, const float* hidden,
+                    const int32_t* targets, int B, int T, int pos);
   const float* Params(int u) override {
     return params_.data() + units_[u].begin;
   }
@@ -209,6 +225,7 @@ class GptStage : private UnitStore {
   std::vector<int64_t> block_offsets_;  // (n_blocks, 12)
 
   kernels::Buffer acts_;
+  kernels::Buffer kv_;  // generation's key/value cache (Decode)
   int64_t acts_used_ = 0;
   std::vector<Slot> slots_;
   // Backward working set, shared by every slot and layer.

@@ -140,7 +140,7 @@ void row_linear_backward(float* dinp, float* dweight, float* dbias,
 }
 
 void vocab_embedding_forward(float* out, const int32_t* inp, const float* wte,
-                             const float* wpe, int B, int T, int C,
+                             const float* wpe, int B, int T, int t0, int C,
                              int vocab_begin, int Vl, const TpGroup& g,
                              const LayerContext& s) {
   if (!Parallel(g)) {
@@ -149,7 +149,7 @@ void vocab_embedding_forward(float* out, const int32_t* inp, const float* wte,
     s.ops().embedding_forward(s.a, inp, wte, B, T, C, vocab_begin, Vl);
     sequence_reduce(out, s.a, /*accumulate=*/false, B, T, C, g, s.b, s.ops());
   }
-  s.ops().position_forward(out, wpe, B, g.SeqLocal(T), C, g.SeqBegin(T));
+  s.ops().position_forward(out, wpe, B, g.SeqLocal(T), C, t0 + g.SeqBegin(T));
 }
 
 void vocab_embedding_backward(float* dwte, float* dwpe, const float* dout,

@@ -92,11 +92,12 @@ void row_linear_backward(float* dinp, float* dweight, float* dbias,
                          const TpGroup& g, const LayerContext& s);
 
 // Vocabulary-parallel embedding: wte (Vl,C) holds vocabulary rows
-// [vocab_begin, vocab_begin + Vl), wpe (>=T,C) every position. out (B,Ts,C)
-// = reduce(rows of inp held here) + wpe at this rank's positions. inp is
-// (B,T). scratch: a, b.
+// [vocab_begin, vocab_begin + Vl), wpe (>=t0+T,C) every position. out
+// (B,Ts,C) = reduce(rows of inp held here) + wpe at this rank's positions.
+// inp is (B,T), its tokens at positions [t0, t0 + T) (t0 > 0: generation
+// continuing a cached prefix). scratch: a, b.
 void vocab_embedding_forward(float* out, const int32_t* inp, const float* wte,
-                             const float* wpe, int B, int T, int C,
+                             const float* wpe, int B, int T, int t0, int C,
                              int vocab_begin, int Vl, const TpGroup& g,
                              const LayerContext& s);
 // dwte += rows of gather(dout) for the tokens held here; dwpe += dout at

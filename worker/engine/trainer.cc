@@ -253,13 +253,21 @@ void Trainer::WaitSends() {
 }
 
 float Trainer::PipelineForward(const int32_t* tokens, const int32_t* targets,
-                               int B, int T) {
+                               int B, int T, int decode_pos) {
+  auto forward = [&](GptStage& chunk, const float* hidden, bool last) {
+    if (decode_pos < 0) {
+      return chunk.Forward(0, tokens, hidden, last ? targets : nullptr, B, T);
+    }
+    chunk.Decode(tokens, hidden, T, decode_pos);
+    return 0.0f;
+  };
   Communicator* pp = pp_group();
-  if (pp == nullptr) return model().Forward(0, tokens, nullptr, targets, B, T);
+  if (pp == nullptr) return forward(model(), nullptr, true);
   // Through the virtual stages in order: this rank's chunk c is stage
   // c·pp + rank, fed by the rank before it (the last rank for c > 0 on
-  // rank 0).
-  const int64_t n = StageFloats(B, T);
+  // rank 0). A generation step passes every position (no sequence split).
+  const int64_t n =
+      decode_pos < 0 ? StageFloats(B, T) : int64_t{T} * model().config().n_embd;
   const int prev = (pp_rank_ + pp_ - 1) % pp_, next = (pp_rank_ + 1) % pp_;
   float loss = 0.0f;
   for (int c = 0; c < chunks(); ++c) {
@@ -270,8 +278,7 @@ float Trainer::PipelineForward(const int32_t* tokens, const int32_t* targets,
       pp->Recv(received_[0].data(), n, prev, Tag(0, c, true));
       hidden = received_[0].data();
     }
-    loss =
-        chunks_[c]->Forward(0, tokens, hidden, last ? targets : nullptr, B, T);
+    loss = forward(*chunks_[c], hidden, last);
     if (!last) {
       pp->Send(chunks_[c]->output(0), n, next, Tag(0, (vs + 1) / pp_, true));
     }
@@ -673,7 +680,7 @@ float Trainer::Evaluate() {
                             SumOverDp(static_cast<double>(count)));
 }
 
-std::string Trainer::Sample(uint64_t salt) {
+std::string Trainer::Sample(uint64_t salt, bool kv_cache) {
   const auto& train = spec_.train();
   const int V = data_.vocab_size;
   std::vector<int32_t> ids;
@@ -685,7 +692,7 @@ std::string Trainer::Sample(uint64_t salt) {
   std::vector<int> order(V);
   // Under sequence parallelism a forward's length is a multiple of tp: the
   // context is padded at its end, which causal attention keeps from the
-  // positions that matter.
+  // positions that matter. (Decode steps are not split along the sequence.)
   Communicator* tp = tp_group();
   const int multiple =
       tp != nullptr && spec_.parallel().sequence_parallel() ? tp->size() : 1;
@@ -693,12 +700,30 @@ std::string Trainer::Sample(uint64_t salt) {
   std::vector<float> gathered(tp != nullptr ? int64_t{Vl} * tp->size() : 0);
   std::vector<int32_t> context;
   std::vector<float> last_logits;
+  // The context is ids[start, end); `cached` of its positions are in every
+  // stage's cache.
+  size_t start = 0;
+  int cached = 0;
   for (int i = 0; i < train.sample_tokens(); ++i) {
-    const int T = static_cast<int>(std::min<size_t>(ids.size(), T_));
-    const int padded = (T + multiple - 1) / multiple * multiple;
-    context.assign(ids.end() - T, ids.end());
-    context.resize(padded, 0);
-    PipelineForward(context.data(), nullptr, 1, padded);
+    if (ids.size() - start > static_cast<size_t>(T_)) {
+      start = ids.size() - std::max(1, T_ / 2);
+      cached = 0;
+    }
+    const int T = static_cast<int>(ids.size() - start);
+    int last_row = T - 1;  // the row of logits(0) at the context's end
+    if (kv_cache) {
+      while (cached < T) {
+        const int n = std::min(T - cached, model().decode_max());
+        PipelineForward(ids.data() + start + cached, nullptr, 1, n, cached);
+        cached += n;
+        last_row = n - 1;
+      }
+    } else {
+      const int padded = (T + multiple - 1) / multiple * multiple;
+      context.assign(ids.begin() + start, ids.end());
+      context.resize(padded, 0);
+      PipelineForward(context.data(), nullptr, 1, padded);
+    }
     // The last stage picks the token; the others learn it from there.
     if (!last_stage()) {
       float pick = 0.0f;
@@ -709,7 +734,7 @@ std::string Trainer::Sample(uint64_t salt) {
     // This rank's vocabulary columns at the last position; the whole
     // vocabulary is gathered only here, for sampling.
     const float* logits =
-        chunks_.back()->logits(0) + static_cast<int64_t>(T - 1) * Vl;
+        chunks_.back()->logits(0) + static_cast<int64_t>(last_row) * Vl;
     if (device_ops_ != nullptr) {  // only the last position leaves the GPU
       last_logits.resize(Vl);
       device_ops_->ToHost(last_logits.data(), logits, Vl);

@@ -91,8 +91,13 @@ class Trainer {
   StepResult TrainStep(int64_t step);
   // Mean loss over train.eval_batches fixed validation batches.
   float Evaluate();
-  // Text generated from train.sample_prompt; `salt` varies the draw.
-  std::string Sample(uint64_t salt);
+  // Text generated from train.sample_prompt; `salt` varies the draw. The
+  // context is the last tokens, at most block_size of them; when it is
+  // full it restarts from its last block_size/2. With `kv_cache` each token
+  // costs one position's forward (GptStage::Decode) plus, at a restart, the
+  // kept half's; without, the whole context is recomputed for every token
+  // (the same tokens, up to rounding: for benchmarks and tests).
+  std::string Sample(uint64_t salt, bool kv_cache = true);
 
   // Writes a checkpoint of the state after `step` steps (collective).
   absl::StatusOr<std::string> SaveCheckpointAt(int64_t step);
@@ -152,8 +157,10 @@ class Trainer {
   int64_t StageFloats(int B, int T) const;
   // One forward of (B, T) through every stage, in order (evaluation and
   // sampling): the loss on the last stage with targets, 0 elsewhere.
+  // decode_pos >= 0: the n = T tokens at positions [decode_pos, +T) of
+  // one sequence (B = 1) through every stage's GptStage::Decode instead.
   float PipelineForward(const int32_t* tokens, const int32_t* targets, int B,
-                        int T);
+                        int T, int decode_pos = -1);
   // The passes of one optimizer step (pp > 1) in the schedule's order,
   // activations and gradients sent between neighbours as they are ready.
   // Adds the last stage's microbatch losses to *loss_sum.
