@@ -260,7 +260,13 @@ absl::StatusOr<Launched> LaunchAttempt(const LaunchRequest& r) {
     dup2(in, 0);
     dup2(out, 1);
     dup2(err, 2);
-    for (int fd = 3; fd < 1024; ++fd) close(fd);
+    // Descriptors marked close-on-exec stay open until the exec: among them
+    // the state dir's lock, so that a coordinator restarting meanwhile
+    // waits for it and then finds this attempt by its environment.
+    for (int fd = 3; fd < 1024; ++fd) {
+      const int flags = fcntl(fd, F_GETFD);
+      if (flags >= 0 && (flags & FD_CLOEXEC) == 0) close(fd);
+    }
     if (chdir(work_dir.c_str()) != 0) _exit(127);
     execve(argv[0], argv.data(), envp.data());
     _exit(127);

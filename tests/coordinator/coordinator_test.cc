@@ -332,6 +332,10 @@ TEST_F(CoordinatorTest, RestartReadoptsLiveAttempt) {
     id = job->id();
     TickUntil(*c, id, v1::JOB_STATE_RUNNING);
   }  // the coordinator goes away; its attempt keeps running
+  // The restart may come before the attempt's exec (often on a loaded
+  // machine), when /proc still shows the coordinator's environment in it:
+  // the state dir's lock, held by the forked child until its exec, makes
+  // the new coordinator wait for it.
   auto c = Make();
   auto got = c->Get(id, false);
   ASSERT_TRUE(got.ok());
