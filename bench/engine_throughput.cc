@@ -85,10 +85,15 @@ void RunConfig(const Config& c, double peak) {
   auto& tr = **trainer;
   for (int s = 0; s < c.warmup; ++s) tr.TrainStep(s);
   double total = 0, best = 1e30;
+  ptrain::PhaseSeconds phases;
   for (int s = c.warmup; s < c.warmup + c.steps; ++s) {
-    const double t = tr.TrainStep(s).seconds;
-    total += t;
-    best = std::min(best, t);
+    const ptrain::StepResult r = tr.TrainStep(s);
+    total += r.seconds;
+    best = std::min(best, r.seconds);
+    phases.data += r.phases.data;
+    phases.forward += r.phases.forward;
+    phases.backward += r.phases.backward;
+    phases.optimizer += r.phases.optimizer;
   }
   const double mean = total / c.steps;
   const double tokens = static_cast<double>(c.B) * c.T;
@@ -105,6 +110,11 @@ void RunConfig(const Config& c, double peak) {
       static_cast<long long>(ptrain::GptNumParams(tr.model().config())),
       mean * 1e3, best * 1e3, tokens / mean, flops / mean / 1e9,
       100.0 * flops / mean / peak);
+  std::printf(
+      "  per step: data %.2f ms, forward %.2f ms, backward %.2f ms, "
+      "optimizer %.2f ms\n",
+      1e3 * phases.data / c.steps, 1e3 * phases.forward / c.steps,
+      1e3 * phases.backward / c.steps, 1e3 * phases.optimizer / c.steps);
   const ptrain::MemoryBytes m = tr.memory();
   int64_t analytic_acts = 0;
   // The model as built: its vocabulary padded to a multiple of 128, the
