@@ -1,6 +1,8 @@
 // One stage of GPT-2 over the tensor-parallel layers; see gpt_stage.h.
 #include "worker/engine/gpt_stage.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -29,6 +31,9 @@ enum BlockTensorIndex {
   kFcProjB,
   kBlockTensors
 };
+
+// Multiply-adds per layer below which a Decode runs on one CPU thread.
+constexpr int64_t kParallelDecodeMacs = int64_t{1} << 20;
 
 }  // namespace
 
@@ -257,7 +262,16 @@ void GptStage::Decode(const int32_t* tokens, const float* hidden, int n,
   if (kv_.empty()) {
     kv_ = kernels::Buffer(ops_, 2 * int64_t{n_blocks_} * max_T_ * Cl_);
   }
+  // A step of a few positions of a small model is less work per kernel
+  // than waking the CPU's thread team costs: it runs on this thread alone
+  // (config S, one position: 0.22 ms on one thread, 0.28 ms on two).
+  const int64_t macs_per_layer = int64_t{n} * 12 * config_.n_embd * Cl_;
+  const int threads = omp_get_max_threads();
+  const bool serial = ops_->device() == kernels::Device::kCpu && threads > 1 &&
+                      macs_per_layer < kParallelDecodeMacs;
+  if (serial) omp_set_num_threads(1);
   ForwardPass(0, tokens, hidden, nullptr, 1, n, pos);
+  if (serial) omp_set_num_threads(threads);
 }
 
 float GptStage::ForwardPass(int slot, const int32_t* tokens,
