@@ -135,6 +135,10 @@ class Ops {
 // The CPU backend (kernels/cpu): host memory, OpenMP and oneDNN. One shared
 // instance; its ops are as thread-safe as the kernels.
 Ops& CpuOps();
+// Sequence length from which the CPU backend's attention keeps no
+// probabilities (kernels/cpu/kernels.h flash_attention_forward): the
+// length where it became the faster one on this project's machines.
+constexpr int64_t kFlashAttentionT = 1024;
 
 // A buffer of `n` floats in one backend's memory, freed by it. Move-only.
 class Buffer {

@@ -79,6 +79,19 @@ void attention_forward(F* out, F* att, const F* inp, int B, int T, int C,
 template <typename F>
 void attention_backward(F* dinp, F* datt, const F* dout, const F* inp,
                         const F* att, int B, int T, int C, int NH);
+// The same attention without the probabilities (FlashAttention-2's
+// scheme): lse (B,NH,T) keeps each query row's log-sum-exp of its scaled
+// scores, from which the backward recomputes them tile by tile. Memory is
+// O(T) per head instead of O(T²). dinp accumulates; the backward reads the
+// forward's out.
+template <typename F>
+void flash_attention_forward(F* out, F* lse, const F* inp, int B, int T, int C,
+                             int NH);
+template <typename F>
+void flash_attention_backward(F* dinp, const F* dout, const F* inp,
+                              const F* out, const F* lse, int B, int T, int C,
+                              int NH);
+
 // The same attention for n new positions [pos, pos + n) of one sequence
 // (B = 1), over a cache of every earlier position's keys and values:
 // generation without recomputing the prefix. qkv is (n,3C) as inp above;

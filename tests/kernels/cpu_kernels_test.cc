@@ -14,6 +14,7 @@
 
 #include "kernels/common/math.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/ops.h"
 
 namespace ptrain::kernels {
 namespace {
@@ -498,6 +499,99 @@ TEST(AttentionTest, FloatForwardAndBackwardMatchDouble) {
   ExpectFloatMatchesDouble("attention out", out, p.out);
   ExpectFloatMatchesDouble("attention att", att, p.att);
   ExpectFloatMatchesDouble("attention dinp", dinp, p.dinp);
+}
+
+// The attention that keeps no probabilities: by finite differences on its
+// own (one tile, and query tiles of 64 that end mid-way), and against the
+// materialised kernel (itself checked so) where a query tile's keys span
+// two key tiles of 512 and the online softmax carries between them.
+double FlashLoss(const AttentionProblem& p, Vec* out, Vec* lse) {
+  flash_attention_forward(out->data(), lse->data(), p.inp.data(), p.B, p.T, p.C,
+                          p.NH);
+  return Dot(*out, p.dout);
+}
+
+TEST(FlashAttentionTest, BackwardMatchesFiniteDifferences) {
+  for (int T : {kT, 70}) {
+    AttentionProblem p(kB, T, kC, kNH);
+    Vec out(p.out.size()), lse(static_cast<size_t>(p.B) * p.NH * T),
+        dinp(p.inp.size(), 0.0);
+    FlashLoss(p, &out, &lse);
+    flash_attention_backward(dinp.data(), p.dout.data(), p.inp.data(),
+                             out.data(), lse.data(), p.B, T, p.C, p.NH);
+    EXPECT_LE(MaxGradError("flash attention dinp T" + std::to_string(T), &p.inp,
+                           dinp, [&] { return FlashLoss(p, &out, &lse); }),
+              kGradTol);
+  }
+}
+
+TEST(FlashAttentionTest, MatchesTheMaterialisedKernelAcrossKeyTiles) {
+  AttentionProblem p(/*B=*/1, /*T=*/600, /*C=*/24, /*NH=*/3);
+  p.Backward();
+  Vec out(p.out.size()), lse(static_cast<size_t>(p.NH) * p.T),
+      dinp(p.inp.size(), 0.0);
+  FlashLoss(p, &out, &lse);
+  flash_attention_backward(dinp.data(), p.dout.data(), p.inp.data(), out.data(),
+                           lse.data(), p.B, p.T, p.C, p.NH);
+  for (size_t i = 0; i < out.size(); i++) {
+    ASSERT_NEAR(out[i], p.out[i], 1e-12) << "out " << i;
+  }
+  for (size_t i = 0; i < dinp.size(); i++) {
+    ASSERT_NEAR(dinp[i], p.dinp[i], 1e-12) << "dinp " << i;
+  }
+  // lse is the log of each row's softmax denominator.
+  const int C = p.C, hs = C / p.NH;
+  for (int h = 0; h < p.NH; h++) {
+    for (int t : {0, 63, 64, 511, 512, 599}) {
+      const double* q = &p.inp[t * 3 * C + h * hs];
+      double sum = 0;
+      for (int j = 0; j <= t; j++) {
+        const double* k = &p.inp[j * 3 * C + C + h * hs];
+        double dot = 0;
+        for (int d = 0; d < hs; d++) dot += q[d] * k[d];
+        sum += std::exp(dot / std::sqrt(static_cast<double>(hs)));
+      }
+      EXPECT_NEAR(lse[h * p.T + t], std::log(sum), 1e-12) << h << " " << t;
+    }
+  }
+  // Float within float rounding of double.
+  std::vector<float> fout(out.size()), flse(lse.size()), fdinp(dinp.size());
+  const std::vector<float> finp = ToFloat(p.inp), fdout = ToFloat(p.dout);
+  flash_attention_forward(fout.data(), flse.data(), finp.data(), p.B, p.T, p.C,
+                          p.NH);
+  flash_attention_backward(fdinp.data(), fdout.data(), finp.data(), fout.data(),
+                           flse.data(), p.B, p.T, p.C, p.NH);
+  ExpectFloatMatchesDouble("flash attention out", fout, p.out);
+  ExpectFloatMatchesDouble("flash attention dinp", fdinp, p.dinp);
+}
+
+// The CPU backend keeps the probabilities below kFlashAttentionT positions
+// and one float per row from there, and computes the same attention
+// either way.
+TEST(FlashAttentionTest, CpuBackendSwitchesAtItsLengthAndAgrees) {
+  Ops& ops = CpuOps();
+  const int B = 1, C = 16, NH = 2, T = static_cast<int>(kFlashAttentionT);
+  EXPECT_EQ(ops.attention_saved_floats(B, T - 1, C, NH),
+            int64_t{B} * NH * (T - 1) * (T - 1));
+  EXPECT_EQ(ops.attention_saved_floats(B, T, C, NH), int64_t{B} * NH * T);
+  EXPECT_EQ(ops.attention_scratch_floats(B, T, C, NH), 0);
+  std::mt19937_64 rng(8);
+  const std::vector<float> inp = ToFloat(Random(size_t{B} * T * 3 * C, &rng)),
+                           dout = ToFloat(Random(size_t{B} * T * C, &rng));
+  std::vector<float> want(dout.size()), att(size_t{B} * NH * T * T),
+      datt(att.size()), want_dinp(inp.size());
+  attention_forward(want.data(), att.data(), inp.data(), B, T, C, NH);
+  attention_backward(want_dinp.data(), datt.data(), dout.data(), inp.data(),
+                     att.data(), B, T, C, NH);
+  std::vector<float> out(want.size()),
+      saved(ops.attention_saved_floats(B, T, C, NH)), dinp(inp.size());
+  ops.attention_forward(out.data(), saved.data(), inp.data(), B, T, C, NH);
+  ops.attention_backward(dinp.data(), nullptr, dout.data(), inp.data(),
+                         out.data(), saved.data(), B, T, C, NH);
+  ExpectFloatMatchesDouble("backend attention out", out,
+                           Vec(want.begin(), want.end()));
+  ExpectFloatMatchesDouble("backend attention dinp", dinp,
+                           Vec(want_dinp.begin(), want_dinp.end()));
 }
 
 // Generation: a sequence fed through the cache in pieces of any size gives

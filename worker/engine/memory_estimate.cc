@@ -53,6 +53,10 @@ MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size) {
   const int micro_B = spec.train().global_batch() / (p.dp() * p.microbatches());
   const ScheduleKind kind = ScheduleKindOf(p.schedule());
   const int v = p.virtual_stages();
+  // What attention keeps: the CPU backend says; on a GPU (not loaded here)
+  // the most any backend keeps.
+  const kernels::Ops* ops =
+      spec.resources().device() == "cpu" ? &kernels::CpuOps() : nullptr;
   // The rank that needs the most: ranks differ in their tensors (the first
   // embeds, the last holds the head) and in microbatches in flight (fewer
   // further down a pipeline), so the candidates are the first, the second
@@ -82,7 +86,7 @@ MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size) {
           e.activations,
           SatMul(GptStage::ActivationFloats(
                      config, micro_B, config.block_size, slots[c], p.tp(),
-                     p.sequence_parallel(), stages[c], p.pp() * v),
+                     p.sequence_parallel(), stages[c], p.pp() * v, ops),
                  kFloat));
     }
     if (rank == 0 || e.total() > most.total()) most = e;
