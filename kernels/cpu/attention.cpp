@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/attention_head.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -32,14 +33,13 @@ void attention_forward(F* out, F* att, const F* inp, int B, int T, int C,
   const F scale = F(1) / std::sqrt(static_cast<F>(hs));
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < static_cast<int64_t>(B) * NH; bh++) {
-    const int64_t b = bh / NH;
-    const int64_t h = bh % NH;
     // q, k, v are (T,hs) views with row stride 3C; out_bh is (T,hs) with
     // row stride C; att_bh is (T,T).
-    const F* q = inp + b * T * C3 + h * hs;
+    const internal::AttentionHead at = internal::HeadAt(bh, NH, T, C);
+    const F* q = inp + at.qkv;
     const F* k = q + C;
     const F* v = q + 2 * C;
-    F* out_bh = out + b * T * C + h * hs;
+    F* out_bh = out + at.y;
     F* att_bh = att + bh * T * T;
     for (int t0 = 0; t0 < T; t0 += kTile) {
       const int t1 = std::min(T, t0 + kTile);
@@ -81,15 +81,14 @@ void attention_backward(F* dinp, F* datt, const F* dout, const F* inp,
   const F scale = F(1) / std::sqrt(static_cast<F>(hs));
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < static_cast<int64_t>(B) * NH; bh++) {
-    const int64_t b = bh / NH;
-    const int64_t h = bh % NH;
-    const F* q = inp + b * T * C3 + h * hs;
+    const internal::AttentionHead at = internal::HeadAt(bh, NH, T, C);
+    const F* q = inp + at.qkv;
     const F* k = q + C;
     const F* v = q + 2 * C;
-    F* dq = dinp + b * T * C3 + h * hs;
+    F* dq = dinp + at.qkv;
     F* dk = dq + C;
     F* dv = dq + 2 * C;
-    const F* dout_bh = dout + b * T * C + h * hs;
+    const F* dout_bh = dout + at.y;
     const F* att_bh = att + bh * T * T;
     F* datt_bh = datt + bh * T * T;
     for (int t0 = 0; t0 < T; t0 += kTile) {

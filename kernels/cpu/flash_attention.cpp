@@ -11,6 +11,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/attention_head.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -40,11 +41,11 @@ void flash_attention_forward(F* out, F* lse, const F* inp, int B, int T, int C,
     std::vector<F> s(kQ * kK), m(kQ), l(kQ);
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < static_cast<int64_t>(B) * NH; bh++) {
-      const int64_t b = bh / NH, h = bh % NH;
-      const F* q = inp + b * T * C3 + h * hs;
+      const internal::AttentionHead at = internal::HeadAt(bh, NH, T, C);
+      const F* q = inp + at.qkv;
       const F* k = q + C;
       const F* v = q + 2 * C;
-      F* o = out + b * T * C + h * hs;
+      F* o = out + at.y;
       F* lse_bh = lse + bh * T;
       for (int t0 = 0; t0 < T; t0 += kQ) {
         const int t1 = std::min(T, t0 + kQ), nq = t1 - t0;
@@ -109,15 +110,15 @@ void flash_attention_backward(F* dinp, const F* dout, const F* inp,
     std::vector<F> p(kQ * kK), dp(kQ * kK), delta(T);
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < static_cast<int64_t>(B) * NH; bh++) {
-      const int64_t b = bh / NH, h = bh % NH;
-      const F* q = inp + b * T * C3 + h * hs;
+      const internal::AttentionHead at = internal::HeadAt(bh, NH, T, C);
+      const F* q = inp + at.qkv;
       const F* k = q + C;
       const F* v = q + 2 * C;
-      F* dq = dinp + b * T * C3 + h * hs;
+      F* dq = dinp + at.qkv;
       F* dk = dq + C;
       F* dv = dq + 2 * C;
-      const F* o = out + b * T * C + h * hs;
-      const F* dout_bh = dout + b * T * C + h * hs;
+      const F* o = out + at.y;
+      const F* dout_bh = dout + at.y;
       const F* lse_bh = lse + bh * T;
       // delta[t] = dout[t] . out[t]: the softmax backward's row term.
       for (int t = 0; t < T; t++) {

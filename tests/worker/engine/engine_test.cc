@@ -33,6 +33,27 @@ std::unique_ptr<GptStage> Stage(const GptConfig& c, int B, int T) {
   return std::make_unique<GptStage>(c, BuildPlan(c, {}), o);
 }
 
+// The pp stages of one model, each with its own buffers, initialised from
+// `seed`, gradients zeroed.
+std::vector<std::unique_ptr<GptStage>> Stages(const GptConfig& c, int B, int T,
+                                              int pp, uint64_t seed) {
+  std::vector<std::unique_ptr<GptStage>> stages;
+  for (int s = 0; s < pp; ++s) {
+    StageOptions o;
+    o.max_B = B;
+    o.max_T = T;
+    o.stage = s;
+    o.n_stages = pp;
+    PlanOptions plan;
+    plan.pp = pp;
+    plan.pp_rank = s;
+    stages.push_back(std::make_unique<GptStage>(c, BuildPlan(c, plan), o));
+    stages.back()->InitParams(seed);
+    stages.back()->ZeroGrad();
+  }
+  return stages;
+}
+
 std::string TempPath(const std::string& name) {
   return (std::filesystem::temp_directory_path() /
           ("ptrain_engine_test_" + name))
@@ -370,20 +391,7 @@ TEST(GptStage, StagesChainedComputeTheWholeModel) {
                               whole->grads() + p.offset + p.numel);
   }
   for (int pp : {2, 4}) {
-    std::vector<std::unique_ptr<GptStage>> stages;
-    for (int s = 0; s < pp; ++s) {
-      StageOptions o;
-      o.max_B = B;
-      o.max_T = T;
-      o.stage = s;
-      o.n_stages = pp;
-      PlanOptions plan;
-      plan.pp = pp;
-      plan.pp_rank = s;
-      stages.push_back(std::make_unique<GptStage>(c, BuildPlan(c, plan), o));
-      stages.back()->InitParams(5);
-      stages.back()->ZeroGrad();
-    }
+    std::vector<std::unique_ptr<GptStage>> stages = Stages(c, B, T, pp, 5);
     float loss = 0;
     for (int s = 0; s < pp; ++s) {
       loss = stages[s]->Forward(0, in.data(),
@@ -455,19 +463,7 @@ TEST(GptStage, DecodeInPiecesMatchesTheWholeForward) {
   auto whole = Stage(c, 2, T);
   whole->InitParams(3);
   for (int pp : {1, 2}) {
-    std::vector<std::unique_ptr<GptStage>> stages;
-    for (int s = 0; s < pp; ++s) {
-      StageOptions o;
-      o.max_B = 2;
-      o.max_T = T;
-      o.stage = s;
-      o.n_stages = pp;
-      PlanOptions plan;
-      plan.pp = pp;
-      plan.pp_rank = s;
-      stages.push_back(std::make_unique<GptStage>(c, BuildPlan(c, plan), o));
-      stages.back()->InitParams(3);
-    }
+    std::vector<std::unique_ptr<GptStage>> stages = Stages(c, 2, T, pp, 3);
     for (const std::vector<int32_t>* seq : {&first, &second}) {
       whole->Forward(0, seq->data(), nullptr, nullptr, 1, T);
       const std::vector<float> want(whole->logits(0),
