@@ -1199,6 +1199,29 @@ void Coordinator::PollSlurm(Entry& e, Running& run, absl::Time now) {
         absl::StrCat("Slurm job ", run.slurm_id, " ended ", job->state,
                      job->reason.empty() ? "" : " (" + job->reason + ")");
   }
+  if (job->state == "NODE_FAIL" || job->state == "CANCELLED" ||
+      *run.leader_exit == 0 || *run.leader_exit == kExitBadInput ||
+      run.kill_at.has_value()) {
+    return;
+  }
+  // A dead node usually fails the job (its other ranks lose their peers)
+  // seconds before slurmctld marks the node down: the failure counts as the
+  // job's own only once Slurm has had the grace to say so.
+  absl::StatusOr<std::vector<std::string>> lost = SlurmLostNodes(job->nodes);
+  if (lost.ok() && !lost->empty()) {
+    run.node_lost = true;
+    run.kill_reason = absl::StrCat(
+        "attempt ", e.record.job.attempts(), " lost a node: Slurm reports ",
+        absl::StrJoin(*lost, ","), " down or not responding (Slurm job ",
+        run.slurm_id, " ended ", job->state, ")");
+    return;
+  }
+  if (!run.slurm_failed_at.has_value()) run.slurm_failed_at = now;
+  if (now - *run.slurm_failed_at < options_.slurm_options.node_grace) {
+    run.leader_exit.reset();
+    run.kill_reason.clear();
+    run.last_report = now;  // waiting on Slurm is not a hang
+  }
 }
 
 void Coordinator::Supervise() {

@@ -218,6 +218,8 @@ class Coordinator {
     std::string slurm_id;
     std::string slurm_state;
     absl::Time next_poll = absl::InfinitePast();
+    // When the Slurm job was first seen failed (the node grace runs).
+    std::optional<absl::Time> slurm_failed_at;
   };
   struct Entry {
     JobRecord record;

@@ -145,6 +145,12 @@ int Run(int argc, char** argv) {
   app.add_option("--slurm-account", slurm_account, "sbatch --account");
   app.add_option("--slurm-extra", slurm_extra,
                  "more sbatch arguments, separated by spaces");
+  double slurm_node_grace_s = 30;
+  app.add_option("--slurm-node-grace-s", slurm_node_grace_s,
+                 "a failed Slurm attempt waits this long for Slurm to report "
+                 "one of its nodes down before the failure counts as a "
+                 "restart (about SlurmdTimeout)")
+      ->check(CLI::Range(0.0, 3600.0));
   std::string ptrsh, cluster_network;
   app.add_option("--ptrsh", ptrsh,
                  "the launch agent mpirun starts ranks on nodes with "
@@ -311,6 +317,7 @@ int Run(int argc, char** argv) {
   o.slurm = launcher == "slurm";
   o.slurm_options.partition = slurm_partition;
   o.slurm_options.account = slurm_account;
+  o.slurm_options.node_grace = absl::Seconds(slurm_node_grace_s);
   o.slurm_options.extra =
       absl::StrSplit(slurm_extra, ' ', absl::SkipWhitespace());
   o.nodes.timeout = absl::Seconds(node_timeout_s);

@@ -2,6 +2,8 @@
 #include "coordinator/slurm.h"
 
 #include <filesystem>
+#include <map>
+#include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -217,34 +219,75 @@ int SlurmTaskCapacity(const std::vector<int>& node_cpus, int cpus_per_task,
   return tasks;
 }
 
-absl::StatusOr<std::vector<int>> SlurmUpNodeCpus(const std::string& partition) {
+std::vector<SlurmNode> ParseSinfoNodes(const std::string& out) {
+  std::vector<SlurmNode> nodes;
+  for (absl::string_view line :
+       absl::StrSplit(out, '\n', absl::SkipWhitespace())) {
+    const std::vector<absl::string_view> f =
+        absl::StrSplit(line, ' ', absl::SkipEmpty());
+    SlurmNode n;
+    if (f.size() < 3 || !absl::SimpleAtoi(f[2], &n.cpus)) continue;
+    n.name = std::string(f[0]);
+    n.state = std::string(f[1]);
+    nodes.push_back(std::move(n));
+  }
+  return nodes;
+}
+
+bool SlurmNodeUsable(const std::string& state) {
+  // idle, mix, alloc, comp(leting) are up; a trailing '*' means not
+  // responding, down/drain/fail/maint are not usable.
+  return state == "idle" || state == "mix" || state == "alloc" ||
+         state == "comp" || state == "mixed" || state == "allocated";
+}
+
+bool SlurmNodeLost(const std::string& state) {
+  return absl::EndsWith(state, "*") || absl::StartsWith(state, "down") ||
+         absl::StartsWith(state, "fail");
+}
+
+namespace {
+
+absl::StatusOr<std::vector<SlurmNode>> Sinfo(std::vector<std::string> args) {
   std::vector<std::string> argv = {"sinfo", "-h", "-N", "-o", "%N %t %c"};
-  if (!partition.empty()) argv.insert(argv.end(), {"-p", partition});
+  argv.insert(argv.end(), args.begin(), args.end());
   absl::StatusOr<CommandResult> run = RunCommand(argv, CurrentEnvironment());
   if (!run.ok()) return run.status();
   if (run->exit_code != 0) {
     return absl::UnavailableError(absl::StrCat("sinfo: ", FirstLine(run->err)));
   }
+  return ParseSinfoNodes(run->out);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int>> SlurmUpNodeCpus(const std::string& partition) {
+  std::vector<std::string> args;
+  if (!partition.empty()) args = {"-p", partition};
+  absl::StatusOr<std::vector<SlurmNode>> nodes = Sinfo(args);
+  if (!nodes.ok()) return nodes.status();
   // A node in two partitions is listed twice: count it once.
   std::map<std::string, int> cpus;
-  for (absl::string_view line :
-       absl::StrSplit(run->out, '\n', absl::SkipWhitespace())) {
-    const std::vector<absl::string_view> f =
-        absl::StrSplit(line, ' ', absl::SkipEmpty());
-    int n = 0;
-    if (f.size() < 3 || !absl::SimpleAtoi(f[2], &n)) continue;
-    // idle, mix, alloc, comp(leting) are up; a trailing '*' means not
-    // responding, down/drain/fail/maint are not usable.
-    const std::string state(f[1]);
-    if (absl::EndsWith(state, "*")) continue;
-    if (state == "idle" || state == "mix" || state == "alloc" ||
-        state == "comp" || state == "mixed" || state == "allocated") {
-      cpus[std::string(f[0])] = n;
-    }
+  for (const SlurmNode& n : *nodes) {
+    if (SlurmNodeUsable(n.state)) cpus[n.name] = n.cpus;
   }
   std::vector<int> out;
   for (const auto& [node, n] : cpus) out.push_back(n);
   return out;
+}
+
+absl::StatusOr<std::vector<std::string>> SlurmLostNodes(
+    const std::string& nodelist) {
+  if (nodelist.empty() || nodelist == "(null)") {
+    return std::vector<std::string>();
+  }
+  absl::StatusOr<std::vector<SlurmNode>> nodes = Sinfo({"-n", nodelist});
+  if (!nodes.ok()) return nodes.status();
+  std::set<std::string> lost;
+  for (const SlurmNode& n : *nodes) {
+    if (SlurmNodeLost(n.state)) lost.insert(n.name);
+  }
+  return std::vector<std::string>(lost.begin(), lost.end());
 }
 
 absl::Status CancelSlurmJob(const std::string& id, const std::string& signal) {

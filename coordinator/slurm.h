@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "coordinator/launcher.h"
 
 namespace ptrain {
@@ -20,6 +21,10 @@ struct SlurmOptions {
   std::string partition;           // --partition; "" = Slurm's default
   std::string account;             // --account; ""
   std::vector<std::string> extra;  // more sbatch arguments, as given
+  // A failed attempt waits this long for slurmctld to report one of its
+  // nodes down or not responding before the failure counts as the job's
+  // own (a dead node usually fails the job seconds before Slurm notices).
+  absl::Duration node_grace = absl::Seconds(30);
 };
 
 // The Slurm job name of an attempt: how ptcoord finds it again after a
@@ -76,6 +81,25 @@ absl::StatusOr<std::string> FindSlurmJob(const std::string& name);
 // (not down, drained or failing), as `sinfo -N` reports them: what a job
 // could get once the queue ahead of it is gone.
 absl::StatusOr<std::vector<int>> SlurmUpNodeCpus(const std::string& partition);
+
+// One node as `sinfo -h -N -o "%N %t %c"` lists it.
+struct SlurmNode {
+  std::string name;
+  std::string state;  // compact: idle, mix, alloc, down*, idle*, ...
+  int cpus = 0;
+};
+std::vector<SlurmNode> ParseSinfoNodes(const std::string& out);
+
+// Up and responding: what a job can run on.
+bool SlurmNodeUsable(const std::string& state);
+// Down, failing or not responding (a trailing '*'): what a dead node
+// becomes. Drained nodes are neither lost nor usable.
+bool SlurmNodeLost(const std::string& state);
+
+// The nodes of `nodelist` (Slurm's form, e.g. "node[1-2]") that slurmctld
+// reports lost (SlurmNodeLost).
+absl::StatusOr<std::vector<std::string>> SlurmLostNodes(
+    const std::string& nodelist);
 
 // How many tasks of `cpus_per_task` CPUs, at most `per_node` on a node
 // (0: no limit), nodes of `node_cpus` CPUs hold.

@@ -103,6 +103,24 @@ TEST(SlurmTest, EndedStates) {
   }
 }
 
+TEST(SlurmTest, SinfoNodesTellUsableFromLost) {
+  const std::vector<SlurmNode> nodes = ParseSinfoNodes(
+      "n1 idle 2\nn2 down* 2\nn3 alloc* 4\nn4 drain 2\nn5 mix 8\n"
+      "garbage\nn6 fail 2\n");
+  ASSERT_EQ(nodes.size(), 6u);
+  EXPECT_EQ(nodes[2].name, "n3");
+  EXPECT_EQ(nodes[2].cpus, 4);
+  std::vector<std::string> usable, lost;
+  for (const SlurmNode& n : nodes) {
+    if (SlurmNodeUsable(n.state)) usable.push_back(n.name);
+    if (SlurmNodeLost(n.state)) lost.push_back(n.name);
+  }
+  // Not responding (alloc*) is lost before slurmctld marks it down; a
+  // drained node is neither.
+  EXPECT_EQ(usable, (std::vector<std::string>{"n1", "n5"}));
+  EXPECT_EQ(lost, (std::vector<std::string>{"n2", "n3", "n6"}));
+}
+
 TEST(SlurmTest, TaskCapacityCountsWholeTasksWithinRanksPerNode) {
   EXPECT_EQ(SlurmTaskCapacity({2, 2}, 1, 0), 4);
   EXPECT_EQ(SlurmTaskCapacity({2, 2}, 1, 1), 2);

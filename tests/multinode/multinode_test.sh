@@ -46,6 +46,7 @@ fi
 T=$(mktemp -d /tmp/ptrain-multinode.XXXXXX)
 chmod 700 "$T"
 CKPT="$SRC/checkpoints/multinode-$SCENARIO-$$"
+mkdir -p "$SRC/checkpoints"  # a data root of ptcoord: it must exist
 COORD_PID=""
 cleanup() {
   local rc=$?
