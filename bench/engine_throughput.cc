@@ -1,9 +1,13 @@
 // Training throughput of the single-rank engine on configs S and M (char
 // Shakespeare), against this machine's sgemm peak measured here with the same
 // library, plus memory: analytic count vs buffers vs resident set growth.
-// Prints figures and ratios; never passes or fails on time.
+// With --precision both (the default where the CPU has AVX512_BF16) each
+// config also trains with train.precision=bf16 (bf16 matmul products) and
+// the bf16/fp32 tok/s ratio is printed. Prints figures and ratios; never
+// passes or fails on time.
 //
 //   build/bench/engine_throughput [--steps N] [--config S|M|both]
+//                                 [--precision fp32|bf16|both]
 #include <cblas.h>
 #include <malloc.h>
 #include <omp.h>
@@ -17,6 +21,7 @@
 #include <vector>
 
 #include "common/spec.h"
+#include "kernels/cpu/kernels.h"
 #include "worker/engine/flops.h"
 #include "worker/engine/trainer.h"
 
@@ -58,7 +63,8 @@ int64_t AnalyticBytes(const Config& c, int V, int64_t n_params,
   return 4 * 4 * n_params + *activations;
 }
 
-void RunConfig(const Config& c, double peak) {
+// Trains config c in `precision`; returns its tok/s.
+double RunConfig(const Config& c, const std::string& precision, double peak) {
   // Freed heap kept by malloc would be reused silently and hide growth.
   malloc_trim(0);
   const int64_t rss0 = ProcStatusBytes("VmRSS");
@@ -69,7 +75,8 @@ void RunConfig(const Config& c, double peak) {
        "model.n_embd=" + std::to_string(c.C),
        "model.block_size=" + std::to_string(c.T),
        "train.global_batch=" + std::to_string(c.B),
-       "train.steps=" + std::to_string(c.warmup + c.steps)});
+       "train.steps=" + std::to_string(c.warmup + c.steps),
+       "train.precision=" + precision});
   if (!spec.ok()) {
     std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
     std::exit(1);
@@ -104,12 +111,13 @@ void RunConfig(const Config& c, double peak) {
   const int64_t data_bytes = static_cast<int64_t>(
       (tr.data().train.size() + tr.data().val.size()) * sizeof(uint16_t));
   std::printf(
-      "config %s (L%d H%d C%d T%d B%d, %lld params): %.1f ms/step (best "
-      "%.1f), %.0f tok/s, %.1f GFLOP/s, MFU %.1f%% of sgemm peak\n",
-      c.name, c.L, c.NH, c.C, c.T, c.B,
+      "config %s %s (L%d H%d C%d T%d B%d, %lld params): %.1f ms/step (best "
+      "%.1f), %.0f tok/s, %.1f GFLOP/s, MFU %.1f%% of %s peak\n",
+      c.name, precision.c_str(), c.L, c.NH, c.C, c.T, c.B,
       static_cast<long long>(ptrain::GptNumParams(tr.model().config())),
       mean * 1e3, best * 1e3, tokens / mean, flops / mean / 1e9,
-      100.0 * flops / mean / peak);
+      100.0 * flops / mean / peak,
+      precision == "bf16" ? "bf16 matmul" : "sgemm");
   std::printf(
       "  per step: data %.2f ms, forward %.2f ms, backward %.2f ms, "
       "optimizer %.2f ms\n",
@@ -134,6 +142,7 @@ void RunConfig(const Config& c, double peak) {
       analytic / 1e6, buffers / 1e6, double(buffers) / analytic,
       data_bytes / 1e6, (rss1 - rss0 - data_bytes) / 1e6,
       double(rss1 - rss0 - data_bytes) / analytic);
+  return tokens / mean;
 }
 
 // The same 2048^3 product through OpenBLAS, to justify the library choice.
@@ -158,10 +167,12 @@ double OpenBlasSgemmFlops(int n) {
 int main(int argc, char** argv) {
   int steps_s = 40, steps_m = 6;
   std::string which = "both";
+  std::string precision = ptrain::kernels::CpuHasBf16() ? "both" : "fp32";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--steps"))
       steps_s = steps_m = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--config")) which = argv[i + 1];
+    if (!std::strcmp(argv[i], "--precision")) precision = argv[i + 1];
   }
   const double peak = ptrain::MeasureSgemmPeakFlops(2048, 5);
   const double blas = OpenBlasSgemmFlops(2048);
@@ -169,12 +180,27 @@ int main(int argc, char** argv) {
       "threads %d, sgemm peak (oneDNN, 2048^3) %.1f GFLOP/s; OpenBLAS %.1f "
       "GFLOP/s (oneDNN/OpenBLAS %.2fx)\n",
       omp_get_max_threads(), peak / 1e9, blas / 1e9, peak / blas);
-  if (which == "both" || which == "S") {
-    RunConfig({"S", 4, 4, 128, 64, 16, 5, steps_s}, peak);
+  double peak_bf16 = 0;
+  if (precision != "fp32") {
+    peak_bf16 =
+        ptrain::MeasureMatmulPeakFlops(ptrain::kernels::CpuBf16Ops(), 2048, 5);
+    std::printf(
+        "bf16 matmul peak (operands rounded, oneDNN, 2048^3) %.1f GFLOP/s "
+        "(%.2fx sgemm)\n",
+        peak_bf16 / 1e9, peak_bf16 / peak);
   }
-  if (which == "both" || which == "M") {
-    RunConfig({"M", 6, 6, 384, 256, 8, 2, steps_m}, peak);
-  }
+  auto run = [&](const Config& c) {
+    double fp32 = 0, bf16 = 0;
+    if (precision != "bf16") fp32 = RunConfig(c, "fp32", peak);
+    if (precision != "fp32") bf16 = RunConfig(c, "bf16", peak_bf16);
+    if (fp32 > 0 && bf16 > 0) {
+      std::printf("  config %s: bf16/fp32 tok/s %.2fx\n", c.name, bf16 / fp32);
+    }
+  };
+  if (which == "both" || which == "S")
+    run({"S", 4, 4, 128, 64, 16, 5, steps_s});
+  if (which == "both" || which == "M")
+    run({"M", 6, 6, 384, 256, 8, 2, steps_m});
   std::printf("peak RSS %.1f MB\n", ProcStatusBytes("VmHWM") / 1e6);
   return 0;
 }

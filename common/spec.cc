@@ -778,11 +778,6 @@ absl::Status ValidateCheckpoint(const v1::JobSpec& spec) {
 absl::Status ValidateResources(const v1::JobSpec& spec) {
   const v1::ResourcesSpec& r = spec.resources();
   const int tp = spec.parallel().tp();
-  if (spec.train().precision() == "bf16" && r.device() == "cpu") {
-    return Error(
-        "train.precision=bf16 needs resources.device=cuda (the cpu "
-        "backend computes in fp32; use fp32 or auto)");
-  }
   if (r.ranks_per_node() > 0 && tp > 1 && r.ranks_per_node() % tp != 0) {
     return Error("resources.ranks_per_node=", r.ranks_per_node(),
                  " must be a multiple of parallel.tp=", tp,

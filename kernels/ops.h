@@ -135,6 +135,10 @@ class Ops {
 // The CPU backend (kernels/cpu): host memory, OpenMP and oneDNN. One shared
 // instance; its ops are as thread-safe as the kernels.
 Ops& CpuOps();
+// The CPU backend with bf16 matmul products (kernels/cpu/kernels.h
+// gemm_bf16: bf16 inputs, fp32 accumulation and outputs); every other op
+// as CpuOps'. Fast where kernels::CpuHasBf16().
+Ops& CpuBf16Ops();
 // Sequence length from which the CPU backend's attention keeps no
 // probabilities (kernels/cpu/kernels.h flash_attention_forward): the
 // length where it became the faster one on this project's machines.

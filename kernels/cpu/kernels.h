@@ -25,6 +25,25 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, F alpha,
           const F* A, int64_t lda, const F* B, int64_t ldb, F beta, F* C,
           int64_t ldc);
 
+// The same product in bf16: op(A) and op(B) rounded to bf16 (nearest, ties
+// to even), products accumulated in fp32 into C (alpha 1), plus `bias` (N,
+// fp32, added to every row) when not null. oneDNN's bf16 matmul; fast only
+// where CpuHasBf16().
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+               const float* A, int64_t lda, const float* B, int64_t ldb,
+               float beta, float* C, int64_t ldc, const float* bias = nullptr);
+// matmul_backward's products in bf16 (as gemm_bf16 rounds them) over
+// rows = B*T; dout is rounded once for both, and dbias (OC, may be null)
+// sums the unrounded dout.
+void matmul_backward_bf16(float* dinp, float* dweight, float* dbias,
+                          const float* dout, const float* inp,
+                          const float* weight, int64_t rows, int C, int OC);
+// True when oneDNN may use AVX512_BF16 here (the CPU has it and
+// ONEDNN_MAX_CPU_ISA does not forbid it).
+bool CpuHasBf16();
+// x rounded to the nearest bf16, as gemm_bf16 rounds its operands.
+float Bf16Round(float x);
+
 // out is (B,T,C), inp is (B,T) token ids, wte is (V,C), wpe is (>=T,C).
 // out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
 template <typename F>
@@ -60,12 +79,14 @@ void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout,
 
 // out is (B,T,OC), inp is (B,T,C), weight is (OC,C), bias is (OC) or null.
 // out = inp @ weight^T + bias. dinp and dbias may be null (not wanted).
+// bf16: the products through gemm_bf16 (float only; biases stay fp32).
 template <typename F>
 void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int B,
-                    int T, int C, int OC);
+                    int T, int C, int OC, bool bf16 = false);
 template <typename F>
 void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
-                     const F* weight, int B, int T, int C, int OC);
+                     const F* weight, int B, int T, int C, int OC,
+                     bool bf16 = false);
 
 // Causal multi-head self-attention.
 // inp is (B,T,3C): per position the query, key and value vectors, each C =

@@ -1,8 +1,10 @@
 // Linear layer out = inp @ weight^T + bias, forward and backward on CPU, on top
-// of gemm. The bias is folded into the GEMM's C operand (beta = 1).
+// of gemm. The bias is folded into the GEMM's C operand (beta = 1). In bf16
+// (float only) the products go to gemm_bf16 / matmul_backward_bf16.
 #include <omp.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cpu/kernels.h"
 
@@ -11,8 +13,15 @@ namespace ptrain::kernels {
 // out is (B,T,OC), inp is (B,T,C), weight is (OC,C), bias is (OC) or null.
 template <typename F>
 void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int B,
-                    int T, int C, int OC) {
+                    int T, int C, int OC, bool bf16) {
   const int64_t rows = static_cast<int64_t>(B) * T;
+  if constexpr (std::is_same_v<F, float>) {
+    if (bf16) {  // the bias is the matmul's own epilogue
+      gemm_bf16(false, true, rows, OC, C, inp, C, weight, C, 0.0f, out, OC,
+                bias);
+      return;
+    }
+  }
   F beta = 0;
   if (bias != nullptr) {
 #pragma omp parallel for schedule(static)
@@ -30,8 +39,15 @@ void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int B,
 // dout is (B,T,OC), inp is (B,T,C), weight is (OC,C).
 template <typename F>
 void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
-                     const F* weight, int B, int T, int C, int OC) {
+                     const F* weight, int B, int T, int C, int OC, bool bf16) {
   const int64_t rows = static_cast<int64_t>(B) * T;
+  if constexpr (std::is_same_v<F, float>) {
+    if (bf16) {
+      matmul_backward_bf16(dinp, dweight, dbias, dout, inp, weight, rows, C,
+                           OC);
+      return;
+    }
+  }
   if (dinp != nullptr) {
     // dinp (rows,C) += dout (rows,OC) @ weight (OC,C)
     gemm<F>(false, false, rows, C, OC, F(1), dout, OC, weight, C, F(1), dinp,
@@ -58,14 +74,14 @@ void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
 }
 
 template void matmul_forward<float>(float*, const float*, const float*,
-                                    const float*, int, int, int, int);
+                                    const float*, int, int, int, int, bool);
 template void matmul_forward<double>(double*, const double*, const double*,
-                                     const double*, int, int, int, int);
+                                     const double*, int, int, int, int, bool);
 template void matmul_backward<float>(float*, float*, float*, const float*,
                                      const float*, const float*, int, int, int,
-                                     int);
+                                     int, bool);
 template void matmul_backward<double>(double*, double*, double*, const double*,
                                       const double*, const double*, int, int,
-                                      int, int);
+                                      int, int, bool);
 
 }  // namespace ptrain::kernels

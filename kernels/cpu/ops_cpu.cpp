@@ -22,8 +22,12 @@ void* AlignedZeroed(int64_t bytes) {
 
 class CpuBackend final : public Ops {
  public:
+  // bf16: matmul products in bf16 (gemm_bf16); everything else fp32.
+  explicit CpuBackend(bool bf16) : bf16_(bf16) {}
   Device device() const override { return Device::kCpu; }
-  std::string name() const override { return "cpu"; }
+  std::string name() const override {
+    return bf16_ ? "cpu (bf16 matmuls)" : "cpu";
+  }
 
   float* Alloc(int64_t n) override {
     return static_cast<float*>(AlignedZeroed(n * sizeof(float)));
@@ -96,13 +100,13 @@ class CpuBackend final : public Ops {
   }
   void matmul_forward(float* out, const float* inp, const float* weight,
                       const float* bias, int B, int T, int C, int OC) override {
-    kernels::matmul_forward(out, inp, weight, bias, B, T, C, OC);
+    kernels::matmul_forward(out, inp, weight, bias, B, T, C, OC, bf16_);
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias,
                        const float* dout, const float* inp, const float* weight,
                        int B, int T, int C, int OC) override {
     kernels::matmul_backward(dinp, dweight, dbias, dout, inp, weight, B, T, C,
-                             OC);
+                             OC, bf16_);
   }
   // From kFlashAttentionT positions on, attention keeps one float per query
   // row (flash_attention_forward's log-sum-exp) and needs no scratch; below
@@ -188,12 +192,20 @@ class CpuBackend final : public Ops {
     kernels::adamw_update(params, m, v, grads, N, lr, beta1, beta2, eps,
                           weight_decay, t, grad_scale);
   }
+
+ private:
+  const bool bf16_;
 };
 
 }  // namespace
 
 Ops& CpuOps() {
-  static CpuBackend* const backend = new CpuBackend();
+  static CpuBackend* const backend = new CpuBackend(/*bf16=*/false);
+  return *backend;
+}
+
+Ops& CpuBf16Ops() {
+  static CpuBackend* const backend = new CpuBackend(/*bf16=*/true);
   return *backend;
 }
 

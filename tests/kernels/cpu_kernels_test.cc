@@ -392,6 +392,115 @@ TEST(MatmulTest, FloatForwardAndBackwardMatchDouble) {
   }
 }
 
+// bf16 products: against the double products of the same operands rounded
+// to bf16 they differ by fp32 accumulation only, while unrounded operands
+// would be ~1e-3 away.
+Vec RoundedToBf16(const Vec& v) {
+  Vec out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    out[i] = Bf16Round(static_cast<float>(v[i]));
+  }
+  return out;
+}
+
+TEST(MatmulTest, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(Bf16Round(1.0f), 1.0f);
+  // bf16 keeps 8 significant bits: 1 + 2^-8 is a tie (to even: 1), 1 + 3 *
+  // 2^-8 a tie the other way (to 1 + 2^-6), 1 + 2^-8 + 2^-12 rounds up.
+  EXPECT_EQ(Bf16Round(1.0f + 0x1p-8f), 1.0f);
+  EXPECT_EQ(Bf16Round(1.0f + 0x3p-8f), 1.0f + 0x1p-6f);
+  EXPECT_EQ(Bf16Round(1.0f + 0x1p-8f + 0x1p-12f), 1.0f + 0x1p-7f);
+  EXPECT_EQ(Bf16Round(-3.0f), -3.0f);
+  EXPECT_TRUE(std::isnan(Bf16Round(std::nanf(""))));
+  EXPECT_TRUE(std::isinf(Bf16Round(INFINITY)));
+}
+
+TEST(MatmulTest, Bf16GemmIsTheProductOfRoundedOperands) {
+  std::mt19937_64 rng(11);
+  const int64_t M = 37, N = 53, K = 70, pad = 3;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      for (float beta : {0.0f, 1.0f}) {
+        const bool with_bias = beta == 0.0f;  // as matmul_forward calls it
+        const Vec bias = Random(N, &rng);
+        // Leading dimensions wider than the rows, to test the strides.
+        const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad,
+                      ldc = N + pad;
+        const Vec a = Random((ta ? K : M) * lda, &rng);
+        const Vec b = Random((tb ? N : K) * ldb, &rng);
+        const Vec c0 = Random(M * ldc, &rng);
+        const Vec ar = RoundedToBf16(a), br = RoundedToBf16(b);
+        Vec want = c0;
+        double scale = 0;
+        for (int64_t i = 0; i < M; ++i) {
+          for (int64_t j = 0; j < N; ++j) {
+            double sum = beta * c0[i * ldc + j] + (with_bias ? bias[j] : 0.0);
+            for (int64_t k = 0; k < K; ++k) {
+              const double x = ta ? ar[k * lda + i] : ar[i * lda + k];
+              const double y = tb ? br[j * ldb + k] : br[k * ldb + j];
+              sum += x * y;
+            }
+            want[i * ldc + j] = sum;
+            scale = std::max(scale, std::abs(sum));
+          }
+        }
+        std::vector<float> c = ToFloat(c0);
+        const std::vector<float> af = ToFloat(a), bf = ToFloat(b),
+                                 biasf = ToFloat(bias);
+        gemm_bf16(ta, tb, M, N, K, af.data(), lda, bf.data(), ldb, beta,
+                  c.data(), ldc, with_bias ? biasf.data() : nullptr);
+        double err = 0;
+        for (int64_t i = 0; i < M; ++i) {
+          for (int64_t j = 0; j < N; ++j) {
+            err = std::max(err, std::abs(c[i * ldc + j] - want[i * ldc + j]));
+          }
+          // The padding of C is not written.
+          for (int64_t j = N; j < ldc; ++j) {
+            EXPECT_EQ(c[i * ldc + j], static_cast<float>(c0[i * ldc + j]));
+          }
+        }
+        EXPECT_LT(err / scale, kFloatTol)
+            << "ta=" << ta << " tb=" << tb << " beta=" << beta;
+      }
+    }
+  }
+}
+
+TEST(MatmulTest, Bf16ForwardAndBackwardAreTheProductsOfRoundedOperands) {
+  for (bool with_bias : {true, false}) {
+    MatmulProblem p(with_bias, 2, 37, 384, 129);
+    const Vec inp = p.inp, weight = p.weight, dout = p.dout;
+    // The double reference of what bf16 computes: the forward and dweight
+    // take rounded inp and weight; dinp and dweight a rounded dout.
+    p.inp = RoundedToBf16(inp);
+    p.weight = RoundedToBf16(weight);
+    p.dout = RoundedToBf16(dout);
+    p.Loss();
+    p.Backward();
+    std::vector<float> out(p.out.size()), dinp(p.dinp.size()),
+        dweight(p.dweight.size()), dbias(p.dbias.size());
+    const std::vector<float> inpf = ToFloat(inp), weightf = ToFloat(weight),
+                             bias = ToFloat(p.bias), doutf = ToFloat(dout);
+    matmul_forward(out.data(), inpf.data(), weightf.data(),
+                   with_bias ? bias.data() : nullptr, p.B, p.T, p.C, p.OC,
+                   /*bf16=*/true);
+    matmul_backward(dinp.data(), dweight.data(),
+                    with_bias ? dbias.data() : nullptr, doutf.data(),
+                    inpf.data(), weightf.data(), p.B, p.T, p.C, p.OC,
+                    /*bf16=*/true);
+    ExpectFloatMatchesDouble("bf16 matmul out", out, p.out);
+    ExpectFloatMatchesDouble("bf16 matmul dinp", dinp, p.dinp);
+    ExpectFloatMatchesDouble("bf16 matmul dweight", dweight, p.dweight);
+    // The bias gradient sums the unrounded dout (fp32).
+    Vec dbias_want(p.OC, 0.0);
+    for (int64_t r = 0; r < int64_t{p.B} * p.T; ++r) {
+      for (int o = 0; o < p.OC; ++o) dbias_want[o] += dout[r * p.OC + o];
+    }
+    if (with_bias)
+      ExpectFloatMatchesDouble("bf16 matmul dbias", dbias, dbias_want);
+  }
+}
+
 // -------------------------------------------------------------- attention
 
 struct AttentionProblem {

@@ -260,6 +260,15 @@ TEST_F(PtworkerCli, OutOfMemoryIsOneErrorLineExitTwoNotAnAbort) {
                 "memory: out of memory while building the model");
 }
 
+// ONEDNN_MAX_CPU_ISA=AVX512_CORE hides AVX512_BF16 from oneDNN: the run is
+// what a CPU without it gets.
+TEST_F(PtworkerCli, CpuBf16WithoutAvx512Bf16IsRefused) {
+  ExpectRefused(RunPtworker(Small() + "--set train.precision=bf16",
+                            "ONEDNN_MAX_CPU_ISA=AVX512_CORE"),
+                "train.precision=bf16 with resources.device=cpu needs a CPU "
+                "with AVX512_BF16");
+}
+
 TEST_F(PtworkerCli, TestHookWithABadValueIsRefused) {
   ExpectRefused(RunPtworker(Small() + "--set train.steps=2",
                             "PTRAIN_TEST_HANG_AT_STEP=abc"),

@@ -103,10 +103,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
                      ": must be cpu or cuda"));
   }
   if (spec.train().precision() == "bf16" &&
-      spec.resources().device() != "cuda") {
+      spec.resources().device() == "cpu" && !kernels::CpuHasBf16()) {
     return absl::InvalidArgumentError(
-        "train.precision=bf16 needs resources.device=cuda (the cpu backend "
-        "computes in fp32)");
+        "train.precision=bf16 with resources.device=cpu needs a CPU with "
+        "AVX512_BF16 (this one has none, or ONEDNN_MAX_CPU_ISA forbids it): "
+        "use fp32 or auto");
   }
 
   // More threads than any machine has cores is a mistake, and each one
@@ -573,7 +574,7 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
     stage.max_T = T_;
     stage.tp = TpGroup{tp_group(), par.sequence_parallel()};
     stage.store = slices_.back().get();
-    stage.ops = device_ops_.get();
+    stage.ops = compute_ops();
     stage.pad = dp_;
     stage.stage = stages[c];
     stage.n_stages = pp_ * v;
@@ -802,8 +803,8 @@ absl::Status Trainer::Run() {
   // MFU's denominator: the measured matmul peak of what trains, the CPU's
   // sgemm or the GPU's matmul in the job's precision.
   const double peak = options_.peak_flops > 0 ? options_.peak_flops
-                      : device_ops_ != nullptr
-                          ? MeasureMatmulPeakFlops(*device_ops_)
+                      : compute_ops() != nullptr
+                          ? MeasureMatmulPeakFlops(*compute_ops())
                           : MeasureSgemmPeakFlops();
   const MemoryBytes mem = memory();
   spdlog::info(
@@ -812,7 +813,8 @@ absl::Status Trainer::Run() {
       GptNumParams(model().config()), spec_.model().n_layer(),
       spec_.model().n_head(), spec_.model().n_embd(), T_, data_.vocab_size,
       omp_get_max_threads(),
-      device_ops_ != nullptr ? device_ops_->name() : "cpu sgemm", peak / 1e9);
+      compute_ops() != nullptr ? compute_ops()->name() : "cpu sgemm",
+      peak / 1e9);
   spdlog::info(
       "memory per rank: params {:.1f} MB, grads {:.1f} MB, optimizer {:.1f} "
       "MB, activations {:.1f} MB",

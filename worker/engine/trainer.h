@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/confined_fs.h"
+#include "kernels/ops.h"
 #include "nlohmann/json.hpp"
 #include "ptrain/v1/job.pb.h"
 #include "worker/engine/checkpoint.h"
@@ -186,6 +187,13 @@ class Trainer {
   // resources.device=cuda: the GPU backend everything below runs on (null:
   // the CPU); declared first so that it outlives their buffers.
   std::unique_ptr<kernels::Ops> device_ops_;
+  // What the model computes on: the GPU backend, the CPU's with bf16
+  // matmuls (train.precision=bf16 on cpu), or null for the fp32 CPU.
+  kernels::Ops* compute_ops() const {
+    if (device_ops_ != nullptr) return device_ops_.get();
+    return spec_.train().precision() == "bf16" ? &kernels::CpuBf16Ops()
+                                               : nullptr;
+  }
   std::vector<float> checkpoint_host_;  // a GPU's state copied for saving
   std::map<Communicator*, std::unique_ptr<Communicator>> device_groups_;
   std::unique_ptr<ZeroStore> store_;
