@@ -681,7 +681,7 @@ float Trainer::Evaluate() {
                             SumOverDp(static_cast<double>(count)));
 }
 
-std::string Trainer::Sample(uint64_t salt, bool kv_cache) {
+std::string Trainer::Sample(uint64_t salt, SampleMode mode) {
   const auto& train = spec_.train();
   const int V = data_.vocab_size;
   std::vector<int32_t> ids;
@@ -707,12 +707,14 @@ std::string Trainer::Sample(uint64_t salt, bool kv_cache) {
   int cached = 0;
   for (int i = 0; i < train.sample_tokens(); ++i) {
     if (ids.size() - start > static_cast<size_t>(T_)) {
-      start = ids.size() - std::max(1, T_ / 2);
+      start = mode == SampleMode::kSlidingWindow
+                  ? ids.size() - T_
+                  : ids.size() - std::max(1, T_ / 2);
       cached = 0;
     }
     const int T = static_cast<int>(ids.size() - start);
     int last_row = T - 1;  // the row of logits(0) at the context's end
-    if (kv_cache) {
+    if (mode == SampleMode::kKvCache) {
       while (cached < T) {
         const int n = std::min(T - cached, model().decode_max());
         PipelineForward(ids.data() + start + cached, nullptr, 1, n, cached);

@@ -92,13 +92,22 @@ class Trainer {
   StepResult TrainStep(int64_t step);
   // Mean loss over train.eval_batches fixed validation batches.
   float Evaluate();
-  // Text generated from train.sample_prompt; `salt` varies the draw. The
-  // context is the last tokens, at most block_size of them; when it is
-  // full it restarts from its last block_size/2. With `kv_cache` each token
-  // costs one position's forward (GptStage::Decode) plus, at a restart, the
-  // kept half's; without, the whole context is recomputed for every token
-  // (the same tokens, up to rounding: for benchmarks and tests).
-  std::string Sample(uint64_t salt, bool kv_cache = true);
+  // How Sample computes each token's logits.
+  enum class SampleMode {
+    // The context is the last tokens, at most block_size of them; when it
+    // is full it restarts from its last block_size/2. Each token costs one
+    // position's forward (GptStage::Decode) plus, at a restart, the kept
+    // half's.
+    kKvCache,
+    // The same contexts, recomputed whole for every token: the same tokens,
+    // up to rounding (for tests and benchmarks).
+    kRecompute,
+    // The sampler without a cache: the last block_size tokens recomputed
+    // for every token, the window sliding by one (for benchmarks).
+    kSlidingWindow,
+  };
+  // Text generated from train.sample_prompt; `salt` varies the draw.
+  std::string Sample(uint64_t salt, SampleMode mode = SampleMode::kKvCache);
 
   // Writes a checkpoint of the state after `step` steps (collective).
   absl::StatusOr<std::string> SaveCheckpointAt(int64_t step);

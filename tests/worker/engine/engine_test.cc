@@ -507,8 +507,10 @@ TEST(TrainerSample, KvCacheGivesTheTokensOfRecomputation) {
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   for (int64_t step = 0; step < 60; ++step) (*trainer)->TrainStep(step);
   for (uint64_t salt : {1u, 2u}) {
-    const std::string cached = (*trainer)->Sample(salt, /*kv_cache=*/true);
-    const std::string recomputed = (*trainer)->Sample(salt, false);
+    const std::string cached =
+        (*trainer)->Sample(salt, Trainer::SampleMode::kKvCache);
+    const std::string recomputed =
+        (*trainer)->Sample(salt, Trainer::SampleMode::kRecompute);
     std::printf("salt %llu: %s\n", static_cast<unsigned long long>(salt),
                 cached.c_str());
     EXPECT_EQ(cached, recomputed) << "salt " << salt;
