@@ -788,5 +788,125 @@ TEST_F(CoordinatorTest, FailedStoreWriteChangesNothingAndIsRetried) {
   ASSERT_TRUE(c->Cancel(queued).ok());
 }
 
+// Slurm's commands stand in for a cluster: sbatch numbers its jobs from 1,
+// scontrol reports job N in the state in $FAKE_SLURM/state.N (RUNNING until
+// the test writes one), sinfo prints $FAKE_SLURM/sinfo.
+constexpr const char* kFakeSbatch = R"(#!/bin/sh
+n=$(($(cat "$FAKE_SLURM/next" 2>/dev/null || echo 0) + 1))
+echo "$n" > "$FAKE_SLURM/next"
+echo "$n"
+)";
+constexpr const char* kFakeScontrol = R"(#!/bin/sh
+id="$4"
+state=$(cat "$FAKE_SLURM/state.$id" 2>/dev/null || echo RUNNING)
+code=0:0
+[ "$state" = FAILED ] && code=141:0
+echo "JobId=$id JobName=x JobState=$state Reason=None ExitCode=$code NodeList=n[1-2] NumNodes=2"
+)";
+constexpr const char* kFakeSinfo = R"(#!/bin/sh
+cat "$FAKE_SLURM/sinfo"
+)";
+
+class SlurmCoordinatorTest : public CoordinatorTest {
+ protected:
+  void SetUp() override {
+    CoordinatorTest::SetUp();
+    slurm_ = dir_ / "slurm";
+    fs::create_directories(slurm_ / "bin");
+    for (const auto& [name, text] :
+         std::vector<std::pair<std::string, std::string>>{
+             {"sbatch", kFakeSbatch},
+             {"scontrol", kFakeScontrol},
+             {"sinfo", kFakeSinfo},
+             {"scancel", "#!/bin/sh\nexit 0\n"},
+             {"squeue", "#!/bin/sh\nexit 0\n"}}) {
+      std::ofstream(slurm_ / "bin" / name) << text;
+      fs::permissions(slurm_ / "bin" / name, fs::perms::owner_all);
+    }
+    Sinfo("n1 alloc 2\nn2 alloc 2\n");
+    setenv("FAKE_SLURM", slurm_.c_str(), 1);
+    path_ = getenv("PATH");
+    setenv("PATH", ((slurm_ / "bin").string() + ":" + path_).c_str(), 1);
+    options_.slurm = true;
+    options_.slurm_options.node_grace = absl::Seconds(2);
+  }
+  void TearDown() override {
+    setenv("PATH", path_.c_str(), 1);
+    CoordinatorTest::TearDown();
+  }
+  void Sinfo(const std::string& text) {
+    std::ofstream(slurm_ / "sinfo") << text;
+  }
+  void SlurmState(int id, const std::string& state) {
+    std::ofstream(slurm_ / ("state." + std::to_string(id))) << state << "\n";
+  }
+  // Ticks for `d`; the job's state at the end.
+  v1::JobState TickFor(Coordinator& c, const std::string& id,
+                       absl::Duration d) {
+    const absl::Time end = absl::Now() + d;
+    while (absl::Now() < end) {
+      c.Tick();
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return c.Get(id, false)->job().state();
+  }
+
+  fs::path slurm_;
+  std::string path_;
+};
+
+// A dead node fails the Slurm job (FAILED, its peers' exit) before
+// slurmctld marks the node down: within the grace, Slurm reporting a node
+// of the job not responding makes it a lost node, requeued without using a
+// restart (max_restarts is 0 here).
+TEST_F(SlurmCoordinatorTest, FailureThenANodeNotRespondingIsALostNode) {
+  auto c = Make();
+  ASSERT_NE(c, nullptr);
+  auto job = c->Submit(kSpec, {"restart.max_restarts=0"});
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string id = job->id();
+  ASSERT_EQ(TickUntil(*c, id, v1::JOB_STATE_RUNNING).state(),
+            v1::JOB_STATE_RUNNING);
+  SlurmState(1, "FAILED");
+  // Every node still answers: the failure is not decided yet.
+  EXPECT_EQ(TickFor(*c, id, absl::Milliseconds(800)), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(c->Get(id, false)->job().attempts(), 1);
+  Sinfo("n1 alloc 2\nn2 alloc* 2\n");
+  for (int i = 0; i < 100 && c->Get(id, false)->job().attempts() < 2; ++i) {
+    c->Tick();
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_EQ(c->Get(id, false)->job().attempts(), 2);
+  SlurmState(2, "COMPLETED");
+  const v1::Job done = TickUntil(*c, id, v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.error();
+  const auto got = c->Get(id, false);
+  ASSERT_TRUE(got.ok());
+  ASSERT_GE(got->attempts_size(), 1);
+  EXPECT_NE(got->attempts(0).error().find(
+                "lost a node: Slurm reports n2 down or not responding"),
+            std::string::npos)
+      << got->attempts(0).error();
+}
+
+// With every node of the job up through the grace, the failure is the
+// job's own: it uses a restart (none left here: FAILED), after the grace.
+TEST_F(SlurmCoordinatorTest, FailureWithItsNodesUpCountsAfterTheGrace) {
+  auto c = Make();
+  ASSERT_NE(c, nullptr);
+  auto job = c->Submit(kSpec, {"restart.max_restarts=0"});
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string id = job->id();
+  ASSERT_EQ(TickUntil(*c, id, v1::JOB_STATE_RUNNING).state(),
+            v1::JOB_STATE_RUNNING);
+  const absl::Time failed = absl::Now();
+  SlurmState(1, "FAILED");
+  const v1::Job done = TickUntil(*c, id, v1::JOB_STATE_FAILED);
+  EXPECT_EQ(done.state(), v1::JOB_STATE_FAILED);
+  EXPECT_GE(absl::Now() - failed, absl::Seconds(2));
+  EXPECT_EQ(done.attempts(), 1);
+  EXPECT_NE(done.error().find("code 141"), std::string::npos) << done.error();
+}
+
 }  // namespace
 }  // namespace ptrain
