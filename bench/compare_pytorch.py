@@ -40,7 +40,8 @@ def settings(args):
     s = []
     for threads in (1, 2):
         s.append(("ptrain", f"{threads} OpenMP thread(s)",
-                  [args.ptrain], {"OMP_NUM_THREADS": str(threads)}))
+                  [args.ptrain, "--precision", "fp32"],
+                  {"OMP_NUM_THREADS": str(threads)}))
     for threads in (1, 2):
         s.append(("pytorch", f"{threads} intra-op, 1 inter-op",
                   ["/usr/bin/python3", os.path.join(HERE, "pytorch_gpt.py"),
