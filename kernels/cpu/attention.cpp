@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/attention_head.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace ptrain::kernels {
@@ -136,49 +137,55 @@ void attention_decode(F* out, F* kcache, F* vcache, const F* qkv, int n,
   auto row = [&](F* cache, int h, int t) {
     return cache + (static_cast<int64_t>(h) * capacity + t) * hs;
   };
-#pragma omp parallel
-  {
-#pragma omp for collapse(2) schedule(static)
-    for (int h = 0; h < NH; h++) {
-      for (int i = 0; i < n; i++) {
-        const F* src = qkv + i * C3 + static_cast<int64_t>(h) * hs;
-        std::copy(src + C, src + C + hs, row(kcache, h, pos + i));
-        std::copy(src + 2 * C, src + 2 * C + hs, row(vcache, h, pos + i));
-      }
-    }
-    std::vector<F> scores(pos + n);
-#pragma omp for collapse(2) schedule(static)
-    for (int h = 0; h < NH; h++) {
-      for (int i = 0; i < n; i++) {
-        const F* q = qkv + i * C3 + static_cast<int64_t>(h) * hs;
-        const int len = pos + i + 1;
-        for (int t = 0; t < len; t++) {
-          const F* k = row(kcache, h, t);
-          F dot = 0;
+  // Tasks are (head, new position) pairs, h-major.
+  const int64_t tasks = static_cast<int64_t>(NH) * n;
+  internal::ParallelFor(
+      tasks,
+      [&](int64_t j0, int64_t j1) {
+        for (int64_t j = j0; j < j1; j++) {
+          const int h = static_cast<int>(j / n), i = static_cast<int>(j % n);
+          const F* src = qkv + i * C3 + static_cast<int64_t>(h) * hs;
+          std::copy(src + C, src + C + hs, row(kcache, h, pos + i));
+          std::copy(src + 2 * C, src + 2 * C + hs, row(vcache, h, pos + i));
+        }
+      },
+      /*align=*/1);
+  internal::ParallelFor(
+      tasks,
+      [&](int64_t j0, int64_t j1) {
+        std::vector<F> scores(pos + n);
+        for (int64_t j = j0; j < j1; j++) {
+          const int h = static_cast<int>(j / n), i = static_cast<int>(j % n);
+          const F* q = qkv + i * C3 + static_cast<int64_t>(h) * hs;
+          const int len = pos + i + 1;
+          for (int t = 0; t < len; t++) {
+            const F* k = row(kcache, h, t);
+            F dot = 0;
 #pragma omp simd reduction(+ : dot)
-          for (int d = 0; d < hs; d++) dot += q[d] * k[d];
-          scores[t] = dot * scale;
-        }
-        const F maxval = internal::MaxOf(scores.data(), len);
-        F sum = 0;
+            for (int d = 0; d < hs; d++) dot += q[d] * k[d];
+            scores[t] = dot * scale;
+          }
+          const F maxval = internal::MaxOf(scores.data(), len);
+          F sum = 0;
 #pragma omp simd reduction(+ : sum)
-        for (int t = 0; t < len; t++) {
-          const F e = internal::Exp(scores[t] - maxval);
-          scores[t] = e;
-          sum += e;
-        }
-        const F inv_sum = F(1) / sum;
-        F* o = out + static_cast<int64_t>(i) * C + static_cast<int64_t>(h) * hs;
-        std::fill(o, o + hs, F(0));
-        for (int t = 0; t < len; t++) {
-          const F p = scores[t] * inv_sum;
-          const F* v = row(vcache, h, t);
+          for (int t = 0; t < len; t++) {
+            const F e = internal::Exp(scores[t] - maxval);
+            scores[t] = e;
+            sum += e;
+          }
+          const F inv_sum = F(1) / sum;
+          F* o =
+              out + static_cast<int64_t>(i) * C + static_cast<int64_t>(h) * hs;
+          std::fill(o, o + hs, F(0));
+          for (int t = 0; t < len; t++) {
+            const F p = scores[t] * inv_sum;
+            const F* v = row(vcache, h, t);
 #pragma omp simd
-          for (int d = 0; d < hs; d++) o[d] += p * v[d];
+            for (int d = 0; d < hs; d++) o[d] += p * v[d];
+          }
         }
-      }
-    }
-  }
+      },
+      /*align=*/1);
 }
 
 template void attention_forward<float>(float*, float*, const float*, int, int,

@@ -4,6 +4,7 @@
 
 #include "kernels/common/math.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace ptrain::kernels {
@@ -12,50 +13,59 @@ namespace ptrain::kernels {
 // one). out, inp are (N).
 template <typename F>
 void gelu_forward(F* out, const F* inp, int64_t N) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < N; i++) {
-    const F x = inp[i];
-    out[i] = math::GeluFromExp(x, internal::Exp(math::GeluExponent(x)));
-  }
+  internal::ParallelFor(N, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++) {
+      const F x = inp[i];
+      out[i] = math::GeluFromExp(x, internal::Exp(math::GeluExponent(x)));
+    }
+  });
 }
 
 // dinp, inp, dout are (N).
 template <typename F>
 void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < N; i++) {
-    const F x = inp[i];
-    const F e = internal::Exp(math::GeluExponent(x));
-    dinp[i] += math::GeluGradFromExp(x, e) * dout[i];
-  }
+  internal::ParallelFor(N, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++) {
+      const F x = inp[i];
+      const F e = internal::Exp(math::GeluExponent(x));
+      dinp[i] += math::GeluGradFromExp(x, e) * dout[i];
+    }
+  });
 }
 
 // out, inp1, inp2 are (N).
 template <typename F>
 void residual_forward(F* out, const F* inp1, const F* inp2, int64_t N) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < N; i++) out[i] = inp1[i] + inp2[i];
+  internal::ParallelFor(N, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++) out[i] = inp1[i] + inp2[i];
+  });
 }
 
 // dinp1, dinp2, dout are (N).
 template <typename F>
 void residual_backward(F* dinp1, F* dinp2, const F* dout, int64_t N) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < N; i++) {
-    dinp1[i] += dout[i];
-    dinp2[i] += dout[i];
-  }
+  internal::ParallelFor(N, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++) {
+      dinp1[i] += dout[i];
+      dinp2[i] += dout[i];
+    }
+  });
 }
 
 // out is (rows,OC), bias is (OC): out[r,:] += bias.
 template <typename F>
 void bias_forward(F* out, const F* bias, int64_t rows, int OC) {
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; r++) {
-    F* o = out + r * OC;
+  internal::ParallelFor(rows, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      F* o = out + r * OC;
 #pragma omp simd
-    for (int i = 0; i < OC; i++) o[i] += bias[i];
-  }
+      for (int i = 0; i < OC; i++) o[i] += bias[i];
+    }
+  });
 }
 
 template void bias_forward<float>(float*, const float*, int64_t, int);

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/parallel.h"
 
 namespace ptrain::kernels {
 
@@ -19,19 +20,21 @@ constexpr int kChannelBlock = 64;
 template <typename F>
 void embedding_forward(F* out, const int32_t* inp, const F* wte, int B, int T,
                        int C, int vocab_begin, int Vl) {
-#pragma omp parallel for schedule(static)
-  for (int64_t bt = 0; bt < static_cast<int64_t>(B) * T; bt++) {
-    F* out_bt = out + bt * C;
-    const int row = inp[bt] - vocab_begin;
-    if (row < 0 || row >= Vl) {
+  internal::ParallelFor(
+      static_cast<int64_t>(B) * T, [&](int64_t bt0, int64_t bt1) {
+        for (int64_t bt = bt0; bt < bt1; bt++) {
+          F* out_bt = out + bt * C;
+          const int row = inp[bt] - vocab_begin;
+          if (row < 0 || row >= Vl) {
 #pragma omp simd
-      for (int i = 0; i < C; i++) out_bt[i] = 0;
-      continue;
-    }
-    const F* wte_ix = wte + static_cast<int64_t>(row) * C;
+            for (int i = 0; i < C; i++) out_bt[i] = 0;
+            continue;
+          }
+          const F* wte_ix = wte + static_cast<int64_t>(row) * C;
 #pragma omp simd
-    for (int i = 0; i < C; i++) out_bt[i] = wte_ix[i];
-  }
+          for (int i = 0; i < C; i++) out_bt[i] = wte_ix[i];
+        }
+      });
 }
 
 // dwte is (Vl,C), dout is (B,T,C), inp is (B,T). A token can repeat within
@@ -60,13 +63,15 @@ void embedding_backward(F* dwte, const F* dout, const int32_t* inp, int B,
 // out is (B,T,C), wpe is (>=t0+T,C): position t of the batch is t0 + t.
 template <typename F>
 void position_forward(F* out, const F* wpe, int B, int T, int C, int t0) {
-#pragma omp parallel for schedule(static)
-  for (int64_t bt = 0; bt < static_cast<int64_t>(B) * T; bt++) {
-    F* out_bt = out + bt * C;
-    const F* wpe_t = wpe + static_cast<int64_t>(t0 + bt % T) * C;
+  internal::ParallelFor(
+      static_cast<int64_t>(B) * T, [&](int64_t bt0, int64_t bt1) {
+        for (int64_t bt = bt0; bt < bt1; bt++) {
+          F* out_bt = out + bt * C;
+          const F* wpe_t = wpe + static_cast<int64_t>(t0 + bt % T) * C;
 #pragma omp simd
-    for (int i = 0; i < C; i++) out_bt[i] += wpe_t[i];
-  }
+          for (int i = 0; i < C; i++) out_bt[i] += wpe_t[i];
+        }
+      });
 }
 
 // dwpe is (>=t0+T,C), dout is (B,T,C). Threads split the channels, as in

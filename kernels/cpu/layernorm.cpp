@@ -7,6 +7,7 @@
 
 #include "kernels/common/math.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/parallel.h"
 
 namespace ptrain::kernels {
 
@@ -16,27 +17,28 @@ template <typename F>
 void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight,
                        const F* bias, int B, int T, int C) {
   const int64_t rows = static_cast<int64_t>(B) * T;
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; r++) {
-    const F* x = inp + r * C;
-    F* o = out + r * C;
-    F sum = 0;
+  internal::ParallelFor(rows, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      const F* x = inp + r * C;
+      F* o = out + r * C;
+      F sum = 0;
 #pragma omp simd reduction(+ : sum)
-    for (int i = 0; i < C; i++) sum += x[i];
-    const F m = sum / C;
-    // Two passes rather than E[x^2]-m^2: no cancellation when |m| >> std.
-    F sum_sq = 0;
+      for (int i = 0; i < C; i++) sum += x[i];
+      const F m = sum / C;
+      // Two passes rather than E[x^2]-m^2: no cancellation when |m| >> std.
+      F sum_sq = 0;
 #pragma omp simd reduction(+ : sum_sq)
-    for (int i = 0; i < C; i++) {
-      const F xm = x[i] - m;
-      sum_sq += xm * xm;
-    }
-    const F s = math::LayerNormRstd(sum_sq / C);
+      for (int i = 0; i < C; i++) {
+        const F xm = x[i] - m;
+        sum_sq += xm * xm;
+      }
+      const F s = math::LayerNormRstd(sum_sq / C);
 #pragma omp simd
-    for (int i = 0; i < C; i++) o[i] = (x[i] - m) * s * weight[i] + bias[i];
-    mean[r] = m;
-    rstd[r] = s;
-  }
+      for (int i = 0; i < C; i++) o[i] = (x[i] - m) * s * weight[i] + bias[i];
+      mean[r] = m;
+      rstd[r] = s;
+    }
+  });
 }
 
 // dinp is (B,T,C), dweight and dbias are (C), dout is (B,T,C), inp is (B,T,C),

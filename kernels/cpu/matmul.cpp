@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/parallel.h"
 
 namespace ptrain::kernels {
 
@@ -24,12 +25,13 @@ void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int B,
   }
   F beta = 0;
   if (bias != nullptr) {
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-      F* o = out + r * OC;
+    internal::ParallelFor(rows, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; r++) {
+        F* o = out + r * OC;
 #pragma omp simd
-      for (int i = 0; i < OC; i++) o[i] = bias[i];
-    }
+        for (int i = 0; i < OC; i++) o[i] = bias[i];
+      }
+    });
     beta = 1;
   }
   gemm<F>(false, true, rows, OC, C, F(1), inp, C, weight, C, beta, out, OC);
