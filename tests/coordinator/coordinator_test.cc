@@ -851,6 +851,20 @@ class SlurmCoordinatorTest : public CoordinatorTest {
     return c.Get(id, false)->job().state();
   }
 
+  // A coordinator running one job without restarts (as Slurm job 1).
+  std::unique_ptr<Coordinator> StartRunning(std::string* id) {
+    auto c = Make();
+    if (c == nullptr) return nullptr;
+    auto job = c->Submit(kSpec, {"restart.max_restarts=0"});
+    EXPECT_TRUE(job.ok()) << job.status();
+    if (!job.ok()) return nullptr;
+    *id = job->id();
+    const v1::JobState state =
+        TickUntil(*c, *id, v1::JOB_STATE_RUNNING).state();
+    EXPECT_EQ(state, v1::JOB_STATE_RUNNING);
+    return state == v1::JOB_STATE_RUNNING ? std::move(c) : nullptr;
+  }
+
   fs::path slurm_;
   std::string path_;
 };
@@ -860,13 +874,9 @@ class SlurmCoordinatorTest : public CoordinatorTest {
 // of the job not responding makes it a lost node, requeued without using a
 // restart (max_restarts is 0 here).
 TEST_F(SlurmCoordinatorTest, FailureThenANodeNotRespondingIsALostNode) {
-  auto c = Make();
+  std::string id;
+  auto c = StartRunning(&id);
   ASSERT_NE(c, nullptr);
-  auto job = c->Submit(kSpec, {"restart.max_restarts=0"});
-  ASSERT_TRUE(job.ok()) << job.status();
-  const std::string id = job->id();
-  ASSERT_EQ(TickUntil(*c, id, v1::JOB_STATE_RUNNING).state(),
-            v1::JOB_STATE_RUNNING);
   SlurmState(1, "FAILED");
   // Every node still answers: the failure is not decided yet.
   EXPECT_EQ(TickFor(*c, id, absl::Milliseconds(800)), v1::JOB_STATE_RUNNING);
@@ -892,13 +902,9 @@ TEST_F(SlurmCoordinatorTest, FailureThenANodeNotRespondingIsALostNode) {
 // With every node of the job up through the grace, the failure is the
 // job's own: it uses a restart (none left here: FAILED), after the grace.
 TEST_F(SlurmCoordinatorTest, FailureWithItsNodesUpCountsAfterTheGrace) {
-  auto c = Make();
+  std::string id;
+  auto c = StartRunning(&id);
   ASSERT_NE(c, nullptr);
-  auto job = c->Submit(kSpec, {"restart.max_restarts=0"});
-  ASSERT_TRUE(job.ok()) << job.status();
-  const std::string id = job->id();
-  ASSERT_EQ(TickUntil(*c, id, v1::JOB_STATE_RUNNING).state(),
-            v1::JOB_STATE_RUNNING);
   const absl::Time failed = absl::Now();
   SlurmState(1, "FAILED");
   const v1::Job done = TickUntil(*c, id, v1::JOB_STATE_FAILED);
