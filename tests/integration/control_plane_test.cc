@@ -470,7 +470,9 @@ TEST_F(ControlPlaneTest, CoordinatorKilledMidJobRestartsAndJobFinishes) {
 
 // Needs checkpoints and --resume-from in ptworker.
 TEST_F(ControlPlaneTest, KilledRankResumesFromCheckpointBitIdentical) {
-  const std::vector<std::string> sets = {"train.steps=60", "parallel.dp=2",
+  // Steps enough that the rank is still there to kill once step 25 is
+  // reported: the tiny model runs hundreds of steps a second.
+  const std::vector<std::string> sets = {"train.steps=600", "parallel.dp=2",
                                          "checkpoint.every=10",
                                          "restart.max_restarts=2"};
   const std::string id = Submit(sets);
@@ -573,8 +575,11 @@ TEST_F(ControlPlaneTest, BadInputExitCodeFailsTheJobWithoutRestarts) {
 // The job finishes while ptcoord is down: the next ptcoord reads its end
 // from the run log, and the rank token of the ended attempt is worthless.
 TEST_F(ControlPlaneTest, JobThatEndedWhileCoordinatorWasDownIsCompleted) {
-  const std::string id =
-      Submit({"train.steps=60", "parallel.dp=2", "checkpoint.every=20"});
+  // Steps enough that the ranks still run when their token is read: the
+  // tiny model runs hundreds of steps a second.
+  constexpr int kSteps = 400;
+  const std::string id = Submit({absl::StrCat("train.steps=", kSteps),
+                                 "parallel.dp=2", "checkpoint.every=20"});
   ASSERT_TRUE(WaitFor([&] { return Step(id) > 0; }, 120)) << Get(id).dump();
   const std::string token = RankToken(id);
   ASSERT_EQ(token.size(), 64u);
@@ -597,16 +602,16 @@ TEST_F(ControlPlaneTest, JobThatEndedWhileCoordinatorWasDownIsCompleted) {
   StartCoordinator("127.0.0.1" + port);
   json j = Get(id);
   EXPECT_EQ(j["job"]["state"], "JOB_STATE_SUCCEEDED") << j.dump();
-  EXPECT_EQ(Int(j["job"]["progress"], "step"), 60) << j.dump();
+  EXPECT_EQ(Int(j["job"]["progress"], "step"), kSteps) << j.dump();
   EXPECT_GT(j["job"]["progress"].value("loss", 0.0), 0.0) << j.dump();
   int64_t last = 0;
   for (const json& p : j["loss_history"]) last = std::max(last, Int(p, "step"));
-  EXPECT_EQ(last, 60);
+  EXPECT_EQ(last, kSteps);
   Result cps = Ptctl("-o json checkpoints " + id);
   ASSERT_EQ(cps.rc, 0) << cps.out;
   json listed = json::parse(cps.out);
   ASSERT_FALSE(listed["checkpoints"].empty()) << cps.out;
-  EXPECT_EQ(Int(listed["checkpoints"].back(), "step"), 60) << cps.out;
+  EXPECT_EQ(Int(listed["checkpoints"].back(), "step"), kSteps) << cps.out;
 
   // The ended attempt's token forges nothing (seen: a checkpoint at step
   // 123456 in /etc/forged listed by `ptctl checkpoints`).
@@ -625,7 +630,7 @@ TEST_F(ControlPlaneTest, JobThatEndedWhileCoordinatorWasDownIsCompleted) {
   s = ranks->ReportProgress(Ctx(token).get(), late, &pr);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(Ptctl("-o json checkpoints " + id).out, cps.out);
-  EXPECT_EQ(Int(Get(id)["job"]["progress"], "step"), 60);
+  EXPECT_EQ(Int(Get(id)["job"]["progress"], "step"), kSteps);
 }
 
 // Longer than gRPC's default reconnect backoff would wait: the ranks'
