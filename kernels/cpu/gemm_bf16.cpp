@@ -2,7 +2,6 @@
 // to bf16 (to nearest, ties to even) into per-thread scratch, multiplied by
 // oneDNN's bf16 matmul (AVX512_BF16 dot products) with fp32 accumulation
 // into an fp32 C. Primitives are made once per shape and kept.
-#include <omp.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/parallel.h"
 
 namespace ptrain::kernels {
 
@@ -37,54 +37,69 @@ inline uint16_t RoundToBf16(float x) {
 // the unrounded values added: a bias gradient in the same pass.
 void ToBf16(uint16_t* dst, const float* src, int64_t rows, int64_t cols,
             int64_t ld, bool transpose, float* col_sums = nullptr) {
-  const bool serial = omp_in_parallel() || rows * cols < (1 << 15);
-  if (col_sums != nullptr) {
-    // One contiguous column slice per thread (whole 64-byte lines): each
-    // sum has one owner and a fixed order.
-#pragma omp parallel if (!serial)
-    {
-      const int nth = omp_get_num_threads();
-      const int64_t per = ((cols + nth - 1) / nth + 15) / 16 * 16;
-      const int64_t c0 = std::min(cols, omp_get_thread_num() * per);
-      const int64_t c1 = std::min(cols, c0 + per);
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* s = src + r * ld;
-        uint16_t* d = dst + r * cols;
-#pragma omp simd
-        for (int64_t c = c0; c < c1; ++c) {
-          d[c] = RoundToBf16(s[c]);
-          col_sums[c] += s[c];
-        }
-      }
+  // Small conversions stay on the calling thread.
+  auto split = [&](int64_t n, auto&& body, int64_t align) {
+    if (rows * cols < (1 << 15)) {
+      body(int64_t{0}, n);
+    } else {
+      internal::ParallelFor(n, body, align);
     }
+  };
+  if (col_sums != nullptr) {
+    // One contiguous column slice per thread: each sum has one owner and a
+    // fixed order.
+    split(
+        cols,
+        [&](int64_t c0, int64_t c1) {
+          for (int64_t r = 0; r < rows; ++r) {
+            const float* s = src + r * ld;
+            uint16_t* d = dst + r * cols;
+#pragma omp simd
+            for (int64_t c = c0; c < c1; ++c) {
+              d[c] = RoundToBf16(s[c]);
+              col_sums[c] += s[c];
+            }
+          }
+        },
+        16);
     return;
   }
   if (!transpose) {
-#pragma omp parallel for schedule(static) if (!serial)
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* s = src + r * ld;
-      uint16_t* d = dst + r * cols;
+    split(
+        rows,
+        [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            const float* s = src + r * ld;
+            uint16_t* d = dst + r * cols;
 #pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) d[c] = RoundToBf16(s[c]);
-    }
+            for (int64_t c = 0; c < cols; ++c) d[c] = RoundToBf16(s[c]);
+          }
+        },
+        1);
     return;
   }
   // Tiles small enough that a tile's source rows and destination rows stay
-  // in L1 while it is transposed.
+  // in L1 while it is transposed; tile j is (column tile j / row_tiles, row
+  // tile j % row_tiles).
   constexpr int64_t kTile = 32;
   const int64_t row_tiles = (rows + kTile - 1) / kTile;
   const int64_t col_tiles = (cols + kTile - 1) / kTile;
-#pragma omp parallel for collapse(2) schedule(static) if (!serial)
-  for (int64_t ct = 0; ct < col_tiles; ++ct) {
-    for (int64_t rt = 0; rt < row_tiles; ++rt) {
-      const int64_t r0 = rt * kTile, r1 = std::min(rows, r0 + kTile);
-      const int64_t c0 = ct * kTile, c1 = std::min(cols, c0 + kTile);
-      for (int64_t c = c0; c < c1; ++c) {
-        uint16_t* d = dst + c * rows;
-        for (int64_t r = r0; r < r1; ++r) d[r] = RoundToBf16(src[r * ld + c]);
-      }
-    }
-  }
+  split(
+      col_tiles * row_tiles,
+      [&](int64_t j0, int64_t j1) {
+        for (int64_t j = j0; j < j1; ++j) {
+          const int64_t ct = j / row_tiles, rt = j % row_tiles;
+          const int64_t r0 = rt * kTile, r1 = std::min(rows, r0 + kTile);
+          const int64_t c0 = ct * kTile, c1 = std::min(cols, c0 + kTile);
+          for (int64_t c = c0; c < c1; ++c) {
+            uint16_t* d = dst + c * rows;
+            for (int64_t r = r0; r < r1; ++r) {
+              d[r] = RoundToBf16(src[r * ld + c]);
+            }
+          }
+        }
+      },
+      1);
 }
 
 struct Shape {

@@ -1,9 +1,6 @@
 // Linear layer out = inp @ weight^T + bias, forward and backward on CPU, on top
 // of gemm. The bias is folded into the GEMM's C operand (beta = 1). In bf16
 // (float only) the products go to gemm_bf16 / matmul_backward_bf16.
-#include <omp.h>
-
-#include <algorithm>
 #include <type_traits>
 
 #include "kernels/cpu/kernels.h"
@@ -60,18 +57,13 @@ void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
   if (dbias != nullptr) {
     // Column sums of dout. One contiguous column slice per thread (aligned to
     // a 64-byte line): race-free, and the sum order is fixed.
-#pragma omp parallel
-    {
-      const int nth = omp_get_num_threads();
-      const int per = ((OC + nth - 1) / nth + 15) / 16 * 16;
-      const int o0 = std::min(OC, omp_get_thread_num() * per);
-      const int o1 = std::min(OC, o0 + per);
+    internal::ParallelFor(OC, [&](int64_t o0, int64_t o1) {
       for (int64_t r = 0; r < rows; r++) {
         const F* dy = dout + r * OC;
 #pragma omp simd
-        for (int i = o0; i < o1; i++) dbias[i] += dy[i];
+        for (int64_t i = o0; i < o1; i++) dbias[i] += dy[i];
       }
-    }
+    });
   }
 }
 
