@@ -110,6 +110,22 @@ __global__ void BiasKernel(float* out, const float* bias, int64_t n, int OC) {
   ForEachIndex(n, [&](int64_t i) { out[i] += bias[i % OC]; });
 }
 
+// fp32 -> bf16, rounded to nearest even: a matmul operand under bf16
+// compute. The first 4 * n4 elements four at a thread step (16-byte loads,
+// 8-byte stores; `in` 16-byte aligned when n4 > 0), the rest one by one.
+__global__ void ToBf16Kernel(__nv_bfloat16* out, const float* in, int64_t n,
+                             int64_t n4) {
+  ForEachIndex(n4, [&](int64_t i) {
+    const float4 v = reinterpret_cast<const float4*>(in)[i];
+    auto* o = reinterpret_cast<__nv_bfloat162*>(out) + 2 * i;
+    o[0] = __floats2bfloat162_rn(v.x, v.y);
+    o[1] = __floats2bfloat162_rn(v.z, v.w);
+  });
+  ForEachIndex(n - 4 * n4, [&](int64_t i) {
+    out[4 * n4 + i] = __float2bfloat16_rn(in[4 * n4 + i]);
+  });
+}
+
 __global__ void GeluForwardKernel(float* out, const float* inp, int64_t n) {
   ForEachIndex(n, [&](int64_t i) {
     const float x = inp[i];
@@ -626,6 +642,9 @@ class CudaBackend final : public Ops {
     cudaStreamSynchronize(stream_);
     if (times_.enabled()) times_.Print();
     if (scratch_ != nullptr) cudaFree(scratch_);
+    for (Slot& s : bf16_) {
+      if (s.p != nullptr) cudaFree(s.p);
+    }
     cudaFree(sum_);
     cudaFree(workspace_);
     cublasDestroy(blas_);
@@ -755,20 +774,24 @@ class CudaBackend final : public Ops {
     const OpScope scope(&times_, stream_, "matmul_forward");
     const int64_t BT = static_cast<int64_t>(B) * T;
     // Column-major: out^T (OC,BT) = weight (C,OC)^T inp^T (C,BT).
-    Matmul(true, false, OC, BT, C, weight, C, inp, C, 0.0f, out, OC, bias);
+    Matmul(true, false, OC, BT, C, Operand(weight, int64_t(C) * OC, 0), C,
+           Operand(inp, BT * C, 1), C, 0.0f, out, OC, bias);
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias,
                        const float* dout, const float* inp, const float* weight,
                        int B, int T, int C, int OC) override {
     const OpScope scope(&times_, stream_, "matmul_backward");
     const int64_t BT = static_cast<int64_t>(B) * T;
+    // dout is rounded once for both products.
+    const Op d = Operand(dout, BT * OC, 0);
     // dinp^T (C,BT) += weight^T... in column-major: (C,OC) (OC,BT).
     if (dinp != nullptr) {
-      Matmul(false, false, C, BT, OC, weight, C, dout, OC, 1.0f, dinp, C,
-             nullptr);
+      Matmul(false, false, C, BT, OC, Operand(weight, int64_t(C) * OC, 1), C, d,
+             OC, 1.0f, dinp, C, nullptr);
     }
     // dweight^T (C,OC) += inp^T (C,BT) dout (BT,OC).
-    Matmul(false, true, C, OC, BT, inp, C, dout, OC, 1.0f, dweight, C, nullptr);
+    Matmul(false, true, C, OC, BT, Operand(inp, BT * C, 2), C, d, OC, 1.0f,
+           dweight, C, nullptr);
     if (dbias != nullptr) {
       ColumnSums(nullptr, dbias, dout, nullptr, nullptr, nullptr, BT, OC);
     }
@@ -938,13 +961,44 @@ class CudaBackend final : public Ops {
     return scratch_;
   }
 
+  // A matmul operand: fp32 as given, or its bf16 copy.
+  struct Op {
+    const void* p;
+    cudaDataType_t type;
+  };
+  // Under bf16 compute, x (n floats) rounded to bf16 into scratch `slot`
+  // (valid until the next op that uses the slot): cuBLASLt's native bf16
+  // kernels on such operands ran about twice as fast as fp32 operands under
+  // CUBLAS_COMPUTE_32F_FAST_16BF (docs/cuda.md). Else x itself.
+  Op Operand(const float* x, int64_t n, int slot) {
+    if (!options_.bf16_compute) return {x, CUDA_R_32F};
+    Slot& s = bf16_[slot];
+    if (n > s.size) {
+      if (s.p != nullptr) {
+        PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        PT_CUDA_CHECK(cudaFree(s.p));
+      }
+      s.p = nullptr;
+      PT_CUDA_CHECK(cudaMalloc(&s.p, n * sizeof(__nv_bfloat16)));
+      s.size = n;
+    }
+    const int64_t n4 = reinterpret_cast<uintptr_t>(x) % 16 == 0 ? n / 4 : 0;
+    ToBf16Kernel<<<Blocks(n4 > 0 ? n4 : n), kThreads, 0, stream_>>>(s.p, x, n,
+                                                                    n4);
+    Launched();
+    return {s.p, CUDA_R_16BF};
+  }
+
   // Column-major D (m,n) = alpha op(A) op(B) + beta D, plus bias (m) on
-  // every column when given, through cuBLASLt.
-  void Matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-              const float* A, int64_t lda, const float* B, int64_t ldb,
-              float beta, float* D, int64_t ldd, const float* bias) {
+  // every column when given, through cuBLASLt; D fp32, accumulation fp32.
+  void Matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, Op A,
+              int64_t lda, Op B, int64_t ldb, float beta, float* D, int64_t ldd,
+              const float* bias) {
+    // bf16 operands compute in fp32; fp32 ones as configured.
+    const cublasComputeType_t compute =
+        A.type == CUDA_R_16BF ? CUBLAS_COMPUTE_32F : compute_;
     cublasLtMatmulDesc_t desc;
-    PT_CUDA_CHECK(cublasLtMatmulDescCreate(&desc, compute_, CUDA_R_32F));
+    PT_CUDA_CHECK(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
     const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     PT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(
@@ -959,16 +1013,16 @@ class CudaBackend final : public Ops {
           desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
     cublasLtMatrixLayout_t la, lb, ld;
-    PT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, trans_a ? k : m,
+    PT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&la, A.type, trans_a ? k : m,
                                              trans_a ? m : k, lda));
-    PT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, trans_b ? n : k,
+    PT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lb, B.type, trans_b ? n : k,
                                              trans_b ? k : n, ldb));
     PT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, ldd));
 
     const auto key = std::make_tuple(
-        trans_a, trans_b, m, n, k, lda, ldb, ldd, bias != nullptr, Alignment(A),
-        Alignment(B), Alignment(D), bias != nullptr ? Alignment(bias) : 0,
-        beta != 0.0f);
+        trans_a, trans_b, m, n, k, lda, ldb, ldd, bias != nullptr,
+        Alignment(A.p), Alignment(B.p), Alignment(D),
+        bias != nullptr ? Alignment(bias) : 0, beta != 0.0f, A.type);
     auto it = algos_.find(key);
     if (it == algos_.end()) {
       cublasLtMatmulPreference_t pref;
@@ -976,7 +1030,8 @@ class CudaBackend final : public Ops {
       const size_t ws = kWorkspaceBytes;
       PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
           pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-      const uint32_t aa = Alignment(A), ab = Alignment(B), ad = Alignment(D);
+      const uint32_t aa = Alignment(A.p), ab = Alignment(B.p),
+                     ad = Alignment(D);
       PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
           pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof(aa)));
       PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
@@ -994,8 +1049,8 @@ class CudaBackend final : public Ops {
       it = algos_.emplace(key, result.algo).first;
     }
     const float alpha = 1.0f;
-    PT_CUDA_CHECK(cublasLtMatmul(lt_, desc, &alpha, A, la, B, lb, &beta, D, ld,
-                                 D, ld, &it->second, workspace_,
+    PT_CUDA_CHECK(cublasLtMatmul(lt_, desc, &alpha, A.p, la, B.p, lb, &beta, D,
+                                 ld, D, ld, &it->second, workspace_,
                                  kWorkspaceBytes, stream_));
     cublasLtMatrixLayoutDestroy(la);
     cublasLtMatrixLayoutDestroy(lb);
@@ -1126,9 +1181,15 @@ class CudaBackend final : public Ops {
   float* scratch_ = nullptr;
   int64_t scratch_size_ = 0;
   std::map<std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t,
-                      int64_t, bool, int, int, int, int, bool>,
+                      int64_t, bool, int, int, int, int, bool, cudaDataType_t>,
            cublasLtMatmulAlgo_t>
       algos_;
+  // Grow-only bf16 copies of matmul operands (Operand), one per slot.
+  struct Slot {
+    __nv_bfloat16* p = nullptr;
+    int64_t size = 0;
+  };
+  Slot bf16_[3];
 };
 
 // NCCL collectives on one backend's stream: each is ordered after every op
