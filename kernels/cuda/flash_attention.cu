@@ -159,103 +159,212 @@ __device__ __forceinline__ void Clear(Acc (&acc)[N]) {
   for (int j = 0; j < N; ++j) wmma::fill_fragment(acc[j], 0.0f);
 }
 
+// --- the forward on raw mma.sync ------------------------------------------
+//
+// m16n8k16 bf16 products with fp32 accumulation. Fragments (g = lane / 4,
+// t = lane % 4): an accumulator holds rows g and g + 8, columns 2t, 2t + 1
+// of a 16 x 8 tile; an A operand (16 x 16) rows g and g + 8, columns 2t,
+// 2t + 1, 2t + 8, 2t + 9; a B operand (16 x 8) columns g, rows 2t, 2t + 1,
+// 2t + 8, 2t + 9. Two accumulator tiles side by side are thus an A operand
+// already: the probabilities go from the scores to the next product
+// without leaving registers.
+
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4],
+                                    uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+      "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 bf16 matrices from shared memory: lanes 8i..8i+7 give the row
+// addresses of matrix i; r[i] receives this lane's pair of matrix i
+// (transposed with kTrans).
+template <bool kTrans>
+__device__ __forceinline__ void LdMatrix4(uint32_t (&r)[4], const bf16* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  if (kTrans) {
+    asm volatile(
+        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+        : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+        : "r"(a));
+  } else {
+    asm volatile(
+        "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+        : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+        : "r"(a));
+  }
+}
+
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Rows t0..t0+63 of one head's q, k or v from the bf16 (B,T,3,NH,HS) copy
+// (row t at src + t * stride) into a tile of row pitch HS + kPad, 16 bytes
+// a load; rows past T are zeros.
 template <int HS>
-constexpr size_t ForwardSmem() {
-  return 3 * kTile * (HS + kPad) * sizeof(bf16) +
-         kWarps * 16 * kLdS * sizeof(float) + kWarps * 16 * kLdP * sizeof(bf16);
+__device__ __forceinline__ void LoadTileBf16(bf16* __restrict__ dst,
+                                             const bf16* __restrict__ src,
+                                             int64_t stride, int t0, int T) {
+  constexpr int kChunks = HS / 8;  // 16-byte chunks a row
+#pragma unroll
+  for (int i = threadIdx.x; i < kTile * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = (i % kChunks) * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (t0 + r < T) {
+      v = __ldg(
+          reinterpret_cast<const uint4*>(src + int64_t(t0 + r) * stride + c));
+    }
+    *reinterpret_cast<uint4*>(dst + r * (HS + kPad) + c) = v;
+  }
 }
 
 template <int HS>
+constexpr size_t ForwardSmem() {
+  return 3 * kTile * (HS + kPad) * sizeof(bf16);
+}
+
+// Warp w owns query rows w*16.. of the block's 64 and keeps their q
+// fragments, scores, probabilities and output rows in registers; the
+// block shares each key and value tile through shared memory.
+template <int HS>
 __global__ void __launch_bounds__(kThreads)
-    FlashForwardKernel(float* out, float* lse, const float* inp, int T, int NH,
+    FlashForwardKernel(float* out, float* lse, const bf16* qkv, int T, int NH,
                        float scale_log2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-  __trap();  // bf16 WMMA needs sm_80; the backend never launches this
+  __trap();  // bf16 mma needs sm_80; the backend never launches this
 #else
   constexpr int kLdB = HS + kPad;
+  constexpr int kD = HS / 16;  // k steps of q k^T
+  constexpr int kN = HS / 8;   // output tiles of 8 columns
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem);
   bf16* ks = qs + kTile * kLdB;
   bf16* vs = ks + kTile * kLdB;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* ss = reinterpret_cast<float*>(vs + kTile * kLdB) + warp * 16 * kLdS;
-  bf16* ps =
-      reinterpret_cast<bf16*>(reinterpret_cast<float*>(vs + kTile * kLdB) +
-                              kWarps * 16 * kLdS) +
-      warp * 16 * kLdP;
+  const int g = lane / 4, t = lane % 4;
 
   const int qt = gridDim.x - 1 - blockIdx.x;  // the longest rows first
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int C = NH * HS;
   const int64_t stride = 3 * C;
-  const float* base = inp + int64_t(b) * T * stride + h * HS;
+  const bf16* base = qkv + int64_t(b) * T * stride + h * HS;
   const int q0 = qt * kTile;
-  LoadTile<HS>(qs, base, stride, q0, T);
-
-  // This lane's share: row r of the warp's 16, columns half*32.. of a score
-  // row and half*HS/2.. of an output row.
-  const int r = lane / 2, half = lane % 2;
-  const int row = q0 + warp * 16 + r;
-  float m = -INFINITY, l = 0.0f;
-  float o[HS / 2];
+  LoadTileBf16<HS>(qs, base, stride, q0, T);
+  __syncthreads();
+  uint32_t qf[kD][4];
 #pragma unroll
-  for (int c = 0; c < HS / 2; ++c) o[c] = 0.0f;
+  for (int d = 0; d < kD; ++d) {
+    LdMatrix4<false>(
+        qf[d], qs + (warp * 16 + lane % 16) * kLdB + d * 16 + lane / 16 * 8);
+  }
+
+  const int row0 = q0 + warp * 16 + g;  // and row0 + 8
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[kN][4];
+#pragma unroll
+  for (int j = 0; j < kN; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
   for (int kt = 0; kt <= qt; ++kt) {
     __syncthreads();  // everyone is done with the previous k, v tiles
-    LoadTile<HS>(ks, base + C, stride, kt * kTile, T);
-    LoadTile<HS>(vs, base + 2 * C, stride, kt * kTile, T);
+    LoadTileBf16<HS>(ks, base + C, stride, kt * kTile, T);
+    LoadTileBf16<HS>(vs, base + 2 * C, stride, kt * kTile, T);
     __syncthreads();
 
-    MulABt<HS>(ss, qs + warp * 16 * kLdB, ks);  // S = q k^T
-    __syncwarp();
+    // S (16 x 64) = q k^T: eight tiles of 8 keys.
+    float s[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+#pragma unroll
+      for (int d = 0; d < kD; ++d) {
+        uint32_t kb[4];  // keys j*8.. and (j+1)*8.., dims d*16..
+        LdMatrix4<false>(kb, ks + (j * 8 + lane % 8 + lane / 16 * 8) * kLdB +
+                                 d * 16 + (lane / 8) % 2 * 8);
+        Mma(s[j], qf[d], kb[0], kb[1]);
+        Mma(s[j + 1], qf[d], kb[2], kb[3]);
+      }
+    }
 
-    const int key0 = kt * kTile + half * 32;
-    float x[32];
-    LoadRow(x, ss + r * kLdS + half * 32);
-    float mx = -INFINITY;
+    // Online softmax over this tile, in base 2; rows g and g + 8.
+    const bool diagonal = kt == qt;
+    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int c = 0; c < 32; ++c) {
-      x[c] = key0 + c <= row ? x[c] * scale_log2 : -INFINITY;
-      mx = fmaxf(mx, x[c]);
-    }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    const float m_new = fmaxf(m, mx);  // finite: key 0 is in every row
-    float sum = 0.0f;
+    for (int j = 0; j < 8; ++j) {
 #pragma unroll
-    for (int c = 0; c < 32; ++c) {
-      x[c] = exp2f(x[c] - m_new);
-      sum += x[c];
+      for (int e = 0; e < 4; ++e) {
+        const int key = kt * kTile + j * 8 + 2 * t + (e & 1);
+        const int row = row0 + (e >> 1) * 8;
+        float x = s[j][e] * scale_log2;
+        if (diagonal && key > row) x = -INFINITY;
+        s[j][e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      const float m_new = fmaxf(m[i], mx[i]);  // finite: key 0 is in every row
+      alpha[i] = exp2f(m[i] - m_new);
+      m[i] = m_new;
+      l[i] *= alpha[i];
     }
 #pragma unroll
-    for (int c = 0; c < 32; c += 8) {
-      StoreBf16x8(ps + r * kLdP + half * 32 + c, x + c);
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] = exp2f(s[j][e] - m[e >> 1]);
+        l[e >> 1] += s[j][e];  // this lane's share; the quad sums at the end
+      }
     }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    const float alpha = exp2f(m - m_new);
-    l = l * alpha + sum;
-    m = m_new;
-    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      o[j][0] *= alpha[0];
+      o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1];
+      o[j][3] *= alpha[1];
+    }
 
-    Acc pv[HS / 16];
-    Clear(pv);
-    MulAddAB<HS>(pv, ps, kLdP, vs);
-    __syncwarp();  // the scores are read: their rows take P v
-    StoreAcc(ss, pv);
-    __syncwarp();
-    float pv_row[HS / 2];
-    LoadRow(pv_row, ss + r * kLdS + half * (HS / 2));
+    // o += P v: P's accumulator tiles 2c, 2c+1 are the A operand of keys
+    // c*16..; v through transposed loads (keys are v's rows).
 #pragma unroll
-    for (int c = 0; c < HS / 2; ++c) o[c] = o[c] * alpha + pv_row[c];
-    __syncwarp();
+    for (int c = 0; c < 4; ++c) {
+      const uint32_t pa[4] = {PackBf16(s[2 * c][0], s[2 * c][1]),
+                              PackBf16(s[2 * c][2], s[2 * c][3]),
+                              PackBf16(s[2 * c + 1][0], s[2 * c + 1][1]),
+                              PackBf16(s[2 * c + 1][2], s[2 * c + 1][3])};
+#pragma unroll
+      for (int j = 0; j < kN; j += 2) {
+        uint32_t vb[4];  // keys c*16.., dims j*8.. and (j+1)*8..
+        LdMatrix4<true>(
+            vb, vs + (c * 16 + lane % 8 + (lane / 8) % 2 * 8) * kLdB + j * 8 +
+                    lane / 16 * 8);
+        Mma(o[j], pa, vb[0], vb[1]);
+        Mma(o[j + 1], pa, vb[2], vb[3]);
+      }
+    }
   }
 
-  if (row < T) {
-    const float inv = 1.0f / l;
-    float* orow = out + (int64_t(b) * T + row) * C + h * HS + half * (HS / 2);
 #pragma unroll
-    for (int c = 0; c < HS / 2; ++c) orow[c] = o[c] * inv;
-    if (half == 0) lse[int64_t(bh) * T + row] = m + log2f(l);
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    const int row = row0 + i * 8;
+    if (row >= T) continue;
+    const float inv = 1.0f / l[i];
+    float* orow = out + (int64_t(b) * T + row) * C + h * HS + 2 * t;
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      *reinterpret_cast<float2*>(orow + j * 8) =
+          make_float2(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
+    }
+    if (t == 0) lse[int64_t(bh) * T + row] = m[i] + log2f(l[i]);
   }
 #endif
 }
@@ -434,7 +543,7 @@ bool AllowSharedMemory(Kernel kernel, size_t bytes) {
 }
 
 template <int HS>
-void Forward(float* out, float* lse, const float* inp, int B, int T, int NH,
+void Forward(float* out, float* lse, const bf16* qkv, int B, int T, int NH,
              cudaStream_t stream) {
   constexpr size_t smem = ForwardSmem<HS>();
   static const bool allowed = AllowSharedMemory(FlashForwardKernel<HS>, smem);
@@ -442,7 +551,7 @@ void Forward(float* out, float* lse, const float* inp, int B, int T, int NH,
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
   const float scale_log2 = kLog2e / sqrtf(float(HS));
   FlashForwardKernel<HS>
-      <<<grid, kThreads, smem, stream>>>(out, lse, inp, T, NH, scale_log2);
+      <<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, NH, scale_log2);
   PT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -470,15 +579,15 @@ bool FlashAttentionSupports(int hs, int major) {
   return major >= 8 && (hs == 16 || hs == 32 || hs == 64);
 }
 
-void FlashAttentionForward(float* out, float* lse, const float* inp, int B,
-                           int T, int NH, int hs, cudaStream_t stream) {
+void FlashAttentionForward(float* out, float* lse, const __nv_bfloat16* qkv,
+                           int B, int T, int NH, int hs, cudaStream_t stream) {
   switch (hs) {
     case 16:
-      return Forward<16>(out, lse, inp, B, T, NH, stream);
+      return Forward<16>(out, lse, qkv, B, T, NH, stream);
     case 32:
-      return Forward<32>(out, lse, inp, B, T, NH, stream);
+      return Forward<32>(out, lse, qkv, B, T, NH, stream);
     case 64:
-      return Forward<64>(out, lse, inp, B, T, NH, stream);
+      return Forward<64>(out, lse, qkv, B, T, NH, stream);
   }
   PT_CHECK(false, "FlashAttentionForward: unsupported head size");
 }

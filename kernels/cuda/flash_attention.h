@@ -11,6 +11,7 @@
 #ifndef PTRAIN_KERNELS_CUDA_FLASH_ATTENTION_H_
 #define PTRAIN_KERNELS_CUDA_FLASH_ATTENTION_H_
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -21,10 +22,11 @@ namespace ptrain::kernels {
 // of compute capability `major`.x (8 or more: bf16 tensor cores).
 bool FlashAttentionSupports(int hs, int major);
 
-// out (B,T,NH,hs) = causal softmax(q k^T / sqrt(hs)) v, per head; lse
-// (B,NH,T) receives each row's log2-sum-exp of the scaled scores.
-void FlashAttentionForward(float* out, float* lse, const float* inp, int B,
-                           int T, int NH, int hs, cudaStream_t stream);
+// out (B,T,NH,hs) = causal softmax(q k^T / sqrt(hs)) v, per head, from
+// qkv: inp rounded to bf16 (same layout, 16-byte aligned); lse (B,NH,T)
+// receives each row's log2-sum-exp of the scaled scores.
+void FlashAttentionForward(float* out, float* lse, const __nv_bfloat16* qkv,
+                           int B, int T, int NH, int hs, cudaStream_t stream);
 
 // dinp (B,T,3,NH,hs) += the gradients of q, k and v, from dout, the
 // forward's out and lse, and inp. delta (B,NH,T) is scratch.

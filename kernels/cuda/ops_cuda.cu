@@ -807,7 +807,9 @@ class CudaBackend final : public Ops {
                          int C, int NH) override {
     const OpScope scope(&times_, stream_, "attention_forward");
     if (Fused(C, NH)) {
-      FlashAttentionForward(out, att, inp, B, T, NH, C / NH, stream_);
+      const Op qkv = Operand(inp, int64_t(B) * T * 3 * C, 0);
+      FlashAttentionForward(out, att, static_cast<const __nv_bfloat16*>(qkv.p),
+                            B, T, NH, C / NH, stream_);
     } else if (options_.bf16_compute) {
       Attention<__nv_bfloat16>(out, att, inp, B, T, C, NH);
     } else {
