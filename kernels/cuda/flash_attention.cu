@@ -1,22 +1,22 @@
-// Fused causal attention (see flash_attention.h), after FlashAttention-2:
-// a block of 4 warps takes a tile of 64 query rows (forward) or 64 key
-// columns (backward) of one head and walks the tiles of the other side
-// that the causal mask leaves, with the 16x16x16 bf16 products of WMMA.
+// Fused causal attention (see flash_attention.h), after FlashAttention-2,
+// on the m16n8k16 bf16 products of mma.sync with fp32 accumulation. A
+// block of 4 warps takes a tile of 64 query rows (forward) or 64 key rows
+// (backward) of one head and walks the tiles of the other side that the
+// causal mask leaves; q, k, v and dout come from bf16 copies, 16 bytes a
+// load, through ldmatrix.
 //
-// Forward: warp w owns query rows w*16..w*16+15 of the tile. For each key
-// tile it forms S = q k^T (16x64, fp32) in shared memory, updates the
-// running row maximum m and sum l (two lanes per row, 32 columns each),
-// writes P = exp2(S scale log2e - m) as bf16 and adds P v to its rows of
-// the output, rescaled by exp2(m_old - m_new).
+// Forward: warp w owns query rows w*16..w*16+15. For each key tile it
+// forms S = q k^T in registers, updates the running row maximum m and sum
+// l, and adds P v (P = exp2(S scale log2e - m) as bf16, straight from the
+// score registers) to its output rows, rescaled by exp2(m_old - m_new).
 //
-// Backward: warp w owns key columns w*16..w*16+15 of the tile and keeps
-// their dk and dv in accumulator fragments for the whole walk. For each
-// query tile: P^T from S^T and the saved lse, dv += P^T do, dP^T = v do^T,
-// dS^T = P^T (dP^T - delta) scale, dk += dS^T q; then the block's dS^T
-// (64x64) gives dq = dS k for the query tile, added to dinp atomically
-// (several key tiles contribute to one query row).
+// Backward: warp w owns key rows w*16..w*16+15 and keeps their dk and dv
+// in registers for the whole walk. For each query tile: P^T from S^T and
+// the saved lse, dv += P^T do, dP^T = v do^T, dS^T = P^T (dP^T - delta)
+// scale, dk += dS^T q; then the block's dS^T (64x64, shared memory) gives
+// dq = dS k for the query tile, added to dinp atomically (several key
+// tiles contribute to one query row).
 #include <cuda_bf16.h>
-#include <mma.h>
 
 #include <cmath>
 
@@ -29,135 +29,13 @@ namespace ptrain::kernels {
 namespace {
 
 using bf16 = __nv_bfloat16;
-namespace wmma = nvcuda::wmma;
 
 constexpr int kTile = 64;  // query rows or key columns per block
 constexpr int kWarps = 4;  // 16 rows (or columns) of the tile each
 constexpr int kThreads = kWarps * 32;
-constexpr int kPad = 8;              // bf16 row padding: fewer bank conflicts
-constexpr int kFPad = 4;             // fp32 row padding
-constexpr int kLdS = kTile + kFPad;  // fp32 rows of 64
-constexpr int kLdP = kTile + kPad;   // bf16 rows of 64
-
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
-using FragACol =
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major>;
-using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
-using FragBCol =
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
-using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-
-// Rows t0..t0+63 of one head's q, k, v or dout (row t at src + t * stride)
-// into a bf16 tile of row pitch HS + kPad; rows past T are zeros. A thread
-// takes pairs of neighbours (one 4-byte store each), and its loads go out
-// in batches of 16 before their conversions, so that they are in flight
-// together rather than one round trip each.
-template <int HS>
-__device__ __forceinline__ void LoadTile(bf16* __restrict__ dst,
-                                         const float* __restrict__ src,
-                                         int64_t stride, int t0, int T) {
-  constexpr int kPairs = kTile * HS / 2 / kThreads;  // per thread
-  constexpr int kBatch = kPairs < 8 ? kPairs : 8;
-#pragma unroll 1
-  for (int j0 = 0; j0 < kPairs; j0 += kBatch) {
-    float x[2 * kBatch];
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int i = threadIdx.x + (j0 + j) * kThreads;
-      const int t = t0 + i / (HS / 2), d = 2 * (i % (HS / 2));
-      const float* p = src + int64_t(t) * stride + d;
-      x[2 * j] = t < T ? __ldg(p) : 0.0f;
-      x[2 * j + 1] = t < T ? __ldg(p + 1) : 0.0f;
-    }
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int i = threadIdx.x + (j0 + j) * kThreads;
-      const int r = i / (HS / 2), d = 2 * (i % (HS / 2));
-      *reinterpret_cast<__nv_bfloat162*>(dst + r * (HS + kPad) + d) =
-          __floats2bfloat162_rn(x[2 * j], x[2 * j + 1]);
-    }
-  }
-}
-
-// N floats of a shared-memory row (16-byte aligned) into registers.
-template <int N>
-__device__ __forceinline__ void LoadRow(float (&x)[N], const float* p) {
-#pragma unroll
-  for (int c = 0; c < N; c += 4) {
-    const float4 v = *reinterpret_cast<const float4*>(p + c);
-    x[c] = v.x;
-    x[c + 1] = v.y;
-    x[c + 2] = v.z;
-    x[c + 3] = v.w;
-  }
-}
-
-// Eight floats as bf16 into a shared-memory row (16-byte aligned).
-__device__ __forceinline__ void StoreBf16x8(bf16* p, const float* x) {
-  __nv_bfloat162 h[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k)
-    h[k] = __floats2bfloat162_rn(x[2 * k], x[2 * k + 1]);
-  *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(h);
-}
-
-// The warp's 16 x 64 fp32 tile at out (row pitch kLdS) = a b^T: a is 16
-// rows and b 64 rows of HS bf16 (row pitch HS + kPad).
-template <int HS>
-__device__ __forceinline__ void MulABt(float* out, const bf16* a,
-                                       const bf16* b) {
-  constexpr int kLdB = HS + kPad;
-  Acc s[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) wmma::fill_fragment(s[j], 0.0f);
-  for (int kk = 0; kk < HS; kk += 16) {
-    FragA fa;
-    wmma::load_matrix_sync(fa, a + kk, kLdB);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      FragBCol fb;  // b^T: element (d, row) at b[row][d]
-      wmma::load_matrix_sync(fb, b + j * 16 * kLdB + kk, kLdB);
-      wmma::mma_sync(s[j], fa, fb, s[j]);
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    wmma::store_matrix_sync(out + j * 16, s[j], kLdS, wmma::mem_row_major);
-  }
-}
-
-// acc (16 x HS) += a b: a is 16 x 64 bf16 (row pitch lda), b 64 x HS bf16
-// (row pitch HS + kPad).
-template <int HS>
-__device__ __forceinline__ void MulAddAB(Acc (&acc)[HS / 16], const bf16* a,
-                                         int lda, const bf16* b) {
-  constexpr int kLdB = HS + kPad;
-  for (int kk = 0; kk < kTile; kk += 16) {
-    FragA fa;
-    wmma::load_matrix_sync(fa, a + kk, lda);
-#pragma unroll
-    for (int j = 0; j < HS / 16; ++j) {
-      FragB fb;
-      wmma::load_matrix_sync(fb, b + kk * kLdB + j * 16, kLdB);
-      wmma::mma_sync(acc[j], fa, fb, acc[j]);
-    }
-  }
-}
-
-// N accumulator fragments side by side into an fp32 tile of pitch kLdS.
-template <int N>
-__device__ __forceinline__ void StoreAcc(float* out, const Acc (&acc)[N]) {
-#pragma unroll
-  for (int j = 0; j < N; ++j) {
-    wmma::store_matrix_sync(out + j * 16, acc[j], kLdS, wmma::mem_row_major);
-  }
-}
-
-template <int N>
-__device__ __forceinline__ void Clear(Acc (&acc)[N]) {
-#pragma unroll
-  for (int j = 0; j < N; ++j) wmma::fill_fragment(acc[j], 0.0f);
-}
+// bf16 row padding: the eight rows an ldmatrix reads fall in different banks.
+constexpr int kPad = 8;
+constexpr int kLdP = kTile + kPad;  // bf16 rows of 64
 
 // --- the forward on raw mma.sync ------------------------------------------
 //
@@ -389,143 +267,245 @@ __global__ void FlashDeltaKernel(float* delta, const float* dout,
   }
 }
 
-template <int HS>
-constexpr size_t BackwardSmem() {
-  return 4 * kTile * (HS + kPad) * sizeof(bf16) +  // k, v, q, do
-         kWarps * 16 * kLdS * sizeof(float) +      // S^T, dP^T, dq, dk, dv
-         kWarps * 16 * kLdP * sizeof(bf16) +       // P^T
-         kTile * kLdP * sizeof(bf16) +             // dS^T, all warps
-         2 * kTile * sizeof(float);                // lse, delta
+// 16 bytes from global to shared memory without passing through registers
+// (zeros where !valid); completes at CpAsyncWait.
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src,
+                                          bool valid) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d),
+               "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+// Waits until at most N of this thread's committed groups are in flight.
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// LoadTileBf16, asynchronously.
 template <int HS>
-__global__ void __launch_bounds__(kThreads, 3)
-    FlashBackwardKernel(float* dinp, const float* dout, const float* inp,
+__device__ __forceinline__ void LoadTileAsync(bf16* __restrict__ dst,
+                                              const bf16* __restrict__ src,
+                                              int64_t stride, int t0, int T) {
+  constexpr int kChunks = HS / 8;
+#pragma unroll
+  for (int i = threadIdx.x; i < kTile * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = (i % kChunks) * 8;
+    const bool valid = t0 + r < T;
+    CpAsync16(dst + r * (HS + kPad) + c,
+              src + int64_t(valid ? t0 + r : 0) * stride + c, valid);
+  }
+}
+
+// k, v, two buffers each of q and do, and dS^T.
+template <int HS>
+constexpr size_t BackwardSmem() {
+  return (6 * kTile * (HS + kPad) + kTile * kLdP) * sizeof(bf16);
+}
+
+// Warp w owns key rows w*16.. of the block's 64: their k and v fragments,
+// and their dk and dv, stay in registers for the whole walk over the query
+// tiles (double-buffered in shared memory). For each query tile the warp
+// forms S^T = k q^T, P^T (from the saved lse), dv += P^T do, dP^T = v do^T,
+// dS^T = P^T (dP^T - delta) scale and dk += dS^T q in registers; the
+// block's dS^T goes through shared memory for dq = dS k, 16 query rows a
+// warp, added to dinp atomically (every key tile adds to a query row).
+template <int HS>
+__global__ void __launch_bounds__(kThreads)
+    FlashBackwardKernel(float* dinp, const bf16* dout, const bf16* qkv,
                         const float* lse, const float* delta, int T, int NH,
                         float scale, float scale_log2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-  __trap();  // bf16 WMMA needs sm_80; the backend never launches this
+  __trap();  // bf16 mma needs sm_80; the backend never launches this
 #else
   constexpr int kLdB = HS + kPad;
+  constexpr int kD = HS / 16;  // k steps over the head dimension
+  constexpr int kN = HS / 8;   // tiles of 8 head dimensions
+  constexpr int kTileElems = kTile * kLdB;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* ks = reinterpret_cast<bf16*>(smem);
-  bf16* vs = ks + kTile * kLdB;
-  bf16* qs = vs + kTile * kLdB;
-  bf16* dos = qs + kTile * kLdB;
-  float* st_all = reinterpret_cast<float*>(dos + kTile * kLdB);
-  bf16* pt_all = reinterpret_cast<bf16*>(st_all + kWarps * 16 * kLdS);
-  bf16* dst = pt_all + kWarps * 16 * kLdP;
-  float* lse_s = reinterpret_cast<float*>(dst + kTile * kLdP);
-  float* delta_s = lse_s + kTile;
+  bf16* vs = ks + kTileElems;
+  bf16* qs0 = vs + kTileElems;        // two buffers
+  bf16* dos0 = qs0 + 2 * kTileElems;  // two buffers
+  bf16* dst = dos0 + 2 * kTileElems;  // dS^T (64 keys x 64 queries)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* st = st_all + warp * 16 * kLdS;
-  bf16* pt = pt_all + warp * 16 * kLdP;
+  const int g = lane / 4, t = lane % 4;
 
   const int kt = blockIdx.x;  // the longest walks first
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int C = NH * HS;
   const int64_t stride = 3 * C;
-  const float* base = inp + int64_t(b) * T * stride + h * HS;
-  const float* dbase = dout + int64_t(b) * T * C + h * HS;
+  const bf16* base = qkv + int64_t(b) * T * stride + h * HS;
+  const bf16* dbase = dout + int64_t(b) * T * C + h * HS;
   float* gbase = dinp + int64_t(b) * T * stride + h * HS;
+  const float* lse_h = lse + int64_t(bh) * T;
+  const float* delta_h = delta + int64_t(bh) * T;
   const int k0 = kt * kTile;
-  LoadTile<HS>(ks, base + C, stride, k0, T);
-  LoadTile<HS>(vs, base + 2 * C, stride, k0, T);
-
-  Acc dk[HS / 16], dv[HS / 16];
-  Clear(dk);
-  Clear(dv);
-  // This lane's share of a (16 keys x 64 queries) tile: key row r, query
-  // columns half*32..
-  const int r = lane / 2, half = lane % 2;
-  const int key = k0 + warp * 16 + r;
   const int n_tiles = (T + kTile - 1) / kTile;
 
+  LoadTileAsync<HS>(ks, base + C, stride, k0, T);
+  LoadTileAsync<HS>(vs, base + 2 * C, stride, k0, T);
+  LoadTileAsync<HS>(qs0, base, stride, k0, T);
+  LoadTileAsync<HS>(dos0, dbase, C, k0, T);
+  CpAsyncCommit();
+  CpAsyncWait<0>();
+  __syncthreads();
+  uint32_t kf[kD][4], vf[kD][4];
+#pragma unroll
+  for (int d = 0; d < kD; ++d) {
+    const int off = (warp * 16 + lane % 16) * kLdB + d * 16 + lane / 16 * 8;
+    LdMatrix4<false>(kf[d], ks + off);
+    LdMatrix4<false>(vf[d], vs + off);
+  }
+  float dk[kN][4], dv[kN][4];
+#pragma unroll
+  for (int j = 0; j < kN; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.0f;
+  }
+  const int key0 = k0 + warp * 16 + g;  // and key0 + 8
+
   for (int qt = kt; qt < n_tiles; ++qt) {
-    const int q0 = qt * kTile;
-    __syncthreads();  // the previous query tile is done with
-    LoadTile<HS>(qs, base, stride, q0, T);
-    LoadTile<HS>(dos, dbase, C, q0, T);
-    for (int i = threadIdx.x; i < kTile; i += kThreads) {
-      const bool in = q0 + i < T;
-      lse_s[i] = in ? lse[int64_t(bh) * T + q0 + i] : 0.0f;
-      delta_s[i] = in ? delta[int64_t(bh) * T + q0 + i] : 0.0f;
+    const int buf = (qt - kt) & 1;
+    const bf16* qs = qs0 + buf * kTileElems;
+    const bf16* dos = dos0 + buf * kTileElems;
+    if (qt + 1 < n_tiles) {  // the next query tile, while this one works
+      LoadTileAsync<HS>(qs0 + (buf ^ 1) * kTileElems, base, stride,
+                        (qt + 1) * kTile, T);
+      LoadTileAsync<HS>(dos0 + (buf ^ 1) * kTileElems, dbase, C,
+                        (qt + 1) * kTile, T);
     }
+    CpAsyncCommit();
+    CpAsyncWait<1>();
     __syncthreads();
+    const int q0 = qt * kTile;
 
-    // S^T (16 keys x 64 queries) = k_w q^T.
-    MulABt<HS>(st, ks + warp * 16 * kLdB, qs);
-    __syncwarp();
-    float p[32];
-    LoadRow(p, st + r * kLdS + half * 32);
+    // S^T (16 keys x 64 queries) = k q^T, and dP^T = v do^T.
+    float p[8][4], dp[8][4];
 #pragma unroll
-    for (int c = 0; c < 32; ++c) {
-      const int q = q0 + half * 32 + c;
-      p[c] = q < T && key <= q ? exp2f(p[c] * scale_log2 - lse_s[half * 32 + c])
-                               : 0.0f;
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) p[j][e] = dp[j][e] = 0.0f;
     }
 #pragma unroll
-    for (int c = 0; c < 32; c += 8) {
-      StoreBf16x8(pt + r * kLdP + half * 32 + c, p + c);
-    }
-    __syncwarp();
-
-    // dv_w += P^T_w do; dP^T_w = v_w do^T.
-    MulAddAB<HS>(dv, pt, kLdP, dos);
-    MulABt<HS>(st, vs + warp * 16 * kLdB, dos);  // the scores' rows are read
-    __syncwarp();
+    for (int j = 0; j < 8; j += 2) {
 #pragma unroll
-    for (int c = 0; c < 32; c += 8) {
-      float ds[8];
-      LoadRow(ds, st + r * kLdS + half * 32 + c);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        ds[k] = p[c + k] * (ds[k] - delta_s[half * 32 + c + k]) * scale;
+      for (int d = 0; d < kD; ++d) {
+        const int off = (j * 8 + lane % 8 + lane / 16 * 8) * kLdB + d * 16 +
+                        (lane / 8) % 2 * 8;
+        uint32_t qb[4], ob[4];
+        LdMatrix4<false>(qb, qs + off);
+        LdMatrix4<false>(ob, dos + off);
+        Mma(p[j], kf[d], qb[0], qb[1]);
+        Mma(p[j + 1], kf[d], qb[2], qb[3]);
+        Mma(dp[j], vf[d], ob[0], ob[1]);
+        Mma(dp[j + 1], vf[d], ob[2], ob[3]);
       }
-      StoreBf16x8(dst + (warp * 16 + r) * kLdP + half * 32 + c, ds);
     }
-    __syncwarp();
-
-    // dk_w += dS^T_w q.
-    MulAddAB<HS>(dk, dst + warp * 16 * kLdP, kLdP, qs);
+    // P^T = exp2(S^T scale log2e - lse), zero where masked; dS^T in place
+    // of dP^T.
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int q = q0 + j * 8 + 2 * t + c;
+        const bool in = q < T;
+        const float l = in ? __ldg(lse_h + q) : 0.0f;
+        const float dl = in ? __ldg(delta_h + q) : 0.0f;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int e = 2 * i + c;
+          const float x =
+              in && key0 + 8 * i <= q ? exp2f(p[j][e] * scale_log2 - l) : 0.0f;
+          p[j][e] = x;
+          dp[j][e] = x * (dp[j][e] - dl) * scale;
+        }
+      }
+    }
+    // dv += P^T do and dk += dS^T q: the accumulator tiles 2c, 2c+1 are
+    // the A operand over queries c*16..; do and q through transposed loads.
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const uint32_t pa[4] = {PackBf16(p[2 * c][0], p[2 * c][1]),
+                              PackBf16(p[2 * c][2], p[2 * c][3]),
+                              PackBf16(p[2 * c + 1][0], p[2 * c + 1][1]),
+                              PackBf16(p[2 * c + 1][2], p[2 * c + 1][3])};
+      const uint32_t sa[4] = {PackBf16(dp[2 * c][0], dp[2 * c][1]),
+                              PackBf16(dp[2 * c][2], dp[2 * c][3]),
+                              PackBf16(dp[2 * c + 1][0], dp[2 * c + 1][1]),
+                              PackBf16(dp[2 * c + 1][2], dp[2 * c + 1][3])};
+      // dS^T rows of this warp's keys into shared memory for dq.
+      bf16* srow = dst + (warp * 16 + g) * kLdP + c * 16 + 2 * t;
+      *reinterpret_cast<uint32_t*>(srow) = sa[0];
+      *reinterpret_cast<uint32_t*>(srow + 8 * kLdP) = sa[1];
+      *reinterpret_cast<uint32_t*>(srow + 8) = sa[2];
+      *reinterpret_cast<uint32_t*>(srow + 8 * kLdP + 8) = sa[3];
+#pragma unroll
+      for (int j = 0; j < kN; j += 2) {
+        const int off = (c * 16 + lane % 8 + (lane / 8) % 2 * 8) * kLdB +
+                        j * 8 + lane / 16 * 8;
+        uint32_t ob[4], qb[4];
+        LdMatrix4<true>(ob, dos + off);
+        LdMatrix4<true>(qb, qs + off);
+        Mma(dv[j], pa, ob[0], ob[1]);
+        Mma(dv[j + 1], pa, ob[2], ob[3]);
+        Mma(dk[j], sa, qb[0], qb[1]);
+        Mma(dk[j + 1], sa, qb[2], qb[3]);
+      }
+    }
     __syncthreads();  // every warp's dS^T rows are in
 
-    // dq rows warp*16.. of the query tile = dS k: dS (query, key) is
-    // dS^T[key][query], a column-major A.
-    Acc dq[HS / 16];
-    Clear(dq);
-    for (int kk = 0; kk < kTile; kk += 16) {
-      FragACol a;
-      wmma::load_matrix_sync(a, dst + kk * kLdP + warp * 16, kLdP);
+    // dq (the warp's 16 query rows) = dS k over the block's 64 keys: dS is
+    // dS^T read transposed, k through transposed loads.
+    float dq[kN][4];
 #pragma unroll
-      for (int j = 0; j < HS / 16; ++j) {
-        FragB kb;
-        wmma::load_matrix_sync(kb, ks + kk * kLdB + j * 16, kLdB);
-        wmma::mma_sync(dq[j], a, kb, dq[j]);
+    for (int j = 0; j < kN; ++j)
+      dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      uint32_t sa[4];
+      LdMatrix4<true>(sa, dst + (c * 16 + lane % 8 + lane / 16 * 8) * kLdP +
+                              warp * 16 + (lane / 8) % 2 * 8);
+#pragma unroll
+      for (int j = 0; j < kN; j += 2) {
+        uint32_t kb[4];
+        LdMatrix4<true>(
+            kb, ks + (c * 16 + lane % 8 + (lane / 8) % 2 * 8) * kLdB + j * 8 +
+                    lane / 16 * 8);
+        Mma(dq[j], sa, kb[0], kb[1]);
+        Mma(dq[j + 1], sa, kb[2], kb[3]);
       }
     }
-    StoreAcc(st, dq);
-    __syncwarp();
-    for (int i = lane; i < 16 * HS; i += 32) {
-      const int rr = i / HS, d = i % HS;
-      const int q = q0 + warp * 16 + rr;
-      if (q < T) atomicAdd(gbase + int64_t(q) * stride + d, st[rr * kLdS + d]);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int q = q0 + warp * 16 + g + 8 * i;
+      if (q >= T) continue;
+      float* row = gbase + int64_t(q) * stride + 2 * t;
+#pragma unroll
+      for (int j = 0; j < kN; ++j) {
+        atomicAdd(row + j * 8, dq[j][2 * i]);
+        atomicAdd(row + j * 8 + 1, dq[j][2 * i + 1]);
+      }
     }
-    __syncwarp();
+    __syncthreads();  // dS^T and this tile's buffers are free again
   }
 
   // dk, dv: this block's keys only, so plain adds.
-  for (int part = 1; part <= 2; ++part) {
-    StoreAcc(st, part == 1 ? dk : dv);
-    __syncwarp();
-    for (int i = lane; i < 16 * HS; i += 32) {
-      const int rr = i / HS, d = i % HS;
-      const int kpos = k0 + warp * 16 + rr;
-      if (kpos < T) {
-        gbase[int64_t(kpos) * stride + part * C + d] += st[rr * kLdS + d];
-      }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int key = key0 + 8 * i;
+    if (key >= T) continue;
+    float* row = gbase + int64_t(key) * stride + 2 * t;
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      float2* pk = reinterpret_cast<float2*>(row + C + j * 8);
+      float2* pv = reinterpret_cast<float2*>(row + 2 * C + j * 8);
+      const float2 a = *pk, v = *pv;
+      *pk = make_float2(a.x + dk[j][2 * i], a.y + dk[j][2 * i + 1]);
+      *pv = make_float2(v.x + dv[j][2 * i], v.y + dv[j][2 * i + 1]);
     }
-    __syncwarp();
   }
 #endif
 }
@@ -556,9 +536,9 @@ void Forward(float* out, float* lse, const bf16* qkv, int B, int T, int NH,
 }
 
 template <int HS>
-void Backward(float* dinp, float* delta, const float* dout, const float* out,
-              const float* inp, const float* lse, int B, int T, int NH,
-              cudaStream_t stream) {
+void Backward(float* dinp, float* delta, const float* dout,
+              const bf16* dout_bf16, const float* out, const bf16* qkv,
+              const float* lse, int B, int T, int NH, cudaStream_t stream) {
   const int64_t rows = int64_t(B) * T * NH;
   FlashDeltaKernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0,
                      stream>>>(delta, dout, out, rows, T, NH, HS);
@@ -569,7 +549,7 @@ void Backward(float* dinp, float* delta, const float* dout, const float* out,
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
   const float scale = 1.0f / sqrtf(float(HS));
   FlashBackwardKernel<HS><<<grid, kThreads, smem, stream>>>(
-      dinp, dout, inp, lse, delta, T, NH, scale, scale * kLog2e);
+      dinp, dout_bf16, qkv, lse, delta, T, NH, scale, scale * kLog2e);
   PT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -593,16 +573,19 @@ void FlashAttentionForward(float* out, float* lse, const __nv_bfloat16* qkv,
 }
 
 void FlashAttentionBackward(float* dinp, float* delta, const float* dout,
-                            const float* out, const float* inp,
-                            const float* lse, int B, int T, int NH, int hs,
-                            cudaStream_t stream) {
+                            const __nv_bfloat16* dout_bf16, const float* out,
+                            const __nv_bfloat16* qkv, const float* lse, int B,
+                            int T, int NH, int hs, cudaStream_t stream) {
   switch (hs) {
     case 16:
-      return Backward<16>(dinp, delta, dout, out, inp, lse, B, T, NH, stream);
+      return Backward<16>(dinp, delta, dout, dout_bf16, out, qkv, lse, B, T, NH,
+                          stream);
     case 32:
-      return Backward<32>(dinp, delta, dout, out, inp, lse, B, T, NH, stream);
+      return Backward<32>(dinp, delta, dout, dout_bf16, out, qkv, lse, B, T, NH,
+                          stream);
     case 64:
-      return Backward<64>(dinp, delta, dout, out, inp, lse, B, T, NH, stream);
+      return Backward<64>(dinp, delta, dout, dout_bf16, out, qkv, lse, B, T, NH,
+                          stream);
   }
   PT_CHECK(false, "FlashAttentionBackward: unsupported head size");
 }

@@ -28,12 +28,13 @@ bool FlashAttentionSupports(int hs, int major);
 void FlashAttentionForward(float* out, float* lse, const __nv_bfloat16* qkv,
                            int B, int T, int NH, int hs, cudaStream_t stream);
 
-// dinp (B,T,3,NH,hs) += the gradients of q, k and v, from dout, the
-// forward's out and lse, and inp. delta (B,NH,T) is scratch.
+// dinp (B,T,3,NH,hs) += the gradients of q, k and v, from dout (fp32 and
+// rounded to bf16, 16-byte aligned), the forward's out and lse, and qkv as
+// in the forward. delta (B,NH,T) is scratch.
 void FlashAttentionBackward(float* dinp, float* delta, const float* dout,
-                            const float* out, const float* inp,
-                            const float* lse, int B, int T, int NH, int hs,
-                            cudaStream_t stream);
+                            const __nv_bfloat16* dout_bf16, const float* out,
+                            const __nv_bfloat16* qkv, const float* lse, int B,
+                            int T, int NH, int hs, cudaStream_t stream);
 
 }  // namespace ptrain::kernels
 

@@ -821,8 +821,12 @@ class CudaBackend final : public Ops {
                           int B, int T, int C, int NH) override {
     const OpScope scope(&times_, stream_, "attention_backward");
     if (Fused(C, NH)) {
-      FlashAttentionBackward(dinp, datt, dout, out, inp, att, B, T, NH, C / NH,
-                             stream_);
+      const int64_t n = int64_t(B) * T * C;
+      const Op qkv = Operand(inp, 3 * n, 0), dy = Operand(dout, n, 1);
+      FlashAttentionBackward(dinp, datt, dout,
+                             static_cast<const __nv_bfloat16*>(dy.p), out,
+                             static_cast<const __nv_bfloat16*>(qkv.p), att, B,
+                             T, NH, C / NH, stream_);
     } else if (options_.bf16_compute) {
       AttentionBackward<__nv_bfloat16>(dinp, datt, dout, inp, att, B, T, C, NH);
     } else {
