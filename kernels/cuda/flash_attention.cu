@@ -80,29 +80,44 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// Rows t0..t0+63 of one head's q, k or v from the bf16 (B,T,3,NH,HS) copy
-// (row t at src + t * stride) into a tile of row pitch HS + kPad, 16 bytes
-// a load; rows past T are zeros.
+// 16 bytes from global to shared memory without passing through registers
+// (zeros where !valid); completes at CpAsyncWait.
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src,
+                                          bool valid) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d),
+               "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+// Waits until at most N of this thread's committed groups are in flight.
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Rows t0..t0+63 of one head's q, k, v or dout from a bf16 copy (row t at
+// src + t * stride) into a tile of row pitch HS + kPad, 16 bytes a copy,
+// asynchronously; rows past T are zeros.
 template <int HS>
-__device__ __forceinline__ void LoadTileBf16(bf16* __restrict__ dst,
-                                             const bf16* __restrict__ src,
-                                             int64_t stride, int t0, int T) {
-  constexpr int kChunks = HS / 8;  // 16-byte chunks a row
+__device__ __forceinline__ void LoadTileAsync(bf16* __restrict__ dst,
+                                              const bf16* __restrict__ src,
+                                              int64_t stride, int t0, int T) {
+  constexpr int kChunks = HS / 8;
 #pragma unroll
   for (int i = threadIdx.x; i < kTile * kChunks; i += kThreads) {
     const int r = i / kChunks, c = (i % kChunks) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (t0 + r < T) {
-      v = __ldg(
-          reinterpret_cast<const uint4*>(src + int64_t(t0 + r) * stride + c));
-    }
-    *reinterpret_cast<uint4*>(dst + r * (HS + kPad) + c) = v;
+    const bool valid = t0 + r < T;
+    CpAsync16(dst + r * (HS + kPad) + c,
+              src + int64_t(valid ? t0 + r : 0) * stride + c, valid);
   }
 }
 
+// q, and two buffers each of k and v.
 template <int HS>
 constexpr size_t ForwardSmem() {
-  return 3 * kTile * (HS + kPad) * sizeof(bf16);
+  return 5 * kTile * (HS + kPad) * sizeof(bf16);
 }
 
 // Warp w owns query rows w*16.. of the block's 64 and keeps their q
@@ -119,9 +134,10 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kD = HS / 16;  // k steps of q k^T
   constexpr int kN = HS / 8;   // output tiles of 8 columns
   extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int kTileElems = kTile * kLdB;
   bf16* qs = reinterpret_cast<bf16*>(smem);
-  bf16* ks = qs + kTile * kLdB;
-  bf16* vs = ks + kTile * kLdB;
+  bf16* ks0 = qs + kTileElems;       // two buffers
+  bf16* vs0 = ks0 + 2 * kTileElems;  // two buffers
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
 
@@ -131,7 +147,11 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t stride = 3 * C;
   const bf16* base = qkv + int64_t(b) * T * stride + h * HS;
   const int q0 = qt * kTile;
-  LoadTileBf16<HS>(qs, base, stride, q0, T);
+  LoadTileAsync<HS>(qs, base, stride, q0, T);
+  LoadTileAsync<HS>(ks0, base + C, stride, 0, T);
+  LoadTileAsync<HS>(vs0, base + 2 * C, stride, 0, T);
+  CpAsyncCommit();
+  CpAsyncWait<0>();
   __syncthreads();
   uint32_t qf[kD][4];
 #pragma unroll
@@ -147,9 +167,17 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < kN; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
   for (int kt = 0; kt <= qt; ++kt) {
-    __syncthreads();  // everyone is done with the previous k, v tiles
-    LoadTileBf16<HS>(ks, base + C, stride, kt * kTile, T);
-    LoadTileBf16<HS>(vs, base + 2 * C, stride, kt * kTile, T);
+    const int buf = kt & 1;
+    const bf16* ks = ks0 + buf * kTileElems;
+    const bf16* vs = vs0 + buf * kTileElems;
+    if (kt + 1 <= qt) {  // the next k, v tiles, while these work
+      LoadTileAsync<HS>(ks0 + (buf ^ 1) * kTileElems, base + C, stride,
+                        (kt + 1) * kTile, T);
+      LoadTileAsync<HS>(vs0 + (buf ^ 1) * kTileElems, base + 2 * C, stride,
+                        (kt + 1) * kTile, T);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<1>();
     __syncthreads();
 
     // S (16 x 64) = q k^T: eight tiles of 8 keys.
@@ -227,6 +255,7 @@ __global__ void __launch_bounds__(kThreads)
         Mma(o[j + 1], pa, vb[2], vb[3]);
       }
     }
+    __syncthreads();  // these k, v buffers take the tile after next
   }
 
 #pragma unroll
@@ -264,38 +293,6 @@ __global__ void FlashDeltaKernel(float* delta, const float* dout,
     const int h = static_cast<int>(i % NH);
     const int64_t b = bt / T, t = bt % T;
     delta[(b * NH + h) * T + t] = s;
-  }
-}
-
-// 16 bytes from global to shared memory without passing through registers
-// (zeros where !valid); completes at CpAsyncWait.
-__device__ __forceinline__ void CpAsync16(void* dst, const void* src,
-                                          bool valid) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d),
-               "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-// Waits until at most N of this thread's committed groups are in flight.
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// LoadTileBf16, asynchronously.
-template <int HS>
-__device__ __forceinline__ void LoadTileAsync(bf16* __restrict__ dst,
-                                              const bf16* __restrict__ src,
-                                              int64_t stride, int t0, int T) {
-  constexpr int kChunks = HS / 8;
-#pragma unroll
-  for (int i = threadIdx.x; i < kTile * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = (i % kChunks) * 8;
-    const bool valid = t0 + r < T;
-    CpAsync16(dst + r * (HS + kPad) + c,
-              src + int64_t(valid ? t0 + r : 0) * stride + c, valid);
   }
 }
 
