@@ -1,5 +1,6 @@
 // Fused causal attention on bf16 tensor cores, for the CUDA backend's bf16
-// compute: the scores and probabilities never leave shared memory. The
+// compute: the scores and probabilities never leave the chip (registers,
+// and one shared tile of dS^T in the backward). The
 // forward keeps one float per query row for the backward (the row's
 // log-sum-exp, base 2), not the (T,T) probabilities; the backward
 // recomputes the probabilities tile by tile.
