@@ -120,6 +120,22 @@ class Ops {
                                             const float* sums,
                                             const float* target_shifted, int B,
                                             int T, int Vl) = 0;
+  // The three steps above over a vocabulary this rank holds whole
+  // (vocab_begin 0; Vl columns, the first V real), with nothing to reduce
+  // in between: losses (B,T), probs (B,T,Vl, may alias logits); stats is
+  // (3,B,T) scratch. A backend may fuse them into fewer passes.
+  virtual void crossentropy_forward(float* losses, float* probs,
+                                    const float* logits, const int32_t* targets,
+                                    float* stats, int B, int T, int Vl, int V) {
+    const int64_t rows = static_cast<int64_t>(B) * T;
+    float* sums = stats + rows;
+    float* target_shifted = stats + 2 * rows;
+    crossentropy_parallel_max(stats, logits, B, T, Vl, 0, V);
+    crossentropy_parallel_exp(sums, target_shifted, probs, logits, stats,
+                              targets, B, T, Vl, 0, V);
+    crossentropy_parallel_finish(losses, probs, sums, target_shifted, B, T, Vl);
+  }
+  // Overwrites dlogits, which may alias probs (kernels.h).
   virtual void crossentropy_parallel_backward(float* dlogits,
                                               const float* probs,
                                               const int32_t* targets,

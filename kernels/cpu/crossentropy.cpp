@@ -78,7 +78,7 @@ void crossentropy_parallel_finish(F* losses, F* probs, const F* sums,
   }
 }
 
-// dlogits, probs are (B,T,Vl), targets is (B,T).
+// dlogits, probs are (B,T,Vl) and may be one buffer; targets is (B,T).
 template <typename F>
 void crossentropy_parallel_backward(F* dlogits, const F* probs,
                                     const int32_t* targets, F dloss, int B,
@@ -89,7 +89,7 @@ void crossentropy_parallel_backward(F* dlogits, const F* probs,
     F* dx = dlogits + r * Vl;
     const F* p = probs + r * Vl;
 #pragma omp simd
-    for (int i = 0; i < Vl; i++) dx[i] += p[i] * dloss;
+    for (int i = 0; i < Vl; i++) dx[i] = p[i] * dloss;
     const int target = targets[r] - vocab_begin;
     if (target >= 0 && target < Vl) dx[target] -= dloss;
   }

@@ -10,6 +10,7 @@
 // Conventions (llm.c's): forward and backward sit side by side; backward takes
 // forward's arguments mirrored. Every gradient output (`d` + forward name)
 // ACCUMULATES (+=), activation gradients included: callers zero them first.
+// The exception is the cross-entropy's dlogits, written in place of probs.
 #ifndef PTRAIN_KERNELS_CPU_KERNELS_H_
 #define PTRAIN_KERNELS_CPU_KERNELS_H_
 
@@ -147,8 +148,10 @@ void residual_backward(F* dinp1, F* dinp2, const F* dout, int64_t N);
 template <typename F>
 void crossentropy_softmax_forward(F* losses, F* probs, const F* logits,
                                   const int32_t* targets, int B, int T, int V);
-// dlogits += (probs - onehot(targets)) * dloss, where dloss is the gradient of
+// dlogits = (probs - onehot(targets)) * dloss, where dloss is the gradient of
 // the total loss with respect to each position's loss (1/(B*T) for a mean).
+// The one backward that OVERWRITES: dlogits may alias probs, so the largest
+// activation gradient needs neither its own buffer nor zeroing.
 template <typename F>
 void crossentropy_softmax_backward(F* dlogits, const F* probs,
                                    const int32_t* targets, F dloss, int B,
@@ -176,8 +179,8 @@ template <typename F>
 void crossentropy_parallel_finish(F* losses, F* probs, const F* sums,
                                   const F* target_shifted, int B, int T,
                                   int Vl);
-// dlogits (B,T,Vl) += (probs - onehot(targets)) * dloss on this rank's
-// columns.
+// dlogits (B,T,Vl) = (probs - onehot(targets)) * dloss on this rank's
+// columns (overwritten; may alias probs).
 template <typename F>
 void crossentropy_parallel_backward(F* dlogits, const F* probs,
                                     const int32_t* targets, F dloss, int B,

@@ -80,6 +80,16 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// Two accumulator tiles side by side (16 x 16, fp32) as the bf16 A operand
+// of the next product.
+__device__ __forceinline__ void AccToA(uint32_t (&a)[4], const float (&lo)[4],
+                                       const float (&hi)[4]) {
+  a[0] = PackBf16(lo[0], lo[1]);
+  a[1] = PackBf16(lo[2], lo[3]);
+  a[2] = PackBf16(hi[0], hi[1]);
+  a[3] = PackBf16(hi[2], hi[3]);
+}
+
 // 16 bytes from global to shared memory without passing through registers
 // (zeros where !valid); completes at CpAsyncWait.
 __device__ __forceinline__ void CpAsync16(void* dst, const void* src,
@@ -241,10 +251,8 @@ __global__ void __launch_bounds__(kThreads)
     // c*16..; v through transposed loads (keys are v's rows).
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const uint32_t pa[4] = {PackBf16(s[2 * c][0], s[2 * c][1]),
-                              PackBf16(s[2 * c][2], s[2 * c][3]),
-                              PackBf16(s[2 * c + 1][0], s[2 * c + 1][1]),
-                              PackBf16(s[2 * c + 1][2], s[2 * c + 1][3])};
+      uint32_t pa[4];
+      AccToA(pa, s[2 * c], s[2 * c + 1]);
 #pragma unroll
       for (int j = 0; j < kN; j += 2) {
         uint32_t vb[4];  // keys c*16.., dims j*8.. and (j+1)*8..
@@ -425,14 +433,10 @@ __global__ void __launch_bounds__(kThreads)
     // the A operand over queries c*16..; do and q through transposed loads.
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const uint32_t pa[4] = {PackBf16(p[2 * c][0], p[2 * c][1]),
-                              PackBf16(p[2 * c][2], p[2 * c][3]),
-                              PackBf16(p[2 * c + 1][0], p[2 * c + 1][1]),
-                              PackBf16(p[2 * c + 1][2], p[2 * c + 1][3])};
-      const uint32_t sa[4] = {PackBf16(dp[2 * c][0], dp[2 * c][1]),
-                              PackBf16(dp[2 * c][2], dp[2 * c][3]),
-                              PackBf16(dp[2 * c + 1][0], dp[2 * c + 1][1]),
-                              PackBf16(dp[2 * c + 1][2], dp[2 * c + 1][3])};
+      uint32_t pa[4];
+      AccToA(pa, p[2 * c], p[2 * c + 1]);
+      uint32_t sa[4];
+      AccToA(sa, dp[2 * c], dp[2 * c + 1]);
       // dS^T rows of this warp's keys into shared memory for dq.
       bf16* srow = dst + (warp * 16 + g) * kLdP + c * 16 + 2 * t;
       *reinterpret_cast<uint32_t*>(srow) = sa[0];

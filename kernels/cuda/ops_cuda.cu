@@ -522,6 +522,42 @@ __global__ void CrossEntropyFinishKernel(float* losses, float* probs,
   }
 }
 
+// The three steps in one block per row and three passes over it (two
+// reads, one write): each thread keeps a running maximum and the sum of
+// exponentials relative to it, and the block combines them.
+__global__ void CrossEntropyForwardKernel(float* losses, float* probs,
+                                          const float* logits,
+                                          const int32_t* targets, int Vl,
+                                          int V) {
+  const int64_t r = blockIdx.x;
+  const float* l = logits + r * Vl;
+  float* p = probs + r * Vl;
+  const int real = V < Vl ? V : Vl;
+  // The target's logit is read before probs (which may alias logits) is
+  // written; the block's reductions order the two.
+  const float target = threadIdx.x == 0 ? l[targets[r]] : 0.0f;
+  float m = -INFINITY, s = 0.0f;
+  for (int j = threadIdx.x; j < real; j += blockDim.x) {
+    const float x = l[j];
+    if (x > m) {
+      s = s * expf(m - x) + 1.0f;
+      m = x;
+    } else {
+      s += expf(x - m);
+    }
+  }
+  const float mx = BlockReduce(m, MaxOp(), -INFINITY);
+  const float sum =
+      BlockReduce(m == -INFINITY ? 0.0f : s * expf(m - mx), SumOp(), 0.0f);
+  const float inv = 1.0f / sum;
+  for (int j = threadIdx.x; j < Vl; j += blockDim.x) {
+    p[j] = j < real ? expf(l[j] - mx) * inv : 0.0f;
+  }
+  if (threadIdx.x == 0) {
+    losses[r] = math::CrossEntropyLoss(sum, target - mx);
+  }
+}
+
 __global__ void CrossEntropyBackwardKernel(float* dlogits, const float* probs,
                                            const int32_t* targets, float dloss,
                                            int64_t rows, int Vl,
@@ -531,7 +567,7 @@ __global__ void CrossEntropyBackwardKernel(float* dlogits, const float* probs,
     const int64_t r = i / Vl;
     const int j = static_cast<int>(i % Vl);
     const float onehot = targets[r] - vocab_begin == j ? 1.0f : 0.0f;
-    dlogits[i] += (probs[i] - onehot) * dloss;
+    dlogits[i] = (probs[i] - onehot) * dloss;  // may be probs itself
   });
 }
 
@@ -893,6 +929,13 @@ class CudaBackend final : public Ops {
                                     int Vl) override {
     Run("crossentropy_parallel_finish", CrossEntropyFinishKernel, B * T, losses,
         probs, sums, target_shifted, Vl);
+  }
+  void crossentropy_forward(float* losses, float* probs, const float* logits,
+                            const int32_t* targets, float* stats, int B, int T,
+                            int Vl, int V) override {
+    (void)stats;
+    Run("crossentropy_forward", CrossEntropyForwardKernel, B * T, losses, probs,
+        logits, targets, Vl, V);
   }
   void crossentropy_parallel_backward(float* dlogits, const float* probs,
                                       const int32_t* targets, float dloss,

@@ -368,15 +368,41 @@ TEST_P(CudaOpsTest, VocabSliceCrossEntropy) {
   gpu_->crossentropy_parallel_finish(g_losses.get(), g_logits.get(),
                                      g_sums.get(), g_shifted.get(), kB, kT,
                                      kVl);
+  Check("crossentropy probs", g_logits.Host(), probs);
+  // dlogits (random before) is overwritten; then again in place of the
+  // probabilities, as the model does.
   gpu_->crossentropy_parallel_backward(g_dlogits.get(), g_logits.get(),
+                                       g_targets.get(), 0.01f, kB, kT, kVl,
+                                       kVocabBegin);
+  gpu_->crossentropy_parallel_backward(g_logits.get(), g_logits.get(),
                                        g_targets.get(), 0.01f, kB, kT, kVl,
                                        kVocabBegin);
   Check("crossentropy maxes", g_maxes.Host(), maxes);
   Check("crossentropy sums", g_sums.Host(), sums);
   Check("crossentropy target_shifted", g_shifted.Host(), shifted);
   Check("crossentropy losses", g_losses.Host(), losses);
-  Check("crossentropy probs", g_logits.Host(), probs);
   Check("crossentropy dlogits", g_dlogits.Host(), dlogits);
+  Check("crossentropy dlogits in place", g_logits.Host(), dlogits);
+}
+
+// A vocabulary held whole (padded to Vl columns): the backend's fused
+// forward against the CPU's three steps, probabilities in place of logits.
+TEST_P(CudaOpsTest, CrossEntropyOverTheWholeVocabulary) {
+  constexpr int kVl = 1040, kV = 1001;
+  const int rows = kB * kT;
+  Vec logits = Random(rows * kVl, 55, 4.0f);
+  std::vector<int32_t> targets(rows);
+  for (int i = 0; i < rows; ++i) targets[i] = (i * 97) % kV;
+  Vec losses(rows), probs(logits.size()), stats(3 * rows);
+  Dev g_logits(gpu_.get(), logits), g_losses(gpu_.get(), losses),
+      g_stats(gpu_.get(), stats);
+  Tokens g_targets(gpu_.get(), targets);
+  cpu().crossentropy_forward(losses.data(), probs.data(), logits.data(),
+                             targets.data(), stats.data(), kB, kT, kVl, kV);
+  gpu_->crossentropy_forward(g_losses.get(), g_logits.get(), g_logits.get(),
+                             g_targets.get(), g_stats.get(), kB, kT, kVl, kV);
+  Check("crossentropy losses (whole)", g_losses.Host(), losses);
+  Check("crossentropy probs (whole)", g_logits.Host(), probs);
 }
 
 TEST_P(CudaOpsTest, AdamWUpdate) {

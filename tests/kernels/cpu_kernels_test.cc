@@ -905,9 +905,19 @@ TEST(CrossentropyTest, BackwardMatchesFiniteDifferences) {
             kGradTol);
 }
 
-TEST(CrossentropyTest, BackwardAccumulates) {
+// The backward overwrites dlogits (whatever it held) and may write it in
+// place of the probabilities.
+TEST(CrossentropyTest, BackwardOverwritesAndMayAliasProbs) {
   CrossentropyProblem p;
-  ExpectAccumulates({&p.dlogits}, [&] { p.Backward(); });
+  p.Backward();
+  const Vec want = p.dlogits;
+  for (double& x : p.dlogits) x = 7.0;
+  p.Backward();
+  EXPECT_EQ(p.dlogits, want);
+  Vec in_place = p.probs;
+  crossentropy_softmax_backward(in_place.data(), in_place.data(),
+                                p.targets.data(), p.dloss, kB, kT, p.V);
+  EXPECT_EQ(in_place, want);
 }
 
 TEST(CrossentropyTest, ForwardIsStableForLargeLogits) {

@@ -159,7 +159,6 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
   datt_ = Take(datt);
   dfch_ = Take(BT * 4 * Cl);
   dfch_gelu_ = Take(BT * 4 * Cl);
-  dlogits_ = last() ? Take(BT * Vl) : nullptr;
   ce_stats_ = last() ? Take(3 * BT) : nullptr;
   scratch_.backend = ops_;
   PT_CHECK(acts_used_ == acts_.size(),
@@ -209,7 +208,7 @@ int64_t GptStage::ActivationFloats(const GptConfig& config, int max_B,
   const int64_t per_slot = sum({SatMul(BTs, C), SatMul(L, per_layer), head});
   const int64_t working =
       sum({SatMul(2 * BT, C), SatMul(3 * BTs, C), SatMul(BT, 4 * Cl), datt,
-           SatMul(2 * BT, 4 * Cl), last ? sum({SatMul(BT, Vl), 3 * BT}) : 0});
+           SatMul(2 * BT, 4 * Cl), last ? 3 * BT : 0});
   return SatAdd(SatMul(per_slot, slots), working);
 }
 
@@ -405,12 +404,13 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
   if (first()) st.BeginBackward(emb_unit_);
   if (last()) {
     st.BeginBackward(final_unit_);
-    k.Zero(dlogits_, BT * Vl_);
-    vocab_crossentropy_backward(dlogits_, S.logits, targets, dloss, B, T,
+    // The gradient of the logits replaces the probabilities in place.
+    float* dlogits = S.logits;
+    vocab_crossentropy_backward(dlogits, S.logits, targets, dloss, B, T,
                                 vocab_begin_, Vl_, scratch_);
     k.Zero(dln_, BTsC);
     column_linear_backward(
-        dln_, st.Grads(head_unit_) + head_wte_offset_, nullptr, dlogits_, S.lnf,
+        dln_, st.Grads(head_unit_) + head_wte_offset_, nullptr, dlogits, S.lnf,
         st.Params(head_unit_) + head_wte_offset_, B, T, C, Vl_, tp_, scratch_);
     k.Zero(dresidual_, BTsC);
     const float* x_last = S.residual3 + (n_blocks_ - 1) * sBTsC;

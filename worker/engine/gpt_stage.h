@@ -176,7 +176,7 @@ class GptStage : private UnitStore {
     float* lnf;        // (B,Ts,C)
     float* lnf_mean;   // (B,Ts)
     float* lnf_rstd;   // (B,Ts)
-    float* logits;     // (B,T,Vl); softmax probabilities after a loss
+    float* logits;     // (B,T,Vl); probabilities after a loss, then dlogits
     float* losses;     // (B,T)
     // The microbatch's tokens and targets in the backend's memory (null on
     // the CPU, which reads the caller's).
@@ -238,7 +238,6 @@ class GptStage : private UnitStore {
   float* datt_;       // (B,NHl,T,T)
   float* dfch_;       // (B,T,4Cl)
   float* dfch_gelu_;  // (B,T,4Cl)
-  float* dlogits_;    // (B,T,Vl)
   float* ce_stats_;   // (3,B,T)
 };
 

@@ -170,6 +170,11 @@ void vocab_crossentropy_forward(float* losses, float* probs,
                                 int B, int T, int vocab_begin, int Vl, int V,
                                 const TpGroup& g, float* stats,
                                 const LayerContext& s) {
+  if (!Parallel(g)) {
+    s.ops().crossentropy_forward(losses, probs, logits, targets, stats, B, T,
+                                 Vl, V);
+    return;
+  }
   const int64_t rows = static_cast<int64_t>(B) * T;
   float* maxes = stats;
   float* sums = stats + rows;  // followed by target_shifted: one reduction

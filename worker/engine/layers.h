@@ -118,8 +118,8 @@ void vocab_crossentropy_forward(float* losses, float* probs,
                                 int B, int T, int vocab_begin, int Vl, int V,
                                 const TpGroup& g, float* stats,
                                 const LayerContext& s);
-// dlogits (B,T,Vl) += (probs - onehot(targets)) · dloss on this rank's
-// columns: nothing to communicate.
+// dlogits (B,T,Vl) = (probs - onehot(targets)) · dloss on this rank's
+// columns, overwritten (may alias probs): nothing to communicate.
 void vocab_crossentropy_backward(float* dlogits, const float* probs,
                                  const int32_t* targets, float dloss, int B,
                                  int T, int vocab_begin, int Vl,
