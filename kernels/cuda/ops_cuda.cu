@@ -110,9 +110,10 @@ __global__ void BiasKernel(float* out, const float* bias, int64_t n, int OC) {
   ForEachIndex(n, [&](int64_t i) { out[i] += bias[i % OC]; });
 }
 
-// fp32 -> bf16, rounded to nearest even: a matmul operand under bf16
-// compute. The first 4 * n4 elements four at a thread step (16-byte loads,
-// 8-byte stores; `in` 16-byte aligned when n4 > 0), the rest one by one.
+// fp32 -> bf16, rounded to nearest even: a matmul's or the fused
+// attention's input under bf16 compute. The first 4 * n4 elements four at a
+// thread step (16-byte loads, 8-byte stores; `in` 16-byte aligned when n4 > 0),
+// the rest one by one.
 __global__ void ToBf16Kernel(__nv_bfloat16* out, const float* in, int64_t n,
                              int64_t n4) {
   ForEachIndex(n4, [&](int64_t i) {
@@ -1016,9 +1017,11 @@ class CudaBackend final : public Ops {
     cudaDataType_t type;
   };
   // Under bf16 compute, x (n floats) rounded to bf16 into scratch `slot`
-  // (valid until the next op that uses the slot): cuBLASLt's native bf16
-  // kernels on such operands ran about twice as fast as fp32 operands under
-  // CUBLAS_COMPUTE_32F_FAST_16BF (docs/cuda.md). Else x itself.
+  // (valid until the next op that uses the slot), for a matmul or the fused
+  // attention: cuBLASLt's native bf16 kernels on such operands ran the
+  // matmuls of a step about 1.5 times as fast as fp32 operands under
+  // CUBLAS_COMPUTE_32F_FAST_16BF, rounding included (docs/cuda.md). Else
+  // x itself.
   Op Operand(const float* x, int64_t n, int slot) {
     if (!options_.bf16_compute) return {x, CUDA_R_32F};
     Slot& s = bf16_[slot];
