@@ -37,7 +37,7 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kPad = 8;
 constexpr int kLdP = kTile + kPad;  // bf16 rows of 64
 
-// --- the forward on raw mma.sync ------------------------------------------
+// --- mma.sync and ldmatrix -------------------------------------------------
 //
 // m16n8k16 bf16 products with fp32 accumulation. Fragments (g = lane / 4,
 // t = lane % 4): an accumulator holds rows g and g + 8, columns 2t, 2t + 1
@@ -73,6 +73,22 @@ __device__ __forceinline__ void LdMatrix4(uint32_t (&r)[4], const bf16* p) {
         : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
         : "r"(a));
   }
+}
+
+// Where `lane` points LdMatrix4 in a row-major bf16 tile of pitch ld to read
+// the 16 x 16 block at (r0, c0) as its four 8 x 8 matrices in the order
+// (r0, c0), (r0 + 8, c0), (r0, c0 + 8), (r0 + 8, c0 + 8): an A operand, or
+// (transposed) the B operands of two 8-column tiles of a tile whose rows
+// are the k dimension.
+__device__ __forceinline__ int ColumnsFirst(int lane, int r0, int c0, int ld) {
+  return (r0 + lane % 16) * ld + c0 + lane / 16 * 8;
+}
+// The same block in the order (r0, c0), (r0, c0 + 8), (r0 + 8, c0),
+// (r0 + 8, c0 + 8): the B operands of two 8-row tiles of a tile whose rows
+// are the n dimension, or (transposed) an A operand of the tile's
+// transpose.
+__device__ __forceinline__ int RowsFirst(int lane, int r0, int c0, int ld) {
+  return (r0 + lane % 8 + lane / 16 * 8) * ld + c0 + lane / 8 % 2 * 8;
 }
 
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
@@ -166,8 +182,7 @@ __global__ void __launch_bounds__(kThreads)
   uint32_t qf[kD][4];
 #pragma unroll
   for (int d = 0; d < kD; ++d) {
-    LdMatrix4<false>(
-        qf[d], qs + (warp * 16 + lane % 16) * kLdB + d * 16 + lane / 16 * 8);
+    LdMatrix4<false>(qf[d], qs + ColumnsFirst(lane, warp * 16, d * 16, kLdB));
   }
 
   const int row0 = q0 + warp * 16 + g;  // and row0 + 8
@@ -199,8 +214,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int d = 0; d < kD; ++d) {
         uint32_t kb[4];  // keys j*8.. and (j+1)*8.., dims d*16..
-        LdMatrix4<false>(kb, ks + (j * 8 + lane % 8 + lane / 16 * 8) * kLdB +
-                                 d * 16 + (lane / 8) % 2 * 8);
+        LdMatrix4<false>(kb, ks + RowsFirst(lane, j * 8, d * 16, kLdB));
         Mma(s[j], qf[d], kb[0], kb[1]);
         Mma(s[j + 1], qf[d], kb[2], kb[3]);
       }
@@ -256,9 +270,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < kN; j += 2) {
         uint32_t vb[4];  // keys c*16.., dims j*8.. and (j+1)*8..
-        LdMatrix4<true>(
-            vb, vs + (c * 16 + lane % 8 + (lane / 8) % 2 * 8) * kLdB + j * 8 +
-                    lane / 16 * 8);
+        LdMatrix4<true>(vb, vs + ColumnsFirst(lane, c * 16, j * 8, kLdB));
         Mma(o[j], pa, vb[0], vb[1]);
         Mma(o[j + 1], pa, vb[2], vb[3]);
       }
@@ -360,7 +372,7 @@ __global__ void __launch_bounds__(kThreads)
   uint32_t kf[kD][4], vf[kD][4];
 #pragma unroll
   for (int d = 0; d < kD; ++d) {
-    const int off = (warp * 16 + lane % 16) * kLdB + d * 16 + lane / 16 * 8;
+    const int off = ColumnsFirst(lane, warp * 16, d * 16, kLdB);
     LdMatrix4<false>(kf[d], ks + off);
     LdMatrix4<false>(vf[d], vs + off);
   }
@@ -398,8 +410,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < 8; j += 2) {
 #pragma unroll
       for (int d = 0; d < kD; ++d) {
-        const int off = (j * 8 + lane % 8 + lane / 16 * 8) * kLdB + d * 16 +
-                        (lane / 8) % 2 * 8;
+        const int off = RowsFirst(lane, j * 8, d * 16, kLdB);
         uint32_t qb[4], ob[4];
         LdMatrix4<false>(qb, qs + off);
         LdMatrix4<false>(ob, dos + off);
@@ -445,8 +456,7 @@ __global__ void __launch_bounds__(kThreads)
       *reinterpret_cast<uint32_t*>(srow + 8 * kLdP + 8) = sa[3];
 #pragma unroll
       for (int j = 0; j < kN; j += 2) {
-        const int off = (c * 16 + lane % 8 + (lane / 8) % 2 * 8) * kLdB +
-                        j * 8 + lane / 16 * 8;
+        const int off = ColumnsFirst(lane, c * 16, j * 8, kLdB);
         uint32_t ob[4], qb[4];
         LdMatrix4<true>(ob, dos + off);
         LdMatrix4<true>(qb, qs + off);
@@ -467,14 +477,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       uint32_t sa[4];
-      LdMatrix4<true>(sa, dst + (c * 16 + lane % 8 + lane / 16 * 8) * kLdP +
-                              warp * 16 + (lane / 8) % 2 * 8);
+      LdMatrix4<true>(sa, dst + RowsFirst(lane, c * 16, warp * 16, kLdP));
 #pragma unroll
       for (int j = 0; j < kN; j += 2) {
         uint32_t kb[4];
-        LdMatrix4<true>(
-            kb, ks + (c * 16 + lane % 8 + (lane / 8) % 2 * 8) * kLdB + j * 8 +
-                    lane / 16 * 8);
+        LdMatrix4<true>(kb, ks + ColumnsFirst(lane, c * 16, j * 8, kLdB));
         Mma(dq[j], sa, kb[0], kb[1]);
         Mma(dq[j + 1], sa, kb[2], kb[3]);
       }

@@ -678,10 +678,8 @@ class CudaBackend final : public Ops {
     cudaSetDevice(options_.device);
     cudaStreamSynchronize(stream_);
     if (times_.enabled()) times_.Print();
-    if (scratch_ != nullptr) cudaFree(scratch_);
-    for (Slot& s : bf16_) {
-      if (s.p != nullptr) cudaFree(s.p);
-    }
+    cudaFree(scratch_.p);
+    for (GrowOnly<__nv_bfloat16>& b : bf16_) cudaFree(b.p);
     cudaFree(sum_);
     cudaFree(workspace_);
     cublasDestroy(blas_);
@@ -1000,18 +998,31 @@ class CudaBackend final : public Ops {
     Launched();
   }
 
-  // A grow-only device scratch (attention's permuted copies).
-  float* Scratch(int64_t n) {
-    if (n > scratch_size_) {
-      if (scratch_ != nullptr) Free(scratch_);
-      scratch_ = nullptr;
-      PT_CUDA_CHECK(cudaMalloc(&scratch_, n * sizeof(float)));
-      scratch_size_ = n;
+  // A grow-only device buffer of T: reallocated, once the stream is done
+  // with the old one, only when a request is larger than it.
+  template <typename T>
+  struct GrowOnly {
+    T* p = nullptr;
+    int64_t size = 0;
+  };
+  template <typename T>
+  T* Grow(GrowOnly<T>* b, int64_t n) {
+    if (n > b->size) {
+      if (b->p != nullptr) {
+        PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        PT_CUDA_CHECK(cudaFree(b->p));
+      }
+      b->p = nullptr;
+      PT_CUDA_CHECK(cudaMalloc(&b->p, n * sizeof(T)));
+      b->size = n;
     }
-    return scratch_;
+    return b->p;
   }
+  // Attention's permuted copies.
+  float* Scratch(int64_t n) { return Grow(&scratch_, n); }
 
-  // A matmul operand: fp32 as given, or its bf16 copy.
+  // A matmul's or the fused attention's input: fp32 as given, or its bf16
+  // copy.
   struct Op {
     const void* p;
     cudaDataType_t type;
@@ -1024,21 +1035,12 @@ class CudaBackend final : public Ops {
   // x itself.
   Op Operand(const float* x, int64_t n, int slot) {
     if (!options_.bf16_compute) return {x, CUDA_R_32F};
-    Slot& s = bf16_[slot];
-    if (n > s.size) {
-      if (s.p != nullptr) {
-        PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-        PT_CUDA_CHECK(cudaFree(s.p));
-      }
-      s.p = nullptr;
-      PT_CUDA_CHECK(cudaMalloc(&s.p, n * sizeof(__nv_bfloat16)));
-      s.size = n;
-    }
+    __nv_bfloat16* copy = Grow(&bf16_[slot], n);
     const int64_t n4 = reinterpret_cast<uintptr_t>(x) % 16 == 0 ? n / 4 : 0;
-    ToBf16Kernel<<<Blocks(n4 > 0 ? n4 : n), kThreads, 0, stream_>>>(s.p, x, n,
+    ToBf16Kernel<<<Blocks(n4 > 0 ? n4 : n), kThreads, 0, stream_>>>(copy, x, n,
                                                                     n4);
     Launched();
-    return {s.p, CUDA_R_16BF};
+    return {copy, CUDA_R_16BF};
   }
 
   // Column-major D (m,n) = alpha op(A) op(B) + beta D, plus bias (m) on
@@ -1230,18 +1232,12 @@ class CudaBackend final : public Ops {
   cublasComputeType_t compute_;
   void* workspace_ = nullptr;
   double* sum_ = nullptr;
-  float* scratch_ = nullptr;
-  int64_t scratch_size_ = 0;
+  GrowOnly<float> scratch_;
   std::map<std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t,
                       int64_t, bool, int, int, int, int, bool, cudaDataType_t>,
            cublasLtMatmulAlgo_t>
       algos_;
-  // Grow-only bf16 copies of matmul operands (Operand), one per slot.
-  struct Slot {
-    __nv_bfloat16* p = nullptr;
-    int64_t size = 0;
-  };
-  Slot bf16_[3];
+  GrowOnly<__nv_bfloat16> bf16_[3];  // Operand's slots
 };
 
 // NCCL collectives on one backend's stream: each is ordered after every op
