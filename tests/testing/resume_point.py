@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""Where a restarted attempt resumed: the first step of attempt B must be
-the step after attempt A's newest checkpoint, and A must have run at most
-MAX_LOST steps past that checkpoint (the steps the restart lost).
+"""Where a restarted attempt resumed. Attempt B's run log names the
+checkpoint it started from (its "resume" record); that checkpoint must be
+one attempt A committed: no older than A's newest "checkpoint" record and no
+newer than A's last step (A may die between committing a checkpoint and
+logging it, so the record can lag the folder). B's first step must be the one
+after it, and A must have run at most MAX_LOST steps past it (the steps the
+restart lost).
 
     resume_point.py JOB_DIR A B MAX_LOST NAME
 
-Prints "FIGURE NAME LOST (...)"; exits 1 when either rule is broken.
+Prints "FIGURE NAME LOST (...)"; exits 1 when any rule is broken.
 """
 import json
 import sys
@@ -19,15 +23,20 @@ def records(job_dir, attempt):
 def main():
     job_dir, a, b, max_lost, name = sys.argv[1:6]
     ra, rb = records(job_dir, a), records(job_dir, b)
-    ckpt = max(r["step"] for r in ra if r.get("type") == "checkpoint")
+    logged = max(r["step"] for r in ra if r.get("type") == "checkpoint")
     last = max(r["step"] for r in ra if r.get("type") == "step")
+    resumes = [r["step"] for r in rb if r.get("type") == "resume"]
     first = min(r["step"] for r in rb if r.get("type") == "step")
-    print(f"FIGURE {name} {last - ckpt} (attempt {a}: checkpoint {ckpt}, "
-          f"last step {last}; attempt {b} resumed at {first})")
-    ok = first == ckpt + 1 and last - ckpt <= int(max_lost)
+    resumed = resumes[0] if len(resumes) == 1 else None
+    print(f"FIGURE {name} {last - (resumed or logged)} (attempt {a}: newest "
+          f"logged checkpoint {logged}, last step {last}; attempt {b} resumed "
+          f"from {resumed} at {first})")
+    ok = (resumed is not None and logged <= resumed <= last and
+          first == resumed + 1 and last - resumed <= int(max_lost))
     if not ok:
-        print(f"resume point wrong: first={first} checkpoint={ckpt} "
-              f"last={last} max_lost={max_lost}", file=sys.stderr)
+        print(f"resume point wrong: resume records={resumes} first={first} "
+              f"logged checkpoint={logged} last={last} max_lost={max_lost}",
+              file=sys.stderr)
     return 0 if ok else 1
 
 

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
@@ -139,7 +141,7 @@ TEST_F(PtworkerCli, GoodRunWritesOneJsonObjectPerLine) {
   ASSERT_EQ(r.code, 0) << r.err;
   std::ifstream in(log_);
   std::string line;
-  int steps = 0, evals = 0, memory = 0, samples = 0;
+  int steps = 0, evals = 0, memory = 0, samples = 0, resumes = 0;
   while (std::getline(in, line)) {
     const auto j = nlohmann::json::parse(line);
     const std::string type = j.at("type");
@@ -162,12 +164,15 @@ TEST_F(PtworkerCli, GoodRunWritesOneJsonObjectPerLine) {
     } else if (type == "sample") {
       ++samples;
       EXPECT_GE(j.at("text").get<std::string>().size(), 20u);
+    } else if (type == "resume") {
+      ++resumes;
     }
   }
   EXPECT_EQ(steps, 3);
   EXPECT_EQ(evals, 2);  // step 2 and the last step
   EXPECT_EQ(memory, 1);
   EXPECT_EQ(samples, 1);
+  EXPECT_EQ(resumes, 0);  // a fresh run names no checkpoint it started from
 }
 
 TEST_F(PtworkerCli, KillDuringCheckpointWriteLeavesThePreviousOneAsLatest) {
@@ -306,6 +311,29 @@ TEST_F(PtworkerCli, DamagedCheckpointExitsTwoExplicitlyAndIsSkippedByLatest) {
             std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("step-00000005' at step 5"), std::string::npos) << r.err;
+  // The run log names the checkpoint it really started from, ahead of the
+  // first step after it.
+  std::ifstream in(log_);
+  std::vector<nlohmann::json> records;
+  for (std::string line; std::getline(in, line);) {
+    records.push_back(nlohmann::json::parse(line));
+  }
+  const auto type_is = [](const char* t) {
+    return [t](const nlohmann::json& j) { return j.at("type") == t; };
+  };
+  const auto resume =
+      std::find_if(records.begin(), records.end(), type_is("resume"));
+  const auto first_step =
+      std::find_if(records.begin(), records.end(), type_is("step"));
+  ASSERT_NE(resume, records.end());
+  ASSERT_NE(first_step, records.end());
+  EXPECT_LT(resume, first_step);
+  EXPECT_EQ(resume->at("step").get<int>(), 5);
+  EXPECT_EQ(resume->at("dir").get<std::string>(),
+            (ckpt / "step-00000005").string());
+  EXPECT_EQ(first_step->at("step").get<int>(), 6);
+  EXPECT_EQ(std::count_if(records.begin(), records.end(), type_is("resume")),
+            1);
   // And an intact one exports.
   EXPECT_EQ(
       RunPtworker("export --checkpoint " + (ckpt / "step-00000005").string() +

@@ -474,6 +474,7 @@ absl::Status Trainer::LoadInitialState() {
     if (!failed) {
       store_->GatherUpdatedParams();
       start_step_ = step;
+      resumed_from_ = dir;
       optimizer_->adam().set_steps_taken(opt_step);
       spdlog::info("resumed from '{}' at step {}{}", dir, step, skipped);
       return absl::OkStatus();
@@ -834,6 +835,12 @@ absl::Status Trainer::Run() {
         {"microbatches", par.microbatches()},
         {"schedule", pp_ > 1 ? par.schedule() : "none"},
         {"virtual_stages", par.virtual_stages()}});
+  if (!resumed_from_.empty()) {
+    // The checkpoint this attempt starts from, read off the directory: it may
+    // be newer than the previous attempt's last "checkpoint" record, when that
+    // attempt died between committing a checkpoint and logging it.
+    emit({{"type", "resume"}, {"step", start_step_}, {"dir", resumed_from_}});
+  }
   emit({{"type", "memory"},
         {"params_bytes", mem.params},
         {"grads_bytes", mem.grads},

@@ -193,6 +193,7 @@ class Trainer {
   int pp_ = 1, pp_rank_ = 0;
   ScheduleKind schedule_ = ScheduleKind::k1F1B;
   int64_t start_step_ = 0, resume_bytes_read_ = 0;
+  std::string resumed_from_;  // the checkpoint directory resumed from, if any
   // resources.device=cuda: the GPU backend everything below runs on (null:
   // the CPU); declared first so that it outlives their buffers.
   std::unique_ptr<kernels::Ops> device_ops_;
