@@ -42,11 +42,12 @@ Args Parse(int argc, char** argv) {
   return a;
 }
 
-std::vector<std::string> Overrides(const Args& a, int tp, bool sp) {
+std::vector<std::string> Overrides(const Args& a, int tp, bool sp,
+                                   const std::string& recompute = "none") {
   std::vector<std::string> o = ptrain::BenchModel(a.config);
   for (const std::string& s :
        {std::string("train.global_batch=") + (a.config == "M" ? "8" : "16"),
-        "parallel.tp=" + std::to_string(tp),
+        "train.recompute=" + recompute, "parallel.tp=" + std::to_string(tp),
         std::string("parallel.sequence_parallel=") + (sp ? "true" : "false"),
         "train.steps=" + std::to_string(a.warmup + a.steps)}) {
     o.push_back(s);
@@ -155,10 +156,11 @@ int main(int argc, char** argv) {
           Mb(mem.activations));
       // Layouts this model cannot take (tp not dividing n_head, or
       // block_size under SP) are left out.
-      auto estimate = [&](int t,
-                          bool sp) -> std::optional<ptrain::MemoryEstimate> {
+      auto estimate = [&](int t, bool sp,
+                          const std::string& recompute =
+                              "none") -> std::optional<ptrain::MemoryEstimate> {
         auto s = ptrain::LoadJobSpecFile("examples/shakespeare-char.yaml",
-                                         Overrides(a, t, sp));
+                                         Overrides(a, t, sp, recompute));
         if (!s.ok()) return std::nullopt;
         return ptrain::EstimateRankMemory(*s, V);
       };
@@ -167,32 +169,54 @@ int main(int argc, char** argv) {
       std::printf(
           "  per rank (estimate), params+grads+Adam and activations (ratio to "
           "tp=1):\n");
+      // What one microbatch keeps from forward to backward (the part that
+      // grows with microbatches in flight), without the working set every
+      // layout needs once.
+      auto stash = [&](int t, bool with_sp, bool recompute) {
+        const ptrain::GptConfig c = tr.model().config();
+        const int mb = spec->train().global_batch();
+        ptrain::GptConfig ct = c;
+        ct.padded_vocab = ptrain::PaddedVocab(c.vocab_size, t);
+        return double(
+            ptrain::GptStage::ActivationFloats(ct, mb, c.block_size, 1, t,
+                                               with_sp, recompute, 0, 1) -
+            ptrain::GptStage::ActivationFloats(ct, mb, c.block_size, 0, t,
+                                               with_sp, recompute, 0, 1));
+      };
       for (int t : {1, 2, 3, 4, 6}) {
         for (bool sp : {false, true}) {
           if (sp && t == 1) continue;
           const auto e = estimate(t, sp), nosp = estimate(t, false);
           if (!e || !nosp) continue;
           const double pgo = e->params + e->grads + e->optimizer;
-          // What one microbatch keeps from forward to backward (the part
-          // that grows with microbatches in flight), without the working
-          // set every layout needs once.
-          auto stash = [&](bool with_sp) {
-            const ptrain::GptConfig c = tr.model().config();
-            const int mb = spec->train().global_batch();
-            ptrain::GptConfig ct = c;
-            ct.padded_vocab = ptrain::PaddedVocab(c.vocab_size, t);
-            return double(ptrain::GptStage::ActivationFloats(
-                              ct, mb, c.block_size, 1, t, with_sp, 0, 1) -
-                          ptrain::GptStage::ActivationFloats(
-                              ct, mb, c.block_size, 0, t, with_sp, 0, 1));
-          };
           std::printf(
               "    tp=%d%-3s %7.2f MB (%.3fx)  activations %7.2f MB (%.3fx; "
               "%.3fx of tp=%d without sp; stash per microbatch %.3fx)\n",
               t, sp ? " sp" : "", pgo / 1e6, pgo / one_pgo, Mb(e->activations),
               double(e->activations) / one.activations,
               double(e->activations) / nosp->activations, t,
-              stash(sp) / stash(false));
+              stash(t, sp, false) / stash(t, false, false));
+        }
+      }
+      // With the blocks recomputed (train.recompute=full) a microbatch keeps
+      // only each block's input, which SP shards along the sequence; the
+      // recomputed block and the backward's working set are there once.
+      std::printf(
+          "  with train.recompute=full, activations per rank (ratio to the "
+          "same tp without sp, and to tp=1 without recomputation):\n");
+      for (int t : {2, 4}) {
+        for (bool sp : {false, true}) {
+          const auto e = estimate(t, sp, "full"),
+                     nosp = estimate(t, false, "full");
+          if (!e || !nosp) continue;
+          std::printf(
+              "    tp=%d%-3s activations %7.2f MB (%.3fx of tp=%d without sp; "
+              "%.3fx of tp=1; stash per microbatch %.2f MB, %.3fx)\n",
+              t, sp ? " sp" : "", Mb(e->activations),
+              double(e->activations) / nosp->activations, t,
+              double(e->activations) / one.activations,
+              stash(t, sp, true) * 4 / 1e6,
+              stash(t, sp, true) / stash(t, false, true));
         }
       }
     }

@@ -754,6 +754,7 @@ absl::Status ValidateTrain(const v1::JobSpec& spec) {
       Positive("train.sample_temperature", t.sample_temperature()),
       InRange("train.sample_top_k", t.sample_top_k(), 0, 1 << 24),
       OneOf("train.precision", t.precision(), {"auto", "fp32", "bf16"}),
+      OneOf("train.recompute", t.recompute(), {"none", "full"}),
       AtLeast("train.log_every", t.log_every(), 1),
   });
 }
@@ -952,6 +953,7 @@ v1::JobSpec DefaultJobSpec() {
   train->set_sample_top_k(0);
   train->set_log_every(10);
   train->set_precision("auto");
+  train->set_recompute("none");
 
   v1::CheckpointSpec* checkpoint = spec.mutable_checkpoint();
   checkpoint->set_every(0);

@@ -558,6 +558,8 @@ INSTANTIATE_TEST_SUITE_P(
         RuleCase{"train.sample_top_k=-1",
                  "train.sample_top_k=-1 must be between 0 and 16777216"},
         RuleCase{"train.log_every=0", "train.log_every=0 must be >= 1"},
+        RuleCase{"train.recompute=selective",
+                 "train.recompute='selective' must be one of none, full"},
         RuleCase{"checkpoint.every=-1", "checkpoint.every=-1 must be >= 0"},
         RuleCase{"checkpoint.keep_last=0",
                  "checkpoint.keep_last=0 must be between 1 and 1048576"},
@@ -812,6 +814,7 @@ v1::JobSpec FullyCustomSpec() {
   t->set_sample_top_k(40);
   t->set_log_every(1);
   t->set_precision("fp32");
+  t->set_recompute("full");
   v1::CheckpointSpec* c = s.mutable_checkpoint();
   c->set_every(1);
   c->set_keep_last(1);

@@ -273,14 +273,18 @@ TEST_F(Reshard, MemoryEstimateEqualsTheEngineBuffersOfEveryZeroStage) {
 }
 
 // Under a pipeline the ranks differ (embedding, head, microbatches in
-// flight): the estimate is the rank that needs the most.
+// flight): the estimate is the rank that needs the most, with or without
+// recomputation.
 TEST_F(Reshard, MemoryEstimateIsTheFullestPipelineRank) {
   for (const char* schedule : {"gpipe", "1f1b", "interleaved"}) {
     for (int zero : {0, 2, 3}) {
       const int v = std::strcmp(schedule, "interleaved") == 0 ? 2 : 1;
       const Layout l{"memory", 2, zero, 1, false, 2, v, 4};
+      // ZeRO-3 rows recompute their blocks (one block's activations
+      // shared by the microbatches in flight).
       const std::vector<std::string> extra = {
-          std::string("parallel.schedule=") + schedule};
+          std::string("parallel.schedule=") + schedule,
+          std::string("train.recompute=") + (zero == 3 ? "full" : "none")};
       OnLayout(
           l, Root() + "/scratch", "",
           [&](Trainer& t) {

@@ -6,7 +6,8 @@
 // parallelism on or off that fits in 8 ranks, plus microbatch and bucket
 // variants of data parallelism, and pipelines (pp 2 and 4, GPipe, 1F1B and
 // interleaved 1F1B with 2 or 4 chunks per rank) composed with dp, tp, SP
-// and ZeRO. Runs under `mpirun -n 8`; ranks a row does
+// and ZeRO, and blocks recomputed in backward on a few of them. Runs under
+// `mpirun -n 8`; ranks a row does
 // not use sit it out.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -38,6 +39,7 @@ struct Layout {
   std::string schedule = "1f1b";
   int virtual_stages = 1;
   int n_layer = 4;  // 8 where pp·virtual_stages needs more layers
+  std::string recompute = "none";
   int world() const { return dp * tp * pp; }
 };
 
@@ -123,6 +125,15 @@ std::vector<Layout> AllLayouts() {
       {"pp2_interleaved_v4_mb8", 1, 1, 0, 8, false, 2, "interleaved", 4, 8});
   out.push_back(
       {"pp2_interleaved_v2_mb2", 1, 1, 0, 2, false, 2, "interleaved", 2});
+  // Blocks recomputed before their backward (train.recompute=full): with
+  // tp and SP (the collectives run again), ZeRO-3 (the weights are gathered
+  // again) and pipelines (several microbatches share the recomputed block).
+  out.push_back({"dp2_tp2_zero3_sp_recompute", 2, 2, 3, 1, true, 1, "1f1b", 1,
+                 4, "full"});
+  out.push_back({"pp2_1f1b_dp2_tp2_zero1_sp_recompute", 2, 2, 1, 4, true, 2,
+                 "1f1b", 1, 4, "full"});
+  out.push_back({"pp2_interleaved_v2_dp2_zero3_recompute", 2, 1, 3, 4, false, 2,
+                 "interleaved", 2, 4, "full"});
   return out;
 }
 
@@ -273,6 +284,7 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
   overrides.push_back(std::string("parallel.sequence_parallel=") +
                       (layout.sp ? "true" : "false"));
   overrides.push_back("parallel.zero=" + std::to_string(layout.zero));
+  overrides.push_back("train.recompute=" + layout.recompute);
   overrides.push_back("parallel.pp=" + std::to_string(layout.pp));
   overrides.push_back("parallel.schedule=" + layout.schedule);
   overrides.push_back("parallel.virtual_stages=" +

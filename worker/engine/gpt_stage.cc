@@ -47,6 +47,7 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
       max_B_(o.max_B),
       max_T_(o.max_T),
       tp_(o.tp),
+      recompute_(o.recompute),
       Cl_(config.n_embd / o.tp.size()),
       NHl_(config.n_head / o.tp.size()),
       Vl_(config.padded_vocab / o.tp.size()),
@@ -116,22 +117,29 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
   const int64_t Cl = Cl_, Vl = Vl_;
   acts_ = kernels::Buffer(
       ops_, ActivationFloats(config, max_B_, max_T_, o.slots, tp, tp_.sp,
-                             stage_, n_stages_, ops_));
+                             recompute_, stage_, n_stages_, ops_));
+  // The per-layer slabs a block's backward reads: every layer's in each
+  // slot, or (recomputing) one layer's, shared by the slots.
+  auto take_blocks = [&](Slot& slot, int64_t layers) {
+    slot.ln1 = Take(layers * BTs * C);
+    slot.ln1_mean = Take(layers * BTs);
+    slot.ln1_rstd = Take(layers * BTs);
+    slot.qkv = Take(layers * BT * 3 * Cl);
+    slot.atty = Take(layers * BT * Cl);
+    slot.att = Take(layers * att_floats_);
+    slot.residual2 = Take(layers * BTs * C);
+    slot.ln2 = Take(layers * BTs * C);
+    slot.ln2_mean = Take(layers * BTs);
+    slot.ln2_rstd = Take(layers * BTs);
+    slot.fch = Take(layers * BT * 4 * Cl);
+    slot.fch_gelu = Take(layers * BT * 4 * Cl);
+  };
+  Slot shared{};
+  if (recompute_) take_blocks(shared, 1);
   for (int s = 0; s < o.slots; ++s) {
-    Slot slot;
+    Slot slot = shared;
     slot.input = Take(BTs * C);
-    slot.ln1 = Take(L * BTs * C);
-    slot.ln1_mean = Take(L * BTs);
-    slot.ln1_rstd = Take(L * BTs);
-    slot.qkv = Take(L * BT * 3 * Cl);
-    slot.atty = Take(L * BT * Cl);
-    slot.att = Take(L * att_floats_);
-    slot.residual2 = Take(L * BTs * C);
-    slot.ln2 = Take(L * BTs * C);
-    slot.ln2_mean = Take(L * BTs);
-    slot.ln2_rstd = Take(L * BTs);
-    slot.fch = Take(L * BT * 4 * Cl);
-    slot.fch_gelu = Take(L * BT * 4 * Cl);
+    if (!recompute_) take_blocks(slot, L);
     slot.residual3 = Take(L * BTs * C);
     if (last()) {
       slot.lnf = Take(BTs * C);
@@ -180,7 +188,7 @@ const int32_t* GptStage::Stage(int32_t* staged, const int32_t* host, int B,
 
 int64_t GptStage::ActivationFloats(const GptConfig& config, int max_B,
                                    int max_T, int slots, int tp, bool sp,
-                                   int stage, int n_stages,
+                                   bool recompute, int stage, int n_stages,
                                    const kernels::Ops* ops) {
   // Mirrors the slabs the constructor takes, in saturating arithmetic.
   const bool last = stage == n_stages - 1;
@@ -200,15 +208,19 @@ int64_t GptStage::ActivationFloats(const GptConfig& config, int max_B,
     for (int64_t x : xs) s = SatAdd(s, x);
     return s;
   };
-  // Per layer: ln1, residual2, ln2, residual3 and four (B,Ts) statistics;
-  // qkv, atty, fch, fch_gelu; what attention keeps for its backward.
-  const int64_t per_layer =
-      sum({SatMul(BTs, 4 * C + 4), SatMul(BT, 3 * Cl + Cl + 8 * Cl), att});
+  // Per layer, what a block's backward reads: ln1, residual2, ln2 and four
+  // (B,Ts) statistics; qkv, atty, fch, fch_gelu; what attention keeps for
+  // its backward. Then the block's output, residual3, which is kept even
+  // when the rest is recomputed.
+  const int64_t block =
+      sum({SatMul(BTs, 3 * C + 4), SatMul(BT, 3 * Cl + Cl + 8 * Cl), att});
+  const int64_t kept_blocks = recompute ? 0 : SatMul(L, block);
   const int64_t head = last ? sum({SatMul(BTs, C + 2), SatMul(BT, Vl), BT}) : 0;
-  const int64_t per_slot = sum({SatMul(BTs, C), SatMul(L, per_layer), head});
-  const int64_t working =
-      sum({SatMul(2 * BT, C), SatMul(3 * BTs, C), SatMul(BT, 4 * Cl), datt,
-           SatMul(2 * BT, 4 * Cl), last ? 3 * BT : 0});
+  const int64_t per_slot =
+      sum({SatMul(BTs, C), kept_blocks, SatMul(L, SatMul(BTs, C)), head});
+  const int64_t working = sum({recompute ? block : 0, SatMul(2 * BT, C),
+                               SatMul(3 * BTs, C), SatMul(BT, 4 * Cl), datt,
+                               SatMul(2 * BT, 4 * Cl), last ? 3 * BT : 0});
   return SatAdd(SatMul(per_slot, slots), working);
 }
 
@@ -273,6 +285,74 @@ void GptStage::Decode(const int32_t* tokens, const float* hidden, int n,
   if (serial) omp_set_num_threads(threads);
 }
 
+GptStage::BlockActs GptStage::Acts(const Slot& S, int b) const {
+  // Per-layer slabs are laid out for the allocated maximum, so index them by
+  // the maximum stride; a smaller batch uses the front of each slab.
+  const int64_t C = config_.n_embd;
+  const int64_t sBTs = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_);
+  const int64_t sBT = static_cast<int64_t>(max_B_) * max_T_;
+  const int64_t l = recompute_ ? 0 : b;  // the layer's place in the slabs
+  return BlockActs{S.ln1 + l * sBTs * C,       S.ln1_mean + l * sBTs,
+                   S.ln1_rstd + l * sBTs,      S.qkv + l * sBT * 3 * Cl_,
+                   S.atty + l * sBT * Cl_,     S.att + l * att_floats_,
+                   S.residual2 + l * sBTs * C, S.ln2 + l * sBTs * C,
+                   S.ln2_mean + l * sBTs,      S.ln2_rstd + l * sBTs,
+                   S.fch + l * sBT * 4 * Cl_,  S.fch_gelu + l * sBT * 4 * Cl_,
+                   S.residual3 + b * sBTs * C};
+}
+
+void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
+                            int T, const TpGroup& g, int pos,
+                            bool recomputing) {
+  kernels::Ops& k = *ops_;
+  UnitStore& st = *store_;
+  const int C = config_.n_embd, Ts = g.SeqLocal(T);
+  const int64_t BTsC = static_cast<int64_t>(B) * Ts * C;
+  const int u = BlockUnit(b);  // u..u+3: [ln_1 c_attn] [attn.c_proj]
+                               // [ln_2 c_fc] [mlp.c_proj]
+  st.BeginForward(u);
+  const float* w = st.Params(u);
+  k.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x,
+                      BlockTensor(w, b, kLn1W), BlockTensor(w, b, kLn1B), B, Ts,
+                      C);
+  column_linear_forward(a.qkv, a.ln1, BlockTensor(w, b, kQkvW),
+                        BlockTensor(w, b, kQkvB), B, T, C, 3 * Cl_, g,
+                        scratch_);
+  st.EndForward(u);
+  if (pos >= 0) {
+    // The cache of local block b: keys, then values, (NHl,max_T,hs) each.
+    const int64_t cache = int64_t{max_T_} * Cl_;
+    float* keys = kv_.data() + 2 * b * cache;
+    k.attention_decode(a.atty, keys, keys + cache, a.qkv, T, pos, Cl_, NHl_,
+                       max_T_);
+  } else {
+    k.attention_forward(a.atty, a.att, a.qkv, B, T, Cl_, NHl_);
+  }
+  st.BeginForward(u + 1);
+  w = st.Params(u + 1);
+  row_linear_forward(proj_, a.atty, BlockTensor(w, b, kAttProjW),
+                     BlockTensor(w, b, kAttProjB), B, T, Cl_, C, g, scratch_);
+  st.EndForward(u + 1);
+  k.residual_forward(a.residual2, x, proj_, BTsC);
+  st.BeginForward(u + 2);
+  w = st.Params(u + 2);
+  k.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2,
+                      BlockTensor(w, b, kLn2W), BlockTensor(w, b, kLn2B), B, Ts,
+                      C);
+  column_linear_forward(a.fch, a.ln2, BlockTensor(w, b, kFcW),
+                        BlockTensor(w, b, kFcB), B, T, C, 4 * Cl_, g, scratch_);
+  st.EndForward(u + 2);
+  k.gelu_forward(a.fch_gelu, a.fch, static_cast<int64_t>(B) * T * 4 * Cl_);
+  if (recomputing) return;  // the block's output is kept
+  st.BeginForward(u + 3);
+  w = st.Params(u + 3);
+  row_linear_forward(proj_, a.fch_gelu, BlockTensor(w, b, kFcProjW),
+                     BlockTensor(w, b, kFcProjB), B, T, 4 * Cl_, C, g,
+                     scratch_);
+  st.EndForward(u + 3);
+  k.residual_forward(a.residual3, a.residual2, proj_, BTsC);
+}
+
 float GptStage::ForwardPass(int slot, const int32_t* tokens,
                             const float* hidden, const int32_t* targets, int B,
                             int T, int pos) {
@@ -288,13 +368,6 @@ float GptStage::ForwardPass(int slot, const int32_t* tokens,
   targets = Stage(S.targets_staged, targets, B, T);
   const int C = config_.n_embd, Ts = g.SeqLocal(T);
   const int64_t BTsC = static_cast<int64_t>(B) * Ts * C;
-  // Per-layer slabs are laid out for the allocated maximum, so index them by
-  // the maximum stride; a smaller batch uses the front of each slab.
-  const int64_t sBTsC = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_) * C;
-  const int64_t sBTs = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_);
-  const int64_t sBT = static_cast<int64_t>(max_B_) * max_T_;
-  // The cache of local block b: keys, then values, (NHl,max_T,hs) each.
-  const int64_t cache = int64_t{max_T_} * Cl_;
 
   UnitStore& st = *store_;
   const float* wte = nullptr;
@@ -309,57 +382,9 @@ float GptStage::ForwardPass(int slot, const int32_t* tokens,
   }
   const float* x = S.input;
   for (int b = 0; b < n_blocks_; ++b) {
-    const int u = BlockUnit(b);  // u..u+3: [ln_1 c_attn] [attn.c_proj]
-                                 // [ln_2 c_fc] [mlp.c_proj]
-    float* ln1 = S.ln1 + b * sBTsC;
-    float* qkv = S.qkv + b * sBT * 3 * Cl_;
-    float* atty = S.atty + b * sBT * Cl_;
-    float* att = S.att + b * att_floats_;
-    float* residual2 = S.residual2 + b * sBTsC;
-    float* ln2 = S.ln2 + b * sBTsC;
-    float* fch = S.fch + b * sBT * 4 * Cl_;
-    float* fch_gelu = S.fch_gelu + b * sBT * 4 * Cl_;
-    float* residual3 = S.residual3 + b * sBTsC;
-    st.BeginForward(u);
-    const float* w = st.Params(u);
-    k.layernorm_forward(ln1, S.ln1_mean + b * sBTs, S.ln1_rstd + b * sBTs, x,
-                        BlockTensor(w, b, kLn1W), BlockTensor(w, b, kLn1B), B,
-                        Ts, C);
-    column_linear_forward(qkv, ln1, BlockTensor(w, b, kQkvW),
-                          BlockTensor(w, b, kQkvB), B, T, C, 3 * Cl_, g,
-                          scratch_);
-    st.EndForward(u);
-    if (decode) {
-      float* keys = kv_.data() + 2 * b * cache;
-      k.attention_decode(atty, keys, keys + cache, qkv, T, pos, Cl_, NHl_,
-                         max_T_);
-    } else {
-      k.attention_forward(atty, att, qkv, B, T, Cl_, NHl_);
-    }
-    st.BeginForward(u + 1);
-    w = st.Params(u + 1);
-    row_linear_forward(proj_, atty, BlockTensor(w, b, kAttProjW),
-                       BlockTensor(w, b, kAttProjB), B, T, Cl_, C, g, scratch_);
-    st.EndForward(u + 1);
-    k.residual_forward(residual2, x, proj_, BTsC);
-    st.BeginForward(u + 2);
-    w = st.Params(u + 2);
-    k.layernorm_forward(ln2, S.ln2_mean + b * sBTs, S.ln2_rstd + b * sBTs,
-                        residual2, BlockTensor(w, b, kLn2W),
-                        BlockTensor(w, b, kLn2B), B, Ts, C);
-    column_linear_forward(fch, ln2, BlockTensor(w, b, kFcW),
-                          BlockTensor(w, b, kFcB), B, T, C, 4 * Cl_, g,
-                          scratch_);
-    st.EndForward(u + 2);
-    k.gelu_forward(fch_gelu, fch, static_cast<int64_t>(B) * T * 4 * Cl_);
-    st.BeginForward(u + 3);
-    w = st.Params(u + 3);
-    row_linear_forward(proj_, fch_gelu, BlockTensor(w, b, kFcProjW),
-                       BlockTensor(w, b, kFcProjB), B, T, 4 * Cl_, C, g,
-                       scratch_);
-    st.EndForward(u + 3);
-    k.residual_forward(residual3, residual2, proj_, BTsC);
-    x = residual3;
+    const BlockActs a = Acts(S, b);
+    BlockForward(a, x, b, B, T, g, pos, /*recomputing=*/false);
+    x = a.residual3;
   }
   if (!last()) {
     if (first()) st.EndForward(emb_unit_);
@@ -396,9 +421,6 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
   const int C = config_.n_embd, Ts = tp_.SeqLocal(T);
   const int64_t BTsC = static_cast<int64_t>(B) * Ts * C;
   const int64_t BT = static_cast<int64_t>(B) * T;
-  const int64_t sBTsC = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_) * C;
-  const int64_t sBTs = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_);
-  const int64_t sBT = static_cast<int64_t>(max_B_) * max_T_;
 
   UnitStore& st = *store_;
   if (first()) st.BeginBackward(emb_unit_);
@@ -413,7 +435,7 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
         dln_, st.Grads(head_unit_) + head_wte_offset_, nullptr, dlogits, S.lnf,
         st.Params(head_unit_) + head_wte_offset_, B, T, C, Vl_, tp_, scratch_);
     k.Zero(dresidual_, BTsC);
-    const float* x_last = S.residual3 + (n_blocks_ - 1) * sBTsC;
+    const float* x_last = Acts(S, n_blocks_ - 1).residual3;
     float* dlnf = st.Grads(final_unit_) + lnf_offset_;
     k.layernorm_backward(dresidual_, dlnf, dlnf + C, dln_, x_last,
                          st.Params(final_unit_) + lnf_offset_, S.lnf_mean,
@@ -428,15 +450,15 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
   // gradients are complete.
   for (int b = n_blocks_ - 1; b >= 0; --b) {
     const int u = BlockUnit(b);
-    const float* residual = b == 0 ? S.input : S.residual3 + (b - 1) * sBTsC;
-    const float* ln1 = S.ln1 + b * sBTsC;
-    const float* qkv = S.qkv + b * sBT * 3 * Cl_;
-    const float* atty = S.atty + b * sBT * Cl_;
-    const float* att = S.att + b * att_floats_;
-    const float* residual2 = S.residual2 + b * sBTsC;
-    const float* ln2 = S.ln2 + b * sBTsC;
-    const float* fch = S.fch + b * sBT * 4 * Cl_;
-    const float* fch_gelu = S.fch_gelu + b * sBT * 4 * Cl_;
+    const float* residual = b == 0 ? S.input : Acts(S, b - 1).residual3;
+    const BlockActs a = Acts(S, b);
+    if (recompute_) {
+      BlockForward(a, residual, b, B, T, tp_, /*pos=*/-1,
+                   /*recomputing=*/true);
+    }
+    const float *ln1 = a.ln1, *qkv = a.qkv, *atty = a.atty, *att = a.att,
+                *residual2 = a.residual2, *ln2 = a.ln2, *fch = a.fch,
+                *fch_gelu = a.fch_gelu;
     auto dT = [&](int unit, int i) {
       return const_cast<float*>(BlockTensor(st.Grads(unit), b, i));
     };
@@ -458,9 +480,8 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
                            scratch_);
     st.Poll();
     k.layernorm_backward(dresidual_, dT(u + 2, kLn2W), dT(u + 2, kLn2B), dln_,
-                         residual2, BlockTensor(w, b, kLn2W),
-                         S.ln2_mean + b * sBTs, S.ln2_rstd + b * sBTs, B, Ts,
-                         C);
+                         residual2, BlockTensor(w, b, kLn2W), a.ln2_mean,
+                         a.ln2_rstd, B, Ts, C);
     st.EndBackward(u + 2);
     st.BeginBackward(u + 1);
     k.Zero(datty_, BT * Cl_);
@@ -480,8 +501,8 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
                            scratch_);
     st.Poll();
     k.layernorm_backward(dresidual_, dT(u, kLn1W), dT(u, kLn1B), dln_, residual,
-                         BlockTensor(w, b, kLn1W), S.ln1_mean + b * sBTs,
-                         S.ln1_rstd + b * sBTs, B, Ts, C);
+                         BlockTensor(w, b, kLn1W), a.ln1_mean, a.ln1_rstd, B,
+                         Ts, C);
     st.EndBackward(u);
   }
   if (first()) {

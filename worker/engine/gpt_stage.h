@@ -22,7 +22,9 @@ namespace ptrain {
 // the embedding unit (0, first stage only) and F the final one (ln_f, last
 // stage only):
 //   forward:  B(E) [B(u) E(u) for blocks in order] B(F) E(F) E(E);
-//   backward: B(E) B(F) E(F) [B(u) E(u) for blocks in reverse] E(E).
+//   backward: B(E) B(F) E(F) [B(u) E(u) for blocks in reverse] E(E);
+// with recomputation, each block's backward is preceded by the forward of
+// its first three units again: [Bf(u) Ef(u)] for u..u+2, then B(u+3)...
 // A last stage that does not embed reads the head's weights from the tied
 // copy of wte in F, so there F stays begun until the head is done.
 // Params(u)/Grads(u) are valid between Begin and End and point at the
@@ -76,6 +78,10 @@ struct StageOptions {
   // outlives the stage). Null: the CPU. A store's buffers must live in the
   // same backend's memory.
   kernels::Ops* ops = nullptr;
+  // Keep only each block's input (its predecessor's output) per microbatch
+  // and recompute the rest of the block just before its backward, in one
+  // block's worth of activations shared by every slot (train.recompute).
+  bool recompute = false;
 };
 
 class GptStage : private UnitStore {
@@ -152,12 +158,14 @@ class GptStage : private UnitStore {
   // does not fit in 64 bits. Attention keeps what `ops` says it keeps; with
   // no ops, the (B,NH,T,T) probabilities (the CPU's, and the most).
   static int64_t ActivationFloats(const GptConfig& config, int max_B, int max_T,
-                                  int slots, int tp, bool sp, int stage,
-                                  int n_stages,
+                                  int slots, int tp, bool sp, bool recompute,
+                                  int stage, int n_stages,
                                   const kernels::Ops* ops = nullptr);
 
  private:
-  // Activations a microbatch keeps from forward to backward.
+  // Activations a microbatch keeps from forward to backward. With
+  // recomputation every per-layer slab but residual3 is one layer deep and
+  // shared by all slots (BlockActs gives layer b's pointers either way).
   struct Slot {
     float* input;      // (B,Ts,C): embedding output or the received input
     float* ln1;        // (L,B,Ts,C)
@@ -185,6 +193,18 @@ class GptStage : private UnitStore {
     int B = 0, T = 0;  // dims of its forward
   };
 
+  // Layer b's activations inside a slot's slabs.
+  struct BlockActs {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2,
+        *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *residual3;
+  };
+  BlockActs Acts(const Slot& S, int b) const;
+  // Local block b's forward from its input x (B,Ts,C) into `a`. pos >= 0: a
+  // Decode step at that position. `recomputing`: the forward again before
+  // the block's backward, which stops at the MLP's activation (the block's
+  // output is kept).
+  void BlockForward(const BlockActs& a, const float* x, int b, int B, int T,
+                    const TpGroup& g, int pos, bool recomputing);
   // Forward of `slot`; pos >= 0: a Decode at that position.
   float ForwardPass(int slot, const int32_t* tokens, const float* hidden,
                     const int32_t* targets, int B, int T, int pos);
@@ -206,6 +226,7 @@ class GptStage : private UnitStore {
   const int stage_, n_stages_, n_blocks_;
   const int max_B_, max_T_;
   const TpGroup tp_;
+  const bool recompute_;
   const int Cl_, NHl_, Vl_, vocab_begin_;
   int64_t buffer_size_ = 0;
   // Floats attention keeps per layer and microbatch (the backend's

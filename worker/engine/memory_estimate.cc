@@ -86,7 +86,8 @@ MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size) {
           e.activations,
           SatMul(GptStage::ActivationFloats(
                      config, micro_B, config.block_size, slots[c], p.tp(),
-                     p.sequence_parallel(), stages[c], p.pp() * v, ops),
+                     p.sequence_parallel(), spec.train().recompute() == "full",
+                     stages[c], p.pp() * v, ops),
                  kFloat));
     }
     if (rank == 0 || e.total() > most.total()) most = e;
