@@ -120,6 +120,17 @@ absl::Status CheckMemoryFits(const v1::JobSpec& spec, int vocab_size,
   if (need <= available_bytes) return absl::OkStatus();
   const auto& m = spec.model();
   const auto& p = spec.parallel();
+  // What recomputing the blocks would need, when that would fit.
+  std::string hint;
+  if (spec.train().recompute() != "full") {
+    v1::JobSpec recomputed = spec;
+    recomputed.mutable_train()->set_recompute("full");
+    const int64_t full = EstimateRankMemory(recomputed, vocab_size).total();
+    if (SatMul(full, ranks) <= available_bytes) {
+      hint = absl::StrCat("; with train.recompute=full each rank would need ",
+                          Human(full), ", which fits");
+    }
+  }
   return absl::ResourceExhaustedError(absl::StrCat(
       "memory: each rank needs ", Bytes(e.total()), " (", Human(e.total()),
       ": params ", Human(e.params), ", grads ", Human(e.grads), ", optimizer ",
@@ -131,9 +142,10 @@ absl::Status CheckMemoryFits(const v1::JobSpec& spec, int vocab_size,
       " x parallel.microbatches=", p.microbatches(),
       ", parallel.zero=", p.zero(), ", parallel.tp=", p.tp(),
       ", parallel.sequence_parallel=", p.sequence_parallel() ? "true" : "false",
-      "; ", ranks, ranks == 1 ? " rank" : " ranks", " on this machine need ",
-      Bytes(need), " but it has ", available_bytes, " bytes (",
-      Human(available_bytes), ") available"));
+      ", train.recompute=", spec.train().recompute(), "; ", ranks,
+      ranks == 1 ? " rank" : " ranks", " on this machine need ", Bytes(need),
+      " but it has ", available_bytes, " bytes (", Human(available_bytes),
+      ") available", hint));
 }
 
 }  // namespace ptrain

@@ -64,6 +64,28 @@ TEST(MemoryEstimate, WhatDoesNotFitIsRefusedNamingTheFields) {
     EXPECT_NE(s.message().find(field), std::string::npos) << field << ": " << s;
   }
   EXPECT_GT(AvailableMemoryBytes(), 0);
+  EXPECT_EQ(s.message().find("would need"), std::string::npos) << s;
+}
+
+// A job whose activations do not fit, but would with its blocks recomputed,
+// is told so; one that would not fit either way is not.
+TEST(MemoryEstimate, RefusalSaysWhenRecomputationWouldFit) {
+  const v1::JobSpec spec = Spec({"model.n_layer=8", "model.block_size=256"});
+  v1::JobSpec recomputed = spec;
+  recomputed.mutable_train()->set_recompute("full");
+  const int64_t need = EstimateRankMemory(spec, 65).total();
+  const int64_t full = EstimateRankMemory(recomputed, 65).total();
+  ASSERT_LT(full, need);
+  const absl::Status s = CheckMemoryFits(spec, 65, 1, full);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("train.recompute=none;"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("with train.recompute=full each rank would need"),
+            std::string::npos)
+      << s;
+  const absl::Status neither = CheckMemoryFits(spec, 65, 1, full - 1);
+  EXPECT_EQ(neither.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(neither.message().find("would need"), std::string::npos) << neither;
+  EXPECT_TRUE(CheckMemoryFits(recomputed, 65, 1, full).ok());
 }
 
 }  // namespace
