@@ -6,11 +6,14 @@
 // cuBLAS products over (T,T) scores and as the fused kernels.
 //
 //   gpu_throughput [--model 124m|350m] [--batch 8] [--steps 10] [--trainer]
+//                  [--recompute]
 //
 // --trainer runs the whole Trainer instead (as ptworker does, without MPI):
 // data loading, the learning-rate schedule, the distributed optimizer's
 // gradient norm and clipping, metrics — on llm.c token files of random
 // GPT-2 tokens it writes under /tmp. Run from the project root.
+// --recompute recomputes every block in backward (train.recompute=full;
+// with --trainer only).
 //
 // bench/pytorch_gpt_cuda.py runs the same model in PyTorch on the same GPU.
 #include <chrono>
@@ -37,14 +40,15 @@ struct Args {
   int steps = 10;
   double peak_tflops = 989.0;
   bool trainer = false;
+  bool recompute = false;
 };
 
 Args Parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; i += 2) {
     const std::string k = argv[i];
-    if (k == "--trainer") {
-      a.trainer = true;
+    if (k == "--trainer" || k == "--recompute") {
+      (k == "--trainer" ? a.trainer : a.recompute) = true;
       --i;
       continue;
     }
@@ -168,7 +172,8 @@ void RunTrainer(const Args& a, const std::string& precision) {
        "train.global_batch=" + std::to_string(a.batch),
        "train.steps=" + std::to_string(a.steps + 2), "train.eval_every=0",
        "train.sample_tokens=0", "checkpoint.every=0", "checkpoint.dir=''",
-       "resources.device=cuda", "train.precision=" + precision});
+       "resources.device=cuda", "train.precision=" + precision,
+       std::string("train.recompute=") + (a.recompute ? "full" : "none")});
   if (!spec.ok()) {
     std::fprintf(stderr, "gpu_throughput: %s\n",
                  std::string(spec.status().message()).c_str());
@@ -196,10 +201,10 @@ void RunTrainer(const Args& a, const std::string& precision) {
   const double flops = t.flops_per_step();
   const ptrain::kernels::CudaMemory mem = ptrain::kernels::CudaMemoryInfo();
   std::printf(
-      "ptrain trainer %-4s GPT-2 %-4s B%-2d T%d: %7.1f ms/step %9.0f tok/s "
+      "ptrain trainer %-4s%s GPT-2 %-4s B%-2d T%d: %7.1f ms/step %9.0f tok/s "
       "%6.1f TFLOP/s  MFU %5.1f%% of %.0f  loss %.3f  GPU memory %.1f GiB\n",
-      precision.c_str(), a.model.c_str(), a.batch, T, secs * 1e3,
-      a.batch * T / secs, flops / secs / 1e12,
+      precision.c_str(), a.recompute ? " recompute" : "", a.model.c_str(),
+      a.batch, T, secs * 1e3, a.batch * T / secs, flops / secs / 1e12,
       100.0 * flops / secs / (a.peak_tflops * 1e12), a.peak_tflops, loss,
       mem.used / double(1 << 30));
   std::fflush(stdout);
@@ -207,6 +212,10 @@ void RunTrainer(const Args& a, const std::string& precision) {
 
 int main(int argc, char** argv) {
   const Args a = Parse(argc, argv);
+  if (a.recompute && !a.trainer) {
+    std::fprintf(stderr, "--recompute needs --trainer\n");
+    return 2;
+  }
   if (a.trainer) {
     RunTrainer(a, "fp32");
     RunTrainer(a, "bf16");

@@ -177,11 +177,12 @@ int main(int argc, char** argv) {
         const int mb = spec->train().global_batch();
         ptrain::GptConfig ct = c;
         ct.padded_vocab = ptrain::PaddedVocab(c.vocab_size, t);
-        return double(
-            ptrain::GptStage::ActivationFloats(ct, mb, c.block_size, 1, t,
-                                               with_sp, recompute, 0, 1) -
-            ptrain::GptStage::ActivationFloats(ct, mb, c.block_size, 0, t,
-                                               with_sp, recompute, 0, 1));
+        const ptrain::Recompute r =
+            recompute ? ptrain::Recompute::kFull : ptrain::Recompute::kNone;
+        return double(ptrain::GptStage::ActivationFloats(
+                          ct, mb, c.block_size, 1, t, with_sp, r, 0, 1) -
+                      ptrain::GptStage::ActivationFloats(
+                          ct, mb, c.block_size, 0, t, with_sp, r, 0, 1));
       };
       for (int t : {1, 2, 3, 4, 6}) {
         for (bool sp : {false, true}) {

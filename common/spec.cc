@@ -754,7 +754,7 @@ absl::Status ValidateTrain(const v1::JobSpec& spec) {
       Positive("train.sample_temperature", t.sample_temperature()),
       InRange("train.sample_top_k", t.sample_top_k(), 0, 1 << 24),
       OneOf("train.precision", t.precision(), {"auto", "fp32", "bf16"}),
-      OneOf("train.recompute", t.recompute(), {"none", "full"}),
+      OneOf("train.recompute", t.recompute(), {"none", "selective", "full"}),
       AtLeast("train.log_every", t.log_every(), 1),
   });
 }

@@ -558,8 +558,9 @@ INSTANTIATE_TEST_SUITE_P(
         RuleCase{"train.sample_top_k=-1",
                  "train.sample_top_k=-1 must be between 0 and 16777216"},
         RuleCase{"train.log_every=0", "train.log_every=0 must be >= 1"},
-        RuleCase{"train.recompute=selective",
-                 "train.recompute='selective' must be one of none, full"},
+        RuleCase{"train.recompute=partial",
+                 "train.recompute='partial' must be one of none, selective, "
+                 "full"},
         RuleCase{"checkpoint.every=-1", "checkpoint.every=-1 must be >= 0"},
         RuleCase{"checkpoint.keep_last=0",
                  "checkpoint.keep_last=0 must be between 1 and 1048576"},

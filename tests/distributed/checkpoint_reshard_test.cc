@@ -281,10 +281,12 @@ TEST_F(Reshard, MemoryEstimateIsTheFullestPipelineRank) {
       const int v = std::strcmp(schedule, "interleaved") == 0 ? 2 : 1;
       const Layout l{"memory", 2, zero, 1, false, 2, v, 4};
       // ZeRO-3 rows recompute their blocks (one block's activations
-      // shared by the microbatches in flight).
+      // shared by the microbatches in flight), ZeRO-2 rows attention's core.
       const std::vector<std::string> extra = {
           std::string("parallel.schedule=") + schedule,
-          std::string("train.recompute=") + (zero == 3 ? "full" : "none")};
+          std::string("train.recompute=") + (zero == 3   ? "full"
+                                             : zero == 2 ? "selective"
+                                                         : "none")};
       OnLayout(
           l, Root() + "/scratch", "",
           [&](Trainer& t) {

@@ -6,9 +6,8 @@
 // parallelism on or off that fits in 8 ranks, plus microbatch and bucket
 // variants of data parallelism, and pipelines (pp 2 and 4, GPipe, 1F1B and
 // interleaved 1F1B with 2 or 4 chunks per rank) composed with dp, tp, SP
-// and ZeRO, and blocks recomputed in backward on a few of them. Runs under
-// `mpirun -n 8`; ranks a row does
-// not use sit it out.
+// and ZeRO, and recomputation (attention's core, or whole blocks) on a few
+// of them. Runs under `mpirun -n 8`; ranks a row does not use sit it out.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -134,6 +133,11 @@ std::vector<Layout> AllLayouts() {
                  "1f1b", 1, 4, "full"});
   out.push_back({"pp2_interleaved_v2_dp2_zero3_recompute", 2, 1, 3, 4, false, 2,
                  "interleaved", 2, 4, "full"});
+  // Attention's core recomputed (train.recompute=selective).
+  out.push_back({"dp2_tp2_zero1_sp_selective", 2, 2, 1, 1, true, 1, "1f1b", 1,
+                 4, "selective"});
+  out.push_back({"pp2_gpipe_dp2_zero3_selective", 2, 1, 3, 4, false, 2, "gpipe",
+                 1, 4, "selective"});
   return out;
 }
 

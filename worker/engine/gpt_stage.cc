@@ -37,6 +37,11 @@ constexpr int64_t kParallelDecodeMacs = int64_t{1} << 20;
 
 }  // namespace
 
+Recompute RecomputeOf(const std::string& name) {
+  if (name == "full") return Recompute::kFull;
+  return name == "selective" ? Recompute::kSelective : Recompute::kNone;
+}
+
 GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
                    const StageOptions& o)
     : config_(config),
@@ -120,13 +125,15 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
                              recompute_, stage_, n_stages_, ops_));
   // The per-layer slabs a block's backward reads: every layer's in each
   // slot, or (recomputing) one layer's, shared by the slots.
+  const bool full = recompute_ == Recompute::kFull;
+  const bool selective = recompute_ == Recompute::kSelective;
   auto take_blocks = [&](Slot& slot, int64_t layers) {
     slot.ln1 = Take(layers * BTs * C);
     slot.ln1_mean = Take(layers * BTs);
     slot.ln1_rstd = Take(layers * BTs);
     slot.qkv = Take(layers * BT * 3 * Cl);
     slot.atty = Take(layers * BT * Cl);
-    slot.att = Take(layers * att_floats_);
+    if (!selective) slot.att = Take(layers * att_floats_);
     slot.residual2 = Take(layers * BTs * C);
     slot.ln2 = Take(layers * BTs * C);
     slot.ln2_mean = Take(layers * BTs);
@@ -135,11 +142,12 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
     slot.fch_gelu = Take(layers * BT * 4 * Cl);
   };
   Slot shared{};
-  if (recompute_) take_blocks(shared, 1);
+  if (full) take_blocks(shared, 1);
+  if (selective) shared.att = Take(att_floats_);
   for (int s = 0; s < o.slots; ++s) {
     Slot slot = shared;
     slot.input = Take(BTs * C);
-    if (!recompute_) take_blocks(slot, L);
+    if (!full) take_blocks(slot, L);
     slot.residual3 = Take(L * BTs * C);
     if (last()) {
       slot.lnf = Take(BTs * C);
@@ -188,7 +196,7 @@ const int32_t* GptStage::Stage(int32_t* staged, const int32_t* host, int B,
 
 int64_t GptStage::ActivationFloats(const GptConfig& config, int max_B,
                                    int max_T, int slots, int tp, bool sp,
-                                   bool recompute, int stage, int n_stages,
+                                   Recompute recompute, int stage, int n_stages,
                                    const kernels::Ops* ops) {
   // Mirrors the slabs the constructor takes, in saturating arithmetic.
   const bool last = stage == n_stages - 1;
@@ -211,14 +219,26 @@ int64_t GptStage::ActivationFloats(const GptConfig& config, int max_B,
   // Per layer, what a block's backward reads: ln1, residual2, ln2 and four
   // (B,Ts) statistics; qkv, atty, fch, fch_gelu; what attention keeps for
   // its backward. Then the block's output, residual3, which is kept even
-  // when the rest is recomputed.
+  // when the rest is recomputed. Recomputed parts are there once.
   const int64_t block =
-      sum({SatMul(BTs, 3 * C + 4), SatMul(BT, 3 * Cl + Cl + 8 * Cl), att});
-  const int64_t kept_blocks = recompute ? 0 : SatMul(L, block);
+      sum({SatMul(BTs, 3 * C + 4), SatMul(BT, 3 * Cl + Cl + 8 * Cl)});
+  int64_t kept_blocks = 0, recomputed = 0;
+  switch (recompute) {
+    case Recompute::kNone:
+      kept_blocks = SatMul(L, SatAdd(block, att));
+      break;
+    case Recompute::kSelective:
+      kept_blocks = SatMul(L, block);
+      recomputed = att;
+      break;
+    case Recompute::kFull:
+      recomputed = SatAdd(block, att);
+      break;
+  }
   const int64_t head = last ? sum({SatMul(BTs, C + 2), SatMul(BT, Vl), BT}) : 0;
   const int64_t per_slot =
       sum({SatMul(BTs, C), kept_blocks, SatMul(L, SatMul(BTs, C)), head});
-  const int64_t working = sum({recompute ? block : 0, SatMul(2 * BT, C),
+  const int64_t working = sum({recomputed, SatMul(2 * BT, C),
                                SatMul(3 * BTs, C), SatMul(BT, 4 * Cl), datt,
                                SatMul(2 * BT, 4 * Cl), last ? 3 * BT : 0});
   return SatAdd(SatMul(per_slot, slots), working);
@@ -291,10 +311,12 @@ GptStage::BlockActs GptStage::Acts(const Slot& S, int b) const {
   const int64_t C = config_.n_embd;
   const int64_t sBTs = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_);
   const int64_t sBT = static_cast<int64_t>(max_B_) * max_T_;
-  const int64_t l = recompute_ ? 0 : b;  // the layer's place in the slabs
+  // The layer's place in the slabs (and in att's).
+  const int64_t l = recompute_ == Recompute::kFull ? 0 : b;
+  const int64_t la = recompute_ == Recompute::kNone ? b : 0;
   return BlockActs{S.ln1 + l * sBTs * C,       S.ln1_mean + l * sBTs,
                    S.ln1_rstd + l * sBTs,      S.qkv + l * sBT * 3 * Cl_,
-                   S.atty + l * sBT * Cl_,     S.att + l * att_floats_,
+                   S.atty + l * sBT * Cl_,     S.att + la * att_floats_,
                    S.residual2 + l * sBTs * C, S.ln2 + l * sBTs * C,
                    S.ln2_mean + l * sBTs,      S.ln2_rstd + l * sBTs,
                    S.fch + l * sBT * 4 * Cl_,  S.fch_gelu + l * sBT * 4 * Cl_,
@@ -452,7 +474,7 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
     const int u = BlockUnit(b);
     const float* residual = b == 0 ? S.input : Acts(S, b - 1).residual3;
     const BlockActs a = Acts(S, b);
-    if (recompute_) {
+    if (recompute_ == Recompute::kFull) {
       BlockForward(a, residual, b, B, T, tp_, /*pos=*/-1,
                    /*recomputing=*/true);
     }
@@ -490,6 +512,11 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
                         BlockTensor(st.Params(u + 1), b, kAttProjW), B, T, Cl_,
                         C, tp_, scratch_);
     st.EndBackward(u + 1);
+    if (recompute_ == Recompute::kSelective) {
+      // What attention keeps, again (its output comes out the same, bit for
+      // bit, over the kept one).
+      k.attention_forward(a.atty, a.att, qkv, B, T, Cl_, NHl_);
+    }
     k.Zero(dqkv_, BT * 3 * Cl_);
     k.attention_backward(dqkv_, datt_, datty_, qkv, atty, att, B, T, Cl_, NHl_);
     st.Poll();

@@ -10,6 +10,7 @@
 #define PTRAIN_WORKER_ENGINE_GPT_STAGE_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "worker/engine/layers.h"
@@ -61,6 +62,15 @@ class UnitStoreSlice : public UnitStore {
   const int first_;
 };
 
+// What a stage recomputes in backward instead of keeping from forward
+// (train.recompute): nothing; the attention's core (its probabilities, or
+// whatever the backend's attention keeps) — Megatron's "selective"; or
+// whole blocks, keeping only each block's input.
+enum class Recompute { kNone, kSelective, kFull };
+
+// train.recompute's value ("none", "selective", "full"; validated).
+Recompute RecomputeOf(const std::string& name);
+
 struct MemoryBytes {
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
 };
@@ -78,10 +88,13 @@ struct StageOptions {
   // outlives the stage). Null: the CPU. A store's buffers must live in the
   // same backend's memory.
   kernels::Ops* ops = nullptr;
-  // Keep only each block's input (its predecessor's output) per microbatch
-  // and recompute the rest of the block just before its backward, in one
-  // block's worth of activations shared by every slot (train.recompute).
-  bool recompute = false;
+  // kFull: keep only each block's input (its predecessor's output) per
+  // microbatch and recompute the rest of the block just before its
+  // backward, in one block's worth of activations shared by every slot.
+  // kSelective: keep all but what attention keeps for its backward, and run
+  // the attention forward again just before the attention backward, into
+  // one layer's worth shared by every slot.
+  Recompute recompute = Recompute::kNone;
 };
 
 class GptStage : private UnitStore {
@@ -158,14 +171,15 @@ class GptStage : private UnitStore {
   // does not fit in 64 bits. Attention keeps what `ops` says it keeps; with
   // no ops, the (B,NH,T,T) probabilities (the CPU's, and the most).
   static int64_t ActivationFloats(const GptConfig& config, int max_B, int max_T,
-                                  int slots, int tp, bool sp, bool recompute,
-                                  int stage, int n_stages,
+                                  int slots, int tp, bool sp,
+                                  Recompute recompute, int stage, int n_stages,
                                   const kernels::Ops* ops = nullptr);
 
  private:
-  // Activations a microbatch keeps from forward to backward. With
+  // Activations a microbatch keeps from forward to backward. With full
   // recomputation every per-layer slab but residual3 is one layer deep and
-  // shared by all slots (BlockActs gives layer b's pointers either way).
+  // shared by all slots, with selective recomputation att is (BlockActs
+  // gives layer b's pointers either way).
   struct Slot {
     float* input;      // (B,Ts,C): embedding output or the received input
     float* ln1;        // (L,B,Ts,C)
@@ -226,7 +240,7 @@ class GptStage : private UnitStore {
   const int stage_, n_stages_, n_blocks_;
   const int max_B_, max_T_;
   const TpGroup tp_;
-  const bool recompute_;
+  const Recompute recompute_;
   const int Cl_, NHl_, Vl_, vocab_begin_;
   int64_t buffer_size_ = 0;
   // Floats attention keeps per layer and microbatch (the backend's

@@ -82,13 +82,13 @@ MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size) {
     e.optimizer = SatMul(SatMul(2, f.update), kFloat);
     const std::vector<int> stages = RankStages(plan);
     for (int c = 0; c < v; ++c) {
-      e.activations = SatAdd(
-          e.activations,
-          SatMul(GptStage::ActivationFloats(
-                     config, micro_B, config.block_size, slots[c], p.tp(),
-                     p.sequence_parallel(), spec.train().recompute() == "full",
-                     stages[c], p.pp() * v, ops),
-                 kFloat));
+      e.activations = SatAdd(e.activations,
+                             SatMul(GptStage::ActivationFloats(
+                                        config, micro_B, config.block_size,
+                                        slots[c], p.tp(), p.sequence_parallel(),
+                                        RecomputeOf(spec.train().recompute()),
+                                        stages[c], p.pp() * v, ops),
+                                    kFloat));
     }
     if (rank == 0 || e.total() > most.total()) most = e;
   }

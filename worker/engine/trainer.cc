@@ -580,7 +580,7 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
     stage.stage = stages[c];
     stage.n_stages = pp_ * v;
     stage.slots = slots[c];
-    stage.recompute = spec_.train().recompute() == "full";
+    stage.recompute = RecomputeOf(spec_.train().recompute());
     chunks_.push_back(
         std::make_unique<GptStage>(cfg, std::move(chunk_layout), stage));
   }

@@ -434,12 +434,12 @@ TEST(GptStage, StagesChainedComputeTheWholeModel) {
   }
 }
 
-// Recomputation (train.recompute=full) is the same function: two
-// microbatches in flight at once, forwards first and backwards after (as a
-// pipeline stage runs them, both sharing the one recomputed block), give
-// bit-identical losses and gradients to a stage that keeps every block's
-// activations, in less memory.
-TEST(GptStage, RecomputedBlocksGiveBitIdenticalGradients) {
+// Recomputation (train.recompute: selective or full) is the same function:
+// two microbatches in flight at once, forwards first and backwards after
+// (as a pipeline stage runs them, both sharing the one recomputed layer),
+// give bit-identical losses and gradients to a stage that keeps every
+// block's activations, in less memory (full least).
+TEST(GptStage, RecomputationGivesBitIdenticalGradients) {
   GptConfig c = kTiny;
   c.n_layer = 3;
   const int B = 2, T = 8;
@@ -450,7 +450,8 @@ TEST(GptStage, RecomputedBlocksGiveBitIdenticalGradients) {
   }
   std::vector<std::unique_ptr<GptStage>> runs;
   std::vector<std::vector<float>> losses;
-  for (bool recompute : {false, true}) {
+  for (Recompute recompute :
+       {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
     StageOptions o;
     o.max_B = B;
     o.max_T = T;
@@ -470,14 +471,17 @@ TEST(GptStage, RecomputedBlocksGiveBitIdenticalGradients) {
                   1.0f / (2 * B * T), nullptr);
     }
   }
-  EXPECT_EQ(losses[0], losses[1]);
-  double scale = 0;
-  for (int64_t i = 0; i < runs[0]->buffer_size(); ++i) {
-    ASSERT_EQ(runs[0]->grads()[i], runs[1]->grads()[i]) << "element " << i;
-    scale = std::max(scale, double(std::fabs(runs[0]->grads()[i])));
+  for (size_t r = 1; r < runs.size(); ++r) {
+    SCOPED_TRACE(r == 1 ? "selective" : "full");
+    EXPECT_EQ(losses[0], losses[r]);
+    double scale = 0;
+    for (int64_t i = 0; i < runs[0]->buffer_size(); ++i) {
+      ASSERT_EQ(runs[0]->grads()[i], runs[r]->grads()[i]) << "element " << i;
+      scale = std::max(scale, double(std::fabs(runs[0]->grads()[i])));
+    }
+    EXPECT_GT(scale, 0.0);
+    EXPECT_LT(runs[r]->memory().activations, runs[r - 1]->memory().activations);
   }
-  EXPECT_GT(scale, 0.0);
-  EXPECT_LT(runs[1]->memory().activations, runs[0]->memory().activations);
 }
 
 TEST(GptStage, ShorterSequencesUseTheFrontOfTheBuffers) {

@@ -22,6 +22,9 @@ TEST(MemoryEstimate, EqualsTheEngineBuffersOnOneRank) {
       {"model.n_layer=3", "model.n_head=3", "model.n_embd=48",
        "model.block_size=32", "train.global_batch=12",
        "parallel.microbatches=3", "train.recompute=full"},
+      {"model.n_layer=3", "model.n_head=3", "model.n_embd=48",
+       "model.block_size=32", "train.global_batch=12",
+       "parallel.microbatches=3", "train.recompute=selective"},
   };
   for (const auto& overrides : configs) {
     auto spec = LoadJobSpecFile("examples/shakespeare-char.yaml", overrides);
