@@ -687,9 +687,16 @@ absl::Status Coordinator::ReportCheckpoint(
   if (!dir.ok()) return dir.status();
   // A checkpoint is progress too: a long save must not look like a hang.
   running_[r.job_id()].last_report = absl::Now();
-  running_[r.job_id()].newest_checkpoint = r.step();
   JobUpdate u;
   u.record = e->record;
+  if (r.resumed()) {
+    // Where the attempt came back from; the checkpoint's own report (if its
+    // writer lived to send it) stays as it was.
+    u.event = absl::StrCat("attempt ", r.attempt(),
+                           " resumed from the checkpoint at step ", r.step());
+    return Commit(*e, std::move(u));
+  }
+  running_[r.job_id()].newest_checkpoint = r.step();
   v1::Checkpoint& c = u.checkpoints.emplace_back();
   c.set_step(r.step());
   c.set_dir(*dir);

@@ -151,12 +151,13 @@ void ProgressReporter::OnRecord(const nlohmann::json& record) {
     p.set_tok_per_s(Number(record, "tok_per_s"));
     p.set_mfu(Number(record, "mfu"));
     p.set_lr(Number(record, "lr"));
-  } else if (type == "checkpoint") {
+  } else if (type == "checkpoint" || type == "resume") {
     item.kind = Item::kCheckpoint;
     v1::ReportCheckpointRequest& c = item.checkpoint;
     c.set_job_id(job_id_);
     c.set_attempt(attempt_);
     c.set_step(step);
+    c.set_resumed(type == "resume");
     auto dir = record.find("dir");
     if (dir != record.end() && dir->is_string())
       c.set_dir(dir->get<std::string>());

@@ -658,6 +658,24 @@ TEST_F(CoordinatorTest, InvalidRankReportsAreRefusedAndChangeNothing) {
   ASSERT_TRUE(listed.ok());
   for (const v1::Checkpoint& k : *listed) EXPECT_EQ(k.step(), 4) << k.dir();
 
+  // A resumed report (the checkpoint an attempt started from) is checked
+  // alike and, taken, adds no checkpoint entry.
+  auto resumed = [&](const std::string& dir) {
+    v1::ReportCheckpointRequest r;
+    r.set_job_id(id);
+    r.set_attempt(1);
+    r.set_step(4);
+    r.set_dir(dir);
+    r.set_resumed(true);
+    return c->ReportCheckpoint(r);
+  };
+  EXPECT_EQ(resumed("/etc/step-00000004").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(resumed((ckpt / "step-00000004").string()).ok());
+  auto after_resumed = c->Checkpoints(id);
+  ASSERT_TRUE(after_resumed.ok());
+  EXPECT_EQ(after_resumed->size(), listed->size());
+
   // What is right is taken.
   EXPECT_TRUE(progress([](auto&) {}).ok());
   EXPECT_TRUE(checkpoint(4, (ckpt / "step-00000004").string()).ok());

@@ -223,6 +223,8 @@ node_death_shrink)
   # Resumed from the newest checkpoint before the death: steps lost <= every.
   python3 "$SRC/tests/testing/resume_point.py" "$T/state/jobs/$id" 1 2 21 steps_lost ||
     fail "resume point"
+  events "$id" | grep -q "attempt 2 resumed from the checkpoint at step" ||
+    fail "no resume event: $(events "$id" | grep -v checkpoint)"
   ;;
 
 node_returns_grow)

@@ -266,6 +266,8 @@ rank_killed)
     fail "$id: $(state_of "$id")"
   python3 "$SRC/tests/testing/resume_point.py" "$T/state/jobs/$id" 1 2 51 slurm_steps_lost ||
     fail "resume point"
+  events "$id" | grep -q "attempt 2 resumed from the checkpoint at step" ||
+    fail "no resume event: $(events "$id" | grep -v checkpoint)"
   events "$id" | grep -q "attempt 2 is Slurm job" || fail "attempt 2 was not a Slurm job"
   ;;
 node_death)
