@@ -478,9 +478,6 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
       BlockForward(a, residual, b, B, T, tp_, /*pos=*/-1,
                    /*recomputing=*/true);
     }
-    const float *ln1 = a.ln1, *qkv = a.qkv, *atty = a.atty, *att = a.att,
-                *residual2 = a.residual2, *ln2 = a.ln2, *fch = a.fch,
-                *fch_gelu = a.fch_gelu;
     auto dT = [&](int unit, int i) {
       return const_cast<float*>(BlockTensor(st.Grads(unit), b, i));
     };
@@ -488,42 +485,43 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
     st.BeginBackward(u + 3);
     k.Zero(dfch_gelu_, BT * 4 * Cl_);
     row_linear_backward(dfch_gelu_, dT(u + 3, kFcProjW), dT(u + 3, kFcProjB),
-                        dresidual_, fch_gelu,
+                        dresidual_, a.fch_gelu,
                         BlockTensor(st.Params(u + 3), b, kFcProjW), B, T,
                         4 * Cl_, C, tp_, scratch_);
     st.EndBackward(u + 3);
     k.Zero(dfch_, BT * 4 * Cl_);
-    k.gelu_backward(dfch_, fch, dfch_gelu_, BT * 4 * Cl_);
+    k.gelu_backward(dfch_, a.fch, dfch_gelu_, BT * 4 * Cl_);
     st.BeginBackward(u + 2);
     const float* w = st.Params(u + 2);
     k.Zero(dln_, BTsC);
-    column_linear_backward(dln_, dT(u + 2, kFcW), dT(u + 2, kFcB), dfch_, ln2,
+    column_linear_backward(dln_, dT(u + 2, kFcW), dT(u + 2, kFcB), dfch_, a.ln2,
                            BlockTensor(w, b, kFcW), B, T, C, 4 * Cl_, tp_,
                            scratch_);
     st.Poll();
     k.layernorm_backward(dresidual_, dT(u + 2, kLn2W), dT(u + 2, kLn2B), dln_,
-                         residual2, BlockTensor(w, b, kLn2W), a.ln2_mean,
+                         a.residual2, BlockTensor(w, b, kLn2W), a.ln2_mean,
                          a.ln2_rstd, B, Ts, C);
     st.EndBackward(u + 2);
     st.BeginBackward(u + 1);
     k.Zero(datty_, BT * Cl_);
     row_linear_backward(datty_, dT(u + 1, kAttProjW), dT(u + 1, kAttProjB),
-                        dresidual_, atty,
+                        dresidual_, a.atty,
                         BlockTensor(st.Params(u + 1), b, kAttProjW), B, T, Cl_,
                         C, tp_, scratch_);
     st.EndBackward(u + 1);
     if (recompute_ == Recompute::kSelective) {
       // What attention keeps, again (its output comes out the same, bit for
       // bit, over the kept one).
-      k.attention_forward(a.atty, a.att, qkv, B, T, Cl_, NHl_);
+      k.attention_forward(a.atty, a.att, a.qkv, B, T, Cl_, NHl_);
     }
     k.Zero(dqkv_, BT * 3 * Cl_);
-    k.attention_backward(dqkv_, datt_, datty_, qkv, atty, att, B, T, Cl_, NHl_);
+    k.attention_backward(dqkv_, datt_, datty_, a.qkv, a.atty, a.att, B, T, Cl_,
+                         NHl_);
     st.Poll();
     st.BeginBackward(u);
     w = st.Params(u);
     k.Zero(dln_, BTsC);
-    column_linear_backward(dln_, dT(u, kQkvW), dT(u, kQkvB), dqkv_, ln1,
+    column_linear_backward(dln_, dT(u, kQkvW), dT(u, kQkvB), dqkv_, a.ln1,
                            BlockTensor(w, b, kQkvW), B, T, C, 3 * Cl_, tp_,
                            scratch_);
     st.Poll();
