@@ -415,52 +415,63 @@ TEST(MatmulTest, Bf16RoundsToNearestEven) {
   EXPECT_TRUE(std::isinf(Bf16Round(INFINITY)));
 }
 
+// Dense operands let oneDNN's matmul ask for its blocked layout of B (which
+// gemm_bf16 packs itself); a strided C makes it take B plain (rounded by
+// oneDNN's reorder). Shapes with whole and partial blocks of 32 K rows by
+// 64 columns, each operand plain and transposed.
 TEST(MatmulTest, Bf16GemmIsTheProductOfRoundedOperands) {
   std::mt19937_64 rng(11);
-  const int64_t M = 37, N = 53, K = 70, pad = 3;
-  for (bool ta : {false, true}) {
-    for (bool tb : {false, true}) {
-      for (float beta : {0.0f, 1.0f}) {
-        const bool with_bias = beta == 0.0f;  // as matmul_forward calls it
-        const Vec bias = Random(N, &rng);
-        // Leading dimensions wider than the rows, to test the strides.
-        const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad,
-                      ldc = N + pad;
-        const Vec a = Random((ta ? K : M) * lda, &rng);
-        const Vec b = Random((tb ? N : K) * ldb, &rng);
-        const Vec c0 = Random(M * ldc, &rng);
-        const Vec ar = RoundedToBf16(a), br = RoundedToBf16(b);
-        Vec want = c0;
-        double scale = 0;
-        for (int64_t i = 0; i < M; ++i) {
-          for (int64_t j = 0; j < N; ++j) {
-            double sum = beta * c0[i * ldc + j] + (with_bias ? bias[j] : 0.0);
-            for (int64_t k = 0; k < K; ++k) {
-              const double x = ta ? ar[k * lda + i] : ar[i * lda + k];
-              const double y = tb ? br[j * ldb + k] : br[k * ldb + j];
-              sum += x * y;
+  struct Case {
+    int64_t M, N, K, pad;
+  };
+  for (const Case& shape : {Case{37, 53, 70, 3}, Case{37, 53, 70, 0},
+                            Case{40, 130, 96, 0}, Case{9, 64, 32, 0}}) {
+    const int64_t M = shape.M, N = shape.N, K = shape.K, pad = shape.pad;
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        for (float beta : {0.0f, 1.0f}) {
+          const bool with_bias = beta == 0.0f;  // as matmul_forward calls it
+          const Vec bias = Random(N, &rng);
+          // Leading dimensions wider than the rows, to test the strides.
+          const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad,
+                        ldc = N + pad;
+          const Vec a = Random((ta ? K : M) * lda, &rng);
+          const Vec b = Random((tb ? N : K) * ldb, &rng);
+          const Vec c0 = Random(M * ldc, &rng);
+          const Vec ar = RoundedToBf16(a), br = RoundedToBf16(b);
+          Vec want = c0;
+          double scale = 0;
+          for (int64_t i = 0; i < M; ++i) {
+            for (int64_t j = 0; j < N; ++j) {
+              double sum = beta * c0[i * ldc + j] + (with_bias ? bias[j] : 0.0);
+              for (int64_t k = 0; k < K; ++k) {
+                const double x = ta ? ar[k * lda + i] : ar[i * lda + k];
+                const double y = tb ? br[j * ldb + k] : br[k * ldb + j];
+                sum += x * y;
+              }
+              want[i * ldc + j] = sum;
+              scale = std::max(scale, std::abs(sum));
             }
-            want[i * ldc + j] = sum;
-            scale = std::max(scale, std::abs(sum));
           }
+          std::vector<float> c = ToFloat(c0);
+          const std::vector<float> af = ToFloat(a), bf = ToFloat(b),
+                                   biasf = ToFloat(bias);
+          gemm_bf16(ta, tb, M, N, K, af.data(), lda, bf.data(), ldb, beta,
+                    c.data(), ldc, with_bias ? biasf.data() : nullptr);
+          double err = 0;
+          for (int64_t i = 0; i < M; ++i) {
+            for (int64_t j = 0; j < N; ++j) {
+              err = std::max(err, std::abs(c[i * ldc + j] - want[i * ldc + j]));
+            }
+            // The padding of C is not written.
+            for (int64_t j = N; j < ldc; ++j) {
+              EXPECT_EQ(c[i * ldc + j], static_cast<float>(c0[i * ldc + j]));
+            }
+          }
+          EXPECT_LT(err / scale, kFloatTol)
+              << "M=" << M << " N=" << N << " K=" << K << " pad=" << pad
+              << " ta=" << ta << " tb=" << tb << " beta=" << beta;
         }
-        std::vector<float> c = ToFloat(c0);
-        const std::vector<float> af = ToFloat(a), bf = ToFloat(b),
-                                 biasf = ToFloat(bias);
-        gemm_bf16(ta, tb, M, N, K, af.data(), lda, bf.data(), ldb, beta,
-                  c.data(), ldc, with_bias ? biasf.data() : nullptr);
-        double err = 0;
-        for (int64_t i = 0; i < M; ++i) {
-          for (int64_t j = 0; j < N; ++j) {
-            err = std::max(err, std::abs(c[i * ldc + j] - want[i * ldc + j]));
-          }
-          // The padding of C is not written.
-          for (int64_t j = N; j < ldc; ++j) {
-            EXPECT_EQ(c[i * ldc + j], static_cast<float>(c0[i * ldc + j]));
-          }
-        }
-        EXPECT_LT(err / scale, kFloatTol)
-            << "ta=" << ta << " tb=" << tb << " beta=" << beta;
       }
     }
   }
