@@ -56,9 +56,10 @@ int64_t AnalyticBytes(const Config& c, int V, int64_t n_params,
   const int64_t saved = BT * (c.L * per_layer + c.C /*embedding*/ + c.C +
                               2 /*ln_f*/ + V /*probs*/ + 1 /*losses*/);
   // Backward of one layer at a time: gradients of every activation of a
-  // layer (15 C per token plus NH·T), and of the logits.
+  // layer (15 C per token plus NH·T, less 4 C: GELU's input gradient
+  // replaces its output's), and of the logits.
   const int64_t working =
-      BT * (15LL * c.C + static_cast<int64_t>(c.NH) * c.T + V);
+      BT * (11LL * c.C + static_cast<int64_t>(c.NH) * c.T + V);
   *activations = 4 * (saved + working);
   return 4 * 4 * n_params + *activations;
 }

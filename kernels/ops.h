@@ -2,7 +2,9 @@
 // backend's memory (host for the CPU, a GPU's for CUDA), behind one
 // interface so that a model is written once. The op names and arguments are
 // kernels/cpu/kernels.h's (llm.c's mirrored forward/backward, gradients
-// ACCUMULATE); each backend documents only what differs.
+// accumulate but for the input gradients of matmul_backward and
+// gelu_backward, which are written); each backend documents only what
+// differs.
 //
 // Tokens and targets come from the host: a backend stages them into its
 // memory with StageTokens. Everything else stays on the backend; ToHost /

@@ -30,7 +30,7 @@ void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N) {
     for (int64_t i = i0; i < i1; i++) {
       const F x = inp[i];
       const F e = internal::Exp(math::GeluExponent(x));
-      dinp[i] += math::GeluGradFromExp(x, e) * dout[i];
+      dinp[i] = math::GeluGradFromExp(x, e) * dout[i];
     }
   });
 }

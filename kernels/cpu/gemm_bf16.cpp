@@ -351,8 +351,8 @@ void matmul_backward_bf16(float* dinp, float* dweight, float* dbias,
   uint16_t* dout16 = Scratch(0, rows * OC);
   ToBf16(dout16, dout, rows, OC, OC, /*transpose=*/false, dbias);
   if (dinp != nullptr) {
-    // dinp (rows,C) += dout (rows,OC) @ weight (OC,C)
-    MatmulBf16(false, false, rows, C, OC, dout16, weight, C, 1.0f, dinp, C,
+    // dinp (rows,C) = dout (rows,OC) @ weight (OC,C)
+    MatmulBf16(false, false, rows, C, OC, dout16, weight, C, 0.0f, dinp, C,
                nullptr, 1);
   }
   // dweight (OC,C) += dout^T (OC,rows) @ inp (rows,C): dout read transposed

@@ -10,7 +10,10 @@
 // Conventions (llm.c's): forward and backward sit side by side; backward takes
 // forward's arguments mirrored. Every gradient output (`d` + forward name)
 // ACCUMULATES (+=), activation gradients included: callers zero them first.
-// The exception is the cross-entropy's dlogits, written in place of probs.
+// The exceptions: the cross-entropy's dlogits, written in place of probs,
+// and the input gradients of matmul_backward and gelu_backward, written
+// (=): what they write is a fresh buffer at every caller, and zeroing it
+// first cost a pass over memory and slower (accumulating) GEMMs.
 #ifndef PTRAIN_KERNELS_CPU_KERNELS_H_
 #define PTRAIN_KERNELS_CPU_KERNELS_H_
 
@@ -80,6 +83,7 @@ void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout,
 
 // out is (B,T,OC), inp is (B,T,C), weight is (OC,C), bias is (OC) or null.
 // out = inp @ weight^T + bias. dinp and dbias may be null (not wanted).
+// The backward writes dinp and accumulates dweight and dbias.
 // bf16: the products through gemm_bf16 (float only; biases stay fp32).
 template <typename F>
 void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int B,
@@ -128,6 +132,7 @@ void attention_decode(F* out, F* kcache, F* vcache, const F* qkv, int n,
 // GELU, tanh approximation. out, inp are (N).
 template <typename F>
 void gelu_forward(F* out, const F* inp, int64_t N);
+// dinp = GELU'(inp) * dout, written; dinp may be dout (in place).
 template <typename F>
 void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N);
 

@@ -48,8 +48,8 @@ void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
     }
   }
   if (dinp != nullptr) {
-    // dinp (rows,C) += dout (rows,OC) @ weight (OC,C)
-    gemm<F>(false, false, rows, C, OC, F(1), dout, OC, weight, C, F(1), dinp,
+    // dinp (rows,C) = dout (rows,OC) @ weight (OC,C)
+    gemm<F>(false, false, rows, C, OC, F(1), dout, OC, weight, C, F(0), dinp,
             C);
   }
   // dweight (OC,C) += dout^T (OC,rows) @ inp (rows,C)

@@ -138,7 +138,7 @@ __global__ void GeluBackwardKernel(float* dinp, const float* inp,
                                    const float* dout, int64_t n) {
   ForEachIndex(n, [&](int64_t i) {
     const float x = inp[i];
-    dinp[i] += math::GeluGradFromExp(x, expf(math::GeluExponent(x))) * dout[i];
+    dinp[i] = math::GeluGradFromExp(x, expf(math::GeluExponent(x))) * dout[i];
   });
 }
 
@@ -819,10 +819,10 @@ class CudaBackend final : public Ops {
     const int64_t BT = static_cast<int64_t>(B) * T;
     // dout is rounded once for both products.
     const Op d = Operand(dout, BT * OC, 0);
-    // dinp^T (C,BT) += weight^T... in column-major: (C,OC) (OC,BT).
+    // dinp^T (C,BT) = weight^T... in column-major: (C,OC) (OC,BT).
     if (dinp != nullptr) {
       Matmul(false, false, C, BT, OC, Operand(weight, int64_t(C) * OC, 1), C, d,
-             OC, 1.0f, dinp, C, nullptr);
+             OC, 0.0f, dinp, C, nullptr);
     }
     // dweight^T (C,OC) += inp^T (C,BT) dout (BT,OC).
     Matmul(false, true, C, OC, BT, Operand(inp, BT * C, 2), C, d, OC, 1.0f,

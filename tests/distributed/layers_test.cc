@@ -115,7 +115,7 @@ TEST_P(LayersTest, ColumnParallelLinearMatchesOneRank) {
   const Vec inp = Random(kB * kT * kC, 1), w = Random(kOC * kC, 2),
             bias = Random(kOC, 3), dout = Random(kB * kT * kOC, 4);
   Vec out(kB * kT * kOC), dinp(inp.size(), 0.5f), dw(w.size(), 0.25f),
-      db(kOC, 0.125f);  // gradients accumulate onto what is there
+      db(kOC, 0.125f);  // weight gradients accumulate onto what is there
   column_linear_forward(out.data(), inp.data(), w.data(), bias.data(), kB, kT,
                         kC, kOC, TpGroup{}, one_);
   column_linear_backward(dinp.data(), dw.data(), db.data(), dout.data(),

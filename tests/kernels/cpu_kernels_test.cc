@@ -109,6 +109,24 @@ void ExpectAccumulates(const std::vector<Vec*>& grads,
   }
 }
 
+// Runs backward() on zeroed buffers, then again on buffers holding noise:
+// the second result must be the first (the noise overwritten).
+void ExpectOverwrites(const std::vector<Vec*>& outputs,
+                      const std::function<void()>& backward) {
+  for (Vec* g : outputs) std::fill(g->begin(), g->end(), 0.0);
+  backward();
+  std::vector<Vec> fresh;
+  std::mt19937_64 rng(7);
+  for (Vec* g : outputs) {
+    fresh.push_back(*g);
+    *g = Random(g->size(), &rng);
+  }
+  backward();
+  for (size_t k = 0; k < outputs.size(); k++) {
+    EXPECT_EQ(*outputs[k], fresh[k]) << "buffer " << k << " not overwritten";
+  }
+}
+
 // Prints and checks max |f - d| / max |d|: relative to the tensor's scale, not
 // each element's, because float sums with cancellation (a GEMM's dot
 // products, K = 384) carry errors relative to their partial sums.
@@ -351,9 +369,29 @@ TEST(MatmulTest, BackwardWithoutBiasMatchesFiniteDifferences) {
             kGradTol);
 }
 
-TEST(MatmulTest, BackwardAccumulates) {
+TEST(MatmulTest, BackwardWritesDinpAndAccumulatesWeightGradients) {
   MatmulProblem p(/*with_bias=*/true);
-  ExpectAccumulates({&p.dinp, &p.dweight, &p.dbias}, [&] { p.Backward(); });
+  ExpectOverwrites({&p.dinp}, [&] { p.Backward(); });
+  ExpectAccumulates({&p.dweight, &p.dbias}, [&] { p.Backward(); });
+}
+
+// The same contract on the float paths, fp32 and bf16 (oneDNN's GEMMs with
+// beta 0 for dinp).
+TEST(MatmulTest, FloatBackwardWritesDinp) {
+  for (bool bf16 : {false, true}) {
+    MatmulProblem p(/*with_bias=*/true, 2, 37, 64, 96);
+    const std::vector<float> inp = ToFloat(p.inp), w = ToFloat(p.weight),
+                             dout = ToFloat(p.dout);
+    auto backward = [&](std::vector<float>* dinp) {
+      std::vector<float> dw(w.size()), db(p.OC);
+      matmul_backward(dinp->data(), dw.data(), db.data(), dout.data(),
+                      inp.data(), w.data(), p.B, p.T, p.C, p.OC, bf16);
+    };
+    std::vector<float> fresh(inp.size(), 0.0f), noisy = ToFloat(p.inp);
+    backward(&fresh);
+    backward(&noisy);
+    EXPECT_EQ(noisy, fresh) << (bf16 ? "bf16" : "fp32");
+  }
 }
 
 TEST(MatmulTest, BackwardWithNullDinpStillAccumulatesDweight) {
@@ -767,9 +805,13 @@ TEST(GeluTest, BackwardMatchesFiniteDifferences) {
     return Dot(out, dout);
   };
   EXPECT_LE(MaxGradError("gelu dinp", &inp, dinp, loss), kGradTol);
-  ExpectAccumulates({&dinp}, [&] {
+  ExpectOverwrites({&dinp}, [&] {
     gelu_backward(dinp.data(), inp.data(), dout.data(), inp.size());
   });
+  // In place over dout, as the engine calls it.
+  Vec in_place = dout;
+  gelu_backward(in_place.data(), inp.data(), in_place.data(), inp.size());
+  EXPECT_EQ(in_place, dinp);
 }
 
 // The tanh formula itself in long double. 1 + tanh(u) cancels for negative
@@ -794,8 +836,12 @@ TEST(GeluTest, SharedFormulasStayFiniteWhereExpOverflows) {
     const float dy = math::GeluGradFromExp(x, e);
     EXPECT_TRUE(std::isfinite(y)) << "x " << x << " e " << e;
     EXPECT_TRUE(std::isfinite(dy)) << "x " << x << " e " << e;
-    if (x <= -12.0f) EXPECT_EQ(dy, 0.0f) << "x " << x;
-    if (x >= 20.0f) EXPECT_FLOAT_EQ(dy, 1.0f) << "x " << x;
+    if (x <= -12.0f) {
+      EXPECT_EQ(dy, 0.0f) << "x " << x;
+    }
+    if (x >= 20.0f) {
+      EXPECT_FLOAT_EQ(dy, 1.0f) << "x " << x;
+    }
   }
   // Near the overflow the gradient is tiny and of the right sign (GELU
   // falls towards 0 from below as x decreases: dGELU/dx < 0 there).

@@ -173,7 +173,6 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
   dqkv_ = Take(BT * 3 * Cl);
   datty_ = Take(BT * Cl);
   datt_ = Take(datt);
-  dfch_ = Take(BT * 4 * Cl);
   dfch_gelu_ = Take(BT * 4 * Cl);
   ce_stats_ = last() ? Take(3 * BT) : nullptr;
   scratch_.backend = ops_;
@@ -238,9 +237,12 @@ int64_t GptStage::ActivationFloats(const GptConfig& config, int max_B,
   const int64_t head = last ? sum({SatMul(BTs, C + 2), SatMul(BT, Vl), BT}) : 0;
   const int64_t per_slot =
       sum({SatMul(BTs, C), kept_blocks, SatMul(L, SatMul(BTs, C)), head});
-  const int64_t working = sum({recomputed, SatMul(2 * BT, C),
-                               SatMul(3 * BTs, C), SatMul(BT, 4 * Cl), datt,
-                               SatMul(2 * BT, 4 * Cl), last ? 3 * BT : 0});
+  // The backward's working set: two (B,T,C) scratch, proj, dresidual, dln;
+  // dqkv and datty; attention's scratch; one (B,T,4Cl) for the gradients of
+  // the MLP's hidden layer (GELU's output, then its input in place).
+  const int64_t working =
+      sum({recomputed, SatMul(2 * BT, C), SatMul(3 * BTs, C),
+           SatMul(BT, 4 * Cl), datt, SatMul(BT, 4 * Cl), last ? 3 * BT : 0});
   return SatAdd(SatMul(per_slot, slots), working);
 }
 
@@ -452,7 +454,6 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
     float* dlogits = S.logits;
     vocab_crossentropy_backward(dlogits, S.logits, targets, dloss, B, T,
                                 vocab_begin_, Vl_, scratch_);
-    k.Zero(dln_, BTsC);
     column_linear_backward(
         dln_, st.Grads(head_unit_) + head_wte_offset_, nullptr, dlogits, S.lnf,
         st.Params(head_unit_) + head_wte_offset_, B, T, C, Vl_, tp_, scratch_);
@@ -483,27 +484,24 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
     };
 
     st.BeginBackward(u + 3);
-    k.Zero(dfch_gelu_, BT * 4 * Cl_);
     row_linear_backward(dfch_gelu_, dT(u + 3, kFcProjW), dT(u + 3, kFcProjB),
                         dresidual_, a.fch_gelu,
                         BlockTensor(st.Params(u + 3), b, kFcProjW), B, T,
                         4 * Cl_, C, tp_, scratch_);
     st.EndBackward(u + 3);
-    k.Zero(dfch_, BT * 4 * Cl_);
-    k.gelu_backward(dfch_, a.fch, dfch_gelu_, BT * 4 * Cl_);
+    // In place: the gradient of fch replaces that of its GELU.
+    k.gelu_backward(dfch_gelu_, a.fch, dfch_gelu_, BT * 4 * Cl_);
     st.BeginBackward(u + 2);
     const float* w = st.Params(u + 2);
-    k.Zero(dln_, BTsC);
-    column_linear_backward(dln_, dT(u + 2, kFcW), dT(u + 2, kFcB), dfch_, a.ln2,
-                           BlockTensor(w, b, kFcW), B, T, C, 4 * Cl_, tp_,
-                           scratch_);
+    column_linear_backward(dln_, dT(u + 2, kFcW), dT(u + 2, kFcB), dfch_gelu_,
+                           a.ln2, BlockTensor(w, b, kFcW), B, T, C, 4 * Cl_,
+                           tp_, scratch_);
     st.Poll();
     k.layernorm_backward(dresidual_, dT(u + 2, kLn2W), dT(u + 2, kLn2B), dln_,
                          a.residual2, BlockTensor(w, b, kLn2W), a.ln2_mean,
                          a.ln2_rstd, B, Ts, C);
     st.EndBackward(u + 2);
     st.BeginBackward(u + 1);
-    k.Zero(datty_, BT * Cl_);
     row_linear_backward(datty_, dT(u + 1, kAttProjW), dT(u + 1, kAttProjB),
                         dresidual_, a.atty,
                         BlockTensor(st.Params(u + 1), b, kAttProjW), B, T, Cl_,
@@ -520,7 +518,6 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
     st.Poll();
     st.BeginBackward(u);
     w = st.Params(u);
-    k.Zero(dln_, BTsC);
     column_linear_backward(dln_, dT(u, kQkvW), dT(u, kQkvB), dqkv_, a.ln1,
                            BlockTensor(w, b, kQkvW), B, T, C, 3 * Cl_, tp_,
                            scratch_);

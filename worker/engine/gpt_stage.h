@@ -271,8 +271,7 @@ class GptStage : private UnitStore {
   float* dqkv_;       // (B,T,3Cl)
   float* datty_;      // (B,T,Cl)
   float* datt_;       // (B,NHl,T,T)
-  float* dfch_;       // (B,T,4Cl)
-  float* dfch_gelu_;  // (B,T,4Cl)
+  float* dfch_gelu_;  // (B,T,4Cl), then the gradient of fch in its place
   float* ce_stats_;   // (3,B,T)
 };
 

@@ -53,9 +53,8 @@ void sequence_gather(float* full, const float* local, int B, int T, int C,
   Permute(full, scratch, /*to_sequence=*/true, g.size(), B, Ts, C, ops);
 }
 
-void sequence_reduce(float* local, float* partial, bool accumulate, int B,
-                     int T, int C, const TpGroup& g, float* scratch,
-                     kernels::Ops& ops) {
+void sequence_reduce(float* local, float* partial, int B, int T, int C,
+                     const TpGroup& g, float* scratch, kernels::Ops& ops) {
   const int Ts = g.SeqLocal(T);
   const int64_t n_local = static_cast<int64_t>(B) * Ts * C;
   if (Parallel(g)) {
@@ -68,11 +67,7 @@ void sequence_reduce(float* local, float* partial, bool accumulate, int B,
       g.comm->AllReduce(partial, n_local);
     }
   }
-  if (accumulate) {
-    ops.Add(local, partial, n_local);
-  } else {
-    ops.Copy(local, partial, n_local);
-  }
+  ops.Copy(local, partial, n_local);
 }
 
 void column_linear_forward(float* out, const float* inp, const float* weight,
@@ -102,11 +97,9 @@ void column_linear_backward(float* dinp, float* dweight, float* dbias,
   }
   // This rank's rows of the weight give a part of the input gradient; the
   // group sums the parts (Megatron's f operator, backward).
-  const int64_t n = static_cast<int64_t>(B) * T * C;
-  s.ops().Zero(s.a, n);
   s.ops().matmul_backward(s.a, dweight, dbias, dout, full, weight, B, T, C,
                           OCl);
-  sequence_reduce(dinp, s.a, /*accumulate=*/true, B, T, C, g, s.b, s.ops());
+  sequence_reduce(dinp, s.a, B, T, C, g, s.b, s.ops());
 }
 
 void row_linear_forward(float* out, const float* inp, const float* weight,
@@ -119,7 +112,7 @@ void row_linear_forward(float* out, const float* inp, const float* weight,
   // Each rank's columns give a part of the output; the bias joins the sum
   // once, after the reduction (Megatron's g operator).
   s.ops().matmul_forward(s.a, inp, weight, nullptr, B, T, Cl, OC);
-  sequence_reduce(out, s.a, /*accumulate=*/false, B, T, OC, g, s.b, s.ops());
+  sequence_reduce(out, s.a, B, T, OC, g, s.b, s.ops());
   if (bias != nullptr) {
     s.ops().bias_forward(out, bias, static_cast<int64_t>(B) * g.SeqLocal(T),
                          OC);
@@ -147,7 +140,7 @@ void vocab_embedding_forward(float* out, const int32_t* inp, const float* wte,
     s.ops().embedding_forward(out, inp, wte, B, T, C, vocab_begin, Vl);
   } else {
     s.ops().embedding_forward(s.a, inp, wte, B, T, C, vocab_begin, Vl);
-    sequence_reduce(out, s.a, /*accumulate=*/false, B, T, C, g, s.b, s.ops());
+    sequence_reduce(out, s.a, B, T, C, g, s.b, s.ops());
   }
   s.ops().position_forward(out, wpe, B, g.SeqLocal(T), C, t0 + g.SeqBegin(T));
 }

@@ -56,12 +56,11 @@ struct LayerContext {
 // Without sp, a copy. scratch is (B,T,C). Every buffer in `ops`' memory.
 void sequence_gather(float* full, const float* local, int B, int T, int C,
                      const TpGroup& g, float* scratch, kernels::Ops& ops);
-// Sums partial (B,T,C) over the group into this rank's part: local (B,Ts,C)
-// (+= when accumulate). Without sp every rank gets the whole sum. partial
-// is destroyed; scratch is (B,T,C).
-void sequence_reduce(float* local, float* partial, bool accumulate, int B,
-                     int T, int C, const TpGroup& g, float* scratch,
-                     kernels::Ops& ops);
+// Sums partial (B,T,C) over the group into this rank's part: local (B,Ts,C).
+// Without sp every rank gets the whole sum. partial is destroyed; scratch
+// is (B,T,C).
+void sequence_reduce(float* local, float* partial, int B, int T, int C,
+                     const TpGroup& g, float* scratch, kernels::Ops& ops);
 
 // Column-parallel linear: weight (OCl,C) holds this rank's rows of the
 // whole (OC,C). out (B,T,OCl) = gather(inp) @ weight^T + bias; inp is
@@ -71,7 +70,7 @@ void sequence_reduce(float* local, float* partial, bool accumulate, int B,
 void column_linear_forward(float* out, const float* inp, const float* weight,
                            const float* bias, int B, int T, int C, int OCl,
                            const TpGroup& g, const LayerContext& s);
-// dinp (B,Ts,C) += reduce over the group of dout @ weight; dweight, dbias
+// dinp (B,Ts,C) = reduce over the group of dout @ weight; dweight, dbias
 // accumulate this rank's rows.
 void column_linear_backward(float* dinp, float* dweight, float* dbias,
                             const float* dout, const float* inp,
@@ -84,7 +83,7 @@ void column_linear_backward(float* dinp, float* dweight, float* dbias,
 void row_linear_forward(float* out, const float* inp, const float* weight,
                         const float* bias, int B, int T, int Cl, int OC,
                         const TpGroup& g, const LayerContext& s);
-// dinp (B,T,Cl) += gather(dout) @ weight; dweight += gather(dout)^T inp;
+// dinp (B,T,Cl) = gather(dout) @ weight; dweight += gather(dout)^T inp;
 // dbias += column sums of gather(dout) (the same on every rank).
 void row_linear_backward(float* dinp, float* dweight, float* dbias,
                          const float* dout, const float* inp,
