@@ -296,6 +296,10 @@ TEST_P(CudaOpsTest, GeluResidualBiasAndAdd) {
   gpu_->Add(g_sum.get(), g_x.get(), n);
   Check("gelu out", g_gelu.Host(), gelu);
   Check("gelu dinp (written)", g_dinp.Host(), dinp);
+  // In place over dout, as the engine calls it.
+  Dev g_in_place(gpu_.get(), dout);
+  gpu_->gelu_backward(g_in_place.get(), g_x.get(), g_in_place.get(), n);
+  Check("gelu dinp (in place)", g_in_place.Host(), dinp);
   Check("residual out", g_res.Host(), res);
   Check("bias out", g_biased.Host(), biased);
   Check("add out", g_sum.Host(), sum);
