@@ -3,7 +3,9 @@
 #  1. the bubble of GPipe, 1F1B and interleaved 1F1B (v=2 chunks per rank)
 #     at pp 2 and 4 over m = 1, 4, 8, 16 microbatches of 4 sequences
 #     (config S; 8 layers at pp=4 so that it interleaves), measured per stage
-#     against (pp-1)/(m+pp-1), (pp-1)/(v·m+pp-1) for interleaved, and the
+#     (10 steps a run, the median of ROUNDS runs: shorter runs swing by
+#     a fifth on this shared machine) against (pp-1)/(m+pp-1),
+#     (pp-1)/(v·m+pp-1) for interleaved, and the
 #     cut interleaving makes in the measured 1F1B bubble (target >= 0.6·v);
 #     also against the schedule simulated with each stage's measured pass
 #     times (stages are not equal: the last computes the head and the loss,
@@ -38,7 +40,7 @@ bubble() {
     r=$((r + 1))
     $mpi -n "$1" -x OMP_NUM_THREADS=1 "$bin" --config "${6:-S}" \
       --microbatches "$2" --micro-batch "${7:-4}" --schedule "$3" \
-      --virtual-stages "$4" --layers "$5" --steps 4 | awk '
+      --virtual-stages "$4" --layers "$5" --steps 10 | awk '
         /^  bubble: measured/ { f = $3; a = $NF }
         /^  bubble simulated/ { print f, a, $NF }'
   done | sort -n | awk '{l[NR] = $0} END {print l[int((NR + 1) / 2)]}'
