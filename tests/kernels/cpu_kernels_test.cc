@@ -84,46 +84,47 @@ double MaxGradError(const std::string& name, Vec* x, const Vec& analytic,
   return maxrel;
 }
 
-// Runs backward() on zeroed gradient buffers, then again on buffers holding
-// noise: the second result must be the noise plus the first.
-void ExpectAccumulates(const std::vector<Vec*>& grads,
-                       const std::function<void()>& backward) {
-  for (Vec* g : grads) std::fill(g->begin(), g->end(), 0.0);
+// What backward() leaves in `buffers`, run once on zeros (`fresh`) and once
+// on noise (`noise`, then `after`).
+struct ZeroThenNoise {
+  std::vector<Vec> fresh, noise, after;
+};
+ZeroThenNoise RunOnZerosThenNoise(const std::vector<Vec*>& buffers,
+                                  const std::function<void()>& backward) {
+  ZeroThenNoise r;
+  for (Vec* g : buffers) std::fill(g->begin(), g->end(), 0.0);
   backward();
-  std::vector<Vec> fresh;
-  std::vector<Vec> noise;
   std::mt19937_64 rng(7);
-  for (Vec* g : grads) {
-    fresh.push_back(*g);
-    noise.push_back(Random(g->size(), &rng));
-    *g = noise.back();
+  for (Vec* g : buffers) {
+    r.fresh.push_back(*g);
+    r.noise.push_back(Random(g->size(), &rng));
+    *g = r.noise.back();
   }
   backward();
+  for (Vec* g : buffers) r.after.push_back(*g);
+  return r;
+}
+
+// The second run's result must be the noise plus the first.
+void ExpectAccumulates(const std::vector<Vec*>& grads,
+                       const std::function<void()>& backward) {
+  const ZeroThenNoise r = RunOnZerosThenNoise(grads, backward);
   for (size_t k = 0; k < grads.size(); k++) {
     double maxdiff = 0;
-    for (size_t i = 0; i < fresh[k].size(); i++) {
-      maxdiff = std::max(maxdiff,
-                         std::abs((*grads[k])[i] - noise[k][i] - fresh[k][i]));
+    for (size_t i = 0; i < r.fresh[k].size(); i++) {
+      maxdiff = std::max(
+          maxdiff, std::abs(r.after[k][i] - r.noise[k][i] - r.fresh[k][i]));
     }
     EXPECT_LE(maxdiff, 1e-12) << "gradient buffer " << k << " not accumulated";
   }
 }
 
-// Runs backward() on zeroed buffers, then again on buffers holding noise:
-// the second result must be the first (the noise overwritten).
+// The second run's result must be the first (the noise overwritten).
 void ExpectOverwrites(const std::vector<Vec*>& outputs,
                       const std::function<void()>& backward) {
-  for (Vec* g : outputs) std::fill(g->begin(), g->end(), 0.0);
-  backward();
-  std::vector<Vec> fresh;
-  std::mt19937_64 rng(7);
-  for (Vec* g : outputs) {
-    fresh.push_back(*g);
-    *g = Random(g->size(), &rng);
-  }
-  backward();
+  const ZeroThenNoise r = RunOnZerosThenNoise(outputs, backward);
   for (size_t k = 0; k < outputs.size(); k++) {
-    EXPECT_EQ(*outputs[k], fresh[k]) << "buffer " << k << " not overwritten";
+    EXPECT_EQ(r.after[k], r.fresh[k]) << "buffer " << k << " not overwritten";
   }
 }
 
