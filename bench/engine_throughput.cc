@@ -50,9 +50,11 @@ struct Config {
 int64_t AnalyticBytes(const Config& c, int V, int64_t n_params,
                       int64_t* activations) {
   const int64_t BT = static_cast<int64_t>(c.B) * c.T;
-  // Saved per layer: ln1, qkv(3), atty, residual2, ln2, fch(4), gelu(4),
-  // residual3 = 16 C; LayerNorm mean/rstd = 4; attention probabilities NH·T.
-  const int64_t per_layer = 16LL * c.C + 4 + static_cast<int64_t>(c.NH) * c.T;
+  // Saved per layer: ln1, qkv(3), atty, residual2, ln2, fch(4), residual3 =
+  // 12 C (GELU's output is computed again in backward, into room the
+  // attention's gradients take later); LayerNorm mean/rstd = 4; attention
+  // probabilities NH·T.
+  const int64_t per_layer = 12LL * c.C + 4 + static_cast<int64_t>(c.NH) * c.T;
   const int64_t saved = BT * (c.L * per_layer + c.C /*embedding*/ + c.C +
                               2 /*ln_f*/ + V /*probs*/ + 1 /*losses*/);
   // Backward of one layer at a time: gradients of every activation of a

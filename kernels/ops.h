@@ -77,6 +77,25 @@ class Ops {
                                const float* dout, const float* inp,
                                const float* weight, int B, int T, int C,
                                int OC) = 0;
+  // matmul_forward of GELU(inp), GELU's output not kept: `hidden` (B,T,C)
+  // is working space for it, which a backend that applies GELU as it reads
+  // inp may leave alone. The model's MLP projection, whose backward
+  // (gelu_matmul_backward) computes GELU(inp) again instead of keeping it.
+  virtual void gelu_matmul_forward(float* out, float* hidden, const float* inp,
+                                   const float* weight, const float* bias,
+                                   int B, int T, int C, int OC) {
+    gelu_forward(hidden, inp, static_cast<int64_t>(B) * T * C);
+    matmul_forward(out, hidden, weight, bias, B, T, C, OC);
+  }
+  // matmul_backward whose input is GELU(inp), computed again (`hidden` as
+  // above); dinp is the gradient of GELU's output.
+  virtual void gelu_matmul_backward(float* dinp, float* dweight, float* dbias,
+                                    const float* dout, float* hidden,
+                                    const float* inp, const float* weight,
+                                    int B, int T, int C, int OC) {
+    gelu_forward(hidden, inp, static_cast<int64_t>(B) * T * C);
+    matmul_backward(dinp, dweight, dbias, dout, hidden, weight, B, T, C, OC);
+  }
   // Causal attention over inp (B,T,3,NH,hs) into out (B,T,NH,hs). `att`
   // holds what the forward keeps for the backward (attention_saved_floats:
   // the (B,NH,T,T) probabilities by default); `datt` is the backward's

@@ -15,10 +15,7 @@ template <typename F>
 void gelu_forward(F* out, const F* inp, int64_t N) {
   internal::ParallelFor(N, [&](int64_t i0, int64_t i1) {
 #pragma omp simd
-    for (int64_t i = i0; i < i1; i++) {
-      const F x = inp[i];
-      out[i] = math::GeluFromExp(x, internal::Exp(math::GeluExponent(x)));
-    }
+    for (int64_t i = i0; i < i1; i++) out[i] = internal::Gelu(inp[i]);
   });
 }
 

@@ -23,6 +23,7 @@
 
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace ptrain::kernels {
 
@@ -37,11 +38,20 @@ inline uint16_t RoundToBf16(float x) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+// x, or GELU(x) when kGelu (an operand that is GELU of the stored one, never
+// kept in fp32), rounded.
+template <bool kGelu>
+inline uint16_t Round(float x) {
+  return RoundToBf16(kGelu ? internal::Gelu(x) : x);
+}
+
 // rows x cols of `src` (row stride ld) into dense bf16 `dst`, or its
 // transpose (cols x rows) when `transpose`: oneDNN's bf16 matmul is fastest
 // on plain row-major operands (up to 25% over transposed ones here).
 // `col_sums` (cols, plain only), when not null, gets each column's sum of
-// the unrounded values added: a bias gradient in the same pass.
+// the unrounded values added: a bias gradient in the same pass. kGelu:
+// GELU of src.
+template <bool kGelu = false>
 void ToBf16(uint16_t* dst, const float* src, int64_t rows, int64_t cols,
             int64_t ld, bool transpose, float* col_sums = nullptr) {
   // Small conversions stay on the calling thread.
@@ -63,8 +73,9 @@ void ToBf16(uint16_t* dst, const float* src, int64_t rows, int64_t cols,
             uint16_t* d = dst + r * cols;
 #pragma omp simd
             for (int64_t c = c0; c < c1; ++c) {
-              d[c] = RoundToBf16(s[c]);
-              col_sums[c] += s[c];
+              const float v = kGelu ? internal::Gelu(s[c]) : s[c];
+              d[c] = RoundToBf16(v);
+              col_sums[c] += v;
             }
           }
         },
@@ -79,7 +90,7 @@ void ToBf16(uint16_t* dst, const float* src, int64_t rows, int64_t cols,
             const float* s = src + r * ld;
             uint16_t* d = dst + r * cols;
 #pragma omp simd
-            for (int64_t c = 0; c < cols; ++c) d[c] = RoundToBf16(s[c]);
+            for (int64_t c = 0; c < cols; ++c) d[c] = Round<kGelu>(s[c]);
           }
         },
         1);
@@ -101,7 +112,7 @@ void ToBf16(uint16_t* dst, const float* src, int64_t rows, int64_t cols,
           for (int64_t c = c0; c < c1; ++c) {
             uint16_t* d = dst + c * rows;
             for (int64_t r = r0; r < r1; ++r) {
-              d[r] = RoundToBf16(src[r * ld + c]);
+              d[r] = Round<kGelu>(src[r * ld + c]);
             }
           }
         }
@@ -131,6 +142,8 @@ dnnl::memory::format_tag PackedTag(int64_t nb) {
 
 // B (K,N) as op(stored): stored (K,N) with row stride ld, or (N,K) read
 // transposed when `transpose`, rounded into `dst` in layout BA16a<nb>b2a.
+// kGelu: GELU of src.
+template <bool kGelu = false>
 void PackBf16(uint16_t* dst, const float* src, int64_t K, int64_t N, int64_t ld,
               bool transpose, int64_t nb) {
   const int64_t k_blocks = (K + 31) / 32, n_blocks = (N + nb - 1) / nb;
@@ -138,7 +151,7 @@ void PackBf16(uint16_t* dst, const float* src, int64_t K, int64_t N, int64_t ld,
   uint32_t* words = reinterpret_cast<uint32_t*>(dst);
   auto at = [&](int64_t k, int64_t n) {
     return k < K && n < N
-               ? RoundToBf16(transpose ? src[n * ld + k] : src[k * ld + n])
+               ? Round<kGelu>(transpose ? src[n * ld + k] : src[k * ld + n])
                : uint16_t{0};
   };
   auto pack = [&](int64_t b0, int64_t b1) {
@@ -152,8 +165,8 @@ void PackBf16(uint16_t* dst, const float* src, int64_t K, int64_t N, int64_t ld,
           const float* s = src + (n0 + n) * ld + k0;
 #pragma omp simd
           for (int64_t p = 0; p < 16; ++p) {
-            block[p * nb + n] = RoundToBf16(s[2 * p]) |
-                                uint32_t{RoundToBf16(s[2 * p + 1])} << 16;
+            block[p * nb + n] = Round<kGelu>(s[2 * p]) |
+                                uint32_t{Round<kGelu>(s[2 * p + 1])} << 16;
           }
         }
       } else if (whole) {
@@ -163,7 +176,7 @@ void PackBf16(uint16_t* dst, const float* src, int64_t K, int64_t N, int64_t ld,
           uint32_t* d = block + p * nb;
 #pragma omp simd
           for (int64_t n = 0; n < nb; ++n) {
-            d[n] = RoundToBf16(lo[n]) | uint32_t{RoundToBf16(hi[n])} << 16;
+            d[n] = Round<kGelu>(lo[n]) | uint32_t{Round<kGelu>(hi[n])} << 16;
           }
         }
       } else {
@@ -290,10 +303,13 @@ uint16_t* Scratch(int which, int64_t n) {
 
 // C = op(A) op(B) + beta C (+ bias): A16 dense bf16 (M,K), or (K,M) when
 // ta; B fp32 (K,N) with row stride ldb, or (N,K) when tb, rounded into
-// scratch `b_scratch` in the matmul's layout.
+// scratch `b_scratch` in the matmul's layout. gelu_b: the operand is GELU
+// of B (plain, dense: ldb = N), computed as it is packed, or into `hidden`
+// (K,N) for a layout this file does not pack.
 void MatmulBf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                 const uint16_t* A16, const float* B, int64_t ldb, float beta,
-                float* C, int64_t ldc, const float* bias, int b_scratch) {
+                float* C, int64_t ldc, const float* bias, int b_scratch,
+                bool gelu_b = false, float* hidden = nullptr) {
   const Primitive& p =
       PrimitiveFor({ta, tb, M, N, K, ldb, ldc, beta, bias != nullptr});
   uint16_t* b16 = Scratch(
@@ -308,14 +324,41 @@ void MatmulBf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
         dnnl::memory(p.bias, Engine(), const_cast<float*>(bias));
   }
   dnnl::stream stream(Engine());
-  if (p.packed != 0) {
+  if (p.packed != 0 && gelu_b) {
+    PackBf16<true>(b16, B, K, N, ldb, tb, p.packed);
+  } else if (p.packed != 0) {
     PackBf16(b16, B, K, N, ldb, tb, p.packed);
   } else {
-    dnnl::memory b_f32(p.b_f32, Engine(), const_cast<float*>(B));
+    const float* b_src = B;
+    if (gelu_b) {
+      gelu_forward(hidden, B, K * N);  // the same internal::Gelu
+      b_src = hidden;
+    }
+    dnnl::memory b_f32(p.b_f32, Engine(), const_cast<float*>(b_src));
     p.pack_b.execute(stream, b_f32, b);
   }
   p.matmul.execute(stream, args);
   stream.wait();
+}
+
+// matmul_backward_bf16, its input GELU(inp) when gelu (see MatmulBf16).
+void MatmulBackwardBf16(float* dinp, float* dweight, float* dbias,
+                        const float* dout, const float* inp,
+                        const float* weight, int64_t rows, int C, int OC,
+                        bool gelu, float* hidden) {
+  if (rows == 0) return;
+  // dout once, its bias gradient in the same pass; it serves both products.
+  uint16_t* dout16 = Scratch(0, rows * OC);
+  ToBf16(dout16, dout, rows, OC, OC, /*transpose=*/false, dbias);
+  if (dinp != nullptr) {
+    // dinp (rows,C) = dout (rows,OC) @ weight (OC,C)
+    MatmulBf16(false, false, rows, C, OC, dout16, weight, C, 0.0f, dinp, C,
+               nullptr, 1);
+  }
+  // dweight (OC,C) += dout^T (OC,rows) @ inp (rows,C): dout read transposed
+  // costs the matmul less than a second, transposing conversion would.
+  MatmulBf16(true, false, OC, C, rows, dout16, inp, C, 1.0f, dweight, C,
+             nullptr, 2, gelu, hidden);
 }
 
 }  // namespace
@@ -346,19 +389,25 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
 void matmul_backward_bf16(float* dinp, float* dweight, float* dbias,
                           const float* dout, const float* inp,
                           const float* weight, int64_t rows, int C, int OC) {
+  MatmulBackwardBf16(dinp, dweight, dbias, dout, inp, weight, rows, C, OC,
+                     /*gelu=*/false, nullptr);
+}
+
+void gelu_matmul_forward_bf16(float* out, const float* inp, const float* weight,
+                              const float* bias, int64_t rows, int C, int OC) {
   if (rows == 0) return;
-  // dout once, its bias gradient in the same pass; it serves both products.
-  uint16_t* dout16 = Scratch(0, rows * OC);
-  ToBf16(dout16, dout, rows, OC, OC, /*transpose=*/false, dbias);
-  if (dinp != nullptr) {
-    // dinp (rows,C) = dout (rows,OC) @ weight (OC,C)
-    MatmulBf16(false, false, rows, C, OC, dout16, weight, C, 0.0f, dinp, C,
-               nullptr, 1);
-  }
-  // dweight (OC,C) += dout^T (OC,rows) @ inp (rows,C): dout read transposed
-  // costs the matmul less than a second, transposing conversion would.
-  MatmulBf16(true, false, OC, C, rows, dout16, inp, C, 1.0f, dweight, C,
-             nullptr, 2);
+  // GELU as inp is rounded: its fp32 output is never written.
+  uint16_t* a16 = Scratch(0, rows * C);
+  ToBf16<true>(a16, inp, rows, C, C, /*transpose=*/false);
+  MatmulBf16(false, true, rows, OC, C, a16, weight, C, 0.0f, out, OC, bias, 1);
+}
+
+void gelu_matmul_backward_bf16(float* dinp, float* dweight, float* dbias,
+                               const float* dout, const float* inp,
+                               float* hidden, const float* weight, int64_t rows,
+                               int C, int OC) {
+  MatmulBackwardBf16(dinp, dweight, dbias, dout, inp, weight, rows, C, OC,
+                     /*gelu=*/true, hidden);
 }
 
 }  // namespace ptrain::kernels

@@ -42,6 +42,17 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
 void matmul_backward_bf16(float* dinp, float* dweight, float* dbias,
                           const float* dout, const float* inp,
                           const float* weight, int64_t rows, int C, int OC);
+// matmul_forward in bf16 of GELU(inp) (rows,C): GELU (gelu_forward's, bit
+// for bit) is applied as inp is rounded, its fp32 output never written.
+void gelu_matmul_forward_bf16(float* out, const float* inp, const float* weight,
+                              const float* bias, int64_t rows, int C, int OC);
+// matmul_backward_bf16 whose input is GELU(inp), applied again as it is
+// rounded for dweight; `hidden` (rows,C) is working space for it where
+// oneDNN asks for a layout not packed here (then it holds GELU(inp)).
+void gelu_matmul_backward_bf16(float* dinp, float* dweight, float* dbias,
+                               const float* dout, const float* inp,
+                               float* hidden, const float* weight, int64_t rows,
+                               int C, int OC);
 // True when oneDNN may use AVX512_BF16 here (the CPU has it and
 // ONEDNN_MAX_CPU_ISA does not forbid it).
 bool CpuHasBf16();

@@ -108,6 +108,31 @@ class CpuBackend final : public Ops {
     kernels::matmul_backward(dinp, dweight, dbias, dout, inp, weight, B, T, C,
                              OC, bf16_);
   }
+  // In bf16 GELU is applied as the matmul rounds its operand: no fp32 pass
+  // over GELU's output in either direction.
+  void gelu_matmul_forward(float* out, float* hidden, const float* inp,
+                           const float* weight, const float* bias, int B, int T,
+                           int C, int OC) override {
+    if (!bf16_) {
+      Ops::gelu_matmul_forward(out, hidden, inp, weight, bias, B, T, C, OC);
+      return;
+    }
+    kernels::gelu_matmul_forward_bf16(out, inp, weight, bias,
+                                      static_cast<int64_t>(B) * T, C, OC);
+  }
+  void gelu_matmul_backward(float* dinp, float* dweight, float* dbias,
+                            const float* dout, float* hidden, const float* inp,
+                            const float* weight, int B, int T, int C,
+                            int OC) override {
+    if (!bf16_) {
+      Ops::gelu_matmul_backward(dinp, dweight, dbias, dout, hidden, inp, weight,
+                                B, T, C, OC);
+      return;
+    }
+    kernels::gelu_matmul_backward_bf16(dinp, dweight, dbias, dout, inp, hidden,
+                                       weight, static_cast<int64_t>(B) * T, C,
+                                       OC);
+  }
   // From kFlashAttentionT positions on, attention keeps one float per query
   // row (flash_attention_forward's log-sum-exp) and needs no scratch; below
   // it keeps the probabilities, which is faster there (10-30% on configs of

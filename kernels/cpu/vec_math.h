@@ -10,6 +10,8 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/common/math.h"
+
 namespace ptrain::kernels::internal {
 
 // exp(x) for float, branch-free so `omp simd` loops vectorise it: Cody-Waite
@@ -45,6 +47,13 @@ inline F Exp(F x) {
 template <>
 inline float Exp<float>(float x) {
   return ExpF(x);
+}
+
+// GELU (tanh approximation; math.h's formula, the exp above): every CPU
+// kernel that applies it calls this, so that a fused one rounds the same.
+template <typename F>
+inline F Gelu(F x) {
+  return math::GeluFromExp(x, Exp(math::GeluExponent(x)));
 }
 
 // max(x[0..n)), -inf for n = 0. GCC does not vectorise a max reduction on

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/kernels.h"
 #include "worker/engine/comm_mpi.h"
 #include "worker/engine/gpt_stage.h"
 #include "worker/engine/plan.h"
@@ -100,6 +101,8 @@ class LayersTest : public ::testing::TestWithParam<bool> {
     EXPECT_LE(d, kTol) << what << " on rank " << rank_;
   }
 
+  void RowLinearCase(bool gelu);
+
   std::unique_ptr<Communicator> comm_;
   TpGroup g_;
   int tp_ = 1, rank_ = 0;
@@ -139,30 +142,48 @@ TEST_P(LayersTest, ColumnParallelLinearMatchesOneRank) {
   Check("column dbias", my_db, Rows(db, 1, o0, OCl));
 }
 
-TEST_P(LayersTest, RowParallelLinearMatchesOneRank) {
+// Row-parallel linear on its input, or (gelu) on GELU of it with GELU's
+// output not kept (gelu_hidden): the reference is the one-rank layer on the
+// explicit GELU(inp) (kernels::gelu_forward).
+void LayersTest::RowLinearCase(bool gelu) {
   const Vec inp = Random(kB * kT * kOC, 5), w = Random(kC * kOC, 6),
             bias = Random(kC, 7), dout = Random(kB * kT * kC, 8);
+  Vec act = inp;
+  if (gelu) kernels::gelu_forward(act.data(), inp.data(), inp.size());
   Vec out(kB * kT * kC), dinp(inp.size(), 0.5f), dw(w.size(), 0.25f),
       db(kC, 0.125f);
-  row_linear_forward(out.data(), inp.data(), w.data(), bias.data(), kB, kT, kOC,
+  row_linear_forward(out.data(), act.data(), w.data(), bias.data(), kB, kT, kOC,
                      kC, TpGroup{}, one_);
   row_linear_backward(dinp.data(), dw.data(), db.data(), dout.data(),
-                      inp.data(), w.data(), kB, kT, kOC, kC, TpGroup{}, one_);
+                      act.data(), w.data(), kB, kT, kOC, kC, TpGroup{}, one_);
 
   const int Il = kOC / tp_, i0 = rank_ * Il;
   const Vec my_inp = Cols(inp, kOC, i0, Il), my_w = Cols(w, kOC, i0, Il);
   const Vec my_dout = Positions(dout, kT, kC, T0(), Ts());
   Vec my_out(kB * Ts() * kC), my_dinp(my_inp.size(), 0.5f),
       my_dw(my_w.size(), 0.25f), my_db(kC, 0.125f);
+  // Working space only: filled with noise, it must not leak into a result.
+  Vec hidden = Random(my_inp.size(), 9);
+  float* h = gelu ? hidden.data() : nullptr;
   row_linear_forward(my_out.data(), my_inp.data(), my_w.data(), bias.data(), kB,
-                     kT, Il, kC, g_, s_);
+                     kT, Il, kC, g_, s_, h);
+  const Vec noise = Random(hidden.size(), 10);
+  std::copy(noise.begin(), noise.end(), hidden.begin());
   row_linear_backward(my_dinp.data(), my_dw.data(), my_db.data(),
                       my_dout.data(), my_inp.data(), my_w.data(), kB, kT, Il,
-                      kC, g_, s_);
-  Check("row out", my_out, Positions(out, kT, kC, T0(), Ts()));
-  Check("row dinp", my_dinp, Cols(dinp, kOC, i0, Il));
-  Check("row dweight", my_dw, Cols(dw, kOC, i0, Il));
-  Check("row dbias", my_db, db);
+                      kC, g_, s_, h);
+  Check(gelu ? "row(gelu) out" : "row out", my_out,
+        Positions(out, kT, kC, T0(), Ts()));
+  Check(gelu ? "row(gelu) dinp" : "row dinp", my_dinp, Cols(dinp, kOC, i0, Il));
+  Check(gelu ? "row(gelu) dweight" : "row dweight", my_dw,
+        Cols(dw, kOC, i0, Il));
+  Check(gelu ? "row(gelu) dbias" : "row dbias", my_db, db);
+}
+
+TEST_P(LayersTest, RowParallelLinearMatchesOneRank) { RowLinearCase(false); }
+
+TEST_P(LayersTest, RowParallelLinearOfGeluMatchesOneRankOnGeluOutput) {
+  RowLinearCase(true);
 }
 
 // The vocabulary padded to Vp = 48: the last rank's rows run past V.

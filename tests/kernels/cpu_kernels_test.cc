@@ -551,6 +551,54 @@ TEST(MatmulTest, Bf16ForwardAndBackwardAreTheProductsOfRoundedOperands) {
   }
 }
 
+// The MLP projection of GELU(inp) with GELU's output not kept
+// (Ops::gelu_matmul_*): bit for bit what gelu_forward then the matmul give,
+// on both CPU precisions (bf16 applies GELU as it rounds the operand; its
+// forward and dweight then differ from unfused GELU by any bit of GELU, so
+// EQ is the test). Shapes with partial blocks of the packed layout; the
+// working space starts as noise and must not leak into a result.
+TEST(MatmulTest, GeluMatmulIsTheMatmulOfGeluOutput) {
+  struct Shape {
+    int B, T, C, OC;
+  };
+  for (Ops* ops : {&CpuOps(), &CpuBf16Ops()}) {
+    for (const Shape& sh :
+         {Shape{2, 37, 96, 40}, Shape{1, 64, 256, 64}, Shape{3, 11, 53, 29}}) {
+      std::mt19937_64 rng(11);
+      const int64_t rows = int64_t{sh.B} * sh.T;
+      const std::vector<float> inp = ToFloat(Random(rows * sh.C, &rng, -4, 4)),
+                               w = ToFloat(Random(int64_t{sh.OC} * sh.C, &rng)),
+                               bias = ToFloat(Random(sh.OC, &rng)),
+                               dout = ToFloat(Random(rows * sh.OC, &rng));
+      const std::vector<float> noise = ToFloat(Random(inp.size(), &rng));
+      std::vector<float> act(inp.size());
+      ops->gelu_forward(act.data(), inp.data(), act.size());
+      std::vector<float> want_out(rows * sh.OC), want_dinp(inp.size()),
+          want_dw(w.size(), 0.5f), want_db(sh.OC, 0.25f);
+      ops->matmul_forward(want_out.data(), act.data(), w.data(), bias.data(),
+                          sh.B, sh.T, sh.C, sh.OC);
+      ops->matmul_backward(want_dinp.data(), want_dw.data(), want_db.data(),
+                           dout.data(), act.data(), w.data(), sh.B, sh.T, sh.C,
+                           sh.OC);
+      std::vector<float> out(want_out.size()), dinp(inp.size()),
+          dw(w.size(), 0.5f), db(sh.OC, 0.25f), hidden = noise;
+      ops->gelu_matmul_forward(out.data(), hidden.data(), inp.data(), w.data(),
+                               bias.data(), sh.B, sh.T, sh.C, sh.OC);
+      hidden = noise;
+      ops->gelu_matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(),
+                                hidden.data(), inp.data(), w.data(), sh.B, sh.T,
+                                sh.C, sh.OC);
+      const std::string what = ops->name() + " " + std::to_string(rows) + "x" +
+                               std::to_string(sh.C) + "x" +
+                               std::to_string(sh.OC);
+      EXPECT_EQ(out, want_out) << what;
+      EXPECT_EQ(dinp, want_dinp) << what;
+      EXPECT_EQ(dw, want_dw) << what;
+      EXPECT_EQ(db, want_db) << what;
+    }
+  }
+}
+
 // -------------------------------------------------------------- attention
 
 struct AttentionProblem {

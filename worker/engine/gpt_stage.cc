@@ -139,7 +139,6 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
     slot.ln2_mean = Take(layers * BTs);
     slot.ln2_rstd = Take(layers * BTs);
     slot.fch = Take(layers * BT * 4 * Cl);
-    slot.fch_gelu = Take(layers * BT * 4 * Cl);
   };
   Slot shared{};
   if (full) take_blocks(shared, 1);
@@ -170,8 +169,8 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
   proj_ = Take(BTs * C);
   dresidual_ = Take(BTs * C);
   dln_ = Take(BTs * C);
-  dqkv_ = Take(BT * 3 * Cl);
-  datty_ = Take(BT * Cl);
+  dqkv_ = Take(BT * 4 * Cl);
+  datty_ = dqkv_ + BT * 3 * Cl;
   datt_ = Take(datt);
   dfch_gelu_ = Take(BT * 4 * Cl);
   ce_stats_ = last() ? Take(3 * BT) : nullptr;
@@ -216,11 +215,12 @@ int64_t GptStage::ActivationFloats(const GptConfig& config, int max_B,
     return s;
   };
   // Per layer, what a block's backward reads: ln1, residual2, ln2 and four
-  // (B,Ts) statistics; qkv, atty, fch, fch_gelu; what attention keeps for
-  // its backward. Then the block's output, residual3, which is kept even
-  // when the rest is recomputed. Recomputed parts are there once.
+  // (B,Ts) statistics; qkv, atty, fch (not GELU's output, computed again);
+  // what attention keeps for its backward. Then the block's output, residual3,
+  // which is kept even when the rest is recomputed. Recomputed parts are there
+  // once.
   const int64_t block =
-      sum({SatMul(BTs, 3 * C + 4), SatMul(BT, 3 * Cl + Cl + 8 * Cl)});
+      sum({SatMul(BTs, 3 * C + 4), SatMul(BT, 3 * Cl + Cl + 4 * Cl)});
   int64_t kept_blocks = 0, recomputed = 0;
   switch (recompute) {
     case Recompute::kNone:
@@ -238,8 +238,9 @@ int64_t GptStage::ActivationFloats(const GptConfig& config, int max_B,
   const int64_t per_slot =
       sum({SatMul(BTs, C), kept_blocks, SatMul(L, SatMul(BTs, C)), head});
   // The backward's working set: two (B,T,C) scratch, proj, dresidual, dln;
-  // dqkv and datty; attention's scratch; one (B,T,4Cl) for the gradients of
-  // the MLP's hidden layer (GELU's output, then its input in place).
+  // dqkv and datty (first GELU's output, again, for the MLP projection's
+  // backward); attention's scratch; one (B,T,4Cl) for the MLP's hidden layer
+  // (GELU's output in forward; in backward its gradient, then fch's).
   const int64_t working =
       sum({recomputed, SatMul(2 * BT, C), SatMul(3 * BTs, C),
            SatMul(BT, 4 * Cl), datt, SatMul(BT, 4 * Cl), last ? 3 * BT : 0});
@@ -321,8 +322,7 @@ GptStage::BlockActs GptStage::Acts(const Slot& S, int b) const {
                    S.atty + l * sBT * Cl_,     S.att + la * att_floats_,
                    S.residual2 + l * sBTs * C, S.ln2 + l * sBTs * C,
                    S.ln2_mean + l * sBTs,      S.ln2_rstd + l * sBTs,
-                   S.fch + l * sBT * 4 * Cl_,  S.fch_gelu + l * sBT * 4 * Cl_,
-                   S.residual3 + b * sBTs * C};
+                   S.fch + l * sBT * 4 * Cl_,  S.residual3 + b * sBTs * C};
 }
 
 void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
@@ -366,13 +366,13 @@ void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
   column_linear_forward(a.fch, a.ln2, BlockTensor(w, b, kFcW),
                         BlockTensor(w, b, kFcB), B, T, C, 4 * Cl_, g, scratch_);
   st.EndForward(u + 2);
-  k.gelu_forward(a.fch_gelu, a.fch, static_cast<int64_t>(B) * T * 4 * Cl_);
   if (recomputing) return;  // the block's output is kept
   st.BeginForward(u + 3);
   w = st.Params(u + 3);
-  row_linear_forward(proj_, a.fch_gelu, BlockTensor(w, b, kFcProjW),
-                     BlockTensor(w, b, kFcProjB), B, T, 4 * Cl_, C, g,
-                     scratch_);
+  // GELU(fch), not kept: the backward computes it again.
+  row_linear_forward(proj_, a.fch, BlockTensor(w, b, kFcProjW),
+                     BlockTensor(w, b, kFcProjB), B, T, 4 * Cl_, C, g, scratch_,
+                     /*gelu_hidden=*/dfch_gelu_);
   st.EndForward(u + 3);
   k.residual_forward(a.residual3, a.residual2, proj_, BTsC);
 }
@@ -485,9 +485,9 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
 
     st.BeginBackward(u + 3);
     row_linear_backward(dfch_gelu_, dT(u + 3, kFcProjW), dT(u + 3, kFcProjB),
-                        dresidual_, a.fch_gelu,
+                        dresidual_, a.fch,
                         BlockTensor(st.Params(u + 3), b, kFcProjW), B, T,
-                        4 * Cl_, C, tp_, scratch_);
+                        4 * Cl_, C, tp_, scratch_, /*gelu_hidden=*/dqkv_);
     st.EndBackward(u + 3);
     // In place: the gradient of fch replaces that of its GELU.
     k.gelu_backward(dfch_gelu_, a.fch, dfch_gelu_, BT * 4 * Cl_);

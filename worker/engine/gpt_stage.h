@@ -192,8 +192,7 @@ class GptStage : private UnitStore {
     float* ln2;        // (L,B,Ts,C)
     float* ln2_mean;   // (L,B,Ts)
     float* ln2_rstd;   // (L,B,Ts)
-    float* fch;        // (L,B,T,4Cl)
-    float* fch_gelu;   // (L,B,T,4Cl)
+    float* fch;        // (L,B,T,4Cl); GELU's output is computed again
     float* residual3;  // (L,B,Ts,C)
     float* lnf;        // (B,Ts,C)
     float* lnf_mean;   // (B,Ts)
@@ -210,13 +209,13 @@ class GptStage : private UnitStore {
   // Layer b's activations inside a slot's slabs.
   struct BlockActs {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2,
-        *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *residual3;
+        *ln2_mean, *ln2_rstd, *fch, *residual3;
   };
   BlockActs Acts(const Slot& S, int b) const;
   // Local block b's forward from its input x (B,Ts,C) into `a`. pos >= 0: a
   // Decode step at that position. `recomputing`: the forward again before
-  // the block's backward, which stops at the MLP's activation (the block's
-  // output is kept).
+  // the block's backward, which stops at the MLP's hidden layer (the
+  // block's output is kept).
   void BlockForward(const BlockActs& a, const float* x, int b, int B, int T,
                     const TpGroup& g, int pos, bool recomputing);
   // Forward of `slot`; pos >= 0: a Decode at that position.
@@ -268,11 +267,15 @@ class GptStage : private UnitStore {
   float* proj_;       // (B,Ts,C): a row-parallel output before the residual
   float* dresidual_;  // (B,Ts,C)
   float* dln_;        // (B,Ts,C)
-  float* dqkv_;       // (B,T,3Cl)
-  float* datty_;      // (B,T,Cl)
-  float* datt_;       // (B,NHl,T,T)
-  float* dfch_gelu_;  // (B,T,4Cl), then the gradient of fch in its place
-  float* ce_stats_;   // (3,B,T)
+  // dqkv_ and datty_ are one (B,T,4Cl) region, which holds GELU(fch)
+  // recomputed for the MLP projection's backward before them.
+  float* dqkv_;   // (B,T,3Cl)
+  float* datty_;  // (B,T,Cl)
+  float* datt_;   // (B,NHl,T,T)
+  // (B,T,4Cl): GELU(fch) in forward; in backward its gradient, then fch's
+  // in its place.
+  float* dfch_gelu_;
+  float* ce_stats_;  // (3,B,T)
 };
 
 }  // namespace ptrain

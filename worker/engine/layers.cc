@@ -104,14 +104,22 @@ void column_linear_backward(float* dinp, float* dweight, float* dbias,
 
 void row_linear_forward(float* out, const float* inp, const float* weight,
                         const float* bias, int B, int T, int Cl, int OC,
-                        const TpGroup& g, const LayerContext& s) {
+                        const TpGroup& g, const LayerContext& s,
+                        float* gelu_hidden) {
+  auto matmul = [&](float* y, const float* b) {
+    if (gelu_hidden != nullptr) {
+      s.ops().gelu_matmul_forward(y, gelu_hidden, inp, weight, b, B, T, Cl, OC);
+    } else {
+      s.ops().matmul_forward(y, inp, weight, b, B, T, Cl, OC);
+    }
+  };
   if (!Parallel(g)) {
-    s.ops().matmul_forward(out, inp, weight, bias, B, T, Cl, OC);
+    matmul(out, bias);
     return;
   }
   // Each rank's columns give a part of the output; the bias joins the sum
   // once, after the reduction (Megatron's g operator).
-  s.ops().matmul_forward(s.a, inp, weight, nullptr, B, T, Cl, OC);
+  matmul(s.a, nullptr);
   sequence_reduce(out, s.a, B, T, OC, g, s.b, s.ops());
   if (bias != nullptr) {
     s.ops().bias_forward(out, bias, static_cast<int64_t>(B) * g.SeqLocal(T),
@@ -122,14 +130,20 @@ void row_linear_forward(float* out, const float* inp, const float* weight,
 void row_linear_backward(float* dinp, float* dweight, float* dbias,
                          const float* dout, const float* inp,
                          const float* weight, int B, int T, int Cl, int OC,
-                         const TpGroup& g, const LayerContext& s) {
+                         const TpGroup& g, const LayerContext& s,
+                         float* gelu_hidden) {
   const float* full = dout;
   if (g.sp && Parallel(g)) {
     sequence_gather(s.a, dout, B, T, OC, g, s.b, s.ops());
     full = s.a;
   }
-  s.ops().matmul_backward(dinp, dweight, dbias, full, inp, weight, B, T, Cl,
-                          OC);
+  if (gelu_hidden != nullptr) {
+    s.ops().gelu_matmul_backward(dinp, dweight, dbias, full, gelu_hidden, inp,
+                                 weight, B, T, Cl, OC);
+  } else {
+    s.ops().matmul_backward(dinp, dweight, dbias, full, inp, weight, B, T, Cl,
+                            OC);
+  }
 }
 
 void vocab_embedding_forward(float* out, const int32_t* inp, const float* wte,

@@ -80,15 +80,20 @@ void column_linear_backward(float* dinp, float* dweight, float* dbias,
 // Row-parallel linear: weight (OC,Cl) holds this rank's columns of the whole
 // (OC,C). out (B,Ts,OC) = reduce(inp @ weight^T) + bias; inp is (B,T,Cl),
 // bias (OC) is added once, after the reduction. scratch: a, b.
+// `gelu_hidden` (B,T,Cl), when set: the layer's input is GELU(inp) instead
+// of inp, computed there (or as the backend's matmul reads inp) in forward
+// and again in backward, never kept (the MLP's projection).
 void row_linear_forward(float* out, const float* inp, const float* weight,
                         const float* bias, int B, int T, int Cl, int OC,
-                        const TpGroup& g, const LayerContext& s);
+                        const TpGroup& g, const LayerContext& s,
+                        float* gelu_hidden = nullptr);
 // dinp (B,T,Cl) = gather(dout) @ weight; dweight += gather(dout)^T inp;
 // dbias += column sums of gather(dout) (the same on every rank).
 void row_linear_backward(float* dinp, float* dweight, float* dbias,
                          const float* dout, const float* inp,
                          const float* weight, int B, int T, int Cl, int OC,
-                         const TpGroup& g, const LayerContext& s);
+                         const TpGroup& g, const LayerContext& s,
+                         float* gelu_hidden = nullptr);
 
 // Vocabulary-parallel embedding: wte (Vl,C) holds vocabulary rows
 // [vocab_begin, vocab_begin + Vl), wpe (>=t0+T,C) every position. out
