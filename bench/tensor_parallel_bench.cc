@@ -172,13 +172,11 @@ int main(int argc, char** argv) {
       // What one microbatch keeps from forward to backward (the part that
       // grows with microbatches in flight), without the working set every
       // layout needs once.
-      auto stash = [&](int t, bool with_sp, bool recompute) {
+      auto stash = [&](int t, bool with_sp, ptrain::Recompute r) {
         const ptrain::GptConfig c = tr.model().config();
         const int mb = spec->train().global_batch();
         ptrain::GptConfig ct = c;
         ct.padded_vocab = ptrain::PaddedVocab(c.vocab_size, t);
-        const ptrain::Recompute r =
-            recompute ? ptrain::Recompute::kFull : ptrain::Recompute::kNone;
         return double(ptrain::GptStage::ActivationFloats(
                           ct, mb, c.block_size, 1, t, with_sp, r, 0, 1) -
                       ptrain::GptStage::ActivationFloats(
@@ -196,7 +194,8 @@ int main(int argc, char** argv) {
               t, sp ? " sp" : "", pgo / 1e6, pgo / one_pgo, Mb(e->activations),
               double(e->activations) / one.activations,
               double(e->activations) / nosp->activations, t,
-              stash(t, sp, false) / stash(t, false, false));
+              stash(t, sp, ptrain::Recompute::kNone) /
+                  stash(t, false, ptrain::Recompute::kNone));
         }
       }
       // With the blocks recomputed (train.recompute=full) a microbatch keeps
@@ -216,8 +215,29 @@ int main(int argc, char** argv) {
               t, sp ? " sp" : "", Mb(e->activations),
               double(e->activations) / nosp->activations, t,
               double(e->activations) / one.activations,
-              stash(t, sp, true) * 4 / 1e6,
-              stash(t, sp, true) / stash(t, false, true));
+              stash(t, sp, ptrain::Recompute::kFull) * 4 / 1e6,
+              stash(t, sp, ptrain::Recompute::kFull) /
+                  stash(t, false, ptrain::Recompute::kFull));
+        }
+      }
+      // Megatron's pairing: sequence parallelism with selective
+      // recomputation (attention's probabilities computed again), against
+      // plain tensor parallelism that keeps everything.
+      std::printf(
+          "  with train.recompute=selective, activations per rank (ratio to "
+          "the same tp without sp and without recomputation):\n");
+      for (int t : {2, 4}) {
+        for (bool sp : {false, true}) {
+          const auto e = estimate(t, sp, "selective"),
+                     plain = estimate(t, false);
+          if (!e || !plain) continue;
+          std::printf(
+              "    tp=%d%-3s activations %7.2f MB (%.3fx of tp=%d without sp "
+              "or recomputation; stash per microbatch %.3fx)\n",
+              t, sp ? " sp" : "", Mb(e->activations),
+              double(e->activations) / plain->activations, t,
+              stash(t, sp, ptrain::Recompute::kSelective) /
+                  stash(t, false, ptrain::Recompute::kNone));
         }
       }
     }
