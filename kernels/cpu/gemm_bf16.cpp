@@ -63,23 +63,20 @@ void ToBf16(uint16_t* dst, const float* src, int64_t rows, int64_t cols,
     }
   };
   if (col_sums != nullptr) {
-    // One contiguous column slice per thread: each sum has one owner and a
-    // fixed order.
-    split(
-        cols,
-        [&](int64_t c0, int64_t c1) {
-          for (int64_t r = 0; r < rows; ++r) {
+    internal::ColumnSums<1>(
+        rows, cols, std::array<float*, 1>{col_sums},
+        [&](int64_t r0, int64_t r1, const std::array<float*, 1>& sum) {
+          for (int64_t r = r0; r < r1; ++r) {
             const float* s = src + r * ld;
             uint16_t* d = dst + r * cols;
 #pragma omp simd
-            for (int64_t c = c0; c < c1; ++c) {
+            for (int64_t c = 0; c < cols; ++c) {
               const float v = kGelu ? internal::Gelu(s[c]) : s[c];
               d[c] = RoundToBf16(v);
-              col_sums[c] += v;
+              sum[0][c] += v;
             }
           }
-        },
-        16);
+        });
     return;
   }
   if (!transpose) {

@@ -55,15 +55,16 @@ void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
   // dweight (OC,C) += dout^T (OC,rows) @ inp (rows,C)
   gemm<F>(true, false, OC, C, rows, F(1), dout, OC, inp, C, F(1), dweight, C);
   if (dbias != nullptr) {
-    // Column sums of dout. One contiguous column slice per thread (aligned to
-    // a 64-byte line): race-free, and the sum order is fixed.
-    internal::ParallelFor(OC, [&](int64_t o0, int64_t o1) {
-      for (int64_t r = 0; r < rows; r++) {
-        const F* dy = dout + r * OC;
+    // Column sums of dout.
+    internal::ColumnSums<1>(
+        rows, OC, std::array<F*, 1>{dbias},
+        [&](int64_t r0, int64_t r1, const std::array<F*, 1>& sum) {
+          for (int64_t r = r0; r < r1; r++) {
+            const F* dy = dout + r * OC;
 #pragma omp simd
-        for (int64_t i = o0; i < o1; i++) dbias[i] += dy[i];
-      }
-    });
+            for (int64_t i = 0; i < OC; i++) sum[0][i] += dy[i];
+          }
+        });
   }
 }
 

@@ -2,6 +2,7 @@
 // finite differences, accumulation of every gradient, float against double,
 // and the properties of attention, AdamW and the sum of squares.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -304,6 +305,58 @@ TEST(LayernormTest, ForwardNormalisesRows) {
     const double var_in = 1.0 / (p.rstd[r] * p.rstd[r]) - 1e-5;
     EXPECT_NEAR(sum_sq / kC, var_in / (var_in + 1e-5), 1e-12);
   }
+}
+
+// Sums over rows (LayerNorm's dweight and dbias, a linear layer's dbias in
+// fp32 and bf16) go through fixed blocks of rows, so their bits do not
+// depend on how many threads ran them. 150 rows: two whole blocks and part
+// of a third; entries spanning four decades, so that another order of
+// addition shows in the last bits.
+TEST(ColumnSumsTest, GradientSumsAreTheSameWhateverTheThreadCount) {
+  constexpr int B = 3, T = 50, C = 96, OC = 200;
+  std::mt19937_64 rng(5);
+  auto spread = [&](size_t n) {
+    Vec v = Random(n, &rng);
+    for (size_t i = 0; i < n; i += 7) v[i] *= 1e4;
+    return ToFloat(v);
+  };
+  const std::vector<float> inp = spread(B * T * C), dout_ln = spread(B * T * C),
+                           dout = spread(B * T * OC), weight_ln = spread(C),
+                           weight = spread(OC * C);
+  std::vector<float> mean(B * T), rstd(B * T), ln_out(B * T * C);
+  const std::vector<float> bias_ln(C, 0.5f);
+  layernorm_forward(ln_out.data(), mean.data(), rstd.data(), inp.data(),
+                    weight_ln.data(), bias_ln.data(), B, T, C);
+  struct Sums {
+    std::vector<float> ln_dinp, ln_dw, ln_db, db, db_bf16;
+  };
+  auto run = [&](int threads) {
+    omp_set_num_threads(threads);
+    Sums s{std::vector<float>(B * T * C, 0.25f), std::vector<float>(C, 1.0f),
+           std::vector<float>(C, -1.0f), std::vector<float>(OC, 2.0f),
+           std::vector<float>(OC, 2.0f)};
+    layernorm_backward(s.ln_dinp.data(), s.ln_dw.data(), s.ln_db.data(),
+                       dout_ln.data(), inp.data(), weight_ln.data(),
+                       mean.data(), rstd.data(), B, T, C);
+    std::vector<float> dinp(B * T * C), dw(OC * C, 0.0f);
+    matmul_backward(dinp.data(), dw.data(), s.db.data(), dout.data(),
+                    inp.data(), weight.data(), B, T, C, OC);
+    std::fill(dw.begin(), dw.end(), 0.0f);
+    matmul_backward_bf16(dinp.data(), dw.data(), s.db_bf16.data(), dout.data(),
+                         inp.data(), weight.data(), B * T, C, OC);
+    return s;
+  };
+  const int saved = omp_get_max_threads();
+  const Sums one = run(1);
+  for (int threads : {2, 3}) {
+    const Sums many = run(threads);
+    EXPECT_EQ(many.ln_dinp, one.ln_dinp) << threads << " threads";
+    EXPECT_EQ(many.ln_dw, one.ln_dw) << threads << " threads";
+    EXPECT_EQ(many.ln_db, one.ln_db) << threads << " threads";
+    EXPECT_EQ(many.db, one.db) << threads << " threads";
+    EXPECT_EQ(many.db_bf16, one.db_bf16) << threads << " threads";
+  }
+  omp_set_num_threads(saved);
 }
 
 TEST(LayernormTest, FloatForwardMatchesDouble) {
