@@ -41,19 +41,23 @@ void ParallelFor(int64_t n, Body&& body, int64_t align = 16) {
 // Column sums over the rows of a (rows, cols) pass: kSums accumulators of
 // cols values each, added to (never overwritten). body(r0, r1, partial)
 // handles rows [r0, r1) and adds each row's contribution to partial[k][c];
-// it may write per-row outputs as well. The rows go in blocks of kSumRows,
-// their partial sums (zeroed for each block) then into `sums` in block
-// order, so the result depends on neither the thread count nor the
-// schedule. Each thread streams whole rows: splitting by columns instead
-// (one owner per sum) has every thread touch every row, which here runs
-// two threads 2-3x slower than one.
+// it may write per-row outputs as well. The rows go in blocks of a
+// multiple of kSumRows rows (at most kSumBlocks blocks, which bounds the
+// scratch), their partial sums (zeroed for each block) then into `sums` in
+// block order: the blocks follow from `rows` alone, so the result depends
+// on neither the thread count nor the schedule. Each thread streams whole
+// rows: splitting by columns instead (one owner per sum) has every thread
+// touch every row, which here runs two threads 2-3x slower than one.
 inline constexpr int64_t kSumRows = 64;
+inline constexpr int64_t kSumBlocks = 256;
 
 template <int kSums, typename F, typename Body>
 void ColumnSums(int64_t rows, int64_t cols, const std::array<F*, kSums>& sums,
                 Body&& body) {
   if (rows <= 0 || cols <= 0) return;
-  const int64_t blocks = (rows + kSumRows - 1) / kSumRows;
+  const int64_t units = (rows + kSumRows - 1) / kSumRows;
+  const int64_t block_rows = (units + kSumBlocks - 1) / kSumBlocks * kSumRows;
+  const int64_t blocks = (rows + block_rows - 1) / block_rows;
   std::vector<F> partial(blocks * kSums * cols, F(0));
   ParallelFor(
       blocks,
@@ -63,7 +67,7 @@ void ColumnSums(int64_t rows, int64_t cols, const std::array<F*, kSums>& sums,
           for (int k = 0; k < kSums; k++) {
             p[k] = partial.data() + (b * kSums + k) * cols;
           }
-          body(b * kSumRows, std::min(rows, (b + 1) * kSumRows), p);
+          body(b * block_rows, std::min(rows, (b + 1) * block_rows), p);
         }
       },
       /*align=*/1);

@@ -356,6 +356,20 @@ TEST(ColumnSumsTest, GradientSumsAreTheSameWhateverTheThreadCount) {
     EXPECT_EQ(many.db, one.db) << threads << " threads";
     EXPECT_EQ(many.db_bf16, one.db_bf16) << threads << " threads";
   }
+  // Over 256 blocks of 64 rows the blocks grow instead (a bound on the
+  // scratch); still the same whatever the thread count.
+  constexpr int kLongT = 64 * 256 * 2 + 77;
+  const std::vector<float> long_dout = spread(kLongT * 16);
+  const std::vector<float> long_inp = spread(kLongT * 4), long_w = spread(64);
+  auto long_sums = [&](int threads) {
+    omp_set_num_threads(threads);
+    std::vector<float> dinp(kLongT * 4), dw(64, 0.0f), db(16, 0.0f);
+    matmul_backward(dinp.data(), dw.data(), db.data(), long_dout.data(),
+                    long_inp.data(), long_w.data(), 1, kLongT, 4, 16);
+    return db;
+  };
+  const std::vector<float> long_one = long_sums(1);
+  EXPECT_EQ(long_sums(3), long_one);
   omp_set_num_threads(saved);
 }
 
