@@ -201,45 +201,46 @@ int main(int argc, char** argv) {
       // With the blocks recomputed (train.recompute=full) a microbatch keeps
       // only each block's input, which SP shards along the sequence; the
       // recomputed block and the backward's working set are there once.
+      // tp 2 and 4, each without and with SP.
+      auto each_layout = [](auto&& print) {
+        for (int t : {2, 4}) {
+          for (bool sp : {false, true}) print(t, sp);
+        }
+      };
       std::printf(
           "  with train.recompute=full, activations per rank (ratio to the "
           "same tp without sp, and to tp=1 without recomputation):\n");
-      for (int t : {2, 4}) {
-        for (bool sp : {false, true}) {
-          const auto e = estimate(t, sp, "full"),
-                     nosp = estimate(t, false, "full");
-          if (!e || !nosp) continue;
-          std::printf(
-              "    tp=%d%-3s activations %7.2f MB (%.3fx of tp=%d without sp; "
-              "%.3fx of tp=1; stash per microbatch %.2f MB, %.3fx)\n",
-              t, sp ? " sp" : "", Mb(e->activations),
-              double(e->activations) / nosp->activations, t,
-              double(e->activations) / one.activations,
-              stash(t, sp, ptrain::Recompute::kFull) * 4 / 1e6,
-              stash(t, sp, ptrain::Recompute::kFull) /
-                  stash(t, false, ptrain::Recompute::kFull));
-        }
-      }
+      each_layout([&](int t, bool sp) {
+        const auto e = estimate(t, sp, "full"),
+                   nosp = estimate(t, false, "full");
+        if (!e || !nosp) return;
+        std::printf(
+            "    tp=%d%-3s activations %7.2f MB (%.3fx of tp=%d without sp; "
+            "%.3fx of tp=1; stash per microbatch %.2f MB, %.3fx)\n",
+            t, sp ? " sp" : "", Mb(e->activations),
+            double(e->activations) / nosp->activations, t,
+            double(e->activations) / one.activations,
+            stash(t, sp, ptrain::Recompute::kFull) * 4 / 1e6,
+            stash(t, sp, ptrain::Recompute::kFull) /
+                stash(t, false, ptrain::Recompute::kFull));
+      });
       // Megatron's pairing: sequence parallelism with selective
       // recomputation (attention's probabilities computed again), against
       // plain tensor parallelism that keeps everything.
       std::printf(
           "  with train.recompute=selective, activations per rank (ratio to "
           "the same tp without sp and without recomputation):\n");
-      for (int t : {2, 4}) {
-        for (bool sp : {false, true}) {
-          const auto e = estimate(t, sp, "selective"),
-                     plain = estimate(t, false);
-          if (!e || !plain) continue;
-          std::printf(
-              "    tp=%d%-3s activations %7.2f MB (%.3fx of tp=%d without sp "
-              "or recomputation; stash per microbatch %.3fx)\n",
-              t, sp ? " sp" : "", Mb(e->activations),
-              double(e->activations) / plain->activations, t,
-              stash(t, sp, ptrain::Recompute::kSelective) /
-                  stash(t, false, ptrain::Recompute::kNone));
-        }
-      }
+      each_layout([&](int t, bool sp) {
+        const auto e = estimate(t, sp, "selective"), plain = estimate(t, false);
+        if (!e || !plain) return;
+        std::printf(
+            "    tp=%d%-3s activations %7.2f MB (%.3fx of tp=%d without sp "
+            "or recomputation; stash per microbatch %.3fx)\n",
+            t, sp ? " sp" : "", Mb(e->activations),
+            double(e->activations) / plain->activations, t,
+            stash(t, sp, ptrain::Recompute::kSelective) /
+                stash(t, false, ptrain::Recompute::kNone));
+      });
     }
   }
   MPI_Finalize();
