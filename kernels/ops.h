@@ -129,6 +129,18 @@ class Ops {
                             int OC) = 0;
   virtual void residual_forward(float* out, const float* inp1,
                                 const float* inp2, int64_t N) = 0;
+  // residual = inp1 + inp2 (B,T,C), then layernorm_forward of it: the
+  // residual stream's add and the next LayerNorm. By default the two ops;
+  // a backend may do both in one pass (bit for bit the same).
+  virtual void residual_layernorm_forward(float* residual, float* out,
+                                          float* mean, float* rstd,
+                                          const float* inp1, const float* inp2,
+                                          const float* weight,
+                                          const float* bias, int B, int T,
+                                          int C) {
+    residual_forward(residual, inp1, inp2, static_cast<int64_t>(B) * T * C);
+    layernorm_forward(out, mean, rstd, residual, weight, bias, B, T, C);
+  }
   virtual void crossentropy_parallel_max(float* maxes, const float* logits,
                                          int B, int T, int Vl, int vocab_begin,
                                          int V) = 0;

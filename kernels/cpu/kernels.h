@@ -87,6 +87,13 @@ void position_backward(F* dwpe, const F* dout, int B, int T, int C, int t0);
 template <typename F>
 void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight,
                        const F* bias, int B, int T, int C);
+// residual = inp1 + inp2, then layernorm_forward of it into out, mean and
+// rstd, in one pass over the rows: bit for bit residual_forward then
+// layernorm_forward, without reading residual back.
+template <typename F>
+void residual_layernorm_forward(F* residual, F* out, F* mean, F* rstd,
+                                const F* inp1, const F* inp2, const F* weight,
+                                const F* bias, int B, int T, int C);
 template <typename F>
 void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout,
                         const F* inp, const F* weight, const F* mean,

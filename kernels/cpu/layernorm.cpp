@@ -9,6 +9,32 @@
 
 namespace ptrain::kernels {
 
+namespace {
+
+// One row of layernorm_forward: x is (C); writes o (C), *mean and *rstd.
+template <typename F>
+inline void LayerNormRow(F* o, F* mean, F* rstd, const F* x, const F* weight,
+                         const F* bias, int C) {
+  F sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int i = 0; i < C; i++) sum += x[i];
+  const F m = sum / C;
+  // Two passes rather than E[x^2]-m^2: no cancellation when |m| >> std.
+  F sum_sq = 0;
+#pragma omp simd reduction(+ : sum_sq)
+  for (int i = 0; i < C; i++) {
+    const F xm = x[i] - m;
+    sum_sq += xm * xm;
+  }
+  const F s = math::LayerNormRstd(sum_sq / C);
+#pragma omp simd
+  for (int i = 0; i < C; i++) o[i] = (x[i] - m) * s * weight[i] + bias[i];
+  *mean = m;
+  *rstd = s;
+}
+
+}  // namespace
+
 // out is (B,T,C), mean and rstd are (B,T), inp is (B,T,C), weight and bias
 // are (C).
 template <typename F>
@@ -17,24 +43,27 @@ void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight,
   const int64_t rows = static_cast<int64_t>(B) * T;
   internal::ParallelFor(rows, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
-      const F* x = inp + r * C;
-      F* o = out + r * C;
-      F sum = 0;
-#pragma omp simd reduction(+ : sum)
-      for (int i = 0; i < C; i++) sum += x[i];
-      const F m = sum / C;
-      // Two passes rather than E[x^2]-m^2: no cancellation when |m| >> std.
-      F sum_sq = 0;
-#pragma omp simd reduction(+ : sum_sq)
-      for (int i = 0; i < C; i++) {
-        const F xm = x[i] - m;
-        sum_sq += xm * xm;
-      }
-      const F s = math::LayerNormRstd(sum_sq / C);
+      LayerNormRow(out + r * C, mean + r, rstd + r, inp + r * C, weight, bias,
+                   C);
+    }
+  });
+}
+
+// residual, out, inp1, inp2 are (B,T,C); the rest as layernorm_forward. The
+// row just summed is still in L1 when it is normalised.
+template <typename F>
+void residual_layernorm_forward(F* residual, F* out, F* mean, F* rstd,
+                                const F* inp1, const F* inp2, const F* weight,
+                                const F* bias, int B, int T, int C) {
+  const int64_t rows = static_cast<int64_t>(B) * T;
+  internal::ParallelFor(rows, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      F* x = residual + r * C;
+      const F* a = inp1 + r * C;
+      const F* b = inp2 + r * C;
 #pragma omp simd
-      for (int i = 0; i < C; i++) o[i] = (x[i] - m) * s * weight[i] + bias[i];
-      mean[r] = m;
-      rstd[r] = s;
+      for (int i = 0; i < C; i++) x[i] = a[i] + b[i];
+      LayerNormRow(out + r * C, mean + r, rstd + r, x, weight, bias, C);
     }
   });
 }
@@ -90,6 +119,14 @@ template void layernorm_forward<float>(float*, float*, float*, const float*,
 template void layernorm_forward<double>(double*, double*, double*,
                                         const double*, const double*,
                                         const double*, int, int, int);
+template void residual_layernorm_forward<float>(float*, float*, float*, float*,
+                                                const float*, const float*,
+                                                const float*, const float*, int,
+                                                int, int);
+template void residual_layernorm_forward<double>(double*, double*, double*,
+                                                 double*, const double*,
+                                                 const double*, const double*,
+                                                 const double*, int, int, int);
 template void layernorm_backward<float>(float*, float*, float*, const float*,
                                         const float*, const float*,
                                         const float*, const float*, int, int,

@@ -91,6 +91,14 @@ class CpuBackend final : public Ops {
                          int C) override {
     kernels::layernorm_forward(out, mean, rstd, inp, weight, bias, B, T, C);
   }
+  void residual_layernorm_forward(float* residual, float* out, float* mean,
+                                  float* rstd, const float* inp1,
+                                  const float* inp2, const float* weight,
+                                  const float* bias, int B, int T,
+                                  int C) override {
+    kernels::residual_layernorm_forward(residual, out, mean, rstd, inp1, inp2,
+                                        weight, bias, B, T, C);
+  }
   void layernorm_backward(float* dinp, float* dweight, float* dbias,
                           const float* dout, const float* inp,
                           const float* weight, const float* mean,

@@ -11,6 +11,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/common/math.h"
@@ -305,6 +306,49 @@ TEST(LayernormTest, ForwardNormalisesRows) {
     const double var_in = 1.0 / (p.rstd[r] * p.rstd[r]) - 1e-5;
     EXPECT_NEAR(sum_sq / kC, var_in / (var_in + 1e-5), 1e-12);
   }
+}
+
+// The residual add and the LayerNorm after it in one pass: bit for bit the
+// two kernels one after the other, in both precisions and through the CPU
+// backend's op.
+template <typename F>
+void ExpectResidualLayernormIsAddThenLayernorm() {
+  constexpr int B = 3, T = 7, C = 96;
+  std::mt19937_64 rng(9);
+  auto random = [&](size_t n) {
+    const Vec v = Random(n, &rng);
+    return std::vector<F>(v.begin(), v.end());
+  };
+  const std::vector<F> a = random(B * T * C), b = random(B * T * C),
+                       w = random(C), bias = random(C);
+  std::vector<F> want_res(B * T * C), want_out(B * T * C), want_mean(B * T),
+      want_rstd(B * T);
+  residual_forward(want_res.data(), a.data(), b.data(), int64_t{B} * T * C);
+  layernorm_forward(want_out.data(), want_mean.data(), want_rstd.data(),
+                    want_res.data(), w.data(), bias.data(), B, T, C);
+  std::vector<F> res(B * T * C, F(7)), out(B * T * C, F(7)), mean(B * T),
+      rstd(B * T);
+  residual_layernorm_forward(res.data(), out.data(), mean.data(), rstd.data(),
+                             a.data(), b.data(), w.data(), bias.data(), B, T,
+                             C);
+  EXPECT_EQ(res, want_res);
+  EXPECT_EQ(out, want_out);
+  EXPECT_EQ(mean, want_mean);
+  EXPECT_EQ(rstd, want_rstd);
+  if constexpr (std::is_same_v<F, float>) {
+    std::fill(res.begin(), res.end(), 7.0f);
+    std::fill(out.begin(), out.end(), 7.0f);
+    CpuOps().residual_layernorm_forward(res.data(), out.data(), mean.data(),
+                                        rstd.data(), a.data(), b.data(),
+                                        w.data(), bias.data(), B, T, C);
+    EXPECT_EQ(res, want_res);
+    EXPECT_EQ(out, want_out);
+  }
+}
+
+TEST(LayernormTest, ResidualLayernormIsTheAddThenTheLayernorm) {
+  ExpectResidualLayernormIsAddThenLayernorm<double>();
+  ExpectResidualLayernormIsAddThenLayernorm<float>();
 }
 
 // Sums over rows (LayerNorm's dweight and dbias, a linear layer's dbias in

@@ -357,12 +357,11 @@ void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
   row_linear_forward(proj_, a.atty, BlockTensor(w, b, kAttProjW),
                      BlockTensor(w, b, kAttProjB), B, T, Cl_, C, g, scratch_);
   st.EndForward(u + 1);
-  k.residual_forward(a.residual2, x, proj_, BTsC);
   st.BeginForward(u + 2);
   w = st.Params(u + 2);
-  k.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2,
-                      BlockTensor(w, b, kLn2W), BlockTensor(w, b, kLn2B), B, Ts,
-                      C);
+  k.residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, x,
+                               proj_, BlockTensor(w, b, kLn2W),
+                               BlockTensor(w, b, kLn2B), B, Ts, C);
   column_linear_forward(a.fch, a.ln2, BlockTensor(w, b, kFcW),
                         BlockTensor(w, b, kFcB), B, T, C, 4 * Cl_, g, scratch_);
   st.EndForward(u + 2);
