@@ -84,6 +84,10 @@ std::string LocalHostName() {
 
 namespace {
 
+// A supervision tick later than its period by more than this means ptcoord
+// itself could not run (see Supervise).
+constexpr absl::Duration kLateSupervision = absl::Seconds(1);
+
 // The GPUs jobs run on this host may take: --local-gpus, else the driver's
 // count; none asked of the driver when jobs run on nodes or under Slurm.
 int LocalGpus(const CoordinatorOptions& o) {
@@ -275,6 +279,7 @@ void Coordinator::Start() {
     // until they have reconnected: their hang timer starts now.
     absl::MutexLock lock(&mu_);
     for (auto& [id, run] : running_) run.last_report = absl::Now();
+    last_supervised_ = absl::InfinitePast();
   }
   stop_ = false;
   supervisor_ = std::thread([this] {
@@ -1233,6 +1238,19 @@ void Coordinator::PollSlurm(Entry& e, Running& run, absl::Time now) {
 
 void Coordinator::Supervise() {
   const absl::Time now = absl::Now();
+  // Hang timers measure the ranks' silence, not ours. While supervision was
+  // kept from running (ptcoord paused, the host overloaded, this lock held
+  // through a stalled disk write) no report could be heard either, so that
+  // time does not count against the ranks.
+  const absl::Duration late = now - last_supervised_ - options_.tick;
+  if (last_supervised_ != absl::InfinitePast() && late > kLateSupervision) {
+    spdlog::warn(
+        "supervision ran {} late (ptcoord paused or stalled): hang timers "
+        "leave that time out",
+        absl::FormatDuration(late));
+    for (auto& [id, run] : running_) run.last_report += late;
+  }
+  last_supervised_ = now;
   const std::vector<v1::Node> nodes =
       nodes_->enabled() ? nodes_->List(now) : std::vector<v1::Node>();
   // Right after a restart every node is down until it registers again:

@@ -301,6 +301,9 @@ class Coordinator {
   std::map<std::string, Running> running_ ABSL_GUARDED_BY(mu_);
   std::string advertise_ ABSL_GUARDED_BY(mu_);
   std::string last_store_error_ ABSL_GUARDED_BY(mu_);  // logged once
+  // When Supervise last ran (InfinitePast before the first tick): a tick
+  // that comes late means we were paused or stalled, not the ranks.
+  absl::Time last_supervised_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::CondVar changed_;
   absl::CondVar
       wake_;  // a submit or cancel wants a Tick now, not at the next period

@@ -671,6 +671,36 @@ TEST_F(ControlPlaneTest, LongCoordinatorOutageDoesNotKillHealthyJobAsHung) {
   EXPECT_LT(at_restart, 300) << "finished before the coordinator was back";
 }
 
+// A ptcoord that cannot run for longer than the hang timeout (stopped here;
+// in life a disk write stalled under its lock or an overloaded host) heard
+// no report in that time because it was not listening, not because the
+// ranks were silent: the healthy job lives on.
+TEST_F(ControlPlaneTest, PausedCoordinatorDoesNotKillHealthyJobAsHung) {
+  StopCoordinator(SIGTERM);
+  setenv("PTRAIN_TEST_CHECKPOINT_PAUSE_S", "0.25", 1);
+  StartCoordinator("127.0.0.1:0");
+  unsetenv("PTRAIN_TEST_CHECKPOINT_PAUSE_S");
+  const std::string id =
+      Submit({"train.steps=120", "checkpoint.every=1", "checkpoint.keep_last=2",
+              "restart.hang_timeout_s=4", "restart.max_restarts=0"});
+  ASSERT_TRUE(WaitFor([&] { return Step(id) > 0; }, 120))
+      << Get(id)["job"].dump();
+  ASSERT_EQ(kill(coordinator_, SIGSTOP), 0);
+  std::this_thread::sleep_for(std::chrono::seconds(8));
+  const bool job_alive = !JobProcesses(id).empty();
+  ASSERT_EQ(kill(coordinator_, SIGCONT), 0);
+  ASSERT_TRUE(job_alive) << "the job ended during the pause; the test proves "
+                            "nothing";
+  const int64_t at_resume = Step(id);
+  ASSERT_TRUE(WaitFor([&] { return State(id) != "JOB_STATE_RUNNING"; }, 300))
+      << Get(id)["job"].dump();
+  json j = Get(id);
+  EXPECT_EQ(j["job"]["state"], "JOB_STATE_SUCCEEDED") << j["job"].dump();
+  EXPECT_EQ(j["job"]["attempts"], 1) << j["job"].dump();
+  EXPECT_EQ(j["job"]["error"], "") << j["job"].dump();
+  EXPECT_LT(at_resume, 120) << "finished before ptcoord was resumed";
+}
+
 // TLS with client certificates: the ranks report over TLS (trusting the CA
 // ptcoord hands them), ptctl needs the CA and a client certificate, and a
 // plain-text client gets nowhere.
