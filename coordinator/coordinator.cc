@@ -1238,17 +1238,18 @@ void Coordinator::PollSlurm(Entry& e, Running& run, absl::Time now) {
 
 void Coordinator::Supervise() {
   const absl::Time now = absl::Now();
-  // Hang timers measure the ranks' silence, not ours. While supervision was
-  // kept from running (ptcoord paused, the host overloaded, this lock held
-  // through a stalled disk write) no report could be heard either, so that
-  // time does not count against the ranks.
+  // Hang timers and node timeouts measure the ranks' and nodes' silence,
+  // not ours. While supervision was kept from running (ptcoord paused, the
+  // host overloaded, this lock held through a stalled disk write) no report
+  // could be heard either, so that time does not count against them.
   const absl::Duration late = now - last_supervised_ - options_.tick;
   if (last_supervised_ != absl::InfinitePast() && late > kLateSupervision) {
     spdlog::warn(
         "supervision ran {} late (ptcoord paused or stalled): hang timers "
-        "leave that time out",
+        "and node timeouts leave that time out",
         absl::FormatDuration(late));
     for (auto& [id, run] : running_) run.last_report += late;
+    nodes_->LeaveOut(late);
   }
   last_supervised_ = now;
   const std::vector<v1::Node> nodes =

@@ -117,6 +117,7 @@ absl::StatusOr<v1::RegisterNodeResponse> NodeRegistry::Register(
   e.node.set_registered_unix_ms(UnixMs(now));
   e.session = RandomHex(16);
   e.last_heartbeat = now;  // registering is a sign of life
+  e.silent_since = now;
   v1::RegisterNodeResponse out;
   out.set_session(e.session);
   out.set_heartbeat_interval_ms(static_cast<int32_t>(
@@ -141,6 +142,7 @@ absl::Status NodeRegistry::Heartbeat(const v1::NodeHeartbeatRequest& request,
   }
   Entry& e = it->second;
   e.last_heartbeat = now;
+  e.silent_since = now;
   e.node.set_load1(request.load1());
   e.node.set_processes(request.processes());
   return absl::OkStatus();
@@ -183,12 +185,17 @@ std::vector<v1::Node> NodeRegistry::List(absl::Time now) const {
   return ListLocked(now);
 }
 
+void NodeRegistry::LeaveOut(absl::Duration gap) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [name, e] : nodes_) e.silent_since += gap;
+}
+
 std::vector<v1::Node> NodeRegistry::ListLocked(absl::Time now) const {
   std::vector<v1::Node> out;
   for (const auto& [name, e] : nodes_) {
     v1::Node& n = out.emplace_back(e.node);
     const bool up =
-        !e.session.empty() && now - e.last_heartbeat <= options_.timeout;
+        !e.session.empty() && now - e.silent_since <= options_.timeout;
     n.set_state(up ? v1::NODE_STATE_UP : v1::NODE_STATE_DOWN);
     n.set_last_heartbeat_unix_ms(e.session.empty() ? 0
                                                    : UnixMs(e.last_heartbeat));

@@ -68,11 +68,19 @@ class NodeRegistry {
   // Every known node by name, with its state at `now`.
   std::vector<v1::Node> List(absl::Time now) const;
 
+  // ptcoord could not run for `gap` (paused, stalled): no heartbeat could be
+  // heard then, so that time does not count towards any node's timeout.
+  // The last heartbeat shown stays when it came.
+  void LeaveOut(absl::Duration gap);
+
  private:
   struct Entry {
     v1::Node node;        // spec, registered time, last report
     std::string session;  // "" until it registers with this ptcoord
     absl::Time last_heartbeat = absl::InfinitePast();
+    // The node's silence counts from here: its last heartbeat, later by
+    // the time LeaveOut excused since.
+    absl::Time silent_since = absl::InfinitePast();
   };
   std::vector<v1::Node> ListLocked(absl::Time now) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -138,6 +138,28 @@ TEST_F(NodeRegistryTest, NodeIsUpWhileItHeartbeatsAndDownAfterTheTimeout) {
   EXPECT_EQ(r->Heartbeat(bad, t).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Time ptcoord could not run does not count towards a node's timeout; the
+// last heartbeat shown stays when it came.
+TEST_F(NodeRegistryTest, TimeLeftOutDoesNotCountTowardsTheTimeout) {
+  auto r = Make();
+  auto reg = r->Register(Request("n1"), t0_);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  const absl::Time beat = t0_ + absl::Seconds(1);
+  ASSERT_TRUE(r->Heartbeat(Beat("n1", reg->session()), beat).ok());
+  r->LeaveOut(absl::Seconds(20));
+  const absl::Time later = beat + absl::Seconds(24);  // 4 s heard of 24
+  const v1::Node n = r->List(later).at(0);
+  EXPECT_EQ(n.state(), v1::NODE_STATE_UP);
+  EXPECT_EQ(n.last_heartbeat_unix_ms(), absl::ToUnixMillis(beat));
+  EXPECT_EQ(r->List(later + absl::Seconds(2)).at(0).state(),
+            v1::NODE_STATE_DOWN);
+  // A heartbeat restarts the count from itself.
+  ASSERT_TRUE(r->Heartbeat(Beat("n1", reg->session()), later).ok());
+  EXPECT_EQ(r->List(later + absl::Seconds(5)).at(0).state(), v1::NODE_STATE_UP);
+  EXPECT_EQ(r->List(later + absl::Seconds(6)).at(0).state(),
+            v1::NODE_STATE_DOWN);
+}
+
 TEST_F(NodeRegistryTest, ANewRegistrationReplacesTheOldSession) {
   auto r = Make();
   auto first = r->Register(Request("n1"), t0_);
