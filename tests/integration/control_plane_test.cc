@@ -633,21 +633,51 @@ TEST_F(ControlPlaneTest, JobThatEndedWhileCoordinatorWasDownIsCompleted) {
   EXPECT_EQ(Int(Get(id)["job"]["progress"], "step"), kSteps);
 }
 
+// Fixture for a healthy job whose ptcoord goes away for a while: the job
+// must not be killed as hung for the time nobody could hear it.
+class CoordinatorAbsenceTest : public ControlPlaneTest {
+ protected:
+  // Restarts ptcoord so that every step of its jobs saves a checkpoint and
+  // pauses in it (at least 0.25 s a step, so the job outlives the absence
+  // whatever the machine's speed), submits `steps` steps and waits for the
+  // first report.
+  std::string SubmitSlowJob(int steps, int hang_timeout_s) {
+    StopCoordinator(SIGTERM);
+    setenv("PTRAIN_TEST_CHECKPOINT_PAUSE_S", "0.25", 1);
+    StartCoordinator("127.0.0.1:0");
+    unsetenv("PTRAIN_TEST_CHECKPOINT_PAUSE_S");
+    steps_ = steps;
+    const std::string id =
+        Submit({absl::StrCat("train.steps=", steps), "checkpoint.every=1",
+                "checkpoint.keep_last=2",
+                absl::StrCat("restart.hang_timeout_s=", hang_timeout_s),
+                "restart.max_restarts=0"});
+    EXPECT_TRUE(WaitFor([&] { return Step(id) > 0; }, 120))
+        << Get(id)["job"].dump();
+    return id;
+  }
+  // Once ptcoord is back: the job ends as it would have without the
+  // absence, in its first attempt, and had not ended before.
+  void ExpectFinishesUnharmed(const std::string& id) {
+    const int64_t at_return = Step(id);
+    ASSERT_TRUE(WaitFor([&] { return State(id) != "JOB_STATE_RUNNING"; }, 300))
+        << Get(id)["job"].dump();
+    json j = Get(id);
+    EXPECT_EQ(j["job"]["state"], "JOB_STATE_SUCCEEDED") << j["job"].dump();
+    EXPECT_EQ(j["job"]["attempts"], 1) << j["job"].dump();
+    EXPECT_EQ(j["job"]["error"], "") << j["job"].dump();
+    EXPECT_LT(at_return, steps_) << "finished before ptcoord was back";
+  }
+
+  int steps_ = 0;
+};
+
 // Longer than gRPC's default reconnect backoff would wait: the ranks'
 // reporters (backoff capped at 2 s) are back before the hang timeout that
 // starts with the new ptcoord, so the re-adopted attempt is not killed.
-TEST_F(ControlPlaneTest, LongCoordinatorOutageDoesNotKillHealthyJobAsHung) {
-  StopCoordinator(SIGTERM);
-  // Every step saves a checkpoint and pauses in it: at least 0.25 s a step,
-  // so the job outlives the outage whatever the machine's speed.
-  setenv("PTRAIN_TEST_CHECKPOINT_PAUSE_S", "0.25", 1);
-  StartCoordinator("127.0.0.1:0");
-  unsetenv("PTRAIN_TEST_CHECKPOINT_PAUSE_S");
-  const std::string id =
-      Submit({"train.steps=300", "checkpoint.every=1", "checkpoint.keep_last=2",
-              "restart.hang_timeout_s=6", "restart.max_restarts=0"});
-  ASSERT_TRUE(WaitFor([&] { return Step(id) > 0; }, 120))
-      << Get(id)["job"].dump();
+TEST_F(CoordinatorAbsenceTest,
+       LongCoordinatorOutageDoesNotKillHealthyJobAsHung) {
+  const std::string id = SubmitSlowJob(300, 6);
   const std::string port = address_.substr(address_.rfind(':'));
   StopCoordinator(SIGKILL);
   // gRPC's default backoff (1 s, x1.6, up to 120 s) tries at about 26 s and
@@ -656,49 +686,22 @@ TEST_F(ControlPlaneTest, LongCoordinatorOutageDoesNotKillHealthyJobAsHung) {
   ASSERT_FALSE(JobProcesses(id).empty())
       << "the job ended during the outage; the test proves nothing";
   StartCoordinator("127.0.0.1" + port);
-  const int64_t at_restart = Step(id);
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        const std::string st = State(id);
-        return st != "JOB_STATE_RUNNING";
-      },
-      300))
-      << Get(id)["job"].dump();
-  json j = Get(id);
-  EXPECT_EQ(j["job"]["state"], "JOB_STATE_SUCCEEDED") << j["job"].dump();
-  EXPECT_EQ(j["job"]["attempts"], 1) << j["job"].dump();
-  EXPECT_EQ(j["job"]["error"], "") << j["job"].dump();
-  EXPECT_LT(at_restart, 300) << "finished before the coordinator was back";
+  ExpectFinishesUnharmed(id);
 }
 
 // A ptcoord that cannot run for longer than the hang timeout (stopped here;
 // in life a disk write stalled under its lock or an overloaded host) heard
 // no report in that time because it was not listening, not because the
 // ranks were silent: the healthy job lives on.
-TEST_F(ControlPlaneTest, PausedCoordinatorDoesNotKillHealthyJobAsHung) {
-  StopCoordinator(SIGTERM);
-  setenv("PTRAIN_TEST_CHECKPOINT_PAUSE_S", "0.25", 1);
-  StartCoordinator("127.0.0.1:0");
-  unsetenv("PTRAIN_TEST_CHECKPOINT_PAUSE_S");
-  const std::string id =
-      Submit({"train.steps=120", "checkpoint.every=1", "checkpoint.keep_last=2",
-              "restart.hang_timeout_s=4", "restart.max_restarts=0"});
-  ASSERT_TRUE(WaitFor([&] { return Step(id) > 0; }, 120))
-      << Get(id)["job"].dump();
+TEST_F(CoordinatorAbsenceTest, PausedCoordinatorDoesNotKillHealthyJobAsHung) {
+  const std::string id = SubmitSlowJob(120, 4);
   ASSERT_EQ(kill(coordinator_, SIGSTOP), 0);
   std::this_thread::sleep_for(std::chrono::seconds(8));
   const bool job_alive = !JobProcesses(id).empty();
   ASSERT_EQ(kill(coordinator_, SIGCONT), 0);
   ASSERT_TRUE(job_alive) << "the job ended during the pause; the test proves "
                             "nothing";
-  const int64_t at_resume = Step(id);
-  ASSERT_TRUE(WaitFor([&] { return State(id) != "JOB_STATE_RUNNING"; }, 300))
-      << Get(id)["job"].dump();
-  json j = Get(id);
-  EXPECT_EQ(j["job"]["state"], "JOB_STATE_SUCCEEDED") << j["job"].dump();
-  EXPECT_EQ(j["job"]["attempts"], 1) << j["job"].dump();
-  EXPECT_EQ(j["job"]["error"], "") << j["job"].dump();
-  EXPECT_LT(at_resume, 120) << "finished before ptcoord was resumed";
+  ExpectFinishesUnharmed(id);
 }
 
 // TLS with client certificates: the ranks report over TLS (trusting the CA
