@@ -58,6 +58,9 @@ struct CoordinatorOptions {
   int cores = 1;
   absl::Duration cancel_grace = absl::Seconds(10);  // SIGTERM -> SIGKILL
   absl::Duration tick = absl::Milliseconds(200);    // supervision period
+  // GetJob's loss history: at most this many points of each series (a job
+  // of many steps thinned evenly, so that the answer stays small).
+  int64_t loss_points_per_series = 10000;
   // Ranks serve /metrics here (PTRAIN_METRICS_BIND) and report the address;
   // "" = ranks serve no metrics.
   std::string rank_metrics_bind;

@@ -429,13 +429,21 @@ absl::Status Store::AddLossPoint(const std::string& job_id,
 }
 
 absl::StatusOr<std::vector<v1::LossPoint>> Store::LossHistory(
-    const std::string& job_id) {
+    const std::string& job_id, int64_t max_per_series) {
   absl::MutexLock lock(&mu_);
-  Stmt q(
-      db_,
-      "SELECT attempt, step, loss, val_loss FROM loss_history WHERE job_id=? "
-      "ORDER BY id");
-  q.Bind(1, job_id);
+  // Point i of a series of n is kept when n <= max, else when i is a
+  // multiple of the stride ceil(n / (max - 1)) or the last: at most max.
+  Stmt q(db_,
+         "SELECT attempt, step, loss, val_loss FROM ("
+         " SELECT id, attempt, step, loss, val_loss,"
+         "  ROW_NUMBER() OVER (PARTITION BY val_loss != 0 ORDER BY id) - 1"
+         "   AS i,"
+         "  COUNT(*) OVER (PARTITION BY val_loss != 0) AS n"
+         " FROM loss_history WHERE job_id=?1)"
+         " WHERE ?2 <= 0 OR n <= ?2 OR i = n - 1 OR"
+         "  (?2 > 1 AND i % ((n + ?2 - 2) / (?2 - 1)) = 0)"
+         " ORDER BY id");
+  q.Bind(1, job_id).Bind(2, max_per_series);
   absl::Status s = q.status();
   if (!s.ok()) return s;
   std::vector<v1::LossPoint> out;
@@ -448,6 +456,16 @@ absl::StatusOr<std::vector<v1::LossPoint>> Store::LossHistory(
   }
   if (!s.ok()) return s;
   return out;
+}
+
+absl::StatusOr<int64_t> Store::CountLossPoints(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, "SELECT COUNT(*) FROM loss_history WHERE job_id=?");
+  q.Bind(1, job_id);
+  absl::Status s = q.status();
+  if (!s.ok()) return s;
+  if (!q.Step(&s)) return s.ok() ? absl::InternalError("COUNT gave no row") : s;
+  return q.Int(0);
 }
 
 absl::Status Store::AddCheckpointLocked(const std::string& job_id,

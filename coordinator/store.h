@@ -78,8 +78,13 @@ class Store {
       const std::string& job_id);
 
   absl::Status AddLossPoint(const std::string& job_id, const v1::LossPoint& p);
+  // The job's loss points in the order they were added. With
+  // `max_per_series` > 0, each series (training points; evaluation points,
+  // those with a val_loss) that has more is thinned to at most that many,
+  // evenly by position, its first and last point kept.
   absl::StatusOr<std::vector<v1::LossPoint>> LossHistory(
-      const std::string& job_id);
+      const std::string& job_id, int64_t max_per_series = 0);
+  absl::StatusOr<int64_t> CountLossPoints(const std::string& job_id);
 
   absl::Status AddCheckpoint(const std::string& job_id,
                              const v1::Checkpoint& c);

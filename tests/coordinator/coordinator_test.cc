@@ -691,6 +691,26 @@ TEST_F(CoordinatorTest, InvalidRankReportsAreRefusedAndChangeNothing) {
 
 // --- the run log ---------------------------------------------------------
 
+// GetJob thins each loss series of a long job to loss_points_per_series
+// (the store test checks the thinning itself) and says how many it has.
+TEST_F(CoordinatorTest, LossHistoryIsThinnedToTheOption) {
+  setenv("FAKE_MODE", "log", 1);
+  options_.loss_points_per_series = 3;
+  auto c = Make();
+  auto job = c->Submit(kSpec, {"checkpoint.dir=data/ckpt"});
+  ASSERT_TRUE(job.ok());
+  TickUntil(*c, job->id(), v1::JOB_STATE_SUCCEEDED);
+  auto got = c->Get(job->id(), true);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->loss_points_stored(), 8);  // 7 steps and an eval
+  std::vector<int64_t> steps;
+  for (const v1::LossPoint& p : got->loss_history()) {
+    if (p.val_loss() == 0) steps.push_back(p.step());
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 5, 7}));
+  EXPECT_EQ(got->loss_history_size(), 4);
+}
+
 TEST_F(CoordinatorTest, EndedAttemptIsCompletedFromItsRunLog) {
   setenv("FAKE_MODE", "log", 1);
   auto c = Make();
@@ -702,6 +722,8 @@ TEST_F(CoordinatorTest, EndedAttemptIsCompletedFromItsRunLog) {
   EXPECT_EQ(done.progress().val_loss(), 2.25);
   auto got = c->Get(job->id(), true);
   EXPECT_EQ(got->loss_history_size(), 8);  // 7 steps and an eval
+  EXPECT_EQ(got->loss_points_stored(), 8);
+  EXPECT_EQ(c->Get(job->id(), false)->loss_points_stored(), 0);
   auto cps = c->Checkpoints(job->id());
   ASSERT_TRUE(cps.ok());
   ASSERT_EQ(cps->size(), 1u);

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "coordinator/auth.h"
 #include "gtest/gtest.h"
@@ -88,6 +89,59 @@ TEST_F(StoreTest, JobsAndHistorySurviveReopen) {
   auto events = (*store)->ListEvents("job-0001");
   ASSERT_TRUE(events.ok());
   EXPECT_EQ(events->size(), 1u);
+}
+
+// A long job's history comes back thinned: each series (training points,
+// evaluation points) to at most the maximum, evenly by position, keeping
+// its first and newest point and the order they were added in; a short
+// series, and any series without a maximum, whole.
+TEST_F(StoreTest, LossHistoryThinsEachSeriesEvenly) {
+  auto store = Store::Open(TempDb());
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (int step = 1; step <= 25; ++step) {
+    v1::LossPoint p;
+    p.set_step(step);
+    p.set_loss(5.0 - 0.1 * step);
+    ASSERT_TRUE((*store)->AddLossPoint("job-0001", p).ok());
+    if (step % 4 == 0) {  // 6 evaluations among them
+      v1::LossPoint e;
+      e.set_step(step);
+      e.set_val_loss(4.0 - 0.1 * step);
+      ASSERT_TRUE((*store)->AddLossPoint("job-0001", e).ok());
+    }
+  }
+  v1::LossPoint other;  // another job's point is not counted
+  other.set_step(1);
+  other.set_loss(1.0);
+  ASSERT_TRUE((*store)->AddLossPoint("job-0002", other).ok());
+  EXPECT_EQ(*(*store)->CountLossPoints("job-0001"), 31);
+  EXPECT_EQ((*store)->LossHistory("job-0001")->size(), 31u);
+  EXPECT_EQ((*store)->LossHistory("job-0001", 31)->size(), 31u);
+
+  auto h = (*store)->LossHistory("job-0001", 10);
+  ASSERT_TRUE(h.ok()) << h.status();
+  std::vector<int64_t> train, eval;
+  for (const v1::LossPoint& p : *h) {
+    (p.val_loss() != 0 ? eval : train).push_back(p.step());
+  }
+  // 25 points, stride ceil(25 / 9) = 3: steps 1, 4, ..., 25 (the newest).
+  EXPECT_EQ(train, (std::vector<int64_t>{1, 4, 7, 10, 13, 16, 19, 22, 25}));
+  EXPECT_EQ(eval, (std::vector<int64_t>{4, 8, 12, 16, 20, 24}));
+  // In the order added: each evaluation right after its step's point.
+  for (size_t i = 1; i < h->size(); ++i) {
+    EXPECT_LE((*h)[i - 1].step(), (*h)[i].step()) << i;
+  }
+  auto three = (*store)->LossHistory("job-0001", 3);
+  ASSERT_TRUE(three.ok());
+  train.clear();
+  eval.clear();
+  for (const v1::LossPoint& p : *three) {
+    (p.val_loss() != 0 ? eval : train).push_back(p.step());
+  }
+  EXPECT_EQ(train, (std::vector<int64_t>{1, 14, 25}));  // stride 13
+  EXPECT_EQ(eval, (std::vector<int64_t>{4, 16, 24}));   // stride 3
+  EXPECT_TRUE((*store)->LossHistory("job-0003", 10)->empty());
+  EXPECT_EQ(*(*store)->CountLossPoints("job-0003"), 0);
 }
 
 TEST_F(StoreTest, UnknownJobIsNotFound) {
