@@ -81,6 +81,9 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const Options& o) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 500);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 500);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  // A cluster's whole job list outgrows gRPC's default 4 MiB after a few
+  // thousand jobs (a failed job carries its last stderr lines).
+  args.SetMaxReceiveMessageSize(256 << 20);
   return grpc::CreateCustomChannel(o.server, credentials, args);
 }
 
@@ -402,8 +405,16 @@ int Get(Client& client, const std::string& id) {
   return 0;
 }
 
-int List(Client& client) {
+// `limit`: the newest N (0: all); `state`: a JobState name without its
+// prefix, any case ("" = every state).
+int List(Client& client, int limit, const std::string& state) {
   ptrain::v1::ListJobsRequest req;
+  req.set_limit(limit);
+  if (!state.empty()) {  // one of the names --state's check allows
+    ptrain::v1::JobState s = ptrain::v1::JOB_STATE_UNSPECIFIED;
+    ptrain::v1::JobState_Parse("JOB_STATE_" + absl::AsciiStrToUpper(state), &s);
+    req.set_state(s);
+  }
   ptrain::v1::ListJobsResponse resp;
   auto ctx = client.Context();
   const grpc::Status s = client.stub().ListJobs(ctx.get(), req, &resp);
@@ -608,6 +619,14 @@ int Run(int argc, char** argv) {
   auto* get = app.add_subcommand("get", "show one job");
   get->add_option("JOB", job)->required();
   auto* list = app.add_subcommand("list", "list jobs");
+  int list_limit = 0;
+  std::string list_state;
+  list->add_option("--limit", list_limit, "only the newest N jobs (0: all)")
+      ->check(CLI::Range(0, 10000));
+  list->add_option("--state", list_state, "only jobs in this state")
+      ->check(CLI::IsMember({"queued", "running", "restarting", "succeeded",
+                             "failed", "cancelled"},
+                            CLI::ignore_case));
   auto* logs = app.add_subcommand("logs", "print an attempt's output");
   logs->add_option("JOB", job)->required();
   logs->add_flag("-f,--follow", follow, "keep printing until the attempt ends");
@@ -644,7 +663,7 @@ int Run(int argc, char** argv) {
   Client client(o, *channel);
   if (*submit) return Submit(client, file, sets, watch);
   if (*get) return Get(client, job);
-  if (*list) return List(client);
+  if (*list) return List(client, list_limit, list_state);
   if (*logs) return Logs(client, job, follow, attempt, rank);
   if (*cancel) return Cancel(client, job);
   if (*watch_cmd) return Watch(client, job);

@@ -297,6 +297,46 @@ TEST_F(ControlPlaneTest, CancelRunningJobLeavesNoRankProcess) {
   EXPECT_TRUE(JobProcesses(id).empty());
 }
 
+// `ptctl list --state S` keeps the jobs in state S, `--limit N` the newest
+// N, oldest first; a state or limit out of range is refused before anything
+// is sent.
+TEST_F(ControlPlaneTest, ListFiltersByStateAndKeepsTheNewest) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(Submit({"train.steps=100000"}));
+  ASSERT_EQ(Ptctl("cancel " + ids[0]).rc, 0);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return State(ids[0]) == "JOB_STATE_CANCELLED" &&
+               State(ids[1]) == "JOB_STATE_RUNNING" &&
+               State(ids[2]) == "JOB_STATE_RUNNING";
+      },
+      120))
+      << Ptctl("list").out;
+  auto listed = [&](const std::string& args) {
+    Result r = Ptctl("-o json list " + args);
+    EXPECT_EQ(r.rc, 0) << r.out;
+    std::vector<std::string> out;
+    json j = json::parse(r.out, nullptr, false);
+    if (j.is_discarded() || !j.contains("jobs")) return out;
+    for (const json& job : j["jobs"]) out.push_back(job["id"]);
+    return out;
+  };
+  EXPECT_EQ(listed(""), ids);
+  EXPECT_EQ(listed("--state cancelled"), std::vector<std::string>{ids[0]});
+  EXPECT_EQ(listed("--state RUNNING"),
+            (std::vector<std::string>{ids[1], ids[2]}));
+  EXPECT_EQ(listed("--limit 2"), (std::vector<std::string>{ids[1], ids[2]}));
+  EXPECT_EQ(listed("--limit 1 --state cancelled"),
+            std::vector<std::string>{ids[0]});
+  EXPECT_TRUE(listed("--state succeeded").empty());
+  Result bad_state = Ptctl("list --state done");
+  EXPECT_EQ(bad_state.rc, 2) << bad_state.out;
+  EXPECT_NE(bad_state.out.find("--state"), std::string::npos) << bad_state.out;
+  Result bad_limit = Ptctl("list --limit 10001");
+  EXPECT_EQ(bad_limit.rc, 2) << bad_limit.out;
+  EXPECT_NE(bad_limit.out.find("--limit"), std::string::npos) << bad_limit.out;
+}
+
 TEST_F(ControlPlaneTest, BadInputIsRefusedAndChangesNothing) {
   auto stub = ptrain::v1::JobService::NewStub(channel_);
   // A data path outside the roots: INVALID_ARGUMENT naming the field.
