@@ -838,15 +838,11 @@ void Coordinator::RecoverFromRunLog(const Entry& e,
   // Points of this attempt past the last one its reports delivered (an
   // attempt's steps only grow).
   int64_t have_step = -1, have_eval = -1;
-  if (absl::StatusOr<std::vector<v1::LossPoint>> h =
-          store_->LossHistory(job.id());
-      h.ok()) {
-    for (const v1::LossPoint& q : *h) {
-      if (q.attempt() != job.attempts()) continue;
-      int64_t& have =
-          q.loss() == 0 && q.val_loss() != 0 ? have_eval : have_step;
-      have = std::max(have, q.step());
-    }
+  if (absl::StatusOr<Store::LastSteps> last =
+          store_->LastLossSteps(job.id(), job.attempts());
+      last.ok()) {
+    have_step = last->step;
+    have_eval = last->eval;
   }
   for (const RunLogRecord& rec : log.records) {
     const bool eval = rec.kind == RunLogRecord::kEval;

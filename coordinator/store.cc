@@ -468,6 +468,20 @@ absl::StatusOr<int64_t> Store::CountLossPoints(const std::string& job_id) {
   return q.Int(0);
 }
 
+absl::StatusOr<Store::LastSteps> Store::LastLossSteps(const std::string& job_id,
+                                                      int attempt) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_,
+         "SELECT COALESCE(MAX(CASE WHEN val_loss = 0 THEN step END), -1),"
+         " COALESCE(MAX(CASE WHEN val_loss != 0 THEN step END), -1)"
+         " FROM loss_history WHERE job_id=? AND attempt=?");
+  q.Bind(1, job_id).Bind(2, static_cast<int64_t>(attempt));
+  absl::Status s = q.status();
+  if (!s.ok()) return s;
+  if (!q.Step(&s)) return s.ok() ? absl::InternalError("MAX gave no row") : s;
+  return LastSteps{q.Int(0), q.Int(1)};
+}
+
 absl::Status Store::AddCheckpointLocked(const std::string& job_id,
                                         const v1::Checkpoint& c) {
   Stmt q(db_,

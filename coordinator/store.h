@@ -85,6 +85,14 @@ class Store {
   absl::StatusOr<std::vector<v1::LossPoint>> LossHistory(
       const std::string& job_id, int64_t max_per_series = 0);
   absl::StatusOr<int64_t> CountLossPoints(const std::string& job_id);
+  // The newest step of attempt `attempt`'s training points and of its
+  // evaluation points; -1 for a series without any.
+  struct LastSteps {
+    int64_t step = -1;
+    int64_t eval = -1;
+  };
+  absl::StatusOr<LastSteps> LastLossSteps(const std::string& job_id,
+                                          int attempt);
 
   absl::Status AddCheckpoint(const std::string& job_id,
                              const v1::Checkpoint& c);

@@ -746,12 +746,29 @@ TEST_F(CoordinatorTest, ReadoptedAttemptCatchesUpFromItsRunLog) {
       absl::SleepFor(absl::Milliseconds(50));
     }
     absl::SleepFor(absl::Milliseconds(300));
+    // Steps 1-3 reached ptcoord as reports before it went down.
+    for (int step = 1; step <= 3; ++step) {
+      v1::ReportProgressRequest r;
+      r.set_job_id(id);
+      r.set_attempt(1);
+      r.set_step(step);
+      r.set_loss(10 - step + 0.5);
+      ASSERT_TRUE(c->ReportProgress(r).ok());
+    }
   }
   auto c = Make();
   const v1::Job job = c->Get(id, false)->job();
   EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(job.progress().step(), 7);
   EXPECT_EQ(job.progress().val_loss(), 2.25);
+  // The log adds only what the reports had not: steps 4-7 and the eval.
+  auto history = c->Get(id, true);
+  ASSERT_TRUE(history.ok()) << history.status();
+  std::vector<int64_t> steps;
+  for (const v1::LossPoint& p : history->loss_history()) {
+    steps.push_back(p.val_loss() != 0 ? -p.step() : p.step());
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, -6}));
   ASSERT_TRUE(c->Cancel(id).ok());
   TickUntil(*c, id, v1::JOB_STATE_CANCELLED);
 }

@@ -144,6 +144,36 @@ TEST_F(StoreTest, LossHistoryThinsEachSeriesEvenly) {
   EXPECT_EQ(*(*store)->CountLossPoints("job-0003"), 0);
 }
 
+// What a restarted ptcoord asks before adding an attempt's logged points:
+// the newest training and evaluation step that attempt's reports stored.
+TEST_F(StoreTest, LastLossStepsArePerAttemptAndSeries) {
+  auto store = Store::Open(TempDb());
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto add = [&](int attempt, int64_t step, double loss, double val_loss) {
+    v1::LossPoint p;
+    p.set_attempt(attempt);
+    p.set_step(step);
+    p.set_loss(loss);
+    p.set_val_loss(val_loss);
+    ASSERT_TRUE((*store)->AddLossPoint("job-0001", p).ok());
+  };
+  add(1, 30, 2.0, 0);
+  add(1, 20, 0, 2.5);
+  add(2, 10, 2.2, 0);  // attempt 2 resumed from step 9
+  add(2, 12, 2.1, 0);
+  add(1, 31, 1.9, 0);  // a late report of attempt 1
+  auto one = (*store)->LastLossSteps("job-0001", 1);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->step, 31);
+  EXPECT_EQ(one->eval, 20);
+  auto two = (*store)->LastLossSteps("job-0001", 2);
+  EXPECT_EQ(two->step, 12);
+  EXPECT_EQ(two->eval, -1);
+  auto none = (*store)->LastLossSteps("job-0002", 1);
+  EXPECT_EQ(none->step, -1);
+  EXPECT_EQ(none->eval, -1);
+}
+
 TEST_F(StoreTest, UnknownJobIsNotFound) {
   auto store = Store::Open(TempDb());
   ASSERT_TRUE(store.ok());
