@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <set>
@@ -431,28 +432,50 @@ absl::Status Store::AddLossPoint(const std::string& job_id,
 absl::StatusOr<std::vector<v1::LossPoint>> Store::LossHistory(
     const std::string& job_id, int64_t max_per_series) {
   absl::MutexLock lock(&mu_);
-  // Point i of a series of n is kept when n <= max, else when i is a
-  // multiple of the stride ceil(n / (max - 1)) or the last: at most max.
+  // Series 0 holds the training points, series 1 the evaluations (a
+  // val_loss). Point i of a series of n is kept when n <= max, else when it
+  // is the last or i is a multiple of the stride ceil(n / (max - 1)): at
+  // most max. One pass over the job's rows in the order they were added.
+  std::array<int64_t, 2> n = {0, 0}, stride = {1, 1}, seen = {0, 0};
+  absl::Status s;
+  if (max_per_series > 0) {
+    Stmt count(db_,
+               "SELECT COALESCE(SUM(val_loss = 0), 0),"
+               " COALESCE(SUM(val_loss != 0), 0)"
+               " FROM loss_history WHERE job_id=?");
+    count.Bind(1, job_id);
+    s = count.status();
+    if (!s.ok()) return s;
+    if (!count.Step(&s)) {
+      return s.ok() ? absl::InternalError("SUM gave no row") : s;
+    }
+    for (int k = 0; k < 2; ++k) {
+      n[k] = count.Int(k);
+      if (max_per_series > 1) {
+        stride[k] = (n[k] + max_per_series - 2) / (max_per_series - 1);
+      }
+    }
+  }
   Stmt q(db_,
-         "SELECT attempt, step, loss, val_loss FROM ("
-         " SELECT id, attempt, step, loss, val_loss,"
-         "  ROW_NUMBER() OVER (PARTITION BY val_loss != 0 ORDER BY id) - 1"
-         "   AS i,"
-         "  COUNT(*) OVER (PARTITION BY val_loss != 0) AS n"
-         " FROM loss_history WHERE job_id=?1)"
-         " WHERE ?2 <= 0 OR n <= ?2 OR i = n - 1 OR"
-         "  (?2 > 1 AND i % ((n + ?2 - 2) / (?2 - 1)) = 0)"
-         " ORDER BY id");
-  q.Bind(1, job_id).Bind(2, max_per_series);
-  absl::Status s = q.status();
+         "SELECT attempt, step, loss, val_loss FROM loss_history WHERE "
+         "job_id=? ORDER BY id");
+  q.Bind(1, job_id);
+  s = q.status();
   if (!s.ok()) return s;
   std::vector<v1::LossPoint> out;
   while (q.Step(&s)) {
+    const double val_loss = q.Double(3);
+    const int k = val_loss != 0 ? 1 : 0;
+    const int64_t i = seen[k]++;
+    const bool keep = max_per_series <= 0 || n[k] <= max_per_series ||
+                      i == n[k] - 1 ||
+                      (max_per_series > 1 && i % stride[k] == 0);
+    if (!keep) continue;
     v1::LossPoint& p = out.emplace_back();
     p.set_attempt(static_cast<int32_t>(q.Int(0)));
     p.set_step(q.Int(1));
     p.set_loss(q.Double(2));
-    p.set_val_loss(q.Double(3));
+    p.set_val_loss(val_loss);
   }
   if (!s.ok()) return s;
   return out;

@@ -140,6 +140,13 @@ TEST_F(StoreTest, LossHistoryThinsEachSeriesEvenly) {
   }
   EXPECT_EQ(train, (std::vector<int64_t>{1, 14, 25}));  // stride 13
   EXPECT_EQ(eval, (std::vector<int64_t>{4, 16, 24}));   // stride 3
+  auto one = (*store)->LossHistory("job-0001", 1);      // the newest of each
+  ASSERT_TRUE(one.ok());
+  ASSERT_EQ(one->size(), 2u);
+  EXPECT_EQ((*one)[0].step(), 24);
+  EXPECT_NE((*one)[0].val_loss(), 0);
+  EXPECT_EQ((*one)[1].step(), 25);
+  EXPECT_EQ((*one)[1].val_loss(), 0);
   EXPECT_TRUE((*store)->LossHistory("job-0003", 10)->empty());
   EXPECT_EQ(*(*store)->CountLossPoints("job-0003"), 0);
 }
