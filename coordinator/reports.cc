@@ -298,11 +298,19 @@ std::optional<RunLogRecord> ParseRunLogLine(absl::string_view line,
 RunLogSummary ReadRunLog(const std::string& path, const ReportContext& ctx,
                          size_t max_bytes) {
   RunLogSummary out;
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return out;
+  const std::streamoff size = in.tellg();
   std::string line;
-  size_t read = 0;
-  while (read < max_bytes && std::getline(in, line)) {
-    read += line.size() + 1;
+  if (size > static_cast<std::streamoff>(max_bytes)) {
+    // Start at the first line that begins inside the last max_bytes: skip
+    // through the first newline at or after the byte before them.
+    in.seekg(size - static_cast<std::streamoff>(max_bytes) - 1);
+    std::getline(in, line);
+  } else {
+    in.seekg(0);
+  }
+  while (std::getline(in, line)) {
     std::optional<RunLogRecord> rec = ParseRunLogLine(line, ctx);
     if (!rec.has_value()) continue;
     switch (rec->kind) {

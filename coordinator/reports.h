@@ -92,7 +92,9 @@ struct RunLogSummary {
   std::vector<RunLogRecord> checkpoints;  // every checkpoint record
 };
 
-// Reads `path` (a missing file is an empty summary) up to `max_bytes`.
+// Reads `path` (a missing file is an empty summary): its last `max_bytes`
+// (whole lines) when it is longer, the newest records being the ones a
+// summary is for (a job of days writes hundreds of MB).
 RunLogSummary ReadRunLog(const std::string& path, const ReportContext& ctx,
                          size_t max_bytes = size_t{256} << 20);
 

@@ -7,6 +7,9 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -205,6 +208,64 @@ TEST(ReportsTest, RunLogLinesAreCheckedLikeReports) {
        }) {
     EXPECT_FALSE(line(bad).has_value()) << bad;
   }
+}
+
+// A run log longer than the bytes the coordinator reads is read from its
+// end, from the first whole line: the summary is of the newest records.
+TEST(ReportsTest, LongRunLogIsReadFromItsEnd) {
+  const fs::path path = fs::temp_directory_path() /
+                        ("reports_test_" + std::to_string(getpid()) + ".jsonl");
+  {
+    std::ofstream out(path);
+    for (int step = 1; step <= 2000; ++step) {
+      out << R"({"type":"step","step":)" << step
+          << R"(,"loss":2.5,"lr":0.001,"ms":3,"tok_per_s":9,"mfu":0.1})"
+          << "\n";
+      if (step % 100 == 0)
+        out << R"({"type":"eval","step":)" << step << R"(,"val_loss":2.0})"
+            << "\n";
+    }
+  }
+  const ReportContext ctx{"job-0001", 2, 4, 100000};
+  const RunLogSummary whole = ReadRunLog(path.string(), ctx);
+  ASSERT_EQ(whole.records.size(), 2020u);
+  EXPECT_EQ(whole.records.front().step, 1);
+  EXPECT_EQ(whole.last_step->step, 2000);
+  // The offsets where the file's lines start, and the records they hold.
+  std::vector<std::pair<uintmax_t, RunLogRecord>> lines;
+  {
+    std::ifstream in(path, std::ios::binary);
+    std::string text;
+    uintmax_t at = 0;
+    while (std::getline(in, text)) {
+      lines.emplace_back(at, *ParseRunLogLine(text, ctx));
+      at += text.size() + 1;
+    }
+  }
+  const uintmax_t size = fs::file_size(path);
+  for (const size_t max_bytes : {size_t{16} << 10, size_t{5000}, size_t{77}}) {
+    const RunLogSummary tail = ReadRunLog(path.string(), ctx, max_bytes);
+    // Every line that starts within the last max_bytes, and only those.
+    size_t first = 0;
+    while (lines[first].first < size - max_bytes) ++first;
+    ASSERT_EQ(tail.records.size(), lines.size() - first) << max_bytes;
+    for (size_t i = 0; i < tail.records.size(); ++i) {
+      EXPECT_EQ(tail.records[i].kind, lines[first + i].second.kind);
+      EXPECT_EQ(tail.records[i].step, lines[first + i].second.step);
+    }
+    ASSERT_TRUE(tail.last_eval.has_value()) << max_bytes;
+    EXPECT_EQ(tail.last_eval->step, 2000) << max_bytes;
+    // The last 77 bytes hold the final evaluation and part of a step line.
+    EXPECT_EQ(tail.last_step.has_value(), max_bytes > 77) << max_bytes;
+    if (tail.last_step) EXPECT_EQ(tail.last_step->step, 2000) << max_bytes;
+  }
+  // Exactly at a line's start: that line is kept.
+  const RunLogSummary last_line = ReadRunLog(
+      path.string(), ctx,
+      std::string(R"({"type":"eval","step":2000,"val_loss":2.0})").size() + 1);
+  ASSERT_EQ(last_line.records.size(), 1u);
+  EXPECT_EQ(last_line.records[0].kind, RunLogRecord::kEval);
+  fs::remove(path);
 }
 
 }  // namespace
