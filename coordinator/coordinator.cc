@@ -506,13 +506,12 @@ absl::StatusOr<v1::GetJobResponse> Coordinator::Get(const std::string& id,
   if (!attempts.ok()) return attempts.status();
   for (v1::Attempt& a : *attempts) *out.add_attempts() = std::move(a);
   if (include_loss_history) {
+    int64_t stored = 0;
     absl::StatusOr<std::vector<v1::LossPoint>> h =
-        store_->LossHistory(id, options_.loss_points_per_series);
+        store_->LossHistory(id, options_.loss_points_per_series, &stored);
     if (!h.ok()) return h.status();
     for (v1::LossPoint& p : *h) *out.add_loss_history() = std::move(p);
-    absl::StatusOr<int64_t> stored = store_->CountLossPoints(id);
-    if (!stored.ok()) return stored.status();
-    out.set_loss_points_stored(*stored);
+    out.set_loss_points_stored(stored);
   }
   return out;
 }

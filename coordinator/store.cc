@@ -430,7 +430,7 @@ absl::Status Store::AddLossPoint(const std::string& job_id,
 }
 
 absl::StatusOr<std::vector<v1::LossPoint>> Store::LossHistory(
-    const std::string& job_id, int64_t max_per_series) {
+    const std::string& job_id, int64_t max_per_series, int64_t* stored) {
   absl::MutexLock lock(&mu_);
   // Series 0 holds the training points, series 1 the evaluations (a
   // val_loss). Point i of a series of n is kept when n <= max, else when it
@@ -478,17 +478,8 @@ absl::StatusOr<std::vector<v1::LossPoint>> Store::LossHistory(
     p.set_val_loss(val_loss);
   }
   if (!s.ok()) return s;
+  if (stored != nullptr) *stored = seen[0] + seen[1];
   return out;
-}
-
-absl::StatusOr<int64_t> Store::CountLossPoints(const std::string& job_id) {
-  absl::MutexLock lock(&mu_);
-  Stmt q(db_, "SELECT COUNT(*) FROM loss_history WHERE job_id=?");
-  q.Bind(1, job_id);
-  absl::Status s = q.status();
-  if (!s.ok()) return s;
-  if (!q.Step(&s)) return s.ok() ? absl::InternalError("COUNT gave no row") : s;
-  return q.Int(0);
 }
 
 absl::StatusOr<Store::LastSteps> Store::LastLossSteps(const std::string& job_id,

@@ -81,10 +81,11 @@ class Store {
   // The job's loss points in the order they were added. With
   // `max_per_series` > 0, each series (training points; evaluation points,
   // those with a val_loss) that has more is thinned to at most that many,
-  // evenly by position, its first and last point kept.
+  // evenly by position, its first and last point kept. `stored`, when not
+  // null, gets how many points the job has in all.
   absl::StatusOr<std::vector<v1::LossPoint>> LossHistory(
-      const std::string& job_id, int64_t max_per_series = 0);
-  absl::StatusOr<int64_t> CountLossPoints(const std::string& job_id);
+      const std::string& job_id, int64_t max_per_series = 0,
+      int64_t* stored = nullptr);
   // The newest step of attempt `attempt`'s training points and of its
   // evaluation points; -1 for a series without any.
   struct LastSteps {

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "coordinator/auth.h"
@@ -114,16 +115,25 @@ TEST_F(StoreTest, LossHistoryThinsEachSeriesEvenly) {
   other.set_step(1);
   other.set_loss(1.0);
   ASSERT_TRUE((*store)->AddLossPoint("job-0002", other).ok());
-  EXPECT_EQ(*(*store)->CountLossPoints("job-0001"), 31);
-  EXPECT_EQ((*store)->LossHistory("job-0001")->size(), 31u);
+  int64_t stored = -1;
+  EXPECT_EQ((*store)->LossHistory("job-0001", 0, &stored)->size(), 31u);
+  EXPECT_EQ(stored, 31);
   EXPECT_EQ((*store)->LossHistory("job-0001", 31)->size(), 31u);
 
-  auto h = (*store)->LossHistory("job-0001", 10);
+  // The steps of each series, in the order given.
+  auto series = [](const std::vector<v1::LossPoint>& h) {
+    std::pair<std::vector<int64_t>, std::vector<int64_t>> train_eval;
+    for (const v1::LossPoint& p : h) {
+      (p.val_loss() != 0 ? train_eval.second : train_eval.first)
+          .push_back(p.step());
+    }
+    return train_eval;
+  };
+  stored = -1;
+  auto h = (*store)->LossHistory("job-0001", 10, &stored);
   ASSERT_TRUE(h.ok()) << h.status();
-  std::vector<int64_t> train, eval;
-  for (const v1::LossPoint& p : *h) {
-    (p.val_loss() != 0 ? eval : train).push_back(p.step());
-  }
+  EXPECT_EQ(stored, 31);
+  auto [train, eval] = series(*h);
   // 25 points, stride ceil(25 / 9) = 3: steps 1, 4, ..., 25 (the newest).
   EXPECT_EQ(train, (std::vector<int64_t>{1, 4, 7, 10, 13, 16, 19, 22, 25}));
   EXPECT_EQ(eval, (std::vector<int64_t>{4, 8, 12, 16, 20, 24}));
@@ -133,22 +143,20 @@ TEST_F(StoreTest, LossHistoryThinsEachSeriesEvenly) {
   }
   auto three = (*store)->LossHistory("job-0001", 3);
   ASSERT_TRUE(three.ok());
-  train.clear();
-  eval.clear();
-  for (const v1::LossPoint& p : *three) {
-    (p.val_loss() != 0 ? eval : train).push_back(p.step());
-  }
-  EXPECT_EQ(train, (std::vector<int64_t>{1, 14, 25}));  // stride 13
-  EXPECT_EQ(eval, (std::vector<int64_t>{4, 16, 24}));   // stride 3
-  auto one = (*store)->LossHistory("job-0001", 1);      // the newest of each
+  EXPECT_EQ(series(*three).first,
+            (std::vector<int64_t>{1, 14, 25}));  // stride 13
+  EXPECT_EQ(series(*three).second,
+            (std::vector<int64_t>{4, 16, 24}));     // stride 3
+  auto one = (*store)->LossHistory("job-0001", 1);  // the newest of each
   ASSERT_TRUE(one.ok());
   ASSERT_EQ(one->size(), 2u);
   EXPECT_EQ((*one)[0].step(), 24);
   EXPECT_NE((*one)[0].val_loss(), 0);
   EXPECT_EQ((*one)[1].step(), 25);
   EXPECT_EQ((*one)[1].val_loss(), 0);
-  EXPECT_TRUE((*store)->LossHistory("job-0003", 10)->empty());
-  EXPECT_EQ(*(*store)->CountLossPoints("job-0003"), 0);
+  stored = -1;
+  EXPECT_TRUE((*store)->LossHistory("job-0003", 10, &stored)->empty());
+  EXPECT_EQ(stored, 0);
 }
 
 // What a restarted ptcoord asks before adding an attempt's logged points:
