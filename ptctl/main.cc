@@ -13,7 +13,9 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
@@ -90,6 +92,19 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const Options& o) {
 std::string StateName(ptrain::v1::JobState s) {
   std::string n = ptrain::v1::JobState_Name(s);
   return n.rfind("JOB_STATE_", 0) == 0 ? n.substr(10) : n;
+}
+
+// The job states by the names --state takes: StateName in lower case.
+std::vector<std::string> StateFlagNames() {
+  std::vector<std::string> out;
+  for (int s = ptrain::v1::JobState_MIN; s <= ptrain::v1::JobState_MAX; ++s) {
+    if (ptrain::v1::JobState_IsValid(s) &&
+        s != ptrain::v1::JOB_STATE_UNSPECIFIED) {
+      out.push_back(absl::AsciiStrToLower(
+          StateName(static_cast<ptrain::v1::JobState>(s))));
+    }
+  }
+  return out;
 }
 
 bool IsFinal(ptrain::v1::JobState s) {
@@ -624,9 +639,7 @@ int Run(int argc, char** argv) {
   list->add_option("--limit", list_limit, "only the newest N jobs (0: all)")
       ->check(CLI::Range(0, 10000));
   list->add_option("--state", list_state, "only jobs in this state")
-      ->check(CLI::IsMember({"queued", "running", "restarting", "succeeded",
-                             "failed", "cancelled"},
-                            CLI::ignore_case));
+      ->check(CLI::IsMember(StateFlagNames(), CLI::ignore_case));
   auto* logs = app.add_subcommand("logs", "print an attempt's output");
   logs->add_option("JOB", job)->required();
   logs->add_flag("-f,--follow", follow, "keep printing until the attempt ends");
