@@ -818,8 +818,17 @@ void Coordinator::RecoverFromRunLog(const Entry& e,
   const v1::Job& job = e.record.job;
   const ReportContext ctx{job.id(), job.attempts(), job.world_size(),
                           job.spec().train().steps()};
-  const RunLogSummary log =
-      ReadRunLog((fs::path(attempt_dir) / "run.jsonl").string(), ctx);
+  // Points of this attempt past the last one its reports delivered (an
+  // attempt's steps only grow): the run log is read back to that one.
+  int64_t have_step = -1, have_eval = -1;
+  if (absl::StatusOr<Store::LastSteps> last =
+          store_->LastLossSteps(job.id(), job.attempts());
+      last.ok()) {
+    have_step = last->step;
+    have_eval = last->eval;
+  }
+  const RunLogSummary log = ReadRunLog(
+      (fs::path(attempt_dir) / "run.jsonl").string(), ctx, have_step);
   if (log.records.empty() && log.checkpoints.empty()) return;
   v1::Progress* p = u->record.job.mutable_progress();
   if (log.last_step.has_value()) {
@@ -833,15 +842,6 @@ void Coordinator::RecoverFromRunLog(const Entry& e,
   if (log.last_eval.has_value()) {
     p->set_val_loss(log.last_eval->val_loss);
     p->set_step(std::max(p->step(), log.last_eval->step));
-  }
-  // Points of this attempt past the last one its reports delivered (an
-  // attempt's steps only grow).
-  int64_t have_step = -1, have_eval = -1;
-  if (absl::StatusOr<Store::LastSteps> last =
-          store_->LastLossSteps(job.id(), job.attempts());
-      last.ok()) {
-    have_step = last->step;
-    have_eval = last->eval;
   }
   for (const RunLogRecord& rec : log.records) {
     const bool eval = rec.kind == RunLogRecord::kEval;

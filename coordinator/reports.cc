@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -296,37 +297,64 @@ std::optional<RunLogRecord> ParseRunLogLine(absl::string_view line,
 }
 
 RunLogSummary ReadRunLog(const std::string& path, const ReportContext& ctx,
-                         size_t max_bytes) {
+                         int64_t known_step, size_t max_bytes) {
   RunLogSummary out;
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return out;
-  const std::streamoff size = in.tellg();
-  std::string line;
-  if (size > static_cast<std::streamoff>(max_bytes)) {
-    // Start at the first line that begins inside the last max_bytes: skip
-    // through the first newline at or after the byte before them.
-    in.seekg(size - static_cast<std::streamoff>(max_bytes) - 1);
-    std::getline(in, line);
-  } else {
-    in.seekg(0);
-  }
-  while (std::getline(in, line)) {
+  const int64_t size = in.tellg();
+  // The lines that start in [window, size). From a window start past 0 the
+  // byte before it is read too: a newline there starts a line at it.
+  const int64_t window =
+      size > static_cast<int64_t>(max_bytes) ? size - max_bytes : 0;
+  const int64_t first = window > 0 ? window - 1 : 0;
+  // Newest first: read back from the end in chunks; `buf` holds the bytes
+  // [pos, ...) not yet parsed, the front one a line whose start is unread.
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  std::vector<RunLogRecord> records, checkpoints;
+  std::string buf;
+  int64_t pos = size;
+  // False once a step at or before known_step is reached.
+  auto take = [&](absl::string_view line) {
     std::optional<RunLogRecord> rec = ParseRunLogLine(line, ctx);
-    if (!rec.has_value()) continue;
+    if (!rec.has_value()) return true;
     switch (rec->kind) {
       case RunLogRecord::kStep:
-        out.last_step = *rec;
-        out.records.push_back(*rec);
+        if (rec->step <= known_step) return false;
+        if (!out.last_step.has_value()) out.last_step = *rec;
+        records.push_back(*rec);
         break;
       case RunLogRecord::kEval:
-        out.last_eval = *rec;
-        out.records.push_back(*rec);
+        if (!out.last_eval.has_value()) out.last_eval = *rec;
+        records.push_back(*rec);
         break;
       case RunLogRecord::kCheckpoint:
-        out.checkpoints.push_back(*rec);
+        checkpoints.push_back(*rec);
         break;
     }
+    return true;
+  };
+  bool more = true;
+  while (more && pos > first) {
+    const int64_t lo = std::max(first, pos - kChunk);
+    std::string chunk(pos - lo, '\0');
+    in.seekg(lo);
+    if (!in.read(chunk.data(), chunk.size())) break;
+    buf.insert(0, chunk);
+    pos = lo;
+    // Every line after a newline in buf is whole.
+    for (size_t nl = buf.rfind('\n'); more && nl != std::string::npos;
+         nl = buf.rfind('\n')) {
+      more = take(absl::string_view(buf).substr(nl + 1));
+      buf.resize(nl);
+    }
   }
+  // At the file's start what is left is its first line; at a window's, a
+  // line that began before it.
+  if (more && pos == 0 && window == 0) take(buf);
+  std::reverse(records.begin(), records.end());
+  std::reverse(checkpoints.begin(), checkpoints.end());
+  out.records = std::move(records);
+  out.checkpoints = std::move(checkpoints);
   return out;
 }
 

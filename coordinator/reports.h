@@ -92,10 +92,14 @@ struct RunLogSummary {
   std::vector<RunLogRecord> checkpoints;  // every checkpoint record
 };
 
-// Reads `path` (a missing file is an empty summary): its last `max_bytes`
-// (whole lines) when it is longer, the newest records being the ones a
-// summary is for (a job of days writes hundreds of MB).
+// Reads `path` (a missing file is an empty summary) back from its end, the
+// newest records being the ones a summary is for (a job of days writes
+// hundreds of MB): the records after the newest step record whose step is
+// at or before `known_step` (what the store already has; an attempt's
+// steps only grow and its reports arrive in the log's order), within its
+// last `max_bytes` (whole lines).
 RunLogSummary ReadRunLog(const std::string& path, const ReportContext& ctx,
+                         int64_t known_step = -1,
                          size_t max_bytes = size_t{256} << 20);
 
 }  // namespace ptrain

@@ -244,7 +244,8 @@ TEST(ReportsTest, LongRunLogIsReadFromItsEnd) {
   }
   const uintmax_t size = fs::file_size(path);
   for (const size_t max_bytes : {size_t{16} << 10, size_t{5000}, size_t{77}}) {
-    const RunLogSummary tail = ReadRunLog(path.string(), ctx, max_bytes);
+    const RunLogSummary tail =
+        ReadRunLog(path.string(), ctx, /*known_step=*/-1, max_bytes);
     // Every line that starts within the last max_bytes, and only those.
     size_t first = 0;
     while (lines[first].first < size - max_bytes) ++first;
@@ -257,14 +258,75 @@ TEST(ReportsTest, LongRunLogIsReadFromItsEnd) {
     EXPECT_EQ(tail.last_eval->step, 2000) << max_bytes;
     // The last 77 bytes hold the final evaluation and part of a step line.
     EXPECT_EQ(tail.last_step.has_value(), max_bytes > 77) << max_bytes;
-    if (tail.last_step) EXPECT_EQ(tail.last_step->step, 2000) << max_bytes;
+    if (tail.last_step) {
+      EXPECT_EQ(tail.last_step->step, 2000) << max_bytes;
+    }
   }
   // Exactly at a line's start: that line is kept.
   const RunLogSummary last_line = ReadRunLog(
-      path.string(), ctx,
+      path.string(), ctx, /*known_step=*/-1,
       std::string(R"({"type":"eval","step":2000,"val_loss":2.0})").size() + 1);
   ASSERT_EQ(last_line.records.size(), 1u);
   EXPECT_EQ(last_line.records[0].kind, RunLogRecord::kEval);
+  fs::remove(path);
+}
+
+// Read back from the end to the newest step the store already has: only
+// what comes after it, in order. A checkpoint record before that step is
+// not reached, while one after it is.
+TEST(ReportsTest, RunLogIsReadBackToTheKnownStep) {
+  const fs::path path =
+      fs::temp_directory_path() /
+      ("reports_known_" + std::to_string(getpid()) + ".jsonl");
+  {
+    std::ofstream out(path);
+    // Lines of a few hundred KB in all: reading back crosses chunk borders
+    // only when the stop lies far from the end, so make both cases.
+    for (int step = 1; step <= 30000; ++step) {
+      out << R"({"type":"step","step":)" << step
+          << R"(,"loss":2.5,"lr":0.001,"ms":3,"tok_per_s":9,"mfu":0.1})"
+          << "\n";
+      if (step % 1000 == 0) {
+        out << R"({"type":"eval","step":)" << step << R"(,"val_loss":2.0})"
+            << "\n";
+        out << R"({"type":"checkpoint","step":)" << step << R"(,"dir":"/ckpt/)"
+            << StepFolderName(step) << R"("})"
+            << "\n";
+      }
+    }
+  }
+  const ReportContext ctx{"job-0001", 2, 4, 100000};
+  const RunLogSummary whole = ReadRunLog(path.string(), ctx);
+  ASSERT_EQ(whole.records.size(), 30030u);
+  ASSERT_EQ(whole.checkpoints.size(), 30u);
+  for (const int64_t known : {int64_t{29999}, int64_t{25000}, int64_t{7},
+                              int64_t{30000}, int64_t{0}}) {
+    const RunLogSummary tail = ReadRunLog(path.string(), ctx, known);
+    // The records of `whole` after step `known`'s record.
+    std::vector<RunLogRecord> want;
+    bool past = false;
+    for (const RunLogRecord& r : whole.records) {
+      if (past) want.push_back(r);
+      if (r.kind == RunLogRecord::kStep && r.step == known) past = true;
+    }
+    if (known == 0) want = whole.records;
+    ASSERT_EQ(tail.records.size(), want.size()) << known;
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(tail.records[i].kind, want[i].kind) << known;
+      EXPECT_EQ(tail.records[i].step, want[i].step) << known;
+    }
+    std::vector<int64_t> ckpts;
+    for (const RunLogRecord& r : tail.checkpoints) ckpts.push_back(r.step);
+    std::vector<int64_t> want_ckpts;
+    for (int64_t s = 1000; s <= 30000; s += 1000) {
+      if (s >= known) want_ckpts.push_back(s);
+    }
+    EXPECT_EQ(ckpts, want_ckpts) << known;
+    EXPECT_EQ(tail.last_step.has_value(), known < 30000) << known;
+    if (tail.last_step) {
+      EXPECT_EQ(tail.last_step->step, 30000) << known;
+    }
+  }
   fs::remove(path);
 }
 
