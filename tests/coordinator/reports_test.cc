@@ -210,22 +210,31 @@ TEST(ReportsTest, RunLogLinesAreCheckedLikeReports) {
   }
 }
 
+// A run log at `path`: step records 1..steps and, every `every` steps, an
+// evaluation record and (when `checkpoints`) a checkpoint record.
+void WriteRunLog(const fs::path& path, int steps, int every, bool checkpoints) {
+  std::ofstream out(path);
+  for (int step = 1; step <= steps; ++step) {
+    out << R"({"type":"step","step":)" << step
+        << R"(,"loss":2.5,"lr":0.001,"ms":3,"tok_per_s":9,"mfu":0.1})"
+        << "\n";
+    if (step % every != 0) continue;
+    out << R"({"type":"eval","step":)" << step << R"(,"val_loss":2.0})"
+        << "\n";
+    if (checkpoints) {
+      out << R"({"type":"checkpoint","step":)" << step << R"(,"dir":"/ckpt/)"
+          << StepFolderName(step) << R"("})"
+          << "\n";
+    }
+  }
+}
+
 // A run log longer than the bytes the coordinator reads is read from its
 // end, from the first whole line: the summary is of the newest records.
 TEST(ReportsTest, LongRunLogIsReadFromItsEnd) {
   const fs::path path = fs::temp_directory_path() /
                         ("reports_test_" + std::to_string(getpid()) + ".jsonl");
-  {
-    std::ofstream out(path);
-    for (int step = 1; step <= 2000; ++step) {
-      out << R"({"type":"step","step":)" << step
-          << R"(,"loss":2.5,"lr":0.001,"ms":3,"tok_per_s":9,"mfu":0.1})"
-          << "\n";
-      if (step % 100 == 0)
-        out << R"({"type":"eval","step":)" << step << R"(,"val_loss":2.0})"
-            << "\n";
-    }
-  }
+  WriteRunLog(path, 2000, 100, /*checkpoints=*/false);
   const ReportContext ctx{"job-0001", 2, 4, 100000};
   const RunLogSummary whole = ReadRunLog(path.string(), ctx);
   ASSERT_EQ(whole.records.size(), 2020u);
@@ -278,23 +287,9 @@ TEST(ReportsTest, RunLogIsReadBackToTheKnownStep) {
   const fs::path path =
       fs::temp_directory_path() /
       ("reports_known_" + std::to_string(getpid()) + ".jsonl");
-  {
-    std::ofstream out(path);
-    // Lines of a few hundred KB in all: reading back crosses chunk borders
-    // only when the stop lies far from the end, so make both cases.
-    for (int step = 1; step <= 30000; ++step) {
-      out << R"({"type":"step","step":)" << step
-          << R"(,"loss":2.5,"lr":0.001,"ms":3,"tok_per_s":9,"mfu":0.1})"
-          << "\n";
-      if (step % 1000 == 0) {
-        out << R"({"type":"eval","step":)" << step << R"(,"val_loss":2.0})"
-            << "\n";
-        out << R"({"type":"checkpoint","step":)" << step << R"(,"dir":"/ckpt/)"
-            << StepFolderName(step) << R"("})"
-            << "\n";
-      }
-    }
-  }
+  // About 2.4 MB: a stop far from the end is reached across the 1 MiB
+  // chunks the log is read back in.
+  WriteRunLog(path, 30000, 1000, /*checkpoints=*/true);
   const ReportContext ctx{"job-0001", 2, 4, 100000};
   const RunLogSummary whole = ReadRunLog(path.string(), ctx);
   ASSERT_EQ(whole.records.size(), 30030u);
