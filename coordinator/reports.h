@@ -88,8 +88,8 @@ std::optional<RunLogRecord> ParseRunLogLine(absl::string_view line,
 struct RunLogSummary {
   std::optional<RunLogRecord> last_step;  // the latest kStep record
   std::optional<RunLogRecord> last_eval;  // the latest kEval record
-  std::vector<RunLogRecord> records;      // every step and eval, in order
-  std::vector<RunLogRecord> checkpoints;  // every checkpoint record
+  std::vector<RunLogRecord> records;      // the steps and evals read, in order
+  std::vector<RunLogRecord> checkpoints;  // the checkpoint records read
 };
 
 // Reads `path` (a missing file is an empty summary) back from its end, the

@@ -8,6 +8,8 @@
 
 namespace ptrain {
 namespace {
+// Slots: the embedding's, the final LayerNorm's, and two that blocks take
+// in turn (one reduces while the next one's backward fills the other).
 constexpr int kEmbSlot = 0, kFinalSlot = 1, kBlockSlot = 2;
 }  // namespace
 
@@ -87,7 +89,8 @@ void GradReducer::BeginUnit(int u) {
     slot = kFinalSlot;
   } else if (u != emb_unit_) {
     slot = next_block_slot_;
-    next_block_slot_ = next_block_slot_ == 2 ? 3 : 2;
+    next_block_slot_ =
+        next_block_slot_ == kBlockSlot ? kBlockSlot + 1 : kBlockSlot;
   }
   // The slot may still be reducing the block before last: wait for it.
   while (slot_unit_[slot] != -1) {
