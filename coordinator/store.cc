@@ -50,6 +50,8 @@ CREATE TABLE IF NOT EXISTS loss_history (
   attempt INTEGER NOT NULL, step INTEGER NOT NULL, loss REAL NOT NULL,
   val_loss REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS loss_job ON loss_history (job_id);
+CREATE INDEX IF NOT EXISTS loss_attempt_step
+  ON loss_history (job_id, attempt, step);
 CREATE TABLE IF NOT EXISTS nodes (
   name TEXT PRIMARY KEY, spec BLOB NOT NULL, registered_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS drained_nodes (name TEXT PRIMARY KEY);
@@ -485,15 +487,23 @@ absl::StatusOr<std::vector<v1::LossPoint>> Store::LossHistory(
 absl::StatusOr<Store::LastSteps> Store::LastLossSteps(const std::string& job_id,
                                                       int attempt) {
   absl::MutexLock lock(&mu_);
-  Stmt q(db_,
-         "SELECT COALESCE(MAX(CASE WHEN val_loss = 0 THEN step END), -1),"
-         " COALESCE(MAX(CASE WHEN val_loss != 0 THEN step END), -1)"
-         " FROM loss_history WHERE job_id=? AND attempt=?");
-  q.Bind(1, job_id).Bind(2, static_cast<int64_t>(attempt));
-  absl::Status s = q.status();
-  if (!s.ok()) return s;
-  if (!q.Step(&s)) return s.ok() ? absl::InternalError("MAX gave no row") : s;
-  return LastSteps{q.Int(0), q.Int(1)};
+  // Each series walks the (job_id, attempt, step) index down from the
+  // attempt's newest step and stops at its first row: a few rows, where one
+  // MAX over both series read every row of the job.
+  LastSteps out;
+  for (const bool eval : {false, true}) {
+    Stmt q(db_, eval
+                    ? "SELECT step FROM loss_history WHERE job_id=? AND"
+                      " attempt=? AND val_loss != 0 ORDER BY step DESC LIMIT 1"
+                    : "SELECT step FROM loss_history WHERE job_id=? AND"
+                      " attempt=? AND val_loss = 0 ORDER BY step DESC LIMIT 1");
+    q.Bind(1, job_id).Bind(2, static_cast<int64_t>(attempt));
+    absl::Status s = q.status();
+    if (!s.ok()) return s;
+    if (q.Step(&s)) (eval ? out.eval : out.step) = q.Int(0);
+    if (!s.ok()) return s;
+  }
+  return out;
 }
 
 absl::Status Store::AddCheckpointLocked(const std::string& job_id,

@@ -3,6 +3,7 @@
 // written whole or not at all; an older database loses its plain tokens.
 #include "coordinator/store.h"
 
+#include <sqlite3.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -187,6 +188,59 @@ TEST_F(StoreTest, LastLossStepsArePerAttemptAndSeries) {
   auto none = (*store)->LastLossSteps("job-0002", 1);
   EXPECT_EQ(none->step, -1);
   EXPECT_EQ(none->eval, -1);
+}
+
+// The newest steps of an attempt are asked for at each attempt's end, under
+// ptcoord's lock; a job of days has millions of points. A database written
+// before the (job_id, attempt, step) index existed gets it on opening, so
+// that the question walks the index instead of the job's rows.
+TEST_F(StoreTest, OlderDatabaseGetsTheAttemptStepIndex) {
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(TempDb().c_str(), &db), SQLITE_OK);
+    const char* old_schema = R"sql(
+CREATE TABLE loss_history (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL,
+  attempt INTEGER NOT NULL, step INTEGER NOT NULL, loss REAL NOT NULL,
+  val_loss REAL NOT NULL);
+CREATE INDEX loss_job ON loss_history (job_id);
+INSERT INTO loss_history (job_id, attempt, step, loss, val_loss) VALUES
+  ('job-0001', 1, 40, 2.0, 0), ('job-0001', 1, 40, 0, 2.4),
+  ('job-0001', 1, 41, 1.9, 0);)sql";
+    EXPECT_EQ(sqlite3_exec(db, old_schema, nullptr, nullptr, nullptr),
+              SQLITE_OK)
+        << sqlite3_errmsg(db);
+    sqlite3_close(db);
+  }
+  auto store = Store::Open(TempDb());
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto last = (*store)->LastLossSteps("job-0001", 1);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(last->step, 41);
+  EXPECT_EQ(last->eval, 40);
+  store->reset();
+
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(TempDb().c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db,
+                               "SELECT ii.name FROM sqlite_master AS m,"
+                               " pragma_index_info(m.name) AS ii"
+                               " WHERE m.type='index' AND"
+                               " m.tbl_name='loss_history'"
+                               " ORDER BY m.name, ii.seqno",
+                               -1, &st, nullptr),
+            SQLITE_OK)
+      << sqlite3_errmsg(db);
+  std::string columns;
+  while (sqlite3_step(st) == SQLITE_ROW) {
+    columns += reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
+    columns += ' ';
+  }
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  // loss_attempt_step, then loss_job.
+  EXPECT_EQ(columns, "job_id attempt step job_id ");
 }
 
 TEST_F(StoreTest, UnknownJobIsNotFound) {
