@@ -77,24 +77,37 @@ class Ops {
                                const float* dout, const float* inp,
                                const float* weight, int B, int T, int C,
                                int OC) = 0;
-  // matmul_forward of GELU(inp), GELU's output not kept: `hidden` (B,T,C)
-  // is working space for it, which a backend that applies GELU as it reads
-  // inp may leave alone. The model's MLP projection, whose backward
-  // (gelu_matmul_backward) computes GELU(inp) again instead of keeping it.
-  virtual void gelu_matmul_forward(float* out, float* hidden, const float* inp,
-                                   const float* weight, const float* bias,
-                                   int B, int T, int C, int OC) {
+  // matmul_forward of GELU(inp), GELU's fp32 output not kept: `hidden`
+  // (B,T,C) is working space for it, which a backend that applies GELU as it
+  // reads inp may leave alone. The model's MLP projection, whose backward
+  // (gelu_matmul_backward) computes GELU(inp) again, or reads what the
+  // forward left in `saved` (gelu_saved_floats; none by default, and null
+  // there): the bf16 CPU backend keeps the operand it rounded.
+  virtual void gelu_matmul_forward(float* out, float* hidden, float* saved,
+                                   const float* inp, const float* weight,
+                                   const float* bias, int B, int T, int C,
+                                   int OC) {
+    (void)saved;
     gelu_forward(hidden, inp, static_cast<int64_t>(B) * T * C);
     matmul_forward(out, hidden, weight, bias, B, T, C, OC);
   }
-  // matmul_backward whose input is GELU(inp), computed again (`hidden` as
-  // above); dinp is the gradient of GELU's output.
+  // matmul_backward whose input is GELU(inp): computed again (`hidden` as
+  // above), or what the forward of this inp left in `saved` when not null.
+  // dinp is the gradient of GELU's output. Either way the same result.
   virtual void gelu_matmul_backward(float* dinp, float* dweight, float* dbias,
                                     const float* dout, float* hidden,
-                                    const float* inp, const float* weight,
-                                    int B, int T, int C, int OC) {
+                                    const float* saved, const float* inp,
+                                    const float* weight, int B, int T, int C,
+                                    int OC) {
+    (void)saved;
     gelu_forward(hidden, inp, static_cast<int64_t>(B) * T * C);
     matmul_backward(dinp, dweight, dbias, dout, hidden, weight, B, T, C, OC);
+  }
+  // Floats of `saved` above for `rows` rows of C.
+  virtual int64_t gelu_saved_floats(int64_t rows, int C) const {
+    (void)rows;
+    (void)C;
+    return 0;
   }
   // Causal attention over inp (B,T,3,NH,hs) into out (B,T,NH,hs). `att`
   // holds what the forward keeps for the backward (attention_saved_floats:

@@ -39,10 +39,15 @@ inline uint16_t RoundToBf16(float x) {
 }
 
 // x, or GELU(x) when kGelu (an operand that is GELU of the stored one, never
-// kept in fp32), rounded.
+// kept in fp32), rounded; a value already in bf16 as it is.
 template <bool kGelu>
 inline uint16_t Round(float x) {
   return RoundToBf16(kGelu ? internal::Gelu(x) : x);
+}
+template <bool kGelu>
+inline uint16_t Round(uint16_t x) {
+  static_assert(!kGelu, "GELU of a bf16 operand is not computed here");
+  return x;
 }
 
 // rows x cols of `src` (row stride ld) into dense bf16 `dst`, or its
@@ -139,9 +144,9 @@ dnnl::memory::format_tag PackedTag(int64_t nb) {
 
 // B (K,N) as op(stored): stored (K,N) with row stride ld, or (N,K) read
 // transposed when `transpose`, rounded into `dst` in layout BA16a<nb>b2a.
-// kGelu: GELU of src.
-template <bool kGelu = false>
-void PackBf16(uint16_t* dst, const float* src, int64_t K, int64_t N, int64_t ld,
+// kGelu: GELU of src. A bf16 src (uint16_t) is laid out, not rounded.
+template <bool kGelu = false, typename S = float>
+void PackBf16(uint16_t* dst, const S* src, int64_t K, int64_t N, int64_t ld,
               bool transpose, int64_t nb) {
   const int64_t k_blocks = (K + 31) / 32, n_blocks = (N + nb - 1) / nb;
   // One (row k, row k+1) pair is one 32-bit word, row k in its low half.
@@ -159,7 +164,7 @@ void PackBf16(uint16_t* dst, const float* src, int64_t K, int64_t N, int64_t ld,
       if (whole && transpose) {
         // A stored row n holds column n of op(B): 32 consecutive k.
         for (int64_t n = 0; n < nb; ++n) {
-          const float* s = src + (n0 + n) * ld + k0;
+          const S* s = src + (n0 + n) * ld + k0;
 #pragma omp simd
           for (int64_t p = 0; p < 16; ++p) {
             block[p * nb + n] = Round<kGelu>(s[2 * p]) |
@@ -168,8 +173,8 @@ void PackBf16(uint16_t* dst, const float* src, int64_t K, int64_t N, int64_t ld,
         }
       } else if (whole) {
         for (int64_t p = 0; p < 16; ++p) {
-          const float* lo = src + (k0 + 2 * p) * ld + n0;
-          const float* hi = lo + ld;
+          const S* lo = src + (k0 + 2 * p) * ld + n0;
+          const S* hi = lo + ld;
           uint32_t* d = block + p * nb;
 #pragma omp simd
           for (int64_t n = 0; n < nb; ++n) {
@@ -302,11 +307,14 @@ uint16_t* Scratch(int which, int64_t n) {
 // ta; B fp32 (K,N) with row stride ldb, or (N,K) when tb, rounded into
 // scratch `b_scratch` in the matmul's layout. gelu_b: the operand is GELU
 // of B (plain, dense: ldb = N), computed as it is packed, or into `hidden`
-// (K,N) for a layout this file does not pack.
+// (K,N) for a layout this file does not pack. B16, when not null, is that
+// operand already rounded, dense (K,N) (plain only): laid out instead of
+// rounded where this file packs the layout.
 void MatmulBf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                 const uint16_t* A16, const float* B, int64_t ldb, float beta,
                 float* C, int64_t ldc, const float* bias, int b_scratch,
-                bool gelu_b = false, float* hidden = nullptr) {
+                bool gelu_b = false, float* hidden = nullptr,
+                const uint16_t* B16 = nullptr) {
   const Primitive& p =
       PrimitiveFor({ta, tb, M, N, K, ldb, ldc, beta, bias != nullptr});
   uint16_t* b16 = Scratch(
@@ -321,7 +329,9 @@ void MatmulBf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
         dnnl::memory(p.bias, Engine(), const_cast<float*>(bias));
   }
   dnnl::stream stream(Engine());
-  if (p.packed != 0 && gelu_b) {
+  if (p.packed != 0 && B16 != nullptr && !tb) {
+    PackBf16(b16, B16, K, N, N, /*transpose=*/false, p.packed);
+  } else if (p.packed != 0 && gelu_b) {
     PackBf16<true>(b16, B, K, N, ldb, tb, p.packed);
   } else if (p.packed != 0) {
     PackBf16(b16, B, K, N, ldb, tb, p.packed);
@@ -338,11 +348,13 @@ void MatmulBf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
   stream.wait();
 }
 
-// matmul_backward_bf16, its input GELU(inp) when gelu (see MatmulBf16).
+// matmul_backward_bf16, its input GELU(inp) when gelu (see MatmulBf16),
+// inp16 that input rounded when not null.
 void MatmulBackwardBf16(float* dinp, float* dweight, float* dbias,
                         const float* dout, const float* inp,
                         const float* weight, int64_t rows, int C, int OC,
-                        bool gelu, float* hidden) {
+                        bool gelu, float* hidden,
+                        const uint16_t* inp16 = nullptr) {
   if (rows == 0) return;
   // dout once, its bias gradient in the same pass; it serves both products.
   uint16_t* dout16 = Scratch(0, rows * OC);
@@ -355,7 +367,7 @@ void MatmulBackwardBf16(float* dinp, float* dweight, float* dbias,
   // dweight (OC,C) += dout^T (OC,rows) @ inp (rows,C): dout read transposed
   // costs the matmul less than a second, transposing conversion would.
   MatmulBf16(true, false, OC, C, rows, dout16, inp, C, 1.0f, dweight, C,
-             nullptr, 2, gelu, hidden);
+             nullptr, 2, gelu, hidden, inp16);
 }
 
 }  // namespace
@@ -391,10 +403,11 @@ void matmul_backward_bf16(float* dinp, float* dweight, float* dbias,
 }
 
 void gelu_matmul_forward_bf16(float* out, const float* inp, const float* weight,
-                              const float* bias, int64_t rows, int C, int OC) {
+                              const float* bias, int64_t rows, int C, int OC,
+                              uint16_t* saved) {
   if (rows == 0) return;
   // GELU as inp is rounded: its fp32 output is never written.
-  uint16_t* a16 = Scratch(0, rows * C);
+  uint16_t* a16 = saved != nullptr ? saved : Scratch(0, rows * C);
   ToBf16<true>(a16, inp, rows, C, C, /*transpose=*/false);
   MatmulBf16(false, true, rows, OC, C, a16, weight, C, 0.0f, out, OC, bias, 1);
 }
@@ -402,9 +415,9 @@ void gelu_matmul_forward_bf16(float* out, const float* inp, const float* weight,
 void gelu_matmul_backward_bf16(float* dinp, float* dweight, float* dbias,
                                const float* dout, const float* inp,
                                float* hidden, const float* weight, int64_t rows,
-                               int C, int OC) {
+                               int C, int OC, const uint16_t* saved) {
   MatmulBackwardBf16(dinp, dweight, dbias, dout, inp, weight, rows, C, OC,
-                     /*gelu=*/true, hidden);
+                     /*gelu=*/true, hidden, saved);
 }
 
 }  // namespace ptrain::kernels

@@ -43,16 +43,19 @@ void matmul_backward_bf16(float* dinp, float* dweight, float* dbias,
                           const float* dout, const float* inp,
                           const float* weight, int64_t rows, int C, int OC);
 // matmul_forward in bf16 of GELU(inp) (rows,C): GELU (gelu_forward's, bit
-// for bit) is applied as inp is rounded, its fp32 output never written.
+// for bit) is applied as inp is rounded, its fp32 output never written. Its
+// rounded output is left in `saved` (rows*C bf16) when not null.
 void gelu_matmul_forward_bf16(float* out, const float* inp, const float* weight,
-                              const float* bias, int64_t rows, int C, int OC);
-// matmul_backward_bf16 whose input is GELU(inp), applied again as it is
-// rounded for dweight; `hidden` (rows,C) is working space for it where
-// oneDNN asks for a layout not packed here (then it holds GELU(inp)).
+                              const float* bias, int64_t rows, int C, int OC,
+                              uint16_t* saved = nullptr);
+// matmul_backward_bf16 whose input is GELU(inp): what the forward left in
+// `saved`, or (null) applied again as inp is rounded for dweight. `hidden`
+// (rows,C) is working space where oneDNN asks for a layout not packed here
+// (then it holds GELU(inp)). Either way the same products, bit for bit.
 void gelu_matmul_backward_bf16(float* dinp, float* dweight, float* dbias,
                                const float* dout, const float* inp,
                                float* hidden, const float* weight, int64_t rows,
-                               int C, int OC);
+                               int C, int OC, const uint16_t* saved = nullptr);
 // True when oneDNN may use AVX512_BF16 here (the CPU has it and
 // ONEDNN_MAX_CPU_ISA does not forbid it).
 bool CpuHasBf16();

@@ -117,29 +117,39 @@ class CpuBackend final : public Ops {
                              OC, bf16_);
   }
   // In bf16 GELU is applied as the matmul rounds its operand: no fp32 pass
-  // over GELU's output in either direction.
-  void gelu_matmul_forward(float* out, float* hidden, const float* inp,
-                           const float* weight, const float* bias, int B, int T,
-                           int C, int OC) override {
+  // over GELU's output in either direction. The rounded operand is kept in
+  // `saved` (half a float each), which the backward lays out for dweight
+  // instead of computing GELU and rounding again.
+  void gelu_matmul_forward(float* out, float* hidden, float* saved,
+                           const float* inp, const float* weight,
+                           const float* bias, int B, int T, int C,
+                           int OC) override {
     if (!bf16_) {
-      Ops::gelu_matmul_forward(out, hidden, inp, weight, bias, B, T, C, OC);
+      Ops::gelu_matmul_forward(out, hidden, saved, inp, weight, bias, B, T, C,
+                               OC);
       return;
     }
     kernels::gelu_matmul_forward_bf16(out, inp, weight, bias,
-                                      static_cast<int64_t>(B) * T, C, OC);
+                                      static_cast<int64_t>(B) * T, C, OC,
+                                      reinterpret_cast<uint16_t*>(saved));
   }
   void gelu_matmul_backward(float* dinp, float* dweight, float* dbias,
-                            const float* dout, float* hidden, const float* inp,
+                            const float* dout, float* hidden,
+                            const float* saved, const float* inp,
                             const float* weight, int B, int T, int C,
                             int OC) override {
     if (!bf16_) {
-      Ops::gelu_matmul_backward(dinp, dweight, dbias, dout, hidden, inp, weight,
-                                B, T, C, OC);
+      Ops::gelu_matmul_backward(dinp, dweight, dbias, dout, hidden, saved, inp,
+                                weight, B, T, C, OC);
       return;
     }
-    kernels::gelu_matmul_backward_bf16(dinp, dweight, dbias, dout, inp, hidden,
-                                       weight, static_cast<int64_t>(B) * T, C,
-                                       OC);
+    kernels::gelu_matmul_backward_bf16(
+        dinp, dweight, dbias, dout, inp, hidden, weight,
+        static_cast<int64_t>(B) * T, C, OC,
+        reinterpret_cast<const uint16_t*>(saved));
+  }
+  int64_t gelu_saved_floats(int64_t rows, int C) const override {
+    return bf16_ ? (rows * C + 1) / 2 : 0;
   }
   // From kFlashAttentionT positions on, attention keeps one float per query
   // row (flash_attention_forward's log-sum-exp) and needs no scratch; below

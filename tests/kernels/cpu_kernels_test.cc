@@ -667,7 +667,9 @@ TEST(MatmulTest, Bf16ForwardAndBackwardAreTheProductsOfRoundedOperands) {
 // on both CPU precisions (bf16 applies GELU as it rounds the operand; its
 // forward and dweight then differ from unfused GELU by any bit of GELU, so
 // EQ is the test). Shapes with partial blocks of the packed layout; the
-// working space starts as noise and must not leak into a result.
+// working space starts as noise and must not leak into a result. The
+// backward gives the same from what the forward kept (gelu_saved_floats;
+// bf16 keeps the rounded operand) as from computing GELU again.
 TEST(MatmulTest, GeluMatmulIsTheMatmulOfGeluOutput) {
   struct Shape {
     int B, T, C, OC;
@@ -691,21 +693,35 @@ TEST(MatmulTest, GeluMatmulIsTheMatmulOfGeluOutput) {
       ops->matmul_backward(want_dinp.data(), want_dw.data(), want_db.data(),
                            dout.data(), act.data(), w.data(), sh.B, sh.T, sh.C,
                            sh.OC);
-      std::vector<float> out(want_out.size()), dinp(inp.size()),
-          dw(w.size(), 0.5f), db(sh.OC, 0.25f), hidden = noise;
-      ops->gelu_matmul_forward(out.data(), hidden.data(), inp.data(), w.data(),
-                               bias.data(), sh.B, sh.T, sh.C, sh.OC);
-      hidden = noise;
-      ops->gelu_matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(),
-                                hidden.data(), inp.data(), w.data(), sh.B, sh.T,
-                                sh.C, sh.OC);
+      std::vector<float> saved =
+          ToFloat(Random(ops->gelu_saved_floats(rows, sh.C), &rng));
+      float* kept = saved.empty() ? nullptr : saved.data();
+      std::vector<float> out(want_out.size()), hidden = noise;
+      ops->gelu_matmul_forward(out.data(), hidden.data(), kept, inp.data(),
+                               w.data(), bias.data(), sh.B, sh.T, sh.C, sh.OC);
       const std::string what = ops->name() + " " + std::to_string(rows) + "x" +
                                std::to_string(sh.C) + "x" +
                                std::to_string(sh.OC);
       EXPECT_EQ(out, want_out) << what;
-      EXPECT_EQ(dinp, want_dinp) << what;
-      EXPECT_EQ(dw, want_dw) << what;
-      EXPECT_EQ(db, want_db) << what;
+      for (const float* from : {static_cast<const float*>(kept),
+                                static_cast<const float*>(nullptr)}) {
+        std::vector<float> dinp(inp.size()), dw(w.size(), 0.5f),
+            db(sh.OC, 0.25f);
+        hidden = noise;
+        ops->gelu_matmul_backward(dinp.data(), dw.data(), db.data(),
+                                  dout.data(), hidden.data(), from, inp.data(),
+                                  w.data(), sh.B, sh.T, sh.C, sh.OC);
+        const std::string how =
+            what + (from != nullptr ? " from the kept GELU" : "");
+        EXPECT_EQ(dinp, want_dinp) << how;
+        EXPECT_EQ(dw, want_dw) << how;
+        EXPECT_EQ(db, want_db) << how;
+      }
+    }
+    if (ops == &CpuBf16Ops()) {
+      EXPECT_EQ(ops->gelu_saved_floats(37, 96), 37 * 96 / 2);
+    } else {
+      EXPECT_EQ(ops->gelu_saved_floats(37, 96), 0);
     }
   }
 }

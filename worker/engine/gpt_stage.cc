@@ -117,6 +117,8 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
   const int64_t BT = static_cast<int64_t>(max_B_) * max_T_;
   const int64_t BTs = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_);
   att_floats_ = ops_->attention_saved_floats(max_B_, max_T_, Cl_, NHl_);
+  gelu_floats_ =
+      recompute_ == Recompute::kFull ? 0 : ops_->gelu_saved_floats(BT, 4 * Cl_);
   const int64_t datt =
       ops_->attention_scratch_floats(max_B_, max_T_, Cl_, NHl_);
   const int64_t Cl = Cl_, Vl = Vl_;
@@ -139,6 +141,7 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
     slot.ln2_mean = Take(layers * BTs);
     slot.ln2_rstd = Take(layers * BTs);
     slot.fch = Take(layers * BT * 4 * Cl);
+    slot.gelu = Take(layers * gelu_floats_);
   };
   Slot shared{};
   if (full) take_blocks(shared, 1);
@@ -215,19 +218,22 @@ int64_t GptStage::ActivationFloats(const GptConfig& config, int max_B,
     return s;
   };
   // Per layer, what a block's backward reads: ln1, residual2, ln2 and four
-  // (B,Ts) statistics; qkv, atty, fch (not GELU's output, computed again);
-  // what attention keeps for its backward. Then the block's output, residual3,
-  // which is kept even when the rest is recomputed. Recomputed parts are there
-  // once.
+  // (B,Ts) statistics; qkv, atty, fch (not GELU's fp32 output, computed
+  // again); what the backend keeps of that output (bf16 CPU: its rounded
+  // copy; not when the block is recomputed); what attention keeps for its
+  // backward. Then the block's output, residual3, which is kept even when
+  // the rest is recomputed. Recomputed parts are there once.
   const int64_t block =
       sum({SatMul(BTs, 3 * C + 4), SatMul(BT, 3 * Cl + Cl + 4 * Cl)});
+  const int64_t gelu =
+      ops != nullptr ? ops->gelu_saved_floats(BT, static_cast<int>(4 * Cl)) : 0;
   int64_t kept_blocks = 0, recomputed = 0;
   switch (recompute) {
     case Recompute::kNone:
-      kept_blocks = SatMul(L, SatAdd(block, att));
+      kept_blocks = SatMul(L, sum({block, gelu, att}));
       break;
     case Recompute::kSelective:
-      kept_blocks = SatMul(L, block);
+      kept_blocks = SatMul(L, SatAdd(block, gelu));
       recomputed = att;
       break;
     case Recompute::kFull:
@@ -317,12 +323,19 @@ GptStage::BlockActs GptStage::Acts(const Slot& S, int b) const {
   // The layer's place in the slabs (and in att's).
   const int64_t l = recompute_ == Recompute::kFull ? 0 : b;
   const int64_t la = recompute_ == Recompute::kNone ? b : 0;
-  return BlockActs{S.ln1 + l * sBTs * C,       S.ln1_mean + l * sBTs,
-                   S.ln1_rstd + l * sBTs,      S.qkv + l * sBT * 3 * Cl_,
-                   S.atty + l * sBT * Cl_,     S.att + la * att_floats_,
-                   S.residual2 + l * sBTs * C, S.ln2 + l * sBTs * C,
-                   S.ln2_mean + l * sBTs,      S.ln2_rstd + l * sBTs,
-                   S.fch + l * sBT * 4 * Cl_,  S.residual3 + b * sBTs * C};
+  return BlockActs{S.ln1 + l * sBTs * C,
+                   S.ln1_mean + l * sBTs,
+                   S.ln1_rstd + l * sBTs,
+                   S.qkv + l * sBT * 3 * Cl_,
+                   S.atty + l * sBT * Cl_,
+                   S.att + la * att_floats_,
+                   S.residual2 + l * sBTs * C,
+                   S.ln2 + l * sBTs * C,
+                   S.ln2_mean + l * sBTs,
+                   S.ln2_rstd + l * sBTs,
+                   S.fch + l * sBT * 4 * Cl_,
+                   S.residual3 + b * sBTs * C,
+                   gelu_floats_ > 0 ? S.gelu + l * gelu_floats_ : nullptr};
 }
 
 void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
@@ -368,10 +381,11 @@ void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
   if (recomputing) return;  // the block's output is kept
   st.BeginForward(u + 3);
   w = st.Params(u + 3);
-  // GELU(fch), not kept: the backward computes it again.
+  // GELU(fch), not kept in fp32: the backward computes it again, or reads
+  // what the backend keeps in a.gelu.
   row_linear_forward(proj_, a.fch, BlockTensor(w, b, kFcProjW),
                      BlockTensor(w, b, kFcProjB), B, T, 4 * Cl_, C, g, scratch_,
-                     /*gelu_hidden=*/dfch_gelu_);
+                     /*gelu_hidden=*/dfch_gelu_, /*gelu_saved=*/a.gelu);
   st.EndForward(u + 3);
   k.residual_forward(a.residual3, a.residual2, proj_, BTsC);
 }
@@ -486,7 +500,8 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
     row_linear_backward(dfch_gelu_, dT(u + 3, kFcProjW), dT(u + 3, kFcProjB),
                         dresidual_, a.fch,
                         BlockTensor(st.Params(u + 3), b, kFcProjW), B, T,
-                        4 * Cl_, C, tp_, scratch_, /*gelu_hidden=*/dqkv_);
+                        4 * Cl_, C, tp_, scratch_, /*gelu_hidden=*/dqkv_,
+                        /*gelu_saved=*/a.gelu);
     st.EndBackward(u + 3);
     // In place: the gradient of fch replaces that of its GELU.
     k.gelu_backward(dfch_gelu_, a.fch, dfch_gelu_, BT * 4 * Cl_);

@@ -193,6 +193,7 @@ class GptStage : private UnitStore {
     float* ln2_mean;   // (L,B,Ts)
     float* ln2_rstd;   // (L,B,Ts)
     float* fch;        // (L,B,T,4Cl); GELU's output is computed again
+    float* gelu;       // (L, gelu_floats_): what the backend keeps of it
     float* residual3;  // (L,B,Ts,C)
     float* lnf;        // (B,Ts,C)
     float* lnf_mean;   // (B,Ts)
@@ -210,6 +211,7 @@ class GptStage : private UnitStore {
   struct BlockActs {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2,
         *ln2_mean, *ln2_rstd, *fch, *residual3;
+    float* gelu;  // null when nothing is kept of GELU(fch)
   };
   BlockActs Acts(const Slot& S, int b) const;
   // Local block b's forward from its input x (B,Ts,C) into `a`. pos >= 0: a
@@ -245,6 +247,10 @@ class GptStage : private UnitStore {
   // Floats attention keeps per layer and microbatch (the backend's
   // attention_saved_floats at max_B_, max_T_): the stride of Slot::att.
   int64_t att_floats_ = 0;
+  // Floats the backend keeps of GELU(fch) per layer and microbatch
+  // (Ops::gelu_saved_floats; none under full recomputation, whose forward
+  // again stops before the MLP's projection): the stride of Slot::gelu.
+  int64_t gelu_floats_ = 0;
   UnitStore* store_;
   kernels::Ops* ops_;
   kernels::Buffer params_, grads_;

@@ -105,10 +105,11 @@ void column_linear_backward(float* dinp, float* dweight, float* dbias,
 void row_linear_forward(float* out, const float* inp, const float* weight,
                         const float* bias, int B, int T, int Cl, int OC,
                         const TpGroup& g, const LayerContext& s,
-                        float* gelu_hidden) {
+                        float* gelu_hidden, float* gelu_saved) {
   auto matmul = [&](float* y, const float* b) {
     if (gelu_hidden != nullptr) {
-      s.ops().gelu_matmul_forward(y, gelu_hidden, inp, weight, b, B, T, Cl, OC);
+      s.ops().gelu_matmul_forward(y, gelu_hidden, gelu_saved, inp, weight, b, B,
+                                  T, Cl, OC);
     } else {
       s.ops().matmul_forward(y, inp, weight, b, B, T, Cl, OC);
     }
@@ -131,15 +132,15 @@ void row_linear_backward(float* dinp, float* dweight, float* dbias,
                          const float* dout, const float* inp,
                          const float* weight, int B, int T, int Cl, int OC,
                          const TpGroup& g, const LayerContext& s,
-                         float* gelu_hidden) {
+                         float* gelu_hidden, const float* gelu_saved) {
   const float* full = dout;
   if (g.sp && Parallel(g)) {
     sequence_gather(s.a, dout, B, T, OC, g, s.b, s.ops());
     full = s.a;
   }
   if (gelu_hidden != nullptr) {
-    s.ops().gelu_matmul_backward(dinp, dweight, dbias, full, gelu_hidden, inp,
-                                 weight, B, T, Cl, OC);
+    s.ops().gelu_matmul_backward(dinp, dweight, dbias, full, gelu_hidden,
+                                 gelu_saved, inp, weight, B, T, Cl, OC);
   } else {
     s.ops().matmul_backward(dinp, dweight, dbias, full, inp, weight, B, T, Cl,
                             OC);

@@ -82,18 +82,22 @@ void column_linear_backward(float* dinp, float* dweight, float* dbias,
 // bias (OC) is added once, after the reduction. scratch: a, b.
 // `gelu_hidden` (B,T,Cl), when set: the layer's input is GELU(inp) instead
 // of inp, computed there (or as the backend's matmul reads inp) in forward
-// and again in backward, never kept (the MLP's projection).
+// and again in backward, its fp32 values never kept (the MLP's projection).
+// `gelu_saved`, when set, is what the backend keeps of it from forward to
+// backward (Ops::gelu_saved_floats).
 void row_linear_forward(float* out, const float* inp, const float* weight,
                         const float* bias, int B, int T, int Cl, int OC,
                         const TpGroup& g, const LayerContext& s,
-                        float* gelu_hidden = nullptr);
+                        float* gelu_hidden = nullptr,
+                        float* gelu_saved = nullptr);
 // dinp (B,T,Cl) = gather(dout) @ weight; dweight += gather(dout)^T inp;
 // dbias += column sums of gather(dout) (the same on every rank).
 void row_linear_backward(float* dinp, float* dweight, float* dbias,
                          const float* dout, const float* inp,
                          const float* weight, int B, int T, int Cl, int OC,
                          const TpGroup& g, const LayerContext& s,
-                         float* gelu_hidden = nullptr);
+                         float* gelu_hidden = nullptr,
+                         const float* gelu_saved = nullptr);
 
 // Vocabulary-parallel embedding: wte (Vl,C) holds vocabulary rows
 // [vocab_begin, vocab_begin + Vl), wpe (>=t0+T,C) every position. out

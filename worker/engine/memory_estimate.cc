@@ -53,10 +53,12 @@ MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size) {
   const int micro_B = spec.train().global_batch() / (p.dp() * p.microbatches());
   const ScheduleKind kind = ScheduleKindOf(p.schedule());
   const int v = p.virtual_stages();
-  // What attention keeps: the CPU backend says; on a GPU (not loaded here)
-  // the most any backend keeps.
-  const kernels::Ops* ops =
-      spec.resources().device() == "cpu" ? &kernels::CpuOps() : nullptr;
+  // What attention and the MLP keep: the CPU backend of the job's precision
+  // says; on a GPU (not loaded here) the most any backend keeps.
+  const kernels::Ops* ops = spec.resources().device() != "cpu" ? nullptr
+                            : spec.train().precision() == "bf16"
+                                ? &kernels::CpuBf16Ops()
+                                : &kernels::CpuOps();
   // The rank that needs the most: ranks differ in their tensors (the first
   // embeds, the last holds the head) and in microbatches in flight (fewer
   // further down a pipeline), so the candidates are the first, the second

@@ -438,8 +438,19 @@ TEST(GptStage, StagesChainedComputeTheWholeModel) {
 // two microbatches in flight at once, forwards first and backwards after
 // (as a pipeline stage runs them, both sharing the one recomputed layer),
 // give bit-identical losses and gradients to a stage that keeps every
-// block's activations, in less memory (full least).
+// block's activations, in less memory (full least). In bf16 too, where the
+// MLP's GELU output is kept rounded per layer and microbatch (none under
+// full recomputation): a kept copy of the wrong layer or microbatch breaks
+// the identity.
+void CheckRecomputation(kernels::Ops* ops);
 TEST(GptStage, RecomputationGivesBitIdenticalGradients) {
+  for (kernels::Ops* ops : {&kernels::CpuOps(), &kernels::CpuBf16Ops()}) {
+    SCOPED_TRACE(ops->name());
+    CheckRecomputation(ops);
+  }
+}
+
+void CheckRecomputation(kernels::Ops* ops) {
   GptConfig c = kTiny;
   c.n_layer = 3;
   const int B = 2, T = 8;
@@ -457,6 +468,7 @@ TEST(GptStage, RecomputationGivesBitIdenticalGradients) {
     o.max_T = T;
     o.slots = 2;
     o.recompute = recompute;
+    o.ops = ops;
     runs.push_back(std::make_unique<GptStage>(c, BuildPlan(c, {}), o));
     GptStage& st = *runs.back();
     st.InitParams(7);
