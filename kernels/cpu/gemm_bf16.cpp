@@ -10,6 +10,8 @@
 // oneDNN's reorder (same rounding, slower). Primitives are made once per
 // shape and kept.
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +20,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -122,6 +125,81 @@ void ToBf16(uint16_t* dst, const float* src, int64_t rows, int64_t cols,
       1);
 }
 
+#if defined(__AVX512F__)
+// GCC 12 warns of the `undefined` vectors inside its own AVX-512 intrinsics
+// once they are inlined here.
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+constexpr bool kHaveTransposeKernel = true;
+
+// RoundToBf16 of 16 floats, each result in the low half of its lane.
+inline __m512i RoundToBf16x16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i hi = _mm512_srli_epi32(u, 16);
+  const __m512i rounded = _mm512_srli_epi32(
+      _mm512_add_epi32(
+          u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                              _mm512_and_si512(hi, _mm512_set1_epi32(1)))),
+      16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+      _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+      _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_or_epi32(rounded, nan, hi, _mm512_set1_epi32(0x40));
+}
+
+// Rows 0..15 of `src` (row stride ld), 32 floats each, as the 16 pair
+// words of each row (word p: k = 2p low, 2p + 1 high), transposed: `dst`
+// row p (row stride nb words) gets word p of the 16 rows, in their order.
+inline void PackTransposed16(uint32_t* dst, int64_t nb, const float* src,
+                             int64_t ld) {
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; ++i) {
+    const float* s = src + i * ld;
+    const __m256i lo =
+        _mm512_cvtepi32_epi16(RoundToBf16x16(_mm512_loadu_ps(s)));
+    const __m256i hi =
+        _mm512_cvtepi32_epi16(RoundToBf16x16(_mm512_loadu_ps(s + 16)));
+    r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  }
+  // Within each 128-bit lane L: t[4g + c] holds word 4L + c of rows
+  // 4g..4g+3.
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int g = 0; g < 4; ++g) {
+    r[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g + 0], t[4 * g + 2]);
+    r[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g + 0], t[4 * g + 2]);
+    r[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    r[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  // Then across lanes: word 4L + c of all 16 rows, lane g from r[4g + c].
+  for (int c = 0; c < 4; ++c) {
+    const __m512i a01 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44);
+    const __m512i a23 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xee);
+    const __m512i b01 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x44);
+    const __m512i b23 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xee);
+    _mm512_storeu_si512(dst + (0 + c) * nb,
+                        _mm512_shuffle_i32x4(a01, b01, 0x88));
+    _mm512_storeu_si512(dst + (4 + c) * nb,
+                        _mm512_shuffle_i32x4(a01, b01, 0xdd));
+    _mm512_storeu_si512(dst + (8 + c) * nb,
+                        _mm512_shuffle_i32x4(a23, b23, 0x88));
+    _mm512_storeu_si512(dst + (12 + c) * nb,
+                        _mm512_shuffle_i32x4(a23, b23, 0xdd));
+  }
+}
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#else
+constexpr bool kHaveTransposeKernel = false;
+inline void PackTransposed16(uint32_t*, int64_t, const float*, int64_t) {}
+#endif
+
 // The blocked bf16 layouts oneDNN's matmul picks for its right operand
 // (K,N) here, BA16a<nb>b2a: blocks of 32 K rows by `nb` columns, the
 // blocks column-block-major; inside one, 16 pairs of rows, each pair as
@@ -161,7 +239,16 @@ void PackBf16(uint16_t* dst, const S* src, int64_t K, int64_t N, int64_t ld,
       const int64_t n0 = b / k_blocks * nb, k0 = b % k_blocks * 32;
       uint32_t* block = words + b * 16 * nb;
       const bool whole = k0 + 32 <= K && n0 + nb <= N;
-      if (whole && transpose) {
+      if (whole && transpose && std::is_same_v<S, float> && !kGelu &&
+          kHaveTransposeKernel) {
+        // 16 columns at a time: their pair words made from 16 stored rows,
+        // then transposed in registers (one store per pair of k rows).
+        for (int64_t n = 0; n < nb; n += 16) {
+          PackTransposed16(
+              block + n, nb,
+              reinterpret_cast<const float*>(src) + (n0 + n) * ld + k0, ld);
+        }
+      } else if (whole && transpose) {
         // A stored row n holds column n of op(B): 32 consecutive k.
         for (int64_t n = 0; n < nb; ++n) {
           const S* s = src + (n0 + n) * ld + k0;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -563,6 +564,41 @@ TEST(MatmulTest, Bf16RoundsToNearestEven) {
   EXPECT_EQ(Bf16Round(-3.0f), -3.0f);
   EXPECT_TRUE(std::isnan(Bf16Round(std::nanf(""))));
   EXPECT_TRUE(std::isinf(Bf16Round(INFINITY)));
+}
+
+// The right operand is rounded as Bf16Round rounds, whichever path packs
+// it (stored plain, or transposed: 16 columns at a time in registers where
+// the CPU has AVX-512): ties to even, and a NaN or an infinity stays one in
+// its own column. B's entries are 1 + 2^-8 (a tie: rounds to 1), except
+// a NaN in column 5 and an infinity in column 9; A is ones.
+TEST(MatmulTest, Bf16OperandKeepsTiesNansAndInfinitiesInPlace) {
+  const int64_t M = 3, N = 64, K = 64;
+  const std::vector<float> a(M * K, 1.0f);
+  for (bool tb : {false, true}) {
+    std::vector<float> b(N * K, 1.0f + 0x1p-8f);
+    auto at = [&](int64_t k, int64_t n) -> float& {
+      return tb ? b[n * K + k] : b[k * N + n];
+    };
+    // A NaN whose rounding, done as for numbers, would carry into infinity.
+    const uint32_t nan_bits = 0x7f800001u;
+    std::memcpy(&at(3, 5), &nan_bits, sizeof(nan_bits));
+    at(10, 9) = INFINITY;
+    std::vector<float> c(M * N, -1.0f);
+    gemm_bf16(false, tb, M, N, K, a.data(), K, b.data(), tb ? K : N, 0.0f,
+              c.data(), N);
+    for (int64_t i = 0; i < M; ++i) {
+      for (int64_t j = 0; j < N; ++j) {
+        const float got = c[i * N + j];
+        if (j == 5) {
+          EXPECT_TRUE(std::isnan(got)) << "tb " << tb << " row " << i;
+        } else if (j == 9) {
+          EXPECT_TRUE(std::isinf(got) && got > 0) << "tb " << tb;
+        } else {
+          ASSERT_EQ(got, float(K)) << "tb " << tb << " at " << i << "," << j;
+        }
+      }
+    }
+  }
 }
 
 // Dense operands let oneDNN's matmul ask for its blocked layout of B (which
