@@ -3,8 +3,9 @@
 // library, plus memory: analytic count vs buffers vs resident set growth.
 // With --precision both (the default where the CPU has AVX512_BF16) each
 // config also trains with train.precision=bf16 (bf16 matmul products) and
-// the bf16/fp32 tok/s ratio is printed. Prints figures and ratios; never
-// passes or fails on time.
+// the bf16/fp32 tok/s ratio is printed, of the two runs and of both
+// trained again with their steps interleaved. Prints figures and ratios;
+// never passes or fails on time.
 //
 //   build/bench/engine_throughput [--steps N] [--config S|M|both]
 //                                 [--precision fp32|bf16|both]
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -66,11 +68,10 @@ int64_t AnalyticBytes(const Config& c, int V, int64_t n_params,
   return 4 * 4 * n_params + *activations;
 }
 
-// Trains config c in `precision`; returns its tok/s.
-double RunConfig(const Config& c, const std::string& precision, double peak) {
-  // Freed heap kept by malloc would be reused silently and hide growth.
-  malloc_trim(0);
-  const int64_t rss0 = ProcStatusBytes("VmRSS");
+// A trainer of config c in `precision`; exits on error.
+std::unique_ptr<ptrain::Trainer> MakeTrainer(const Config& c,
+                                             const std::string& precision,
+                                             double peak) {
   auto spec = ptrain::LoadJobSpecFile(
       "examples/shakespeare-char.yaml",
       {"model.n_layer=" + std::to_string(c.L),
@@ -92,7 +93,17 @@ double RunConfig(const Config& c, const std::string& precision, double peak) {
     std::fprintf(stderr, "%s\n", trainer.status().ToString().c_str());
     std::exit(1);
   }
-  auto& tr = **trainer;
+  return std::move(*trainer);
+}
+
+// Trains config c in `precision`; returns its tok/s.
+double RunConfig(const Config& c, const std::string& precision, double peak) {
+  // Freed heap kept by malloc would be reused silently and hide growth.
+  malloc_trim(0);
+  const int64_t rss0 = ProcStatusBytes("VmRSS");
+  const std::unique_ptr<ptrain::Trainer> trainer =
+      MakeTrainer(c, precision, peak);
+  ptrain::Trainer& tr = *trainer;
   for (int s = 0; s < c.warmup; ++s) tr.TrainStep(s);
   double total = 0, best = 1e30;
   ptrain::PhaseSeconds phases;
@@ -148,6 +159,39 @@ double RunConfig(const Config& c, const std::string& precision, double peak) {
   return tokens / mean;
 }
 
+// fp32 and bf16 trainers of config c, stepped in turn (fp32, bf16, fp32,
+// ...) so that both see the same machine: a shared host's speed drifts
+// over seconds, enough to move a ratio of two runs made one after the
+// other by 10%. Prints each precision's min and median step time and the
+// ratios.
+void CompareInterleaved(const Config& c, double peak, double peak_bf16) {
+  const std::unique_ptr<ptrain::Trainer> fp32 = MakeTrainer(c, "fp32", peak);
+  const std::unique_ptr<ptrain::Trainer> bf16 =
+      MakeTrainer(c, "bf16", peak_bf16);
+  std::vector<double> t32, t16;
+  for (int s = 0; s < c.warmup + c.steps; ++s) {
+    const double a = fp32->TrainStep(s).seconds;
+    const double b = bf16->TrainStep(s).seconds;
+    if (s < c.warmup) continue;
+    t32.push_back(a);
+    t16.push_back(b);
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  };
+  const double min32 = *std::min_element(t32.begin(), t32.end());
+  const double min16 = *std::min_element(t16.begin(), t16.end());
+  const double med32 = median(t32), med16 = median(t16);
+  std::printf(
+      "  config %s interleaved, %d steps each: fp32 min %.1f median %.1f "
+      "ms/step, bf16 min %.1f median %.1f ms/step; bf16/fp32 tok/s %.2fx "
+      "(min), %.2fx (median)\n",
+      c.name, c.steps, min32 * 1e3, med32 * 1e3, min16 * 1e3, med16 * 1e3,
+      min32 / min16, med32 / med16);
+}
+
 // The same 2048^3 product through OpenBLAS, to justify the library choice.
 double OpenBlasSgemmFlops(int n) {
   std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f),
@@ -197,7 +241,10 @@ int main(int argc, char** argv) {
     if (precision != "bf16") fp32 = RunConfig(c, "fp32", peak);
     if (precision != "fp32") bf16 = RunConfig(c, "bf16", peak_bf16);
     if (fp32 > 0 && bf16 > 0) {
-      std::printf("  config %s: bf16/fp32 tok/s %.2fx\n", c.name, bf16 / fp32);
+      std::printf(
+          "  config %s: bf16/fp32 tok/s %.2fx (one run after the other)\n",
+          c.name, bf16 / fp32);
+      CompareInterleaved(c, peak, peak_bf16);
     }
   };
   if (which == "both" || which == "S")
