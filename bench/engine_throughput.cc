@@ -49,14 +49,16 @@ struct Config {
 // What training must hold, counted from the model's definition rather than
 // from the engine's allocation: 4 copies of the parameters (weights,
 // gradients, two Adam moments) and, per token, what backward reads.
-int64_t AnalyticBytes(const Config& c, int V, int64_t n_params,
+int64_t AnalyticBytes(const Config& c, int V, int64_t n_params, bool bf16,
                       int64_t* activations) {
   const int64_t BT = static_cast<int64_t>(c.B) * c.T;
   // Saved per layer: ln1, qkv(3), atty, residual2, ln2, fch(4), residual3 =
   // 12 C (GELU's output is computed again in backward, into room the
-  // attention's gradients take later); LayerNorm mean/rstd = 4; attention
-  // probabilities NH·T.
-  const int64_t per_layer = 12LL * c.C + 4 + static_cast<int64_t>(c.NH) * c.T;
+  // attention's gradients take later; in bf16 it is kept rounded, 4 C of
+  // two bytes: 2 C more); LayerNorm mean/rstd = 4; attention probabilities
+  // NH·T.
+  const int64_t per_layer =
+      (bf16 ? 14LL : 12LL) * c.C + 4 + static_cast<int64_t>(c.NH) * c.T;
   const int64_t saved = BT * (c.L * per_layer + c.C /*embedding*/ + c.C +
                               2 /*ln_f*/ + V /*probs*/ + 1 /*losses*/);
   // Backward of one layer at a time: gradients of every activation of a
@@ -141,9 +143,9 @@ double RunConfig(const Config& c, const std::string& precision, double peak) {
   int64_t analytic_acts = 0;
   // The model as built: its vocabulary padded to a multiple of 128, the
   // padding rows of wte included.
-  const int64_t analytic =
-      AnalyticBytes(c, tr.model().config().padded_vocab,
-                    tr.model().buffer_size(), &analytic_acts);
+  const int64_t analytic = AnalyticBytes(c, tr.model().config().padded_vocab,
+                                         tr.model().buffer_size(),
+                                         precision == "bf16", &analytic_acts);
   const int64_t buffers = m.params + m.grads + m.optimizer + m.activations;
   std::printf(
       "  memory: params %.2f MB, grads %.2f MB, adam %.2f MB, activations "
