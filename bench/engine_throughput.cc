@@ -56,16 +56,17 @@ int64_t AnalyticBytes(const Config& c, int V, int64_t n_params, bool bf16,
   // 12 C (GELU's output is computed again in backward, into room the
   // attention's gradients take later; in bf16 it is kept rounded, 4 C of
   // two bytes: 2 C more); LayerNorm mean/rstd = 4; attention probabilities
-  // NH·T.
-  const int64_t per_layer =
-      (bf16 ? 14LL : 12LL) * c.C + 4 + static_cast<int64_t>(c.NH) * c.T;
+  // NH·T (bf16: rounded, half).
+  const int64_t probs = static_cast<int64_t>(c.NH) * c.T / (bf16 ? 2 : 1);
+  const int64_t per_layer = (bf16 ? 14LL : 12LL) * c.C + 4 + probs;
   const int64_t saved = BT * (c.L * per_layer + c.C /*embedding*/ + c.C +
                               2 /*ln_f*/ + V /*probs*/ + 1 /*losses*/);
   // Backward of one layer at a time: gradients of every activation of a
   // layer (15 C per token plus NH·T, less 4 C: GELU's input gradient
-  // replaces its output's), and of the logits.
+  // replaces its output's; bf16 attention needs no NH·T), and of the
+  // logits.
   const int64_t working =
-      BT * (11LL * c.C + static_cast<int64_t>(c.NH) * c.T + V);
+      BT * (11LL * c.C + (bf16 ? 0 : static_cast<int64_t>(c.NH) * c.T) + V);
   *activations = 4 * (saved + working);
   return 4 * 4 * n_params + *activations;
 }

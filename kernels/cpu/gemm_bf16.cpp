@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vec_math.h"
@@ -32,14 +33,7 @@ namespace ptrain::kernels {
 
 namespace {
 
-inline uint16_t RoundToBf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  // A NaN stays a (quiet) NaN; rounding could carry it into infinity.
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
+using internal::RoundToBf16;
 
 // x, or GELU(x) when kGelu (an operand that is GELU of the stored one, never
 // kept in fp32), rounded; a value already in bf16 as it is.
@@ -307,11 +301,7 @@ struct Primitive {
   dnnl::memory::desc a, b_f32, b, c, bias;
 };
 
-dnnl::engine& Engine() {
-  static dnnl::engine* const engine =
-      new dnnl::engine(dnnl::engine::kind::cpu, 0);
-  return *engine;
-}
+dnnl::engine& Engine() { return internal::DnnlEngine(); }
 
 const Primitive& PrimitiveFor(const Shape& s) {
   static std::mutex mu;
@@ -367,6 +357,21 @@ const Primitive& PrimitiveFor(const Shape& s) {
 }
 
 }  // namespace
+
+namespace internal {
+
+dnnl::engine& DnnlEngine() {
+  static dnnl::engine* const engine =
+      new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  return *engine;
+}
+
+void RoundRowsToBf16(uint16_t* dst, const float* src, int64_t rows,
+                     int64_t cols, int64_t ld) {
+  ToBf16(dst, src, rows, cols, ld, /*transpose=*/false);
+}
+
+}  // namespace internal
 
 bool CpuHasBf16() {
   const unsigned isa = dnnl_get_effective_cpu_isa();

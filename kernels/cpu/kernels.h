@@ -126,6 +126,17 @@ void attention_forward(F* out, F* att, const F* inp, int B, int T, int C,
 template <typename F>
 void attention_backward(F* dinp, F* datt, const F* dout, const F* inp,
                         const F* att, int B, int T, int C, int NH);
+// The same attention with its products in bf16 (q, k, v, probabilities
+// and the gradients entering a product rounded as gemm_bf16 rounds, fp32
+// accumulation, softmax in fp32): the bf16 CPU backend's below
+// kFlashAttentionT. att holds the probabilities rounded, (B,NH,T,T) bf16
+// (half the floats), written only on and below the diagonal; the backward
+// needs no datt (null allowed). Fast only where CpuHasBf16().
+void attention_forward_bf16(float* out, float* att, const float* inp, int B,
+                            int T, int C, int NH);
+void attention_backward_bf16(float* dinp, float* datt, const float* dout,
+                             const float* inp, const float* att, int B, int T,
+                             int C, int NH);
 // The same attention without the probabilities (FlashAttention-2's
 // scheme): lse (B,NH,T) keeps each query row's log-sum-exp of its scaled
 // scores, from which the backward recomputes them tile by tile. Memory is

@@ -159,6 +159,8 @@ class CpuBackend final : public Ops {
                          int C, int NH) override {
     if (T >= kFlashAttentionT) {
       kernels::flash_attention_forward(out, att, inp, B, T, C, NH);
+    } else if (bf16_) {
+      kernels::attention_forward_bf16(out, att, inp, B, T, C, NH);
     } else {
       kernels::attention_forward(out, att, inp, B, T, C, NH);
     }
@@ -168,17 +170,22 @@ class CpuBackend final : public Ops {
                           int B, int T, int C, int NH) override {
     if (T >= kFlashAttentionT) {
       kernels::flash_attention_backward(dinp, dout, inp, out, att, B, T, C, NH);
+    } else if (bf16_) {
+      kernels::attention_backward_bf16(dinp, datt, dout, inp, att, B, T, C, NH);
     } else {
       kernels::attention_backward(dinp, datt, dout, inp, att, B, T, C, NH);
     }
   }
+  // bf16 keeps the probabilities rounded: two in a float.
   int64_t attention_saved_floats(int64_t B, int64_t T, int C,
                                  int NH) const override {
-    return T >= kFlashAttentionT ? B * NH * T : B * NH * T * T;
+    if (T >= kFlashAttentionT) return B * NH * T;
+    return bf16_ ? (B * NH * T * T + 1) / 2 : B * NH * T * T;
   }
+  // bf16 works in per-thread scratch.
   int64_t attention_scratch_floats(int64_t B, int64_t T, int C,
                                    int NH) const override {
-    return T >= kFlashAttentionT ? 0 : B * NH * T * T;
+    return T >= kFlashAttentionT || bf16_ ? 0 : B * NH * T * T;
   }
   void attention_decode(float* out, float* kcache, float* vcache,
                         const float* qkv, int n, int pos, int C, int NH,

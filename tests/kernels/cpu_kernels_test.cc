@@ -967,6 +967,128 @@ TEST(FlashAttentionTest, CpuBackendSwitchesAtItsLengthAndAgrees) {
 // Generation: a sequence fed through the cache in pieces of any size gives
 // every position the output the whole-sequence forward gives it, and the
 // cache holds each position's key and value.
+// bf16 attention (the bf16 CPU backend's below kFlashAttentionT) against a
+// double reference that rounds to bf16 where it does: q, k, v, the
+// probabilities entering P V and P^T dY, dY, and dS = scale P (dP - sum(P
+// dP)) with P the rounded one. What remains is fp32 accumulation and
+// softmax, and now and then a value on the other side of a rounding
+// boundary: 3e-4 of each tensor's scale. T = 150 has full and partial
+// tiles; B = 1 puts the heads of a sequence in groups; the input gradient
+// accumulates onto what it held.
+TEST(AttentionTest, Bf16IsTheAttentionOfRoundedOperands) {
+  {
+    // A call at another T first leaves its values all over the kernel's
+    // per-thread scratch: what it does not write there must not be read.
+    std::mt19937_64 rng(5);
+    const int B = 3, T = 97, C = 128, NH = 4;
+    const std::vector<float> inp = ToFloat(Random(size_t(B) * T * 3 * C, &rng)),
+                             dout = ToFloat(Random(size_t(B) * T * C, &rng));
+    std::vector<float> out(dout.size()), dinp(inp.size()),
+        att((int64_t{B} * NH * T * T + 1) / 2);
+    attention_forward_bf16(out.data(), att.data(), inp.data(), B, T, C, NH);
+    attention_backward_bf16(dinp.data(), nullptr, dout.data(), inp.data(),
+                            att.data(), B, T, C, NH);
+  }
+  for (const int B : {1, 3}) {
+    const int T = 150, C = 128, NH = 4, hs = C / NH;
+    const int64_t C3 = 3 * C;
+    std::mt19937_64 rng(21);
+    const Vec inp = Random(size_t(B) * T * C3, &rng, -2, 2),
+              dout = Random(size_t(B) * T * C, &rng),
+              dinp0 = Random(inp.size(), &rng);
+    const Vec r = RoundedToBf16(inp), dy = RoundedToBf16(dout);
+    const double scale = 1.0 / std::sqrt(double(hs));
+    Vec out(size_t(B) * T * C, 0.0), dinp = dinp0;
+    std::vector<Vec> probs;  // per (b, h): (T, T), rounded
+    for (int b = 0; b < B; ++b) {
+      for (int h = 0; h < NH; ++h) {
+        auto q = [&](int t, int d) { return r[(b * T + t) * C3 + h * hs + d]; };
+        auto k = [&](int t, int d) {
+          return r[(b * T + t) * C3 + C + h * hs + d];
+        };
+        auto v = [&](int t, int d) {
+          return r[(b * T + t) * C3 + 2 * C + h * hs + d];
+        };
+        auto g = [&](int t, int d) { return dy[(b * T + t) * C + h * hs + d]; };
+        Vec P(size_t(T) * T, 0.0), dS(size_t(T) * T, 0.0);
+        for (int t = 0; t < T; ++t) {
+          Vec s(t + 1);
+          double m = -1e300, sum = 0;
+          for (int j = 0; j <= t; ++j) {
+            for (int d = 0; d < hs; ++d) s[j] += q(t, d) * k(j, d);
+            m = std::max(m, s[j]);
+          }
+          for (int j = 0; j <= t; ++j) sum += std::exp(scale * (s[j] - m));
+          for (int j = 0; j <= t; ++j) {
+            P[t * T + j] = Bf16Round(float(std::exp(scale * (s[j] - m)) / sum));
+          }
+          for (int d = 0; d < hs; ++d) {
+            double y = 0;
+            for (int j = 0; j <= t; ++j) y += P[t * T + j] * v(j, d);
+            out[(b * T + t) * C + h * hs + d] = y;
+          }
+          Vec dP(t + 1);
+          double dot = 0;
+          for (int j = 0; j <= t; ++j) {
+            for (int d = 0; d < hs; ++d) dP[j] += g(t, d) * v(j, d);
+            dot += P[t * T + j] * dP[j];
+          }
+          for (int j = 0; j <= t; ++j) {
+            dS[t * T + j] =
+                Bf16Round(float(scale * P[t * T + j] * (dP[j] - dot)));
+          }
+        }
+        for (int t = 0; t < T; ++t) {
+          for (int d = 0; d < hs; ++d) {
+            double dq = 0, dk = 0, dv = 0;
+            for (int j = 0; j < T; ++j) {
+              dq += dS[t * T + j] * k(j, d);  // row t of dS
+              dk += dS[j * T + t] * q(j, d);  // column t
+              dv += P[j * T + t] * g(j, d);
+            }
+            const int64_t at = (b * T + t) * C3 + h * hs + d;
+            dinp[at] += dq;
+            dinp[at + C] += dk;
+            dinp[at + 2 * C] += dv;
+          }
+        }
+        probs.push_back(std::move(P));
+      }
+    }
+    const std::vector<float> finp = ToFloat(inp), fdout = ToFloat(dout);
+    std::vector<float> fout(out.size()), fdinp = ToFloat(dinp0);
+    // att starts as bf16 ones: what the kernel does not write must not be
+    // read.
+    std::vector<float> att((int64_t{B} * NH * T * T + 1) / 2);
+    std::fill(reinterpret_cast<uint16_t*>(att.data()),
+              reinterpret_cast<uint16_t*>(att.data()) + 2 * att.size(),
+              uint16_t{0x3f80});
+    attention_forward_bf16(fout.data(), att.data(), finp.data(), B, T, C, NH);
+    attention_backward_bf16(fdinp.data(), nullptr, fdout.data(), finp.data(),
+                            att.data(), B, T, C, NH);
+    SCOPED_TRACE("B " + std::to_string(B));
+    ExpectFloatMatchesDouble("bf16 attention out", fout, out, 3e-4);
+    ExpectFloatMatchesDouble("bf16 attention dinp", fdinp, dinp, 3e-4);
+    // The kept probabilities: the rounded ones, on and below the diagonal.
+    const uint16_t* kept = reinterpret_cast<const uint16_t*>(att.data());
+    int64_t off_by_more_than_an_ulp = 0;
+    for (int64_t bh = 0; bh < int64_t{B} * NH; ++bh) {
+      for (int t = 0; t < T; ++t) {
+        for (int j = 0; j <= t; ++j) {
+          const uint32_t bits = uint32_t{kept[(bh * T + t) * T + j]} << 16;
+          float got;
+          std::memcpy(&got, &bits, sizeof(got));
+          const double want = probs[bh][t * T + j];
+          if (std::abs(got - want) > std::abs(want) * 0x1p-7 + 1e-30) {
+            ++off_by_more_than_an_ulp;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(off_by_more_than_an_ulp, 0);
+  }
+}
+
 TEST(AttentionTest, DecodeInPiecesMatchesTheWholeForward) {
   AttentionProblem p(/*B=*/1, /*T=*/37, /*C=*/24, /*NH=*/3);
   p.Loss();
