@@ -2,7 +2,10 @@
 // the (B,NH,T,T) probabilities, and keeping one float per query row
 // (flash_attention_*), over sequence lengths around the CPU backend's
 // switch (kFlashAttentionT). Prints ms (best of R runs), the ratio, and
-// the bytes each keeps; never passes or fails on time.
+// the bytes each keeps; where the CPU has AVX512_BF16, also the bf16
+// precision's kept form (attention_*_bf16, which the CPU backend runs below
+// the switch) and its speed-up over the fp32 one. Never passes or fails on
+// time.
 //
 //   build/bench/attention_bench [--rounds R] [--channels C] [--heads NH]
 #include <omp.h>
@@ -46,9 +49,10 @@ int main(int argc, char** argv) {
   std::printf(
       "C%d NH%d, %d threads, best of %d; the CPU backend switches at T=%lld\n"
       "     T  B | kept (T,T): fwd ms  bwd ms   MB | row lse: fwd ms  bwd ms"
-      "   MB | time ratio\n",
+      "   MB | time ratio | bf16 kept: fwd ms  bwd ms   MB | fp32/bf16\n",
       C, NH, omp_get_max_threads(), rounds,
       static_cast<long long>(ptrain::kernels::kFlashAttentionT));
+  const bool bf16 = ptrain::kernels::CpuHasBf16();
   for (int T : {64, 256, 512, 1024, 2048}) {
     const int B = std::max(1, 4096 / T);  // 4096 positions a batch
     const size_t n3 = size_t(B) * T * 3 * C, n1 = size_t(B) * T * C;
@@ -56,8 +60,19 @@ int main(int argc, char** argv) {
         att(size_t(B) * NH * T * T), datt(att.size()), lse(size_t(B) * NH * T);
     for (size_t i = 0; i < n3; i++) inp[i] = 0.5f * std::sin(0.37f * i);
     for (size_t i = 0; i < n1; i++) dout[i] = 0.1f * std::cos(0.11f * i);
-    double f1 = 1e30, b1 = 1e30, f2 = 1e30, b2 = 1e30;
+    double f1 = 1e30, b1 = 1e30, f2 = 1e30, b2 = 1e30, f3 = 1e30, b3 = 1e30;
     for (int r = 0; r < rounds; ++r) {
+      if (bf16) {
+        const auto t0 = Clock::now();
+        ptrain::kernels::attention_forward_bf16(out.data(), att.data(),
+                                                inp.data(), B, T, C, NH);
+        const auto t1 = Clock::now();
+        ptrain::kernels::attention_backward_bf16(dinp.data(), nullptr,
+                                                 dout.data(), inp.data(),
+                                                 att.data(), B, T, C, NH);
+        f3 = std::min(f3, Seconds(t0, t1));
+        b3 = std::min(b3, Seconds(t1, Clock::now()));
+      }
       const auto t0 = Clock::now();
       attention_forward(out.data(), att.data(), inp.data(), B, T, C, NH);
       const auto t1 = Clock::now();
@@ -77,9 +92,15 @@ int main(int argc, char** argv) {
     // Kept from forward to backward, plus the backward's scratch.
     const double kept = 2.0 * att.size() * sizeof(float) / 1e6;
     const double rows = lse.size() * sizeof(float) / 1e6;
-    std::printf("%6d %2d | %17.3f %7.3f %5.0f | %14.3f %7.3f %5.1f | %.2fx\n",
-                T, B, f1 * 1e3, b1 * 1e3, kept, f2 * 1e3, b2 * 1e3, rows,
+    std::printf("%6d %2d | %17.3f %7.3f %5.0f | %14.3f %7.3f %5.1f | %9.2fx", T,
+                B, f1 * 1e3, b1 * 1e3, kept, f2 * 1e3, b2 * 1e3, rows,
                 (f2 + b2) / (f1 + b1));
+    if (bf16) {
+      // Kept rounded, half the bytes; no backward scratch of that size.
+      std::printf(" | %16.3f %7.3f %5.0f | %8.2fx", f3 * 1e3, b3 * 1e3,
+                  att.size() * 2 / 1e6, (f1 + b1) / (f3 + b3));
+    }
+    std::printf("\n");
   }
   return 0;
 }
