@@ -79,37 +79,33 @@ const Matmul& MatmulFor(const Key& k) {
   };
   const dims qkv = {hs, C3, 1}, qkv_t = {hs, 1, C3}, y = {hs, C, 1};
   const dims tt = {T * T, T, 1}, tt_t = {T * T, 1, T};
+  const dims tile = {kTile * hi, hi, 1};  // a dense (g, kTile, hi) scratch
+  // Every product: src (n, K) bf16, weights (K, N) bf16, dst (n, N) fp32.
   Matmul m;
+  auto set = [&](int64_t K, const dims& src, const dims& weights, int64_t N,
+                 const dims& dst) {
+    m.src = view(dt::bf16, n, K, src);
+    m.weights = view(dt::bf16, K, N, weights);
+    m.dst = view(dt::f32, n, N, dst);
+  };
   switch (k.product) {
     case Product::kScores:
-      m.src = view(dt::bf16, n, hs, qkv);
-      m.weights = view(dt::bf16, hs, hi, qkv_t);
-      m.dst = view(dt::f32, n, hi, {kTile * hi, hi, 1});
+      set(hs, qkv, qkv_t, hi, tile);
       break;
     case Product::kValues:
-      m.src = view(dt::bf16, n, hi, tt);
-      m.weights = view(dt::bf16, hi, hs, qkv);
-      m.dst = view(dt::f32, n, hs, y);
+      set(hi, tt, qkv, hs, y);
       break;
     case Product::kDProbs:
-      m.src = view(dt::bf16, n, hs, y);
-      m.weights = view(dt::bf16, hs, hi, qkv_t);
-      m.dst = view(dt::f32, n, hi, {kTile * hi, hi, 1});
+      set(hs, y, qkv_t, hi, tile);
       break;
     case Product::kDQuery:
-      m.src = view(dt::bf16, n, hi, tt);
-      m.weights = view(dt::bf16, hi, hs, qkv);
-      m.dst = view(dt::f32, n, hs, qkv);
+      set(hi, tt, qkv, hs, qkv);
       break;
     case Product::kDValue:
-      m.src = view(dt::bf16, n, rest, tt_t);
-      m.weights = view(dt::bf16, rest, hs, y);
-      m.dst = view(dt::f32, n, hs, qkv);
+      set(rest, tt_t, y, hs, qkv);
       break;
     case Product::kDKey:
-      m.src = view(dt::bf16, n, rest, tt_t);
-      m.weights = view(dt::bf16, rest, hs, qkv);
-      m.dst = view(dt::f32, n, hs, qkv);
+      set(rest, tt_t, qkv, hs, qkv);
       break;
   }
   // Units run concurrently, each product on its own thread: scratchpads are
