@@ -18,12 +18,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <tuple>
-#include <unordered_map>
-#include <vector>
 
 #include "kernels/cpu/bf16.h"
 #include "kernels/cpu/kernels.h"
@@ -135,13 +132,11 @@ const Matmul& MatmulFor(const Key& k) {
   return cache->emplace(k, std::move(m)).first->second;
 }
 
-// Per-thread scratch, grown as needed and kept.
+// This file's per-thread scratch.
+struct AttentionPool;
 template <typename V>
 V* Scratch(int which, int64_t n) {
-  thread_local std::vector<V> buffers[3];
-  std::vector<V>& b = buffers[which];
-  if (static_cast<int64_t>(b.size()) < n) b.resize(n);
-  return b.data();
+  return internal::ThreadScratch<AttentionPool, V>(which, n);
 }
 
 // Runs product `p` of tile `tile` for a group of g heads on the calling
@@ -161,13 +156,6 @@ void Run(Product p, int tile, int g, int T, int C, int NH, const void* src,
        {DNNL_ARG_DST, dnnl::memory(m.dst, engine, dst)},
        {DNNL_ARG_SCRATCHPAD, dnnl::memory(m.scratchpad, engine, pad)}});
   stream.wait();
-}
-
-inline float FromBf16(uint16_t x) {
-  const uint32_t u = uint32_t{x} << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
 }
 
 // Heads per unit: all of a sequence's, unless that leaves fewer than two
@@ -264,11 +252,11 @@ void attention_backward_bf16(float* dinp, float* datt, const float* dout,
           uint16_t* ds16 = ds + (int64_t{h} * T + t) * T;
           float dot = 0;
 #pragma omp simd reduction(+ : dot)
-          for (int j = 0; j <= t; j++) dot += FromBf16(p16[j]) * d[j];
+          for (int j = 0; j <= t; j++) dot += internal::FromBf16(p16[j]) * d[j];
 #pragma omp simd
           for (int j = 0; j <= t; j++) {
-            ds16[j] =
-                internal::RoundToBf16(scale * FromBf16(p16[j]) * (d[j] - dot));
+            ds16[j] = internal::RoundToBf16(scale * internal::FromBf16(p16[j]) *
+                                            (d[j] - dot));
           }
           for (int j = t + 1; j < t1; j++) ds16[j] = 0;
         }

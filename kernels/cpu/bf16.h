@@ -1,11 +1,13 @@
 // What the CPU backend's bf16 kernels share (internal header): the rounding
-// of fp32 to bf16, oneDNN's CPU engine and a parallel rounding pass.
+// of fp32 to bf16 and back, per-thread scratch, oneDNN's CPU engine and a
+// parallel rounding pass.
 #ifndef PTRAIN_KERNELS_CPU_BF16_H_
 #define PTRAIN_KERNELS_CPU_BF16_H_
 
 #include <cstdint>
 #include <cstring>
 #include <dnnl.hpp>
+#include <vector>
 
 namespace ptrain::kernels::internal {
 
@@ -17,6 +19,25 @@ inline uint16_t RoundToBf16(float x) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
+}
+
+// A bf16 value as the float it stands for (exact).
+inline float FromBf16(uint16_t x) {
+  const uint32_t u = uint32_t{x} << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// Buffer `which` (< 4) of the calling thread's scratch pool `Pool`, at
+// least n elements of V: grown as needed and kept. Each caller names its
+// own pool (a tag type), so that pools of different kernels never alias.
+template <typename Pool, typename V>
+V* ThreadScratch(int which, int64_t n) {
+  thread_local std::vector<V> buffers[4];
+  std::vector<V>& b = buffers[which];
+  if (static_cast<int64_t>(b.size()) < n) b.resize(n);
+  return b.data();
 }
 
 // The one oneDNN CPU engine of the process.

@@ -15,14 +15,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <dnnl.hpp>
 #include <map>
 #include <mutex>
 #include <tuple>
 #include <type_traits>
 #include <unordered_map>
-#include <vector>
 
 #include "kernels/cpu/bf16.h"
 #include "kernels/cpu/kernels.h"
@@ -301,8 +299,6 @@ struct Primitive {
   dnnl::memory::desc a, b_f32, b, c, bias;
 };
 
-dnnl::engine& Engine() { return internal::DnnlEngine(); }
-
 const Primitive& PrimitiveFor(const Shape& s) {
   static std::mutex mu;
   static std::map<Shape, Primitive>* const cache =
@@ -333,7 +329,7 @@ const Primitive& PrimitiveFor(const Shape& s) {
     const dnnl::matmul::desc desc =
         s.bias ? dnnl::matmul::desc(p.a, b_any, p.bias, p.c)
                : dnnl::matmul::desc(p.a, b_any, p.c);
-    const dnnl::matmul::primitive_desc pd(desc, attr, Engine());
+    const dnnl::matmul::primitive_desc pd(desc, attr, internal::DnnlEngine());
     p.matmul = dnnl::matmul(pd);
     p.b = pd.weights_desc();
     for (int64_t nb : kPackedColumns) {
@@ -342,8 +338,8 @@ const Primitive& PrimitiveFor(const Shape& s) {
       }
     }
     if (p.packed == 0) {
-      p.pack_b = dnnl::reorder(
-          dnnl::reorder::primitive_desc(Engine(), p.b_f32, Engine(), p.b));
+      p.pack_b = dnnl::reorder(dnnl::reorder::primitive_desc(
+          internal::DnnlEngine(), p.b_f32, internal::DnnlEngine(), p.b));
     }
   } catch (const dnnl::error& e) {
     // Shapes are the engine's; a failure here is a programming error.
@@ -378,21 +374,14 @@ bool CpuHasBf16() {
   return (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
 }
 
-float Bf16Round(float x) {
-  const uint32_t u = static_cast<uint32_t>(RoundToBf16(x)) << 16;
-  float out;
-  std::memcpy(&out, &u, sizeof(out));
-  return out;
-}
+float Bf16Round(float x) { return internal::FromBf16(RoundToBf16(x)); }
 
 namespace {
 
 // Per-thread bf16 scratch, grown as needed and kept.
+struct GemmPool;
 uint16_t* Scratch(int which, int64_t n) {
-  thread_local std::vector<uint16_t> buffers[3];
-  std::vector<uint16_t>& b = buffers[which];
-  if (static_cast<int64_t>(b.size()) < n) b.resize(n);
-  return b.data();
+  return internal::ThreadScratch<GemmPool, uint16_t>(which, n);
 }
 
 // C = op(A) op(B) + beta C (+ bias): A16 dense bf16 (M,K), or (K,M) when
@@ -411,16 +400,16 @@ void MatmulBf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
       PrimitiveFor({ta, tb, M, N, K, ldb, ldc, beta, bias != nullptr});
   uint16_t* b16 = Scratch(
       b_scratch, static_cast<int64_t>(p.b.get_size() / sizeof(uint16_t)));
-  dnnl::memory b(p.b, Engine(), b16);
-  dnnl::memory a(p.a, Engine(), const_cast<uint16_t*>(A16));
-  dnnl::memory c(p.c, Engine(), C);
+  dnnl::memory b(p.b, internal::DnnlEngine(), b16);
+  dnnl::memory a(p.a, internal::DnnlEngine(), const_cast<uint16_t*>(A16));
+  dnnl::memory c(p.c, internal::DnnlEngine(), C);
   std::unordered_map<int, dnnl::memory> args = {
       {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
   if (bias != nullptr) {
     args[DNNL_ARG_BIAS] =
-        dnnl::memory(p.bias, Engine(), const_cast<float*>(bias));
+        dnnl::memory(p.bias, internal::DnnlEngine(), const_cast<float*>(bias));
   }
-  dnnl::stream stream(Engine());
+  dnnl::stream stream(internal::DnnlEngine());
   if (p.packed != 0 && B16 != nullptr && !tb) {
     PackBf16(b16, B16, K, N, N, /*transpose=*/false, p.packed);
   } else if (p.packed != 0 && gelu_b) {
@@ -433,7 +422,8 @@ void MatmulBf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
       gelu_forward(hidden, B, K * N);  // the same internal::Gelu
       b_src = hidden;
     }
-    dnnl::memory b_f32(p.b_f32, Engine(), const_cast<float*>(b_src));
+    dnnl::memory b_f32(p.b_f32, internal::DnnlEngine(),
+                       const_cast<float*>(b_src));
     p.pack_b.execute(stream, b_f32, b);
   }
   p.matmul.execute(stream, args);

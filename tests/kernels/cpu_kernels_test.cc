@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/common/math.h"
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/ops.h"
 
@@ -1075,9 +1076,7 @@ TEST(AttentionTest, Bf16IsTheAttentionOfRoundedOperands) {
     for (int64_t bh = 0; bh < int64_t{B} * NH; ++bh) {
       for (int t = 0; t < T; ++t) {
         for (int j = 0; j <= t; ++j) {
-          const uint32_t bits = uint32_t{kept[(bh * T + t) * T + j]} << 16;
-          float got;
-          std::memcpy(&got, &bits, sizeof(got));
+          const float got = internal::FromBf16(kept[(bh * T + t) * T + j]);
           const double want = probs[bh][t * T + j];
           if (std::abs(got - want) > std::abs(want) * 0x1p-7 + 1e-30) {
             ++off_by_more_than_an_ulp;
