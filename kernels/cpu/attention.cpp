@@ -49,15 +49,7 @@ void attention_forward(F* out, F* att, const F* inp, int B, int T, int C,
               att_bh + static_cast<int64_t>(t0) * T, T);
       for (int t = t0; t < t1; t++) {
         F* row = att_bh + static_cast<int64_t>(t) * T;
-        const F maxval = internal::MaxOf(row, t + 1);
-        F sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int t2 = 0; t2 <= t; t2++) {
-          const F e = internal::Exp(row[t2] - maxval);
-          row[t2] = e;
-          sum += e;
-        }
-        const F inv_sum = F(1) / sum;
+        const F inv_sum = F(1) / internal::ExpShifted(row, t + 1);
 #pragma omp simd
         for (int t2 = 0; t2 <= t; t2++) row[t2] *= inv_sum;
         for (int t2 = t + 1; t2 < T; t2++) row[t2] = 0;
@@ -165,15 +157,7 @@ void attention_decode(F* out, F* kcache, F* vcache, const F* qkv, int n,
             for (int d = 0; d < hs; d++) dot += q[d] * k[d];
             scores[t] = dot * scale;
           }
-          const F maxval = internal::MaxOf(scores.data(), len);
-          F sum = 0;
-#pragma omp simd reduction(+ : sum)
-          for (int t = 0; t < len; t++) {
-            const F e = internal::Exp(scores[t] - maxval);
-            scores[t] = e;
-            sum += e;
-          }
-          const F inv_sum = F(1) / sum;
+          const F inv_sum = F(1) / internal::ExpShifted(scores.data(), len);
           F* o =
               out + static_cast<int64_t>(i) * C + static_cast<int64_t>(h) * hs;
           std::fill(o, o + hs, F(0));

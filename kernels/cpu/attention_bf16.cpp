@@ -193,15 +193,7 @@ void attention_forward_bf16(float* out, float* att, const float* inp, int B,
         for (int t = t0; t < t1; ++t) {
           float* row = scores + (int64_t{h} * kTile + t - t0) * t1;
           uint16_t* row16 = p + (int64_t{h} * T + t) * T;
-          const float maxval = internal::MaxOf(row, t + 1);
-          float sum = 0;
-#pragma omp simd reduction(+ : sum)
-          for (int j = 0; j <= t; j++) {
-            const float e = internal::Exp(scale * (row[j] - maxval));
-            row[j] = e;
-            sum += e;
-          }
-          const float inv_sum = 1.0f / sum;
+          const float inv_sum = 1.0f / internal::ExpShifted(row, t + 1, scale);
 #pragma omp simd
           for (int j = 0; j <= t; j++) {
             row16[j] = internal::RoundToBf16(row[j] * inv_sum);

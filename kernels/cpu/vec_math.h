@@ -78,6 +78,22 @@ inline F MaxOf(const F* x, int n) {
   return m;
 }
 
+// x[0..n) replaced by exp(scale * (x - max)), max that of x[0..n); returns
+// their sum: a softmax's numerators and denominator, the shift keeping exp
+// in range (scale > 0).
+template <typename F>
+inline F ExpShifted(F* x, int n, F scale = F(1)) {
+  const F m = MaxOf(x, n);
+  F sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j < n; j++) {
+    const F e = Exp(scale * (x[j] - m));
+    x[j] = e;
+    sum += e;
+  }
+  return sum;
+}
+
 }  // namespace ptrain::kernels::internal
 
 #endif  // PTRAIN_KERNELS_CPU_VEC_MATH_H_
