@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/stats.h"
 #include "common/spec.h"
 #include "kernels/cpu/kernels.h"
 #include "worker/engine/flops.h"
@@ -179,14 +180,9 @@ void CompareInterleaved(const Config& c, double peak, double peak_bf16) {
     t32.push_back(a);
     t16.push_back(b);
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-  };
   const double min32 = *std::min_element(t32.begin(), t32.end());
   const double min16 = *std::min_element(t16.begin(), t16.end());
-  const double med32 = median(t32), med16 = median(t16);
+  const double med32 = ptrain::Median(t32), med16 = ptrain::Median(t16);
   std::printf(
       "  config %s interleaved, %d steps each: fp32 min %.1f median %.1f "
       "ms/step, bf16 min %.1f median %.1f ms/step; bf16/fp32 tok/s %.2fx "

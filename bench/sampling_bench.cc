@@ -19,15 +19,11 @@
 
 #include "CLI/CLI.hpp"
 #include "bench/configs.h"
+#include "bench/stats.h"
 #include "common/spec.h"
 #include "worker/engine/trainer.h"
 
 namespace {
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 void RunConfig(const std::string& config, int tokens, int rounds) {
   std::vector<std::string> sets = ptrain::BenchModel(config);
@@ -62,8 +58,9 @@ void RunConfig(const std::string& config, int tokens, int rounds) {
     sliding_s.push_back(time(Mode::kSlidingWindow, &c));
     same = same && a == b;
   }
-  const double cached = Median(cached_s), recomputed = Median(recomputed_s),
-               sliding = Median(sliding_s);
+  const double cached = ptrain::Median(cached_s),
+               recomputed = ptrain::Median(recomputed_s),
+               sliding = ptrain::Median(sliding_s);
   std::printf(
       "config %s (block %d), %d tokens, %d threads, median of %d rounds:\n"
       "  key/value cache            %8.3f ms/token  %9.1f tokens/s\n"
