@@ -16,6 +16,9 @@
 #  1b. the same on config M at pp=2 (its head is a smaller share of the
 #     last stage: the stages are closer to equal), 1F1B and interleaved
 #     with v=3;
+#  1c. stages of different sizes: config M with an 8192-word vocabulary,
+#     whose head makes the last of 3 + 3 layers the slow stage, against
+#     parallel.last_stage_layers=2 (4 + 2): tok/s and bubble;
 #  2. config M at pp=2 (one thread per rank, m=8) against one rank with
 #     every core's thread, side by side, ROUNDS times: the tok/s ratio;
 #  3. the full 3D layout dp=2 tp=2 pp=2 (8 ranks, one thread each) on
@@ -83,6 +86,33 @@ for m in 8 16; do
   awk -v a="$plain" -v b="$1" 'BEGIN {
     printf ", cut %.2f x vs 1f1b (target >= 1.8)\n", a / b }'
 done
+
+echo "=== 1c. stages of different sizes: config M with a vocabulary of 8192 (random tokens), pp=2, 1f1b, m=8"
+# The head (2·C·V multiply-adds a token) is about 1.8 blocks' worth here:
+# 3 + 3 layers leave the first stage waiting for the last every microbatch;
+# parallel.last_stage_layers=2 (4 + 2) moves a block to the first stage.
+# Alternated ROUNDS times, median tok/s of each.
+uneven=$(mktemp)
+i=0
+while [ "$i" -lt "$rounds" ]; do
+  i=$((i + 1))
+  for last in 0 2; do
+    $mpi -n 2 -x OMP_NUM_THREADS=1 "$bin" --config M --vocab 8192 \
+      --microbatches 8 --micro-batch 1 --last-stage-layers "$last" --steps 4 |
+      awk -v last="$last" '
+        /tok\/s$/ { t = $(NF - 1) }
+        /^  bubble: measured/ {
+          f = $11; l = $13; gsub(/[,)]/, "", f); gsub(/[,)]/, "", l)
+          print last, t, $3, f, l }'
+  done
+done | tee "$uneven" | awk '{
+  printf "last_stage_layers=%s: %s tok/s, bubble %s (first stage %s, last %s)\n",
+    $1, $2, $3, $4, $5 }'
+med() { grep "^$1 " "$uneven" | cut -d' ' -f"$2" | sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+awk -v a="$(med 0 2)" -v b="$(med 2 2)" -v ba="$(med 0 3)" -v bb="$(med 2 3)" 'BEGIN {
+  printf "median: 3+3 layers %s tok/s (bubble %s), 4+2 layers %s tok/s (bubble %s) = %.3f x\n",
+    a, ba, b, bb, b / a }'
+rm -f "$uneven"
 
 echo "=== 2. config M: pp=2 (1 thread/rank, m=8) vs one rank ($cores threads)"
 out=$(mktemp)

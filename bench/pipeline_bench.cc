@@ -8,21 +8,29 @@
 //          [--dp N] [--tp N] [--microbatches M]
 //          [--schedule 1f1b|gpipe|interleaved] [--virtual-stages V]
 //          [--micro-batch B] [--layers L] [--zero Z] [--sp 0|1]
-//          [--steps N] [--warmup N]
+//          [--steps N] [--warmup N] [--first-stage-layers N]
+//          [--last-stage-layers N] [--vocab V]
 //
 // --micro-batch fixes the sequences per microbatch (the global batch is then
 // dp·m·B); without it the global batch is fixed (16 sequences, 8 for M) and
 // more microbatches are smaller ones. --layers overrides the config's.
+// --first/last-stage-layers set parallel.first/last_stage_layers. --vocab
+// trains on random tokens of a V-word vocabulary (llm.c token files written
+// under build/) instead of the text's characters: a larger head on the last
+// stage.
 #include <mpi.h>
 #include <omp.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "bench/configs.h"
 #include "bench/mpi_trainer.h"
+#include "worker/engine/data.h"
 #include "worker/engine/schedule.h"
 
 namespace {
@@ -31,6 +39,7 @@ struct Args {
   std::string config = "S", schedule = "1f1b";
   int dp = 1, tp = 1, microbatches = 8, zero = 0, steps = 4, warmup = 1;
   int virtual_stages = 1, micro_batch = 0, layers = 0;
+  int first_stage_layers = 0, last_stage_layers = 0, vocab = 0;
   bool sp = false;
 };
 
@@ -50,6 +59,9 @@ Args Parse(int argc, char** argv) {
     if (k == "--virtual-stages") a.virtual_stages = std::stoi(v);
     if (k == "--micro-batch") a.micro_batch = std::stoi(v);
     if (k == "--layers") a.layers = std::stoi(v);
+    if (k == "--first-stage-layers") a.first_stage_layers = std::stoi(v);
+    if (k == "--last-stage-layers") a.last_stage_layers = std::stoi(v);
+    if (k == "--vocab") a.vocab = std::stoi(v);
   }
   return a;
 }
@@ -93,6 +105,33 @@ int main(int argc, char** argv) {
                                       : std::max(a.config == "M" ? 8 : 16,
                                                  a.dp * a.microbatches);
   if (a.layers > 0) o.push_back("model.n_layer=" + std::to_string(a.layers));
+  if (a.vocab > 0) {
+    // Random tokens: the timing does not depend on what is learned.
+    const std::string dir = "build/pipeline_bench_tokens";
+    const std::string train =
+                          dir + "/train_" + std::to_string(a.vocab) + ".bin",
+                      val = dir + "/val_" + std::to_string(a.vocab) + ".bin";
+    if (rank == 0) {
+      std::filesystem::create_directories(dir);
+      std::mt19937 rng(1);
+      std::vector<uint16_t> tokens(1 << 18);
+      for (uint16_t& t : tokens) t = static_cast<uint16_t>(rng() % a.vocab);
+      for (const std::string& path : {train, val}) {
+        const absl::Status s = ptrain::WriteTokenFile(path, tokens);
+        if (!s.ok()) {
+          std::fprintf(stderr, "%s\n", s.ToString().c_str());
+          MPI_Abort(MPI_COMM_WORLD, 2);
+        }
+      }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    for (const std::string& s :
+         {std::string("data.path=''"), "data.train_bin=" + train,
+          "data.val_bin=" + val,
+          "model.vocab_size=" + std::to_string(a.vocab)}) {
+      o.push_back(s);
+    }
+  }
   for (const std::string& s :
        {"train.global_batch=" + std::to_string(batch),
         "parallel.dp=" + std::to_string(a.dp),
@@ -102,6 +141,8 @@ int main(int argc, char** argv) {
         "parallel.microbatches=" + std::to_string(a.microbatches),
         "parallel.schedule=" + a.schedule,
         "parallel.virtual_stages=" + std::to_string(a.virtual_stages),
+        "parallel.first_stage_layers=" + std::to_string(a.first_stage_layers),
+        "parallel.last_stage_layers=" + std::to_string(a.last_stage_layers),
         std::string("parallel.sequence_parallel=") + (a.sp ? "true" : "false"),
         "train.steps=" + std::to_string(a.warmup + a.steps)}) {
     o.push_back(s);
@@ -141,6 +182,15 @@ int main(int argc, char** argv) {
           a.schedule.c_str(), a.virtual_stages, a.microbatches,
           batch / (a.dp * a.microbatches), omp_get_max_threads(), step * 1e3,
           tokens / step);
+      if (pp > 1) {
+        const std::vector<int> layers = *ptrain::PipelineStageLayers(
+            run.spec.parallel(), run.spec.model().n_layer());
+        std::printf("  layers per stage");
+        for (size_t i = 0; i < layers.size(); ++i) {
+          std::printf("%s%d", i ? "/" : " ", layers[i]);
+        }
+        std::printf(", vocabulary %d\n", tr.data().vocab_size);
+      }
       std::printf("  rank stage");
       for (int f = 0; f < kFields; ++f) std::printf(" %10s", kFieldNames[f]);
       std::printf("   (ms/step)  bubble/step\n");

@@ -177,10 +177,11 @@ int main(int argc, char** argv) {
         const int mb = spec->train().global_batch();
         ptrain::GptConfig ct = c;
         ct.padded_vocab = ptrain::PaddedVocab(c.vocab_size, t);
-        return double(ptrain::GptStage::ActivationFloats(
-                          ct, mb, c.block_size, 1, t, with_sp, r, 0, 1) -
-                      ptrain::GptStage::ActivationFloats(
-                          ct, mb, c.block_size, 0, t, with_sp, r, 0, 1));
+        return double(
+            ptrain::GptStage::ActivationFloats(ct, mb, c.block_size, 1, t,
+                                               with_sp, r, c.n_layer, true) -
+            ptrain::GptStage::ActivationFloats(ct, mb, c.block_size, 0, t,
+                                               with_sp, r, c.n_layer, true));
       };
       for (int t : {1, 2, 3, 4, 6}) {
         for (bool sp : {false, true}) {

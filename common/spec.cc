@@ -643,10 +643,6 @@ absl::Status ValidateParallel(const v1::JobSpec& spec) {
     return Error("parallel.tp=", p.tp(),
                  " does not divide model.n_head=", m.n_head());
   }
-  if (m.n_layer() % p.pp() != 0) {
-    return Error("parallel.pp=", p.pp(),
-                 " does not divide model.n_layer=", m.n_layer());
-  }
   // Interleaving gives each pipeline rank v chunks of whole layers and
   // sends microbatches through them in groups of pp.
   const bool interleaved = p.schedule() == "interleaved";
@@ -668,18 +664,16 @@ absl::Status ValidateParallel(const v1::JobSpec& spec) {
           "(parallel.pp=",
           p.pp(), ")");
     }
-    const int per_stage = m.n_layer() / p.pp();
-    if (per_stage % p.virtual_stages() != 0) {
-      return Error("parallel.virtual_stages=", p.virtual_stages(),
-                   " does not divide the layers per stage, model.n_layer / "
-                   "parallel.pp = ",
-                   m.n_layer(), " / ", p.pp(), " = ", per_stage);
-    }
     if (p.microbatches() % p.pp() != 0) {
       return Error("parallel.microbatches=", p.microbatches(),
                    " is not a multiple of parallel.pp=", p.pp(),
                    " (required by parallel.schedule=interleaved)");
     }
+  }
+  if (absl::StatusOr<std::vector<int>> layers =
+          PipelineStageLayers(p, m.n_layer());
+      !layers.ok()) {
+    return layers.status();
   }
   if (p.sequence_parallel()) {
     if (p.tp() <= 1) {
@@ -861,6 +855,65 @@ void EmitMessage(const Message& msg, YAML::Emitter* out) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<int>> PipelineStageLayers(const v1::ParallelSpec& p,
+                                                     int n_layer) {
+  const int pp = p.pp(), v = p.virtual_stages();
+  const int first = p.first_stage_layers(), last = p.last_stage_layers();
+  if (first < 0 || last < 0) {
+    return Error(first < 0 ? "parallel.first_stage_layers="
+                           : "parallel.last_stage_layers=",
+                 first < 0 ? first : last, " must be >= 0 (0: an even share)");
+  }
+  if (first == 0 && last == 0) {
+    // Whole layers, the same number on every stage.
+    if (n_layer % pp != 0) {
+      return Error("parallel.pp=", pp,
+                   " does not divide model.n_layer=", n_layer);
+    }
+    if ((n_layer / pp) % v != 0) {
+      return Error("parallel.virtual_stages=", v,
+                   " does not divide the layers per stage, model.n_layer / "
+                   "parallel.pp = ",
+                   n_layer, " / ", pp, " = ", n_layer / pp);
+    }
+    return std::vector<int>(static_cast<size_t>(pp) * v, n_layer / (pp * v));
+  }
+  const int64_t stages = int64_t{pp} * v;
+  if (stages < 2) {
+    return Error(first > 0 ? "parallel.first_stage_layers="
+                           : "parallel.last_stage_layers=",
+                 first > 0 ? first : last,
+                 " requires more than one pipeline stage (parallel.pp=", pp,
+                 ")");
+  }
+  // The stages without a set count share what is left, evenly.
+  const int64_t others = stages - (first > 0) - (last > 0);
+  const int64_t rest = int64_t{n_layer} - first - last;
+  const std::string left = absl::StrCat(
+      "model.n_layer - parallel.first_stage_layers - "
+      "parallel.last_stage_layers = ",
+      n_layer, " - ", first, " - ", last, " = ", rest);
+  if (others == 0 && rest != 0) {
+    return Error(left, ": with two pipeline stages the two must add up to ",
+                 "model.n_layer");
+  }
+  if (others > 0 && rest < others) {
+    return Error(left, " layers for the other ", others,
+                 " pipeline stages (parallel.pp × parallel.virtual_stages = ",
+                 stages, " in all): each stage needs at least one layer");
+  }
+  if (others > 0 && rest % others != 0) {
+    return Error(left, " layers do not split evenly over the other ", others,
+                 " pipeline stages (parallel.pp × parallel.virtual_stages = ",
+                 stages, " in all)");
+  }
+  const int share = others > 0 ? static_cast<int>(rest / others) : 0;
+  std::vector<int> layers(static_cast<size_t>(stages), share);
+  if (first > 0) layers.front() = first;
+  if (last > 0) layers.back() = last;
+  return layers;
+}
 
 int64_t JobWorldSize(const v1::JobSpec& spec) {
   const v1::ParallelSpec& p = spec.parallel();

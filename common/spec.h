@@ -61,6 +61,14 @@ absl::StatusOr<v1::JobSpec> LoadJobSpecFile(
 // scalar of the field's type. Does not validate the whole spec.
 absl::Status ApplyOverride(v1::JobSpec* spec, std::string_view assignment);
 
+// The layers of each of the pp · virtual_stages pipeline stages (model
+// chunks), in order: parallel.first_stage_layers on the first and
+// parallel.last_stage_layers on the last when set (> 0), the rest split
+// evenly over the others. InvalidArgument naming the fields and the rule
+// when the layers cannot be split so (each stage holds at least one).
+absl::StatusOr<std::vector<int>> PipelineStageLayers(
+    const v1::ParallelSpec& parallel, int n_layer);
+
 // Checks ranges and cross-field rules (degrees dividing heads, layers, batch).
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 

@@ -382,6 +382,63 @@ TEST(ValidateJobSpec, InterleavedScheduleRules) {
              "parallel.schedule=interleaved", "parallel.virtual_stages=2"});
 }
 
+// parallel.first_stage_layers / last_stage_layers: the first and last
+// stage's layers, the rest split evenly over the other stages, or an error
+// naming the fields and the rule.
+TEST(ValidateJobSpec, UnevenPipelineStages) {
+  auto layers = [](std::vector<std::string> o) -> std::vector<int> {
+    const v1::JobSpec spec = MustParse(kMinimal, o);
+    absl::StatusOr<std::vector<int>> l =
+        PipelineStageLayers(spec.parallel(), spec.model().n_layer());
+    EXPECT_TRUE(l.ok()) << l.status();
+    return l.ok() ? *l : std::vector<int>{};
+  };
+  EXPECT_EQ(layers({}), (std::vector<int>{4}));
+  EXPECT_EQ(layers({"parallel.pp=2"}), (std::vector<int>{2, 2}));
+  EXPECT_EQ(layers({"parallel.pp=2", "parallel.first_stage_layers=3"}),
+            (std::vector<int>{3, 1}));
+  EXPECT_EQ(layers({"parallel.pp=2", "parallel.last_stage_layers=1"}),
+            (std::vector<int>{3, 1}));
+  EXPECT_EQ(layers({"parallel.pp=2", "parallel.first_stage_layers=1",
+                    "parallel.last_stage_layers=3"}),
+            (std::vector<int>{1, 3}));
+  EXPECT_EQ(
+      layers({"model.n_layer=9", "parallel.pp=4",
+              "parallel.first_stage_layers=3", "parallel.last_stage_layers=2"}),
+      (std::vector<int>{3, 2, 2, 2}));
+  // Under interleaving the stages are the pp·v model chunks.
+  EXPECT_EQ(
+      layers({"model.n_layer=7", "parallel.pp=2", "parallel.microbatches=2",
+              "parallel.schedule=interleaved", "parallel.virtual_stages=2",
+              "parallel.last_stage_layers=1"}),
+      (std::vector<int>{2, 2, 2, 1}));
+
+  EXPECT_EQ(OverrideError({"parallel.first_stage_layers=2"}),
+            "parallel.first_stage_layers=2 requires more than one pipeline "
+            "stage (parallel.pp=1)");
+  EXPECT_EQ(OverrideError({"parallel.pp=2", "parallel.last_stage_layers=-1"}),
+            "parallel.last_stage_layers=-1 must be >= 0 (0: an even share)");
+  EXPECT_EQ(OverrideError({"parallel.pp=2", "parallel.first_stage_layers=2",
+                           "parallel.last_stage_layers=1"}),
+            "model.n_layer - parallel.first_stage_layers - "
+            "parallel.last_stage_layers = 4 - 2 - 1 = 1: with two pipeline "
+            "stages the two must add up to model.n_layer");
+  EXPECT_EQ(OverrideError({"parallel.pp=2", "parallel.first_stage_layers=4"}),
+            "model.n_layer - parallel.first_stage_layers - "
+            "parallel.last_stage_layers = 4 - 4 - 0 = 0 layers for the other "
+            "1 pipeline stages (parallel.pp × parallel.virtual_stages = 2 in "
+            "all): each stage needs at least one layer");
+  EXPECT_EQ(OverrideError({"model.n_layer=8", "parallel.pp=4",
+                           "parallel.first_stage_layers=3"}),
+            "model.n_layer - parallel.first_stage_layers - "
+            "parallel.last_stage_layers = 8 - 3 - 0 = 5 layers do not split "
+            "evenly over the other 3 pipeline stages (parallel.pp × "
+            "parallel.virtual_stages = 4 in all)");
+  // Without them the old rules and messages stand.
+  EXPECT_EQ(OverrideError({"parallel.pp=3"}),
+            "parallel.pp=3 does not divide model.n_layer=4");
+}
+
 TEST(JobSpecWarnings, FewerMicrobatchesThanStagesIsAllowedWithAWarning) {
   EXPECT_TRUE(JobSpecWarnings(MustParse(kMinimal)).empty());
   EXPECT_TRUE(JobSpecWarnings(MustParse(kMinimal, {"parallel.pp=2",
@@ -772,7 +829,7 @@ v1::JobSpec FullyCustomSpec() {
   v1::JobSpec s = MustParse(kDesignExample);
   s.set_name("Run_2.b-c");
   v1::ModelSpec* m = s.mutable_model();
-  m->set_n_layer(6);
+  m->set_n_layer(12);
   m->set_n_head(6);
   m->set_n_embd(384);
   m->set_block_size(256);
@@ -793,6 +850,8 @@ v1::JobSpec FullyCustomSpec() {
   p->set_microbatches(6);
   p->set_schedule("interleaved");
   p->set_virtual_stages(2);
+  p->set_first_stage_layers(3);  // 3, then 2 in each of 4 chunks, then 1
+  p->set_last_stage_layers(1);
   p->set_bucket_bytes(int64_t{1} << 40);
   v1::TrainSpec* t = s.mutable_train();
   t->set_steps(int64_t{1} << 40);

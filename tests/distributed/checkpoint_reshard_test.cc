@@ -37,6 +37,7 @@ struct Layout {
   int pp = 1;
   int virtual_stages = 1;  // > 1: the interleaved schedule
   int microbatches = 1;
+  int first_stage_layers = 0;  // 0: an even split
   int world() const { return dp * tp * pp; }
 };
 const Layout kLayouts[] = {{"single", 1, 0, 1, false},
@@ -53,7 +54,8 @@ const Layout kLayouts[] = {{"single", 1, 0, 1, false},
                            {"dp2_tp2_pp2_zero1_sp", 2, 1, 2, true, 2, 1, 2},
                            {"dp2_pp4", 2, 0, 1, false, 4, 1, 4},
                            {"pp2_v2", 1, 0, 1, false, 2, 2, 2},
-                           {"dp2_pp2_v2_zero2", 2, 2, 1, false, 2, 2, 4}};
+                           {"dp2_pp2_v2_zero2", 2, 2, 1, false, 2, 2, 4},
+                           {"dp2_pp2_stages_3_1", 2, 1, 1, false, 2, 1, 2, 3}};
 constexpr int kSave = 8, kEnd = 16;
 
 int WorldRank() {
@@ -94,6 +96,7 @@ v1::JobSpec Spec(const Layout& l, const std::string& ckpt_dir,
       std::string("parallel.sequence_parallel=") + (l.sp ? "true" : "false"),
       "parallel.microbatches=" + std::to_string(l.microbatches),
       "parallel.virtual_stages=" + std::to_string(l.virtual_stages),
+      "parallel.first_stage_layers=" + std::to_string(l.first_stage_layers),
       std::string("parallel.schedule=") +
           (l.virtual_stages > 1 ? "interleaved" : "1f1b"),
       "checkpoint.dir=" + ckpt_dir,
@@ -276,37 +279,47 @@ TEST_F(Reshard, MemoryEstimateEqualsTheEngineBuffersOfEveryZeroStage) {
 // flight): the estimate is the rank that needs the most, with or without
 // recomputation.
 TEST_F(Reshard, MemoryEstimateIsTheFullestPipelineRank) {
+  // The estimate of `l` against the fullest of its ranks' engine buffers.
+  auto check = [&](const Layout& l, const std::vector<std::string>& extra,
+                   const std::string& what) {
+    OnLayout(
+        l, Root() + "/scratch", "",
+        [&](Trainer& t) {
+          const MemoryBytes real = t.memory();
+          long long mine =
+              real.params + real.grads + real.optimizer + real.activations;
+          long long most = 0;
+          MPI_Allreduce(&mine, &most, 1, MPI_LONG_LONG, MPI_MAX, layout_comm);
+          const MemoryEstimate e = EstimateRankMemory(
+              Spec(l, Root() + "/scratch", "36", extra), t.data().vocab_size);
+          if (WorldRank() == 0) {
+            std::printf(
+                "pp2 %s: estimate %lld bytes, fullest rank %lld bytes\n",
+                what.c_str(), static_cast<long long>(e.total()), most);
+          }
+          EXPECT_EQ(e.total(), most) << what;
+        },
+        "36", extra);
+  };
   for (const char* schedule : {"gpipe", "1f1b", "interleaved"}) {
     for (int zero : {0, 2, 3}) {
       const int v = std::strcmp(schedule, "interleaved") == 0 ? 2 : 1;
-      const Layout l{"memory", 2, zero, 1, false, 2, v, 4};
       // ZeRO-3 rows recompute their blocks (one block's activations
       // shared by the microbatches in flight), ZeRO-2 rows attention's core.
-      const std::vector<std::string> extra = {
-          std::string("parallel.schedule=") + schedule,
-          std::string("train.recompute=") + (zero == 3   ? "full"
-                                             : zero == 2 ? "selective"
-                                                         : "none")};
-      OnLayout(
-          l, Root() + "/scratch", "",
-          [&](Trainer& t) {
-            const MemoryBytes real = t.memory();
-            long long mine =
-                real.params + real.grads + real.optimizer + real.activations;
-            long long most = 0;
-            MPI_Allreduce(&mine, &most, 1, MPI_LONG_LONG, MPI_MAX, layout_comm);
-            const MemoryEstimate e = EstimateRankMemory(
-                Spec(l, Root() + "/scratch", "36", extra), t.data().vocab_size);
-            if (WorldRank() == 0) {
-              std::printf(
-                  "pp2 %s zero%d: estimate %lld bytes, fullest rank "
-                  "%lld bytes\n",
-                  schedule, zero, static_cast<long long>(e.total()), most);
-            }
-            EXPECT_EQ(e.total(), most) << schedule << " zero " << zero;
-          },
-          "36", extra);
+      check({"memory", 2, zero, 1, false, 2, v, 4},
+            {std::string("parallel.schedule=") + schedule,
+             std::string("train.recompute=") + (zero == 3   ? "full"
+                                                : zero == 2 ? "selective"
+                                                            : "none")},
+            std::string(schedule) + " zero" + std::to_string(zero));
     }
+  }
+  // Stages of 3 + 1 and 1 + 3 layers: the fuller stage is the first, then
+  // the last (which also holds the head).
+  for (int first : {3, 1}) {
+    check({"memory", 2, 1, 1, false, 2, 1, 4, first}, {},
+          "1f1b stages " + std::to_string(first) + " + " +
+              std::to_string(4 - first));
   }
 }
 

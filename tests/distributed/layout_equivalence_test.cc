@@ -7,7 +7,8 @@
 // variants of data parallelism, and pipelines (pp 2 and 4, GPipe, 1F1B and
 // interleaved 1F1B with 2 or 4 chunks per rank) composed with dp, tp, SP
 // and ZeRO, and recomputation (attention's core, or whole blocks) on a few
-// of them. Runs under `mpirun -n 8`; ranks a row does not use sit it out.
+// of them, and pipelines of stages of different sizes. Runs under `mpirun -n
+// 8`; ranks a row does not use sit it out.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -18,6 +19,7 @@
 #include <limits>
 #include <map>
 #include <ostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,8 @@ struct Layout {
   int virtual_stages = 1;
   int n_layer = 4;  // 8 where pp·virtual_stages needs more layers
   std::string recompute = "none";
+  // parallel.first_stage_layers / last_stage_layers (0: an even share).
+  int first_stage_layers = 0, last_stage_layers = 0;
   int world() const { return dp * tp * pp; }
 };
 
@@ -138,6 +142,15 @@ std::vector<Layout> AllLayouts() {
                  4, "selective"});
   out.push_back({"pp2_gpipe_dp2_zero3_selective", 2, 1, 3, 4, false, 2, "gpipe",
                  1, 4, "selective"});
+  // Stages of different sizes (parallel.first_stage_layers and
+  // last_stage_layers): 1 + 3 layers with tp, SP and ZeRO; 1 + 3 + 3 + 1
+  // with ZeRO-3; interleaved chunks of 2, 2, 2 and 1 of 7 layers.
+  out.push_back({"pp2_1f1b_dp2_tp2_zero1_sp_stages_1_3", 2, 2, 1, 4, true, 2,
+                 "1f1b", 1, 4, "none", 1, 0});
+  out.push_back({"pp4_1f1b_dp2_zero3_stages_1_3_3_1", 2, 1, 3, 4, false, 4,
+                 "1f1b", 1, 8, "none", 1, 1});
+  out.push_back({"pp2_interleaved_v2_stages_2_2_2_1", 1, 1, 0, 4, false, 2,
+                 "interleaved", 2, 7, "none", 0, 1});
   return out;
 }
 
@@ -295,6 +308,10 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
                       std::to_string(layout.virtual_stages));
   overrides.push_back("parallel.microbatches=" +
                       std::to_string(layout.microbatches));
+  overrides.push_back("parallel.first_stage_layers=" +
+                      std::to_string(layout.first_stage_layers));
+  overrides.push_back("parallel.last_stage_layers=" +
+                      std::to_string(layout.last_stage_layers));
   auto spec = LoadJobSpecFile("examples/shakespeare-char.yaml", overrides);
   ASSERT_TRUE(spec.ok()) << spec.status();
   RunResult got;
@@ -305,6 +322,21 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
     opt.peak_flops = 1e12;
     auto trainer = Trainer::Create(*spec, opt, dims->get());
     ASSERT_TRUE(trainer.ok()) << trainer.status();
+    // The rank holds the layers of its stages as the split says.
+    const std::vector<int> counts =
+        *PipelineStageLayers(spec->parallel(), layout.n_layer);
+    std::set<int> want, have;
+    int begin = 0;
+    for (int s = 0; s < static_cast<int>(counts.size()); ++s) {
+      for (int l = begin; l < begin + counts[s]; ++l) {
+        if (s % layout.pp == (*dims)->pp_rank()) want.insert(l);
+      }
+      begin += counts[s];
+    }
+    for (const ParamInfo& p : (*trainer)->store().layout()) {
+      if (p.layer >= 0) have.insert(p.layer);
+    }
+    EXPECT_EQ(have, want) << "pipeline rank " << (*dims)->pp_rank();
     got = Train(**trainer, comm);
   }
   MPI_Comm_free(&comm);

@@ -168,6 +168,7 @@ TEST_F(PtworkerMpiLayouts, PipelineRunEvaluatesAndSamplesAsOneRankDoes) {
   EXPECT_EQ(layout[0].at("world"), 4);
   EXPECT_EQ(layout[0].at("schedule"), "gpipe");
   EXPECT_EQ(layout[0].at("virtual_stages"), 1);
+  EXPECT_EQ(layout[0].at("stage_layers"), nlohmann::json({1, 1}));
 }
 
 // Through every rank twice: 4 layers as 4 virtual stages on 2 ranks.
@@ -180,6 +181,17 @@ TEST_F(PtworkerMpiLayouts, InterleavedPipelineEvaluatesAndSamplesAsOneRank) {
   ASSERT_EQ(layout.size(), 1u);
   EXPECT_EQ(layout[0].at("schedule"), "interleaved");
   EXPECT_EQ(layout[0].at("virtual_stages"), 2);
+  EXPECT_EQ(layout[0].at("stage_layers"), nlohmann::json({1, 1, 1, 1}));
+}
+
+// Stages of 3 and 1 layers (parallel.first_stage_layers), in the log.
+TEST_F(PtworkerMpiLayouts, UnevenPipelineEvaluatesAndSamplesAsOneRank) {
+  ExpectSameAsOneRank(2,
+                      "--set parallel.pp=2 --set parallel.first_stage_layers=3",
+                      /*n_layer=*/4);
+  const auto layout = Records("layout", "");
+  ASSERT_EQ(layout.size(), 1u);
+  EXPECT_EQ(layout[0].at("stage_layers"), nlohmann::json({3, 1}));
 }
 
 }  // namespace

@@ -412,6 +412,8 @@ TEST_F(ControlPlaneTest, ImpossibleParallelLayoutsAreRefusedTwice) {
         "parallel.schedule=interleaved", "parallel.virtual_stages=4"},
        "parallel.virtual_stages=4 does not divide the layers per stage, "
        "model.n_layer / parallel.pp = 4 / 2 = 2"},
+      {{"parallel.pp=2", "parallel.first_stage_layers=4"},
+       "each stage needs at least one layer"},
       // Wider than the pool of 4 slots: only ptcoord knows the pool.
       {{"parallel.tp=4", "parallel.dp=2"}, ""},
   };

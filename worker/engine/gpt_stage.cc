@@ -4,8 +4,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -42,13 +44,30 @@ Recompute RecomputeOf(const std::string& name) {
   return name == "selective" ? Recompute::kSelective : Recompute::kNone;
 }
 
+int GptStage::BlockCount(const std::vector<ParamInfo>& layout) {
+  std::set<int> layers;
+  for (const ParamInfo& p : layout) {
+    if (p.layer >= 0) layers.insert(p.layer);
+  }
+  return static_cast<int>(layers.size());
+}
+
+int GptStage::FirstLayer(const std::vector<ParamInfo>& layout) {
+  int first = INT_MAX;
+  for (const ParamInfo& p : layout) {
+    if (p.layer >= 0) first = std::min(first, p.layer);
+  }
+  return first == INT_MAX ? 0 : first;
+}
+
 GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
                    const StageOptions& o)
     : config_(config),
       layout_(std::move(layout)),
       stage_(o.stage),
       n_stages_(o.n_stages),
-      n_blocks_(config.n_layer / std::max(1, o.n_stages)),
+      n_blocks_(BlockCount(layout_)),
+      first_layer_(FirstLayer(layout_)),
       max_B_(o.max_B),
       max_T_(o.max_T),
       tp_(o.tp),
@@ -64,8 +83,9 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
                config.n_embd % config.n_head == 0 && config.vocab_size >= 1 &&
                config.padded_vocab >= config.vocab_size &&
                config.n_head % tp == 0 && config.padded_vocab % tp == 0 &&
-               o.n_stages >= 1 && config.n_layer % o.n_stages == 0 &&
-               o.stage >= 0 && o.stage < o.n_stages && o.max_T >= 1 &&
+               o.n_stages >= 1 && n_blocks_ >= 1 &&
+               first_layer_ + n_blocks_ <= config.n_layer && o.stage >= 0 &&
+               o.stage < o.n_stages && o.max_T >= 1 &&
                o.max_T <= config.block_size && o.max_B >= 1 && o.slots >= 1 &&
                (!o.tp.sp || o.max_T % tp == 0),
            "inconsistent model config for a stage");
@@ -106,7 +126,7 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
   }
   const std::vector<std::string>& names = GptBlockTensorNames();
   for (int b = 0; b < n_blocks_; ++b) {
-    const int l = stage_ * n_blocks_ + b;
+    const int l = first_layer_ + b;
     for (const std::string& name : names) {
       block_offsets_.push_back(
           find(absl::StrCat("h.", l, ".", name)).unit_offset);
@@ -124,7 +144,7 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
   const int64_t Cl = Cl_, Vl = Vl_;
   acts_ = kernels::Buffer(
       ops_, ActivationFloats(config, max_B_, max_T_, o.slots, tp, tp_.sp,
-                             recompute_, stage_, n_stages_, ops_));
+                             recompute_, n_blocks_, last(), ops_));
   // The per-layer slabs a block's backward reads: every layer's in each
   // slot, or (recomputing) one layer's, shared by the slots.
   const bool full = recompute_ == Recompute::kFull;
@@ -197,11 +217,10 @@ const int32_t* GptStage::Stage(int32_t* staged, const int32_t* host, int B,
 
 int64_t GptStage::ActivationFloats(const GptConfig& config, int max_B,
                                    int max_T, int slots, int tp, bool sp,
-                                   Recompute recompute, int stage, int n_stages,
+                                   Recompute recompute, int layers, bool last,
                                    const kernels::Ops* ops) {
   // Mirrors the slabs the constructor takes, in saturating arithmetic.
-  const bool last = stage == n_stages - 1;
-  const int64_t C = config.n_embd, L = config.n_layer / n_stages;
+  const int64_t C = config.n_embd, L = layers;
   const int64_t Cl = config.n_embd / tp, NHl = config.n_head / tp;
   const int64_t Vl = config.padded_vocab / tp;
   const int64_t BT = SatMul(max_B, max_T);

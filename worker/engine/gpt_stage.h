@@ -170,9 +170,10 @@ class GptStage : private UnitStore {
   // slot and the working set), without building one; INT64_MAX when that
   // does not fit in 64 bits. Attention keeps what `ops` says it keeps; with
   // no ops, the (B,NH,T,T) probabilities (the CPU's, and the most).
+  // `layers`: the stage's transformer blocks; `last`: it computes the head.
   static int64_t ActivationFloats(const GptConfig& config, int max_B, int max_T,
                                   int slots, int tp, bool sp,
-                                  Recompute recompute, int stage, int n_stages,
+                                  Recompute recompute, int layers, bool last,
                                   const kernels::Ops* ops = nullptr);
 
  private:
@@ -238,7 +239,12 @@ class GptStage : private UnitStore {
   const GptConfig config_;
   std::vector<ParamInfo> layout_;
   std::vector<UnitRange> units_;
-  const int stage_, n_stages_, n_blocks_;
+  // The blocks of the stage's layout (transformer layers first_layer_ ...
+  // first_layer_ + n_blocks_ - 1).
+  static int BlockCount(const std::vector<ParamInfo>& layout);
+  static int FirstLayer(const std::vector<ParamInfo>& layout);
+
+  const int stage_, n_stages_, n_blocks_, first_layer_;
   const int max_B_, max_T_;
   const TpGroup tp_;
   const Recompute recompute_;

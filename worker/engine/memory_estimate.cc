@@ -10,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/check.h"
+#include "common/spec.h"
 #include "worker/engine/gpt_stage.h"
 #include "worker/engine/schedule.h"
 #include "worker/engine/zero_store.h"
@@ -43,6 +45,22 @@ GptConfig ModelConfig(const v1::JobSpec& spec, int vocab_size) {
   return c;
 }
 
+PlanOptions SpecPlan(const v1::JobSpec& spec, int tp_rank, int pp_rank) {
+  const auto& p = spec.parallel();
+  PlanOptions plan;
+  plan.tp = p.tp();
+  plan.tp_rank = tp_rank;
+  plan.pp = p.pp();
+  plan.pp_rank = pp_rank;
+  plan.pad = p.dp();
+  plan.virtual_stages = p.virtual_stages();
+  absl::StatusOr<std::vector<int>> layers =
+      PipelineStageLayers(p, spec.model().n_layer());
+  PT_CHECK(layers.ok(), std::string(layers.status().message()).c_str());
+  plan.stage_layers = *std::move(layers);
+  return plan;
+}
+
 int64_t MemoryEstimate::total() const {
   return SatAdd(SatAdd(params, grads), SatAdd(optimizer, activations));
 }
@@ -65,12 +83,7 @@ MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size) {
   // (the fullest of the middle ones) and the last.
   MemoryEstimate most;
   for (int rank : {0, std::min(1, p.pp() - 1), p.pp() - 1}) {
-    PlanOptions plan;
-    plan.tp = p.tp();
-    plan.pp = p.pp();
-    plan.pp_rank = rank;
-    plan.pad = p.dp();
-    plan.virtual_stages = v;
+    const PlanOptions plan = SpecPlan(spec, 0, rank);
     const ZeroStore::Footprint f = ZeroStore::Measure(
         BuildPlan(config, plan), p.dp(),
         ZeroOptions{p.zero(), p.microbatches(), p.bucket_bytes(),
@@ -89,7 +102,8 @@ MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size) {
                                         config, micro_B, config.block_size,
                                         slots[c], p.tp(), p.sequence_parallel(),
                                         RecomputeOf(spec.train().recompute()),
-                                        stages[c], p.pp() * v, ops),
+                                        plan.stage_layers[stages[c]],
+                                        stages[c] == p.pp() * v - 1, ops),
                                     kFloat));
     }
     if (rank == 0 || e.total() > most.total()) most = e;

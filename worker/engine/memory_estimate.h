@@ -20,6 +20,10 @@ namespace ptrain {
 // the data's when that is 0) and the vocabulary padded for parallel.tp.
 GptConfig ModelConfig(const v1::JobSpec& spec, int vocab_size);
 
+// The plan options of the rank at (tp_rank, pp_rank) of a validated spec's
+// mesh: degrees, ZeRO padding, virtual stages and each stage's layers.
+PlanOptions SpecPlan(const v1::JobSpec& spec, int tp_rank, int pp_rank);
+
 // Bytes per rank; a value that does not fit in int64 is INT64_MAX.
 struct MemoryEstimate {
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0;

@@ -267,20 +267,37 @@ std::vector<ParamInfo> GptTensors(const GptConfig& cfg) {
   return out;
 }
 
-void SplitStages(std::vector<ParamInfo>* tensors, int n_layer, int pp) {
+std::vector<int> EvenStageLayers(int n_layer, int pp) {
   PT_CHECK(pp >= 1 && n_layer % pp == 0, "pp must divide n_layer");
-  const int per_stage = n_layer / pp;
-  int final_unit = -1;
+  return std::vector<int>(pp, n_layer / pp);
+}
+
+void SplitStages(std::vector<ParamInfo>* tensors,
+                 const std::vector<int>& stage_layers) {
+  const int pp = static_cast<int>(stage_layers.size());
+  PT_CHECK(pp >= 1, "no pipeline stages");
+  // stage_of[l]: the stage that holds layer l.
+  std::vector<int> stage_of;
+  for (int s = 0; s < pp; ++s) {
+    PT_CHECK(stage_layers[s] >= 1, "a pipeline stage without layers");
+    stage_of.insert(stage_of.end(), stage_layers[s], s);
+  }
+  int final_unit = -1, n_layer = 0;
   const ParamInfo* wte = nullptr;
   for (ParamInfo& p : *tensors) {
     if (p.layer >= 0) {
-      p.stage = p.layer / per_stage;
+      PT_CHECK(p.layer < static_cast<int>(stage_of.size()),
+               "the stages hold fewer layers than the model has");
+      p.stage = stage_of[p.layer];
+      n_layer = std::max(n_layer, p.layer + 1);
     } else {
       p.stage = absl::StartsWith(p.name, "ln_f.") ? pp - 1 : 0;
     }
     if (absl::StartsWith(p.name, "ln_f.")) final_unit = p.unit;
     if (p.name == "wte") wte = &p;
   }
+  PT_CHECK(n_layer == static_cast<int>(stage_of.size()),
+           "the stages hold more layers than the model has");
   if (pp > 1) {
     PT_CHECK(wte != nullptr && final_unit >= 0, "no wte or ln_f to tie");
     ParamInfo copy = *wte;
@@ -431,7 +448,13 @@ std::vector<int> RankStages(const PlanOptions& o) {
 std::vector<ParamInfo> BuildPlan(const GptConfig& config,
                                  const PlanOptions& o) {
   std::vector<ParamInfo> tensors = GptTensors(config);
-  SplitStages(&tensors, config.n_layer, o.pp * o.virtual_stages);
+  const std::vector<int> stage_layers =
+      o.stage_layers.empty()
+          ? EvenStageLayers(config.n_layer, o.pp * o.virtual_stages)
+          : o.stage_layers;
+  PT_CHECK(static_cast<int>(stage_layers.size()) == o.pp * o.virtual_stages,
+           "one layer count per pipeline stage");
+  SplitStages(&tensors, stage_layers);
   ApplyTensorParallel(&tensors, config, o.tp, o.tp_rank);
   return LayoutUnits(tensors, RankStages(o), o.pad);
 }

@@ -130,10 +130,15 @@ std::vector<ParamInfo> GptTensors(const GptConfig& config);
 // The suffixes of a block's tensors, in table order ("ln_1.weight", ...).
 const std::vector<std::string>& GptBlockTensorNames();
 
-// 2. Stage s of pp holds layers [s·L/pp, (s+1)·L/pp); wte and wpe are on
-// stage 0, ln_f on stage pp-1 and, when pp > 1, a tied copy of wte for the
-// head after it (in ln_f's unit). Requires pp | L.
-void SplitStages(std::vector<ParamInfo>* tensors, int n_layer, int pp);
+// 2. Splits the layers into stage_layers.size() pipeline stages of
+// contiguous layers, stage s holding stage_layers[s] of them (at least one,
+// adding up to L); wte and wpe are on stage 0, ln_f on the last stage and,
+// with more than one stage, a tied copy of wte for the head after it (in
+// ln_f's unit).
+void SplitStages(std::vector<ParamInfo>* tensors,
+                 const std::vector<int>& stage_layers);
+// pp stages of L/pp layers each (pp | L).
+std::vector<int> EvenStageLayers(int n_layer, int pp);
 
 // 3. Applies the tensor-parallel plan for rank `tp_rank` of `tp`: sets
 // split, shape and boxes. Requires tp | NH and Vp a multiple of tp.
@@ -172,6 +177,9 @@ struct PlanOptions {
   // Model chunks per pipeline rank (interleaved schedule): the model is
   // split into pp·v virtual stages and rank r holds stages r, r+pp, ...
   int virtual_stages = 1;
+  // Layers of each of the pp·v stages (PipelineStageLayers of the spec);
+  // empty: EvenStageLayers.
+  std::vector<int> stage_layers;
 };
 
 // The virtual stages pipeline rank `pp_rank` holds, in increasing order.

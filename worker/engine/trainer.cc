@@ -534,13 +534,8 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
   schedule_ = ScheduleKindOf(par.schedule());
   const int v = par.virtual_stages();
   // The plan of this rank: split into stages, tensor-parallel, ZeRO units.
-  PlanOptions plan;
-  plan.tp = par.tp();
-  plan.tp_rank = dims_ != nullptr ? dims_->tp_rank() : 0;
-  plan.pp = pp_;
-  plan.pp_rank = pp_rank_;
-  plan.pad = dp_;
-  plan.virtual_stages = v;
+  const PlanOptions plan =
+      SpecPlan(spec_, dims_ != nullptr ? dims_->tp_rank() : 0, pp_rank_);
   const std::vector<ParamInfo> layout = BuildPlan(cfg, plan);
   if (spec_.resources().device() == "cuda") {
     kernels::CudaOptions cuda;
@@ -835,7 +830,8 @@ absl::Status Trainer::Run() {
         {"sequence_parallel", par.sequence_parallel()},
         {"microbatches", par.microbatches()},
         {"schedule", pp_ > 1 ? par.schedule() : "none"},
-        {"virtual_stages", par.virtual_stages()}});
+        {"virtual_stages", par.virtual_stages()},
+        {"stage_layers", SpecPlan(spec_, 0, 0).stage_layers}});
   if (!resumed_from_.empty()) {
     // The checkpoint this attempt starts from, read off the directory: it may
     // be newer than the previous attempt's last "checkpoint" record, when that

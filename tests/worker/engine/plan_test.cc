@@ -53,7 +53,7 @@ TEST(GptTensors, AreTheGpt2StateInOrderWithGlobalShapes) {
 
 TEST(SplitStages, ContiguousLayersEmbeddingFirstFinalNormLast) {
   std::vector<ParamInfo> t = GptTensors(Config());
-  SplitStages(&t, 4, 2);
+  SplitStages(&t, EvenStageLayers(4, 2));
   for (const ParamInfo& p : t) {
     if (p.layer >= 0) {
       EXPECT_EQ(p.stage, p.layer / 2) << p.name;
@@ -63,13 +63,46 @@ TEST(SplitStages, ContiguousLayersEmbeddingFirstFinalNormLast) {
       EXPECT_EQ(p.stage, 0) << p.name;
     }
   }
-  EXPECT_DEATH(SplitStages(&t, 4, 3), "pp must divide n_layer");
+  EXPECT_DEATH(EvenStageLayers(4, 3), "pp must divide n_layer");
+}
+
+// parallel.first_stage_layers / last_stage_layers: stages of different
+// sizes, still contiguous, every layer on exactly one of them; counts that
+// do not add up to the model's layers are a programming error.
+TEST(SplitStages, UnevenStagesHoldTheirCountsOfContiguousLayers) {
+  const GptConfig c = Config();  // 4 layers
+  const std::vector<int> counts = {1, 3};
+  std::vector<ParamInfo> t = GptTensors(c);
+  SplitStages(&t, counts);
+  for (const ParamInfo& p : t) {
+    if (p.layer >= 0) {
+      EXPECT_EQ(p.stage, p.layer < 1 ? 0 : 1) << p.name;
+    }
+  }
+  for (int rank : {0, 1}) {
+    PlanOptions o;
+    o.pp = 2;
+    o.pp_rank = rank;
+    o.stage_layers = counts;
+    std::set<int> layers;
+    for (const ParamInfo& p : BuildPlan(c, o)) {
+      if (p.layer >= 0) layers.insert(p.layer);
+    }
+    EXPECT_EQ(layers, rank == 0 ? (std::set<int>{0}) : (std::set<int>{1, 2, 3}))
+        << rank;
+  }
+  std::vector<ParamInfo> fewer = GptTensors(c);
+  EXPECT_DEATH(SplitStages(&fewer, {1, 2}), "fewer layers than the model");
+  std::vector<ParamInfo> more = GptTensors(c);
+  EXPECT_DEATH(SplitStages(&more, {2, 3}), "more layers than the model");
+  std::vector<ParamInfo> empty = GptTensors(c);
+  EXPECT_DEATH(SplitStages(&empty, {0, 4}), "a pipeline stage without layers");
 }
 
 TEST(SplitStages, LastStageHoldsATiedCopyOfWteForTheHead) {
   // One stage: no copy.
   std::vector<ParamInfo> one = GptTensors(Config());
-  SplitStages(&one, 4, 1);
+  SplitStages(&one, EvenStageLayers(4, 1));
   for (const ParamInfo& p : one) EXPECT_FALSE(p.tied_copy) << p.name;
   for (int tp : {1, 2}) {
     GptConfig c = Config();
@@ -190,7 +223,7 @@ TEST(ApplyTensorParallel, RefusesADegreeThatDoesNotDivideTheHeads) {
 TEST(LayoutUnits, UnitsArePaddedSlicesInTableOrderPerStage) {
   const GptConfig c = Config();
   std::vector<ParamInfo> t = GptTensors(c);
-  SplitStages(&t, 4, 2);
+  SplitStages(&t, EvenStageLayers(4, 2));
   ApplyTensorParallel(&t, c, 1, 0);
   for (int stage : {0, 1}) {
     const std::vector<ParamInfo> layout = LayoutUnits(t, stage, 3);
@@ -224,7 +257,8 @@ TEST(LayoutUnits, UnitsArePaddedSlicesInTableOrderPerStage) {
 TEST(BuildPlan, InterleavedRanksHoldEveryPpThStageOneAfterAnother) {
   const GptConfig c = Config(2);
   std::vector<ParamInfo> t = GptTensors(c);
-  SplitStages(&t, 4, 4);  // pp 2 × v 2: one layer per virtual stage
+  SplitStages(
+      &t, EvenStageLayers(4, 4));  // pp 2 × v 2: one layer per virtual stage
   ApplyTensorParallel(&t, c, 2, 1);
   for (int rank : {0, 1}) {
     PlanOptions o{2, 1, 2, rank, 3, 2};
