@@ -57,6 +57,9 @@ absl::StatusOr<std::string> ReadJobSpecFile(const std::string& path);
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(
     const std::string& path, const std::vector<std::string>& overrides = {});
 
+// GPT-2's vocabulary: an llm.c token file's when model.vocab_size is 0.
+inline constexpr int kGpt2VocabSize = 50257;
+
 // Applies one "dotted.path=value" assignment; the value is parsed as a YAML
 // scalar of the field's type. Does not validate the whole spec.
 absl::Status ApplyOverride(v1::JobSpec* spec, std::string_view assignment);

@@ -453,6 +453,42 @@ TEST(JobSpecWarnings, FewerMicrobatchesThanStagesIsAllowedWithAWarning) {
             "least 4 microbatches, better 4x that");
 }
 
+// A large vocabulary's head on the last of evenly split stages: the advice
+// names the split that balances them (1 + 5 + 5 + 1 over 5 + 3 + 3 + 1,
+// equal at the slowest stage: fewer layers where 1F1B keeps the most
+// microbatches in flight); not for a character vocabulary, nor
+// once a split is set.
+TEST(JobSpecWarnings, LargeHeadOnEvenStagesSuggestsUnevenStages) {
+  const std::vector<std::string> gpt2 = {
+      "data.path=''",           "data.train_bin=train.bin",
+      "data.val_bin=val.bin",   "model.n_layer=12",
+      "model.n_head=12",        "model.n_embd=768",
+      "model.block_size=1024",  "parallel.pp=4",
+      "parallel.microbatches=8"};
+  const std::vector<std::string> w = JobSpecWarnings(MustParse(kMinimal, gpt2));
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0],
+            "the LM head on the last pipeline stage costs about 4.9 blocks "
+            "(model.n_embd=768 × a vocabulary of 50257), so with 3 layers on "
+            "every one of the parallel.pp × parallel.virtual_stages = 4 "
+            "stages the others wait for the last at every microbatch; "
+            "parallel.first_stage_layers=1 and parallel.last_stage_layers=1 "
+            "would make the slowest stage 5.9 blocks' worth instead of 7.9");
+  // The advice is a valid split.
+  std::vector<std::string> advised = gpt2;
+  advised.push_back("parallel.first_stage_layers=1");
+  advised.push_back("parallel.last_stage_layers=1");
+  EXPECT_TRUE(JobSpecWarnings(MustParse(kMinimal, advised)).empty());
+  // A character vocabulary (known only from the data) or a small one.
+  EXPECT_TRUE(
+      JobSpecWarnings(MustParse(kMinimal, {"model.n_layer=12", "parallel.pp=4",
+                                           "parallel.microbatches=8"}))
+          .empty());
+  std::vector<std::string> small = gpt2;
+  small.push_back("model.vocab_size=4096");
+  EXPECT_TRUE(JobSpecWarnings(MustParse(kMinimal, small)).empty());
+}
+
 TEST(ValidateJobSpec, CudaTakesEveryLayout) {
   MustParse(kMinimal,
             {"resources.device=cuda", "parallel.dp=2", "parallel.tp=2",

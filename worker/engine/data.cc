@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/spec.h"
 #include "worker/engine/rng.h"
 
 namespace ptrain {
@@ -15,7 +16,6 @@ namespace {
 constexpr int32_t kTokenMagic = 20240520;
 constexpr int32_t kTokenVersion = 1;
 constexpr int kHeaderInts = 256;
-constexpr int kGpt2Vocab = 50257;
 
 absl::StatusOr<std::vector<uint16_t>> ReadTokenFile(const std::string& field,
                                                     const std::string& path,
@@ -130,7 +130,7 @@ absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
     data.train.assign(ids.begin(), ids.begin() + n_train);
     data.val.assign(ids.begin() + n_train, ids.end());
   } else {
-    data.vocab_size = model_vocab_size != 0 ? model_vocab_size : kGpt2Vocab;
+    data.vocab_size = model_vocab_size != 0 ? model_vocab_size : kGpt2VocabSize;
     auto train =
         ReadTokenFile("data.train_bin", spec.train_bin(), data.vocab_size, fs);
     if (!train.ok()) return train.status();
