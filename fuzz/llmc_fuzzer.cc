@@ -1,5 +1,6 @@
 // Fuzzes the readers of llm.c's files: the token file parser (data.cc:
-// 256 × int32 header, magic 20240520, then uint16 tokens) and LlmcSource, the
+// 256 × int32 header, magic 20240520, then uint16 tokens) and the mapped
+// token stream training reads, which must agree with it, and LlmcSource, the
 // GPT-2 weight file reader behind model.init_from (header, then fp32
 // tensors). Input: the file's bytes. For the weight file the model config is
 // taken from the header when it is small (so the size check and the reads
@@ -9,9 +10,11 @@
 //
 // Seed corpus: fuzz/corpus/llmc/ holds a real token file and a real weight
 // file (a 1-layer model exported by `ptworker export`).
+#include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -65,12 +68,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
 
-  // The weight file reader.
   {
     std::ofstream out(*g_path, std::ios::binary | std::ios::trunc);
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     if (!out) std::abort();
   }
+  // The same bytes as a file, mapped as training reads it: the same verdict
+  // and, when accepted, the same tokens as the parser's.
+  {
+    const int fd = ::open(g_path->c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) std::abort();
+    auto mapped =
+        ptrain::TokenStream::MapTokenFile(fd, "data.train_bin", "fuzz", 50257);
+    ::close(fd);
+    auto parsed =
+        ptrain::ParseTokenFile(bytes, "data.train_bin", "fuzz", 50257);
+    if (mapped.ok() != parsed.ok()) std::abort();
+    if (!mapped.ok() && mapped.status() != parsed.status()) std::abort();
+    if (mapped.ok() && !std::equal(mapped->begin(), mapped->end(),
+                                   parsed->begin(), parsed->end())) {
+      std::abort();
+    }
+  }
+
+  // The weight file reader (the same file).
   int32_t h[8] = {};
   std::memcpy(h, data, std::min(size, sizeof(h)));
   ptrain::GptConfig config{1, 1, 2, 4, 3, 128};

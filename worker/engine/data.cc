@@ -1,6 +1,12 @@
 #include "worker/engine/data.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 
@@ -17,28 +23,20 @@ constexpr int32_t kTokenMagic = 20240520;
 constexpr int32_t kTokenVersion = 1;
 constexpr int kHeaderInts = 256;
 
-absl::StatusOr<std::vector<uint16_t>> ReadTokenFile(const std::string& field,
-                                                    const std::string& path,
-                                                    int vocab_size,
-                                                    const ConfinedFs& fs) {
-  auto bytes = fs.ReadFile(path, field);
-  if (!bytes.ok()) return bytes.status();
-  return ParseTokenFile(*bytes, field, path, vocab_size);
-}
-
-}  // namespace
-
-absl::StatusOr<std::vector<uint16_t>> ParseTokenFile(absl::string_view b,
-                                                     absl::string_view field,
-                                                     absl::string_view path,
-                                                     int vocab_size) {
-  if (b.size() < kHeaderInts * sizeof(int32_t)) {
+// The token count of an llm.c token file of `file_bytes` bytes whose first
+// bytes are `head` (at least the header's when the file has them).
+absl::StatusOr<int64_t> CheckTokenHeader(absl::string_view head,
+                                         int64_t file_bytes,
+                                         absl::string_view field,
+                                         absl::string_view path) {
+  int32_t header[kHeaderInts];
+  if (file_bytes < static_cast<int64_t>(sizeof(header)) ||
+      head.size() < sizeof(header)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ": '", path, "' is ", b.size(),
+        absl::StrCat(field, ": '", path, "' is ", file_bytes,
                      " bytes, shorter than the 1024-byte llm.c token header"));
   }
-  int32_t header[kHeaderInts];
-  std::memcpy(header, b.data(), sizeof(header));
+  std::memcpy(header, head.data(), sizeof(header));
   if (header[0] != kTokenMagic) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": '", path, "' has bad magic ", header[0],
@@ -51,25 +49,136 @@ absl::StatusOr<std::vector<uint16_t>> ParseTokenFile(absl::string_view b,
   }
   const int64_t count = header[2];
   const int64_t want = static_cast<int64_t>(sizeof(header)) + 2 * count;
-  if (count < 0 || static_cast<int64_t>(b.size()) != want) {
+  if (count < 0 || file_bytes != want) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": '", path, "' header says ", count, " tokens (",
-                     want, " bytes) but the file has ", b.size(), " bytes"));
+                     want, " bytes) but the file has ", file_bytes, " bytes"));
   }
+  return count;
+}
+
+// Ok when every token is below vocab_size, else the error naming the first
+// that is not.
+absl::Status CheckTokensInVocabulary(const uint16_t* tokens, int64_t count,
+                                     int vocab_size, absl::string_view field,
+                                     absl::string_view path) {
+  // The first offender over all threads (a file can be gigabytes).
+  int64_t first = count;
+#pragma omp parallel for schedule(static) reduction(min : first)
+  for (int64_t i = 0; i < count; ++i) {
+    if (tokens[i] >= vocab_size && i < first) first = i;
+  }
+  if (first == count) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": token ", tokens[first], " at position ", first, " of '", path,
+      "' is outside the model's vocabulary of ", vocab_size));
+}
+
+absl::StatusOr<TokenStream> ReadTokenFile(const std::string& field,
+                                          const std::string& path,
+                                          int vocab_size,
+                                          const ConfinedFs& fs) {
+  auto fd = fs.Open(path, O_RDONLY, field);
+  if (!fd.ok()) return fd.status();
+  return TokenStream::MapTokenFile(fd->get(), field, path, vocab_size);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<uint16_t>> ParseTokenFile(absl::string_view b,
+                                                     absl::string_view field,
+                                                     absl::string_view path,
+                                                     int vocab_size) {
+  auto count = CheckTokenHeader(b, static_cast<int64_t>(b.size()), field, path);
+  if (!count.ok()) return count.status();
   // Byte copy, not a cast: the body need not be aligned. An empty file
   // has no body to copy (and an empty vector no storage).
-  std::vector<uint16_t> tokens(count);
-  if (count > 0) {
-    std::memcpy(tokens.data(), b.data() + sizeof(header), 2 * count);
+  std::vector<uint16_t> tokens(*count);
+  if (*count > 0) {
+    std::memcpy(tokens.data(), b.data() + kHeaderInts * sizeof(int32_t),
+                2 * *count);
   }
-  for (int64_t i = 0; i < count; ++i) {
-    if (tokens[i] >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": token ", tokens[i], " at position ", i, " of '", path,
-          "' is outside the model's vocabulary of ", vocab_size));
-    }
+  if (absl::Status s = CheckTokensInVocabulary(tokens.data(), *count,
+                                               vocab_size, field, path);
+      !s.ok()) {
+    return s;
   }
   return tokens;
+}
+
+TokenStream::TokenStream(std::vector<uint16_t> tokens)
+    : owned_(std::move(tokens)), data_(owned_.data()), size_(owned_.size()) {}
+
+TokenStream::TokenStream(TokenStream&& o) noexcept { *this = std::move(o); }
+
+TokenStream& TokenStream::operator=(TokenStream&& o) noexcept {
+  if (this == &o) return *this;
+  Reset();
+  owned_ = std::move(o.owned_);
+  map_ = o.map_;
+  map_bytes_ = o.map_bytes_;
+  size_ = o.size_;
+  // A moved vector keeps its storage: data_ stays valid either way.
+  data_ = map_ != nullptr ? o.data_ : owned_.data();
+  o.map_ = nullptr;
+  o.map_bytes_ = 0;
+  o.data_ = nullptr;
+  o.size_ = 0;
+  return *this;
+}
+
+TokenStream::~TokenStream() { Reset(); }
+
+void TokenStream::Reset() {
+  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+  map_ = nullptr;
+  map_bytes_ = 0;
+  owned_.clear();
+  data_ = nullptr;
+  size_ = 0;
+}
+
+absl::StatusOr<TokenStream> TokenStream::MapTokenFile(int fd,
+                                                      absl::string_view field,
+                                                      absl::string_view path,
+                                                      int vocab_size) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    return absl::InternalError(absl::StrCat(field, ": cannot stat '", path,
+                                            "': ", std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", path, "' is not a regular file"));
+  }
+  char head[kHeaderInts * sizeof(int32_t)];
+  const ssize_t got = ::pread(fd, head, sizeof(head), 0);
+  if (got < 0) {
+    return absl::InternalError(absl::StrCat(field, ": cannot read '", path,
+                                            "': ", std::strerror(errno)));
+  }
+  auto count =
+      CheckTokenHeader(absl::string_view(head, got), st.st_size, field, path);
+  if (!count.ok()) return count.status();
+  TokenStream out;
+  if (*count == 0) return out;
+  void* map = ::mmap(nullptr, st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) {
+    return absl::InternalError(absl::StrCat(field, ": cannot map '", path,
+                                            "': ", std::strerror(errno)));
+  }
+  out.map_ = map;
+  out.map_bytes_ = st.st_size;
+  // The body starts 1024 bytes into a page-aligned mapping: aligned.
+  out.data_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map) +
+                                                sizeof(head));
+  out.size_ = *count;
+  if (absl::Status s =
+          CheckTokensInVocabulary(out.data_, *count, vocab_size, field, path);
+      !s.ok()) {
+    return s;
+  }
+  return out;
 }
 
 CharTokenizer::CharTokenizer(std::string vocab) : vocab_(std::move(vocab)) {
@@ -127,8 +236,10 @@ absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
     const auto n_val = static_cast<size_t>(static_cast<double>(ids.size()) *
                                            spec.val_fraction());
     const size_t n_train = ids.size() - n_val;
-    data.train.assign(ids.begin(), ids.begin() + n_train);
-    data.val.assign(ids.begin() + n_train, ids.end());
+    data.train =
+        TokenStream(std::vector<uint16_t>(ids.begin(), ids.begin() + n_train));
+    data.val =
+        TokenStream(std::vector<uint16_t>(ids.begin() + n_train, ids.end()));
   } else {
     data.vocab_size = model_vocab_size != 0 ? model_vocab_size : kGpt2VocabSize;
     auto train =
@@ -167,9 +278,8 @@ absl::Status WriteTokenFile(const std::string& path,
   return absl::OkStatus();
 }
 
-BatchSampler::BatchSampler(const std::vector<uint16_t>* tokens, int T,
-                           int global_batch, uint64_t seed,
-                           std::string_view stream)
+BatchSampler::BatchSampler(const TokenStream* tokens, int T, int global_batch,
+                           uint64_t seed, std::string_view stream)
     : tokens_(tokens),
       T_(T),
       global_batch_(global_batch),

@@ -34,8 +34,49 @@ class CharTokenizer {
   int id_of_[256];
 };
 
+// A read-only run of tokens: a vector of its own (text data), or the body
+// of an llm.c token file mapped read-only, whose pages the kernel shares
+// among every rank of the machine that maps the file and reads only where
+// batches are drawn. Rewriting a mapped file in place is undefined for the
+// run that maps it (truncating it kills the rank with SIGBUS; the job then
+// restarts from its last checkpoint); data tools write a new file and
+// rename it, which a running job does not see.
+class TokenStream {
+ public:
+  TokenStream() = default;
+  explicit TokenStream(std::vector<uint16_t> tokens);
+  TokenStream(TokenStream&& o) noexcept;
+  TokenStream& operator=(TokenStream&& o) noexcept;
+  TokenStream(const TokenStream&) = delete;
+  TokenStream& operator=(const TokenStream&) = delete;
+  ~TokenStream();
+
+  // The llm.c token file open as `fd` (`field` and `path` name it in
+  // errors): its header checked as ParseTokenFile checks it, its body
+  // mapped, every token checked to be below vocab_size.
+  static absl::StatusOr<TokenStream> MapTokenFile(int fd,
+                                                  absl::string_view field,
+                                                  absl::string_view path,
+                                                  int vocab_size);
+
+  const uint16_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const uint16_t* begin() const { return data_; }
+  const uint16_t* end() const { return data_ + size_; }
+  bool mapped() const { return map_ != nullptr; }
+
+ private:
+  void Reset();
+
+  std::vector<uint16_t> owned_;
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  const uint16_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
 struct TokenData {
-  std::vector<uint16_t> train, val;
+  TokenStream train, val;
   int vocab_size = 0;
   // Set for text data: the tokenizer recorded with the model.
   bool has_tokenizer = false;
@@ -66,7 +107,7 @@ absl::Status WriteTokenFile(const std::string& path,
 // (seed, stream, b·global_batch + i). A rank fills only its own sequences.
 class BatchSampler {
  public:
-  BatchSampler(const std::vector<uint16_t>* tokens, int T, int global_batch,
+  BatchSampler(const TokenStream* tokens, int T, int global_batch,
                uint64_t seed, std::string_view stream);
   // inputs and targets are (count,T): sequences [first, first+count) of
   // batch b; targets are inputs shifted by one token.
@@ -74,7 +115,7 @@ class BatchSampler {
             int32_t* targets) const;
 
  private:
-  const std::vector<uint16_t>* tokens_;
+  const TokenStream* tokens_;
   const int T_, global_batch_;
   const uint64_t seed_, stream_;
 };

@@ -159,8 +159,9 @@ TEST(GptInit, WeightsHaveTheGpt2StandardDeviations) {
 }
 
 TEST(BatchSampler, GlobalBatchIsAPureFunctionOfSeedAndStep) {
-  std::vector<uint16_t> tokens(1000);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = i % 50;
+  std::vector<uint16_t> ids(1000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = i % 50;
+  const TokenStream tokens(ids);
   const int T = 8, GB = 6;
   BatchSampler s(&tokens, T, GB, 5, "train");
   std::vector<int32_t> whole_in(GB * T), whole_tg(GB * T);
@@ -232,12 +233,17 @@ TEST(TokenData, LlmcTokenFilesLoadAndBadHeadersAreRefused) {
   auto data = LoadTokenData(spec, 0, 16);
   ASSERT_TRUE(data.ok()) << data.status();
   EXPECT_EQ(data->vocab_size, 50257);
-  EXPECT_EQ(data->train, toks);
+  EXPECT_EQ(std::vector<uint16_t>(data->train.begin(), data->train.end()),
+            toks);
+  // The file's body, mapped: no copy of it in the process.
+  EXPECT_TRUE(data->train.mapped());
 
   // Token 99 does not fit a vocabulary of 50.
   auto small = LoadTokenData(spec, 50, 16);
   ASSERT_FALSE(small.ok());
-  EXPECT_NE(small.status().message().find("data.train_bin: token"),
+  // The first one out of range: (8·7) % 100 = 56 at position 8.
+  EXPECT_NE(small.status().message().find("data.train_bin: token 56 at "
+                                          "position 8 "),
             std::string::npos)
       << small.status();
 
