@@ -126,8 +126,10 @@ double RunConfig(const Config& c, const std::string& precision, double peak) {
   malloc_trim(0);  // drop the data loader's freed temporaries
   const int64_t rss1 = ProcStatusBytes("VmRSS");
   // The token arrays are data, not training state.
-  const int64_t data_bytes = static_cast<int64_t>(
-      (tr.data().train.size() + tr.data().val.size()) * sizeof(uint16_t));
+  const int64_t data_bytes =
+      static_cast<int64_t>((ptrain::TokenCount(tr.data().train) +
+                            ptrain::TokenCount(tr.data().val)) *
+                           sizeof(uint16_t));
   std::printf(
       "config %s %s (L%d H%d C%d T%d B%d, %lld params): %.1f ms/step (best "
       "%.1f), %.0f tok/s, %.1f GFLOP/s, MFU %.1f%% of %s peak\n",

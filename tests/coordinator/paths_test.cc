@@ -36,6 +36,18 @@ TEST_F(PathsTest, RelativePathUnderRootResolvesToAbsolute) {
   EXPECT_EQ(*p, (base_ / "data" / "x.txt").string());
 }
 
+// A pattern of token shards (data.train_bin): its folder resolves like any
+// path's and its file name stays a pattern, for the ranks to match.
+TEST_F(PathsTest, ShardPatternResolvesItsFolderAndKeepsItsName) {
+  auto p =
+      ConfinePath("data.train_bin", "data/train_*.bin", base_.string(), roots_);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(*p, (base_ / "data" / "train_*.bin").string());
+  EXPECT_FALSE(ConfinePath("data.train_bin", "data/link/train_*.bin",
+                           base_.string(), roots_)
+                   .ok());
+}
+
 TEST_F(PathsTest, DotDotEscapeIsRefusedNamingTheField) {
   auto p =
       ConfinePath("data.path", "data/../outside/x", base_.string(), roots_);

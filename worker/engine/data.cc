@@ -1,6 +1,7 @@
 #include "worker/engine/data.h"
 
 #include <fcntl.h>
+#include <glob.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,10 +9,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "common/spec.h"
 #include "worker/engine/rng.h"
 
@@ -74,13 +77,73 @@ absl::Status CheckTokensInVocabulary(const uint16_t* tokens, int64_t count,
       "' is outside the model's vocabulary of ", vocab_size));
 }
 
-absl::StatusOr<TokenStream> ReadTokenFile(const std::string& field,
-                                          const std::string& path,
-                                          int vocab_size,
-                                          const ConfinedFs& fs) {
-  auto fd = fs.Open(path, O_RDONLY, field);
-  if (!fd.ok()) return fd.status();
-  return TokenStream::MapTokenFile(fd->get(), field, path, vocab_size);
+// The files `value` names: itself when it has no wildcard or is a file,
+// else the files its name (the only part that may be a pattern) matches
+// in its folder, sorted.
+absl::StatusOr<std::vector<std::string>> TokenFiles(const std::string& field,
+                                                    const std::string& value,
+                                                    const ConfinedFs& fs) {
+  const std::filesystem::path path(value);
+  constexpr char kWild[] = "*?[";
+  if (value.find_first_of(kWild) == std::string::npos) {
+    return std::vector<std::string>{value};
+  }
+  if (auto exists = fs.Exists(value, field); exists.ok() && *exists) {
+    return std::vector<std::string>{value};
+  }
+  const std::string folder = path.parent_path().string();
+  if (folder.find_first_of(kWild) != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", value,
+                     "' has wildcards outside the file name; only the file "
+                     "name may be a pattern"));
+  }
+  // The folder is listed only where the job may read.
+  if (absl::Status s = fs.Check(folder.empty() ? "." : folder, field);
+      !s.ok()) {
+    return s;
+  }
+  glob_t g{};
+  const int rc = ::glob(value.c_str(), GLOB_ERR, nullptr, &g);
+  std::vector<std::string> files;
+  if (rc == 0) files.assign(g.gl_pathv, g.gl_pathv + g.gl_pathc);
+  ::globfree(&g);
+  if (rc == GLOB_NOMATCH || (rc == 0 && files.empty())) {
+    return absl::NotFoundError(
+        absl::StrCat(field, ": no file matches '", value, "'"));
+  }
+  if (rc != 0) {
+    return absl::InternalError(
+        absl::StrCat(field, ": cannot list the files of '", value, "'"));
+  }
+  return files;  // glob sorts them
+}
+
+// Every file `value` names, mapped and checked, in order.
+absl::StatusOr<TokenShards> ReadTokenFiles(const std::string& field,
+                                           const std::string& value,
+                                           int vocab_size,
+                                           const ConfinedFs& fs) {
+  auto files = TokenFiles(field, value, fs);
+  if (!files.ok()) return files.status();
+  TokenShards shards;
+  for (const std::string& path : *files) {
+    auto fd = fs.Open(path, O_RDONLY, field);
+    if (!fd.ok()) return fd.status();
+    auto stream = TokenStream::MapTokenFile(fd->get(), field, path, vocab_size);
+    if (!stream.ok()) return stream.status();
+    shards.push_back(std::move(*stream));
+  }
+  return shards;
+}
+
+// The most tokens one shard holds.
+int64_t LongestShard(const TokenShards& shards) {
+  int64_t most = 0;
+  for (const TokenStream& s : shards) {
+    most = std::max(most, static_cast<int64_t>(s.size()));
+  }
+  return most;
 }
 
 }  // namespace
@@ -236,27 +299,30 @@ absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
     const auto n_val = static_cast<size_t>(static_cast<double>(ids.size()) *
                                            spec.val_fraction());
     const size_t n_train = ids.size() - n_val;
-    data.train =
-        TokenStream(std::vector<uint16_t>(ids.begin(), ids.begin() + n_train));
-    data.val =
-        TokenStream(std::vector<uint16_t>(ids.begin() + n_train, ids.end()));
+    data.train.push_back(
+        TokenStream(std::vector<uint16_t>(ids.begin(), ids.begin() + n_train)));
+    data.val.push_back(
+        TokenStream(std::vector<uint16_t>(ids.begin() + n_train, ids.end())));
   } else {
     data.vocab_size = model_vocab_size != 0 ? model_vocab_size : kGpt2VocabSize;
     auto train =
-        ReadTokenFile("data.train_bin", spec.train_bin(), data.vocab_size, fs);
+        ReadTokenFiles("data.train_bin", spec.train_bin(), data.vocab_size, fs);
     if (!train.ok()) return train.status();
     auto val =
-        ReadTokenFile("data.val_bin", spec.val_bin(), data.vocab_size, fs);
+        ReadTokenFiles("data.val_bin", spec.val_bin(), data.vocab_size, fs);
     if (!val.ok()) return val.status();
     data.train = std::move(*train);
     data.val = std::move(*val);
   }
-  const auto need = static_cast<size_t>(block_size) + 1;
-  if (data.train.size() < need || data.val.size() < need) {
+  // A sequence and its shifted target lie in one shard.
+  const int64_t need = int64_t{block_size} + 1;
+  const int64_t train = LongestShard(data.train), val = LongestShard(data.val);
+  if (train < need || val < need) {
+    const bool shards = data.train.size() > 1 || data.val.size() > 1;
     return absl::InvalidArgumentError(absl::StrCat(
-        "model.block_size=", block_size,
-        " is too large for the data: the train split (", data.train.size(),
-        " tokens) and the validation split (", data.val.size(),
+        "model.block_size=", block_size, " is too large for the data: the ",
+        shards ? "longest file of the " : "", "train split (", train,
+        " tokens) and ", shards ? "of " : "", "the validation split (", val,
         " tokens) must each hold at least model.block_size+1 = ", need,
         " tokens"));
   }
@@ -278,22 +344,39 @@ absl::Status WriteTokenFile(const std::string& path,
   return absl::OkStatus();
 }
 
-BatchSampler::BatchSampler(const TokenStream* tokens, int T, int global_batch,
+int64_t TokenCount(const TokenShards& shards) {
+  int64_t n = 0;
+  for (const TokenStream& s : shards) n += static_cast<int64_t>(s.size());
+  return n;
+}
+
+BatchSampler::BatchSampler(const TokenShards* shards, int T, int global_batch,
                            uint64_t seed, std::string_view stream)
-    : tokens_(tokens),
+    : shards_(shards),
       T_(T),
       global_batch_(global_batch),
       seed_(seed),
-      stream_(StableHash(stream)) {}
+      stream_(StableHash(stream)) {
+  // Starting positions 0 .. n-T-1 of a shard of n tokens leave room for the
+  // shifted target.
+  starts_.push_back(0);
+  for (const TokenStream& s : *shards_) {
+    const uint64_t n = s.size() > static_cast<size_t>(T) ? s.size() - T : 0;
+    starts_.push_back(starts_.back() + n);
+  }
+  PT_CHECK(starts_.back() > 0, "no shard holds a sequence (validated)");
+}
 
 void BatchSampler::Fill(int64_t b, int first, int count, int32_t* inputs,
                         int32_t* targets) const {
-  // Starting positions 0 .. n-T-1 leave room for the shifted target.
-  const uint64_t span = tokens_->size() - static_cast<size_t>(T_);
   for (int i = 0; i < count; ++i) {
     const uint64_t index = static_cast<uint64_t>(b) * global_batch_ + first + i;
-    const uint64_t start = CounterRandom64(seed_, stream_, index) % span;
-    const uint16_t* src = tokens_->data() + start;
+    const uint64_t start =
+        CounterRandom64(seed_, stream_, index) % starts_.back();
+    // The shard k with starts_[k] <= start < starts_[k + 1].
+    const size_t k = std::upper_bound(starts_.begin(), starts_.end(), start) -
+                     starts_.begin() - 1;
+    const uint16_t* src = (*shards_)[k].data() + (start - starts_[k]);
     for (int t = 0; t < T_; ++t) {
       inputs[static_cast<int64_t>(i) * T_ + t] = src[t];
       targets[static_cast<int64_t>(i) * T_ + t] = src[t + 1];

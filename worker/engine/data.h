@@ -75,8 +75,13 @@ class TokenStream {
   size_t size_ = 0;
 };
 
+// The tokens of a split: one stream (a text's, or one token file's), or
+// the shards of a corpus in order (data.train_bin: 'fineweb_train_*.bin').
+using TokenShards = std::vector<TokenStream>;
+int64_t TokenCount(const TokenShards& shards);
+
 struct TokenData {
-  TokenStream train, val;
+  TokenShards train, val;
   int vocab_size = 0;
   // Set for text data: the tokenizer recorded with the model.
   bool has_tokenizer = false;
@@ -86,7 +91,10 @@ struct TokenData {
 // Loads the data of `spec` through `fs` (confined to the data roots),
 // checking it against the model's vocabulary (model_vocab_size 0: take the
 // data's) and the context length. Errors name the spec field:
-// "data.train_bin: bad magic 1234 (expected 20240520)".
+// "data.train_bin: bad magic 1234 (expected 20240520)". data.train_bin and
+// data.val_bin are a file, or a pattern of shards with wildcards (* ? [..])
+// in the file name only, matched in sorted order (a file whose name is
+// the pattern itself is that file).
 absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
                                         int model_vocab_size, int block_size,
                                         const ConfinedFs& fs = ConfinedFs());
@@ -103,11 +111,13 @@ absl::StatusOr<std::vector<uint16_t>> ParseTokenFile(absl::string_view bytes,
 absl::Status WriteTokenFile(const std::string& path,
                             const std::vector<uint16_t>& tokens);
 
-// Batch b of a token stream: sequence i starts at a position drawn from
-// (seed, stream, b·global_batch + i). A rank fills only its own sequences.
+// Batch b of a split: sequence i starts at a position drawn from (seed,
+// stream, b·global_batch + i) among the positions of every shard that
+// leave T+1 tokens in that shard (a sequence never spans two shards). A
+// rank fills only its own sequences.
 class BatchSampler {
  public:
-  BatchSampler(const TokenStream* tokens, int T, int global_batch,
+  BatchSampler(const TokenShards* shards, int T, int global_batch,
                uint64_t seed, std::string_view stream);
   // inputs and targets are (count,T): sequences [first, first+count) of
   // batch b; targets are inputs shifted by one token.
@@ -115,7 +125,9 @@ class BatchSampler {
             int32_t* targets) const;
 
  private:
-  const TokenStream* tokens_;
+  const TokenShards* shards_;
+  // starts_[k]: the sequence starts in shards before k (size + 1 entries).
+  std::vector<uint64_t> starts_;
   const int T_, global_batch_;
   const uint64_t seed_, stream_;
 };

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "common/spec.h"
 #include "worker/engine/data.h"
@@ -161,7 +162,8 @@ TEST(GptInit, WeightsHaveTheGpt2StandardDeviations) {
 TEST(BatchSampler, GlobalBatchIsAPureFunctionOfSeedAndStep) {
   std::vector<uint16_t> ids(1000);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = i % 50;
-  const TokenStream tokens(ids);
+  TokenShards tokens;
+  tokens.push_back(TokenStream(ids));
   const int T = 8, GB = 6;
   BatchSampler s(&tokens, T, GB, 5, "train");
   std::vector<int32_t> whole_in(GB * T), whole_tg(GB * T);
@@ -198,13 +200,92 @@ TEST(TokenData, CharTokenizerRoundTripsAndSplitsTheTail) {
   auto data = LoadTokenData(spec, 0, 8);
   ASSERT_TRUE(data.ok()) << data.status();
   EXPECT_EQ(data->vocab_size, 9);  // "\n dehlorw"
-  EXPECT_EQ(data->train.size(), 900u);
-  EXPECT_EQ(data->val.size(), 300u);
-  std::vector<int32_t> ids(data->val.begin(), data->val.begin() + 12);
+  ASSERT_EQ(data->train.size(), 1u);
+  EXPECT_EQ(data->train[0].size(), 900u);
+  EXPECT_EQ(data->val[0].size(), 300u);
+  std::vector<int32_t> ids(data->val[0].begin(), data->val[0].begin() + 12);
   EXPECT_EQ(data->tokenizer.Decode(ids), "hello world\n");
   EXPECT_EQ(LoadTokenData(spec, 10, 8).status().code(),
             absl::StatusCode::kInvalidArgument);
   std::filesystem::remove(path);
+}
+
+// data.train_bin as a pattern: its shards in sorted order; every sequence
+// lies inside one shard, and every shard is drawn from. A pattern that
+// matches nothing, or with wildcards in its folder, is refused naming the
+// field; a file named like a pattern is that file.
+TEST(TokenData, TokenFileShardsByPattern) {
+  const std::string dir = TempPath("shards");
+  std::filesystem::create_directories(dir);
+  // Shard k holds tokens 100·k + (0..49): a sequence's tokens say which
+  // shard it came from.
+  for (int k = 2; k >= 0; --k) {
+    std::vector<uint16_t> toks(50);
+    for (int i = 0; i < 50; ++i) toks[i] = 100 * k + i;
+    ASSERT_TRUE(
+        WriteTokenFile(dir + "/train_00" + std::to_string(k) + ".bin", toks)
+            .ok());
+  }
+  ASSERT_TRUE(
+      WriteTokenFile(dir + "/val.bin", std::vector<uint16_t>(40, 7)).ok());
+  v1::DataSpec spec;
+  spec.set_train_bin(dir + "/train_*.bin");
+  spec.set_val_bin(dir + "/val.bin");
+  const int T = 8;
+  auto data = LoadTokenData(spec, 0, T);
+  ASSERT_TRUE(data.ok()) << data.status();
+  ASSERT_EQ(data->train.size(), 3u);
+  EXPECT_EQ(TokenCount(data->train), 150);
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(data->train[k].data()[0], 100 * k);
+
+  const int GB = 64;
+  BatchSampler sampler(&data->train, T, GB, 1, "train");
+  std::vector<int32_t> in(GB * T), tg(GB * T);
+  std::set<int> seen;
+  for (int b = 0; b < 8; ++b) {
+    sampler.Fill(b, 0, GB, in.data(), tg.data());
+    for (int i = 0; i < GB; ++i) {
+      const int shard = in[i * T] / 100;
+      seen.insert(shard);
+      for (int t = 0; t < T; ++t) {
+        // Consecutive tokens of one shard, the target one further.
+        ASSERT_EQ(in[i * T + t], in[i * T] + t);
+        ASSERT_EQ(tg[i * T + t], in[i * T] + t + 1);
+        ASSERT_LT(tg[i * T + t] - 100 * shard, 50);
+      }
+    }
+  }
+  EXPECT_EQ(seen, (std::set<int>{0, 1, 2}));
+
+  spec.set_train_bin(dir + "/nothing_*.bin");
+  auto none = LoadTokenData(spec, 0, T);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().message(),
+            "data.train_bin: no file matches '" + dir + "/nothing_*.bin'");
+  spec.set_train_bin(dir + "/*/train.bin");
+  auto folder = LoadTokenData(spec, 0, T);
+  ASSERT_FALSE(folder.ok());
+  EXPECT_NE(folder.status().message().find("only the file name may be a "
+                                           "pattern"),
+            std::string::npos)
+      << folder.status();
+  // A literal file whose name has a wildcard character.
+  std::vector<uint16_t> star(30, 3);
+  ASSERT_TRUE(WriteTokenFile(dir + "/train_*.bin", star).ok());
+  spec.set_train_bin(dir + "/train_*.bin");
+  auto literal = LoadTokenData(spec, 0, T);
+  ASSERT_TRUE(literal.ok()) << literal.status();
+  ASSERT_EQ(literal->train.size(), 1u);
+  EXPECT_EQ(literal->train[0].size(), 30u);
+  // Shards shorter than a sequence: the longest decides.
+  std::filesystem::remove(dir + "/train_*.bin");
+  auto longer = LoadTokenData(spec, 0, 50);
+  ASSERT_FALSE(longer.ok());
+  EXPECT_NE(longer.status().message().find(
+                "the longest file of the train split (50 tokens)"),
+            std::string::npos)
+      << longer.status();
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TokenData, VocabularyMismatchNamesTheField) {
@@ -233,10 +314,11 @@ TEST(TokenData, LlmcTokenFilesLoadAndBadHeadersAreRefused) {
   auto data = LoadTokenData(spec, 0, 16);
   ASSERT_TRUE(data.ok()) << data.status();
   EXPECT_EQ(data->vocab_size, 50257);
-  EXPECT_EQ(std::vector<uint16_t>(data->train.begin(), data->train.end()),
+  ASSERT_EQ(data->train.size(), 1u);
+  EXPECT_EQ(std::vector<uint16_t>(data->train[0].begin(), data->train[0].end()),
             toks);
   // The file's body, mapped: no copy of it in the process.
-  EXPECT_TRUE(data->train.mapped());
+  EXPECT_TRUE(data->train[0].mapped());
 
   // Token 99 does not fit a vocabulary of 50.
   auto small = LoadTokenData(spec, 50, 16);
