@@ -2,15 +2,18 @@
 
 #include <fcntl.h>
 #include <glob.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -75,6 +78,91 @@ absl::Status CheckTokensInVocabulary(const uint16_t* tokens, int64_t count,
   return absl::InvalidArgumentError(absl::StrCat(
       field, ": token ", tokens[first], " at position ", first, " of '", path,
       "' is outside the model's vocabulary of ", vocab_size));
+}
+
+// A read of a mapped token file past its end (the file was truncated while
+// mapped) raises SIGBUS. The mappings are registered here so that the
+// handler names the file and ends the rank with exit 1, a failure during
+// training (the job restarts from its last checkpoint and maps the file
+// anew), instead of a bare crash. Registration happens while loading, on
+// one thread; the handler only reads.
+struct MappedFile {
+  std::atomic<const char*> begin{nullptr};
+  const char* end = nullptr;
+  char path[512] = {};
+};
+constexpr int kMaxMappedFiles = 4096;
+MappedFile g_mapped[kMaxMappedFiles];
+std::atomic<int> g_mapped_count{0};
+struct sigaction g_previous_sigbus {};
+
+void WriteStderr(const char* text) {
+  const ssize_t ignored = ::write(STDERR_FILENO, text, std::strlen(text));
+  (void)ignored;
+}
+
+void OnSigbus(int sig, siginfo_t* info, void* context) {
+  const char* addr = static_cast<const char*>(info->si_addr);
+  const int n = g_mapped_count.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    const char* begin = g_mapped[i].begin.load(std::memory_order_acquire);
+    if (begin != nullptr && addr >= begin && addr < g_mapped[i].end) {
+      WriteStderr("ptworker: error: token file '");
+      WriteStderr(g_mapped[i].path);
+      WriteStderr(
+          "' became shorter while this rank reads it (SIGBUS); write new "
+          "data to a new file and rename it over the old one instead\n");
+      ::_exit(1);
+    }
+  }
+  // Not a token file: what the signal did before, for the fault to be
+  // reported as it would have been.
+  if (g_previous_sigbus.sa_flags & SA_SIGINFO) {
+    if (g_previous_sigbus.sa_sigaction != nullptr) {
+      g_previous_sigbus.sa_sigaction(sig, info, context);
+      return;
+    }
+  } else if (g_previous_sigbus.sa_handler != SIG_IGN &&
+             g_previous_sigbus.sa_handler != SIG_DFL) {
+    g_previous_sigbus.sa_handler(sig);
+    return;
+  }
+  ::signal(SIGBUS, SIG_DFL);  // the faulting read runs again and ends us
+}
+
+// Registers [begin, begin + bytes) as token file `path`; the slot's index,
+// or -1 when every slot is taken (then a truncation is a bare SIGBUS).
+int RegisterMapping(const char* begin, size_t bytes, absl::string_view path) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = OnSigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, &g_previous_sigbus);
+  });
+  // A freed slot first, else a new one.
+  int slot = -1;
+  const int n = g_mapped_count.load(std::memory_order_acquire);
+  for (int i = 0; i < n && slot < 0; ++i) {
+    if (g_mapped[i].begin.load(std::memory_order_acquire) == nullptr) slot = i;
+  }
+  if (slot < 0) {
+    if (n == kMaxMappedFiles) return -1;
+    slot = n;
+  }
+  MappedFile& m = g_mapped[slot];
+  const size_t len = std::min(path.size(), sizeof(m.path) - 1);
+  std::memcpy(m.path, path.data(), len);
+  m.path[len] = '\0';
+  m.end = begin + bytes;
+  m.begin.store(begin, std::memory_order_release);
+  if (slot == n) g_mapped_count.store(n + 1, std::memory_order_release);
+  return slot;
+}
+
+void UnregisterMapping(int slot) {
+  if (slot >= 0) g_mapped[slot].begin.store(nullptr, std::memory_order_release);
 }
 
 // The files `value` names: itself when it has no wildcard or is a file,
@@ -180,6 +268,8 @@ TokenStream& TokenStream::operator=(TokenStream&& o) noexcept {
   owned_ = std::move(o.owned_);
   map_ = o.map_;
   map_bytes_ = o.map_bytes_;
+  guard_ = o.guard_;
+  o.guard_ = -1;
   size_ = o.size_;
   // A moved vector keeps its storage: data_ stays valid either way.
   data_ = map_ != nullptr ? o.data_ : owned_.data();
@@ -193,6 +283,8 @@ TokenStream& TokenStream::operator=(TokenStream&& o) noexcept {
 TokenStream::~TokenStream() { Reset(); }
 
 void TokenStream::Reset() {
+  UnregisterMapping(guard_);
+  guard_ = -1;
   if (map_ != nullptr) ::munmap(map_, map_bytes_);
   map_ = nullptr;
   map_bytes_ = 0;
@@ -232,6 +324,7 @@ absl::StatusOr<TokenStream> TokenStream::MapTokenFile(int fd,
   }
   out.map_ = map;
   out.map_bytes_ = st.st_size;
+  out.guard_ = RegisterMapping(static_cast<const char*>(map), st.st_size, path);
   // The body starts 1024 bytes into a page-aligned mapping: aligned.
   out.data_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map) +
                                                 sizeof(head));

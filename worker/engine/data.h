@@ -38,9 +38,10 @@ class CharTokenizer {
 // of an llm.c token file mapped read-only, whose pages the kernel shares
 // among every rank of the machine that maps the file and reads only where
 // batches are drawn. Rewriting a mapped file in place is undefined for the
-// run that maps it (truncating it kills the rank with SIGBUS; the job then
-// restarts from its last checkpoint); data tools write a new file and
-// rename it, which a running job does not see.
+// run that maps it; truncating it ends the rank (exit 1, a message naming
+// the file, from a SIGBUS handler) and the job restarts from its last
+// checkpoint. Data tools write a new file and rename it, which a running
+// job does not see.
 class TokenStream {
  public:
   TokenStream() = default;
@@ -71,6 +72,7 @@ class TokenStream {
   std::vector<uint16_t> owned_;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
+  int guard_ = -1;  // the mapping's slot in the SIGBUS handler's table
   const uint16_t* data_ = nullptr;
   size_t size_ = 0;
 };

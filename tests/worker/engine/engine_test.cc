@@ -2,7 +2,11 @@
 // table, the data sampler, token files, the schedule, clipping, gradient
 // accumulation over microbatches, and generation through the key/value
 // cache.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -286,6 +290,47 @@ TEST(TokenData, TokenFileShardsByPattern) {
             std::string::npos)
       << longer.status();
   std::filesystem::remove_all(dir);
+}
+
+// A token file truncated while mapped: reading past its new end ends the
+// rank with exit 1 and a message naming the file, not a bare SIGBUS; a
+// fault elsewhere is still the default crash.
+TEST(TokenDataDeathTest, TruncatedMappedFileEndsTheRankNamingIt) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string path = TempPath("truncated.bin");
+  ASSERT_TRUE(WriteTokenFile(path, std::vector<uint16_t>(1 << 16, 5)).ok());
+  auto read_after_truncation = [&] {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    auto stream = TokenStream::MapTokenFile(fd, "data.train_bin", path, 50257);
+    ::close(fd);
+    if (!stream.ok()) std::_Exit(3);
+    std::filesystem::resize_file(path, 1024);
+    volatile uint16_t last = stream->data()[stream->size() - 1];
+    (void)last;
+    std::_Exit(0);
+  };
+  EXPECT_EXIT(read_after_truncation(), ::testing::ExitedWithCode(1),
+              "token file '.*truncated.bin' became shorter while this rank "
+              "reads it");
+  // The handler installed, a mapping that is no token file: SIGBUS as ever.
+  const std::string other = TempPath("other.bin");
+  auto read_other = [&] {
+    ASSERT_TRUE(WriteTokenFile(path, std::vector<uint16_t>(64, 5)).ok());
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    auto stream = TokenStream::MapTokenFile(fd, "data.train_bin", path, 50257);
+    ::close(fd);
+    std::ofstream(other) << std::string(1 << 16, 'x');
+    const int ofd = ::open(other.c_str(), O_RDONLY);
+    void* map = ::mmap(nullptr, 1 << 16, PROT_READ, MAP_SHARED, ofd, 0);
+    ::close(ofd);
+    std::filesystem::resize_file(other, 0);
+    volatile char c = static_cast<const char*>(map)[(1 << 16) - 1];
+    (void)c;
+    std::_Exit(0);
+  };
+  EXPECT_EXIT(read_other(), ::testing::KilledBySignal(SIGBUS), "");
+  std::filesystem::remove(other);
+  std::filesystem::remove(path);
 }
 
 TEST(TokenData, VocabularyMismatchNamesTheField) {
