@@ -854,6 +854,22 @@ void EmitMessage(const Message& msg, YAML::Emitter* out) {
   *out << YAML::EndMap;
 }
 
+// The pipeline stages without a set layer count (parallel.first_stage_layers
+// and last_stage_layers, 0: unset) and the layers left for them, which
+// they share evenly.
+struct OtherStages {
+  int64_t count = 0;  // stages without a set count
+  int64_t rest = 0;   // the layers left for them
+  // Whether they can share `rest` evenly, at least one layer each.
+  bool fit() const {
+    return count == 0 ? rest == 0 : rest >= count && rest % count == 0;
+  }
+  int share() const { return count > 0 ? static_cast<int>(rest / count) : 0; }
+};
+OtherStages OtherStagesOf(int n_layer, int64_t stages, int first, int last) {
+  return {stages - (first > 0) - (last > 0), int64_t{n_layer} - first - last};
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<int>> PipelineStageLayers(const v1::ParallelSpec& p,
@@ -887,29 +903,27 @@ absl::StatusOr<std::vector<int>> PipelineStageLayers(const v1::ParallelSpec& p,
                  " requires more than one pipeline stage (parallel.pp=", pp,
                  ")");
   }
-  // The stages without a set count share what is left, evenly.
-  const int64_t others = stages - (first > 0) - (last > 0);
-  const int64_t rest = int64_t{n_layer} - first - last;
-  const std::string left = absl::StrCat(
-      "model.n_layer - parallel.first_stage_layers - "
-      "parallel.last_stage_layers = ",
-      n_layer, " - ", first, " - ", last, " = ", rest);
-  if (others == 0 && rest != 0) {
-    return Error(left, ": with two pipeline stages the two must add up to ",
-                 "model.n_layer");
+  const OtherStages others = OtherStagesOf(n_layer, stages, first, last);
+  if (!others.fit()) {
+    const std::string left = absl::StrCat(
+        "model.n_layer - parallel.first_stage_layers - "
+        "parallel.last_stage_layers = ",
+        n_layer, " - ", first, " - ", last, " = ", others.rest);
+    if (others.count == 0) {
+      return Error(left, ": with two pipeline stages the two must add up to ",
+                   "model.n_layer");
+    }
+    const std::string over = absl::StrCat(
+        " pipeline stages (parallel.pp × parallel.virtual_stages = ", stages,
+        " in all)");
+    if (others.rest < others.count) {
+      return Error(left, " layers for the other ", others.count, over,
+                   ": each stage needs at least one layer");
+    }
+    return Error(left, " layers do not split evenly over the other ",
+                 others.count, over);
   }
-  if (others > 0 && rest < others) {
-    return Error(left, " layers for the other ", others,
-                 " pipeline stages (parallel.pp × parallel.virtual_stages = ",
-                 stages, " in all): each stage needs at least one layer");
-  }
-  if (others > 0 && rest % others != 0) {
-    return Error(left, " layers do not split evenly over the other ", others,
-                 " pipeline stages (parallel.pp × parallel.virtual_stages = ",
-                 stages, " in all)");
-  }
-  const int share = others > 0 ? static_cast<int>(rest / others) : 0;
-  std::vector<int> layers(static_cast<size_t>(stages), share);
+  std::vector<int> layers(static_cast<size_t>(stages), others.share());
   if (first > 0) layers.front() = first;
   if (last > 0) layers.back() = last;
   return layers;
@@ -1249,12 +1263,9 @@ std::string UnevenStagesAdvice(const v1::JobSpec& spec) {
   // The cost of the slowest stage with `first` and `last` layers (0: the
   // even share of what is left) at the ends, or -1 where that is no split.
   auto slowest = [&](int first, int last) -> double {
-    const int64_t others = stages - (first > 0) - (last > 0);
-    const int64_t rest = int64_t{L} - first - last;
-    if (others == 0 ? rest != 0 : rest < others || rest % others != 0) {
-      return -1;
-    }
-    const double share = others > 0 ? double(rest / others) : 0;
+    const OtherStages others = OtherStagesOf(L, stages, first, last);
+    if (!others.fit()) return -1;
+    const double share = others.share();
     return std::max(
         {first > 0 ? first : share, share, (last > 0 ? last : share) + head});
   };
