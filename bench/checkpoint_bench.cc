@@ -1,8 +1,12 @@
 // Checkpoint save and load speed against the disk's plain sequential write
 // bandwidth for a file of the same size (write + fsync), and the time the
-// training loop is blocked by a save. Prints figures; never passes or fails.
+// training loop is blocked by a save; then whole training runs that save
+// every few steps, blocking against checkpoint.async_save (in the
+// background), alternated: run time and seconds blocked per save, from the
+// run log. Prints figures; never passes or fails.
 //
 //   build/bench/checkpoint_bench [--config S|M] [--dir DIR] [--reps N]
+//                                [--steps N] [--every N] [--threads N]
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -11,11 +15,16 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "bench/configs.h"
+#include "bench/stats.h"
 #include "common/spec.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
 #include "worker/engine/checkpoint.h"
 #include "worker/engine/trainer.h"
 
@@ -51,12 +60,72 @@ int64_t FolderBytes(const std::string& dir) {
   return n;
 }
 
+// The example spec with `overrides`; the error printed when it is bad.
+std::optional<ptrain::v1::JobSpec> BenchSpec(
+    const std::vector<std::string>& overrides) {
+  auto spec =
+      ptrain::LoadJobSpecFile("examples/shakespeare-char.yaml", overrides);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
+    return std::nullopt;
+  }
+  return *std::move(spec);
+}
+
+// One Run of `spec` (a save every checkpoint.every steps) with its run log
+// at `log`: the wall seconds, and the seconds the loop was blocked per save
+// and the thread's write seconds per save, averaged over the saves before
+// the last step (the last one is always blocking).
+struct RunTimes {
+  double wall = 0, blocked = 0, written = 0;
+  int saves = 0;
+};
+std::optional<RunTimes> TimedRun(const ptrain::v1::JobSpec& spec,
+                                 const std::string& log) {
+  fs::remove(log);
+  ptrain::TrainerOptions opt;
+  opt.peak_flops = 1e12;
+  opt.quiet = true;
+  opt.log_json_path = log;
+  auto trainer = ptrain::Trainer::Create(spec, opt);
+  if (!trainer.ok()) {
+    std::fprintf(stderr, "%s\n", trainer.status().ToString().c_str());
+    return std::nullopt;
+  }
+  RunTimes t;
+  const auto t0 = Clock::now();
+  if (auto s = (*trainer)->Run(); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return std::nullopt;
+  }
+  t.wall = Since(t0);
+  std::ifstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("type") != "checkpoint" ||
+        j.at("step").get<int64_t>() == spec.train().steps()) {
+      continue;
+    }
+    ++t.saves;
+    t.blocked += j.at("seconds").get<double>();
+    t.written += j.value("write_seconds", 0.0);
+  }
+  if (t.saves > 0) {
+    t.blocked /= t.saves;
+    t.written /= t.saves;
+  }
+  return t;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string config = "M", dir = "build/checkpoint_bench";
-  int reps = 3;
+  int reps = 3, steps = 24, every = 4, threads = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--every")) every = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--config")) config = argv[i + 1];
     if (!std::strcmp(argv[i], "--dir")) dir = argv[i + 1];
     if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
@@ -68,12 +137,8 @@ int main(int argc, char** argv) {
         std::string("checkpoint.keep_last=1"), "checkpoint.dir=" + dir}) {
     overrides.push_back(s);
   }
-  auto spec =
-      ptrain::LoadJobSpecFile("examples/shakespeare-char.yaml", overrides);
-  if (!spec.ok()) {
-    std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
-    return 2;
-  }
+  const auto spec = BenchSpec(overrides);
+  if (!spec.has_value()) return 2;
   ptrain::TrainerOptions opt;
   opt.peak_flops = 1e12;
   opt.quiet = true;
@@ -125,6 +190,57 @@ int main(int argc, char** argv) {
       "  checkpoint load (all tensors, checksums verified): %.3f s, "
       "%.0f MB/s\n",
       best_load, mb / best_load);
+
+  spdlog::set_level(spdlog::level::warn);
+  // Whole runs: a save every `every` steps, blocking and in the
+  // background, alternated `reps` times; medians.
+  std::vector<double> wall[2], blocked[2], written[2];
+  int saves = 0;
+  for (int r = 0; r < reps; ++r) {
+    for (int async = 0; async < 2; ++async) {
+      fs::remove_all(dir);
+      std::vector<std::string> o = overrides;
+      o.push_back("train.steps=" + std::to_string(steps));
+      o.push_back("checkpoint.every=" + std::to_string(every));
+      // 0: every core trains, and the writing thread takes from them.
+      o.push_back("resources.threads_per_rank=" + std::to_string(threads));
+      o.push_back(std::string("checkpoint.async_save=") +
+                  (async ? "true" : "false"));
+      for (const char* x : {"train.eval_every=0", "train.sample_tokens=0",
+                            "train.eval_batches=1"}) {
+        o.push_back(x);
+      }
+      const auto run_spec = BenchSpec(o);
+      if (!run_spec.has_value()) return 2;
+      fs::create_directories(dir);
+      const auto t = TimedRun(*run_spec, dir + "/../checkpoint_bench.jsonl");
+      if (!t.has_value()) return 1;
+      wall[async].push_back(t->wall);
+      blocked[async].push_back(t->blocked);
+      written[async].push_back(t->written);
+      saves = t->saves;
+    }
+  }
+  std::printf(
+      "training runs of %d steps, a save every %d (%d saves before the "
+      "last step, which blocks in both), %s, medians of %d alternated:\n",
+      steps, every, saves,
+      threads > 0 ? (std::to_string(threads) + " training threads").c_str()
+                  : "training on every core",
+      reps);
+  std::printf("  blocking:   run %.2f s, loop blocked %.3f s per save\n",
+              ptrain::Median(wall[0]), ptrain::Median(blocked[0]));
+  std::printf(
+      "  background: run %.2f s, loop blocked %.3f s per save (the thread "
+      "wrote for %.3f s)\n",
+      ptrain::Median(wall[1]), ptrain::Median(blocked[1]),
+      ptrain::Median(written[1]));
+  std::printf(
+      "  blocked per save: background / blocking = %.3f; run time: "
+      "background / blocking = %.3f\n",
+      ptrain::Median(blocked[1]) / ptrain::Median(blocked[0]),
+      ptrain::Median(wall[1]) / ptrain::Median(wall[0]));
   fs::remove_all(dir);
+  fs::remove(dir + "/../checkpoint_bench.jsonl");
   return 0;
 }

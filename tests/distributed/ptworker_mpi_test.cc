@@ -31,13 +31,13 @@ class PtworkerMpi : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  Result Mpirun(int n, const std::string& args) {
+  // `env`: "NAME=value ..." more for every rank.
+  Result Mpirun(int n, const std::string& args, const std::string& env = "") {
     const std::string err_file = (dir_ / "err.txt").string();
     // One OpenMP thread per rank, and ranks that yield while they wait:
     // more ranks than cores otherwise spin against each other.
     const std::string cmd =
-        std::string("OMP_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1 ") +
-        MPIEXEC +
+        env + " OMP_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1 " + MPIEXEC +
         " --allow-run-as-root --oversubscribe --mca btl self,vader,tcp -n " +
         std::to_string(n) + " " + PTWORKER_PATH + " --config " + PT_SOURCE_DIR +
         "/examples/shakespeare-char.yaml --peak-gflops 100 " + "--log-json " +
@@ -102,6 +102,64 @@ TEST_F(PtworkerMpi, ZeroThreeRunHasRankZeroWriteTheLogAlone) {
   // Two ranks appending to one file would double every line.
   EXPECT_EQ(steps, 4);
   EXPECT_EQ(memory, 1);
+}
+
+// checkpoint.async_save over four ranks (dp=2 x pp=2, ZeRO-1): the ranks
+// train on while their shards are written (the save of step 2 is logged
+// after step 3), and every committed folder holds, shard for shard, the
+// bytes a blocking run of the same job writes.
+TEST_F(PtworkerMpi, AsyncSaveAcrossRanksWritesWhatABlockingSaveWrites) {
+  const std::string args =
+      "--set parallel.dp=2 --set parallel.pp=2 --set parallel.zero=1 "
+      "--set parallel.microbatches=2 --set model.n_layer=2 "
+      "--set model.n_embd=32 --set train.steps=6 --set train.eval_every=0 "
+      "--set train.eval_batches=1 --set train.sample_tokens=0 "
+      "--set checkpoint.every=2 --set checkpoint.keep_last=10 ";
+  const fs::path async_dir = dir_ / "async", sync_dir = dir_ / "sync";
+  const Result a = Mpirun(4,
+                          args + "--set checkpoint.async_save=true " +
+                              "--set checkpoint.dir=" + async_dir.string(),
+                          "PTRAIN_TEST_CHECKPOINT_PAUSE_S=1");
+  ASSERT_EQ(a.code, 0) << a.err;
+  std::vector<std::pair<std::string, int64_t>> records;
+  {
+    std::ifstream in(log_);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      records.emplace_back(j.at("type").get<std::string>(),
+                           j.value("step", int64_t{-1}));
+      // The test hook reached the ranks: the thread paused 1 s.
+      if (j.at("type") == "checkpoint" && j.at("step") != 6) {
+        EXPECT_GE(j.value("write_seconds", 0.0), 1.0) << line;
+      }
+    }
+  }
+  const auto at = [&](const std::string& type, int64_t step) {
+    return std::find(records.begin(), records.end(),
+                     std::make_pair(type, step)) -
+           records.begin();
+  };
+  EXPECT_LT(at("checkpoint", 2), static_cast<long>(records.size()));
+  EXPECT_GT(at("checkpoint", 2), at("step", 3))
+      << "the ranks waited for the save of step 2";
+  const Result b =
+      Mpirun(4, args + "--set checkpoint.dir=" + sync_dir.string());
+  ASSERT_EQ(b.code, 0) << b.err;
+  const auto read = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  };
+  for (const char* step : {"step-00000002", "step-00000004", "step-00000006"}) {
+    ASSERT_TRUE(fs::exists(async_dir / step / "manifest.json")) << step;
+    for (int r = 0; r < 4; ++r) {
+      char shard[32];
+      std::snprintf(shard, sizeof(shard), "shard-%05d.bin", r);
+      const std::string got = read(async_dir / step / shard);
+      EXPECT_FALSE(got.empty()) << step << "/" << shard;
+      EXPECT_TRUE(got == read(sync_dir / step / shard))
+          << step << "/" << shard << " differs from the blocking save's";
+    }
+  }
 }
 
 // Evaluation and sampling under tensor and sequence parallelism, and

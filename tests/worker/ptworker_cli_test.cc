@@ -70,6 +70,21 @@ std::map<std::string, std::string> Tree(const fs::path& dir) {
   return out;
 }
 
+// Starts ptworker with `args` in the background, the test hook pausing
+// every checkpoint write halfway for 120 s; for the caller to kill.
+pid_t StartPausingInSave(const std::string& args) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setenv("PTRAIN_TEST_CHECKPOINT_PAUSE_S", "120", 1);
+    const std::string cmd =
+        std::string(PTWORKER_PATH) + " " + args + " >/dev/null 2>&1";
+    execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
 class PtworkerCli : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -187,15 +202,7 @@ TEST_F(PtworkerCli, KillDuringCheckpointWriteLeavesThePreviousOneAsLatest) {
 
   // Resume towards step 10 with the test hook pausing halfway through the
   // shard of step 10, and kill -9 the rank there.
-  const pid_t pid = fork();
-  if (pid == 0) {
-    setenv("PTRAIN_TEST_CHECKPOINT_PAUSE_S", "120", 1);
-    const std::string cmd = std::string(PTWORKER_PATH) + " " + args +
-                            "--set train.steps=10 >/dev/null 2>&1";
-    execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(),
-          static_cast<char*>(nullptr));
-    _exit(127);
-  }
+  const pid_t pid = StartPausingInSave(args + "--set train.steps=10");
   const fs::path partial = ckpt / "step-00000010.tmp" / "shard-00000.bin";
   for (int i = 0; i < 600 && !fs::exists(partial); ++i) usleep(100000);
   ASSERT_TRUE(fs::exists(partial)) << "the save never started";
@@ -225,6 +232,97 @@ TEST_F(PtworkerCli, KillDuringCheckpointWriteLeavesThePreviousOneAsLatest) {
   ASSERT_EQ(RunPtworker(args + "--set train.steps=10").code, 0);
   EXPECT_TRUE(fs::exists(ckpt / "step-00000010" / "manifest.json"));
   EXPECT_FALSE(fs::exists(ckpt / "step-00000010.tmp"));
+}
+
+// The run log's records as (type, step), in order.
+std::vector<std::pair<std::string, int64_t>> Records(const std::string& log) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  std::istringstream in(ReadAll(log));
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    out.emplace_back(j.at("type").get<std::string>(),
+                     j.value("step", int64_t{-1}));
+  }
+  return out;
+}
+
+// Where (type, step) is in `records`; records.size() when it is not.
+size_t Position(const std::vector<std::pair<std::string, int64_t>>& records,
+                const std::string& type, int64_t step) {
+  return std::find(records.begin(), records.end(), std::make_pair(type, step)) -
+         records.begin();
+}
+
+// checkpoint.async_save: the loop trains on while a save is written (its
+// "checkpoint" record comes after later steps' records, with the thread's
+// write time), every save commits, the last one before the run ends; a
+// rank killed while a background save is written leaves the previous
+// checkpoint the newest, and the job comes back from it.
+TEST_F(PtworkerCli, AsyncSaveTrainsOnWhileWritingAndSurvivesAKill) {
+  const fs::path ckpt = dir_ / "ck";
+  const std::string args = Small() +
+                           "--set checkpoint.every=2 --set "
+                           "checkpoint.async_save=true --set "
+                           "checkpoint.keep_last=10 --set checkpoint.dir=" +
+                           ckpt.string() + " --resume-from latest ";
+  ASSERT_EQ(RunPtworker(args + "--set train.steps=6",
+                        "PTRAIN_TEST_CHECKPOINT_PAUSE_S=1")
+                .code,
+            0);
+  auto records = Records(log_);
+  for (int step : {2, 4, 6}) {
+    EXPECT_TRUE(
+        fs::exists(ckpt / absl::StrFormat("step-%08d", step) / "manifest.json"))
+        << step;
+    EXPECT_LT(Position(records, "checkpoint", step), records.size()) << step;
+  }
+  EXPECT_GT(Position(records, "checkpoint", 2), Position(records, "step", 3))
+      << "the loop waited for the save of step 2";
+  std::istringstream in(ReadAll(log_));
+  int background = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("type") != "checkpoint") continue;
+    // Steps 2 and 4 in the background (the thread paused 1 s), 6 blocking.
+    if (j.contains("write_seconds")) {
+      ++background;
+      EXPECT_GE(j.at("write_seconds").get<double>(), 1.0);
+    }
+  }
+  EXPECT_EQ(background, 2);
+
+  // Towards step 10, the save of step 8 pausing for long: the rank trains
+  // on to step 10, waits there for it, and is killed.
+  fs::remove(log_);
+  const pid_t pid = StartPausingInSave(args + "--set train.steps=10");
+  for (int i = 0; i < 600; ++i) {
+    if (fs::exists(log_)) {
+      records = Records(log_);
+      if (Position(records, "step", 10) < records.size()) break;
+    }
+    usleep(100000);
+  }
+  const bool partial =
+      fs::exists(ckpt / "step-00000008.tmp" / "shard-00000.bin");
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_LT(Position(records, "step", 10), records.size())
+      << "the rank did not train on while step 8 was written";
+  EXPECT_TRUE(partial) << "no half-written shard of step 8";
+  ASSERT_TRUE(WIFSIGNALED(status));
+  EXPECT_FALSE(fs::exists(ckpt / "step-00000008"));
+  const auto all = ptrain::ListCheckpoints(ckpt.string());
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_FALSE(all->empty());
+  EXPECT_EQ(fs::path((*all)[0]).filename(), "step-00000006");
+
+  ASSERT_EQ(RunPtworker(args + "--set train.steps=10").code, 0);
+  records = Records(log_);
+  EXPECT_LT(Position(records, "resume", 6), records.size());
+  EXPECT_TRUE(fs::exists(ckpt / "step-00000008" / "manifest.json"));
+  EXPECT_TRUE(fs::exists(ckpt / "step-00000010" / "manifest.json"));
+  EXPECT_FALSE(fs::exists(ckpt / "step-00000008.tmp"));
 }
 
 // Sizes that pass as numbers but cannot be allocated: exit 2 and one line

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/check.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
@@ -452,101 +453,114 @@ absl::StatusOr<std::string> CheckpointJobUid(const std::string& dir,
   return it->get<std::string>();
 }
 
-absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
-                                           const CheckpointMeta& meta,
-                                           const std::vector<ShardRun>& runs,
-                                           Communicator* world,
-                                           const SaveOptions& options) {
-  const ConfinedFs& cfs = options.fs;
-  const int rank = world != nullptr ? world->rank() : 0;
-  const int size = world != nullptr ? world->size() : 1;
-  const std::string final_dir = Join(root, StepName(meta.step));
-  const std::string tmp = final_dir + ".tmp";
+namespace {
 
-  // Rank 0 prepares a clean step-N.tmp/ (a crashed save may have left one).
+// A save's folders: root/step-N, written as root/step-N.tmp.
+struct SaveFolders {
+  std::string root, final_dir, tmp;
+};
+
+// Collective. Rank 0 prepares a clean step-N.tmp/ (a crashed save may have
+// left one). True when this job committed the step already (nothing to
+// write); FailedPrecondition when another job did.
+absl::StatusOr<bool> PrepareSave(const SaveFolders& f,
+                                 const CheckpointMeta& meta,
+                                 Communicator* world, const ConfinedFs& cfs) {
+  const int rank = world != nullptr ? world->rank() : 0;
   absl::Status prep = absl::OkStatus();
   bool exists = false;
   if (rank == 0) {
     prep = [&]() -> absl::Status {
-      auto committed = cfs.Exists(Join(final_dir, kManifest), kField);
+      auto committed = cfs.Exists(Join(f.final_dir, kManifest), kField);
       if (!committed.ok()) return committed.status();
       if (*committed) {
         // Ours already (a resumed run reaching a step it saved before), or
         // another job's, which is never touched.
-        auto owner = CheckpointJobUid(final_dir, cfs);
+        auto owner = CheckpointJobUid(f.final_dir, cfs);
         if (owner.ok() && *owner != meta.job_uid) {
           return absl::FailedPreconditionError(
-              absl::StrCat(kField, ": ", final_dir, " belongs to job '", *owner,
-                           "', not to this job '", meta.job_uid,
+              absl::StrCat(kField, ": ", f.final_dir, " belongs to job '",
+                           *owner, "', not to this job '", meta.job_uid,
                            "'; two jobs must not share a checkpoint folder"));
         }
         if (!owner.ok()) {
-          spdlog::warn("checkpoint: leaving {} as it is: {}", final_dir,
+          spdlog::warn("checkpoint: leaving {} as it is: {}", f.final_dir,
                        std::string(owner.status().message()));
         }
         exists = true;
         return absl::OkStatus();
       }
-      if (auto s = cfs.RemoveAll(tmp, kField); !s.ok()) return s;
-      return cfs.MakeDirs(tmp, kField);
+      if (auto s = cfs.RemoveAll(f.tmp, kField); !s.ok()) return s;
+      return cfs.MakeDirs(f.tmp, kField);
     }();
   }
   const double prep_flags =
       Agree(world, (prep.ok() ? 0.0 : 1.0) + (exists ? 2.0 : 0.0));
-  if (prep_flags >= 2.0) return final_dir;  // this step is already committed
+  if (prep_flags >= 2.0) return true;  // this step is already committed
   if (prep_flags > 0.0) {
     return prep.ok() ? absl::InternalError(
                            "checkpoint: rank 0 failed to "
                            "prepare the folder")
                      : prep;
   }
+  return false;
+}
 
-  // Every rank writes its shard, then a small index of what it wrote.
+// Not collective: rank `rank` writes its runs to step-N.tmp/shard-R.bin,
+// then a small index of what it wrote (shard-R.json).
+absl::Status WriteShard(const SaveFolders& f, int rank,
+                        const std::vector<ShardRun>& runs,
+                        const SaveOptions& options) {
+  const ConfinedFs& cfs = options.fs;
   const std::string file = absl::StrFormat("shard-%05d.bin", rank);
-  absl::Status wrote = [&]() -> absl::Status {
-    ChunkedWriter w;
-    if (auto s = w.Open(cfs, Join(tmp, file), kField); !s.ok()) return s;
-    json entries = json::array();
-    int64_t total = 0;
-    for (const ShardRun& r : runs) total += r.box.numel();
-    int64_t done = 0;
-    bool paused = false;
-    for (const ShardRun& r : runs) {
-      const int64_t count = r.box.numel();
-      entries.push_back({{"tensor", r.name},
-                         {"box", BoxToJson(r.box)},
-                         {"offset", w.total()}});
-      if (auto s = w.Write(reinterpret_cast<const char*>(r.data),
-                           count * static_cast<int64_t>(sizeof(float)));
-          !s.ok()) {
-        return s;
-      }
-      done += count;
-      if (!paused && options.pause_mid_write_s.has_value() &&
-          2 * done >= total) {
-        paused = true;
-        std::this_thread::sleep_for(
-            std::chrono::duration<double>(*options.pause_mid_write_s));
-      }
+  ChunkedWriter w;
+  if (auto s = w.Open(cfs, Join(f.tmp, file), kField); !s.ok()) return s;
+  json entries = json::array();
+  int64_t total = 0;
+  for (const ShardRun& r : runs) total += r.box.numel();
+  int64_t done = 0;
+  bool paused = false;
+  for (const ShardRun& r : runs) {
+    const int64_t count = r.box.numel();
+    entries.push_back(
+        {{"tensor", r.name}, {"box", BoxToJson(r.box)}, {"offset", w.total()}});
+    if (auto s = w.Write(reinterpret_cast<const char*>(r.data),
+                         count * static_cast<int64_t>(sizeof(float)));
+        !s.ok()) {
+      return s;
     }
-    if (auto s = w.Finish(); !s.ok()) return s;
-    json chunks = json::array();
-    for (uint64_t h : w.chunks()) chunks.push_back(Hex(h));
-    const json index = {{"file", file},
-                        {"bytes", w.total()},
-                        {"chunk_bytes", kChunkBytes},
-                        {"xxh64_chunks", chunks},
-                        {"entries", entries}};
-    return WriteSmallFile(
-        cfs, Join(tmp, absl::StrFormat("shard-%05d.json", rank)), index.dump());
-  }();
+    done += count;
+    if (!paused && options.pause_mid_write_s.has_value() && 2 * done >= total) {
+      paused = true;
+      std::this_thread::sleep_for(
+          std::chrono::duration<double>(*options.pause_mid_write_s));
+    }
+  }
+  if (auto s = w.Finish(); !s.ok()) return s;
+  json chunks = json::array();
+  for (uint64_t h : w.chunks()) chunks.push_back(Hex(h));
+  const json index = {{"file", file},
+                      {"bytes", w.total()},
+                      {"chunk_bytes", kChunkBytes},
+                      {"xxh64_chunks", chunks},
+                      {"entries", entries}};
+  return WriteSmallFile(
+      cfs, Join(f.tmp, absl::StrFormat("shard-%05d.json", rank)), index.dump());
+}
+
+// Collective, once every rank's WriteShard has returned (`wrote`, this
+// rank's): rank 0 merges the indexes into the manifest, writes its digest
+// last, commits by rename and prunes.
+absl::Status CommitSave(const SaveFolders& f, const CheckpointMeta& meta,
+                        const absl::Status& wrote, Communicator* world,
+                        const SaveOptions& options) {
+  const ConfinedFs& cfs = options.fs;
+  const int rank = world != nullptr ? world->rank() : 0;
+  const int size = world != nullptr ? world->size() : 1;
   if (Agree(world, wrote.ok() ? 0.0 : 1.0) > 0.0) {
     if (!wrote.ok()) return wrote;
     return absl::InternalError("checkpoint: another rank failed to write");
   }
-
-  // Rank 0 merges the indexes into the manifest, writes its digest last and
-  // commits by rename.
   absl::Status committed = absl::OkStatus();
   if (rank == 0) {
     committed = [&]() -> absl::Status {
@@ -563,7 +577,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
       }
       for (int r = 0; r < size; ++r) {
         const std::string side =
-            Join(tmp, absl::StrFormat("shard-%05d.json", r));
+            Join(f.tmp, absl::StrFormat("shard-%05d.json", r));
         auto text = cfs.ReadFile(side, kField, kMaxSideIndexBytes);
         if (!text.ok()) return text.status();
         // Written by this job's ranks a moment ago; still, a bad one is an
@@ -597,22 +611,22 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
       manifest["tensors"] = tensors;
       manifest["files"] = files;
       const std::string text = manifest.dump(1);
-      if (auto s = WriteSmallFile(cfs, Join(tmp, kManifest), text); !s.ok()) {
+      if (auto s = WriteSmallFile(cfs, Join(f.tmp, kManifest), text); !s.ok()) {
         return s;
       }
       // The digest goes last: a folder with a valid one is complete.
       if (auto s =
-              WriteSmallFile(cfs, Join(tmp, kDigestFile), DigestLine(text));
+              WriteSmallFile(cfs, Join(f.tmp, kDigestFile), DigestLine(text));
           !s.ok()) {
         return s;
       }
-      if (auto s = cfs.SyncDir(tmp, kField); !s.ok()) return s;
-      if (auto s = cfs.Rename(tmp, final_dir, kField); !s.ok()) return s;
-      if (auto s = cfs.SyncDir(root, kField); !s.ok()) return s;
+      if (auto s = cfs.SyncDir(f.tmp, kField); !s.ok()) return s;
+      if (auto s = cfs.Rename(f.tmp, f.final_dir, kField); !s.ok()) return s;
+      if (auto s = cfs.SyncDir(f.root, kField); !s.ok()) return s;
       // Prune only once the new checkpoint is committed, and only this
       // job's: a checkpoint whose owner cannot be read is left alone.
       if (options.keep_last > 0) {
-        auto all = ListCheckpoints(root, cfs);
+        auto all = ListCheckpoints(f.root, cfs);
         if (!all.ok()) return all.status();
         int kept = 0;
         for (const std::string& dir : *all) {
@@ -629,7 +643,96 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
     if (!committed.ok()) return committed;
     return absl::InternalError("checkpoint: rank 0 failed to commit");
   }
-  return final_dir;
+  return absl::OkStatus();
+}
+
+SaveFolders FoldersOf(const std::string& root, int64_t step) {
+  SaveFolders f;
+  f.root = root;
+  f.final_dir = CheckpointFolder(root, step);
+  f.tmp = f.final_dir + ".tmp";
+  return f;
+}
+
+}  // namespace
+
+std::string CheckpointFolder(const std::string& root, int64_t step) {
+  return Join(root, StepName(step));
+}
+
+absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
+                                           const CheckpointMeta& meta,
+                                           const std::vector<ShardRun>& runs,
+                                           Communicator* world,
+                                           const SaveOptions& options) {
+  const SaveFolders f = FoldersOf(root, meta.step);
+  auto committed = PrepareSave(f, meta, world, options.fs);
+  if (!committed.ok()) return committed.status();
+  if (*committed) return f.final_dir;
+  const absl::Status wrote =
+      WriteShard(f, world != nullptr ? world->rank() : 0, runs, options);
+  if (auto s = CommitSave(f, meta, wrote, world, options); !s.ok()) return s;
+  return f.final_dir;
+}
+
+BackgroundSave::~BackgroundSave() {
+  if (writer_.joinable()) writer_.join();
+}
+
+absl::StatusOr<bool> BackgroundSave::Start(const std::string& root,
+                                           const CheckpointMeta& meta,
+                                           std::vector<ShardRun> runs,
+                                           Communicator* world,
+                                           const SaveOptions& options) {
+  PT_CHECK(!pending(), "a background checkpoint is already pending");
+  const SaveFolders f = FoldersOf(root, meta.step);
+  auto committed = PrepareSave(f, meta, world, options.fs);
+  if (!committed.ok()) return committed.status();
+  if (*committed) return true;
+  meta_ = meta;
+  options_ = options;
+  // The copy the thread writes from: the caller's state changes with the
+  // next step.
+  int64_t total = 0;
+  for (const ShardRun& r : runs) total += r.box.numel();
+  snapshot_.resize(total);
+  float* at = snapshot_.data();
+  for (ShardRun& r : runs) {
+    const int64_t n = r.box.numel();
+    std::memcpy(at, r.data, n * sizeof(float));
+    r.data = at;
+    at += n;
+  }
+  runs_ = std::move(runs);
+  root_ = root;
+  wrote_ = absl::OkStatus();
+  written_.store(false);
+  const int rank = world != nullptr ? world->rank() : 0;
+  writer_ = std::thread([this, f, rank] {
+    const auto t0 = std::chrono::steady_clock::now();
+    wrote_ = WriteShard(f, rank, runs_, options_);
+    write_seconds_ =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count();
+    written_.store(true, std::memory_order_release);
+  });
+  return false;
+}
+
+bool BackgroundSave::AllWritten(Communicator* world) {
+  PT_CHECK(pending(), "no background checkpoint is pending");
+  const bool mine = written_.load(std::memory_order_acquire);
+  return Agree(world, mine ? 0.0 : 1.0) == 0.0;
+}
+
+absl::StatusOr<std::string> BackgroundSave::Finish(Communicator* world) {
+  PT_CHECK(pending(), "no background checkpoint is pending");
+  writer_.join();
+  const SaveFolders f = FoldersOf(root_, meta_.step);
+  const absl::Status s = CommitSave(f, meta_, wrote_, world, options_);
+  runs_.clear();
+  if (!s.ok()) return s;
+  return f.final_dir;
 }
 
 absl::Status CheckpointReader::Damaged(const std::string& what) const {

@@ -17,11 +17,13 @@
 #ifndef PTRAIN_WORKER_ENGINE_CHECKPOINT_H_
 #define PTRAIN_WORKER_ENGINE_CHECKPOINT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -80,6 +82,9 @@ struct SaveOptions {
   ConfinedFs fs;  // where root may be (field "checkpoint.dir")
 };
 
+// The folder of step `step`'s checkpoint under root: root/step-NNNNNNNN.
+std::string CheckpointFolder(const std::string& root, int64_t step);
+
 // Collective over `world` (null for a single rank without MPI): every rank
 // writes its runs to root/step-NNNNNNNN.tmp/shard-RRRRR.bin; rank 0 writes
 // the manifest (every tensor of meta.model, whichever ranks hold it), then
@@ -91,6 +96,55 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
                                            const std::vector<ShardRun>& runs,
                                            Communicator* world,
                                            const SaveOptions& options);
+
+// One checkpoint written in the background while training goes on
+// (checkpoint.async_save): the same folder, files and commit as
+// SaveCheckpoint, split where the writing is. Start copies the state into
+// host memory the object keeps (and reuses), prepares the folder and
+// starts a thread that writes this rank's shard; the thread makes no MPI
+// call. Finish waits for it and commits. A process that dies in between
+// leaves step-N.tmp/, as a crash during SaveCheckpoint does: the previous
+// checkpoint stays the newest. At most one save is pending.
+class BackgroundSave {
+ public:
+  BackgroundSave() = default;
+  BackgroundSave(const BackgroundSave&) = delete;
+  BackgroundSave& operator=(const BackgroundSave&) = delete;
+  // Waits for the thread; commits nothing.
+  ~BackgroundSave();
+
+  // Collective over `world`, as SaveCheckpoint. True when this job
+  // committed meta.step already (nothing is pending then); errors as
+  // SaveCheckpoint's preparation. The runs' data is copied before it
+  // returns.
+  absl::StatusOr<bool> Start(const std::string& root,
+                             const CheckpointMeta& meta,
+                             std::vector<ShardRun> runs, Communicator* world,
+                             const SaveOptions& options);
+  // Started and not finished.
+  bool pending() const { return writer_.joinable(); }
+  int64_t step() const { return meta_.step; }
+  // Collective: whether every rank's thread has written its shard; never
+  // waits for one.
+  bool AllWritten(Communicator* world);
+  // Collective: waits for this rank's thread, then commits as
+  // SaveCheckpoint does (an error if any rank failed to write). Returns
+  // the committed folder. Not pending afterwards, whatever the outcome.
+  absl::StatusOr<std::string> Finish(Communicator* world);
+  // Seconds the last finished thread took to write this rank's shard.
+  double write_seconds() const { return write_seconds_; }
+
+ private:
+  CheckpointMeta meta_;
+  SaveOptions options_;
+  std::string root_;
+  std::vector<float> snapshot_;
+  std::vector<ShardRun> runs_;  // into snapshot_
+  std::thread writer_;
+  absl::Status wrote_;                // the thread's result
+  std::atomic<bool> written_{false};  // set by the thread when done
+  double write_seconds_ = 0;
+};
 
 // Committed checkpoint folders (step-N, N of 8 or more digits) under root,
 // newest first; step-N.tmp, symlinks and anything else ignored. Empty when

@@ -62,7 +62,8 @@ PlanOptions SpecPlan(const v1::JobSpec& spec, int tp_rank, int pp_rank) {
 }
 
 int64_t MemoryEstimate::total() const {
-  return SatAdd(SatAdd(params, grads), SatAdd(optimizer, activations));
+  return SatAdd(SatAdd(SatAdd(params, grads), SatAdd(optimizer, activations)),
+                checkpoint);
 }
 
 MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size) {
@@ -95,6 +96,9 @@ MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size) {
     e.params = SatMul(f.params, kFloat);
     e.grads = SatMul(f.grads, kFloat);
     e.optimizer = SatMul(SatMul(2, f.update), kFloat);
+    if (spec.checkpoint().async_save() && !spec.checkpoint().dir().empty()) {
+      e.checkpoint = SatMul(SatMul(3, f.update), kFloat);
+    }
     const std::vector<int> stages = RankStages(plan);
     for (int c = 0; c < v; ++c) {
       e.activations = SatAdd(e.activations,
@@ -151,6 +155,9 @@ absl::Status CheckMemoryFits(const v1::JobSpec& spec, int vocab_size,
       "memory: each rank needs ", Bytes(e.total()), " (", Human(e.total()),
       ": params ", Human(e.params), ", grads ", Human(e.grads), ", optimizer ",
       Human(e.optimizer), ", activations ", Human(e.activations),
+      e.checkpoint > 0
+          ? absl::StrCat(", checkpoint.async_save copy ", Human(e.checkpoint))
+          : "",
       ") for model.n_layer=", m.n_layer(), ", model.n_head=", m.n_head(),
       ", model.n_embd=", m.n_embd(), ", model.block_size=", m.block_size(),
       ", vocabulary ", vocab_size, ", train.global_batch=",

@@ -1,5 +1,6 @@
 // What one rank of a job allocates for its model, before it allocates it:
-// parameters, gradients, Adam moments and saved activations, computed from
+// parameters, gradients, Adam moments, saved activations and the copy a
+// background checkpoint writes from, computed from
 // the same plan and by the same size functions the engine allocates with
 // (BuildPlan, ZeroStore::Measure, GptStage::ActivationFloats). So ptworker
 // can refuse a job that cannot fit with a clear error instead of dying in
@@ -27,6 +28,9 @@ PlanOptions SpecPlan(const v1::JobSpec& spec, int tp_rank, int pp_rank);
 // Bytes per rank; a value that does not fit in int64 is INT64_MAX.
 struct MemoryEstimate {
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
+  // checkpoint.async_save with checkpoints on: the host copy of the state
+  // a background save writes from (the rank's weights and both moments).
+  int64_t checkpoint = 0;
   int64_t total() const;  // saturating sum
 };
 

@@ -489,14 +489,14 @@ absl::Status Trainer::LoadInitialState() {
       absl::StrCat("resume: no intact checkpoint under '", root, "'", skipped));
 }
 
-absl::StatusOr<std::string> Trainer::SaveCheckpointAt(int64_t step) {
+CheckpointMeta Trainer::CheckpointMetaAt(int64_t step) const {
   CheckpointMeta meta;
   meta.step = step;
   meta.tokens_seen =
       step * static_cast<int64_t>(spec_.train().global_batch()) * T_;
   meta.optimizer_step = optimizer_->adam().steps_taken();
   meta.seed = spec_.train().seed();
-  meta.model = model().config();
+  meta.model = chunks_.front()->config();
   if (data_.has_tokenizer) meta.vocab = data_.tokenizer.vocab();
   meta.spec_yaml = JobSpecToYaml(spec_);
   const auto& par = spec_.parallel();
@@ -506,14 +506,41 @@ absl::StatusOr<std::string> Trainer::SaveCheckpointAt(int64_t step) {
   meta.zero = par.zero();
   meta.world = dims_ != nullptr ? dims_->world_size() : 1;
   meta.job_uid = options_.job_uid;
+  return meta;
+}
+
+SaveOptions Trainer::CheckpointSaveOptions() const {
   SaveOptions save = options_.save;
   save.keep_last = spec_.checkpoint().keep_last();
   save.fs = options_.fs;
+  return save;
+}
+
+std::vector<ShardRun> Trainer::CheckpointRunsNow() {
   const bool tp_rank0 = dims_ == nullptr || dims_->tp_rank() == 0;
-  return SaveCheckpoint(
-      spec_.checkpoint().dir(), meta,
-      CheckpointRuns(*store_, optimizer_->adam(), tp_rank0, &checkpoint_host_),
-      world(), save);
+  return CheckpointRuns(*store_, optimizer_->adam(), tp_rank0,
+                        &checkpoint_host_);
+}
+
+absl::StatusOr<std::string> Trainer::SaveCheckpointAt(int64_t step) {
+  if (background_save_.pending()) {
+    if (auto dir = background_save_.Finish(world()); !dir.ok()) {
+      return dir.status();
+    }
+  }
+  return SaveCheckpoint(spec_.checkpoint().dir(), CheckpointMetaAt(step),
+                        CheckpointRunsNow(), world(), CheckpointSaveOptions());
+}
+
+absl::StatusOr<bool> Trainer::StartCheckpointAt(int64_t step) {
+  if (background_save_.pending()) {
+    if (auto dir = background_save_.Finish(world()); !dir.ok()) {
+      return dir.status();
+    }
+  }
+  return background_save_.Start(spec_.checkpoint().dir(),
+                                CheckpointMetaAt(step), CheckpointRunsNow(),
+                                world(), CheckpointSaveOptions());
 }
 
 Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
@@ -857,6 +884,35 @@ absl::Status Trainer::Run() {
     emit({{"type", "sample"}, {"step", step}, {"text", text}});
   };
   const bool checkpoints = !spec_.checkpoint().dir().empty();
+  // `blocked`: seconds the loop waited for this save; `written`: for a
+  // background save, seconds its thread took to write this rank's shard.
+  auto report_checkpoint = [&](int64_t step, const std::string& dir,
+                               double blocked, std::optional<double> written) {
+    if (options_.metrics != nullptr) options_.metrics->OnCheckpoint(blocked);
+    nlohmann::json record = {{"type", "checkpoint"},
+                             {"step", step},
+                             {"dir", dir},
+                             {"seconds", blocked}};
+    if (written.has_value()) {
+      spdlog::info(
+          "step {:>6} | checkpoint {} ({:.2f} s blocked; written in the "
+          "background in {:.2f} s)",
+          step, dir, blocked, *written);
+      record["write_seconds"] = *written;
+    } else {
+      spdlog::info("step {:>6} | checkpoint {} ({:.2f} s)", step, dir, blocked);
+    }
+    emit(record);
+  };
+  auto finish_background = [&]() -> absl::Status {
+    const auto t0 = Clock::now();
+    const int64_t saved_step = background_save_.step();
+    auto dir = background_save_.Finish(world());
+    if (!dir.ok()) return dir.status();
+    report_checkpoint(saved_step, *dir, background_blocked_ + SecondsSince(t0),
+                      background_save_.write_seconds());
+    return absl::OkStatus();
+  };
   if (options_.metrics != nullptr && checkpoints &&
       spec_.checkpoint().every() > 0) {
     options_.metrics->OnCheckpointPolicy(spec_.checkpoint().every());
@@ -909,20 +965,36 @@ absl::Status Trainer::Run() {
         step != train.steps()) {
       sample(step);
     }
+    // A background save commits at the first step end after every rank
+    // has written its shard (one small all-reduce a step while it writes).
+    if (background_save_.pending() && background_save_.AllWritten(world())) {
+      if (auto st = finish_background(); !st.ok()) return st;
+    }
     if (checkpoints && ((spec_.checkpoint().every() > 0 &&
                          step % spec_.checkpoint().every() == 0) ||
                         step == train.steps())) {
+      // The previous background save first: its wait counts as its own.
+      if (background_save_.pending()) {
+        if (auto st = finish_background(); !st.ok()) return st;
+      }
       const auto t0 = Clock::now();
-      auto dir = SaveCheckpointAt(step);
-      if (!dir.ok()) return dir.status();
-      const double secs = SecondsSince(t0);
-      if (options_.metrics != nullptr) options_.metrics->OnCheckpoint(secs);
-      spdlog::info("step {:>6} | checkpoint {} ({:.2f} s)", step, *dir, secs);
-      emit({{"type", "checkpoint"},
-            {"step", step},
-            {"dir", *dir},
-            {"seconds", secs}});
+      if (spec_.checkpoint().async_save() && step != train.steps()) {
+        auto committed = StartCheckpointAt(step);
+        if (!committed.ok()) return committed.status();
+        background_blocked_ = SecondsSince(t0);
+        if (!*committed) continue;  // reported once it commits
+        report_checkpoint(step,
+                          CheckpointFolder(spec_.checkpoint().dir(), step),
+                          background_blocked_, std::nullopt);
+      } else {
+        auto dir = SaveCheckpointAt(step);
+        if (!dir.ok()) return dir.status();
+        report_checkpoint(step, *dir, SecondsSince(t0), std::nullopt);
+      }
     }
+  }
+  if (background_save_.pending()) {
+    if (auto st = finish_background(); !st.ok()) return st;
   }
   sample(train.steps());
   return absl::OkStatus();

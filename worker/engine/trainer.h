@@ -109,8 +109,21 @@ class Trainer {
   // Text generated from train.sample_prompt; `salt` varies the draw.
   std::string Sample(uint64_t salt, SampleMode mode = SampleMode::kKvCache);
 
-  // Writes a checkpoint of the state after `step` steps (collective).
+  // Writes a checkpoint of the state after `step` steps (collective),
+  // after committing a background save still pending.
   absl::StatusOr<std::string> SaveCheckpointAt(int64_t step);
+  // The same written in the background (checkpoint.async_save): copies the
+  // state, starts the write and returns; Run commits it at a later step.
+  // True when the step was committed already (nothing pending).
+  absl::StatusOr<bool> StartCheckpointAt(int64_t step);
+  // Collective: commits the pending background save, waiting for this
+  // rank's write. Returns the folder.
+  absl::StatusOr<std::string> FinishBackgroundCheckpoint() {
+    return background_save_.Finish(world());
+  }
+  bool background_checkpoint_pending() const {
+    return background_save_.pending();
+  }
   // Steps already done when Run starts (from a resumed checkpoint).
   int64_t start_step() const { return start_step_; }
   // Checkpoint bytes this rank read when resuming.
@@ -205,6 +218,14 @@ class Trainer {
                                                : nullptr;
   }
   std::vector<float> checkpoint_host_;  // a GPU's state copied for saving
+  // checkpoint.async_save: the save being written, and the seconds the
+  // loop was blocked starting it.
+  BackgroundSave background_save_;
+  double background_blocked_ = 0;
+  CheckpointMeta CheckpointMetaAt(int64_t step) const;
+  SaveOptions CheckpointSaveOptions() const;
+  // This rank's state as checkpoint runs (into the live state on the CPU).
+  std::vector<ShardRun> CheckpointRunsNow();
   std::map<Communicator*, std::unique_ptr<Communicator>> device_groups_;
   std::unique_ptr<ZeroStore> store_;
   // The model chunks of this rank (one but under an interleaved schedule),

@@ -170,6 +170,82 @@ TEST_F(CheckpointTest, ResumeOnTheSameLayoutIsBitExact) {
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
 }
 
+// checkpoint.async_save: the shard written in the background holds the
+// state of the step it was started at, byte for byte what a blocking save
+// of that step writes, although training goes on meanwhile (the thread
+// pauses halfway, so the steps after it change the live state before the
+// second half is written), and resuming from it is bit-exact.
+TEST_F(CheckpointTest, BackgroundSaveWritesItsStepWhileTrainingGoesOn) {
+  const v1::JobSpec spec = Spec(20, 0, {"checkpoint.async_save=true"});
+  auto straight = Make(spec);
+  const std::vector<float> want = Steps(*straight, 0, 20);
+
+  TrainerOptions opt;
+  opt.peak_flops = 1e12;
+  opt.quiet = true;
+  opt.save.pause_mid_write_s = 0.5;
+  auto t = Trainer::Create(spec, opt);
+  ASSERT_TRUE(t.ok()) << t.status();
+  Steps(**t, 0, 10);
+  auto started = (*t)->StartCheckpointAt(10);
+  ASSERT_TRUE(started.ok()) << started.status();
+  EXPECT_FALSE(*started);
+  EXPECT_TRUE((*t)->background_checkpoint_pending());
+  EXPECT_FALSE(fs::exists(StepDir(10))) << "committed before it was written";
+  Steps(**t, 10, 15);  // while the thread sleeps halfway through the shard
+  auto dir = (*t)->FinishBackgroundCheckpoint();
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_EQ(*dir, StepDir(10));
+  EXPECT_FALSE((*t)->background_checkpoint_pending());
+  EXPECT_FALSE(fs::exists(StepDir(10) + ".tmp"));
+
+  // The same step saved blocking, by a twin run, into another folder.
+  const fs::path other = root_ / "blocking";
+  auto twin = Make(Spec(20, 0, {"checkpoint.dir=" + other.string()}));
+  Steps(*twin, 0, 10);
+  auto blocking = twin->SaveCheckpointAt(10);
+  ASSERT_TRUE(blocking.ok()) << blocking.status();
+  const std::string shard = ReadAll(fs::path(*dir) / "shard-00000.bin");
+  EXPECT_FALSE(shard.empty());
+  EXPECT_TRUE(shard == ReadAll(fs::path(*blocking) / "shard-00000.bin"))
+      << "the background shard differs from the blocking one";
+  const json a = json::parse(ReadAll(fs::path(*dir) / "manifest.json"));
+  const json b = json::parse(ReadAll(fs::path(*blocking) / "manifest.json"));
+  EXPECT_EQ(a.at("tensors"), b.at("tensors"));
+  EXPECT_EQ(a.at("files"), b.at("files"));
+
+  auto resumed = Make(spec, *dir);
+  ASSERT_NE(resumed, nullptr);
+  ASSERT_EQ(resumed->start_step(), 10);
+  const std::vector<float> got = Steps(*resumed, 10, 20);
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_EQ(got[i], want[10 + i]) << "step " << 11 + i;  // to the last bit
+  }
+}
+
+// A blocking save (the run's last) commits a background one still pending
+// first; a background save of a step this job committed already writes
+// nothing and leaves nothing pending.
+TEST_F(CheckpointTest, BackgroundSaveIsCommittedBeforeTheNextAndNotRepeated) {
+  const v1::JobSpec spec = Spec(20, 0, {"checkpoint.async_save=true"});
+  auto t = Make(spec);
+  Steps(*t, 0, 3);
+  auto started = t->StartCheckpointAt(3);
+  ASSERT_TRUE(started.ok() && !*started) << started.status();
+  Steps(*t, 3, 4);
+  ASSERT_TRUE(t->SaveCheckpointAt(4).ok());
+  EXPECT_FALSE(t->background_checkpoint_pending());
+  auto all = ListCheckpoints(root_.string());
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(*all, (std::vector<std::string>{StepDir(4), StepDir(3)}));
+  const auto before = Snapshot();
+  auto again = t->StartCheckpointAt(3);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(*again);
+  EXPECT_FALSE(t->background_checkpoint_pending());
+  EXPECT_EQ(Snapshot(), before);
+}
+
 TEST_F(CheckpointTest, ManifestIndexesEveryTensorWithShapeAndChecksums) {
   auto t = Make(Spec(2, 0));
   Steps(*t, 0, 2);

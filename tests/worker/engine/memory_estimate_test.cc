@@ -50,6 +50,27 @@ TEST(MemoryEstimate, ZeroStagesShardOptimizerThenGradientsThenWeights) {
   EXPECT_EQ(z0.activations, z3.activations);
 }
 
+// checkpoint.async_save keeps one more copy of what the rank updates: its
+// weights and both moments (its ZeRO share), only when it checkpoints.
+TEST(MemoryEstimate, BackgroundSavesCountTheirCopyOfTheState) {
+  for (int zero : {0, 3}) {
+    const std::vector<std::string> base = {
+        "parallel.dp=4", "parallel.zero=" + std::to_string(zero),
+        "train.global_batch=32", "checkpoint.dir=/tmp/ck"};
+    std::vector<std::string> async = base;
+    async.push_back("checkpoint.async_save=true");
+    const MemoryEstimate plain = EstimateRankMemory(Spec(base), 65);
+    const MemoryEstimate background = EstimateRankMemory(Spec(async), 65);
+    EXPECT_EQ(plain.checkpoint, 0);
+    // Two moments are `optimizer`; the weights' share is one more of them.
+    EXPECT_EQ(background.checkpoint * 2, plain.optimizer * 3) << zero;
+    EXPECT_EQ(background.total(), plain.total() + background.checkpoint);
+    async.push_back("checkpoint.dir=''");
+    async.push_back("checkpoint.every=0");
+    EXPECT_EQ(EstimateRankMemory(Spec(async), 65).checkpoint, 0);
+  }
+}
+
 TEST(MemoryEstimate, WhatDoesNotFitIsRefusedNamingTheFields) {
   const v1::JobSpec spec = Spec({"model.n_embd=256"});
   const int64_t need = EstimateRankMemory(spec, 65).total();
