@@ -1093,6 +1093,16 @@ void Coordinator::OnAttemptEnded(Entry& e) {
     job.set_error(run.growing ? "" : error);
     job.set_state(v1::JOB_STATE_RESTARTING);
     u.event = absl::StrCat(error, "; requeued (not counted as a restart)");
+  } else if (run.kill_reason.empty() && exit_code == kExitStopped) {
+    // Its ranks were signalled (a preemption, an operator) and saved a
+    // checkpoint before they stopped: not a failure.
+    job.set_error("");
+    job.set_state(v1::JOB_STATE_RESTARTING);
+    u.event = absl::StrCat("attempt ", n,
+                           " stopped as asked after a checkpoint (exit code ",
+                           kExitStopped,
+                           "); requeued (not counted as a "
+                           "restart)");
   } else if (run.kill_reason.empty() && exit_code == kExitBadInput) {
     // Deterministic bad input (spec, data, checkpoint): every restart would
     // fail the same way.
@@ -1212,7 +1222,7 @@ void Coordinator::PollSlurm(Entry& e, Running& run, absl::Time now) {
   }
   if (job->state == "NODE_FAIL" || job->state == "CANCELLED" ||
       *run.leader_exit == 0 || *run.leader_exit == kExitBadInput ||
-      run.kill_at.has_value()) {
+      *run.leader_exit == kExitStopped || run.kill_at.has_value()) {
     return;
   }
   // A dead node usually fails the job (its other ranks lose their peers)

@@ -5,15 +5,19 @@
 // 1 runtime failure, 2 bad input (spec, data, flags, layout, a damaged or
 // foreign checkpoint, a path outside the data roots, a model that does not fit
 // in memory) with one error line on stderr from the lowest failing rank; every
-// rank exits, none waits for another, none aborts.
+// rank exits, none waits for another, none aborts. 3: stopped as asked by
+// SIGUSR1 (which mpirun forwards to every rank) at the end of a step, after
+// that step's checkpoint: to be resumed, as after a preemption.
 //
 // Environment (set by ptcoord's launcher): PTRAIN_DATA_ROOTS confines every
 // file ptworker opens (common/confined_fs.h); PTRAIN_JOB_UID is recorded in
 // checkpoints and checked on `--resume-from latest`. Test hooks, read only
 // when set: PTRAIN_TEST_CHECKPOINT_PAUSE_S, PTRAIN_TEST_HANG_AT_STEP.
 #include <mpi.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -38,6 +42,13 @@
 namespace {
 
 constexpr int kExitBadInput = 2;
+constexpr int kExitStopped = 3;
+
+// Set by SIGUSR1: save at the end of this step and stop.
+std::atomic<bool> g_stop_requested{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+void OnStopSignal(int) { g_stop_requested.store(true); }
 
 bool IsInputError(const absl::Status& s) {
   switch (s.code()) {
@@ -254,6 +265,7 @@ int Run(int argc, char** argv) {
         !s.ok()) {
       return s;
     }
+    options.stop_requested = &g_stop_requested;
     if (auto s = EnvInteger("PTRAIN_TEST_HANG_AT_STEP", &options.hang_at_step);
         !s.ok()) {
       return s;
@@ -276,6 +288,13 @@ int Run(int argc, char** argv) {
     }
     return absl::OkStatus();
   };
+  // SIGUSR1 from here on asks for a checkpoint and a stop (it would end the
+  // rank otherwise).
+  struct sigaction stop {};
+  stop.sa_handler = OnStopSignal;
+  sigemptyset(&stop.sa_mask);
+  stop.sa_flags = SA_RESTART;
+  ::sigaction(SIGUSR1, &stop, nullptr);
   // A failed allocation (or any exception) is an error like the others:
   // every rank still reaches AgreeOnSetup.
   absl::Status setup;
@@ -315,7 +334,7 @@ int Run(int argc, char** argv) {
                  std::string(done.message()).c_str());
     MPI_Abort(MPI_COMM_WORLD, IsInputError(done) ? kExitBadInput : 1);
   }
-  return 0;
+  return trainer->stopped() ? kExitStopped : 0;
 }
 
 }  // namespace

@@ -62,8 +62,9 @@ if [ "$FAKE_MODE" = log ] || [ "$FAKE_MODE" = logsleep ]; then
 fi
 case "$FAKE_MODE" in
   ok|log) exit 0;;
-  fail) exit 3;;
+  fail) exit 5;;
   bad) exit 2;;
+  stop) [ "$PTRAIN_ATTEMPT" = 1 ] && exit 3; exit 0;;
   waitfile) while [ ! -e "$FAKE_GO" ]; do sleep 0.05; done; exit 0;;
   *) exec sleep 100;;
 esac
@@ -281,7 +282,20 @@ TEST_F(CoordinatorTest, FailureRestartsThenFailsWithLastStderrLines) {
   EXPECT_EQ(done.attempts(), 2);  // max_restarts: 1
   EXPECT_NE(done.error().find("fake rank says goodbye"), std::string::npos)
       << done.error();
-  EXPECT_NE(done.error().find("code 3"), std::string::npos) << done.error();
+  EXPECT_NE(done.error().find("code 5"), std::string::npos) << done.error();
+}
+
+// Exit 3 is ptworker's "stopped as asked (SIGUSR1) after a checkpoint": the
+// job is requeued without using up a restart and is not marked failed.
+TEST_F(CoordinatorTest, StoppedAttemptIsRequeuedWithoutARestart) {
+  setenv("FAKE_MODE", "stop", 1);
+  auto c = Make();
+  auto job = c->Submit(kSpec, {"restart.max_restarts=0"});
+  ASSERT_TRUE(job.ok());
+  const v1::Job done = TickUntil(*c, job->id(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.error();
+  EXPECT_EQ(done.attempts(), 2);
+  EXPECT_EQ(done.error(), "");
 }
 
 TEST_F(CoordinatorTest, ExitCodeTwoIsBadInputAndFailsWithoutRestart) {

@@ -553,6 +553,46 @@ TEST_F(ControlPlaneTest, KilledRankResumesFromCheckpointBitIdentical) {
   EXPECT_EQ(final_loss(resumed), final_loss(Get(ref)));
 }
 
+// SIGUSR1 to the attempt's mpirun (a preemption notice), which forwards it
+// to every rank: the ranks save a checkpoint of the step they are at, stop
+// with exit code 3, and the job is requeued from it without using up a
+// restart (max_restarts=0 here), its second attempt going on from the very
+// next step: no step is lost or repeated.
+TEST_F(ControlPlaneTest, SignalledJobSavesStopsAndResumesWithoutARestart) {
+  const std::string id =
+      Submit({"train.steps=600", "parallel.dp=2", "checkpoint.every=0",
+              "restart.max_restarts=0"});
+  ASSERT_TRUE(WaitFor([&] { return Step(id) >= 25; }, 180)) << Get(id).dump();
+  pid_t launcher = 0;
+  for (pid_t p : JobProcesses(id)) {
+    std::ifstream comm(absl::StrCat("/proc/", p, "/comm"));
+    std::string name;
+    comm >> name;
+    if (name == "mpirun" || name == "orterun") launcher = p;
+  }
+  ASSERT_NE(launcher, 0);
+  kill(launcher, SIGUSR1);
+  ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_SUCCEEDED"; }, 240))
+      << Get(id).dump();
+  const json j = Get(id);
+  ASSERT_EQ(j["job"]["attempts"], 2) << j.dump();
+  ASSERT_EQ(j["attempts"].size(), 2u) << j.dump();
+  EXPECT_EQ(Int(j["attempts"][0], "exit_code"), 3) << j.dump();
+  int64_t last_of_first = -1, first_of_second = 1 << 30;
+  for (const json& p : j["loss_history"]) {
+    if (p.value("loss", 0.0) <= 0) continue;
+    const int64_t step = Int(p, "step");
+    if (p.value("attempt", 0) == 1) {
+      last_of_first = std::max(last_of_first, step);
+    } else {
+      first_of_second = std::min(first_of_second, step);
+    }
+  }
+  EXPECT_GE(last_of_first, 25);
+  EXPECT_LT(last_of_first, 600);
+  EXPECT_EQ(first_of_second, last_of_first + 1) << j.dump();
+}
+
 // Needs ptworker's PTRAIN_TEST_HANG_AT_STEP hook.
 TEST_F(ControlPlaneTest, StalledRankIsKilledAsHangAndRestarted) {
   StopCoordinator(SIGTERM);

@@ -970,7 +970,13 @@ absl::Status Trainer::Run() {
     if (background_save_.pending() && background_save_.AllWritten(world())) {
       if (auto st = finish_background(); !st.ok()) return st;
     }
-    if (checkpoints && ((spec_.checkpoint().every() > 0 &&
+    // Asked to stop (SIGUSR1 on any rank): this step is saved, here or
+    // below, and the run ends after it.
+    const bool stop = options_.stop_requested != nullptr &&
+                      step != train.steps() &&
+                      AnyRankFailed(world(), options_.stop_requested->load());
+    if (checkpoints && (stop ||
+                        (spec_.checkpoint().every() > 0 &&
                          step % spec_.checkpoint().every() == 0) ||
                         step == train.steps())) {
       // The previous background save first: its wait counts as its own.
@@ -978,7 +984,7 @@ absl::Status Trainer::Run() {
         if (auto st = finish_background(); !st.ok()) return st;
       }
       const auto t0 = Clock::now();
-      if (spec_.checkpoint().async_save() && step != train.steps()) {
+      if (spec_.checkpoint().async_save() && step != train.steps() && !stop) {
         auto committed = StartCheckpointAt(step);
         if (!committed.ok()) return committed.status();
         background_blocked_ = SecondsSince(t0);
@@ -991,6 +997,14 @@ absl::Status Trainer::Run() {
         if (!dir.ok()) return dir.status();
         report_checkpoint(step, *dir, SecondsSince(t0), std::nullopt);
       }
+    }
+    if (stop) {
+      spdlog::warn("step {:>6} | stopping as asked (SIGUSR1){}", step,
+                   checkpoints ? ", after this step's checkpoint"
+                               : "; no checkpoint.dir, so nothing is saved");
+      emit({{"type", "stop"}, {"step", step}});
+      stopped_ = true;
+      return absl::OkStatus();
     }
   }
   if (background_save_.pending()) {

@@ -7,6 +7,7 @@
 #ifndef PTRAIN_WORKER_ENGINE_TRAINER_H_
 #define PTRAIN_WORKER_ENGINE_TRAINER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -61,6 +62,11 @@ struct TrainerOptions {
   std::optional<int64_t> hang_at_step;
   // Prometheus metrics of this rank (not owned; null for none).
   RankMetrics* metrics = nullptr;
+  // Set (by a signal handler) to ask the run to stop: at the end of the
+  // step during which any rank saw it set, every rank saves a checkpoint
+  // of that step (when checkpoint.dir is set) and Run returns with
+  // stopped() true. Not owned; null: never (and no per-step agreement).
+  const std::atomic<bool>* stop_requested = nullptr;
 };
 
 struct StepResult {
@@ -126,6 +132,9 @@ class Trainer {
   }
   // Steps already done when Run starts (from a resumed checkpoint).
   int64_t start_step() const { return start_step_; }
+  // Run returned early, at options.stop_requested, after the step's
+  // checkpoint.
+  bool stopped() const { return stopped_; }
   // Checkpoint bytes this rank read when resuming.
   int64_t resume_bytes_read() const { return resume_bytes_read_; }
 
@@ -222,6 +231,7 @@ class Trainer {
   // loop was blocked starting it.
   BackgroundSave background_save_;
   double background_blocked_ = 0;
+  bool stopped_ = false;
   CheckpointMeta CheckpointMetaAt(int64_t step) const;
   SaveOptions CheckpointSaveOptions() const;
   // This rank's state as checkpoint runs (into the live state on the CPU).

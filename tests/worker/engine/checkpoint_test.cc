@@ -8,6 +8,7 @@
 #include <openssl/evp.h>
 #include <xxhash.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -244,6 +245,33 @@ TEST_F(CheckpointTest, BackgroundSaveIsCommittedBeforeTheNextAndNotRepeated) {
   EXPECT_TRUE(*again);
   EXPECT_FALSE(t->background_checkpoint_pending());
   EXPECT_EQ(Snapshot(), before);
+}
+
+// TrainerOptions::stop_requested (ptworker's SIGUSR1): the run ends at the
+// end of the step during which it was set, after a checkpoint of that step
+// (blocking even under async_save), which a resume goes on from.
+TEST_F(CheckpointTest, StopRequestSavesItsStepAndEndsTheRun) {
+  const v1::JobSpec spec = Spec(20, 10, {"checkpoint.async_save=true"});
+  const std::atomic<bool> stop{true};
+  TrainerOptions opt;
+  opt.peak_flops = 1e12;
+  opt.quiet = true;
+  opt.stop_requested = &stop;
+  opt.log_json_path = (root_ / "run.jsonl").string();
+  fs::create_directories(root_);
+  auto t = Trainer::Create(spec, opt);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE((*t)->Run().ok());
+  EXPECT_TRUE((*t)->stopped());
+  EXPECT_FALSE((*t)->background_checkpoint_pending());
+  auto all = ListCheckpoints(root_.string());
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(*all, std::vector<std::string>{StepDir(1)});
+  const std::string log = ReadAll(root_ / "run.jsonl");
+  EXPECT_NE(log.find(R"("type":"stop")"), std::string::npos) << log;
+  auto resumed = Make(spec, "latest");
+  ASSERT_NE(resumed, nullptr);
+  EXPECT_EQ(resumed->start_step(), 1);
 }
 
 TEST_F(CheckpointTest, ManifestIndexesEveryTensorWithShapeAndChecksums) {
