@@ -1316,6 +1316,13 @@ std::vector<std::string> JobSpecWarnings(const v1::JobSpec& spec) {
         "% of each step (the bubble, (pp-1)/(m+pp-1)); use at least ", p.pp(),
         " microbatches, better 4x that"));
   }
+  const v1::CheckpointSpec& c = spec.checkpoint();
+  if (c.async_save() && (c.dir().empty() || c.every() == 0)) {
+    out.push_back(
+        "checkpoint.async_save has no effect without checkpoint.dir and "
+        "checkpoint.every > 0: only periodic checkpoints are written in the "
+        "background (the last step's is always written before the run ends)");
+  }
   return out;
 }
 

@@ -453,6 +453,26 @@ TEST(JobSpecWarnings, FewerMicrobatchesThanStagesIsAllowedWithAWarning) {
             "least 4 microbatches, better 4x that");
 }
 
+// checkpoint.async_save only changes periodic checkpoints: set without
+// them it is pointed out, not refused.
+TEST(JobSpecWarnings, BackgroundSavesWithoutPeriodicCheckpointsAreNamed) {
+  EXPECT_TRUE(
+      JobSpecWarnings(MustParse(kDesignExample, {"checkpoint.async_save=true"}))
+          .empty());
+  for (const std::vector<std::string>& sets :
+       {std::vector<std::string>{"checkpoint.async_save=true"},
+        std::vector<std::string>{"checkpoint.async_save=true",
+                                 "checkpoint.dir=/tmp/ck"}}) {
+    const std::vector<std::string> w =
+        JobSpecWarnings(MustParse(kMinimal, sets));
+    ASSERT_EQ(w.size(), 1u);
+    EXPECT_NE(w[0].find("checkpoint.async_save has no effect without "
+                        "checkpoint.dir and checkpoint.every > 0"),
+              std::string::npos)
+        << w[0];
+  }
+}
+
 // A large vocabulary's head on the last of evenly split stages: the advice
 // names the split that balances them (1 + 5 + 5 + 1 over 5 + 3 + 3 + 1,
 // equal at the slowest stage: fewer layers where 1F1B keeps the most

@@ -522,22 +522,19 @@ std::vector<ShardRun> Trainer::CheckpointRunsNow() {
                         &checkpoint_host_);
 }
 
+absl::Status Trainer::CommitPendingSave() {
+  if (!background_save_.pending()) return absl::OkStatus();
+  return background_save_.Finish(world()).status();
+}
+
 absl::StatusOr<std::string> Trainer::SaveCheckpointAt(int64_t step) {
-  if (background_save_.pending()) {
-    if (auto dir = background_save_.Finish(world()); !dir.ok()) {
-      return dir.status();
-    }
-  }
+  if (auto s = CommitPendingSave(); !s.ok()) return s;
   return SaveCheckpoint(spec_.checkpoint().dir(), CheckpointMetaAt(step),
                         CheckpointRunsNow(), world(), CheckpointSaveOptions());
 }
 
 absl::StatusOr<bool> Trainer::StartCheckpointAt(int64_t step) {
-  if (background_save_.pending()) {
-    if (auto dir = background_save_.Finish(world()); !dir.ok()) {
-      return dir.status();
-    }
-  }
+  if (auto s = CommitPendingSave(); !s.ok()) return s;
   return background_save_.Start(spec_.checkpoint().dir(),
                                 CheckpointMetaAt(step), CheckpointRunsNow(),
                                 world(), CheckpointSaveOptions());

@@ -232,6 +232,9 @@ class Trainer {
   BackgroundSave background_save_;
   double background_blocked_ = 0;
   bool stopped_ = false;
+  // Commits a background save still pending (unreported: Run reports
+  // its own before it gets here).
+  absl::Status CommitPendingSave();
   CheckpointMeta CheckpointMetaAt(int64_t step) const;
   SaveOptions CheckpointSaveOptions() const;
   // This rank's state as checkpoint runs (into the live state on the CPU).
