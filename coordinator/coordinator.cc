@@ -1478,8 +1478,9 @@ void Coordinator::ScheduleOnNodes(const std::vector<const Entry*>& waiting) {
   }
   if (blocked) return;  // queued jobs come before growing ones
   // Shrunk jobs grow back once their full size fits (their own slots
-  // counted as free), stopping right after their next checkpoint so that
-  // few steps are lost.
+  // counted as free). Under mpirun, SIGUSR1 has the ranks save a checkpoint
+  // at the end of the step they are in and exit 3: no step is lost. Under
+  // Slurm the attempt is cancelled right after its next checkpoint.
   for (auto& [id, run] : running_) {
     Entry& e = jobs_[id];
     const v1::Job& job = e.record.job;
@@ -1488,11 +1489,29 @@ void Coordinator::ScheduleOnNodes(const std::vector<const Entry*>& waiting) {
         run.leader_exit.has_value()) {
       continue;
     }
+    if (run.stop_asked_at.has_value()) {
+      // Ranks that do not stop in a hang timeout's time are killed.
+      if (absl::Now() - *run.stop_asked_at >
+          absl::Seconds(job.spec().restart().hang_timeout_s())) {
+        BeginKill(e, "");
+      }
+      continue;
+    }
     if (PlaceRanks(FreeNodes(nodes, id, OnGpus(job.spec())),
                    WorldSize(job.spec()), job.spec().parallel().tp(),
                    job.spec().resources().ranks_per_node())
             .empty()) {
       run.grow_after_step.reset();
+      continue;
+    }
+    const std::string reason =
+        absl::StrCat("stopped at step ", job.progress().step(),
+                     " to grow back to dp=", job.spec().parallel().dp(),
+                     " (the slots are free again)");
+    if (run.slurm_id.empty() && SignalLauncher(KeyOf(e.record), SIGUSR1)) {
+      run.growing = true;
+      run.kill_reason = reason;
+      run.stop_asked_at = absl::Now();
       continue;
     }
     if (!run.grow_after_step.has_value()) {
@@ -1504,10 +1523,7 @@ void Coordinator::ScheduleOnNodes(const std::vector<const Entry*>& waiting) {
       continue;
     }
     run.growing = true;
-    BeginKill(e,
-              absl::StrCat("stopped at step ", job.progress().step(),
-                           " to grow back to dp=", job.spec().parallel().dp(),
-                           " (the slots are free again)"));
+    BeginKill(e, reason);
   }
 }
 

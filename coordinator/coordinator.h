@@ -197,8 +197,10 @@ class Coordinator {
     bool is_child = true;  // false: re-adopted, not waitable
     pid_t pgid = 0;        // the wrapper shell, leader of the group; 0 unknown
     std::optional<absl::Time>
-        kill_at;                     // SIGKILL deadline once SIGTERM went out
-    std::string kill_reason;         // "hang at step N ..." when we killed it
+        kill_at;  // SIGKILL deadline once SIGTERM went out
+    // Why we ended it ("hang at step N ...", "stopped at step N to grow
+    // back ..."), when we did.
+    std::string kill_reason;
     std::optional<int> leader_exit;  // the wrapper's exit code once it ended
     bool lost = false;  // ended without an exit code we know (not counted)
     // Its end could not be written: not before this time again.
@@ -212,9 +214,12 @@ class Coordinator {
     // When the leader's exit was first seen (a failed multi-node attempt
     // waits for its nodes' heartbeats to tell a dead node from a bug).
     std::optional<absl::Time> ended_at;
-    // Growing back: the newest checkpoint step when slots were first seen
-    // free; the attempt stops at the next checkpoint after it.
+    // Growing back under Slurm: the newest checkpoint step when slots were
+    // first seen free; the attempt stops at the next checkpoint after it.
     std::optional<int64_t> grow_after_step;
+    // Growing back under mpirun: when SIGUSR1 asked its ranks to save a
+    // checkpoint at the end of their step and exit 3.
+    std::optional<absl::Time> stop_asked_at;
     int64_t newest_checkpoint = -1;  // reported by this attempt
     // Under Slurm: the attempt's Slurm job, its last state, when to ask
     // scontrol again.

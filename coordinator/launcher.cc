@@ -20,6 +20,7 @@
 #include <map>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -380,6 +381,19 @@ pid_t AttemptLeader(const AttemptKey& key, const std::string& attempt_dir) {
 void SignalAttempt(pid_t pgid, const AttemptKey& key, int sig) {
   if (pgid > 0) kill(-pgid, sig);
   for (pid_t p : AttemptProcesses(key)) kill(p, sig);
+}
+
+bool SignalLauncher(const AttemptKey& key, int sig) {
+  bool sent = false;
+  for (pid_t p : AttemptProcesses(key)) {
+    const std::string comm = std::string(absl::StripTrailingAsciiWhitespace(
+        ReadWholeFile("/proc/" + std::to_string(p) + "/comm")));
+    if (comm == "mpirun" || comm == "orterun" || comm == "mpiexec" ||
+        comm == "prterun") {
+      sent = kill(p, sig) == 0 || sent;
+    }
+  }
+  return sent;
 }
 
 std::optional<int> ReapChild(pid_t pid) {

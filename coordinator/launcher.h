@@ -129,6 +129,11 @@ pid_t AttemptLeader(const AttemptKey& key, const std::string& attempt_dir);
 // attempt.
 void SignalAttempt(pid_t pgid, const AttemptKey& key, int sig);
 
+// Sends `sig` to the attempt's mpirun only (which forwards SIGUSR1 and
+// SIGUSR2 to every rank, on every node): not to the wrapper shell or the
+// rsh agents, which the signal would end. False when it has none.
+bool SignalLauncher(const AttemptKey& key, int sig);
+
 // For a child of this process: the exit code once it has ended (128+signal
 // when killed), nullopt while it runs. Reaps it.
 std::optional<int> ReapChild(pid_t pid);

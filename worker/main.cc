@@ -288,13 +288,6 @@ int Run(int argc, char** argv) {
     }
     return absl::OkStatus();
   };
-  // SIGUSR1 from here on asks for a checkpoint and a stop (it would end the
-  // rank otherwise).
-  struct sigaction stop {};
-  stop.sa_handler = OnStopSignal;
-  sigemptyset(&stop.sa_mask);
-  stop.sa_flags = SA_RESTART;
-  ::sigaction(SIGUSR1, &stop, nullptr);
   // A failed allocation (or any exception) is an error like the others:
   // every rank still reaches AgreeOnSetup.
   absl::Status setup;
@@ -340,6 +333,13 @@ int Run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // SIGUSR1 asks for a checkpoint and a stop (the trainer looks at the flag
+  // after every step); from the start, as it would end the rank otherwise.
+  struct sigaction stop {};
+  stop.sa_handler = OnStopSignal;
+  sigemptyset(&stop.sa_mask);
+  stop.sa_flags = SA_RESTART;
+  ::sigaction(SIGUSR1, &stop, nullptr);
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int rc = 0;

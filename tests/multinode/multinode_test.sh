@@ -228,8 +228,9 @@ node_death_shrink)
   ;;
 
 node_returns_grow)
-  # Node 2 dies, the job shrinks to dp=1; node 2 comes back: the job stops
-  # after its next checkpoint, resumes at dp=2 on both nodes and succeeds.
+  # Node 2 dies, the job shrinks to dp=1; node 2 comes back: SIGUSR1 has
+  # the ranks save the step they are in and stop, and the job resumes at
+  # dp=2 on both nodes from that step and succeeds.
   start_node 1; start_node 2; wait_nodes_up 1 2
   id=$(submit --set train.steps=1500 --set checkpoint.every=50 \
     --set restart.allow_shrink=true --set restart.allow_grow=true)
@@ -244,9 +245,9 @@ node_returns_grow)
   [[ $(jget "$id" "j['dp']") == 2 ]] || fail "not at dp=2 at the end"
   events "$id" | grep -q "to grow back to dp=2.*not counted as a restart" ||
     fail "no grow event: $(events "$id" | grep -v checkpoint)"
-  # Stopped right after a checkpoint: attempt 3 starts where attempt 2's
-  # last checkpoint left off, and at most a few steps after it were lost.
-  python3 "$SRC/tests/testing/resume_point.py" "$T/state/jobs/$id" 2 3 49 grow_steps_lost ||
+  # Stopped at a checkpoint of its last step: attempt 3 starts right after
+  # attempt 2's last step, no step lost.
+  python3 "$SRC/tests/testing/resume_point.py" "$T/state/jobs/$id" 2 3 0 grow_steps_lost ||
     fail "grow resume point"
   ;;
 
