@@ -556,7 +556,8 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& id) {
   u.record = e->record;
   v1::Job& job = u.record.job;
   job.set_cancel_requested(true);
-  const bool waiting = IsWaiting(job.state());
+  const bool waiting =
+      IsWaiting(job.state()) || job.state() == v1::JOB_STATE_PAUSED;
   if (waiting) {
     job.set_state(v1::JOB_STATE_CANCELLED);
     job.set_finished_unix_ms(NowMs());
@@ -570,6 +571,76 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& id) {
     BeginKill(*e, "");
     wake_.Signal();
   }
+  return e->record.job;
+}
+
+absl::StatusOr<v1::Job> Coordinator::Pause(const std::string& id) {
+  if (id.empty()) return absl::InvalidArgumentError("job_id is empty");
+  absl::MutexLock lock(&mu_);
+  Entry* e = Find(id);
+  if (e == nullptr) return UnknownJob(id);
+  const v1::Job& now = e->record.job;
+  if (IsFinal(now.state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", id, " is ", StateName(now.state()),
+                     ": only a queued or running job can be paused"));
+  }
+  if (now.state() == v1::JOB_STATE_PAUSED || now.pause_requested() ||
+      now.cancel_requested()) {
+    return now;  // idempotent; a cancel goes on
+  }
+  auto run = running_.find(id);
+  if (run != running_.end() && options_.slurm) {
+    return absl::UnimplementedError(absl::StrCat(
+        "job ", id,
+        " runs under --launcher slurm, where pausing a running job is not "
+        "built (cancel it, or pause it while it is queued)"));
+  }
+  JobUpdate u;
+  u.record = e->record;
+  v1::Job& job = u.record.job;
+  const bool waiting = run == running_.end();
+  if (waiting) {
+    job.set_state(v1::JOB_STATE_PAUSED);
+    u.event = "paused before it ran";
+  } else {
+    job.set_pause_requested(true);
+    u.event = "pause requested";
+  }
+  if (absl::Status s = Commit(*e, std::move(u)); !s.ok()) return s;
+  if (!waiting) {
+    Running& r = run->second;
+    // The ranks save and exit 3; killed a hang timeout later if they do
+    // not (or at once when no launcher can be signalled: steps since the
+    // last checkpoint are lost then).
+    if (SignalLauncher(KeyOf(e->record), SIGUSR1)) {
+      r.stop_asked_at = absl::Now();
+    } else {
+      BeginKill(*e, "");
+    }
+    wake_.Signal();
+  }
+  return e->record.job;
+}
+
+absl::StatusOr<v1::Job> Coordinator::Resume(const std::string& id) {
+  if (id.empty()) return absl::InvalidArgumentError("job_id is empty");
+  absl::MutexLock lock(&mu_);
+  Entry* e = Find(id);
+  if (e == nullptr) return UnknownJob(id);
+  const v1::Job& now = e->record.job;
+  if (now.state() != v1::JOB_STATE_PAUSED) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", id, " is ", StateName(now.state()),
+                     now.pause_requested() ? " (pausing)" : "",
+                     ": only a PAUSED job can be resumed"));
+  }
+  JobUpdate u;
+  u.record = e->record;
+  u.record.job.set_state(v1::JOB_STATE_QUEUED);
+  u.event = "resumed: queued again";
+  if (absl::Status s = Commit(*e, std::move(u)); !s.ok()) return s;
+  wake_.Signal();
   return e->record.job;
 }
 
@@ -1079,6 +1150,7 @@ void Coordinator::OnAttemptEnded(Entry& e) {
   next.attempt_uid.clear();
 
   const int max = job.spec().restart().max_restarts();
+  if (job.cancel_requested() || error.empty()) job.set_pause_requested(false);
   if (job.cancel_requested()) {
     job.set_state(v1::JOB_STATE_CANCELLED);
     job.set_finished_unix_ms(NowMs());
@@ -1088,6 +1160,15 @@ void Coordinator::OnAttemptEnded(Entry& e) {
     job.set_finished_unix_ms(NowMs());
     job.set_error("");
     u.event = absl::StrCat("succeeded on attempt ", n);
+  } else if (job.pause_requested()) {
+    // Exit 3 when its ranks saved and stopped as asked; whatever else
+    // ended it, it waits for ResumeJob now.
+    job.set_pause_requested(false);
+    job.set_state(v1::JOB_STATE_PAUSED);
+    job.set_error(exit_code == kExitStopped ? "" : error);
+    u.event =
+        absl::StrCat("paused after step ", job.progress().step(), " (attempt ",
+                     n, " ended with exit code ", exit_code, ")");
   } else if (run.lost || run.node_lost || run.growing) {
     // Not the job's fault: requeued without using up a restart.
     job.set_error(run.growing ? "" : error);
@@ -1338,6 +1419,13 @@ void Coordinator::Supervise() {
       continue;
     }
     const int64_t timeout_s = e.record.job.spec().restart().hang_timeout_s();
+    // Asked to save and stop (SIGUSR1: pause, grow back): ranks still
+    // running a hang timeout later are killed.
+    if (run.stop_asked_at.has_value() && !run.kill_at.has_value() &&
+        now - *run.stop_asked_at > absl::Seconds(timeout_s)) {
+      BeginKill(e, "");
+      continue;
+    }
     const absl::Duration silent = now - run.last_report;
     if (!run.kill_at.has_value() && timeout_s > 0 &&
         silent > absl::Seconds(timeout_s)) {
@@ -1489,14 +1577,7 @@ void Coordinator::ScheduleOnNodes(const std::vector<const Entry*>& waiting) {
         run.leader_exit.has_value()) {
       continue;
     }
-    if (run.stop_asked_at.has_value()) {
-      // Ranks that do not stop in a hang timeout's time are killed.
-      if (absl::Now() - *run.stop_asked_at >
-          absl::Seconds(job.spec().restart().hang_timeout_s())) {
-        BeginKill(e, "");
-      }
-      continue;
-    }
+    if (run.stop_asked_at.has_value()) continue;  // asked already
     if (PlaceRanks(FreeNodes(nodes, id, OnGpus(job.spec())),
                    WorldSize(job.spec()), job.spec().parallel().tp(),
                    job.spec().resources().ranks_per_node())

@@ -129,6 +129,9 @@ class Coordinator {
                                          bool include_loss_history);
   absl::StatusOr<std::vector<v1::Job>> List(v1::JobState state, int limit);
   absl::StatusOr<v1::Job> Cancel(const std::string& id);
+  // PauseJob / ResumeJob (coordinator.proto).
+  absl::StatusOr<v1::Job> Pause(const std::string& id);
+  absl::StatusOr<v1::Job> Resume(const std::string& id);
   absl::StatusOr<std::vector<v1::Checkpoint>> Checkpoints(
       const std::string& id);
 

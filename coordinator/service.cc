@@ -136,6 +136,24 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
     return Done(ctx, job.status());
   }
 
+  grpc::ServerUnaryReactor* PauseJob(grpc::CallbackServerContext* ctx,
+                                     const v1::PauseJobRequest* req,
+                                     v1::PauseJobResponse* resp) override {
+    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
+    absl::StatusOr<v1::Job> job = c_->Pause(req->job_id());
+    if (job.ok()) *resp->mutable_job() = std::move(*job);
+    return Done(ctx, job.status());
+  }
+
+  grpc::ServerUnaryReactor* ResumeJob(grpc::CallbackServerContext* ctx,
+                                      const v1::ResumeJobRequest* req,
+                                      v1::ResumeJobResponse* resp) override {
+    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
+    absl::StatusOr<v1::Job> job = c_->Resume(req->job_id());
+    if (job.ok()) *resp->mutable_job() = std::move(*job);
+    return Done(ctx, job.status());
+  }
+
   grpc::ServerUnaryReactor* ListCheckpoints(
       grpc::CallbackServerContext* ctx, const v1::ListCheckpointsRequest* req,
       v1::ListCheckpointsResponse* resp) override {

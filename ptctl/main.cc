@@ -382,7 +382,9 @@ int Get(Client& client, const std::string& id) {
       "id:        %s\nname:      %s\nstate:     %s%s\nattempts:  %d\nslots:    "
       " %d\n",
       j.id().c_str(), j.name().c_str(), StateName(j.state()).c_str(),
-      j.cancel_requested() && !IsFinal(j.state()) ? " (cancelling)" : "",
+      j.cancel_requested() && !IsFinal(j.state()) ? " (cancelling)"
+      : j.pause_requested()                       ? " (pausing)"
+                                                  : "",
       j.attempts(), j.world_size());
   std::printf(
       "step:      %lld/%lld\nloss:      %.4f\nval_loss:  %.4f\ntok/s:     "
@@ -442,6 +444,19 @@ int List(Client& client, int limit, const std::string& state) {
   return 0;
 }
 
+// "ID STATE", or what the job is on its way to while the attempt ends.
+void PrintJobState(Client& client, const ptrain::v1::Job& job) {
+  if (client.options().output == "json") {
+    std::printf("%s\n", ToJson(job).c_str());
+  } else if (job.cancel_requested() && !IsFinal(job.state())) {
+    std::printf("%s cancelling\n", job.id().c_str());
+  } else if (job.pause_requested()) {
+    std::printf("%s pausing\n", job.id().c_str());
+  } else {
+    std::printf("%s %s\n", job.id().c_str(), StateName(job.state()).c_str());
+  }
+}
+
 int Cancel(Client& client, const std::string& id) {
   ptrain::v1::CancelJobRequest req;
   req.set_job_id(id);
@@ -449,14 +464,30 @@ int Cancel(Client& client, const std::string& id) {
   auto ctx = client.Context();
   const grpc::Status s = client.stub().CancelJob(ctx.get(), req, &resp);
   if (!s.ok()) return RpcError(s);
-  if (client.options().output == "json") {
-    std::printf("%s\n", ToJson(resp.job()).c_str());
+  PrintJobState(client, resp.job());
+  return 0;
+}
+
+// `pause` (running: save, stop and wait for `resume`) or `resume`.
+int PauseOrResume(Client& client, const std::string& id, bool pause) {
+  ptrain::v1::Job job;
+  auto ctx = client.Context();
+  grpc::Status s;
+  if (pause) {
+    ptrain::v1::PauseJobRequest req;
+    req.set_job_id(id);
+    ptrain::v1::PauseJobResponse resp;
+    s = client.stub().PauseJob(ctx.get(), req, &resp);
+    job = resp.job();
   } else {
-    std::printf("%s %s\n", resp.job().id().c_str(),
-                IsFinal(resp.job().state())
-                    ? StateName(resp.job().state()).c_str()
-                    : "cancelling");
+    ptrain::v1::ResumeJobRequest req;
+    req.set_job_id(id);
+    ptrain::v1::ResumeJobResponse resp;
+    s = client.stub().ResumeJob(ctx.get(), req, &resp);
+    job = resp.job();
   }
+  if (!s.ok()) return RpcError(s);
+  PrintJobState(client, job);
   return 0;
 }
 
@@ -650,6 +681,14 @@ int Run(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   auto* cancel = app.add_subcommand("cancel", "cancel a job (idempotent)");
   cancel->add_option("JOB", job)->required();
+  auto* pause = app.add_subcommand(
+      "pause",
+      "stop a job until `resume`: a running one saves a checkpoint of the "
+      "step it is in first (idempotent)");
+  pause->add_option("JOB", job)->required();
+  auto* resume = app.add_subcommand(
+      "resume", "queue a paused job again; it goes on from its checkpoint");
+  resume->add_option("JOB", job)->required();
   auto* watch_cmd = app.add_subcommand("watch", "follow a job until it ends");
   watch_cmd->add_option("JOB", job)->required();
   auto* ckpts = app.add_subcommand("checkpoints", "list a job's checkpoints");
@@ -679,6 +718,8 @@ int Run(int argc, char** argv) {
   if (*list) return List(client, list_limit, list_state);
   if (*logs) return Logs(client, job, follow, attempt, rank);
   if (*cancel) return Cancel(client, job);
+  if (*pause) return PauseOrResume(client, job, true);
+  if (*resume) return PauseOrResume(client, job, false);
   if (*watch_cmd) return Watch(client, job);
   if (*ckpts) return Checkpoints(client, job);
   if (*nodes) return Nodes(client);

@@ -130,6 +130,18 @@ class CoordinatorTest : public ::testing::Test {
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;
   }
+  // A coordinator running one job whose fake rank sleeps (cancel grace
+  // 5 s, no hang timeout in sight); its id in *id.
+  std::unique_ptr<Coordinator> MakeWithSleepingJob(std::string* id) {
+    setenv("FAKE_MODE", "sleep", 1);
+    options_.cancel_grace = absl::Seconds(5);
+    auto c = Make();
+    auto job = c->Submit(kSpec, {"restart.hang_timeout_s=600"});
+    EXPECT_TRUE(job.ok()) << job.status();
+    *id = job.ok() ? job->id() : "";
+    TickUntil(*c, *id, v1::JOB_STATE_RUNNING);
+    return c;
+  }
   // Ticks until the job reaches `state` or 20 s pass.
   v1::Job TickUntil(Coordinator& c, const std::string& id, v1::JobState state) {
     v1::Job job;
@@ -262,6 +274,64 @@ TEST_F(CoordinatorTest, CancelQueuedJobTwiceIsIdempotent) {
   EXPECT_EQ(first->finished_unix_ms(), second->finished_unix_ms());
 }
 
+// PauseJob / ResumeJob: a queued job is PAUSED at once and not scheduled;
+// ResumeJob queues it again and it runs; what is not PAUSED cannot be
+// resumed, what has ended cannot be paused; a PAUSED job cancels at once.
+TEST_F(CoordinatorTest, PausedQueuedJobWaitsUntilResumed) {
+  auto c = Make();
+  auto job = c->Submit(kSpec, {});
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto not_paused = c->Resume(job->id());
+  EXPECT_EQ(not_paused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(not_paused.status().message().find(
+                "is QUEUED: only a PAUSED job can be resumed"),
+            std::string::npos)
+      << not_paused.status();
+  auto paused = c->Pause(job->id());
+  ASSERT_TRUE(paused.ok()) << paused.status();
+  EXPECT_EQ(paused->state(), v1::JOB_STATE_PAUSED);
+  for (int i = 0; i < 10; ++i) c->Tick();
+  EXPECT_EQ(c->Get(job->id(), false)->job().state(), v1::JOB_STATE_PAUSED);
+  EXPECT_EQ(c->Get(job->id(), false)->job().attempts(), 0);
+  EXPECT_TRUE(c->Pause(job->id()).ok());  // idempotent
+  auto resumed = c->Resume(job->id());
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->state(), v1::JOB_STATE_QUEUED);
+  const v1::Job done = TickUntil(*c, job->id(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED);
+  auto ended = c->Pause(job->id());
+  EXPECT_EQ(ended.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(ended.status().message().find("is SUCCEEDED"), std::string::npos)
+      << ended.status();
+
+  auto other = c->Submit(kSpec, {});
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE(c->Pause(other->id()).ok());
+  auto cancelled = c->Cancel(other->id());
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state(), v1::JOB_STATE_CANCELLED);
+}
+
+// A running attempt that cannot be asked to save (no mpirun: this fake) is
+// stopped anyway; the job is PAUSED once it has ended, and resumes as a new
+// attempt.
+TEST_F(CoordinatorTest, PausedRunningJobIsPausedOnceItsAttemptEnds) {
+  std::string id;
+  auto c = MakeWithSleepingJob(&id);
+  auto asked = c->Pause(id);
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  EXPECT_TRUE(asked->pause_requested());
+  const v1::Job paused = TickUntil(*c, id, v1::JOB_STATE_PAUSED);
+  ASSERT_EQ(paused.state(), v1::JOB_STATE_PAUSED);
+  EXPECT_FALSE(paused.pause_requested());
+  EXPECT_EQ(paused.attempts(), 1);
+  ASSERT_TRUE(c->Resume(id).ok());
+  const v1::Job again = TickUntil(*c, id, v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(again.attempts(), 2);
+  ASSERT_TRUE(c->Cancel(id).ok());
+  TickUntil(*c, id, v1::JOB_STATE_CANCELLED);
+}
+
 TEST_F(CoordinatorTest, ExitZeroSucceeds) {
   auto c = Make();
   auto job = c->Submit(kSpec, {});
@@ -324,15 +394,11 @@ TEST_F(CoordinatorTest, SilentAttemptIsKilledAsHangAndRestarted) {
 }
 
 TEST_F(CoordinatorTest, CancelRunningJobEndsEveryProcess) {
-  setenv("FAKE_MODE", "sleep", 1);
-  options_.cancel_grace = absl::Seconds(5);
-  auto c = Make();
-  auto job = c->Submit(kSpec, {"restart.hang_timeout_s=600"});
-  ASSERT_TRUE(job.ok());
-  TickUntil(*c, job->id(), v1::JOB_STATE_RUNNING);
-  ASSERT_TRUE(c->Cancel(job->id()).ok());
-  ASSERT_TRUE(c->Cancel(job->id()).ok());
-  const v1::Job done = TickUntil(*c, job->id(), v1::JOB_STATE_CANCELLED);
+  std::string id;
+  auto c = MakeWithSleepingJob(&id);
+  ASSERT_TRUE(c->Cancel(id).ok());
+  ASSERT_TRUE(c->Cancel(id).ok());
+  const v1::Job done = TickUntil(*c, id, v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(done.state(), v1::JOB_STATE_CANCELLED);
 }
 

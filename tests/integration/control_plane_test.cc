@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -19,6 +20,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "coordinator/launcher.h"
 #include "grpcpp/grpcpp.h"
@@ -553,14 +555,27 @@ TEST_F(ControlPlaneTest, KilledRankResumesFromCheckpointBitIdentical) {
   EXPECT_EQ(final_loss(resumed), final_loss(Get(ref)));
 }
 
+// The first and the last training step attempt `attempt` reported.
+std::pair<int64_t, int64_t> StepsOfAttempt(const json& j, int attempt) {
+  int64_t first = std::numeric_limits<int64_t>::max(), last = -1;
+  for (const json& p : j["loss_history"]) {
+    if (p.value("loss", 0.0) <= 0 || p.value("attempt", 0) != attempt) continue;
+    first = std::min(first, Int(p, "step"));
+    last = std::max(last, Int(p, "step"));
+  }
+  return {first, last};
+}
+
 // SIGUSR1 to the attempt's mpirun (a preemption notice), which forwards it
-// to every rank: the ranks save a checkpoint of the step they are at, stop
+// to every rank: the ranks save a checkpoint of the step they are in, stop
 // with exit code 3, and the job is requeued from it without using up a
 // restart (max_restarts=0 here), its second attempt going on from the very
-// next step: no step is lost or repeated.
+// next step: no step is lost or repeated. (Steps enough that the job is
+// still running when signalled, however slow the machine; it is cancelled
+// once the second attempt is seen going on.)
 TEST_F(ControlPlaneTest, SignalledJobSavesStopsAndResumesWithoutARestart) {
   const std::string id =
-      Submit({"train.steps=600", "parallel.dp=2", "checkpoint.every=0",
+      Submit({"train.steps=1000000", "parallel.dp=2", "checkpoint.every=0",
               "restart.max_restarts=0"});
   ASSERT_TRUE(WaitFor([&] { return Step(id) >= 25; }, 180)) << Get(id).dump();
   pid_t launcher = 0;
@@ -572,25 +587,65 @@ TEST_F(ControlPlaneTest, SignalledJobSavesStopsAndResumesWithoutARestart) {
   }
   ASSERT_NE(launcher, 0);
   kill(launcher, SIGUSR1);
-  ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_SUCCEEDED"; }, 240))
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const json j = Get(id);
+        return j.contains("job") && j["job"]["attempts"] == 2 &&
+               StepsOfAttempt(j, 2).second >= StepsOfAttempt(j, 1).second + 5;
+      },
+      240))
       << Get(id).dump();
   const json j = Get(id);
-  ASSERT_EQ(j["job"]["attempts"], 2) << j.dump();
+  EXPECT_EQ(j["job"]["state"], "JOB_STATE_RUNNING") << j.dump();
   ASSERT_EQ(j["attempts"].size(), 2u) << j.dump();
   EXPECT_EQ(Int(j["attempts"][0], "exit_code"), 3) << j.dump();
-  int64_t last_of_first = -1, first_of_second = 1 << 30;
-  for (const json& p : j["loss_history"]) {
-    if (p.value("loss", 0.0) <= 0) continue;
-    const int64_t step = Int(p, "step");
-    if (p.value("attempt", 0) == 1) {
-      last_of_first = std::max(last_of_first, step);
-    } else {
-      first_of_second = std::min(first_of_second, step);
-    }
-  }
-  EXPECT_GE(last_of_first, 25);
-  EXPECT_LT(last_of_first, 600);
-  EXPECT_EQ(first_of_second, last_of_first + 1) << j.dump();
+  const int64_t stopped = StepsOfAttempt(j, 1).second;
+  EXPECT_GE(stopped, 25);
+  EXPECT_EQ(StepsOfAttempt(j, 2).first, stopped + 1) << j.dump();
+  ASSERT_EQ(Ptctl("cancel " + id).rc, 0);
+  EXPECT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_CANCELLED"; }, 120));
+}
+
+// `ptctl pause`: the running job's ranks save the step they are in and
+// stop, the job is PAUSED (no attempt runs, nothing is lost); `ptctl
+// resume` queues it and the next attempt goes on from the next step.
+TEST_F(ControlPlaneTest, PausedJobSavesWaitsAndResumesWhereItStopped) {
+  const std::string id =
+      Submit({"train.steps=1000000", "parallel.dp=2", "checkpoint.every=0"});
+  ASSERT_TRUE(WaitFor([&] { return Step(id) >= 25; }, 180)) << Get(id).dump();
+  Result r = Ptctl("pause " + id);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find(id + " pausing"), std::string::npos) << r.out;
+  ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_PAUSED"; }, 120))
+      << Get(id).dump();
+  EXPECT_TRUE(WaitFor([&] { return JobProcesses(id).empty(); }, 30));
+  const int64_t stopped = Step(id);
+  EXPECT_EQ(StepsOfAttempt(Get(id), 1).second, stopped);
+  sleep(1);
+  EXPECT_EQ(State(id), "JOB_STATE_PAUSED");
+  EXPECT_EQ(Get(id)["job"]["attempts"], 1);
+  r = Ptctl("checkpoints " + id);
+  EXPECT_NE(r.out.find(absl::StrFormat("step-%08d", stopped)),
+            std::string::npos)
+      << "no checkpoint of step " << stopped << ": " << r.out;
+  r = Ptctl("resume " + id);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const json j = Get(id);
+        return j.contains("job") && j["job"]["attempts"] == 2 &&
+               StepsOfAttempt(j, 2).second >= stopped + 5;
+      },
+      240))
+      << Get(id).dump();
+  EXPECT_EQ(StepsOfAttempt(Get(id), 2).first, stopped + 1);
+  r = Ptctl("resume " + id);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.out.find("is RUNNING: only a PAUSED job can be resumed"),
+            std::string::npos)
+      << r.out;
+  ASSERT_EQ(Ptctl("cancel " + id).rc, 0);
+  EXPECT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_CANCELLED"; }, 120));
 }
 
 // Needs ptworker's PTRAIN_TEST_HANG_AT_STEP hook.
