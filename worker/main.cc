@@ -24,6 +24,7 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -48,7 +49,15 @@ constexpr int kExitStopped = 3;
 std::atomic<bool> g_stop_requested{false};
 static_assert(std::atomic<bool>::is_always_lock_free);
 
-void OnStopSignal(int) { g_stop_requested.store(true); }
+// SIGUSR1 is blocked in every thread (set before any is created, so all
+// inherit it) and taken by this one alone with sigwait: no thread of MPI,
+// OpenMP or the allocator is ever interrupted by it.
+void WaitForStopSignals(sigset_t signals) {
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&signals, &sig) == 0) g_stop_requested.store(true);
+  }
+}
 
 bool IsInputError(const absl::Status& s) {
   switch (s.code()) {
@@ -335,11 +344,11 @@ int Run(int argc, char** argv) {
 int main(int argc, char** argv) {
   // SIGUSR1 asks for a checkpoint and a stop (the trainer looks at the flag
   // after every step); from the start, as it would end the rank otherwise.
-  struct sigaction stop {};
-  stop.sa_handler = OnStopSignal;
-  sigemptyset(&stop.sa_mask);
-  stop.sa_flags = SA_RESTART;
-  ::sigaction(SIGUSR1, &stop, nullptr);
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::thread(WaitForStopSignals, stop_signals).detach();
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int rc = 0;
