@@ -1150,7 +1150,9 @@ void Coordinator::OnAttemptEnded(Entry& e) {
   next.attempt_uid.clear();
 
   const int max = job.spec().restart().max_restarts();
-  if (job.cancel_requested() || error.empty()) job.set_pause_requested(false);
+  // A pause asked of this attempt is answered by its end, one way or another.
+  const bool pausing = job.pause_requested();
+  job.set_pause_requested(false);
   if (job.cancel_requested()) {
     job.set_state(v1::JOB_STATE_CANCELLED);
     job.set_finished_unix_ms(NowMs());
@@ -1160,10 +1162,9 @@ void Coordinator::OnAttemptEnded(Entry& e) {
     job.set_finished_unix_ms(NowMs());
     job.set_error("");
     u.event = absl::StrCat("succeeded on attempt ", n);
-  } else if (job.pause_requested()) {
+  } else if (pausing) {
     // Exit 3 when its ranks saved and stopped as asked; whatever else
     // ended it, it waits for ResumeJob now.
-    job.set_pause_requested(false);
     job.set_state(v1::JOB_STATE_PAUSED);
     job.set_error(exit_code == kExitStopped ? "" : error);
     u.event =

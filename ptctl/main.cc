@@ -364,6 +364,14 @@ int Submit(Client& client, const std::string& file,
   return watch ? Watch(client, resp.job().id()) : 0;
 }
 
+// What a job not yet ended is on its way to while its attempt ends:
+// "cancelling", "pausing", or "".
+std::string Ending(const ptrain::v1::Job& job) {
+  if (job.cancel_requested() && !IsFinal(job.state())) return "cancelling";
+  if (job.pause_requested()) return "pausing";
+  return "";
+}
+
 int Get(Client& client, const std::string& id) {
   ptrain::v1::GetJobRequest req;
   req.set_job_id(id);
@@ -378,14 +386,13 @@ int Get(Client& client, const std::string& id) {
   }
   const auto& j = resp.job();
   const auto& p = j.progress();
+  const std::string ending = Ending(j);
   std::printf(
       "id:        %s\nname:      %s\nstate:     %s%s\nattempts:  %d\nslots:    "
       " %d\n",
       j.id().c_str(), j.name().c_str(), StateName(j.state()).c_str(),
-      j.cancel_requested() && !IsFinal(j.state()) ? " (cancelling)"
-      : j.pause_requested()                       ? " (pausing)"
-                                                  : "",
-      j.attempts(), j.world_size());
+      ending.empty() ? "" : (" (" + ending + ")").c_str(), j.attempts(),
+      j.world_size());
   std::printf(
       "step:      %lld/%lld\nloss:      %.4f\nval_loss:  %.4f\ntok/s:     "
       "%.0f\n",
@@ -448,13 +455,11 @@ int List(Client& client, int limit, const std::string& state) {
 void PrintJobState(Client& client, const ptrain::v1::Job& job) {
   if (client.options().output == "json") {
     std::printf("%s\n", ToJson(job).c_str());
-  } else if (job.cancel_requested() && !IsFinal(job.state())) {
-    std::printf("%s cancelling\n", job.id().c_str());
-  } else if (job.pause_requested()) {
-    std::printf("%s pausing\n", job.id().c_str());
-  } else {
-    std::printf("%s %s\n", job.id().c_str(), StateName(job.state()).c_str());
+    return;
   }
+  const std::string ending = Ending(job);
+  std::printf("%s %s\n", job.id().c_str(),
+              ending.empty() ? StateName(job.state()).c_str() : ending.c_str());
 }
 
 int Cancel(Client& client, const std::string& id) {

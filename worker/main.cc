@@ -47,7 +47,6 @@ constexpr int kExitStopped = 3;
 
 // Set by SIGUSR1: save at the end of this step and stop.
 std::atomic<bool> g_stop_requested{false};
-static_assert(std::atomic<bool>::is_always_lock_free);
 
 // SIGUSR1 is blocked in every thread (set before any is created, so all
 // inherit it) and taken by this one alone with sigwait: no thread of MPI,
