@@ -3,20 +3,15 @@
 // here. Only the defaults and the validation rules name fields one by one.
 #include "common/spec.h"
 
-#include <fcntl.h>
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <set>
@@ -34,6 +29,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/bounded_file.h"
 
 namespace ptrain {
 namespace {
@@ -1121,47 +1117,15 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(
   return spec;
 }
 
-absl::StatusOr<std::string> ReadJobSpecFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat("cannot open job spec '", path,
-                                            "': ", std::strerror(errno)));
-  }
-  struct stat st;
-  if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(
-        absl::StrCat("job spec '", path, "' is a directory, not a file"));
-  }
-  // Read one byte past the limit rather than trusting st_size, which is 0
-  // for pipes such as /dev/stdin.
-  std::string text(kMaxSpecBytes + 1, '\0');
-  size_t got = 0;
-  while (got < text.size()) {
-    const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cannot read job spec '", path, "': ", std::strerror(err)));
-    }
-    if (n == 0) break;
-    got += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  if (got > kMaxSpecBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job spec '", path, "' is larger than 1 MiB (",
-                     kMaxSpecBytes, " bytes); is it the right file?"));
-  }
-  text.resize(got);
-  return text;
+absl::StatusOr<std::string> ReadJobSpecFile(const std::string& path,
+                                            std::string_view what) {
+  return ReadBoundedFile(ToAbsl(what), path, kMaxSpecBytes);
 }
 
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(
-    const std::string& path, const std::vector<std::string>& overrides) {
-  absl::StatusOr<std::string> text = ReadJobSpecFile(path);
+    const std::string& path, const std::vector<std::string>& overrides,
+    std::string_view what) {
+  absl::StatusOr<std::string> text = ReadJobSpecFile(path, what);
   if (!text.ok()) return text.status();
   return ParseJobSpec(*text, overrides, path);
 }

@@ -47,15 +47,18 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(
     std::string_view yaml_text, const std::vector<std::string>& overrides = {},
     std::string_view source = "job spec");
 
-// Reads at most kMaxSpecBytes of `path` (a file, or a pipe such as
-// /dev/stdin, never more whatever the file is). NotFound when it cannot be
-// opened; InvalidArgument naming the path when it is a folder, unreadable or
-// larger than the limit.
-absl::StatusOr<std::string> ReadJobSpecFile(const std::string& path);
+// The text of the job spec file `path`: ReadBoundedFile (a regular file of
+// at most kMaxSpecBytes; a folder, a device or a pipe is refused), whose
+// messages `what` leads (the flag that named the file, e.g. "--config").
+// NotFound when it does not exist; InvalidArgument (PermissionDenied)
+// naming `what` and the path otherwise.
+absl::StatusOr<std::string> ReadJobSpecFile(const std::string& path,
+                                            std::string_view what = "job spec");
 
-// ReadJobSpecFile, then ParseJobSpec.
+// ReadJobSpecFile, then ParseJobSpec with the path as the source.
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(
-    const std::string& path, const std::vector<std::string>& overrides = {});
+    const std::string& path, const std::vector<std::string>& overrides = {},
+    std::string_view what = "job spec");
 
 // GPT-2's vocabulary: an llm.c token file's when model.vocab_size is 0.
 inline constexpr int kGpt2VocabSize = 50257;

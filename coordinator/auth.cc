@@ -8,31 +8,42 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <random>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/bounded_file.h"
+#include "common/header_value.h"
 
 namespace ptrain {
 
-absl::StatusOr<std::vector<std::string>> LoadTokenFile(
-    const std::string& path) {
-  std::ifstream in(path);
-  if (!in)
-    return absl::NotFoundError(absl::StrCat("cannot read token file ", path));
+absl::StatusOr<std::vector<std::string>> LoadTokenFile(const std::string& path,
+                                                       absl::string_view what) {
+  absl::StatusOr<std::string> text =
+      ReadBoundedFile(what, path, kMaxTokenFileBytes);
+  if (!text.ok()) return text.status();
   std::vector<std::string> tokens;
-  std::string line;
-  while (std::getline(in, line)) {
-    std::string t(absl::StripAsciiWhitespace(line));
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    ++line_number;
+    const absl::string_view t = absl::StripAsciiWhitespace(line);
     if (t.empty() || t[0] == '#') continue;
-    tokens.push_back(std::move(t));
+    // Each token goes into an `authorization` header, as is: a byte gRPC
+    // refuses there would abort the process that sends it.
+    if (absl::Status s = CheckHeaderValue(
+            absl::StrCat(what, " ", path, ": line ", line_number, ": token"),
+            t);
+        !s.ok()) {
+      return s;
+    }
+    tokens.emplace_back(t);
   }
   if (tokens.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("token file ", path, " holds no token"));
+        absl::StrCat(what, " ", path, ": holds no token"));
   }
   return tokens;
 }
@@ -125,9 +136,14 @@ absl::Status CheckBearerHash(const std::optional<std::string>& authorization,
   if (!token.ok()) return token.status();
   // Both sides are 64 hex characters, so the comparison's time says nothing
   // about the stored hash.
-  if (sha256_hex.empty() || !ConstantTimeEquals(Sha256Hex(*token), sha256_hex))
+  if (!SecretMatches(*token, sha256_hex))
     return absl::UnauthenticatedError("invalid token");
   return absl::OkStatus();
+}
+
+bool SecretMatches(absl::string_view secret, const std::string& sha256_hex) {
+  return !sha256_hex.empty() &&
+         ConstantTimeEquals(Sha256Hex(secret), sha256_hex);
 }
 
 std::string NewUlid() {

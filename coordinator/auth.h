@@ -5,6 +5,7 @@
 #ifndef PTRAIN_COORDINATOR_AUTH_H_
 #define PTRAIN_COORDINATOR_AUTH_H_
 
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,10 +16,18 @@
 
 namespace ptrain {
 
+// A token file is a few lines; anything larger is the wrong file.
+inline constexpr size_t kMaxTokenFileBytes = size_t{64} << 10;
+
 // One token per line; blank lines and lines starting with '#' are skipped,
-// surrounding whitespace trimmed. An empty or unreadable file is an error:
-// a coordinator nobody can use is a configuration mistake.
-absl::StatusOr<std::vector<std::string>> LoadTokenFile(const std::string& path);
+// surrounding whitespace trimmed. The file is read with ReadBoundedFile (a
+// regular file of at most kMaxTokenFileBytes), and every token must pass
+// CheckHeaderValue, as it is sent in a header. An empty or unreadable file
+// is an error: a coordinator nobody can use is a configuration mistake.
+// Messages start with `what` (the flag that named the file) and the path,
+// and name the line of a bad token (never the token).
+absl::StatusOr<std::vector<std::string>> LoadTokenFile(
+    const std::string& path, absl::string_view what = "token file");
 
 // Extracts TOKEN from "Bearer TOKEN" (scheme case-insensitive). Unauthenticated
 // when the header is missing or malformed.
@@ -46,6 +55,10 @@ std::string Sha256Hex(absl::string_view text);
 // (no attempt running) matches nothing.
 absl::Status CheckBearerHash(const std::optional<std::string>& authorization,
                              const std::string& sha256_hex);
+
+// True when Sha256Hex(`secret`) is `sha256_hex`, compared in constant time;
+// false for an empty `sha256_hex`.
+bool SecretMatches(absl::string_view secret, const std::string& sha256_hex);
 
 // A universally unique, time-ordered id: a ULID (48-bit milliseconds since
 // the epoch, then 80 random bits, 26 characters of Crockford base32).

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <regex>
 #include <set>
 
@@ -344,18 +345,30 @@ void Coordinator::Recover() {
       if (absl::Status s = Commit(e, std::move(u)); !s.ok()) {
         LogStoreError(e, s);
       }
+      // Its reports go on from the newest step it logged.
+      if (absl::StatusOr<Store::LastSteps> last =
+              store_->LastLossSteps(id, r.job.attempts());
+          last.ok()) {
+        running_[id].last_step = std::max(last->step, last->eval);
+      }
       if (e.record.job.cancel_requested()) BeginKill(e, "");
       continue;
     }
-    // Ended while we were down: the exit_code file decides; without one its
-    // processes died with the host or were killed, which is not the job's
-    // fault, so it does not use up a restart.
-    const std::optional<int> rc = ReadExitCode(run.attempt_dir);
-    run.leader_exit = rc.value_or(-1);
-    run.lost = !rc.has_value();
+    // Ended while we were down: the exit_code file decides (OnAttemptEnded
+    // asks the run log and checkpoints when it cannot).
+    TakeExitFile(run);
     running_[id] = run;
   }
   Supervise();
+}
+
+void Coordinator::TakeExitFile(Running& run) {
+  const AttemptExit ex = ReadAttemptExit(run.attempt_dir);
+  run.leader_exit = ex.kind == AttemptExit::kCode ? ex.code : -1;
+  // Still pending: its processes died with the host or were killed, which
+  // is not the job's fault, so it does not use up a restart.
+  run.lost = ex.kind == AttemptExit::kPending;
+  run.exit_unknown = ex.kind == AttemptExit::kUnknown;
 }
 
 absl::Status Coordinator::Commit(Entry& e, JobUpdate update) {
@@ -416,7 +429,8 @@ absl::StatusOr<ReportContext> Coordinator::RunningContext(
         absl::StrCat(job.id(), " has no attempt running"));
   }
   return ReportContext{job.id(), job.attempts(), job.world_size(),
-                       job.spec().train().steps()};
+                       job.spec().train().steps(),
+                       running_.at(job.id()).last_step};
 }
 
 absl::StatusOr<v1::Job> Coordinator::Submit(
@@ -647,12 +661,13 @@ absl::StatusOr<v1::Job> Coordinator::Resume(const std::string& id) {
 absl::StatusOr<std::vector<v1::Checkpoint>> Coordinator::Checkpoints(
     const std::string& id) {
   if (id.empty()) return absl::InvalidArgumentError("job_id is empty");
-  std::string dir;
+  std::string dir, uid;
   {
     absl::MutexLock lock(&mu_);
     Entry* e = Find(id);
     if (e == nullptr) return UnknownJob(id);
     dir = e->record.job.spec().checkpoint().dir();
+    uid = e->record.job.uid();
   }
   absl::StatusOr<std::vector<v1::Checkpoint>> reported =
       store_->ListCheckpoints(id);
@@ -671,7 +686,7 @@ absl::StatusOr<std::vector<v1::Checkpoint>> Coordinator::Checkpoints(
       if (!std::regex_match(name, m, kStep)) continue;
       const int64_t step = std::stoll(m[1].str());
       absl::StatusOr<std::string> real =
-          ResolveCheckpointDir("dir", d.path().string(), step, dir);
+          ResolveCheckpointDir("dir", d.path().string(), step, dir, uid);
       if (!real.ok()) continue;
       v1::Checkpoint c;
       c.set_step(step);
@@ -723,13 +738,24 @@ absl::StatusOr<Coordinator::LogSource> Coordinator::Logs(const std::string& id,
   return LogSource{n, AttemptDir(options_.state_dir, id, n), finished};
 }
 
-absl::Status Coordinator::ReportProgress(const v1::ReportProgressRequest& r) {
-  absl::MutexLock lock(&mu_);
-  Entry* e = Find(r.job_id());
-  if (e == nullptr) return UnknownJob(r.job_id());
+absl::StatusOr<Coordinator::Entry*> Coordinator::CheckedReport(
+    const std::string& job_id,
+    const std::function<absl::Status(const ReportContext&)>& check) {
+  Entry* e = Find(job_id);
+  if (e == nullptr) return UnknownJob(job_id);
   absl::StatusOr<ReportContext> ctx = RunningContext(*e);
   if (!ctx.ok()) return ctx.status();
-  if (absl::Status s = ValidateProgress(r, *ctx); !s.ok()) return s;
+  if (absl::Status s = check(*ctx); !s.ok()) return s;
+  return e;
+}
+
+absl::Status Coordinator::ReportProgress(const v1::ReportProgressRequest& r) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Entry*> checked = CheckedReport(
+      r.job_id(),
+      [&](const ReportContext& ctx) { return ValidateProgress(r, ctx); });
+  if (!checked.ok()) return checked.status();
+  Entry* e = *checked;
   // The rank is alive even when the disk is full.
   running_[r.job_id()].last_report = absl::Now();
   JobUpdate u;
@@ -750,20 +776,37 @@ absl::Status Coordinator::ReportProgress(const v1::ReportProgressRequest& r) {
   point.set_loss(r.is_eval() ? 0.0 : r.loss());
   point.set_val_loss(r.is_eval() ? r.val_loss() : 0.0);
   point.set_attempt(r.attempt());
-  return Commit(*e, std::move(u));
+  if (absl::Status s = Commit(*e, std::move(u)); !s.ok()) return s;
+  Running& run = running_[r.job_id()];
+  run.last_step = std::max(run.last_step, r.step());
+  run.activity.clear();
+  return absl::OkStatus();
 }
 
 absl::Status Coordinator::ReportCheckpoint(
     const v1::ReportCheckpointRequest& r) {
-  absl::MutexLock lock(&mu_);
-  Entry* e = Find(r.job_id());
-  if (e == nullptr) return UnknownJob(r.job_id());
-  absl::StatusOr<ReportContext> ctx = RunningContext(*e);
-  if (!ctx.ok()) return ctx.status();
-  if (absl::Status s = ValidateCheckpoint(r, *ctx); !s.ok()) return s;
-  absl::StatusOr<std::string> dir = ResolveCheckpointDir(
-      "dir", r.dir(), r.step(), e->record.job.spec().checkpoint().dir());
+  const auto check = [&](const ReportContext& ctx) {
+    return ValidateCheckpoint(r, ctx);
+  };
+  std::string root, uid;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Entry*> e = CheckedReport(r.job_id(), check);
+    if (!e.ok()) return e.status();
+    root = (*e)->record.job.spec().checkpoint().dir();
+    uid = (*e)->record.job.uid();
+  }
+  // Off the lock: the folder's manifest is read and hashed, its shards
+  // looked at. Only a committed checkpoint is recorded.
+  absl::StatusOr<std::string> dir =
+      ResolveCheckpointDir("dir", r.dir(), r.step(), root, uid);
   if (!dir.ok()) return dir.status();
+  absl::MutexLock lock(&mu_);
+  // The attempt may have ended meanwhile: then the report is refused as
+  // any report of an ended attempt is.
+  absl::StatusOr<Entry*> checked = CheckedReport(r.job_id(), check);
+  if (!checked.ok()) return checked.status();
+  Entry* e = *checked;
   // A checkpoint is progress too: a long save must not look like a hang.
   running_[r.job_id()].last_report = absl::Now();
   JobUpdate u;
@@ -787,16 +830,28 @@ absl::Status Coordinator::ReportCheckpoint(
 
 absl::Status Coordinator::ReportEndpoint(const v1::ReportEndpointRequest& r) {
   absl::MutexLock lock(&mu_);
-  Entry* e = Find(r.job_id());
-  if (e == nullptr) return UnknownJob(r.job_id());
-  absl::StatusOr<ReportContext> ctx = RunningContext(*e);
-  if (!ctx.ok()) return ctx.status();
-  if (absl::Status s = ValidateEndpoint(r, *ctx); !s.ok()) return s;
+  absl::StatusOr<Entry*> e = CheckedReport(
+      r.job_id(),
+      [&](const ReportContext& ctx) { return ValidateEndpoint(r, ctx); });
+  if (!e.ok()) return e.status();
   JobUpdate u;
-  u.record = e->record;
+  u.record = (*e)->record;
   u.event = absl::StrCat("rank ", r.rank(), " metrics at ", r.address());
-  if (absl::Status s = Commit(*e, std::move(u)); !s.ok()) return s;
+  if (absl::Status s = Commit(**e, std::move(u)); !s.ok()) return s;
   running_[r.job_id()].endpoints[r.rank()] = r.address();
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::ReportAlive(const v1::ReportAliveRequest& r) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Entry*> e = CheckedReport(
+      r.job_id(),
+      [&](const ReportContext& ctx) { return ValidateAlive(r, ctx); });
+  if (!e.ok()) return e.status();
+  // In memory only: a sign of life every few seconds is not job history.
+  Running& run = running_[r.job_id()];
+  run.last_report = absl::Now();
+  run.activity = r.activity();
   return absl::OkStatus();
 }
 
@@ -883,7 +938,7 @@ void Coordinator::BeginKill(Entry& e, const std::string& reason) {
   run.kill_at = absl::Now() + options_.cancel_grace;
 }
 
-void Coordinator::RecoverFromRunLog(const Entry& e,
+bool Coordinator::RecoverFromRunLog(const Entry& e,
                                     const std::string& attempt_dir,
                                     JobUpdate* u) {
   const v1::Job& job = e.record.job;
@@ -900,7 +955,7 @@ void Coordinator::RecoverFromRunLog(const Entry& e,
   }
   const RunLogSummary log = ReadRunLog(
       (fs::path(attempt_dir) / "run.jsonl").string(), ctx, have_step);
-  if (log.records.empty() && log.checkpoints.empty()) return;
+  if (log.records.empty() && log.checkpoints.empty()) return log.ended;
   v1::Progress* p = u->record.job.mutable_progress();
   if (log.last_step.has_value()) {
     p->set_step(log.last_step->step);
@@ -930,8 +985,9 @@ void Coordinator::RecoverFromRunLog(const Entry& e,
   for (const RunLogRecord& rec : log.checkpoints) {
     if (known.count(rec.step)) continue;
     // Pruned since (keep_last), or never committed: not listed.
-    absl::StatusOr<std::string> dir = ResolveCheckpointDir(
-        "run.jsonl dir", rec.dir, rec.step, job.spec().checkpoint().dir());
+    absl::StatusOr<std::string> dir =
+        ResolveCheckpointDir("run.jsonl dir", rec.dir, rec.step,
+                             job.spec().checkpoint().dir(), job.uid());
     if (!dir.ok()) continue;
     v1::Checkpoint& c = u->checkpoints.emplace_back();
     c.set_step(rec.step);
@@ -940,6 +996,7 @@ void Coordinator::RecoverFromRunLog(const Entry& e,
     c.set_unix_ms(NowMs());
     known.insert(rec.step);
   }
+  return log.ended;
 }
 
 void Coordinator::Launch(Entry& e, const std::vector<NodeRanks>& placement,
@@ -1027,6 +1084,10 @@ void Coordinator::Launch(Entry& e, const std::vector<NodeRanks>& placement,
     std::string text;
     int min_threads = 0;
     for (const v1::Node& n : nodes_->List(absl::Now())) {
+      // Only a node whose daemon proved its session (registered with its
+      // secret, heartbeating) gets an attempt's token: a node that went
+      // down since it was placed is left out, and ptrsh refuses to reach it.
+      if (n.state() != v1::NODE_STATE_UP) continue;
       for (const NodeRanks& p : placement) {
         if (p.name != n.spec().name()) continue;
         absl::StrAppend(&text, p.name, " ", n.spec().address(), "\n");
@@ -1110,20 +1171,60 @@ void Coordinator::Launch(Entry& e, const std::vector<NodeRanks>& placement,
   spdlog::info("{}: attempt {} is pid {}", id, attempt, run.pgid);
 }
 
+std::string Coordinator::FinishedBy(const JobUpdate& u, bool log_ended) {
+  const v1::Job& job = u.record.job;
+  if (log_ended) {
+    return "its exit code was not recorded; its run log ends with the record "
+           "of a finished run";
+  }
+  // The last step's checkpoint as the disk has it: the attempt may have
+  // died between committing it and logging or reporting it.
+  const std::string root = job.spec().checkpoint().dir();
+  const int64_t last = job.spec().train().steps();
+  if (root.empty() ||
+      !ResolveCheckpointDir("checkpoint.dir",
+                            (fs::path(root) / StepFolderName(last)).string(),
+                            last, root, job.uid())
+           .ok()) {
+    return "";
+  }
+  return absl::StrCat(
+      "its exit code was not recorded; its committed checkpoint of the last "
+      "step, ",
+      last, ", shows it finished");
+}
+
 void Coordinator::OnAttemptEnded(Entry& e) {
   const std::string id = e.record.job.id();
   Running& run = running_[id];
-  const int exit_code = run.leader_exit.value_or(-1);
+  int exit_code = run.leader_exit.value_or(-1);
   JobUpdate u;
   u.record = e.record;
-  RecoverFromRunLog(e, run.attempt_dir, &u);
+  const bool log_ended = RecoverFromRunLog(e, run.attempt_dir, &u);
   JobRecord& next = u.record;
   v1::Job& job = next.job;
   const int n = job.attempts();
 
+  // An end whose exit code we do not know is decided by what the attempt
+  // left: a finished job must never train again.
+  std::string resolved;
+  if ((run.lost || run.exit_unknown) && run.kill_reason.empty()) {
+    resolved = FinishedBy(u, log_ended);
+    if (!resolved.empty()) {
+      exit_code = 0;
+      run.lost = run.exit_unknown = false;
+    }
+  }
   std::string error;
   if (!run.kill_reason.empty()) {
     error = run.kill_reason;
+  } else if (run.exit_unknown) {
+    error = absl::StrCat(
+        "attempt ", n,
+        " ended without an exit code ptcoord can read (its exit_code file is "
+        "empty or unreadable: a full disk?), and neither its run log nor a "
+        "checkpoint at step ",
+        job.spec().train().steps(), " shows it finished");
   } else if (run.lost) {
     error = absl::StrCat("attempt ", n,
                          " was lost: its processes ended without an exit code "
@@ -1141,7 +1242,7 @@ void Coordinator::OnAttemptEnded(Entry& e) {
   }
   a.set_number(n);
   a.set_finished_unix_ms(NowMs());
-  a.set_exit_code(run.lost ? -1 : exit_code);
+  a.set_exit_code(run.lost || run.exit_unknown ? -1 : exit_code);
   a.set_error(error);
   a.set_dir(run.attempt_dir);
   // The attempt's token and uid die with it: a report signed with that
@@ -1161,7 +1262,9 @@ void Coordinator::OnAttemptEnded(Entry& e) {
     job.set_state(v1::JOB_STATE_SUCCEEDED);
     job.set_finished_unix_ms(NowMs());
     job.set_error("");
-    u.event = absl::StrCat("succeeded on attempt ", n);
+    u.event =
+        absl::StrCat("succeeded on attempt ", n, resolved.empty() ? "" : " (",
+                     resolved, resolved.empty() ? "" : ")");
   } else if (pausing) {
     // Exit 3 when its ranks saved and stopped as asked; whatever else
     // ended it, it waits for ResumeJob now.
@@ -1170,7 +1273,7 @@ void Coordinator::OnAttemptEnded(Entry& e) {
     u.event =
         absl::StrCat("paused after step ", job.progress().step(), " (attempt ",
                      n, " ended with exit code ", exit_code, ")");
-  } else if (run.lost || run.node_lost || run.growing) {
+  } else if (run.lost || run.exit_unknown || run.node_lost || run.growing) {
     // Not the job's fault: requeued without using up a restart.
     job.set_error(run.growing ? "" : error);
     job.set_state(v1::JOB_STATE_RESTARTING);
@@ -1368,17 +1471,17 @@ void Coordinator::Supervise() {
     if (!run.leader_exit.has_value() && run.slurm_id.empty()) {
       if (run.is_child && run.pgid > 0) {
         if (std::optional<int> rc = ReapChild(run.pgid); rc.has_value()) {
-          run.leader_exit =
-              *rc >= 0 ? *rc : ReadExitCode(run.attempt_dir).value_or(-1);
+          if (*rc >= 0) {
+            run.leader_exit = *rc;
+          } else {
+            TakeExitFile(run);
+          }
         }
       } else if (!AttemptAlive(run.pgid, run.attempt_dir)) {
-        if (std::optional<int> rc = ReadExitCode(run.attempt_dir)) {
-          run.leader_exit = *rc;
-        } else if (run.kill_at.has_value()) {
+        TakeExitFile(run);
+        if (run.leader_exit.value_or(-1) < 0 && run.kill_at.has_value()) {
           run.leader_exit = 128 + SIGKILL;
-        } else {
-          run.leader_exit = -1;
-          run.lost = true;
+          run.lost = run.exit_unknown = false;
         }
       }
     }
@@ -1430,10 +1533,13 @@ void Coordinator::Supervise() {
     const absl::Duration silent = now - run.last_report;
     if (!run.kill_at.has_value() && timeout_s > 0 &&
         silent > absl::Seconds(timeout_s)) {
-      BeginKill(e, absl::StrCat("hang at step ", e.record.job.progress().step(),
-                                ": no progress report for ",
-                                absl::ToInt64Seconds(silent),
-                                " s (restart.hang_timeout_s=", timeout_s, ")"));
+      BeginKill(e, absl::StrCat(
+                       "hang at step ", e.record.job.progress().step(),
+                       run.activity.empty() ? ""
+                                            : absl::StrCat(" (last busy with ",
+                                                           run.activity, ")"),
+                       ": no report for ", absl::ToInt64Seconds(silent),
+                       " s (restart.hang_timeout_s=", timeout_s, ")"));
     }
   }
 }
@@ -1626,6 +1732,13 @@ absl::StatusOr<v1::Node> Coordinator::DrainNode(const std::string& name,
   SetSlotsUsed(NodeSlotsUsed(), &*n);
   wake_.Signal();
   return n;
+}
+
+absl::Status Coordinator::ForgetNode(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  const std::map<std::string, int> used = NodeSlotsUsed();
+  auto it = used.find(name);
+  return nodes_->Forget(name, it != used.end() && it->second > 0, absl::Now());
 }
 
 absl::StatusOr<v1::AuthorizeExecResponse> Coordinator::AuthorizeExec(

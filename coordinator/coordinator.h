@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -161,6 +162,9 @@ class Coordinator {
   std::vector<std::string> AttemptsOnNode(const std::string& name) const;
   // ptctl drain / uncordon; the node as it is now.
   absl::StatusOr<v1::Node> DrainNode(const std::string& name, bool drain);
+  // ptctl forget-node: NodeRegistry::Forget, busy while a running attempt
+  // is placed on the node.
+  absl::Status ForgetNode(const std::string& name);
   // Every node, with slots_used filled in.
   std::vector<v1::Node> ListNodes() const;
 
@@ -171,6 +175,8 @@ class Coordinator {
   absl::Status ReportProgress(const v1::ReportProgressRequest& r);
   absl::Status ReportCheckpoint(const v1::ReportCheckpointRequest& r);
   absl::Status ReportEndpoint(const v1::ReportEndpointRequest& r);
+  // A rank busy loading or saving is alive: its hang timer starts again.
+  absl::Status ReportAlive(const v1::ReportAliveRequest& r);
 
   const CoordinatorOptions& options() const { return options_; }
 
@@ -205,10 +211,19 @@ class Coordinator {
     // back ..."), when we did.
     std::string kill_reason;
     std::optional<int> leader_exit;  // the wrapper's exit code once it ended
-    bool lost = false;  // ended without an exit code we know (not counted)
+    // Ended without an exit code we know (not counted): its exit_code file
+    // still says pending (`lost`: killed with its host, say) or is empty or
+    // unreadable (`exit_unknown`: the disk was full). Either way its run
+    // log and checkpoints may show that it finished.
+    bool lost = false;
+    bool exit_unknown = false;
     // Its end could not be written: not before this time again.
     std::optional<absl::Time> retry_at;
     absl::Time last_report;  // hang detection: last accepted rank report
+    // The newest step it reported progress for: reports may not go back.
+    int64_t last_step = -1;
+    // What a rank last said it was busy with (ReportAlive), until progress.
+    std::string activity;
     std::map<int, std::string> endpoints;  // rank -> host:port of /metrics
     // Not the job's fault, not counted as a restart: a node of its
     // placement died, or it was stopped to grow back to its full dp.
@@ -259,9 +274,26 @@ class Coordinator {
   // Reaps, ends, kills and hang-checks every running attempt.
   void Supervise() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds to `u` what the attempt's run.jsonl holds beyond what the store
-  // has: progress, loss points and committed checkpoints.
-  void RecoverFromRunLog(const Entry& e, const std::string& attempt_dir,
+  // has: progress, loss points and committed checkpoints. True when the run
+  // log ends with its "end" record (every step trained).
+  bool RecoverFromRunLog(const Entry& e, const std::string& attempt_dir,
                          JobUpdate* u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why the records of an attempt whose exit code is unknown show that the
+  // job trained every step (`log_ended`: its run log's "end" record; else a
+  // committed checkpoint of the last step on disk); "" when they do not.
+  std::string FinishedBy(const JobUpdate& u, bool log_ended)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets run.leader_exit, lost and exit_unknown from the attempt's
+  // exit_code file (an attempt we did not see end ourselves).
+  static void TakeExitFile(Running& run);
+  // The job of a rank's report, once `check` (a reports.h rule) has
+  // accepted the report in its running attempt's context: NotFound for an
+  // unknown job, FailedPrecondition when no attempt runs, else `check`'s
+  // refusal.
+  absl::StatusOr<Entry*> CheckedReport(
+      const std::string& job_id,
+      const std::function<absl::Status(const ReportContext&)>& check)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The running attempt's context for reports.h; FailedPrecondition when no
   // attempt runs.
   absl::StatusOr<ReportContext> RunningContext(const Entry& e) const

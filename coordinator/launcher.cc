@@ -37,16 +37,23 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// What exit_code holds until the attempt's wrapper overwrites it: as long
+// as any code the wrapper writes (RecordExitCode), so the overwrite takes
+// the file's own blocks.
+constexpr absl::string_view kExitPending = "running        \n";
+static_assert(kExitPending.size() == 16);
+
 // $0 of the wrapper: its command line then names the attempt folder, which is
 // how a re-adopting ptcoord recognises it.
-constexpr const char* kWrapper =
-    "\"$@\"; rc=$?; umask 077; echo $rc > \"$0/exit_code.tmp\" && "
-    "mv \"$0/exit_code.tmp\" \"$0/exit_code\"; exit $rc";
+std::string Wrapper() {
+  return absl::StrCat("\"$@\"; rc=$?; ", RecordExitCode("\"$0\""),
+                      "; exit $rc");
+}
 
 }  // namespace
 
-absl::Status WritePrivateFile(const std::string& path,
-                              const std::string& text) {
+absl::Status WritePrivateFile(const std::string& path, const std::string& text,
+                              bool sync) {
   const int fd =
       open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) {
@@ -66,7 +73,7 @@ absl::Status WritePrivateFile(const std::string& path,
     }
     done += static_cast<size_t>(n);
   }
-  if (close(fd) != 0) {
+  if ((sync && fsync(fd) != 0) || close(fd) != 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
   }
@@ -112,7 +119,7 @@ absl::StatusOr<std::string> PrepareJobDir(
 std::vector<std::string> AttemptCommand(const LaunchRequest& r,
                                         const std::string& attempt_dir) {
   std::vector<std::string> argv = {
-      "/bin/sh",         "-c",     kWrapper,
+      "/bin/sh",         "-c",     Wrapper(),
       attempt_dir,       r.mpirun, "--allow-run-as-root",
       "--oversubscribe", "--mca",  "btl",
       "self,vader,tcp"};
@@ -189,7 +196,15 @@ absl::StatusOr<std::string> MakeAttemptDir(const LaunchRequest& r) {
     return absl::UnavailableError(
         absl::StrCat("cannot create ", attempt_dir, ": ", ec.message()));
   }
-  fs::remove(fs::path(attempt_dir) / "exit_code", ec);
+  // Written and synced now, while there is room: the wrapper's code later
+  // overwrites these bytes and needs no new space, so it reaches the disk
+  // even when the disk has filled up meanwhile.
+  const std::string exit_file = (fs::path(attempt_dir) / "exit_code").string();
+  if (absl::Status s = WritePrivateFile(exit_file, std::string(kExitPending),
+                                        /*sync=*/true);
+      !s.ok()) {
+    return s;
+  }
   return attempt_dir;
 }
 
@@ -417,11 +432,40 @@ bool AttemptAlive(pid_t pid, const std::string& attempt_dir) {
   return false;
 }
 
+std::string RecordExitCode(absl::string_view quoted_dir) {
+  // printf pads the code to the pending text's 15 characters; 1<> opens
+  // the file for writing without truncating it.
+  return absl::StrCat("umask 077; printf '%-15d\\n' \"$rc\" 1<>", quoted_dir,
+                      "/exit_code");
+}
+
+AttemptExit ReadAttemptExit(const std::string& attempt_dir) {
+  AttemptExit out;
+  const std::string path = (fs::path(attempt_dir) / "exit_code").string();
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return out;
+  char buf[64];
+  const ssize_t n = read(fd, buf, sizeof(buf));
+  close(fd);
+  if (n <= 0) return out;
+  const absl::string_view text(buf, static_cast<size_t>(n));
+  if (text == kExitPending) {
+    out.kind = AttemptExit::kPending;
+    return out;
+  }
+  int code = 0;
+  if (absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &code) && code >= 0 &&
+      code <= 255) {
+    out.kind = AttemptExit::kCode;
+    out.code = code;
+  }
+  return out;
+}
+
 std::optional<int> ReadExitCode(const std::string& attempt_dir) {
-  std::ifstream in(fs::path(attempt_dir) / "exit_code");
-  int rc = 0;
-  if (in >> rc) return rc;
-  return std::nullopt;
+  const AttemptExit e = ReadAttemptExit(attempt_dir);
+  if (e.kind != AttemptExit::kCode) return std::nullopt;
+  return e.code;
 }
 
 std::string TailLines(const std::string& path, int n) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/process.h"
 #include "coordinator/scheduler.h"
 #include "ptrain/v1/job.pb.h"
@@ -72,8 +73,10 @@ absl::StatusOr<std::string> PrepareJobDir(
 // rank order (mpirun fills each node's slots before the next).
 std::string Hostfile(const std::vector<NodeRanks>& placement);
 
-// Writes `text` to `path` created 0600 (replacing it), whatever the umask.
-absl::Status WritePrivateFile(const std::string& path, const std::string& text);
+// Writes `text` to `path` created 0600 (replacing it), whatever the umask;
+// with `sync`, on the disk (fsync) before it returns.
+absl::Status WritePrivateFile(const std::string& path, const std::string& text,
+                              bool sync = false);
 
 // The argv that runs one attempt (exposed for tests and logs).
 std::vector<std::string> AttemptCommand(const LaunchRequest& r,
@@ -143,8 +146,25 @@ std::optional<int> ReapChild(pid_t pid);
 // `attempt_dir`), so a recycled pid is not mistaken for it.
 bool AttemptAlive(pid_t pid, const std::string& attempt_dir);
 
-// exit_code written by the wrapper, if present.
+// What an attempt's exit_code file says. ptcoord writes it before the
+// attempt starts (pending) and the attempt's wrapper overwrites it in place
+// with its exit code (RecordExitCode), which takes no new space on a full
+// disk.
+struct AttemptExit {
+  enum Kind {
+    kCode,     // the wrapper wrote `code`
+    kPending,  // as ptcoord wrote it: the wrapper did not get to write
+    kUnknown,  // missing, empty or unreadable: ask the attempt's records
+  } kind = kUnknown;
+  int code = -1;
+};
+AttemptExit ReadAttemptExit(const std::string& attempt_dir);
+// The code ReadAttemptExit found, if it found one.
 std::optional<int> ReadExitCode(const std::string& attempt_dir);
+
+// The shell command that records `$rc` in `quoted_dir`/exit_code (a folder
+// already quoted for the shell), for the wrapper and Slurm's batch script.
+std::string RecordExitCode(absl::string_view quoted_dir);
 
 // The last `n` lines of a file (for error messages).
 std::string TailLines(const std::string& path, int n);

@@ -8,9 +8,6 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <iostream>
-#include <sstream>
 #include <thread>
 
 #include "CLI/CLI.hpp"
@@ -61,17 +58,47 @@ bool SupportsResume(const std::string& ptworker) {
   return absl::StrContains(out, "--resume-from");
 }
 
-// A PEM file's text; prints a message naming the flag when unreadable.
-bool ReadPem(const std::string& flag, const std::string& path,
-             std::string* out) {
-  absl::StatusOr<std::string> pem = ptrain::ReadPemFile(flag, path);
-  if (!pem.ok()) {
-    std::fprintf(stderr, "ptcoord: error: %s\n",
-                 std::string(pem.status().message()).c_str());
-    return false;
+// The PEM texts of the TLS flags, each checked as TLS will use it: the
+// certificates parse and the key is the certificate's. A wrong file is an
+// error naming its flag now, not a server that cannot listen later.
+absl::Status LoadServerTls(const std::string& cert, const std::string& key,
+                           const std::string& client_ca,
+                           const std::string& rank_ca, ptrain::ServerTls* tls,
+                           std::string* rank_ca_pem) {
+  absl::StatusOr<std::string> cert_pem =
+      ptrain::ReadCertificateFile("--tls-cert", cert);
+  if (!cert_pem.ok()) return cert_pem.status();
+  absl::StatusOr<std::string> key_pem = ptrain::ReadPemFile("--tls-key", key);
+  if (!key_pem.ok()) return key_pem.status();
+  if (absl::Status s = ptrain::CheckKeyPair("--tls-cert", cert, *cert_pem,
+                                            "--tls-key", key, *key_pem);
+      !s.ok()) {
+    return s;
   }
-  *out = std::move(*pem);
-  return true;
+  if (!client_ca.empty()) {
+    absl::StatusOr<std::string> pem =
+        ptrain::ReadCertificateFile("--tls-client-ca", client_ca);
+    if (!pem.ok()) return pem.status();
+    tls->client_ca_pem = std::move(*pem);
+  }
+  if (!rank_ca.empty()) {
+    absl::StatusOr<std::string> pem =
+        ptrain::ReadCertificateFile("--tls-ca", rank_ca);
+    if (!pem.ok()) return pem.status();
+    *rank_ca_pem = std::move(*pem);
+  } else {
+    *rank_ca_pem = *cert_pem;  // a self-signed certificate is its own CA
+  }
+  tls->cert_pem = std::move(*cert_pem);
+  tls->key_pem = std::move(*key_pem);
+  return absl::OkStatus();
+}
+
+// Prints `s` as ptcoord's one error line; returns `exit_code`.
+int Fail(const absl::Status& s, int exit_code) {
+  std::fprintf(stderr, "ptcoord: error: %s\n",
+               std::string(s.message()).c_str());
+  return exit_code;
 }
 
 bool IsLoopbackHost(std::string host) {
@@ -204,15 +231,14 @@ int Run(int argc, char** argv) {
       return 2;
     }
   }
+  // Every file a flag names is read and checked before anything is
+  // written: a refused flag leaves no state folder behind.
   std::string rank_ca_pem;
   if (!tls_cert.empty()) {
-    if (!ReadPem("--tls-cert", tls_cert, &tls.cert_pem) ||
-        !ReadPem("--tls-key", tls_key, &tls.key_pem) ||
-        (!tls_client_ca.empty() &&
-         !ReadPem("--tls-client-ca", tls_client_ca, &tls.client_ca_pem)) ||
-        !ReadPem("--tls-ca", tls_ca.empty() ? tls_cert : tls_ca,
-                 &rank_ca_pem)) {
-      return 2;
+    if (absl::Status s = LoadServerTls(tls_cert, tls_key, tls_client_ca, tls_ca,
+                                       &tls, &rank_ca_pem);
+        !s.ok()) {
+      return Fail(s, 2);
     }
   } else if (const std::string host = listen.substr(0, listen.rfind(':'));
              !IsLoopbackHost(host)) {
@@ -224,6 +250,20 @@ int Run(int argc, char** argv) {
                  "--tls-key, or --listen 127.0.0.1:PORT.\n",
                  listen.c_str());
     spdlog::warn("plain text on a non-loopback address ({}); use TLS", listen);
+  }
+
+  std::vector<std::string> user_tokens, join_tokens;
+  if (!token_file.empty()) {
+    absl::StatusOr<std::vector<std::string>> t =
+        ptrain::LoadTokenFile(token_file, "--token-file");
+    if (!t.ok()) return Fail(t.status(), 2);
+    user_tokens = std::move(*t);
+  }
+  if (!join_token_file.empty()) {
+    absl::StatusOr<std::vector<std::string>> t =
+        ptrain::LoadTokenFile(join_token_file, "--join-token-file");
+    if (!t.ok()) return Fail(t.status(), 2);
+    join_tokens = std::move(*t);
   }
 
   ptrain::CoordinatorOptions o;
@@ -280,31 +320,17 @@ int Run(int argc, char** argv) {
       if (absl::Status s = ptrain::WritePrivateFile(
               token_file, ptrain::GenerateToken() + "\n");
           !s.ok()) {
-        std::fprintf(stderr, "ptcoord: error: %s\n",
-                     std::string(s.message()).c_str());
-        return 1;
+        return Fail(s, 1);
       }
     }
     spdlog::info("user token in {}", token_file);
+    absl::StatusOr<std::vector<std::string>> t =
+        ptrain::LoadTokenFile(token_file, "user token file");
+    if (!t.ok()) return Fail(t.status(), 2);
+    user_tokens = std::move(*t);
   }
-  absl::StatusOr<std::vector<std::string>> tokens =
-      ptrain::LoadTokenFile(token_file);
-  if (!tokens.ok()) {
-    std::fprintf(stderr, "ptcoord: error: %s\n",
-                 std::string(tokens.status().message()).c_str());
-    return 2;
-  }
-  o.user_tokens = *tokens;
-  if (!join_token_file.empty()) {
-    absl::StatusOr<std::vector<std::string>> join =
-        ptrain::LoadTokenFile(join_token_file);
-    if (!join.ok()) {
-      std::fprintf(stderr, "ptcoord: error: --join-token-file: %s\n",
-                   std::string(join.status().message()).c_str());
-      return 2;
-    }
-    o.nodes.join_tokens = *join;
-  }
+  o.user_tokens = std::move(user_tokens);
+  o.nodes.join_tokens = std::move(join_tokens);
   if (launcher.empty()) launcher = join_token_file.empty() ? "local" : "nodes";
   if ((launcher == "nodes") != !join_token_file.empty()) {
     std::fprintf(stderr,

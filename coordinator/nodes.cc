@@ -6,6 +6,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/auth.h"
+#include "coordinator/reports.h"
+#include "spdlog/spdlog.h"
 
 namespace ptrain {
 
@@ -36,16 +38,11 @@ std::string CheckNodeSpec(const v1::NodeSpec& spec) {
           i + 1, " is not allowed)");
     }
   }
-  const std::string& address = spec.address();
-  const size_t colon = address.rfind(':');
-  if (address.size() > 255 || colon == std::string::npos || colon == 0 ||
-      colon + 1 == address.size()) {
-    return "node.address must be HOST:PORT (at most 255 characters)";
-  }
-  for (size_t i = colon + 1; i < address.size(); ++i) {
-    if (!absl::ascii_isdigit(address[i])) {
-      return "node.address must be HOST:PORT with a numeric port";
-    }
+  // What ptrsh dials with an attempt's token: the rule of every address
+  // others must reach (no wildcard, a real port).
+  if (absl::Status a = ValidateHostPort("node.address", spec.address());
+      !a.ok()) {
+    return std::string(a.message());
   }
   if (spec.slots() < 1 || spec.slots() > 4096) {
     return absl::StrCat("node.slots must be in 1..4096 (it is ", spec.slots(),
@@ -71,13 +68,14 @@ std::string CheckNodeSpec(const v1::NodeSpec& spec) {
 
 absl::StatusOr<std::unique_ptr<NodeRegistry>> NodeRegistry::Create(
     Store* store, NodeRegistryOptions options) {
-  absl::StatusOr<std::vector<v1::Node>> stored = store->ListNodes();
+  absl::StatusOr<std::vector<StoredNode>> stored = store->ListNodes();
   if (!stored.ok()) return stored.status();
   std::unique_ptr<NodeRegistry> r(new NodeRegistry(store, std::move(options)));
   absl::MutexLock lock(&r->mu_);
-  for (v1::Node& n : *stored) {
-    const std::string name = n.spec().name();
-    r->nodes_[name].node = std::move(n);
+  for (StoredNode& n : *stored) {
+    Entry& e = r->nodes_[n.node.spec().name()];
+    e.node = std::move(n.node);
+    e.secret_sha256 = std::move(n.secret_sha256);
   }
   return r;
 }
@@ -99,30 +97,93 @@ absl::Status NodeRegistry::AuthenticateNode(
 }
 
 absl::StatusOr<v1::RegisterNodeResponse> NodeRegistry::Register(
-    const v1::RegisterNodeRequest& request, absl::Time now) {
+    const v1::RegisterNodeRequest& request, absl::Time now,
+    const std::string& peer) {
   if (const std::string bad = CheckNodeSpec(request.node()); !bad.empty()) {
     return absl::InvalidArgumentError(bad);
   }
+  if (request.node_secret().size() > 256) {
+    return absl::InvalidArgumentError("node_secret must be at most 256 bytes");
+  }
+  const std::string& name = request.node().name();
+  // Held through the store write: two registrations of one name are
+  // decided one after the other.
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(name);
+  std::string secret_sha256, issued;
+  if (it != nodes_.end() && !it->second.secret_sha256.empty()) {
+    if (request.node_secret().empty()) {
+      return RefuseLocked(it->second, name, "carries no node secret", peer,
+                          now);
+    }
+    if (!SecretMatches(request.node_secret(), it->second.secret_sha256)) {
+      return RefuseLocked(it->second, name, "carries another node secret", peer,
+                          now);
+    }
+    secret_sha256 = it->second.secret_sha256;
+  } else {
+    // Unknown, or stored by a ptcoord that issued no secrets (such a node
+    // is down until it registers, and its first registration binds it).
+    issued = GenerateToken();
+    secret_sha256 = Sha256Hex(issued);
+  }
   // Stored first: a registration the disk does not have did not happen.
-  if (absl::Status s = store_->UpsertNode(request.node(), UnixMs(now));
+  if (absl::Status s =
+          store_->UpsertNode(request.node(), UnixMs(now), secret_sha256);
       !s.ok()) {
     return s;
   }
-  absl::MutexLock lock(&mu_);
-  Entry& e = nodes_[request.node().name()];
-  const bool draining = e.node.draining();
+  Entry& e = nodes_[name];
+  const v1::Node before = e.node;
   e.node = v1::Node();
-  e.node.set_draining(draining);
+  e.node.set_draining(before.draining());
+  e.node.set_refused_registrations(before.refused_registrations());
+  e.node.set_last_refused_unix_ms(before.last_refused_unix_ms());
+  e.node.set_last_refused_peer(before.last_refused_peer());
   *e.node.mutable_spec() = request.node();
   e.node.set_registered_unix_ms(UnixMs(now));
+  e.secret_sha256 = secret_sha256;
   e.session = RandomHex(16);
   e.last_heartbeat = now;  // registering is a sign of life
   e.silent_since = now;
+  if (!issued.empty()) {
+    spdlog::info(
+        "node {} registered for the first time from {}: bound to "
+        "a new node secret",
+        name, peer.empty() ? request.node().address() : peer);
+  }
   v1::RegisterNodeResponse out;
   out.set_session(e.session);
   out.set_heartbeat_interval_ms(static_cast<int32_t>(
       absl::ToInt64Milliseconds(options_.heartbeat_interval)));
+  out.set_node_secret(issued);
   return out;
+}
+
+absl::Status NodeRegistry::RefuseLocked(Entry& e, const std::string& name,
+                                        const std::string& why,
+                                        const std::string& peer,
+                                        absl::Time now) {
+  const bool up = UpLocked(e, now);
+  const std::string shown_peer = peer.empty() ? "an unknown peer" : peer;
+  const std::string event =
+      absl::StrCat("registration refused: it came from ", shown_peer, " and ",
+                   why, " (the node is ", up ? "up" : "down", " at ",
+                   e.node.spec().address(), ")");
+  e.node.set_refused_registrations(e.node.refused_registrations() + 1);
+  e.node.set_last_refused_unix_ms(UnixMs(now));
+  e.node.set_last_refused_peer(shown_peer.substr(0, 128));
+  spdlog::warn("node {}: {}", name, event);
+  // Best effort: the refusal stands whether or not the disk takes it.
+  store_->AddEvent(absl::StrCat("node:", name), UnixMs(now), event)
+      .IgnoreError();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "node '", name, "' is registered (", up ? "up" : "down", " at ",
+      e.node.spec().address(), ") and this registration ", why,
+      ": a node's name is bound to the daemon that first registered it, "
+      "which keeps its node secret in ptworkerd --state-dir. A reinstalled "
+      "node joins again after 'ptctl forget-node ",
+      name, "' (once it is down)."));
 }
 
 absl::Status NodeRegistry::Heartbeat(const v1::NodeHeartbeatRequest& request,
@@ -180,6 +241,35 @@ absl::StatusOr<v1::Node> NodeRegistry::SetDraining(const std::string& name,
   return absl::NotFoundError(absl::StrCat("no node '", name, "'"));
 }
 
+absl::Status NodeRegistry::Forget(const std::string& name, bool busy,
+                                  absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(name);
+  if (it == nodes_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no node '", name.substr(0, 63), "'"));
+  }
+  if (UpLocked(it->second, now)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node '", name,
+        "' is up (its daemon heartbeats): stop its ptworkerd first; only a "
+        "node that is down can be forgotten"));
+  }
+  if (busy) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("an attempt is placed on node '", name,
+                     "': it can be forgotten once that attempt has ended"));
+  }
+  if (absl::Status s = store_->DeleteNode(name); !s.ok()) return s;
+  nodes_.erase(it);
+  const std::string event =
+      "forgotten: its name may register afresh (a new node secret)";
+  spdlog::warn("node {}: {}", name, event);
+  store_->AddEvent(absl::StrCat("node:", name), UnixMs(now), event)
+      .IgnoreError();
+  return absl::OkStatus();
+}
+
 std::vector<v1::Node> NodeRegistry::List(absl::Time now) const {
   absl::MutexLock lock(&mu_);
   return ListLocked(now);
@@ -190,13 +280,15 @@ void NodeRegistry::LeaveOut(absl::Duration gap) {
   for (auto& [name, e] : nodes_) e.silent_since += gap;
 }
 
+bool NodeRegistry::UpLocked(const Entry& e, absl::Time now) const {
+  return !e.session.empty() && now - e.silent_since <= options_.timeout;
+}
+
 std::vector<v1::Node> NodeRegistry::ListLocked(absl::Time now) const {
   std::vector<v1::Node> out;
   for (const auto& [name, e] : nodes_) {
     v1::Node& n = out.emplace_back(e.node);
-    const bool up =
-        !e.session.empty() && now - e.silent_since <= options_.timeout;
-    n.set_state(up ? v1::NODE_STATE_UP : v1::NODE_STATE_DOWN);
+    n.set_state(UpLocked(e, now) ? v1::NODE_STATE_UP : v1::NODE_STATE_DOWN);
     n.set_last_heartbeat_unix_ms(e.session.empty() ? 0
                                                    : UnixMs(e.last_heartbeat));
   }

@@ -3,6 +3,14 @@
 // heartbeats stop for the timeout is DOWN. Registrations are stored (a
 // restarted ptcoord lists the nodes it knew, DOWN until they register
 // again); heartbeats are kept in memory only. Thread-safe.
+//
+// A node's name is bound to the daemon that first registered it: that
+// registration is given a node secret (only its SHA-256 is stored), and
+// every later registration of the name must carry it, up or down, same
+// address or not. The join token alone lets a new name join and nothing
+// more: it cannot take over a node (and with it the attempt tokens sent to
+// the node's address). Forget() unbinds a node that is down and runs
+// nothing (reinstalled, retired).
 #ifndef PTRAIN_COORDINATOR_NODES_H_
 #define PTRAIN_COORDINATOR_NODES_H_
 
@@ -43,10 +51,15 @@ class NodeRegistry {
   absl::Status AuthenticateNode(
       const std::optional<std::string>& authorization) const;
 
-  // A node (re)registers: InvalidArgument naming the field for a bad spec,
-  // Unavailable when it cannot be stored (nothing changes then).
+  // A node (re)registers: InvalidArgument naming the field for a bad spec;
+  // PermissionDenied when the name is bound to a secret and the request does
+  // not carry it: nothing changes but the refusal's count, which is logged
+  // with `peer` (who asked) and kept as a store event "node:NAME";
+  // Unavailable when it cannot be stored (nothing changes then). A first
+  // registration gets a new secret in the response.
   absl::StatusOr<v1::RegisterNodeResponse> Register(
-      const v1::RegisterNodeRequest& request, absl::Time now);
+      const v1::RegisterNodeRequest& request, absl::Time now,
+      const std::string& peer = "");
   // NotFound when the name's session is not the current one (register
   // again); InvalidArgument naming the field for a bad report.
   absl::Status Heartbeat(const v1::NodeHeartbeatRequest& request,
@@ -60,6 +73,12 @@ class NodeRegistry {
   // NotFound for an unknown name, Unavailable when it cannot be stored.
   absl::StatusOr<v1::Node> SetDraining(const std::string& name, bool draining,
                                        absl::Time now);
+
+  // Forgets a node (ForgetNode): its registration, secret and draining
+  // flag, stored first. NotFound for an unknown name, FailedPrecondition
+  // while it is up (`busy`: while an attempt is placed on it, the caller's
+  // knowledge), Unavailable when the store refuses.
+  absl::Status Forget(const std::string& name, bool busy, absl::Time now);
 
   // True when nodes may join (a join token is configured): ptcoord then
   // places jobs on nodes rather than on its own host.
@@ -75,8 +94,11 @@ class NodeRegistry {
 
  private:
   struct Entry {
-    v1::Node node;        // spec, registered time, last report
+    v1::Node node;        // spec, registered time, last report, refusals
     std::string session;  // "" until it registers with this ptcoord
+    // Sha256Hex of the node secret; "" for a node an older ptcoord
+    // registered.
+    std::string secret_sha256;
     absl::Time last_heartbeat = absl::InfinitePast();
     // The node's silence counts from here: its last heartbeat, later by
     // the time LeaveOut excused since.
@@ -84,6 +106,12 @@ class NodeRegistry {
   };
   std::vector<v1::Node> ListLocked(absl::Time now) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool UpLocked(const Entry& e, absl::Time now) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Counts, logs and stores a refused registration; returns the refusal.
+  absl::Status RefuseLocked(Entry& e, const std::string& name,
+                            const std::string& why, const std::string& peer,
+                            absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   NodeRegistry(Store* store, NodeRegistryOptions options)
       : store_(store), options_(std::move(options)) {}
 

@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/checkpoint_commit.h"
 #include "nlohmann/json.hpp"
 
 namespace ptrain {
@@ -154,6 +155,13 @@ absl::Status ValidateProgress(const v1::ReportProgressRequest& r,
   if (s.ok()) s = CheckFigure("tok_per_s", r.tok_per_s());
   if (s.ok()) s = CheckFigure("mfu", r.mfu());
   if (s.ok()) s = CheckFigure("lr", r.lr());
+  // What the report says is well formed; now whether it fits what came
+  // before it.
+  if (s.ok() && r.step() < ctx.last_step) {
+    s = Invalid("step=", r.step(), " is below step ", ctx.last_step,
+                " that attempt ", ctx.attempt,
+                " already reported: an attempt's steps only grow");
+  }
   return s;
 }
 
@@ -172,6 +180,23 @@ absl::Status ValidateCheckpoint(const v1::ReportCheckpointRequest& r,
   if (fs::path(r.dir()).filename().string() != want) {
     return Invalid("dir=", Shown(r.dir()), " must be the committed folder ",
                    want, " of step ", r.step());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateAlive(const v1::ReportAliveRequest& r,
+                           const ReportContext& ctx) {
+  absl::Status s = CheckJobAndAttempt(r.job_id(), r.attempt(), ctx);
+  if (s.ok()) s = CheckRank(r.rank(), ctx);
+  if (!s.ok()) return s;
+  const bool printable =
+      std::all_of(r.activity().begin(), r.activity().end(), [](char c) {
+        return absl::ascii_isprint(static_cast<unsigned char>(c));
+      });
+  if (r.activity().size() > kMaxActivityBytes || !printable) {
+    return Invalid("activity=", Shown(r.activity()),
+                   " must be printable ASCII of at most ", kMaxActivityBytes,
+                   " bytes");
   }
   return absl::OkStatus();
 }
@@ -200,7 +225,7 @@ std::string StepFolderName(int64_t step) {
 
 absl::StatusOr<std::string> ResolveCheckpointDir(
     absl::string_view field, const std::string& dir, int64_t step,
-    const std::string& checkpoint_root) {
+    const std::string& checkpoint_root, const std::string& job_uid) {
   if (checkpoint_root.empty()) {
     return Invalid(field, "=", Shown(dir),
                    ": the job has no checkpoint.dir, so it reports no "
@@ -229,9 +254,10 @@ absl::StatusOr<std::string> ResolveCheckpointDir(
   if (!fs::is_directory(real, ec)) {
     return Invalid(field, "=", Shown(dir), " is not a folder");
   }
-  if (!fs::is_regular_file(fs::symlink_status(real / "manifest.json", ec))) {
-    return Invalid(field, "=", Shown(dir),
-                   " holds no manifest.json: not a committed checkpoint");
+  if (absl::Status s =
+          CheckCommittedCheckpoint(field, real.string(), step, job_uid);
+      !s.ok()) {
+    return s;
   }
   return real.string();
 }
@@ -277,6 +303,10 @@ std::optional<RunLogRecord> ParseRunLogLine(absl::string_view line,
     if (!number("val_loss", &rec.val_loss)) return std::nullopt;
     as_report.set_val_loss(rec.val_loss);
     as_report.set_is_eval(true);
+  } else if (t == "end") {
+    rec.kind = RunLogRecord::kEnd;
+    if (rec.step != ctx.total_steps) return std::nullopt;
+    return rec;
   } else if (t == "checkpoint") {
     rec.kind = RunLogRecord::kCheckpoint;
     auto dir = j.find("dir");
@@ -329,6 +359,9 @@ RunLogSummary ReadRunLog(const std::string& path, const ReportContext& ctx,
         break;
       case RunLogRecord::kCheckpoint:
         checkpoints.push_back(*rec);
+        break;
+      case RunLogRecord::kEnd:
+        out.ended = true;
         break;
     }
     return true;

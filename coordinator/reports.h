@@ -24,6 +24,9 @@ struct ReportContext {
   int attempt = 0;          // the job's current attempt number (from 1)
   int world_size = 1;       // rank must be in [0, world_size)
   int64_t total_steps = 0;  // train.steps: step must be in [0, total_steps]
+  // The newest step the attempt reported progress for (-1: none yet): a
+  // progress report may not go below it (an attempt's steps only grow).
+  int64_t last_step = -1;
 };
 
 // Longest strings a report may carry.
@@ -34,8 +37,8 @@ inline constexpr size_t kMaxEndpointLabelBytes = 256;
 
 // InvalidArgument naming the first field that breaks its rule: job_id is the
 // context's, attempt is the running one, rank in range, step in
-// [0, train.steps], every number finite; loss, val_loss, tok_per_s, mfu and
-// lr not negative.
+// [0, train.steps] and not below ctx.last_step, every number finite; loss,
+// val_loss, tok_per_s, mfu and lr not negative.
 absl::Status ValidateProgress(const v1::ReportProgressRequest& r,
                               const ReportContext& ctx);
 
@@ -44,6 +47,12 @@ absl::Status ValidateProgress(const v1::ReportProgressRequest& r,
 // leads is ResolveCheckpointDir's business.
 absl::Status ValidateCheckpoint(const v1::ReportCheckpointRequest& r,
                                 const ReportContext& ctx);
+
+// As above for job_id, attempt and rank; activity is printable ASCII of at
+// most kMaxActivityBytes.
+inline constexpr size_t kMaxActivityBytes = 128;
+absl::Status ValidateAlive(const v1::ReportAliveRequest& r,
+                           const ReportContext& ctx);
 
 // As above for job_id, attempt and rank; address passes ValidateHostPort;
 // at most kMaxEndpointLabels labels of kMaxEndpointLabelBytes each.
@@ -62,15 +71,18 @@ std::string StepFolderName(int64_t step);
 // The real path of a reported checkpoint folder, when it is a committed
 // checkpoint of this job: `dir` resolves (symlinks followed) to a directory
 // directly under `checkpoint_root` (itself resolved) named
-// StepFolderName(step), holding a regular manifest.json. InvalidArgument
-// naming `field` otherwise; nothing is created or changed.
+// StepFolderName(step), which CheckCommittedCheckpoint (common/
+// checkpoint_commit.h) accepts for `step` and `job_uid`: its manifest is
+// read and its digest checked, its shards only looked at (their sizes).
+// InvalidArgument naming `field` otherwise; nothing is created or changed.
 absl::StatusOr<std::string> ResolveCheckpointDir(
     absl::string_view field, const std::string& dir, int64_t step,
-    const std::string& checkpoint_root);
+    const std::string& checkpoint_root, const std::string& job_uid);
 
 // One record of a run log (docs/run-log.md) that the coordinator uses.
 struct RunLogRecord {
-  enum Kind { kStep, kEval, kCheckpoint } kind = kStep;
+  // kEnd: the run finished every step (ptworker's last record).
+  enum Kind { kStep, kEval, kCheckpoint, kEnd } kind = kStep;
   int64_t step = 0;
   double loss = 0, lr = 0, tok_per_s = 0, mfu = 0;  // kStep
   double val_loss = 0;                              // kEval
@@ -90,6 +102,7 @@ struct RunLogSummary {
   std::optional<RunLogRecord> last_eval;  // the latest kEval record
   std::vector<RunLogRecord> records;      // the steps and evals read, in order
   std::vector<RunLogRecord> checkpoints;  // the checkpoint records read
+  bool ended = false;  // an "end" record: the run finished every step
 };
 
 // Reads `path` (a missing file is an empty summary) back from its end, the

@@ -283,6 +283,16 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
     return Done(ctx, n.status());
   }
 
+  grpc::ServerUnaryReactor* ForgetNode(grpc::CallbackServerContext* ctx,
+                                       const v1::ForgetNodeRequest* req,
+                                       v1::ForgetNodeResponse*) override {
+    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
+    if (req->name().empty()) {
+      return Done(ctx, absl::InvalidArgumentError("name is empty"));
+    }
+    return Done(ctx, c_->ForgetNode(req->name()));
+  }
+
  private:
   // With --tls-client-ca, a verified client certificate first; then the
   // user token either way.
@@ -315,7 +325,7 @@ class NodeServiceImpl final : public v1::NodeService::CallbackService {
       return Done(ctx, a);
     }
     absl::StatusOr<v1::RegisterNodeResponse> r =
-        nodes_->Register(*req, absl::Now());
+        nodes_->Register(*req, absl::Now(), ctx->peer());
     if (r.ok()) *resp = std::move(*r);
     return Done(ctx, r.status());
   }
@@ -384,6 +394,16 @@ class RankServiceImpl final : public v1::RankService::CallbackService {
       return Done(ctx, a);
     }
     return Done(ctx, c_->ReportEndpoint(*req));
+  }
+  grpc::ServerUnaryReactor* ReportAlive(grpc::CallbackServerContext* ctx,
+                                        const v1::ReportAliveRequest* req,
+                                        v1::ReportAliveResponse*) override {
+    if (absl::Status a =
+            c_->AuthenticateRank(req->job_id(), Authorization(ctx));
+        !a.ok()) {
+      return Done(ctx, a);
+    }
+    return Done(ctx, c_->ReportAlive(*req));
   }
 
  private:

@@ -66,11 +66,9 @@ std::string SlurmBatchScript(const LaunchRequest& r,
       " (written by ptcoord). The ranks' environment comes from sbatch.\n",
       absl::StrJoin(quoted, " "),
       "\n"
-      "rc=$?\n"
-      "umask 077\n"
-      "echo $rc > ",
-      dir, "/exit_code.tmp && mv ", dir, "/exit_code.tmp ", dir,
-      "/exit_code\n"
+      "rc=$?\n",
+      RecordExitCode(dir),
+      "\n"
       "exit $rc\n");
 }
 

@@ -53,7 +53,8 @@ CREATE INDEX IF NOT EXISTS loss_job ON loss_history (job_id);
 CREATE INDEX IF NOT EXISTS loss_attempt_step
   ON loss_history (job_id, attempt, step);
 CREATE TABLE IF NOT EXISTS nodes (
-  name TEXT PRIMARY KEY, spec BLOB NOT NULL, registered_ms INTEGER NOT NULL);
+  name TEXT PRIMARY KEY, spec BLOB NOT NULL, registered_ms INTEGER NOT NULL,
+  secret_sha256 TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS drained_nodes (name TEXT PRIMARY KEY);
 )sql";
 
@@ -214,17 +215,32 @@ absl::Status Store::InTransaction(F body) {
   return s;
 }
 
-absl::Status Store::Migrate() {
+absl::StatusOr<std::set<std::string>> Store::Columns(const char* table) {
   std::set<std::string> columns;
-  {
-    Stmt q(db_, "PRAGMA table_info(jobs)");
-    absl::Status s = q.status();
-    if (!s.ok()) return s;
-    while (q.Step(&s)) columns.insert(q.Text(1));
-    if (!s.ok()) return s;
-  }
+  Stmt q(db_, absl::StrCat("PRAGMA table_info(", table, ")").c_str());
+  absl::Status s = q.status();
+  if (!s.ok()) return s;
+  while (q.Step(&s)) columns.insert(q.Text(1));
+  if (!s.ok()) return s;
+  return columns;
+}
+
+absl::Status Store::Migrate() {
+  absl::StatusOr<std::set<std::string>> job_columns = Columns("jobs");
+  if (!job_columns.ok()) return job_columns.status();
+  const std::set<std::string>& columns = *job_columns;
   const bool plain_tokens = columns.count("token") > 0;
+  absl::StatusOr<std::set<std::string>> node_columns = Columns("nodes");
+  if (!node_columns.ok()) return node_columns.status();
   absl::Status s = InTransaction([&]() -> absl::Status {
+    // Nodes registered by an older ptcoord have no secret: the next
+    // registration of such a name while it is down binds it (nodes.h).
+    if (!node_columns->count("secret_sha256")) {
+      absl::Status a = Exec(
+          "ALTER TABLE nodes ADD COLUMN secret_sha256 TEXT NOT NULL DEFAULT "
+          "'';");
+      if (!a.ok()) return a;
+    }
     for (const char* column : {"token_sha256", "attempt_uid"}) {
       if (columns.count(column)) continue;
       absl::Status a = Exec(absl::StrCat("ALTER TABLE jobs ADD COLUMN ", column,
@@ -548,15 +564,30 @@ absl::StatusOr<std::vector<v1::Checkpoint>> Store::ListCheckpoints(
 }
 
 absl::Status Store::UpsertNode(const v1::NodeSpec& spec,
-                               int64_t registered_unix_ms) {
+                               int64_t registered_unix_ms,
+                               const std::string& secret_sha256) {
   absl::MutexLock lock(&mu_);
   Stmt q(db_,
-         "INSERT OR REPLACE INTO nodes (name, spec, registered_ms) "
-         "VALUES (?, ?, ?)");
+         "INSERT OR REPLACE INTO nodes (name, spec, registered_ms, "
+         "secret_sha256) VALUES (?, ?, ?, ?)");
   q.Bind(1, spec.name())
       .BindBlob(2, spec.SerializeAsString())
-      .Bind(3, registered_unix_ms);
+      .Bind(3, registered_unix_ms)
+      .Bind(4, secret_sha256);
   return q.Run();
+}
+
+absl::Status Store::DeleteNode(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  return InTransaction([&]() -> absl::Status {
+    for (const char* sql : {"DELETE FROM nodes WHERE name = ?",
+                            "DELETE FROM drained_nodes WHERE name = ?"}) {
+      Stmt q(db_, sql);
+      q.Bind(1, name);
+      if (absl::Status s = q.Run(); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::Status Store::SetNodeDraining(const std::string& name, bool draining) {
@@ -568,22 +599,24 @@ absl::Status Store::SetNodeDraining(const std::string& name, bool draining) {
   return q.Run();
 }
 
-absl::StatusOr<std::vector<v1::Node>> Store::ListNodes() {
+absl::StatusOr<std::vector<StoredNode>> Store::ListNodes() {
   absl::MutexLock lock(&mu_);
   Stmt q(db_,
          "SELECT spec, registered_ms, "
-         "EXISTS (SELECT 1 FROM drained_nodes d WHERE d.name = nodes.name) "
-         "FROM nodes ORDER BY name");
+         "EXISTS (SELECT 1 FROM drained_nodes d WHERE d.name = nodes.name), "
+         "secret_sha256 FROM nodes ORDER BY name");
   absl::Status s = q.status();
   if (!s.ok()) return s;
-  std::vector<v1::Node> out;
+  std::vector<StoredNode> out;
   while (q.Step(&s)) {
-    v1::Node& n = out.emplace_back();
+    StoredNode& stored = out.emplace_back();
+    v1::Node& n = stored.node;
     if (!n.mutable_spec()->ParseFromString(q.Text(0))) {
       return absl::DataLossError("state store: a node row does not parse");
     }
     n.set_registered_unix_ms(q.Int(1));
     n.set_draining(q.Int(2) != 0);
+    stored.secret_sha256 = q.Text(3);
   }
   if (!s.ok()) return s;
   return out;

@@ -1,13 +1,15 @@
 // Durable state of ptcoord in SQLite (WAL): jobs, attempts, events,
 // checkpoints, loss history and the nodes that registered. Persistence only:
 // the job lifecycle rules live in Coordinator. No secret is stored: a rank
-// token only as its SHA-256. Thread-safe (one connection behind a mutex).
+// token and a node secret only as their SHA-256. Thread-safe (one connection
+// behind a mutex).
 #ifndef PTRAIN_COORDINATOR_STORE_H_
 #define PTRAIN_COORDINATOR_STORE_H_
 
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,13 @@ struct JobUpdate {
   std::optional<v1::Attempt> attempt;  // upserted by number
   std::vector<v1::LossPoint> loss_points;
   std::vector<v1::Checkpoint> checkpoints;  // upserted by step
+};
+
+// A node's stored registration: what users see, and the SHA-256 of the
+// secret that binds its name ("" for a node an older ptcoord registered).
+struct StoredNode {
+  v1::Node node;
+  std::string secret_sha256;
 };
 
 class Store {
@@ -97,14 +106,18 @@ class Store {
 
   absl::Status AddCheckpoint(const std::string& job_id,
                              const v1::Checkpoint& c);
-  // A node's latest registration (replaces one of the same name); the nodes
-  // by name, with spec and registered time (state and heartbeats live in
-  // memory).
-  absl::Status UpsertNode(const v1::NodeSpec& spec, int64_t registered_unix_ms);
+  // A node's latest registration (replaces one of the same name) with the
+  // SHA-256 of its secret; the nodes by name, with spec and registered time
+  // (state and heartbeats live in memory).
+  absl::Status UpsertNode(const v1::NodeSpec& spec, int64_t registered_unix_ms,
+                          const std::string& secret_sha256);
+  // Forgets a node's registration, secret and draining flag (one
+  // transaction).
+  absl::Status DeleteNode(const std::string& name);
   // Drained nodes take no new attempts; kept across restarts.
   absl::Status SetNodeDraining(const std::string& name, bool draining);
-  // Registrations by name, with their draining flag.
-  absl::StatusOr<std::vector<v1::Node>> ListNodes();
+  // Registrations by name, with their draining flag and secret hash.
+  absl::StatusOr<std::vector<StoredNode>> ListNodes();
 
   absl::StatusOr<std::vector<v1::Checkpoint>> ListCheckpoints(
       const std::string& job_id);
@@ -113,6 +126,9 @@ class Store {
   explicit Store(sqlite3* db) : db_(db) {}
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Migrate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The column names of `table`.
+  absl::StatusOr<std::set<std::string>> Columns(const char* table)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The statements behind the public calls, inside a transaction of the
   // caller's.
   absl::Status UpdateJobLocked(const JobRecord& r)

@@ -8,16 +8,15 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -26,6 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/header_value.h"
 #include "common/pem.h"
 #include "common/spec.h"
 #include "google/protobuf/util/json_util.h"
@@ -47,12 +47,26 @@ struct Options {
   // TLS: the CA that signed ptcoord's certificate (turns TLS on), and this
   // client's certificate and key when ptcoord asks for one.
   std::string tls_ca, tls_cert, tls_key;
+  // Where each came from, for messages: the flag, or the environment
+  // variable when the flag was not given.
+  std::string token_from = "--token", tls_ca_from = "--tls-ca",
+              tls_cert_from = "--tls-cert", tls_key_from = "--tls-key";
 };
 
-// The channel to ptcoord: TLS when a CA is given, else plain text.
-// Reconnecting is capped at a couple of seconds, so `watch` picks a
-// restarted coordinator up at once (gRPC's own backoff grows to 120 s).
+// Everything given that goes into a header, checked before any call: gRPC
+// aborts the process on a header value it refuses.
+absl::Status CheckHeaderValues(const Options& o) {
+  if (o.token.empty()) return absl::OkStatus();  // no authorization header
+  return ptrain::CheckHeaderValue(o.token_from, o.token);
+}
+
+// The channel to ptcoord: TLS when a CA is given, else plain text. Every
+// setting is checked first, so that a wrong one is an error naming it
+// (exit 2) rather than a failed call. Reconnecting is capped at a couple
+// of seconds, so `watch` picks a restarted coordinator up at once (gRPC's
+// own backoff grows to 120 s).
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const Options& o) {
+  if (absl::Status s = CheckHeaderValues(o); !s.ok()) return s;
   std::shared_ptr<grpc::ChannelCredentials> credentials =
       grpc::InsecureChannelCredentials();
   if (o.tls_ca.empty() && (!o.tls_cert.empty() || !o.tls_key.empty())) {
@@ -64,16 +78,24 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const Options& o) {
   }
   if (!o.tls_ca.empty()) {
     grpc::SslCredentialsOptions ssl;
-    absl::StatusOr<std::string> ca = ptrain::ReadPemFile("--tls-ca", o.tls_ca);
+    absl::StatusOr<std::string> ca =
+        ptrain::ReadCertificateFile(o.tls_ca_from, o.tls_ca);
     if (!ca.ok()) return ca.status();
     ssl.pem_root_certs = *ca;
     if (!o.tls_cert.empty()) {
       absl::StatusOr<std::string> cert =
-          ptrain::ReadPemFile("--tls-cert", o.tls_cert);
+          ptrain::ReadCertificateFile(o.tls_cert_from, o.tls_cert);
       if (!cert.ok()) return cert.status();
       absl::StatusOr<std::string> key =
-          ptrain::ReadPemFile("--tls-key", o.tls_key);
+          ptrain::ReadPemFile(o.tls_key_from, o.tls_key);
       if (!key.ok()) return key.status();
+      // gRPC would only fail the handshake, as "empty address list".
+      if (absl::Status s =
+              ptrain::CheckKeyPair(o.tls_cert_from, o.tls_cert, *cert,
+                                   o.tls_key_from, o.tls_key, *key);
+          !s.ok()) {
+        return s;
+      }
       ssl.pem_cert_chain = *cert;
       ssl.pem_private_key = *key;
     }
@@ -610,6 +632,35 @@ int Nodes(Client& client) {
                 slots.c_str(), n.spec().cores(), n.spec().gpus(), state.c_str(),
                 beat.c_str(), n.load1());
   }
+  // A registration refused for a node's name is someone else claiming it
+  // (or the node itself, reinstalled without its secret): say so.
+  for (const auto& n : resp.nodes()) {
+    if (n.refused_registrations() == 0) continue;
+    std::printf(
+        "note: %s: %d registration(s) refused for its name (no or a wrong "
+        "node secret), the last %s ago from %s\n",
+        n.spec().name().c_str(), n.refused_registrations(),
+        absl::FormatDuration(
+            absl::Trunc(absl::Milliseconds(now - n.last_refused_unix_ms()),
+                        absl::Seconds(1)))
+            .c_str(),
+        n.last_refused_peer().c_str());
+  }
+  return 0;
+}
+
+// ptctl forget-node NODE.
+int ForgetNode(Client& client, const std::string& node) {
+  ptrain::v1::ForgetNodeRequest req;
+  req.set_name(node);
+  ptrain::v1::ForgetNodeResponse resp;
+  auto ctx = client.Context();
+  const grpc::Status s = client.stub().ForgetNode(ctx.get(), req, &resp);
+  if (!s.ok()) return RpcError(s);
+  std::printf(
+      "%s forgotten: the next daemon that registers this name is bound to it "
+      "with a new node secret\n",
+      node.c_str());
   return 0;
 }
 
@@ -706,11 +757,23 @@ int Run(int argc, char** argv) {
   auto* uncordon =
       app.add_subcommand("uncordon", "let jobs start on a node again");
   uncordon->add_option("NODE", node, "node name")->required();
+  auto* forget = app.add_subcommand(
+      "forget-node",
+      "forget a node that is down and idle (reinstalled, retired): its name "
+      "may register afresh");
+  forget->add_option("NODE", node, "node name")->required();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kExitBadInput;
   }
+  const auto from = [&app](const char* flag, const char* env) {
+    return std::string(app.count(flag) > 0 ? flag : env);
+  };
+  o.token_from = from("--token", "PTCTL_TOKEN");
+  o.tls_ca_from = from("--tls-ca", "PTCTL_TLS_CA");
+  o.tls_cert_from = from("--tls-cert", "PTCTL_TLS_CERT");
+  o.tls_key_from = from("--tls-key", "PTCTL_TLS_KEY");
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(o);
   if (!channel.ok()) {
     std::fprintf(stderr, "ptctl: error: %s\n",
@@ -730,6 +793,7 @@ int Run(int argc, char** argv) {
   if (*nodes) return Nodes(client);
   if (*drain) return Drain(client, node, true);
   if (*uncordon) return Drain(client, node, false);
+  if (*forget) return ForgetNode(client, node);
   return kExitBadInput;
 }
 

@@ -246,8 +246,15 @@ int Run(int argc, char** argv) {
     auto r = ptrain::ProgressReporter::FromEnvironment();
     if (!r.ok()) return r.status();
     reporter = std::move(*r);
-    auto spec = ptrain::LoadJobSpecFile(config_path, overrides);
+    auto spec = ptrain::LoadJobSpecFile(config_path, overrides, "--config");
     if (!spec.ok()) return spec.status();
+    if (reporter != nullptr) {
+      // Loading data, weights and a checkpoint ends no step: without signs
+      // of life a large file would look like a hang.
+      reporter->SetAliveInterval(ptrain::ProgressReporter::AliveInterval(
+          spec->restart().hang_timeout_s()));
+      reporter->SetActivity("setting up: data, model and checkpoint");
+    }
     auto d = ptrain::ParallelDims::Create(spec->parallel(), MPI_COMM_WORLD);
     if (!d.ok()) return d.status();
     dims = std::move(*d);
@@ -282,6 +289,9 @@ int Run(int argc, char** argv) {
       options.on_record = [r = reporter.get()](const nlohmann::json& rec) {
         r->OnRecord(rec);
       };
+      options.on_activity = [r = reporter.get()](const std::string& what) {
+        r->SetActivity(what);
+      };
     }
     auto t = ptrain::Trainer::Create(*spec, options, dims.get());
     if (!t.ok()) return t.status();
@@ -308,6 +318,7 @@ int Run(int argc, char** argv) {
   } catch (const std::exception& e) {
     setup = absl::InternalError(absl::StrCat("setup failed: ", e.what()));
   }
+  if (reporter != nullptr) reporter->SetActivity("");
   if (const int rc = AgreeOnSetup(setup); rc != 0) return rc;
   spdlog::info("layout: {}", dims->ToString());
   if (metrics != nullptr) {

@@ -4,13 +4,14 @@
 // kMaxReconnectBackoffMs.
 #include "worker/progress_reporter.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/header_value.h"
+#include "common/pem.h"
 #include "grpcpp/grpcpp.h"
 #include "ptrain/v1/coordinator.grpc.pb.h"
 #include "spdlog/spdlog.h"
@@ -34,6 +35,10 @@ class ProgressReporter::Rpc {
     if (item.kind == Item::kEndpoint) {
       v1::ReportEndpointResponse resp;
       return stub_->ReportEndpoint(&ctx, item.endpoint, &resp);
+    }
+    if (item.kind == Item::kAlive) {
+      v1::ReportAliveResponse resp;
+      return stub_->ReportAlive(&ctx, item.alive, &resp);
     }
     v1::ReportProgressResponse resp;
     return stub_->ReportProgress(&ctx, item.progress, &resp);
@@ -85,6 +90,10 @@ ProgressReporter::FromEnvironment() {
         "PTRAIN_COORDINATOR is set but PTRAIN_JOB_ID or PTRAIN_JOB_TOKEN is "
         "not");
   }
+  // Sent as a header on every report: gRPC aborts on a value it refuses.
+  if (absl::Status s = CheckHeaderValue("PTRAIN_JOB_TOKEN", token); !s.ok()) {
+    return s;
+  }
   int attempt = 0;
   if (!absl::SimpleAtoi(attempt_text, &attempt) || attempt < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -94,14 +103,9 @@ ProgressReporter::FromEnvironment() {
   if (!absl::SimpleAtoi(Env("OMPI_COMM_WORLD_RANK"), &rank)) rank = 0;
   std::string tls_ca_pem;
   if (const std::string ca = Env("PTRAIN_TLS_CA"); !ca.empty()) {
-    std::ifstream in(ca, std::ios::binary);
-    std::stringstream text;
-    text << in.rdbuf();
-    if (!in || text.str().find("-----BEGIN ") == std::string::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("PTRAIN_TLS_CA='", ca, "' is not a readable PEM file"));
-    }
-    tls_ca_pem = text.str();
+    absl::StatusOr<std::string> pem = ReadCertificateFile("PTRAIN_TLS_CA", ca);
+    if (!pem.ok()) return pem.status();
+    tls_ca_pem = std::move(*pem);
   }
   return std::unique_ptr<ProgressReporter>(new ProgressReporter(
       address, job_id, token, attempt, rank, std::move(tls_ca_pem)));
@@ -177,6 +181,27 @@ void ProgressReporter::ReportEndpoint(const std::string& address) {
   Enqueue(std::move(item));
 }
 
+void ProgressReporter::SetActivity(const std::string& activity) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (activity == activity_) return;
+    activity_ = activity;
+    next_alive_ = std::chrono::steady_clock::now();
+  }
+  cv_.notify_one();
+}
+
+void ProgressReporter::SetAliveInterval(std::chrono::milliseconds every) {
+  std::lock_guard<std::mutex> lock(mu_);
+  alive_every_ = every;
+}
+
+std::chrono::milliseconds ProgressReporter::AliveInterval(
+    int64_t hang_timeout_s) {
+  const int64_t ms = hang_timeout_s * 1000 / 4;
+  return std::chrono::milliseconds(std::clamp<int64_t>(ms, 250, 10000));
+}
+
 void ProgressReporter::Enqueue(Item item) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -199,11 +224,33 @@ void ProgressReporter::Loop() {
   std::optional<Clock::time_point> give_up;
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    // Woken by a report to send, a stop, or a change of activity.
+    cv_.wait(lock, [this] {
+      return stopping_ || !queue_.empty() || !activity_.empty();
+    });
+    if (!activity_.empty() && !stopping_) {
+      // Busy: until a sign of life is due, only a report to send, a stop or
+      // the end of the activity cuts the wait short.
+      cv_.wait_until(lock, next_alive_, [this] {
+        return stopping_ || !queue_.empty() || activity_.empty();
+      });
+      if (!activity_.empty() && Clock::now() >= next_alive_) {
+        // First in line: nothing else waits for it.
+        Item alive;
+        alive.kind = Item::kAlive;
+        alive.alive.set_job_id(job_id_);
+        alive.alive.set_attempt(attempt_);
+        alive.alive.set_rank(rank_);
+        alive.alive.set_activity(activity_.substr(0, 128));
+        queue_.push_front(std::move(alive));
+        next_alive_ = Clock::now() + alive_every_;
+      }
+    }
     if (stopping_) {
       if (!give_up) give_up = Clock::now() + std::chrono::seconds(3);
       if (queue_.empty() || Clock::now() >= *give_up) return;
     }
+    if (queue_.empty()) continue;
     Item item = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
@@ -214,7 +261,8 @@ void ProgressReporter::Loop() {
         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
     if (s.ok()) {
       ++sent_;
-    } else if (transient && item.kind != Item::kProgress && !stopping_) {
+    } else if (transient && item.kind != Item::kProgress &&
+               item.kind != Item::kAlive && !stopping_) {
       // A checkpoint or endpoint is said once; a newer progress report
       // replaces a lost one, these do not. Try again shortly, first in line.
       queue_.push_front(std::move(item));

@@ -5,6 +5,7 @@
 #ifndef PTRAIN_WORKER_PROGRESS_REPORTER_H_
 #define PTRAIN_WORKER_PROGRESS_REPORTER_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -53,6 +54,17 @@ class ProgressReporter {
   // (host:port), for the coordinator's service discovery.
   void ReportEndpoint(const std::string& address);
 
+  // While `activity` is not empty ("loading data"), ReportAlive goes out at
+  // once and then every alive interval, so that a rank busy with something
+  // that ends no step (loading, checkpointing, evaluating) is not taken for
+  // a hung one; "" stops them. Thread-safe, never blocks on the network.
+  void SetActivity(const std::string& activity);
+  // How often ReportAlive goes out while busy (default 5 s): a fraction of
+  // the job's restart.hang_timeout_s (AliveInterval).
+  void SetAliveInterval(std::chrono::milliseconds every);
+  // A quarter of `hang_timeout_s`, kept within [250 ms, 10 s].
+  static std::chrono::milliseconds AliveInterval(int64_t hang_timeout_s);
+
   static constexpr size_t kMaxQueued = 4096;
 
   // PTRAIN_COORDINATOR: host:port of the coordinator.
@@ -65,10 +77,13 @@ class ProgressReporter {
 
  private:
   struct Item {
-    enum Kind { kProgress, kCheckpoint, kEndpoint } kind = kProgress;
+    // kAlive, as kProgress, is not sent again when it fails: the next one
+    // replaces it.
+    enum Kind { kProgress, kCheckpoint, kEndpoint, kAlive } kind = kProgress;
     v1::ReportProgressRequest progress;
     v1::ReportCheckpointRequest checkpoint;
     v1::ReportEndpointRequest endpoint;
+    v1::ReportAliveRequest alive;
   };
   void Enqueue(Item item);
   class Rpc;  // the gRPC stub, kept out of this header
@@ -86,9 +101,12 @@ class ProgressReporter {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Item> queue_;                       // guarded by mu_
-  bool stopping_ = false;                        // guarded by mu_
-  int64_t sent_ = 0, failed_ = 0, dropped_ = 0;  // guarded by mu_
+  std::deque<Item> queue_;                            // guarded by mu_
+  bool stopping_ = false;                             // guarded by mu_
+  std::string activity_;                              // guarded by mu_
+  std::chrono::milliseconds alive_every_{5000};       // guarded by mu_
+  std::chrono::steady_clock::time_point next_alive_;  // guarded by mu_
+  int64_t sent_ = 0, failed_ = 0, dropped_ = 0;       // guarded by mu_
   std::thread thread_;
 };
 

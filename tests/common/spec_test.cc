@@ -1034,11 +1034,20 @@ TEST(LoadJobSpecFile, FileLargerThanOneMebibyteIsRefused) {
   EXPECT_TRUE(Contains(spec.status().message(), "larger than 1 MiB"));
 }
 
-// /dev/zero never ends and has no size: the read stops at the limit.
-TEST(ReadJobSpecFile, AnEndlessFileIsRefusedAtTheLimit) {
+// /dev/zero never ends: it is refused before a byte is read.
+TEST(ReadJobSpecFile, AnEndlessDeviceIsRefusedAsNotARegularFile) {
   absl::StatusOr<std::string> text = ReadJobSpecFile("/dev/zero");
   ASSERT_FALSE(text.ok());
-  EXPECT_TRUE(Contains(text.status().message(), "larger than 1 MiB"));
+  EXPECT_EQ(text.status().message(),
+            "job spec /dev/zero: is a character device, not a regular file");
+}
+
+TEST(LoadJobSpecFile, ErrorsReadingTheFileNameTheFlagThatNamedIt) {
+  absl::StatusOr<v1::JobSpec> spec =
+      LoadJobSpecFile("/dev/zero", {}, "--config");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_TRUE(absl::StartsWith(spec.status().message(), "--config /dev/zero: "))
+      << spec.status().message();
 }
 
 TEST(LoadJobSpecFile, DirectoryIsRefused) {

@@ -6,16 +6,22 @@
 // nothing in memory.
 #include "coordinator/coordinator.h"
 
+#include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <set>
 #include <sstream>
@@ -25,6 +31,7 @@
 #include "coordinator/launcher.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "tests/testing/committed_checkpoint.h"
 #include "tests/testing/old_store.h"
 
 namespace ptrain {
@@ -41,7 +48,8 @@ restart: {max_restarts: 1, hang_timeout_s: 1}
 // Stands in for mpirun: its mode comes from the environment it inherits. It
 // leaves its environment in fake.env beside run.jsonl (its --log-json), and
 // in mode `log` writes a run log and a committed checkpoint first.
-constexpr const char* kFakeMpirun = R"(#!/bin/sh
+// (Written after a shebang and kShellCommitCheckpoint.)
+constexpr const char* kFakeMpirun = R"(
 echo "fake rank says goodbye" >&2
 log=""
 while [ $# -gt 0 ]; do
@@ -51,7 +59,7 @@ done
 env > "$(dirname "$log")/fake.env"
 if [ "$FAKE_MODE" = log ] || [ "$FAKE_MODE" = logsleep ]; then
   ck="$FAKE_CKPT_ROOT/$PTRAIN_JOB_UID/step-00000005"
-  mkdir -p "$ck" && echo '{}' > "$ck/manifest.json"
+  commit_checkpoint "$ck" 5
   for s in 1 2 3 4 5 6 7; do
     echo "{\"type\":\"step\",\"step\":$s,\"loss\":$((10 - s)).5,\"lr\":0.001,\"ms\":1,\"tok_per_s\":100,\"mfu\":0.01}" >> "$log"
   done
@@ -102,7 +110,8 @@ class CoordinatorTest : public ::testing::Test {
     fs::remove_all(dir_);
     fs::create_directories(dir_ / "data" / "ckpt");
     const fs::path fake = dir_ / "fake_mpirun";
-    std::ofstream(fake) << kFakeMpirun;
+    std::ofstream(fake) << "#!/bin/sh\n"
+                        << testing::kShellCommitCheckpoint << kFakeMpirun;
     fs::permissions(fake, fs::perms::owner_all);
     setenv("FAKE_MODE", "ok", 1);
     setenv("FAKE_CKPT_ROOT", (dir_ / "data" / "ckpt").c_str(), 1);
@@ -534,8 +543,7 @@ TEST_F(CoordinatorTest, RankTokenDiesWithItsAttempt) {
   // Even past the token check, an ended attempt reports nothing.
   const fs::path forged =
       fs::path(job->spec().checkpoint().dir()) / "step-00123456";
-  fs::create_directories(forged);
-  std::ofstream(forged / "manifest.json") << "{}";
+  testing::WriteCommittedCheckpoint(forged, 123456);
   v1::ReportCheckpointRequest r;
   r.set_job_id(job->id());
   r.set_attempt(1);
@@ -649,12 +657,10 @@ TEST_F(CoordinatorTest, InvalidRankReportsAreRefusedAndChangeNothing) {
   const std::string id = job->id();
   TickUntil(*c, id, v1::JOB_STATE_RUNNING);
   const fs::path ckpt = job->spec().checkpoint().dir();
-  fs::create_directories(ckpt / "step-00000004");
-  std::ofstream(ckpt / "step-00000004" / "manifest.json") << "{}";
+  testing::WriteCommittedCheckpoint(ckpt / "step-00000004", 4);
   fs::create_directories(ckpt / "step-00000006");  // no manifest
-  fs::create_directories(dir_ / "data" / "elsewhere" / "step-00000007");
-  std::ofstream(dir_ / "data" / "elsewhere" / "step-00000007" / "manifest.json")
-      << "{}";
+  testing::WriteCommittedCheckpoint(
+      dir_ / "data" / "elsewhere" / "step-00000007", 7);
   fs::create_directory_symlink(dir_ / "data" / "elsewhere" / "step-00000007",
                                ckpt / "step-00000007");
 
@@ -851,6 +857,279 @@ TEST_F(CoordinatorTest, ReadoptedAttemptCatchesUpFromItsRunLog) {
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, -6}));
   ASSERT_TRUE(c->Cancel(id).ok());
   TickUntil(*c, id, v1::JOB_STATE_CANCELLED);
+}
+
+// --- what ranks say, believed only when it holds -------------------------
+
+// The probe's report of step 1 after step 366 of the same attempt was taken
+// and shown. An attempt's steps only grow, also after a ptcoord restart
+// that re-adopts it.
+TEST_F(CoordinatorTest, ProgressMayNotGoBackWithinAnAttempt) {
+  setenv("FAKE_MODE", "sleep", 1);
+  std::string id;
+  auto report = [&](Coordinator& c, int64_t step) {
+    v1::ReportProgressRequest r;
+    r.set_job_id(id);
+    r.set_attempt(1);
+    r.set_step(step);
+    r.set_loss(1.5);
+    return c.ReportProgress(r);
+  };
+  {
+    auto c = Make();
+    auto job = c->Submit(kSpec, {"restart.hang_timeout_s=600"});
+    ASSERT_TRUE(job.ok());
+    id = job->id();
+    TickUntil(*c, id, v1::JOB_STATE_RUNNING);
+    ASSERT_TRUE(report(*c, 8).ok());
+    const absl::Status back = report(*c, 1);
+    EXPECT_EQ(back.code(), absl::StatusCode::kInvalidArgument) << back;
+    EXPECT_EQ(back.message().rfind("step=1", 0), 0u) << back;
+    EXPECT_EQ(c->Get(id, false)->job().progress().step(), 8);
+    EXPECT_EQ(c->Get(id, true)->loss_history_size(), 1);
+  }
+  auto c = Make();  // re-adopts the attempt, and knows where it was
+  EXPECT_EQ(report(*c, 2).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(report(*c, 8).ok());
+  EXPECT_TRUE(report(*c, 9).ok());
+  EXPECT_EQ(c->Get(id, false)->job().progress().step(), 9);
+  ASSERT_TRUE(c->Cancel(id).ok());
+  TickUntil(*c, id, v1::JOB_STATE_CANCELLED);
+}
+
+// The probe had ptcoord record and list a folder whose manifest.json was
+// "{}". Reported or found on disk, only what a committed save leaves is a
+// checkpoint.
+TEST_F(CoordinatorTest, OnlyACommittedCheckpointIsRecordedOrListed) {
+  setenv("FAKE_MODE", "sleep", 1);
+  auto c = Make();
+  auto job = c->Submit(
+      kSpec, {"restart.hang_timeout_s=600", "checkpoint.dir=data/ckpt"});
+  ASSERT_TRUE(job.ok());
+  const std::string id = job->id();
+  TickUntil(*c, id, v1::JOB_STATE_RUNNING);
+  const fs::path folder =
+      fs::path(job->spec().checkpoint().dir()) / "step-00000004";
+  fs::create_directories(folder);
+  std::ofstream(folder / "manifest.json") << "{}";
+  v1::ReportCheckpointRequest r;
+  r.set_job_id(id);
+  r.set_attempt(1);
+  r.set_step(4);
+  r.set_dir(folder.string());
+  const absl::Status fake = c->ReportCheckpoint(r);
+  EXPECT_EQ(fake.code(), absl::StatusCode::kInvalidArgument) << fake;
+  EXPECT_NE(fake.message().find("not a committed checkpoint"),
+            std::string::npos)
+      << fake;
+  ASSERT_TRUE(c->Checkpoints(id).ok());
+  EXPECT_TRUE(c->Checkpoints(id)->empty());
+  // Of another job: refused too.
+  testing::WriteCommittedCheckpoint(folder, 4, "another-job");
+  EXPECT_EQ(c->ReportCheckpoint(r).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(c->Checkpoints(id)->empty());
+  // What a commit of this job leaves: recorded and listed.
+  testing::WriteCommittedCheckpoint(folder, 4, job->uid());
+  EXPECT_TRUE(c->ReportCheckpoint(r).ok());
+  ASSERT_EQ(c->Checkpoints(id)->size(), 1u);
+  EXPECT_EQ((*c->Checkpoints(id))[0].attempt(), 1);
+  ASSERT_TRUE(c->Cancel(id).ok());
+  TickUntil(*c, id, v1::JOB_STATE_CANCELLED);
+}
+
+// A rank loading a 3 GB file ended no step for longer than the hang
+// timeout and was killed as hung. A rank that says it is busy is alive;
+// silence is still a hang, and the error says what it was busy with.
+TEST_F(CoordinatorTest, ABusyRankIsAliveButSilenceIsStillAHang) {
+  setenv("FAKE_MODE", "sleep", 1);
+  auto c = Make();
+  auto job =
+      c->Submit(kSpec, {"restart.hang_timeout_s=1", "restart.max_restarts=0"});
+  ASSERT_TRUE(job.ok());
+  const std::string id = job->id();
+  TickUntil(*c, id, v1::JOB_STATE_RUNNING);
+  v1::ReportAliveRequest alive;
+  alive.set_job_id(id);
+  alive.set_attempt(1);
+  alive.set_rank(0);
+  alive.set_activity("loading data");
+  for (int i = 0; i < 30; ++i) {  // three hang timeouts
+    ASSERT_TRUE(c->ReportAlive(alive).ok());
+    c->Tick();
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  v1::Job now = c->Get(id, false)->job();
+  EXPECT_EQ(now.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(now.attempts(), 1);
+  // Bad signs of life are refused and keep nothing alive.
+  v1::ReportAliveRequest bad = alive;
+  bad.set_rank(5);
+  EXPECT_EQ(c->ReportAlive(bad).code(), absl::StatusCode::kInvalidArgument);
+  const v1::Job done = TickUntil(*c, id, v1::JOB_STATE_FAILED);
+  EXPECT_EQ(done.state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(done.error().find("hang at step 0 (last busy with loading data)"),
+            std::string::npos)
+      << done.error();
+}
+
+// An attempt whose exit code cannot be read (its exit_code file empty, as a
+// full disk leaves it) is decided by what it left: a run log ending with
+// the record of a finished run, or a committed checkpoint of the last
+// step, says it finished and it is not run again; neither, and it runs
+// again from its newest checkpoint without using up a restart.
+TEST_F(CoordinatorTest,
+       AnAttemptWithoutAReadableExitCodeIsDecidedByItsRecords) {
+  setenv("FAKE_MODE", "waitfile", 1);
+  struct Case {
+    const char* what;
+    std::function<void(const fs::path& attempt, const v1::Job& job)> leave;
+    v1::JobState want;
+  };
+  const std::vector<Case> cases = {
+      {"a run log that ends with the end record",
+       [](const fs::path& attempt, const v1::Job&) {
+         std::ofstream(attempt / "run.jsonl")
+             << R"({"type":"step","step":10,"loss":1.5})"
+             << "\n"
+             << R"({"type":"end","step":10})"
+             << "\n";
+       },
+       v1::JOB_STATE_SUCCEEDED},
+      {"a committed checkpoint of the last step",
+       [](const fs::path&, const v1::Job& job) {
+         testing::WriteCommittedCheckpoint(
+             fs::path(job.spec().checkpoint().dir()) / "step-00000010", 10,
+             job.uid());
+       },
+       v1::JOB_STATE_SUCCEEDED},
+      {"a run log that stops short, and a checkpoint before the last step",
+       [](const fs::path& attempt, const v1::Job& job) {
+         std::ofstream(attempt / "run.jsonl")
+             << R"({"type":"step","step":9,"loss":1.5})"
+             << "\n";
+         testing::WriteCommittedCheckpoint(
+             fs::path(job.spec().checkpoint().dir()) / "step-00000009", 9,
+             job.uid());
+       },
+       v1::JOB_STATE_RESTARTING},
+  };
+  for (const Case& k : cases) {
+    fs::remove(dir_ / "go");
+    v1::Job job;
+    {
+      auto c = Make();
+      auto submitted = c->Submit(
+          kSpec, {"restart.hang_timeout_s=600", "checkpoint.dir=data/ckpt"});
+      ASSERT_TRUE(submitted.ok());
+      job = TickUntil(*c, submitted->id(), v1::JOB_STATE_RUNNING);
+    }  // ptcoord goes away while the attempt runs
+    const fs::path attempt = AttemptDir(job.id(), 1);
+    k.leave(attempt, job);
+    std::ofstream(dir_ / "go");
+    for (int i = 0; i < 200 && !ReadExitCode(attempt.string()).has_value();
+         ++i) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    ASSERT_EQ(ReadExitCode(attempt.string()), 0) << k.what;
+    fs::resize_file(attempt / "exit_code", 0);  // what a full disk leaves
+    EXPECT_EQ(ReadAttemptExit(attempt.string()).kind, AttemptExit::kUnknown);
+    auto c = Make();
+    const v1::GetJobResponse got = *c->Get(job.id(), false);
+    EXPECT_EQ(got.job().state(), k.want) << k.what << ": " << got.job().error();
+    EXPECT_EQ(got.job().attempts(), 1) << k.what;
+    ASSERT_EQ(got.attempts_size(), 1) << k.what;
+    EXPECT_EQ(got.attempts(0).exit_code(),
+              k.want == v1::JOB_STATE_SUCCEEDED ? 0 : -1)
+        << k.what;
+    if (k.want == v1::JOB_STATE_RESTARTING) {
+      EXPECT_NE(got.job().error().find("exit code ptcoord can read"),
+                std::string::npos)
+          << got.job().error();
+      ASSERT_TRUE(c->Cancel(job.id()).ok());
+      TickUntil(*c, job.id(), v1::JOB_STATE_CANCELLED);
+    }
+  }
+}
+
+// A tmpfs of `bytes` at `dir` for this test alone: in a mount namespace of
+// the test's own process (ctest runs each test in one), unmounted when it
+// goes. Needs root; `error` says why when it could not be made.
+class SmallDisk {
+ public:
+  SmallDisk(const fs::path& dir, size_t bytes) : dir_(dir) {
+    fs::create_directories(dir);
+    if (unshare(CLONE_NEWNS) != 0) {
+      error_ = std::string("unshare(CLONE_NEWNS): ") + std::strerror(errno);
+      return;
+    }
+    // Private where / is a mount point; in a chroot (CI) it is not, and the
+    // mount below is undone by the destructor.
+    mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr);
+    const std::string options = "size=" + std::to_string(bytes) + ",mode=0700";
+    if (mount("tmpfs", dir.c_str(), "tmpfs", 0, options.c_str()) != 0) {
+      error_ = std::string("mount tmpfs: ") + std::strerror(errno);
+      return;
+    }
+    mounted_ = true;
+  }
+  ~SmallDisk() {
+    if (mounted_) umount2(dir_.c_str(), MNT_DETACH);
+  }
+  const std::string& error() const { return error_; }
+  // Writes a file until the disk has no room left.
+  void Fill() {
+    const int fd = open((dir_ / "filler").c_str(),
+                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    const std::string block(4096, 'f');
+    while (fd >= 0 && write(fd, block.data(), block.size()) > 0) {
+    }
+    if (fd >= 0) close(fd);
+  }
+  void Free() { fs::remove(dir_ / "filler"); }
+
+ private:
+  const fs::path dir_;
+  bool mounted_ = false;
+  std::string error_;
+};
+
+// The probe: the state dir filled up while a job ran; the attempt's exit
+// code was lost (an empty file), ptcoord could not write the job's end and
+// kept it RUNNING, and after a kill -9 and a restart with space freed it
+// trained the finished job again from step 0. The exit code now overwrites
+// bytes ptcoord wrote and synced at launch, which takes no new space.
+TEST_F(CoordinatorTest, AFinishedJobIsNotRunAgainAfterAFullDiskAndACrash) {
+  if (geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
+  SmallDisk disk(dir_ / "small", 2 << 20);
+  ASSERT_TRUE(disk.error().empty()) << disk.error();
+  options_.state_dir = (dir_ / "small" / "state").string();
+  setenv("FAKE_MODE", "waitfile", 1);
+  std::string id;
+  {
+    auto c = Make();
+    auto job = c->Submit(kSpec, {"restart.hang_timeout_s=600"});
+    ASSERT_TRUE(job.ok());
+    id = job->id();
+    TickUntil(*c, id, v1::JOB_STATE_RUNNING);
+    disk.Fill();
+    std::ofstream(dir_ / "go");  // the job ends while the disk is full
+    for (int i = 0; i < 40; ++i) {
+      c->Tick();
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    // Its end could not be written: RUNNING, as the disk has it.
+    EXPECT_EQ(c->Get(id, false)->job().state(), v1::JOB_STATE_RUNNING);
+  }  // ptcoord dies (the test's kill -9: nothing more is written)
+  const fs::path attempt =
+      fs::path(options_.state_dir) / "jobs" / id / "attempt-1";
+  EXPECT_EQ(ReadExitCode(attempt.string()), 0);
+  disk.Free();
+  auto c = Make();
+  for (int i = 0; i < 10; ++i) c->Tick();
+  const v1::GetJobResponse got = *c->Get(id, false);
+  EXPECT_EQ(got.job().state(), v1::JOB_STATE_SUCCEEDED) << got.job().error();
+  EXPECT_EQ(got.job().attempts(), 1);
+  EXPECT_FALSE(fs::exists(attempt.parent_path() / "attempt-2"));
 }
 
 // --- a store that cannot write -------------------------------------------

@@ -46,6 +46,11 @@ class NodeRegistryTest : public ::testing::Test {
     r.mutable_node()->set_version("0.1.0");
     return r;
   }
+  static v1::RegisterNodeRequest WithSecret(v1::RegisterNodeRequest r,
+                                            const std::string& secret) {
+    r.set_node_secret(secret);
+    return r;
+  }
   static v1::NodeHeartbeatRequest Beat(const std::string& name,
                                        const std::string& session) {
     v1::NodeHeartbeatRequest b;
@@ -88,6 +93,12 @@ TEST_F(NodeRegistryTest, EveryRuleOfARegistrationIsNamedAndChangesNothing) {
       {[](v1::NodeSpec* s) { s->set_address("nohost"); }, "node.address"},
       {[](v1::NodeSpec* s) { s->set_address(":7071"); }, "node.address"},
       {[](v1::NodeSpec* s) { s->set_address("h:70x1"); }, "node.address"},
+      // What ptrsh would dial with an attempt's token: no wildcard, as for
+      // a rank's endpoint, and a real port.
+      {[](v1::NodeSpec* s) { s->set_address("0.0.0.0:1"); }, "node.address"},
+      {[](v1::NodeSpec* s) { s->set_address("[::]:7071"); }, "node.address"},
+      {[](v1::NodeSpec* s) { s->set_address("h:0"); }, "node.address"},
+      {[](v1::NodeSpec* s) { s->set_address("h:65536"); }, "node.address"},
       {[](v1::NodeSpec* s) { s->set_slots(0); }, "node.slots"},
       {[](v1::NodeSpec* s) { s->set_slots(4097); }, "node.slots"},
       {[](v1::NodeSpec* s) { s->set_cores(0); }, "node.cores"},
@@ -163,8 +174,10 @@ TEST_F(NodeRegistryTest, TimeLeftOutDoesNotCountTowardsTheTimeout) {
 TEST_F(NodeRegistryTest, ANewRegistrationReplacesTheOldSession) {
   auto r = Make();
   auto first = r->Register(Request("n1"), t0_);
-  auto second = r->Register(Request("n1"), t0_ + absl::Seconds(1));
-  ASSERT_TRUE(first.ok() && second.ok());
+  ASSERT_TRUE(first.ok());
+  auto second = r->Register(WithSecret(Request("n1"), first->node_secret()),
+                            t0_ + absl::Seconds(1));
+  ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_NE(first->session(), second->session());
   EXPECT_EQ(r->Heartbeat(Beat("n1", first->session()), t0_).code(),
             absl::StatusCode::kNotFound);
@@ -192,6 +205,118 @@ TEST_F(NodeRegistryTest, ARestartedCoordinatorKnowsItsNodesAsDown) {
   // The old session means nothing to it: the daemon must register again.
   EXPECT_EQ(r->Heartbeat(Beat("n1", "old"), t0_).code(),
             absl::StatusCode::kNotFound);
+}
+
+// The probe: anything holding the join token registered "n1" with a new
+// address while n1 heartbeated, and the next job's token went there. A
+// name is bound to the secret its first registration got.
+TEST_F(NodeRegistryTest, ALiveNodesNameCannotBeTakenOverWithTheJoinToken) {
+  auto r = Make();
+  auto real = r->Register(Request("n1"), t0_, "ipv4:10.0.0.1:40000");
+  ASSERT_TRUE(real.ok());
+  EXPECT_EQ(real->node_secret().size(), 64u);
+  ASSERT_TRUE(r->Heartbeat(Beat("n1", real->session()), t0_).ok());
+  v1::RegisterNodeRequest impostor = Request("n1");
+  impostor.mutable_node()->set_address("evil.example:7071");
+  for (const std::string& secret :
+       {std::string(), std::string("guess"), real->session()}) {
+    auto got = r->Register(WithSecret(impostor, secret), t0_ + absl::Seconds(1),
+                           "ipv4:6.6.6.6:1");
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kPermissionDenied)
+        << secret;
+    EXPECT_NE(got.status().message().find("ptctl forget-node n1"),
+              std::string::npos)
+        << got.status();
+  }
+  // Nothing changed: the node, its address, its session.
+  const std::vector<v1::Node> nodes = r->List(t0_ + absl::Seconds(1));
+  ASSERT_EQ(nodes.size(), 1u);
+  EXPECT_EQ(nodes[0].spec().address(), "n1:7071");
+  EXPECT_EQ(nodes[0].state(), v1::NODE_STATE_UP);
+  EXPECT_TRUE(r->Heartbeat(Beat("n1", real->session()), t0_).ok());
+  EXPECT_EQ((*store_->ListNodes())[0].node.spec().address(), "n1:7071");
+  // ...but the refusals are counted, shown and logged as events.
+  EXPECT_EQ(nodes[0].refused_registrations(), 3);
+  EXPECT_EQ(nodes[0].last_refused_peer(), "ipv4:6.6.6.6:1");
+  EXPECT_EQ(nodes[0].last_refused_unix_ms(),
+            absl::ToUnixMillis(t0_ + absl::Seconds(1)));
+  auto events = store_->ListEvents("node:n1");
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 3u);
+  EXPECT_NE((*events)[0].second.find("6.6.6.6"), std::string::npos);
+  // The daemon that holds the secret may move.
+  v1::RegisterNodeRequest moved =
+      WithSecret(Request("n1"), real->node_secret());
+  moved.mutable_node()->set_address("10.0.0.9:7071");
+  auto again = r->Register(moved, t0_ + absl::Seconds(2));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->node_secret().empty());  // the old one stays valid
+  EXPECT_EQ(r->List(t0_)[0].spec().address(), "10.0.0.9:7071");
+  EXPECT_EQ(r->List(t0_)[0].refused_registrations(), 3);
+}
+
+TEST_F(NodeRegistryTest, ADownNodesNameIsBoundAcrossCoordinatorRestarts) {
+  std::string secret;
+  {
+    auto r = Make();
+    auto first = r->Register(Request("n1"), t0_);
+    ASSERT_TRUE(first.ok());
+    secret = first->node_secret();
+  }
+  auto r = Make();  // n1 is down to it until it registers
+  EXPECT_EQ(r->Register(Request("n1"), t0_).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(r->List(t0_)[0].state(), v1::NODE_STATE_DOWN);
+  auto back = r->Register(WithSecret(Request("n1"), secret), t0_);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->node_secret().empty());
+  EXPECT_EQ(r->List(t0_)[0].state(), v1::NODE_STATE_UP);
+  // Another name joins with the join token alone, as before.
+  auto other = r->Register(Request("n2"), t0_);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(other->node_secret(), secret);
+}
+
+TEST_F(NodeRegistryTest,
+       ANodeStoredWithoutASecretIsBoundByItsNextRegistration) {
+  // What an older ptcoord left: a registration and no secret.
+  ASSERT_TRUE(store_->UpsertNode(Request("n1").node(), 1, "").ok());
+  auto r = Make();
+  auto first = r->Register(Request("n1"), t0_);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->node_secret().size(), 64u);
+  EXPECT_EQ(r->Register(Request("n1"), t0_).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_FALSE((*store_->ListNodes())[0].secret_sha256.empty());
+}
+
+TEST_F(NodeRegistryTest, OnlyADownIdleNodeIsForgottenAndThenJoinsAfresh) {
+  auto r = Make();
+  auto first = r->Register(Request("n1"), t0_);
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(r->SetDraining("n1", true, t0_).ok());
+  EXPECT_EQ(r->Forget("n1", /*busy=*/false, t0_).code(),
+            absl::StatusCode::kFailedPrecondition);  // up
+  const absl::Time later = t0_ + options_.timeout + absl::Seconds(1);
+  EXPECT_EQ(r->Forget("n1", /*busy=*/true, later).code(),
+            absl::StatusCode::kFailedPrecondition);  // an attempt is there
+  EXPECT_EQ(r->Forget("n9", false, later).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(r->List(later).size(), 1u);
+  ASSERT_TRUE(r->Forget("n1", false, later).ok());
+  EXPECT_TRUE(r->List(later).empty());
+  EXPECT_TRUE(store_->ListNodes()->empty());
+  EXPECT_TRUE(Make()->List(later).empty());  // also after a restart
+  // The name is free: a reinstalled node (no secret) is bound anew, and
+  // nothing of the old node stays (draining, the old secret).
+  auto fresh = r->Register(Request("n1"), later);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_FALSE(fresh->node_secret().empty());
+  EXPECT_NE(fresh->node_secret(), first->node_secret());
+  EXPECT_FALSE(r->List(later)[0].draining());
+  EXPECT_EQ(r->Register(WithSecret(Request("n1"), first->node_secret()), later)
+                .status()
+                .code(),
+            absl::StatusCode::kPermissionDenied);
 }
 
 }  // namespace

@@ -4,12 +4,27 @@
 #include <stdlib.h>
 
 #include <chrono>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
 
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "ptrain/v1/coordinator.grpc.pb.h"
 #include "worker/progress_reporter.h"
 
 namespace ptrain {
 namespace {
+
+// What ptcoord sets for a rank of attempt `attempt` of job-0001.
+void SetRankEnvironment(const std::string& coordinator,
+                        const std::string& attempt) {
+  setenv("PTRAIN_COORDINATOR", coordinator.c_str(), 1);
+  setenv("PTRAIN_JOB_ID", "job-0001", 1);
+  setenv("PTRAIN_JOB_TOKEN", "t", 1);
+  setenv("PTRAIN_ATTEMPT", attempt.c_str(), 1);
+}
 
 TEST(ProgressReporterTest, AbsentCoordinatorMeansNoReporter) {
   unsetenv("PTRAIN_COORDINATOR");
@@ -19,10 +34,7 @@ TEST(ProgressReporterTest, AbsentCoordinatorMeansNoReporter) {
 }
 
 TEST(ProgressReporterTest, IncompleteEnvironmentIsAnError) {
-  setenv("PTRAIN_COORDINATOR", "127.0.0.1:1", 1);
-  setenv("PTRAIN_JOB_ID", "job-0001", 1);
-  setenv("PTRAIN_JOB_TOKEN", "t", 1);
-  setenv("PTRAIN_ATTEMPT", "zero", 1);
+  SetRankEnvironment("127.0.0.1:1", "zero");
   EXPECT_EQ(ProgressReporter::FromEnvironment().status().code(),
             absl::StatusCode::kInvalidArgument);
   unsetenv("PTRAIN_JOB_TOKEN");
@@ -33,10 +45,7 @@ TEST(ProgressReporterTest, IncompleteEnvironmentIsAnError) {
 
 TEST(ProgressReporterTest, UnreachableCoordinatorNeverBlocksTraining) {
   // Port 1 on loopback: connection refused at once.
-  setenv("PTRAIN_COORDINATOR", "127.0.0.1:1", 1);
-  setenv("PTRAIN_JOB_ID", "job-0001", 1);
-  setenv("PTRAIN_JOB_TOKEN", "t", 1);
-  setenv("PTRAIN_ATTEMPT", "1", 1);
+  SetRankEnvironment("127.0.0.1:1", "1");
   auto r = ProgressReporter::FromEnvironment();
   unsetenv("PTRAIN_COORDINATOR");
   ASSERT_TRUE(r.ok() && *r != nullptr);
@@ -52,6 +61,68 @@ TEST(ProgressReporterTest, UnreachableCoordinatorNeverBlocksTraining) {
   EXPECT_LT(enqueue_s, 5.0) << "OnRecord waited on the network";
   EXPECT_GT((*r)->dropped(), 0);  // the queue is bounded
   r->reset();                     // drains for at most ~3 s, then gives up
+}
+
+// A RankService that only records the signs of life it gets.
+class AliveRecorder final : public v1::RankService::Service {
+ public:
+  grpc::Status ReportAlive(grpc::ServerContext*,
+                           const v1::ReportAliveRequest* req,
+                           v1::ReportAliveResponse*) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    got_.push_back(*req);
+    return grpc::Status::OK;
+  }
+  std::vector<v1::ReportAliveRequest> Got() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return got_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<v1::ReportAliveRequest> got_;
+};
+
+// A rank busy with something that ends no step (loading a large data file)
+// says it is alive at once and then at every interval, and stops once it
+// is done: its hang timer then runs on its steps again.
+TEST(ProgressReporterTest, ABusyRankSaysItIsAliveUntilItIsDone) {
+  AliveRecorder service;
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  SetRankEnvironment("127.0.0.1:" + std::to_string(port), "3");
+  setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+  auto r = ProgressReporter::FromEnvironment();
+  unsetenv("PTRAIN_COORDINATOR");
+  unsetenv("OMPI_COMM_WORLD_RANK");
+  ASSERT_TRUE(r.ok() && *r != nullptr);
+  EXPECT_EQ(ProgressReporter::AliveInterval(20), std::chrono::seconds(5));
+  EXPECT_EQ(ProgressReporter::AliveInterval(1), std::chrono::milliseconds(250));
+  EXPECT_EQ(ProgressReporter::AliveInterval(3600), std::chrono::seconds(10));
+  (*r)->SetAliveInterval(std::chrono::milliseconds(100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_TRUE(service.Got().empty());  // not busy: nothing to say
+  (*r)->SetActivity("loading data");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  (*r)->SetActivity("");
+  const std::vector<v1::ReportAliveRequest> busy = service.Got();
+  EXPECT_GE(busy.size(), 5u);
+  EXPECT_LE(busy.size(), 12u);
+  for (const v1::ReportAliveRequest& a : busy) {
+    EXPECT_EQ(a.job_id(), "job-0001");
+    EXPECT_EQ(a.attempt(), 3);
+    EXPECT_EQ(a.rank(), 1);
+    EXPECT_EQ(a.activity(), "loading data");
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  EXPECT_LE(service.Got().size(), busy.size() + 1);  // one may be in flight
+  r->reset();
+  server->Shutdown();
 }
 
 }  // namespace

@@ -6,12 +6,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/testing/committed_checkpoint.h"
 
 namespace ptrain {
 namespace {
@@ -73,6 +75,54 @@ TEST(ReportsTest, EachProgressFieldIsCheckedAndNamed) {
   }
 }
 
+// The probe reported step 1 after step 366 of the same attempt and saw it
+// shown. A lower step only comes with a new attempt (a new context).
+TEST(ReportsTest, ProgressMayNotGoBackWithinAnAttempt) {
+  ReportContext ctx = kCtx;
+  ctx.last_step = 66;
+  v1::ReportProgressRequest r = GoodProgress();
+  r.set_step(66);  // again (an evaluation of the step just trained)
+  EXPECT_TRUE(ValidateProgress(r, ctx).ok());
+  r.set_step(67);
+  EXPECT_TRUE(ValidateProgress(r, ctx).ok());
+  r.set_step(1);
+  const absl::Status back = ValidateProgress(r, ctx);
+  EXPECT_EQ(back.code(), absl::StatusCode::kInvalidArgument) << back;
+  EXPECT_EQ(back.message().rfind("step=1 is below step 66", 0), 0u) << back;
+  ctx.last_step = -1;  // a new attempt starts anywhere
+  EXPECT_TRUE(ValidateProgress(r, ctx).ok());
+}
+
+TEST(ReportsTest, SignsOfLifeAreCheckedAndNamed) {
+  v1::ReportAliveRequest r;
+  r.set_job_id("job-0001");
+  r.set_attempt(2);
+  r.set_rank(3);
+  r.set_activity("loading data");
+  EXPECT_TRUE(ValidateAlive(r, kCtx).ok());
+  struct Case {
+    const char* field;
+    std::function<void(v1::ReportAliveRequest&)> edit;
+  };
+  const Case cases[] = {
+      {"job_id", [](auto& a) { a.set_job_id("job-0002"); }},
+      {"attempt", [](auto& a) { a.set_attempt(1); }},
+      {"rank", [](auto& a) { a.set_rank(4); }},
+      {"activity", [](auto& a) { a.set_activity("line\nbreak"); }},
+      {"activity",
+       [](auto& a) {
+         a.set_activity(std::string(kMaxActivityBytes + 1, 'a'));
+       }},
+  };
+  for (const Case& c : cases) {
+    v1::ReportAliveRequest bad = r;
+    c.edit(bad);
+    const absl::Status s = ValidateAlive(bad, kCtx);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_EQ(s.message().rfind(c.field, 0), 0u) << s;
+  }
+}
+
 TEST(ReportsTest, HostPortNeedsADialableHostAndAPortInRange) {
   for (const char* ok : {"127.0.0.1:9100", "[::1]:1", "node-1:65535",
                          "a.b.example:80", "localhost:8080"}) {
@@ -118,10 +168,11 @@ class CheckpointDirTest : public ::testing::Test {
     fs::create_directories(root_);
   }
   void TearDown() override { fs::remove_all(dir_); }
-  fs::path Committed(const fs::path& at) {
-    fs::create_directories(at);
-    std::ofstream(at / "manifest.json") << "{}";
-    return at;
+  // A committed checkpoint of the step its folder names.
+  static fs::path Committed(const fs::path& at) {
+    const std::string name = at.filename().string();
+    return testing::WriteCommittedCheckpoint(
+        at, std::stoll(name.substr(name.find('-') + 1)), "job-uid");
   }
   fs::path dir_, root_;
 };
@@ -130,18 +181,19 @@ TEST_F(CheckpointDirTest, OnlyACommittedFolderOfTheStepUnderTheRootPasses) {
   const fs::path good = Committed(root_ / StepFolderName(20));
   EXPECT_EQ(StepFolderName(20), "step-00000020");
   EXPECT_EQ(StepFolderName(123456789), "step-123456789");
-  auto ok = ResolveCheckpointDir("dir", good.string(), 20, root_.string());
+  auto ok =
+      ResolveCheckpointDir("dir", good.string(), 20, root_.string(), "job-uid");
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(*ok, fs::canonical(good).string());
   // Through a ".." that still lands on it: fine, the real path is kept.
   auto dotted = ResolveCheckpointDir(
       "dir", (root_ / "x" / ".." / "step-00000020").string(), 20,
-      root_.string());
+      root_.string(), "job-uid");
   EXPECT_FALSE(dotted.ok());  // x does not exist, so the path does not either
   fs::create_directories(root_ / "x");
   dotted = ResolveCheckpointDir("dir",
                                 (root_ / "x" / ".." / "step-00000020").string(),
-                                20, root_.string());
+                                20, root_.string(), "job-uid");
   EXPECT_TRUE(dotted.ok()) << dotted.status();
 
   const fs::path other =
@@ -165,11 +217,86 @@ TEST_F(CheckpointDirTest, OnlyACommittedFolderOfTheStepUnderTheRootPasses) {
       {"/etc", 0},
   };
   for (const Case& c : bad) {
-    auto s = ResolveCheckpointDir("dir", c.dir, c.step, root_.string());
+    auto s =
+        ResolveCheckpointDir("dir", c.dir, c.step, root_.string(), "job-uid");
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << c.dir;
     EXPECT_EQ(s.status().message().rfind("dir", 0), 0u) << s.status();
   }
-  EXPECT_FALSE(ResolveCheckpointDir("dir", good.string(), 20, "").ok());
+  EXPECT_FALSE(
+      ResolveCheckpointDir("dir", good.string(), 20, "", "job-uid").ok());
+}
+
+// The probe's fake checkpoint was a folder with manifest.json holding "{}".
+// Only what a committed save leaves passes: the manifest its digest names,
+// of this step and job, and every shard it lists there with its size.
+TEST_F(CheckpointDirTest, AFolderThatIsNotWhatACommitLeavesIsRefused) {
+  struct Case {
+    const char* what;
+    std::function<void(const fs::path&)> spoil;
+  };
+  const std::vector<Case> cases = {
+      {"a manifest of {} and no digest",
+       [](const fs::path& d) {
+         std::ofstream(d / "manifest.json") << "{}";
+         fs::remove(d / "manifest.sha256");
+       }},
+      {"a manifest of {} with its own digest",
+       [](const fs::path& d) {
+         std::ofstream(d / "manifest.json") << "{}";
+         std::ofstream(d / "manifest.sha256") << ManifestDigestLine("{}");
+       }},
+      {"a manifest that its digest does not name",
+       [](const fs::path& d) {
+         std::ofstream(d / "manifest.json", std::ios::app) << " ";
+       }},
+      {"a digest that is not a SHA-256 line",
+       [](const fs::path& d) { std::ofstream(d / "manifest.sha256") << "x"; }},
+      {"a manifest of another step",
+       [](const fs::path& d) {
+         testing::WriteCommittedCheckpoint(d, 21, "job-uid");
+       }},
+      {"a manifest of another job",
+       [](const fs::path& d) {
+         testing::WriteCommittedCheckpoint(d, 20, "other-job");
+       }},
+      {"a missing shard",
+       [](const fs::path& d) { fs::remove(d / "shard-00000.bin"); }},
+      {"a shard of another size",
+       [](const fs::path& d) {
+         std::ofstream(d / "shard-00000.bin", std::ios::app) << "more";
+       }},
+      {"a shard that is a link",
+       [](const fs::path& d) {
+         fs::rename(d / "shard-00000.bin", d / "real.bin");
+         fs::create_symlink(d / "real.bin", d / "shard-00000.bin");
+       }},
+      {"a shard name with a folder in it",
+       [](const fs::path& d) {
+         const std::string m =
+             R"({"step":20,"files":{"../x.bin":{"bytes":16}}})";
+         std::ofstream(d / "manifest.json") << m;
+         std::ofstream(d / "manifest.sha256") << ManifestDigestLine(m);
+       }},
+      {"no files",
+       [](const fs::path& d) {
+         const std::string m = R"({"step":20,"files":{}})";
+         std::ofstream(d / "manifest.json") << m;
+         std::ofstream(d / "manifest.sha256") << ManifestDigestLine(m);
+       }},
+  };
+  for (const Case& c : cases) {
+    const fs::path at = Committed(root_ / StepFolderName(20));
+    ASSERT_TRUE(
+        ResolveCheckpointDir("dir", at.string(), 20, root_.string(), "job-uid")
+            .ok())
+        << c.what;
+    c.spoil(at);
+    auto s =
+        ResolveCheckpointDir("dir", at.string(), 20, root_.string(), "job-uid");
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << c.what;
+    EXPECT_EQ(s.status().message().rfind("dir", 0), 0u) << s.status();
+    fs::remove_all(at);
+  }
 }
 
 TEST(ReportsTest, RunLogLinesAreCheckedLikeReports) {
@@ -227,6 +354,24 @@ void WriteRunLog(const fs::path& path, int steps, int every, bool checkpoints) {
           << "\n";
     }
   }
+}
+
+// The "end" record says the run trained every step: only at train.steps.
+TEST(ReportsTest, OnlyAnEndRecordAtTheLastStepSaysTheRunFinished) {
+  const fs::path path = fs::temp_directory_path() /
+                        ("reports_end_" + std::to_string(getpid()) + ".jsonl");
+  const ReportContext ctx{"job-0001", 2, 4, 100};
+  WriteRunLog(path, 100, 50, /*checkpoints=*/false);
+  EXPECT_FALSE(ReadRunLog(path.string(), ctx).ended);
+  std::ofstream(path, std::ios::app) << R"({"type":"end","step":99})"
+                                     << "\n";
+  EXPECT_FALSE(ReadRunLog(path.string(), ctx).ended);
+  std::ofstream(path, std::ios::app) << R"({"type":"end","step":100})"
+                                     << "\n";
+  const RunLogSummary done = ReadRunLog(path.string(), ctx, /*known_step=*/99);
+  EXPECT_TRUE(done.ended);
+  EXPECT_EQ(done.last_step->step, 100);
+  fs::remove(path);
 }
 
 // A run log longer than the bytes the coordinator reads is read from its

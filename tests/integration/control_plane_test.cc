@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -948,27 +949,35 @@ class NodesTest : public ControlPlaneTest {
     return {"--join-token-file", (dir_ / "join-tokens").string(),
             "--node-timeout-s", "2"};
   }
-  // Starts ptworkerd as node `name`, its output in dir_/NAME.log.
+  // Starts ptworkerd as node `name` (unless `extra` names another with
+  // --name), its output in dir_/NAME.log.
   // `advertise` "": the daemon advertises NAME:BOUND_PORT.
   pid_t StartDaemon(const std::string& name,
                     const std::string& token_file = "join-tokens",
                     const std::string& advertise = "default",
                     const std::vector<std::string>& extra = {}) {
+    const auto given = [&](const char* flag) {
+      return std::find(extra.begin(), extra.end(), flag) != extra.end();
+    };
     std::vector<std::string> argv = {PT_PTWORKERD,
                                      "--coordinator",
                                      address_,
-                                     "--name",
-                                     name,
                                      "--slots",
                                      "3",
                                      "--listen",
                                      "127.0.0.1:0",
                                      "--join-token-file",
                                      (dir_ / token_file).string()};
+    if (!given("--name")) argv.insert(argv.end(), {"--name", name});
     if (advertise == "default") {
       argv.insert(argv.end(), {"--advertise", name + ":7071"});
     } else if (!advertise.empty()) {
       argv.insert(argv.end(), {"--advertise", advertise});
+    }
+    // The daemons' node secrets stay in the test's folder unless a test
+    // gives one of its own.
+    if (!given("--state-dir")) {
+      argv.insert(argv.end(), {"--state-dir", (dir_ / "ptworkerd").string()});
     }
     argv.insert(argv.end(), extra.begin(), extra.end());
     const pid_t pid = fork();
@@ -1090,6 +1099,89 @@ TEST_F(NodesTest, NodesRegisterAgainAfterACoordinatorRestart) {
       },
       30))
       << ReadFile(dir_ / "node-a.log");
+}
+
+// The probe: with the join token alone, a registration of a live node's
+// name with a new address was taken, and the next job's token went to the
+// impostor. Now a name is bound to the daemon that registered it first: an
+// impostor is refused and seen, the real daemon comes back with its secret
+// (across a ptcoord restart too), and a reinstalled node without it joins
+// only once an operator has forgotten the node.
+TEST_F(NodesTest, ANodeNameIsBoundToItsDaemonAndForgottenOnlyByAnOperator) {
+  const pid_t real = StartDaemon("node-a");
+  ASSERT_TRUE(
+      WaitFor([&] { return NodeState("node-a") == "NODE_STATE_UP"; }, 30))
+      << ReadFile(dir_ / "node-a.log");
+  auto stub = ptrain::v1::NodeService::NewStub(channel_);
+  ptrain::v1::RegisterNodeRequest impostor;
+  impostor.mutable_node()->set_name("node-a");
+  impostor.mutable_node()->set_address("127.0.0.1:9");
+  impostor.mutable_node()->set_slots(3);
+  impostor.mutable_node()->set_cores(2);
+  ptrain::v1::RegisterNodeResponse resp;
+  grpc::Status s = stub->Register(Ctx(kJoinToken).get(), impostor, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << s.error_message();
+  EXPECT_NE(s.error_message().find("ptctl forget-node node-a"),
+            std::string::npos)
+      << s.error_message();
+  const json after = Nodes()["node-a"];
+  EXPECT_EQ(after["spec"]["address"], "node-a:7071") << after.dump();
+  EXPECT_EQ(after.value("state", ""), "NODE_STATE_UP") << after.dump();
+  EXPECT_EQ(after.value("refused_registrations", 0), 1) << after.dump();
+  EXPECT_NE(Ptctl("nodes").out.find("1 registration(s) refused"),
+            std::string::npos);
+  EXPECT_NE(
+      ReadFile(dir_ / "ptcoord.log").find("node node-a: registration refused"),
+      std::string::npos);
+  // The real daemon restarts, after ptcoord did: it proves the name.
+  kill(real, SIGKILL);
+  waitpid(real, nullptr, 0);
+  daemons_.erase("node-a");
+  StopCoordinator(SIGKILL);
+  StartCoordinator("127.0.0.1" + port_, NodeFlags());
+  const int64_t before = Int(Nodes()["node-a"], "registered_unix_ms");
+  StartDaemon("node-a");
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const json n = Nodes()["node-a"];
+        return n.value("state", "") == "NODE_STATE_UP" &&
+               Int(n, "registered_unix_ms") > before;
+      },
+      30))
+      << ReadFile(dir_ / "node-a.log");
+  // A reinstalled node-a (no secret: another state dir) is refused and
+  // told what to do; the node and its daemon are unharmed.
+  const std::vector<std::string> reinstalled = {
+      "--name", "node-a", "--state-dir", (dir_ / "reinstalled").string()};
+  const pid_t fresh = StartDaemon("node-a-reinstalled", "join-tokens",
+                                  "node-a:7071", reinstalled);
+  int status = 0;
+  ASSERT_TRUE(
+      WaitFor([&] { return waitpid(fresh, &status, WNOHANG) == fresh; }, 30));
+  daemons_.erase("node-a-reinstalled");
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << status;
+  EXPECT_NE(ReadFile(dir_ / "node-a-reinstalled.log")
+                .find("ptctl forget-node node-a"),
+            std::string::npos)
+      << ReadFile(dir_ / "node-a-reinstalled.log");
+  EXPECT_EQ(NodeState("node-a"), "NODE_STATE_UP");
+  // Forgetting needs the node down; then the reinstalled one joins.
+  Result up = Ptctl("forget-node node-a");
+  EXPECT_EQ(up.rc, 1) << up.out;
+  EXPECT_NE(up.out.find("FAILED_PRECONDITION"), std::string::npos) << up.out;
+  kill(daemons_["node-a"], SIGKILL);
+  waitpid(daemons_["node-a"], nullptr, 0);
+  daemons_.erase("node-a");
+  ASSERT_TRUE(
+      WaitFor([&] { return NodeState("node-a") == "NODE_STATE_DOWN"; }, 30));
+  Result forgot = Ptctl("forget-node node-a");
+  EXPECT_EQ(forgot.rc, 0) << forgot.out;
+  EXPECT_TRUE(Nodes().empty());
+  StartDaemon("node-a-reinstalled", "join-tokens", "node-a:7071", reinstalled);
+  EXPECT_TRUE(
+      WaitFor([&] { return NodeState("node-a") == "NODE_STATE_UP"; }, 30))
+      << ReadFile(dir_ / "node-a-reinstalled.log");
 }
 
 // A process that carries an attempt's uid, as ranks do; its pid.

@@ -108,7 +108,8 @@ start_node() {
   local k=$1 slots=${2:-2} mode=${3:-}
   local -a cmd=("$PTWORKERD" --coordinator "$ADDR" --name "$(mn_ns "$k")"
     --slots "$slots" --listen 0.0.0.0:7071 --advertise "$(mn_addr "$k"):7071"
-    --join-token-file "$T/join" --orphan-timeout-s "${ORPHAN_S:-20}")
+    --join-token-file "$T/join" --orphan-timeout-s "${ORPHAN_S:-20}"
+    --state-dir "$T/node$k-state")
   if [[ $mode == wrapped ]]; then
     mn_node_run "$k" "$T/node$k.log" sh -c '"$@" & wait; exec sleep 100000' sh "${cmd[@]}"
   else

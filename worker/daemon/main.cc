@@ -43,6 +43,7 @@
 #include "ptrain/v1/node.grpc.pb.h"
 #include "spdlog/spdlog.h"
 #include "worker/daemon/command.h"
+#include "worker/daemon/node_secret.h"
 
 extern char** environ;
 
@@ -171,11 +172,13 @@ grpc::Status Refuse(grpc::StatusCode code, const std::string& message) {
 class Daemon final : public ptrain::v1::DaemonService::Service {
  public:
   Daemon(std::shared_ptr<grpc::Channel> channel, std::string token,
-         ptrain::v1::NodeSpec spec, std::chrono::seconds orphan_timeout)
+         ptrain::v1::NodeSpec spec, std::chrono::seconds orphan_timeout,
+         ptrain::NodeSecretFile secret_file)
       : stub_(ptrain::v1::NodeService::NewStub(channel)),
         token_(std::move(token)),
         spec_(std::move(spec)),
-        orphan_timeout_(orphan_timeout) {}
+        orphan_timeout_(orphan_timeout),
+        secret_file_(std::move(secret_file)) {}
 
   // Where ptrsh reaches this daemon; set before Run().
   void SetAddress(const std::string& address) { spec_.set_address(address); }
@@ -183,10 +186,20 @@ class Daemon final : public ptrain::v1::DaemonService::Service {
   // Registers and heartbeats until a stop request (0) or a refusal (2).
   int Run() {
     last_contact_ = std::chrono::steady_clock::now();
+    absl::StatusOr<std::string> secret = secret_file_.Load();
+    if (!secret.ok()) {
+      std::fprintf(stderr, "ptworkerd: error: %s\n",
+                   std::string(secret.status().message()).c_str());
+      return 2;
+    }
+    secret_ = *secret;
     while (!stop) {
       grpc::Status s = Register();
+      // A refused token, flag or node secret is refused again on retry.
       if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
-          s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+          s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+          s.error_code() == grpc::StatusCode::PERMISSION_DENIED ||
+          s.error_code() == grpc::StatusCode::DATA_LOSS) {
         std::fprintf(stderr, "ptworkerd: error: registration refused: %s\n",
                      s.error_message().c_str());
         return 2;
@@ -421,8 +434,25 @@ class Daemon final : public ptrain::v1::DaemonService::Service {
   grpc::Status Register() {
     ptrain::v1::RegisterNodeRequest req;
     *req.mutable_node() = spec_;
+    req.set_node_secret(secret_);
     ptrain::v1::RegisterNodeResponse resp;
     grpc::Status s = stub_->Register(Context().get(), req, &resp);
+    if (s.ok() && !resp.node_secret().empty()) {
+      // Kept before it is used: a daemon that restarts must prove the name.
+      if (absl::Status k = secret_file_.Store(resp.node_secret()); !k.ok()) {
+        return grpc::Status(
+            grpc::StatusCode::DATA_LOSS,
+            absl::StrCat("registered, but the node secret ptcoord issued "
+                         "cannot be kept (",
+                         k.message(),
+                         "); this node's name cannot be proved again: fix "
+                         "--state-dir, then 'ptctl forget-node ",
+                         spec_.name(), "' once this daemon is stopped"));
+      }
+      secret_ = resp.node_secret();
+      spdlog::info("bound to a new node secret, kept in {}",
+                   secret_file_.path());
+    }
     if (s.ok()) {
       absl::MutexLock lock(&mu_);
       session_ = resp.session();
@@ -498,6 +528,8 @@ class Daemon final : public ptrain::v1::DaemonService::Service {
   const std::string token_;
   ptrain::v1::NodeSpec spec_;
   const std::chrono::seconds orphan_timeout_;
+  const ptrain::NodeSecretFile secret_file_;
+  std::string secret_;  // "" until ptcoord issued one; Run's thread only
   Attempts attempts_;
   absl::Mutex mu_;
   std::string session_ ABSL_GUARDED_BY(mu_);
@@ -526,6 +558,10 @@ int Run(int argc, char** argv) {
       static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int orphan_timeout_s = 60;
   int gpus = -1;
+  std::string state_dir = "/var/lib/ptworkerd";
+  app.add_option("--state-dir", state_dir,
+                 "where the node secret that binds this node's name is kept "
+                 "(default /var/lib/ptworkerd)");
   app.add_option("--coordinator", coordinator, "ptcoord's HOST:PORT")
       ->required();
   app.add_option("--name", name, "this node's name (default: the host name)");
@@ -555,9 +591,9 @@ int Run(int argc, char** argv) {
   ptrain::SetupLogging(log_level);
 
   absl::StatusOr<std::vector<std::string>> tokens =
-      ptrain::LoadTokenFile(token_file);
+      ptrain::LoadTokenFile(token_file, "--join-token-file");
   if (!tokens.ok()) {
-    std::fprintf(stderr, "ptworkerd: error: --join-token-file: %s\n",
+    std::fprintf(stderr, "ptworkerd: error: %s\n",
                  std::string(tokens.status().message()).c_str());
     return 2;
   }
@@ -573,7 +609,8 @@ int Run(int argc, char** argv) {
   std::shared_ptr<grpc::ChannelCredentials> credentials =
       grpc::InsecureChannelCredentials();
   if (!tls_ca.empty()) {
-    absl::StatusOr<std::string> ca = ptrain::ReadPemFile("--tls-ca", tls_ca);
+    absl::StatusOr<std::string> ca =
+        ptrain::ReadCertificateFile("--tls-ca", tls_ca);
     if (!ca.ok()) {
       std::fprintf(stderr, "ptworkerd: error: %s\n",
                    std::string(ca.status().message()).c_str());
@@ -599,8 +636,17 @@ int Run(int argc, char** argv) {
   const std::string port_text = listen.substr(listen.rfind(':') + 1);
   spec.set_address(advertise.empty() ? absl::StrCat(name, ":", port_text)
                                      : advertise);
+  // Before serving anything: a secret ptcoord issues must have a home.
+  absl::StatusOr<ptrain::NodeSecretFile> secret_file =
+      ptrain::NodeSecretFile::Open(state_dir, name);
+  if (!secret_file.ok()) {
+    std::fprintf(stderr, "ptworkerd: error: %s\n",
+                 std::string(secret_file.status().message()).c_str());
+    return 2;
+  }
   Daemon daemon(grpc::CreateCustomChannel(coordinator, credentials, args),
-                tokens->front(), spec, std::chrono::seconds(orphan_timeout_s));
+                tokens->front(), spec, std::chrono::seconds(orphan_timeout_s),
+                *secret_file);
   builder.RegisterService(&daemon);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

@@ -14,19 +14,26 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "common/bounded_file.h"
+#include "common/header_value.h"
 #include "grpcpp/grpcpp.h"
 #include "ptrain/v1/node.grpc.pb.h"
 
 namespace {
 
 constexpr int kFailed = 255;
+
+// ptcoord writes a line per node of the attempt; a cluster of ten thousand
+// nodes fits many times over.
+constexpr size_t kMaxNodesFileBytes = size_t{1} << 20;
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "ptrsh: %s\n", message.c_str());
@@ -62,13 +69,21 @@ int Run(int argc, char** argv) {
         "PTRAIN_NODES_FILE and PTRAIN_JOB_TOKEN must be set (ptcoord sets "
         "them for mpirun)");
   }
-  std::ifstream in(nodes_file);
-  if (!in) return Fail(std::string("cannot read ") + nodes_file);
-  std::string address, line;
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    std::string name, addr;
-    if (fields >> name >> addr && name == node) address = addr;
+  // Before any call: gRPC aborts on a header value it refuses.
+  if (absl::Status s = ptrain::CheckHeaderValue("PTRAIN_JOB_TOKEN", token);
+      !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  absl::StatusOr<std::string> nodes = ptrain::ReadBoundedFile(
+      "PTRAIN_NODES_FILE", nodes_file, kMaxNodesFileBytes);
+  if (!nodes.ok()) return Fail(std::string(nodes.status().message()));
+  std::string address;
+  for (absl::string_view line : absl::StrSplit(*nodes, '\n')) {
+    const std::vector<absl::string_view> fields =
+        absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
+    if (fields.size() >= 2 && fields[0] == node) {
+      address = std::string(fields[1]);
+    }
   }
   if (address.empty()) {
     return Fail("node " + node + " is not in " + nodes_file);

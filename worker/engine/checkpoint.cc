@@ -1,7 +1,6 @@
 #include "worker/engine/checkpoint.h"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -21,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/check.h"
+#include "common/checkpoint_commit.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
@@ -36,15 +36,14 @@ namespace {
 constexpr int64_t kChunkBytes = 64 << 10;
 // 2: manifest.sha256 and job_uid (docs/checkpoints.md).
 constexpr char kFormat[] = "ptrain-checkpoint-3";
-constexpr char kManifest[] = "manifest.json";
-constexpr char kDigestFile[] = "manifest.sha256";
+constexpr const char* kManifest = kManifestFile;
+constexpr const char* kDigestFile = kManifestDigestFile;
 constexpr char kField[] = "checkpoint.dir";
 
 // What a reader accepts (docs/checkpoints.md). Far above any real model,
 // far below where int64 arithmetic on them could overflow.
 constexpr int64_t kMinChunkBytes = 4 << 10;
 constexpr int64_t kMaxChunkBytes = 16 << 20;
-constexpr int64_t kMaxManifestBytes = 256 << 20;
 constexpr int64_t kMaxSideIndexBytes = 256 << 20;
 constexpr int64_t kMaxStep = int64_t{1} << 48;
 constexpr int64_t kMaxTokens = int64_t{1} << 62;
@@ -71,24 +70,6 @@ std::string Hex(uint64_t h) { return absl::StrFormat("%016x", h); }
 
 std::string Join(const std::string& dir, const std::string& name) {
   return (fs::path(dir) / name).string();
-}
-
-std::string Sha256Hex(const std::string& data) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  if (EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr) !=
-      1) {
-    return "";
-  }
-  std::string out;
-  for (unsigned int i = 0; i < len; ++i)
-    absl::StrAppendFormat(&out, "%02x", md[i]);
-  return out;
-}
-
-// manifest.sha256 in sha256sum's format, so `sha256sum -c` checks it too.
-std::string DigestLine(const std::string& manifest_text) {
-  return absl::StrCat(Sha256Hex(manifest_text), "  ", kManifest, "\n");
 }
 
 // A name from a manifest, shortened for an error message.
@@ -615,8 +596,8 @@ absl::Status CommitSave(const SaveFolders& f, const CheckpointMeta& meta,
         return s;
       }
       // The digest goes last: a folder with a valid one is complete.
-      if (auto s =
-              WriteSmallFile(cfs, Join(f.tmp, kDigestFile), DigestLine(text));
+      if (auto s = WriteSmallFile(cfs, Join(f.tmp, kDigestFile),
+                                  ManifestDigestLine(text));
           !s.ok()) {
         return s;
       }
@@ -774,19 +755,9 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     }
     return text.status();
   }
-  const std::string want = DigestLine(*text);
-  std::string got = *digest;
-  if (!got.empty() && got.back() != '\n') got.push_back('\n');
-  if (got != want) {
-    const bool well_formed =
-        got.size() == want.size() && got.substr(64) == want.substr(64) &&
-        std::all_of(got.begin(), got.begin() + 64, [](char c) {
-          return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-        });
-    return r->Damaged(
-        well_formed
-            ? "manifest.json does not match its SHA-256 in manifest.sha256"
-            : "manifest.sha256 is not a SHA-256 line for manifest.json");
+  if (const std::string bad = CheckManifestDigest(*digest, *text);
+      !bad.empty()) {
+    return r->Damaged(bad);
   }
   const std::optional<json> m = ParseJson(*text);
   if (!m.has_value()) {

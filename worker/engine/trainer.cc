@@ -811,6 +811,27 @@ std::string Trainer::Sample(uint64_t salt, SampleMode mode) {
   return out;
 }
 
+namespace {
+
+// Tells options.on_activity what the rank is busy with while it lives
+// (scopes of it do not nest).
+class Busy {
+ public:
+  Busy(const TrainerOptions& options, const char* what) : options_(options) {
+    if (options_.on_activity) options_.on_activity(what);
+  }
+  ~Busy() {
+    if (options_.on_activity) options_.on_activity("");
+  }
+  Busy(const Busy&) = delete;
+  Busy& operator=(const Busy&) = delete;
+
+ private:
+  const TrainerOptions& options_;
+};
+
+}  // namespace
+
 absl::Status Trainer::Run() {
   std::unique_ptr<RunLog> log = std::make_unique<RunLog>();
   if (!options_.log_json_path.empty() && is_log_rank()) {
@@ -825,10 +846,12 @@ absl::Status Trainer::Run() {
   const auto& train = spec_.train();
   // MFU's denominator: the measured matmul peak of what trains, the CPU's
   // sgemm or the GPU's matmul in the job's precision.
-  const double peak = options_.peak_flops > 0 ? options_.peak_flops
-                      : compute_ops() != nullptr
-                          ? MeasureMatmulPeakFlops(*compute_ops())
-                          : MeasureSgemmPeakFlops();
+  const double peak = [&] {
+    if (options_.peak_flops > 0) return options_.peak_flops;
+    Busy busy(options_, "measuring the matmul peak");
+    return compute_ops() != nullptr ? MeasureMatmulPeakFlops(*compute_ops())
+                                    : MeasureSgemmPeakFlops();
+  }();
   const MemoryBytes mem = memory();
   spdlog::info(
       "model: {} parameters (L={} NH={} C={} T={} V={}), {} threads, {} "
@@ -870,13 +893,19 @@ absl::Status Trainer::Run() {
 
   const double tokens_per_step = static_cast<double>(train.global_batch()) * T_;
   auto eval = [&](int64_t step) {
-    const float val = Evaluate();
+    const float val = [&] {
+      Busy busy(options_, "evaluating");
+      return Evaluate();
+    }();
     if (options_.metrics != nullptr) options_.metrics->OnEval(val);
     spdlog::info("step {:>6} | val loss {:.6f}", step, val);
     emit({{"type", "eval"}, {"step", step}, {"val_loss", val}});
   };
   auto sample = [&](int64_t step) {
-    const std::string text = Sample(static_cast<uint64_t>(step));
+    const std::string text = [&] {
+      Busy busy(options_, "sampling");
+      return Sample(static_cast<uint64_t>(step));
+    }();
     spdlog::info("sample at step {}:\n{}", step, text);
     emit({{"type", "sample"}, {"step", step}, {"text", text}});
   };
@@ -904,7 +933,10 @@ absl::Status Trainer::Run() {
   auto finish_background = [&]() -> absl::Status {
     const auto t0 = Clock::now();
     const int64_t saved_step = background_save_.step();
-    auto dir = background_save_.Finish(world());
+    auto dir = [&] {
+      Busy busy(options_, "committing a checkpoint");
+      return background_save_.Finish(world());
+    }();
     if (!dir.ok()) return dir.status();
     report_checkpoint(saved_step, *dir, background_blocked_ + SecondsSince(t0),
                       background_save_.write_seconds());
@@ -981,6 +1013,7 @@ absl::Status Trainer::Run() {
         if (auto st = finish_background(); !st.ok()) return st;
       }
       const auto t0 = Clock::now();
+      Busy busy(options_, "writing a checkpoint");
       if (spec_.checkpoint().async_save() && step != train.steps() && !stop) {
         auto committed = StartCheckpointAt(step);
         if (!committed.ok()) return committed.status();
@@ -1008,6 +1041,9 @@ absl::Status Trainer::Run() {
     if (auto st = finish_background(); !st.ok()) return st;
   }
   sample(train.steps());
+  // The last record of a run that trained every step: how a coordinator
+  // that could not learn the exit code knows the job finished.
+  emit({{"type", "end"}, {"step", train.steps()}});
   return absl::OkStatus();
 }
 

@@ -41,6 +41,10 @@ struct TrainerOptions {
   // Called on rank 0 with every run-log record (docs/run-log.md) as it is
   // written: how ptworker reports progress to the coordinator.
   std::function<void(const nlohmann::json&)> on_record;
+  // Called on every rank with what the rank is busy with between steps for
+  // a while ("writing a checkpoint", "evaluating"), then with "" when it is
+  // done (ProgressReporter::SetActivity).
+  std::function<void(const std::string&)> on_activity;
   // "" (start fresh), "latest" (newest intact checkpoint under
   // checkpoint.dir, falling back past damaged ones; fresh if there is none;
   // one of another job is refused) or a checkpoint folder (must load, or
