@@ -1,0 +1,501 @@
+#!/usr/bin/env python3
+"""Chaos soak of the control plane: nothing a fault does may lose a job.
+
+Several small jobs run under one ptcoord (on its own host, `--variant
+local`, or on pretend nodes made of network and PID namespaces, `--variant
+nodes`) while a seeded fault injector kills ranks (SIGKILL), stops ranks
+past their hang timeout (SIGSTOP, then SIGCONT), kills ptcoord -9 and
+restarts it on the same state, fills the checkpoint disk (a tmpfs) for a
+while, and on nodes kills a node's ptworkerd or the whole node and brings
+it back. Then every job must have ended SUCCEEDED, every step any attempt
+trained must have the loss the same job trained without faults has at that
+step, bit for bit (resume is deterministic), no job may have trained a step
+past the attempt that finished it nor started an attempt after it
+succeeded, and the store must pass its integrity checks.
+
+  soak.py --build BUILD --src SRC [--variant local|nodes] [--jobs N]
+          [--faults N] [--seed S] [--long]
+
+`--long` is the run by hand: 20 jobs and 100 faults. Prints the jobs, the
+faults by kind, the restarts, the wall time and "N lost"; exits 0 when
+nothing was lost, 1 otherwise, 77 (skipped) where it cannot make its tmpfs
+or namespaces. Needs root.
+"""
+
+import argparse
+import collections
+import json
+import os
+import random
+import shlex
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+
+SKIP = 77
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Soak:
+    def __init__(self, args):
+        self.a = args
+        self.rng = random.Random(args.seed)
+        self.t = tempfile.mkdtemp(prefix=f"ptrain-soak-{args.variant}-")
+        os.chmod(self.t, 0o700)
+        self.ckpt = os.path.join(self.t, "ckpt")  # the tmpfs
+        self.state = os.path.join(self.t, "state")
+        self.coord = None
+        self.port = 0
+        self.addr = ""
+        self.token = ""
+        self.stopped = {}  # pid -> time to SIGCONT it
+        self.faults = collections.Counter()
+        self.jobs = []  # (id, overrides, world)
+        self.mounted = False
+        self.nodes_up = False
+        self.env_mn = dict(os.environ, MN_PREFIX="ps7", MN_SUBNET3="10.78.37",
+                           MN_STATE_DIR=os.path.join(self.t, "mn"))
+        self.bin = lambda *p: os.path.join(args.build, *p)
+
+    # ---- the machinery -------------------------------------------------
+
+    def mn(self, *cmd, check=True):
+        """A function of tests/multinode/cluster.sh."""
+        script = (f"source {shlex.quote(self.a.src)}/tests/multinode/cluster.sh; "
+                  + " ".join(shlex.quote(c) for c in cmd))
+        r = subprocess.run(["bash", "-c", script], env=self.env_mn,
+                           capture_output=True, text=True)
+        if check and r.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip()}")
+        return r.stdout.strip()
+
+    def mount_disk(self):
+        os.makedirs(self.ckpt)
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o",
+                            f"size={self.a.disk_mb}m,mode=0700", "tmpfs",
+                            self.ckpt], capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"SKIP: cannot mount a tmpfs for the checkpoints: "
+                  f"{r.stderr.strip()}")
+            sys.exit(SKIP)
+        self.mounted = True
+
+    def listen_host(self):
+        return self.mn("mn_host_addr") if self.a.variant == "nodes" \
+            else "127.0.0.1"
+
+    def start_coordinator(self):
+        cmd = [self.bin("coordinator", "ptcoord"), "--state-dir", self.state,
+               "--listen", f"{self.listen_host()}:{self.port}",
+               "--data-root", self.ckpt,
+               "--data-root", os.path.join(self.a.src, "data"),
+               "--work-root", self.a.src, "--cancel-grace-s", "2"]
+        if self.a.variant == "local":
+            cmd += ["--local-slots", str(self.a.slots)]
+        else:
+            cmd += ["--join-token-file", os.path.join(self.t, "join"),
+                    "--node-timeout-s", "4",
+                    "--cluster-network", "10.78.37.0/24",
+                    "--ptrsh", self.bin("worker", "ptrsh")]
+        address = os.path.join(self.state, "address")
+        if os.path.exists(address):
+            os.remove(address)
+        out = open(os.path.join(self.t, "ptcoord.log"), "a")
+        self.coord = subprocess.Popen(cmd, stdout=out, stderr=out,
+                                      start_new_session=True)
+        for _ in range(200):
+            if os.path.exists(address) and open(address).read().strip():
+                break
+            if self.coord.poll() is not None:
+                raise RuntimeError("ptcoord exited at start (ptcoord.log)")
+            time.sleep(0.05)
+        self.addr = open(address).read().strip()
+        self.port = int(self.addr.rsplit(":", 1)[1])
+        self.token = open(os.path.join(self.state, "user-token")).read().strip()
+
+    def kill_coordinator(self):
+        self.coord.kill()
+        self.coord.wait()
+
+    def ptctl(self, *args, check=True):
+        env = dict(os.environ, PTCTL_SERVER=self.addr, PTCTL_TOKEN=self.token)
+        for i in range(100):
+            r = subprocess.run([self.bin("ptctl", "ptctl"), *args], env=env,
+                               capture_output=True, text=True)
+            # ptcoord may be down for a fault: ask again.
+            if r.returncode == 0 or not check:
+                return r
+            time.sleep(0.2)
+        raise RuntimeError(f"ptctl {' '.join(args)}: {r.stderr.strip()}")
+
+    def job(self, job_id):
+        return json.loads(self.ptctl("-o", "json", "get", job_id).stdout)
+
+    def start_node(self, k):
+        """Node K with its ptworkerd under a shell that stays the node's
+        init, so that the daemon can die alone."""
+        state = os.path.join(self.t, f"node{k}-state")
+        self.mn("mn_node_run", str(k), os.path.join(self.t, f"node{k}.log"),
+                "sh", "-c", '"$@" & wait; exec sleep 100000', "sh",
+                self.bin("worker", "ptworkerd"), "--coordinator", self.addr,
+                "--name", self.mn("mn_ns", str(k)), "--slots",
+                str(self.a.slots), "--listen", "0.0.0.0:7071", "--advertise",
+                f"{self.mn('mn_addr', str(k))}:7071", "--join-token-file",
+                os.path.join(self.t, "join"), "--state-dir", state,
+                "--orphan-timeout-s", "20")
+
+    # ---- the jobs ------------------------------------------------------
+
+    LAYOUTS = [
+        (1, []),
+        (2, ["parallel.dp=2", "parallel.zero=1"]),
+        (2, ["parallel.tp=2"]),
+        (2, ["parallel.pp=2", "parallel.microbatches=2"]),
+        (2, ["parallel.dp=2", "parallel.zero=3"]),
+    ]
+
+    def overrides(self, i):
+        world, layout = self.LAYOUTS[i % len(self.LAYOUTS)]
+        return world, [
+            f"name=soak-{i}", "model.n_layer=2", "model.n_embd=32",
+            "model.n_head=2", "model.block_size=32",
+            f"train.steps={self.a.steps}", "train.global_batch=8",
+            "train.warmup_steps=10", "train.eval_every=50",
+            "train.eval_batches=2", "train.sample_every=0",
+            "train.sample_tokens=8", "train.log_every=100",
+            f"train.seed={1000 + i}", "resources.threads_per_rank=1",
+            "checkpoint.every=10", "checkpoint.keep_last=2",
+            f"checkpoint.dir={self.ckpt}/jobs", "restart.max_restarts=10000",
+            f"restart.hang_timeout_s={self.a.hang_s}",
+        ] + layout
+
+    def reference(self, i):
+        """The job run once without faults: loss by step."""
+        world, sets = self.overrides(i)
+        out = os.path.join(self.t, f"ref-{i}.jsonl")
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n",
+               str(world), self.bin("worker", "ptworker"), "--config",
+               "examples/shakespeare-char.yaml", "--log-json", out]
+        for s in sets:
+            cmd += ["--set", s]
+        cmd += ["--set", f"checkpoint.dir={self.t}/ref-ckpt-{i}"]
+        env = dict(os.environ, OMP_NUM_THREADS="1",
+                   OMPI_MCA_mpi_yield_when_idle="1")
+        r = subprocess.run(cmd, cwd=self.a.src, env=env, capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"reference run {i} failed: {r.stderr[-2000:]}")
+        return {rec["step"]: rec["loss"] for rec in map(json.loads, open(out))
+                if rec.get("type") == "step"}
+
+    def submit(self, i):
+        world, sets = self.overrides(i)
+        args = ["submit",
+                os.path.join(self.a.src, "examples", "shakespeare-char.yaml")]
+        for s in sets:
+            args += ["--set", s]
+        r = self.ptctl(*args)
+        job_id = r.stdout.split()[0]
+        self.jobs.append((job_id, i, world))
+
+    # ---- the faults ----------------------------------------------------
+
+    def ranks(self):
+        """Live ptworker processes of attempts (pid list)."""
+        out = []
+        for p in os.listdir("/proc"):
+            if not p.isdigit():
+                continue
+            try:
+                if open(f"/proc/{p}/comm").read().strip() != "ptworker":
+                    continue
+                if b"PTRAIN_ATTEMPT_UID=" not in open(f"/proc/{p}/environ",
+                                                      "rb").read():
+                    continue
+                if open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] \
+                        in "ZT":
+                    continue
+                out.append(int(p))
+            except OSError:
+                continue
+        return sorted(out)
+
+    def fill_disk(self, seconds):
+        path = os.path.join(self.ckpt, "filler")
+        with open(path, "wb") as f:
+            block = b"\0" * (1 << 20)
+            try:
+                while True:
+                    f.write(block)
+                    f.flush()
+            except OSError:
+                pass
+        time.sleep(seconds)
+        os.remove(path)
+
+    def inject(self, kind):
+        """Applies one fault; False when it has no target now."""
+        if kind in ("rank_kill", "rank_stop"):
+            ranks = self.ranks()
+            if not ranks:
+                return False
+            pid = self.rng.choice(ranks)
+            if kind == "rank_kill":
+                os.kill(pid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGSTOP)
+                self.stopped[pid] = time.time() + self.a.hang_s + 3
+            log(f"{kind} pid {pid}")
+        elif kind == "coordinator_kill":
+            self.kill_coordinator()
+            time.sleep(self.rng.uniform(0.2, 2.0))
+            self.start_coordinator()
+            log("ptcoord killed -9 and restarted")
+        elif kind == "disk_full":
+            seconds = self.rng.uniform(1.0, 4.0)
+            log(f"checkpoint disk full for {seconds:.1f} s")
+            self.fill_disk(seconds)
+        elif kind in ("daemon_kill", "node_kill"):
+            k = self.rng.randint(1, self.a.nodes)
+            if kind == "daemon_kill":
+                # The daemon alone: its orteds die with it, and its ranks
+                # once they lose their orted.
+                for p in self.mn("mn_node_pids", str(k)).split():
+                    try:
+                        if open(f"/proc/{p}/comm").read().strip() == \
+                                "ptworkerd":
+                            os.kill(int(p), signal.SIGKILL)
+                    except OSError:
+                        pass
+                time.sleep(self.rng.uniform(1.0, 3.0))
+            # Then the node goes whole (or at once, for node_kill) and comes
+            # back with a new daemon that proves its name with its secret.
+            self.mn("mn_node_kill", str(k))
+            time.sleep(self.rng.uniform(1.0, 3.0))
+            self.start_node(k)
+            log(f"{kind} node {k}, back")
+        self.faults[kind] += 1
+        return True
+
+    def resume_stopped(self, everything=False):
+        for pid, at in list(self.stopped.items()):
+            if everything or time.time() >= at:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except OSError:
+                    pass
+                del self.stopped[pid]
+
+    # ---- the checks ----------------------------------------------------
+
+    def check(self, refs, started):
+        lost = []
+        restarts = 0
+        steps = self.a.steps
+        db = sqlite3.connect(os.path.join(self.state, "ptcoord.db"))
+        integrity = db.execute("PRAGMA integrity_check").fetchone()[0]
+        if integrity != "ok":
+            lost.append(f"store: integrity_check says {integrity}")
+        for job_id, i, _ in self.jobs:
+            got = self.job(job_id)
+            job = got["job"]
+            attempts = int(job.get("attempts", 0))
+            restarts += max(0, attempts - 1)
+            why = []
+            if job.get("state") != "JOB_STATE_SUCCEEDED":
+                why.append(f"ended {job.get('state')}: {job.get('error', '')}")
+            if len(got.get("attempts", [])) != attempts:
+                why.append(f"{len(got.get('attempts', []))} attempt records "
+                           f"for {attempts} attempts")
+            if int(job.get("progress", {}).get("step", 0)) != steps:
+                why.append(f"progress at step {job.get('progress')}")
+            # Every step any attempt trained, against the run without faults.
+            finished_in = []
+            trained_after = []
+            final_seen = False
+            for n in range(1, attempts + 1):
+                path = os.path.join(self.state, "jobs", job_id,
+                                    f"attempt-{n}", "run.jsonl")
+                if not os.path.exists(path):
+                    continue
+                for line in open(path):
+                    try:
+                        rec = json.loads(line)
+                    except ValueError:
+                        continue  # a line cut by a kill
+                    if rec.get("type") == "step":
+                        s = rec["step"]
+                        if finished_in:
+                            trained_after.append((n, s))
+                        if rec["loss"] != refs[i][s]:
+                            why.append(f"attempt {n} step {s}: loss "
+                                       f"{rec['loss']!r}, without faults "
+                                       f"{refs[i][s]!r}")
+                        final_seen |= s == steps
+                    elif rec.get("type") == "end":
+                        finished_in.append(n)
+            if not final_seen:
+                why.append(f"no attempt logged step {steps}")
+            if trained_after:
+                why.append(f"trained past its finish: {trained_after[:3]}")
+            # ptcoord's own history: nothing started once it had succeeded.
+            events = [m for (m,) in db.execute(
+                "SELECT message FROM events WHERE job_id=? ORDER BY id",
+                (job_id,))]
+            done = [k for k, m in enumerate(events)
+                    if m.startswith("succeeded on attempt")]
+            if len(done) != 1:
+                why.append(f"{len(done)} 'succeeded' events")
+            elif any(" started" in m and m.startswith("attempt ")
+                     for m in events[done[0]:]):
+                why.append("an attempt started after it succeeded")
+            # Its checkpoints as listed are committed and whole.
+            listed = json.loads(self.ptctl("-o", "json", "checkpoints",
+                                           job_id).stdout)
+            for c in listed.get("checkpoints", []):
+                r = subprocess.run(["sha256sum", "--quiet", "-c",
+                                    "manifest.sha256"], cwd=c["dir"],
+                                   capture_output=True)
+                if r.returncode != 0:
+                    why.append(f"checkpoint {c['dir']} is not whole")
+            if why:
+                lost.append(f"{job_id} (soak-{i}): " + "; ".join(why[:4]))
+        wall = time.time() - started
+        print(f"SOAK {self.a.variant}: {len(self.jobs)} jobs, "
+              f"{sum(self.faults.values())} faults "
+              f"({', '.join(f'{k} {v}' for k, v in sorted(self.faults.items()))}), "
+              f"{restarts} restarts, {wall:.0f} s wall, {len(lost)} lost")
+        for line in lost:
+            print(f"LOST: {line}")
+        return not lost
+
+    # ---- the run -------------------------------------------------------
+
+    def run(self):
+        started = time.time()
+        self.mount_disk()
+        kinds = ["rank_kill", "rank_stop", "coordinator_kill", "disk_full"]
+        if self.a.variant == "nodes":
+            kinds += ["daemon_kill", "node_kill"]
+            with open(os.path.join(self.t, "join"), "w") as f:
+                f.write(f"soak-join-{os.getpid()}\n")
+            os.chmod(os.path.join(self.t, "join"), 0o600)
+            self.mn("mn_down", check=False)
+            self.nodes_up = True
+            self.mn("mn_up", str(self.a.nodes))
+        log(f"reference runs of {self.a.jobs} jobs (no faults)")
+        refs = [self.reference(i) for i in range(self.a.jobs)]
+        self.start_coordinator()
+        if self.a.variant == "nodes":
+            for k in range(1, self.a.nodes + 1):
+                self.start_node(k)
+        for i in range(self.a.jobs):
+            self.submit(i)
+        log(f"{self.a.jobs} jobs submitted; {self.a.faults} faults to come")
+        injected = 0
+        deadline = time.time() + self.a.timeout_s
+        while time.time() < deadline:
+            self.resume_stopped()
+            states = [self.job(j)["job"].get("state") for j, _, _ in self.jobs]
+            final = all(s in ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED",
+                              "JOB_STATE_CANCELLED") for s in states)
+            if final and not self.stopped:
+                break
+            if injected < self.a.faults and not final:
+                time.sleep(self.rng.uniform(0.5, 2.5))
+                kind = self.rng.choice(kinds)
+                if self.inject(kind):
+                    injected += 1
+            else:
+                time.sleep(0.5)
+        self.resume_stopped(everything=True)
+        if injected < self.a.faults:
+            log(f"only {injected} of {self.a.faults} faults: the jobs ended "
+                "first (more steps per job would leave room for them)")
+        return self.check(refs, started)
+
+    def cleanup(self):
+        self.resume_stopped(everything=True)
+        if self.coord is not None and self.coord.poll() is None:
+            self.kill_coordinator()
+        for pid in self.ranks():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        subprocess.run(["pkill", "-9", "-f", f"--state-dir {self.state}"],
+                       capture_output=True)
+        if self.nodes_up:
+            self.mn("mn_down", check=False)
+        if self.mounted:
+            subprocess.run(["umount", "-l", self.ckpt], capture_output=True)
+        shutil.rmtree(self.t, ignore_errors=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--build", required=True)
+    p.add_argument("--src", required=True)
+    p.add_argument("--variant", choices=["local", "nodes"], default="local")
+    p.add_argument("--jobs", type=int, default=4)
+    p.add_argument("--faults", type=int, default=12)
+    p.add_argument("--steps", type=int, default=6000)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--slots", type=int, default=2)
+    p.add_argument("--nodes", type=int, default=3)
+    p.add_argument("--hang-s", type=int, default=5)
+    p.add_argument("--disk-mb", type=int, default=64)
+    p.add_argument("--timeout-s", type=int, default=600)
+    p.add_argument("--long", action="store_true",
+                   help="the run by hand: 20 jobs, 100 faults")
+    a = p.parse_args()
+    a.build = os.path.abspath(a.build)
+    a.src = os.path.abspath(a.src)
+    if a.long:
+        a.jobs, a.faults, a.timeout_s = 20, 100, 3600
+    if os.geteuid() != 0:
+        print("SKIP: the soak needs root (a tmpfs, namespaces)")
+        return SKIP
+    # A mount namespace of our own, so that the tmpfs is ours alone (where
+    # / is not a mount point, as in a chroot, the tmpfs is unmounted at the
+    # end instead).
+    if os.environ.get("PTRAIN_SOAK_NS") != "1":
+        env = dict(os.environ, PTRAIN_SOAK_NS="1")
+        for prop in ("private", "unchanged"):
+            r = subprocess.run(["unshare", "--mount", "--propagation", prop,
+                                "true"], capture_output=True)
+            if r.returncode == 0:
+                os.execvpe("unshare", ["unshare", "--mount", "--propagation",
+                                       prop, sys.executable, *sys.argv], env)
+        print("SKIP: cannot make a mount namespace (unshare --mount)")
+        return SKIP
+    if a.variant == "nodes":
+        r = subprocess.run(["unshare", "--net", "--pid", "--fork", "true"],
+                           capture_output=True)
+        if shutil.which("ip") is None or r.returncode != 0:
+            print("SKIP: cannot create network and PID namespaces here")
+            return SKIP
+    soak = Soak(a)
+    ok = False
+    try:
+        ok = soak.run()
+    finally:
+        if not ok:
+            for name in ("ptcoord.log", "node1.log"):
+                path = os.path.join(soak.t, name)
+                if os.path.exists(path):
+                    print(f"== {name} (last 30 lines)")
+                    print("".join(open(path).readlines()[-30:]))
+        soak.cleanup()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
