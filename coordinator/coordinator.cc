@@ -52,6 +52,13 @@ std::string StateName(v1::JobState s) {
   return name;
 }
 
+std::string EndName(v1::AttemptEnd end) {
+  constexpr absl::string_view kPrefix = "ATTEMPT_END_";
+  std::string name = v1::AttemptEnd_Name(end);
+  if (absl::StartsWith(name, kPrefix)) name = name.substr(kPrefix.size());
+  return absl::AsciiStrToLower(name);
+}
+
 absl::Status CheckPrivateDir(const std::string& dir) {
   struct stat st;
   if (stat(dir.c_str(), &st) != 0) {
@@ -247,7 +254,12 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
     // empty PTRAIN_JOB_UID, resume them as their own.
     for (JobRecord& r : *jobs) {
       const std::string id = r.job.id();
-      c->jobs_[id].record = std::move(r);
+      Entry& e = c->jobs_[id];
+      e.record = std::move(r);
+      // A watcher that has seen nothing (version 0) gets the job at once,
+      // also one that ended before this ptcoord started and never changes
+      // again.
+      e.version = 1;
     }
   }
   c->Recover();
@@ -476,6 +488,7 @@ absl::StatusOr<v1::Job> Coordinator::Submit(
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = CheckSpecInputsExist(*spec); !s.ok()) return s;
   JobRecord r;
   r.job.set_uid(NewJobUid(spec->name()));
   r.job.set_name(spec->name());
@@ -888,11 +901,13 @@ std::map<std::string, int> Coordinator::JobCounts() const {
   return out;
 }
 
-std::vector<v1::Job> Coordinator::UnfinishedJobs() const {
+std::vector<Coordinator::UnfinishedJob> Coordinator::UnfinishedJobs() const {
   absl::MutexLock lock(&mu_);
-  std::vector<v1::Job> out;
+  std::vector<UnfinishedJob> out;
   for (const auto& [id, e] : jobs_) {
-    if (!IsFinal(e.record.job.state())) out.push_back(e.record.job);
+    if (!IsFinal(e.record.job.state())) {
+      out.push_back({e.record.job, e.record.restarts_used});
+    }
   }
   return out;
 }
@@ -905,10 +920,18 @@ int Coordinator::LocalSlotsUsed() const {
 int64_t Coordinator::Restarts() const {
   absl::MutexLock lock(&mu_);
   int64_t n = 0;
-  for (const auto& [id, e] : jobs_) {
-    n += std::max(0, e.record.job.attempts() - 1);
-  }
+  for (const auto& [id, e] : jobs_) n += e.record.restarts_used;
   return n;
+}
+
+std::map<std::string, int64_t> Coordinator::Requeues() const {
+  std::map<std::string, int64_t> out;
+  for (v1::AttemptEnd end : kRequeueEnds) out[EndName(end)] = 0;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, e] : jobs_) {
+    for (const auto& [reason, n] : e.record.job.requeues()) out[reason] += n;
+  }
+  return out;
 }
 
 int Coordinator::UsedSlots() const {
@@ -1254,11 +1277,14 @@ void Coordinator::OnAttemptEnded(Entry& e) {
   // A pause asked of this attempt is answered by its end, one way or another.
   const bool pausing = job.pause_requested();
   job.set_pause_requested(false);
+  v1::AttemptEnd end = v1::ATTEMPT_END_FAILED;
   if (job.cancel_requested()) {
+    end = v1::ATTEMPT_END_CANCELLED;
     job.set_state(v1::JOB_STATE_CANCELLED);
     job.set_finished_unix_ms(NowMs());
     u.event = absl::StrCat("cancelled (attempt ", n, " ended)");
   } else if (error.empty()) {
+    end = v1::ATTEMPT_END_SUCCEEDED;
     job.set_state(v1::JOB_STATE_SUCCEEDED);
     job.set_finished_unix_ms(NowMs());
     job.set_error("");
@@ -1268,6 +1294,7 @@ void Coordinator::OnAttemptEnded(Entry& e) {
   } else if (pausing) {
     // Exit 3 when its ranks saved and stopped as asked; whatever else
     // ended it, it waits for ResumeJob now.
+    end = v1::ATTEMPT_END_PAUSED;
     job.set_state(v1::JOB_STATE_PAUSED);
     job.set_error(exit_code == kExitStopped ? "" : error);
     u.event =
@@ -1275,12 +1302,16 @@ void Coordinator::OnAttemptEnded(Entry& e) {
                      n, " ended with exit code ", exit_code, ")");
   } else if (run.lost || run.exit_unknown || run.node_lost || run.growing) {
     // Not the job's fault: requeued without using up a restart.
+    end = run.growing     ? v1::ATTEMPT_END_GROWN
+          : run.node_lost ? v1::ATTEMPT_END_NODE_LOST
+                          : v1::ATTEMPT_END_LOST;
     job.set_error(run.growing ? "" : error);
     job.set_state(v1::JOB_STATE_RESTARTING);
     u.event = absl::StrCat(error, "; requeued (not counted as a restart)");
   } else if (run.kill_reason.empty() && exit_code == kExitStopped) {
     // Its ranks were signalled (a preemption, an operator) and saved a
     // checkpoint before they stopped: not a failure.
+    end = v1::ATTEMPT_END_STOPPED;
     job.set_error("");
     job.set_state(v1::JOB_STATE_RESTARTING);
     u.event = absl::StrCat("attempt ", n,
@@ -1307,6 +1338,13 @@ void Coordinator::OnAttemptEnded(Entry& e) {
     job.set_state(v1::JOB_STATE_FAILED);
     job.set_finished_unix_ms(NowMs());
     u.event = absl::StrCat("failed after ", n, " attempts: ", error);
+  }
+  a.set_end(end);
+  // Counted apart from restarts (restarts_used), so that an alert on
+  // restarts does not fire on pauses, preemptions or lost nodes.
+  if (std::find(std::begin(kRequeueEnds), std::end(kRequeueEnds), end) !=
+      std::end(kRequeueEnds)) {
+    ++(*job.mutable_requeues())[EndName(end)];
   }
   if (absl::Status s = Commit(e, std::move(u)); !s.ok()) {
     // Still running as far as the disk knows, so here too; try again soon.

@@ -191,12 +191,23 @@ class Coordinator {
   std::vector<RankEndpoint> Endpoints() const;
   // Jobs per state name, every state listed (zero included).
   std::map<std::string, int> JobCounts() const;
-  // Attempts beyond each job's first, over all jobs.
+  // Restarts over all jobs: attempts that failed of the job's own doing and
+  // were requeued, what restart.max_restarts limits (JobRecord's
+  // restarts_used). Pauses, preemptions, lost nodes and the like are not
+  // restarts: they are counted by Requeues.
   int64_t Restarts() const;
+  // Attempts requeued (or paused) without a failure of the job's own, over
+  // all jobs, by EndName of kRequeueEnds; every one listed, zero included.
+  std::map<std::string, int64_t> Requeues() const;
   // Slots of this host that running attempts use (--local-slots).
   int LocalSlotsUsed() const;
-  // Jobs not yet finished (queued, running or restarting).
-  std::vector<v1::Job> UnfinishedJobs() const;
+  // A job not yet finished (queued, running, restarting or paused) and the
+  // restarts it used.
+  struct UnfinishedJob {
+    v1::Job job;
+    int restarts = 0;
+  };
+  std::vector<UnfinishedJob> UnfinishedJobs() const;
 
  private:
   // What only a live ptcoord knows about a running attempt: facts about
@@ -357,6 +368,14 @@ class Coordinator {
 
 bool IsFinal(v1::JobState s);
 std::string StateName(v1::JobState s);  // "RUNNING", ...
+// The AttemptEnd name in lower case without its prefix ("node_lost"): the
+// key of Job.requeues and the `reason` of ptrain_job_requeues_total.
+std::string EndName(v1::AttemptEnd end);
+// The ends after which a job goes on (requeued, or paused until resumed)
+// without a failure of its own, so without using up a restart.
+inline constexpr v1::AttemptEnd kRequeueEnds[] = {
+    v1::ATTEMPT_END_PAUSED, v1::ATTEMPT_END_STOPPED, v1::ATTEMPT_END_NODE_LOST,
+    v1::ATTEMPT_END_GROWN, v1::ATTEMPT_END_LOST};
 int64_t NowMs();
 
 // The exit code of an attempt that met deterministic bad input (ptworker's

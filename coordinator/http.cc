@@ -18,9 +18,16 @@ namespace ptrain {
 // Serves one page from a function producing its body.
 class CoordinatorHttp::Handler : public CivetHandler {
  public:
-  Handler(std::string content_type, std::function<std::string()> body)
-      : content_type_(std::move(content_type)), body_(std::move(body)) {}
+  Handler(std::string page, std::string content_type,
+          std::function<std::string()> body)
+      : page_(std::move(page)),
+        content_type_(std::move(content_type)),
+        body_(std::move(body)) {}
   bool handleGet(CivetServer*, mg_connection* conn) override {
+    // civetweb routes "/metrics/anything" here too: declined, it gets
+    // civetweb's 404 like any path that is not a page.
+    const mg_request_info* ri = mg_get_request_info(conn);
+    if (ri->local_uri == nullptr || page_ != ri->local_uri) return false;
     const std::string body = body_();
     mg_printf(conn,
               "HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: "
@@ -31,6 +38,7 @@ class CoordinatorHttp::Handler : public CivetHandler {
   }
 
  private:
+  const std::string page_;
   const std::string content_type_;
   const std::function<std::string()> body_;
 };
@@ -47,18 +55,44 @@ std::string CoordinatorHttp::MetricsText(const Coordinator& c) {
   }
   prometheus::BuildCounter()
       .Name("ptrain_job_restarts_total")
-      .Help("Attempts started after a job's first, over all jobs.")
+      .Help(
+          "Restarts over all jobs: attempts that failed of the job's own doing "
+          "and were requeued (what restart.max_restarts limits).")
       .Register(registry)
       .Add({})
       .Increment(static_cast<double>(c.Restarts()));
+  // Apart from restarts, so that a restart alert does not fire on pauses
+  // or preemptions; every reason is listed, so rates exist from the start.
+  auto& requeues =
+      prometheus::BuildCounter()
+          .Name("ptrain_job_requeues_total")
+          .Help(
+              "Attempts that ended without a failure of the job's own and "
+              "were requeued or paused, over all jobs, by reason: paused, "
+              "stopped (SIGUSR1, exit 3), node_lost, grown (stopped to grow "
+              "back), lost (no exit code). Not restarts.")
+          .Register(registry);
+  for (const auto& [reason, n] : c.Requeues()) {
+    requeues.Add({{"reason", reason}}).Increment(static_cast<double>(n));
+  }
   // Per unfinished job, so a rule can tell one job restarting often; the
   // spec's name is `name` (a scraped `job` label would be Prometheus's).
   auto& attempts = prometheus::BuildGauge()
                        .Name("ptrain_job_attempts")
                        .Help("Attempts started so far, per unfinished job.")
                        .Register(registry);
-  for (const v1::Job& j : c.UnfinishedJobs()) {
-    attempts.Add({{"job_id", j.id()}, {"name", j.name()}}).Set(j.attempts());
+  auto& restarts =
+      prometheus::BuildGauge()
+          .Name("ptrain_job_restarts")
+          .Help(
+              "Restarts used so far (restart.max_restarts), per unfinished "
+              "job.")
+          .Register(registry);
+  for (const Coordinator::UnfinishedJob& u : c.UnfinishedJobs()) {
+    const std::map<std::string, std::string> labels = {{"job_id", u.job.id()},
+                                                       {"name", u.job.name()}};
+    attempts.Add(labels).Set(u.job.attempts());
+    restarts.Add(labels).Set(u.restarts);
   }
   auto& nodes = prometheus::BuildGauge()
                     .Name("ptrain_nodes")
@@ -103,7 +137,9 @@ std::string CoordinatorHttp::ServiceDiscoveryJson(const Coordinator& c) {
                          {"ptrain_node", e.node},
                          {"ptrain_attempt", std::to_string(e.attempt)}}}});
   }
-  return targets.dump();
+  // Labels come from ranks and specs: never throw on bytes that are not
+  // UTF-8.
+  return targets.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 absl::StatusOr<std::unique_ptr<CoordinatorHttp>> CoordinatorHttp::Start(
@@ -117,9 +153,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorHttp>> CoordinatorHttp::Start(
     return absl::InvalidArgumentError(
         absl::StrCat("--metrics-listen ", listen, ": ", e.what()));
   }
-  h->metrics_ = std::make_unique<Handler>("text/plain; version=0.0.4",
-                                          [c] { return MetricsText(*c); });
-  h->sd_ = std::make_unique<Handler>("application/json",
+  h->metrics_ = std::make_unique<Handler>(
+      "/metrics", "text/plain; version=0.0.4", [c] { return MetricsText(*c); });
+  h->sd_ = std::make_unique<Handler>("/sd", "application/json",
                                      [c] { return ServiceDiscoveryJson(*c); });
   h->server_->addHandler("/metrics", h->metrics_.get());
   h->server_->addHandler("/sd", h->sd_.get());

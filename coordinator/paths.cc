@@ -6,6 +6,7 @@
 // cannot leave a root unnoticed.
 #include "coordinator/paths.h"
 
+#include <glob.h>
 #include <limits.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -28,6 +29,9 @@ namespace fs = std::filesystem;
 
 // As Linux's MAXSYMLINKS: more links than this on one walk is a loop.
 constexpr int kMaxSymlinks = 40;
+
+// model.init_from's prefix for a file path (an llm.c checkpoint).
+constexpr absl::string_view kLlmc = "llmc:";
 
 absl::StatusOr<std::string> ReadLink(const std::string& path) {
   std::string target(PATH_MAX, '\0');
@@ -147,13 +151,65 @@ absl::Status ConfineSpecPaths(v1::JobSpec* spec, const std::string& base_dir,
     if (!p.ok()) return p.status();
     *f.value = *p;
   }
-  constexpr absl::string_view kLlmc = "llmc:";
   std::string* init = spec->mutable_model()->mutable_init_from();
   if (absl::StartsWith(*init, kLlmc)) {
     absl::StatusOr<std::string> p = ConfinePath(
         "model.init_from", init->substr(kLlmc.size()), base_dir, roots);
     if (!p.ok()) return p.status();
     *init = absl::StrCat(kLlmc, *p);
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// OK when `path` (absolute) is a file, or has wildcards and matches one.
+absl::Status CheckInputExists(absl::string_view field, const std::string& path,
+                              bool may_be_pattern) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISREG(st.st_mode)) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", path, " is not a file"));
+  }
+  const int err = errno;
+  if (may_be_pattern && path.find_first_of("*?[") != std::string::npos) {
+    glob_t g{};
+    const int rc = ::glob(path.c_str(), 0, nullptr, &g);
+    const size_t matches = rc == 0 ? g.gl_pathc : 0;
+    ::globfree(&g);
+    if (matches > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": no file matches ", path));
+  }
+  const bool missing = err == ENOENT || err == ENOTDIR;
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": ", path,
+      missing ? " does not exist" : absl::StrCat(": ", std::strerror(err))));
+}
+
+}  // namespace
+
+absl::Status CheckSpecInputsExist(const v1::JobSpec& spec) {
+  struct Input {
+    const char* name;
+    std::string path;
+    bool may_be_pattern;
+  };
+  const std::string& init = spec.model().init_from();
+  const Input inputs[] = {
+      {"data.path", spec.data().path(), false},
+      {"data.train_bin", spec.data().train_bin(), true},
+      {"data.val_bin", spec.data().val_bin(), true},
+      {"model.init_from",
+       absl::StartsWith(init, kLlmc) ? init.substr(kLlmc.size()) : "", false},
+  };
+  for (const Input& in : inputs) {
+    if (in.path.empty()) continue;
+    if (absl::Status s = CheckInputExists(in.name, in.path, in.may_be_pattern);
+        !s.ok()) {
+      return s;
+    }
   }
   return absl::OkStatus();
 }

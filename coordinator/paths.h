@@ -36,6 +36,14 @@ absl::StatusOr<std::string> ConfinePath(const std::string& field,
 absl::Status ConfineSpecPaths(v1::JobSpec* spec, const std::string& base_dir,
                               const std::vector<std::string>& roots);
 
+// The inputs of a spec whose paths ConfineSpecPaths made absolute must be
+// there at submit: data.path and model.init_from ("llmc:PATH") a file,
+// data.train_bin and data.val_bin a file or a pattern (wildcards in the
+// file name) that matches at least one. InvalidArgument naming the first
+// field that is not, and the path looked at; a job refused here would
+// only fail at launch.
+absl::Status CheckSpecInputsExist(const v1::JobSpec& spec);
+
 }  // namespace ptrain
 
 #endif  // PTRAIN_COORDINATOR_PATHS_H_

@@ -2,8 +2,15 @@
 // cancel, watch, checkpoints), in plain text or TLS (--tls-ca). Spec files
 // are checked here with the same library ptcoord uses, before anything is
 // sent.
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -36,12 +44,17 @@ namespace {
 
 using ptrain::v1::JobService;
 
-constexpr int kExitFailed = 1;     // RPC error, or the watched job FAILED
-constexpr int kExitBadInput = 2;   // usage or spec errors
+constexpr int kExitFailed = 1;  // RPC error, or the watched job FAILED
+// Usage or spec errors, found here or by ptcoord (INVALID_ARGUMENT).
+constexpr int kExitBadInput = 2;
 constexpr int kExitCancelled = 3;  // the watched job was CANCELLED
+// Ctrl-C while watching, as a shell reports a command SIGINT ended.
+constexpr int kExitInterrupted = 130;
+
+constexpr char kDefaultServer[] = "127.0.0.1:7070";
 
 struct Options {
-  std::string server = "127.0.0.1:7070";
+  std::string server = kDefaultServer;
   std::string token;
   std::string output = "table";
   // TLS: the CA that signed ptcoord's certificate (turns TLS on), and this
@@ -49,6 +62,7 @@ struct Options {
   std::string tls_ca, tls_cert, tls_key;
   // Where each came from, for messages: the flag, or the environment
   // variable when the flag was not given.
+  std::string server_from;  // "" when the default
   std::string token_from = "--token", tls_ca_from = "--tls-ca",
               tls_cert_from = "--tls-cert", tls_key_from = "--tls-key";
 };
@@ -111,9 +125,42 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const Options& o) {
   return grpc::CreateCustomChannel(o.server, credentials, args);
 }
 
+// An enum value's name without its prefix.
+std::string WithoutPrefix(std::string name, absl::string_view prefix) {
+  return absl::StartsWith(name, prefix) ? name.substr(prefix.size()) : name;
+}
+
 std::string StateName(ptrain::v1::JobState s) {
-  std::string n = ptrain::v1::JobState_Name(s);
-  return n.rfind("JOB_STATE_", 0) == 0 ? n.substr(10) : n;
+  return WithoutPrefix(ptrain::v1::JobState_Name(s), "JOB_STATE_");
+}
+
+// How an ended attempt ended, in words ("paused", "node lost"): a pause
+// or a cancel ends an attempt with a non-zero exit code that is no failure.
+std::string EndWords(const ptrain::v1::Attempt& a) {
+  if (a.finished_unix_ms() == 0) return "running";
+  if (a.end() == ptrain::v1::ATTEMPT_END_UNSPECIFIED) {
+    // Ended under a ptcoord that did not record why.
+    return a.error().empty() ? "" : "failed";
+  }
+  std::string words = absl::AsciiStrToLower(
+      WithoutPrefix(ptrain::v1::AttemptEnd_Name(a.end()), "ATTEMPT_END_"));
+  std::replace(words.begin(), words.end(), '_', ' ');
+  return words;
+}
+
+// A figure, or "—" for one never measured, which is not a 0.
+std::string Figure(bool measured, double value, int decimals = 4) {
+  return measured ? absl::StrFormat("%.*f", decimals, value) : "—";
+}
+
+// The figures a job reports with its steps exist once it trained one.
+bool HasSteps(const ptrain::v1::Progress& p) { return p.step() > 0; }
+
+// `text` right-aligned in `width` columns ("—" is one column, three bytes).
+std::string PadLeft(const std::string& text, size_t width) {
+  size_t columns = 0;
+  for (unsigned char c : text) columns += (c & 0xC0) != 0x80;
+  return std::string(width > columns ? width - columns : 0, ' ') + text;
 }
 
 // The job states by the names --state takes: StateName in lower case.
@@ -220,10 +267,99 @@ const char* CodeName(grpc::StatusCode c) {
   return i >= 0 && i < 17 ? kNames[i] : "UNKNOWN";
 }
 
-int RpcError(const grpc::Status& s) {
+// Whether `address` (HOST:PORT) answers a TLS handshake: to a plain-text
+// call, a TLS port only closes the connection. Certificates are not checked
+// and nothing is sent: the handshake only tells what the port speaks.
+bool SpeaksTls(const std::string& address) {
+  if (absl::StrContains(address, "://") || absl::StartsWith(address, "unix:"))
+    return false;
+  BIO* connection = BIO_new_connect(address.c_str());
+  if (connection == nullptr) return false;
+  if (BIO_do_connect(connection) <= 0) {
+    BIO_free_all(connection);
+    ERR_clear_error();
+    return false;
+  }
+  // A port that takes the connection and never answers is not TLS either.
+  const timeval patience{5, 0};
+  setsockopt(static_cast<int>(BIO_get_fd(connection, nullptr)), SOL_SOCKET,
+             SO_RCVTIMEO, &patience, sizeof(patience));
+  std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> ctx(
+      SSL_CTX_new(TLS_client_method()), SSL_CTX_free);
+  std::unique_ptr<SSL, decltype(&SSL_free)> ssl(
+      ctx == nullptr ? nullptr : SSL_new(ctx.get()), SSL_free);
+  if (ssl == nullptr) {
+    BIO_free_all(connection);
+    ERR_clear_error();
+    return false;
+  }
+  SSL_set_bio(ssl.get(), connection, connection);            // ssl owns it now
+  static constexpr unsigned char kAlpnH2[] = {2, 'h', '2'};  // as gRPC asks
+  SSL_set_alpn_protos(ssl.get(), kAlpnH2, sizeof(kAlpnH2));
+  // A TLS alert (say, for a client certificate it wants) is TLS too.
+  const bool tls =
+      SSL_connect(ssl.get()) == 1 ||
+      ERR_GET_REASON(ERR_peek_last_error()) >= SSL_AD_REASON_OFFSET;
+  ERR_clear_error();
+  return tls;
+}
+
+// A failed call's message, with what to do about the failures a new user
+// meets first: no ptcoord there, TLS on one side only, no or a wrong token.
+std::string Explained(const Options& o, const grpc::Status& s) {
+  const std::string& m = s.error_message();
+  const std::string where =
+      o.server_from.empty()
+          ? "the default; --server or PTCTL_SERVER names another"
+          : o.server_from;
+  switch (s.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+      if (absl::StrContains(m, "Connection refused")) {
+        return absl::StrCat("no ptcoord at ", o.server,
+                            " (connection refused) — is it running? (", where,
+                            ")");
+      }
+      if (absl::StrContains(m, "DNS resolution failed")) {
+        return absl::StrCat("cannot resolve the host of ", o.server, " (",
+                            where, "): ", m);
+      }
+      if (o.tls_ca.empty() && !absl::StrContains(m, "Timeout") &&
+          SpeaksTls(o.server)) {
+        return absl::StrCat(
+            "ptcoord at ", o.server,
+            " serves TLS and ptctl talked plain text: give the CA that signed "
+            "its certificate with --tls-ca (or PTCTL_TLS_CA)");
+      }
+      if (!o.tls_ca.empty() && absl::StrContains(m, "wrong version number")) {
+        return absl::StrCat("ptcoord at ", o.server,
+                            " talks plain text, not TLS: drop ", o.tls_ca_from);
+      }
+      return m;
+    case grpc::StatusCode::UNAUTHENTICATED:
+      if (absl::StrContains(m, "client certificate")) return m;
+      if (o.token.empty()) {
+        return absl::StrCat(
+            m,
+            ": ptctl sent no token; give one with --token or PTCTL_TOKEN: a "
+            "line of ptcoord's --token-file, or, for a ptcoord started "
+            "without one, its STATE_DIR/user-token");
+      }
+      return absl::StrCat(m, ": the token of ", o.token_from,
+                          " is not one of ptcoord's (a line of its "
+                          "--token-file, or its STATE_DIR/user-token)");
+    default:
+      return m;
+  }
+}
+
+// Prints a failed call and returns ptctl's exit code for it: 2 when ptcoord
+// refused the request as bad input (INVALID_ARGUMENT: a path outside the
+// data roots, more ranks than slots), as for bad input found here; else 1.
+int RpcError(const Options& o, const grpc::Status& s) {
   std::fprintf(stderr, "ptctl: error: %s: %s\n", CodeName(s.error_code()),
-               s.error_message().c_str());
-  return kExitFailed;
+               Explained(o, s).c_str());
+  return s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? kExitBadInput
+                                                              : kExitFailed;
 }
 
 void PrintJobsTable(const std::vector<ptrain::v1::Job>& jobs) {
@@ -231,10 +367,10 @@ void PrintJobsTable(const std::vector<ptrain::v1::Job>& jobs) {
               "ATTEMPTS", "STEP", "LOSS", "AGE");
   for (const ptrain::v1::Job& j : jobs) {
     const auto& p = j.progress();
-    std::printf("%-10s %-24s %-11s %8d %13s %9s %8s\n", j.id().c_str(),
+    std::printf("%-10s %-24s %-11s %8d %13s %s %8s\n", j.id().c_str(),
                 j.name().c_str(), StateName(j.state()).c_str(), j.attempts(),
                 absl::StrCat(p.step(), "/", p.total_steps()).c_str(),
-                p.step() > 0 ? absl::StrFormat("%.4f", p.loss()).c_str() : "-",
+                PadLeft(Figure(HasSteps(p), p.loss()), 9).c_str(),
                 Ago(j.created_unix_ms()).c_str());
   }
 }
@@ -262,11 +398,13 @@ class ProgressBar {
     std::string bar =
         std::string(filled, '#') + std::string(width - filled, '.');
     std::string line = absl::StrFormat(
-        "%s [%s] %lld/%lld loss %.4f%s tok/s %.0f ETA %s attempt %d %s", j.id(),
+        "%s [%s] %lld/%lld loss %s%s tok/s %s ETA %s attempt %d %s", j.id(),
         bar, static_cast<long long>(p.step()),
-        static_cast<long long>(p.total_steps()), p.loss(),
-        p.val_loss() > 0 ? absl::StrFormat(" val %.4f", p.val_loss()) : "",
-        p.tok_per_s(), Duration(eta), j.attempts(), StateName(j.state()));
+        static_cast<long long>(p.total_steps()), Figure(HasSteps(p), p.loss()),
+        p.has_val_loss() ? absl::StrCat(" val ", Figure(true, p.val_loss()))
+                         : "",
+        Figure(HasSteps(p), p.tok_per_s(), 0), Duration(eta), j.attempts(),
+        StateName(j.state()));
     if (tty_) {
       std::fprintf(stderr, "\r%-*s", static_cast<int>(last_len_), line.c_str());
       last_len_ = line.size();
@@ -303,7 +441,38 @@ class ProgressBar {
   ptrain::v1::JobState last_state_ = ptrain::v1::JOB_STATE_UNSPECIFIED;
 };
 
+// What Ctrl-C prints while a job is watched; written by the signal
+// handler, so prepared before it is installed and never freed.
+char interrupted_message[512];
+size_t interrupted_length = 0;
+
+void OnInterrupt(int) {
+  // Only async-signal-safe calls here.
+  const ssize_t written =
+      write(STDERR_FILENO, interrupted_message, interrupted_length);
+  (void)written;
+  _exit(kExitInterrupted);
+}
+
+// From now on Ctrl-C stops watching job `id` and says that the job, which
+// is ptcoord's, goes on, and how to cancel it (a user may think it ends
+// with ptctl).
+void ExplainInterruptFor(const std::string& id) {
+  const int n = std::snprintf(
+      interrupted_message, sizeof(interrupted_message),
+      "%sptctl: stopped watching; %s keeps running on ptcoord: `ptctl cancel "
+      "%s` cancels it, `ptctl watch %s` follows it again\n",
+      isatty(STDERR_FILENO) ? "\n" : "", id.c_str(), id.c_str(), id.c_str());
+  interrupted_length =
+      std::min(sizeof(interrupted_message) - 1, static_cast<size_t>(n));
+  struct sigaction action = {};
+  action.sa_handler = OnInterrupt;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+}
+
 int Watch(Client& client, const std::string& id) {
+  ExplainInterruptFor(id);
   ProgressBar bar;
   std::string last_message;
   bool connected = false;
@@ -318,7 +487,10 @@ int Watch(Client& client, const std::string& id) {
     while (reader->Read(&ev)) {
       connected = true;
       give_up = std::chrono::steady_clock::now() + std::chrono::minutes(2);
-      if (ev.message() != "progress" && ev.message() != last_message) {
+      // "": nothing happened to the job since ptcoord started (a job that
+      // had ended before it restarted): its state says it all.
+      if (ev.message() != "progress" && !ev.message().empty() &&
+          ev.message() != last_message) {
         bar.Message(absl::StrCat(ev.job().id(), ": ", ev.message()));
         last_message = ev.message();
       }
@@ -340,11 +512,11 @@ int Watch(Client& client, const std::string& id) {
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
         s.error_code() != grpc::StatusCode::CANCELLED && !s.ok()) {
       bar.End();
-      return RpcError(s);
+      return RpcError(client.options(), s);
     }
     if (!connected || std::chrono::steady_clock::now() > give_up) {
       bar.End();
-      return RpcError(s);
+      return RpcError(client.options(), s);
     }
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
@@ -376,7 +548,7 @@ int Submit(Client& client, const std::string& file,
   ptrain::v1::SubmitJobResponse resp;
   auto ctx = client.Context();
   const grpc::Status s = client.stub().SubmitJob(ctx.get(), req, &resp);
-  if (!s.ok()) return RpcError(s);
+  if (!s.ok()) return RpcError(client.options(), s);
   if (client.options().output == "json") {
     std::printf("%s\n", ToJson(resp.job()).c_str());
   } else {
@@ -401,7 +573,7 @@ int Get(Client& client, const std::string& id) {
   ptrain::v1::GetJobResponse resp;
   auto ctx = client.Context();
   const grpc::Status s = client.stub().GetJob(ctx.get(), req, &resp);
-  if (!s.ok()) return RpcError(s);
+  if (!s.ok()) return RpcError(client.options(), s);
   if (client.options().output == "json") {
     std::printf("%s\n", ToJson(resp).c_str());
     return 0;
@@ -416,10 +588,11 @@ int Get(Client& client, const std::string& id) {
       ending.empty() ? "" : (" (" + ending + ")").c_str(), j.attempts(),
       j.world_size());
   std::printf(
-      "step:      %lld/%lld\nloss:      %.4f\nval_loss:  %.4f\ntok/s:     "
-      "%.0f\n",
+      "step:      %lld/%lld\nloss:      %s\nval_loss:  %s\ntok/s:     %s\n",
       static_cast<long long>(p.step()), static_cast<long long>(p.total_steps()),
-      p.loss(), p.val_loss(), p.tok_per_s());
+      Figure(HasSteps(p), p.loss()).c_str(),
+      Figure(p.has_val_loss(), p.val_loss()).c_str(),
+      Figure(HasSteps(p), p.tok_per_s(), 0).c_str());
   std::printf("uid:       %s\n", j.uid().c_str());
   if (j.dp() != 0 && j.dp() != j.spec().parallel().dp()) {
     std::printf("layout:    shrunk to dp=%d (spec dp=%d)\n", j.dp(),
@@ -440,13 +613,15 @@ int Get(Client& client, const std::string& id) {
   std::printf("created:   %s ago\n", Ago(j.created_unix_ms()).c_str());
   if (!j.error().empty()) std::printf("error:     %s\n", j.error().c_str());
   for (const auto& a : resp.attempts()) {
-    std::printf("attempt %d: exit %d%s%s%s  %s\n", a.number(), a.exit_code(),
-                a.finished_unix_ms() == 0 ? " (running)" : "",
-                a.error().empty() ? "" : " (failed)",
-                a.slurm_job_id().empty()
-                    ? ""
-                    : absl::StrCat(" slurm job ", a.slurm_job_id()).c_str(),
-                a.dir().c_str());
+    const std::string end = EndWords(a);
+    std::printf(
+        "attempt %d: exit %s%s%s  %s\n", a.number(),
+        a.exit_code() == -1 ? "—" : std::to_string(a.exit_code()).c_str(),
+        end.empty() ? "" : absl::StrCat(" (", end, ")").c_str(),
+        a.slurm_job_id().empty()
+            ? ""
+            : absl::StrCat(" slurm job ", a.slurm_job_id()).c_str(),
+        a.dir().c_str());
   }
   return 0;
 }
@@ -464,7 +639,7 @@ int List(Client& client, int limit, const std::string& state) {
   ptrain::v1::ListJobsResponse resp;
   auto ctx = client.Context();
   const grpc::Status s = client.stub().ListJobs(ctx.get(), req, &resp);
-  if (!s.ok()) return RpcError(s);
+  if (!s.ok()) return RpcError(client.options(), s);
   if (client.options().output == "json") {
     std::printf("%s\n", ToJson(resp).c_str());
   } else {
@@ -490,7 +665,7 @@ int Cancel(Client& client, const std::string& id) {
   ptrain::v1::CancelJobResponse resp;
   auto ctx = client.Context();
   const grpc::Status s = client.stub().CancelJob(ctx.get(), req, &resp);
-  if (!s.ok()) return RpcError(s);
+  if (!s.ok()) return RpcError(client.options(), s);
   PrintJobState(client, resp.job());
   return 0;
 }
@@ -513,7 +688,7 @@ int PauseOrResume(Client& client, const std::string& id, bool pause) {
     s = client.stub().ResumeJob(ctx.get(), req, &resp);
     job = resp.job();
   }
-  if (!s.ok()) return RpcError(s);
+  if (!s.ok()) return RpcError(client.options(), s);
   PrintJobState(client, job);
   return 0;
 }
@@ -571,7 +746,7 @@ int Logs(Client& client, const std::string& id, bool follow, int attempt,
     std::fflush(stdout);
   }
   const grpc::Status s = reader->Finish();
-  return s.ok() ? 0 : RpcError(s);
+  return s.ok() ? 0 : RpcError(client.options(), s);
 }
 
 int Checkpoints(Client& client, const std::string& id) {
@@ -580,7 +755,7 @@ int Checkpoints(Client& client, const std::string& id) {
   ptrain::v1::ListCheckpointsResponse resp;
   auto ctx = client.Context();
   const grpc::Status s = client.stub().ListCheckpoints(ctx.get(), req, &resp);
-  if (!s.ok()) return RpcError(s);
+  if (!s.ok()) return RpcError(client.options(), s);
   if (client.options().output == "json") {
     std::printf("%s\n", ToJson(resp).c_str());
     return 0;
@@ -609,7 +784,7 @@ int Nodes(Client& client) {
   auto ctx = client.Context();
   const grpc::Status s =
       client.stub().ListNodes(ctx.get(), ptrain::v1::ListNodesRequest(), &resp);
-  if (!s.ok()) return RpcError(s);
+  if (!s.ok()) return RpcError(client.options(), s);
   if (client.options().output == "json") {
     std::printf("%s\n", ToJson(resp).c_str());
     return 0;
@@ -656,7 +831,7 @@ int ForgetNode(Client& client, const std::string& node) {
   ptrain::v1::ForgetNodeResponse resp;
   auto ctx = client.Context();
   const grpc::Status s = client.stub().ForgetNode(ctx.get(), req, &resp);
-  if (!s.ok()) return RpcError(s);
+  if (!s.ok()) return RpcError(client.options(), s);
   std::printf(
       "%s forgotten: the next daemon that registers this name is bound to it "
       "with a new node secret\n",
@@ -672,7 +847,7 @@ int Drain(Client& client, const std::string& node, bool drain) {
   ptrain::v1::DrainNodeResponse resp;
   auto ctx = client.Context();
   const grpc::Status s = client.stub().DrainNode(ctx.get(), req, &resp);
-  if (!s.ok()) return RpcError(s);
+  if (!s.ok()) return RpcError(client.options(), s);
   if (client.options().output == "json") {
     std::printf("%s\n", ToJson(resp.node()).c_str());
     return 0;
@@ -684,16 +859,27 @@ int Drain(Client& client, const std::string& node, bool drain) {
 }
 
 int Run(int argc, char** argv) {
+  // ptctl says what failed itself, in one line; gRPC's own log lines (a
+  // failed TLS handshake) would repeat it in gRPC's terms. A
+  // GRPC_VERBOSITY the user set still wins.
+  setenv("GRPC_VERBOSITY", "NONE", /*overwrite=*/0);
   CLI::App app{"ptctl: submit and manage ptrain jobs on a ptcoord"};
   app.require_subcommand(1);
   // --server, --token and -o may also follow the subcommand.
   app.fallthrough();
   Options o;
-  if (const char* s = std::getenv("PTCTL_SERVER")) o.server = s;
+  if (const char* s = std::getenv("PTCTL_SERVER")) {
+    o.server = s;
+    o.server_from = "PTCTL_SERVER";
+  }
   if (const char* t = std::getenv("PTCTL_TOKEN")) o.token = t;
   app.add_option("--server", o.server,
-                 "ptcoord address host:port (or PTCTL_SERVER)");
-  app.add_option("--token", o.token, "bearer token (or PTCTL_TOKEN)");
+                 absl::StrCat("ptcoord address host:port (or PTCTL_SERVER; "
+                              "default ",
+                              kDefaultServer, ")"));
+  app.add_option("--token", o.token,
+                 "bearer token (or PTCTL_TOKEN): a line of ptcoord's "
+                 "--token-file, or its STATE_DIR/user-token");
   app.add_option("-o,--output", o.output, "table|json")
       ->check(CLI::IsMember({"table", "json"}));
   if (const char* v = std::getenv("PTCTL_TLS_CA")) o.tls_ca = v;
@@ -770,6 +956,7 @@ int Run(int argc, char** argv) {
   const auto from = [&app](const char* flag, const char* env) {
     return std::string(app.count(flag) > 0 ? flag : env);
   };
+  if (app.count("--server") > 0) o.server_from = "--server";
   o.token_from = from("--token", "PTCTL_TOKEN");
   o.tls_ca_from = from("--tls-ca", "PTCTL_TLS_CA");
   o.tls_cert_from = from("--tls-cert", "PTCTL_TLS_CERT");

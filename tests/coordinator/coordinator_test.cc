@@ -23,6 +23,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -109,6 +110,8 @@ class CoordinatorTest : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_ / "data" / "ckpt");
+    // kSpec's data.path: a job's inputs must exist when it is submitted.
+    std::ofstream(dir_ / "data" / "x.txt") << "some text to train on\n";
     const fs::path fake = dir_ / "fake_mpirun";
     std::ofstream(fake) << "#!/bin/sh\n"
                         << testing::kShellCommitCheckpoint << kFakeMpirun;
@@ -206,6 +209,44 @@ TEST_F(CoordinatorTest, BadInputIsRefusedAndStoresNothing) {
   EXPECT_TRUE(c->List(v1::JOB_STATE_UNSPECIFIED, 0)->empty());
   EXPECT_EQ(c->List(v1::JOB_STATE_UNSPECIFIED, -1).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// An input that is not there is refused at submit, naming the field and
+// the path looked at, instead of failing the job at launch: a missing
+// data.path, a shard pattern that matches nothing, a folder for a file.
+TEST_F(CoordinatorTest, MissingInputsAreRefusedAtSubmitNamingTheField) {
+  auto c = Make();
+  auto missing = c->Submit(kSpec, {"data.path=data/missing.txt"});
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(missing.status().message(),
+            "data.path: " + (dir_ / "data" / "missing.txt").string() +
+                " does not exist")
+      << missing.status();
+  auto folder = c->Submit(kSpec, {"data.path=data/ckpt"});
+  EXPECT_EQ(folder.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(folder.status().message().find("is not a file"),
+            absl::string_view::npos)
+      << folder.status();
+  const std::vector<std::string> bins = {"data.path=''",
+                                         "data.train_bin=data/train_*.bin",
+                                         "data.val_bin=data/val.bin"};
+  auto no_shard = c->Submit(kSpec, bins);
+  EXPECT_EQ(no_shard.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(no_shard.status().message().find(
+                "data.train_bin: no file matches " +
+                (dir_ / "data" / "train_*.bin").string()),
+            absl::string_view::npos)
+      << no_shard.status();
+  auto init = c->Submit(kSpec, {"model.init_from=llmc:data/gpt2.bin"});
+  EXPECT_NE(init.status().message().find("model.init_from"),
+            absl::string_view::npos)
+      << init.status();
+  EXPECT_TRUE(c->List(v1::JOB_STATE_UNSPECIFIED, 0)->empty());
+  // Once the shards are there, the same spec is accepted.
+  std::ofstream(dir_ / "data" / "train_000.bin") << "x";
+  std::ofstream(dir_ / "data" / "val.bin") << "x";
+  auto shards = c->Submit(kSpec, bins);
+  EXPECT_TRUE(shards.ok()) << shards.status();
 }
 
 // On its own host ptcoord keeps GPU jobs apart: each rank gets a GPU no
@@ -341,6 +382,88 @@ TEST_F(CoordinatorTest, PausedRunningJobIsPausedOnceItsAttemptEnds) {
   TickUntil(*c, id, v1::JOB_STATE_CANCELLED);
 }
 
+// Every attempt records why it ended, and only a failure of the job's own
+// counts as a restart (what restart.max_restarts limits and the restart
+// alert watches); a stop as asked (exit 3) and a pause are requeues, by
+// reason.
+TEST_F(CoordinatorTest, AttemptsSayWhyTheyEndedAndOnlyFailuresAreRestarts) {
+  auto c = Make();
+  // Submits with the fake in `mode` and ticks until the job is in `state`;
+  // its attempts' ends.
+  const auto ends =
+      [&](const char* mode, const std::vector<std::string>& overrides,
+          v1::JobState state,
+          const std::function<void(const std::string&)>& drive = nullptr) {
+        setenv("FAKE_MODE", mode, 1);
+        auto job = c->Submit(kSpec, overrides);
+        EXPECT_TRUE(job.ok()) << job.status();
+        if (!job.ok()) return std::vector<v1::AttemptEnd>{};
+        if (drive) drive(job->id());
+        EXPECT_EQ(TickUntil(*c, job->id(), state).state(), state);
+        std::vector<v1::AttemptEnd> out;
+        const absl::StatusOr<v1::GetJobResponse> got = c->Get(job->id(), false);
+        for (const v1::Attempt& a : got->attempts()) out.push_back(a.end());
+        return out;
+      };
+  std::map<std::string, int64_t> requeued = {{"grown", 0},
+                                             {"lost", 0},
+                                             {"node_lost", 0},
+                                             {"paused", 0},
+                                             {"stopped", 0}};
+  EXPECT_EQ(c->Requeues(), requeued);
+
+  // Attempt 1 exits 3 (stopped as asked), attempt 2 0.
+  EXPECT_EQ(ends("stop", {"restart.max_restarts=0"}, v1::JOB_STATE_SUCCEEDED),
+            (std::vector<v1::AttemptEnd>{v1::ATTEMPT_END_STOPPED,
+                                         v1::ATTEMPT_END_SUCCEEDED}));
+  // Paused, resumed, cancelled.
+  const auto pause_resume_cancel = [&](const std::string& id) {
+    TickUntil(*c, id, v1::JOB_STATE_RUNNING);
+    ASSERT_TRUE(c->Pause(id).ok());
+    ASSERT_EQ(TickUntil(*c, id, v1::JOB_STATE_PAUSED).state(),
+              v1::JOB_STATE_PAUSED);
+    ASSERT_TRUE(c->Resume(id).ok());
+    TickUntil(*c, id, v1::JOB_STATE_RUNNING);
+    ASSERT_TRUE(c->Cancel(id).ok());
+  };
+  EXPECT_EQ(ends("sleep", {"restart.hang_timeout_s=600"},
+                 v1::JOB_STATE_CANCELLED, pause_resume_cancel),
+            (std::vector<v1::AttemptEnd>{v1::ATTEMPT_END_PAUSED,
+                                         v1::ATTEMPT_END_CANCELLED}));
+  EXPECT_EQ(c->Restarts(), 0);
+  requeued["stopped"] = 1;
+  requeued["paused"] = 1;
+  EXPECT_EQ(c->Requeues(), requeued);
+
+  // Fails twice: max_restarts is 1.
+  EXPECT_EQ(ends("fail", {}, v1::JOB_STATE_FAILED),
+            (std::vector<v1::AttemptEnd>{v1::ATTEMPT_END_FAILED,
+                                         v1::ATTEMPT_END_FAILED}));
+  EXPECT_EQ(c->Restarts(), 1);
+  EXPECT_EQ(c->Requeues(), requeued);
+}
+
+// A job that ended before ptcoord restarted never changes again: a watcher
+// that has seen nothing of it (version 0) still gets it at once, not after
+// a change that never comes (`ptctl watch` hung on such jobs).
+TEST_F(CoordinatorTest, AJobThatEndedBeforeARestartIsShownToANewWatcher) {
+  std::string id;
+  {
+    auto c = Make();
+    auto job = c->Submit(kSpec, {});
+    ASSERT_TRUE(job.ok()) << job.status();
+    id = job->id();
+    ASSERT_EQ(TickUntil(*c, id, v1::JOB_STATE_SUCCEEDED).state(),
+              v1::JOB_STATE_SUCCEEDED);
+  }
+  auto c = Make();
+  auto snap = c->WaitForChange(id, 0, absl::Milliseconds(200));
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  EXPECT_GT(snap->version, 0u) << "a watcher would wait for a change";
+  EXPECT_EQ(snap->job.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(snap->message, "");
+}
+
 TEST_F(CoordinatorTest, ExitZeroSucceeds) {
   auto c = Make();
   auto job = c->Submit(kSpec, {});
@@ -348,6 +471,8 @@ TEST_F(CoordinatorTest, ExitZeroSucceeds) {
   const v1::Job done = TickUntil(*c, job->id(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(done.attempts(), 1);
+  // Never evaluated: no validation loss, rather than one of 0.
+  EXPECT_FALSE(done.progress().has_val_loss());
   EXPECT_TRUE(fs::exists(dir_ / "state/jobs" / job->id() / "spec.yaml"));
 }
 
@@ -805,6 +930,7 @@ TEST_F(CoordinatorTest, EndedAttemptIsCompletedFromItsRunLog) {
   const v1::Job done = TickUntil(*c, job->id(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(done.progress().step(), 7);
   EXPECT_EQ(done.progress().loss(), 3.5);
+  EXPECT_TRUE(done.progress().has_val_loss());
   EXPECT_EQ(done.progress().val_loss(), 2.25);
   auto got = c->Get(job->id(), true);
   EXPECT_EQ(got->loss_history_size(), 8);  // 7 steps and an eval

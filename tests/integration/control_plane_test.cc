@@ -66,6 +66,19 @@ int64_t Int(const json& j, const char* key) {
   return v.is_number() ? v.get<int64_t>() : 0;
 }
 
+// Starts `cmd` under /bin/sh, which execs its last command (so the pid is
+// that command's), its output going to `out`.
+pid_t Spawn(const std::string& cmd, const fs::path& out) {
+  const std::string line =
+      absl::StrCat("exec ", cmd, " > ", out.string(), " 2>&1 < /dev/null");
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
 bool WaitFor(const std::function<bool()>& done, int seconds) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
@@ -155,11 +168,21 @@ class ControlPlaneTest : public ::testing::Test {
     coordinator_ = 0;
   }
 
+  // ptctl with this test's server, token and TLS flags, and `args`.
+  std::string PtctlCommand(const std::string& args,
+                           const std::string& token = kToken) {
+    return absl::StrCat(PT_PTCTL, " --server ", address_,
+                        token.empty() ? "" : absl::StrCat(" --token ", token),
+                        ptctl_tls_, " ", args);
+  }
   Result Ptctl(const std::string& args, const std::string& token = kToken) {
-    return Sh(absl::StrCat(
-        "cd ", PT_SOURCE_DIR, " && ", PT_PTCTL, " --server ", address_,
-        token.empty() ? "" : absl::StrCat(" --token ", token), ptctl_tls_, " ",
-        args));
+    return Sh(
+        absl::StrCat("cd ", PT_SOURCE_DIR, " && ", PtctlCommand(args, token)));
+  }
+  // `ptctl watch ID`, stopped after 2 minutes should it hang (only so
+  // that a hang fails the test rather than the suite: rc 124).
+  Result WatchJob(const std::string& id) {
+    return Sh("timeout 120 " + PtctlCommand("watch " + id));
   }
   std::string Submit(
       const std::vector<std::string>& sets,
@@ -345,7 +368,7 @@ TEST_F(ControlPlaneTest, BadInputIsRefusedAndChangesNothing) {
   // A data path outside the roots: INVALID_ARGUMENT naming the field.
   Result outside = Ptctl(
       "submit examples/shakespeare-char.yaml --set data.path=/etc/passwd");
-  EXPECT_NE(outside.rc, 0);
+  EXPECT_EQ(outside.rc, 2) << outside.out;
   EXPECT_NE(outside.out.find("INVALID_ARGUMENT"), std::string::npos)
       << outside.out;
   EXPECT_NE(outside.out.find("data.path"), std::string::npos) << outside.out;
@@ -391,6 +414,46 @@ TEST_F(ControlPlaneTest, BadInputIsRefusedAndChangesNothing) {
   Result missing = Ptctl("cancel job-9999");
   EXPECT_NE(missing.out.find("NOT_FOUND"), std::string::npos) << missing.out;
   EXPECT_TRUE(ListJobs().empty());
+}
+
+// ptctl exits 2 for bad input whoever finds it: ptctl itself, or ptcoord
+// refusing the request with INVALID_ARGUMENT (a path outside the data
+// roots, more ranks than slots, a data file that is not there, which is
+// refused at submit rather than failing the job at launch); any other
+// error is 1.
+TEST_F(ControlPlaneTest, BadInputRefusedByPtcoordExitsTwoOtherErrorsOne) {
+  const std::string submit =
+      "submit examples/shakespeare-char.yaml --set checkpoint.dir=" +
+      (dir_ / "ckpt").string() + " --set ";
+  const Result wide = Ptctl(submit + "parallel.dp=8");
+  EXPECT_EQ(wide.rc, 2) << wide.out;
+  EXPECT_NE(wide.out.find("ptctl: error: INVALID_ARGUMENT: parallel.dp*tp*pp=8 "
+                          "slots exceeds the pool of 4"),
+            std::string::npos)
+      << wide.out;
+  const Result no_data = Ptctl(submit + "data.path=data/no-such-file.txt");
+  EXPECT_EQ(no_data.rc, 2) << no_data.out;
+  EXPECT_NE(no_data.out.find("ptctl: error: INVALID_ARGUMENT: data.path: " +
+                             std::string(PT_SOURCE_DIR) +
+                             "/data/no-such-file.txt does not exist"),
+            std::string::npos)
+      << no_data.out;
+  const Result no_shards =
+      Ptctl(submit +
+            "\"data.path=''\" --set data.tokenizer=gpt2 --set "
+            "'data.train_bin=data/none_*.bin' --set "
+            "data.val_bin=data/none_val.bin");
+  EXPECT_EQ(no_shards.rc, 2) << no_shards.out;
+  EXPECT_NE(no_shards.out.find("data.train_bin: no file matches"),
+            std::string::npos)
+      << no_shards.out;
+  EXPECT_TRUE(ListJobs().empty());
+  const Result unknown = Ptctl("get job-9999");
+  EXPECT_EQ(unknown.rc, 1) << unknown.out;
+  const Result resume = Ptctl("resume job-9999");
+  EXPECT_EQ(resume.rc, 1) << resume.out;
+  const Result unauthenticated = Ptctl("list", "wrong");
+  EXPECT_EQ(unauthenticated.rc, 1) << unauthenticated.out;
 }
 
 // Tensor- and pipeline-parallel layouts that cannot work are refused with
@@ -468,6 +531,8 @@ TEST_F(ControlPlaneTest, PtctlWarnsOfAPipelineBubbleAndSendsAnyway) {
   Ptctl("cancel " + r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1));
 }
 
+// Without a token, or with a wrong one, every call is UNAUTHENTICATED, and
+// ptctl says where a token comes from.
 TEST_F(ControlPlaneTest, MissingOrWrongTokenIsUnauthenticated) {
   for (const std::string& token : {std::string(), std::string("wrong")}) {
     Result list = Ptctl("list", token);
@@ -476,7 +541,21 @@ TEST_F(ControlPlaneTest, MissingOrWrongTokenIsUnauthenticated) {
     Result submit = Ptctl("submit examples/shakespeare-char.yaml", token);
     EXPECT_NE(submit.out.find("UNAUTHENTICATED"), std::string::npos)
         << submit.out;
+    for (const std::string& where : {"--token-file", "STATE_DIR/user-token"}) {
+      EXPECT_NE(list.out.find(where), std::string::npos) << list.out;
+    }
+    EXPECT_EQ(std::count(list.out.begin(), list.out.end(), '\n'), 1)
+        << list.out;
   }
+  const Result none = Ptctl("list", "");
+  EXPECT_NE(none.out.find("ptctl sent no token; give one with --token or "
+                          "PTCTL_TOKEN"),
+            std::string::npos)
+      << none.out;
+  const Result wrong = Ptctl("list", "wrong");
+  EXPECT_NE(wrong.out.find("the token of --token is not one of ptcoord's"),
+            std::string::npos)
+      << wrong.out;
   // A rank token that is not the job's cannot report progress either.
   auto ranks = ptrain::v1::RankService::NewStub(channel_);
   ptrain::v1::ReportProgressRequest p;
@@ -489,13 +568,47 @@ TEST_F(ControlPlaneTest, MissingOrWrongTokenIsUnauthenticated) {
   EXPECT_TRUE(ListJobs().empty());
 }
 
-TEST_F(ControlPlaneTest, CoordinatorKilledMidJobRestartsAndJobFinishes) {
+// With no ptcoord listening, ptctl says where it looked, where that address
+// came from, and exits 1.
+TEST_F(ControlPlaneTest, PtctlWithNoCoordinatorSaysWhereItLooked) {
+  StopCoordinator(SIGTERM);
+  const std::string gone = address_;
+  const Result by_env =
+      Sh(absl::StrCat("cd ", PT_SOURCE_DIR, " && PTCTL_SERVER=", gone,
+                      " PTCTL_TOKEN=t ", PT_PTCTL, " list"));
+  EXPECT_EQ(by_env.rc, 1) << by_env.out;
+  EXPECT_EQ(by_env.out, "ptctl: error: UNAVAILABLE: no ptcoord at " + gone +
+                            " (connection refused) — is it running? "
+                            "(PTCTL_SERVER)\n");
+  const Result by_flag = Ptctl("list");
+  EXPECT_EQ(by_flag.rc, 1) << by_flag.out;
+  EXPECT_NE(by_flag.out.find("no ptcoord at " + gone +
+                             " (connection refused) — is it running? "
+                             "(--server)"),
+            std::string::npos)
+      << by_flag.out;
+  const Result help = Sh(absl::StrCat(PT_PTCTL, " --help"));
+  EXPECT_NE(help.out.find("default 127.0.0.1:7070"), std::string::npos)
+      << help.out;
+}
+
+// ptcoord killed while a job runs: the job goes on and finishes, and a
+// `ptctl watch` of it started before follows it across the restart to its
+// end.
+TEST_F(ControlPlaneTest, CoordinatorKilledMidJobRestartsAndJobAndWatchFinish) {
   const std::string a = Submit({"train.steps=1000", "parallel.dp=2"});
   const std::string b =
       Submit({"train.steps=20", "parallel.dp=2", "name=second"});
   ASSERT_TRUE(WaitFor([&] { return Step(a) > 0; }, 120)) << Get(a).dump();
   const std::vector<json> before = ListJobs();
   ASSERT_EQ(before.size(), 2u);
+  const fs::path watched = dir_ / "watch.out";
+  const pid_t watch =
+      Spawn("timeout 600 " + PtctlCommand("watch " + a), watched);
+  ASSERT_TRUE(WaitFor(
+      [&] { return ReadFile(watched).find(a + " [") != std::string::npos; },
+      60))
+      << ReadFile(watched);
   const std::string port = address_.substr(address_.rfind(':'));
   StopCoordinator(SIGKILL);
   // Ranks report to this address: the new ptcoord must take the same port.
@@ -511,6 +624,115 @@ TEST_F(ControlPlaneTest, CoordinatorKilledMidJobRestartsAndJobFinishes) {
     EXPECT_EQ(after[i]["name"], before[i]["name"]);
   }
   EXPECT_EQ(Get(a)["job"]["attempts"], 1);  // re-adopted, not restarted
+  int status = 0;
+  ASSERT_EQ(waitpid(watch, &status, 0), watch);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << status << ": " << ReadFile(watched);
+  EXPECT_NE(ReadFile(watched).find("\n" + a + " SUCCEEDED\n"),
+            std::string::npos)
+      << ReadFile(watched);
+}
+
+// `ptctl watch` of a job that had ended when ptcoord restarted prints the
+// job's final state and exits with its code: nothing will change the job
+// again, so there is nothing to wait for.
+TEST_F(ControlPlaneTest, WatchOfAJobThatEndedBeforeACoordinatorRestartExits) {
+  const std::string done = Submit({"train.steps=20"});
+  const std::string cancelled = Submit({"train.steps=1000000"});
+  ASSERT_EQ(Ptctl("cancel " + cancelled).rc, 0);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return State(done) == "JOB_STATE_SUCCEEDED" &&
+               State(cancelled) == "JOB_STATE_CANCELLED";
+      },
+      180))
+      << Ptctl("list").out;
+  StopCoordinator(SIGTERM);
+  StartCoordinator("127.0.0.1:0");
+  const Result succeeded = WatchJob(done);
+  EXPECT_EQ(succeeded.rc, 0) << succeeded.out;
+  EXPECT_NE(succeeded.out.find(done + " SUCCEEDED\n"), std::string::npos)
+      << succeeded.out;
+  const Result ended = WatchJob(cancelled);
+  EXPECT_EQ(ended.rc, 3) << ended.out;
+  EXPECT_NE(ended.out.find(cancelled + " CANCELLED\n"), std::string::npos)
+      << ended.out;
+}
+
+// Ctrl-C on `ptctl submit --watch` stops the watching, not the job: ptctl
+// says that the job keeps running and how to cancel it, and exits 130.
+TEST_F(ControlPlaneTest, InterruptedWatchSaysTheJobKeepsRunning) {
+  std::string sets;
+  for (const std::string& set : kSmall) sets += " --set " + set;
+  const fs::path out = dir_ / "submit.out";
+  const pid_t ptctl = Spawn(
+      PtctlCommand(absl::StrCat(
+          "submit ", PT_SOURCE_DIR, "/examples/shakespeare-char.yaml --watch",
+          sets, " --set train.steps=1000000 --set checkpoint.dir=",
+          (dir_ / "ckpt").string())),
+      out);
+  // Watching once the first line of progress is out.
+  ASSERT_TRUE(WaitFor(
+      [&] { return ReadFile(out).find(" [") != std::string::npos; }, 120))
+      << ReadFile(out);
+  const std::string text = ReadFile(out);
+  const std::string id = text.substr(0, text.find('\n'));
+  ASSERT_EQ(kill(ptctl, SIGINT), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(ptctl, &status, 0), ptctl);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  EXPECT_NE(ReadFile(out).find("ptctl: stopped watching; " + id +
+                               " keeps running on ptcoord: `ptctl cancel " +
+                               id + "` cancels it"),
+            std::string::npos)
+      << ReadFile(out);
+  const std::string state = State(id);
+  EXPECT_TRUE(state == "JOB_STATE_RUNNING" || state == "JOB_STATE_QUEUED")
+      << state;
+}
+
+// `ptctl get` tells a pause and a cancel from a failure, and a value never
+// measured from a 0: the attempt `pause` stopped shows "paused" (exit 3),
+// the one `cancel` ended "cancelled", val_loss before any evaluation "—".
+TEST_F(ControlPlaneTest, GetShowsPausedCancelledAndNeverMeasured) {
+  const std::string id = Submit(
+      {"train.steps=1000000", "train.eval_every=0", "checkpoint.every=0"});
+  ASSERT_TRUE(WaitFor([&] { return Step(id) >= 5; }, 180)) << Get(id).dump();
+  const Result running = Ptctl("get " + id);
+  EXPECT_NE(running.out.find("val_loss:  —\n"), std::string::npos)
+      << running.out;
+  EXPECT_NE(running.out.find(": exit — (running)"), std::string::npos)
+      << running.out;
+  ASSERT_EQ(Ptctl("pause " + id).rc, 0);
+  ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_PAUSED"; }, 120))
+      << Get(id).dump();
+  const int paused = Get(id)["job"]["attempts"].get<int>();
+  ASSERT_EQ(Ptctl("resume " + id).rc, 0);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const json j = Get(id);
+        return j.contains("job") && j["job"]["attempts"] > paused &&
+               j["job"]["state"] == "JOB_STATE_RUNNING";
+      },
+      120))
+      << Get(id).dump();
+  ASSERT_EQ(Ptctl("cancel " + id).rc, 0);
+  ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_CANCELLED"; }, 120))
+      << Get(id).dump();
+  const int cancelled = Get(id)["job"]["attempts"].get<int>();
+  const Result ended = Ptctl("get " + id);
+  const auto line = [&](int attempt) {
+    const size_t at = ended.out.find(absl::StrCat("attempt ", attempt, ": "));
+    return at == std::string::npos
+               ? std::string()
+               : ended.out.substr(at, ended.out.find('\n', at) - at);
+  };
+  EXPECT_NE(line(paused).find(": exit 3 (paused)"), std::string::npos)
+      << ended.out;
+  EXPECT_NE(line(cancelled).find(" (cancelled)"), std::string::npos)
+      << ended.out;
+  EXPECT_NE(ended.out.find("val_loss:  —\n"), std::string::npos) << ended.out;
 }
 
 // Needs checkpoints and --resume-from in ptworker.
@@ -696,11 +918,12 @@ TEST_F(ControlPlaneTest, StateDirIsPrivateAndHeldByOneCoordinator) {
 }
 
 TEST_F(ControlPlaneTest, BadInputExitCodeFailsTheJobWithoutRestarts) {
-  // A data file under a data root that does not exist: every attempt would
-  // fail the same way.
+  // A data file too short for one sequence: there at submit, refused by the
+  // ranks (exit 2); every attempt would fail the same way.
+  std::ofstream(dir_ / "ckpt" / "too-short.txt") << "ab\n";
   const std::string id =
       Submit({"train.steps=20", "restart.max_restarts=3",
-              "data.path=" + (dir_ / "ckpt" / "missing.txt").string()});
+              "data.path=" + (dir_ / "ckpt" / "too-short.txt").string()});
   ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_FAILED"; }, 120))
       << Get(id).dump();
   json j = Get(id);
@@ -899,6 +1122,30 @@ TEST_F(ControlPlaneTest, TlsJobSucceedsWithRanksReporting) {
   ptrain::v1::ReportProgressResponse pr;
   EXPECT_EQ(ranks->ReportProgress(Ctx(kToken).get(), p, &pr).error_code(),
             grpc::StatusCode::UNAVAILABLE);
+}
+
+// TLS on one side only fails the call; ptctl says which side talks what
+// and which flag to give or drop, in one line.
+TEST_F(ControlPlaneTest, PtctlSaysWhenOnlyOneSideTalksTls) {
+  MakeCertificates();
+  const fs::path t = dir_ / "tls";
+  ptctl_tls_ = " --tls-ca " + (t / "ca.pem").string();
+  const Result to_plain = Ptctl("list");
+  EXPECT_EQ(to_plain.rc, 1) << to_plain.out;
+  EXPECT_EQ(to_plain.out, "ptctl: error: UNAVAILABLE: ptcoord at " + address_ +
+                              " talks plain text, not TLS: drop --tls-ca\n");
+  StopCoordinator(SIGTERM);
+  credentials_ = grpc::SslCredentials({ReadFile(t / "ca.pem"), "", ""});
+  StartCoordinator("127.0.0.1:0", {"--tls-cert", (t / "server.pem").string(),
+                                   "--tls-key", (t / "server.key").string()});
+  ptctl_tls_ = "";
+  const Result to_tls = Ptctl("list");
+  EXPECT_EQ(to_tls.rc, 1) << to_tls.out;
+  EXPECT_EQ(to_tls.out,
+            "ptctl: error: UNAVAILABLE: ptcoord at " + address_ +
+                " serves TLS and ptctl talked plain text: give the CA that "
+                "signed its certificate with --tls-ca (or PTCTL_TLS_CA)\n");
+  ptctl_tls_ = " --tls-ca " + (t / "ca.pem").string();  // for TearDown
 }
 
 // TLS without client certificates: the CA alone is enough for ptctl.

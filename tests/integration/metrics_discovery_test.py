@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Prometheus finds a job's ranks through ptcoord: with --metrics-listen,
 ptcoord's /sd lists every live rank's /metrics endpoint (http_sd_configs
-format) and its own /metrics counts jobs by state; each listed endpoint
-serves that rank's series. Endpoints are advertised under an address
+format) and its own /metrics counts jobs by state, and a pause as a
+requeue, not a restart; each listed endpoint serves that rank's series. Endpoints are advertised under an address
 others can dial, not the host name: as root the test runs in a UTS
 namespace whose host name resolves nowhere (as in many containers), and
 the endpoints must still be scraped.
@@ -112,11 +112,37 @@ def main():
                        in page and
                        f'ptrain_node_slots{{kind="used",node="{host}"}} 2'
                        in page))
-        subprocess.run([ptctl, "cancel", job], env=env, check=True,
+        checks.append(("coordinator counts the job's restarts, none",
+                       f'ptrain_job_restarts{{job_id="{job}",'
+                       f'name="shakespeare-char"}} 0' in page))
+        def ranks_gone_after(verb):
+            subprocess.run([ptctl, verb, job], env=env, check=True,
+                           capture_output=True)
+            wait_for(lambda: json.loads(get(f"http://{metrics}/sd")) == [],
+                     60, f"an empty /sd after {verb}")
+            return True
+
+        # A pause and a resume start a second attempt: a requeue, not a
+        # restart (the restart alert must not fire on pauses).
+        checks.append(("paused ranks leave /sd", ranks_gone_after("pause")))
+        wait_for(lambda: 'ptrain_jobs{state="PAUSED"} 1' in
+                 get(f"http://{metrics}/metrics"), 60, "the job PAUSED")
+        subprocess.run([ptctl, "resume", job], env=env, check=True,
                        capture_output=True)
-        wait_for(lambda: json.loads(get(f"http://{metrics}/sd")) == [], 60,
-                 "an empty /sd after cancel")
-        checks.append(("cancelled ranks leave /sd", True))
+        second = (f'ptrain_job_attempts{{job_id="{job}",'
+                  f'name="shakespeare-char"}} 2')
+
+        def second_attempt():
+            p = get(f"http://{metrics}/metrics")
+            return p if second in p else None
+        page = wait_for(second_attempt, 60, "the job's second attempt")
+        checks.append(("a pause is counted as a requeue",
+                       'ptrain_job_requeues_total{reason="paused"} 1' in page))
+        checks.append(("a pause is not counted as a restart",
+                       "\nptrain_job_restarts_total 0\n" in page and
+                       f'ptrain_job_restarts{{job_id="{job}",'
+                       f'name="shakespeare-char"}} 0' in page))
+        checks.append(("cancelled ranks leave /sd", ranks_gone_after("cancel")))
     finally:
         coord.terminate()
         coord.wait()

@@ -2,7 +2,8 @@
 # deploy/systemd's units pass `systemd-analyze verify` without a word (it
 # warns about unknown keys or bad values but still exits 0, so any output
 # fails), with ExecStart pointed at the binaries just built, and keep the
-# hardening and restart settings operators rely on.
+# hardening and restart settings operators rely on; ptcoord.env's metrics
+# port is the one deploy/prometheus.yml scrapes.
 #
 #   systemd_units_test.sh SOURCE_DIR PTCOORD PTWORKERD
 set -u
@@ -47,5 +48,19 @@ grep -qx "KillMode=process" "$tmp/ptcoord.service" || {
   echo "FAIL: ptcoord.service would kill running jobs when restarted"
   failed=1
 }
+# The metrics port of the ptcoord.env template is the one
+# deploy/prometheus.yml scrapes, and not Prometheus's own 9090.
+metrics=$(grep -o -- '--metrics-listen [^ ]*' "$src/deploy/systemd/ptcoord.env" |
+  sed 's/.*://')
+if [[ -z $metrics || $metrics == 9090 ]]; then
+  echo "FAIL: ptcoord.env's --metrics-listen port '$metrics' is empty or Prometheus's own 9090"
+  failed=1
+fi
+for want in "targets: [\"localhost:$metrics\"]" "url: http://localhost:$metrics/sd"; do
+  grep -qF -- "$want" "$src/deploy/prometheus.yml" || {
+    echo "FAIL: deploy/prometheus.yml does not scrape ptcoord.env's metrics port ($want)"
+    failed=1
+  }
+done
 ((failed)) && exit 1
 echo "PASS: ptcoord.service and ptworkerd.service verify clean"
