@@ -110,11 +110,14 @@ class Soak:
         out = open(os.path.join(self.t, "ptcoord.log"), "a")
         self.coord = subprocess.Popen(cmd, stdout=out, stderr=out,
                                       start_new_session=True)
-        for _ in range(200):
-            if os.path.exists(address) and open(address).read().strip():
-                break
+        # A loaded machine (2 cores, other tests) can take seconds to start
+        # it: it asks ptworker --help and recovers every attempt first.
+        deadline = time.time() + 120
+        while not (os.path.exists(address) and open(address).read().strip()):
             if self.coord.poll() is not None:
                 raise RuntimeError("ptcoord exited at start (ptcoord.log)")
+            if time.time() > deadline:
+                raise RuntimeError("ptcoord did not listen within 120 s")
             time.sleep(0.05)
         self.addr = open(address).read().strip()
         self.port = int(self.addr.rsplit(":", 1)[1])
@@ -126,13 +129,16 @@ class Soak:
 
     def ptctl(self, *args, check=True):
         env = dict(os.environ, PTCTL_SERVER=self.addr, PTCTL_TOKEN=self.token)
-        for i in range(100):
+        deadline = time.time() + 120
+        while True:
             r = subprocess.run([self.bin("ptctl", "ptctl"), *args], env=env,
                                capture_output=True, text=True)
             # ptcoord may be down for a fault: ask again.
-            if r.returncode == 0 or not check:
-                return r
+            if r.returncode == 0 or not check or time.time() > deadline:
+                break
             time.sleep(0.2)
+        if r.returncode == 0 or not check:
+            return r
         raise RuntimeError(f"ptctl {' '.join(args)}: {r.stderr.strip()}")
 
     def job(self, job_id):
@@ -459,7 +465,7 @@ def main():
     a.build = os.path.abspath(a.build)
     a.src = os.path.abspath(a.src)
     if a.long:
-        a.jobs, a.faults, a.timeout_s = 20, 100, 3600
+        a.jobs, a.faults, a.steps, a.timeout_s = 20, 100, 15000, 5400
     if os.geteuid() != 0:
         print("SKIP: the soak needs root (a tmpfs, namespaces)")
         return SKIP
