@@ -13,13 +13,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "CLI/CLI.hpp"
 #include "bench/configs.h"
 #include "bench/stats.h"
 #include "common/spec.h"
@@ -122,14 +122,22 @@ std::optional<RunTimes> TimedRun(const ptrain::v1::JobSpec& spec,
 int main(int argc, char** argv) {
   std::string config = "M", dir = "build/checkpoint_bench";
   int reps = 3, steps = 24, every = 4, threads = 0;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--every")) every = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--config")) config = argv[i + 1];
-    if (!std::strcmp(argv[i], "--dir")) dir = argv[i + 1];
-    if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
-  }
+  CLI::App app{
+      "checkpoint_bench: checkpoint save/load MB/s against plain writes; the "
+      "loop blocked per save, blocking vs checkpoint.async_save"};
+  app.add_option("--config", config, "model: S or M")
+      ->check(CLI::IsMember({"S", "M"}));
+  app.add_option("--reps", reps, "saves and loads timed (best is printed)")
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--steps", steps, "steps of each training run")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--every", every, "checkpoint.every of those runs")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--threads", threads,
+                 "resources.threads_per_rank of those runs (0: default)")
+      ->check(CLI::Range(0, 1024));
+  app.add_option("--dir", dir, "scratch folder (removed first)");
+  CLI11_PARSE(app, argc, argv);
   fs::remove_all(dir);
   std::vector<std::string> overrides = ptrain::BenchModel(config);
   for (const std::string& s :

@@ -17,12 +17,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "CLI/CLI.hpp"
 #include "worker/engine/comm.h"
 #include "worker/engine/comm_mpi.h"
 
@@ -72,10 +72,14 @@ double TimeRound(const std::function<void(int64_t)>& run, int64_t count,
   return slowest;
 }
 
+// "64", "4K", "64M", "1G" (powers of 1024); -1 for anything else.
 int64_t ParseBytes(const char* s) {
   char* end = nullptr;
   double v = std::strtod(s, &end);
+  if (end == s || (*end != '\0' && end[1] != '\0')) return -1;
   switch (*end) {
+    case '\0':
+      break;
     case 'K':
     case 'k':
       v *= 1 << 10;
@@ -88,8 +92,10 @@ int64_t ParseBytes(const char* s) {
     case 'g':
       v *= 1 << 30;
       break;
+    default:
+      return -1;
   }
-  return static_cast<int64_t>(v);
+  return v >= 1 && v < 0x1p62 ? static_cast<int64_t>(v) : -1;
 }
 
 std::string HumanBytes(int64_t b) {
@@ -107,17 +113,30 @@ std::string HumanBytes(int64_t b) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::string min_text = "8", max_text = "64M";
+  int64_t factor = 4;
+  CLI::App app{
+      "comm_bench: nccl-tests-style bandwidth of the MPI Communicator against "
+      "raw MPI (run under mpirun)"};
+  // Two buffers of the largest size per rank: at most 4 GiB each.
+  const CLI::Validator bytes(
+      [](std::string& v) {
+        const int64_t b = ParseBytes(v.c_str());
+        return b > 0 && b <= (int64_t{1} << 32)
+                   ? std::string()
+                   : "not a size from 1 to 4G: " + v;
+      },
+      "BYTES");
+  app.add_option("--min", min_text,
+                 "smallest size: bytes, or ending in K, M or G (default 8)")
+      ->check(bytes);
+  app.add_option("--max", max_text, "largest size (default 64M)")->check(bytes);
+  app.add_option("--factor", factor, "size step (default 4)")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
+  CLI11_PARSE(app, argc, argv);
+  const int64_t min_bytes = ParseBytes(min_text.c_str());
+  const int64_t max_bytes = std::max(min_bytes, ParseBytes(max_text.c_str()));
   MPI_Init(&argc, &argv);
-  int64_t min_bytes = 8, max_bytes = 64 << 20, factor = 4;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--min")) {
-      min_bytes = ParseBytes(argv[i + 1]);
-    } else if (!std::strcmp(argv[i], "--max")) {
-      max_bytes = ParseBytes(argv[i + 1]);
-    } else if (!std::strcmp(argv[i], "--factor")) {
-      factor = std::max<int64_t>(2, std::atoll(argv[i + 1]));
-    }
-  }
   int rank = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);

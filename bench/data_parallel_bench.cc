@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "CLI/CLI.hpp"
 #include "bench/configs.h"
 #include "bench/mpi_trainer.h"
 #include "common/spec.h"
@@ -26,27 +27,31 @@ struct Args {
   double bucket_mb = 4.0;
 };
 
-Args Parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--config") a.config = v;
-    if (k == "--zero") a.zero = std::stoi(v);
-    if (k == "--steps") a.steps = std::stoi(v);
-    if (k == "--bucket-mb") a.bucket_mb = std::stod(v);
-    if (k == "--microbatches") a.microbatches = std::stoi(v);
-  }
-  return a;
+void AddFlags(CLI::App& app, Args& a) {
+  app.add_option("--config", a.config, "model: S or M")
+      ->check(CLI::IsMember({"S", "M"}));
+  app.add_option("--zero", a.zero, "ZeRO stage")->check(CLI::Range(0, 3));
+  app.add_option("--steps", a.steps, "measured steps")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--bucket-mb", a.bucket_mb, "gradient bucket size in MB")
+      ->check(CLI::Range(0.001, 4096.0));
+  app.add_option("--microbatches", a.microbatches, "microbatches per step")
+      ->check(CLI::Range(1, 1024));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  Args a;
+  CLI::App app{
+      "data_parallel_bench: data-parallel and ZeRO training under mpirun: "
+      "tok/s, overlap of the gradient reduction, memory per rank"};
+  AddFlags(app, a);
+  CLI11_PARSE(app, argc, argv);
   MPI_Init(&argc, &argv);
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  const Args a = Parse(argc, argv);
   const bool m = a.config == "M";
   std::vector<std::string> overrides = ptrain::BenchModel(a.config);
   for (const std::string& s :

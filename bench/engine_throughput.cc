@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "CLI/CLI.hpp"
 #include "bench/stats.h"
 #include "common/spec.h"
 #include "kernels/cpu/kernels.h"
@@ -216,12 +217,19 @@ int main(int argc, char** argv) {
   int steps_s = 40, steps_m = 6;
   std::string which = "both";
   std::string precision = ptrain::kernels::CpuHasBf16() ? "both" : "fp32";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--steps"))
-      steps_s = steps_m = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--config")) which = argv[i + 1];
-    if (!std::strcmp(argv[i], "--precision")) precision = argv[i + 1];
-  }
+  CLI::App app{
+      "engine_throughput: single-rank training tok/s, phases and memory on "
+      "configs S and M against this machine's matmul peak"};
+  app.add_option("--steps", steps_s,
+                 "measured steps of each config (default: 40 for S, 6 for M)")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--config", which, "S, M or both")
+      ->check(CLI::IsMember({"S", "M", "both"}));
+  app.add_option("--precision", precision,
+                 "fp32, bf16 (CPUs with AVX512_BF16) or both (their default)")
+      ->check(CLI::IsMember({"fp32", "bf16", "both"}));
+  CLI11_PARSE(app, argc, argv);
+  if (app.count("--steps") > 0) steps_m = steps_s;
   const double peak = ptrain::MeasureSgemmPeakFlops(2048, 5);
   const double blas = OpenBlasSgemmFlops(2048);
   std::printf(

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "CLI/CLI.hpp"
 #include "common/spec.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "worker/engine/gpt_stage.h"
@@ -43,34 +44,22 @@ struct Args {
   bool recompute = false;
 };
 
-Args Parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string k = argv[i];
-    if (k == "--trainer" || k == "--recompute") {
-      (k == "--trainer" ? a.trainer : a.recompute) = true;
-      --i;
-      continue;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "%s needs a value\n", k.c_str());
-      std::exit(2);
-    }
-    const std::string v = argv[i + 1];
-    if (k == "--model") {
-      a.model = v;
-    } else if (k == "--batch") {
-      a.batch = std::atoi(v.c_str());
-    } else if (k == "--steps") {
-      a.steps = std::atoi(v.c_str());
-    } else if (k == "--peak-tflops") {
-      a.peak_tflops = std::atof(v.c_str());
-    } else {
-      std::fprintf(stderr, "unknown argument %s\n", k.c_str());
-      std::exit(2);
-    }
-  }
-  return a;
+void AddFlags(CLI::App& app, Args& a) {
+  app.add_option("--model", a.model, "GPT-2 size: 124m or 350m")
+      ->check(CLI::IsMember({"124m", "350m"}));
+  app.add_option("--batch", a.batch, "sequences per step (T = 1024)")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--steps", a.steps, "measured steps")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--peak-tflops", a.peak_tflops,
+                 "MFU denominator in TFLOP/s (default: 989, the H100 SXM's "
+                 "bf16 dense peak)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--trainer", a.trainer,
+               "run the whole Trainer (data, schedule, norm, AdamW) on "
+               "random GPT-2 tokens");
+  app.add_flag("--recompute", a.recompute,
+               "recompute every block in backward (with --trainer)");
 }
 
 void Run(const Args& a, bool bf16, bool fused_attention) {
@@ -211,7 +200,12 @@ void RunTrainer(const Args& a, const std::string& precision) {
 }
 
 int main(int argc, char** argv) {
-  const Args a = Parse(argc, argv);
+  Args a;
+  CLI::App app{
+      "gpu_throughput: the model on one GPU, tokens/s and MFU, fp32 and bf16 "
+      "compute"};
+  AddFlags(app, a);
+  CLI11_PARSE(app, argc, argv);
   if (a.recompute && !a.trainer) {
     std::fprintf(stderr, "--recompute needs --trainer\n");
     return 2;

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "CLI/CLI.hpp"
 #include "bench/configs.h"
 #include "bench/mpi_trainer.h"
 #include "worker/engine/data.h"
@@ -43,27 +44,39 @@ struct Args {
   bool sp = false;
 };
 
-Args Parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--config") a.config = v;
-    if (k == "--schedule") a.schedule = v;
-    if (k == "--dp") a.dp = std::stoi(v);
-    if (k == "--tp") a.tp = std::stoi(v);
-    if (k == "--microbatches") a.microbatches = std::stoi(v);
-    if (k == "--zero") a.zero = std::stoi(v);
-    if (k == "--sp") a.sp = v == "1" || v == "true";
-    if (k == "--steps") a.steps = std::stoi(v);
-    if (k == "--warmup") a.warmup = std::stoi(v);
-    if (k == "--virtual-stages") a.virtual_stages = std::stoi(v);
-    if (k == "--micro-batch") a.micro_batch = std::stoi(v);
-    if (k == "--layers") a.layers = std::stoi(v);
-    if (k == "--first-stage-layers") a.first_stage_layers = std::stoi(v);
-    if (k == "--last-stage-layers") a.last_stage_layers = std::stoi(v);
-    if (k == "--vocab") a.vocab = std::stoi(v);
-  }
-  return a;
+void AddFlags(CLI::App& app, Args& a) {
+  app.add_option("--config", a.config, "model: S, M or names")
+      ->check(CLI::IsMember({"S", "M", "names"}));
+  app.add_option("--schedule", a.schedule, "1f1b, gpipe or interleaved")
+      ->check(CLI::IsMember({"1f1b", "gpipe", "interleaved"}));
+  const auto degree = CLI::Range(1, 1 << 16);
+  app.add_option("--dp", a.dp, "data-parallel degree")->check(degree);
+  app.add_option("--tp", a.tp, "tensor-parallel degree")->check(degree);
+  app.add_option("--microbatches", a.microbatches, "microbatches per step")
+      ->check(degree);
+  app.add_option("--zero", a.zero, "ZeRO stage")->check(CLI::Range(0, 3));
+  app.add_option("--sp", a.sp, "sequence parallelism: 0 or 1");
+  app.add_option("--steps", a.steps, "measured steps")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--warmup", a.warmup, "steps before measuring")
+      ->check(CLI::Range(0, 100000));
+  app.add_option("--virtual-stages", a.virtual_stages,
+                 "model chunks per pipeline rank (interleaved)")
+      ->check(degree);
+  app.add_option("--micro-batch", a.micro_batch,
+                 "sequences per microbatch (0: fixed global batch)")
+      ->check(CLI::Range(0, 1 << 16));
+  app.add_option("--layers", a.layers, "model.n_layer (0: the config's)")
+      ->check(CLI::Range(0, 1 << 16));
+  app.add_option("--first-stage-layers", a.first_stage_layers,
+                 "parallel.first_stage_layers")
+      ->check(CLI::Range(0, 1 << 16));
+  app.add_option("--last-stage-layers", a.last_stage_layers,
+                 "parallel.last_stage_layers")
+      ->check(CLI::Range(0, 1 << 16));
+  app.add_option("--vocab", a.vocab,
+                 "random tokens of this vocabulary (0: the text's characters)")
+      ->check(CLI::Range(0, 65535));
 }
 
 // Per rank, summed over the measured steps.
@@ -86,11 +99,16 @@ const char* const kFieldNames[kFields] = {"step",    "forward",   "backward",
 }  // namespace
 
 int main(int argc, char** argv) {
+  Args a;
+  CLI::App app{
+      "pipeline_bench: pipeline-parallel training under mpirun -n DP*TP*PP: "
+      "tok/s, per-rank phases and comm, the bubble against the analytic one"};
+  AddFlags(app, a);
+  CLI11_PARSE(app, argc, argv);
   MPI_Init(&argc, &argv);
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  const Args a = Parse(argc, argv);
   const int pp = world / (a.dp * a.tp);
   std::vector<std::string> o;
   if (a.config == "names") {

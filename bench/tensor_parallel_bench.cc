@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "CLI/CLI.hpp"
 #include "bench/configs.h"
 #include "bench/mpi_trainer.h"
 #include "common/spec.h"
@@ -30,16 +31,14 @@ struct Args {
   int steps = 6, warmup = 2;
 };
 
-Args Parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--config") a.config = v;
-    if (k == "--sp") a.sp = v == "1" || v == "true";
-    if (k == "--steps") a.steps = std::stoi(v);
-    if (k == "--warmup") a.warmup = std::stoi(v);
-  }
-  return a;
+void AddFlags(CLI::App& app, Args& a) {
+  app.add_option("--config", a.config, "model: S or M")
+      ->check(CLI::IsMember({"S", "M"}));
+  app.add_option("--sp", a.sp, "sequence parallelism: 0 or 1");
+  app.add_option("--steps", a.steps, "measured steps")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--warmup", a.warmup, "steps before measuring")
+      ->check(CLI::Range(0, 100000));
 }
 
 std::vector<std::string> Overrides(const Args& a, int tp, bool sp,
@@ -60,11 +59,17 @@ double Mb(int64_t bytes) { return static_cast<double>(bytes) / 1e6; }
 }  // namespace
 
 int main(int argc, char** argv) {
+  Args a;
+  CLI::App app{
+      "tensor_parallel_bench: tensor (and sequence) parallel training under "
+      "mpirun -n TP: tok/s, tp communication against the analytic volume, "
+      "memory per rank"};
+  AddFlags(app, a);
+  CLI11_PARSE(app, argc, argv);
   MPI_Init(&argc, &argv);
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  const Args a = Parse(argc, argv);
   const int tp = world;
   {
     ptrain::MpiTrainer run =

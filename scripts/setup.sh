@@ -24,14 +24,15 @@ done
 
 # Building and running: compiler and build tools, gRPC + protobuf, OpenMPI,
 # the libraries, and oneDNN with the OpenCL headers its CMake config requires
-# (libdnnl-dev only recommends them); OpenSSL's libcrypto for digests.
+# (libdnnl-dev only recommends them); OpenSSL's libcrypto for digests;
+# ICU's UTF-8 macros (header only) for the char tokenizer.
 # python3 prints the demo's sample.
 PACKAGES=(
   build-essential cmake pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libopenmpi-dev openmpi-bin
   prometheus-cpp-dev libspdlog-dev libyaml-cpp-dev libsqlite3-dev libcli11-dev
-  nlohmann-json3-dev libxxhash-dev
+  nlohmann-json3-dev libxxhash-dev libicu-dev
   libdnnl-dev ocl-icd-opencl-dev libopenblas-dev
   libssl-dev
   python3

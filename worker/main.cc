@@ -1,26 +1,40 @@
 // ptworker: one training rank. Standalone: `ptworker --config job.yaml
 // [--set key=value]... [--log-json run.jsonl] [--resume-from latest|DIR]`,
 // alone or under `mpirun -n N`; `ptworker export --checkpoint DIR --llmc
-// OUT.bin` writes a checkpoint's weights in llm.c's format. Exit codes: 0 done,
-// 1 runtime failure, 2 bad input (spec, data, flags, layout, a damaged or
-// foreign checkpoint, a path outside the data roots, a model that does not fit
-// in memory) with one error line on stderr from the lowest failing rank; every
-// rank exits, none waits for another, none aborts. 3: stopped as asked by
-// SIGUSR1 (which mpirun forwards to every rank) at the end of a step, after
-// that step's checkpoint: to be resumed, as after a preemption.
+// OUT.bin` writes a checkpoint's weights in llm.c's format; `ptworker sample
+// --checkpoint DIR [--prompt TEXT] [--tokens N]...` prints text its model
+// generates. Exit codes: 0 done, 1 runtime failure, 2 bad input (spec, data,
+// flags, layout, a damaged or foreign checkpoint, a path outside the data
+// roots, a model that does not fit in memory) with one error line on stderr
+// from the lowest failing rank; every rank exits, none waits for another,
+// none aborts. 3: stopped as asked at the end of a step, after that step's
+// checkpoint, to be resumed as after a preemption: by SIGUSR1 (which mpirun
+// forwards to every rank) or by a first SIGINT or SIGTERM while training; a
+// second SIGINT or SIGTERM (or the first outside training) exits at once
+// with 128 + the signal (130, 143).
+//
+// Threads: resources.threads_per_rank, else OMP_NUM_THREADS, else this
+// rank's share of the cores of its machine (the cores any of its ranks may
+// run on, divided by those ranks); a count that puts more threads on the
+// machine than it has cores is warned about at start.
 //
 // Environment (set by ptcoord's launcher): PTRAIN_DATA_ROOTS confines every
 // file ptworker opens (common/confined_fs.h); PTRAIN_JOB_UID is recorded in
 // checkpoints and checked on `--resume-from latest`. Test hooks, read only
 // when set: PTRAIN_TEST_CHECKPOINT_PAUSE_S, PTRAIN_TEST_HANG_AT_STEP.
 #include <mpi.h>
+#include <omp.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
+#include <functional>
 #include <new>
 #include <optional>
 #include <string>
@@ -45,16 +59,40 @@ namespace {
 constexpr int kExitBadInput = 2;
 constexpr int kExitStopped = 3;
 
-// Set by SIGUSR1: save at the end of this step and stop.
+// Set by SIGUSR1, or a first SIGINT/SIGTERM while training: save at the
+// end of this step and stop.
 std::atomic<bool> g_stop_requested{false};
+// True while the training loop runs: only then can a stop save anything,
+// so outside it (setup, export, sample) SIGINT and SIGTERM end at once.
+std::atomic<bool> g_training{false};
+// Only rank 0 says what it does about a signal (mpirun passes one to all).
+std::atomic<int> g_world_rank{0};
 
-// SIGUSR1 is blocked in every thread (set before any is created, so all
-// inherit it) and taken by this one alone with sigwait: no thread of MPI,
-// OpenMP or the allocator is ever interrupted by it.
+// SIGUSR1, SIGINT and SIGTERM are blocked in every thread (set before any
+// is created, so all inherit it) and taken by this one alone with sigwait:
+// no thread of MPI, OpenMP or the allocator is ever interrupted by them.
+// Ctrl-C then saves the step being trained, like SIGUSR1; a second Ctrl-C
+// (or ptcoord's cancel reaching a rank both directly and through mpirun)
+// does not wait for that save.
 void WaitForStopSignals(sigset_t signals) {
+  bool interrupted = false;
   for (;;) {
     int sig = 0;
-    if (sigwait(&signals, &sig) == 0) g_stop_requested.store(true);
+    if (sigwait(&signals, &sig) != 0) continue;
+    if (sig == SIGUSR1) {
+      g_stop_requested.store(true);
+      continue;
+    }
+    if (interrupted || !g_training.load()) std::_Exit(128 + sig);
+    interrupted = true;
+    g_stop_requested.store(true);
+    if (g_world_rank.load() == 0) {
+      const char* name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+      spdlog::warn(
+          "{}: stopping after this step and its checkpoint (exit 3); {} "
+          "again exits at once",
+          name, name);
+    }
   }
 }
 
@@ -137,17 +175,96 @@ absl::StatusOr<std::string> JobUid() {
   return uid;
 }
 
-// Ranks of MPI_COMM_WORLD on this machine: they share its memory.
-int RanksOnNode() {
+// This rank's machine as its ranks share it (collective over the world).
+struct NodeShare {
+  int ranks = 1;       // ranks of MPI_COMM_WORLD on it: they share its memory
+  int local_rank = 0;  // this rank's index among them
+  int cores = 1;       // CPUs any of them may run on
+  int rank_cores = 1;  // CPUs this rank may run on (mpirun may bind it)
+};
+
+NodeShare ShareOfNode() {
+  NodeShare share;
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof(mine), &mine) != 0) {
+    for (long c = 0; c < sysconf(_SC_NPROCESSORS_ONLN) && c < CPU_SETSIZE;
+         ++c) {
+      CPU_SET(c, &mine);
+    }
+  }
+  share.rank_cores = share.cores = std::max(1, CPU_COUNT(&mine));
   MPI_Comm node;
   if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0,
                           MPI_INFO_NULL, &node) != MPI_SUCCESS) {
-    return 1;
+    return share;
   }
-  int n = 1;
-  MPI_Comm_size(node, &n);
+  MPI_Comm_size(node, &share.ranks);
+  MPI_Comm_rank(node, &share.local_rank);
+  // The union of the ranks' CPU sets: bound one core each, two ranks still
+  // have two cores between them.
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  MPI_Allreduce(&mine, &all, sizeof(cpu_set_t), MPI_BYTE, MPI_BOR, node);
+  share.cores = std::max(1, CPU_COUNT(&all));
   MPI_Comm_free(&node);
-  return n;
+  return share;
+}
+
+struct ThreadChoice {
+  int threads = 1;
+  std::string warning;  // "" unless the machine gets more threads than cores
+};
+
+// OpenMP threads per rank: `per_rank` (resources.threads_per_rank) when set,
+// else OMP_NUM_THREADS when set, else the rank's share of the cores. More
+// threads than cores make OpenMP's threads wait for each other in every
+// parallel region: the run is then often 10 to 100 times slower, so such a
+// count is named in a warning.
+ThreadChoice ChooseThreads(int per_rank, const NodeShare& node) {
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  const bool from_env = per_rank <= 0 && env != nullptr && *env != '\0';
+  ThreadChoice c;
+  const int fair = std::max(1, node.cores / node.ranks);
+  c.threads = per_rank > 0 ? per_rank
+              : from_env   ? omp_get_max_threads()
+                           : std::min(node.rank_cores, fair);
+  const std::string given = per_rank > 0
+                                ? "resources.threads_per_rank"
+                                : (from_env ? "OMP_NUM_THREADS" : "default");
+  const int64_t total = int64_t{c.threads} * node.ranks;
+  if (c.threads == 1 && node.ranks > node.cores) {
+    // No thread count helps: there are more ranks than cores, and ranks
+    // that busy-wait for messages starve the one they wait for.
+    const char* yield = std::getenv("OMPI_MCA_mpi_yield_when_idle");
+    if (yield == nullptr || std::string(yield) != "1") {
+      c.warning = absl::StrCat(
+          "threads: ", node.ranks, " ranks on this machine's ", node.cores,
+          " cores: set OMPI_MCA_mpi_yield_when_idle=1, so that ranks waiting "
+          "for a message yield their core");
+    }
+  } else if (total > node.cores) {
+    c.warning = absl::StrCat(
+        "threads: ", node.ranks, " rank(s) on this machine x ", c.threads,
+        " threads each (", given, ") = ", total, " threads on ", node.cores,
+        " cores: oversubscribed, often 10-100x slower; set OMP_NUM_THREADS=",
+        fair, " (or resources.threads_per_rank: ", fair, ")");
+  } else if (c.threads > node.rank_cores) {
+    c.warning = absl::StrCat(
+        "threads: ", c.threads, " threads (", given, ") on the ",
+        node.rank_cores,
+        " cores this rank is bound to: oversubscribed, often 10-100x slower; "
+        "set OMP_NUM_THREADS=",
+        node.rank_cores, " or bind the ranks to more cores");
+  }
+  return c;
+}
+
+// Applies ChooseThreads; the first rank of each machine warns for it.
+void SetThreads(int per_rank, const NodeShare& node) {
+  const ThreadChoice c = ChooseThreads(per_rank, node);
+  omp_set_num_threads(c.threads);
+  if (!c.warning.empty() && node.local_rank == 0) spdlog::warn("{}", c.warning);
 }
 
 absl::Status ExportStatus(const std::string& checkpoint,
@@ -162,24 +279,106 @@ absl::Status ExportStatus(const std::string& checkpoint,
   return ptrain::ExportLlmc(**reader, model, out, *fs, "--llmc");
 }
 
-// `ptworker export`: one process, no training.
-int Export(const std::string& checkpoint, const std::string& out) {
+// `ptworker sample`'s flags; unset ones take the job's train.sample_*.
+struct SampleFlags {
+  std::string checkpoint;
+  std::optional<std::string> prompt;
+  std::optional<int> tokens, top_k;
+  std::optional<double> temperature;
+  std::optional<uint64_t> seed;
+};
+
+// The checkpoint's model on one rank (whatever layout trained it) on the
+// CPU in fp32, with the checkpoint's own vocabulary: no data file is read,
+// nothing is written.
+absl::StatusOr<std::string> SampleStatus(const SampleFlags& f,
+                                         const NodeShare& node) {
+  auto fs = ptrain::ConfinedFs::FromEnvironment();
+  if (!fs.ok()) return fs.status();
+  std::error_code ec;
+  if (!std::filesystem::exists(f.checkpoint, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat("--checkpoint ", f.checkpoint, ": no such folder"));
+  }
+  auto reader =
+      ptrain::CheckpointReader::Open(f.checkpoint, *fs, "--checkpoint");
+  if (!reader.ok()) return reader.status();
+  const ptrain::CheckpointMeta meta = (*reader)->meta();
+  reader->reset();
+  auto parsed = ptrain::ParseJobSpec(
+      meta.spec_yaml, {},
+      absl::StrCat("--checkpoint ", f.checkpoint, ": spec"));
+  if (!parsed.ok()) return parsed.status();
+  ptrain::v1::JobSpec spec = *parsed;
+  *spec.mutable_parallel() = ptrain::DefaultJobSpec().parallel();
+  spec.mutable_resources()->set_device("cpu");
+  *spec.mutable_checkpoint() = ptrain::DefaultJobSpec().checkpoint();
+  spec.mutable_model()->set_init_from("");
+  ptrain::v1::TrainSpec& train = *spec.mutable_train();
+  train.set_precision("fp32");
+  train.set_steps(std::max(train.steps(), meta.step));
+  if (f.prompt.has_value()) {
+    if (meta.vocab.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--prompt: checkpoint ", f.checkpoint,
+          " is of a model trained on token files, which has no tokenizer to "
+          "read a prompt with"));
+    }
+    train.set_sample_prompt(*f.prompt);
+  }
+  if (f.tokens.has_value()) train.set_sample_tokens(*f.tokens);
+  if (f.temperature.has_value()) train.set_sample_temperature(*f.temperature);
+  if (f.top_k.has_value()) train.set_sample_top_k(*f.top_k);
+  if (f.seed.has_value()) train.set_seed(*f.seed);
+  if (auto s = ptrain::ValidateJobSpec(spec); !s.ok()) return s;
+  SetThreads(spec.resources().threads_per_rank(), node);
+
+  ptrain::TokenData data;
+  data.vocab_size = meta.model.vocab_size;
+  if (!meta.vocab.empty()) {
+    data.has_tokenizer = true;
+    data.tokenizer = ptrain::CharTokenizer(meta.vocab);
+    const std::string& prompt = train.sample_prompt();
+    if (data.tokenizer.Decode(data.tokenizer.Encode(prompt)) != prompt) {
+      spdlog::warn(
+          "--prompt: characters the model never saw in training are left "
+          "out");
+    }
+  }
+  // A trainer's batch samplers need one sequence to draw from; sampling
+  // draws none.
+  const size_t sequence = static_cast<size_t>(spec.model().block_size()) + 1;
+  data.train.emplace_back(std::vector<uint16_t>(sequence, 0));
+  data.val.emplace_back(std::vector<uint16_t>(sequence, 0));
+  ptrain::TrainerOptions options;
+  options.fs = *fs;
+  options.resume_from = f.checkpoint;
+  options.quiet = true;
+  auto trainer =
+      ptrain::Trainer::CreateWithData(spec, options, std::move(data));
+  if (!trainer.ok()) return trainer.status();
+  // The salt of the run's own sample at this step: with the job's settings
+  // the text is the one its run log holds for this step.
+  return (*trainer)->Sample(static_cast<uint64_t>(meta.step));
+}
+
+// Runs `body` (one process, no training) and turns its failure into one
+// error line and an exit code.
+int RunTool(const char* what, const std::function<absl::Status()>& body) {
   absl::Status s;
   try {
-    s = ExportStatus(checkpoint, out);
+    s = body();
   } catch (const std::bad_alloc&) {
     s = absl::ResourceExhaustedError(
-        "export: out of memory reading the checkpoint");
+        absl::StrCat(what, ": out of memory reading the checkpoint"));
   } catch (const std::exception& e) {
-    s = absl::InternalError(absl::StrCat("export: ", e.what()));
+    s = absl::InternalError(absl::StrCat(what, ": ", e.what()));
   }
   if (!s.ok()) {
     std::fprintf(stderr, "ptworker: error: %s\n",
                  std::string(s.message()).c_str());
     return IsInputError(s) ? kExitBadInput : 1;
   }
-  std::printf("wrote %s (llm.c GPT-2 fp32) from %s\n", out.c_str(),
-              checkpoint.c_str());
   return 0;
 }
 
@@ -197,6 +396,35 @@ int Run(int argc, char** argv) {
       "export", "write a checkpoint's weights as an llm.c GPT-2 file");
   exp->add_option("--checkpoint", export_ckpt, "checkpoint folder")->required();
   exp->add_option("--llmc", export_out, "output .bin")->required();
+  SampleFlags sample;
+  std::string prompt;
+  int tokens = 0, top_k = 0;
+  double temperature = 1.0;
+  uint64_t seed = 0;
+  CLI::App* smp = app.add_subcommand(
+      "sample", "print text generated by a checkpoint's model (stdout)");
+  smp->add_option("--checkpoint", sample.checkpoint, "checkpoint folder")
+      ->required();
+  CLI::Option* prompt_opt = smp->add_option(
+      "--prompt", prompt,
+      "text the sample continues (default: the job's train.sample_prompt)");
+  CLI::Option* tokens_opt =
+      smp->add_option("--tokens", tokens,
+                      "tokens to generate (default: train.sample_tokens)")
+          ->check(CLI::Range(0, 1 << 20));
+  CLI::Option* temperature_opt =
+      smp->add_option("--temperature", temperature,
+                      "softmax temperature (default: train.sample_temperature)")
+          ->check(CLI::PositiveNumber);
+  CLI::Option* top_k_opt =
+      smp->add_option("--top-k", top_k,
+                      "sample from the K likeliest tokens, 0: all (default: "
+                      "train.sample_top_k)")
+          ->check(CLI::Range(0, 1 << 24));
+  CLI::Option* seed_opt = smp->add_option(
+      "--seed", seed,
+      "seed of the draw (default: train.seed; with every default the text "
+      "is the run's own sample at the checkpoint's step)");
   app.add_option("--set", overrides,
                  "override a spec field: dotted.path=value (repeatable)");
   app.add_option("--log-json", log_json,
@@ -219,11 +447,42 @@ int Run(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int rc = WorldRank() == 0 ? app.exit(e) : (e.get_exit_code() != 0);
-    return rc == 0 ? 0 : kExitBadInput;
+    if (e.get_exit_code() == 0) return WorldRank() == 0 ? app.exit(e) : 0;
+    if (WorldRank() == 0)
+      std::fprintf(stderr, "ptworker: error: %s\n", e.what());
+    return kExitBadInput;
   }
-  if (exp->parsed())
-    return WorldRank() == 0 ? Export(export_ckpt, export_out) : 0;
+  g_world_rank.store(WorldRank());
+  // The machine's cores as its ranks share them (a collective: every rank,
+  // before anything can fail).
+  const NodeShare node = ShareOfNode();
+  if (exp->parsed()) {
+    if (WorldRank() != 0) return 0;
+    return RunTool("export", [&] {
+      absl::Status s = ExportStatus(export_ckpt, export_out);
+      if (s.ok()) {
+        std::printf("wrote %s (llm.c GPT-2 fp32) from %s\n", export_out.c_str(),
+                    export_ckpt.c_str());
+      }
+      return s;
+    });
+  }
+  if (smp->parsed()) {
+    if (WorldRank() != 0) return 0;
+    ptrain::SetupLogging("warn");
+    if (*prompt_opt) sample.prompt = prompt;
+    if (*tokens_opt) sample.tokens = tokens;
+    if (*temperature_opt) sample.temperature = temperature;
+    if (*top_k_opt) sample.top_k = top_k;
+    if (*seed_opt) sample.seed = seed;
+    return RunTool("sample", [&]() -> absl::Status {
+      auto text = SampleStatus(sample, node);
+      if (!text.ok()) return text.status();
+      text->push_back('\n');
+      std::fwrite(text->data(), 1, text->size(), stdout);
+      return absl::OkStatus();
+    });
+  }
   if (config_path.empty()) {
     if (WorldRank() == 0) {
       std::fprintf(stderr, "ptworker: error: --config is required\n");
@@ -239,7 +498,6 @@ int Run(int argc, char** argv) {
   std::unique_ptr<ptrain::ParallelDims> dims;
   std::unique_ptr<ptrain::Trainer> trainer;
   std::unique_ptr<ptrain::RankMetrics> metrics;
-  const int ranks_on_node = RanksOnNode();
   const auto set_up = [&]() -> absl::Status {
     // Under ptcoord every rank reports to the coordinator (rank 0 its
     // progress, each rank its metrics endpoint); standalone, nobody.
@@ -263,17 +521,20 @@ int Run(int argc, char** argv) {
         spdlog::warn("{}", w);
       }
     }
+    SetThreads(spec->resources().threads_per_rank(), node);
     ptrain::TrainerOptions options;
     options.log_json_path = log_json;
     options.peak_flops = peak_gflops * 1e9;
     options.resume_from = resume_from;
+    // Refused now rather than failing at its first clashing save.
+    options.refuse_other_runs_steps = true;
     auto fs = ptrain::ConfinedFs::FromEnvironment();
     if (!fs.ok()) return fs.status();
     options.fs = *fs;
     auto uid = JobUid();
     if (!uid.ok()) return uid.status();
     options.job_uid = *uid;
-    options.ranks_on_node = ranks_on_node;
+    options.ranks_on_node = node.ranks;
     // Test hooks (tests/): pause mid checkpoint write; stop progressing.
     if (auto s = EnvNumber("PTRAIN_TEST_CHECKPOINT_PAUSE_S",
                            &options.save.pause_mid_write_s);
@@ -333,6 +594,7 @@ int Run(int argc, char** argv) {
     }
   }
   absl::Status done;
+  g_training.store(true);
   try {
     done = trainer->Run();
   } catch (const std::bad_alloc&) {
@@ -340,6 +602,7 @@ int Run(int argc, char** argv) {
   } catch (const std::exception& e) {
     done = absl::InternalError(absl::StrCat("training failed: ", e.what()));
   }
+  g_training.store(false);
   if (!done.ok()) {
     // Other ranks may be inside a collective: take the whole job down.
     std::fprintf(stderr, "ptworker: error on rank %d: %s\n", WorldRank(),
@@ -354,9 +617,12 @@ int Run(int argc, char** argv) {
 int main(int argc, char** argv) {
   // SIGUSR1 asks for a checkpoint and a stop (the trainer looks at the flag
   // after every step); from the start, as it would end the rank otherwise.
+  // SIGINT and SIGTERM too, while training (WaitForStopSignals).
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGUSR1);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   std::thread(WaitForStopSignals, stop_signals).detach();
   int provided = 0;

@@ -190,12 +190,15 @@ class PtworkerMpiLayouts : public PtworkerMpi {
         std::to_string(n_layer) +
         " --set model.n_embd=64 --set model.block_size=32 "
         "--set parallel.microbatches=4 ";
-    const Result one = Mpirun(1, args);
+    // Two runs: each saves its own checkpoints (one folder each).
+    const Result one = Mpirun(
+        1, args + "--set checkpoint.dir=" + (dir_ / "ck-one").string() + " ");
     ASSERT_EQ(one.code, 0) << one.err;
     const auto loss1 = Records("eval", "val_loss");
     const auto text1 = Records("sample", "text");
     fs::remove(log_);
-    const Result many = Mpirun(n, args + layout);
+    const Result many = Mpirun(n, args + layout + " --set checkpoint.dir=" +
+                                      (dir_ / "ck-many").string());
     ASSERT_EQ(many.code, 0) << many.err;
     const auto loss2 = Records("eval", "val_loss");
     const auto text2 = Records("sample", "text");

@@ -4,6 +4,7 @@
 // never an abort; a tiny good run writes the run log.
 #include <gtest/gtest.h>
 #include <openssl/evp.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "common/spec.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/shell.h"
 #include "worker/engine/checkpoint.h"
@@ -94,10 +96,13 @@ class PtworkerCli : public ::testing::Test {
     log_ = (dir_ / "run.jsonl").string();
   }
   void TearDown() override { fs::remove_all(dir_); }
+  // Checkpoints go under dir_ unless a test says otherwise: never into the
+  // example's folder of the checkout, which holds a user's runs.
   std::string Base() const {
     return std::string("--config ") + PT_SOURCE_DIR +
            "/examples/shakespeare-char.yaml --log-json " + log_ +
-           " --peak-gflops 100 ";
+           " --peak-gflops 100 --set checkpoint.dir=" +
+           (dir_ / "checkpoints").string() + " ";
   }
   // A small, fast model.
   std::string Small() const {
@@ -546,6 +551,300 @@ TEST_F(ConfinedPtworker, InitFromSymlinkedOutsideIsRefused) {
           " --set model.init_from=llmc:" + (root_ / "model.bin").string()),
       "model.init_from: '" + (root_ / "model.bin").string() +
           "' leads outside the data roots");
+}
+
+// Standalone runs of two models in one folder (as the README's examples
+// once were): each keeps what it saved however their steps interleave, and
+// `latest` passes over the other model's newer checkpoint, saying so.
+TEST_F(PtworkerCli, StandaloneRunsOfTwoModelsSharingAFolderKeepEachOthers) {
+  const fs::path ckpt = dir_ / "shared";
+  const std::string a = Small() + "--set checkpoint.keep_last=1 " +
+                        "--set checkpoint.dir=" + ckpt.string() + " ";
+  const std::string b = a + "--set model.n_layer=2 ";
+  ASSERT_EQ(
+      RunPtworker(a + "--set train.steps=4 --set checkpoint.every=2").code, 0);
+  const Result r =
+      RunPtworker(b + "--set train.steps=3 --set checkpoint.every=1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(ckpt / "step-00000004" / "manifest.sha256"));
+  EXPECT_TRUE(fs::exists(ckpt / "step-00000003" / "manifest.sha256"));
+  fs::remove(log_);
+  const Result resumed = RunPtworker(
+      b + "--set train.steps=5 --set checkpoint.every=5 --resume-from latest");
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("resume: skipping checkpoint '" +
+                             (ckpt / "step-00000004").string() +
+                             "' does not fit the model"),
+            std::string::npos)
+      << resumed.err;
+  EXPECT_NE(resumed.err.find("resumed from '" +
+                             (ckpt / "step-00000003").string() + "' at step 3"),
+            std::string::npos)
+      << resumed.err;
+  // b's run went on as itself: it pruned its own step 3, not a's step 4.
+  EXPECT_TRUE(fs::exists(ckpt / "step-00000004"));
+  EXPECT_FALSE(fs::exists(ckpt / "step-00000003"));
+  EXPECT_TRUE(fs::exists(ckpt / "step-00000005"));
+}
+
+// A fresh run into a folder where another run has a checkpoint at a step
+// it would save could not save that step (no run overwrites another's): it
+// is refused before it trains, so that no work is lost, and the other
+// run's checkpoint stays as it was.
+TEST_F(PtworkerCli,
+       AFreshRunThatWouldClashWithAnotherRunsStepIsRefusedAtStart) {
+  const fs::path ckpt = dir_ / "shared";
+  const std::string a = Small() + "--set checkpoint.dir=" + ckpt.string() +
+                        " --set train.steps=2 --set checkpoint.every=2 ";
+  ASSERT_EQ(RunPtworker(a).code, 0);
+  const fs::path kept = ckpt / "step-00000002" / "manifest.json";
+  const std::string before = ReadAll(kept);
+  fs::remove(log_);
+  ExpectRefused(RunPtworker(a + "--set model.n_layer=2"),
+                "holds step-00000002");
+  EXPECT_EQ(ReadAll(kept), before);
+  // Going on from that run is what the message offers, and it works.
+  const Result resumed =
+      RunPtworker(a + "--set train.steps=4 --resume-from latest");
+  EXPECT_EQ(resumed.code, 0) << resumed.err;
+}
+
+TEST_F(PtworkerCli, TextThatIsNotUtf8IsOneErrorLineNamingItsFirstBadByte) {
+  const fs::path text = dir_ / "latin1.txt";
+  std::ofstream(text, std::ios::binary) << "caf\xE9\n" << std::string(500, 'x');
+  ExpectRefused(RunPtworker(Small() + "--set data.path=" + text.string()),
+                "data.path: '" + text.string() +
+                    "' is not UTF-8 text: byte 0xE9 at byte offset 3 (line 1)");
+}
+
+// Accents, CJK and emoji: the run trains and samples whole characters, and
+// its log is UTF-8 JSON.
+TEST_F(PtworkerCli, UnicodeTextTrainsAndItsSampleIsUtf8) {
+  const fs::path text = dir_ / "mixed.txt";
+  {
+    std::ofstream out(text);
+    for (int i = 0; i < 40; ++i) out << "Café déjà vu — 東京 😀🚀 naïve\n";
+  }
+  const Result r =
+      RunPtworker(Small() + "--set data.path=" + text.string() +
+                  " --set train.steps=3 --set train.sample_tokens=80 "
+                  "--set train.sample_prompt=Café --set model.block_size=16");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream in(log_);
+  std::string line, sample;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("type") == "sample") sample = j.at("text");
+  }
+  ASSERT_EQ(sample.rfind("Café", 0), 0u) << sample;
+  // Well-formed UTF-8 from the first byte to the last, no replacement.
+  EXPECT_EQ(ptrain::FirstInvalidUtf8(sample), -1) << sample;
+  EXPECT_EQ(sample.find("\uFFFD"), std::string::npos) << sample;
+}
+
+// Starts `env` ptworker `args` with train.steps=1000000 in the background,
+// its stdout and stderr in `out`, and waits (a bounded while) until its run
+// log `log` holds a step record; for the caller to signal and reap. -1 when
+// no step came.
+pid_t StartTraining(const std::string& args, const std::string& env,
+                    const fs::path& out, const std::string& log) {
+  const std::string cmd = "exec env " + env + " " + PTWORKER_PATH + " " + args +
+                          " --set train.steps=1000000 >" + out.string() +
+                          " 2>&1";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  for (int i = 0; i < 1200; ++i) {
+    if (fs::exists(log) &&
+        ReadAll(log).find("\"type\":\"step\"") != std::string::npos) {
+      return pid;
+    }
+    usleep(100000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+// Ctrl-C on a training rank saves the step it is in and ends it as SIGUSR1
+// does: exit 3, that step's checkpoint committed, a "stop" record last.
+TEST_F(PtworkerCli, FirstSigintStopsAfterTheStepWithItsCheckpointExitThree) {
+  const fs::path ckpt = dir_ / "ck";
+  const pid_t pid =
+      StartTraining(Small() + "--set checkpoint.dir=" + ckpt.string(), "",
+                    dir_ / "out.txt", log_);
+  ASSERT_GT(pid, 0) << ReadAll(dir_ / "out.txt");
+  kill(pid, SIGINT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const std::string out = ReadAll(dir_ / "out.txt");
+  ASSERT_TRUE(WIFEXITED(status)) << "ended by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 3) << out;
+  const auto records = Records(log_);
+  ASSERT_FALSE(records.empty());
+  EXPECT_EQ(records.back().first, "stop");
+  const int64_t step = records.back().second;
+  EXPECT_LT(Position(records, "checkpoint", step), records.size());
+  EXPECT_TRUE(
+      fs::exists(ckpt / absl::StrFormat("step-%08d", step) / "manifest.sha256"))
+      << out;
+  EXPECT_NE(out.find("SIGINT: stopping after this step"), std::string::npos)
+      << out;
+}
+
+// A second SIGTERM does not wait for the save the first one started (held
+// here for 120 s by the test hook): exit 143 at once, the half-written
+// checkpoint left uncommitted.
+TEST_F(PtworkerCli, SecondSigtermExitsAtOnceWithoutWaitingForTheSave) {
+  const fs::path ckpt = dir_ / "ck";
+  const pid_t pid = StartTraining(
+      Small() + "--set checkpoint.dir=" + ckpt.string(),
+      "PTRAIN_TEST_CHECKPOINT_PAUSE_S=120", dir_ / "out.txt", log_);
+  ASSERT_GT(pid, 0) << ReadAll(dir_ / "out.txt");
+  kill(pid, SIGTERM);
+  bool saving = false;
+  for (int i = 0; i < 1200 && !saving; ++i) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(ckpt, ec)) {
+      saving = saving || fs::exists(e.path() / "shard-00000.bin");
+    }
+    if (!saving) usleep(100000);
+  }
+  ASSERT_TRUE(saving) << "the save never started\n"
+                      << ReadAll(dir_ / "out.txt");
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << "ended by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM) << ReadAll(dir_ / "out.txt");
+  const auto committed = ptrain::ListCheckpoints(ckpt.string());
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_TRUE(committed->empty());
+}
+
+// ptworker `args`: its exit code and stderr, and its stdout.
+std::pair<Result, std::string> RunPtworkerStdout(const std::string& args,
+                                                 const fs::path& out) {
+  const Result r =
+      ptrain::testing::RunShell(std::string("{ ") + PTWORKER_PATH + " " + args +
+                                    " >" + out.string() + "; }",
+                                out.string() + ".err");
+  return {r, ReadAll(out)};
+}
+
+// `ptworker sample` draws from a checkpoint's model with no data file:
+// with the job's settings the very text its run logged at that step, with
+// a prompt a text that continues it; a folder that is not a checkpoint is
+// one error line, exit 2, nothing on stdout.
+TEST_F(PtworkerCli, SampleFromACheckpointRepeatsTheRunsSampleAndTakesAPrompt) {
+  const fs::path ckpt = dir_ / "ck";
+  ASSERT_EQ(RunPtworker(Small() +
+                        "--set train.steps=4 --set train.sample_tokens=40 "
+                        "--set checkpoint.dir=" +
+                        ckpt.string())
+                .code,
+            0);
+  std::string logged;
+  std::istringstream in(ReadAll(log_));
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("type") == "sample") logged = j.at("text");
+  }
+  ASSERT_FALSE(logged.empty());
+  const std::string step4 = (ckpt / "step-00000004").string();
+  const fs::path out = dir_ / "sample.txt";
+  auto [r, text] = RunPtworkerStdout("sample --checkpoint " + step4, out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(text, logged + "\n");
+
+  std::tie(r, text) = RunPtworkerStdout(
+      "sample --checkpoint " + step4 +
+          " --prompt 'JULIET: ' --tokens 25 --temperature 0.8 --top-k 10",
+      out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(text.rfind("JULIET: ", 0), 0u) << text;
+  EXPECT_GT(text.size(), std::string("JULIET: \n").size()) << text;
+
+  fs::remove(log_);  // ExpectRefused: a refusal writes no log
+  std::tie(r, text) =
+      RunPtworkerStdout("sample --checkpoint " + (dir_ / "nope").string(), out);
+  ExpectRefused(
+      r, "--checkpoint " + (dir_ / "nope").string() + ": no such folder");
+  EXPECT_EQ(text, "");
+  SetManifestStep(step4, -5);
+  std::tie(r, text) = RunPtworkerStdout("sample --checkpoint " + step4, out);
+  ExpectRefused(r, "is damaged: step=-5");
+  EXPECT_EQ(text, "");
+}
+
+// An MFU above 100% is never shown without saying that the peak it
+// divides by is too low (here a --peak-gflops far below any CPU's): one
+// warning naming the value.
+TEST_F(PtworkerCli, MfuAboveOneIsWarnedOnceNamingTheTooLowPeak) {
+  std::string args = Small() + "--set train.steps=5 --set train.log_every=1";
+  const size_t peak = args.find("--peak-gflops 100 ");
+  ASSERT_NE(peak, std::string::npos);
+  args.replace(peak, std::string("--peak-gflops 100").size(),
+               "--peak-gflops 0.001");
+  const Result r = RunPtworker(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string warning =
+      "is above 100%: --peak-gflops 0.001 is below what this rank reaches";
+  const size_t at = r.err.find(warning);
+  ASSERT_NE(at, std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find(warning, at + 1), std::string::npos) << r.err;
+}
+
+// CPUs this test may run on: those its ranks share.
+int Cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  sched_getaffinity(0, sizeof(set), &set);
+  return CPU_COUNT(&set);
+}
+
+// Two data-parallel ranks of a small model on this machine, unbound (as
+// mpirun leaves more than two), `env` set.
+Result TwoRanks(const std::string& args, const std::string& env) {
+  const fs::path err_file =
+      fs::temp_directory_path() /
+      ("ptworker_cli_mpi_" + std::to_string(::getpid()) + ".txt");
+  return ptrain::testing::RunShell(
+      "env " + env + " OMPI_MCA_mpi_yield_when_idle=1 " + MPIEXEC +
+          " --allow-run-as-root --oversubscribe --bind-to none --mca btl "
+          "self,vader,tcp -n 2 " +
+          PTWORKER_PATH + " " + args +
+          " --set parallel.dp=2 --set train.steps=2",
+      err_file.string());
+}
+
+TEST_F(PtworkerCli, WithoutAThreadCountEachRankTakesItsShareOfTheCores) {
+  const Result r = TwoRanks(Small(), "-u OMP_NUM_THREADS");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const int share = std::max(1, Cores() / 2);
+  EXPECT_NE(r.err.find(absl::StrFormat("), %d threads, ", share)),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("oversubscribed"), std::string::npos) << r.err;
+}
+
+TEST_F(PtworkerCli, ThreadCountOversubscribingTheCoresIsWarnedWithTheNumbers) {
+  const int cores = Cores();
+  const Result r =
+      TwoRanks(Small(), "OMP_NUM_THREADS=" + std::to_string(cores));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find(absl::StrFormat(
+                "threads: 2 rank(s) on this machine x %d threads each "
+                "(OMP_NUM_THREADS) = %d threads on %d cores: oversubscribed",
+                cores, 2 * cores, cores)),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find(absl::StrFormat("set OMP_NUM_THREADS=%d",
+                                       std::max(1, cores / 2))),
+            std::string::npos)
+      << r.err;
 }
 
 }  // namespace

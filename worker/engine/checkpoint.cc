@@ -10,7 +10,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
+#include <functional>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -23,6 +26,7 @@
 #include "common/checkpoint_commit.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
+#include "worker/engine/data.h"
 
 namespace ptrain {
 
@@ -34,8 +38,11 @@ namespace {
 // Checksum granularity: a reader verifies whole chunks, so this bounds how
 // much it reads beyond the slices it needs.
 constexpr int64_t kChunkBytes = 64 << 10;
-// 2: manifest.sha256 and job_uid (docs/checkpoints.md).
-constexpr char kFormat[] = "ptrain-checkpoint-3";
+// The format written: 4 records the char tokenizer's vocabulary as the
+// UTF-8 of its code points. 3, read too, recorded one byte per character
+// (docs/checkpoints.md has the history).
+constexpr char kFormat[] = "ptrain-checkpoint-4";
+constexpr char kByteVocabFormat[] = "ptrain-checkpoint-3";
 constexpr const char* kManifest = kManifestFile;
 constexpr const char* kDigestFile = kManifestDigestFile;
 constexpr char kField[] = "checkpoint.dir";
@@ -60,6 +67,8 @@ constexpr size_t kMaxShardsPerTensor = 1 << 14;
 constexpr size_t kMaxNameLength = 256;
 constexpr size_t kMaxUidLength = 128;
 constexpr int64_t kMaxSpecBytes = 1 << 20;
+// A character is at most four bytes of UTF-8.
+constexpr int64_t kMaxVocabBytes = int64_t{4} * CharTokenizer::kMaxSize;
 constexpr int kMaxJsonDepth = 16;
 
 std::string Errno(const std::string& what, const std::string& path) {
@@ -218,6 +227,19 @@ absl::Status String(const json& obj, absl::string_view where,
   return absl::OkStatus();
 }
 
+// A 64-bit hash written by Hex: exactly 16 lowercase hex digits.
+bool Hex64(const json& h, uint64_t* out) {
+  if (!h.is_string()) return false;
+  const std::string& s = h.get_ref<const std::string&>();
+  return s.size() == 16 &&
+         std::all_of(s.begin(), s.end(),
+                     [](char ch) {
+                       return (ch >= '0' && ch <= '9') ||
+                              (ch >= 'a' && ch <= 'f');
+                     }) &&
+         absl::SimpleHexAtoi(s, out);
+}
+
 // "shard-RRRRR.bin" (5 or more digits) -> R, or -1.
 int64_t ShardNumber(absl::string_view name) {
   constexpr absl::string_view kPrefix = "shard-", kSuffix = ".bin";
@@ -356,26 +378,28 @@ double Agree(Communicator* world, double x) {
 }
 
 json MetaToJson(const CheckpointMeta& m) {
-  return {{"step", m.step},
-          {"tokens_seen", m.tokens_seen},
-          {"optimizer_step", m.optimizer_step},
-          {"sampler", {{"seed", m.seed}, {"next_step", m.step}}},
-          {"rng", {{"kind", "philox4x32-10"}, {"seed", m.seed}}},
-          {"model",
-           {{"n_layer", m.model.n_layer},
-            {"n_head", m.model.n_head},
-            {"n_embd", m.model.n_embd},
-            {"block_size", m.model.block_size},
-            {"vocab_size", m.model.vocab_size}}},
-          {"vocab", m.vocab},
-          {"spec", m.spec_yaml},
-          {"job_uid", m.job_uid},
-          {"layout",
-           {{"dp", m.dp},
-            {"tp", m.tp},
-            {"pp", m.pp},
-            {"zero", m.zero},
-            {"world", m.world}}}};
+  json j = {{"step", m.step},
+            {"tokens_seen", m.tokens_seen},
+            {"optimizer_step", m.optimizer_step},
+            {"sampler", {{"seed", m.seed}, {"next_step", m.step}}},
+            {"rng", {{"kind", "philox4x32-10"}, {"seed", m.seed}}},
+            {"model",
+             {{"n_layer", m.model.n_layer},
+              {"n_head", m.model.n_head},
+              {"n_embd", m.model.n_embd},
+              {"block_size", m.model.block_size},
+              {"vocab_size", m.model.vocab_size}}},
+            {"vocab", m.vocab},
+            {"spec", m.spec_yaml},
+            {"job_uid", m.job_uid},
+            {"layout",
+             {{"dp", m.dp},
+              {"tp", m.tp},
+              {"pp", m.pp},
+              {"zero", m.zero},
+              {"world", m.world}}}};
+  if (m.data_digest.has_value()) j["data_digest"] = Hex(*m.data_digest);
+  return j;
 }
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
@@ -434,6 +458,45 @@ absl::StatusOr<std::string> CheckpointJobUid(const std::string& dir,
   return it->get<std::string>();
 }
 
+std::string NewRunUid(Communicator* world) {
+  // Drawn on rank 0, summed over the world (the others add zeros): every
+  // rank records the same id. Both numbers are exact in a double.
+  double drawn[2] = {0, 0};
+  if (world == nullptr || world->rank() == 0) {
+    std::random_device random;
+    drawn[0] = static_cast<double>(std::time(nullptr));
+    drawn[1] = static_cast<double>(random());
+  }
+  if (world != nullptr && world->size() > 1) world->AllReduce(drawn, 2);
+  const auto when = static_cast<std::time_t>(drawn[0]);
+  std::tm utc{};
+  gmtime_r(&when, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &utc);
+  return absl::StrFormat("run-%s-%08x", stamp, static_cast<uint32_t>(drawn[1]));
+}
+
+absl::StatusOr<std::vector<std::string>> OtherRunsCheckpointsAt(
+    const std::string& root, const std::string& run_uid,
+    const std::function<bool(int64_t)>& will_save, const ConfinedFs& fs) {
+  auto all = ListCheckpoints(root, fs);
+  if (!all.ok()) return all.status();
+  std::vector<std::string> others;
+  for (auto it = all->rbegin(); it != all->rend(); ++it) {
+    const std::string name = fs::path(*it).filename().string();
+    if (!will_save(StepNumber(name))) continue;
+    // One whose owner cannot be read is left alone when its step comes
+    // (PrepareSave), so it is no obstacle.
+    auto owner = CheckpointJobUid(*it, fs);
+    if (owner.ok() && *owner != run_uid) {
+      others.push_back(absl::StrCat(
+          name, " (",
+          owner->empty() ? "a run without an id" : "'" + *owner + "'", ")"));
+    }
+  }
+  return others;
+}
+
 namespace {
 
 // A save's folders: root/step-N, written as root/step-N.tmp.
@@ -459,10 +522,12 @@ absl::StatusOr<bool> PrepareSave(const SaveFolders& f,
         // another job's, which is never touched.
         auto owner = CheckpointJobUid(f.final_dir, cfs);
         if (owner.ok() && *owner != meta.job_uid) {
-          return absl::FailedPreconditionError(
-              absl::StrCat(kField, ": ", f.final_dir, " belongs to job '",
-                           *owner, "', not to this job '", meta.job_uid,
-                           "'; two jobs must not share a checkpoint folder"));
+          return absl::FailedPreconditionError(absl::StrCat(
+              kField, ": ", f.final_dir, " belongs to job '", *owner,
+              "', not to this job or run '", meta.job_uid,
+              "'; two must not save the same step in one checkpoint folder "
+              "(give this one a folder of its own: --set "
+              "checkpoint.dir=...)"));
         }
         if (!owner.ok()) {
           spdlog::warn("checkpoint: leaving {} as it is: {}", f.final_dir,
@@ -777,10 +842,11 @@ absl::Status CheckpointReader::Load(const json& m) {
   };
   std::string format;
   if (auto s = String(m, "", "format", 64, &format); !s.ok()) return fail(s);
-  if (format != kFormat) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint ", dir_, " has format ", Quote(format),
-                     "; this ptworker reads ", kFormat));
+  const bool byte_vocab = format == kByteVocabFormat;
+  if (format != kFormat && !byte_vocab) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", dir_, " has format ", Quote(format),
+        "; this ptworker reads ", kFormat, " and ", kByteVocabFormat));
   }
   CheckpointMeta& meta = meta_;
   absl::Status s = absl::OkStatus();
@@ -810,20 +876,40 @@ absl::Status CheckpointReader::Load(const json& m) {
     return Damaged(absl::StrCat("model.n_head=", c.n_head,
                                 " does not divide model.n_embd=", c.n_embd));
   }
-  check(String(m, "", "vocab", 256, &meta.vocab));
+  check(String(m, "", "vocab", byte_vocab ? 256 : kMaxVocabBytes, &meta.vocab));
   check(String(m, "", "spec", kMaxSpecBytes, &meta.spec_yaml));
   if (!s.ok()) return fail(s);
-  if (!meta.vocab.empty() &&
-      static_cast<int64_t>(meta.vocab.size()) != c.vocab_size) {
-    return Damaged(
-        absl::StrCat("vocab has ", meta.vocab.size(),
-                     " characters but model.vocab_size=", c.vocab_size));
+  if (!meta.vocab.empty()) {
+    if (byte_vocab) {
+      // One byte a character, in byte order: as code points U+0000..U+00FF
+      // (the same text for the ASCII vocabularies such checkpoints hold).
+      std::string utf8;
+      for (unsigned char b : meta.vocab) AppendChar(b, &utf8);
+      meta.vocab = std::move(utf8);
+    }
+    auto vocab = CharTokenizer::FromVocab(meta.vocab);
+    if (!vocab.ok()) {
+      return Damaged("vocab: " + std::string(vocab.status().message()));
+    }
+    if (vocab->size() != c.vocab_size) {
+      return Damaged(
+          absl::StrCat("vocab has ", vocab->size(),
+                       " characters but model.vocab_size=", c.vocab_size));
+    }
   }
   if (m.contains("job_uid")) {
     if (auto st = String(m, "", "job_uid", kMaxUidLength, &meta.job_uid);
         !st.ok()) {
       return fail(st);
     }
+  }
+  // Absent (format 3, or a writer that did not know the data): unknown.
+  if (auto it = m.find("data_digest"); it != m.end()) {
+    uint64_t d = 0;
+    if (!Hex64(*it, &d)) {
+      return Damaged("data_digest is not 16 lowercase hex digits");
+    }
+    meta.data_digest = d;
   }
   auto layout = ObjectAt(m, "", "layout");
   if (!layout.ok()) return fail(layout.status());
@@ -882,16 +968,7 @@ absl::Status CheckpointReader::Load(const json& m) {
     info.chunks.reserve(n_chunks);
     for (const json& h : **hashes) {
       uint64_t v = 0;
-      const bool hex = h.is_string() &&
-                       h.get_ref<const std::string&>().size() == 16 &&
-                       std::all_of(h.get_ref<const std::string&>().begin(),
-                                   h.get_ref<const std::string&>().end(),
-                                   [](char ch) {
-                                     return (ch >= '0' && ch <= '9') ||
-                                            (ch >= 'a' && ch <= 'f');
-                                   }) &&
-                       absl::SimpleHexAtoi(h.get_ref<const std::string&>(), &v);
-      if (!hex) {
+      if (!Hex64(h, &v)) {
         return Damaged(absl::StrCat(where, ".xxh64_chunks[", info.chunks.size(),
                                     "] is not 16 lowercase hex digits"));
       }

@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -46,11 +47,17 @@ struct CheckpointMeta {
   int64_t optimizer_step = 0;  // AdamW's t (bias correction)
   uint64_t seed = 0;  // data sampler and sampling: pure in (seed, step)
   GptConfig model;
-  std::string vocab;      // char tokenizer's characters; "" for token files
+  // The char tokenizer's characters in id order, as UTF-8 (CharTokenizer::
+  // vocab()); "" for token files.
+  std::string vocab;
+  // TokenData::digest of the data it was trained on; unset when not
+  // recorded (format 3), and then not written.
+  std::optional<uint64_t> data_digest;
   std::string spec_yaml;  // the JobSpec that wrote it
   int dp = 1, tp = 1, pp = 1, zero = 0, world = 1;
-  // The coordinator's globally unique id of the job that wrote it
-  // ($PTRAIN_JOB_UID); "" when written outside a coordinator.
+  // Whose it is: the coordinator's globally unique id of the job that wrote
+  // it ($PTRAIN_JOB_UID), or the id of the standalone run that did
+  // (NewRunUid); "" when a standalone run wrote it before runs had ids.
   std::string job_uid;
 };
 
@@ -73,8 +80,8 @@ class TensorSource {
 };
 
 struct SaveOptions {
-  // Prune to this many committed checkpoints of this job (meta.job_uid);
-  // 0 keeps all. Another job's checkpoints are never removed.
+  // Prune to this many committed checkpoints of this job or run
+  // (meta.job_uid); 0 keeps all. Another's checkpoints are never removed.
   int keep_last = 0;
   // Test hook, set only from the environment: sleep this long halfway
   // through writing the shard, so a test can kill the process mid-save.
@@ -157,6 +164,21 @@ absl::StatusOr<std::vector<std::string>> ListCheckpoints(
 // without verifying the rest: for deciding whose a checkpoint is.
 absl::StatusOr<std::string> CheckpointJobUid(
     const std::string& dir, const ConfinedFs& fs = ConfinedFs());
+
+// A new id for a run outside a coordinator, "run-YYYYMMDD-HHMMSS-xxxxxxxx"
+// (UTC start, 32 random bits): its checkpoints' job_uid, so that it prunes
+// only what it wrote. Collective over `world` (null: one rank): every rank
+// gets rank 0's.
+std::string NewRunUid(Communicator* world);
+
+// The committed checkpoints under root, oldest first, whose step
+// `will_save` accepts and whose manifest names another owner than
+// `run_uid`: "step-N ('OWNER')". A run cannot save those steps (SaveCheckpoint
+// refuses to overwrite another's), which a run can say at its start.
+absl::StatusOr<std::vector<std::string>> OtherRunsCheckpointsAt(
+    const std::string& root, const std::string& run_uid,
+    const std::function<bool(int64_t)>& will_save,
+    const ConfinedFs& fs = ConfinedFs());
 
 class CheckpointReader : public TensorSource {
  public:

@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -14,16 +15,48 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/check.h"
 #include "common/spec.h"
+#include "unicode/utf8.h"
 #include "worker/engine/rng.h"
 
 namespace ptrain {
 
 namespace {
+
+constexpr char32_t kMaxCodePoint = 0x10FFFF;
+
+// Calls f(c, offset) for each character of `text` in order, c its code
+// point, or negative for a byte sequence that is not UTF-8 (ICU's U8_NEXT
+// decides, so overlong forms and surrogates are not characters), until f
+// returns false. ICU indexes with int32_t: a text is walked in windows of
+// at most 1 GiB, each left where a character begins.
+template <typename F>
+void ForEachChar(std::string_view text, F&& f) {
+  constexpr size_t kWindow = size_t{1} << 30;
+  const auto* s = reinterpret_cast<const uint8_t*>(text.data());
+  size_t base = 0;
+  while (base < text.size()) {
+    const size_t left = text.size() - base;
+    const auto n = static_cast<int32_t>(std::min(left, kWindow));
+    // Short of a window's end by U8_MAX_LENGTH - 1 bytes, a character
+    // begun there ends inside it.
+    const int32_t stop = left <= kWindow ? n : n - (U8_MAX_LENGTH - 1);
+    int32_t i = 0;
+    while (i < stop) {
+      const int32_t at = i;
+      UChar32 c = 0;
+      U8_NEXT(s + base, i, n, c);
+      if (!f(c, base + at)) return;
+    }
+    base += i;
+  }
+}
 
 constexpr int32_t kTokenMagic = 20240520;
 constexpr int32_t kTokenVersion = 1;
@@ -234,7 +267,31 @@ int64_t LongestShard(const TokenShards& shards) {
   return most;
 }
 
+// XXH64 over each split's tokens, then its token count.
+uint64_t TokenDigest(const TokenShards& train, const TokenShards& val) {
+  XXH64_state_t* state = XXH64_createState();
+  XXH64_reset(state, 0);
+  for (const TokenShards* split : {&train, &val}) {
+    uint64_t count = 0;
+    for (const TokenStream& s : *split) {
+      XXH64_update(state, s.data(), s.size() * sizeof(uint16_t));
+      count += s.size();
+    }
+    XXH64_update(state, &count, sizeof(count));
+  }
+  const uint64_t digest = XXH64_digest(state);
+  XXH64_freeState(state);
+  return digest;
+}
+
 }  // namespace
+
+void AppendChar(char32_t c, std::string* out) {
+  char buf[U8_MAX_LENGTH];
+  int32_t n = 0;
+  U8_APPEND_UNSAFE(buf, n, c);
+  out->append(buf, n);
+}
 
 absl::StatusOr<std::vector<uint16_t>> ParseTokenFile(absl::string_view b,
                                                      absl::string_view field,
@@ -337,29 +394,92 @@ absl::StatusOr<TokenStream> TokenStream::MapTokenFile(int fd,
   return out;
 }
 
-CharTokenizer::CharTokenizer(std::string vocab) : vocab_(std::move(vocab)) {
-  std::fill(std::begin(id_of_), std::end(id_of_), -1);
-  for (size_t i = 0; i < vocab_.size(); ++i) {
-    id_of_[static_cast<unsigned char>(vocab_[i])] = static_cast<int>(i);
-  }
+CharTokenizer::CharTokenizer(std::string_view vocab) {
+  ForEachChar(vocab, [&](UChar32 c, size_t) {
+    if (c >= 0) Add(static_cast<char32_t>(c));
+    return true;
+  });
+  std::sort(index_.begin(), index_.end());
 }
 
-CharTokenizer CharTokenizer::FromText(std::string_view text) {
-  bool seen[256] = {};
-  for (unsigned char c : text) seen[c] = true;
-  std::string vocab;
-  for (int c = 0; c < 256; ++c) {
-    if (seen[c]) vocab.push_back(static_cast<char>(c));
+void CharTokenizer::Add(char32_t c) {
+  index_.emplace_back(c, static_cast<int32_t>(chars_.size()));
+  chars_.push_back(c);
+  AppendChar(c, &vocab_);
+}
+
+absl::StatusOr<CharTokenizer> CharTokenizer::FromText(std::string_view text,
+                                                      absl::string_view field,
+                                                      absl::string_view path) {
+  std::vector<bool> seen(kMaxCodePoint + 1, false);
+  int64_t bad = -1;
+  ForEachChar(text, [&](UChar32 c, size_t at) {
+    if (c < 0) {
+      bad = static_cast<int64_t>(at);
+      return false;
+    }
+    seen[c] = true;
+    return true;
+  });
+  if (bad >= 0) {
+    // Refused rather than mapped to U+FFFD: a model trained on replacement
+    // characters samples them, and the file's real encoding is one
+    // conversion away.
+    const int64_t line = 1 + std::count(text.begin(), text.begin() + bad, '\n');
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: '%s' is not UTF-8 text: byte 0x%02X at byte offset %d (line %d) "
+        "does not begin a UTF-8 character; the char tokenizer reads UTF-8 "
+        "(convert the file first, e.g. iconv -f latin1 -t utf-8)",
+        field, path, static_cast<unsigned char>(text[bad]), bad, line));
   }
-  return CharTokenizer(std::move(vocab));
+  CharTokenizer t;
+  for (char32_t c = 0; c <= kMaxCodePoint; ++c) {
+    if (!seen[c]) continue;
+    if (t.size() == kMaxSize) {
+      const auto distinct = std::count(seen.begin(), seen.end(), true);
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": '", path, "' has ", distinct,
+          " distinct characters; the char tokenizer holds at most ", kMaxSize,
+          " (token ids are 16-bit)"));
+    }
+    t.Add(c);
+  }
+  return t;  // added in code point order: index_ is sorted
+}
+
+absl::StatusOr<CharTokenizer> CharTokenizer::FromVocab(std::string_view vocab) {
+  CharTokenizer t;
+  std::string why;
+  ForEachChar(vocab, [&](UChar32 c, size_t at) {
+    if (c < 0) {
+      why = absl::StrCat("byte ", at, " does not begin a UTF-8 character");
+    } else if (!t.chars_.empty() &&
+               static_cast<char32_t>(c) <= t.chars_.back()) {
+      why = absl::StrCat(
+          "character ", t.size(), " (U+", absl::Hex(c, absl::kZeroPad4),
+          ") does not follow the one before in code point order");
+    } else if (t.size() == kMaxSize) {
+      why = absl::StrCat("it has more than ", kMaxSize, " characters");
+    } else {
+      t.Add(static_cast<char32_t>(c));
+    }
+    return why.empty();
+  });
+  if (!why.empty()) return absl::InvalidArgumentError(why);
+  return t;
 }
 
 std::vector<int32_t> CharTokenizer::Encode(std::string_view text) const {
   std::vector<int32_t> ids;
   ids.reserve(text.size());
-  for (unsigned char c : text) {
-    if (id_of_[c] >= 0) ids.push_back(id_of_[c]);
-  }
+  ForEachChar(text, [&](UChar32 c, size_t) {
+    if (c < 0) return true;
+    const auto ch = static_cast<char32_t>(c);
+    const auto it = std::lower_bound(index_.begin(), index_.end(),
+                                     std::make_pair(ch, int32_t{0}));
+    if (it != index_.end() && it->first == ch) ids.push_back(it->second);
+    return true;
+  });
   return ids;
 }
 
@@ -367,7 +487,7 @@ std::string CharTokenizer::Decode(const std::vector<int32_t>& ids) const {
   std::string out;
   out.reserve(ids.size());
   for (int32_t id : ids) {
-    if (id >= 0 && id < size()) out.push_back(vocab_[id]);
+    if (id >= 0 && id < size()) AppendChar(chars_[id], &out);
   }
   return out;
 }
@@ -379,7 +499,9 @@ absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
   if (!spec.path().empty()) {
     auto text = fs.ReadFile(spec.path(), "data.path");
     if (!text.ok()) return text.status();
-    data.tokenizer = CharTokenizer::FromText(*text);
+    auto tokenizer = CharTokenizer::FromText(*text, "data.path", spec.path());
+    if (!tokenizer.ok()) return tokenizer.status();
+    data.tokenizer = std::move(*tokenizer);
     data.has_tokenizer = true;
     data.vocab_size = data.tokenizer.size();
     if (model_vocab_size != 0 && model_vocab_size != data.vocab_size) {
@@ -407,6 +529,7 @@ absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
     data.train = std::move(*train);
     data.val = std::move(*val);
   }
+  data.digest = TokenDigest(data.train, data.val);
   // A sequence and its shifted target lie in one shard.
   const int64_t need = int64_t{block_size} + 1;
   const int64_t train = LongestShard(data.train), val = LongestShard(data.val);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -16,23 +17,51 @@
 
 namespace ptrain {
 
-// Maps each distinct byte of a text to an id in byte order.
+// Maps each distinct Unicode code point of a UTF-8 text to an id, in code
+// point order: a character of several UTF-8 bytes (é, 中, 😀) is one token,
+// so whatever ids a model samples decode to whole characters.
 class CharTokenizer {
  public:
-  CharTokenizer() = default;
-  explicit CharTokenizer(std::string vocab);  // vocab[id] is the character
-  static CharTokenizer FromText(std::string_view text);
+  // The most distinct characters: ids travel as uint16 in a TokenStream.
+  static constexpr int kMaxSize = 65535;
 
+  CharTokenizer() = default;
+  // The tokenizer whose characters, in id order, are the UTF-8 text `vocab`
+  // (vocab() of another, as a checkpoint records it; FromVocab checks one).
+  explicit CharTokenizer(std::string_view vocab);
+  // The tokenizer of `text`. InvalidArgument naming `field` and `path` when
+  // the text is not UTF-8 (with the byte offset and line of the first byte
+  // that is not) or has more than kMaxSize distinct characters.
+  static absl::StatusOr<CharTokenizer> FromText(std::string_view text,
+                                                absl::string_view field,
+                                                absl::string_view path);
+  // The tokenizer of a recorded vocabulary; InvalidArgument saying why
+  // when `vocab` is not UTF-8 or its characters are not strictly
+  // increasing code points (at most kMaxSize).
+  static absl::StatusOr<CharTokenizer> FromVocab(std::string_view vocab);
+
+  // The characters in id order, as UTF-8.
   const std::string& vocab() const { return vocab_; }
-  int size() const { return static_cast<int>(vocab_.size()); }
-  // Characters outside the vocabulary are dropped.
+  int size() const { return static_cast<int>(chars_.size()); }
+  // Characters outside the vocabulary, and bytes that are not UTF-8, are
+  // dropped.
   std::vector<int32_t> Encode(std::string_view text) const;
+  // UTF-8 whatever the ids: each id is a whole character; ids outside the
+  // vocabulary are dropped.
   std::string Decode(const std::vector<int32_t>& ids) const;
 
  private:
+  void Add(char32_t c);  // the next id's character
+
   std::string vocab_;
-  int id_of_[256];
+  std::vector<char32_t> chars_;  // chars_[id]
+  // (character, id) sorted by character: what Encode looks up.
+  std::vector<std::pair<char32_t, int32_t>> index_;
 };
+
+// Appends the character of code point `c` (a Unicode scalar value) to *out
+// as UTF-8.
+void AppendChar(char32_t c, std::string* out);
 
 // A read-only run of tokens: a vector of its own (text data), or the body
 // of an llm.c token file mapped read-only, whose pages the kernel shares
@@ -88,6 +117,10 @@ struct TokenData {
   // Set for text data: the tokenizer recorded with the model.
   bool has_tokenizer = false;
   CharTokenizer tokenizer;
+  // XXH64 of the train split's tokens and count, then the validation
+  // split's: the same only for the same tokens in the same split, wherever
+  // the files lie. Recorded in checkpoints, for `latest` to tell them apart.
+  uint64_t digest = 0;
 };
 
 // Loads the data of `spec` through `fs` (confined to the data roots),

@@ -1,12 +1,15 @@
 #include "worker/engine/metrics.h"
 
+#include <CivetServer.h>
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <cstring>
 #include <exception>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -16,6 +19,33 @@ namespace ptrain {
 namespace p8s = prometheus;
 
 namespace {
+
+// prometheus-cpp answers GET /metrics and leaves every other request to
+// civetweb, whose own error page needs more stack than a rank's civetweb
+// threads have: Debian builds civetweb with 100 KiB thread stacks, and
+// OpenBLAS's 60 KiB of static TLS lives in each of them. `curl RANK:PORT/`
+// then ended the rank with SIGSEGV (prometheus-cpp issue #739). So every
+// request but GET /metrics is answered here, before civetweb routes it: 404
+// for another path, 405 for another method; malformed requests never reach
+// this and are refused by civetweb with a 400, which fits in the stack.
+int AnswerAllButMetrics(mg_connection* conn) {
+  const mg_request_info* ri = mg_get_request_info(conn);
+  if (ri == nullptr || ri->request_method == nullptr) return 0;
+  const bool metrics =
+      ri->local_uri != nullptr && std::strcmp(ri->local_uri, "/metrics") == 0;
+  if (metrics && std::strcmp(ri->request_method, "GET") == 0) return 0;
+  const int status = metrics ? 405 : 404;
+  const std::string body = metrics ? "only GET /metrics\n"
+                                   : "not found: this rank serves /metrics\n";
+  std::string reply = absl::StrCat(
+      "HTTP/1.1 ", status,
+      metrics ? " Method Not Allowed\r\nAllow: GET" : " Not Found",
+      "\r\nContent-Type: text/plain\r\nContent-Length: ", body.size(),
+      "\r\nConnection: close\r\n\r\n");
+  if (std::strcmp(ri->request_method, "HEAD") != 0) reply += body;
+  mg_write(conn, reply.data(), reply.size());
+  return status;
+}
 
 std::map<std::string, std::string> With(std::map<std::string, std::string> a,
                                         const std::string& k,
@@ -37,7 +67,10 @@ absl::StatusOr<std::unique_ptr<RankMetrics>> RankMetrics::Start(
               {"tp_rank", std::to_string(labels.tp_rank)},
               {"pp_rank", std::to_string(labels.pp_rank)}};
   try {
-    m->exposer_ = std::make_unique<p8s::Exposer>(bind);
+    CivetCallbacks callbacks;
+    callbacks.begin_request = AnswerAllButMetrics;
+    m->exposer_ =
+        std::make_unique<p8s::Exposer>(bind, /*num_threads=*/2, &callbacks);
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("--metrics-bind ", bind, ": cannot listen: ", e.what()));

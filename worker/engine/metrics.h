@@ -36,7 +36,8 @@ struct PhaseSeconds {
 
 class RankMetrics {
  public:
-  // Serves /metrics on `bind` ("0.0.0.0:0" takes a free port).
+  // Serves GET /metrics on `bind` ("0.0.0.0:0" takes a free port); any
+  // other path is a 404, another method on /metrics a 405.
   static absl::StatusOr<std::unique_ptr<RankMetrics>> Start(
       const std::string& bind, const RankLabels& labels);
   ~RankMetrics();

@@ -19,6 +19,8 @@ class RunLog {
   RunLog& operator=(const RunLog&) = delete;
 
   // Opens (truncates) path; each Write appends one line and flushes it.
+  // Write never throws: bytes of a string that are not UTF-8 are written
+  // as U+FFFD, so every line is valid UTF-8 JSON.
   static absl::StatusOr<std::unique_ptr<RunLog>> Open(const std::string& path);
   void Write(const nlohmann::json& record);
 

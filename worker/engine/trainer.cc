@@ -13,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/check.h"
 #include "common/spec.h"
@@ -169,6 +170,19 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
                             "(see its error)")
                       : built;
   }
+  if (auto s = trainer->LoadInitialState(); !s.ok()) return s;
+  return trainer;
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::CreateWithData(
+    const v1::JobSpec& spec, const TrainerOptions& options, TokenData data) {
+  if (JobWorldSize(spec) != 1 || spec.resources().device() != "cpu") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Trainer::CreateWithData: one rank on the cpu only, not ",
+                     JobWorldSize(spec), " on ", spec.resources().device()));
+  }
+  std::unique_ptr<Trainer> trainer(new Trainer(spec, options, std::move(data),
+                                               /*dims=*/nullptr, /*gpu=*/-1));
   if (auto s = trainer->LoadInitialState(); !s.ok()) return s;
   return trainer;
 }
@@ -394,9 +408,47 @@ absl::Status Trainer::LoadInitialState() {
     }
     store_->GatherUpdatedParams();
   }
+  // Under ptcoord the job's uid names its checkpoints; a standalone run
+  // goes on as the run it resumes (so it prunes that run's older steps),
+  // else it is a run of its own.
+  run_uid_ = options_.job_uid;
+  if (absl::Status s = Resume(); !s.ok()) return s;
+  if (run_uid_.empty()) run_uid_ = NewRunUid(world());
+  // Two runs cannot save one step in one folder: the save of such a step
+  // fails. Said now rather than when the step comes; an error here would
+  // make every trainer built from a spec depend on what its folder holds.
+  const auto& ckpt = spec_.checkpoint();
+  if (ckpt.dir().empty() || !is_log_rank()) return absl::OkStatus();
+  const int64_t steps = spec_.train().steps();
+  auto others = OtherRunsCheckpointsAt(
+      ckpt.dir(), run_uid_,
+      [&](int64_t step) {
+        return step > start_step_ && step <= steps &&
+               (step == steps ||
+                (ckpt.every() > 0 && step % ckpt.every() == 0));
+      },
+      options_.fs);
+  if (others.ok() && !others->empty()) {
+    const std::string what = absl::StrCat(
+        "checkpoint.dir '", ckpt.dir(), "' holds ",
+        absl::StrJoin(*others, ", "), " of another run, at steps this run ('",
+        run_uid_,
+        "') saves, and a run never overwrites another's checkpoint. Give this "
+        "run a folder of its own (--set checkpoint.dir=...), or go on from "
+        "that run with --resume-from latest if it is of this model and data");
+    if (options_.refuse_other_runs_steps) {
+      return absl::FailedPreconditionError(what);
+    }
+    spdlog::warn("{}: those saves will fail", what);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Resume() {
   const std::string& from = options_.resume_from;
   if (from.empty()) return absl::OkStatus();
   const bool latest = from == "latest";
+  const bool standalone = options_.job_uid.empty();
   const std::string& root = spec_.checkpoint().dir();
   if (latest && root.empty()) {
     spdlog::info("resume: no checkpoint.dir, starting fresh");
@@ -418,11 +470,15 @@ absl::Status Trainer::LoadInitialState() {
   }
   const std::string field = latest ? "checkpoint.dir" : "--resume-from";
   std::string skipped;
+  bool damaged = false;
   for (const std::string& dir : candidates) {
-    // A checkpoint that does not fit the model, or is another job's, is an
-    // error, not a reason to fall back: an older one would not do either.
-    bool fatal = false;
+    // `latest` skips a checkpoint of another model or data (standalone runs
+    // of several models may share a folder) and falls back past a damaged
+    // one. Another job's, or one past train.steps, is an error: an older
+    // one would not do either. A named folder must load.
+    bool fatal = false, other = false;
     int64_t step = 0, opt_step = 0;
+    std::string owner;
     absl::Status s = [&]() -> absl::Status {
       auto reader = CheckpointReader::Open(dir, options_.fs, field);
       if (!reader.ok()) {
@@ -434,7 +490,7 @@ absl::Status Trainer::LoadInitialState() {
         return reader.status();
       }
       const CheckpointMeta& meta = (*reader)->meta();
-      if (latest && meta.job_uid != options_.job_uid) {
+      if (latest && !standalone && meta.job_uid != options_.job_uid) {
         fatal = true;
         return absl::FailedPreconditionError(absl::StrCat(
             "checkpoint '", dir, "' belongs to job '", meta.job_uid,
@@ -442,19 +498,35 @@ absl::Status Trainer::LoadInitialState() {
             "' (PTRAIN_JOB_UID); refusing to resume another job's checkpoint "
             "(give checkpoint.dir a folder of this job's own)"));
       }
+      // Not this run's model or data: skipped by `latest`, refused when
+      // named.
+      auto mismatch = [&](absl::Status why) {
+        other = latest;
+        fatal = !latest;
+        return why;
+      };
       if (auto c =
               (*reader)->CheckCompatible(model().config(), store_->layout());
           !c.ok()) {
-        fatal = true;
-        return c;
+        return mismatch(c);
       }
       if (data_.has_tokenizer && meta.vocab != data_.tokenizer.vocab()) {
-        fatal = true;
-        return absl::FailedPreconditionError(
+        return mismatch(absl::FailedPreconditionError(
             absl::StrCat("checkpoint '", dir,
                          "' was trained on another vocabulary than "
                          "data.path '",
-                         spec_.data().path(), "'"));
+                         spec_.data().path(), "'")));
+      }
+      // Named, a checkpoint may go on with other data of its vocabulary.
+      if (latest && meta.data_digest.has_value() &&
+          *meta.data_digest != data_.digest) {
+        const v1::DataSpec& d = spec_.data();
+        return mismatch(absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint '", dir, "' was trained on other data than ",
+            d.path().empty() ? "data.train_bin '" + d.train_bin()
+                             : "data.path '" + d.path(),
+            "' (data_digest ", absl::Hex(*meta.data_digest, absl::kZeroPad16),
+            ", this data's ", absl::Hex(data_.digest, absl::kZeroPad16), ")")));
       }
       if (meta.step > spec_.train().steps()) {
         fatal = true;
@@ -464,6 +536,7 @@ absl::Status Trainer::LoadInitialState() {
       }
       step = meta.step;
       opt_step = meta.optimizer_step;
+      owner = meta.job_uid;
       absl::Status loaded = LoadState(*store_, optimizer_->adam(), **reader,
                                       /*with_optimizer=*/true);
       resume_bytes_read_ = (*reader)->bytes_read();
@@ -471,19 +544,35 @@ absl::Status Trainer::LoadInitialState() {
     }();
     const bool failed = AnyRankFailed(world(), !s.ok());
     const bool any_fatal = AnyRankFailed(world(), fatal);
+    const bool any_other = AnyRankFailed(world(), other);
     if (!failed) {
       store_->GatherUpdatedParams();
       start_step_ = step;
       resumed_from_ = dir;
+      if (standalone) run_uid_ = owner;
       optimizer_->adam().set_steps_taken(opt_step);
       spdlog::info("resumed from '{}' at step {}{}", dir, step, skipped);
       return absl::OkStatus();
     }
     if (s.ok()) s = absl::DataLossError("another rank failed to read " + dir);
     if (!latest || any_fatal) return s;
+    if (any_other) {
+      spdlog::warn("resume: skipping {}", std::string(s.message()));
+      absl::StrAppend(&skipped, " (skipped ", dir,
+                      ", of another model or data)");
+      continue;
+    }
     spdlog::warn("resume: skipping damaged checkpoint '{}': {}", dir,
                  std::string(s.message()));
     absl::StrAppend(&skipped, " (skipped damaged ", dir, ")");
+    damaged = true;
+  }
+  if (!damaged) {
+    spdlog::info(
+        "resume: no checkpoint of this model and data under '{}'{}, starting "
+        "fresh",
+        root, skipped);
+    return absl::OkStatus();
   }
   return absl::DataLossError(
       absl::StrCat("resume: no intact checkpoint under '", root, "'", skipped));
@@ -498,6 +587,7 @@ CheckpointMeta Trainer::CheckpointMetaAt(int64_t step) const {
   meta.seed = spec_.train().seed();
   meta.model = chunks_.front()->config();
   if (data_.has_tokenizer) meta.vocab = data_.tokenizer.vocab();
+  meta.data_digest = data_.digest;
   meta.spec_yaml = JobSpecToYaml(spec_);
   const auto& par = spec_.parallel();
   meta.dp = par.dp();
@@ -505,7 +595,7 @@ CheckpointMeta Trainer::CheckpointMetaAt(int64_t step) const {
   meta.pp = par.pp();
   meta.zero = par.zero();
   meta.world = dims_ != nullptr ? dims_->world_size() : 1;
-  meta.job_uid = options_.job_uid;
+  meta.job_uid = run_uid_;
   return meta;
 }
 
@@ -849,9 +939,17 @@ absl::Status Trainer::Run() {
   const double peak = [&] {
     if (options_.peak_flops > 0) return options_.peak_flops;
     Busy busy(options_, "measuring the matmul peak");
-    return compute_ops() != nullptr ? MeasureMatmulPeakFlops(*compute_ops())
-                                    : MeasureSgemmPeakFlops();
+    const double measured = compute_ops() != nullptr
+                                ? MeasureMatmulPeakFlops(*compute_ops())
+                                : MeasureSgemmPeakFlops();
+    return BestPeakFlops(
+        measured,
+        PeakCacheKey(
+            compute_ops() != nullptr ? compute_ops()->name() : "cpu sgemm",
+            omp_get_max_threads()),
+        PeakCachePath());
   }();
+  bool mfu_warned = false;
   const MemoryBytes mem = memory();
   spdlog::info(
       "model: {} parameters (L={} NH={} C={} T={} V={}), {} threads, {} "
@@ -957,6 +1055,12 @@ absl::Status Trainer::Run() {
     // Model FLOPs of the global batch over the peak of every rank.
     const double mfu = flops_per_step() / r.seconds /
                        (peak * (dims_ != nullptr ? dims_->world_size() : 1));
+    if (!mfu_warned && is_log_rank()) {
+      const std::string w =
+          MfuAbovePeakWarning(mfu, peak, options_.peak_flops <= 0);
+      mfu_warned = !w.empty();
+      if (mfu_warned) spdlog::warn("step {:>6} | {}", step, w);
+    }
     if (options_.metrics != nullptr) {
       options_.metrics->OnStep(step, r.loss, r.seconds, tok_per_s, mfu,
                                r.phases);
@@ -1029,7 +1133,7 @@ absl::Status Trainer::Run() {
       }
     }
     if (stop) {
-      spdlog::warn("step {:>6} | stopping as asked (SIGUSR1){}", step,
+      spdlog::warn("step {:>6} | stopping as asked (a stop signal){}", step,
                    checkpoints ? ", after this step's checkpoint"
                                : "; no checkpoint.dir, so nothing is saved");
       emit({{"type", "stop"}, {"step", step}});

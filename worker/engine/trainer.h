@@ -45,18 +45,26 @@ struct TrainerOptions {
   // a while ("writing a checkpoint", "evaluating"), then with "" when it is
   // done (ProgressReporter::SetActivity).
   std::function<void(const std::string&)> on_activity;
-  // "" (start fresh), "latest" (newest intact checkpoint under
-  // checkpoint.dir, falling back past damaged ones; fresh if there is none;
-  // one of another job is refused) or a checkpoint folder (must load, or
-  // Create fails).
+  // "" (start fresh), "latest" (newest intact checkpoint of this model and
+  // data under checkpoint.dir, falling back past damaged ones and skipping
+  // other models' and data's; fresh if there is none; one of another job
+  // is refused) or a checkpoint folder (must load, or Create fails).
   std::string resume_from;
   SaveOptions save;  // test hooks (keep_last and fs come from spec and fs)
   // Every data file, checkpoint file and folder and model.init_from is
   // opened through this (confined to $PTRAIN_DATA_ROOTS under ptcoord).
   ConfinedFs fs;
   // The coordinator's unique id of this job ($PTRAIN_JOB_UID), recorded in
-  // every checkpoint; "latest" refuses a checkpoint with another one.
+  // every checkpoint; "latest" refuses a checkpoint with another one. ""
+  // (standalone): the run takes the id of the checkpoint it resumes, else
+  // a new one (NewRunUid).
   std::string job_uid;
+  // A checkpoint.dir holding another run's checkpoint at a step this run
+  // would save (a step it cannot save, as a run never overwrites another's):
+  // false, a warning at start and a failed save when the step comes; true
+  // (ptworker), Create refuses the run (FailedPrecondition) before it
+  // trains, so that no work is lost to it.
+  bool refuse_other_runs_steps = false;
   // Ranks of this job on this machine, and the memory they may use (unset:
   // MemAvailable). Create refuses a job whose estimate does not fit.
   int ranks_on_node = 1;
@@ -93,6 +101,14 @@ class Trainer {
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(
       const v1::JobSpec& spec, const TrainerOptions& options,
       ParallelDims* dims = nullptr);
+  // Create for one rank on the CPU (spec's world size 1, device cpu) over
+  // `data` as given instead of spec.data's files, which it neither reads
+  // nor checks: for what draws no batch, such as sampling from the
+  // options.resume_from checkpoint with the vocabulary it records (each
+  // split must still hold one sequence of block_size + 1 tokens). No
+  // memory check; InvalidArgument for another layout or device.
+  static absl::StatusOr<std::unique_ptr<Trainer>> CreateWithData(
+      const v1::JobSpec& spec, const TrainerOptions& options, TokenData data);
 
   // Trains train.steps steps with evaluation and sampling, writing the run
   // log (opened here, after every check has passed).
@@ -207,8 +223,12 @@ class Trainer {
   // simulation finds deadlock-free runs without deadlock.
   void SendCopy(const float* data, int64_t n, int peer, int tag);
   void WaitSends();
-  // Loads weights from model.init_from, then the resume_from checkpoint.
+  // Loads weights from model.init_from, then the resume_from checkpoint;
+  // sets run_uid_ and warns of another run's checkpoints where this run
+  // will save.
   absl::Status LoadInitialState();
+  // Loads the resume_from checkpoint, if any (docs/checkpoints.md, Loading).
+  absl::Status Resume();
 
   const v1::JobSpec spec_;
   TrainerOptions options_;
@@ -220,6 +240,8 @@ class Trainer {
   ScheduleKind schedule_ = ScheduleKind::k1F1B;
   int64_t start_step_ = 0, resume_bytes_read_ = 0;
   std::string resumed_from_;  // the checkpoint directory resumed from, if any
+  // Whose checkpoints this run writes and prunes (CheckpointMeta::job_uid).
+  std::string run_uid_;
   // resources.device=cuda: the GPU backend everything below runs on (null:
   // the CPU); declared first so that it outlives their buffers.
   std::unique_ptr<kernels::Ops> device_ops_;

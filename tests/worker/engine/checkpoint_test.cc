@@ -16,6 +16,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -141,6 +142,16 @@ class CheckpointTest : public ::testing::Test {
       out[e.path().string()] = XXH64(bytes.data(), bytes.size(), 0);
     }
     return out;
+  }
+  // Saving step `step` with `t` is refused (FailedPrecondition saying
+  // `needle`) and leaves the disk as it was.
+  void ExpectSaveRefused(Trainer& t, int step, const std::string& needle) {
+    const auto before = Snapshot();
+    auto clash = t.SaveCheckpointAt(step);
+    EXPECT_EQ(clash.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(clash.status().message().find(needle), std::string::npos)
+        << clash.status();
+    EXPECT_EQ(Snapshot(), before);
   }
   std::string StepDir(int step) {
     char name[32];
@@ -354,16 +365,22 @@ TEST_F(CheckpointTest, OtherModelShapeNamesTheFirstMismatchingTensor) {
   Steps(*t, 0, 2);
   ASSERT_TRUE(t->SaveCheckpointAt(2).ok());
   const auto before = Snapshot();
-  const absl::Status s = MakeStatus(Spec(4, 0, {"model.n_embd=32"}), "latest");
+  const absl::Status s =
+      MakeStatus(Spec(4, 0, {"model.n_embd=32"}), StepDir(2));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("tensor wte has shape [65, 24] in the checkpoint "
                              "but [65, 32] in the model"),
             std::string::npos)
       << s;
   const absl::Status deeper =
-      MakeStatus(Spec(4, 0, {"model.n_layer=3"}), "latest");
+      MakeStatus(Spec(4, 0, {"model.n_layer=3"}), StepDir(2));
   EXPECT_NE(deeper.message().find("it has no tensor h.2.ln_1.weight"),
             std::string::npos)
       << deeper;
+  // `latest` skips it (standalone runs of several models share folders).
+  auto fresh = Make(Spec(4, 0, {"model.n_embd=32"}), "latest");
+  ASSERT_NE(fresh, nullptr);
+  EXPECT_EQ(fresh->start_step(), 0);
   EXPECT_EQ(Snapshot(), before);
 }
 
@@ -597,6 +614,8 @@ TEST_F(CheckpointTest, EveryBadManifestNumberIsRefusedBeforeAnyRead) {
        "the manifest is not an object"},
       {"job_uid not a string", [&](json& m) { m["job_uid"] = 5; },
        "job_uid is number, not a string"},
+      {"data_digest not a hash", [&](json& m) { m["data_digest"] = "12ab"; },
+       "data_digest is not 16 lowercase hex digits"},
   };
   int n = 0;
   for (const Case& c : cases) {
@@ -665,12 +684,20 @@ TEST_F(CheckpointTest, LatestRefusesAnotherJobsCheckpointNamingBothUids) {
   EXPECT_NE(s.message().find("belongs to job 'job-a', not to this job 'job-b'"),
             std::string::npos)
       << s;
-  // Standalone (no uid) is another job too.
-  EXPECT_FALSE(MakeStatus(spec, "latest", "").ok());
   EXPECT_EQ(Snapshot(), before);
   auto same = Make(spec, "latest", "job-a");
   ASSERT_NE(same, nullptr);
   EXPECT_EQ(same->start_step(), 2);
+  // A standalone run has no job of its own to tell apart: it goes on from
+  // the newest checkpoint of its model and data, as that job.
+  auto standalone = Make(spec, "latest", "");
+  ASSERT_NE(standalone, nullptr);
+  EXPECT_EQ(standalone->start_step(), 2);
+  Steps(*standalone, 2, 4);
+  ASSERT_TRUE(standalone->SaveCheckpointAt(4).ok());
+  auto uid = CheckpointJobUid(StepDir(4));
+  ASSERT_TRUE(uid.ok());
+  EXPECT_EQ(*uid, "job-a");
 }
 
 TEST_F(CheckpointTest, JobsSharingAFolderNeverPruneOrOverwriteEachOther) {
@@ -685,13 +712,7 @@ TEST_F(CheckpointTest, JobsSharingAFolderNeverPruneOrOverwriteEachOther) {
   ASSERT_TRUE(all.ok());
   EXPECT_EQ(*all, (std::vector<std::string>{StepDir(4), StepDir(3)}));
   // Job a reaching step 4 finds b's: refused, b's left as it was.
-  const auto before = Snapshot();
-  auto clash = a->SaveCheckpointAt(4);
-  EXPECT_EQ(clash.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(clash.status().message().find("belongs to job 'job-b'"),
-            std::string::npos)
-      << clash.status();
-  EXPECT_EQ(Snapshot(), before);
+  ExpectSaveRefused(*a, 4, "belongs to job 'job-b'");
 }
 
 TEST_F(CheckpointTest, StepsPastEightDigitsAreListedInOrder) {
@@ -721,6 +742,168 @@ TEST_F(CheckpointTest, ReadOutsideATensorIsAnErrorNotAnOverflow) {
   EXPECT_EQ((*reader)->Read("wte", Box{{0}, {1}}, x).code(),
             absl::StatusCode::kInvalidArgument);  // the wrong rank
   EXPECT_TRUE((*reader)->Read("wte", Box{{64, 20}, {65, 24}}, x).ok());
+}
+
+// Standalone runs and their ids: each prunes only what it wrote, however
+// the steps of the runs sharing a folder interleave.
+TEST_F(CheckpointTest, StandaloneRunsOfTwoModelsSharingAFolderKeepEachOthers) {
+  // Model a saves steps 2 and 4 and keeps 4; model b saves 1, 2 and 3
+  // while a's step 4, newer than all of them, stands in the folder.
+  auto a = Make(Spec(4, 2, {"checkpoint.keep_last=1"}));
+  ASSERT_TRUE(a->Run().ok());
+  auto b = Make(Spec(3, 1, {"checkpoint.keep_last=1", "model.n_embd=32"}));
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(b->Run().ok());
+  auto all = ListCheckpoints(root_.string());
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(*all, (std::vector<std::string>{StepDir(4), StepDir(3)}));
+  auto a_uid = CheckpointJobUid(StepDir(4)),
+       b_uid = CheckpointJobUid(StepDir(3));
+  ASSERT_TRUE(a_uid.ok() && b_uid.ok());
+  EXPECT_EQ(a_uid->rfind("run-", 0), 0u) << *a_uid;
+  EXPECT_EQ(b_uid->rfind("run-", 0), 0u) << *b_uid;
+  EXPECT_NE(*a_uid, *b_uid);
+}
+
+TEST_F(CheckpointTest, LatestSkipsAnotherModelsNewerStepAndGoesOnAsItsRun) {
+  const std::vector<std::string> keep1 = {"checkpoint.keep_last=1"};
+  auto a = Make(Spec(2, 2, keep1));
+  ASSERT_TRUE(a->Run().ok());
+  auto a_uid = CheckpointJobUid(StepDir(2));
+  ASSERT_TRUE(a_uid.ok());
+  auto b = Make(Spec(4, 4, {"checkpoint.keep_last=1", "model.n_embd=32"}));
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(b->Run().ok());
+  // Model a again, further: b's step 4 is newer but of another model.
+  auto resumed = Make(Spec(6, 3, keep1), "latest");
+  ASSERT_NE(resumed, nullptr);
+  EXPECT_EQ(resumed->start_step(), 2);
+  ASSERT_TRUE(resumed->Run().ok());
+  // The resumed run is run a: it pruned a's steps 2 and 3, never b's 4.
+  auto all = ListCheckpoints(root_.string());
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(*all, (std::vector<std::string>{StepDir(6), StepDir(4)}));
+  auto uid = CheckpointJobUid(StepDir(6));
+  ASSERT_TRUE(uid.ok());
+  EXPECT_EQ(*uid, *a_uid);
+}
+
+TEST_F(CheckpointTest, LatestTellsDataByItsTokensNotByItsPath) {
+  fs::create_directories(root_);
+  const std::string text = ReadAll("data/tinyshakespeare.txt");
+  // The same characters in another order: the same vocabulary, other data.
+  const size_t line = text.find('\n') + 1;
+  std::ofstream(root_ / "rotated.txt")
+      << text.substr(line) << text.substr(0, line);
+  std::ofstream(root_ / "copy.txt") << text;
+  const std::string dir = "checkpoint.dir=" + (root_ / "ck").string();
+  auto t =
+      Make(Spec(2, 2, {"data.path=" + (root_ / "rotated.txt").string(), dir}));
+  ASSERT_TRUE(t->Run().ok());
+  auto other = Make(Spec(4, 0, {dir}), "latest");
+  ASSERT_NE(other, nullptr);
+  EXPECT_EQ(other->start_step(), 0);
+  // Named, it loads: the vocabulary is the same, the folder the user's
+  // choice.
+  auto named =
+      Make(Spec(4, 0, {dir}), (root_ / "ck" / "step-00000002").string());
+  ASSERT_NE(named, nullptr);
+  EXPECT_EQ(named->start_step(), 2);
+  // The tokens, under another name, are the same data.
+  auto u = Make(Spec(6, 6, {dir}));
+  ASSERT_TRUE(u->Run().ok());
+  auto same =
+      Make(Spec(8, 0, {"data.path=" + (root_ / "copy.txt").string(), dir}),
+           "latest");
+  ASSERT_NE(same, nullptr);
+  EXPECT_EQ(same->start_step(), 6);
+}
+
+TEST_F(CheckpointTest, AnotherRunsStepIsNamedAtStartAndNeverOverwritten) {
+  auto a = Make(Spec(4, 2));
+  ASSERT_TRUE(a->Run().ok());
+  auto a_uid = CheckpointJobUid(StepDir(4));
+  ASSERT_TRUE(a_uid.ok());
+  // What a fresh run of 8 steps saving every 4 is told at its start.
+  auto others = OtherRunsCheckpointsAt(
+      root_.string(), "run-b", [](int64_t step) { return step % 4 == 0; });
+  ASSERT_TRUE(others.ok()) << others.status();
+  EXPECT_EQ(*others,
+            std::vector<std::string>{"step-00000004 ('" + *a_uid + "')"});
+  auto b = Make(Spec(8, 4));
+  ASSERT_NE(b, nullptr);
+  ExpectSaveRefused(*b, 4, "--set checkpoint.dir=");
+  // Going on from that run is no clash: its steps are the run's own.
+  auto resumed = Make(Spec(8, 4), "latest");
+  ASSERT_NE(resumed, nullptr);
+  EXPECT_EQ(resumed->start_step(), 4);
+  EXPECT_TRUE(resumed->SaveCheckpointAt(4).ok());
+}
+
+// A UTF-8 text whose characters take one to four bytes.
+std::string MixedScriptText() {
+  std::string text;
+  for (int i = 0; i < 40; ++i) {
+    text += "Café naïve — 東京の夜 😀🚀 Ünïcödé ok\n";
+  }
+  return text;
+}
+
+TEST_F(CheckpointTest, UnicodeVocabularyIsRecordedAsCharactersAndResumes) {
+  fs::create_directories(root_);
+  const fs::path text = root_ / "mixed.txt";
+  std::ofstream(text) << MixedScriptText();
+  const std::vector<std::string> data = {
+      "data.path=" + text.string(),
+      "checkpoint.dir=" + (root_ / "ck").string()};
+  auto t = Make(Spec(2, 2, data));
+  ASSERT_TRUE(t->Run().ok());
+  auto reader =
+      CheckpointReader::Open((root_ / "ck" / "step-00000002").string());
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->meta().vocab, t->data().tokenizer.vocab());
+  EXPECT_EQ((*reader)->meta().model.vocab_size, t->data().tokenizer.size());
+  const json m =
+      json::parse(ReadAll(root_ / "ck" / "step-00000002" / "manifest.json"));
+  EXPECT_EQ(m["format"], "ptrain-checkpoint-4");
+  EXPECT_NE(m["vocab"].get<std::string>().find("東"), std::string::npos);
+  auto resumed = Make(Spec(4, 2, data), "latest");
+  ASSERT_NE(resumed, nullptr);
+  EXPECT_EQ(resumed->start_step(), 2);
+}
+
+TEST_F(CheckpointTest, FormatThreeByteVocabularyStillResumes) {
+  auto t = Make(Spec(2, 2));
+  ASSERT_TRUE(t->Run().ok());
+  // What the previous format wrote for an ASCII text: the same vocabulary
+  // bytes under format 3.
+  EditManifest(
+      StepDir(2), [](json& m) { m["format"] = "ptrain-checkpoint-3"; },
+      /*redigest=*/true);
+  auto resumed = Make(Spec(4, 2), "latest");
+  ASSERT_NE(resumed, nullptr);
+  EXPECT_EQ(resumed->start_step(), 2);
+}
+
+TEST_F(CheckpointTest, VocabularyThatIsNotOneIncreasingRunOfCharsIsDamaged) {
+  auto t = Make(Spec(2, 2));
+  ASSERT_TRUE(t->Run().ok());
+  const std::string good = t->data().tokenizer.vocab();
+  std::string swapped = good;
+  std::swap(swapped[10], swapped[11]);
+  for (const auto& [vocab, needle] :
+       std::vector<std::pair<std::string, std::string>>{
+           {swapped, "vocab: character 11 (U+"},
+           {good + "é", "vocab has 66 characters but model.vocab_size=65"}}) {
+    SCOPED_TRACE(needle);
+    EditManifest(
+        StepDir(2), [&](json& m) { m["vocab"] = vocab; }, /*redigest=*/true);
+    auto reader = CheckpointReader::Open(StepDir(2));
+    ASSERT_FALSE(reader.ok());
+    EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(reader.status().message().find(needle), std::string::npos)
+        << reader.status();
+  }
 }
 
 }  // namespace

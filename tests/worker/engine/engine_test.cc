@@ -14,12 +14,16 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "common/spec.h"
 #include "worker/engine/data.h"
 #include "worker/engine/gpt_stage.h"
 #include "worker/engine/optimizer.h"
 #include "worker/engine/rng.h"
+#include "worker/engine/runlog.h"
 #include "worker/engine/trainer.h"
 
 namespace ptrain {
@@ -711,6 +715,149 @@ TEST(TrainerSample, KvCacheGivesTheTokensOfRecomputation) {
     EXPECT_EQ(cached, recomputed) << "salt " << salt;
     EXPECT_EQ(cached.size(), std::string("ROMEO:").size() + 45);
   }
+}
+
+// The char tokenizer over Unicode: a character is one token whatever its
+// UTF-8 length, and whatever ids a model samples decode to UTF-8.
+const char kMixedScripts[] =
+    "Ça va? Ελληνικά, русский, العربية, हिन्दी, 中文, 日本語, 한국어 "
+    "😀👍🏽🇫🇷\n";
+
+TEST(CharTokenizer, AMultibyteCharacterIsOneToken) {
+  auto t = CharTokenizer::FromText("aé中😀", "data.path", "x");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->size(), 4);
+  // Ids in code point order: a U+0061, é U+00E9, 中 U+4E2D, 😀 U+1F600.
+  EXPECT_EQ(t->Encode("😀中éa"), (std::vector<int32_t>{3, 2, 1, 0}));
+  EXPECT_EQ(t->vocab(), "aé中😀");
+  EXPECT_EQ(t->Decode({1}), "é");
+}
+
+TEST(CharTokenizer, EncodeDecodeRoundTripsMixedScripts) {
+  auto t = CharTokenizer::FromText(kMixedScripts, "data.path", "x");
+  ASSERT_TRUE(t.ok()) << t.status();
+  const std::vector<int32_t> ids = t->Encode(kMixedScripts);
+  EXPECT_EQ(t->Decode(ids), kMixedScripts);
+  // One id a character: fewer ids than bytes, each below the vocabulary.
+  EXPECT_LT(ids.size(), std::string(kMixedScripts).size());
+  for (int32_t id : ids) EXPECT_LT(id, t->size());
+  // The recorded vocabulary rebuilds the same tokenizer.
+  auto again = CharTokenizer::FromVocab(t->vocab());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->Encode(kMixedScripts), ids);
+}
+
+TEST(CharTokenizer, AnyIdsDecodeToUtf8) {
+  auto t = CharTokenizer::FromText(kMixedScripts, "data.path", "x");
+  ASSERT_TRUE(t.ok()) << t.status();
+  // What sampling can produce, and worse: every id, in any order, and ids
+  // outside the vocabulary.
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 4000; ++i) {
+    ids.push_back(
+        static_cast<int32_t>(CounterRandom64(7, 1, static_cast<uint64_t>(i)) %
+                             (t->size() + 10)) -
+        5);
+  }
+  const std::string text = t->Decode(ids);
+  EXPECT_GT(text.size(), 4000u);
+  EXPECT_EQ(FirstInvalidUtf8(text), -1);
+}
+
+TEST(TokenData, TextThatIsNotUtf8IsRefusedNamingTheFieldOffsetAndLine) {
+  const std::string path = TempPath("latin1.txt");
+  for (const auto& [bytes, needle] :
+       std::vector<std::pair<std::string, std::string>>{
+           // Latin-1 é, a cut 3-byte character, a UTF-16 surrogate.
+           {"hello\nwor\xE9ld", "byte 0xE9 at byte offset 9 (line 2)"},
+           {"ab\n\ncd\xE4\xB8", "byte 0xE4 at byte offset 6 (line 3)"},
+           {"x\xED\xA0\x80y", "byte 0xED at byte offset 1 (line 1)"}}) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    v1::DataSpec spec;
+    spec.set_path(path);
+    spec.set_tokenizer("char");
+    spec.set_val_fraction(0.25);
+    const absl::Status s = LoadTokenData(spec, 0, 2).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("data.path: '" + path +
+                               "' is not UTF-8 text: " + needle),
+              std::string::npos)
+        << s;
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(CharTokenizer, MoreDistinctCharactersThanTokenIdsIsRefused) {
+  // U+10000 onwards: one character more than 16-bit ids leave room for,
+  // then exactly as many.
+  std::string text;
+  for (char32_t c = 0x10000; c < 0x10000 + CharTokenizer::kMaxSize + 1; ++c) {
+    AppendChar(c, &text);
+  }
+  const absl::Status s =
+      CharTokenizer::FromText(text, "data.path", "big.txt").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("data.path: 'big.txt' has 65536 distinct "
+                             "characters; the char tokenizer holds at most "
+                             "65535"),
+            std::string::npos)
+      << s;
+  text.resize(text.size() - 4);  // the last character
+  auto fits = CharTokenizer::FromText(text, "data.path", "big.txt");
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_EQ(fits->size(), CharTokenizer::kMaxSize);
+}
+
+TEST(RunLog, StringThatIsNotUtf8IsWrittenAsAValidJsonLine) {
+  const std::string path = TempPath("runlog.jsonl");
+  {
+    auto log = RunLog::Open(path);
+    ASSERT_TRUE(log.ok()) << log.status();
+    // A cut 3-byte character and a byte that never begins one.
+    (*log)->Write(
+        {{"type", "sample"}, {"step", 1}, {"text", "ok \xE4\xB8\xFF!"}});
+    (*log)->Write({{"type", "end"}, {"step", 1}});
+  }
+  std::ifstream in(path);
+  std::string line;
+  std::vector<nlohmann::json> records;
+  while (std::getline(in, line)) {
+    EXPECT_EQ(FirstInvalidUtf8(line), -1) << line;
+    records.push_back(nlohmann::json::parse(line));
+  }
+  ASSERT_EQ(records.size(), 2u);
+  const std::string text = records[0]["text"];
+  EXPECT_EQ(text.rfind("ok ", 0), 0u) << text;
+  EXPECT_NE(text.find("\uFFFD"), std::string::npos) << text;
+  EXPECT_EQ(text.back(), '!');
+  std::filesystem::remove(path);
+}
+
+// A model of a Unicode text samples whole characters, trained or not.
+TEST(TrainerSample, SampleOfAUnicodeTextIsUtf8) {
+  const std::string path = TempPath("mixed.txt");
+  {
+    std::ofstream out(path);
+    for (int i = 0; i < 30; ++i) out << kMixedScripts;
+  }
+  auto spec = LoadJobSpecFile(
+      "examples/shakespeare-char.yaml",
+      {"data.path=" + path, "model.n_layer=1", "model.n_embd=32",
+       "model.n_head=2", "model.block_size=16", "train.sample_tokens=200",
+       "train.sample_prompt=Ça", "train.sample_top_k=0",
+       "train.sample_temperature=2.0", "checkpoint.every=0",
+       "checkpoint.dir=''"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  TrainerOptions options;
+  options.peak_flops = 1e12;
+  auto trainer = Trainer::Create(*spec, options);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  for (uint64_t salt : {1u, 2u, 3u}) {
+    const std::string text = (*trainer)->Sample(salt);
+    EXPECT_EQ(FirstInvalidUtf8(text), -1) << text;
+    EXPECT_EQ(text.rfind("Ça", 0), 0u) << text;
+  }
+  std::filesystem::remove(path);
 }
 
 }  // namespace
