@@ -9,13 +9,20 @@
 // and ZeRO, and recomputation (attention's core, or whole blocks) on a few
 // of them, and pipelines of stages of different sizes. Runs under `mpirun -n
 // 8`; ranks a row does not use sit it out.
+//
+// With PTRAIN_LAYOUT_RECORD=FILE, rank 0 also appends each row's losses
+// (hex floats, exact) and a digest of its final weights' bits to FILE, so
+// that two commits can be compared bit for bit
+// (tests/distributed/compare_layout_records.py).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <ostream>
@@ -269,6 +276,38 @@ const RunResult& Reference(int n_layer) {
   return ref;
 }
 
+// FNV-1a over the bits of every tensor, in name order.
+uint64_t WeightsDigest(
+    const std::map<std::string, std::vector<float>>& params) {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& [name, v] : params) {
+    for (char c : name)
+      h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    for (float f : v) {
+      uint32_t bits;
+      std::memcpy(&bits, &f, sizeof bits);
+      for (int b = 0; b < 4; ++b) {
+        h = (h ^ ((bits >> (8 * b)) & 0xff)) * 1099511628211ull;
+      }
+    }
+  }
+  return h;
+}
+
+// One line per row in the PTRAIN_LAYOUT_RECORD file: name, device, the
+// weights' digest and every step's loss as a hex float.
+void Record(const std::string& name, const RunResult& r) {
+  const char* path = std::getenv("PTRAIN_LAYOUT_RECORD");
+  if (path == nullptr || *path == '\0') return;
+  FILE* f = std::fopen(path, "a");
+  ASSERT_NE(f, nullptr) << path;
+  std::fprintf(f, "%s %s %016llx", name.c_str(), Device().c_str(),
+               static_cast<unsigned long long>(WeightsDigest(r.params)));
+  for (float l : r.losses) std::fprintf(f, " %a", l);
+  std::fprintf(f, "\n");
+  std::fclose(f);
+}
+
 int WorldRank() {
   int r = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &r);
@@ -364,6 +403,11 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
   }
   const double param_diff = diff / scale;
   if (WorldRank() == 0) {
+    static std::set<int>* recorded = new std::set<int>;
+    if (recorded->insert(layout.n_layer).second) {
+      Record("reference_L" + std::to_string(layout.n_layer), ref);
+    }
+    Record(layout.name, got);
     std::printf(
         "%-22s %s losses maxdiff %.2e (first %.6f last %.6f), final weights "
         "maxdiff %.2e (%s); tolerance 1e-5\n",
