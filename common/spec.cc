@@ -925,9 +925,48 @@ absl::StatusOr<std::vector<int>> PipelineStageLayers(const v1::ParallelSpec& p,
   return layers;
 }
 
-int64_t JobWorldSize(const v1::JobSpec& spec) {
-  const v1::ParallelSpec& p = spec.parallel();
+int64_t ParallelWorldSize(const v1::ParallelSpec& p) {
   return int64_t{p.dp()} * p.tp() * p.pp();
+}
+
+int64_t JobWorldSize(const v1::JobSpec& spec) {
+  return ParallelWorldSize(spec.parallel());
+}
+
+ScheduleKind ScheduleKindOf(std::string_view name) {
+  if (name == "gpipe") return ScheduleKind::kGpipe;
+  if (name == "interleaved") return ScheduleKind::kInterleaved;
+  return ScheduleKind::k1F1B;
+}
+
+const char* ScheduleName(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kGpipe:
+      return "gpipe";
+    case ScheduleKind::k1F1B:
+      return "1f1b";
+    case ScheduleKind::kInterleaved:
+      return "interleaved";
+  }
+  return "?";
+}
+
+Recompute RecomputeOf(std::string_view name) {
+  if (name == "full") return Recompute::kFull;
+  return name == "selective" ? Recompute::kSelective : Recompute::kNone;
+}
+
+Device SpecDevice(const v1::JobSpec& spec) {
+  return spec.resources().device() == "cuda" ? Device::kCuda : Device::kCpu;
+}
+
+Precision SpecPrecision(const v1::JobSpec& spec) {
+  const std::string& p = spec.train().precision();
+  if (p == "auto") {
+    return SpecDevice(spec) == Device::kCuda ? Precision::kBf16
+                                             : Precision::kFp32;
+  }
+  return p == "bf16" ? Precision::kBf16 : Precision::kFp32;
 }
 
 int64_t FirstInvalidUtf8(std::string_view text) {

@@ -26,8 +26,41 @@ inline constexpr size_t kMaxSpecBytes = size_t{1} << 20;
 inline constexpr int64_t kMaxDegree = int64_t{1} << 16;
 inline constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
 
-// dp·tp·pp in 64 bits (each degree is an int32, so no product wraps).
+// The world size of a layout: the product of its parallel degrees
+// (dp·tp·pp), in 64 bits (each degree is an int32, so no product wraps).
+// The one place the degrees are multiplied: a new dimension is one more
+// factor here (ParallelDims, the spec check and ptcoord's placement all
+// take the world size from it).
+int64_t ParallelWorldSize(const v1::ParallelSpec& parallel);
+// ParallelWorldSize of the spec's parallel section.
 int64_t JobWorldSize(const v1::JobSpec& spec);
+
+// The string-valued fields of a validated spec as the engine uses them:
+// the parser is the only code that compares their text.
+//
+// parallel.schedule.
+enum class ScheduleKind {
+  kGpipe,        // every forward, then every backward
+  k1F1B,         // warm-up forwards, one forward one backward, cool-down
+  kInterleaved,  // 1F1B over v model chunks per rank (virtual stages)
+};
+// "gpipe", "interleaved", else 1F1B (the name of a validated spec).
+ScheduleKind ScheduleKindOf(std::string_view name);
+// "gpipe", "1f1b", "interleaved".
+const char* ScheduleName(ScheduleKind kind);
+// What a stage recomputes in backward instead of keeping from forward
+// (train.recompute): nothing; the attention's core (its probabilities, or
+// whatever the backend's attention keeps) — Megatron's "selective"; or
+// whole blocks, keeping only each block's input.
+enum class Recompute { kNone, kSelective, kFull };
+// train.recompute's value ("none", "selective", "full"; validated).
+Recompute RecomputeOf(std::string_view name);
+// resources.device.
+enum class Device { kCpu, kCuda };
+// train.precision with `auto` resolved: bf16 on a GPU, fp32 on the CPU.
+enum class Precision { kFp32, kBf16 };
+Device SpecDevice(const v1::JobSpec& spec);
+Precision SpecPrecision(const v1::JobSpec& spec);
 
 // The offset of the first byte of `text` that is not part of well-formed
 // UTF-8, or -1 when all of it is. Every entry point takes only UTF-8.

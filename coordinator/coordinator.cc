@@ -129,8 +129,9 @@ bool OnGpus(const v1::JobSpec& spec) {
   return spec.resources().device() == "cuda";
 }
 
+// The job's number of ranks (validated: it fits an int).
 int WorldSize(const v1::JobSpec& spec) {
-  return spec.parallel().dp() * spec.parallel().tp() * spec.parallel().pp();
+  return static_cast<int>(JobWorldSize(spec));
 }
 
 bool IsWaiting(v1::JobState s) {

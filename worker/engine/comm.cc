@@ -2,6 +2,10 @@
 // the (group, op) counters behind the ptrain_comm_* metrics.
 #include "worker/engine/comm.h"
 
+#include <cstring>
+
+#include "common/check.h"
+
 namespace ptrain {
 
 const char* CommOpName(CommOp op) {
@@ -48,6 +52,79 @@ CommStat CommStats::Get(const std::string& group, CommOp op) const {
 void CommStats::Reset() {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.clear();
+}
+
+namespace {
+
+class DoneHandle : public CommHandle {
+ public:
+  void Wait() override {}
+  bool Test() override { return true; }
+};
+
+class SelfCommunicator : public Communicator {
+ public:
+  SelfCommunicator(std::string group, std::shared_ptr<CommStats> stats)
+      : group_(std::move(group)), stats_(std::move(stats)) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const std::string& group() const override { return group_; }
+  void AllReduce(float*, int64_t) override {}
+  void AllReduce(double*, int64_t) override {}
+  void AllReduceMax(float*, int64_t) override {}
+  void ReduceScatter(const float* send, float* recv, int64_t count) override {
+    Copy(send, recv, count);
+  }
+  void AllGather(const float* send, float* recv, int64_t count) override {
+    Copy(send, recv, count);
+  }
+  void Broadcast(float*, int64_t, int) override {}
+  void Send(const float*, int64_t, int, int) override { NoPeer(); }
+  void Recv(float*, int64_t, int, int) override { NoPeer(); }
+  void Barrier() override {}
+  std::unique_ptr<CommHandle> AllReduceAsync(float*, int64_t) override {
+    return std::make_unique<DoneHandle>();
+  }
+  std::unique_ptr<CommHandle> ReduceScatterAsync(const float* send, float* recv,
+                                                 int64_t count) override {
+    Copy(send, recv, count);
+    return std::make_unique<DoneHandle>();
+  }
+  std::unique_ptr<CommHandle> AllGatherAsync(const float* send, float* recv,
+                                             int64_t count) override {
+    Copy(send, recv, count);
+    return std::make_unique<DoneHandle>();
+  }
+  std::unique_ptr<CommHandle> BroadcastAsync(float*, int64_t, int) override {
+    return std::make_unique<DoneHandle>();
+  }
+  std::unique_ptr<CommHandle> SendAsync(const float*, int64_t, int,
+                                        int) override {
+    NoPeer();
+  }
+  std::unique_ptr<CommHandle> RecvAsync(float*, int64_t, int, int) override {
+    NoPeer();
+  }
+  CommStats& stats() override { return *stats_; }
+
+ private:
+  static void Copy(const float* send, float* recv, int64_t count) {
+    if (send != recv) std::memmove(recv, send, sizeof(float) * count);
+  }
+  [[noreturn]] void NoPeer() const {
+    PT_CHECK(false, ("group " + group_ + " of one rank has no peer").c_str());
+    std::abort();
+  }
+
+  const std::string group_;
+  std::shared_ptr<CommStats> stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> MakeSelfCommunicator(
+    const std::string& group, std::shared_ptr<CommStats> stats) {
+  return std::make_unique<SelfCommunicator>(group, std::move(stats));
 }
 
 bool AnyRankFailed(Communicator* group, bool failed) {

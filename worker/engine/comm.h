@@ -107,6 +107,24 @@ class Communicator {
   virtual CommStats& stats() = 0;
 };
 
+// A group of this rank alone, in host memory, without MPI: reductions and
+// gathers copy, point-to-point has no peer (PT_CHECK fails). The groups of
+// a one-rank mesh without MPI (ParallelDims::Single).
+std::unique_ptr<Communicator> MakeSelfCommunicator(
+    const std::string& group, std::shared_ptr<CommStats> stats);
+
+// The groups a rank's model and optimizer communicate over, in the memory
+// of the backend they run on (ParallelDims::compute_groups).
+struct ComputeGroups {
+  Communicator* dp = nullptr;  // null: dp = 1 without MPI
+  Communicator* tp = nullptr;  // null: tp = 1
+  Communicator* pp = nullptr;  // null: pp = 1
+  // Stage 0 and the last stage (pp > 1): the tied wte's gradients are
+  // summed over it. Null elsewhere.
+  Communicator* embedding = nullptr;
+  bool sequence_parallel = false;
+};
+
 // The one way ranks agree that something went wrong before they go on to
 // their next collective: true on every rank of `group` when `failed` is
 // true on any (collective; a null group is this rank alone).

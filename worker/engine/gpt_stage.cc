@@ -39,11 +39,6 @@ constexpr int64_t kParallelDecodeMacs = int64_t{1} << 20;
 
 }  // namespace
 
-Recompute RecomputeOf(const std::string& name) {
-  if (name == "full") return Recompute::kFull;
-  return name == "selective" ? Recompute::kSelective : Recompute::kNone;
-}
-
 int GptStage::BlockCount(const std::vector<ParamInfo>& layout) {
   std::set<int> layers;
   for (const ParamInfo& p : layout) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/spec.h"
 #include "worker/engine/layers.h"
 #include "worker/engine/plan.h"
 
@@ -62,14 +63,7 @@ class UnitStoreSlice : public UnitStore {
   const int first_;
 };
 
-// What a stage recomputes in backward instead of keeping from forward
-// (train.recompute): nothing; the attention's core (its probabilities, or
-// whatever the backend's attention keeps) — Megatron's "selective"; or
-// whole blocks, keeping only each block's input.
-enum class Recompute { kNone, kSelective, kFull };
-
-// train.recompute's value ("none", "selective", "full"; validated).
-Recompute RecomputeOf(const std::string& name);
+// Recompute (train.recompute) comes with the spec (common/spec.h).
 
 struct MemoryBytes {
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0;

@@ -13,7 +13,6 @@
 #include "common/check.h"
 #include "common/spec.h"
 #include "worker/engine/gpt_stage.h"
-#include "worker/engine/schedule.h"
 #include "worker/engine/zero_store.h"
 
 namespace ptrain {
@@ -38,78 +37,49 @@ std::string Bytes(int64_t bytes) {
 
 }  // namespace
 
-GptConfig ModelConfig(const v1::JobSpec& spec, int vocab_size) {
-  const auto& m = spec.model();
-  GptConfig c{m.n_layer(), m.n_head(), m.n_embd(), m.block_size(), vocab_size};
-  c.padded_vocab = PaddedVocab(vocab_size, spec.parallel().tp());
-  return c;
-}
-
-PlanOptions SpecPlan(const v1::JobSpec& spec, int tp_rank, int pp_rank) {
-  const auto& p = spec.parallel();
-  PlanOptions plan;
-  plan.tp = p.tp();
-  plan.tp_rank = tp_rank;
-  plan.pp = p.pp();
-  plan.pp_rank = pp_rank;
-  plan.pad = p.dp();
-  plan.virtual_stages = p.virtual_stages();
-  absl::StatusOr<std::vector<int>> layers =
-      PipelineStageLayers(p, spec.model().n_layer());
-  PT_CHECK(layers.ok(), std::string(layers.status().message()).c_str());
-  plan.stage_layers = *std::move(layers);
-  return plan;
-}
-
 int64_t MemoryEstimate::total() const {
   return SatAdd(SatAdd(SatAdd(params, grads), SatAdd(optimizer, activations)),
                 checkpoint);
 }
 
-MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size) {
-  const auto& p = spec.parallel();
-  const GptConfig config = ModelConfig(spec, vocab_size);
-  const int micro_B = spec.train().global_batch() / (p.dp() * p.microbatches());
-  const ScheduleKind kind = ScheduleKindOf(p.schedule());
-  const int v = p.virtual_stages();
+MemoryEstimate EstimateRankMemory(const RankBuild& b, bool async_copy) {
   // What attention and the MLP keep: the CPU backend of the job's precision
   // says; on a GPU (not loaded here) the most any backend keeps.
-  const kernels::Ops* ops = spec.resources().device() != "cpu" ? nullptr
-                            : spec.train().precision() == "bf16"
+  const kernels::Ops* ops = b.device != Device::kCpu ? nullptr
+                            : b.precision == Precision::kBf16
                                 ? &kernels::CpuBf16Ops()
                                 : &kernels::CpuOps();
+  const ZeroStore::Footprint f =
+      ZeroStore::Measure(BuildPlan(b.model, b.plan), b.dp, b.zero);
+  MemoryEstimate e;
+  e.params = SatMul(f.params, kFloat);
+  e.grads = SatMul(f.grads, kFloat);
+  e.optimizer = SatMul(SatMul(2, f.update), kFloat);
+  if (async_copy) e.checkpoint = SatMul(SatMul(3, f.update), kFloat);
+  for (int c = 0; c < b.chunks(); ++c) {
+    e.activations = SatAdd(
+        e.activations,
+        SatMul(GptStage::ActivationFloats(
+                   b.model, b.micro_B, b.model.block_size, b.slots[c], b.tp,
+                   b.sequence_parallel, b.recompute,
+                   b.plan.stage_layers[b.stages[c]], b.last_stage(c), ops),
+               kFloat));
+  }
+  return e;
+}
+
+MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size) {
+  const int pp = spec.parallel().pp();
+  const bool async_copy =
+      spec.checkpoint().async_save() && !spec.checkpoint().dir().empty();
   // The rank that needs the most: ranks differ in their tensors (the first
   // embeds, the last holds the head) and in microbatches in flight (fewer
   // further down a pipeline), so the candidates are the first, the second
   // (the fullest of the middle ones) and the last.
   MemoryEstimate most;
-  for (int rank : {0, std::min(1, p.pp() - 1), p.pp() - 1}) {
-    const PlanOptions plan = SpecPlan(spec, 0, rank);
-    const ZeroStore::Footprint f = ZeroStore::Measure(
-        BuildPlan(config, plan), p.dp(),
-        ZeroOptions{p.zero(), p.microbatches(), p.bucket_bytes(),
-                    /*reduce_once_per_step=*/p.pp() > 1});
-    // The trainer's slots per chunk.
-    const std::vector<int> slots =
-        ChunkSlots(kind, p.pp(), rank, p.microbatches(), v);
-    MemoryEstimate e;
-    e.params = SatMul(f.params, kFloat);
-    e.grads = SatMul(f.grads, kFloat);
-    e.optimizer = SatMul(SatMul(2, f.update), kFloat);
-    if (spec.checkpoint().async_save() && !spec.checkpoint().dir().empty()) {
-      e.checkpoint = SatMul(SatMul(3, f.update), kFloat);
-    }
-    const std::vector<int> stages = RankStages(plan);
-    for (int c = 0; c < v; ++c) {
-      e.activations = SatAdd(e.activations,
-                             SatMul(GptStage::ActivationFloats(
-                                        config, micro_B, config.block_size,
-                                        slots[c], p.tp(), p.sequence_parallel(),
-                                        RecomputeOf(spec.train().recompute()),
-                                        plan.stage_layers[stages[c]],
-                                        stages[c] == p.pp() * v - 1, ops),
-                                    kFloat));
-    }
+  for (int rank : {0, std::min(1, pp - 1), pp - 1}) {
+    const MemoryEstimate e = EstimateRankMemory(
+        RankBuild::Of(spec, vocab_size, /*tp_rank=*/0, rank), async_copy);
     if (rank == 0 || e.total() > most.total()) most = e;
   }
   return most;
@@ -142,7 +112,7 @@ absl::Status CheckMemoryFits(const v1::JobSpec& spec, int vocab_size,
   const auto& p = spec.parallel();
   // What recomputing the blocks would need, when that would fit.
   std::string hint;
-  if (spec.train().recompute() != "full") {
+  if (RecomputeOf(spec.train().recompute()) != Recompute::kFull) {
     v1::JobSpec recomputed = spec;
     recomputed.mutable_train()->set_recompute("full");
     const int64_t full = EstimateRankMemory(recomputed, vocab_size).total();

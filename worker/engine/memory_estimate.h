@@ -2,7 +2,8 @@
 // parameters, gradients, Adam moments, saved activations and the copy a
 // background checkpoint writes from, computed from
 // the same plan and by the same size functions the engine allocates with
-// (BuildPlan, ZeroStore::Measure, GptStage::ActivationFloats). So ptworker
+// (BuildPlan, ZeroStore::Measure, GptStage::ActivationFloats) over the same
+// RankBuild the Trainer builds its rank from. So ptworker
 // can refuse a job that cannot fit with a clear error instead of dying in
 // the allocator. Not the data tokens, not the run's small buffers (inputs,
 // sampling).
@@ -14,16 +15,9 @@
 #include "absl/status/status.h"
 #include "ptrain/v1/job.pb.h"
 #include "worker/engine/plan.h"
+#include "worker/engine/rank_build.h"
 
 namespace ptrain {
-
-// The model of a spec: its dimensions, `vocab_size` (model.vocab_size, or
-// the data's when that is 0) and the vocabulary padded for parallel.tp.
-GptConfig ModelConfig(const v1::JobSpec& spec, int vocab_size);
-
-// The plan options of the rank at (tp_rank, pp_rank) of a validated spec's
-// mesh: degrees, ZeRO padding, virtual stages and each stage's layers.
-PlanOptions SpecPlan(const v1::JobSpec& spec, int tp_rank, int pp_rank);
 
 // Bytes per rank; a value that does not fit in int64 is INT64_MAX.
 struct MemoryEstimate {
@@ -34,7 +28,12 @@ struct MemoryEstimate {
   int64_t total() const;  // saturating sum
 };
 
-// For a validated spec (its bounds keep the plan's sizes in int64).
+// The rank `build` describes; `async_copy`: checkpoint.async_save with
+// checkpoints on.
+MemoryEstimate EstimateRankMemory(const RankBuild& build, bool async_copy);
+
+// The rank of a validated spec (its bounds keep the plan's sizes in int64)
+// that needs the most.
 MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size);
 
 // MemAvailable from /proc/meminfo, else the physical memory; 0 if unknown.

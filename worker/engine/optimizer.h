@@ -78,15 +78,8 @@ struct UpdateResult {
 // gradients of sequence-partial tensors are first summed over tp.
 class DistributedOptimizer {
  public:
-  struct Groups {
-    Communicator* dp = nullptr;  // null: dp = 1
-    Communicator* tp = nullptr;  // null: tp = 1
-    Communicator* pp = nullptr;  // null: pp = 1
-    // Stage 0 and the last stage (pp > 1): the tied wte's gradients are
-    // summed over it. Null elsewhere.
-    Communicator* embedding = nullptr;
-    bool sequence_parallel = false;
-  };
+  // The mesh's groups (ParallelDims::compute_groups).
+  using Groups = ComputeGroups;
   // `store` is not owned and outlives the optimizer.
   DistributedOptimizer(ZeroStore* store, const v1::TrainSpec& train,
                        Groups groups);

@@ -1,25 +1,55 @@
 #include "worker/engine/parallel_dims.h"
 
+#include <cstdlib>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/spec.h"
+#include "kernels/cuda/ops_cuda.h"
+#include "spdlog/spdlog.h"
 #include "worker/engine/comm_mpi.h"
+#include "worker/engine/comm_nccl.h"
+#include "worker/engine/comm_staged.h"
 
 namespace ptrain {
+
+namespace {
+
+// InvalidArgument, printing every factor, unless the spec's world size is
+// `size`.
+absl::Status CheckWorldSize(const v1::ParallelSpec& spec, int size) {
+  const int64_t product = ParallelWorldSize(spec);
+  if (product == size) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "world size ", size,
+      " does not equal parallel.dp × parallel.tp × "
+      "parallel.pp = ",
+      spec.dp(), " × ", spec.tp(), " × ", spec.pp(), " = ", product));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ParallelDims>> ParallelDims::Single(
+    const v1::ParallelSpec& spec) {
+  if (absl::Status s = CheckWorldSize(spec, 1); !s.ok()) return s;
+  std::unique_ptr<ParallelDims> d(new ParallelDims());
+  d->zero_ = spec.zero();
+  d->sp_ = spec.sequence_parallel();
+  d->microbatches_ = spec.microbatches();
+  d->stats_ = std::make_shared<CommStats>();
+  d->world_group_ = MakeSelfCommunicator("world", d->stats_);
+  d->dp_group_ = MakeSelfCommunicator("dp", d->stats_);
+  d->tp_group_ = MakeSelfCommunicator("tp", d->stats_);
+  d->pp_group_ = MakeSelfCommunicator("pp", d->stats_);
+  return d;
+}
 
 absl::StatusOr<std::unique_ptr<ParallelDims>> ParallelDims::Create(
     const v1::ParallelSpec& spec, MPI_Comm world) {
   int size = 1, rank = 0;
   MPI_Comm_size(world, &size);
   MPI_Comm_rank(world, &rank);
-  const int64_t product =
-      static_cast<int64_t>(spec.dp()) * spec.tp() * spec.pp();
-  if (product != size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "world size ", size,
-        " does not equal parallel.dp × parallel.tp × "
-        "parallel.pp = ",
-        spec.dp(), " × ", spec.tp(), " × ", spec.pp(), " = ", product));
-  }
+  if (absl::Status s = CheckWorldSize(spec, size); !s.ok()) return s;
   std::unique_ptr<ParallelDims> d(new ParallelDims());
   d->dp_ = spec.dp();
   d->tp_ = spec.tp();
@@ -68,6 +98,7 @@ absl::StatusOr<std::unique_ptr<ParallelDims>> ParallelDims::Create(
 }
 
 ParallelDims::~ParallelDims() {
+  device_groups_.clear();
   world_group_.reset();
   dp_group_.reset();
   tp_group_.reset();
@@ -76,6 +107,68 @@ ParallelDims::~ParallelDims() {
   for (MPI_Comm* c : {&dp_comm_, &tp_comm_, &pp_comm_, &emb_comm_}) {
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
   }
+}
+
+void ParallelDims::AttachDevice(kernels::Ops* device_ops) {
+  DetachDevice();
+  if (!has_mpi()) return;
+  // NCCL where every rank has its own GPU (NCCL refuses a GPU shared by two
+  // ranks of a group), decided alike on every rank; PTRAIN_CUDA_COMM=staged
+  // keeps to MPI, =nccl takes NCCL for groups of one rank too (tests).
+  const char* env = std::getenv("PTRAIN_CUDA_COMM");
+  const std::string choice = env != nullptr && *env != '\0' ? env : "auto";
+  const bool own_gpu = local_size_ <= kernels::CudaDeviceCount();
+  const bool nccl =
+      !AnyRankFailed(world_group_.get(), !own_gpu || choice == "staged");
+  // The pipeline group only sends and receives (staged: see comm_nccl.h)
+  // and sums host numbers.
+  for (Communicator* g :
+       {dp_group_.get(), tp_group_.get(), embedding_group_.get()}) {
+    if (g == nullptr) continue;
+    if (nccl && (g->size() > 1 || choice == "nccl")) {
+      auto c = MakeNcclCommunicator(g, device_ops);
+      if (c.ok()) {
+        device_groups_[g] = std::move(*c);
+        continue;
+      }
+      spdlog::warn("{}: group {} communicates through host memory",
+                   std::string(c.status().message()), g->group());
+    }
+    device_groups_[g] = MakeStagedCommunicator(g, device_ops);
+  }
+  device_groups_[pp_group_.get()] =
+      MakeStagedCommunicator(pp_group_.get(), device_ops);
+}
+
+Communicator* ParallelDims::OnDevice(Communicator* group) const {
+  const auto it = device_groups_.find(group);
+  return it != device_groups_.end() ? it->second.get() : group;
+}
+
+Communicator* ParallelDims::world_comm() const {
+  return world_size_ > 1 ? world_group_.get() : nullptr;
+}
+
+Communicator* ParallelDims::dp_comm() const {
+  // ZeRO needs its group even at dp = 1 (its collectives are then local).
+  return has_mpi() ? OnDevice(dp_group_.get()) : nullptr;
+}
+
+Communicator* ParallelDims::tp_comm() const {
+  return tp_ > 1 ? OnDevice(tp_group_.get()) : nullptr;
+}
+
+Communicator* ParallelDims::pp_comm() const {
+  return pp_ > 1 ? OnDevice(pp_group_.get()) : nullptr;
+}
+
+Communicator* ParallelDims::embedding_comm() const {
+  return embedding_group_ != nullptr ? OnDevice(embedding_group_.get())
+                                     : nullptr;
+}
+
+ComputeGroups ParallelDims::compute_groups() const {
+  return ComputeGroups{dp_comm(), tp_comm(), pp_comm(), embedding_comm(), sp_};
 }
 
 std::string ParallelDims::ToString() const {

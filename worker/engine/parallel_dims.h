@@ -1,16 +1,25 @@
-// ParallelDims: the one place that knows the parallel layout. Validates
-// dp·tp·pp == world size, computes this rank's coordinates (tp fastest, then
-// dp, then pp — Megatron's order) and creates the dp, tp and pp process
-// groups. No other code splits communicators or computes rank coordinates.
+// ParallelDims: the mesh, the one place that knows the parallel layout.
+// Validates that the world size (ParallelWorldSize: dp·tp·pp) is the
+// number of ranks, computes this rank's coordinates (tp fastest, then dp,
+// then pp — Megatron's order) and creates the dp, tp and pp process groups
+// over host memory, and on a GPU their twins over its memory (NCCL, or
+// staged through the host). No other code splits communicators, computes
+// rank coordinates or chooses a group's transport. Always present: a rank
+// without MPI is a mesh of one (Single).
+//
+// Adding a dimension: one degree and coordinate here, one split and group
+// in Create, one factor in ParallelWorldSize (common/spec.cc).
 #ifndef PTRAIN_WORKER_ENGINE_PARALLEL_DIMS_H_
 #define PTRAIN_WORKER_ENGINE_PARALLEL_DIMS_H_
 
 #include <mpi.h>
 
+#include <map>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "kernels/ops.h"
 #include "ptrain/v1/job.pb.h"
 #include "worker/engine/comm.h"
 
@@ -19,9 +28,13 @@ namespace ptrain {
 class ParallelDims {
  public:
   // Splits `world` (not owned). InvalidArgument, printing every factor, when
-  // dp·tp·pp differs from the world size. Collective over `world`.
+  // the spec's world size differs from `world`'s. Collective over `world`.
   static absl::StatusOr<std::unique_ptr<ParallelDims>> Create(
       const v1::ParallelSpec& spec, MPI_Comm world);
+  // One rank without MPI: every degree 1 (InvalidArgument, as Create's,
+  // when the spec's world size is not 1), groups of this rank alone.
+  static absl::StatusOr<std::unique_ptr<ParallelDims>> Single(
+      const v1::ParallelSpec& spec);
   ~ParallelDims();
   ParallelDims(const ParallelDims&) = delete;
   ParallelDims& operator=(const ParallelDims&) = delete;
@@ -54,6 +67,29 @@ class ParallelDims {
   // the gradients of the tied embedding and head; null elsewhere.
   Communicator* embedding_group() { return embedding_group_.get(); }
   std::shared_ptr<CommStats> comm_stats() const { return stats_; }
+  // Created by Create (over MPI); false for Single.
+  bool has_mpi() const { return world_ != MPI_COMM_NULL; }
+
+  // With a GPU backend (not owned; outlives the groups): makes each
+  // group's twin over the GPU's memory — NCCL where every rank has its own
+  // GPU, else staged through the host. Collective (every rank decides
+  // alike). Nothing to do for a mesh of one.
+  void AttachDevice(kernels::Ops* device_ops);
+  // Destroys the twins (before their backend goes, and before another
+  // AttachDevice).
+  void DetachDevice() { device_groups_.clear(); }
+
+  // The groups the model and optimizer communicate over: each group's
+  // device twin after AttachDevice, else the group itself; null where
+  // there is nothing to communicate (their users skip the work). dp is
+  // present at dp = 1 too when there is MPI (ZeRO's collectives are then
+  // local); the world group is the host's (ranks agreeing, checkpoints).
+  Communicator* world_comm() const;
+  Communicator* dp_comm() const;
+  Communicator* tp_comm() const;
+  Communicator* pp_comm() const;
+  Communicator* embedding_comm() const;
+  ComputeGroups compute_groups() const;
 
   // "dp=2 tp=1 pp=1 zero=1 (rank 3: dp_rank 1, tp_rank 0, pp_rank 0)"
   std::string ToString() const;
@@ -72,6 +108,9 @@ class ParallelDims {
   std::shared_ptr<CommStats> stats_;
   std::unique_ptr<Communicator> world_group_, dp_group_, tp_group_, pp_group_,
       embedding_group_;
+  // AttachDevice's twins, by host group.
+  std::map<const Communicator*, std::unique_ptr<Communicator>> device_groups_;
+  Communicator* OnDevice(Communicator* group) const;
 };
 
 }  // namespace ptrain

@@ -27,24 +27,6 @@ PipeAction InterleavedPass(int k, int pp, int v, bool forward) {
 
 }  // namespace
 
-const char* ScheduleName(ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::kGpipe:
-      return "gpipe";
-    case ScheduleKind::k1F1B:
-      return "1f1b";
-    case ScheduleKind::kInterleaved:
-      return "interleaved";
-  }
-  return "?";
-}
-
-ScheduleKind ScheduleKindOf(const std::string& name) {
-  if (name == "gpipe") return ScheduleKind::kGpipe;
-  if (name == "interleaved") return ScheduleKind::kInterleaved;
-  return ScheduleKind::k1F1B;
-}
-
 std::string ToString(const PipeAction& a, bool chunks) {
   return absl::StrCat(a.kind == PipeAction::kForward ? "F" : "B", a.microbatch,
                       chunks ? absl::StrCat(".", a.chunk) : "");

@@ -11,18 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "common/spec.h"
+
 namespace ptrain {
 
-enum class ScheduleKind {
-  kGpipe,        // every forward, then every backward
-  k1F1B,         // warm-up forwards, one forward one backward, cool-down
-  kInterleaved,  // 1F1B over v model chunks per rank (virtual stages)
-};
-// "gpipe", "1f1b", "interleaved".
-const char* ScheduleName(ScheduleKind kind);
-// The kind of parallel.schedule (validated by the spec): "gpipe",
-// "interleaved", else 1F1B.
-ScheduleKind ScheduleKindOf(const std::string& name);
+// ScheduleKind, ScheduleKindOf and ScheduleName come with the spec
+// (common/spec.h): parallel.schedule's values.
 
 struct PipeAction {
   enum Kind { kForward, kBackward } kind;

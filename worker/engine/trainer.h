@@ -28,6 +28,8 @@
 #include "worker/engine/metrics.h"
 #include "worker/engine/optimizer.h"
 #include "worker/engine/parallel_dims.h"
+#include "worker/engine/pipeline_runtime.h"
+#include "worker/engine/rank_build.h"
 #include "worker/engine/runlog.h"
 #include "worker/engine/schedule.h"
 #include "worker/engine/zero_store.h"
@@ -96,8 +98,8 @@ class Trainer {
   // InvalidArgument/NotFound naming the field, a model that does not fit
   // ResourceExhausted naming the fields that size it, a damaged checkpoint
   // DataLoss. Writes nothing. `dims` (not owned, may be null for a single
-  // rank without MPI) gives the groups; every rank returns an error if any
-  // rank fails.
+  // rank without MPI: the trainer makes a mesh of one) gives the groups;
+  // every rank returns an error if any rank fails.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(
       const v1::JobSpec& spec, const TrainerOptions& options,
       ParallelDims* dims = nullptr);
@@ -109,6 +111,7 @@ class Trainer {
   // memory check; InvalidArgument for another layout or device.
   static absl::StatusOr<std::unique_ptr<Trainer>> CreateWithData(
       const v1::JobSpec& spec, const TrainerOptions& options, TokenData data);
+  ~Trainer();
 
   // Trains train.steps steps with evaluation and sampling, writing the run
   // log (opened here, after every check has passed).
@@ -166,78 +169,74 @@ class Trainer {
   int chunks() const { return static_cast<int>(chunks_.size()); }
   ZeroStore& store() { return *store_; }
   DistributedOptimizer& optimizer() { return *optimizer_; }
-  bool is_log_rank() const {
-    return dims_ == nullptr || dims_->world_rank() == 0;
-  }
+  bool is_log_rank() const { return dims_->world_rank() == 0; }
   const TokenData& data() const { return data_; }
   MemoryBytes memory() const;
   double flops_per_step() const;
 
  private:
-  // gpu: the rank's GPU where resources.device is cuda (else -1).
+  // `dims` is not null; gpu: the rank's GPU where resources.device is cuda
+  // (else -1).
   Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
           TokenData data, ParallelDims* dims, int gpu);
   // Sum over the dp group (identity on one rank).
   double SumOverDp(double x);
-  // The groups of this rank; null where a degree is 1 (or no MPI). On a
-  // GPU they communicate its memory (OnDevice).
-  Communicator* world() const;
-  Communicator* dp_group() const;
-  Communicator* tp_group() const;
-  Communicator* pp_group() const;
-  // The group of dims_ that communicates the backend's memory: `group`
-  // itself on the CPU, its staged twin on a GPU.
-  Communicator* OnDevice(Communicator* group) const;
-  // With a GPU backend: the groups over its memory (NCCL or staged).
-  void MakeDeviceGroups();
-  bool first_stage() const { return pp_rank_ == 0; }
-  bool last_stage() const { return pp_rank_ == pp_ - 1; }
-  // Virtual stage of this rank's chunk c (c·pp + pp rank), and the last one.
-  int VirtualStage(int c) const { return c * pp_ + pp_rank_; }
-  int last_virtual_stage() const { return pp_ * chunks() - 1; }
-  // The message tag of microbatch mb's activation (forward) or gradient
-  // into chunk `into` of the receiving rank: unique per link and step.
-  int Tag(int mb, int into, bool forward) const {
-    return 2 * (mb * chunks() + into) + (forward ? 0 : 1);
-  }
+  // The world group; null on one rank.
+  Communicator* world() const { return dims_->world_comm(); }
+  bool last_stage() const { return dims_->pp_rank() == build_.pp - 1; }
   // The first sequence of microbatch `mb` in the global batch: dp rank r
   // takes the r-th block of microbatches·micro_B sequences.
   int FirstSequence(int mb) const {
-    return (dp_rank_ * microbatches_ + mb) * micro_B_;
+    return (dims_->dp_rank() * build_.microbatches + mb) * build_.micro_B;
   }
-  // Floats of one activation passed between stages, (B, T or T/tp, C).
-  int64_t StageFloats(int B, int T) const;
-  // One forward of (B, T) through every stage, in order (evaluation and
-  // sampling): the loss on the last stage with targets, 0 elsewhere.
-  // decode_pos >= 0: the n = T tokens at positions [decode_pos, +T) of
-  // one sequence (B = 1) through every stage's GptStage::Decode instead.
-  float PipelineForward(const int32_t* tokens, const int32_t* targets, int B,
-                        int T, int decode_pos = -1);
-  // The passes of one optimizer step (pp > 1) in the schedule's order,
-  // activations and gradients sent between neighbours as they are ready.
-  // Adds the last stage's microbatch losses to *loss_sum.
-  void PipelineStep(int64_t step, float dloss, StepResult* r, double* loss_sum);
-  // Sends a copy of `data` to pipeline rank `peer` without waiting: the
-  // source buffer may be reused at once, and no rank ever blocks on a send
-  // (only on the receive its schedule needs next), so any schedule the
-  // simulation finds deadlock-free runs without deadlock.
-  void SendCopy(const float* data, int64_t n, int peer, int tag);
-  void WaitSends();
+  // Run's parts (trainer_run.cc): the run log (opened on rank 0; a sink
+  // that drops records elsewhere) and each record written to it, MFU's
+  // denominator, the records and lines at the start and of each step,
+  // evaluation and sampling with their reports, and the checkpoint of a
+  // step when it is due (`stop`: asked to stop after this step).
+  absl::Status OpenRunLog();
+  void Emit(const nlohmann::json& record);
+  double MatmulPeak();
+  void ReportStart();
+  absl::Status ReportStep(int64_t step, const StepResult& r);
+  void EvaluateAndReport(int64_t step);
+  void SampleAndReport(int64_t step);
+  absl::Status CheckpointIfDue(int64_t step, bool stop);
+  // Commits the pending background save and reports it.
+  absl::Status FinishBackgroundAndReport();
+  // `blocked`: seconds the loop waited for this save; `written`: for a
+  // background save, seconds its thread took to write this rank's shard.
+  void ReportCheckpoint(int64_t step, const std::string& dir, double blocked,
+                        std::optional<double> written);
+
   // Loads weights from model.init_from, then the resume_from checkpoint;
   // sets run_uid_ and warns of another run's checkpoints where this run
   // will save.
   absl::Status LoadInitialState();
   // Loads the resume_from checkpoint, if any (docs/checkpoints.md, Loading).
   absl::Status Resume();
+  // What loading one of Resume's candidates found: `fatal`, no other
+  // candidate may be tried; `other`, it is another model's or data's.
+  struct ResumeCandidate {
+    bool fatal = false, other = false;
+    int64_t step = 0, opt_step = 0;
+    std::string owner;  // its job_uid
+  };
+  // Loads checkpoint `dir` into the state (this rank's part; `field` names
+  // where it came from in errors). `latest`: Resume is looking for the
+  // newest that fits, not loading a named one.
+  absl::Status LoadCandidate(const std::string& dir, bool latest,
+                             const std::string& field, ResumeCandidate* c);
 
   const v1::JobSpec spec_;
   TrainerOptions options_;
   TokenData data_;
+  // The mesh of one Create made when it was given none; dims_ is it or
+  // the caller's (never null).
+  std::unique_ptr<ParallelDims> own_dims_;
   ParallelDims* dims_;
-  int dp_ = 1, dp_rank_ = 0;
-  int T_ = 0, micro_B_ = 0, microbatches_ = 0;
-  int pp_ = 1, pp_rank_ = 0;
-  ScheduleKind schedule_ = ScheduleKind::k1F1B;
+  // What this rank builds, resolved from the spec and dims_.
+  const RankBuild build_;
   int64_t start_step_ = 0, resume_bytes_read_ = 0;
   std::string resumed_from_;  // the checkpoint directory resumed from, if any
   // Whose checkpoints this run writes and prunes (CheckpointMeta::job_uid).
@@ -249,8 +248,8 @@ class Trainer {
   // matmuls (train.precision=bf16 on cpu), or null for the fp32 CPU.
   kernels::Ops* compute_ops() const {
     if (device_ops_ != nullptr) return device_ops_.get();
-    return spec_.train().precision() == "bf16" ? &kernels::CpuBf16Ops()
-                                               : nullptr;
+    return build_.precision == Precision::kBf16 ? &kernels::CpuBf16Ops()
+                                                : nullptr;
   }
   std::vector<float> checkpoint_host_;  // a GPU's state copied for saving
   // checkpoint.async_save: the save being written, and the seconds the
@@ -258,6 +257,9 @@ class Trainer {
   BackgroundSave background_save_;
   double background_blocked_ = 0;
   bool stopped_ = false;
+  std::unique_ptr<RunLog> run_log_;
+  double peak_flops_ = 0;  // the matmul peak of one rank (Run)
+  bool mfu_warned_ = false;
   // Commits a background save still pending (unreported: Run reports
   // its own before it gets here).
   absl::Status CommitPendingSave();
@@ -265,28 +267,20 @@ class Trainer {
   SaveOptions CheckpointSaveOptions() const;
   // This rank's state as checkpoint runs (into the live state on the CPU).
   std::vector<ShardRun> CheckpointRunsNow();
-  std::map<Communicator*, std::unique_ptr<Communicator>> device_groups_;
   std::unique_ptr<ZeroStore> store_;
   // The model chunks of this rank (one but under an interleaved schedule),
   // each over its slice of the store.
   std::vector<std::unique_ptr<UnitStoreSlice>> slices_;
   std::vector<std::unique_ptr<GptStage>> chunks_;
-  std::vector<PipeAction> order_;  // pp > 1: this rank's passes per step
+  // This rank's passes of an optimizer step: the schedule's order, or
+  // F0 B0 F1 B1 … without a pipeline.
+  std::vector<PipeAction> order_;
+  std::unique_ptr<PipelineRuntime> runtime_;
   std::unique_ptr<DistributedOptimizer> optimizer_;
   std::unique_ptr<BatchSampler> train_sampler_, val_sampler_;
+  // One microbatch's tokens (evaluation), and every microbatch's of a step.
   std::vector<int32_t> inputs_, targets_;
-  // pp > 1: every microbatch's tokens of the step, two buffers of received
-  // activations or gradients (one in use, one being received into), and
-  // the copies of sent ones with their sends (a copy is reused once its
-  // send completed).
   std::vector<int32_t> mb_inputs_, mb_targets_;
-  // In the backend's memory.
-  kernels::Buffer received_[2];
-  struct Outgoing {
-    kernels::Buffer data;
-    std::unique_ptr<CommHandle> send;  // null: free
-  };
-  std::vector<Outgoing> outgoing_;
 };
 
 }  // namespace ptrain

@@ -1,0 +1,299 @@
+// Trainer::Run: the training loop of a job and what it reports — the run
+// log's records, the log lines, the rank's metrics — with evaluation,
+// sampling and checkpoints at the steps the spec asks for.
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/ops_cuda.h"
+#include "spdlog/spdlog.h"
+#include "worker/engine/flops.h"
+#include "worker/engine/trainer.h"
+
+namespace ptrain {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double SecondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Tells options.on_activity what the rank is busy with while it lives
+// (scopes of it do not nest).
+class Busy {
+ public:
+  Busy(const TrainerOptions& options, const char* what) : options_(options) {
+    if (options_.on_activity) options_.on_activity(what);
+  }
+  ~Busy() {
+    if (options_.on_activity) options_.on_activity("");
+  }
+  Busy(const Busy&) = delete;
+  Busy& operator=(const Busy&) = delete;
+
+ private:
+  const TrainerOptions& options_;
+};
+
+}  // namespace
+
+absl::Status Trainer::Run() {
+  if (absl::Status s = OpenRunLog(); !s.ok()) return s;
+  peak_flops_ = MatmulPeak();
+  ReportStart();
+  const auto& train = spec_.train();
+  for (int64_t s = start_step_; s < train.steps(); ++s) {
+    if (options_.hang_at_step.has_value() && *options_.hang_at_step == s + 1) {
+      spdlog::warn("test hook: hanging at step {}", s + 1);
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+    const StepResult r = TrainStep(s);
+    const int64_t step = s + 1;  // steps completed
+    if (absl::Status st = ReportStep(step, r); !st.ok()) return st;
+    if ((train.eval_every() > 0 && step % train.eval_every() == 0) ||
+        step == train.steps()) {
+      EvaluateAndReport(step);
+    }
+    if (train.sample_every() > 0 && step % train.sample_every() == 0 &&
+        step != train.steps()) {
+      SampleAndReport(step);
+    }
+    // A background save commits at the first step end after every rank
+    // has written its shard (one small all-reduce a step while it writes).
+    if (background_save_.pending() && background_save_.AllWritten(world())) {
+      if (auto st = FinishBackgroundAndReport(); !st.ok()) return st;
+    }
+    // Asked to stop (SIGUSR1 on any rank): this step is saved, here or
+    // below, and the run ends after it.
+    const bool stop = options_.stop_requested != nullptr &&
+                      step != train.steps() &&
+                      AnyRankFailed(world(), options_.stop_requested->load());
+    if (absl::Status st = CheckpointIfDue(step, stop); !st.ok()) return st;
+    if (stop) {
+      spdlog::warn("step {:>6} | stopping as asked (a stop signal){}", step,
+                   spec_.checkpoint().dir().empty()
+                       ? "; no checkpoint.dir, so nothing is saved"
+                       : ", after this step's checkpoint");
+      Emit({{"type", "stop"}, {"step", step}});
+      stopped_ = true;
+      return absl::OkStatus();
+    }
+  }
+  if (background_save_.pending()) {
+    if (auto st = FinishBackgroundAndReport(); !st.ok()) return st;
+  }
+  SampleAndReport(train.steps());
+  // The last record of a run that trained every step: how a coordinator
+  // that could not learn the exit code knows the job finished.
+  Emit({{"type", "end"}, {"step", train.steps()}});
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::OpenRunLog() {
+  run_log_ = std::make_unique<RunLog>();
+  if (!options_.log_json_path.empty() && is_log_rank()) {
+    auto opened = RunLog::Open(options_.log_json_path);
+    if (!opened.ok()) return opened.status();
+    run_log_ = std::move(*opened);
+  }
+  return absl::OkStatus();
+}
+
+void Trainer::Emit(const nlohmann::json& record) {
+  run_log_->Write(record);
+  if (options_.on_record && is_log_rank()) options_.on_record(record);
+}
+
+double Trainer::MatmulPeak() {
+  // MFU's denominator: the measured matmul peak of what trains, the CPU's
+  // sgemm or the GPU's matmul in the job's precision.
+  if (options_.peak_flops > 0) return options_.peak_flops;
+  Busy busy(options_, "measuring the matmul peak");
+  const double measured = compute_ops() != nullptr
+                              ? MeasureMatmulPeakFlops(*compute_ops())
+                              : MeasureSgemmPeakFlops();
+  return BestPeakFlops(
+      measured,
+      PeakCacheKey(
+          compute_ops() != nullptr ? compute_ops()->name() : "cpu sgemm",
+          omp_get_max_threads()),
+      PeakCachePath());
+}
+
+void Trainer::ReportStart() {
+  const MemoryBytes mem = memory();
+  spdlog::info(
+      "model: {} parameters (L={} NH={} C={} T={} V={}), {} threads, {} "
+      "matmul peak {:.1f} GFLOP/s",
+      GptNumParams(model().config()), spec_.model().n_layer(),
+      spec_.model().n_head(), spec_.model().n_embd(), build_.T,
+      data_.vocab_size, omp_get_max_threads(),
+      compute_ops() != nullptr ? compute_ops()->name() : "cpu sgemm",
+      peak_flops_ / 1e9);
+  spdlog::info(
+      "memory per rank: params {:.1f} MB, grads {:.1f} MB, optimizer {:.1f} "
+      "MB, activations {:.1f} MB",
+      mem.params / 1e6, mem.grads / 1e6, mem.optimizer / 1e6,
+      mem.activations / 1e6);
+  if (options_.metrics != nullptr) options_.metrics->SetMemory(mem);
+  const auto& par = spec_.parallel();
+  Emit({{"type", "layout"},
+        {"world", dims_->world_size()},
+        {"dp", par.dp()},
+        {"tp", par.tp()},
+        {"pp", par.pp()},
+        {"zero", par.zero()},
+        {"sequence_parallel", par.sequence_parallel()},
+        {"microbatches", par.microbatches()},
+        {"schedule", build_.pp > 1 ? par.schedule() : "none"},
+        {"virtual_stages", par.virtual_stages()},
+        {"stage_layers", build_.plan.stage_layers}});
+  if (!resumed_from_.empty()) {
+    // The checkpoint this attempt starts from, read off the directory: it may
+    // be newer than the previous attempt's last "checkpoint" record, when that
+    // attempt died between committing a checkpoint and logging it.
+    Emit({{"type", "resume"}, {"step", start_step_}, {"dir", resumed_from_}});
+  }
+  Emit({{"type", "memory"},
+        {"params_bytes", mem.params},
+        {"grads_bytes", mem.grads},
+        {"optimizer_bytes", mem.optimizer},
+        {"activations_bytes", mem.activations}});
+  if (options_.metrics != nullptr && !spec_.checkpoint().dir().empty() &&
+      spec_.checkpoint().every() > 0) {
+    options_.metrics->OnCheckpointPolicy(spec_.checkpoint().every());
+  }
+}
+
+absl::Status Trainer::ReportStep(int64_t step, const StepResult& r) {
+  const auto& train = spec_.train();
+  const double tokens_per_step =
+      static_cast<double>(train.global_batch()) * build_.T;
+  const double tok_per_s = tokens_per_step / r.seconds;
+  // Model FLOPs of the global batch over the peak of every rank.
+  const double mfu =
+      flops_per_step() / r.seconds / (peak_flops_ * dims_->world_size());
+  if (!mfu_warned_ && is_log_rank()) {
+    const std::string w =
+        MfuAbovePeakWarning(mfu, peak_flops_, options_.peak_flops <= 0);
+    mfu_warned_ = !w.empty();
+    if (mfu_warned_) spdlog::warn("step {:>6} | {}", step, w);
+  }
+  if (options_.metrics != nullptr) {
+    options_.metrics->OnStep(step, r.loss, r.seconds, tok_per_s, mfu, r.phases);
+    options_.metrics->UpdateComm(*dims_->comm_stats());
+    if (device_ops_ != nullptr) {
+      const kernels::CudaMemory gpu = kernels::CudaMemoryInfo();
+      options_.metrics->SetGpuMemory(gpu.used, gpu.total);
+    }
+  }
+  if (!std::isfinite(r.loss)) {
+    return absl::InternalError(
+        absl::StrCat("loss is ", r.loss, " at step ", step));
+  }
+  Emit({{"type", "step"},
+        {"step", step},
+        {"loss", r.loss},
+        {"lr", r.lr},
+        {"ms", r.seconds * 1e3},
+        {"tok_per_s", tok_per_s},
+        {"mfu", mfu},
+        {"grad_norm", r.grad_norm}});
+  if (!options_.quiet &&
+      (step == 1 || step % train.log_every() == 0 || step == train.steps())) {
+    spdlog::info(
+        "step {:>6}/{} | loss {:.6f} | lr {:.2e} | norm {:.3f} | {:.1f} ms | "
+        "{:.0f} tok/s | MFU {:.1f}%",
+        step, train.steps(), r.loss, r.lr, r.grad_norm, r.seconds * 1e3,
+        tok_per_s, 100.0 * mfu);
+  }
+  return absl::OkStatus();
+}
+
+void Trainer::EvaluateAndReport(int64_t step) {
+  const float val = [&] {
+    Busy busy(options_, "evaluating");
+    return Evaluate();
+  }();
+  if (options_.metrics != nullptr) options_.metrics->OnEval(val);
+  spdlog::info("step {:>6} | val loss {:.6f}", step, val);
+  Emit({{"type", "eval"}, {"step", step}, {"val_loss", val}});
+}
+
+void Trainer::SampleAndReport(int64_t step) {
+  const std::string text = [&] {
+    Busy busy(options_, "sampling");
+    return Sample(static_cast<uint64_t>(step));
+  }();
+  spdlog::info("sample at step {}:\n{}", step, text);
+  Emit({{"type", "sample"}, {"step", step}, {"text", text}});
+}
+
+void Trainer::ReportCheckpoint(int64_t step, const std::string& dir,
+                               double blocked, std::optional<double> written) {
+  if (options_.metrics != nullptr) options_.metrics->OnCheckpoint(blocked);
+  nlohmann::json record = {{"type", "checkpoint"},
+                           {"step", step},
+                           {"dir", dir},
+                           {"seconds", blocked}};
+  if (written.has_value()) {
+    spdlog::info(
+        "step {:>6} | checkpoint {} ({:.2f} s blocked; written in the "
+        "background in {:.2f} s)",
+        step, dir, blocked, *written);
+    record["write_seconds"] = *written;
+  } else {
+    spdlog::info("step {:>6} | checkpoint {} ({:.2f} s)", step, dir, blocked);
+  }
+  Emit(record);
+}
+
+absl::Status Trainer::FinishBackgroundAndReport() {
+  const auto t0 = Clock::now();
+  const int64_t saved_step = background_save_.step();
+  auto dir = [&] {
+    Busy busy(options_, "committing a checkpoint");
+    return background_save_.Finish(world());
+  }();
+  if (!dir.ok()) return dir.status();
+  ReportCheckpoint(saved_step, *dir, background_blocked_ + SecondsSince(t0),
+                   background_save_.write_seconds());
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::CheckpointIfDue(int64_t step, bool stop) {
+  const auto& ckpt = spec_.checkpoint();
+  const int64_t steps = spec_.train().steps();
+  if (ckpt.dir().empty() ||
+      !(stop || (ckpt.every() > 0 && step % ckpt.every() == 0) ||
+        step == steps)) {
+    return absl::OkStatus();
+  }
+  // The previous background save first: its wait counts as its own.
+  if (background_save_.pending()) {
+    if (auto st = FinishBackgroundAndReport(); !st.ok()) return st;
+  }
+  const auto t0 = Clock::now();
+  Busy busy(options_, "writing a checkpoint");
+  if (ckpt.async_save() && step != steps && !stop) {
+    auto committed = StartCheckpointAt(step);
+    if (!committed.ok()) return committed.status();
+    background_blocked_ = SecondsSince(t0);
+    if (!*committed) return absl::OkStatus();  // reported once it commits
+    ReportCheckpoint(step, CheckpointFolder(ckpt.dir(), step),
+                     background_blocked_, std::nullopt);
+    return absl::OkStatus();
+  }
+  auto dir = SaveCheckpointAt(step);
+  if (!dir.ok()) return dir.status();
+  ReportCheckpoint(step, *dir, SecondsSince(t0), std::nullopt);
+  return absl::OkStatus();
+}
+
+}  // namespace ptrain
