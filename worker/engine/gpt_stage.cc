@@ -128,73 +128,143 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
     }
   }
 
-  const int64_t C = config.n_embd, L = n_blocks_;
-  const int64_t BT = static_cast<int64_t>(max_B_) * max_T_;
-  const int64_t BTs = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_);
-  att_floats_ = ops_->attention_saved_floats(max_B_, max_T_, Cl_, NHl_);
-  gelu_floats_ =
-      recompute_ == Recompute::kFull ? 0 : ops_->gelu_saved_floats(BT, 4 * Cl_);
-  const int64_t datt =
-      ops_->attention_scratch_floats(max_B_, max_T_, Cl_, NHl_);
-  const int64_t Cl = Cl_, Vl = Vl_;
-  acts_ = kernels::Buffer(
-      ops_, ActivationFloats(config, max_B_, max_T_, o.slots, tp, tp_.sp,
-                             recompute_, n_blocks_, last(), ops_));
+  const ActivationDims d =
+      ActivationDims::Of(config, max_B_, max_T_, o.slots, tp, tp_.sp,
+                         recompute_, n_blocks_, last(), ops_);
+  att_floats_ = d.att;
+  gelu_floats_ = d.gelu;
+  acts_ = kernels::Buffer(ops_, ActivationFloats(d));
+  Working w;
+  LayOut(
+      d,
+      [&](int64_t count) {
+        float* p = acts_.data() + acts_used_;
+        acts_used_ += count;
+        return p;
+      },
+      &slots_, &w);
+  PT_CHECK(acts_used_ == acts_.size(),
+           "the activation slabs do not add up to ActivationFloats");
+  if (ops_->device() != kernels::Device::kCpu) {
+    const int64_t BT = static_cast<int64_t>(max_B_) * max_T_;
+    for (Slot& slot : slots_) {
+      slot.tokens_staged = ops_->AllocTokens(BT);
+      slot.targets_staged = ops_->AllocTokens(BT);
+    }
+  }
+  scratch_.a = w.scratch_a;
+  scratch_.b = w.scratch_b;
+  proj_ = w.proj;
+  dresidual_ = w.dresidual;
+  dln_ = w.dln;
+  dqkv_ = w.dqkv;
+  datty_ = dqkv_ + d.BT * 3 * d.Cl;
+  datt_ = w.datt;
+  dfch_gelu_ = w.dfch_gelu;
+  ce_stats_ = w.ce_stats;
+  scratch_.backend = ops_;
+}
+
+GptStage::ActivationDims GptStage::ActivationDims::Of(
+    const GptConfig& config, int max_B, int max_T, int slots, int tp, bool sp,
+    Recompute recompute, int layers, bool last, const kernels::Ops* ops) {
+  ActivationDims d;
+  d.C = config.n_embd;
+  d.L = layers;
+  d.Cl = config.n_embd / tp;
+  const int64_t NHl = config.n_head / tp;
+  d.Vl = config.padded_vocab / tp;
+  d.BT = SatMul(max_B, max_T);
+  d.BTs = SatMul(max_B, sp ? max_T / tp : max_T);
+  // What attention keeps: the backend says; with none, the (B,NH,T,T)
+  // probabilities (the CPU's, and the most).
+  d.att = ops != nullptr ? ops->attention_saved_floats(max_B, max_T, d.Cl, NHl)
+                         : SatMul(SatMul(SatMul(max_B, NHl), max_T), max_T);
+  d.datt = ops != nullptr
+               ? ops->attention_scratch_floats(max_B, max_T, d.Cl, NHl)
+               : d.att;
+  // What the backend keeps of GELU(fch) (bf16 CPU: its rounded copy), not
+  // under full recomputation, whose forward again stops before the MLP's
+  // projection.
+  d.gelu = ops != nullptr && recompute != Recompute::kFull
+               ? ops->gelu_saved_floats(d.BT, static_cast<int>(4 * d.Cl))
+               : 0;
+  d.slots = slots;
+  d.recompute = recompute;
+  d.last = last;
+  return d;
+}
+
+template <typename TakeFn>
+void GptStage::LayOut(const ActivationDims& d, TakeFn take,
+                      std::vector<Slot>* slots, Working* w) {
+  const int64_t C = d.C, Cl = d.Cl, BT = d.BT, BTs = d.BTs;
+  const bool full = d.recompute == Recompute::kFull;
+  const bool selective = d.recompute == Recompute::kSelective;
   // The per-layer slabs a block's backward reads: every layer's in each
   // slot, or (recomputing) one layer's, shared by the slots.
-  const bool full = recompute_ == Recompute::kFull;
-  const bool selective = recompute_ == Recompute::kSelective;
   auto take_blocks = [&](Slot& slot, int64_t layers) {
-    slot.ln1 = Take(layers * BTs * C);
-    slot.ln1_mean = Take(layers * BTs);
-    slot.ln1_rstd = Take(layers * BTs);
-    slot.qkv = Take(layers * BT * 3 * Cl);
-    slot.atty = Take(layers * BT * Cl);
-    if (!selective) slot.att = Take(layers * att_floats_);
-    slot.residual2 = Take(layers * BTs * C);
-    slot.ln2 = Take(layers * BTs * C);
-    slot.ln2_mean = Take(layers * BTs);
-    slot.ln2_rstd = Take(layers * BTs);
-    slot.fch = Take(layers * BT * 4 * Cl);
-    slot.gelu = Take(layers * gelu_floats_);
+    slot.ln1 = take(SatMul(layers, SatMul(BTs, C)));
+    slot.ln1_mean = take(SatMul(layers, BTs));
+    slot.ln1_rstd = take(SatMul(layers, BTs));
+    slot.qkv = take(SatMul(layers, SatMul(BT, 3 * Cl)));
+    slot.atty = take(SatMul(layers, SatMul(BT, Cl)));
+    if (!selective) slot.att = take(SatMul(layers, d.att));
+    slot.residual2 = take(SatMul(layers, SatMul(BTs, C)));
+    slot.ln2 = take(SatMul(layers, SatMul(BTs, C)));
+    slot.ln2_mean = take(SatMul(layers, BTs));
+    slot.ln2_rstd = take(SatMul(layers, BTs));
+    slot.fch = take(SatMul(layers, SatMul(BT, 4 * Cl)));
+    slot.gelu = take(SatMul(layers, d.gelu));
   };
   Slot shared{};
   if (full) take_blocks(shared, 1);
-  if (selective) shared.att = Take(att_floats_);
-  for (int s = 0; s < o.slots; ++s) {
+  if (selective) shared.att = take(d.att);
+  for (int s = 0; s < d.slots; ++s) {
     Slot slot = shared;
-    slot.input = Take(BTs * C);
-    if (!full) take_blocks(slot, L);
-    slot.residual3 = Take(L * BTs * C);
-    if (last()) {
-      slot.lnf = Take(BTs * C);
-      slot.lnf_mean = Take(BTs);
-      slot.lnf_rstd = Take(BTs);
-      slot.logits = Take(BT * Vl);
-      slot.losses = Take(BT);
+    slot.input = take(SatMul(BTs, C));
+    if (!full) take_blocks(slot, d.L);
+    // The block's output is kept even when the rest is recomputed.
+    slot.residual3 = take(SatMul(d.L, SatMul(BTs, C)));
+    if (d.last) {
+      slot.lnf = take(SatMul(BTs, C));
+      slot.lnf_mean = take(BTs);
+      slot.lnf_rstd = take(BTs);
+      slot.logits = take(SatMul(BT, d.Vl));
+      slot.losses = take(BT);
     } else {
       slot.lnf = slot.lnf_mean = slot.lnf_rstd = slot.logits = slot.losses =
           nullptr;
     }
-    if (ops_->device() != kernels::Device::kCpu) {
-      slot.tokens_staged = ops_->AllocTokens(BT);
-      slot.targets_staged = ops_->AllocTokens(BT);
-    }
-    slots_.push_back(slot);
+    slots->push_back(slot);
   }
-  scratch_.a = Take(BT * C);
-  scratch_.b = Take(BT * C);
-  proj_ = Take(BTs * C);
-  dresidual_ = Take(BTs * C);
-  dln_ = Take(BTs * C);
-  dqkv_ = Take(BT * 4 * Cl);
-  datty_ = dqkv_ + BT * 3 * Cl;
-  datt_ = Take(datt);
-  dfch_gelu_ = Take(BT * 4 * Cl);
-  ce_stats_ = last() ? Take(3 * BT) : nullptr;
-  scratch_.backend = ops_;
-  PT_CHECK(acts_used_ == acts_.size(),
-           "the activation slabs do not add up to ActivationFloats");
+  // The backward's working set: two (B,T,C) scratch, proj, dresidual, dln;
+  // dqkv and datty (first GELU's output, again, for the MLP projection's
+  // backward); attention's scratch; one (B,T,4Cl) for the MLP's hidden layer
+  // (GELU's output in forward; in backward its gradient, then fch's).
+  w->scratch_a = take(SatMul(BT, C));
+  w->scratch_b = take(SatMul(BT, C));
+  w->proj = take(SatMul(BTs, C));
+  w->dresidual = take(SatMul(BTs, C));
+  w->dln = take(SatMul(BTs, C));
+  w->dqkv = take(SatMul(BT, 4 * Cl));
+  w->datt = take(d.datt);
+  w->dfch_gelu = take(SatMul(BT, 4 * Cl));
+  w->ce_stats = d.last ? take(SatMul(3, BT)) : nullptr;
+}
+
+int64_t GptStage::ActivationFloats(const ActivationDims& d) {
+  int64_t total = 0;
+  std::vector<Slot> slots;
+  Working w;
+  LayOut(
+      d,
+      [&](int64_t count) -> float* {
+        total = SatAdd(total, count);
+        return nullptr;
+      },
+      &slots, &w);
+  return total;
 }
 
 GptStage::~GptStage() {
@@ -214,63 +284,8 @@ int64_t GptStage::ActivationFloats(const GptConfig& config, int max_B,
                                    int max_T, int slots, int tp, bool sp,
                                    Recompute recompute, int layers, bool last,
                                    const kernels::Ops* ops) {
-  // Mirrors the slabs the constructor takes, in saturating arithmetic.
-  const int64_t C = config.n_embd, L = layers;
-  const int64_t Cl = config.n_embd / tp, NHl = config.n_head / tp;
-  const int64_t Vl = config.padded_vocab / tp;
-  const int64_t BT = SatMul(max_B, max_T);
-  const int64_t BTs = SatMul(max_B, sp ? max_T / tp : max_T);
-  const int64_t att = ops != nullptr
-                          ? ops->attention_saved_floats(max_B, max_T, Cl, NHl)
-                          : SatMul(SatMul(SatMul(max_B, NHl), max_T), max_T);
-  const int64_t datt =
-      ops != nullptr ? ops->attention_scratch_floats(max_B, max_T, Cl, NHl)
-                     : att;
-  auto sum = [](std::initializer_list<int64_t> xs) {
-    int64_t s = 0;
-    for (int64_t x : xs) s = SatAdd(s, x);
-    return s;
-  };
-  // Per layer, what a block's backward reads: ln1, residual2, ln2 and four
-  // (B,Ts) statistics; qkv, atty, fch (not GELU's fp32 output, computed
-  // again); what the backend keeps of that output (bf16 CPU: its rounded
-  // copy; not when the block is recomputed); what attention keeps for its
-  // backward. Then the block's output, residual3, which is kept even when
-  // the rest is recomputed. Recomputed parts are there once.
-  const int64_t block =
-      sum({SatMul(BTs, 3 * C + 4), SatMul(BT, 3 * Cl + Cl + 4 * Cl)});
-  const int64_t gelu =
-      ops != nullptr ? ops->gelu_saved_floats(BT, static_cast<int>(4 * Cl)) : 0;
-  int64_t kept_blocks = 0, recomputed = 0;
-  switch (recompute) {
-    case Recompute::kNone:
-      kept_blocks = SatMul(L, sum({block, gelu, att}));
-      break;
-    case Recompute::kSelective:
-      kept_blocks = SatMul(L, SatAdd(block, gelu));
-      recomputed = att;
-      break;
-    case Recompute::kFull:
-      recomputed = SatAdd(block, att);
-      break;
-  }
-  const int64_t head = last ? sum({SatMul(BTs, C + 2), SatMul(BT, Vl), BT}) : 0;
-  const int64_t per_slot =
-      sum({SatMul(BTs, C), kept_blocks, SatMul(L, SatMul(BTs, C)), head});
-  // The backward's working set: two (B,T,C) scratch, proj, dresidual, dln;
-  // dqkv and datty (first GELU's output, again, for the MLP projection's
-  // backward); attention's scratch; one (B,T,4Cl) for the MLP's hidden layer
-  // (GELU's output in forward; in backward its gradient, then fch's).
-  const int64_t working =
-      sum({recomputed, SatMul(2 * BT, C), SatMul(3 * BTs, C),
-           SatMul(BT, 4 * Cl), datt, SatMul(BT, 4 * Cl), last ? 3 * BT : 0});
-  return SatAdd(SatMul(per_slot, slots), working);
-}
-
-float* GptStage::Take(int64_t count) {
-  float* p = acts_.data() + acts_used_;
-  acts_used_ += count;
-  return p;
+  return ActivationFloats(ActivationDims::Of(config, max_B, max_T, slots, tp,
+                                             sp, recompute, layers, last, ops));
 }
 
 const float* GptStage::BlockTensor(const float* unit_base, int b, int i) const {

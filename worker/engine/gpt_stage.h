@@ -227,7 +227,33 @@ class GptStage : private UnitStore {
   // Tensor `i` of block-local table index (GptBlockTensorNames order) of
   // local block `b`, inside its unit's buffer.
   const float* BlockTensor(const float* unit_base, int b, int i) const;
-  float* Take(int64_t count);
+  // The sizes a stage's activation slabs are laid out by (the backend's
+  // when `ops` is given, else the most any backend keeps).
+  struct ActivationDims {
+    int64_t C = 0, L = 0, Cl = 0, Vl = 0, BT = 0, BTs = 0;
+    // Per layer and microbatch: what attention keeps, what is kept of
+    // GELU(fch); attention's backward scratch.
+    int64_t att = 0, gelu = 0, datt = 0;
+    int slots = 1;
+    Recompute recompute = Recompute::kNone;
+    bool last = false;
+    static ActivationDims Of(const GptConfig& config, int max_B, int max_T,
+                             int slots, int tp, bool sp, Recompute recompute,
+                             int layers, bool last, const kernels::Ops* ops);
+  };
+  // The backward's working set inside the activation buffer.
+  struct Working {
+    float *scratch_a, *scratch_b, *proj, *dresidual, *dln, *dqkv, *datt,
+        *dfch_gelu, *ce_stats;
+  };
+  // The one table of the activation slabs, in their order in the buffer:
+  // calls take(count) for each (saturating sizes) and keeps what it returns
+  // in `slots` (d.slots of them) and `w`. The constructor's take hands out
+  // the buffer; ActivationFloats' counts.
+  template <typename TakeFn>
+  static void LayOut(const ActivationDims& d, TakeFn take,
+                     std::vector<Slot>* slots, Working* w);
+  static int64_t ActivationFloats(const ActivationDims& d);
   int BlockUnit(int b) const { return (first() ? 1 : 0) + 4 * b; }
 
   const GptConfig config_;
