@@ -1,0 +1,347 @@
+// The CUDA backend's causal attention (kernels/cpu/attention.cpp): the
+// fused kernels' dispatch (flash_attention.cu), the products through
+// cuBLAS with the scores in memory, and generation's cached attention.
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/ops_cuda_impl.h"
+
+namespace ptrain::kernels::cuda_impl {
+
+namespace {
+
+// fp32 -> the attention products' input type (fp32, or bf16 under bf16
+// compute).
+__device__ __forceinline__ void Store(float* p, float x) { *p = x; }
+__device__ __forceinline__ void Store(__nv_bfloat16* p, float x) {
+  *p = __float2bfloat16(x);
+}
+__device__ __forceinline__ float Load(const float* p) { return *p; }
+__device__ __forceinline__ float Load(const __nv_bfloat16* p) {
+  return __bfloat162float(*p);
+}
+
+// Element i of a head-major (B,NH,T,hs) tensor: its offset in the
+// position-major layout (B,T,width,NH,hs), where width is 3 for the q, k,
+// v rows of the attention input and 1 for a (B,T,C) tensor.
+__device__ __forceinline__ int64_t PositionMajor(int64_t i, int T, int NH,
+                                                 int hs, int width) {
+  const int d = i % hs;
+  const int t = (i / hs) % T;
+  const int h = (i / (int64_t(hs) * T)) % NH;
+  const int64_t b = i / (int64_t(hs) * T * NH);
+  return (b * T + t) * width * NH * hs + int64_t(h) * hs + d;
+}
+
+// inp (B,T,3,NH,hs) -> q, k, v (B,NH,T,hs).
+template <typename Q>
+__global__ void PermuteQkvKernel(Q* q, Q* k, Q* v, const float* inp, int B,
+                                 int T, int NH, int hs) {
+  const int64_t n = static_cast<int64_t>(B) * NH * T * hs;
+  const int C = NH * hs;
+  ForEachIndex(n, [&](int64_t i) {
+    const int64_t src = PositionMajor(i, T, NH, hs, 3);
+    Store(q + i, inp[src]);
+    Store(k + i, inp[src + C]);
+    Store(v + i, inp[src + 2 * C]);
+  });
+}
+
+// y (B,NH,T,hs) -> out (B,T,NH,hs).
+__global__ void UnpermuteKernel(float* out, const float* y, int B, int T,
+                                int NH, int hs) {
+  const int64_t n = static_cast<int64_t>(B) * NH * T * hs;
+  ForEachIndex(n,
+               [&](int64_t i) { out[PositionMajor(i, T, NH, hs, 1)] = y[i]; });
+}
+
+// Generation's cached attention (kernels/cpu/kernels.h attention_decode).
+// The new positions' keys and values, qkv (n,3,NH,hs), into the caches
+// (NH,capacity,hs) at rows [pos, pos + n).
+__global__ void KvCacheWriteKernel(float* kcache, float* vcache,
+                                   const float* qkv, int n, int pos, int NH,
+                                   int hs, int capacity) {
+  const int C = NH * hs;
+  ForEachIndex(int64_t(n) * C, [&](int64_t i) {
+    const int t = i / C, c = i % C, h = c / hs, d = c % hs;
+    const int64_t src = int64_t(t) * 3 * C + c;
+    const int64_t dst = (int64_t(h) * capacity + pos + t) * hs + d;
+    kcache[dst] = qkv[src + C];
+    vcache[dst] = qkv[src + 2 * C];
+  });
+}
+
+// One block per (head, new position i): scores against cache rows
+// [0, pos + i] in dynamic shared memory, their softmax, then each output
+// channel as the probability-weighted sum of the cached values.
+__global__ void AttentionDecodeKernel(float* out, const float* kcache,
+                                      const float* vcache, const float* qkv,
+                                      int pos, int NH, int hs, int capacity) {
+  extern __shared__ float scores[];
+  const int h = blockIdx.x, i = blockIdx.y, C = NH * hs;
+  const int len = pos + i + 1;
+  const float* q = qkv + int64_t(i) * 3 * C + int64_t(h) * hs;
+  const float* k = kcache + int64_t(h) * capacity * hs;
+  const float* v = vcache + int64_t(h) * capacity * hs;
+  const float scale = rsqrtf(static_cast<float>(hs));
+  float mx = -INFINITY;
+  for (int t = threadIdx.x; t < len; t += blockDim.x) {
+    float dot = 0.0f;
+    for (int d = 0; d < hs; ++d) dot += q[d] * k[int64_t(t) * hs + d];
+    scores[t] = dot * scale;
+    mx = fmaxf(mx, dot * scale);
+  }
+  mx = BlockReduce(mx, MaxOp(), -INFINITY);
+  float sum = 0.0f;
+  for (int t = threadIdx.x; t < len; t += blockDim.x) {
+    const float e = expf(scores[t] - mx);
+    scores[t] = e;
+    sum += e;
+  }
+  sum = BlockReduce(sum, SumOp(), 0.0f);  // its barrier publishes scores
+  for (int d = threadIdx.x; d < hs; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int t = 0; t < len; ++t) acc += scores[t] * v[int64_t(t) * hs + d];
+    out[int64_t(i) * C + int64_t(h) * hs + d] = acc / sum;
+  }
+}
+
+// dout (B,T,NH,hs) -> dy (B,NH,T,hs).
+template <typename Q>
+__global__ void PermuteOutKernel(Q* dy, const float* dout, int B, int T, int NH,
+                                 int hs) {
+  const int64_t n = static_cast<int64_t>(B) * NH * T * hs;
+  ForEachIndex(n, [&](int64_t i) {
+    Store(dy + i, dout[PositionMajor(i, T, NH, hs, 1)]);
+  });
+}
+
+// dinp (B,T,3,NH,hs) += dq, dk, dv (B,NH,T,hs).
+__global__ void UnpermuteQkvAddKernel(float* dinp, const float* dq,
+                                      const float* dk, const float* dv, int B,
+                                      int T, int NH, int hs) {
+  const int64_t n = static_cast<int64_t>(B) * NH * T * hs;
+  const int C = NH * hs;
+  ForEachIndex(n, [&](int64_t i) {
+    const int64_t dst = PositionMajor(i, T, NH, hs, 3);
+    dinp[dst] += dq[i];
+    dinp[dst + C] += dk[i];
+    dinp[dst + 2 * C] += dv[i];
+  });
+}
+
+// The scaled causal softmax of the scores (B*NH*T rows of T) into att;
+// entries above the diagonal become 0. att may be scores itself (fp32):
+// each element is read before the same thread writes it. One warp per row.
+template <typename A>
+__global__ void CausalSoftmaxKernel(A* att, const float* scores, int64_t rows,
+                                    int T, float scale) {
+  const int64_t r = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const int t1 = static_cast<int>(r % T);
+  const float* row = scores + r * T;
+  float mx = -FLT_MAX;
+  for (int t2 = lane; t2 <= t1; t2 += 32) mx = fmaxf(mx, row[t2] * scale);
+  mx = WarpMax(mx);
+  float sum = 0.0f;
+  for (int t2 = lane; t2 <= t1; t2 += 32) sum += expf(row[t2] * scale - mx);
+  const float inv = 1.0f / WarpSum(sum);
+  A* out = att + r * T;
+  for (int t2 = lane; t2 < T; t2 += 32) {
+    Store(out + t2, t2 <= t1 ? expf(row[t2] * scale - mx) * inv : 0.0f);
+  }
+}
+
+// The gradient of the scaled scores, att (datt - sum(att datt)) scale, 0
+// above the diagonal, into dscores (which may be datt itself, fp32).
+template <typename A, typename D>
+__global__ void CausalSoftmaxBackwardKernel(D* dscores, const float* datt,
+                                            const A* att, int64_t rows, int T,
+                                            float scale) {
+  const int64_t r = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const int t1 = static_cast<int>(r % T);
+  const float* d = datt + r * T;
+  const A* a = att + r * T;
+  float dot = 0.0f;
+  for (int t2 = lane; t2 <= t1; t2 += 32) dot += Load(a + t2) * d[t2];
+  dot = WarpSum(dot);
+  D* out = dscores + r * T;
+  for (int t2 = lane; t2 < T; t2 += 32) {
+    Store(out + t2, t2 <= t1 ? Load(a + t2) * (d[t2] - dot) * scale : 0.0f);
+  }
+}
+
+}  // namespace
+
+// Under bf16 compute, heads of 16, 32 or 64 take the fused kernels
+// (flash_attention.h): `att` keeps one float per query row and `datt` is
+// (B,NH,T). Otherwise the products go through cuBLAS with the (T,T)
+// scores in memory; under bf16 compute q, k, v, the probabilities and the
+// score gradients are then bf16 (fp32 accumulation and fp32 scores), the
+// probabilities packed in the first half of `att`, which only this
+// backend's backward reads.
+void CudaBackend::attention_forward(float* out, float* att, const float* inp,
+                                    int B, int T, int C, int NH) {
+  const OpScope scope(&times_, stream_, "attention_forward");
+  if (Fused(C, NH)) {
+    const Op qkv = Operand(inp, int64_t(B) * T * 3 * C, 0);
+    FlashAttentionForward(out, att, static_cast<const __nv_bfloat16*>(qkv.p), B,
+                          T, NH, C / NH, stream_);
+  } else if (options_.bf16_compute) {
+    Attention<__nv_bfloat16>(out, att, inp, B, T, C, NH);
+  } else {
+    Attention<float>(out, att, inp, B, T, C, NH);
+  }
+}
+
+void CudaBackend::attention_backward(float* dinp, float* datt,
+                                     const float* dout, const float* inp,
+                                     const float* out, const float* att, int B,
+                                     int T, int C, int NH) {
+  const OpScope scope(&times_, stream_, "attention_backward");
+  if (Fused(C, NH)) {
+    const int64_t n = int64_t(B) * T * C;
+    const Op qkv = Operand(inp, 3 * n, 0), dy = Operand(dout, n, 1);
+    FlashAttentionBackward(dinp, datt, dout,
+                           static_cast<const __nv_bfloat16*>(dy.p), out,
+                           static_cast<const __nv_bfloat16*>(qkv.p), att, B, T,
+                           NH, C / NH, stream_);
+  } else if (options_.bf16_compute) {
+    AttentionBackward<__nv_bfloat16>(dinp, datt, dout, inp, att, B, T, C, NH);
+  } else {
+    AttentionBackward<float>(dinp, datt, dout, inp, att, B, T, C, NH);
+  }
+}
+
+// fp32 throughout (generation is one sequence; the caches are small).
+void CudaBackend::attention_decode(float* out, float* kcache, float* vcache,
+                                   const float* qkv, int n, int pos, int C,
+                                   int NH, int capacity) {
+  const OpScope scope(&times_, stream_, "attention_decode");
+  const int hs = C / NH;
+  KvCacheWriteKernel<<<Blocks(int64_t(n) * C), kThreads, 0, stream_>>>(
+      kcache, vcache, qkv, n, pos, NH, hs, capacity);
+  Launched();
+  const size_t shared = sizeof(float) * (pos + n);
+  if (shared > decode_shared_) {
+    PT_CUDA_CHECK(cudaFuncSetAttribute(
+        AttentionDecodeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        static_cast<int>(shared)));
+    decode_shared_ = shared;
+  }
+  AttentionDecodeKernel<<<dim3(NH, n), kThreads, shared, stream_>>>(
+      out, kcache, vcache, qkv, pos, NH, hs, capacity);
+  Launched();
+}
+
+int64_t CudaBackend::attention_saved_floats(int64_t B, int64_t T, int C,
+                                            int NH) const {
+  return Fused(C, NH) ? B * NH * T : B * NH * T * T;
+}
+
+template <typename Q>
+void CudaBackend::Attention(float* out, float* att, const float* inp, int B,
+                            int T, int C, int NH) {
+  const int hs = C / NH;
+  const int64_t n = static_cast<int64_t>(B) * T * C;
+  const int batch = B * NH;
+  const int64_t sq = static_cast<int64_t>(T) * hs, sa = int64_t(T) * T;
+  const int64_t rows = static_cast<int64_t>(batch) * T;
+  const bool packed = sizeof(Q) == 2;
+  // [q k v (Q)] [y (fp32)] [scores (fp32), when att holds Q]
+  char* base = reinterpret_cast<char*>(Scratch(
+      (3 * n * sizeof(Q) + n * 4 + (packed ? rows * T * 4 : 0) + 3) / 4));
+  Q* q = reinterpret_cast<Q*>(base);
+  Q* k = q + n;
+  Q* v = k + n;
+  float* y = reinterpret_cast<float*>(base + 3 * n * sizeof(Q));
+  float* scores = packed ? y + n : att;
+  Q* probs = reinterpret_cast<Q*>(att);
+  PermuteQkvKernel<<<Blocks(n), kThreads, 0, stream_>>>(q, k, v, inp, B, T, NH,
+                                                        hs);
+  Launched();
+  // Scores per head, column-major (T,T) = op_T(k: hs x T) op_N(q: hs x T).
+  Batched(true, false, T, T, hs, k, TypeOf<Q>(), hs, sq, q, TypeOf<Q>(), hs, sq,
+          scores, T, sa, batch);
+  CausalSoftmaxKernel<<<Blocks(rows * 32), kThreads, 0, stream_>>>(
+      probs, scores, rows, T, 1.0f / sqrtf(static_cast<float>(hs)));
+  Launched();
+  // y^T (hs,T1) = v^T (hs,T2) att^T (T2,T1).
+  Batched(false, false, hs, T, T, v, TypeOf<Q>(), hs, sq, probs, TypeOf<Q>(), T,
+          sa, y, hs, sq, batch);
+  UnpermuteKernel<<<Blocks(n), kThreads, 0, stream_>>>(out, y, B, T, NH, hs);
+  Launched();
+}
+
+template <typename Q>
+void CudaBackend::AttentionBackward(float* dinp, float* datt, const float* dout,
+                                    const float* inp, const float* att, int B,
+                                    int T, int C, int NH) {
+  const int hs = C / NH;
+  const int64_t n = static_cast<int64_t>(B) * T * C;
+  const int batch = B * NH;
+  const int64_t sq = static_cast<int64_t>(T) * hs, sa = int64_t(T) * T;
+  const int64_t rows = static_cast<int64_t>(batch) * T;
+  const bool packed = sizeof(Q) == 2;
+  // [q k v dy (Q)] [dq dk dv (fp32)] [dscores (Q), when packed]
+  char* base = reinterpret_cast<char*>(
+      Scratch((4 * n * sizeof(Q) + 3 * n * 4 +
+               (packed ? rows * T * sizeof(Q) : 0) + 3) /
+              4));
+  Q* q = reinterpret_cast<Q*>(base);
+  Q* k = q + n;
+  Q* v = k + n;
+  Q* dy = v + n;
+  float* dq = reinterpret_cast<float*>(base + 4 * n * sizeof(Q));
+  float* dk = dq + n;
+  float* dv = dk + n;
+  Q* dscores =
+      packed ? reinterpret_cast<Q*>(dv + n) : reinterpret_cast<Q*>(datt);
+  const Q* probs = reinterpret_cast<const Q*>(att);
+  PermuteQkvKernel<<<Blocks(n), kThreads, 0, stream_>>>(q, k, v, inp, B, T, NH,
+                                                        hs);
+  Launched();
+  PermuteOutKernel<<<Blocks(n), kThreads, 0, stream_>>>(dy, dout, B, T, NH, hs);
+  Launched();
+  // datt (T1,T2) = dy v^T: the scores' shape, from v and dy.
+  Batched(true, false, T, T, hs, v, TypeOf<Q>(), hs, sq, dy, TypeOf<Q>(), hs,
+          sq, datt, T, sa, batch);
+  // dv^T (hs,T2) = dy^T (hs,T1) att (T1,T2).
+  Batched(false, true, hs, T, T, dy, TypeOf<Q>(), hs, sq, probs, TypeOf<Q>(), T,
+          sa, dv, hs, sq, batch);
+  CausalSoftmaxBackwardKernel<<<Blocks(rows * 32), kThreads, 0, stream_>>>(
+      dscores, datt, probs, rows, T, 1.0f / sqrtf(static_cast<float>(hs)));
+  Launched();
+  // dq^T (hs,T1) = k^T (hs,T2) dscores^T (T2,T1).
+  Batched(false, false, hs, T, T, k, TypeOf<Q>(), hs, sq, dscores, TypeOf<Q>(),
+          T, sa, dq, hs, sq, batch);
+  // dk^T (hs,T2) = q^T (hs,T1) dscores (T1,T2).
+  Batched(false, true, hs, T, T, q, TypeOf<Q>(), hs, sq, dscores, TypeOf<Q>(),
+          T, sa, dk, hs, sq, batch);
+  UnpermuteQkvAddKernel<<<Blocks(n), kThreads, 0, stream_>>>(dinp, dq, dk, dv,
+                                                             B, T, NH, hs);
+  Launched();
+}
+
+void CudaBackend::Batched(bool trans_a, bool trans_b, int m, int n, int k,
+                          const void* A, cudaDataType_t a_type, int lda,
+                          int64_t sa, const void* B, cudaDataType_t b_type,
+                          int ldb, int64_t sb, float* D, int ldd, int64_t sd,
+                          int batch) {
+  const float alpha = 1.0f, beta = 0.0f;
+  // bf16 inputs compute in fp32 (accumulation); fp32 inputs as configured.
+  const cublasComputeType_t compute =
+      a_type == CUDA_R_16BF ? CUBLAS_COMPUTE_32F : compute_;
+  PT_CUDA_CHECK(cublasGemmStridedBatchedEx(
+      blas_, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+      trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, A, a_type, lda, sa,
+      B, b_type, ldb, sb, &beta, D, CUDA_R_32F, ldd, sd, batch, compute,
+      CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace ptrain::kernels::cuda_impl

@@ -1,0 +1,159 @@
+// The CUDA backend's softmax and cross-entropy over the vocabulary
+// (kernels/cpu/crossentropy.cpp), whole or split by vocabulary columns.
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/common/math.h"
+#include "kernels/cuda/ops_cuda_impl.h"
+
+namespace ptrain::kernels::cuda_impl {
+
+namespace {
+
+// One block per row.
+__global__ void CrossEntropyMaxKernel(float* maxes, const float* logits, int Vl,
+                                      int vocab_begin, int V) {
+  const int64_t r = blockIdx.x;
+  const float* l = logits + r * Vl;
+  const int real = V - vocab_begin < Vl ? V - vocab_begin : Vl;
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < real; j += blockDim.x) mx = fmaxf(mx, l[j]);
+  mx = BlockReduce(mx, MaxOp(), -INFINITY);
+  if (threadIdx.x == 0) maxes[r] = mx;
+}
+
+__global__ void CrossEntropyExpKernel(float* sums, float* target_shifted,
+                                      float* probs, const float* logits,
+                                      const float* maxes,
+                                      const int32_t* targets, int Vl,
+                                      int vocab_begin, int V) {
+  const int64_t r = blockIdx.x;
+  const float* l = logits + r * Vl;
+  float* p = probs + r * Vl;
+  const float mx = maxes[r];
+  const int real = V - vocab_begin < Vl ? V - vocab_begin : Vl;
+  // The target's logit is read before probs (which may alias logits) is
+  // written.
+  if (threadIdx.x == 0) {
+    const int t = targets[r] - vocab_begin;
+    target_shifted[r] = t >= 0 && t < Vl ? l[t] - mx : 0.0f;
+  }
+  __syncthreads();
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < Vl; j += blockDim.x) {
+    const float e = j < real ? expf(l[j] - mx) : 0.0f;
+    p[j] = e;
+    sum += e;
+  }
+  sum = BlockReduce(sum, SumOp(), 0.0f);
+  if (threadIdx.x == 0) sums[r] = sum;
+}
+
+__global__ void CrossEntropyFinishKernel(float* losses, float* probs,
+                                         const float* sums,
+                                         const float* target_shifted, int Vl) {
+  const int64_t r = blockIdx.x;
+  float* p = probs + r * Vl;
+  const float inv = 1.0f / sums[r];
+  for (int j = threadIdx.x; j < Vl; j += blockDim.x) p[j] *= inv;
+  if (threadIdx.x == 0) {
+    losses[r] = math::CrossEntropyLoss(sums[r], target_shifted[r]);
+  }
+}
+
+// The three steps in one block per row and three passes over it (two
+// reads, one write): each thread keeps a running maximum and the sum of
+// exponentials relative to it, and the block combines them.
+__global__ void CrossEntropyForwardKernel(float* losses, float* probs,
+                                          const float* logits,
+                                          const int32_t* targets, int Vl,
+                                          int V) {
+  const int64_t r = blockIdx.x;
+  const float* l = logits + r * Vl;
+  float* p = probs + r * Vl;
+  const int real = V < Vl ? V : Vl;
+  // The target's logit is read before probs (which may alias logits) is
+  // written; the block's reductions order the two.
+  const float target = threadIdx.x == 0 ? l[targets[r]] : 0.0f;
+  float m = -INFINITY, s = 0.0f;
+  for (int j = threadIdx.x; j < real; j += blockDim.x) {
+    const float x = l[j];
+    if (x > m) {
+      s = s * expf(m - x) + 1.0f;
+      m = x;
+    } else {
+      s += expf(x - m);
+    }
+  }
+  const float mx = BlockReduce(m, MaxOp(), -INFINITY);
+  const float sum =
+      BlockReduce(m == -INFINITY ? 0.0f : s * expf(m - mx), SumOp(), 0.0f);
+  const float inv = 1.0f / sum;
+  for (int j = threadIdx.x; j < Vl; j += blockDim.x) {
+    p[j] = j < real ? expf(l[j] - mx) * inv : 0.0f;
+  }
+  if (threadIdx.x == 0) {
+    losses[r] = math::CrossEntropyLoss(sum, target - mx);
+  }
+}
+
+__global__ void CrossEntropyBackwardKernel(float* dlogits, const float* probs,
+                                           const int32_t* targets, float dloss,
+                                           int64_t rows, int Vl,
+                                           int vocab_begin) {
+  const int64_t n = rows * Vl;
+  ForEachIndex(n, [&](int64_t i) {
+    const int64_t r = i / Vl;
+    const int j = static_cast<int>(i % Vl);
+    const float onehot = targets[r] - vocab_begin == j ? 1.0f : 0.0f;
+    dlogits[i] = (probs[i] - onehot) * dloss;  // may be probs itself
+  });
+}
+
+}  // namespace
+
+void CudaBackend::crossentropy_parallel_max(float* maxes, const float* logits,
+                                            int B, int T, int Vl,
+                                            int vocab_begin, int V) {
+  Run("crossentropy_parallel_max", CrossEntropyMaxKernel, B * T, maxes, logits,
+      Vl, vocab_begin, V);
+}
+
+void CudaBackend::crossentropy_parallel_exp(float* sums, float* target_shifted,
+                                            float* probs, const float* logits,
+                                            const float* maxes,
+                                            const int32_t* targets, int B,
+                                            int T, int Vl, int vocab_begin,
+                                            int V) {
+  Run("crossentropy_parallel_exp", CrossEntropyExpKernel, B * T, sums,
+      target_shifted, probs, logits, maxes, targets, Vl, vocab_begin, V);
+}
+
+void CudaBackend::crossentropy_parallel_finish(float* losses, float* probs,
+                                               const float* sums,
+                                               const float* target_shifted,
+                                               int B, int T, int Vl) {
+  Run("crossentropy_parallel_finish", CrossEntropyFinishKernel, B * T, losses,
+      probs, sums, target_shifted, Vl);
+}
+
+void CudaBackend::crossentropy_forward(float* losses, float* probs,
+                                       const float* logits,
+                                       const int32_t* targets, float* stats,
+                                       int B, int T, int Vl, int V) {
+  (void)stats;
+  Run("crossentropy_forward", CrossEntropyForwardKernel, B * T, losses, probs,
+      logits, targets, Vl, V);
+}
+
+void CudaBackend::crossentropy_parallel_backward(float* dlogits,
+                                                 const float* probs,
+                                                 const int32_t* targets,
+                                                 float dloss, int B, int T,
+                                                 int Vl, int vocab_begin) {
+  const int64_t rows = static_cast<int64_t>(B) * T;
+  Run("crossentropy_parallel_backward", CrossEntropyBackwardKernel,
+      Blocks(rows * Vl), dlogits, probs, targets, dloss, rows, Vl, vocab_begin);
+}
+
+}  // namespace ptrain::kernels::cuda_impl

@@ -1,0 +1,130 @@
+// The CUDA backend's LayerNorm (kernels/cpu/layernorm.cpp), forward and
+// backward, and the column sums that also give a matmul's bias gradient.
+#include <cstdint>
+
+#include "kernels/common/math.h"
+#include "kernels/cuda/ops_cuda_impl.h"
+
+namespace ptrain::kernels::cuda_impl {
+
+namespace {
+
+// One warp per row.
+__global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd,
+                                       const float* inp, const float* weight,
+                                       const float* bias, int64_t rows, int C) {
+  const int64_t r = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const float* x = inp + r * C;
+  float sum = 0.0f;
+  for (int i = lane; i < C; i += 32) sum += x[i];
+  const float m = WarpSum(sum) / C;
+  float sum_sq = 0.0f;
+  for (int i = lane; i < C; i += 32) {
+    const float xm = x[i] - m;
+    sum_sq += xm * xm;
+  }
+  const float s = math::LayerNormRstd(WarpSum(sum_sq) / C);
+  float* o = out + r * C;
+  for (int i = lane; i < C; i += 32)
+    o[i] = (x[i] - m) * s * weight[i] + bias[i];
+  if (lane == 0) {
+    mean[r] = m;
+    rstd[r] = s;
+  }
+}
+
+// The input gradient, one warp per row.
+__global__ void LayerNormBackwardInputKernel(
+    float* dinp, const float* dout, const float* inp, const float* weight,
+    const float* mean, const float* rstd, int64_t rows, int C) {
+  const int64_t r = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const float* x = inp + r * C;
+  const float* dy = dout + r * C;
+  const float m = mean[r], s = rstd[r];
+  float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
+  for (int i = lane; i < C; i += 32) {
+    const float dnorm = weight[i] * dy[i];
+    dnorm_sum += dnorm;
+    dnorm_norm_sum += dnorm * (x[i] - m) * s;
+  }
+  const float dnorm_mean = WarpSum(dnorm_sum) / C;
+  const float dnorm_norm_mean = WarpSum(dnorm_norm_sum) / C;
+  float* dx = dinp + r * C;
+  for (int i = lane; i < C; i += 32) {
+    dx[i] += math::LayerNormInputGrad(weight[i] * dy[i], (x[i] - m) * s,
+                                      dnorm_mean, dnorm_norm_mean, s);
+  }
+}
+
+// Column sums over rows, accumulated: a block of 32 columns x 8 row lanes
+// takes a chunk of kChunkRows rows, then adds its sums atomically. With
+// `inp` (LayerNorm), sums[0] gets (x - mean) rstd dy and sums[1] dy;
+// without, sums[1] gets dy (a bias gradient).
+constexpr int kChunkRows = 256;
+__global__ void ColumnSumsKernel(float* dweight, float* dbias,
+                                 const float* dout, const float* inp,
+                                 const float* mean, const float* rstd,
+                                 int64_t rows, int C) {
+  __shared__ float sw[8][33];
+  __shared__ float sb[8][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kChunkRows;
+  const int64_t r1 = r0 + kChunkRows < rows ? r0 + kChunkRows : rows;
+  float aw = 0.0f, ab = 0.0f;
+  if (c < C) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
+      const float dy = dout[r * C + c];
+      ab += dy;
+      if (inp != nullptr) aw += (inp[r * C + c] - mean[r]) * rstd[r] * dy;
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = aw;
+  sb[threadIdx.y][threadIdx.x] = ab;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    for (int y = 1; y < 8; ++y) {
+      aw += sw[y][threadIdx.x];
+      ab += sb[y][threadIdx.x];
+    }
+    if (inp != nullptr) atomicAdd(&dweight[c], aw);
+    atomicAdd(&dbias[c], ab);
+  }
+}
+
+}  // namespace
+
+void CudaBackend::layernorm_forward(float* out, float* mean, float* rstd,
+                                    const float* inp, const float* weight,
+                                    const float* bias, int B, int T, int C) {
+  const int64_t rows = static_cast<int64_t>(B) * T;
+  Run("layernorm_forward", LayerNormForwardKernel, Blocks(rows * 32), out, mean,
+      rstd, inp, weight, bias, rows, C);
+}
+
+void CudaBackend::layernorm_backward(float* dinp, float* dweight, float* dbias,
+                                     const float* dout, const float* inp,
+                                     const float* weight, const float* mean,
+                                     const float* rstd, int B, int T, int C) {
+  const OpScope scope(&times_, stream_, "layernorm_backward");
+  const int64_t rows = static_cast<int64_t>(B) * T;
+  LayerNormBackwardInputKernel<<<Blocks(rows * 32), kThreads, 0, stream_>>>(
+      dinp, dout, inp, weight, mean, rstd, rows, C);
+  Launched();
+  ColumnSums(dweight, dbias, dout, inp, mean, rstd, rows, C);
+}
+
+void CudaBackend::ColumnSums(float* dweight, float* dbias, const float* dout,
+                             const float* inp, const float* mean,
+                             const float* rstd, int64_t rows, int C) {
+  const dim3 grid((C + 31) / 32,
+                  static_cast<unsigned>((rows + kChunkRows - 1) / kChunkRows));
+  ColumnSumsKernel<<<grid, dim3(32, 8), 0, stream_>>>(dweight, dbias, dout, inp,
+                                                      mean, rstd, rows, C);
+  Launched();
+}
+
+}  // namespace ptrain::kernels::cuda_impl

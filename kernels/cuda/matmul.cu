@@ -1,0 +1,146 @@
+// The CUDA backend's matmuls (kernels/cpu/matmul.cpp) through cuBLASLt,
+// the bias as an epilogue; under bf16 compute on operands rounded to bf16.
+#include <cstdint>
+#include <tuple>
+
+#include "kernels/cuda/ops_cuda_impl.h"
+
+namespace ptrain::kernels::cuda_impl {
+
+namespace {
+
+// fp32 -> bf16, rounded to nearest even: a matmul's or the fused
+// attention's input under bf16 compute. The first 4 * n4 elements four at a
+// thread step (16-byte loads, 8-byte stores; `in` 16-byte aligned when n4 > 0),
+// the rest one by one.
+__global__ void ToBf16Kernel(__nv_bfloat16* out, const float* in, int64_t n,
+                             int64_t n4) {
+  ForEachIndex(n4, [&](int64_t i) {
+    const float4 v = reinterpret_cast<const float4*>(in)[i];
+    auto* o = reinterpret_cast<__nv_bfloat162*>(out) + 2 * i;
+    o[0] = __floats2bfloat162_rn(v.x, v.y);
+    o[1] = __floats2bfloat162_rn(v.z, v.w);
+  });
+  ForEachIndex(n - 4 * n4, [&](int64_t i) {
+    out[4 * n4 + i] = __float2bfloat16_rn(in[4 * n4 + i]);
+  });
+}
+
+int Alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  for (int align : {256, 128, 64, 32, 16, 8}) {
+    if (a % align == 0) return align;
+  }
+  return 4;
+}
+
+}  // namespace
+
+void CudaBackend::matmul_forward(float* out, const float* inp,
+                                 const float* weight, const float* bias, int B,
+                                 int T, int C, int OC) {
+  const OpScope scope(&times_, stream_, "matmul_forward");
+  const int64_t BT = static_cast<int64_t>(B) * T;
+  // Column-major: out^T (OC,BT) = weight (C,OC)^T inp^T (C,BT).
+  Matmul(true, false, OC, BT, C, Operand(weight, int64_t(C) * OC, 0), C,
+         Operand(inp, BT * C, 1), C, 0.0f, out, OC, bias);
+}
+
+void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias,
+                                  const float* dout, const float* inp,
+                                  const float* weight, int B, int T, int C,
+                                  int OC) {
+  const OpScope scope(&times_, stream_, "matmul_backward");
+  const int64_t BT = static_cast<int64_t>(B) * T;
+  // dout is rounded once for both products.
+  const Op d = Operand(dout, BT * OC, 0);
+  // dinp^T (C,BT) = weight^T... in column-major: (C,OC) (OC,BT).
+  if (dinp != nullptr) {
+    Matmul(false, false, C, BT, OC, Operand(weight, int64_t(C) * OC, 1), C, d,
+           OC, 0.0f, dinp, C, nullptr);
+  }
+  // dweight^T (C,OC) += inp^T (C,BT) dout (BT,OC).
+  Matmul(false, true, C, OC, BT, Operand(inp, BT * C, 2), C, d, OC, 1.0f,
+         dweight, C, nullptr);
+  if (dbias != nullptr) {
+    ColumnSums(nullptr, dbias, dout, nullptr, nullptr, nullptr, BT, OC);
+  }
+}
+
+CudaBackend::Op CudaBackend::Operand(const float* x, int64_t n, int slot) {
+  if (!options_.bf16_compute) return {x, CUDA_R_32F};
+  __nv_bfloat16* copy = Grow(&bf16_[slot], n);
+  const int64_t n4 = reinterpret_cast<uintptr_t>(x) % 16 == 0 ? n / 4 : 0;
+  ToBf16Kernel<<<Blocks(n4 > 0 ? n4 : n), kThreads, 0, stream_>>>(copy, x, n,
+                                                                  n4);
+  Launched();
+  return {copy, CUDA_R_16BF};
+}
+
+void CudaBackend::Matmul(bool trans_a, bool trans_b, int64_t m, int64_t n,
+                         int64_t k, Op A, int64_t lda, Op B, int64_t ldb,
+                         float beta, float* D, int64_t ldd, const float* bias) {
+  // bf16 operands compute in fp32; fp32 ones as configured.
+  const cublasComputeType_t compute =
+      A.type == CUDA_R_16BF ? CUBLAS_COMPUTE_32F : compute_;
+  cublasLtMatmulDesc_t desc;
+  PT_CUDA_CHECK(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
+  const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  PT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(
+      desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  PT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(
+      desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  if (bias != nullptr) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    PT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(
+        desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    PT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(
+        desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  cublasLtMatrixLayout_t la, lb, ld;
+  PT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&la, A.type, trans_a ? k : m,
+                                           trans_a ? m : k, lda));
+  PT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lb, B.type, trans_b ? n : k,
+                                           trans_b ? k : n, ldb));
+  PT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, ldd));
+
+  const auto key = std::make_tuple(
+      trans_a, trans_b, m, n, k, lda, ldb, ldd, bias != nullptr, Alignment(A.p),
+      Alignment(B.p), Alignment(D), bias != nullptr ? Alignment(bias) : 0,
+      beta != 0.0f, A.type);
+  auto it = algos_.find(key);
+  if (it == algos_.end()) {
+    cublasLtMatmulPreference_t pref;
+    PT_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const size_t ws = kWorkspaceBytes;
+    PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    const uint32_t aa = Alignment(A.p), ab = Alignment(B.p), ad = Alignment(D);
+    PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof(aa)));
+    PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof(ab)));
+    PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof(ad)));
+    PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof(ad)));
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    PT_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, desc, la, lb, ld, ld,
+                                                 pref, 1, &result, &found));
+    cublasLtMatmulPreferenceDestroy(pref);
+    PT_CHECK(found > 0, "cuBLASLt has no algorithm for a matmul");
+    it = algos_.emplace(key, result.algo).first;
+  }
+  const float alpha = 1.0f;
+  PT_CUDA_CHECK(cublasLtMatmul(lt_, desc, &alpha, A.p, la, B.p, lb, &beta, D,
+                               ld, D, ld, &it->second, workspace_,
+                               kWorkspaceBytes, stream_));
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(ld);
+  cublasLtMatmulDescDestroy(desc);
+}
+
+}  // namespace ptrain::kernels::cuda_impl

@@ -1,0 +1,386 @@
+// The CUDA backend's private parts, shared by its sources (one per op
+// family, as in kernels/cpu/): launch and reduction helpers, the op timer
+// and the CudaBackend class. Not the module's interface (ops_cuda.h).
+#ifndef PTRAIN_KERNELS_CUDA_OPS_CUDA_IMPL_H_
+#define PTRAIN_KERNELS_CUDA_OPS_CUDA_IMPL_H_
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "common/check.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/ops_cuda.h"
+
+namespace ptrain::kernels {
+
+// cuBLAS(Lt) statuses for PT_CUDA_CHECK (cuda_check.h), beside the CUDA
+// runtime's (NCCL's: nccl.cu).
+inline bool Ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
+inline const char* Why(cublasStatus_t s) { return cublasGetStatusString(s); }
+
+// Hidden, as they were in one source's anonymous namespace: the module
+// exports its entry points (ops_cuda_loader.cpp), not the backend's parts.
+#pragma GCC visibility push(hidden)
+namespace cuda_impl {
+
+constexpr int kThreads = 256;
+
+inline int Blocks(int64_t n, int threads = kThreads) {
+  const int64_t b = (n + threads - 1) / threads;
+  return static_cast<int>(b < 65535 * 16 ? b : 65535 * 16);
+}
+
+// --- reductions ------------------------------------------------------------
+
+__device__ __forceinline__ float WarpSum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+__device__ __forceinline__ float WarpMax(float x) {
+  for (int o = 16; o > 0; o >>= 1) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  }
+  return x;
+}
+// Block-wide reduction (blockDim.x a multiple of 32, at most 1024); every
+// thread gets the result.
+template <typename T, typename Op>
+__device__ T BlockReduce(T x, Op op, T init) {
+  __shared__ T shared[32];
+  __shared__ T result;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int o = 16; o > 0; o >>= 1)
+    x = op(x, __shfl_xor_sync(0xffffffffu, x, o));
+  if (lane == 0) shared[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    T y = lane < static_cast<int>(blockDim.x / 32) ? shared[lane] : init;
+    for (int o = 16; o > 0; o >>= 1) {
+      y = op(y, __shfl_xor_sync(0xffffffffu, y, o));
+    }
+    if (lane == 0) result = y;
+  }
+  __syncthreads();
+  return result;
+}
+struct SumOp {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// The grid-stride loop: fn(i) for each i < n this thread takes.
+template <typename Fn>
+__device__ __forceinline__ void ForEachIndex(int64_t n, Fn fn) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    fn(i);
+  }
+}
+
+// PTRAIN_CUDA_OP_TIMES=1: every op is bracketed by CUDA events and the
+// backend prints each op's total GPU time when it is destroyed — where a
+// step's time goes, without a profiler.
+class OpTimes {
+ public:
+  OpTimes() {
+    const char* env = std::getenv("PTRAIN_CUDA_OP_TIMES");
+    enabled_ = env != nullptr && std::string(env) == "1";
+  }
+  bool enabled() const { return enabled_; }
+  void Add(const char* name, cudaEvent_t start, cudaEvent_t stop) {
+    pending_.push_back({name, start, stop});
+    if (pending_.size() >= 4096) Resolve();
+  }
+  // Waits for the recorded events and adds up their times.
+  void Resolve() {
+    for (const Pending& p : pending_) {
+      float ms = 0.0f;
+      cudaEventSynchronize(p.stop);
+      cudaEventElapsedTime(&ms, p.start, p.stop);
+      auto& t = totals_[p.name];
+      t.first += ms;
+      t.second += 1;
+      cudaEventDestroy(p.start);
+      cudaEventDestroy(p.stop);
+    }
+    pending_.clear();
+  }
+  void Print() {
+    Resolve();
+    double all = 0.0;
+    for (const auto& [name, t] : totals_) all += t.first;
+    std::vector<std::pair<double, std::string>> rows;
+    for (const auto& [name, t] : totals_) rows.push_back({t.first, name});
+    std::sort(rows.rbegin(), rows.rend());
+    std::fprintf(stderr, "cuda op times (GPU ms, all calls):\n");
+    for (const auto& [ms, name] : rows) {
+      std::fprintf(stderr, "  %-32s %10.2f ms %5.1f%%  %lld calls\n",
+                   name.c_str(), ms, 100.0 * ms / all,
+                   static_cast<long long>(totals_[name].second));
+    }
+  }
+
+ private:
+  struct Pending {
+    const char* name;
+    cudaEvent_t start, stop;
+  };
+  bool enabled_ = false;
+  std::vector<Pending> pending_;
+  std::map<std::string, std::pair<double, int64_t>> totals_;
+};
+
+// Brackets one op on `stream` when timing is on.
+class OpScope {
+ public:
+  OpScope(OpTimes* times, cudaStream_t stream, const char* name)
+      : times_(times), stream_(stream), name_(name) {
+    if (!times_->enabled()) return;
+    cudaEventCreate(&start_);
+    cudaEventCreate(&stop_);
+    cudaEventRecord(start_, stream_);
+  }
+  ~OpScope() {
+    if (!times_->enabled()) return;
+    cudaEventRecord(stop_, stream_);
+    times_->Add(name_, start_, stop_);
+  }
+
+ private:
+  OpTimes* times_;
+  cudaStream_t stream_;
+  const char* name_;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
+// The Ops seam on one GPU. Each op sits with its family's kernels, as in
+// kernels/cpu/: encoder.cu, layernorm.cu, matmul.cu, attention.cu,
+// elementwise.cu, crossentropy.cu and adamw.cu (with the sums of the
+// gradient norm); its memory and lifetime in ops_cuda.cu.
+class CudaBackend final : public Ops {
+ public:
+  explicit CudaBackend(const CudaOptions& o);
+  ~CudaBackend() override;
+
+  Device device() const override { return Device::kCuda; }
+  cudaStream_t stream() const { return stream_; }
+  int device_index() const { return options_.device; }
+  std::string name() const override;
+
+  float* Alloc(int64_t n) override;
+  void Free(float* p) override;
+  int32_t* AllocTokens(int64_t n) override;
+  void FreeTokens(int32_t* p) override;
+  const int32_t* StageTokens(int32_t* staging, const int32_t* host,
+                             int64_t n) override;
+  void ToHost(float* host, const float* src, int64_t n) override;
+  void FromHost(float* dst, const float* host, int64_t n) override;
+  void Synchronize() override { PT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  bool IsDeviceMemory(const void* p) const override;
+
+  void Zero(float* p, int64_t n) override;
+  void Copy(float* dst, const float* src, int64_t n) override;
+  void Add(float* dst, const float* src, int64_t n) override;
+  double Sum(const float* x, int64_t n) override;
+  double SumSquares(const float* x, int64_t n) override;
+
+  void embedding_forward(float* out, const int32_t* inp, const float* wte,
+                         int B, int T, int C, int vocab_begin, int Vl) override;
+  void embedding_backward(float* dwte, const float* dout, const int32_t* inp,
+                          int B, int T, int C, int vocab_begin,
+                          int Vl) override;
+  void position_forward(float* out, const float* wpe, int B, int T, int C,
+                        int t0) override;
+  void position_backward(float* dwpe, const float* dout, int B, int T, int C,
+                         int t0) override;
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                         const float* weight, const float* bias, int B, int T,
+                         int C) override;
+  void layernorm_backward(float* dinp, float* dweight, float* dbias,
+                          const float* dout, const float* inp,
+                          const float* weight, const float* mean,
+                          const float* rstd, int B, int T, int C) override;
+  void matmul_forward(float* out, const float* inp, const float* weight,
+                      const float* bias, int B, int T, int C, int OC) override;
+  void matmul_backward(float* dinp, float* dweight, float* dbias,
+                       const float* dout, const float* inp, const float* weight,
+                       int B, int T, int C, int OC) override;
+  void attention_forward(float* out, float* att, const float* inp, int B, int T,
+                         int C, int NH) override;
+  void attention_backward(float* dinp, float* datt, const float* dout,
+                          const float* inp, const float* out, const float* att,
+                          int B, int T, int C, int NH) override;
+  void attention_decode(float* out, float* kcache, float* vcache,
+                        const float* qkv, int n, int pos, int C, int NH,
+                        int capacity) override;
+  int64_t attention_saved_floats(int64_t B, int64_t T, int C,
+                                 int NH) const override;
+  void gelu_forward(float* out, const float* inp, int64_t N) override;
+  void gelu_backward(float* dinp, const float* inp, const float* dout,
+                     int64_t N) override;
+  void bias_forward(float* out, const float* bias, int64_t rows,
+                    int OC) override;
+  void residual_forward(float* out, const float* inp1, const float* inp2,
+                        int64_t N) override;
+  void crossentropy_parallel_max(float* maxes, const float* logits, int B,
+                                 int T, int Vl, int vocab_begin,
+                                 int V) override;
+  void crossentropy_parallel_exp(float* sums, float* target_shifted,
+                                 float* probs, const float* logits,
+                                 const float* maxes, const int32_t* targets,
+                                 int B, int T, int Vl, int vocab_begin,
+                                 int V) override;
+  void crossentropy_parallel_finish(float* losses, float* probs,
+                                    const float* sums,
+                                    const float* target_shifted, int B, int T,
+                                    int Vl) override;
+  void crossentropy_forward(float* losses, float* probs, const float* logits,
+                            const int32_t* targets, float* stats, int B, int T,
+                            int Vl, int V) override;
+  void crossentropy_parallel_backward(float* dlogits, const float* probs,
+                                      const int32_t* targets, float dloss,
+                                      int B, int T, int Vl,
+                                      int vocab_begin) override;
+  void adamw_update(float* params, float* m, float* v, const float* grads,
+                    int64_t N, float lr, float beta1, float beta2, float eps,
+                    float weight_decay, int64_t t, float grad_scale) override;
+
+ private:
+  static constexpr size_t kWorkspaceBytes = 32u << 20;
+
+  void Launched() { PT_CUDA_CHECK(cudaGetLastError()); }
+
+  // Whether attention over heads of C / NH takes the fused kernels.
+  bool Fused(int C, int NH) const {
+    return options_.bf16_compute && options_.fused_attention &&
+           FlashAttentionSupports(C / NH, major_);
+  }
+
+  // One kernel that is the whole of op `name`: launched on the stream with
+  // `blocks` blocks of kThreads, timed under PTRAIN_CUDA_OP_TIMES, checked.
+  template <typename... Params, typename... Args>
+  void Run(const char* name, void (*kernel)(Params...), int blocks,
+           Args&&... args) {
+    const OpScope scope(&times_, stream_, name);
+    kernel<<<blocks, kThreads, 0, stream_>>>(std::forward<Args>(args)...);
+    Launched();
+  }
+
+  // The sum of x's elements, or of their squares, in double (adamw.cu).
+  template <bool kSquares>
+  double Reduce(const float* x, int64_t n);
+
+  // ColumnSumsKernel over `rows` rows of dout (layernorm.cu): dbias += the
+  // column sums of dout and, with inp, dweight += those of (x - mean) rstd
+  // dout.
+  void ColumnSums(float* dweight, float* dbias, const float* dout,
+                  const float* inp, const float* mean, const float* rstd,
+                  int64_t rows, int C);
+
+  // A grow-only device buffer of T: reallocated, once the stream is done
+  // with the old one, only when a request is larger than it.
+  template <typename T>
+  struct GrowOnly {
+    T* p = nullptr;
+    int64_t size = 0;
+  };
+  template <typename T>
+  T* Grow(GrowOnly<T>* b, int64_t n) {
+    if (n > b->size) {
+      if (b->p != nullptr) {
+        PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        PT_CUDA_CHECK(cudaFree(b->p));
+      }
+      b->p = nullptr;
+      PT_CUDA_CHECK(cudaMalloc(&b->p, n * sizeof(T)));
+      b->size = n;
+    }
+    return b->p;
+  }
+  // Attention's permuted copies.
+  float* Scratch(int64_t n) { return Grow(&scratch_, n); }
+
+  // A matmul's or the fused attention's input: fp32 as given, or its bf16
+  // copy.
+  struct Op {
+    const void* p;
+    cudaDataType_t type;
+  };
+  // Under bf16 compute, x (n floats) rounded to bf16 into scratch `slot`
+  // (valid until the next op that uses the slot), for a matmul or the fused
+  // attention: cuBLASLt's native bf16 kernels on such operands ran the
+  // matmuls of a step about 1.5 times as fast as fp32 operands under
+  // CUBLAS_COMPUTE_32F_FAST_16BF, rounding included (docs/cuda.md). Else
+  // x itself.
+  Op Operand(const float* x, int64_t n, int slot);
+
+  // Column-major D (m,n) = alpha op(A) op(B) + beta D, plus bias (m) on
+  // every column when given, through cuBLASLt; D fp32, accumulation fp32.
+  void Matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, Op A,
+              int64_t lda, Op B, int64_t ldb, float beta, float* D, int64_t ldd,
+              const float* bias);
+
+  template <typename Q>
+  static cudaDataType_t TypeOf() {
+    return sizeof(Q) == 2 ? CUDA_R_16BF : CUDA_R_32F;
+  }
+
+  // Q: the type of the products' inputs (float, or bf16).
+  template <typename Q>
+  void Attention(float* out, float* att, const float* inp, int B, int T, int C,
+                 int NH);
+  template <typename Q>
+  void AttentionBackward(float* dinp, float* datt, const float* dout,
+                         const float* inp, const float* att, int B, int T,
+                         int C, int NH);
+
+  // Strided batched column-major D (fp32) = op(A) op(B), through cuBLAS;
+  // A and B fp32 or bf16.
+  void Batched(bool trans_a, bool trans_b, int m, int n, int k, const void* A,
+               cudaDataType_t a_type, int lda, int64_t sa, const void* B,
+               cudaDataType_t b_type, int ldb, int64_t sb, float* D, int ldd,
+               int64_t sd, int batch);
+
+  const CudaOptions options_;
+  int major_ = 0;  // compute capability
+  // Dynamic shared memory AttentionDecodeKernel may use (48 KiB needs no
+  // opt-in; more is asked for once, as a longer cache needs it).
+  size_t decode_shared_ = 48u << 10;
+  OpTimes times_;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  cublasComputeType_t compute_;
+  void* workspace_ = nullptr;
+  double* sum_ = nullptr;
+  GrowOnly<float> scratch_;
+  std::map<std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t,
+                      int64_t, bool, int, int, int, int, bool, cudaDataType_t>,
+           cublasLtMatmulAlgo_t>
+      algos_;
+  GrowOnly<__nv_bfloat16> bf16_[3];  // Operand's slots
+};
+
+}  // namespace cuda_impl
+#pragma GCC visibility pop
+}  // namespace ptrain::kernels
+
+#endif  // PTRAIN_KERNELS_CUDA_OPS_CUDA_IMPL_H_
