@@ -14,6 +14,9 @@
 // All file access goes through a ConfinedFs (common/confined_fs.h).
 //
 // Also the llm.c GPT-2 weight format (export, and import via init_from).
+//
+// One header over several units: checkpoint_internal.h says which .cc
+// holds what.
 #ifndef PTRAIN_WORKER_ENGINE_CHECKPOINT_H_
 #define PTRAIN_WORKER_ENGINE_CHECKPOINT_H_
 
@@ -217,9 +220,32 @@ class CheckpointReader : public TensorSource {
     std::vector<uint64_t> chunks;
     std::shared_ptr<UniqueFd> fd;  // opened (confined) by Open
   };
-  // Checks the parsed manifest and fills the reader from it.
+  // Checks the parsed manifest and fills the reader from it, in these
+  // steps (checkpoint_manifest.cc, checkpoint_index.cc).
   absl::Status Load(const nlohmann::json& m);
+  // True for format 3 (a vocabulary of one byte a character).
+  absl::StatusOr<bool> CheckFormat(const nlohmann::json& m) const;
+  absl::Status LoadProgressAndModel(const nlohmann::json& m);
+  absl::Status LoadVocabAndSpec(const nlohmann::json& m, bool byte_vocab);
+  absl::Status LoadOwnerAndDataDigest(const nlohmann::json& m);
+  absl::Status LoadLayout(const nlohmann::json& m);
+  absl::Status LoadFiles(const nlohmann::json& m);
+  absl::StatusOr<FileInfo> LoadFileInfo(const nlohmann::json& f,
+                                        const std::string& where) const;
+  absl::Status LoadTensors(const nlohmann::json& m);
+  absl::Status LoadTensor(const std::string& name, const nlohmann::json& t);
+  absl::StatusOr<std::vector<int64_t>> LoadShape(
+      const nlohmann::json& t, const std::string& where) const;
+  absl::StatusOr<Entry> LoadShard(const nlohmann::json& e,
+                                  const std::string& at,
+                                  const std::vector<int64_t>& dims) const;
+  absl::Status CheckFilesTiled() const;
+  absl::Status CheckOwnModel() const;
+  absl::Status OpenShardFiles();
+  // DataLoss "checkpoint DIR is damaged: what" (or the field error's
+  // message).
   absl::Status Damaged(const std::string& what) const;
+  absl::Status Damaged(const absl::Status& field_error) const;
   absl::Status ReadFileRange(const std::string& file, int64_t offset,
                              int64_t bytes, char* dst);
   // Chunk c of `file`, read and verified once.
