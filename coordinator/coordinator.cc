@@ -27,6 +27,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/auth_token.h"
+#include "common/digest.h"
 #include "common/spec.h"
 #include "coordinator/auth.h"
 #include "coordinator/launcher.h"

@@ -26,9 +26,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/digest.h"
 #include "common/process.h"
 #include "common/spec.h"
-#include "coordinator/auth.h"
 
 extern char** environ;
 

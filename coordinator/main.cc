@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/auth_token.h"
 #include "common/logging.h"
 #include "common/pem.h"
 #include "coordinator/auth.h"
