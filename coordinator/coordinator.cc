@@ -29,6 +29,7 @@
 #include "absl/strings/str_join.h"
 #include "common/auth_token.h"
 #include "common/digest.h"
+#include "common/exit_codes.h"
 #include "common/spec.h"
 #include "coordinator/auth.h"
 #include "coordinator/launcher.h"

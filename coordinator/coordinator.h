@@ -378,13 +378,6 @@ inline constexpr v1::AttemptEnd kRequeueEnds[] = {
     v1::ATTEMPT_END_GROWN, v1::ATTEMPT_END_LOST};
 int64_t NowMs();
 
-// The exit code of an attempt that met deterministic bad input (ptworker's
-// kExitBadInput): the job fails at once, without a restart.
-inline constexpr int kExitBadInput = 2;
-// The exit code of an attempt that stopped as asked (SIGUSR1) after saving a
-// checkpoint: requeued to resume from it, without using up a restart.
-inline constexpr int kExitStopped = 3;
-
 // OK when `dir` is a folder owned by the effective user that neither group
 // nor others may write; PermissionDenied naming it and the rule otherwise.
 absl::Status CheckPrivateDir(const std::string& dir);

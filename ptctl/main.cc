@@ -33,6 +33,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/exit_codes.h"
 #include "common/header_value.h"
 #include "common/pem.h"
 #include "common/spec.h"
@@ -44,12 +45,10 @@ namespace {
 
 using ptrain::v1::JobService;
 
-constexpr int kExitFailed = 1;  // RPC error, or the watched job FAILED
-// Usage or spec errors, found here or by ptcoord (INVALID_ARGUMENT).
-constexpr int kExitBadInput = 2;
-constexpr int kExitCancelled = 3;  // the watched job was CANCELLED
-// Ctrl-C while watching, as a shell reports a command SIGINT ended.
-constexpr int kExitInterrupted = 130;
+using ptrain::kExitBadInput;
+using ptrain::kExitCancelled;
+using ptrain::kExitFailed;
+using ptrain::kExitInterrupted;
 
 constexpr char kDefaultServer[] = "127.0.0.1:7070";
 
