@@ -30,6 +30,7 @@
 #include "common/auth_token.h"
 #include "common/digest.h"
 #include "common/exit_codes.h"
+#include "common/job_state.h"
 #include "common/spec.h"
 #include "coordinator/auth.h"
 #include "coordinator/launcher.h"
@@ -42,25 +43,6 @@ namespace ptrain {
 namespace fs = std::filesystem;
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
-
-bool IsFinal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
-         s == v1::JOB_STATE_CANCELLED;
-}
-
-std::string StateName(v1::JobState s) {
-  std::string name = v1::JobState_Name(s);
-  constexpr absl::string_view kPrefix = "JOB_STATE_";
-  if (absl::StartsWith(name, kPrefix)) name = name.substr(kPrefix.size());
-  return name;
-}
-
-std::string EndName(v1::AttemptEnd end) {
-  constexpr absl::string_view kPrefix = "ATTEMPT_END_";
-  std::string name = v1::AttemptEnd_Name(end);
-  if (absl::StartsWith(name, kPrefix)) name = name.substr(kPrefix.size());
-  return absl::AsciiStrToLower(name);
-}
 
 absl::Status CheckPrivateDir(const std::string& dir) {
   struct stat st;

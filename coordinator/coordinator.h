@@ -366,11 +366,6 @@ class Coordinator {
   std::thread supervisor_;
 };
 
-bool IsFinal(v1::JobState s);
-std::string StateName(v1::JobState s);  // "RUNNING", ...
-// The AttemptEnd name in lower case without its prefix ("node_lost"): the
-// key of Job.requeues and the `reason` of ptrain_job_requeues_total.
-std::string EndName(v1::AttemptEnd end);
 // The ends after which a job goes on (requeued, or paused until resumed)
 // without a failure of its own, so without using up a restart.
 inline constexpr v1::AttemptEnd kRequeueEnds[] = {

@@ -35,6 +35,7 @@
 #include "absl/time/time.h"
 #include "common/exit_codes.h"
 #include "common/header_value.h"
+#include "common/job_state.h"
 #include "common/pem.h"
 #include "common/spec.h"
 #include "google/protobuf/util/json_util.h"
@@ -45,10 +46,13 @@ namespace {
 
 using ptrain::v1::JobService;
 
+using ptrain::EndName;
+using ptrain::IsFinal;
 using ptrain::kExitBadInput;
 using ptrain::kExitCancelled;
 using ptrain::kExitFailed;
 using ptrain::kExitInterrupted;
+using ptrain::StateName;
 
 constexpr char kDefaultServer[] = "127.0.0.1:7070";
 
@@ -124,15 +128,6 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const Options& o) {
   return grpc::CreateCustomChannel(o.server, credentials, args);
 }
 
-// An enum value's name without its prefix.
-std::string WithoutPrefix(std::string name, absl::string_view prefix) {
-  return absl::StartsWith(name, prefix) ? name.substr(prefix.size()) : name;
-}
-
-std::string StateName(ptrain::v1::JobState s) {
-  return WithoutPrefix(ptrain::v1::JobState_Name(s), "JOB_STATE_");
-}
-
 // How an ended attempt ended, in words ("paused", "node lost"): a pause
 // or a cancel ends an attempt with a non-zero exit code that is no failure.
 std::string EndWords(const ptrain::v1::Attempt& a) {
@@ -141,8 +136,7 @@ std::string EndWords(const ptrain::v1::Attempt& a) {
     // Ended under a ptcoord that did not record why.
     return a.error().empty() ? "" : "failed";
   }
-  std::string words = absl::AsciiStrToLower(
-      WithoutPrefix(ptrain::v1::AttemptEnd_Name(a.end()), "ATTEMPT_END_"));
+  std::string words = EndName(a.end());
   std::replace(words.begin(), words.end(), '_', ' ');
   return words;
 }
@@ -173,12 +167,6 @@ std::vector<std::string> StateFlagNames() {
     }
   }
   return out;
-}
-
-bool IsFinal(ptrain::v1::JobState s) {
-  return s == ptrain::v1::JOB_STATE_SUCCEEDED ||
-         s == ptrain::v1::JOB_STATE_FAILED ||
-         s == ptrain::v1::JOB_STATE_CANCELLED;
 }
 
 int OutcomeExitCode(ptrain::v1::JobState s) {
