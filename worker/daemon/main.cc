@@ -40,13 +40,12 @@
 #include "common/logging.h"
 #include "common/pem.h"
 #include "common/process.h"
+#include "common/spawn.h"
 #include "grpcpp/grpcpp.h"
 #include "ptrain/v1/node.grpc.pb.h"
 #include "spdlog/spdlog.h"
 #include "worker/daemon/command.h"
 #include "worker/daemon/node_secret.h"
-
-extern char** environ;
 
 namespace {
 
@@ -313,61 +312,39 @@ class Daemon final : public ptrain::v1::DaemonService::Service {
     for (const ptrain::NodeCommand::Assignment& a : cmd.assignments) {
       if (a.exported) env[a.name] = a.value;
     }
-    std::vector<std::string> env_strings;
-    for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
-    std::vector<std::string> argv_strings = cmd.argv;
-    argv_strings[0] = Resolve(argv_strings[0]);
-    std::vector<char*> argv, envp;
-    for (std::string& a : argv_strings) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    for (std::string& e : env_strings) envp.push_back(e.data());
-    envp.push_back(nullptr);
-
-    int out_pipe[2], err_pipe[2];
-    if (pipe2(out_pipe, O_CLOEXEC) != 0) {
+    absl::StatusOr<ptrain::Pipe> out_pipe = ptrain::Pipe::Open();
+    if (!out_pipe.ok()) {
       return grpc::Status(grpc::StatusCode::INTERNAL, "pipe failed");
     }
-    if (pipe2(err_pipe, O_CLOEXEC) != 0) {
-      close(out_pipe[0]);
-      close(out_pipe[1]);
+    absl::StatusOr<ptrain::Pipe> err_pipe = ptrain::Pipe::Open();
+    if (!err_pipe.ok()) {
       return grpc::Status(grpc::StatusCode::INTERNAL, "pipe failed");
     }
     attempts_.Started(who.attempt_uid());
-    const pid_t parent = getpid();
-    const pid_t pid = fork();
-    if (pid < 0) {
-      for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) {
-        close(fd);
-      }
+    ptrain::SpawnOptions o;
+    o.argv = cmd.argv;
+    o.argv[0] = Resolve(o.argv[0]);
+    o.env = std::move(env);
+    o.stdout_fd = out_pipe->write_fd();
+    o.stderr_fd = err_pipe->write_fd();
+    o.own_process_group = true;
+    o.die_with_parent = true;
+    o.fds = ptrain::SpawnOptions::Fds::kCloseAll;
+    o.setup_failed_exit = 126;
+    absl::StatusOr<pid_t> spawned = ptrain::Spawn(o);
+    if (!spawned.ok()) {
       return grpc::Status(grpc::StatusCode::INTERNAL,
-                          absl::StrCat("fork: ", std::strerror(errno)));
+                          std::string(spawned.status().message()));
     }
-    if (pid == 0) {
-      // Only async-signal-safe calls: the daemon is multithreaded.
-      setpgid(0, 0);
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(126);  // the daemon already died
-      sigset_t none;
-      sigemptyset(&none);
-      sigprocmask(SIG_SETMASK, &none, nullptr);
-      const int in = open("/dev/null", O_RDONLY);
-      if (in < 0) _exit(126);
-      dup2(in, 0);
-      dup2(out_pipe[1], 1);
-      dup2(err_pipe[1], 2);
-      for (int fd = 3; fd < 1024; ++fd) close(fd);
-      execve(argv[0], argv.data(), envp.data());
-      _exit(127);
-    }
-    setpgid(pid, pid);
+    const pid_t pid = *spawned;
     {
       absl::MutexLock lock(&mu_);
       exec_children_.insert(pid);
     }
-    close(out_pipe[1]);
-    close(err_pipe[1]);
+    out_pipe->CloseWrite();
+    err_pipe->CloseWrite();
     spdlog::info("exec for {} attempt {}: {} (pid {})", who.job_id(),
-                 who.attempt(), argv_strings[0], pid);
+                 who.attempt(), o.argv[0], pid);
 
     std::optional<int> exit_code;
     bool out_open = true, err_open = true, cancelled = false;
@@ -377,8 +354,8 @@ class Daemon final : public ptrain::v1::DaemonService::Service {
         cancelled = true;
         kill(-pid, SIGKILL);
       }
-      pollfd fds[2] = {{out_open ? out_pipe[0] : -1, POLLIN, 0},
-                       {err_open ? err_pipe[0] : -1, POLLIN, 0}};
+      pollfd fds[2] = {{out_open ? out_pipe->read_fd() : -1, POLLIN, 0},
+                       {err_open ? err_pipe->read_fd() : -1, POLLIN, 0}};
       const int ready = poll(fds, 2, 200);
       if (ready < 0 && errno != EINTR) break;
       for (int i = 0; i < 2; ++i) {
@@ -400,20 +377,17 @@ class Daemon final : public ptrain::v1::DaemonService::Service {
       if (!exit_code.has_value()) {
         int status = 0;
         if (waitpid(pid, &status, WNOHANG) == pid) {
-          exit_code =
-              WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+          exit_code = ptrain::ExitCodeOf(status);
           break;
         }
       }
     }
-    close(out_pipe[0]);
-    close(err_pipe[0]);
+    out_pipe->CloseRead();
+    err_pipe->CloseRead();
     if (!exit_code.has_value()) {
       int status = 0;
-      if (waitpid(pid, &status, 0) == pid) {
-        exit_code =
-            WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
+      if (waitpid(pid, &status, 0) == pid)
+        exit_code = ptrain::ExitCodeOf(status);
     }
     {
       absl::MutexLock lock(&mu_);
