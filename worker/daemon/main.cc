@@ -37,6 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/auth_token.h"
 #include "common/digest.h"
+#include "common/gpu_inventory.h"
 #include "common/logging.h"
 #include "common/pem.h"
 #include "common/process.h"
@@ -513,18 +514,6 @@ class Daemon final : public ptrain::v1::DaemonService::Service {
   std::chrono::steady_clock::time_point last_contact_;
 };
 
-// NVIDIA GPUs the driver shows on this host (/proc/driver/nvidia/gpus has
-// one folder each); 0 without the driver. The daemon never loads CUDA.
-int CountGpus() {
-  std::error_code ec;
-  int n = 0;
-  for (std::filesystem::directory_iterator it("/proc/driver/nvidia/gpus", ec);
-       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
-    ++n;
-  }
-  return std::min(n, 1024);
-}
-
 int Run(int argc, char** argv) {
   CLI::App app{"ptworkerd: the node daemon of a ptrain cluster"};
   std::string coordinator, name = HostName(), token_file, advertise, tls_ca,
@@ -578,7 +567,7 @@ int Run(int argc, char** argv) {
   spec.set_cores(
       static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   spec.set_memory_bytes(MemoryBytes());
-  spec.set_gpus(gpus >= 0 ? gpus : CountGpus());
+  spec.set_gpus(gpus >= 0 ? gpus : ptrain::GpuCount());
   spec.set_version(kVersion);
 
   std::shared_ptr<grpc::ChannelCredentials> credentials =
