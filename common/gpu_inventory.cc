@@ -60,21 +60,21 @@ int VisibleGpus(const GpuListing& listing,
                 const std::optional<std::string>& visible) {
   const int listed = static_cast<int>(listing.uuids.size());
   if (!visible.has_value()) return listed;
-  std::set<int> taken;
+  std::set<int> taken, indices;
   int mig = 0;
   for (absl::string_view entry : absl::StrSplit(*visible, ',')) {
     entry = absl::StripAsciiWhitespace(entry);
     int index = -1;
     if (absl::SimpleAtoi(entry, &index)) {
-      if (index < 0 || index >= listed || !taken.insert(index).second) break;
-    } else if (absl::StartsWith(entry, "GPU-")) {
-      auto it = std::find_if(listing.uuids.begin(), listing.uuids.end(),
-                             [&](const std::string& uuid) {
-                               return absl::StartsWith(uuid, entry);
-                             });
-      if (it == listing.uuids.end()) break;
-      if (!taken.insert(static_cast<int>(it - listing.uuids.begin())).second)
-        break;
+      if (index < 0 || index >= listed) break;
+      if (!indices.insert(index).second) return 0;  // CUDA refuses the list
+      if (!taken.insert(index).second) break;
+    } else if (absl::StartsWith(entry, "GPU-") && entry.size() > 4) {
+      std::vector<int> matches;
+      for (int i = 0; i < listed; ++i) {
+        if (absl::StartsWith(listing.uuids[i], entry)) matches.push_back(i);
+      }
+      if (matches.size() != 1 || !taken.insert(matches[0]).second) break;
     } else if (absl::StartsWith(entry, "MIG-") && listed > 0) {
       ++mig;
     } else {

@@ -28,10 +28,12 @@ GpuListing ListGpus(const std::string& dir = "/proc/driver/nvidia/gpus");
 
 // How many of `listing`'s GPUs a CUDA program sees with CUDA_VISIBLE_DEVICES
 // set to `visible` (nullopt: unset, every GPU): entries separated by commas,
-// each an index below the GPU count or a UUID prefix ("GPU-8a3…") of a GPU
-// the driver shows, or a MIG device ("MIG-…", counted as one); the first
-// entry that is none of these, or names a GPU again, ends the list. Empty:
-// none. At most kMaxGpus.
+// surrounding blanks ignored, each an index below the GPU count or a prefix
+// of one GPU's UUID ("GPU-d4deb6b7"), or a MIG device ("MIG-…", taken on
+// trust as one: the driver's folders do not list them); the first entry that
+// is none of these, or names a GPU an entry before it named, ends the list,
+// and an index given twice hides every GPU. Empty: none. At most kMaxGpus.
+// What the CUDA driver (580) did with each such value on an H100.
 int VisibleGpus(const GpuListing& listing,
                 const std::optional<std::string>& visible);
 

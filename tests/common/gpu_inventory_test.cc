@@ -44,14 +44,19 @@ TEST(GpuInventoryTest, CudaVisibleDevicesNarrowsAsTheRuntimeDoes) {
   EXPECT_EQ(VisibleGpus(four, ""), 0);
   EXPECT_EQ(VisibleGpus(four, "2"), 1);
   EXPECT_EQ(VisibleGpus(four, "0,3"), 2);
-  // The first entry that names no GPU, or one again, ends the list.
+  EXPECT_EQ(VisibleGpus(four, " 1 , 2 "), 2);
+  // The first entry that names no GPU, or one named before, ends the list;
+  // an index given twice hides them all.
   EXPECT_EQ(VisibleGpus(four, "1,7,2"), 1);
   EXPECT_EQ(VisibleGpus(four, "1,-1,2"), 1);
-  EXPECT_EQ(VisibleGpus(four, "1,1,2"), 1);
   EXPECT_EQ(VisibleGpus(four, "x"), 0);
-  // UUIDs and their prefixes; MIG devices count one each.
+  EXPECT_EQ(VisibleGpus(four, "GPU-c3,2"), 1);
+  EXPECT_EQ(VisibleGpus(four, "1,1,2"), 0);
+  // UUIDs and the prefixes that name one GPU; MIG devices count one each.
   EXPECT_EQ(VisibleGpus(four, "GPU-c,GPU-a1"), 2);
   EXPECT_EQ(VisibleGpus(four, "GPU-zz,0"), 0);
+  EXPECT_EQ(VisibleGpus(four, "GPU-"), 0);
+  EXPECT_EQ(VisibleGpus(Gpus({"GPU-ab1", "GPU-ab2"}), "GPU-ab"), 0);
   EXPECT_EQ(VisibleGpus(four, "MIG-1,MIG-2"), 2);
   EXPECT_EQ(VisibleGpus(Gpus({}), "0"), 0);
 }
