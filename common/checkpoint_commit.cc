@@ -1,7 +1,6 @@
 // See checkpoint_commit.h.
 #include "common/checkpoint_commit.h"
 
-#include <openssl/evp.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -9,9 +8,9 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "common/bounded_file.h"
+#include "common/digest.h"
 #include "nlohmann/json.hpp"
 
 namespace ptrain {
@@ -19,19 +18,6 @@ namespace ptrain {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string Sha256OfText(absl::string_view data) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  if (EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr) !=
-      1) {
-    return "";
-  }
-  std::string out;
-  for (unsigned int i = 0; i < len; ++i)
-    absl::StrAppendFormat(&out, "%02x", md[i]);
-  return out;
-}
 
 // A file of `dir` that must be a regular file itself, not a link to one.
 absl::StatusOr<std::string> ReadOwnFile(absl::string_view field,
@@ -51,7 +37,7 @@ absl::StatusOr<std::string> ReadOwnFile(absl::string_view field,
 }  // namespace
 
 std::string ManifestDigestLine(absl::string_view manifest_text) {
-  return absl::StrCat(Sha256OfText(manifest_text), "  ", kManifestFile, "\n");
+  return absl::StrCat(Sha256Hex(manifest_text), "  ", kManifestFile, "\n");
 }
 
 std::string CheckManifestDigest(absl::string_view digest_text,

@@ -27,11 +27,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/auth_token.h"
+#include "common/digest.h"
+#include "common/exit_codes.h"
+#include "common/gpu_inventory.h"
+#include "common/job_state.h"
 #include "common/spec.h"
 #include "coordinator/auth.h"
 #include "coordinator/launcher.h"
 #include "coordinator/paths.h"
-#include "kernels/cuda/ops_cuda.h"
 #include "spdlog/spdlog.h"
 
 namespace ptrain {
@@ -39,25 +43,6 @@ namespace ptrain {
 namespace fs = std::filesystem;
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
-
-bool IsFinal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
-         s == v1::JOB_STATE_CANCELLED;
-}
-
-std::string StateName(v1::JobState s) {
-  std::string name = v1::JobState_Name(s);
-  constexpr absl::string_view kPrefix = "JOB_STATE_";
-  if (absl::StartsWith(name, kPrefix)) name = name.substr(kPrefix.size());
-  return name;
-}
-
-std::string EndName(v1::AttemptEnd end) {
-  constexpr absl::string_view kPrefix = "ATTEMPT_END_";
-  std::string name = v1::AttemptEnd_Name(end);
-  if (absl::StartsWith(name, kPrefix)) name = name.substr(kPrefix.size());
-  return absl::AsciiStrToLower(name);
-}
 
 absl::Status CheckPrivateDir(const std::string& dir) {
   struct stat st;
@@ -101,7 +86,7 @@ constexpr absl::Duration kLateSupervision = absl::Seconds(1);
 int LocalGpus(const CoordinatorOptions& o) {
   if (o.local_gpus >= 0) return o.local_gpus;
   if (o.slurm || !o.nodes.join_tokens.empty()) return 0;
-  return kernels::CudaDeviceCount();
+  return GpuCount();
 }
 
 // What every lookup of a job id answers when there is no such job.
@@ -467,7 +452,7 @@ absl::StatusOr<v1::Job> Coordinator::Submit(
     if (OnGpus(*spec)) {
       // --local-gpus was checked against the driver when ptcoord started.
       const std::string why =
-          options_.local_gpus >= 0 ? "" : kernels::CudaUnavailableReason();
+          options_.local_gpus >= 0 ? "" : GpuUnavailableReason();
       if (!why.empty()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "resources.device=cuda: this coordinator runs jobs on its own "
@@ -475,7 +460,7 @@ absl::StatusOr<v1::Job> Coordinator::Submit(
             why));
       }
       const int gpus = scheduler_.total_gpus();
-      if (world > gpus && !kernels::CudaRanksShareGpus()) {
+      if (world > gpus && !RanksShareGpus()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "resources.device=cuda: the job's ", world,
             " ranks (parallel.dp × tp × pp) need one GPU each, and this "
@@ -1640,7 +1625,7 @@ void Coordinator::Tick() {
 
 bool Coordinator::TakesLocalGpus(const v1::JobSpec& spec) const {
   return !nodes_->enabled() && !options_.slurm && OnGpus(spec) &&
-         !kernels::CudaRanksShareGpus();
+         !RanksShareGpus();
 }
 
 std::map<std::string, int> Coordinator::NodeSlotsUsed(const std::string& except,

@@ -366,24 +366,12 @@ class Coordinator {
   std::thread supervisor_;
 };
 
-bool IsFinal(v1::JobState s);
-std::string StateName(v1::JobState s);  // "RUNNING", ...
-// The AttemptEnd name in lower case without its prefix ("node_lost"): the
-// key of Job.requeues and the `reason` of ptrain_job_requeues_total.
-std::string EndName(v1::AttemptEnd end);
 // The ends after which a job goes on (requeued, or paused until resumed)
 // without a failure of its own, so without using up a restart.
 inline constexpr v1::AttemptEnd kRequeueEnds[] = {
     v1::ATTEMPT_END_PAUSED, v1::ATTEMPT_END_STOPPED, v1::ATTEMPT_END_NODE_LOST,
     v1::ATTEMPT_END_GROWN, v1::ATTEMPT_END_LOST};
 int64_t NowMs();
-
-// The exit code of an attempt that met deterministic bad input (ptworker's
-// kExitBadInput): the job fails at once, without a restart.
-inline constexpr int kExitBadInput = 2;
-// The exit code of an attempt that stopped as asked (SIGUSR1) after saving a
-// checkpoint: requeued to resume from it, without using up a restart.
-inline constexpr int kExitStopped = 3;
 
 // OK when `dir` is a folder owned by the effective user that neither group
 // nor others may write; PermissionDenied naming it and the rule otherwise.

@@ -1,6 +1,5 @@
 // Process management for job attempts; see launcher.h. Linux only (/proc).
-// Between fork and exec the child calls only async-signal-safe functions:
-// ptcoord is multithreaded.
+// Children are started by Spawn (common/spawn.h).
 #include "coordinator/launcher.h"
 
 #include <fcntl.h>
@@ -26,9 +25,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/digest.h"
 #include "common/process.h"
+#include "common/spawn.h"
 #include "common/spec.h"
-#include "coordinator/auth.h"
 
 extern char** environ;
 
@@ -245,101 +245,45 @@ absl::StatusOr<Launched> LaunchAttempt(const LaunchRequest& r) {
   absl::StatusOr<std::string> dir = MakeAttemptDir(r);
   if (!dir.ok()) return dir.status();
   const std::string attempt_dir = *dir;
-  const std::map<std::string, std::string> env = AttemptEnvironment(r);
-  std::vector<std::string> env_strings;
-  for (const auto& [k, v] : env) env_strings.push_back(absl::StrCat(k, "=", v));
-
-  const std::vector<std::string> argv_strings = AttemptCommand(r, attempt_dir);
-  std::vector<char*> argv, envp;
-  for (const std::string& a : argv_strings)
-    argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  for (const std::string& e : env_strings)
-    envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  const std::string out_path = (fs::path(attempt_dir) / "stdout.log").string();
-  const std::string err_path = (fs::path(attempt_dir) / "stderr.log").string();
-  const std::string work_dir = r.work_dir.empty() ? attempt_dir : r.work_dir;
-
-  const pid_t pid = fork();
-  if (pid < 0)
-    return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
-  if (pid == 0) {
-    setpgid(0, 0);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    const int in = open("/dev/null", O_RDONLY);
-    const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-    const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-    if (in < 0 || out < 0 || err < 0) _exit(127);
-    dup2(in, 0);
-    dup2(out, 1);
-    dup2(err, 2);
-    // Descriptors marked close-on-exec stay open until the exec: among them
-    // the state dir's lock, so that a coordinator restarting meanwhile
-    // waits for it and then finds this attempt by its environment.
-    for (int fd = 3; fd < 1024; ++fd) {
-      const int flags = fcntl(fd, F_GETFD);
-      if (flags >= 0 && (flags & FD_CLOEXEC) == 0) close(fd);
-    }
-    if (chdir(work_dir.c_str()) != 0) _exit(127);
-    execve(argv[0], argv.data(), envp.data());
-    _exit(127);
-  }
-  // Also from the parent: no race between the child's setpgid and a signal.
-  setpgid(pid, pid);
-  return Launched{pid, attempt_dir};
+  SpawnOptions o;
+  o.argv = AttemptCommand(r, attempt_dir);
+  o.env = AttemptEnvironment(r);
+  o.stdout_path = (fs::path(attempt_dir) / "stdout.log").string();
+  o.stderr_path = (fs::path(attempt_dir) / "stderr.log").string();
+  o.work_dir = r.work_dir.empty() ? attempt_dir : r.work_dir;
+  o.own_process_group = true;
+  // Descriptors marked close-on-exec stay open until the exec: among them
+  // the state dir's lock, so that a coordinator restarting meanwhile
+  // waits for it and then finds this attempt by its environment.
+  o.fds = SpawnOptions::Fds::kCloseInheritable;
+  absl::StatusOr<pid_t> pid = Spawn(o);
+  if (!pid.ok()) return pid.status();
+  return Launched{*pid, attempt_dir};
 }
 
 absl::StatusOr<CommandResult> RunCommand(
-    const std::vector<std::string>& argv_strings,
+    const std::vector<std::string>& argv,
     const std::map<std::string, std::string>& env, const std::string& dir) {
-  if (argv_strings.empty()) return absl::InvalidArgumentError("no command");
-  std::vector<std::string> env_strings;
-  for (const auto& [k, v] : env) env_strings.push_back(absl::StrCat(k, "=", v));
-  std::vector<char*> argv, envp;
-  for (const std::string& a : argv_strings) {
-    argv.push_back(const_cast<char*>(a.c_str()));
-  }
-  argv.push_back(nullptr);
-  for (const std::string& e : env_strings) {
-    envp.push_back(const_cast<char*>(e.c_str()));
-  }
-  envp.push_back(nullptr);
-  int out[2], err[2];
-  if (pipe2(out, O_CLOEXEC) != 0) {
-    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-  }
-  if (pipe2(err, O_CLOEXEC) != 0) {
-    close(out[0]);
-    close(out[1]);
-    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-  }
-  const pid_t pid = fork();
-  if (pid < 0) {
-    for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
-    return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
-  }
-  if (pid == 0) {
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    const int in = open("/dev/null", O_RDONLY);
-    if (in < 0) _exit(127);
-    dup2(in, 0);
-    dup2(out[1], 1);
-    dup2(err[1], 2);
-    if (!dir.empty() && chdir(dir.c_str()) != 0) _exit(127);
-    execvpe(argv[0], argv.data(), envp.data());
-    _exit(127);
-  }
-  close(out[1]);
-  close(err[1]);
+  absl::StatusOr<Pipe> out = Pipe::Open();
+  if (!out.ok()) return out.status();
+  absl::StatusOr<Pipe> err = Pipe::Open();
+  if (!err.ok()) return err.status();
+  SpawnOptions o;
+  o.argv = argv;
+  o.search_path = true;
+  o.env = env;
+  o.stdout_fd = out->write_fd();
+  o.stderr_fd = err->write_fd();
+  o.work_dir = dir;
+  absl::StatusOr<pid_t> pid = Spawn(o);
+  if (!pid.ok()) return pid.status();
+  out->CloseWrite();
+  err->CloseWrite();
   CommandResult result;
   // Both pipes to their ends (the outputs are small: a job id, a state).
   std::string* sinks[2] = {&result.out, &result.err};
-  pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+  Pipe* pipes[2] = {&*out, &*err};
+  pollfd fds[2] = {{out->read_fd(), POLLIN, 0}, {err->read_fd(), POLLIN, 0}};
   int open_fds = 2;
   char buf[4096];
   while (open_fds > 0) {
@@ -350,17 +294,16 @@ absl::StatusOr<CommandResult> RunCommand(
       if (n > 0) {
         if (sinks[i]->size() < (1 << 20)) sinks[i]->append(buf, n);
       } else {
-        close(fds[i].fd);
+        pipes[i]->CloseRead();
         fds[i].fd = -1;
         --open_fds;
       }
     }
   }
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  while (waitpid(*pid, &status, 0) < 0 && errno == EINTR) {
   }
-  result.exit_code =
-      WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  result.exit_code = ExitCodeOf(status);
   return result;
 }
 

@@ -15,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/auth_token.h"
+#include "common/gpu_inventory.h"
 #include "common/logging.h"
 #include "common/pem.h"
 #include "coordinator/auth.h"
@@ -22,7 +24,6 @@
 #include "coordinator/http.h"
 #include "coordinator/launcher.h"
 #include "coordinator/service.h"
-#include "kernels/cuda/ops_cuda.h"
 #include "spdlog/spdlog.h"
 
 namespace {
@@ -219,11 +220,10 @@ int Run(int argc, char** argv) {
     return 2;
   }
   if (local_gpus >= 0) {
-    const int shown = ptrain::kernels::CudaDeviceCount();
+    const int shown = ptrain::GpuCount();
     if (local_gpus > shown) {
       const std::string why =
-          shown == 0 ? " (" + ptrain::kernels::CudaUnavailableReason() + ")"
-                     : "";
+          shown == 0 ? " (" + ptrain::GpuUnavailableReason() + ")" : "";
       std::fprintf(stderr,
                    "ptcoord: error: --local-gpus %d: this host shows %d "
                    "GPU(s)%s\n",

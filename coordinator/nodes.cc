@@ -5,6 +5,8 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/auth_token.h"
+#include "common/digest.h"
 #include "coordinator/auth.h"
 #include "coordinator/reports.h"
 #include "spdlog/spdlog.h"

@@ -17,7 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "coordinator/auth.h"
+#include "common/digest.h"
 
 namespace ptrain {
 namespace {

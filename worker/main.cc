@@ -46,6 +46,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/confined_fs.h"
+#include "common/exit_codes.h"
 #include "common/logging.h"
 #include "common/net.h"
 #include "common/spec.h"
@@ -56,8 +57,8 @@
 
 namespace {
 
-constexpr int kExitBadInput = 2;
-constexpr int kExitStopped = 3;
+using ptrain::kExitBadInput;
+using ptrain::kExitStopped;
 
 // Set by SIGUSR1, or a first SIGINT/SIGTERM while training: save at the
 // end of this step and stop.

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "coordinator/auth.h"
+#include "common/auth_token.h"
 #include "gtest/gtest.h"
 
 namespace ptrain {

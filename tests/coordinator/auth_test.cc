@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/auth_token.h"
 #include "gtest/gtest.h"
 
 namespace ptrain {

@@ -27,11 +27,11 @@
 #include <set>
 #include <sstream>
 
+#include "common/gpu_inventory.h"
 #include "common/spec.h"
 #include "coordinator/auth.h"
 #include "coordinator/launcher.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/ops_cuda.h"
 #include "tests/testing/committed_checkpoint.h"
 #include "tests/testing/old_store.h"
 
@@ -199,7 +199,7 @@ TEST_F(CoordinatorTest, BadInputIsRefusedAndStoresNothing) {
   EXPECT_EQ(too_wide.status().code(), absl::StatusCode::kInvalidArgument);
   // A GPU job where ptcoord's own host has none (with a GPU there is
   // nothing to refuse).
-  if (kernels::CudaDeviceCount() == 0) {
+  if (GpuCount() == 0) {
     auto gpu = c->Submit(kSpec, {"resources.device=cuda"});
     EXPECT_EQ(gpu.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(gpu.status().message().find("resources.device=cuda"),
@@ -255,7 +255,7 @@ TEST_F(CoordinatorTest, MissingInputsAreRefusedAtSubmitNamingTheField) {
 // --local-gpus stands for the host's GPUs (ptcoord checks it against the
 // driver at start; this test has none).
 TEST_F(CoordinatorTest, LocalGpuJobsTakeDistinctGpusAndWaitForThem) {
-  if (kernels::CudaRanksShareGpus()) GTEST_SKIP() << "PTRAIN_CUDA_SHARE_GPUS";
+  if (RanksShareGpus()) GTEST_SKIP() << "PTRAIN_CUDA_SHARE_GPUS";
   options_.local_slots = 4;
   options_.local_gpus = 2;
   setenv("FAKE_MODE", "waitfile", 1);

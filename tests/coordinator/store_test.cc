@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "coordinator/auth.h"
+#include "common/digest.h"
 #include "gtest/gtest.h"
 #include "tests/testing/old_store.h"
 

@@ -1,0 +1,256 @@
+// See commands_jobs.h.
+#include "ptctl/commands_jobs.h"
+
+#include <cstdio>
+#include <map>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "common/exit_codes.h"
+#include "common/job_state.h"
+#include "common/spec.h"
+#include "ptctl/format.h"
+#include "ptctl/watch.h"
+
+namespace ptrain::ptctl {
+
+namespace {
+
+// "ID STATE", or what the job is on its way to while the attempt ends.
+void PrintJobState(Client& client, const v1::Job& job) {
+  if (client.options().output == "json") {
+    std::printf("%s\n", ToJson(job).c_str());
+    return;
+  }
+  const std::string ending = Ending(job);
+  std::printf("%s %s\n", job.id().c_str(),
+              ending.empty() ? StateName(job.state()).c_str() : ending.c_str());
+}
+
+// True when `line` is tagged as written by `rank`: mpirun --tag-output's
+// "[JOB,RANK]<stream>:" prefix, or srun --label's "RANK: ".
+bool LineOfRank(absl::string_view line, int rank) {
+  if (!line.empty() && line[0] != '[') {
+    const absl::string_view label =
+        absl::StripLeadingAsciiWhitespace(line.substr(0, line.find(": ")));
+    int r = -1;
+    return line.find(": ") != absl::string_view::npos &&
+           absl::SimpleAtoi(label, &r) && r == rank;
+  }
+  if (line.empty() || line[0] != '[') return false;
+  const size_t comma = line.find(',');
+  const size_t close = line.find(']');
+  if (comma == absl::string_view::npos || close == absl::string_view::npos ||
+      comma > close) {
+    return false;
+  }
+  int r = -1;
+  return absl::SimpleAtoi(line.substr(comma + 1, close - comma - 1), &r) &&
+         r == rank;
+}
+
+}  // namespace
+
+int Submit(Client& client, const std::string& file,
+           const std::vector<std::string>& sets, bool watch) {
+  // The same bounded reader and parser as ptworker's: a huge file or
+  // /dev/zero is refused here, before anything reaches the coordinator.
+  absl::StatusOr<std::string> text = ReadJobSpecFile(file);
+  if (!text.ok()) {
+    std::fprintf(stderr, "ptctl: error: %s\n",
+                 std::string(text.status().message()).c_str());
+    return kExitBadInput;
+  }
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpec(*text, sets, file);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "ptctl: error: %s\n",
+                 std::string(spec.status().message()).c_str());
+    return kExitBadInput;
+  }
+  for (const std::string& w : JobSpecWarnings(*spec)) {
+    std::fprintf(stderr, "ptctl: warning: %s\n", w.c_str());
+  }
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(*text);
+  for (const std::string& s : sets) req.add_overrides(s);
+  v1::SubmitJobResponse resp;
+  auto ctx = client.Context();
+  const grpc::Status s = client.stub().SubmitJob(ctx.get(), req, &resp);
+  if (!s.ok()) return RpcError(client.options(), s);
+  if (client.options().output == "json") {
+    std::printf("%s\n", ToJson(resp.job()).c_str());
+  } else {
+    std::printf("%s\n", resp.job().id().c_str());
+  }
+  std::fflush(stdout);
+  return watch ? Watch(client, resp.job().id()) : 0;
+}
+
+int Get(Client& client, const std::string& id) {
+  v1::GetJobRequest req;
+  req.set_job_id(id);
+  req.set_include_loss_history(client.options().output == "json");
+  v1::GetJobResponse resp;
+  auto ctx = client.Context();
+  const grpc::Status s = client.stub().GetJob(ctx.get(), req, &resp);
+  if (!s.ok()) return RpcError(client.options(), s);
+  if (client.options().output == "json") {
+    std::printf("%s\n", ToJson(resp).c_str());
+    return 0;
+  }
+  const auto& j = resp.job();
+  const auto& p = j.progress();
+  const std::string ending = Ending(j);
+  std::printf(
+      "id:        %s\nname:      %s\nstate:     %s%s\nattempts:  %d\nslots:    "
+      " %d\n",
+      j.id().c_str(), j.name().c_str(), StateName(j.state()).c_str(),
+      ending.empty() ? "" : (" (" + ending + ")").c_str(), j.attempts(),
+      j.world_size());
+  std::printf(
+      "step:      %lld/%lld\nloss:      %s\nval_loss:  %s\ntok/s:     %s\n",
+      static_cast<long long>(p.step()), static_cast<long long>(p.total_steps()),
+      Figure(HasSteps(p), p.loss()).c_str(),
+      Figure(p.has_val_loss(), p.val_loss()).c_str(),
+      Figure(HasSteps(p), p.tok_per_s(), 0).c_str());
+  std::printf("uid:       %s\n", j.uid().c_str());
+  if (j.dp() != 0 && j.dp() != j.spec().parallel().dp()) {
+    std::printf("layout:    shrunk to dp=%d (spec dp=%d)\n", j.dp(),
+                j.spec().parallel().dp());
+  }
+  if (j.placement_size() > 0) {
+    std::vector<std::string> where;
+    for (const auto& n : j.placement()) {
+      where.push_back(absl::StrCat(
+          n.node(), " (", n.ranks(),
+          n.gpus().empty()
+              ? ""
+              : absl::StrCat("; GPUs ", absl::StrJoin(n.gpus(), ",")),
+          ")"));
+    }
+    std::printf("nodes:     %s\n", absl::StrJoin(where, ", ").c_str());
+  }
+  std::printf("created:   %s ago\n", Ago(j.created_unix_ms()).c_str());
+  if (!j.error().empty()) std::printf("error:     %s\n", j.error().c_str());
+  for (const auto& a : resp.attempts()) {
+    const std::string end = EndWords(a);
+    std::printf(
+        "attempt %d: exit %s%s%s  %s\n", a.number(),
+        a.exit_code() == -1 ? "—" : std::to_string(a.exit_code()).c_str(),
+        end.empty() ? "" : absl::StrCat(" (", end, ")").c_str(),
+        a.slurm_job_id().empty()
+            ? ""
+            : absl::StrCat(" slurm job ", a.slurm_job_id()).c_str(),
+        a.dir().c_str());
+  }
+  return 0;
+}
+
+int List(Client& client, int limit, const std::string& state) {
+  v1::ListJobsRequest req;
+  req.set_limit(limit);
+  if (!state.empty()) {  // one of the names --state's check allows
+    v1::JobState s = v1::JOB_STATE_UNSPECIFIED;
+    v1::JobState_Parse("JOB_STATE_" + absl::AsciiStrToUpper(state), &s);
+    req.set_state(s);
+  }
+  v1::ListJobsResponse resp;
+  auto ctx = client.Context();
+  const grpc::Status s = client.stub().ListJobs(ctx.get(), req, &resp);
+  if (!s.ok()) return RpcError(client.options(), s);
+  if (client.options().output == "json") {
+    std::printf("%s\n", ToJson(resp).c_str());
+  } else {
+    PrintJobsTable({resp.jobs().begin(), resp.jobs().end()});
+  }
+  return 0;
+}
+
+int Cancel(Client& client, const std::string& id) {
+  v1::CancelJobRequest req;
+  req.set_job_id(id);
+  v1::CancelJobResponse resp;
+  auto ctx = client.Context();
+  const grpc::Status s = client.stub().CancelJob(ctx.get(), req, &resp);
+  if (!s.ok()) return RpcError(client.options(), s);
+  PrintJobState(client, resp.job());
+  return 0;
+}
+
+int PauseOrResume(Client& client, const std::string& id, bool pause) {
+  v1::Job job;
+  auto ctx = client.Context();
+  grpc::Status s;
+  if (pause) {
+    v1::PauseJobRequest req;
+    req.set_job_id(id);
+    v1::PauseJobResponse resp;
+    s = client.stub().PauseJob(ctx.get(), req, &resp);
+    job = resp.job();
+  } else {
+    v1::ResumeJobRequest req;
+    req.set_job_id(id);
+    v1::ResumeJobResponse resp;
+    s = client.stub().ResumeJob(ctx.get(), req, &resp);
+    job = resp.job();
+  }
+  if (!s.ok()) return RpcError(client.options(), s);
+  PrintJobState(client, job);
+  return 0;
+}
+
+int Logs(Client& client, const std::string& id, bool follow, int attempt,
+         int rank) {
+  v1::StreamLogsRequest req;
+  req.set_job_id(id);
+  req.set_follow(follow);
+  req.set_attempt(attempt);
+  auto ctx = client.Context(/*unary=*/false);
+  auto reader = client.stub().StreamLogs(ctx.get(), req);
+  v1::LogChunk chunk;
+  std::map<std::string, std::string> partial;  // by stream
+  while (reader->Read(&chunk)) {
+    if (rank < 0) {
+      std::fwrite(chunk.data().data(), 1, chunk.data().size(), stdout);
+    } else {
+      std::string& text = partial[chunk.stream()];
+      text += chunk.data();
+      size_t start = 0, end;
+      while ((end = text.find('\n', start)) != std::string::npos) {
+        const absl::string_view line(text.data() + start, end - start + 1);
+        if (LineOfRank(line, rank)) {
+          std::fwrite(line.data(), 1, line.size(), stdout);
+        }
+        start = end + 1;
+      }
+      text.erase(0, start);
+    }
+    std::fflush(stdout);
+  }
+  const grpc::Status s = reader->Finish();
+  return s.ok() ? 0 : RpcError(client.options(), s);
+}
+
+int Checkpoints(Client& client, const std::string& id) {
+  v1::ListCheckpointsRequest req;
+  req.set_job_id(id);
+  v1::ListCheckpointsResponse resp;
+  auto ctx = client.Context();
+  const grpc::Status s = client.stub().ListCheckpoints(ctx.get(), req, &resp);
+  if (!s.ok()) return RpcError(client.options(), s);
+  if (client.options().output == "json") {
+    std::printf("%s\n", ToJson(resp).c_str());
+    return 0;
+  }
+  std::printf("%10s %8s  %s\n", "STEP", "ATTEMPT", "DIR");
+  for (const auto& c : resp.checkpoints()) {
+    std::printf("%10lld %8d  %s\n", static_cast<long long>(c.step()),
+                c.attempt(), c.dir().c_str());
+  }
+  return 0;
+}
+
+}  // namespace ptrain::ptctl

@@ -1,0 +1,43 @@
+// ptctl's job commands: submit, get, list, cancel, pause, resume, logs,
+// checkpoints. Each calls ptcoord once (logs: a stream), prints the answer
+// (a table or, with -o json, JSON) and returns ptctl's exit code.
+#ifndef PTRAIN_PTCTL_COMMANDS_JOBS_H_
+#define PTRAIN_PTCTL_COMMANDS_JOBS_H_
+
+#include <string>
+#include <vector>
+
+#include "ptctl/connection.h"
+
+namespace ptrain::ptctl {
+
+// Checks spec `file` with `sets` applied as ptcoord would, then submits it;
+// prints the job id, and with `watch` follows the job (Watch).
+int Submit(Client& client, const std::string& file,
+           const std::vector<std::string>& sets, bool watch);
+
+// Shows job `id`: its state, progress, placement and attempts.
+int Get(Client& client, const std::string& id);
+
+// Lists jobs. `limit`: the newest N (0: all); `state`: a JobState name without
+// its prefix, any case ("" = every state).
+int List(Client& client, int limit, const std::string& state);
+
+// Cancels job `id` (idempotent); prints "ID STATE".
+int Cancel(Client& client, const std::string& id);
+
+// `pause` (running: save, stop and wait for `resume`) or `resume`.
+int PauseOrResume(Client& client, const std::string& id, bool pause);
+
+// Prints attempt `attempt` (0: the latest) of job `id`; with `follow`, until
+// it ends. `rank` < 0: every line; else only that rank's (whole lines, so
+// each stream keeps its unfinished last line until the rest arrives).
+int Logs(Client& client, const std::string& id, bool follow, int attempt,
+         int rank);
+
+// Lists job `id`'s checkpoints: step, attempt, folder.
+int Checkpoints(Client& client, const std::string& id);
+
+}  // namespace ptrain::ptctl
+
+#endif  // PTRAIN_PTCTL_COMMANDS_JOBS_H_

@@ -1,0 +1,110 @@
+// See format.h.
+#include "ptctl/format.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/job_state.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace ptrain::ptctl {
+
+std::string EndWords(const v1::Attempt& a) {
+  if (a.finished_unix_ms() == 0) return "running";
+  if (a.end() == v1::ATTEMPT_END_UNSPECIFIED) {
+    // Ended under a ptcoord that did not record why.
+    return a.error().empty() ? "" : "failed";
+  }
+  std::string words = EndName(a.end());
+  std::replace(words.begin(), words.end(), '_', ' ');
+  return words;
+}
+
+std::string Figure(bool measured, double value, int decimals) {
+  return measured ? absl::StrFormat("%.*f", decimals, value) : "—";
+}
+
+bool HasSteps(const v1::Progress& p) { return p.step() > 0; }
+
+std::string PadLeft(const std::string& text, size_t width) {
+  size_t columns = 0;
+  for (unsigned char c : text) columns += (c & 0xC0) != 0x80;
+  return std::string(width > columns ? width - columns : 0, ' ') + text;
+}
+
+std::vector<std::string> StateFlagNames() {
+  std::vector<std::string> out;
+  for (int s = v1::JobState_MIN; s <= v1::JobState_MAX; ++s) {
+    if (v1::JobState_IsValid(s) && s != v1::JOB_STATE_UNSPECIFIED) {
+      out.push_back(
+          absl::AsciiStrToLower(StateName(static_cast<v1::JobState>(s))));
+    }
+  }
+  return out;
+}
+
+std::string Ending(const v1::Job& job) {
+  if (job.cancel_requested() && !IsFinal(job.state())) return "cancelling";
+  if (job.pause_requested()) return "pausing";
+  return "";
+}
+
+std::string ToJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = true;
+  o.always_print_primitive_fields = true;
+  o.preserve_proto_field_names = true;  // the names of the proto and the YAML
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
+std::string Ago(int64_t unix_ms) {
+  if (unix_ms == 0) return "-";
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  const int64_t s = std::max<int64_t>(0, (now - unix_ms) / 1000);
+  if (s < 120) return absl::StrCat(s, "s");
+  if (s < 7200) return absl::StrCat(s / 60, "m");
+  return absl::StrCat(s / 3600, "h");
+}
+
+std::string Duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "--:--";
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  if (s >= 3600)
+    return absl::StrFormat("%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60);
+  return absl::StrFormat("%d:%02d", s / 60, s % 60);
+}
+
+void PrintJobsTable(const std::vector<v1::Job>& jobs) {
+  std::printf("%-10s %-24s %-11s %8s %13s %9s %8s\n", "ID", "NAME", "STATE",
+              "ATTEMPTS", "STEP", "LOSS", "AGE");
+  for (const v1::Job& j : jobs) {
+    const auto& p = j.progress();
+    std::printf("%-10s %-24s %-11s %8d %13s %s %8s\n", j.id().c_str(),
+                j.name().c_str(), StateName(j.state()).c_str(), j.attempts(),
+                absl::StrCat(p.step(), "/", p.total_steps()).c_str(),
+                PadLeft(Figure(HasSteps(p), p.loss()), 9).c_str(),
+                Ago(j.created_unix_ms()).c_str());
+  }
+}
+
+const char* NodeStateName(v1::NodeState s) {
+  switch (s) {
+    case v1::NODE_STATE_UP:
+      return "UP";
+    case v1::NODE_STATE_DOWN:
+      return "DOWN";
+    default:
+      return "?";
+  }
+}
+
+}  // namespace ptrain::ptctl

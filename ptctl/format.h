@@ -1,0 +1,54 @@
+// How ptctl shows jobs, attempts and nodes: figures, times, state words,
+// the job table and JSON. Plain functions of the messages; printing the
+// table is the only output.
+#ifndef PTRAIN_PTCTL_FORMAT_H_
+#define PTRAIN_PTCTL_FORMAT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "google/protobuf/message.h"
+#include "ptrain/v1/coordinator.pb.h"
+
+namespace ptrain::ptctl {
+
+// How an ended attempt ended, in words ("paused", "node lost"): a pause
+// or a cancel ends an attempt with a non-zero exit code that is no failure.
+std::string EndWords(const v1::Attempt& a);
+
+// A figure, or "—" for one never measured, which is not a 0.
+std::string Figure(bool measured, double value, int decimals = 4);
+
+// The figures a job reports with its steps exist once it trained one.
+bool HasSteps(const v1::Progress& p);
+
+// `text` right-aligned in `width` columns ("—" is one column, three bytes).
+std::string PadLeft(const std::string& text, size_t width);
+
+// The job states by the names --state takes: StateName in lower case.
+std::vector<std::string> StateFlagNames();
+
+// What a job not yet ended is on its way to while its attempt ends:
+// "cancelling", "pausing", or "".
+std::string Ending(const v1::Job& job);
+
+// `m` as indented JSON with every field, named as in the proto and the YAML.
+std::string ToJson(const google::protobuf::Message& m);
+
+// How long ago `unix_ms` was: "42s", "7m", "3h"; "-" for 0 (never).
+std::string Ago(int64_t unix_ms);
+
+// `seconds` as M:SS or H:MM:SS; "--:--" when unknown.
+std::string Duration(double seconds);
+
+// Prints `jobs` as a table on stdout, a line a job.
+void PrintJobsTable(const std::vector<v1::Job>& jobs);
+
+// "UP", "DOWN", or "?".
+const char* NodeStateName(v1::NodeState s);
+
+}  // namespace ptrain::ptctl
+
+#endif  // PTRAIN_PTCTL_FORMAT_H_
