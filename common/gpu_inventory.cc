@@ -100,6 +100,10 @@ std::string NoGpuReason(const GpuListing& listing,
 
 int GpuCount() { return VisibleGpus(ListGpus(), Env("CUDA_VISIBLE_DEVICES")); }
 
+int HostGpuCount() {
+  return std::min(static_cast<int>(ListGpus().uuids.size()), kMaxGpus);
+}
+
 std::string GpuUnavailableReason() {
   return NoGpuReason(ListGpus(), Env("CUDA_VISIBLE_DEVICES"));
 }

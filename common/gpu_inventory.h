@@ -2,8 +2,8 @@
 // process would see, counted without loading CUDA: the folders of
 // /proc/driver/nvidia/gpus (one a GPU the driver shows), narrowed by
 // CUDA_VISIBLE_DEVICES as the CUDA runtime narrows them. ptcoord counts its
-// own host's GPUs and ptworkerd its node's with it; ptworker, which loads
-// CUDA anyway, asks the runtime (kernels::CudaDeviceCount).
+// own host's GPUs and ptworkerd its node's (all of them) with it; ptworker,
+// which loads CUDA anyway, asks the runtime (kernels::CudaDeviceCount).
 #ifndef PTRAIN_COMMON_GPU_INVENTORY_H_
 #define PTRAIN_COMMON_GPU_INVENTORY_H_
 
@@ -41,8 +41,13 @@ int VisibleGpus(const GpuListing& listing,
 std::string NoGpuReason(const GpuListing& listing,
                         const std::optional<std::string>& visible);
 
-// This host's GPUs as seen with this process's CUDA_VISIBLE_DEVICES.
+// This host's GPUs as seen with this process's CUDA_VISIBLE_DEVICES
+// (ptcoord: the local launcher's ranks inherit its environment).
 int GpuCount();
+// Every GPU the driver shows, whatever this process's CUDA_VISIBLE_DEVICES
+// (ptworkerd: the ranks it starts do not inherit its environment, and
+// ptcoord numbers a node's GPUs as its driver does). At most kMaxGpus.
+int HostGpuCount();
 // NoGpuReason for this host and this process's CUDA_VISIBLE_DEVICES.
 std::string GpuUnavailableReason();
 

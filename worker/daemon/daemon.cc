@@ -107,7 +107,7 @@ v1::NodeSpec DescribeNode(const std::string& name, int slots, int gpus) {
   spec.set_cores(
       static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   spec.set_memory_bytes(MemoryBytes());
-  spec.set_gpus(gpus >= 0 ? gpus : GpuCount());
+  spec.set_gpus(gpus >= 0 ? gpus : HostGpuCount());
   spec.set_version(kVersion);
   return spec;
 }

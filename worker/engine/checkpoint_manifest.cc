@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "common/spec.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/checkpoint.h"
 #include "worker/engine/checkpoint_internal.h"
@@ -38,8 +39,8 @@ namespace {
 constexpr int64_t kMaxTokens = int64_t{1} << 62;
 constexpr int64_t kMaxModelDim = 1 << 24;  // n_head, n_embd, block_size, V
 constexpr int64_t kMaxLayers = 1 << 16;
-constexpr int64_t kMaxDegree = 1 << 16;  // dp, tp, pp
-constexpr int64_t kMaxSpecBytes = 1 << 20;
+// dp, tp, pp: at most kMaxDegree, the spec's bound (common/spec.h), and the
+// spec's text at most kMaxSpecBytes.
 // A character is at most four bytes of UTF-8.
 constexpr int64_t kMaxVocabBytes = int64_t{4} * CharTokenizer::kMaxSize;
 
@@ -175,7 +176,8 @@ absl::Status CheckpointReader::LoadVocabAndSpec(const json& m,
     if (s.ok()) s = std::move(next);
   };
   check(String(m, "", "vocab", byte_vocab ? 256 : kMaxVocabBytes, &meta.vocab));
-  check(String(m, "", "spec", kMaxSpecBytes, &meta.spec_yaml));
+  check(String(m, "", "spec", static_cast<int64_t>(kMaxSpecBytes),
+               &meta.spec_yaml));
   if (!s.ok()) return Damaged(s);
   if (meta.vocab.empty()) return absl::OkStatus();
   if (byte_vocab) {
@@ -230,7 +232,11 @@ absl::Status CheckpointReader::LoadLayout(const json& m) {
   check(Int32(**layout, "layout", "zero", 0, 3, &meta.zero));
   check(Int32(**layout, "layout", "world", 1, kMaxWorld, &meta.world));
   if (!s.ok()) return Damaged(s);
-  if (int64_t{meta.dp} * meta.tp * meta.pp != meta.world) {
+  v1::ParallelSpec recorded;
+  recorded.set_dp(meta.dp);
+  recorded.set_tp(meta.tp);
+  recorded.set_pp(meta.pp);
+  if (ParallelWorldSize(recorded) != meta.world) {
     return Damaged(absl::StrCat("layout.world=", meta.world,
                                 " is not layout.dp × tp × pp = ", meta.dp,
                                 " × ", meta.tp, " × ", meta.pp));
