@@ -90,43 +90,7 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
     params_ = kernels::Buffer(ops_, buffer_size_);
     grads_ = kernels::Buffer(ops_, buffer_size_);
   }
-  std::map<std::string, const ParamInfo*> by_name;
-  for (const ParamInfo& p : layout_) by_name[p.name] = &p;
-  auto find = [&](const std::string& name) -> const ParamInfo& {
-    auto it = by_name.find(name);
-    PT_CHECK(it != by_name.end(), ("the layout has no " + name).c_str());
-    return *it->second;
-  };
-  if (first()) {
-    emb_unit_ = find("wte").unit;
-    wte_offset_ = find("wte").unit_offset;
-    wpe_offset_ = find("wpe").unit_offset;
-  }
-  if (last()) {
-    final_unit_ = find("ln_f.weight").unit;
-    lnf_offset_ = find("ln_f.weight").unit_offset;
-    // The head's weights: wte itself on a stage that also embeds, else the
-    // tied copy the plan puts in the final unit.
-    head_unit_ = first() ? emb_unit_ : final_unit_;
-    head_wte_offset_ = first() ? wte_offset_ : 0;
-    if (!first()) {
-      const ParamInfo* copy = nullptr;
-      for (const ParamInfo& p : layout_) {
-        if (p.tied_copy) copy = &p;
-      }
-      PT_CHECK(copy != nullptr && copy->unit == final_unit_,
-               "the last stage's layout has no tied copy of wte");
-      head_wte_offset_ = copy->unit_offset;
-    }
-  }
-  const std::vector<std::string>& names = GptBlockTensorNames();
-  for (int b = 0; b < n_blocks_; ++b) {
-    const int l = first_layer_ + b;
-    for (const std::string& name : names) {
-      block_offsets_.push_back(
-          find(absl::StrCat("h.", l, ".", name)).unit_offset);
-    }
-  }
+  FindTensors();
 
   const ActivationDims d =
       ActivationDims::Of(config, max_B_, max_T_, o.slots, tp, tp_.sp,
@@ -265,6 +229,46 @@ int64_t GptStage::ActivationFloats(const ActivationDims& d) {
       },
       &slots, &w);
   return total;
+}
+
+void GptStage::FindTensors() {
+  std::map<std::string, const ParamInfo*> by_name;
+  for (const ParamInfo& p : layout_) by_name[p.name] = &p;
+  auto find = [&](const std::string& name) -> const ParamInfo& {
+    auto it = by_name.find(name);
+    PT_CHECK(it != by_name.end(), ("the layout has no " + name).c_str());
+    return *it->second;
+  };
+  if (first()) {
+    emb_unit_ = find("wte").unit;
+    wte_offset_ = find("wte").unit_offset;
+    wpe_offset_ = find("wpe").unit_offset;
+  }
+  if (last()) {
+    final_unit_ = find("ln_f.weight").unit;
+    lnf_offset_ = find("ln_f.weight").unit_offset;
+    // The head's weights: wte itself on a stage that also embeds, else the
+    // tied copy the plan puts in the final unit.
+    head_unit_ = first() ? emb_unit_ : final_unit_;
+    head_wte_offset_ = first() ? wte_offset_ : 0;
+    if (!first()) {
+      const ParamInfo* copy = nullptr;
+      for (const ParamInfo& p : layout_) {
+        if (p.tied_copy) copy = &p;
+      }
+      PT_CHECK(copy != nullptr && copy->unit == final_unit_,
+               "the last stage's layout has no tied copy of wte");
+      head_wte_offset_ = copy->unit_offset;
+    }
+  }
+  const std::vector<std::string>& names = GptBlockTensorNames();
+  for (int b = 0; b < n_blocks_; ++b) {
+    const int l = first_layer_ + b;
+    for (const std::string& name : names) {
+      block_offsets_.push_back(
+          find(absl::StrCat("h.", l, ".", name)).unit_offset);
+    }
+  }
 }
 
 GptStage::~GptStage() {

@@ -255,6 +255,9 @@ class GptStage : private UnitStore {
                      std::vector<Slot>* slots, Working* w);
   static int64_t ActivationFloats(const ActivationDims& d);
   int BlockUnit(int b) const { return (first() ? 1 : 0) + 4 * b; }
+  // Finds the stage's tensors in its layout: the units and offsets of the
+  // embedding, ln_f, the head's wte and each block's tensors.
+  void FindTensors();
 
   const GptConfig config_;
   std::vector<ParamInfo> layout_;
