@@ -48,10 +48,8 @@ int main(int argc, char** argv) {
       "tok/s, overlap of the gradient reduction, memory per rank"};
   AddFlags(app, a);
   CLI11_PARSE(app, argc, argv);
-  MPI_Init(&argc, &argv);
-  int world = 1, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const ptrain::MpiWorld mpi = ptrain::StartMpi(&argc, &argv);
+  const int world = mpi.size, rank = mpi.rank;
   const bool m = a.config == "M";
   std::vector<std::string> overrides = ptrain::BenchModel(a.config);
   for (const std::string& s :

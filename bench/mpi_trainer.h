@@ -1,4 +1,4 @@
-// The MPI benchmarks' common start: a job spec from the example and
+// The MPI benchmarks' common start: MPI, a job spec from the example and
 // overrides, the rank layout over MPI_COMM_WORLD, and a quiet trainer. Any
 // failure prints its error (rank 0) and ends every rank with exit 2.
 #ifndef PTRAIN_BENCH_MPI_TRAINER_H_
@@ -16,6 +16,18 @@
 #include "worker/engine/trainer.h"
 
 namespace ptrain {
+
+// MPI started for a benchmark: the world's size and this rank.
+struct MpiWorld {
+  int size = 1, rank = 0;
+};
+inline MpiWorld StartMpi(int* argc, char*** argv) {
+  MPI_Init(argc, argv);
+  MpiWorld w;
+  MPI_Comm_size(MPI_COMM_WORLD, &w.size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
+  return w;
+}
 
 struct MpiTrainer {
   v1::JobSpec spec;

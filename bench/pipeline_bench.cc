@@ -105,10 +105,8 @@ int main(int argc, char** argv) {
       "tok/s, per-rank phases and comm, the bubble against the analytic one"};
   AddFlags(app, a);
   CLI11_PARSE(app, argc, argv);
-  MPI_Init(&argc, &argv);
-  int world = 1, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const ptrain::MpiWorld mpi = ptrain::StartMpi(&argc, &argv);
+  const int world = mpi.size, rank = mpi.rank;
   const int pp = world / (a.dp * a.tp);
   std::vector<std::string> o;
   if (a.config == "names") {

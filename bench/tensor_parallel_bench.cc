@@ -66,10 +66,8 @@ int main(int argc, char** argv) {
       "memory per rank"};
   AddFlags(app, a);
   CLI11_PARSE(app, argc, argv);
-  MPI_Init(&argc, &argv);
-  int world = 1, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const ptrain::MpiWorld mpi = ptrain::StartMpi(&argc, &argv);
+  const int world = mpi.size, rank = mpi.rank;
   const int tp = world;
   {
     ptrain::MpiTrainer run =
