@@ -24,7 +24,7 @@ PROCESS_DIRS = ["worker/engine", "worker/daemon", "worker", "coordinator",
 SHARED_DIRS = ["common", "kernels", "proto"]
 SOURCE_DIRS = PROCESS_DIRS + SHARED_DIRS
 EXTS = (".cc", ".h", ".cpp", ".cu")
-# worker/ (ptworker's main and its reporter) builds on the engine.
+# worker/ (ptworker: its main and the units beside it) builds on the engine.
 ALLOWED = {"worker": {"worker/engine"}}
 
 

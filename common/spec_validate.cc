@@ -1,0 +1,480 @@
+// The rules of a valid job spec (ValidateJobSpec) and the split of the
+// layers over pipeline stages that one of them checks. Messages name each
+// field as `section.field=value` so the user can find it in the file or in
+// a --set.
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/spec.h"
+#include "common/spec_internal.h"
+
+namespace ptrain {
+namespace {
+
+using google::protobuf::Descriptor;
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+using spec_internal::JoinPath;
+using spec_internal::OtherStages;
+using spec_internal::OtherStagesOf;
+using spec_internal::Quote;
+
+absl::Status Error(auto&&... parts) {
+  return absl::InvalidArgumentError(absl::StrCat(parts...));
+}
+
+template <typename T>
+absl::Status AtLeast(absl::string_view field, T value, T min) {
+  if (value >= min) return absl::OkStatus();
+  return Error(field, "=", value, " must be >= ", min);
+}
+
+// Upper bounds keep every product the engine forms from these fields (bytes
+// of a tensor, tokens of a run) inside 64 bits; what fits the machine's
+// memory is checked where the machine is known (the ranks).
+template <typename T>
+absl::Status InRange(absl::string_view field, T value, T min, T max) {
+  if (value >= min && value <= max) return absl::OkStatus();
+  return Error(field, "=", value, " must be between ", min, " and ", max);
+}
+
+absl::Status Positive(absl::string_view field, double value) {
+  if (value > 0) return absl::OkStatus();
+  return Error(field, "=", value, " must be > 0");
+}
+
+absl::Status OneOf(absl::string_view field, const std::string& value,
+                   std::initializer_list<absl::string_view> allowed) {
+  for (absl::string_view a : allowed) {
+    if (value == a) return absl::OkStatus();
+  }
+  return Error(field, "=", Quote(value), " must be one of ",
+               absl::StrJoin(allowed, ", "));
+}
+
+// Returns the first failed check; the checks are cheap and free of side
+// effects, so evaluating all of them keeps each rule on one line.
+absl::Status First(std::initializer_list<absl::Status> checks) {
+  for (const absl::Status& s : checks) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// NaN slips through every `x > 0` style rule the wrong way, so non-finite
+// numbers are refused before a section's own rules run.
+absl::Status CheckFinite(const Message& msg, absl::string_view section) {
+  const Descriptor* desc = msg.GetDescriptor();
+  const Reflection* refl = msg.GetReflection();
+  for (int i = 0; i < desc->field_count(); ++i) {
+    const FieldDescriptor* f = desc->field(i);
+    if (f->is_repeated()) continue;
+    double v = 0;
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE) {
+      v = refl->GetDouble(msg, f);
+    } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_FLOAT) {
+      v = refl->GetFloat(msg, f);
+    } else {
+      continue;
+    }
+    if (!std::isfinite(v)) {
+      return Error(section, ".", f->name(), "=", v, " must be a finite number");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Every text field, in every section: UTF-8 (protobuf's wire format and
+// every client expect it) and of a length a path or a prompt can have.
+absl::Status CheckStrings(const Message& msg, absl::string_view section) {
+  constexpr size_t kMaxStringBytes = 64 << 10;
+  const Descriptor* desc = msg.GetDescriptor();
+  const Reflection* refl = msg.GetReflection();
+  for (int i = 0; i < desc->field_count(); ++i) {
+    const FieldDescriptor* f = desc->field(i);
+    const std::string field = JoinPath(section, f->name());
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE &&
+        !f->is_repeated()) {
+      if (absl::Status s = CheckStrings(refl->GetMessage(msg, f), field);
+          !s.ok()) {
+        return s;
+      }
+      continue;
+    }
+    if (f->cpp_type() != FieldDescriptor::CPPTYPE_STRING || f->is_repeated()) {
+      continue;
+    }
+    const std::string value = refl->GetString(msg, f);
+    if (const int64_t bad = FirstInvalidUtf8(value); bad >= 0) {
+      return Error(field, " is not UTF-8 (byte ", bad, ")");
+    }
+    if (value.size() > kMaxStringBytes) {
+      return Error(field, " is ", value.size(), " bytes long; at most ",
+                   kMaxStringBytes);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateName(const v1::JobSpec& spec) {
+  constexpr size_t kMaxNameLength = 63;  // fits a DNS label and a file name
+  const std::string& name = spec.name();
+  if (name.empty()) return Error("name is empty; give the job a name");
+  if (name.size() > kMaxNameLength) {
+    return Error("name=", Quote(name), " is ", name.size(),
+                 " characters long; at most ", kMaxNameLength);
+  }
+  for (char c : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' &&
+        c != '_' && c != '-') {
+      return Error("name=", Quote(name), " contains ",
+                   Quote(absl::string_view(&c, 1)),
+                   "; only A-Z a-z 0-9 . _ - are allowed");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateModel(const v1::JobSpec& spec) {
+  const v1::ModelSpec& m = spec.model();
+  if (absl::Status s = First({
+          CheckFinite(m, "model"),
+          OneOf("model.arch", m.arch(), {"gpt"}),
+          InRange("model.n_layer", m.n_layer(), 1, 1 << 12),
+          InRange("model.n_head", m.n_head(), 1, 1 << 12),
+          InRange("model.n_embd", m.n_embd(), 1, 1 << 17),
+          InRange("model.block_size", m.block_size(), 1, 1 << 20),
+          InRange("model.vocab_size", m.vocab_size(), 0, 1 << 24),
+      });
+      !s.ok()) {
+    return s;
+  }
+  if (m.n_embd() % m.n_head() != 0) {
+    return Error("model.n_head=", m.n_head(),
+                 " does not divide model.n_embd=", m.n_embd());
+  }
+  constexpr absl::string_view kLlmc = "llmc:";
+  if (!m.init_from().empty()) {
+    if (!absl::StartsWith(m.init_from(), kLlmc)) {
+      return Error("model.init_from=", Quote(m.init_from()),
+                   " must be empty or 'llmc:PATH' (an llm.c checkpoint)");
+    }
+    if (m.init_from().size() == kLlmc.size()) {
+      return Error("model.init_from=", Quote(m.init_from()),
+                   " names no file after 'llmc:'");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateData(const v1::JobSpec& spec) {
+  const v1::DataSpec& d = spec.data();
+  if (absl::Status s = CheckFinite(d, "data"); !s.ok()) return s;
+  const bool has_path = !d.path().empty();
+  const bool has_train_bin = !d.train_bin().empty();
+  const bool has_val_bin = !d.val_bin().empty();
+  if (has_path && (has_train_bin || has_val_bin)) {
+    return Error(
+        "data.path and data.train_bin/data.val_bin are mutually exclusive; "
+        "give either data.path (a text file) or both data.train_bin and "
+        "data.val_bin (llm.c token files)");
+  }
+  if (!has_path) {
+    if (!has_train_bin && !has_val_bin) {
+      return Error(
+          "data: give either data.path (a text file) or both data.train_bin "
+          "and data.val_bin (llm.c token files)");
+    }
+    if (has_train_bin != has_val_bin) {
+      return Error("data.train_bin and data.val_bin go together; ",
+                   has_train_bin ? "data.val_bin" : "data.train_bin",
+                   " is empty");
+    }
+    return absl::OkStatus();
+  }
+  if (absl::Status s = OneOf("data.tokenizer", d.tokenizer(), {"char"});
+      !s.ok()) {
+    return s;
+  }
+  if (!(d.val_fraction() > 0 && d.val_fraction() < 1)) {
+    return Error("data.val_fraction=", d.val_fraction(),
+                 " must be > 0 and < 1");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateParallel(const v1::JobSpec& spec) {
+  const v1::ParallelSpec& p = spec.parallel();
+  const v1::ModelSpec& m = spec.model();
+  if (absl::Status s = First({
+          CheckFinite(p, "parallel"),
+          InRange<int64_t>("parallel.dp", p.dp(), 1, kMaxDegree),
+          InRange<int64_t>("parallel.tp", p.tp(), 1, kMaxDegree),
+          InRange<int64_t>("parallel.pp", p.pp(), 1, kMaxDegree),
+      });
+      !s.ok()) {
+    return s;
+  }
+  if (const int64_t world = JobWorldSize(spec); world > kMaxWorldSize) {
+    return Error("parallel.dp × parallel.tp × parallel.pp = ", p.dp(), " × ",
+                 p.tp(), " × ", p.pp(), " = ", world, " ranks; at most ",
+                 kMaxWorldSize);
+  }
+  if (p.zero() < 0 || p.zero() > 3) {
+    return Error("parallel.zero=", p.zero(),
+                 " must be between 0 and 3 (a ZeRO stage)");
+  }
+  if (absl::Status s = First({
+          InRange("parallel.microbatches", p.microbatches(), 1, 1 << 20),
+          OneOf("parallel.schedule", p.schedule(),
+                {"1f1b", "gpipe", "interleaved"}),
+          InRange("parallel.virtual_stages", p.virtual_stages(), 1, 1 << 12),
+          InRange<int64_t>("parallel.bucket_bytes", p.bucket_bytes(), 1,
+                           int64_t{1} << 40),
+      });
+      !s.ok()) {
+    return s;
+  }
+  // Each tensor-parallel rank owns whole heads, each stage whole layers.
+  if (m.n_head() % p.tp() != 0) {
+    return Error("parallel.tp=", p.tp(),
+                 " does not divide model.n_head=", m.n_head());
+  }
+  // Interleaving gives each pipeline rank v chunks of whole layers and
+  // sends microbatches through them in groups of pp.
+  const bool interleaved = p.schedule() == "interleaved";
+  if (interleaved && p.virtual_stages() < 2) {
+    return Error(
+        "parallel.schedule=interleaved requires "
+        "parallel.virtual_stages >= 2 (parallel.virtual_stages=",
+        p.virtual_stages(), ")");
+  }
+  if (!interleaved && p.virtual_stages() != 1) {
+    return Error("parallel.virtual_stages=", p.virtual_stages(),
+                 " requires parallel.schedule=interleaved (parallel.schedule=",
+                 p.schedule(), ")");
+  }
+  if (interleaved) {
+    if (p.pp() < 2) {
+      return Error(
+          "parallel.schedule=interleaved requires parallel.pp >= 2 "
+          "(parallel.pp=",
+          p.pp(), ")");
+    }
+    if (p.microbatches() % p.pp() != 0) {
+      return Error("parallel.microbatches=", p.microbatches(),
+                   " is not a multiple of parallel.pp=", p.pp(),
+                   " (required by parallel.schedule=interleaved)");
+    }
+  }
+  if (absl::StatusOr<std::vector<int>> layers =
+          PipelineStageLayers(p, m.n_layer());
+      !layers.ok()) {
+    return layers.status();
+  }
+  if (p.sequence_parallel()) {
+    if (p.tp() <= 1) {
+      return Error(
+          "parallel.sequence_parallel=true requires parallel.tp > 1 "
+          "(parallel.tp=",
+          p.tp(), ")");
+    }
+    if (m.block_size() % p.tp() != 0) {
+      return Error("parallel.tp=", p.tp(),
+                   " does not divide model.block_size=", m.block_size(),
+                   " (required by parallel.sequence_parallel=true)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTrain(const v1::JobSpec& spec) {
+  const v1::TrainSpec& t = spec.train();
+  const v1::ParallelSpec& p = spec.parallel();
+  if (absl::Status s = First({
+          CheckFinite(t, "train"),
+          InRange<int64_t>("train.steps", t.steps(), 1, int64_t{1} << 40),
+          InRange("train.global_batch", t.global_batch(), 1, 1 << 24),
+      });
+      !s.ok()) {
+    return s;
+  }
+  // Token counters (tokens seen, the sampler's positions) are int64.
+  constexpr double kMaxRunTokens = 0x1p62;
+  const double run_tokens =
+      double(t.steps()) * t.global_batch() * spec.model().block_size();
+  if (run_tokens > kMaxRunTokens) {
+    return Error(
+        "train.steps × train.global_batch × model.block_size = ", t.steps(),
+        " × ", t.global_batch(), " × ", spec.model().block_size(),
+        " tokens is more than a run can count (2^62)");
+  }
+  // Every dp rank runs the same number of whole microbatches per step.
+  const int64_t per_step = int64_t{p.dp()} * p.microbatches();
+  if (t.global_batch() % per_step != 0) {
+    return Error("train.global_batch=", t.global_batch(),
+                 " is not divisible by parallel.dp × parallel.microbatches = ",
+                 p.dp(), " × ", p.microbatches(), " = ", per_step);
+  }
+  if (absl::Status s = Positive("train.lr", t.lr()); !s.ok()) return s;
+  if (!(t.min_lr() >= 0 && t.min_lr() <= t.lr())) {
+    return Error("train.min_lr=", t.min_lr(),
+                 " must be >= 0 and <= train.lr=", t.lr());
+  }
+  if (absl::Status s = First({
+          AtLeast<int64_t>("train.warmup_steps", t.warmup_steps(), 0),
+          AtLeast("train.weight_decay", t.weight_decay(), 0.0),
+          AtLeast("train.grad_clip", t.grad_clip(), 0.0),
+          AtLeast<int64_t>("train.eval_every", t.eval_every(), 0),
+          InRange("train.eval_batches", t.eval_batches(), 1, 1 << 20),
+          AtLeast<int64_t>("train.sample_every", t.sample_every(), 0),
+      });
+      !s.ok()) {
+    return s;
+  }
+  for (auto [field, value] :
+       {std::pair<const char*, double>{"train.beta1", t.beta1()},
+        {"train.beta2", t.beta2()}}) {
+    if (!(value >= 0 && value < 1)) {
+      return Error(field, "=", value, " must be >= 0 and < 1");
+    }
+  }
+  return First({
+      Positive("train.eps", t.eps()),
+      InRange("train.sample_tokens", t.sample_tokens(), 0, 1 << 20),
+      Positive("train.sample_temperature", t.sample_temperature()),
+      InRange("train.sample_top_k", t.sample_top_k(), 0, 1 << 24),
+      OneOf("train.precision", t.precision(), {"auto", "fp32", "bf16"}),
+      OneOf("train.recompute", t.recompute(), {"none", "selective", "full"}),
+      AtLeast("train.log_every", t.log_every(), 1),
+  });
+}
+
+absl::Status ValidateCheckpoint(const v1::JobSpec& spec) {
+  const v1::CheckpointSpec& c = spec.checkpoint();
+  if (absl::Status s = First({
+          CheckFinite(c, "checkpoint"),
+          AtLeast<int64_t>("checkpoint.every", c.every(), 0),
+          InRange("checkpoint.keep_last", c.keep_last(), 1, 1 << 20),
+      });
+      !s.ok()) {
+    return s;
+  }
+  if (c.every() > 0 && c.dir().empty()) {
+    return Error("checkpoint.every=", c.every(),
+                 " requires checkpoint.dir (where step folders go)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateResources(const v1::JobSpec& spec) {
+  const v1::ResourcesSpec& r = spec.resources();
+  const int tp = spec.parallel().tp();
+  if (r.ranks_per_node() > 0 && tp > 1 && r.ranks_per_node() % tp != 0) {
+    return Error("resources.ranks_per_node=", r.ranks_per_node(),
+                 " must be a multiple of parallel.tp=", tp,
+                 " (a tensor-parallel group stays inside one node)");
+  }
+  return First({
+      CheckFinite(r, "resources"),
+      OneOf("resources.device", r.device(), {"cpu", "cuda"}),
+      InRange<int64_t>("resources.ranks_per_node", r.ranks_per_node(), 0,
+                       kMaxDegree),
+      InRange("resources.threads_per_rank", r.threads_per_rank(), 0, 1 << 12),
+  });
+}
+
+absl::Status ValidateRestart(const v1::JobSpec& spec) {
+  const v1::RestartSpec& r = spec.restart();
+  return First({
+      CheckFinite(r, "restart"),
+      InRange("restart.max_restarts", r.max_restarts(), 0, 1 << 16),
+      InRange("restart.hang_timeout_s", r.hang_timeout_s(), 1, 30 * 24 * 3600),
+  });
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int>> PipelineStageLayers(const v1::ParallelSpec& p,
+                                                     int n_layer) {
+  const int pp = p.pp(), v = p.virtual_stages();
+  const int first = p.first_stage_layers(), last = p.last_stage_layers();
+  if (first < 0 || last < 0) {
+    return Error(first < 0 ? "parallel.first_stage_layers="
+                           : "parallel.last_stage_layers=",
+                 first < 0 ? first : last, " must be >= 0 (0: an even share)");
+  }
+  if (first == 0 && last == 0) {
+    // Whole layers, the same number on every stage.
+    if (n_layer % pp != 0) {
+      return Error("parallel.pp=", pp,
+                   " does not divide model.n_layer=", n_layer);
+    }
+    if ((n_layer / pp) % v != 0) {
+      return Error("parallel.virtual_stages=", v,
+                   " does not divide the layers per stage, model.n_layer / "
+                   "parallel.pp = ",
+                   n_layer, " / ", pp, " = ", n_layer / pp);
+    }
+    return std::vector<int>(static_cast<size_t>(pp) * v, n_layer / (pp * v));
+  }
+  const int64_t stages = int64_t{pp} * v;
+  if (stages < 2) {
+    return Error(first > 0 ? "parallel.first_stage_layers="
+                           : "parallel.last_stage_layers=",
+                 first > 0 ? first : last,
+                 " requires more than one pipeline stage (parallel.pp=", pp,
+                 ")");
+  }
+  const OtherStages others = OtherStagesOf(n_layer, stages, first, last);
+  if (!others.fit()) {
+    const std::string left = absl::StrCat(
+        "model.n_layer - parallel.first_stage_layers - "
+        "parallel.last_stage_layers = ",
+        n_layer, " - ", first, " - ", last, " = ", others.rest);
+    if (others.count == 0) {
+      return Error(left, ": with two pipeline stages the two must add up to ",
+                   "model.n_layer");
+    }
+    const std::string over = absl::StrCat(
+        " pipeline stages (parallel.pp × parallel.virtual_stages = ", stages,
+        " in all)");
+    if (others.rest < others.count) {
+      return Error(left, " layers for the other ", others.count, over,
+                   ": each stage needs at least one layer");
+    }
+    return Error(left, " layers do not split evenly over the other ",
+                 others.count, over);
+  }
+  std::vector<int> layers(static_cast<size_t>(stages), others.share());
+  if (first > 0) layers.front() = first;
+  if (last > 0) layers.back() = last;
+  return layers;
+}
+
+absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+  // Sections in job.proto order, so the first error reported is stable.
+  if (absl::Status s = CheckStrings(spec, ""); !s.ok()) return s;
+  for (auto* validate : {&ValidateName, &ValidateModel, &ValidateData,
+                         &ValidateParallel, &ValidateTrain, &ValidateCheckpoint,
+                         &ValidateResources, &ValidateRestart}) {
+    if (absl::Status s = validate(spec); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ptrain

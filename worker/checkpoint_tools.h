@@ -1,0 +1,34 @@
+// ptworker's subcommands over a checkpoint, run by one process with no
+// training: `export` (the weights as an llm.c GPT-2 file) and `sample`
+// (text the checkpoint's model generates). Each returns ptworker's exit
+// code: 0, 2 for bad input, 1 otherwise, with one error line on stderr.
+#ifndef PTRAIN_WORKER_CHECKPOINT_TOOLS_H_
+#define PTRAIN_WORKER_CHECKPOINT_TOOLS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "worker/threads.h"
+
+namespace ptrain {
+
+// `ptworker export --checkpoint CHECKPOINT --llmc OUT`: writes the
+// checkpoint's weights to OUT, both confined to PTRAIN_DATA_ROOTS.
+int RunExport(const std::string& checkpoint, const std::string& out);
+
+// `ptworker sample`'s flags; unset ones take the job's train.sample_*.
+struct SampleFlags {
+  std::string checkpoint;
+  std::optional<std::string> prompt;
+  std::optional<int> tokens, top_k;
+  std::optional<double> temperature;
+  std::optional<uint64_t> seed;
+};
+
+// `ptworker sample`: prints the text to stdout; logs only warnings.
+int RunSample(const SampleFlags& flags, const NodeShare& node);
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_WORKER_CHECKPOINT_TOOLS_H_

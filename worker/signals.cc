@@ -1,0 +1,68 @@
+// ptworker's stop signals; see signals.h.
+#include "worker/signals.h"
+
+#include <signal.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <thread>
+
+#include "spdlog/spdlog.h"
+
+namespace ptrain {
+namespace {
+
+std::atomic<bool> g_stop_requested{false};
+std::atomic<bool> g_training{false};
+std::atomic<int> g_world_rank{0};
+
+// SIGUSR1, SIGINT and SIGTERM are blocked in every thread (set before any
+// is created, so all inherit it) and taken by this one alone with sigwait:
+// no thread of MPI, OpenMP or the allocator is ever interrupted by them.
+// Ctrl-C then saves the step being trained, like SIGUSR1; a second Ctrl-C
+// (or ptcoord's cancel reaching a rank both directly and through mpirun)
+// does not wait for that save.
+void WaitForStopSignals(sigset_t signals) {
+  bool interrupted = false;
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&signals, &sig) != 0) continue;
+    if (sig == SIGUSR1) {
+      g_stop_requested.store(true);
+      continue;
+    }
+    if (interrupted || !g_training.load()) std::_Exit(128 + sig);
+    interrupted = true;
+    g_stop_requested.store(true);
+    if (g_world_rank.load() == 0) {
+      const char* name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+      spdlog::warn(
+          "{}: stopping after this step and its checkpoint (exit 3); {} "
+          "again exits at once",
+          name, name);
+    }
+  }
+}
+
+}  // namespace
+
+void HandleStopSignals() {
+  // SIGUSR1 asks for a checkpoint and a stop (the trainer looks at the flag
+  // after every step); from the start, as it would end the rank otherwise.
+  // SIGINT and SIGTERM too, while training (WaitForStopSignals).
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGUSR1);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::thread(WaitForStopSignals, stop_signals).detach();
+}
+
+const std::atomic<bool>* StopRequested() { return &g_stop_requested; }
+
+void SetTraining(bool training) { g_training.store(training); }
+
+void SetSignalRank(int world_rank) { g_world_rank.store(world_rank); }
+
+}  // namespace ptrain

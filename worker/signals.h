@@ -1,0 +1,33 @@
+// ptworker's stop signals. SIGUSR1 (which mpirun forwards to every rank),
+// or a first SIGINT or SIGTERM while training, asks the trainer to stop at
+// the end of the step, after that step's checkpoint (exit 3); a second
+// SIGINT or SIGTERM, or the first outside training, exits at once with
+// 128 + the signal. Not a general signal facility: these three only.
+#ifndef PTRAIN_WORKER_SIGNALS_H_
+#define PTRAIN_WORKER_SIGNALS_H_
+
+#include <atomic>
+
+namespace ptrain {
+
+// Blocks SIGUSR1, SIGINT and SIGTERM in the calling thread and takes them
+// on a thread of its own. Call first in main, before MPI, OpenMP or
+// anything else starts a thread: threads inherit the blocked set, so none
+// of theirs is ever interrupted by these signals.
+void HandleStopSignals();
+
+// Set by SIGUSR1, or a first SIGINT/SIGTERM while training: save at the
+// end of this step and stop (TrainerOptions::stop_requested).
+const std::atomic<bool>* StopRequested();
+
+// Whether the training loop runs: only then can a stop save anything, so
+// outside it (setup, export, sample) SIGINT and SIGTERM end at once.
+void SetTraining(bool training);
+
+// This process's rank in MPI_COMM_WORLD: only rank 0 says what it does
+// about a signal (mpirun passes one to all).
+void SetSignalRank(int world_rank);
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_WORKER_SIGNALS_H_

@@ -1,0 +1,62 @@
+// A training rank's run; see train.h.
+#include "worker/train.h"
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <exception>
+#include <new>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/exit_codes.h"
+#include "common/net.h"
+#include "spdlog/spdlog.h"
+#include "worker/exit_status.h"
+#include "worker/signals.h"
+
+namespace ptrain {
+namespace {
+
+// Logs the rank's metrics port and, under ptcoord, reports the address
+// Prometheus reaches it at.
+void AnnounceMetrics(const RankFlags& flags, const Rank& rank) {
+  if (rank.metrics == nullptr) return;
+  spdlog::warn("rank {} serves metrics on port {}", rank.dims->world_rank(),
+               rank.metrics->port());
+  if (rank.reporter != nullptr) {
+    // Others must reach the address: see AdvertiseHost for the rule.
+    const std::string at =
+        AdvertiseHost(flags.metrics_bind, flags.advertise_host,
+                      rank.reporter->coordinator_address(), rank.host);
+    rank.reporter->ReportEndpoint(
+        JoinHostPort(at, std::to_string(rank.metrics->port())));
+  }
+}
+
+}  // namespace
+
+int TrainRank(const RankFlags& flags, Rank* rank) {
+  spdlog::info("layout: {}", rank->dims->ToString());
+  AnnounceMetrics(flags, *rank);
+  absl::Status done;
+  SetTraining(true);
+  try {
+    done = rank->trainer->Run();
+  } catch (const std::bad_alloc&) {
+    done = absl::ResourceExhaustedError("memory: out of memory while training");
+  } catch (const std::exception& e) {
+    done = absl::InternalError(absl::StrCat("training failed: ", e.what()));
+  }
+  SetTraining(false);
+  if (!done.ok()) {
+    // Other ranks may be inside a collective: take the whole job down.
+    std::fprintf(stderr, "ptworker: error on rank %d: %s\n", WorldRank(),
+                 std::string(done.message()).c_str());
+    MPI_Abort(MPI_COMM_WORLD, IsInputError(done) ? kExitBadInput : 1);
+  }
+  return rank->trainer->stopped() ? kExitStopped : 0;
+}
+
+}  // namespace ptrain
