@@ -122,6 +122,11 @@ absl::Status CheckStrings(const Message& msg, absl::string_view section) {
     if (const int64_t bad = FirstInvalidUtf8(value); bad >= 0) {
       return Error(field, " is not UTF-8 (byte ", bad, ")");
     }
+    // A NUL cannot pass through the spec's YAML (ptctl to ptcoord, the
+    // checkpoint's copy of the spec) or a file name.
+    if (const size_t nul = value.find('\0'); nul != std::string::npos) {
+      return Error(field, " holds a NUL character (byte ", nul, ")");
+    }
     if (value.size() > kMaxStringBytes) {
       return Error(field, " is ", value.size(), " bytes long; at most ",
                    kMaxStringBytes);

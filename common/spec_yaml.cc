@@ -84,6 +84,19 @@ absl::StatusOr<int> CountDocuments(const std::string& text) {
   return n;
 }
 
+// A control character anywhere, or a blank at either end.
+bool NeedsDoubleQuotes(const std::string& v) {
+  if (!v.empty() &&
+      (absl::ascii_isspace(static_cast<unsigned char>(v.front())) ||
+       absl::ascii_isspace(static_cast<unsigned char>(v.back())))) {
+    return true;
+  }
+  for (unsigned char c : v) {
+    if (c < 0x20 || c == 0x7f) return true;
+  }
+  return false;
+}
+
 void EmitMessage(const Message& msg, YAML::Emitter* out) {
   const Descriptor* desc = msg.GetDescriptor();
   const Reflection* refl = msg.GetReflection();
@@ -129,11 +142,16 @@ void EmitMessage(const Message& msg, YAML::Emitter* out) {
       case FieldDescriptor::CPPTYPE_BOOL:
         *out << refl->GetBool(msg, f);
         break;
-      case FieldDescriptor::CPPTYPE_STRING:
+      case FieldDescriptor::CPPTYPE_STRING: {
         // The emitter quotes and escapes whatever would not read back as the
-        // same plain scalar (newlines, ':', '#', "null", "").
-        *out << refl->GetString(msg, f);
+        // same plain scalar (newlines, ':', '#', "null", ""), but not a
+        // control character or blank at either end (a trailing "\r" was
+        // read back without it): those are double-quoted, escaped.
+        const std::string v = refl->GetString(msg, f);
+        if (NeedsDoubleQuotes(v)) *out << YAML::DoubleQuoted;
+        *out << v;
         break;
+      }
       case FieldDescriptor::CPPTYPE_ENUM:
         *out << refl->GetEnum(msg, f)->name();
         break;

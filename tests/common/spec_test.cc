@@ -769,6 +769,13 @@ TEST(ParseJobSpec, NonUtf8OverrideIsRefused) {
   EXPECT_TRUE(Contains(e, "not UTF-8")) << e;
 }
 
+TEST(ParseJobSpec, NulInAStringFieldIsRefusedNamingTheField) {
+  // YAML's "\0" escape: accepted once, the spec would not survive its own
+  // YAML (ptctl to ptcoord, the checkpoint's copy), which stops at the NUL.
+  const std::string e = ParseError("name: t\ndata: {path: \"a\\0b\"}\n");
+  EXPECT_TRUE(Contains(e, "data.path holds a NUL character (byte 1)")) << e;
+}
+
 TEST(ParseJobSpec, Utf8TextIsAccepted) {
   v1::JobSpec spec = MustParse(
       absl::StrCat(kMinimal, "train: {sample_prompt: \"café — 東京 🚀\"}\n"));
@@ -977,8 +984,9 @@ INSTANTIATE_TEST_SUITE_P(
                       "\"", "'\"'", "~", "null", "Null", "true", "false", "123",
                       "1e3", ".inf", "- x", "? x", "{a: 1}", "[1]", "&a", "*a",
                       "!tag", "|", ">", "%", "@", "`", " lead", "trail ", "\t",
-                      "\r\n", std::string("\x01\x7f", 2),
-                      "\xc3\xbc\xe2\x82\xac", "---", "...", "\\n"));
+                      "\r\n", "x\r", "h \r", "\x1b[0m", "tab\t",
+                      std::string("\x01\x7f", 2), "\xc3\xbc\xe2\x82\xac", "---",
+                      "...", "\\n"));
 
 TEST(JobSpecToYaml, EmitsEveryFieldEvenAtItsDefault) {
   const YAML::Node root = YAML::Load(JobSpecToYaml(DefaultJobSpec()));
