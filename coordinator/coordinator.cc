@@ -109,16 +109,6 @@ void SetSlotsUsed(const std::map<std::string, int>& used, v1::Node* n) {
   n->set_slots_used(it == used.end() ? 0 : it->second);
 }
 
-// A job that runs one rank per GPU (resources.device=cuda).
-bool OnGpus(const v1::JobSpec& spec) {
-  return spec.resources().device() == "cuda";
-}
-
-// The job's number of ranks (validated: it fits an int).
-int WorldSize(const v1::JobSpec& spec) {
-  return static_cast<int>(JobWorldSize(spec));
-}
-
 bool IsWaiting(v1::JobState s) {
   return s == v1::JOB_STATE_QUEUED || s == v1::JOB_STATE_RESTARTING;
 }
