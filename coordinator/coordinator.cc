@@ -34,6 +34,7 @@
 #include "common/job_state.h"
 #include "common/spec.h"
 #include "coordinator/auth.h"
+#include "coordinator/coordinator_internal.h"
 #include "coordinator/launcher.h"
 #include "coordinator/paths.h"
 #include "spdlog/spdlog.h"
@@ -43,31 +44,6 @@ namespace ptrain {
 namespace fs = std::filesystem;
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
-
-absl::Status CheckPrivateDir(const std::string& dir) {
-  struct stat st;
-  if (stat(dir.c_str(), &st) != 0) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("state dir ", dir, ": ", std::strerror(errno)));
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("state dir ", dir, " is not a directory"));
-  }
-  if (st.st_uid != geteuid()) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "state dir ", dir, " is owned by uid ", st.st_uid,
-        ", not by this user (uid ", geteuid(),
-        "); it holds the job database, so ptcoord uses only its own"));
-  }
-  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
-    return absl::PermissionDeniedError(absl::StrFormat(
-        "state dir %s is writable by group or others (mode %04o); another "
-        "user could replace the job database: chmod 700 %s",
-        dir, st.st_mode & 07777, dir));
-  }
-  return absl::OkStatus();
-}
 
 std::string LocalHostName() {
   char buf[256] = {};
@@ -89,11 +65,6 @@ int LocalGpus(const CoordinatorOptions& o) {
   return GpuCount();
 }
 
-// What every lookup of a job id answers when there is no such job.
-absl::Status UnknownJob(const std::string& id) {
-  return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
-}
-
 // Node `name` of `nodes`, or null.
 const v1::Node* FindNode(const std::vector<v1::Node>& nodes,
                          const std::string& name) {
@@ -109,88 +80,10 @@ void SetSlotsUsed(const std::map<std::string, int>& used, v1::Node* n) {
   n->set_slots_used(it == used.end() ? 0 : it->second);
 }
 
-bool IsWaiting(v1::JobState s) {
-  return s == v1::JOB_STATE_QUEUED || s == v1::JOB_STATE_RESTARTING;
-}
-
-std::string AttemptDir(const std::string& state_dir, const std::string& id,
-                       int n) {
-  return (fs::path(state_dir) / "jobs" / id / absl::StrCat("attempt-", n))
-      .string();
-}
-
-AttemptKey KeyOf(const JobRecord& r) {
-  return AttemptKey{r.attempt_uid, r.token_sha256};
-}
-
 // A job's id for checkpoints and ranks that no other coordinator will give:
 // its name and a ULID.
 std::string NewJobUid(const std::string& name) {
   return absl::StrCat(name, "-", NewUlid());
-}
-
-// Locks `dir`/lock (flock, released when the fd closes or we die) and
-// writes our pid into it; FailedPrecondition naming the holder when another
-// process has it.
-absl::StatusOr<int> LockStateDir(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "lock").string();
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
-  }
-  // A child we forked just before a restart shares the lock until its exec
-  // closes it (microseconds, longer on a loaded host): wait a little before
-  // calling the dir taken.
-  int locked = -1;
-  for (int i = 0; i < 60; ++i) {
-    locked = flock(fd, LOCK_EX | LOCK_NB);
-    if (locked == 0 || errno != EWOULDBLOCK) break;
-    usleep(50 * 1000);
-  }
-  if (locked != 0) {
-    const int err = errno;
-    char buf[32] = "";
-    const ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
-    close(fd);
-    const std::string holder(absl::StripAsciiWhitespace(
-        absl::string_view(buf, n > 0 ? static_cast<size_t>(n) : 0)));
-    if (err != EWOULDBLOCK) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot lock ", path, ": ", std::strerror(err)));
-    }
-    return absl::FailedPreconditionError(
-        absl::StrCat("state dir ", dir, " is in use by another ptcoord",
-                     holder.empty() ? "" : absl::StrCat(" (pid ", holder, ")"),
-                     "; one state dir serves one coordinator at a time"));
-  }
-  const std::string pid = absl::StrCat(getpid(), "\n");
-  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) !=
-                                   static_cast<ssize_t>(pid.size())) {
-    spdlog::warn("cannot record our pid in {}: {}", path, std::strerror(errno));
-  }
-  return fd;
-}
-
-// Older ptcoords left the state dir 0755 and files 0644: tighten what we
-// own to 0700/0600 (the directory's mode alone keeps others out).
-void TightenStateDir(const std::string& dir) {
-  struct stat st;
-  if (stat(dir.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
-    spdlog::warn("state dir {} was mode {:04o}; making it 0700", dir,
-                 st.st_mode & 07777);
-    chmod(dir.c_str(), 0700);
-  }
-  std::error_code ec;
-  for (const fs::directory_entry& d : fs::directory_iterator(dir, ec)) {
-    struct stat f;
-    if (lstat(d.path().c_str(), &f) != 0 || f.st_uid != geteuid()) continue;
-    if (S_ISREG(f.st_mode) && (f.st_mode & 077) != 0) {
-      chmod(d.path().c_str(), 0600);
-    } else if (S_ISDIR(f.st_mode) && (f.st_mode & 077) != 0) {
-      chmod(d.path().c_str(), 0700);
-    }
-  }
 }
 
 }  // namespace
@@ -406,19 +299,6 @@ absl::Status Coordinator::AuthenticateRank(
   // An unknown job, an ended attempt and a wrong token look the same: no
   // probing for ids.
   return CheckBearerHash(authorization, hash);
-}
-
-absl::StatusOr<ReportContext> Coordinator::RunningContext(
-    const Entry& e) const {
-  const v1::Job& job = e.record.job;
-  if (job.state() != v1::JOB_STATE_RUNNING || !running_.count(job.id()) ||
-      e.record.token_sha256.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(job.id(), " has no attempt running"));
-  }
-  return ReportContext{job.id(), job.attempts(), job.world_size(),
-                       job.spec().train().steps(),
-                       running_.at(job.id()).last_step};
 }
 
 absl::StatusOr<v1::Job> Coordinator::Submit(
@@ -725,123 +605,6 @@ absl::StatusOr<Coordinator::LogSource> Coordinator::Logs(const std::string& id,
   const int n = attempt == 0 ? latest : attempt;
   const bool finished = n < latest || !running_.count(id);
   return LogSource{n, AttemptDir(options_.state_dir, id, n), finished};
-}
-
-absl::StatusOr<Coordinator::Entry*> Coordinator::CheckedReport(
-    const std::string& job_id,
-    const std::function<absl::Status(const ReportContext&)>& check) {
-  Entry* e = Find(job_id);
-  if (e == nullptr) return UnknownJob(job_id);
-  absl::StatusOr<ReportContext> ctx = RunningContext(*e);
-  if (!ctx.ok()) return ctx.status();
-  if (absl::Status s = check(*ctx); !s.ok()) return s;
-  return e;
-}
-
-absl::Status Coordinator::ReportProgress(const v1::ReportProgressRequest& r) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<Entry*> checked = CheckedReport(
-      r.job_id(),
-      [&](const ReportContext& ctx) { return ValidateProgress(r, ctx); });
-  if (!checked.ok()) return checked.status();
-  Entry* e = *checked;
-  // The rank is alive even when the disk is full.
-  running_[r.job_id()].last_report = absl::Now();
-  JobUpdate u;
-  u.record = e->record;
-  v1::Progress* p = u.record.job.mutable_progress();
-  p->set_step(r.step());
-  if (r.is_eval()) {
-    p->set_val_loss(r.val_loss());
-  } else {
-    p->set_loss(r.loss());
-    p->set_tok_per_s(r.tok_per_s());
-    p->set_mfu(r.mfu());
-    p->set_lr(r.lr());
-  }
-  p->set_unix_ms(NowMs());
-  v1::LossPoint& point = u.loss_points.emplace_back();
-  point.set_step(r.step());
-  point.set_loss(r.is_eval() ? 0.0 : r.loss());
-  point.set_val_loss(r.is_eval() ? r.val_loss() : 0.0);
-  point.set_attempt(r.attempt());
-  if (absl::Status s = Commit(*e, std::move(u)); !s.ok()) return s;
-  Running& run = running_[r.job_id()];
-  run.last_step = std::max(run.last_step, r.step());
-  run.activity.clear();
-  return absl::OkStatus();
-}
-
-absl::Status Coordinator::ReportCheckpoint(
-    const v1::ReportCheckpointRequest& r) {
-  const auto check = [&](const ReportContext& ctx) {
-    return ValidateCheckpoint(r, ctx);
-  };
-  std::string root, uid;
-  {
-    absl::MutexLock lock(&mu_);
-    absl::StatusOr<Entry*> e = CheckedReport(r.job_id(), check);
-    if (!e.ok()) return e.status();
-    root = (*e)->record.job.spec().checkpoint().dir();
-    uid = (*e)->record.job.uid();
-  }
-  // Off the lock: the folder's manifest is read and hashed, its shards
-  // looked at. Only a committed checkpoint is recorded.
-  absl::StatusOr<std::string> dir =
-      ResolveCheckpointDir("dir", r.dir(), r.step(), root, uid);
-  if (!dir.ok()) return dir.status();
-  absl::MutexLock lock(&mu_);
-  // The attempt may have ended meanwhile: then the report is refused as
-  // any report of an ended attempt is.
-  absl::StatusOr<Entry*> checked = CheckedReport(r.job_id(), check);
-  if (!checked.ok()) return checked.status();
-  Entry* e = *checked;
-  // A checkpoint is progress too: a long save must not look like a hang.
-  running_[r.job_id()].last_report = absl::Now();
-  JobUpdate u;
-  u.record = e->record;
-  if (r.resumed()) {
-    // Where the attempt came back from; the checkpoint's own report (if its
-    // writer lived to send it) stays as it was.
-    u.event = absl::StrCat("attempt ", r.attempt(),
-                           " resumed from the checkpoint at step ", r.step());
-    return Commit(*e, std::move(u));
-  }
-  running_[r.job_id()].newest_checkpoint = r.step();
-  v1::Checkpoint& c = u.checkpoints.emplace_back();
-  c.set_step(r.step());
-  c.set_dir(*dir);
-  c.set_attempt(r.attempt());
-  c.set_unix_ms(NowMs());
-  u.event = absl::StrCat("checkpoint at step ", r.step());
-  return Commit(*e, std::move(u));
-}
-
-absl::Status Coordinator::ReportEndpoint(const v1::ReportEndpointRequest& r) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<Entry*> e = CheckedReport(
-      r.job_id(),
-      [&](const ReportContext& ctx) { return ValidateEndpoint(r, ctx); });
-  if (!e.ok()) return e.status();
-  JobUpdate u;
-  u.record = (*e)->record;
-  u.event = absl::StrCat("rank ", r.rank(), " metrics at ", r.address());
-  if (absl::Status s = Commit(**e, std::move(u)); !s.ok()) return s;
-  running_[r.job_id()].endpoints[r.rank()] = r.address();
-  return absl::OkStatus();
-}
-
-absl::Status Coordinator::ReportAlive(const v1::ReportAliveRequest& r) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<Entry*> e = CheckedReport(
-      r.job_id(),
-      [&](const ReportContext& ctx) { return ValidateAlive(r, ctx); });
-  if (!e.ok()) return e.status();
-  // In memory only: a sign of life every few seconds is not job history.
-  Running& run = running_[r.job_id()];
-  run.last_report = absl::Now();
-  run.activity = r.activity();
-  return absl::OkStatus();
 }
 
 std::vector<Coordinator::RankEndpoint> Coordinator::Endpoints() const {

@@ -29,6 +29,7 @@
 #include "coordinator/reports.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/slurm.h"
+#include "coordinator/state_dir.h"
 #include "coordinator/store.h"
 #include "ptrain/v1/coordinator.pb.h"
 
@@ -372,10 +373,6 @@ inline constexpr v1::AttemptEnd kRequeueEnds[] = {
     v1::ATTEMPT_END_PAUSED, v1::ATTEMPT_END_STOPPED, v1::ATTEMPT_END_NODE_LOST,
     v1::ATTEMPT_END_GROWN, v1::ATTEMPT_END_LOST};
 int64_t NowMs();
-
-// OK when `dir` is a folder owned by the effective user that neither group
-// nor others may write; PermissionDenied naming it and the rule otherwise.
-absl::Status CheckPrivateDir(const std::string& dir);
 
 }  // namespace ptrain
 
