@@ -1,40 +1,25 @@
-// Job lifecycle, supervision and recovery; see coordinator.h. Every change
-// of a job is computed on a copy of its record, written by Commit (SQLite
-// first, in one transaction) and only then applied in memory and shown to
-// watchers, all under mu_; a write the store refuses leaves memory as the
-// disk has it and the supervisor tries again. Process work (fork, /proc
-// scans, signals) is short and also under mu_, so the supervisor and the
-// RPC handlers never see a half-made change.
+// Creation, the job API and what the metrics read; see coordinator.h. Every
+// change of a job is computed on a copy of its record, written by Commit
+// (SQLite first, in one transaction) and only then applied in memory and
+// shown to watchers, all under mu_; a write the store refuses leaves memory
+// as the disk has it and the supervisor tries again. Process work (fork,
+// /proc scans, signals) is short and also under mu_, so the supervisor and
+// the RPC handlers never see a half-made change.
 #include "coordinator/coordinator.h"
 
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cmath>
-#include <cstring>
 #include <filesystem>
-#include <functional>
 #include <regex>
-#include <set>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "common/auth_token.h"
-#include "common/digest.h"
-#include "common/exit_codes.h"
-#include "common/gpu_inventory.h"
 #include "common/job_state.h"
 #include "common/spec.h"
 #include "coordinator/auth.h"
-#include "coordinator/launcher.h"
+#include "coordinator/coordinator_internal.h"
 #include "coordinator/paths.h"
 #include "spdlog/spdlog.h"
 
@@ -42,96 +27,7 @@ namespace ptrain {
 
 namespace fs = std::filesystem;
 
-int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
-
-absl::Status CheckPrivateDir(const std::string& dir) {
-  struct stat st;
-  if (stat(dir.c_str(), &st) != 0) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("state dir ", dir, ": ", std::strerror(errno)));
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("state dir ", dir, " is not a directory"));
-  }
-  if (st.st_uid != geteuid()) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "state dir ", dir, " is owned by uid ", st.st_uid,
-        ", not by this user (uid ", geteuid(),
-        "); it holds the job database, so ptcoord uses only its own"));
-  }
-  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
-    return absl::PermissionDeniedError(absl::StrFormat(
-        "state dir %s is writable by group or others (mode %04o); another "
-        "user could replace the job database: chmod 700 %s",
-        dir, st.st_mode & 07777, dir));
-  }
-  return absl::OkStatus();
-}
-
-std::string LocalHostName() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
-  return buf;
-}
-
 namespace {
-
-// A supervision tick later than its period by more than this means ptcoord
-// itself could not run (see Supervise).
-constexpr absl::Duration kLateSupervision = absl::Seconds(1);
-
-// The GPUs jobs run on this host may take: --local-gpus, else the driver's
-// count; none asked of the driver when jobs run on nodes or under Slurm.
-int LocalGpus(const CoordinatorOptions& o) {
-  if (o.local_gpus >= 0) return o.local_gpus;
-  if (o.slurm || !o.nodes.join_tokens.empty()) return 0;
-  return GpuCount();
-}
-
-// What every lookup of a job id answers when there is no such job.
-absl::Status UnknownJob(const std::string& id) {
-  return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
-}
-
-// Node `name` of `nodes`, or null.
-const v1::Node* FindNode(const std::vector<v1::Node>& nodes,
-                         const std::string& name) {
-  for (const v1::Node& n : nodes) {
-    if (n.spec().name() == name) return &n;
-  }
-  return nullptr;
-}
-
-// n->slots_used from the slots of running attempts per node.
-void SetSlotsUsed(const std::map<std::string, int>& used, v1::Node* n) {
-  auto it = used.find(n->spec().name());
-  n->set_slots_used(it == used.end() ? 0 : it->second);
-}
-
-// A job that runs one rank per GPU (resources.device=cuda).
-bool OnGpus(const v1::JobSpec& spec) {
-  return spec.resources().device() == "cuda";
-}
-
-// The job's number of ranks (validated: it fits an int).
-int WorldSize(const v1::JobSpec& spec) {
-  return static_cast<int>(JobWorldSize(spec));
-}
-
-bool IsWaiting(v1::JobState s) {
-  return s == v1::JOB_STATE_QUEUED || s == v1::JOB_STATE_RESTARTING;
-}
-
-std::string AttemptDir(const std::string& state_dir, const std::string& id,
-                       int n) {
-  return (fs::path(state_dir) / "jobs" / id / absl::StrCat("attempt-", n))
-      .string();
-}
-
-AttemptKey KeyOf(const JobRecord& r) {
-  return AttemptKey{r.attempt_uid, r.token_sha256};
-}
 
 // A job's id for checkpoints and ranks that no other coordinator will give:
 // its name and a ULID.
@@ -139,71 +35,15 @@ std::string NewJobUid(const std::string& name) {
   return absl::StrCat(name, "-", NewUlid());
 }
 
-// Locks `dir`/lock (flock, released when the fd closes or we die) and
-// writes our pid into it; FailedPrecondition naming the holder when another
-// process has it.
-absl::StatusOr<int> LockStateDir(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "lock").string();
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
-  }
-  // A child we forked just before a restart shares the lock until its exec
-  // closes it (microseconds, longer on a loaded host): wait a little before
-  // calling the dir taken.
-  int locked = -1;
-  for (int i = 0; i < 60; ++i) {
-    locked = flock(fd, LOCK_EX | LOCK_NB);
-    if (locked == 0 || errno != EWOULDBLOCK) break;
-    usleep(50 * 1000);
-  }
-  if (locked != 0) {
-    const int err = errno;
-    char buf[32] = "";
-    const ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
-    close(fd);
-    const std::string holder(absl::StripAsciiWhitespace(
-        absl::string_view(buf, n > 0 ? static_cast<size_t>(n) : 0)));
-    if (err != EWOULDBLOCK) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot lock ", path, ": ", std::strerror(err)));
-    }
-    return absl::FailedPreconditionError(
-        absl::StrCat("state dir ", dir, " is in use by another ptcoord",
-                     holder.empty() ? "" : absl::StrCat(" (pid ", holder, ")"),
-                     "; one state dir serves one coordinator at a time"));
-  }
-  const std::string pid = absl::StrCat(getpid(), "\n");
-  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) !=
-                                   static_cast<ssize_t>(pid.size())) {
-    spdlog::warn("cannot record our pid in {}: {}", path, std::strerror(errno));
-  }
-  return fd;
-}
-
-// Older ptcoords left the state dir 0755 and files 0644: tighten what we
-// own to 0700/0600 (the directory's mode alone keeps others out).
-void TightenStateDir(const std::string& dir) {
-  struct stat st;
-  if (stat(dir.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
-    spdlog::warn("state dir {} was mode {:04o}; making it 0700", dir,
-                 st.st_mode & 07777);
-    chmod(dir.c_str(), 0700);
-  }
-  std::error_code ec;
-  for (const fs::directory_entry& d : fs::directory_iterator(dir, ec)) {
-    struct stat f;
-    if (lstat(d.path().c_str(), &f) != 0 || f.st_uid != geteuid()) continue;
-    if (S_ISREG(f.st_mode) && (f.st_mode & 077) != 0) {
-      chmod(d.path().c_str(), 0600);
-    } else if (S_ISDIR(f.st_mode) && (f.st_mode & 077) != 0) {
-      chmod(d.path().c_str(), 0700);
-    }
-  }
-}
-
 }  // namespace
+
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+std::string LocalHostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
     CoordinatorOptions options) {
@@ -231,6 +71,14 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
       NodeRegistry::Create(c->store_.get(), c->options_.nodes);
   if (!nodes.ok()) return nodes.status();
   c->nodes_ = std::move(*nodes);
+  // The one place that knows which backend runs the attempts.
+  if (c->options_.slurm) {
+    c->backend_ = NewSlurmBackend(c->options_);
+  } else if (c->nodes_->enabled()) {
+    c->backend_ = NewNodesBackend(c->options_, c->nodes_.get());
+  } else {
+    c->backend_ = NewLocalBackend(c->options_);
+  }
   absl::StatusOr<std::vector<JobRecord>> jobs = c->store_->ListJobs();
   if (!jobs.ok()) return jobs.status();
   {
@@ -256,7 +104,6 @@ Coordinator::Coordinator(CoordinatorOptions options,
                          std::unique_ptr<Store> store, int lock_fd)
     : options_(std::move(options)),
       store_(std::move(store)),
-      scheduler_(options_.local_slots, LocalGpus(options_)),
       lock_fd_(lock_fd),
       started_(absl::Now()),
       advertise_(options_.advertise_address) {}
@@ -301,74 +148,6 @@ void Coordinator::Stop() {
   changed_.SignalAll();
 }
 
-void Coordinator::Recover() {
-  absl::MutexLock lock(&mu_);
-  for (auto& [id, e] : jobs_) {
-    const JobRecord& r = e.record;
-    if (r.job.state() != v1::JOB_STATE_RUNNING) continue;
-    Running run;
-    run.attempt_dir = AttemptDir(options_.state_dir, id, r.job.attempts());
-    run.is_child = false;
-    run.last_report = absl::Now();
-    const AttemptKey key = KeyOf(r);
-    bool alive = false;
-    if (options_.slurm) {
-      // Found by its name: also an attempt whose id never reached the
-      // store (ptcoord died right after sbatch).
-      absl::StatusOr<std::string> sid =
-          FindSlurmJob(SlurmJobName(id, r.job.attempts()));
-      if (!sid.ok()) {
-        spdlog::warn("{}: cannot ask Slurm for attempt {}: {}", id,
-                     r.job.attempts(), std::string(sid.status().message()));
-      }
-      if (sid.ok() && !sid->empty()) {
-        run.slurm_id = *sid;
-        alive = true;
-      }
-    } else {
-      alive = !AttemptProcesses(key).empty();
-    }
-    if (alive) {
-      // Re-adopt: the attempt kept training while we were down, and its ranks
-      // report to the same address with the same token. Requeueing it would
-      // throw away every step since its last checkpoint. What they logged
-      // while we were down is taken from the run log.
-      if (!options_.slurm) run.pgid = AttemptLeader(key, run.attempt_dir);
-      running_[id] = run;
-      JobUpdate u;
-      u.record = r;
-      RecoverFromRunLog(e, run.attempt_dir, &u);
-      u.event = absl::StrCat("attempt ", r.job.attempts(),
-                             " re-adopted after a coordinator restart");
-      if (absl::Status s = Commit(e, std::move(u)); !s.ok()) {
-        LogStoreError(e, s);
-      }
-      // Its reports go on from the newest step it logged.
-      if (absl::StatusOr<Store::LastSteps> last =
-              store_->LastLossSteps(id, r.job.attempts());
-          last.ok()) {
-        running_[id].last_step = std::max(last->step, last->eval);
-      }
-      if (e.record.job.cancel_requested()) BeginKill(e, "");
-      continue;
-    }
-    // Ended while we were down: the exit_code file decides (OnAttemptEnded
-    // asks the run log and checkpoints when it cannot).
-    TakeExitFile(run);
-    running_[id] = run;
-  }
-  Supervise();
-}
-
-void Coordinator::TakeExitFile(Running& run) {
-  const AttemptExit ex = ReadAttemptExit(run.attempt_dir);
-  run.leader_exit = ex.kind == AttemptExit::kCode ? ex.code : -1;
-  // Still pending: its processes died with the host or were killed, which
-  // is not the job's fault, so it does not use up a restart.
-  run.lost = ex.kind == AttemptExit::kPending;
-  run.exit_unknown = ex.kind == AttemptExit::kUnknown;
-}
-
 absl::Status Coordinator::Commit(Entry& e, JobUpdate update) {
   if (update.unix_ms == 0) update.unix_ms = NowMs();
   absl::Status s = store_->Apply(update);
@@ -382,6 +161,13 @@ absl::Status Coordinator::Commit(Entry& e, JobUpdate update) {
   e.message = update.event.empty() ? "progress" : update.event;
   changed_.SignalAll();
   return absl::OkStatus();
+}
+
+void Coordinator::CommitEvent(Entry& e, const std::string& event) {
+  JobUpdate u;
+  u.record = e.record;
+  u.event = event;
+  if (absl::Status s = Commit(e, std::move(u)); !s.ok()) LogStoreError(e, s);
 }
 
 void Coordinator::LogStoreError(const Entry& e, const absl::Status& s) {
@@ -418,19 +204,6 @@ absl::Status Coordinator::AuthenticateRank(
   return CheckBearerHash(authorization, hash);
 }
 
-absl::StatusOr<ReportContext> Coordinator::RunningContext(
-    const Entry& e) const {
-  const v1::Job& job = e.record.job;
-  if (job.state() != v1::JOB_STATE_RUNNING || !running_.count(job.id()) ||
-      e.record.token_sha256.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(job.id(), " has no attempt running"));
-  }
-  return ReportContext{job.id(), job.attempts(), job.world_size(),
-                       job.spec().train().steps(),
-                       running_.at(job.id()).last_step};
-}
-
 absl::StatusOr<v1::Job> Coordinator::Submit(
     const std::string& spec_yaml, const std::vector<std::string>& overrides) {
   if (spec_yaml.size() > kMaxSpecBytes) {
@@ -447,28 +220,7 @@ absl::StatusOr<v1::Job> Coordinator::Submit(
   const int world = WorldSize(*spec);
   // On nodes a job waits for slots (and GPUs) that may join later; Slurm
   // queues it. On its own host ptcoord knows now.
-  if (!nodes_->enabled() && !options_.slurm) {
-    if (absl::Status s = scheduler_.CheckFits(world); !s.ok()) return s;
-    if (OnGpus(*spec)) {
-      // --local-gpus was checked against the driver when ptcoord started.
-      const std::string why =
-          options_.local_gpus >= 0 ? "" : GpuUnavailableReason();
-      if (!why.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "resources.device=cuda: this coordinator runs jobs on its own "
-            "host, which cannot train on a GPU: ",
-            why));
-      }
-      const int gpus = scheduler_.total_gpus();
-      if (world > gpus && !RanksShareGpus()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "resources.device=cuda: the job's ", world,
-            " ranks (parallel.dp × tp × pp) need one GPU each, and this "
-            "coordinator's host, where it runs jobs, offers ",
-            gpus, options_.local_gpus >= 0 ? " (--local-gpus)" : ""));
-      }
-    }
-  }
+  if (absl::Status s = backend_->Admit(*spec, world); !s.ok()) return s;
   if (absl::Status s =
           ConfineSpecPaths(&*spec, options_.work_root, options_.data_roots);
       !s.ok()) {
@@ -603,11 +355,11 @@ absl::StatusOr<v1::Job> Coordinator::Pause(const std::string& id) {
     return now;  // idempotent; a cancel goes on
   }
   auto run = running_.find(id);
-  if (run != running_.end() && options_.slurm) {
+  if (run != running_.end() && !backend_->CanAskToStop()) {
     return absl::UnimplementedError(absl::StrCat(
-        "job ", id,
-        " runs under --launcher slurm, where pausing a running job is not "
-        "built (cancel it, or pause it while it is queued)"));
+        "job ", id, " runs under --launcher ", backend_->Name(),
+        ", where pausing a running job is not built (cancel it, or pause it "
+        "while it is queued)"));
   }
   JobUpdate u;
   u.record = e->record;
@@ -624,9 +376,9 @@ absl::StatusOr<v1::Job> Coordinator::Pause(const std::string& id) {
   if (!waiting) {
     Running& r = run->second;
     // The ranks save and exit 3; killed a hang timeout later if they do
-    // not (or at once when no launcher can be signalled: steps since the
+    // not (or at once when the attempt cannot be asked: steps since the
     // last checkpoint are lost then).
-    if (SignalLauncher(KeyOf(e->record), SIGUSR1)) {
+    if (r.handle != nullptr && backend_->AskToStop(*r.handle)) {
       r.stop_asked_at = absl::Now();
     } else {
       BeginKill(*e, "");
@@ -737,123 +489,6 @@ absl::StatusOr<Coordinator::LogSource> Coordinator::Logs(const std::string& id,
   return LogSource{n, AttemptDir(options_.state_dir, id, n), finished};
 }
 
-absl::StatusOr<Coordinator::Entry*> Coordinator::CheckedReport(
-    const std::string& job_id,
-    const std::function<absl::Status(const ReportContext&)>& check) {
-  Entry* e = Find(job_id);
-  if (e == nullptr) return UnknownJob(job_id);
-  absl::StatusOr<ReportContext> ctx = RunningContext(*e);
-  if (!ctx.ok()) return ctx.status();
-  if (absl::Status s = check(*ctx); !s.ok()) return s;
-  return e;
-}
-
-absl::Status Coordinator::ReportProgress(const v1::ReportProgressRequest& r) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<Entry*> checked = CheckedReport(
-      r.job_id(),
-      [&](const ReportContext& ctx) { return ValidateProgress(r, ctx); });
-  if (!checked.ok()) return checked.status();
-  Entry* e = *checked;
-  // The rank is alive even when the disk is full.
-  running_[r.job_id()].last_report = absl::Now();
-  JobUpdate u;
-  u.record = e->record;
-  v1::Progress* p = u.record.job.mutable_progress();
-  p->set_step(r.step());
-  if (r.is_eval()) {
-    p->set_val_loss(r.val_loss());
-  } else {
-    p->set_loss(r.loss());
-    p->set_tok_per_s(r.tok_per_s());
-    p->set_mfu(r.mfu());
-    p->set_lr(r.lr());
-  }
-  p->set_unix_ms(NowMs());
-  v1::LossPoint& point = u.loss_points.emplace_back();
-  point.set_step(r.step());
-  point.set_loss(r.is_eval() ? 0.0 : r.loss());
-  point.set_val_loss(r.is_eval() ? r.val_loss() : 0.0);
-  point.set_attempt(r.attempt());
-  if (absl::Status s = Commit(*e, std::move(u)); !s.ok()) return s;
-  Running& run = running_[r.job_id()];
-  run.last_step = std::max(run.last_step, r.step());
-  run.activity.clear();
-  return absl::OkStatus();
-}
-
-absl::Status Coordinator::ReportCheckpoint(
-    const v1::ReportCheckpointRequest& r) {
-  const auto check = [&](const ReportContext& ctx) {
-    return ValidateCheckpoint(r, ctx);
-  };
-  std::string root, uid;
-  {
-    absl::MutexLock lock(&mu_);
-    absl::StatusOr<Entry*> e = CheckedReport(r.job_id(), check);
-    if (!e.ok()) return e.status();
-    root = (*e)->record.job.spec().checkpoint().dir();
-    uid = (*e)->record.job.uid();
-  }
-  // Off the lock: the folder's manifest is read and hashed, its shards
-  // looked at. Only a committed checkpoint is recorded.
-  absl::StatusOr<std::string> dir =
-      ResolveCheckpointDir("dir", r.dir(), r.step(), root, uid);
-  if (!dir.ok()) return dir.status();
-  absl::MutexLock lock(&mu_);
-  // The attempt may have ended meanwhile: then the report is refused as
-  // any report of an ended attempt is.
-  absl::StatusOr<Entry*> checked = CheckedReport(r.job_id(), check);
-  if (!checked.ok()) return checked.status();
-  Entry* e = *checked;
-  // A checkpoint is progress too: a long save must not look like a hang.
-  running_[r.job_id()].last_report = absl::Now();
-  JobUpdate u;
-  u.record = e->record;
-  if (r.resumed()) {
-    // Where the attempt came back from; the checkpoint's own report (if its
-    // writer lived to send it) stays as it was.
-    u.event = absl::StrCat("attempt ", r.attempt(),
-                           " resumed from the checkpoint at step ", r.step());
-    return Commit(*e, std::move(u));
-  }
-  running_[r.job_id()].newest_checkpoint = r.step();
-  v1::Checkpoint& c = u.checkpoints.emplace_back();
-  c.set_step(r.step());
-  c.set_dir(*dir);
-  c.set_attempt(r.attempt());
-  c.set_unix_ms(NowMs());
-  u.event = absl::StrCat("checkpoint at step ", r.step());
-  return Commit(*e, std::move(u));
-}
-
-absl::Status Coordinator::ReportEndpoint(const v1::ReportEndpointRequest& r) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<Entry*> e = CheckedReport(
-      r.job_id(),
-      [&](const ReportContext& ctx) { return ValidateEndpoint(r, ctx); });
-  if (!e.ok()) return e.status();
-  JobUpdate u;
-  u.record = (*e)->record;
-  u.event = absl::StrCat("rank ", r.rank(), " metrics at ", r.address());
-  if (absl::Status s = Commit(**e, std::move(u)); !s.ok()) return s;
-  running_[r.job_id()].endpoints[r.rank()] = r.address();
-  return absl::OkStatus();
-}
-
-absl::Status Coordinator::ReportAlive(const v1::ReportAliveRequest& r) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<Entry*> e = CheckedReport(
-      r.job_id(),
-      [&](const ReportContext& ctx) { return ValidateAlive(r, ctx); });
-  if (!e.ok()) return e.status();
-  // In memory only: a sign of life every few seconds is not job history.
-  Running& run = running_[r.job_id()];
-  run.last_report = absl::Now();
-  run.activity = r.activity();
-  return absl::OkStatus();
-}
-
 std::vector<Coordinator::RankEndpoint> Coordinator::Endpoints() const {
   absl::MutexLock lock(&mu_);
   std::vector<RankEndpoint> out;
@@ -929,880 +564,12 @@ int Coordinator::UsedSlots() const {
   return used;
 }
 
-void Coordinator::BeginKill(Entry& e, const std::string& reason) {
-  auto it = running_.find(e.record.job.id());
-  if (it == running_.end()) return;
-  Running& run = it->second;
-  if (!reason.empty() && run.kill_reason.empty()) run.kill_reason = reason;
-  if (run.kill_at.has_value()) return;
-  if (!run.slurm_id.empty()) {
-    // Slurm signals the batch script and every step (SIGTERM, then
-    // SIGKILL after its KillWait).
-    if (absl::Status s = CancelSlurmJob(run.slurm_id, ""); !s.ok()) {
-      spdlog::warn("{}: {}", e.record.job.id(), std::string(s.message()));
-    }
-  } else {
-    SignalAttempt(run.pgid, KeyOf(e.record), SIGTERM);
-  }
-  run.kill_at = absl::Now() + options_.cancel_grace;
-}
-
-bool Coordinator::RecoverFromRunLog(const Entry& e,
-                                    const std::string& attempt_dir,
-                                    JobUpdate* u) {
-  const v1::Job& job = e.record.job;
-  const ReportContext ctx{job.id(), job.attempts(), job.world_size(),
-                          job.spec().train().steps()};
-  // Points of this attempt past the last one its reports delivered (an
-  // attempt's steps only grow): the run log is read back to that one.
-  int64_t have_step = -1, have_eval = -1;
-  if (absl::StatusOr<Store::LastSteps> last =
-          store_->LastLossSteps(job.id(), job.attempts());
-      last.ok()) {
-    have_step = last->step;
-    have_eval = last->eval;
-  }
-  const RunLogSummary log = ReadRunLog(
-      (fs::path(attempt_dir) / "run.jsonl").string(), ctx, have_step);
-  if (log.records.empty() && log.checkpoints.empty()) return log.ended;
-  v1::Progress* p = u->record.job.mutable_progress();
-  if (log.last_step.has_value()) {
-    p->set_step(log.last_step->step);
-    p->set_loss(log.last_step->loss);
-    p->set_lr(log.last_step->lr);
-    p->set_tok_per_s(log.last_step->tok_per_s);
-    p->set_mfu(log.last_step->mfu);
-    p->set_unix_ms(NowMs());
-  }
-  if (log.last_eval.has_value()) {
-    p->set_val_loss(log.last_eval->val_loss);
-    p->set_step(std::max(p->step(), log.last_eval->step));
-  }
-  for (const RunLogRecord& rec : log.records) {
-    const bool eval = rec.kind == RunLogRecord::kEval;
-    if (rec.step <= (eval ? have_eval : have_step)) continue;
-    v1::LossPoint& q = u->loss_points.emplace_back();
-    q.set_step(rec.step);
-    q.set_loss(eval ? 0.0 : rec.loss);
-    q.set_val_loss(eval ? rec.val_loss : 0.0);
-    q.set_attempt(job.attempts());
-  }
-  std::set<int64_t> known;
-  if (auto c = store_->ListCheckpoints(job.id()); c.ok()) {
-    for (const v1::Checkpoint& k : *c) known.insert(k.step());
-  }
-  for (const RunLogRecord& rec : log.checkpoints) {
-    if (known.count(rec.step)) continue;
-    // Pruned since (keep_last), or never committed: not listed.
-    absl::StatusOr<std::string> dir =
-        ResolveCheckpointDir("run.jsonl dir", rec.dir, rec.step,
-                             job.spec().checkpoint().dir(), job.uid());
-    if (!dir.ok()) continue;
-    v1::Checkpoint& c = u->checkpoints.emplace_back();
-    c.set_step(rec.step);
-    c.set_dir(*dir);
-    c.set_attempt(job.attempts());
-    c.set_unix_ms(NowMs());
-    known.insert(rec.step);
-  }
-  return log.ended;
-}
-
-void Coordinator::Launch(Entry& e, const std::vector<NodeRanks>& placement,
-                         const v1::JobSpec* spec) {
-  const std::string id = e.record.job.id();
-  JobUpdate u;
-  u.record = e.record;
-  JobRecord& next = u.record;
-  v1::Job& job = next.job;
-  const v1::JobSpec& run_spec = spec != nullptr ? *spec : job.spec();
-  const int attempt = job.attempts() + 1;
-  job.set_attempts(attempt);
-  job.set_world_size(WorldSize(run_spec));
-  job.set_dp(run_spec.parallel().dp());
-  job.clear_placement();
-  // A GPU job's ranks take GPUs no running job holds (FreeNodes, or the
-  // local scheduler, counted them free). Run on this host, its GPUs are
-  // kept as a placement on this host (mpirun still runs locally).
-  std::map<std::string, std::set<int>> gpus_held;
-  if (OnGpus(run_spec)) gpus_held = GpusHeld(id);
-  for (const NodeRanks& n : placement) {
-    v1::Placement* p = job.add_placement();
-    p->set_node(n.name);
-    p->set_ranks(n.ranks);
-    if (OnGpus(run_spec)) {
-      for (int g : TakeGpus(gpus_held[n.name], n.ranks)) p->add_gpus(g);
-    }
-  }
-  if (placement.empty() && TakesLocalGpus(run_spec)) {
-    v1::Placement* p = job.add_placement();
-    p->set_node(LocalHostName());
-    p->set_ranks(job.world_size());
-    for (int g : TakeGpus(gpus_held[LocalHostName()], job.world_size())) {
-      p->add_gpus(g);
-    }
-  }
-  if (job.started_unix_ms() == 0) job.set_started_unix_ms(NowMs());
-  job.set_state(v1::JOB_STATE_RUNNING);
-  // The token lives only in this function and in the attempt's environment;
-  // the store keeps its hash. The attempt uid (not secret) finds the
-  // attempt's processes after a coordinator restart.
-  const std::string token = GenerateToken();
-  next.token_sha256 = Sha256Hex(token);
-  next.attempt_uid = absl::StrCat(job.uid().empty() ? id : job.uid(), ".",
-                                  attempt, ".", RandomHex(4));
-  const std::string attempt_dir = AttemptDir(options_.state_dir, id, attempt);
-  v1::Attempt& a = u.attempt.emplace();
-  a.set_number(attempt);
-  a.set_started_unix_ms(NowMs());
-  a.set_exit_code(-1);
-  a.set_dir(attempt_dir);
-  u.event = absl::StrCat("attempt ", attempt, " started");
-  if (!placement.empty()) {
-    std::vector<std::string> where;
-    for (const NodeRanks& n : placement) {
-      where.push_back(absl::StrCat(n.name, "×", n.ranks));
-    }
-    absl::StrAppend(&u.event, " on ", absl::StrJoin(where, ", "));
-  }
-  if (job.dp() != job.spec().parallel().dp()) {
-    absl::StrAppend(&u.event, " shrunk to dp=", job.dp(),
-                    " (spec dp=", job.spec().parallel().dp(), "; microbatches ",
-                    run_spec.parallel().microbatches(), ", global batch ",
-                    run_spec.train().global_batch(), " kept)");
-  }
-  // Durable before any process carries the uid, so a crash right after the
-  // fork still finds (and re-adopts) the attempt. Not written: not started;
-  // the job stays queued and the next tick tries again.
-  if (absl::Status s = Commit(e, std::move(u)); !s.ok()) {
-    LogStoreError(e, s);
-    return;
-  }
-  const v1::Job& started = e.record.job;
-  Running& run = running_[id];
-  run.attempt_dir = attempt_dir;
-  run.last_report = absl::Now();
-  absl::StatusOr<std::string> job_dir =
-      PrepareJobDir(options_.state_dir, id, run_spec, started.world_size(),
-                    options_.tls_ca_pem, placement);
-  std::string nodes_file;
-  int threads = run_spec.resources().threads_per_rank();
-  if (job_dir.ok() && !placement.empty()) {
-    // Where ptrsh finds each node's daemon, and the threads every rank
-    // gets: the fewest cores per rank over the placement.
-    std::string text;
-    int min_threads = 0;
-    for (const v1::Node& n : nodes_->List(absl::Now())) {
-      // Only a node whose daemon proved its session (registered with its
-      // secret, heartbeating) gets an attempt's token: a node that went
-      // down since it was placed is left out, and ptrsh refuses to reach it.
-      if (n.state() != v1::NODE_STATE_UP) continue;
-      for (const NodeRanks& p : placement) {
-        if (p.name != n.spec().name()) continue;
-        absl::StrAppend(&text, p.name, " ", n.spec().address(), "\n");
-        const int t = std::max(1, n.spec().cores() / p.ranks);
-        min_threads = min_threads == 0 ? t : std::min(min_threads, t);
-      }
-    }
-    if (threads == 0) threads = min_threads;
-    nodes_file = (fs::path(*job_dir) / "nodes").string();
-    if (absl::Status s = WritePrivateFile(nodes_file, text); !s.ok()) {
-      job_dir = s;
-    }
-  }
-  absl::StatusOr<Launched> launched =
-      job_dir.ok() ? absl::InternalError("not launched") : job_dir.status();
-  if (job_dir.ok()) {
-    LaunchRequest req;
-    req.job_id = id;
-    req.job_uid = started.uid();
-    req.attempt = attempt;
-    req.job_dir = *job_dir;
-    req.token = token;
-    req.attempt_uid = e.record.attempt_uid;
-    req.coordinator_address = advertise_;
-    req.data_roots = options_.data_roots;
-    if (!options_.tls_ca_pem.empty())
-      req.tls_ca_file = (fs::path(*job_dir) / "tls-ca.pem").string();
-    req.world_size = started.world_size();
-    req.cores = options_.cores;
-    req.mpirun = options_.mpirun;
-    req.ptworker = options_.ptworker;
-    req.rank_metrics_bind = options_.rank_metrics_bind;
-    req.work_dir = options_.work_root;
-    req.resume_flag = options_.resume_flag;
-    req.threads = threads;
-    req.placement = placement;
-    for (const v1::Placement& p : started.placement()) {
-      req.rank_gpus.insert(req.rank_gpus.end(), p.gpus().begin(),
-                           p.gpus().end());
-    }
-    req.rsh_agent = options_.ptrsh;
-    req.nodes_file = nodes_file;
-    req.cluster_network = options_.cluster_network;
-    if (options_.slurm) {
-      const int cpus = std::max(1, run_spec.resources().threads_per_rank());
-      absl::StatusOr<std::string> sid =
-          SubmitSlurmAttempt(req, run_spec.resources().ranks_per_node(), cpus,
-                             options_.slurm_options);
-      if (sid.ok()) {
-        run.slurm_id = *sid;
-        run.is_child = false;
-        JobUpdate s;
-        s.record = e.record;
-        v1::Attempt& a = s.attempt.emplace();
-        a.set_number(attempt);
-        a.set_started_unix_ms(NowMs());
-        a.set_exit_code(-1);
-        a.set_dir(attempt_dir);
-        a.set_slurm_job_id(*sid);
-        s.event = absl::StrCat("attempt ", attempt, " is Slurm job ", *sid,
-                               " (", SlurmJobName(id, attempt), ")");
-        if (absl::Status c = Commit(e, std::move(s)); !c.ok()) {
-          LogStoreError(e, c);  // found again by its name after a restart
-        }
-        return;
-      }
-      launched = sid.status();
-    } else {
-      launched = LaunchAttempt(req);
-    }
-  }
-  if (!launched.ok()) {
-    run.is_child = false;
-    run.leader_exit = -1;
-    run.kill_reason = absl::StrCat(
-        "attempt ", attempt, " did not start: ", launched.status().message());
-    OnAttemptEnded(e);
-    return;
-  }
-  run.pgid = launched->pid;
-  spdlog::info("{}: attempt {} is pid {}", id, attempt, run.pgid);
-}
-
-std::string Coordinator::FinishedBy(const JobUpdate& u, bool log_ended) {
-  const v1::Job& job = u.record.job;
-  if (log_ended) {
-    return "its exit code was not recorded; its run log ends with the record "
-           "of a finished run";
-  }
-  // The last step's checkpoint as the disk has it: the attempt may have
-  // died between committing it and logging or reporting it.
-  const std::string root = job.spec().checkpoint().dir();
-  const int64_t last = job.spec().train().steps();
-  if (root.empty() ||
-      !ResolveCheckpointDir("checkpoint.dir",
-                            (fs::path(root) / StepFolderName(last)).string(),
-                            last, root, job.uid())
-           .ok()) {
-    return "";
-  }
-  return absl::StrCat(
-      "its exit code was not recorded; its committed checkpoint of the last "
-      "step, ",
-      last, ", shows it finished");
-}
-
-void Coordinator::OnAttemptEnded(Entry& e) {
-  const std::string id = e.record.job.id();
-  Running& run = running_[id];
-  int exit_code = run.leader_exit.value_or(-1);
-  JobUpdate u;
-  u.record = e.record;
-  const bool log_ended = RecoverFromRunLog(e, run.attempt_dir, &u);
-  JobRecord& next = u.record;
-  v1::Job& job = next.job;
-  const int n = job.attempts();
-
-  // An end whose exit code we do not know is decided by what the attempt
-  // left: a finished job must never train again.
-  std::string resolved;
-  if ((run.lost || run.exit_unknown) && run.kill_reason.empty()) {
-    resolved = FinishedBy(u, log_ended);
-    if (!resolved.empty()) {
-      exit_code = 0;
-      run.lost = run.exit_unknown = false;
-    }
-  }
-  std::string error;
-  if (!run.kill_reason.empty()) {
-    error = run.kill_reason;
-  } else if (run.exit_unknown) {
-    error = absl::StrCat(
-        "attempt ", n,
-        " ended without an exit code ptcoord can read (its exit_code file is "
-        "empty or unreadable: a full disk?), and neither its run log nor a "
-        "checkpoint at step ",
-        job.spec().train().steps(), " shows it finished");
-  } else if (run.lost) {
-    error = absl::StrCat("attempt ", n,
-                         " was lost: its processes ended without an exit code "
-                         "(coordinator down, host restarted or killed)");
-  } else if (exit_code != 0) {
-    const std::string tail =
-        TailLines((fs::path(run.attempt_dir) / "stderr.log").string(), 20);
-    error = absl::StrCat("attempt ", n, " exited with code ", exit_code,
-                         tail.empty() ? "" : "; last stderr lines:\n", tail);
-  }
-  v1::Attempt& a = u.attempt.emplace();
-  if (auto all = store_->ListAttempts(id);
-      all.ok() && !all->empty() && all->back().number() == n) {
-    a = all->back();
-  }
-  a.set_number(n);
-  a.set_finished_unix_ms(NowMs());
-  a.set_exit_code(run.lost || run.exit_unknown ? -1 : exit_code);
-  a.set_error(error);
-  a.set_dir(run.attempt_dir);
-  // The attempt's token and uid die with it: a report signed with that
-  // token is refused from now on.
-  next.token_sha256.clear();
-  next.attempt_uid.clear();
-
-  const int max = job.spec().restart().max_restarts();
-  // A pause asked of this attempt is answered by its end, one way or another.
-  const bool pausing = job.pause_requested();
-  job.set_pause_requested(false);
-  v1::AttemptEnd end = v1::ATTEMPT_END_FAILED;
-  if (job.cancel_requested()) {
-    end = v1::ATTEMPT_END_CANCELLED;
-    job.set_state(v1::JOB_STATE_CANCELLED);
-    job.set_finished_unix_ms(NowMs());
-    u.event = absl::StrCat("cancelled (attempt ", n, " ended)");
-  } else if (error.empty()) {
-    end = v1::ATTEMPT_END_SUCCEEDED;
-    job.set_state(v1::JOB_STATE_SUCCEEDED);
-    job.set_finished_unix_ms(NowMs());
-    job.set_error("");
-    u.event =
-        absl::StrCat("succeeded on attempt ", n, resolved.empty() ? "" : " (",
-                     resolved, resolved.empty() ? "" : ")");
-  } else if (pausing) {
-    // Exit 3 when its ranks saved and stopped as asked; whatever else
-    // ended it, it waits for ResumeJob now.
-    end = v1::ATTEMPT_END_PAUSED;
-    job.set_state(v1::JOB_STATE_PAUSED);
-    job.set_error(exit_code == kExitStopped ? "" : error);
-    u.event =
-        absl::StrCat("paused after step ", job.progress().step(), " (attempt ",
-                     n, " ended with exit code ", exit_code, ")");
-  } else if (run.lost || run.exit_unknown || run.node_lost || run.growing) {
-    // Not the job's fault: requeued without using up a restart.
-    end = run.growing     ? v1::ATTEMPT_END_GROWN
-          : run.node_lost ? v1::ATTEMPT_END_NODE_LOST
-                          : v1::ATTEMPT_END_LOST;
-    job.set_error(run.growing ? "" : error);
-    job.set_state(v1::JOB_STATE_RESTARTING);
-    u.event = absl::StrCat(error, "; requeued (not counted as a restart)");
-  } else if (run.kill_reason.empty() && exit_code == kExitStopped) {
-    // Its ranks were signalled (a preemption, an operator) and saved a
-    // checkpoint before they stopped: not a failure.
-    end = v1::ATTEMPT_END_STOPPED;
-    job.set_error("");
-    job.set_state(v1::JOB_STATE_RESTARTING);
-    u.event = absl::StrCat("attempt ", n,
-                           " stopped as asked after a checkpoint (exit code ",
-                           kExitStopped,
-                           "); requeued (not counted as a "
-                           "restart)");
-  } else if (run.kill_reason.empty() && exit_code == kExitBadInput) {
-    // Deterministic bad input (spec, data, checkpoint): every restart would
-    // fail the same way.
-    job.set_error(error);
-    job.set_state(v1::JOB_STATE_FAILED);
-    job.set_finished_unix_ms(NowMs());
-    u.event = absl::StrCat("failed on bad input (exit code ", kExitBadInput,
-                           "), not restarted: ", error);
-  } else if (next.restarts_used < max) {
-    ++next.restarts_used;
-    job.set_error(error);
-    job.set_state(v1::JOB_STATE_RESTARTING);
-    u.event = absl::StrCat("attempt ", n, " failed (restart ",
-                           next.restarts_used, " of ", max, "): ", error);
-  } else {
-    job.set_error(error);
-    job.set_state(v1::JOB_STATE_FAILED);
-    job.set_finished_unix_ms(NowMs());
-    u.event = absl::StrCat("failed after ", n, " attempts: ", error);
-  }
-  a.set_end(end);
-  // Counted apart from restarts (restarts_used), so that an alert on
-  // restarts does not fire on pauses, preemptions or lost nodes.
-  if (std::find(std::begin(kRequeueEnds), std::end(kRequeueEnds), end) !=
-      std::end(kRequeueEnds)) {
-    ++(*job.mutable_requeues())[EndName(end)];
-  }
-  if (absl::Status s = Commit(e, std::move(u)); !s.ok()) {
-    // Still running as far as the disk knows, so here too; try again soon.
-    LogStoreError(e, s);
-    run.retry_at = absl::Now() + absl::Seconds(1);
-    return;
-  }
-  running_.erase(id);
-}
-
-bool Coordinator::ReadyToEnd(Entry& e, Running& run,
-                             const std::vector<v1::Node>& nodes,
-                             absl::Time now) {
-  const v1::Job& job = e.record.job;
-  // Only a placement on nodes has nodes to wait for (a local GPU job's
-  // placement names this host).
-  if (!nodes_->enabled() || job.placement().empty() || run.node_lost ||
-      job.cancel_requested() || !run.kill_reason.empty() ||
-      run.leader_exit.value_or(-1) == 0) {
-    return true;
-  }
-  // A failed attempt on nodes: mpirun notices a dead node (about 1 s) long
-  // before its heartbeats time out. Decide once every node of the
-  // placement has heartbeated since (the job's own failure) or one is down
-  // (not the job's fault).
-  if (!run.ended_at.has_value()) run.ended_at = now;
-  bool all_heard = true;
-  for (const v1::Placement& p : job.placement()) {
-    const v1::Node* n = FindNode(nodes, p.node());
-    if (n == nullptr || n->state() != v1::NODE_STATE_UP) {
-      run.node_lost = true;
-      run.kill_reason =
-          absl::StrCat("attempt ", job.attempts(), " lost node ", p.node(),
-                       " (no heartbeat; its processes are gone)");
-      return true;
-    }
-    if (absl::FromUnixMillis(n->last_heartbeat_unix_ms()) <= *run.ended_at) {
-      all_heard = false;
-    }
-  }
-  return all_heard ||
-         now - *run.ended_at > options_.nodes.timeout + absl::Seconds(2);
-}
-
-void Coordinator::PollSlurm(Entry& e, Running& run, absl::Time now) {
-  if (run.leader_exit.has_value() || now < run.next_poll) return;
-  run.next_poll = now + absl::Seconds(1);
-  absl::StatusOr<SlurmJob> job = QuerySlurmJob(run.slurm_id);
-  if (!job.ok() && job.status().code() != absl::StatusCode::kNotFound) {
-    return;  // slurmctld unreachable: ask again later
-  }
-  if (job.ok() && !SlurmJobEnded(job->state)) {
-    // Queued by Slurm is not a hang: the timer starts when it runs.
-    if (job->state == "PENDING" || job->state == "CONFIGURING") {
-      run.last_report = now;
-    }
-    if (job->state != run.slurm_state) {
-      run.slurm_state = job->state;
-      JobUpdate u;
-      u.record = e.record;
-      u.event = absl::StrCat("Slurm job ", run.slurm_id, " ", job->state,
-                             job->reason.empty() || job->reason == "None"
-                                 ? ""
-                                 : absl::StrCat(" (", job->reason, ")"),
-                             job->nodes.empty() || job->nodes == "(null)"
-                                 ? ""
-                                 : absl::StrCat(" on ", job->nodes));
-      if (absl::Status s = Commit(e, std::move(u)); !s.ok()) {
-        LogStoreError(e, s);
-      }
-    }
-    return;
-  }
-  // Ended (or purged): the batch script's exit_code file decides when it
-  // got to write it; else Slurm's record.
-  const std::optional<int> rc = ReadExitCode(run.attempt_dir);
-  if (!job.ok()) {
-    run.leader_exit = rc.value_or(-1);
-    run.lost = !rc.has_value() && !run.kill_at.has_value();
-    return;
-  }
-  run.leader_exit = rc.has_value()     ? *rc
-                    : job->signal != 0 ? 128 + job->signal
-                                       : job->exit_code;
-  if (job->state == "NODE_FAIL") {
-    run.node_lost = true;
-    run.kill_reason = absl::StrCat("attempt ", e.record.job.attempts(),
-                                   " lost a node: Slurm job ", run.slurm_id,
-                                   " ended NODE_FAIL on ", job->nodes);
-  } else if (job->state == "CANCELLED" && !run.kill_at.has_value()) {
-    run.kill_reason = absl::StrCat("Slurm job ", run.slurm_id,
-                                   " was cancelled outside ptrain (scancel)");
-  } else if (job->state != "COMPLETED" && *run.leader_exit == 0) {
-    run.leader_exit = 1;
-    run.kill_reason =
-        absl::StrCat("Slurm job ", run.slurm_id, " ended ", job->state,
-                     job->reason.empty() ? "" : " (" + job->reason + ")");
-  }
-  if (job->state == "NODE_FAIL" || job->state == "CANCELLED" ||
-      *run.leader_exit == 0 || *run.leader_exit == kExitBadInput ||
-      *run.leader_exit == kExitStopped || run.kill_at.has_value()) {
-    return;
-  }
-  // A dead node usually fails the job (its other ranks lose their peers)
-  // seconds before slurmctld marks the node down: the failure counts as the
-  // job's own only once Slurm has had the grace to say so.
-  absl::StatusOr<std::vector<std::string>> lost = SlurmLostNodes(job->nodes);
-  if (lost.ok() && !lost->empty()) {
-    run.node_lost = true;
-    run.kill_reason = absl::StrCat(
-        "attempt ", e.record.job.attempts(), " lost a node: Slurm reports ",
-        absl::StrJoin(*lost, ","), " down or not responding (Slurm job ",
-        run.slurm_id, " ended ", job->state, ")");
-    return;
-  }
-  if (!run.slurm_failed_at.has_value()) run.slurm_failed_at = now;
-  if (now - *run.slurm_failed_at < options_.slurm_options.node_grace) {
-    run.leader_exit.reset();
-    run.kill_reason.clear();
-    run.last_report = now;  // waiting on Slurm is not a hang
-  }
-}
-
-void Coordinator::Supervise() {
-  const absl::Time now = absl::Now();
-  // Hang timers and node timeouts measure the ranks' and nodes' silence,
-  // not ours. While supervision was kept from running (ptcoord paused, the
-  // host overloaded, this lock held through a stalled disk write) no report
-  // could be heard either, so that time does not count against them.
-  const absl::Duration late = now - last_supervised_ - options_.tick;
-  if (last_supervised_ != absl::InfinitePast() && late > kLateSupervision) {
-    spdlog::warn(
-        "supervision ran {} late (ptcoord paused or stalled): hang timers "
-        "and node timeouts leave that time out",
-        absl::FormatDuration(late));
-    for (auto& [id, run] : running_) run.last_report += late;
-    nodes_->LeaveOut(late);
-  }
-  last_supervised_ = now;
-  const std::vector<v1::Node> nodes =
-      nodes_->enabled() ? nodes_->List(now) : std::vector<v1::Node>();
-  // Right after a restart every node is down until it registers again:
-  // re-adopted attempts are not ended for that.
-  const bool nodes_settled = now - started_ > options_.nodes.timeout;
-  std::vector<std::string> ids;
-  for (const auto& [id, run] : running_) ids.push_back(id);
-  for (const std::string& id : ids) {
-    Entry& e = jobs_[id];
-    Running& run = running_[id];
-    const AttemptKey key = KeyOf(e.record);
-    if (!run.slurm_id.empty()) {
-      PollSlurm(e, run, now);
-      if (run.leader_exit.has_value()) {
-        if (!run.retry_at.has_value() || now >= *run.retry_at) {
-          OnAttemptEnded(e);
-        }
-        continue;
-      }
-    }
-    // The wrapper shell ends after mpirun; the attempt has ended once no
-    // process of it is left (ranks may outlive mpirun briefly).
-    if (!run.leader_exit.has_value() && run.slurm_id.empty()) {
-      if (run.is_child && run.pgid > 0) {
-        if (std::optional<int> rc = ReapChild(run.pgid); rc.has_value()) {
-          if (*rc >= 0) {
-            run.leader_exit = *rc;
-          } else {
-            TakeExitFile(run);
-          }
-        }
-      } else if (!AttemptAlive(run.pgid, run.attempt_dir)) {
-        TakeExitFile(run);
-        if (run.leader_exit.value_or(-1) < 0 && run.kill_at.has_value()) {
-          run.leader_exit = 128 + SIGKILL;
-          run.lost = run.exit_unknown = false;
-        }
-      }
-    }
-    // A node of the placement stopped heartbeating: the attempt cannot
-    // go on (a frozen node would hold it forever, a cut link for minutes).
-    if (nodes_->enabled() && !run.leader_exit.has_value() &&
-        !run.kill_at.has_value() && nodes_settled) {
-      for (const v1::Placement& p : e.record.job.placement()) {
-        const v1::Node* n = FindNode(nodes, p.node());
-        if (n == nullptr || n->state() != v1::NODE_STATE_UP) {
-          run.node_lost = true;
-          BeginKill(e, absl::StrCat(
-                           "attempt ", e.record.job.attempts(), " lost node ",
-                           p.node(), " (no heartbeat for ",
-                           absl::FormatDuration(options_.nodes.timeout), ")"));
-          break;
-        }
-      }
-    }
-    if (run.leader_exit.has_value()) {
-      if (AttemptProcesses(key).empty()) {
-        if (!ReadyToEnd(e, run, nodes, now)) continue;
-        if (!run.retry_at.has_value() || now >= *run.retry_at) {
-          OnAttemptEnded(e);
-        }
-        continue;
-      }
-      // mpirun is gone but ranks linger: they get the grace period.
-      if (!run.kill_at.has_value()) run.kill_at = now + options_.cancel_grace;
-    }
-    if (run.kill_at.has_value() && now >= *run.kill_at) {
-      if (!run.slurm_id.empty()) {
-        CancelSlurmJob(run.slurm_id, "KILL").IgnoreError();
-        run.kill_at = now + options_.cancel_grace;
-        continue;
-      }
-      SignalAttempt(run.pgid, key, SIGKILL);
-      run.kill_at = now + options_.cancel_grace;
-      continue;
-    }
-    const int64_t timeout_s = e.record.job.spec().restart().hang_timeout_s();
-    // Asked to save and stop (SIGUSR1: pause, grow back): ranks still
-    // running a hang timeout later are killed.
-    if (run.stop_asked_at.has_value() && !run.kill_at.has_value() &&
-        now - *run.stop_asked_at > absl::Seconds(timeout_s)) {
-      BeginKill(e, "");
-      continue;
-    }
-    const absl::Duration silent = now - run.last_report;
-    if (!run.kill_at.has_value() && timeout_s > 0 &&
-        silent > absl::Seconds(timeout_s)) {
-      BeginKill(e, absl::StrCat(
-                       "hang at step ", e.record.job.progress().step(),
-                       run.activity.empty() ? ""
-                                            : absl::StrCat(" (last busy with ",
-                                                           run.activity, ")"),
-                       ": no report for ", absl::ToInt64Seconds(silent),
-                       " s (restart.hang_timeout_s=", timeout_s, ")"));
-    }
-  }
-}
-
-void Coordinator::Tick() {
-  absl::MutexLock lock(&mu_);
-  Supervise();
-  std::vector<const Entry*> waiting;
-  for (const auto& [id, e] : jobs_) {
-    if (IsWaiting(e.record.job.state())) waiting.push_back(&e);
-  }
-  std::sort(waiting.begin(), waiting.end(), [](const Entry* a, const Entry* b) {
-    return a->record.seq < b->record.seq;
-  });
-  if (nodes_->enabled()) {
-    ScheduleOnNodes(waiting);
-    return;
-  }
-  if (options_.slurm) {
-    // Slurm queues and places: every waiting job becomes a Slurm job. One
-    // that ran and lost nodes shrinks (when allowed) to what Slurm's up
-    // nodes can hold, instead of waiting for nodes that may not return.
-    for (const Entry* w : waiting) {
-      Entry& e = jobs_[w->record.job.id()];
-      const v1::JobSpec& spec = e.record.job.spec();
-      std::optional<v1::JobSpec> shrunk;
-      if (spec.restart().allow_shrink() && e.record.job.attempts() > 0) {
-        const int per_rank = std::max(1, spec.resources().threads_per_rank());
-        absl::StatusOr<std::vector<int>> cpus =
-            SlurmUpNodeCpus(options_.slurm_options.partition);
-        const int capacity =
-            cpus.ok() ? SlurmTaskCapacity(*cpus, per_rank,
-                                          spec.resources().ranks_per_node())
-                      : 0;
-        if (cpus.ok() && WorldSize(spec) > capacity) {
-          for (int dp = spec.parallel().dp() - 1; dp >= 1; --dp) {
-            absl::StatusOr<v1::JobSpec> s = ShrinkDp(spec, dp);
-            if (s.ok() && WorldSize(*s) <= capacity) {
-              shrunk = *s;
-              break;
-            }
-          }
-        }
-      }
-      Launch(e, {}, shrunk.has_value() ? &*shrunk : nullptr);
-    }
-    return;
-  }
-  std::vector<QueuedJob> queue;
-  for (const Entry* e : waiting) {
-    const v1::Job& job = e->record.job;
-    queue.push_back({job.id(), job.world_size(),
-                     TakesLocalGpus(job.spec()) ? job.world_size() : 0});
-  }
-  const int gpus_used = static_cast<int>(GpusHeld("")[LocalHostName()].size());
-  for (const std::string& id : scheduler_.Pick(queue, UsedSlots(), gpus_used))
-    Launch(jobs_[id]);
-}
-
-bool Coordinator::TakesLocalGpus(const v1::JobSpec& spec) const {
-  return !nodes_->enabled() && !options_.slurm && OnGpus(spec) &&
-         !RanksShareGpus();
-}
-
-std::map<std::string, int> Coordinator::NodeSlotsUsed(const std::string& except,
-                                                      bool gpus_only) const {
-  std::map<std::string, int> used;
+RunningJobs Coordinator::RunningJobsBut(const std::string& except) const {
+  RunningJobs out;
   for (const auto& [id, run] : running_) {
     auto it = jobs_.find(id);
-    if (id == except || it == jobs_.end()) continue;
-    if (gpus_only && !OnGpus(it->second.record.job.spec())) continue;
-    for (const v1::Placement& p : it->second.record.job.placement()) {
-      used[p.node()] += p.ranks();
-    }
-  }
-  return used;
-}
-
-std::map<std::string, std::set<int>> Coordinator::GpusHeld(
-    const std::string& except) const {
-  std::map<std::string, std::set<int>> held;
-  for (const auto& [id, run] : running_) {
-    auto it = jobs_.find(id);
-    if (id == except || it == jobs_.end()) continue;
-    for (const v1::Placement& p : it->second.record.job.placement()) {
-      held[p.node()].insert(p.gpus().begin(), p.gpus().end());
-    }
-  }
-  return held;
-}
-
-std::vector<FreeNode> Coordinator::FreeNodes(const std::vector<v1::Node>& nodes,
-                                             const std::string& except,
-                                             bool gpus) const {
-  return FreeNodesOf(nodes, NodeSlotsUsed(except),
-                     gpus ? NodeSlotsUsed(except, /*gpus_only=*/true)
-                          : std::map<std::string, int>{},
-                     gpus);
-}
-
-void Coordinator::ScheduleOnNodes(const std::vector<const Entry*>& waiting) {
-  const std::vector<v1::Node> nodes = nodes_->List(absl::Now());
-  bool blocked = false;
-  for (const Entry* w : waiting) {
-    Entry& e = jobs_[w->record.job.id()];
-    const v1::JobSpec& spec = e.record.job.spec();
-    // What the jobs launched so far in this pass left free.
-    const std::vector<FreeNode> free = FreeNodes(nodes, "", OnGpus(spec));
-    const int tp = spec.parallel().tp();
-    const int per_node = spec.resources().ranks_per_node();
-    std::vector<NodeRanks> place =
-        PlaceRanks(free, WorldSize(spec), tp, per_node);
-    std::optional<v1::JobSpec> shrunk;
-    // Only a job that ran and lost slots shrinks; a new one waits.
-    if (place.empty() && spec.restart().allow_shrink() &&
-        e.record.job.attempts() > 0) {
-      for (int dp = spec.parallel().dp() - 1; dp >= 1 && place.empty(); --dp) {
-        absl::StatusOr<v1::JobSpec> s = ShrinkDp(spec, dp);
-        if (!s.ok()) continue;
-        place = PlaceRanks(free, WorldSize(*s), tp, per_node);
-        if (!place.empty()) shrunk = *s;
-      }
-    }
-    // Strict FIFO, as on one host: the first job that does not fit holds
-    // the queue.
-    if (place.empty()) {
-      blocked = true;
-      break;
-    }
-    Launch(e, place, shrunk.has_value() ? &*shrunk : nullptr);
-  }
-  if (blocked) return;  // queued jobs come before growing ones
-  // Shrunk jobs grow back once their full size fits (their own slots
-  // counted as free). Under mpirun, SIGUSR1 has the ranks save a checkpoint
-  // at the end of the step they are in and exit 3: no step is lost. Under
-  // Slurm the attempt is cancelled right after its next checkpoint.
-  for (auto& [id, run] : running_) {
-    Entry& e = jobs_[id];
-    const v1::Job& job = e.record.job;
-    if (!job.spec().restart().allow_grow() || job.dp() == 0 ||
-        job.dp() >= job.spec().parallel().dp() || run.kill_at.has_value() ||
-        run.leader_exit.has_value()) {
-      continue;
-    }
-    if (run.stop_asked_at.has_value()) continue;  // asked already
-    if (PlaceRanks(FreeNodes(nodes, id, OnGpus(job.spec())),
-                   WorldSize(job.spec()), job.spec().parallel().tp(),
-                   job.spec().resources().ranks_per_node())
-            .empty()) {
-      run.grow_after_step.reset();
-      continue;
-    }
-    const std::string reason =
-        absl::StrCat("stopped at step ", job.progress().step(),
-                     " to grow back to dp=", job.spec().parallel().dp(),
-                     " (the slots are free again)");
-    if (run.slurm_id.empty() && SignalLauncher(KeyOf(e.record), SIGUSR1)) {
-      run.growing = true;
-      run.kill_reason = reason;
-      run.stop_asked_at = absl::Now();
-      continue;
-    }
-    if (!run.grow_after_step.has_value()) {
-      run.grow_after_step = run.newest_checkpoint;
-      if (job.spec().checkpoint().every() > 0) continue;
-    }
-    if (job.spec().checkpoint().every() > 0 &&
-        run.newest_checkpoint <= *run.grow_after_step) {
-      continue;
-    }
-    run.growing = true;
-    BeginKill(e, reason);
-  }
-}
-
-std::vector<v1::Node> Coordinator::ListNodes() const {
-  std::vector<v1::Node> nodes = nodes_->List(absl::Now());
-  absl::MutexLock lock(&mu_);
-  const std::map<std::string, int> used = NodeSlotsUsed();
-  for (v1::Node& n : nodes) SetSlotsUsed(used, &n);
-  return nodes;
-}
-
-absl::StatusOr<v1::Node> Coordinator::DrainNode(const std::string& name,
-                                                bool drain) {
-  absl::StatusOr<v1::Node> n = nodes_->SetDraining(name, drain, absl::Now());
-  if (!n.ok()) return n;
-  spdlog::info("node {} {}", name, drain ? "drained" : "uncordoned");
-  absl::MutexLock lock(&mu_);
-  SetSlotsUsed(NodeSlotsUsed(), &*n);
-  wake_.Signal();
-  return n;
-}
-
-absl::Status Coordinator::ForgetNode(const std::string& name) {
-  absl::MutexLock lock(&mu_);
-  const std::map<std::string, int> used = NodeSlotsUsed();
-  auto it = used.find(name);
-  return nodes_->Forget(name, it != used.end() && it->second > 0, absl::Now());
-}
-
-absl::StatusOr<v1::AuthorizeExecResponse> Coordinator::AuthorizeExec(
-    const v1::AuthorizeExecRequest& r) {
-  if (absl::Status s = nodes_->CheckSession(r.name(), r.session()); !s.ok()) {
-    return s;
-  }
-  const absl::Status denied = absl::PermissionDeniedError(
-      absl::StrCat("the token is not that of a running attempt placed on node ",
-                   r.name().substr(0, 63)));
-  if (r.token_sha256().size() != 64) return denied;
-  absl::MutexLock lock(&mu_);
-  for (const auto& [id, run] : running_) {
-    const JobRecord& rec = jobs_[id].record;
-    if (rec.token_sha256 != r.token_sha256() || run.kill_at.has_value() ||
-        run.leader_exit.has_value()) {
-      continue;
-    }
-    for (const v1::Placement& p : rec.job.placement()) {
-      if (p.node() != r.name()) continue;
-      v1::AuthorizeExecResponse out;
-      out.set_job_id(id);
-      out.set_attempt(rec.job.attempts());
-      out.set_attempt_uid(rec.attempt_uid);
-      return out;
-    }
-  }
-  return denied;
-}
-
-std::vector<std::string> Coordinator::AttemptsOnNode(
-    const std::string& name) const {
-  absl::MutexLock lock(&mu_);
-  std::vector<std::string> out;
-  for (const auto& [id, run] : running_) {
-    auto it = jobs_.find(id);
-    if (it == jobs_.end() || it->second.record.attempt_uid.empty()) continue;
-    for (const v1::Placement& p : it->second.record.job.placement()) {
-      if (p.node() == name) out.push_back(it->second.record.attempt_uid);
-    }
+    if (id != except && it != jobs_.end())
+      out.push_back(&it->second.record.job);
   }
   return out;
 }

@@ -1,12 +1,17 @@
-// The control plane's logic: job lifecycle, FIFO gang scheduling, launching
-// and supervising attempts, restarts, recovery after a ptcoord restart. Plain
-// C++ over absl::Status; service.cc translates gRPC onto it. Thread-safe.
+// The control plane's logic: the job state machine. Job lifecycle, FIFO
+// gang scheduling, supervising attempts, restarts, recovery after a ptcoord
+// restart; where and how an attempt runs is its AttemptBackend's business
+// (attempt_backend.h: this host, the registered nodes, or Slurm). Plain C++
+// over absl::Status; service.cc translates gRPC onto it. Thread-safe.
 // Durable state changes are written to the store first and applied in
 // memory only once written, so memory is never ahead of disk.
+//
+// The class is defined over several files: coordinator.cc (creation and the
+// job API), rank_reports.cc (RankService), scheduling.cc (placing and
+// launching, the node API), supervision.cc (the tick: ends, kills, hangs,
+// restarts) and recovery.cc (after a ptcoord restart).
 #ifndef PTRAIN_COORDINATOR_COORDINATOR_H_
 #define PTRAIN_COORDINATOR_COORDINATOR_H_
-
-#include <sys/types.h>
 
 #include <atomic>
 #include <cstdint>
@@ -14,7 +19,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,10 +29,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/spec.h"
+#include "coordinator/attempt_backend.h"
 #include "coordinator/nodes.h"
 #include "coordinator/reports.h"
-#include "coordinator/scheduler.h"
 #include "coordinator/slurm.h"
+#include "coordinator/state_dir.h"
 #include "coordinator/store.h"
 #include "ptrain/v1/coordinator.pb.h"
 
@@ -210,24 +215,22 @@ class Coordinator {
   std::vector<UnfinishedJob> UnfinishedJobs() const;
 
  private:
-  // What only a live ptcoord knows about a running attempt: facts about
-  // processes, not durable job state.
+  // What only a live ptcoord knows about a running attempt: timers and
+  // facts about its processes, not durable job state.
   struct Running {
+    // The backend's own state of it; null only for one that did not start.
+    std::unique_ptr<AttemptHandle> handle;
     std::string attempt_dir;
-    bool is_child = true;  // false: re-adopted, not waitable
-    pid_t pgid = 0;        // the wrapper shell, leader of the group; 0 unknown
     std::optional<absl::Time>
         kill_at;  // SIGKILL deadline once SIGTERM went out
     // Why we ended it ("hang at step N ...", "stopped at step N to grow
     // back ..."), when we did.
     std::string kill_reason;
-    std::optional<int> leader_exit;  // the wrapper's exit code once it ended
-    // Ended without an exit code we know (not counted): its exit_code file
-    // still says pending (`lost`: killed with its host, say) or is empty or
-    // unreadable (`exit_unknown`: the disk was full). Either way its run
-    // log and checkpoints may show that it finished.
-    bool lost = false;
-    bool exit_unknown = false;
+    // How it ended, once its backend said so (decided when ReadyToEnd).
+    std::optional<AttemptStatus> end;
+    // When a failure a dead node may explain was first seen: the node
+    // grace runs from here.
+    std::optional<absl::Time> ended_at;
     // Its end could not be written: not before this time again.
     std::optional<absl::Time> retry_at;
     absl::Time last_report;  // hang detection: last accepted rank report
@@ -240,23 +243,14 @@ class Coordinator {
     // placement died, or it was stopped to grow back to its full dp.
     bool node_lost = false;
     bool growing = false;
-    // When the leader's exit was first seen (a failed multi-node attempt
-    // waits for its nodes' heartbeats to tell a dead node from a bug).
-    std::optional<absl::Time> ended_at;
-    // Growing back under Slurm: the newest checkpoint step when slots were
-    // first seen free; the attempt stops at the next checkpoint after it.
+    // Growing back where the attempt cannot be asked to stop: the newest
+    // checkpoint step when slots were first seen free; the attempt stops
+    // at the next checkpoint after it.
     std::optional<int64_t> grow_after_step;
-    // Growing back under mpirun: when SIGUSR1 asked its ranks to save a
-    // checkpoint at the end of their step and exit 3.
+    // When the attempt was asked (AskToStop: pause, grow back) to save a
+    // checkpoint at the end of its step and exit 3.
     std::optional<absl::Time> stop_asked_at;
     int64_t newest_checkpoint = -1;  // reported by this attempt
-    // Under Slurm: the attempt's Slurm job, its last state, when to ask
-    // scontrol again.
-    std::string slurm_id;
-    std::string slurm_state;
-    absl::Time next_poll = absl::InfinitePast();
-    // When the Slurm job was first seen failed (the node grace runs).
-    std::optional<absl::Time> slurm_failed_at;
   };
   struct Entry {
     JobRecord record;
@@ -266,24 +260,64 @@ class Coordinator {
 
   Coordinator(CoordinatorOptions options, std::unique_ptr<Store> store,
               int lock_fd);
+  // recovery.cc: re-adopts or finishes the attempts the store says run.
   void Recover();
   // Writes `update` (whose record is the job's next record) to the store
   // and only then makes it the entry's record and wakes watchers. On a store
   // error nothing in memory changes and the error is returned.
   absl::Status Commit(Entry& e, JobUpdate update)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Starts an attempt: on this host (empty placement) or on the placed
-  // nodes with `spec` (the job's spec, or a shrunk one).
-  void Launch(Entry& e, const std::vector<NodeRanks>& placement = {},
-              const v1::JobSpec* spec = nullptr)
+  // Commits `event` alone (no change of the record); a store error is
+  // logged, the event lost.
+  void CommitEvent(Entry& e, const std::string& event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // scheduling.cc: starts waiting jobs where the backend places them
+  // (strict FIFO), then stops shrunk jobs that can grow back.
+  void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void GrowBack() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts an attempt of the job where `place` says, with its shrunk spec
+  // when it has one.
+  void Launch(Entry& e, const AttemptPlace& place)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The update that records the job's next attempt running `spec` at
+  // `place`, with a new attempt token (`*token`, never stored).
+  JobUpdate NextAttempt(const Entry& e, const AttemptPlace& place,
+                        const v1::JobSpec& spec, std::string* token) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the backend starts for the job's (just recorded) attempt.
+  LaunchRequest AttemptRequest(const Entry& e, const std::string& job_dir,
+                               const std::string& token,
+                               const AttemptPlace& place,
+                               const v1::JobSpec& spec) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // supervision.cc: reaps, ends, kills and hang-checks every running
+  // attempt.
+  void Supervise() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SuperviseAttempt(Entry& e, Running& run, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends an attempt asked to stop that did not, and one silent for
+  // restart.hang_timeout_s.
+  void CheckHang(Entry& e, Running& run, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the ended attempt's outcome is decided: a failure a dead node
+  // may explain waits up to the backend's NodeGrace() for CheckNodes. Once
+  // it is, run.end's reason and lost node are the run's.
+  bool ReadyToEnd(Entry& e, Running& run, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Decides and commits the outcome of the ended attempt in running_[id];
   // the running_ entry goes only once that is on disk.
   void OnAttemptEnded(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets the state, error and event of `u` for the ended attempt's end
+  // (exit code `exit_code`, error text `error`, `resolved` when its records
+  // showed it finished); returns how it ended.
+  v1::AttemptEnd DecideEnd(const Running& run, int exit_code,
+                           const std::string& error,
+                           const std::string& resolved, JobUpdate& u) const;
   void BeginKill(Entry& e, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Reaps, ends, kills and hang-checks every running attempt.
-  void Supervise() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Adds to `u` what the attempt's run.jsonl holds beyond what the store
   // has: progress, loss points and committed checkpoints. True when the run
   // log ends with its "end" record (every step trained).
@@ -294,13 +328,11 @@ class Coordinator {
   // committed checkpoint of the last step on disk); "" when they do not.
   std::string FinishedBy(const JobUpdate& u, bool log_ended)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sets run.leader_exit, lost and exit_unknown from the attempt's
-  // exit_code file (an attempt we did not see end ourselves).
-  static void TakeExitFile(Running& run);
-  // The job of a rank's report, once `check` (a reports.h rule) has
-  // accepted the report in its running attempt's context: NotFound for an
-  // unknown job, FailedPrecondition when no attempt runs, else `check`'s
-  // refusal.
+
+  // rank_reports.cc: the job of a rank's report, once `check` (a reports.h
+  // rule) has accepted the report in its running attempt's context:
+  // NotFound for an unknown job, FailedPrecondition when no attempt runs,
+  // else `check`'s refusal.
   absl::StatusOr<Entry*> CheckedReport(
       const std::string& job_id,
       const std::function<absl::Status(const ReportContext&)>& check)
@@ -309,44 +341,20 @@ class Coordinator {
   // attempt runs.
   absl::StatusOr<ReportContext> RunningContext(const Entry& e) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   void LogStoreError(const Entry& e, const absl::Status& s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int UsedSlots() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether a job of `spec` takes GPUs of this host (a GPU job run here,
-  // one GPU per rank unless PTRAIN_CUDA_SHARE_GPUS lets ranks share).
-  bool TakesLocalGpus(const v1::JobSpec& spec) const;
-  // Slots of each node taken by running attempts (optionally not counting
-  // job `except`); with `gpus_only`, the ranks of GPU jobs (one GPU each).
-  std::map<std::string, int> NodeSlotsUsed(const std::string& except = "",
-                                           bool gpus_only = false) const
+  // The jobs of the running attempts but job `except`'s.
+  RunningJobs RunningJobsBut(const std::string& except = "") const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The GPUs of each node running attempts hold (but job `except`'s).
-  std::map<std::string, std::set<int>> GpusHeld(const std::string& except) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The up, undrained nodes and their free slots (FreeNodesOf), counting
-  // job `except`'s as free; for a job on `gpus`, only GPUs left unused.
-  std::vector<FreeNode> FreeNodes(const std::vector<v1::Node>& nodes,
-                                  const std::string& except = "",
-                                  bool gpus = false) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Scheduling over nodes: starts waiting jobs where they fit (shrunk when
-  // allowed), stops shrunk jobs that can grow back.
-  void ScheduleOnNodes(const std::vector<const Entry*>& waiting)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Under Slurm: asks scontrol (at most once a second) and sets the
-  // attempt's end when its Slurm job has ended.
-  void PollSlurm(Entry& e, Running& run, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Node checks of a running attempt: a dead node ends it; a failed one
-  // waits for its nodes' heartbeats. False: do not end it yet.
-  bool ReadyToEnd(Entry& e, Running& run, const std::vector<v1::Node>& nodes,
-                  absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Entry* Find(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;
   const std::unique_ptr<Store> store_;
   std::unique_ptr<NodeRegistry> nodes_;  // set by Create
-  const Scheduler scheduler_;
+  // Runs the attempts (local, nodes or Slurm); set by Create.
+  std::unique_ptr<AttemptBackend> backend_;
   const int lock_fd_;  // flock'ed STATE/lock, held for our lifetime
   const absl::Time started_;
 
@@ -372,10 +380,6 @@ inline constexpr v1::AttemptEnd kRequeueEnds[] = {
     v1::ATTEMPT_END_PAUSED, v1::ATTEMPT_END_STOPPED, v1::ATTEMPT_END_NODE_LOST,
     v1::ATTEMPT_END_GROWN, v1::ATTEMPT_END_LOST};
 int64_t NowMs();
-
-// OK when `dir` is a folder owned by the effective user that neither group
-// nor others may write; PermissionDenied naming it and the rule otherwise.
-absl::Status CheckPrivateDir(const std::string& dir);
 
 }  // namespace ptrain
 

@@ -186,9 +186,12 @@ std::vector<std::string> AttemptCommand(const LaunchRequest& r,
   return argv;
 }
 
+std::string AttemptDirOf(const LaunchRequest& r) {
+  return (fs::path(r.job_dir) / absl::StrCat("attempt-", r.attempt)).string();
+}
+
 absl::StatusOr<std::string> MakeAttemptDir(const LaunchRequest& r) {
-  const std::string attempt_dir =
-      (fs::path(r.job_dir) / absl::StrCat("attempt-", r.attempt)).string();
+  const std::string attempt_dir = AttemptDirOf(r);
   std::error_code ec;
   fs::create_directories(attempt_dir, ec);
   if (!ec) fs::permissions(attempt_dir, fs::perms::owner_all, ec);

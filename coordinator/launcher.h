@@ -82,8 +82,11 @@ absl::Status WritePrivateFile(const std::string& path, const std::string& text,
 std::vector<std::string> AttemptCommand(const LaunchRequest& r,
                                         const std::string& attempt_dir);
 
-// Creates the attempt's folder `job_dir`/attempt-N/ (0700) without an
-// exit_code file; returns it.
+// The attempt's folder: `job_dir`/attempt-N.
+std::string AttemptDirOf(const LaunchRequest& r);
+
+// Creates the attempt's folder (AttemptDirOf, 0700) with an exit_code file
+// that says it is pending; returns it.
 absl::StatusOr<std::string> MakeAttemptDir(const LaunchRequest& r);
 
 // This process's environment.

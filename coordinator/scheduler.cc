@@ -35,6 +35,34 @@ std::vector<std::string> Scheduler::Pick(const std::vector<QueuedJob>& queue,
   return start;
 }
 
+bool OnGpus(const v1::JobSpec& spec) {
+  return spec.resources().device() == "cuda";
+}
+
+int WorldSize(const v1::JobSpec& spec) {
+  return static_cast<int>(JobWorldSize(spec));
+}
+
+std::map<std::string, int> NodeSlotsUsed(const RunningJobs& running,
+                                         bool gpus_only) {
+  std::map<std::string, int> used;
+  for (const v1::Job* job : running) {
+    if (gpus_only && !OnGpus(job->spec())) continue;
+    for (const v1::Placement& p : job->placement()) used[p.node()] += p.ranks();
+  }
+  return used;
+}
+
+std::map<std::string, std::set<int>> GpusHeld(const RunningJobs& running) {
+  std::map<std::string, std::set<int>> held;
+  for (const v1::Job* job : running) {
+    for (const v1::Placement& p : job->placement()) {
+      held[p.node()].insert(p.gpus().begin(), p.gpus().end());
+    }
+  }
+  return held;
+}
+
 std::vector<FreeNode> FreeNodesOf(const std::vector<v1::Node>& nodes,
                                   const std::map<std::string, int>& used_slots,
                                   const std::map<std::string, int>& used_gpus,
@@ -91,6 +119,25 @@ std::vector<NodeRanks> PlaceRanks(const std::vector<FreeNode>& nodes, int world,
   return out;
 }
 
+std::vector<v1::Placement> PlacementOf(const std::vector<NodeRanks>& nodes,
+                                       const RunningJobs& running, bool gpus) {
+  const std::map<std::string, std::set<int>> held =
+      gpus ? GpusHeld(running) : std::map<std::string, std::set<int>>{};
+  std::vector<v1::Placement> out;
+  for (const NodeRanks& n : nodes) {
+    v1::Placement& p = out.emplace_back();
+    p.set_node(n.name);
+    p.set_ranks(n.ranks);
+    if (!gpus) continue;
+    auto it = held.find(n.name);
+    for (int g :
+         TakeGpus(it == held.end() ? std::set<int>{} : it->second, n.ranks)) {
+      p.add_gpus(g);
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<v1::JobSpec> ShrinkDp(const v1::JobSpec& spec, int dp) {
   const v1::ParallelSpec& p = spec.parallel();
   if (dp < 1 || dp >= p.dp()) {
@@ -109,6 +156,16 @@ absl::StatusOr<v1::JobSpec> ShrinkDp(const v1::JobSpec& spec, int dp) {
   out.mutable_parallel()->set_microbatches(static_cast<int>(sequences / dp));
   if (absl::Status s = ValidateJobSpec(out); !s.ok()) return s;
   return out;
+}
+
+std::optional<v1::JobSpec> ShrinkToFit(
+    const v1::JobSpec& spec,
+    const std::function<bool(const v1::JobSpec&)>& fits) {
+  for (int dp = spec.parallel().dp() - 1; dp >= 1; --dp) {
+    absl::StatusOr<v1::JobSpec> s = ShrinkDp(spec, dp);
+    if (s.ok() && fits(*s)) return *s;
+  }
+  return std::nullopt;
 }
 
 }  // namespace ptrain

@@ -4,17 +4,37 @@
 #ifndef PTRAIN_COORDINATOR_SCHEDULER_H_
 #define PTRAIN_COORDINATOR_SCHEDULER_H_
 
+#include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "ptrain/v1/coordinator.pb.h"
 #include "ptrain/v1/job.pb.h"
 #include "ptrain/v1/node.pb.h"
 
 namespace ptrain {
+
+// The jobs whose attempts run now: their placements hold slots and GPUs.
+using RunningJobs = std::vector<const v1::Job*>;
+
+// A job that runs one rank per GPU (resources.device=cuda).
+bool OnGpus(const v1::JobSpec& spec);
+
+// The job's number of ranks (a validated spec's fits an int).
+int WorldSize(const v1::JobSpec& spec);
+
+// Slots of each node that the attempts of `running` take; with
+// `gpus_only`, only the ranks of GPU jobs (one GPU each).
+std::map<std::string, int> NodeSlotsUsed(const RunningJobs& running,
+                                         bool gpus_only = false);
+
+// The GPUs the attempts of `running` hold on each node.
+std::map<std::string, std::set<int>> GpusHeld(const RunningJobs& running);
 
 struct QueuedJob {
   std::string id;
@@ -81,11 +101,23 @@ struct NodeRanks {
 std::vector<NodeRanks> PlaceRanks(const std::vector<FreeNode>& nodes, int world,
                                   int tp, int ranks_per_node);
 
+// What a job's `placement` shows for ranks on `nodes`: with `gpus`, each
+// node's ranks take the lowest GPUs no job of `running` holds there
+// (TakeGpus).
+std::vector<v1::Placement> PlacementOf(const std::vector<NodeRanks>& nodes,
+                                       const RunningJobs& running, bool gpus);
+
 // `spec` with parallel.dp = `dp` (< the spec's), train.global_batch kept and
 // parallel.microbatches grown to keep each rank's microbatch size. An error
 // naming the rule when no such layout is valid (the global batch or the
 // pipeline's microbatch rule does not divide).
 absl::StatusOr<v1::JobSpec> ShrinkDp(const v1::JobSpec& spec, int dp);
+
+// `spec` shrunk (ShrinkDp) to the largest dp below its own that `fits`;
+// nullopt when none does.
+std::optional<v1::JobSpec> ShrinkToFit(
+    const v1::JobSpec& spec,
+    const std::function<bool(const v1::JobSpec&)>& fits);
 
 }  // namespace ptrain
 

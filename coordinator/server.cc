@@ -1,0 +1,55 @@
+// ptcoord's servers; see server.h.
+#include "coordinator/server.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/launcher.h"
+
+namespace ptrain {
+
+namespace fs = std::filesystem;
+
+absl::StatusOr<RpcServer> ServeRpc(const std::string& listen, Coordinator* c,
+                                   const ServerTls& tls) {
+  absl::StatusOr<RunningServer> server = StartServer(listen, c, tls);
+  if (!server.ok()) return server.status();
+  // With port 0 the port is known only now; ranks need it.
+  std::string host = listen.substr(0, listen.rfind(':'));
+  if (host.empty() || host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";
+  RpcServer out{std::move(*server), ""};
+  out.address = absl::StrCat(host, ":", out.running.port);
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorHttp>> ServeMetrics(
+    const std::string& listen, Coordinator* c, const std::string& state_dir) {
+  absl::StatusOr<std::unique_ptr<CoordinatorHttp>> http =
+      CoordinatorHttp::Start(listen, c);
+  if (!http.ok()) return http.status();
+  const std::string host = listen.substr(0, listen.rfind(':'));
+  const std::string at = absl::StrCat(host, ":", (*http)->port());
+  WritePrivateFile((fs::path(state_dir) / "metrics_address").string(),
+                   at + "\n")
+      .IgnoreError();
+  std::printf(
+      "ptcoord: metrics and rank discovery on http://%s/metrics, "
+      "/sd\n",
+      at.c_str());
+  return http;
+}
+
+void AnnounceAddress(const std::string& state_dir, const std::string& address,
+                     const ServerTls& tls) {
+  WritePrivateFile((fs::path(state_dir) / "address").string(), address + "\n")
+      .IgnoreError();
+  std::printf("ptcoord: listening on %s (%s)\n", address.c_str(),
+              tls.cert_pem.empty()        ? "plain text"
+              : tls.client_ca_pem.empty() ? "TLS"
+                                          : "TLS, client certificates");
+  std::fflush(stdout);
+}
+
+}  // namespace ptrain

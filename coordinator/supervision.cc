@@ -1,0 +1,315 @@
+// The supervision tick (coordinator.h): every running attempt polled
+// through its backend, its hang timer and node checks applied, a stopped
+// one killed when it lingers, and an ended one decided — restart counted
+// or requeued, after the node-loss grace when a dead node may explain its
+// failure — and committed; then the waiting jobs are scheduled.
+#include <algorithm>
+#include <filesystem>
+#include <iterator>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/exit_codes.h"
+#include "common/job_state.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/coordinator_internal.h"
+#include "spdlog/spdlog.h"
+
+namespace ptrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// A supervision tick later than its period by more than this means ptcoord
+// itself could not run (see Supervise).
+constexpr absl::Duration kLateSupervision = absl::Seconds(1);
+
+// What went wrong with attempt `n` of a job of `steps` steps that ended
+// with `exit_code` (`end` when no code is known), "" when nothing did.
+// `kill_reason`: why ptcoord ended it, which says it best.
+std::string AttemptError(const std::string& kill_reason,
+                         const AttemptStatus& end, int exit_code, int n,
+                         int64_t steps, const std::string& attempt_dir) {
+  if (!kill_reason.empty()) return kill_reason;
+  if (end.exit_unknown) {
+    return absl::StrCat(
+        "attempt ", n,
+        " ended without an exit code ptcoord can read (its exit_code file is "
+        "empty or unreadable: a full disk?), and neither its run log nor a "
+        "checkpoint at step ",
+        steps, " shows it finished");
+  }
+  if (end.lost) {
+    return absl::StrCat("attempt ", n,
+                        " was lost: its processes ended without an exit code "
+                        "(coordinator down, host restarted or killed)");
+  }
+  if (exit_code == 0) return "";
+  const std::string tail =
+      TailLines((fs::path(attempt_dir) / "stderr.log").string(), 20);
+  return absl::StrCat("attempt ", n, " exited with code ", exit_code,
+                      tail.empty() ? "" : "; last stderr lines:\n", tail);
+}
+
+}  // namespace
+
+void Coordinator::Tick() {
+  absl::MutexLock lock(&mu_);
+  Supervise();
+  Schedule();
+}
+
+void Coordinator::Supervise() {
+  const absl::Time now = absl::Now();
+  // Hang timers and node timeouts measure the ranks' and nodes' silence,
+  // not ours. While supervision was kept from running (ptcoord paused, the
+  // host overloaded, this lock held through a stalled disk write) no report
+  // could be heard either, so that time does not count against them.
+  const absl::Duration late = now - last_supervised_ - options_.tick;
+  if (last_supervised_ != absl::InfinitePast() && late > kLateSupervision) {
+    spdlog::warn(
+        "supervision ran {} late (ptcoord paused or stalled): hang timers "
+        "and node timeouts leave that time out",
+        absl::FormatDuration(late));
+    for (auto& [id, run] : running_) run.last_report += late;
+    nodes_->LeaveOut(late);
+  }
+  last_supervised_ = now;
+  std::vector<std::string> ids;
+  for (const auto& [id, run] : running_) ids.push_back(id);
+  for (const std::string& id : ids) {
+    SuperviseAttempt(jobs_[id], running_[id], now);
+  }
+}
+
+void Coordinator::SuperviseAttempt(Entry& e, Running& run, absl::Time now) {
+  bool ending = false;
+  if (!run.end.has_value()) {
+    AttemptStatus status =
+        backend_->Poll(*run.handle, now, run.kill_at.has_value());
+    if (!status.event.empty()) CommitEvent(e, status.event);
+    // Queued by its backend (Slurm) is not a hang: the timer starts when
+    // it runs.
+    if (status.state == AttemptStatus::kQueued) run.last_report = now;
+    ending = status.state == AttemptStatus::kEnding;
+    if (status.state == AttemptStatus::kEnded) run.end = std::move(status);
+  }
+  // A node of the placement is gone: the attempt cannot go on.
+  if (!run.end.has_value() && !ending && !run.kill_at.has_value()) {
+    if (const std::string lost = backend_->LostNode(e.record.job, now);
+        !lost.empty()) {
+      run.node_lost = true;
+      BeginKill(e, lost);
+    }
+  }
+  if (run.end.has_value()) {
+    if (ReadyToEnd(e, run, now) &&
+        (!run.retry_at.has_value() || now >= *run.retry_at)) {
+      OnAttemptEnded(e);  // `run` is gone once that is written
+    }
+    return;
+  }
+  // Its leader (mpirun) is gone but ranks linger: they get the grace
+  // period.
+  if (ending && !run.kill_at.has_value()) {
+    run.kill_at = now + options_.cancel_grace;
+  }
+  if (run.kill_at.has_value() && now >= *run.kill_at) {
+    backend_->Kill(*run.handle);
+    run.kill_at = now + options_.cancel_grace;
+    return;
+  }
+  CheckHang(e, run, now);
+}
+
+void Coordinator::CheckHang(Entry& e, Running& run, absl::Time now) {
+  const int64_t timeout_s = e.record.job.spec().restart().hang_timeout_s();
+  // Asked to save and stop (pause, grow back): ranks still running a hang
+  // timeout later are killed.
+  if (run.stop_asked_at.has_value() && !run.kill_at.has_value() &&
+      now - *run.stop_asked_at > absl::Seconds(timeout_s)) {
+    BeginKill(e, "");
+    return;
+  }
+  const absl::Duration silent = now - run.last_report;
+  if (!run.kill_at.has_value() && timeout_s > 0 &&
+      silent > absl::Seconds(timeout_s)) {
+    BeginKill(e, absl::StrCat(
+                     "hang at step ", e.record.job.progress().step(),
+                     run.activity.empty()
+                         ? ""
+                         : absl::StrCat(" (last busy with ", run.activity, ")"),
+                     ": no report for ", absl::ToInt64Seconds(silent),
+                     " s (restart.hang_timeout_s=", timeout_s, ")"));
+  }
+}
+
+bool Coordinator::ReadyToEnd(Entry& e, Running& run, absl::Time now) {
+  AttemptStatus& end = *run.end;
+  // A failure on nodes: the backend may hear of a dead node (a missed
+  // heartbeat, Slurm marking it down) seconds after the attempt failed
+  // because of it. Decided once it says, or after its grace.
+  if (end.may_be_node_loss && !run.node_lost &&
+      !e.record.job.cancel_requested() && run.kill_reason.empty()) {
+    if (!run.ended_at.has_value()) run.ended_at = now;
+    const NodeVerdict verdict =
+        backend_->CheckNodes(*run.handle, e.record.job, *run.ended_at, now);
+    if (!verdict.lost.empty()) {
+      run.node_lost = true;
+      end.reason = verdict.lost;
+    } else if (!verdict.all_heard &&
+               now - *run.ended_at <= backend_->NodeGrace()) {
+      return false;
+    }
+  }
+  end.may_be_node_loss = false;
+  if (!end.reason.empty()) run.kill_reason = std::exchange(end.reason, "");
+  if (end.node_lost) run.node_lost = true;
+  return true;
+}
+
+void Coordinator::BeginKill(Entry& e, const std::string& reason) {
+  auto it = running_.find(e.record.job.id());
+  if (it == running_.end()) return;
+  Running& run = it->second;
+  if (!reason.empty() && run.kill_reason.empty()) run.kill_reason = reason;
+  if (run.kill_at.has_value()) return;
+  if (run.handle != nullptr) backend_->Terminate(*run.handle);
+  run.kill_at = absl::Now() + options_.cancel_grace;
+}
+
+void Coordinator::OnAttemptEnded(Entry& e) {
+  const std::string id = e.record.job.id();
+  Running& run = running_[id];
+  AttemptStatus& end = *run.end;
+  int exit_code = end.exit_code;
+  JobUpdate u;
+  u.record = e.record;
+  const bool log_ended = RecoverFromRunLog(e, run.attempt_dir, &u);
+  const int n = u.record.job.attempts();
+
+  // An end whose exit code we do not know is decided by what the attempt
+  // left: a finished job must never train again.
+  std::string resolved;
+  if ((end.lost || end.exit_unknown) && run.kill_reason.empty()) {
+    resolved = FinishedBy(u, log_ended);
+    if (!resolved.empty()) {
+      exit_code = 0;
+      end.lost = end.exit_unknown = false;
+    }
+  }
+  const std::string error =
+      AttemptError(run.kill_reason, end, exit_code, n,
+                   u.record.job.spec().train().steps(), run.attempt_dir);
+  v1::Attempt& a = u.attempt.emplace();
+  if (auto all = store_->ListAttempts(id);
+      all.ok() && !all->empty() && all->back().number() == n) {
+    a = all->back();
+  }
+  a.set_number(n);
+  a.set_finished_unix_ms(NowMs());
+  a.set_exit_code(end.lost || end.exit_unknown ? -1 : exit_code);
+  a.set_error(error);
+  a.set_dir(run.attempt_dir);
+  // The attempt's token and uid die with it: a report signed with that
+  // token is refused from now on.
+  u.record.token_sha256.clear();
+  u.record.attempt_uid.clear();
+  const v1::AttemptEnd how = DecideEnd(run, exit_code, error, resolved, u);
+  a.set_end(how);
+  // Counted apart from restarts (restarts_used), so that an alert on
+  // restarts does not fire on pauses, preemptions or lost nodes.
+  if (std::find(std::begin(kRequeueEnds), std::end(kRequeueEnds), how) !=
+      std::end(kRequeueEnds)) {
+    ++(*u.record.job.mutable_requeues())[EndName(how)];
+  }
+  if (absl::Status s = Commit(e, std::move(u)); !s.ok()) {
+    // Still running as far as the disk knows, so here too; try again soon.
+    LogStoreError(e, s);
+    run.retry_at = absl::Now() + absl::Seconds(1);
+    return;
+  }
+  running_.erase(id);
+}
+
+v1::AttemptEnd Coordinator::DecideEnd(const Running& run, int exit_code,
+                                      const std::string& error,
+                                      const std::string& resolved,
+                                      JobUpdate& u) const {
+  const AttemptStatus& end = *run.end;
+  JobRecord& next = u.record;
+  v1::Job& job = next.job;
+  const int n = job.attempts();
+  const int max = job.spec().restart().max_restarts();
+  // A pause asked of this attempt is answered by its end, one way or another.
+  const bool pausing = job.pause_requested();
+  job.set_pause_requested(false);
+  v1::AttemptEnd how = v1::ATTEMPT_END_FAILED;
+  if (job.cancel_requested()) {
+    how = v1::ATTEMPT_END_CANCELLED;
+    job.set_state(v1::JOB_STATE_CANCELLED);
+    job.set_finished_unix_ms(NowMs());
+    u.event = absl::StrCat("cancelled (attempt ", n, " ended)");
+  } else if (error.empty()) {
+    how = v1::ATTEMPT_END_SUCCEEDED;
+    job.set_state(v1::JOB_STATE_SUCCEEDED);
+    job.set_finished_unix_ms(NowMs());
+    job.set_error("");
+    u.event =
+        absl::StrCat("succeeded on attempt ", n, resolved.empty() ? "" : " (",
+                     resolved, resolved.empty() ? "" : ")");
+  } else if (pausing) {
+    // Exit 3 when its ranks saved and stopped as asked; whatever else
+    // ended it, it waits for ResumeJob now.
+    how = v1::ATTEMPT_END_PAUSED;
+    job.set_state(v1::JOB_STATE_PAUSED);
+    job.set_error(exit_code == kExitStopped ? "" : error);
+    u.event =
+        absl::StrCat("paused after step ", job.progress().step(), " (attempt ",
+                     n, " ended with exit code ", exit_code, ")");
+  } else if (end.lost || end.exit_unknown || run.node_lost || run.growing) {
+    // Not the job's fault: requeued without using up a restart.
+    how = run.growing     ? v1::ATTEMPT_END_GROWN
+          : run.node_lost ? v1::ATTEMPT_END_NODE_LOST
+                          : v1::ATTEMPT_END_LOST;
+    job.set_error(run.growing ? "" : error);
+    job.set_state(v1::JOB_STATE_RESTARTING);
+    u.event = absl::StrCat(error, "; requeued (not counted as a restart)");
+  } else if (run.kill_reason.empty() && exit_code == kExitStopped) {
+    // Its ranks were signalled (a preemption, an operator) and saved a
+    // checkpoint before they stopped: not a failure.
+    how = v1::ATTEMPT_END_STOPPED;
+    job.set_error("");
+    job.set_state(v1::JOB_STATE_RESTARTING);
+    u.event = absl::StrCat("attempt ", n,
+                           " stopped as asked after a checkpoint (exit code ",
+                           kExitStopped,
+                           "); requeued (not counted as a "
+                           "restart)");
+  } else if (run.kill_reason.empty() && exit_code == kExitBadInput) {
+    // Deterministic bad input (spec, data, checkpoint): every restart would
+    // fail the same way.
+    job.set_error(error);
+    job.set_state(v1::JOB_STATE_FAILED);
+    job.set_finished_unix_ms(NowMs());
+    u.event = absl::StrCat("failed on bad input (exit code ", kExitBadInput,
+                           "), not restarted: ", error);
+  } else if (next.restarts_used < max) {
+    ++next.restarts_used;
+    job.set_error(error);
+    job.set_state(v1::JOB_STATE_RESTARTING);
+    u.event = absl::StrCat("attempt ", n, " failed (restart ",
+                           next.restarts_used, " of ", max, "): ", error);
+  } else {
+    job.set_error(error);
+    job.set_state(v1::JOB_STATE_FAILED);
+    job.set_finished_unix_ms(NowMs());
+    u.event = absl::StrCat("failed after ", n, " attempts: ", error);
+  }
+  return how;
+}
+
+}  // namespace ptrain
