@@ -24,10 +24,7 @@
 namespace ptrain {
 namespace {
 
-using google::protobuf::Descriptor;
-using google::protobuf::FieldDescriptor;
-using google::protobuf::Message;
-using google::protobuf::Reflection;
+namespace pb = google::protobuf;
 using spec_internal::JoinPath;
 using spec_internal::OtherStages;
 using spec_internal::OtherStagesOf;
@@ -77,16 +74,16 @@ absl::Status First(std::initializer_list<absl::Status> checks) {
 
 // NaN slips through every `x > 0` style rule the wrong way, so non-finite
 // numbers are refused before a section's own rules run.
-absl::Status CheckFinite(const Message& msg, absl::string_view section) {
-  const Descriptor* desc = msg.GetDescriptor();
-  const Reflection* refl = msg.GetReflection();
+absl::Status CheckFinite(const pb::Message& msg, absl::string_view section) {
+  const pb::Descriptor* desc = msg.GetDescriptor();
+  const pb::Reflection* refl = msg.GetReflection();
   for (int i = 0; i < desc->field_count(); ++i) {
-    const FieldDescriptor* f = desc->field(i);
+    const pb::FieldDescriptor* f = desc->field(i);
     if (f->is_repeated()) continue;
     double v = 0;
-    if (f->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE) {
+    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_DOUBLE) {
       v = refl->GetDouble(msg, f);
-    } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_FLOAT) {
+    } else if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_FLOAT) {
       v = refl->GetFloat(msg, f);
     } else {
       continue;
@@ -100,14 +97,14 @@ absl::Status CheckFinite(const Message& msg, absl::string_view section) {
 
 // Every text field, in every section: UTF-8 (protobuf's wire format and
 // every client expect it) and of a length a path or a prompt can have.
-absl::Status CheckStrings(const Message& msg, absl::string_view section) {
+absl::Status CheckStrings(const pb::Message& msg, absl::string_view section) {
   constexpr size_t kMaxStringBytes = 64 << 10;
-  const Descriptor* desc = msg.GetDescriptor();
-  const Reflection* refl = msg.GetReflection();
+  const pb::Descriptor* desc = msg.GetDescriptor();
+  const pb::Reflection* refl = msg.GetReflection();
   for (int i = 0; i < desc->field_count(); ++i) {
-    const FieldDescriptor* f = desc->field(i);
+    const pb::FieldDescriptor* f = desc->field(i);
     const std::string field = JoinPath(section, f->name());
-    if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE &&
+    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE &&
         !f->is_repeated()) {
       if (absl::Status s = CheckStrings(refl->GetMessage(msg, f), field);
           !s.ok()) {
@@ -115,7 +112,8 @@ absl::Status CheckStrings(const Message& msg, absl::string_view section) {
       }
       continue;
     }
-    if (f->cpp_type() != FieldDescriptor::CPPTYPE_STRING || f->is_repeated()) {
+    if (f->cpp_type() != pb::FieldDescriptor::CPPTYPE_STRING ||
+        f->is_repeated()) {
       continue;
     }
     const std::string value = refl->GetString(msg, f);

@@ -244,14 +244,34 @@ int64_t CudaBackend::attention_saved_floats(int64_t B, int64_t T, int C,
   return Fused(C, NH) ? B * NH * T : B * NH * T * T;
 }
 
+namespace {
+
+// The sizes of the batched (cuBLAS) attention's products: head size,
+// elements of q (and k, v), heads of the batch, each head's stride in q and
+// in the (T,T) scores, and the scores' rows.
+struct BatchedDims {
+  int hs, batch;
+  int64_t n, sq, sa, rows;
+  static BatchedDims Of(int B, int T, int C, int NH) {
+    BatchedDims d;
+    d.hs = C / NH;
+    d.n = static_cast<int64_t>(B) * T * C;
+    d.batch = B * NH;
+    d.sq = static_cast<int64_t>(T) * d.hs;
+    d.sa = int64_t(T) * T;
+    d.rows = static_cast<int64_t>(d.batch) * T;
+    return d;
+  }
+};
+
+}  // namespace
+
 template <typename Q>
 void CudaBackend::Attention(float* out, float* att, const float* inp, int B,
                             int T, int C, int NH) {
-  const int hs = C / NH;
-  const int64_t n = static_cast<int64_t>(B) * T * C;
-  const int batch = B * NH;
-  const int64_t sq = static_cast<int64_t>(T) * hs, sa = int64_t(T) * T;
-  const int64_t rows = static_cast<int64_t>(batch) * T;
+  const BatchedDims d = BatchedDims::Of(B, T, C, NH);
+  const int hs = d.hs, batch = d.batch;
+  const int64_t n = d.n, sq = d.sq, sa = d.sa, rows = d.rows;
   const bool packed = sizeof(Q) == 2;
   // [q k v (Q)] [y (fp32)] [scores (fp32), when att holds Q]
   char* base = reinterpret_cast<char*>(Scratch(
@@ -282,11 +302,9 @@ template <typename Q>
 void CudaBackend::AttentionBackward(float* dinp, float* datt, const float* dout,
                                     const float* inp, const float* att, int B,
                                     int T, int C, int NH) {
-  const int hs = C / NH;
-  const int64_t n = static_cast<int64_t>(B) * T * C;
-  const int batch = B * NH;
-  const int64_t sq = static_cast<int64_t>(T) * hs, sa = int64_t(T) * T;
-  const int64_t rows = static_cast<int64_t>(batch) * T;
+  const BatchedDims d = BatchedDims::Of(B, T, C, NH);
+  const int hs = d.hs, batch = d.batch;
+  const int64_t n = d.n, sq = d.sq, sa = d.sa, rows = d.rows;
   const bool packed = sizeof(Q) == 2;
   // [q k v dy (Q)] [dq dk dv (fp32)] [dscores (Q), when packed]
   char* base = reinterpret_cast<char*>(
