@@ -52,9 +52,9 @@ int HostGpuCount();
 std::string GpuUnavailableReason();
 
 // PTRAIN_CUDA_SHARE_GPUS=1: ranks may share a GPU (how tests run several
-// ranks on one); otherwise each rank needs its own. The switch ptworker
-// reads through kernels::CudaRanksShareGpus, read here by ptcoord, which
-// places ranks on GPUs without loading CUDA.
+// ranks on one); otherwise each rank needs its own. Read by ptcoord, which
+// places ranks on GPUs, and by ptworker, which refuses more ranks than GPUs
+// on a node without it.
 bool RanksShareGpus();
 
 }  // namespace ptrain

@@ -32,10 +32,6 @@ struct CudaOptions {
 // backend is not built).
 int CudaDeviceCount();
 
-// PTRAIN_CUDA_SHARE_GPUS=1: ranks may share a GPU (how tests run several
-// ranks on one); otherwise each rank needs its own.
-bool CudaRanksShareGpus();
-
 // Why no GPU can be trained on here (no device, no driver, or the backend
 // not built); "" when one can.
 std::string CudaUnavailableReason();

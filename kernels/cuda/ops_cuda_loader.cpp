@@ -101,11 +101,6 @@ int CudaDeviceCount() {
   return m.handle != nullptr ? m.device_count() : 0;
 }
 
-bool CudaRanksShareGpus() {
-  const char* v = std::getenv("PTRAIN_CUDA_SHARE_GPUS");
-  return v != nullptr && std::string(v) == "1";
-}
-
 std::string CudaUnavailableReason() {
   if (CudaDeviceCount() > 0) return "";
   std::string why;

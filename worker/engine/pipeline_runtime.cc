@@ -1,5 +1,6 @@
 #include "worker/engine/pipeline_runtime.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -20,7 +21,9 @@ PipelineRuntime::PipelineRuntime(Options options)
       store_(options.store),
       microbatches_(options.microbatches),
       seq_split_(options.seq_split),
-      n_embd_(chunks_.front()->config().n_embd) {
+      n_embd_(chunks_.front()->config().n_embd),
+      forward_order_(ForwardOrder(static_cast<int>(chunks_.size()))),
+      backwards_(chunks_.size(), 0) {
   if (pp_ != nullptr) {
     for (auto& buffer : received_) {
       buffer = kernels::Buffer(
@@ -100,7 +103,7 @@ float PipelineRuntime::Forward(const int32_t* tokens, const int32_t* targets,
                              : int64_t{T} * n_embd_;
   PhaseSeconds unused;
   return static_cast<float>(Execute(
-      ForwardOrder(chunks()),
+      forward_order_,
       Run{tokens, targets, B, T, floats, decode_pos, /*dloss=*/0.0f}, &unused));
 }
 
@@ -135,7 +138,7 @@ double PipelineRuntime::Execute(const std::vector<PipeAction>& order,
   post_after(-1, 0);
   // Backwards run so far per chunk: a chunk's last one issues the
   // reductions of its units.
-  std::vector<int> backwards(chunks(), 0);
+  std::fill(backwards_.begin(), backwards_.end(), 0);
   double loss_sum = 0.0;
   for (int i = 0; i < n_actions; ++i) {
     const PipeAction& a = order[i];
@@ -173,7 +176,7 @@ double PipelineRuntime::Execute(const std::vector<PipeAction>& order,
                  Tag(mb, (vs + 1) / pp_size_, true));
       }
     } else {
-      store_->BeginMicrobatch(++backwards[c] == microbatches_);
+      store_->BeginMicrobatch(++backwards_[c] == microbatches_);
       chunk.Backward(slot, in, tg, run.dloss, received);
       phases->backward += SecondsSince(t);
       if (vs > 0) {

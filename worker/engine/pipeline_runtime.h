@@ -95,6 +95,10 @@ class PipelineRuntime {
   ZeroStore* const store_;
   const int microbatches_, seq_split_;
   const int64_t n_embd_;
+  // ForwardOrder of this rank's chunks, made once (sampling runs it for
+  // every token), and the backwards each chunk has run in this step.
+  const std::vector<PipeAction> forward_order_;
+  std::vector<int> backwards_;
   // Two buffers of received activations or gradients (one in use, one
   // being received into), in the backend's memory.
   kernels::Buffer received_[2];

@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/check.h"
+#include "common/gpu_inventory.h"
 #include "common/spec.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -75,7 +76,7 @@ absl::StatusOr<int> RankGpu(const v1::JobSpec& spec, const ParallelDims& dims) {
   auto rank_gpus = RankGpus(dims.world_size(), gpus);
   if (!rank_gpus.ok()) return rank_gpus.status();
   const int local = dims.local_size();
-  if (local > gpus && !kernels::CudaRanksShareGpus()) {
+  if (local > gpus && !RanksShareGpus()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "resources.device=cuda: ", local, " ranks on this node but ", gpus,
         " GPU(s): one rank per GPU (lower resources.ranks_per_node, or set "
@@ -520,10 +521,8 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
       &data_.train, b.T, b.global_batch, spec_.train().seed(), "train");
   val_sampler_ = std::make_unique<BatchSampler>(&data_.val, b.T, b.global_batch,
                                                 spec_.train().seed(), "val");
-  inputs_.resize(static_cast<size_t>(b.micro_B) * b.T);
+  inputs_.resize(static_cast<size_t>(b.micro_B) * b.T * b.microbatches);
   targets_.resize(inputs_.size());
-  mb_inputs_.resize(inputs_.size() * b.microbatches);
-  mb_targets_.resize(mb_inputs_.size());
   PipelineRuntime::Options run;
   run.pp = groups.pp;
   run.pp_rank = dims_->pp_rank();
@@ -578,13 +577,12 @@ StepResult Trainer::TrainStep(int64_t step) {
   const int64_t tokens = int64_t{b.micro_B} * b.T;
   for (int mb = 0; mb < b.microbatches; ++mb) {
     train_sampler_->Fill(step, FirstSequence(mb), b.micro_B,
-                         mb_inputs_.data() + mb * tokens,
-                         mb_targets_.data() + mb * tokens);
+                         inputs_.data() + mb * tokens,
+                         targets_.data() + mb * tokens);
   }
   r.phases.data += SecondsSince(t);
-  double loss_sum =
-      runtime_->TrainStep(order_, mb_inputs_.data(), mb_targets_.data(),
-                          b.micro_B, b.T, dloss, &r.phases);
+  double loss_sum = runtime_->TrainStep(order_, inputs_.data(), targets_.data(),
+                                        b.micro_B, b.T, dloss, &r.phases);
   t = Clock::now();
   // The last stage computed the losses: every stage learns them.
   if (Communicator* pp = dims_->pp_comm()) pp->AllReduce(&loss_sum, 1);

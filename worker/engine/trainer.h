@@ -278,9 +278,9 @@ class Trainer {
   std::unique_ptr<PipelineRuntime> runtime_;
   std::unique_ptr<DistributedOptimizer> optimizer_;
   std::unique_ptr<BatchSampler> train_sampler_, val_sampler_;
-  // One microbatch's tokens (evaluation), and every microbatch's of a step.
+  // Every microbatch's tokens of a step (microbatch mb at mb·micro_B·T);
+  // evaluation uses the first microbatch's room.
   std::vector<int32_t> inputs_, targets_;
-  std::vector<int32_t> mb_inputs_, mb_targets_;
 };
 
 }  // namespace ptrain
