@@ -96,9 +96,12 @@ void Run(const Args& a, bool bf16, bool fused_attention) {
   }
   auto step = [&](int t) {
     model.ZeroGrad();
+    // The loss's gradient with the loss (the fused classifier), as the
+    // trainer does.
+    const float dloss = 1.0f / (B * T);
     const float loss =
-        model.Forward(0, tokens.data(), nullptr, targets.data(), B, T);
-    model.Backward(0, tokens.data(), targets.data(), 1.0f / (B * T), nullptr);
+        model.Forward(0, tokens.data(), nullptr, targets.data(), B, T, dloss);
+    model.Backward(0, tokens.data(), targets.data(), dloss, nullptr);
     const double norm = std::sqrt(ops->SumSquares(model.grads(), n));
     const float scale = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.0f;
     ops->adamw_update(model.params(), m.data(), v.data(), model.grads(), n,

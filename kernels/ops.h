@@ -187,11 +187,61 @@ class Ops {
                                               const int32_t* targets,
                                               float dloss, int B, int T, int Vl,
                                               int vocab_begin) = 0;
+  // Training's loss and its gradient together (the fused classifier): over
+  // a vocabulary this rank holds whole, losses (B,T) as crossentropy_forward
+  // gives them, and `logits` (B,T,Vl) overwritten with dlogits =
+  // (softmax - onehot(target)) * dloss, 0 in the padding columns: what
+  // crossentropy_forward then crossentropy_parallel_backward in place leave,
+  // bit for bit on the CPU (the default). No probabilities are kept: a
+  // backend may do it in two passes over each row. stats as
+  // crossentropy_forward's.
+  virtual void crossentropy_forward_backward(float* losses, float* logits,
+                                             const int32_t* targets,
+                                             float dloss, float* stats, int B,
+                                             int T, int Vl, int V) {
+    crossentropy_forward(losses, logits, logits, targets, stats, B, T, Vl, V);
+    crossentropy_parallel_backward(logits, logits, targets, dloss, B, T, Vl, 0);
+  }
+  // The same over a vocabulary split by columns, once the group has reduced
+  // the sums of crossentropy_parallel_exp (whose unnormalized exponentials
+  // `exps` holds, in place of the logits): losses (B,T), and `exps`
+  // overwritten with dlogits; crossentropy_parallel_finish then
+  // crossentropy_parallel_backward in place by default.
+  virtual void crossentropy_parallel_finish_backward(
+      float* losses, float* exps, const float* sums,
+      const float* target_shifted, const int32_t* targets, float dloss, int B,
+      int T, int Vl, int vocab_begin) {
+    crossentropy_parallel_finish(losses, exps, sums, target_shifted, B, T, Vl);
+    crossentropy_parallel_backward(exps, exps, targets, dloss, B, T, Vl,
+                                   vocab_begin);
+  }
   virtual void adamw_update(float* params, float* m, float* v,
                             const float* grads, int64_t N, float lr,
                             float beta1, float beta2, float eps,
                             float weight_decay, int64_t t,
                             float grad_scale) = 0;
+  // One stretch of a parameter buffer the optimizer updates: `count`
+  // elements from `begin`, with weight decay or without.
+  struct AdamWRun {
+    int64_t begin = 0, count = 0;
+    bool decay = false;
+  };
+  // adamw_update over every run of a buffer (host array `runs`, n of them,
+  // ascending and disjoint), weight_decay where a run decays and 0 where
+  // not: one pass over all parameters, which a backend may make one launch
+  // (the default: adamw_update run by run; the same result either way).
+  virtual void adamw_update_runs(float* params, float* m, float* v,
+                                 const float* grads, const AdamWRun* runs,
+                                 int n, float lr, float beta1, float beta2,
+                                 float eps, float weight_decay, int64_t t,
+                                 float grad_scale) {
+    for (int i = 0; i < n; ++i) {
+      const AdamWRun& r = runs[i];
+      adamw_update(params + r.begin, m + r.begin, v + r.begin, grads + r.begin,
+                   r.count, lr, beta1, beta2, eps,
+                   r.decay ? weight_decay : 0.0f, t, grad_scale);
+    }
+  }
 };
 
 // The CPU backend (kernels/cpu): host memory, OpenMP and oneDNN. One shared

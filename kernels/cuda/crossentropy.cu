@@ -63,18 +63,23 @@ __global__ void CrossEntropyFinishKernel(float* losses, float* probs,
 
 // The three steps in one block per row and three passes over it (two
 // reads, one write): each thread keeps a running maximum and the sum of
-// exponentials relative to it, and the block combines them.
+// exponentials relative to it, and the block combines them. kGradient:
+// the write pass leaves (probability - onehot) * dloss instead, the fused
+// classifier (Ops::crossentropy_forward_backward), in the CPU's order of
+// operations (p * dloss, then dloss off the target's).
+template <bool kGradient>
 __global__ void CrossEntropyForwardKernel(float* losses, float* probs,
                                           const float* logits,
-                                          const int32_t* targets, int Vl,
-                                          int V) {
+                                          const int32_t* targets, int Vl, int V,
+                                          float dloss) {
   const int64_t r = blockIdx.x;
   const float* l = logits + r * Vl;
   float* p = probs + r * Vl;
   const int real = V < Vl ? V : Vl;
   // The target's logit is read before probs (which may alias logits) is
   // written; the block's reductions order the two.
-  const float target = threadIdx.x == 0 ? l[targets[r]] : 0.0f;
+  const int t = targets[r];
+  const float target = threadIdx.x == 0 ? l[t] : 0.0f;
   float m = -INFINITY, s = 0.0f;
   for (int j = threadIdx.x; j < real; j += blockDim.x) {
     const float x = l[j];
@@ -90,10 +95,36 @@ __global__ void CrossEntropyForwardKernel(float* losses, float* probs,
       BlockReduce(m == -INFINITY ? 0.0f : s * expf(m - mx), SumOp(), 0.0f);
   const float inv = 1.0f / sum;
   for (int j = threadIdx.x; j < Vl; j += blockDim.x) {
-    p[j] = j < real ? expf(l[j] - mx) * inv : 0.0f;
+    const float q = j < real ? expf(l[j] - mx) * inv : 0.0f;
+    if (kGradient) {
+      float d = q * dloss;
+      if (j == t) d -= dloss;
+      p[j] = d;
+    } else {
+      p[j] = q;
+    }
   }
   if (threadIdx.x == 0) {
     losses[r] = math::CrossEntropyLoss(sum, target - mx);
+  }
+}
+
+// crossentropy_parallel_finish and _backward in one pass over each row of
+// the exponentials, in place.
+__global__ void CrossEntropyFinishBackwardKernel(
+    float* losses, float* exps, const float* sums, const float* target_shifted,
+    const int32_t* targets, float dloss, int Vl, int vocab_begin) {
+  const int64_t r = blockIdx.x;
+  float* e = exps + r * Vl;
+  const float inv = 1.0f / sums[r];
+  const int t = targets[r] - vocab_begin;
+  for (int j = threadIdx.x; j < Vl; j += blockDim.x) {
+    float d = (e[j] * inv) * dloss;
+    if (j == t) d -= dloss;
+    e[j] = d;
+  }
+  if (threadIdx.x == 0) {
+    losses[r] = math::CrossEntropyLoss(sums[r], target_shifted[r]);
   }
 }
 
@@ -142,8 +173,26 @@ void CudaBackend::crossentropy_forward(float* losses, float* probs,
                                        const int32_t* targets, float* stats,
                                        int B, int T, int Vl, int V) {
   (void)stats;
-  Run("crossentropy_forward", CrossEntropyForwardKernel, B * T, losses, probs,
-      logits, targets, Vl, V);
+  Run("crossentropy_forward", CrossEntropyForwardKernel<false>, B * T, losses,
+      probs, logits, targets, Vl, V, 0.0f);
+}
+
+void CudaBackend::crossentropy_forward_backward(float* losses, float* logits,
+                                                const int32_t* targets,
+                                                float dloss, float* stats,
+                                                int B, int T, int Vl, int V) {
+  (void)stats;
+  Run("crossentropy_forward_backward", CrossEntropyForwardKernel<true>, B * T,
+      losses, logits, logits, targets, Vl, V, dloss);
+}
+
+void CudaBackend::crossentropy_parallel_finish_backward(
+    float* losses, float* exps, const float* sums, const float* target_shifted,
+    const int32_t* targets, float dloss, int B, int T, int Vl,
+    int vocab_begin) {
+  Run("crossentropy_parallel_finish_backward", CrossEntropyFinishBackwardKernel,
+      B * T, losses, exps, sums, target_shifted, targets, dloss, Vl,
+      vocab_begin);
 }
 
 void CudaBackend::crossentropy_parallel_backward(float* dlogits,

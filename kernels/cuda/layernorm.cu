@@ -9,16 +9,30 @@ namespace ptrain::kernels::cuda_impl {
 
 namespace {
 
-// One warp per row.
+// One warp per row. kResidual: the row is inp1 + inp2, written to
+// `residual` first (each lane reads back only what it wrote).
+template <bool kResidual>
 __global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd,
-                                       const float* inp, const float* weight,
+                                       float* residual, const float* inp1,
+                                       const float* inp2, const float* weight,
                                        const float* bias, int64_t rows, int C) {
   const int64_t r = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
-  const float* x = inp + r * C;
+  const float* x = inp1 + r * C;
   float sum = 0.0f;
-  for (int i = lane; i < C; i += 32) sum += x[i];
+  if (kResidual) {
+    float* res = residual + r * C;
+    const float* y = inp2 + r * C;
+    for (int i = lane; i < C; i += 32) {
+      const float v = x[i] + y[i];
+      res[i] = v;
+      sum += v;
+    }
+    x = res;
+  } else {
+    for (int i = lane; i < C; i += 32) sum += x[i];
+  }
   const float m = WarpSum(sum) / C;
   float sum_sq = 0.0f;
   for (int i = lane; i < C; i += 32) {
@@ -32,6 +46,49 @@ __global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd,
   if (lane == 0) {
     mean[r] = m;
     rstd[r] = s;
+  }
+}
+
+// The whole backward in one pass over dout and inp: a warp per row at a
+// time, the block's weight and bias gradients summed in shared memory
+// (2·C floats) and added to the global ones once a block. Sums in an order
+// of their own: the last bits differ from LayerNormBackwardInputKernel +
+// ColumnSumsKernel's, within fp32 rounding.
+__global__ void LayerNormBackwardKernel(float* dinp, float* dweight,
+                                        float* dbias, const float* dout,
+                                        const float* inp, const float* weight,
+                                        const float* mean, const float* rstd,
+                                        int64_t rows, int C) {
+  extern __shared__ float sums[];  // dweight's C, then dbias's C
+  for (int i = threadIdx.x; i < 2 * C; i += blockDim.x) sums[i] = 0.0f;
+  __syncthreads();
+  const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
+  for (int64_t r = blockIdx.x * int64_t(warps) + threadIdx.x / 32; r < rows;
+       r += int64_t(gridDim.x) * warps) {
+    const float* x = inp + r * C;
+    const float* dy = dout + r * C;
+    const float m = mean[r], s = rstd[r];
+    float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
+    for (int i = lane; i < C; i += 32) {
+      const float dnorm = weight[i] * dy[i];
+      dnorm_sum += dnorm;
+      dnorm_norm_sum += dnorm * (x[i] - m) * s;
+    }
+    const float dnorm_mean = WarpSum(dnorm_sum) / C;
+    const float dnorm_norm_mean = WarpSum(dnorm_norm_sum) / C;
+    float* dx = dinp + r * C;
+    for (int i = lane; i < C; i += 32) {
+      const float norm = (x[i] - m) * s;
+      dx[i] += math::LayerNormInputGrad(weight[i] * dy[i], norm, dnorm_mean,
+                                        dnorm_norm_mean, s);
+      atomicAdd(&sums[i], norm * dy[i]);
+      atomicAdd(&sums[C + i], dy[i]);
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < C; i += blockDim.x) {
+    atomicAdd(&dweight[i], sums[i]);
+    atomicAdd(&dbias[i], sums[C + i]);
   }
 }
 
@@ -101,8 +158,18 @@ void CudaBackend::layernorm_forward(float* out, float* mean, float* rstd,
                                     const float* inp, const float* weight,
                                     const float* bias, int B, int T, int C) {
   const int64_t rows = static_cast<int64_t>(B) * T;
-  Run("layernorm_forward", LayerNormForwardKernel, Blocks(rows * 32), out, mean,
-      rstd, inp, weight, bias, rows, C);
+  Run("layernorm_forward", LayerNormForwardKernel<false>, Blocks(rows * 32),
+      out, mean, rstd, nullptr, inp, nullptr, weight, bias, rows, C);
+}
+
+void CudaBackend::residual_layernorm_forward(
+    float* residual, float* out, float* mean, float* rstd, const float* inp1,
+    const float* inp2, const float* weight, const float* bias, int B, int T,
+    int C) {
+  const int64_t rows = static_cast<int64_t>(B) * T;
+  Run("residual_layernorm_forward", LayerNormForwardKernel<true>,
+      Blocks(rows * 32), out, mean, rstd, residual, inp1, inp2, weight, bias,
+      rows, C);
 }
 
 void CudaBackend::layernorm_backward(float* dinp, float* dweight, float* dbias,
@@ -111,6 +178,19 @@ void CudaBackend::layernorm_backward(float* dinp, float* dweight, float* dbias,
                                      const float* rstd, int B, int T, int C) {
   const OpScope scope(&times_, stream_, "layernorm_backward");
   const int64_t rows = static_cast<int64_t>(B) * T;
+  const size_t shared = 2 * sizeof(float) * static_cast<size_t>(C);
+  if (shared <= kLayerNormSharedBytes) {
+    // Two blocks an SM, each over many rows: the fewer blocks, the fewer
+    // global atomics for the weight gradients.
+    const int64_t warps = kThreads / 32;
+    const int64_t blocks =
+        std::min<int64_t>(2 * sms_, (rows + warps - 1) / warps);
+    LayerNormBackwardKernel<<<static_cast<int>(blocks), kThreads, shared,
+                              stream_>>>(dinp, dweight, dbias, dout, inp,
+                                         weight, mean, rstd, rows, C);
+    Launched();
+    return;
+  }
   LayerNormBackwardInputKernel<<<Blocks(rows * 32), kThreads, 0, stream_>>>(
       dinp, dout, inp, weight, mean, rstd, rows, C);
   Launched();

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <tuple>
 
+#include "kernels/common/math.h"
 #include "kernels/cuda/ops_cuda_impl.h"
 
 namespace ptrain::kernels::cuda_impl {
@@ -10,19 +11,25 @@ namespace ptrain::kernels::cuda_impl {
 namespace {
 
 // fp32 -> bf16, rounded to nearest even: a matmul's or the fused
-// attention's input under bf16 compute. The first 4 * n4 elements four at a
-// thread step (16-byte loads, 8-byte stores; `in` 16-byte aligned when n4 > 0),
-// the rest one by one.
+// attention's input under bf16 compute; kGelu: GELU(x) rounded, the MLP
+// projection's input computed as it is rounded (no fp32 GELU pass). The
+// first 4 * n4 elements four at a thread step (16-byte loads, 8-byte
+// stores; `in` 16-byte aligned when n4 > 0), the rest one by one.
+template <bool kGelu>
+__device__ __forceinline__ float Prepare(float x) {
+  return kGelu ? math::GeluFromExp(x, expf(math::GeluExponent(x))) : x;
+}
+template <bool kGelu>
 __global__ void ToBf16Kernel(__nv_bfloat16* out, const float* in, int64_t n,
                              int64_t n4) {
   ForEachIndex(n4, [&](int64_t i) {
     const float4 v = reinterpret_cast<const float4*>(in)[i];
     auto* o = reinterpret_cast<__nv_bfloat162*>(out) + 2 * i;
-    o[0] = __floats2bfloat162_rn(v.x, v.y);
-    o[1] = __floats2bfloat162_rn(v.z, v.w);
+    o[0] = __floats2bfloat162_rn(Prepare<kGelu>(v.x), Prepare<kGelu>(v.y));
+    o[1] = __floats2bfloat162_rn(Prepare<kGelu>(v.z), Prepare<kGelu>(v.w));
   });
   ForEachIndex(n - 4 * n4, [&](int64_t i) {
-    out[4 * n4 + i] = __float2bfloat16_rn(in[4 * n4 + i]);
+    out[4 * n4 + i] = __float2bfloat16_rn(Prepare<kGelu>(in[4 * n4 + i]));
   });
 }
 
@@ -52,6 +59,45 @@ void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias,
                                   int OC) {
   const OpScope scope(&times_, stream_, "matmul_backward");
   const int64_t BT = static_cast<int64_t>(B) * T;
+  MatmulBackward(dinp, dweight, dbias, dout, Operand(inp, BT * C, 2), weight,
+                 BT, C, OC);
+}
+
+void CudaBackend::gelu_matmul_forward(float* out, float* hidden, float* saved,
+                                      const float* inp, const float* weight,
+                                      const float* bias, int B, int T, int C,
+                                      int OC) {
+  if (!options_.bf16_compute) {
+    Ops::gelu_matmul_forward(out, hidden, saved, inp, weight, bias, B, T, C,
+                             OC);
+    return;
+  }
+  // GELU as the input is rounded: `hidden` is left alone.
+  const OpScope scope(&times_, stream_, "gelu_matmul_forward");
+  const int64_t BT = static_cast<int64_t>(B) * T;
+  Matmul(true, false, OC, BT, C, Operand(weight, int64_t(C) * OC, 0), C,
+         GeluOperand(inp, BT * C, 1), C, 0.0f, out, OC, bias);
+}
+
+void CudaBackend::gelu_matmul_backward(float* dinp, float* dweight,
+                                       float* dbias, const float* dout,
+                                       float* hidden, const float* saved,
+                                       const float* inp, const float* weight,
+                                       int B, int T, int C, int OC) {
+  if (!options_.bf16_compute) {
+    Ops::gelu_matmul_backward(dinp, dweight, dbias, dout, hidden, saved, inp,
+                              weight, B, T, C, OC);
+    return;
+  }
+  const OpScope scope(&times_, stream_, "gelu_matmul_backward");
+  const int64_t BT = static_cast<int64_t>(B) * T;
+  MatmulBackward(dinp, dweight, dbias, dout, GeluOperand(inp, BT * C, 2),
+                 weight, BT, C, OC);
+}
+
+void CudaBackend::MatmulBackward(float* dinp, float* dweight, float* dbias,
+                                 const float* dout, Op in, const float* weight,
+                                 int64_t BT, int C, int OC) {
   // dout is rounded once for both products.
   const Op d = Operand(dout, BT * OC, 0);
   // dinp^T (C,BT) = weight^T... in column-major: (C,OC) (OC,BT).
@@ -60,19 +106,28 @@ void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias,
            OC, 0.0f, dinp, C, nullptr);
   }
   // dweight^T (C,OC) += inp^T (C,BT) dout (BT,OC).
-  Matmul(false, true, C, OC, BT, Operand(inp, BT * C, 2), C, d, OC, 1.0f,
-         dweight, C, nullptr);
+  Matmul(false, true, C, OC, BT, in, C, d, OC, 1.0f, dweight, C, nullptr);
   if (dbias != nullptr) {
     ColumnSums(nullptr, dbias, dout, nullptr, nullptr, nullptr, BT, OC);
   }
 }
 
 CudaBackend::Op CudaBackend::Operand(const float* x, int64_t n, int slot) {
+  return Rounded<false>(x, n, slot);
+}
+
+CudaBackend::Op CudaBackend::GeluOperand(const float* x, int64_t n, int slot) {
+  PT_CHECK(options_.bf16_compute, "GELU operands are bf16 compute's");
+  return Rounded<true>(x, n, slot);
+}
+
+template <bool kGelu>
+CudaBackend::Op CudaBackend::Rounded(const float* x, int64_t n, int slot) {
   if (!options_.bf16_compute) return {x, CUDA_R_32F};
   __nv_bfloat16* copy = Grow(&bf16_[slot], n);
   const int64_t n4 = reinterpret_cast<uintptr_t>(x) % 16 == 0 ? n / 4 : 0;
-  ToBf16Kernel<<<Blocks(n4 > 0 ? n4 : n), kThreads, 0, stream_>>>(copy, x, n,
-                                                                  n4);
+  ToBf16Kernel<kGelu>
+      <<<Blocks(n4 > 0 ? n4 : n), kThreads, 0, stream_>>>(copy, x, n, n4);
   Launched();
   return {copy, CUDA_R_16BF};
 }

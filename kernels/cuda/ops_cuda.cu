@@ -33,6 +33,8 @@ CudaBackend::CudaBackend(const CudaOptions& o) : options_(o) {
   PT_CUDA_CHECK(cudaMalloc(&sum_, sizeof(double)));
   PT_CUDA_CHECK(cudaDeviceGetAttribute(
       &major_, cudaDevAttrComputeCapabilityMajor, o.device));
+  PT_CUDA_CHECK(
+      cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, o.device));
   compute_ = o.bf16_compute ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
 }
 
@@ -42,6 +44,7 @@ CudaBackend::~CudaBackend() {
   if (times_.enabled()) times_.Print();
   cudaFree(scratch_.p);
   for (GrowOnly<__nv_bfloat16>& b : bf16_) cudaFree(b.p);
+  cudaFree(adam_runs_.p);
   cudaFree(sum_);
   cudaFree(workspace_);
   cublasDestroy(blas_);
@@ -138,6 +141,18 @@ extern "C" Ops* ptrain_cuda_make_ops(const CudaOptions* options,
     return nullptr;
   }
   return new cuda_impl::CudaBackend(*options);
+}
+
+extern "C" int ptrain_cuda_capability(int device) {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                             device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor,
+                             device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return 10 * major + minor;
 }
 
 extern "C" void ptrain_cuda_memory(int64_t* used, int64_t* total) {

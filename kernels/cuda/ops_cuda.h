@@ -32,6 +32,14 @@ struct CudaOptions {
 // backend is not built).
 int CudaDeviceCount();
 
+// GPU `device`'s compute capability as 10·major + minor (90 for 9.0); 0
+// where it cannot be read (no such device, or the backend not built).
+int CudaComputeCapability(int device);
+// The capability bf16 training needs (bf16 tensor cores: 8.0), and why a
+// GPU of `capability` cannot train in bf16 ("" when it can).
+constexpr int kBf16Capability = 80;
+std::string Bf16Unsupported(int capability);
+
 // Why no GPU can be trained on here (no device, no driver, or the backend
 // not built); "" when one can.
 std::string CudaUnavailableReason();

@@ -171,6 +171,17 @@ class OpScope {
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
 };
 
+// A run of adamw_update_runs on the device: where it starts in the buffer,
+// and its first element's index when the runs' elements are counted one run
+// after another.
+struct AdamWRunEntry {
+  int64_t begin, first;
+  int decay;
+  bool operator==(const AdamWRunEntry& o) const {
+    return begin == o.begin && first == o.first && decay == o.decay;
+  }
+};
+
 // The Ops seam on one GPU. Each op sits with its family's kernels, as in
 // kernels/cpu/: encoder.cu, layernorm.cu, matmul.cu, attention.cu,
 // elementwise.cu, crossentropy.cu and adamw.cu (with the sums of the
@@ -218,11 +229,25 @@ class CudaBackend final : public Ops {
                           const float* dout, const float* inp,
                           const float* weight, const float* mean,
                           const float* rstd, int B, int T, int C) override;
+  void residual_layernorm_forward(float* residual, float* out, float* mean,
+                                  float* rstd, const float* inp1,
+                                  const float* inp2, const float* weight,
+                                  const float* bias, int B, int T,
+                                  int C) override;
   void matmul_forward(float* out, const float* inp, const float* weight,
                       const float* bias, int B, int T, int C, int OC) override;
   void matmul_backward(float* dinp, float* dweight, float* dbias,
                        const float* dout, const float* inp, const float* weight,
                        int B, int T, int C, int OC) override;
+  void gelu_matmul_forward(float* out, float* hidden, float* saved,
+                           const float* inp, const float* weight,
+                           const float* bias, int B, int T, int C,
+                           int OC) override;
+  void gelu_matmul_backward(float* dinp, float* dweight, float* dbias,
+                            const float* dout, float* hidden,
+                            const float* saved, const float* inp,
+                            const float* weight, int B, int T, int C,
+                            int OC) override;
   void attention_forward(float* out, float* att, const float* inp, int B, int T,
                          int C, int NH) override;
   void attention_backward(float* dinp, float* datt, const float* dout,
@@ -259,12 +284,29 @@ class CudaBackend final : public Ops {
                                       const int32_t* targets, float dloss,
                                       int B, int T, int Vl,
                                       int vocab_begin) override;
+  void crossentropy_forward_backward(float* losses, float* logits,
+                                     const int32_t* targets, float dloss,
+                                     float* stats, int B, int T, int Vl,
+                                     int V) override;
+  void crossentropy_parallel_finish_backward(float* losses, float* exps,
+                                             const float* sums,
+                                             const float* target_shifted,
+                                             const int32_t* targets,
+                                             float dloss, int B, int T, int Vl,
+                                             int vocab_begin) override;
   void adamw_update(float* params, float* m, float* v, const float* grads,
                     int64_t N, float lr, float beta1, float beta2, float eps,
                     float weight_decay, int64_t t, float grad_scale) override;
+  void adamw_update_runs(float* params, float* m, float* v, const float* grads,
+                         const AdamWRun* runs, int n, float lr, float beta1,
+                         float beta2, float eps, float weight_decay, int64_t t,
+                         float grad_scale) override;
 
  private:
   static constexpr size_t kWorkspaceBytes = 32u << 20;
+  // The most shared memory the one-kernel LayerNorm backward takes (2·C
+  // floats; no opt-in needed below 48 KiB): wider rows take two kernels.
+  static constexpr size_t kLayerNormSharedBytes = 48u << 10;
 
   void Launched() { PT_CUDA_CHECK(cudaGetLastError()); }
 
@@ -331,6 +373,16 @@ class CudaBackend final : public Ops {
   // CUBLAS_COMPUTE_32F_FAST_16BF, rounding included (docs/cuda.md). Else
   // x itself.
   Op Operand(const float* x, int64_t n, int slot);
+  // Under bf16 compute, GELU(x) rounded to bf16 into scratch `slot`, one
+  // pass: the MLP projection's input, whose fp32 GELU is never written.
+  Op GeluOperand(const float* x, int64_t n, int slot);
+  template <bool kGelu>
+  Op Rounded(const float* x, int64_t n, int slot);
+  // matmul_backward's products over rows BT, with its input as the operand
+  // `in` (Operand's or GeluOperand's, in slot 2).
+  void MatmulBackward(float* dinp, float* dweight, float* dbias,
+                      const float* dout, Op in, const float* weight, int64_t BT,
+                      int C, int OC);
 
   // Column-major D (m,n) = alpha op(A) op(B) + beta D, plus bias (m) on
   // every column when given, through cuBLASLt; D fp32, accumulation fp32.
@@ -361,6 +413,7 @@ class CudaBackend final : public Ops {
 
   const CudaOptions options_;
   int major_ = 0;  // compute capability
+  int sms_ = 1;    // streaming multiprocessors
   // Dynamic shared memory AttentionDecodeKernel may use (48 KiB needs no
   // opt-in; more is asked for once, as a longer cache needs it).
   size_t decode_shared_ = 48u << 10;
@@ -377,6 +430,10 @@ class CudaBackend final : public Ops {
            cublasLtMatmulAlgo_t>
       algos_;
   GrowOnly<__nv_bfloat16> bf16_[3];  // Operand's slots
+  // adamw_update_runs' table on the device, and the host copy it was made
+  // from.
+  GrowOnly<AdamWRunEntry> adam_runs_;
+  std::vector<AdamWRunEntry> adam_runs_host_;
 };
 
 }  // namespace cuda_impl

@@ -26,6 +26,7 @@ struct Module {
   int (*device_count)() = nullptr;
   Ops* (*make_ops)(const CudaOptions*, std::string*) = nullptr;
   void (*memory)(int64_t*, int64_t*) = nullptr;
+  int (*capability)(int) = nullptr;
   bool (*nccl_unique_id)(std::string*, std::string*) = nullptr;
   DeviceCollectives* (*nccl_make)(Ops*, const std::string*, int, int,
                                   std::string*) = nullptr;
@@ -77,6 +78,8 @@ const Module& Load() {
         dlsym(m->handle, "ptrain_cuda_make_ops"));
     m->memory = reinterpret_cast<void (*)(int64_t*, int64_t*)>(
         dlsym(m->handle, "ptrain_cuda_memory"));
+    m->capability = reinterpret_cast<int (*)(int)>(
+        dlsym(m->handle, "ptrain_cuda_capability"));
     m->nccl_unique_id = reinterpret_cast<bool (*)(std::string*, std::string*)>(
         dlsym(m->handle, "ptrain_nccl_unique_id"));
     m->nccl_make =
@@ -84,8 +87,8 @@ const Module& Load() {
                                                 int, std::string*)>(
             dlsym(m->handle, "ptrain_nccl_make"));
     if (m->device_count == nullptr || m->make_ops == nullptr ||
-        m->memory == nullptr || m->nccl_unique_id == nullptr ||
-        m->nccl_make == nullptr) {
+        m->memory == nullptr || m->capability == nullptr ||
+        m->nccl_unique_id == nullptr || m->nccl_make == nullptr) {
       m->error = std::string(kModule) + " lacks its entry points";
       m->handle = nullptr;
     }
@@ -138,6 +141,20 @@ std::unique_ptr<DeviceCollectives> MakeNcclCollectives(Ops* backend,
   }
   return std::unique_ptr<DeviceCollectives>(
       m.nccl_make(backend, &id, nranks, rank, error));
+}
+
+int CudaComputeCapability(int device) {
+  const Module& m = Load();
+  return m.handle != nullptr ? m.capability(device) : 0;
+}
+
+std::string Bf16Unsupported(int capability) {
+  if (capability >= kBf16Capability) return "";
+  return "this GPU has no bf16 tensor cores (compute capability " +
+         (capability > 0 ? std::to_string(capability / 10) + "." +
+                               std::to_string(capability % 10)
+                         : std::string("unknown")) +
+         "; bf16 needs 8.0 or newer)";
 }
 
 CudaMemory CudaMemoryInfo() {

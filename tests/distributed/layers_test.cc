@@ -253,6 +253,15 @@ TEST_P(LayersTest, VocabParallelCrossEntropyMatchesOneRank) {
       ASSERT_EQ(my_probs[r * Vl + j], 0.0f);
     }
   }
+  // The fused classifier (training's forward) leaves in the logits, bit for
+  // bit, what the forward and the backward leave: the same ops in the same
+  // order, with the same communication.
+  Vec fused = my_logits, fused_losses(kB * kT, -1.0f);
+  vocab_crossentropy_forward_backward(fused_losses.data(), fused.data(),
+                                      targets.data(), dloss, kB, kT, v0, Vl, kV,
+                                      g_, stats.data(), LayerContext{});
+  EXPECT_EQ(fused_losses, my_losses);
+  EXPECT_EQ(fused, my_dlogits);
 }
 
 // Two blocks at tp = world against one rank, from the same initial weights

@@ -195,6 +195,84 @@ TEST_P(CudaOpsTest, LayerNormForwardAndBackward) {
   Check("layernorm dbias", g_db.Host(), db);
 }
 
+// The residual add fused with the next LayerNorm, against the CPU's two
+// ops; and the LayerNorm backward on rows too wide for the one-kernel
+// backward's shared memory (2·C floats over 48 KiB), which takes two.
+TEST_P(CudaOpsTest, ResidualLayerNormAndWideRows) {
+  const Vec a = Random(kB * kT * kC, 18), r = Random(kB * kT * kC, 19),
+            w = Random(kC, 20), b = Random(kC, 21);
+  Vec res(a.size()), out(a.size()), mean(kB * kT), rstd(kB * kT);
+  Dev g_a(gpu_.get(), a), g_r(gpu_.get(), r), g_w(gpu_.get(), w),
+      g_b(gpu_.get(), b), g_res(gpu_.get(), res), g_out(gpu_.get(), out),
+      g_mean(gpu_.get(), mean), g_rstd(gpu_.get(), rstd);
+  cpu().residual_layernorm_forward(res.data(), out.data(), mean.data(),
+                                   rstd.data(), a.data(), r.data(), w.data(),
+                                   b.data(), kB, kT, kC);
+  gpu_->residual_layernorm_forward(g_res.get(), g_out.get(), g_mean.get(),
+                                   g_rstd.get(), g_a.get(), g_r.get(),
+                                   g_w.get(), g_b.get(), kB, kT, kC);
+  Check("residual+layernorm residual", g_res.Host(), res);
+  Check("residual+layernorm out", g_out.Host(), out);
+  Check("residual+layernorm mean", g_mean.Host(), mean);
+  Check("residual+layernorm rstd", g_rstd.Host(), rstd);
+
+  constexpr int kWide = 6400, kRows = 5;
+  const Vec x = Random(kRows * kWide, 22), ww = Random(kWide, 23),
+            bb = Random(kWide, 24), dout = Random(x.size(), 25);
+  Vec o(x.size()), m(kRows), s(kRows),
+      dx = Random(x.size(), 26), dw = Random(kWide, 27), db = Random(kWide, 28);
+  Dev g_x(gpu_.get(), x), g_ww(gpu_.get(), ww), g_bb(gpu_.get(), bb),
+      g_dout(gpu_.get(), dout), g_o(gpu_.get(), o), g_m(gpu_.get(), m),
+      g_s(gpu_.get(), s), g_dx(gpu_.get(), dx), g_dw(gpu_.get(), dw),
+      g_db(gpu_.get(), db);
+  cpu().layernorm_forward(o.data(), m.data(), s.data(), x.data(), ww.data(),
+                          bb.data(), 1, kRows, kWide);
+  cpu().layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(),
+                           x.data(), ww.data(), m.data(), s.data(), 1, kRows,
+                           kWide);
+  gpu_->layernorm_forward(g_o.get(), g_m.get(), g_s.get(), g_x.get(),
+                          g_ww.get(), g_bb.get(), 1, kRows, kWide);
+  gpu_->layernorm_backward(g_dx.get(), g_dw.get(), g_db.get(), g_dout.get(),
+                           g_x.get(), g_ww.get(), g_m.get(), g_s.get(), 1,
+                           kRows, kWide);
+  Check("layernorm (wide) dinp", g_dx.Host(), dx);
+  Check("layernorm (wide) dweight", g_dw.Host(), dw);
+  Check("layernorm (wide) dbias", g_db.Host(), db);
+}
+
+// The MLP projection of GELU(inp): under bf16 compute the backend applies
+// GELU as it rounds the operand (no fp32 GELU pass), against the CPU's
+// GELU then matmul (the bf16 CPU path's rounding when bf16).
+TEST_P(CudaOpsTest, GeluMatmulForwardAndBackward) {
+  Ops& twin = bf16() ? kernels::CpuBf16Ops() : kernels::CpuOps();
+  const Vec inp = Random(kB * kT * kC, 71, 2.0f),
+            w = Random(kOC * kC, 72, 0.1f), bias = Random(kOC, 73),
+            dout = Random(kB * kT * kOC, 74);
+  Vec out(kB * kT * kOC), hidden(inp.size()), dinp = Random(inp.size(), 75),
+                                              dw = Random(w.size(), 76),
+                                              db = Random(kOC, 77);
+  Vec saved(twin.gelu_saved_floats(kB * kT, kC));
+  Dev g_inp(gpu_.get(), inp), g_w(gpu_.get(), w), g_b(gpu_.get(), bias),
+      g_dout(gpu_.get(), dout), g_out(gpu_.get(), out),
+      g_hidden(gpu_.get(), hidden), g_dinp(gpu_.get(), dinp),
+      g_dw(gpu_.get(), dw), g_db(gpu_.get(), db);
+  float* keep = saved.empty() ? nullptr : saved.data();
+  twin.gelu_matmul_forward(out.data(), hidden.data(), keep, inp.data(),
+                           w.data(), bias.data(), kB, kT, kC, kOC);
+  twin.gelu_matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(),
+                            hidden.data(), keep, inp.data(), w.data(), kB, kT,
+                            kC, kOC);
+  gpu_->gelu_matmul_forward(g_out.get(), g_hidden.get(), nullptr, g_inp.get(),
+                            g_w.get(), g_b.get(), kB, kT, kC, kOC);
+  gpu_->gelu_matmul_backward(g_dinp.get(), g_dw.get(), g_db.get(), g_dout.get(),
+                             g_hidden.get(), nullptr, g_inp.get(), g_w.get(),
+                             kB, kT, kC, kOC);
+  Check("gelu_matmul out", g_out.Host(), out, true);
+  Check("gelu_matmul dinp (written)", g_dinp.Host(), dinp, true);
+  Check("gelu_matmul dweight", g_dw.Host(), dw, true);
+  Check("gelu_matmul dbias", g_db.Host(), db);
+}
+
 // Attention of B sequences of T over NH heads of C / NH, forward and
 // backward, against the CPU. Under bf16 compute the heads of 16, 32 and 64
 // go through the fused kernels, which keep one float per query row.
@@ -407,6 +485,85 @@ TEST_P(CudaOpsTest, CrossEntropyOverTheWholeVocabulary) {
                              g_targets.get(), g_stats.get(), kB, kT, kVl, kV);
   Check("crossentropy losses (whole)", g_losses.Host(), losses);
   Check("crossentropy probs (whole)", g_logits.Host(), probs);
+}
+
+// The fused classifier: loss and dlogits in one kernel, in place of the
+// logits, whole vocabulary (with padding) and split by columns (after the
+// group's sums), against the CPU.
+TEST_P(CudaOpsTest, FusedClassifierLeavesTheGradientInPlace) {
+  constexpr int kVl = 1040, kV = 1001;
+  const int rows = kB * kT;
+  const float dloss = 1.0f / rows;
+  Vec logits = Random(rows * kVl, 56, 4.0f);
+  std::vector<int32_t> targets(rows);
+  for (int i = 0; i < rows; ++i) targets[i] = (i * 89) % kV;
+  Vec losses(rows), grad = logits, stats(3 * rows);
+  Dev g_logits(gpu_.get(), logits), g_losses(gpu_.get(), losses),
+      g_stats(gpu_.get(), stats);
+  Tokens g_targets(gpu_.get(), targets);
+  cpu().crossentropy_forward_backward(losses.data(), grad.data(),
+                                      targets.data(), dloss, stats.data(), kB,
+                                      kT, kVl, kV);
+  gpu_->crossentropy_forward_backward(g_losses.get(), g_logits.get(),
+                                      g_targets.get(), dloss, g_stats.get(), kB,
+                                      kT, kVl, kV);
+  Check("classifier losses (whole)", g_losses.Host(), losses);
+  Check("classifier dlogits (whole)", g_logits.Host(), grad);
+
+  // Columns [128, 384) of a vocabulary of 300.
+  constexpr int kSl = 256, kBegin = 128, kSv = 300;
+  const Vec part = Random(rows * kSl, 57, 4.0f);
+  for (int i = 0; i < rows; ++i) targets[i] = (i * 53) % kSv;
+  Vec maxes(rows), sums(rows), shifted(rows), plosses(rows), pgrad = part;
+  cpu().crossentropy_parallel_max(maxes.data(), pgrad.data(), kB, kT, kSl,
+                                  kBegin, kSv);
+  Dev g_part(gpu_.get(), part), g_sums(gpu_.get(), sums),
+      g_shifted(gpu_.get(), shifted), g_plosses(gpu_.get(), plosses),
+      g_maxes(gpu_.get(), maxes);
+  Tokens g_ptargets(gpu_.get(), targets);
+  cpu().crossentropy_parallel_exp(sums.data(), shifted.data(), pgrad.data(),
+                                  pgrad.data(), maxes.data(), targets.data(),
+                                  kB, kT, kSl, kBegin, kSv);
+  gpu_->crossentropy_parallel_exp(g_sums.get(), g_shifted.get(), g_part.get(),
+                                  g_part.get(), g_maxes.get(), g_ptargets.get(),
+                                  kB, kT, kSl, kBegin, kSv);
+  cpu().crossentropy_parallel_finish_backward(
+      plosses.data(), pgrad.data(), sums.data(), shifted.data(), targets.data(),
+      dloss, kB, kT, kSl, kBegin);
+  gpu_->crossentropy_parallel_finish_backward(
+      g_plosses.get(), g_part.get(), g_sums.get(), g_shifted.get(),
+      g_ptargets.get(), dloss, kB, kT, kSl, kBegin);
+  Check("classifier losses (columns)", g_plosses.Host(), plosses);
+  Check("classifier dlogits (columns)", g_part.Host(), pgrad);
+}
+
+// AdamW over a table of runs in one launch, against the CPU run by run:
+// decay where a run decays, the gaps between runs untouched.
+TEST_P(CudaOpsTest, AdamWOverRunsInOneLaunch) {
+  const int64_t n = 20011;
+  Vec p = Random(n, 65), m = Random(n, 66, 0.01f), v = Random(n, 67, 0.01f);
+  for (float& x : v) x = std::fabs(x);
+  const Vec g = Random(n, 68);
+  const Vec before = p;
+  const std::vector<Ops::AdamWRun> runs = {{0, 7000, true},
+                                           {7000, 13, false},
+                                           {7100, 9000, true},
+                                           {16100, 3900, false}};
+  Dev g_p(gpu_.get(), p), g_m(gpu_.get(), m), g_v(gpu_.get(), v),
+      g_g(gpu_.get(), g);
+  for (int64_t t = 1; t <= 3; ++t) {
+    cpu().adamw_update_runs(p.data(), m.data(), v.data(), g.data(), runs.data(),
+                            4, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 0.5f);
+    gpu_->adamw_update_runs(g_p.get(), g_m.get(), g_v.get(), g_g.get(),
+                            runs.data(), 4, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t,
+                            0.5f);
+  }
+  const Vec got = g_p.Host();
+  Check("adamw runs params", got, p);
+  Check("adamw runs m", g_m.Host(), m);
+  Check("adamw runs v", g_v.Host(), v);
+  for (int64_t i = 7013; i < 7100; ++i) ASSERT_EQ(got[i], before[i]) << i;
+  for (int64_t i = 20000; i < n; ++i) ASSERT_EQ(got[i], before[i]) << i;
 }
 
 TEST_P(CudaOpsTest, AdamWUpdate) {

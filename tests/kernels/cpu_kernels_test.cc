@@ -18,6 +18,7 @@
 #include "kernels/common/math.h"
 #include "kernels/cpu/bf16.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cuda/ops_cuda.h"
 #include "kernels/ops.h"
 
 namespace ptrain::kernels {
@@ -1458,6 +1459,21 @@ TEST(SumSquaresTest, MatchesSimpleLoop) {
   EXPECT_NEAR(sum_squares(x.data(), x.size()), ref, 1e-10 * ref);
   EXPECT_NEAR(sum_squares(xf.data(), xf.size()), ref_f, 1e-10 * ref_f);
   EXPECT_EQ(sum_squares(x.data(), 0), 0.0);
+}
+
+// bf16 training needs bf16 tensor cores (compute capability 8.0): older
+// GPUs are refused with their capability and the rule; 8.0 and newer pass.
+TEST(CudaCapability, Bf16NeedsComputeCapabilityEight) {
+  for (int ok : {80, 86, 89, 90, 100}) {
+    EXPECT_EQ(Bf16Unsupported(ok), "") << ok;
+  }
+  const std::string volta = Bf16Unsupported(70);
+  EXPECT_NE(volta.find("7.0"), std::string::npos) << volta;
+  EXPECT_NE(volta.find("8.0 or newer"), std::string::npos) << volta;
+  EXPECT_NE(Bf16Unsupported(75).find("7.5"), std::string::npos);
+  EXPECT_NE(Bf16Unsupported(0).find("unknown"), std::string::npos);
+  // No device of that number (or no backend): nothing to read.
+  EXPECT_EQ(CudaComputeCapability(CudaDeviceCount()), 0);
 }
 
 }  // namespace

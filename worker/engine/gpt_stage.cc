@@ -319,13 +319,13 @@ const float* GptStage::output(int slot) const {
 }
 
 float GptStage::Forward(int slot, const int32_t* tokens, const float* hidden,
-                        const int32_t* targets, int B, int T) {
+                        const int32_t* targets, int B, int T, float dloss) {
   PT_CHECK(B >= 1 && B <= max_B_ && T >= 1 && T <= max_T_ &&
                (!tp_.sp || T % tp_.size() == 0) && slot >= 0 &&
                slot < static_cast<int>(slots_.size()),
            "a microbatch larger than allocated (or T not divisible by tp "
            "under sequence parallelism)");
-  return ForwardPass(slot, tokens, hidden, targets, B, T, /*pos=*/-1);
+  return ForwardPass(slot, tokens, hidden, targets, B, T, /*pos=*/-1, dloss);
 }
 
 void GptStage::Decode(const int32_t* tokens, const float* hidden, int n,
@@ -343,7 +343,7 @@ void GptStage::Decode(const int32_t* tokens, const float* hidden, int n,
   const bool serial = ops_->device() == kernels::Device::kCpu && threads > 1 &&
                       macs_per_layer < kParallelDecodeMacs;
   if (serial) omp_set_num_threads(1);
-  ForwardPass(0, tokens, hidden, nullptr, 1, n, pos);
+  ForwardPass(0, tokens, hidden, nullptr, 1, n, pos, /*dloss=*/0.0f);
   if (serial) omp_set_num_threads(threads);
 }
 
@@ -425,7 +425,7 @@ void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
 
 float GptStage::ForwardPass(int slot, const int32_t* tokens,
                             const float* hidden, const int32_t* targets, int B,
-                            int T, int pos) {
+                            int T, int pos, float dloss) {
   // Generation runs every position on every rank of the group: a step of
   // one token cannot be split along the sequence.
   const bool decode = pos >= 0;
@@ -433,6 +433,7 @@ float GptStage::ForwardPass(int slot, const int32_t* tokens,
   Slot& S = slots_[slot];
   S.B = B;
   S.T = T;
+  S.dloss = 0.0f;
   kernels::Ops& k = *ops_;
   tokens = Stage(S.tokens_staged, tokens, B, T);
   targets = Stage(S.targets_staged, targets, B, T);
@@ -474,9 +475,16 @@ float GptStage::ForwardPass(int slot, const int32_t* tokens,
                         scratch_);
   st.EndForward(head_unit_);
   if (targets == nullptr) return 0.0f;
-  vocab_crossentropy_forward(S.losses, S.logits, S.logits, targets, B, T,
-                             vocab_begin_, Vl_, config_.vocab_size, g,
-                             ce_stats_, scratch_);
+  if (dloss != 0.0f) {
+    vocab_crossentropy_forward_backward(
+        S.losses, S.logits, targets, dloss, B, T, vocab_begin_, Vl_,
+        config_.vocab_size, g, ce_stats_, scratch_);
+    S.dloss = dloss;
+  } else {
+    vocab_crossentropy_forward(S.losses, S.logits, S.logits, targets, B, T,
+                               vocab_begin_, Vl_, config_.vocab_size, g,
+                               ce_stats_, scratch_);
+  }
   const int64_t BT = static_cast<int64_t>(B) * T;
   return static_cast<float>(k.Sum(S.losses, BT) / static_cast<double>(BT));
 }
@@ -496,10 +504,16 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
   if (first()) st.BeginBackward(emb_unit_);
   if (last()) {
     st.BeginBackward(final_unit_);
-    // The gradient of the logits replaces the probabilities in place.
+    // The gradient of the logits replaces the probabilities in place,
+    // unless the forward's fused classifier left it there already.
     float* dlogits = S.logits;
-    vocab_crossentropy_backward(dlogits, S.logits, targets, dloss, B, T,
-                                vocab_begin_, Vl_, scratch_);
+    if (S.dloss == 0.0f) {
+      vocab_crossentropy_backward(dlogits, S.logits, targets, dloss, B, T,
+                                  vocab_begin_, Vl_, scratch_);
+    } else {
+      PT_CHECK(S.dloss == dloss,
+               "a backward's dloss differs from its fused forward's");
+    }
     column_linear_backward(
         dln_, st.Grads(head_unit_) + head_wte_offset_, nullptr, dlogits, S.lnf,
         st.Params(head_unit_) + head_wte_offset_, B, T, C, Vl_, tp_, scratch_);

@@ -126,12 +126,17 @@ class GptStage : private UnitStore {
   // with `targets`: returns the mean loss over the B·T positions and keeps
   // what backward needs; without targets returns 0 and leaves logits()
   // valid. Other stages: output() holds (B,Ts,C) for the next stage.
+  // `dloss` non-zero (training, last stage with targets): the loss's
+  // gradient of the logits is computed with the loss (the fused
+  // classifier), for the Backward with that dloss; 0 keeps the
+  // probabilities, and Backward computes the gradient from them.
   float Forward(int slot, const int32_t* tokens, const float* hidden,
-                const int32_t* targets, int B, int T);
+                const int32_t* targets, int B, int T, float dloss = 0.0f);
   // Backward of the microbatch in `slot` (its Forward had targets on the
   // last stage). Last stage: `dloss` is 1/(tokens of the whole optimizer
-  // step); other stages: `dout` (B,Ts,C) from the next stage. Accumulates
-  // parameter gradients; non-first stages leave dinput() for the previous.
+  // step), the Forward's when it had one; other stages: `dout` (B,Ts,C)
+  // from the next stage. Accumulates parameter gradients; non-first stages
+  // leave dinput() for the previous.
   void Backward(int slot, const int32_t* tokens, const int32_t* targets,
                 float dloss, const float* dout);
 
@@ -193,13 +198,18 @@ class GptStage : private UnitStore {
     float* lnf;        // (B,Ts,C)
     float* lnf_mean;   // (B,Ts)
     float* lnf_rstd;   // (B,Ts)
-    float* logits;     // (B,T,Vl); probabilities after a loss, then dlogits
-    float* losses;     // (B,T)
+    // (B,T,Vl); after a loss the probabilities, then dlogits; or dlogits
+    // right away (fused: dloss below).
+    float* logits;
+    float* losses;  // (B,T)
     // The microbatch's tokens and targets in the backend's memory (null on
     // the CPU, which reads the caller's).
     int32_t* tokens_staged = nullptr;
     int32_t* targets_staged = nullptr;
     int B = 0, T = 0;  // dims of its forward
+    // The dloss the forward's fused classifier folded into logits (0: it
+    // kept the probabilities).
+    float dloss = 0.0f;
   };
 
   // Layer b's activations inside a slot's slabs.
@@ -215,9 +225,10 @@ class GptStage : private UnitStore {
   // block's output is kept).
   void BlockForward(const BlockActs& a, const float* x, int b, int B, int T,
                     const TpGroup& g, int pos, bool recomputing);
-  // Forward of `slot`; pos >= 0: a Decode at that position.
+  // Forward of `slot`; pos >= 0: a Decode at that position. dloss as
+  // Forward's.
   float ForwardPass(int slot, const int32_t* tokens, const float* hidden,
-                    const int32_t* targets, int B, int T, int pos);
+                    const int32_t* targets, int B, int T, int pos, float dloss);
   const float* Params(int u) override {
     return params_.data() + units_[u].begin;
   }

@@ -173,6 +173,27 @@ void vocab_embedding_backward(float* dwte, float* dwpe, const float* dout,
   s.ops().embedding_backward(dwte, full, inp, B, T, C, vocab_begin, Vl);
 }
 
+namespace {
+
+// The vocabulary-parallel softmax's statistics over the group: stats holds
+// the row maxima, then the sums of exponentials and the target's shifted
+// logit (summed over the group), and probs the row's exponentials.
+void VocabSoftmaxSums(float* probs, const float* logits, const int32_t* targets,
+                      int B, int T, int vocab_begin, int Vl, int V,
+                      const TpGroup& g, float* stats, const LayerContext& s) {
+  const int64_t rows = static_cast<int64_t>(B) * T;
+  float* maxes = stats;
+  float* sums = stats + rows;  // followed by target_shifted: one reduction
+  float* target_shifted = stats + 2 * rows;
+  s.ops().crossentropy_parallel_max(maxes, logits, B, T, Vl, vocab_begin, V);
+  g.comm->AllReduceMax(maxes, rows);
+  s.ops().crossentropy_parallel_exp(sums, target_shifted, probs, logits, maxes,
+                                    targets, B, T, Vl, vocab_begin, V);
+  g.comm->AllReduce(sums, 2 * rows);
+}
+
+}  // namespace
+
 void vocab_crossentropy_forward(float* losses, float* probs,
                                 const float* logits, const int32_t* targets,
                                 int B, int T, int vocab_begin, int Vl, int V,
@@ -183,17 +204,29 @@ void vocab_crossentropy_forward(float* losses, float* probs,
                                  Vl, V);
     return;
   }
+  VocabSoftmaxSums(probs, logits, targets, B, T, vocab_begin, Vl, V, g, stats,
+                   s);
   const int64_t rows = static_cast<int64_t>(B) * T;
-  float* maxes = stats;
-  float* sums = stats + rows;  // followed by target_shifted: one reduction
-  float* target_shifted = stats + 2 * rows;
-  s.ops().crossentropy_parallel_max(maxes, logits, B, T, Vl, vocab_begin, V);
-  if (Parallel(g)) g.comm->AllReduceMax(maxes, rows);
-  s.ops().crossentropy_parallel_exp(sums, target_shifted, probs, logits, maxes,
-                                    targets, B, T, Vl, vocab_begin, V);
-  if (Parallel(g)) g.comm->AllReduce(sums, 2 * rows);
-  s.ops().crossentropy_parallel_finish(losses, probs, sums, target_shifted, B,
-                                       T, Vl);
+  s.ops().crossentropy_parallel_finish(losses, probs, stats + rows,
+                                       stats + 2 * rows, B, T, Vl);
+}
+
+void vocab_crossentropy_forward_backward(float* losses, float* logits,
+                                         const int32_t* targets, float dloss,
+                                         int B, int T, int vocab_begin, int Vl,
+                                         int V, const TpGroup& g, float* stats,
+                                         const LayerContext& s) {
+  if (!Parallel(g)) {
+    s.ops().crossentropy_forward_backward(losses, logits, targets, dloss, stats,
+                                          B, T, Vl, V);
+    return;
+  }
+  VocabSoftmaxSums(logits, logits, targets, B, T, vocab_begin, Vl, V, g, stats,
+                   s);
+  const int64_t rows = static_cast<int64_t>(B) * T;
+  s.ops().crossentropy_parallel_finish_backward(losses, logits, stats + rows,
+                                                stats + 2 * rows, targets,
+                                                dloss, B, T, Vl, vocab_begin);
 }
 
 void vocab_crossentropy_backward(float* dlogits, const float* probs,

@@ -132,6 +132,14 @@ void vocab_crossentropy_backward(float* dlogits, const float* probs,
                                  const int32_t* targets, float dloss, int B,
                                  int T, int vocab_begin, int Vl,
                                  const LayerContext& s);
+// Both at once for training (the fused classifier): losses as the forward's,
+// and `logits` overwritten with what the backward leaves (no probabilities
+// in between); the forward's communication, none more.
+void vocab_crossentropy_forward_backward(float* losses, float* logits,
+                                         const int32_t* targets, float dloss,
+                                         int B, int T, int vocab_begin, int Vl,
+                                         int V, const TpGroup& g, float* stats,
+                                         const LayerContext& s);
 
 }  // namespace ptrain
 

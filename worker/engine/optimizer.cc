@@ -67,12 +67,9 @@ AdamW::AdamW(const std::vector<ParamInfo>& layout,
 void AdamW::Step(float* params, const float* grads, float lr,
                  float grad_scale) {
   ++t_;
-  for (const Run& r : runs_) {
-    ops_->adamw_update(params + r.begin, m_.data() + r.begin,
-                       v_.data() + r.begin, grads + r.begin, r.count, lr,
-                       beta1_, beta2_, eps_, r.decay ? weight_decay_ : 0.0f, t_,
-                       grad_scale);
-  }
+  ops_->adamw_update_runs(params, m_.data(), v_.data(), grads, runs_.data(),
+                          static_cast<int>(runs_.size()), lr, beta1_, beta2_,
+                          eps_, weight_decay_, t_, grad_scale);
 }
 
 DistributedOptimizer::DistributedOptimizer(ZeroStore* store,

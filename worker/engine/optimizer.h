@@ -52,11 +52,8 @@ class AdamW {
   int64_t size() const { return m_.size(); }
 
  private:
-  struct Run {  // a stretch of the slice with one decay setting
-    int64_t begin, count;
-    bool decay;
-  };
-  std::vector<Run> runs_;
+  // The stretches of the slice with one decay setting each, in order.
+  std::vector<kernels::Ops::AdamWRun> runs_;
   kernels::Ops* ops_;
   kernels::Buffer m_, v_;
   const float beta1_, beta2_, eps_, weight_decay_;

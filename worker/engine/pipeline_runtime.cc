@@ -163,8 +163,10 @@ double PipelineRuntime::Execute(const std::vector<PipeAction>& order,
     if (a.kind == PipeAction::kForward) {
       float loss = 0.0f;
       if (run.decode_pos < 0) {
+        // Training's last stage computes the logits' gradient with the
+        // loss (the fused classifier); run.dloss is 0 without a backward.
         loss = chunk.Forward(slot, in, received, last ? tg : nullptr, run.B,
-                             run.T);
+                             run.T, last ? run.dloss : 0.0f);
       } else {
         chunk.Decode(in, received, run.T, run.decode_pos);
       }

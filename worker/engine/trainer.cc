@@ -148,6 +148,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
         "AVX512_BF16 (this one has none, or ONEDNN_MAX_CPU_ISA forbids it): "
         "use fp32 or auto");
   }
+  if (SpecPrecision(spec) == Precision::kBf16 && device == Device::kCuda) {
+    const std::string why =
+        kernels::Bf16Unsupported(kernels::CudaComputeCapability(*gpu));
+    if (!why.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "train.precision=", spec.train().precision(),
+          spec.train().precision() == "auto" ? " (bf16 on cuda)" : "",
+          " with resources.device=cuda: ", why, ": use fp32"));
+    }
+  }
 
   // More threads than any machine has cores is a mistake, and each one
   // costs a stack.

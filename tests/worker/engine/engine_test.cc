@@ -633,6 +633,93 @@ void CheckRecomputation(kernels::Ops* ops) {
   }
 }
 
+// Training's forward with dloss computes the logits' gradient with the loss
+// (the fused classifier); its backward then starts from it. Two microbatches
+// in flight, one fused and one not, give bit for bit what the unfused
+// forward and backward give, on each CPU backend.
+TEST(GptStage, FusedClassifierGivesTheUnfusedLossAndGradients) {
+  const int B = 2, T = 8;
+  std::vector<int32_t> in(2 * B * T), tg(2 * B * T);
+  for (int i = 0; i < 2 * B * T; ++i) {
+    in[i] = CounterRandom64(4, 1, i) % kTiny.vocab_size;
+    tg[i] = CounterRandom64(4, 2, i) % kTiny.vocab_size;
+  }
+  const float dloss = 1.0f / (2 * B * T);
+  for (kernels::Ops* ops : {&kernels::CpuOps(), &kernels::CpuBf16Ops()}) {
+    SCOPED_TRACE(ops->name());
+    std::vector<std::unique_ptr<GptStage>> runs;
+    std::vector<std::vector<float>> losses;
+    for (bool fused : {false, true}) {
+      StageOptions o;
+      o.max_B = B;
+      o.max_T = T;
+      o.slots = 2;
+      o.ops = ops;
+      runs.push_back(
+          std::make_unique<GptStage>(kTiny, BuildPlan(kTiny, {}), o));
+      GptStage& st = *runs.back();
+      st.InitParams(5);
+      st.ZeroGrad();
+      losses.emplace_back();
+      for (int mb = 0; mb < 2; ++mb) {
+        // The fused run fuses the first microbatch only.
+        const float fold = fused && mb == 0 ? dloss : 0.0f;
+        losses.back().push_back(st.Forward(mb, in.data() + mb * B * T, nullptr,
+                                           tg.data() + mb * B * T, B, T, fold));
+        // The row holds the gradient (summing to 0) where fused, else the
+        // probabilities (summing to 1).
+        double row = 0;
+        for (int j = 0; j < st.vocab_local(); ++j) row += st.logits(mb)[j];
+        EXPECT_NEAR(row, fold != 0.0f ? 0.0 : 1.0, 1e-5) << "microbatch " << mb;
+      }
+      for (int mb = 0; mb < 2; ++mb) {
+        st.Backward(mb, in.data() + mb * B * T, tg.data() + mb * B * T, dloss,
+                    nullptr);
+      }
+    }
+    EXPECT_EQ(losses[0], losses[1]);
+    double scale = 0;
+    for (int64_t i = 0; i < runs[0]->buffer_size(); ++i) {
+      ASSERT_EQ(runs[0]->grads()[i], runs[1]->grads()[i]) << "element " << i;
+      scale = std::max(scale, double(std::fabs(runs[0]->grads()[i])));
+    }
+    EXPECT_GT(scale, 0.0);
+  }
+}
+
+// One call over every run of decay settings updates each run as
+// adamw_update does on it alone, with weight decay only where the run
+// decays, and leaves the elements between runs untouched.
+TEST(AdamW, UpdateOverRunsIsTheUpdateOfEachRun) {
+  const int64_t n = 1000;
+  std::vector<float> p0(n), g(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p0[i] = static_cast<float>(CounterRandom64(6, 1, i) % 1000) / 500.0f - 1;
+    g[i] = static_cast<float>(CounterRandom64(6, 2, i) % 1000) / 500.0f - 1;
+  }
+  const std::vector<kernels::Ops::AdamWRun> runs = {
+      {0, 300, true}, {300, 10, false}, {320, 500, true}, {900, 100, false}};
+  std::vector<float> p = p0, m(n, 0.1f), v(n, 0.2f);
+  std::vector<float> p_each = p0, m_each = m, v_each = v;
+  kernels::Ops& ops = kernels::CpuOps();
+  for (int t = 1; t <= 2; ++t) {
+    ops.adamw_update_runs(p.data(), m.data(), v.data(), g.data(), runs.data(),
+                          static_cast<int>(runs.size()), 0.01f, 0.9f, 0.95f,
+                          1e-8f, 0.1f, t, 0.5f);
+    for (const auto& r : runs) {
+      ops.adamw_update(p_each.data() + r.begin, m_each.data() + r.begin,
+                       v_each.data() + r.begin, g.data() + r.begin, r.count,
+                       0.01f, 0.9f, 0.95f, 1e-8f, r.decay ? 0.1f : 0.0f, t,
+                       0.5f);
+    }
+  }
+  EXPECT_EQ(p, p_each);
+  EXPECT_EQ(m, m_each);
+  EXPECT_EQ(v, v_each);
+  for (int64_t i = 310; i < 320; ++i) ASSERT_EQ(p[i], p0[i]) << i;
+  for (int64_t i = 820; i < 900; ++i) ASSERT_EQ(p[i], p0[i]) << i;
+}
+
 TEST(GptStage, ShorterSequencesUseTheFrontOfTheBuffers) {
   // Forward on (1,T') inside a model allocated for (2,8) gives the logits
   // that a model allocated for exactly (1,T') gives.
