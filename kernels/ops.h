@@ -220,26 +220,39 @@ class Ops {
                             float beta1, float beta2, float eps,
                             float weight_decay, int64_t t,
                             float grad_scale) = 0;
-  // One stretch of a parameter buffer the optimizer updates: `count`
-  // elements from `begin`, with weight decay or without.
-  struct AdamWRun {
+  // Stretches of a buffer for the ops over many at once: `count` elements
+  // from `begin`, with a tag saying what each is (0 or 1).
+  struct Run {
     int64_t begin = 0, count = 0;
-    bool decay = false;
+    int tag = 0;
   };
   // adamw_update over every run of a buffer (host array `runs`, n of them,
-  // ascending and disjoint), weight_decay where a run decays and 0 where
-  // not: one pass over all parameters, which a backend may make one launch
-  // (the default: adamw_update run by run; the same result either way).
+  // ascending and disjoint), weight_decay where a run's tag is 1 and 0
+  // where it is 0: one pass over all parameters, which a backend may make
+  // one launch (the default: adamw_update run by run; the same result
+  // either way).
   virtual void adamw_update_runs(float* params, float* m, float* v,
-                                 const float* grads, const AdamWRun* runs,
-                                 int n, float lr, float beta1, float beta2,
-                                 float eps, float weight_decay, int64_t t,
+                                 const float* grads, const Run* runs, int n,
+                                 float lr, float beta1, float beta2, float eps,
+                                 float weight_decay, int64_t t,
                                  float grad_scale) {
     for (int i = 0; i < n; ++i) {
-      const AdamWRun& r = runs[i];
+      const Run& r = runs[i];
       adamw_update(params + r.begin, m + r.begin, v + r.begin, grads + r.begin,
                    r.count, lr, beta1, beta2, eps,
-                   r.decay ? weight_decay : 0.0f, t, grad_scale);
+                   r.tag != 0 ? weight_decay : 0.0f, t, grad_scale);
+    }
+  }
+  // The sums of squares of x over runs (host array, n of them, ascending and
+  // disjoint), by tag: sums[0] and sums[1] (doubles, on the host) get those
+  // of the runs tagged 0 and 1. One pass and one wait for a device, which a
+  // backend may make one launch (the default: SumSquares run by run, added
+  // in order).
+  virtual void SumSquaresRuns(const float* x, const Run* runs, int n,
+                              double sums[2]) {
+    sums[0] = sums[1] = 0.0;
+    for (int i = 0; i < n; ++i) {
+      sums[runs[i].tag] += SumSquares(x + runs[i].begin, runs[i].count);
     }
   }
 };

@@ -21,37 +21,53 @@ __global__ void AdamWKernel(float* params, float* m, float* v,
   });
 }
 
+// The table of `runs` in shared memory when `shared_table`, else `runs`
+// itself.
+__device__ __forceinline__ const RunEntry* TableOf(const RunEntry* runs, int n,
+                                                   bool shared_table) {
+  extern __shared__ RunEntry table[];
+  if (!shared_table) return runs;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) table[i] = runs[i];
+  __syncthreads();
+  return table;
+}
+
 // adamw_update_runs in one launch: flat index k over the runs' elements
-// one after another; its run is the last whose `first` is at most k, found
-// by binary search in the table (copied into shared memory when it fits).
+// one after another, its run found by FindRun.
 __global__ void AdamWRunsKernel(float* params, float* m, float* v,
-                                const float* grads, const AdamWRunEntry* runs,
-                                int n, bool shared_table, int64_t total,
+                                const float* grads, const RunEntry* runs, int n,
+                                bool shared_table, int64_t total,
                                 math::AdamWStep decay, math::AdamWStep plain) {
-  extern __shared__ AdamWRunEntry table[];
-  const AdamWRunEntry* t = runs;
-  if (shared_table) {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) table[i] = runs[i];
-    __syncthreads();
-    t = table;
-  }
+  const RunEntry* t = TableOf(runs, n, shared_table);
   ForEachIndex(total, [&](int64_t k) {
-    int lo = 0, hi = n - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (t[mid].first <= k) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
-      }
-    }
-    const int64_t i = t[lo].begin + (k - t[lo].first);
+    const RunEntry& r = t[FindRun(t, n, k)];
+    const int64_t i = r.begin + (k - r.first);
     float p = params[i], mi = m[i], vi = v[i];
-    math::AdamWUpdate(p, mi, vi, grads[i], t[lo].decay ? decay : plain);
+    math::AdamWUpdate(p, mi, vi, grads[i], r.tag != 0 ? decay : plain);
     params[i] = p;
     m[i] = mi;
     v[i] = vi;
   });
+}
+
+// SumSquaresRuns in one launch: out[0] and out[1] get the squares of the
+// runs tagged 0 and 1.
+__global__ void SumSquaresRunsKernel(double* out, const float* x,
+                                     const RunEntry* runs, int n,
+                                     bool shared_table, int64_t total) {
+  const RunEntry* t = TableOf(runs, n, shared_table);
+  double acc[2] = {0.0, 0.0};
+  ForEachIndex(total, [&](int64_t k) {
+    const RunEntry& r = t[FindRun(t, n, k)];
+    const double xi = x[r.begin + (k - r.first)];
+    acc[r.tag != 0 ? 1 : 0] += xi * xi;
+  });
+  const double a0 = BlockReduce(acc[0], SumOp(), 0.0);
+  const double a1 = BlockReduce(acc[1], SumOp(), 0.0);
+  if (threadIdx.x == 0) {
+    atomicAdd(&out[0], a0);
+    atomicAdd(&out[1], a1);
+  }
 }
 
 template <bool kSquares>
@@ -99,39 +115,71 @@ void CudaBackend::adamw_update(float* params, float* m, float* v,
   Run("adamw_update", AdamWKernel, Blocks(N), params, m, v, grads, N, step);
 }
 
+bool CudaBackend::Upload(const Ops::Run* runs, int n, RunTable* table) {
+  std::vector<RunEntry> entries(n);
+  int64_t total = 0;
+  for (int i = 0; i < n; ++i) {
+    entries[i] = {runs[i].begin, total, runs[i].tag};
+    total += runs[i].count;
+  }
+  if (entries != table->host) {
+    if (n > table->capacity) {
+      if (table->dev != nullptr) {
+        PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        PT_CUDA_CHECK(cudaFree(table->dev));
+      }
+      table->dev = nullptr;
+      PT_CUDA_CHECK(cudaMalloc(&table->dev, n * sizeof(RunEntry)));
+      table->capacity = n;
+    }
+    // From pageable memory: the copy has read `entries` when it returns.
+    PT_CUDA_CHECK(cudaMemcpyAsync(table->dev, entries.data(),
+                                  n * sizeof(RunEntry), cudaMemcpyHostToDevice,
+                                  stream_));
+    table->host = std::move(entries);
+  }
+  table->total = total;
+  return n * sizeof(RunEntry) <= kRunTableSharedBytes;
+}
+
 void CudaBackend::adamw_update_runs(float* params, float* m, float* v,
-                                    const float* grads, const AdamWRun* runs,
+                                    const float* grads, const Ops::Run* runs,
                                     int n, float lr, float beta1, float beta2,
                                     float eps, float weight_decay, int64_t t,
                                     float grad_scale) {
   if (n == 0) return;
-  // The table in the flat index space, uploaded when it differs from the
-  // last one (an optimizer's runs stay the same from step to step).
-  std::vector<AdamWRunEntry> table(n);
-  int64_t total = 0;
-  for (int i = 0; i < n; ++i) {
-    table[i] = {runs[i].begin, total, runs[i].decay ? 1 : 0};
-    total += runs[i].count;
-  }
-  if (total == 0) return;
-  if (table != adam_runs_host_) {
-    AdamWRunEntry* dev = Grow(&adam_runs_, n);
-    PT_CUDA_CHECK(cudaMemcpyAsync(dev, table.data(), n * sizeof(AdamWRunEntry),
-                                  cudaMemcpyHostToDevice, stream_));
-    // The copy reads pageable memory: done with `table` on return.
-    adam_runs_host_ = std::move(table);
-  }
+  const bool shared = Upload(runs, n, &adam_runs_);
+  if (adam_runs_.total == 0) return;
   const math::AdamWStep decay =
       math::MakeAdamWStep(lr, beta1, beta2, eps, weight_decay, t, grad_scale);
   const math::AdamWStep plain =
       math::MakeAdamWStep(lr, beta1, beta2, eps, 0.0f, t, grad_scale);
-  const size_t bytes = n * sizeof(AdamWRunEntry);
-  const bool shared_table = bytes <= (32u << 10);
   const OpScope scope(&times_, stream_, "adamw_update");
-  AdamWRunsKernel<<<Blocks(total), kThreads, shared_table ? bytes : 0,
-                    stream_>>>(params, m, v, grads, adam_runs_.p, n,
-                               shared_table, total, decay, plain);
+  AdamWRunsKernel<<<Blocks(adam_runs_.total), kThreads,
+                    shared ? n * sizeof(RunEntry) : 0, stream_>>>(
+      params, m, v, grads, adam_runs_.dev, n, shared, adam_runs_.total, decay,
+      plain);
   Launched();
+}
+
+void CudaBackend::SumSquaresRuns(const float* x, const Ops::Run* runs, int n,
+                                 double sums[2]) {
+  sums[0] = sums[1] = 0.0;
+  if (n == 0) return;
+  const bool shared = Upload(runs, n, &norm_runs_);
+  if (norm_runs_.total == 0) return;
+  {
+    const OpScope scope(&times_, stream_, "SumSquaresRuns");
+    PT_CUDA_CHECK(cudaMemsetAsync(sum_, 0, 2 * sizeof(double), stream_));
+    const int blocks = std::min(Blocks(norm_runs_.total), 1024);
+    SumSquaresRunsKernel<<<blocks, kThreads, shared ? n * sizeof(RunEntry) : 0,
+                           stream_>>>(sum_, x, norm_runs_.dev, n, shared,
+                                      norm_runs_.total);
+    Launched();
+  }
+  PT_CUDA_CHECK(cudaMemcpyAsync(sums, sum_, 2 * sizeof(double),
+                                cudaMemcpyDeviceToHost, stream_));
+  PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 }  // namespace ptrain::kernels::cuda_impl

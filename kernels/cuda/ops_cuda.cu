@@ -30,7 +30,7 @@ CudaBackend::CudaBackend(const CudaOptions& o) : options_(o) {
   PT_CUDA_CHECK(cublasSetStream(blas_, stream_));
   PT_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
   PT_CUDA_CHECK(cublasSetWorkspace(blas_, workspace_, kWorkspaceBytes));
-  PT_CUDA_CHECK(cudaMalloc(&sum_, sizeof(double)));
+  PT_CUDA_CHECK(cudaMalloc(&sum_, 2 * sizeof(double)));
   PT_CUDA_CHECK(cudaDeviceGetAttribute(
       &major_, cudaDevAttrComputeCapabilityMajor, o.device));
   PT_CUDA_CHECK(
@@ -44,7 +44,8 @@ CudaBackend::~CudaBackend() {
   if (times_.enabled()) times_.Print();
   cudaFree(scratch_.p);
   for (GrowOnly<__nv_bfloat16>& b : bf16_) cudaFree(b.p);
-  cudaFree(adam_runs_.p);
+  cudaFree(adam_runs_.dev);
+  cudaFree(norm_runs_.dev);
   cudaFree(sum_);
   cudaFree(workspace_);
   cublasDestroy(blas_);

@@ -171,15 +171,39 @@ class OpScope {
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
 };
 
-// A run of adamw_update_runs on the device: where it starts in the buffer,
-// and its first element's index when the runs' elements are counted one run
-// after another.
-struct AdamWRunEntry {
+// A run (Ops::Run) on the device: where it starts in the buffer, its
+// first element's index when the runs' elements are counted one run after
+// another, and its tag.
+struct RunEntry {
   int64_t begin, first;
-  int decay;
-  bool operator==(const AdamWRunEntry& o) const {
-    return begin == o.begin && first == o.first && decay == o.decay;
+  int tag;
+  bool operator==(const RunEntry& o) const {
+    return begin == o.begin && first == o.first && tag == o.tag;
   }
+};
+
+// The run (index into `t`, n entries) holding flat index k: the last whose
+// `first` is at most k.
+__device__ __forceinline__ int FindRun(const RunEntry* t, int n, int64_t k) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (t[mid].first <= k) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// A table of runs on the device, uploaded when it differs from the one it
+// holds (a caller's runs stay the same from step to step).
+struct RunTable {
+  RunEntry* dev = nullptr;
+  int64_t capacity = 0;
+  std::vector<RunEntry> host;
+  int64_t total = 0;  // the runs' elements
 };
 
 // The Ops seam on one GPU. Each op sits with its family's kernels, as in
@@ -298,15 +322,20 @@ class CudaBackend final : public Ops {
                     int64_t N, float lr, float beta1, float beta2, float eps,
                     float weight_decay, int64_t t, float grad_scale) override;
   void adamw_update_runs(float* params, float* m, float* v, const float* grads,
-                         const AdamWRun* runs, int n, float lr, float beta1,
+                         const Ops::Run* runs, int n, float lr, float beta1,
                          float beta2, float eps, float weight_decay, int64_t t,
                          float grad_scale) override;
+  void SumSquaresRuns(const float* x, const Ops::Run* runs, int n,
+                      double sums[2]) override;
 
  private:
   static constexpr size_t kWorkspaceBytes = 32u << 20;
   // The most shared memory the one-kernel LayerNorm backward takes (2·C
   // floats; no opt-in needed below 48 KiB): wider rows take two kernels.
   static constexpr size_t kLayerNormSharedBytes = 48u << 10;
+  // The largest table of runs a kernel copies into shared memory (more is
+  // read from global memory).
+  static constexpr size_t kRunTableSharedBytes = 32u << 10;
 
   void Launched() { PT_CUDA_CHECK(cudaGetLastError()); }
 
@@ -423,17 +452,18 @@ class CudaBackend final : public Ops {
   cublasHandle_t blas_ = nullptr;
   cublasComputeType_t compute_;
   void* workspace_ = nullptr;
-  double* sum_ = nullptr;
+  double* sum_ = nullptr;  // Reduce's sum; SumSquaresRuns' two
   GrowOnly<float> scratch_;
   std::map<std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t,
                       int64_t, bool, int, int, int, int, bool, cudaDataType_t>,
            cublasLtMatmulAlgo_t>
       algos_;
   GrowOnly<__nv_bfloat16> bf16_[3];  // Operand's slots
-  // adamw_update_runs' table on the device, and the host copy it was made
-  // from.
-  GrowOnly<AdamWRunEntry> adam_runs_;
-  std::vector<AdamWRunEntry> adam_runs_host_;
+  // `runs` (n) into `table` on the device, unless it holds them already;
+  // returns whether it fits in the shared memory of a block (48 KiB).
+  bool Upload(const Ops::Run* runs, int n, RunTable* table);
+  // The tables of adamw_update_runs and SumSquaresRuns.
+  RunTable adam_runs_, norm_runs_;
 };
 
 }  // namespace cuda_impl

@@ -545,10 +545,8 @@ TEST_P(CudaOpsTest, AdamWOverRunsInOneLaunch) {
   for (float& x : v) x = std::fabs(x);
   const Vec g = Random(n, 68);
   const Vec before = p;
-  const std::vector<Ops::AdamWRun> runs = {{0, 7000, true},
-                                           {7000, 13, false},
-                                           {7100, 9000, true},
-                                           {16100, 3900, false}};
+  const std::vector<Ops::Run> runs = {
+      {0, 7000, 1}, {7000, 13, 0}, {7100, 9000, 1}, {16100, 3900, 0}};
   Dev g_p(gpu_.get(), p), g_m(gpu_.get(), m), g_v(gpu_.get(), v),
       g_g(gpu_.get(), g);
   for (int64_t t = 1; t <= 3; ++t) {
@@ -564,6 +562,31 @@ TEST_P(CudaOpsTest, AdamWOverRunsInOneLaunch) {
   Check("adamw runs v", g_v.Host(), v);
   for (int64_t i = 7013; i < 7100; ++i) ASSERT_EQ(got[i], before[i]) << i;
   for (int64_t i = 20000; i < n; ++i) ASSERT_EQ(got[i], before[i]) << i;
+}
+
+// The gradient norm's sums over tagged runs, one launch and one wait,
+// against the CPU's run by run; a table too large for shared memory takes
+// the global-memory path.
+TEST_P(CudaOpsTest, SumSquaresOverRuns) {
+  const int64_t n = 30011;
+  const Vec x = Random(n, 69);
+  Dev g_x(gpu_.get(), x);
+  std::vector<Ops::Run> few = {
+      {0, 7000, 0}, {7000, 13, 1}, {7100, 9000, 0}, {16100, 13900, 1}};
+  std::vector<Ops::Run> many;  // 3000 runs of 10: 72 KiB of table
+  for (int i = 0; i < 3000; ++i) many.push_back({10 * i, 9, i % 2});
+  for (const auto* runs : {&few, &many}) {
+    double want[2], got[2];
+    cpu().SumSquaresRuns(x.data(), runs->data(), static_cast<int>(runs->size()),
+                         want);
+    gpu_->SumSquaresRuns(g_x.get(), runs->data(),
+                         static_cast<int>(runs->size()), got);
+    for (int tag = 0; tag < 2; ++tag) {
+      std::printf("  sum of squares over %zu runs, tag %d: %.9g vs %.9g\n",
+                  runs->size(), tag, got[tag], want[tag]);
+      EXPECT_NEAR(got[tag], want[tag], 1e-9 * want[tag]);
+    }
+  }
 }
 
 TEST_P(CudaOpsTest, AdamWUpdate) {

@@ -51,11 +51,11 @@ AdamW::AdamW(const std::vector<ParamInfo>& layout,
       const int64_t hi = std::min(end, p.offset + p.numel);
       if (lo >= hi) continue;
       const int64_t at = local + (lo - begin);
-      if (!runs_.empty() && runs_.back().decay == p.decay &&
+      if (!runs_.empty() && runs_.back().tag == int{p.decay} &&
           runs_.back().begin + runs_.back().count == at) {
         runs_.back().count += hi - lo;
       } else {
-        runs_.push_back({at, hi - lo, p.decay});
+        runs_.push_back({at, hi - lo, int{p.decay}});
       }
     }
     local += end - begin;
@@ -126,12 +126,16 @@ double DistributedOptimizer::GlobalNormSquared() {
     // (the padding is zero): one reduction, one wait for the device.
     sq[1] = store_->ops().SumSquares(grads, store_->update_size());
   } else {
-    store_->ForEachUpdateStretch(
-        [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
-          if (p.tied_copy) return;  // counted on stage 0
-          sq[p.tp_replicated() ? 1 : 0] +=
-              store_->ops().SumSquares(grads + at, hi - lo);
-        });
+    if (norm_runs_.empty()) {
+      // The same stretches every step: tagged once, 1 where tp-replicated.
+      store_->ForEachUpdateStretch(
+          [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
+            if (p.tied_copy) return;  // counted on stage 0
+            norm_runs_.push_back({at, hi - lo, p.tp_replicated() ? 1 : 0});
+          });
+    }
+    store_->ops().SumSquaresRuns(grads, norm_runs_.data(),
+                                 static_cast<int>(norm_runs_.size()), sq);
   }
   if (store_->sharded() && groups_.dp != nullptr) groups_.dp->AllReduce(sq, 2);
   if (groups_.tp != nullptr && groups_.tp->size() > 1) {

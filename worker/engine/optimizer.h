@@ -52,8 +52,9 @@ class AdamW {
   int64_t size() const { return m_.size(); }
 
  private:
-  // The stretches of the slice with one decay setting each, in order.
-  std::vector<kernels::Ops::AdamWRun> runs_;
+  // The stretches of the slice with one decay setting each (tag 1: decay),
+  // in order.
+  std::vector<kernels::Ops::Run> runs_;
   kernels::Ops* ops_;
   kernels::Buffer m_, v_;
   const float beta1_, beta2_, eps_, weight_decay_;
@@ -102,6 +103,9 @@ class DistributedOptimizer {
   // all-reduce; the whole wte gradient (pp > 1, ZeRO).
   kernels::Buffer pack_;
   kernels::Buffer tied_;
+  // The gradient norm's stretches (tag 1: tp-replicated), in the order of
+  // ForEachUpdateStretch; built at the first norm.
+  std::vector<kernels::Ops::Run> norm_runs_;
 };
 
 }  // namespace ptrain

@@ -697,8 +697,8 @@ TEST(AdamW, UpdateOverRunsIsTheUpdateOfEachRun) {
     p0[i] = static_cast<float>(CounterRandom64(6, 1, i) % 1000) / 500.0f - 1;
     g[i] = static_cast<float>(CounterRandom64(6, 2, i) % 1000) / 500.0f - 1;
   }
-  const std::vector<kernels::Ops::AdamWRun> runs = {
-      {0, 300, true}, {300, 10, false}, {320, 500, true}, {900, 100, false}};
+  const std::vector<kernels::Ops::Run> runs = {
+      {0, 300, 1}, {300, 10, 0}, {320, 500, 1}, {900, 100, 0}};
   std::vector<float> p = p0, m(n, 0.1f), v(n, 0.2f);
   std::vector<float> p_each = p0, m_each = m, v_each = v;
   kernels::Ops& ops = kernels::CpuOps();
@@ -709,8 +709,7 @@ TEST(AdamW, UpdateOverRunsIsTheUpdateOfEachRun) {
     for (const auto& r : runs) {
       ops.adamw_update(p_each.data() + r.begin, m_each.data() + r.begin,
                        v_each.data() + r.begin, g.data() + r.begin, r.count,
-                       0.01f, 0.9f, 0.95f, 1e-8f, r.decay ? 0.1f : 0.0f, t,
-                       0.5f);
+                       0.01f, 0.9f, 0.95f, 1e-8f, r.tag ? 0.1f : 0.0f, t, 0.5f);
     }
   }
   EXPECT_EQ(p, p_each);
@@ -718,6 +717,27 @@ TEST(AdamW, UpdateOverRunsIsTheUpdateOfEachRun) {
   EXPECT_EQ(v, v_each);
   for (int64_t i = 310; i < 320; ++i) ASSERT_EQ(p[i], p0[i]) << i;
   for (int64_t i = 820; i < 900; ++i) ASSERT_EQ(p[i], p0[i]) << i;
+}
+
+// The gradient norm's sums over tagged runs: each tag's runs summed in
+// order, the elements between runs left out.
+TEST(AdamW, SumSquaresOverRunsSumsEachTag) {
+  std::vector<float> x(100);
+  for (int i = 0; i < 100; ++i) x[i] = static_cast<float>(i % 7) - 3.0f;
+  const std::vector<kernels::Ops::Run> runs = {
+      {0, 10, 0}, {10, 5, 1}, {20, 30, 0}, {60, 40, 1}};
+  double sums[2] = {-1.0, -1.0};
+  kernels::CpuOps().SumSquaresRuns(x.data(), runs.data(), 4, sums);
+  double want[2] = {0.0, 0.0};
+  for (const auto& r : runs) {
+    for (int64_t i = r.begin; i < r.begin + r.count; ++i) {
+      want[r.tag] += double(x[i]) * x[i];
+    }
+  }
+  EXPECT_EQ(sums[0], want[0]);
+  EXPECT_EQ(sums[1], want[1]);
+  EXPECT_GT(sums[0], 0.0);
+  EXPECT_GT(sums[1], 0.0);
 }
 
 TEST(GptStage, ShorterSequencesUseTheFrontOfTheBuffers) {
