@@ -489,6 +489,35 @@ float GptStage::ForwardPass(int slot, const int32_t* tokens,
   return static_cast<float>(k.Sum(S.losses, BT) / static_cast<double>(BT));
 }
 
+void GptStage::HeadBackward(const Slot& S, const int32_t* targets,
+                            float dloss) {
+  const int B = S.B, T = S.T;
+  const int C = config_.n_embd, Ts = tp_.SeqLocal(T);
+  kernels::Ops& k = *ops_;
+  UnitStore& st = *store_;
+  st.BeginBackward(final_unit_);
+  // The gradient of the logits replaces the probabilities in place, unless
+  // the forward's fused classifier left it there already.
+  float* dlogits = S.logits;
+  if (S.dloss == 0.0f) {
+    vocab_crossentropy_backward(dlogits, S.logits, targets, dloss, B, T,
+                                vocab_begin_, Vl_, scratch_);
+  } else {
+    PT_CHECK(S.dloss == dloss,
+             "a backward's dloss differs from its fused forward's");
+  }
+  column_linear_backward(
+      dln_, st.Grads(head_unit_) + head_wte_offset_, nullptr, dlogits, S.lnf,
+      st.Params(head_unit_) + head_wte_offset_, B, T, C, Vl_, tp_, scratch_);
+  k.Zero(dresidual_, static_cast<int64_t>(B) * Ts * C);
+  const float* x_last = Acts(S, n_blocks_ - 1).residual3;
+  float* dlnf = st.Grads(final_unit_) + lnf_offset_;
+  k.layernorm_backward(dresidual_, dlnf, dlnf + C, dln_, x_last,
+                       st.Params(final_unit_) + lnf_offset_, S.lnf_mean,
+                       S.lnf_rstd, B, Ts, C);
+  st.EndBackward(final_unit_);
+}
+
 void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
                         float dloss, const float* dout) {
   const Slot& S = slots_[slot];
@@ -503,27 +532,7 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
   UnitStore& st = *store_;
   if (first()) st.BeginBackward(emb_unit_);
   if (last()) {
-    st.BeginBackward(final_unit_);
-    // The gradient of the logits replaces the probabilities in place,
-    // unless the forward's fused classifier left it there already.
-    float* dlogits = S.logits;
-    if (S.dloss == 0.0f) {
-      vocab_crossentropy_backward(dlogits, S.logits, targets, dloss, B, T,
-                                  vocab_begin_, Vl_, scratch_);
-    } else {
-      PT_CHECK(S.dloss == dloss,
-               "a backward's dloss differs from its fused forward's");
-    }
-    column_linear_backward(
-        dln_, st.Grads(head_unit_) + head_wte_offset_, nullptr, dlogits, S.lnf,
-        st.Params(head_unit_) + head_wte_offset_, B, T, C, Vl_, tp_, scratch_);
-    k.Zero(dresidual_, BTsC);
-    const float* x_last = Acts(S, n_blocks_ - 1).residual3;
-    float* dlnf = st.Grads(final_unit_) + lnf_offset_;
-    k.layernorm_backward(dresidual_, dlnf, dlnf + C, dln_, x_last,
-                         st.Params(final_unit_) + lnf_offset_, S.lnf_mean,
-                         S.lnf_rstd, B, Ts, C);
-    st.EndBackward(final_unit_);
+    HeadBackward(S, targets, dloss);
   } else {
     k.Copy(dresidual_, dout, BTsC);
   }

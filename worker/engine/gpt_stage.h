@@ -219,6 +219,10 @@ class GptStage : private UnitStore {
     float* gelu;  // null when nothing is kept of GELU(fch)
   };
   BlockActs Acts(const Slot& S, int b) const;
+  // The last stage's backward from the loss to the residual stream's
+  // gradient (dresidual_): the logits' gradient (unless the forward fused
+  // it), the head, ln_f.
+  void HeadBackward(const Slot& S, const int32_t* targets, float dloss);
   // Local block b's forward from its input x (B,Ts,C) into `a`. pos >= 0: a
   // Decode step at that position. `recomputing`: the forward again before
   // the block's backward, which stops at the MLP's hidden layer (the
