@@ -21,6 +21,29 @@ namespace ptrain::kernels {
 
 enum class Device { kCpu, kCuda };
 
+// How a tensor of activations is stored: fp32, or bf16 (two bytes an
+// element, rounded to nearest even) where a backend computing in bf16 keeps
+// what only its matmuls read back (activation_type()).
+enum class DType { kF32, kBf16 };
+
+// A tensor of activations in a backend's memory and its type; a float
+// pointer is an fp32 one. bf16 data sits in a float buffer two to a float.
+struct Act {
+  void* p = nullptr;
+  DType type = DType::kF32;
+  Act(float* f) : p(f) {}  // NOLINT: fp32, as every other tensor
+  Act(void* data, DType t) : p(data), type(t) {}
+  float* f32() const { return static_cast<float*>(p); }
+};
+struct ConstAct {
+  const void* p = nullptr;
+  DType type = DType::kF32;
+  ConstAct(const float* f) : p(f) {}         // NOLINT
+  ConstAct(Act a) : p(a.p), type(a.type) {}  // NOLINT
+  ConstAct(const void* data, DType t) : p(data), type(t) {}
+  const float* f32() const { return static_cast<const float*>(p); }
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -39,6 +62,12 @@ class Ops {
                                      int64_t n) = 0;
   virtual void ToHost(float* host, const float* src, int64_t n) = 0;
   virtual void FromHost(float* dst, const float* host, int64_t n) = 0;
+  // The type this backend may keep LayerNorm outputs in (the inputs that
+  // only matmuls read): bf16 where it computes matmuls in bf16 — the values
+  // it would round them to anyway — else fp32. layernorm_forward,
+  // residual_layernorm_forward, matmul_forward and matmul_backward take such
+  // tensors (Act); every other op fp32.
+  virtual DType activation_type() const { return DType::kF32; }
   // Waits until every op issued so far is done (a no-op on the CPU).
   virtual void Synchronize() = 0;
   // True when `p` points into this backend's memory and the host cannot
@@ -63,18 +92,18 @@ class Ops {
                                 int C, int t0) = 0;
   virtual void position_backward(float* dwpe, const float* dout, int B, int T,
                                  int C, int t0) = 0;
-  virtual void layernorm_forward(float* out, float* mean, float* rstd,
+  virtual void layernorm_forward(Act out, float* mean, float* rstd,
                                  const float* inp, const float* weight,
                                  const float* bias, int B, int T, int C) = 0;
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias,
                                   const float* dout, const float* inp,
                                   const float* weight, const float* mean,
                                   const float* rstd, int B, int T, int C) = 0;
-  virtual void matmul_forward(float* out, const float* inp, const float* weight,
+  virtual void matmul_forward(float* out, ConstAct inp, const float* weight,
                               const float* bias, int B, int T, int C,
                               int OC) = 0;
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias,
-                               const float* dout, const float* inp,
+                               const float* dout, ConstAct inp,
                                const float* weight, int B, int T, int C,
                                int OC) = 0;
   // matmul_forward of GELU(inp), GELU's fp32 output not kept: `hidden`
@@ -145,9 +174,9 @@ class Ops {
   // residual = inp1 + inp2 (B,T,C), then layernorm_forward of it: the
   // residual stream's add and the next LayerNorm. By default the two ops;
   // a backend may do both in one pass (bit for bit the same).
-  virtual void residual_layernorm_forward(float* residual, float* out,
-                                          float* mean, float* rstd,
-                                          const float* inp1, const float* inp2,
+  virtual void residual_layernorm_forward(float* residual, Act out, float* mean,
+                                          float* rstd, const float* inp1,
+                                          const float* inp2,
                                           const float* weight,
                                           const float* bias, int B, int T,
                                           int C) {

@@ -295,8 +295,9 @@ struct Primitive {
   // The matmul's layout of B (b) is BA16a<packed>b2a, packed here; or
   // (packed 0) another, reached by oneDNN's reorder from fp32 B (b_f32).
   int64_t packed = 0;
-  dnnl::reorder pack_b;
-  dnnl::memory::desc a, b_f32, b, c, bias;
+  // (packed 0) from a plain bf16 B, dense (K,N): a stored bf16 operand.
+  dnnl::reorder pack_b, pack_b16;
+  dnnl::memory::desc a, b_f32, b_bf16, b, c, bias;
 };
 
 const Primitive& PrimitiveFor(const Shape& s) {
@@ -340,6 +341,11 @@ const Primitive& PrimitiveFor(const Shape& s) {
     if (p.packed == 0) {
       p.pack_b = dnnl::reorder(dnnl::reorder::primitive_desc(
           internal::DnnlEngine(), p.b_f32, internal::DnnlEngine(), p.b));
+      if (!s.tb) {
+        p.b_bf16 = dnnl::memory::desc({s.K, s.N}, dt::bf16, tag::ab);
+        p.pack_b16 = dnnl::reorder(dnnl::reorder::primitive_desc(
+            internal::DnnlEngine(), p.b_bf16, internal::DnnlEngine(), p.b));
+      }
     }
   } catch (const dnnl::error& e) {
     // Shapes are the engine's; a failure here is a programming error.
@@ -390,7 +396,8 @@ uint16_t* Scratch(int which, int64_t n) {
 // of B (plain, dense: ldb = N), computed as it is packed, or into `hidden`
 // (K,N) for a layout this file does not pack. B16, when not null, is that
 // operand already rounded, dense (K,N) (plain only): laid out instead of
-// rounded where this file packs the layout.
+// rounded where this file packs the layout; reordered by oneDNN where not
+// when B is null (a stored bf16 operand, with no fp32 one beside it).
 void MatmulBf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                 const uint16_t* A16, const float* B, int64_t ldb, float beta,
                 float* C, int64_t ldc, const float* bias, int b_scratch,
@@ -416,6 +423,10 @@ void MatmulBf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
     PackBf16<true>(b16, B, K, N, ldb, tb, p.packed);
   } else if (p.packed != 0) {
     PackBf16(b16, B, K, N, ldb, tb, p.packed);
+  } else if (B == nullptr) {
+    dnnl::memory b_bf16(p.b_bf16, internal::DnnlEngine(),
+                        const_cast<uint16_t*>(B16));
+    p.pack_b16.execute(stream, b_bf16, b);
   } else {
     const float* b_src = B;
     if (gelu_b) {
@@ -482,6 +493,22 @@ void matmul_backward_bf16(float* dinp, float* dweight, float* dbias,
                           const float* weight, int64_t rows, int C, int OC) {
   MatmulBackwardBf16(dinp, dweight, dbias, dout, inp, weight, rows, C, OC,
                      /*gelu=*/false, nullptr);
+}
+
+void matmul_forward_bf16_input(float* out, const uint16_t* inp16,
+                               const float* weight, const float* bias,
+                               int64_t rows, int C, int OC) {
+  if (rows == 0) return;
+  MatmulBf16(false, true, rows, OC, C, inp16, weight, C, 0.0f, out, OC, bias,
+             1);
+}
+
+void matmul_backward_bf16_input(float* dinp, float* dweight, float* dbias,
+                                const float* dout, const uint16_t* inp16,
+                                const float* weight, int64_t rows, int C,
+                                int OC) {
+  MatmulBackwardBf16(dinp, dweight, dbias, dout, /*inp=*/nullptr, weight, rows,
+                     C, OC, /*gelu=*/false, nullptr, inp16);
 }
 
 void gelu_matmul_forward_bf16(float* out, const float* inp, const float* weight,

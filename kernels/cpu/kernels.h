@@ -56,6 +56,26 @@ void gelu_matmul_backward_bf16(float* dinp, float* dweight, float* dbias,
                                const float* dout, const float* inp,
                                float* hidden, const float* weight, int64_t rows,
                                int C, int OC, const uint16_t* saved = nullptr);
+// matmul_forward and matmul_backward_bf16 of an input stored in bf16
+// (inp16, (rows,C) dense): the same products as of the fp32 input it was
+// rounded from, without the rounding pass.
+void matmul_forward_bf16_input(float* out, const uint16_t* inp16,
+                               const float* weight, const float* bias,
+                               int64_t rows, int C, int OC);
+void matmul_backward_bf16_input(float* dinp, float* dweight, float* dbias,
+                                const float* dout, const uint16_t* inp16,
+                                const float* weight, int64_t rows, int C,
+                                int OC);
+// layernorm_forward and residual_layernorm_forward (float) with the output
+// rounded to bf16 (out (B,T,C) bf16), as gemm_bf16 would round it.
+void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd,
+                            const float* inp, const float* weight,
+                            const float* bias, int B, int T, int C);
+void residual_layernorm_forward_bf16(float* residual, uint16_t* out,
+                                     float* mean, float* rstd,
+                                     const float* inp1, const float* inp2,
+                                     const float* weight, const float* bias,
+                                     int B, int T, int C);
 // True when oneDNN may use AVX512_BF16 here (the CPU has it and
 // ONEDNN_MAX_CPU_ISA does not forbid it).
 bool CpuHasBf16();

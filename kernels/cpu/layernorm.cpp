@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/common/math.h"
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/parallel.h"
 
@@ -64,6 +65,51 @@ void residual_layernorm_forward(F* residual, F* out, F* mean, F* rstd,
 #pragma omp simd
       for (int i = 0; i < C; i++) x[i] = a[i] + b[i];
       LayerNormRow(out + r * C, mean + r, rstd + r, x, weight, bias, C);
+    }
+  });
+}
+
+namespace {
+
+// LayerNormRow into a row of the calling thread's scratch, then rounded to
+// bf16 into o: the values layernorm_forward writes, rounded as gemm_bf16
+// rounds its operands.
+struct LayerNormPool;
+void LayerNormRowBf16(uint16_t* o, float* mean, float* rstd, const float* x,
+                      const float* weight, const float* bias, int C) {
+  float* row = internal::ThreadScratch<LayerNormPool, float>(0, C);
+  LayerNormRow(row, mean, rstd, x, weight, bias, C);
+  for (int i = 0; i < C; i++) o[i] = internal::RoundToBf16(row[i]);
+}
+
+}  // namespace
+
+void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd,
+                            const float* inp, const float* weight,
+                            const float* bias, int B, int T, int C) {
+  const int64_t rows = static_cast<int64_t>(B) * T;
+  internal::ParallelFor(rows, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      LayerNormRowBf16(out + r * C, mean + r, rstd + r, inp + r * C, weight,
+                       bias, C);
+    }
+  });
+}
+
+void residual_layernorm_forward_bf16(float* residual, uint16_t* out,
+                                     float* mean, float* rstd,
+                                     const float* inp1, const float* inp2,
+                                     const float* weight, const float* bias,
+                                     int B, int T, int C) {
+  const int64_t rows = static_cast<int64_t>(B) * T;
+  internal::ParallelFor(rows, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      float* x = residual + r * C;
+      const float* a = inp1 + r * C;
+      const float* b = inp2 + r * C;
+#pragma omp simd
+      for (int i = 0; i < C; i++) x[i] = a[i] + b[i];
+      LayerNormRowBf16(out + r * C, mean + r, rstd + r, x, weight, bias, C);
     }
   });
 }

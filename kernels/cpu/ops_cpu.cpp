@@ -4,6 +4,7 @@
 #include <cstring>
 #include <new>
 
+#include "common/check.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/ops.h"
 
@@ -86,18 +87,35 @@ class CpuBackend final : public Ops {
                          int t0) override {
     kernels::position_backward(dwpe, dout, B, T, C, t0);
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+  // bf16 keeps LayerNorm outputs in bf16, the values its matmuls would
+  // round them to: the same products, without the rounding pass.
+  DType activation_type() const override {
+    return bf16_ ? DType::kBf16 : DType::kF32;
+  }
+  void layernorm_forward(Act out, float* mean, float* rstd, const float* inp,
                          const float* weight, const float* bias, int B, int T,
                          int C) override {
-    kernels::layernorm_forward(out, mean, rstd, inp, weight, bias, B, T, C);
+    if (Bf16(out)) {
+      kernels::layernorm_forward_bf16(static_cast<uint16_t*>(out.p), mean, rstd,
+                                      inp, weight, bias, B, T, C);
+      return;
+    }
+    kernels::layernorm_forward(out.f32(), mean, rstd, inp, weight, bias, B, T,
+                               C);
   }
-  void residual_layernorm_forward(float* residual, float* out, float* mean,
+  void residual_layernorm_forward(float* residual, Act out, float* mean,
                                   float* rstd, const float* inp1,
                                   const float* inp2, const float* weight,
                                   const float* bias, int B, int T,
                                   int C) override {
-    kernels::residual_layernorm_forward(residual, out, mean, rstd, inp1, inp2,
-                                        weight, bias, B, T, C);
+    if (Bf16(out)) {
+      kernels::residual_layernorm_forward_bf16(
+          residual, static_cast<uint16_t*>(out.p), mean, rstd, inp1, inp2,
+          weight, bias, B, T, C);
+      return;
+    }
+    kernels::residual_layernorm_forward(residual, out.f32(), mean, rstd, inp1,
+                                        inp2, weight, bias, B, T, C);
   }
   void layernorm_backward(float* dinp, float* dweight, float* dbias,
                           const float* dout, const float* inp,
@@ -106,15 +124,27 @@ class CpuBackend final : public Ops {
     kernels::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean,
                                 rstd, B, T, C);
   }
-  void matmul_forward(float* out, const float* inp, const float* weight,
+  void matmul_forward(float* out, ConstAct inp, const float* weight,
                       const float* bias, int B, int T, int C, int OC) override {
-    kernels::matmul_forward(out, inp, weight, bias, B, T, C, OC, bf16_);
+    if (Bf16(inp)) {
+      kernels::matmul_forward_bf16_input(
+          out, static_cast<const uint16_t*>(inp.p), weight, bias,
+          static_cast<int64_t>(B) * T, C, OC);
+      return;
+    }
+    kernels::matmul_forward(out, inp.f32(), weight, bias, B, T, C, OC, bf16_);
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias,
-                       const float* dout, const float* inp, const float* weight,
+                       const float* dout, ConstAct inp, const float* weight,
                        int B, int T, int C, int OC) override {
-    kernels::matmul_backward(dinp, dweight, dbias, dout, inp, weight, B, T, C,
-                             OC, bf16_);
+    if (Bf16(inp)) {
+      kernels::matmul_backward_bf16_input(
+          dinp, dweight, dbias, dout, static_cast<const uint16_t*>(inp.p),
+          weight, static_cast<int64_t>(B) * T, C, OC);
+      return;
+    }
+    kernels::matmul_backward(dinp, dweight, dbias, dout, inp.f32(), weight, B,
+                             T, C, OC, bf16_);
   }
   // In bf16 GELU is applied as the matmul rounds its operand: no fp32 pass
   // over GELU's output in either direction. The rounded operand is kept in
@@ -244,6 +274,13 @@ class CpuBackend final : public Ops {
   }
 
  private:
+  // Whether `a` is stored in bf16, which only the bf16 backend takes.
+  bool Bf16(ConstAct a) const {
+    if (a.type == DType::kF32) return false;
+    PT_CHECK(bf16_, "a bf16 activation passed to the fp32 CPU backend");
+    return true;
+  }
+
   const bool bf16_;
 };
 

@@ -9,10 +9,16 @@ namespace ptrain::kernels::cuda_impl {
 
 namespace {
 
+__device__ __forceinline__ void StoreAs(float* o, float v) { *o = v; }
+__device__ __forceinline__ void StoreAs(__nv_bfloat16* o, float v) {
+  *o = __float2bfloat16_rn(v);
+}
+
 // One warp per row. kResidual: the row is inp1 + inp2, written to
-// `residual` first (each lane reads back only what it wrote).
-template <bool kResidual>
-__global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd,
+// `residual` first (each lane reads back only what it wrote). O: the
+// output's type, float or bf16 (rounded to nearest even).
+template <bool kResidual, typename O>
+__global__ void LayerNormForwardKernel(O* out, float* mean, float* rstd,
                                        float* residual, const float* inp1,
                                        const float* inp2, const float* weight,
                                        const float* bias, int64_t rows, int C) {
@@ -40,9 +46,10 @@ __global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd,
     sum_sq += xm * xm;
   }
   const float s = math::LayerNormRstd(WarpSum(sum_sq) / C);
-  float* o = out + r * C;
-  for (int i = lane; i < C; i += 32)
-    o[i] = (x[i] - m) * s * weight[i] + bias[i];
+  O* o = out + r * C;
+  for (int i = lane; i < C; i += 32) {
+    StoreAs(o + i, (x[i] - m) * s * weight[i] + bias[i]);
+  }
   if (lane == 0) {
     mean[r] = m;
     rstd[r] = s;
@@ -154,22 +161,36 @@ __global__ void ColumnSumsKernel(float* dweight, float* dbias,
 
 }  // namespace
 
-void CudaBackend::layernorm_forward(float* out, float* mean, float* rstd,
+void CudaBackend::layernorm_forward(Act out, float* mean, float* rstd,
                                     const float* inp, const float* weight,
                                     const float* bias, int B, int T, int C) {
   const int64_t rows = static_cast<int64_t>(B) * T;
-  Run("layernorm_forward", LayerNormForwardKernel<false>, Blocks(rows * 32),
-      out, mean, rstd, nullptr, inp, nullptr, weight, bias, rows, C);
+  if (Bf16Storage(out)) {
+    Run("layernorm_forward", LayerNormForwardKernel<false, __nv_bfloat16>,
+        Blocks(rows * 32), static_cast<__nv_bfloat16*>(out.p), mean, rstd,
+        nullptr, inp, nullptr, weight, bias, rows, C);
+    return;
+  }
+  Run("layernorm_forward", LayerNormForwardKernel<false, float>,
+      Blocks(rows * 32), out.f32(), mean, rstd, nullptr, inp, nullptr, weight,
+      bias, rows, C);
 }
 
 void CudaBackend::residual_layernorm_forward(
-    float* residual, float* out, float* mean, float* rstd, const float* inp1,
+    float* residual, Act out, float* mean, float* rstd, const float* inp1,
     const float* inp2, const float* weight, const float* bias, int B, int T,
     int C) {
   const int64_t rows = static_cast<int64_t>(B) * T;
-  Run("residual_layernorm_forward", LayerNormForwardKernel<true>,
-      Blocks(rows * 32), out, mean, rstd, residual, inp1, inp2, weight, bias,
-      rows, C);
+  if (Bf16Storage(out)) {
+    Run("residual_layernorm_forward",
+        LayerNormForwardKernel<true, __nv_bfloat16>, Blocks(rows * 32),
+        static_cast<__nv_bfloat16*>(out.p), mean, rstd, residual, inp1, inp2,
+        weight, bias, rows, C);
+    return;
+  }
+  Run("residual_layernorm_forward", LayerNormForwardKernel<true, float>,
+      Blocks(rows * 32), out.f32(), mean, rstd, residual, inp1, inp2, weight,
+      bias, rows, C);
 }
 
 void CudaBackend::layernorm_backward(float* dinp, float* dweight, float* dbias,

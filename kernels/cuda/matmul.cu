@@ -43,9 +43,9 @@ int Alignment(const void* p) {
 
 }  // namespace
 
-void CudaBackend::matmul_forward(float* out, const float* inp,
-                                 const float* weight, const float* bias, int B,
-                                 int T, int C, int OC) {
+void CudaBackend::matmul_forward(float* out, ConstAct inp, const float* weight,
+                                 const float* bias, int B, int T, int C,
+                                 int OC) {
   const OpScope scope(&times_, stream_, "matmul_forward");
   const int64_t BT = static_cast<int64_t>(B) * T;
   // Column-major: out^T (OC,BT) = weight (C,OC)^T inp^T (C,BT).
@@ -54,7 +54,7 @@ void CudaBackend::matmul_forward(float* out, const float* inp,
 }
 
 void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias,
-                                  const float* dout, const float* inp,
+                                  const float* dout, ConstAct inp,
                                   const float* weight, int B, int T, int C,
                                   int OC) {
   const OpScope scope(&times_, stream_, "matmul_backward");
@@ -112,8 +112,10 @@ void CudaBackend::MatmulBackward(float* dinp, float* dweight, float* dbias,
   }
 }
 
-CudaBackend::Op CudaBackend::Operand(const float* x, int64_t n, int slot) {
-  return Rounded<false>(x, n, slot);
+CudaBackend::Op CudaBackend::Operand(ConstAct x, int64_t n, int slot) {
+  // Stored in bf16: the operand as it is.
+  if (Bf16Storage(x)) return {x.p, CUDA_R_16BF};
+  return Rounded<false>(x.f32(), n, slot);
 }
 
 CudaBackend::Op CudaBackend::GeluOperand(const float* x, int64_t n, int slot) {

@@ -216,6 +216,11 @@ class CudaBackend final : public Ops {
   ~CudaBackend() override;
 
   Device device() const override { return Device::kCuda; }
+  // Under bf16 compute LayerNorm outputs are stored in bf16, the operands
+  // the matmuls take as they are.
+  DType activation_type() const override {
+    return options_.bf16_compute ? DType::kBf16 : DType::kF32;
+  }
   cudaStream_t stream() const { return stream_; }
   int device_index() const { return options_.device; }
   std::string name() const override;
@@ -246,22 +251,22 @@ class CudaBackend final : public Ops {
                         int t0) override;
   void position_backward(float* dwpe, const float* dout, int B, int T, int C,
                          int t0) override;
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+  void layernorm_forward(Act out, float* mean, float* rstd, const float* inp,
                          const float* weight, const float* bias, int B, int T,
                          int C) override;
   void layernorm_backward(float* dinp, float* dweight, float* dbias,
                           const float* dout, const float* inp,
                           const float* weight, const float* mean,
                           const float* rstd, int B, int T, int C) override;
-  void residual_layernorm_forward(float* residual, float* out, float* mean,
+  void residual_layernorm_forward(float* residual, Act out, float* mean,
                                   float* rstd, const float* inp1,
                                   const float* inp2, const float* weight,
                                   const float* bias, int B, int T,
                                   int C) override;
-  void matmul_forward(float* out, const float* inp, const float* weight,
+  void matmul_forward(float* out, ConstAct inp, const float* weight,
                       const float* bias, int B, int T, int C, int OC) override;
   void matmul_backward(float* dinp, float* dweight, float* dbias,
-                       const float* dout, const float* inp, const float* weight,
+                       const float* dout, ConstAct inp, const float* weight,
                        int B, int T, int C, int OC) override;
   void gelu_matmul_forward(float* out, float* hidden, float* saved,
                            const float* inp, const float* weight,
@@ -339,6 +344,14 @@ class CudaBackend final : public Ops {
 
   void Launched() { PT_CUDA_CHECK(cudaGetLastError()); }
 
+  // Whether `a` is stored in bf16, which only bf16 compute takes.
+  bool Bf16Storage(ConstAct a) const {
+    if (a.type == DType::kF32) return false;
+    PT_CHECK(options_.bf16_compute,
+             "a bf16 activation passed to the fp32 CUDA backend");
+    return true;
+  }
+
   // Whether attention over heads of C / NH takes the fused kernels.
   bool Fused(int C, int NH) const {
     return options_.bf16_compute && options_.fused_attention &&
@@ -401,7 +414,7 @@ class CudaBackend final : public Ops {
   // matmuls of a step about 1.5 times as fast as fp32 operands under
   // CUBLAS_COMPUTE_32F_FAST_16BF, rounding included (docs/cuda.md). Else
   // x itself.
-  Op Operand(const float* x, int64_t n, int slot);
+  Op Operand(ConstAct x, int64_t n, int slot);
   // Under bf16 compute, GELU(x) rounded to bf16 into scratch `slot`, one
   // pass: the MLP projection's input, whose fp32 GELU is never written.
   Op GeluOperand(const float* x, int64_t n, int slot);

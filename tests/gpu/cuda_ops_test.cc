@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -238,6 +239,72 @@ TEST_P(CudaOpsTest, ResidualLayerNormAndWideRows) {
   Check("layernorm (wide) dinp", g_dx.Host(), dx);
   Check("layernorm (wide) dweight", g_dw.Host(), dw);
   Check("layernorm (wide) dbias", g_db.Host(), db);
+}
+
+// Under bf16 compute LayerNorm outputs are stored in bf16 (the backend's
+// activation_type): the CPU's bf16 LayerNorm rounded likewise, and the
+// matmuls of the stored input the same as those of its fp32 source.
+TEST_P(CudaOpsTest, LayerNormOutputStoredInBf16) {
+  if (!bf16()) {
+    EXPECT_EQ(gpu_->activation_type(), kernels::DType::kF32);
+    return;
+  }
+  ASSERT_EQ(gpu_->activation_type(), kernels::DType::kBf16);
+  const int64_t n = kB * kT * kC;
+  const Vec x = Random(n, 81, 2.0f), w = Random(kC, 82), b = Random(kC, 83),
+            mw = Random(kOC * kC, 84, 0.1f), mb = Random(kOC, 85),
+            dout = Random(kB * kT * kOC, 86);
+  Vec half((n + 1) / 2), mean(kB * kT), rstd(kB * kT);
+  Dev g_x(gpu_.get(), x), g_w(gpu_.get(), w), g_b(gpu_.get(), b),
+      g_half(gpu_.get(), half), g_ln(gpu_.get(), Vec(n)),
+      g_mean(gpu_.get(), mean), g_rstd(gpu_.get(), rstd);
+  kernels::CpuBf16Ops().layernorm_forward(
+      kernels::Act(half.data(), kernels::DType::kBf16), mean.data(),
+      rstd.data(), x.data(), w.data(), b.data(), kB, kT, kC);
+  gpu_->layernorm_forward(kernels::Act(g_half.get(), kernels::DType::kBf16),
+                          g_mean.get(), g_rstd.get(), g_x.get(), g_w.get(),
+                          g_b.get(), kB, kT, kC);
+  gpu_->layernorm_forward(g_ln.get(), g_mean.get(), g_rstd.get(), g_x.get(),
+                          g_w.get(), g_b.get(), kB, kT, kC);
+  // Unpacked to floats (bf16 is the top half of one).
+  auto unpack = [&](const Vec& packed) {
+    Vec v(n);
+    const auto* bits = reinterpret_cast<const uint16_t*>(packed.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t u = uint32_t{bits[i]} << 16;
+      std::memcpy(&v[i], &u, sizeof(u));
+    }
+    return v;
+  };
+  Check("layernorm out (bf16 storage)", unpack(g_half.Host()), unpack(half),
+        true);
+  // The products of the stored input against those of the fp32 output it
+  // was rounded from (which the matmul rounds the same way).
+  const kernels::ConstAct stored(g_half.get(), kernels::DType::kBf16);
+  Dev g_mw(gpu_.get(), mw), g_mb(gpu_.get(), mb), g_dout(gpu_.get(), dout),
+      g_out(gpu_.get(), Vec(kB * kT * kOC)),
+      g_out16(gpu_.get(), Vec(kB * kT * kOC)), g_dinp(gpu_.get(), Vec(n)),
+      g_dinp16(gpu_.get(), Vec(n)), g_dw(gpu_.get(), Vec(mw.size())),
+      g_dw16(gpu_.get(), Vec(mw.size()));
+  gpu_->matmul_forward(g_out.get(), g_ln.get(), g_mw.get(), g_mb.get(), kB, kT,
+                       kC, kOC);
+  gpu_->matmul_forward(g_out16.get(), stored, g_mw.get(), g_mb.get(), kB, kT,
+                       kC, kOC);
+  gpu_->matmul_backward(g_dinp.get(), g_dw.get(), nullptr, g_dout.get(),
+                        g_ln.get(), g_mw.get(), kB, kT, kC, kOC);
+  gpu_->matmul_backward(g_dinp16.get(), g_dw16.get(), nullptr, g_dout.get(),
+                        stored, g_mw.get(), kB, kT, kC, kOC);
+  for (auto [what, got, want] :
+       {std::tuple{"out", g_out16.Host(), g_out.Host()},
+        std::tuple{"dinp", g_dinp16.Host(), g_dinp.Host()},
+        std::tuple{"dweight", g_dw16.Host(), g_dw.Host()}}) {
+    const double d = RelMaxDiff(got, want);
+    std::printf(
+        "  matmul of bf16-stored input, %-8s rel maxdiff %.3g "
+        "(tolerance 1e-5)\n",
+        what, d);
+    EXPECT_LE(d, 1e-5) << what;
+  }
 }
 
 // The MLP projection of GELU(inp): under bf16 compute the backend applies

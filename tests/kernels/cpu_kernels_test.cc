@@ -700,6 +700,78 @@ TEST(MatmulTest, Bf16ForwardAndBackwardAreTheProductsOfRoundedOperands) {
   }
 }
 
+// LayerNorm outputs stored in bf16 (Ops::activation_type of the bf16
+// backend) and the matmuls that read them: the LayerNorm's fp32 output
+// rounded to nearest even, and bit for bit the products, gradients included,
+// of the fp32 input they were rounded from. Shapes with partial blocks of
+// the packed layout, and a width that oneDNN may lay out itself.
+TEST(MatmulTest, Bf16StoredInputGivesTheProductsOfItsFp32Source) {
+  Ops& ops = CpuBf16Ops();
+  ASSERT_EQ(ops.activation_type(), DType::kBf16);
+  ASSERT_EQ(CpuOps().activation_type(), DType::kF32);
+  struct Shape {
+    int B, T, C, OC;
+  };
+  for (const Shape& sh :
+       {Shape{2, 37, 96, 40}, Shape{1, 64, 256, 64}, Shape{3, 11, 54, 29}}) {
+    std::mt19937_64 rng(17);
+    const int64_t rows = int64_t{sh.B} * sh.T;
+    const std::vector<float> x = ToFloat(Random(rows * sh.C, &rng, -3, 3)),
+                             y = ToFloat(Random(rows * sh.C, &rng, -1, 1)),
+                             lw = ToFloat(Random(sh.C, &rng, 0.5, 1.5)),
+                             lb = ToFloat(Random(sh.C, &rng, -0.2, 0.2)),
+                             w = ToFloat(Random(sh.OC * sh.C, &rng, -1, 1)),
+                             b = ToFloat(Random(sh.OC, &rng, -1, 1)),
+                             dout = ToFloat(Random(rows * sh.OC, &rng, -1, 1));
+    // fp32 LayerNorm output, and the same into bf16 (two to a float).
+    std::vector<float> ln(rows * sh.C), mean(rows), rstd(rows);
+    std::vector<float> ln16((rows * sh.C + 1) / 2), mean16(rows), rstd16(rows);
+    ops.layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(),
+                          lw.data(), lb.data(), sh.B, sh.T, sh.C);
+    ops.layernorm_forward(Act(ln16.data(), DType::kBf16), mean16.data(),
+                          rstd16.data(), x.data(), lw.data(), lb.data(), sh.B,
+                          sh.T, sh.C);
+    const auto* bits = reinterpret_cast<const uint16_t*>(ln16.data());
+    for (int64_t i = 0; i < rows * sh.C; ++i) {
+      ASSERT_EQ(internal::FromBf16(bits[i]), Bf16Round(ln[i])) << i;
+    }
+    EXPECT_EQ(mean16, mean);
+    EXPECT_EQ(rstd16, rstd);
+    // The residual add and LayerNorm together: the same, and the residual.
+    std::vector<float> res(rows * sh.C), res16(rows * sh.C),
+        rln16((rows * sh.C + 1) / 2);
+    ops.residual_layernorm_forward(
+        res16.data(), Act(rln16.data(), DType::kBf16), mean16.data(),
+        rstd16.data(), x.data(), y.data(), lw.data(), lb.data(), sh.B, sh.T,
+        sh.C);
+    ops.residual_layernorm_forward(res.data(), ln.data(), mean.data(),
+                                   rstd.data(), x.data(), y.data(), lw.data(),
+                                   lb.data(), sh.B, sh.T, sh.C);
+    EXPECT_EQ(res16, res);
+    bits = reinterpret_cast<const uint16_t*>(rln16.data());
+    for (int64_t i = 0; i < rows * sh.C; ++i) {
+      ASSERT_EQ(internal::FromBf16(bits[i]), Bf16Round(ln[i])) << i;
+    }
+    // The matmuls of the stored input against those of its fp32 source.
+    const ConstAct stored(rln16.data(), DType::kBf16);
+    std::vector<float> out(rows * sh.OC), out16(out.size());
+    ops.matmul_forward(out.data(), ln.data(), w.data(), b.data(), sh.B, sh.T,
+                       sh.C, sh.OC);
+    ops.matmul_forward(out16.data(), stored, w.data(), b.data(), sh.B, sh.T,
+                       sh.C, sh.OC);
+    EXPECT_EQ(out16, out);
+    std::vector<float> dinp(rows * sh.C), dw(w.size(), 0.5f), db(sh.OC, 0.25f);
+    std::vector<float> dinp16 = dinp, dw16 = dw, db16 = db;
+    ops.matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(),
+                        ln.data(), w.data(), sh.B, sh.T, sh.C, sh.OC);
+    ops.matmul_backward(dinp16.data(), dw16.data(), db16.data(), dout.data(),
+                        stored, w.data(), sh.B, sh.T, sh.C, sh.OC);
+    EXPECT_EQ(dinp16, dinp);
+    EXPECT_EQ(dw16, dw);
+    EXPECT_EQ(db16, db);
+  }
+}
+
 // The MLP projection of GELU(inp) with GELU's output not kept
 // (Ops::gelu_matmul_*): bit for bit what gelu_forward then the matmul give,
 // on both CPU precisions (bf16 applies GELU as it rounds the operand; its

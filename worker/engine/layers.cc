@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+#include "common/check.h"
+
 namespace ptrain {
 
 namespace {
@@ -40,6 +42,39 @@ void Permute(float* seq, float* ranks, bool to_sequence, int tp, int B, int Ts,
   }
 }
 
+// A column-parallel layer's input over the whole sequence: gathered into
+// s.b under sequence parallelism (bf16 data as it is, two to a float), else
+// inp itself.
+kernels::ConstAct FullSequence(kernels::ConstAct inp, int B, int T, int C,
+                               const TpGroup& g, const LayerContext& s) {
+  if (!g.sp || !Parallel(g)) return inp;
+  if (inp.type == kernels::DType::kF32) {
+    sequence_gather(s.b, inp.f32(), B, T, C, g, s.a, s.ops());
+    return s.b;
+  }
+  PT_CHECK(C % 2 == 0, "bf16 activations with an odd width");
+  sequence_gather(s.b, static_cast<const float*>(inp.p), B, T, C / 2, g, s.a,
+                  s.ops());
+  return kernels::ConstAct(s.b, inp.type);
+}
+
+// The vocabulary-parallel softmax's statistics over the group: stats holds
+// the row maxima, then the sums of exponentials and the target's shifted
+// logit (summed over the group), and probs the row's exponentials.
+void VocabSoftmaxSums(float* probs, const float* logits, const int32_t* targets,
+                      int B, int T, int vocab_begin, int Vl, int V,
+                      const TpGroup& g, float* stats, const LayerContext& s) {
+  const int64_t rows = static_cast<int64_t>(B) * T;
+  float* maxes = stats;
+  float* sums = stats + rows;  // followed by target_shifted: one reduction
+  float* target_shifted = stats + 2 * rows;
+  s.ops().crossentropy_parallel_max(maxes, logits, B, T, Vl, vocab_begin, V);
+  g.comm->AllReduceMax(maxes, rows);
+  s.ops().crossentropy_parallel_exp(sums, target_shifted, probs, logits, maxes,
+                                    targets, B, T, Vl, vocab_begin, V);
+  g.comm->AllReduce(sums, 2 * rows);
+}
+
 }  // namespace
 
 void sequence_gather(float* full, const float* local, int B, int T, int C,
@@ -70,19 +105,16 @@ void sequence_reduce(float* local, float* partial, int B, int T, int C,
   ops.Copy(local, partial, n_local);
 }
 
-void column_linear_forward(float* out, const float* inp, const float* weight,
-                           const float* bias, int B, int T, int C, int OCl,
-                           const TpGroup& g, const LayerContext& s) {
-  const float* full = inp;
-  if (g.sp && Parallel(g)) {
-    sequence_gather(s.b, inp, B, T, C, g, s.a, s.ops());
-    full = s.b;
-  }
-  s.ops().matmul_forward(out, full, weight, bias, B, T, C, OCl);
+void column_linear_forward(float* out, kernels::ConstAct inp,
+                           const float* weight, const float* bias, int B, int T,
+                           int C, int OCl, const TpGroup& g,
+                           const LayerContext& s) {
+  s.ops().matmul_forward(out, FullSequence(inp, B, T, C, g, s), weight, bias, B,
+                         T, C, OCl);
 }
 
 void column_linear_backward(float* dinp, float* dweight, float* dbias,
-                            const float* dout, const float* inp,
+                            const float* dout, kernels::ConstAct inp,
                             const float* weight, int B, int T, int C, int OCl,
                             const TpGroup& g, const LayerContext& s) {
   if (!Parallel(g)) {
@@ -90,11 +122,7 @@ void column_linear_backward(float* dinp, float* dweight, float* dbias,
                             OCl);
     return;
   }
-  const float* full = inp;
-  if (g.sp) {
-    sequence_gather(s.b, inp, B, T, C, g, s.a, s.ops());
-    full = s.b;
-  }
+  const kernels::ConstAct full = FullSequence(inp, B, T, C, g, s);
   // This rank's rows of the weight give a part of the input gradient; the
   // group sums the parts (Megatron's f operator, backward).
   s.ops().matmul_backward(s.a, dweight, dbias, dout, full, weight, B, T, C,
@@ -172,27 +200,6 @@ void vocab_embedding_backward(float* dwte, float* dwpe, const float* dout,
   }
   s.ops().embedding_backward(dwte, full, inp, B, T, C, vocab_begin, Vl);
 }
-
-namespace {
-
-// The vocabulary-parallel softmax's statistics over the group: stats holds
-// the row maxima, then the sums of exponentials and the target's shifted
-// logit (summed over the group), and probs the row's exponentials.
-void VocabSoftmaxSums(float* probs, const float* logits, const int32_t* targets,
-                      int B, int T, int vocab_begin, int Vl, int V,
-                      const TpGroup& g, float* stats, const LayerContext& s) {
-  const int64_t rows = static_cast<int64_t>(B) * T;
-  float* maxes = stats;
-  float* sums = stats + rows;  // followed by target_shifted: one reduction
-  float* target_shifted = stats + 2 * rows;
-  s.ops().crossentropy_parallel_max(maxes, logits, B, T, Vl, vocab_begin, V);
-  g.comm->AllReduceMax(maxes, rows);
-  s.ops().crossentropy_parallel_exp(sums, target_shifted, probs, logits, maxes,
-                                    targets, B, T, Vl, vocab_begin, V);
-  g.comm->AllReduce(sums, 2 * rows);
-}
-
-}  // namespace
 
 void vocab_crossentropy_forward(float* losses, float* probs,
                                 const float* logits, const int32_t* targets,

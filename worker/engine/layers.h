@@ -67,13 +67,16 @@ void sequence_reduce(float* local, float* partial, int B, int T, int C,
 // (B,Ts,C); bias (OCl) or null. Under sp the gathered input is rebuilt in
 // backward rather than kept (activation memory is the point of sp).
 // scratch: a, b.
-void column_linear_forward(float* out, const float* inp, const float* weight,
-                           const float* bias, int B, int T, int C, int OCl,
-                           const TpGroup& g, const LayerContext& s);
+// inp may be stored in bf16 (a LayerNorm output, Ops::activation_type;
+// with an even C): gathered as it is.
+void column_linear_forward(float* out, kernels::ConstAct inp,
+                           const float* weight, const float* bias, int B, int T,
+                           int C, int OCl, const TpGroup& g,
+                           const LayerContext& s);
 // dinp (B,Ts,C) = reduce over the group of dout @ weight; dweight, dbias
 // accumulate this rank's rows.
 void column_linear_backward(float* dinp, float* dweight, float* dbias,
-                            const float* dout, const float* inp,
+                            const float* dout, kernels::ConstAct inp,
                             const float* weight, int B, int T, int C, int OCl,
                             const TpGroup& g, const LayerContext& s);
 
