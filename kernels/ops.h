@@ -62,11 +62,11 @@ class Ops {
                                      int64_t n) = 0;
   virtual void ToHost(float* host, const float* src, int64_t n) = 0;
   virtual void FromHost(float* dst, const float* host, int64_t n) = 0;
-  // The type this backend may keep LayerNorm outputs in (the inputs that
-  // only matmuls read): bf16 where it computes matmuls in bf16 — the values
-  // it would round them to anyway — else fp32. layernorm_forward,
-  // residual_layernorm_forward, matmul_forward and matmul_backward take such
-  // tensors (Act); every other op fp32.
+  // The type this backend may keep activations in that only its matmuls
+  // and GELU read: bf16 where it computes matmuls in bf16, else fp32. The
+  // LayerNorm outputs (the values a matmul would round them to anyway) and
+  // the MLP's hidden layer before GELU (fch). The ops with Act or ConstAct
+  // arguments take such tensors; every other argument is fp32.
   virtual DType activation_type() const { return DType::kF32; }
   // Waits until every op issued so far is done (a no-op on the CPU).
   virtual void Synchronize() = 0;
@@ -99,7 +99,7 @@ class Ops {
                                   const float* dout, const float* inp,
                                   const float* weight, const float* mean,
                                   const float* rstd, int B, int T, int C) = 0;
-  virtual void matmul_forward(float* out, ConstAct inp, const float* weight,
+  virtual void matmul_forward(Act out, ConstAct inp, const float* weight,
                               const float* bias, int B, int T, int C,
                               int OC) = 0;
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias,
@@ -112,12 +112,14 @@ class Ops {
   // (gelu_matmul_backward) computes GELU(inp) again, or reads what the
   // forward left in `saved` (gelu_saved_floats; none by default, and null
   // there): the bf16 CPU backend keeps the operand it rounded.
+  // The defaults take an fp32 inp only (a backend that stores bf16
+  // overrides them).
   virtual void gelu_matmul_forward(float* out, float* hidden, float* saved,
-                                   const float* inp, const float* weight,
+                                   ConstAct inp, const float* weight,
                                    const float* bias, int B, int T, int C,
                                    int OC) {
     (void)saved;
-    gelu_forward(hidden, inp, static_cast<int64_t>(B) * T * C);
+    gelu_forward(hidden, inp.f32(), static_cast<int64_t>(B) * T * C);
     matmul_forward(out, hidden, weight, bias, B, T, C, OC);
   }
   // matmul_backward whose input is GELU(inp): computed again (`hidden` as
@@ -125,11 +127,11 @@ class Ops {
   // dinp is the gradient of GELU's output. Either way the same result.
   virtual void gelu_matmul_backward(float* dinp, float* dweight, float* dbias,
                                     const float* dout, float* hidden,
-                                    const float* saved, const float* inp,
+                                    const float* saved, ConstAct inp,
                                     const float* weight, int B, int T, int C,
                                     int OC) {
     (void)saved;
-    gelu_forward(hidden, inp, static_cast<int64_t>(B) * T * C);
+    gelu_forward(hidden, inp.f32(), static_cast<int64_t>(B) * T * C);
     matmul_backward(dinp, dweight, dbias, dout, hidden, weight, B, T, C, OC);
   }
   // Floats of `saved` above for `rows` rows of C.
@@ -165,7 +167,7 @@ class Ops {
     return attention_saved_floats(B, T, C, NH);
   }
   virtual void gelu_forward(float* out, const float* inp, int64_t N) = 0;
-  virtual void gelu_backward(float* dinp, const float* inp, const float* dout,
+  virtual void gelu_backward(float* dinp, ConstAct inp, const float* dout,
                              int64_t N) = 0;
   virtual void bias_forward(float* out, const float* bias, int64_t rows,
                             int OC) = 0;

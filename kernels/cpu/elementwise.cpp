@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/common/math.h"
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vec_math.h"
@@ -27,6 +28,18 @@ void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N) {
     for (int64_t i = i0; i < i1; i++) {
       const F x = inp[i];
       const F e = internal::Exp(math::GeluExponent(x));
+      dinp[i] = math::GeluGradFromExp(x, e) * dout[i];
+    }
+  });
+}
+
+void gelu_backward_bf16_input(float* dinp, const uint16_t* inp,
+                              const float* dout, int64_t N) {
+  internal::ParallelFor(N, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++) {
+      const float x = internal::FromBf16(inp[i]);
+      const float e = internal::Exp(math::GeluExponent(x));
       dinp[i] = math::GeluGradFromExp(x, e) * dout[i];
     }
   });

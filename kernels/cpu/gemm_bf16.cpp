@@ -41,8 +41,28 @@ inline uint16_t Round(float x) {
 }
 template <bool kGelu>
 inline uint16_t Round(uint16_t x) {
-  static_assert(!kGelu, "GELU of a bf16 operand is not computed here");
-  return x;
+  return kGelu ? RoundToBf16(internal::Gelu(internal::FromBf16(x))) : x;
+}
+
+// ToBf16's plain conversion of fp32 src with each column's sum of the
+// unrounded values added to col_sums (a bias gradient in the same pass).
+template <bool kGelu>
+void ToBf16WithSums(uint16_t* dst, const float* src, int64_t rows, int64_t cols,
+                    int64_t ld, float* col_sums) {
+  internal::ColumnSums<1>(
+      rows, cols, std::array<float*, 1>{col_sums},
+      [&](int64_t r0, int64_t r1, const std::array<float*, 1>& sum) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* s = src + r * ld;
+          uint16_t* d = dst + r * cols;
+#pragma omp simd
+          for (int64_t c = 0; c < cols; ++c) {
+            const float v = kGelu ? internal::Gelu(s[c]) : s[c];
+            d[c] = RoundToBf16(v);
+            sum[0][c] += v;
+          }
+        }
+      });
 }
 
 // rows x cols of `src` (row stride ld) into dense bf16 `dst`, or its
@@ -51,9 +71,9 @@ inline uint16_t Round(uint16_t x) {
 // `col_sums` (cols, plain only), when not null, gets each column's sum of
 // the unrounded values added: a bias gradient in the same pass. kGelu:
 // GELU of src.
-template <bool kGelu = false>
-void ToBf16(uint16_t* dst, const float* src, int64_t rows, int64_t cols,
-            int64_t ld, bool transpose, float* col_sums = nullptr) {
+template <bool kGelu = false, typename S = float>
+void ToBf16(uint16_t* dst, const S* src, int64_t rows, int64_t cols, int64_t ld,
+            bool transpose, float* col_sums = nullptr) {
   // Small conversions stay on the calling thread.
   auto split = [&](int64_t n, auto&& body, int64_t align) {
     if (rows * cols < (1 << 15)) {
@@ -62,29 +82,18 @@ void ToBf16(uint16_t* dst, const float* src, int64_t rows, int64_t cols,
       internal::ParallelFor(n, body, align);
     }
   };
-  if (col_sums != nullptr) {
-    internal::ColumnSums<1>(
-        rows, cols, std::array<float*, 1>{col_sums},
-        [&](int64_t r0, int64_t r1, const std::array<float*, 1>& sum) {
-          for (int64_t r = r0; r < r1; ++r) {
-            const float* s = src + r * ld;
-            uint16_t* d = dst + r * cols;
-#pragma omp simd
-            for (int64_t c = 0; c < cols; ++c) {
-              const float v = kGelu ? internal::Gelu(s[c]) : s[c];
-              d[c] = RoundToBf16(v);
-              sum[0][c] += v;
-            }
-          }
-        });
-    return;
+  if constexpr (std::is_same_v<S, float>) {
+    if (col_sums != nullptr) {
+      ToBf16WithSums<kGelu>(dst, src, rows, cols, ld, col_sums);
+      return;
+    }
   }
   if (!transpose) {
     split(
         rows,
         [&](int64_t r0, int64_t r1) {
           for (int64_t r = r0; r < r1; ++r) {
-            const float* s = src + r * ld;
+            const S* s = src + r * ld;
             uint16_t* d = dst + r * cols;
 #pragma omp simd
             for (int64_t c = 0; c < cols; ++c) d[c] = Round<kGelu>(s[c]);
@@ -382,6 +391,16 @@ bool CpuHasBf16() {
 
 float Bf16Round(float x) { return internal::FromBf16(RoundToBf16(x)); }
 
+float* Bf16OutputScratch(int64_t n) {
+  struct OutputPool;
+  return internal::ThreadScratch<OutputPool, float>(0, n);
+}
+
+void RoundToBf16Rows(uint16_t* dst, const float* src, int64_t rows,
+                     int64_t cols) {
+  internal::RoundRowsToBf16(dst, src, rows, cols, cols);
+}
+
 namespace {
 
 // Per-thread bf16 scratch, grown as needed and kept.
@@ -509,6 +528,33 @@ void matmul_backward_bf16_input(float* dinp, float* dweight, float* dbias,
                                 int OC) {
   MatmulBackwardBf16(dinp, dweight, dbias, dout, /*inp=*/nullptr, weight, rows,
                      C, OC, /*gelu=*/false, nullptr, inp16);
+}
+
+void gelu_matmul_forward_bf16_input(float* out, const uint16_t* inp16,
+                                    const float* weight, const float* bias,
+                                    int64_t rows, int C, int OC,
+                                    uint16_t* saved) {
+  if (rows == 0) return;
+  uint16_t* a16 = saved != nullptr ? saved : Scratch(0, rows * C);
+  ToBf16<true>(a16, inp16, rows, C, C, /*transpose=*/false);
+  MatmulBf16(false, true, rows, OC, C, a16, weight, C, 0.0f, out, OC, bias, 1);
+}
+
+void gelu_matmul_backward_bf16_input(float* dinp, float* dweight, float* dbias,
+                                     const float* dout, const uint16_t* inp16,
+                                     const float* weight, int64_t rows, int C,
+                                     int OC, const uint16_t* saved) {
+  if (rows == 0) return;
+  // The rounded GELU of the stored input: what the forward kept, or made
+  // again (full recomputation) into scratch 3, which the products leave.
+  const uint16_t* g16 = saved;
+  if (g16 == nullptr) {
+    uint16_t* made = Scratch(3, rows * C);
+    ToBf16<true>(made, inp16, rows, C, C, /*transpose=*/false);
+    g16 = made;
+  }
+  MatmulBackwardBf16(dinp, dweight, dbias, dout, /*inp=*/nullptr, weight, rows,
+                     C, OC, /*gelu=*/false, nullptr, g16);
 }
 
 void gelu_matmul_forward_bf16(float* out, const float* inp, const float* weight,

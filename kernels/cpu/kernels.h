@@ -66,6 +66,26 @@ void matmul_backward_bf16_input(float* dinp, float* dweight, float* dbias,
                                 const float* dout, const uint16_t* inp16,
                                 const float* weight, int64_t rows, int C,
                                 int OC);
+// GELU of a bf16-stored fch in the MLP projection: gelu_matmul_forward_bf16
+// and gelu_matmul_backward_bf16 whose inp is bf16 (rows,C): GELU of the
+// stored value, rounded (`saved` as there).
+void gelu_matmul_forward_bf16_input(float* out, const uint16_t* inp16,
+                                    const float* weight, const float* bias,
+                                    int64_t rows, int C, int OC,
+                                    uint16_t* saved = nullptr);
+void gelu_matmul_backward_bf16_input(float* dinp, float* dweight, float* dbias,
+                                     const float* dout, const uint16_t* inp16,
+                                     const float* weight, int64_t rows, int C,
+                                     int OC, const uint16_t* saved = nullptr);
+// gelu_backward of a bf16-stored inp (N); dinp may be dout.
+void gelu_backward_bf16_input(float* dinp, const uint16_t* inp,
+                              const float* dout, int64_t N);
+// The calling thread's fp32 scratch for an output that is rounded to bf16
+// afterwards (n floats, kept), and that rounding: src (rows,cols) dense into
+// dst, as gemm_bf16 rounds.
+float* Bf16OutputScratch(int64_t n);
+void RoundToBf16Rows(uint16_t* dst, const float* src, int64_t rows,
+                     int64_t cols);
 // layernorm_forward and residual_layernorm_forward (float) with the output
 // rounded to bf16 (out (B,T,C) bf16), as gemm_bf16 would round it.
 void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd,

@@ -124,15 +124,20 @@ class CpuBackend final : public Ops {
     kernels::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean,
                                 rstd, B, T, C);
   }
-  void matmul_forward(float* out, ConstAct inp, const float* weight,
+  void matmul_forward(Act out, ConstAct inp, const float* weight,
                       const float* bias, int B, int T, int C, int OC) override {
+    const int64_t rows = static_cast<int64_t>(B) * T;
+    // A bf16 output (fch) is computed in fp32 into scratch, then rounded.
+    float* y = Bf16(out) ? kernels::Bf16OutputScratch(rows * OC) : out.f32();
     if (Bf16(inp)) {
-      kernels::matmul_forward_bf16_input(
-          out, static_cast<const uint16_t*>(inp.p), weight, bias,
-          static_cast<int64_t>(B) * T, C, OC);
-      return;
+      kernels::matmul_forward_bf16_input(y, static_cast<const uint16_t*>(inp.p),
+                                         weight, bias, rows, C, OC);
+    } else {
+      kernels::matmul_forward(y, inp.f32(), weight, bias, B, T, C, OC, bf16_);
     }
-    kernels::matmul_forward(out, inp.f32(), weight, bias, B, T, C, OC, bf16_);
+    if (Bf16(out)) {
+      kernels::RoundToBf16Rows(static_cast<uint16_t*>(out.p), y, rows, OC);
+    }
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias,
                        const float* dout, ConstAct inp, const float* weight,
@@ -151,21 +156,27 @@ class CpuBackend final : public Ops {
   // `saved` (half a float each), which the backward lays out for dweight
   // instead of computing GELU and rounding again.
   void gelu_matmul_forward(float* out, float* hidden, float* saved,
-                           const float* inp, const float* weight,
-                           const float* bias, int B, int T, int C,
-                           int OC) override {
+                           ConstAct inp, const float* weight, const float* bias,
+                           int B, int T, int C, int OC) override {
     if (!bf16_) {
       Ops::gelu_matmul_forward(out, hidden, saved, inp, weight, bias, B, T, C,
                                OC);
       return;
     }
-    kernels::gelu_matmul_forward_bf16(out, inp, weight, bias,
-                                      static_cast<int64_t>(B) * T, C, OC,
-                                      reinterpret_cast<uint16_t*>(saved));
+    const int64_t rows = static_cast<int64_t>(B) * T;
+    auto* kept = reinterpret_cast<uint16_t*>(saved);
+    if (Bf16(inp)) {
+      kernels::gelu_matmul_forward_bf16_input(
+          out, static_cast<const uint16_t*>(inp.p), weight, bias, rows, C, OC,
+          kept);
+      return;
+    }
+    kernels::gelu_matmul_forward_bf16(out, inp.f32(), weight, bias, rows, C, OC,
+                                      kept);
   }
   void gelu_matmul_backward(float* dinp, float* dweight, float* dbias,
                             const float* dout, float* hidden,
-                            const float* saved, const float* inp,
+                            const float* saved, ConstAct inp,
                             const float* weight, int B, int T, int C,
                             int OC) override {
     if (!bf16_) {
@@ -173,10 +184,16 @@ class CpuBackend final : public Ops {
                                 weight, B, T, C, OC);
       return;
     }
-    kernels::gelu_matmul_backward_bf16(
-        dinp, dweight, dbias, dout, inp, hidden, weight,
-        static_cast<int64_t>(B) * T, C, OC,
-        reinterpret_cast<const uint16_t*>(saved));
+    const int64_t rows = static_cast<int64_t>(B) * T;
+    const auto* kept = reinterpret_cast<const uint16_t*>(saved);
+    if (Bf16(inp)) {
+      kernels::gelu_matmul_backward_bf16_input(
+          dinp, dweight, dbias, dout, static_cast<const uint16_t*>(inp.p),
+          weight, rows, C, OC, kept);
+      return;
+    }
+    kernels::gelu_matmul_backward_bf16(dinp, dweight, dbias, dout, inp.f32(),
+                                       hidden, weight, rows, C, OC, kept);
   }
   int64_t gelu_saved_floats(int64_t rows, int C) const override {
     return bf16_ ? (rows * C + 1) / 2 : 0;
@@ -226,9 +243,14 @@ class CpuBackend final : public Ops {
   void gelu_forward(float* out, const float* inp, int64_t N) override {
     kernels::gelu_forward(out, inp, N);
   }
-  void gelu_backward(float* dinp, const float* inp, const float* dout,
+  void gelu_backward(float* dinp, ConstAct inp, const float* dout,
                      int64_t N) override {
-    kernels::gelu_backward(dinp, inp, dout, N);
+    if (Bf16(inp)) {
+      kernels::gelu_backward_bf16_input(
+          dinp, static_cast<const uint16_t*>(inp.p), dout, N);
+      return;
+    }
+    kernels::gelu_backward(dinp, inp.f32(), dout, N);
   }
   void bias_forward(float* out, const float* bias, int64_t rows,
                     int OC) override {

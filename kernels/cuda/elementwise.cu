@@ -30,10 +30,17 @@ __global__ void GeluForwardKernel(float* out, const float* inp, int64_t n) {
   });
 }
 
-__global__ void GeluBackwardKernel(float* dinp, const float* inp,
-                                   const float* dout, int64_t n) {
+__device__ __forceinline__ float Value(float x) { return x; }
+__device__ __forceinline__ float Value(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+
+// S: the stored input's type, float or bf16 (fch under bf16 compute).
+template <typename S>
+__global__ void GeluBackwardKernel(float* dinp, const S* inp, const float* dout,
+                                   int64_t n) {
   ForEachIndex(n, [&](int64_t i) {
-    const float x = inp[i];
+    const float x = Value(inp[i]);
     dinp[i] = math::GeluGradFromExp(x, expf(math::GeluExponent(x))) * dout[i];
   });
 }
@@ -48,9 +55,15 @@ void CudaBackend::gelu_forward(float* out, const float* inp, int64_t N) {
   Run("gelu_forward", GeluForwardKernel, Blocks(N), out, inp, N);
 }
 
-void CudaBackend::gelu_backward(float* dinp, const float* inp,
-                                const float* dout, int64_t N) {
-  Run("gelu_backward", GeluBackwardKernel, Blocks(N), dinp, inp, dout, N);
+void CudaBackend::gelu_backward(float* dinp, ConstAct inp, const float* dout,
+                                int64_t N) {
+  if (Bf16Storage(inp)) {
+    Run("gelu_backward", GeluBackwardKernel<__nv_bfloat16>, Blocks(N), dinp,
+        static_cast<const __nv_bfloat16*>(inp.p), dout, N);
+    return;
+  }
+  Run("gelu_backward", GeluBackwardKernel<float>, Blocks(N), dinp, inp.f32(),
+      dout, N);
 }
 
 void CudaBackend::bias_forward(float* out, const float* bias, int64_t rows,

@@ -2,6 +2,7 @@
 // the bias as an epilogue; under bf16 compute on operands rounded to bf16.
 #include <cstdint>
 #include <tuple>
+#include <type_traits>
 
 #include "kernels/common/math.h"
 #include "kernels/cuda/ops_cuda_impl.h"
@@ -15,12 +16,17 @@ namespace {
 // projection's input computed as it is rounded (no fp32 GELU pass). The
 // first 4 * n4 elements four at a thread step (16-byte loads, 8-byte
 // stores; `in` 16-byte aligned when n4 > 0), the rest one by one.
+__device__ __forceinline__ float Load(const float* p) { return *p; }
+__device__ __forceinline__ float Load(const __nv_bfloat16* p) {
+  return __bfloat162float(*p);
+}
 template <bool kGelu>
 __device__ __forceinline__ float Prepare(float x) {
   return kGelu ? math::GeluFromExp(x, expf(math::GeluExponent(x))) : x;
 }
-template <bool kGelu>
-__global__ void ToBf16Kernel(__nv_bfloat16* out, const float* in, int64_t n,
+// S: the input's type, float (n4 as above) or bf16 (a stored fch; n4 0).
+template <bool kGelu, typename S>
+__global__ void ToBf16Kernel(__nv_bfloat16* out, const S* in, int64_t n,
                              int64_t n4) {
   ForEachIndex(n4, [&](int64_t i) {
     const float4 v = reinterpret_cast<const float4*>(in)[i];
@@ -29,7 +35,8 @@ __global__ void ToBf16Kernel(__nv_bfloat16* out, const float* in, int64_t n,
     o[1] = __floats2bfloat162_rn(Prepare<kGelu>(v.z), Prepare<kGelu>(v.w));
   });
   ForEachIndex(n - 4 * n4, [&](int64_t i) {
-    out[4 * n4 + i] = __float2bfloat16_rn(Prepare<kGelu>(in[4 * n4 + i]));
+    out[4 * n4 + i] =
+        __float2bfloat16_rn(Prepare<kGelu>(Load(in + 4 * n4 + i)));
   });
 }
 
@@ -43,14 +50,23 @@ int Alignment(const void* p) {
 
 }  // namespace
 
-void CudaBackend::matmul_forward(float* out, ConstAct inp, const float* weight,
+void CudaBackend::matmul_forward(Act out, ConstAct inp, const float* weight,
                                  const float* bias, int B, int T, int C,
                                  int OC) {
   const OpScope scope(&times_, stream_, "matmul_forward");
   const int64_t BT = static_cast<int64_t>(B) * T;
+  // A bf16 output (fch) is computed in fp32 into scratch, then rounded.
+  float* y = Bf16Storage(out) ? Scratch(BT * OC) : out.f32();
   // Column-major: out^T (OC,BT) = weight (C,OC)^T inp^T (C,BT).
   Matmul(true, false, OC, BT, C, Operand(weight, int64_t(C) * OC, 0), C,
-         Operand(inp, BT * C, 1), C, 0.0f, out, OC, bias);
+         Operand(inp, BT * C, 1), C, 0.0f, y, OC, bias);
+  if (Bf16Storage(out)) {
+    const int64_t n = BT * OC;
+    ToBf16Kernel<false, float>
+        <<<Blocks(n / 4 > 0 ? n / 4 : n), kThreads, 0, stream_>>>(
+            static_cast<__nv_bfloat16*>(out.p), y, n, n / 4);
+    Launched();
+  }
 }
 
 void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias,
@@ -64,7 +80,7 @@ void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias,
 }
 
 void CudaBackend::gelu_matmul_forward(float* out, float* hidden, float* saved,
-                                      const float* inp, const float* weight,
+                                      ConstAct inp, const float* weight,
                                       const float* bias, int B, int T, int C,
                                       int OC) {
   if (!options_.bf16_compute) {
@@ -82,8 +98,8 @@ void CudaBackend::gelu_matmul_forward(float* out, float* hidden, float* saved,
 void CudaBackend::gelu_matmul_backward(float* dinp, float* dweight,
                                        float* dbias, const float* dout,
                                        float* hidden, const float* saved,
-                                       const float* inp, const float* weight,
-                                       int B, int T, int C, int OC) {
+                                       ConstAct inp, const float* weight, int B,
+                                       int T, int C, int OC) {
   if (!options_.bf16_compute) {
     Ops::gelu_matmul_backward(dinp, dweight, dbias, dout, hidden, saved, inp,
                               weight, B, T, C, OC);
@@ -115,20 +131,27 @@ void CudaBackend::MatmulBackward(float* dinp, float* dweight, float* dbias,
 CudaBackend::Op CudaBackend::Operand(ConstAct x, int64_t n, int slot) {
   // Stored in bf16: the operand as it is.
   if (Bf16Storage(x)) return {x.p, CUDA_R_16BF};
+  if (!options_.bf16_compute) return {x.p, CUDA_R_32F};
   return Rounded<false>(x.f32(), n, slot);
 }
 
-CudaBackend::Op CudaBackend::GeluOperand(const float* x, int64_t n, int slot) {
+CudaBackend::Op CudaBackend::GeluOperand(ConstAct x, int64_t n, int slot) {
   PT_CHECK(options_.bf16_compute, "GELU operands are bf16 compute's");
-  return Rounded<true>(x, n, slot);
+  if (Bf16Storage(x)) {
+    return Rounded<true>(static_cast<const __nv_bfloat16*>(x.p), n, slot);
+  }
+  return Rounded<true>(x.f32(), n, slot);
 }
 
-template <bool kGelu>
-CudaBackend::Op CudaBackend::Rounded(const float* x, int64_t n, int slot) {
-  if (!options_.bf16_compute) return {x, CUDA_R_32F};
+template <bool kGelu, typename S>
+CudaBackend::Op CudaBackend::Rounded(const S* x, int64_t n, int slot) {
   __nv_bfloat16* copy = Grow(&bf16_[slot], n);
-  const int64_t n4 = reinterpret_cast<uintptr_t>(x) % 16 == 0 ? n / 4 : 0;
-  ToBf16Kernel<kGelu>
+  // Four floats at a time from an aligned fp32 input; bf16 one by one.
+  const int64_t n4 =
+      std::is_same_v<S, float> && reinterpret_cast<uintptr_t>(x) % 16 == 0
+          ? n / 4
+          : 0;
+  ToBf16Kernel<kGelu, S>
       <<<Blocks(n4 > 0 ? n4 : n), kThreads, 0, stream_>>>(copy, x, n, n4);
   Launched();
   return {copy, CUDA_R_16BF};

@@ -216,8 +216,8 @@ class CudaBackend final : public Ops {
   ~CudaBackend() override;
 
   Device device() const override { return Device::kCuda; }
-  // Under bf16 compute LayerNorm outputs are stored in bf16, the operands
-  // the matmuls take as they are.
+  // Under bf16 compute LayerNorm outputs and fch are stored in bf16: the
+  // matmuls take the first as they are, GELU reads the second.
   DType activation_type() const override {
     return options_.bf16_compute ? DType::kBf16 : DType::kF32;
   }
@@ -263,18 +263,17 @@ class CudaBackend final : public Ops {
                                   const float* inp2, const float* weight,
                                   const float* bias, int B, int T,
                                   int C) override;
-  void matmul_forward(float* out, ConstAct inp, const float* weight,
+  void matmul_forward(Act out, ConstAct inp, const float* weight,
                       const float* bias, int B, int T, int C, int OC) override;
   void matmul_backward(float* dinp, float* dweight, float* dbias,
                        const float* dout, ConstAct inp, const float* weight,
                        int B, int T, int C, int OC) override;
   void gelu_matmul_forward(float* out, float* hidden, float* saved,
-                           const float* inp, const float* weight,
-                           const float* bias, int B, int T, int C,
-                           int OC) override;
+                           ConstAct inp, const float* weight, const float* bias,
+                           int B, int T, int C, int OC) override;
   void gelu_matmul_backward(float* dinp, float* dweight, float* dbias,
                             const float* dout, float* hidden,
-                            const float* saved, const float* inp,
+                            const float* saved, ConstAct inp,
                             const float* weight, int B, int T, int C,
                             int OC) override;
   void attention_forward(float* out, float* att, const float* inp, int B, int T,
@@ -288,7 +287,7 @@ class CudaBackend final : public Ops {
   int64_t attention_saved_floats(int64_t B, int64_t T, int C,
                                  int NH) const override;
   void gelu_forward(float* out, const float* inp, int64_t N) override;
-  void gelu_backward(float* dinp, const float* inp, const float* dout,
+  void gelu_backward(float* dinp, ConstAct inp, const float* dout,
                      int64_t N) override;
   void bias_forward(float* out, const float* bias, int64_t rows,
                     int OC) override;
@@ -417,9 +416,9 @@ class CudaBackend final : public Ops {
   Op Operand(ConstAct x, int64_t n, int slot);
   // Under bf16 compute, GELU(x) rounded to bf16 into scratch `slot`, one
   // pass: the MLP projection's input, whose fp32 GELU is never written.
-  Op GeluOperand(const float* x, int64_t n, int slot);
-  template <bool kGelu>
-  Op Rounded(const float* x, int64_t n, int slot);
+  Op GeluOperand(ConstAct x, int64_t n, int slot);
+  template <bool kGelu, typename S>
+  Op Rounded(const S* x, int64_t n, int slot);
   // matmul_backward's products over rows BT, with its input as the operand
   // `in` (Operand's or GeluOperand's, in slot 2).
   void MatmulBackward(float* dinp, float* dweight, float* dbias,

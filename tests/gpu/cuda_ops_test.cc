@@ -307,6 +307,69 @@ TEST_P(CudaOpsTest, LayerNormOutputStoredInBf16) {
   }
 }
 
+// The MLP's hidden layer (fch) stored in bf16 under bf16 compute: the fc
+// matmul's output rounded, GELU's gradient and the projection's GELU
+// operand read from it, against the CPU's bf16 backend on the same stored
+// values.
+TEST_P(CudaOpsTest, MlpHiddenLayerStoredInBf16) {
+  if (!bf16()) GTEST_SKIP() << "bf16 storage is bf16 compute's";
+  Ops& twin = kernels::CpuBf16Ops();
+  const kernels::DType bf = kernels::DType::kBf16;
+  const int64_t rows = kB * kT, n = rows * kOC;
+  const Vec inp = Random(rows * kC, 91), w = Random(kOC * kC, 92, 0.1f),
+            bias = Random(kOC, 93), dgelu = Random(n, 94),
+            w2 = Random(kC * kOC, 95, 0.1f), b2 = Random(kC, 96),
+            dout2 = Random(rows * kC, 97);
+  // fc: out (rows, kOC) in bf16.
+  Vec fch16((n + 1) / 2);
+  Dev g_inp(gpu_.get(), inp), g_w(gpu_.get(), w), g_bias(gpu_.get(), bias),
+      g_fch16(gpu_.get(), fch16);
+  twin.matmul_forward(kernels::Act(fch16.data(), bf), inp.data(), w.data(),
+                      bias.data(), kB, kT, kC, kOC);
+  gpu_->matmul_forward(kernels::Act(g_fch16.get(), bf), g_inp.get(), g_w.get(),
+                       g_bias.get(), kB, kT, kC, kOC);
+  auto unpack = [](const Vec& packed, int64_t count) {
+    Vec v(count);
+    const auto* bits = reinterpret_cast<const uint16_t*>(packed.data());
+    for (int64_t i = 0; i < count; ++i) {
+      const uint32_t u = uint32_t{bits[i]} << 16;
+      std::memcpy(&v[i], &u, sizeof(u));
+    }
+    return v;
+  };
+  Check("fc out (bf16 storage)", unpack(g_fch16.Host(), n), unpack(fch16, n),
+        true);
+  // From here both read the CPU's stored values.
+  Dev g_stored(gpu_.get(), fch16), g_dgelu(gpu_.get(), dgelu);
+  Vec dfch(n);
+  twin.gelu_backward(dfch.data(), kernels::ConstAct(fch16.data(), bf),
+                     dgelu.data(), n);
+  gpu_->gelu_backward(g_dgelu.get(), kernels::ConstAct(g_stored.get(), bf),
+                      g_dgelu.get(), n);
+  Check("gelu dinp (bf16 input, in place)", g_dgelu.Host(), dfch);
+  // The projection of GELU(fch): forward and backward.
+  Vec out(rows * kC), hidden(n), dinp(n), dw(w2.size()), db(kC);
+  Dev g_w2(gpu_.get(), w2), g_b2(gpu_.get(), b2), g_out(gpu_.get(), out),
+      g_hidden(gpu_.get(), hidden), g_dout2(gpu_.get(), dout2),
+      g_dinp(gpu_.get(), dinp), g_dw(gpu_.get(), dw), g_db(gpu_.get(), db);
+  const kernels::ConstAct cpu_fch(fch16.data(), bf),
+      gpu_fch(g_stored.get(), bf);
+  twin.gelu_matmul_forward(out.data(), hidden.data(), nullptr, cpu_fch,
+                           w2.data(), b2.data(), kB, kT, kOC, kC);
+  twin.gelu_matmul_backward(dinp.data(), dw.data(), db.data(), dout2.data(),
+                            hidden.data(), nullptr, cpu_fch, w2.data(), kB, kT,
+                            kOC, kC);
+  gpu_->gelu_matmul_forward(g_out.get(), g_hidden.get(), nullptr, gpu_fch,
+                            g_w2.get(), g_b2.get(), kB, kT, kOC, kC);
+  gpu_->gelu_matmul_backward(g_dinp.get(), g_dw.get(), g_db.get(),
+                             g_dout2.get(), g_hidden.get(), nullptr, gpu_fch,
+                             g_w2.get(), kB, kT, kOC, kC);
+  Check("gelu_matmul out (bf16 input)", g_out.Host(), out, true);
+  Check("gelu_matmul dinp (bf16 input)", g_dinp.Host(), dinp, true);
+  Check("gelu_matmul dweight (bf16 input)", g_dw.Host(), dw, true);
+  Check("gelu_matmul dbias (bf16 input)", g_db.Host(), db);
+}
+
 // The MLP projection of GELU(inp): under bf16 compute the backend applies
 // GELU as it rounds the operand (no fp32 GELU pass), against the CPU's
 // GELU then matmul (the bf16 CPU path's rounding when bf16).

@@ -772,6 +772,64 @@ TEST(MatmulTest, Bf16StoredInputGivesTheProductsOfItsFp32Source) {
   }
 }
 
+// The MLP's hidden layer (fch) stored in bf16: the fc matmul's output
+// rounded; GELU's gradient and the projection's GELU operand of the stored
+// value bit for bit those of the fp32 value it stands for (full
+// recomputation's path, GELU made again, and the forward's kept operand
+// alike).
+TEST(MatmulTest, Bf16StoredHiddenLayerIsItsFp32Value) {
+  Ops& ops = CpuBf16Ops();
+  const int B = 2, T = 19, C = 40, H = 160;  // fc: C -> H, projection H -> C
+  const int64_t rows = int64_t{B} * T;
+  std::mt19937_64 rng(23);
+  const std::vector<float> x = ToFloat(Random(rows * C, &rng, -2, 2)),
+                           w = ToFloat(Random(H * C, &rng, -0.3, 0.3)),
+                           b = ToFloat(Random(H, &rng, -1, 1)),
+                           w2 = ToFloat(Random(C * H, &rng, -0.3, 0.3)),
+                           b2 = ToFloat(Random(C, &rng, -1, 1)),
+                           dgelu = ToFloat(Random(rows * H, &rng, -1, 1)),
+                           dout = ToFloat(Random(rows * C, &rng, -1, 1));
+  std::vector<float> fch(rows * H), fch16((rows * H + 1) / 2);
+  ops.matmul_forward(fch.data(), x.data(), w.data(), b.data(), B, T, C, H);
+  ops.matmul_forward(Act(fch16.data(), DType::kBf16), x.data(), w.data(),
+                     b.data(), B, T, C, H);
+  const auto* bits = reinterpret_cast<const uint16_t*>(fch16.data());
+  std::vector<float> rounded(rows * H);
+  for (int64_t i = 0; i < rows * H; ++i) {
+    rounded[i] = internal::FromBf16(bits[i]);
+    ASSERT_EQ(rounded[i], Bf16Round(fch[i])) << i;
+  }
+  const ConstAct stored(fch16.data(), DType::kBf16);
+  std::vector<float> g(rows * H), g16 = dgelu;
+  ops.gelu_backward(g.data(), rounded.data(), dgelu.data(), rows * H);
+  ops.gelu_backward(g16.data(), stored, g16.data(), rows * H);  // in place
+  EXPECT_EQ(g16, g);
+  for (bool keep : {false, true}) {
+    SCOPED_TRACE(keep ? "operand kept" : "GELU made again");
+    std::vector<float> saved(keep ? ops.gelu_saved_floats(rows, H) : 0),
+        saved16(saved.size());
+    float* s = keep ? saved.data() : nullptr;
+    float* s16 = keep ? saved16.data() : nullptr;
+    std::vector<float> out(rows * C), out16(rows * C), hidden(rows * H);
+    std::vector<float> dinp(rows * H), dw(w2.size()), db(C);
+    std::vector<float> dinp16 = dinp, dw16 = dw, db16 = db;
+    ops.gelu_matmul_forward(out.data(), hidden.data(), s, rounded.data(),
+                            w2.data(), b2.data(), B, T, H, C);
+    ops.gelu_matmul_forward(out16.data(), hidden.data(), s16, stored, w2.data(),
+                            b2.data(), B, T, H, C);
+    EXPECT_EQ(out16, out);
+    ops.gelu_matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(),
+                             hidden.data(), s, rounded.data(), w2.data(), B, T,
+                             H, C);
+    ops.gelu_matmul_backward(dinp16.data(), dw16.data(), db16.data(),
+                             dout.data(), hidden.data(), s16, stored, w2.data(),
+                             B, T, H, C);
+    EXPECT_EQ(dinp16, dinp);
+    EXPECT_EQ(dw16, dw);
+    EXPECT_EQ(db16, db);
+  }
+}
+
 // The MLP projection of GELU(inp) with GELU's output not kept
 // (Ops::gelu_matmul_*): bit for bit what gelu_forward then the matmul give,
 // on both CPU precisions (bf16 applies GELU as it rounds the operand; its

@@ -97,8 +97,8 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
                          recompute_, n_blocks_, last(), ops_);
   att_floats_ = d.att;
   gelu_floats_ = d.gelu;
-  ln_div_ = d.ln_div;
-  ln_type_ = d.ln_div == 2 ? kernels::DType::kBf16 : kernels::DType::kF32;
+  act_div_ = d.act_div;
+  act_type_ = d.act_div == 2 ? kernels::DType::kBf16 : kernels::DType::kF32;
   acts_ = kernels::Buffer(ops_, ActivationFloats(d));
   Working w;
   LayOut(
@@ -155,13 +155,13 @@ GptStage::ActivationDims GptStage::ActivationDims::Of(
   d.gelu = ops != nullptr && recompute != Recompute::kFull
                ? ops->gelu_saved_floats(d.BT, static_cast<int>(4 * d.Cl))
                : 0;
-  // LayerNorm outputs in the backend's activation type: bf16 (half a float
-  // each) where it keeps them so and the width is even.
-  d.ln_div = ops != nullptr &&
-                     ops->activation_type() == kernels::DType::kBf16 &&
-                     d.C % 2 == 0
-                 ? 2
-                 : 1;
+  // LayerNorm outputs and fch in the backend's activation type: bf16 (half
+  // a float each) where it keeps them so and the width is even.
+  d.act_div = ops != nullptr &&
+                      ops->activation_type() == kernels::DType::kBf16 &&
+                      d.C % 2 == 0
+                  ? 2
+                  : 1;
   d.slots = slots;
   d.recompute = recompute;
   d.last = last;
@@ -176,23 +176,23 @@ void GptStage::LayOut(const ActivationDims& d, TakeFn take,
   const bool selective = d.recompute == Recompute::kSelective;
   // The per-layer slabs a block's backward reads: every layer's in each
   // slot, or (recomputing) one layer's, shared by the slots.
-  // A LayerNorm output's slab, in its type.
-  auto ln = [&](int64_t layers) {
-    const int64_t n = SatMul(layers, SatMul(BTs, C));
-    return n == INT64_MAX ? n : n / d.ln_div;
+  // A slab of a stored activation (a LayerNorm output, fch), in its type.
+  auto stored = [&](int64_t layers, int64_t rows, int64_t width) {
+    const int64_t n = SatMul(layers, SatMul(rows, width));
+    return n == INT64_MAX ? n : n / d.act_div;
   };
   auto take_blocks = [&](Slot& slot, int64_t layers) {
-    slot.ln1 = take(ln(layers));
+    slot.ln1 = take(stored(layers, BTs, C));
     slot.ln1_mean = take(SatMul(layers, BTs));
     slot.ln1_rstd = take(SatMul(layers, BTs));
     slot.qkv = take(SatMul(layers, SatMul(BT, 3 * Cl)));
     slot.atty = take(SatMul(layers, SatMul(BT, Cl)));
     if (!selective) slot.att = take(SatMul(layers, d.att));
     slot.residual2 = take(SatMul(layers, SatMul(BTs, C)));
-    slot.ln2 = take(ln(layers));
+    slot.ln2 = take(stored(layers, BTs, C));
     slot.ln2_mean = take(SatMul(layers, BTs));
     slot.ln2_rstd = take(SatMul(layers, BTs));
-    slot.fch = take(SatMul(layers, SatMul(BT, 4 * Cl)));
+    slot.fch = take(stored(layers, BT, 4 * Cl));
     slot.gelu = take(SatMul(layers, d.gelu));
   };
   Slot shared{};
@@ -205,7 +205,7 @@ void GptStage::LayOut(const ActivationDims& d, TakeFn take,
     // The block's output is kept even when the rest is recomputed.
     slot.residual3 = take(SatMul(d.L, SatMul(BTs, C)));
     if (d.last) {
-      slot.lnf = take(ln(1));
+      slot.lnf = take(stored(1, BTs, C));
       slot.lnf_mean = take(BTs);
       slot.lnf_rstd = take(BTs);
       slot.logits = take(SatMul(BT, d.Vl));
@@ -370,17 +370,17 @@ GptStage::BlockActs GptStage::Acts(const Slot& S, int b) const {
   // The layer's place in the slabs (and in att's).
   const int64_t l = recompute_ == Recompute::kFull ? 0 : b;
   const int64_t la = recompute_ == Recompute::kNone ? b : 0;
-  return BlockActs{S.ln1 + l * sBTs * C / ln_div_,
+  return BlockActs{S.ln1 + l * sBTs * C / act_div_,
                    S.ln1_mean + l * sBTs,
                    S.ln1_rstd + l * sBTs,
                    S.qkv + l * sBT * 3 * Cl_,
                    S.atty + l * sBT * Cl_,
                    S.att + la * att_floats_,
                    S.residual2 + l * sBTs * C,
-                   S.ln2 + l * sBTs * C / ln_div_,
+                   S.ln2 + l * sBTs * C / act_div_,
                    S.ln2_mean + l * sBTs,
                    S.ln2_rstd + l * sBTs,
-                   S.fch + l * sBT * 4 * Cl_,
+                   S.fch + l * sBT * 4 * Cl_ / act_div_,
                    S.residual3 + b * sBTs * C,
                    gelu_floats_ > 0 ? S.gelu + l * gelu_floats_ : nullptr};
 }
@@ -396,10 +396,10 @@ void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
                                // [ln_2 c_fc] [mlp.c_proj]
   st.BeginForward(u);
   const float* w = st.Params(u);
-  k.layernorm_forward(Ln(a.ln1), a.ln1_mean, a.ln1_rstd, x,
+  k.layernorm_forward(Stored(a.ln1), a.ln1_mean, a.ln1_rstd, x,
                       BlockTensor(w, b, kLn1W), BlockTensor(w, b, kLn1B), B, Ts,
                       C);
-  column_linear_forward(a.qkv, Ln(a.ln1), BlockTensor(w, b, kQkvW),
+  column_linear_forward(a.qkv, Stored(a.ln1), BlockTensor(w, b, kQkvW),
                         BlockTensor(w, b, kQkvB), B, T, C, 3 * Cl_, g,
                         scratch_);
   st.EndForward(u);
@@ -419,10 +419,10 @@ void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
   st.EndForward(u + 1);
   st.BeginForward(u + 2);
   w = st.Params(u + 2);
-  k.residual_layernorm_forward(a.residual2, Ln(a.ln2), a.ln2_mean, a.ln2_rstd,
-                               x, proj_, BlockTensor(w, b, kLn2W),
+  k.residual_layernorm_forward(a.residual2, Stored(a.ln2), a.ln2_mean,
+                               a.ln2_rstd, x, proj_, BlockTensor(w, b, kLn2W),
                                BlockTensor(w, b, kLn2B), B, Ts, C);
-  column_linear_forward(a.fch, Ln(a.ln2), BlockTensor(w, b, kFcW),
+  column_linear_forward(Stored(a.fch), Stored(a.ln2), BlockTensor(w, b, kFcW),
                         BlockTensor(w, b, kFcB), B, T, C, 4 * Cl_, g, scratch_);
   st.EndForward(u + 2);
   if (recomputing) return;  // the block's output is kept
@@ -430,7 +430,7 @@ void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
   w = st.Params(u + 3);
   // GELU(fch), not kept in fp32: the backward computes it again, or reads
   // what the backend keeps in a.gelu.
-  row_linear_forward(proj_, a.fch, BlockTensor(w, b, kFcProjW),
+  row_linear_forward(proj_, Stored(a.fch), BlockTensor(w, b, kFcProjW),
                      BlockTensor(w, b, kFcProjB), B, T, 4 * Cl_, C, g, scratch_,
                      /*gelu_hidden=*/dfch_gelu_, /*gelu_saved=*/a.gelu);
   st.EndForward(u + 3);
@@ -477,8 +477,8 @@ float GptStage::ForwardPass(int slot, const int32_t* tokens,
   }
   st.BeginForward(final_unit_);
   const float* lnf = st.Params(final_unit_) + lnf_offset_;
-  k.layernorm_forward(Ln(S.lnf), S.lnf_mean, S.lnf_rstd, x, lnf, lnf + C, B, Ts,
-                      C);
+  k.layernorm_forward(Stored(S.lnf), S.lnf_mean, S.lnf_rstd, x, lnf, lnf + C, B,
+                      Ts, C);
   if (first()) {
     st.EndForward(final_unit_);
   } else {
@@ -486,7 +486,7 @@ float GptStage::ForwardPass(int slot, const int32_t* tokens,
   }
   // The head is tied to the embedding: logits over this rank's vocabulary
   // rows, never gathered for the loss.
-  column_linear_forward(S.logits, Ln(S.lnf), wte, nullptr, B, T, C, Vl_, g,
+  column_linear_forward(S.logits, Stored(S.lnf), wte, nullptr, B, T, C, Vl_, g,
                         scratch_);
   st.EndForward(head_unit_);
   if (targets == nullptr) return 0.0f;
@@ -522,7 +522,7 @@ void GptStage::HeadBackward(const Slot& S, const int32_t* targets,
              "a backward's dloss differs from its fused forward's");
   }
   column_linear_backward(dln_, st.Grads(head_unit_) + head_wte_offset_, nullptr,
-                         dlogits, Ln(S.lnf),
+                         dlogits, Stored(S.lnf),
                          st.Params(head_unit_) + head_wte_offset_, B, T, C, Vl_,
                          tp_, scratch_);
   k.Zero(dresidual_, static_cast<int64_t>(B) * Ts * C);
@@ -570,18 +570,18 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
 
     st.BeginBackward(u + 3);
     row_linear_backward(dfch_gelu_, dT(u + 3, kFcProjW), dT(u + 3, kFcProjB),
-                        dresidual_, a.fch,
+                        dresidual_, Stored(a.fch),
                         BlockTensor(st.Params(u + 3), b, kFcProjW), B, T,
                         4 * Cl_, C, tp_, scratch_, /*gelu_hidden=*/dqkv_,
                         /*gelu_saved=*/a.gelu);
     st.EndBackward(u + 3);
     // In place: the gradient of fch replaces that of its GELU.
-    k.gelu_backward(dfch_gelu_, a.fch, dfch_gelu_, BT * 4 * Cl_);
+    k.gelu_backward(dfch_gelu_, Stored(a.fch), dfch_gelu_, BT * 4 * Cl_);
     st.BeginBackward(u + 2);
     const float* w = st.Params(u + 2);
     column_linear_backward(dln_, dT(u + 2, kFcW), dT(u + 2, kFcB), dfch_gelu_,
-                           Ln(a.ln2), BlockTensor(w, b, kFcW), B, T, C, 4 * Cl_,
-                           tp_, scratch_);
+                           Stored(a.ln2), BlockTensor(w, b, kFcW), B, T, C,
+                           4 * Cl_, tp_, scratch_);
     st.Poll();
     k.layernorm_backward(dresidual_, dT(u + 2, kLn2W), dT(u + 2, kLn2B), dln_,
                          a.residual2, BlockTensor(w, b, kLn2W), a.ln2_mean,
@@ -604,9 +604,9 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
     st.Poll();
     st.BeginBackward(u);
     w = st.Params(u);
-    column_linear_backward(dln_, dT(u, kQkvW), dT(u, kQkvB), dqkv_, Ln(a.ln1),
-                           BlockTensor(w, b, kQkvW), B, T, C, 3 * Cl_, tp_,
-                           scratch_);
+    column_linear_backward(dln_, dT(u, kQkvW), dT(u, kQkvB), dqkv_,
+                           Stored(a.ln1), BlockTensor(w, b, kQkvW), B, T, C,
+                           3 * Cl_, tp_, scratch_);
     st.Poll();
     k.layernorm_backward(dresidual_, dT(u, kLn1W), dT(u, kLn1B), dln_, residual,
                          BlockTensor(w, b, kLn1W), a.ln1_mean, a.ln1_rstd, B,

@@ -182,7 +182,7 @@ class GptStage : private UnitStore {
   // gives layer b's pointers either way).
   struct Slot {
     float* input;      // (B,Ts,C): embedding output or the received input
-    float* ln1;        // (L,B,Ts,C), fp32 or bf16 (ln_type_), as ln2, lnf
+    float* ln1;        // (L,B,Ts,C), fp32 or bf16 (act_type_), as ln2, lnf
     float* ln1_mean;   // (L,B,Ts)
     float* ln1_rstd;   // (L,B,Ts)
     float* qkv;        // (L,B,T,3Cl)
@@ -251,7 +251,7 @@ class GptStage : private UnitStore {
     int64_t att = 0, gelu = 0, datt = 0;
     // 2 where LayerNorm outputs are kept in bf16 (Ops::activation_type, an
     // even width): their slabs' elements per float; else 1.
-    int64_t ln_div = 1;
+    int64_t act_div = 1;
     int slots = 1;
     Recompute recompute = Recompute::kNone;
     bool last = false;
@@ -299,10 +299,10 @@ class GptStage : private UnitStore {
   // again stops before the MLP's projection): the stride of Slot::gelu.
   int64_t gelu_floats_ = 0;
   // How LayerNorm outputs (ln1, ln2, lnf) are stored, and their elements
-  // per float of the slabs (ActivationDims::ln_div).
-  kernels::DType ln_type_ = kernels::DType::kF32;
-  int64_t ln_div_ = 1;
-  kernels::Act Ln(float* p) const { return kernels::Act(p, ln_type_); }
+  // per float of the slabs (ActivationDims::act_div).
+  kernels::DType act_type_ = kernels::DType::kF32;
+  int64_t act_div_ = 1;
+  kernels::Act Stored(float* p) const { return kernels::Act(p, act_type_); }
   UnitStore* store_;
   kernels::Ops* ops_;
   kernels::Buffer params_, grads_;

@@ -105,7 +105,7 @@ void sequence_reduce(float* local, float* partial, int B, int T, int C,
   ops.Copy(local, partial, n_local);
 }
 
-void column_linear_forward(float* out, kernels::ConstAct inp,
+void column_linear_forward(kernels::Act out, kernels::ConstAct inp,
                            const float* weight, const float* bias, int B, int T,
                            int C, int OCl, const TpGroup& g,
                            const LayerContext& s) {
@@ -130,7 +130,7 @@ void column_linear_backward(float* dinp, float* dweight, float* dbias,
   sequence_reduce(dinp, s.a, B, T, C, g, s.b, s.ops());
 }
 
-void row_linear_forward(float* out, const float* inp, const float* weight,
+void row_linear_forward(float* out, kernels::ConstAct inp, const float* weight,
                         const float* bias, int B, int T, int Cl, int OC,
                         const TpGroup& g, const LayerContext& s,
                         float* gelu_hidden, float* gelu_saved) {
@@ -157,7 +157,7 @@ void row_linear_forward(float* out, const float* inp, const float* weight,
 }
 
 void row_linear_backward(float* dinp, float* dweight, float* dbias,
-                         const float* dout, const float* inp,
+                         const float* dout, kernels::ConstAct inp,
                          const float* weight, int B, int T, int Cl, int OC,
                          const TpGroup& g, const LayerContext& s,
                          float* gelu_hidden, const float* gelu_saved) {

@@ -68,8 +68,8 @@ void sequence_reduce(float* local, float* partial, int B, int T, int C,
 // backward rather than kept (activation memory is the point of sp).
 // scratch: a, b.
 // inp may be stored in bf16 (a LayerNorm output, Ops::activation_type;
-// with an even C): gathered as it is.
-void column_linear_forward(float* out, kernels::ConstAct inp,
+// with an even C): gathered as it is; out too (fch).
+void column_linear_forward(kernels::Act out, kernels::ConstAct inp,
                            const float* weight, const float* bias, int B, int T,
                            int C, int OCl, const TpGroup& g,
                            const LayerContext& s);
@@ -88,7 +88,7 @@ void column_linear_backward(float* dinp, float* dweight, float* dbias,
 // and again in backward, its fp32 values never kept (the MLP's projection).
 // `gelu_saved`, when set, is what the backend keeps of it from forward to
 // backward (Ops::gelu_saved_floats).
-void row_linear_forward(float* out, const float* inp, const float* weight,
+void row_linear_forward(float* out, kernels::ConstAct inp, const float* weight,
                         const float* bias, int B, int T, int Cl, int OC,
                         const TpGroup& g, const LayerContext& s,
                         float* gelu_hidden = nullptr,
@@ -96,7 +96,7 @@ void row_linear_forward(float* out, const float* inp, const float* weight,
 // dinp (B,T,Cl) = gather(dout) @ weight; dweight += gather(dout)^T inp;
 // dbias += column sums of gather(dout) (the same on every rank).
 void row_linear_backward(float* dinp, float* dweight, float* dbias,
-                         const float* dout, const float* inp,
+                         const float* dout, kernels::ConstAct inp,
                          const float* weight, int B, int T, int Cl, int OC,
                          const TpGroup& g, const LayerContext& s,
                          float* gelu_hidden = nullptr,
