@@ -64,9 +64,10 @@ class Ops {
   virtual void FromHost(float* dst, const float* host, int64_t n) = 0;
   // The type this backend may keep activations in that only its matmuls
   // and GELU read: bf16 where it computes matmuls in bf16, else fp32. The
-  // LayerNorm outputs (the values a matmul would round them to anyway) and
-  // the MLP's hidden layer before GELU (fch). The ops with Act or ConstAct
-  // arguments take such tensors; every other argument is fp32.
+  // LayerNorm outputs (the values a matmul would round them to anyway),
+  // attention's input (qkv) and output, and the MLP's hidden layer before
+  // GELU (fch). The ops with Act or ConstAct arguments take such tensors;
+  // every other argument is fp32.
   virtual DType activation_type() const { return DType::kF32; }
   // Waits until every op issued so far is done (a no-op on the CPU).
   virtual void Synchronize() = 0;
@@ -145,17 +146,16 @@ class Ops {
   // the (B,NH,T,T) probabilities by default); `datt` is the backward's
   // scratch (attention_scratch_floats). The backward also reads the
   // forward's out.
-  virtual void attention_forward(float* out, float* att, const float* inp,
-                                 int B, int T, int C, int NH) = 0;
+  virtual void attention_forward(Act out, float* att, ConstAct inp, int B,
+                                 int T, int C, int NH) = 0;
   virtual void attention_backward(float* dinp, float* datt, const float* dout,
-                                  const float* inp, const float* out,
-                                  const float* att, int B, int T, int C,
-                                  int NH) = 0;
+                                  ConstAct inp, ConstAct out, const float* att,
+                                  int B, int T, int C, int NH) = 0;
   // Generation's cached attention for n new positions [pos, pos + n) of one
   // sequence: qkv (n,3C), caches (NH,capacity,hs) each, out (n,C)
   // (kernels/cpu/kernels.h attention_decode).
-  virtual void attention_decode(float* out, float* kcache, float* vcache,
-                                const float* qkv, int n, int pos, int C, int NH,
+  virtual void attention_decode(Act out, float* kcache, float* vcache,
+                                ConstAct qkv, int n, int pos, int C, int NH,
                                 int capacity) = 0;
   virtual int64_t attention_saved_floats(int64_t B, int64_t T, int C,
                                          int NH) const {

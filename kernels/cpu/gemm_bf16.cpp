@@ -391,9 +391,16 @@ bool CpuHasBf16() {
 
 float Bf16Round(float x) { return internal::FromBf16(RoundToBf16(x)); }
 
-float* Bf16OutputScratch(int64_t n) {
-  struct OutputPool;
-  return internal::ThreadScratch<OutputPool, float>(0, n);
+float* Bf16Scratch(int which, int64_t n) {
+  struct StoragePool;
+  return internal::ThreadScratch<StoragePool, float>(which, n);
+}
+
+void FromBf16Values(float* dst, const uint16_t* src, int64_t n) {
+  internal::ParallelFor(n, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) dst[i] = internal::FromBf16(src[i]);
+  });
 }
 
 void RoundToBf16Rows(uint16_t* dst, const float* src, int64_t rows,

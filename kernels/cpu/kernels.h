@@ -80,12 +80,14 @@ void gelu_matmul_backward_bf16_input(float* dinp, float* dweight, float* dbias,
 // gelu_backward of a bf16-stored inp (N); dinp may be dout.
 void gelu_backward_bf16_input(float* dinp, const uint16_t* inp,
                               const float* dout, int64_t N);
-// The calling thread's fp32 scratch for an output that is rounded to bf16
-// afterwards (n floats, kept), and that rounding: src (rows,cols) dense into
-// dst, as gemm_bf16 rounds.
-float* Bf16OutputScratch(int64_t n);
+// The calling thread's fp32 scratch `which` (< 4; n floats, kept) for a
+// bf16-stored tensor unpacked, or an output rounded to bf16 afterwards; the
+// rounding (src (rows,cols) dense into dst, as gemm_bf16 rounds) and the
+// unpacking (exact).
+float* Bf16Scratch(int which, int64_t n);
 void RoundToBf16Rows(uint16_t* dst, const float* src, int64_t rows,
                      int64_t cols);
+void FromBf16Values(float* dst, const uint16_t* src, int64_t n);
 // layernorm_forward and residual_layernorm_forward (float) with the output
 // rounded to bf16 (out (B,T,C) bf16), as gemm_bf16 would round it.
 void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd,

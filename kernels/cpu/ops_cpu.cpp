@@ -127,17 +127,16 @@ class CpuBackend final : public Ops {
   void matmul_forward(Act out, ConstAct inp, const float* weight,
                       const float* bias, int B, int T, int C, int OC) override {
     const int64_t rows = static_cast<int64_t>(B) * T;
-    // A bf16 output (fch) is computed in fp32 into scratch, then rounded.
-    float* y = Bf16(out) ? kernels::Bf16OutputScratch(rows * OC) : out.f32();
+    // A bf16 output (qkv, fch) is computed in fp32 into scratch, then
+    // rounded.
+    float* y = F32Target(out, rows * OC, 0);
     if (Bf16(inp)) {
       kernels::matmul_forward_bf16_input(y, static_cast<const uint16_t*>(inp.p),
                                          weight, bias, rows, C, OC);
     } else {
       kernels::matmul_forward(y, inp.f32(), weight, bias, B, T, C, OC, bf16_);
     }
-    if (Bf16(out)) {
-      kernels::RoundToBf16Rows(static_cast<uint16_t*>(out.p), y, rows, OC);
-    }
+    Finish(out, y, rows, OC);
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias,
                        const float* dout, ConstAct inp, const float* weight,
@@ -202,25 +201,35 @@ class CpuBackend final : public Ops {
   // row (flash_attention_forward's log-sum-exp) and needs no scratch; below
   // it keeps the probabilities, which is faster there (10-30% on configs of
   // T 256 and 512) for memory that is still small next to the rest.
-  void attention_forward(float* out, float* att, const float* inp, int B, int T,
-                         int C, int NH) override {
+  // A bf16-stored qkv or output is unpacked into fp32 scratch around the
+  // kernels (fp32 inside, as the fp32 values they stand for): the same
+  // results as for those values, the output rounded afterwards.
+  void attention_forward(Act out, float* att, ConstAct inp, int B, int T, int C,
+                         int NH) override {
+    const int64_t n = static_cast<int64_t>(B) * T * C;
+    const float* x = AsF32(inp, 3 * n, 1);
+    float* y = F32Target(out, n, 2);
     if (T >= kFlashAttentionT) {
-      kernels::flash_attention_forward(out, att, inp, B, T, C, NH);
+      kernels::flash_attention_forward(y, att, x, B, T, C, NH);
     } else if (bf16_) {
-      kernels::attention_forward_bf16(out, att, inp, B, T, C, NH);
+      kernels::attention_forward_bf16(y, att, x, B, T, C, NH);
     } else {
-      kernels::attention_forward(out, att, inp, B, T, C, NH);
+      kernels::attention_forward(y, att, x, B, T, C, NH);
     }
+    Finish(out, y, static_cast<int64_t>(B) * T, C);
   }
   void attention_backward(float* dinp, float* datt, const float* dout,
-                          const float* inp, const float* out, const float* att,
-                          int B, int T, int C, int NH) override {
+                          ConstAct inp, ConstAct out, const float* att, int B,
+                          int T, int C, int NH) override {
+    const int64_t n = static_cast<int64_t>(B) * T * C;
+    const float* x = AsF32(inp, 3 * n, 1);
     if (T >= kFlashAttentionT) {
-      kernels::flash_attention_backward(dinp, dout, inp, out, att, B, T, C, NH);
+      kernels::flash_attention_backward(dinp, dout, x, AsF32(out, n, 2), att, B,
+                                        T, C, NH);
     } else if (bf16_) {
-      kernels::attention_backward_bf16(dinp, datt, dout, inp, att, B, T, C, NH);
+      kernels::attention_backward_bf16(dinp, datt, dout, x, att, B, T, C, NH);
     } else {
-      kernels::attention_backward(dinp, datt, dout, inp, att, B, T, C, NH);
+      kernels::attention_backward(dinp, datt, dout, x, att, B, T, C, NH);
     }
   }
   // bf16 keeps the probabilities rounded: two in a float.
@@ -234,11 +243,13 @@ class CpuBackend final : public Ops {
                                    int NH) const override {
     return T >= kFlashAttentionT || bf16_ ? 0 : B * NH * T * T;
   }
-  void attention_decode(float* out, float* kcache, float* vcache,
-                        const float* qkv, int n, int pos, int C, int NH,
-                        int capacity) override {
-    kernels::attention_decode(out, kcache, vcache, qkv, n, pos, C, NH,
+  void attention_decode(Act out, float* kcache, float* vcache, ConstAct qkv,
+                        int n, int pos, int C, int NH, int capacity) override {
+    float* y = F32Target(out, int64_t{n} * C, 2);
+    kernels::attention_decode(y, kcache, vcache,
+                              AsF32(qkv, int64_t{n} * 3 * C, 1), n, pos, C, NH,
                               capacity);
+    Finish(out, y, n, C);
   }
   void gelu_forward(float* out, const float* inp, int64_t N) override {
     kernels::gelu_forward(out, inp, N);
@@ -296,6 +307,24 @@ class CpuBackend final : public Ops {
   }
 
  private:
+  // x (n) in fp32: itself, or its bf16 values unpacked into the calling
+  // thread's scratch `which`.
+  const float* AsF32(ConstAct x, int64_t n, int which) const {
+    if (!Bf16(x)) return x.f32();
+    float* f = kernels::Bf16Scratch(which, n);
+    kernels::FromBf16Values(f, static_cast<const uint16_t*>(x.p), n);
+    return f;
+  }
+  // Where an op writes `out` (n) in fp32: out itself, or scratch `which`
+  // that Finish rounds into it.
+  float* F32Target(Act out, int64_t n, int which) const {
+    return Bf16(out) ? kernels::Bf16Scratch(which, n) : out.f32();
+  }
+  void Finish(Act out, const float* y, int64_t rows, int64_t cols) const {
+    if (Bf16(out)) {
+      kernels::RoundToBf16Rows(static_cast<uint16_t*>(out.p), y, rows, cols);
+    }
+  }
   // Whether `a` is stored in bf16, which only the bf16 backend takes.
   bool Bf16(ConstAct a) const {
     if (a.type == DType::kF32) return false;

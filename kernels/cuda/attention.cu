@@ -185,45 +185,55 @@ __global__ void CausalSoftmaxBackwardKernel(D* dscores, const float* datt,
 // score gradients are then bf16 (fp32 accumulation and fp32 scores), the
 // probabilities packed in the first half of `att`, which only this
 // backend's backward reads.
-void CudaBackend::attention_forward(float* out, float* att, const float* inp,
-                                    int B, int T, int C, int NH) {
+void CudaBackend::attention_forward(Act out, float* att, ConstAct inp, int B,
+                                    int T, int C, int NH) {
   const OpScope scope(&times_, stream_, "attention_forward");
+  const int64_t n = int64_t(B) * T * C;
+  // A bf16 output is written in fp32, then rounded; the fused kernels take a
+  // bf16 qkv as it is, the others its fp32 values.
+  float* y = F32Target(out, n, 0);
   if (Fused(C, NH)) {
-    const Op qkv = Operand(inp, int64_t(B) * T * 3 * C, 0);
-    FlashAttentionForward(out, att, static_cast<const __nv_bfloat16*>(qkv.p), B,
+    const Op qkv = Operand(inp, 3 * n, 0);
+    FlashAttentionForward(y, att, static_cast<const __nv_bfloat16*>(qkv.p), B,
                           T, NH, C / NH, stream_);
   } else if (options_.bf16_compute) {
-    Attention<__nv_bfloat16>(out, att, inp, B, T, C, NH);
+    Attention<__nv_bfloat16>(y, att, AsF32(inp, 3 * n, 1), B, T, C, NH);
   } else {
-    Attention<float>(out, att, inp, B, T, C, NH);
+    Attention<float>(y, att, AsF32(inp, 3 * n, 1), B, T, C, NH);
   }
+  Finish(out, y, n);
 }
 
 void CudaBackend::attention_backward(float* dinp, float* datt,
-                                     const float* dout, const float* inp,
-                                     const float* out, const float* att, int B,
+                                     const float* dout, ConstAct inp,
+                                     ConstAct out, const float* att, int B,
                                      int T, int C, int NH) {
   const OpScope scope(&times_, stream_, "attention_backward");
+  const int64_t n = int64_t(B) * T * C;
   if (Fused(C, NH)) {
-    const int64_t n = int64_t(B) * T * C;
     const Op qkv = Operand(inp, 3 * n, 0), dy = Operand(dout, n, 1);
-    FlashAttentionBackward(dinp, datt, dout,
-                           static_cast<const __nv_bfloat16*>(dy.p), out,
-                           static_cast<const __nv_bfloat16*>(qkv.p), att, B, T,
-                           NH, C / NH, stream_);
+    FlashAttentionBackward(
+        dinp, datt, dout, static_cast<const __nv_bfloat16*>(dy.p),
+        AsF32(out, n, 0), static_cast<const __nv_bfloat16*>(qkv.p), att, B, T,
+        NH, C / NH, stream_);
   } else if (options_.bf16_compute) {
-    AttentionBackward<__nv_bfloat16>(dinp, datt, dout, inp, att, B, T, C, NH);
+    AttentionBackward<__nv_bfloat16>(dinp, datt, dout, AsF32(inp, 3 * n, 1),
+                                     att, B, T, C, NH);
   } else {
-    AttentionBackward<float>(dinp, datt, dout, inp, att, B, T, C, NH);
+    AttentionBackward<float>(dinp, datt, dout, AsF32(inp, 3 * n, 1), att, B, T,
+                             C, NH);
   }
 }
 
-// fp32 throughout (generation is one sequence; the caches are small).
-void CudaBackend::attention_decode(float* out, float* kcache, float* vcache,
-                                   const float* qkv, int n, int pos, int C,
+// fp32 throughout (generation is one sequence; the caches are small); a
+// bf16 qkv is unpacked and a bf16 output rounded around it.
+void CudaBackend::attention_decode(Act out, float* kcache, float* vcache,
+                                   ConstAct qkv_in, int n, int pos, int C,
                                    int NH, int capacity) {
   const OpScope scope(&times_, stream_, "attention_decode");
   const int hs = C / NH;
+  const float* qkv = AsF32(qkv_in, int64_t(n) * 3 * C, 1);
+  float* y = F32Target(out, int64_t(n) * C, 0);
   KvCacheWriteKernel<<<Blocks(int64_t(n) * C), kThreads, 0, stream_>>>(
       kcache, vcache, qkv, n, pos, NH, hs, capacity);
   Launched();
@@ -235,8 +245,9 @@ void CudaBackend::attention_decode(float* out, float* kcache, float* vcache,
     decode_shared_ = shared;
   }
   AttentionDecodeKernel<<<dim3(NH, n), kThreads, shared, stream_>>>(
-      out, kcache, vcache, qkv, pos, NH, hs, capacity);
+      y, kcache, vcache, qkv, pos, NH, hs, capacity);
   Launched();
+  Finish(out, y, int64_t(n) * C);
 }
 
 int64_t CudaBackend::attention_saved_floats(int64_t B, int64_t T, int C,

@@ -40,6 +40,10 @@ __global__ void ToBf16Kernel(__nv_bfloat16* out, const S* in, int64_t n,
   });
 }
 
+__global__ void FromBf16Kernel(float* out, const __nv_bfloat16* in, int64_t n) {
+  ForEachIndex(n, [&](int64_t i) { out[i] = __bfloat162float(in[i]); });
+}
+
 int Alignment(const void* p) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   for (int align : {256, 128, 64, 32, 16, 8}) {
@@ -55,18 +59,12 @@ void CudaBackend::matmul_forward(Act out, ConstAct inp, const float* weight,
                                  int OC) {
   const OpScope scope(&times_, stream_, "matmul_forward");
   const int64_t BT = static_cast<int64_t>(B) * T;
-  // A bf16 output (fch) is computed in fp32 into scratch, then rounded.
-  float* y = Bf16Storage(out) ? Scratch(BT * OC) : out.f32();
+  // A bf16 output (qkv, fch) is computed in fp32, then rounded.
+  float* y = F32Target(out, BT * OC, 0);
   // Column-major: out^T (OC,BT) = weight (C,OC)^T inp^T (C,BT).
   Matmul(true, false, OC, BT, C, Operand(weight, int64_t(C) * OC, 0), C,
          Operand(inp, BT * C, 1), C, 0.0f, y, OC, bias);
-  if (Bf16Storage(out)) {
-    const int64_t n = BT * OC;
-    ToBf16Kernel<false, float>
-        <<<Blocks(n / 4 > 0 ? n / 4 : n), kThreads, 0, stream_>>>(
-            static_cast<__nv_bfloat16*>(out.p), y, n, n / 4);
-    Launched();
-  }
+  Finish(out, y, BT * OC);
 }
 
 void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias,
@@ -126,6 +124,27 @@ void CudaBackend::MatmulBackward(float* dinp, float* dweight, float* dbias,
   if (dbias != nullptr) {
     ColumnSums(nullptr, dbias, dout, nullptr, nullptr, nullptr, BT, OC);
   }
+}
+
+const float* CudaBackend::AsF32(ConstAct x, int64_t n, int slot) {
+  if (!Bf16Storage(x)) return x.f32();
+  float* f = Grow(&unpacked_[slot], n);
+  FromBf16Kernel<<<Blocks(n), kThreads, 0, stream_>>>(
+      f, static_cast<const __nv_bfloat16*>(x.p), n);
+  Launched();
+  return f;
+}
+
+float* CudaBackend::F32Target(Act out, int64_t n, int slot) {
+  return Bf16Storage(out) ? Grow(&unpacked_[slot], n) : out.f32();
+}
+
+void CudaBackend::Finish(Act out, const float* y, int64_t n) {
+  if (!Bf16Storage(out)) return;
+  const int64_t n4 = reinterpret_cast<uintptr_t>(y) % 16 == 0 ? n / 4 : 0;
+  ToBf16Kernel<false, float><<<Blocks(n4 > 0 ? n4 : n), kThreads, 0, stream_>>>(
+      static_cast<__nv_bfloat16*>(out.p), y, n, n4);
+  Launched();
 }
 
 CudaBackend::Op CudaBackend::Operand(ConstAct x, int64_t n, int slot) {

@@ -44,6 +44,7 @@ CudaBackend::~CudaBackend() {
   if (times_.enabled()) times_.Print();
   cudaFree(scratch_.p);
   for (GrowOnly<__nv_bfloat16>& b : bf16_) cudaFree(b.p);
+  for (GrowOnly<float>& b : unpacked_) cudaFree(b.p);
   cudaFree(adam_runs_.dev);
   cudaFree(norm_runs_.dev);
   cudaFree(sum_);

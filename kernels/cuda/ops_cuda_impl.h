@@ -216,8 +216,9 @@ class CudaBackend final : public Ops {
   ~CudaBackend() override;
 
   Device device() const override { return Device::kCuda; }
-  // Under bf16 compute LayerNorm outputs and fch are stored in bf16: the
-  // matmuls take the first as they are, GELU reads the second.
+  // Under bf16 compute LayerNorm outputs, qkv, attention's output and fch
+  // are stored in bf16: matmuls and the fused attention take them as they
+  // are.
   DType activation_type() const override {
     return options_.bf16_compute ? DType::kBf16 : DType::kF32;
   }
@@ -276,14 +277,13 @@ class CudaBackend final : public Ops {
                             const float* saved, ConstAct inp,
                             const float* weight, int B, int T, int C,
                             int OC) override;
-  void attention_forward(float* out, float* att, const float* inp, int B, int T,
-                         int C, int NH) override;
+  void attention_forward(Act out, float* att, ConstAct inp, int B, int T, int C,
+                         int NH) override;
   void attention_backward(float* dinp, float* datt, const float* dout,
-                          const float* inp, const float* out, const float* att,
-                          int B, int T, int C, int NH) override;
-  void attention_decode(float* out, float* kcache, float* vcache,
-                        const float* qkv, int n, int pos, int C, int NH,
-                        int capacity) override;
+                          ConstAct inp, ConstAct out, const float* att, int B,
+                          int T, int C, int NH) override;
+  void attention_decode(Act out, float* kcache, float* vcache, ConstAct qkv,
+                        int n, int pos, int C, int NH, int capacity) override;
   int64_t attention_saved_floats(int64_t B, int64_t T, int C,
                                  int NH) const override;
   void gelu_forward(float* out, const float* inp, int64_t N) override;
@@ -419,6 +419,13 @@ class CudaBackend final : public Ops {
   Op GeluOperand(ConstAct x, int64_t n, int slot);
   template <bool kGelu, typename S>
   Op Rounded(const S* x, int64_t n, int slot);
+  // Around a kernel that reads and writes fp32 (matmul.cu): x (n) as fp32,
+  // itself or its bf16 values unpacked into unpacked_[slot]; where an op
+  // writes `out` (n) in fp32, itself or unpacked_[slot], which Finish
+  // rounds into it.
+  const float* AsF32(ConstAct x, int64_t n, int slot);
+  float* F32Target(Act out, int64_t n, int slot);
+  void Finish(Act out, const float* y, int64_t n);
   // matmul_backward's products over rows BT, with its input as the operand
   // `in` (Operand's or GeluOperand's, in slot 2).
   void MatmulBackward(float* dinp, float* dweight, float* dbias,
@@ -471,6 +478,7 @@ class CudaBackend final : public Ops {
            cublasLtMatmulAlgo_t>
       algos_;
   GrowOnly<__nv_bfloat16> bf16_[3];  // Operand's slots
+  GrowOnly<float> unpacked_[2];      // AsF32's and F32Target's slots
   // `runs` (n) into `table` on the device, unless it holds them already;
   // returns whether it fits in the shared memory of a block (48 KiB).
   bool Upload(const Ops::Run* runs, int n, RunTable* table);

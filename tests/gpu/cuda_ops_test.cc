@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cpu/kernels.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/ops.h"
 #include "worker/engine/gpt_stage.h"
@@ -368,6 +369,52 @@ TEST_P(CudaOpsTest, MlpHiddenLayerStoredInBf16) {
   Check("gelu_matmul dinp (bf16 input)", g_dinp.Host(), dinp, true);
   Check("gelu_matmul dweight (bf16 input)", g_dw.Host(), dw, true);
   Check("gelu_matmul dbias (bf16 input)", g_db.Host(), db);
+}
+
+// Attention over a bf16-stored qkv into a bf16-stored output under bf16
+// compute (fused heads of 16, and heads of 8 through cuBLAS), against the
+// same on the CPU's bf16 backend.
+TEST_P(CudaOpsTest, AttentionOverBf16StoredTensors) {
+  if (!bf16()) GTEST_SKIP() << "bf16 storage is bf16 compute's";
+  Ops& twin = kernels::CpuBf16Ops();
+  const kernels::DType bf = kernels::DType::kBf16;
+  for (int NH : {4, 8}) {
+    const int64_t n = int64_t{kB} * kT * kC;
+    std::printf("  heads of %d\n", kC / NH);
+    Vec qkv16((3 * n + 1) / 2), out16((n + 1) / 2), gout16((n + 1) / 2);
+    kernels::RoundToBf16Rows(reinterpret_cast<uint16_t*>(qkv16.data()),
+                             Random(3 * n, 101).data(), 1, 3 * n);
+    const Vec dout = Random(n, 102);
+    Vec att(twin.attention_saved_floats(kB, kT, kC, NH)),
+        datt(twin.attention_scratch_floats(kB, kT, kC, NH)), dinp(3 * n, 0.0f);
+    twin.attention_forward(kernels::Act(out16.data(), bf), att.data(),
+                           kernels::ConstAct(qkv16.data(), bf), kB, kT, kC, NH);
+    twin.attention_backward(dinp.data(), datt.data(), dout.data(),
+                            kernels::ConstAct(qkv16.data(), bf),
+                            kernels::ConstAct(out16.data(), bf), att.data(), kB,
+                            kT, kC, NH);
+    Dev g_qkv(gpu_.get(), qkv16), g_out(gpu_.get(), gout16),
+        g_att(gpu_.get(), Vec(gpu_->attention_saved_floats(kB, kT, kC, NH))),
+        g_datt(gpu_.get(), Vec(gpu_->attention_scratch_floats(kB, kT, kC, NH))),
+        g_dout(gpu_.get(), dout), g_dinp(gpu_.get(), Vec(3 * n, 0.0f));
+    gpu_->attention_forward(kernels::Act(g_out.get(), bf), g_att.get(),
+                            kernels::ConstAct(g_qkv.get(), bf), kB, kT, kC, NH);
+    // The backward reads the CPU's stored output, as the CPU did.
+    Dev g_cpu_out(gpu_.get(), out16);
+    gpu_->attention_backward(g_dinp.get(), g_datt.get(), g_dout.get(),
+                             kernels::ConstAct(g_qkv.get(), bf),
+                             kernels::ConstAct(g_cpu_out.get(), bf),
+                             g_att.get(), kB, kT, kC, NH);
+    auto unpack = [&](const Vec& packed) {
+      Vec v(n);
+      kernels::FromBf16Values(
+          v.data(), reinterpret_cast<const uint16_t*>(packed.data()), n);
+      return v;
+    };
+    Check("attention out (bf16 storage)", unpack(g_out.Host()), unpack(out16),
+          true);
+    Check("attention dinp (bf16 storage)", g_dinp.Host(), dinp, true);
+  }
 }
 
 // The MLP projection of GELU(inp): under bf16 compute the backend applies

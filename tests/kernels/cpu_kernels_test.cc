@@ -830,6 +830,69 @@ TEST(MatmulTest, Bf16StoredHiddenLayerIsItsFp32Value) {
   }
 }
 
+// Attention over a bf16-stored qkv into a bf16-stored output, on each
+// path (probabilities kept below kFlashAttentionT, flash from it on; and
+// generation's cached attention): the results for the fp32 values the
+// stored ones stand for, the output rounded.
+TEST(AttentionTest, Bf16StoredInputAndOutputAreTheirFp32Values) {
+  Ops& ops = CpuBf16Ops();
+  const DType bf = DType::kBf16;
+  for (int T : {24, static_cast<int>(kFlashAttentionT)}) {
+    SCOPED_TRACE(T);
+    const int B = 1, C = 32, NH = 2;
+    const int64_t n = int64_t{B} * T * C;
+    std::mt19937_64 rng(29);
+    std::vector<float> qkv = ToFloat(Random(3 * n, &rng, -1, 1));
+    for (float& x : qkv) x = Bf16Round(x);  // values a bf16 tensor can hold
+    std::vector<float> qkv16((3 * n + 1) / 2);
+    RoundToBf16Rows(reinterpret_cast<uint16_t*>(qkv16.data()), qkv.data(), 1,
+                    3 * n);
+    const std::vector<float> dout = ToFloat(Random(n, &rng, -1, 1));
+    std::vector<float> att(ops.attention_saved_floats(B, T, C, NH)),
+        att16(att.size()), datt(ops.attention_scratch_floats(B, T, C, NH)),
+        out(n), out16((n + 1) / 2);
+    ops.attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    ops.attention_forward(Act(out16.data(), bf), att16.data(),
+                          ConstAct(qkv16.data(), bf), B, T, C, NH);
+    EXPECT_EQ(att16, att);
+    const auto* bits = reinterpret_cast<const uint16_t*>(out16.data());
+    std::vector<float> out_rounded(n);
+    for (int64_t i = 0; i < n; ++i) {
+      out_rounded[i] = internal::FromBf16(bits[i]);
+      ASSERT_EQ(out_rounded[i], Bf16Round(out[i])) << i;
+    }
+    // The backward reads the stored output (flash: its rows' dot with dout)
+    // as the fp32 value it stands for.
+    std::vector<float> dinp(3 * n, 0.0f), dinp16(3 * n, 0.0f);
+    ops.attention_backward(dinp.data(), datt.data(), dout.data(), qkv.data(),
+                           out_rounded.data(), att.data(), B, T, C, NH);
+    ops.attention_backward(
+        dinp16.data(), datt.data(), dout.data(), ConstAct(qkv16.data(), bf),
+        ConstAct(out16.data(), bf), att16.data(), B, T, C, NH);
+    EXPECT_EQ(dinp16, dinp);
+  }
+  // Generation: three positions into a cache of 8.
+  const int C = 32, NH = 2, cap = 8, n = 3;
+  std::mt19937_64 rng(31);
+  std::vector<float> qkv = ToFloat(Random(n * 3 * C, &rng, -1, 1));
+  for (float& x : qkv) x = Bf16Round(x);
+  std::vector<float> qkv16((n * 3 * C + 1) / 2);
+  RoundToBf16Rows(reinterpret_cast<uint16_t*>(qkv16.data()), qkv.data(), 1,
+                  n * 3 * C);
+  std::vector<float> k(NH * cap * (C / NH)), v(k.size()), k16(k.size()),
+      v16(k.size()), out(n * C), out16((n * C + 1) / 2);
+  ops.attention_decode(out.data(), k.data(), v.data(), qkv.data(), n, 0, C, NH,
+                       cap);
+  ops.attention_decode(Act(out16.data(), bf), k16.data(), v16.data(),
+                       ConstAct(qkv16.data(), bf), n, 0, C, NH, cap);
+  EXPECT_EQ(k16, k);
+  EXPECT_EQ(v16, v);
+  const auto* bits = reinterpret_cast<const uint16_t*>(out16.data());
+  for (int i = 0; i < n * C; ++i) {
+    ASSERT_EQ(internal::FromBf16(bits[i]), Bf16Round(out[i])) << i;
+  }
+}
+
 // The MLP projection of GELU(inp) with GELU's output not kept
 // (Ops::gelu_matmul_*): bit for bit what gelu_forward then the matmul give,
 // on both CPU precisions (bf16 applies GELU as it rounds the operand; its

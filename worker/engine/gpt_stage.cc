@@ -155,11 +155,12 @@ GptStage::ActivationDims GptStage::ActivationDims::Of(
   d.gelu = ops != nullptr && recompute != Recompute::kFull
                ? ops->gelu_saved_floats(d.BT, static_cast<int>(4 * d.Cl))
                : 0;
-  // LayerNorm outputs and fch in the backend's activation type: bf16 (half
-  // a float each) where it keeps them so and the width is even.
+  // LayerNorm outputs, qkv, attention's output and fch in the backend's
+  // activation type: bf16 (half a float each) where it keeps them so and
+  // every width (C, Cl, 3Cl, 4Cl) is even.
   d.act_div = ops != nullptr &&
                       ops->activation_type() == kernels::DType::kBf16 &&
-                      d.C % 2 == 0
+                      d.Cl % 2 == 0
                   ? 2
                   : 1;
   d.slots = slots;
@@ -185,8 +186,8 @@ void GptStage::LayOut(const ActivationDims& d, TakeFn take,
     slot.ln1 = take(stored(layers, BTs, C));
     slot.ln1_mean = take(SatMul(layers, BTs));
     slot.ln1_rstd = take(SatMul(layers, BTs));
-    slot.qkv = take(SatMul(layers, SatMul(BT, 3 * Cl)));
-    slot.atty = take(SatMul(layers, SatMul(BT, Cl)));
+    slot.qkv = take(stored(layers, BT, 3 * Cl));
+    slot.atty = take(stored(layers, BT, Cl));
     if (!selective) slot.att = take(SatMul(layers, d.att));
     slot.residual2 = take(SatMul(layers, SatMul(BTs, C)));
     slot.ln2 = take(stored(layers, BTs, C));
@@ -373,8 +374,8 @@ GptStage::BlockActs GptStage::Acts(const Slot& S, int b) const {
   return BlockActs{S.ln1 + l * sBTs * C / act_div_,
                    S.ln1_mean + l * sBTs,
                    S.ln1_rstd + l * sBTs,
-                   S.qkv + l * sBT * 3 * Cl_,
-                   S.atty + l * sBT * Cl_,
+                   S.qkv + l * sBT * 3 * Cl_ / act_div_,
+                   S.atty + l * sBT * Cl_ / act_div_,
                    S.att + la * att_floats_,
                    S.residual2 + l * sBTs * C,
                    S.ln2 + l * sBTs * C / act_div_,
@@ -399,7 +400,7 @@ void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
   k.layernorm_forward(Stored(a.ln1), a.ln1_mean, a.ln1_rstd, x,
                       BlockTensor(w, b, kLn1W), BlockTensor(w, b, kLn1B), B, Ts,
                       C);
-  column_linear_forward(a.qkv, Stored(a.ln1), BlockTensor(w, b, kQkvW),
+  column_linear_forward(Stored(a.qkv), Stored(a.ln1), BlockTensor(w, b, kQkvW),
                         BlockTensor(w, b, kQkvB), B, T, C, 3 * Cl_, g,
                         scratch_);
   st.EndForward(u);
@@ -407,14 +408,14 @@ void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
     // The cache of local block b: keys, then values, (NHl,max_T,hs) each.
     const int64_t cache = int64_t{max_T_} * Cl_;
     float* keys = kv_.data() + 2 * b * cache;
-    k.attention_decode(a.atty, keys, keys + cache, a.qkv, T, pos, Cl_, NHl_,
-                       max_T_);
+    k.attention_decode(Stored(a.atty), keys, keys + cache, Stored(a.qkv), T,
+                       pos, Cl_, NHl_, max_T_);
   } else {
-    k.attention_forward(a.atty, a.att, a.qkv, B, T, Cl_, NHl_);
+    k.attention_forward(Stored(a.atty), a.att, Stored(a.qkv), B, T, Cl_, NHl_);
   }
   st.BeginForward(u + 1);
   w = st.Params(u + 1);
-  row_linear_forward(proj_, a.atty, BlockTensor(w, b, kAttProjW),
+  row_linear_forward(proj_, Stored(a.atty), BlockTensor(w, b, kAttProjW),
                      BlockTensor(w, b, kAttProjB), B, T, Cl_, C, g, scratch_);
   st.EndForward(u + 1);
   st.BeginForward(u + 2);
@@ -589,18 +590,19 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
     st.EndBackward(u + 2);
     st.BeginBackward(u + 1);
     row_linear_backward(datty_, dT(u + 1, kAttProjW), dT(u + 1, kAttProjB),
-                        dresidual_, a.atty,
+                        dresidual_, Stored(a.atty),
                         BlockTensor(st.Params(u + 1), b, kAttProjW), B, T, Cl_,
                         C, tp_, scratch_);
     st.EndBackward(u + 1);
     if (recompute_ == Recompute::kSelective) {
       // What attention keeps, again (its output comes out the same, bit for
       // bit, over the kept one).
-      k.attention_forward(a.atty, a.att, a.qkv, B, T, Cl_, NHl_);
+      k.attention_forward(Stored(a.atty), a.att, Stored(a.qkv), B, T, Cl_,
+                          NHl_);
     }
     k.Zero(dqkv_, BT * 3 * Cl_);
-    k.attention_backward(dqkv_, datt_, datty_, a.qkv, a.atty, a.att, B, T, Cl_,
-                         NHl_);
+    k.attention_backward(dqkv_, datt_, datty_, Stored(a.qkv), Stored(a.atty),
+                         a.att, B, T, Cl_, NHl_);
     st.Poll();
     st.BeginBackward(u);
     w = st.Params(u);

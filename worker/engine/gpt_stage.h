@@ -181,8 +181,9 @@ class GptStage : private UnitStore {
   // shared by all slots, with selective recomputation att is (BlockActs
   // gives layer b's pointers either way).
   struct Slot {
-    float* input;      // (B,Ts,C): embedding output or the received input
-    float* ln1;        // (L,B,Ts,C), fp32 or bf16 (act_type_), as ln2, lnf
+    float* input;  // (B,Ts,C): embedding output or the received input
+    // (L,B,Ts,C), fp32 or bf16 (act_type_), as ln2, lnf, qkv, atty, fch
+    float* ln1;
     float* ln1_mean;   // (L,B,Ts)
     float* ln1_rstd;   // (L,B,Ts)
     float* qkv;        // (L,B,T,3Cl)
@@ -249,8 +250,9 @@ class GptStage : private UnitStore {
     // Per layer and microbatch: what attention keeps, what is kept of
     // GELU(fch); attention's backward scratch.
     int64_t att = 0, gelu = 0, datt = 0;
-    // 2 where LayerNorm outputs are kept in bf16 (Ops::activation_type, an
-    // even width): their slabs' elements per float; else 1.
+    // 2 where the stored activations (LayerNorm outputs, qkv, atty, fch)
+    // are kept in bf16 (Ops::activation_type, even widths): their slabs'
+    // elements per float; else 1.
     int64_t act_div = 1;
     int slots = 1;
     Recompute recompute = Recompute::kNone;
@@ -298,8 +300,8 @@ class GptStage : private UnitStore {
   // (Ops::gelu_saved_floats; none under full recomputation, whose forward
   // again stops before the MLP's projection): the stride of Slot::gelu.
   int64_t gelu_floats_ = 0;
-  // How LayerNorm outputs (ln1, ln2, lnf) are stored, and their elements
-  // per float of the slabs (ActivationDims::act_div).
+  // How the stored activations (ln1, ln2, lnf, qkv, atty, fch) are kept,
+  // and their elements per float of the slabs (ActivationDims::act_div).
   kernels::DType act_type_ = kernels::DType::kF32;
   int64_t act_div_ = 1;
   kernels::Act Stored(float* p) const { return kernels::Act(p, act_type_); }
