@@ -23,7 +23,7 @@ enum class Device { kCpu, kCuda };
 
 // How a tensor of activations is stored: fp32, or bf16 (two bytes an
 // element, rounded to nearest even) where a backend computing in bf16 keeps
-// what only its matmuls read back (activation_type()).
+// the activations Ops::activation_type names.
 enum class DType { kF32, kBf16 };
 
 // A tensor of activations in a backend's memory and its type; a float
@@ -62,7 +62,7 @@ class Ops {
                                      int64_t n) = 0;
   virtual void ToHost(float* host, const float* src, int64_t n) = 0;
   virtual void FromHost(float* dst, const float* host, int64_t n) = 0;
-  // The type this backend may keep activations in that only its matmuls
+  // The type this backend may keep activations in that matmuls, attention
   // and GELU read: bf16 where it computes matmuls in bf16, else fp32. The
   // LayerNorm outputs (the values a matmul would round them to anyway),
   // attention's input (qkv) and output, and the MLP's hidden layer before

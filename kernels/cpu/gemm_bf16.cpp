@@ -293,9 +293,11 @@ struct Shape {
   int64_t M, N, K, ldb, ldc;
   float beta;
   bool bias;
+  bool c_bf16 = false;  // C is bf16 (rounded to nearest even), else fp32
   bool operator<(const Shape& o) const {
-    return std::tie(ta, tb, M, N, K, ldb, ldc, beta, bias) <
-           std::tie(o.ta, o.tb, o.M, o.N, o.K, o.ldb, o.ldc, o.beta, o.bias);
+    return std::tie(ta, tb, M, N, K, ldb, ldc, beta, bias, c_bf16) <
+           std::tie(o.ta, o.tb, o.M, o.N, o.K, o.ldb, o.ldc, o.beta, o.bias,
+                    o.c_bf16);
   }
 };
 
@@ -327,7 +329,8 @@ const Primitive& PrimitiveFor(const Shape& s) {
       {s.K, s.N}, dt::f32,
       s.tb ? dnnl::memory::dims{1, s.ldb} : dnnl::memory::dims{s.ldb, 1});
   const dnnl::memory::desc b_any({s.K, s.N}, dt::bf16, tag::any);
-  p.c = dnnl::memory::desc({s.M, s.N}, dt::f32, dnnl::memory::dims{s.ldc, 1});
+  p.c = dnnl::memory::desc({s.M, s.N}, s.c_bf16 ? dt::bf16 : dt::f32,
+                           dnnl::memory::dims{s.ldc, 1});
   if (s.bias) p.bias = dnnl::memory::desc({1, s.N}, dt::f32, tag::ab);
   dnnl::primitive_attr attr;
   if (s.beta != 0.0f) {
@@ -426,11 +429,11 @@ uint16_t* Scratch(int which, int64_t n) {
 // when B is null (a stored bf16 operand, with no fp32 one beside it).
 void MatmulBf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                 const uint16_t* A16, const float* B, int64_t ldb, float beta,
-                float* C, int64_t ldc, const float* bias, int b_scratch,
+                void* C, int64_t ldc, const float* bias, int b_scratch,
                 bool gelu_b = false, float* hidden = nullptr,
-                const uint16_t* B16 = nullptr) {
+                const uint16_t* B16 = nullptr, bool c_bf16 = false) {
   const Primitive& p =
-      PrimitiveFor({ta, tb, M, N, K, ldb, ldc, beta, bias != nullptr});
+      PrimitiveFor({ta, tb, M, N, K, ldb, ldc, beta, bias != nullptr, c_bf16});
   uint16_t* b16 = Scratch(
       b_scratch, static_cast<int64_t>(p.b.get_size() / sizeof(uint16_t)));
   dnnl::memory b(p.b, internal::DnnlEngine(), b16);
@@ -527,6 +530,14 @@ void matmul_forward_bf16_input(float* out, const uint16_t* inp16,
   if (rows == 0) return;
   MatmulBf16(false, true, rows, OC, C, inp16, weight, C, 0.0f, out, OC, bias,
              1);
+}
+
+void matmul_forward_bf16_output(uint16_t* out16, const uint16_t* inp16,
+                                const float* weight, const float* bias,
+                                int64_t rows, int C, int OC) {
+  if (rows == 0) return;
+  MatmulBf16(false, true, rows, OC, C, inp16, weight, C, 0.0f, out16, OC, bias,
+             1, /*gelu_b=*/false, nullptr, nullptr, /*c_bf16=*/true);
 }
 
 void matmul_backward_bf16_input(float* dinp, float* dweight, float* dbias,

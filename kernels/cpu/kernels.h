@@ -62,6 +62,12 @@ void gelu_matmul_backward_bf16(float* dinp, float* dweight, float* dbias,
 void matmul_forward_bf16_input(float* out, const uint16_t* inp16,
                                const float* weight, const float* bias,
                                int64_t rows, int C, int OC);
+// The same product rounded to bf16 as oneDNN writes it (out16 (rows,OC)
+// bf16, nearest even): a bf16-stored output (qkv, fch) of a bf16-stored
+// input, without an fp32 pass.
+void matmul_forward_bf16_output(uint16_t* out16, const uint16_t* inp16,
+                                const float* weight, const float* bias,
+                                int64_t rows, int C, int OC);
 void matmul_backward_bf16_input(float* dinp, float* dweight, float* dbias,
                                 const float* dout, const uint16_t* inp16,
                                 const float* weight, int64_t rows, int C,

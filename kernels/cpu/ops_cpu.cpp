@@ -127,8 +127,13 @@ class CpuBackend final : public Ops {
   void matmul_forward(Act out, ConstAct inp, const float* weight,
                       const float* bias, int B, int T, int C, int OC) override {
     const int64_t rows = static_cast<int64_t>(B) * T;
-    // A bf16 output (qkv, fch) is computed in fp32 into scratch, then
-    // rounded.
+    if (Bf16(out) && Bf16(inp)) {  // oneDNN writes the bf16 output
+      kernels::matmul_forward_bf16_output(static_cast<uint16_t*>(out.p),
+                                          static_cast<const uint16_t*>(inp.p),
+                                          weight, bias, rows, C, OC);
+      return;
+    }
+    // Else a bf16 output is computed in fp32 into scratch, then rounded.
     float* y = F32Target(out, rows * OC, 0);
     if (Bf16(inp)) {
       kernels::matmul_forward_bf16_input(y, static_cast<const uint16_t*>(inp.p),

@@ -760,6 +760,14 @@ TEST(MatmulTest, Bf16StoredInputGivesTheProductsOfItsFp32Source) {
     ops.matmul_forward(out16.data(), stored, w.data(), b.data(), sh.B, sh.T,
                        sh.C, sh.OC);
     EXPECT_EQ(out16, out);
+    // A bf16 output of it (qkv, fch), written by oneDNN: out rounded.
+    std::vector<float> half((rows * sh.OC + 1) / 2);
+    ops.matmul_forward(Act(half.data(), DType::kBf16), stored, w.data(),
+                       b.data(), sh.B, sh.T, sh.C, sh.OC);
+    const auto* hb = reinterpret_cast<const uint16_t*>(half.data());
+    for (int64_t i = 0; i < rows * sh.OC; ++i) {
+      ASSERT_EQ(internal::FromBf16(hb[i]), Bf16Round(out[i])) << i;
+    }
     std::vector<float> dinp(rows * sh.C), dw(w.size(), 0.5f), db(sh.OC, 0.25f);
     std::vector<float> dinp16 = dinp, dw16 = dw, db16 = db;
     ops.matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(),
