@@ -784,8 +784,9 @@ TEST_P(CudaOpsTest, AdamWUpdate) {
   Check("adamw v", g_v.Host(), v);
 }
 
-// The whole model: the same GptStage code on each backend, same
-// initialisation, ten AdamW steps on the same batches.
+// The whole model: the same GptStage code on each backend (the CPU twin of
+// the GPU's precision), same initialisation, ten AdamW steps on the same
+// batches.
 TEST_P(CudaOpsTest, GptStageTrainsAsOnTheCpuForTenSteps) {
   GptConfig config{/*n_layer=*/2,       /*n_head=*/4,
                    /*n_embd=*/64,
@@ -795,6 +796,9 @@ TEST_P(CudaOpsTest, GptStageTrainsAsOnTheCpuForTenSteps) {
   StageOptions o;
   o.max_B = B;
   o.max_T = T;
+  // The CPU twin: under bf16 compute the bf16 CPU backend, which stores the
+  // same activations in bf16.
+  o.ops = bf16() ? &kernels::CpuBf16Ops() : &kernels::CpuOps();
   GptStage cpu_model(config, BuildPlan(config, {}), o);
   o.ops = gpu_.get();
   GptStage gpu_model(config, BuildPlan(config, {}), o);
