@@ -401,7 +401,6 @@ float* Bf16Scratch(int which, int64_t n) {
 
 void FromBf16Values(float* dst, const uint16_t* src, int64_t n) {
   internal::ParallelFor(n, [&](int64_t i0, int64_t i1) {
-#pragma omp simd
     for (int64_t i = i0; i < i1; ++i) dst[i] = internal::FromBf16(src[i]);
   });
 }

@@ -193,7 +193,7 @@ void CudaBackend::attention_forward(Act out, float* att, ConstAct inp, int B,
   // bf16 qkv as it is, the others its fp32 values.
   float* y = F32Target(out, n, 0);
   if (Fused(C, NH)) {
-    const Op qkv = Operand(inp, 3 * n, 0);
+    const Op qkv = FusedOperand(inp, 3 * n, 0);
     FlashAttentionForward(y, att, static_cast<const __nv_bfloat16*>(qkv.p), B,
                           T, NH, C / NH, stream_);
   } else if (options_.bf16_compute) {
@@ -211,7 +211,7 @@ void CudaBackend::attention_backward(float* dinp, float* datt,
   const OpScope scope(&times_, stream_, "attention_backward");
   const int64_t n = int64_t(B) * T * C;
   if (Fused(C, NH)) {
-    const Op qkv = Operand(inp, 3 * n, 0), dy = Operand(dout, n, 1);
+    const Op qkv = FusedOperand(inp, 3 * n, 0), dy = Operand(dout, n, 1);
     FlashAttentionBackward(
         dinp, datt, dout, static_cast<const __nv_bfloat16*>(dy.p),
         AsF32(out, n, 0), static_cast<const __nv_bfloat16*>(qkv.p), att, B, T,
@@ -248,6 +248,16 @@ void CudaBackend::attention_decode(Act out, float* kcache, float* vcache,
       y, kcache, vcache, qkv, pos, NH, hs, capacity);
   Launched();
   Finish(out, y, int64_t(n) * C);
+}
+
+CudaBackend::Op CudaBackend::FusedOperand(ConstAct x, int64_t n, int slot) {
+  const Op op = Operand(x, n, slot);
+  if (reinterpret_cast<uintptr_t>(op.p) % 16 == 0) return op;
+  // A stored bf16 tensor off that alignment (an odd slab offset): copied.
+  __nv_bfloat16* copy = Grow(&bf16_[slot], n);
+  PT_CUDA_CHECK(cudaMemcpyAsync(copy, op.p, n * sizeof(__nv_bfloat16),
+                                cudaMemcpyDeviceToDevice, stream_));
+  return {copy, CUDA_R_16BF};
 }
 
 int64_t CudaBackend::attention_saved_floats(int64_t B, int64_t T, int C,

@@ -414,6 +414,9 @@ class CudaBackend final : public Ops {
   // CUBLAS_COMPUTE_32F_FAST_16BF, rounding included (docs/cuda.md). Else
   // x itself.
   Op Operand(ConstAct x, int64_t n, int slot);
+  // Operand for the fused attention, which reads it 16 bytes at a time: a
+  // stored bf16 tensor off that alignment is copied into `slot` first.
+  Op FusedOperand(ConstAct x, int64_t n, int slot);
   // Under bf16 compute, GELU(x) rounded to bf16 into scratch `slot`, one
   // pass: the MLP projection's input, whose fp32 GELU is never written.
   Op GeluOperand(ConstAct x, int64_t n, int slot);
