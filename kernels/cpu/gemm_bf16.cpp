@@ -469,6 +469,18 @@ void MatmulBf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
   stream.wait();
 }
 
+// gelu_matmul_forward_bf16 of an input of type S (float, or a bf16-stored
+// one): GELU as inp is rounded, its fp32 output never written.
+template <typename S>
+void GeluMatmulForwardBf16(float* out, const S* inp, const float* weight,
+                           const float* bias, int64_t rows, int C, int OC,
+                           uint16_t* saved) {
+  if (rows == 0) return;
+  uint16_t* a16 = saved != nullptr ? saved : Scratch(0, rows * C);
+  ToBf16<true>(a16, inp, rows, C, C, /*transpose=*/false);
+  MatmulBf16(false, true, rows, OC, C, a16, weight, C, 0.0f, out, OC, bias, 1);
+}
+
 // matmul_backward_bf16, its input GELU(inp) when gelu (see MatmulBf16),
 // inp16 that input rounded when not null.
 void MatmulBackwardBf16(float* dinp, float* dweight, float* dbias,
@@ -551,10 +563,7 @@ void gelu_matmul_forward_bf16_input(float* out, const uint16_t* inp16,
                                     const float* weight, const float* bias,
                                     int64_t rows, int C, int OC,
                                     uint16_t* saved) {
-  if (rows == 0) return;
-  uint16_t* a16 = saved != nullptr ? saved : Scratch(0, rows * C);
-  ToBf16<true>(a16, inp16, rows, C, C, /*transpose=*/false);
-  MatmulBf16(false, true, rows, OC, C, a16, weight, C, 0.0f, out, OC, bias, 1);
+  GeluMatmulForwardBf16(out, inp16, weight, bias, rows, C, OC, saved);
 }
 
 void gelu_matmul_backward_bf16_input(float* dinp, float* dweight, float* dbias,
@@ -577,11 +586,7 @@ void gelu_matmul_backward_bf16_input(float* dinp, float* dweight, float* dbias,
 void gelu_matmul_forward_bf16(float* out, const float* inp, const float* weight,
                               const float* bias, int64_t rows, int C, int OC,
                               uint16_t* saved) {
-  if (rows == 0) return;
-  // GELU as inp is rounded: its fp32 output is never written.
-  uint16_t* a16 = saved != nullptr ? saved : Scratch(0, rows * C);
-  ToBf16<true>(a16, inp, rows, C, C, /*transpose=*/false);
-  MatmulBf16(false, true, rows, OC, C, a16, weight, C, 0.0f, out, OC, bias, 1);
+  GeluMatmulForwardBf16(out, inp, weight, bias, rows, C, OC, saved);
 }
 
 void gelu_matmul_backward_bf16(float* dinp, float* dweight, float* dbias,

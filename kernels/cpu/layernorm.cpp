@@ -34,13 +34,22 @@ inline void LayerNormRow(F* o, F* mean, F* rstd, const F* x, const F* weight,
   *rstd = s;
 }
 
-}  // namespace
+// LayerNormRow into a row of the calling thread's scratch, then rounded to
+// bf16 into o: the values layernorm_forward writes, rounded as gemm_bf16
+// rounds its operands.
+struct LayerNormPool;
+void LayerNormRow(uint16_t* o, float* mean, float* rstd, const float* x,
+                  const float* weight, const float* bias, int C) {
+  float* row = internal::ThreadScratch<LayerNormPool, float>(0, C);
+  LayerNormRow(row, mean, rstd, x, weight, bias, C);
+  for (int i = 0; i < C; i++) o[i] = internal::RoundToBf16(row[i]);
+}
 
-// out is (B,T,C), mean and rstd are (B,T), inp is (B,T,C), weight and bias
-// are (C).
-template <typename F>
-void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight,
-                       const F* bias, int B, int T, int C) {
+// layernorm_forward and residual_layernorm_forward into an output of type
+// O: F, or bf16 (uint16_t, F float).
+template <typename F, typename O>
+void LayerNormRows(O* out, F* mean, F* rstd, const F* inp, const F* weight,
+                   const F* bias, int B, int T, int C) {
   const int64_t rows = static_cast<int64_t>(B) * T;
   internal::ParallelFor(rows, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
@@ -50,12 +59,11 @@ void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight,
   });
 }
 
-// residual, out, inp1, inp2 are (B,T,C); the rest as layernorm_forward. The
-// row just summed is still in L1 when it is normalised.
-template <typename F>
-void residual_layernorm_forward(F* residual, F* out, F* mean, F* rstd,
-                                const F* inp1, const F* inp2, const F* weight,
-                                const F* bias, int B, int T, int C) {
+// The row just summed is still in L1 when it is normalised.
+template <typename F, typename O>
+void ResidualLayerNormRows(F* residual, O* out, F* mean, F* rstd, const F* inp1,
+                           const F* inp2, const F* weight, const F* bias, int B,
+                           int T, int C) {
   const int64_t rows = static_cast<int64_t>(B) * T;
   internal::ParallelFor(rows, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
@@ -69,31 +77,29 @@ void residual_layernorm_forward(F* residual, F* out, F* mean, F* rstd,
   });
 }
 
-namespace {
+}  // namespace
 
-// LayerNormRow into a row of the calling thread's scratch, then rounded to
-// bf16 into o: the values layernorm_forward writes, rounded as gemm_bf16
-// rounds its operands.
-struct LayerNormPool;
-void LayerNormRowBf16(uint16_t* o, float* mean, float* rstd, const float* x,
-                      const float* weight, const float* bias, int C) {
-  float* row = internal::ThreadScratch<LayerNormPool, float>(0, C);
-  LayerNormRow(row, mean, rstd, x, weight, bias, C);
-  for (int i = 0; i < C; i++) o[i] = internal::RoundToBf16(row[i]);
+// out is (B,T,C), mean and rstd are (B,T), inp is (B,T,C), weight and bias
+// are (C).
+template <typename F>
+void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight,
+                       const F* bias, int B, int T, int C) {
+  LayerNormRows(out, mean, rstd, inp, weight, bias, B, T, C);
 }
 
-}  // namespace
+// residual, out, inp1, inp2 are (B,T,C); the rest as layernorm_forward.
+template <typename F>
+void residual_layernorm_forward(F* residual, F* out, F* mean, F* rstd,
+                                const F* inp1, const F* inp2, const F* weight,
+                                const F* bias, int B, int T, int C) {
+  ResidualLayerNormRows(residual, out, mean, rstd, inp1, inp2, weight, bias, B,
+                        T, C);
+}
 
 void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd,
                             const float* inp, const float* weight,
                             const float* bias, int B, int T, int C) {
-  const int64_t rows = static_cast<int64_t>(B) * T;
-  internal::ParallelFor(rows, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; r++) {
-      LayerNormRowBf16(out + r * C, mean + r, rstd + r, inp + r * C, weight,
-                       bias, C);
-    }
-  });
+  LayerNormRows(out, mean, rstd, inp, weight, bias, B, T, C);
 }
 
 void residual_layernorm_forward_bf16(float* residual, uint16_t* out,
@@ -101,17 +107,8 @@ void residual_layernorm_forward_bf16(float* residual, uint16_t* out,
                                      const float* inp1, const float* inp2,
                                      const float* weight, const float* bias,
                                      int B, int T, int C) {
-  const int64_t rows = static_cast<int64_t>(B) * T;
-  internal::ParallelFor(rows, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; r++) {
-      float* x = residual + r * C;
-      const float* a = inp1 + r * C;
-      const float* b = inp2 + r * C;
-#pragma omp simd
-      for (int i = 0; i < C; i++) x[i] = a[i] + b[i];
-      LayerNormRowBf16(out + r * C, mean + r, rstd + r, x, weight, bias, C);
-    }
-  });
+  ResidualLayerNormRows(residual, out, mean, rstd, inp1, inp2, weight, bias, B,
+                        T, C);
 }
 
 // dinp is (B,T,C), dweight and dbias are (C), dout is (B,T,C), inp is (B,T,C),

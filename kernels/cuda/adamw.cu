@@ -123,17 +123,8 @@ bool CudaBackend::Upload(const Ops::Run* runs, int n, RunTable* table) {
     total += runs[i].count;
   }
   if (entries != table->host) {
-    if (n > table->capacity) {
-      if (table->dev != nullptr) {
-        PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-        PT_CUDA_CHECK(cudaFree(table->dev));
-      }
-      table->dev = nullptr;
-      PT_CUDA_CHECK(cudaMalloc(&table->dev, n * sizeof(RunEntry)));
-      table->capacity = n;
-    }
     // From pageable memory: the copy has read `entries` when it returns.
-    PT_CUDA_CHECK(cudaMemcpyAsync(table->dev, entries.data(),
+    PT_CUDA_CHECK(cudaMemcpyAsync(Grow(&table->dev, n), entries.data(),
                                   n * sizeof(RunEntry), cudaMemcpyHostToDevice,
                                   stream_));
     table->host = std::move(entries);
@@ -157,7 +148,7 @@ void CudaBackend::adamw_update_runs(float* params, float* m, float* v,
   const OpScope scope(&times_, stream_, "adamw_update");
   AdamWRunsKernel<<<Blocks(adam_runs_.total), kThreads,
                     shared ? n * sizeof(RunEntry) : 0, stream_>>>(
-      params, m, v, grads, adam_runs_.dev, n, shared, adam_runs_.total, decay,
+      params, m, v, grads, adam_runs_.dev.p, n, shared, adam_runs_.total, decay,
       plain);
   Launched();
 }
@@ -173,7 +164,7 @@ void CudaBackend::SumSquaresRuns(const float* x, const Ops::Run* runs, int n,
     PT_CUDA_CHECK(cudaMemsetAsync(sum_, 0, 2 * sizeof(double), stream_));
     const int blocks = std::min(Blocks(norm_runs_.total), 1024);
     SumSquaresRunsKernel<<<blocks, kThreads, shared ? n * sizeof(RunEntry) : 0,
-                           stream_>>>(sum_, x, norm_runs_.dev, n, shared,
+                           stream_>>>(sum_, x, norm_runs_.dev.p, n, shared,
                                       norm_runs_.total);
     Launched();
   }

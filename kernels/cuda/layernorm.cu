@@ -56,6 +56,34 @@ __global__ void LayerNormForwardKernel(O* out, float* mean, float* rstd,
   }
 }
 
+// One row's input gradient by one warp (`lane` of 32): dx += the gradient
+// through the LayerNorm of x, whose statistics are m and s. With `sums`
+// (dweight's C, then dbias's C), the row's weight and bias gradient terms
+// are added there too.
+__device__ __forceinline__ void LayerNormBackwardRow(float* dx, const float* x,
+                                                     const float* dy,
+                                                     const float* weight,
+                                                     float m, float s, int C,
+                                                     int lane, float* sums) {
+  float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
+  for (int i = lane; i < C; i += 32) {
+    const float dnorm = weight[i] * dy[i];
+    dnorm_sum += dnorm;
+    dnorm_norm_sum += dnorm * (x[i] - m) * s;
+  }
+  const float dnorm_mean = WarpSum(dnorm_sum) / C;
+  const float dnorm_norm_mean = WarpSum(dnorm_norm_sum) / C;
+  for (int i = lane; i < C; i += 32) {
+    const float norm = (x[i] - m) * s;
+    dx[i] += math::LayerNormInputGrad(weight[i] * dy[i], norm, dnorm_mean,
+                                      dnorm_norm_mean, s);
+    if (sums != nullptr) {
+      atomicAdd(&sums[i], norm * dy[i]);
+      atomicAdd(&sums[C + i], dy[i]);
+    }
+  }
+}
+
 // The whole backward in one pass over dout and inp: a warp per row at a
 // time, the block's weight and bias gradients summed in shared memory
 // (2·C floats) and added to the global ones once a block. Sums in an order
@@ -72,25 +100,8 @@ __global__ void LayerNormBackwardKernel(float* dinp, float* dweight,
   const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
   for (int64_t r = blockIdx.x * int64_t(warps) + threadIdx.x / 32; r < rows;
        r += int64_t(gridDim.x) * warps) {
-    const float* x = inp + r * C;
-    const float* dy = dout + r * C;
-    const float m = mean[r], s = rstd[r];
-    float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
-    for (int i = lane; i < C; i += 32) {
-      const float dnorm = weight[i] * dy[i];
-      dnorm_sum += dnorm;
-      dnorm_norm_sum += dnorm * (x[i] - m) * s;
-    }
-    const float dnorm_mean = WarpSum(dnorm_sum) / C;
-    const float dnorm_norm_mean = WarpSum(dnorm_norm_sum) / C;
-    float* dx = dinp + r * C;
-    for (int i = lane; i < C; i += 32) {
-      const float norm = (x[i] - m) * s;
-      dx[i] += math::LayerNormInputGrad(weight[i] * dy[i], norm, dnorm_mean,
-                                        dnorm_norm_mean, s);
-      atomicAdd(&sums[i], norm * dy[i]);
-      atomicAdd(&sums[C + i], dy[i]);
-    }
+    LayerNormBackwardRow(dinp + r * C, inp + r * C, dout + r * C, weight,
+                         mean[r], rstd[r], C, lane, sums);
   }
   __syncthreads();
   for (int i = threadIdx.x; i < C; i += blockDim.x) {
@@ -99,29 +110,15 @@ __global__ void LayerNormBackwardKernel(float* dinp, float* dweight,
   }
 }
 
-// The input gradient, one warp per row.
+// The input gradient, one warp per row (rows too wide for the kernel
+// above's shared memory; ColumnSumsKernel gives the weight gradients).
 __global__ void LayerNormBackwardInputKernel(
     float* dinp, const float* dout, const float* inp, const float* weight,
     const float* mean, const float* rstd, int64_t rows, int C) {
   const int64_t r = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
   if (r >= rows) return;
-  const float* x = inp + r * C;
-  const float* dy = dout + r * C;
-  const float m = mean[r], s = rstd[r];
-  float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
-  for (int i = lane; i < C; i += 32) {
-    const float dnorm = weight[i] * dy[i];
-    dnorm_sum += dnorm;
-    dnorm_norm_sum += dnorm * (x[i] - m) * s;
-  }
-  const float dnorm_mean = WarpSum(dnorm_sum) / C;
-  const float dnorm_norm_mean = WarpSum(dnorm_norm_sum) / C;
-  float* dx = dinp + r * C;
-  for (int i = lane; i < C; i += 32) {
-    dx[i] += math::LayerNormInputGrad(weight[i] * dy[i], (x[i] - m) * s,
-                                      dnorm_mean, dnorm_norm_mean, s);
-  }
+  LayerNormBackwardRow(dinp + r * C, inp + r * C, dout + r * C, weight, mean[r],
+                       rstd[r], C, threadIdx.x % 32, nullptr);
 }
 
 // Column sums over rows, accumulated: a block of 32 columns x 8 row lanes

@@ -45,8 +45,8 @@ CudaBackend::~CudaBackend() {
   cudaFree(scratch_.p);
   for (GrowOnly<__nv_bfloat16>& b : bf16_) cudaFree(b.p);
   for (GrowOnly<float>& b : unpacked_) cudaFree(b.p);
-  cudaFree(adam_runs_.dev);
-  cudaFree(norm_runs_.dev);
+  cudaFree(adam_runs_.dev.p);
+  cudaFree(norm_runs_.dev.p);
   cudaFree(sum_);
   cudaFree(workspace_);
   cublasDestroy(blas_);

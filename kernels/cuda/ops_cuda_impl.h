@@ -197,15 +197,6 @@ __device__ __forceinline__ int FindRun(const RunEntry* t, int n, int64_t k) {
   return lo;
 }
 
-// A table of runs on the device, uploaded when it differs from the one it
-// holds (a caller's runs stay the same from step to step).
-struct RunTable {
-  RunEntry* dev = nullptr;
-  int64_t capacity = 0;
-  std::vector<RunEntry> host;
-  int64_t total = 0;  // the runs' elements
-};
-
 // The Ops seam on one GPU. Each op sits with its family's kernels, as in
 // kernels/cpu/: encoder.cu, layernorm.cu, matmul.cu, attention.cu,
 // elementwise.cu, crossentropy.cu and adamw.cu (with the sums of the
@@ -400,6 +391,14 @@ class CudaBackend final : public Ops {
   }
   // Attention's permuted copies.
   float* Scratch(int64_t n) { return Grow(&scratch_, n); }
+
+  // A table of runs on the device, uploaded when it differs from the one
+  // it holds (a caller's runs stay the same from step to step).
+  struct RunTable {
+    GrowOnly<RunEntry> dev;
+    std::vector<RunEntry> host;
+    int64_t total = 0;  // the runs' elements
+  };
 
   // A matmul's or the fused attention's input: fp32 as given, or its bf16
   // copy.

@@ -98,7 +98,6 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
   att_floats_ = d.att;
   gelu_floats_ = d.gelu;
   act_div_ = d.act_div;
-  act_type_ = d.act_div == 2 ? kernels::DType::kBf16 : kernels::DType::kF32;
   acts_ = kernels::Buffer(ops_, ActivationFloats(d));
   Working w;
   LayOut(

@@ -182,7 +182,7 @@ class GptStage : private UnitStore {
   // gives layer b's pointers either way).
   struct Slot {
     float* input;  // (B,Ts,C): embedding output or the received input
-    // (L,B,Ts,C), fp32 or bf16 (act_type_), as ln2, lnf, qkv, atty, fch
+    // (L,B,Ts,C), fp32 or bf16 (Stored), as ln2, lnf, qkv, atty, fch
     float* ln1;
     float* ln1_mean;   // (L,B,Ts)
     float* ln1_rstd;   // (L,B,Ts)
@@ -300,11 +300,13 @@ class GptStage : private UnitStore {
   // (Ops::gelu_saved_floats; none under full recomputation, whose forward
   // again stops before the MLP's projection): the stride of Slot::gelu.
   int64_t gelu_floats_ = 0;
-  // How the stored activations (ln1, ln2, lnf, qkv, atty, fch) are kept,
-  // and their elements per float of the slabs (ActivationDims::act_div).
-  kernels::DType act_type_ = kernels::DType::kF32;
+  // The stored activations' (ln1, ln2, lnf, qkv, atty, fch) elements per
+  // float of the slabs (ActivationDims::act_div): 2 where they are bf16.
   int64_t act_div_ = 1;
-  kernels::Act Stored(float* p) const { return kernels::Act(p, act_type_); }
+  kernels::Act Stored(float* p) const {
+    return kernels::Act(
+        p, act_div_ == 2 ? kernels::DType::kBf16 : kernels::DType::kF32);
+  }
   UnitStore* store_;
   kernels::Ops* ops_;
   kernels::Buffer params_, grads_;
