@@ -103,10 +103,12 @@ class Ops {
   virtual void matmul_forward(Act out, ConstAct inp, const float* weight,
                               const float* bias, int B, int T, int C,
                               int OC) = 0;
+  // dout may be stored in bf16 (the MLP hidden layer's gradient, which
+  // gelu_matmul_backward writes in the stored type): the products take it as
+  // it is and dbias sums its bf16 values.
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias,
-                               const float* dout, ConstAct inp,
-                               const float* weight, int B, int T, int C,
-                               int OC) = 0;
+                               ConstAct dout, ConstAct inp, const float* weight,
+                               int B, int T, int C, int OC) = 0;
   // matmul_forward of GELU(inp), GELU's fp32 output not kept: `hidden`
   // (B,T,C) is working space for it, which a backend that applies GELU as it
   // reads inp may leave alone. The model's MLP projection, whose backward
@@ -123,17 +125,24 @@ class Ops {
     gelu_forward(hidden, inp.f32(), static_cast<int64_t>(B) * T * C);
     matmul_forward(out, hidden, weight, bias, B, T, C, OC);
   }
-  // matmul_backward whose input is GELU(inp): computed again (`hidden` as
-  // above), or what the forward of this inp left in `saved` when not null.
-  // dinp is the gradient of GELU's output. Either way the same result.
-  virtual void gelu_matmul_backward(float* dinp, float* dweight, float* dbias,
+  // matmul_backward whose input is GELU(inp), through GELU: dinp is the
+  // gradient of inp itself (the MLP's hidden layer before GELU), written in
+  // dinp.type — the stored type where inp is stored, as it feeds only the
+  // backward of the matmul that made inp. GELU(inp) is computed again
+  // (`hidden` as above), or read from what the forward of this inp left in
+  // `saved` when not null: the same result either way. The default: the
+  // two ops over fp32 tensors.
+  virtual void gelu_matmul_backward(Act dinp, float* dweight, float* dbias,
                                     const float* dout, float* hidden,
                                     const float* saved, ConstAct inp,
                                     const float* weight, int B, int T, int C,
                                     int OC) {
     (void)saved;
-    gelu_forward(hidden, inp.f32(), static_cast<int64_t>(B) * T * C);
-    matmul_backward(dinp, dweight, dbias, dout, hidden, weight, B, T, C, OC);
+    const int64_t n = static_cast<int64_t>(B) * T * C;
+    gelu_forward(hidden, inp.f32(), n);
+    matmul_backward(dinp.f32(), dweight, dbias, dout, hidden, weight, B, T, C,
+                    OC);
+    gelu_backward(dinp.f32(), inp, dinp.f32(), n);
   }
   // Floats of `saved` above for `rows` rows of C.
   virtual int64_t gelu_saved_floats(int64_t rows, int C) const {
@@ -225,13 +234,17 @@ class Ops {
   // crossentropy_forward then crossentropy_parallel_backward in place leave,
   // bit for bit on the CPU (the default). No probabilities are kept: a
   // backend may do it in two passes over each row. stats as
-  // crossentropy_forward's.
-  virtual void crossentropy_forward_backward(float* losses, float* logits,
+  // crossentropy_forward's. Logits stored in bf16 (the stored type, where
+  // the model fuses the classifier of a whole vocabulary): the loss of
+  // their values, the gradient written over them rounded to bf16 (only the
+  // head's matmul backward reads it). The default takes fp32 logits only.
+  virtual void crossentropy_forward_backward(float* losses, Act logits,
                                              const int32_t* targets,
                                              float dloss, float* stats, int B,
                                              int T, int Vl, int V) {
-    crossentropy_forward(losses, logits, logits, targets, stats, B, T, Vl, V);
-    crossentropy_parallel_backward(logits, logits, targets, dloss, B, T, Vl, 0);
+    float* l = logits.f32();
+    crossentropy_forward(losses, l, l, targets, stats, B, T, Vl, V);
+    crossentropy_parallel_backward(l, l, targets, dloss, B, T, Vl, 0);
   }
   // The same over a vocabulary split by columns, once the group has reduced
   // the sums of crossentropy_parallel_exp (whose unnormalized exponentials

@@ -45,6 +45,18 @@ void gelu_backward_bf16_input(float* dinp, const uint16_t* inp,
   });
 }
 
+void gelu_backward_bf16(uint16_t* dinp, const uint16_t* inp, const float* dout,
+                        int64_t N) {
+  internal::ParallelFor(N, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++) {
+      const float x = internal::FromBf16(inp[i]);
+      const float e = internal::Exp(math::GeluExponent(x));
+      dinp[i] = internal::RoundToBf16(math::GeluGradFromExp(x, e) * dout[i]);
+    }
+  });
+}
+
 // out, inp1, inp2 are (N).
 template <typename F>
 void residual_forward(F* out, const F* inp1, const F* inp2, int64_t N) {

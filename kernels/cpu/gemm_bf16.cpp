@@ -483,15 +483,30 @@ void GeluMatmulForwardBf16(float* out, const S* inp, const float* weight,
 
 // matmul_backward_bf16, its input GELU(inp) when gelu (see MatmulBf16),
 // inp16 that input rounded when not null.
+// dout16, when not null, is dout stored in bf16 (dout is then unused):
+// taken as it is, dbias summing its values.
 void MatmulBackwardBf16(float* dinp, float* dweight, float* dbias,
                         const float* dout, const float* inp,
                         const float* weight, int64_t rows, int C, int OC,
                         bool gelu, float* hidden,
-                        const uint16_t* inp16 = nullptr) {
+                        const uint16_t* inp16 = nullptr,
+                        const uint16_t* dout16_in = nullptr) {
   if (rows == 0) return;
-  // dout once, its bias gradient in the same pass; it serves both products.
-  uint16_t* dout16 = Scratch(0, rows * OC);
-  ToBf16(dout16, dout, rows, OC, OC, /*transpose=*/false, dbias);
+  const uint16_t* dout16 = dout16_in;
+  if (dout16 == nullptr) {
+    // dout once, its bias gradient in the same pass; it serves both products.
+    uint16_t* rounded = Scratch(0, rows * OC);
+    ToBf16(rounded, dout, rows, OC, OC, /*transpose=*/false, dbias);
+    dout16 = rounded;
+  } else if (dbias != nullptr) {
+    internal::ParallelFor(OC, [&](int64_t c0, int64_t c1) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const uint16_t* row = dout16 + r * OC;
+        for (int64_t c = c0; c < c1; ++c)
+          dbias[c] += internal::FromBf16(row[c]);
+      }
+    });
+  }
   if (dinp != nullptr) {
     // dinp (rows,C) = dout (rows,OC) @ weight (OC,C)
     MatmulBf16(false, false, rows, C, OC, dout16, weight, C, 0.0f, dinp, C,
@@ -557,6 +572,14 @@ void matmul_backward_bf16_input(float* dinp, float* dweight, float* dbias,
                                 int OC) {
   MatmulBackwardBf16(dinp, dweight, dbias, dout, /*inp=*/nullptr, weight, rows,
                      C, OC, /*gelu=*/false, nullptr, inp16);
+}
+
+void matmul_backward_bf16_dout(float* dinp, float* dweight, float* dbias,
+                               const uint16_t* dout16, const float* inp,
+                               const uint16_t* inp16, const float* weight,
+                               int64_t rows, int C, int OC) {
+  MatmulBackwardBf16(dinp, dweight, dbias, /*dout=*/nullptr, inp, weight, rows,
+                     C, OC, /*gelu=*/false, nullptr, inp16, dout16);
 }
 
 void gelu_matmul_forward_bf16_input(float* out, const uint16_t* inp16,

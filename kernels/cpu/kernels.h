@@ -86,6 +86,17 @@ void gelu_matmul_backward_bf16_input(float* dinp, float* dweight, float* dbias,
 // gelu_backward of a bf16-stored inp (N); dinp may be dout.
 void gelu_backward_bf16_input(float* dinp, const uint16_t* inp,
                               const float* dout, int64_t N);
+// The same, its output rounded to bf16 (dinp (N) bf16): the gradient of a
+// bf16-stored fch, which only the fc matmul's backward reads.
+void gelu_backward_bf16(uint16_t* dinp, const uint16_t* inp, const float* dout,
+                        int64_t N);
+// matmul_backward_bf16 of a bf16-stored dout (dout16 (rows,OC)): the
+// products take it as it is, dbias (may be null) sums its values; the
+// input bf16-stored (inp16) or fp32 (inp, rounded) — one of the two.
+void matmul_backward_bf16_dout(float* dinp, float* dweight, float* dbias,
+                               const uint16_t* dout16, const float* inp,
+                               const uint16_t* inp16, const float* weight,
+                               int64_t rows, int C, int OC);
 // The calling thread's fp32 scratch `which` (< 4; n floats, kept) for a
 // bf16-stored tensor unpacked, or an output rounded to bf16 afterwards; the
 // rounding (src (rows,cols) dense into dst, as gemm_bf16 rounds) and the

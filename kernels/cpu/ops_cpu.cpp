@@ -143,17 +143,26 @@ class CpuBackend final : public Ops {
     }
     Finish(out, y, rows, OC);
   }
-  void matmul_backward(float* dinp, float* dweight, float* dbias,
-                       const float* dout, ConstAct inp, const float* weight,
-                       int B, int T, int C, int OC) override {
-    if (Bf16(inp)) {
-      kernels::matmul_backward_bf16_input(
-          dinp, dweight, dbias, dout, static_cast<const uint16_t*>(inp.p),
-          weight, static_cast<int64_t>(B) * T, C, OC);
+  void matmul_backward(float* dinp, float* dweight, float* dbias, ConstAct dout,
+                       ConstAct inp, const float* weight, int B, int T, int C,
+                       int OC) override {
+    const int64_t rows = static_cast<int64_t>(B) * T;
+    if (Bf16(dout)) {
+      kernels::matmul_backward_bf16_dout(
+          dinp, dweight, dbias, static_cast<const uint16_t*>(dout.p),
+          Bf16(inp) ? nullptr : inp.f32(),
+          Bf16(inp) ? static_cast<const uint16_t*>(inp.p) : nullptr, weight,
+          rows, C, OC);
       return;
     }
-    kernels::matmul_backward(dinp, dweight, dbias, dout, inp.f32(), weight, B,
-                             T, C, OC, bf16_);
+    if (Bf16(inp)) {
+      kernels::matmul_backward_bf16_input(dinp, dweight, dbias, dout.f32(),
+                                          static_cast<const uint16_t*>(inp.p),
+                                          weight, rows, C, OC);
+      return;
+    }
+    kernels::matmul_backward(dinp, dweight, dbias, dout.f32(), inp.f32(),
+                             weight, B, T, C, OC, bf16_);
   }
   // In bf16 GELU is applied as the matmul rounds its operand: no fp32 pass
   // over GELU's output in either direction. The rounded operand is kept in
@@ -178,7 +187,9 @@ class CpuBackend final : public Ops {
     kernels::gelu_matmul_forward_bf16(out, inp.f32(), weight, bias, rows, C, OC,
                                       kept);
   }
-  void gelu_matmul_backward(float* dinp, float* dweight, float* dbias,
+  // Under bf16 the gradient through GELU is computed from the product in
+  // fp32 scratch and, for a bf16-stored fch, rounded as it is written.
+  void gelu_matmul_backward(Act dinp, float* dweight, float* dbias,
                             const float* dout, float* hidden,
                             const float* saved, ConstAct inp,
                             const float* weight, int B, int T, int C,
@@ -190,14 +201,23 @@ class CpuBackend final : public Ops {
     }
     const int64_t rows = static_cast<int64_t>(B) * T;
     const auto* kept = reinterpret_cast<const uint16_t*>(saved);
+    float* dgelu = F32Target(dinp, rows * C, 0);
     if (Bf16(inp)) {
       kernels::gelu_matmul_backward_bf16_input(
-          dinp, dweight, dbias, dout, static_cast<const uint16_t*>(inp.p),
+          dgelu, dweight, dbias, dout, static_cast<const uint16_t*>(inp.p),
           weight, rows, C, OC, kept);
+    } else {
+      kernels::gelu_matmul_backward_bf16(dgelu, dweight, dbias, dout, inp.f32(),
+                                         hidden, weight, rows, C, OC, kept);
+    }
+    if (Bf16(dinp)) {
+      PT_CHECK(Bf16(inp), "a bf16 GELU gradient of an fp32 input");
+      kernels::gelu_backward_bf16(static_cast<uint16_t*>(dinp.p),
+                                  static_cast<const uint16_t*>(inp.p), dgelu,
+                                  rows * C);
       return;
     }
-    kernels::gelu_matmul_backward_bf16(dinp, dweight, dbias, dout, inp.f32(),
-                                       hidden, weight, rows, C, OC, kept);
+    gelu_backward(dinp.f32(), inp, dgelu, rows * C);
   }
   int64_t gelu_saved_floats(int64_t rows, int C) const override {
     return bf16_ ? (rows * C + 1) / 2 : 0;
@@ -296,6 +316,25 @@ class CpuBackend final : public Ops {
                                     int Vl) override {
     kernels::crossentropy_parallel_finish(losses, probs, sums, target_shifted,
                                           B, T, Vl);
+  }
+  // bf16 logits: the fp32 composition over their values in scratch, the
+  // gradient rounded back over them.
+  void crossentropy_forward_backward(float* losses, Act logits,
+                                     const int32_t* targets, float dloss,
+                                     float* stats, int B, int T, int Vl,
+                                     int V) override {
+    if (!Bf16(logits)) {
+      Ops::crossentropy_forward_backward(losses, logits, targets, dloss, stats,
+                                         B, T, Vl, V);
+      return;
+    }
+    const int64_t rows = static_cast<int64_t>(B) * T;
+    float* x = kernels::Bf16Scratch(0, rows * Vl);
+    kernels::FromBf16Values(x, static_cast<const uint16_t*>(logits.p),
+                            rows * Vl);
+    Ops::crossentropy_forward_backward(losses, x, targets, dloss, stats, B, T,
+                                       Vl, V);
+    Finish(logits, x, rows, Vl);
   }
   void crossentropy_parallel_backward(float* dlogits, const float* probs,
                                       const int32_t* targets, float dloss,

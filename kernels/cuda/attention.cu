@@ -12,17 +12,6 @@ namespace ptrain::kernels::cuda_impl {
 
 namespace {
 
-// fp32 -> the attention products' input type (fp32, or bf16 under bf16
-// compute).
-__device__ __forceinline__ void Store(float* p, float x) { *p = x; }
-__device__ __forceinline__ void Store(__nv_bfloat16* p, float x) {
-  *p = __float2bfloat16(x);
-}
-__device__ __forceinline__ float Load(const float* p) { return *p; }
-__device__ __forceinline__ float Load(const __nv_bfloat16* p) {
-  return __bfloat162float(*p);
-}
-
 // Element i of a head-major (B,NH,T,hs) tensor: its offset in the
 // position-major layout (B,T,width,NH,hs), where width is 3 for the q, k,
 // v rows of the attention input and 1 for a (B,T,C) tensor.

@@ -66,23 +66,25 @@ __global__ void CrossEntropyFinishKernel(float* losses, float* probs,
 // exponentials relative to it, and the block combines them. kGradient:
 // the write pass leaves (probability - onehot) * dloss instead, the fused
 // classifier (Ops::crossentropy_forward_backward), in the CPU's order of
-// operations (p * dloss, then dloss off the target's).
-template <bool kGradient>
-__global__ void CrossEntropyForwardKernel(float* losses, float* probs,
-                                          const float* logits,
+// operations (p * dloss, then dloss off the target's). L: the logits'
+// type, float or bf16 (read as their values, the gradient rounded as it is
+// written over them).
+template <bool kGradient, typename L>
+__global__ void CrossEntropyForwardKernel(float* losses, L* probs,
+                                          const L* logits,
                                           const int32_t* targets, int Vl, int V,
                                           float dloss) {
   const int64_t r = blockIdx.x;
-  const float* l = logits + r * Vl;
-  float* p = probs + r * Vl;
+  const L* l = logits + r * Vl;
+  L* p = probs + r * Vl;
   const int real = V < Vl ? V : Vl;
   // The target's logit is read before probs (which may alias logits) is
   // written; the block's reductions order the two.
   const int t = targets[r];
-  const float target = threadIdx.x == 0 ? l[t] : 0.0f;
+  const float target = threadIdx.x == 0 ? Load(l + t) : 0.0f;
   float m = -INFINITY, s = 0.0f;
   for (int j = threadIdx.x; j < real; j += blockDim.x) {
-    const float x = l[j];
+    const float x = Load(l + j);
     if (x > m) {
       s = s * expf(m - x) + 1.0f;
       m = x;
@@ -95,13 +97,13 @@ __global__ void CrossEntropyForwardKernel(float* losses, float* probs,
       BlockReduce(m == -INFINITY ? 0.0f : s * expf(m - mx), SumOp(), 0.0f);
   const float inv = 1.0f / sum;
   for (int j = threadIdx.x; j < Vl; j += blockDim.x) {
-    const float q = j < real ? expf(l[j] - mx) * inv : 0.0f;
+    const float q = j < real ? expf(Load(l + j) - mx) * inv : 0.0f;
     if (kGradient) {
       float d = q * dloss;
       if (j == t) d -= dloss;
-      p[j] = d;
+      Store(p + j, d);
     } else {
-      p[j] = q;
+      Store(p + j, q);
     }
   }
   if (threadIdx.x == 0) {
@@ -173,17 +175,24 @@ void CudaBackend::crossentropy_forward(float* losses, float* probs,
                                        const int32_t* targets, float* stats,
                                        int B, int T, int Vl, int V) {
   (void)stats;
-  Run("crossentropy_forward", CrossEntropyForwardKernel<false>, B * T, losses,
-      probs, logits, targets, Vl, V, 0.0f);
+  Run("crossentropy_forward", CrossEntropyForwardKernel<false, float>, B * T,
+      losses, probs, logits, targets, Vl, V, 0.0f);
 }
 
-void CudaBackend::crossentropy_forward_backward(float* losses, float* logits,
+void CudaBackend::crossentropy_forward_backward(float* losses, Act logits,
                                                 const int32_t* targets,
                                                 float dloss, float* stats,
                                                 int B, int T, int Vl, int V) {
   (void)stats;
-  Run("crossentropy_forward_backward", CrossEntropyForwardKernel<true>, B * T,
-      losses, logits, logits, targets, Vl, V, dloss);
+  if (Bf16Storage(logits)) {
+    auto* l = static_cast<__nv_bfloat16*>(logits.p);
+    Run("crossentropy_forward_backward",
+        CrossEntropyForwardKernel<true, __nv_bfloat16>, B * T, losses, l, l,
+        targets, Vl, V, dloss);
+    return;
+  }
+  Run("crossentropy_forward_backward", CrossEntropyForwardKernel<true, float>,
+      B * T, losses, logits.f32(), logits.f32(), targets, Vl, V, dloss);
 }
 
 void CudaBackend::crossentropy_parallel_finish_backward(

@@ -30,18 +30,15 @@ __global__ void GeluForwardKernel(float* out, const float* inp, int64_t n) {
   });
 }
 
-__device__ __forceinline__ float Value(float x) { return x; }
-__device__ __forceinline__ float Value(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-
-// S: the stored input's type, float or bf16 (fch under bf16 compute).
-template <typename S>
-__global__ void GeluBackwardKernel(float* dinp, const S* inp, const float* dout,
+// S: the stored input's type, float or bf16 (fch under bf16 compute); O:
+// the gradient's, float or bf16 (rounded to nearest even).
+template <typename S, typename O>
+__global__ void GeluBackwardKernel(O* dinp, const S* inp, const float* dout,
                                    int64_t n) {
   ForEachIndex(n, [&](int64_t i) {
-    const float x = Value(inp[i]);
-    dinp[i] = math::GeluGradFromExp(x, expf(math::GeluExponent(x))) * dout[i];
+    const float x = Load(inp + i);
+    Store(dinp + i,
+          math::GeluGradFromExp(x, expf(math::GeluExponent(x))) * dout[i]);
   });
 }
 
@@ -57,13 +54,26 @@ void CudaBackend::gelu_forward(float* out, const float* inp, int64_t N) {
 
 void CudaBackend::gelu_backward(float* dinp, ConstAct inp, const float* dout,
                                 int64_t N) {
-  if (Bf16Storage(inp)) {
-    Run("gelu_backward", GeluBackwardKernel<__nv_bfloat16>, Blocks(N), dinp,
-        static_cast<const __nv_bfloat16*>(inp.p), dout, N);
-    return;
+  const OpScope scope(&times_, stream_, "gelu_backward");
+  GeluBackwardInto(dinp, inp, dout, N);
+}
+
+void CudaBackend::GeluBackwardInto(Act dinp, ConstAct inp, const float* dout,
+                                   int64_t n) {
+  using Bf16 = __nv_bfloat16;
+  const auto* in16 = static_cast<const Bf16*>(inp.p);
+  if (Bf16Storage(dinp)) {
+    PT_CHECK(Bf16Storage(inp), "a bf16 GELU gradient of an fp32 input");
+    GeluBackwardKernel<Bf16, Bf16><<<Blocks(n), kThreads, 0, stream_>>>(
+        static_cast<Bf16*>(dinp.p), in16, dout, n);
+  } else if (Bf16Storage(inp)) {
+    GeluBackwardKernel<Bf16, float>
+        <<<Blocks(n), kThreads, 0, stream_>>>(dinp.f32(), in16, dout, n);
+  } else {
+    GeluBackwardKernel<float, float>
+        <<<Blocks(n), kThreads, 0, stream_>>>(dinp.f32(), inp.f32(), dout, n);
   }
-  Run("gelu_backward", GeluBackwardKernel<float>, Blocks(N), dinp, inp.f32(),
-      dout, N);
+  Launched();
 }
 
 void CudaBackend::bias_forward(float* out, const float* bias, int64_t rows,

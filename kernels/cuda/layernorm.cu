@@ -9,11 +9,6 @@ namespace ptrain::kernels::cuda_impl {
 
 namespace {
 
-__device__ __forceinline__ void StoreAs(float* o, float v) { *o = v; }
-__device__ __forceinline__ void StoreAs(__nv_bfloat16* o, float v) {
-  *o = __float2bfloat16_rn(v);
-}
-
 // One warp per row. kResidual: the row is inp1 + inp2, written to
 // `residual` first (each lane reads back only what it wrote). O: the
 // output's type, float or bf16 (rounded to nearest even).
@@ -48,7 +43,7 @@ __global__ void LayerNormForwardKernel(O* out, float* mean, float* rstd,
   const float s = math::LayerNormRstd(WarpSum(sum_sq) / C);
   O* o = out + r * C;
   for (int i = lane; i < C; i += 32) {
-    StoreAs(o + i, (x[i] - m) * s * weight[i] + bias[i]);
+    Store(o + i, (x[i] - m) * s * weight[i] + bias[i]);
   }
   if (lane == 0) {
     mean[r] = m;
@@ -57,14 +52,12 @@ __global__ void LayerNormForwardKernel(O* out, float* mean, float* rstd,
 }
 
 // One row's input gradient by one warp (`lane` of 32): dx += the gradient
-// through the LayerNorm of x, whose statistics are m and s. With `sums`
-// (dweight's C, then dbias's C), the row's weight and bias gradient terms
-// are added there too.
+// through the LayerNorm of x, whose statistics are m and s.
 __device__ __forceinline__ void LayerNormBackwardRow(float* dx, const float* x,
                                                      const float* dy,
                                                      const float* weight,
                                                      float m, float s, int C,
-                                                     int lane, float* sums) {
+                                                     int lane) {
   float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
   for (int i = lane; i < C; i += 32) {
     const float dnorm = weight[i] * dy[i];
@@ -77,36 +70,59 @@ __device__ __forceinline__ void LayerNormBackwardRow(float* dx, const float* x,
     const float norm = (x[i] - m) * s;
     dx[i] += math::LayerNormInputGrad(weight[i] * dy[i], norm, dnorm_mean,
                                       dnorm_norm_mean, s);
-    if (sums != nullptr) {
-      atomicAdd(&sums[i], norm * dy[i]);
-      atomicAdd(&sums[C + i], dy[i]);
-    }
   }
 }
 
-// The whole backward in one pass over dout and inp: a warp per row at a
-// time, the block's weight and bias gradients summed in shared memory
-// (2·C floats) and added to the global ones once a block. Sums in an order
-// of their own: the last bits differ from LayerNormBackwardInputKernel +
-// ColumnSumsKernel's, within fp32 rounding.
-__global__ void LayerNormBackwardKernel(float* dinp, float* dweight,
-                                        float* dbias, const float* dout,
-                                        const float* inp, const float* weight,
-                                        const float* mean, const float* rstd,
-                                        int64_t rows, int C) {
-  extern __shared__ float sums[];  // dweight's C, then dbias's C
-  for (int i = threadIdx.x; i < 2 * C; i += blockDim.x) sums[i] = 0.0f;
-  __syncthreads();
-  const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
-  for (int64_t r = blockIdx.x * int64_t(warps) + threadIdx.x / 32; r < rows;
-       r += int64_t(gridDim.x) * warps) {
-    LayerNormBackwardRow(dinp + r * C, inp + r * C, dout + r * C, weight,
-                         mean[r], rstd[r], C, lane, sums);
+// Weight gradients are summed without atomics, in an order fixed by the
+// shapes alone: each block writes its chunk of rows' column sums to
+// `partial` ((chunks, 2, C): norm·dy, then dy), and ColumnPartialsKernel
+// adds the chunks up in order. The ranks of a tensor-parallel group that
+// hold a replicated LayerNorm or bias compute its gradient from the same
+// data: the same bits on each, or the replicas drift apart.
+
+// The whole backward in one pass over dout and inp: a block per chunk of
+// kLayerNormChunkRows rows, a row at a time; thread t owns columns t,
+// t + blockDim.x, ..., whose sums it keeps in shared memory (2·C floats).
+constexpr int kLayerNormChunkRows = 16;
+__global__ void LayerNormBackwardKernel(float* dinp, float* partial,
+                                        const float* dout, const float* inp,
+                                        const float* weight, const float* mean,
+                                        const float* rstd, int64_t rows,
+                                        int C) {
+  extern __shared__ float sums[];  // norm·dy's C, then dy's C
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    sums[c] = 0.0f;
+    sums[C + c] = 0.0f;
   }
-  __syncthreads();
-  for (int i = threadIdx.x; i < C; i += blockDim.x) {
-    atomicAdd(&dweight[i], sums[i]);
-    atomicAdd(&dbias[i], sums[C + i]);
+  const int64_t r0 = blockIdx.x * int64_t{kLayerNormChunkRows};
+  const int64_t r1 =
+      r0 + kLayerNormChunkRows < rows ? r0 + kLayerNormChunkRows : rows;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* x = inp + r * C;
+    const float* dy = dout + r * C;
+    const float m = mean[r], s = rstd[r];
+    float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      const float dnorm = weight[c] * dy[c];
+      dnorm_sum += dnorm;
+      dnorm_norm_sum += dnorm * (x[c] - m) * s;
+    }
+    const float dnorm_mean = BlockReduce(dnorm_sum, SumOp(), 0.0f) / C;
+    const float dnorm_norm_mean =
+        BlockReduce(dnorm_norm_sum, SumOp(), 0.0f) / C;
+    float* dx = dinp + r * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      const float norm = (x[c] - m) * s;
+      dx[c] += math::LayerNormInputGrad(weight[c] * dy[c], norm, dnorm_mean,
+                                        dnorm_norm_mean, s);
+      sums[c] += norm * dy[c];
+      sums[C + c] += dy[c];
+    }
+  }
+  float* out = partial + blockIdx.x * int64_t{2} * C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    out[c] = sums[c];
+    out[C + c] = sums[C + c];
   }
 }
 
@@ -118,18 +134,19 @@ __global__ void LayerNormBackwardInputKernel(
   const int64_t r = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
   if (r >= rows) return;
   LayerNormBackwardRow(dinp + r * C, inp + r * C, dout + r * C, weight, mean[r],
-                       rstd[r], C, threadIdx.x % 32, nullptr);
+                       rstd[r], C, threadIdx.x % 32);
 }
 
-// Column sums over rows, accumulated: a block of 32 columns x 8 row lanes
-// takes a chunk of kChunkRows rows, then adds its sums atomically. With
-// `inp` (LayerNorm), sums[0] gets (x - mean) rstd dy and sums[1] dy;
-// without, sums[1] gets dy (a bias gradient).
+// Column sums over a chunk of kChunkRows rows a block (32 columns x 8 row
+// lanes) into `partial` as above. With `inp` (LayerNorm), the first C get
+// (x - mean) rstd dy and the second dy; without, the second dy (a bias
+// gradient).
 constexpr int kChunkRows = 256;
-__global__ void ColumnSumsKernel(float* dweight, float* dbias,
-                                 const float* dout, const float* inp,
-                                 const float* mean, const float* rstd,
-                                 int64_t rows, int C) {
+// D: dout's type, float or bf16 (a bf16-stored MLP hidden gradient).
+template <typename D>
+__global__ void ColumnSumsKernel(float* partial, const D* dout,
+                                 const float* inp, const float* mean,
+                                 const float* rstd, int64_t rows, int C) {
   __shared__ float sw[8][33];
   __shared__ float sb[8][33];
   const int c = blockIdx.x * 32 + threadIdx.x;
@@ -138,7 +155,7 @@ __global__ void ColumnSumsKernel(float* dweight, float* dbias,
   float aw = 0.0f, ab = 0.0f;
   if (c < C) {
     for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
-      const float dy = dout[r * C + c];
+      const float dy = Load(dout + r * C + c);
       ab += dy;
       if (inp != nullptr) aw += (inp[r * C + c] - mean[r]) * rstd[r] * dy;
     }
@@ -151,9 +168,26 @@ __global__ void ColumnSumsKernel(float* dweight, float* dbias,
       aw += sw[y][threadIdx.x];
       ab += sb[y][threadIdx.x];
     }
-    if (inp != nullptr) atomicAdd(&dweight[c], aw);
-    atomicAdd(&dbias[c], ab);
+    float* out = partial + blockIdx.y * int64_t{2} * C;
+    out[c] = aw;
+    out[C + c] = ab;
   }
+}
+
+// dweight (when not null) and dbias += the chunks' sums in `partial`, in
+// chunk order: a thread per column.
+__global__ void ColumnPartialsKernel(float* dweight, float* dbias,
+                                     const float* partial, int64_t chunks,
+                                     int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float w = 0.0f, b = 0.0f;
+  for (int64_t k = 0; k < chunks; ++k) {
+    w += partial[k * 2 * C + c];
+    b += partial[k * 2 * C + C + c];
+  }
+  if (dweight != nullptr) dweight[c] += w;
+  dbias[c] += b;
 }
 
 }  // namespace
@@ -196,16 +230,18 @@ void CudaBackend::layernorm_backward(float* dinp, float* dweight, float* dbias,
                                      const float* rstd, int B, int T, int C) {
   const OpScope scope(&times_, stream_, "layernorm_backward");
   const int64_t rows = static_cast<int64_t>(B) * T;
+  if (rows == 0) return;
   const size_t shared = 2 * sizeof(float) * static_cast<size_t>(C);
   if (shared <= kLayerNormSharedBytes) {
-    // Two blocks an SM, each over many rows: the fewer blocks, the fewer
-    // global atomics for the weight gradients.
-    const int64_t warps = kThreads / 32;
-    const int64_t blocks =
-        std::min<int64_t>(2 * sms_, (rows + warps - 1) / warps);
-    LayerNormBackwardKernel<<<static_cast<int>(blocks), kThreads, shared,
-                              stream_>>>(dinp, dweight, dbias, dout, inp,
-                                         weight, mean, rstd, rows, C);
+    const int64_t chunks =
+        (rows + kLayerNormChunkRows - 1) / kLayerNormChunkRows;
+    float* partial = Grow(&partials_, chunks * 2 * C);
+    LayerNormBackwardKernel<<<static_cast<int>(chunks), kThreads, shared,
+                              stream_>>>(dinp, partial, dout, inp, weight, mean,
+                                         rstd, rows, C);
+    Launched();
+    ColumnPartialsKernel<<<Blocks(C), kThreads, 0, stream_>>>(
+        dweight, dbias, partial, chunks, C);
     Launched();
     return;
   }
@@ -215,13 +251,24 @@ void CudaBackend::layernorm_backward(float* dinp, float* dweight, float* dbias,
   ColumnSums(dweight, dbias, dout, inp, mean, rstd, rows, C);
 }
 
-void CudaBackend::ColumnSums(float* dweight, float* dbias, const float* dout,
+void CudaBackend::ColumnSums(float* dweight, float* dbias, ConstAct dout,
                              const float* inp, const float* mean,
                              const float* rstd, int64_t rows, int C) {
-  const dim3 grid((C + 31) / 32,
-                  static_cast<unsigned>((rows + kChunkRows - 1) / kChunkRows));
-  ColumnSumsKernel<<<grid, dim3(32, 8), 0, stream_>>>(dweight, dbias, dout, inp,
-                                                      mean, rstd, rows, C);
+  if (rows == 0) return;
+  const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
+  float* partial = Grow(&partials_, chunks * 2 * C);
+  const dim3 grid((C + 31) / 32, static_cast<unsigned>(chunks));
+  if (Bf16Storage(dout)) {
+    ColumnSumsKernel<<<grid, dim3(32, 8), 0, stream_>>>(
+        partial, static_cast<const __nv_bfloat16*>(dout.p), inp, mean, rstd,
+        rows, C);
+  } else {
+    ColumnSumsKernel<<<grid, dim3(32, 8), 0, stream_>>>(
+        partial, dout.f32(), inp, mean, rstd, rows, C);
+  }
+  Launched();
+  ColumnPartialsKernel<<<Blocks(C), kThreads, 0, stream_>>>(
+      inp != nullptr ? dweight : nullptr, dbias, partial, chunks, C);
   Launched();
 }
 

@@ -1,6 +1,7 @@
 // The CUDA backend's matmuls (kernels/cpu/matmul.cpp) through cuBLASLt,
 // the bias as an epilogue; under bf16 compute on operands rounded to bf16.
 #include <cstdint>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 
@@ -16,10 +17,6 @@ namespace {
 // projection's input computed as it is rounded (no fp32 GELU pass). The
 // first 4 * n4 elements four at a thread step (16-byte loads, 8-byte
 // stores; `in` 16-byte aligned when n4 > 0), the rest one by one.
-__device__ __forceinline__ float Load(const float* p) { return *p; }
-__device__ __forceinline__ float Load(const __nv_bfloat16* p) {
-  return __bfloat162float(*p);
-}
 template <bool kGelu>
 __device__ __forceinline__ float Prepare(float x) {
   return kGelu ? math::GeluFromExp(x, expf(math::GeluExponent(x))) : x;
@@ -59,16 +56,15 @@ void CudaBackend::matmul_forward(Act out, ConstAct inp, const float* weight,
                                  int OC) {
   const OpScope scope(&times_, stream_, "matmul_forward");
   const int64_t BT = static_cast<int64_t>(B) * T;
-  // A bf16 output (qkv, fch) is computed in fp32, then rounded.
-  float* y = F32Target(out, BT * OC, 0);
+  // A bf16 output (qkv, fch) is written by cuBLASLt as it rounds.
+  const Dst y{out.p, Bf16Storage(out) ? CUDA_R_16BF : CUDA_R_32F};
   // Column-major: out^T (OC,BT) = weight (C,OC)^T inp^T (C,BT).
   Matmul(true, false, OC, BT, C, Operand(weight, int64_t(C) * OC, 0), C,
          Operand(inp, BT * C, 1), C, 0.0f, y, OC, bias);
-  Finish(out, y, BT * OC);
 }
 
 void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias,
-                                  const float* dout, ConstAct inp,
+                                  ConstAct dout, ConstAct inp,
                                   const float* weight, int B, int T, int C,
                                   int OC) {
   const OpScope scope(&times_, stream_, "matmul_backward");
@@ -90,14 +86,14 @@ void CudaBackend::gelu_matmul_forward(float* out, float* hidden, float* saved,
   const OpScope scope(&times_, stream_, "gelu_matmul_forward");
   const int64_t BT = static_cast<int64_t>(B) * T;
   Matmul(true, false, OC, BT, C, Operand(weight, int64_t(C) * OC, 0), C,
-         GeluOperand(inp, BT * C, 1), C, 0.0f, out, OC, bias);
+         GeluOperand(inp, BT * C, 1), C, 0.0f, Dst{out, CUDA_R_32F}, OC, bias);
 }
 
-void CudaBackend::gelu_matmul_backward(float* dinp, float* dweight,
-                                       float* dbias, const float* dout,
-                                       float* hidden, const float* saved,
-                                       ConstAct inp, const float* weight, int B,
-                                       int T, int C, int OC) {
+void CudaBackend::gelu_matmul_backward(Act dinp, float* dweight, float* dbias,
+                                       const float* dout, float* hidden,
+                                       const float* saved, ConstAct inp,
+                                       const float* weight, int B, int T, int C,
+                                       int OC) {
   if (!options_.bf16_compute) {
     Ops::gelu_matmul_backward(dinp, dweight, dbias, dout, hidden, saved, inp,
                               weight, B, T, C, OC);
@@ -105,22 +101,49 @@ void CudaBackend::gelu_matmul_backward(float* dinp, float* dweight,
   }
   const OpScope scope(&times_, stream_, "gelu_matmul_backward");
   const int64_t BT = static_cast<int64_t>(B) * T;
-  MatmulBackward(dinp, dweight, dbias, dout, GeluOperand(inp, BT * C, 2),
-                 weight, BT, C, OC);
+  const int64_t n = BT * C;
+  const Op d = Operand(dout, BT * OC, 0);
+  const Op w = Operand(weight, int64_t(C) * OC, 1);
+  // The gradient through GELU of a bf16-stored fch: cuBLASLt's DGELU
+  // epilogue multiplies the product by GELU'(fch) (fch read as the
+  // auxiliary input) and writes it rounded; where no algorithm takes it,
+  // the product in fp32, then GELU's backward rounding as it writes.
+  if (Bf16Storage(dinp)) {
+    PT_CHECK(Bf16Storage(inp), "a bf16 GELU gradient of an fp32 input");
+    if (!Matmul(false, false, C, BT, OC, w, C, d, OC, 0.0f,
+                Dst{dinp.p, CUDA_R_16BF}, C, nullptr, inp.p)) {
+      float* dgelu = Grow(&unpacked_[0], n);
+      Matmul(false, false, C, BT, OC, w, C, d, OC, 0.0f, Dst{dgelu, CUDA_R_32F},
+             C, nullptr);
+      GeluBackwardInto(dinp, inp, dgelu, n);
+    }
+  } else {
+    Matmul(false, false, C, BT, OC, w, C, d, OC, 0.0f, Dst{dinp.p, CUDA_R_32F},
+           C, nullptr);
+    GeluBackwardInto(dinp, inp, dinp.f32(), n);
+  }
+  // dweight^T (C,OC) += GELU(inp)^T (C,BT) dout (BT,OC).
+  Matmul(false, true, C, OC, BT, GeluOperand(inp, n, 2), C, d, OC, 1.0f,
+         Dst{dweight, CUDA_R_32F}, C, nullptr);
+  if (dbias != nullptr) {
+    ColumnSums(nullptr, dbias, dout, nullptr, nullptr, nullptr, BT, OC);
+  }
 }
 
 void CudaBackend::MatmulBackward(float* dinp, float* dweight, float* dbias,
-                                 const float* dout, Op in, const float* weight,
+                                 ConstAct dout, Op in, const float* weight,
                                  int64_t BT, int C, int OC) {
-  // dout is rounded once for both products.
+  // dout is rounded once for both products (a bf16-stored one taken as it
+  // is).
   const Op d = Operand(dout, BT * OC, 0);
   // dinp^T (C,BT) = weight^T... in column-major: (C,OC) (OC,BT).
   if (dinp != nullptr) {
     Matmul(false, false, C, BT, OC, Operand(weight, int64_t(C) * OC, 1), C, d,
-           OC, 0.0f, dinp, C, nullptr);
+           OC, 0.0f, Dst{dinp, CUDA_R_32F}, C, nullptr);
   }
   // dweight^T (C,OC) += inp^T (C,BT) dout (BT,OC).
-  Matmul(false, true, C, OC, BT, in, C, d, OC, 1.0f, dweight, C, nullptr);
+  Matmul(false, true, C, OC, BT, in, C, d, OC, 1.0f, Dst{dweight, CUDA_R_32F},
+         C, nullptr);
   if (dbias != nullptr) {
     ColumnSums(nullptr, dbias, dout, nullptr, nullptr, nullptr, BT, OC);
   }
@@ -176,12 +199,22 @@ CudaBackend::Op CudaBackend::Rounded(const S* x, int64_t n, int slot) {
   return {copy, CUDA_R_16BF};
 }
 
-void CudaBackend::Matmul(bool trans_a, bool trans_b, int64_t m, int64_t n,
+bool CudaBackend::Matmul(bool trans_a, bool trans_b, int64_t m, int64_t n,
                          int64_t k, Op A, int64_t lda, Op B, int64_t ldb,
-                         float beta, float* D, int64_t ldd, const float* bias) {
+                         float beta, Dst D, int64_t ldd, const float* bias,
+                         const void* dgelu) {
   // bf16 operands compute in fp32; fp32 ones as configured.
   const cublasComputeType_t compute =
       A.type == CUDA_R_16BF ? CUBLAS_COMPUTE_32F : compute_;
+  // A bias is of D's type (cuBLASLt's rule): a bf16 D takes it rounded.
+  const void* bias_p = bias;
+  if (bias != nullptr && D.type == CUDA_R_16BF) {
+    __nv_bfloat16* b16 = Grow(&bias16_, m);
+    ToBf16Kernel<false, float>
+        <<<Blocks(m), kThreads, 0, stream_>>>(b16, bias, m, /*n4=*/0);
+    Launched();
+    bias_p = b16;
+  }
   cublasLtMatmulDesc_t desc;
   PT_CUDA_CHECK(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
   const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -190,24 +223,51 @@ void CudaBackend::Matmul(bool trans_a, bool trans_b, int64_t m, int64_t n,
       desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   PT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(
       desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   if (bias != nullptr) {
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    epilogue = CUBLASLT_EPILOGUE_BIAS;
+    PT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(
+        desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_p, sizeof(bias_p)));
+  }
+  if (dgelu != nullptr) {
+    // GELU's input, laid out as D (of D's type).
+    PT_CHECK(bias == nullptr, "a DGELU epilogue with a bias");
+    epilogue = CUBLASLT_EPILOGUE_DGELU;
+    PT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(
+        desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &dgelu,
+        sizeof(dgelu)));
+    PT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(
+        desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldd, sizeof(ldd)));
+  }
+  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     PT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(
         desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    PT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(
-        desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   }
   cublasLtMatrixLayout_t la, lb, ld;
   PT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&la, A.type, trans_a ? k : m,
                                            trans_a ? m : k, lda));
   PT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lb, B.type, trans_b ? n : k,
                                            trans_b ? k : n, ldb));
-  PT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, ldd));
+  PT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&ld, D.type, m, n, ldd));
 
-  const auto key = std::make_tuple(
-      trans_a, trans_b, m, n, k, lda, ldb, ldd, bias != nullptr, Alignment(A.p),
-      Alignment(B.p), Alignment(D), bias != nullptr ? Alignment(bias) : 0,
-      beta != 0.0f, A.type);
+  const int aux_align = dgelu != nullptr ? Alignment(dgelu) : 0;
+  const AlgoKey key{trans_a,
+                    trans_b,
+                    m,
+                    n,
+                    k,
+                    lda,
+                    ldb,
+                    ldd,
+                    Alignment(A.p),
+                    Alignment(B.p),
+                    Alignment(D.p),
+                    bias_p != nullptr ? Alignment(bias_p) : 0,
+                    aux_align,
+                    beta != 0.0f,
+                    A.type,
+                    D.type,
+                    static_cast<int>(epilogue)};
   auto it = algos_.find(key);
   if (it == algos_.end()) {
     cublasLtMatmulPreference_t pref;
@@ -215,7 +275,8 @@ void CudaBackend::Matmul(bool trans_a, bool trans_b, int64_t m, int64_t n,
     const size_t ws = kWorkspaceBytes;
     PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    const uint32_t aa = Alignment(A.p), ab = Alignment(B.p), ad = Alignment(D);
+    const uint32_t aa = Alignment(A.p), ab = Alignment(B.p),
+                   ad = Alignment(D.p);
     PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof(aa)));
     PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
@@ -226,20 +287,31 @@ void CudaBackend::Matmul(bool trans_a, bool trans_b, int64_t m, int64_t n,
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof(ad)));
     cublasLtMatmulHeuristicResult_t result;
     int found = 0;
-    PT_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, desc, la, lb, ld, ld,
-                                                 pref, 1, &result, &found));
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        lt_, desc, la, lb, ld, ld, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    PT_CHECK(found > 0, "cuBLASLt has no algorithm for a matmul");
-    it = algos_.emplace(key, result.algo).first;
+    if (dgelu != nullptr && (status != CUBLAS_STATUS_SUCCESS || found == 0)) {
+      // No kernel takes the DGELU epilogue here: the caller does without.
+      found = 0;
+    } else {
+      PT_CUDA_CHECK(status);
+      PT_CHECK(found > 0, "cuBLASLt has no algorithm for a matmul");
+    }
+    std::optional<cublasLtMatmulAlgo_t> algo;
+    if (found > 0) algo = result.algo;
+    it = algos_.emplace(key, algo).first;
   }
-  const float alpha = 1.0f;
-  PT_CUDA_CHECK(cublasLtMatmul(lt_, desc, &alpha, A.p, la, B.p, lb, &beta, D,
-                               ld, D, ld, &it->second, workspace_,
-                               kWorkspaceBytes, stream_));
+  if (it->second.has_value()) {
+    const float alpha = 1.0f;
+    PT_CUDA_CHECK(cublasLtMatmul(lt_, desc, &alpha, A.p, la, B.p, lb, &beta,
+                                 D.p, ld, D.p, ld, &*it->second, workspace_,
+                                 kWorkspaceBytes, stream_));
+  }
   cublasLtMatrixLayoutDestroy(la);
   cublasLtMatrixLayoutDestroy(lb);
   cublasLtMatrixLayoutDestroy(ld);
   cublasLtMatmulDescDestroy(desc);
+  return it->second.has_value();
 }
 
 }  // namespace ptrain::kernels::cuda_impl

@@ -33,8 +33,6 @@ CudaBackend::CudaBackend(const CudaOptions& o) : options_(o) {
   PT_CUDA_CHECK(cudaMalloc(&sum_, 2 * sizeof(double)));
   PT_CUDA_CHECK(cudaDeviceGetAttribute(
       &major_, cudaDevAttrComputeCapabilityMajor, o.device));
-  PT_CUDA_CHECK(
-      cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, o.device));
   compute_ = o.bf16_compute ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
 }
 

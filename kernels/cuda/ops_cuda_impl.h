@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -93,6 +94,17 @@ __device__ __forceinline__ void ForEachIndex(int64_t n, Fn fn) {
        i += int64_t(gridDim.x) * blockDim.x) {
     fn(i);
   }
+}
+
+// An element of an fp32 or bf16 tensor as a float, and a float stored as
+// one (bf16: rounded to nearest even).
+__device__ __forceinline__ float Load(const float* p) { return *p; }
+__device__ __forceinline__ float Load(const __nv_bfloat16* p) {
+  return __bfloat162float(*p);
+}
+__device__ __forceinline__ void Store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void Store(__nv_bfloat16* p, float v) {
+  *p = __float2bfloat16_rn(v);
 }
 
 // PTRAIN_CUDA_OP_TIMES=1: every op is bracketed by CUDA events and the
@@ -257,13 +269,13 @@ class CudaBackend final : public Ops {
                                   int C) override;
   void matmul_forward(Act out, ConstAct inp, const float* weight,
                       const float* bias, int B, int T, int C, int OC) override;
-  void matmul_backward(float* dinp, float* dweight, float* dbias,
-                       const float* dout, ConstAct inp, const float* weight,
-                       int B, int T, int C, int OC) override;
+  void matmul_backward(float* dinp, float* dweight, float* dbias, ConstAct dout,
+                       ConstAct inp, const float* weight, int B, int T, int C,
+                       int OC) override;
   void gelu_matmul_forward(float* out, float* hidden, float* saved,
                            ConstAct inp, const float* weight, const float* bias,
                            int B, int T, int C, int OC) override;
-  void gelu_matmul_backward(float* dinp, float* dweight, float* dbias,
+  void gelu_matmul_backward(Act dinp, float* dweight, float* dbias,
                             const float* dout, float* hidden,
                             const float* saved, ConstAct inp,
                             const float* weight, int B, int T, int C,
@@ -303,7 +315,7 @@ class CudaBackend final : public Ops {
                                       const int32_t* targets, float dloss,
                                       int B, int T, int Vl,
                                       int vocab_begin) override;
-  void crossentropy_forward_backward(float* losses, float* logits,
+  void crossentropy_forward_backward(float* losses, Act logits,
                                      const int32_t* targets, float dloss,
                                      float* stats, int B, int T, int Vl,
                                      int V) override;
@@ -364,10 +376,10 @@ class CudaBackend final : public Ops {
 
   // ColumnSumsKernel over `rows` rows of dout (layernorm.cu): dbias += the
   // column sums of dout and, with inp, dweight += those of (x - mean) rstd
-  // dout.
-  void ColumnSums(float* dweight, float* dbias, const float* dout,
-                  const float* inp, const float* mean, const float* rstd,
-                  int64_t rows, int C);
+  // dout; summed in an order fixed by the shapes (no atomics), so that the
+  // replicas of a tensor-parallel group get the same bits.
+  void ColumnSums(float* dweight, float* dbias, ConstAct dout, const float* inp,
+                  const float* mean, const float* rstd, int64_t rows, int C);
 
   // A grow-only device buffer of T: reallocated, once the stream is done
   // with the old one, only when a request is larger than it.
@@ -430,15 +442,27 @@ class CudaBackend final : public Ops {
   void Finish(Act out, const float* y, int64_t n);
   // matmul_backward's products over rows BT, with its input as the operand
   // `in` (Operand's or GeluOperand's, in slot 2).
-  void MatmulBackward(float* dinp, float* dweight, float* dbias,
-                      const float* dout, Op in, const float* weight, int64_t BT,
-                      int C, int OC);
+  void MatmulBackward(float* dinp, float* dweight, float* dbias, ConstAct dout,
+                      Op in, const float* weight, int64_t BT, int C, int OC);
+  // dinp (n) = GELU'(inp) dout, in dinp's type (elementwise.cu; dinp
+  // may be dout).
+  void GeluBackwardInto(Act dinp, ConstAct inp, const float* dout, int64_t n);
 
-  // Column-major D (m,n) = alpha op(A) op(B) + beta D, plus bias (m) on
-  // every column when given, through cuBLASLt; D fp32, accumulation fp32.
-  void Matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, Op A,
-              int64_t lda, Op B, int64_t ldb, float beta, float* D, int64_t ldd,
-              const float* bias);
+  // A matmul's output: fp32, or bf16 rounded to nearest even.
+  struct Dst {
+    void* p;
+    cudaDataType_t type;
+  };
+  // Column-major D (m,n) = alpha op(A) op(B) + beta D through cuBLASLt,
+  // accumulation fp32, plus the epilogue: bias (m, fp32; rounded to bf16
+  // first for a bf16 D, as cuBLASLt takes a bias of D's type) on every
+  // column when given; with `dgelu` (GELU's input, of D's type and layout)
+  // D multiplied by GELU' of it. False, with nothing launched, where no
+  // algorithm takes the DGELU epilogue (the caller does without it); any
+  // other failure is fatal.
+  bool Matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, Op A,
+              int64_t lda, Op B, int64_t ldb, float beta, Dst D, int64_t ldd,
+              const float* bias, const void* dgelu = nullptr);
 
   template <typename Q>
   static cudaDataType_t TypeOf() {
@@ -463,7 +487,6 @@ class CudaBackend final : public Ops {
 
   const CudaOptions options_;
   int major_ = 0;  // compute capability
-  int sms_ = 1;    // streaming multiprocessors
   // Dynamic shared memory AttentionDecodeKernel may use (48 KiB needs no
   // opt-in; more is asked for once, as a longer cache needs it).
   size_t decode_shared_ = 48u << 10;
@@ -475,10 +498,16 @@ class CudaBackend final : public Ops {
   void* workspace_ = nullptr;
   double* sum_ = nullptr;  // Reduce's sum; SumSquaresRuns' two
   GrowOnly<float> scratch_;
-  std::map<std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t,
-                      int64_t, bool, int, int, int, int, bool, cudaDataType_t>,
-           cublasLtMatmulAlgo_t>
-      algos_;
+  // Column sums' per-chunk partials (layernorm.cu).
+  GrowOnly<float> partials_;
+  // A matmul's shape, alignments, types and epilogue: the algorithm
+  // cuBLASLt's heuristic chose for it (none: no algorithm takes the
+  // epilogue).
+  using AlgoKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t,
+                             int64_t, int64_t, int, int, int, int, int, bool,
+                             cudaDataType_t, cudaDataType_t, int>;
+  std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>> algos_;
+  GrowOnly<__nv_bfloat16> bias16_;   // a bias rounded for a bf16 D
   GrowOnly<__nv_bfloat16> bf16_[3];  // Operand's slots
   GrowOnly<float> unpacked_[2];      // AsF32's and F32Target's slots
   // `runs` (n) into `table` on the device, unless it holds them already;

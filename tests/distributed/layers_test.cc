@@ -144,7 +144,8 @@ TEST_P(LayersTest, ColumnParallelLinearMatchesOneRank) {
 
 // Row-parallel linear on its input, or (gelu) on GELU of it with GELU's
 // output not kept (gelu_hidden): the reference is the one-rank layer on the
-// explicit GELU(inp) (kernels::gelu_forward).
+// explicit GELU(inp) (kernels::gelu_forward), its input gradient taken
+// through GELU (kernels::gelu_backward).
 void LayersTest::RowLinearCase(bool gelu) {
   const Vec inp = Random(kB * kT * kOC, 5), w = Random(kC * kOC, 6),
             bias = Random(kC, 7), dout = Random(kB * kT * kC, 8);
@@ -156,6 +157,10 @@ void LayersTest::RowLinearCase(bool gelu) {
                      kC, TpGroup{}, one_);
   row_linear_backward(dinp.data(), dw.data(), db.data(), dout.data(),
                       act.data(), w.data(), kB, kT, kOC, kC, TpGroup{}, one_);
+  // Through GELU, the layer's input gradient is that of inp itself.
+  if (gelu) {
+    kernels::gelu_backward(dinp.data(), inp.data(), dinp.data(), inp.size());
+  }
 
   const int Il = kOC / tp_, i0 = rank_ * Il;
   const Vec my_inp = Cols(inp, kOC, i0, Il), my_w = Cols(w, kOC, i0, Il);

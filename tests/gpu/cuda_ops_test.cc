@@ -242,6 +242,45 @@ TEST_P(CudaOpsTest, ResidualLayerNormAndWideRows) {
   Check("layernorm (wide) dbias", g_db.Host(), db);
 }
 
+// The weight gradients of LayerNorm and the bias gradient of a matmul are
+// sums over every row: on rows enough for many blocks (and both LayerNorm
+// paths, narrow and wide), the same inputs give the same bits each time.
+// The ranks of a tensor-parallel group without sequence parallelism each
+// compute the gradient of a replicated LayerNorm or row-parallel bias from
+// the same data; summed in a racing order, the replicas drifted apart.
+TEST_P(CudaOpsTest, WeightGradientSumsAreBitReproducible) {
+  for (int C : {768, 6400}) {
+    const int rows = C == 768 ? 8192 : 300;
+    const Vec x = Random(int64_t{rows} * C, 31), w = Random(C, 32),
+              b = Random(C, 33), dout = Random(x.size(), 34);
+    Dev g_x(gpu_.get(), x), g_w(gpu_.get(), w), g_b(gpu_.get(), b),
+        g_dout(gpu_.get(), dout), g_o(gpu_.get(), Vec(x.size())),
+        g_m(gpu_.get(), Vec(rows)), g_s(gpu_.get(), Vec(rows));
+    gpu_->layernorm_forward(g_o.get(), g_m.get(), g_s.get(), g_x.get(),
+                            g_w.get(), g_b.get(), 1, rows, C);
+    std::vector<Vec> dws, dbs, biases;
+    for (int run = 0; run < 3; ++run) {
+      Dev g_dx(gpu_.get(), Vec(x.size())), g_dw(gpu_.get(), Vec(C)),
+          g_db(gpu_.get(), Vec(C)), g_mw(gpu_.get(), Vec(int64_t{C} * 16)),
+          g_mb(gpu_.get(), Vec(16));
+      gpu_->layernorm_backward(g_dx.get(), g_dw.get(), g_db.get(), g_dout.get(),
+                               g_x.get(), g_w.get(), g_m.get(), g_s.get(), 1,
+                               rows, C);
+      // A matmul (C -> 16) whose bias gradient sums the same rows.
+      gpu_->matmul_backward(nullptr, g_mw.get(), g_mb.get(), g_dout.get(),
+                            g_x.get(), g_w.get(), 1, rows * C / 16, 16, 16);
+      dws.push_back(g_dw.Host());
+      dbs.push_back(g_db.Host());
+      biases.push_back(g_mb.Host());
+    }
+    for (int run = 1; run < 3; ++run) {
+      EXPECT_EQ(dws[run], dws[0]) << "LayerNorm dweight, C " << C;
+      EXPECT_EQ(dbs[run], dbs[0]) << "LayerNorm dbias, C " << C;
+      EXPECT_EQ(biases[run], biases[0]) << "matmul dbias, C " << C;
+    }
+  }
+}
+
 // Under bf16 compute LayerNorm outputs are stored in bf16 (the backend's
 // activation_type): the CPU's bf16 LayerNorm rounded likewise, and the
 // matmuls of the stored input the same as those of its fp32 source.
@@ -369,6 +408,34 @@ TEST_P(CudaOpsTest, MlpHiddenLayerStoredInBf16) {
   Check("gelu_matmul dinp (bf16 input)", g_dinp.Host(), dinp, true);
   Check("gelu_matmul dweight (bf16 input)", g_dw.Host(), dw, true);
   Check("gelu_matmul dbias (bf16 input)", g_db.Host(), db);
+  // fch's own gradient in bf16 (cuBLASLt's DGELU epilogue, or the product
+  // then GELU's backward rounding), then the fc matmul's backward of it
+  // (taken as it is; the bias gradient sums its values).
+  Vec dfch16((n + 1) / 2), dw3(w2.size()), db3(kC), dinp3(rows * kC),
+      dw4(w.size()), db4(kOC);
+  Dev g_dfch16(gpu_.get(), dfch16), g_dw3(gpu_.get(), dw3),
+      g_db3(gpu_.get(), db3), g_dinp3(gpu_.get(), dinp3),
+      g_dw4(gpu_.get(), dw4), g_db4(gpu_.get(), db4);
+  twin.gelu_matmul_backward(kernels::Act(dfch16.data(), bf), dw3.data(),
+                            db3.data(), dout2.data(), hidden.data(), nullptr,
+                            cpu_fch, w2.data(), kB, kT, kOC, kC);
+  gpu_->gelu_matmul_backward(kernels::Act(g_dfch16.get(), bf), g_dw3.get(),
+                             g_db3.get(), g_dout2.get(), g_hidden.get(),
+                             nullptr, gpu_fch, g_w2.get(), kB, kT, kOC, kC);
+  Check("gelu_matmul dfch (bf16 output)", unpack(g_dfch16.Host(), n),
+        unpack(dfch16, n), true);
+  Check("gelu_matmul dweight (bf16 dfch)", g_dw3.Host(), dw3, true);
+  // Both read the CPU's bf16 gradient from here.
+  Dev g_cpu_dfch(gpu_.get(), dfch16);
+  twin.matmul_backward(dinp3.data(), dw4.data(), db4.data(),
+                       kernels::ConstAct(dfch16.data(), bf), inp.data(),
+                       w.data(), kB, kT, kC, kOC);
+  gpu_->matmul_backward(g_dinp3.get(), g_dw4.get(), g_db4.get(),
+                        kernels::ConstAct(g_cpu_dfch.get(), bf), g_inp.get(),
+                        g_w.get(), kB, kT, kC, kOC);
+  Check("fc dinp (bf16 dout)", g_dinp3.Host(), dinp3, true);
+  Check("fc dweight (bf16 dout)", g_dw4.Host(), dw4, true);
+  Check("fc dbias (bf16 dout)", g_db4.Host(), db4);
 }
 
 // Attention over a bf16-stored qkv (off 16-byte alignment) into a
@@ -716,6 +783,43 @@ TEST_P(CudaOpsTest, FusedClassifierLeavesTheGradientInPlace) {
       g_ptargets.get(), dloss, kB, kT, kSl, kBegin);
   Check("classifier losses (columns)", g_plosses.Host(), plosses);
   Check("classifier dlogits (columns)", g_part.Host(), pgrad);
+}
+
+// Logits stored in bf16 (the fused classifier under bf16): the loss of
+// their values and the gradient rounded over them, against the CPU's bf16
+// backend on the same stored logits.
+TEST_P(CudaOpsTest, FusedClassifierOverBf16Logits) {
+  if (!bf16()) GTEST_SKIP() << "bf16 storage is bf16 compute's";
+  Ops& twin = kernels::CpuBf16Ops();
+  const kernels::DType bf = kernels::DType::kBf16;
+  constexpr int kVl = 1040, kV = 1001;
+  const int rows = kB * kT;
+  const int64_t n = int64_t{rows} * kVl;
+  const float dloss = 1.0f / rows;
+  Vec packed((n + 1) / 2);
+  kernels::RoundToBf16Rows(reinterpret_cast<uint16_t*>(packed.data()),
+                           Random(n, 58, 4.0f).data(), rows, kVl);
+  std::vector<int32_t> targets(rows);
+  for (int i = 0; i < rows; ++i) targets[i] = (i * 97) % kV;
+  Vec losses(rows), stats(3 * rows), grad = packed;
+  Dev g_logits(gpu_.get(), packed), g_losses(gpu_.get(), losses),
+      g_stats(gpu_.get(), stats);
+  Tokens g_targets(gpu_.get(), targets);
+  twin.crossentropy_forward_backward(
+      losses.data(), kernels::Act(grad.data(), bf), targets.data(), dloss,
+      stats.data(), kB, kT, kVl, kV);
+  gpu_->crossentropy_forward_backward(
+      g_losses.get(), kernels::Act(g_logits.get(), bf), g_targets.get(), dloss,
+      g_stats.get(), kB, kT, kVl, kV);
+  auto unpack = [&](const Vec& v) {
+    Vec f(n);
+    kernels::FromBf16Values(f.data(),
+                            reinterpret_cast<const uint16_t*>(v.data()), n);
+    return f;
+  };
+  Check("classifier losses (bf16 logits)", g_losses.Host(), losses);
+  Check("classifier dlogits (bf16)", unpack(g_logits.Host()), unpack(grad),
+        true);
 }
 
 // AdamW over a table of runs in one launch, against the CPU run by run:

@@ -835,6 +835,42 @@ TEST(MatmulTest, Bf16StoredHiddenLayerIsItsFp32Value) {
     EXPECT_EQ(dinp16, dinp);
     EXPECT_EQ(dw16, dw);
     EXPECT_EQ(db16, db);
+    // The gradient of fch itself in bf16 (under bf16 it feeds only the fc
+    // matmul's backward): the fp32 one rounded.
+    std::vector<float> dfch16((rows * H + 1) / 2), dw_b = dw, db_b = db;
+    std::fill(dw_b.begin(), dw_b.end(), 0.0f);
+    std::fill(db_b.begin(), db_b.end(), 0.0f);
+    std::vector<float> dw_f = dw_b, db_f = db_b;
+    hidden.assign(hidden.size(), 0.0f);
+    ops.gelu_matmul_backward(Act(dfch16.data(), DType::kBf16), dw_b.data(),
+                             db_b.data(), dout.data(), hidden.data(), s16,
+                             stored, w2.data(), B, T, H, C);
+    ops.gelu_matmul_backward(dinp.data(), dw_f.data(), db_f.data(), dout.data(),
+                             hidden.data(), s16, stored, w2.data(), B, T, H, C);
+    EXPECT_EQ(dw_b, dw_f);
+    EXPECT_EQ(db_b, db_f);
+    const auto* gb = reinterpret_cast<const uint16_t*>(dfch16.data());
+    std::vector<float> dfch_rounded(rows * H);
+    for (int64_t i = 0; i < rows * H; ++i) {
+      ASSERT_EQ(internal::FromBf16(gb[i]), Bf16Round(dinp[i])) << i;
+      dfch_rounded[i] = internal::FromBf16(gb[i]);
+    }
+    // The fc matmul's backward of that bf16 gradient: the products of its
+    // values, the bias gradient their sums.
+    std::vector<float> ga(rows * C), gw(w.size()), gbias(H),
+        ga16 = ga, gw16 = gw, gbias16 = gbias;
+    ops.matmul_backward(ga.data(), gw.data(), gbias.data(), dfch_rounded.data(),
+                        x.data(), w.data(), B, T, C, H);
+    ops.matmul_backward(ga16.data(), gw16.data(), gbias16.data(),
+                        ConstAct(dfch16.data(), DType::kBf16), x.data(),
+                        w.data(), B, T, C, H);
+    EXPECT_EQ(ga16, ga);
+    EXPECT_EQ(gw16, gw);
+    for (int h = 0; h < H; ++h) {
+      double want = 0.0;
+      for (int64_t r = 0; r < rows; ++r) want += dfch_rounded[r * H + h];
+      EXPECT_NEAR(gbias16[h], want, 1e-4 * (1.0 + std::abs(want))) << h;
+    }
   }
 }
 
@@ -902,7 +938,8 @@ TEST(AttentionTest, Bf16StoredInputAndOutputAreTheirFp32Values) {
 }
 
 // The MLP projection of GELU(inp) with GELU's output not kept
-// (Ops::gelu_matmul_*): bit for bit what gelu_forward then the matmul give,
+// (Ops::gelu_matmul_*): bit for bit what gelu_forward then the matmul give
+// (then gelu_backward: the input gradient is inp's, through GELU),
 // on both CPU precisions (bf16 applies GELU as it rounds the operand; its
 // forward and dweight then differ from unfused GELU by any bit of GELU, so
 // EQ is the test). Shapes with partial blocks of the packed layout; the
@@ -932,6 +969,9 @@ TEST(MatmulTest, GeluMatmulIsTheMatmulOfGeluOutput) {
       ops->matmul_backward(want_dinp.data(), want_dw.data(), want_db.data(),
                            dout.data(), act.data(), w.data(), sh.B, sh.T, sh.C,
                            sh.OC);
+      // The input gradient through GELU: that of inp itself.
+      ops->gelu_backward(want_dinp.data(), inp.data(), want_dinp.data(),
+                         want_dinp.size());
       std::vector<float> saved =
           ToFloat(Random(ops->gelu_saved_floats(rows, sh.C), &rng));
       float* kept = saved.empty() ? nullptr : saved.data();
@@ -1534,6 +1574,37 @@ TEST(CrossentropyTest, ForwardInPlaceMatchesSeparateProbs) {
   EXPECT_EQ(probs, logits);
   ExpectFloatMatchesDouble("crossentropy losses", losses, p.losses);
   ExpectFloatMatchesDouble("crossentropy probs", probs, p.probs);
+}
+
+// The fused classifier over logits stored in bf16: the losses and the
+// gradient the fp32 classifier gives on their values, the gradient rounded
+// to bf16 over them.
+TEST(CrossentropyTest, FusedClassifierOverBf16LogitsIsTheFp32OneOfTheirValues) {
+  Ops& ops = CpuBf16Ops();
+  const int B = 2, T = 5, Vl = 72, V = 67;
+  const int64_t rows = int64_t{B} * T, n = rows * Vl;
+  std::mt19937_64 rng(31);
+  std::vector<float> logits = ToFloat(Random(n, &rng, -6, 6));
+  std::vector<int32_t> targets(rows);
+  for (int64_t r = 0; r < rows; ++r) targets[r] = (r * 13) % V;
+  std::vector<float> packed((n + 1) / 2);
+  auto* bits = reinterpret_cast<uint16_t*>(packed.data());
+  RoundToBf16Rows(bits, logits.data(), rows, Vl);
+  std::vector<float> values(n);
+  FromBf16Values(values.data(), bits, n);
+  const float dloss = 0.05f;
+  std::vector<float> losses(rows), stats(3 * rows), losses16(rows),
+      stats16(3 * rows);
+  CpuOps().crossentropy_forward_backward(losses.data(), values.data(),
+                                         targets.data(), dloss, stats.data(), B,
+                                         T, Vl, V);
+  ops.crossentropy_forward_backward(
+      losses16.data(), Act(packed.data(), DType::kBf16), targets.data(), dloss,
+      stats16.data(), B, T, Vl, V);
+  EXPECT_EQ(losses16, losses);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(internal::FromBf16(bits[i]), Bf16Round(values[i])) << i;
+  }
 }
 
 // The vocabulary split in parts of Vl columns (the last padded past V),

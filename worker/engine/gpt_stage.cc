@@ -486,15 +486,15 @@ float GptStage::ForwardPass(int slot, const int32_t* tokens,
   }
   // The head is tied to the embedding: logits over this rank's vocabulary
   // rows, never gathered for the loss.
-  column_linear_forward(S.logits, Stored(S.lnf), wte, nullptr, B, T, C, Vl_, g,
+  if (targets != nullptr) S.dloss = dloss;
+  column_linear_forward(Logits(S), Stored(S.lnf), wte, nullptr, B, T, C, Vl_, g,
                         scratch_);
   st.EndForward(head_unit_);
   if (targets == nullptr) return 0.0f;
   if (dloss != 0.0f) {
     vocab_crossentropy_forward_backward(
-        S.losses, S.logits, targets, dloss, B, T, vocab_begin_, Vl_,
+        S.losses, Logits(S), targets, dloss, B, T, vocab_begin_, Vl_,
         config_.vocab_size, g, ce_stats_, scratch_);
-    S.dloss = dloss;
   } else {
     vocab_crossentropy_forward(S.losses, S.logits, S.logits, targets, B, T,
                                vocab_begin_, Vl_, config_.vocab_size, g,
@@ -513,9 +513,9 @@ void GptStage::HeadBackward(const Slot& S, const int32_t* targets,
   st.BeginBackward(final_unit_);
   // The gradient of the logits replaces the probabilities in place, unless
   // the forward's fused classifier left it there already.
-  float* dlogits = S.logits;
+  const kernels::Act dlogits = Logits(S);
   if (S.dloss == 0.0f) {
-    vocab_crossentropy_backward(dlogits, S.logits, targets, dloss, B, T,
+    vocab_crossentropy_backward(S.logits, S.logits, targets, dloss, B, T,
                                 vocab_begin_, Vl_, scratch_);
   } else {
     PT_CHECK(S.dloss == dloss,
@@ -569,19 +569,20 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
     };
 
     st.BeginBackward(u + 3);
-    row_linear_backward(dfch_gelu_, dT(u + 3, kFcProjW), dT(u + 3, kFcProjB),
-                        dresidual_, Stored(a.fch),
+    // Through GELU: the gradient of fch, in fch's stored type (bf16 under
+    // bf16: it feeds only the fc matmul's backward).
+    row_linear_backward(Stored(dfch_gelu_), dT(u + 3, kFcProjW),
+                        dT(u + 3, kFcProjB), dresidual_, Stored(a.fch),
                         BlockTensor(st.Params(u + 3), b, kFcProjW), B, T,
                         4 * Cl_, C, tp_, scratch_, /*gelu_hidden=*/dqkv_,
                         /*gelu_saved=*/a.gelu);
     st.EndBackward(u + 3);
-    // In place: the gradient of fch replaces that of its GELU.
-    k.gelu_backward(dfch_gelu_, Stored(a.fch), dfch_gelu_, BT * 4 * Cl_);
     st.BeginBackward(u + 2);
     const float* w = st.Params(u + 2);
-    column_linear_backward(dln_, dT(u + 2, kFcW), dT(u + 2, kFcB), dfch_gelu_,
-                           Stored(a.ln2), BlockTensor(w, b, kFcW), B, T, C,
-                           4 * Cl_, tp_, scratch_);
+    column_linear_backward(dln_, dT(u + 2, kFcW), dT(u + 2, kFcB),
+                           Stored(dfch_gelu_), Stored(a.ln2),
+                           BlockTensor(w, b, kFcW), B, T, C, 4 * Cl_, tp_,
+                           scratch_);
     st.Poll();
     k.layernorm_backward(dresidual_, dT(u + 2, kLn2W), dT(u + 2, kLn2B), dln_,
                          a.residual2, BlockTensor(w, b, kLn2W), a.ln2_mean,

@@ -200,7 +200,7 @@ class GptStage : private UnitStore {
     float* lnf_mean;   // (B,Ts)
     float* lnf_rstd;   // (B,Ts)
     // (B,T,Vl); after a loss the probabilities, then dlogits; or dlogits
-    // right away (fused: dloss below).
+    // right away (fused: dloss below; then in the stored type, Logits()).
     float* logits;
     float* losses;  // (B,T)
     // The microbatch's tokens and targets in the backend's memory (null on
@@ -306,6 +306,15 @@ class GptStage : private UnitStore {
   kernels::Act Stored(float* p) const {
     return kernels::Act(
         p, act_div_ == 2 ? kernels::DType::kBf16 : kernels::DType::kF32);
+  }
+  // A slot's logits: in the stored type where its forward fuses the
+  // classifier over the whole vocabulary (loss and gradient from the stored
+  // values, the gradient, which only the head's matmul backward reads,
+  // written over them), else fp32 (probabilities, sampling, a vocabulary
+  // split over tp).
+  kernels::Act Logits(const Slot& S) const {
+    return S.dloss != 0.0f && tp_.size() == 1 ? Stored(S.logits)
+                                              : kernels::Act(S.logits);
   }
   UnitStore* store_;
   kernels::Ops* ops_;

@@ -114,7 +114,7 @@ void column_linear_forward(kernels::Act out, kernels::ConstAct inp,
 }
 
 void column_linear_backward(float* dinp, float* dweight, float* dbias,
-                            const float* dout, kernels::ConstAct inp,
+                            kernels::ConstAct dout, kernels::ConstAct inp,
                             const float* weight, int B, int T, int C, int OCl,
                             const TpGroup& g, const LayerContext& s) {
   if (!Parallel(g)) {
@@ -156,7 +156,7 @@ void row_linear_forward(float* out, kernels::ConstAct inp, const float* weight,
   }
 }
 
-void row_linear_backward(float* dinp, float* dweight, float* dbias,
+void row_linear_backward(kernels::Act dinp, float* dweight, float* dbias,
                          const float* dout, kernels::ConstAct inp,
                          const float* weight, int B, int T, int Cl, int OC,
                          const TpGroup& g, const LayerContext& s,
@@ -170,8 +170,8 @@ void row_linear_backward(float* dinp, float* dweight, float* dbias,
     s.ops().gelu_matmul_backward(dinp, dweight, dbias, full, gelu_hidden,
                                  gelu_saved, inp, weight, B, T, Cl, OC);
   } else {
-    s.ops().matmul_backward(dinp, dweight, dbias, full, inp, weight, B, T, Cl,
-                            OC);
+    s.ops().matmul_backward(dinp.f32(), dweight, dbias, full, inp, weight, B, T,
+                            Cl, OC);
   }
 }
 
@@ -218,7 +218,7 @@ void vocab_crossentropy_forward(float* losses, float* probs,
                                        stats + 2 * rows, B, T, Vl);
 }
 
-void vocab_crossentropy_forward_backward(float* losses, float* logits,
+void vocab_crossentropy_forward_backward(float* losses, kernels::Act logits,
                                          const int32_t* targets, float dloss,
                                          int B, int T, int vocab_begin, int Vl,
                                          int V, const TpGroup& g, float* stats,
@@ -228,10 +228,12 @@ void vocab_crossentropy_forward_backward(float* losses, float* logits,
                                           B, T, Vl, V);
     return;
   }
-  VocabSoftmaxSums(logits, logits, targets, B, T, vocab_begin, Vl, V, g, stats,
-                   s);
+  PT_CHECK(logits.type == kernels::DType::kF32,
+           "vocabulary-split logits are fp32");
+  float* l = logits.f32();
+  VocabSoftmaxSums(l, l, targets, B, T, vocab_begin, Vl, V, g, stats, s);
   const int64_t rows = static_cast<int64_t>(B) * T;
-  s.ops().crossentropy_parallel_finish_backward(losses, logits, stats + rows,
+  s.ops().crossentropy_parallel_finish_backward(losses, l, stats + rows,
                                                 stats + 2 * rows, targets,
                                                 dloss, B, T, Vl, vocab_begin);
 }

@@ -76,7 +76,7 @@ void column_linear_forward(kernels::Act out, kernels::ConstAct inp,
 // dinp (B,Ts,C) = reduce over the group of dout @ weight; dweight, dbias
 // accumulate this rank's rows.
 void column_linear_backward(float* dinp, float* dweight, float* dbias,
-                            const float* dout, kernels::ConstAct inp,
+                            kernels::ConstAct dout, kernels::ConstAct inp,
                             const float* weight, int B, int T, int C, int OCl,
                             const TpGroup& g, const LayerContext& s);
 
@@ -95,7 +95,7 @@ void row_linear_forward(float* out, kernels::ConstAct inp, const float* weight,
                         float* gelu_saved = nullptr);
 // dinp (B,T,Cl) = gather(dout) @ weight; dweight += gather(dout)^T inp;
 // dbias += column sums of gather(dout) (the same on every rank).
-void row_linear_backward(float* dinp, float* dweight, float* dbias,
+void row_linear_backward(kernels::Act dinp, float* dweight, float* dbias,
                          const float* dout, kernels::ConstAct inp,
                          const float* weight, int B, int T, int Cl, int OC,
                          const TpGroup& g, const LayerContext& s,
@@ -138,7 +138,7 @@ void vocab_crossentropy_backward(float* dlogits, const float* probs,
 // Both at once for training (the fused classifier): losses as the forward's,
 // and `logits` overwritten with what the backward leaves (no probabilities
 // in between); the forward's communication, none more.
-void vocab_crossentropy_forward_backward(float* losses, float* logits,
+void vocab_crossentropy_forward_backward(float* losses, kernels::Act logits,
                                          const int32_t* targets, float dloss,
                                          int B, int T, int vocab_begin, int Vl,
                                          int V, const TpGroup& g, float* stats,

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/spec.h"
+#include "kernels/cpu/kernels.h"
 #include "worker/engine/data.h"
 #include "worker/engine/gpt_stage.h"
 #include "worker/engine/optimizer.h"
@@ -636,7 +637,9 @@ void CheckRecomputation(kernels::Ops* ops) {
 // Training's forward with dloss computes the logits' gradient with the loss
 // (the fused classifier); its backward then starts from it. Two microbatches
 // in flight, one fused and one not, give bit for bit what the unfused
-// forward and backward give, on each CPU backend.
+// forward and backward give in fp32; under bf16 the fused classifier works
+// from the logits stored in bf16 (its gradient rounded over them), so the
+// loss and the gradients are those of the unfused run to bf16's rounding.
 TEST(GptStage, FusedClassifierGivesTheUnfusedLossAndGradients) {
   const int B = 2, T = 8;
   std::vector<int32_t> in(2 * B * T), tg(2 * B * T);
@@ -667,23 +670,49 @@ TEST(GptStage, FusedClassifierGivesTheUnfusedLossAndGradients) {
         losses.back().push_back(st.Forward(mb, in.data() + mb * B * T, nullptr,
                                            tg.data() + mb * B * T, B, T, fold));
         // The row holds the gradient (summing to 0) where fused, else the
-        // probabilities (summing to 1).
+        // probabilities (summing to 1); the gradient in bf16 under bf16.
         double row = 0;
-        for (int j = 0; j < st.vocab_local(); ++j) row += st.logits(mb)[j];
-        EXPECT_NEAR(row, fold != 0.0f ? 0.0 : 1.0, 1e-5) << "microbatch " << mb;
+        const bool packed = fold != 0.0f && ops == &kernels::CpuBf16Ops();
+        std::vector<float> values(st.logits(mb),
+                                  st.logits(mb) + st.vocab_local());
+        if (packed) {
+          kernels::FromBf16Values(
+              values.data(), reinterpret_cast<const uint16_t*>(st.logits(mb)),
+              st.vocab_local());
+        }
+        for (float v : values) row += v;
+        EXPECT_NEAR(row, fold != 0.0f ? 0.0 : 1.0, packed ? 1e-6 : 1e-5)
+            << "microbatch " << mb;
       }
       for (int mb = 0; mb < 2; ++mb) {
         st.Backward(mb, in.data() + mb * B * T, tg.data() + mb * B * T, dloss,
                     nullptr);
       }
     }
-    EXPECT_EQ(losses[0], losses[1]);
-    double scale = 0;
+    double scale = 0, diff = 0;
     for (int64_t i = 0; i < runs[0]->buffer_size(); ++i) {
-      ASSERT_EQ(runs[0]->grads()[i], runs[1]->grads()[i]) << "element " << i;
       scale = std::max(scale, double(std::fabs(runs[0]->grads()[i])));
+      diff = std::max(
+          diff, double(std::fabs(runs[0]->grads()[i] - runs[1]->grads()[i])));
     }
     EXPECT_GT(scale, 0.0);
+    if (ops == &kernels::CpuOps()) {
+      EXPECT_EQ(losses[0], losses[1]);
+      for (int64_t i = 0; i < runs[0]->buffer_size(); ++i) {
+        ASSERT_EQ(runs[0]->grads()[i], runs[1]->grads()[i]) << "element " << i;
+      }
+    } else {
+      for (int mb = 0; mb < 2; ++mb) {
+        // The unfused second microbatch is the same either way.
+        if (mb == 1) {
+          EXPECT_EQ(losses[1][mb], losses[0][mb]);
+        } else {
+          EXPECT_NEAR(losses[1][mb], losses[0][mb], 1e-2 * losses[0][mb]);
+          EXPECT_NE(losses[1][mb], losses[0][mb]);  // the stored logits
+        }
+      }
+      EXPECT_LE(diff, 2e-2 * scale);
+    }
   }
 }
 
