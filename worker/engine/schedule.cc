@@ -14,6 +14,7 @@ namespace {
 
 PipeAction F(int mb, int chunk) { return {PipeAction::kForward, mb, chunk}; }
 PipeAction B(int mb, int chunk) { return {PipeAction::kBackward, mb, chunk}; }
+PipeAction W(int mb) { return {PipeAction::kWeight, mb, 0}; }
 
 // The k-th forward (or backward) of an interleaved rank: microbatches go
 // through the chunks in groups of pp — pp microbatches on chunk 0, the same
@@ -28,7 +29,10 @@ PipeAction InterleavedPass(int k, int pp, int v, bool forward) {
 }  // namespace
 
 std::string ToString(const PipeAction& a, bool chunks) {
-  return absl::StrCat(a.kind == PipeAction::kForward ? "F" : "B", a.microbatch,
+  const char* kind = a.kind == PipeAction::kForward    ? "F"
+                     : a.kind == PipeAction::kBackward ? "B"
+                                                       : "W";
+  return absl::StrCat(kind, a.microbatch,
                       chunks ? absl::StrCat(".", a.chunk) : "");
 }
 
@@ -80,10 +84,41 @@ std::vector<PipeAction> PipelineOrder(ScheduleKind kind, int pp, int rank,
   return order;
 }
 
+std::vector<PipeAction> ZeroBubbleOrder(int pp, int rank, int m) {
+  PT_CHECK(pp >= 1 && rank >= 0 && rank < pp && m >= 1,
+           "zero-bubble order: bad pp, rank or microbatches");
+  std::vector<PipeAction> order;
+  int weights = 0;  // W passes placed: W(0 .. weights-1)
+  // After B(k), the W that lags `rank` microbatches behind it.
+  auto after_backward = [&](int k) {
+    if (k - rank >= 0) order.push_back(W(weights++));
+  };
+  const int warmup = std::min(pp - rank - 1, m);
+  for (int i = 0; i < warmup; ++i) order.push_back(F(i, 0));
+  for (int i = 0; i < m - warmup; ++i) {
+    order.push_back(F(warmup + i, 0));
+    order.push_back(B(i, 0));
+    after_backward(i);
+  }
+  for (int i = m - warmup; i < m; ++i) {
+    order.push_back(B(i, 0));
+    after_backward(i);
+  }
+  while (weights < m) order.push_back(W(weights++));
+  return order;
+}
+
 int MaxInFlight(const std::vector<PipeAction>& order) {
+  // A microbatch is let go by its W where the order has W passes.
+  const bool split = std::any_of(order.begin(), order.end(), [](auto& a) {
+    return a.kind == PipeAction::kWeight;
+  });
+  const PipeAction::Kind last = split ? PipeAction::kWeight
+                                      : PipeAction::kBackward;
   int now = 0, most = 0;
   for (const PipeAction& a : order) {
-    now += a.kind == PipeAction::kForward ? 1 : -1;
+    if (a.kind == PipeAction::kForward) ++now;
+    if (a.kind == last) --now;
     most = std::max(most, now);
   }
   return most;
@@ -128,13 +163,23 @@ PipelineSimulation SimulatePipeline(ScheduleKind kind, int pp, int m, int v,
 PipelineSimulation SimulatePipeline(ScheduleKind kind, int pp, int m, int v,
                                     const std::vector<double>& forward,
                                     const std::vector<double>& backward) {
-  PT_CHECK(static_cast<int>(forward.size()) == pp &&
-               static_cast<int>(backward.size()) == pp,
-           "one forward and one backward time per rank");
-  const int stages = pp * v;
   std::vector<std::vector<PipeAction>> orders;
   for (int r = 0; r < pp; ++r)
     orders.push_back(PipelineOrder(kind, pp, r, m, v));
+  return SimulateOrders(orders, v, forward, backward,
+                        std::vector<double>(pp, 0.0));
+}
+
+PipelineSimulation SimulateOrders(
+    const std::vector<std::vector<PipeAction>>& orders, int v,
+    const std::vector<double>& forward, const std::vector<double>& backward,
+    const std::vector<double>& weight) {
+  const int pp = static_cast<int>(orders.size());
+  PT_CHECK(static_cast<int>(forward.size()) == pp &&
+               static_cast<int>(backward.size()) == pp &&
+               static_cast<int>(weight.size()) == pp,
+           "one forward, backward and weight time per rank");
+  const int stages = pp * v;
   // Finish time of (kind, microbatch, virtual stage) once scheduled.
   std::map<std::tuple<int, int, int>, double> done;
   std::vector<size_t> next(pp, 0);
@@ -150,12 +195,15 @@ PipelineSimulation SimulatePipeline(ScheduleKind kind, int pp, int m, int v,
         const int s = a.chunk * pp + r;
         const bool fwd = a.kind == PipeAction::kForward;
         // Forward needs the previous virtual stage's forward; backward its
-        // own forward and the next virtual stage's backward.
+        // own forward and the next virtual stage's backward; W its own B.
         std::vector<std::tuple<int, int, int>> needs;
         if (fwd && s > 0) needs.push_back({0, a.microbatch, s - 1});
-        if (!fwd) {
+        if (a.kind == PipeAction::kBackward) {
           needs.push_back({0, a.microbatch, s});
           if (s < stages - 1) needs.push_back({1, a.microbatch, s + 1});
+        }
+        if (a.kind == PipeAction::kWeight) {
+          needs.push_back({1, a.microbatch, s});
         }
         double start = free_at[r];
         bool ready = true;
@@ -169,10 +217,13 @@ PipelineSimulation SimulatePipeline(ScheduleKind kind, int pp, int m, int v,
         }
         if (!ready) break;
         // Each chunk holds 1/v of a rank's layers.
-        const double t = (fwd ? forward[r] : backward[r]) / v;
+        const double t = (fwd                                 ? forward[r]
+                          : a.kind == PipeAction::kBackward ? backward[r]
+                                                            : weight[r]) /
+                         v;
         free_at[r] = start + t;
         busy[r] += t;
-        done[{fwd ? 0 : 1, a.microbatch, s}] = start + t;
+        done[{static_cast<int>(a.kind), a.microbatch, s}] = start + t;
         ++next[r];
         --left;
         progress = true;

@@ -18,15 +18,19 @@ namespace ptrain {
 // ScheduleKind, ScheduleKindOf and ScheduleName come with the spec
 // (common/spec.h): parallel.schedule's values.
 
+// kBackward is a whole backward pass; a zero-bubble order splits it into
+// kBackward, the input gradients (on the critical path: the previous stage
+// waits for them), and kWeight, the weight gradients of the same
+// microbatch, which nothing waits for.
 struct PipeAction {
-  enum Kind { kForward, kBackward } kind;
+  enum Kind { kForward, kBackward, kWeight } kind;
   int microbatch;  // 0 .. m-1
   int chunk;       // this rank's model chunk, 0 .. v-1 (0 unless interleaved)
   bool operator==(const PipeAction& o) const {
     return kind == o.kind && microbatch == o.microbatch && chunk == o.chunk;
   }
 };
-// "F3" / "B0", with the chunk when there are several ("F3.1").
+// "F3" / "B0" / "W2", with the chunk when there are several ("F3.1").
 std::string ToString(const PipeAction& a, bool chunks = false);
 
 // The passes rank `rank` of `pp` runs in one optimizer step of `m`
@@ -36,8 +40,18 @@ std::string ToString(const PipeAction& a, bool chunks = false);
 std::vector<PipeAction> PipelineOrder(ScheduleKind kind, int pp, int rank,
                                       int m, int v);
 
-// The most microbatch-chunks whose forward has run and backward has not:
-// the activation slots the rank needs.
+// ZB-H1 ("Zero Bubble Pipeline Parallelism", Qi et al.): 1F1B's forwards
+// and input-gradient passes B in 1F1B's order, each weight-gradient pass W
+// run after its B but rank r's W lagging r microbatches behind, so that a
+// later stage answers with B first and the W it put off fills what would
+// be idle time while it waits; the rest of the W close the step. Every
+// rank holds at most min(pp, m) microbatches (1F1B's bound on its first
+// rank): a microbatch's activations stay until its W.
+std::vector<PipeAction> ZeroBubbleOrder(int pp, int rank, int m);
+
+// The most microbatch-chunks whose forward has run and whose last
+// backward pass has not (its W in an order that has W passes, else its
+// B): the activation slots the rank needs.
 int MaxInFlight(const std::vector<PipeAction>& order);
 
 // The same for each of the rank's v chunks: the slots each chunk's stage
@@ -65,6 +79,15 @@ PipelineSimulation SimulatePipeline(ScheduleKind kind, int pp, int m, int v,
 PipelineSimulation SimulatePipeline(ScheduleKind kind, int pp, int m, int v,
                                     const std::vector<double>& forward,
                                     const std::vector<double>& backward);
+
+// The simulation over given orders (one per rank; v chunks each), each
+// rank's F, B and W times as given (per microbatch over all its chunks): a
+// B waits for its forward and the next virtual stage's B, a W for its own
+// B. Orders without W passes take `backward` as the whole backward.
+PipelineSimulation SimulateOrders(
+    const std::vector<std::vector<PipeAction>>& orders, int v,
+    const std::vector<double>& forward, const std::vector<double>& backward,
+    const std::vector<double>& weight);
 
 // The textbook bubble of GPipe and 1F1B: (pp-1) / (m+pp-1).
 double AnalyticBubble(int pp, int m);
