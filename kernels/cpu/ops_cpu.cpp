@@ -1,5 +1,6 @@
 // The CPU backend of the Ops seam: kernels/cpu's float kernels on host
 // memory.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -317,8 +318,9 @@ class CpuBackend final : public Ops {
     kernels::crossentropy_parallel_finish(losses, probs, sums, target_shifted,
                                           B, T, Vl);
   }
-  // bf16 logits: the fp32 composition over their values in scratch, the
-  // gradient rounded back over them.
+  // bf16 logits: the fp32 composition over their values, a block of rows
+  // at a time in scratch (about 4 MiB: a large vocabulary's logits are not
+  // unpacked whole), the gradient rounded back over them.
   void crossentropy_forward_backward(float* losses, Act logits,
                                      const int32_t* targets, float dloss,
                                      float* stats, int B, int T, int Vl,
@@ -329,12 +331,16 @@ class CpuBackend final : public Ops {
       return;
     }
     const int64_t rows = static_cast<int64_t>(B) * T;
-    float* x = kernels::Bf16Scratch(0, rows * Vl);
-    kernels::FromBf16Values(x, static_cast<const uint16_t*>(logits.p),
-                            rows * Vl);
-    Ops::crossentropy_forward_backward(losses, x, targets, dloss, stats, B, T,
-                                       Vl, V);
-    Finish(logits, x, rows, Vl);
+    const int64_t block = std::max<int64_t>(1, (int64_t{1} << 20) / Vl);
+    auto* bits = static_cast<uint16_t*>(logits.p);
+    for (int64_t r0 = 0; r0 < rows; r0 += block) {
+      const int64_t n = std::min(block, rows - r0);
+      float* x = kernels::Bf16Scratch(0, n * Vl);
+      kernels::FromBf16Values(x, bits + r0 * Vl, n * Vl);
+      Ops::crossentropy_forward_backward(losses + r0, x, targets + r0, dloss,
+                                         stats, 1, static_cast<int>(n), Vl, V);
+      kernels::RoundToBf16Rows(bits + r0 * Vl, x, n, Vl);
+    }
   }
   void crossentropy_parallel_backward(float* dlogits, const float* probs,
                                       const int32_t* targets, float dloss,

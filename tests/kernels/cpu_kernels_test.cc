@@ -1576,12 +1576,22 @@ TEST(CrossentropyTest, ForwardInPlaceMatchesSeparateProbs) {
   ExpectFloatMatchesDouble("crossentropy probs", probs, p.probs);
 }
 
+void FusedClassifierOverBf16Logits(int Vl, int V);
+
 // The fused classifier over logits stored in bf16: the losses and the
 // gradient the fp32 classifier gives on their values, the gradient rounded
 // to bf16 over them.
 TEST(CrossentropyTest, FusedClassifierOverBf16LogitsIsTheFp32OneOfTheirValues) {
+  // A vocabulary wide enough to be taken a few rows at a time, too.
+  for (auto [Vl, V] : {std::pair{72, 67}, std::pair{300000, 299998}}) {
+    SCOPED_TRACE(Vl);
+    FusedClassifierOverBf16Logits(Vl, V);
+  }
+}
+
+void FusedClassifierOverBf16Logits(int Vl, int V) {
   Ops& ops = CpuBf16Ops();
-  const int B = 2, T = 5, Vl = 72, V = 67;
+  const int B = 2, T = 5;
   const int64_t rows = int64_t{B} * T, n = rows * Vl;
   std::mt19937_64 rng(31);
   std::vector<float> logits = ToFloat(Random(n, &rng, -6, 6));
