@@ -33,28 +33,36 @@ void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N) {
   });
 }
 
-void gelu_backward_bf16_input(float* dinp, const uint16_t* inp,
-                              const float* dout, int64_t N) {
-  internal::ParallelFor(N, [&](int64_t i0, int64_t i1) {
-#pragma omp simd
-    for (int64_t i = i0; i < i1; i++) {
-      const float x = internal::FromBf16(inp[i]);
-      const float e = internal::Exp(math::GeluExponent(x));
-      dinp[i] = math::GeluGradFromExp(x, e) * dout[i];
-    }
-  });
-}
+namespace {
 
-void gelu_backward_bf16(uint16_t* dinp, const uint16_t* inp, const float* dout,
+float AsStored(float v, float*) { return v; }
+uint16_t AsStored(float v, uint16_t*) { return internal::RoundToBf16(v); }
+
+// gelu_backward of a bf16-stored inp, the gradient written as O (fp32, or
+// bf16 rounded).
+template <typename O>
+void GeluBackwardOfBf16(O* dinp, const uint16_t* inp, const float* dout,
                         int64_t N) {
   internal::ParallelFor(N, [&](int64_t i0, int64_t i1) {
 #pragma omp simd
     for (int64_t i = i0; i < i1; i++) {
       const float x = internal::FromBf16(inp[i]);
       const float e = internal::Exp(math::GeluExponent(x));
-      dinp[i] = internal::RoundToBf16(math::GeluGradFromExp(x, e) * dout[i]);
+      dinp[i] = AsStored(math::GeluGradFromExp(x, e) * dout[i], dinp);
     }
   });
+}
+
+}  // namespace
+
+void gelu_backward_bf16_input(float* dinp, const uint16_t* inp,
+                              const float* dout, int64_t N) {
+  GeluBackwardOfBf16(dinp, inp, dout, N);
+}
+
+void gelu_backward_bf16(uint16_t* dinp, const uint16_t* inp, const float* dout,
+                        int64_t N) {
+  GeluBackwardOfBf16(dinp, inp, dout, N);
 }
 
 // out, inp1, inp2 are (N).

@@ -499,13 +499,17 @@ void MatmulBackwardBf16(float* dinp, float* dweight, float* dbias,
     ToBf16(rounded, dout, rows, OC, OC, /*transpose=*/false, dbias);
     dout16 = rounded;
   } else if (dbias != nullptr) {
-    internal::ParallelFor(OC, [&](int64_t c0, int64_t c1) {
-      for (int64_t r = 0; r < rows; ++r) {
-        const uint16_t* row = dout16 + r * OC;
-        for (int64_t c = c0; c < c1; ++c)
-          dbias[c] += internal::FromBf16(row[c]);
-      }
-    });
+    internal::ColumnSums<1>(
+        rows, OC, std::array<float*, 1>{dbias},
+        [&](int64_t r0, int64_t r1, const std::array<float*, 1>& sum) {
+          for (int64_t r = r0; r < r1; ++r) {
+            const uint16_t* row = dout16 + r * OC;
+#pragma omp simd
+            for (int64_t c = 0; c < OC; ++c) {
+              sum[0][c] += internal::FromBf16(row[c]);
+            }
+          }
+        });
   }
   if (dinp != nullptr) {
     // dinp (rows,C) = dout (rows,OC) @ weight (OC,C)

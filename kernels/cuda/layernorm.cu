@@ -51,25 +51,31 @@ __global__ void LayerNormForwardKernel(O* out, float* mean, float* rstd,
   }
 }
 
-// One row's input gradient by one warp (`lane` of 32): dx += the gradient
-// through the LayerNorm of x, whose statistics are m and s.
-__device__ __forceinline__ void LayerNormBackwardRow(float* dx, const float* x,
-                                                     const float* dy,
-                                                     const float* weight,
-                                                     float m, float s, int C,
-                                                     int lane) {
+// One row's input gradient by a group of threads (a warp, or a block),
+// this thread `first` of `stride`: dx += the gradient through the LayerNorm
+// of x, whose statistics are m and s; `sum` adds a value up over the group.
+// With `sums` (norm·dy's C, then dy's C), the row's weight and bias terms
+// of this thread's columns are added there too.
+template <typename GroupSum>
+__device__ __forceinline__ void LayerNormBackwardRow(
+    float* dx, const float* x, const float* dy, const float* weight, float m,
+    float s, int C, int first, int stride, GroupSum sum, float* sums) {
   float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
-  for (int i = lane; i < C; i += 32) {
+  for (int i = first; i < C; i += stride) {
     const float dnorm = weight[i] * dy[i];
     dnorm_sum += dnorm;
     dnorm_norm_sum += dnorm * (x[i] - m) * s;
   }
-  const float dnorm_mean = WarpSum(dnorm_sum) / C;
-  const float dnorm_norm_mean = WarpSum(dnorm_norm_sum) / C;
-  for (int i = lane; i < C; i += 32) {
+  const float dnorm_mean = sum(dnorm_sum) / C;
+  const float dnorm_norm_mean = sum(dnorm_norm_sum) / C;
+  for (int i = first; i < C; i += stride) {
     const float norm = (x[i] - m) * s;
     dx[i] += math::LayerNormInputGrad(weight[i] * dy[i], norm, dnorm_mean,
                                       dnorm_norm_mean, s);
+    if (sums != nullptr) {
+      sums[i] += norm * dy[i];
+      sums[C + i] += dy[i];
+    }
   }
 }
 
@@ -97,27 +103,11 @@ __global__ void LayerNormBackwardKernel(float* dinp, float* partial,
   const int64_t r0 = blockIdx.x * int64_t{kLayerNormChunkRows};
   const int64_t r1 =
       r0 + kLayerNormChunkRows < rows ? r0 + kLayerNormChunkRows : rows;
+  const auto block_sum = [](float v) { return BlockReduce(v, SumOp(), 0.0f); };
   for (int64_t r = r0; r < r1; ++r) {
-    const float* x = inp + r * C;
-    const float* dy = dout + r * C;
-    const float m = mean[r], s = rstd[r];
-    float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-      const float dnorm = weight[c] * dy[c];
-      dnorm_sum += dnorm;
-      dnorm_norm_sum += dnorm * (x[c] - m) * s;
-    }
-    const float dnorm_mean = BlockReduce(dnorm_sum, SumOp(), 0.0f) / C;
-    const float dnorm_norm_mean =
-        BlockReduce(dnorm_norm_sum, SumOp(), 0.0f) / C;
-    float* dx = dinp + r * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-      const float norm = (x[c] - m) * s;
-      dx[c] += math::LayerNormInputGrad(weight[c] * dy[c], norm, dnorm_mean,
-                                        dnorm_norm_mean, s);
-      sums[c] += norm * dy[c];
-      sums[C + c] += dy[c];
-    }
+    LayerNormBackwardRow(dinp + r * C, inp + r * C, dout + r * C, weight,
+                         mean[r], rstd[r], C, threadIdx.x, blockDim.x,
+                         block_sum, sums);
   }
   float* out = partial + blockIdx.x * int64_t{2} * C;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
@@ -133,8 +123,9 @@ __global__ void LayerNormBackwardInputKernel(
     const float* mean, const float* rstd, int64_t rows, int C) {
   const int64_t r = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
   if (r >= rows) return;
-  LayerNormBackwardRow(dinp + r * C, inp + r * C, dout + r * C, weight, mean[r],
-                       rstd[r], C, threadIdx.x % 32);
+  LayerNormBackwardRow(
+      dinp + r * C, inp + r * C, dout + r * C, weight, mean[r], rstd[r], C,
+      threadIdx.x % 32, 32, [](float v) { return WarpSum(v); }, nullptr);
 }
 
 // Column sums over a chunk of kChunkRows rows a block (32 columns x 8 row

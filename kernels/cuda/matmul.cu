@@ -122,12 +122,7 @@ void CudaBackend::gelu_matmul_backward(Act dinp, float* dweight, float* dbias,
            C, nullptr);
     GeluBackwardInto(dinp, inp, dinp.f32(), n);
   }
-  // dweight^T (C,OC) += GELU(inp)^T (C,BT) dout (BT,OC).
-  Matmul(false, true, C, OC, BT, GeluOperand(inp, n, 2), C, d, OC, 1.0f,
-         Dst{dweight, CUDA_R_32F}, C, nullptr);
-  if (dbias != nullptr) {
-    ColumnSums(nullptr, dbias, dout, nullptr, nullptr, nullptr, BT, OC);
-  }
+  WeightGradients(dweight, dbias, dout, d, GeluOperand(inp, n, 2), BT, C, OC);
 }
 
 void CudaBackend::MatmulBackward(float* dinp, float* dweight, float* dbias,
@@ -141,6 +136,11 @@ void CudaBackend::MatmulBackward(float* dinp, float* dweight, float* dbias,
     Matmul(false, false, C, BT, OC, Operand(weight, int64_t(C) * OC, 1), C, d,
            OC, 0.0f, Dst{dinp, CUDA_R_32F}, C, nullptr);
   }
+  WeightGradients(dweight, dbias, dout, d, in, BT, C, OC);
+}
+
+void CudaBackend::WeightGradients(float* dweight, float* dbias, ConstAct dout,
+                                  Op d, Op in, int64_t BT, int C, int OC) {
   // dweight^T (C,OC) += inp^T (C,BT) dout (BT,OC).
   Matmul(false, true, C, OC, BT, in, C, d, OC, 1.0f, Dst{dweight, CUDA_R_32F},
          C, nullptr);

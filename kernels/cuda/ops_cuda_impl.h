@@ -444,6 +444,10 @@ class CudaBackend final : public Ops {
   // `in` (Operand's or GeluOperand's, in slot 2).
   void MatmulBackward(float* dinp, float* dweight, float* dbias, ConstAct dout,
                       Op in, const float* weight, int64_t BT, int C, int OC);
+  // Both backwards' weight gradients: dweight += in^T d (d: dout as the
+  // products' operand), dbias (may be null) += dout's column sums.
+  void WeightGradients(float* dweight, float* dbias, ConstAct dout, Op d, Op in,
+                       int64_t BT, int C, int OC);
   // dinp (n) = GELU'(inp) dout, in dinp's type (elementwise.cu; dinp
   // may be dout).
   void GeluBackwardInto(Act dinp, ConstAct inp, const float* dout, int64_t n);

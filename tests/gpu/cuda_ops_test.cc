@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -46,6 +45,14 @@ double RelMaxDiff(const Vec& got, const Vec& want) {
     scale = std::max(scale, std::fabs(double(want[i])));
   }
   return scale > 0.0 ? diff / scale : diff;
+}
+
+// The first n values of a tensor stored in bf16 (two to a float), as floats.
+Vec Unpacked(const Vec& packed, int64_t n) {
+  Vec v(n);
+  kernels::FromBf16Values(v.data(),
+                          reinterpret_cast<const uint16_t*>(packed.data()), n);
+  return v;
 }
 
 // A host vector mirrored on the GPU.
@@ -306,18 +313,8 @@ TEST_P(CudaOpsTest, LayerNormOutputStoredInBf16) {
                           g_b.get(), kB, kT, kC);
   gpu_->layernorm_forward(g_ln.get(), g_mean.get(), g_rstd.get(), g_x.get(),
                           g_w.get(), g_b.get(), kB, kT, kC);
-  // Unpacked to floats (bf16 is the top half of one).
-  auto unpack = [&](const Vec& packed) {
-    Vec v(n);
-    const auto* bits = reinterpret_cast<const uint16_t*>(packed.data());
-    for (int64_t i = 0; i < n; ++i) {
-      const uint32_t u = uint32_t{bits[i]} << 16;
-      std::memcpy(&v[i], &u, sizeof(u));
-    }
-    return v;
-  };
-  Check("layernorm out (bf16 storage)", unpack(g_half.Host()), unpack(half),
-        true);
+  Check("layernorm out (bf16 storage)", Unpacked(g_half.Host(), n),
+        Unpacked(half, n), true);
   // The products of the stored input against those of the fp32 output it
   // was rounded from (which the matmul rounds the same way).
   const kernels::ConstAct stored(g_half.get(), kernels::DType::kBf16);
@@ -368,17 +365,8 @@ TEST_P(CudaOpsTest, MlpHiddenLayerStoredInBf16) {
                       bias.data(), kB, kT, kC, kOC);
   gpu_->matmul_forward(kernels::Act(g_fch16.get(), bf), g_inp.get(), g_w.get(),
                        g_bias.get(), kB, kT, kC, kOC);
-  auto unpack = [](const Vec& packed, int64_t count) {
-    Vec v(count);
-    const auto* bits = reinterpret_cast<const uint16_t*>(packed.data());
-    for (int64_t i = 0; i < count; ++i) {
-      const uint32_t u = uint32_t{bits[i]} << 16;
-      std::memcpy(&v[i], &u, sizeof(u));
-    }
-    return v;
-  };
-  Check("fc out (bf16 storage)", unpack(g_fch16.Host(), n), unpack(fch16, n),
-        true);
+  Check("fc out (bf16 storage)", Unpacked(g_fch16.Host(), n),
+        Unpacked(fch16, n), true);
   // From here both read the CPU's stored values.
   Dev g_stored(gpu_.get(), fch16), g_dgelu(gpu_.get(), dgelu);
   Vec dfch(n);
@@ -422,8 +410,8 @@ TEST_P(CudaOpsTest, MlpHiddenLayerStoredInBf16) {
   gpu_->gelu_matmul_backward(kernels::Act(g_dfch16.get(), bf), g_dw3.get(),
                              g_db3.get(), g_dout2.get(), g_hidden.get(),
                              nullptr, gpu_fch, g_w2.get(), kB, kT, kOC, kC);
-  Check("gelu_matmul dfch (bf16 output)", unpack(g_dfch16.Host(), n),
-        unpack(dfch16, n), true);
+  Check("gelu_matmul dfch (bf16 output)", Unpacked(g_dfch16.Host(), n),
+        Unpacked(dfch16, n), true);
   Check("gelu_matmul dweight (bf16 dfch)", g_dw3.Host(), dw3, true);
   // Both read the CPU's bf16 gradient from here.
   Dev g_cpu_dfch(gpu_.get(), dfch16);
@@ -476,14 +464,8 @@ TEST_P(CudaOpsTest, AttentionOverBf16StoredTensors) {
     gpu_->attention_backward(g_dinp.get(), g_datt.get(), g_dout.get(), g_qkv,
                              kernels::ConstAct(g_cpu_out.get(), bf),
                              g_att.get(), kB, kT, kC, NH);
-    auto unpack = [&](const Vec& packed) {
-      Vec v(n);
-      kernels::FromBf16Values(
-          v.data(), reinterpret_cast<const uint16_t*>(packed.data()), n);
-      return v;
-    };
-    Check("attention out (bf16 storage)", unpack(g_out.Host()), unpack(out16),
-          true);
+    Check("attention out (bf16 storage)", Unpacked(g_out.Host(), n),
+          Unpacked(out16, n), true);
     Check("attention dinp (bf16 storage)", g_dinp.Host(), dinp, true);
   }
 }
@@ -811,15 +793,9 @@ TEST_P(CudaOpsTest, FusedClassifierOverBf16Logits) {
   gpu_->crossentropy_forward_backward(
       g_losses.get(), kernels::Act(g_logits.get(), bf), g_targets.get(), dloss,
       g_stats.get(), kB, kT, kVl, kV);
-  auto unpack = [&](const Vec& v) {
-    Vec f(n);
-    kernels::FromBf16Values(f.data(),
-                            reinterpret_cast<const uint16_t*>(v.data()), n);
-    return f;
-  };
   Check("classifier losses (bf16 logits)", g_losses.Host(), losses);
-  Check("classifier dlogits (bf16)", unpack(g_logits.Host()), unpack(grad),
-        true);
+  Check("classifier dlogits (bf16)", Unpacked(g_logits.Host(), n),
+        Unpacked(grad, n), true);
 }
 
 // AdamW over a table of runs in one launch, against the CPU run by run:
