@@ -19,6 +19,8 @@
 #  1c. stages of different sizes: config M with an 8192-word vocabulary,
 #     whose head makes the last of 3 + 3 layers the slow stage, against
 #     parallel.last_stage_layers=2 (4 + 2): tok/s and bubble;
+#  1d. zero-bubble ZB-H1 against 1F1B (config M, pp=2, m 4 and 8) in one
+#     run: bubble ratio, against the simulated one, losses bit-identical;
 #  2. config M at pp=2 (one thread per rank, m=8) against one rank with
 #     every core's thread, side by side, ROUNDS times: the tok/s ratio;
 #  3. the full 3D layout dp=2 tp=2 pp=2 (8 ranks, one thread each) on
@@ -85,6 +87,26 @@ for m in 8 16; do
     "$m" "$1" "$2" "$3"
   awk -v a="$plain" -v b="$1" 'BEGIN {
     printf ", cut %.2f x vs 1f1b (target >= 1.8)\n", a / b }'
+done
+
+echo "=== 1d. zero-bubble ZB-H1 against 1F1B, config M, pp=2, side by side in one run (alternating steps; median of $rounds)"
+# Each round trains both schedules in one process, their steps alternating:
+# zb1p's measured bubble against 1f1b's (target <= 0.5 x), against the
+# simulation from its measured F, B and W times (target within 25%), and
+# its losses against 1f1b's (target: bit-identical).
+for m in 4 8; do
+  i=0
+  while [ "$i" -lt "$rounds" ]; do
+    i=$((i + 1))
+    $mpi -n 2 -x OMP_NUM_THREADS=1 "$bin" --config M --microbatches "$m" \
+      --schedule 1f1b,zb1p --steps 6 | awk '
+        /^  bubble simulated/ { sim = $NF }
+        /^zb1p against 1f1b/ {
+          r = $12; gsub(/[),]/, "", r); print r, sim, $NF }'
+  done | sort -n | awk -v m="$m" '{l[NR] = $0} END {
+    split(l[int((NR + 1) / 2)], f, " ")
+    printf "pp=2 m=%d: zb1p bubble %.2f x 1f1b'"'"'s (target <= 0.5), %.2f x simulated, losses %s\n",
+      m, f[1], f[2], f[3] }'
 done
 
 echo "=== 1c. stages of different sizes: config M with a vocabulary of 8192 (random tokens), pp=2, 1f1b, m=8"

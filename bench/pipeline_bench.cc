@@ -6,7 +6,7 @@
 //
 //   mpirun -n DP*TP*PP build/bench/pipeline_bench [--config S|M|names]
 //          [--dp N] [--tp N] [--microbatches M]
-//          [--schedule 1f1b|gpipe|interleaved] [--virtual-stages V]
+//          [--schedule 1f1b|gpipe|interleaved|zb1p[,...]] [--virtual-stages V]
 //          [--micro-batch B] [--layers L] [--zero Z] [--sp 0|1]
 //          [--steps N] [--warmup N] [--first-stage-layers N]
 //          [--last-stage-layers N] [--vocab V]
@@ -18,10 +18,17 @@
 // trains on random tokens of a V-word vocabulary (llm.c token files written
 // under build/) instead of the text's characters: a larger head on the last
 // stage.
+//
+// Several schedules (--schedule 1f1b,zb1p) train side by side in one run:
+// one trainer each, their steps alternating, then each one's table and,
+// against the first, the bubble and step ratios and whether every step's
+// loss came out bit for bit the same.
 #include <mpi.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -36,6 +43,17 @@
 
 namespace {
 
+std::vector<std::string> Split(const std::string& list) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    out.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return out;
+}
+
 struct Args {
   std::string config = "S", schedule = "1f1b";
   int dp = 1, tp = 1, microbatches = 8, zero = 0, steps = 4, warmup = 1;
@@ -47,8 +65,19 @@ struct Args {
 void AddFlags(CLI::App& app, Args& a) {
   app.add_option("--config", a.config, "model: S, M or names")
       ->check(CLI::IsMember({"S", "M", "names"}));
-  app.add_option("--schedule", a.schedule, "1f1b, gpipe or interleaved")
-      ->check(CLI::IsMember({"1f1b", "gpipe", "interleaved"}));
+  app.add_option("--schedule", a.schedule,
+                 "1f1b, gpipe, interleaved or zb1p; several, comma-separated, "
+                 "side by side")
+      ->check([](const std::string& list) -> std::string {
+        for (const std::string& s : Split(list)) {
+          if (s != "1f1b" && s != "gpipe" && s != "interleaved" &&
+              s != "zb1p") {
+            return "--schedule: '" + s +
+                   "' is not one of 1f1b, gpipe, interleaved, zb1p";
+          }
+        }
+        return "";
+      });
   const auto degree = CLI::Range(1, 1 << 16);
   app.add_option("--dp", a.dp, "data-parallel degree")->check(degree);
   app.add_option("--tp", a.tp, "tensor-parallel degree")->check(degree);
@@ -85,6 +114,7 @@ enum Field {
   kForward,
   kBackward,
   kBubble,
+  kWeight,
   kOptimizer,
   kDp,
   kTp,
@@ -92,9 +122,9 @@ enum Field {
   kEmbedding,
   kFields
 };
-const char* const kFieldNames[kFields] = {"step",    "forward",   "backward",
-                                          "bubble",  "optimizer", "comm dp",
-                                          "comm tp", "comm pp",   "comm emb"};
+const char* const kFieldNames[kFields] = {
+    "step",      "forward", "backward", "bubble",  "(of it W)",
+    "optimizer", "comm dp", "comm tp",  "comm pp", "comm emb"};
 
 }  // namespace
 
@@ -155,8 +185,6 @@ int main(int argc, char** argv) {
         "parallel.pp=" + std::to_string(pp),
         "parallel.zero=" + std::to_string(a.zero),
         "parallel.microbatches=" + std::to_string(a.microbatches),
-        "parallel.schedule=" + a.schedule,
-        "parallel.virtual_stages=" + std::to_string(a.virtual_stages),
         "parallel.first_stage_layers=" + std::to_string(a.first_stage_layers),
         "parallel.last_stage_layers=" + std::to_string(a.last_stage_layers),
         std::string("parallel.sequence_parallel=") + (a.sp ? "true" : "false"),
@@ -164,43 +192,84 @@ int main(int argc, char** argv) {
     o.push_back(s);
   }
   {
-    ptrain::MpiTrainer run = ptrain::MakeMpiTrainer(o);
-    auto& tr = *run.trainer;
-    auto& stats = *run.dims->comm_stats();
-    for (int s = 0; s < a.warmup; ++s) tr.TrainStep(s);
-    stats.Reset();
-    double mine[kFields] = {};
+    // One trainer per schedule (virtual stages for interleaving only), their
+    // steps alternating: the same machine state for each.
+    struct Run {
+      std::string schedule;
+      int v = 1;
+      ptrain::MpiTrainer run;
+      double mine[kFields] = {};
+      std::vector<float> losses;
+    };
+    std::vector<Run> runs;
+    for (const std::string& schedule : Split(a.schedule)) {
+      Run& r = runs.emplace_back();
+      r.schedule = schedule;
+      r.v = schedule == "interleaved" ? a.virtual_stages : 1;
+      std::vector<std::string> with = o;
+      with.push_back("parallel.schedule=" + schedule);
+      with.push_back("parallel.virtual_stages=" + std::to_string(r.v));
+      r.run = ptrain::MakeMpiTrainer(with);
+    }
+    for (int s = 0; s < a.warmup; ++s) {
+      for (Run& r : runs) r.losses.push_back(r.run.trainer->TrainStep(s).loss);
+    }
+    for (Run& r : runs) r.run.dims->comm_stats()->Reset();
     for (int s = a.warmup; s < a.warmup + a.steps; ++s) {
-      const ptrain::StepResult r = tr.TrainStep(s);
-      mine[kStep] += r.seconds;
-      mine[kForward] += r.phases.forward;
-      mine[kBackward] += r.phases.backward;
-      mine[kBubble] += r.phases.bubble;
-      mine[kOptimizer] += r.phases.optimizer;
+      for (Run& run : runs) {
+        const ptrain::StepResult r = run.run.trainer->TrainStep(s);
+        run.losses.push_back(r.loss);
+        double* mine = run.mine;
+        mine[kStep] += r.seconds;
+        mine[kForward] += r.phases.forward;
+        mine[kBackward] += r.phases.backward;
+        mine[kBubble] += r.phases.bubble;
+        mine[kWeight] += r.phases.weight;
+        mine[kOptimizer] += r.phases.optimizer;
+      }
     }
-    const std::map<std::string, Field> groups = {
-        {"dp", kDp}, {"tp", kTp}, {"pp", kPp}, {"embedding", kEmbedding}};
-    for (const auto& [key, st] : stats.Snapshot()) {
-      auto g = groups.find(key.first);
-      if (g != groups.end()) mine[g->second] += st.seconds;
-    }
-    std::vector<double> all(static_cast<size_t>(world) * kFields);
-    MPI_Gather(mine, kFields, MPI_DOUBLE, all.data(), kFields, MPI_DOUBLE, 0,
-               MPI_COMM_WORLD);
-    if (rank == 0) {
+    // Per schedule: rank 0's step and the mean measured and simulated
+    // bubble fractions.
+    struct Figures {
+      double step = 0, bubble = 0, simulated = 0;
+      double activations = 0;  // bytes, the rank that holds the most
+    };
+    std::vector<Figures> figures;
+    for (Run& run : runs) {
+      double* mine = run.mine;
+      const std::map<std::string, Field> groups = {
+          {"dp", kDp}, {"tp", kTp}, {"pp", kPp}, {"embedding", kEmbedding}};
+      for (const auto& [key, st] : run.run.dims->comm_stats()->Snapshot()) {
+        auto g = groups.find(key.first);
+        if (g != groups.end()) mine[g->second] += st.seconds;
+      }
+      std::vector<double> all(static_cast<size_t>(world) * kFields);
+      MPI_Gather(mine, kFields, MPI_DOUBLE, all.data(), kFields, MPI_DOUBLE, 0,
+                 MPI_COMM_WORLD);
+      // Each rank's activation buffers (every slot and the working set).
+      const double acts =
+          static_cast<double>(run.run.trainer->memory().activations);
+      std::vector<double> all_acts(world);
+      MPI_Gather(&acts, 1, MPI_DOUBLE, all_acts.data(), 1, MPI_DOUBLE, 0,
+                 MPI_COMM_WORLD);
+      if (rank != 0) continue;
+      const auto& tr = *run.run.trainer;
+      const auto& spec = run.run.spec;
+      Figures& fig = figures.emplace_back();
       const double step = all[kStep] / a.steps;  // rank 0's, as logged
+      fig.step = step;
       const double tokens =
-          static_cast<double>(batch) * run.spec.model().block_size();
+          static_cast<double>(batch) * spec.model().block_size();
       std::printf(
           "config %s, dp=%d tp=%d pp=%d%s zero=%d, %s, v=%d, %d microbatches "
           "of %d, %d thread(s)/rank: %.1f ms/step, %.0f tok/s\n",
           a.config.c_str(), a.dp, a.tp, pp, a.sp ? " sp" : "", a.zero,
-          a.schedule.c_str(), a.virtual_stages, a.microbatches,
+          run.schedule.c_str(), run.v, a.microbatches,
           batch / (a.dp * a.microbatches), omp_get_max_threads(), step * 1e3,
           tokens / step);
       if (pp > 1) {
         const std::vector<int> layers = *ptrain::PipelineStageLayers(
-            run.spec.parallel(), run.spec.model().n_layer());
+            spec.parallel(), spec.model().n_layer());
         std::printf("  layers per stage");
         for (size_t i = 0; i < layers.size(); ++i) {
           std::printf("%s%d", i ? "/" : " ", layers[i]);
@@ -212,8 +281,9 @@ int main(int argc, char** argv) {
       std::printf("   (ms/step)  bubble/step\n");
       const int per_stage = a.dp * a.tp;
       std::vector<double> stage_bubble(pp, 0.0);
-      // Each stage's forward and backward of one microbatch, as measured.
-      std::vector<double> stage_f(pp, 0.0), stage_b(pp, 0.0);
+      // Each stage's forward, backward (B where the schedule splits it) and
+      // W of one microbatch, as measured.
+      std::vector<double> stage_f(pp, 0.0), stage_b(pp, 0.0), stage_w(pp, 0.0);
       for (int r = 0; r < world; ++r) {
         const double* v = all.data() + static_cast<size_t>(r) * kFields;
         std::printf("  %4d %5d", r, r / per_stage);
@@ -225,42 +295,82 @@ int main(int argc, char** argv) {
         stage_bubble[r / per_stage] += frac / per_stage;
         const double per_pass = 1.0 / (per_stage * a.steps * a.microbatches);
         stage_f[r / per_stage] += v[kForward] * per_pass;
-        stage_b[r / per_stage] += v[kBackward] * per_pass;
+        stage_b[r / per_stage] += (v[kBackward] - v[kWeight]) * per_pass;
+        stage_w[r / per_stage] += v[kWeight] * per_pass;
       }
+      std::printf("  activations per rank (MB):");
+      for (int r = 0; r < world; ++r) {
+        std::printf("%s%.2f", r ? "/" : " ", all_acts[r] / 1e6);
+        fig.activations = std::max(fig.activations, all_acts[r]);
+      }
+      std::printf("\n");
       double mean = 0;
       for (double b : stage_bubble) mean += b / pp;
+      fig.bubble = mean;
       // Interleaving divides the fill and drain by v: (pp-1)/(v·m+pp-1).
       const double analytic =
-          ptrain::AnalyticBubble(pp, a.virtual_stages * a.microbatches);
+          ptrain::AnalyticBubble(pp, run.v * a.microbatches);
       std::printf(
           "  bubble: measured %.3f of the step (mean over stages; first %.3f, "
           "last %.3f), analytic (pp-1)/(%sm+pp-1) = %.3f, ratio %.2f\n",
           mean, stage_bubble.front(), stage_bubble.back(),
-          a.virtual_stages > 1 ? "v·" : "", analytic,
+          run.v > 1 ? "v·" : "", analytic,
           analytic > 0 ? mean / analytic : 0.0);
       // The textbook assumes equal stages; the schedule simulated with each
       // stage's measured pass times is what this split can reach.
-      const ptrain::ScheduleKind kind = ptrain::ScheduleKindOf(a.schedule);
+      const ptrain::ScheduleKind kind = ptrain::ScheduleKindOf(run.schedule);
       if (pp > 1) {
+        std::vector<std::vector<ptrain::PipeAction>> orders;
+        for (int r = 0; r < pp; ++r) {
+          orders.push_back(
+              ptrain::PipelineOrder(kind, pp, r, a.microbatches, run.v));
+        }
         const double sim =
-            ptrain::SimulatePipeline(kind, pp, a.microbatches, a.virtual_stages,
-                                     stage_f, stage_b)
+            ptrain::SimulateOrders(orders, run.v, stage_f, stage_b, stage_w)
                 .bubble_fraction();
+        fig.simulated = sim;
+        auto per_stage_ms = [&](const std::vector<double>& t) {
+          std::string out;
+          for (int st = 0; st < pp; ++st) {
+            char b[32];
+            std::snprintf(b, sizeof b, "%s%.2f", st ? "/" : "", t[st] * 1e3);
+            out += b;
+          }
+          return out;
+        };
         std::printf(
             "  bubble simulated from the stages' measured pass times "
-            "(forward %s ms per microbatch): %.3f, measured/simulated %.2f\n",
-            [&] {
-              std::string out;
-              for (int st = 0; st < pp; ++st) {
-                char b[32];
-                std::snprintf(b, sizeof b, "%s%.2f", st ? "/" : "",
-                              stage_f[st] * 1e3);
-                out += b;
-              }
-              return out;
-            }()
-                .c_str(),
+            "(forward %s, backward %s%s%s ms per microbatch): %.3f, "
+            "measured/simulated %.2f\n",
+            per_stage_ms(stage_f).c_str(), per_stage_ms(stage_b).c_str(),
+            kind == ptrain::ScheduleKind::kZeroBubble ? ", of it W " : "",
+            kind == ptrain::ScheduleKind::kZeroBubble
+                ? per_stage_ms(stage_w).c_str()
+                : "",
             sim, sim > 0 ? mean / sim : 0.0);
+      }
+    }
+    // Each schedule against the first, which ran the same steps beside it.
+    if (rank == 0) {
+      for (size_t i = 1; i < runs.size(); ++i) {
+        const bool same =
+            runs[i].losses.size() == runs[0].losses.size() &&
+            std::memcmp(runs[i].losses.data(), runs[0].losses.data(),
+                        runs[0].losses.size() * sizeof(float)) == 0;
+        std::printf(
+            "%s against %s, side by side: bubble %.3f vs %.3f (ratio %.2f), "
+            "step %.1f vs %.1f ms (ratio %.2f), most activations on a rank "
+            "%.2f vs %.2f MB (ratio %.2f), losses of all %zu steps %s\n",
+            runs[i].schedule.c_str(), runs[0].schedule.c_str(),
+            figures[i].bubble, figures[0].bubble,
+            figures[0].bubble > 0 ? figures[i].bubble / figures[0].bubble : 0.0,
+            figures[i].step * 1e3, figures[0].step * 1e3,
+            figures[0].step > 0 ? figures[i].step / figures[0].step : 0.0,
+            figures[i].activations / 1e6, figures[0].activations / 1e6,
+            figures[0].activations > 0
+                ? figures[i].activations / figures[0].activations
+                : 0.0,
+            runs[0].losses.size(), same ? "bit-identical" : "DIFFERENT");
       }
     }
   }

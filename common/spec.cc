@@ -23,6 +23,7 @@ int64_t JobWorldSize(const v1::JobSpec& spec) {
 ScheduleKind ScheduleKindOf(std::string_view name) {
   if (name == "gpipe") return ScheduleKind::kGpipe;
   if (name == "interleaved") return ScheduleKind::kInterleaved;
+  if (name == "zb1p") return ScheduleKind::kZeroBubble;
   return ScheduleKind::k1F1B;
 }
 
@@ -34,6 +35,8 @@ const char* ScheduleName(ScheduleKind kind) {
       return "1f1b";
     case ScheduleKind::kInterleaved:
       return "interleaved";
+    case ScheduleKind::kZeroBubble:
+      return "zb1p";
   }
   return "?";
 }

@@ -43,10 +43,13 @@ enum class ScheduleKind {
   kGpipe,        // every forward, then every backward
   k1F1B,         // warm-up forwards, one forward one backward, cool-down
   kInterleaved,  // 1F1B over v model chunks per rank (virtual stages)
+  // ZB-H1 ("zb1p"): 1F1B's forwards and input-gradient passes, each
+  // backward's weight-gradient pass deferred into what would be bubble.
+  kZeroBubble,
 };
-// "gpipe", "interleaved", else 1F1B (the name of a validated spec).
+// "gpipe", "interleaved", "zb1p", else 1F1B (the name of a validated spec).
 ScheduleKind ScheduleKindOf(std::string_view name);
-// "gpipe", "1f1b", "interleaved".
+// "gpipe", "1f1b", "interleaved", "zb1p".
 const char* ScheduleName(ScheduleKind kind);
 // What a stage recomputes in backward instead of keeping from forward
 // (train.recompute): nothing; the attention's core (its probabilities, or

@@ -244,7 +244,7 @@ absl::Status ValidateParallel(const v1::JobSpec& spec) {
   if (absl::Status s = First({
           InRange("parallel.microbatches", p.microbatches(), 1, 1 << 20),
           OneOf("parallel.schedule", p.schedule(),
-                {"1f1b", "gpipe", "interleaved"}),
+                {"1f1b", "gpipe", "interleaved", "zb1p"}),
           InRange("parallel.virtual_stages", p.virtual_stages(), 1, 1 << 12),
           InRange<int64_t>("parallel.bucket_bytes", p.bucket_bytes(), 1,
                            int64_t{1} << 40),
@@ -265,6 +265,22 @@ absl::Status ValidateParallel(const v1::JobSpec& spec) {
         "parallel.schedule=interleaved requires "
         "parallel.virtual_stages >= 2 (parallel.virtual_stages=",
         p.virtual_stages(), ")");
+  }
+  // ZB-H1 splits each backward of one chunk per rank into B and W and
+  // fills a pipeline's bubble with the W.
+  if (p.schedule() == "zb1p") {
+    if (p.pp() < 2) {
+      return Error(
+          "parallel.schedule=zb1p requires parallel.pp >= 2 "
+          "(parallel.pp=",
+          p.pp(), "): without a pipeline there is no bubble to fill");
+    }
+    if (p.virtual_stages() != 1) {
+      return Error(
+          "parallel.schedule=zb1p requires parallel.virtual_stages=1 "
+          "(parallel.virtual_stages=",
+          p.virtual_stages(), "): ZB-H1 runs one model chunk per rank");
+    }
   }
   if (!interleaved && p.virtual_stages() != 1) {
     return Error("parallel.virtual_stages=", p.virtual_stages(),

@@ -105,7 +105,11 @@ class Ops {
                               int OC) = 0;
   // dout may be stored in bf16 (the MLP hidden layer's gradient, which
   // gelu_matmul_backward writes in the stored type): the products take it as
-  // it is and dbias sums its bf16 values.
+  // it is and dbias sums its bf16 values. Either half may be left out: a
+  // null dinp computes the weight gradients only, a null dweight (and
+  // dbias) the input gradient only — a zero-bubble schedule's W and B
+  // passes, each bit for bit what the whole backward computes.
+  // gelu_matmul_backward likewise (dinp.p null, or dweight null).
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias,
                                ConstAct dout, ConstAct inp, const float* weight,
                                int B, int T, int C, int OC) = 0;
@@ -139,10 +143,10 @@ class Ops {
                                     int OC) {
     (void)saved;
     const int64_t n = static_cast<int64_t>(B) * T * C;
-    gelu_forward(hidden, inp.f32(), n);
+    if (dweight != nullptr) gelu_forward(hidden, inp.f32(), n);
     matmul_backward(dinp.f32(), dweight, dbias, dout, hidden, weight, B, T, C,
                     OC);
-    gelu_backward(dinp.f32(), inp, dinp.f32(), n);
+    if (dinp.p != nullptr) gelu_backward(dinp.f32(), inp, dinp.f32(), n);
   }
   // Floats of `saved` above for `rows` rows of C.
   virtual int64_t gelu_saved_floats(int64_t rows, int C) const {

@@ -516,6 +516,7 @@ void MatmulBackwardBf16(float* dinp, float* dweight, float* dbias,
     MatmulBf16(false, false, rows, C, OC, dout16, weight, C, 0.0f, dinp, C,
                nullptr, 1);
   }
+  if (dweight == nullptr) return;
   // dweight (OC,C) += dout^T (OC,rows) @ inp (rows,C): dout read transposed
   // costs the matmul less than a second, transposing conversion would.
   MatmulBf16(true, false, OC, C, rows, dout16, inp, C, 1.0f, dweight, C,
@@ -601,7 +602,7 @@ void gelu_matmul_backward_bf16_input(float* dinp, float* dweight, float* dbias,
   // The rounded GELU of the stored input: what the forward kept, or made
   // again (full recomputation) into scratch 3, which the products leave.
   const uint16_t* g16 = saved;
-  if (g16 == nullptr) {
+  if (g16 == nullptr && dweight != nullptr) {
     uint16_t* made = Scratch(3, rows * C);
     ToBf16<true>(made, inp16, rows, C, C, /*transpose=*/false);
     g16 = made;

@@ -162,8 +162,10 @@ void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout,
                         const F* rstd, int B, int T, int C);
 
 // out is (B,T,OC), inp is (B,T,C), weight is (OC,C), bias is (OC) or null.
-// out = inp @ weight^T + bias. dinp and dbias may be null (not wanted).
-// The backward writes dinp and accumulates dweight and dbias.
+// out = inp @ weight^T + bias. dinp and dbias may be null (not wanted), and
+// dweight with dbias (the input gradient only: a zero-bubble schedule's B
+// pass, whose W pass passes a null dinp). The backward writes dinp and
+// accumulates dweight and dbias.
 // bf16: the products through gemm_bf16 (float only; biases stay fp32).
 template <typename F>
 void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int B,

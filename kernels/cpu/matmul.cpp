@@ -34,7 +34,7 @@ void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int B,
   gemm<F>(false, true, rows, OC, C, F(1), inp, C, weight, C, beta, out, OC);
 }
 
-// dinp is (B,T,C) or null, dweight is (OC,C), dbias is (OC) or null,
+// dinp is (B,T,C) or null, dweight is (OC,C) or null (then dbias is too),
 // dout is (B,T,OC), inp is (B,T,C), weight is (OC,C).
 template <typename F>
 void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
@@ -52,6 +52,7 @@ void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
     gemm<F>(false, false, rows, C, OC, F(1), dout, OC, weight, C, F(0), dinp,
             C);
   }
+  if (dweight == nullptr) return;
   // dweight (OC,C) += dout^T (OC,rows) @ inp (rows,C)
   gemm<F>(true, false, OC, C, rows, F(1), dout, OC, inp, C, F(1), dweight, C);
   if (dbias != nullptr) {

@@ -202,7 +202,8 @@ class CpuBackend final : public Ops {
     }
     const int64_t rows = static_cast<int64_t>(B) * T;
     const auto* kept = reinterpret_cast<const uint16_t*>(saved);
-    float* dgelu = F32Target(dinp, rows * C, 0);
+    // A null dinp: the weight gradients only (see Ops::matmul_backward).
+    float* dgelu = dinp.p != nullptr ? F32Target(dinp, rows * C, 0) : nullptr;
     if (Bf16(inp)) {
       kernels::gelu_matmul_backward_bf16_input(
           dgelu, dweight, dbias, dout, static_cast<const uint16_t*>(inp.p),
@@ -211,6 +212,7 @@ class CpuBackend final : public Ops {
       kernels::gelu_matmul_backward_bf16(dgelu, dweight, dbias, dout, inp.f32(),
                                          hidden, weight, rows, C, OC, kept);
     }
+    if (dgelu == nullptr) return;
     if (Bf16(dinp)) {
       PT_CHECK(Bf16(inp), "a bf16 GELU gradient of an fp32 input");
       kernels::gelu_backward_bf16(static_cast<uint16_t*>(dinp.p),

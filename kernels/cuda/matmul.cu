@@ -69,7 +69,9 @@ void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias,
                                   int OC) {
   const OpScope scope(&times_, stream_, "matmul_backward");
   const int64_t BT = static_cast<int64_t>(B) * T;
-  MatmulBackward(dinp, dweight, dbias, dout, Operand(inp, BT * C, 2), weight,
+  // The input is an operand of the weight gradient only.
+  MatmulBackward(dinp, dweight, dbias, dout,
+                 dweight != nullptr ? Operand(inp, BT * C, 2) : Op{}, weight,
                  BT, C, OC);
 }
 
@@ -103,12 +105,15 @@ void CudaBackend::gelu_matmul_backward(Act dinp, float* dweight, float* dbias,
   const int64_t BT = static_cast<int64_t>(B) * T;
   const int64_t n = BT * C;
   const Op d = Operand(dout, BT * OC, 0);
-  const Op w = Operand(weight, int64_t(C) * OC, 1);
+  // The weight is an operand of the input gradient only.
+  const Op w = dinp.p != nullptr ? Operand(weight, int64_t(C) * OC, 1) : Op{};
   // The gradient through GELU of a bf16-stored fch: cuBLASLt's DGELU
   // epilogue multiplies the product by GELU'(fch) (fch read as the
   // auxiliary input) and writes it rounded; where no algorithm takes it,
   // the product in fp32, then GELU's backward rounding as it writes.
-  if (Bf16Storage(dinp)) {
+  if (dinp.p == nullptr) {
+    // The weight gradients only (Ops::matmul_backward).
+  } else if (Bf16Storage(dinp)) {
     PT_CHECK(Bf16Storage(inp), "a bf16 GELU gradient of an fp32 input");
     if (!Matmul(false, false, C, BT, OC, w, C, d, OC, 0.0f,
                 Dst{dinp.p, CUDA_R_16BF}, C, nullptr, inp.p)) {
@@ -122,7 +127,9 @@ void CudaBackend::gelu_matmul_backward(Act dinp, float* dweight, float* dbias,
            C, nullptr);
     GeluBackwardInto(dinp, inp, dinp.f32(), n);
   }
-  WeightGradients(dweight, dbias, dout, d, GeluOperand(inp, n, 2), BT, C, OC);
+  if (dweight != nullptr) {
+    WeightGradients(dweight, dbias, dout, d, GeluOperand(inp, n, 2), BT, C, OC);
+  }
 }
 
 void CudaBackend::MatmulBackward(float* dinp, float* dweight, float* dbias,
@@ -141,6 +148,7 @@ void CudaBackend::MatmulBackward(float* dinp, float* dweight, float* dbias,
 
 void CudaBackend::WeightGradients(float* dweight, float* dbias, ConstAct dout,
                                   Op d, Op in, int64_t BT, int C, int OC) {
+  if (dweight == nullptr) return;  // the input gradient only
   // dweight^T (C,OC) += inp^T (C,BT) dout (BT,OC).
   Matmul(false, true, C, OC, BT, in, C, d, OC, 1.0f, Dst{dweight, CUDA_R_32F},
          C, nullptr);

@@ -382,6 +382,32 @@ TEST(ValidateJobSpec, InterleavedScheduleRules) {
              "parallel.schedule=interleaved", "parallel.virtual_stages=2"});
 }
 
+// zb1p (ZB-H1) fills a pipeline's bubble with the weight passes of one
+// chunk per rank: refused without a pipeline or with virtual stages, naming
+// the field and the rule; accepted composed with dp, tp + SP, ZeRO-3 and
+// recomputation. Its name round-trips through ScheduleKindOf.
+TEST(ValidateJobSpec, ZeroBubbleScheduleRules) {
+  EXPECT_EQ(OverrideError({"parallel.schedule=zb1p"}),
+            "parallel.schedule=zb1p requires parallel.pp >= 2 "
+            "(parallel.pp=1): without a pipeline there is no bubble to fill");
+  EXPECT_EQ(
+      OverrideError({"parallel.pp=2", "parallel.microbatches=4",
+                     "parallel.schedule=zb1p", "parallel.virtual_stages=2"}),
+      "parallel.schedule=zb1p requires parallel.virtual_stages=1 "
+      "(parallel.virtual_stages=2): ZB-H1 runs one model chunk per rank");
+  MustParse(kMinimal, {"parallel.pp=2", "parallel.microbatches=4",
+                       "parallel.schedule=zb1p"});
+  MustParse(kMinimal, {"parallel.pp=2", "parallel.dp=2", "parallel.tp=2",
+                       "parallel.sequence_parallel=true", "parallel.zero=3",
+                       "parallel.microbatches=4", "parallel.schedule=zb1p",
+                       "train.recompute=full"});
+  for (ScheduleKind k :
+       {ScheduleKind::kGpipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved,
+        ScheduleKind::kZeroBubble}) {
+    EXPECT_EQ(ScheduleKindOf(ScheduleName(k)), k) << ScheduleName(k);
+  }
+}
+
 // parallel.first_stage_layers / last_stage_layers: the first and last
 // stage's layers, the rest split evenly over the other stages, or an error
 // naming the fields and the rule.
@@ -642,7 +668,7 @@ INSTANTIATE_TEST_SUITE_P(
                  "parallel.microbatches=0 must be between 1 and 1048576"},
         RuleCase{"parallel.schedule=zb",
                  "parallel.schedule='zb' must be one "
-                 "of 1f1b, gpipe, interleaved"},
+                 "of 1f1b, gpipe, interleaved, zb1p"},
         RuleCase{"parallel.virtual_stages=0",
                  "parallel.virtual_stages=0 must be between 1 and 4096"},
         RuleCase{"parallel.bucket_bytes=0",

@@ -5,10 +5,11 @@
 // combination of dp in {1,2}, tp in {1,2,4}, ZeRO 0-3 and sequence
 // parallelism on or off that fits in 8 ranks, plus microbatch and bucket
 // variants of data parallelism, and pipelines (pp 2 and 4, GPipe, 1F1B and
-// interleaved 1F1B with 2 or 4 chunks per rank) composed with dp, tp, SP
-// and ZeRO, and recomputation (attention's core, or whole blocks) on a few
-// of them, and pipelines of stages of different sizes. Runs under `mpirun -n
-// 8`; ranks a row does not use sit it out.
+// interleaved 1F1B with 2 or 4 chunks per rank, zero-bubble ZB-H1)
+// composed with dp, tp, SP and ZeRO, and recomputation (attention's core,
+// or whole blocks) on a few of them, and pipelines of stages of different
+// sizes. A ZB-H1 row must also give its 1F1B twin's losses and weights bit
+// for bit. Runs under `mpirun -n 8`; ranks a row does not use sit it out.
 //
 // With PTRAIN_LAYOUT_RECORD=FILE, rank 0 also appends each row's losses
 // (hex floats, exact) and a digest of its final weights' bits to FILE, so
@@ -158,6 +159,28 @@ std::vector<Layout> AllLayouts() {
                  "1f1b", 1, 8, "none", 1, 1});
   out.push_back({"pp2_interleaved_v2_stages_2_2_2_1", 1, 1, 0, 4, false, 2,
                  "interleaved", 2, 7, "none", 0, 1});
+  // Zero-bubble ZB-H1 (each backward as B and a deferred W): the twin of a
+  // 1F1B row above, whose losses and weights it must give bit for bit,
+  // with dp, tp + SP, ZeRO 1 and 3, fewer microbatches than stages, full
+  // recomputation and uneven stages; and selective recomputation.
+  for (const Layout& l : std::vector<Layout>(out)) {
+    static const std::set<std::string> twins = {
+        "pp2_1f1b_dp1_tp1",
+        "pp2_1f1b_dp2_tp2_sp",
+        "pp4_1f1b_dp2_tp1",
+        "pp4_1f1b_mb2",
+        "pp2_1f1b_dp2_zero3",
+        "pp4_1f1b_dp2_zero1",
+        "pp2_1f1b_dp2_tp2_zero1_sp_recompute",
+        "pp4_1f1b_dp2_zero3_stages_1_3_3_1"};
+    if (twins.count(l.name) == 0) continue;
+    Layout zb = l;
+    zb.name.replace(zb.name.find("1f1b"), 4, "zb1p");
+    zb.schedule = "zb1p";
+    out.push_back(zb);
+  }
+  out.push_back({"pp2_zb1p_dp2_zero3_selective", 2, 1, 3, 4, false, 2, "zb1p",
+                 1, 4, "selective"});
   return out;
 }
 
@@ -402,6 +425,24 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
     }
   }
   const double param_diff = diff / scale;
+  // A zero-bubble row gives its 1F1B twin's run bit for bit (the same
+  // products, each gradient accumulated in the same order).
+  static std::map<std::string, RunResult>* runs =
+      new std::map<std::string, RunResult>;
+  std::string twin_note;
+  if (layout.schedule == "zb1p") {
+    std::string twin = layout.name;
+    twin.replace(twin.find("zb1p"), 4, "1f1b");
+    if (auto it = runs->find(twin); it != runs->end()) {
+      EXPECT_EQ(got.losses, it->second.losses) << "against " << twin;
+      EXPECT_TRUE(got.params == it->second.params)
+          << "final weights differ from " << twin << "'s";
+      twin_note =
+          got.losses == it->second.losses && got.params == it->second.params
+              ? "; bit-identical to " + twin
+              : "; DIFFERS from " + twin;
+    }
+  }
   if (WorldRank() == 0) {
     static std::set<int>* recorded = new std::set<int>;
     if (recorded->insert(layout.n_layer).second) {
@@ -410,10 +451,11 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
     Record(layout.name, got);
     std::printf(
         "%-22s %s losses maxdiff %.2e (first %.6f last %.6f), final weights "
-        "maxdiff %.2e (%s); tolerance 1e-5\n",
+        "maxdiff %.2e (%s); tolerance 1e-5%s\n",
         layout.name.c_str(), Device().c_str(), loss_diff, ref.losses.front(),
-        ref.losses.back(), param_diff, worst.c_str());
+        ref.losses.back(), param_diff, worst.c_str(), twin_note.c_str());
   }
+  (*runs)[layout.name] = std::move(got);
   EXPECT_LE(loss_diff, 1e-5) << layout.name;
   EXPECT_LE(param_diff, 1e-5) << layout.name << " worst tensor " << worst;
   // The run must move the weights, or equal weights would prove nothing.

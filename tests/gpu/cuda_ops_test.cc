@@ -426,6 +426,70 @@ TEST_P(CudaOpsTest, MlpHiddenLayerStoredInBf16) {
   Check("fc dbias (bf16 dout)", g_db4.Host(), db4);
 }
 
+// A zero-bubble schedule's B and W passes: the input gradient alone (null
+// dweight) and the weight gradients alone (null dinp) are, bit for bit, the
+// whole backward's, for the plain matmul and the MLP projection through
+// GELU (its input stored in bf16 under bf16 compute, with the DGELU
+// epilogue's bf16 gradient).
+TEST_P(CudaOpsTest, BackwardHalvesGiveTheWholeBitForBit) {
+  const kernels::DType bf = kernels::DType::kBf16;
+  const int64_t rows = kB * kT;
+  const Vec inp = Random(rows * kC, 101), w = Random(kOC * kC, 102, 0.1f),
+            dout = Random(rows * kOC, 103);
+  auto run = [&](bool dinp_half, bool weight_half, Vec* dinp, Vec* dw,
+                 Vec* db) {
+    Dev g_inp(gpu_.get(), inp), g_w(gpu_.get(), w), g_dout(gpu_.get(), dout),
+        g_dinp(gpu_.get(), Vec(rows * kC, 0.0f)),
+        g_dw(gpu_.get(), Vec(w.size(), 0.5f)), g_db(gpu_.get(), Vec(kOC, 0.5f));
+    gpu_->matmul_backward(dinp_half ? g_dinp.get() : nullptr,
+                          weight_half ? g_dw.get() : nullptr,
+                          weight_half ? g_db.get() : nullptr, g_dout.get(),
+                          g_inp.get(), g_w.get(), kB, kT, kC, kOC);
+    if (dinp_half) *dinp = g_dinp.Host();
+    if (weight_half) *dw = g_dw.Host(), *db = g_db.Host();
+  };
+  Vec dinp, dw, db, dinp_b, dw_w, db_w;
+  run(true, true, &dinp, &dw, &db);
+  run(true, false, &dinp_b, nullptr, nullptr);
+  run(false, true, nullptr, &dw_w, &db_w);
+  EXPECT_EQ(dinp_b, dinp);
+  EXPECT_EQ(dw_w, dw);
+  EXPECT_EQ(db_w, db);
+  // The MLP projection: inp (rows, kOC) is fch, its gradient in fch's type.
+  const int64_t n = rows * kOC;
+  const Vec fch = Random(n, 104), w2 = Random(kC * kOC, 105, 0.1f),
+            dout2 = Random(rows * kC, 106);
+  Vec fch16((n + 1) / 2);
+  kernels::CpuBf16Ops().matmul_forward(kernels::Act(fch16.data(), bf),
+                                       inp.data(), w.data(), nullptr, kB, kT,
+                                       kC, kOC);
+  const bool stored = bf16();
+  auto gelu_run = [&](bool dinp_half, bool weight_half, Vec* dfch, Vec* dw2,
+                      Vec* db2) {
+    Dev g_fch(gpu_.get(), stored ? fch16 : fch), g_w2(gpu_.get(), w2),
+        g_dout(gpu_.get(), dout2), g_hidden(gpu_.get(), Vec(n)),
+        g_dfch(gpu_.get(), Vec(stored ? (n + 1) / 2 : n, 0.0f)),
+        g_dw(gpu_.get(), Vec(w2.size(), 0.5f)), g_db(gpu_.get(), Vec(kC, 0.5f));
+    const kernels::ConstAct in(g_fch.get(), stored ? bf : kernels::DType::kF32);
+    const kernels::Act d(dinp_half ? g_dfch.get() : nullptr,
+                         stored ? bf : kernels::DType::kF32);
+    gpu_->gelu_matmul_backward(d, weight_half ? g_dw.get() : nullptr,
+                               weight_half ? g_db.get() : nullptr, g_dout.get(),
+                               g_hidden.get(), nullptr, in, g_w2.get(), kB, kT,
+                               kOC, kC);
+    if (dinp_half) *dfch = g_dfch.Host();
+    if (weight_half) *dw2 = g_dw.Host(), *db2 = g_db.Host();
+  };
+  Vec dfch, dw2, db2, dfch_b, dw2_w, db2_w;
+  gelu_run(true, true, &dfch, &dw2, &db2);
+  gelu_run(true, false, &dfch_b, nullptr, nullptr);
+  gelu_run(false, true, nullptr, &dw2_w, &db2_w);
+  EXPECT_EQ(dfch_b, dfch);
+  EXPECT_EQ(dw2_w, dw2);
+  EXPECT_EQ(db2_w, db2);
+  EXPECT_NE(dw2, Vec(w2.size(), 0.5f));  // the products ran
+}
+
 // Attention over a bf16-stored qkv (off 16-byte alignment) into a
 // bf16-stored output under bf16 compute (fused heads of 16, and heads of 8
 // through cuBLAS), against the same on the CPU's bf16 backend.

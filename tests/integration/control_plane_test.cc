@@ -480,6 +480,11 @@ TEST_F(ControlPlaneTest, ImpossibleParallelLayoutsAreRefusedTwice) {
        "model.n_layer / parallel.pp = 4 / 2 = 2"},
       {{"parallel.pp=2", "parallel.first_stage_layers=4"},
        "each stage needs at least one layer"},
+      {{"parallel.schedule=zb1p"},
+       "parallel.schedule=zb1p requires parallel.pp >= 2 (parallel.pp=1)"},
+      {{"parallel.pp=2", "parallel.microbatches=2", "parallel.schedule=zb1p",
+        "parallel.virtual_stages=2"},
+       "parallel.schedule=zb1p requires parallel.virtual_stages=1"},
       // Wider than the pool of 4 slots: only ptcoord knows the pool.
       {{"parallel.tp=4", "parallel.dp=2"}, ""},
   };

@@ -67,6 +67,7 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
       max_T_(o.max_T),
       tp_(o.tp),
       recompute_(o.recompute),
+      split_(o.split_backward),
       Cl_(config.n_embd / o.tp.size()),
       NHl_(config.n_head / o.tp.size()),
       Vl_(config.padded_vocab / o.tp.size()),
@@ -94,7 +95,7 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
 
   const ActivationDims d =
       ActivationDims::Of(config, max_B_, max_T_, o.slots, tp, tp_.sp,
-                         recompute_, n_blocks_, last(), ops_);
+                         recompute_, n_blocks_, last(), ops_, split_);
   att_floats_ = d.att;
   gelu_floats_ = d.gelu;
   act_div_ = d.act_div;
@@ -132,7 +133,8 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
 
 GptStage::ActivationDims GptStage::ActivationDims::Of(
     const GptConfig& config, int max_B, int max_T, int slots, int tp, bool sp,
-    Recompute recompute, int layers, bool last, const kernels::Ops* ops) {
+    Recompute recompute, int layers, bool last, const kernels::Ops* ops,
+    bool split) {
   ActivationDims d;
   d.C = config.n_embd;
   d.L = layers;
@@ -165,6 +167,7 @@ GptStage::ActivationDims GptStage::ActivationDims::Of(
   d.slots = slots;
   d.recompute = recompute;
   d.last = last;
+  d.split = split;
   return d;
 }
 
@@ -213,6 +216,24 @@ void GptStage::LayOut(const ActivationDims& d, TakeFn take,
     } else {
       slot.lnf = slot.lnf_mean = slot.lnf_rstd = slot.logits = slot.losses =
           nullptr;
+    }
+    // A split backward's output gradients stay from B to W: every layer's,
+    // recomputing or not. Where the slot has each layer's own, they take
+    // the place of what only B reads, once B is past it (W reads neither):
+    // the residual stream's (B,Ts,C) slabs, qkv's where it is fp32, and
+    // what attention keeps where that is as large as fch's gradient.
+    if (d.split) {
+      const bool reuse = !full;
+      const bool in_att = reuse && !selective && d.att >= stored(1, BT, 4 * Cl);
+      slot.dqkv = reuse && d.act_div == 1
+                      ? slot.qkv
+                      : take(SatMul(d.L, SatMul(BT, 3 * Cl)));
+      slot.dattproj =
+          reuse ? slot.residual2 : take(SatMul(d.L, SatMul(BTs, C)));
+      slot.dfch = in_att ? slot.att : take(stored(d.L, BT, 4 * Cl));
+      slot.dfcproj = reuse ? slot.residual3 : take(SatMul(d.L, SatMul(BTs, C)));
+    } else {
+      slot.dqkv = slot.dattproj = slot.dfch = slot.dfcproj = nullptr;
     }
     slots->push_back(slot);
   }
@@ -301,9 +322,11 @@ const int32_t* GptStage::Stage(int32_t* staged, const int32_t* host, int B,
 int64_t GptStage::ActivationFloats(const GptConfig& config, int max_B,
                                    int max_T, int slots, int tp, bool sp,
                                    Recompute recompute, int layers, bool last,
-                                   const kernels::Ops* ops) {
+                                   const kernels::Ops* ops,
+                                   bool split_backward) {
   return ActivationFloats(ActivationDims::Of(config, max_B, max_T, slots, tp,
-                                             sp, recompute, layers, last, ops));
+                                             sp, recompute, layers, last, ops,
+                                             split_backward));
 }
 
 const float* GptStage::BlockTensor(const float* unit_base, int b, int i) const {
@@ -382,7 +405,13 @@ GptStage::BlockActs GptStage::Acts(const Slot& S, int b) const {
                    S.ln2_rstd + l * sBTs,
                    S.fch + l * sBT * 4 * Cl_ / act_div_,
                    S.residual3 + b * sBTs * C,
-                   gelu_floats_ > 0 ? S.gelu + l * gelu_floats_ : nullptr};
+                   gelu_floats_ > 0 ? S.gelu + l * gelu_floats_ : nullptr,
+                   split_ ? S.dqkv + b * sBT * 3 * Cl_ : nullptr,
+                   split_ ? S.dattproj + b * sBTs * C : nullptr,
+                   !split_           ? nullptr
+                   : S.dfch == S.att ? S.att + la * att_floats_
+                                     : S.dfch + b * sBT * 4 * Cl_ / act_div_,
+                   split_ ? S.dfcproj + b * sBTs * C : nullptr};
 }
 
 void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
@@ -504,8 +533,8 @@ float GptStage::ForwardPass(int slot, const int32_t* tokens,
   return static_cast<float>(k.Sum(S.losses, BT) / static_cast<double>(BT));
 }
 
-void GptStage::HeadBackward(const Slot& S, const int32_t* targets,
-                            float dloss) {
+void GptStage::HeadBackward(const Slot& S, const int32_t* targets, float dloss,
+                            bool split) {
   const int B = S.B, T = S.T;
   const int C = config_.n_embd, Ts = tp_.SeqLocal(T);
   kernels::Ops& k = *ops_;
@@ -521,21 +550,36 @@ void GptStage::HeadBackward(const Slot& S, const int32_t* targets,
     PT_CHECK(S.dloss == dloss,
              "a backward's dloss differs from its fused forward's");
   }
-  column_linear_backward(dln_, st.Grads(head_unit_) + head_wte_offset_, nullptr,
-                         dlogits, Stored(S.lnf),
-                         st.Params(head_unit_) + head_wte_offset_, B, T, C, Vl_,
-                         tp_, scratch_);
+  // Split: the head's weight gradient waits for W, which reads dlogits
+  // where they are.
+  column_linear_backward(
+      dln_, split ? nullptr : st.Grads(head_unit_) + head_wte_offset_, nullptr,
+      dlogits, Stored(S.lnf), st.Params(head_unit_) + head_wte_offset_, B, T, C,
+      Vl_, tp_, scratch_);
   k.Zero(dresidual_, static_cast<int64_t>(B) * Ts * C);
   const float* x_last = Acts(S, n_blocks_ - 1).residual3;
   float* dlnf = st.Grads(final_unit_) + lnf_offset_;
   k.layernorm_backward(dresidual_, dlnf, dlnf + C, dln_, x_last,
                        st.Params(final_unit_) + lnf_offset_, S.lnf_mean,
                        S.lnf_rstd, B, Ts, C);
-  st.EndBackward(final_unit_);
+  if (!split) st.EndBackward(final_unit_);
 }
 
 void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
                         float dloss, const float* dout) {
+  BackwardPass(slot, tokens, targets, dloss, dout, /*split=*/false);
+}
+
+void GptStage::BackwardInput(int slot, const int32_t* tokens,
+                             const int32_t* targets, float dloss,
+                             const float* dout) {
+  PT_CHECK(split_, "BackwardInput on a stage without split_backward");
+  BackwardPass(slot, tokens, targets, dloss, dout, /*split=*/true);
+}
+
+void GptStage::BackwardPass(int slot, const int32_t* tokens,
+                            const int32_t* targets, float dloss,
+                            const float* dout, bool split) {
   const Slot& S = slots_[slot];
   const int B = S.B, T = S.T;
   kernels::Ops& k = *ops_;
@@ -548,10 +592,16 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
   UnitStore& st = *store_;
   if (first()) st.BeginBackward(emb_unit_);
   if (last()) {
-    HeadBackward(S, targets, dloss);
+    HeadBackward(S, targets, dloss, split);
   } else {
     k.Copy(dresidual_, dout, BTsC);
   }
+  // Split: the linear layers' weight gradients wait for W (null here), and
+  // their output gradients stay in the slot for it; no unit ends.
+  auto weights = [&](float* g) { return split ? nullptr : g; };
+  auto end = [&](int unit) {
+    if (!split) st.EndBackward(unit);
+  };
   // dresidual_ carries the gradient of the residual stream downwards; each
   // residual add passes it through unchanged, so branches accumulate into
   // it. Units finish in descending order, each as soon as its weights'
@@ -565,62 +615,124 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
                    /*recomputing=*/true);
     }
     auto dT = [&](int unit, int i) {
-      return const_cast<float*>(BlockTensor(st.Grads(unit), b, i));
+      return weights(const_cast<float*>(BlockTensor(st.Grads(unit), b, i)));
     };
+    // The MLP hidden layer's and qkv's gradients: where W reads them, or the
+    // working set (and copied over qkv or what attention keeps for W once
+    // attention's backward has read it).
+    float* dfch = split && a.dfch != a.att ? a.dfch : dfch_gelu_;
+    float* dqkv = split && a.dqkv != a.qkv ? a.dqkv : dqkv_;
 
     st.BeginBackward(u + 3);
+    if (split) k.Copy(a.dfcproj, dresidual_, BTsC);
     // Through GELU: the gradient of fch, in fch's stored type (bf16 under
-    // bf16: it feeds only the fc matmul's backward).
-    row_linear_backward(Stored(dfch_gelu_), dT(u + 3, kFcProjW),
-                        dT(u + 3, kFcProjB), dresidual_, Stored(a.fch),
+    // bf16: it feeds only the fc matmul's backward). Split: dfcproj may be
+    // this layer's residual3, which only the layer above read.
+    row_linear_backward(Stored(dfch), dT(u + 3, kFcProjW), dT(u + 3, kFcProjB),
+                        dresidual_, Stored(a.fch),
                         BlockTensor(st.Params(u + 3), b, kFcProjW), B, T,
                         4 * Cl_, C, tp_, scratch_, /*gelu_hidden=*/dqkv_,
                         /*gelu_saved=*/a.gelu);
-    st.EndBackward(u + 3);
+    end(u + 3);
     st.BeginBackward(u + 2);
     const float* w = st.Params(u + 2);
-    column_linear_backward(dln_, dT(u + 2, kFcW), dT(u + 2, kFcB),
-                           Stored(dfch_gelu_), Stored(a.ln2),
-                           BlockTensor(w, b, kFcW), B, T, C, 4 * Cl_, tp_,
-                           scratch_);
+    column_linear_backward(dln_, dT(u + 2, kFcW), dT(u + 2, kFcB), Stored(dfch),
+                           Stored(a.ln2), BlockTensor(w, b, kFcW), B, T, C,
+                           4 * Cl_, tp_, scratch_);
     st.Poll();
-    k.layernorm_backward(dresidual_, dT(u + 2, kLn2W), dT(u + 2, kLn2B), dln_,
-                         a.residual2, BlockTensor(w, b, kLn2W), a.ln2_mean,
-                         a.ln2_rstd, B, Ts, C);
-    st.EndBackward(u + 2);
+    k.layernorm_backward(
+        dresidual_, const_cast<float*>(BlockTensor(st.Grads(u + 2), b, kLn2W)),
+        const_cast<float*>(BlockTensor(st.Grads(u + 2), b, kLn2B)), dln_,
+        a.residual2, BlockTensor(w, b, kLn2W), a.ln2_mean, a.ln2_rstd, B, Ts,
+        C);
+    end(u + 2);
     st.BeginBackward(u + 1);
+    // Split: dattproj may be residual2, which ln_2's backward has read.
+    if (split) k.Copy(a.dattproj, dresidual_, BTsC);
     row_linear_backward(datty_, dT(u + 1, kAttProjW), dT(u + 1, kAttProjB),
                         dresidual_, Stored(a.atty),
                         BlockTensor(st.Params(u + 1), b, kAttProjW), B, T, Cl_,
                         C, tp_, scratch_);
-    st.EndBackward(u + 1);
+    end(u + 1);
     if (recompute_ == Recompute::kSelective) {
       // What attention keeps, again (its output comes out the same, bit for
       // bit, over the kept one).
       k.attention_forward(Stored(a.atty), a.att, Stored(a.qkv), B, T, Cl_,
                           NHl_);
     }
-    k.Zero(dqkv_, BT * 3 * Cl_);
-    k.attention_backward(dqkv_, datt_, datty_, Stored(a.qkv), Stored(a.atty),
+    k.Zero(dqkv, BT * 3 * Cl_);
+    k.attention_backward(dqkv, datt_, datty_, Stored(a.qkv), Stored(a.atty),
                          a.att, B, T, Cl_, NHl_);
+    if (split && dqkv != a.dqkv) k.Copy(a.dqkv, dqkv, BT * 3 * Cl_);
+    if (split && dfch != a.dfch) k.Copy(a.dfch, dfch, BT * 4 * Cl_ / act_div_);
     st.Poll();
     st.BeginBackward(u);
     w = st.Params(u);
-    column_linear_backward(dln_, dT(u, kQkvW), dT(u, kQkvB), dqkv_,
+    column_linear_backward(dln_, dT(u, kQkvW), dT(u, kQkvB), dqkv,
                            Stored(a.ln1), BlockTensor(w, b, kQkvW), B, T, C,
                            3 * Cl_, tp_, scratch_);
     st.Poll();
-    k.layernorm_backward(dresidual_, dT(u, kLn1W), dT(u, kLn1B), dln_, residual,
-                         BlockTensor(w, b, kLn1W), a.ln1_mean, a.ln1_rstd, B,
-                         Ts, C);
-    st.EndBackward(u);
+    k.layernorm_backward(
+        dresidual_, const_cast<float*>(BlockTensor(st.Grads(u), b, kLn1W)),
+        const_cast<float*>(BlockTensor(st.Grads(u), b, kLn1B)), dln_, residual,
+        BlockTensor(w, b, kLn1W), a.ln1_mean, a.ln1_rstd, B, Ts, C);
+    end(u);
   }
   if (first()) {
     float* g = st.Grads(emb_unit_);
     vocab_embedding_backward(g + wte_offset_, g + wpe_offset_, dresidual_,
                              tokens, B, T, C, vocab_begin_, Vl_, tp_, scratch_);
-    st.EndBackward(emb_unit_);
+    end(emb_unit_);
   }
+}
+
+void GptStage::BackwardWeights(int slot) {
+  PT_CHECK(split_, "BackwardWeights on a stage without split_backward");
+  const Slot& S = slots_[slot];
+  const int B = S.B, T = S.T;
+  const int C = config_.n_embd;
+  UnitStore& st = *store_;
+  const kernels::Act no_dinp(static_cast<float*>(nullptr));
+  // The same weight-gradient products as Backward's, from what B kept and
+  // the forward's inputs (full recomputation: computed once more); no
+  // weights are read but by that forward.
+  if (last()) {
+    column_linear_backward(nullptr, st.Grads(head_unit_) + head_wte_offset_,
+                           nullptr, Logits(S), Stored(S.lnf), nullptr, B, T, C,
+                           Vl_, tp_, scratch_);
+    st.EndBackward(final_unit_);
+  }
+  for (int b = n_blocks_ - 1; b >= 0; --b) {
+    const int u = BlockUnit(b);
+    const BlockActs a = Acts(S, b);
+    if (recompute_ == Recompute::kFull) {
+      BlockForward(a, b == 0 ? S.input : Acts(S, b - 1).residual3, b, B, T, tp_,
+                   /*pos=*/-1, /*recomputing=*/true);
+    }
+    auto dT = [&](int unit, int i) {
+      return const_cast<float*>(BlockTensor(st.Grads(unit), b, i));
+    };
+    row_linear_backward(no_dinp, dT(u + 3, kFcProjW), dT(u + 3, kFcProjB),
+                        a.dfcproj, Stored(a.fch), nullptr, B, T, 4 * Cl_, C,
+                        tp_, scratch_, /*gelu_hidden=*/dqkv_,
+                        /*gelu_saved=*/a.gelu);
+    st.EndBackward(u + 3);
+    column_linear_backward(nullptr, dT(u + 2, kFcW), dT(u + 2, kFcB),
+                           Stored(a.dfch), Stored(a.ln2), nullptr, B, T, C,
+                           4 * Cl_, tp_, scratch_);
+    st.EndBackward(u + 2);
+    st.Poll();
+    row_linear_backward(no_dinp, dT(u + 1, kAttProjW), dT(u + 1, kAttProjB),
+                        a.dattproj, Stored(a.atty), nullptr, B, T, Cl_, C, tp_,
+                        scratch_);
+    st.EndBackward(u + 1);
+    column_linear_backward(nullptr, dT(u, kQkvW), dT(u, kQkvB), a.dqkv,
+                           Stored(a.ln1), nullptr, B, T, C, 3 * Cl_, tp_,
+                           scratch_);
+    st.EndBackward(u);
+    st.Poll();
+  }
+  if (first()) st.EndBackward(emb_unit_);
 }
 
 MemoryBytes GptStage::memory() const {

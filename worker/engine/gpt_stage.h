@@ -25,6 +25,14 @@ namespace ptrain {
 // stage only):
 //   forward:  B(E) [B(u) E(u) for blocks in order] B(F) E(F) E(E);
 //   backward: B(E) B(F) E(F) [B(u) E(u) for blocks in reverse] E(E);
+// A backward split in two (a zero-bubble schedule: StageOptions::
+// split_backward) makes the input-gradient pass B the backward without its
+// Ends, B(E) B(F) [B(u) in reverse], and the weight pass W, later (other
+// microbatches' passes may run in between), the Ends: E(F) [E(u) in
+// reverse] E(E). Between them the units' gradients must stay valid (a
+// store that keeps them whole through the step: a pipeline's); W reads no
+// weights but under full recomputation, whose W runs the forward again
+// ([Bf(u) Ef(u)] for u..u+2) before each block's weight gradients.
 // with recomputation, each block's backward is preceded by the forward of
 // its first three units again: [Bf(u) Ef(u)] for u..u+2, then B(u+3)...
 // A last stage that does not embed reads the head's weights from the tied
@@ -89,6 +97,10 @@ struct StageOptions {
   // the attention forward again just before the attention backward, into
   // one layer's worth shared by every slot.
   Recompute recompute = Recompute::kNone;
+  // The backward runs as two passes (BackwardInput, then BackwardWeights):
+  // each slot also keeps, per layer, the output gradients of the block's
+  // four linear layers from the one to the other.
+  bool split_backward = false;
 };
 
 class GptStage : private UnitStore {
@@ -139,6 +151,16 @@ class GptStage : private UnitStore {
   // leave dinput() for the previous.
   void Backward(int slot, const int32_t* tokens, const int32_t* targets,
                 float dloss, const float* dout);
+  // The same backward in two passes (split_backward stages only): the
+  // input-gradient pass B (arguments and dinput() as Backward's; the
+  // LayerNorm and embedding gradients too), which keeps the linear layers'
+  // output gradients in the slot, and later the weight pass W, which
+  // accumulates the linear layers' weight and bias gradients from them.
+  // The slot is not reused in between. Together they accumulate what
+  // Backward does, bit for bit.
+  void BackwardInput(int slot, const int32_t* tokens, const int32_t* targets,
+                     float dloss, const float* dout);
+  void BackwardWeights(int slot);
 
   // Generation with a cache of keys and values (one sequence, B = 1): the
   // forward of the n tokens at positions [pos, pos + n), attending to the
@@ -173,7 +195,8 @@ class GptStage : private UnitStore {
   static int64_t ActivationFloats(const GptConfig& config, int max_B, int max_T,
                                   int slots, int tp, bool sp,
                                   Recompute recompute, int layers, bool last,
-                                  const kernels::Ops* ops = nullptr);
+                                  const kernels::Ops* ops = nullptr,
+                                  bool split_backward = false);
 
  private:
   // Activations a microbatch keeps from forward to backward. With full
@@ -203,6 +226,14 @@ class GptStage : private UnitStore {
     // right away (fused: dloss below; then in the stored type, Logits()).
     float* logits;
     float* losses;  // (B,T)
+    // split_backward: the output gradients of each layer's linear layers
+    // from B to W (else null): of qkv (L,B,T,3Cl), of the attention's
+    // projection (L,B,Ts,C), of fc (L,B,T,4Cl, stored type: fch's
+    // gradient), of the MLP's projection (L,B,Ts,C). Without full
+    // recomputation the last two are residual2 and residual3, the first
+    // is qkv where that is fp32, and (without any recomputation) fc's is
+    // att where that is as large (B is done with them).
+    float *dqkv, *dattproj, *dfch, *dfcproj;
     // The microbatch's tokens and targets in the backend's memory (null on
     // the CPU, which reads the caller's).
     int32_t* tokens_staged = nullptr;
@@ -218,12 +249,19 @@ class GptStage : private UnitStore {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2,
         *ln2_mean, *ln2_rstd, *fch, *residual3;
     float* gelu;  // null when nothing is kept of GELU(fch)
+    // Slot's split_backward output gradients of layer b (else null).
+    float *dqkv, *dattproj, *dfch, *dfcproj;
   };
   BlockActs Acts(const Slot& S, int b) const;
   // The last stage's backward from the loss to the residual stream's
   // gradient (dresidual_): the logits' gradient (unless the forward fused
   // it), the head, ln_f.
-  void HeadBackward(const Slot& S, const int32_t* targets, float dloss);
+  // `split`: B's part (no weight gradient of the head; no E(F)).
+  void HeadBackward(const Slot& S, const int32_t* targets, float dloss,
+                    bool split);
+  // Backward, or with `split` BackwardInput.
+  void BackwardPass(int slot, const int32_t* tokens, const int32_t* targets,
+                    float dloss, const float* dout, bool split);
   // Local block b's forward from its input x (B,Ts,C) into `a`. pos >= 0: a
   // Decode step at that position. `recomputing`: the forward again before
   // the block's backward, which stops at the MLP's hidden layer (the
@@ -257,9 +295,11 @@ class GptStage : private UnitStore {
     int slots = 1;
     Recompute recompute = Recompute::kNone;
     bool last = false;
+    bool split = false;  // StageOptions::split_backward
     static ActivationDims Of(const GptConfig& config, int max_B, int max_T,
                              int slots, int tp, bool sp, Recompute recompute,
-                             int layers, bool last, const kernels::Ops* ops);
+                             int layers, bool last, const kernels::Ops* ops,
+                             bool split);
   };
   // The backward's working set inside the activation buffer.
   struct Working {
@@ -291,6 +331,7 @@ class GptStage : private UnitStore {
   const int max_B_, max_T_;
   const TpGroup tp_;
   const Recompute recompute_;
+  const bool split_;  // StageOptions::split_backward
   const int Cl_, NHl_, Vl_, vocab_begin_;
   int64_t buffer_size_ = 0;
   // Floats attention keeps per layer and microbatch (the backend's

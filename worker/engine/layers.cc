@@ -122,12 +122,14 @@ void column_linear_backward(float* dinp, float* dweight, float* dbias,
                             OCl);
     return;
   }
-  const kernels::ConstAct full = FullSequence(inp, B, T, C, g, s);
+  // The whole input is an operand of the weight gradient only.
+  const kernels::ConstAct full =
+      dweight != nullptr ? FullSequence(inp, B, T, C, g, s) : inp;
   // This rank's rows of the weight give a part of the input gradient; the
   // group sums the parts (Megatron's f operator, backward).
-  s.ops().matmul_backward(s.a, dweight, dbias, dout, full, weight, B, T, C,
-                          OCl);
-  sequence_reduce(dinp, s.a, B, T, C, g, s.b, s.ops());
+  s.ops().matmul_backward(dinp != nullptr ? s.a : nullptr, dweight, dbias, dout,
+                          full, weight, B, T, C, OCl);
+  if (dinp != nullptr) sequence_reduce(dinp, s.a, B, T, C, g, s.b, s.ops());
 }
 
 void row_linear_forward(float* out, kernels::ConstAct inp, const float* weight,

@@ -74,7 +74,8 @@ void column_linear_forward(kernels::Act out, kernels::ConstAct inp,
                            int C, int OCl, const TpGroup& g,
                            const LayerContext& s);
 // dinp (B,Ts,C) = reduce over the group of dout @ weight; dweight, dbias
-// accumulate this rank's rows.
+// accumulate this rank's rows. Either half may be left out (null dinp, or
+// null dweight and dbias: Ops::matmul_backward), with its communication.
 void column_linear_backward(float* dinp, float* dweight, float* dbias,
                             kernels::ConstAct dout, kernels::ConstAct inp,
                             const float* weight, int B, int T, int C, int OCl,
@@ -94,7 +95,8 @@ void row_linear_forward(float* out, kernels::ConstAct inp, const float* weight,
                         float* gelu_hidden = nullptr,
                         float* gelu_saved = nullptr);
 // dinp (B,T,Cl) = gather(dout) @ weight; dweight += gather(dout)^T inp;
-// dbias += column sums of gather(dout) (the same on every rank).
+// dbias += column sums of gather(dout) (the same on every rank). Either
+// half may be left out, as in column_linear_backward (each gathers dout).
 void row_linear_backward(kernels::Act dinp, float* dweight, float* dbias,
                          const float* dout, kernels::ConstAct inp,
                          const float* weight, int B, int T, int Cl, int OC,

@@ -57,13 +57,14 @@ MemoryEstimate EstimateRankMemory(const RankBuild& b, bool async_copy) {
   e.optimizer = SatMul(SatMul(2, f.update), kFloat);
   if (async_copy) e.checkpoint = SatMul(SatMul(3, f.update), kFloat);
   for (int c = 0; c < b.chunks(); ++c) {
-    e.activations = SatAdd(
-        e.activations,
-        SatMul(GptStage::ActivationFloats(
-                   b.model, b.micro_B, b.model.block_size, b.slots[c], b.tp,
-                   b.sequence_parallel, b.recompute,
-                   b.plan.stage_layers[b.stages[c]], b.last_stage(c), ops),
-               kFloat));
+    e.activations =
+        SatAdd(e.activations,
+               SatMul(GptStage::ActivationFloats(
+                          b.model, b.micro_B, b.model.block_size, b.slots[c],
+                          b.tp, b.sequence_parallel, b.recompute,
+                          b.plan.stage_layers[b.stages[c]], b.last_stage(c),
+                          ops, b.Stage(c).split_backward),
+                      kFloat));
   }
   return e;
 }

@@ -32,6 +32,9 @@ struct RankLabels {
 struct PhaseSeconds {
   double data = 0, forward = 0, backward = 0, optimizer = 0;
   double bubble = 0;  // pipeline: waiting for a neighbouring stage
+  // Of backward: a zero-bubble schedule's weight passes W (counted in
+  // backward too).
+  double weight = 0;
 };
 
 class RankMetrics {

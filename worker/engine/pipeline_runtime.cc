@@ -121,6 +121,7 @@ double PipelineRuntime::Execute(const std::vector<PipeAction>& order,
   auto receives = [&](int i) {
     const PipeAction& a = order[i];
     const int vs = VirtualStage(a.chunk);
+    if (a.kind == PipeAction::kWeight) return false;  // nothing comes in
     return a.kind == PipeAction::kForward ? vs > 0 : vs != last_virtual_stage();
   };
   std::unique_ptr<CommHandle> posted;
@@ -137,8 +138,12 @@ double PipelineRuntime::Execute(const std::vector<PipeAction>& order,
   };
   post_after(-1, 0);
   // Backwards run so far per chunk: a chunk's last one issues the
-  // reductions of its units.
+  // reductions of its units — its last W in an order that splits the
+  // backward (the units' gradients end there).
   std::fill(backwards_.begin(), backwards_.end(), 0);
+  const bool split = std::any_of(
+      order.begin(), order.end(),
+      [](const PipeAction& a) { return a.kind == PipeAction::kWeight; });
   double loss_sum = 0.0;
   for (int i = 0; i < n_actions; ++i) {
     const PipeAction& a = order[i];
@@ -177,9 +182,19 @@ double PipelineRuntime::Execute(const std::vector<PipeAction>& order,
         SendCopy(chunk.output(slot), n, next,
                  Tag(mb, (vs + 1) / pp_size_, true));
       }
-    } else {
+    } else if (a.kind == PipeAction::kWeight) {
       store_->BeginMicrobatch(++backwards_[c] == microbatches_);
-      chunk.Backward(slot, in, tg, run.dloss, received);
+      chunk.BackwardWeights(slot);
+      const double seconds = SecondsSince(t);
+      phases->backward += seconds;
+      phases->weight += seconds;
+    } else {
+      if (split) {
+        chunk.BackwardInput(slot, in, tg, run.dloss, received);
+      } else {
+        store_->BeginMicrobatch(++backwards_[c] == microbatches_);
+        chunk.Backward(slot, in, tg, run.dloss, received);
+      }
       phases->backward += SecondsSince(t);
       if (vs > 0) {
         SendCopy(chunk.dinput(), n, prev, Tag(mb, (vs - 1) / pp_size_, false));

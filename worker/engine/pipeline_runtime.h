@@ -5,7 +5,9 @@
 // forward and gradients backward between neighbouring pipeline ranks as
 // they are ready: each pass's receive is posted one receiving pass ahead,
 // and sends never block (a copy is sent), so any order the schedule
-// simulation finds deadlock-free runs without deadlock.
+// simulation finds deadlock-free runs without deadlock. An order with W
+// passes (a zero-bubble schedule) runs each backward as GptStage's two
+// passes; its chunks must be built with split_backward.
 #ifndef PTRAIN_WORKER_ENGINE_PIPELINE_RUNTIME_H_
 #define PTRAIN_WORKER_ENGINE_PIPELINE_RUNTIME_H_
 

@@ -66,6 +66,9 @@ StageOptions RankBuild::Stage(int chunk) const {
   stage.n_stages = n_stages();
   stage.slots = slots[chunk];
   stage.recompute = recompute;
+  // A zero-bubble order runs each backward as B and W (pp > 1: whole
+  // gradients through the step, as the split needs).
+  stage.split_backward = pp > 1 && schedule == ScheduleKind::kZeroBubble;
   return stage;
 }
 

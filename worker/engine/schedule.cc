@@ -60,6 +60,9 @@ std::vector<PipeAction> PipelineOrder(ScheduleKind kind, int pp, int rank,
       for (int i = m - warmup; i < m; ++i) order.push_back(B(i, 0));
       break;
     }
+    case ScheduleKind::kZeroBubble:
+      PT_CHECK(v == 1, "zb1p runs one chunk per rank");
+      return ZeroBubbleOrder(pp, rank, m);
     case ScheduleKind::kInterleaved: {
       PT_CHECK(m % pp == 0, "interleaving needs microbatches a multiple of pp");
       const int total = m * v;
@@ -113,8 +116,8 @@ int MaxInFlight(const std::vector<PipeAction>& order) {
   const bool split = std::any_of(order.begin(), order.end(), [](auto& a) {
     return a.kind == PipeAction::kWeight;
   });
-  const PipeAction::Kind last = split ? PipeAction::kWeight
-                                      : PipeAction::kBackward;
+  const PipeAction::Kind last =
+      split ? PipeAction::kWeight : PipeAction::kBackward;
   int now = 0, most = 0;
   for (const PipeAction& a : order) {
     if (a.kind == PipeAction::kForward) ++now;
@@ -128,6 +131,9 @@ std::vector<int> ChunkSlots(ScheduleKind kind, int pp, int rank, int m, int v) {
   if (pp == 1) return {1};
   if (kind == ScheduleKind::kGpipe) return {m};
   if (kind == ScheduleKind::k1F1B) return {std::min(pp - rank, m)};
+  if (kind == ScheduleKind::kZeroBubble) {
+    return {MaxInFlight(ZeroBubbleOrder(pp, rank, m))};
+  }
   // After the warm-up, the count of each chunk repeats with a period of
   // pp·v passes (every period adds pp forwards and pp backwards to every
   // chunk), and the cool-down only lowers it: microbatches enough for the
@@ -217,7 +223,7 @@ PipelineSimulation SimulateOrders(
         }
         if (!ready) break;
         // Each chunk holds 1/v of a rank's layers.
-        const double t = (fwd                                 ? forward[r]
+        const double t = (fwd                               ? forward[r]
                           : a.kind == PipeAction::kBackward ? backward[r]
                                                             : weight[r]) /
                          v;

@@ -34,7 +34,8 @@ struct PipeAction {
 std::string ToString(const PipeAction& a, bool chunks = false);
 
 // The passes rank `rank` of `pp` runs in one optimizer step of `m`
-// microbatches over its `v` chunks (v = 1 but for kInterleaved). Chunk c
+// microbatches over its `v` chunks (v = 1 but for kInterleaved);
+// kZeroBubble's is ZeroBubbleOrder, with W passes. Chunk c
 // of rank r is virtual stage c·pp + r of pp·v. Interleaving needs m a
 // multiple of pp (the caller validated; PT_CHECK otherwise).
 std::vector<PipeAction> PipelineOrder(ScheduleKind kind, int pp, int rank,

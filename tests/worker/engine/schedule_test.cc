@@ -124,15 +124,37 @@ TEST(PipelineOrder, StashBound) {
                 << Name(c) << " rank " << r;
           }
           break;
+        case ScheduleKind::kZeroBubble:  // not in Cases: ZeroBubbleOrder's
+          break;
       }
     }
   }
 }
 
 TEST(ScheduleKindOf, ReadsBackEveryScheduleName) {
-  for (ScheduleKind k : {ScheduleKind::kGpipe, ScheduleKind::k1F1B,
-                         ScheduleKind::kInterleaved}) {
+  for (ScheduleKind k :
+       {ScheduleKind::kGpipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved,
+        ScheduleKind::kZeroBubble}) {
     EXPECT_EQ(ScheduleKindOf(ScheduleName(k)), k) << ScheduleName(k);
+  }
+}
+
+// parallel.schedule=zb1p runs ZeroBubbleOrder, and each rank's activation
+// slots are what that order holds at most (a microbatch until its W).
+TEST(PipelineOrder, Zb1pIsTheZeroBubbleOrderAndItsSlotsWhatItHolds) {
+  for (int pp : {2, 3, 4}) {
+    for (int m : {1, 2, 4, 8, 13}) {
+      for (int r = 0; r < pp; ++r) {
+        const std::vector<PipeAction> order =
+            PipelineOrder(ScheduleKind::kZeroBubble, pp, r, m, 1);
+        EXPECT_EQ(order, ZeroBubbleOrder(pp, r, m));
+        EXPECT_EQ(ChunkSlots(ScheduleKind::kZeroBubble, pp, r, m, 1),
+                  std::vector<int>{MaxInFlight(order)})
+            << "pp " << pp << " m " << m << " rank " << r;
+        // As many as 1F1B's first rank at most.
+        EXPECT_LE(MaxInFlight(order), std::min(pp, m));
+      }
+    }
   }
 }
 
@@ -225,8 +247,7 @@ std::string ZeroBubble(int pp, int rank, int m) {
 TEST(ZeroBubbleOrder, IsOneFOneBWithWeightPassesLaggingByTheRank) {
   EXPECT_EQ(ZeroBubble(2, 0, 4), "F0 F1 B0 W0 F2 B1 W1 F3 B2 W2 B3 W3");
   EXPECT_EQ(ZeroBubble(2, 1, 4), "F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3");
-  EXPECT_EQ(ZeroBubble(4, 3, 4),
-            "F0 B0 F1 B1 F2 B2 F3 B3 W0 W1 W2 W3");
+  EXPECT_EQ(ZeroBubble(4, 3, 4), "F0 B0 F1 B1 F2 B2 F3 B3 W0 W1 W2 W3");
   // Without a pipeline: F, B, W of each microbatch in turn.
   EXPECT_EQ(ZeroBubble(1, 0, 2), "F0 B0 W0 F1 B1 W1");
 }
