@@ -164,6 +164,20 @@ class Ops {
   virtual void attention_backward(float* dinp, float* datt, const float* dout,
                                   ConstAct inp, ConstAct out, const float* att,
                                   int B, int T, int C, int NH) = 0;
+  // Context parallelism's attention between the zigzag blocks of ranks
+  // q_rank and k_rank of cp (kernels/cpu/kernels.h attention_block_forward
+  // and attention_block_backward; ring attention's pieces): fp32 tensors,
+  // kv and dkv rows of kv_stride floats (keys, then values).
+  virtual void attention_block_forward(float* out, float* lse, const float* qkv,
+                                       const float* kv, int64_t kv_stride,
+                                       int B, int Tl, int C, int NH, int cp,
+                                       int q_rank, int k_rank, bool first) = 0;
+  virtual void attention_block_backward(float* dqkv, float* dkv,
+                                        const float* dout, const float* qkv,
+                                        const float* out, const float* lse,
+                                        const float* kv, int64_t kv_stride,
+                                        int B, int Tl, int C, int NH, int cp,
+                                        int q_rank, int k_rank) = 0;
   // Generation's cached attention for n new positions [pos, pos + n) of one
   // sequence: qkv (n,3C), caches (NH,capacity,hs) each, out (n,C)
   // (kernels/cpu/kernels.h attention_decode).

@@ -106,6 +106,14 @@ PT_HD void AdamWUpdate(F& param, F& m, F& v, F grad, const AdamWStep& s) {
            (F(s.weight_decay) * param + mhat / (std::sqrt(vhat) + F(s.eps)));
 }
 
+// Context parallelism's zigzag: a sequence cut into 2·cp chunks, rank r
+// holding chunks r and 2·cp−1−r (Tl positions: every rank the same causal
+// work). The global position of its row t (Tl even).
+PT_HD int ZigzagPosition(int t, int Tl, int cp, int rank) {
+  const int chunk = Tl / 2;
+  return t < chunk ? rank * chunk + t : (2 * cp - 1 - rank) * chunk + t - chunk;
+}
+
 }  // namespace ptrain::kernels::math
 
 #endif  // PTRAIN_KERNELS_COMMON_MATH_H_

@@ -19,6 +19,8 @@
 
 #include <cstdint>
 
+#include "kernels/common/math.h"
+
 namespace ptrain::kernels {
 
 // Row-major C(M,N) = alpha * op(A)(M,K) * op(B)(K,N) + beta * C(M,N).
@@ -210,6 +212,32 @@ template <typename F>
 void flash_attention_backward(F* dinp, const F* dout, const F* inp,
                               const F* out, const F* lse, int B, int T, int C,
                               int NH);
+
+// Context parallelism's zigzag positions (kernels/common/math.h).
+using math::ZigzagPosition;
+
+// Attention between the Tl queries zigzag rank q_rank holds and the Tl keys
+// and values rank k_rank holds, of cp: query t sees key j where j's
+// position is not after t's (the causal mask across blocks; ring
+// attention's pieces). qkv (B,Tl,3C) holds the queries as
+// attention_forward's inp; kv rows of kv_stride floats hold keys in
+// columns [0,C) and values in [C,2C) (another rank's qkv + C with stride
+// 3C, or packed, 2C). The forward folds the block into out (B,Tl,C) and lse
+// (B,NH,Tl), each row's log-sum-exp of its scaled scores so far, by the
+// log-sum-exp rule (`first`: starts them); a row that sees no key of the
+// block is left as it was. Over every rank's block, in any order, out is
+// attention_forward's at the rows' positions. The backward of one block
+// takes the whole attention's out and lse: dqkv's query thirds (B,Tl,3C)
+// and dkv (laid out as kv) accumulate that block's share.
+template <typename F>
+void attention_block_forward(F* out, F* lse, const F* qkv, const F* kv,
+                             int64_t kv_stride, int B, int Tl, int C, int NH,
+                             int cp, int q_rank, int k_rank, bool first);
+template <typename F>
+void attention_block_backward(F* dqkv, F* dkv, const F* dout, const F* qkv,
+                              const F* out, const F* lse, const F* kv,
+                              int64_t kv_stride, int B, int Tl, int C, int NH,
+                              int cp, int q_rank, int k_rank);
 
 // The same attention for n new positions [pos, pos + n) of one sequence
 // (B = 1), over a cache of every earlier position's keys and values:

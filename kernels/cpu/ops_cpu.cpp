@@ -246,6 +246,22 @@ class CpuBackend final : public Ops {
     }
     Finish(out, y, static_cast<int64_t>(B) * T, C);
   }
+  void attention_block_forward(float* out, float* lse, const float* qkv,
+                               const float* kv, int64_t kv_stride, int B,
+                               int Tl, int C, int NH, int cp, int q_rank,
+                               int k_rank, bool first) override {
+    kernels::attention_block_forward(out, lse, qkv, kv, kv_stride, B, Tl, C, NH,
+                                     cp, q_rank, k_rank, first);
+  }
+  void attention_block_backward(float* dqkv, float* dkv, const float* dout,
+                                const float* qkv, const float* out,
+                                const float* lse, const float* kv,
+                                int64_t kv_stride, int B, int Tl, int C, int NH,
+                                int cp, int q_rank, int k_rank) override {
+    kernels::attention_block_backward(dqkv, dkv, dout, qkv, out, lse, kv,
+                                      kv_stride, B, Tl, C, NH, cp, q_rank,
+                                      k_rank);
+  }
   void attention_backward(float* dinp, float* datt, const float* dout,
                           ConstAct inp, ConstAct out, const float* att, int B,
                           int T, int C, int NH) override {

@@ -282,6 +282,15 @@ class CudaBackend final : public Ops {
                             int OC) override;
   void attention_forward(Act out, float* att, ConstAct inp, int B, int T, int C,
                          int NH) override;
+  void attention_block_forward(float* out, float* lse, const float* qkv,
+                               const float* kv, int64_t kv_stride, int B,
+                               int Tl, int C, int NH, int cp, int q_rank,
+                               int k_rank, bool first) override;
+  void attention_block_backward(float* dqkv, float* dkv, const float* dout,
+                                const float* qkv, const float* out,
+                                const float* lse, const float* kv,
+                                int64_t kv_stride, int B, int Tl, int C, int NH,
+                                int cp, int q_rank, int k_rank) override;
   void attention_backward(float* dinp, float* datt, const float* dout,
                           ConstAct inp, ConstAct out, const float* att, int B,
                           int T, int C, int NH) override;

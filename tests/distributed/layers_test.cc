@@ -5,7 +5,8 @@
 // (relative max difference <= 1e-5, printed). The layers composed —
 // LayerNorm, causal self-attention (heads split), MLP, the block, the
 // vocab-parallel embedding, head and loss — are checked as a whole
-// GptStage: the loss and every parameter's gradient.
+// GptStage: the loss and every parameter's gradient. Ring attention
+// (context parallelism) over the world against the whole sequence's.
 #include "worker/engine/layers.h"
 
 #include <gtest/gtest.h>
@@ -358,6 +359,57 @@ INSTANTIATE_TEST_SUITE_P(SequenceParallel, LayersTest,
                          ::testing::Values(false, true), [](const auto& info) {
                            return info.param ? "sp" : "no_sp";
                          });
+
+// Ring attention with cp = the world size: each rank's zigzag positions
+// (chunks r and 2cp−1−r) of every sequence give the whole sequence's causal
+// attention at those positions, and the ring's gradients of qkv are the
+// single-rank attention's at them.
+TEST(RingAttention, ZigzagRanksGiveTheWholeSequencesAttention) {
+  auto comm =
+      MakeMpiCommunicator(MPI_COMM_WORLD, "cp", std::make_shared<CommStats>());
+  const CpGroup g{comm.get()};
+  const int cp = g.size(), r = g.rank();
+  const int B = kB, T = 16, C = kC, NH = 3, Tl = T / cp;
+  const Vec qkv = Random(static_cast<size_t>(B) * T * 3 * C, 61);
+  const Vec dout = Random(static_cast<size_t>(B) * T * C, 62);
+  // The whole sequence on one rank.
+  Vec out(dout.size()), att(static_cast<size_t>(B) * NH * T * T),
+      datt(att.size()), dqkv(qkv.size(), 0.0f);
+  kernels::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  kernels::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(),
+                              att.data(), B, T, C, NH);
+  // This rank's rows of a (B,T,width) tensor.
+  auto mine = [&](const Vec& x, int width) {
+    Vec v(static_cast<size_t>(B) * Tl * width);
+    for (int b = 0; b < B; ++b) {
+      for (int t = 0; t < Tl; ++t) {
+        const int pos = kernels::ZigzagPosition(t, Tl, cp, r);
+        std::copy_n(x.begin() + (static_cast<int64_t>(b) * T + pos) * width,
+                    width,
+                    v.begin() + (static_cast<int64_t>(b) * Tl + t) * width);
+      }
+    }
+    return v;
+  };
+  const Vec local = mine(qkv, 3 * C), local_dout = mine(dout, C);
+  Vec got(local_dout.size()), lse(static_cast<size_t>(B) * NH * Tl),
+      ring(4 * local.size()), dlocal(local.size(), 0.0f);
+  ring_attention_forward(got.data(), lse.data(), local.data(), B, Tl, C, NH, g,
+                         ring.data(), kernels::CpuOps());
+  ring_attention_backward(dlocal.data(), local_dout.data(), local.data(),
+                          got.data(), lse.data(), B, Tl, C, NH, g, ring.data(),
+                          kernels::CpuOps());
+  const double d_out = RelDiff(got, mine(out, C));
+  const double d_grad = RelDiff(dlocal, mine(dqkv, 3 * C));
+  if (r == 0) {
+    std::printf(
+        "cp=%d ring attention out maxdiff %.3e, dqkv maxdiff %.3e "
+        "(tol %.0e)\n",
+        cp, d_out, d_grad, kTol);
+  }
+  EXPECT_LE(d_out, kTol) << "rank " << r;
+  EXPECT_LE(d_grad, kTol) << "rank " << r;
+}
 
 }  // namespace
 }  // namespace ptrain

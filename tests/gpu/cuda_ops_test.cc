@@ -490,6 +490,44 @@ TEST_P(CudaOpsTest, BackwardHalvesGiveTheWholeBitForBit) {
   EXPECT_NE(dw2, Vec(w2.size(), 0.5f));  // the products ran
 }
 
+// Context parallelism's attention blocks: rank 1 of cp 2 folding its own
+// block and rank 0's (keys and values read from a qkv, stride 3C), and the
+// backward of both, as the CPU computes them (fp32 either way).
+TEST_P(CudaOpsTest, AttentionBlocksAsOnTheCpu) {
+  const int B = 2, Tl = 24, C = kC, NH = kNH, cp = 2;
+  const int64_t rows = int64_t(B) * Tl;
+  const Vec mine = Random(rows * 3 * C, 111),
+            theirs = Random(rows * 3 * C, 112), dout = Random(rows * C, 113);
+  Vec out(rows * C), lse(B * NH * Tl), dqkv(mine.size(), 0.0f),
+      dtheirs(theirs.size(), 0.0f);
+  Dev g_mine(gpu_.get(), mine), g_theirs(gpu_.get(), theirs),
+      g_dout(gpu_.get(), dout), g_out(gpu_.get(), out), g_lse(gpu_.get(), lse),
+      g_dqkv(gpu_.get(), dqkv), g_dtheirs(gpu_.get(), dtheirs);
+  for (Ops* ops : {&cpu(), gpu_.get()}) {
+    const bool on_gpu = ops != &cpu();
+    const float* q = on_gpu ? g_mine.get() : mine.data();
+    const float* k = on_gpu ? g_theirs.get() : theirs.data();
+    float* o = on_gpu ? g_out.get() : out.data();
+    float* l = on_gpu ? g_lse.get() : lse.data();
+    // Own block (keys of q itself), then rank 0's.
+    ops->attention_block_forward(o, l, q, q + C, 3 * C, B, Tl, C, NH, cp, 1, 1,
+                                 /*first=*/true);
+    ops->attention_block_forward(o, l, q, k + C, 3 * C, B, Tl, C, NH, cp, 1, 0,
+                                 /*first=*/false);
+    float* dq = on_gpu ? g_dqkv.get() : dqkv.data();
+    float* dk = on_gpu ? g_dtheirs.get() : dtheirs.data();
+    const float* dy = on_gpu ? g_dout.get() : dout.data();
+    ops->attention_block_backward(dq, dq + C, dy, q, o, l, q + C, 3 * C, B, Tl,
+                                  C, NH, cp, 1, 1);
+    ops->attention_block_backward(dq, dk + C, dy, q, o, l, k + C, 3 * C, B, Tl,
+                                  C, NH, cp, 1, 0);
+  }
+  Check("block attention out", g_out.Host(), out);
+  Check("block attention lse", g_lse.Host(), lse);
+  Check("block attention dqkv (own)", g_dqkv.Host(), dqkv);
+  Check("block attention dkv (rank 0's)", g_dtheirs.Host(), dtheirs);
+}
+
 // Attention over a bf16-stored qkv (off 16-byte alignment) into a
 // bf16-stored output under bf16 compute (fused heads of 16, and heads of 8
 // through cuBLAS), against the same on the CPU's bf16 backend.

@@ -1178,6 +1178,108 @@ TEST(FlashAttentionTest, MatchesTheMaterialisedKernelAcrossKeyTiles) {
   ExpectFloatMatchesDouble("flash attention dinp", fdinp, p.dinp);
 }
 
+// Ring attention's pieces: each of cp ranks holds chunks r and 2cp−1−r of
+// a sequence cut in 2cp (zigzag); its queries' attention, folded block by
+// block over every rank's keys and values in the ring's order (its own
+// first), is the whole attention's at those positions, with each row's
+// log-sum-exp; the blocks' backwards, each from the whole output and
+// log-sum-exp, sum to the whole attention's input gradient.
+TEST(AttentionBlockTest, ZigzagBlocksInRingOrderAreTheWholeAttention) {
+  AttentionProblem p(/*B=*/2, /*T=*/24, /*C=*/12, /*NH=*/3);
+  p.Backward();
+  const int B = p.B, T = p.T, C = p.C, NH = p.NH;
+  for (int cp : {1, 2, 3, 4}) {
+    const int Tl = T / cp, chunk = T / (2 * cp);
+    // Chunks r and 2cp−1−r, as ZigzagPosition numbers them.
+    auto positions = [&](int r) {
+      std::vector<int> pos;
+      for (int c : {r, 2 * cp - 1 - r}) {
+        for (int i = 0; i < chunk; ++i) pos.push_back(c * chunk + i);
+      }
+      for (int t = 0; t < Tl; ++t) {
+        EXPECT_EQ(ZigzagPosition(t, Tl, cp, r), pos[t]);
+      }
+      return pos;
+    };
+    // Rows of a (B,T,width) tensor at `pos`, columns [c0, c0 + n).
+    auto rows = [&](const Vec& x, int width, const std::vector<int>& pos,
+                    int c0, int n) {
+      Vec out(static_cast<size_t>(B) * Tl * n);
+      for (int b = 0; b < B; ++b) {
+        for (int t = 0; t < Tl; ++t) {
+          for (int i = 0; i < n; ++i) {
+            out[(b * Tl + t) * n + i] =
+                x[(static_cast<size_t>(b) * T + pos[t]) * width + c0 + i];
+          }
+        }
+      }
+      return out;
+    };
+    Vec dinp(p.inp.size(), 0.0);
+    for (int r = 0; r < cp; ++r) {
+      SCOPED_TRACE("cp " + std::to_string(cp) + " rank " + std::to_string(r));
+      const std::vector<int> mine = positions(r);
+      const Vec qkv = rows(p.inp, 3 * C, mine, 0, 3 * C);
+      Vec out(static_cast<size_t>(B) * Tl * C), lse(B * NH * Tl);
+      for (int s = 0; s < cp; ++s) {
+        const int src = (r - s + cp) % cp;
+        const std::vector<int> theirs = positions(src);
+        const Vec kv = rows(p.inp, 3 * C, theirs, C, 2 * C);
+        attention_block_forward(out.data(), lse.data(), qkv.data(), kv.data(),
+                                2 * C, B, Tl, C, NH, cp, r, src,
+                                /*first=*/s == 0);
+      }
+      const Vec want = rows(p.out, C, mine, 0, C);
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_NEAR(out[i], want[i], 1e-12) << "out " << i;
+      }
+      // lse of row t, head h: the log of its softmax's denominator.
+      const int hs = C / NH;
+      for (int t : {0, Tl - 1}) {
+        double sum = 0;
+        for (int j = 0; j <= mine[t]; ++j) {
+          double dot = 0;
+          for (int d = 0; d < hs; ++d) {
+            dot += p.inp[mine[t] * 3 * C + d] * p.inp[j * 3 * C + C + d];
+          }
+          sum += std::exp(dot / std::sqrt(static_cast<double>(hs)));
+        }
+        EXPECT_NEAR(lse[t], std::log(sum), 1e-12) << "row " << t;
+      }
+      const Vec dout = rows(p.dout, C, mine, 0, C);
+      Vec dqkv(qkv.size(), 0.0);
+      for (int s = 0; s < cp; ++s) {
+        const int src = (r - s + cp) % cp;
+        const std::vector<int> theirs = positions(src);
+        const Vec kv = rows(p.inp, 3 * C, theirs, C, 2 * C);
+        Vec dkv(kv.size(), 0.0);
+        attention_block_backward(dqkv.data(), dkv.data(), dout.data(),
+                                 qkv.data(), out.data(), lse.data(), kv.data(),
+                                 2 * C, B, Tl, C, NH, cp, r, src);
+        for (int b = 0; b < B; ++b) {
+          for (int t = 0; t < Tl; ++t) {
+            for (int i = 0; i < 2 * C; ++i) {
+              dinp[(b * T + theirs[t]) * 3 * C + C + i] +=
+                  dkv[(b * Tl + t) * 2 * C + i];
+            }
+          }
+        }
+      }
+      for (int b = 0; b < B; ++b) {
+        for (int t = 0; t < Tl; ++t) {
+          for (int i = 0; i < C; ++i) {
+            dinp[(b * T + mine[t]) * 3 * C + i] +=
+                dqkv[(b * Tl + t) * 3 * C + i];
+          }
+        }
+      }
+    }
+    for (size_t i = 0; i < dinp.size(); ++i) {
+      ASSERT_NEAR(dinp[i], p.dinp[i], 1e-12) << "cp " << cp << " dinp " << i;
+    }
+  }
+}
+
 // The CPU backend keeps the probabilities below kFlashAttentionT positions
 // and one float per row from there, and computes the same attention
 // either way.

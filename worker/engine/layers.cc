@@ -248,4 +248,74 @@ void vocab_crossentropy_backward(float* dlogits, const float* probs,
                                          Vl, vocab_begin);
 }
 
+void ring_attention_forward(float* out, float* lse, const float* qkv, int B,
+                            int Tl, int C, int NH, const CpGroup& g,
+                            float* ring, kernels::Ops& ops) {
+  const int cp = g.size(), r = g.rank();
+  const int64_t n = int64_t{B} * Tl * 3 * C;
+  const int next = (r + 1) % cp, prev = (r + cp - 1) % cp;
+  // Step s holds rank (r − s)'s block: its own first, then each neighbour's
+  // as it arrives.
+  const float* block = qkv;
+  for (int s = 0; s < cp; ++s) {
+    float* incoming = ring + (s % 2) * n;
+    std::unique_ptr<CommHandle> send, recv;
+    if (s + 1 < cp) {
+      recv = g.comm->RecvAsync(incoming, n, prev, s);
+      send = g.comm->SendAsync(block, n, next, s);
+    }
+    ops.attention_block_forward(out, lse, qkv, block + C, 3 * C, B, Tl, C, NH,
+                                cp, r, (r - s + cp) % cp, /*first=*/s == 0);
+    if (recv != nullptr) {
+      recv->Wait();
+      send->Wait();
+      block = incoming;
+    }
+  }
+}
+
+void ring_attention_backward(float* dqkv, const float* dout, const float* qkv,
+                             const float* out, const float* lse, int B, int Tl,
+                             int C, int NH, const CpGroup& g, float* ring,
+                             kernels::Ops& ops) {
+  const int cp = g.size(), r = g.rank();
+  const int64_t n = int64_t{B} * Tl * 3 * C;
+  const int next = (r + 1) % cp, prev = (r + cp - 1) % cp;
+  // Two blocks in transit and the gradients of their keys and values (in
+  // their columns; the query thirds stay zero, so that adding a whole
+  // gradient adds only those).
+  float* blocks[2] = {ring, ring + n};
+  float* grads[2] = {ring + 2 * n, ring + 3 * n};
+  const float* block = qkv;
+  float* grad = grads[0];
+  ops.Zero(grad, n);
+  for (int s = 0; s < cp; ++s) {
+    // The block moves on while its gradient is computed; the gradient
+    // follows once every key of it has been seen here.
+    std::unique_ptr<CommHandle> send, recv;
+    float* incoming = blocks[s % 2];
+    if (s + 1 < cp) {
+      recv = g.comm->RecvAsync(incoming, n, prev, 2 * s);
+      send = g.comm->SendAsync(block, n, next, 2 * s);
+    }
+    ops.attention_block_backward(dqkv, grad + C, dout, qkv, out, lse, block + C,
+                                 3 * C, B, Tl, C, NH, cp, r, (r - s + cp) % cp);
+    if (cp == 1) break;
+    // After the last step the gradient goes home: rank r + 1's block.
+    float* grad_in = grads[(s + 1) % 2];
+    auto grad_recv = g.comm->RecvAsync(grad_in, n, prev, 2 * s + 1);
+    auto grad_send = g.comm->SendAsync(grad, n, next, 2 * s + 1);
+    grad_recv->Wait();
+    grad_send->Wait();
+    grad = grad_in;
+    if (recv != nullptr) {
+      recv->Wait();
+      send->Wait();
+      block = incoming;
+    }
+  }
+  // This rank's own block, with every rank's share of its gradient.
+  ops.Add(dqkv, grad, n);
+}
+
 }  // namespace ptrain

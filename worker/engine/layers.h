@@ -146,6 +146,38 @@ void vocab_crossentropy_forward_backward(float* losses, kernels::Act logits,
                                          int V, const TpGroup& g, float* stats,
                                          const LayerContext& s);
 
+// Context parallelism (cp): the group across which every sequence's
+// positions are split, zigzag (kernels::ZigzagPosition: rank r holds
+// chunks r and 2cp−1−r of 2cp, Tl = T/cp positions, the same causal work
+// on every rank). Weights are replicated over it. Not owned.
+struct CpGroup {
+  Communicator* comm = nullptr;  // null: cp = 1
+  int size() const { return comm != nullptr ? comm->size() : 1; }
+  int rank() const { return comm != nullptr ? comm->rank() : 0; }
+};
+
+// Ring attention: causal attention of this rank's Tl queries (qkv
+// (B,Tl,3C), its positions' rows) over every position of the sequence.
+// The keys and values of each rank travel the ring (rank r receives from
+// r−1 and passes on to r+1), the next block's transfer in flight while the
+// current one's attention is computed, each folded in with the
+// log-sum-exp rule: out (B,Tl,C) and lse (B,NH,Tl), each row's log-sum-exp,
+// which the backward needs. `ring`: 2·B·Tl·3C floats of the backend's
+// memory (the blocks in transit). cp = 1: the attention of the block over
+// itself, nothing sent.
+void ring_attention_forward(float* out, float* lse, const float* qkv, int B,
+                            int Tl, int C, int NH, const CpGroup& g,
+                            float* ring, kernels::Ops& ops);
+// dqkv (B,Tl,3C) accumulates the gradient of this rank's queries, keys and
+// values: each block goes round the ring again with the gradient of its
+// keys and values, which every rank adds to, and is back with its owner
+// after cp steps. `ring`: 4·B·Tl·3C floats (two blocks and their
+// gradients).
+void ring_attention_backward(float* dqkv, const float* dout, const float* qkv,
+                             const float* out, const float* lse, int B, int Tl,
+                             int C, int NH, const CpGroup& g, float* ring,
+                             kernels::Ops& ops);
+
 }  // namespace ptrain
 
 #endif  // PTRAIN_WORKER_ENGINE_LAYERS_H_
