@@ -582,108 +582,110 @@ void GptStage::BackwardPass(int slot, const int32_t* tokens,
                             const float* dout, bool split) {
   const Slot& S = slots_[slot];
   const int B = S.B, T = S.T;
-  kernels::Ops& k = *ops_;
   tokens = Stage(S.tokens_staged, tokens, B, T);
   targets = Stage(S.targets_staged, targets, B, T);
-  const int C = config_.n_embd, Ts = tp_.SeqLocal(T);
-  const int64_t BTsC = static_cast<int64_t>(B) * Ts * C;
-  const int64_t BT = static_cast<int64_t>(B) * T;
-
+  const int C = config_.n_embd;
   UnitStore& st = *store_;
   if (first()) st.BeginBackward(emb_unit_);
   if (last()) {
     HeadBackward(S, targets, dloss, split);
   } else {
-    k.Copy(dresidual_, dout, BTsC);
+    ops_->Copy(dresidual_, dout, static_cast<int64_t>(B) * tp_.SeqLocal(T) * C);
   }
-  // Split: the linear layers' weight gradients wait for W (null here), and
-  // their output gradients stay in the slot for it; no unit ends.
-  auto weights = [&](float* g) { return split ? nullptr : g; };
-  auto end = [&](int unit) {
-    if (!split) st.EndBackward(unit);
-  };
   // dresidual_ carries the gradient of the residual stream downwards; each
   // residual add passes it through unchanged, so branches accumulate into
   // it. Units finish in descending order, each as soon as its weights'
   // gradients are complete.
-  for (int b = n_blocks_ - 1; b >= 0; --b) {
-    const int u = BlockUnit(b);
-    const float* residual = b == 0 ? S.input : Acts(S, b - 1).residual3;
-    const BlockActs a = Acts(S, b);
-    if (recompute_ == Recompute::kFull) {
-      BlockForward(a, residual, b, B, T, tp_, /*pos=*/-1,
-                   /*recomputing=*/true);
-    }
-    auto dT = [&](int unit, int i) {
-      return weights(const_cast<float*>(BlockTensor(st.Grads(unit), b, i)));
-    };
-    // The MLP hidden layer's and qkv's gradients: where W reads them, or the
-    // working set (and copied over qkv or what attention keeps for W once
-    // attention's backward has read it).
-    float* dfch = split && a.dfch != a.att ? a.dfch : dfch_gelu_;
-    float* dqkv = split && a.dqkv != a.qkv ? a.dqkv : dqkv_;
-
-    st.BeginBackward(u + 3);
-    if (split) k.Copy(a.dfcproj, dresidual_, BTsC);
-    // Through GELU: the gradient of fch, in fch's stored type (bf16 under
-    // bf16: it feeds only the fc matmul's backward). Split: dfcproj may be
-    // this layer's residual3, which only the layer above read.
-    row_linear_backward(Stored(dfch), dT(u + 3, kFcProjW), dT(u + 3, kFcProjB),
-                        dresidual_, Stored(a.fch),
-                        BlockTensor(st.Params(u + 3), b, kFcProjW), B, T,
-                        4 * Cl_, C, tp_, scratch_, /*gelu_hidden=*/dqkv_,
-                        /*gelu_saved=*/a.gelu);
-    end(u + 3);
-    st.BeginBackward(u + 2);
-    const float* w = st.Params(u + 2);
-    column_linear_backward(dln_, dT(u + 2, kFcW), dT(u + 2, kFcB), Stored(dfch),
-                           Stored(a.ln2), BlockTensor(w, b, kFcW), B, T, C,
-                           4 * Cl_, tp_, scratch_);
-    st.Poll();
-    k.layernorm_backward(
-        dresidual_, const_cast<float*>(BlockTensor(st.Grads(u + 2), b, kLn2W)),
-        const_cast<float*>(BlockTensor(st.Grads(u + 2), b, kLn2B)), dln_,
-        a.residual2, BlockTensor(w, b, kLn2W), a.ln2_mean, a.ln2_rstd, B, Ts,
-        C);
-    end(u + 2);
-    st.BeginBackward(u + 1);
-    // Split: dattproj may be residual2, which ln_2's backward has read.
-    if (split) k.Copy(a.dattproj, dresidual_, BTsC);
-    row_linear_backward(datty_, dT(u + 1, kAttProjW), dT(u + 1, kAttProjB),
-                        dresidual_, Stored(a.atty),
-                        BlockTensor(st.Params(u + 1), b, kAttProjW), B, T, Cl_,
-                        C, tp_, scratch_);
-    end(u + 1);
-    if (recompute_ == Recompute::kSelective) {
-      // What attention keeps, again (its output comes out the same, bit for
-      // bit, over the kept one).
-      k.attention_forward(Stored(a.atty), a.att, Stored(a.qkv), B, T, Cl_,
-                          NHl_);
-    }
-    k.Zero(dqkv, BT * 3 * Cl_);
-    k.attention_backward(dqkv, datt_, datty_, Stored(a.qkv), Stored(a.atty),
-                         a.att, B, T, Cl_, NHl_);
-    if (split && dqkv != a.dqkv) k.Copy(a.dqkv, dqkv, BT * 3 * Cl_);
-    if (split && dfch != a.dfch) k.Copy(a.dfch, dfch, BT * 4 * Cl_ / act_div_);
-    st.Poll();
-    st.BeginBackward(u);
-    w = st.Params(u);
-    column_linear_backward(dln_, dT(u, kQkvW), dT(u, kQkvB), dqkv,
-                           Stored(a.ln1), BlockTensor(w, b, kQkvW), B, T, C,
-                           3 * Cl_, tp_, scratch_);
-    st.Poll();
-    k.layernorm_backward(
-        dresidual_, const_cast<float*>(BlockTensor(st.Grads(u), b, kLn1W)),
-        const_cast<float*>(BlockTensor(st.Grads(u), b, kLn1B)), dln_, residual,
-        BlockTensor(w, b, kLn1W), a.ln1_mean, a.ln1_rstd, B, Ts, C);
-    end(u);
-  }
+  for (int b = n_blocks_ - 1; b >= 0; --b) BlockBackward(S, b, split);
   if (first()) {
     float* g = st.Grads(emb_unit_);
     vocab_embedding_backward(g + wte_offset_, g + wpe_offset_, dresidual_,
                              tokens, B, T, C, vocab_begin_, Vl_, tp_, scratch_);
-    end(emb_unit_);
+    if (!split) st.EndBackward(emb_unit_);
   }
+}
+
+void GptStage::BlockBackward(const Slot& S, int b, bool split) {
+  const int B = S.B, T = S.T;
+  kernels::Ops& k = *ops_;
+  UnitStore& st = *store_;
+  const int C = config_.n_embd, Ts = tp_.SeqLocal(T);
+  const int64_t BTsC = static_cast<int64_t>(B) * Ts * C;
+  const int64_t BT = static_cast<int64_t>(B) * T;
+  const int u = BlockUnit(b);
+  const float* residual = b == 0 ? S.input : Acts(S, b - 1).residual3;
+  const BlockActs a = Acts(S, b);
+  if (recompute_ == Recompute::kFull) {
+    BlockForward(a, residual, b, B, T, tp_, /*pos=*/-1, /*recomputing=*/true);
+  }
+  // Split: the linear layers' weight gradients wait for W (null here), and
+  // their output gradients stay in the slot for it; no unit ends.
+  auto dT = [&](int unit, int i) {
+    return split ? nullptr
+                 : const_cast<float*>(BlockTensor(st.Grads(unit), b, i));
+  };
+  auto dLn = [&](int unit, int i) {
+    return const_cast<float*>(BlockTensor(st.Grads(unit), b, i));
+  };
+  auto end = [&](int unit) {
+    if (!split) st.EndBackward(unit);
+  };
+  // The MLP hidden layer's and qkv's gradients: where W reads them, or the
+  // working set (and copied over qkv or what attention keeps for W once
+  // attention's backward has read it).
+  float* dfch = split && a.dfch != a.att ? a.dfch : dfch_gelu_;
+  float* dqkv = split && a.dqkv != a.qkv ? a.dqkv : dqkv_;
+
+  st.BeginBackward(u + 3);
+  if (split) k.Copy(a.dfcproj, dresidual_, BTsC);
+  // Through GELU: the gradient of fch, in fch's stored type (bf16 under
+  // bf16: it feeds only the fc matmul's backward). Split: dfcproj may be
+  // this layer's residual3, which only the layer above read.
+  row_linear_backward(Stored(dfch), dT(u + 3, kFcProjW), dT(u + 3, kFcProjB),
+                      dresidual_, Stored(a.fch),
+                      BlockTensor(st.Params(u + 3), b, kFcProjW), B, T, 4 * Cl_,
+                      C, tp_, scratch_, /*gelu_hidden=*/dqkv_,
+                      /*gelu_saved=*/a.gelu);
+  end(u + 3);
+  st.BeginBackward(u + 2);
+  const float* w = st.Params(u + 2);
+  column_linear_backward(dln_, dT(u + 2, kFcW), dT(u + 2, kFcB), Stored(dfch),
+                         Stored(a.ln2), BlockTensor(w, b, kFcW), B, T, C,
+                         4 * Cl_, tp_, scratch_);
+  st.Poll();
+  k.layernorm_backward(dresidual_, dLn(u + 2, kLn2W), dLn(u + 2, kLn2B), dln_,
+                       a.residual2, BlockTensor(w, b, kLn2W), a.ln2_mean,
+                       a.ln2_rstd, B, Ts, C);
+  end(u + 2);
+  st.BeginBackward(u + 1);
+  // Split: dattproj may be residual2, which ln_2's backward has read.
+  if (split) k.Copy(a.dattproj, dresidual_, BTsC);
+  row_linear_backward(datty_, dT(u + 1, kAttProjW), dT(u + 1, kAttProjB),
+                      dresidual_, Stored(a.atty),
+                      BlockTensor(st.Params(u + 1), b, kAttProjW), B, T, Cl_, C,
+                      tp_, scratch_);
+  end(u + 1);
+  if (recompute_ == Recompute::kSelective) {
+    // What attention keeps, again (its output comes out the same, bit for
+    // bit, over the kept one).
+    k.attention_forward(Stored(a.atty), a.att, Stored(a.qkv), B, T, Cl_, NHl_);
+  }
+  k.Zero(dqkv, BT * 3 * Cl_);
+  k.attention_backward(dqkv, datt_, datty_, Stored(a.qkv), Stored(a.atty),
+                       a.att, B, T, Cl_, NHl_);
+  if (split && dqkv != a.dqkv) k.Copy(a.dqkv, dqkv, BT * 3 * Cl_);
+  if (split && dfch != a.dfch) k.Copy(a.dfch, dfch, BT * 4 * Cl_ / act_div_);
+  st.Poll();
+  st.BeginBackward(u);
+  w = st.Params(u);
+  column_linear_backward(dln_, dT(u, kQkvW), dT(u, kQkvB), dqkv, Stored(a.ln1),
+                         BlockTensor(w, b, kQkvW), B, T, C, 3 * Cl_, tp_,
+                         scratch_);
+  st.Poll();
+  k.layernorm_backward(dresidual_, dLn(u, kLn1W), dLn(u, kLn1B), dln_, residual,
+                       BlockTensor(w, b, kLn1W), a.ln1_mean, a.ln1_rstd, B, Ts,
+                       C);
+  end(u);
 }
 
 void GptStage::BackwardWeights(int slot) {

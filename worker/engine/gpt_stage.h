@@ -262,6 +262,9 @@ class GptStage : private UnitStore {
   // Backward, or with `split` BackwardInput.
   void BackwardPass(int slot, const int32_t* tokens, const int32_t* targets,
                     float dloss, const float* dout, bool split);
+  // Local block b's part of it: dresidual_ from the block's output gradient
+  // to its input's.
+  void BlockBackward(const Slot& S, int b, bool split);
   // Local block b's forward from its input x (B,Ts,C) into `a`. pos >= 0: a
   // Decode step at that position. `recomputing`: the forward again before
   // the block's backward, which stops at the MLP's hidden layer (the
