@@ -411,5 +411,78 @@ TEST(RingAttention, ZigzagRanksGiveTheWholeSequencesAttention) {
   EXPECT_LE(d_grad, kTol) << "rank " << r;
 }
 
+// A GptStage under context parallelism (cp = the world size): each rank
+// holds its zigzag positions of every sequence; the mean of the ranks'
+// losses is the whole sequence's loss on one rank, and the ranks'
+// gradients summed are its gradients — without recomputation, with
+// attention's core recomputed (the ring again) and with whole blocks
+// recomputed.
+TEST(ContextParallelStage, LossAndSummedGradientsMatchOneRank) {
+  auto comm =
+      MakeMpiCommunicator(MPI_COMM_WORLD, "cp", std::make_shared<CommStats>());
+  const CpGroup cp{comm.get()};
+  const int n = cp.size(), r = cp.rank();
+  GptConfig c;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 36;
+  c.block_size = 16;
+  c.vocab_size = kV;
+  c.padded_vocab = PaddedVocab(kV, 1);
+  const int B = kB, T = c.block_size, Tl = T / n;
+  std::vector<int32_t> tokens(B * T), targets(B * T), my_tokens(B * Tl),
+      my_targets(B * Tl);
+  for (int i = 0; i < B * T; i++) {
+    tokens[i] = (i * 5 + 1) % kV;
+    targets[i] = (i * 11 + 2) % kV;
+  }
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < Tl; ++t) {
+      const int pos = kernels::ZigzagPosition(t, Tl, n, r);
+      my_tokens[b * Tl + t] = tokens[b * T + pos];
+      my_targets[b * Tl + t] = targets[b * T + pos];
+    }
+  }
+  const float dloss = 1.0f / (B * T);
+  for (Recompute recompute :
+       {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    SCOPED_TRACE("recompute " + std::to_string(static_cast<int>(recompute)));
+    StageOptions o1;
+    o1.max_B = B;
+    o1.max_T = T;
+    o1.recompute = recompute;
+    GptStage ref(c, BuildPlan(c, {}), o1);
+    StageOptions o = o1;
+    o.max_T = Tl;
+    o.cp = cp;
+    GptStage mine(c, BuildPlan(c, {}), o);
+    ref.InitParams(7);
+    mine.InitParams(7);
+    ref.ZeroGrad();
+    mine.ZeroGrad();
+    const float want =
+        ref.Forward(0, tokens.data(), nullptr, targets.data(), B, T);
+    ref.Backward(0, tokens.data(), targets.data(), dloss, nullptr);
+    float loss =
+        mine.Forward(0, my_tokens.data(), nullptr, my_targets.data(), B, Tl);
+    mine.Backward(0, my_tokens.data(), my_targets.data(), dloss, nullptr);
+    comm->AllReduce(&loss, 1);
+    loss /= n;
+    Vec g(mine.grads(), mine.grads() + mine.buffer_size());
+    comm->AllReduce(g.data(), static_cast<int64_t>(g.size()));
+    const Vec w(ref.grads(), ref.grads() + ref.buffer_size());
+    const double d_loss = RelDiff({loss}, {want});
+    const double d_grad = RelDiff(g, w);
+    if (r == 0) {
+      std::printf(
+          "cp=%d stage (recompute %d): loss maxdiff %.3e, gradients "
+          "maxdiff %.3e (tol %.0e)\n",
+          n, static_cast<int>(recompute), d_loss, d_grad, kTol);
+    }
+    EXPECT_LE(d_loss, kTol);
+    EXPECT_LE(d_grad, kTol);
+  }
+}
+
 }  // namespace
 }  // namespace ptrain

@@ -68,6 +68,7 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
       tp_(o.tp),
       recompute_(o.recompute),
       split_(o.split_backward),
+      cp_(o.cp),
       Cl_(config.n_embd / o.tp.size()),
       NHl_(config.n_head / o.tp.size()),
       Vl_(config.padded_vocab / o.tp.size()),
@@ -93,9 +94,13 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
   }
   FindTensors();
 
-  const ActivationDims d =
-      ActivationDims::Of(config, max_B_, max_T_, o.slots, tp, tp_.sp,
-                         recompute_, n_blocks_, last(), ops_, split_);
+  const ActivationDims d = ActivationDims::Of(config, max_B_, max_T_, o.slots,
+                                              tp, tp_.sp, recompute_, n_blocks_,
+                                              last(), ops_, split_, cp_.size());
+  PT_CHECK(cp_.size() == 1 || (d.act_div == 1 && max_T_ % 2 == 0 &&
+                               d.att >= int64_t{max_B_} * NHl_ * max_T_),
+           "context parallelism needs fp32 activations, an even number of "
+           "positions per rank and room for the log-sum-exp");
   att_floats_ = d.att;
   gelu_floats_ = d.gelu;
   act_div_ = d.act_div;
@@ -128,13 +133,14 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
   datt_ = w.datt;
   dfch_gelu_ = w.dfch_gelu;
   ce_stats_ = w.ce_stats;
+  ring_ = w.ring;
   scratch_.backend = ops_;
 }
 
 GptStage::ActivationDims GptStage::ActivationDims::Of(
     const GptConfig& config, int max_B, int max_T, int slots, int tp, bool sp,
     Recompute recompute, int layers, bool last, const kernels::Ops* ops,
-    bool split) {
+    bool split, int cp) {
   ActivationDims d;
   d.C = config.n_embd;
   d.L = layers;
@@ -168,6 +174,7 @@ GptStage::ActivationDims GptStage::ActivationDims::Of(
   d.recompute = recompute;
   d.last = last;
   d.split = split;
+  d.cp = cp;
   return d;
 }
 
@@ -250,6 +257,7 @@ void GptStage::LayOut(const ActivationDims& d, TakeFn take,
   w->datt = take(d.datt);
   w->dfch_gelu = take(SatMul(BT, 4 * Cl));
   w->ce_stats = d.last ? take(SatMul(3, BT)) : nullptr;
+  w->ring = d.cp > 1 ? take(SatMul(4, SatMul(BT, 3 * Cl))) : nullptr;
 }
 
 int64_t GptStage::ActivationFloats(const ActivationDims& d) {
@@ -322,11 +330,11 @@ const int32_t* GptStage::Stage(int32_t* staged, const int32_t* host, int B,
 int64_t GptStage::ActivationFloats(const GptConfig& config, int max_B,
                                    int max_T, int slots, int tp, bool sp,
                                    Recompute recompute, int layers, bool last,
-                                   const kernels::Ops* ops,
-                                   bool split_backward) {
+                                   const kernels::Ops* ops, bool split_backward,
+                                   int cp) {
   return ActivationFloats(ActivationDims::Of(config, max_B, max_T, slots, tp,
                                              sp, recompute, layers, last, ops,
-                                             split_backward));
+                                             split_backward, cp));
 }
 
 const float* GptStage::BlockTensor(const float* unit_base, int b, int i) const {
@@ -369,6 +377,7 @@ void GptStage::Decode(const int32_t* tokens, const float* hidden, int n,
                       int pos) {
   PT_CHECK(n >= 1 && n <= decode_max() && pos >= 0 && pos + n <= max_T_,
            "a generation step past the stage's buffers or its cache");
+  PT_CHECK(cp_.size() == 1, "generation on a context-parallel stage");
   if (kv_.empty()) {
     kv_ = kernels::Buffer(ops_, 2 * int64_t{n_blocks_} * max_T_ * Cl_);
   }
@@ -439,7 +448,7 @@ void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
     k.attention_decode(Stored(a.atty), keys, keys + cache, Stored(a.qkv), T,
                        pos, Cl_, NHl_, max_T_);
   } else {
-    k.attention_forward(Stored(a.atty), a.att, Stored(a.qkv), B, T, Cl_, NHl_);
+    Attention(a, B, T);
   }
   st.BeginForward(u + 1);
   w = st.Params(u + 1);
@@ -490,7 +499,7 @@ float GptStage::ForwardPass(int slot, const int32_t* tokens,
     wte = st.Params(emb_unit_) + wte_offset_;
     vocab_embedding_forward(
         S.input, tokens, wte, st.Params(emb_unit_) + wpe_offset_, B, T,
-        decode ? pos : 0, C, vocab_begin_, Vl_, g, scratch_);
+        decode ? pos : 0, C, vocab_begin_, Vl_, g, scratch_, cp_);
   } else {
     k.Copy(S.input, hidden, BTsC);
   }
@@ -600,7 +609,8 @@ void GptStage::BackwardPass(int slot, const int32_t* tokens,
   if (first()) {
     float* g = st.Grads(emb_unit_);
     vocab_embedding_backward(g + wte_offset_, g + wpe_offset_, dresidual_,
-                             tokens, B, T, C, vocab_begin_, Vl_, tp_, scratch_);
+                             tokens, B, T, C, vocab_begin_, Vl_, tp_, scratch_,
+                             cp_);
     if (!split) st.EndBackward(emb_unit_);
   }
 }
@@ -668,11 +678,9 @@ void GptStage::BlockBackward(const Slot& S, int b, bool split) {
   if (recompute_ == Recompute::kSelective) {
     // What attention keeps, again (its output comes out the same, bit for
     // bit, over the kept one).
-    k.attention_forward(Stored(a.atty), a.att, Stored(a.qkv), B, T, Cl_, NHl_);
+    Attention(a, B, T);
   }
-  k.Zero(dqkv, BT * 3 * Cl_);
-  k.attention_backward(dqkv, datt_, datty_, Stored(a.qkv), Stored(a.atty),
-                       a.att, B, T, Cl_, NHl_);
+  AttentionBackward(a, dqkv, B, T);
   if (split && dqkv != a.dqkv) k.Copy(a.dqkv, dqkv, BT * 3 * Cl_);
   if (split && dfch != a.dfch) k.Copy(a.dfch, dfch, BT * 4 * Cl_ / act_div_);
   st.Poll();
@@ -735,6 +743,28 @@ void GptStage::BackwardWeights(int slot) {
     st.Poll();
   }
   if (first()) st.EndBackward(emb_unit_);
+}
+
+void GptStage::Attention(const BlockActs& a, int B, int T) {
+  if (cp_.size() == 1) {
+    ops_->attention_forward(Stored(a.atty), a.att, Stored(a.qkv), B, T, Cl_,
+                            NHl_);
+    return;
+  }
+  ring_attention_forward(a.atty, a.att, a.qkv, B, T, Cl_, NHl_, cp_, ring_,
+                         *ops_);
+}
+
+void GptStage::AttentionBackward(const BlockActs& a, float* dqkv, int B,
+                                 int T) {
+  ops_->Zero(dqkv, static_cast<int64_t>(B) * T * 3 * Cl_);
+  if (cp_.size() == 1) {
+    ops_->attention_backward(dqkv, datt_, datty_, Stored(a.qkv), Stored(a.atty),
+                             a.att, B, T, Cl_, NHl_);
+    return;
+  }
+  ring_attention_backward(dqkv, datty_, a.qkv, a.atty, a.att, B, T, Cl_, NHl_,
+                          cp_, ring_, *ops_);
 }
 
 MemoryBytes GptStage::memory() const {

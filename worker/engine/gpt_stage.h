@@ -97,6 +97,12 @@ struct StageOptions {
   // the attention forward again just before the attention backward, into
   // one layer's worth shared by every slot.
   Recompute recompute = Recompute::kNone;
+  // Context parallelism: the group splitting every sequence (zigzag); the
+  // stage's T (max_T, and each microbatch's) are then the T/cp positions
+  // this rank holds, attention is ring attention over the group, and the
+  // loss a mean over those positions. fp32 activations only (the ring's
+  // block attention is fp32); no generation (Decode).
+  CpGroup cp;
   // The backward runs as two passes (BackwardInput, then BackwardWeights):
   // each slot also keeps, per layer, the output gradients of the block's
   // four linear layers from the one to the other.
@@ -196,7 +202,7 @@ class GptStage : private UnitStore {
                                   int slots, int tp, bool sp,
                                   Recompute recompute, int layers, bool last,
                                   const kernels::Ops* ops = nullptr,
-                                  bool split_backward = false);
+                                  bool split_backward = false, int cp = 1);
 
  private:
   // Activations a microbatch keeps from forward to backward. With full
@@ -299,15 +305,17 @@ class GptStage : private UnitStore {
     Recompute recompute = Recompute::kNone;
     bool last = false;
     bool split = false;  // StageOptions::split_backward
+    int cp = 1;          // StageOptions::cp's size: the ring's buffers
     static ActivationDims Of(const GptConfig& config, int max_B, int max_T,
                              int slots, int tp, bool sp, Recompute recompute,
                              int layers, bool last, const kernels::Ops* ops,
-                             bool split);
+                             bool split, int cp);
   };
   // The backward's working set inside the activation buffer.
   struct Working {
     float *scratch_a, *scratch_b, *proj, *dresidual, *dln, *dqkv, *datt,
         *dfch_gelu, *ce_stats;
+    float* ring;  // cp > 1: ring attention's blocks in transit
   };
   // The one table of the activation slabs, in their order in the buffer:
   // calls take(count) for each (saturating sizes) and keeps what it returns
@@ -335,6 +343,7 @@ class GptStage : private UnitStore {
   const TpGroup tp_;
   const Recompute recompute_;
   const bool split_;  // StageOptions::split_backward
+  const CpGroup cp_;
   const int Cl_, NHl_, Vl_, vocab_begin_;
   int64_t buffer_size_ = 0;
   // Floats attention keeps per layer and microbatch (the backend's
@@ -391,6 +400,12 @@ class GptStage : private UnitStore {
   // in its place.
   float* dfch_gelu_;
   float* ce_stats_;  // (3,B,T)
+  float* ring_;      // cp > 1: 4·(B,T,3Cl), ring attention's
+  // Training's attention of layer `a` over the whole sequence (ring
+  // attention under cp, its log-sum-exp kept in a.att), and its backward
+  // into dqkv (zeroed first).
+  void Attention(const BlockActs& a, int B, int T);
+  void AttentionBackward(const BlockActs& a, float* dqkv, int B, int T);
 };
 
 }  // namespace ptrain

@@ -39,6 +39,16 @@ struct TpGroup {
   int SeqBegin(int T) const { return sp ? rank() * (T / size()) : 0; }
 };
 
+// Context parallelism (cp): the group across which every sequence's
+// positions are split, zigzag (kernels::ZigzagPosition: rank r holds
+// chunks r and 2cp−1−r of 2cp, Tl = T/cp positions, the same causal work
+// on every rank). Weights are replicated over it. Not owned.
+struct CpGroup {
+  Communicator* comm = nullptr;  // null: cp = 1
+  int size() const { return comm != nullptr ? comm->size() : 1; }
+  int rank() const { return comm != nullptr ? comm->rank() : 0; }
+};
+
 // What every layer call runs with: two scratch buffers of B·T·C floats,
 // reused by every call (nothing in them outlives a call), and the backend
 // whose memory holds every buffer passed (null: the CPU's); the group's
@@ -108,18 +118,19 @@ void row_linear_backward(kernels::Act dinp, float* dweight, float* dbias,
 // [vocab_begin, vocab_begin + Vl), wpe (>=t0+T,C) every position. out
 // (B,Ts,C) = reduce(rows of inp held here) + wpe at this rank's positions.
 // inp is (B,T), its tokens at positions [t0, t0 + T) (t0 > 0: generation
-// continuing a cached prefix). scratch: a, b.
+// continuing a cached prefix), or under context parallelism (cp > 1, t0
+// 0) at the cp rank's zigzag positions. scratch: a, b.
 void vocab_embedding_forward(float* out, const int32_t* inp, const float* wte,
                              const float* wpe, int B, int T, int t0, int C,
                              int vocab_begin, int Vl, const TpGroup& g,
-                             const LayerContext& s);
+                             const LayerContext& s, const CpGroup& cp = {});
 // dwte += rows of gather(dout) for the tokens held here; dwpe += dout at
 // this rank's positions (under sp only those: the caller sums dwpe over the
 // group, as it does LayerNorm's gradients).
 void vocab_embedding_backward(float* dwte, float* dwpe, const float* dout,
                               const int32_t* inp, int B, int T, int C,
                               int vocab_begin, int Vl, const TpGroup& g,
-                              const LayerContext& s);
+                              const LayerContext& s, const CpGroup& cp = {});
 
 // Vocabulary-parallel softmax + cross-entropy over the (B,T,Vl) logits of
 // this rank's vocabulary columns (entries at or past V pad the vocabulary).
@@ -145,16 +156,6 @@ void vocab_crossentropy_forward_backward(float* losses, kernels::Act logits,
                                          int B, int T, int vocab_begin, int Vl,
                                          int V, const TpGroup& g, float* stats,
                                          const LayerContext& s);
-
-// Context parallelism (cp): the group across which every sequence's
-// positions are split, zigzag (kernels::ZigzagPosition: rank r holds
-// chunks r and 2cp−1−r of 2cp, Tl = T/cp positions, the same causal work
-// on every rank). Weights are replicated over it. Not owned.
-struct CpGroup {
-  Communicator* comm = nullptr;  // null: cp = 1
-  int size() const { return comm != nullptr ? comm->size() : 1; }
-  int rank() const { return comm != nullptr ? comm->rank() : 0; }
-};
 
 // Ring attention: causal attention of this rank's Tl queries (qkv
 // (B,Tl,3C), its positions' rows) over every position of the sequence.
