@@ -19,6 +19,25 @@ struct BlockDims {
   float scale;
 };
 
+// The (b, h, t) of thread i's row of the B·NH·Tl rows, and where its head
+// starts in row t of a (B,Tl,·) tensor of `stride` floats a row.
+struct HeadRow {
+  int64_t i, bh, b, h;
+  int t;
+  __device__ int64_t At(const BlockDims& d, int row, int64_t stride) const {
+    return (b * d.Tl + row) * stride + h * d.hs;
+  }
+};
+__device__ __forceinline__ bool RowOf(const BlockDims& d, HeadRow* r) {
+  r->i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r->i >= int64_t(d.B) * d.NH * d.Tl) return false;
+  r->t = r->i % d.Tl;
+  r->bh = r->i / d.Tl;
+  r->b = r->bh / d.NH;
+  r->h = r->bh % d.NH;
+  return true;
+}
+
 __device__ __forceinline__ float Dot(const float* a, const float* b, int n) {
   float s = 0.0f;
   for (int i = 0; i < n; ++i) s += a[i] * b[i];
@@ -30,25 +49,22 @@ __device__ __forceinline__ float Dot(const float* a, const float* b, int n) {
 __global__ void AttentionBlockForwardKernel(float* out, float* lse,
                                             const float* qkv, const float* kv,
                                             BlockDims d, bool first) {
-  const int64_t row = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (row >= int64_t(d.B) * d.NH * d.Tl) return;
-  const int t = row % d.Tl;
-  const int64_t bh = row / d.Tl;
-  const int64_t b = bh / d.NH, h = bh % d.NH;
-  const float* q = qkv + (b * d.Tl + t) * 3 * d.C + h * d.hs;
-  float* y = out + (b * d.Tl + t) * d.C + h * d.hs;
-  const int qp = math::ZigzagPosition(t, d.Tl, d.cp, d.q_rank);
+  HeadRow r;
+  if (!RowOf(d, &r)) return;
+  const float* q = qkv + r.At(d, r.t, 3 * d.C);
+  float* y = out + r.At(d, r.t, d.C);
+  const int qp = math::ZigzagPosition(r.t, d.Tl, d.cp, d.q_rank);
   // Running maximum M, sum L of e^(s - M), and y the values' average
   // weighted by those (so that the kept row is state M = lse, L = 1; a new
   // maximum rescales L, not the average).
-  float M = first ? -INFINITY : lse[row];
+  float M = first ? -INFINITY : lse[r.i];
   float L = M == -INFINITY ? 0.0f : 1.0f;
   if (first) {
     for (int i = 0; i < d.hs; ++i) y[i] = 0.0f;
   }
   for (int j = 0; j < d.Tl; ++j) {
     if (math::ZigzagPosition(j, d.Tl, d.cp, d.k_rank) > qp) continue;
-    const float* k = kv + (b * d.Tl + j) * d.kv_stride + h * d.hs;
+    const float* k = kv + r.At(d, j, d.kv_stride);
     const float* v = k + d.C;
     const float s = Dot(q, k, d.hs) * d.scale;
     if (s > M) {
@@ -59,7 +75,7 @@ __global__ void AttentionBlockForwardKernel(float* out, float* lse,
     L += e;
     for (int i = 0; i < d.hs; ++i) y[i] = (y[i] * (L - e) + e * v[i]) / L;
   }
-  if (L > 0.0f) lse[row] = M + logf(L);
+  if (L > 0.0f) lse[r.i] = M + logf(L);
 }
 
 // dq of row (b, h, t): over this block's keys it sees.
@@ -67,20 +83,17 @@ __global__ void AttentionBlockDqKernel(float* dqkv, const float* dout,
                                        const float* qkv, const float* out,
                                        const float* lse, const float* kv,
                                        BlockDims d) {
-  const int64_t row = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (row >= int64_t(d.B) * d.NH * d.Tl) return;
-  const int t = row % d.Tl;
-  const int64_t bh = row / d.Tl;
-  const int64_t b = bh / d.NH, h = bh % d.NH;
-  const int64_t y = (b * d.Tl + t) * d.C + h * d.hs;
-  const float* q = qkv + (b * d.Tl + t) * 3 * d.C + h * d.hs;
-  float* dq = dqkv + (b * d.Tl + t) * 3 * d.C + h * d.hs;
+  HeadRow r;
+  if (!RowOf(d, &r)) return;
+  const int64_t y = r.At(d, r.t, d.C);
+  const float* q = qkv + r.At(d, r.t, 3 * d.C);
+  float* dq = dqkv + r.At(d, r.t, 3 * d.C);
   const float D = Dot(dout + y, out + y, d.hs);
-  const int qp = math::ZigzagPosition(t, d.Tl, d.cp, d.q_rank);
+  const int qp = math::ZigzagPosition(r.t, d.Tl, d.cp, d.q_rank);
   for (int j = 0; j < d.Tl; ++j) {
     if (math::ZigzagPosition(j, d.Tl, d.cp, d.k_rank) > qp) continue;
-    const float* k = kv + (b * d.Tl + j) * d.kv_stride + h * d.hs;
-    const float p = expf(Dot(q, k, d.hs) * d.scale - lse[row]);
+    const float* k = kv + r.At(d, j, d.kv_stride);
+    const float p = expf(Dot(q, k, d.hs) * d.scale - lse[r.i]);
     const float ds = p * (Dot(dout + y, k + d.C, d.hs) - D) * d.scale;
     for (int i = 0; i < d.hs; ++i) dq[i] += ds * k[i];
   }
@@ -91,20 +104,17 @@ __global__ void AttentionBlockDkvKernel(float* dkv, const float* dout,
                                         const float* qkv, const float* out,
                                         const float* lse, const float* kv,
                                         BlockDims d) {
-  const int64_t key = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (key >= int64_t(d.B) * d.NH * d.Tl) return;
-  const int j = key % d.Tl;
-  const int64_t bh = key / d.Tl;
-  const int64_t b = bh / d.NH, h = bh % d.NH;
-  const float* k = kv + (b * d.Tl + j) * d.kv_stride + h * d.hs;
-  float* dk = dkv + (b * d.Tl + j) * d.kv_stride + h * d.hs;
+  HeadRow r;  // r.t is the key's row
+  if (!RowOf(d, &r)) return;
+  const float* k = kv + r.At(d, r.t, d.kv_stride);
+  float* dk = dkv + r.At(d, r.t, d.kv_stride);
   float* dv = dk + d.C;
-  const int kp = math::ZigzagPosition(j, d.Tl, d.cp, d.k_rank);
+  const int kp = math::ZigzagPosition(r.t, d.Tl, d.cp, d.k_rank);
   for (int t = 0; t < d.Tl; ++t) {
     if (kp > math::ZigzagPosition(t, d.Tl, d.cp, d.q_rank)) continue;
-    const int64_t y = (b * d.Tl + t) * d.C + h * d.hs;
-    const float* q = qkv + (b * d.Tl + t) * 3 * d.C + h * d.hs;
-    const float p = expf(Dot(q, k, d.hs) * d.scale - lse[bh * d.Tl + t]);
+    const int64_t y = r.At(d, t, d.C);
+    const float* q = qkv + r.At(d, t, 3 * d.C);
+    const float p = expf(Dot(q, k, d.hs) * d.scale - lse[r.bh * d.Tl + t]);
     const float ds =
         p * (Dot(dout + y, k + d.C, d.hs) - Dot(dout + y, out + y, d.hs)) *
         d.scale;

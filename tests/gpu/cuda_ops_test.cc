@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -431,13 +433,26 @@ TEST_P(CudaOpsTest, MlpHiddenLayerStoredInBf16) {
 // whole backward's, for the plain matmul and the MLP projection through
 // GELU (its input stored in bf16 under bf16 compute, with the DGELU
 // epilogue's bf16 gradient).
+// A backward run whole, for its input gradient alone and for its weight
+// gradients alone: run(input half, weight half) returns {dinp, dweight,
+// dbias}, empty where left out. Each half must be the whole run's, bit for
+// bit; returns the whole run's.
+std::array<Vec, 3> ExpectHalvesAreTheWhole(
+    const std::function<std::array<Vec, 3>(bool, bool)>& run) {
+  const std::array<Vec, 3> whole = run(true, true), input = run(true, false),
+                           weights = run(false, true);
+  EXPECT_EQ(input[0], whole[0]);
+  EXPECT_EQ(weights[1], whole[1]);
+  EXPECT_EQ(weights[2], whole[2]);
+  return whole;
+}
+
 TEST_P(CudaOpsTest, BackwardHalvesGiveTheWholeBitForBit) {
   const kernels::DType bf = kernels::DType::kBf16;
   const int64_t rows = kB * kT;
   const Vec inp = Random(rows * kC, 101), w = Random(kOC * kC, 102, 0.1f),
             dout = Random(rows * kOC, 103);
-  auto run = [&](bool dinp_half, bool weight_half, Vec* dinp, Vec* dw,
-                 Vec* db) {
+  ExpectHalvesAreTheWhole([&](bool dinp_half, bool weight_half) {
     Dev g_inp(gpu_.get(), inp), g_w(gpu_.get(), w), g_dout(gpu_.get(), dout),
         g_dinp(gpu_.get(), Vec(rows * kC, 0.0f)),
         g_dw(gpu_.get(), Vec(w.size(), 0.5f)), g_db(gpu_.get(), Vec(kOC, 0.5f));
@@ -445,16 +460,10 @@ TEST_P(CudaOpsTest, BackwardHalvesGiveTheWholeBitForBit) {
                           weight_half ? g_dw.get() : nullptr,
                           weight_half ? g_db.get() : nullptr, g_dout.get(),
                           g_inp.get(), g_w.get(), kB, kT, kC, kOC);
-    if (dinp_half) *dinp = g_dinp.Host();
-    if (weight_half) *dw = g_dw.Host(), *db = g_db.Host();
-  };
-  Vec dinp, dw, db, dinp_b, dw_w, db_w;
-  run(true, true, &dinp, &dw, &db);
-  run(true, false, &dinp_b, nullptr, nullptr);
-  run(false, true, nullptr, &dw_w, &db_w);
-  EXPECT_EQ(dinp_b, dinp);
-  EXPECT_EQ(dw_w, dw);
-  EXPECT_EQ(db_w, db);
+    return std::array<Vec, 3>{dinp_half ? g_dinp.Host() : Vec(),
+                              weight_half ? g_dw.Host() : Vec(),
+                              weight_half ? g_db.Host() : Vec()};
+  });
   // The MLP projection: inp (rows, kOC) is fch, its gradient in fch's type.
   const int64_t n = rows * kOC;
   const Vec fch = Random(n, 104), w2 = Random(kC * kOC, 105, 0.1f),
@@ -464,30 +473,25 @@ TEST_P(CudaOpsTest, BackwardHalvesGiveTheWholeBitForBit) {
                                        inp.data(), w.data(), nullptr, kB, kT,
                                        kC, kOC);
   const bool stored = bf16();
-  auto gelu_run = [&](bool dinp_half, bool weight_half, Vec* dfch, Vec* dw2,
-                      Vec* db2) {
-    Dev g_fch(gpu_.get(), stored ? fch16 : fch), g_w2(gpu_.get(), w2),
-        g_dout(gpu_.get(), dout2), g_hidden(gpu_.get(), Vec(n)),
-        g_dfch(gpu_.get(), Vec(stored ? (n + 1) / 2 : n, 0.0f)),
-        g_dw(gpu_.get(), Vec(w2.size(), 0.5f)), g_db(gpu_.get(), Vec(kC, 0.5f));
-    const kernels::ConstAct in(g_fch.get(), stored ? bf : kernels::DType::kF32);
-    const kernels::Act d(dinp_half ? g_dfch.get() : nullptr,
-                         stored ? bf : kernels::DType::kF32);
-    gpu_->gelu_matmul_backward(d, weight_half ? g_dw.get() : nullptr,
-                               weight_half ? g_db.get() : nullptr, g_dout.get(),
-                               g_hidden.get(), nullptr, in, g_w2.get(), kB, kT,
-                               kOC, kC);
-    if (dinp_half) *dfch = g_dfch.Host();
-    if (weight_half) *dw2 = g_dw.Host(), *db2 = g_db.Host();
-  };
-  Vec dfch, dw2, db2, dfch_b, dw2_w, db2_w;
-  gelu_run(true, true, &dfch, &dw2, &db2);
-  gelu_run(true, false, &dfch_b, nullptr, nullptr);
-  gelu_run(false, true, nullptr, &dw2_w, &db2_w);
-  EXPECT_EQ(dfch_b, dfch);
-  EXPECT_EQ(dw2_w, dw2);
-  EXPECT_EQ(db2_w, db2);
-  EXPECT_NE(dw2, Vec(w2.size(), 0.5f));  // the products ran
+  const kernels::DType type = stored ? bf : kernels::DType::kF32;
+  const std::array<Vec, 3> whole =
+      ExpectHalvesAreTheWhole([&](bool dinp_half, bool weight_half) {
+        Dev g_fch(gpu_.get(), stored ? fch16 : fch), g_w2(gpu_.get(), w2),
+            g_dout(gpu_.get(), dout2), g_hidden(gpu_.get(), Vec(n)),
+            g_dfch(gpu_.get(), Vec(stored ? (n + 1) / 2 : n, 0.0f)),
+            g_dw(gpu_.get(), Vec(w2.size(), 0.5f)),
+            g_db(gpu_.get(), Vec(kC, 0.5f));
+        gpu_->gelu_matmul_backward(
+            kernels::Act(dinp_half ? g_dfch.get() : nullptr, type),
+            weight_half ? g_dw.get() : nullptr,
+            weight_half ? g_db.get() : nullptr, g_dout.get(), g_hidden.get(),
+            nullptr, kernels::ConstAct(g_fch.get(), type), g_w2.get(), kB, kT,
+            kOC, kC);
+        return std::array<Vec, 3>{dinp_half ? g_dfch.Host() : Vec(),
+                                  weight_half ? g_dw.Host() : Vec(),
+                                  weight_half ? g_db.Host() : Vec()};
+      });
+  EXPECT_NE(whole[1], Vec(w2.size(), 0.5f));  // the products ran
 }
 
 // Context parallelism's attention blocks: rank 1 of cp 2 folding its own

@@ -181,26 +181,30 @@ void row_linear_backward(kernels::Act dinp, float* dweight, float* dbias,
 
 namespace {
 
-// The positions of the rows [r0, r0 + n) of each sequence's T rows that
-// this rank holds outside the tensor-parallel regions, in runs of
-// consecutive positions: fn(first row - r0, rows, first position). Under
-// context parallelism the T rows are the cp rank's zigzag chunks (two
-// runs at most); else positions t0 + r0 onwards.
+// The rows this rank holds outside the tensor-parallel regions (Ts of each
+// of B sequences of T) and their positions, in pieces of consecutive rows
+// at consecutive positions: fn(first row, sequences, rows each, first
+// position), as position_forward and position_backward take them. Without
+// context parallelism one piece, from position t0 + SeqBegin; under it the
+// cp rank's zigzag chunks, each sequence's rows in at most two runs.
 template <typename Fn>
-void ForEachPositionRun(int r0, int n, int T, int t0, const CpGroup& cp,
-                        Fn fn) {
+void ForEachPositionRun(int B, int T, int t0, const TpGroup& g,
+                        const CpGroup& cp, Fn fn) {
+  const int Ts = g.SeqLocal(T), r0 = g.SeqBegin(T);
   if (cp.size() == 1) {
-    fn(0, n, t0 + r0);
+    fn(int64_t{0}, B, Ts, t0 + r0);
     return;
   }
   PT_CHECK(t0 == 0, "generation under context parallelism");
   const int chunk = T / 2;
-  const int runs[2][2] = {{r0, std::min(r0 + n, chunk)},
-                          {std::max(r0, chunk), r0 + n}};
-  for (const auto& run : runs) {
-    if (run[0] < run[1]) {
-      fn(run[0] - r0, run[1] - run[0],
-         kernels::math::ZigzagPosition(run[0], T, cp.size(), cp.rank()));
+  const int runs[2][2] = {{r0, std::min(r0 + Ts, chunk)},
+                          {std::max(r0, chunk), r0 + Ts}};
+  for (int b = 0; b < B; ++b) {
+    for (const auto& run : runs) {
+      if (run[0] < run[1]) {
+        fn(int64_t{b} * Ts + run[0] - r0, 1, run[1] - run[0],
+           kernels::math::ZigzagPosition(run[0], T, cp.size(), cp.rank()));
+      }
     }
   }
 }
@@ -217,34 +221,18 @@ void vocab_embedding_forward(float* out, const int32_t* inp, const float* wte,
     s.ops().embedding_forward(s.a, inp, wte, B, T, C, vocab_begin, Vl);
     sequence_reduce(out, s.a, B, T, C, g, s.b, s.ops());
   }
-  const int Ts = g.SeqLocal(T);
-  if (cp.size() == 1) {
-    s.ops().position_forward(out, wpe, B, Ts, C, t0 + g.SeqBegin(T));
-    return;
-  }
-  for (int b = 0; b < B; ++b) {
-    ForEachPositionRun(g.SeqBegin(T), Ts, T, t0, cp, [&](int r, int n, int p) {
-      s.ops().position_forward(out + (int64_t{b} * Ts + r) * C, wpe, 1, n, C,
-                               p);
-    });
-  }
+  ForEachPositionRun(B, T, t0, g, cp, [&](int64_t row, int b, int n, int p) {
+    s.ops().position_forward(out + row * C, wpe, b, n, C, p);
+  });
 }
 
 void vocab_embedding_backward(float* dwte, float* dwpe, const float* dout,
                               const int32_t* inp, int B, int T, int C,
                               int vocab_begin, int Vl, const TpGroup& g,
                               const LayerContext& s, const CpGroup& cp) {
-  const int Ts = g.SeqLocal(T);
-  if (cp.size() == 1) {
-    s.ops().position_backward(dwpe, dout, B, Ts, C, g.SeqBegin(T));
-  } else {
-    for (int b = 0; b < B; ++b) {
-      ForEachPositionRun(g.SeqBegin(T), Ts, T, 0, cp, [&](int r, int n, int p) {
-        s.ops().position_backward(dwpe, dout + (int64_t{b} * Ts + r) * C, 1, n,
-                                  C, p);
-      });
-    }
-  }
+  ForEachPositionRun(B, T, 0, g, cp, [&](int64_t row, int b, int n, int p) {
+    s.ops().position_backward(dwpe, dout + row * C, b, n, C, p);
+  });
   const float* full = dout;
   if (g.sp && Parallel(g)) {
     sequence_gather(s.a, dout, B, T, C, g, s.b, s.ops());

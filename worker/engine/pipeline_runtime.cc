@@ -141,9 +141,7 @@ double PipelineRuntime::Execute(const std::vector<PipeAction>& order,
   // reductions of its units — its last W in an order that splits the
   // backward (the units' gradients end there).
   std::fill(backwards_.begin(), backwards_.end(), 0);
-  const bool split = std::any_of(
-      order.begin(), order.end(),
-      [](const PipeAction& a) { return a.kind == PipeAction::kWeight; });
+  const bool split = HasWeightPasses(order);
   double loss_sum = 0.0;
   for (int i = 0; i < n_actions; ++i) {
     const PipeAction& a = order[i];

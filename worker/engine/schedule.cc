@@ -111,11 +111,15 @@ std::vector<PipeAction> ZeroBubbleOrder(int pp, int rank, int m) {
   return order;
 }
 
-int MaxInFlight(const std::vector<PipeAction>& order) {
-  // A microbatch is let go by its W where the order has W passes.
-  const bool split = std::any_of(order.begin(), order.end(), [](auto& a) {
+bool HasWeightPasses(const std::vector<PipeAction>& order) {
+  return std::any_of(order.begin(), order.end(), [](const PipeAction& a) {
     return a.kind == PipeAction::kWeight;
   });
+}
+
+int MaxInFlight(const std::vector<PipeAction>& order) {
+  // A microbatch is let go by its W where the order has W passes.
+  const bool split = HasWeightPasses(order);
   const PipeAction::Kind last =
       split ? PipeAction::kWeight : PipeAction::kBackward;
   int now = 0, most = 0;

@@ -50,6 +50,10 @@ std::vector<PipeAction> PipelineOrder(ScheduleKind kind, int pp, int rank,
 // rank): a microbatch's activations stay until its W.
 std::vector<PipeAction> ZeroBubbleOrder(int pp, int rank, int m);
 
+// True when `order` splits its backwards into B and W passes (a
+// zero-bubble order).
+bool HasWeightPasses(const std::vector<PipeAction>& order);
+
 // The most microbatch-chunks whose forward has run and whose last
 // backward pass has not (its W in an order that has W passes, else its
 // B): the activation slots the rank needs.

@@ -44,12 +44,13 @@ std::unique_ptr<GptStage> Stage(const GptConfig& c, int B, int T) {
 }
 
 // The pp stages of one model, each with its own buffers, initialised from
-// `seed`, gradients zeroed.
+// `seed`, gradients zeroed; the rest of their options `base`'s.
 std::vector<std::unique_ptr<GptStage>> Stages(const GptConfig& c, int B, int T,
-                                              int pp, uint64_t seed) {
+                                              int pp, uint64_t seed,
+                                              const StageOptions& base = {}) {
   std::vector<std::unique_ptr<GptStage>> stages;
   for (int s = 0; s < pp; ++s) {
-    StageOptions o;
+    StageOptions o = base;
     o.max_B = B;
     o.max_T = T;
     o.stage = s;
@@ -682,31 +683,20 @@ void CheckSplitBackward(kernels::Ops* ops, Recompute recompute, bool fused,
   std::vector<std::unique_ptr<GptStage>> runs[2];
   std::vector<float> dinputs[2];
   for (int split = 0; split < 2; ++split) {
+    StageOptions o;
+    o.slots = m;
+    o.recompute = recompute;
+    o.ops = ops;
+    o.split_backward = split == 1;
+    runs[split] = Stages(c, B, T, pp, 3, o);
+    auto& st = runs[split];
     for (int s = 0; s < pp; ++s) {
-      StageOptions o;
-      o.max_B = B;
-      o.max_T = T;
-      o.slots = m;
-      o.stage = s;
-      o.n_stages = pp;
-      o.recompute = recompute;
-      o.ops = ops;
-      o.split_backward = split == 1;
-      PlanOptions plan;
-      plan.pp = pp;
-      plan.pp_rank = s;
-      const std::vector<ParamInfo> layout = BuildPlan(c, plan);
-      runs[split].push_back(std::make_unique<GptStage>(c, layout, o));
-      GptStage& st = *runs[split].back();
-      st.InitParams(3);
-      st.ZeroGrad();
-      EXPECT_EQ(st.memory().activations,
+      EXPECT_EQ(st[s]->memory().activations,
                 static_cast<int64_t>(sizeof(float)) *
                     GptStage::ActivationFloats(c, B, T, m, 1, false, recompute,
                                                c.n_layer / pp, s == pp - 1, ops,
                                                o.split_backward));
     }
-    auto& st = runs[split];
     for (int mb = 0; mb < m; ++mb) {
       st[0]->Forward(mb, in.data() + mb * B * T, nullptr, nullptr, B, T);
       st[1]->Forward(mb, nullptr, st[0]->output(mb), tg.data() + mb * B * T, B,
