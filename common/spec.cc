@@ -13,7 +13,7 @@
 namespace ptrain {
 
 int64_t ParallelWorldSize(const v1::ParallelSpec& p) {
-  return int64_t{p.dp()} * p.tp() * p.pp();
+  return int64_t{p.dp()} * p.tp() * p.pp() * p.cp();
 }
 
 int64_t JobWorldSize(const v1::JobSpec& spec) {
@@ -123,6 +123,7 @@ v1::JobSpec DefaultJobSpec() {
   parallel->set_schedule("1f1b");
   parallel->set_bucket_bytes(int64_t{25} << 20);
   parallel->set_virtual_stages(1);
+  parallel->set_cp(1);
 
   v1::TrainSpec* train = spec.mutable_train();
   train->set_steps(1000);

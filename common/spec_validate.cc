@@ -220,6 +220,41 @@ absl::Status ValidateData(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// Context parallelism cuts every sequence into 2·cp chunks (zigzag: rank r
+// holds chunks r and 2cp−1−r) and runs attention as ring attention, whose
+// block kernels take fp32 activations.
+absl::Status ValidateContextParallel(const v1::JobSpec& spec) {
+  const v1::ParallelSpec& p = spec.parallel();
+  if (p.cp() == 1) return absl::OkStatus();
+  const int64_t T = spec.model().block_size();
+  if (T % (2 * int64_t{p.cp()}) != 0) {
+    return Error("parallel.cp=", p.cp(),
+                 " needs model.block_size divisible by 2 × parallel.cp = ",
+                 2 * int64_t{p.cp()}, " (model.block_size=", T,
+                 "): zigzag sharding cuts each sequence into 2·cp chunks");
+  }
+  if (p.sequence_parallel() && (T / p.cp()) % p.tp() != 0) {
+    return Error("parallel.tp=", p.tp(), " does not divide the ", T / p.cp(),
+                 " positions each parallel.cp rank holds (model.block_size=", T,
+                 " / parallel.cp=", p.cp(),
+                 "; required by parallel.sequence_parallel=true)");
+  }
+  if (SpecDevice(spec) == Device::kCuda) {
+    return Error("parallel.cp=", p.cp(),
+                 " with resources.device=cuda: the GPU's ring attention has "
+                 "not been verified on a GPU yet; use resources.device=cpu or "
+                 "parallel.cp=1");
+  }
+  if (SpecPrecision(spec) == Precision::kBf16) {
+    return Error("parallel.cp=", p.cp(),
+                 " with train.precision=", spec.train().precision(),
+                 " on the cpu: ring attention's block kernels take fp32 "
+                 "activations and bf16 keeps them in bf16; use "
+                 "train.precision=fp32");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateParallel(const v1::JobSpec& spec) {
   const v1::ParallelSpec& p = spec.parallel();
   const v1::ModelSpec& m = spec.model();
@@ -228,14 +263,17 @@ absl::Status ValidateParallel(const v1::JobSpec& spec) {
           InRange<int64_t>("parallel.dp", p.dp(), 1, kMaxDegree),
           InRange<int64_t>("parallel.tp", p.tp(), 1, kMaxDegree),
           InRange<int64_t>("parallel.pp", p.pp(), 1, kMaxDegree),
+          InRange<int64_t>("parallel.cp", p.cp(), 1, kMaxDegree),
       });
       !s.ok()) {
     return s;
   }
   if (const int64_t world = JobWorldSize(spec); world > kMaxWorldSize) {
-    return Error("parallel.dp × parallel.tp × parallel.pp = ", p.dp(), " × ",
-                 p.tp(), " × ", p.pp(), " = ", world, " ranks; at most ",
-                 kMaxWorldSize);
+    return Error("parallel.dp × parallel.tp × parallel.pp",
+                 p.cp() > 1 ? " × parallel.cp" : "", " = ", p.dp(), " × ",
+                 p.tp(), " × ", p.pp(),
+                 p.cp() > 1 ? absl::StrCat(" × ", p.cp()) : "", " = ", world,
+                 " ranks; at most ", kMaxWorldSize);
   }
   if (p.zero() < 0 || p.zero() > 3) {
     return Error("parallel.zero=", p.zero(),
@@ -318,7 +356,7 @@ absl::Status ValidateParallel(const v1::JobSpec& spec) {
                    " (required by parallel.sequence_parallel=true)");
     }
   }
-  return absl::OkStatus();
+  return ValidateContextParallel(spec);
 }
 
 absl::Status ValidateTrain(const v1::JobSpec& spec) {

@@ -153,7 +153,7 @@ class NodesBackend : public MpirunBackend {
 
   static std::vector<NodeRanks> PlaceOn(const std::vector<FreeNode>& free,
                                         const v1::JobSpec& spec) {
-    return PlaceRanks(free, WorldSize(spec), spec.parallel().tp(),
+    return PlaceRanks(free, WorldSize(spec), NodeGroup(spec),
                       spec.resources().ranks_per_node());
   }
 

@@ -14,9 +14,9 @@ absl::Status Scheduler::CheckFits(int slots) const {
         absl::StrCat("a job needs at least one slot, got ", slots));
   }
   if (slots > total_slots_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("parallel.dp*tp*pp=", slots, " slots exceeds the pool of ",
-                     total_slots_, " slots (--local-slots)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.dp*tp*pp*cp=", slots, " slots exceeds the pool of ",
+        total_slots_, " slots (--local-slots)"));
   }
   return absl::OkStatus();
 }
@@ -41,6 +41,10 @@ bool OnGpus(const v1::JobSpec& spec) {
 
 int WorldSize(const v1::JobSpec& spec) {
   return static_cast<int>(JobWorldSize(spec));
+}
+
+int NodeGroup(const v1::JobSpec& spec) {
+  return spec.parallel().tp() * spec.parallel().cp();
 }
 
 std::map<std::string, int> NodeSlotsUsed(const RunningJobs& running,
@@ -91,8 +95,8 @@ std::vector<int> TakeGpus(const std::set<int>& used, int ranks) {
 }
 
 std::vector<NodeRanks> PlaceRanks(const std::vector<FreeNode>& nodes, int world,
-                                  int tp, int ranks_per_node) {
-  if (world < 1 || tp < 1 || world % tp != 0) return {};
+                                  int group, int ranks_per_node) {
+  if (world < 1 || group < 1 || world % group != 0) return {};
   std::vector<FreeNode> order = nodes;
   std::stable_sort(
       order.begin(), order.end(), [](const FreeNode& a, const FreeNode& b) {
@@ -104,7 +108,7 @@ std::vector<NodeRanks> PlaceRanks(const std::vector<FreeNode>& nodes, int world,
     if (left == 0) break;
     int take = std::min(left, n.free);
     if (ranks_per_node > 0) take = std::min(take, ranks_per_node);
-    take -= take % tp;
+    take -= take % group;
     if (take > 0) {
       out.push_back({n.name, take});
       left -= take;

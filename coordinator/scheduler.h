@@ -1,5 +1,5 @@
 // FIFO gang scheduling over a pool of identical slots: a job starts only when
-// all of its dp*tp*pp slots (and, for a GPU job, as many GPUs) are free at
+// all of its dp*tp*pp*cp slots (and, for a GPU job, as many GPUs) are free at
 // once. Pure logic, no clock, no I/O.
 #ifndef PTRAIN_COORDINATOR_SCHEDULER_H_
 #define PTRAIN_COORDINATOR_SCHEDULER_H_
@@ -27,6 +27,11 @@ bool OnGpus(const v1::JobSpec& spec);
 
 // The job's number of ranks (a validated spec's fits an int).
 int WorldSize(const v1::JobSpec& spec);
+
+// The consecutive ranks a placement keeps on one node: a tensor-parallel
+// group and the context-parallel ring around it, tp·cp ranks (tp is the
+// fastest coordinate, cp the next).
+int NodeGroup(const v1::JobSpec& spec);
 
 // Slots of each node that the attempts of `running` take; with
 // `gpus_only`, only the ranks of GPU jobs (one GPU each).
@@ -94,12 +99,13 @@ struct NodeRanks {
 };
 
 // Places `world` ranks on `nodes` (gang: all or nothing). Each node gets a
-// multiple of `tp` ranks, so a tensor-parallel group (tp consecutive ranks)
+// multiple of `group` ranks, so such a group of consecutive ranks (a
+// tensor-parallel group, or tp·cp ranks: its context-parallel group too)
 // never spans two nodes, and at most `ranks_per_node` (0: no limit). Uses as
 // few nodes as it can: the freest first, ties by name. Empty when they do
 // not fit.
 std::vector<NodeRanks> PlaceRanks(const std::vector<FreeNode>& nodes, int world,
-                                  int tp, int ranks_per_node);
+                                  int group, int ranks_per_node);
 
 // What a job's `placement` shows for ranks on `nodes`: with `gpus`, each
 // node's ranks take the lowest GPUs no job of `running` holds there

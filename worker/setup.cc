@@ -140,8 +140,9 @@ absl::Status BuildRank(const RankFlags& flags, const NodeShare& node,
   rank->trainer = std::move(*t);
   if (!flags.metrics_bind.empty()) {
     auto m = RankMetrics::Start(
-        flags.metrics_bind, {spec->name(), rank->host, dims.world_rank(),
-                             dims.dp_rank(), dims.tp_rank(), dims.pp_rank()});
+        flags.metrics_bind,
+        {spec->name(), rank->host, dims.world_rank(), dims.dp_rank(),
+         dims.tp_rank(), dims.pp_rank(), dims.cp() > 1 ? dims.cp_rank() : -1});
     if (!m.ok()) return m.status();
     rank->metrics = std::move(*m);
     rank->trainer->set_metrics(rank->metrics.get());

@@ -382,6 +382,41 @@ TEST(ValidateJobSpec, InterleavedScheduleRules) {
              "parallel.schedule=interleaved", "parallel.virtual_stages=2"});
 }
 
+// parallel.cp splits every sequence into 2·cp zigzag chunks over its
+// ranks, with ring attention: a cp that does not divide block_size into
+// them, one that leaves SP a share of positions tp does not divide, and an
+// attention path that cannot ring (the GPU's, unverified; the CPU's bf16
+// activations) are refused naming field and rule; cp multiplies the world
+// and composes with dp, tp + SP, pipelines, ZeRO and recomputation.
+TEST(ValidateJobSpec, ContextParallelRules) {
+  EXPECT_EQ(DefaultJobSpec().parallel().cp(), 1);
+  EXPECT_EQ(OverrideError({"parallel.cp=0"}).rfind("parallel.cp", 0), 0u)
+      << OverrideError({"parallel.cp=0"});
+  EXPECT_EQ(OverrideError({"model.block_size=20", "parallel.cp=4"}),
+            "parallel.cp=4 needs model.block_size divisible by 2 × "
+            "parallel.cp = 8 (model.block_size=20): zigzag sharding cuts each "
+            "sequence into 2·cp chunks");
+  EXPECT_EQ(OverrideError({"model.block_size=20", "parallel.cp=2",
+                           "parallel.tp=4", "parallel.sequence_parallel=true"}),
+            "parallel.tp=4 does not divide the 10 positions each parallel.cp "
+            "rank holds (model.block_size=20 / parallel.cp=2; required by "
+            "parallel.sequence_parallel=true)");
+  EXPECT_EQ(OverrideError({"parallel.cp=2", "resources.device=cuda"}),
+            "parallel.cp=2 with resources.device=cuda: the GPU's ring "
+            "attention has not been verified on a GPU yet; use "
+            "resources.device=cpu or parallel.cp=1");
+  EXPECT_EQ(OverrideError({"parallel.cp=2", "train.precision=bf16"}),
+            "parallel.cp=2 with train.precision=bf16 on the cpu: ring "
+            "attention's block kernels take fp32 activations and bf16 keeps "
+            "them in bf16; use train.precision=fp32");
+  const v1::JobSpec spec =
+      MustParse(kMinimal, {"parallel.pp=2", "parallel.dp=2", "parallel.tp=2",
+                           "parallel.cp=2", "parallel.sequence_parallel=true",
+                           "parallel.zero=3", "parallel.microbatches=4",
+                           "parallel.schedule=zb1p", "train.recompute=full"});
+  EXPECT_EQ(JobWorldSize(spec), 16);
+}
+
 // zb1p (ZB-H1) fills a pipeline's bubble with the weight passes of one
 // chunk per rank: refused without a pipeline or with virtual stages, naming
 // the field and the rule; accepted composed with dp, tp + SP, ZeRO-3 and

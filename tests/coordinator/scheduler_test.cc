@@ -47,7 +47,8 @@ TEST(SchedulerTest, JobLargerThanPoolIsRefused) {
   EXPECT_TRUE(s.CheckFits(4).ok());
   const absl::Status st = s.CheckFits(8);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("parallel.dp*tp*pp=8"), absl::string_view::npos)
+  EXPECT_NE(st.message().find("parallel.dp*tp*pp*cp=8"),
+            absl::string_view::npos)
       << st;
   EXPECT_FALSE(s.CheckFits(0).ok());
 }
@@ -91,6 +92,24 @@ TEST(PlaceRanksTest, KeepsTensorParallelGroupsInsideANode) {
             (std::vector<NodeRanks>{{"a", 2}, {"b", 2}}));
   EXPECT_TRUE(PlaceRanks(nodes, 6, 2, 0).empty());
   EXPECT_TRUE(PlaceRanks({{"a", 3}}, 4, 4, 0).empty());
+}
+
+// A context-parallel ring stays on one node with the tensor-parallel
+// groups inside it: tp·cp consecutive ranks per node group.
+TEST(PlaceRanksTest, KeepsContextParallelRingsInsideANode) {
+  v1::JobSpec spec = DefaultJobSpec();
+  spec.mutable_parallel()->set_tp(2);
+  spec.mutable_parallel()->set_cp(2);
+  spec.mutable_parallel()->set_dp(2);
+  ASSERT_EQ(WorldSize(spec), 8);
+  ASSERT_EQ(NodeGroup(spec), 4);
+  // 6 free slots take one ring of 4, not one and a half.
+  const std::vector<FreeNode> nodes = {{"a", 6}, {"b", 4}};
+  EXPECT_EQ(PlaceRanks(nodes, WorldSize(spec), NodeGroup(spec), 0),
+            (std::vector<NodeRanks>{{"a", 4}, {"b", 4}}));
+  EXPECT_TRUE(
+      PlaceRanks({{"a", 6}, {"b", 3}}, WorldSize(spec), NodeGroup(spec), 0)
+          .empty());
 }
 
 TEST(PlaceRanksTest, HonoursRanksPerNode) {

@@ -2,12 +2,13 @@
 // zero1 dp2, zero3 dp2, tp2, dp2 tp2 zero1, tp4, dp2 tp2 zero3 with sequence
 // parallelism, pp2, pp2 tp2 with SP, dp2 pp2, dp2 tp2 pp2 zero1 with SP,
 // dp2 pp4, interleaved pp2 with 2 chunks per rank, the same with dp2 and
-// zero2} loads into any of them and training goes on as the single-rank run
-// does (losses within 1e-5); on the same layout it goes on bit for bit. A
-// sharded layout reads only its share. Runs under `mpirun -n 8`. Also: the
-// memory estimate equals the engine's buffers for every ZeRO stage, with
-// and without tensor and sequence parallelism, and is the fullest rank of
-// a pipeline.
+// zero2, uneven stages, context-parallel cp2 and dp2 cp2 zero1} loads into
+// any of them (context parallelism is not part of the state's layout) and
+// training goes on as the single-rank run does (losses within 1e-5); on the
+// same layout it goes on bit for bit. A sharded layout reads only its share.
+// Runs under `mpirun -n 8`. Also: the memory estimate equals the engine's
+// buffers for every ZeRO stage, with and without tensor, sequence and context
+// parallelism, and is the fullest rank of a pipeline.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -38,7 +39,8 @@ struct Layout {
   int virtual_stages = 1;  // > 1: the interleaved schedule
   int microbatches = 1;
   int first_stage_layers = 0;  // 0: an even split
-  int world() const { return dp * tp * pp; }
+  int cp = 1;
+  int world() const { return dp * tp * pp * cp; }
 };
 const Layout kLayouts[] = {{"single", 1, 0, 1, false},
                            {"dp2", 2, 0, 1, false},
@@ -55,7 +57,9 @@ const Layout kLayouts[] = {{"single", 1, 0, 1, false},
                            {"dp2_pp4", 2, 0, 1, false, 4, 1, 4},
                            {"pp2_v2", 1, 0, 1, false, 2, 2, 2},
                            {"dp2_pp2_v2_zero2", 2, 2, 1, false, 2, 2, 4},
-                           {"dp2_pp2_stages_3_1", 2, 1, 1, false, 2, 1, 2, 3}};
+                           {"dp2_pp2_stages_3_1", 2, 1, 1, false, 2, 1, 2, 3},
+                           {"cp2", 1, 0, 1, false, 1, 1, 1, 0, 2},
+                           {"dp2_cp2_zero1", 2, 1, 1, false, 1, 1, 1, 0, 2}};
 constexpr int kSave = 8, kEnd = 16;
 
 int WorldRank() {
@@ -93,6 +97,7 @@ v1::JobSpec Spec(const Layout& l, const std::string& ckpt_dir,
       "parallel.zero=" + std::to_string(l.zero),
       "parallel.tp=" + std::to_string(l.tp),
       "parallel.pp=" + std::to_string(l.pp),
+      "parallel.cp=" + std::to_string(l.cp),
       std::string("parallel.sequence_parallel=") + (l.sp ? "true" : "false"),
       "parallel.microbatches=" + std::to_string(l.microbatches),
       "parallel.virtual_stages=" + std::to_string(l.virtual_stages),
@@ -239,7 +244,10 @@ TEST_F(Reshard, MemoryEstimateEqualsTheEngineBuffersOfEveryZeroStage) {
   for (int zero = 0; zero <= 3; ++zero) {
     for (int micro : {1, 2}) {
       for (int tp : {1, 2}) {
-        const Layout l{"memory", 2, zero, tp, tp == 2 && micro == 2};
+        // Context parallelism on the microbatches-2 rows: cp 2 (dp 2 tp 2
+        // cp 2 fills the 8 ranks).
+        Layout l{"memory", 2, zero, tp, tp == 2 && micro == 2};
+        l.cp = micro;
         // n_embd 35, one head, vocabulary 65: units of odd size, padded to
         // dp=2 (tp=2: n_embd 38, two heads of 19).
         const std::string n_embd = tp == 1 ? "35" : "38";
@@ -255,10 +263,9 @@ TEST_F(Reshard, MemoryEstimateEqualsTheEngineBuffersOfEveryZeroStage) {
                   t.data().vocab_size);
               if (WorldRank() == 0) {
                 std::printf(
-                    "zero%d microbatches %d tp%d%s: estimate %lld bytes, "
-                    "engine "
-                    "%lld bytes\n",
-                    zero, micro, tp, l.sp ? " sp" : "",
+                    "zero%d microbatches %d tp%d%s cp%d: estimate %lld bytes, "
+                    "engine %lld bytes\n",
+                    zero, micro, tp, l.sp ? " sp" : "", l.cp,
                     static_cast<long long>(e.total()),
                     static_cast<long long>(real.params + real.grads +
                                            real.optimizer + real.activations));

@@ -427,9 +427,10 @@ TEST_F(ControlPlaneTest, BadInputRefusedByPtcoordExitsTwoOtherErrorsOne) {
       (dir_ / "ckpt").string() + " --set ";
   const Result wide = Ptctl(submit + "parallel.dp=8");
   EXPECT_EQ(wide.rc, 2) << wide.out;
-  EXPECT_NE(wide.out.find("ptctl: error: INVALID_ARGUMENT: parallel.dp*tp*pp=8 "
-                          "slots exceeds the pool of 4"),
-            std::string::npos)
+  EXPECT_NE(
+      wide.out.find("ptctl: error: INVALID_ARGUMENT: parallel.dp*tp*pp*cp=8 "
+                    "slots exceeds the pool of 4"),
+      std::string::npos)
       << wide.out;
   const Result no_data = Ptctl(submit + "data.path=data/no-such-file.txt");
   EXPECT_EQ(no_data.rc, 2) << no_data.out;
@@ -485,6 +486,12 @@ TEST_F(ControlPlaneTest, ImpossibleParallelLayoutsAreRefusedTwice) {
       {{"parallel.pp=2", "parallel.microbatches=2", "parallel.schedule=zb1p",
         "parallel.virtual_stages=2"},
        "parallel.schedule=zb1p requires parallel.virtual_stages=1"},
+      {{"parallel.cp=3"},
+       "parallel.cp=3 needs model.block_size divisible by 2 × parallel.cp = "
+       "6"},
+      {{"parallel.cp=2", "resources.device=cuda"},
+       "parallel.cp=2 with resources.device=cuda: the GPU's ring attention "
+       "has not been verified"},
       // Wider than the pool of 4 slots: only ptcoord knows the pool.
       {{"parallel.tp=4", "parallel.dp=2"}, ""},
   };
@@ -511,7 +518,7 @@ TEST_F(ControlPlaneTest, ImpossibleParallelLayoutsAreRefusedTwice) {
     const grpc::Status s = stub->SubmitJob(Ctx(kToken).get(), req, &resp);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << sets;
     const std::string rule =
-        c.rule.empty() ? "parallel.dp*tp*pp=8 slots exceeds the pool of 4"
+        c.rule.empty() ? "parallel.dp*tp*pp*cp=8 slots exceeds the pool of 4"
                        : c.rule;
     EXPECT_NE(s.error_message().find(rule), std::string::npos)
         << s.error_message();

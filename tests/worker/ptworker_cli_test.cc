@@ -358,6 +358,24 @@ TEST_F(PtworkerCli, HugeSizesAreRefusedNamingTheFieldNeverAborted) {
   }
 }
 
+// Context parallelism that cannot run is refused before anything starts:
+// a cp that does not cut block_size into 2·cp chunks, an attention path
+// that cannot ring (each named), and a world that is not dp·tp·pp·cp.
+TEST_F(PtworkerCli, ImpossibleContextParallelismIsRefusedExitTwo) {
+  ExpectRefused(RunPtworker(Small() + "--set parallel.cp=3"),
+                "parallel.cp=3 needs model.block_size divisible by 2 × "
+                "parallel.cp = 6");
+  ExpectRefused(
+      RunPtworker(Small() + "--set parallel.cp=2 --set train.precision=bf16"),
+      "parallel.cp=2 with train.precision=bf16 on the cpu: ring attention");
+  ExpectRefused(
+      RunPtworker(Small() + "--set parallel.cp=2 --set resources.device=cuda"),
+      "parallel.cp=2 with resources.device=cuda: the GPU's ring attention");
+  ExpectRefused(RunPtworker(Small() + "--set parallel.cp=2"),
+                "world size 1 does not equal parallel.dp × parallel.tp × "
+                "parallel.pp × parallel.cp = 1 × 1 × 1 × 2 = 2");
+}
+
 // When the allocator fails anyway (here: a 1.2 GB address-space limit
 // under a 1.6 GB model the machine could hold), std::bad_alloc becomes one
 // error line and exit 2, not an abort.
@@ -805,9 +823,10 @@ int Cores() {
   return CPU_COUNT(&set);
 }
 
-// Two data-parallel ranks of a small model on this machine, unbound (as
-// mpirun leaves more than two), `env` set.
-Result TwoRanks(const std::string& args, const std::string& env) {
+// Two ranks of a small model on this machine, unbound (as mpirun leaves
+// more than two), `env` set; data-parallel unless `layout` says otherwise.
+Result TwoRanks(const std::string& args, const std::string& env,
+                const std::string& layout = "--set parallel.dp=2") {
   const fs::path err_file =
       fs::temp_directory_path() /
       ("ptworker_cli_mpi_" + std::to_string(::getpid()) + ".txt");
@@ -815,9 +834,42 @@ Result TwoRanks(const std::string& args, const std::string& env) {
       "env " + env + " OMPI_MCA_mpi_yield_when_idle=1 " + MPIEXEC +
           " --allow-run-as-root --oversubscribe --bind-to none --mca btl "
           "self,vader,tcp -n 2 " +
-          PTWORKER_PATH + " " + args +
-          " --set parallel.dp=2 --set train.steps=2",
+          PTWORKER_PATH + " " + args + " " + layout + " --set train.steps=2",
       err_file.string());
+}
+
+// A context-parallel job (cp=2): it trains, its layout record and its
+// checkpoint's manifest say cp=2, and its sample (drawn on each cp rank
+// through the cache, the ring being for training) is the very text one
+// rank draws from its checkpoint, loaded at cp=1.
+TEST_F(PtworkerCli, ContextParallelRunSamplesAsOneRankDoesFromItsCheckpoint) {
+  const fs::path ckpt = dir_ / "ck";
+  const Result r = TwoRanks(Small() +
+                                "--set train.sample_tokens=40 --set "
+                                "resources.threads_per_rank=1 "
+                                "--set checkpoint.dir=" +
+                                ckpt.string(),
+                            "", "--set parallel.cp=2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::string logged;
+  int cp = 0;
+  std::istringstream in(ReadAll(log_));
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("type") == "sample") logged = j.at("text");
+    if (j.at("type") == "layout") cp = j.at("cp");
+  }
+  EXPECT_EQ(cp, 2);
+  ASSERT_FALSE(logged.empty());
+  const std::string step2 = (ckpt / "step-00000002").string();
+  const auto manifest =
+      nlohmann::json::parse(ReadAll(step2 + "/manifest.json"));
+  EXPECT_EQ(manifest.at("layout").at("cp"), 2);
+  EXPECT_EQ(manifest.at("layout").at("world"), 2);
+  auto [sampled, text] =
+      RunPtworkerStdout("sample --checkpoint " + step2, dir_ / "sample.txt");
+  ASSERT_EQ(sampled.code, 0) << sampled.err;
+  EXPECT_EQ(text, logged + "\n");
 }
 
 TEST_F(PtworkerCli, WithoutAThreadCountEachRankTakesItsShareOfTheCores) {

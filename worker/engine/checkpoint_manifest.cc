@@ -231,15 +231,22 @@ absl::Status CheckpointReader::LoadLayout(const json& m) {
   check(Int32(**layout, "layout", "pp", 1, kMaxDegree, &meta.pp));
   check(Int32(**layout, "layout", "zero", 0, 3, &meta.zero));
   check(Int32(**layout, "layout", "world", 1, kMaxWorld, &meta.world));
+  // Checkpoints written before context parallelism have no layout.cp.
+  meta.cp = 1;
+  if ((*layout)->contains("cp")) {
+    check(Int32(**layout, "layout", "cp", 1, kMaxDegree, &meta.cp));
+  }
   if (!s.ok()) return Damaged(s);
   v1::ParallelSpec recorded;
   recorded.set_dp(meta.dp);
   recorded.set_tp(meta.tp);
   recorded.set_pp(meta.pp);
+  recorded.set_cp(meta.cp);
   if (ParallelWorldSize(recorded) != meta.world) {
     return Damaged(absl::StrCat("layout.world=", meta.world,
-                                " is not layout.dp × tp × pp = ", meta.dp,
-                                " × ", meta.tp, " × ", meta.pp));
+                                " is not layout.dp × tp × pp × cp = ", meta.dp,
+                                " × ", meta.tp, " × ", meta.pp, " × ",
+                                meta.cp));
   }
   // The folder's name, when it is a step folder, is the manifest's step.
   std::string base = dir_;

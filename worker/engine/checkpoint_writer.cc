@@ -59,6 +59,7 @@ json MetaToJson(const CheckpointMeta& m) {
              {{"dp", m.dp},
               {"tp", m.tp},
               {"pp", m.pp},
+              {"cp", m.cp},
               {"zero", m.zero},
               {"world", m.world}}}};
   if (m.data_digest.has_value()) j["data_digest"] = Hex(*m.data_digest);

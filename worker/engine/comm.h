@@ -116,9 +116,10 @@ std::unique_ptr<Communicator> MakeSelfCommunicator(
 // The groups a rank's model and optimizer communicate over, in the memory
 // of the backend they run on (ParallelDims::compute_groups).
 struct ComputeGroups {
-  Communicator* dp = nullptr;  // null: dp = 1 without MPI
+  Communicator* dp = nullptr;  // dp × cp ranks; null: 1 without MPI
   Communicator* tp = nullptr;  // null: tp = 1
   Communicator* pp = nullptr;  // null: pp = 1
+  Communicator* cp = nullptr;  // null: cp = 1 (dp then spans dp × cp)
   // Stage 0 and the last stage (pp > 1): the tied wte's gradients are
   // summed over it. Null elsewhere.
   Communicator* embedding = nullptr;

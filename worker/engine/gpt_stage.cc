@@ -375,11 +375,10 @@ float GptStage::Forward(int slot, const int32_t* tokens, const float* hidden,
 
 void GptStage::Decode(const int32_t* tokens, const float* hidden, int n,
                       int pos) {
-  PT_CHECK(n >= 1 && n <= decode_max() && pos >= 0 && pos + n <= max_T_,
+  PT_CHECK(n >= 1 && n <= decode_max() && pos >= 0 && pos + n <= CacheT(),
            "a generation step past the stage's buffers or its cache");
-  PT_CHECK(cp_.size() == 1, "generation on a context-parallel stage");
   if (kv_.empty()) {
-    kv_ = kernels::Buffer(ops_, 2 * int64_t{n_blocks_} * max_T_ * Cl_);
+    kv_ = kernels::Buffer(ops_, 2 * int64_t{n_blocks_} * CacheT() * Cl_);
   }
   // A step of a few positions of a small model is less work per kernel
   // than waking the CPU's thread team costs: it runs on this thread alone
@@ -442,11 +441,11 @@ void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
                         scratch_);
   st.EndForward(u);
   if (pos >= 0) {
-    // The cache of local block b: keys, then values, (NHl,max_T,hs) each.
-    const int64_t cache = int64_t{max_T_} * Cl_;
+    // The cache of local block b: keys, then values, (NHl,CacheT,hs) each.
+    const int64_t cache = int64_t{CacheT()} * Cl_;
     float* keys = kv_.data() + 2 * b * cache;
     k.attention_decode(Stored(a.atty), keys, keys + cache, Stored(a.qkv), T,
-                       pos, Cl_, NHl_, max_T_);
+                       pos, Cl_, NHl_, CacheT());
   } else {
     Attention(a, B, T);
   }
@@ -497,9 +496,10 @@ float GptStage::ForwardPass(int slot, const int32_t* tokens,
   if (first()) {
     st.BeginForward(emb_unit_);
     wte = st.Params(emb_unit_) + wte_offset_;
-    vocab_embedding_forward(
-        S.input, tokens, wte, st.Params(emb_unit_) + wpe_offset_, B, T,
-        decode ? pos : 0, C, vocab_begin_, Vl_, g, scratch_, cp_);
+    vocab_embedding_forward(S.input, tokens, wte,
+                            st.Params(emb_unit_) + wpe_offset_, B, T,
+                            decode ? pos : 0, C, vocab_begin_, Vl_, g, scratch_,
+                            decode ? CpGroup{} : cp_);
   } else {
     k.Copy(S.input, hidden, BTsC);
   }

@@ -101,7 +101,8 @@ struct StageOptions {
   // stage's T (max_T, and each microbatch's) are then the T/cp positions
   // this rank holds, attention is ring attention over the group, and the
   // loss a mean over those positions. fp32 activations only (the ring's
-  // block attention is fp32); no generation (Decode).
+  // block attention is fp32). Decode is not split: it computes every
+  // position on every cp rank, its cache as long as the whole sequence.
   CpGroup cp;
   // The backward runs as two passes (BackwardInput, then BackwardWeights):
   // each slot also keeps, per layer, the output gradients of the block's
@@ -174,12 +175,15 @@ class GptStage : private UnitStore {
   // 0 starts a new sequence). First stage: `tokens` (n); others: `hidden`
   // (n,C), the previous stage's output(0). Afterwards output(0) holds
   // (n,C) for the next stage, or logits(0) the (n,Vl) logits. Uses slot 0
-  // and a cache of 2·L·max_T·Cl floats, allocated at the first call (not in
-  // memory(): generation only). Every position is computed on every rank
-  // of the tensor-parallel group, with or without sequence parallelism.
+  // and a cache of 2·L·max_T·cp·Cl floats, allocated at the first call (not
+  // in memory(): generation only). Every position is computed on every rank
+  // of the tensor-parallel group, with or without sequence parallelism, and
+  // of the cp group (no ring: each holds the whole cache).
   void Decode(const int32_t* tokens, const float* hidden, int n, int pos);
   // The most positions one Decode takes (the slot's buffers' size).
   int decode_max() const { return max_B_ * tp_.SeqLocal(max_T_); }
+  // The longest context Decode caches: the whole sequence.
+  int CacheT() const { return max_T_ * cp_.size(); }
 
   const float* output(int slot) const;  // (B,Ts,C), non-last stages
   const float* dinput() const { return dresidual_; }  // (B,Ts,C)

@@ -179,6 +179,17 @@ void row_linear_backward(kernels::Act dinp, float* dweight, float* dbias,
   }
 }
 
+void CpGroup::TakeLocal(const int32_t* whole, int B, int T,
+                        int32_t* local) const {
+  const int n = size(), r = rank(), Tl = T / n;
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < Tl; ++t) {
+      local[int64_t{b} * Tl + t] =
+          whole[int64_t{b} * T + kernels::math::ZigzagPosition(t, Tl, n, r)];
+    }
+  }
+}
+
 namespace {
 
 // The rows this rank holds outside the tensor-parallel regions (Ts of each

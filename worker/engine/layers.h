@@ -47,6 +47,10 @@ struct CpGroup {
   Communicator* comm = nullptr;  // null: cp = 1
   int size() const { return comm != nullptr ? comm->size() : 1; }
   int rank() const { return comm != nullptr ? comm->rank() : 0; }
+  // This rank's positions of B sequences of T tokens each: `local` gets
+  // (B, T/cp), row t of sequence b being `whole`'s position
+  // kernels::ZigzagPosition(t) of it. Host memory.
+  void TakeLocal(const int32_t* whole, int B, int T, int32_t* local) const;
 };
 
 // What every layer call runs with: two scratch buffers of B·T·C floats,

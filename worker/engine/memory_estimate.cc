@@ -50,7 +50,7 @@ MemoryEstimate EstimateRankMemory(const RankBuild& b, bool async_copy) {
                                 ? &kernels::CpuBf16Ops()
                                 : &kernels::CpuOps();
   const ZeroStore::Footprint f =
-      ZeroStore::Measure(BuildPlan(b.model, b.plan), b.dp, b.zero);
+      ZeroStore::Measure(BuildPlan(b.model, b.plan), b.replicas(), b.zero);
   MemoryEstimate e;
   e.params = SatMul(f.params, kFloat);
   e.grads = SatMul(f.grads, kFloat);
@@ -60,10 +60,10 @@ MemoryEstimate EstimateRankMemory(const RankBuild& b, bool async_copy) {
     e.activations =
         SatAdd(e.activations,
                SatMul(GptStage::ActivationFloats(
-                          b.model, b.micro_B, b.model.block_size, b.slots[c],
-                          b.tp, b.sequence_parallel, b.recompute,
+                          b.model, b.micro_B, b.T_local(), b.slots[c], b.tp,
+                          b.sequence_parallel, b.recompute,
                           b.plan.stage_layers[b.stages[c]], b.last_stage(c),
-                          ops, b.Stage(c).split_backward),
+                          ops, b.Stage(c).split_backward, b.cp),
                       kFloat));
   }
   return e;
@@ -136,6 +136,7 @@ absl::Status CheckMemoryFits(const v1::JobSpec& spec, int vocab_size,
       " x parallel.microbatches=", p.microbatches(),
       ", parallel.zero=", p.zero(), ", parallel.tp=", p.tp(),
       ", parallel.sequence_parallel=", p.sequence_parallel() ? "true" : "false",
+      p.cp() > 1 ? absl::StrCat(", parallel.cp=", p.cp()) : "",
       ", train.recompute=", spec.train().recompute(), "; ", ranks,
       ranks == 1 ? " rank" : " ranks", " on this machine need ", Bytes(need),
       " but it has ", available_bytes, " bytes (", Human(available_bytes),

@@ -66,6 +66,9 @@ absl::StatusOr<std::unique_ptr<RankMetrics>> RankMetrics::Start(
               {"dp_rank", std::to_string(labels.dp_rank)},
               {"tp_rank", std::to_string(labels.tp_rank)},
               {"pp_rank", std::to_string(labels.pp_rank)}};
+  if (labels.cp_rank >= 0) {
+    m->base_["cp_rank"] = std::to_string(labels.cp_rank);
+  }
   try {
     CivetCallbacks callbacks;
     callbacks.begin_request = AnswerAllButMetrics;

@@ -26,6 +26,9 @@ namespace ptrain {
 struct RankLabels {
   std::string job, node;
   int rank = 0, dp_rank = 0, tp_rank = 0, pp_rank = 0;
+  // A job with parallel.cp > 1: this rank's cp coordinate, a label of its
+  // series too; -1 (no such label) otherwise.
+  int cp_rank = -1;
 };
 
 // Seconds of one step by phase.

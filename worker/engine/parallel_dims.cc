@@ -20,11 +20,13 @@ namespace {
 absl::Status CheckWorldSize(const v1::ParallelSpec& spec, int size) {
   const int64_t product = ParallelWorldSize(spec);
   if (product == size) return absl::OkStatus();
+  const bool cp = spec.cp() > 1;
   return absl::InvalidArgumentError(absl::StrCat(
       "world size ", size,
       " does not equal parallel.dp × parallel.tp × "
-      "parallel.pp = ",
-      spec.dp(), " × ", spec.tp(), " × ", spec.pp(), " = ", product));
+      "parallel.pp",
+      cp ? " × parallel.cp" : "", " = ", spec.dp(), " × ", spec.tp(), " × ",
+      spec.pp(), cp ? absl::StrCat(" × ", spec.cp()) : "", " = ", product));
 }
 
 }  // namespace
@@ -41,6 +43,7 @@ absl::StatusOr<std::unique_ptr<ParallelDims>> ParallelDims::Single(
   d->dp_group_ = MakeSelfCommunicator("dp", d->stats_);
   d->tp_group_ = MakeSelfCommunicator("tp", d->stats_);
   d->pp_group_ = MakeSelfCommunicator("pp", d->stats_);
+  d->cp_group_ = MakeSelfCommunicator("cp", d->stats_);
   return d;
 }
 
@@ -54,6 +57,7 @@ absl::StatusOr<std::unique_ptr<ParallelDims>> ParallelDims::Create(
   d->dp_ = spec.dp();
   d->tp_ = spec.tp();
   d->pp_ = spec.pp();
+  d->cp_ = spec.cp();
   d->zero_ = spec.zero();
   d->sp_ = spec.sequence_parallel();
   d->microbatches_ = spec.microbatches();
@@ -66,30 +70,36 @@ absl::StatusOr<std::unique_ptr<ParallelDims>> ParallelDims::Create(
   MPI_Comm_size(node, &d->local_size_);
   MPI_Comm_rank(node, &d->local_rank_);
   MPI_Comm_free(&node);
-  // rank = pp_rank·(dp·tp) + dp_rank·tp + tp_rank
-  d->tp_rank_ = rank % d->tp_;
-  d->dp_rank_ = (rank / d->tp_) % d->dp_;
-  d->pp_rank_ = rank / (d->tp_ * d->dp_);
-  // Each group gathers the ranks that agree on the other two coordinates;
-  // the key orders members by their coordinate within the group.
-  MPI_Comm_split(world, d->pp_rank_ * d->tp_ + d->tp_rank_, d->dp_rank_,
+  // rank = ((pp_rank·dp + dp_rank)·cp + cp_rank)·tp + tp_rank
+  const int tp = d->tp_, cp = d->cp_, dp = d->dp_;
+  d->tp_rank_ = rank % tp;
+  d->cp_rank_ = (rank / tp) % cp;
+  d->dp_rank_ = (rank / (tp * cp)) % dp;
+  d->pp_rank_ = rank / (tp * cp * dp);
+  const int tp_rank = d->tp_rank_, cp_rank = d->cp_rank_, dp_rank = d->dp_rank_,
+            pp_rank = d->pp_rank_;
+  // Each group gathers the ranks that agree on the other coordinates; the
+  // key orders members by their coordinates within the group. The dp group
+  // spans dp × cp (the ranks holding the same weights).
+  MPI_Comm_split(world, pp_rank * tp + tp_rank, dp_rank * cp + cp_rank,
                  &d->dp_comm_);
-  MPI_Comm_split(world, d->pp_rank_ * d->dp_ + d->dp_rank_, d->tp_rank_,
+  MPI_Comm_split(world, (pp_rank * dp + dp_rank) * cp + cp_rank, tp_rank,
                  &d->tp_comm_);
-  MPI_Comm_split(world, d->dp_rank_ * d->tp_ + d->tp_rank_, d->pp_rank_,
-                 &d->pp_comm_);
+  MPI_Comm_split(world, (pp_rank * dp + dp_rank) * tp + tp_rank, cp_rank,
+                 &d->cp_comm_);
+  const int pipeline = (dp_rank * cp + cp_rank) * tp + tp_rank;
+  MPI_Comm_split(world, pipeline, pp_rank, &d->pp_comm_);
   // The embedding group: stage 0 and the last stage of one pipeline (the
   // tied embedding and head); only those ranks, and only when pp > 1.
-  const bool tied_end =
-      d->pp_ > 1 && (d->pp_rank_ == 0 || d->pp_rank_ == d->pp_ - 1);
-  MPI_Comm_split(world,
-                 tied_end ? d->dp_rank_ * d->tp_ + d->tp_rank_ : MPI_UNDEFINED,
-                 d->pp_rank_, &d->emb_comm_);
+  const bool tied_end = d->pp_ > 1 && (pp_rank == 0 || pp_rank == d->pp_ - 1);
+  MPI_Comm_split(world, tied_end ? pipeline : MPI_UNDEFINED, pp_rank,
+                 &d->emb_comm_);
   d->stats_ = std::make_shared<CommStats>();
   d->world_group_ = MakeMpiCommunicator(world, "world", d->stats_);
   d->dp_group_ = MakeMpiCommunicator(d->dp_comm_, "dp", d->stats_);
   d->tp_group_ = MakeMpiCommunicator(d->tp_comm_, "tp", d->stats_);
   d->pp_group_ = MakeMpiCommunicator(d->pp_comm_, "pp", d->stats_);
+  d->cp_group_ = MakeMpiCommunicator(d->cp_comm_, "cp", d->stats_);
   if (d->emb_comm_ != MPI_COMM_NULL) {
     d->embedding_group_ =
         MakeMpiCommunicator(d->emb_comm_, "embedding", d->stats_);
@@ -103,8 +113,9 @@ ParallelDims::~ParallelDims() {
   dp_group_.reset();
   tp_group_.reset();
   pp_group_.reset();
+  cp_group_.reset();
   embedding_group_.reset();
-  for (MPI_Comm* c : {&dp_comm_, &tp_comm_, &pp_comm_, &emb_comm_}) {
+  for (MPI_Comm* c : {&dp_comm_, &tp_comm_, &pp_comm_, &cp_comm_, &emb_comm_}) {
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
   }
 }
@@ -120,8 +131,8 @@ void ParallelDims::AttachDevice(kernels::Ops* device_ops) {
   const bool own_gpu = local_size_ <= kernels::CudaDeviceCount();
   const bool nccl =
       !AnyRankFailed(world_group_.get(), !own_gpu || choice == "staged");
-  // The pipeline group only sends and receives (staged: see comm_nccl.h)
-  // and sums host numbers.
+  // The pipeline and cp groups only send and receive (staged: see
+  // comm_nccl.h) and sum host numbers.
   for (Communicator* g :
        {dp_group_.get(), tp_group_.get(), embedding_group_.get()}) {
     if (g == nullptr) continue;
@@ -136,8 +147,9 @@ void ParallelDims::AttachDevice(kernels::Ops* device_ops) {
     }
     device_groups_[g] = MakeStagedCommunicator(g, device_ops);
   }
-  device_groups_[pp_group_.get()] =
-      MakeStagedCommunicator(pp_group_.get(), device_ops);
+  for (Communicator* g : {pp_group_.get(), cp_group_.get()}) {
+    device_groups_[g] = MakeStagedCommunicator(g, device_ops);
+  }
 }
 
 Communicator* ParallelDims::OnDevice(Communicator* group) const {
@@ -162,20 +174,27 @@ Communicator* ParallelDims::pp_comm() const {
   return pp_ > 1 ? OnDevice(pp_group_.get()) : nullptr;
 }
 
+Communicator* ParallelDims::cp_comm() const {
+  return cp_ > 1 ? OnDevice(cp_group_.get()) : nullptr;
+}
+
 Communicator* ParallelDims::embedding_comm() const {
   return embedding_group_ != nullptr ? OnDevice(embedding_group_.get())
                                      : nullptr;
 }
 
 ComputeGroups ParallelDims::compute_groups() const {
-  return ComputeGroups{dp_comm(), tp_comm(), pp_comm(), embedding_comm(), sp_};
+  return ComputeGroups{dp_comm(), tp_comm(),        pp_comm(),
+                       cp_comm(), embedding_comm(), sp_};
 }
 
 std::string ParallelDims::ToString() const {
-  return absl::StrCat("dp=", dp_, " tp=", tp_, " pp=", pp_, " zero=", zero_,
+  const bool cp = cp_ > 1;
+  return absl::StrCat("dp=", dp_, " tp=", tp_, " pp=", pp_,
+                      cp ? absl::StrCat(" cp=", cp_) : "", " zero=", zero_,
                       " (rank ", world_rank_, " of ", world_size_, ": dp_rank ",
                       dp_rank_, ", tp_rank ", tp_rank_, ", pp_rank ", pp_rank_,
-                      ")");
+                      cp ? absl::StrCat(", cp_rank ", cp_rank_) : "", ")");
 }
 
 }  // namespace ptrain

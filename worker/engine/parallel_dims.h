@@ -1,7 +1,8 @@
 // ParallelDims: the mesh, the one place that knows the parallel layout.
-// Validates that the world size (ParallelWorldSize: dp·tp·pp) is the
-// number of ranks, computes this rank's coordinates (tp fastest, then dp,
-// then pp — Megatron's order) and creates the dp, tp and pp process groups
+// Validates that the world size (ParallelWorldSize: dp·tp·pp·cp) is the
+// number of ranks, computes this rank's coordinates (tp fastest, then cp,
+// then dp, then pp — Megatron's order) and creates the dp, tp, pp and cp
+// process groups
 // over host memory, and on a GPU their twins over its memory (NCCL, or
 // staged through the host). No other code splits communicators, computes
 // rank coordinates or chooses a group's transport. Always present: a rank
@@ -42,6 +43,7 @@ class ParallelDims {
   int dp() const { return dp_; }
   int tp() const { return tp_; }
   int pp() const { return pp_; }
+  int cp() const { return cp_; }
   int zero() const { return zero_; }
   bool sequence_parallel() const { return sp_; }
   int microbatches() const { return microbatches_; }
@@ -54,13 +56,19 @@ class ParallelDims {
   int dp_rank() const { return dp_rank_; }
   int tp_rank() const { return tp_rank_; }
   int pp_rank() const { return pp_rank_; }
+  int cp_rank() const { return cp_rank_; }
   // This rank among the ranks of its node (which share its GPUs).
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
 
-  // The groups this rank belongs to; they share one CommStats.
+  // The groups this rank belongs to; they share one CommStats. The dp
+  // group is every rank holding the same weights: dp × cp ranks (the
+  // gradients are summed and ZeRO shards over it, as Megatron's), the dp
+  // ranks alone when cp = 1; its metrics are group="dp". The cp group
+  // (group="cp") splits every sequence: ring attention's.
   Communicator& world_group() { return *world_group_; }
   Communicator& dp_group() { return *dp_group_; }
+  Communicator& cp_group() { return *cp_group_; }
   Communicator& tp_group() { return *tp_group_; }
   Communicator& pp_group() { return *pp_group_; }
   // Stage 0 and the last stage of this rank's pipeline (pp > 1), which sum
@@ -88,6 +96,7 @@ class ParallelDims {
   Communicator* dp_comm() const;
   Communicator* tp_comm() const;
   Communicator* pp_comm() const;
+  Communicator* cp_comm() const;
   Communicator* embedding_comm() const;
   ComputeGroups compute_groups() const;
 
@@ -97,17 +106,18 @@ class ParallelDims {
  private:
   ParallelDims() = default;
 
-  int dp_ = 1, tp_ = 1, pp_ = 1, zero_ = 0, microbatches_ = 1;
+  int dp_ = 1, tp_ = 1, pp_ = 1, cp_ = 1, zero_ = 0, microbatches_ = 1;
   bool sp_ = false;
   int world_size_ = 1, world_rank_ = 0;
   int local_size_ = 1, local_rank_ = 0;
-  int dp_rank_ = 0, tp_rank_ = 0, pp_rank_ = 0;
+  int dp_rank_ = 0, tp_rank_ = 0, pp_rank_ = 0, cp_rank_ = 0;
   MPI_Comm world_ = MPI_COMM_NULL;
   MPI_Comm dp_comm_ = MPI_COMM_NULL, tp_comm_ = MPI_COMM_NULL,
-           pp_comm_ = MPI_COMM_NULL, emb_comm_ = MPI_COMM_NULL;
+           pp_comm_ = MPI_COMM_NULL, cp_comm_ = MPI_COMM_NULL,
+           emb_comm_ = MPI_COMM_NULL;
   std::shared_ptr<CommStats> stats_;
   std::unique_ptr<Communicator> world_group_, dp_group_, tp_group_, pp_group_,
-      embedding_group_;
+      cp_group_, embedding_group_;
   // AttachDevice's twins, by host group.
   std::map<const Communicator*, std::unique_ptr<Communicator>> device_groups_;
   Communicator* OnDevice(Communicator* group) const;

@@ -21,7 +21,7 @@ PlanOptions SpecPlan(const v1::JobSpec& spec, int tp_rank, int pp_rank) {
   plan.tp_rank = tp_rank;
   plan.pp = p.pp();
   plan.pp_rank = pp_rank;
-  plan.pad = p.dp();
+  plan.pad = p.dp() * p.cp();
   plan.virtual_stages = p.virtual_stages();
   absl::StatusOr<std::vector<int>> layers =
       PipelineStageLayers(p, spec.model().n_layer());
@@ -43,6 +43,7 @@ RankBuild RankBuild::Of(const v1::JobSpec& spec, int vocab_size, int tp_rank,
   b.dp = p.dp();
   b.tp = p.tp();
   b.pp = p.pp();
+  b.cp = p.cp();
   b.micro_B = b.global_batch / (b.dp * b.microbatches);
   b.virtual_stages = p.virtual_stages();
   b.sequence_parallel = p.sequence_parallel();
@@ -60,8 +61,8 @@ RankBuild RankBuild::Of(const v1::JobSpec& spec, int vocab_size, int tp_rank,
 StageOptions RankBuild::Stage(int chunk) const {
   StageOptions stage;
   stage.max_B = micro_B;
-  stage.max_T = T;
-  stage.pad = dp;
+  stage.max_T = T_local();
+  stage.pad = replicas();
   stage.stage = stages[chunk];
   stage.n_stages = n_stages();
   stage.slots = slots[chunk];

@@ -26,7 +26,7 @@ struct RankBuild {
   int global_batch = 1;  // sequences per optimizer step, over all of dp
   int micro_B = 1;       // sequences per microbatch on one dp rank
   int microbatches = 1;  // per optimizer step
-  int dp = 1, tp = 1, pp = 1;
+  int dp = 1, tp = 1, pp = 1, cp = 1;
   int virtual_stages = 1;  // model chunks per pipeline rank
   bool sequence_parallel = false;
   ScheduleKind schedule = ScheduleKind::k1F1B;
@@ -36,6 +36,11 @@ struct RankBuild {
   std::vector<int> stages;  // the virtual stage of each of its chunks
   std::vector<int> slots;   // the activation slots of each chunk
   int chunks() const { return static_cast<int>(stages.size()); }
+  // The positions of each sequence this rank holds: T/cp (zigzag).
+  int T_local() const { return T / cp; }
+  // The ranks holding the same weights, over which gradients are summed
+  // and ZeRO shards: dp × cp.
+  int replicas() const { return dp * cp; }
   int n_stages() const { return pp * virtual_stages; }
   bool last_stage(int chunk) const { return stages[chunk] == n_stages() - 1; }
 
@@ -55,7 +60,8 @@ struct RankBuild {
 GptConfig ModelConfig(const v1::JobSpec& spec, int vocab_size);
 
 // The plan options of the rank at (tp_rank, pp_rank) of a validated spec's
-// mesh: degrees, ZeRO padding, virtual stages and each stage's layers.
+// mesh: degrees, ZeRO padding (over dp × cp), virtual stages and each
+// stage's layers.
 PlanOptions SpecPlan(const v1::JobSpec& spec, int tp_rank, int pp_rank);
 
 }  // namespace ptrain

@@ -442,6 +442,7 @@ CheckpointMeta Trainer::CheckpointMetaAt(int64_t step) const {
   meta.dp = par.dp();
   meta.tp = par.tp();
   meta.pp = par.pp();
+  meta.cp = par.cp();
   meta.zero = par.zero();
   meta.world = dims_->world_size();
   meta.job_uid = run_uid_;
@@ -504,7 +505,7 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
     dims_->AttachDevice(device_ops_.get());
   }
   const ComputeGroups groups = dims_->compute_groups();
-  store_ = std::make_unique<ZeroStore>(layout, b.dp, b.zero, groups.dp,
+  store_ = std::make_unique<ZeroStore>(layout, b.replicas(), b.zero, groups.dp,
                                        device_ops_.get());
   order_ = b.pp > 1 ? PipelineOrder(b.schedule, b.pp, dims_->pp_rank(),
                                     b.microbatches, b.virtual_stages)
@@ -518,6 +519,7 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
         std::make_unique<UnitStoreSlice>(store_.get(), first_unit));
     StageOptions stage = b.Stage(c);
     stage.tp = TpGroup{groups.tp, b.sequence_parallel};
+    stage.cp = CpGroup{groups.cp};
     stage.store = slices_.back().get();
     stage.ops = compute_ops();
     chunks_.push_back(
@@ -531,8 +533,12 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
       &data_.train, b.T, b.global_batch, spec_.train().seed(), "train");
   val_sampler_ = std::make_unique<BatchSampler>(&data_.val, b.T, b.global_batch,
                                                 spec_.train().seed(), "val");
-  inputs_.resize(static_cast<size_t>(b.micro_B) * b.T * b.microbatches);
+  inputs_.resize(static_cast<size_t>(b.micro_B) * b.T_local() * b.microbatches);
   targets_.resize(inputs_.size());
+  if (b.cp > 1) {
+    whole_inputs_.resize(static_cast<size_t>(b.micro_B) * b.T);
+    whole_targets_.resize(whole_inputs_.size());
+  }
   PipelineRuntime::Options run;
   run.pp = groups.pp;
   run.pp_rank = dims_->pp_rank();
@@ -542,7 +548,7 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
   run.seq_split =
       b.sequence_parallel && groups.tp != nullptr ? groups.tp->size() : 1;
   run.max_B = b.micro_B;
-  run.max_T = b.T;
+  run.max_T = b.T_local();
   runtime_ = std::make_unique<PipelineRuntime>(std::move(run));
 }
 
@@ -566,9 +572,23 @@ MemoryBytes Trainer::memory() const {
   return m;
 }
 
-double Trainer::SumOverDp(double x) {
-  if (build_.dp > 1) dims_->dp_comm()->AllReduce(&x, 1);
+double Trainer::SumOverReplicas(double x) {
+  if (build_.replicas() > 1) dims_->dp_comm()->AllReduce(&x, 1);
   return x;
+}
+
+void Trainer::FillMicrobatch(BatchSampler& sampler, int64_t batch, int first,
+                             int32_t* inputs, int32_t* targets) {
+  const RankBuild& b = build_;
+  if (b.cp == 1) {
+    sampler.Fill(batch, first, b.micro_B, inputs, targets);
+    return;
+  }
+  sampler.Fill(batch, first, b.micro_B, whole_inputs_.data(),
+               whole_targets_.data());
+  const CpGroup cp{dims_->cp_comm()};
+  cp.TakeLocal(whole_inputs_.data(), b.micro_B, b.T, inputs);
+  cp.TakeLocal(whole_targets_.data(), b.micro_B, b.T, targets);
 }
 
 double Trainer::flops_per_step() const {
@@ -584,19 +604,21 @@ StepResult Trainer::TrainStep(int64_t step) {
   StepResult r;
   store_->BeginStep();
   auto t = Clock::now();
-  const int64_t tokens = int64_t{b.micro_B} * b.T;
+  const int64_t tokens = int64_t{b.micro_B} * b.T_local();
   for (int mb = 0; mb < b.microbatches; ++mb) {
-    train_sampler_->Fill(step, FirstSequence(mb), b.micro_B,
-                         inputs_.data() + mb * tokens,
-                         targets_.data() + mb * tokens);
+    FillMicrobatch(*train_sampler_, step, FirstSequence(mb),
+                   inputs_.data() + mb * tokens, targets_.data() + mb * tokens);
   }
   r.phases.data += SecondsSince(t);
-  double loss_sum = runtime_->TrainStep(order_, inputs_.data(), targets_.data(),
-                                        b.micro_B, b.T, dloss, &r.phases);
+  double loss_sum =
+      runtime_->TrainStep(order_, inputs_.data(), targets_.data(), b.micro_B,
+                          b.T_local(), dloss, &r.phases);
   t = Clock::now();
-  // The last stage computed the losses: every stage learns them.
+  // The last stage computed the losses: every stage learns them. Each cp
+  // rank's are means over as many positions: their mean is the sequence's.
   if (Communicator* pp = dims_->pp_comm()) pp->AllReduce(&loss_sum, 1);
-  r.loss = static_cast<float>(SumOverDp(loss_sum) / (b.microbatches * b.dp));
+  r.loss = static_cast<float>(SumOverReplicas(loss_sum) /
+                              (b.microbatches * b.replicas()));
   r.lr = LearningRate(spec_.train(), step);
   r.grad_norm = optimizer_->Step(static_cast<float>(r.lr)).grad_norm;
   r.phases.optimizer = SecondsSince(t);
@@ -613,15 +635,16 @@ float Trainer::Evaluate() {
   for (int batch = 0; batch < spec_.train().eval_batches(); ++batch) {
     for (int first = dp_rank * local; first < (dp_rank + 1) * local;
          first += b.micro_B) {
-      val_sampler_->Fill(batch, first, b.micro_B, inputs_.data(),
-                         targets_.data());
-      sum += runtime_->Forward(inputs_.data(), targets_.data(), b.micro_B, b.T);
+      FillMicrobatch(*val_sampler_, batch, first, inputs_.data(),
+                     targets_.data());
+      sum += runtime_->Forward(inputs_.data(), targets_.data(), b.micro_B,
+                               b.T_local());
       ++count;
     }
   }
   if (Communicator* pp = dims_->pp_comm()) pp->AllReduce(&sum, 1);
-  return static_cast<float>(SumOverDp(sum) /
-                            SumOverDp(static_cast<double>(count)));
+  return static_cast<float>(SumOverReplicas(sum) /
+                            SumOverReplicas(static_cast<double>(count)));
 }
 
 std::string Trainer::Sample(uint64_t salt, SampleMode mode) {
@@ -658,7 +681,11 @@ std::string Trainer::Sample(uint64_t salt, SampleMode mode) {
     }
     const int T = static_cast<int>(ids.size() - start);
     int last_row = T - 1;  // the row of logits(0) at the context's end
-    if (mode == SampleMode::kKvCache) {
+    // Under context parallelism a forward takes a rank's zigzag positions:
+    // every mode runs through the cache on each cp rank alike, the
+    // recomputing ones from the context's start again for every token.
+    if (mode == SampleMode::kKvCache || build_.cp > 1) {
+      if (mode != SampleMode::kKvCache) cached = 0;
       while (cached < T) {
         const int n = std::min(T - cached, model().decode_max());
         runtime_->Forward(ids.data() + start + cached, nullptr, 1, n, cached);

@@ -179,8 +179,14 @@ class Trainer {
   // (else -1).
   Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
           TokenData data, ParallelDims* dims, int gpu);
-  // Sum over the dp group (identity on one rank).
-  double SumOverDp(double x);
+  // Sum over the ranks holding the same weights, dp × cp (identity on
+  // one).
+  double SumOverReplicas(double x);
+  // Microbatch `first`.. of `sampler`'s batch `batch` into `inputs` and
+  // `targets` (micro_B · T_local each): under context parallelism this
+  // rank's zigzag positions of each sequence.
+  void FillMicrobatch(BatchSampler& sampler, int64_t batch, int first,
+                      int32_t* inputs, int32_t* targets);
   // The world group; null on one rank.
   Communicator* world() const { return dims_->world_comm(); }
   bool last_stage() const { return dims_->pp_rank() == build_.pp - 1; }
@@ -278,9 +284,12 @@ class Trainer {
   std::unique_ptr<PipelineRuntime> runtime_;
   std::unique_ptr<DistributedOptimizer> optimizer_;
   std::unique_ptr<BatchSampler> train_sampler_, val_sampler_;
-  // Every microbatch's tokens of a step (microbatch mb at mb·micro_B·T);
-  // evaluation uses the first microbatch's room.
+  // Every microbatch's tokens of a step (microbatch mb at
+  // mb·micro_B·T_local); evaluation uses the first microbatch's room.
   std::vector<int32_t> inputs_, targets_;
+  // cp > 1: one microbatch's whole sequences, before FillMicrobatch takes
+  // this rank's positions.
+  std::vector<int32_t> whole_inputs_, whole_targets_;
 };
 
 }  // namespace ptrain

@@ -148,6 +148,7 @@ void Trainer::ReportStart() {
         {"dp", par.dp()},
         {"tp", par.tp()},
         {"pp", par.pp()},
+        {"cp", par.cp()},
         {"zero", par.zero()},
         {"sequence_parallel", par.sequence_parallel()},
         {"microbatches", par.microbatches()},

@@ -115,6 +115,31 @@ TEST(RankMetrics, PageCarriesDesignNamesLabelsAndLastValues) {
   }
 }
 
+// A rank of a context-parallel job carries its cp coordinate as a label,
+// and its ring's traffic is group="cp"; other jobs' series have no cp_rank
+// (the page above).
+TEST(RankMetrics, ContextParallelRanksCarryTheirCpRankAndGroup) {
+  RankLabels labels{"long", "node2", 5, 0, 1, 0};
+  labels.cp_rank = 1;
+  auto m = RankMetrics::Start("127.0.0.1:0", labels);
+  ASSERT_TRUE(m.ok()) << m.status();
+  CommStats stats;
+  stats.Record("cp", CommOp::kSend, 0.5, 1024);
+  stats.Record("cp", CommOp::kRecv, 0.25, 1024);
+  (*m)->UpdateComm(stats);
+  const std::string page = HttpGet((*m)->port(), "/metrics");
+  for (const std::string& line : std::vector<std::string>{
+           "ptrain_comm_seconds_total{cp_rank=\"1\",dp_rank=\"0\",group="
+           "\"cp\",job=\"long\",node=\"node2\",op=\"send\",pp_rank=\"0\","
+           "rank=\"5\",tp_rank=\"1\"} 0.5",
+           "ptrain_comm_bytes_total{cp_rank=\"1\",dp_rank=\"0\",group="
+           "\"cp\",job=\"long\",node=\"node2\",op=\"recv\",pp_rank=\"0\","
+           "rank=\"5\",tp_rank=\"1\"} 1024",
+       }) {
+    EXPECT_NE(page.find(line), std::string::npos) << line << "\n" << page;
+  }
+}
+
 TEST(RankMetrics, AddressInUseIsAClearError) {
   auto a = RankMetrics::Start("127.0.0.1:0", {"j", "n", 0, 0, 0, 0});
   ASSERT_TRUE(a.ok());
