@@ -79,6 +79,12 @@ class Ops {
   virtual void Zero(float* p, int64_t n) = 0;
   virtual void Copy(float* dst, const float* src, int64_t n) = 0;
   virtual void Add(float* dst, const float* src, int64_t n) = 0;  // dst += src
+  // `rows` rows of `cols` floats from src (rows `src_stride` apart) to dst
+  // (rows `dst_stride` apart): copied, or with `add` added (dst += src).
+  // Column slices of row-major tensors (ring attention's keys and values).
+  virtual void CopyRows(float* dst, int64_t dst_stride, const float* src,
+                        int64_t src_stride, int64_t rows, int64_t cols,
+                        bool add) = 0;
   // Sum of x (n), in double, on the host.
   virtual double Sum(const float* x, int64_t n) = 0;
   virtual double SumSquares(const float* x, int64_t n) = 0;

@@ -61,6 +61,21 @@ class CpuBackend final : public Ops {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; i++) dst[i] += src[i];
   }
+  void CopyRows(float* dst, int64_t dst_stride, const float* src,
+                int64_t src_stride, int64_t rows, int64_t cols,
+                bool add) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      float* d = dst + r * dst_stride;
+      const float* s = src + r * src_stride;
+      if (add) {
+#pragma omp simd
+        for (int64_t c = 0; c < cols; ++c) d[c] += s[c];
+      } else {
+        std::memcpy(d, s, cols * sizeof(float));
+      }
+    }
+  }
   double Sum(const float* x, int64_t n) override {
     double sum = 0.0;
     for (int64_t i = 0; i < n; ++i) sum += x[i];

@@ -14,6 +14,14 @@ __global__ void AddKernel(float* dst, const float* src, int64_t n) {
   ForEachIndex(n, [&](int64_t i) { dst[i] += src[i]; });
 }
 
+__global__ void AddRowsKernel(float* dst, int64_t dst_stride, const float* src,
+                              int64_t src_stride, int64_t rows, int64_t cols) {
+  ForEachIndex(rows * cols, [&](int64_t i) {
+    const int64_t r = i / cols, c = i % cols;
+    dst[r * dst_stride + c] += src[r * src_stride + c];
+  });
+}
+
 __global__ void ResidualKernel(float* out, const float* a, const float* b,
                                int64_t n) {
   ForEachIndex(n, [&](int64_t i) { out[i] = a[i] + b[i]; });
@@ -46,6 +54,20 @@ __global__ void GeluBackwardKernel(O* dinp, const S* inp, const float* dout,
 
 void CudaBackend::Add(float* dst, const float* src, int64_t n) {
   Run("Add", AddKernel, Blocks(n), dst, src, n);
+}
+
+void CudaBackend::CopyRows(float* dst, int64_t dst_stride, const float* src,
+                           int64_t src_stride, int64_t rows, int64_t cols,
+                           bool add) {
+  if (add) {
+    Run("AddRows", AddRowsKernel, Blocks(rows * cols), dst, dst_stride, src,
+        src_stride, rows, cols);
+    return;
+  }
+  const OpScope scope(&times_, stream_, "CopyRows");
+  PT_CUDA_CHECK(cudaMemcpy2DAsync(
+      dst, dst_stride * sizeof(float), src, src_stride * sizeof(float),
+      cols * sizeof(float), rows, cudaMemcpyDeviceToDevice, stream_));
 }
 
 void CudaBackend::gelu_forward(float* out, const float* inp, int64_t N) {

@@ -243,6 +243,9 @@ class CudaBackend final : public Ops {
   void Zero(float* p, int64_t n) override;
   void Copy(float* dst, const float* src, int64_t n) override;
   void Add(float* dst, const float* src, int64_t n) override;
+  void CopyRows(float* dst, int64_t dst_stride, const float* src,
+                int64_t src_stride, int64_t rows, int64_t cols,
+                bool add) override;
   double Sum(const float* x, int64_t n) override;
   double SumSquares(const float* x, int64_t n) override;
 

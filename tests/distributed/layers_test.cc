@@ -393,7 +393,8 @@ TEST(RingAttention, ZigzagRanksGiveTheWholeSequencesAttention) {
   };
   const Vec local = mine(qkv, 3 * C), local_dout = mine(dout, C);
   Vec got(local_dout.size()), lse(static_cast<size_t>(B) * NH * Tl),
-      ring(4 * local.size()), dlocal(local.size(), 0.0f);
+      ring(static_cast<size_t>(4) * B * Tl * 2 * C),  // as documented
+      dlocal(local.size(), 0.0f);
   ring_attention_forward(got.data(), lse.data(), local.data(), B, Tl, C, NH, g,
                          ring.data(), kernels::CpuOps());
   ring_attention_backward(dlocal.data(), local_dout.data(), local.data(),

@@ -532,6 +532,29 @@ TEST_P(CudaOpsTest, AttentionBlocksAsOnTheCpu) {
   Check("block attention dkv (rank 0's)", g_dtheirs.Host(), dtheirs);
 }
 
+// Ring attention's packing: the keys and values columns of qkv rows copied
+// into packed rows, and packed gradients added back into those columns, as
+// on the CPU.
+TEST_P(CudaOpsTest, CopyRowsCopiesAndAddsColumnSlices) {
+  const int64_t rows = 37, C = 12;
+  const Vec qkv = Random(rows * 3 * C, 121), packed = Random(rows * 2 * C, 122);
+  Vec cpu_packed(rows * 2 * C, 0.0f), cpu_qkv = qkv;
+  Dev g_qkv(gpu_.get(), qkv), g_packed(gpu_.get(), cpu_packed),
+      g_grad(gpu_.get(), packed);
+  cpu().CopyRows(cpu_packed.data(), 2 * C, qkv.data() + C, 3 * C, rows, 2 * C,
+                 /*add=*/false);
+  gpu_->CopyRows(g_packed.get(), 2 * C, g_qkv.get() + C, 3 * C, rows, 2 * C,
+                 /*add=*/false);
+  cpu().CopyRows(cpu_qkv.data() + C, 3 * C, packed.data(), 2 * C, rows, 2 * C,
+                 /*add=*/true);
+  gpu_->CopyRows(g_qkv.get() + C, 3 * C, g_grad.get(), 2 * C, rows, 2 * C,
+                 /*add=*/true);
+  EXPECT_EQ(cpu_packed[2 * C], qkv[3 * C + C]);  // row 1's first key
+  EXPECT_EQ(cpu_qkv[0], qkv[0]);                 // queries untouched
+  Check("packed keys and values", g_packed.Host(), cpu_packed);
+  Check("gradients added into qkv", g_qkv.Host(), cpu_qkv);
+}
+
 // Attention over a bf16-stored qkv (off 16-byte alignment) into a
 // bf16-stored output under bf16 compute (fused heads of 16, and heads of 8
 // through cuBLAS), against the same on the CPU's bf16 backend.

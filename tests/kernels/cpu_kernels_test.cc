@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -1183,12 +1184,20 @@ TEST(FlashAttentionTest, MatchesTheMaterialisedKernelAcrossKeyTiles) {
 // block over every rank's keys and values in the ring's order (its own
 // first), is the whole attention's at those positions, with each row's
 // log-sum-exp; the blocks' backwards, each from the whole output and
-// log-sum-exp, sum to the whole attention's input gradient.
-TEST(AttentionBlockTest, ZigzagBlocksInRingOrderAreTheWholeAttention) {
-  AttentionProblem p(/*B=*/2, /*T=*/24, /*C=*/12, /*NH=*/3);
+// log-sum-exp, sum to the whole attention's input gradient. Short blocks
+// (one tile of query rows) and long ones (several tiles, one of them
+// across the boundary of the block's two chunks).
+class AttentionBlockTest : public ::testing::TestWithParam<std::array<int, 4>> {
+};
+
+TEST_P(AttentionBlockTest, ZigzagBlocksInRingOrderAreTheWholeAttention) {
+  const auto [pB, pT, pC, pNH] = GetParam();
+  AttentionProblem p(pB, pT, pC, pNH);
   p.Backward();
   const int B = p.B, T = p.T, C = p.C, NH = p.NH;
   for (int cp : {1, 2, 3, 4}) {
+    if (T % (2 * cp) != 0) continue;
+    SCOPED_TRACE("T " + std::to_string(T) + " cp " + std::to_string(cp));
     const int Tl = T / cp, chunk = T / (2 * cp);
     // Chunks r and 2cp−1−r, as ZigzagPosition numbers them.
     auto positions = [&](int r) {
@@ -1279,6 +1288,9 @@ TEST(AttentionBlockTest, ZigzagBlocksInRingOrderAreTheWholeAttention) {
     }
   }
 }
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionBlockTest,
+                         ::testing::Values(std::array<int, 4>{2, 24, 12, 3},
+                                           std::array<int, 4>{1, 300, 8, 2}));
 
 // The CPU backend keeps the probabilities below kFlashAttentionT positions
 // and one float per row from there, and computes the same attention

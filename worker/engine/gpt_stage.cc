@@ -150,10 +150,15 @@ GptStage::ActivationDims GptStage::ActivationDims::Of(
   d.BT = SatMul(max_B, max_T);
   d.BTs = SatMul(max_B, sp ? max_T / tp : max_T);
   // What attention keeps: the backend says; with none, the (B,NH,T,T)
-  // probabilities (the CPU's, and the most).
-  d.att = ops != nullptr ? ops->attention_saved_floats(max_B, max_T, d.Cl, NHl)
-                         : SatMul(SatMul(SatMul(max_B, NHl), max_T), max_T);
-  d.datt = ops != nullptr
+  // probabilities (the CPU's, and the most). Ring attention (cp > 1) keeps
+  // each row's log-sum-exp and needs no scratch of the backend's (its
+  // blocks in transit are the working set's `ring`).
+  d.att = cp > 1 ? SatMul(SatMul(max_B, NHl), max_T)
+          : ops != nullptr
+              ? ops->attention_saved_floats(max_B, max_T, d.Cl, NHl)
+              : SatMul(SatMul(SatMul(max_B, NHl), max_T), max_T);
+  d.datt = cp > 1 ? 0
+           : ops != nullptr
                ? ops->attention_scratch_floats(max_B, max_T, d.Cl, NHl)
                : d.att;
   // What the backend keeps of GELU(fch) (bf16 CPU: its rounded copy), not
@@ -257,7 +262,7 @@ void GptStage::LayOut(const ActivationDims& d, TakeFn take,
   w->datt = take(d.datt);
   w->dfch_gelu = take(SatMul(BT, 4 * Cl));
   w->ce_stats = d.last ? take(SatMul(3, BT)) : nullptr;
-  w->ring = d.cp > 1 ? take(SatMul(4, SatMul(BT, 3 * Cl))) : nullptr;
+  w->ring = d.cp > 1 ? take(SatMul(4, SatMul(BT, 2 * Cl))) : nullptr;
 }
 
 int64_t GptStage::ActivationFloats(const ActivationDims& d) {

@@ -404,7 +404,7 @@ class GptStage : private UnitStore {
   // in its place.
   float* dfch_gelu_;
   float* ce_stats_;  // (3,B,T)
-  float* ring_;      // cp > 1: 4·(B,T,3Cl), ring attention's
+  float* ring_;      // cp > 1: 4·(B,T,2Cl), ring attention's
   // Training's attention of layer `a` over the whole sequence (ring
   // attention under cp, its log-sum-exp kept in a.att), and its backward
   // into dqkv (zeroed first).

@@ -301,24 +301,30 @@ void ring_attention_forward(float* out, float* lse, const float* qkv, int B,
                             int Tl, int C, int NH, const CpGroup& g,
                             float* ring, kernels::Ops& ops) {
   const int cp = g.size(), r = g.rank();
-  const int64_t n = int64_t{B} * Tl * 3 * C;
+  if (cp == 1) {
+    ops.attention_block_forward(out, lse, qkv, qkv + C, 3 * C, B, Tl, C, NH, 1,
+                                0, 0, /*first=*/true);
+    return;
+  }
+  const int64_t rows = int64_t{B} * Tl, n = rows * 2 * C;
   const int next = (r + 1) % cp, prev = (r + cp - 1) % cp;
-  // Step s holds rank (r − s)'s block: its own first, then each neighbour's
-  // as it arrives.
-  const float* block = qkv;
+  // Step s holds rank (r − s)'s keys and values, packed (B,Tl,2C): its own
+  // first, then each neighbour's as it arrives, in the other buffer (free
+  // again once its block has been passed on).
+  float* blocks[2] = {ring, ring + n};
+  ops.CopyRows(blocks[0], 2 * C, qkv + C, 3 * C, rows, 2 * C, /*add=*/false);
   for (int s = 0; s < cp; ++s) {
-    float* incoming = ring + (s % 2) * n;
+    float* block = blocks[s % 2];
     std::unique_ptr<CommHandle> send, recv;
     if (s + 1 < cp) {
-      recv = g.comm->RecvAsync(incoming, n, prev, s);
+      recv = g.comm->RecvAsync(blocks[(s + 1) % 2], n, prev, s);
       send = g.comm->SendAsync(block, n, next, s);
     }
-    ops.attention_block_forward(out, lse, qkv, block + C, 3 * C, B, Tl, C, NH,
-                                cp, r, (r - s + cp) % cp, /*first=*/s == 0);
+    ops.attention_block_forward(out, lse, qkv, block, 2 * C, B, Tl, C, NH, cp,
+                                r, (r - s + cp) % cp, /*first=*/s == 0);
     if (recv != nullptr) {
       recv->Wait();
       send->Wait();
-      block = incoming;
     }
   }
 }
@@ -328,28 +334,31 @@ void ring_attention_backward(float* dqkv, const float* dout, const float* qkv,
                              int C, int NH, const CpGroup& g, float* ring,
                              kernels::Ops& ops) {
   const int cp = g.size(), r = g.rank();
-  const int64_t n = int64_t{B} * Tl * 3 * C;
+  if (cp == 1) {
+    ops.attention_block_backward(dqkv, dqkv + C, dout, qkv, out, lse, qkv + C,
+                                 3 * C, B, Tl, C, NH, 1, 0, 0);
+    return;
+  }
+  const int64_t rows = int64_t{B} * Tl, n = rows * 2 * C;
   const int next = (r + 1) % cp, prev = (r + cp - 1) % cp;
-  // Two blocks in transit and the gradients of their keys and values (in
-  // their columns; the query thirds stay zero, so that adding a whole
-  // gradient adds only those).
+  // Two blocks of keys and values in transit and two gradients of them,
+  // packed (B,Tl,2C).
   float* blocks[2] = {ring, ring + n};
   float* grads[2] = {ring + 2 * n, ring + 3 * n};
-  const float* block = qkv;
+  ops.CopyRows(blocks[0], 2 * C, qkv + C, 3 * C, rows, 2 * C, /*add=*/false);
   float* grad = grads[0];
   ops.Zero(grad, n);
   for (int s = 0; s < cp; ++s) {
     // The block moves on while its gradient is computed; the gradient
     // follows once every key of it has been seen here.
+    float* block = blocks[s % 2];
     std::unique_ptr<CommHandle> send, recv;
-    float* incoming = blocks[s % 2];
     if (s + 1 < cp) {
-      recv = g.comm->RecvAsync(incoming, n, prev, 2 * s);
+      recv = g.comm->RecvAsync(blocks[(s + 1) % 2], n, prev, 2 * s);
       send = g.comm->SendAsync(block, n, next, 2 * s);
     }
-    ops.attention_block_backward(dqkv, grad + C, dout, qkv, out, lse, block + C,
-                                 3 * C, B, Tl, C, NH, cp, r, (r - s + cp) % cp);
-    if (cp == 1) break;
+    ops.attention_block_backward(dqkv, grad, dout, qkv, out, lse, block, 2 * C,
+                                 B, Tl, C, NH, cp, r, (r - s + cp) % cp);
     // After the last step the gradient goes home: rank r + 1's block.
     float* grad_in = grads[(s + 1) % 2];
     auto grad_recv = g.comm->RecvAsync(grad_in, n, prev, 2 * s + 1);
@@ -360,11 +369,11 @@ void ring_attention_backward(float* dqkv, const float* dout, const float* qkv,
     if (recv != nullptr) {
       recv->Wait();
       send->Wait();
-      block = incoming;
     }
   }
-  // This rank's own block, with every rank's share of its gradient.
-  ops.Add(dqkv, grad, n);
+  // This rank's own keys and values, with every rank's share of their
+  // gradient.
+  ops.CopyRows(dqkv + C, 3 * C, grad, 2 * C, rows, 2 * C, /*add=*/true);
 }
 
 }  // namespace ptrain
