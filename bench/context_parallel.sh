@@ -12,18 +12,7 @@ rounds=${1:-3}
 steps=${2:-3}
 bin=${PTRAIN_BUILD:-build}/bench/context_parallel_bench
 cores=$(nproc)
-mpi="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader,tcp"
-export OMPI_MCA_mpi_yield_when_idle=1
-out=$(mktemp)
-trap 'rm -f "$out" "$out.run"' EXIT
-
-run() {  # NAME COMMAND...: runs it, keeps its tok/s under NAME
-  name=$1
-  shift
-  "$@" >"$out.run" 2>&1 || { cat "$out.run"; exit 1; }
-  grep -v "warning" "$out.run"
-  echo "$name $(sed -n 's/.* ms\/step, \([0-9.]*\) tok\/s.*/\1/p' "$out.run")" >>"$out"
-}
+. bench/side_by_side.sh
 
 i=0
 while [ "$i" -lt "$rounds" ]; do
@@ -33,7 +22,6 @@ while [ "$i" -lt "$rounds" ]; do
   run cp2 $mpi -n 2 -x OMP_NUM_THREADS=1 "$bin" --steps "$steps"
 done
 
-median() { grep "^$1 " "$out" | cut -d' ' -f2 | sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 m1=$(median cp1)
 m2=$(median cp2)
 echo "--- config M at T=1024, median of $rounds rounds"
