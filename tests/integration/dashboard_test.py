@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """The Grafana dashboard against a live job: two ranks serve /metrics, a real
 Prometheus scrapes them, and every query of dashboards/ptrain-job.json must
-return series for each rank it is about. Fails if a metric name, a label or a
+return series for each rank it is about. The job is context-parallel (cp=2:
+its ranks exchange ring attention's blocks, group "cp", and sum gradients
+over dp x cp, group "dp"): the communication panel must show both groups. Fails if a metric name, a label or a
 query of the dashboard is wrong. Panels of GPU metrics (ptrain_gpu_*) have
 no data on this CPU job: their queries must still be valid PromQL, name
 metrics docs/metrics.md documents, and return nothing here.
@@ -35,7 +37,7 @@ def main():
         ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl",
          "self,vader,tcp", "-n", "2", ptworker, "--config",
          os.path.join(src, "examples/shakespeare-char.yaml"),
-         "--set", "parallel.dp=2", "--set", "train.steps=100000",
+         "--set", "parallel.cp=2", "--set", "train.steps=100000",
          "--set", "model.n_layer=1", "--set", "model.n_embd=32",
          "--set", "train.eval_every=20", "--set", "train.eval_batches=1",
          "--set", f"checkpoint.dir={tmp}/ck", "--set", "checkpoint.every=50",
@@ -79,6 +81,13 @@ def main():
                  '{job="shakespeare-char"}[1m]))')}
         print(f"{len(exprs) - len(missing)} of {len(exprs)} dashboard queries "
               f"returned data; ranks seen: {sorted(ranks)}")
+        # The communication panel, by rank, group and op: ring attention's
+        # group and the gradients' both there.
+        comm = [e for t, e in exprs if "by rank, group and op" in t]
+        groups = {r["metric"].get("group")
+                  for e in comm for r in query(web, e)}
+        print(f"communication panel groups: {sorted(groups)}")
+        groups_ok = len(comm) == 1 and {"cp", "dp"} <= groups
         gpu_bad = []
         for title, expr in gpu_exprs:
             names = gpu.findall(expr)
@@ -94,10 +103,11 @@ def main():
                       f"{undocumented}, result {result})")
         print(f"{len(gpu_exprs) - len(gpu_bad)} of {len(gpu_exprs)} GPU-only "
               f"queries valid, documented and empty on a CPU job")
-        ok = not missing and ranks == {"0", "1"} and not gpu_bad
+        ok = not missing and ranks == {"0", "1"} and not gpu_bad and groups_ok
         passed = len(exprs) - len(missing) + (ranks == {"0", "1"}) + \
-            len(gpu_exprs) - len(gpu_bad)
-        failed = len(missing) + (ranks != {"0", "1"}) + len(gpu_bad)
+            len(gpu_exprs) - len(gpu_bad) + groups_ok
+        failed = len(missing) + (ranks != {"0", "1"}) + len(gpu_bad) + \
+            (not groups_ok)
         print(f"{passed} passed, {failed} failed")
         return 0 if ok else 1
     finally:
