@@ -838,28 +838,58 @@ Result TwoRanks(const std::string& args, const std::string& env,
       err_file.string());
 }
 
-// A context-parallel job (cp=2): it trains, its layout record and its
+// What a run log says: each step's loss, the last evaluation's loss, the
+// last sample and the layout's cp.
+struct Logged {
+  std::vector<double> losses;
+  double val_loss = -1;
+  std::string sample;
+  int cp = 0;
+};
+Logged ReadLog(const std::string& path) {
+  Logged out;
+  std::istringstream in(ReadAll(path));
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    const std::string type = j.at("type");
+    if (type == "step") out.losses.push_back(j.at("loss"));
+    if (type == "eval") out.val_loss = j.at("val_loss");
+    if (type == "sample") out.sample = j.at("text");
+    if (type == "layout") out.cp = j.at("cp");
+  }
+  return out;
+}
+
+// A context-parallel job (cp=2): it trains as one rank does (each step's
+// loss and the evaluation's within 1e-5), its layout record and its
 // checkpoint's manifest say cp=2, and its sample (drawn on each cp rank
 // through the cache, the ring being for training) is the very text one
 // rank draws from its checkpoint, loaded at cp=1.
 TEST_F(PtworkerCli, ContextParallelRunSamplesAsOneRankDoesFromItsCheckpoint) {
   const fs::path ckpt = dir_ / "ck";
-  const Result r = TwoRanks(Small() +
-                                "--set train.sample_tokens=40 --set "
-                                "resources.threads_per_rank=1 "
-                                "--set checkpoint.dir=" +
-                                ckpt.string(),
-                            "", "--set parallel.cp=2");
+  const std::string sets =
+      "--set train.sample_tokens=40 --set resources.threads_per_rank=1 ";
+  const Result r =
+      TwoRanks(Small() + sets + "--set checkpoint.dir=" + ckpt.string(), "",
+               "--set parallel.cp=2");
   ASSERT_EQ(r.code, 0) << r.err;
-  std::string logged;
-  int cp = 0;
-  std::istringstream in(ReadAll(log_));
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.at("type") == "sample") logged = j.at("text");
-    if (j.at("type") == "layout") cp = j.at("cp");
+  const Logged cp2 = ReadLog(log_);
+  fs::remove(log_);
+  const Result one =
+      RunPtworker(Small() + sets + "--set train.steps=2 --set checkpoint.dir=" +
+                  (dir_ / "ck1").string());
+  ASSERT_EQ(one.code, 0) << one.err;
+  const Logged cp1 = ReadLog(log_);
+  ASSERT_EQ(cp2.losses.size(), 2u);
+  ASSERT_EQ(cp1.losses.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_NEAR(cp2.losses[i], cp1.losses[i], 1e-5 * cp1.losses[i]) << i;
   }
-  EXPECT_EQ(cp, 2);
+  ASSERT_GT(cp1.val_loss, 0);
+  EXPECT_NEAR(cp2.val_loss, cp1.val_loss, 1e-5 * cp1.val_loss);
+  EXPECT_EQ(cp2.cp, 2);
+  EXPECT_EQ(cp1.cp, 1);
+  const std::string logged = cp2.sample;
   ASSERT_FALSE(logged.empty());
   const std::string step2 = (ckpt / "step-00000002").string();
   const auto manifest =
