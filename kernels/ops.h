@@ -85,6 +85,10 @@ class Ops {
   virtual void CopyRows(float* dst, int64_t dst_stride, const float* src,
                         int64_t src_stride, int64_t rows, int64_t cols,
                         bool add) = 0;
+  // rows × cols activations (dense) from src's type into dst's: fp32 to
+  // bf16 rounds to nearest even, bf16 to fp32 is exact, the same type
+  // copies. For kernels that take fp32 only (ring attention's blocks).
+  virtual void Convert(Act dst, ConstAct src, int64_t rows, int64_t cols) = 0;
   // Sum of x (n), in double, on the host.
   virtual double Sum(const float* x, int64_t n) = 0;
   virtual double SumSquares(const float* x, int64_t n) = 0;

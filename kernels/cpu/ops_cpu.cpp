@@ -76,6 +76,20 @@ class CpuBackend final : public Ops {
       }
     }
   }
+  void Convert(Act dst, ConstAct src, int64_t rows, int64_t cols) override {
+    const int64_t n = rows * cols;
+    if (dst.type == src.type) {
+      if (dst.p != src.p) {
+        std::memcpy(dst.p, src.p, n * (src.type == DType::kF32 ? 4 : 2));
+      }
+    } else if (src.type == DType::kBf16) {
+      kernels::FromBf16Values(dst.f32(), static_cast<const uint16_t*>(src.p),
+                              n);
+    } else {
+      kernels::RoundToBf16Rows(static_cast<uint16_t*>(dst.p), src.f32(), rows,
+                               cols);
+    }
+  }
   double Sum(const float* x, int64_t n) override {
     double sum = 0.0;
     for (int64_t i = 0; i < n; ++i) sum += x[i];

@@ -22,6 +22,11 @@ __global__ void AddRowsKernel(float* dst, int64_t dst_stride, const float* src,
   });
 }
 
+template <typename S, typename O>
+__global__ void ConvertKernel(O* dst, const S* src, int64_t n) {
+  ForEachIndex(n, [&](int64_t i) { Store(dst + i, Load(src + i)); });
+}
+
 __global__ void ResidualKernel(float* out, const float* a, const float* b,
                                int64_t n) {
   ForEachIndex(n, [&](int64_t i) { out[i] = a[i] + b[i]; });
@@ -68,6 +73,23 @@ void CudaBackend::CopyRows(float* dst, int64_t dst_stride, const float* src,
   PT_CUDA_CHECK(cudaMemcpy2DAsync(
       dst, dst_stride * sizeof(float), src, src_stride * sizeof(float),
       cols * sizeof(float), rows, cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaBackend::Convert(Act dst, ConstAct src, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  if (dst.type == src.type) {
+    if (dst.p == src.p) return;
+    const OpScope scope(&times_, stream_, "Convert");
+    PT_CUDA_CHECK(cudaMemcpyAsync(dst.p, src.p,
+                                  n * (src.type == DType::kF32 ? 4 : 2),
+                                  cudaMemcpyDeviceToDevice, stream_));
+  } else if (src.type == DType::kBf16) {
+    Run("Convert", ConvertKernel<__nv_bfloat16, float>, Blocks(n), dst.f32(),
+        static_cast<const __nv_bfloat16*>(src.p), n);
+  } else {
+    Run("Convert", ConvertKernel<float, __nv_bfloat16>, Blocks(n),
+        static_cast<__nv_bfloat16*>(dst.p), src.f32(), n);
+  }
 }
 
 void CudaBackend::gelu_forward(float* out, const float* inp, int64_t N) {

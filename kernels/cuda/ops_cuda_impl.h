@@ -246,6 +246,7 @@ class CudaBackend final : public Ops {
   void CopyRows(float* dst, int64_t dst_stride, const float* src,
                 int64_t src_stride, int64_t rows, int64_t cols,
                 bool add) override;
+  void Convert(Act dst, ConstAct src, int64_t rows, int64_t cols) override;
   double Sum(const float* x, int64_t n) override;
   double SumSquares(const float* x, int64_t n) override;
 

@@ -385,9 +385,9 @@ TEST(ValidateJobSpec, InterleavedScheduleRules) {
 // parallel.cp splits every sequence into 2·cp zigzag chunks over its
 // ranks, with ring attention: a cp that does not divide block_size into
 // them, one that leaves SP a share of positions tp does not divide, and an
-// attention path that cannot ring (the GPU's, unverified; the CPU's bf16
-// activations) are refused naming field and rule; cp multiplies the world
-// and composes with dp, tp + SP, pipelines, ZeRO and recomputation.
+// attention path that cannot ring (the GPU's, unverified) are refused
+// naming field and rule; cp multiplies the world and composes with dp,
+// tp + SP, pipelines, ZeRO, recomputation and bf16 on the cpu.
 TEST(ValidateJobSpec, ContextParallelRules) {
   EXPECT_EQ(DefaultJobSpec().parallel().cp(), 1);
   EXPECT_EQ(OverrideError({"parallel.cp=0"}).rfind("parallel.cp", 0), 0u)
@@ -405,10 +405,7 @@ TEST(ValidateJobSpec, ContextParallelRules) {
             "parallel.cp=2 with resources.device=cuda: the GPU's ring "
             "attention has not been verified on a GPU yet; use "
             "resources.device=cpu or parallel.cp=1");
-  EXPECT_EQ(OverrideError({"parallel.cp=2", "train.precision=bf16"}),
-            "parallel.cp=2 with train.precision=bf16 on the cpu: ring "
-            "attention's block kernels take fp32 activations and bf16 keeps "
-            "them in bf16; use train.precision=fp32");
+  MustParse(kMinimal, {"parallel.cp=2", "train.precision=bf16"});
   const v1::JobSpec spec =
       MustParse(kMinimal, {"parallel.pp=2", "parallel.dp=2", "parallel.tp=2",
                            "parallel.cp=2", "parallel.sequence_parallel=true",

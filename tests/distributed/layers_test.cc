@@ -417,8 +417,21 @@ TEST(RingAttention, ZigzagRanksGiveTheWholeSequencesAttention) {
 // losses is the whole sequence's loss on one rank, and the ranks'
 // gradients summed are its gradients — without recomputation, with
 // attention's core recomputed (the ring again) and with whole blocks
-// recomputed.
-TEST(ContextParallelStage, LossAndSummedGradientsMatchOneRank) {
+// recomputed. In fp32 within 1e-5; with bf16 activations (the CPU's bf16
+// backend; the ring widens qkv and rounds its output) within what bf16
+// rounding moves, against one rank's bf16 stage.
+class ContextParallelStage : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ContextParallelStage, LossAndSummedGradientsMatchOneRank) {
+  const bool bf16 = GetParam();
+  if (bf16 && !kernels::CpuHasBf16()) {
+    GTEST_SKIP() << "this CPU has no AVX512_BF16";
+  }
+  kernels::Ops* ops = bf16 ? &kernels::CpuBf16Ops() : nullptr;
+  // bf16: one rank's attention rounds its products to bf16 where the
+  // ring's fp32 blocks do not (measured at cp 2 and 4: loss 8e-6,
+  // gradients 2.2e-3 of their largest).
+  const double loss_tol = bf16 ? 1e-4 : kTol, grad_tol = bf16 ? 1e-2 : kTol;
   auto comm =
       MakeMpiCommunicator(MPI_COMM_WORLD, "cp", std::make_shared<CommStats>());
   const CpGroup cp{comm.get()};
@@ -452,6 +465,7 @@ TEST(ContextParallelStage, LossAndSummedGradientsMatchOneRank) {
     o1.max_B = B;
     o1.max_T = T;
     o1.recompute = recompute;
+    o1.ops = ops;
     GptStage ref(c, BuildPlan(c, {}), o1);
     StageOptions o = o1;
     o.max_T = Tl;
@@ -476,14 +490,20 @@ TEST(ContextParallelStage, LossAndSummedGradientsMatchOneRank) {
     const double d_grad = RelDiff(g, w);
     if (r == 0) {
       std::printf(
-          "cp=%d stage (recompute %d): loss maxdiff %.3e, gradients "
-          "maxdiff %.3e (tol %.0e)\n",
-          n, static_cast<int>(recompute), d_loss, d_grad, kTol);
+          "cp=%d %s stage (recompute %d): loss maxdiff %.3e (tol %.0e), "
+          "gradients maxdiff %.3e (tol %.0e)\n",
+          n, bf16 ? "bf16" : "fp32", static_cast<int>(recompute), d_loss,
+          loss_tol, d_grad, grad_tol);
     }
-    EXPECT_LE(d_loss, kTol);
-    EXPECT_LE(d_grad, kTol);
+    EXPECT_LE(d_loss, loss_tol);
+    EXPECT_LE(d_grad, grad_tol);
   }
 }
+INSTANTIATE_TEST_SUITE_P(Precisions, ContextParallelStage,
+                         ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "bf16" : "fp32";
+                         });
 
 }  // namespace
 }  // namespace ptrain

@@ -366,9 +366,6 @@ TEST_F(PtworkerCli, ImpossibleContextParallelismIsRefusedExitTwo) {
                 "parallel.cp=3 needs model.block_size divisible by 2 × "
                 "parallel.cp = 6");
   ExpectRefused(
-      RunPtworker(Small() + "--set parallel.cp=2 --set train.precision=bf16"),
-      "parallel.cp=2 with train.precision=bf16 on the cpu: ring attention");
-  ExpectRefused(
       RunPtworker(Small() + "--set parallel.cp=2 --set resources.device=cuda"),
       "parallel.cp=2 with resources.device=cuda: the GPU's ring attention");
   ExpectRefused(RunPtworker(Small() + "--set parallel.cp=2"),

@@ -97,10 +97,10 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
   const ActivationDims d = ActivationDims::Of(config, max_B_, max_T_, o.slots,
                                               tp, tp_.sp, recompute_, n_blocks_,
                                               last(), ops_, split_, cp_.size());
-  PT_CHECK(cp_.size() == 1 || (d.act_div == 1 && max_T_ % 2 == 0 &&
-                               d.att >= int64_t{max_B_} * NHl_ * max_T_),
-           "context parallelism needs fp32 activations, an even number of "
-           "positions per rank and room for the log-sum-exp");
+  PT_CHECK(cp_.size() == 1 ||
+               (max_T_ % 2 == 0 && d.att >= int64_t{max_B_} * NHl_ * max_T_),
+           "context parallelism needs an even number of positions per rank "
+           "and room for the log-sum-exp");
   att_floats_ = d.att;
   gelu_floats_ = d.gelu;
   act_div_ = d.act_div;
@@ -756,8 +756,20 @@ void GptStage::Attention(const BlockActs& a, int B, int T) {
                             NHl_);
     return;
   }
-  ring_attention_forward(a.atty, a.att, a.qkv, B, T, Cl_, NHl_, cp_, ring_,
+  if (act_div_ == 1) {
+    ring_attention_forward(a.atty, a.att, a.qkv, B, T, Cl_, NHl_, cp_, ring_,
+                           *ops_);
+    return;
+  }
+  // bf16 storage: the ring's kernels take fp32, qkv widened and the output
+  // rounded back through the MLP's hidden buffer (free around attention).
+  const int64_t BT = static_cast<int64_t>(B) * T;
+  float* qkv32 = dfch_gelu_;
+  float* out32 = qkv32 + BT * 3 * Cl_;
+  ops_->Convert(qkv32, Stored(a.qkv), BT, 3 * Cl_);
+  ring_attention_forward(out32, a.att, qkv32, B, T, Cl_, NHl_, cp_, ring_,
                          *ops_);
+  ops_->Convert(Stored(a.atty), out32, BT, Cl_);
 }
 
 void GptStage::AttentionBackward(const BlockActs& a, float* dqkv, int B,
@@ -768,7 +780,18 @@ void GptStage::AttentionBackward(const BlockActs& a, float* dqkv, int B,
                              a.att, B, T, Cl_, NHl_);
     return;
   }
-  ring_attention_backward(dqkv, datty_, a.qkv, a.atty, a.att, B, T, Cl_, NHl_,
+  if (act_div_ == 1) {
+    ring_attention_backward(dqkv, datty_, a.qkv, a.atty, a.att, B, T, Cl_, NHl_,
+                            cp_, ring_, *ops_);
+    return;
+  }
+  // bf16 storage: qkv and the output widened (as Attention does).
+  const int64_t BT = static_cast<int64_t>(B) * T;
+  float* qkv32 = dfch_gelu_;
+  float* out32 = qkv32 + BT * 3 * Cl_;
+  ops_->Convert(qkv32, Stored(a.qkv), BT, 3 * Cl_);
+  ops_->Convert(out32, Stored(a.atty), BT, Cl_);
+  ring_attention_backward(dqkv, datty_, qkv32, out32, a.att, B, T, Cl_, NHl_,
                           cp_, ring_, *ops_);
 }
 

@@ -100,9 +100,10 @@ struct StageOptions {
   // Context parallelism: the group splitting every sequence (zigzag); the
   // stage's T (max_T, and each microbatch's) are then the T/cp positions
   // this rank holds, attention is ring attention over the group, and the
-  // loss a mean over those positions. fp32 activations only (the ring's
-  // block attention is fp32). Decode is not split: it computes every
-  // position on every cp rank, its cache as long as the whole sequence.
+  // loss a mean over those positions. The ring's block attention is fp32:
+  // bf16-stored qkv and output are widened and rounded around it. Decode is
+  // not split: it computes every position on every cp rank, its cache as
+  // long as the whole sequence.
   CpGroup cp;
   // The backward runs as two passes (BackwardInput, then BackwardWeights):
   // each slot also keeps, per layer, the output gradients of the block's
