@@ -555,6 +555,26 @@ TEST_P(CudaOpsTest, CopyRowsCopiesAndAddsColumnSlices) {
   Check("gradients added into qkv", g_qkv.Host(), cpu_qkv);
 }
 
+// Ring attention under bf16 storage widens qkv and rounds its output:
+// fp32 to bf16 (nearest even) and back, bit for bit as on the CPU.
+TEST_P(CudaOpsTest, ConvertRoundsAndWidensAsTheCpu) {
+  const int64_t rows = 19, cols = 24;  // an even count: bf16 two to a float
+  const Vec x = Random(rows * cols, 131);
+  Vec bits(rows * cols / 2, 0.0f), back(rows * cols, 0.0f);
+  Dev g_x(gpu_.get(), x), g_bits(gpu_.get(), bits), g_back(gpu_.get(), back);
+  using kernels::DType;
+  cpu().Convert(kernels::Act(bits.data(), DType::kBf16), x.data(), rows, cols);
+  cpu().Convert(back.data(), kernels::ConstAct(bits.data(), DType::kBf16), rows,
+                cols);
+  gpu_->Convert(kernels::Act(g_bits.get(), DType::kBf16), g_x.get(), rows,
+                cols);
+  gpu_->Convert(g_back.get(), kernels::ConstAct(g_bits.get(), DType::kBf16),
+                rows, cols);
+  EXPECT_EQ(g_bits.Host(), bits);
+  EXPECT_EQ(g_back.Host(), back);
+  EXPECT_NE(back, x);  // it rounded
+}
+
 // Attention over a bf16-stored qkv (off 16-byte alignment) into a
 // bf16-stored output under bf16 compute (fused heads of 16, and heads of 8
 // through cuBLAS), against the same on the CPU's bf16 backend.
