@@ -10,6 +10,8 @@
 #include <string>
 #include <string_view>
 
+#include "absl/strings/str_cat.h"
+
 namespace ptrain {
 
 int64_t ParallelWorldSize(const v1::ParallelSpec& p) {
@@ -18,6 +20,13 @@ int64_t ParallelWorldSize(const v1::ParallelSpec& p) {
 
 int64_t JobWorldSize(const v1::JobSpec& spec) {
   return ParallelWorldSize(spec.parallel());
+}
+
+std::string ParallelWorldFactors(const v1::ParallelSpec& p) {
+  const bool cp = p.cp() > 1;
+  return absl::StrCat("parallel.dp × parallel.tp × parallel.pp",
+                      cp ? " × parallel.cp" : "", " = ", p.dp(), " × ", p.tp(),
+                      " × ", p.pp(), cp ? absl::StrCat(" × ", p.cp()) : "");
 }
 
 ScheduleKind ScheduleKindOf(std::string_view name) {

@@ -34,6 +34,9 @@ inline constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
 int64_t ParallelWorldSize(const v1::ParallelSpec& parallel);
 // ParallelWorldSize of the spec's parallel section.
 int64_t JobWorldSize(const v1::JobSpec& spec);
+// The world size's factors for messages: "parallel.dp × parallel.tp ×
+// parallel.pp = 2 × 1 × 1", with " × parallel.cp" and its degree when cp > 1.
+std::string ParallelWorldFactors(const v1::ParallelSpec& parallel);
 
 // The string-valued fields of a validated spec as the engine uses them:
 // the parser is the only code that compares their text.

@@ -262,11 +262,8 @@ absl::Status ValidateParallel(const v1::JobSpec& spec) {
     return s;
   }
   if (const int64_t world = JobWorldSize(spec); world > kMaxWorldSize) {
-    return Error("parallel.dp × parallel.tp × parallel.pp",
-                 p.cp() > 1 ? " × parallel.cp" : "", " = ", p.dp(), " × ",
-                 p.tp(), " × ", p.pp(),
-                 p.cp() > 1 ? absl::StrCat(" × ", p.cp()) : "", " = ", world,
-                 " ranks; at most ", kMaxWorldSize);
+    return Error(ParallelWorldFactors(p), " = ", world, " ranks; at most ",
+                 kMaxWorldSize);
   }
   if (p.zero() < 0 || p.zero() > 3) {
     return Error("parallel.zero=", p.zero(),

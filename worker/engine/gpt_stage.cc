@@ -756,20 +756,21 @@ void GptStage::Attention(const BlockActs& a, int B, int T) {
                             NHl_);
     return;
   }
-  if (act_div_ == 1) {
-    ring_attention_forward(a.atty, a.att, a.qkv, B, T, Cl_, NHl_, cp_, ring_,
-                           *ops_);
-    return;
-  }
-  // bf16 storage: the ring's kernels take fp32, qkv widened and the output
-  // rounded back through the MLP's hidden buffer (free around attention).
   const int64_t BT = static_cast<int64_t>(B) * T;
-  float* qkv32 = dfch_gelu_;
-  float* out32 = qkv32 + BT * 3 * Cl_;
-  ops_->Convert(qkv32, Stored(a.qkv), BT, 3 * Cl_);
-  ring_attention_forward(out32, a.att, qkv32, B, T, Cl_, NHl_, cp_, ring_,
+  const RingOperands r = WidenForRing(a, BT, /*out=*/false);
+  ring_attention_forward(r.out, a.att, r.qkv, B, T, Cl_, NHl_, cp_, ring_,
                          *ops_);
-  ops_->Convert(Stored(a.atty), out32, BT, Cl_);
+  if (r.out != a.atty) ops_->Convert(Stored(a.atty), r.out, BT, Cl_);
+}
+
+GptStage::RingOperands GptStage::WidenForRing(const BlockActs& a, int64_t BT,
+                                              bool out) {
+  if (act_div_ == 1) return {a.qkv, a.atty};
+  // The MLP's hidden buffer is free around attention.
+  const RingOperands r{dfch_gelu_, dfch_gelu_ + BT * 3 * Cl_};
+  ops_->Convert(r.qkv, Stored(a.qkv), BT, 3 * Cl_);
+  if (out) ops_->Convert(r.out, Stored(a.atty), BT, Cl_);
+  return r;
 }
 
 void GptStage::AttentionBackward(const BlockActs& a, float* dqkv, int B,
@@ -780,18 +781,9 @@ void GptStage::AttentionBackward(const BlockActs& a, float* dqkv, int B,
                              a.att, B, T, Cl_, NHl_);
     return;
   }
-  if (act_div_ == 1) {
-    ring_attention_backward(dqkv, datty_, a.qkv, a.atty, a.att, B, T, Cl_, NHl_,
-                            cp_, ring_, *ops_);
-    return;
-  }
-  // bf16 storage: qkv and the output widened (as Attention does).
-  const int64_t BT = static_cast<int64_t>(B) * T;
-  float* qkv32 = dfch_gelu_;
-  float* out32 = qkv32 + BT * 3 * Cl_;
-  ops_->Convert(qkv32, Stored(a.qkv), BT, 3 * Cl_);
-  ops_->Convert(out32, Stored(a.atty), BT, Cl_);
-  ring_attention_backward(dqkv, datty_, qkv32, out32, a.att, B, T, Cl_, NHl_,
+  const RingOperands r =
+      WidenForRing(a, static_cast<int64_t>(B) * T, /*out=*/true);
+  ring_attention_backward(dqkv, datty_, r.qkv, r.out, a.att, B, T, Cl_, NHl_,
                           cp_, ring_, *ops_);
 }
 

@@ -411,6 +411,15 @@ class GptStage : private UnitStore {
   // into dqkv (zeroed first).
   void Attention(const BlockActs& a, int B, int T);
   void AttentionBackward(const BlockActs& a, float* dqkv, int B, int T);
+  // Ring attention's fp32 qkv and output of block `a` (B·T rows): the
+  // slot's own under fp32 storage; under bf16, fp32 copies in the MLP's
+  // hidden buffer (free around attention), qkv widened into it (and the
+  // output, with `out`).
+  struct RingOperands {
+    float* qkv;
+    float* out;
+  };
+  RingOperands WidenForRing(const BlockActs& a, int64_t BT, bool out);
 };
 
 }  // namespace ptrain

@@ -20,13 +20,9 @@ namespace {
 absl::Status CheckWorldSize(const v1::ParallelSpec& spec, int size) {
   const int64_t product = ParallelWorldSize(spec);
   if (product == size) return absl::OkStatus();
-  const bool cp = spec.cp() > 1;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "world size ", size,
-      " does not equal parallel.dp × parallel.tp × "
-      "parallel.pp",
-      cp ? " × parallel.cp" : "", " = ", spec.dp(), " × ", spec.tp(), " × ",
-      spec.pp(), cp ? absl::StrCat(" × ", spec.cp()) : "", " = ", product));
+  return absl::InvalidArgumentError(
+      absl::StrCat("world size ", size, " does not equal ",
+                   ParallelWorldFactors(spec), " = ", product));
 }
 
 }  // namespace
