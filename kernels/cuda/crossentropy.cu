@@ -111,6 +111,119 @@ __global__ void CrossEntropyForwardKernel(float* losses, L* probs,
   }
 }
 
+// 16 bytes of a row: 8 bf16 or 4 floats, as floats and back (bf16 rounded
+// to nearest even).
+template <typename L>
+struct Vec16 {
+  static constexpr int kN = 16 / sizeof(L);
+};
+__device__ __forceinline__ void Unpack(uint4 v, float* x, const float*) {
+  x[0] = __uint_as_float(v.x);
+  x[1] = __uint_as_float(v.y);
+  x[2] = __uint_as_float(v.z);
+  x[3] = __uint_as_float(v.w);
+}
+__device__ __forceinline__ void Unpack(uint4 v, float* x,
+                                       const __nv_bfloat16*) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    x[2 * i] = __uint_as_float(w[i] << 16);
+    x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ uint4 Pack(const float* x, const float*) {
+  return make_uint4(__float_as_uint(x[0]), __float_as_uint(x[1]),
+                    __float_as_uint(x[2]), __float_as_uint(x[3]));
+}
+__device__ __forceinline__ uint4 Pack(const float* x, const __nv_bfloat16*) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x[2 * i], x[2 * i + 1]);
+    w[i] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// CrossEntropyForwardKernel's work with one read of the row: a block of
+// kRowThreads holds its row in registers (kVecs 16-byte vectors a thread,
+// loaded whole), takes the maximum, then the sum of exponentials, then
+// writes the probabilities or the gradient from the values it holds. For
+// rows 16-byte aligned whose length fits kVecs * kRowThreads vectors (a
+// GPT-2 vocabulary of bf16 logits is 7 vectors a thread).
+constexpr int kRowThreads = 1024;
+template <bool kGradient, typename L, int kVecs>
+__global__ void __launch_bounds__(kRowThreads)
+    CrossEntropyRowKernel(float* losses, L* probs, const L* logits,
+                          const int32_t* targets, int Vl, int V, float dloss) {
+  constexpr int W = Vec16<L>::kN;
+  const int64_t r = blockIdx.x;
+  const uint4* in = reinterpret_cast<const uint4*>(logits + r * Vl);
+  uint4* out = reinterpret_cast<uint4*>(probs + r * Vl);
+  const int nv = Vl / W;
+  const int real = V < Vl ? V : Vl;
+  const int t = targets[r];
+  // Read before any thread writes: the block's reductions order the two.
+  const float target = threadIdx.x == 0 ? Load(logits + r * Vl + t) : 0.0f;
+  uint4 held[kVecs];
+  float m = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    const int v = threadIdx.x + i * kRowThreads;
+    if (v < nv) held[i] = in[v];
+  }
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    const int v = threadIdx.x + i * kRowThreads;
+    if (v >= nv) break;
+    float x[W];
+    Unpack(held[i], x, logits);
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      if (v * W + e < real) m = fmaxf(m, x[e]);
+    }
+  }
+  const float mx = BlockReduce(m, MaxOp(), -INFINITY);
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    const int v = threadIdx.x + i * kRowThreads;
+    if (v >= nv) break;
+    float x[W];
+    Unpack(held[i], x, logits);
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      if (v * W + e < real) s += expf(x[e] - mx);
+    }
+  }
+  const float sum = BlockReduce(s, SumOp(), 0.0f);
+  const float inv = 1.0f / sum;
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    const int v = threadIdx.x + i * kRowThreads;
+    if (v >= nv) break;
+    float x[W];
+    Unpack(held[i], x, logits);
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      const int j = v * W + e;
+      const float q = j < real ? expf(x[e] - mx) * inv : 0.0f;
+      if (kGradient) {
+        float d = q * dloss;
+        if (j == t) d -= dloss;
+        x[e] = d;
+      } else {
+        x[e] = q;
+      }
+    }
+    out[v] = Pack(x, logits);
+  }
+  if (threadIdx.x == 0) {
+    losses[r] = math::CrossEntropyLoss(sum, target - mx);
+  }
+}
+
 // crossentropy_parallel_finish and _backward in one pass over each row of
 // the exponentials, in place.
 __global__ void CrossEntropyFinishBackwardKernel(
@@ -145,6 +258,37 @@ __global__ void CrossEntropyBackwardKernel(float* dlogits, const float* probs,
 
 }  // namespace
 
+template <bool kGradient, typename L>
+void CudaBackend::ClassifierRows(const char* name, float* losses, L* probs,
+                                 const L* logits, const int32_t* targets,
+                                 int rows, int Vl, int V, float dloss) {
+  constexpr int W = Vec16<L>::kN;
+  const int vecs = (Vl / W + kRowThreads - 1) / kRowThreads;
+  const bool aligned = Vl % W == 0 &&
+                       reinterpret_cast<uintptr_t>(logits) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(probs) % 16 == 0;
+  if (!aligned || vecs > 8) {
+    Run(name, CrossEntropyForwardKernel<kGradient, L>, rows, losses, probs,
+        logits, targets, Vl, V, dloss);
+    return;
+  }
+  const OpScope scope(&times_, stream_, name);
+  auto launch = [&](auto kernel) {
+    kernel<<<rows, kRowThreads, 0, stream_>>>(losses, probs, logits, targets,
+                                              Vl, V, dloss);
+  };
+  if (vecs <= 1) {
+    launch(CrossEntropyRowKernel<kGradient, L, 1>);
+  } else if (vecs <= 2) {
+    launch(CrossEntropyRowKernel<kGradient, L, 2>);
+  } else if (vecs <= 4) {
+    launch(CrossEntropyRowKernel<kGradient, L, 4>);
+  } else {
+    launch(CrossEntropyRowKernel<kGradient, L, 8>);
+  }
+  Launched();
+}
+
 void CudaBackend::crossentropy_parallel_max(float* maxes, const float* logits,
                                             int B, int T, int Vl,
                                             int vocab_begin, int V) {
@@ -175,8 +319,8 @@ void CudaBackend::crossentropy_forward(float* losses, float* probs,
                                        const int32_t* targets, float* stats,
                                        int B, int T, int Vl, int V) {
   (void)stats;
-  Run("crossentropy_forward", CrossEntropyForwardKernel<false, float>, B * T,
-      losses, probs, logits, targets, Vl, V, 0.0f);
+  ClassifierRows<false>("crossentropy_forward", losses, probs, logits, targets,
+                        B * T, Vl, V, 0.0f);
 }
 
 void CudaBackend::crossentropy_forward_backward(float* losses, Act logits,
@@ -186,13 +330,12 @@ void CudaBackend::crossentropy_forward_backward(float* losses, Act logits,
   (void)stats;
   if (Bf16Storage(logits)) {
     auto* l = static_cast<__nv_bfloat16*>(logits.p);
-    Run("crossentropy_forward_backward",
-        CrossEntropyForwardKernel<true, __nv_bfloat16>, B * T, losses, l, l,
-        targets, Vl, V, dloss);
+    ClassifierRows<true>("crossentropy_forward_backward", losses, l, l, targets,
+                         B * T, Vl, V, dloss);
     return;
   }
-  Run("crossentropy_forward_backward", CrossEntropyForwardKernel<true, float>,
-      B * T, losses, logits.f32(), logits.f32(), targets, Vl, V, dloss);
+  ClassifierRows<true>("crossentropy_forward_backward", losses, logits.f32(),
+                       logits.f32(), targets, B * T, Vl, V, dloss);
 }
 
 void CudaBackend::crossentropy_parallel_finish_backward(

@@ -394,6 +394,15 @@ class CudaBackend final : public Ops {
   void ColumnSums(float* dweight, float* dbias, ConstAct dout, const float* inp,
                   const float* mean, const float* rstd, int64_t rows, int C);
 
+  // The whole-vocabulary softmax/cross-entropy of `rows` rows
+  // (crossentropy.cu): one read of each row where it is 16-byte aligned and
+  // short enough to be held in registers, else the two-read kernel. kGradient:
+  // the fused classifier's gradient in place of the probabilities.
+  template <bool kGradient, typename L>
+  void ClassifierRows(const char* name, float* losses, L* probs,
+                      const L* logits, const int32_t* targets, int rows, int Vl,
+                      int V, float dloss);
+
   // A grow-only device buffer of T: reallocated, once the stream is done
   // with the old one, only when a request is larger than it.
   template <typename T>

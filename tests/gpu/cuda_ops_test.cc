@@ -869,25 +869,38 @@ TEST_P(CudaOpsTest, CrossEntropyOverTheWholeVocabulary) {
 // The fused classifier: loss and dlogits in one kernel, in place of the
 // logits, whole vocabulary (with padding) and split by columns (after the
 // group's sums), against the CPU.
+// Row lengths of the whole vocabulary the kernels take differently: a row
+// held in one 16-byte vector a thread, one that is not a whole number of
+// vectors (the two-read kernel), and GPT-2's padded vocabulary (bf16: held
+// in registers, 7 vectors a thread; fp32: too long to hold).
+struct VocabShape {
+  int Vl, V;
+};
+constexpr VocabShape kVocabShapes[] = {
+    {1040, 1001}, {1037, 1001}, {50304, 50257}};
+
 TEST_P(CudaOpsTest, FusedClassifierLeavesTheGradientInPlace) {
-  constexpr int kVl = 1040, kV = 1001;
   const int rows = kB * kT;
   const float dloss = 1.0f / rows;
-  Vec logits = Random(rows * kVl, 56, 4.0f);
   std::vector<int32_t> targets(rows);
-  for (int i = 0; i < rows; ++i) targets[i] = (i * 89) % kV;
-  Vec losses(rows), grad = logits, stats(3 * rows);
-  Dev g_logits(gpu_.get(), logits), g_losses(gpu_.get(), losses),
-      g_stats(gpu_.get(), stats);
-  Tokens g_targets(gpu_.get(), targets);
-  cpu().crossentropy_forward_backward(losses.data(), grad.data(),
-                                      targets.data(), dloss, stats.data(), kB,
-                                      kT, kVl, kV);
-  gpu_->crossentropy_forward_backward(g_losses.get(), g_logits.get(),
-                                      g_targets.get(), dloss, g_stats.get(), kB,
-                                      kT, kVl, kV);
-  Check("classifier losses (whole)", g_losses.Host(), losses);
-  Check("classifier dlogits (whole)", g_logits.Host(), grad);
+  for (const VocabShape& shape : kVocabShapes) {
+    const int kVl = shape.Vl, kV = shape.V;
+    SCOPED_TRACE(kVl);
+    Vec logits = Random(int64_t{rows} * kVl, 56, 4.0f);
+    for (int i = 0; i < rows; ++i) targets[i] = (i * 89) % kV;
+    Vec losses(rows), grad = logits, stats(3 * rows);
+    Dev g_logits(gpu_.get(), logits), g_losses(gpu_.get(), losses),
+        g_stats(gpu_.get(), stats);
+    Tokens g_targets(gpu_.get(), targets);
+    cpu().crossentropy_forward_backward(losses.data(), grad.data(),
+                                        targets.data(), dloss, stats.data(), kB,
+                                        kT, kVl, kV);
+    gpu_->crossentropy_forward_backward(g_losses.get(), g_logits.get(),
+                                        g_targets.get(), dloss, g_stats.get(),
+                                        kB, kT, kVl, kV);
+    Check("classifier losses (whole)", g_losses.Host(), losses);
+    Check("classifier dlogits (whole)", g_logits.Host(), grad);
+  }
 
   // Columns [128, 384) of a vocabulary of 300.
   constexpr int kSl = 256, kBegin = 128, kSv = 300;
@@ -923,28 +936,31 @@ TEST_P(CudaOpsTest, FusedClassifierOverBf16Logits) {
   if (!bf16()) GTEST_SKIP() << "bf16 storage is bf16 compute's";
   Ops& twin = kernels::CpuBf16Ops();
   const kernels::DType bf = kernels::DType::kBf16;
-  constexpr int kVl = 1040, kV = 1001;
   const int rows = kB * kT;
-  const int64_t n = int64_t{rows} * kVl;
   const float dloss = 1.0f / rows;
-  Vec packed((n + 1) / 2);
-  kernels::RoundToBf16Rows(reinterpret_cast<uint16_t*>(packed.data()),
-                           Random(n, 58, 4.0f).data(), rows, kVl);
   std::vector<int32_t> targets(rows);
-  for (int i = 0; i < rows; ++i) targets[i] = (i * 97) % kV;
-  Vec losses(rows), stats(3 * rows), grad = packed;
-  Dev g_logits(gpu_.get(), packed), g_losses(gpu_.get(), losses),
-      g_stats(gpu_.get(), stats);
-  Tokens g_targets(gpu_.get(), targets);
-  twin.crossentropy_forward_backward(
-      losses.data(), kernels::Act(grad.data(), bf), targets.data(), dloss,
-      stats.data(), kB, kT, kVl, kV);
-  gpu_->crossentropy_forward_backward(
-      g_losses.get(), kernels::Act(g_logits.get(), bf), g_targets.get(), dloss,
-      g_stats.get(), kB, kT, kVl, kV);
-  Check("classifier losses (bf16 logits)", g_losses.Host(), losses);
-  Check("classifier dlogits (bf16)", Unpacked(g_logits.Host(), n),
-        Unpacked(grad, n), true);
+  for (const VocabShape& shape : kVocabShapes) {
+    const int kVl = shape.Vl, kV = shape.V;
+    SCOPED_TRACE(kVl);
+    const int64_t n = int64_t{rows} * kVl;
+    Vec packed((n + 1) / 2);
+    kernels::RoundToBf16Rows(reinterpret_cast<uint16_t*>(packed.data()),
+                             Random(n, 58, 4.0f).data(), rows, kVl);
+    for (int i = 0; i < rows; ++i) targets[i] = (i * 97) % kV;
+    Vec losses(rows), stats(3 * rows), grad = packed;
+    Dev g_logits(gpu_.get(), packed), g_losses(gpu_.get(), losses),
+        g_stats(gpu_.get(), stats);
+    Tokens g_targets(gpu_.get(), targets);
+    twin.crossentropy_forward_backward(
+        losses.data(), kernels::Act(grad.data(), bf), targets.data(), dloss,
+        stats.data(), kB, kT, kVl, kV);
+    gpu_->crossentropy_forward_backward(
+        g_losses.get(), kernels::Act(g_logits.get(), bf), g_targets.get(),
+        dloss, g_stats.get(), kB, kT, kVl, kV);
+    Check("classifier losses (bf16 logits)", g_losses.Host(), losses);
+    Check("classifier dlogits (bf16)", Unpacked(g_logits.Host(), n),
+          Unpacked(grad, n), true);
+  }
 }
 
 // AdamW over a table of runs in one launch, against the CPU run by run:
