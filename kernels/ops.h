@@ -110,7 +110,11 @@ class Ops {
                                   const float* dout, const float* inp,
                                   const float* weight, const float* mean,
                                   const float* rstd, int B, int T, int C) = 0;
-  virtual void matmul_forward(Act out, ConstAct inp, const float* weight,
+  // The weight of the matmuls below may be bf16 (the compute copy a store
+  // keeps beside the fp32 master weights where the backend computes in
+  // bf16, Ops::activation_type): taken as it is, the same values the
+  // backend would have rounded an fp32 weight to.
+  virtual void matmul_forward(Act out, ConstAct inp, ConstAct weight,
                               const float* bias, int B, int T, int C,
                               int OC) = 0;
   // dout may be stored in bf16 (the MLP hidden layer's gradient, which
@@ -121,7 +125,7 @@ class Ops {
   // passes, each bit for bit what the whole backward computes.
   // gelu_matmul_backward likewise (dinp.p null, or dweight null).
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias,
-                               ConstAct dout, ConstAct inp, const float* weight,
+                               ConstAct dout, ConstAct inp, ConstAct weight,
                                int B, int T, int C, int OC) = 0;
   // matmul_forward of GELU(inp), GELU's fp32 output not kept: `hidden`
   // (B,T,C) is working space for it, which a backend that applies GELU as it
@@ -132,7 +136,7 @@ class Ops {
   // The defaults take an fp32 inp only (a backend that stores bf16
   // overrides them).
   virtual void gelu_matmul_forward(float* out, float* hidden, float* saved,
-                                   ConstAct inp, const float* weight,
+                                   ConstAct inp, ConstAct weight,
                                    const float* bias, int B, int T, int C,
                                    int OC) {
     (void)saved;
@@ -149,7 +153,7 @@ class Ops {
   virtual void gelu_matmul_backward(Act dinp, float* dweight, float* dbias,
                                     const float* dout, float* hidden,
                                     const float* saved, ConstAct inp,
-                                    const float* weight, int B, int T, int C,
+                                    ConstAct weight, int B, int T, int C,
                                     int OC) {
     (void)saved;
     const int64_t n = static_cast<int64_t>(B) * T * C;

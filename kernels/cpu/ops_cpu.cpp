@@ -154,9 +154,10 @@ class CpuBackend final : public Ops {
     kernels::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean,
                                 rstd, B, T, C);
   }
-  void matmul_forward(Act out, ConstAct inp, const float* weight,
+  void matmul_forward(Act out, ConstAct inp, ConstAct weight_in,
                       const float* bias, int B, int T, int C, int OC) override {
     const int64_t rows = static_cast<int64_t>(B) * T;
+    const float* weight = Weight(weight_in, C, OC);
     if (Bf16(out) && Bf16(inp)) {  // oneDNN writes the bf16 output
       kernels::matmul_forward_bf16_output(static_cast<uint16_t*>(out.p),
                                           static_cast<const uint16_t*>(inp.p),
@@ -174,9 +175,11 @@ class CpuBackend final : public Ops {
     Finish(out, y, rows, OC);
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias, ConstAct dout,
-                       ConstAct inp, const float* weight, int B, int T, int C,
+                       ConstAct inp, ConstAct weight_in, int B, int T, int C,
                        int OC) override {
     const int64_t rows = static_cast<int64_t>(B) * T;
+    // The weight is an operand of the input gradient only.
+    const float* weight = dinp != nullptr ? Weight(weight_in, C, OC) : nullptr;
     if (Bf16(dout)) {
       kernels::matmul_backward_bf16_dout(
           dinp, dweight, dbias, static_cast<const uint16_t*>(dout.p),
@@ -199,8 +202,9 @@ class CpuBackend final : public Ops {
   // `saved` (half a float each), which the backward lays out for dweight
   // instead of computing GELU and rounding again.
   void gelu_matmul_forward(float* out, float* hidden, float* saved,
-                           ConstAct inp, const float* weight, const float* bias,
+                           ConstAct inp, ConstAct weight_in, const float* bias,
                            int B, int T, int C, int OC) override {
+    const float* weight = Weight(weight_in, C, OC);
     if (!bf16_) {
       Ops::gelu_matmul_forward(out, hidden, saved, inp, weight, bias, B, T, C,
                                OC);
@@ -222,8 +226,10 @@ class CpuBackend final : public Ops {
   void gelu_matmul_backward(Act dinp, float* dweight, float* dbias,
                             const float* dout, float* hidden,
                             const float* saved, ConstAct inp,
-                            const float* weight, int B, int T, int C,
+                            ConstAct weight_in, int B, int T, int C,
                             int OC) override {
+    const float* weight =
+        dinp.p != nullptr ? Weight(weight_in, C, OC) : nullptr;
     if (!bf16_) {
       Ops::gelu_matmul_backward(dinp, dweight, dbias, dout, hidden, saved, inp,
                                 weight, B, T, C, OC);
@@ -411,6 +417,12 @@ class CpuBackend final : public Ops {
     float* f = kernels::Bf16Scratch(which, n);
     kernels::FromBf16Values(f, static_cast<const uint16_t*>(x.p), n);
     return f;
+  }
+  // A matmul's weight (OC,C) in fp32: itself, or its bf16 compute copy
+  // widened into scratch 3 (which no op uses for anything else). The bf16
+  // products round it again to the same values.
+  const float* Weight(ConstAct w, int C, int OC) const {
+    return AsF32(w, static_cast<int64_t>(C) * OC, 3);
   }
   // Where an op writes `out` (n) in fp32: out itself, or scratch `which`
   // that Finish rounds into it.

@@ -51,7 +51,7 @@ int Alignment(const void* p) {
 
 }  // namespace
 
-void CudaBackend::matmul_forward(Act out, ConstAct inp, const float* weight,
+void CudaBackend::matmul_forward(Act out, ConstAct inp, ConstAct weight,
                                  const float* bias, int B, int T, int C,
                                  int OC) {
   const OpScope scope(&times_, stream_, "matmul_forward");
@@ -64,9 +64,8 @@ void CudaBackend::matmul_forward(Act out, ConstAct inp, const float* weight,
 }
 
 void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias,
-                                  ConstAct dout, ConstAct inp,
-                                  const float* weight, int B, int T, int C,
-                                  int OC) {
+                                  ConstAct dout, ConstAct inp, ConstAct weight,
+                                  int B, int T, int C, int OC) {
   const OpScope scope(&times_, stream_, "matmul_backward");
   const int64_t BT = static_cast<int64_t>(B) * T;
   // The input is an operand of the weight gradient only.
@@ -76,7 +75,7 @@ void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias,
 }
 
 void CudaBackend::gelu_matmul_forward(float* out, float* hidden, float* saved,
-                                      ConstAct inp, const float* weight,
+                                      ConstAct inp, ConstAct weight,
                                       const float* bias, int B, int T, int C,
                                       int OC) {
   if (!options_.bf16_compute) {
@@ -94,7 +93,7 @@ void CudaBackend::gelu_matmul_forward(float* out, float* hidden, float* saved,
 void CudaBackend::gelu_matmul_backward(Act dinp, float* dweight, float* dbias,
                                        const float* dout, float* hidden,
                                        const float* saved, ConstAct inp,
-                                       const float* weight, int B, int T, int C,
+                                       ConstAct weight, int B, int T, int C,
                                        int OC) {
   if (!options_.bf16_compute) {
     Ops::gelu_matmul_backward(dinp, dweight, dbias, dout, hidden, saved, inp,
@@ -133,7 +132,7 @@ void CudaBackend::gelu_matmul_backward(Act dinp, float* dweight, float* dbias,
 }
 
 void CudaBackend::MatmulBackward(float* dinp, float* dweight, float* dbias,
-                                 ConstAct dout, Op in, const float* weight,
+                                 ConstAct dout, Op in, ConstAct weight,
                                  int64_t BT, int C, int OC) {
   // dout is rounded once for both products (a bf16-stored one taken as it
   // is).

@@ -271,19 +271,18 @@ class CudaBackend final : public Ops {
                                   const float* inp2, const float* weight,
                                   const float* bias, int B, int T,
                                   int C) override;
-  void matmul_forward(Act out, ConstAct inp, const float* weight,
-                      const float* bias, int B, int T, int C, int OC) override;
+  void matmul_forward(Act out, ConstAct inp, ConstAct weight, const float* bias,
+                      int B, int T, int C, int OC) override;
   void matmul_backward(float* dinp, float* dweight, float* dbias, ConstAct dout,
-                       ConstAct inp, const float* weight, int B, int T, int C,
+                       ConstAct inp, ConstAct weight, int B, int T, int C,
                        int OC) override;
   void gelu_matmul_forward(float* out, float* hidden, float* saved,
-                           ConstAct inp, const float* weight, const float* bias,
+                           ConstAct inp, ConstAct weight, const float* bias,
                            int B, int T, int C, int OC) override;
   void gelu_matmul_backward(Act dinp, float* dweight, float* dbias,
                             const float* dout, float* hidden,
-                            const float* saved, ConstAct inp,
-                            const float* weight, int B, int T, int C,
-                            int OC) override;
+                            const float* saved, ConstAct inp, ConstAct weight,
+                            int B, int T, int C, int OC) override;
   void attention_forward(Act out, float* att, ConstAct inp, int B, int T, int C,
                          int NH) override;
   void attention_block_forward(float* out, float* lse, const float* qkv,
@@ -465,7 +464,7 @@ class CudaBackend final : public Ops {
   // matmul_backward's products over rows BT, with its input as the operand
   // `in` (Operand's or GeluOperand's, in slot 2).
   void MatmulBackward(float* dinp, float* dweight, float* dbias, ConstAct dout,
-                      Op in, const float* weight, int64_t BT, int C, int OC);
+                      Op in, ConstAct weight, int64_t BT, int C, int OC);
   // Both backwards' weight gradients: dweight += in^T d (d: dout as the
   // products' operand), dbias (may be null) += dout's column sums.
   void WeightGradients(float* dweight, float* dbias, ConstAct dout, Op d, Op in,

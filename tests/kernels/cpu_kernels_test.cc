@@ -781,6 +781,74 @@ TEST(MatmulTest, Bf16StoredInputGivesTheProductsOfItsFp32Source) {
   }
 }
 
+// The bf16 compute copy of a weight (what a store keeps beside the fp32
+// master weights under bf16, written by the optimizer): every matmul that
+// reads a weight gives bit for bit what it gives with the fp32 weight it was
+// rounded from — forward (fp32 and bf16 inputs, a bf16 output), both halves
+// of the backward and the whole, and the MLP projection's GELU matmuls.
+TEST(MatmulTest, Bf16ComputeCopyOfTheWeightGivesTheProductsOfItsMaster) {
+  Ops& ops = CpuBf16Ops();
+  const DType bf = DType::kBf16;
+  const int B = 2, T = 23, C = 72, OC = 56;
+  const int64_t rows = int64_t{B} * T;
+  std::mt19937_64 rng(29);
+  const std::vector<float> x = ToFloat(Random(rows * C, &rng, -2, 2)),
+                           w = ToFloat(Random(OC * C, &rng, -0.5, 0.5)),
+                           b = ToFloat(Random(OC, &rng, -1, 1)),
+                           dout = ToFloat(Random(rows * OC, &rng, -1, 1));
+  std::vector<float> w16((w.size() + 1) / 2), x16((x.size() + 1) / 2);
+  RoundToBf16Rows(reinterpret_cast<uint16_t*>(w16.data()), w.data(), OC, C);
+  RoundToBf16Rows(reinterpret_cast<uint16_t*>(x16.data()), x.data(), rows, C);
+  const ConstAct copy(w16.data(), bf), stored(x16.data(), bf);
+  for (const ConstAct in : {ConstAct(x.data()), stored}) {
+    std::vector<float> out(rows * OC), out16(out.size());
+    ops.matmul_forward(out.data(), in, w.data(), b.data(), B, T, C, OC);
+    ops.matmul_forward(out16.data(), in, copy, b.data(), B, T, C, OC);
+    EXPECT_EQ(out16, out);
+    // Whole backward, input gradient only, weight gradients only.
+    for (int half = 0; half < 3; ++half) {
+      std::vector<float> dinp(rows * C), dw(w.size(), 0.5f), db(OC, 0.25f);
+      std::vector<float> dinp16 = dinp, dw16 = dw, db16 = db;
+      const bool with_dinp = half != 2, with_dw = half != 1;
+      ops.matmul_backward(with_dinp ? dinp.data() : nullptr,
+                          with_dw ? dw.data() : nullptr,
+                          with_dw ? db.data() : nullptr, dout.data(), in,
+                          w.data(), B, T, C, OC);
+      ops.matmul_backward(
+          with_dinp ? dinp16.data() : nullptr, with_dw ? dw16.data() : nullptr,
+          with_dw ? db16.data() : nullptr, dout.data(), in, copy, B, T, C, OC);
+      EXPECT_EQ(dinp16, dinp) << half;
+      EXPECT_EQ(dw16, dw) << half;
+      EXPECT_EQ(db16, db) << half;
+    }
+  }
+  std::vector<float> y16((rows * OC + 1) / 2), y16c(y16.size());
+  ops.matmul_forward(Act(y16.data(), bf), stored, w.data(), b.data(), B, T, C,
+                     OC);
+  ops.matmul_forward(Act(y16c.data(), bf), stored, copy, b.data(), B, T, C, OC);
+  EXPECT_EQ(y16c, y16);
+  // The projection of GELU(x): forward (its kept operand) and backward.
+  std::vector<float> hidden(rows * C), out(rows * OC), out16(out.size());
+  std::vector<float> saved(ops.gelu_saved_floats(rows, C)),
+      saved16(saved.size());
+  ops.gelu_matmul_forward(out.data(), hidden.data(), saved.data(), x.data(),
+                          w.data(), b.data(), B, T, C, OC);
+  ops.gelu_matmul_forward(out16.data(), hidden.data(), saved16.data(), x.data(),
+                          copy, b.data(), B, T, C, OC);
+  EXPECT_EQ(out16, out);
+  std::vector<float> dx(rows * C), dw(w.size()), db(OC);
+  std::vector<float> dx16 = dx, dw16 = dw, db16 = db;
+  ops.gelu_matmul_backward(dx.data(), dw.data(), db.data(), dout.data(),
+                           hidden.data(), saved.data(), x.data(), w.data(), B,
+                           T, C, OC);
+  ops.gelu_matmul_backward(dx16.data(), dw16.data(), db16.data(), dout.data(),
+                           hidden.data(), saved16.data(), x.data(), copy, B, T,
+                           C, OC);
+  EXPECT_EQ(dx16, dx);
+  EXPECT_EQ(dw16, dw);
+  EXPECT_EQ(db16, db);
+}
+
 // The MLP's hidden layer (fch) stored in bf16: the fc matmul's output
 // rounded; GELU's gradient and the projection's GELU operand of the stored
 // value bit for bit those of the fp32 value it stands for (full
