@@ -42,6 +42,11 @@ struct ConstAct {
   ConstAct(Act a) : p(a.p), type(a.type) {}  // NOLINT
   ConstAct(const void* data, DType t) : p(data), type(t) {}
   const float* f32() const { return static_cast<const float*>(p); }
+  // The tensor from element n on (n elements of its type further).
+  ConstAct Offset(int64_t n) const {
+    const int64_t bytes = n * (type == DType::kBf16 ? 2 : 4);
+    return ConstAct(static_cast<const char*>(p) + bytes, type);
+  }
 };
 
 class Ops {
@@ -306,17 +311,25 @@ class Ops {
   // ascending and disjoint), weight_decay where a run's tag is 1 and 0
   // where it is 0: one pass over all parameters, which a backend may make
   // one launch (the default: adamw_update run by run; the same result
-  // either way).
-  virtual void adamw_update_runs(float* params, float* m, float* v,
-                                 const float* grads, const Run* runs, int n,
-                                 float lr, float beta1, float beta2, float eps,
-                                 float weight_decay, int64_t t,
+  // either way). params_bf16, when not null, is the parameters' bf16
+  // compute copy (same indices, two to a float): each updated parameter is
+  // written there too, rounded to nearest even, in the same pass where the
+  // backend can (the default: Convert after each run).
+  virtual void adamw_update_runs(float* params, void* params_bf16, float* m,
+                                 float* v, const float* grads, const Run* runs,
+                                 int n, float lr, float beta1, float beta2,
+                                 float eps, float weight_decay, int64_t t,
                                  float grad_scale) {
     for (int i = 0; i < n; ++i) {
       const Run& r = runs[i];
       adamw_update(params + r.begin, m + r.begin, v + r.begin, grads + r.begin,
                    r.count, lr, beta1, beta2, eps,
                    r.tag != 0 ? weight_decay : 0.0f, t, grad_scale);
+      if (params_bf16 != nullptr) {
+        Convert(
+            Act(static_cast<uint16_t*>(params_bf16) + r.begin, DType::kBf16),
+            params + r.begin, 1, r.count);
+      }
     }
   }
   // The sums of squares of x over runs (host array, n of them, ascending and

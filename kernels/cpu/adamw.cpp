@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/common/math.h"
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/kernels.h"
 
 namespace ptrain::kernels {
@@ -17,6 +18,19 @@ void adamw_update(F* params, F* m, F* v, const F* grads, int64_t N, float lr,
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < N; i++) {
     math::AdamWUpdate(params[i], m[i], v[i], grads[i], step);
+  }
+}
+
+void adamw_update_with_copy(float* params, uint16_t* params_bf16, float* m,
+                            float* v, const float* grads, int64_t N, float lr,
+                            float beta1, float beta2, float eps,
+                            float weight_decay, int64_t t, float grad_scale) {
+  const math::AdamWStep step =
+      math::MakeAdamWStep(lr, beta1, beta2, eps, weight_decay, t, grad_scale);
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < N; i++) {
+    math::AdamWUpdate(params[i], m[i], v[i], grads[i], step);
+    params_bf16[i] = internal::RoundToBf16(params[i]);
   }
 }
 

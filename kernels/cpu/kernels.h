@@ -321,6 +321,14 @@ void adamw_update(F* params, F* m, F* v, const F* grads, int64_t N, float lr,
                   float beta1, float beta2, float eps, float weight_decay,
                   int64_t t, float grad_scale);
 
+// adamw_update<float> that also writes each updated parameter rounded to
+// bf16 (nearest even) into params_bf16 (N): the compute copy, in the same
+// pass.
+void adamw_update_with_copy(float* params, uint16_t* params_bf16, float* m,
+                            float* v, const float* grads, int64_t N, float lr,
+                            float beta1, float beta2, float eps,
+                            float weight_decay, int64_t t, float grad_scale);
+
 // Sum of squares of x (N), accumulated in double.
 template <typename F>
 double sum_squares(const F* x, int64_t N);

@@ -408,6 +408,25 @@ class CpuBackend final : public Ops {
     kernels::adamw_update(params, m, v, grads, N, lr, beta1, beta2, eps,
                           weight_decay, t, grad_scale);
   }
+  void adamw_update_runs(float* params, void* params_bf16, float* m, float* v,
+                         const float* grads, const Run* runs, int n, float lr,
+                         float beta1, float beta2, float eps,
+                         float weight_decay, int64_t t,
+                         float grad_scale) override {
+    if (params_bf16 == nullptr) {
+      Ops::adamw_update_runs(params, nullptr, m, v, grads, runs, n, lr, beta1,
+                             beta2, eps, weight_decay, t, grad_scale);
+      return;
+    }
+    auto* copy = static_cast<uint16_t*>(params_bf16);
+    for (int i = 0; i < n; ++i) {
+      const Run& r = runs[i];
+      kernels::adamw_update_with_copy(
+          params + r.begin, copy + r.begin, m + r.begin, v + r.begin,
+          grads + r.begin, r.count, lr, beta1, beta2, eps,
+          r.tag != 0 ? weight_decay : 0.0f, t, grad_scale);
+    }
+  }
 
  private:
   // x (n) in fp32: itself, or its bf16 values unpacked into the calling

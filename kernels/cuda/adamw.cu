@@ -34,10 +34,13 @@ __device__ __forceinline__ const RunEntry* TableOf(const RunEntry* runs, int n,
 
 // adamw_update_runs in one launch: flat index k over the runs' elements
 // one after another, its run found by FindRun.
-__global__ void AdamWRunsKernel(float* params, float* m, float* v,
-                                const float* grads, const RunEntry* runs, int n,
-                                bool shared_table, int64_t total,
-                                math::AdamWStep decay, math::AdamWStep plain) {
+// params_bf16, when not null, gets each updated parameter rounded (the
+// compute copy).
+__global__ void AdamWRunsKernel(float* params, __nv_bfloat16* params_bf16,
+                                float* m, float* v, const float* grads,
+                                const RunEntry* runs, int n, bool shared_table,
+                                int64_t total, math::AdamWStep decay,
+                                math::AdamWStep plain) {
   const RunEntry* t = TableOf(runs, n, shared_table);
   ForEachIndex(total, [&](int64_t k) {
     const RunEntry& r = t[FindRun(t, n, k)];
@@ -45,6 +48,7 @@ __global__ void AdamWRunsKernel(float* params, float* m, float* v,
     float p = params[i], mi = m[i], vi = v[i];
     math::AdamWUpdate(p, mi, vi, grads[i], r.tag != 0 ? decay : plain);
     params[i] = p;
+    if (params_bf16 != nullptr) params_bf16[i] = __float2bfloat16_rn(p);
     m[i] = mi;
     v[i] = vi;
   });
@@ -133,10 +137,11 @@ bool CudaBackend::Upload(const Ops::Run* runs, int n, RunTable* table) {
   return n * sizeof(RunEntry) <= kRunTableSharedBytes;
 }
 
-void CudaBackend::adamw_update_runs(float* params, float* m, float* v,
-                                    const float* grads, const Ops::Run* runs,
-                                    int n, float lr, float beta1, float beta2,
-                                    float eps, float weight_decay, int64_t t,
+void CudaBackend::adamw_update_runs(float* params, void* params_bf16, float* m,
+                                    float* v, const float* grads,
+                                    const Ops::Run* runs, int n, float lr,
+                                    float beta1, float beta2, float eps,
+                                    float weight_decay, int64_t t,
                                     float grad_scale) {
   if (n == 0) return;
   const bool shared = Upload(runs, n, &adam_runs_);
@@ -148,8 +153,8 @@ void CudaBackend::adamw_update_runs(float* params, float* m, float* v,
   const OpScope scope(&times_, stream_, "adamw_update");
   AdamWRunsKernel<<<Blocks(adam_runs_.total), kThreads,
                     shared ? n * sizeof(RunEntry) : 0, stream_>>>(
-      params, m, v, grads, adam_runs_.dev.p, n, shared, adam_runs_.total, decay,
-      plain);
+      params, static_cast<__nv_bfloat16*>(params_bf16), m, v, grads,
+      adam_runs_.dev.p, n, shared, adam_runs_.total, decay, plain);
   Launched();
 }
 

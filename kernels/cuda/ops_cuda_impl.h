@@ -340,9 +340,10 @@ class CudaBackend final : public Ops {
   void adamw_update(float* params, float* m, float* v, const float* grads,
                     int64_t N, float lr, float beta1, float beta2, float eps,
                     float weight_decay, int64_t t, float grad_scale) override;
-  void adamw_update_runs(float* params, float* m, float* v, const float* grads,
-                         const Ops::Run* runs, int n, float lr, float beta1,
-                         float beta2, float eps, float weight_decay, int64_t t,
+  void adamw_update_runs(float* params, void* params_bf16, float* m, float* v,
+                         const float* grads, const Ops::Run* runs, int n,
+                         float lr, float beta1, float beta2, float eps,
+                         float weight_decay, int64_t t,
                          float grad_scale) override;
   void SumSquaresRuns(const float* x, const Ops::Run* runs, int n,
                       double sums[2]) override;

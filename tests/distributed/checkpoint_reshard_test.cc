@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "common/spec.h"
+#include "kernels/cpu/kernels.h"
+#include "tests/testing/weights_copy.h"
 #include "worker/engine/checkpoint.h"
 #include "worker/engine/memory_estimate.h"
 #include "worker/engine/parallel_dims.h"
@@ -240,43 +242,97 @@ TEST_F(Reshard, ShardedLayoutReadsOnlyItsShare) {
       "256");
 }
 
+// Under bf16 the matmuls read the store's bf16 compute copy of the weights,
+// which sharded ZeRO stages make from the gathered weights (1-2 after each
+// step's gather, 3 from each unit's gather): wherever it may be read
+// (initialised, trained, saved, resumed) it is the fp32 master weights
+// rounded, and a resume continues the straight run bit for bit. With a
+// pipeline (the tied embedding's gradient summed across stages) and tp+SP.
+TEST_F(Reshard, Bf16WeightsCopyIsTheMasterRoundedForEveryShardedStage) {
+  if (!kernels::CpuHasBf16()) GTEST_SKIP() << "no bf16 instructions here";
+  const std::vector<std::string> bf16 = {"train.precision=bf16"};
+  for (const Layout& l : {Layout{"copy_zero1", 2, 1, 1, false},
+                          Layout{"copy_zero2", 2, 2, 1, false},
+                          Layout{"copy_zero3", 2, 3, 1, false},
+                          Layout{"copy_zero1_pp2", 2, 1, 1, false, 2},
+                          Layout{"copy_zero3_tp2_sp", 2, 3, 2, true}}) {
+    SCOPED_TRACE(l.name);
+    const std::string dir = Root() + "/" + l.name;
+    std::vector<float> want(5), got(2);
+    OnLayout(
+        l, dir, "",
+        [&](Trainer& t) {
+          testing::ExpectWeightsCopyIsTheRoundedMaster(t.store(),
+                                                       "initialised");
+          want = Steps(t, 0, 5);
+          testing::ExpectWeightsCopyIsTheRoundedMaster(t.store(), "trained");
+        },
+        "36", bf16);
+    OnLayout(
+        l, dir, "",
+        [&](Trainer& t) {
+          Steps(t, 0, 3);
+          auto saved = t.SaveCheckpointAt(3);
+          EXPECT_TRUE(saved.ok()) << saved.status();
+          testing::ExpectWeightsCopyIsTheRoundedMaster(t.store(), "saved");
+        },
+        "36", bf16);
+    OnLayout(
+        l, dir, "latest",
+        [&](Trainer& t) {
+          testing::ExpectWeightsCopyIsTheRoundedMaster(t.store(), "resumed");
+          got = Steps(t, 3, 5);
+          for (int i = 0; i < 2; ++i) EXPECT_EQ(got[i], want[3 + i]) << 4 + i;
+        },
+        "36", bf16);
+  }
+}
+
 TEST_F(Reshard, MemoryEstimateEqualsTheEngineBuffersOfEveryZeroStage) {
-  for (int zero = 0; zero <= 3; ++zero) {
-    for (int micro : {1, 2}) {
-      for (int tp : {1, 2}) {
-        // Context parallelism on the microbatches-2 rows: cp 2 (dp 2 tp 2
-        // cp 2 fills the 8 ranks).
-        Layout l{"memory", 2, zero, tp, tp == 2 && micro == 2};
-        l.cp = micro;
-        // n_embd 35, one head, vocabulary 65: units of odd size, padded to
-        // dp=2 (tp=2: n_embd 38, two heads of 19).
-        const std::string n_embd = tp == 1 ? "35" : "38";
-        const std::vector<std::string> extra = {
-            "model.n_head=" + std::to_string(tp),
-            "parallel.microbatches=" + std::to_string(micro)};
-        OnLayout(
-            l, Root() + "/scratch", "",
-            [&](Trainer& t) {
-              const MemoryBytes real = t.memory();
-              const MemoryEstimate e = EstimateRankMemory(
-                  Spec(l, Root() + "/scratch", n_embd, extra),
-                  t.data().vocab_size);
-              if (WorldRank() == 0) {
-                std::printf(
-                    "zero%d microbatches %d tp%d%s cp%d: estimate %lld bytes, "
-                    "engine %lld bytes\n",
-                    zero, micro, tp, l.sp ? " sp" : "", l.cp,
-                    static_cast<long long>(e.total()),
-                    static_cast<long long>(real.params + real.grads +
-                                           real.optimizer + real.activations));
-              }
-              EXPECT_EQ(e.params, real.params) << zero << "/" << micro;
-              EXPECT_EQ(e.grads, real.grads) << zero << "/" << micro;
-              EXPECT_EQ(e.optimizer, real.optimizer) << zero << "/" << micro;
-              EXPECT_EQ(e.activations, real.activations)
-                  << zero << "/" << micro;
-            },
-            n_embd, extra);
+  // fp32, and bf16 (its weights' bf16 compute copy counted) where the CPU
+  // computes in bf16.
+  std::vector<std::string> precisions = {"fp32"};
+  if (kernels::CpuHasBf16()) precisions.push_back("bf16");
+  for (const std::string& precision : precisions) {
+    for (int zero = 0; zero <= 3; ++zero) {
+      for (int micro : {1, 2}) {
+        for (int tp : {1, 2}) {
+          // Context parallelism on the microbatches-2 rows: cp 2 (dp 2 tp 2
+          // cp 2 fills the 8 ranks).
+          Layout l{"memory", 2, zero, tp, tp == 2 && micro == 2};
+          l.cp = micro;
+          // n_embd 35, one head, vocabulary 65: units of odd size, padded to
+          // dp=2 (tp=2: n_embd 38, two heads of 19).
+          const std::string n_embd = tp == 1 ? "35" : "38";
+          const std::vector<std::string> extra = {
+              "model.n_head=" + std::to_string(tp),
+              "parallel.microbatches=" + std::to_string(micro),
+              "train.precision=" + precision};
+          OnLayout(
+              l, Root() + "/scratch", "",
+              [&](Trainer& t) {
+                const MemoryBytes real = t.memory();
+                const MemoryEstimate e = EstimateRankMemory(
+                    Spec(l, Root() + "/scratch", n_embd, extra),
+                    t.data().vocab_size);
+                if (WorldRank() == 0) {
+                  std::printf(
+                      "%s zero%d microbatches %d tp%d%s cp%d: estimate %lld "
+                      "bytes, engine %lld bytes\n",
+                      precision.c_str(), zero, micro, tp, l.sp ? " sp" : "",
+                      l.cp, static_cast<long long>(e.total()),
+                      static_cast<long long>(real.params + real.grads +
+                                             real.optimizer +
+                                             real.activations));
+                }
+                EXPECT_EQ(e.params, real.params) << zero << "/" << micro;
+                EXPECT_EQ(e.grads, real.grads) << zero << "/" << micro;
+                EXPECT_EQ(e.optimizer, real.optimizer) << zero << "/" << micro;
+                EXPECT_EQ(e.activations, real.activations)
+                    << zero << "/" << micro;
+              },
+              n_embd, extra);
+        }
       }
     }
   }

@@ -1002,7 +1002,8 @@ TEST_P(CudaOpsTest, FusedClassifierOverBf16Logits) {
 }
 
 // AdamW over a table of runs in one launch, against the CPU run by run:
-// decay where a run decays, the gaps between runs untouched.
+// decay where a run decays, the gaps between runs untouched; the bf16
+// compute copy written beside, each element the updated parameter rounded.
 TEST_P(CudaOpsTest, AdamWOverRunsInOneLaunch) {
   const int64_t n = 20011;
   Vec p = Random(n, 65), m = Random(n, 66, 0.01f), v = Random(n, 67, 0.01f);
@@ -1011,14 +1012,18 @@ TEST_P(CudaOpsTest, AdamWOverRunsInOneLaunch) {
   const Vec before = p;
   const std::vector<Ops::Run> runs = {
       {0, 7000, 1}, {7000, 13, 0}, {7100, 9000, 1}, {16100, 3900, 0}};
+  Vec marked((n + 1) / 2);
+  std::vector<uint16_t> mark(2 * marked.size(), 0xabcd);
+  std::memcpy(marked.data(), mark.data(), mark.size() * sizeof(uint16_t));
   Dev g_p(gpu_.get(), p), g_m(gpu_.get(), m), g_v(gpu_.get(), v),
-      g_g(gpu_.get(), g);
+      g_g(gpu_.get(), g), g_copy(gpu_.get(), marked);
   for (int64_t t = 1; t <= 3; ++t) {
-    cpu().adamw_update_runs(p.data(), m.data(), v.data(), g.data(), runs.data(),
-                            4, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 0.5f);
-    gpu_->adamw_update_runs(g_p.get(), g_m.get(), g_v.get(), g_g.get(),
+    cpu().adamw_update_runs(p.data(), nullptr, m.data(), v.data(), g.data(),
                             runs.data(), 4, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t,
                             0.5f);
+    gpu_->adamw_update_runs(g_p.get(), g_copy.get(), g_m.get(), g_v.get(),
+                            g_g.get(), runs.data(), 4, 6e-4f, 0.9f, 0.95f,
+                            1e-8f, 0.1f, t, 0.5f);
   }
   const Vec got = g_p.Host();
   Check("adamw runs params", got, p);
@@ -1026,6 +1031,17 @@ TEST_P(CudaOpsTest, AdamWOverRunsInOneLaunch) {
   Check("adamw runs v", g_v.Host(), v);
   for (int64_t i = 7013; i < 7100; ++i) ASSERT_EQ(got[i], before[i]) << i;
   for (int64_t i = 20000; i < n; ++i) ASSERT_EQ(got[i], before[i]) << i;
+  const Vec copy_floats = g_copy.Host();
+  const auto* copy = reinterpret_cast<const uint16_t*>(copy_floats.data());
+  std::vector<uint16_t> rounded(n);
+  kernels::RoundToBf16Rows(rounded.data(), got.data(), 1, n);
+  for (const Ops::Run& r : runs) {
+    for (int64_t i = r.begin; i < r.begin + r.count; ++i) {
+      ASSERT_EQ(copy[i], rounded[i]) << i;
+    }
+  }
+  for (int64_t i = 7013; i < 7100; ++i) ASSERT_EQ(copy[i], 0xabcd) << i;
+  for (int64_t i = 20000; i < n; ++i) ASSERT_EQ(copy[i], 0xabcd) << i;
 }
 
 // The gradient norm's sums over tagged runs, one launch and one wait,

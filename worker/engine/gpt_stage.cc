@@ -346,6 +346,11 @@ const float* GptStage::BlockTensor(const float* unit_base, int b, int i) const {
   return unit_base + block_offsets_[b * kBlockTensors + i];
 }
 
+kernels::ConstAct GptStage::BlockWeight(kernels::ConstAct unit_weights, int b,
+                                        int i) const {
+  return unit_weights.Offset(block_offsets_[b * kBlockTensors + i]);
+}
+
 void GptStage::InitParams(uint64_t seed) {
   PT_CHECK(!params_.empty(), "the stage's weights live in a store");
   // Computed on the host, then copied where the backend keeps them.
@@ -441,9 +446,9 @@ void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
   k.layernorm_forward(Stored(a.ln1), a.ln1_mean, a.ln1_rstd, x,
                       BlockTensor(w, b, kLn1W), BlockTensor(w, b, kLn1B), B, Ts,
                       C);
-  column_linear_forward(Stored(a.qkv), Stored(a.ln1), BlockTensor(w, b, kQkvW),
-                        BlockTensor(w, b, kQkvB), B, T, C, 3 * Cl_, g,
-                        scratch_);
+  column_linear_forward(
+      Stored(a.qkv), Stored(a.ln1), BlockWeight(st.Weights(u), b, kQkvW),
+      BlockTensor(w, b, kQkvB), B, T, C, 3 * Cl_, g, scratch_);
   st.EndForward(u);
   if (pos >= 0) {
     // The cache of local block b: keys, then values, (NHl,CacheT,hs) each.
@@ -456,7 +461,8 @@ void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
   }
   st.BeginForward(u + 1);
   w = st.Params(u + 1);
-  row_linear_forward(proj_, Stored(a.atty), BlockTensor(w, b, kAttProjW),
+  row_linear_forward(proj_, Stored(a.atty),
+                     BlockWeight(st.Weights(u + 1), b, kAttProjW),
                      BlockTensor(w, b, kAttProjB), B, T, Cl_, C, g, scratch_);
   st.EndForward(u + 1);
   st.BeginForward(u + 2);
@@ -464,7 +470,8 @@ void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
   k.residual_layernorm_forward(a.residual2, Stored(a.ln2), a.ln2_mean,
                                a.ln2_rstd, x, proj_, BlockTensor(w, b, kLn2W),
                                BlockTensor(w, b, kLn2B), B, Ts, C);
-  column_linear_forward(Stored(a.fch), Stored(a.ln2), BlockTensor(w, b, kFcW),
+  column_linear_forward(Stored(a.fch), Stored(a.ln2),
+                        BlockWeight(st.Weights(u + 2), b, kFcW),
                         BlockTensor(w, b, kFcB), B, T, C, 4 * Cl_, g, scratch_);
   st.EndForward(u + 2);
   if (recomputing) return;  // the block's output is kept
@@ -472,7 +479,8 @@ void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
   w = st.Params(u + 3);
   // GELU(fch), not kept in fp32: the backward computes it again, or reads
   // what the backend keeps in a.gelu.
-  row_linear_forward(proj_, Stored(a.fch), BlockTensor(w, b, kFcProjW),
+  row_linear_forward(proj_, Stored(a.fch),
+                     BlockWeight(st.Weights(u + 3), b, kFcProjW),
                      BlockTensor(w, b, kFcProjB), B, T, 4 * Cl_, C, g, scratch_,
                      /*gelu_hidden=*/dfch_gelu_, /*gelu_saved=*/a.gelu);
   st.EndForward(u + 3);
@@ -497,11 +505,9 @@ float GptStage::ForwardPass(int slot, const int32_t* tokens,
   const int64_t BTsC = static_cast<int64_t>(B) * Ts * C;
 
   UnitStore& st = *store_;
-  const float* wte = nullptr;
   if (first()) {
     st.BeginForward(emb_unit_);
-    wte = st.Params(emb_unit_) + wte_offset_;
-    vocab_embedding_forward(S.input, tokens, wte,
+    vocab_embedding_forward(S.input, tokens, st.Params(emb_unit_) + wte_offset_,
                             st.Params(emb_unit_) + wpe_offset_, B, T,
                             decode ? pos : 0, C, vocab_begin_, Vl_, g, scratch_,
                             decode ? CpGroup{} : cp_);
@@ -522,16 +528,13 @@ float GptStage::ForwardPass(int slot, const int32_t* tokens,
   const float* lnf = st.Params(final_unit_) + lnf_offset_;
   k.layernorm_forward(Stored(S.lnf), S.lnf_mean, S.lnf_rstd, x, lnf, lnf + C, B,
                       Ts, C);
-  if (first()) {
-    st.EndForward(final_unit_);
-  } else {
-    wte = st.Params(head_unit_) + head_wte_offset_;
-  }
+  if (first()) st.EndForward(final_unit_);
   // The head is tied to the embedding: logits over this rank's vocabulary
   // rows, never gathered for the loss.
   if (targets != nullptr) S.dloss = dloss;
-  column_linear_forward(Logits(S), Stored(S.lnf), wte, nullptr, B, T, C, Vl_, g,
-                        scratch_);
+  column_linear_forward(Logits(S), Stored(S.lnf),
+                        st.Weights(head_unit_).Offset(head_wte_offset_),
+                        nullptr, B, T, C, Vl_, g, scratch_);
   st.EndForward(head_unit_);
   if (targets == nullptr) return 0.0f;
   if (dloss != 0.0f) {
@@ -568,8 +571,8 @@ void GptStage::HeadBackward(const Slot& S, const int32_t* targets, float dloss,
   // where they are.
   column_linear_backward(
       dln_, split ? nullptr : st.Grads(head_unit_) + head_wte_offset_, nullptr,
-      dlogits, Stored(S.lnf), st.Params(head_unit_) + head_wte_offset_, B, T, C,
-      Vl_, tp_, scratch_);
+      dlogits, Stored(S.lnf), st.Weights(head_unit_).Offset(head_wte_offset_),
+      B, T, C, Vl_, tp_, scratch_);
   k.Zero(dresidual_, static_cast<int64_t>(B) * Ts * C);
   const float* x_last = Acts(S, n_blocks_ - 1).residual3;
   float* dlnf = st.Grads(final_unit_) + lnf_offset_;
@@ -658,15 +661,15 @@ void GptStage::BlockBackward(const Slot& S, int b, bool split) {
   // this layer's residual3, which only the layer above read.
   row_linear_backward(Stored(dfch), dT(u + 3, kFcProjW), dT(u + 3, kFcProjB),
                       dresidual_, Stored(a.fch),
-                      BlockTensor(st.Params(u + 3), b, kFcProjW), B, T, 4 * Cl_,
-                      C, tp_, scratch_, /*gelu_hidden=*/dqkv_,
+                      BlockWeight(st.Weights(u + 3), b, kFcProjW), B, T,
+                      4 * Cl_, C, tp_, scratch_, /*gelu_hidden=*/dqkv_,
                       /*gelu_saved=*/a.gelu);
   end(u + 3);
   st.BeginBackward(u + 2);
   const float* w = st.Params(u + 2);
   column_linear_backward(dln_, dT(u + 2, kFcW), dT(u + 2, kFcB), Stored(dfch),
-                         Stored(a.ln2), BlockTensor(w, b, kFcW), B, T, C,
-                         4 * Cl_, tp_, scratch_);
+                         Stored(a.ln2), BlockWeight(st.Weights(u + 2), b, kFcW),
+                         B, T, C, 4 * Cl_, tp_, scratch_);
   st.Poll();
   k.layernorm_backward(dresidual_, dLn(u + 2, kLn2W), dLn(u + 2, kLn2B), dln_,
                        a.residual2, BlockTensor(w, b, kLn2W), a.ln2_mean,
@@ -677,8 +680,8 @@ void GptStage::BlockBackward(const Slot& S, int b, bool split) {
   if (split) k.Copy(a.dattproj, dresidual_, BTsC);
   row_linear_backward(datty_, dT(u + 1, kAttProjW), dT(u + 1, kAttProjB),
                       dresidual_, Stored(a.atty),
-                      BlockTensor(st.Params(u + 1), b, kAttProjW), B, T, Cl_, C,
-                      tp_, scratch_);
+                      BlockWeight(st.Weights(u + 1), b, kAttProjW), B, T, Cl_,
+                      C, tp_, scratch_);
   end(u + 1);
   if (recompute_ == Recompute::kSelective) {
     // What attention keeps, again (its output comes out the same, bit for
@@ -692,8 +695,8 @@ void GptStage::BlockBackward(const Slot& S, int b, bool split) {
   st.BeginBackward(u);
   w = st.Params(u);
   column_linear_backward(dln_, dT(u, kQkvW), dT(u, kQkvB), dqkv, Stored(a.ln1),
-                         BlockTensor(w, b, kQkvW), B, T, C, 3 * Cl_, tp_,
-                         scratch_);
+                         BlockWeight(st.Weights(u), b, kQkvW), B, T, C, 3 * Cl_,
+                         tp_, scratch_);
   st.Poll();
   k.layernorm_backward(dresidual_, dLn(u, kLn1W), dLn(u, kLn1B), dln_, residual,
                        BlockTensor(w, b, kLn1W), a.ln1_mean, a.ln1_rstd, B, Ts,

@@ -43,6 +43,10 @@ class UnitStore {
  public:
   virtual ~UnitStore() = default;
   virtual const float* Params(int u) = 0;
+  // The unit's weights as the matmuls read them (same layout as Params):
+  // a bf16 compute copy of Params where the store keeps one (bf16 compute),
+  // else Params itself. Valid where Params is.
+  virtual kernels::ConstAct Weights(int u) { return Params(u); }
   virtual float* Grads(int u) = 0;
   virtual void BeginForward(int u) {}
   virtual void EndForward(int u) {}
@@ -59,6 +63,9 @@ class UnitStoreSlice : public UnitStore {
  public:
   UnitStoreSlice(UnitStore* store, int first) : store_(store), first_(first) {}
   const float* Params(int u) override { return store_->Params(first_ + u); }
+  kernels::ConstAct Weights(int u) override {
+    return store_->Weights(first_ + u);
+  }
   float* Grads(int u) override { return store_->Grads(first_ + u); }
   void BeginForward(int u) override { store_->BeginForward(first_ + u); }
   void EndForward(int u) override { store_->EndForward(first_ + u); }
@@ -295,6 +302,10 @@ class GptStage : private UnitStore {
   // Tensor `i` of block-local table index (GptBlockTensorNames order) of
   // local block `b`, inside its unit's buffer.
   const float* BlockTensor(const float* unit_base, int b, int i) const;
+  // The same of the unit's weights as the matmuls read them
+  // (UnitStore::Weights).
+  kernels::ConstAct BlockWeight(kernels::ConstAct unit_weights, int b,
+                                int i) const;
   // The sizes a stage's activation slabs are laid out by (the backend's
   // when `ops` is given, else the most any backend keeps).
   struct ActivationDims {

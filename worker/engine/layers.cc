@@ -108,8 +108,8 @@ void sequence_reduce(float* local, float* partial, int B, int T, int C,
 }
 
 void column_linear_forward(kernels::Act out, kernels::ConstAct inp,
-                           const float* weight, const float* bias, int B, int T,
-                           int C, int OCl, const TpGroup& g,
+                           kernels::ConstAct weight, const float* bias, int B,
+                           int T, int C, int OCl, const TpGroup& g,
                            const LayerContext& s) {
   s.ops().matmul_forward(out, FullSequence(inp, B, T, C, g, s), weight, bias, B,
                          T, C, OCl);
@@ -117,8 +117,8 @@ void column_linear_forward(kernels::Act out, kernels::ConstAct inp,
 
 void column_linear_backward(float* dinp, float* dweight, float* dbias,
                             kernels::ConstAct dout, kernels::ConstAct inp,
-                            const float* weight, int B, int T, int C, int OCl,
-                            const TpGroup& g, const LayerContext& s) {
+                            kernels::ConstAct weight, int B, int T, int C,
+                            int OCl, const TpGroup& g, const LayerContext& s) {
   if (!Parallel(g)) {
     s.ops().matmul_backward(dinp, dweight, dbias, dout, inp, weight, B, T, C,
                             OCl);
@@ -134,10 +134,11 @@ void column_linear_backward(float* dinp, float* dweight, float* dbias,
   if (dinp != nullptr) sequence_reduce(dinp, s.a, B, T, C, g, s.b, s.ops());
 }
 
-void row_linear_forward(float* out, kernels::ConstAct inp, const float* weight,
-                        const float* bias, int B, int T, int Cl, int OC,
-                        const TpGroup& g, const LayerContext& s,
-                        float* gelu_hidden, float* gelu_saved) {
+void row_linear_forward(float* out, kernels::ConstAct inp,
+                        kernels::ConstAct weight, const float* bias, int B,
+                        int T, int Cl, int OC, const TpGroup& g,
+                        const LayerContext& s, float* gelu_hidden,
+                        float* gelu_saved) {
   auto matmul = [&](float* y, const float* b) {
     if (gelu_hidden != nullptr) {
       s.ops().gelu_matmul_forward(y, gelu_hidden, gelu_saved, inp, weight, b, B,
@@ -162,7 +163,7 @@ void row_linear_forward(float* out, kernels::ConstAct inp, const float* weight,
 
 void row_linear_backward(kernels::Act dinp, float* dweight, float* dbias,
                          const float* dout, kernels::ConstAct inp,
-                         const float* weight, int B, int T, int Cl, int OC,
+                         kernels::ConstAct weight, int B, int T, int Cl, int OC,
                          const TpGroup& g, const LayerContext& s,
                          float* gelu_hidden, const float* gelu_saved) {
   const float* full = dout;

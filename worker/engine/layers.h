@@ -84,16 +84,16 @@ void sequence_reduce(float* local, float* partial, int B, int T, int C,
 // inp may be stored in bf16 (a LayerNorm output, Ops::activation_type;
 // with an even C): gathered as it is; out too (fch).
 void column_linear_forward(kernels::Act out, kernels::ConstAct inp,
-                           const float* weight, const float* bias, int B, int T,
-                           int C, int OCl, const TpGroup& g,
+                           kernels::ConstAct weight, const float* bias, int B,
+                           int T, int C, int OCl, const TpGroup& g,
                            const LayerContext& s);
 // dinp (B,Ts,C) = reduce over the group of dout @ weight; dweight, dbias
 // accumulate this rank's rows. Either half may be left out (null dinp, or
 // null dweight and dbias: Ops::matmul_backward), with its communication.
 void column_linear_backward(float* dinp, float* dweight, float* dbias,
                             kernels::ConstAct dout, kernels::ConstAct inp,
-                            const float* weight, int B, int T, int C, int OCl,
-                            const TpGroup& g, const LayerContext& s);
+                            kernels::ConstAct weight, int B, int T, int C,
+                            int OCl, const TpGroup& g, const LayerContext& s);
 
 // Row-parallel linear: weight (OC,Cl) holds this rank's columns of the whole
 // (OC,C). out (B,Ts,OC) = reduce(inp @ weight^T) + bias; inp is (B,T,Cl),
@@ -103,17 +103,17 @@ void column_linear_backward(float* dinp, float* dweight, float* dbias,
 // and again in backward, its fp32 values never kept (the MLP's projection).
 // `gelu_saved`, when set, is what the backend keeps of it from forward to
 // backward (Ops::gelu_saved_floats).
-void row_linear_forward(float* out, kernels::ConstAct inp, const float* weight,
-                        const float* bias, int B, int T, int Cl, int OC,
-                        const TpGroup& g, const LayerContext& s,
-                        float* gelu_hidden = nullptr,
+void row_linear_forward(float* out, kernels::ConstAct inp,
+                        kernels::ConstAct weight, const float* bias, int B,
+                        int T, int Cl, int OC, const TpGroup& g,
+                        const LayerContext& s, float* gelu_hidden = nullptr,
                         float* gelu_saved = nullptr);
 // dinp (B,T,Cl) = gather(dout) @ weight; dweight += gather(dout)^T inp;
 // dbias += column sums of gather(dout) (the same on every rank). Either
 // half may be left out, as in column_linear_backward (each gathers dout).
 void row_linear_backward(kernels::Act dinp, float* dweight, float* dbias,
                          const float* dout, kernels::ConstAct inp,
-                         const float* weight, int B, int T, int Cl, int OC,
+                         kernels::ConstAct weight, int B, int T, int Cl, int OC,
                          const TpGroup& g, const LayerContext& s,
                          float* gelu_hidden = nullptr,
                          const float* gelu_saved = nullptr);

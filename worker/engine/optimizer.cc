@@ -64,12 +64,12 @@ AdamW::AdamW(const std::vector<ParamInfo>& layout,
   v_ = kernels::Buffer(ops_, local);
 }
 
-void AdamW::Step(float* params, const float* grads, float lr,
+void AdamW::Step(float* params, void* params_bf16, const float* grads, float lr,
                  float grad_scale) {
   ++t_;
-  ops_->adamw_update_runs(params, m_.data(), v_.data(), grads, runs_.data(),
-                          static_cast<int>(runs_.size()), lr, beta1_, beta2_,
-                          eps_, weight_decay_, t_, grad_scale);
+  ops_->adamw_update_runs(params, params_bf16, m_.data(), v_.data(), grads,
+                          runs_.data(), static_cast<int>(runs_.size()), lr,
+                          beta1_, beta2_, eps_, weight_decay_, t_, grad_scale);
 }
 
 DistributedOptimizer::DistributedOptimizer(ZeroStore* store,
@@ -193,7 +193,12 @@ UpdateResult DistributedOptimizer::Step(float lr) {
   UpdateResult r;
   r.grad_norm = std::sqrt(GlobalNormSquared());
   const float scale = ClipScale(r.grad_norm, clip_);
-  adam_->Step(store_->update_params(), store_->update_grads(), lr, scale);
+  // Unsharded, the optimizer writes the weights' bf16 compute copy as it
+  // updates them; sharded, the store rounds the gathered weights.
+  float* params = store_->update_params();
+  void* copy = store_->update_weights_copy();
+  adam_->Step(params, copy, store_->update_grads(), lr, scale);
+  if (copy != nullptr) store_->WeightsCopyWritten();
   store_->GatherUpdatedParams();
   return r;
 }

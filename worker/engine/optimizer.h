@@ -39,7 +39,10 @@ class AdamW {
 
   // One update of params[begin,end) from grads[begin,end) (pointers to the
   // start of the slice), gradients multiplied by grad_scale first.
-  void Step(float* params, const float* grads, float lr, float grad_scale);
+  // params_bf16, when not null, is the slice's bf16 compute copy (same
+  // indices): written in the same pass (Ops::adamw_update_runs).
+  void Step(float* params, void* params_bf16, const float* grads, float lr,
+            float grad_scale);
 
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }  // resuming from a checkpoint

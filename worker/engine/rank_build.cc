@@ -50,7 +50,8 @@ RankBuild RankBuild::Of(const v1::JobSpec& spec, int vocab_size, int tp_rank,
   b.schedule = ScheduleKindOf(p.schedule());
   b.recompute = RecomputeOf(spec.train().recompute());
   b.zero = ZeroOptions{p.zero(), b.microbatches, p.bucket_bytes(),
-                       /*reduce_once_per_step=*/b.pp > 1};
+                       /*reduce_once_per_step=*/b.pp > 1,
+                       /*bf16_weights=*/b.precision == Precision::kBf16};
   b.plan = SpecPlan(spec, tp_rank, pp_rank);
   b.stages = RankStages(b.plan);
   b.slots =

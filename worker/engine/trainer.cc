@@ -505,8 +505,10 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
     dims_->AttachDevice(device_ops_.get());
   }
   const ComputeGroups groups = dims_->compute_groups();
+  // The backend that computes (the bf16 CPU one under bf16): the store's
+  // bf16 copy of the weights is made for its matmuls.
   store_ = std::make_unique<ZeroStore>(layout, b.replicas(), b.zero, groups.dp,
-                                       device_ops_.get());
+                                       compute_ops());
   order_ = b.pp > 1 ? PipelineOrder(b.schedule, b.pp, dims_->pp_rank(),
                                     b.microbatches, b.virtual_stages)
                     : PipelineRuntime::SequentialOrder(b.microbatches);

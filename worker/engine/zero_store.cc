@@ -23,7 +23,8 @@ int UnitOf(const std::vector<ParamInfo>& layout, const char* name) {
 
 ZeroStore::Sizes ZeroStore::ComputeSizes(const std::vector<ParamInfo>& layout,
                                          const std::vector<UnitRange>& units,
-                                         int dp, int zero, int grad_zero) {
+                                         int dp, int zero, int grad_zero,
+                                         bool bf16_weights) {
   Sizes z;
   z.emb_unit = UnitOf(layout, "wte");
   z.final_unit = UnitOf(layout, "ln_f.weight");
@@ -43,16 +44,21 @@ ZeroStore::Sizes ZeroStore::ComputeSizes(const std::vector<ParamInfo>& layout,
     z.gathered[kFinalSlot] = z.final_unit >= 0 ? units[z.final_unit].size : 0;
     z.gathered[kBlockSlot] = block_max;
   }
+  if (bf16_weights) {
+    z.params16 = (z.params_full + 1) / 2;
+    for (int s = 0; s < 3; ++s) z.gathered16[s] = (z.gathered[s] + 1) / 2;
+  }
   return z;
 }
 
 ZeroStore::Footprint ZeroStore::Measure(const std::vector<ParamInfo>& layout,
                                         int dp, const ZeroOptions& o) {
   const std::vector<UnitRange> units = Units(layout, dp);
-  const Sizes z = ComputeSizes(layout, units, dp, o.zero, GradZero(o));
+  const Sizes z =
+      ComputeSizes(layout, units, dp, o.zero, GradZero(o), o.bf16_weights);
   Footprint f;
-  f.params =
-      z.params_full + z.shard + z.gathered[0] + z.gathered[1] + z.gathered[2];
+  f.params = z.params_full + z.shard + z.params16;
+  for (int s = 0; s < 3; ++s) f.params += z.gathered[s] + z.gathered16[s];
   f.grads = z.grads_full + z.shard +
             GradReducer::ScratchFloats(units, z.emb_unit, z.final_unit, dp,
                                        GradZero(o), o.microbatches);
@@ -67,6 +73,7 @@ ZeroStore::ZeroStore(std::vector<ParamInfo> layout, int dp,
       dp_rank_(dp_group != nullptr ? dp_group->rank() : 0),
       zero_(o.zero),
       grad_zero_(GradZero(o)),
+      bf16_weights_(o.bf16_weights),
       comm_(dp_group),
       layout_(std::move(layout)),
       units_(Units(layout_, dp)),
@@ -76,7 +83,10 @@ ZeroStore::ZeroStore(std::vector<ParamInfo> layout, int dp,
            "dp > 1 or zero > 0 needs a dp group");
   PT_CHECK(comm_ == nullptr || comm_->size() == dp_,
            "the dp group's size differs from dp");
-  const Sizes z = ComputeSizes(layout_, units_, dp_, zero_, grad_zero_);
+  PT_CHECK(!bf16_weights_ || ops_->activation_type() == kernels::DType::kBf16,
+           "a bf16 copy of the weights on a backend that computes in fp32");
+  const Sizes z =
+      ComputeSizes(layout_, units_, dp_, zero_, grad_zero_, bf16_weights_);
   emb_unit_ = z.emb_unit;
   final_unit_ = z.final_unit;
   total_ = z.total;
@@ -91,8 +101,11 @@ ZeroStore::ZeroStore(std::vector<ParamInfo> layout, int dp,
   grads_full_ = kernels::Buffer(ops_, z.grads_full);
   param_shard_ = kernels::Buffer(ops_, z.shard);
   grad_shard_ = kernels::Buffer(ops_, z.shard);
-  for (int s = 0; s < 3; ++s)
+  params16_ = kernels::Buffer(ops_, z.params16);
+  for (int s = 0; s < 3; ++s) {
     gathered_[s] = kernels::Buffer(ops_, z.gathered[s]);
+    gathered16_[s] = kernels::Buffer(ops_, z.gathered16[s]);
+  }
   reducer_ = std::make_unique<GradReducer>(units_, emb_unit_, final_unit_, dp_,
                                            grad_zero_, o.microbatches,
                                            o.bucket_bytes, comm_, ops_);
@@ -102,6 +115,7 @@ ZeroStore::ZeroStore(std::vector<ParamInfo> layout, int dp,
 }
 
 void ZeroStore::InitParams(uint64_t seed) {
+  ++params_version_;
   // Computed on the host, then copied where the backend keeps them.
   const bool on_host = ops_->device() == kernels::Device::kCpu;
   std::vector<float> host;
@@ -151,7 +165,25 @@ std::vector<std::pair<int64_t, int64_t>> ZeroStore::ShardPieces() const {
 }
 
 float* ZeroStore::update_params() {
+  ++params_version_;
   return sharded() ? param_shard_.data() : params_full_.data();
+}
+
+void* ZeroStore::update_weights_copy() {
+  return bf16_weights_ && !sharded() ? params16_.data() : nullptr;
+}
+
+void ZeroStore::RoundInto(void* dst, const float* src, int64_t n) {
+  // Rows of a fixed width, so that a large buffer is rounded in parallel.
+  constexpr int64_t kWidth = 4096;
+  const int64_t rows = n / kWidth, tail = n - rows * kWidth;
+  auto* d = static_cast<uint16_t*>(dst);
+  const kernels::DType bf = kernels::DType::kBf16;
+  if (rows > 0) ops_->Convert(kernels::Act(d, bf), src, rows, kWidth);
+  if (tail > 0) {
+    ops_->Convert(kernels::Act(d + rows * kWidth, bf), src + rows * kWidth, 1,
+                  tail);
+  }
 }
 
 float* ZeroStore::update_grads() {
@@ -164,6 +196,7 @@ void ZeroStore::Gather(int u, float* dst) {
 
 void ZeroStore::GatherUpdatedParams() {
   if (zero_ != 1 && zero_ != 2) return;
+  ++params_version_;
   for (int u = 0; u < n_units_; ++u) {
     Gather(u, params_full_.data() + units_[u].begin);
   }
@@ -181,11 +214,31 @@ const float* ZeroStore::Params(int u) {
   return gathered_[slot].data();
 }
 
+kernels::ConstAct ZeroStore::Weights(int u) {
+  if (!bf16_weights_) return Params(u);
+  const kernels::DType bf = kernels::DType::kBf16;
+  if (zero_ <= 2) {
+    if (copy_version_ != params_version_) {
+      RoundInto(params16_.data(), params_full_.data(), total_);
+      copy_version_ = params_version_;
+    }
+    return kernels::ConstAct(params16_.data(), bf).Offset(units_[u].begin);
+  }
+  const int slot = WeightSlot(u);
+  PT_CHECK(gathered_unit_[slot] == u, "weights of a unit not gathered");
+  if (copy_unit_[slot] != u) {
+    RoundInto(gathered16_[slot].data(), gathered_[slot].data(), units_[u].size);
+    copy_unit_[slot] = u;
+  }
+  return kernels::ConstAct(gathered16_[slot].data(), bf);
+}
+
 void ZeroStore::BeginForward(int u) {
   if (zero_ < 3) return;
   const int slot = WeightSlot(u);
   Gather(u, gathered_[slot].data());
   gathered_unit_[slot] = u;
+  copy_unit_[slot] = -1;  // rounded again when the matmuls ask
 }
 
 float* ZeroStore::Grads(int u) {
@@ -214,8 +267,11 @@ std::vector<float> ZeroStore::FullParams() {
 MemoryBytes ZeroStore::memory() const {
   constexpr int64_t kFloat = sizeof(float);
   MemoryBytes m;
-  m.params = (params_full_.size() + param_shard_.size()) * kFloat;
-  for (const auto& g : gathered_) m.params += g.size() * kFloat;
+  m.params =
+      (params_full_.size() + param_shard_.size() + params16_.size()) * kFloat;
+  for (int s = 0; s < 3; ++s) {
+    m.params += (gathered_[s].size() + gathered16_[s].size()) * kFloat;
+  }
   m.grads = (grads_full_.size() + grad_shard_.size()) * kFloat +
             reducer_->scratch_bytes();
   return m;

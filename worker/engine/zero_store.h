@@ -41,6 +41,10 @@ struct ZeroOptions {
   // Zero 2-3: reduce gradients once per step, not every microbatch (set
   // for pipelines, pp > 1).
   bool reduce_once_per_step = false;
+  // Keep a bf16 compute copy of the weights beside the fp32 master ones,
+  // which the matmuls read (UnitStore::Weights): bf16 compute, whose
+  // backend stores activations in bf16 (Ops::activation_type).
+  bool bf16_weights = false;
 };
 
 class ZeroStore : public UnitStore {
@@ -77,8 +81,16 @@ class ZeroStore : public UnitStore {
   // zero 0, this rank's shard from zero 1 on (shard_size() elements, the
   // pieces of ShardPieces() concatenated).
   bool sharded() const { return zero_ >= 1; }
+  // Mutable: whoever asks may write the weights, so the bf16 compute copy
+  // is made again from them before the matmuls next read it (unless
+  // WeightsCopyWritten says the writer wrote it too).
   float* update_params();
   float* update_grads();
+  // Unsharded with a bf16 compute copy: the copy at update_params()'s
+  // indices, which the optimizer writes as it updates the weights (then
+  // calls WeightsCopyWritten); else null.
+  void* update_weights_copy();
+  void WeightsCopyWritten() { copy_version_ = params_version_; }
   int64_t update_size() const { return sharded() ? shard_total_ : total_; }
   // [begin, end) ranges of the flat layout this rank's shard is made of.
   std::vector<std::pair<int64_t, int64_t>> ShardPieces() const;
@@ -116,6 +128,7 @@ class ZeroStore : public UnitStore {
 
   // UnitStore.
   const float* Params(int u) override;
+  kernels::ConstAct Weights(int u) override;
   float* Grads(int u) override;
   void BeginForward(int u) override;
   void BeginBackward(int u) override;
@@ -129,10 +142,13 @@ class ZeroStore : public UnitStore {
     int emb_unit = -1, final_unit = -1;
     int64_t params_full = 0, grads_full = 0, shard = 0;
     int64_t gathered[3] = {0, 0, 0};
+    // Floats of the bf16 compute copies: of params_full, of each gathered
+    // slot.
+    int64_t params16 = 0, gathered16[3] = {0, 0, 0};
   };
   static Sizes ComputeSizes(const std::vector<ParamInfo>& layout,
                             const std::vector<UnitRange>& units, int dp,
-                            int zero, int grad_zero);
+                            int zero, int grad_zero, bool bf16_weights);
   // The ZeRO stage gradients are handled by: zero, but 1 for zero 2-3
   // reduced once per step.
   static int GradZero(const ZeroOptions& o) {
@@ -147,8 +163,11 @@ class ZeroStore : public UnitStore {
   // unit have their own (they bracket the whole pass), blocks share one.
   int WeightSlot(int u) const;
   void Gather(int u, float* dst);
+  // n fp32 values rounded into a bf16 buffer (the compute copy).
+  void RoundInto(void* dst, const float* src, int64_t n);
 
   const int dp_, dp_rank_, zero_, grad_zero_;
+  const bool bf16_weights_;
   Communicator* comm_;
   std::vector<ParamInfo> layout_;
   std::vector<UnitRange> units_;
@@ -165,6 +184,13 @@ class ZeroStore : public UnitStore {
   // zero 3: gathered weights (0 embedding, 1 final, 2 the current block).
   kernels::Buffer gathered_[3];
   int gathered_unit_[3] = {-1, -1, -1};
+  // The bf16 compute copies (bf16_weights), two to a float: of params_full_
+  // (zero 0-2), made from the version of the weights it says; of each
+  // gathered slot (zero 3), made for the unit it says.
+  kernels::Buffer params16_;
+  int64_t params_version_ = 0, copy_version_ = -1;
+  kernels::Buffer gathered16_[3];
+  int copy_unit_[3] = {-1, -1, -1};
 
   std::unique_ptr<GradReducer> reducer_;
 };

@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "common/spec.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/weights_copy.h"
 #include "worker/engine/trainer.h"
 
 namespace ptrain {
@@ -180,6 +181,32 @@ TEST_F(CheckpointTest, ResumeOnTheSameLayoutIsBitExact) {
   const auto b = resumed->store().FullParams();
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+}
+
+// Under bf16 the matmuls read the store's bf16 compute copy of the weights:
+// wherever they may (after initialisation, after optimizer steps, which
+// write it, after a save, after a resume loaded the weights) each unit's
+// copy is its fp32 master weights rounded to nearest even; and a bf16
+// resume stays bit-exact. (ZeRO 1-3, which need MPI: the reshard test.)
+TEST_F(CheckpointTest, Bf16WeightsCopyIsTheMasterRoundedWhereverItIsRead) {
+  if (!kernels::CpuHasBf16()) GTEST_SKIP() << "no bf16 instructions here";
+  const v1::JobSpec spec = Spec(6, 0, {"train.precision=bf16"});
+  auto t = Make(spec);
+  ASSERT_NE(t, nullptr);
+  testing::ExpectWeightsCopyIsTheRoundedMaster(t->store(), "initialised");
+  const std::vector<float> want = Steps(*t, 0, 6);
+  testing::ExpectWeightsCopyIsTheRoundedMaster(t->store(), "after 6 steps");
+
+  auto first = Make(spec);
+  Steps(*first, 0, 3);
+  ASSERT_TRUE(first->SaveCheckpointAt(3).ok());
+  testing::ExpectWeightsCopyIsTheRoundedMaster(first->store(), "after a save");
+  first.reset();
+  auto resumed = Make(spec, StepDir(3));
+  ASSERT_NE(resumed, nullptr);
+  testing::ExpectWeightsCopyIsTheRoundedMaster(resumed->store(), "resumed");
+  const std::vector<float> got = Steps(*resumed, 3, 6);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(got[i], want[3 + i]) << 4 + i;
 }
 
 // checkpoint.async_save: the shard written in the background holds the

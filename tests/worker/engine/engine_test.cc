@@ -457,7 +457,7 @@ TEST(AdamW, DecayAppliesToMatricesOnlyEvenInsideAShard) {
   // A shard that starts inside wpe and ends inside the first block.
   const int64_t lo = layout[1].offset + 3, hi = layout[4].offset + 5;
   AdamW opt(layout, lo, hi, t);
-  opt.Step(params.data() + lo, grads.data() + lo, 0.1f, 1.0f);
+  opt.Step(params.data() + lo, nullptr, grads.data() + lo, 0.1f, 1.0f);
   for (const auto& p : layout) {
     for (int64_t i = p.offset; i < p.offset + p.numel; ++i) {
       const bool inside = i >= lo && i < hi;
@@ -843,9 +843,16 @@ TEST(AdamW, UpdateOverRunsIsTheUpdateOfEachRun) {
       {0, 300, 1}, {300, 10, 0}, {320, 500, 1}, {900, 100, 0}};
   std::vector<float> p = p0, m(n, 0.1f), v(n, 0.2f);
   std::vector<float> p_each = p0, m_each = m, v_each = v;
+  // The same with the bf16 compute copy written beside (its gaps marked).
+  std::vector<float> p_copy = p0, m_copy = m, v_copy = v;
+  std::vector<uint16_t> copy(n, 0xabcd);
   kernels::Ops& ops = kernels::CpuOps();
   for (int t = 1; t <= 2; ++t) {
-    ops.adamw_update_runs(p.data(), m.data(), v.data(), g.data(), runs.data(),
+    ops.adamw_update_runs(p.data(), nullptr, m.data(), v.data(), g.data(),
+                          runs.data(), static_cast<int>(runs.size()), 0.01f,
+                          0.9f, 0.95f, 1e-8f, 0.1f, t, 0.5f);
+    ops.adamw_update_runs(p_copy.data(), copy.data(), m_copy.data(),
+                          v_copy.data(), g.data(), runs.data(),
                           static_cast<int>(runs.size()), 0.01f, 0.9f, 0.95f,
                           1e-8f, 0.1f, t, 0.5f);
     for (const auto& r : runs) {
@@ -857,8 +864,20 @@ TEST(AdamW, UpdateOverRunsIsTheUpdateOfEachRun) {
   EXPECT_EQ(p, p_each);
   EXPECT_EQ(m, m_each);
   EXPECT_EQ(v, v_each);
+  EXPECT_EQ(p_copy, p_each);
+  EXPECT_EQ(m_copy, m_each);
+  EXPECT_EQ(v_copy, v_each);
   for (int64_t i = 310; i < 320; ++i) ASSERT_EQ(p[i], p0[i]) << i;
   for (int64_t i = 820; i < 900; ++i) ASSERT_EQ(p[i], p0[i]) << i;
+  std::vector<uint16_t> rounded(n);
+  kernels::RoundToBf16Rows(rounded.data(), p_each.data(), 1, n);
+  for (const auto& r : runs) {
+    for (int64_t i = r.begin; i < r.begin + r.count; ++i) {
+      ASSERT_EQ(copy[i], rounded[i]) << i;
+    }
+  }
+  for (int64_t i = 310; i < 320; ++i) ASSERT_EQ(copy[i], 0xabcd) << i;
+  for (int64_t i = 820; i < 900; ++i) ASSERT_EQ(copy[i], 0xabcd) << i;
 }
 
 // The gradient norm's sums over tagged runs: each tag's runs summed in

@@ -102,7 +102,7 @@ TEST_F(ModelReference, TenAdamWStepsTrackPyTorchLosses) {
                     1.0f / static_cast<float>(B * T), nullptr);
     const double norm =
         std::sqrt(kernels::sum_squares(model->grads(), model->buffer_size()));
-    opt.Step(model->params(), model->grads(),
+    opt.Step(model->params(), nullptr, model->grads(),
              static_cast<float>(LearningRate(setup_.train, s)),
              ClipScale(norm, setup_.train.grad_clip()));
     const double d = std::fabs(loss - ref_losses[s]) / std::fabs(ref_losses[s]);
