@@ -1,6 +1,8 @@
 // Training throughput of the model on one GPU: GptStage on the CUDA
-// backend, a whole step (forward, backward, gradient norm, AdamW over every
-// parameter) at GPT-2 sizes, T = 1024. Prints tokens/s and MFU against the
+// backend over a ZeroStore (the weights as the trainer keeps them: under
+// bf16 with their bf16 compute copy, written by the AdamW pass), a whole
+// step (forward, backward, gradient norm, AdamW over every parameter) at
+// GPT-2 sizes, T = 1024. Prints tokens/s and MFU against the
 // GPU's bf16 dense peak (--peak-tflops; 989 is the H100 SXM's), for fp32
 // compute and for bf16 tensor-core compute, the latter with attention as
 // cuBLAS products over (T,T) scores and as the fused kernels.
@@ -30,8 +32,10 @@
 #include "common/spec.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "worker/engine/gpt_stage.h"
+#include "worker/engine/optimizer.h"
 #include "worker/engine/plan.h"
 #include "worker/engine/trainer.h"
+#include "worker/engine/zero_store.h"
 
 namespace {
 
@@ -80,14 +84,24 @@ void Run(const Args& a, bool bf16, bool fused_attention) {
     std::fprintf(stderr, "gpu_throughput: %s\n", error.c_str());
     std::exit(1);
   }
+  // The weights in a store as the trainer keeps them (under bf16 with
+  // their bf16 compute copy, which the AdamW pass writes).
+  const std::vector<ptrain::ParamInfo> layout = ptrain::BuildPlan(config, {});
+  ptrain::ZeroOptions zo;
+  zo.bf16_weights = bf16;
+  ptrain::ZeroStore store(layout, /*dp=*/1, zo, /*dp_group=*/nullptr,
+                          ops.get());
   ptrain::StageOptions so;
   so.max_B = B;
   so.max_T = T;
   so.ops = ops.get();
-  ptrain::GptStage model(config, ptrain::BuildPlan(config, {}), so);
-  model.InitParams(42);
-  const int64_t n = model.buffer_size();
-  ptrain::kernels::Buffer m(ops.get(), n), v(ops.get(), n);
+  so.store = &store;
+  ptrain::GptStage model(config, layout, so);
+  store.InitParams(42);
+  const int64_t n = store.update_size();
+  ptrain::v1::TrainSpec train = ptrain::DefaultJobSpec().train();
+  train.set_weight_decay(0.1);
+  ptrain::AdamW adam(layout, 0, n, train, ops.get());
   std::mt19937 gen(1);
   std::vector<int32_t> tokens(B * T), targets(B * T);
   for (int i = 0; i < B * T; ++i) {
@@ -95,17 +109,22 @@ void Run(const Args& a, bool bf16, bool fused_attention) {
     targets[i] = gen() % config.vocab_size;
   }
   auto step = [&](int t) {
-    model.ZeroGrad();
+    (void)t;
+    store.BeginStep();
+    store.BeginMicrobatch(/*last=*/true);
     // The loss's gradient with the loss (the fused classifier), as the
     // trainer does.
     const float dloss = 1.0f / (B * T);
     const float loss =
         model.Forward(0, tokens.data(), nullptr, targets.data(), B, T, dloss);
     model.Backward(0, tokens.data(), targets.data(), dloss, nullptr);
-    const double norm = std::sqrt(ops->SumSquares(model.grads(), n));
+    store.FinishGradients();
+    const double norm = std::sqrt(ops->SumSquares(store.update_grads(), n));
     const float scale = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.0f;
-    ops->adamw_update(model.params(), m.data(), v.data(), model.grads(), n,
-                      6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t, scale);
+    float* params = store.update_params();
+    void* copy = store.update_weights_copy();
+    adam.Step(params, copy, store.update_grads(), 6e-4f, scale);
+    if (copy != nullptr) store.WeightsCopyWritten();
     return loss;
   };
   float loss = 0.0f;
