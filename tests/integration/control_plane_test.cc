@@ -553,7 +553,7 @@ TEST_F(ControlPlaneTest, MissingOrWrongTokenIsUnauthenticated) {
     Result submit = Ptctl("submit examples/shakespeare-char.yaml", token);
     EXPECT_NE(submit.out.find("UNAUTHENTICATED"), std::string::npos)
         << submit.out;
-    for (const std::string& where : {"--token-file", "STATE_DIR/user-token"}) {
+    for (const char* where : {"--token-file", "STATE_DIR/user-token"}) {
       EXPECT_NE(list.out.find(where), std::string::npos) << list.out;
     }
     EXPECT_EQ(std::count(list.out.begin(), list.out.end(), '\n'), 1)
