@@ -133,6 +133,7 @@ v1::JobSpec DefaultJobSpec() {
   parallel->set_bucket_bytes(int64_t{25} << 20);
   parallel->set_virtual_stages(1);
   parallel->set_cp(1);
+  parallel->set_offload("none");
 
   v1::TrainSpec* train = spec.mutable_train();
   train->set_steps(1000);

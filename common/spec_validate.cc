@@ -276,9 +276,16 @@ absl::Status ValidateParallel(const v1::JobSpec& spec) {
           InRange("parallel.virtual_stages", p.virtual_stages(), 1, 1 << 12),
           InRange<int64_t>("parallel.bucket_bytes", p.bucket_bytes(), 1,
                            int64_t{1} << 40),
+          OneOf("parallel.offload", p.offload(), {"none", "optimizer"}),
       });
       !s.ok()) {
     return s;
+  }
+  if (p.offload() == "optimizer" && SpecDevice(spec) != Device::kCuda) {
+    return Error(
+        "parallel.offload=optimizer needs resources.device=cuda: it "
+        "moves the optimizer's state from the GPU to host memory, "
+        "where a CPU job's already is");
   }
   // Each tensor-parallel rank owns whole heads, each stage whole layers.
   if (m.n_head() % p.tp() != 0) {

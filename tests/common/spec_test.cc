@@ -414,6 +414,24 @@ TEST(ValidateJobSpec, ContextParallelRules) {
   EXPECT_EQ(JobWorldSize(spec), 16);
 }
 
+// parallel.offload (ZeRO-Offload): "none" by default, "optimizer" on a
+// GPU job with any ZeRO stage; refused on the CPU and for another value,
+// naming the field and the rule.
+TEST(ValidateJobSpec, OffloadRules) {
+  EXPECT_EQ(MustParse(kMinimal, {}).parallel().offload(), "none");
+  EXPECT_EQ(OverrideError({"parallel.offload=optimizer"}),
+            "parallel.offload=optimizer needs resources.device=cuda: it moves "
+            "the optimizer's state from the GPU to host memory, where a CPU "
+            "job's already is");
+  EXPECT_NE(OverrideError({"parallel.offload=params"}).find("parallel.offload"),
+            std::string::npos);
+  for (const char* zero : {"0", "1", "3"}) {
+    MustParse(kMinimal,
+              {"parallel.offload=optimizer", "resources.device=cuda",
+               "parallel.dp=2", std::string("parallel.zero=") + zero});
+  }
+}
+
 // zb1p (ZB-H1) fills a pipeline's bubble with the weight passes of one
 // chunk per rank: refused without a pipeline or with virtual stages, naming
 // the field and the rule; accepted composed with dp, tp + SP, ZeRO-3 and

@@ -492,6 +492,8 @@ TEST_F(ControlPlaneTest, ImpossibleParallelLayoutsAreRefusedTwice) {
       {{"parallel.cp=2", "resources.device=cuda"},
        "parallel.cp=2 with resources.device=cuda: the GPU's ring attention "
        "has not been verified"},
+      {{"parallel.offload=optimizer"},
+       "parallel.offload=optimizer needs resources.device=cuda"},
       // Wider than the pool of 4 slots: only ptcoord knows the pool.
       {{"parallel.tp=4", "parallel.dp=2"}, ""},
   };

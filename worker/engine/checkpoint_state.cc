@@ -22,8 +22,9 @@ StatePointers HostState(ZeroStore& store, AdamW& adam,
   host->resize(3 * n);
   StatePointers h{host->data(), host->data() + n, host->data() + 2 * n};
   store.ops().ToHost(h.params, store.update_params(), n);
-  store.ops().ToHost(h.m, adam.m(), n);
-  store.ops().ToHost(h.v, adam.v(), n);
+  // The moments where Adam keeps them (the host's under offload).
+  adam.ops().ToHost(h.m, adam.m(), n);
+  adam.ops().ToHost(h.v, adam.v(), n);
   return h;
 }
 
@@ -80,8 +81,8 @@ absl::Status LoadState(ZeroStore& store, AdamW& adam, TensorSource& source,
   if (!host.empty()) {
     const int64_t n = store.update_size();
     store.ops().FromHost(store.update_params(), state.params, n);
-    store.ops().FromHost(adam.m(), state.m, n);
-    store.ops().FromHost(adam.v(), state.v, n);
+    adam.ops().FromHost(adam.m(), state.m, n);
+    adam.ops().FromHost(adam.v(), state.v, n);
   }
   return status;
 }

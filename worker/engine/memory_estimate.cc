@@ -54,7 +54,9 @@ MemoryEstimate EstimateRankMemory(const RankBuild& b, bool async_copy) {
   MemoryEstimate e;
   e.params = SatMul(f.params, kFloat);
   e.grads = SatMul(f.grads, kFloat);
-  e.optimizer = SatMul(SatMul(2, f.update), kFloat);
+  // Adam's two moments; offloaded, also the host's master weights and
+  // gradients of what the rank updates.
+  e.optimizer = SatMul(SatMul(b.offload_optimizer ? 4 : 2, f.update), kFloat);
   if (async_copy) e.checkpoint = SatMul(SatMul(3, f.update), kFloat);
   for (int c = 0; c < b.chunks(); ++c) {
     e.activations =

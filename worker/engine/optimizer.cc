@@ -74,14 +74,22 @@ void AdamW::Step(float* params, void* params_bf16, const float* grads, float lr,
 
 DistributedOptimizer::DistributedOptimizer(ZeroStore* store,
                                            const v1::TrainSpec& train,
-                                           Groups groups)
-    : store_(store), groups_(groups), clip_(train.grad_clip()) {
-  adam_ =
-      store->sharded()
-          ? std::make_unique<AdamW>(store->layout(), store->ShardPieces(),
-                                    train, &store->ops())
-          : std::make_unique<AdamW>(store->layout(), 0, store->update_size(),
-                                    train, &store->ops());
+                                           Groups groups, bool offload)
+    : store_(store),
+      groups_(groups),
+      clip_(train.grad_clip()),
+      offload_(offload) {
+  // Offloaded, Adam's moments live in host memory (the CPU backend's).
+  kernels::Ops* adam_ops = offload ? &kernels::CpuOps() : &store->ops();
+  adam_ = store->sharded()
+              ? std::make_unique<AdamW>(store->layout(), store->ShardPieces(),
+                                        train, adam_ops)
+              : std::make_unique<AdamW>(store->layout(), 0,
+                                        store->update_size(), train, adam_ops);
+  if (offload) {
+    host_params_ = kernels::Buffer(adam_ops, store->update_size());
+    host_grads_ = kernels::Buffer(adam_ops, store->update_size());
+  }
 }
 
 void DistributedOptimizer::ReduceSequencePartial() {
@@ -193,6 +201,10 @@ UpdateResult DistributedOptimizer::Step(float lr) {
   UpdateResult r;
   r.grad_norm = std::sqrt(GlobalNormSquared());
   const float scale = ClipScale(r.grad_norm, clip_);
+  if (offload_) {
+    OffloadedStep(lr, scale);
+    return r;
+  }
   // Unsharded, the optimizer writes the weights' bf16 compute copy as it
   // updates them; sharded, the store rounds the gathered weights.
   float* params = store_->update_params();
@@ -201,6 +213,22 @@ UpdateResult DistributedOptimizer::Step(float lr) {
   if (copy != nullptr) store_->WeightsCopyWritten();
   store_->GatherUpdatedParams();
   return r;
+}
+
+void DistributedOptimizer::OffloadedStep(float lr, float scale) {
+  kernels::Ops& device = store_->ops();
+  const int64_t n = store_->update_size();
+  if (store_->params_version() != host_version_) {
+    // First step, or the weights were written since (initialised, loaded).
+    device.ToHost(host_params_.data(), store_->update_params(), n);
+  }
+  device.ToHost(host_grads_.data(), store_->update_grads(), n);
+  adam_->Step(host_params_.data(), nullptr, host_grads_.data(), lr, scale);
+  // The store makes its bf16 compute copy from these (update_params()
+  // counts as a write).
+  device.FromHost(store_->update_params(), host_params_.data(), n);
+  store_->GatherUpdatedParams();
+  host_version_ = store_->params_version();
 }
 
 }  // namespace ptrain

@@ -52,6 +52,7 @@ class AdamW {
   // The moments, in the backend's memory (`ops`, null: the CPU).
   float* m() { return m_.data(); }
   float* v() { return v_.data(); }
+  kernels::Ops& ops() const { return *ops_; }
   int64_t size() const { return m_.size(); }
 
  private:
@@ -81,15 +82,25 @@ class DistributedOptimizer {
  public:
   // The mesh's groups (ParallelDims::compute_groups).
   using Groups = ComputeGroups;
-  // `store` is not owned and outlives the optimizer.
+  // `store` is not owned and outlives the optimizer. offload (ZeRO-Offload,
+  // parallel.offload=optimizer): the moments and an fp32 master copy of
+  // what the store updates are kept in host memory and AdamW runs on the
+  // CPU cores; each step copies the gradients to the host and the updated
+  // weights back (the store's buffers stay where its backend keeps them).
   DistributedOptimizer(ZeroStore* store, const v1::TrainSpec& train,
-                       Groups groups);
+                       Groups groups, bool offload = false);
 
   // One step at learning rate lr; the weights are whole again afterwards.
   UpdateResult Step(float lr);
 
   AdamW& adam() { return *adam_; }
   const AdamW& adam() const { return *adam_; }
+  // Adam's moments, and offloaded the host's master weights and
+  // gradients too.
+  int64_t bytes() const {
+    return adam_->bytes() + (host_params_.size() + host_grads_.size()) *
+                                static_cast<int64_t>(sizeof(float));
+  }
 
  private:
   // Sums sequence-partial gradients over tp (sp only).
@@ -98,10 +109,20 @@ class DistributedOptimizer {
   void ReduceTiedEmbedding();
   double GlobalNormSquared();
 
+  // The AdamW step of offload: on the host's copies.
+  void OffloadedStep(float lr, float scale);
+
   ZeroStore* const store_;
   const Groups groups_;
   const double clip_;
+  const bool offload_;
   std::unique_ptr<AdamW> adam_;
+  // offload: the master weights and the gradients of what the store
+  // updates, in host memory; the store's version of its weights the
+  // master copy was last made from or written to (another writer, such as
+  // a checkpoint load, makes the next step copy them in again).
+  kernels::Buffer host_params_, host_grads_;
+  int64_t host_version_ = -1;
   // In the store's backend memory: the sequence-partial gradients, for one
   // all-reduce; the whole wte gradient (pp > 1, ZeRO).
   kernels::Buffer pack_;

@@ -52,6 +52,7 @@ RankBuild RankBuild::Of(const v1::JobSpec& spec, int vocab_size, int tp_rank,
   b.zero = ZeroOptions{p.zero(), b.microbatches, p.bucket_bytes(),
                        /*reduce_once_per_step=*/b.pp > 1,
                        /*bf16_weights=*/b.precision == Precision::kBf16};
+  b.offload_optimizer = p.offload() == "optimizer";
   b.plan = SpecPlan(spec, tp_rank, pp_rank);
   b.stages = RankStages(b.plan);
   b.slots =

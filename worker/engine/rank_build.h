@@ -32,6 +32,9 @@ struct RankBuild {
   ScheduleKind schedule = ScheduleKind::k1F1B;
   Recompute recompute = Recompute::kNone;
   ZeroOptions zero;
+  // parallel.offload=optimizer: Adam's state and the fp32 master weights
+  // this rank updates in host memory, the step on the CPU cores.
+  bool offload_optimizer = false;
   PlanOptions plan;         // this rank's
   std::vector<int> stages;  // the virtual stage of each of its chunks
   std::vector<int> slots;   // the activation slots of each chunk

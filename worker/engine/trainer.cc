@@ -528,8 +528,8 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
         std::make_unique<GptStage>(b.model, std::move(chunk_layout), stage));
     chunks.push_back(chunks_.back().get());
   }
-  optimizer_ = std::make_unique<DistributedOptimizer>(store_.get(),
-                                                      spec_.train(), groups);
+  optimizer_ = std::make_unique<DistributedOptimizer>(
+      store_.get(), spec_.train(), groups, b.offload_optimizer);
   store_->InitParams(spec_.train().seed());
   train_sampler_ = std::make_unique<BatchSampler>(
       &data_.train, b.T, b.global_batch, spec_.train().seed(), "train");
@@ -567,7 +567,7 @@ Trainer::~Trainer() {
 
 MemoryBytes Trainer::memory() const {
   MemoryBytes m = store_->memory();
-  m.optimizer = optimizer_->adam().bytes();
+  m.optimizer = optimizer_->bytes();
   for (const auto& chunk : chunks_) {
     m.activations += chunk->memory().activations;
   }

@@ -91,6 +91,10 @@ class ZeroStore : public UnitStore {
   // calls WeightsCopyWritten); else null.
   void* update_weights_copy();
   void WeightsCopyWritten() { copy_version_ = params_version_; }
+  // Counts the times the weights may have been written (update_params(),
+  // initialisation, gathers): a copy made at one version is current while
+  // the version is unchanged.
+  int64_t params_version() const { return params_version_; }
   int64_t update_size() const { return sharded() ? shard_total_ : total_; }
   // [begin, end) ranges of the flat layout this rank's shard is made of.
   std::vector<std::pair<int64_t, int64_t>> ShardPieces() const;

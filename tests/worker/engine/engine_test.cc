@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -26,6 +27,7 @@
 #include "worker/engine/rng.h"
 #include "worker/engine/runlog.h"
 #include "worker/engine/trainer.h"
+#include "worker/engine/zero_store.h"
 
 namespace ptrain {
 namespace {
@@ -880,8 +882,73 @@ TEST(AdamW, UpdateOverRunsIsTheUpdateOfEachRun) {
   for (int64_t i = 820; i < 900; ++i) ASSERT_EQ(copy[i], 0xabcd) << i;
 }
 
-// The gradient norm's sums over tagged runs: each tag's runs summed in
-// order, the elements between runs left out.
+// ZeRO-Offload's step (parallel.offload=optimizer: the moments and a
+// master copy of the weights in host memory, AdamW on the CPU cores) gives
+// the step on the store's backend bit for bit — weights, moments, gradient
+// norm, and under bf16 the weights' compute copy — over steps with new
+// weights written between (as a checkpoint load writes them: the master
+// copy is taken again). On the CPU the store's memory is the host's too,
+// so this holds the bookkeeping; tests/gpu holds the copies on a GPU.
+TEST(DistributedOptimizer, OffloadedStepIsTheStepOnTheBackend) {
+  const GptConfig config{2, 2, 16, 8, 33, 128};
+  const std::vector<ParamInfo> layout = BuildPlan(config, {});
+  v1::TrainSpec train = DefaultJobSpec().train();
+  train.set_grad_clip(0.5);
+  train.set_weight_decay(0.1);
+  std::vector<bool> precisions = {false};
+  if (kernels::CpuHasBf16()) precisions.push_back(true);
+  for (const bool bf16 : precisions) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    ZeroOptions zo;
+    zo.bf16_weights = bf16;
+    kernels::Ops* ops = bf16 ? &kernels::CpuBf16Ops() : nullptr;
+    ZeroStore plain_store(layout, 1, zo, nullptr, ops);
+    ZeroStore off_store(layout, 1, zo, nullptr, ops);
+    plain_store.InitParams(3);
+    off_store.InitParams(3);
+    DistributedOptimizer plain(&plain_store, train, {});
+    DistributedOptimizer off(&off_store, train, {}, /*offload=*/true);
+    const int64_t n = plain_store.update_size();
+    for (int step = 0; step < 5; ++step) {
+      for (ZeroStore* st : {&plain_store, &off_store}) {
+        float* g = st->update_grads();
+        for (int64_t i = 0; i < n; ++i) {
+          g[i] =
+              static_cast<float>(CounterRandom64(7, step, i) % 2001) / 1000.0f -
+              1.0f;
+        }
+        if (step == 3) {  // new weights, as a load writes them
+          float* p = st->update_params();
+          for (int64_t i = 0; i < n; ++i) p[i] *= 0.5f;
+        }
+      }
+      const float lr = 1e-2f * (step + 1);
+      EXPECT_EQ(off.Step(lr).grad_norm, plain.Step(lr).grad_norm) << step;
+      ASSERT_EQ(0, std::memcmp(off_store.update_params(),
+                               plain_store.update_params(), n * sizeof(float)))
+          << step;
+      ASSERT_EQ(
+          0, std::memcmp(off.adam().m(), plain.adam().m(), n * sizeof(float)))
+          << step;
+      ASSERT_EQ(
+          0, std::memcmp(off.adam().v(), plain.adam().v(), n * sizeof(float)))
+          << step;
+      if (!bf16) continue;
+      for (int u = 0; u < static_cast<int>(plain_store.units().size()); ++u) {
+        const int64_t bytes = plain_store.units()[u].size * 2;
+        ASSERT_EQ(0, std::memcmp(off_store.Weights(u).p,
+                                 plain_store.Weights(u).p, bytes))
+            << step << " unit " << u;
+      }
+    }
+    // Adam's moments are the host's; the store's buffers stay with it.
+    EXPECT_EQ(&off.adam().ops(), &kernels::CpuOps());
+  }
+}
+
+// The gradient norm's sums over tagged runs: each tag's runs summed in// The
+// gradient norm's sums over tagged runs: each tag's runs summed in order, the
+// elements between runs left out.
 TEST(AdamW, SumSquaresOverRunsSumsEachTag) {
   std::vector<float> x(100);
   for (int i = 0; i < 100; ++i) x[i] = static_cast<float>(i % 7) - 3.0f;

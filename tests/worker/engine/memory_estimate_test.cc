@@ -50,6 +50,26 @@ TEST(MemoryEstimate, ZeroStagesShardOptimizerThenGradientsThenWeights) {
   EXPECT_EQ(z0.activations, z3.activations);
 }
 
+// parallel.offload=optimizer keeps the moments in host memory with a
+// master copy of the weights the rank updates and their gradients: the
+// optimizer's part doubles (two moments, then four arrays of the update's
+// size); nothing else changes.
+TEST(MemoryEstimate, OffloadCountsTheHostsMasterWeightsAndGradients) {
+  for (int zero : {0, 1, 3}) {
+    const std::vector<std::string> base = {
+        "resources.device=cuda", "parallel.dp=4",
+        "parallel.zero=" + std::to_string(zero), "train.global_batch=32"};
+    std::vector<std::string> offload = base;
+    offload.push_back("parallel.offload=optimizer");
+    const MemoryEstimate plain = EstimateRankMemory(Spec(base), 65);
+    const MemoryEstimate off = EstimateRankMemory(Spec(offload), 65);
+    EXPECT_EQ(off.optimizer, 2 * plain.optimizer) << zero;
+    EXPECT_EQ(off.params, plain.params) << zero;
+    EXPECT_EQ(off.grads, plain.grads) << zero;
+    EXPECT_EQ(off.activations, plain.activations) << zero;
+  }
+}
+
 // checkpoint.async_save keeps one more copy of what the rank updates: its
 // weights and both moments (its ZeRO share), only when it checkpoints.
 TEST(MemoryEstimate, BackgroundSavesCountTheirCopyOfTheState) {
