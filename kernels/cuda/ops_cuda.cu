@@ -155,6 +155,15 @@ extern "C" int ptrain_cuda_capability(int device) {
   return 10 * major + minor;
 }
 
+extern "C" int64_t ptrain_cuda_total_memory(int device) {
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return static_cast<int64_t>(prop.totalGlobalMem);
+}
+
 extern "C" void ptrain_cuda_memory(int64_t* used, int64_t* total) {
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {

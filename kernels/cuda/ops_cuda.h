@@ -35,6 +35,8 @@ int CudaDeviceCount();
 // GPU `device`'s compute capability as 10·major + minor (90 for 9.0); 0
 // where it cannot be read (no such device, or the backend not built).
 int CudaComputeCapability(int device);
+// GPU `device`'s memory in bytes; 0 where it cannot be read.
+int64_t CudaTotalMemory(int device);
 // The capability bf16 training needs (bf16 tensor cores: 8.0), and why a
 // GPU of `capability` cannot train in bf16 ("" when it can).
 constexpr int kBf16Capability = 80;

@@ -27,6 +27,7 @@ struct Module {
   Ops* (*make_ops)(const CudaOptions*, std::string*) = nullptr;
   void (*memory)(int64_t*, int64_t*) = nullptr;
   int (*capability)(int) = nullptr;
+  int64_t (*total_memory)(int) = nullptr;
   bool (*nccl_unique_id)(std::string*, std::string*) = nullptr;
   DeviceCollectives* (*nccl_make)(Ops*, const std::string*, int, int,
                                   std::string*) = nullptr;
@@ -80,6 +81,8 @@ const Module& Load() {
         dlsym(m->handle, "ptrain_cuda_memory"));
     m->capability = reinterpret_cast<int (*)(int)>(
         dlsym(m->handle, "ptrain_cuda_capability"));
+    m->total_memory = reinterpret_cast<int64_t (*)(int)>(
+        dlsym(m->handle, "ptrain_cuda_total_memory"));
     m->nccl_unique_id = reinterpret_cast<bool (*)(std::string*, std::string*)>(
         dlsym(m->handle, "ptrain_nccl_unique_id"));
     m->nccl_make =
@@ -88,7 +91,8 @@ const Module& Load() {
             dlsym(m->handle, "ptrain_nccl_make"));
     if (m->device_count == nullptr || m->make_ops == nullptr ||
         m->memory == nullptr || m->capability == nullptr ||
-        m->nccl_unique_id == nullptr || m->nccl_make == nullptr) {
+        m->total_memory == nullptr || m->nccl_unique_id == nullptr ||
+        m->nccl_make == nullptr) {
       m->error = std::string(kModule) + " lacks its entry points";
       m->handle = nullptr;
     }
@@ -155,6 +159,11 @@ std::string Bf16Unsupported(int capability) {
                                std::to_string(capability % 10)
                          : std::string("unknown")) +
          "; bf16 needs 8.0 or newer)";
+}
+
+int64_t CudaTotalMemory(int device) {
+  const Module& m = Load();
+  return m.handle != nullptr ? m.total_memory(device) : 0;
 }
 
 CudaMemory CudaMemoryInfo() {

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -42,6 +44,17 @@ int64_t MemoryEstimate::total() const {
                 checkpoint);
 }
 
+int64_t MemoryEstimate::host() const {
+  if (!gpu) return total();
+  return SatAdd(checkpoint, offload ? optimizer : 0);
+}
+
+int64_t MemoryEstimate::device() const {
+  if (!gpu) return 0;
+  return SatAdd(SatAdd(params, grads),
+                SatAdd(activations, offload ? 0 : optimizer));
+}
+
 MemoryEstimate EstimateRankMemory(const RankBuild& b, bool async_copy) {
   // What attention and the MLP keep: the CPU backend of the job's precision
   // says; on a GPU (not loaded here) the most any backend keeps.
@@ -52,6 +65,8 @@ MemoryEstimate EstimateRankMemory(const RankBuild& b, bool async_copy) {
   const ZeroStore::Footprint f =
       ZeroStore::Measure(BuildPlan(b.model, b.plan), b.replicas(), b.zero);
   MemoryEstimate e;
+  e.gpu = b.device == Device::kCuda;
+  e.offload = b.offload_optimizer;
   e.params = SatMul(f.params, kFloat);
   e.grads = SatMul(f.grads, kFloat);
   // Adam's two moments; offloaded, also the host's master weights and
@@ -104,45 +119,109 @@ int64_t AvailableMemoryBytes() {
   return pages > 0 && page > 0 ? SatMul(pages, page) : 0;
 }
 
-absl::Status CheckMemoryFits(const v1::JobSpec& spec, int vocab_size,
-                             int ranks_on_node, int64_t available_bytes) {
-  if (available_bytes <= 0) return absl::OkStatus();
-  const MemoryEstimate e = EstimateRankMemory(spec, vocab_size);
-  const int64_t ranks = std::max(ranks_on_node, 1);
-  const int64_t need = SatMul(e.total(), ranks);
-  if (need <= available_bytes) return absl::OkStatus();
+namespace {
+
+// The spec fields that size an estimate, for refusals.
+std::string SizingFields(const v1::JobSpec& spec, int vocab_size) {
   const auto& m = spec.model();
   const auto& p = spec.parallel();
-  // What recomputing the blocks would need, when that would fit.
-  std::string hint;
-  if (RecomputeOf(spec.train().recompute()) != Recompute::kFull) {
-    v1::JobSpec recomputed = spec;
-    recomputed.mutable_train()->set_recompute("full");
-    const int64_t full = EstimateRankMemory(recomputed, vocab_size).total();
-    if (SatMul(full, ranks) <= available_bytes) {
-      hint = absl::StrCat("; with train.recompute=full each rank would need ",
-                          Human(full), ", which fits");
-    }
-  }
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "memory: each rank needs ", Bytes(e.total()), " (", Human(e.total()),
-      ": params ", Human(e.params), ", grads ", Human(e.grads), ", optimizer ",
-      Human(e.optimizer), ", activations ", Human(e.activations),
-      e.checkpoint > 0
-          ? absl::StrCat(", checkpoint.async_save copy ", Human(e.checkpoint))
-          : "",
-      ") for model.n_layer=", m.n_layer(), ", model.n_head=", m.n_head(),
+  return absl::StrCat(
+      "model.n_layer=", m.n_layer(), ", model.n_head=", m.n_head(),
       ", model.n_embd=", m.n_embd(), ", model.block_size=", m.block_size(),
-      ", vocabulary ", vocab_size, ", train.global_batch=",
-      spec.train().global_batch(), " over parallel.dp=", p.dp(),
+      ", vocabulary ", vocab_size,
+      ", train.global_batch=", spec.train().global_batch(),
+      " over parallel.dp=", p.dp(),
       " x parallel.microbatches=", p.microbatches(),
       ", parallel.zero=", p.zero(), ", parallel.tp=", p.tp(),
       ", parallel.sequence_parallel=", p.sequence_parallel() ? "true" : "false",
       p.cp() > 1 ? absl::StrCat(", parallel.cp=", p.cp()) : "",
-      ", train.recompute=", spec.train().recompute(), "; ", ranks,
+      ", train.recompute=", spec.train().recompute());
+}
+
+std::string Parts(const MemoryEstimate& e, bool device) {
+  std::string s =
+      absl::StrCat("params ", Human(e.params), ", grads ", Human(e.grads));
+  if (!device || !e.offload)
+    absl::StrAppend(&s, ", optimizer ", Human(e.optimizer));
+  absl::StrAppend(&s, ", activations ", Human(e.activations));
+  if (!device && e.checkpoint > 0) {
+    absl::StrAppend(&s, ", checkpoint.async_save copy ", Human(e.checkpoint));
+  }
+  return s;
+}
+
+// The part of `spec`'s estimate that `device` (or the host) holds, per rank.
+int64_t Need(const v1::JobSpec& spec, int vocab_size, bool device) {
+  const MemoryEstimate e = EstimateRankMemory(spec, vocab_size);
+  return device ? e.device() : e.host();
+}
+
+// "; with X each rank would need N, which fits" for the first change of
+// spec (full recomputation, the optimizer offloaded) that fits `available`
+// `ranks` times over; else "".
+std::string FitHint(const v1::JobSpec& spec, int vocab_size, bool device,
+                    int64_t ranks, int64_t available) {
+  std::vector<std::pair<std::string, v1::JobSpec>> changes;
+  if (RecomputeOf(spec.train().recompute()) != Recompute::kFull) {
+    v1::JobSpec recomputed = spec;
+    recomputed.mutable_train()->set_recompute("full");
+    changes.emplace_back("train.recompute=full", recomputed);
+  }
+  if (device && spec.parallel().offload() != "optimizer") {
+    v1::JobSpec offloaded = spec;
+    offloaded.mutable_parallel()->set_offload("optimizer");
+    changes.emplace_back("parallel.offload=optimizer", offloaded);
+  }
+  for (const auto& [change, changed] : changes) {
+    const int64_t need = Need(changed, vocab_size, device);
+    if (SatMul(need, ranks) <= available) {
+      return absl::StrCat("; with ", change, " each rank would need ",
+                          Human(need), device ? " of its GPU" : "",
+                          ", which fits");
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+absl::Status CheckMemoryFits(const v1::JobSpec& spec, int vocab_size,
+                             int ranks_on_node, int64_t available_bytes,
+                             int64_t gpu_bytes) {
+  const MemoryEstimate e = EstimateRankMemory(spec, vocab_size);
+  if (e.gpu && gpu_bytes > 0 && e.device() > gpu_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "GPU memory: each rank needs ", Bytes(e.device()), " (",
+        Human(e.device()), ": ", Parts(e, /*device=*/true), ") on its GPU for ",
+        SizingFields(spec, vocab_size),
+        e.offload ? ", parallel.offload=optimizer" : "", "; its GPU has ",
+        gpu_bytes, " bytes (", Human(gpu_bytes), ")",
+        FitHint(spec, vocab_size, /*device=*/true, 1, gpu_bytes)));
+  }
+  if (available_bytes <= 0) return absl::OkStatus();
+  const int64_t ranks = std::max(ranks_on_node, 1);
+  const int64_t need = SatMul(e.host(), ranks);
+  if (need <= available_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "memory: each rank needs ", Bytes(e.host()), " (", Human(e.host()), ": ",
+      e.gpu ? absl::StrCat(
+                  "in host memory, ",
+                  e.offload
+                      ? absl::StrCat("offloaded optimizer ", Human(e.optimizer))
+                      : std::string(""),
+                  e.checkpoint > 0 ? absl::StrCat(e.offload ? ", " : "",
+                                                  "checkpoint.async_save copy ",
+                                                  Human(e.checkpoint))
+                                   : "")
+            : Parts(e, /*device=*/false),
+      ") for ", SizingFields(spec, vocab_size),
+      e.offload ? ", parallel.offload=optimizer" : "", "; ", ranks,
       ranks == 1 ? " rank" : " ranks", " on this machine need ", Bytes(need),
       " but it has ", available_bytes, " bytes (", Human(available_bytes),
-      ") available", hint));
+      ") available",
+      e.gpu ? ""
+            : FitHint(spec, vocab_size, /*device=*/false, ranks,
+                      available_bytes)));
 }
 
 }  // namespace ptrain

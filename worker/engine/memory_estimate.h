@@ -25,7 +25,14 @@ struct MemoryEstimate {
   // checkpoint.async_save with checkpoints on: the host copy of the state
   // a background save writes from (the rank's weights and both moments).
   int64_t checkpoint = 0;
-  int64_t total() const;  // saturating sum
+  // Where the parts are: a GPU job (resources.device=cuda) keeps weights,
+  // gradients, activations and, unless offloaded (parallel.offload), the
+  // optimizer on its GPU; the rest is host memory. A CPU job's is all host.
+  bool gpu = false;
+  bool offload = false;
+  int64_t total() const;   // saturating sum
+  int64_t host() const;    // the parts in host memory
+  int64_t device() const;  // the parts on the rank's GPU (0 on the CPU)
 };
 
 // The rank `build` describes; `async_copy`: checkpoint.async_save with
@@ -40,11 +47,14 @@ MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size);
 int64_t AvailableMemoryBytes();
 
 // ResourceExhausted when `ranks_on_node` ranks of this estimate need more
-// than `available_bytes` (0: unknown, no check). The message names every
-// spec field that sizes the estimate, the bytes of each part and what is
-// available.
+// host memory than `available_bytes` (0: unknown, no check), or, for a GPU
+// job, one rank needs more than `gpu_bytes` (its GPU's memory; 0: unknown,
+// no check). The message names every spec field that sizes the estimate,
+// the bytes of each part and what is available, and says when
+// train.recompute=full or parallel.offload=optimizer would fit.
 absl::Status CheckMemoryFits(const v1::JobSpec& spec, int vocab_size,
-                             int ranks_on_node, int64_t available_bytes);
+                             int ranks_on_node, int64_t available_bytes,
+                             int64_t gpu_bytes = 0);
 
 }  // namespace ptrain
 

@@ -183,9 +183,17 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     ready = options.fs.Check(spec.checkpoint().dir(), "checkpoint.dir");
   }
   if (ready.ok()) {
-    ready =
-        CheckMemoryFits(spec, data->vocab_size, options.ranks_on_node,
-                        options.memory_bytes.value_or(AvailableMemoryBytes()));
+    // A GPU job's own GPU (ranks sharing one are not checked against it).
+    int64_t gpu_bytes = 0;
+    if (*gpu >= 0) {
+      gpu_bytes = options.gpu_memory_bytes.value_or(
+          dims->local_size() > kernels::CudaDeviceCount()
+              ? 0
+              : kernels::CudaTotalMemory(*gpu));
+    }
+    ready = CheckMemoryFits(
+        spec, data->vocab_size, options.ranks_on_node,
+        options.memory_bytes.value_or(AvailableMemoryBytes()), gpu_bytes);
   }
   // Ranks agree before the collectives of loading state: one rank that
   // cannot read the data must not leave the others waiting.

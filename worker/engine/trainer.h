@@ -71,6 +71,9 @@ struct TrainerOptions {
   // MemAvailable). Create refuses a job whose estimate does not fit.
   int ranks_on_node = 1;
   std::optional<int64_t> memory_bytes;
+  // A GPU job: the memory of the rank's GPU (unset: what the GPU reports;
+  // not checked where ranks share a GPU, PTRAIN_CUDA_SHARE_GPUS).
+  std::optional<int64_t> gpu_memory_bytes;
   // Test hook, set only from the environment: at this step (1-based) the
   // loop stops making progress.
   std::optional<int64_t> hang_at_step;

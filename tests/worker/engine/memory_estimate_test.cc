@@ -108,6 +108,65 @@ TEST(MemoryEstimate, WhatDoesNotFitIsRefusedNamingTheFields) {
   EXPECT_EQ(s.message().find("would need"), std::string::npos) << s;
 }
 
+// A GPU job's estimate is split between its GPU (weights, gradients,
+// activations, the optimizer unless offloaded) and host memory (an
+// offloaded optimizer, a background save's copy), and each part is checked
+// against its own memory: a rank that needs more than its GPU has is
+// refused naming the fields and the GPU's bytes, told that offloading the
+// optimizer would fit where it would; an offloaded job that fits its GPU
+// but not the host is refused for the host.
+TEST(MemoryEstimate, GpuJobsAreCheckedAgainstTheirGpuAndTheHost) {
+  const std::vector<std::string> base = {
+      "resources.device=cuda",     "model.n_layer=8",
+      "model.n_embd=512",          "model.n_head=8",
+      "train.global_batch=2",      "checkpoint.dir=/tmp/ck",
+      "checkpoint.async_save=true"};
+  std::vector<std::string> with_offload = base;
+  with_offload.push_back("parallel.offload=optimizer");
+  std::vector<std::string> with_recompute = base;
+  with_recompute.push_back("train.recompute=full");
+  const v1::JobSpec spec = Spec(base), offloaded = Spec(with_offload);
+  const MemoryEstimate e = EstimateRankMemory(spec, 65);
+  const MemoryEstimate off = EstimateRankMemory(offloaded, 65);
+  const MemoryEstimate rec = EstimateRankMemory(Spec(with_recompute), 65);
+  ASSERT_TRUE(e.gpu);
+  EXPECT_EQ(e.device(), e.params + e.grads + e.activations + e.optimizer);
+  EXPECT_EQ(e.host(), e.checkpoint);
+  EXPECT_EQ(off.device(), e.device() - e.optimizer);
+  EXPECT_EQ(off.host(), off.checkpoint + off.optimizer);
+  // Recomputing does not bring it down as far as offloading does.
+  ASSERT_GT(rec.device(), off.device());
+
+  const int64_t host = int64_t{1} << 40;
+  EXPECT_TRUE(CheckMemoryFits(spec, 65, 1, host, e.device()).ok());
+  EXPECT_TRUE(CheckMemoryFits(spec, 65, 1, host, 0).ok());  // GPU unknown
+  const absl::Status gpu = CheckMemoryFits(spec, 65, 1, host, off.device());
+  EXPECT_EQ(gpu.code(), absl::StatusCode::kResourceExhausted);
+  for (const std::string& part :
+       {std::string("GPU memory: each rank needs ") +
+            std::to_string(e.device()) + " bytes",
+        std::string("model.n_embd=512"), std::string("train.global_batch=2"),
+        std::string("its GPU has ") + std::to_string(off.device()) + " bytes",
+        std::string("with parallel.offload=optimizer each rank would need")}) {
+    EXPECT_NE(gpu.message().find(part), std::string::npos)
+        << part << ": " << gpu;
+  }
+  // Offloaded it fits the GPU; the host must hold the optimizer.
+  EXPECT_TRUE(CheckMemoryFits(offloaded, 65, 1, off.host(), off.device()).ok());
+  const absl::Status h =
+      CheckMemoryFits(offloaded, 65, 1, off.host() - 1, off.device());
+  EXPECT_EQ(h.code(), absl::StatusCode::kResourceExhausted);
+  for (const char* part :
+       {"memory: each rank needs", "in host memory, offloaded optimizer",
+        "parallel.offload=optimizer", "1 rank on this machine need"}) {
+    EXPECT_NE(h.message().find(part), std::string::npos) << part << ": " << h;
+  }
+  // A CPU job's is all host memory; its GPU check never applies.
+  const MemoryEstimate cpu = EstimateRankMemory(Spec({"model.n_embd=512"}), 65);
+  EXPECT_EQ(cpu.host(), cpu.total());
+  EXPECT_EQ(cpu.device(), 0);
+}
+
 // A job whose activations do not fit, but would with its blocks recomputed,
 // is told so; one that would not fit either way is not.
 TEST(MemoryEstimate, RefusalSaysWhenRecomputationWouldFit) {
