@@ -67,6 +67,26 @@ class Ops {
                                      int64_t n) = 0;
   virtual void ToHost(float* host, const float* src, int64_t n) = 0;
   virtual void FromHost(float* dst, const float* host, int64_t n) = 0;
+  // Host memory the backend copies to and from fastest and asynchronously
+  // (page-locked on a GPU; on the CPU its own memory); null when that much
+  // cannot be had. FreeHost gives it back.
+  virtual float* AllocHost(int64_t n) { return Alloc(n); }
+  virtual void FreeHost(float* p) { Free(p); }
+  // Copies between the backend's memory and AllocHost memory on a copy
+  // queue beside the compute queue, each after the work issued before it
+  // and in the order issued. ToHostAsync returns a number to wait for:
+  // WaitCopy(k) returns once copy k and every copy before it are done.
+  // ComputeAfterCopies(): the backend's later work waits for every copy
+  // issued so far (the host does not wait). The defaults copy at once.
+  virtual int64_t ToHostAsync(float* host, const float* src, int64_t n) {
+    ToHost(host, src, n);
+    return 0;
+  }
+  virtual void FromHostAsync(float* dst, const float* host, int64_t n) {
+    FromHost(dst, host, n);
+  }
+  virtual void WaitCopy(int64_t k) { (void)k; }
+  virtual void ComputeAfterCopies() {}
   // The type this backend may keep activations in that matmuls, attention
   // and GELU read: bf16 where it computes matmuls in bf16, else fp32. The
   // LayerNorm outputs (the values a matmul would round them to anyway),
@@ -391,6 +411,47 @@ class Buffer {
   Ops* ops_ = nullptr;
   float* data_ = nullptr;
   int64_t size_ = 0;
+};
+
+// A backend's AllocHost memory, given back with it; empty when it could not
+// be had (size() is then 0; asked() says how much was asked for).
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(Ops* ops, int64_t n)
+      : ops_(ops),
+        data_(n > 0 ? ops->AllocHost(n) : nullptr),
+        size_(data_ != nullptr ? n : 0),
+        asked_(n) {}
+  HostBuffer(HostBuffer&& o) noexcept { *this = std::move(o); }
+  HostBuffer& operator=(HostBuffer&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      ops_ = o.ops_;
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+      asked_ = std::exchange(o.asked_, 0);
+    }
+    return *this;
+  }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer() { Reset(); }
+
+  float* data() const { return data_; }
+  int64_t size() const { return size_; }
+  int64_t asked() const { return asked_; }
+  bool failed() const { return asked_ > 0 && data_ == nullptr; }
+
+ private:
+  void Reset() {
+    if (data_ != nullptr) ops_->FreeHost(data_);
+    data_ = nullptr;
+    size_ = asked_ = 0;
+  }
+  Ops* ops_ = nullptr;
+  float* data_ = nullptr;
+  int64_t size_ = 0, asked_ = 0;
 };
 
 }  // namespace ptrain::kernels

@@ -3,6 +3,8 @@
 // that launch them are in their own source (ops_cuda_impl.h lists them);
 // per-element formulas from kernels/common/math.h.
 #include <cstdint>
+#include <cstring>
+#include <iterator>
 #include <string>
 
 #include "kernels/cuda/ops_cuda_impl.h"
@@ -39,6 +41,11 @@ CudaBackend::CudaBackend(const CudaOptions& o) : options_(o) {
 CudaBackend::~CudaBackend() {
   cudaSetDevice(options_.device);
   cudaStreamSynchronize(stream_);
+  if (copy_stream_ != nullptr) {
+    cudaStreamSynchronize(copy_stream_);
+    for (auto& [k, event] : copy_done_) cudaEventDestroy(event);
+    cudaStreamDestroy(copy_stream_);
+  }
   if (times_.enabled()) times_.Print();
   cudaFree(scratch_.p);
   for (GrowOnly<__nv_bfloat16>& b : bf16_) cudaFree(b.p);
@@ -101,6 +108,77 @@ void CudaBackend::FromHost(float* dst, const float* host, int64_t n) {
   PT_CUDA_CHECK(cudaMemcpyAsync(dst, host, n * sizeof(float),
                                 cudaMemcpyHostToDevice, stream_));
   PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+float* CudaBackend::AllocHost(int64_t n) {
+  void* p = nullptr;
+  if (cudaHostAlloc(&p, n * sizeof(float), cudaHostAllocDefault) !=
+      cudaSuccess) {
+    cudaGetLastError();  // the caller reports it
+    return nullptr;
+  }
+  std::memset(p, 0, n * sizeof(float));
+  return static_cast<float*>(p);
+}
+
+void CudaBackend::FreeHost(float* p) {
+  PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (copy_stream_ != nullptr) {
+    PT_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+  }
+  PT_CUDA_CHECK(cudaFreeHost(p));
+}
+
+cudaStream_t CudaBackend::CopyStreamAfterCompute() {
+  if (copy_stream_ == nullptr) {
+    PT_CUDA_CHECK(
+        cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  }
+  cudaEvent_t issued;
+  PT_CUDA_CHECK(cudaEventCreateWithFlags(&issued, cudaEventDisableTiming));
+  PT_CUDA_CHECK(cudaEventRecord(issued, stream_));
+  PT_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, issued, 0));
+  PT_CUDA_CHECK(cudaEventDestroy(issued));  // released once it has fired
+  return copy_stream_;
+}
+
+int64_t CudaBackend::ToHostAsync(float* host, const float* src, int64_t n) {
+  cudaStream_t s = CopyStreamAfterCompute();
+  PT_CUDA_CHECK(
+      cudaMemcpyAsync(host, src, n * sizeof(float), cudaMemcpyDeviceToHost, s));
+  cudaEvent_t done;
+  PT_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  PT_CUDA_CHECK(cudaEventRecord(done, s));
+  copy_done_[++copies_] = done;
+  return copies_;
+}
+
+void CudaBackend::FromHostAsync(float* dst, const float* host, int64_t n) {
+  cudaStream_t s = CopyStreamAfterCompute();
+  PT_CUDA_CHECK(
+      cudaMemcpyAsync(dst, host, n * sizeof(float), cudaMemcpyHostToDevice, s));
+  ++copies_;
+}
+
+void CudaBackend::WaitCopy(int64_t k) {
+  // Copies finish in the order issued: the newest event at or before k
+  // stands for all of them.
+  auto end = copy_done_.upper_bound(k);
+  if (end == copy_done_.begin()) return;
+  PT_CUDA_CHECK(cudaEventSynchronize(std::prev(end)->second));
+  for (auto it = copy_done_.begin(); it != end; ++it) {
+    PT_CUDA_CHECK(cudaEventDestroy(it->second));
+  }
+  copy_done_.erase(copy_done_.begin(), end);
+}
+
+void CudaBackend::ComputeAfterCopies() {
+  if (copy_stream_ == nullptr) return;
+  cudaEvent_t copied;
+  PT_CUDA_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
+  PT_CUDA_CHECK(cudaEventRecord(copied, copy_stream_));
+  PT_CUDA_CHECK(cudaStreamWaitEvent(stream_, copied, 0));
+  PT_CUDA_CHECK(cudaEventDestroy(copied));
 }
 
 bool CudaBackend::IsDeviceMemory(const void* p) const {

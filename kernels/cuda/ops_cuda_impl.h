@@ -237,6 +237,12 @@ class CudaBackend final : public Ops {
                              int64_t n) override;
   void ToHost(float* host, const float* src, int64_t n) override;
   void FromHost(float* dst, const float* host, int64_t n) override;
+  float* AllocHost(int64_t n) override;
+  void FreeHost(float* p) override;
+  int64_t ToHostAsync(float* host, const float* src, int64_t n) override;
+  void FromHostAsync(float* dst, const float* host, int64_t n) override;
+  void WaitCopy(int64_t k) override;
+  void ComputeAfterCopies() override;
   void Synchronize() override { PT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   bool IsDeviceMemory(const void* p) const override;
 
@@ -518,6 +524,14 @@ class CudaBackend final : public Ops {
   size_t decode_shared_ = 48u << 10;
   OpTimes times_;
   cudaStream_t stream_ = nullptr;
+  // The copy queue of ToHostAsync/FromHostAsync (made at the first), the
+  // number of the last copy issued, and an event recorded after each
+  // ToHostAsync not yet waited for.
+  cudaStream_t copy_stream_ = nullptr;
+  int64_t copies_ = 0;
+  std::map<int64_t, cudaEvent_t> copy_done_;
+  // The copy stream, after the compute stream's work so far.
+  cudaStream_t CopyStreamAfterCompute();
   cublasLtHandle_t lt_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   cublasComputeType_t compute_;

@@ -3,9 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <stdexcept>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/check.h"
 #include "kernels/cpu/kernels.h"
+#include "worker/engine/memory_estimate.h"
 #include "worker/engine/zero_store.h"
 
 namespace ptrain {
@@ -72,6 +76,20 @@ void AdamW::Step(float* params, void* params_bf16, const float* grads, float lr,
                           beta1_, beta2_, eps_, weight_decay_, t_, grad_scale);
 }
 
+void AdamW::Update(float* params, void* params_bf16, const float* grads,
+                   int64_t lo, int64_t hi, float lr, float grad_scale) {
+  // The runs cut to [lo, hi).
+  std::vector<kernels::Ops::Run> cut;
+  for (const kernels::Ops::Run& r : runs_) {
+    const int64_t b = std::max(r.begin, lo);
+    const int64_t e = std::min(r.begin + r.count, hi);
+    if (b < e) cut.push_back({b, e - b, r.tag});
+  }
+  ops_->adamw_update_runs(params, params_bf16, m_.data(), v_.data(), grads,
+                          cut.data(), static_cast<int>(cut.size()), lr, beta1_,
+                          beta2_, eps_, weight_decay_, t_, grad_scale);
+}
+
 DistributedOptimizer::DistributedOptimizer(ZeroStore* store,
                                            const v1::TrainSpec& train,
                                            Groups groups, bool offload)
@@ -87,8 +105,19 @@ DistributedOptimizer::DistributedOptimizer(ZeroStore* store,
               : std::make_unique<AdamW>(store->layout(), 0,
                                         store->update_size(), train, adam_ops);
   if (offload) {
-    host_params_ = kernels::Buffer(adam_ops, store->update_size());
-    host_grads_ = kernels::Buffer(adam_ops, store->update_size());
+    // Page-locked where the store's backend can (a GPU copies to and from
+    // it asynchronously).
+    host_params_ = kernels::HostBuffer(&store->ops(), store->update_size());
+    host_grads_ = kernels::HostBuffer(&store->ops(), store->update_size());
+    if (host_params_.failed() || host_grads_.failed()) {
+      const int64_t bytes =
+          2 * store->update_size() * static_cast<int64_t>(sizeof(float));
+      throw std::runtime_error(absl::StrCat(
+          "parallel.offload=optimizer: cannot page-lock ", bytes,
+          " bytes of host memory for the master weights and gradients this "
+          "rank updates (the host has ",
+          AvailableMemoryBytes(), " bytes available)"));
+    }
   }
 }
 
@@ -218,15 +247,36 @@ UpdateResult DistributedOptimizer::Step(float lr) {
 void DistributedOptimizer::OffloadedStep(float lr, float scale) {
   kernels::Ops& device = store_->ops();
   const int64_t n = store_->update_size();
-  if (store_->params_version() != host_version_) {
-    // First step, or the weights were written since (initialised, loaded).
-    device.ToHost(host_params_.data(), store_->update_params(), n);
+  // First step, or the weights were written since (initialised, loaded):
+  // the master copy is taken from them.
+  const bool take = store_->params_version() != host_version_;
+  // The store makes its bf16 compute copy from what comes back
+  // (update_params() counts as a write).
+  float* params = store_->update_params();
+  const float* grads = store_->update_grads();
+  float* host_params = host_params_.data();
+  float* host_grads = host_grads_.data();
+  if (take) device.ToHost(host_params, params, n);
+  // In pieces: every piece's gradients start out at once; each piece is
+  // updated on the host once it is there, and its weights go back while
+  // the next is updated.
+  constexpr int64_t kPieces = 8, kMinPiece = int64_t{1} << 20;
+  const int64_t pieces = std::clamp<int64_t>(n / kMinPiece, 1, kPieces);
+  auto bound = [&](int64_t i) { return n * i / pieces; };
+  std::vector<int64_t> copied(pieces);
+  for (int64_t i = 0; i < pieces; ++i) {
+    copied[i] = device.ToHostAsync(host_grads + bound(i), grads + bound(i),
+                                   bound(i + 1) - bound(i));
   }
-  device.ToHost(host_grads_.data(), store_->update_grads(), n);
-  adam_->Step(host_params_.data(), nullptr, host_grads_.data(), lr, scale);
-  // The store makes its bf16 compute copy from these (update_params()
-  // counts as a write).
-  device.FromHost(store_->update_params(), host_params_.data(), n);
+  adam_->BeginStep();
+  for (int64_t i = 0; i < pieces; ++i) {
+    device.WaitCopy(copied[i]);
+    adam_->Update(host_params, nullptr, host_grads, bound(i), bound(i + 1), lr,
+                  scale);
+    device.FromHostAsync(params + bound(i), host_params + bound(i),
+                         bound(i + 1) - bound(i));
+  }
+  device.ComputeAfterCopies();
   store_->GatherUpdatedParams();
   host_version_ = store_->params_version();
 }

@@ -43,6 +43,12 @@ class AdamW {
   // indices): written in the same pass (Ops::adamw_update_runs).
   void Step(float* params, void* params_bf16, const float* grads, float lr,
             float grad_scale);
+  // The same step in pieces: BeginStep once, then Update over [lo, hi) of
+  // the slice (indices of Step's pointers) until every element has had one
+  // — bit for bit Step's result, in any order of pieces.
+  void BeginStep() { ++t_; }
+  void Update(float* params, void* params_bf16, const float* grads, int64_t lo,
+              int64_t hi, float lr, float grad_scale);
 
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }  // resuming from a checkpoint
@@ -121,7 +127,7 @@ class DistributedOptimizer {
   // updates, in host memory; the store's version of its weights the
   // master copy was last made from or written to (another writer, such as
   // a checkpoint load, makes the next step copy them in again).
-  kernels::Buffer host_params_, host_grads_;
+  kernels::HostBuffer host_params_, host_grads_;
   int64_t host_version_ = -1;
   // In the store's backend memory: the sequence-partial gradients, for one
   // all-reduce; the whole wte gradient (pp > 1, ZeRO).

@@ -882,6 +882,49 @@ TEST(AdamW, UpdateOverRunsIsTheUpdateOfEachRun) {
   for (int64_t i = 820; i < 900; ++i) ASSERT_EQ(copy[i], 0xabcd) << i;
 }
 
+// A step in pieces (BeginStep, then Update over ranges that cut runs and
+// fall in the gaps between them, in any order): bit for bit one Step, and
+// the gaps untouched.
+TEST(AdamW, StepInPiecesIsTheWholeStep) {
+  const int64_t n = 1000;
+  std::vector<ParamInfo> layout(3);
+  layout[0].name = "a";
+  layout[0].offset = 0;
+  layout[0].numel = 300;
+  layout[0].decay = true;
+  layout[1].name = "b";
+  layout[1].offset = 310;
+  layout[1].numel = 500;
+  layout[2].name = "c";
+  layout[2].offset = 900;
+  layout[2].numel = 100;
+  layout[2].decay = true;
+  v1::TrainSpec train = DefaultJobSpec().train();
+  train.set_weight_decay(0.1);
+  std::vector<float> p0(n), g(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p0[i] = static_cast<float>(CounterRandom64(8, 1, i) % 1000) / 500.0f - 1;
+    g[i] = static_cast<float>(CounterRandom64(8, 2, i) % 1000) / 500.0f - 1;
+  }
+  AdamW whole(layout, 0, n, train), pieces(layout, 0, n, train);
+  std::vector<float> p = p0, q = p0;
+  const std::vector<std::pair<int64_t, int64_t>> cuts = {
+      {600, 1000}, {0, 150}, {305, 600}, {150, 305}};
+  for (int t = 0; t < 3; ++t) {
+    whole.Step(p.data(), nullptr, g.data(), 0.01f, 0.5f);
+    pieces.BeginStep();
+    for (const auto& [lo, hi] : cuts) {
+      pieces.Update(q.data(), nullptr, g.data(), lo, hi, 0.01f, 0.5f);
+    }
+  }
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(0, std::memcmp(pieces.m(), whole.m(), n * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(pieces.v(), whole.v(), n * sizeof(float)));
+  EXPECT_EQ(pieces.steps_taken(), 3);
+  for (int64_t i = 300; i < 310; ++i) ASSERT_EQ(q[i], p0[i]) << i;
+  for (int64_t i = 810; i < 900; ++i) ASSERT_EQ(q[i], p0[i]) << i;
+}
+
 // ZeRO-Offload's step (parallel.offload=optimizer: the moments and a
 // master copy of the weights in host memory, AdamW on the CPU cores) gives
 // the step on the store's backend bit for bit — weights, moments, gradient
@@ -890,7 +933,8 @@ TEST(AdamW, UpdateOverRunsIsTheUpdateOfEachRun) {
 // copy is taken again). On the CPU the store's memory is the host's too,
 // so this holds the bookkeeping; tests/gpu holds the copies on a GPU.
 TEST(DistributedOptimizer, OffloadedStepIsTheStepOnTheBackend) {
-  const GptConfig config{2, 2, 16, 8, 33, 128};
+  // Over 2^21 elements: the offloaded step goes in pieces.
+  const GptConfig config{4, 4, 256, 8, 33, 128};
   const std::vector<ParamInfo> layout = BuildPlan(config, {});
   v1::TrainSpec train = DefaultJobSpec().train();
   train.set_grad_clip(0.5);
@@ -909,15 +953,18 @@ TEST(DistributedOptimizer, OffloadedStepIsTheStepOnTheBackend) {
     DistributedOptimizer plain(&plain_store, train, {});
     DistributedOptimizer off(&off_store, train, {}, /*offload=*/true);
     const int64_t n = plain_store.update_size();
-    for (int step = 0; step < 5; ++step) {
+    ASSERT_GE(n, int64_t{2} << 20);
+    for (int step = 0; step < 4; ++step) {
       for (ZeroStore* st : {&plain_store, &off_store}) {
         float* g = st->update_grads();
+        uint32_t x = 2463534242u + step;  // xorshift: the same on both
         for (int64_t i = 0; i < n; ++i) {
-          g[i] =
-              static_cast<float>(CounterRandom64(7, step, i) % 2001) / 1000.0f -
-              1.0f;
+          x ^= x << 13;
+          x ^= x >> 17;
+          x ^= x << 5;
+          g[i] = static_cast<float>(x % 2001) / 1000.0f - 1.0f;
         }
-        if (step == 3) {  // new weights, as a load writes them
+        if (step == 2) {  // new weights, as a load writes them
           float* p = st->update_params();
           for (int64_t i = 0; i < n; ++i) p[i] *= 0.5f;
         }
