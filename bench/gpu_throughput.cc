@@ -9,13 +9,18 @@
 //
 //   gpu_throughput [--model 124m|350m] [--batch 8] [--steps 10] [--trainer]
 //                  [--recompute]
+//   gpu_throughput --trainer --offload [--model 124m|350m|1.5b|6b] ...
 //
 // --trainer runs the whole Trainer instead (as ptworker does, without MPI):
 // data loading, the learning-rate schedule, the distributed optimizer's
 // gradient norm and clipping, metrics — on llm.c token files of random
 // GPT-2 tokens it writes under /tmp. Run from the project root.
 // --recompute recomputes every block in backward (train.recompute=full;
-// with --trainer only).
+// with --trainer only). --offload (with --trainer) runs bf16 with the
+// optimizer on the GPU and with parallel.offload=optimizer and prints the
+// ratio of their steps; at --model 6b (fp32 weights, gradients and Adam
+// state past 80 GB) the first is refused by the memory check and only the
+// offloaded one trains (--batch 1 --recompute).
 //
 // bench/pytorch_gpt_cuda.py runs the same model in PyTorch on the same GPU.
 #include <chrono>
@@ -46,11 +51,26 @@ struct Args {
   double peak_tflops = 989.0;
   bool trainer = false;
   bool recompute = false;
+  bool offload = false;
 };
 
+// GPT-2 shapes by name (layers, heads, width): the two the bench compares
+// with PyTorch, and two for offloading (GPT-2 XL, and a 6.6B model whose
+// fp32 weights, gradients and Adam state do not fit one 80 GB GPU).
+struct Shape {
+  int n_layer, n_head, n_embd;
+};
+Shape ShapeOf(const std::string& model) {
+  if (model == "350m") return {24, 16, 1024};
+  if (model == "1.5b") return {48, 25, 1600};
+  if (model == "6b") return {32, 32, 4096};
+  return {12, 12, 768};
+}
+
 void AddFlags(CLI::App& app, Args& a) {
-  app.add_option("--model", a.model, "GPT-2 size: 124m or 350m")
-      ->check(CLI::IsMember({"124m", "350m"}));
+  app.add_option("--model", a.model,
+                 "GPT-2 size: 124m or 350m; 1.5b and 6b with --trainer")
+      ->check(CLI::IsMember({"124m", "350m", "1.5b", "6b"}));
   app.add_option("--batch", a.batch, "sequences per step (T = 1024)")
       ->check(CLI::Range(1, 4096));
   app.add_option("--steps", a.steps, "measured steps")
@@ -64,15 +84,16 @@ void AddFlags(CLI::App& app, Args& a) {
                "random GPT-2 tokens");
   app.add_flag("--recompute", a.recompute,
                "recompute every block in backward (with --trainer)");
+  app.add_flag("--offload", a.offload,
+               "with --trainer: bf16 with the optimizer on the GPU and with "
+               "parallel.offload=optimizer, side by side (a run that does "
+               "not fit says why)");
 }
 
 void Run(const Args& a, bool bf16, bool fused_attention) {
-  ptrain::GptConfig config;
-  if (a.model == "350m") {
-    config = {24, 16, 1024, 1024, 50257, 50304};
-  } else {
-    config = {12, 12, 768, 1024, 50257, 50304};
-  }
+  const Shape shape = ShapeOf(a.model);
+  const ptrain::GptConfig config{shape.n_layer, shape.n_head, shape.n_embd,
+                                 1024,          50257,        50304};
   const int B = a.batch, T = 1024;
   std::string error;
   ptrain::kernels::CudaOptions o;
@@ -169,14 +190,17 @@ std::string RandomTokenFile(const std::string& name, int64_t n) {
   return path;
 }
 
-void RunTrainer(const Args& a, const std::string& precision) {
-  const bool big = a.model == "350m";
+// The whole Trainer's step in ms (0 when the run is refused, which is
+// printed instead).
+double RunTrainer(const Args& a, const std::string& precision,
+                  bool offload = false) {
+  const Shape shape = ShapeOf(a.model);
   const int T = 1024;
   auto spec = ptrain::LoadJobSpecFile(
       "examples/shakespeare-char.yaml",
-      {big ? "model.n_layer=24" : "model.n_layer=12",
-       big ? "model.n_head=16" : "model.n_head=12",
-       big ? "model.n_embd=1024" : "model.n_embd=768", "model.block_size=1024",
+      {"model.n_layer=" + std::to_string(shape.n_layer),
+       "model.n_head=" + std::to_string(shape.n_head),
+       "model.n_embd=" + std::to_string(shape.n_embd), "model.block_size=1024",
        "data.path=''", "data.tokenizer=''",
        "data.train_bin=" + RandomTokenFile("train", 1 << 22),
        "data.val_bin=" + RandomTokenFile("val", 1 << 16),
@@ -184,20 +208,24 @@ void RunTrainer(const Args& a, const std::string& precision) {
        "train.steps=" + std::to_string(a.steps + 2), "train.eval_every=0",
        "train.sample_tokens=0", "checkpoint.every=0", "checkpoint.dir=''",
        "resources.device=cuda", "train.precision=" + precision,
-       std::string("train.recompute=") + (a.recompute ? "full" : "none")});
+       std::string("train.recompute=") + (a.recompute ? "full" : "none"),
+       std::string("parallel.offload=") + (offload ? "optimizer" : "none")});
   if (!spec.ok()) {
     std::fprintf(stderr, "gpu_throughput: %s\n",
                  std::string(spec.status().message()).c_str());
     std::exit(2);
   }
+  const char* what = offload ? " offload" : "";
   ptrain::TrainerOptions opt;
   opt.peak_flops = a.peak_tflops * 1e12;
   opt.quiet = true;
   auto trainer = ptrain::Trainer::Create(*spec, opt);
   if (!trainer.ok()) {
-    std::fprintf(stderr, "gpu_throughput: %s\n",
-                 std::string(trainer.status().message()).c_str());
-    std::exit(2);
+    std::printf("ptrain trainer %-4s%s GPT-2 %-4s B%-2d T%d: refused: %s\n",
+                precision.c_str(), what, a.model.c_str(), a.batch, T,
+                std::string(trainer.status().message()).c_str());
+    std::fflush(stdout);
+    return 0.0;
   }
   ptrain::Trainer& t = **trainer;
   for (int s = 0; s < 2; ++s) t.TrainStep(s);  // warm-up
@@ -212,13 +240,15 @@ void RunTrainer(const Args& a, const std::string& precision) {
   const double flops = t.flops_per_step();
   const ptrain::kernels::CudaMemory mem = ptrain::kernels::CudaMemoryInfo();
   std::printf(
-      "ptrain trainer %-4s%s GPT-2 %-4s B%-2d T%d: %7.1f ms/step %9.0f tok/s "
-      "%6.1f TFLOP/s  MFU %5.1f%% of %.0f  loss %.3f  GPU memory %.1f GiB\n",
-      precision.c_str(), a.recompute ? " recompute" : "", a.model.c_str(),
+      "ptrain trainer %-4s%s%s GPT-2 %-4s B%-2d T%d: %7.1f ms/step %9.0f "
+      "tok/s %6.1f TFLOP/s  MFU %5.1f%% of %.0f  loss %.3f  GPU memory %.1f "
+      "GiB\n",
+      precision.c_str(), a.recompute ? " recompute" : "", what, a.model.c_str(),
       a.batch, T, secs * 1e3, a.batch * T / secs, flops / secs / 1e12,
       100.0 * flops / secs / (a.peak_tflops * 1e12), a.peak_tflops, loss,
       mem.used / double(1 << 30));
   std::fflush(stdout);
+  return secs * 1e3;
 }
 
 int main(int argc, char** argv) {
@@ -231,6 +261,19 @@ int main(int argc, char** argv) {
   if (a.recompute && !a.trainer) {
     std::fprintf(stderr, "--recompute needs --trainer\n");
     return 2;
+  }
+  if ((a.offload || a.model == "1.5b" || a.model == "6b") && !a.trainer) {
+    std::fprintf(stderr, "--offload and --model 1.5b|6b need --trainer\n");
+    return 2;
+  }
+  if (a.trainer && a.offload) {
+    const double plain = RunTrainer(a, "bf16");
+    const double offloaded = RunTrainer(a, "bf16", /*offload=*/true);
+    if (plain > 0.0 && offloaded > 0.0) {
+      std::printf("offload: %.2fx the step with the optimizer on the GPU\n",
+                  offloaded / plain);
+    }
+    return 0;
   }
   if (a.trainer) {
     RunTrainer(a, "fp32");
