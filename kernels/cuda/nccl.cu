@@ -1,11 +1,13 @@
-// The CUDA module's NCCL collectives (ops_cuda.h DeviceCollectives) on one
-// backend's stream, and their entry points. No kernels of their own.
+// The CUDA module's NCCL collectives (ops_cuda.h DeviceCollectives) on a
+// communication stream beside one backend's, and their entry points. No
+// kernels of their own.
 #include <nccl.h>
 
 #include <cstdint>
 #include <cstring>
 #include <deque>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/ops_cuda_impl.h"
@@ -19,47 +21,77 @@ inline const char* Why(ncclResult_t r) { return ncclGetErrorString(r); }
 namespace cuda_impl {
 namespace {
 
-// NCCL collectives on one backend's stream: each is ordered after every op
-// issued on it so far and before every op issued later, so the engine needs
-// no waits. Each is timed with a pair of events, read once both passed.
+// NCCL collectives on the backend's communication stream (one for all its
+// groups, so that every rank issues their operations in one order, as NCCL
+// needs of communicators sharing a GPU): each waits for the work issued on
+// the backend's stream so far (an event), runs beside the backend's later
+// kernels, and records an event at its end, which Join makes the backend's
+// stream wait for and Done queries. Each is timed with a pair of events,
+// read once both passed.
 class NcclCollectives final : public DeviceCollectives {
  public:
   NcclCollectives(CudaBackend* backend, ncclComm_t comm, int size)
-      : backend_(backend), comm_(comm), size_(size) {}
+      : backend_(backend),
+        comm_(comm),
+        size_(size),
+        stream_(backend->CommStream()) {}
   ~NcclCollectives() override {
     cudaSetDevice(backend_->device_index());
     cudaStreamSynchronize(backend_->stream());
+    cudaStreamSynchronize(stream_);
     for (Timing& t : timings_) {
       cudaEventDestroy(t.start);
       cudaEventDestroy(t.stop);
     }
+    for (Timing& t : spare_) {
+      cudaEventDestroy(t.start);
+      cudaEventDestroy(t.stop);
+    }
+    for (auto& [k, end] : ends_) cudaEventDestroy(end);
     ncclCommDestroy(comm_);
   }
 
   int size() const override { return size_; }
 
-  void AllReduce(float* data, int64_t count, bool max) override {
-    Timed([&](cudaStream_t s) {
+  int64_t AllReduce(float* data, int64_t count, bool max) override {
+    return Issue([&](cudaStream_t s) {
       PT_CUDA_CHECK(ncclAllReduce(data, data, count, ncclFloat32,
                                   max ? ncclMax : ncclSum, comm_, s));
     });
   }
-  void ReduceScatter(const float* send, float* recv, int64_t count) override {
-    Timed([&](cudaStream_t s) {
+  int64_t ReduceScatter(const float* send, float* recv,
+                        int64_t count) override {
+    return Issue([&](cudaStream_t s) {
       PT_CUDA_CHECK(
           ncclReduceScatter(send, recv, count, ncclFloat32, ncclSum, comm_, s));
     });
   }
-  void AllGather(const float* send, float* recv, int64_t count) override {
-    Timed([&](cudaStream_t s) {
+  int64_t AllGather(const float* send, float* recv, int64_t count) override {
+    return Issue([&](cudaStream_t s) {
       PT_CUDA_CHECK(ncclAllGather(send, recv, count, ncclFloat32, comm_, s));
     });
   }
-  void Broadcast(float* data, int64_t count, int root) override {
-    Timed([&](cudaStream_t s) {
+  int64_t Broadcast(float* data, int64_t count, int root) override {
+    return Issue([&](cudaStream_t s) {
       PT_CUDA_CHECK(
           ncclBroadcast(data, data, count, ncclFloat32, root, comm_, s));
     });
+  }
+
+  void Join(int64_t k) override {
+    Sweep();
+    // Operations end in the order issued: the newest end at or before k
+    // stands for all of them; none left means all have ended.
+    for (auto it = ends_.rbegin(); it != ends_.rend(); ++it) {
+      if (it->first <= k) {
+        PT_CUDA_CHECK(cudaStreamWaitEvent(backend_->stream(), it->second, 0));
+        return;
+      }
+    }
+  }
+  bool Done(int64_t k) override {
+    Sweep();
+    return ends_.empty() || ends_.front().first > k;
   }
 
   std::vector<double> FinishedSeconds() override {
@@ -83,7 +115,7 @@ class NcclCollectives final : public DeviceCollectives {
     cudaEvent_t start, stop;
   };
   template <typename Fn>
-  void Timed(Fn enqueue) {
+  int64_t Issue(Fn enqueue) {
     Timing t;
     if (!spare_.empty()) {
       t = spare_.back();
@@ -92,18 +124,44 @@ class NcclCollectives final : public DeviceCollectives {
       PT_CUDA_CHECK(cudaEventCreate(&t.start));
       PT_CUDA_CHECK(cudaEventCreate(&t.stop));
     }
-    const cudaStream_t s = backend_->stream();
-    PT_CUDA_CHECK(cudaEventRecord(t.start, s));
-    enqueue(s);
-    PT_CUDA_CHECK(cudaEventRecord(t.stop, s));
+    // After everything the backend's stream has been given.
+    cudaEvent_t ready;
+    PT_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    PT_CUDA_CHECK(cudaEventRecord(ready, backend_->stream()));
+    PT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
+    PT_CUDA_CHECK(cudaEventDestroy(ready));  // released once it has fired
+    PT_CUDA_CHECK(cudaEventRecord(t.start, stream_));
+    enqueue(stream_);
+    PT_CUDA_CHECK(cudaEventRecord(t.stop, stream_));
     timings_.push_back(t);
+    cudaEvent_t end;
+    PT_CUDA_CHECK(cudaEventCreateWithFlags(&end, cudaEventDisableTiming));
+    PT_CUDA_CHECK(cudaEventRecord(end, stream_));
+    ends_.emplace_back(++issued_, end);
+    Sweep();
+    return issued_;
+  }
+  // Forgets the ends that have passed, oldest first.
+  void Sweep() {
+    while (!ends_.empty()) {
+      const cudaError_t done = cudaEventQuery(ends_.front().second);
+      if (done == cudaErrorNotReady) return;
+      PT_CUDA_CHECK(done);
+      PT_CUDA_CHECK(cudaEventDestroy(ends_.front().second));
+      ends_.pop_front();
+    }
   }
 
   CudaBackend* backend_;
   ncclComm_t comm_;
   const int size_;
+  const cudaStream_t stream_;   // the backend's communication stream
   std::deque<Timing> timings_;  // issued, not yet read
   std::vector<Timing> spare_;
+  // The end of each operation issued and not yet seen to have passed, by
+  // number, oldest first.
+  std::deque<std::pair<int64_t, cudaEvent_t>> ends_;
+  int64_t issued_ = 0;
 };
 
 }  // namespace

@@ -46,6 +46,10 @@ CudaBackend::~CudaBackend() {
     for (auto& [k, event] : copy_done_) cudaEventDestroy(event);
     cudaStreamDestroy(copy_stream_);
   }
+  if (comm_stream_ != nullptr) {
+    cudaStreamSynchronize(comm_stream_);
+    cudaStreamDestroy(comm_stream_);
+  }
   if (times_.enabled()) times_.Print();
   cudaFree(scratch_.p);
   for (GrowOnly<__nv_bfloat16>& b : bf16_) cudaFree(b.p);
@@ -127,6 +131,16 @@ void CudaBackend::FreeHost(float* p) {
     PT_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
   }
   PT_CUDA_CHECK(cudaFreeHost(p));
+}
+
+cudaStream_t CudaBackend::CommStream() {
+  if (comm_stream_ == nullptr) {
+    int least = 0, greatest = 0;
+    PT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    PT_CUDA_CHECK(cudaStreamCreateWithPriority(
+        &comm_stream_, cudaStreamNonBlocking, greatest));
+  }
+  return comm_stream_;
 }
 
 cudaStream_t CudaBackend::CopyStreamAfterCompute() {

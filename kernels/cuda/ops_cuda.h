@@ -52,18 +52,29 @@ std::unique_ptr<Ops> MakeCudaOps(const CudaOptions& options,
                                  std::string* error);
 
 // Collectives among the GPUs of a group of processes (NCCL), on memory of
-// one CUDA backend. Each is enqueued on the backend's stream: it runs after
-// every op issued on the backend so far and before every op issued later.
-// Sums unless said otherwise; counts are elements; the same contracts as
-// the engine's Communicator (worker/engine/comm.h).
+// one CUDA backend, on a communication stream of their own beside the
+// backend's (so that they overlap its kernels): each runs after every op
+// issued on the backend so far, and the backend's later ops wait for it
+// where the caller joins it. Sums unless said otherwise; counts are
+// elements; the same contracts as the engine's Communicator
+// (worker/engine/comm.h).
 class DeviceCollectives {
  public:
   virtual ~DeviceCollectives() = default;
   virtual int size() const = 0;
-  virtual void AllReduce(float* data, int64_t count, bool max) = 0;
-  virtual void ReduceScatter(const float* send, float* recv, int64_t count) = 0;
-  virtual void AllGather(const float* send, float* recv, int64_t count) = 0;
-  virtual void Broadcast(float* data, int64_t count, int root) = 0;
+  // Each operation runs on the collectives' own stream, after all the work
+  // the backend's stream has been given so far (its inputs are ready), and
+  // returns its number. Join(k): the backend's stream waits for operation k
+  // (and every one before it) before its later work; the host does not
+  // wait. Done(k): whether operation k has finished. Until joined, the
+  // backend's later work may run beside it: it must not touch its buffers.
+  virtual int64_t AllReduce(float* data, int64_t count, bool max) = 0;
+  virtual int64_t ReduceScatter(const float* send, float* recv,
+                                int64_t count) = 0;
+  virtual int64_t AllGather(const float* send, float* recv, int64_t count) = 0;
+  virtual int64_t Broadcast(float* data, int64_t count, int root) = 0;
+  virtual void Join(int64_t k) = 0;
+  virtual bool Done(int64_t k) = 0;
   // The GPU seconds of the operations that finished since the last call, in
   // the order they were issued (a prefix of those still unread).
   virtual std::vector<double> FinishedSeconds() = 0;

@@ -226,6 +226,10 @@ class CudaBackend final : public Ops {
     return options_.bf16_compute ? DType::kBf16 : DType::kF32;
   }
   cudaStream_t stream() const { return stream_; }
+  // The stream NCCL collectives run on beside stream() (nccl.cu), made at
+  // the first call, at the device's highest priority (a collective holds
+  // back the ranks it waits for).
+  cudaStream_t CommStream();
   int device_index() const { return options_.device; }
   std::string name() const override;
 
@@ -528,6 +532,7 @@ class CudaBackend final : public Ops {
   // number of the last copy issued, and an event recorded after each
   // ToHostAsync not yet waited for.
   cudaStream_t copy_stream_ = nullptr;
+  cudaStream_t comm_stream_ = nullptr;  // CommStream()
   int64_t copies_ = 0;
   std::map<int64_t, cudaEvent_t> copy_done_;
   // The copy stream, after the compute stream's work so far.

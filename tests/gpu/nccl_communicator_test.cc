@@ -1,8 +1,10 @@
 // The NCCL communicator (comm_nccl.h) on GPU memory. On a machine with one
 // GPU NCCL runs only a group of one rank (it refuses two ranks on one GPU),
 // so this checks what a group of one can show: each collective's contract
-// (identities and copies at size 1, in place or not), its order on the
-// backend's stream with the kernels around it, host and mixed buffers
+// (identities and copies at size 1, in place or not), its order with the
+// kernels around it (it runs on a communication stream beside the
+// backend's: after the kernels issued before it, before those issued after
+// a blocking one or after its handle is waited for), host and mixed buffers
 // passing through MPI, the times recorded per operation, and a ZeRO-1
 // trainer whose dp group is NCCL tracking the plain run. Runs under
 // mpirun -n 1; skips without a GPU.
@@ -76,9 +78,9 @@ TEST_F(NcclCommunicatorTest, CollectivesOfOneRankKeepTheirContracts) {
   nccl_->AllGather(out.data(), out.data(), n);  // in place
   EXPECT_EQ(Host(out), values);
   auto h = nccl_->AllReduceAsync(x.data(), n);
-  EXPECT_TRUE(h->Test());
-  h->Wait();
+  h->Wait();  // the backend's stream waits for it
   EXPECT_EQ(Host(x), values);
+  EXPECT_TRUE(h->Test());  // finished once the stream passed it
 
   // Host and mixed buffers go through MPI (staged where one side is GPU).
   std::vector<float> host = values, gathered(n, 0.0f);
@@ -93,7 +95,7 @@ TEST_F(NcclCommunicatorTest, CollectivesOfOneRankKeepTheirContracts) {
 
 TEST_F(NcclCommunicatorTest, RunsInOrderWithTheKernelsAroundIt) {
   // A kernel writes x, the collective reads it, a kernel reads its result:
-  // no waits in between, so only the stream's order makes this right.
+  // no host waits in between, so only the streams' order makes this right.
   const int64_t n = 1 << 20;
   std::vector<float> ones(n, 1.0f);
   kernels::Buffer src = Device(ones), x(ops_.get(), n), y(ops_.get(), n);
@@ -105,6 +107,28 @@ TEST_F(NcclCommunicatorTest, RunsInOrderWithTheKernelsAroundIt) {
   const std::vector<float> got = Host(y);
   EXPECT_EQ(got.front(), 3.0f);
   EXPECT_EQ(got.back(), 3.0f);
+}
+
+// An async collective runs on the communication stream beside the kernels
+// issued after it, which must not touch its buffer, until its handle is
+// waited for: the kernels after that see its result; Test says when it
+// has finished.
+TEST_F(NcclCommunicatorTest, AsyncCollectivesRunBesideTheKernelsUntilWaited) {
+  const int64_t n = 1 << 22;
+  std::vector<float> ones(n, 1.0f);
+  kernels::Buffer src = Device(ones), x(ops_.get(), n), y(ops_.get(), n),
+                  z(ops_.get(), n);
+  for (int i = 0; i < 3; ++i) {
+    ops_->Add(x.data(), src.data(), n);  // x = i + 1
+    auto h = nccl_->AllReduceAsync(x.data(), n);
+    for (int k = 0; k < 4; ++k) ops_->Add(z.data(), src.data(), n);
+    h->Wait();
+    ops_->Copy(y.data(), x.data(), n);
+    ops_->Synchronize();
+    EXPECT_TRUE(h->Test()) << i;
+  }
+  EXPECT_EQ(Host(y).back(), 3.0f);
+  EXPECT_EQ(Host(z).back(), 12.0f);
 }
 
 TEST_F(NcclCommunicatorTest, RecordsEachOperationsGpuTime) {

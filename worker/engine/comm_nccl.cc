@@ -14,11 +14,18 @@
 namespace ptrain {
 namespace {
 
-// A handle of an operation already ordered on the stream.
-class Done : public CommHandle {
+// A handle of an NCCL operation on the communication stream: Wait makes
+// the backend's stream wait for it (the host does not), Test asks whether
+// it has finished.
+class Issued : public CommHandle {
  public:
-  void Wait() override {}
-  bool Test() override { return true; }
+  Issued(kernels::DeviceCollectives* nccl, int64_t k) : nccl_(nccl), k_(k) {}
+  void Wait() override { nccl_->Join(k_); }
+  bool Test() override { return nccl_->Done(k_); }
+
+ private:
+  kernels::DeviceCollectives* nccl_;
+  const int64_t k_;
 };
 
 class NcclCommunicator : public Communicator {
@@ -40,7 +47,7 @@ class NcclCommunicator : public Communicator {
 
   void AllReduce(float* data, int64_t count) override {
     if (RouteOf(data) == Route::kHost) return inner_->AllReduce(data, count);
-    NcclAllReduce(data, count, /*max=*/false);
+    nccl_->Join(NcclAllReduce(data, count, /*max=*/false));
   }
   void AllReduce(double* data, int64_t count) override {
     inner_->AllReduce(data, count);  // host sums only
@@ -49,25 +56,25 @@ class NcclCommunicator : public Communicator {
     if (RouteOf(data) == Route::kHost) {
       return inner_->AllReduceMax(data, count);
     }
-    NcclAllReduce(data, count, /*max=*/true);
+    nccl_->Join(NcclAllReduce(data, count, /*max=*/true));
   }
   void ReduceScatter(const float* send, float* recv, int64_t count) override {
     if (RouteOf(send, recv) != Route::kNccl) {
       return staged_->ReduceScatter(send, recv, count);  // host: through
     }
-    NcclReduceScatter(send, recv, count);
+    nccl_->Join(NcclReduceScatter(send, recv, count));
   }
   void AllGather(const float* send, float* recv, int64_t count) override {
     if (RouteOf(send, recv) != Route::kNccl) {
       return staged_->AllGather(send, recv, count);  // host: through
     }
-    NcclAllGather(send, recv, count);
+    nccl_->Join(NcclAllGather(send, recv, count));
   }
   void Broadcast(float* data, int64_t count, int root) override {
     if (RouteOf(data) == Route::kHost) {
       return inner_->Broadcast(data, count, root);
     }
-    NcclBroadcast(data, count, root);
+    nccl_->Join(NcclBroadcast(data, count, root));
   }
   void Send(const float* data, int64_t count, int peer, int tag) override {
     staged_->Send(data, count, peer, tag);
@@ -77,39 +84,36 @@ class NcclCommunicator : public Communicator {
   }
   void Barrier() override { inner_->Barrier(); }
 
-  // NCCL operations are ordered on the backend's stream: they are done,
-  // as far as the host's ordering goes, once enqueued.
+  // NCCL operations run on the communication stream beside the backend's
+  // kernels until their handle is waited for (the backend's stream then
+  // waits for them; the host never does).
   std::unique_ptr<CommHandle> AllReduceAsync(float* data,
                                              int64_t count) override {
     if (RouteOf(data) == Route::kHost) {
       return inner_->AllReduceAsync(data, count);
     }
-    NcclAllReduce(data, count, /*max=*/false);
-    return std::make_unique<Done>();
+    return Handle(NcclAllReduce(data, count, /*max=*/false));
   }
   std::unique_ptr<CommHandle> ReduceScatterAsync(const float* send, float* recv,
                                                  int64_t count) override {
     if (RouteOf(send, recv) != Route::kNccl) {
       return staged_->ReduceScatterAsync(send, recv, count);
     }
-    NcclReduceScatter(send, recv, count);
-    return std::make_unique<Done>();
+    return Handle(NcclReduceScatter(send, recv, count));
   }
   std::unique_ptr<CommHandle> AllGatherAsync(const float* send, float* recv,
                                              int64_t count) override {
     if (RouteOf(send, recv) != Route::kNccl) {
       return staged_->AllGatherAsync(send, recv, count);
     }
-    NcclAllGather(send, recv, count);
-    return std::make_unique<Done>();
+    return Handle(NcclAllGather(send, recv, count));
   }
   std::unique_ptr<CommHandle> BroadcastAsync(float* data, int64_t count,
                                              int root) override {
     if (RouteOf(data) == Route::kHost) {
       return inner_->BroadcastAsync(data, count, root);
     }
-    NcclBroadcast(data, count, root);
-    return std::make_unique<Done>();
+    return Handle(NcclBroadcast(data, count, root));
   }
   std::unique_ptr<CommHandle> SendAsync(const float* data, int64_t count,
                                         int peer, int tag) override {
@@ -132,26 +136,33 @@ class NcclCommunicator : public Communicator {
   bool OnDevice(const void* p) const {
     return p != nullptr && ops_->IsDeviceMemory(p);
   }
-  void NcclAllReduce(float* data, int64_t count, bool max) {
-    nccl_->AllReduce(data, count, max);
-    Issued(CommOp::kAllReduce, count * int64_t{sizeof(float)});
+  // Each issues the operation on the communication stream and returns its
+  // number (DeviceCollectives).
+  int64_t NcclAllReduce(float* data, int64_t count, bool max) {
+    return Record(nccl_->AllReduce(data, count, max), CommOp::kAllReduce,
+                  count * int64_t{sizeof(float)});
   }
-  void NcclReduceScatter(const float* send, float* recv, int64_t count) {
-    nccl_->ReduceScatter(send, recv, count);
-    Issued(CommOp::kReduceScatter, count * size() * int64_t{sizeof(float)});
+  int64_t NcclReduceScatter(const float* send, float* recv, int64_t count) {
+    return Record(nccl_->ReduceScatter(send, recv, count),
+                  CommOp::kReduceScatter,
+                  count * size() * int64_t{sizeof(float)});
   }
-  void NcclAllGather(const float* send, float* recv, int64_t count) {
-    nccl_->AllGather(send, recv, count);
-    Issued(CommOp::kAllGather, count * size() * int64_t{sizeof(float)});
+  int64_t NcclAllGather(const float* send, float* recv, int64_t count) {
+    return Record(nccl_->AllGather(send, recv, count), CommOp::kAllGather,
+                  count * size() * int64_t{sizeof(float)});
   }
-  void NcclBroadcast(float* data, int64_t count, int root) {
-    nccl_->Broadcast(data, count, root);
-    Issued(CommOp::kBroadcast, count * int64_t{sizeof(float)});
+  int64_t NcclBroadcast(float* data, int64_t count, int root) {
+    return Record(nccl_->Broadcast(data, count, root), CommOp::kBroadcast,
+                  count * int64_t{sizeof(float)});
   }
-  // An NCCL operation was enqueued: its time is recorded once it finished.
-  void Issued(CommOp op, int64_t bytes) {
+  std::unique_ptr<CommHandle> Handle(int64_t k) {
+    return std::make_unique<Issued>(nccl_.get(), k);
+  }
+  // Operation k was issued: its time is recorded once it finished.
+  int64_t Record(int64_t k, CommOp op, int64_t bytes) {
     pending_.push_back({op, bytes});
     Collect();
+    return k;
   }
   void Collect() {
     for (double seconds : nccl_->FinishedSeconds()) {

@@ -1,8 +1,11 @@
 // A Communicator for ranks that each have their own GPU: collectives on GPU
-// memory go through NCCL, on the backend's stream (kernels/cuda/ops_cuda.h:
-// DeviceCollectives), so they are ordered with the kernels around them and
-// need no host wait; their async handles are complete at once in that
-// order. Point-to-point transfers of GPU memory are staged through the host
+// memory go through NCCL, on a communication stream beside the backend's
+// (kernels/cuda/ops_cuda.h: DeviceCollectives), each after the kernels
+// issued before it; a blocking one makes the backend's later kernels wait
+// for it, an async one runs beside them until its handle is waited for
+// (the backend's stream then waits; the host never does), so the data-
+// parallel reductions overlap the backward as on the CPU. Point-to-point
+// transfers of GPU memory are staged through the host
 // and MPI (comm_staged.h): on one stream, a receive posted early would hold
 // back the kernels of the pass before it. Host buffers (norms, losses,
 // flags) go to MPI directly. Each NCCL operation's GPU time is recorded
