@@ -242,6 +242,24 @@ TEST_F(Reshard, ShardedLayoutReadsOnlyItsShare) {
       "256");
 }
 
+// ZeRO-3 gathers each block unit's weights while the unit before it
+// computes (one unit ahead, in the direction of the pass): of a step's
+// block gathers (every block unit in forward and again in backward) all
+// but the first of each pass were started ahead — and the run's losses are
+// those of the layout without ZeRO (the layouts test holds that to the
+// last bit over 50 steps).
+TEST_F(Reshard, ZeroThreeGathersTheNextUnitAhead) {
+  const Layout l{"zero3_ahead", 2, 3, 1, false};
+  OnLayout(l, Root() + "/scratch", "", [&](Trainer& t) {
+    const ZeroStore::GatherCounts before = t.store().gather_counts();
+    Steps(t, 0, 2);
+    const ZeroStore::GatherCounts c = t.store().gather_counts();
+    const int64_t blocks_per_pass = 4 * 4;  // model.n_layer=4, 4 units each
+    EXPECT_EQ(c.blocks - before.blocks, 2 * 2 * blocks_per_pass);
+    EXPECT_EQ(c.ahead - before.ahead, 2 * 2 * (blocks_per_pass - 1));
+  });
+}
+
 // Under bf16 the matmuls read the store's bf16 compute copy of the weights,
 // which sharded ZeRO stages make from the gathered weights (1-2 after each
 // step's gather, 3 from each unit's gather): wherever it may be read

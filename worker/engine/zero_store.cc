@@ -9,7 +9,7 @@
 namespace ptrain {
 
 namespace {
-constexpr int kEmbSlot = 0, kFinalSlot = 1, kBlockSlot = 2;
+constexpr int kEmbSlot = 0, kFinalSlot = 1, kBlockSlots[2] = {2, 3};
 
 // The units that stay in use for a whole pass: the embedding (wte, wpe)
 // and the final LayerNorm, when the stage holds them.
@@ -42,11 +42,13 @@ ZeroStore::Sizes ZeroStore::ComputeSizes(const std::vector<ParamInfo>& layout,
   if (zero == 3) {
     z.gathered[kEmbSlot] = z.emb_unit >= 0 ? units[z.emb_unit].size : 0;
     z.gathered[kFinalSlot] = z.final_unit >= 0 ? units[z.final_unit].size : 0;
-    z.gathered[kBlockSlot] = block_max;
+    for (int s : kBlockSlots) z.gathered[s] = block_max;
   }
   if (bf16_weights) {
     z.params16 = (z.params_full + 1) / 2;
-    for (int s = 0; s < 3; ++s) z.gathered16[s] = (z.gathered[s] + 1) / 2;
+    for (int s = 0; s < kSlots; ++s) {
+      z.gathered16[s] = (z.gathered[s] + 1) / 2;
+    }
   }
   return z;
 }
@@ -58,7 +60,9 @@ ZeroStore::Footprint ZeroStore::Measure(const std::vector<ParamInfo>& layout,
       ComputeSizes(layout, units, dp, o.zero, GradZero(o), o.bf16_weights);
   Footprint f;
   f.params = z.params_full + z.shard + z.params16;
-  for (int s = 0; s < 3; ++s) f.params += z.gathered[s] + z.gathered16[s];
+  for (int s = 0; s < kSlots; ++s) {
+    f.params += z.gathered[s] + z.gathered16[s];
+  }
   f.grads = z.grads_full + z.shard +
             GradReducer::ScratchFloats(units, z.emb_unit, z.final_unit, dp,
                                        GradZero(o), o.microbatches);
@@ -102,7 +106,7 @@ ZeroStore::ZeroStore(std::vector<ParamInfo> layout, int dp,
   param_shard_ = kernels::Buffer(ops_, z.shard);
   grad_shard_ = kernels::Buffer(ops_, z.shard);
   params16_ = kernels::Buffer(ops_, z.params16);
-  for (int s = 0; s < 3; ++s) {
+  for (int s = 0; s < kSlots; ++s) {
     gathered_[s] = kernels::Buffer(ops_, z.gathered[s]);
     gathered16_[s] = kernels::Buffer(ops_, z.gathered16[s]);
   }
@@ -116,6 +120,7 @@ ZeroStore::ZeroStore(std::vector<ParamInfo> layout, int dp,
 
 void ZeroStore::InitParams(uint64_t seed) {
   ++params_version_;
+  DropPrefetch();
   // Computed on the host, then copied where the backend keeps them.
   const bool on_host = ops_->device() == kernels::Device::kCpu;
   std::vector<float> host;
@@ -166,6 +171,7 @@ std::vector<std::pair<int64_t, int64_t>> ZeroStore::ShardPieces() const {
 
 float* ZeroStore::update_params() {
   ++params_version_;
+  DropPrefetch();  // it read the weights about to change
   return sharded() ? param_shard_.data() : params_full_.data();
 }
 
@@ -203,14 +209,16 @@ void ZeroStore::GatherUpdatedParams() {
 }
 
 int ZeroStore::WeightSlot(int u) const {
-  if (u == emb_unit_) return kEmbSlot;
-  return u == final_unit_ ? kFinalSlot : kBlockSlot;
+  for (int s = 0; s < kSlots; ++s) {
+    if (gathered_unit_[s] == u) return s;
+  }
+  return -1;
 }
 
 const float* ZeroStore::Params(int u) {
   if (zero_ <= 2) return params_full_.data() + units_[u].begin;
   const int slot = WeightSlot(u);
-  PT_CHECK(gathered_unit_[slot] == u, "weights of a unit not gathered");
+  PT_CHECK(slot >= 0, "weights of a unit not gathered");
   return gathered_[slot].data();
 }
 
@@ -225,7 +233,7 @@ kernels::ConstAct ZeroStore::Weights(int u) {
     return kernels::ConstAct(params16_.data(), bf).Offset(units_[u].begin);
   }
   const int slot = WeightSlot(u);
-  PT_CHECK(gathered_unit_[slot] == u, "weights of a unit not gathered");
+  PT_CHECK(slot >= 0, "weights of a unit not gathered");
   if (copy_unit_[slot] != u) {
     RoundInto(gathered16_[slot].data(), gathered_[slot].data(), units_[u].size);
     copy_unit_[slot] = u;
@@ -234,11 +242,54 @@ kernels::ConstAct ZeroStore::Weights(int u) {
 }
 
 void ZeroStore::BeginForward(int u) {
-  if (zero_ < 3) return;
-  const int slot = WeightSlot(u);
-  Gather(u, gathered_[slot].data());
+  if (zero_ == 3) GatherFor(u, u + 1);
+}
+
+void ZeroStore::GatherFor(int u, int next) {
+  auto is_block = [&](int v) {
+    return v >= 0 && v < n_units_ && v != emb_unit_ && v != final_unit_;
+  };
+  int slot = -1;
+  if (!is_block(u)) {
+    slot = u == emb_unit_ ? kEmbSlot : kFinalSlot;
+    Gather(u, gathered_[slot].data());
+  } else if (prefetch_.unit == u) {
+    prefetch_.handle->Wait();
+    slot = prefetch_.slot;
+    prefetch_ = Prefetch{};
+    ++gather_counts_.blocks;
+    ++gather_counts_.ahead;
+  } else {
+    ++gather_counts_.blocks;
+    // Only one block unit is in use at a time, and the one before is done
+    // with its slot: either block slot takes it.
+    DropPrefetch();
+    slot = kBlockSlots[0];
+    Gather(u, gathered_[slot].data());
+  }
+  // The slot holds u now, and no other does (another may still name u
+  // from an earlier pass, with weights since changed).
+  for (int& held : gathered_unit_) {
+    if (held == u) held = -1;
+  }
   gathered_unit_[slot] = u;
   copy_unit_[slot] = -1;  // rounded again when the matmuls ask
+  if (!is_block(u) || !is_block(next) || prefetch_.unit == next) return;
+  // The next unit of the pass into the other block slot, while this one
+  // computes (its previous unit there is done).
+  const int other = slot == kBlockSlots[0] ? kBlockSlots[1] : kBlockSlots[0];
+  gathered_unit_[other] = -1;
+  prefetch_.unit = next;
+  prefetch_.slot = other;
+  prefetch_.handle =
+      comm_->AllGatherAsync(param_shard_.data() + shard_offset_[next],
+                            gathered_[other].data(), ShardSize(next));
+}
+
+void ZeroStore::DropPrefetch() {
+  if (prefetch_.unit < 0) return;
+  prefetch_.handle->Wait();
+  prefetch_ = Prefetch{};
 }
 
 float* ZeroStore::Grads(int u) {
@@ -247,7 +298,7 @@ float* ZeroStore::Grads(int u) {
 }
 
 void ZeroStore::BeginBackward(int u) {
-  BeginForward(u);  // zero 3 gathers the weights again
+  if (zero_ == 3) GatherFor(u, u - 1);  // the weights again; backwards
   reducer_->BeginUnit(u);
 }
 
@@ -269,7 +320,7 @@ MemoryBytes ZeroStore::memory() const {
   MemoryBytes m;
   m.params =
       (params_full_.size() + param_shard_.size() + params16_.size()) * kFloat;
-  for (int s = 0; s < 3; ++s) {
+  for (int s = 0; s < kSlots; ++s) {
     m.params += (gathered_[s].size() + gathered16_[s].size()) * kFloat;
   }
   m.grads = (grads_full_.size() + grad_shard_.size()) * kFloat +

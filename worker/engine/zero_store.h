@@ -117,6 +117,13 @@ class ZeroStore : public UnitStore {
   // host memory.
   std::vector<float> FullParams();
 
+  // Zero 3: the block units' weights gathered so far, and how many of
+  // those had been gathered ahead (while the unit before computed).
+  struct GatherCounts {
+    int64_t blocks = 0, ahead = 0;
+  };
+  GatherCounts gather_counts() const { return gather_counts_; }
+
   // Bytes this rank holds: params (incl. gathered copies), grads (incl.
   // scratch). Optimizer and activations belong to others.
   MemoryBytes memory() const;
@@ -140,15 +147,18 @@ class ZeroStore : public UnitStore {
   void Poll() override { reducer_->Poll(); }
 
  private:
+  // Zero 3's gathered-weight slots: the embedding's, the final unit's, and
+  // two for blocks (the current unit's and the next one's, gathered ahead).
+  static constexpr int kSlots = 4;
   // The buffers' sizes for a layout; the constructor allocates them.
   struct Sizes {
     int64_t total = 0, shard_total = 0;
     int emb_unit = -1, final_unit = -1;
     int64_t params_full = 0, grads_full = 0, shard = 0;
-    int64_t gathered[3] = {0, 0, 0};
+    int64_t gathered[kSlots] = {0, 0, 0, 0};
     // Floats of the bf16 compute copies: of params_full, of each gathered
     // slot.
-    int64_t params16 = 0, gathered16[3] = {0, 0, 0};
+    int64_t params16 = 0, gathered16[kSlots] = {0, 0, 0, 0};
   };
   static Sizes ComputeSizes(const std::vector<ParamInfo>& layout,
                             const std::vector<UnitRange>& units, int dp,
@@ -163,8 +173,9 @@ class ZeroStore : public UnitStore {
   int64_t ShardBegin(int u) const {
     return units_[u].begin + dp_rank_ * ShardSize(u);
   }
-  // Gathered-weight slot (zero 3) of a unit: the embedding and the final
-  // unit have their own (they bracket the whole pass), blocks share one.
+  // Gathered-weight slot (zero 3) holding unit u's weights: the embedding
+  // and the final unit have their own (they bracket the whole pass), blocks
+  // take turns in two; -1 where u is in none.
   int WeightSlot(int u) const;
   void Gather(int u, float* dst);
   // n fp32 values rounded into a bf16 buffer (the compute copy).
@@ -186,15 +197,30 @@ class ZeroStore : public UnitStore {
   kernels::Buffer param_shard_;  // zero 1-3: master weights of the shard
   kernels::Buffer grad_shard_;   // zero 1-3
   // zero 3: gathered weights (0 embedding, 1 final, 2 the current block).
-  kernels::Buffer gathered_[3];
-  int gathered_unit_[3] = {-1, -1, -1};
+  kernels::Buffer gathered_[kSlots];
+  int gathered_unit_[kSlots] = {-1, -1, -1, -1};
+  // Zero 3: the block unit being gathered ahead into the block slot the
+  // current one is not in (the next unit in the direction of the pass),
+  // and the gather's handle; unit -1: none.
+  struct Prefetch {
+    int unit = -1, slot = -1;
+    std::unique_ptr<CommHandle> handle;
+  };
+  Prefetch prefetch_;
+  GatherCounts gather_counts_;
+  // Zero 3: unit u's weights in a slot (gathered now, or ahead earlier),
+  // then the gather of `next` ahead where it is a block unit.
+  void GatherFor(int u, int next);
+  // Waits for a gather ahead and forgets it (its slot is needed, or the
+  // weights it read are about to change).
+  void DropPrefetch();
   // The bf16 compute copies (bf16_weights), two to a float: of params_full_
   // (zero 0-2), made from the version of the weights it says; of each
   // gathered slot (zero 3), made for the unit it says.
   kernels::Buffer params16_;
   int64_t params_version_ = 0, copy_version_ = -1;
-  kernels::Buffer gathered16_[3];
-  int copy_unit_[3] = {-1, -1, -1};
+  kernels::Buffer gathered16_[kSlots];
+  int copy_unit_[kSlots] = {-1, -1, -1, -1};
 
   std::unique_ptr<GradReducer> reducer_;
 };
