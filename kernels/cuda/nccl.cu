@@ -43,6 +43,10 @@ class NcclCollectives final : public DeviceCollectives {
       cudaEventDestroy(t.start);
       cudaEventDestroy(t.stop);
     }
+    for (Timing& t : stalls_) {
+      cudaEventDestroy(t.start);
+      cudaEventDestroy(t.stop);
+    }
     for (Timing& t : spare_) {
       cudaEventDestroy(t.start);
       cudaEventDestroy(t.stop);
@@ -78,44 +82,44 @@ class NcclCollectives final : public DeviceCollectives {
     });
   }
 
-  void Join(int64_t k) override {
+  void Join(int64_t k, bool exposed) override {
     Sweep();
     // Operations end in the order issued: the newest end at or before k
     // stands for all of them; none left means all have ended.
     for (auto it = ends_.rbegin(); it != ends_.rend(); ++it) {
-      if (it->first <= k) {
-        PT_CUDA_CHECK(cudaStreamWaitEvent(backend_->stream(), it->second, 0));
-        return;
+      if (it->first > k) continue;
+      const cudaStream_t compute = backend_->stream();
+      Timing stall{};
+      if (exposed) {
+        stall = Spare();
+        PT_CUDA_CHECK(cudaEventRecord(stall.start, compute));
       }
+      PT_CUDA_CHECK(cudaStreamWaitEvent(compute, it->second, 0));
+      if (exposed) {
+        PT_CUDA_CHECK(cudaEventRecord(stall.stop, compute));
+        stalls_.push_back(stall);
+      }
+      return;
     }
+  }
+  double StalledSeconds() override {
+    double seconds = 0.0;
+    for (double s : Passed(&stalls_)) seconds += s;
+    return seconds;
   }
   bool Done(int64_t k) override {
     Sweep();
     return ends_.empty() || ends_.front().first > k;
   }
 
-  std::vector<double> FinishedSeconds() override {
-    std::vector<double> out;
-    while (!timings_.empty()) {
-      Timing& t = timings_.front();
-      const cudaError_t done = cudaEventQuery(t.stop);
-      if (done == cudaErrorNotReady) break;
-      PT_CUDA_CHECK(done);
-      float ms = 0.0f;
-      PT_CUDA_CHECK(cudaEventElapsedTime(&ms, t.start, t.stop));
-      out.push_back(ms * 1e-3);
-      spare_.push_back(t);
-      timings_.pop_front();
-    }
-    return out;
-  }
+  std::vector<double> FinishedSeconds() override { return Passed(&timings_); }
 
  private:
   struct Timing {
     cudaEvent_t start, stop;
   };
-  template <typename Fn>
-  int64_t Issue(Fn enqueue) {
+  // A pair of timing events, reused once read.
+  Timing Spare() {
     Timing t;
     if (!spare_.empty()) {
       t = spare_.back();
@@ -124,6 +128,28 @@ class NcclCollectives final : public DeviceCollectives {
       PT_CUDA_CHECK(cudaEventCreate(&t.start));
       PT_CUDA_CHECK(cudaEventCreate(&t.stop));
     }
+    return t;
+  }
+  // The seconds between each pair of `pairs` (oldest first) whose stop has
+  // passed, in order, up to the first that has not; those pairs are reused.
+  std::vector<double> Passed(std::deque<Timing>* pairs) {
+    std::vector<double> out;
+    while (!pairs->empty()) {
+      Timing& t = pairs->front();
+      const cudaError_t done = cudaEventQuery(t.stop);
+      if (done == cudaErrorNotReady) break;
+      PT_CUDA_CHECK(done);
+      float ms = 0.0f;
+      PT_CUDA_CHECK(cudaEventElapsedTime(&ms, t.start, t.stop));
+      out.push_back(ms * 1e-3);
+      spare_.push_back(t);
+      pairs->pop_front();
+    }
+    return out;
+  }
+  template <typename Fn>
+  int64_t Issue(Fn enqueue) {
+    Timing t = Spare();
     // After everything the backend's stream has been given.
     cudaEvent_t ready;
     PT_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
@@ -157,6 +183,7 @@ class NcclCollectives final : public DeviceCollectives {
   const int size_;
   const cudaStream_t stream_;   // the backend's communication stream
   std::deque<Timing> timings_;  // issued, not yet read
+  std::deque<Timing> stalls_;   // exposed joins on the backend's stream
   std::vector<Timing> spare_;
   // The end of each operation issued and not yet seen to have passed, by
   // number, oldest first.

@@ -73,8 +73,13 @@ class DeviceCollectives {
                                 int64_t count) = 0;
   virtual int64_t AllGather(const float* send, float* recv, int64_t count) = 0;
   virtual int64_t Broadcast(float* data, int64_t count, int root) = 0;
-  virtual void Join(int64_t k) = 0;
+  // exposed: time how long the backend's stream stalls on the wait (an
+  // operation meant to be hidden behind the backend's work).
+  virtual void Join(int64_t k, bool exposed) = 0;
   virtual bool Done(int64_t k) = 0;
+  // The seconds the backend's stream stalled on exposed joins that have
+  // passed since the last call.
+  virtual double StalledSeconds() = 0;
   // The GPU seconds of the operations that finished since the last call, in
   // the order they were issued (a prefix of those still unread).
   virtual std::vector<double> FinishedSeconds() = 0;

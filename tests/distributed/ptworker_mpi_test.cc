@@ -89,9 +89,17 @@ TEST_F(PtworkerMpi, ZeroThreeRunHasRankZeroWriteTheLogAlone) {
   std::ifstream in(log_);
   std::string line;
   int steps = 0, memory = 0;
+  double exposed = 0.0;
   while (std::getline(in, line)) {
     const auto j = nlohmann::json::parse(line);
-    if (j.at("type") == "step") ++steps;
+    if (j.at("type") == "step") {
+      ++steps;
+      // The wait for the gradient reductions is part of the step.
+      const double ms = j.at("ms"), waited = j.at("comm_exposed_ms");
+      EXPECT_GE(waited, 0.0);
+      EXPECT_LE(waited, ms);
+      exposed += waited;
+    }
     if (j.at("type") == "memory") {
       ++memory;
       // ZeRO-3 over 2 ranks: each holds half of the Adam moments.
@@ -102,6 +110,8 @@ TEST_F(PtworkerMpi, ZeroThreeRunHasRankZeroWriteTheLogAlone) {
   // Two ranks appending to one file would double every line.
   EXPECT_EQ(steps, 4);
   EXPECT_EQ(memory, 1);
+  // The last units' reduce-scatters end after backward does: waited for.
+  EXPECT_GT(exposed, 0.0);
 }
 
 // checkpoint.async_save over four ranks (dp=2 x pp=2, ZeRO-1): the ranks

@@ -171,6 +171,8 @@ TEST_F(PtworkerCli, GoodRunWritesOneJsonObjectPerLine) {
       for (const char* key : {"loss", "lr", "ms", "tok_per_s", "mfu"}) {
         EXPECT_TRUE(j.at(key).is_number()) << key;
       }
+      // One rank has no one to wait for.
+      EXPECT_EQ(j.at("comm_exposed_ms").get<double>(), 0.0);
     } else if (type == "eval") {
       ++evals;
       EXPECT_TRUE(j.at("val_loss").is_number());

@@ -49,9 +49,20 @@ CommStat CommStats::Get(const std::string& group, CommOp op) const {
   return it == stats_.end() ? CommStat{} : it->second;
 }
 
+void CommStats::RecordExposed(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  exposed_ += seconds;
+}
+
+double CommStats::ExposedSeconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return exposed_;
+}
+
 void CommStats::Reset() {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.clear();
+  exposed_ = 0.0;
 }
 
 namespace {

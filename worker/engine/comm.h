@@ -46,11 +46,17 @@ class CommStats {
               int64_t bytes);
   std::map<std::pair<std::string, std::string>, CommStat> Snapshot() const;
   CommStat Get(const std::string& group, CommOp op) const;
+  // Exposed communication: seconds the computation waited for an
+  // asynchronous operation it had hoped to hide behind it (the host
+  // blocked on it, or on a GPU the compute stream stalled on it).
+  void RecordExposed(double seconds);
+  double ExposedSeconds() const;  // over every group, since Reset
   void Reset();
 
  private:
   mutable std::mutex mu_;
   std::map<std::pair<std::string, std::string>, CommStat> stats_;
+  double exposed_ = 0.0;
 };
 
 // A started non-blocking operation. Wait() blocks until it is complete (and

@@ -20,7 +20,7 @@ namespace {
 class Issued : public CommHandle {
  public:
   Issued(kernels::DeviceCollectives* nccl, int64_t k) : nccl_(nccl), k_(k) {}
-  void Wait() override { nccl_->Join(k_); }
+  void Wait() override { nccl_->Join(k_, /*exposed=*/true); }
   bool Test() override { return nccl_->Done(k_); }
 
  private:
@@ -47,7 +47,7 @@ class NcclCommunicator : public Communicator {
 
   void AllReduce(float* data, int64_t count) override {
     if (RouteOf(data) == Route::kHost) return inner_->AllReduce(data, count);
-    nccl_->Join(NcclAllReduce(data, count, /*max=*/false));
+    nccl_->Join(NcclAllReduce(data, count, /*max=*/false), false);
   }
   void AllReduce(double* data, int64_t count) override {
     inner_->AllReduce(data, count);  // host sums only
@@ -56,25 +56,25 @@ class NcclCommunicator : public Communicator {
     if (RouteOf(data) == Route::kHost) {
       return inner_->AllReduceMax(data, count);
     }
-    nccl_->Join(NcclAllReduce(data, count, /*max=*/true));
+    nccl_->Join(NcclAllReduce(data, count, /*max=*/true), false);
   }
   void ReduceScatter(const float* send, float* recv, int64_t count) override {
     if (RouteOf(send, recv) != Route::kNccl) {
       return staged_->ReduceScatter(send, recv, count);  // host: through
     }
-    nccl_->Join(NcclReduceScatter(send, recv, count));
+    nccl_->Join(NcclReduceScatter(send, recv, count), false);
   }
   void AllGather(const float* send, float* recv, int64_t count) override {
     if (RouteOf(send, recv) != Route::kNccl) {
       return staged_->AllGather(send, recv, count);  // host: through
     }
-    nccl_->Join(NcclAllGather(send, recv, count));
+    nccl_->Join(NcclAllGather(send, recv, count), false);
   }
   void Broadcast(float* data, int64_t count, int root) override {
     if (RouteOf(data) == Route::kHost) {
       return inner_->Broadcast(data, count, root);
     }
-    nccl_->Join(NcclBroadcast(data, count, root));
+    nccl_->Join(NcclBroadcast(data, count, root), false);
   }
   void Send(const float* data, int64_t count, int peer, int tag) override {
     staged_->Send(data, count, peer, tag);
@@ -169,6 +169,10 @@ class NcclCommunicator : public Communicator {
       const auto [op, bytes] = pending_.front();
       pending_.pop_front();
       inner_->stats().Record(group(), op, seconds, bytes);
+    }
+    // The compute stream's stalls on waited handles: exposed.
+    if (const double stalled = nccl_->StalledSeconds(); stalled > 0.0) {
+      inner_->stats().RecordExposed(stalled);
     }
   }
 

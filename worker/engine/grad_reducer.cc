@@ -155,15 +155,18 @@ void GradReducer::Poll() {
 }
 
 void GradReducer::Finish() {
+  if (pending_.empty()) return;  // nothing to wait for
   const auto t0 = std::chrono::steady_clock::now();
   for (Pending& p : pending_) {
     p.handle->Wait();
     Complete(p);
   }
   pending_.clear();
-  exposed_seconds_ +=
+  const double blocked =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
           .count();
+  exposed_seconds_ += blocked;
+  if (comm_ != nullptr) comm_->stats().RecordExposed(blocked);
 }
 
 int64_t GradReducer::scratch_bytes() const {

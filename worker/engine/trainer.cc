@@ -608,6 +608,7 @@ double Trainer::flops_per_step() const {
 
 StepResult Trainer::TrainStep(int64_t step) {
   const auto t0 = Clock::now();
+  const double exposed0 = dims_->comm_stats()->ExposedSeconds();
   const RankBuild& b = build_;
   // Each position's loss enters the mean over the whole global batch.
   const float dloss = 1.0f / (static_cast<float>(b.global_batch) * b.T);
@@ -633,6 +634,7 @@ StepResult Trainer::TrainStep(int64_t step) {
   r.grad_norm = optimizer_->Step(static_cast<float>(r.lr)).grad_norm;
   r.phases.optimizer = SecondsSince(t);
   r.seconds = SecondsSince(t0);
+  r.comm_exposed = dims_->comm_stats()->ExposedSeconds() - exposed0;
   return r;
 }
 

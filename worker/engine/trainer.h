@@ -92,6 +92,11 @@ struct StepResult {
   double grad_norm = 0.0;
   double seconds = 0.0;
   PhaseSeconds phases;  // backward includes waiting for gradient reductions
+  // Of `seconds`: waiting for communication meant to be hidden (the data-
+  // parallel gradient reductions; on a GPU, the compute stream's stalls on
+  // them, recorded once the GPU has passed them, so they may fall in a
+  // later step's).
+  double comm_exposed = 0.0;
 };
 
 class Trainer {

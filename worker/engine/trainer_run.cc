@@ -205,7 +205,8 @@ absl::Status Trainer::ReportStep(int64_t step, const StepResult& r) {
         {"ms", r.seconds * 1e3},
         {"tok_per_s", tok_per_s},
         {"mfu", mfu},
-        {"grad_norm", r.grad_norm}});
+        {"grad_norm", r.grad_norm},
+        {"comm_exposed_ms", r.comm_exposed * 1e3}});
   if (!options_.quiet &&
       (step == 1 || step % train.log_every() == 0 || step == train.steps())) {
     spdlog::info(
