@@ -88,6 +88,41 @@ absl::StatusOr<int> RankGpu(const v1::JobSpec& spec, const ParallelDims& dims) {
                              : dims.local_rank() % gpus;
 }
 
+// InvalidArgument where the job's precision cannot run here: bf16 on a CPU
+// without AVX512_BF16, or on a GPU (`gpu`; -1 on the cpu) without bf16
+// tensor cores.
+absl::Status CheckPrecision(const v1::JobSpec& spec, int gpu) {
+  if (SpecPrecision(spec) != Precision::kBf16) return absl::OkStatus();
+  if (SpecDevice(spec) == Device::kCpu && !kernels::CpuHasBf16()) {
+    return absl::InvalidArgumentError(
+        "train.precision=bf16 with resources.device=cpu needs a CPU with "
+        "AVX512_BF16 (this one has none, or ONEDNN_MAX_CPU_ISA forbids it): "
+        "use fp32 or auto");
+  }
+  if (SpecDevice(spec) == Device::kCuda) {
+    const std::string why =
+        kernels::Bf16Unsupported(kernels::CudaComputeCapability(gpu));
+    if (!why.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "train.precision=", spec.train().precision(),
+          spec.train().precision() == "auto" ? " (bf16 on cuda)" : "",
+          " with resources.device=cuda: ", why, ": use fp32"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The memory of the rank's own GPU (`gpu`; -1 on the cpu) its estimate is
+// checked against: 0 (no check) on the cpu and where ranks share a GPU.
+int64_t RankGpuBytes(const TrainerOptions& options, const ParallelDims& dims,
+                     int gpu) {
+  if (gpu < 0) return 0;
+  if (options.gpu_memory_bytes.has_value()) return *options.gpu_memory_bytes;
+  return dims.local_size() > kernels::CudaDeviceCount()
+             ? 0
+             : kernels::CudaTotalMemory(gpu);
+}
+
 // The token drawn from `logits` (V of them): softmax at
 // train.sample_temperature over the train.sample_top_k largest (all when 0),
 // at the point `random` (64 random bits) of its cumulative sum. `order` and
@@ -140,24 +175,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   }
   auto gpu = RankGpu(spec, *dims);  // -1 on the cpu
   if (!gpu.ok()) return gpu.status();
-  const Device device = SpecDevice(spec);
-  if (SpecPrecision(spec) == Precision::kBf16 && device == Device::kCpu &&
-      !kernels::CpuHasBf16()) {
-    return absl::InvalidArgumentError(
-        "train.precision=bf16 with resources.device=cpu needs a CPU with "
-        "AVX512_BF16 (this one has none, or ONEDNN_MAX_CPU_ISA forbids it): "
-        "use fp32 or auto");
-  }
-  if (SpecPrecision(spec) == Precision::kBf16 && device == Device::kCuda) {
-    const std::string why =
-        kernels::Bf16Unsupported(kernels::CudaComputeCapability(*gpu));
-    if (!why.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "train.precision=", spec.train().precision(),
-          spec.train().precision() == "auto" ? " (bf16 on cuda)" : "",
-          " with resources.device=cuda: ", why, ": use fp32"));
-    }
-  }
+  if (absl::Status s = CheckPrecision(spec, *gpu); !s.ok()) return s;
 
   // More threads than any machine has cores is a mistake, and each one
   // costs a stack.
@@ -183,17 +201,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     ready = options.fs.Check(spec.checkpoint().dir(), "checkpoint.dir");
   }
   if (ready.ok()) {
-    // A GPU job's own GPU (ranks sharing one are not checked against it).
-    int64_t gpu_bytes = 0;
-    if (*gpu >= 0) {
-      gpu_bytes = options.gpu_memory_bytes.value_or(
-          dims->local_size() > kernels::CudaDeviceCount()
-              ? 0
-              : kernels::CudaTotalMemory(*gpu));
-    }
-    ready = CheckMemoryFits(
-        spec, data->vocab_size, options.ranks_on_node,
-        options.memory_bytes.value_or(AvailableMemoryBytes()), gpu_bytes);
+    ready =
+        CheckMemoryFits(spec, data->vocab_size, options.ranks_on_node,
+                        options.memory_bytes.value_or(AvailableMemoryBytes()),
+                        RankGpuBytes(options, *dims, *gpu));
   }
   // Ranks agree before the collectives of loading state: one rank that
   // cannot read the data must not leave the others waiting.
