@@ -378,53 +378,21 @@ Ops& CpuBf16Ops();
 // length where it became the faster one on this project's machines.
 constexpr int64_t kFlashAttentionT = 1024;
 
-// A buffer of `n` floats in one backend's memory, freed by it. Move-only.
-class Buffer {
+// `n` floats of one backend's memory of a kind (Alloc/Free: its own;
+// AllocHost/FreeHost: host memory it copies to and from fastest), given
+// back with it. Move-only. Empty when the backend could not give them
+// (AllocHost may not: failed() then says so, asked() how many floats).
+template <float* (Ops::*kGet)(int64_t), void (Ops::*kPut)(float*)>
+class OwnedFloats {
  public:
-  Buffer() = default;
-  Buffer(Ops* ops, int64_t n)
-      : ops_(ops), data_(n > 0 ? ops->Alloc(n) : nullptr), size_(n) {}
-  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
-  Buffer& operator=(Buffer&& o) noexcept {
-    if (this != &o) {
-      Reset();
-      ops_ = o.ops_;
-      data_ = std::exchange(o.data_, nullptr);
-      size_ = std::exchange(o.size_, 0);
-    }
-    return *this;
-  }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  ~Buffer() { Reset(); }
-
-  float* data() const { return data_; }
-  int64_t size() const { return size_; }
-  bool empty() const { return size_ == 0; }
-
- private:
-  void Reset() {
-    if (data_ != nullptr) ops_->Free(data_);
-    data_ = nullptr;
-    size_ = 0;
-  }
-  Ops* ops_ = nullptr;
-  float* data_ = nullptr;
-  int64_t size_ = 0;
-};
-
-// A backend's AllocHost memory, given back with it; empty when it could not
-// be had (size() is then 0; asked() says how much was asked for).
-class HostBuffer {
- public:
-  HostBuffer() = default;
-  HostBuffer(Ops* ops, int64_t n)
+  OwnedFloats() = default;
+  OwnedFloats(Ops* ops, int64_t n)
       : ops_(ops),
-        data_(n > 0 ? ops->AllocHost(n) : nullptr),
+        data_(n > 0 ? (ops->*kGet)(n) : nullptr),
         size_(data_ != nullptr ? n : 0),
         asked_(n) {}
-  HostBuffer(HostBuffer&& o) noexcept { *this = std::move(o); }
-  HostBuffer& operator=(HostBuffer&& o) noexcept {
+  OwnedFloats(OwnedFloats&& o) noexcept { *this = std::move(o); }
+  OwnedFloats& operator=(OwnedFloats&& o) noexcept {
     if (this != &o) {
       Reset();
       ops_ = o.ops_;
@@ -434,18 +402,19 @@ class HostBuffer {
     }
     return *this;
   }
-  HostBuffer(const HostBuffer&) = delete;
-  HostBuffer& operator=(const HostBuffer&) = delete;
-  ~HostBuffer() { Reset(); }
+  OwnedFloats(const OwnedFloats&) = delete;
+  OwnedFloats& operator=(const OwnedFloats&) = delete;
+  ~OwnedFloats() { Reset(); }
 
   float* data() const { return data_; }
   int64_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
   int64_t asked() const { return asked_; }
   bool failed() const { return asked_ > 0 && data_ == nullptr; }
 
  private:
   void Reset() {
-    if (data_ != nullptr) ops_->FreeHost(data_);
+    if (data_ != nullptr) (ops_->*kPut)(data_);
     data_ = nullptr;
     size_ = asked_ = 0;
   }
@@ -453,6 +422,11 @@ class HostBuffer {
   float* data_ = nullptr;
   int64_t size_ = 0, asked_ = 0;
 };
+// In the backend's memory.
+using Buffer = OwnedFloats<&Ops::Alloc, &Ops::Free>;
+// In host memory the backend copies to and from fastest (page-locked on a
+// GPU).
+using HostBuffer = OwnedFloats<&Ops::AllocHost, &Ops::FreeHost>;
 
 }  // namespace ptrain::kernels
 

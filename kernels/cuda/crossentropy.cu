@@ -167,44 +167,40 @@ __global__ void __launch_bounds__(kRowThreads)
   // Read before any thread writes: the block's reductions order the two.
   const float target = threadIdx.x == 0 ? Load(logits + r * Vl + t) : 0.0f;
   uint4 held[kVecs];
-  float m = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kVecs; ++i) {
     const int v = threadIdx.x + i * kRowThreads;
     if (v < nv) held[i] = in[v];
   }
+  // fn(v, x) for each vector v this thread holds, x its W values.
+  auto for_each_held = [&](auto fn) {
 #pragma unroll
-  for (int i = 0; i < kVecs; ++i) {
-    const int v = threadIdx.x + i * kRowThreads;
-    if (v >= nv) break;
-    float x[W];
-    Unpack(held[i], x, logits);
+    for (int i = 0; i < kVecs; ++i) {
+      const int v = threadIdx.x + i * kRowThreads;
+      if (v >= nv) break;
+      float x[W];
+      Unpack(held[i], x, logits);
+      fn(v, x);
+    }
+  };
+  float m = -INFINITY;
+  for_each_held([&](int v, const float* x) {
 #pragma unroll
     for (int e = 0; e < W; ++e) {
       if (v * W + e < real) m = fmaxf(m, x[e]);
     }
-  }
+  });
   const float mx = BlockReduce(m, MaxOp(), -INFINITY);
   float s = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kVecs; ++i) {
-    const int v = threadIdx.x + i * kRowThreads;
-    if (v >= nv) break;
-    float x[W];
-    Unpack(held[i], x, logits);
+  for_each_held([&](int v, const float* x) {
 #pragma unroll
     for (int e = 0; e < W; ++e) {
       if (v * W + e < real) s += expf(x[e] - mx);
     }
-  }
+  });
   const float sum = BlockReduce(s, SumOp(), 0.0f);
   const float inv = 1.0f / sum;
-#pragma unroll
-  for (int i = 0; i < kVecs; ++i) {
-    const int v = threadIdx.x + i * kRowThreads;
-    if (v >= nv) break;
-    float x[W];
-    Unpack(held[i], x, logits);
+  for_each_held([&](int v, float* x) {
 #pragma unroll
     for (int e = 0; e < W; ++e) {
       const int j = v * W + e;
@@ -218,7 +214,7 @@ __global__ void __launch_bounds__(kRowThreads)
       }
     }
     out[v] = Pack(x, logits);
-  }
+  });
   if (threadIdx.x == 0) {
     losses[r] = math::CrossEntropyLoss(sum, target - mx);
   }
