@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/testing/committed_checkpoint.h"
 
@@ -151,8 +152,9 @@ TEST(ReportsTest, EndpointLabelsAreBounded) {
   EXPECT_EQ(ValidateEndpoint(r, kCtx).code(),
             absl::StatusCode::kInvalidArgument);
   r.clear_labels();
-  for (size_t i = 0; i <= kMaxEndpointLabels; ++i)
-    (*r.mutable_labels())[std::to_string(i)] = "v";
+  for (size_t i = 0; i <= kMaxEndpointLabels; ++i) {
+    r.mutable_labels()->insert({absl::StrCat("label", i), "v"});
+  }
   EXPECT_EQ(ValidateEndpoint(r, kCtx).code(),
             absl::StatusCode::kInvalidArgument);
 }

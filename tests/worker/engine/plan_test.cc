@@ -261,7 +261,7 @@ TEST(BuildPlan, InterleavedRanksHoldEveryPpThStageOneAfterAnother) {
       &t, EvenStageLayers(4, 4));  // pp 2 × v 2: one layer per virtual stage
   ApplyTensorParallel(&t, c, 2, 1);
   for (int rank : {0, 1}) {
-    PlanOptions o{2, 1, 2, rank, 3, 2};
+    PlanOptions o{2, 1, 2, rank, 3, 2, {}};
     EXPECT_EQ(RankStages(o), (std::vector<int>{rank, rank + 2}));
     const std::vector<ParamInfo> layout = BuildPlan(c, o);
     std::set<int> layers;
@@ -300,7 +300,7 @@ TEST(BuildPlan, InitialValuesDoNotDependOnTheLayout) {
   std::map<std::string, ParamInfo> whole;
   for (const ParamInfo& p : BuildPlan(one, {})) whole[p.name] = p;
   const GptConfig two = Config(2);
-  for (const ParamInfo& p : BuildPlan(two, {2, 1, 1, 0, 2})) {
+  for (const ParamInfo& p : BuildPlan(two, {2, 1, 1, 0, 2, 1, {}})) {
     for (int64_t i = 0; i < p.numel; i += 7) {
       if (auto g = GlobalIndex(p, i)) {
         ASSERT_EQ(InitialValue(p, 1337, *g),
