@@ -146,6 +146,15 @@ absl::StatusOr<std::unique_ptr<RankMetrics>> RankMetrics::Start(
                         .Name("ptrain_comm_bytes_total")
                         .Help("Bytes communicated by group and op.")
                         .Register(reg);
+  m->comm_exposed_ =
+      &p8s::BuildCounter()
+           .Name("ptrain_comm_exposed_seconds_total")
+           .Help(
+               "Seconds this rank waited for communication it meant to hide "
+               "behind computation (the gradient reductions still running "
+               "when backward ended).")
+           .Register(reg)
+           .Add(m->base_);
   m->exposer_->RegisterCollectable(m->registry_);
   return m;
 }
@@ -230,6 +239,11 @@ void RankMetrics::UpdateComm(const CommStats& stats) {
     }
     seen = stat;
   }
+  const double exposed = stats.ExposedSeconds();
+  if (exposed > exposed_seen_) {
+    comm_exposed_->Increment(exposed - exposed_seen_);
+  }
+  exposed_seen_ = exposed;
 }
 
 }  // namespace ptrain

@@ -96,6 +96,8 @@ class RankMetrics {
            std::pair<prometheus::Counter*, prometheus::Counter*>>
       comm_;
   std::map<std::pair<std::string, std::string>, CommStat> comm_seen_;
+  prometheus::Counter* comm_exposed_ = nullptr;
+  double exposed_seen_ = 0.0;  // CommStats::ExposedSeconds already added
 };
 
 }  // namespace ptrain

@@ -47,8 +47,10 @@ TEST(RankMetrics, PageCarriesDesignNamesLabelsAndLastValues) {
   (*m)->SetMemory({100, 200, 300, 400});
   CommStats stats;
   stats.Record("dp", CommOp::kAllReduce, 0.125, 4096);
+  stats.RecordExposed(0.5);
   (*m)->UpdateComm(stats);
   stats.Record("dp", CommOp::kAllReduce, 0.125, 4096);
+  stats.RecordExposed(0.25);
   (*m)->UpdateComm(stats);  // counters advance by the difference only
 
   const std::string page = HttpGet((*m)->port(), "/metrics");
@@ -76,6 +78,7 @@ TEST(RankMetrics, PageCarriesDesignNamesLabelsAndLastValues) {
            "ptrain_comm_seconds_total{dp_rank=\"1\",group=\"dp\",job="
            "\"shakespeare\",node=\"node7\",op=\"all_reduce\",pp_rank=\"0\","
            "rank=\"3\",tp_rank=\"1\"} 0.25",
+           "ptrain_comm_exposed_seconds_total{" + labels + "} 0.75",
        }) {
     EXPECT_NE(page.find(line), std::string::npos) << line << "\n" << page;
   }
