@@ -381,7 +381,7 @@ constexpr int64_t kFlashAttentionT = 1024;
 // `n` floats of one backend's memory of a kind (Alloc/Free: its own;
 // AllocHost/FreeHost: host memory it copies to and from fastest), given
 // back with it. Move-only. Empty when the backend could not give them
-// (AllocHost may not: failed() then says so, asked() how many floats).
+// (AllocHost may not: failed() then says so).
 template <float* (Ops::*kGet)(int64_t), void (Ops::*kPut)(float*)>
 class OwnedFloats {
  public:
@@ -409,7 +409,6 @@ class OwnedFloats {
   float* data() const { return data_; }
   int64_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
-  int64_t asked() const { return asked_; }
   bool failed() const { return asked_ > 0 && data_ == nullptr; }
 
  private:

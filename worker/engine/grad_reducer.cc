@@ -165,7 +165,6 @@ void GradReducer::Finish() {
   const double blocked =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
           .count();
-  exposed_seconds_ += blocked;
   if (comm_ != nullptr) comm_->stats().RecordExposed(blocked);
 }
 

@@ -54,10 +54,10 @@ class GradReducer {
   void UnitDone(int u);
   // Progresses reductions in flight (between kernels of backward).
   void Poll();
-  // Waits for every reduction still in flight.
+  // Waits for every reduction still in flight; the time it blocked is
+  // recorded as exposed in the group's CommStats (RecordExposed).
   void Finish();
 
-  double exposed_seconds() const { return exposed_seconds_; }
   int64_t scratch_bytes() const;
   // The floats of scratch and staging a reducer with these arguments
   // allocates (memory estimates).
@@ -98,7 +98,6 @@ class GradReducer {
   std::deque<Pending> pending_;
   bool last_microbatch_ = true;
   int64_t bucket_lo_ = -1, bucket_hi_ = -1;
-  double exposed_seconds_ = 0.0;
 };
 
 }  // namespace ptrain

@@ -138,14 +138,27 @@ std::string SizingFields(const v1::JobSpec& spec, int vocab_size) {
       ", train.recompute=", spec.train().recompute());
 }
 
+// The parts of e in one memory, the rank's GPU's (device) or the host's,
+// with their sizes: where each lives as MemoryEstimate::host()/device()
+// count it; the checkpoint copy only when there is one.
 std::string Parts(const MemoryEstimate& e, bool device) {
-  std::string s =
-      absl::StrCat("params ", Human(e.params), ", grads ", Human(e.grads));
-  if (!device || !e.offload)
-    absl::StrAppend(&s, ", optimizer ", Human(e.optimizer));
-  absl::StrAppend(&s, ", activations ", Human(e.activations));
-  if (!device && e.checkpoint > 0) {
-    absl::StrAppend(&s, ", checkpoint.async_save copy ", Human(e.checkpoint));
+  struct Part {
+    const char* name;
+    int64_t bytes;
+    bool on_device;
+    bool when_any = false;  // named only when it has bytes
+  };
+  const Part parts[] = {
+      {"params", e.params, e.gpu},
+      {"grads", e.grads, e.gpu},
+      {e.offload ? "offloaded optimizer" : "optimizer", e.optimizer,
+       e.gpu && !e.offload},
+      {"activations", e.activations, e.gpu},
+      {"checkpoint.async_save copy", e.checkpoint, false, true}};
+  std::string s;
+  for (const Part& p : parts) {
+    if (p.on_device != device || (p.when_any && p.bytes == 0)) continue;
+    absl::StrAppend(&s, s.empty() ? "" : ", ", p.name, " ", Human(p.bytes));
   }
   return s;
 }
@@ -204,17 +217,8 @@ absl::Status CheckMemoryFits(const v1::JobSpec& spec, int vocab_size,
   if (need <= available_bytes) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
       "memory: each rank needs ", Bytes(e.host()), " (", Human(e.host()), ": ",
-      e.gpu ? absl::StrCat(
-                  "in host memory, ",
-                  e.offload
-                      ? absl::StrCat("offloaded optimizer ", Human(e.optimizer))
-                      : std::string(""),
-                  e.checkpoint > 0 ? absl::StrCat(e.offload ? ", " : "",
-                                                  "checkpoint.async_save copy ",
-                                                  Human(e.checkpoint))
-                                   : "")
-            : Parts(e, /*device=*/false),
-      ") for ", SizingFields(spec, vocab_size),
+      e.gpu ? "in host memory, " : "", Parts(e, /*device=*/false), ") for ",
+      SizingFields(spec, vocab_size),
       e.offload ? ", parallel.offload=optimizer" : "", "; ", ranks,
       ranks == 1 ? " rank" : " ranks", " on this machine need ", Bytes(need),
       " but it has ", available_bytes, " bytes (", Human(available_bytes),

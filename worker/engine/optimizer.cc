@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numbers>
 #include <stdexcept>
 #include <vector>
@@ -70,10 +71,9 @@ AdamW::AdamW(const std::vector<ParamInfo>& layout,
 
 void AdamW::Step(float* params, void* params_bf16, const float* grads, float lr,
                  float grad_scale) {
-  ++t_;
-  ops_->adamw_update_runs(params, params_bf16, m_.data(), v_.data(), grads,
-                          runs_.data(), static_cast<int>(runs_.size()), lr,
-                          beta1_, beta2_, eps_, weight_decay_, t_, grad_scale);
+  BeginStep();
+  Update(params, params_bf16, grads, 0, std::numeric_limits<int64_t>::max(), lr,
+         grad_scale);
 }
 
 void AdamW::Update(float* params, void* params_bf16, const float* grads,

@@ -72,10 +72,9 @@ class ZeroStore : public UnitStore {
   // the last backward (waits for every reduction in flight).
   void BeginStep();
   void BeginMicrobatch(bool last) { reducer_->BeginMicrobatch(last); }
+  // Waits for the reductions; the time blocked is the dp group's exposed
+  // communication (CommStats::ExposedSeconds).
   void FinishGradients() { reducer_->Finish(); }
-  // Seconds FinishGradients spent blocked: reduction time not hidden
-  // behind backward.
-  double exposed_seconds() const { return reducer_->exposed_seconds(); }
 
   // The buffers the optimizer updates: the whole replicated vectors at
   // zero 0, this rank's shard from zero 1 on (shard_size() elements, the
