@@ -130,31 +130,25 @@ absl::StatusOr<std::unique_ptr<RankMetrics>> RankMetrics::Start(
                "Unix time of this rank's last checkpoint save (the start of "
                "training before the first).")
            .Register(reg);
-  auto& phases = p8s::BuildCounter()
-                     .Name("ptrain_phase_seconds_total")
-                     .Help("Seconds spent by phase of the training loop.")
-                     .Register(reg);
+  auto counters = [&](const char* name, const char* help) {
+    return &p8s::BuildCounter().Name(name).Help(help).Register(reg);
+  };
+  auto& phases = *counters("ptrain_phase_seconds_total",
+                           "Seconds spent by phase of the training loop.");
   for (const char* phase :
        {"forward", "backward", "optimizer", "data", "checkpoint", "bubble"}) {
     m->phases_[phase] = &phases.Add(With(m->base_, "phase", phase));
   }
-  m->comm_seconds_ = &p8s::BuildCounter()
-                          .Name("ptrain_comm_seconds_total")
-                          .Help("Seconds in communication by group and op.")
-                          .Register(reg);
-  m->comm_bytes_ = &p8s::BuildCounter()
-                        .Name("ptrain_comm_bytes_total")
-                        .Help("Bytes communicated by group and op.")
-                        .Register(reg);
+  m->comm_seconds_ = counters("ptrain_comm_seconds_total",
+                              "Seconds in communication by group and op.");
+  m->comm_bytes_ = counters("ptrain_comm_bytes_total",
+                            "Bytes communicated by group and op.");
   m->comm_exposed_ =
-      &p8s::BuildCounter()
-           .Name("ptrain_comm_exposed_seconds_total")
-           .Help(
-               "Seconds this rank waited for communication it meant to hide "
-               "behind computation (the gradient reductions still running "
-               "when backward ended).")
-           .Register(reg)
-           .Add(m->base_);
+      &counters("ptrain_comm_exposed_seconds_total",
+                "Seconds this rank waited for communication it meant to hide "
+                "behind computation (the gradient reductions still running "
+                "when backward ended).")
+           ->Add(m->base_);
   m->exposer_->RegisterCollectable(m->registry_);
   return m;
 }
