@@ -52,34 +52,6 @@ std::string Wrapper() {
 
 }  // namespace
 
-absl::Status WritePrivateFile(const std::string& path, const std::string& text,
-                              bool sync) {
-  const int fd =
-      open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
-  }
-  fchmod(fd, 0600);
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      close(fd);
-      return absl::UnavailableError(
-          absl::StrCat("cannot write ", path, ": ", std::strerror(err)));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if ((sync && fsync(fd) != 0) || close(fd) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
-}
-
 std::string Hostfile(const std::vector<NodeRanks>& placement) {
   std::string out;
   for (const NodeRanks& n : placement) {

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/private_file.h"
 #include "common/process.h"
 #include "coordinator/scheduler.h"
 #include "ptrain/v1/job.pb.h"
@@ -72,11 +73,6 @@ absl::StatusOr<std::string> PrepareJobDir(
 // The hostfile of a placement: "NODE slots=N max_slots=N" per node, in
 // rank order (mpirun fills each node's slots before the next).
 std::string Hostfile(const std::vector<NodeRanks>& placement);
-
-// Writes `text` to `path` created 0600 (replacing it), whatever the umask;
-// with `sync`, on the disk (fsync) before it returns.
-absl::Status WritePrivateFile(const std::string& path, const std::string& text,
-                              bool sync = false);
 
 // The argv that runs one attempt (exposed for tests and logs).
 std::vector<std::string> AttemptCommand(const LaunchRequest& r,

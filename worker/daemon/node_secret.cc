@@ -13,52 +13,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/bounded_file.h"
 #include "common/header_value.h"
+#include "common/private_file.h"
 
 namespace ptrain {
 
-namespace {
-
 namespace fs = std::filesystem;
-
-absl::Status Errno(const std::string& what, const std::string& path) {
-  return absl::UnavailableError(
-      absl::StrCat("cannot ", what, " ", path, ": ", std::strerror(errno)));
-}
-
-// Writes `text` to a new file `path` (0600) and syncs it.
-absl::Status WriteSynced(const std::string& path, const std::string& text) {
-  const int fd =
-      open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return Errno("write", path);
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const absl::Status s = Errno("write", path);
-      close(fd);
-      return s;
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (fsync(fd) != 0) {
-    const absl::Status s = Errno("sync", path);
-    close(fd);
-    return s;
-  }
-  if (close(fd) != 0) return Errno("write", path);
-  return absl::OkStatus();
-}
-
-absl::Status SyncDir(const std::string& dir) {
-  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Errno("open", dir);
-  const bool ok = fsync(fd) == 0;
-  close(fd);
-  return ok ? absl::OkStatus() : Errno("sync", dir);
-}
-
-}  // namespace
 
 absl::StatusOr<NodeSecretFile> NodeSecretFile::Open(
     const std::string& state_dir, const std::string& name) {
@@ -85,7 +44,8 @@ absl::StatusOr<NodeSecretFile> NodeSecretFile::Open(
   if (!fs::is_directory(state_dir, ec)) return refuse("not a folder");
   const std::string path = (fs::path(state_dir) / (name + ".secret")).string();
   const std::string probe = path + ".probe";
-  if (absl::Status s = WriteSynced(probe, "probe\n"); !s.ok()) {
+  if (absl::Status s = WritePrivateFile(probe, "probe\n", /*sync=*/true);
+      !s.ok()) {
     return refuse(std::string(s.message()));
   }
   unlink(probe.c_str());
@@ -107,10 +67,7 @@ absl::StatusOr<std::string> NodeSecretFile::Load() const {
 }
 
 absl::Status NodeSecretFile::Store(const std::string& secret) const {
-  const std::string tmp = path_ + ".tmp";
-  if (absl::Status s = WriteSynced(tmp, secret + "\n"); !s.ok()) return s;
-  if (rename(tmp.c_str(), path_.c_str()) != 0) return Errno("rename", tmp);
-  return SyncDir(fs::path(path_).parent_path().string());
+  return ReplacePrivateFile(path_, secret + "\n");
 }
 
 }  // namespace ptrain
