@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <new>
 #include <optional>
 #include <string>
@@ -19,6 +20,7 @@
 #include "common/confined_fs.h"
 #include "common/spec.h"
 #include "spdlog/spdlog.h"
+#include "worker/engine/flight_recorder.h"
 #include "worker/signals.h"
 
 namespace ptrain {
@@ -95,6 +97,10 @@ absl::Status FillTrainerOptions(const RankFlags& flags, const NodeShare& node,
       !s.ok()) {
     return s;
   }
+  if (auto s = EnvInteger("PTRAIN_TEST_HANG_RANK", &options->hang_rank);
+      !s.ok()) {
+    return s;
+  }
   if (reporter != nullptr) {
     options->on_record = [reporter](const nlohmann::json& rec) {
       reporter->OnRecord(rec);
@@ -104,6 +110,21 @@ absl::Status FillTrainerOptions(const RankFlags& flags, const NodeShare& node,
     };
   }
   return absl::OkStatus();
+}
+
+// SIGUSR2 and SIGTERM dump the rank's flight recorder beside the run log
+// (docs/diagnose.md); under a run log, a first dump now says who the rank
+// is (pid, host, groups), should it never answer later.
+void ArmFlightDump(const RankFlags& flags, const ParallelDims& dims) {
+  std::shared_ptr<FlightRecorder> recorder = dims.shared_flight_recorder();
+  const std::string path = FlightDumpPath(flags.log_json, dims.world_rank());
+  auto dump = [recorder, path](const char* reason) {
+    if (absl::Status s = recorder->DumpTo(path, reason); !s.ok()) {
+      spdlog::warn("flight recorder: {}", std::string(s.message()));
+    }
+  };
+  if (!flags.log_json.empty()) dump("start");
+  SetFlightDump(dump);
 }
 
 absl::Status BuildRank(const RankFlags& flags, const NodeShare& node,
@@ -124,6 +145,7 @@ absl::Status BuildRank(const RankFlags& flags, const NodeShare& node,
   if (!d.ok()) return d.status();
   rank->dims = std::move(*d);
   const ParallelDims& dims = *rank->dims;
+  ArmFlightDump(flags, dims);
   if (dims.world_rank() == 0) {
     for (const std::string& w : JobSpecWarnings(*spec)) {
       spdlog::warn("{}", w);

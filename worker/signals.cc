@@ -5,7 +5,10 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <functional>
+#include <mutex>
 #include <thread>
+#include <utility>
 
 #include "spdlog/spdlog.h"
 
@@ -15,13 +18,21 @@ namespace {
 std::atomic<bool> g_stop_requested{false};
 std::atomic<bool> g_training{false};
 std::atomic<int> g_world_rank{0};
+std::mutex g_dump_mu;
+std::function<void(const char*)> g_dump;  // guarded by g_dump_mu
 
-// SIGUSR1, SIGINT and SIGTERM are blocked in every thread (set before any
-// is created, so all inherit it) and taken by this one alone with sigwait:
-// no thread of MPI, OpenMP or the allocator is ever interrupted by them.
-// Ctrl-C then saves the step being trained, like SIGUSR1; a second Ctrl-C
-// (or ptcoord's cancel reaching a rank both directly and through mpirun)
-// does not wait for that save.
+void Dump(const char* reason) {
+  std::lock_guard<std::mutex> lock(g_dump_mu);
+  if (g_dump) g_dump(reason);
+}
+
+// SIGUSR1, SIGUSR2, SIGINT and SIGTERM are blocked in every thread (set
+// before any is created, so all inherit it) and taken by this one alone
+// with sigwait: no thread of MPI, OpenMP or the allocator is ever
+// interrupted by them, and this one can write files whatever the others
+// are stuck in. Ctrl-C then saves the step being trained, like SIGUSR1; a
+// second Ctrl-C (or ptcoord's cancel reaching a rank both directly and
+// through mpirun) does not wait for that save.
 void WaitForStopSignals(sigset_t signals) {
   bool interrupted = false;
   for (;;) {
@@ -31,6 +42,13 @@ void WaitForStopSignals(sigset_t signals) {
       g_stop_requested.store(true);
       continue;
     }
+    if (sig == SIGUSR2) {
+      Dump("SIGUSR2");
+      continue;
+    }
+    // A launcher tearing the job down after another rank died sends this:
+    // the rank's view of the end is kept before anything else.
+    if (sig == SIGTERM && !interrupted) Dump("SIGTERM");
     if (interrupted || !g_training.load()) std::_Exit(128 + sig);
     interrupted = true;
     g_stop_requested.store(true);
@@ -53,6 +71,7 @@ void HandleStopSignals() {
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGUSR1);
+  sigaddset(&stop_signals, SIGUSR2);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
@@ -64,5 +83,10 @@ const std::atomic<bool>* StopRequested() { return &g_stop_requested; }
 void SetTraining(bool training) { g_training.store(training); }
 
 void SetSignalRank(int world_rank) { g_world_rank.store(world_rank); }
+
+void SetFlightDump(std::function<void(const char* reason)> dump) {
+  std::lock_guard<std::mutex> lock(g_dump_mu);
+  g_dump = std::move(dump);
+}
 
 }  // namespace ptrain

@@ -8,11 +8,14 @@
 #include <cstdio>
 #include <iterator>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "nlohmann/json.hpp"
 #include "worker/engine/comm.h"
 #include "worker/engine/comm_mpi.h"
+#include "worker/engine/flight_recorder.h"
 
 namespace ptrain {
 namespace {
@@ -453,6 +456,51 @@ TEST(MpiCommunicatorTest, ZeroCountOpsCompleteAndRecordZeroBytes) {
   EXPECT_EQ(y, 43.0f);
   EXPECT_EQ(stats->Get("world", CommOp::kAllReduce).calls, 1);
   EXPECT_EQ(stats->Get("world", CommOp::kRecv).bytes, 0);
+}
+
+// What `ptctl diagnose` relies on: every rank numbers a group's
+// collectives alike, and a send or receive names the other side by its
+// world rank and its place among the calls between the two.
+TEST(MpiCommunicatorTest, FlightRecorderNumbersCallsAlikeAndNamesPeers) {
+  const int n = WorldSize(), rank = WorldRank();
+  auto recorder = std::make_shared<FlightRecorder>();
+  std::vector<int> members(n);
+  for (int i = 0; i < n; ++i) members[i] = i;
+  recorder->SetGroup("world", members);
+  auto world = MakeMpiCommunicator(MPI_COMM_WORLD, "world",
+                                   std::make_shared<CommStats>(), recorder);
+  float x = 1.0f;
+  world->AllReduce(&x, 1);
+  const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+  float out = static_cast<float>(rank), in = -1.0f;
+  auto send = world->SendAsync(&out, 1, next, 5);
+  world->Recv(&in, 1, prev, 5);
+  send->Wait();
+  world->AllGather(&x, std::vector<float>(n).data(), 1);
+  std::vector<nlohmann::json> l;
+  std::istringstream dump(recorder->Dump("SIGUSR2"));
+  for (std::string line; std::getline(dump, line);) {
+    l.push_back(nlohmann::json::parse(line));
+  }
+  ASSERT_EQ(l.size(), 5u);
+  EXPECT_EQ(l[1]["op"], "all_reduce");
+  EXPECT_EQ(l[1]["seq"], 1);
+  EXPECT_EQ(l[2]["op"], "send");
+  EXPECT_EQ(l[2]["peer"], next);
+  EXPECT_EQ(l[2]["peer_seq"], 1);
+  EXPECT_EQ(l[3]["op"], "recv");
+  EXPECT_EQ(l[3]["peer"], prev);
+  EXPECT_EQ(l[3]["peer_seq"], 1);
+  EXPECT_EQ(l[4]["op"], "all_gather");
+  EXPECT_EQ(l[4]["seq"], 4);
+  for (size_t i = 1; i < l.size(); ++i) {
+    EXPECT_EQ(l[i]["state"], "completed") << i;
+  }
+  // Every rank numbered the all-gather alike.
+  int seq = l[4]["seq"].get<int>(), lowest = 0, highest = 0;
+  MPI_Allreduce(&seq, &lowest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&seq, &highest, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  EXPECT_EQ(lowest, highest);
 }
 
 }  // namespace

@@ -37,7 +37,7 @@ class NcclCommunicatorTest : public ::testing::Test {
     ASSERT_NE(ops_, nullptr) << error;
     stats_ = std::make_shared<CommStats>();
     mpi_ = MakeMpiCommunicator(MPI_COMM_WORLD, "dp", stats_);
-    auto nccl = MakeNcclCommunicator(mpi_.get(), ops_.get());
+    auto nccl = MakeNcclCommunicator(mpi_.get(), ops_.get(), nullptr);
     ASSERT_TRUE(nccl.ok()) << nccl.status();
     nccl_ = std::move(*nccl);
   }

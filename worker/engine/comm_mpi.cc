@@ -75,6 +75,8 @@ double SecondsSince(Clock::time_point t0) {
 // What one operation records when it completes.
 struct Pending {
   std::shared_ptr<CommStats> stats;
+  std::shared_ptr<FlightRecorder> recorder;  // may be null
+  uint64_t flight_id;
   std::string group;
   CommOp op;
   int64_t bytes;
@@ -92,6 +94,7 @@ void Complete(const Pending& p, const MPI_Status* status) {
                   "received fewer elements than requested");
   }
   p.stats->Record(p.group, p.op, SecondsSince(p.start), p.bytes);
+  if (p.recorder != nullptr) p.recorder->Completed(p.flight_id);
 }
 
 class MpiHandle : public CommHandle {
@@ -137,9 +140,11 @@ class MpiCommunicator : public Communicator {
   // else's on the same group, and MPI_ERRORS_RETURN on the duplicate lets us
   // check every return code without changing the caller's error handler.
   MpiCommunicator(MPI_Comm comm, std::string group,
-                  std::shared_ptr<CommStats> stats)
+                  std::shared_ptr<CommStats> stats,
+                  std::shared_ptr<FlightRecorder> recorder)
       : group_(std::move(group)),
-        stats_(stats ? std::move(stats) : std::make_shared<CommStats>()) {
+        stats_(stats ? std::move(stats) : std::make_shared<CommStats>()),
+        recorder_(std::move(recorder)) {
     PT_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
     PT_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     PT_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
@@ -207,17 +212,19 @@ class MpiCommunicator : public Communicator {
 
   void Send(const float* data, int64_t count, int peer, int tag) override {
     const int n = MpiCount(count, CommOp::kSend);
-    Blocking(CommOp::kSend, count * sizeof(float), [&] {
-      PT_MPI_CHECK(MPI_Send(data, n, MPI_FLOAT, peer, tag, comm_));
-    });
+    Blocking(
+        CommOp::kSend, count * sizeof(float),
+        [&] { PT_MPI_CHECK(MPI_Send(data, n, MPI_FLOAT, peer, tag, comm_)); },
+        peer);
   }
 
   void Recv(float* data, int64_t count, int peer, int tag) override {
     const int n = MpiCount(count, CommOp::kRecv);
-    const auto t0 = Clock::now();
+    const Pending pending =
+        MakePending(CommOp::kRecv, count * sizeof(float), n, peer);
     MPI_Status status;
     PT_MPI_CHECK(MPI_Recv(data, n, MPI_FLOAT, peer, tag, comm_, &status));
-    Complete(MakePending(CommOp::kRecv, count * sizeof(float), t0, n), &status);
+    Complete(pending, &status);
   }
 
   void Barrier() override {
@@ -263,9 +270,12 @@ class MpiCommunicator : public Communicator {
   std::unique_ptr<CommHandle> SendAsync(const float* data, int64_t count,
                                         int peer, int tag) override {
     const int n = MpiCount(count, CommOp::kSend);
-    return Async(CommOp::kSend, count * sizeof(float), [&](auto* req) {
-      PT_MPI_CHECK(MPI_Isend(data, n, MPI_FLOAT, peer, tag, comm_, req));
-    });
+    return Async(
+        CommOp::kSend, count * sizeof(float),
+        [&](auto* req) {
+          PT_MPI_CHECK(MPI_Isend(data, n, MPI_FLOAT, peer, tag, comm_, req));
+        },
+        -1, peer);
   }
 
   std::unique_ptr<CommHandle> RecvAsync(float* data, int64_t count, int peer,
@@ -276,7 +286,7 @@ class MpiCommunicator : public Communicator {
         [&](auto* req) {
           PT_MPI_CHECK(MPI_Irecv(data, n, MPI_FLOAT, peer, tag, comm_, req));
         },
-        n);
+        n, peer);
   }
 
  private:
@@ -294,31 +304,36 @@ class MpiCommunicator : public Communicator {
                                                               : send;
   }
 
-  Pending MakePending(CommOp op, int64_t bytes, Clock::time_point start,
-                      int expect_count = -1) const {
-    return Pending{stats_, group_, op, bytes, start, expect_count};
+  // A call issued now: its start, and its entry in the flight recorder
+  // (`peer`: the other side of a send or receive).
+  Pending MakePending(CommOp op, int64_t bytes, int expect_count = -1,
+                      int peer = -1) const {
+    const uint64_t id =
+        recorder_ != nullptr ? recorder_->Issued(group_, op, bytes, peer) : 0;
+    return Pending{stats_, recorder_, id,           group_,
+                   op,     bytes,     Clock::now(), expect_count};
   }
 
   template <typename F>
-  void Blocking(CommOp op, int64_t bytes, F&& call) {
-    const auto t0 = Clock::now();
+  void Blocking(CommOp op, int64_t bytes, F&& call, int peer = -1) {
+    const Pending pending = MakePending(op, bytes, -1, peer);
     call();
-    stats_->Record(group_, op, SecondsSince(t0), bytes);
+    Complete(pending, nullptr);
   }
 
   template <typename F>
   std::unique_ptr<CommHandle> Async(CommOp op, int64_t bytes, F&& issue,
-                                    int expect_count = -1) {
-    const auto t0 = Clock::now();
+                                    int expect_count = -1, int peer = -1) {
+    Pending pending = MakePending(op, bytes, expect_count, peer);
     MPI_Request request = MPI_REQUEST_NULL;
     issue(&request);
-    return std::make_unique<MpiHandle>(
-        request, MakePending(op, bytes, t0, expect_count));
+    return std::make_unique<MpiHandle>(request, std::move(pending));
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   const std::string group_;
   const std::shared_ptr<CommStats> stats_;
+  const std::shared_ptr<FlightRecorder> recorder_;
   int rank_ = 0;
   int size_ = 1;
 };
@@ -326,10 +341,11 @@ class MpiCommunicator : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> MakeMpiCommunicator(
-    MPI_Comm comm, std::string group, std::shared_ptr<CommStats> stats) {
+    MPI_Comm comm, std::string group, std::shared_ptr<CommStats> stats,
+    std::shared_ptr<FlightRecorder> recorder) {
   SetCheckAbortHook(&AbortWorld);
-  return std::make_unique<MpiCommunicator>(comm, std::move(group),
-                                           std::move(stats));
+  return std::make_unique<MpiCommunicator>(
+      comm, std::move(group), std::move(stats), std::move(recorder));
 }
 
 }  // namespace ptrain

@@ -8,14 +8,16 @@
 #include <string>
 
 #include "worker/engine/comm.h"
+#include "worker/engine/flight_recorder.h"
 
 namespace ptrain {
 
 // Wraps a duplicate of `comm` (collective: every rank of `comm` calls it),
 // with MPI errors returned and reported as aborts naming the call. Records
-// into `stats` under `group`.
+// into `stats` under `group`, and each call into `recorder` (when given).
 std::unique_ptr<Communicator> MakeMpiCommunicator(
-    MPI_Comm comm, std::string group, std::shared_ptr<CommStats> stats);
+    MPI_Comm comm, std::string group, std::shared_ptr<CommStats> stats,
+    std::shared_ptr<FlightRecorder> recorder = nullptr);
 
 }  // namespace ptrain
 

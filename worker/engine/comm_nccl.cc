@@ -31,9 +31,11 @@ class Issued : public CommHandle {
 class NcclCommunicator : public Communicator {
  public:
   NcclCommunicator(Communicator* inner, kernels::Ops* ops,
-                   std::unique_ptr<kernels::DeviceCollectives> nccl)
+                   std::unique_ptr<kernels::DeviceCollectives> nccl,
+                   FlightRecorder* recorder)
       : inner_(inner),
         ops_(ops),
+        recorder_(recorder),
         nccl_(std::move(nccl)),
         staged_(MakeStagedCommunicator(inner, ops)) {}
 
@@ -159,16 +161,23 @@ class NcclCommunicator : public Communicator {
     return std::make_unique<Issued>(nccl_.get(), k);
   }
   // Operation k was issued: its time is recorded once it finished.
+  // In the flight recorder it is queued (the stream has not reached it)
+  // until it is seen finished.
   int64_t Record(int64_t k, CommOp op, int64_t bytes) {
-    pending_.push_back({op, bytes});
+    const uint64_t id =
+        recorder_ != nullptr
+            ? recorder_->Issued(group(), op, bytes, -1, /*queued=*/true)
+            : 0;
+    pending_.push_back({op, bytes, id});
     Collect();
     return k;
   }
   void Collect() {
     for (double seconds : nccl_->FinishedSeconds()) {
-      const auto [op, bytes] = pending_.front();
+      const Pending done = pending_.front();
       pending_.pop_front();
-      inner_->stats().Record(group(), op, seconds, bytes);
+      inner_->stats().Record(group(), done.op, seconds, done.bytes);
+      if (recorder_ != nullptr) recorder_->Completed(done.flight_id);
     }
     // The compute stream's stalls on waited handles: exposed.
     if (const double stalled = nccl_->StalledSeconds(); stalled > 0.0) {
@@ -176,17 +185,23 @@ class NcclCommunicator : public Communicator {
     }
   }
 
+  struct Pending {
+    CommOp op;
+    int64_t bytes;
+    uint64_t flight_id;
+  };
   Communicator* inner_;
   kernels::Ops* ops_;
+  FlightRecorder* recorder_;
   std::unique_ptr<kernels::DeviceCollectives> nccl_;
   std::unique_ptr<Communicator> staged_;  // p2p, and mixed host/GPU buffers
-  std::deque<std::pair<CommOp, int64_t>> pending_;
+  std::deque<Pending> pending_;
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(
-    Communicator* inner, kernels::Ops* ops) {
+    Communicator* inner, kernels::Ops* ops, FlightRecorder* recorder) {
   // Rank 0's id, behind a flag saying whether it has one, as floats (the
   // communicator's unit): MPI moves the bytes as they are.
   constexpr int kIdBytes = 128;
@@ -218,7 +233,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(
     return s;
   }
   return std::unique_ptr<Communicator>(
-      new NcclCommunicator(inner, ops, std::move(nccl)));
+      new NcclCommunicator(inner, ops, std::move(nccl), recorder));
 }
 
 }  // namespace ptrain

@@ -19,15 +19,17 @@
 #include "absl/status/statusor.h"
 #include "kernels/ops.h"
 #include "worker/engine/comm.h"
+#include "worker/engine/flight_recorder.h"
 
 namespace ptrain {
 
 // Collective over `inner` (every rank calls it; rank 0's NCCL id reaches
 // the others through it). `inner` and `ops` (a CUDA backend) are not owned
-// and must outlive the result. An error on every rank where NCCL cannot
-// start on any.
+// and must outlive the result, as `recorder` (may be null), which records
+// each NCCL operation (queued until it is seen finished). An error on every
+// rank where NCCL cannot start on any.
 absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(
-    Communicator* inner, kernels::Ops* ops);
+    Communicator* inner, kernels::Ops* ops, FlightRecorder* recorder);
 
 }  // namespace ptrain
 

@@ -1,6 +1,7 @@
 #include "worker/engine/parallel_dims.h"
 
 #include <cstdlib>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -25,7 +26,32 @@ absl::Status CheckWorldSize(const v1::ParallelSpec& spec, int size) {
                    ParallelWorldFactors(spec), " = ", product));
 }
 
+// The world ranks of `comm`'s members in its order.
+std::vector<int> WorldRanks(MPI_Comm comm, MPI_Comm world) {
+  MPI_Group group, world_group;
+  MPI_Comm_group(comm, &group);
+  MPI_Comm_group(world, &world_group);
+  int n = 0;
+  MPI_Group_size(group, &n);
+  std::vector<int> mine(n), theirs(n);
+  for (int i = 0; i < n; ++i) mine[i] = i;
+  MPI_Group_translate_ranks(group, n, mine.data(), world_group, theirs.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world_group);
+  return theirs;
+}
+
 }  // namespace
+
+void ParallelDims::MakeRecorder() {
+  recorder_ = std::make_shared<FlightRecorder>();
+  recorder_->SetIdentity({world_rank_,
+                          world_size_,
+                          {{"dp", dp_rank_},
+                           {"tp", tp_rank_},
+                           {"pp", pp_rank_},
+                           {"cp", cp_rank_}}});
+}
 
 absl::StatusOr<std::unique_ptr<ParallelDims>> ParallelDims::Single(
     const v1::ParallelSpec& spec) {
@@ -35,6 +61,7 @@ absl::StatusOr<std::unique_ptr<ParallelDims>> ParallelDims::Single(
   d->sp_ = spec.sequence_parallel();
   d->microbatches_ = spec.microbatches();
   d->stats_ = std::make_shared<CommStats>();
+  d->MakeRecorder();
   d->world_group_ = MakeSelfCommunicator("world", d->stats_);
   d->dp_group_ = MakeSelfCommunicator("dp", d->stats_);
   d->tp_group_ = MakeSelfCommunicator("tp", d->stats_);
@@ -91,14 +118,18 @@ absl::StatusOr<std::unique_ptr<ParallelDims>> ParallelDims::Create(
   MPI_Comm_split(world, tied_end ? pipeline : MPI_UNDEFINED, pp_rank,
                  &d->emb_comm_);
   d->stats_ = std::make_shared<CommStats>();
-  d->world_group_ = MakeMpiCommunicator(world, "world", d->stats_);
-  d->dp_group_ = MakeMpiCommunicator(d->dp_comm_, "dp", d->stats_);
-  d->tp_group_ = MakeMpiCommunicator(d->tp_comm_, "tp", d->stats_);
-  d->pp_group_ = MakeMpiCommunicator(d->pp_comm_, "pp", d->stats_);
-  d->cp_group_ = MakeMpiCommunicator(d->cp_comm_, "cp", d->stats_);
+  d->MakeRecorder();
+  auto group = [&](MPI_Comm comm, const char* name) {
+    d->recorder_->SetGroup(name, WorldRanks(comm, world));
+    return MakeMpiCommunicator(comm, name, d->stats_, d->recorder_);
+  };
+  d->world_group_ = group(world, "world");
+  d->dp_group_ = group(d->dp_comm_, "dp");
+  d->tp_group_ = group(d->tp_comm_, "tp");
+  d->pp_group_ = group(d->pp_comm_, "pp");
+  d->cp_group_ = group(d->cp_comm_, "cp");
   if (d->emb_comm_ != MPI_COMM_NULL) {
-    d->embedding_group_ =
-        MakeMpiCommunicator(d->emb_comm_, "embedding", d->stats_);
+    d->embedding_group_ = group(d->emb_comm_, "embedding");
   }
   return d;
 }
@@ -133,7 +164,7 @@ void ParallelDims::AttachDevice(kernels::Ops* device_ops) {
        {dp_group_.get(), tp_group_.get(), embedding_group_.get()}) {
     if (g == nullptr) continue;
     if (nccl && (g->size() > 1 || choice == "nccl")) {
-      auto c = MakeNcclCommunicator(g, device_ops);
+      auto c = MakeNcclCommunicator(g, device_ops, recorder_.get());
       if (c.ok()) {
         device_groups_[g] = std::move(*c);
         continue;

@@ -23,6 +23,7 @@
 #include "kernels/ops.h"
 #include "ptrain/v1/job.pb.h"
 #include "worker/engine/comm.h"
+#include "worker/engine/flight_recorder.h"
 
 namespace ptrain {
 
@@ -75,6 +76,13 @@ class ParallelDims {
   // the gradients of the tied embedding and head; null elsewhere.
   Communicator* embedding_group() { return embedding_group_.get(); }
   std::shared_ptr<CommStats> comm_stats() const { return stats_; }
+  // Records every call of the host groups (and, through them, of their
+  // device twins) and the phases the trainer marks: the rank's flight
+  // recorder, dumped when a job hangs.
+  FlightRecorder* flight_recorder() const { return recorder_.get(); }
+  std::shared_ptr<FlightRecorder> shared_flight_recorder() const {
+    return recorder_;
+  }
   // Created by Create (over MPI); false for Single.
   bool has_mpi() const { return world_ != MPI_COMM_NULL; }
 
@@ -116,6 +124,8 @@ class ParallelDims {
            pp_comm_ = MPI_COMM_NULL, cp_comm_ = MPI_COMM_NULL,
            emb_comm_ = MPI_COMM_NULL;
   std::shared_ptr<CommStats> stats_;
+  std::shared_ptr<FlightRecorder> recorder_;
+  void MakeRecorder();  // recorder_, its identity from the coordinates
   std::unique_ptr<Communicator> world_group_, dp_group_, tp_group_, pp_group_,
       cp_group_, embedding_group_;
   // AttachDevice's twins, by host group.

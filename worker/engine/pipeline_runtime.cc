@@ -21,6 +21,7 @@ PipelineRuntime::PipelineRuntime(Options options)
       store_(options.store),
       microbatches_(options.microbatches),
       seq_split_(options.seq_split),
+      recorder_(options.recorder),
       n_embd_(chunks_.front()->config().n_embd),
       forward_order_(ForwardOrder(static_cast<int>(chunks_.size()))),
       backwards_(chunks_.size(), 0) {
@@ -80,8 +81,10 @@ double PipelineRuntime::TrainStep(const std::vector<PipeAction>& order,
                 T,
                 int64_t{B} * (T / seq_split_) * n_embd_,
                 /*decode_pos=*/-1,
-                dloss};
+                dloss,
+                /*train=*/true};
   const double loss_sum = Execute(order, run, phases);
+  if (recorder_ != nullptr) recorder_->Enter(FlightPhase::kBackward);
   auto t = Clock::now();
   store_->FinishGradients();
   phases->backward += SecondsSince(t);
@@ -102,9 +105,11 @@ float PipelineRuntime::Forward(const int32_t* tokens, const int32_t* targets,
                              ? int64_t{B} * (T / seq_split_) * n_embd_
                              : int64_t{T} * n_embd_;
   PhaseSeconds unused;
-  return static_cast<float>(Execute(
-      forward_order_,
-      Run{tokens, targets, B, T, floats, decode_pos, /*dloss=*/0.0f}, &unused));
+  return static_cast<float>(
+      Execute(forward_order_,
+              Run{tokens, targets, B, T, floats, decode_pos, /*dloss=*/0.0f,
+                  /*train=*/false},
+              &unused));
 }
 
 double PipelineRuntime::Execute(const std::vector<PipeAction>& order,
@@ -155,6 +160,11 @@ double PipelineRuntime::Execute(const std::vector<PipeAction>& order,
     const int32_t* tg =
         run.targets != nullptr ? run.targets + mb * tokens : nullptr;
     const float* received = nullptr;
+    if (recorder_ != nullptr && run.train) {
+      recorder_->Enter(a.kind == PipeAction::kForward ? FlightPhase::kForward
+                                                      : FlightPhase::kBackward,
+                       mb);
+    }
     auto t = Clock::now();
     if (posted_for == i) {
       posted->Wait();

@@ -17,6 +17,7 @@
 
 #include "kernels/ops.h"
 #include "worker/engine/comm.h"
+#include "worker/engine/flight_recorder.h"
 #include "worker/engine/gpt_stage.h"
 #include "worker/engine/metrics.h"
 #include "worker/engine/schedule.h"
@@ -41,6 +42,8 @@ class PipelineRuntime {
     int seq_split = 1;
     // The largest microbatch passed between stages (its buffers' size).
     int max_B = 1, max_T = 1;
+    // Told the pass of each training microbatch (not owned); may be null.
+    FlightRecorder* recorder = nullptr;
   };
   explicit PipelineRuntime(Options options);
 
@@ -73,6 +76,7 @@ class PipelineRuntime {
     int64_t floats;  // of one message between stages
     int decode_pos;  // >= 0: Decode instead of Forward
     float dloss;     // backward's loss scale
+    bool train;      // a training step's passes (the recorder marks them)
   };
   // The one executor: runs `order`, returning the last stage's loss sum.
   double Execute(const std::vector<PipeAction>& order, const Run& run,
@@ -96,6 +100,7 @@ class PipelineRuntime {
   const std::vector<GptStage*> chunks_;
   ZeroStore* const store_;
   const int microbatches_, seq_split_;
+  FlightRecorder* const recorder_;
   const int64_t n_embd_;
   // ForwardOrder of this rank's chunks, made once (sampling runs it for
   // every token), and the backwards each chunk has run in this step.

@@ -570,6 +570,7 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
       b.sequence_parallel && groups.tp != nullptr ? groups.tp->size() : 1;
   run.max_B = b.micro_B;
   run.max_T = b.T_local();
+  run.recorder = recorder();
   runtime_ = std::make_unique<PipelineRuntime>(std::move(run));
 }
 
@@ -624,6 +625,7 @@ StepResult Trainer::TrainStep(int64_t step) {
   // Each position's loss enters the mean over the whole global batch.
   const float dloss = 1.0f / (static_cast<float>(b.global_batch) * b.T);
   StepResult r;
+  if (recorder() != nullptr) recorder()->SetStep(step + 1);
   store_->BeginStep();
   auto t = Clock::now();
   const int64_t tokens = int64_t{b.micro_B} * b.T_local();
@@ -636,6 +638,7 @@ StepResult Trainer::TrainStep(int64_t step) {
       runtime_->TrainStep(order_, inputs_.data(), targets_.data(), b.micro_B,
                           b.T_local(), dloss, &r.phases);
   t = Clock::now();
+  if (recorder() != nullptr) recorder()->Enter(FlightPhase::kOptimizer);
   // The last stage computed the losses: every stage learns them. Each cp
   // rank's are means over as many positions: their mean is the sequence's.
   if (Communicator* pp = dims_->pp_comm()) pp->AllReduce(&loss_sum, 1);

@@ -75,8 +75,10 @@ struct TrainerOptions {
   // not checked where ranks share a GPU, PTRAIN_CUDA_SHARE_GPUS).
   std::optional<int64_t> gpu_memory_bytes;
   // Test hook, set only from the environment: at this step (1-based) the
-  // loop stops making progress.
+  // loop stops making progress — on the world rank hang_rank alone when
+  // that is set (the others then wait for it in their next collective).
   std::optional<int64_t> hang_at_step;
+  std::optional<int64_t> hang_rank;
   // Prometheus metrics of this rank (not owned; null for none).
   RankMetrics* metrics = nullptr;
   // Set (by a signal handler) to ask the run to stop: at the end of the
@@ -197,6 +199,7 @@ class Trainer {
                       int32_t* inputs, int32_t* targets);
   // The world group; null on one rank.
   Communicator* world() const { return dims_->world_comm(); }
+  FlightRecorder* recorder() const { return dims_->flight_recorder(); }
   bool last_stage() const { return dims_->pp_rank() == build_.pp - 1; }
   // The first sequence of microbatch `mb` in the global batch: dp rank r
   // takes the r-th block of microbatches·micro_B sequences.

@@ -25,10 +25,13 @@ double SecondsSince(Clock::time_point t0) {
 }
 
 // Tells options.on_activity what the rank is busy with while it lives
-// (scopes of it do not nest).
+// (scopes of it do not nest), and the flight recorder the phase it is in.
 class Busy {
  public:
-  Busy(const TrainerOptions& options, const char* what) : options_(options) {
+  Busy(const TrainerOptions& options, FlightRecorder* recorder,
+       FlightPhase phase, const char* what)
+      : options_(options) {
+    if (recorder != nullptr) recorder->Enter(phase);
     if (options_.on_activity) options_.on_activity(what);
   }
   ~Busy() {
@@ -49,7 +52,9 @@ absl::Status Trainer::Run() {
   ReportStart();
   const auto& train = spec_.train();
   for (int64_t s = start_step_; s < train.steps(); ++s) {
-    if (options_.hang_at_step.has_value() && *options_.hang_at_step == s + 1) {
+    if (options_.hang_at_step.has_value() && *options_.hang_at_step == s + 1 &&
+        options_.hang_rank.value_or(dims_->world_rank()) ==
+            dims_->world_rank()) {
       spdlog::warn("test hook: hanging at step {}", s + 1);
       for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     }
@@ -114,7 +119,8 @@ double Trainer::MatmulPeak() {
   // MFU's denominator: the measured matmul peak of what trains, the CPU's
   // sgemm or the GPU's matmul in the job's precision.
   if (options_.peak_flops > 0) return options_.peak_flops;
-  Busy busy(options_, "measuring the matmul peak");
+  Busy busy(options_, recorder(), FlightPhase::kSetup,
+            "measuring the matmul peak");
   const double measured = compute_ops() != nullptr
                               ? MeasureMatmulPeakFlops(*compute_ops())
                               : MeasureSgemmPeakFlops();
@@ -220,7 +226,7 @@ absl::Status Trainer::ReportStep(int64_t step, const StepResult& r) {
 
 void Trainer::EvaluateAndReport(int64_t step) {
   const float val = [&] {
-    Busy busy(options_, "evaluating");
+    Busy busy(options_, recorder(), FlightPhase::kEval, "evaluating");
     return Evaluate();
   }();
   if (options_.metrics != nullptr) options_.metrics->OnEval(val);
@@ -230,7 +236,7 @@ void Trainer::EvaluateAndReport(int64_t step) {
 
 void Trainer::SampleAndReport(int64_t step) {
   const std::string text = [&] {
-    Busy busy(options_, "sampling");
+    Busy busy(options_, recorder(), FlightPhase::kSample, "sampling");
     return Sample(static_cast<uint64_t>(step));
   }();
   spdlog::info("sample at step {}:\n{}", step, text);
@@ -260,7 +266,8 @@ absl::Status Trainer::FinishBackgroundAndReport() {
   const auto t0 = Clock::now();
   const int64_t saved_step = background_save_.step();
   auto dir = [&] {
-    Busy busy(options_, "committing a checkpoint");
+    Busy busy(options_, recorder(), FlightPhase::kCheckpoint,
+              "committing a checkpoint");
     return background_save_.Finish(world());
   }();
   if (!dir.ok()) return dir.status();
@@ -282,7 +289,8 @@ absl::Status Trainer::CheckpointIfDue(int64_t step, bool stop) {
     if (auto st = FinishBackgroundAndReport(); !st.ok()) return st;
   }
   const auto t0 = Clock::now();
-  Busy busy(options_, "writing a checkpoint");
+  Busy busy(options_, recorder(), FlightPhase::kCheckpoint,
+            "writing a checkpoint");
   if (ckpt.async_save() && step != steps && !stop) {
     auto committed = StartCheckpointAt(step);
     if (!committed.ok()) return committed.status();
