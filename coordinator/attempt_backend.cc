@@ -24,6 +24,8 @@ bool AttemptBackend::CanAskToStop() const { return false; }
 
 bool AttemptBackend::AskToStop(AttemptHandle& /*handle*/) { return false; }
 
+bool AttemptBackend::AskToDump(AttemptHandle& /*handle*/) { return false; }
+
 std::string AttemptBackend::LostNode(const v1::Job& /*job*/,
                                      absl::Time /*now*/) {
   return "";

@@ -145,6 +145,10 @@ class AttemptBackend {
   // a checkpoint of the step they are in and exit 3. False when it cannot
   // be asked (no mpirun left, or !CanAskToStop()).
   virtual bool AskToStop(AttemptHandle& handle);
+  // Asks every rank of it for a flight recorder dump (docs/diagnose.md):
+  // SIGUSR2 to mpirun, which forwards it (scancel --signal=USR2 to Slurm's
+  // job steps). Training goes on. False when it cannot be asked.
+  virtual bool AskToDump(AttemptHandle& handle);
   // Asks it to end now: SIGTERM to its processes (scancel).
   virtual void Terminate(AttemptHandle& handle) = 0;
   // Ends it: SIGKILL (scancel --signal=KILL); sent again while it lingers.

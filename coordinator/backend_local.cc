@@ -111,6 +111,10 @@ bool MpirunBackend::AskToStop(AttemptHandle& handle) {
   return Processes(handle).SignalLauncher(SIGUSR1);
 }
 
+bool MpirunBackend::AskToDump(AttemptHandle& handle) {
+  return Processes(handle).SignalLauncher(SIGUSR2);
+}
+
 void MpirunBackend::Terminate(AttemptHandle& handle) {
   Processes(handle).Signal(SIGTERM);
 }

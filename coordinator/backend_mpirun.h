@@ -61,6 +61,7 @@ class MpirunBackend : public AttemptBackend {
                      bool ending) override;
   bool CanAskToStop() const override { return true; }
   bool AskToStop(AttemptHandle& handle) override;
+  bool AskToDump(AttemptHandle& handle) override;
   void Terminate(AttemptHandle& handle) override;
   void Kill(AttemptHandle& handle) override;
 

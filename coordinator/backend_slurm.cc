@@ -192,6 +192,13 @@ class SlurmBackend : public AttemptBackend {
     return EndOf(a, *job, ending);
   }
 
+  bool AskToDump(AttemptHandle& handle) override {
+    SlurmAttempt& a = Slurm(handle);
+    if (a.orphan.has_value()) return a.orphan->SignalLauncher(SIGUSR2);
+    // The ranks (srun's tasks) only: the batch script would die of it.
+    return CancelSlurmJob(a.slurm_id, "USR2", /*batch_too=*/false).ok();
+  }
+
   void Terminate(AttemptHandle& handle) override {
     SlurmAttempt& a = Slurm(handle);
     if (a.orphan.has_value()) {

@@ -39,6 +39,8 @@
 
 namespace ptrain {
 
+struct AttemptFacts;  // flight_analysis.h
+
 // This host's name ("localhost" when it has none): the node of jobs run on
 // ptcoord's own host.
 std::string LocalHostName();
@@ -140,6 +142,17 @@ class Coordinator {
   absl::StatusOr<v1::Job> Resume(const std::string& id);
   absl::StatusOr<std::vector<v1::Checkpoint>> Checkpoints(
       const std::string& id);
+
+  // ptctl diagnose (docs/diagnose.md): the analysis of attempt `attempt`'s
+  // flight recorder dumps. 0: the running attempt, whose ranks are asked
+  // for fresh dumps first (this waits up to kDumpWait for them), else the
+  // newest attempt whose ranks dumped. FailedPrecondition, saying why for
+  // each attempt, when there is nothing to analyse.
+  absl::StatusOr<v1::DiagnoseJobResponse> Diagnose(const std::string& id,
+                                                   int attempt);
+  // How long the ranks have to answer a request for dumps (a stopped one
+  // never does).
+  static constexpr absl::Duration kDumpWait = absl::Seconds(5);
 
   struct Snapshot {
     v1::Job job;
@@ -251,6 +264,10 @@ class Coordinator {
     // checkpoint at the end of its step and exit 3.
     std::optional<absl::Time> stop_asked_at;
     int64_t newest_checkpoint = -1;  // reported by this attempt
+    // Found hung: when its ranks were asked for dumps (the kill waits for
+    // them up to kDumpWait), and the first lines of their analysis.
+    std::optional<absl::Time> dump_asked_at;
+    std::string hang_summary;
   };
   struct Entry {
     JobRecord record;
@@ -317,6 +334,16 @@ class Coordinator {
                            const std::string& resolved, JobUpdate& u) const;
   void BeginKill(Entry& e, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // diagnosis.cc: for an attempt found hung, asks its ranks for dumps and,
+  // once they answered or kDumpWait passed, commits their analysis as an
+  // event (run.hang_summary); true then, false while it waits.
+  bool ExplainHang(Entry& e, Running& run, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the analysis of attempt `attempt`'s dumps knows beside them
+  // (`asked`: when the ranks were asked for them; `live`: its processes
+  // still run, so their states may be looked at).
+  AttemptFacts FactsOf(int attempt, int world_size,
+                       std::optional<absl::Time> asked, bool live) const;
 
   // Adds to `u` what the attempt's run.jsonl holds beyond what the store
   // has: progress, loss points and committed checkpoints. True when the run

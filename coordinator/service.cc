@@ -90,6 +90,33 @@ class ThreadedWriter : public grpc::ServerWriteReactor<T> {
   bool write_ok_ = true;
 };
 
+// A unary call whose body may wait (for ranks to answer): it runs on a
+// thread of its own, which finishes the call.
+class ThreadedUnary : public grpc::ServerUnaryReactor {
+ public:
+  explicit ThreadedUnary(std::function<absl::Status()> body) {
+    std::lock_guard<std::mutex> lock(mu_);
+    thread_ = std::thread([this, body = std::move(body)] {
+      const absl::Status s = body();
+      { std::lock_guard<std::mutex> lock(mu_); }  // thread_ is set
+      Finish(ToGrpc(s));
+    });
+  }
+  void OnDone() override {
+    // gRPC may call this on the thread that finished the call.
+    if (thread_.get_id() == std::this_thread::get_id()) {
+      thread_.detach();
+    } else {
+      thread_.join();
+    }
+    delete this;
+  }
+
+ private:
+  std::mutex mu_;
+  std::thread thread_;
+};
+
 class JobServiceImpl final : public v1::JobService::CallbackService {
  public:
   JobServiceImpl(Coordinator* c, bool require_client_cert)
@@ -165,6 +192,19 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
       for (v1::Checkpoint& c : *cps) *resp->add_checkpoints() = std::move(c);
     }
     return Done(ctx, cps.status());
+  }
+
+  grpc::ServerUnaryReactor* DiagnoseJob(
+      grpc::CallbackServerContext* ctx, const v1::DiagnoseJobRequest* req,
+      v1::DiagnoseJobResponse* resp) override {
+    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
+    Coordinator* c = c_;
+    return new ThreadedUnary([c, req, resp] {
+      absl::StatusOr<v1::DiagnoseJobResponse> d =
+          c->Diagnose(req->job_id(), req->attempt());
+      if (d.ok()) *resp = std::move(*d);
+      return d.status();
+    });
   }
 
   grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(

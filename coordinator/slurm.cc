@@ -288,11 +288,11 @@ absl::StatusOr<std::vector<std::string>> SlurmLostNodes(
   return std::vector<std::string>(lost.begin(), lost.end());
 }
 
-absl::Status CancelSlurmJob(const std::string& id, const std::string& signal) {
+absl::Status CancelSlurmJob(const std::string& id, const std::string& signal,
+                            bool batch_too) {
   std::vector<std::string> argv = {"scancel"};
-  if (!signal.empty()) {
-    argv.insert(argv.end(), {"--full", absl::StrCat("--signal=", signal)});
-  }
+  if (batch_too && !signal.empty()) argv.push_back("--full");
+  if (!signal.empty()) argv.push_back(absl::StrCat("--signal=", signal));
   argv.push_back(id);
   absl::StatusOr<CommandResult> run = RunCommand(argv, CurrentEnvironment());
   if (!run.ok()) return run.status();

@@ -107,8 +107,9 @@ int SlurmTaskCapacity(const std::vector<int>& node_cpus, int cpus_per_task,
                       int per_node);
 
 // scancel, with `signal` ("" = Slurm's own: SIGTERM, then SIGKILL after
-// KillWait) sent to the batch script and every step.
-absl::Status CancelSlurmJob(const std::string& id, const std::string& signal);
+// KillWait) sent to every step and, with `batch_too`, the batch script.
+absl::Status CancelSlurmJob(const std::string& id, const std::string& signal,
+                            bool batch_too = true);
 
 }  // namespace ptrain
 

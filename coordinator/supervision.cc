@@ -135,16 +135,21 @@ void Coordinator::CheckHang(Entry& e, Running& run, absl::Time now) {
     return;
   }
   const absl::Duration silent = now - run.last_report;
-  if (!run.kill_at.has_value() && timeout_s > 0 &&
-      silent > absl::Seconds(timeout_s)) {
-    BeginKill(e, absl::StrCat(
-                     "hang at step ", e.record.job.progress().step(),
-                     run.activity.empty()
-                         ? ""
-                         : absl::StrCat(" (last busy with ", run.activity, ")"),
-                     ": no report for ", absl::ToInt64Seconds(silent),
-                     " s (restart.hang_timeout_s=", timeout_s, ")"));
+  if (run.kill_at.has_value()) return;
+  if (timeout_s <= 0 || silent <= absl::Seconds(timeout_s)) {
+    run.dump_asked_at.reset();  // heard from again while asking
+    return;
   }
+  // Why it hangs first (the ranks' flight recorders), then the kill.
+  if (!ExplainHang(e, run, now)) return;
+  BeginKill(e, absl::StrCat(
+                   "hang at step ", e.record.job.progress().step(),
+                   run.activity.empty()
+                       ? ""
+                       : absl::StrCat(" (last busy with ", run.activity, ")"),
+                   ": no report for ", absl::ToInt64Seconds(silent),
+                   " s (restart.hang_timeout_s=", timeout_s, ")",
+                   run.hang_summary.empty() ? "" : "; ", run.hang_summary));
 }
 
 bool Coordinator::ReadyToEnd(Entry& e, Running& run, absl::Time now) {

@@ -253,4 +253,20 @@ int Checkpoints(Client& client, const std::string& id) {
   return 0;
 }
 
+int Diagnose(Client& client, const std::string& id, int attempt) {
+  v1::DiagnoseJobRequest req;
+  req.set_job_id(id);
+  req.set_attempt(attempt);
+  v1::DiagnoseJobResponse resp;
+  auto ctx = client.Context();
+  const grpc::Status s = client.stub().DiagnoseJob(ctx.get(), req, &resp);
+  if (!s.ok()) return RpcError(client.options(), s);
+  if (client.options().output == "json") {
+    std::printf("%s\n", resp.json().c_str());
+  } else {
+    std::printf("%s", resp.text().c_str());
+  }
+  return 0;
+}
+
 }  // namespace ptrain::ptctl

@@ -1,6 +1,6 @@
 // ptctl's job commands: submit, get, list, cancel, pause, resume, logs,
-// checkpoints. Each calls ptcoord once (logs: a stream), prints the answer
-// (a table or, with -o json, JSON) and returns ptctl's exit code.
+// checkpoints, diagnose. Each calls ptcoord once (logs: a stream), prints the
+// answer (a table or, with -o json, JSON) and returns ptctl's exit code.
 #ifndef PTRAIN_PTCTL_COMMANDS_JOBS_H_
 #define PTRAIN_PTCTL_COMMANDS_JOBS_H_
 
@@ -37,6 +37,12 @@ int Logs(Client& client, const std::string& id, bool follow, int attempt,
 
 // Lists job `id`'s checkpoints: step, attempt, folder.
 int Checkpoints(Client& client, const std::string& id);
+
+// Says which ranks of attempt `attempt` (0: the running one, else the
+// newest that dumped) are behind and where the others wait for them, from
+// their flight recorder dumps (docs/diagnose.md); -o json: the analysis as
+// JSON. Exit 1 when no attempt has dumps (ptcoord says why).
+int Diagnose(Client& client, const std::string& id, int attempt);
 
 }  // namespace ptrain::ptctl
 

@@ -1,8 +1,8 @@
 // ptctl: the command line over ptcoord's JobService (submit, get, list, logs,
-// cancel, pause, resume, watch, checkpoints, and the nodes of a cluster), in
-// plain text or TLS (--tls-ca). Spec files are checked here with the same
-// library ptcoord uses, before anything is sent. This file is its wiring:
-// flags and subcommands (CLI11) to the commands of commands_jobs.h,
+// cancel, pause, resume, watch, checkpoints, diagnose, and the nodes of a
+// cluster), in plain text or TLS (--tls-ca). Spec files are checked here with
+// the same library ptcoord uses, before anything is sent. This file is its
+// wiring: flags and subcommands (CLI11) to the commands of commands_jobs.h,
 // commands_nodes.h and watch.h, over the connection of connection.h.
 #include <cstdio>
 #include <cstdlib>
@@ -35,7 +35,7 @@ struct Args {
 
 struct Subcommands {
   CLI::App *submit, *get, *list, *logs, *cancel, *pause, *resume, *watch,
-      *checkpoints, *nodes, *drain, *uncordon, *forget;
+      *checkpoints, *diagnose, *nodes, *drain, *uncordon, *forget;
 };
 
 // The flags every subcommand takes, their defaults from the environment.
@@ -106,6 +106,16 @@ Subcommands AddSubcommands(CLI::App& app, Args& a) {
   c.watch->add_option("JOB", a.job)->required();
   c.checkpoints = app.add_subcommand("checkpoints", "list a job's checkpoints");
   c.checkpoints->add_option("JOB", a.job)->required();
+  c.diagnose = app.add_subcommand(
+      "diagnose",
+      "say which ranks a hung job waits for, and where (flight recorder "
+      "dumps)");
+  c.diagnose->add_option("JOB", a.job)->required();
+  c.diagnose
+      ->add_option("--attempt", a.attempt,
+                   "attempt number (default: the running one, else the "
+                   "newest with dumps)")
+      ->check(CLI::NonNegativeNumber);
   c.nodes = app.add_subcommand("nodes", "list the cluster's nodes");
   c.drain = app.add_subcommand(
       "drain", "take a node out of scheduling (running jobs stay)");
@@ -133,6 +143,7 @@ int Dispatch(const Subcommands& c, const Args& a,
   if (*c.resume) return cmd::PauseOrResume(client, a.job, false);
   if (*c.watch) return cmd::Watch(client, a.job);
   if (*c.checkpoints) return cmd::Checkpoints(client, a.job);
+  if (*c.diagnose) return cmd::Diagnose(client, a.job, a.attempt);
   if (*c.nodes) return cmd::Nodes(client);
   if (*c.drain) return cmd::Drain(client, a.node, true);
   if (*c.uncordon) return cmd::Drain(client, a.node, false);

@@ -902,6 +902,118 @@ TEST_F(ControlPlaneTest, StalledRankIsKilledAsHangAndRestarted) {
       << j.dump();
 }
 
+// ptctl diagnose (docs/diagnose.md): a 4-rank tp2·pp2 job whose rank
+// stops (SIGSTOP), is stuck in a loop, or dies; the analysis of the
+// ranks' flight recorder dumps names that rank and how.
+class DiagnoseTest : public ControlPlaneTest {
+ protected:
+  // tp2·pp2 over 4 ranks, as small as the fixture's jobs.
+  std::string SubmitFourRanks(const std::vector<std::string>& sets) {
+    std::vector<std::string> all = {
+        "model.n_layer=2",         "parallel.tp=2",      "parallel.pp=2",
+        "parallel.microbatches=2", "train.steps=100000", "train.eval_every=0",
+        "restart.max_restarts=0"};
+    all.insert(all.end(), sets.begin(), sets.end());
+    const std::string id = Submit(all);
+    EXPECT_TRUE(WaitFor([&] { return Step(id) >= 3; }, 120)) << Get(id).dump();
+    return id;
+  }
+  // The pid of world rank `rank` of the running attempt.
+  pid_t RankPid(int rank) {
+    const std::vector<pid_t> pids =
+        ptrain::ProcessesWithEnv({"PTRAIN_COORDINATOR=" + address_,
+                                  absl::StrCat("OMPI_COMM_WORLD_RANK=", rank)});
+    return pids.size() == 1 ? pids[0] : 0;
+  }
+  json Diagnosis(const std::string& id, const std::string& flags = "") {
+    Result r = Ptctl(absl::StrCat("-o json diagnose ", id, " ", flags));
+    EXPECT_EQ(r.rc, 0) << r.out;
+    json j = json::parse(r.out, nullptr, false);
+    return j.is_discarded() ? json::object() : j;
+  }
+  // The state the analysis gives rank `rank`.
+  static std::string RankState(const json& d, int rank) {
+    if (!d.contains("ranks")) return "";
+    for (const json& r : d["ranks"]) {
+      if (r.value("rank", -1) == rank) return r.value("state", "");
+    }
+    return "";
+  }
+};
+
+TEST_F(DiagnoseTest, StoppedRankIsNamedLiveAndWhenTheHangEndsTheAttempt) {
+  const std::string id = SubmitFourRanks({"restart.hang_timeout_s=20"});
+  const pid_t victim = RankPid(3);
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(kill(victim, SIGSTOP), 0);
+  // Live: the running attempt's ranks are asked for dumps; rank 3 cannot
+  // answer, its process is in state T.
+  const json live = Diagnosis(id);
+  EXPECT_EQ(live.value("culprits", json::array()), json::array({3}))
+      << live.dump(1);
+  EXPECT_EQ(RankState(live, 3), "stopped") << live.dump(1);
+  for (int r : {0, 1, 2}) EXPECT_EQ(RankState(live, r), "waiting") << r;
+  Result text = Ptctl("diagnose " + id);
+  EXPECT_EQ(text.rc, 0);
+  EXPECT_NE(text.out.find("rank 3"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("stopped"), std::string::npos) << text.out;
+  // The hang timeout ends it: the analysis is the job's event and error.
+  ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_FAILED"; }, 120))
+      << Get(id).dump();
+  const std::string error = Get(id)["job"].value("error", "");
+  EXPECT_NE(error.find("hang at step"), std::string::npos) << error;
+  EXPECT_NE(error.find("rank 3"), std::string::npos) << error;
+  EXPECT_NE(error.find("stopped"), std::string::npos) << error;
+  // Once the processes are gone, ptctl diagnose gives what was seen then.
+  EXPECT_EQ(RankState(Diagnosis(id, "--attempt 1"), 3), "stopped");
+}
+
+TEST_F(DiagnoseTest, RankStuckInComputeIsNamedWithItsPhase) {
+  StopCoordinator(SIGTERM);
+  setenv("PTRAIN_TEST_HANG_AT_STEP", "5", 1);
+  setenv("PTRAIN_TEST_HANG_RANK", "1", 1);
+  StartCoordinator("127.0.0.1:0");
+  unsetenv("PTRAIN_TEST_HANG_AT_STEP");
+  unsetenv("PTRAIN_TEST_HANG_RANK");
+  const std::string id = SubmitFourRanks({"restart.hang_timeout_s=600"});
+  // The others wait for rank 1 once it has stopped making progress.
+  json d;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        d = Diagnosis(id);
+        return RankState(d, 1) == "compute";
+      },
+      60))
+      << d.dump(1);
+  EXPECT_EQ(d["culprits"], json::array({1})) << d.dump(1);
+  EXPECT_EQ(RankState(d, 0), "waiting") << d.dump(1);
+}
+
+TEST_F(DiagnoseTest, KilledRankIsNamedAsDeadFromTheSurvivorsDumps) {
+  const std::string id = SubmitFourRanks({"restart.hang_timeout_s=600"});
+  const pid_t victim = RankPid(2);
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_FAILED"; }, 120))
+      << Get(id).dump();
+  const json d = Diagnosis(id);
+  EXPECT_EQ(d.value("culprits", json::array()), json::array({2})) << d.dump(1);
+  EXPECT_EQ(RankState(d, 2), "died") << d.dump(1);
+}
+
+TEST_F(DiagnoseTest, AJobWithoutDumpsSaysWhyForEachAttempt) {
+  const std::string id = Submit({"train.steps=3"});
+  ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_SUCCEEDED"; }, 120))
+      << Get(id).dump();
+  Result r = Ptctl("diagnose " + id);
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("attempt 1 finished cleanly"), std::string::npos)
+      << r.out;
+  Result missing = Ptctl("diagnose " + id + " --attempt 2");
+  EXPECT_EQ(missing.rc, 1) << missing.out;
+  EXPECT_NE(missing.out.find("no attempt 2"), std::string::npos) << missing.out;
+}
+
 TEST_F(ControlPlaneTest, StateDirIsPrivateAndHeldByOneCoordinator) {
   struct stat st;
   ASSERT_EQ(stat((dir_ / "state").c_str(), &st), 0);
