@@ -136,8 +136,17 @@ absl::Status Coordinator::ReportAlive(const v1::ReportAliveRequest& r) {
   if (!e.ok()) return e.status();
   // In memory only: a sign of life every few seconds is not job history.
   Running& run = running_[r.job_id()];
-  run.last_report = absl::Now();
-  run.activity = r.activity();
+  const absl::Time now = absl::Now();
+  if (!r.activity().empty()) {
+    // Busy with what ends no step: alive.
+    run.last_report = now;
+    run.activity = r.activity();
+  } else if (r.progress_age_ms() >= 0) {
+    // A rank whose calls complete moves, however long its step; one that
+    // only answers (waiting in a collective, looping) does not.
+    run.last_report = std::max(run.last_report,
+                               now - absl::Milliseconds(r.progress_age_ms()));
+  }
   return absl::OkStatus();
 }
 

@@ -198,6 +198,9 @@ absl::Status ValidateAlive(const v1::ReportAliveRequest& r,
                    " must be printable ASCII of at most ", kMaxActivityBytes,
                    " bytes");
   }
+  if (r.progress_age_ms() < -1) {
+    return Invalid("progress_age_ms=", r.progress_age_ms(), " < -1");
+  }
   return absl::OkStatus();
 }
 

@@ -191,6 +191,14 @@ void ProgressReporter::SetActivity(const std::string& activity) {
   cv_.notify_one();
 }
 
+void ProgressReporter::SetProgressProbe(std::function<int64_t()> progress_age) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    progress_age_ = std::move(progress_age);
+  }
+  cv_.notify_one();
+}
+
 void ProgressReporter::SetAliveInterval(std::chrono::milliseconds every) {
   std::lock_guard<std::mutex> lock(mu_);
   alive_every_ = every;
@@ -225,16 +233,15 @@ void ProgressReporter::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     // Woken by a report to send, a stop, or a change of activity.
-    cv_.wait(lock, [this] {
-      return stopping_ || !queue_.empty() || !activity_.empty();
-    });
-    if (!activity_.empty() && !stopping_) {
-      // Busy: until a sign of life is due, only a report to send, a stop or
-      // the end of the activity cuts the wait short.
+    cv_.wait(lock,
+             [this] { return stopping_ || !queue_.empty() || Heartbeating(); });
+    if (Heartbeating() && !stopping_) {
+      // Until a sign of life is due, only a report to send, a stop or the
+      // end of the heartbeats cuts the wait short.
       cv_.wait_until(lock, next_alive_, [this] {
-        return stopping_ || !queue_.empty() || activity_.empty();
+        return stopping_ || !queue_.empty() || !Heartbeating();
       });
-      if (!activity_.empty() && Clock::now() >= next_alive_) {
+      if (Heartbeating() && Clock::now() >= next_alive_) {
         // First in line: nothing else waits for it.
         Item alive;
         alive.kind = Item::kAlive;
@@ -242,6 +249,8 @@ void ProgressReporter::Loop() {
         alive.alive.set_attempt(attempt_);
         alive.alive.set_rank(rank_);
         alive.alive.set_activity(activity_.substr(0, 128));
+        alive.alive.set_progress_age_ms(
+            progress_age_ ? std::max<int64_t>(-1, progress_age_()) : -1);
         queue_.push_front(std::move(alive));
         next_alive_ = Clock::now() + alive_every_;
       }

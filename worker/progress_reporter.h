@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -59,8 +60,13 @@ class ProgressReporter {
   // that ends no step (loading, checkpointing, evaluating) is not taken for
   // a hung one; "" stops them. Thread-safe, never blocks on the network.
   void SetActivity(const std::string& activity);
-  // How often ReportAlive goes out while busy (default 5 s): a fraction of
-  // the job's restart.hang_timeout_s (AliveInterval).
+  // With a probe, ReportAlive goes out at every alive interval whether
+  // busy or not, carrying progress_age(): milliseconds since the rank last
+  // made progress (-1: none yet), so that ptcoord tells a long step from a
+  // hang. Called on the reporter's thread. Thread-safe.
+  void SetProgressProbe(std::function<int64_t()> progress_age);
+  // How often ReportAlive goes out (default 5 s): a fraction of the job's
+  // restart.hang_timeout_s (AliveInterval).
   void SetAliveInterval(std::chrono::milliseconds every);
   // A quarter of `hang_timeout_s`, kept within [250 ms, 10 s].
   static std::chrono::milliseconds AliveInterval(int64_t hang_timeout_s);
@@ -86,6 +92,8 @@ class ProgressReporter {
     v1::ReportAliveRequest alive;
   };
   void Enqueue(Item item);
+  // Whether ReportAlive goes out at every interval now. mu_ held.
+  bool Heartbeating() const { return !activity_.empty() || progress_age_; }
   class Rpc;  // the gRPC stub, kept out of this header
 
   ProgressReporter(std::string address, std::string job_id, std::string token,
@@ -104,6 +112,7 @@ class ProgressReporter {
   std::deque<Item> queue_;                            // guarded by mu_
   bool stopping_ = false;                             // guarded by mu_
   std::string activity_;                              // guarded by mu_
+  std::function<int64_t()> progress_age_;             // guarded by mu_
   std::chrono::milliseconds alive_every_{5000};       // guarded by mu_
   std::chrono::steady_clock::time_point next_alive_;  // guarded by mu_
   int64_t sent_ = 0, failed_ = 0, dropped_ = 0;       // guarded by mu_

@@ -40,13 +40,14 @@ absl::Status EnvNumber(const char* name, std::optional<double>* out) {
   return absl::OkStatus();
 }
 
-absl::Status EnvInteger(const char* name, std::optional<int64_t>* out) {
+absl::Status EnvInteger(const char* name, std::optional<int64_t>* out,
+                        int64_t min = 1) {
   const char* v = std::getenv(name);
   if (v == nullptr) return absl::OkStatus();
   int64_t i = 0;
-  if (!absl::SimpleAtoi(v, &i) || i < 1) {
+  if (!absl::SimpleAtoi(v, &i) || i < min) {
     return absl::InvalidArgumentError(
-        absl::StrCat(name, "='", v, "' is not an integer >= 1"));
+        absl::StrCat(name, "='", v, "' is not an integer >= ", min));
   }
   *out = i;
   return absl::OkStatus();
@@ -97,7 +98,7 @@ absl::Status FillTrainerOptions(const RankFlags& flags, const NodeShare& node,
       !s.ok()) {
     return s;
   }
-  if (auto s = EnvInteger("PTRAIN_TEST_HANG_RANK", &options->hang_rank);
+  if (auto s = EnvInteger("PTRAIN_TEST_HANG_RANK", &options->hang_rank, 0);
       !s.ok()) {
     return s;
   }
@@ -113,18 +114,30 @@ absl::Status FillTrainerOptions(const RankFlags& flags, const NodeShare& node,
 }
 
 // SIGUSR2 and SIGTERM dump the rank's flight recorder beside the run log
-// (docs/diagnose.md); under a run log, a first dump now says who the rank
-// is (pid, host, groups), should it never answer later.
-void ArmFlightDump(const RankFlags& flags, const ParallelDims& dims) {
+// (docs/diagnose.md). Its size: PTRAIN_FLIGHT_RECORDER_ENTRIES (0: off).
+absl::Status ArmFlightDump(const RankFlags& flags, const ParallelDims& dims) {
   std::shared_ptr<FlightRecorder> recorder = dims.shared_flight_recorder();
+  std::optional<int64_t> entries;
+  if (auto s = EnvInteger("PTRAIN_FLIGHT_RECORDER_ENTRIES", &entries, 0);
+      !s.ok()) {
+    return s;
+  }
+  if (entries.has_value()) {
+    if (*entries > (1 << 24)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PTRAIN_FLIGHT_RECORDER_ENTRIES=", *entries,
+                       " must be in [0, 16777216] (0: no flight recorder)"));
+    }
+    recorder->SetCapacity(static_cast<int>(*entries));
+  }
   const std::string path = FlightDumpPath(flags.log_json, dims.world_rank());
   auto dump = [recorder, path](const char* reason) {
     if (absl::Status s = recorder->DumpTo(path, reason); !s.ok()) {
       spdlog::warn("flight recorder: {}", std::string(s.message()));
     }
   };
-  if (!flags.log_json.empty()) dump("start");
   SetFlightDump(dump);
+  return absl::OkStatus();
 }
 
 absl::Status BuildRank(const RankFlags& flags, const NodeShare& node,
@@ -145,7 +158,13 @@ absl::Status BuildRank(const RankFlags& flags, const NodeShare& node,
   if (!d.ok()) return d.status();
   rank->dims = std::move(*d);
   const ParallelDims& dims = *rank->dims;
-  ArmFlightDump(flags, dims);
+  if (absl::Status s = ArmFlightDump(flags, dims); !s.ok()) return s;
+  if (rank->reporter != nullptr) {
+    // Heartbeats with the rank's progress: a long step is not a hang.
+    std::shared_ptr<FlightRecorder> recorder = dims.shared_flight_recorder();
+    rank->reporter->SetProgressProbe(
+        [recorder] { return recorder->ProgressAgeMillis(); });
+  }
   if (dims.world_rank() == 0) {
     for (const std::string& w : JobSpecWarnings(*spec)) {
       spdlog::warn("{}", w);

@@ -84,6 +84,8 @@ void SetTraining(bool training) { g_training.store(training); }
 
 void SetSignalRank(int world_rank) { g_world_rank.store(world_rank); }
 
+void DumpFlightRecorder(const char* reason) { Dump(reason); }
+
 void SetFlightDump(std::function<void(const char* reason)> dump) {
   std::lock_guard<std::mutex> lock(g_dump_mu);
   g_dump = std::move(dump);

@@ -35,6 +35,8 @@ void SetSignalRank(int world_rank);
 // others may be stuck anywhere); reason "SIGUSR2" or "SIGTERM". Empty: none.
 // Thread-safe; a dump running when it is replaced finishes first.
 void SetFlightDump(std::function<void(const char* reason)> dump);
+// Runs it now, on this thread (nothing when none is set).
+void DumpFlightRecorder(const char* reason);
 
 }  // namespace ptrain
 

@@ -40,6 +40,8 @@ void AnnounceMetrics(const RankFlags& flags, const Rank& rank) {
 int TrainRank(const RankFlags& flags, Rank* rank) {
   spdlog::info("layout: {}", rank->dims->ToString());
   AnnounceMetrics(flags, *rank);
+  // Who this rank is (pid, host, groups), should it never answer later.
+  if (!flags.log_json.empty()) DumpFlightRecorder("start");
   absl::Status done;
   SetTraining(true);
   try {

@@ -1063,6 +1063,45 @@ TEST_F(CoordinatorTest, OnlyACommittedCheckpointIsRecordedOrListed) {
   TickUntil(*c, id, v1::JOB_STATE_CANCELLED);
 }
 
+// A step longer than the hang timeout is no hang while the ranks' calls
+// complete (their heartbeats say so); once no rank has made progress for
+// the timeout, it is one.
+TEST_F(CoordinatorTest, ProgressHeartbeatsKeepALongStepAliveButNotAStall) {
+  setenv("FAKE_MODE", "sleep", 1);
+  auto c = Make();
+  auto job =
+      c->Submit(kSpec, {"restart.hang_timeout_s=1", "restart.max_restarts=0"});
+  ASSERT_TRUE(job.ok());
+  const std::string id = job->id();
+  TickUntil(*c, id, v1::JOB_STATE_RUNNING);
+  v1::ReportAliveRequest beat;
+  beat.set_job_id(id);
+  beat.set_attempt(1);
+  beat.set_rank(0);
+  beat.set_progress_age_ms(50);
+  for (int i = 0; i < 30; ++i) {  // three hang timeouts without a step
+    ASSERT_TRUE(c->ReportAlive(beat).ok());
+    c->Tick();
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(c->Get(id, false)->job().state(), v1::JOB_STATE_RUNNING);
+  v1::ReportAliveRequest bad = beat;
+  bad.set_progress_age_ms(-2);
+  EXPECT_EQ(c->ReportAlive(bad).code(), absl::StatusCode::kInvalidArgument);
+  // Heard from, but nothing completed for longer than the timeout.
+  beat.set_progress_age_ms(1500);
+  for (int i = 0;
+       i < 30 && c->Get(id, false)->job().state() == v1::JOB_STATE_RUNNING;
+       ++i) {
+    ASSERT_TRUE(c->ReportAlive(beat).ok());
+    c->Tick();
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  const v1::Job done = TickUntil(*c, id, v1::JOB_STATE_FAILED);
+  EXPECT_NE(done.error().find("hang at step 0"), std::string::npos)
+      << done.error();
+}
+
 // A rank loading a 3 GB file ended no step for longer than the hang
 // timeout and was killed as hung. A rank that says it is busy is alive;
 // silence is still a hang, and the error says what it was busy with.

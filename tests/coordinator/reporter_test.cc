@@ -3,6 +3,7 @@
 // fail the rank.
 #include <stdlib.h>
 
+#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <string>
@@ -121,6 +122,45 @@ TEST(ProgressReporterTest, ABusyRankSaysItIsAliveUntilItIsDone) {
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(600));
   EXPECT_LE(service.Got().size(), busy.size() + 1);  // one may be in flight
+  r->reset();
+  server->Shutdown();
+}
+
+// Every rank of a job under ptcoord says at every interval how long ago
+// it last made progress, busy or not: what tells a long step from a hang.
+TEST(ProgressReporterTest, WithAProbeEveryIntervalCarriesTheProgressAge) {
+  AliveRecorder service;
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  SetRankEnvironment("127.0.0.1:" + std::to_string(port), "2");
+  setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+  auto r = ProgressReporter::FromEnvironment();
+  unsetenv("PTRAIN_COORDINATOR");
+  unsetenv("OMPI_COMM_WORLD_RANK");
+  ASSERT_TRUE(r.ok() && *r != nullptr);
+  (*r)->SetAliveInterval(std::chrono::milliseconds(100));
+  std::atomic<int64_t> age{-1};
+  (*r)->SetProgressProbe([&age] { return age.load(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  age = 1234;
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  (*r)->SetProgressProbe(nullptr);
+  const std::vector<v1::ReportAliveRequest> got = service.Got();
+  ASSERT_GE(got.size(), 5u);
+  EXPECT_LE(got.size(), 12u);
+  EXPECT_EQ(got.front().progress_age_ms(), -1);
+  EXPECT_EQ(got.back().progress_age_ms(), 1234);
+  for (const v1::ReportAliveRequest& a : got) {
+    EXPECT_EQ(a.activity(), "");  // not busy, only alive
+    EXPECT_EQ(a.attempt(), 2);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  EXPECT_LE(service.Got().size(), got.size() + 1);  // off again
   r->reset();
   server->Shutdown();
 }

@@ -116,6 +116,8 @@ class PtworkerCli : public ::testing::Test {
     EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     EXPECT_FALSE(fs::exists(log_)) << "a refused run wrote its log";
+    EXPECT_FALSE(fs::exists(fs::path(log_).parent_path() / "flight"))
+        << "a refused run left a flight recorder dump";
   }
   fs::path dir_;
   std::string log_;
@@ -398,6 +400,29 @@ TEST_F(PtworkerCli, TestHookWithABadValueIsRefused) {
   ExpectRefused(RunPtworker(Small() + "--set train.steps=2",
                             "PTRAIN_TEST_HANG_AT_STEP=abc"),
                 "PTRAIN_TEST_HANG_AT_STEP='abc' is not an integer");
+}
+
+TEST_F(PtworkerCli, FlightRecorderSizeOutOfRangeIsRefusedNamingIt) {
+  ExpectRefused(RunPtworker(Small() + "--set train.steps=2",
+                            "PTRAIN_FLIGHT_RECORDER_ENTRIES=-1"),
+                "PTRAIN_FLIGHT_RECORDER_ENTRIES='-1' is not an integer >= 0");
+  ExpectRefused(RunPtworker(Small() + "--set train.steps=2",
+                            "PTRAIN_FLIGHT_RECORDER_ENTRIES=99999999"),
+                "PTRAIN_FLIGHT_RECORDER_ENTRIES=99999999 must be in [0, "
+                "16777216]");
+}
+
+// Under a run log every rank leaves a first dump, saying who it is, once
+// it is set up (a refused run leaves none: ExpectRefused).
+TEST_F(PtworkerCli, RanksLeaveTheirFlightRecorderBesideTheRunLog) {
+  ASSERT_EQ(RunPtworker(Small() + "--set train.steps=3").code, 0);
+  const fs::path dump =
+      fs::path(log_).parent_path() / "flight" / "rank-00000.jsonl";
+  std::ifstream in(dump);
+  std::string header;
+  ASSERT_TRUE(std::getline(in, header)) << dump;
+  EXPECT_NE(header.find("\"reason\":\"start\""), std::string::npos) << header;
+  EXPECT_NE(header.find("\"rank\":0"), std::string::npos) << header;
 }
 
 TEST_F(PtworkerCli, DamagedCheckpointExitsTwoExplicitlyAndIsSkippedByLatest) {

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -56,9 +57,14 @@ const char* FlightPhaseName(FlightPhase phase) {
   return "setup";
 }
 
-FlightRecorder::FlightRecorder(int capacity) {
-  PT_CHECK(capacity > 0, "a flight recorder needs room for one entry");
-  ring_.resize(capacity);
+FlightRecorder::FlightRecorder(int capacity) { SetCapacity(capacity); }
+
+void FlightRecorder::SetCapacity(int capacity) {
+  PT_CHECK(capacity >= 0, "a flight recorder's capacity is not negative");
+  std::lock_guard<std::mutex> lock(mu_);
+  ring_.assign(std::max(capacity, 1), Entry{});
+  // Ids go on, so that the ring's slots of older ids read as overwritten.
+  on_.store(capacity > 0);
 }
 
 void FlightRecorder::SetIdentity(Identity identity) {
@@ -105,17 +111,19 @@ void FlightRecorder::SetStep(int64_t step) {
 }
 
 void FlightRecorder::Enter(FlightPhase phase, int microbatch) {
+  if (!on_.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (phase == phase_ && microbatch == microbatch_) return;
   phase_ = phase;
   microbatch_ = microbatch;
   Entry& e = Append();
   e.mark = true;
-  e.start_us = NowUnixMicros();
+  e.start_us = last_progress_us_ = NowUnixMicros();
 }
 
 uint64_t FlightRecorder::Issued(const std::string& group, CommOp op,
                                 int64_t bytes, int peer, bool queued) {
+  if (!on_.load(std::memory_order_relaxed)) return 0;
   const int64_t now = NowUnixMicros();
   std::lock_guard<std::mutex> lock(mu_);
   const int g = GroupIndex(group);
@@ -136,6 +144,7 @@ uint64_t FlightRecorder::Issued(const std::string& group, CommOp op,
 }
 
 void FlightRecorder::Started(uint64_t id) {
+  if (id == 0) return;  // issued while off
   const int64_t now = NowUnixMicros();
   std::lock_guard<std::mutex> lock(mu_);
   Entry& e = ring_[(id - 1) % ring_.size()];
@@ -145,9 +154,10 @@ void FlightRecorder::Started(uint64_t id) {
 }
 
 void FlightRecorder::Completed(uint64_t id) {
+  if (id == 0 || !on_.load(std::memory_order_relaxed)) return;
   const int64_t now = NowUnixMicros();
   std::lock_guard<std::mutex> lock(mu_);
-  last_activity_us_ = now;
+  last_activity_us_ = last_progress_us_ = now;
   Entry& e = ring_[(id - 1) % ring_.size()];
   // Overwritten since (a call outlived the ring): only the time counts.
   if (e.id != id) return;
@@ -158,6 +168,13 @@ void FlightRecorder::Completed(uint64_t id) {
 uint64_t FlightRecorder::recorded() const {
   std::lock_guard<std::mutex> lock(mu_);
   return next_id_ - 1;
+}
+
+int64_t FlightRecorder::ProgressAgeMillis() const {
+  const int64_t now = NowUnixMicros();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (last_progress_us_ == 0) return -1;
+  return std::max<int64_t>(0, (now - last_progress_us_) / 1000);
 }
 
 std::string FlightRecorder::Dump(const std::string& reason) const {
@@ -183,7 +200,7 @@ std::string FlightRecorder::Dump(const std::string& reason) const {
       {"microbatch", microbatch_},
       {"phase", FlightPhaseName(phase_)},
       {"last_activity_unix_us", last_activity_us_},
-      {"capacity", ring_.size()},
+      {"capacity", on_.load() ? ring_.size() : 0},
       {"recorded", next_id_ - 1}};
   std::string out = header.dump();
   out += '\n';
@@ -191,6 +208,7 @@ std::string FlightRecorder::Dump(const std::string& reason) const {
   const uint64_t first = n > ring_.size() ? n - ring_.size() + 1 : 1;
   for (uint64_t id = first; id <= n; ++id) {
     const Entry& e = ring_[(id - 1) % ring_.size()];
+    if (e.id != id) continue;  // dropped by SetCapacity
     nlohmann::ordered_json line;
     if (e.mark) {
       line = {{"type", "mark"},

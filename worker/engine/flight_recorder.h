@@ -9,6 +9,7 @@
 #ifndef PTRAIN_WORKER_ENGINE_FLIGHT_RECORDER_H_
 #define PTRAIN_WORKER_ENGINE_FLIGHT_RECORDER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -40,6 +41,10 @@ class FlightRecorder {
   static constexpr int kDefaultCapacity = 2048;
 
   explicit FlightRecorder(int capacity = kDefaultCapacity);
+  // A ring of `capacity` entries from now on (those recorded are dropped);
+  // 0: records nothing, progress included (its calls return at once),
+  // until set again.
+  void SetCapacity(int capacity);
   FlightRecorder(const FlightRecorder&) = delete;
   FlightRecorder& operator=(const FlightRecorder&) = delete;
 
@@ -77,6 +82,10 @@ class FlightRecorder {
 
   // Entries ever recorded (marks included).
   uint64_t recorded() const;
+  // Milliseconds since the rank last completed a call or entered a phase
+  // (its progress: a rank waiting in a call or looping makes none); -1
+  // before either.
+  int64_t ProgressAgeMillis() const;
 
  private:
   enum class State { kQueued, kStarted, kCompleted };
@@ -98,6 +107,7 @@ class FlightRecorder {
   int GroupIndex(const std::string& group);  // mu_ held
   int WorldRank(int group, int peer) const;  // mu_ held
 
+  std::atomic<bool> on_{true};  // capacity > 0
   mutable std::mutex mu_;
   std::vector<Entry> ring_;                            // guarded by mu_
   uint64_t next_id_ = 1;                               // guarded by mu_
@@ -110,6 +120,7 @@ class FlightRecorder {
   int microbatch_ = -1;                                // guarded by mu_
   FlightPhase phase_ = FlightPhase::kSetup;            // guarded by mu_
   int64_t last_activity_us_ = 0;                       // guarded by mu_
+  int64_t last_progress_us_ = 0;                       // guarded by mu_
 };
 
 // Completes a recorded call when it goes out of scope (blocking calls).

@@ -112,6 +112,13 @@ float PipelineRuntime::Forward(const int32_t* tokens, const int32_t* targets,
               &unused));
 }
 
+void PipelineRuntime::MarkPass(const PipeAction& a) {
+  if (recorder_ == nullptr) return;
+  recorder_->Enter(a.kind == PipeAction::kForward ? FlightPhase::kForward
+                                                  : FlightPhase::kBackward,
+                   a.microbatch);
+}
+
 double PipelineRuntime::Execute(const std::vector<PipeAction>& order,
                                 const Run& run, PhaseSeconds* phases) {
   const int64_t tokens = int64_t{run.B} * run.T;
@@ -160,11 +167,7 @@ double PipelineRuntime::Execute(const std::vector<PipeAction>& order,
     const int32_t* tg =
         run.targets != nullptr ? run.targets + mb * tokens : nullptr;
     const float* received = nullptr;
-    if (recorder_ != nullptr && run.train) {
-      recorder_->Enter(a.kind == PipeAction::kForward ? FlightPhase::kForward
-                                                      : FlightPhase::kBackward,
-                       mb);
-    }
+    if (run.train) MarkPass(a);
     auto t = Clock::now();
     if (posted_for == i) {
       posted->Wait();

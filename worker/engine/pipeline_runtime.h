@@ -81,6 +81,8 @@ class PipelineRuntime {
   // The one executor: runs `order`, returning the last stage's loss sum.
   double Execute(const std::vector<PipeAction>& order, const Run& run,
                  PhaseSeconds* phases);
+  // Tells the flight recorder which pass of a training step runs.
+  void MarkPass(const PipeAction& a);
   int chunks() const { return static_cast<int>(chunks_.size()); }
   int VirtualStage(int c) const { return c * pp_size_ + pp_rank_; }
   int last_virtual_stage() const { return pp_size_ * chunks() - 1; }

@@ -87,6 +87,38 @@ TEST(FlightRecorder, CallsGoFromQueuedOrStartedToCompletedWithTheirTimes) {
   EXPECT_EQ(l[0]["last_activity_unix_us"], l[1]["end_us"]);
 }
 
+TEST(FlightRecorder, OffRecordsNothingAndOnAgainStartsAFreshRing) {
+  FlightRecorder r(8);
+  const uint64_t before = r.Issued("tp", CommOp::kAllReduce, 4);
+  r.SetCapacity(0);
+  EXPECT_EQ(r.Issued("tp", CommOp::kAllReduce, 4), 0u);
+  r.Enter(FlightPhase::kForward, 0);
+  r.Completed(before);  // dropped with the ring: nothing to complete
+  std::vector<nlohmann::json> l = Lines(r.Dump("SIGUSR2"));
+  ASSERT_EQ(l.size(), 1u);
+  EXPECT_EQ(l[0]["capacity"], 0);
+  EXPECT_EQ(r.ProgressAgeMillis(), -1);
+  r.SetCapacity(4);
+  r.Issued("tp", CommOp::kAllReduce, 4);
+  l = Lines(r.Dump("SIGUSR2"));
+  ASSERT_EQ(l.size(), 2u);
+  EXPECT_EQ(l[1]["seq"], 2);  // numbering goes on: ranks still agree
+  EXPECT_EQ(l[0]["capacity"], 4);
+}
+
+TEST(FlightRecorder, ProgressIsACompletedCallOrAPhaseEntered) {
+  FlightRecorder r;
+  EXPECT_EQ(r.ProgressAgeMillis(), -1);
+  const uint64_t id = r.Issued("tp", CommOp::kAllReduce, 4);
+  EXPECT_EQ(r.ProgressAgeMillis(), -1);  // entering a call is not progress
+  r.Completed(id);
+  EXPECT_GE(r.ProgressAgeMillis(), 0);
+  EXPECT_LT(r.ProgressAgeMillis(), 1000);
+  FlightRecorder marks;
+  marks.Enter(FlightPhase::kForward, 0);
+  EXPECT_GE(marks.ProgressAgeMillis(), 0);
+}
+
 TEST(FlightRecorder, ACallOutlivingTheRingLeavesTheNewerEntryAlone) {
   FlightRecorder r(2);
   const uint64_t old = r.Issued("dp", CommOp::kAllReduce, 4);
