@@ -157,6 +157,11 @@ v1::JobSpec DefaultJobSpec() {
   train->set_log_every(10);
   train->set_precision("auto");
   train->set_recompute("none");
+  v1::AnomalySpec* anomaly = train->mutable_anomaly();
+  anomaly->set_nan("stop");
+  anomaly->set_spike_factor(0.0);
+  anomaly->set_window(100);
+  anomaly->set_max_rollbacks(3);
 
   v1::CheckpointSpec* checkpoint = spec.mutable_checkpoint();
   checkpoint->set_every(0);

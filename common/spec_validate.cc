@@ -435,6 +435,29 @@ absl::Status ValidateCheckpoint(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateAnomaly(const v1::JobSpec& spec) {
+  const v1::AnomalySpec& a = spec.train().anomaly();
+  if (absl::Status s = First({
+          CheckFinite(a, "train.anomaly"),
+          OneOf("train.anomaly.nan", a.nan(), {"rollback", "stop", "ignore"}),
+          InRange("train.anomaly.window", a.window(), 1, 1 << 20),
+          InRange("train.anomaly.max_rollbacks", a.max_rollbacks(), 0, 1 << 16),
+      });
+      !s.ok()) {
+    return s;
+  }
+  if (!(a.spike_factor() == 0 || a.spike_factor() > 1)) {
+    return Error("train.anomaly.spike_factor=", a.spike_factor(),
+                 " must be 0 (off) or > 1 (a multiple of the median loss)");
+  }
+  if (a.nan() == "rollback" && spec.checkpoint().dir().empty()) {
+    return Error(
+        "train.anomaly.nan=rollback needs checkpoint.dir (the checkpoints it "
+        "rolls back to)");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateResources(const v1::JobSpec& spec) {
   const v1::ResourcesSpec& r = spec.resources();
   const int tp = spec.parallel().tp();
@@ -523,9 +546,10 @@ absl::StatusOr<std::vector<int>> PipelineStageLayers(const v1::ParallelSpec& p,
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   // Sections in job.proto order, so the first error reported is stable.
   if (absl::Status s = CheckStrings(spec, ""); !s.ok()) return s;
-  for (auto* validate : {&ValidateName, &ValidateModel, &ValidateData,
-                         &ValidateParallel, &ValidateTrain, &ValidateCheckpoint,
-                         &ValidateResources, &ValidateRestart}) {
+  for (auto* validate :
+       {&ValidateName, &ValidateModel, &ValidateData, &ValidateParallel,
+        &ValidateTrain, &ValidateCheckpoint, &ValidateAnomaly,
+        &ValidateResources, &ValidateRestart}) {
     if (absl::Status s = validate(spec); !s.ok()) return s;
   }
   return absl::OkStatus();

@@ -97,6 +97,17 @@ absl::Status Coordinator::ReportCheckpoint(
   running_[r.job_id()].last_report = absl::Now();
   JobUpdate u;
   u.record = e->record;
+  if (r.resumed() && r.rolled_back_from() > 0) {
+    // Its steps go back: the reports of the steps after the checkpoint
+    // come again.
+    u.event = absl::StrCat("rolled back at step ", r.rolled_back_from(), " (",
+                           r.reason(), ") to the checkpoint at step ", r.step(),
+                           ", skipping the ", r.rolled_back_from() - r.step(),
+                           " steps of data since");
+    if (absl::Status s = Commit(*e, std::move(u)); !s.ok()) return s;
+    running_[r.job_id()].last_step = r.step();
+    return absl::OkStatus();
+  }
   if (r.resumed()) {
     // Where the attempt came back from; the checkpoint's own report (if its
     // writer lived to send it) stays as it was.

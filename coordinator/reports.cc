@@ -181,6 +181,22 @@ absl::Status ValidateCheckpoint(const v1::ReportCheckpointRequest& r,
     return Invalid("dir=", Shown(r.dir()), " must be the committed folder ",
                    want, " of step ", r.step());
   }
+  if (r.rolled_back_from() != 0 &&
+      (!r.resumed() || r.rolled_back_from() <= r.step() ||
+       r.rolled_back_from() > ctx.total_steps)) {
+    return Invalid("rolled_back_from=", r.rolled_back_from(),
+                   " must be 0, or with resumed a step in (step=", r.step(),
+                   ", train.steps=", ctx.total_steps, "]");
+  }
+  const bool printable =
+      std::all_of(r.reason().begin(), r.reason().end(), [](char c) {
+        return absl::ascii_isprint(static_cast<unsigned char>(c));
+      });
+  if (r.reason().size() > kMaxReasonBytes || !printable) {
+    return Invalid("reason=", Shown(r.reason()),
+                   " must be printable ASCII of at most ", kMaxReasonBytes,
+                   " bytes");
+  }
   return absl::OkStatus();
 }
 

@@ -51,6 +51,8 @@ absl::Status ValidateCheckpoint(const v1::ReportCheckpointRequest& r,
 // As above for job_id, attempt and rank; activity is printable ASCII of at
 // most kMaxActivityBytes.
 inline constexpr size_t kMaxActivityBytes = 128;
+// ReportCheckpointRequest.reason: why a rank rolled back.
+inline constexpr size_t kMaxReasonBytes = 256;
 absl::Status ValidateAlive(const v1::ReportAliveRequest& r,
                            const ReportContext& ctx);
 

@@ -155,13 +155,23 @@ void ProgressReporter::OnRecord(const nlohmann::json& record) {
     p.set_tok_per_s(Number(record, "tok_per_s"));
     p.set_mfu(Number(record, "mfu"));
     p.set_lr(Number(record, "lr"));
-  } else if (type == "checkpoint" || type == "resume") {
+  } else if (type == "checkpoint" || type == "resume" || type == "rollback") {
     item.kind = Item::kCheckpoint;
     v1::ReportCheckpointRequest& c = item.checkpoint;
     c.set_job_id(job_id_);
     c.set_attempt(attempt_);
     c.set_step(step);
-    c.set_resumed(type == "resume");
+    c.set_resumed(type != "checkpoint");
+    if (type == "rollback") {
+      // {"step": the bad one, "to_step": the checkpoint's, "reason"}
+      c.set_rolled_back_from(step);
+      c.set_step(static_cast<int64_t>(Number(record, "to_step")));
+      auto why = record.find("reason");
+      if (why != record.end() && why->is_string()) {
+        // The RPC takes at most 256 bytes of it (reports.h).
+        c.set_reason(why->get<std::string>().substr(0, 256));
+      }
+    }
     auto dir = record.find("dir");
     if (dir != record.end() && dir->is_string())
       c.set_dir(dir->get<std::string>());

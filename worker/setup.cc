@@ -102,6 +102,10 @@ absl::Status FillTrainerOptions(const RankFlags& flags, const NodeShare& node,
       !s.ok()) {
     return s;
   }
+  if (auto s = EnvInteger("PTRAIN_TEST_NAN_AT_STEP", &options->nan_at_step);
+      !s.ok()) {
+    return s;
+  }
   if (reporter != nullptr) {
     options->on_record = [reporter](const nlohmann::json& rec) {
       reporter->OnRecord(rec);

@@ -432,6 +432,38 @@ TEST(ValidateJobSpec, OffloadRules) {
   }
 }
 
+// train.anomaly: stop on NaN by default; unknown keys, a spike factor that
+// is neither 0 nor above 1, and a rollback without checkpoints are refused,
+// naming the field and the rule.
+TEST(ValidateJobSpec, AnomalyRules) {
+  const v1::AnomalySpec a = MustParse(kMinimal, {}).train().anomaly();
+  EXPECT_EQ(a.nan(), "stop");
+  EXPECT_EQ(a.spike_factor(), 0.0);
+  EXPECT_EQ(a.window(), 100);
+  EXPECT_EQ(a.max_rollbacks(), 3);
+  EXPECT_NE(OverrideError({"train.anomaly.nans=stop"})
+                .find("train.anomaly.nans: unknown key"),
+            std::string::npos)
+      << OverrideError({"train.anomaly.nans=stop"});
+  EXPECT_EQ(OverrideError({"train.anomaly.spike_factor=1"}),
+            "train.anomaly.spike_factor=1 must be 0 (off) or > 1 (a multiple "
+            "of the median loss)");
+  EXPECT_NE(OverrideError({"train.anomaly.spike_factor=-2"})
+                .find("train.anomaly.spike_factor=-2 must be 0 (off) or > 1"),
+            std::string::npos);
+  EXPECT_NE(
+      OverrideError({"train.anomaly.nan=retry"}).find("train.anomaly.nan"),
+      std::string::npos);
+  EXPECT_NE(
+      OverrideError({"train.anomaly.window=0"}).find("train.anomaly.window"),
+      std::string::npos);
+  EXPECT_EQ(OverrideError({"train.anomaly.nan=rollback"}),
+            "train.anomaly.nan=rollback needs checkpoint.dir (the checkpoints "
+            "it rolls back to)");
+  MustParse(kMinimal, {"train.anomaly.nan=rollback", "checkpoint.dir=ck",
+                       "train.anomaly.spike_factor=3"});
+}
+
 // zb1p (ZB-H1) fills a pipeline's bubble with the weight passes of one
 // chunk per rank: refused without a pipeline or with virtual stages, naming
 // the field and the rule; accepted composed with dp, tp + SP, ZeRO-3 and

@@ -896,6 +896,38 @@ TEST_F(CoordinatorTest, InvalidRankReportsAreRefusedAndChangeNothing) {
   got = c->Get(id, true);
   EXPECT_EQ(got->loss_history_size(), 1);
   EXPECT_EQ(got->job().progress().step(), 3);
+
+  // A rollback (train.anomaly) from step 6 to the checkpoint at step 4:
+  // checked, recorded as an event, and the steps after 4 come again.
+  EXPECT_TRUE(progress([](auto& r) { r.set_step(6); }).ok());
+  auto rollback = [&](int64_t from, bool resumed, const std::string& why) {
+    v1::ReportCheckpointRequest r;
+    r.set_job_id(id);
+    r.set_attempt(1);
+    r.set_step(4);
+    r.set_dir((ckpt / "step-00000004").string());
+    r.set_resumed(resumed);
+    r.set_rolled_back_from(from);
+    r.set_reason(why);
+    return c->ReportCheckpoint(r);
+  };
+  EXPECT_EQ(progress([](auto& r) { r.set_step(5); }).code(),
+            absl::StatusCode::kInvalidArgument);  // not before the rollback
+  for (const absl::Status& s :
+       {rollback(4, true, "nan"), rollback(6, false, "nan"),
+        rollback(11, true, "nan"), rollback(6, true, "na\xc3\x97n"),
+        rollback(6, true, std::string(300, 'x'))}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  }
+  ASSERT_TRUE(rollback(6, true, "loss nan at step 6").ok());
+  EXPECT_NE(
+      c->WaitForChange(id, 0, absl::ZeroDuration())
+          ->message.find(
+              "rolled back at step 6 (loss nan at step 6) to the checkpoint "
+              "at step 4, skipping the 2 steps of data since"),
+      std::string::npos);
+  EXPECT_TRUE(progress([](auto& r) { r.set_step(5); }).ok());
+  EXPECT_EQ(c->Get(id, false)->job().progress().step(), 5);
   ASSERT_TRUE(c->Cancel(id).ok());
   TickUntil(*c, id, v1::JOB_STATE_CANCELLED);
 }

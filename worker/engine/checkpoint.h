@@ -49,6 +49,9 @@ struct CheckpointMeta {
   int64_t tokens_seen = 0;
   int64_t optimizer_step = 0;  // AdamW's t (bias correction)
   uint64_t seed = 0;  // data sampler and sampling: pure in (seed, step)
+  // Steps of data the run skipped (rollbacks, train.anomaly): step s reads
+  // the batch of s + skipped_steps. 0 in checkpoints written before.
+  int64_t skipped_steps = 0;
   GptConfig model;
   // The char tokenizer's characters in id order, as UTF-8 (CharTokenizer::
   // vocab()); "" for token files.

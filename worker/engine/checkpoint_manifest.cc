@@ -151,6 +151,10 @@ absl::Status CheckpointReader::LoadProgressAndModel(const json& m) {
   auto sampler = ObjectAt(m, "", "sampler");
   if (!sampler.ok()) return Damaged(sampler.status());
   check(Uint64(**sampler, "sampler", "seed", &meta.seed));
+  if ((*sampler)->contains("skipped_steps")) {
+    check(Int(**sampler, "sampler", "skipped_steps", 0, kMaxStep,
+              &meta.skipped_steps));
+  }
   auto model = ObjectAt(m, "", "model");
   if (!model.ok()) return Damaged(model.status());
   GptConfig& c = meta.model;

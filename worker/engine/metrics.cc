@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <string>
 
 #include "absl/status/status.h"
@@ -52,6 +53,18 @@ std::map<std::string, std::string> With(std::map<std::string, std::string> a,
                                         const std::string& v) {
   a[k] = v;
   return a;
+}
+
+// One counter of family `name` per value of `label`, each with the rank's
+// `base` labels.
+std::map<std::string, prometheus::Counter*> CountersBy(
+    prometheus::Registry& reg, const char* name, const char* help,
+    const std::map<std::string, std::string>& base, const char* label,
+    std::initializer_list<const char*> values) {
+  auto& family = prometheus::BuildCounter().Name(name).Help(help).Register(reg);
+  std::map<std::string, prometheus::Counter*> out;
+  for (const char* v : values) out[v] = &family.Add(With(base, label, v));
+  return out;
 }
 
 }  // namespace
@@ -133,12 +146,10 @@ absl::StatusOr<std::unique_ptr<RankMetrics>> RankMetrics::Start(
   auto counters = [&](const char* name, const char* help) {
     return &p8s::BuildCounter().Name(name).Help(help).Register(reg);
   };
-  auto& phases = *counters("ptrain_phase_seconds_total",
-                           "Seconds spent by phase of the training loop.");
-  for (const char* phase :
-       {"forward", "backward", "optimizer", "data", "checkpoint", "bubble"}) {
-    m->phases_[phase] = &phases.Add(With(m->base_, "phase", phase));
-  }
+  m->phases_ = CountersBy(
+      reg, "ptrain_phase_seconds_total",
+      "Seconds spent by phase of the training loop.", m->base_, "phase",
+      {"forward", "backward", "optimizer", "data", "checkpoint", "bubble"});
   m->comm_seconds_ = counters("ptrain_comm_seconds_total",
                               "Seconds in communication by group and op.");
   m->comm_bytes_ = counters("ptrain_comm_bytes_total",
@@ -149,8 +160,18 @@ absl::StatusOr<std::unique_ptr<RankMetrics>> RankMetrics::Start(
                 "behind computation (the gradient reductions still running "
                 "when backward ended).")
            ->Add(m->base_);
+  m->anomalies_ = CountersBy(
+      reg, "ptrain_anomalies_total",
+      "Steps found bad (train.anomaly) by kind: nan (a NaN or Inf loss or "
+      "gradient norm) or spike (a loss above spike_factor times the median).",
+      m->base_, "kind", {"nan", "spike"});
   m->exposer_->RegisterCollectable(m->registry_);
   return m;
+}
+
+void RankMetrics::OnAnomaly(const std::string& kind) {
+  const auto it = anomalies_.find(kind);
+  if (it != anomalies_.end()) it->second->Increment();
 }
 
 RankMetrics::~RankMetrics() = default;

@@ -70,6 +70,9 @@ class RankMetrics {
   // ptrain_gpu_memory_bytes{kind=used|total}: the memory of the rank's GPU
   // in use (by every process on it) and its size; absent on cpu ranks.
   void SetGpuMemory(int64_t used, int64_t total);
+  // ptrain_anomalies_total{kind}: a bad step (train.anomaly), "nan" or
+  // "spike", whatever was done about it.
+  void OnAnomaly(const std::string& kind);
   // Brings ptrain_comm_{seconds,bytes}_total up to `stats` (cumulative).
   void UpdateComm(const CommStats& stats);
 
@@ -97,6 +100,7 @@ class RankMetrics {
       comm_;
   std::map<std::pair<std::string, std::string>, CommStat> comm_seen_;
   prometheus::Counter* comm_exposed_ = nullptr;
+  std::map<std::string, prometheus::Counter*> anomalies_;  // by kind
   double exposed_seen_ = 0.0;  // CommStats::ExposedSeconds already added
 };
 

@@ -369,6 +369,7 @@ absl::Status Trainer::LoadCandidate(const std::string& dir, bool latest,
   }
   c->step = meta.step;
   c->opt_step = meta.optimizer_step;
+  c->skipped_steps = meta.skipped_steps;
   c->owner = meta.job_uid;
   absl::Status loaded = LoadState(*store_, optimizer_->adam(), **reader,
                                   /*with_optimizer=*/true);
@@ -419,6 +420,7 @@ absl::Status Trainer::Resume() {
       resumed_from_ = dir;
       if (standalone) run_uid_ = c.owner;
       optimizer_->adam().set_steps_taken(c.opt_step);
+      data_skip_ = c.skipped_steps;
       spdlog::info("resumed from '{}' at step {}{}", dir, c.step, skipped);
       return absl::OkStatus();
     }
@@ -453,6 +455,7 @@ CheckpointMeta Trainer::CheckpointMetaAt(int64_t step) const {
       step * static_cast<int64_t>(build_.global_batch) * build_.T;
   meta.optimizer_step = optimizer_->adam().steps_taken();
   meta.seed = spec_.train().seed();
+  meta.skipped_steps = data_skip_;
   meta.model = chunks_.front()->config();
   if (data_.has_tokenizer) meta.vocab = data_.tokenizer.vocab();
   meta.data_digest = data_.digest;
@@ -506,7 +509,8 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
       data_(std::move(data)),
       dims_(dims),
       build_(RankBuild::Of(spec_, data_.vocab_size, dims->tp_rank(),
-                           dims->pp_rank())) {
+                           dims->pp_rank())),
+      anomaly_guard_(spec_.train().anomaly()) {
   if (spec_.resources().threads_per_rank() > 0) {
     omp_set_num_threads(spec_.resources().threads_per_rank());
   }
@@ -630,7 +634,7 @@ StepResult Trainer::TrainStep(int64_t step) {
   auto t = Clock::now();
   const int64_t tokens = int64_t{b.micro_B} * b.T_local();
   for (int mb = 0; mb < b.microbatches; ++mb) {
-    FillMicrobatch(*train_sampler_, step, FirstSequence(mb),
+    FillMicrobatch(*train_sampler_, step + data_skip_, FirstSequence(mb),
                    inputs_.data() + mb * tokens, targets_.data() + mb * tokens);
   }
   r.phases.data += SecondsSince(t);

@@ -22,6 +22,7 @@
 #include "kernels/ops.h"
 #include "nlohmann/json.hpp"
 #include "ptrain/v1/job.pb.h"
+#include "worker/engine/anomaly.h"
 #include "worker/engine/checkpoint.h"
 #include "worker/engine/data.h"
 #include "worker/engine/gpt_stage.h"
@@ -79,6 +80,10 @@ struct TrainerOptions {
   // that is set (the others then wait for it in their next collective).
   std::optional<int64_t> hang_at_step;
   std::optional<int64_t> hang_rank;
+  // Test hook, set only from the environment: the loss of this step
+  // (1-based) reads as NaN to the anomaly guard, the first time the run
+  // reaches it.
+  std::optional<int64_t> nan_at_step;
   // Prometheus metrics of this rank (not owned; null for none).
   RankMetrics* metrics = nullptr;
   // Set (by a signal handler) to ask the run to stop: at the end of the
@@ -165,6 +170,10 @@ class Trainer {
   }
   // Steps already done when Run starts (from a resumed checkpoint).
   int64_t start_step() const { return start_step_; }
+  // Steps of data skipped (rollbacks): step s trains on the batch of
+  // s + skipped_steps(). SkipData(n) skips n more, from the next step on.
+  int64_t skipped_steps() const { return data_skip_; }
+  void SkipData(int64_t steps) { data_skip_ += steps; }
   // Run returned early, at options.stop_requested, after the step's
   // checkpoint.
   bool stopped() const { return stopped_; }
@@ -232,11 +241,17 @@ class Trainer {
   absl::Status LoadInitialState();
   // Loads the resume_from checkpoint, if any (docs/checkpoints.md, Loading).
   absl::Status Resume();
+  // train.anomaly after step `step` (1-based) trained with result `r`:
+  // -1 to go on, else the step the run rolled back to (the newest
+  // checkpoint's, its data since skipped); an error stops the run.
+  absl::StatusOr<int64_t> HandleAnomaly(int64_t step, const StepResult& r);
+  absl::StatusOr<int64_t> RollBack(int64_t step, const std::string& kind,
+                                   const std::string& reason);
   // What loading one of Resume's candidates found: `fatal`, no other
   // candidate may be tried; `other`, it is another model's or data's.
   struct ResumeCandidate {
     bool fatal = false, other = false;
-    int64_t step = 0, opt_step = 0;
+    int64_t step = 0, opt_step = 0, skipped_steps = 0;
     std::string owner;  // its job_uid
   };
   // Loads checkpoint `dir` into the state (this rank's part; `field` names
@@ -272,6 +287,12 @@ class Trainer {
   // checkpoint.async_save: the save being written, and the seconds the
   // loop was blocked starting it.
   BackgroundSave background_save_;
+  // train.anomaly: the guard, the rollbacks made, the data skipped by them
+  // (CheckpointMeta::skipped_steps), whether the NaN test hook fired.
+  AnomalyGuard anomaly_guard_;
+  int rollbacks_ = 0;
+  int64_t data_skip_ = 0;
+  bool nan_injected_ = false;
   double background_blocked_ = 0;
   bool stopped_ = false;
   std::unique_ptr<RunLog> run_log_;

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -60,6 +61,13 @@ absl::Status Trainer::Run() {
     }
     const StepResult r = TrainStep(s);
     const int64_t step = s + 1;  // steps completed
+    // Before anything reports or saves the step: a bad one never is.
+    absl::StatusOr<int64_t> back = HandleAnomaly(step, r);
+    if (!back.ok()) return back.status();
+    if (*back >= 0) {
+      s = *back - 1;  // the loop goes on at the step after the checkpoint
+      continue;
+    }
     if (absl::Status st = ReportStep(step, r); !st.ok()) return st;
     if ((train.eval_every() > 0 && step % train.eval_every() == 0) ||
         step == train.steps()) {
@@ -98,6 +106,87 @@ absl::Status Trainer::Run() {
   // that could not learn the exit code knows the job finished.
   Emit({{"type", "end"}, {"step", train.steps()}});
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Trainer::HandleAnomaly(int64_t step,
+                                               const StepResult& r) {
+  double loss = r.loss;
+  if (options_.nan_at_step == step && !nan_injected_) {
+    spdlog::warn("test hook: the loss of step {} reads as NaN", step);
+    loss = std::nan("");
+    nan_injected_ = true;
+  }
+  AnomalyGuard::Verdict v = anomaly_guard_.Check(step, loss, r.grad_norm);
+  // Every rank decides alike, whatever it saw itself.
+  if (!AnyRankFailed(world(), !v.kind.empty())) return -1;
+  if (v.kind.empty()) {
+    v = {"nan", absl::StrCat("another rank saw an anomaly at step ", step)};
+  }
+  if (options_.metrics != nullptr) options_.metrics->OnAnomaly(v.kind);
+  const v1::AnomalySpec& policy = spec_.train().anomaly();
+  if (policy.nan() == "ignore") {
+    spdlog::warn("step {:>6} | {}; going on (train.anomaly.nan=ignore)", step,
+                 v.reason);
+    Emit({{"type", "anomaly"},
+          {"step", step},
+          {"kind", v.kind},
+          {"reason", v.reason},
+          {"action", "ignored"}});
+    return -1;
+  }
+  if (policy.nan() == "stop") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        v.reason,
+        "; stopping (train.anomaly.nan=stop): a restart would meet "
+        "it again"));
+  }
+  if (rollbacks_ >= policy.max_rollbacks()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        v.reason, "; the run rolled back ", rollbacks_,
+        " times already (train.anomaly.max_rollbacks=", policy.max_rollbacks(),
+        ")"));
+  }
+  return RollBack(step, v.kind, v.reason);
+}
+
+absl::StatusOr<int64_t> Trainer::RollBack(int64_t step, const std::string& kind,
+                                          const std::string& reason) {
+  Busy busy(options_, recorder(), FlightPhase::kCheckpoint,
+            "rolling back to a checkpoint");
+  // A save of an earlier, good step may still be writing: it commits
+  // first, so that it is the newest.
+  if (background_save_.pending()) {
+    if (auto st = FinishBackgroundAndReport(); !st.ok()) return st;
+  }
+  const int64_t skip = data_skip_;
+  const std::string resume_from = std::exchange(options_.resume_from, "latest");
+  resumed_from_.clear();
+  absl::Status loaded = Resume();
+  options_.resume_from = resume_from;
+  if (!loaded.ok()) return loaded;
+  if (resumed_from_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        reason, "; no checkpoint to roll back to under checkpoint.dir '",
+        spec_.checkpoint().dir(), "' (train.anomaly.nan=rollback)"));
+  }
+  ++rollbacks_;
+  const int64_t back = start_step_;
+  // The batches since the checkpoint led to it: the run goes on past them.
+  data_skip_ = skip + (step - back);
+  spdlog::warn(
+      "step {:>6} | {}; rolled back to step {} ({}), skipping {} steps of "
+      "data (rollback {} of {})",
+      step, reason, back, resumed_from_, step - back, rollbacks_,
+      spec_.train().anomaly().max_rollbacks());
+  Emit({{"type", "rollback"},
+        {"step", step},
+        {"to_step", back},
+        {"dir", resumed_from_},
+        {"kind", kind},
+        {"reason", reason},
+        {"skipped_steps", step - back},
+        {"data_skip", data_skip_}});
+  return back;
 }
 
 absl::Status Trainer::OpenRunLog() {

@@ -183,6 +183,85 @@ TEST_F(CheckpointTest, ResumeOnTheSameLayoutIsBitExact) {
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
 }
 
+// train.anomaly.nan=rollback: a NaN at step 30 (the test hook) rolls the
+// run back to its newest checkpoint, step 20, and it goes on past the ten
+// steps of data since. From there it trains exactly — to the bit — as a
+// run resumed from that checkpoint with those ten steps skipped, and its
+// later checkpoints carry the skip.
+TEST_F(CheckpointTest, NanRollsBackToTheCheckpointAndSkipsItsDataWindow) {
+  const v1::JobSpec spec = Spec(40, 10, {"train.anomaly.nan=rollback"});
+  TrainerOptions opt;
+  opt.peak_flops = 1e12;
+  opt.quiet = true;
+  opt.nan_at_step = 30;
+  fs::create_directories(root_);
+  opt.log_json_path = (root_ / "run.jsonl").string();
+  auto run = Trainer::Create(spec, opt);
+  ASSERT_TRUE(run.ok()) << run.status();
+  const absl::Status ran = (*run)->Run();
+  ASSERT_TRUE(ran.ok()) << ran;
+  std::vector<float> after;  // the losses of steps 21..40 after the rollback
+  int rollbacks = 0;
+  std::ifstream log(root_ / "run.jsonl");
+  for (std::string line; std::getline(log, line);) {
+    const json r = json::parse(line);
+    if (r["type"] == "rollback") {
+      ++rollbacks;
+      EXPECT_EQ(r["step"], 30);
+      EXPECT_EQ(r["to_step"], 20);
+      EXPECT_EQ(r["skipped_steps"], 10);
+      EXPECT_EQ(r["dir"], StepDir(20));
+      EXPECT_NE(r["reason"].get<std::string>().find("loss nan at step 30"),
+                std::string::npos)
+          << r;
+    } else if (r["type"] == "step" && rollbacks == 1) {
+      after.push_back(r["loss"].get<float>());
+    }
+  }
+  ASSERT_EQ(rollbacks, 1);
+  ASSERT_EQ(after.size(), 20u);
+  EXPECT_EQ((*run)->skipped_steps(), 10);
+
+  auto resumed = Make(Spec(40, 0), StepDir(20));
+  ASSERT_NE(resumed, nullptr);
+  EXPECT_EQ(resumed->skipped_steps(), 0);  // that checkpoint had none
+  resumed->SkipData(10);
+  const std::vector<float> want = Steps(*resumed, 20, 40);
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_EQ(after[i], want[i]) << "step " << 21 + i;  // to the last bit
+  }
+  const json manifest =
+      json::parse(ReadAll(fs::path(StepDir(40)) / "manifest.json"));
+  EXPECT_EQ(manifest["sampler"]["skipped_steps"], 10);
+  EXPECT_EQ(Make(Spec(40, 0), StepDir(30))->skipped_steps(), 10);
+}
+
+// nan=stop fails the run at the bad step, before its checkpoint, saying
+// why; rollbacks beyond max_rollbacks do too.
+TEST_F(CheckpointTest, NanStopsTheRunOrExhaustsItsRollbacks) {
+  for (const std::string policy : {"stop", "rollback"}) {
+    fs::remove_all(root_);
+    TrainerOptions opt;
+    opt.peak_flops = 1e12;
+    opt.quiet = true;
+    opt.nan_at_step = 15;
+    auto run = Trainer::Create(
+        Spec(20, 10,
+             {"train.anomaly.nan=" + policy, "train.anomaly.max_rollbacks=0"}),
+        opt);
+    ASSERT_TRUE(run.ok()) << run.status();
+    const absl::Status s = (*run)->Run();
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << policy;
+    EXPECT_NE(s.message().find("loss nan at step 15"), std::string::npos) << s;
+    EXPECT_NE(
+        s.message().find(policy == "stop" ? "train.anomaly.nan=stop"
+                                          : "train.anomaly.max_rollbacks=0"),
+        std::string::npos)
+        << s;
+    EXPECT_FALSE(fs::exists(StepDir(20))) << policy;
+  }
+}
+
 // Under bf16 the matmuls read the store's bf16 compute copy of the weights:
 // wherever they may (after initialisation, after optimizer steps, which
 // write it, after a save, after a resume loaded the weights) each unit's

@@ -21,6 +21,7 @@
 
 #include "common/spec.h"
 #include "kernels/cpu/kernels.h"
+#include "worker/engine/anomaly.h"
 #include "worker/engine/data.h"
 #include "worker/engine/gpt_stage.h"
 #include "worker/engine/optimizer.h"
@@ -1240,6 +1241,32 @@ TEST(TrainerSample, SampleOfAUnicodeTextIsUtf8) {
     EXPECT_EQ(text.rfind("Ça", 0), 0u) << text;
   }
   std::filesystem::remove(path);
+}
+
+// A NaN or Inf loss or gradient norm is always an anomaly; a spike is a
+// loss above spike_factor × the median of the window of good losses, once
+// the window holds enough of them; a bad loss never joins the window.
+TEST(AnomalyGuard, TellsNonFiniteNumbersAndSpikesOverTheMedian) {
+  v1::AnomalySpec spec;
+  spec.set_spike_factor(3.0);
+  spec.set_window(20);
+  AnomalyGuard g(spec);
+  EXPECT_EQ(g.Check(1, std::nan(""), 1.0).kind, "nan");
+  EXPECT_EQ(g.Check(2, 1.0, INFINITY).kind, "nan");
+  EXPECT_NE(g.Check(2, 1.0, INFINITY).reason.find("gradient norm inf"),
+            std::string::npos);
+  EXPECT_EQ(g.Check(3, 100.0, 1.0).kind, "");  // too few losses to tell
+  for (int s = 4; s < 30; ++s) EXPECT_EQ(g.Check(s, 2.0, 1.0).kind, "") << s;
+  EXPECT_EQ(g.Check(30, 5.9, 1.0).kind, "");  // under 3 × 2
+  const AnomalyGuard::Verdict spike = g.Check(31, 6.1, 1.0);
+  EXPECT_EQ(spike.kind, "spike");
+  EXPECT_NE(spike.reason.find("median of the last 20 steps"), std::string::npos)
+      << spike.reason;
+  EXPECT_EQ(g.Check(32, 6.1, 1.0).kind, "spike");  // it never joined
+  spec.set_spike_factor(0);  // off: only NaN and Inf count
+  AnomalyGuard off(spec);
+  for (int s = 1; s < 30; ++s) off.Check(s, 2.0, 1.0);
+  EXPECT_EQ(off.Check(30, 1e9, 1.0).kind, "");
 }
 
 }  // namespace

@@ -52,6 +52,8 @@ TEST(RankMetrics, PageCarriesDesignNamesLabelsAndLastValues) {
   stats.Record("dp", CommOp::kAllReduce, 0.125, 4096);
   stats.RecordExposed(0.25);
   (*m)->UpdateComm(stats);  // counters advance by the difference only
+  (*m)->OnAnomaly("spike");
+  (*m)->OnAnomaly("spike");
 
   const std::string page = HttpGet((*m)->port(), "/metrics");
   const std::string labels =
@@ -79,6 +81,12 @@ TEST(RankMetrics, PageCarriesDesignNamesLabelsAndLastValues) {
            "\"shakespeare\",node=\"node7\",op=\"all_reduce\",pp_rank=\"0\","
            "rank=\"3\",tp_rank=\"1\"} 0.25",
            "ptrain_comm_exposed_seconds_total{" + labels + "} 0.75",
+           "ptrain_anomalies_total{dp_rank=\"1\",job=\"shakespeare\",kind="
+           "\"spike\",node=\"node7\",pp_rank=\"0\",rank=\"3\",tp_rank="
+           "\"1\"} 2",
+           "ptrain_anomalies_total{dp_rank=\"1\",job=\"shakespeare\",kind="
+           "\"nan\",node=\"node7\",pp_rank=\"0\",rank=\"3\",tp_rank="
+           "\"1\"} 0",
        }) {
     EXPECT_NE(page.find(line), std::string::npos) << line << "\n" << page;
   }
