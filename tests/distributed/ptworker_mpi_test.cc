@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "nlohmann/json.hpp"
 #include "tests/testing/shell.h"
@@ -170,6 +172,61 @@ TEST_F(PtworkerMpi, AsyncSaveAcrossRanksWritesWhatABlockingSaveWrites) {
           << step << "/" << shard << " differs from the blocking save's";
     }
   }
+}
+
+// train.anomaly.nan=rollback over four ranks (tp=2 x pp=2, ZeRO-1): a NaN
+// at step 6 rolls every rank back to the checkpoint of step 4 in place;
+// from there the run trains, to the bit, as a run resumed from that
+// checkpoint with its manifest saying the two steps of data are skipped.
+TEST_F(PtworkerMpi, RollbackAcrossRanksIsAResumeThatSkipsTheWindow) {
+  const std::string args =
+      "--set parallel.tp=2 --set parallel.pp=2 --set parallel.zero=1 "
+      "--set parallel.microbatches=2 --set model.n_layer=2 "
+      "--set model.n_embd=32 --set train.steps=10 --set train.eval_every=0 "
+      "--set train.eval_batches=1 --set train.sample_tokens=0 "
+      "--set checkpoint.keep_last=10 ";
+  const Result a = Mpirun(
+      4,
+      args + "--set checkpoint.every=4 " + "--set train.anomaly.nan=rollback",
+      "PTRAIN_TEST_NAN_AT_STEP=6");
+  ASSERT_EQ(a.code, 0) << a.err;
+  const auto losses_after = [&](const std::string& type) {
+    std::vector<std::pair<int64_t, double>> out;
+    bool after = type.empty();
+    std::ifstream in(log_);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.at("type") == type) after = true;
+      if (after && j.at("type") == "step") {
+        out.emplace_back(j.at("step").get<int64_t>(),
+                         j.at("loss").get<double>());
+      }
+    }
+    return out;
+  };
+  const auto rolled = losses_after("rollback");
+  ASSERT_EQ(rolled.size(), 6u);  // steps 5..10 once more
+  EXPECT_EQ(rolled.front().first, 5);
+  // The checkpoint of step 4 with the window skipped, resumed.
+  const fs::path from = dir_ / "ck" / "step-00000004";
+  const fs::path copy = dir_ / "ck2" / "step-00000004";
+  fs::create_directories(copy.parent_path());
+  fs::copy(from, copy, fs::copy_options::recursive);
+  nlohmann::json manifest;
+  std::ifstream(copy / "manifest.json") >> manifest;
+  EXPECT_EQ(manifest["sampler"]["skipped_steps"], 0);
+  manifest["sampler"]["skipped_steps"] = 2;
+  std::ofstream(copy / "manifest.json", std::ios::trunc) << manifest.dump(1);
+  ASSERT_EQ(std::system(("cd " + copy.string() +
+                         " && sha256sum manifest.json > manifest.sha256")
+                            .c_str()),
+            0);
+  fs::remove(log_);
+  const Result b =
+      Mpirun(4, args + "--set checkpoint.dir=" + copy.parent_path().string() +
+                    " --resume-from " + copy.string());
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_EQ(losses_after(""), rolled);
 }
 
 // Evaluation and sampling under tensor and sequence parallelism, and
