@@ -5,6 +5,7 @@
 // spec_warnings.cc.
 #include "common/spec.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -13,6 +14,10 @@
 #include "absl/strings/str_cat.h"
 
 namespace ptrain {
+
+int64_t AliveIntervalMs(int64_t hang_timeout_s) {
+  return std::clamp<int64_t>(hang_timeout_s * 1000 / 4, 250, 10000);
+}
 
 int64_t ParallelWorldSize(const v1::ParallelSpec& p) {
   return int64_t{p.dp()} * p.tp() * p.pp() * p.cp();

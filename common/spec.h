@@ -32,6 +32,12 @@ inline constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
 // factor here (ParallelDims, the spec check and ptcoord's placement all
 // take the world size from it).
 int64_t ParallelWorldSize(const v1::ParallelSpec& parallel);
+
+// How often a rank under ptcoord says it is alive (ReportAlive), in
+// milliseconds: a quarter of restart.hang_timeout_s, kept within
+// [250 ms, 10 s]. ptcoord takes a rank silent for several of these as one
+// that stopped.
+int64_t AliveIntervalMs(int64_t hang_timeout_s);
 // ParallelWorldSize of the spec's parallel section.
 int64_t JobWorldSize(const v1::JobSpec& spec);
 // The world size's factors for messages: "parallel.dp × parallel.tp ×

@@ -251,6 +251,8 @@ class Coordinator {
     int64_t last_step = -1;
     // What a rank last said it was busy with (ReportAlive), until progress.
     std::string activity;
+    // When each rank was last heard from (ReportAlive, ReportProgress).
+    std::map<int, absl::Time> heard;
     std::map<int, std::string> endpoints;  // rank -> host:port of /metrics
     // Not the job's fault, not counted as a restart: a node of its
     // placement died, or it was stopped to grow back to its full dp.
@@ -339,11 +341,13 @@ class Coordinator {
   // event (run.hang_summary); true then, false while it waits.
   bool ExplainHang(Entry& e, Running& run, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What the analysis of attempt `attempt`'s dumps knows beside them
-  // (`asked`: when the ranks were asked for them; `live`: its processes
-  // still run, so their states may be looked at).
-  AttemptFacts FactsOf(int attempt, int world_size,
-                       std::optional<absl::Time> asked, bool live) const;
+  // What the analysis of attempt `attempt` of job `e` knows beside the
+  // dumps (`asked`: when the ranks were asked for them; `heard`: when each
+  // was last heard from, null for an ended attempt, whose processes, gone,
+  // are not looked at either).
+  AttemptFacts FactsOf(const Entry& e, int attempt,
+                       std::optional<absl::Time> asked,
+                       const std::map<int, absl::Time>* heard) const;
 
   // Adds to `u` what the attempt's run.jsonl holds beyond what the store
   // has: progress, loss points and committed checkpoints. True when the run

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/private_file.h"
+#include "common/spec.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/coordinator_internal.h"
 #include "coordinator/flight_analysis.h"
@@ -123,16 +124,23 @@ std::optional<v1::DiagnoseJobResponse> ReadStoredAnalysis(
 
 }  // namespace
 
-AttemptFacts Coordinator::FactsOf(int attempt, int world_size,
-                                  std::optional<absl::Time> asked,
-                                  bool live) const {
+AttemptFacts Coordinator::FactsOf(
+    const Entry& e, int attempt, std::optional<absl::Time> asked,
+    const std::map<int, absl::Time>* heard) const {
   AttemptFacts facts;
   facts.attempt = attempt;
-  facts.world_size = world_size;
+  facts.world_size = e.record.job.world_size();
   facts.requested_unix_us = asked.has_value() ? UnixMicros(*asked) : 0;
   facts.now_unix_us = UnixMicros(absl::Now());
   // Once an attempt ended, its pids say nothing (and may be others').
-  if (live) facts.process_state = &LocalProcessState;
+  if (heard != nullptr) {
+    facts.process_state = &LocalProcessState;
+    for (const auto& [rank, at] : *heard) {
+      facts.heard_unix_us[rank] = UnixMicros(at);
+    }
+    facts.heartbeat_every_us =
+        AliveIntervalMs(e.record.job.spec().restart().hang_timeout_s()) * 1000;
+  }
   return facts;
 }
 
@@ -147,6 +155,7 @@ absl::StatusOr<v1::DiagnoseJobResponse> Coordinator::Diagnose(
   bool live = false;
   std::string dir;
   std::optional<absl::Time> asked;
+  AttemptFacts facts;
   {
     absl::MutexLock lock(&mu_);
     Entry* e = Find(id);
@@ -187,6 +196,7 @@ absl::StatusOr<v1::DiagnoseJobResponse> Coordinator::Diagnose(
       asked = absl::Now();
       if (!backend_->AskToDump(*run->second.handle)) asked.reset();
     }
+    facts = FactsOf(*e, n, asked, live ? &run->second.heard : nullptr);
   }
   if (!live) {
     if (auto stored = ReadStoredAnalysis(dir, n)) return *stored;
@@ -199,8 +209,8 @@ absl::StatusOr<v1::DiagnoseJobResponse> Coordinator::Diagnose(
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   }
-  absl::StatusOr<Diagnosis> d =
-      DiagnoseAttemptDir(dir, FactsOf(n, world, asked, live));
+  facts.now_unix_us = UnixMicros(absl::Now());  // after the wait
+  absl::StatusOr<Diagnosis> d = DiagnoseAttemptDir(dir, std::move(facts));
   if (!d.ok()) {
     if (!absl::IsNotFound(d.status())) return d.status();
     return absl::FailedPreconditionError(
@@ -231,8 +241,7 @@ bool Coordinator::ExplainHang(Entry& e, Running& run, absl::Time now) {
   // Read under the lock, once per hung attempt: a few files per rank.
   absl::StatusOr<Diagnosis> d = DiagnoseAttemptDir(
       run.attempt_dir,
-      FactsOf(e.record.job.attempts(), e.record.job.world_size(),
-              run.dump_asked_at, /*live=*/true));
+      FactsOf(e, e.record.job.attempts(), run.dump_asked_at, &run.heard));
   if (d.ok()) {
     run.hang_summary = d->summary;
     // Kept for ptctl diagnose once the processes it saw are gone.

@@ -307,8 +307,30 @@ std::string Analysis::DiedOrStopped(int r, RankVerdict& v) const {
   } else if (ps == "gone" || ps == "Z") {
     v.state = "died";
     v.detail = "its process is gone";
+  } else if (const int64_t silent = SilentFor(r); silent > 0) {
+    v.state = "stopped";
+    v.detail = absl::StrCat("no heartbeat for ", (silent + 500000) / 1000000,
+                            " s while the other ranks' go on (stopped: "
+                            "SIGSTOP?, or its node froze)");
   }
   return ps;
+}
+
+int64_t Analysis::SilentFor(int r) const {
+  const int64_t every = facts_.heartbeat_every_us;
+  const auto heard = facts_.heard_unix_us.find(r);
+  if (every <= 0 || facts_.now_unix_us <= 0 ||
+      heard == facts_.heard_unix_us.end()) {
+    return 0;
+  }
+  // Three missed while another rank was heard within two. (A hang is
+  // found after four: restart.hang_timeout_s is four heartbeats.)
+  const int64_t silent = facts_.now_unix_us - heard->second;
+  if (silent <= 3 * every) return 0;
+  for (const auto& [other, at] : facts_.heard_unix_us) {
+    if (other != r && facts_.now_unix_us - at <= 2 * every) return silent;
+  }
+  return 0;
 }
 
 void Analysis::ClassifyRank(int r) {

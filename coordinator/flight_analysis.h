@@ -70,6 +70,12 @@ struct AttemptFacts {
   // "S", "D", "T", "t", "Z", "gone" (no such process) or "" (unknown). May be
   // null. Called at most once per rank, only for ranks the verdict hinges on.
   std::function<std::string(const std::string& host, int pid)> process_state;
+  // World rank -> when ptcoord last heard from it (its heartbeats, every
+  // heartbeat_every_us); empty when unknown. A rank silent for several
+  // heartbeats while the others are heard is stopped (or its node froze),
+  // wherever its process is.
+  std::map<int, int64_t> heard_unix_us;
+  int64_t heartbeat_every_us = 0;
 };
 
 struct RankVerdict {

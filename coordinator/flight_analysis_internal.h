@@ -118,6 +118,9 @@ class Analysis {
   // The verdict on each rank.
   std::string Look(int r) const;
   std::string DiedOrStopped(int r, RankVerdict& v) const;
+  // Microseconds rank r has not been heard from, when that marks it as
+  // stopped (AttemptFacts::heard_unix_us); 0 otherwise.
+  int64_t SilentFor(int r) const;
   void ClassifyRank(int r);
   void ClassifyWaiting(const RankInfo& ri, RankVerdict& v) const;
   void ClassifyRunning(int r, RankVerdict& v) const;

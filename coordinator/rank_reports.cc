@@ -44,6 +44,7 @@ absl::Status Coordinator::ReportProgress(const v1::ReportProgressRequest& r) {
   Entry* e = *checked;
   // The rank is alive even when the disk is full.
   running_[r.job_id()].last_report = absl::Now();
+  running_[r.job_id()].heard[r.rank()] = absl::Now();
   JobUpdate u;
   u.record = e->record;
   v1::Progress* p = u.record.job.mutable_progress();
@@ -148,6 +149,7 @@ absl::Status Coordinator::ReportAlive(const v1::ReportAliveRequest& r) {
   // In memory only: a sign of life every few seconds is not job history.
   Running& run = running_[r.job_id()];
   const absl::Time now = absl::Now();
+  run.heard[r.rank()] = now;
   if (!r.activity().empty()) {
     // Busy with what ends no step: alive.
     run.last_report = now;

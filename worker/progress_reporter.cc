@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/header_value.h"
 #include "common/pem.h"
+#include "common/spec.h"
 #include "grpcpp/grpcpp.h"
 #include "ptrain/v1/coordinator.grpc.pb.h"
 #include "spdlog/spdlog.h"
@@ -216,8 +217,7 @@ void ProgressReporter::SetAliveInterval(std::chrono::milliseconds every) {
 
 std::chrono::milliseconds ProgressReporter::AliveInterval(
     int64_t hang_timeout_s) {
-  const int64_t ms = hang_timeout_s * 1000 / 4;
-  return std::chrono::milliseconds(std::clamp<int64_t>(ms, 250, 10000));
+  return std::chrono::milliseconds(AliveIntervalMs(hang_timeout_s));
 }
 
 void ProgressReporter::Enqueue(Item item) {

@@ -408,6 +408,28 @@ TEST(FlightAnalysisTest, StaleDumpOfARunningProcessIsNotAnswering) {
   EXPECT_TRUE(Contains(d.ranks[3].detail, "state D"));
 }
 
+// Where ptcoord cannot see the process (another node), a rank whose
+// heartbeats stopped while the others' go on is stopped; one heard lately
+// is not, and neither is one when nobody has been heard (ptcoord itself
+// could not listen).
+TEST(FlightAnalysisTest, RankSilentWhileTheOthersAreHeardIsStopped) {
+  std::map<int, FlightDump> dumps = HungWithout3();
+  dumps[3] = StaleStart3();
+  AttemptFacts facts = Facts();
+  facts.heartbeat_every_us = kSecond;
+  for (int r : {0, 1, 2}) facts.heard_unix_us[r] = facts.now_unix_us;
+  facts.heard_unix_us[3] = facts.now_unix_us - 61 * kSecond;
+  Diagnosis d = Diagnose(facts, dumps);
+  EXPECT_EQ(d.culprits, std::vector<int>({3}));
+  EXPECT_EQ(d.ranks[3].state, "stopped");
+  EXPECT_TRUE(Contains(d.ranks[3].detail, "no heartbeat for 61 s"))
+      << d.ranks[3].detail;
+  facts.heard_unix_us[3] = facts.now_unix_us - 3 * kSecond;
+  EXPECT_EQ(Diagnose(facts, dumps).ranks[3].state, "not_answering");
+  for (auto& [r, at] : facts.heard_unix_us) at -= 100 * kSecond;
+  EXPECT_EQ(Diagnose(facts, dumps).ranks[3].state, "not_answering");
+}
+
 TEST(FlightAnalysisTest, RankInNoCallIsInComputeForTheTimeSinceItsLastCall) {
   std::map<int, FlightDump> dumps = HungWithout3();
   DumpBuilder b3 = Rank(3);

@@ -7,7 +7,7 @@
 #
 # Scenarios: two_nodes, node_death_shrink, node_returns_grow,
 # node_death_spare, link_cut, node_frozen, daemon_killed, refusals,
-# coordinator_restart, coordinator_lost. Needs root and iproute2;
+# coordinator_restart, coordinator_lost, rank_stopped. Needs root and iproute2;
 # exits 77 (skipped) with a message when namespaces cannot be made here.
 # Everything (namespaces, processes, files) is removed on exit, failed or
 # not. Figures are printed as "FIGURE name value".
@@ -22,7 +22,7 @@ case $SCENARIO in
   two_nodes) N=11 ;; node_death_shrink) N=12 ;; node_death_spare) N=13 ;;
   link_cut) N=14 ;; daemon_killed) N=15 ;; refusals) N=16 ;;
   coordinator_restart) N=17 ;; node_frozen) N=18 ;; node_returns_grow) N=19 ;;
-  coordinator_lost) N=20 ;;
+  coordinator_lost) N=20 ;; rank_stopped) N=21 ;;
   *) echo "unknown scenario $SCENARIO" >&2; exit 2 ;;
 esac
 export MN_PREFIX="pm$N" MN_SUBNET3="10.78.$N"
@@ -322,6 +322,43 @@ node_frozen)
   events "$id" | grep -q "lost node ${MN_PREFIX}node2" || fail "no lost-node event"
   "$PTCTL" cancel "$id" >/dev/null
   mn_node_cont 2
+  ;;
+
+rank_stopped)
+  # One rank of node 2 stopped (SIGSTOP): its node and its daemon live on,
+  # so only the hang timeout ends the attempt. Before it does, ptcoord asks
+  # every rank for its flight recorder (SIGUSR2 through mpirun, the dumps
+  # land in the shared attempt folder): the stopped one cannot answer and
+  # is the one whose heartbeats stopped while the others' went on. The
+  # analysis names it, its node and the collective the others wait in.
+  start_node 1; start_node 2; wait_nodes_up 1 2
+  id=$(submit --set train.steps=100000 --set restart.hang_timeout_s=12 \
+    --set restart.max_restarts=0)
+  wait_step "$id" 5 60 || fail "no progress"
+  victim=""
+  for p in $(mn_node_pids 2); do
+    [[ $(cat "/proc/$p/comm" 2>/dev/null) == ptworker ]] || continue
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null |
+      grep -qx OMPI_COMM_WORLD_RANK=3 && victim=$p
+  done
+  [[ -n $victim ]] || fail "rank 3 is not on node 2"
+  kill -STOP "$victim"
+  wait_state "$id" FAILED 90 || fail "the hang did not end the attempt"
+  error=$(jget "$id" "j.get('error', '')")
+  [[ $error == *"rank 3 (node ${MN_PREFIX}node2"*"is stopped"* ]] ||
+    fail "the job's error does not name rank 3 of node 2 as stopped: $error"
+  events "$id" | grep -q "hang analysis of attempt 1: .*rank 3" ||
+    fail "no hang analysis event"
+  "$PTCTL" -o json diagnose "$id" | python3 -c "
+import json, sys
+d = json.load(sys.stdin)
+r = {x['rank']: x for x in d['ranks']}
+assert d['culprits'] == [3], d
+assert r[3]['state'] == 'stopped' and r[3]['host'] == sys.argv[1], r[3]
+assert all(r[k]['state'] == 'waiting' for k in (0, 1, 2)), r
+assert 3 in r[2]['waits_for'] and ' #' in r[2]['where'], r[2]
+" "${MN_PREFIX}node2" || fail "ptctl diagnose: $("$PTCTL" diagnose "$id")"
+  kill -CONT "$victim" 2>/dev/null || true
   ;;
 
 daemon_killed)
