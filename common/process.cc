@@ -9,7 +9,9 @@
 #include <fstream>
 #include <iterator>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
 namespace ptrain {
@@ -24,12 +26,26 @@ std::string ReadWholeFile(const std::string& path) {
 
 // The fields after the command name in /proc/PID/stat start with the state
 // letter; 'Z' is a zombie, which has ended.
-bool IsZombie(pid_t pid) {
+std::string ProcessState(pid_t pid) {
   const std::string st =
       ReadWholeFile("/proc/" + std::to_string(pid) + "/stat");
+  // "PID (COMM) STATE ...": COMM may hold spaces and parentheses.
   const size_t close = st.rfind(')');
-  return close != std::string::npos && close + 2 < st.size() &&
-         st[close + 2] == 'Z';
+  if (close == std::string::npos || close + 2 >= st.size()) return "gone";
+  return st.substr(close + 2, 1);
+}
+
+bool IsZombie(pid_t pid) { return ProcessState(pid) == "Z"; }
+
+std::string ProcessEnv(pid_t pid, absl::string_view name) {
+  const std::string env =
+      ReadWholeFile("/proc/" + std::to_string(pid) + "/environ");
+  const std::string prefix = absl::StrCat(name, "=");
+  for (absl::string_view v : absl::StrSplit(env, '\0')) {
+    if (absl::StartsWith(v, prefix))
+      return std::string(v.substr(prefix.size()));
+  }
+  return "";
 }
 
 std::vector<pid_t> ZombieChildren() {

@@ -17,8 +17,16 @@ namespace ptrain {
 // The whole content of a (small) file, "" when unreadable.
 std::string ReadWholeFile(const std::string& path);
 
+// The state letter of /proc/`pid`/stat (R, S, D, T, t, Z, ...), "gone"
+// when there is no such process.
+std::string ProcessState(pid_t pid);
+
 // True when /proc/`pid` is a zombie (ended, not yet reaped).
 bool IsZombie(pid_t pid);
+
+// The value of `name` in /proc/`pid`/environ (the environment it started
+// with), "" when absent or unreadable.
+std::string ProcessEnv(pid_t pid, absl::string_view name);
 
 // This process's children that have ended and wait to be reaped.
 std::vector<pid_t> ZombieChildren();

@@ -24,7 +24,12 @@ bool AttemptBackend::CanAskToStop() const { return false; }
 
 bool AttemptBackend::AskToStop(AttemptHandle& /*handle*/) { return false; }
 
-bool AttemptBackend::AskToDump(AttemptHandle& /*handle*/) { return false; }
+bool AttemptBackend::AskToDump(AttemptHandle& /*handle*/,
+                               const v1::Job& /*job*/,
+                               const std::string& /*attempt_uid*/,
+                               ProcessStates* /*seen*/) {
+  return false;
+}
 
 std::string AttemptBackend::LostNode(const v1::Job& /*job*/,
                                      absl::Time /*now*/) {

@@ -8,9 +8,11 @@
 #ifndef PTRAIN_COORDINATOR_ATTEMPT_BACKEND_H_
 #define PTRAIN_COORDINATOR_ATTEMPT_BACKEND_H_
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -61,6 +63,10 @@ struct AttemptStatus {
   // A change worth an event of the job ("Slurm job 42 RUNNING on n1").
   std::string event;
 };
+
+// Ranks' process states (/proc state letters) by (host, pid), as the
+// machines they run on see them.
+using ProcessStates = std::map<std::pair<std::string, int>, std::string>;
 
 // What CheckNodes says about the nodes of an attempt that failed.
 struct NodeVerdict {
@@ -145,10 +151,14 @@ class AttemptBackend {
   // a checkpoint of the step they are in and exit 3. False when it cannot
   // be asked (no mpirun left, or !CanAskToStop()).
   virtual bool AskToStop(AttemptHandle& handle);
-  // Asks every rank of it for a flight recorder dump (docs/diagnose.md):
-  // SIGUSR2 to mpirun, which forwards it (scancel --signal=USR2 to Slurm's
-  // job steps). Training goes on. False when it cannot be asked.
-  virtual bool AskToDump(AttemptHandle& handle);
+  // Asks every rank of attempt `attempt_uid` of `job` for a flight recorder
+  // dump (docs/diagnose.md): SIGUSR2 to mpirun, which forwards it
+  // (scancel --signal=USR2 to Slurm's job steps; on nodes, each node's
+  // daemon signals its ranks). Training goes on. Where the backend sees the
+  // ranks' processes itself (the node daemons), their state letters by
+  // (host, pid) go into *seen. False when it cannot be asked.
+  virtual bool AskToDump(AttemptHandle& handle, const v1::Job& job,
+                         const std::string& attempt_uid, ProcessStates* seen);
   // Asks it to end now: SIGTERM to its processes (scancel).
   virtual void Terminate(AttemptHandle& handle) = 0;
   // Ends it: SIGKILL (scancel --signal=KILL); sent again while it lingers.

@@ -111,7 +111,9 @@ bool MpirunBackend::AskToStop(AttemptHandle& handle) {
   return Processes(handle).SignalLauncher(SIGUSR1);
 }
 
-bool MpirunBackend::AskToDump(AttemptHandle& handle) {
+bool MpirunBackend::AskToDump(AttemptHandle& handle, const v1::Job& /*job*/,
+                              const std::string& /*attempt_uid*/,
+                              ProcessStates* /*seen*/) {
   return Processes(handle).SignalLauncher(SIGUSR2);
 }
 

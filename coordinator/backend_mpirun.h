@@ -61,7 +61,8 @@ class MpirunBackend : public AttemptBackend {
                      bool ending) override;
   bool CanAskToStop() const override { return true; }
   bool AskToStop(AttemptHandle& handle) override;
-  bool AskToDump(AttemptHandle& handle) override;
+  bool AskToDump(AttemptHandle& handle, const v1::Job& job,
+                 const std::string& attempt_uid, ProcessStates* seen) override;
   void Terminate(AttemptHandle& handle) override;
   void Kill(AttemptHandle& handle) override;
 

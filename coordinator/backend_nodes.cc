@@ -4,6 +4,7 @@
 // shrunk when slots are missing. A node whose heartbeats stop ends the
 // attempts placed on it.
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -13,6 +14,9 @@
 #include "coordinator/backend_mpirun.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/nodes.h"
+#include "grpcpp/grpcpp.h"
+#include "ptrain/v1/node.grpc.pb.h"
+#include "spdlog/spdlog.h"
 
 namespace ptrain {
 
@@ -97,6 +101,21 @@ class NodesBackend : public MpirunBackend {
     return status;
   }
 
+  bool AskToDump(AttemptHandle& handle, const v1::Job& job,
+                 const std::string& attempt_uid, ProcessStates* seen) override {
+    // Each node's daemon signals its ranks and says how their processes
+    // are (a stopped one shows there); mpirun's forwarding where none
+    // answers.
+    bool asked = false;
+    const std::vector<v1::Node> nodes = nodes_->List(absl::Now());
+    for (const v1::Placement& p : job.placement()) {
+      const v1::Node* n = FindNode(nodes, p.node());
+      if (n == nullptr || n->state() != v1::NODE_STATE_UP) continue;
+      asked = AskDaemon(n->spec().address(), attempt_uid, seen) || asked;
+    }
+    return asked || MpirunBackend::AskToDump(handle, job, attempt_uid, seen);
+  }
+
   std::string LostNode(const v1::Job& job, absl::Time now) override {
     // Right after a restart every node is down until it registers again:
     // re-adopted attempts are not ended for that.
@@ -135,6 +154,32 @@ class NodesBackend : public MpirunBackend {
       }
     }
     return verdict;
+  }
+
+  // DumpAttempt of the daemon at `address` (host:port), with the join
+  // token; its ranks' states into *seen. False when it did not answer
+  // within two seconds (the caller holds the coordinator's lock).
+  bool AskDaemon(const std::string& address, const std::string& attempt_uid,
+                 ProcessStates* seen) const {
+    if (options_.nodes.join_tokens.empty()) return false;
+    auto stub = v1::DaemonService::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization",
+                    "Bearer " + options_.nodes.join_tokens.front());
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(2));
+    v1::DumpAttemptRequest req;
+    req.set_attempt_uid(attempt_uid);
+    v1::DumpAttemptResponse resp;
+    if (const grpc::Status s = stub->DumpAttempt(&ctx, req, &resp); !s.ok()) {
+      spdlog::warn("DumpAttempt at {}: {}", address, s.error_message());
+      return false;
+    }
+    for (const v1::RankProcess& r : resp.ranks()) {
+      if (seen != nullptr) (*seen)[{resp.host(), r.pid()}] = r.state();
+    }
+    return true;
   }
 
   absl::Duration NodeGrace() const override {

@@ -192,7 +192,9 @@ class SlurmBackend : public AttemptBackend {
     return EndOf(a, *job, ending);
   }
 
-  bool AskToDump(AttemptHandle& handle) override {
+  bool AskToDump(AttemptHandle& handle, const v1::Job& /*job*/,
+                 const std::string& /*attempt_uid*/,
+                 ProcessStates* /*seen*/) override {
     SlurmAttempt& a = Slurm(handle);
     if (a.orphan.has_value()) return a.orphan->SignalLauncher(SIGUSR2);
     // The ranks (srun's tasks) only: the batch script would die of it.

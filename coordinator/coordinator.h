@@ -270,6 +270,9 @@ class Coordinator {
     // them up to kDumpWait), and the first lines of their analysis.
     std::optional<absl::Time> dump_asked_at;
     std::string hang_summary;
+    // The ranks' process states the backend saw when it asked (the node
+    // daemons'), by (host, pid).
+    ProcessStates seen;
   };
   struct Entry {
     JobRecord record;
@@ -344,10 +347,11 @@ class Coordinator {
   // What the analysis of attempt `attempt` of job `e` knows beside the
   // dumps (`asked`: when the ranks were asked for them; `heard`: when each
   // was last heard from, null for an ended attempt, whose processes, gone,
-  // are not looked at either).
+  // are not looked at either; `seen`: the states the backend saw).
   AttemptFacts FactsOf(const Entry& e, int attempt,
                        std::optional<absl::Time> asked,
-                       const std::map<int, absl::Time>* heard) const;
+                       const std::map<int, absl::Time>* heard,
+                       ProcessStates seen) const;
 
   // Adds to `u` what the attempt's run.jsonl holds beyond what the store
   // has: progress, loss points and committed checkpoints. True when the run

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/private_file.h"
+#include "common/process.h"
 #include "common/spec.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/coordinator_internal.h"
@@ -75,13 +76,7 @@ bool HasAnsweredDumps(const std::string& attempt_dir) {
 // when there is none, "" for another host's.
 std::string LocalProcessState(const std::string& host, int pid) {
   if (host != LocalHostName() || pid <= 0) return "";
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat;
-  if (!std::getline(in, stat)) return "gone";
-  // "PID (COMM) S ...": COMM may hold spaces and parentheses.
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos || close + 2 >= stat.size()) return "";
-  return stat.substr(close + 2, 1);
+  return ProcessState(pid);
 }
 
 // Why attempt `a` has nothing to analyse.
@@ -124,9 +119,10 @@ std::optional<v1::DiagnoseJobResponse> ReadStoredAnalysis(
 
 }  // namespace
 
-AttemptFacts Coordinator::FactsOf(
-    const Entry& e, int attempt, std::optional<absl::Time> asked,
-    const std::map<int, absl::Time>* heard) const {
+AttemptFacts Coordinator::FactsOf(const Entry& e, int attempt,
+                                  std::optional<absl::Time> asked,
+                                  const std::map<int, absl::Time>* heard,
+                                  ProcessStates seen) const {
   AttemptFacts facts;
   facts.attempt = attempt;
   facts.world_size = e.record.job.world_size();
@@ -134,7 +130,15 @@ AttemptFacts Coordinator::FactsOf(
   facts.now_unix_us = UnixMicros(absl::Now());
   // Once an attempt ended, its pids say nothing (and may be others').
   if (heard != nullptr) {
-    facts.process_state = &LocalProcessState;
+    // This host's processes from /proc; the others' as their node's
+    // daemon saw them.
+    facts.process_state = [seen = std::move(seen)](const std::string& host,
+                                                   int pid) {
+      const std::string local = LocalProcessState(host, pid);
+      if (!local.empty()) return local;
+      const auto it = seen.find({host, pid});
+      return it != seen.end() ? it->second : std::string();
+    };
     for (const auto& [rank, at] : *heard) {
       facts.heard_unix_us[rank] = UnixMicros(at);
     }
@@ -192,11 +196,16 @@ absl::StatusOr<v1::DiagnoseJobResponse> Coordinator::Diagnose(
     // The running attempt answers a request now; an ended one left what
     // it left.
     live = n == latest && latest_runs;
+    ProcessStates seen;
     if (live) {
       asked = absl::Now();
-      if (!backend_->AskToDump(*run->second.handle)) asked.reset();
+      if (!backend_->AskToDump(*run->second.handle, e->record.job,
+                               e->record.attempt_uid, &seen)) {
+        asked.reset();
+      }
     }
-    facts = FactsOf(*e, n, asked, live ? &run->second.heard : nullptr);
+    facts = FactsOf(*e, n, asked, live ? &run->second.heard : nullptr,
+                    std::move(seen));
   }
   if (!live) {
     if (auto stored = ReadStoredAnalysis(dir, n)) return *stored;
@@ -229,7 +238,9 @@ bool Coordinator::ExplainHang(Entry& e, Running& run, absl::Time now) {
     run.dump_asked_at = now;
     // Without a way to ask, the start dumps and the SIGTERM ones are all
     // there will be.
-    if (run.handle != nullptr && backend_->AskToDump(*run.handle)) {
+    if (run.handle != nullptr &&
+        backend_->AskToDump(*run.handle, e.record.job, e.record.attempt_uid,
+                            &run.seen)) {
       return false;
     }
   }
@@ -240,8 +251,8 @@ bool Coordinator::ExplainHang(Entry& e, Running& run, absl::Time now) {
   }
   // Read under the lock, once per hung attempt: a few files per rank.
   absl::StatusOr<Diagnosis> d = DiagnoseAttemptDir(
-      run.attempt_dir,
-      FactsOf(e, e.record.job.attempts(), run.dump_asked_at, &run.heard));
+      run.attempt_dir, FactsOf(e, e.record.job.attempts(), run.dump_asked_at,
+                               &run.heard, run.seen));
   if (d.ok()) {
     run.hang_summary = d->summary;
     // Kept for ptctl diagnose once the processes it saw are gone.

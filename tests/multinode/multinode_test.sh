@@ -327,10 +327,11 @@ node_frozen)
 rank_stopped)
   # One rank of node 2 stopped (SIGSTOP): its node and its daemon live on,
   # so only the hang timeout ends the attempt. Before it does, ptcoord asks
-  # every rank for its flight recorder (SIGUSR2 through mpirun, the dumps
-  # land in the shared attempt folder): the stopped one cannot answer and
-  # is the one whose heartbeats stopped while the others' went on. The
-  # analysis names it, its node and the collective the others wait in.
+  # each node's ptworkerd (DumpAttempt) to have its ranks dump their flight
+  # recorders into the shared attempt folder and to say how their
+  # processes are: the stopped one cannot answer, and node 2's daemon sees
+  # it in state T. The analysis names it, its node and the collective the
+  # others wait in.
   start_node 1; start_node 2; wait_nodes_up 1 2
   id=$(submit --set train.steps=100000 --set restart.hang_timeout_s=12 \
     --set restart.max_restarts=0)
@@ -355,6 +356,7 @@ d = json.load(sys.stdin)
 r = {x['rank']: x for x in d['ranks']}
 assert d['culprits'] == [3], d
 assert r[3]['state'] == 'stopped' and r[3]['host'] == sys.argv[1], r[3]
+assert 'state T' in r[3]['detail'], r[3]  # as node 2's daemon saw it
 assert all(r[k]['state'] == 'waiting' for k in (0, 1, 2)), r
 assert 3 in r[2]['waits_for'] and ' #' in r[2]['where'], r[2]
 " "${MN_PREFIX}node2" || fail "ptctl diagnose: $("$PTCTL" diagnose "$id")"

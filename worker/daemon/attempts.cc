@@ -3,6 +3,10 @@
 
 #include <signal.h>
 
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "common/process.h"
 #include "spdlog/spdlog.h"
 
@@ -50,6 +54,23 @@ int Attempts::Kill(const std::string& uid, int sig) {
   int n = 0;
   for (pid_t p : Pids(uid)) n += kill(p, sig) == 0 ? 1 : 0;
   return n;
+}
+
+std::vector<AttemptRank> Attempts::Ranks(const std::string& uid) {
+  std::vector<AttemptRank> out;
+  for (pid_t p : Pids(uid)) {
+    const std::string comm(absl::StripTrailingAsciiWhitespace(
+        ReadWholeFile("/proc/" + std::to_string(p) + "/comm")));
+    if (comm != "ptworker") continue;  // orted, the shell around it
+    AttemptRank r;
+    r.pid = p;
+    if (!absl::SimpleAtoi(ProcessEnv(p, "OMPI_COMM_WORLD_RANK"), &r.rank)) {
+      r.rank = -1;
+    }
+    r.state = ProcessState(p);
+    out.push_back(r);
+  }
+  return out;
 }
 
 std::vector<std::string> Attempts::Uids() {

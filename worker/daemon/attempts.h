@@ -18,6 +18,13 @@
 
 namespace ptrain {
 
+// A rank of an attempt on this node, as /proc shows it.
+struct AttemptRank {
+  pid_t pid = 0;
+  int rank = -1;      // its world rank (OMPI_COMM_WORLD_RANK); -1: unknown
+  std::string state;  // /proc state letter
+};
+
 // Thread-safe: Exec calls and the heartbeat loop share one.
 class Attempts {
  public:
@@ -36,6 +43,8 @@ class Attempts {
   static std::vector<pid_t> Pids(const std::string& uid);
   // Sends `sig` to them; returns how many it reached.
   static int Kill(const std::string& uid, int sig);
+  // Those of them that are ranks (ptworker), with their state.
+  static std::vector<AttemptRank> Ranks(const std::string& uid);
 
  private:
   std::vector<std::string> Uids();

@@ -204,6 +204,33 @@ grpc::Status Daemon::KillAttempt(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
+grpc::Status Daemon::DumpAttempt(grpc::ServerContext* ctx,
+                                 const v1::DumpAttemptRequest* req,
+                                 v1::DumpAttemptResponse* resp) {
+  if (!CheckBearer(Authorization(*ctx), {token_}).ok()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "DumpAttempt needs the cluster's join token");
+  }
+  if (req->attempt_uid().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "attempt_uid must be set");
+  }
+  char host[256] = "";
+  gethostname(host, sizeof(host) - 1);
+  resp->set_host(host);
+  for (const AttemptRank& p : Attempts::Ranks(req->attempt_uid())) {
+    // A stopped rank keeps it pending: it dumps once it runs again.
+    kill(p.pid, SIGUSR2);
+    v1::RankProcess* r = resp->add_ranks();
+    r->set_pid(p.pid);
+    r->set_rank(p.rank);
+    r->set_state(p.state);
+  }
+  spdlog::info("DumpAttempt {}: asked {} ranks", req->attempt_uid(),
+               resp->ranks_size());
+  return grpc::Status::OK;
+}
+
 std::unique_ptr<grpc::ClientContext> Daemon::Context() {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->AddMetadata("authorization", "Bearer " + token_);

@@ -4,7 +4,8 @@
 // ptcoord no longer knows its session (ptcoord restarted) and keeps trying
 // while ptcoord is unreachable. Serves DaemonService: Exec runs what OpenMPI
 // sends through ptrsh for an attempt placed here (authorized by ptcoord),
-// KillAttempt signals an attempt's processes. What it started is killed
+// KillAttempt signals an attempt's processes, DumpAttempt asks its ranks
+// for their flight recorder dumps. What it started is killed
 // when ptcoord says the attempt no longer runs here, when ptcoord has been
 // unreachable for the orphan timeout, and when the daemon stops
 // (RequestStop); an Exec child also dies with the daemon (PR_SET_PDEATHSIG).
@@ -64,6 +65,9 @@ class Daemon final : public v1::DaemonService::Service {
   grpc::Status KillAttempt(grpc::ServerContext* ctx,
                            const v1::KillAttemptRequest* req,
                            v1::KillAttemptResponse* resp) override;
+  grpc::Status DumpAttempt(grpc::ServerContext* ctx,
+                           const v1::DumpAttemptRequest* req,
+                           v1::DumpAttemptResponse* resp) override;
 
  private:
   // A command Exec started, with the read ends of its stdout and stderr.
