@@ -144,6 +144,26 @@ class CoordinatorTest : public ::testing::Test {
   }
   // A coordinator running one job whose fake rank sleeps (cancel grace
   // 5 s, no hang timeout in sight); its id in *id.
+  // A coordinator running one job (*id) of one rank that never reports:
+  // hung after a second (restart.hang_timeout_s=1), not restarted.
+  std::unique_ptr<Coordinator> MakeWithHangingJob(std::string* id) {
+    setenv("FAKE_MODE", "sleep", 1);
+    auto c = Make();
+    auto job = c->Submit(
+        kSpec, {"restart.hang_timeout_s=1", "restart.max_restarts=0"});
+    EXPECT_TRUE(job.ok()) << job.status();
+    *id = job.ok() ? job->id() : "";
+    TickUntil(*c, *id, v1::JOB_STATE_RUNNING);
+    return c;
+  }
+  // A sign of life of rank 0 of job `id`'s first attempt.
+  static v1::ReportAliveRequest AliveOfRank0(const std::string& id) {
+    v1::ReportAliveRequest r;
+    r.set_job_id(id);
+    r.set_attempt(1);
+    r.set_rank(0);
+    return r;
+  }
   std::unique_ptr<Coordinator> MakeWithSleepingJob(std::string* id) {
     setenv("FAKE_MODE", "sleep", 1);
     options_.cancel_grace = absl::Seconds(5);
@@ -1099,17 +1119,9 @@ TEST_F(CoordinatorTest, OnlyACommittedCheckpointIsRecordedOrListed) {
 // complete (their heartbeats say so); once no rank has made progress for
 // the timeout, it is one.
 TEST_F(CoordinatorTest, ProgressHeartbeatsKeepALongStepAliveButNotAStall) {
-  setenv("FAKE_MODE", "sleep", 1);
-  auto c = Make();
-  auto job =
-      c->Submit(kSpec, {"restart.hang_timeout_s=1", "restart.max_restarts=0"});
-  ASSERT_TRUE(job.ok());
-  const std::string id = job->id();
-  TickUntil(*c, id, v1::JOB_STATE_RUNNING);
-  v1::ReportAliveRequest beat;
-  beat.set_job_id(id);
-  beat.set_attempt(1);
-  beat.set_rank(0);
+  std::string id;
+  auto c = MakeWithHangingJob(&id);
+  v1::ReportAliveRequest beat = AliveOfRank0(id);
   beat.set_progress_age_ms(50);
   for (int i = 0; i < 30; ++i) {  // three hang timeouts without a step
     ASSERT_TRUE(c->ReportAlive(beat).ok());
@@ -1138,17 +1150,9 @@ TEST_F(CoordinatorTest, ProgressHeartbeatsKeepALongStepAliveButNotAStall) {
 // timeout and was killed as hung. A rank that says it is busy is alive;
 // silence is still a hang, and the error says what it was busy with.
 TEST_F(CoordinatorTest, ABusyRankIsAliveButSilenceIsStillAHang) {
-  setenv("FAKE_MODE", "sleep", 1);
-  auto c = Make();
-  auto job =
-      c->Submit(kSpec, {"restart.hang_timeout_s=1", "restart.max_restarts=0"});
-  ASSERT_TRUE(job.ok());
-  const std::string id = job->id();
-  TickUntil(*c, id, v1::JOB_STATE_RUNNING);
-  v1::ReportAliveRequest alive;
-  alive.set_job_id(id);
-  alive.set_attempt(1);
-  alive.set_rank(0);
+  std::string id;
+  auto c = MakeWithHangingJob(&id);
+  v1::ReportAliveRequest alive = AliveOfRank0(id);
   alive.set_activity("loading data");
   for (int i = 0; i < 30; ++i) {  // three hang timeouts
     ASSERT_TRUE(c->ReportAlive(alive).ok());

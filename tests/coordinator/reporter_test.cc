@@ -84,23 +84,33 @@ class AliveRecorder final : public v1::RankService::Service {
   std::vector<v1::ReportAliveRequest> got_;
 };
 
-// A rank busy with something that ends no step (loading a large data file)
-// says it is alive at once and then at every interval, and stops once it
-// is done: its hang timer then runs on its steps again.
-TEST(ProgressReporterTest, ABusyRankSaysItIsAliveUntilItIsDone) {
-  AliveRecorder service;
+// A reporter of rank 1 of attempt `attempt` to `service`, served at once
+// on a free port (*server).
+absl::StatusOr<std::unique_ptr<ProgressReporter>> ReporterOfRank1(
+    AliveRecorder& service, const std::string& attempt,
+    std::unique_ptr<grpc::Server>* server) {
   int port = 0;
   grpc::ServerBuilder builder;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
                            &port);
   builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  SetRankEnvironment("127.0.0.1:" + std::to_string(port), "3");
+  *server = builder.BuildAndStart();
+  if (*server == nullptr) return absl::UnavailableError("no server");
+  SetRankEnvironment("127.0.0.1:" + std::to_string(port), attempt);
   setenv("OMPI_COMM_WORLD_RANK", "1", 1);
   auto r = ProgressReporter::FromEnvironment();
   unsetenv("PTRAIN_COORDINATOR");
   unsetenv("OMPI_COMM_WORLD_RANK");
+  return r;
+}
+
+// A rank busy with something that ends no step (loading a large data file)
+// says it is alive at once and then at every interval, and stops once it
+// is done: its hang timer then runs on its steps again.
+TEST(ProgressReporterTest, ABusyRankSaysItIsAliveUntilItIsDone) {
+  AliveRecorder service;
+  std::unique_ptr<grpc::Server> server;
+  auto r = ReporterOfRank1(service, "3", &server);
   ASSERT_TRUE(r.ok() && *r != nullptr);
   EXPECT_EQ(ProgressReporter::AliveInterval(20), std::chrono::seconds(5));
   EXPECT_EQ(ProgressReporter::AliveInterval(1), std::chrono::milliseconds(250));
@@ -130,18 +140,8 @@ TEST(ProgressReporterTest, ABusyRankSaysItIsAliveUntilItIsDone) {
 // it last made progress, busy or not: what tells a long step from a hang.
 TEST(ProgressReporterTest, WithAProbeEveryIntervalCarriesTheProgressAge) {
   AliveRecorder service;
-  int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  SetRankEnvironment("127.0.0.1:" + std::to_string(port), "2");
-  setenv("OMPI_COMM_WORLD_RANK", "1", 1);
-  auto r = ProgressReporter::FromEnvironment();
-  unsetenv("PTRAIN_COORDINATOR");
-  unsetenv("OMPI_COMM_WORLD_RANK");
+  std::unique_ptr<grpc::Server> server;
+  auto r = ReporterOfRank1(service, "2", &server);
   ASSERT_TRUE(r.ok() && *r != nullptr);
   (*r)->SetAliveInterval(std::chrono::milliseconds(100));
   std::atomic<int64_t> age{-1};
