@@ -270,6 +270,35 @@ rank_killed)
     fail "no resume event: $(events "$id" | grep -v checkpoint)"
   events "$id" | grep -q "attempt 2 is Slurm job" || fail "attempt 2 was not a Slurm job"
   ;;
+rank_stopped)
+  # One rank stopped (SIGSTOP): only the hang timeout ends the attempt.
+  # Before it does, ptcoord asks the ranks for their flight recorders
+  # (scancel --signal=USR2: the job's steps, not its batch script, which
+  # lives on); the other rank dumps into the attempt's folder, the stopped
+  # one cannot and its process is in state T. The analysis names it.
+  id=$(submit --set train.steps=100000 --set restart.hang_timeout_s=12 \
+    --set restart.max_restarts=0)
+  wait_for 60 bash -c "[[ \$(\"$PTCTL\" -o json get $id | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"job\"][\"progress\"].get(\"step\", 0))') -ge 5 ]]" ||
+    fail "no progress"
+  victim=$(our_ranks | tail -n1)
+  [[ -n $victim ]] || fail "no rank of ours to stop"
+  kill -STOP "$victim"
+  wait_for 90 bash -c "[[ \$(\"$PTCTL\" -o json get $id | grep -o 'JOB_STATE_[A-Z]*' | head -1) == JOB_STATE_FAILED ]]" ||
+    fail "the hang did not end the attempt: $(state_of "$id")"
+  kill -CONT "$victim" 2>/dev/null || true
+  "$PTCTL" -o json diagnose "$id" | python3 -c "
+import json, sys
+d = json.load(sys.stdin)
+assert len(d['culprits']) == 1, d
+r = {x['rank']: x for x in d['ranks']}
+c = r[d['culprits'][0]]
+assert c['state'] == 'stopped' and c['pid'] == int(sys.argv[1]), c
+" "$victim" || fail "ptctl diagnose: $("$PTCTL" diagnose "$id")"
+  # "waits in": the other rank's dump answered the request (an older one
+  # would not count), so the signal reached it through Slurm.
+  events "$id" | grep -q "hang analysis of attempt 1: .*is stopped.* waits\? in " ||
+    fail "no hang analysis event: $(events "$id" | grep -v checkpoint)"
+  ;;
 node_death)
   # dp=2, one rank per node: the job spans both nodes. Node 2 dies (every
   # process in it): Slurm marks it down (SlurmdTimeout=10); the job ends
