@@ -953,10 +953,22 @@ TEST_F(DiagnoseTest, StoppedRankIsNamedLiveAndWhenTheHangEndsTheAttempt) {
       << live.dump(1);
   EXPECT_EQ(RankState(live, 3), "stopped") << live.dump(1);
   for (int r : {0, 1, 2}) EXPECT_EQ(RankState(live, r), "waiting") << r;
+  // Its node and pid, and the call rank 2 (its tensor-parallel partner)
+  // waits in for it, by group, op and number.
+  const json& three = live["ranks"][3];
+  EXPECT_EQ(three.value("pid", 0), victim) << three.dump();
+  EXPECT_FALSE(three.value("host", "").empty()) << three.dump();
+  const std::string waits = live["ranks"][2].value("where", "");
+  EXPECT_TRUE(absl::StrContains(waits, " #")) << waits;
   Result text = Ptctl("diagnose " + id);
   EXPECT_EQ(text.rc, 0);
-  EXPECT_NE(text.out.find("rank 3"), std::string::npos) << text.out;
-  EXPECT_NE(text.out.find("stopped"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find(absl::StrCat("rank 3 (node ", three.value("host", ""),
+                                       ", pid ", victim, ") is stopped")),
+            std::string::npos)
+      << text.out;
+  EXPECT_NE(text.out.find(waits.substr(0, waits.find(" in "))),
+            std::string::npos)
+      << text.out;
   // The hang timeout ends it: the analysis is the job's event and error.
   ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_FAILED"; }, 120))
       << Get(id).dump();
