@@ -197,7 +197,8 @@ class Ops {
   // holds what the forward keeps for the backward (attention_saved_floats:
   // the (B,NH,T,T) probabilities by default); `datt` is the backward's
   // scratch (attention_scratch_floats). The backward also reads the
-  // forward's out.
+  // forward's out, and writes dinp (B,T,3,NH,hs) whole (not added to: it
+  // needs no zeroing before).
   virtual void attention_forward(Act out, float* att, ConstAct inp, int B,
                                  int T, int C, int NH) = 0;
   virtual void attention_backward(float* dinp, float* datt, const float* dout,

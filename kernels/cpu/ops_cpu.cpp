@@ -302,6 +302,7 @@ class CpuBackend final : public Ops {
                           int T, int C, int NH) override {
     const int64_t n = static_cast<int64_t>(B) * T * C;
     const float* x = AsF32(inp, 3 * n, 1);
+    Zero(dinp, 3 * n);  // the kernels add to it
     if (T >= kFlashAttentionT) {
       kernels::flash_attention_backward(dinp, dout, x, AsF32(out, n, 2), att, B,
                                         T, C, NH);

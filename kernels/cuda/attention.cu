@@ -178,14 +178,21 @@ void CudaBackend::attention_forward(Act out, float* att, ConstAct inp, int B,
                                     int T, int C, int NH) {
   const OpScope scope(&times_, stream_, "attention_forward");
   const int64_t n = int64_t(B) * T * C;
-  // A bf16 output is written in fp32, then rounded; the fused kernels take a
-  // bf16 qkv as it is, the others its fp32 values.
-  float* y = F32Target(out, n, 0);
   if (Fused(C, NH)) {
+    // The fused kernels take a bf16 qkv as it is and write the output as
+    // it is stored.
     const Op qkv = FusedOperand(inp, 3 * n, 0);
-    FlashAttentionForward(y, att, static_cast<const __nv_bfloat16*>(qkv.p), B,
-                          T, NH, C / NH, stream_);
-  } else if (options_.bf16_compute) {
+    const bool out16 = Bf16Storage(out);
+    FlashAttentionForward(out16 ? nullptr : out.f32(),
+                          out16 ? static_cast<__nv_bfloat16*>(out.p) : nullptr,
+                          att, static_cast<const __nv_bfloat16*>(qkv.p), B, T,
+                          NH, C / NH, stream_);
+    return;
+  }
+  // A bf16 output is written in fp32, then rounded; the cuBLAS attention
+  // takes qkv's fp32 values.
+  float* y = F32Target(out, n, 0);
+  if (options_.bf16_compute) {
     Attention<__nv_bfloat16>(y, att, AsF32(inp, 3 * n, 1), B, T, C, NH);
   } else {
     Attention<float>(y, att, AsF32(inp, 3 * n, 1), B, T, C, NH);
@@ -200,12 +207,19 @@ void CudaBackend::attention_backward(float* dinp, float* datt,
   const OpScope scope(&times_, stream_, "attention_backward");
   const int64_t n = int64_t(B) * T * C;
   if (Fused(C, NH)) {
-    const Op qkv = FusedOperand(inp, 3 * n, 0), dy = Operand(dout, n, 1);
+    // dout is rounded as delta is summed, and a bf16 output read as it is.
+    const Op qkv = FusedOperand(inp, 3 * n, 0);
+    const bool out16 = Bf16Storage(out);
     FlashAttentionBackward(
-        dinp, datt, dout, static_cast<const __nv_bfloat16*>(dy.p),
-        AsF32(out, n, 0), static_cast<const __nv_bfloat16*>(qkv.p), att, B, T,
-        NH, C / NH, stream_);
-  } else if (options_.bf16_compute) {
+        dinp, datt, Grow(&bf16_[1], n), dout, out16 ? nullptr : out.f32(),
+        out16 ? static_cast<const __nv_bfloat16*>(out.p) : nullptr,
+        static_cast<const __nv_bfloat16*>(qkv.p), att, B, T, NH, C / NH,
+        flash_dq_, stream_);
+    return;
+  }
+  // The cuBLAS attention adds to dinp.
+  PT_CUDA_CHECK(cudaMemsetAsync(dinp, 0, 3 * n * sizeof(float), stream_));
+  if (options_.bf16_compute) {
     AttentionBackward<__nv_bfloat16>(dinp, datt, dout, AsF32(inp, 3 * n, 1),
                                      att, B, T, C, NH);
   } else {

@@ -19,6 +19,8 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "common/check.h"
 #include "kernels/cuda/cuda_check.h"
@@ -91,6 +93,25 @@ __device__ __forceinline__ int RowsFirst(int lane, int r0, int c0, int ld) {
   return (r0 + lane % 8 + lane / 16 * 8) * ld + c0 + lane / 8 % 2 * 8;
 }
 
+// Two operands' products side by side: x0, x1 += ax times the two 8-column
+// B tiles LdMatrix4 reads at bx (transposed with kTrans), and y0, y1 += ay
+// times those at by.
+template <bool kTrans>
+__device__ __forceinline__ void TwoPairs(float (&x0)[4], float (&x1)[4],
+                                         const uint32_t (&ax)[4],
+                                         const bf16* bx, float (&y0)[4],
+                                         float (&y1)[4],
+                                         const uint32_t (&ay)[4],
+                                         const bf16* by) {
+  uint32_t fx[4], fy[4];
+  LdMatrix4<kTrans>(fx, bx);
+  LdMatrix4<kTrans>(fy, by);
+  Mma(x0, ax, fx[0], fx[1]);
+  Mma(x1, ax, fx[2], fx[3]);
+  Mma(y0, ay, fy[0], fy[1]);
+  Mma(y1, ay, fy[2], fy[3]);
+}
+
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);
@@ -140,18 +161,55 @@ __device__ __forceinline__ void LoadTileAsync(bf16* __restrict__ dst,
   }
 }
 
+// Step kt of a walk over the key tiles 0..last with double-buffered k and v
+// (ks0, vs0: two tiles each): starts the copies of tile kt + 1 into the
+// other buffer, waits for tile kt's and the block; returns kt's buffer.
+template <int HS>
+__device__ __forceinline__ int KeyValueStep(bf16* ks0, bf16* vs0,
+                                            const bf16* base, int C,
+                                            int64_t stride, int kt, int last,
+                                            int T) {
+  constexpr int kTileElems = kTile * (HS + kPad);
+  const int buf = kt & 1;
+  if (kt + 1 <= last) {  // the next k, v tiles, while these work
+    LoadTileAsync<HS>(ks0 + (buf ^ 1) * kTileElems, base + C, stride,
+                      (kt + 1) * kTile, T);
+    LoadTileAsync<HS>(vs0 + (buf ^ 1) * kTileElems, base + 2 * C, stride,
+                      (kt + 1) * kTile, T);
+  }
+  CpAsyncCommit();
+  CpAsyncWait<1>();
+  __syncthreads();
+  return buf;
+}
+
 // q, and two buffers each of k and v.
 template <int HS>
 constexpr size_t ForwardSmem() {
   return 5 * kTile * (HS + kPad) * sizeof(bf16);
 }
 
+// Two adjacent output values: fp32, or rounded to bf16 (nearest even) for
+// a bf16-stored output, which may sit at any element offset.
+__device__ __forceinline__ void StorePair(float* p, float a, float b) {
+  *reinterpret_cast<float2*>(p) = make_float2(a, b);
+}
+__device__ __forceinline__ void StorePair(bf16* p, float a, float b) {
+  if (reinterpret_cast<uintptr_t>(p) % 4 == 0) {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+  } else {
+    p[0] = __float2bfloat16_rn(a);
+    p[1] = __float2bfloat16_rn(b);
+  }
+}
+
 // Warp w owns query rows w*16.. of the block's 64 and keeps their q
 // fragments, scores, probabilities and output rows in registers; the
-// block shares each key and value tile through shared memory.
-template <int HS>
+// block shares each key and value tile through shared memory. The output
+// is written as it is stored (O: fp32 or bf16).
+template <int HS, typename O>
 __global__ void __launch_bounds__(kThreads)
-    FlashForwardKernel(float* out, float* lse, const bf16* qkv, int T, int NH,
+    FlashForwardKernel(O* out, float* lse, const bf16* qkv, int T, int NH,
                        float scale_log2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // bf16 mma needs sm_80; the backend never launches this
@@ -192,18 +250,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < kN; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
   for (int kt = 0; kt <= qt; ++kt) {
-    const int buf = kt & 1;
+    const int buf = KeyValueStep<HS>(ks0, vs0, base, C, stride, kt, qt, T);
     const bf16* ks = ks0 + buf * kTileElems;
     const bf16* vs = vs0 + buf * kTileElems;
-    if (kt + 1 <= qt) {  // the next k, v tiles, while these work
-      LoadTileAsync<HS>(ks0 + (buf ^ 1) * kTileElems, base + C, stride,
-                        (kt + 1) * kTile, T);
-      LoadTileAsync<HS>(vs0 + (buf ^ 1) * kTileElems, base + 2 * C, stride,
-                        (kt + 1) * kTile, T);
-    }
-    CpAsyncCommit();
-    CpAsyncWait<1>();
-    __syncthreads();
 
     // S (16 x 64) = q k^T: eight tiles of 8 keys.
     float s[8][4];
@@ -285,28 +334,38 @@ __global__ void __launch_bounds__(kThreads)
     const int row = row0 + i * 8;
     if (row >= T) continue;
     const float inv = 1.0f / l[i];
-    float* orow = out + (int64_t(b) * T + row) * C + h * HS + 2 * t;
+    O* orow = out + (int64_t(b) * T + row) * C + h * HS + 2 * t;
 #pragma unroll
     for (int j = 0; j < kN; ++j) {
-      *reinterpret_cast<float2*>(orow + j * 8) =
-          make_float2(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
+      StorePair(orow + j * 8, o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
     }
     if (t == 0) lse[int64_t(bh) * T + row] = m[i] + log2f(l[i]);
   }
 #endif
 }
 
-// delta (B,NH,T) = rowsum(dout * out): one warp per (b, t, h) row.
-__global__ void FlashDeltaKernel(float* delta, const float* dout,
-                                 const float* out, int64_t rows, int T, int NH,
-                                 int hs) {
+__device__ __forceinline__ float ToFloat(float x) { return x; }
+__device__ __forceinline__ float ToFloat(bf16 x) { return __bfloat162float(x); }
+
+// delta (B,NH,T) = rowsum(dout * out), and dout rounded to bf16 (dout16,
+// dout's layout) for the products: one warp per (b, t, h) row, one read of
+// dout for both. out is fp32 or bf16 as stored.
+template <typename O>
+__global__ void FlashPrepareKernel(float* delta, bf16* dout16,
+                                   const float* dout, const O* out,
+                                   int64_t rows, int T, int NH, int hs) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (i >= rows) return;
   const float* a = dout + i * hs;
-  const float* o = out + i * hs;
+  const O* o = out + i * hs;
+  bf16* r = dout16 + i * hs;
   float s = 0.0f;
-  for (int d = lane; d < hs; d += 32) s += a[d] * o[d];
+  for (int d = lane; d < hs; d += 32) {
+    const float x = a[d];
+    r[d] = __float2bfloat16_rn(x);
+    s += x * ToFloat(o[d]);
+  }
   for (int k = 16; k > 0; k >>= 1) s += __shfl_xor_sync(0xffffffffu, s, k);
   if (lane == 0) {
     const int64_t bt = i / NH;
@@ -316,21 +375,78 @@ __global__ void FlashDeltaKernel(float* delta, const float* dout,
   }
 }
 
-// k, v, two buffers each of q and do, and dS^T.
-template <int HS>
-constexpr size_t BackwardSmem() {
-  return (6 * kTile * (HS + kPad) + kTile * kLdP) * sizeof(bf16);
+// How a warp's accumulator rows reach dinp: written (the block owns them),
+// or added atomically (other blocks add to the same rows).
+enum class Rows { kWrite, kAtomic };
+
+// A warp's 16 x HS accumulator rows (rows r0 + g and r0 + g + 8 of the
+// fragment layout, columns 2t, 2t + 1 of each 8-column tile) into the fp32
+// rows at dst (row pitch `stride`), rows past T left out. On sm_90, atomic
+// adds go four consecutive floats at a time, lanes t and t^1 trading halves
+// first (dst and stride 16-byte aligned, which the caller checks: kVec4).
+template <int kN, Rows kHow, bool kVec4>
+__device__ __forceinline__ void StoreRows(float* dst, int64_t stride, int r0,
+                                          int T, const float (&acc)[kN][4]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr bool kQuad = kHow == Rows::kAtomic && kVec4;
+#else
+  constexpr bool kQuad = false;
+#endif
+  if constexpr (kQuad) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Even t: row g, columns 2t..2t+3; odd t: row g + 8, columns 2t-2..2t+1.
+    const bool odd = t & 1;
+    const int row = r0 + g + (odd ? 8 : 0);
+    float* p = dst + int64_t(row) * stride + 2 * (t & ~1);
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      // Even lanes send their row g + 8 pair, odd lanes their row g pair.
+      const float s0 = odd ? acc[j][0] : acc[j][2];
+      const float s1 = odd ? acc[j][1] : acc[j][3];
+      const float x0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+      const float x1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+      const float4 v = odd ? make_float4(x0, x1, acc[j][2], acc[j][3])
+                           : make_float4(acc[j][0], acc[j][1], x0, x1);
+      if (row < T) atomicAdd(reinterpret_cast<float4*>(p + j * 8), v);
+    }
+#endif
+  } else {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = r0 + g + 8 * i;
+      if (row >= T) continue;
+      float* p = dst + int64_t(row) * stride + 2 * t;
+#pragma unroll
+      for (int j = 0; j < kN; ++j) {
+        if (kHow == Rows::kAtomic) {
+          atomicAdd(p + j * 8, acc[j][2 * i]);
+          atomicAdd(p + j * 8 + 1, acc[j][2 * i + 1]);
+        } else {
+          *reinterpret_cast<float2*>(p + j * 8) =
+              make_float2(acc[j][2 * i], acc[j][2 * i + 1]);
+        }
+      }
+    }
+  }
 }
 
-// Warp w owns key rows w*16.. of the block's 64: their k and v fragments,
-// and their dk and dv, stay in registers for the whole walk over the query
-// tiles (double-buffered in shared memory). For each query tile the warp
+// k, v, two buffers each of q and do, and (with dq) dS^T.
+template <int HS, bool kDq>
+constexpr size_t BackwardSmem() {
+  return (6 * kTile * (HS + kPad) + (kDq ? kTile * kLdP : 0)) * sizeof(bf16);
+}
+
+// Warp w owns key rows w*16.. of the block's 64: their dk and dv stay in
+// registers for the whole walk over the query tiles (double-buffered in
+// shared memory), k and v in shared memory. For each query tile the warp
 // forms S^T = k q^T, P^T (from the saved lse), dv += P^T do, dP^T = v do^T,
 // dS^T = P^T (dP^T - delta) scale and dk += dS^T q in registers; the
 // block's dS^T goes through shared memory for dq = dS k, 16 query rows a
 // warp, added to dinp atomically (every key tile adds to a query row).
-template <int HS>
-__global__ void __launch_bounds__(kThreads)
+// Without kDq the walk leaves dq to FlashDqKernel.
+template <int HS, bool kDq, bool kVec4>
+__global__ void __launch_bounds__(kThreads, kDq ? 2 : 3)
     FlashBackwardKernel(float* dinp, const bf16* dout, const bf16* qkv,
                         const float* lse, const float* delta, int T, int NH,
                         float scale, float scale_log2) {
@@ -341,6 +457,8 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kD = HS / 16;  // k steps over the head dimension
   constexpr int kN = HS / 8;   // tiles of 8 head dimensions
   constexpr int kTileElems = kTile * kLdB;
+  constexpr int kParts = kDq ? 1 : 2;  // of a query tile, one after the other
+  constexpr int kJ = 8 / kParts;       // tiles of 8 queries a part
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* ks = reinterpret_cast<bf16*>(smem);
   bf16* vs = ks + kTileElems;
@@ -369,13 +487,6 @@ __global__ void __launch_bounds__(kThreads)
   CpAsyncCommit();
   CpAsyncWait<0>();
   __syncthreads();
-  uint32_t kf[kD][4], vf[kD][4];
-#pragma unroll
-  for (int d = 0; d < kD; ++d) {
-    const int off = ColumnsFirst(lane, warp * 16, d * 16, kLdB);
-    LdMatrix4<false>(kf[d], ks + off);
-    LdMatrix4<false>(vf[d], vs + off);
-  }
   float dk[kN][4], dv[kN][4];
 #pragma unroll
   for (int j = 0; j < kN; ++j) {
@@ -399,72 +510,80 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     const int q0 = qt * kTile;
 
-    // S^T (16 keys x 64 queries) = k q^T, and dP^T = v do^T.
-    float p[8][4], dp[8][4];
+    // Without dq the tile's 64 queries go in two parts of 32, which halves
+    // the score registers (three blocks an SM instead of two).
+#pragma unroll 1
+    for (int part = 0; part < kParts; ++part) {
+      const int qp = part * kJ * 8;  // the part's first query in the tile
+      // S^T (16 keys x kJ*8 queries) = k q^T, and dP^T = v do^T.
+      float p[kJ][4], dp[kJ][4];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < kJ; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) p[j][e] = dp[j][e] = 0.0f;
-    }
-#pragma unroll
-    for (int j = 0; j < 8; j += 2) {
+        for (int e = 0; e < 4; ++e) p[j][e] = dp[j][e] = 0.0f;
+      }
 #pragma unroll
       for (int d = 0; d < kD; ++d) {
-        const int off = RowsFirst(lane, j * 8, d * 16, kLdB);
-        uint32_t qb[4], ob[4];
-        LdMatrix4<false>(qb, qs + off);
-        LdMatrix4<false>(ob, dos + off);
-        Mma(p[j], kf[d], qb[0], qb[1]);
-        Mma(p[j + 1], kf[d], qb[2], qb[3]);
-        Mma(dp[j], vf[d], ob[0], ob[1]);
-        Mma(dp[j + 1], vf[d], ob[2], ob[3]);
+        // The warp's k and v rows (dims d*16..) come from shared memory each
+        // time: registers are what limits the blocks an SM holds.
+        uint32_t kf[4], vf[4];
+        const int a = ColumnsFirst(lane, warp * 16, d * 16, kLdB);
+        LdMatrix4<false>(kf, ks + a);
+        LdMatrix4<false>(vf, vs + a);
+#pragma unroll
+        for (int j = 0; j < kJ; j += 2) {
+          const int off = RowsFirst(lane, qp + j * 8, d * 16, kLdB);
+          TwoPairs<false>(p[j], p[j + 1], kf, qs + off, dp[j], dp[j + 1], vf,
+                          dos + off);
+        }
       }
-    }
-    // P^T = exp2(S^T scale log2e - lse), zero where masked; dS^T in place
-    // of dP^T.
+      // P^T = exp2(S^T scale log2e - lse), zero where masked; dS^T in place
+      // of dP^T.
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < kJ; ++j) {
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int q = q0 + j * 8 + 2 * t + c;
-        const bool in = q < T;
-        const float l = in ? __ldg(lse_h + q) : 0.0f;
-        const float dl = in ? __ldg(delta_h + q) : 0.0f;
+        for (int c = 0; c < 2; ++c) {
+          const int q = q0 + qp + j * 8 + 2 * t + c;
+          const bool in = q < T;
+          const float l = in ? __ldg(lse_h + q) : 0.0f;
+          const float dl = in ? __ldg(delta_h + q) : 0.0f;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int e = 2 * i + c;
-          const float x =
-              in && key0 + 8 * i <= q ? exp2f(p[j][e] * scale_log2 - l) : 0.0f;
-          p[j][e] = x;
-          dp[j][e] = x * (dp[j][e] - dl) * scale;
+          for (int i = 0; i < 2; ++i) {
+            const int e = 2 * i + c;
+            const float x = in && key0 + 8 * i <= q
+                                ? exp2f(p[j][e] * scale_log2 - l)
+                                : 0.0f;
+            p[j][e] = x;
+            dp[j][e] = x * (dp[j][e] - dl) * scale;
+          }
+        }
+      }
+      // dv += P^T do and dk += dS^T q: the accumulator tiles 2c, 2c+1 are
+      // the A operand over queries c*16..; do and q through transposed loads.
+#pragma unroll
+      for (int c = 0; c < kJ / 2; ++c) {
+        uint32_t pa[4];
+        AccToA(pa, p[2 * c], p[2 * c + 1]);
+        uint32_t sa[4];
+        AccToA(sa, dp[2 * c], dp[2 * c + 1]);
+        if (kDq) {  // dS^T rows of this warp's keys into shared memory for dq
+          bf16* srow = dst + (warp * 16 + g) * kLdP + qp + c * 16 + 2 * t;
+          *reinterpret_cast<uint32_t*>(srow) = sa[0];
+          *reinterpret_cast<uint32_t*>(srow + 8 * kLdP) = sa[1];
+          *reinterpret_cast<uint32_t*>(srow + 8) = sa[2];
+          *reinterpret_cast<uint32_t*>(srow + 8 * kLdP + 8) = sa[3];
+        }
+#pragma unroll
+        for (int j = 0; j < kN; j += 2) {
+          const int off = ColumnsFirst(lane, qp + c * 16, j * 8, kLdB);
+          TwoPairs<true>(dv[j], dv[j + 1], pa, dos + off, dk[j], dk[j + 1], sa,
+                         qs + off);
         }
       }
     }
-    // dv += P^T do and dk += dS^T q: the accumulator tiles 2c, 2c+1 are
-    // the A operand over queries c*16..; do and q through transposed loads.
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      uint32_t pa[4];
-      AccToA(pa, p[2 * c], p[2 * c + 1]);
-      uint32_t sa[4];
-      AccToA(sa, dp[2 * c], dp[2 * c + 1]);
-      // dS^T rows of this warp's keys into shared memory for dq.
-      bf16* srow = dst + (warp * 16 + g) * kLdP + c * 16 + 2 * t;
-      *reinterpret_cast<uint32_t*>(srow) = sa[0];
-      *reinterpret_cast<uint32_t*>(srow + 8 * kLdP) = sa[1];
-      *reinterpret_cast<uint32_t*>(srow + 8) = sa[2];
-      *reinterpret_cast<uint32_t*>(srow + 8 * kLdP + 8) = sa[3];
-#pragma unroll
-      for (int j = 0; j < kN; j += 2) {
-        const int off = ColumnsFirst(lane, c * 16, j * 8, kLdB);
-        uint32_t ob[4], qb[4];
-        LdMatrix4<true>(ob, dos + off);
-        LdMatrix4<true>(qb, qs + off);
-        Mma(dv[j], pa, ob[0], ob[1]);
-        Mma(dv[j + 1], pa, ob[2], ob[3]);
-        Mma(dk[j], sa, qb[0], qb[1]);
-        Mma(dk[j + 1], sa, qb[2], qb[3]);
-      }
+    if (!kDq) {
+      __syncthreads();  // this tile's buffers are free again
+      continue;
     }
     __syncthreads();  // every warp's dS^T rows are in
 
@@ -486,35 +605,135 @@ __global__ void __launch_bounds__(kThreads)
         Mma(dq[j + 1], sa, kb[2], kb[3]);
       }
     }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int q = q0 + warp * 16 + g + 8 * i;
-      if (q >= T) continue;
-      float* row = gbase + int64_t(q) * stride + 2 * t;
-#pragma unroll
-      for (int j = 0; j < kN; ++j) {
-        atomicAdd(row + j * 8, dq[j][2 * i]);
-        atomicAdd(row + j * 8 + 1, dq[j][2 * i + 1]);
-      }
-    }
+    StoreRows<kN, Rows::kAtomic, kVec4>(gbase, stride, q0 + warp * 16, T, dq);
     __syncthreads();  // dS^T and this tile's buffers are free again
   }
 
-  // dk, dv: this block's keys only, so plain adds.
+  // dk, dv: this block's keys only, so written.
+  StoreRows<kN, Rows::kWrite, false>(gbase + C, stride, k0 + warp * 16, T, dk);
+  StoreRows<kN, Rows::kWrite, false>(gbase + 2 * C, stride, k0 + warp * 16, T,
+                                     dv);
+#endif
+}
+
+// q, do, and two buffers each of k and v.
+template <int HS>
+constexpr size_t DqSmem() {
+  return 6 * kTile * (HS + kPad) * sizeof(bf16);
+}
+
+// dq on its own pass (FlashDq::kSecondPass): a block takes 64 query rows, as
+// the forward, and walks the key tiles the causal mask leaves. Warp w keeps
+// its 16 rows' q and do fragments, lse and delta, and dq in registers; per
+// key tile it recomputes S = q k^T and dP = do v^T, P from the saved lse,
+// dS = P (dP - delta) scale, and dq += dS k (dS's accumulator tiles are
+// the A operand as they are). One block owns each row: no atomics.
+template <int HS>
+__global__ void __launch_bounds__(kThreads)
+    FlashDqKernel(float* dinp, const bf16* dout, const bf16* qkv,
+                  const float* lse, const float* delta, int T, int NH,
+                  float scale, float scale_log2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // bf16 mma needs sm_80; the backend never launches this
+#else
+  constexpr int kLdB = HS + kPad;
+  constexpr int kD = HS / 16;  // k steps over the head dimension
+  constexpr int kN = HS / 8;   // tiles of 8 head dimensions
+  constexpr int kTileElems = kTile * kLdB;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* qs = reinterpret_cast<bf16*>(smem);
+  bf16* dos = qs + kTileElems;
+  bf16* ks0 = dos + kTileElems;      // two buffers
+  bf16* vs0 = ks0 + 2 * kTileElems;  // two buffers
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+
+  const int qt = gridDim.x - 1 - blockIdx.x;  // the longest rows first
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int C = NH * HS;
+  const int64_t stride = 3 * C;
+  const bf16* base = qkv + int64_t(b) * T * stride + h * HS;
+  const bf16* dbase = dout + int64_t(b) * T * C + h * HS;
+  const int q0 = qt * kTile;
+  LoadTileAsync<HS>(qs, base, stride, q0, T);
+  LoadTileAsync<HS>(dos, dbase, C, q0, T);
+  LoadTileAsync<HS>(ks0, base + C, stride, 0, T);
+  LoadTileAsync<HS>(vs0, base + 2 * C, stride, 0, T);
+  CpAsyncCommit();
+  CpAsyncWait<0>();
+  __syncthreads();
+  uint32_t qf[kD][4], of[kD][4];
+#pragma unroll
+  for (int d = 0; d < kD; ++d) {
+    const int off = ColumnsFirst(lane, warp * 16, d * 16, kLdB);
+    LdMatrix4<false>(qf[d], qs + off);
+    LdMatrix4<false>(of[d], dos + off);
+  }
+  const int row0 = q0 + warp * 16 + g;  // and row0 + 8
+  float l[2], dl[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const int key = key0 + 8 * i;
-    if (key >= T) continue;
-    float* row = gbase + int64_t(key) * stride + 2 * t;
-#pragma unroll
-    for (int j = 0; j < kN; ++j) {
-      float2* pk = reinterpret_cast<float2*>(row + C + j * 8);
-      float2* pv = reinterpret_cast<float2*>(row + 2 * C + j * 8);
-      const float2 a = *pk, v = *pv;
-      *pk = make_float2(a.x + dk[j][2 * i], a.y + dk[j][2 * i + 1]);
-      *pv = make_float2(v.x + dv[j][2 * i], v.y + dv[j][2 * i + 1]);
-    }
+    const int row = row0 + 8 * i;
+    l[i] = row < T ? lse[int64_t(bh) * T + row] : 0.0f;
+    dl[i] = row < T ? delta[int64_t(bh) * T + row] : 0.0f;
   }
+  float dq[kN][4];
+#pragma unroll
+  for (int j = 0; j < kN; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
+
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int buf = KeyValueStep<HS>(ks0, vs0, base, C, stride, kt, qt, T);
+    const bf16* ks = ks0 + buf * kTileElems;
+    const bf16* vs = vs0 + buf * kTileElems;
+
+    // S (16 x 64) = q k^T and dP = do v^T: eight tiles of 8 keys.
+    float s[8][4], dp[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+#pragma unroll
+      for (int d = 0; d < kD; ++d) {
+        const int off = RowsFirst(lane, j * 8, d * 16, kLdB);
+        TwoPairs<false>(s[j], s[j + 1], qf[d], ks + off, dp[j], dp[j + 1],
+                        of[d], vs + off);
+      }
+    }
+    // P = exp2(S scale log2e - lse), zero where masked; dS in place of dP.
+    const bool diagonal = kt == qt;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = kt * kTile + j * 8 + 2 * t + (e & 1);
+        const int i = e >> 1;
+        const float x = !diagonal || key <= row0 + 8 * i
+                            ? exp2f(s[j][e] * scale_log2 - l[i])
+                            : 0.0f;
+        dp[j][e] = x * (dp[j][e] - dl[i]) * scale;
+      }
+    }
+    // dq += dS k: dS's accumulator tiles 2c, 2c+1 are the A operand over
+    // keys c*16..; k through transposed loads (keys are k's rows).
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      uint32_t sa[4];
+      AccToA(sa, dp[2 * c], dp[2 * c + 1]);
+#pragma unroll
+      for (int j = 0; j < kN; j += 2) {
+        uint32_t kb[4];
+        LdMatrix4<true>(kb, ks + ColumnsFirst(lane, c * 16, j * 8, kLdB));
+        Mma(dq[j], sa, kb[0], kb[1]);
+        Mma(dq[j + 1], sa, kb[2], kb[3]);
+      }
+    }
+    __syncthreads();  // these k, v buffers take the tile after next
+  }
+  StoreRows<kN, Rows::kWrite, false>(dinp + int64_t(b) * T * stride + h * HS,
+                                     stride, q0 + warp * 16, T, dq);
 #endif
 }
 
@@ -530,70 +749,131 @@ bool AllowSharedMemory(Kernel kernel, size_t bytes) {
   return true;
 }
 
-template <int HS>
-void Forward(float* out, float* lse, const bf16* qkv, int B, int T, int NH,
+template <int HS, typename O>
+void Forward(O* out, float* lse, const bf16* qkv, int B, int T, int NH,
              cudaStream_t stream) {
   constexpr size_t smem = ForwardSmem<HS>();
-  static const bool allowed = AllowSharedMemory(FlashForwardKernel<HS>, smem);
+  static const bool allowed =
+      AllowSharedMemory(FlashForwardKernel<HS, O>, smem);
   (void)allowed;
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
   const float scale_log2 = kLog2e / sqrtf(float(HS));
-  FlashForwardKernel<HS>
+  FlashForwardKernel<HS, O>
       <<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, NH, scale_log2);
   PT_CUDA_CHECK(cudaGetLastError());
 }
 
 template <int HS>
-void Backward(float* dinp, float* delta, const float* dout,
-              const bf16* dout_bf16, const float* out, const bf16* qkv,
-              const float* lse, int B, int T, int NH, cudaStream_t stream) {
+void Forward(float* out, bf16* out_bf16, float* lse, const bf16* qkv, int B,
+             int T, int NH, cudaStream_t stream) {
+  if (out_bf16 != nullptr) {
+    Forward<HS>(out_bf16, lse, qkv, B, T, NH, stream);
+  } else {
+    Forward<HS>(out, lse, qkv, B, T, NH, stream);
+  }
+}
+
+template <int HS>
+void Backward(float* dinp, float* delta, bf16* dout16, const float* dout,
+              const float* out32, const bf16* out16, const bf16* qkv,
+              const float* lse, int B, int T, int NH, FlashDq mode,
+              cudaStream_t stream) {
   const int64_t rows = int64_t(B) * T * NH;
-  FlashDeltaKernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0,
-                     stream>>>(delta, dout, out, rows, T, NH, HS);
+  const unsigned prep_blocks = static_cast<unsigned>((rows * 32 + 255) / 256);
+  if (out16 != nullptr) {
+    FlashPrepareKernel<<<prep_blocks, 256, 0, stream>>>(delta, dout16, dout,
+                                                        out16, rows, T, NH, HS);
+  } else {
+    FlashPrepareKernel<<<prep_blocks, 256, 0, stream>>>(delta, dout16, dout,
+                                                        out32, rows, T, NH, HS);
+  }
   PT_CUDA_CHECK(cudaGetLastError());
-  constexpr size_t smem = BackwardSmem<HS>();
-  static const bool allowed = AllowSharedMemory(FlashBackwardKernel<HS>, smem);
-  (void)allowed;
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
   const float scale = 1.0f / sqrtf(float(HS));
-  FlashBackwardKernel<HS><<<grid, kThreads, smem, stream>>>(
-      dinp, dout_bf16, qkv, lse, delta, T, NH, scale, scale * kLog2e);
+  if (mode == FlashDq::kSecondPass) {
+    constexpr size_t smem = BackwardSmem<HS, false>();
+    static const bool allowed =
+        AllowSharedMemory(FlashBackwardKernel<HS, false, false>, smem);
+    (void)allowed;
+    FlashBackwardKernel<HS, false, false><<<grid, kThreads, smem, stream>>>(
+        dinp, dout16, qkv, lse, delta, T, NH, scale, scale * kLog2e);
+    PT_CUDA_CHECK(cudaGetLastError());
+    constexpr size_t dq_smem = DqSmem<HS>();
+    static const bool dq_allowed =
+        AllowSharedMemory(FlashDqKernel<HS>, dq_smem);
+    (void)dq_allowed;
+    FlashDqKernel<HS><<<grid, kThreads, dq_smem, stream>>>(
+        dinp, dout16, qkv, lse, delta, T, NH, scale, scale * kLog2e);
+    PT_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  // dq is added up from zero; dk and dv are written.
+  PT_CUDA_CHECK(cudaMemsetAsync(
+      dinp, 0, sizeof(float) * size_t(B) * T * 3 * NH * HS, stream));
+  constexpr size_t smem = BackwardSmem<HS, true>();
+  // Four floats an atomic where the rows allow it (sm_90 and 16-byte rows).
+  if (reinterpret_cast<uintptr_t>(dinp) % 16 == 0 && (3 * NH * HS) % 4 == 0) {
+    static const bool allowed =
+        AllowSharedMemory(FlashBackwardKernel<HS, true, true>, smem);
+    (void)allowed;
+    FlashBackwardKernel<HS, true, true><<<grid, kThreads, smem, stream>>>(
+        dinp, dout16, qkv, lse, delta, T, NH, scale, scale * kLog2e);
+  } else {
+    static const bool allowed =
+        AllowSharedMemory(FlashBackwardKernel<HS, true, false>, smem);
+    (void)allowed;
+    FlashBackwardKernel<HS, true, false><<<grid, kThreads, smem, stream>>>(
+        dinp, dout16, qkv, lse, delta, T, NH, scale, scale * kLog2e);
+  }
   PT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
+FlashDq FlashDqFromEnv() {
+  const char* env = std::getenv("PTRAIN_CUDA_FLASH_DQ");
+  if (env == nullptr || *env == '\0') return kFlashDqDefault;
+  const std::string v = env;
+  const std::string why =
+      "PTRAIN_CUDA_FLASH_DQ must be atomic or pass, not '" + v + "'";
+  PT_CHECK(v == "atomic" || v == "pass", why.c_str());
+  return v == "atomic" ? FlashDq::kAtomic : FlashDq::kSecondPass;
+}
+
 bool FlashAttentionSupports(int hs, int major) {
   return major >= 8 && (hs == 16 || hs == 32 || hs == 64);
 }
 
-void FlashAttentionForward(float* out, float* lse, const __nv_bfloat16* qkv,
-                           int B, int T, int NH, int hs, cudaStream_t stream) {
+void FlashAttentionForward(float* out, __nv_bfloat16* out_bf16, float* lse,
+                           const __nv_bfloat16* qkv, int B, int T, int NH,
+                           int hs, cudaStream_t stream) {
   switch (hs) {
     case 16:
-      return Forward<16>(out, lse, qkv, B, T, NH, stream);
+      return Forward<16>(out, out_bf16, lse, qkv, B, T, NH, stream);
     case 32:
-      return Forward<32>(out, lse, qkv, B, T, NH, stream);
+      return Forward<32>(out, out_bf16, lse, qkv, B, T, NH, stream);
     case 64:
-      return Forward<64>(out, lse, qkv, B, T, NH, stream);
+      return Forward<64>(out, out_bf16, lse, qkv, B, T, NH, stream);
   }
   PT_CHECK(false, "FlashAttentionForward: unsupported head size");
 }
 
-void FlashAttentionBackward(float* dinp, float* delta, const float* dout,
-                            const __nv_bfloat16* dout_bf16, const float* out,
+void FlashAttentionBackward(float* dinp, float* delta, __nv_bfloat16* dout_bf16,
+                            const float* dout, const float* out,
+                            const __nv_bfloat16* out_bf16,
                             const __nv_bfloat16* qkv, const float* lse, int B,
-                            int T, int NH, int hs, cudaStream_t stream) {
+                            int T, int NH, int hs, FlashDq mode,
+                            cudaStream_t stream) {
   switch (hs) {
     case 16:
-      return Backward<16>(dinp, delta, dout, dout_bf16, out, qkv, lse, B, T, NH,
-                          stream);
+      return Backward<16>(dinp, delta, dout_bf16, dout, out, out_bf16, qkv, lse,
+                          B, T, NH, mode, stream);
     case 32:
-      return Backward<32>(dinp, delta, dout, dout_bf16, out, qkv, lse, B, T, NH,
-                          stream);
+      return Backward<32>(dinp, delta, dout_bf16, dout, out, out_bf16, qkv, lse,
+                          B, T, NH, mode, stream);
     case 64:
-      return Backward<64>(dinp, delta, dout, dout_bf16, out, qkv, lse, B, T, NH,
-                          stream);
+      return Backward<64>(dinp, delta, dout_bf16, dout, out, out_bf16, qkv, lse,
+                          B, T, NH, mode, stream);
   }
   PT_CHECK(false, "FlashAttentionBackward: unsupported head size");
 }

@@ -24,18 +24,38 @@ namespace ptrain::kernels {
 bool FlashAttentionSupports(int hs, int major);
 
 // out (B,T,NH,hs) = causal softmax(q k^T / sqrt(hs)) v, per head, from
-// qkv: inp rounded to bf16 (same layout, 16-byte aligned); lse (B,NH,T)
-// receives each row's log2-sum-exp of the scaled scores.
-void FlashAttentionForward(float* out, float* lse, const __nv_bfloat16* qkv,
-                           int B, int T, int NH, int hs, cudaStream_t stream);
+// qkv: inp rounded to bf16 (same layout, 16-byte aligned), into fp32 `out`
+// or, rounded (nearest even), bf16 `out_bf16` (the other null); lse
+// (B,NH,T) receives each row's log2-sum-exp of the scaled scores.
+void FlashAttentionForward(float* out, __nv_bfloat16* out_bf16, float* lse,
+                           const __nv_bfloat16* qkv, int B, int T, int NH,
+                           int hs, cudaStream_t stream);
 
-// dinp (B,T,3,NH,hs) += the gradients of q, k and v, from dout (fp32 and
-// rounded to bf16, 16-byte aligned), the forward's out and lse, and qkv as
-// in the forward. delta (B,NH,T) is scratch.
-void FlashAttentionBackward(float* dinp, float* delta, const float* dout,
-                            const __nv_bfloat16* dout_bf16, const float* out,
+// How the backward makes q's gradient. kAtomic: in the walk over the
+// query tiles that makes dk and dv (one block per 64 keys), each block's
+// share of every query row it sees is added atomically (one float4 an
+// atomic on sm_90). kSecondPass: a second kernel, one block per 64 query
+// rows, recomputes the scores and their gradient over the keys the mask
+// leaves and writes dq once, without atomics: seven products of a key tile
+// with a query tile instead of five, on fewer registers and without the
+// shared dS^T.
+enum class FlashDq { kAtomic, kSecondPass };
+// The one the backend takes, unless PTRAIN_CUDA_FLASH_DQ says `atomic` or
+// `pass` (FlashDqFromEnv; any other value is refused).
+constexpr FlashDq kFlashDqDefault = FlashDq::kSecondPass;
+FlashDq FlashDqFromEnv();
+
+// dinp (B,T,3,NH,hs) = the gradients of q, k and v (written, not added
+// to: nothing needs zeroing before), from dout (fp32), the
+// forward's out (fp32 `out` or bf16 `out_bf16`, the other null) and lse,
+// and qkv as in the forward. delta (B,NH,T) and dout_bf16 (dout's size,
+// 16-byte aligned; dout rounded) are scratch.
+void FlashAttentionBackward(float* dinp, float* delta, __nv_bfloat16* dout_bf16,
+                            const float* dout, const float* out,
+                            const __nv_bfloat16* out_bf16,
                             const __nv_bfloat16* qkv, const float* lse, int B,
-                            int T, int NH, int hs, cudaStream_t stream);
+                            int T, int NH, int hs, FlashDq mode,
+                            cudaStream_t stream);
 
 }  // namespace ptrain::kernels
 

@@ -86,33 +86,37 @@ __device__ __forceinline__ void LayerNormBackwardRow(
 // hold a replicated LayerNorm or bias compute its gradient from the same
 // data: the same bits on each, or the replicas drift apart.
 
-// The whole backward in one pass over dout and inp: a block per chunk of
-// kLayerNormChunkRows rows, a row at a time; thread t owns columns t,
-// t + blockDim.x, ..., whose sums it keeps in shared memory (2·C floats).
+// The whole backward in one pass over dout and inp: a block of kWarps warps
+// per chunk of kLayerNormChunkRows rows. Warp w takes rows w, w + kWarps,
+// ... of the chunk, one at a time (a row's sums by shuffles, no block-wide
+// barrier), and adds the row's norm·dy and dy to its own 2·C sums in shared
+// memory (lane l owns columns l, l + 32, ...); at the end the block adds
+// its warps' sums up in warp order into `partial`.
 constexpr int kLayerNormChunkRows = 16;
-__global__ void LayerNormBackwardKernel(float* dinp, float* partial,
-                                        const float* dout, const float* inp,
-                                        const float* weight, const float* mean,
-                                        const float* rstd, int64_t rows,
-                                        int C) {
-  extern __shared__ float sums[];  // norm·dy's C, then dy's C
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    sums[c] = 0.0f;
-    sums[C + c] = 0.0f;
-  }
+constexpr int kWarps = kThreads / 32;
+__global__ void __launch_bounds__(kThreads)
+    LayerNormBackwardKernel(float* dinp, float* partial, const float* dout,
+                            const float* inp, const float* weight,
+                            const float* mean, const float* rstd, int64_t rows,
+                            int C) {
+  extern __shared__ float sums[];  // per warp: norm·dy's C, then dy's C
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* mine = sums + int64_t{2} * C * warp;
+  for (int c = lane; c < 2 * C; c += 32) mine[c] = 0.0f;
   const int64_t r0 = blockIdx.x * int64_t{kLayerNormChunkRows};
   const int64_t r1 =
       r0 + kLayerNormChunkRows < rows ? r0 + kLayerNormChunkRows : rows;
-  const auto block_sum = [](float v) { return BlockReduce(v, SumOp(), 0.0f); };
-  for (int64_t r = r0; r < r1; ++r) {
+  const auto warp_sum = [](float v) { return WarpSum(v); };
+  for (int64_t r = r0 + warp; r < r1; r += kWarps) {
     LayerNormBackwardRow(dinp + r * C, inp + r * C, dout + r * C, weight,
-                         mean[r], rstd[r], C, threadIdx.x, blockDim.x,
-                         block_sum, sums);
+                         mean[r], rstd[r], C, lane, 32, warp_sum, mine);
   }
+  __syncthreads();
   float* out = partial + blockIdx.x * int64_t{2} * C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    out[c] = sums[c];
-    out[C + c] = sums[C + c];
+  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+    float v = 0.0f;
+    for (int w = 0; w < kWarps; ++w) v += sums[int64_t{2} * C * w + c];
+    out[c] = v;
   }
 }
 
@@ -166,16 +170,28 @@ __global__ void ColumnSumsKernel(float* partial, const D* dout,
 }
 
 // dweight (when not null) and dbias += the chunks' sums in `partial`, in
-// chunk order: a thread per column.
+// an order fixed by the shapes: a block per 32 columns, whose 8 row lanes
+// add up chunks y, y + 8, ... and then each other's in lane order.
 __global__ void ColumnPartialsKernel(float* dweight, float* dbias,
                                      const float* partial, int64_t chunks,
                                      int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+  __shared__ float sw[8][33];
+  __shared__ float sb[8][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
   float w = 0.0f, b = 0.0f;
-  for (int64_t k = 0; k < chunks; ++k) {
-    w += partial[k * 2 * C + c];
-    b += partial[k * 2 * C + C + c];
+  if (c < C) {
+    for (int64_t k = threadIdx.y; k < chunks; k += 8) {
+      w += partial[k * 2 * C + c];
+      b += partial[k * 2 * C + C + c];
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = w;
+  sb[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C) return;
+  for (int y = 1; y < 8; ++y) {
+    w += sw[y][threadIdx.x];
+    b += sb[y][threadIdx.x];
   }
   if (dweight != nullptr) dweight[c] += w;
   dbias[c] += b;
@@ -222,8 +238,14 @@ void CudaBackend::layernorm_backward(float* dinp, float* dweight, float* dbias,
   const OpScope scope(&times_, stream_, "layernorm_backward");
   const int64_t rows = static_cast<int64_t>(B) * T;
   if (rows == 0) return;
-  const size_t shared = 2 * sizeof(float) * static_cast<size_t>(C);
-  if (shared <= kLayerNormSharedBytes) {
+  const size_t shared = 2 * sizeof(float) * kWarps * static_cast<size_t>(C);
+  if (shared <= max_shared_) {
+    if (shared > layernorm_shared_) {
+      PT_CUDA_CHECK(cudaFuncSetAttribute(
+          LayerNormBackwardKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+          static_cast<int>(shared)));
+      layernorm_shared_ = shared;
+    }
     const int64_t chunks =
         (rows + kLayerNormChunkRows - 1) / kLayerNormChunkRows;
     float* partial = Grow(&partials_, chunks * 2 * C);
@@ -231,7 +253,7 @@ void CudaBackend::layernorm_backward(float* dinp, float* dweight, float* dbias,
                               stream_>>>(dinp, partial, dout, inp, weight, mean,
                                          rstd, rows, C);
     Launched();
-    ColumnPartialsKernel<<<Blocks(C), kThreads, 0, stream_>>>(
+    ColumnPartialsKernel<<<(C + 31) / 32, dim3(32, 8), 0, stream_>>>(
         dweight, dbias, partial, chunks, C);
     Launched();
     return;
@@ -258,7 +280,7 @@ void CudaBackend::ColumnSums(float* dweight, float* dbias, ConstAct dout,
         partial, dout.f32(), inp, mean, rstd, rows, C);
   }
   Launched();
-  ColumnPartialsKernel<<<Blocks(C), kThreads, 0, stream_>>>(
+  ColumnPartialsKernel<<<(C + 31) / 32, dim3(32, 8), 0, stream_>>>(
       inp != nullptr ? dweight : nullptr, dbias, partial, chunks, C);
   Launched();
 }

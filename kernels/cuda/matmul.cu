@@ -15,25 +15,41 @@ namespace {
 // fp32 -> bf16, rounded to nearest even: a matmul's or the fused
 // attention's input under bf16 compute; kGelu: GELU(x) rounded, the MLP
 // projection's input computed as it is rounded (no fp32 GELU pass). The
-// first 4 * n4 elements four at a thread step (16-byte loads, 8-byte
-// stores; `in` 16-byte aligned when n4 > 0), the rest one by one.
+// first kVec * nv elements kVec at a thread step (16-byte loads; `in`
+// 16-byte and `out` 8-byte (fp32 in) or 16-byte (bf16 in) aligned when
+// nv > 0), the rest one by one.
 template <bool kGelu>
 __device__ __forceinline__ float Prepare(float x) {
   return kGelu ? math::GeluFromExp(x, expf(math::GeluExponent(x))) : x;
 }
-// S: the input's type, float (n4 as above) or bf16 (a stored fch; n4 0).
+// S: the input's type, float or bf16 (a stored fch).
+template <typename S>
+constexpr int64_t kVec = std::is_same_v<S, float> ? 4 : 8;
 template <bool kGelu, typename S>
 __global__ void ToBf16Kernel(__nv_bfloat16* out, const S* in, int64_t n,
-                             int64_t n4) {
-  ForEachIndex(n4, [&](int64_t i) {
-    const float4 v = reinterpret_cast<const float4*>(in)[i];
-    auto* o = reinterpret_cast<__nv_bfloat162*>(out) + 2 * i;
-    o[0] = __floats2bfloat162_rn(Prepare<kGelu>(v.x), Prepare<kGelu>(v.y));
-    o[1] = __floats2bfloat162_rn(Prepare<kGelu>(v.z), Prepare<kGelu>(v.w));
+                             int64_t nv) {
+  ForEachIndex(nv, [&](int64_t i) {
+    if constexpr (std::is_same_v<S, float>) {
+      const float4 v = reinterpret_cast<const float4*>(in)[i];
+      auto* o = reinterpret_cast<__nv_bfloat162*>(out) + 2 * i;
+      o[0] = __floats2bfloat162_rn(Prepare<kGelu>(v.x), Prepare<kGelu>(v.y));
+      o[1] = __floats2bfloat162_rn(Prepare<kGelu>(v.z), Prepare<kGelu>(v.w));
+    } else {
+      const uint4 raw = reinterpret_cast<const uint4*>(in)[i];
+      const auto* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+      uint4 res;
+      auto* o = reinterpret_cast<__nv_bfloat162*>(&res);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 f = __bfloat1622float2(h[k]);
+        o[k] = __floats2bfloat162_rn(Prepare<kGelu>(f.x), Prepare<kGelu>(f.y));
+      }
+      reinterpret_cast<uint4*>(out)[i] = res;
+    }
   });
-  ForEachIndex(n - 4 * n4, [&](int64_t i) {
-    out[4 * n4 + i] =
-        __float2bfloat16_rn(Prepare<kGelu>(Load(in + 4 * n4 + i)));
+  const int64_t done = kVec<S> * nv;
+  ForEachIndex(n - done, [&](int64_t i) {
+    out[done + i] = __float2bfloat16_rn(Prepare<kGelu>(Load(in + done + i)));
   });
 }
 
@@ -86,11 +102,14 @@ void CudaBackend::gelu_matmul_forward(float* out, float* hidden, float* saved,
                              OC);
     return;
   }
-  // GELU as the input is rounded: `hidden` is left alone.
+  // GELU as the input is rounded: `hidden` is left alone. The rounded
+  // operand goes into `saved` (gelu_saved_floats) for the backward's weight
+  // gradient, where the stage keeps it.
   const OpScope scope(&times_, stream_, "gelu_matmul_forward");
   const int64_t BT = static_cast<int64_t>(B) * T;
   Matmul(true, false, OC, BT, C, Operand(weight, int64_t(C) * OC, 0), C,
-         GeluOperand(inp, BT * C, 1), C, 0.0f, Dst{out, CUDA_R_32F}, OC, bias);
+         GeluOperand(inp, BT * C, 1, saved), C, 0.0f, Dst{out, CUDA_R_32F}, OC,
+         bias);
 }
 
 void CudaBackend::gelu_matmul_backward(Act dinp, float* dweight, float* dbias,
@@ -130,7 +149,10 @@ void CudaBackend::gelu_matmul_backward(Act dinp, float* dweight, float* dbias,
     GeluBackwardInto(dinp, inp, dinp.f32(), n);
   }
   if (dweight != nullptr) {
-    WeightGradients(dweight, dbias, dout, d, GeluOperand(inp, n, 2), BT, C, OC);
+    // GELU(fch) rounded as the forward left it, else again.
+    const Op g =
+        saved != nullptr ? Op{saved, CUDA_R_16BF} : GeluOperand(inp, n, 2);
+    WeightGradients(dweight, dbias, dout, d, g, BT, C, OC);
   }
 }
 
@@ -174,7 +196,10 @@ float* CudaBackend::F32Target(Act out, int64_t n, int slot) {
 
 void CudaBackend::Finish(Act out, const float* y, int64_t n) {
   if (!Bf16Storage(out)) return;
-  const int64_t n4 = reinterpret_cast<uintptr_t>(y) % 16 == 0 ? n / 4 : 0;
+  const int64_t n4 = reinterpret_cast<uintptr_t>(y) % 16 == 0 &&
+                             reinterpret_cast<uintptr_t>(out.p) % 8 == 0
+                         ? n / 4
+                         : 0;
   ToBf16Kernel<false, float><<<Blocks(n4 > 0 ? n4 : n), kThreads, 0, stream_>>>(
       static_cast<__nv_bfloat16*>(out.p), y, n, n4);
   Launched();
@@ -187,24 +212,29 @@ CudaBackend::Op CudaBackend::Operand(ConstAct x, int64_t n, int slot) {
   return Rounded<false>(x.f32(), n, slot);
 }
 
-CudaBackend::Op CudaBackend::GeluOperand(ConstAct x, int64_t n, int slot) {
+CudaBackend::Op CudaBackend::GeluOperand(ConstAct x, int64_t n, int slot,
+                                         void* into) {
   PT_CHECK(options_.bf16_compute, "GELU operands are bf16 compute's");
   if (Bf16Storage(x)) {
-    return Rounded<true>(static_cast<const __nv_bfloat16*>(x.p), n, slot);
+    return Rounded<true>(static_cast<const __nv_bfloat16*>(x.p), n, slot, into);
   }
-  return Rounded<true>(x.f32(), n, slot);
+  return Rounded<true>(x.f32(), n, slot, into);
 }
 
 template <bool kGelu, typename S>
-CudaBackend::Op CudaBackend::Rounded(const S* x, int64_t n, int slot) {
-  __nv_bfloat16* copy = Grow(&bf16_[slot], n);
-  // Four floats at a time from an aligned fp32 input; bf16 one by one.
-  const int64_t n4 =
-      std::is_same_v<S, float> && reinterpret_cast<uintptr_t>(x) % 16 == 0
-          ? n / 4
+CudaBackend::Op CudaBackend::Rounded(const S* x, int64_t n, int slot,
+                                     void* into) {
+  __nv_bfloat16* copy = into != nullptr ? static_cast<__nv_bfloat16*>(into)
+                                        : Grow(&bf16_[slot], n);
+  // Four floats or eight bf16 values at a time where aligned.
+  const bool fp32 = std::is_same_v<S, float>;
+  const int64_t nv =
+      reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+              reinterpret_cast<uintptr_t>(copy) % (fp32 ? 8 : 16) == 0
+          ? n / kVec<S>
           : 0;
   ToBf16Kernel<kGelu, S>
-      <<<Blocks(n4 > 0 ? n4 : n), kThreads, 0, stream_>>>(copy, x, n, n4);
+      <<<Blocks(nv > 0 ? nv : n), kThreads, 0, stream_>>>(copy, x, n, nv);
   Launched();
   return {copy, CUDA_R_16BF};
 }

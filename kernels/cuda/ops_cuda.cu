@@ -35,6 +35,10 @@ CudaBackend::CudaBackend(const CudaOptions& o) : options_(o) {
   PT_CUDA_CHECK(cudaMalloc(&sum_, 2 * sizeof(double)));
   PT_CUDA_CHECK(cudaDeviceGetAttribute(
       &major_, cudaDevAttrComputeCapabilityMajor, o.device));
+  int optin = 0;
+  PT_CUDA_CHECK(cudaDeviceGetAttribute(
+      &optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, o.device));
+  max_shared_ = std::max(max_shared_, static_cast<size_t>(optin));
   compute_ = o.bf16_compute ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
 }
 

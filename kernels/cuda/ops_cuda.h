@@ -3,8 +3,9 @@
 // bias as an epilogue) and attention's products compute in fp32 or, with
 // bf16 compute, on bf16 tensor cores with fp32 accumulation; attention under
 // bf16 compute is one fused kernel each way (flash_attention.h).
-// Reductions that scatter (embedding and LayerNorm weight gradients) use
-// atomics: their order, and so their last bits, vary from run to run.
+// The embedding's weight gradient (a scatter over token ids) and the
+// gradient norm's sums use atomics: their order, and so their last bits,
+// vary from run to run.
 #ifndef PTRAIN_KERNELS_CUDA_OPS_CUDA_H_
 #define PTRAIN_KERNELS_CUDA_OPS_CUDA_H_
 

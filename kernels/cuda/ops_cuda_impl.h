@@ -309,6 +309,12 @@ class CudaBackend final : public Ops {
                           int T, int C, int NH) override;
   void attention_decode(Act out, float* kcache, float* vcache, ConstAct qkv,
                         int n, int pos, int C, int NH, int capacity) override;
+  // Under bf16 compute the MLP projection's operand, GELU(fch) rounded to
+  // bf16, as the forward made it: the backward's weight gradient reads it
+  // instead of a second GELU pass (two bytes a value).
+  int64_t gelu_saved_floats(int64_t rows, int C) const override {
+    return options_.bf16_compute ? (rows * C + 1) / 2 : 0;
+  }
   int64_t attention_saved_floats(int64_t B, int64_t T, int C,
                                  int NH) const override;
   void gelu_forward(float* out, const float* inp, int64_t N) override;
@@ -360,9 +366,6 @@ class CudaBackend final : public Ops {
 
  private:
   static constexpr size_t kWorkspaceBytes = 32u << 20;
-  // The most shared memory the one-kernel LayerNorm backward takes (2·C
-  // floats; no opt-in needed below 48 KiB): wider rows take two kernels.
-  static constexpr size_t kLayerNormSharedBytes = 48u << 10;
   // The largest table of runs a kernel copies into shared memory (more is
   // read from global memory).
   static constexpr size_t kRunTableSharedBytes = 32u << 10;
@@ -460,11 +463,12 @@ class CudaBackend final : public Ops {
   // Operand for the fused attention, which reads it 16 bytes at a time: a
   // stored bf16 tensor off that alignment is copied into `slot` first.
   Op FusedOperand(ConstAct x, int64_t n, int slot);
-  // Under bf16 compute, GELU(x) rounded to bf16 into scratch `slot`, one
-  // pass: the MLP projection's input, whose fp32 GELU is never written.
-  Op GeluOperand(ConstAct x, int64_t n, int slot);
+  // Under bf16 compute, GELU(x) rounded to bf16 into scratch `slot`, or
+  // into `into` (n bf16 values) where given, one pass: the MLP projection's
+  // input, whose fp32 GELU is never written.
+  Op GeluOperand(ConstAct x, int64_t n, int slot, void* into = nullptr);
   template <bool kGelu, typename S>
-  Op Rounded(const S* x, int64_t n, int slot);
+  Op Rounded(const S* x, int64_t n, int slot, void* into = nullptr);
   // Around a kernel that reads and writes fp32 (matmul.cu): x (n) as fp32,
   // itself or its bf16 values unpacked into unpacked_[slot]; where an op
   // writes `out` (n) in fp32, itself or unpacked_[slot], which Finish
@@ -523,9 +527,18 @@ class CudaBackend final : public Ops {
 
   const CudaOptions options_;
   int major_ = 0;  // compute capability
+  // How the fused attention's backward makes dq: kFlashDqDefault, or
+  // PTRAIN_CUDA_FLASH_DQ=atomic|pass (to compare the two, as the GPU tests
+  // and docs/cuda.md's figures do).
+  const FlashDq flash_dq_ = FlashDqFromEnv();
   // Dynamic shared memory AttentionDecodeKernel may use (48 KiB needs no
   // opt-in; more is asked for once, as a longer cache needs it).
   size_t decode_shared_ = 48u << 10;
+  // Likewise for the one-kernel LayerNorm backward (2·C floats a warp):
+  // rows too wide for the device's opt-in limit (max_shared_) take two
+  // kernels.
+  size_t layernorm_shared_ = 48u << 10;
+  size_t max_shared_ = 48u << 10;
   OpTimes times_;
   cudaStream_t stream_ = nullptr;
   // The copy queue of ToHostAsync/FromHostAsync (made at the first), the

@@ -10,6 +10,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <random>
@@ -670,7 +671,9 @@ TEST_P(CudaOpsTest, AttentionOverBf16StoredTensors) {
 
 // The MLP projection of GELU(inp): under bf16 compute the backend applies
 // GELU as it rounds the operand (no fp32 GELU pass), against the CPU's
-// GELU then matmul (the bf16 CPU path's rounding when bf16).
+// GELU then matmul (the bf16 CPU path's rounding when bf16); the backward
+// reads the operand the forward kept (gelu_saved_floats), or, with none
+// kept (full recomputation), makes it again.
 TEST_P(CudaOpsTest, GeluMatmulForwardAndBackward) {
   Ops& twin = bf16() ? kernels::CpuBf16Ops() : kernels::CpuOps();
   const Vec inp = Random(kB * kT * kC, 71, 2.0f),
@@ -680,25 +683,33 @@ TEST_P(CudaOpsTest, GeluMatmulForwardAndBackward) {
                                               dw = Random(w.size(), 76),
                                               db = Random(kOC, 77);
   Vec saved(twin.gelu_saved_floats(kB * kT, kC));
-  Dev g_inp(gpu_.get(), inp), g_w(gpu_.get(), w), g_b(gpu_.get(), bias),
-      g_dout(gpu_.get(), dout), g_out(gpu_.get(), out),
-      g_hidden(gpu_.get(), hidden), g_dinp(gpu_.get(), dinp),
-      g_dw(gpu_.get(), dw), g_db(gpu_.get(), db);
   float* keep = saved.empty() ? nullptr : saved.data();
   twin.gelu_matmul_forward(out.data(), hidden.data(), keep, inp.data(),
                            w.data(), bias.data(), kB, kT, kC, kOC);
   twin.gelu_matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(),
                             hidden.data(), keep, inp.data(), w.data(), kB, kT,
                             kC, kOC);
-  gpu_->gelu_matmul_forward(g_out.get(), g_hidden.get(), nullptr, g_inp.get(),
-                            g_w.get(), g_b.get(), kB, kT, kC, kOC);
-  gpu_->gelu_matmul_backward(g_dinp.get(), g_dw.get(), g_db.get(), g_dout.get(),
-                             g_hidden.get(), nullptr, g_inp.get(), g_w.get(),
-                             kB, kT, kC, kOC);
-  Check("gelu_matmul out", g_out.Host(), out, true);
-  Check("gelu_matmul dinp (written)", g_dinp.Host(), dinp, true);
-  Check("gelu_matmul dweight", g_dw.Host(), dw, true);
-  Check("gelu_matmul dbias", g_db.Host(), db);
+  EXPECT_EQ(gpu_->gelu_saved_floats(kB * kT, kC), int64_t(saved.size()));
+  for (bool kept : {true, false}) {
+    Dev g_inp(gpu_.get(), inp), g_w(gpu_.get(), w), g_b(gpu_.get(), bias),
+        g_dout(gpu_.get(), dout), g_out(gpu_.get(), Vec(out.size())),
+        g_hidden(gpu_.get(), hidden),
+        g_dinp(gpu_.get(), Random(inp.size(), 75)),
+        g_dw(gpu_.get(), Random(w.size(), 76)),
+        g_db(gpu_.get(), Random(kOC, 77)),
+        g_saved(gpu_.get(), Vec(saved.size() + 1));
+    float* g_keep = kept && !saved.empty() ? g_saved.get() : nullptr;
+    std::printf("  %s\n", g_keep != nullptr ? "operand kept" : "none kept");
+    gpu_->gelu_matmul_forward(g_out.get(), g_hidden.get(), g_keep, g_inp.get(),
+                              g_w.get(), g_b.get(), kB, kT, kC, kOC);
+    gpu_->gelu_matmul_backward(g_dinp.get(), g_dw.get(), g_db.get(),
+                               g_dout.get(), g_hidden.get(), g_keep,
+                               g_inp.get(), g_w.get(), kB, kT, kC, kOC);
+    Check("gelu_matmul out", g_out.Host(), out, true);
+    Check("gelu_matmul dinp (written)", g_dinp.Host(), dinp, true);
+    Check("gelu_matmul dweight", g_dw.Host(), dw, true);
+    Check("gelu_matmul dbias", g_db.Host(), db);
+  }
 }
 
 // Attention of B sequences of T over NH heads of C / NH, forward and
@@ -706,12 +717,14 @@ TEST_P(CudaOpsTest, GeluMatmulForwardAndBackward) {
 // go through the fused kernels, which keep one float per query row.
 void CheckAttention(CudaOpsTest* test, Ops* gpu, int B, int T, int C, int NH) {
   const Vec inp = Random(B * T * 3 * C, 21), dout = Random(B * T * C, 22);
+  // dinp is written whole (Ops::attention_backward): the GPU's starts out
+  // holding other values than the CPU's.
   Vec out(B * T * C), att(int64_t(B) * NH * T * T), datt(att.size()),
       dinp = Random(inp.size(), 23);
   Dev g_inp(gpu, inp), g_dout(gpu, dout), g_out(gpu, out),
       g_att(gpu, Vec(gpu->attention_saved_floats(B, T, C, NH))),
       g_datt(gpu, Vec(gpu->attention_scratch_floats(B, T, C, NH))),
-      g_dinp(gpu, dinp);
+      g_dinp(gpu, Random(inp.size(), 24));
   kernels::Ops& cpu = kernels::CpuOps();
   cpu.attention_forward(out.data(), att.data(), inp.data(), B, T, C, NH);
   cpu.attention_backward(dinp.data(), datt.data(), dout.data(), inp.data(),
@@ -725,7 +738,7 @@ void CheckAttention(CudaOpsTest* test, Ops* gpu, int B, int T, int C, int NH) {
   if (!test->bf16()) {
     test->Check("attention probabilities", g_att.Host(), att);
   }
-  test->Check("attention dinp (accumulated)", g_dinp.Host(), dinp, true);
+  test->Check("attention dinp (written)", g_dinp.Host(), dinp, true);
 }
 
 TEST_P(CudaOpsTest, CausalAttentionForwardAndBackward) {
@@ -737,6 +750,26 @@ TEST_P(CudaOpsTest, CausalAttentionForwardAndBackward) {
 TEST_P(CudaOpsTest, CausalAttentionWithGpt2Heads) {
   CheckAttention(this, gpu_.get(), 2, 150, 128, 2);
   CheckAttention(this, gpu_.get(), 1, 128, 96, 3);  // heads of 32
+}
+
+// The fused backward's two ways of making q's gradient
+// (PTRAIN_CUDA_FLASH_DQ: atomic adds from the key tiles' walk, or a second
+// pass over the query tiles), each against the CPU, at GPT-2's heads over
+// lengths that end inside a tile.
+TEST_P(CudaOpsTest, FusedAttentionGradientEitherWayOfDq) {
+  if (!bf16()) GTEST_SKIP() << "the fused kernels are bf16 compute's";
+  for (const char* way : {"atomic", "pass"}) {
+    setenv("PTRAIN_CUDA_FLASH_DQ", way, 1);
+    std::string error;
+    kernels::CudaOptions o;
+    o.bf16_compute = true;
+    std::unique_ptr<Ops> ops = kernels::MakeCudaOps(o, &error);
+    unsetenv("PTRAIN_CUDA_FLASH_DQ");
+    ASSERT_NE(ops, nullptr) << error;
+    std::printf("  dq: %s\n", way);
+    CheckAttention(this, ops.get(), 2, 150, 128, 2);
+    CheckAttention(this, ops.get(), 1, 200, 96, 3);  // heads of 32
+  }
 }
 
 // Generation's cached attention, fed in pieces (a part, then single

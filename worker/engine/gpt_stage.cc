@@ -778,12 +778,12 @@ GptStage::RingOperands GptStage::WidenForRing(const BlockActs& a, int64_t BT,
 
 void GptStage::AttentionBackward(const BlockActs& a, float* dqkv, int B,
                                  int T) {
-  ops_->Zero(dqkv, static_cast<int64_t>(B) * T * 3 * Cl_);
-  if (cp_.size() == 1) {
+  if (cp_.size() == 1) {  // attention_backward writes dqkv whole
     ops_->attention_backward(dqkv, datt_, datty_, Stored(a.qkv), Stored(a.atty),
                              a.att, B, T, Cl_, NHl_);
     return;
   }
+  ops_->Zero(dqkv, static_cast<int64_t>(B) * T * 3 * Cl_);
   const RingOperands r =
       WidenForRing(a, static_cast<int64_t>(B) * T, /*out=*/true);
   ring_attention_backward(dqkv, datty_, r.qkv, r.out, a.att, B, T, Cl_, NHl_,

@@ -419,7 +419,7 @@ class GptStage : private UnitStore {
   float* ring_;      // cp > 1: 4·(B,T,2Cl), ring attention's
   // Training's attention of layer `a` over the whole sequence (ring
   // attention under cp, its log-sum-exp kept in a.att), and its backward
-  // into dqkv (zeroed first).
+  // into dqkv (written whole).
   void Attention(const BlockActs& a, int B, int T);
   void AttentionBackward(const BlockActs& a, float* dqkv, int B, int T);
   // Ring attention's fp32 qkv and output of block `a` (B·T rows): the
