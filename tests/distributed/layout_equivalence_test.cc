@@ -456,11 +456,14 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
   }
   const double param_diff = diff / scale;
   // A zero-bubble row gives its 1F1B twin's run bit for bit (the same
-  // products, each gradient accumulated in the same order).
+  // products, each gradient accumulated in the same order) on the cpu. Not
+  // on a GPU, whose runs differ in the last bits from one to the next (the
+  // embedding's gradient and the norm's sums are added atomically): there
+  // it tracks the single rank as every row does.
   static std::map<std::string, RunResult>* runs =
       new std::map<std::string, RunResult>;
   std::string twin_note;
-  if (layout.schedule == "zb1p") {
+  if (layout.schedule == "zb1p" && Device() == "cpu") {
     std::string twin = layout.name;
     twin.replace(twin.find("zb1p"), 4, "1f1b");
     if (auto it = runs->find(twin); it != runs->end()) {

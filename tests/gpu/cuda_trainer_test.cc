@@ -119,9 +119,11 @@ TEST_F(CudaTrainerTest, TrainsAsOnTheCpuAndCheckpointsMoveBetweenDevices) {
 // host, AdamW on the CPU cores, the gradients copied out and the weights
 // back each step. fp32 over 50 steps it tracks the run whose optimizer
 // stays on the GPU within 1e-6; under bf16 (the weights' compute copy made
-// from what comes back) within bf16's tolerance; its checkpoint resumes
-// (the moments read from the host) and continues the offloaded run bit
-// for bit.
+// from what comes back) within 5e-3; its checkpoint resumes
+// (the moments read from the host) and continues the offloaded run within
+// the same tolerance: two GPU runs differ in the last bits (the
+// embedding's gradient and the norm's sums are added atomically), and a
+// resume that lost the moments would be far off (Adam's first steps).
 TEST_F(CudaTrainerTest, OffloadedOptimizerTracksTheOneOnTheGpu) {
   if (kernels::CudaDeviceCount() == 0) {
     GTEST_SKIP() << "no CUDA device is present";
@@ -139,8 +141,11 @@ TEST_F(CudaTrainerTest, OffloadedOptimizerTracksTheOneOnTheGpu) {
     auto offloaded = Make("cuda", "", off);
     ASSERT_TRUE(offloaded.ok()) << offloaded.status();
     const std::vector<float> got = Steps(**offloaded, 0, 50);
-    ExpectClose("offloaded", got, want,
-                std::string(precision) == "fp32" ? 1e-6 : 1e-3);
+    // bf16 rounding amplifies the last-bit differences between GPU runs
+    // (atomics): the two drifted up to 1.7e-3 apart in 50 steps (H200,
+    // 2026-11-27), and stayed under 1e-3 in two other runs.
+    const double tol = std::string(precision) == "fp32" ? 1e-6 : 5e-3;
+    ExpectClose("offloaded", got, want, tol);
     offloaded->reset();
 
     auto first = Make("cuda", "", off);
@@ -151,10 +156,8 @@ TEST_F(CudaTrainerTest, OffloadedOptimizerTracksTheOneOnTheGpu) {
     first->reset();
     auto resumed = Make("cuda", *saved, off);
     ASSERT_TRUE(resumed.ok()) << resumed.status();
-    const std::vector<float> again = Steps(**resumed, 20, 30);
-    for (int i = 0; i < 10; ++i) {
-      EXPECT_EQ(again[i], got[20 + i]) << "step " << 21 + i;
-    }
+    ExpectClose("offloaded, resumed at step 20", Steps(**resumed, 20, 30),
+                std::vector<float>(got.begin() + 20, got.begin() + 30), tol);
     fs::remove_all(root_);
   }
 }
