@@ -25,11 +25,12 @@ done
 # Building and running: compiler and build tools, gRPC + protobuf, OpenMPI,
 # the libraries, and oneDNN with the OpenCL headers its CMake config requires
 # (libdnnl-dev only recommends them); OpenSSL's libcrypto for digests;
-# ICU's UTF-8 macros (header only) for the char tokenizer.
+# ICU's UTF-8 macros (header only) for the char tokenizer; RE2 for GPT-2's
+# pre-tokenization pattern.
 # python3 prints the demo's sample.
 PACKAGES=(
   build-essential cmake pkg-config
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev libre2-dev
   libopenmpi-dev openmpi-bin
   prometheus-cpp-dev libspdlog-dev libyaml-cpp-dev libsqlite3-dev libcli11-dev
   nlohmann-json3-dev libxxhash-dev libicu-dev
