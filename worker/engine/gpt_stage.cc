@@ -161,12 +161,13 @@ GptStage::ActivationDims GptStage::ActivationDims::Of(
            : ops != nullptr
                ? ops->attention_scratch_floats(max_B, max_T, d.Cl, NHl)
                : d.att;
-  // What the backend keeps of GELU(fch) (bf16 CPU: its rounded copy), not
-  // under full recomputation, whose forward again stops before the MLP's
-  // projection.
-  d.gelu = ops != nullptr && recompute != Recompute::kFull
+  // What the backend keeps of GELU(fch) (bf16: its rounded copy, half a
+  // float a value; without a backend the most one keeps), not under full
+  // recomputation, whose forward again stops before the MLP's projection.
+  d.gelu = recompute == Recompute::kFull ? 0
+           : ops != nullptr
                ? ops->gelu_saved_floats(d.BT, static_cast<int>(4 * d.Cl))
-               : 0;
+               : (SatMul(d.BT, 4 * d.Cl) + 1) / 2;
   // LayerNorm outputs, qkv, attention's output and fch in the backend's
   // activation type: bf16 (half a float each) where it keeps them so and
   // every width (C, Cl, 3Cl, 4Cl) is even.

@@ -50,6 +50,23 @@ TEST(MemoryEstimate, ZeroStagesShardOptimizerThenGradientsThenWeights) {
   EXPECT_EQ(z0.activations, z3.activations);
 }
 
+// A GPU job's estimate is taken without the backend (not loaded there): its
+// activations are the most any backend keeps, so at least what the bf16 CPU
+// backend (which keeps the MLP's rounded GELU operand, as the GPU's does)
+// keeps for the same job. An odd width keeps every activation fp32 in both,
+// and at T 64 the probabilities the estimate counts in full are smaller
+// than that operand (NH·T < 4·C): without it the GPU's would be the less.
+TEST(MemoryEstimate, GpuActivationsAreTheMostABackendKeeps) {
+  const std::vector<std::string> shape = {
+      "model.block_size=64", "model.n_embd=387", "model.n_head=9",
+      "train.precision=bf16", "train.global_batch=8"};
+  std::vector<std::string> gpu = shape, cpu = shape;
+  gpu.push_back("resources.device=cuda");
+  cpu.push_back("resources.device=cpu");
+  EXPECT_GE(EstimateRankMemory(Spec(gpu), 65).activations,
+            EstimateRankMemory(Spec(cpu), 65).activations);
+}
+
 // parallel.offload=optimizer keeps the moments in host memory with a
 // master copy of the weights the rank updates and their gradients: the
 // optimizer's part doubles (two moments, then four arrays of the update's
