@@ -76,6 +76,10 @@ void Coordinator::GrowBack() {
         absl::StrCat("stopped at step ", job.progress().step(),
                      " to grow back to dp=", job.spec().parallel().dp(),
                      " (the slots are free again)");
+    // Not before a rank has reported: until then the ranks may still be
+    // starting, and a stop signal could end a process that cannot take it
+    // yet (seen: an attempt asked 2 s after its start died of SIGUSR1).
+    if (run.heard.empty()) continue;
     if (backend_->AskToStop(*run.handle)) {
       run.growing = true;
       run.kill_reason = reason;
