@@ -3,13 +3,13 @@
 #include <re2/re2.h>
 
 #include <array>
-#include <fstream>
 #include <limits>
 #include <sstream>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/bounded_file.h"
 #include "nlohmann/json.hpp"
 
 namespace ptrain {
@@ -72,13 +72,8 @@ bool CodePoints(std::string_view s, std::vector<int>* out) {
   return true;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+// The vocabulary's files are about 1 MB; well under this.
+constexpr size_t kMaxVocabFileBytes = size_t{64} << 20;
 
 // JavaScript's \s (the reference encoders' whitespace): RE2's \s is ASCII
 // only.
@@ -114,7 +109,8 @@ absl::StatusOr<Gpt2Bpe> Gpt2Bpe::Load(const std::string& dir) {
   }
 
   const std::string enc_path = dir + "/encoder.json";
-  absl::StatusOr<std::string> enc = ReadFile(enc_path);
+  absl::StatusOr<std::string> enc =
+      ReadBoundedFile("GPT-2 vocabulary", enc_path, kMaxVocabFileBytes);
   if (!enc.ok()) return enc.status();
   const nlohmann::json j = nlohmann::json::parse(*enc, nullptr, false);
   if (!j.is_object() || j.size() != kVocabSize) {
@@ -154,7 +150,8 @@ absl::StatusOr<Gpt2Bpe> Gpt2Bpe::Load(const std::string& dir) {
   }
 
   const std::string bpe_path = dir + "/vocab.bpe";
-  absl::StatusOr<std::string> bpe = ReadFile(bpe_path);
+  absl::StatusOr<std::string> bpe =
+      ReadBoundedFile("GPT-2 merges", bpe_path, kMaxVocabFileBytes);
   if (!bpe.ok()) return bpe.status();
   std::istringstream lines(*bpe);
   std::string line;

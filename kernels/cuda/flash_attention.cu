@@ -97,12 +97,9 @@ __device__ __forceinline__ int RowsFirst(int lane, int r0, int c0, int ld) {
 // B tiles LdMatrix4 reads at bx (transposed with kTrans), and y0, y1 += ay
 // times those at by.
 template <bool kTrans>
-__device__ __forceinline__ void TwoPairs(float (&x0)[4], float (&x1)[4],
-                                         const uint32_t (&ax)[4],
-                                         const bf16* bx, float (&y0)[4],
-                                         float (&y1)[4],
-                                         const uint32_t (&ay)[4],
-                                         const bf16* by) {
+__device__ __forceinline__ void TwoPairs(
+    float (&x0)[4], float (&x1)[4], const uint32_t (&ax)[4], const bf16* bx,
+    float (&y0)[4], float (&y1)[4], const uint32_t (&ay)[4], const bf16* by) {
   uint32_t fx[4], fy[4];
   LdMatrix4<kTrans>(fx, bx);
   LdMatrix4<kTrans>(fy, by);
@@ -161,26 +158,35 @@ __device__ __forceinline__ void LoadTileAsync(bf16* __restrict__ dst,
   }
 }
 
-// Step kt of a walk over the key tiles 0..last with double-buffered k and v
-// (ks0, vs0: two tiles each): starts the copies of tile kt + 1 into the
-// other buffer, waits for tile kt's and the block; returns kt's buffer.
+// Step `step` of a walk over the tiles of two tensors a and b (rows at
+// src + t * stride), double-buffered (a0, b0: two tiles each): starts the
+// copies of the tiles at row `next` (none when negative) into the other
+// buffer, waits for this step's and the block; returns this step's buffer.
 template <int HS>
-__device__ __forceinline__ int KeyValueStep(bf16* ks0, bf16* vs0,
-                                            const bf16* base, int C,
-                                            int64_t stride, int kt, int last,
-                                            int T) {
+__device__ __forceinline__ int TilePairStep(bf16* a0, const bf16* a,
+                                            int64_t a_stride, bf16* b0,
+                                            const bf16* b, int64_t b_stride,
+                                            int step, int next, int T) {
   constexpr int kTileElems = kTile * (HS + kPad);
-  const int buf = kt & 1;
-  if (kt + 1 <= last) {  // the next k, v tiles, while these work
-    LoadTileAsync<HS>(ks0 + (buf ^ 1) * kTileElems, base + C, stride,
-                      (kt + 1) * kTile, T);
-    LoadTileAsync<HS>(vs0 + (buf ^ 1) * kTileElems, base + 2 * C, stride,
-                      (kt + 1) * kTile, T);
+  const int buf = step & 1;
+  if (next >= 0) {  // the next tiles, while these work
+    LoadTileAsync<HS>(a0 + (buf ^ 1) * kTileElems, a, a_stride, next, T);
+    LoadTileAsync<HS>(b0 + (buf ^ 1) * kTileElems, b, b_stride, next, T);
   }
   CpAsyncCommit();
   CpAsyncWait<1>();
   __syncthreads();
   return buf;
+}
+
+// TilePairStep over the key and value tiles 0..last.
+template <int HS>
+__device__ __forceinline__ int KeyValueStep(bf16* ks0, bf16* vs0,
+                                            const bf16* base, int C,
+                                            int64_t stride, int kt, int last,
+                                            int T) {
+  return TilePairStep<HS>(ks0, base + C, stride, vs0, base + 2 * C, stride, kt,
+                          kt + 1 <= last ? (kt + 1) * kTile : -1, T);
 }
 
 // q, and two buffers each of k and v.
@@ -496,18 +502,11 @@ __global__ void __launch_bounds__(kThreads, kDq ? 2 : 3)
   const int key0 = k0 + warp * 16 + g;  // and key0 + 8
 
   for (int qt = kt; qt < n_tiles; ++qt) {
-    const int buf = (qt - kt) & 1;
+    const int buf =
+        TilePairStep<HS>(qs0, base, stride, dos0, dbase, C, qt - kt,
+                         qt + 1 < n_tiles ? (qt + 1) * kTile : -1, T);
     const bf16* qs = qs0 + buf * kTileElems;
     const bf16* dos = dos0 + buf * kTileElems;
-    if (qt + 1 < n_tiles) {  // the next query tile, while this one works
-      LoadTileAsync<HS>(qs0 + (buf ^ 1) * kTileElems, base, stride,
-                        (qt + 1) * kTile, T);
-      LoadTileAsync<HS>(dos0 + (buf ^ 1) * kTileElems, dbase, C,
-                        (qt + 1) * kTile, T);
-    }
-    CpAsyncCommit();
-    CpAsyncWait<1>();
-    __syncthreads();
     const int q0 = qt * kTile;
 
     // Without dq the tile's 64 queries go in two parts of 32, which halves
@@ -739,28 +738,29 @@ __global__ void __launch_bounds__(kThreads)
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Lets `kernel` take `bytes` of dynamic shared memory, past the default
-// 48 KiB; true, for a function-local static that does it once.
-template <typename Kernel>
-bool AllowSharedMemory(Kernel kernel, size_t bytes) {
-  PT_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(bytes)));
-  return true;
+// Launches kKernel (kThreads a block) with `bytes` of dynamic shared
+// memory, which it is let take past the default 48 KiB once, at its first
+// launch.
+template <auto kKernel, typename... Args>
+void Launch(dim3 grid, size_t bytes, cudaStream_t stream, Args... args) {
+  static const bool allowed = [bytes] {
+    PT_CUDA_CHECK(cudaFuncSetAttribute(
+        kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        static_cast<int>(bytes)));
+    return true;
+  }();
+  (void)allowed;
+  kKernel<<<grid, kThreads, bytes, stream>>>(args...);
+  PT_CUDA_CHECK(cudaGetLastError());
 }
 
 template <int HS, typename O>
 void Forward(O* out, float* lse, const bf16* qkv, int B, int T, int NH,
              cudaStream_t stream) {
-  constexpr size_t smem = ForwardSmem<HS>();
-  static const bool allowed =
-      AllowSharedMemory(FlashForwardKernel<HS, O>, smem);
-  (void)allowed;
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
   const float scale_log2 = kLog2e / sqrtf(float(HS));
-  FlashForwardKernel<HS, O>
-      <<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, NH, scale_log2);
-  PT_CUDA_CHECK(cudaGetLastError());
+  Launch<FlashForwardKernel<HS, O>>(grid, ForwardSmem<HS>(), stream, out, lse,
+                                    qkv, T, NH, scale_log2);
 }
 
 template <int HS>
@@ -789,43 +789,28 @@ void Backward(float* dinp, float* delta, bf16* dout16, const float* dout,
   }
   PT_CUDA_CHECK(cudaGetLastError());
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
-  const float scale = 1.0f / sqrtf(float(HS));
+  const float scale = 1.0f / sqrtf(float(HS)), scale_log2 = scale * kLog2e;
   if (mode == FlashDq::kSecondPass) {
-    constexpr size_t smem = BackwardSmem<HS, false>();
-    static const bool allowed =
-        AllowSharedMemory(FlashBackwardKernel<HS, false, false>, smem);
-    (void)allowed;
-    FlashBackwardKernel<HS, false, false><<<grid, kThreads, smem, stream>>>(
-        dinp, dout16, qkv, lse, delta, T, NH, scale, scale * kLog2e);
-    PT_CUDA_CHECK(cudaGetLastError());
-    constexpr size_t dq_smem = DqSmem<HS>();
-    static const bool dq_allowed =
-        AllowSharedMemory(FlashDqKernel<HS>, dq_smem);
-    (void)dq_allowed;
-    FlashDqKernel<HS><<<grid, kThreads, dq_smem, stream>>>(
-        dinp, dout16, qkv, lse, delta, T, NH, scale, scale * kLog2e);
-    PT_CUDA_CHECK(cudaGetLastError());
+    Launch<FlashBackwardKernel<HS, false, false>>(
+        grid, BackwardSmem<HS, false>(), stream, dinp, dout16, qkv, lse, delta,
+        T, NH, scale, scale_log2);
+    Launch<FlashDqKernel<HS>>(grid, DqSmem<HS>(), stream, dinp, dout16, qkv,
+                              lse, delta, T, NH, scale, scale_log2);
     return;
   }
   // dq is added up from zero; dk and dv are written.
   PT_CUDA_CHECK(cudaMemsetAsync(
       dinp, 0, sizeof(float) * size_t(B) * T * 3 * NH * HS, stream));
-  constexpr size_t smem = BackwardSmem<HS, true>();
   // Four floats an atomic where the rows allow it (sm_90 and 16-byte rows).
   if (reinterpret_cast<uintptr_t>(dinp) % 16 == 0 && (3 * NH * HS) % 4 == 0) {
-    static const bool allowed =
-        AllowSharedMemory(FlashBackwardKernel<HS, true, true>, smem);
-    (void)allowed;
-    FlashBackwardKernel<HS, true, true><<<grid, kThreads, smem, stream>>>(
-        dinp, dout16, qkv, lse, delta, T, NH, scale, scale * kLog2e);
+    Launch<FlashBackwardKernel<HS, true, true>>(
+        grid, BackwardSmem<HS, true>(), stream, dinp, dout16, qkv, lse, delta,
+        T, NH, scale, scale_log2);
   } else {
-    static const bool allowed =
-        AllowSharedMemory(FlashBackwardKernel<HS, true, false>, smem);
-    (void)allowed;
-    FlashBackwardKernel<HS, true, false><<<grid, kThreads, smem, stream>>>(
-        dinp, dout16, qkv, lse, delta, T, NH, scale, scale * kLog2e);
+    Launch<FlashBackwardKernel<HS, true, false>>(
+        grid, BackwardSmem<HS, true>(), stream, dinp, dout16, qkv, lse, delta,
+        T, NH, scale, scale_log2);
   }
-  PT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace

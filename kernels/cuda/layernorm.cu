@@ -137,13 +137,28 @@ __global__ void LayerNormBackwardInputKernel(
 // (x - mean) rstd dy and the second dy; without, the second dy (a bias
 // gradient).
 constexpr int kChunkRows = 256;
+
+// A block of 32 columns x 8 row lanes adds up each column's two partial
+// sums (w, b) over its lanes, in lane order (the same bits every run):
+// true in lane 0, whose w and b then hold the totals.
+__device__ __forceinline__ bool AddRowLanes(float& w, float& b) {
+  __shared__ float sw[8][33];
+  __shared__ float sb[8][33];
+  sw[threadIdx.y][threadIdx.x] = w;
+  sb[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y != 0) return false;
+  for (int y = 1; y < 8; ++y) {
+    w += sw[y][threadIdx.x];
+    b += sb[y][threadIdx.x];
+  }
+  return true;
+}
 // D: dout's type, float or bf16 (a bf16-stored MLP hidden gradient).
 template <typename D>
 __global__ void ColumnSumsKernel(float* partial, const D* dout,
                                  const float* inp, const float* mean,
                                  const float* rstd, int64_t rows, int C) {
-  __shared__ float sw[8][33];
-  __shared__ float sb[8][33];
   const int c = blockIdx.x * 32 + threadIdx.x;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kChunkRows;
   const int64_t r1 = r0 + kChunkRows < rows ? r0 + kChunkRows : rows;
@@ -155,14 +170,7 @@ __global__ void ColumnSumsKernel(float* partial, const D* dout,
       if (inp != nullptr) aw += (inp[r * C + c] - mean[r]) * rstd[r] * dy;
     }
   }
-  sw[threadIdx.y][threadIdx.x] = aw;
-  sb[threadIdx.y][threadIdx.x] = ab;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    for (int y = 1; y < 8; ++y) {
-      aw += sw[y][threadIdx.x];
-      ab += sb[y][threadIdx.x];
-    }
+  if (AddRowLanes(aw, ab) && c < C) {
     float* out = partial + blockIdx.y * int64_t{2} * C;
     out[c] = aw;
     out[C + c] = ab;
@@ -175,8 +183,6 @@ __global__ void ColumnSumsKernel(float* partial, const D* dout,
 __global__ void ColumnPartialsKernel(float* dweight, float* dbias,
                                      const float* partial, int64_t chunks,
                                      int C) {
-  __shared__ float sw[8][33];
-  __shared__ float sb[8][33];
   const int c = blockIdx.x * 32 + threadIdx.x;
   float w = 0.0f, b = 0.0f;
   if (c < C) {
@@ -185,14 +191,7 @@ __global__ void ColumnPartialsKernel(float* dweight, float* dbias,
       b += partial[k * 2 * C + C + c];
     }
   }
-  sw[threadIdx.y][threadIdx.x] = w;
-  sb[threadIdx.y][threadIdx.x] = b;
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= C) return;
-  for (int y = 1; y < 8; ++y) {
-    w += sw[y][threadIdx.x];
-    b += sb[y][threadIdx.x];
-  }
+  if (!AddRowLanes(w, b) || c >= C) return;
   if (dweight != nullptr) dweight[c] += w;
   dbias[c] += b;
 }

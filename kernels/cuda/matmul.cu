@@ -196,13 +196,7 @@ float* CudaBackend::F32Target(Act out, int64_t n, int slot) {
 
 void CudaBackend::Finish(Act out, const float* y, int64_t n) {
   if (!Bf16Storage(out)) return;
-  const int64_t n4 = reinterpret_cast<uintptr_t>(y) % 16 == 0 &&
-                             reinterpret_cast<uintptr_t>(out.p) % 8 == 0
-                         ? n / 4
-                         : 0;
-  ToBf16Kernel<false, float><<<Blocks(n4 > 0 ? n4 : n), kThreads, 0, stream_>>>(
-      static_cast<__nv_bfloat16*>(out.p), y, n, n4);
-  Launched();
+  Rounded<false>(y, n, /*slot=*/0, out.p);  // into out: no slot is used
 }
 
 CudaBackend::Op CudaBackend::Operand(ConstAct x, int64_t n, int slot) {
