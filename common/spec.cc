@@ -122,7 +122,7 @@ v1::JobSpec DefaultJobSpec() {
 
   v1::DataSpec* data = spec.mutable_data();
   data->set_path("");
-  data->set_tokenizer("char");
+  data->set_tokenizer("auto");
   data->set_val_fraction(0.1);
   data->set_train_bin("");
   data->set_val_bin("");

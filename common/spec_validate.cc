@@ -184,9 +184,27 @@ absl::Status ValidateModel(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// data.tokenizer: auto (or empty), char, gpt2, or spm:MODEL_PATH.
+absl::Status ValidateTokenizer(const v1::DataSpec& d) {
+  const std::string& t = d.tokenizer();
+  if (t.empty() || t == "auto" || t == "char" || t == "gpt2") {
+    return absl::OkStatus();
+  }
+  if (absl::StartsWith(t, "spm:")) {
+    if (t.size() == 4) {
+      return Error("data.tokenizer=", Quote(t),
+                   " names no SentencePiece model after 'spm:'");
+    }
+    return absl::OkStatus();
+  }
+  return Error("data.tokenizer=", Quote(t),
+               " must be one of auto, char, gpt2, spm:MODEL_PATH");
+}
+
 absl::Status ValidateData(const v1::JobSpec& spec) {
   const v1::DataSpec& d = spec.data();
   if (absl::Status s = CheckFinite(d, "data"); !s.ok()) return s;
+  if (absl::Status s = ValidateTokenizer(d); !s.ok()) return s;
   const bool has_path = !d.path().empty();
   const bool has_train_bin = !d.train_bin().empty();
   const bool has_val_bin = !d.val_bin().empty();
@@ -208,10 +226,6 @@ absl::Status ValidateData(const v1::JobSpec& spec) {
                    " is empty");
     }
     return absl::OkStatus();
-  }
-  if (absl::Status s = OneOf("data.tokenizer", d.tokenizer(), {"char"});
-      !s.ok()) {
-    return s;
   }
   if (!(d.val_fraction() > 0 && d.val_fraction() < 1)) {
     return Error("data.val_fraction=", d.val_fraction(),

@@ -32,6 +32,8 @@ constexpr int kMaxSymlinks = 40;
 
 // model.init_from's prefix for a file path (an llm.c checkpoint).
 constexpr absl::string_view kLlmc = "llmc:";
+// data.tokenizer's prefix for a file path (a SentencePiece model).
+constexpr absl::string_view kSpm = "spm:";
 
 absl::StatusOr<std::string> ReadLink(const std::string& path) {
   std::string target(PATH_MAX, '\0');
@@ -151,12 +153,21 @@ absl::Status ConfineSpecPaths(v1::JobSpec* spec, const std::string& base_dir,
     if (!p.ok()) return p.status();
     *f.value = *p;
   }
-  std::string* init = spec->mutable_model()->mutable_init_from();
-  if (absl::StartsWith(*init, kLlmc)) {
-    absl::StatusOr<std::string> p = ConfinePath(
-        "model.init_from", init->substr(kLlmc.size()), base_dir, roots);
+  struct Prefixed {
+    const char* name;
+    absl::string_view prefix;
+    std::string* value;
+  };
+  const Prefixed prefixed[] = {
+      {"model.init_from", kLlmc, spec->mutable_model()->mutable_init_from()},
+      {"data.tokenizer", kSpm, spec->mutable_data()->mutable_tokenizer()},
+  };
+  for (const Prefixed& f : prefixed) {
+    if (!absl::StartsWith(*f.value, f.prefix)) continue;
+    absl::StatusOr<std::string> p =
+        ConfinePath(f.name, f.value->substr(f.prefix.size()), base_dir, roots);
     if (!p.ok()) return p.status();
-    *init = absl::StrCat(kLlmc, *p);
+    *f.value = absl::StrCat(f.prefix, *p);
   }
   return absl::OkStatus();
 }
@@ -197,12 +208,16 @@ absl::Status CheckSpecInputsExist(const v1::JobSpec& spec) {
     bool may_be_pattern;
   };
   const std::string& init = spec.model().init_from();
+  const std::string& tokenizer = spec.data().tokenizer();
   const Input inputs[] = {
       {"data.path", spec.data().path(), false},
       {"data.train_bin", spec.data().train_bin(), true},
       {"data.val_bin", spec.data().val_bin(), true},
       {"model.init_from",
        absl::StartsWith(init, kLlmc) ? init.substr(kLlmc.size()) : "", false},
+      {"data.tokenizer",
+       absl::StartsWith(tokenizer, kSpm) ? tokenizer.substr(kSpm.size()) : "",
+       false},
   };
   for (const Input& in : inputs) {
     if (in.path.empty()) continue;

@@ -8,11 +8,11 @@
 # `scripts/setup.sh --tests` installs (clang, its runtimes, libomp).
 #
 #   scripts/fuzz.sh [SECONDS_PER_TARGET [NAME...]]
-#     SECONDS_PER_TARGET: default $PTRAIN_FUZZ_SECONDS, else 60
+#     SECONDS_PER_TARGET: default $PTRAIN_FUZZ_SECONDS, else 45
 #     NAME: only these targets (fuzz/NAME_fuzzer.cc); default all
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seconds=${1:-${PTRAIN_FUZZ_SECONDS:-60}}
+seconds=${1:-${PTRAIN_FUZZ_SECONDS:-45}}
 shift || true
 names=("$@")
 if ((${#names[@]} == 0)); then

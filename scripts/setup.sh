@@ -25,12 +25,13 @@ done
 # Building and running: compiler and build tools, gRPC + protobuf, OpenMPI,
 # the libraries, and oneDNN with the OpenCL headers its CMake config requires
 # (libdnnl-dev only recommends them); OpenSSL's libcrypto for digests;
-# ICU's UTF-8 macros (header only) for the char tokenizer; RE2 for GPT-2's
-# pre-tokenization pattern.
+# ICU for the char tokenizer's UTF-8 and the character classes of GPT-2's
+# pre-tokenizer; SentencePiece; RE2 (GPT-2's pattern, which the fuzz target
+# holds the pre-tokenizer to).
 # python3 prints the demo's sample.
 PACKAGES=(
   build-essential cmake pkg-config
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev libre2-dev
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev libre2-dev libsentencepiece-dev
   libopenmpi-dev openmpi-bin
   prometheus-cpp-dev libspdlog-dev libyaml-cpp-dev libsqlite3-dev libcli11-dev
   nlohmann-json3-dev libxxhash-dev libicu-dev

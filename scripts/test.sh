@@ -2,7 +2,7 @@
 # The test command (README, CI): installs what the tests need and builds
 # them (scripts/setup.sh --tests), then runs every ctest label (the `gpu`
 # cases skip, saying so, where no CUDA device is present), then (unless ctest arguments narrow the run) the fuzz
-# targets for $PTRAIN_FUZZ_SECONDS each (default 60; 0 skips them). Extra
+# targets for $PTRAIN_FUZZ_SECONDS each (default 45; 0 skips them). Extra
 # arguments go to ctest (e.g. -L unit, -R spec).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +14,7 @@ rc=0
 ctest --output-on-failure "$@" || rc=$?
 echo "test: ctest took $((SECONDS - start)) s"
 cd ..
-if (($# == 0)) && [[ ${PTRAIN_FUZZ_SECONDS:-60} != 0 ]]; then
+if (($# == 0)) && [[ ${PTRAIN_FUZZ_SECONDS:-45} != 0 ]]; then
   scripts/fuzz.sh || rc=$?
 fi
 exit "$rc"

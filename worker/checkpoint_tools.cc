@@ -6,6 +6,7 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <new>
 #include <string>
 #include <system_error>
@@ -19,6 +20,7 @@
 #include "common/exit_codes.h"
 #include "common/logging.h"
 #include "common/spec.h"
+#include "common/tokenizer.h"
 #include "spdlog/spdlog.h"
 #include "worker/engine/checkpoint.h"
 #include "worker/engine/data.h"
@@ -28,20 +30,68 @@
 namespace ptrain {
 namespace {
 
-absl::Status ExportStatus(const std::string& checkpoint,
-                          const std::string& out) {
+// The tokenizer of a checkpoint's job for llm.c's tokenizer file: its
+// data.tokenizer's (gpt2, spm:MODEL, the file beside its token files).
+absl::StatusOr<std::shared_ptr<const Tokenizer>> ExportedTokenizer(
+    const std::string& checkpoint, const CheckpointMeta& meta,
+    const ConfinedFs& fs) {
+  constexpr char kField[] = "--llmc-tokenizer";
+  if (!meta.vocab.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kField, ": checkpoint ", checkpoint,
+        " is of a char-tokenizer model, which has no end-of-text token; "
+        "llm.c's tokenizer file needs one (train with data.tokenizer: gpt2 "
+        "or spm:MODEL)"));
+  }
+  auto spec = ParseJobSpec(meta.spec_yaml, {},
+                           absl::StrCat("--checkpoint ", checkpoint, ": spec"));
+  if (!spec.ok()) return spec.status();
+  auto tokenizer = OpenDataTokenizer(spec->data(), fs);
+  if (!tokenizer.ok()) return tokenizer.status();
+  if (*tokenizer == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kField, ": checkpoint ", checkpoint,
+        "'s job names no tokenizer (data.tokenizer) and its token files have "
+        "no tokenizer file beside them"));
+  }
+  if ((*tokenizer)->end_of_text() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kField, ": data.tokenizer=", spec->data().tokenizer(),
+        " has no end-of-text token, which llm.c's tokenizer file needs"));
+  }
+  return tokenizer;
+}
+
+absl::Status ExportStatus(const std::string& checkpoint, const std::string& out,
+                          const std::string& tokenizer_out) {
   auto fs = ConfinedFs::FromEnvironment();
   if (!fs.ok()) return fs.status();
   auto reader = CheckpointReader::Open(checkpoint, *fs, "--checkpoint");
   if (!reader.ok()) return reader.status();
+  // Everything is checked before anything is written.
+  std::shared_ptr<const Tokenizer> tokenizer;
+  if (!tokenizer_out.empty()) {
+    if (absl::Status s = fs->Check(tokenizer_out, "--llmc-tokenizer");
+        !s.ok()) {
+      return s;
+    }
+    auto t = ExportedTokenizer(checkpoint, (*reader)->meta(), *fs);
+    if (!t.ok()) return t.status();
+    tokenizer = std::move(*t);
+  }
   // Open checked that the tensors are those of the manifest's model, so
   // the export allocates no more than the checkpoint holds.
   const GptConfig& model = (*reader)->meta().model;
-  return ExportLlmc(**reader, model, out, *fs, "--llmc");
+  if (absl::Status s = ExportLlmc(**reader, model, out, *fs, "--llmc");
+      !s.ok() || tokenizer == nullptr) {
+    return s;
+  }
+  return WriteLlmcTokenizer(*tokenizer, tokenizer_out);
 }
 
 // The checkpoint's model on one rank (whatever layout trained it) on the
-// CPU in fp32, with the checkpoint's own vocabulary: no data file is read,
+// CPU in fp32, with the checkpoint's own vocabulary (or, for a model of
+// token files, its job's data.tokenizer): no training data is read,
 // nothing is written.
 absl::StatusOr<std::string> SampleStatus(const SampleFlags& f,
                                          const NodeShare& node) {
@@ -68,12 +118,20 @@ absl::StatusOr<std::string> SampleStatus(const SampleFlags& f,
   v1::TrainSpec& train = *spec.mutable_train();
   train.set_precision("fp32");
   train.set_steps(std::max(train.steps(), meta.step));
+  // A model of token files samples through the job's data.tokenizer
+  // (gpt2, spm:MODEL, the tokenizer file beside its shards), if any.
+  std::shared_ptr<const Tokenizer> words;
+  if (meta.vocab.empty()) {
+    auto opened = OpenDataTokenizer(spec.data(), *fs);
+    if (!opened.ok()) return opened.status();
+    words = std::move(*opened);
+  }
   if (f.prompt.has_value()) {
-    if (meta.vocab.empty()) {
+    if (meta.vocab.empty() && (words == nullptr || !words->can_encode())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--prompt: checkpoint ", f.checkpoint,
-          " is of a model trained on token files, which has no tokenizer to "
-          "read a prompt with"));
+          " is of a model trained on token files whose job names no "
+          "tokenizer that encodes (data.tokenizer: gpt2 or spm:MODEL)"));
     }
     train.set_sample_prompt(*f.prompt);
   }
@@ -86,6 +144,7 @@ absl::StatusOr<std::string> SampleStatus(const SampleFlags& f,
 
   TokenData data;
   data.vocab_size = meta.model.vocab_size;
+  data.words = std::move(words);
   if (!meta.vocab.empty()) {
     data.has_tokenizer = true;
     data.tokenizer = CharTokenizer(meta.vocab);
@@ -134,12 +193,16 @@ int RunTool(const char* what, const std::function<absl::Status()>& body) {
 
 }  // namespace
 
-int RunExport(const std::string& checkpoint, const std::string& out) {
+int RunExport(const std::string& checkpoint, const std::string& out,
+              const std::string& tokenizer_out) {
   return RunTool("export", [&] {
-    absl::Status s = ExportStatus(checkpoint, out);
+    absl::Status s = ExportStatus(checkpoint, out, tokenizer_out);
     if (s.ok()) {
       std::printf("wrote %s (llm.c GPT-2 fp32) from %s\n", out.c_str(),
                   checkpoint.c_str());
+      if (!tokenizer_out.empty()) {
+        std::printf("wrote %s (llm.c tokenizer)\n", tokenizer_out.c_str());
+      }
     }
     return s;
   });

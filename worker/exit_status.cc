@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "common/exit_codes.h"
@@ -26,6 +27,14 @@ bool IsInputError(const absl::Status& s) {
 }
 
 int WorldRank() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {  // a tool that runs without MPI (prepare)
+    for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK"}) {
+      if (const char* rank = std::getenv(name)) return std::atoi(rank);
+    }
+    return 0;
+  }
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   return rank;

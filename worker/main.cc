@@ -3,15 +3,17 @@
 // alone or under `mpirun -n N`; `ptworker export --checkpoint DIR --llmc
 // OUT.bin` writes a checkpoint's weights in llm.c's format; `ptworker sample
 // --checkpoint DIR [--prompt TEXT] [--tokens N]...` prints text its model
-// generates. Exit codes: 0 done, 1 runtime failure, 2 bad input (spec, data,
-// flags, layout, a damaged or foreign checkpoint, a path outside the data
-// roots, a model that does not fit in memory) with one error line on stderr
-// from the lowest failing rank; every rank exits, none waits for another,
-// none aborts. 3: stopped as asked at the end of a step, after that step's
-// checkpoint, to be resumed as after a preemption: by SIGUSR1 (which mpirun
-// forwards to every rank) or by a first SIGINT or SIGTERM while training; a
-// second SIGINT or SIGTERM (or the first outside training) exits at once
-// with 128 + the signal (130, 143).
+// generates; `ptworker prepare --tokenizer gpt2|spm:MODEL|spm-train:VOCAB
+// --input 'corpus/*.txt' --out data/NAME` turns text files into llm.c token
+// shards (docs/data.md). Exit codes: 0 done, 1 runtime failure, 2 bad input
+// (spec, data, flags, layout, a damaged or foreign checkpoint, a path
+// outside the data roots, a model that does not fit in memory) with one
+// error line on stderr from the lowest failing rank; every rank exits, none
+// waits for another, none aborts. 3: stopped as asked at the end of a step,
+// after that step's checkpoint, to be resumed as after a preemption: by
+// SIGUSR1 (which mpirun forwards to every rank) or by a first SIGINT or
+// SIGTERM while training; a second SIGINT or SIGTERM (or the first outside
+// training) exits at once with 128 + the signal (130, 143).
 //
 // Threads: resources.threads_per_rank, else OMP_NUM_THREADS, else this
 // rank's share of the cores of its machine (the cores any of its ranks may
@@ -21,15 +23,18 @@
 // Environment (set by ptcoord's launcher): PTRAIN_DATA_ROOTS confines every
 // file ptworker opens (common/confined_fs.h); PTRAIN_JOB_UID is recorded in
 // checkpoints and checked on `--resume-from latest`. Test hooks, read only
-// when set: PTRAIN_TEST_CHECKPOINT_PAUSE_S, PTRAIN_TEST_HANG_AT_STEP.
+// when set: PTRAIN_TEST_CHECKPOINT_PAUSE_S, PTRAIN_TEST_HANG_AT_STEP,
+// PTRAIN_TEST_PREPARE_STOP_AFTER_SHARDS (prepare exits 1 at once, as a
+// crash would, after writing that many shards).
 //
 // This file is wiring: flags, then the unit that runs them: setup.h and
 // train.h (a training rank), checkpoint_tools.h (export, sample),
-// signals.h (stop signals), threads.h, exit_status.h.
+// prepare.h (prepare), signals.h (stop signals), threads.h, exit_status.h.
 #include <mpi.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <string>
 
@@ -38,6 +43,7 @@
 #include "common/logging.h"
 #include "worker/checkpoint_tools.h"
 #include "worker/exit_status.h"
+#include "worker/prepare.h"
 #include "worker/setup.h"
 #include "worker/signals.h"
 #include "worker/threads.h"
@@ -73,7 +79,7 @@ void AddRankFlags(CLI::App& app, ptrain::RankFlags* f) {
 
 struct ExportCommand {
   CLI::App* app = nullptr;
-  std::string checkpoint, out;
+  std::string checkpoint, out, tokenizer_out;
 };
 
 void AddExportCommand(CLI::App& app, ExportCommand* e) {
@@ -82,6 +88,9 @@ void AddExportCommand(CLI::App& app, ExportCommand* e) {
   e->app->add_option("--checkpoint", e->checkpoint, "checkpoint folder")
       ->required();
   e->app->add_option("--llmc", e->out, "output .bin")->required();
+  e->app->add_option("--llmc-tokenizer", e->tokenizer_out,
+                     "also write the job's tokenizer as llm.c's tokenizer "
+                     "file (gpt2_tokenizer.bin's format)");
 }
 
 // `ptworker sample`'s flags as CLI11 fills them; Given() keeps those given.
@@ -138,6 +147,44 @@ void AddSampleCommand(CLI::App& app, SampleCommand* s) {
       "is the run's own sample at the checkpoint's step)");
 }
 
+struct PrepareCommand {
+  CLI::App* app = nullptr;
+  ptrain::PrepareFlags flags;
+};
+
+void AddPrepareCommand(CLI::App& app, PrepareCommand* p) {
+  ptrain::PrepareFlags& f = p->flags;
+  p->app = app.add_subcommand(
+      "prepare",
+      "turn text files into llm.c token shards, the tokenizer file beside "
+      "them (docs/data.md)");
+  p->app
+      ->add_option("--tokenizer", f.tokenizer,
+                   "gpt2, spm:MODEL (a SentencePiece model) or "
+                   "spm-train:VOCAB (train one of VOCAB pieces on the input)")
+      ->required();
+  p->app->add_option("--spm-type", f.spm_type,
+                     "spm-train's model: bpe (default) or unigram");
+  p->app
+      ->add_option("--input", f.inputs,
+                   "a text file or a glob pattern ('corpus/*.txt'), each "
+                   "file one document (repeatable)")
+      ->required();
+  p->app
+      ->add_option("--out", f.out,
+                   "output folder (created; its parent must exist); its "
+                   "name prefixes the files")
+      ->required();
+  p->app->add_option("--val-fraction", f.val_fraction,
+                     "share of the input bytes, from the start, for the "
+                     "validation shards; 0 to 0.5 (default 0.005)");
+  p->app->add_option("--shard-tokens", f.shard_tokens,
+                     "tokens per shard at most (default 100000000)");
+  p->app->add_option("--threads", f.threads,
+                     "encoding threads (default: the cores this process may "
+                     "use)");
+}
+
 // ptworker without a subcommand: one rank of a training run.
 int Train(const ptrain::RankFlags& flags, const ptrain::NodeShare& node) {
   if (flags.config_path.empty()) {
@@ -162,6 +209,8 @@ int Run(int argc, char** argv) {
   AddExportCommand(app, &export_command);
   SampleCommand sample_command;
   AddSampleCommand(app, &sample_command);
+  PrepareCommand prepare_command;
+  AddPrepareCommand(app, &prepare_command);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -177,14 +226,20 @@ int Run(int argc, char** argv) {
   // The machine's cores as its ranks share them (a collective: every rank,
   // before anything can fail).
   const ptrain::NodeShare node = ptrain::ShareOfNode();
-  // export and sample run on one process, rank 0 of however many started.
+  // export, sample and prepare run on one process, rank 0 of however many
+  // started.
   if (export_command.app->parsed()) {
     if (ptrain::WorldRank() != 0) return 0;
-    return ptrain::RunExport(export_command.checkpoint, export_command.out);
+    return ptrain::RunExport(export_command.checkpoint, export_command.out,
+                             export_command.tokenizer_out);
   }
   if (sample_command.app->parsed()) {
     if (ptrain::WorldRank() != 0) return 0;
     return ptrain::RunSample(sample_command.Given(), node);
+  }
+  if (prepare_command.app->parsed()) {
+    if (ptrain::WorldRank() != 0) return 0;
+    return ptrain::RunPrepare(prepare_command.flags, node);
   }
   return Train(flags, node);
 }
@@ -193,8 +248,13 @@ int Run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   ptrain::HandleStopSignals();
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  // prepare is one process that needs no MPI (whose start takes a good
+  // part of a second); under mpirun the first rank runs it.
+  const bool mpi = !(argc > 1 && std::strcmp(argv[1], "prepare") == 0);
+  if (mpi) {
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  }
   int rc = 0;
   try {
     rc = Run(argc, argv);
@@ -203,10 +263,10 @@ int main(int argc, char** argv) {
     // ranks taken down with it.
     std::fprintf(stderr, "ptworker: error: %s\n", e.what());
     int size = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (mpi) MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (size > 1) MPI_Abort(MPI_COMM_WORLD, kExitBadInput);
     rc = kExitBadInput;
   }
-  MPI_Finalize();
+  if (mpi) MPI_Finalize();
   return rc;
 }

@@ -79,6 +79,9 @@ NodeShare ShareOfNode() {
     }
   }
   share.rank_cores = share.cores = std::max(1, CPU_COUNT(&mine));
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) return share;  // a tool that runs without MPI
   MPI_Comm node;
   if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0,
                           MPI_INFO_NULL, &node) != MPI_SUCCESS) {

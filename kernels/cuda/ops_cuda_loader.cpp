@@ -7,11 +7,11 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "common/module_path.h"
 #include "kernels/cuda/ops_cuda.h"
 
 namespace ptrain::kernels {
@@ -33,26 +33,6 @@ struct Module {
                                   std::string*) = nullptr;
 };
 
-std::vector<std::string> Candidates() {
-  std::vector<std::string> paths;
-  if (const char* env = std::getenv("PTRAIN_CUDA_LIBRARY")) {
-    paths.push_back(env);
-  }
-  std::error_code ec;
-  const std::filesystem::path exe =
-      std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    paths.push_back((exe.parent_path() / kModule).string());
-    paths.push_back(
-        (exe.parent_path().parent_path() / "kernels" / kModule).string());
-    paths.push_back(
-        (exe.parent_path().parent_path().parent_path() / "kernels" / kModule)
-            .string());
-  }
-  paths.push_back(kModule);
-  return paths;
-}
-
 const Module& Load() {
   static Module* const module = [] {
     auto* m = new Module();
@@ -63,7 +43,8 @@ const Module& Load() {
       return m;
     }
     std::string tried;
-    for (const std::string& path : Candidates()) {
+    for (const std::string& path :
+         ModuleCandidates("PTRAIN_CUDA_LIBRARY", kModule, "kernels")) {
       m->handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
       if (m->handle != nullptr) break;
       tried += std::string("\n  ") + dlerror();

@@ -1,19 +1,24 @@
-// GPT-2's byte-level BPE (common/gpt2_bpe.h) against a reference encoder's
-// ids (tests/common/gpt2: fixture.txt of prose, code, numbers, scripts,
-// emoji, CJK and whitespace runs; ids.json made by reference.js with the
-// gpt-3-encoder package), and its round trip over any bytes.
+// GPT-2's byte-level BPE (common/gpt2_bpe.h) against the reference
+// encoders' ids (tests/common/gpt2: fixture.txt of prose, code, numbers,
+// scripts, emoji, CJK, whitespace runs, contractions and words long enough
+// for the other merge path; ids.json made by reference.js, the tiktoken and
+// gpt-3-encoder packages agreeing), the built-in vocabulary against the
+// files, the word cache against none, and the round trip over any bytes.
 #include "common/gpt2_bpe.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 
 namespace ptrain {
@@ -132,6 +137,105 @@ TEST(Gpt2Bpe, LoadNamesTheFileItCannotTake) {
   EXPECT_NE(bad.status().message().find("vocab.bpe:3"), std::string::npos)
       << bad.status();
   fs::remove_all(dir);
+}
+
+TEST(Gpt2Bpe, BuiltinVocabularyIsTheOneInDataTokenizersGpt2) {
+  const Gpt2Bpe& builtin = Gpt2Bpe::Builtin();
+  EXPECT_EQ(&builtin, &Gpt2Bpe::Builtin());  // parsed once
+  for (int32_t id = 0; id < Gpt2Bpe::kVocabSize; ++id) {
+    ASSERT_EQ(builtin.TokenBytes(id), Bpe().TokenBytes(id)) << "id " << id;
+  }
+  const std::string text = Read("tests/common/gpt2/fixture.txt");
+  EXPECT_EQ(builtin.Encode(text), Bpe().Encode(text));
+  EXPECT_EQ(builtin.Encode("Hello world"), (std::vector<int32_t>{15496, 995}));
+}
+
+TEST(Gpt2Bpe, TokenBytesAreWhatEachIdDecodesTo) {
+  EXPECT_EQ(Bpe().TokenBytes(15496), "Hello");
+  EXPECT_EQ(Bpe().TokenBytes(995), " world");
+  EXPECT_EQ(Bpe().TokenBytes(220), " ");
+  EXPECT_EQ(Bpe().TokenBytes(Gpt2Bpe::kEndOfText), "<|endoftext|>");
+  std::vector<bool> single_byte(256, false);
+  for (int32_t id = 0; id < Gpt2Bpe::kVocabSize; ++id) {
+    const std::string& bytes = Bpe().TokenBytes(id);
+    ASSERT_FALSE(bytes.empty()) << "id " << id;
+    ASSERT_EQ(bytes, Bpe().Decode({id}).value()) << "id " << id;
+    if (bytes.size() == 1) {
+      single_byte[static_cast<unsigned char>(bytes[0])] = true;
+    }
+  }
+  // Every byte has a token of its own: any text encodes.
+  EXPECT_EQ(std::count(single_byte.begin(), single_byte.end(), true), 256);
+}
+
+TEST(Gpt2BpeDeathTest, TokenBytesOfAnIdOutsideTheVocabularyAborts) {
+  EXPECT_DEATH(Bpe().TokenBytes(Gpt2Bpe::kVocabSize), "outside");
+  EXPECT_DEATH(Bpe().TokenBytes(-1), "outside");
+}
+
+// One cache over texts that share words: the ids are the ones without it,
+// and it holds at most kMaxWords words however many it has seen.
+TEST(Gpt2Bpe, CacheGivesTheIdsOfNoCacheAndStaysBounded) {
+  const std::string fixture = Read("tests/common/gpt2/fixture.txt");
+  Gpt2Bpe::Cache cache;
+  const std::vector<int32_t> plain = Bpe().Encode(fixture);
+  EXPECT_EQ(Bpe().Encode(fixture, &cache), plain);
+  EXPECT_FALSE(cache.empty());
+  EXPECT_EQ(Bpe().Encode(fixture, &cache), plain);  // now from the cache
+
+  // Words of several ids each, more distinct ones than the cache keeps:
+  // " 7103925", " 7103926", ...
+  std::string numbers;
+  for (size_t i = 0; i < Gpt2Bpe::Cache::kMaxWords + 5000; ++i) {
+    absl::StrAppend(&numbers, " ", 7103925 + i);
+  }
+  for (int pass = 0; pass < 2; ++pass) {
+    EXPECT_EQ(Bpe().Encode(numbers, &cache), Bpe().Encode(numbers));
+    EXPECT_LE(cache.size(), Gpt2Bpe::Cache::kMaxWords);
+  }
+  EXPECT_EQ(Bpe().Encode(fixture, &cache), plain);
+
+  // A word longer than kMaxWordBytes is merged each time, not kept.
+  Gpt2Bpe::Cache fresh;
+  const std::string digits(Gpt2Bpe::Cache::kMaxWordBytes + 1, '7');
+  EXPECT_EQ(Bpe().Encode(digits, &fresh), Bpe().Encode(digits));
+  EXPECT_TRUE(fresh.empty());
+  EXPECT_EQ(Bpe().Encode(digits.substr(1), &fresh),
+            Bpe().Encode(digits.substr(1)));
+  EXPECT_EQ(fresh.size(), 1u);
+}
+
+// The pre-tokenizer's choices where a regular expression leaves several:
+// which alternative wins, where a whitespace run ends, and bytes that are
+// not UTF-8 (each a word of its own).
+TEST(Gpt2Bpe, SplitTakesTheFirstAlternativeThatMatches) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"it's", {"it", "'s"}},
+      {"IT'S", {"IT", "'", "S"}},  // contractions are lower case only
+      {"'ll'll", {"'ll", "'ll"}},
+      {"'llama", {"'ll", "ama"}},
+      {" 's", {" '", "s"}},
+      {"''s", {"''", "s"}},
+      {"it’s", {"it", "’", "s"}},
+      {"a   b", {"a", "  ", " b"}},
+      {"a\t\tb", {"a", "\t", "\t", "b"}},
+      {"a \u00a0b", {"a", " ", "\u00a0", "b"}},  // NBSP is no " ?"
+      {"x  ", {"x", "  "}},
+      {" 42 -7", {" 42", " -", "7"}},
+      {"e\u0301", {"e", "\u0301"}},  // a combining mark is other
+      {"𝐀𝐁 ½x", {"𝐀𝐁", " ½", "x"}},  // letters beyond the BMP; ½ is N
+      {"ab\377cd", {"ab", "\377", "cd"}},
+      {" \xFF", {" ", "\xFF"}},
+      {"  \xFF", {" ", " ", "\xFF"}},
+      {"x\xE6\x97", {"x", "\xE6", "\x97"}},        // cut short
+      {"\xED\xA0\x80", {"\xED", "\xA0", "\x80"}},  // a surrogate
+      {"\xC0\x80", {"\xC0", "\x80"}},              // overlong
+  };
+  for (const auto& [text, want] : cases) {
+    const std::vector<std::string_view> got = Bpe().Split(text);
+    EXPECT_EQ(std::vector<std::string>(got.begin(), got.end()), want)
+        << "splitting \"" << text << "\"";
+  }
 }
 
 }  // namespace

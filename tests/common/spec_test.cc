@@ -84,7 +84,7 @@ TEST(DefaultJobSpec, HasTheDocumentedDefaults) {
   EXPECT_EQ(s.model().vocab_size(), 0);
   EXPECT_EQ(s.model().init_from(), "");
   EXPECT_EQ(s.data().path(), "");
-  EXPECT_EQ(s.data().tokenizer(), "char");
+  EXPECT_EQ(s.data().tokenizer(), "auto");
   EXPECT_EQ(s.data().val_fraction(), 0.1);
   EXPECT_EQ(s.data().train_bin(), "");
   EXPECT_EQ(s.data().val_bin(), "");
@@ -136,6 +136,7 @@ TEST(ParseJobSpec, DesignExampleParsesToTheExpectedValues) {
   v1::JobSpec expected = DefaultJobSpec();
   expected.set_name("shakespeare-3d");
   expected.mutable_data()->set_path("data/tinyshakespeare.txt");
+  expected.mutable_data()->set_tokenizer("char");
   v1::ParallelSpec* p = expected.mutable_parallel();
   p->set_dp(2);
   p->set_tp(2);
@@ -738,7 +739,9 @@ INSTANTIATE_TEST_SUITE_P(
         RuleCase{"model.init_from='llmc:'", "names no file after 'llmc:'"},
         RuleCase{"data.tokenizer=bpe",
                  "data.tokenizer='bpe' must be one of "
-                 "char"},
+                 "auto, char, gpt2, spm:MODEL_PATH"},
+        RuleCase{"data.tokenizer='spm:'",
+                 "data.tokenizer='spm:' names no SentencePiece model"},
         RuleCase{"data.val_fraction=0",
                  "data.val_fraction=0 must be > 0 and "
                  "< 1"},

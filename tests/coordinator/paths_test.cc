@@ -138,6 +138,26 @@ TEST_F(PathsTest, SpecFieldsAreCheckedAndRewritten) {
                 .message()
                 .find("model.init_from"),
             absl::string_view::npos);
+  // A SentencePiece model is a file like the others; gpt2 names none.
+  v1::JobSpec spm;
+  spm.mutable_data()->set_tokenizer("spm:data/m.model");
+  ASSERT_TRUE(ConfineSpecPaths(&spm, base_.string(), roots_).ok());
+  EXPECT_EQ(spm.data().tokenizer(),
+            "spm:" + (base_ / "data" / "m.model").string());
+  EXPECT_NE(CheckSpecInputsExist(spm).message().find(
+                "data.tokenizer: " + (base_ / "data" / "m.model").string() +
+                " does not exist"),
+            absl::string_view::npos)
+      << CheckSpecInputsExist(spm);
+  spm.mutable_data()->set_tokenizer("spm:/etc/m.model");
+  EXPECT_NE(ConfineSpecPaths(&spm, base_.string(), roots_)
+                .message()
+                .find("data.tokenizer"),
+            absl::string_view::npos);
+  v1::JobSpec gpt2;
+  gpt2.mutable_data()->set_tokenizer("gpt2");
+  ASSERT_TRUE(ConfineSpecPaths(&gpt2, base_.string(), roots_).ok());
+  EXPECT_EQ(gpt2.data().tokenizer(), "gpt2");
 }
 
 }  // namespace

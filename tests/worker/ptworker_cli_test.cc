@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -819,6 +820,71 @@ TEST_F(PtworkerCli, SampleFromACheckpointRepeatsTheRunsSampleAndTakesAPrompt) {
   std::tie(r, text) = RunPtworkerStdout("sample --checkpoint " + step4, out);
   ExpectRefused(r, "is damaged: step=-5");
   EXPECT_EQ(text, "");
+}
+
+// A model of GPT-2 ids (data.tokenizer: gpt2): the run logs its samples as
+// text, `ptworker sample` repeats them and takes a prompt through GPT-2's
+// encoder, and `export --llmc-tokenizer` writes llm.c's tokenizer file
+// beside the weights. A char model has no end of text for that file:
+// refused, nothing written.
+TEST_F(PtworkerCli, Gpt2ModelSamplesTextAndExportsItsTokenizer) {
+  const fs::path text_path = dir_ / "text.txt";
+  {
+    std::ofstream text(text_path);
+    for (int i = 0; i < 150; ++i) text << "Hello world, it's a fine day.\n";
+  }
+  const fs::path ckpt = dir_ / "ck";
+  const Result run =
+      RunPtworker(Small() + "--set data.tokenizer=gpt2 --set data.path=" +
+                  text_path.string() +
+                  " --set train.steps=2 --set train.sample_tokens=8 "
+                  "--set train.sample_prompt=Hello --set checkpoint.dir=" +
+                  ckpt.string());
+  ASSERT_EQ(run.code, 0) << run.err;
+  std::string logged;
+  std::istringstream in(ReadAll(log_));
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("type") == "sample") logged = j.at("text");
+  }
+  ASSERT_EQ(logged.rfind("Hello", 0), 0u) << logged;
+  const std::string step2 = (ckpt / "step-00000002").string();
+  const fs::path out = dir_ / "sample.txt";
+  auto [r, text] = RunPtworkerStdout("sample --checkpoint " + step2, out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(text, logged + "\n");
+  std::tie(r, text) = RunPtworkerStdout(
+      "sample --checkpoint " + step2 + " --prompt ' world' --tokens 3", out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(text.rfind(" world", 0), 0u) << text;
+
+  const fs::path weights = dir_ / "m.bin", tok = dir_ / "m_tokenizer.bin";
+  const Result exported =
+      RunPtworker("export --checkpoint " + step2 + " --llmc " +
+                  weights.string() + " --llmc-tokenizer " + tok.string());
+  ASSERT_EQ(exported.code, 0) << exported.err;
+  const std::string bytes = ReadAll(tok);
+  ASSERT_GE(bytes.size(), 1024u);
+  int32_t header[4];
+  std::memcpy(header, bytes.data(), sizeof(header));
+  EXPECT_EQ(header[0], 20240328);
+  EXPECT_EQ(header[2], 50257);
+  EXPECT_EQ(header[3], 50256);
+
+  fs::remove(log_);
+  ASSERT_EQ(RunPtworker(Small() + "--set train.steps=1 --set checkpoint.dir=" +
+                        (dir_ / "char").string())
+                .code,
+            0);
+  fs::remove(log_);
+  const fs::path char_weights = dir_ / "c.bin", char_tok = dir_ / "c_tok.bin";
+  ExpectRefused(RunPtworker("export --checkpoint " +
+                            (dir_ / "char/step-00000001").string() +
+                            " --llmc " + char_weights.string() +
+                            " --llmc-tokenizer " + char_tok.string()),
+                "--llmc-tokenizer: checkpoint");
+  EXPECT_FALSE(fs::exists(char_weights));
+  EXPECT_FALSE(fs::exists(char_tok));
 }
 
 // An MFU above 100% is never shown without saying that the peak it

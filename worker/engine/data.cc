@@ -492,11 +492,105 @@ std::string CharTokenizer::Decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
+std::string CharTokenizer::Piece(int32_t id) const {
+  std::string out;
+  if (id >= 0 && id < size()) AppendChar(chars_[id], &out);
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<const Tokenizer>> OpenDataTokenizer(
+    const v1::DataSpec& spec, const ConfinedFs& fs) {
+  const std::string& name = spec.tokenizer();
+  const ReadFile read = [&fs](const std::string& path) {
+    return fs.ReadFile(path, "data.tokenizer");
+  };
+  if (IsTokenizerName(name)) {
+    auto t = OpenTokenizer(name, "data.tokenizer", read);
+    if (!t.ok()) return t.status();
+    return std::shared_ptr<const Tokenizer>(std::move(*t));
+  }
+  if (!spec.path().empty()) return nullptr;  // char
+  // Token files: the tokenizer file beside them, if any.
+  const std::string& pattern = spec.train_bin();
+  const size_t slash = pattern.rfind('/');
+  const size_t name_at = slash == std::string::npos ? 0 : slash + 1;
+  const size_t train = pattern.rfind("_train");
+  if (train == std::string::npos || train < name_at) return nullptr;
+  const std::string path = pattern.substr(0, train) + "_tokenizer.bin";
+  auto exists = fs.Exists(path, "data.train_bin");
+  if (!exists.ok() || !*exists) return nullptr;
+  auto bytes = fs.ReadFile(path, "data.train_bin");
+  if (!bytes.ok()) return bytes.status();
+  auto t =
+      ParseLlmcTokenizer(*bytes, "data.train_bin: the tokenizer file", path);
+  if (!t.ok()) return t.status();
+  return std::shared_ptr<const Tokenizer>(std::move(*t));
+}
+
+namespace {
+
+// A text tokenized by `tokenizer`, its last val_fraction of tokens the
+// validation split.
+void SplitTokens(const std::vector<int32_t>& ids, double val_fraction,
+                 TokenData* data) {
+  const auto n_val =
+      static_cast<size_t>(static_cast<double>(ids.size()) * val_fraction);
+  const size_t n_train = ids.size() - n_val;
+  data->train.push_back(
+      TokenStream(std::vector<uint16_t>(ids.begin(), ids.begin() + n_train)));
+  data->val.push_back(
+      TokenStream(std::vector<uint16_t>(ids.begin() + n_train, ids.end())));
+}
+
+// The vocabulary of a model on data under `tokenizer` (null: none):
+// model.vocab_size if given (at least the tokenizer's), else the
+// tokenizer's, else `otherwise`.
+absl::StatusOr<int> VocabSize(int model_vocab_size, const Tokenizer* tokenizer,
+                              int otherwise) {
+  if (tokenizer == nullptr) {
+    return model_vocab_size != 0 ? model_vocab_size : otherwise;
+  }
+  if (model_vocab_size != 0 && model_vocab_size < tokenizer->size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.vocab_size=", model_vocab_size,
+                     " is smaller than the vocabulary of data.tokenizer (",
+                     tokenizer->size(), " tokens)"));
+  }
+  return model_vocab_size != 0 ? model_vocab_size : tokenizer->size();
+}
+
+}  // namespace
+
 absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
                                         int model_vocab_size, int block_size,
                                         const ConfinedFs& fs) {
   TokenData data;
-  if (!spec.path().empty()) {
+  auto words = OpenDataTokenizer(spec, fs);
+  if (!words.ok()) return words.status();
+  data.words = std::move(*words);
+  if (!spec.path().empty() && data.words != nullptr) {
+    if (data.words->size() > kMaxTokenStreamVocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.tokenizer=", spec.tokenizer(), " has ", data.words->size(),
+          " tokens; token streams hold ids below ", kMaxTokenStreamVocab));
+    }
+    auto text = fs.ReadFile(spec.path(), "data.path", kMaxTokenizedTextBytes);
+    if (absl::IsResourceExhausted(text.status())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.path '", spec.path(), "' is larger than ",
+          kMaxTokenizedTextBytes >> 20,
+          " MiB, the most data.tokenizer=", spec.tokenizer(),
+          " tokenizes at start; prepare it once with `ptworker prepare "
+          "--tokenizer ",
+          spec.tokenizer(), " --input ", spec.path(),
+          " --out DIR` and train on data.train_bin/data.val_bin"));
+    }
+    if (!text.ok()) return text.status();
+    auto vocab = VocabSize(model_vocab_size, data.words.get(), 0);
+    if (!vocab.ok()) return vocab.status();
+    data.vocab_size = *vocab;
+    SplitTokens(data.words->Encode(*text), spec.val_fraction(), &data);
+  } else if (!spec.path().empty()) {
     auto text = fs.ReadFile(spec.path(), "data.path");
     if (!text.ok()) return text.status();
     auto tokenizer = CharTokenizer::FromText(*text, "data.path", spec.path());
@@ -510,16 +604,11 @@ absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
           " does not match the vocabulary of data.path '", spec.path(), "' (",
           data.vocab_size, " distinct characters)"));
     }
-    const auto ids = data.tokenizer.Encode(*text);
-    const auto n_val = static_cast<size_t>(static_cast<double>(ids.size()) *
-                                           spec.val_fraction());
-    const size_t n_train = ids.size() - n_val;
-    data.train.push_back(
-        TokenStream(std::vector<uint16_t>(ids.begin(), ids.begin() + n_train)));
-    data.val.push_back(
-        TokenStream(std::vector<uint16_t>(ids.begin() + n_train, ids.end())));
+    SplitTokens(data.tokenizer.Encode(*text), spec.val_fraction(), &data);
   } else {
-    data.vocab_size = model_vocab_size != 0 ? model_vocab_size : kGpt2VocabSize;
+    auto vocab = VocabSize(model_vocab_size, data.words.get(), kGpt2VocabSize);
+    if (!vocab.ok()) return vocab.status();
+    data.vocab_size = *vocab;
     auto train =
         ReadTokenFiles("data.train_bin", spec.train_bin(), data.vocab_size, fs);
     if (!train.ok()) return train.status();

@@ -1,10 +1,13 @@
-// Training data: the char tokenizer for text files, llm.c token files (.bin),
-// the train/validation split, and the sampler whose global batch at step s is
-// a pure function of (seed, s) — the same in every parallel layout.
+// Training data: text files tokenized at start (the char tokenizer, or
+// data.tokenizer's: gpt2, spm:MODEL), llm.c token files (.bin) with the
+// tokenizer that decodes their samples, the train/validation split, and the
+// sampler whose global batch at step s is a pure function of (seed, s) — the
+// same in every parallel layout.
 #ifndef PTRAIN_WORKER_ENGINE_DATA_H_
 #define PTRAIN_WORKER_ENGINE_DATA_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -13,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/confined_fs.h"
+#include "common/tokenizer.h"
 #include "ptrain/v1/job.pb.h"
 
 namespace ptrain {
@@ -20,7 +24,7 @@ namespace ptrain {
 // Maps each distinct Unicode code point of a UTF-8 text to an id, in code
 // point order: a character of several UTF-8 bytes (é, 中, 😀) is one token,
 // so whatever ids a model samples decode to whole characters.
-class CharTokenizer {
+class CharTokenizer : public Tokenizer {
  public:
   // The most distinct characters: ids travel as uint16 in a TokenStream.
   static constexpr int kMaxSize = 65535;
@@ -42,13 +46,14 @@ class CharTokenizer {
 
   // The characters in id order, as UTF-8.
   const std::string& vocab() const { return vocab_; }
-  int size() const { return static_cast<int>(chars_.size()); }
+  int size() const override { return static_cast<int>(chars_.size()); }
   // Characters outside the vocabulary, and bytes that are not UTF-8, are
   // dropped.
-  std::vector<int32_t> Encode(std::string_view text) const;
+  std::vector<int32_t> Encode(std::string_view text) const override;
   // UTF-8 whatever the ids: each id is a whole character; ids outside the
   // vocabulary are dropped.
-  std::string Decode(const std::vector<int32_t>& ids) const;
+  std::string Decode(const std::vector<int32_t>& ids) const override;
+  std::string Piece(int32_t id) const override;
 
  private:
   void Add(char32_t c);  // the next id's character
@@ -114,14 +119,41 @@ int64_t TokenCount(const TokenShards& shards);
 struct TokenData {
   TokenShards train, val;
   int vocab_size = 0;
-  // Set for text data: the tokenizer recorded with the model.
+  // Set for text data under the char tokenizer: the vocabulary recorded
+  // with the model.
   bool has_tokenizer = false;
   CharTokenizer tokenizer;
+  // data.tokenizer's otherwise (gpt2, spm:MODEL, or the llm.c tokenizer
+  // file beside the token files, which only decodes); null when there is
+  // none (samples are printed as ids).
+  std::shared_ptr<const Tokenizer> words;
+  // The tokenizer of prompts and samples, if any.
+  const Tokenizer* text_tokenizer() const {
+    return has_tokenizer ? &tokenizer : words.get();
+  }
   // XXH64 of the train split's tokens and count, then the validation
   // split's: the same only for the same tokens in the same split, wherever
   // the files lie. Recorded in checkpoints, for `latest` to tell them apart.
   uint64_t digest = 0;
 };
+
+// Token streams hold uint16 ids: vocabularies of at most this many tokens.
+constexpr int kMaxTokenStreamVocab = 65536;
+
+// Text data tokenized at start is at most this large; larger corpora are
+// prepared into token files once (`ptworker prepare`).
+constexpr int64_t kMaxTokenizedTextBytes = int64_t{64} << 20;
+
+// data.tokenizer's tokenizer for the data of `spec` (read through `fs`):
+// null for the char tokenizer and for token files without a tokenizer.
+// "auto" (or empty) means the char tokenizer for data.path, and for
+// data.train_bin the llm.c tokenizer file beside it: the pattern's file
+// name up to its last "_train", then "_tokenizer.bin"
+// (data/c/c_train_*.bin: data/c/c_tokenizer.bin), as `ptworker prepare`
+// writes it, when that file exists. "char" with token files is read as
+// "auto" (token files carry no text to take characters from).
+absl::StatusOr<std::shared_ptr<const Tokenizer>> OpenDataTokenizer(
+    const v1::DataSpec& spec, const ConfinedFs& fs = ConfinedFs());
 
 // Loads the data of `spec` through `fs` (confined to the data roots),
 // checking it against the model's vocabulary (model_vocab_size 0: take the

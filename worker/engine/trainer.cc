@@ -18,6 +18,7 @@
 #include "common/check.h"
 #include "common/gpu_inventory.h"
 #include "common/spec.h"
+#include "common/tokenizer.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "spdlog/spdlog.h"
@@ -681,8 +682,16 @@ std::string Trainer::Sample(uint64_t salt, SampleMode mode) {
   const auto& train = spec_.train();
   const int V = data_.vocab_size;
   std::vector<int32_t> ids;
-  if (data_.has_tokenizer) ids = data_.tokenizer.Encode(train.sample_prompt());
-  if (ids.empty()) ids.push_back(0);
+  const Tokenizer* text = data_.text_tokenizer();
+  if (text != nullptr && text->can_encode()) {
+    ids = text->Encode(train.sample_prompt());
+  }
+  // Without a prompt the sample starts after an end of text (a document's
+  // start), or else after token 0.
+  const bool starts_document = ids.empty() && text != nullptr &&
+                               text->end_of_text() >= 0 &&
+                               text->end_of_text() < V;
+  if (ids.empty()) ids.push_back(starts_document ? text->end_of_text() : 0);
   const size_t prompt_len = ids.size();
   const uint64_t stream = StableHash("sample");
   std::vector<float> probs(V);
@@ -757,7 +766,10 @@ std::string Trainer::Sample(uint64_t salt, SampleMode mode) {
     }
     ids.push_back(pick);
   }
-  if (data_.has_tokenizer) return data_.tokenizer.Decode(ids);
+  if (text != nullptr) {
+    if (starts_document) ids.erase(ids.begin());
+    return ToValidUtf8(text->Decode(ids));
+  }
   std::string out;
   for (size_t i = prompt_len; i < ids.size(); ++i) {
     absl::StrAppend(&out, i == prompt_len ? "" : " ", ids[i]);

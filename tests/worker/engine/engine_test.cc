@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/spec.h"
+#include "common/tokenizer.h"
 #include "kernels/cpu/kernels.h"
 #include "worker/engine/anomaly.h"
 #include "worker/engine/data.h"
@@ -221,6 +222,112 @@ TEST(TokenData, CharTokenizerRoundTripsAndSplitsTheTail) {
   EXPECT_EQ(LoadTokenData(spec, 10, 8).status().code(),
             absl::StatusCode::kInvalidArgument);
   std::filesystem::remove(path);
+}
+
+// data.tokenizer=gpt2 on a text file: GPT-2's ids, its vocabulary the
+// model's, the tail held out; a model.vocab_size below the tokenizer's is
+// refused naming both.
+TEST(TokenData, Gpt2TokenizesATextAtStart) {
+  const std::string path = TempPath("gpt2_text.txt");
+  std::string text;
+  for (int i = 0; i < 50; ++i) text += "Hello world, it's 2026.\n";
+  std::ofstream(path) << text;
+  v1::DataSpec spec;
+  spec.set_path(path);
+  spec.set_tokenizer("gpt2");
+  spec.set_val_fraction(0.2);
+  auto data = LoadTokenData(spec, 0, 8);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->vocab_size, 50257);
+  EXPECT_FALSE(data->has_tokenizer);
+  ASSERT_NE(data->text_tokenizer(), nullptr);
+  std::vector<int32_t> ids(data->train[0].begin(), data->train[0].end());
+  ids.insert(ids.end(), data->val[0].begin(), data->val[0].end());
+  EXPECT_EQ(ids, data->text_tokenizer()->Encode(text));
+  EXPECT_EQ(data->text_tokenizer()->Decode(ids), text);
+  EXPECT_EQ(data->val[0].size(), ids.size() / 5);
+  EXPECT_EQ(ids[0], 15496);  // "Hello"
+  auto small = LoadTokenData(spec, 1000, 8);
+  ASSERT_FALSE(small.ok());
+  EXPECT_NE(small.status().message().find(
+                "model.vocab_size=1000 is smaller than the vocabulary of "
+                "data.tokenizer (50257"),
+            std::string::npos)
+      << small.status();
+  std::filesystem::remove(path);
+}
+
+// A text too large to tokenize at every start is refused with the command
+// that prepares it once.
+TEST(TokenData, ALargeTextIsSentToPrepare) {
+  const std::string path = TempPath("gpt2_large.txt");
+  {
+    std::ofstream out(path);
+    out << "x";
+  }
+  std::filesystem::resize_file(path, kMaxTokenizedTextBytes + 1);
+  v1::DataSpec spec;
+  spec.set_path(path);
+  spec.set_tokenizer("gpt2");
+  spec.set_val_fraction(0.1);
+  auto data = LoadTokenData(spec, 0, 8);
+  ASSERT_FALSE(data.ok());
+  EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(data.status().message().find("ptworker prepare --tokenizer gpt2"),
+            std::string::npos)
+      << data.status();
+  std::filesystem::remove(path);
+}
+
+// Token files decode through the tokenizer file beside them (auto), or the
+// one data.tokenizer names; without either there is none. A damaged
+// tokenizer file is an error naming it.
+TEST(TokenData, TokenFilesFindTheirTokenizer) {
+  const std::string dir = TempPath("prepared");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto gpt2 = OpenTokenizer("gpt2", "test");
+  ASSERT_TRUE(gpt2.ok());
+  const std::vector<int32_t> ids = (*gpt2)->Encode(
+      "The quick brown fox jumps over the lazy dog, again and again.");
+  const std::vector<uint16_t> tokens(ids.begin(), ids.end());
+  ASSERT_TRUE(WriteTokenFile(dir + "/c_train_000000.bin", tokens).ok());
+  ASSERT_TRUE(WriteTokenFile(dir + "/c_val_000000.bin", tokens).ok());
+  v1::DataSpec spec;
+  spec.set_train_bin(dir + "/c_train_*.bin");
+  spec.set_val_bin(dir + "/c_val_*.bin");
+  spec.set_tokenizer("auto");
+  auto none = LoadTokenData(spec, 0, 4);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->text_tokenizer(), nullptr);
+  EXPECT_EQ(none->vocab_size, 50257);
+
+  ASSERT_TRUE(WriteLlmcTokenizer(**gpt2, dir + "/c_tokenizer.bin").ok());
+  for (const char* name : {"auto", "char", ""}) {
+    spec.set_tokenizer(name);
+    auto data = LoadTokenData(spec, 0, 4);
+    ASSERT_TRUE(data.ok()) << data.status();
+    ASSERT_NE(data->text_tokenizer(), nullptr) << name;
+    EXPECT_FALSE(data->text_tokenizer()->can_encode());
+    EXPECT_EQ(data->text_tokenizer()->Decode(ids), (*gpt2)->Decode(ids));
+  }
+  spec.set_tokenizer("gpt2");
+  auto named = LoadTokenData(spec, 0, 4);
+  ASSERT_TRUE(named.ok()) << named.status();
+  ASSERT_NE(named->text_tokenizer(), nullptr);
+  EXPECT_TRUE(named->text_tokenizer()->can_encode());
+
+  std::ofstream(dir + "/c_tokenizer.bin") << "not a tokenizer file";
+  spec.set_tokenizer("auto");
+  auto damaged = LoadTokenData(spec, 0, 4);
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_NE(damaged.status().message().find("data.train_bin"),
+            std::string::npos)
+      << damaged.status();
+  EXPECT_NE(damaged.status().message().find("c_tokenizer.bin"),
+            std::string::npos)
+      << damaged.status();
+  std::filesystem::remove_all(dir);
 }
 
 // data.train_bin as a pattern: its shards in sorted order; every sequence
@@ -1107,6 +1214,34 @@ TEST(TrainerSample, KvCacheGivesTheTokensOfRecomputation) {
     EXPECT_EQ(cached, recomputed) << "salt " << salt;
     EXPECT_EQ(cached.size(), std::string("ROMEO:").size() + 45);
   }
+}
+
+// A model of GPT-2 ids samples text: the prompt through GPT-2's encoder,
+// the continuation decoded (UTF-8 whatever the ids), both runs alike.
+TEST(TrainerSample, Gpt2SamplesAreText) {
+  const std::string path = TempPath("gpt2_sample.txt");
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "To be, or not to be: that is it.\n";
+  std::ofstream(path) << text;
+  auto spec = LoadJobSpecFile(
+      "examples/shakespeare-char.yaml",
+      {"model.n_layer=1", "model.n_embd=32", "model.n_head=2",
+       "model.block_size=16", "train.sample_tokens=12",
+       "train.sample_prompt=To be", "data.path=" + path, "data.tokenizer=gpt2",
+       "train.global_batch=4", "parallel.dp=1", "parallel.zero=0",
+       "parallel.microbatches=1"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  TrainerOptions options;
+  options.peak_flops = 1e12;
+  auto trainer = Trainer::Create(*spec, options);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  for (int64_t step = 0; step < 30; ++step) (*trainer)->TrainStep(step);
+  const std::string sample = (*trainer)->Sample(1);
+  std::printf("sample: %s\n", sample.c_str());
+  EXPECT_EQ(sample.rfind("To be", 0), 0u) << sample;
+  EXPECT_GT(sample.size(), std::string("To be").size());
+  EXPECT_EQ(FirstInvalidUtf8(sample), -1);
+  std::filesystem::remove(path);
 }
 
 // The char tokenizer over Unicode: a character is one token whatever its

@@ -1,0 +1,471 @@
+// `ptworker prepare` in-process: chunks cut where GPT-2's pre-tokenizer
+// cuts too, shards that decode to their inputs, the same bytes whatever
+// the thread count and however often the run is stopped, refusals of a
+// folder that is another preparation's. The process-level contract (exit
+// codes, error lines) is ptworker_prepare_test.cc's.
+#include "worker/prepare.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "worker/engine/data.h"
+
+namespace ptrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int32_t kEot = 50256;
+
+std::string ReadAll(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void WriteAll(const fs::path& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+std::string Shakespeare(size_t bytes) {
+  return ReadAll("data/tinyshakespeare.txt").substr(0, bytes);
+}
+
+// Text where a careless cut changes GPT-2's words: spaces before line
+// ends, runs of blank lines, "\r\n", tabs, contractions, non-ASCII.
+std::string Tricky() {
+  std::string t;
+  for (int i = 0; i < 40; ++i) {
+    t += "First line\nSecond line \nthird\n\n\nfourth:  \n  indented\n";
+    t += "tab\there\n\tx\nCRLF line\r\nnext\r\n\r\nafter blank\r\nA\r\n";
+    t += "don't\n'tis\n'll be\n\xE6\x97\xA5\xE6\x9C\xAC\nna\xC3\xAFve\n";
+    t += "123 456\n789\n \nX\n?!\n...\n-- ";
+    t += std::to_string(i * 7919);
+    t += "\n";
+  }
+  return t;
+}
+
+const Tokenizer& Gpt2() {
+  static const std::unique_ptr<Tokenizer> t = [] {
+    auto opened = OpenTokenizer("gpt2", "test");
+    EXPECT_TRUE(opened.ok()) << opened.status();
+    return std::move(*opened);
+  }();
+  return *t;
+}
+
+std::vector<int32_t> EncodeChunks(std::string_view text,
+                                  const std::vector<size_t>& ends) {
+  std::vector<int32_t> ids;
+  size_t begin = 0;
+  for (size_t end : ends) {
+    const std::vector<int32_t> part =
+        Gpt2().Encode(text.substr(begin, end - begin));
+    ids.insert(ids.end(), part.begin(), part.end());
+    begin = end;
+  }
+  return ids;
+}
+
+TEST(PrepareChunks, ChunksEncodeToTheWholeTextsIds) {
+  for (const std::string& text :
+       {Shakespeare(60000), Tricky(), Tricky() + Shakespeare(5000)}) {
+    const std::vector<int32_t> whole = Gpt2().Encode(text);
+    for (size_t chunk : {1, 7, 64, 1000}) {
+      const std::vector<size_t> ends = ChunkEnds(text, chunk);
+      ASSERT_GT(ends.size(), 3u) << "chunk " << chunk;
+      EXPECT_EQ(EncodeChunks(text, ends), whole) << "chunk " << chunk;
+    }
+  }
+}
+
+// The property above is not vacuous: cutting after every line end (the
+// obvious rule) changes the ids of the same text.
+TEST(PrepareChunks, CuttingAtEveryLineEndWouldChangeTheIds) {
+  const std::string text = Tricky();
+  std::vector<size_t> ends;
+  for (size_t p = 1; p < text.size(); ++p) {
+    if (text[p - 1] == '\n') ends.push_back(p);
+  }
+  ends.push_back(text.size());
+  EXPECT_NE(EncodeChunks(text, ends), Gpt2().Encode(text));
+}
+
+TEST(PrepareChunks, CutPointsFollowTheRule) {
+  EXPECT_EQ(NextCutPoint("ab\ncd", 0), 3u);
+  EXPECT_EQ(NextCutPoint("ab \ncd", 0), 6u);    // space before the '\n'
+  EXPECT_EQ(NextCutPoint("ab\n cd", 0), 6u);    // space after it
+  EXPECT_EQ(NextCutPoint("ab\r\ncd", 0), 3u);   // between '\r' and '\n'
+  EXPECT_EQ(NextCutPoint("ab\r\n cd", 0), 7u);  // space after "\r\n"
+  EXPECT_EQ(NextCutPoint("ab\ncd\nef", 4), 6u);
+  EXPECT_EQ(NextCutPoint("ab\n\xC3\xA9", 0), 5u);  // not ASCII after it
+  EXPECT_EQ(ChunkEnds("no cut point in here at all", 4),
+            std::vector<size_t>{27});
+}
+
+// Reading the file a window at a time finds the cut points the text has,
+// at every start and every window size (the windows' edges included).
+TEST(PrepareChunks, FileScanFindsTheTextsCutPoints) {
+  const fs::path path = fs::temp_directory_path() /
+                        ("prepare_scan_" + std::to_string(::getpid()));
+  const std::string text = Tricky().substr(0, 400) + "end\r\nX";
+  WriteAll(path, text);
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  fs::remove(path);  // open: read on until closed
+  ASSERT_GE(fd, 0);
+  for (int64_t block : {1, 2, 3, 5, 8, 64, 1 << 16}) {
+    for (size_t from = 0; from <= text.size(); ++from) {
+      auto got = NextCutPointInFile(fd, static_cast<int64_t>(text.size()),
+                                    static_cast<int64_t>(from), "f", block);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_EQ(*got, static_cast<int64_t>(NextCutPoint(text, from)))
+          << "from " << from << ", block " << block;
+    }
+  }
+  ::close(fd);
+}
+
+// A folder's files by name: "the same bytes".
+std::map<std::string, std::string> Tree(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    out[e.path().filename().string()] = ReadAll(e.path());
+  }
+  return out;
+}
+
+class PrepareTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // A parameterized test's name has a '/'.
+    std::string name =
+        ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(name.begin(), name.end(), '/', '_');
+    dir_ = fs::temp_directory_path() /
+           ("prepare_test_" + std::to_string(::getpid()) + "_" + name);
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "corpus");
+    // Documents: a.txt, b.txt, c.txt (empty: skipped), d.txt (not UTF-8
+    // in two chunks).
+    texts_ = {Shakespeare(30000), Tricky(), "",
+              "caf\xE9 au lait\n" + Shakespeare(6000) + "\xFF\xFE end\n"};
+    for (size_t i = 0; i < texts_.size(); ++i) {
+      WriteAll(Doc(i), texts_[i]);
+    }
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  fs::path Doc(size_t i) const {
+    return dir_ / "corpus" /
+           (std::string(1, static_cast<char>('a' + i)) + ".txt");
+  }
+
+  PrepareFlags Flags(const std::string& out) const {
+    PrepareFlags f;
+    f.tokenizer = "gpt2";
+    f.inputs = {(dir_ / "corpus" / "*.txt").string()};
+    f.out = (dir_ / out).string();
+    f.val_fraction = 0.1;
+    f.shard_tokens = 1024;
+    f.threads = 2;
+    f.chunk_bytes = 2048;
+    f.quiet = true;
+    return f;
+  }
+
+  // The tokens of a split's shards in order; each shard checked as
+  // llm.c's token file.
+  std::vector<uint16_t> Tokens(const std::string& out, const std::string& split,
+                               int vocab = 50257, int* shards = nullptr) {
+    std::vector<uint16_t> all;
+    std::vector<int64_t> sizes;
+    for (const auto& [name, bytes] : Tree(dir_ / out)) {
+      if (name.find("_" + split + "_") == std::string::npos) continue;
+      auto t = ParseTokenFile(bytes, "test", name, vocab);
+      EXPECT_TRUE(t.ok()) << t.status();
+      if (!t.ok()) continue;
+      sizes.push_back(static_cast<int64_t>(t->size()));
+      all.insert(all.end(), t->begin(), t->end());
+    }
+    // Every shard but a split's last is full.
+    for (size_t i = 0; i + 1 < sizes.size(); ++i) EXPECT_EQ(sizes[i], 1024);
+    if (shards != nullptr) *shards = static_cast<int>(sizes.size());
+    return all;
+  }
+
+  nlohmann::json Manifest(const std::string& out) {
+    return nlohmann::json::parse(ReadAll(dir_ / out / (out + "_prepare.json")));
+  }
+
+  fs::path dir_;
+  std::vector<std::string> texts_;
+};
+
+TEST_F(PrepareTest, ShardsHoldEachDocumentAsTheWholeFileEncodes) {
+  ::testing::internal::CaptureStderr();
+  auto r = Prepare(Flags("out"));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(r.ok()) << r.status();
+  int val_shards = 0, train_shards = 0;
+  std::vector<uint16_t> all = Tokens("out", "val", 50257, &val_shards);
+  const std::vector<uint16_t> train =
+      Tokens("out", "train", 50257, &train_shards);
+  all.insert(all.end(), train.begin(), train.end());
+  std::vector<uint16_t> want;
+  for (const std::string& text : texts_) {
+    if (text.empty()) continue;
+    want.push_back(kEot);
+    for (int32_t id : Gpt2().Encode(text)) want.push_back(id);
+  }
+  EXPECT_EQ(all, want);
+  EXPECT_EQ(r->tokens, static_cast<int64_t>(want.size()));
+  EXPECT_EQ(r->val_shards, val_shards);
+  EXPECT_EQ(r->train_shards, train_shards);
+  EXPECT_GE(val_shards, 1);
+  EXPECT_GE(train_shards, 10);
+  // Each file's bytes say once that they are not UTF-8, at the first.
+  EXPECT_NE(err.find("d.txt: not UTF-8 at byte 3; encoded as bytes\n"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(err.find("not UTF-8", err.find("not UTF-8") + 1), std::string::npos)
+      << err;
+}
+
+TEST_F(PrepareTest, ValidationIsTheStreamsStartUpToACutPoint) {
+  ASSERT_TRUE(Prepare(Flags("out")).ok());
+  std::vector<int32_t> val;
+  for (uint16_t t : Tokens("out", "val")) {
+    if (t != kEot) val.push_back(t);
+  }
+  int64_t total = 0;
+  for (const std::string& t : texts_) total += static_cast<int64_t>(t.size());
+  const std::string head = Gpt2().Decode(val);
+  // At least a tenth of the input, up to the next cut point of a.txt.
+  const auto target = static_cast<size_t>(std::ceil(0.1 * total));
+  EXPECT_EQ(head.size(), NextCutPoint(texts_[0], target));
+  EXPECT_EQ(head, texts_[0].substr(0, head.size()));
+  const nlohmann::json m = Manifest("out");
+  EXPECT_EQ(m["val_input_bytes"], head.size());
+}
+
+TEST_F(PrepareTest, NoValidationShardAtFractionZero) {
+  PrepareFlags f = Flags("out");
+  f.val_fraction = 0;
+  auto r = Prepare(f);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->val_shards, 0);
+  EXPECT_TRUE(Tokens("out", "val").empty());
+}
+
+TEST_F(PrepareTest, TheThreadCountDoesNotChangeOneByte) {
+  std::map<std::string, std::string> first;
+  for (int threads : {1, 2, 3}) {
+    // The same name in other folders.
+    PrepareFlags f = Flags("out");
+    f.out = (dir_ / "t" / std::to_string(threads) / "out").string();
+    f.threads = threads;
+    fs::create_directories(dir_ / "t" / std::to_string(threads));
+    auto r = Prepare(f);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const auto tree = Tree(f.out);
+    if (threads == 1) {
+      first = tree;
+      EXPECT_GT(first.size(), 10u);
+    } else {
+      EXPECT_TRUE(tree == first) << threads << " threads";
+    }
+  }
+}
+
+// Both ways of writing a shard: an unnamed file linked in, and NAME.tmp
+// renamed (where O_TMPFILE does not work).
+class PrepareResumeTest : public PrepareTest,
+                          public ::testing::WithParamInterface<bool> {};
+
+TEST_P(PrepareResumeTest, StoppedRunsContinueToTheSameBytes) {
+  ASSERT_TRUE(Prepare(Flags("ref")).ok());
+  PrepareFlags f = Flags("out");
+  f.named_temporaries = GetParam();
+  f.out = (dir_ / "again" / "ref").string();  // the same name, "ref"
+  fs::create_directories(dir_ / "again");
+  // Stopped as a crash would stop it, twice, then finished on another
+  // thread count; shards end inside chunks (1024 tokens, ~600 a chunk).
+  f.stop_after_shards = 3;
+  auto r = Prepare(f);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+  const nlohmann::json stopped =
+      nlohmann::json::parse(ReadAll(fs::path(f.out) / "ref_prepare.json"));
+  EXPECT_FALSE(stopped["complete"]);
+  EXPECT_EQ(stopped["shards"].size(), 3u);
+  EXPECT_GT(stopped["next"]["token"], 0) << stopped["next"];
+  ASSERT_EQ(Prepare(f).status().code(), absl::StatusCode::kAborted);
+  // What a kill leaves, and what is not prepare's.
+  WriteAll(fs::path(f.out) / "ref_train_000009.bin.tmp", "half");
+  WriteAll(fs::path(f.out) / "ref_tokenizer.bin.tmp.12345", "half");
+  WriteAll(fs::path(f.out) / "notes.txt", "mine");
+  f.stop_after_shards = 0;
+  f.threads = 3;
+  auto done = Prepare(f);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_FALSE(done->already_complete);
+  auto tree = Tree(f.out);
+  EXPECT_EQ(tree["notes.txt"], "mine");
+  tree.erase("notes.txt");
+  EXPECT_TRUE(tree == Tree(dir_ / "ref"));
+}
+
+INSTANTIATE_TEST_SUITE_P(TemporaryFiles, PrepareResumeTest,
+                         ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "Named" : "Unnamed";
+                         });
+
+TEST_F(PrepareTest, ACompleteRerunWritesNothing) {
+  auto r = Prepare(Flags("out"));
+  ASSERT_TRUE(r.ok());
+  std::map<std::string, fs::file_time_type> times;
+  for (const auto& e : fs::directory_iterator(dir_ / "out")) {
+    times[e.path().filename().string()] = e.last_write_time();
+  }
+  const auto tree = Tree(dir_ / "out");
+  auto again = Prepare(Flags("out"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->already_complete);
+  EXPECT_EQ(again->tokens, r->tokens);
+  EXPECT_EQ(again->train_shards, r->train_shards);
+  EXPECT_TRUE(Tree(dir_ / "out") == tree);
+  for (const auto& e : fs::directory_iterator(dir_ / "out")) {
+    EXPECT_EQ(e.last_write_time(), times[e.path().filename().string()]);
+  }
+}
+
+TEST_F(PrepareTest, AnotherPreparationsFolderIsRefused) {
+  ASSERT_TRUE(Prepare(Flags("out")).ok());
+  const auto tree = Tree(dir_ / "out");
+  const auto refused = [&](const PrepareFlags& f, const std::string& what) {
+    auto r = Prepare(f);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
+        << r.status();
+    const std::string msg(r.status().message());
+    EXPECT_NE(msg.find("--out " + f.out), std::string::npos) << msg;
+    EXPECT_NE(msg.find(what), std::string::npos) << msg;
+    EXPECT_NE(msg.find("choose another --out"), std::string::npos) << msg;
+    EXPECT_TRUE(Tree(dir_ / "out") == tree);
+  };
+  PrepareFlags f = Flags("out");
+  f.shard_tokens = 2048;
+  refused(f, "--shard-tokens was 1024, now 2048");
+  f = Flags("out");
+  f.val_fraction = 0.2;
+  refused(f, "--val-fraction");
+  f = Flags("out");
+  f.tokenizer = "spm-train:300";
+  refused(f, "tokenizer gpt2, not spm-train:300");
+  f = Flags("out");
+  f.inputs = {Doc(0).string()};
+  refused(f, "4 input files, --input names 1");
+  // An input edited since.
+  WriteAll(Doc(1), texts_[1] + "more\n");
+  refused(Flags("out"), "b.txt changed since");
+}
+
+TEST_F(PrepareTest, ShardsWithoutAManifestAreNotContinued) {
+  fs::create_directories(dir_ / "out");
+  WriteAll(dir_ / "out" / "out_train_000000.bin", "old");
+  auto r = Prepare(Flags("out"));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("out_train_000000.bin"),
+            std::string::npos)
+      << r.status();
+  EXPECT_EQ(Tree(dir_ / "out").size(), 1u);
+}
+
+TEST_F(PrepareTest, TheLlmcTokenizerFileSpellsTheShards) {
+  ASSERT_TRUE(Prepare(Flags("out")).ok());
+  auto t =
+      ReadLlmcTokenizer((dir_ / "out" / "out_tokenizer.bin").string(), "test");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->size(), 50257);
+  EXPECT_EQ((*t)->end_of_text(), kEot);
+  std::vector<std::string> docs;
+  std::vector<uint16_t> all = Tokens("out", "val");
+  const std::vector<uint16_t> train = Tokens("out", "train");
+  all.insert(all.end(), train.begin(), train.end());
+  for (uint16_t id : all) {
+    if (id == kEot) {
+      docs.emplace_back();
+    } else {
+      ASSERT_FALSE(docs.empty());
+      docs.back() += (*t)->Piece(id);
+    }
+  }
+  EXPECT_EQ(docs, (std::vector<std::string>{texts_[0], texts_[1], texts_[3]}));
+}
+
+TEST_F(PrepareTest, TrainedSentencePieceShardsDecodeToTheInputs) {
+  texts_ = {Shakespeare(40000), Shakespeare(60000).substr(40000)};
+  fs::remove_all(dir_ / "corpus");
+  fs::create_directories(dir_ / "corpus");
+  for (size_t i = 0; i < texts_.size(); ++i) WriteAll(Doc(i), texts_[i]);
+  PrepareFlags f = Flags("spm");
+  f.tokenizer = "spm-train:512";
+  f.chunk_bytes = 4096;
+  auto r = Prepare(f);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const fs::path model = dir_ / "spm" / "spm_spm.model";
+  ASSERT_TRUE(fs::exists(model));
+  auto t = OpenTokenizer("spm:" + model.string(), "test");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->size(), 512);
+  const int32_t eot = (*t)->end_of_text();
+  std::vector<uint16_t> all = Tokens("spm", "val", 512);
+  const std::vector<uint16_t> train = Tokens("spm", "train", 512);
+  all.insert(all.end(), train.begin(), train.end());
+  std::vector<std::vector<int32_t>> docs;
+  for (uint16_t id : all) {
+    if (id == eot) {
+      docs.emplace_back();
+    } else {
+      ASSERT_FALSE(docs.empty());
+      docs.back().push_back(id);
+    }
+  }
+  ASSERT_EQ(docs.size(), texts_.size());
+  for (size_t i = 0; i < docs.size(); ++i) {
+    EXPECT_EQ((*t)->Decode(docs[i]), texts_[i]) << "document " << i;
+  }
+  // The same model given as spm:MODEL gives the same tokens; the manifest
+  // records its digest.
+  PrepareFlags g = Flags("given");
+  g.tokenizer = "spm:" + model.string();
+  g.chunk_bytes = 4096;
+  ASSERT_TRUE(Prepare(g).ok());
+  std::vector<uint16_t> given = Tokens("given", "val", 512);
+  const std::vector<uint16_t> given_train = Tokens("given", "train", 512);
+  given.insert(given.end(), given_train.begin(), given_train.end());
+  EXPECT_EQ(given, all);
+  EXPECT_EQ(Manifest("given")["settings"]["tokenizer"]["model_sha256"]
+                .get<std::string>()
+                .size(),
+            64u);
+  EXPECT_FALSE(fs::exists(dir_ / "given" / "given_spm.model"));
+}
+
+}  // namespace
+}  // namespace ptrain
