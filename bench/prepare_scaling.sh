@@ -1,5 +1,5 @@
 #!/bin/sh
-# `ptworker prepare` on one thread against two (issue 42's target: two
+# `ptworker prepare` on one thread against two (the target: two
 # cores >= 1.8x one), gpt2, on a corpus of data/tinyshakespeare.txt and the
 # repository's tracked sources and docs (about 4 MB, each file a document)
 # taken COPIES times over (MODE same: the same text again under other

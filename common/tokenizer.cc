@@ -125,6 +125,25 @@ class LlmcTokenizer : public Tokenizer {
   int32_t eot_;
 };
 
+// Writes `bytes` to a temporary beside `path`, syncs it and renames it
+// over `path`: a reader sees the old file or the whole new one.
+absl::Status WriteWhole(const std::string& path, std::string_view bytes) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  const bool ok =
+      f != nullptr &&
+      std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size() &&
+      std::fflush(f) == 0 && fsync(fileno(f)) == 0;
+  if (f != nullptr) std::fclose(f);
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());
+    return absl::UnavailableError(
+        absl::StrCat("cannot write ", path, ": ", why));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool IsTokenizerName(absl::string_view name) {
@@ -180,20 +199,7 @@ absl::Status TrainSentencePiece(
     return absl::InvalidArgumentError(
         absl::StrCat("SentencePiece training failed: ", error));
   }
-  const std::string tmp = absl::StrCat(model_path, ".tmp.", getpid());
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  const bool ok =
-      f != nullptr &&
-      std::fwrite(model.data(), 1, model.size(), f) == model.size() &&
-      std::fflush(f) == 0 && fsync(fileno(f)) == 0;
-  if (f != nullptr) std::fclose(f);
-  if (!ok || std::rename(tmp.c_str(), model_path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    std::remove(tmp.c_str());
-    return absl::UnavailableError(
-        absl::StrCat("cannot write ", model_path, ": ", why));
-  }
-  return absl::OkStatus();
+  return WriteWhole(model_path, model);
 }
 
 absl::Status WriteLlmcTokenizer(const Tokenizer& tokenizer,
@@ -218,19 +224,7 @@ absl::Status WriteLlmcTokenizer(const Tokenizer& tokenizer,
     out += static_cast<char>(piece.size());
     out += piece;
   }
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  const bool ok = f != nullptr &&
-                  std::fwrite(out.data(), 1, out.size(), f) == out.size() &&
-                  std::fflush(f) == 0 && fsync(fileno(f)) == 0;
-  if (f != nullptr) std::fclose(f);
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    std::remove(tmp.c_str());
-    return absl::UnavailableError(
-        absl::StrCat("cannot write ", path, ": ", why));
-  }
-  return absl::OkStatus();
+  return WriteWhole(path, out);
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> ParseLlmcTokenizer(

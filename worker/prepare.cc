@@ -1,28 +1,25 @@
-// `ptworker prepare`; see prepare.h.
+// `ptworker prepare`; see prepare.h. This unit runs a preparation: the
+// progress line, the threads that encode chunks, SentencePiece's training
+// lines, the Preparation that writes a plan (prepare_plan.h) into --out
+// (prepare_output.h), Prepare and RunPrepare.
 #include "worker/prepare.h"
 
 #include <fcntl.h>
-#include <glob.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
-#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -32,7 +29,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "common/confined_fs.h"
 #include "common/digest.h"
 #include "common/exit_codes.h"
@@ -40,440 +36,17 @@
 #include "common/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "worker/exit_status.h"
+#include "worker/prepare_output.h"
+#include "worker/prepare_plan.h"
 
 namespace ptrain {
+namespace prepare_internal {
 namespace {
 
-namespace stdfs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-using nlohmann::json;
 
-constexpr char kFormat[] = "ptrain-prepare-1";
-// llm.c's token file: 256 int32 (magic, version, token count), then uint16
-// tokens (worker/engine/data.h reads it).
-constexpr int32_t kTokenMagic = 20240520;
-constexpr int32_t kTokenVersion = 1;
-constexpr int64_t kHeaderBytes = 256 * sizeof(int32_t);
-// Writes of a shard go by this.
-constexpr size_t kWriteBuffer = size_t{1} << 20;
 // SentencePiece's model files are a few MB.
 constexpr int64_t kMaxModelBytes = int64_t{1} << 30;
-
-absl::Status Bad(auto&&... parts) {
-  return absl::InvalidArgumentError(absl::StrCat(parts...));
-}
-
-absl::Status Errno(absl::string_view what, absl::string_view path) {
-  return absl::UnavailableError(
-      absl::StrCat("cannot ", what, " ", path, ": ", std::strerror(errno)));
-}
-
-// ---------------------------------------------------------------- flags
-
-enum class TokenizerKind { kGpt2, kSpm, kSpmTrain };
-
-struct TokenizerChoice {
-  TokenizerKind kind = TokenizerKind::kGpt2;
-  std::string model;  // spm: the model's path
-  int vocab = 0;      // spm-train
-  std::string type;   // spm-train: bpe | unigram
-};
-
-absl::StatusOr<TokenizerChoice> ParseTokenizer(const PrepareFlags& f) {
-  TokenizerChoice c;
-  const std::string& t = f.tokenizer;
-  if (t == "gpt2") {
-    c.kind = TokenizerKind::kGpt2;
-  } else if (t.rfind("spm:", 0) == 0 && t.size() > 4) {
-    c.kind = TokenizerKind::kSpm;
-    c.model = t.substr(4);
-  } else if (t.rfind("spm-train:", 0) == 0) {
-    c.kind = TokenizerKind::kSpmTrain;
-    const std::string v = t.substr(10);
-    if (!absl::SimpleAtoi(v, &c.vocab) || c.vocab < kPrepareMinSpmVocab ||
-        c.vocab > 65536) {
-      return Bad("--tokenizer '", t, "': VOCAB must be an integer in [",
-                 kPrepareMinSpmVocab, ", 65536] (token files store ids as ",
-                 "uint16)");
-    }
-  } else {
-    return Bad("--tokenizer '", t,
-               "': not one of gpt2, spm:MODEL, spm-train:VOCAB");
-  }
-  if (c.kind == TokenizerKind::kSpmTrain) {
-    c.type = f.spm_type.empty() ? "bpe" : f.spm_type;
-    if (c.type != "bpe" && c.type != "unigram") {
-      return Bad("--spm-type '", f.spm_type, "': not one of bpe, unigram");
-    }
-  } else if (!f.spm_type.empty()) {
-    return Bad("--spm-type is for --tokenizer spm-train:VOCAB only, not '", t,
-               "'");
-  }
-  return c;
-}
-
-absl::Status CheckNumbers(const PrepareFlags& f) {
-  if (!(f.val_fraction >= 0 && f.val_fraction <= 0.5)) {
-    return Bad("--val-fraction ", f.val_fraction, ": must be in [0, 0.5]");
-  }
-  if (f.shard_tokens < kPrepareMinShardTokens ||
-      f.shard_tokens > kPrepareMaxShardTokens) {
-    return Bad("--shard-tokens ", f.shard_tokens, ": must be in [",
-               kPrepareMinShardTokens, ", ", kPrepareMaxShardTokens,
-               "] (llm.c's header counts tokens in an int32)");
-  }
-  if (f.threads < 0 || f.threads > 4096) {
-    return Bad("--threads ", f.threads, ": must be in [1, 4096]");
-  }
-  if (f.chunk_bytes < 0) return Bad("chunk size ", f.chunk_bytes, " < 0");
-  return absl::OkStatus();
-}
-
-// ---------------------------------------------------------------- inputs
-
-struct InputFile {
-  std::string path;      // as matched
-  std::string absolute;  // what the manifest records
-  int64_t size = 0;
-  int64_t mtime_ns = 0;
-};
-
-int64_t MtimeNs(const struct stat& st) {
-  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 +
-         st.st_mtim.tv_nsec;
-}
-
-// Every --input's files in order: a pattern's matches sorted (glob(3)),
-// each file once (the first time it is named).
-absl::StatusOr<std::vector<InputFile>> ResolveInputs(
-    const std::vector<std::string>& patterns, const ConfinedFs& fs) {
-  if (patterns.empty()) return Bad("--input: give at least one file");
-  std::vector<InputFile> files;
-  std::set<std::pair<dev_t, ino_t>> seen;
-  for (const std::string& pattern : patterns) {
-    const std::string field = absl::StrCat("--input '", pattern, "'");
-    std::vector<std::string> paths;
-    const bool wild = pattern.find_first_of("*?[") != std::string::npos;
-    if (!wild) {
-      paths.push_back(pattern);
-    } else {
-      glob_t g{};
-      const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
-      if (rc == 0) paths.assign(g.gl_pathv, g.gl_pathv + g.gl_pathc);
-      ::globfree(&g);
-      if (rc != 0 && rc != GLOB_NOMATCH) {
-        return absl::UnavailableError(
-            absl::StrCat(field, ": cannot list the files it matches"));
-      }
-    }
-    int matched = 0;
-    for (const std::string& path : paths) {
-      if (absl::Status s = fs.Check(path, field); !s.ok()) return s;
-      struct stat st {};
-      if (::stat(path.c_str(), &st) != 0) {
-        if (!wild && errno == ENOENT) return Bad(field, ": no such file");
-        if (!wild) return Errno("read", field);
-        continue;  // vanished since glob listed it
-      }
-      if (!S_ISREG(st.st_mode)) {
-        if (!wild) {
-          return Bad(field, ": not a file",
-                     S_ISDIR(st.st_mode) ? " (a folder: give a pattern such "
-                                           "as 'folder/*.txt')"
-                                         : "");
-        }
-        continue;  // a pattern's folders are not documents
-      }
-      ++matched;
-      if (!seen.insert({st.st_dev, st.st_ino}).second) continue;
-      InputFile in;
-      in.path = path;
-      in.absolute = stdfs::absolute(path).lexically_normal().string();
-      in.size = st.st_size;
-      in.mtime_ns = MtimeNs(st);
-      files.push_back(std::move(in));
-    }
-    if (matched == 0) return Bad(field, ": matches no file");
-  }
-  int64_t total = 0;
-  for (const InputFile& in : files) total += in.size;
-  if (total == 0) {
-    return Bad("--input: every file the inputs name is empty (", files.size(),
-               " file", files.size() == 1 ? "" : "s", ")");
-  }
-  return files;
-}
-
-// ---------------------------------------------------------------- files
-
-// pread until `n` bytes or the end of the file; the count read.
-absl::StatusOr<int64_t> ReadAt(int fd, char* buf, int64_t n, int64_t at,
-                               absl::string_view path) {
-  int64_t done = 0;
-  while (done < n) {
-    const ssize_t r = ::pread(fd, buf + done, n - done, at + done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return Errno("read", path);
-    if (r == 0) break;
-    done += r;
-  }
-  return done;
-}
-
-absl::Status WriteAll(int fd, const char* data, size_t n,
-                      absl::string_view path) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, data, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return Errno("write", path);
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SyncDir(int dirfd, absl::string_view path) {
-  if (::fsync(dirfd) != 0) return Errno("sync", path);
-  return absl::OkStatus();
-}
-
-// `bytes` into dir/name through a temporary and rename(2), fsynced.
-absl::Status WriteFileAtomic(int dirfd, const std::string& dir,
-                             const std::string& name, std::string_view bytes) {
-  const std::string tmp = name + ".tmp";
-  const std::string path = dir + "/" + name;
-  const int fd = ::openat(dirfd, tmp.c_str(),
-                          O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("create", path + ".tmp");
-  absl::Status s = WriteAll(fd, bytes.data(), bytes.size(), path);
-  if (s.ok() && ::fsync(fd) != 0) s = Errno("sync", path);
-  ::close(fd);
-  if (s.ok() && ::renameat(dirfd, tmp.c_str(), dirfd, name.c_str()) != 0) {
-    s = Errno("rename to", path);
-  }
-  if (!s.ok()) {
-    ::unlinkat(dirfd, tmp.c_str(), 0);
-    return s;
-  }
-  return SyncDir(dirfd, dir);
-}
-
-// ---------------------------------------------------------------- plan
-
-struct Chunk {
-  int file = 0;  // index into the inputs
-  int64_t begin = 0, end = 0;
-  bool first = false;  // the document's start: end of text goes before it
-};
-
-struct Plan {
-  std::vector<Chunk> chunks;
-  int64_t val_chunks = 0;  // the first ones
-  int64_t val_bytes = 0;
-  int64_t total_bytes = 0;
-};
-
-absl::StatusOr<Plan> MakePlan(const std::vector<InputFile>& inputs,
-                              const PrepareFlags& f, const ConfinedFs& fs) {
-  Plan plan;
-  for (const InputFile& in : inputs) plan.total_bytes += in.size;
-  int64_t val_target = 0;
-  if (f.val_fraction > 0) {
-    val_target = std::max<int64_t>(
-        1, static_cast<int64_t>(std::ceil(
-               f.val_fraction * static_cast<double>(plan.total_bytes))));
-  }
-  int64_t at = 0;  // the stream offset of the file's first byte
-  for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
-    const InputFile& in = inputs[i];
-    const int64_t n = in.size;
-    if (n == 0) continue;
-    const std::string field = absl::StrCat("--input ", in.path);
-    auto fd = fs.Open(in.path, O_RDONLY, field);
-    if (!fd.ok()) return fd.status();
-    struct stat st {};
-    if (::fstat(fd->get(), &st) != 0) return Errno("stat", in.path);
-    if (st.st_size != n || MtimeNs(st) != in.mtime_ns) {
-      return absl::UnavailableError(
-          absl::StrCat(in.path, ": changed while being read; run again"));
-    }
-    int64_t val_cut = -1;
-    if (val_target > at && val_target <= at + n) {
-      auto cut = NextCutPointInFile(fd->get(), n, val_target - at, in.path);
-      if (!cut.ok()) return cut.status();
-      val_cut = *cut;
-    }
-    for (int64_t s = 0; s < n;) {
-      int64_t e = n;
-      if (s + f.chunk_bytes < n) {
-        auto cut = NextCutPointInFile(fd->get(), n, s + f.chunk_bytes, in.path);
-        if (!cut.ok()) return cut.status();
-        e = *cut;
-      }
-      if (val_cut > s && val_cut < e) e = val_cut;
-      plan.chunks.push_back({i, s, e, s == 0});
-      if (e == val_cut) {
-        plan.val_chunks = static_cast<int64_t>(plan.chunks.size());
-        plan.val_bytes = at + e;
-      }
-      s = e;
-    }
-    at += n;
-  }
-  if (f.val_fraction > 0 &&
-      plan.val_chunks == static_cast<int64_t>(plan.chunks.size())) {
-    return Bad("--val-fraction ", f.val_fraction,
-               ": the validation split would take all ", plan.total_bytes,
-               " bytes of input (the first cut point past ", val_target,
-               " bytes is the end: lines that start and end in a printable "
-               "character are where text is cut); give more input or "
-               "--val-fraction 0");
-  }
-  return plan;
-}
-
-// ---------------------------------------------------------------- names
-
-std::string ShardName(const std::string& name, bool val, int64_t index) {
-  return absl::StrFormat("%s_%s_%06d.bin", name, val ? "val" : "train", index);
-}
-
-// NAME_val_NNNNNN.bin or NAME_train_NNNNNN.bin (6 digits or more).
-bool IsShardName(std::string_view entry, const std::string& name) {
-  if (entry.substr(0, name.size() + 1) != name + "_") return false;
-  entry.remove_prefix(name.size() + 1);
-  if (entry.rfind("val_", 0) == 0) {
-    entry.remove_prefix(4);
-  } else if (entry.rfind("train_", 0) == 0) {
-    entry.remove_prefix(6);
-  } else {
-    return false;
-  }
-  if (entry.size() < 6 + 4 || entry.substr(entry.size() - 4) != ".bin") {
-    return false;
-  }
-  entry.remove_suffix(4);
-  return std::all_of(entry.begin(), entry.end(),
-                     [](char c) { return c >= '0' && c <= '9'; });
-}
-
-// What this command leaves when it is stopped mid-write: one of its own
-// files' names + ".tmp" (shards, the manifest), or + ".tmp.PID" (the
-// tokenizer file and the SentencePiece model, written by common/).
-bool IsOurTemporary(std::string_view entry, const std::string& name) {
-  size_t at = entry.rfind(".tmp");
-  if (at == std::string_view::npos) return false;
-  const std::string_view tail = entry.substr(at + 4);
-  if (!tail.empty() && (tail[0] != '.' || tail.size() < 2 ||
-                        !std::all_of(tail.begin() + 1, tail.end(), [](char c) {
-                          return c >= '0' && c <= '9';
-                        }))) {
-    return false;
-  }
-  const std::string_view base = entry.substr(0, at);
-  return IsShardName(base, name) || base == name + "_tokenizer.bin" ||
-         base == name + "_spm.model" || base == name + "_prepare.json";
-}
-
-// ---------------------------------------------------------------- manifest
-
-std::string Hex64(uint64_t v) { return absl::StrFormat("%016x", v); }
-
-// The settings a preparation is made with: a rerun must have the same.
-json Settings(const PrepareFlags& f, const TokenizerChoice& c,
-              const std::string& model_sha256,
-              const std::vector<InputFile>& inputs) {
-  json tok;
-  tok["name"] = f.tokenizer;
-  switch (c.kind) {
-    case TokenizerKind::kGpt2:
-      tok["kind"] = "gpt2";
-      break;
-    case TokenizerKind::kSpm:
-      tok["kind"] = "spm";
-      tok["model"] = stdfs::absolute(c.model).lexically_normal().string();
-      tok["model_sha256"] = model_sha256;
-      break;
-    case TokenizerKind::kSpmTrain:
-      tok["kind"] = "spm-train";
-      tok["spm_vocab"] = c.vocab;
-      tok["spm_type"] = c.type;
-      break;
-  }
-  json in = json::array();
-  for (const InputFile& i : inputs) {
-    in.push_back(
-        {{"path", i.absolute}, {"size", i.size}, {"mtime_ns", i.mtime_ns}});
-  }
-  return {{"tokenizer", tok},
-          {"inputs", in},
-          {"val_fraction", f.val_fraction},
-          {"shard_tokens", f.shard_tokens},
-          {"chunk_bytes", f.chunk_bytes}};
-}
-
-std::string TokenizerText(const json& tok) {
-  const std::string kind = tok.value("kind", "");
-  if (kind == "spm") {
-    return absl::StrCat("spm:", tok.value("model", ""), " (SHA-256 ",
-                        tok.value("model_sha256", "").substr(0, 12), "…)");
-  }
-  if (kind == "spm-train") {
-    return absl::StrCat("spm-train:", tok.value("spm_vocab", 0), " --spm-type ",
-                        tok.value("spm_type", ""));
-  }
-  return kind;
-}
-
-// How the settings `was` (a manifest's, its shape checked) differ from
-// `now`, "" if not.
-std::string Differences(const json& was, const json& now) {
-  std::vector<std::string> d;
-  const json& tw = was.at("tokenizer");
-  const json& tn = now.at("tokenizer");
-  const bool same_tok =
-      tw.value("kind", "") == tn.value("kind", "") &&
-      tw.value("model_sha256", "") == tn.value("model_sha256", "") &&
-      tw.value("spm_vocab", 0) == tn.value("spm_vocab", 0) &&
-      tw.value("spm_type", "") == tn.value("spm_type", "");
-  if (!same_tok) {
-    d.push_back(absl::StrCat("it holds shards of tokenizer ", TokenizerText(tw),
-                             ", not ", TokenizerText(tn)));
-  }
-  for (const auto& [key, flag] :
-       {std::pair<const char*, const char*>{"val_fraction", "--val-fraction"},
-        {"shard_tokens", "--shard-tokens"},
-        {"chunk_bytes", "the chunk size"}}) {
-    const json w = was.value(key, json());
-    if (w != now.at(key)) {
-      d.push_back(
-          absl::StrCat(flag, " was ", w.dump(), ", now ", now.at(key).dump()));
-    }
-  }
-  const json& iw = was.at("inputs");
-  const json& in = now.at("inputs");
-  if (iw.size() != in.size()) {
-    d.push_back(absl::StrCat("it was made from ", iw.size(),
-                             " input files, --input names ", in.size(),
-                             " now"));
-  } else {
-    for (size_t i = 0; i < iw.size(); ++i) {
-      const std::string path = in[i].value("path", "");
-      if (iw[i].value("path", "") != path) {
-        d.push_back(absl::StrCat("input file ", i + 1, " was ",
-                                 iw[i].value("path", ""), ", now ", path));
-        break;
-      }
-      if (iw[i] != in[i]) {
-        d.push_back(absl::StrCat("input ", path,
-                                 " changed since (size or modification "
-                                 "time)"));
-        break;
-      }
-    }
-  }
-  return absl::StrJoin(d, "; ");
-}
 
 // ---------------------------------------------------------------- progress
 
@@ -541,138 +114,6 @@ class Progress {
   Clock::time_point last_;
   bool shown_ = false;
 };
-
-// ---------------------------------------------------------------- shards
-
-// A shard being written: an unnamed file (O_TMPFILE) linked in once it is
-// whole, or NAME.tmp renamed; either way its name shows it whole or not
-// at all. A shard that is not committed leaves nothing (a named
-// temporary is removed; one left by a kill is removed by the next run).
-class ShardFile {
- public:
-  ShardFile(int dirfd, std::string dir, std::string name, bool unnamed)
-      : dirfd_(dirfd),
-        dir_(std::move(dir)),
-        name_(std::move(name)),
-        tmp_(name_ + ".tmp"),
-        unnamed_(unnamed) {}
-  ShardFile(const ShardFile&) = delete;
-  ShardFile& operator=(const ShardFile&) = delete;
-  ~ShardFile() {
-    const bool named = linked_ || (!unnamed_ && fd_ >= 0);
-    if (fd_ >= 0) ::close(fd_);
-    if (named && !committed_) ::unlinkat(dirfd_, tmp_.c_str(), 0);
-  }
-
-  absl::Status Open() {
-    fd_ = unnamed_ ? ::openat(dirfd_, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0644)
-                   : ::openat(dirfd_, tmp_.c_str(),
-                              O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) return Errno("create", Path() + ".tmp");
-    buf_.assign(kHeaderBytes, '\0');  // the header, counted at the end
-    return absl::OkStatus();
-  }
-
-  int64_t tokens() const { return tokens_; }
-  const std::string& name() const { return name_; }
-
-  absl::Status Append(const uint16_t* t, size_t n) {
-    buf_.append(reinterpret_cast<const char*>(t), n * sizeof(uint16_t));
-    tokens_ += static_cast<int64_t>(n);
-    if (buf_.size() >= kWriteBuffer) return Flush();
-    return absl::OkStatus();
-  }
-
-  // Header, fsync, the file's XXH64 (read back), then its name.
-  absl::StatusOr<uint64_t> Commit() {
-    if (absl::Status s = Flush(); !s.ok()) return s;
-    int32_t header[3] = {kTokenMagic, kTokenVersion,
-                         static_cast<int32_t>(tokens_)};
-    if (::pwrite(fd_, header, sizeof(header), 0) !=
-        static_cast<ssize_t>(sizeof(header))) {
-      return Errno("write", Path());
-    }
-    if (::fsync(fd_) != 0) return Errno("sync", Path());
-    auto digest = Digest();
-    if (!digest.ok()) return digest.status();
-    if (unnamed_) {
-      const std::string proc = absl::StrCat("/proc/self/fd/", fd_);
-      if (::linkat(AT_FDCWD, proc.c_str(), dirfd_, tmp_.c_str(),
-                   AT_SYMLINK_FOLLOW) != 0) {
-        return Errno("link", Path() + ".tmp");
-      }
-      linked_ = true;
-    }
-    if (::renameat(dirfd_, tmp_.c_str(), dirfd_, name_.c_str()) != 0) {
-      return Errno("rename to", Path());
-    }
-    committed_ = true;
-    if (absl::Status s = SyncDir(dirfd_, dir_); !s.ok()) return s;
-    return *digest;
-  }
-
- private:
-  std::string Path() const { return dir_ + "/" + name_; }
-
-  absl::Status Flush() {
-    absl::Status s = WriteAll(fd_, buf_.data(), buf_.size(), Path());
-    // Write-back starts now, not at the fsync of a whole shard (hundreds of
-    // MB), while the encoders would wait.
-    if (s.ok()) {
-      ::sync_file_range(fd_, written_, static_cast<off_t>(buf_.size()),
-                        SYNC_FILE_RANGE_WRITE);
-    }
-    written_ += static_cast<int64_t>(buf_.size());
-    buf_.clear();
-    return s;
-  }
-
-  absl::StatusOr<uint64_t> Digest() {
-    XXH64_state_t* state = XXH64_createState();
-    XXH64_reset(state, 0);
-    std::string block(kWriteBuffer, '\0');
-    const int64_t size = kHeaderBytes + 2 * tokens_;
-    absl::Status s;
-    for (int64_t at = 0; at < size && s.ok();) {
-      const int64_t want = std::min<int64_t>(kWriteBuffer, size - at);
-      auto n = ReadAt(fd_, block.data(), want, at, Path());
-      if (!n.ok() || *n != want) {
-        s = n.ok() ? absl::DataLossError(
-                         absl::StrCat(Path(), ": shorter than written"))
-                   : n.status();
-        break;
-      }
-      XXH64_update(state, block.data(), static_cast<size_t>(want));
-      at += want;
-    }
-    const uint64_t d = XXH64_digest(state);
-    XXH64_freeState(state);
-    if (!s.ok()) return s;
-    return d;
-  }
-
-  const int dirfd_;
-  const std::string dir_, name_, tmp_;
-  const bool unnamed_;
-  int fd_ = -1;
-  std::string buf_;
-  int64_t written_ = 0;  // bytes in the file
-  int64_t tokens_ = 0;
-  bool linked_ = false, committed_ = false;
-};
-
-// Whether the output folder takes O_TMPFILE files that can be linked in
-// (not every filesystem does; then shards are written as NAME.tmp).
-bool UnnamedFilesWork(int dirfd, const std::string& probe) {
-  const int fd = ::openat(dirfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
-  if (fd < 0) return false;
-  const std::string proc = absl::StrCat("/proc/self/fd/", fd);
-  const bool ok = ::linkat(AT_FDCWD, proc.c_str(), dirfd, probe.c_str(),
-                           AT_SYMLINK_FOLLOW) == 0;
-  ::close(fd);
-  if (ok) ::unlinkat(dirfd, probe.c_str(), 0);
-  return ok;
-}
 
 // ---------------------------------------------------------------- encoding
 
@@ -828,124 +269,6 @@ class EncodePool {
   std::vector<std::thread> threads_;
 };
 
-// ---------------------------------------------------------------- output
-
-// The output folder, checked before anything is written.
-struct OutDir {
-  std::string path;  // as given, without trailing slashes
-  std::string name;  // its last part: the files' prefix
-  bool exists = false;
-};
-
-absl::StatusOr<OutDir> CheckOut(const std::string& flag, const ConfinedFs& fs) {
-  OutDir o;
-  o.path = flag;
-  while (o.path.size() > 1 && o.path.back() == '/') o.path.pop_back();
-  if (o.path.empty()) return Bad("--out: give a folder");
-  o.name = stdfs::absolute(o.path).lexically_normal().filename().string();
-  if (o.name.empty()) {
-    o.name = stdfs::absolute(o.path)
-                 .lexically_normal()
-                 .parent_path()
-                 .filename()
-                 .string();
-  }
-  if (o.name.empty() || o.name == "." || o.name == "..") {
-    return Bad("--out ", flag,
-               ": its last part names the shards; give a folder by name");
-  }
-  if (absl::Status s = fs.Check(o.path, "--out"); !s.ok()) return s;
-  struct stat st {};
-  if (::stat(o.path.c_str(), &st) == 0) {
-    if (!S_ISDIR(st.st_mode)) return Bad("--out ", flag, ": not a folder");
-    o.exists = true;
-    return o;
-  }
-  if (errno != ENOENT) return Errno("look at --out", flag);
-  const stdfs::path up = stdfs::path(o.path).parent_path();
-  const std::string parent = up.empty() ? std::string(".") : up.string();
-  if (::stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return Bad("--out ", flag, ": its parent folder ", parent,
-               " does not exist (prepare creates the folder, not its "
-               "parents)");
-  }
-  return o;
-}
-
-std::string StillYours(const OutDir& o) {
-  return absl::StrCat("; remove the folder (rm -r ", o.path,
-                      ") or choose another --out");
-}
-
-// The manifest --out holds, null when none; errors when the folder is not
-// one this command may continue (bad input).
-absl::StatusOr<json> ReadManifest(const OutDir& o, const ConfinedFs& fs) {
-  const std::string file = o.name + "_prepare.json";
-  if (!o.exists) return json();
-  auto entries = fs.List(o.path, "--out");
-  if (!entries.ok()) return entries.status();
-  bool has_manifest = false;
-  std::vector<std::string> shards;
-  for (const auto& e : *entries) {
-    if (e.name == file) has_manifest = true;
-    if (IsShardName(e.name, o.name)) shards.push_back(e.name);
-  }
-  if (!has_manifest) {
-    if (!shards.empty()) {
-      std::sort(shards.begin(), shards.end());
-      return Bad("--out ", o.path, ": holds shards (", shards.front(),
-                 shards.size() > 1 ? ", …" : "", ") but no ", file,
-                 ": they are not a preparation this command can continue",
-                 StillYours(o));
-    }
-    return json();
-  }
-  auto text = fs.ReadFile(o.path + "/" + file, "--out", 256 << 20);
-  if (!text.ok()) return text.status();
-  const json m = json::parse(*text, nullptr, false);
-  const auto is = [&m](const char* key, json::value_t type) {
-    return m.contains(key) && m.at(key).type() == type;
-  };
-  bool shaped = m.is_object() && m.value("format", "") == kFormat &&
-                is("settings", json::value_t::object) &&
-                is("shards", json::value_t::array) &&
-                is("next", json::value_t::object);
-  if (shaped) {
-    const json& s = m.at("settings");
-    shaped = s.contains("tokenizer") && s.at("tokenizer").is_object() &&
-             s.contains("inputs") && s.at("inputs").is_array();
-    for (const json& e : m.at("shards")) shaped = shaped && e.is_object();
-    if (shaped) {
-      for (const json& e : s.at("inputs")) shaped = shaped && e.is_object();
-    }
-  }
-  if (!shaped) {
-    return Bad("--out ", o.path, ": ", file,
-               " is not a manifest of this version of ptworker prepare",
-               StillYours(o));
-  }
-  return m;
-}
-
-// The shards a manifest lists are there, each of its size.
-absl::Status CheckShards(const OutDir& o, const json& m) {
-  for (const json& s : m["shards"]) {
-    const std::string file = s.value("file", "");
-    const int64_t tokens = s.value("tokens", int64_t{-1});
-    struct stat st {};
-    const std::string path = o.path + "/" + file;
-    if (!IsShardName(file, o.name) || tokens < 0 ||
-        ::stat(path.c_str(), &st) != 0 ||
-        st.st_size != kHeaderBytes + 2 * tokens) {
-      return absl::DataLossError(
-          absl::StrCat("--out ", o.path, ": shard ", file,
-                       " that the manifest lists is missing or not of its size",
-                       StillYours(o)));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // Yields the lines of every input in order, as UTF-8, for SentencePiece.
 class LineReader {
  public:
@@ -1039,13 +362,6 @@ class LineReader {
   size_t pos_ = 0;
   int64_t at_ = 0;
 };
-
-// Counts of a manifest's shards by split.
-int CountShards(const json& m, bool val) {
-  int n = 0;
-  for (const json& s : m["shards"]) n += (s.value("split", "") == "val") == val;
-  return n;
-}
 
 // ---------------------------------------------------------------- prepare
 
@@ -1307,33 +623,11 @@ class Preparation {
           return s;
         }
       }
-      size_t pos = i == first ? static_cast<size_t>(skip) : 0;
-      while (pos < out.tokens.size()) {
-        if (shard == nullptr) {
-          shard = std::make_unique<ShardFile>(
-              dir_.get(), out_.path,
-              ShardName(out_.name, val, val ? val_shards_ : train_shards_),
-              unnamed_);
-          shard_val = val;
-          if (absl::Status s = shard->Open(); !s.ok()) return s;
-        }
-        const size_t take = static_cast<size_t>(
-            std::min<int64_t>(f_.shard_tokens - shard->tokens(),
-                              static_cast<int64_t>(out.tokens.size() - pos)));
-        if (absl::Status s = shard->Append(out.tokens.data() + pos, take);
-            !s.ok()) {
-          return s;
-        }
-        pos += take;
-        tokens_ += static_cast<int64_t>(take);
-        if (shard->tokens() == f_.shard_tokens) {
-          const bool whole = pos == out.tokens.size();
-          if (absl::Status s = Commit(std::move(shard), val, whole ? i + 1 : i,
-                                      whole ? 0 : static_cast<int64_t>(pos));
-              !s.ok()) {
-            return s;
-          }
-        }
+      const size_t pos = i == first ? static_cast<size_t>(skip) : 0;
+      if (absl::Status s =
+              AppendTokens(i, val, out.tokens, pos, &shard, &shard_val);
+          !s.ok()) {
+        return s;
       }
       done_bytes += c.end - c.begin;
       progress.Update(done_bytes, tokens_, val_shards_ + train_shards_);
@@ -1352,6 +646,43 @@ class Preparation {
     result_.train_shards = train_shards_;
     result_.bytes_this_run = done_bytes - done_at_start;
     result_.seconds = progress.Seconds();
+    return absl::OkStatus();
+  }
+
+  // Appends chunk `i`'s `tokens` from `pos` on to the shards of its split
+  // (`val`): opens `*shard` (and sets `*shard_val`) when there is none,
+  // and commits it each time it holds --shard-tokens.
+  absl::Status AppendTokens(int64_t i, bool val,
+                            const std::vector<uint16_t>& tokens, size_t pos,
+                            std::unique_ptr<ShardFile>* shard,
+                            bool* shard_val) {
+    while (pos < tokens.size()) {
+      if (*shard == nullptr) {
+        *shard = std::make_unique<ShardFile>(
+            dir_.get(), out_.path,
+            ShardName(out_.name, val, val ? val_shards_ : train_shards_),
+            unnamed_);
+        *shard_val = val;
+        if (absl::Status s = (*shard)->Open(); !s.ok()) return s;
+      }
+      const size_t take = static_cast<size_t>(
+          std::min<int64_t>(f_.shard_tokens - (*shard)->tokens(),
+                            static_cast<int64_t>(tokens.size() - pos)));
+      if (absl::Status s = (*shard)->Append(tokens.data() + pos, take);
+          !s.ok()) {
+        return s;
+      }
+      pos += take;
+      tokens_ += static_cast<int64_t>(take);
+      if ((*shard)->tokens() == f_.shard_tokens) {
+        const bool whole = pos == tokens.size();
+        if (absl::Status s = Commit(std::move(*shard), val, whole ? i + 1 : i,
+                                    whole ? 0 : static_cast<int64_t>(pos));
+            !s.ok()) {
+          return s;
+        }
+      }
+    }
     return absl::OkStatus();
   }
 
@@ -1394,68 +725,12 @@ class Preparation {
 };
 
 }  // namespace
-
-size_t NextCutPoint(std::string_view text, size_t from) {
-  const auto word = [&](size_t i) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    return c > 0x20 && c < 0x7F;
-  };
-  const size_t n = text.size();
-  for (size_t p = std::max<size_t>(from, 2); p < n; ++p) {
-    const char before = text[p - 1];
-    if (before == '\n' && word(p - 2) && word(p)) return p;
-    if (before == '\r' && text[p] == '\n' && word(p - 2) && p + 1 < n &&
-        word(p + 1)) {
-      return p;
-    }
-  }
-  return n;
-}
-
-std::vector<size_t> ChunkEnds(std::string_view text, size_t chunk_bytes) {
-  std::vector<size_t> ends;
-  for (size_t s = 0; s < text.size();) {
-    const size_t e = s + chunk_bytes < text.size()
-                         ? NextCutPoint(text, s + chunk_bytes)
-                         : text.size();
-    ends.push_back(e);
-    s = e;
-  }
-  return ends;
-}
-
-absl::StatusOr<int64_t> NextCutPointInFile(int fd, int64_t size, int64_t from,
-                                           std::string_view path,
-                                           int64_t block) {
-  const absl::string_view name(path.data(), path.size());
-  std::string buf;
-  int64_t pos = std::max<int64_t>(from, 2);
-  while (pos < size) {
-    // Two bytes of context before, one after (the "\r\n" rule).
-    const int64_t lo = pos - 2;
-    const int64_t hi = std::min(size, pos + std::max<int64_t>(block, 1) + 1);
-    buf.resize(static_cast<size_t>(hi - lo));
-    auto n = ReadAt(fd, buf.data(), hi - lo, lo, name);
-    if (!n.ok()) return n.status();
-    if (*n != hi - lo) {
-      return absl::UnavailableError(
-          absl::StrCat(name, ": became shorter while being read"));
-    }
-    // Every position but the window's last is judged as in the whole
-    // text; a "\r\n" cut there needs the byte after it: the next window
-    // looks at it again.
-    const size_t q = NextCutPoint(buf, 2);
-    if (q < buf.size()) return lo + static_cast<int64_t>(q);
-    if (hi == size) break;
-    pos = hi - 1;
-  }
-  return size;
-}
+}  // namespace prepare_internal
 
 absl::StatusOr<PrepareResult> Prepare(const PrepareFlags& flags) {
   auto fs = ConfinedFs::FromEnvironment();
   if (!fs.ok()) return fs.status();
-  return Preparation(flags, std::move(*fs)).Run();
+  return prepare_internal::Preparation(flags, std::move(*fs)).Run();
 }
 
 int RunPrepare(PrepareFlags flags, const NodeShare& node) {

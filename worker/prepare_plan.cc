@@ -1,0 +1,290 @@
+// `ptworker prepare`'s plan: the flags, the inputs, where they are cut;
+// see prepare_plan.h.
+#include "worker/prepare_plan.h"
+
+#include <fcntl.h>
+#include <glob.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace ptrain {
+namespace prepare_internal {
+
+namespace stdfs = std::filesystem;
+
+absl::Status Errno(absl::string_view what, absl::string_view path) {
+  return absl::UnavailableError(
+      absl::StrCat("cannot ", what, " ", path, ": ", std::strerror(errno)));
+}
+
+// pread until `n` bytes or the end of the file; the count read.
+absl::StatusOr<int64_t> ReadAt(int fd, char* buf, int64_t n, int64_t at,
+                               absl::string_view path) {
+  int64_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(fd, buf + done, n - done, at + done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Errno("read", path);
+    if (r == 0) break;
+    done += r;
+  }
+  return done;
+}
+
+// ---------------------------------------------------------------- flags
+
+absl::StatusOr<TokenizerChoice> ParseTokenizer(const PrepareFlags& f) {
+  TokenizerChoice c;
+  const std::string& t = f.tokenizer;
+  if (t == "gpt2") {
+    c.kind = TokenizerKind::kGpt2;
+  } else if (t.rfind("spm:", 0) == 0 && t.size() > 4) {
+    c.kind = TokenizerKind::kSpm;
+    c.model = t.substr(4);
+  } else if (t.rfind("spm-train:", 0) == 0) {
+    c.kind = TokenizerKind::kSpmTrain;
+    const std::string v = t.substr(10);
+    if (!absl::SimpleAtoi(v, &c.vocab) || c.vocab < kPrepareMinSpmVocab ||
+        c.vocab > 65536) {
+      return Bad("--tokenizer '", t, "': VOCAB must be an integer in [",
+                 kPrepareMinSpmVocab, ", 65536] (token files store ids as ",
+                 "uint16)");
+    }
+  } else {
+    return Bad("--tokenizer '", t,
+               "': not one of gpt2, spm:MODEL, spm-train:VOCAB");
+  }
+  if (c.kind == TokenizerKind::kSpmTrain) {
+    c.type = f.spm_type.empty() ? "bpe" : f.spm_type;
+    if (c.type != "bpe" && c.type != "unigram") {
+      return Bad("--spm-type '", f.spm_type, "': not one of bpe, unigram");
+    }
+  } else if (!f.spm_type.empty()) {
+    return Bad("--spm-type is for --tokenizer spm-train:VOCAB only, not '", t,
+               "'");
+  }
+  return c;
+}
+
+absl::Status CheckNumbers(const PrepareFlags& f) {
+  if (!(f.val_fraction >= 0 && f.val_fraction <= 0.5)) {
+    return Bad("--val-fraction ", f.val_fraction, ": must be in [0, 0.5]");
+  }
+  if (f.shard_tokens < kPrepareMinShardTokens ||
+      f.shard_tokens > kPrepareMaxShardTokens) {
+    return Bad("--shard-tokens ", f.shard_tokens, ": must be in [",
+               kPrepareMinShardTokens, ", ", kPrepareMaxShardTokens,
+               "] (llm.c's header counts tokens in an int32)");
+  }
+  if (f.threads < 0 || f.threads > 4096) {
+    return Bad("--threads ", f.threads, ": must be in [1, 4096]");
+  }
+  if (f.chunk_bytes < 0) return Bad("chunk size ", f.chunk_bytes, " < 0");
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- inputs
+
+namespace {
+
+int64_t MtimeNs(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 +
+         st.st_mtim.tv_nsec;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<InputFile>> ResolveInputs(
+    const std::vector<std::string>& patterns, const ConfinedFs& fs) {
+  if (patterns.empty()) return Bad("--input: give at least one file");
+  std::vector<InputFile> files;
+  std::set<std::pair<dev_t, ino_t>> seen;
+  for (const std::string& pattern : patterns) {
+    const std::string field = absl::StrCat("--input '", pattern, "'");
+    std::vector<std::string> paths;
+    const bool wild = pattern.find_first_of("*?[") != std::string::npos;
+    if (!wild) {
+      paths.push_back(pattern);
+    } else {
+      glob_t g{};
+      const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+      if (rc == 0) paths.assign(g.gl_pathv, g.gl_pathv + g.gl_pathc);
+      ::globfree(&g);
+      if (rc != 0 && rc != GLOB_NOMATCH) {
+        return absl::UnavailableError(
+            absl::StrCat(field, ": cannot list the files it matches"));
+      }
+    }
+    int matched = 0;
+    for (const std::string& path : paths) {
+      if (absl::Status s = fs.Check(path, field); !s.ok()) return s;
+      struct stat st {};
+      if (::stat(path.c_str(), &st) != 0) {
+        if (!wild && errno == ENOENT) return Bad(field, ": no such file");
+        if (!wild) return Errno("read", field);
+        continue;  // vanished since glob listed it
+      }
+      if (!S_ISREG(st.st_mode)) {
+        if (!wild) {
+          return Bad(field, ": not a file",
+                     S_ISDIR(st.st_mode) ? " (a folder: give a pattern such "
+                                           "as 'folder/*.txt')"
+                                         : "");
+        }
+        continue;  // a pattern's folders are not documents
+      }
+      ++matched;
+      if (!seen.insert({st.st_dev, st.st_ino}).second) continue;
+      InputFile in;
+      in.path = path;
+      in.absolute = stdfs::absolute(path).lexically_normal().string();
+      in.size = st.st_size;
+      in.mtime_ns = MtimeNs(st);
+      files.push_back(std::move(in));
+    }
+    if (matched == 0) return Bad(field, ": matches no file");
+  }
+  int64_t total = 0;
+  for (const InputFile& in : files) total += in.size;
+  if (total == 0) {
+    return Bad("--input: every file the inputs name is empty (", files.size(),
+               " file", files.size() == 1 ? "" : "s", ")");
+  }
+  return files;
+}
+
+// ---------------------------------------------------------------- plan
+
+absl::StatusOr<Plan> MakePlan(const std::vector<InputFile>& inputs,
+                              const PrepareFlags& f, const ConfinedFs& fs) {
+  Plan plan;
+  for (const InputFile& in : inputs) plan.total_bytes += in.size;
+  int64_t val_target = 0;
+  if (f.val_fraction > 0) {
+    val_target = std::max<int64_t>(
+        1, static_cast<int64_t>(std::ceil(
+               f.val_fraction * static_cast<double>(plan.total_bytes))));
+  }
+  int64_t at = 0;  // the stream offset of the file's first byte
+  for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
+    const InputFile& in = inputs[i];
+    const int64_t n = in.size;
+    if (n == 0) continue;
+    const std::string field = absl::StrCat("--input ", in.path);
+    auto fd = fs.Open(in.path, O_RDONLY, field);
+    if (!fd.ok()) return fd.status();
+    struct stat st {};
+    if (::fstat(fd->get(), &st) != 0) return Errno("stat", in.path);
+    if (st.st_size != n || MtimeNs(st) != in.mtime_ns) {
+      return absl::UnavailableError(
+          absl::StrCat(in.path, ": changed while being read; run again"));
+    }
+    int64_t val_cut = -1;
+    if (val_target > at && val_target <= at + n) {
+      auto cut = NextCutPointInFile(fd->get(), n, val_target - at, in.path);
+      if (!cut.ok()) return cut.status();
+      val_cut = *cut;
+    }
+    for (int64_t s = 0; s < n;) {
+      int64_t e = n;
+      if (s + f.chunk_bytes < n) {
+        auto cut = NextCutPointInFile(fd->get(), n, s + f.chunk_bytes, in.path);
+        if (!cut.ok()) return cut.status();
+        e = *cut;
+      }
+      if (val_cut > s && val_cut < e) e = val_cut;
+      plan.chunks.push_back({i, s, e, s == 0});
+      if (e == val_cut) {
+        plan.val_chunks = static_cast<int64_t>(plan.chunks.size());
+        plan.val_bytes = at + e;
+      }
+      s = e;
+    }
+    at += n;
+  }
+  if (f.val_fraction > 0 &&
+      plan.val_chunks == static_cast<int64_t>(plan.chunks.size())) {
+    return Bad("--val-fraction ", f.val_fraction,
+               ": the validation split would take all ", plan.total_bytes,
+               " bytes of input (the first cut point past ", val_target,
+               " bytes is the end: lines that start and end in a printable "
+               "character are where text is cut); give more input or "
+               "--val-fraction 0");
+  }
+  return plan;
+}
+
+}  // namespace prepare_internal
+
+size_t NextCutPoint(std::string_view text, size_t from) {
+  const auto word = [&](size_t i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    return c > 0x20 && c < 0x7F;
+  };
+  const size_t n = text.size();
+  for (size_t p = std::max<size_t>(from, 2); p < n; ++p) {
+    const char before = text[p - 1];
+    if (before == '\n' && word(p - 2) && word(p)) return p;
+    if (before == '\r' && text[p] == '\n' && word(p - 2) && p + 1 < n &&
+        word(p + 1)) {
+      return p;
+    }
+  }
+  return n;
+}
+
+std::vector<size_t> ChunkEnds(std::string_view text, size_t chunk_bytes) {
+  std::vector<size_t> ends;
+  for (size_t s = 0; s < text.size();) {
+    const size_t e = s + chunk_bytes < text.size()
+                         ? NextCutPoint(text, s + chunk_bytes)
+                         : text.size();
+    ends.push_back(e);
+    s = e;
+  }
+  return ends;
+}
+
+absl::StatusOr<int64_t> NextCutPointInFile(int fd, int64_t size, int64_t from,
+                                           std::string_view path,
+                                           int64_t block) {
+  const absl::string_view name(path.data(), path.size());
+  std::string buf;
+  int64_t pos = std::max<int64_t>(from, 2);
+  while (pos < size) {
+    // Two bytes of context before, one after (the "\r\n" rule).
+    const int64_t lo = pos - 2;
+    const int64_t hi = std::min(size, pos + std::max<int64_t>(block, 1) + 1);
+    buf.resize(static_cast<size_t>(hi - lo));
+    auto n = prepare_internal::ReadAt(fd, buf.data(), hi - lo, lo, name);
+    if (!n.ok()) return n.status();
+    if (*n != hi - lo) {
+      return absl::UnavailableError(
+          absl::StrCat(name, ": became shorter while being read"));
+    }
+    // Every position but the window's last is judged as in the whole
+    // text; a "\r\n" cut there needs the byte after it: the next window
+    // looks at it again.
+    const size_t q = NextCutPoint(buf, 2);
+    if (q < buf.size()) return lo + static_cast<int64_t>(q);
+    if (hi == size) break;
+    pos = hi - 1;
+  }
+  return size;
+}
+
+}  // namespace ptrain
