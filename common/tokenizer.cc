@@ -276,6 +276,16 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> ReadLlmcTokenizer(
   return ParseLlmcTokenizer(*bytes, field, path);
 }
 
+bool SamePieces(const Tokenizer& a, const Tokenizer& b) {
+  if (a.size() != b.size() || a.end_of_text() != b.end_of_text()) {
+    return false;
+  }
+  for (int32_t id = 0; id < a.size(); ++id) {
+    if (a.Piece(id) != b.Piece(id)) return false;
+  }
+  return true;
+}
+
 std::string ToValidUtf8(std::string_view bytes) {
   std::string out;
   out.reserve(bytes.size());

@@ -82,6 +82,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> ReadLlmcTokenizer(
 absl::StatusOr<std::unique_ptr<Tokenizer>> ParseLlmcTokenizer(
     std::string_view bytes, absl::string_view field, absl::string_view path);
 
+// Whether `a` and `b` show every id alike (size, end of text, pieces).
+bool SamePieces(const Tokenizer& a, const Tokenizer& b);
+
 // `bytes` as UTF-8: each byte that does not belong to a UTF-8 character
 // becomes U+FFFD (what a log line, a protobuf string and a terminal take).
 std::string ToValidUtf8(std::string_view bytes);

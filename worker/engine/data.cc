@@ -510,20 +510,38 @@ absl::StatusOr<std::shared_ptr<const Tokenizer>> OpenDataTokenizer(
     return std::shared_ptr<const Tokenizer>(std::move(*t));
   }
   if (!spec.path().empty()) return nullptr;  // char
-  // Token files: the tokenizer file beside them, if any.
+  // Token files: what `ptworker prepare` wrote beside them, if anything.
   const std::string& pattern = spec.train_bin();
   const size_t slash = pattern.rfind('/');
   const size_t name_at = slash == std::string::npos ? 0 : slash + 1;
   const size_t train = pattern.rfind("_train");
   if (train == std::string::npos || train < name_at) return nullptr;
-  const std::string path = pattern.substr(0, train) + "_tokenizer.bin";
-  auto exists = fs.Exists(path, "data.train_bin");
-  if (!exists.ok() || !*exists) return nullptr;
+  const std::string prefix = pattern.substr(0, train);
+  const auto beside = [&](const std::string& path) {
+    auto exists = fs.Exists(path, "data.train_bin");
+    return exists.ok() && *exists;
+  };
+  // The SentencePiece model it trained, which also encodes prompts.
+  const std::string model = prefix + "_spm.model";
+  if (beside(model)) {
+    auto t = OpenTokenizer("spm:" + model, "data.train_bin", read);
+    if (!t.ok()) return t.status();
+    return std::shared_ptr<const Tokenizer>(std::move(*t));
+  }
+  const std::string path = prefix + "_tokenizer.bin";
+  if (!beside(path)) return nullptr;
   auto bytes = fs.ReadFile(path, "data.train_bin");
   if (!bytes.ok()) return bytes.status();
   auto t =
       ParseLlmcTokenizer(*bytes, "data.train_bin: the tokenizer file", path);
   if (!t.ok()) return t.status();
+  // GPT-2's pieces: GPT-2's tokenizer, which also encodes prompts.
+  if ((*t)->size() == kGpt2VocabSize) {
+    auto gpt2 = OpenTokenizer("gpt2", "data.train_bin");
+    if (gpt2.ok() && SamePieces(**t, **gpt2)) {
+      return std::shared_ptr<const Tokenizer>(std::move(*gpt2));
+    }
+  }
   return std::shared_ptr<const Tokenizer>(std::move(*t));
 }
 

@@ -147,11 +147,13 @@ constexpr int64_t kMaxTokenizedTextBytes = int64_t{64} << 20;
 // data.tokenizer's tokenizer for the data of `spec` (read through `fs`):
 // null for the char tokenizer and for token files without a tokenizer.
 // "auto" (or empty) means the char tokenizer for data.path, and for
-// data.train_bin the llm.c tokenizer file beside it: the pattern's file
-// name up to its last "_train", then "_tokenizer.bin"
-// (data/c/c_train_*.bin: data/c/c_tokenizer.bin), as `ptworker prepare`
-// writes it, when that file exists. "char" with token files is read as
-// "auto" (token files carry no text to take characters from).
+// data.train_bin what `ptworker prepare` wrote beside it, named by the
+// pattern's file name up to its last "_train" (data/c/c_train_*.bin:
+// data/c/c_…): the SentencePiece model it trained (c_spm.model), else
+// llm.c's tokenizer file (c_tokenizer.bin) — GPT-2's tokenizer when its
+// pieces are GPT-2's, else a tokenizer that only decodes. "char" with
+// token files is read as "auto" (token files carry no text to take
+// characters from).
 absl::StatusOr<std::shared_ptr<const Tokenizer>> OpenDataTokenizer(
     const v1::DataSpec& spec, const ConfinedFs& fs = ConfinedFs());
 

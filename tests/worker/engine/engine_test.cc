@@ -302,15 +302,45 @@ TEST(TokenData, TokenFilesFindTheirTokenizer) {
   EXPECT_EQ(none->text_tokenizer(), nullptr);
   EXPECT_EQ(none->vocab_size, 50257);
 
+  // GPT-2's pieces: GPT-2's tokenizer, which encodes prompts too.
   ASSERT_TRUE(WriteLlmcTokenizer(**gpt2, dir + "/c_tokenizer.bin").ok());
   for (const char* name : {"auto", "char", ""}) {
     spec.set_tokenizer(name);
     auto data = LoadTokenData(spec, 0, 4);
     ASSERT_TRUE(data.ok()) << data.status();
     ASSERT_NE(data->text_tokenizer(), nullptr) << name;
-    EXPECT_FALSE(data->text_tokenizer()->can_encode());
+    EXPECT_TRUE(data->text_tokenizer()->can_encode());
     EXPECT_EQ(data->text_tokenizer()->Decode(ids), (*gpt2)->Decode(ids));
   }
+  // Other pieces: a tokenizer that decodes only.
+  struct WithEnd : CharTokenizer {
+    using CharTokenizer::CharTokenizer;
+    int32_t end_of_text() const override { return 0; }
+  } small("abcdefghij");
+  ASSERT_TRUE(WriteLlmcTokenizer(small, dir + "/c_tokenizer.bin").ok());
+  spec.set_tokenizer("auto");
+  auto decodes = LoadTokenData(spec, 50257, 4);
+  ASSERT_TRUE(decodes.ok()) << decodes.status();
+  ASSERT_NE(decodes->text_tokenizer(), nullptr);
+  EXPECT_FALSE(decodes->text_tokenizer()->can_encode());
+  EXPECT_EQ(decodes->text_tokenizer()->Decode({7, 4, 11}), "he");
+  // A SentencePiece model beside the shards comes first.
+  const std::vector<std::string> lines(200, "the cat sat on the mat again");
+  size_t next = 0;
+  ASSERT_TRUE(TrainSentencePiece(
+                  [&](std::string* line) {
+                    if (next == lines.size()) return false;
+                    *line = lines[next++];
+                    return true;
+                  },
+                  300, "bpe", dir + "/c_spm.model")
+                  .ok());
+  auto spm = LoadTokenData(spec, 50257, 4);
+  ASSERT_TRUE(spm.ok()) << spm.status();
+  ASSERT_NE(spm->text_tokenizer(), nullptr);
+  EXPECT_TRUE(spm->text_tokenizer()->can_encode());
+  EXPECT_EQ(spm->text_tokenizer()->size(), 300);
+  std::filesystem::remove(dir + "/c_spm.model");
   spec.set_tokenizer("gpt2");
   auto named = LoadTokenData(spec, 0, 4);
   ASSERT_TRUE(named.ok()) << named.status();
