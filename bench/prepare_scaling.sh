@@ -34,8 +34,9 @@ echo data/tinyshakespeare.txt >>"$tmp/files"
 c=0
 while [ "$c" -lt "$copies" ]; do
   to_l=$lower to_u=$upper
-  if [ "$mode" = rotated ] && [ "$c" -gt 0 ]; then
-    r=$((c % 26))
+  r=$((c % 26))
+  # (every 26th copy is the text itself again)
+  if [ "$mode" = rotated ] && [ "$r" -gt 0 ]; then
     to_l=$(echo "$lower" | cut -c$((r + 1))-)$(echo "$lower" | cut -c1-"$r")
     to_u=$(echo "$upper" | cut -c$((r + 1))-)$(echo "$upper" | cut -c1-"$r")
   fi
