@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 
@@ -78,6 +79,12 @@ int64_t FirstInvalidUtf8(std::string_view text) {
   const size_t n = text.size();
   size_t i = 0;
   while (i < n) {
+    // ASCII eight bytes at a time (large texts are mostly ASCII).
+    for (uint64_t w; i + 8 <= n; i += 8) {
+      std::memcpy(&w, b + i, 8);
+      if (w & 0x8080808080808080u) break;
+    }
+    if (i == n) break;
     const unsigned char c = b[i];
     size_t len = 0;
     uint32_t min = 0, cp = 0;

@@ -15,7 +15,6 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -123,30 +122,6 @@ struct ChunkOut {
   int64_t bad_utf8 = -1;  // the chunk's first byte that is not UTF-8
 };
 
-// The offset of `text`'s first byte that is not UTF-8, -1 if none: ASCII
-// eight bytes at a time, each run of other bytes by FirstInvalidUtf8 (a
-// character's bytes are all >= 0x80, so no run cuts one).
-int64_t FirstNonUtf8(std::string_view text) {
-  const auto* b = reinterpret_cast<const unsigned char*>(text.data());
-  const size_t n = text.size();
-  size_t i = 0;
-  while (i < n) {
-    for (uint64_t w; i + 8 <= n; i += 8) {
-      std::memcpy(&w, b + i, 8);
-      if (w & 0x8080808080808080u) break;
-    }
-    while (i < n && b[i] < 0x80) ++i;
-    size_t j = i;
-    while (j < n && b[j] >= 0x80) ++j;
-    if (j > i) {
-      const int64_t bad = FirstInvalidUtf8(text.substr(i, j - i));
-      if (bad >= 0) return static_cast<int64_t>(i) + bad;
-    }
-    i = j;
-  }
-  return -1;
-}
-
 ChunkOut EncodeChunk(const Chunk& c, const InputFile& in,
                      const Tokenizer& tokenizer, bool bytes_level,
                      const ConfinedFs& fs) {
@@ -164,7 +139,7 @@ ChunkOut EncodeChunk(const Chunk& c, const InputFile& in,
                         : n.status();
     return out;
   }
-  out.bad_utf8 = FirstNonUtf8(text);
+  out.bad_utf8 = FirstInvalidUtf8(text);
   // SentencePiece reads UTF-8: what is not becomes U+FFFD here, the same
   // way every time.
   if (out.bad_utf8 >= 0 && !bytes_level) text = ToValidUtf8(text);
@@ -568,10 +543,12 @@ class Preparation {
       return Bad("--out ", out_.path, ": its manifest's next chunk ", first,
                  " is not one of its ", n, StillYours(out_));
     }
-    int64_t done_bytes = 0;
-    for (int64_t i = 0; i < first; ++i) {
-      done_bytes += plan_.chunks[i].end - plan_.chunks[i].begin;
+    // Each chunk's start in the stream, then its end.
+    std::vector<int64_t> offsets = {0};
+    for (const Chunk& c : plan_.chunks) {
+      offsets.push_back(offsets.back() + c.end - c.begin);
     }
+    int64_t done_bytes = offsets[first];
     const int64_t done_at_start = done_bytes;
     tokens_ = manifest_.value("tokens", int64_t{0});
     val_shards_ = CountShards(manifest_, true);
@@ -588,10 +565,6 @@ class Preparation {
         static_cast<int>(std::max<int64_t>(1, std::min(want, n - first)));
     // In memory at most: 2·threads + 2 chunks, or 8 MiB of text a thread
     // (and its tokens) when that is more.
-    std::vector<int64_t> offsets = {0};
-    for (const Chunk& c : plan_.chunks) {
-      offsets.push_back(offsets.back() + c.end - c.begin);
-    }
     EncodePool pool(
         [&](int64_t i) {
           const Chunk& c = plan_.chunks[i];

@@ -16,17 +16,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "worker/engine/token_file.h"
 
 namespace ptrain::prepare_internal {
 namespace {
 
 namespace stdfs = std::filesystem;
-
-// llm.c's token file: 256 int32 (magic, version, token count), then uint16
-// tokens (worker/engine/data.h reads it).
-constexpr int32_t kTokenMagic = 20240520;
-constexpr int32_t kTokenVersion = 1;
-constexpr int64_t kHeaderBytes = 256 * sizeof(int32_t);
 
 }  // namespace
 
@@ -231,7 +226,7 @@ absl::Status ShardFile::Open() {
                  : ::openat(dirfd_, tmp_.c_str(),
                             O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) return Errno("create", Path() + ".tmp");
-  buf_.assign(kHeaderBytes, '\0');  // the header, counted at the end
+  buf_.assign(kTokenFileHeaderBytes, '\0');  // the header, counted at the end
   return absl::OkStatus();
 }
 
@@ -244,7 +239,7 @@ absl::Status ShardFile::Append(const uint16_t* t, size_t n) {
 
 absl::StatusOr<uint64_t> ShardFile::Commit() {
   if (absl::Status s = Flush(); !s.ok()) return s;
-  int32_t header[3] = {kTokenMagic, kTokenVersion,
+  int32_t header[3] = {kTokenFileMagic, kTokenFileVersion,
                        static_cast<int32_t>(tokens_)};
   if (::pwrite(fd_, header, sizeof(header), 0) !=
       static_cast<ssize_t>(sizeof(header))) {
@@ -286,7 +281,7 @@ absl::StatusOr<uint64_t> ShardFile::Digest() {
   XXH64_state_t* state = XXH64_createState();
   XXH64_reset(state, 0);
   std::string block(kWriteBuffer, '\0');
-  const int64_t size = kHeaderBytes + 2 * tokens_;
+  const int64_t size = kTokenFileHeaderBytes + 2 * tokens_;
   absl::Status s;
   for (int64_t at = 0; at < size && s.ok();) {
     const int64_t want = std::min<int64_t>(kWriteBuffer, size - at);
@@ -415,7 +410,7 @@ absl::Status CheckShards(const OutDir& o, const json& m) {
     const std::string path = o.path + "/" + file;
     if (!IsShardName(file, o.name) || tokens < 0 ||
         ::stat(path.c_str(), &st) != 0 ||
-        st.st_size != kHeaderBytes + 2 * tokens) {
+        st.st_size != kTokenFileHeaderBytes + 2 * tokens) {
       return absl::DataLossError(
           absl::StrCat("--out ", o.path, ": shard ", file,
                        " that the manifest lists is missing or not of its size",

@@ -24,6 +24,7 @@
 #include "common/spec.h"
 #include "unicode/utf8.h"
 #include "worker/engine/rng.h"
+#include "worker/engine/token_file.h"
 
 namespace ptrain {
 
@@ -58,17 +59,13 @@ void ForEachChar(std::string_view text, F&& f) {
   }
 }
 
-constexpr int32_t kTokenMagic = 20240520;
-constexpr int32_t kTokenVersion = 1;
-constexpr int kHeaderInts = 256;
-
 // The token count of an llm.c token file of `file_bytes` bytes whose first
 // bytes are `head` (at least the header's when the file has them).
 absl::StatusOr<int64_t> CheckTokenHeader(absl::string_view head,
                                          int64_t file_bytes,
                                          absl::string_view field,
                                          absl::string_view path) {
-  int32_t header[kHeaderInts];
+  int32_t header[kTokenFileHeaderInts];
   if (file_bytes < static_cast<int64_t>(sizeof(header)) ||
       head.size() < sizeof(header)) {
     return absl::InvalidArgumentError(
@@ -76,15 +73,15 @@ absl::StatusOr<int64_t> CheckTokenHeader(absl::string_view head,
                      " bytes, shorter than the 1024-byte llm.c token header"));
   }
   std::memcpy(header, head.data(), sizeof(header));
-  if (header[0] != kTokenMagic) {
+  if (header[0] != kTokenFileMagic) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": '", path, "' has bad magic ", header[0],
-                     " (expected ", kTokenMagic, ")"));
+                     " (expected ", kTokenFileMagic, ")"));
   }
-  if (header[1] != kTokenVersion) {
+  if (header[1] != kTokenFileVersion) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": '", path, "' has version ", header[1],
-                     " (expected ", kTokenVersion, ")"));
+                     " (expected ", kTokenFileVersion, ")"));
   }
   const int64_t count = header[2];
   const int64_t want = static_cast<int64_t>(sizeof(header)) + 2 * count;
@@ -303,8 +300,8 @@ absl::StatusOr<std::vector<uint16_t>> ParseTokenFile(absl::string_view b,
   // has no body to copy (and an empty vector no storage).
   std::vector<uint16_t> tokens(*count);
   if (*count > 0) {
-    std::memcpy(tokens.data(), b.data() + kHeaderInts * sizeof(int32_t),
-                2 * *count);
+    std::memcpy(tokens.data(),
+                b.data() + kTokenFileHeaderInts * sizeof(int32_t), 2 * *count);
   }
   if (absl::Status s = CheckTokensInVocabulary(tokens.data(), *count,
                                                vocab_size, field, path);
@@ -363,7 +360,7 @@ absl::StatusOr<TokenStream> TokenStream::MapTokenFile(int fd,
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": '", path, "' is not a regular file"));
   }
-  char head[kHeaderInts * sizeof(int32_t)];
+  char head[kTokenFileHeaderInts * sizeof(int32_t)];
   const ssize_t got = ::pread(fd, head, sizeof(head), 0);
   if (got < 0) {
     return absl::InternalError(absl::StrCat(field, ": cannot read '", path,
@@ -530,10 +527,9 @@ absl::StatusOr<std::shared_ptr<const Tokenizer>> OpenDataTokenizer(
   }
   const std::string path = prefix + "_tokenizer.bin";
   if (!beside(path)) return nullptr;
-  auto bytes = fs.ReadFile(path, "data.train_bin");
-  if (!bytes.ok()) return bytes.status();
-  auto t =
-      ParseLlmcTokenizer(*bytes, "data.train_bin: the tokenizer file", path);
+  auto t = ReadLlmcTokenizer(
+      path, "data.train_bin: the tokenizer file",
+      [&fs](const std::string& p) { return fs.ReadFile(p, "data.train_bin"); });
   if (!t.ok()) return t.status();
   // GPT-2's pieces: GPT-2's tokenizer, which also encodes prompts.
   if ((*t)->size() == kGpt2VocabSize) {
@@ -654,9 +650,9 @@ absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
 
 absl::Status WriteTokenFile(const std::string& path,
                             const std::vector<uint16_t>& tokens) {
-  int32_t header[kHeaderInts] = {};
-  header[0] = kTokenMagic;
-  header[1] = kTokenVersion;
+  int32_t header[kTokenFileHeaderInts] = {};
+  header[0] = kTokenFileMagic;
+  header[1] = kTokenFileVersion;
   header[2] = static_cast<int32_t>(tokens.size());
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(header), sizeof(header));
