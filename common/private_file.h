@@ -1,10 +1,13 @@
-// Files only their owner reads (0600): written whole, and replaced
-// atomically (a reader sees the old file or the new one, never a part).
-// Not for large data: the text is one string.
+// Files written whole and replaced atomically (a reader sees the old file
+// or the new one, never a part), some only their owner reads (0600).
+// Not for large data: the bytes are one string.
 #ifndef PTRAIN_COMMON_PRIVATE_FILE_H_
 #define PTRAIN_COMMON_PRIVATE_FILE_H_
 
+#include <sys/types.h>
+
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 
@@ -16,12 +19,27 @@ namespace ptrain {
 absl::Status WritePrivateFile(const std::string& path, const std::string& text,
                               bool sync = false);
 
-// Replaces `path` by a file holding `text` (0600): written and synced
-// beside it under a name of this process (so that processes replacing one
-// file at once do not share a temporary), renamed over it, the folder
-// synced. On failure `path` is as it was and no temporary is left.
+// Replaces `name` in the open folder `dirfd` (whose path `dir` names it in
+// errors) by a file holding `bytes`, created with permissions `mode` (less
+// the umask): written and synced beside it as NAME.PID.tmp (processes
+// replacing one file at once do not share a temporary; IsReplaceTemporary
+// knows the name), renamed over it, the folder synced. On failure the
+// file is as it was and no temporary is left.
+absl::Status ReplaceFileAt(int dirfd, const std::string& dir,
+                           const std::string& name, std::string_view bytes,
+                           mode_t mode);
+
+// ReplaceFileAt for `path` in its folder.
+absl::Status ReplaceFile(const std::string& path, std::string_view bytes,
+                         mode_t mode);
+
+// ReplaceFile, 0600.
 absl::Status ReplacePrivateFile(const std::string& path,
                                 const std::string& text);
+
+// Whether `entry` is the temporary a replacement of `name` leaves when it
+// is stopped mid-write (NAME.PID.tmp).
+bool IsReplaceTemporary(std::string_view entry, std::string_view name);
 
 }  // namespace ptrain
 

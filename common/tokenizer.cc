@@ -1,8 +1,5 @@
 #include "common/tokenizer.h"
 
-#include <unistd.h>
-
-#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -10,6 +7,7 @@
 #include "absl/strings/str_replace.h"
 #include "common/bounded_file.h"
 #include "common/gpt2_bpe.h"
+#include "common/private_file.h"
 #include "common/sentencepiece_model.h"
 #include "common/spec.h"
 
@@ -125,25 +123,6 @@ class LlmcTokenizer : public Tokenizer {
   int32_t eot_;
 };
 
-// Writes `bytes` to a temporary beside `path`, syncs it and renames it
-// over `path`: a reader sees the old file or the whole new one.
-absl::Status WriteWhole(const std::string& path, std::string_view bytes) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  const bool ok =
-      f != nullptr &&
-      std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size() &&
-      std::fflush(f) == 0 && fsync(fileno(f)) == 0;
-  if (f != nullptr) std::fclose(f);
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    std::remove(tmp.c_str());
-    return absl::UnavailableError(
-        absl::StrCat("cannot write ", path, ": ", why));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 bool IsTokenizerName(absl::string_view name) {
@@ -199,7 +178,7 @@ absl::Status TrainSentencePiece(
     return absl::InvalidArgumentError(
         absl::StrCat("SentencePiece training failed: ", error));
   }
-  return WriteWhole(model_path, model);
+  return ReplaceFile(model_path, model, 0644);
 }
 
 absl::Status WriteLlmcTokenizer(const Tokenizer& tokenizer,
@@ -224,7 +203,7 @@ absl::Status WriteLlmcTokenizer(const Tokenizer& tokenizer,
     out += static_cast<char>(piece.size());
     out += piece;
   }
-  return WriteWhole(path, out);
+  return ReplaceFile(path, out, 0644);
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> ParseLlmcTokenizer(

@@ -31,6 +31,7 @@
 #include "common/confined_fs.h"
 #include "common/digest.h"
 #include "common/exit_codes.h"
+#include "common/private_file.h"
 #include "common/spec.h"
 #include "common/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -531,8 +532,8 @@ class Preparation {
   }
 
   absl::Status SaveManifest() {
-    return WriteFileAtomic(dir_.get(), out_.path, out_.name + "_prepare.json",
-                           manifest_.dump(1) + "\n");
+    return ReplaceFileAt(dir_.get(), out_.path, out_.name + "_prepare.json",
+                         manifest_.dump(1) + "\n", 0644);
   }
 
   absl::Status WriteShards() {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/private_file.h"
 #include "worker/engine/token_file.h"
 
 namespace ptrain::prepare_internal {
@@ -48,26 +49,6 @@ absl::Status SyncDir(int dirfd, absl::string_view path) {
 
 }  // namespace
 
-absl::Status WriteFileAtomic(int dirfd, const std::string& dir,
-                             const std::string& name, std::string_view bytes) {
-  const std::string tmp = name + ".tmp";
-  const std::string path = dir + "/" + name;
-  const int fd = ::openat(dirfd, tmp.c_str(),
-                          O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("create", path + ".tmp");
-  absl::Status s = WriteAll(fd, bytes.data(), bytes.size(), path);
-  if (s.ok() && ::fsync(fd) != 0) s = Errno("sync", path);
-  ::close(fd);
-  if (s.ok() && ::renameat(dirfd, tmp.c_str(), dirfd, name.c_str()) != 0) {
-    s = Errno("rename to", path);
-  }
-  if (!s.ok()) {
-    ::unlinkat(dirfd, tmp.c_str(), 0);
-    return s;
-  }
-  return SyncDir(dirfd, dir);
-}
-
 // ---------------------------------------------------------------- names
 
 std::string ShardName(const std::string& name, bool val, int64_t index) {
@@ -98,18 +79,12 @@ bool IsShardName(std::string_view entry, const std::string& name) {
 }  // namespace
 
 bool IsOurTemporary(std::string_view entry, const std::string& name) {
-  size_t at = entry.rfind(".tmp");
-  if (at == std::string_view::npos) return false;
-  const std::string_view tail = entry.substr(at + 4);
-  if (!tail.empty() && (tail[0] != '.' || tail.size() < 2 ||
-                        !std::all_of(tail.begin() + 1, tail.end(), [](char c) {
-                          return c >= '0' && c <= '9';
-                        }))) {
-    return false;
+  for (const std::string& file :
+       {name + "_tokenizer.bin", name + "_spm.model", name + "_prepare.json"}) {
+    if (IsReplaceTemporary(entry, file)) return true;
   }
-  const std::string_view base = entry.substr(0, at);
-  return IsShardName(base, name) || base == name + "_tokenizer.bin" ||
-         base == name + "_spm.model" || base == name + "_prepare.json";
+  return entry.ends_with(".tmp") &&
+         IsShardName(entry.substr(0, entry.size() - 4), name);
 }
 
 // ---------------------------------------------------------------- manifest

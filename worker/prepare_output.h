@@ -29,17 +29,13 @@ inline constexpr size_t kWriteBuffer = size_t{1} << 20;
 
 // ---------------------------------------------------------------- files
 
-// `bytes` into dir/name through a temporary and rename(2), fsynced.
-absl::Status WriteFileAtomic(int dirfd, const std::string& dir,
-                             const std::string& name, std::string_view bytes);
-
 // ---------------------------------------------------------------- names
 
 std::string ShardName(const std::string& name, bool val, int64_t index);
 
-// What this command leaves when it is stopped mid-write: one of its own
-// files' names + ".tmp" (shards, the manifest), or + ".tmp.PID" (the
-// tokenizer file and the SentencePiece model, written by common/).
+// What this command leaves when it is stopped mid-write: a shard's name +
+// ".tmp" (where O_TMPFILE is refused), or the tokenizer file's, the
+// SentencePiece model's or the manifest's + ".PID.tmp" (ReplaceFile).
 bool IsOurTemporary(std::string_view entry, const std::string& name);
 
 // ---------------------------------------------------------------- manifest

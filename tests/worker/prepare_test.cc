@@ -317,7 +317,9 @@ TEST_P(PrepareResumeTest, StoppedRunsContinueToTheSameBytes) {
   ASSERT_EQ(Prepare(f).status().code(), absl::StatusCode::kAborted);
   // What a kill leaves, and what is not prepare's.
   WriteAll(fs::path(f.out) / "ref_train_000009.bin.tmp", "half");
-  WriteAll(fs::path(f.out) / "ref_tokenizer.bin.tmp.12345", "half");
+  WriteAll(fs::path(f.out) / "ref_tokenizer.bin.12345.tmp", "half");
+  WriteAll(fs::path(f.out) / "ref_prepare.json.777.tmp", "half");
+  WriteAll(fs::path(f.out) / "ref_prepare.json.x.tmp", "mine too");
   WriteAll(fs::path(f.out) / "notes.txt", "mine");
   f.stop_after_shards = 0;
   f.threads = 3;
@@ -326,7 +328,9 @@ TEST_P(PrepareResumeTest, StoppedRunsContinueToTheSameBytes) {
   EXPECT_FALSE(done->already_complete);
   auto tree = Tree(f.out);
   EXPECT_EQ(tree["notes.txt"], "mine");
+  EXPECT_EQ(tree["ref_prepare.json.x.tmp"], "mine too");
   tree.erase("notes.txt");
+  tree.erase("ref_prepare.json.x.tmp");
   EXPECT_TRUE(tree == Tree(dir_ / "ref"));
 }
 
