@@ -12,30 +12,16 @@
 #include "absl/strings/str_cat.h"
 #include "common/bounded_file.h"
 #include "common/check.h"
+#include "common/incbin.h"
 #include "nlohmann/json.hpp"
 
 // The vocabulary of data/tokenizers/gpt2, bytes as they are in the files
 // (PTRAIN_GPT2_VOCAB_DIR comes from common/CMakeLists.txt, which also makes
 // this file rebuild when they change).
-// clang-format off
-#define PT_GPT2_INCBIN(sym, file)                            \
-  __asm__(".pushsection .rodata, \"a\", @progbits\n"         \
-          ".balign 16\n"                                     \
-          ".globl " #sym "\n"                                \
-          ".hidden " #sym "\n"                               \
-          #sym ":\n"                                         \
-          ".incbin \"" PTRAIN_GPT2_VOCAB_DIR "/" file "\"\n" \
-          ".globl " #sym "_end\n"                            \
-          ".hidden " #sym "_end\n"                           \
-          #sym "_end:\n"                                     \
-          ".popsection\n")
-PT_GPT2_INCBIN(ptrain_gpt2_encoder_json, "encoder.json");
-PT_GPT2_INCBIN(ptrain_gpt2_vocab_bpe, "vocab.bpe");
-#undef PT_GPT2_INCBIN
-extern "C" __attribute__((visibility("hidden"))) const char
-    ptrain_gpt2_encoder_json[], ptrain_gpt2_encoder_json_end[],
-    ptrain_gpt2_vocab_bpe[], ptrain_gpt2_vocab_bpe_end[];
-// clang-format on
+PT_INCBIN(ptrain_gpt2_encoder_json, PTRAIN_GPT2_VOCAB_DIR "/encoder.json");
+PT_INCBIN(ptrain_gpt2_vocab_bpe, PTRAIN_GPT2_VOCAB_DIR "/vocab.bpe");
+PT_INCBIN_DECLARE(ptrain_gpt2_encoder_json);
+PT_INCBIN_DECLARE(ptrain_gpt2_vocab_bpe);
 
 namespace ptrain {
 
@@ -529,16 +515,11 @@ absl::StatusOr<Gpt2Bpe> Gpt2Bpe::Load(const std::string& dir) {
 const Gpt2Bpe& Gpt2Bpe::Builtin() {
   static const Gpt2Bpe* const builtin = [] {
     auto t = std::make_unique<Tables>();
-    absl::Status s =
-        t->ParseEncoder(std::string_view(ptrain_gpt2_encoder_json,
-                                         ptrain_gpt2_encoder_json_end -
-                                             ptrain_gpt2_encoder_json),
-                        "built-in encoder.json");
+    absl::Status s = t->ParseEncoder(PT_INCBIN_VIEW(ptrain_gpt2_encoder_json),
+                                     "built-in encoder.json");
     if (s.ok()) {
-      s = t->ParseMerges(
-          std::string_view(ptrain_gpt2_vocab_bpe,
-                           ptrain_gpt2_vocab_bpe_end - ptrain_gpt2_vocab_bpe),
-          "built-in vocab.bpe");
+      s = t->ParseMerges(PT_INCBIN_VIEW(ptrain_gpt2_vocab_bpe),
+                         "built-in vocab.bpe");
     }
     PT_CHECK(s.ok(), std::string(s.message()).c_str());
     t->Finish();
