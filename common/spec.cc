@@ -12,12 +12,21 @@
 #include <string>
 #include <string_view>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
 namespace ptrain {
 
 int64_t AliveIntervalMs(int64_t hang_timeout_s) {
   return std::clamp<int64_t>(hang_timeout_s * 1000 / 4, 250, 10000);
+}
+
+bool IsRankTimesGroupName(std::string_view name) {
+  return !name.empty() && name.size() <= kMaxRankTimesGroupBytes &&
+         std::all_of(name.begin(), name.end(), [](char c) {
+           return absl::ascii_isalnum(static_cast<unsigned char>(c)) ||
+                  c == '_';
+         });
 }
 
 int64_t ParallelWorldSize(const v1::ParallelSpec& p) {

@@ -38,6 +38,13 @@ int64_t ParallelWorldSize(const v1::ParallelSpec& parallel);
 // [250 ms, 10 s]. ptcoord takes a rank silent for several of these as one
 // that stopped.
 int64_t AliveIntervalMs(int64_t hang_timeout_s);
+
+// RankTimes.comm_ms (coordinator.proto), which ranks send and ptcoord
+// checks: at most kMaxRankTimesGroups groups, each named by 1 to
+// kMaxRankTimesGroupBytes letters, digits or '_' (IsRankTimesGroupName).
+inline constexpr size_t kMaxRankTimesGroups = 8;
+inline constexpr size_t kMaxRankTimesGroupBytes = 16;
+bool IsRankTimesGroupName(std::string_view name);
 // ParallelWorldSize of the spec's parallel section.
 int64_t JobWorldSize(const v1::JobSpec& spec);
 // The world size's factors for messages: "parallel.dp × parallel.tp ×

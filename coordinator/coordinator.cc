@@ -129,7 +129,20 @@ void Coordinator::Start() {
   }
   stop_ = false;
   supervisor_ = std::thread([this] {
+    // A pass that starts this late (the machine or ptcoord too busy) delays
+    // hang detection and kills: said, so that it is seen.
+    const absl::Duration late = std::max(absl::Seconds(1), 5 * options_.tick);
+    absl::Time previous = absl::Now();
     while (!stop_) {
+      const absl::Time start = absl::Now();
+      if (start - previous > late) {
+        spdlog::warn(
+            "supervision ran late: {} ms since the previous pass "
+            "(every {} ms)",
+            absl::ToInt64Milliseconds(start - previous),
+            absl::ToInt64Milliseconds(options_.tick));
+      }
+      previous = start;
       Tick();
       absl::MutexLock lock(&mu_);
       wake_.WaitWithTimeout(&mu_, options_.tick);
@@ -407,6 +420,25 @@ absl::StatusOr<v1::Job> Coordinator::Resume(const std::string& id) {
   if (absl::Status s = Commit(*e, std::move(u)); !s.ok()) return s;
   wake_.Signal();
   return e->record.job;
+}
+
+absl::StatusOr<std::vector<std::pair<int64_t, std::string>>>
+Coordinator::Events(const std::string& id) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (Find(id) == nullptr) return UnknownJob(id);
+  }
+  return store_->ListEvents(id);
+}
+
+absl::StatusOr<std::vector<v1::LossPoint>> Coordinator::LossSince(
+    const std::string& id, int64_t after, int64_t* stored, int64_t* last) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (Find(id) == nullptr) return UnknownJob(id);
+  }
+  return store_->LossHistory(id, options_.loss_points_per_series, stored, after,
+                             last);
 }
 
 absl::StatusOr<std::vector<v1::Checkpoint>> Coordinator::Checkpoints(

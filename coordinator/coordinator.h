@@ -31,6 +31,7 @@
 #include "common/spec.h"
 #include "coordinator/attempt_backend.h"
 #include "coordinator/nodes.h"
+#include "coordinator/rank_times.h"
 #include "coordinator/reports.h"
 #include "coordinator/slurm.h"
 #include "coordinator/state_dir.h"
@@ -142,6 +143,16 @@ class Coordinator {
   absl::StatusOr<v1::Job> Resume(const std::string& id);
   absl::StatusOr<std::vector<v1::Checkpoint>> Checkpoints(
       const std::string& id);
+  // The job's events (unix ms, message), oldest first.
+  absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> Events(
+      const std::string& id);
+  // The loss points stored after point `after` (0: all, each series
+  // thinned as GetJob thins it); `stored` gets how many there are after
+  // `after`, `last` the number to ask after next time.
+  absl::StatusOr<std::vector<v1::LossPoint>> LossSince(const std::string& id,
+                                                       int64_t after,
+                                                       int64_t* stored,
+                                                       int64_t* last);
 
   // ptctl diagnose (docs/diagnose.md): the analysis of attempt `attempt`'s
   // flight recorder dumps. 0: the running attempt, whose ranks are asked
@@ -195,6 +206,8 @@ class Coordinator {
   absl::Status ReportEndpoint(const v1::ReportEndpointRequest& r);
   // A rank busy loading or saving is alive: its hang timer starts again.
   absl::Status ReportAlive(const v1::ReportAliveRequest& r);
+  // What ReportAlive's step times said (the web UI's per-rank panel).
+  const RankTimesBoard& rank_times() const { return rank_times_; }
 
   const CoordinatorOptions& options() const { return options_; }
 
@@ -396,6 +409,7 @@ class Coordinator {
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Running> running_ ABSL_GUARDED_BY(mu_);
+  RankTimesBoard rank_times_;
   std::string advertise_ ABSL_GUARDED_BY(mu_);
   std::string last_store_error_ ABSL_GUARDED_BY(mu_);  // logged once
   // When Supervise last ran (InfinitePast before the first tick): a tick

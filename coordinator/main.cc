@@ -65,6 +65,16 @@ int Run(int argc, char** argv) {
   if (!rpc.ok()) return Fail(rpc.status(), 1);
   c->SetAdvertiseAddress(flags.advertise.empty() ? rpc->address
                                                  : flags.advertise);
+  // Refused before any job runs: a port in use, plain text off loopback.
+  std::unique_ptr<ptrain::CoordinatorUi> ui;
+  if (!flags.ui_listen.empty()) {
+    auto u = ptrain::ServeUi(flags.ui_listen, flags.ui_insecure, c.get(),
+                             o.state_dir, tls);
+    if (!u.ok()) return Fail(u.status(), 2);
+    ui = std::move(*u);
+  } else if (flags.ui_insecure) {
+    return Fail("--ui-insecure is for --ui-listen, which is not given", 2);
+  }
   c->Start();
   std::unique_ptr<ptrain::CoordinatorHttp> http;
   if (!flags.metrics_listen.empty()) {

@@ -296,6 +296,14 @@ void AddFlags(CLI::App& app, PtcoordFlags& f) {
   app.add_option("--metrics-listen", f.metrics_listen,
                  "serve Prometheus /metrics and /sd (rank discovery) on "
                  "HOST:PORT; ranks then serve their own /metrics");
+  app.add_option(
+      "--ui-listen", f.ui_listen,
+      "serve the web UI (jobs, loss curves, ranks, nodes; read-only, "
+      "behind the user token) on HOST:PORT, over TLS with "
+      "--tls-cert");
+  app.add_flag("--ui-insecure", f.ui_insecure,
+               "allow --ui-listen in plain text on an address that is not "
+               "loopback");
   app.add_option("--join-token-file", f.join_token_file,
                  "tokens nodes (ptworkerd) join with, one per line (default: "
                  "no node may register)");

@@ -28,6 +28,8 @@ struct PtcoordFlags {
   int local_gpus = -1;
   double grace_s = 10;
   std::string metrics_listen;
+  std::string ui_listen;
+  bool ui_insecure = false;
   std::string join_token_file;
   double node_timeout_s = 15;
   std::string launcher, slurm_partition, slurm_account, slurm_extra;

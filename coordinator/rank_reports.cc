@@ -63,6 +63,12 @@ absl::Status Coordinator::ReportProgress(const v1::ReportProgressRequest& r) {
   point.set_loss(r.is_eval() ? 0.0 : r.loss());
   point.set_val_loss(r.is_eval() ? r.val_loss() : 0.0);
   point.set_attempt(r.attempt());
+  if (!r.is_eval()) {
+    point.set_tok_per_s(r.tok_per_s());
+    point.set_mfu(r.mfu());
+    point.set_lr(r.lr());
+  }
+  point.set_unix_ms(p->unix_ms());
   if (absl::Status s = Commit(*e, std::move(u)); !s.ok()) return s;
   Running& run = running_[r.job_id()];
   run.last_step = std::max(run.last_step, r.step());
@@ -150,6 +156,10 @@ absl::Status Coordinator::ReportAlive(const v1::ReportAliveRequest& r) {
   Running& run = running_[r.job_id()];
   const absl::Time now = absl::Now();
   run.heard[r.rank()] = now;
+  if (r.has_times()) {
+    rank_times_.Add(r.job_id(), r.attempt(), (*e)->record.job.world_size(),
+                    r.rank(), r.times(), absl::ToUnixMillis(now));
+  }
   if (!r.activity().empty()) {
     // Busy with what ends no step: alive.
     run.last_report = now;

@@ -95,6 +95,13 @@ bool Coordinator::RecoverFromRunLog(const Entry& e,
     q.set_loss(eval ? 0.0 : rec.loss);
     q.set_val_loss(eval ? rec.val_loss : 0.0);
     q.set_attempt(job.attempts());
+    if (!eval) {
+      q.set_tok_per_s(rec.tok_per_s);
+      q.set_mfu(rec.mfu);
+      q.set_lr(rec.lr);
+    }
+    // Recovered now: when it was trained is not in the run log.
+    q.set_unix_ms(NowMs());
   }
   std::set<int64_t> known;
   if (auto c = store_->ListCheckpoints(job.id()); c.ok()) {

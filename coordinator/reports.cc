@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/checkpoint_commit.h"
+#include "common/spec.h"
 #include "nlohmann/json.hpp"
 
 namespace ptrain {
@@ -216,6 +217,36 @@ absl::Status ValidateAlive(const v1::ReportAliveRequest& r,
   }
   if (r.progress_age_ms() < -1) {
     return Invalid("progress_age_ms=", r.progress_age_ms(), " < -1");
+  }
+  return r.has_times() ? ValidateRankTimes(r.times(), ctx) : absl::OkStatus();
+}
+
+absl::Status ValidateRankTimes(const v1::RankTimes& t,
+                               const ReportContext& ctx) {
+  absl::Status s = CheckStep(t.step(), ctx);
+  if (s.ok() && t.step() < 1) s = Invalid("times.step=", t.step(), " < 1");
+  if (s.ok() && t.steps() < 1) s = Invalid("times.steps=", t.steps(), " < 1");
+  if (s.ok()) s = CheckFigure("times.step_ms", t.step_ms());
+  if (s.ok()) s = CheckFigure("times.exposed_ms", t.exposed_ms());
+  if (!s.ok()) return s;
+  if (t.comm_ms_size() > static_cast<int>(kMaxRankTimesGroups)) {
+    return Invalid("times.comm_ms: ", t.comm_ms_size(), " groups; at most ",
+                   kMaxRankTimesGroups);
+  }
+  for (const auto& [group, ms] : t.comm_ms()) {
+    const bool name_ok =
+        !group.empty() && group.size() <= kMaxRankTimesGroupBytes &&
+        std::all_of(group.begin(), group.end(), [](char c) {
+          return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_';
+        });
+    if (!name_ok) {
+      return Invalid("times.comm_ms: group ", Shown(group), " must be 1 to ",
+                     kMaxRankTimesGroupBytes, " letters, digits or '_'");
+    }
+    if (s = CheckFigure(absl::StrCat("times.comm_ms[", group, "]"), ms);
+        !s.ok()) {
+      return s;
+    }
   }
   return absl::OkStatus();
 }

@@ -49,12 +49,19 @@ absl::Status ValidateCheckpoint(const v1::ReportCheckpointRequest& r,
                                 const ReportContext& ctx);
 
 // As above for job_id, attempt and rank; activity is printable ASCII of at
-// most kMaxActivityBytes.
+// most kMaxActivityBytes; times, when present, pass ValidateRankTimes.
 inline constexpr size_t kMaxActivityBytes = 128;
 // ReportCheckpointRequest.reason: why a rank rolled back.
 inline constexpr size_t kMaxReasonBytes = 256;
 absl::Status ValidateAlive(const v1::ReportAliveRequest& r,
                            const ReportContext& ctx);
+
+// A rank's step times (ReportAliveRequest.times, checked by ValidateAlive
+// when present): step in [1, train.steps], steps >= 1, every figure finite
+// and not negative, at most kMaxRankTimesGroups groups, each name passing
+// IsRankTimesGroupName (common/spec.h).
+absl::Status ValidateRankTimes(const v1::RankTimes& t,
+                               const ReportContext& ctx);
 
 // As above for job_id, attempt and rank; address passes ValidateHostPort;
 // at most kMaxEndpointLabels labels of kMaxEndpointLabelBytes each.

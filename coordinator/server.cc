@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/private_file.h"
 #include "coordinator/launcher.h"
 
 namespace ptrain {
@@ -39,6 +40,35 @@ absl::StatusOr<std::unique_ptr<CoordinatorHttp>> ServeMetrics(
       "/sd\n",
       at.c_str());
   return http;
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorUi>> ServeUi(
+    const std::string& listen, bool insecure, Coordinator* c,
+    const std::string& state_dir, const ServerTls& tls) {
+  UiOptions o;
+  o.listen = listen;
+  o.insecure = insecure;
+  if (!tls.cert_pem.empty()) {
+    o.tls_pem = (fs::path(state_dir) / "ui-tls.pem").string();
+    if (absl::Status s = ReplacePrivateFile(
+            o.tls_pem, absl::StrCat(tls.cert_pem, "\n", tls.key_pem));
+        !s.ok()) {
+      return s;
+    }
+  }
+  absl::StatusOr<std::unique_ptr<CoordinatorUi>> ui =
+      CoordinatorUi::Start(o, c);
+  if (!ui.ok()) return ui.status();
+  std::string host = listen.substr(0, listen.rfind(':'));
+  if (host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";
+  const std::string url = absl::StrCat(o.tls_pem.empty() ? "http" : "https",
+                                       "://", host, ":", (*ui)->port(), "/");
+  WritePrivateFile((fs::path(state_dir) / "ui_address").string(), url + "\n")
+      .IgnoreError();
+  std::printf("ptcoord: web UI on %s (user token: %s)\n", url.c_str(),
+              o.tls_pem.empty() ? "plain text" : "TLS");
+  std::fflush(stdout);
+  return ui;
 }
 
 void AnnounceAddress(const std::string& state_dir, const std::string& address,

@@ -12,6 +12,7 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/http.h"
 #include "coordinator/service.h"
+#include "coordinator/ui_server.h"
 
 namespace ptrain {
 
@@ -31,6 +32,14 @@ absl::StatusOr<RpcServer> ServeRpc(const std::string& listen, Coordinator* c,
 // to STATE/metrics_address and prints it.
 absl::StatusOr<std::unique_ptr<CoordinatorHttp>> ServeMetrics(
     const std::string& listen, Coordinator* c, const std::string& state_dir);
+
+// The web UI on `listen` (--ui-listen), over TLS when `tls` has a
+// certificate (its chain and key written to STATE_DIR/ui-tls.pem, 0600,
+// for civetweb); plain text elsewhere than loopback only with `insecure`.
+// Writes the URL to STATE_DIR/ui_address and prints it.
+absl::StatusOr<std::unique_ptr<CoordinatorUi>> ServeUi(
+    const std::string& listen, bool insecure, Coordinator* c,
+    const std::string& state_dir, const ServerTls& tls);
 
 // Writes `address` to STATE/address and prints "ptcoord: listening on
 // ADDRESS (plain text | TLS | TLS, client certificates)".

@@ -48,7 +48,9 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 CREATE TABLE IF NOT EXISTS loss_history (
   id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL,
   attempt INTEGER NOT NULL, step INTEGER NOT NULL, loss REAL NOT NULL,
-  val_loss REAL NOT NULL);
+  val_loss REAL NOT NULL, tok_per_s REAL NOT NULL DEFAULT 0,
+  mfu REAL NOT NULL DEFAULT 0, lr REAL NOT NULL DEFAULT 0,
+  unix_ms INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS loss_job ON loss_history (job_id);
 CREATE INDEX IF NOT EXISTS loss_attempt_step
   ON loss_history (job_id, attempt, step);
@@ -232,7 +234,19 @@ absl::Status Store::Migrate() {
   const bool plain_tokens = columns.count("token") > 0;
   absl::StatusOr<std::set<std::string>> node_columns = Columns("nodes");
   if (!node_columns.ok()) return node_columns.status();
+  absl::StatusOr<std::set<std::string>> loss_columns = Columns("loss_history");
+  if (!loss_columns.ok()) return loss_columns.status();
   absl::Status s = InTransaction([&]() -> absl::Status {
+    // Loss points stored before speed and time were recorded read as 0.
+    for (const char* column :
+         {"tok_per_s REAL", "mfu REAL", "lr REAL", "unix_ms INTEGER"}) {
+      const std::string name(column, std::strchr(column, ' '));
+      if (loss_columns->count(name)) continue;
+      absl::Status a = Exec(absl::StrCat("ALTER TABLE loss_history ADD COLUMN ",
+                                         column, " NOT NULL DEFAULT 0;")
+                                .c_str());
+      if (!a.ok()) return a;
+    }
     // Nodes registered by an older ptcoord have no secret: the next
     // registration of such a name while it is down binds it (nodes.h).
     if (!node_columns->count("secret_sha256")) {
@@ -431,13 +445,17 @@ absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> Store::ListEvents(
 absl::Status Store::AddLossPointLocked(const std::string& job_id,
                                        const v1::LossPoint& p) {
   Stmt q(db_,
-         "INSERT INTO loss_history (job_id, attempt, step, loss, val_loss) "
-         "VALUES (?, ?, ?, ?, ?)");
+         "INSERT INTO loss_history (job_id, attempt, step, loss, val_loss, "
+         "tok_per_s, mfu, lr, unix_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)");
   q.Bind(1, job_id)
       .Bind(2, static_cast<int64_t>(p.attempt()))
       .Bind(3, p.step())
       .Bind(4, p.loss())
-      .Bind(5, p.val_loss());
+      .Bind(5, p.val_loss())
+      .Bind(6, p.tok_per_s())
+      .Bind(7, p.mfu())
+      .Bind(8, p.lr())
+      .Bind(9, p.unix_ms());
   return q.Run();
 }
 
@@ -448,20 +466,22 @@ absl::Status Store::AddLossPoint(const std::string& job_id,
 }
 
 absl::StatusOr<std::vector<v1::LossPoint>> Store::LossHistory(
-    const std::string& job_id, int64_t max_per_series, int64_t* stored) {
+    const std::string& job_id, int64_t max_per_series, int64_t* stored,
+    int64_t after, int64_t* last) {
   absl::MutexLock lock(&mu_);
   // Series 0 holds the training points, series 1 the evaluations (a
   // val_loss). Point i of a series of n is kept when n <= max, else when it
   // is the last or i is a multiple of the stride ceil(n / (max - 1)): at
-  // most max. One pass over the job's rows in the order they were added.
+  // most max. One pass over the rows after `after` in the order they were
+  // added (the (job_id) index holds the row id: a range, not a scan).
   std::array<int64_t, 2> n = {0, 0}, stride = {1, 1}, seen = {0, 0};
   absl::Status s;
   if (max_per_series > 0) {
     Stmt count(db_,
                "SELECT COALESCE(SUM(val_loss = 0), 0),"
                " COALESCE(SUM(val_loss != 0), 0)"
-               " FROM loss_history WHERE job_id=?");
-    count.Bind(1, job_id);
+               " FROM loss_history WHERE job_id=? AND id>?");
+    count.Bind(1, job_id).Bind(2, after);
     s = count.status();
     if (!s.ok()) return s;
     if (!count.Step(&s)) {
@@ -475,13 +495,15 @@ absl::StatusOr<std::vector<v1::LossPoint>> Store::LossHistory(
     }
   }
   Stmt q(db_,
-         "SELECT attempt, step, loss, val_loss FROM loss_history WHERE "
-         "job_id=? ORDER BY id");
-  q.Bind(1, job_id);
+         "SELECT attempt, step, loss, val_loss, tok_per_s, mfu, lr, unix_ms, "
+         "id FROM loss_history WHERE job_id=? AND id>? ORDER BY id");
+  q.Bind(1, job_id).Bind(2, after);
   s = q.status();
   if (!s.ok()) return s;
   std::vector<v1::LossPoint> out;
+  int64_t newest = after;
   while (q.Step(&s)) {
+    newest = q.Int(8);
     const double val_loss = q.Double(3);
     const int k = val_loss != 0 ? 1 : 0;
     const int64_t i = seen[k]++;
@@ -494,9 +516,14 @@ absl::StatusOr<std::vector<v1::LossPoint>> Store::LossHistory(
     p.set_step(q.Int(1));
     p.set_loss(q.Double(2));
     p.set_val_loss(val_loss);
+    p.set_tok_per_s(q.Double(4));
+    p.set_mfu(q.Double(5));
+    p.set_lr(q.Double(6));
+    p.set_unix_ms(q.Int(7));
   }
   if (!s.ok()) return s;
   if (stored != nullptr) *stored = seen[0] + seen[1];
+  if (last != nullptr) *last = newest;
   return out;
 }
 

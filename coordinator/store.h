@@ -87,14 +87,17 @@ class Store {
       const std::string& job_id);
 
   absl::Status AddLossPoint(const std::string& job_id, const v1::LossPoint& p);
-  // The job's loss points in the order they were added. With
-  // `max_per_series` > 0, each series (training points; evaluation points,
-  // those with a val_loss) that has more is thinned to at most that many,
-  // evenly by position, its first and last point kept. `stored`, when not
-  // null, gets how many points the job has in all.
+  // The job's loss points in the order they were added, those added after
+  // the point numbered `after` (0: all). With `max_per_series` > 0, each
+  // series (training points; evaluation points, those with a val_loss)
+  // that has more is thinned to at most that many, evenly by position, its
+  // first and last point kept. `stored`, when not null, gets how many
+  // points there are after `after`; `last`, the number of the newest (or
+  // `after` when there is none): the `after` of the next call that wants
+  // only what came since.
   absl::StatusOr<std::vector<v1::LossPoint>> LossHistory(
       const std::string& job_id, int64_t max_per_series = 0,
-      int64_t* stored = nullptr);
+      int64_t* stored = nullptr, int64_t after = 0, int64_t* last = nullptr);
   // The newest step of attempt `attempt`'s training points and of its
   // evaluation points; -1 for a series without any.
   struct LastSteps {

@@ -2,8 +2,9 @@
 # The control plane in one command: builds when needed, starts ptcoord on a
 # temporary state folder, submits examples/shakespeare-char.yaml (dp=2,
 # ZeRO-1, $PTRAIN_DEMO_STEPS steps, default 300) and watches it live (a
-# progress bar on a terminal, a line per tenth of the run otherwise), prints
-# the sample, stops ptcoord. Exits with the job's outcome (0: SUCCEEDED).
+# progress bar on a terminal, a line per tenth of the run otherwise) with the
+# web UI on (its address and token printed: open it while the job runs),
+# prints the sample, stops ptcoord. Exits with the job's outcome (0: SUCCEEDED).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${PT_BUILD_DIR:-build}
@@ -18,6 +19,7 @@ head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$TMP/tokens"
 mkdir -p "$TMP/checkpoints"
 "$BUILD/coordinator/ptcoord" --listen 127.0.0.1:0 --state-dir "$TMP/state" --local-slots 2 \
   --token-file "$TMP/tokens" --data-root data --data-root "$TMP/checkpoints" \
+  --ui-listen 127.0.0.1:0 \
   --log-level warn > "$TMP/ptcoord.log" 2>&1 &
 COORD=$!
 JOB=""
@@ -44,6 +46,8 @@ export PTCTL_SERVER PTCTL_TOKEN
 PTCTL_SERVER=$(cat "$TMP/state/address")
 PTCTL_TOKEN=$(cat "$TMP/tokens")
 echo "demo: ptcoord at $PTCTL_SERVER, state in $TMP"
+for _ in $(seq 50); do [[ -s $TMP/state/ui_address ]] && break; sleep 0.1; done
+echo "demo: web UI at $(cat "$TMP/state/ui_address" 2>/dev/null) (token: $PTCTL_TOKEN)"
 
 JOB=$("$BUILD/ptctl/ptctl" submit examples/shakespeare-char.yaml \
   --set parallel.dp=2 --set parallel.zero=1 --set train.steps="$STEPS" \

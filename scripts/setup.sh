@@ -27,7 +27,8 @@ done
 # (libdnnl-dev only recommends them); OpenSSL's libcrypto for digests;
 # ICU for the char tokenizer's UTF-8 and the character classes of GPT-2's
 # pre-tokenizer; SentencePiece; RE2 (GPT-2's pattern, which the fuzz target
-# holds the pre-tokenizer to).
+# holds the pre-tokenizer to); cpp-httplib serves ptcoord's web UI, and
+# Chart.js draws its charts.
 # python3 prints the demo's sample.
 PACKAGES=(
   build-essential cmake pkg-config
@@ -37,6 +38,7 @@ PACKAGES=(
   nlohmann-json3-dev libxxhash-dev libicu-dev
   libdnnl-dev ocl-icd-opencl-dev libopenblas-dev
   libssl-dev
+  libcpp-httplib-dev libjs-chart.js
   python3
 )
 # Only for tests and benchmarks: GoogleTest; PyTorch computes the reference
@@ -46,7 +48,9 @@ PACKAGES=(
 # iproute2, util-linux and procps make the multinode tests' pretend nodes,
 # whose job events sqlite3 reads; Slurm's daemons and munge run the slurm
 # tests; systemd's systemd-analyze checks deploy/systemd's units; the
-# cluster dashboard's test reads deploy/prometheus.yml with python3-yaml.
+# cluster dashboard's test reads deploy/prometheus.yml with python3-yaml;
+# headless Chromium loads the web UI, driven by python3-websocket, its
+# screenshots read by python3-pil.
 TEST_PACKAGES=(
   libgtest-dev
   python3-numpy python3-torch python3-yaml
@@ -55,6 +59,7 @@ TEST_PACKAGES=(
   openssl
   iproute2 util-linux procps sqlite3
   slurmctld slurmd slurm-client munge
+  chromium python3-websocket python3-pil
 )
 if ((tests)); then PACKAGES+=("${TEST_PACKAGES[@]}"); fi
 

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -220,6 +222,84 @@ std::chrono::milliseconds ProgressReporter::AliveInterval(
   return std::chrono::milliseconds(AliveIntervalMs(hang_timeout_s));
 }
 
+void ProgressReporter::SetRankTimesInterval(std::chrono::milliseconds every) {
+  std::lock_guard<std::mutex> lock(mu_);
+  times_every_ = every;
+}
+
+void ProgressReporter::OnRankStep(const RankStep& s) {
+  const auto now = std::chrono::steady_clock::now();
+  Item item;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    StepWindow& w = window_;
+    if (!w.started) {
+      // The first step only sets the baseline: the totals now hold the
+      // setup's communication (the mesh, a checkpoint's loading) and the
+      // first step's, which no step's wall time covers; counted from zero,
+      // the first report would show more communication than step time.
+      // So the first report covers the steps after it, every figure alike.
+      w.started = true;
+      w.since = now;
+      w.comm_base = s.comm_seconds;
+      return;
+    }
+    w.step = s.step;
+    ++w.steps;
+    w.seconds += s.seconds;
+    w.exposed += s.comm_exposed;
+    if (now - w.since < times_every_ || times_queued_) return;
+    item.kind = Item::kAlive;  // the rest is filled when it is sent
+    *item.alive.mutable_times() = MeansOf(w, s.comm_seconds);
+    w = StepWindow();
+    w.started = true;
+    w.since = now;
+    w.comm_base = s.comm_seconds;
+    times_queued_ = true;
+  }
+  Enqueue(std::move(item));
+}
+
+v1::RankTimes ProgressReporter::MeansOf(
+    const StepWindow& w, const std::map<std::string, double>& comm) {
+  const double per_step_ms = 1e3 / std::max(w.steps, 1);
+  v1::RankTimes t;
+  t.set_step(w.step);
+  t.set_steps(w.steps);
+  t.set_step_ms(std::max(0.0, w.seconds * per_step_ms));
+  t.set_exposed_ms(std::max(0.0, w.exposed * per_step_ms));
+  std::vector<std::pair<double, std::string>> groups;
+  for (const auto& [group, total] : comm) {
+    // A name ptcoord would refuse would cost the whole report.
+    if (!IsRankTimesGroupName(group)) continue;
+    auto base = w.comm_base.find(group);
+    double seconds = base == w.comm_base.end() ? total : total - base->second;
+    // Totals only fall when the counters were reset: count from the reset.
+    if (seconds < 0) seconds = total;
+    groups.emplace_back(std::max(0.0, seconds), group);
+  }
+  // The groups with the most time tell where it went; ties by name.
+  std::sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  if (groups.size() > kMaxRankTimesGroups) groups.resize(kMaxRankTimesGroups);
+  for (const auto& [seconds, group] : groups) {
+    (*t.mutable_comm_ms())[group] = seconds * per_step_ms;
+  }
+  return t;
+}
+
+v1::ReportAliveRequest ProgressReporter::AliveNow() const {
+  v1::ReportAliveRequest alive;
+  alive.set_job_id(job_id_);
+  alive.set_attempt(attempt_);
+  alive.set_rank(rank_);
+  alive.set_activity(activity_.substr(0, 128));
+  alive.set_progress_age_ms(
+      progress_age_ ? std::max<int64_t>(-1, progress_age_()) : -1);
+  return alive;
+}
+
 void ProgressReporter::Enqueue(Item item) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -255,12 +335,7 @@ void ProgressReporter::Loop() {
         // First in line: nothing else waits for it.
         Item alive;
         alive.kind = Item::kAlive;
-        alive.alive.set_job_id(job_id_);
-        alive.alive.set_attempt(attempt_);
-        alive.alive.set_rank(rank_);
-        alive.alive.set_activity(activity_.substr(0, 128));
-        alive.alive.set_progress_age_ms(
-            progress_age_ ? std::max<int64_t>(-1, progress_age_()) : -1);
+        alive.alive = AliveNow();
         queue_.push_front(std::move(alive));
         next_alive_ = Clock::now() + alive_every_;
       }
@@ -272,6 +347,15 @@ void ProgressReporter::Loop() {
     if (queue_.empty()) continue;
     Item item = std::move(queue_.front());
     queue_.pop_front();
+    if (item.kind == Item::kAlive && item.alive.has_times()) {
+      // Step times say what a heartbeat says, as of now, not as of when
+      // they were queued. They do not stand in for the heartbeats: a
+      // coordinator that refused them would otherwise hear no sign of life.
+      v1::RankTimes times = std::move(*item.alive.mutable_times());
+      item.alive = AliveNow();
+      *item.alive.mutable_times() = std::move(times);
+      times_queued_ = false;
+    }
     lock.unlock();
     const grpc::Status s = rpc_->Send(item, token_);
     lock.lock();

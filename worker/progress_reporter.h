@@ -1,7 +1,8 @@
 // ProgressReporter: forwards a rank's run-log records to ptcoord's
-// RankService (ReportProgress, ReportCheckpoint, ReportEndpoint), over TLS
-// when ptcoord hands the rank a CA. Not part of training: RPCs run on a
-// background thread and their failures are logged, never fatal.
+// RankService (ReportProgress, ReportCheckpoint, ReportEndpoint), its signs
+// of life and step times (ReportAlive), over TLS when ptcoord hands the rank
+// a CA. Not part of training: RPCs run on a background thread and their
+// failures are logged, never fatal.
 #ifndef PTRAIN_WORKER_PROGRESS_REPORTER_H_
 #define PTRAIN_WORKER_PROGRESS_REPORTER_H_
 
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -19,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 #include "ptrain/v1/coordinator.pb.h"
+#include "worker/engine/rank_step.h"
 
 namespace ptrain {
 
@@ -71,6 +74,24 @@ class ProgressReporter {
   // A quarter of `hang_timeout_s`, kept within [250 ms, 10 s].
   static std::chrono::milliseconds AliveInterval(int64_t hang_timeout_s);
 
+  // Called on every rank at the end of each step it completes. Adds the
+  // step to the figures since the previous RankTimes and, once the step-times
+  // interval (kRankTimesEvery) has passed since that one, queues a
+  // ReportAlive carrying them in `times`: means per step of the wall time,
+  // the exposed communication and each group's communication (the
+  // difference of the running totals, so evaluation and checkpoints between
+  // the steps count too); at most kMaxRankTimesGroups groups, the ones with
+  // the most time, names over kMaxRankTimesGroupBytes or of other than
+  // letters, digits and '_' dropped. The first
+  // call only starts the count (see the .cc). activity and progress_age_ms
+  // are filled when it is sent, as a heartbeat's are; heartbeats go on as
+  // before. At most one waits in the queue: while it does, steps add to
+  // the next. Never blocks on the network; thread-safe.
+  void OnRankStep(const RankStep& s);
+  // The step-times interval (default kRankTimesEvery): tests set it.
+  void SetRankTimesInterval(std::chrono::milliseconds every);
+  static constexpr std::chrono::milliseconds kRankTimesEvery{1000};
+
   static constexpr size_t kMaxQueued = 4096;
 
   // PTRAIN_COORDINATOR: host:port of the coordinator.
@@ -94,6 +115,21 @@ class ProgressReporter {
   void Enqueue(Item item);
   // Whether ReportAlive goes out at every interval now. mu_ held.
   bool Heartbeating() const { return !activity_.empty() || progress_age_; }
+  // A ReportAlive of what the rank does now and its progress age (-1
+  // without a probe). mu_ held.
+  v1::ReportAliveRequest AliveNow() const;
+  // The steps OnRankStep has counted since the previous RankTimes.
+  struct StepWindow {
+    bool started = false;  // the first call has set `since` and comm_base
+    std::chrono::steady_clock::time_point since;
+    int64_t step = 0;  // the newest
+    int32_t steps = 0;
+    double seconds = 0.0, exposed = 0.0;
+    std::map<std::string, double> comm_base;  // the totals at its start
+  };
+  // The window's means given the communication totals at its end.
+  static v1::RankTimes MeansOf(const StepWindow& w,
+                               const std::map<std::string, double>& comm);
   class Rpc;  // the gRPC stub, kept out of this header
 
   ProgressReporter(std::string address, std::string job_id, std::string token,
@@ -116,6 +152,10 @@ class ProgressReporter {
   std::chrono::milliseconds alive_every_{5000};       // guarded by mu_
   std::chrono::steady_clock::time_point next_alive_;  // guarded by mu_
   int64_t sent_ = 0, failed_ = 0, dropped_ = 0;       // guarded by mu_
+  // Step times (OnRankStep); times_queued_: one waits in queue_.
+  std::chrono::milliseconds times_every_{kRankTimesEvery};  // guarded by mu_
+  StepWindow window_;                                       // guarded by mu_
+  bool times_queued_ = false;                               // guarded by mu_
   std::thread thread_;
 };
 

@@ -113,6 +113,9 @@ absl::Status FillTrainerOptions(const RankFlags& flags, const NodeShare& node,
     options->on_activity = [reporter](const std::string& what) {
       reporter->SetActivity(what);
     };
+    options->on_rank_step = [reporter](const RankStep& step) {
+      reporter->OnRankStep(step);
+    };
   }
   return absl::OkStatus();
 }

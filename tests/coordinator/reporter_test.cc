@@ -5,11 +5,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/spec.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "ptrain/v1/coordinator.grpc.pb.h"
@@ -161,6 +163,128 @@ TEST(ProgressReporterTest, WithAProbeEveryIntervalCarriesTheProgressAge) {
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(400));
   EXPECT_LE(service.Got().size(), got.size() + 1);  // off again
+  r->reset();
+  server->Shutdown();
+}
+
+// The ReportAlive requests with step times `service` got, waiting up to 5 s
+// for `n` of them.
+std::vector<v1::ReportAliveRequest> TimesGot(AliveRecorder& service, size_t n) {
+  std::vector<v1::ReportAliveRequest> times;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (true) {
+    times.clear();
+    for (const v1::ReportAliveRequest& a : service.Got()) {
+      if (a.has_times()) times.push_back(a);
+    }
+    if (times.size() >= n || std::chrono::steady_clock::now() > deadline) {
+      return times;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+RankStep StepOf(int64_t step, double seconds, double exposed,
+                std::map<std::string, double> comm) {
+  RankStep s;
+  s.step = step;
+  s.seconds = seconds;
+  s.comm_exposed = exposed;
+  s.comm_seconds = std::move(comm);
+  return s;
+}
+
+// A training rank's step times go out once an interval: the means per step
+// of the steps since the previous report, each group's communication the
+// difference of its running totals. The first step only sets the baseline
+// (the totals then hold the setup's communication, which no step covers).
+// They carry the progress age as every heartbeat does.
+TEST(ProgressReporterTest, StepTimesAreMeansOverTheStepsSinceThePreviousOne) {
+  AliveRecorder service;
+  std::unique_ptr<grpc::Server> server;
+  auto r = ReporterOfRank1(service, "4", &server);
+  ASSERT_TRUE(r.ok() && *r != nullptr);
+  ProgressReporter& rep = **r;
+  EXPECT_EQ(ProgressReporter::kRankTimesEvery, std::chrono::seconds(1));
+  rep.SetProgressProbe([] { return int64_t{42}; });
+  // Not due until the interval is shortened below.
+  rep.SetRankTimesInterval(std::chrono::hours(1));
+  rep.OnRankStep(StepOf(10, 9.0, 1.0, {{"dp", 5.0}, {"tp", 2.0}}));
+  rep.OnRankStep(
+      StepOf(11, 0.125, 0.0, {{"dp", 5.25}, {"tp", 2.0}, {"world", 0.5}}));
+  rep.OnRankStep(
+      StepOf(12, 0.25, 0.03125, {{"dp", 5.5}, {"tp", 2.125}, {"world", 0.5}}));
+  rep.SetRankTimesInterval(std::chrono::milliseconds(0));
+  rep.OnRankStep(
+      StepOf(13, 0.375, 0.0625, {{"dp", 5.75}, {"tp", 2.375}, {"world", 0.5}}));
+  // Sent before the next step: while it waits, steps add to it instead.
+  ASSERT_EQ(TimesGot(service, 1).size(), 1u);
+  rep.OnRankStep(
+      StepOf(14, 0.5, 0.0, {{"dp", 6.0}, {"tp", 2.375}, {"world", 0.75}}));
+  const std::vector<v1::ReportAliveRequest> got = TimesGot(service, 2);
+  ASSERT_EQ(got.size(), 2u);
+
+  const v1::RankTimes& a = got[0].times();
+  EXPECT_EQ(got[0].rank(), 1);
+  EXPECT_EQ(got[0].attempt(), 4);
+  EXPECT_EQ(got[0].progress_age_ms(), 42);
+  EXPECT_EQ(got[0].activity(), "");
+  EXPECT_EQ(a.step(), 13);
+  EXPECT_EQ(a.steps(), 3);                  // 11, 12 and 13: not the first, 10
+  EXPECT_DOUBLE_EQ(a.step_ms(), 250.0);     // (125 + 250 + 375) / 3
+  EXPECT_DOUBLE_EQ(a.exposed_ms(), 31.25);  // (0 + 31.25 + 62.5) / 3
+  ASSERT_EQ(a.comm_ms().size(), 3u);
+  EXPECT_DOUBLE_EQ(a.comm_ms().at("dp"), 250.0);         // (5.75 - 5) / 3
+  EXPECT_DOUBLE_EQ(a.comm_ms().at("tp"), 125.0);         // (2.375 - 2) / 3
+  EXPECT_DOUBLE_EQ(a.comm_ms().at("world"), 500.0 / 3);  // new: from 0
+
+  // The next covers step 14 alone, from the totals the first ended at.
+  const v1::RankTimes& b = got[1].times();
+  EXPECT_EQ(b.step(), 14);
+  EXPECT_EQ(b.steps(), 1);
+  EXPECT_DOUBLE_EQ(b.step_ms(), 500.0);
+  EXPECT_DOUBLE_EQ(b.exposed_ms(), 0.0);
+  ASSERT_EQ(b.comm_ms().size(), 3u);
+  EXPECT_DOUBLE_EQ(b.comm_ms().at("dp"), 250.0);
+  EXPECT_DOUBLE_EQ(b.comm_ms().at("tp"), 0.0);
+  EXPECT_DOUBLE_EQ(b.comm_ms().at("world"), 250.0);
+  r->reset();
+  server->Shutdown();
+}
+
+// "g0" .. "g9".
+std::string Group(int i) { return {'g', static_cast<char>('0' + i)}; }
+
+// RankTimes holds at most 8 groups with names of at most 16 letters, digits
+// or '_': another name is dropped, and of more groups the ones with the least
+// time.
+TEST(ProgressReporterTest, StepTimesKeepTheEightBusiestGroupsWithValidNames) {
+  AliveRecorder service;
+  std::unique_ptr<grpc::Server> server;
+  auto r = ReporterOfRank1(service, "1", &server);
+  ASSERT_TRUE(r.ok() && *r != nullptr);
+  (*r)->SetRankTimesInterval(std::chrono::milliseconds(0));
+  const std::string long_name(kMaxRankTimesGroupBytes + 1, 'x');
+  const std::string longest(kMaxRankTimesGroupBytes, 'y');
+  std::map<std::string, double> totals;
+  (*r)->OnRankStep(StepOf(1, 1.0, 0.0, totals));
+  // Group g<i> spent i seconds; the longest allowed name the most.
+  for (int i = 0; i < 9; ++i) totals[Group(i)] = i;
+  totals[long_name] = 100.0;
+  totals["d-p"] = 100.0;  // not a name ptcoord takes
+  totals[longest] = 50.0;
+  (*r)->OnRankStep(StepOf(2, 1.0, 0.0, totals));
+  const std::vector<v1::ReportAliveRequest> got = TimesGot(service, 1);
+  ASSERT_EQ(got.size(), 1u);
+  const auto& comm = got[0].times().comm_ms();
+  EXPECT_EQ(comm.size(), kMaxRankTimesGroups);
+  EXPECT_EQ(comm.count(long_name) + comm.count("d-p"), 0u);
+  EXPECT_DOUBLE_EQ(comm.at(longest), 50e3);
+  for (int i = 2; i < 9; ++i) {
+    EXPECT_DOUBLE_EQ(comm.at(Group(i)), i * 1e3) << i;
+  }
+  EXPECT_EQ(comm.count("g0") + comm.count("g1"), 0u);
   r->reset();
   server->Shutdown();
 }

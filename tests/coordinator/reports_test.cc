@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/spec.h"
 #include "gtest/gtest.h"
 #include "tests/testing/committed_checkpoint.h"
 
@@ -118,6 +119,55 @@ TEST(ReportsTest, SignsOfLifeAreCheckedAndNamed) {
   for (const Case& c : cases) {
     v1::ReportAliveRequest bad = r;
     c.edit(bad);
+    const absl::Status s = ValidateAlive(bad, kCtx);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_EQ(s.message().rfind(c.field, 0), 0u) << s;
+  }
+}
+
+TEST(ReportsTest, StepTimesAreCheckedAndNamed) {
+  v1::ReportAliveRequest r;
+  r.set_job_id("job-0001");
+  r.set_attempt(2);
+  r.set_rank(3);
+  v1::RankTimes* t = r.mutable_times();
+  t->set_step(100);
+  t->set_steps(3);
+  t->set_step_ms(250);
+  t->set_exposed_ms(0);
+  (*t->mutable_comm_ms())["dp"] = 12.5;
+  (*t->mutable_comm_ms())["pp_2"] = 0;
+  EXPECT_TRUE(ValidateAlive(r, kCtx).ok()) << ValidateAlive(r, kCtx);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  struct Case {
+    const char* field;
+    std::function<void(v1::RankTimes&)> edit;
+  };
+  const Case cases[] = {
+      {"step", [](auto& x) { x.set_step(101); }},
+      {"times.step", [](auto& x) { x.set_step(0); }},
+      {"times.steps", [](auto& x) { x.set_steps(0); }},
+      {"times.step_ms", [&](auto& x) { x.set_step_ms(nan); }},
+      {"times.exposed_ms", [](auto& x) { x.set_exposed_ms(-1); }},
+      {"times.comm_ms[dp]",
+       [](auto& x) { (*x.mutable_comm_ms())["dp"] = -0.5; }},
+      {"times.comm_ms: group",
+       [](auto& x) { (*x.mutable_comm_ms())["d-p"] = 1; }},
+      {"times.comm_ms: group",
+       [](auto& x) {
+         (*x.mutable_comm_ms())[std::string(kMaxRankTimesGroupBytes + 1, 'g')] =
+             1;
+       }},
+      {"times.comm_ms:",
+       [](auto& x) {
+         for (int g = 0; g < 8; ++g) {
+           (*x.mutable_comm_ms())[absl::StrCat("g", g)] = 1;
+         }
+       }},
+  };
+  for (const Case& c : cases) {
+    v1::ReportAliveRequest bad = r;
+    c.edit(*bad.mutable_times());
     const absl::Status s = ValidateAlive(bad, kCtx);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.field;
     EXPECT_EQ(s.message().rfind(c.field, 0), 0u) << s;

@@ -218,6 +218,42 @@ INSERT INTO loss_history (job_id, attempt, step, loss, val_loss) VALUES
   ASSERT_TRUE(last.ok()) << last.status();
   EXPECT_EQ(last->step, 41);
   EXPECT_EQ(last->eval, 40);
+  // Its points get the speed and time columns (0), and new points keep
+  // theirs; `after` asks for what came since.
+  v1::LossPoint p;
+  p.set_attempt(1);
+  p.set_step(42);
+  p.set_loss(1.8);
+  p.set_tok_per_s(5000);
+  p.set_mfu(0.3);
+  p.set_lr(1e-4);
+  p.set_unix_ms(1234);
+  ASSERT_TRUE((*store)->AddLossPoint("job-0001", p).ok());
+  int64_t stored = 0, newest = 0;
+  auto all = (*store)->LossHistory("job-0001", 0, &stored, 0, &newest);
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 4u);
+  EXPECT_EQ(stored, 4);
+  EXPECT_EQ((*all)[0].tok_per_s(), 0);
+  EXPECT_EQ((*all)[0].unix_ms(), 0);
+  EXPECT_EQ((*all)[3].tok_per_s(), 5000);
+  EXPECT_EQ((*all)[3].mfu(), 0.3);
+  EXPECT_EQ((*all)[3].lr(), 1e-4);
+  EXPECT_EQ((*all)[3].unix_ms(), 1234);
+  int64_t since_third = 0;
+  ASSERT_TRUE(
+      (*store)->LossHistory("job-0001", 0, nullptr, 0, &since_third).ok());
+  auto after =
+      (*store)->LossHistory("job-0001", 0, &stored, newest - 1, &since_third);
+  ASSERT_TRUE(after.ok());
+  ASSERT_EQ(after->size(), 1u);
+  EXPECT_EQ((*after)[0].step(), 42);
+  EXPECT_EQ(stored, 1);
+  EXPECT_EQ(since_third, newest);
+  auto none = (*store)->LossHistory("job-0001", 0, &stored, newest, &newest);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  EXPECT_EQ(newest, since_third);
   store->reset();
 
   sqlite3* db = nullptr;

@@ -11,7 +11,7 @@ every command it does not run here, why.
 Trainings run until they log a step past the first (at most ~15 s, 45 s when nothing was
 logged yet), then get SIGINT and must stop as ptworker documents it (exit 3; under mpirun,
 the ranks stop with 3 and mpirun exits 1). ptctl commands run against one ptcoord started
-from the README's own ptcoord command (a free port and a temporary state dir substituted),
+from the README's own ptcoord command (free ports and a temporary state dir substituted),
 their job placeholders (job-0001, JOB) replaced by the job this run submitted. Benchmarks
 that take minutes run with --help instead, and every flag the doc gives them must be in
 that help. A command whose comment says it fails (`# fails`, `# refused`, `# exits 2`)
@@ -715,6 +715,10 @@ class Runner:
         if segs:
             seg = next(s for s in segs if pt_name(s.program) == "ptcoord")
             words, subs = list(seg.words), []
+            if "--ui-listen" in words:  # a free port for the web UI too
+                i = words.index("--ui-listen") + 1
+                subs.append(f"--ui-listen {words[i]} -> 127.0.0.1:0")
+                words[i] = "127.0.0.1:0"
             for flag, value in (("--listen", "127.0.0.1:0"), ("--state-dir", str(self.state))):
                 if flag in words:
                     i = words.index(flag) + 1

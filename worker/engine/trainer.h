@@ -31,6 +31,7 @@
 #include "worker/engine/parallel_dims.h"
 #include "worker/engine/pipeline_runtime.h"
 #include "worker/engine/rank_build.h"
+#include "worker/engine/rank_step.h"
 #include "worker/engine/runlog.h"
 #include "worker/engine/schedule.h"
 #include "worker/engine/zero_store.h"
@@ -48,6 +49,11 @@ struct TrainerOptions {
   // a while ("writing a checkpoint", "evaluating"), then with "" when it is
   // done (ProgressReporter::SetActivity).
   std::function<void(const std::string&)> on_activity;
+  // Called on every rank at the end of each step it completes (before
+  // evaluation and checkpoints), with the step's times and the rank's
+  // running communication totals by group: how each rank tells the
+  // coordinator its step times (ProgressReporter::OnRankStep).
+  std::function<void(const RankStep&)> on_rank_step;
   // "" (start fresh), "latest" (newest intact checkpoint of this model and
   // data under checkpoint.dir, falling back past damaged ones and skipping
   // other models' and data's; fresh if there is none; one of another job

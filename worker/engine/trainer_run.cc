@@ -289,6 +289,16 @@ absl::Status Trainer::ReportStep(int64_t step, const StepResult& r) {
       options_.metrics->SetGpuMemory(gpu.used, gpu.total);
     }
   }
+  if (options_.on_rank_step) {
+    RankStep rank_step;
+    rank_step.step = step;
+    rank_step.seconds = r.seconds;
+    rank_step.comm_exposed = r.comm_exposed;
+    for (const auto& [key, stat] : dims_->comm_stats()->Snapshot()) {
+      rank_step.comm_seconds[key.first] += stat.seconds;  // key: (group, op)
+    }
+    options_.on_rank_step(rank_step);
+  }
   if (!std::isfinite(r.loss)) {
     return absl::InternalError(
         absl::StrCat("loss is ", r.loss, " at step ", step));

@@ -1,0 +1,395 @@
+// See ui_api.h.
+#include "coordinator/ui_api.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <limits>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/job_state.h"
+#include "common/tokenizer.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace ptrain {
+
+using nlohmann::json;
+
+namespace {
+
+ApiReply Error(int status, const std::string& message) {
+  return {status, json{{"error", message}}};
+}
+
+// From a Coordinator error: 404 for an unknown job, 400 for a refused
+// argument, 503 otherwise (the store is busy or failing).
+ApiReply FromStatus(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kNotFound:
+      return Error(404, std::string(s.message()));
+    case absl::StatusCode::kInvalidArgument:
+      return Error(400, std::string(s.message()));
+    default:
+      return Error(503, std::string(s.message()));
+  }
+}
+
+// Parameter `name` as an integer in [lo, hi], `fallback` when absent; an
+// ApiReply (400 naming the parameter) when it is not one.
+struct IntParam {
+  int64_t value = 0;
+  std::optional<ApiReply> error;
+};
+IntParam ReadInt(const ApiQuery& q, const std::string& name, int64_t lo,
+                 int64_t hi, int64_t fallback) {
+  auto it = q.find(name);
+  if (it == q.end()) return {fallback, std::nullopt};
+  int64_t v = 0;
+  if (it->second.size() > kUiMaxParamBytes ||
+      !absl::SimpleAtoi(it->second, &v) || v < lo || v > hi) {
+    return {0, Error(400, absl::StrCat("query parameter '", name,
+                                       "' must be an integer in [", lo, ", ",
+                                       hi, "]"))};
+  }
+  return {v, std::nullopt};
+}
+
+// Parameter `name` as one of `allowed`, `allowed[0]` when absent.
+struct WordParam {
+  std::string value;
+  std::optional<ApiReply> error;
+};
+WordParam ReadWord(const ApiQuery& q, const std::string& name,
+                   const std::vector<std::string>& allowed) {
+  auto it = q.find(name);
+  if (it == q.end()) return {allowed.front(), std::nullopt};
+  if (std::find(allowed.begin(), allowed.end(), it->second) != allowed.end()) {
+    return {it->second, std::nullopt};
+  }
+  std::string list;
+  for (const std::string& a : allowed) {
+    absl::StrAppend(&list, list.empty() ? "" : ", ", a);
+  }
+  return {"", Error(400, absl::StrCat("query parameter '", name,
+                                      "' must be one of ", list))};
+}
+
+std::string LowerState(v1::JobState s) {
+  return absl::AsciiStrToLower(StateName(s));
+}
+
+json Summary(const v1::Job& job) {
+  const v1::Progress& p = job.progress();
+  json j = {{"id", job.id()},
+            {"name", job.name()},
+            {"state", LowerState(job.state())},
+            {"attempts", job.attempts()},
+            {"world_size", job.world_size()},
+            {"created_ms", job.created_unix_ms()},
+            {"started_ms", job.started_unix_ms()},
+            {"finished_ms", job.finished_unix_ms()},
+            {"error", job.error()},
+            {"step", p.step()},
+            {"steps", job.spec().train().steps()},
+            {"loss", nullptr},
+            {"val_loss", nullptr},
+            {"tok_per_s", p.tok_per_s()},
+            {"mfu", p.mfu()},
+            {"lr", p.lr()},
+            {"progress_ms", p.unix_ms()},
+            {"eta_s", nullptr},
+            {"cancel_requested", job.cancel_requested()},
+            {"pause_requested", job.pause_requested()}};
+  if (p.unix_ms() > 0 && p.step() > 0) j["loss"] = p.loss();
+  if (p.has_val_loss()) j["val_loss"] = p.val_loss();
+  // Steps left at the tokens a step takes and the last step's speed.
+  const double tokens_per_step =
+      static_cast<double>(job.spec().train().global_batch()) *
+      job.spec().model().block_size();
+  const int64_t left = job.spec().train().steps() - p.step();
+  if (job.state() == v1::JOB_STATE_RUNNING && p.tok_per_s() > 0 &&
+      tokens_per_step > 0 && left >= 0) {
+    j["eta_s"] = static_cast<double>(left) * tokens_per_step / p.tok_per_s();
+  }
+  return j;
+}
+
+json SpecJson(const v1::JobSpec& spec) {
+  std::string text;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  if (!google::protobuf::util::MessageToJsonString(spec, &text, options).ok()) {
+    return nullptr;
+  }
+  return json::parse(text, nullptr, /*allow_exceptions=*/false);
+}
+
+// The last `n` bytes of the file at `path` (fewer when it is shorter) and
+// its size; nullopt when it cannot be read.
+std::optional<std::pair<std::string, int64_t>> Tail(const std::string& path,
+                                                    int64_t n) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return std::nullopt;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return std::nullopt;
+  }
+  const int64_t size = st.st_size;
+  const int64_t from = std::max<int64_t>(0, size - n);
+  std::string bytes(static_cast<size_t>(size - from), '\0');
+  int64_t done = 0;
+  while (done < static_cast<int64_t>(bytes.size())) {
+    const ssize_t r =
+        ::pread(fd, bytes.data() + done, bytes.size() - done, from + done);
+    if (r <= 0) break;
+    done += r;
+  }
+  ::close(fd);
+  bytes.resize(static_cast<size_t>(done));
+  return std::make_pair(std::move(bytes), size);
+}
+
+json PointJson(const v1::LossPoint& p) {
+  const bool eval = p.val_loss() != 0;
+  json j = {
+      {"step", p.step()}, {"attempt", p.attempt()}, {"unix_ms", p.unix_ms()}};
+  if (eval) {
+    j["val_loss"] = p.val_loss();
+    j["loss"] = j["tok_per_s"] = j["mfu"] = j["lr"] = nullptr;
+  } else {
+    j["val_loss"] = nullptr;
+    j["loss"] = p.loss();
+    j["tok_per_s"] = p.tok_per_s();
+    j["mfu"] = p.mfu();
+    j["lr"] = p.lr();
+  }
+  return j;
+}
+
+}  // namespace
+
+std::string EventKind(const std::string& m) {
+  const auto has = [&](absl::string_view s) { return absl::StrContains(m, s); };
+  if (absl::StartsWith(m, "submitted")) return "submitted";
+  if (has("rolled back")) return "rollback";
+  if (has("shrunk")) return "shrink";
+  if (has("grow")) return "grow";
+  if (has("lost") || has("requeued")) return "node_lost";
+  if (has("hang")) return "hang";
+  if (has("cancel")) return "cancel";
+  if (has("pause") || absl::StartsWith(m, "resumed")) return "pause";
+  if (absl::StartsWith(m, "checkpoint at step")) return "checkpoint";
+  if (absl::StartsWith(m, "attempt") && has(" failed")) return "restart";
+  if (absl::StartsWith(m, "attempt") && has(" started")) return "attempt";
+  return "other";
+}
+
+json LatestSample(const std::string& path, int64_t max_bytes) {
+  auto tail = Tail(path, max_bytes);
+  if (!tail.has_value()) return nullptr;
+  std::string_view text = tail->first;
+  // Newest line first; the first (possibly cut) line of a partial read is
+  // skipped by the parser failing on it.
+  while (!text.empty()) {
+    size_t end = text.size();
+    while (end > 0 && text[end - 1] == '\n') --end;
+    const size_t start = text.rfind('\n', end == 0 ? 0 : end - 1);
+    const size_t from = start == std::string_view::npos ? 0 : start + 1;
+    const std::string_view line = text.substr(from, end - from);
+    if (absl::StrContains(absl::string_view(line.data(), line.size()),
+                          "\"sample\"")) {
+      json rec = json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (rec.is_object() && rec.value("type", "") == "sample" &&
+          rec.contains("step") && rec["step"].is_number_integer() &&
+          rec.contains("text") && rec["text"].is_string()) {
+        return json{{"step", rec["step"]}, {"text", rec["text"]}};
+      }
+    }
+    if (start == std::string_view::npos) break;
+    text = text.substr(0, start);
+  }
+  return nullptr;
+}
+
+ApiReply JobsApi(Coordinator& c, const ApiQuery& q) {
+  std::vector<std::string> states = {"all"};
+  for (int s = v1::JobState_MIN + 1; s <= v1::JobState_MAX; ++s) {
+    if (v1::JobState_IsValid(s)) {
+      states.push_back(LowerState(static_cast<v1::JobState>(s)));
+    }
+  }
+  WordParam state = ReadWord(q, "state", states);
+  if (state.error) return *state.error;
+  IntParam limit = ReadInt(q, "limit", 1, kMaxListLimit, 0);
+  if (limit.error) return *limit.error;
+  v1::JobState want = v1::JOB_STATE_UNSPECIFIED;
+  for (int s = v1::JobState_MIN + 1; s <= v1::JobState_MAX; ++s) {
+    if (v1::JobState_IsValid(s) &&
+        LowerState(static_cast<v1::JobState>(s)) == state.value) {
+      want = static_cast<v1::JobState>(s);
+    }
+  }
+  absl::StatusOr<std::vector<v1::Job>> jobs =
+      c.List(want, static_cast<int>(limit.value));
+  if (!jobs.ok()) return FromStatus(jobs.status());
+  json list = json::array();
+  for (const v1::Job& j : *jobs) list.push_back(Summary(j));
+  return {200, json{{"now_ms", NowMs()}, {"jobs", std::move(list)}}};
+}
+
+ApiReply JobApi(Coordinator& c, const std::string& id, const ApiQuery&) {
+  absl::StatusOr<v1::GetJobResponse> got = c.Get(id, false);
+  if (!got.ok()) return FromStatus(got.status());
+  const v1::Job& job = got->job();
+  json j = Summary(job);
+  j["spec"] = SpecJson(job.spec());
+  json placement = json::array();
+  for (const v1::Placement& p : job.placement()) {
+    placement.push_back(
+        {{"node", p.node()},
+         {"ranks", p.ranks()},
+         {"gpus", std::vector<int>(p.gpus().begin(), p.gpus().end())}});
+  }
+  j["placement"] = std::move(placement);
+  json attempts = json::array();
+  for (const v1::Attempt& a : got->attempts()) {
+    const bool running =
+        a.finished_unix_ms() == 0 && a.end() == v1::ATTEMPT_END_UNSPECIFIED;
+    attempts.push_back({{"number", a.number()},
+                        {"started_ms", a.started_unix_ms()},
+                        {"finished_ms", a.finished_unix_ms()},
+                        {"exit_code", a.exit_code()},
+                        {"error", a.error()},
+                        {"end", running ? "running" : EndName(a.end())}});
+  }
+  json checkpoints = json::array();
+  if (auto list = c.Checkpoints(id); list.ok()) {
+    for (const v1::Checkpoint& k : *list) {
+      checkpoints.push_back({{"step", k.step()},
+                             {"dir", k.dir()},
+                             {"attempt", k.attempt()},
+                             {"unix_ms", k.unix_ms()}});
+    }
+  }
+  json events = json::array();
+  if (auto list = c.Events(id); list.ok()) {
+    for (const auto& [ms, message] : *list) {
+      events.push_back({{"unix_ms", ms},
+                        {"message", message},
+                        {"kind", EventKind(message)}});
+    }
+  }
+  // The newest sample: the latest attempt's, else an earlier one's.
+  json sample = nullptr;
+  for (int n = job.attempts(); n >= 1 && n > job.attempts() - 3; --n) {
+    absl::StatusOr<Coordinator::LogSource> src = c.Logs(id, n);
+    if (!src.ok()) break;
+    sample =
+        LatestSample((std::filesystem::path(src->dir) / "run.jsonl").string(),
+                     int64_t{1} << 20);
+    if (!sample.is_null()) {
+      sample["attempt"] = n;
+      break;
+    }
+  }
+  return {200, json{{"now_ms", NowMs()},
+                    {"job", std::move(j)},
+                    {"attempts", std::move(attempts)},
+                    {"checkpoints", std::move(checkpoints)},
+                    {"events", std::move(events)},
+                    {"sample", std::move(sample)}}};
+}
+
+ApiReply MetricsApi(Coordinator& c, const std::string& id, const ApiQuery& q) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  IntParam since = ReadInt(q, "since", 0, kMax, 0);
+  if (since.error) return *since.error;
+  IntParam rank_since = ReadInt(q, "rank_since", 0, kMax, 0);
+  if (rank_since.error) return *rank_since.error;
+  int64_t stored = 0, last = 0;
+  absl::StatusOr<std::vector<v1::LossPoint>> points =
+      c.LossSince(id, since.value, &stored, &last);
+  if (!points.ok()) return FromStatus(points.status());
+  json list = json::array();
+  for (const v1::LossPoint& p : *points) list.push_back(PointJson(p));
+  const RankTimesBoard::View view = c.rank_times().Since(id, rank_since.value);
+  json ranks = json::array();
+  for (const RankTimesBoard::Point& p : view.points) {
+    json comm = json::object();
+    for (const auto& [group, ms] : p.times.comm_ms()) comm[group] = ms;
+    ranks.push_back({{"rank", p.rank},
+                     {"unix_ms", p.unix_ms},
+                     {"step", p.times.step()},
+                     {"steps", p.times.steps()},
+                     {"step_ms", p.times.step_ms()},
+                     {"exposed_ms", p.times.exposed_ms()},
+                     {"comm_ms", std::move(comm)}});
+  }
+  return {200, json{{"now_ms", NowMs()},
+                    {"loss_points_stored", stored},
+                    {"points", std::move(list)},
+                    {"next_since", last},
+                    {"ranks",
+                     {{"world_size", view.world_size},
+                      {"attempt", view.attempt},
+                      {"points", std::move(ranks)}}},
+                    {"next_rank_since", view.next}}};
+}
+
+ApiReply LogApi(Coordinator& c, const std::string& id, const ApiQuery& q) {
+  IntParam attempt = ReadInt(q, "attempt", 0, 1 << 30, 0);
+  if (attempt.error) return *attempt.error;
+  WordParam stream = ReadWord(q, "stream", {"stderr", "stdout"});
+  if (stream.error) return *stream.error;
+  IntParam bytes = ReadInt(q, "bytes", 1, kUiMaxLogBytes, kUiDefaultLogBytes);
+  if (bytes.error) return *bytes.error;
+  absl::StatusOr<Coordinator::LogSource> src =
+      c.Logs(id, static_cast<int>(attempt.value));
+  if (!src.ok()) return FromStatus(src.status());
+  auto tail =
+      Tail((std::filesystem::path(src->dir) / (stream.value + ".log")).string(),
+           bytes.value);
+  return {200, json{{"attempt", src->attempt},
+                    {"stream", stream.value},
+                    {"finished", src->finished},
+                    {"size", tail ? tail->second : 0},
+                    {"text", tail ? ToValidUtf8(tail->first) : ""}}};
+}
+
+ApiReply NodesApi(Coordinator& c, const ApiQuery&) {
+  json nodes = json::array();
+  for (const v1::Node& n : c.ListNodes()) {
+    const v1::NodeSpec& s = n.spec();
+    nodes.push_back({{"name", s.name()},
+                     {"address", s.address()},
+                     {"state", n.state() == v1::NODE_STATE_UP ? "up" : "down"},
+                     {"draining", n.draining()},
+                     {"slots", s.slots()},
+                     {"slots_used", n.slots_used()},
+                     {"cores", s.cores()},
+                     {"gpus", s.gpus()},
+                     {"memory_bytes", s.memory_bytes()},
+                     {"last_heartbeat_ms", n.last_heartbeat_unix_ms()},
+                     {"load1", n.load1()},
+                     {"processes", n.processes()},
+                     {"version", s.version()}});
+  }
+  return {200, json{{"now_ms", NowMs()},
+                    {"nodes", std::move(nodes)},
+                    {"local_slots", c.options().local_slots},
+                    {"local_slots_used", c.LocalSlotsUsed()}}};
+}
+
+}  // namespace ptrain

@@ -1,0 +1,474 @@
+// ptcoord's web UI without a browser: every route behind the user token
+// (401 and nothing shown without it), the login cookie, the JSON of each
+// endpoint (shapes, thinning, since=, 404, 400 naming the parameter),
+// static files only by name, the refusals at start, and one request over
+// real HTTP. The pages themselves draw in tests/integration/ui_browser.py.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/ui_api.h"
+#include "coordinator/ui_server.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+
+namespace ptrain {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kSpec = R"(name: ui-job
+data: {path: data/x.txt}
+train: {steps: 1000, global_batch: 4}
+model: {block_size: 8, n_layer: 1, n_head: 1, n_embd: 8}
+parallel: {dp: 2}
+restart: {hang_timeout_s: 600}
+)";
+
+class UiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           absl::StrCat(
+               "ui_test_", getpid(), "_",
+               ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "data");
+    std::ofstream(dir_ / "data" / "x.txt") << "some text to train on\n";
+    // The attempt's ranks: one process that sleeps until killed.
+    std::ofstream(dir_ / "fake_mpirun") << "#!/bin/sh\nexec sleep 100\n";
+    fs::permissions(dir_ / "fake_mpirun", fs::perms::owner_all);
+    std::ofstream(dir_ / "chart.js") << "/* Chart.js */";
+    CoordinatorOptions o;
+    o.state_dir = (dir_ / "state").string();
+    o.local_slots = 2;
+    o.user_tokens = {"user-token"};
+    o.data_roots = {(dir_ / "data").string()};
+    o.work_root = dir_.string();
+    o.ptworker = "/bin/true";
+    o.mpirun = (dir_ / "fake_mpirun").string();
+    o.advertise_address = "127.0.0.1:1";
+    o.cancel_grace = absl::Milliseconds(100);
+    o.loss_points_per_series = 10;
+    auto c = Coordinator::Create(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    c_ = std::move(*c);
+    UiOptions u;
+    u.listen = "127.0.0.1:0";
+    u.chart_js = (dir_ / "chart.js").string();
+    auto ui = CoordinatorUi::Start(u, c_.get());
+    ASSERT_TRUE(ui.ok()) << ui.status();
+    ui_ = std::move(*ui);
+  }
+  void TearDown() override {
+    ui_.reset();
+    if (c_ != nullptr) {
+      absl::StatusOr<std::vector<v1::Job>> jobs =
+          c_->List(v1::JOB_STATE_UNSPECIFIED, 0);
+      for (const v1::Job& j : jobs.value_or(std::vector<v1::Job>{})) {
+        c_->Cancel(j.id()).IgnoreError();
+      }
+      for (int i = 0; i < 100 && !c_->List(v1::JOB_STATE_RUNNING, 0)->empty();
+           ++i) {
+        c_->Tick();
+        absl::SleepFor(absl::Milliseconds(50));
+      }
+    }
+    c_.reset();
+    fs::remove_all(dir_);
+  }
+
+  // A job whose first attempt runs (its id).
+  std::string RunningJob() {
+    auto job = c_->Submit(kSpec, {});
+    EXPECT_TRUE(job.ok()) << job.status();
+    for (int i = 0; i < 200; ++i) {
+      c_->Tick();
+      if (c_->Get(job->id(), false)->job().state() == v1::JOB_STATE_RUNNING) {
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(25));
+    }
+    EXPECT_EQ(c_->Get(job->id(), false)->job().state(), v1::JOB_STATE_RUNNING);
+    return job->id();
+  }
+  void Progress(const std::string& id, int64_t step, double loss,
+                bool eval = false) {
+    v1::ReportProgressRequest r;
+    r.set_job_id(id);
+    r.set_attempt(1);
+    r.set_rank(0);
+    r.set_step(step);
+    r.set_is_eval(eval);
+    if (eval) {
+      r.set_val_loss(loss);
+    } else {
+      r.set_loss(loss);
+      r.set_tok_per_s(3200);
+      r.set_mfu(0.25);
+      r.set_lr(1e-3);
+    }
+    ASSERT_TRUE(c_->ReportProgress(r).ok());
+  }
+  void RankTimes(const std::string& id, int rank, int64_t step, double ms) {
+    v1::ReportAliveRequest r;
+    r.set_job_id(id);
+    r.set_attempt(1);
+    r.set_rank(rank);
+    r.set_progress_age_ms(0);
+    r.mutable_times()->set_step(step);
+    r.mutable_times()->set_steps(2);
+    r.mutable_times()->set_step_ms(ms);
+    (*r.mutable_times()->mutable_comm_ms())["dp"] = ms / 4;
+    ASSERT_TRUE(c_->ReportAlive(r).ok());
+  }
+  fs::path AttemptDir(const std::string& id, int n) const {
+    return dir_ / "state" / "jobs" / id / absl::StrCat("attempt-", n);
+  }
+
+  CoordinatorUi::Response Get(const std::string& path,
+                              const std::string& query = "",
+                              const std::string& auth = "Bearer user-token") {
+    CoordinatorUi::Request r;
+    r.path = path;
+    r.query = query;
+    r.authorization = auth;
+    return ui_->Handle(r);
+  }
+  json GetJson(const std::string& path, const std::string& query = "",
+               int status = 200) {
+    CoordinatorUi::Response out = Get(path, query);
+    EXPECT_EQ(out.status, status) << path << "?" << query << ": " << out.body;
+    EXPECT_EQ(out.content_type, "application/json");
+    return json::parse(out.body);
+  }
+
+  fs::path dir_;
+  std::unique_ptr<Coordinator> c_;
+  std::unique_ptr<CoordinatorUi> ui_;
+};
+
+std::string Header(const CoordinatorUi::Response& r, const std::string& name) {
+  for (const auto& [n, v] : r.headers) {
+    if (n == name) return v;
+  }
+  return "";
+}
+
+TEST_F(UiTest, WithoutTheTokenEveryRouteIs401AndShowsNothing) {
+  const std::string id = RunningJob();
+  Progress(id, 1, 4.5);
+  for (const std::string& path :
+       {std::string("/"), std::string("/nodes"), "/jobs/" + id,
+        std::string("/static/ui.js"), std::string("/static/chart.js"),
+        std::string("/api/v1/jobs"), "/api/v1/jobs/" + id,
+        "/api/v1/jobs/" + id + "/metrics", "/api/v1/jobs/" + id + "/log",
+        std::string("/api/v1/nodes"), std::string("/no/such/page")}) {
+    for (const std::string& auth :
+         {std::string(""), std::string("Bearer wrong"),
+          std::string("Basic dXNlcg==")}) {
+      CoordinatorUi::Response r = Get(path, "", auth);
+      EXPECT_EQ(r.status, 401) << path << " with '" << auth << "'";
+      EXPECT_FALSE(absl::StrContains(r.body, id)) << path;
+      EXPECT_FALSE(absl::StrContains(r.body, "ui-job")) << path;
+    }
+  }
+  // A wrong cookie is no better.
+  CoordinatorUi::Request r;
+  r.path = "/api/v1/jobs";
+  r.cookie = "ptrain_token=wrong";
+  EXPECT_EQ(ui_->Handle(r).status, 401);
+  // Nor may anything but GET change that (read-only).
+  r.cookie = "";
+  r.authorization = "Bearer user-token";
+  r.method = "DELETE";
+  r.path = "/api/v1/jobs/" + id;
+  EXPECT_EQ(ui_->Handle(r).status, 405);
+  EXPECT_EQ(c_->Get(id, false)->job().state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(UiTest, TheLoginFormSetsAStrictHttpOnlyCookieThatOpensThePages) {
+  CoordinatorUi::Request login;
+  login.method = "POST";
+  login.path = "/login";
+  login.body = "token=wrong";
+  CoordinatorUi::Response refused = ui_->Handle(login);
+  EXPECT_EQ(refused.status, 401);
+  EXPECT_TRUE(Header(refused, "Set-Cookie").empty());
+  EXPECT_TRUE(absl::StrContains(refused.body, "not a user token"))
+      << refused.body;
+  login.body = "token=user-token";
+  CoordinatorUi::Response ok = ui_->Handle(login);
+  EXPECT_EQ(ok.status, 303);
+  EXPECT_EQ(Header(ok, "Location"), "/");
+  const std::string cookie = Header(ok, "Set-Cookie");
+  EXPECT_TRUE(absl::StartsWith(cookie, "ptrain_token=user-token;")) << cookie;
+  EXPECT_TRUE(absl::StrContains(cookie, "HttpOnly")) << cookie;
+  EXPECT_TRUE(absl::StrContains(cookie, "SameSite=Strict")) << cookie;
+  // Plain text here: a Secure cookie would never come back.
+  EXPECT_FALSE(absl::StrContains(cookie, "Secure")) << cookie;
+  CoordinatorUi::Request page;
+  page.path = "/";
+  page.cookie = "theme=x; " + cookie.substr(0, cookie.find(';'));
+  CoordinatorUi::Response index = ui_->Handle(page);
+  EXPECT_EQ(index.status, 200);
+  EXPECT_TRUE(absl::StrContains(index.body, "data-page=\"jobs\""))
+      << index.body;
+  EXPECT_TRUE(absl::StrContains(Header(index, "Content-Security-Policy"),
+                                "script-src 'self'"));
+}
+
+TEST_F(UiTest, JobsListStateProgressAndEtaAndFilterByState) {
+  const std::string id = RunningJob();
+  Progress(id, 40, 3.25);
+  json all = GetJson("/api/v1/jobs");
+  ASSERT_EQ(all["jobs"].size(), 1u) << all;
+  const json& j = all["jobs"][0];
+  EXPECT_EQ(j["id"], id);
+  EXPECT_EQ(j["name"], "ui-job");
+  EXPECT_EQ(j["state"], "running");
+  EXPECT_EQ(j["step"], 40);
+  EXPECT_EQ(j["steps"], 1000);
+  EXPECT_EQ(j["loss"], 3.25);
+  EXPECT_TRUE(j["val_loss"].is_null());
+  EXPECT_EQ(j["attempts"], 1);
+  EXPECT_GT(j["created_ms"].get<int64_t>(), 0);
+  // 960 steps of 4 sequences of 8 tokens at 3200 tokens/s.
+  EXPECT_DOUBLE_EQ(j["eta_s"].get<double>(), 960.0 * 32 / 3200);
+  EXPECT_GE(all["now_ms"].get<int64_t>(), j["created_ms"].get<int64_t>());
+  EXPECT_EQ(GetJson("/api/v1/jobs", "state=running")["jobs"].size(), 1u);
+  EXPECT_EQ(GetJson("/api/v1/jobs", "state=succeeded")["jobs"].size(), 0u);
+  EXPECT_EQ(GetJson("/api/v1/jobs", "limit=1")["jobs"].size(), 1u);
+  for (const std::string& bad :
+       {std::string("state=done"), std::string("limit=0"),
+        std::string("limit=x"), "limit=" + std::string(100, '1')}) {
+    json e = GetJson("/api/v1/jobs", bad, 400);
+    const std::string name = bad.substr(0, bad.find('='));
+    EXPECT_TRUE(
+        absl::StrContains(e["error"].get<std::string>(), "'" + name + "'"))
+        << bad << ": " << e;
+  }
+}
+
+TEST_F(UiTest, AJobShowsItsAttemptsEventsCheckpointsAndLatestSample) {
+  const std::string id = RunningJob();
+  Progress(id, 5, 4.0);
+  std::ofstream(AttemptDir(id, 1) / "run.jsonl")
+      << R"({"type":"step","step":4,"loss":4.1})"
+         "\n"
+      << R"({"type":"sample","step":4,"text":"old"})"
+         "\n"
+      << R"({"type":"sample","step":5,"text":"ROMEO: <b>hi</b>"})"
+         "\n"
+      << R"({"type":"step","step":5,"loss":4.0})"
+         "\n";
+  json j = GetJson("/api/v1/jobs/" + id);
+  EXPECT_EQ(j["job"]["id"], id);
+  EXPECT_EQ(j["job"]["spec"]["train"]["steps"], "1000");  // proto JSON int64
+  EXPECT_EQ(j["job"]["spec"]["model"]["n_embd"], 8);
+  ASSERT_EQ(j["attempts"].size(), 1u) << j;
+  EXPECT_EQ(j["attempts"][0]["number"], 1);
+  EXPECT_EQ(j["attempts"][0]["end"], "running");
+  std::set<std::string> kinds;
+  for (const json& e : j["events"]) kinds.insert(e["kind"]);
+  EXPECT_TRUE(kinds.count("submitted")) << j["events"];
+  EXPECT_TRUE(kinds.count("attempt")) << j["events"];
+  EXPECT_EQ(j["sample"]["step"], 5);
+  EXPECT_EQ(j["sample"]["text"], "ROMEO: <b>hi</b>");
+  EXPECT_EQ(j["sample"]["attempt"], 1);
+  EXPECT_TRUE(j["checkpoints"].is_array());
+  EXPECT_EQ(GetJson("/api/v1/jobs/job-9999", "", 404)["error"],
+            "no job 'job-9999'");
+}
+
+TEST_F(UiTest, EventKindsNameWhatHappened) {
+  EXPECT_EQ(EventKind("submitted (2 slots)"), "submitted");
+  EXPECT_EQ(EventKind("attempt 2 started"), "attempt");
+  EXPECT_EQ(EventKind("attempt 1 failed (restart 1 of 3): exit 9"), "restart");
+  EXPECT_EQ(EventKind("rolled back at step 40 (loss spike) to the checkpoint "
+                      "at step 30, skipping the 10 steps of data since"),
+            "rollback");
+  EXPECT_EQ(EventKind("checkpoint at step 20"), "checkpoint");
+  EXPECT_EQ(EventKind("pause requested"), "pause");
+  EXPECT_EQ(EventKind("cancel requested"), "cancel");
+  EXPECT_EQ(EventKind("rank 0 metrics at 127.0.0.1:9"), "other");
+}
+
+TEST_F(UiTest, MetricsAreThinnedThenContinueFromTheCursor) {
+  const std::string id = RunningJob();
+  for (int s = 1; s <= 30; ++s) Progress(id, s, 10.0 - s * 0.1);
+  Progress(id, 30, 7.5, /*eval=*/true);
+  json m = GetJson("/api/v1/jobs/" + id + "/metrics");
+  EXPECT_EQ(m["loss_points_stored"], 31);
+  // loss_points_per_series 10: the 30 training points thinned to at most
+  // 10, first and last kept; the one evaluation point as it is.
+  int train = 0, eval = 0;
+  for (const json& p : m["points"]) (p["val_loss"].is_null() ? train : eval)++;
+  EXPECT_LE(train, 10);
+  EXPECT_GE(train, 8);
+  EXPECT_EQ(eval, 1);
+  EXPECT_EQ(m["points"][0]["step"], 1);
+  EXPECT_EQ(m["points"][0]["tok_per_s"], 3200);
+  EXPECT_EQ(m["points"][0]["lr"], 1e-3);
+  EXPECT_GT(m["points"][0]["unix_ms"].get<int64_t>(), 0);
+  const json& last = m["points"][m["points"].size() - 1];
+  EXPECT_EQ(last["val_loss"], 7.5);
+  EXPECT_TRUE(last["loss"].is_null());
+  const int64_t since = m["next_since"];
+  EXPECT_GT(since, 0);
+  // Nothing new: nothing sent.
+  json none =
+      GetJson("/api/v1/jobs/" + id + "/metrics", absl::StrCat("since=", since));
+  EXPECT_EQ(none["points"].size(), 0u);
+  EXPECT_EQ(none["next_since"], since);
+  Progress(id, 31, 6.75);
+  Progress(id, 32, 6.5);
+  json more =
+      GetJson("/api/v1/jobs/" + id + "/metrics", absl::StrCat("since=", since));
+  ASSERT_EQ(more["points"].size(), 2u) << more;
+  EXPECT_EQ(more["points"][0]["step"], 31);
+  EXPECT_EQ(more["points"][1]["loss"], 6.5);
+  EXPECT_GT(more["next_since"].get<int64_t>(), since);
+  for (const std::string& bad :
+       {std::string("since=-1"), std::string("since=%zz"),
+        std::string("rank_since=1.5"), "since=" + std::string(65, '9')}) {
+    json e = GetJson("/api/v1/jobs/" + id + "/metrics", bad, 400);
+    const std::string name = bad.substr(0, bad.find('='));
+    EXPECT_TRUE(
+        absl::StrContains(e["error"].get<std::string>(), "'" + name + "'"))
+        << bad << ": " << e;
+  }
+  EXPECT_EQ(GetJson("/api/v1/jobs/nope/metrics", "", 404)["error"],
+            "no job 'nope'");
+}
+
+TEST_F(UiTest, RankTimesComeOnePerRankReportAndContinueFromTheirCursor) {
+  const std::string id = RunningJob();
+  RankTimes(id, 0, 2, 100);
+  RankTimes(id, 1, 2, 180);
+  json m = GetJson("/api/v1/jobs/" + id + "/metrics");
+  EXPECT_EQ(m["ranks"]["world_size"], 2);
+  EXPECT_EQ(m["ranks"]["attempt"], 1);
+  ASSERT_EQ(m["ranks"]["points"].size(), 2u) << m["ranks"];
+  EXPECT_EQ(m["ranks"]["points"][1]["rank"], 1);
+  EXPECT_EQ(m["ranks"]["points"][1]["step_ms"], 180);
+  EXPECT_EQ(m["ranks"]["points"][1]["comm_ms"]["dp"], 45);
+  const int64_t cursor = m["next_rank_since"];
+  RankTimes(id, 0, 4, 110);
+  json more = GetJson("/api/v1/jobs/" + id + "/metrics",
+                      absl::StrCat("rank_since=", cursor));
+  ASSERT_EQ(more["ranks"]["points"].size(), 1u) << more["ranks"];
+  EXPECT_EQ(more["ranks"]["points"][0]["step"], 4);
+}
+
+TEST_F(UiTest, TheLogTailIsBoundedAndValidUtf8) {
+  const std::string id = RunningJob();
+  std::ofstream(AttemptDir(id, 1) / "stderr.log")
+      << "first line\nsecond \xff line\n";
+  json all = GetJson("/api/v1/jobs/" + id + "/log");
+  EXPECT_EQ(all["attempt"], 1);
+  EXPECT_EQ(all["stream"], "stderr");
+  EXPECT_EQ(all["size"], 25);
+  EXPECT_EQ(all["text"], "first line\nsecond \xef\xbf\xbd line\n");
+  json tail = GetJson("/api/v1/jobs/" + id + "/log", "bytes=5");
+  EXPECT_EQ(tail["text"], "line\n");
+  GetJson("/api/v1/jobs/" + id + "/log", "stream=passwd", 400);
+  GetJson("/api/v1/jobs/" + id + "/log", "bytes=0", 400);
+  GetJson("/api/v1/jobs/" + id + "/log", "bytes=1048577", 400);
+}
+
+TEST_F(UiTest, StaticFilesAreServedByNameOnlyAndUnknownRoutesAre404) {
+  EXPECT_EQ(Get("/static/chart.js").body, "/* Chart.js */");
+  EXPECT_EQ(Get("/static/ui.js").status, 200);
+  EXPECT_EQ(Get("/static/ui.css").status, 200);
+  for (const char* path :
+       {"/static/../../etc/passwd", "/static/%2e%2e/%2e%2e/etc/passwd",
+        "/static/..%2f..%2fetc/passwd", "/static/ui.js/", "/static/",
+        "/etc/passwd", "/api/v2/jobs", "/api/v1/jobs/a/b/c", "/api/v1/jobs/..",
+        "/jobs/a%2fb", "/favicon.ico"}) {
+    CoordinatorUi::Response r = Get(path);
+    EXPECT_EQ(r.status, 404) << path;
+    EXPECT_FALSE(absl::StrContains(r.body, "root:")) << path;
+  }
+  json e = GetJson("/api/v1/jobs", std::string(2000, 'a'), 400);
+  EXPECT_TRUE(absl::StrContains(e["error"].get<std::string>(), "query string"));
+}
+
+TEST_F(UiTest, NodesListTheLocalHostWhenNoNodeRegistered) {
+  json n = GetJson("/api/v1/nodes");
+  EXPECT_EQ(n["nodes"].size(), 0u);
+  EXPECT_EQ(n["local_slots"], 2);
+  EXPECT_EQ(n["local_slots_used"], 0);
+  RunningJob();
+  EXPECT_EQ(GetJson("/api/v1/nodes")["local_slots_used"], 2);
+}
+
+TEST_F(UiTest, StartRefusesPlainTextOffLoopbackAPortInUseAndNoChartJs) {
+  UiOptions u;
+  u.chart_js = (dir_ / "chart.js").string();
+  u.listen = "0.0.0.0:0";
+  auto open = CoordinatorUi::Start(u, c_.get());
+  ASSERT_FALSE(open.ok());
+  EXPECT_TRUE(absl::StrContains(open.status().message(), "--ui-insecure"))
+      << open.status();
+  EXPECT_TRUE(absl::StrContains(open.status().message(), "--ui-listen"))
+      << open.status();
+  u.insecure = true;
+  EXPECT_TRUE(CoordinatorUi::Start(u, c_.get()).ok());
+  u.listen = absl::StrCat("127.0.0.1:", ui_->port());  // in use
+  auto taken = CoordinatorUi::Start(u, c_.get());
+  ASSERT_FALSE(taken.ok());
+  EXPECT_TRUE(
+      absl::StrContains(taken.status().message(),
+                        absl::StrCat("--ui-listen 127.0.0.1:", ui_->port())))
+      << taken.status();
+  u.listen = "127.0.0.1:0";
+  u.chart_js = (dir_ / "none.js").string();
+  auto no_chart = CoordinatorUi::Start(u, c_.get());
+  ASSERT_FALSE(no_chart.ok());
+  EXPECT_TRUE(absl::StrContains(no_chart.status().message(), "libjs-chart.js"))
+      << no_chart.status();
+  EXPECT_TRUE(IsLoopbackHost("127.0.0.1"));
+  EXPECT_TRUE(IsLoopbackHost("127.8.0.1"));
+  EXPECT_TRUE(IsLoopbackHost("[::1]"));
+  EXPECT_TRUE(IsLoopbackHost("localhost"));
+  EXPECT_FALSE(IsLoopbackHost("0.0.0.0"));
+  EXPECT_FALSE(IsLoopbackHost("10.0.0.1"));
+  EXPECT_FALSE(IsLoopbackHost("example.org"));
+}
+
+TEST_F(UiTest, OverHttpTheStatusHeadersAndBodyArrive) {
+  httplib::Client client("127.0.0.1", ui_->port());
+  httplib::Result r =
+      client.Get("/api/v1/nodes", {{"Authorization", "Bearer user-token"}});
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Content-Type"), "application/json");
+  EXPECT_EQ(r->get_header_value("Cache-Control"), "no-store");
+  EXPECT_EQ(json::parse(r->body)["local_slots"], 2);
+  r = client.Get("/api/v1/nodes");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  // The login form over HTTP: its cookie, then a page with it.
+  r = client.Post("/login", "token=user%2Dtoken",
+                  "application/x-www-form-urlencoded");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 303);
+  const std::string cookie = r->get_header_value("Set-Cookie");
+  r = client.Get("/nodes", {{"Cookie", cookie.substr(0, cookie.find(';'))}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_TRUE(absl::StrContains(r->body, "data-page=\"nodes\"")) << r->body;
+}
+
+}  // namespace
+}  // namespace ptrain
