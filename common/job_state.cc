@@ -24,6 +24,27 @@ std::string StateName(v1::JobState s) {
   return WithoutPrefix(v1::JobState_Name(s), "JOB_STATE_");
 }
 
+std::vector<std::string> LowerStateNames() {
+  std::vector<std::string> out;
+  for (int s = v1::JobState_MIN; s <= v1::JobState_MAX; ++s) {
+    if (v1::JobState_IsValid(s) && s != v1::JOB_STATE_UNSPECIFIED) {
+      out.push_back(
+          absl::AsciiStrToLower(StateName(static_cast<v1::JobState>(s))));
+    }
+  }
+  return out;
+}
+
+std::optional<v1::JobState> StateOfLowerName(const std::string& name) {
+  v1::JobState s = v1::JOB_STATE_UNSPECIFIED;
+  if (name != absl::AsciiStrToLower(name) ||
+      !v1::JobState_Parse("JOB_STATE_" + absl::AsciiStrToUpper(name), &s) ||
+      s == v1::JOB_STATE_UNSPECIFIED) {
+    return std::nullopt;
+  }
+  return s;
+}
+
 std::string EndName(v1::AttemptEnd end) {
   return absl::AsciiStrToLower(
       WithoutPrefix(v1::AttemptEnd_Name(end), "ATTEMPT_END_"));

@@ -5,7 +5,9 @@
 #ifndef PTRAIN_COMMON_JOB_STATE_H_
 #define PTRAIN_COMMON_JOB_STATE_H_
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "ptrain/v1/coordinator.pb.h"
 
@@ -16,6 +18,13 @@ bool IsFinal(v1::JobState s);
 
 // The JobState name without its prefix: "RUNNING", ...
 std::string StateName(v1::JobState s);
+
+// Every JobState but UNSPECIFIED by StateName in lower case ("running"):
+// what `ptctl list --state` and the web UI's state= take.
+std::vector<std::string> LowerStateNames();
+
+// The JobState of a LowerStateNames name; nullopt for any other text.
+std::optional<v1::JobState> StateOfLowerName(const std::string& name);
 
 // The AttemptEnd name in lower case without its prefix ("node_lost"): the
 // key of Job.requeues and the `reason` of ptrain_job_requeues_total.

@@ -224,23 +224,14 @@ json LatestSample(const std::string& path, int64_t max_bytes) {
 }
 
 ApiReply JobsApi(Coordinator& c, const ApiQuery& q) {
-  std::vector<std::string> states = {"all"};
-  for (int s = v1::JobState_MIN + 1; s <= v1::JobState_MAX; ++s) {
-    if (v1::JobState_IsValid(s)) {
-      states.push_back(LowerState(static_cast<v1::JobState>(s)));
-    }
-  }
+  std::vector<std::string> states = LowerStateNames();
+  states.insert(states.begin(), "all");
   WordParam state = ReadWord(q, "state", states);
   if (state.error) return *state.error;
   IntParam limit = ReadInt(q, "limit", 1, kMaxListLimit, 0);
   if (limit.error) return *limit.error;
-  v1::JobState want = v1::JOB_STATE_UNSPECIFIED;
-  for (int s = v1::JobState_MIN + 1; s <= v1::JobState_MAX; ++s) {
-    if (v1::JobState_IsValid(s) &&
-        LowerState(static_cast<v1::JobState>(s)) == state.value) {
-      want = static_cast<v1::JobState>(s);
-    }
-  }
+  const v1::JobState want =
+      StateOfLowerName(state.value).value_or(v1::JOB_STATE_UNSPECIFIED);
   absl::StatusOr<std::vector<v1::Job>> jobs =
       c.List(want, static_cast<int>(limit.value));
   if (!jobs.ok()) return FromStatus(jobs.status());

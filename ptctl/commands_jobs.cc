@@ -153,9 +153,8 @@ int List(Client& client, int limit, const std::string& state) {
   v1::ListJobsRequest req;
   req.set_limit(limit);
   if (!state.empty()) {  // one of the names --state's check allows
-    v1::JobState s = v1::JOB_STATE_UNSPECIFIED;
-    v1::JobState_Parse("JOB_STATE_" + absl::AsciiStrToUpper(state), &s);
-    req.set_state(s);
+    req.set_state(StateOfLowerName(absl::AsciiStrToLower(state))
+                      .value_or(v1::JOB_STATE_UNSPECIFIED));
   }
   v1::ListJobsResponse resp;
   auto ctx = client.Context();

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdio>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/job_state.h"
@@ -35,17 +34,6 @@ std::string PadLeft(const std::string& text, size_t width) {
   size_t columns = 0;
   for (unsigned char c : text) columns += (c & 0xC0) != 0x80;
   return std::string(width > columns ? width - columns : 0, ' ') + text;
-}
-
-std::vector<std::string> StateFlagNames() {
-  std::vector<std::string> out;
-  for (int s = v1::JobState_MIN; s <= v1::JobState_MAX; ++s) {
-    if (v1::JobState_IsValid(s) && s != v1::JOB_STATE_UNSPECIFIED) {
-      out.push_back(
-          absl::AsciiStrToLower(StateName(static_cast<v1::JobState>(s))));
-    }
-  }
-  return out;
 }
 
 std::string Ending(const v1::Job& job) {

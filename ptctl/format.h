@@ -27,9 +27,6 @@ bool HasSteps(const v1::Progress& p);
 // `text` right-aligned in `width` columns ("—" is one column, three bytes).
 std::string PadLeft(const std::string& text, size_t width);
 
-// The job states by the names --state takes: StateName in lower case.
-std::vector<std::string> StateFlagNames();
-
 // What a job not yet ended is on its way to while its attempt ends:
 // "cancelling", "pausing", or "".
 std::string Ending(const v1::Job& job);

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/exit_codes.h"
+#include "common/job_state.h"
 #include "ptctl/commands_jobs.h"
 #include "ptctl/commands_nodes.h"
 #include "ptctl/connection.h"
@@ -81,7 +82,7 @@ Subcommands AddSubcommands(CLI::App& app, Args& a) {
   c.list->add_option("--limit", a.list_limit, "only the newest N jobs (0: all)")
       ->check(CLI::Range(0, 10000));
   c.list->add_option("--state", a.list_state, "only jobs in this state")
-      ->check(CLI::IsMember(ptrain::ptctl::StateFlagNames(), CLI::ignore_case));
+      ->check(CLI::IsMember(ptrain::LowerStateNames(), CLI::ignore_case));
   c.logs = app.add_subcommand("logs", "print an attempt's output");
   c.logs->add_option("JOB", a.job)->required();
   c.logs->add_flag("-f,--follow", a.follow,

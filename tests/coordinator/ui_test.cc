@@ -10,9 +10,11 @@
 #include <set>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/job_state.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/ui_api.h"
 #include "coordinator/ui_server.h"
@@ -288,6 +290,18 @@ TEST_F(UiTest, AJobShowsItsAttemptsEventsCheckpointsAndLatestSample) {
   EXPECT_TRUE(j["checkpoints"].is_array());
   EXPECT_EQ(GetJson("/api/v1/jobs/job-9999", "", 404)["error"],
             "no job 'job-9999'");
+}
+
+TEST(JobStateNamesTest, LowerNamesRoundTripAndNothingElseParses) {
+  const std::vector<std::string> names = LowerStateNames();
+  EXPECT_EQ(names.size(), 7u);
+  for (const std::string& n : names) {
+    ASSERT_TRUE(StateOfLowerName(n).has_value()) << n;
+    EXPECT_EQ(absl::AsciiStrToLower(StateName(*StateOfLowerName(n))), n);
+  }
+  for (const char* bad : {"", "unspecified", "RUNNING", "run", "all"}) {
+    EXPECT_FALSE(StateOfLowerName(bad).has_value()) << bad;
+  }
 }
 
 TEST_F(UiTest, EventKindsNameWhatHappened) {
