@@ -35,6 +35,10 @@ from PIL import Image  # Debian: python3-pil
 
 from promtest import wait_for
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "testing"))
+from ranks import ptworker_pids  # noqa: E402
+
 TOKEN = "ui-browser-test-token"
 
 
@@ -48,24 +52,6 @@ def http(url, token=None):
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
-
-
-def rank_pids(job_id, rank):
-    """ptworker processes of job_id's rank `rank`."""
-    out = []
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            if open(f"/proc/{p}/comm").read().strip() != "ptworker":
-                continue
-            env = open(f"/proc/{p}/environ", "rb").read().split(b"\0")
-        except OSError:
-            continue
-        if (f"PTRAIN_JOB_ID={job_id}".encode() in env and
-                f"OMPI_COMM_WORLD_RANK={rank}".encode() in env):
-            out.append(int(p))
-    return out
 
 
 class Browser:
@@ -257,7 +243,9 @@ def main():
             return json.loads(body)["job"]["step"] if status == 200 else 0
 
         wait_for(lambda: step() >= 50, 120, "step 50")
-        pids = wait_for(lambda: rank_pids(job, 1), 30, "rank 1")
+        pids = wait_for(lambda: ptworker_pids(
+            f"PTRAIN_COORDINATOR={server}", f"PTRAIN_JOB_ID={job}",
+            "OMPI_COMM_WORLD_RANK=1"), 30, "rank 1")
         os.kill(pids[0], signal.SIGKILL)
         print(f"killed rank 1 (pid {pids[0]}) at step {step()}")
 

@@ -14,7 +14,8 @@ past the attempt that finished it nor started an attempt after it
 succeeded, and the store must pass its integrity checks.
 
   soak.py --build BUILD --src SRC [--variant local|nodes] [--jobs N]
-          [--faults N] [--seed S] [--long]
+          [--faults N] [--seed S] [--long] [--references FILE]
+  soak.py --build BUILD --src SRC [--jobs N] --write-references FILE
 
 `--long` is the run by hand: 20 jobs and 100 faults. Prints the jobs, the
 faults by kind, the restarts, the wall time and "N lost"; exits 0 when
@@ -35,6 +36,10 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "testing"))
+from ranks import ptworker_pids  # noqa: E402
 
 SKIP = 77
 
@@ -191,7 +196,10 @@ class Soak:
                "examples/shakespeare-char.yaml", "--log-json", out]
         for s in sets:
             cmd += ["--set", s]
-        cmd += ["--set", f"checkpoint.dir={self.t}/ref-ckpt-{i}"]
+        # Saving changes no loss: the reference saves nothing (and is the
+        # faster for it).
+        cmd += ["--set", "checkpoint.every=0",
+                "--set", f"checkpoint.dir={self.t}/ref-ckpt-{i}"]
         env = dict(os.environ, OMP_NUM_THREADS="1",
                    OMPI_MCA_mpi_yield_when_idle="1")
         r = subprocess.run(cmd, cwd=self.a.src, env=env, capture_output=True,
@@ -200,6 +208,41 @@ class Soak:
             raise RuntimeError(f"reference run {i} failed: {r.stderr[-2000:]}")
         return {rec["step"]: rec["loss"] for rec in map(json.loads, open(out))
                 if rec.get("type") == "step"}
+
+    def defining(self, i):
+        """Job i's world and the overrides its losses follow from (not
+        where it saves, a folder of this run's own)."""
+        world, sets = self.overrides(i)
+        return [world, [s for s in sets if not s.startswith("checkpoint.dir=")]]
+
+    def references(self):
+        """Every job's run without faults: read from --references when that
+        file holds these very jobs (the soak_references test writes it once
+        for both variants), else run here."""
+        want = [self.defining(i) for i in range(self.a.jobs)]
+        path = self.a.references
+        if path and os.path.exists(path):
+            with open(path) as f:
+                saved = json.load(f)
+            if [[j["world"], j["overrides"]] for j in saved["jobs"]] != want:
+                raise RuntimeError(f"{path} holds other jobs than this run's "
+                                   "(other --jobs or --steps?)")
+            log(f"references of {self.a.jobs} jobs read from {path}")
+            return [{int(s): l for s, l in j["loss"].items()}
+                    for j in saved["jobs"]]
+        log(f"reference runs of {self.a.jobs} jobs (no faults)")
+        return [self.reference(i) for i in range(self.a.jobs)]
+
+    def write_references(self, path):
+        refs = self.references()
+        jobs = [{"world": w, "overrides": o, "loss": refs[i]}
+                for i, (w, o) in enumerate(self.defining(i)
+                                           for i in range(self.a.jobs))]
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"jobs": jobs}, f)
+        os.replace(tmp, path)
+        log(f"references of {self.a.jobs} jobs written to {path}")
 
     def submit(self, i):
         world, sets = self.overrides(i)
@@ -214,24 +257,10 @@ class Soak:
     # ---- the faults ----------------------------------------------------
 
     def ranks(self):
-        """Live ptworker processes of attempts (pid list)."""
-        out = []
-        for p in os.listdir("/proc"):
-            if not p.isdigit():
-                continue
-            try:
-                if open(f"/proc/{p}/comm").read().strip() != "ptworker":
-                    continue
-                if b"PTRAIN_ATTEMPT_UID=" not in open(f"/proc/{p}/environ",
-                                                      "rb").read():
-                    continue
-                if open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] \
-                        in "ZT":
-                    continue
-                out.append(int(p))
-            except OSError:
-                continue
-        return sorted(out)
+        """Live ptworker processes of this ptcoord's attempts (pid list)."""
+        return ptworker_pids("PTRAIN_ATTEMPT_UID=",
+                             f"PTRAIN_COORDINATOR={self.addr}",
+                             running_only=True)
 
     def fill_disk(self, seconds):
         path = os.path.join(self.ckpt, "filler")
@@ -396,8 +425,7 @@ class Soak:
             self.mn("mn_down", check=False)
             self.nodes_up = True
             self.mn("mn_up", str(self.a.nodes))
-        log(f"reference runs of {self.a.jobs} jobs (no faults)")
-        refs = [self.reference(i) for i in range(self.a.jobs)]
+        refs = self.references()
         self.start_coordinator()
         if self.a.variant == "nodes":
             for k in range(1, self.a.nodes + 1):
@@ -461,6 +489,11 @@ def main():
     p.add_argument("--timeout-s", type=int, default=600)
     p.add_argument("--long", action="store_true",
                    help="the run by hand: 20 jobs, 100 faults")
+    p.add_argument("--references", metavar="FILE",
+                   help="the runs without faults, as --write-references "
+                        "wrote them (run here when FILE does not exist)")
+    p.add_argument("--write-references", metavar="FILE",
+                   help="only run the jobs without faults and write FILE")
     a = p.parse_args()
     a.build = os.path.abspath(a.build)
     a.src = os.path.abspath(a.src)
@@ -472,6 +505,14 @@ def main():
     if os.geteuid() != 0:
         print("SKIP: the soak needs root (a tmpfs, namespaces)")
         return SKIP
+    if a.write_references:
+        a.references = None
+        soak = Soak(a)
+        try:
+            soak.write_references(a.write_references)
+        finally:
+            shutil.rmtree(soak.t, ignore_errors=True)
+        return 0
     # A mount namespace of our own, so that the tmpfs is ours alone (where
     # / is not a mount point, as in a chroot, the tmpfs is unmounted at the
     # end instead).
