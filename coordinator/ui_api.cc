@@ -18,29 +18,29 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/job_state.h"
+#include "common/proto_json.h"
 #include "common/tokenizer.h"
-#include "google/protobuf/util/json_util.h"
 
 namespace ptrain {
 
 using nlohmann::json;
 
-namespace {
-
-ApiReply Error(int status, const std::string& message) {
+ApiReply ApiError(int status, const std::string& message) {
   return {status, json{{"error", message}}};
 }
+
+namespace {
 
 // From a Coordinator error: 404 for an unknown job, 400 for a refused
 // argument, 503 otherwise (the store is busy or failing).
 ApiReply FromStatus(const absl::Status& s) {
   switch (s.code()) {
     case absl::StatusCode::kNotFound:
-      return Error(404, std::string(s.message()));
+      return ApiError(404, std::string(s.message()));
     case absl::StatusCode::kInvalidArgument:
-      return Error(400, std::string(s.message()));
+      return ApiError(400, std::string(s.message()));
     default:
-      return Error(503, std::string(s.message()));
+      return ApiError(503, std::string(s.message()));
   }
 }
 
@@ -57,9 +57,9 @@ IntParam ReadInt(const ApiQuery& q, const std::string& name, int64_t lo,
   int64_t v = 0;
   if (it->second.size() > kUiMaxParamBytes ||
       !absl::SimpleAtoi(it->second, &v) || v < lo || v > hi) {
-    return {0, Error(400, absl::StrCat("query parameter '", name,
-                                       "' must be an integer in [", lo, ", ",
-                                       hi, "]"))};
+    return {0, ApiError(400, absl::StrCat("query parameter '", name,
+                                          "' must be an integer in [", lo, ", ",
+                                          hi, "]"))};
   }
   return {v, std::nullopt};
 }
@@ -80,8 +80,8 @@ WordParam ReadWord(const ApiQuery& q, const std::string& name,
   for (const std::string& a : allowed) {
     absl::StrAppend(&list, list.empty() ? "" : ", ", a);
   }
-  return {"", Error(400, absl::StrCat("query parameter '", name,
-                                      "' must be one of ", list))};
+  return {"", ApiError(400, absl::StrCat("query parameter '", name,
+                                         "' must be one of ", list))};
 }
 
 std::string LowerState(v1::JobState s) {
@@ -124,21 +124,17 @@ json Summary(const v1::Job& job) {
   return j;
 }
 
-json SpecJson(const v1::JobSpec& spec) {
-  std::string text;
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  options.always_print_primitive_fields = true;
-  if (!google::protobuf::util::MessageToJsonString(spec, &text, options).ok()) {
-    return nullptr;
-  }
-  return json::parse(text, nullptr, /*allow_exceptions=*/false);
-}
+// What a read of a file gave: its bytes from `start` to its end (`size`).
+struct FileBytes {
+  std::string bytes;
+  int64_t start = 0;
+  int64_t size = 0;
+};
 
-// The last `n` bytes of the file at `path` (fewer when it is shorter) and
-// its size; nullopt when it cannot be read.
-std::optional<std::pair<std::string, int64_t>> Tail(const std::string& path,
-                                                    int64_t n) {
+// The file at `path` from `from` to its end, but at most its last `n`
+// bytes; nullopt when it cannot be read (or is no regular file).
+std::optional<FileBytes> ReadFrom(const std::string& path, int64_t from,
+                                  int64_t n) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return std::nullopt;
   struct stat st {};
@@ -146,19 +142,20 @@ std::optional<std::pair<std::string, int64_t>> Tail(const std::string& path,
     ::close(fd);
     return std::nullopt;
   }
-  const int64_t size = st.st_size;
-  const int64_t from = std::max<int64_t>(0, size - n);
-  std::string bytes(static_cast<size_t>(size - from), '\0');
+  FileBytes f;
+  f.size = st.st_size;
+  f.start = std::min(f.size, std::max<int64_t>(from, f.size - n));
+  f.bytes.assign(static_cast<size_t>(f.size - f.start), '\0');
   int64_t done = 0;
-  while (done < static_cast<int64_t>(bytes.size())) {
-    const ssize_t r =
-        ::pread(fd, bytes.data() + done, bytes.size() - done, from + done);
+  while (done < static_cast<int64_t>(f.bytes.size())) {
+    const ssize_t r = ::pread(fd, f.bytes.data() + done, f.bytes.size() - done,
+                              f.start + done);
     if (r <= 0) break;
     done += r;
   }
   ::close(fd);
-  bytes.resize(static_cast<size_t>(done));
-  return std::make_pair(std::move(bytes), size);
+  f.bytes.resize(static_cast<size_t>(done));
+  return f;
 }
 
 json PointJson(const v1::LossPoint& p) {
@@ -196,12 +193,12 @@ std::string EventKind(const std::string& m) {
   return "other";
 }
 
-json LatestSample(const std::string& path, int64_t max_bytes) {
-  auto tail = Tail(path, max_bytes);
-  if (!tail.has_value()) return nullptr;
-  std::string_view text = tail->first;
-  // Newest line first; the first (possibly cut) line of a partial read is
-  // skipped by the parser failing on it.
+namespace {
+
+// The newest `sample` record among the lines of `text`, newest first:
+// {"step", "text"}, or null. A line cut at the start of a partial read is
+// skipped by the parser failing on it.
+json NewestSample(std::string_view text) {
   while (!text.empty()) {
     size_t end = text.size();
     while (end > 0 && text[end - 1] == '\n') --end;
@@ -223,6 +220,48 @@ json LatestSample(const std::string& path, int64_t max_bytes) {
   return nullptr;
 }
 
+}  // namespace
+
+json LatestSamples::Of(const std::string& path, int64_t max_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = seen_.find(path);
+  const int64_t from = it == seen_.end() ? 0 : it->second.scanned;
+  std::optional<FileBytes> got = ReadFrom(path, from, max_bytes);
+  if (got.has_value() && got->size < from) {
+    // Shorter than what was read of it: another file now, read again.
+    seen_.erase(it);
+    it = seen_.end();
+    got = ReadFrom(path, 0, max_bytes);
+  }
+  if (!got.has_value()) {
+    if (it != seen_.end()) seen_.erase(it);
+    return nullptr;
+  }
+  bytes_read_ += static_cast<int64_t>(got->bytes.size());
+  if (it == seen_.end()) {
+    if (seen_.size() >= max_logs_) {
+      seen_.erase(std::min_element(seen_.begin(), seen_.end(),
+                                   [](const auto& a, const auto& b) {
+                                     return a.second.asked < b.second.asked;
+                                   }));
+    }
+    it = seen_.emplace(path, Seen{}).first;
+  }
+  // Whole lines only: a record still being written is read next time.
+  const size_t whole = got->bytes.rfind('\n') + 1;  // 0 when none
+  Seen& seen = it->second;
+  json newer = NewestSample(std::string_view(got->bytes).substr(0, whole));
+  if (!newer.is_null()) seen.sample = std::move(newer);
+  seen.scanned = got->start + static_cast<int64_t>(whole);
+  seen.asked = ++clock_;
+  return seen.sample;
+}
+
+int64_t LatestSamples::bytes_read() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_read_;
+}
+
 ApiReply JobsApi(Coordinator& c, const ApiQuery& q) {
   std::vector<std::string> states = LowerStateNames();
   states.insert(states.begin(), "all");
@@ -240,12 +279,14 @@ ApiReply JobsApi(Coordinator& c, const ApiQuery& q) {
   return {200, json{{"now_ms", NowMs()}, {"jobs", std::move(list)}}};
 }
 
-ApiReply JobApi(Coordinator& c, const std::string& id, const ApiQuery&) {
+ApiReply JobApi(Coordinator& c, LatestSamples& samples, const std::string& id,
+                const ApiQuery&) {
   absl::StatusOr<v1::GetJobResponse> got = c.Get(id, false);
   if (!got.ok()) return FromStatus(got.status());
   const v1::Job& job = got->job();
   json j = Summary(job);
-  j["spec"] = SpecJson(job.spec());
+  j["spec"] = json::parse(ProtoJson(job.spec(), /*pretty=*/false), nullptr,
+                          /*allow_exceptions=*/false);
   json placement = json::array();
   for (const v1::Placement& p : job.placement()) {
     placement.push_back(
@@ -288,8 +329,8 @@ ApiReply JobApi(Coordinator& c, const std::string& id, const ApiQuery&) {
     absl::StatusOr<Coordinator::LogSource> src = c.Logs(id, n);
     if (!src.ok()) break;
     sample =
-        LatestSample((std::filesystem::path(src->dir) / "run.jsonl").string(),
-                     int64_t{1} << 20);
+        samples.Of((std::filesystem::path(src->dir) / "run.jsonl").string(),
+                   int64_t{1} << 20);
     if (!sample.is_null()) {
       sample["attempt"] = n;
       break;
@@ -349,14 +390,14 @@ ApiReply LogApi(Coordinator& c, const std::string& id, const ApiQuery& q) {
   absl::StatusOr<Coordinator::LogSource> src =
       c.Logs(id, static_cast<int>(attempt.value));
   if (!src.ok()) return FromStatus(src.status());
-  auto tail =
-      Tail((std::filesystem::path(src->dir) / (stream.value + ".log")).string(),
-           bytes.value);
+  std::optional<FileBytes> tail = ReadFrom(
+      (std::filesystem::path(src->dir) / (stream.value + ".log")).string(), 0,
+      bytes.value);
   return {200, json{{"attempt", src->attempt},
                     {"stream", stream.value},
                     {"finished", src->finished},
-                    {"size", tail ? tail->second : 0},
-                    {"text", tail ? ToValidUtf8(tail->first) : ""}}};
+                    {"size", tail ? tail->size : 0},
+                    {"text", tail ? ToValidUtf8(tail->bytes) : ""}}};
 }
 
 ApiReply NodesApi(Coordinator& c, const ApiQuery&) {

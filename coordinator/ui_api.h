@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <string>
 
 #include "coordinator/coordinator.h"
@@ -20,6 +21,9 @@ struct ApiReply {
   nlohmann::json body;
 };
 
+// The reply to a refused request: `status` and {"error": message}.
+ApiReply ApiError(int status, const std::string& message);
+
 // The query parameters of a request, decoded (name -> value).
 using ApiQuery = std::map<std::string, std::string>;
 
@@ -31,8 +35,38 @@ inline constexpr size_t kUiMaxParamBytes = 64;
 
 // GET /api/v1/jobs[?state=STATE&limit=N]
 ApiReply JobsApi(Coordinator& c, const ApiQuery& q);
-// GET /api/v1/jobs/ID
-ApiReply JobApi(Coordinator& c, const std::string& id, const ApiQuery& q);
+// The newest `sample` record (docs/run-log.md) of each run log the UI
+// shows, kept by path, so that a page polling a job reads only what its
+// log gained since the last poll (run logs only grow; a log that shrank was
+// replaced and is read again). At most `max_logs` logs are kept, the least
+// recently asked for forgotten first. Thread-safe.
+class LatestSamples {
+ public:
+  explicit LatestSamples(size_t max_logs = 256) : max_logs_(max_logs) {}
+  // {"step", "text"} of the newest sample in the log at `path`, looked for
+  // in at most its last `max_bytes` the first time; null when there is none
+  // (or the file cannot be read).
+  nlohmann::json Of(const std::string& path, int64_t max_bytes);
+  // Bytes read from run logs so far (tests: a poll reads only what was
+  // appended).
+  int64_t bytes_read() const;
+
+ private:
+  struct Seen {
+    int64_t scanned = 0;  // up to the end of its last whole line
+    nlohmann::json sample;
+    uint64_t asked = 0;  // when it was last asked for (a counter)
+  };
+  const size_t max_logs_;
+  mutable std::mutex mu_;
+  std::map<std::string, Seen> seen_;
+  uint64_t clock_ = 0;
+  int64_t bytes_read_ = 0;
+};
+
+// GET /api/v1/jobs/ID (its sample through `samples`)
+ApiReply JobApi(Coordinator& c, LatestSamples& samples, const std::string& id,
+                const ApiQuery& q);
 // GET /api/v1/jobs/ID/metrics[?since=C&rank_since=R]
 ApiReply MetricsApi(Coordinator& c, const std::string& id, const ApiQuery& q);
 // GET /api/v1/jobs/ID/log[?attempt=N&stream=stdout|stderr&bytes=B]
@@ -44,10 +78,6 @@ ApiReply NodesApi(Coordinator& c, const ApiQuery& q);
 // attempt, restart, node_lost, shrink, grow, pause, rollback, checkpoint,
 // hang, cancel or other.
 std::string EventKind(const std::string& message);
-
-// The newest `sample` record (docs/run-log.md) in the last `max_bytes` of
-// the run log at `path`: {"step", "text"}, or null.
-nlohmann::json LatestSample(const std::string& path, int64_t max_bytes);
 
 }  // namespace ptrain
 

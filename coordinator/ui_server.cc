@@ -68,9 +68,7 @@ Response Json(int status, const nlohmann::json& body) {
       {}};
 }
 
-Response JsonError(int status, const std::string& message) {
-  return Json(status, nlohmann::json{{"error", message}});
-}
+Response Reply(const ApiReply& reply) { return Json(reply.status, reply.body); }
 
 // The percent-decoding of `s` (a '+' is a space, as forms send it);
 // nullopt when a '%' is not followed by two hex digits.
@@ -88,8 +86,9 @@ std::optional<std::string> Decode(absl::string_view s) {
 std::variant<ApiQuery, Response> ParseQuery(const std::string& query) {
   ApiQuery q;
   if (query.size() > CoordinatorUi::kMaxQuery) {
-    return JsonError(400, absl::StrCat("the query string is longer than ",
-                                       CoordinatorUi::kMaxQuery, " bytes"));
+    return Reply(
+        ApiError(400, absl::StrCat("the query string is longer than ",
+                                   CoordinatorUi::kMaxQuery, " bytes")));
   }
   for (absl::string_view part : absl::StrSplit(query, '&', absl::SkipEmpty())) {
     const size_t eq = part.find('=');
@@ -97,16 +96,16 @@ std::variant<ApiQuery, Response> ParseQuery(const std::string& query) {
     std::optional<std::string> value =
         Decode(eq == absl::string_view::npos ? "" : part.substr(eq + 1));
     if (!name.has_value() || !value.has_value()) {
-      return JsonError(
+      return Reply(ApiError(
           400, absl::StrCat("query parameter '",
                             std::string(part.substr(
                                 0, std::min<size_t>(eq, kUiMaxParamBytes))),
-                            "' is not percent-encoded"));
+                            "' is not percent-encoded")));
     }
     if (value->size() > kUiMaxParamBytes) {
-      return JsonError(
+      return Reply(ApiError(
           400, absl::StrCat("query parameter '", *name, "' is longer than ",
-                            kUiMaxParamBytes, " bytes"));
+                            kUiMaxParamBytes, " bytes")));
     }
     q[*name] = *value;
   }
@@ -352,7 +351,7 @@ CoordinatorUi::Response CoordinatorUi::Route(const Request& r) const {
   }
   const bool api = absl::StartsWith(p, "/api/");
   if (!c_->AuthenticateUser(Authorization(r)).ok()) {
-    if (api) return JsonError(401, "a user token is needed (Bearer)");
+    if (api) return Reply(ApiError(401, "a user token is needed (Bearer)"));
     return Text(401, kHtml, LoginPage(""));
   }
   if (r.method != "GET" && r.method != "HEAD") {
@@ -401,7 +400,7 @@ CoordinatorUi::Response CoordinatorUi::Route(const Request& r) const {
     } else if (parts[2] == "jobs" && parts.size() <= 5 && IsJobId(parts[3])) {
       const std::string id(parts[3]);
       if (parts.size() == 4) {
-        reply = JobApi(*c_, id, query);
+        reply = JobApi(*c_, samples_, id, query);
       } else if (parts[4] == "metrics") {
         reply = MetricsApi(*c_, id, query);
       } else if (parts[4] == "log") {
@@ -409,7 +408,7 @@ CoordinatorUi::Response CoordinatorUi::Route(const Request& r) const {
       }
     }
   }
-  return Json(reply.status, reply.body);
+  return Reply(reply);
 }
 
 }  // namespace ptrain

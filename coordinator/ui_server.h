@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/ui_api.h"
 
 namespace httplib {
 class Server;
@@ -75,7 +76,8 @@ class CoordinatorUi {
 
   Coordinator* const c_;
   const bool tls_;
-  const std::string chart_js_;  // the file's bytes
+  const std::string chart_js_;     // the file's bytes
+  mutable LatestSamples samples_;  // each job page's sample (thread-safe)
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;  // the server's accept loop
   int port_ = 0;

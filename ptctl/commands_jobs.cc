@@ -11,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "common/exit_codes.h"
 #include "common/job_state.h"
+#include "common/proto_json.h"
 #include "common/spec.h"
 #include "ptctl/format.h"
 #include "ptctl/watch.h"
@@ -22,7 +23,7 @@ namespace {
 // "ID STATE", or what the job is on its way to while the attempt ends.
 void PrintJobState(Client& client, const v1::Job& job) {
   if (client.options().output == "json") {
-    std::printf("%s\n", ToJson(job).c_str());
+    std::printf("%s\n", ProtoJson(job, true).c_str());
     return;
   }
   const std::string ending = Ending(job);
@@ -81,7 +82,7 @@ int Submit(Client& client, const std::string& file,
   const grpc::Status s = client.stub().SubmitJob(ctx.get(), req, &resp);
   if (!s.ok()) return RpcError(client.options(), s);
   if (client.options().output == "json") {
-    std::printf("%s\n", ToJson(resp.job()).c_str());
+    std::printf("%s\n", ProtoJson(resp.job(), true).c_str());
   } else {
     std::printf("%s\n", resp.job().id().c_str());
   }
@@ -98,7 +99,7 @@ int Get(Client& client, const std::string& id) {
   const grpc::Status s = client.stub().GetJob(ctx.get(), req, &resp);
   if (!s.ok()) return RpcError(client.options(), s);
   if (client.options().output == "json") {
-    std::printf("%s\n", ToJson(resp).c_str());
+    std::printf("%s\n", ProtoJson(resp, true).c_str());
     return 0;
   }
   const auto& j = resp.job();
@@ -161,7 +162,7 @@ int List(Client& client, int limit, const std::string& state) {
   const grpc::Status s = client.stub().ListJobs(ctx.get(), req, &resp);
   if (!s.ok()) return RpcError(client.options(), s);
   if (client.options().output == "json") {
-    std::printf("%s\n", ToJson(resp).c_str());
+    std::printf("%s\n", ProtoJson(resp, true).c_str());
   } else {
     PrintJobsTable({resp.jobs().begin(), resp.jobs().end()});
   }
@@ -241,7 +242,7 @@ int Checkpoints(Client& client, const std::string& id) {
   const grpc::Status s = client.stub().ListCheckpoints(ctx.get(), req, &resp);
   if (!s.ok()) return RpcError(client.options(), s);
   if (client.options().output == "json") {
-    std::printf("%s\n", ToJson(resp).c_str());
+    std::printf("%s\n", ProtoJson(resp, true).c_str());
     return 0;
   }
   std::printf("%10s %8s  %s\n", "STEP", "ATTEMPT", "DIR");

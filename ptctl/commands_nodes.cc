@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/proto_json.h"
 #include "ptctl/format.h"
 
 namespace ptrain::ptctl {
@@ -18,7 +19,7 @@ int Nodes(Client& client) {
       client.stub().ListNodes(ctx.get(), v1::ListNodesRequest(), &resp);
   if (!s.ok()) return RpcError(client.options(), s);
   if (client.options().output == "json") {
-    std::printf("%s\n", ToJson(resp).c_str());
+    std::printf("%s\n", ProtoJson(resp, true).c_str());
     return 0;
   }
   const int64_t now = absl::ToUnixMillis(absl::Now());
@@ -79,7 +80,7 @@ int Drain(Client& client, const std::string& node, bool drain) {
   const grpc::Status s = client.stub().DrainNode(ctx.get(), req, &resp);
   if (!s.ok()) return RpcError(client.options(), s);
   if (client.options().output == "json") {
-    std::printf("%s\n", ToJson(resp.node()).c_str());
+    std::printf("%s\n", ProtoJson(resp.node(), true).c_str());
     return 0;
   }
   std::printf("%s %s\n", node.c_str(),

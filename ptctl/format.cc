@@ -9,7 +9,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/job_state.h"
-#include "google/protobuf/util/json_util.h"
 
 namespace ptrain::ptctl {
 
@@ -40,16 +39,6 @@ std::string Ending(const v1::Job& job) {
   if (job.cancel_requested() && !IsFinal(job.state())) return "cancelling";
   if (job.pause_requested()) return "pausing";
   return "";
-}
-
-std::string ToJson(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions o;
-  o.add_whitespace = true;
-  o.always_print_primitive_fields = true;
-  o.preserve_proto_field_names = true;  // the names of the proto and the YAML
-  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
-  return out;
 }
 
 std::string Ago(int64_t unix_ms) {

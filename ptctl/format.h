@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "google/protobuf/message.h"
 #include "ptrain/v1/coordinator.pb.h"
 
 namespace ptrain::ptctl {
@@ -30,9 +29,6 @@ std::string PadLeft(const std::string& text, size_t width);
 // What a job not yet ended is on its way to while its attempt ends:
 // "cancelling", "pausing", or "".
 std::string Ending(const v1::Job& job);
-
-// `m` as indented JSON with every field, named as in the proto and the YAML.
-std::string ToJson(const google::protobuf::Message& m);
 
 // How long ago `unix_ms` was: "42s", "7m", "3h"; "-" for 0 (never).
 std::string Ago(int64_t unix_ms);

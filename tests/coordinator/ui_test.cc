@@ -292,6 +292,68 @@ TEST_F(UiTest, AJobShowsItsAttemptsEventsCheckpointsAndLatestSample) {
             "no job 'job-9999'");
 }
 
+// A job page polls every 2 s: each poll reads only what the run log gained
+// (none of it when nothing did), a record still being written is taken once
+// its line ends, a replaced log is read again, and the logs kept are
+// bounded.
+TEST(LatestSamplesTest, APollReadsOnlyWhatTheLogGained) {
+  const fs::path dir =
+      fs::temp_directory_path() / absl::StrCat("ptrain-samples-", ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string log = (dir / "run.jsonl").string();
+  const auto append = [&](const std::string& path, const std::string& text) {
+    std::ofstream(path, std::ios::app) << text;
+    return static_cast<int64_t>(text.size());
+  };
+  append(log, R"({"type":"step","step":4,"loss":4.1})"
+              "\n"
+              R"({"type":"sample","step":4,"text":"a"})"
+              "\n"
+              R"({"type":"step","step":5,"loss":4.0})"
+              "\n");
+  LatestSamples samples(/*max_logs=*/2);
+  const json a = samples.Of(log, 1 << 20);
+  EXPECT_EQ(a, json({{"step", 4}, {"text", "a"}}));
+  int64_t read = samples.bytes_read();
+  EXPECT_EQ(read, static_cast<int64_t>(fs::file_size(log)));
+  EXPECT_EQ(samples.Of(log, 1 << 20), a);
+  EXPECT_EQ(samples.bytes_read(), read) << "nothing new, nothing read";
+  read += append(log, R"({"type":"step","step":6,"loss":3.9})"
+                      "\n");
+  EXPECT_EQ(samples.Of(log, 1 << 20), a);
+  EXPECT_EQ(samples.bytes_read(), read) << "only the appended line read";
+  const int64_t half = append(log, R"({"type":"sample","step":9,"te)");
+  read += half;
+  EXPECT_EQ(samples.Of(log, 1 << 20), a) << "a line not yet ended";
+  EXPECT_EQ(samples.bytes_read(), read);
+  read += half + append(log, R"(xt":"b"})"
+                             "\n");
+  EXPECT_EQ(samples.Of(log, 1 << 20), json({{"step", 9}, {"text", "b"}}));
+  EXPECT_EQ(samples.bytes_read(), read) << "the cut line read again, whole";
+  // Replaced by a shorter log: read from its start.
+  const std::string other = R"({"type":"sample","step":1,"text":"c"})"
+                            "\n";
+  std::ofstream(log, std::ios::trunc) << other;
+  EXPECT_EQ(samples.Of(log, 1 << 20), json({{"step", 1}, {"text", "c"}}));
+  // Two logs kept at most: the least recently asked for is read whole again.
+  const std::string second = (dir / "second.jsonl").string();
+  const std::string third = (dir / "third.jsonl").string();
+  append(second, other);
+  append(third, other);
+  EXPECT_EQ(samples.Of(second, 1 << 20)["step"], 1);
+  EXPECT_EQ(samples.Of(third, 1 << 20)["step"], 1);  // forgets `log`
+  read = samples.bytes_read();
+  EXPECT_EQ(samples.Of(third, 1 << 20)["step"], 1);
+  EXPECT_EQ(samples.bytes_read(), read);
+  EXPECT_EQ(samples.Of(log, 1 << 20)["step"], 1);
+  EXPECT_EQ(samples.bytes_read(), read + static_cast<int64_t>(other.size()));
+  // Gone: null, and nothing kept of it.
+  fs::remove(log);
+  EXPECT_TRUE(samples.Of(log, 1 << 20).is_null());
+  fs::remove_all(dir);
+}
+
 TEST(JobStateNamesTest, LowerNamesRoundTripAndNothingElseParses) {
   const std::vector<std::string> names = LowerStateNames();
   EXPECT_EQ(names.size(), 7u);
