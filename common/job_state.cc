@@ -24,12 +24,15 @@ std::string StateName(v1::JobState s) {
   return WithoutPrefix(v1::JobState_Name(s), "JOB_STATE_");
 }
 
+std::string LowerStateName(v1::JobState s) {
+  return absl::AsciiStrToLower(StateName(s));
+}
+
 std::vector<std::string> LowerStateNames() {
   std::vector<std::string> out;
   for (int s = v1::JobState_MIN; s <= v1::JobState_MAX; ++s) {
     if (v1::JobState_IsValid(s) && s != v1::JOB_STATE_UNSPECIFIED) {
-      out.push_back(
-          absl::AsciiStrToLower(StateName(static_cast<v1::JobState>(s))));
+      out.push_back(LowerStateName(static_cast<v1::JobState>(s)));
     }
   }
   return out;

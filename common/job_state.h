@@ -19,8 +19,12 @@ bool IsFinal(v1::JobState s);
 // The JobState name without its prefix: "RUNNING", ...
 std::string StateName(v1::JobState s);
 
-// Every JobState but UNSPECIFIED by StateName in lower case ("running"):
-// what `ptctl list --state` and the web UI's state= take.
+// StateName in lower case ("running"): how `ptctl list --state` and the
+// web UI name a state.
+std::string LowerStateName(v1::JobState s);
+
+// LowerStateName of every JobState but UNSPECIFIED: what `ptctl list
+// --state` and the web UI's state= take.
 std::vector<std::string> LowerStateNames();
 
 // The JobState of a LowerStateNames name; nullopt for any other text.

@@ -13,7 +13,6 @@
 #include <string_view>
 #include <vector>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -84,15 +83,11 @@ WordParam ReadWord(const ApiQuery& q, const std::string& name,
                                          "' must be one of ", list))};
 }
 
-std::string LowerState(v1::JobState s) {
-  return absl::AsciiStrToLower(StateName(s));
-}
-
 json Summary(const v1::Job& job) {
   const v1::Progress& p = job.progress();
   json j = {{"id", job.id()},
             {"name", job.name()},
-            {"state", LowerState(job.state())},
+            {"state", LowerStateName(job.state())},
             {"attempts", job.attempts()},
             {"world_size", job.world_size()},
             {"created_ms", job.created_unix_ms()},

@@ -10,7 +10,6 @@
 #include <set>
 #include <string>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -359,7 +358,7 @@ TEST(JobStateNamesTest, LowerNamesRoundTripAndNothingElseParses) {
   EXPECT_EQ(names.size(), 7u);
   for (const std::string& n : names) {
     ASSERT_TRUE(StateOfLowerName(n).has_value()) << n;
-    EXPECT_EQ(absl::AsciiStrToLower(StateName(*StateOfLowerName(n))), n);
+    EXPECT_EQ(LowerStateName(*StateOfLowerName(n)), n);
   }
   for (const char* bad : {"", "unspecified", "RUNNING", "run", "all"}) {
     EXPECT_FALSE(StateOfLowerName(bad).has_value()) << bad;

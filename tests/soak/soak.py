@@ -234,10 +234,9 @@ class Soak:
         return [self.reference(i) for i in range(self.a.jobs)]
 
     def write_references(self, path):
-        refs = self.references()
-        jobs = [{"world": w, "overrides": o, "loss": refs[i]}
-                for i, (w, o) in enumerate(self.defining(i)
-                                           for i in range(self.a.jobs))]
+        jobs = [{"world": w, "overrides": o, "loss": loss}
+                for (w, o), loss in zip(map(self.defining, range(self.a.jobs)),
+                                        self.references())]
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             json.dump({"jobs": jobs}, f)
