@@ -13,6 +13,7 @@
 #define PTRAIN_KERNELS_OPS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -47,6 +48,18 @@ struct ConstAct {
     const int64_t bytes = n * (type == DType::kBf16 ? 2 : 4);
     return ConstAct(static_cast<const char*>(p) + bytes, type);
   }
+};
+
+// Ops recorded once and run again as a unit (on a GPU a CUDA graph: one
+// launch instead of one per op): Ops::Capture makes one.
+class OpsGraph {
+ public:
+  virtual ~OpsGraph() = default;
+  // Issues the recorded ops again, in their order, on the same buffers and
+  // with the same arguments as recorded. False, with nothing issued, where
+  // the graph can no longer be replayed: the backend has since moved a
+  // buffer of its own the ops use (its scratch grew); capture again.
+  virtual bool Replay() = 0;
 };
 
 class Ops {
@@ -94,6 +107,28 @@ class Ops {
   // GELU (fch). The ops with Act or ConstAct arguments take such tensors;
   // every other argument is fp32.
   virtual DType activation_type() const { return DType::kF32; }
+  // Capture: the ops `fn` issues on this backend are recorded, not run, and
+  // the returned graph issues them (OpsGraph::Replay). Only ops whose every
+  // argument is fixed at capture can be recorded: the host values they
+  // take (sizes, scalars, pointers) are kept as they were, so a replay
+  // reads and writes the same buffers; whatever changes from one replay to
+  // the next must be written into those buffers before it. What cannot be
+  // recorded — allocation, a copy to or from the host (StageTokens
+  // included), a wait for the device or a result read on the host (Sum,
+  // SumSquares, Synchronize) — fails the capture: null with *error saying
+  // which, nothing has run, and fn's ops must be issued again. Host code in
+  // fn runs once, at capture. CaptureUnsupported(): why this backend
+  // records nothing ("" where it can; the CPU cannot: launches cost it
+  // nothing).
+  virtual std::string CaptureUnsupported() const {
+    return "the " + name() + " backend does not record ops";
+  }
+  virtual std::unique_ptr<OpsGraph> Capture(const std::function<void()>& fn,
+                                            std::string* error) {
+    (void)fn;
+    *error = CaptureUnsupported();
+    return nullptr;
+  }
   // Waits until every op issued so far is done (a no-op on the CPU).
   virtual void Synchronize() = 0;
   // True when `p` points into this backend's memory and the host cannot
