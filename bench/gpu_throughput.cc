@@ -10,6 +10,8 @@
 //   gpu_throughput [--model 124m|350m] [--batch 8] [--steps 10] [--trainer]
 //                  [--recompute]
 //   gpu_throughput --trainer --offload [--model 124m|350m|1.5b|6b] ...
+//   gpu_throughput --trainer --cuda-graphs [--model small --seq 256
+//                  --batch 64] ...
 //
 // --trainer runs the whole Trainer instead (as ptworker does, without MPI):
 // data loading, the learning-rate schedule, the distributed optimizer's
@@ -20,7 +22,11 @@
 // optimizer on the GPU and with parallel.offload=optimizer and prints the
 // ratio of their steps; at --model 6b (fp32 weights, gradients and Adam
 // state past 80 GB) the first is refused by the memory check and only the
-// offloaded one trains (--batch 1 --recompute).
+// offloaded one trains (--batch 1 --recompute). --cuda-graphs (with
+// --trainer) runs bf16 launching op by op and with train.cuda_graphs=on
+// (each microbatch's forward and backward one replay) and prints the ratio
+// of their speeds and how many passes were replayed; --model small --seq
+// 256 --batch 64 is a model whose step launches dominate.
 //
 // bench/pytorch_gpt_cuda.py runs the same model in PyTorch on the same GPU.
 #include <chrono>
@@ -52,6 +58,8 @@ struct Args {
   bool trainer = false;
   bool recompute = false;
   bool offload = false;
+  bool graphs = false;
+  int seq = 1024;
 };
 
 // GPT-2 shapes by name (layers, heads, width): the two the bench compares
@@ -64,15 +72,19 @@ Shape ShapeOf(const std::string& model) {
   if (model == "350m") return {24, 16, 1024};
   if (model == "1.5b") return {48, 25, 1600};
   if (model == "6b") return {32, 32, 4096};
+  if (model == "small") return {6, 6, 384};
   return {12, 12, 768};
 }
 
 void AddFlags(CLI::App& app, Args& a) {
   app.add_option("--model", a.model,
-                 "GPT-2 size: 124m or 350m; 1.5b and 6b with --trainer")
-      ->check(CLI::IsMember({"124m", "350m", "1.5b", "6b"}));
-  app.add_option("--batch", a.batch, "sequences per step (T = 1024)")
+                 "GPT-2 size: 124m or 350m; 1.5b, 6b and small (6 layers "
+                 "of 384) with --trainer")
+      ->check(CLI::IsMember({"124m", "350m", "1.5b", "6b", "small"}));
+  app.add_option("--batch", a.batch, "sequences per step")
       ->check(CLI::Range(1, 4096));
+  app.add_option("--seq", a.seq, "positions per sequence (with --trainer)")
+      ->check(CLI::Range(8, 1024));
   app.add_option("--steps", a.steps, "measured steps")
       ->check(CLI::Range(1, 100000));
   app.add_option("--peak-tflops", a.peak_tflops,
@@ -88,6 +100,9 @@ void AddFlags(CLI::App& app, Args& a) {
                "with --trainer: bf16 with the optimizer on the GPU and with "
                "parallel.offload=optimizer, side by side (a run that does "
                "not fit says why)");
+  app.add_flag("--cuda-graphs", a.graphs,
+               "with --trainer: bf16 launching op by op and with "
+               "train.cuda_graphs=on, side by side");
 }
 
 void Run(const Args& a, bool bf16, bool fused_attention) {
@@ -193,15 +208,16 @@ std::string RandomTokenFile(const std::string& name, int64_t n) {
 // The whole Trainer's step in ms (0 when the run is refused, which is
 // printed instead).
 double RunTrainer(const Args& a, const std::string& precision,
-                  bool offload = false) {
+                  bool offload = false, bool graphs = false) {
   const Shape shape = ShapeOf(a.model);
-  const int T = 1024;
+  const int T = a.seq;
   auto spec = ptrain::LoadJobSpecFile(
       "examples/shakespeare-char.yaml",
       {"model.n_layer=" + std::to_string(shape.n_layer),
        "model.n_head=" + std::to_string(shape.n_head),
-       "model.n_embd=" + std::to_string(shape.n_embd), "model.block_size=1024",
-       "data.path=''", "data.tokenizer=''",
+       "model.n_embd=" + std::to_string(shape.n_embd),
+       "model.block_size=" + std::to_string(T), "data.path=''",
+       "data.tokenizer=''",
        "data.train_bin=" + RandomTokenFile("train", 1 << 22),
        "data.val_bin=" + RandomTokenFile("val", 1 << 16),
        "train.global_batch=" + std::to_string(a.batch),
@@ -209,13 +225,14 @@ double RunTrainer(const Args& a, const std::string& precision,
        "train.sample_tokens=0", "checkpoint.every=0", "checkpoint.dir=''",
        "resources.device=cuda", "train.precision=" + precision,
        std::string("train.recompute=") + (a.recompute ? "full" : "none"),
-       std::string("parallel.offload=") + (offload ? "optimizer" : "none")});
+       std::string("parallel.offload=") + (offload ? "optimizer" : "none"),
+       std::string("train.cuda_graphs=") + (graphs ? "on" : "off")});
   if (!spec.ok()) {
     std::fprintf(stderr, "gpu_throughput: %s\n",
                  std::string(spec.status().message()).c_str());
     std::exit(2);
   }
-  const char* what = offload ? " offload" : "";
+  const char* what = offload ? " offload" : graphs ? " graphs" : "";
   ptrain::TrainerOptions opt;
   opt.peak_flops = a.peak_tflops * 1e12;
   opt.quiet = true;
@@ -247,6 +264,13 @@ double RunTrainer(const Args& a, const std::string& precision,
       a.batch, T, secs * 1e3, a.batch * T / secs, flops / secs / 1e12,
       100.0 * flops / secs / (a.peak_tflops * 1e12), a.peak_tflops, loss,
       mem.used / double(1 << 30));
+  if (graphs) {
+    const ptrain::GptStage::GraphCounts g = t.graph_counts();
+    std::printf("  passes recorded %lld, replayed %lld, failed %lld\n",
+                static_cast<long long>(g.captured),
+                static_cast<long long>(g.replayed),
+                static_cast<long long>(g.failed));
+  }
   std::fflush(stdout);
   return secs * 1e3;
 }
@@ -258,13 +282,27 @@ int main(int argc, char** argv) {
       "compute"};
   AddFlags(app, a);
   CLI11_PARSE(app, argc, argv);
-  if (a.recompute && !a.trainer) {
-    std::fprintf(stderr, "--recompute needs --trainer\n");
+  if ((a.recompute || a.seq != 1024 || a.model == "small") && !a.trainer) {
+    std::fprintf(stderr,
+                 "--recompute, --seq and --model small need --trainer\n");
     return 2;
   }
   if ((a.offload || a.model == "1.5b" || a.model == "6b") && !a.trainer) {
     std::fprintf(stderr, "--offload and --model 1.5b|6b need --trainer\n");
     return 2;
+  }
+  if (a.graphs && !a.trainer) {
+    std::fprintf(stderr, "--cuda-graphs needs --trainer\n");
+    return 2;
+  }
+  if (a.trainer && a.graphs) {
+    const double eager = RunTrainer(a, "bf16");
+    const double graphed = RunTrainer(a, "bf16", false, /*graphs=*/true);
+    if (eager > 0.0 && graphed > 0.0) {
+      std::printf("cuda graphs: %.2fx the speed of launching op by op\n",
+                  eager / graphed);
+    }
+    return 0;
   }
   if (a.trainer && a.offload) {
     const double plain = RunTrainer(a, "bf16");

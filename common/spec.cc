@@ -83,6 +83,34 @@ Precision SpecPrecision(const v1::JobSpec& spec) {
   return p == "bf16" ? Precision::kBf16 : Precision::kFp32;
 }
 
+CudaGraphs CudaGraphsOf(const v1::JobSpec& spec) {
+  const std::string& g = spec.train().cuda_graphs();
+  if (g == "auto") return CudaGraphs::kAuto;
+  return g == "on" ? CudaGraphs::kOn : CudaGraphs::kOff;
+}
+
+std::string CudaGraphsUnsupported(const v1::JobSpec& spec) {
+  const v1::ParallelSpec& p = spec.parallel();
+  if (SpecDevice(spec) != Device::kCuda) {
+    return absl::StrCat("resources.device=", spec.resources().device(),
+                        ": CUDA graphs record a GPU's kernels");
+  }
+  if (const int64_t world = JobWorldSize(spec); world > 1) {
+    return absl::StrCat(
+        ParallelWorldFactors(p), " = ", world,
+        " ranks: their passes communicate between kernels, from the host");
+  }
+  if (p.zero() != 0) {
+    return absl::StrCat("parallel.zero=", p.zero(),
+                        ": the store reduces or gathers inside the passes");
+  }
+  if (p.offload() != "none") {
+    return absl::StrCat("parallel.offload=", p.offload(),
+                        ": the step copies between host and GPU");
+  }
+  return "";
+}
+
 int64_t FirstInvalidUtf8(std::string_view text) {
   const auto* b = reinterpret_cast<const unsigned char*>(text.data());
   const size_t n = text.size();
@@ -178,6 +206,7 @@ v1::JobSpec DefaultJobSpec() {
   train->set_log_every(10);
   train->set_precision("auto");
   train->set_recompute("none");
+  train->set_cuda_graphs("off");
   v1::AnomalySpec* anomaly = train->mutable_anomaly();
   anomaly->set_nan("stop");
   anomaly->set_spike_factor(0.0);

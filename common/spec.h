@@ -80,6 +80,14 @@ enum class Device { kCpu, kCuda };
 enum class Precision { kFp32, kBf16 };
 Device SpecDevice(const v1::JobSpec& spec);
 Precision SpecPrecision(const v1::JobSpec& spec);
+// train.cuda_graphs ("auto", "on", "off"; validated; anything else is off).
+enum class CudaGraphs { kOff, kAuto, kOn };
+CudaGraphs CudaGraphsOf(const v1::JobSpec& spec);
+// Why the job's passes cannot be recorded as CUDA graphs, naming the field
+// and the reason (a pass that communicates or copies between host and GPU
+// in the middle), or "" where they can: one rank on cuda, parallel.zero=0,
+// parallel.offload=none.
+std::string CudaGraphsUnsupported(const v1::JobSpec& spec);
 
 // The offset of the first byte of `text` that is not part of well-formed
 // UTF-8, or -1 when all of it is. Every entry point takes only UTF-8.

@@ -370,6 +370,21 @@ absl::Status ValidateParallel(const v1::JobSpec& spec) {
   return ValidateContextParallel(spec);
 }
 
+// train.cuda_graphs=on where the job's passes cannot be recorded is
+// refused, with why; auto then runs op by op.
+absl::Status CudaGraphsPossible(const v1::JobSpec& spec) {
+  if (absl::Status s = OneOf("train.cuda_graphs", spec.train().cuda_graphs(),
+                             {"auto", "on", "off"});
+      !s.ok()) {
+    return s;
+  }
+  if (CudaGraphsOf(spec) != CudaGraphs::kOn) return absl::OkStatus();
+  const std::string why = CudaGraphsUnsupported(spec);
+  if (why.empty()) return absl::OkStatus();
+  return Error("train.cuda_graphs=on cannot record this job's passes: ", why,
+               " (auto records only where it can)");
+}
+
 absl::Status ValidateTrain(const v1::JobSpec& spec) {
   const v1::TrainSpec& t = spec.train();
   const v1::ParallelSpec& p = spec.parallel();
@@ -429,6 +444,7 @@ absl::Status ValidateTrain(const v1::JobSpec& spec) {
       OneOf("train.precision", t.precision(), {"auto", "fp32", "bf16"}),
       OneOf("train.recompute", t.recompute(), {"none", "selective", "full"}),
       AtLeast("train.log_every", t.log_every(), 1),
+      CudaGraphsPossible(spec),
   });
 }
 

@@ -1,5 +1,6 @@
 // The CUDA backend's AdamW update and the sums (of squares, for the
 // gradient norm) in double, as kernels/cpu/adamw.cpp.
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/common/math.h"
@@ -54,9 +55,9 @@ __global__ void AdamWRunsKernel(float* params, __nv_bfloat16* params_bf16,
   });
 }
 
-// SumSquaresRuns in one launch: out[0] and out[1] get the squares of the
-// runs tagged 0 and 1.
-__global__ void SumSquaresRunsKernel(double* out, const float* x,
+// SumSquaresRuns' partials: block b writes the squares of its share of
+// the runs tagged 0 and 1 at partials[b] and partials[gridDim.x + b].
+__global__ void SumSquaresRunsKernel(double* partials, const float* x,
                                      const RunEntry* runs, int n,
                                      bool shared_table, int64_t total) {
   const RunEntry* t = TableOf(runs, n, shared_table);
@@ -69,30 +70,49 @@ __global__ void SumSquaresRunsKernel(double* out, const float* x,
   const double a0 = BlockReduce(acc[0], SumOp(), 0.0);
   const double a1 = BlockReduce(acc[1], SumOp(), 0.0);
   if (threadIdx.x == 0) {
-    atomicAdd(&out[0], a0);
-    atomicAdd(&out[1], a1);
+    partials[blockIdx.x] = a0;
+    partials[gridDim.x + blockIdx.x] = a1;
   }
 }
 
+// Reduce's partials: block b writes the sum of its share at partials[b].
 template <bool kSquares>
-__global__ void SumKernel(double* out, const float* x, int64_t n) {
+__global__ void SumKernel(double* partials, const float* x, int64_t n) {
   double acc = 0.0;
   ForEachIndex(n, [&](int64_t i) {
     const double xi = x[i];
     acc += kSquares ? xi * xi : xi;
   });
   acc = BlockReduce(acc, SumOp(), 0.0);
-  if (threadIdx.x == 0) atomicAdd(out, acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+// One block: out[s] = the sum of partials[s·blocks, (s+1)·blocks) for each
+// s < sums, thread t adding t, t + blockDim.x, ... before BlockReduce. With
+// the grid-stride shares above, an order fixed by the sizes alone: the
+// same bits every run, where atomics added the blocks in the order they
+// finished.
+__global__ void SumPartialsKernel(double* out, const double* partials,
+                                  int blocks, int sums) {
+  for (int s = 0; s < sums; ++s) {
+    double acc = 0.0;
+    for (int b = threadIdx.x; b < blocks; b += blockDim.x) {
+      acc += partials[static_cast<int64_t>(s) * blocks + b];
+    }
+    acc = BlockReduce(acc, SumOp(), 0.0);
+    if (threadIdx.x == 0) out[s] = acc;
+  }
 }
 
 }  // namespace
 
 template <bool kSquares>
 double CudaBackend::Reduce(const float* x, int64_t n) {
-  PT_CUDA_CHECK(cudaMemsetAsync(sum_, 0, sizeof(double), stream_));
-  SumKernel<kSquares>
-      <<<Blocks(n) < 1024 ? Blocks(n) : 1024, kThreads, 0, stream_>>>(sum_, x,
-                                                                      n);
+  const int blocks = std::clamp(Blocks(n), 1, kSumBlocks);
+  SumKernel<kSquares><<<blocks, kThreads, 0, stream_>>>(SumPartials(), x, n);
+  Launched();
+  SumPartialsKernel<<<1, kThreads, 0, stream_>>>(sum_, SumPartials(), blocks,
+                                                 1);
   Launched();
   double host = 0.0;
   PT_CUDA_CHECK(cudaMemcpyAsync(&host, sum_, sizeof(double),
@@ -102,10 +122,12 @@ double CudaBackend::Reduce(const float* x, int64_t n) {
 }
 
 double CudaBackend::Sum(const float* x, int64_t n) {
+  if (Refused("Sum")) return 0.0;
   return Reduce<false>(x, n);
 }
 
 double CudaBackend::SumSquares(const float* x, int64_t n) {
+  if (Refused("SumSquares")) return 0.0;
   return Reduce<true>(x, n);
 }
 
@@ -126,7 +148,7 @@ bool CudaBackend::Upload(const Ops::Run* runs, int n, RunTable* table) {
     entries[i] = {runs[i].begin, total, runs[i].tag};
     total += runs[i].count;
   }
-  if (entries != table->host) {
+  if (entries != table->host && !Refused("a new table of runs")) {
     // From pageable memory: the copy has read `entries` when it returns.
     PT_CUDA_CHECK(cudaMemcpyAsync(Grow(&table->dev, n), entries.data(),
                                   n * sizeof(RunEntry), cudaMemcpyHostToDevice,
@@ -161,16 +183,18 @@ void CudaBackend::adamw_update_runs(float* params, void* params_bf16, float* m,
 void CudaBackend::SumSquaresRuns(const float* x, const Ops::Run* runs, int n,
                                  double sums[2]) {
   sums[0] = sums[1] = 0.0;
-  if (n == 0) return;
+  if (n == 0 || Refused("SumSquaresRuns")) return;
   const bool shared = Upload(runs, n, &norm_runs_);
   if (norm_runs_.total == 0) return;
   {
     const OpScope scope(&times_, stream_, "SumSquaresRuns");
-    PT_CUDA_CHECK(cudaMemsetAsync(sum_, 0, 2 * sizeof(double), stream_));
-    const int blocks = std::min(Blocks(norm_runs_.total), 1024);
+    const int blocks = std::min(Blocks(norm_runs_.total), kSumBlocks);
     SumSquaresRunsKernel<<<blocks, kThreads, shared ? n * sizeof(RunEntry) : 0,
-                           stream_>>>(sum_, x, norm_runs_.dev.p, n, shared,
-                                      norm_runs_.total);
+                           stream_>>>(SumPartials(), x, norm_runs_.dev.p, n,
+                                      shared, norm_runs_.total);
+    Launched();
+    SumPartialsKernel<<<1, kThreads, 0, stream_>>>(sum_, SumPartials(), blocks,
+                                                   2);
     Launched();
   }
   PT_CUDA_CHECK(cudaMemcpyAsync(sums, sum_, 2 * sizeof(double),

@@ -1,6 +1,8 @@
 // The CUDA backend's encoder (kernels/cpu/encoder.cpp): the token rows a
 // rank holds of wte, then the positions, forward and backward.
+#include <algorithm>
 #include <cstdint>
+#include <cub/device/device_radix_sort.cuh>
 
 #include "kernels/cuda/ops_cuda_impl.h"
 
@@ -27,14 +29,61 @@ __global__ void EmbeddingForwardKernel(float* out, const int32_t* inp,
   });
 }
 
-__global__ void EmbeddingBackwardKernel(float* dwte, const float* dout,
-                                        const int32_t* inp, int64_t BT, int C,
-                                        int vocab_begin, int Vl) {
-  const int64_t n = BT * C;
-  ForEachIndex(n, [&](int64_t i) {
-    const int64_t at = WteIndex(inp, i, C, vocab_begin, Vl);
-    if (at >= 0) atomicAdd(&dwte[at], dout[i]);
+// embedding_backward's sort: position i's key is its token's row in this
+// rank's wte ([0, Vl)), or Vl for a token another rank holds (sorted past
+// every row, and skipped); its value is i.
+__global__ void EmbeddingKeysKernel(uint32_t* rows, int32_t* positions,
+                                    const int32_t* inp, int BT, int vocab_begin,
+                                    int Vl) {
+  ForEachIndex(BT, [&](int64_t i) {
+    const int64_t row = static_cast<int64_t>(inp[i]) - vocab_begin;
+    rows[i] = static_cast<uint32_t>(row >= 0 && row < Vl ? row : Vl);
+    positions[i] = static_cast<int32_t>(i);
   });
+}
+
+// The end of the run of `row` starting at j in the sorted rows (BT): the
+// first index past j whose row is larger.
+__device__ __forceinline__ int RunEnd(const uint32_t* rows, int j, int BT,
+                                      uint32_t row) {
+  int lo = j + 1, hi = BT;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (rows[mid] > row) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
+// dwte (Vl,C) += the rows of dout (BT,C) by token, over the positions
+// sorted by row (rows, positions: BT each, positions ascending within a
+// row). The block at each index that starts a run of one row adds the
+// run's rows of dout to that row of dwte, a channel a thread, in ascending
+// position order from dwte's value on: the CPU's sums, in the CPU's order
+// (kernels/cpu/encoder.cpp). A row of dwte is one run, so one block writes
+// it: no atomics.
+__global__ void EmbeddingRunsKernel(float* dwte, const float* dout,
+                                    const uint32_t* rows,
+                                    const int32_t* positions, int BT, int C,
+                                    int Vl) {
+  for (int j = blockIdx.x; j < BT; j += gridDim.x) {
+    const uint32_t row = rows[j];
+    if (row >= static_cast<uint32_t>(Vl)) break;  // the other ranks' tokens
+    if (j > 0 && rows[j - 1] == row) continue;
+    const int end = RunEnd(rows, j, BT, row);
+    float* dst = dwte + static_cast<int64_t>(row) * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      float acc = dst[c];
+#pragma unroll 4
+      for (int k = j; k < end; ++k) {
+        acc += dout[static_cast<int64_t>(positions[k]) * C + c];
+      }
+      dst[c] = acc;
+    }
+  }
 }
 
 __global__ void PositionForwardKernel(float* out, const float* wpe, int B,
@@ -67,12 +116,44 @@ void CudaBackend::embedding_forward(float* out, const int32_t* inp,
       wte, BT, C, vocab_begin, Vl);
 }
 
+// The sort's keys and values, then its output, sit in embed_rows_ and
+// embed_positions_ (2·BT each) and CUB's temporary storage in
+// embed_sort_temp_: grow-only, so once they have grown no call allocates or
+// waits (CUB's size query is computed on the host).
 void CudaBackend::embedding_backward(float* dwte, const float* dout,
                                      const int32_t* inp, int B, int T, int C,
                                      int vocab_begin, int Vl) {
   const int64_t BT = static_cast<int64_t>(B) * T;
-  Run("embedding_backward", EmbeddingBackwardKernel, Blocks(BT * C), dwte, dout,
-      inp, BT, C, vocab_begin, Vl);
+  if (BT == 0 || C <= 0 || Vl <= 0) return;
+  PT_CHECK(BT <= INT32_MAX, "embedding_backward: B·T past 2^31 positions");
+  const int n = static_cast<int>(BT);
+  int end_bit = 0;  // the bits of the keys 0..Vl
+  while (end_bit < 32 && (static_cast<uint32_t>(Vl) >> end_bit) != 0) {
+    ++end_bit;
+  }
+  uint32_t* rows = Grow(&embed_rows_, 2 * BT);
+  int32_t* positions = Grow(&embed_positions_, 2 * BT);
+  size_t temp_bytes = 0;
+  PT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, temp_bytes, rows, rows + BT, positions, positions + BT, n, 0,
+      end_bit, stream_));
+  // At least a byte: a null temporary storage would make the sort a query.
+  unsigned char* temp =
+      Grow(&embed_sort_temp_,
+           std::max<int64_t>(static_cast<int64_t>(temp_bytes), 1));
+  const OpScope scope(&times_, stream_, "embedding_backward");
+  EmbeddingKeysKernel<<<Blocks(BT), kThreads, 0, stream_>>>(
+      rows, positions, inp, n, vocab_begin, Vl);
+  Launched();
+  // Stable: a row's positions stay in ascending order.
+  PT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      temp, temp_bytes, rows, rows + BT, positions, positions + BT, n, 0,
+      end_bit, stream_));
+  // A block a sorted index (up to Blocks' limit): the grid follows B·T alone,
+  // not how many distinct tokens there are.
+  EmbeddingRunsKernel<<<Blocks(BT, 1), kThreads, 0, stream_>>>(
+      dwte, dout, rows + BT, positions + BT, n, C, Vl);
+  Launched();
 }
 
 void CudaBackend::position_forward(float* out, const float* wpe, int B, int T,

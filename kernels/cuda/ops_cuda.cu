@@ -32,7 +32,7 @@ CudaBackend::CudaBackend(const CudaOptions& o) : options_(o) {
   PT_CUDA_CHECK(cublasSetStream(blas_, stream_));
   PT_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
   PT_CUDA_CHECK(cublasSetWorkspace(blas_, workspace_, kWorkspaceBytes));
-  PT_CUDA_CHECK(cudaMalloc(&sum_, 2 * sizeof(double)));
+  PT_CUDA_CHECK(cudaMalloc(&sum_, (2 + 2 * kSumBlocks) * sizeof(double)));
   PT_CUDA_CHECK(cudaDeviceGetAttribute(
       &major_, cudaDevAttrComputeCapabilityMajor, o.device));
   int optin = 0;
@@ -60,6 +60,9 @@ CudaBackend::~CudaBackend() {
   for (GrowOnly<float>& b : unpacked_) cudaFree(b.p);
   cudaFree(adam_runs_.dev.p);
   cudaFree(norm_runs_.dev.p);
+  cudaFree(embed_rows_.p);
+  cudaFree(embed_positions_.p);
+  cudaFree(embed_sort_temp_.p);
   cudaFree(sum_);
   cudaFree(workspace_);
   cublasDestroy(blas_);
@@ -75,6 +78,7 @@ std::string CudaBackend::name() const {
 }
 
 float* CudaBackend::Alloc(int64_t n) {
+  if (Refused("Alloc")) return nullptr;
   float* p = nullptr;
   PT_CUDA_CHECK(cudaMalloc(&p, n * sizeof(float)));
   PT_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), stream_));
@@ -82,23 +86,27 @@ float* CudaBackend::Alloc(int64_t n) {
 }
 
 void CudaBackend::Free(float* p) {
+  if (Refused("Free")) return;
   PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   PT_CUDA_CHECK(cudaFree(p));
 }
 
 int32_t* CudaBackend::AllocTokens(int64_t n) {
+  if (Refused("AllocTokens")) return nullptr;
   int32_t* p = nullptr;
   PT_CUDA_CHECK(cudaMalloc(&p, n * sizeof(int32_t)));
   return p;
 }
 
 void CudaBackend::FreeTokens(int32_t* p) {
+  if (Refused("FreeTokens")) return;
   PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   PT_CUDA_CHECK(cudaFree(p));
 }
 
 const int32_t* CudaBackend::StageTokens(int32_t* staging, const int32_t* host,
                                         int64_t n) {
+  if (Refused("StageTokens")) return staging;
   // Synchronous: the caller may reuse its host buffer at once.
   PT_CUDA_CHECK(cudaMemcpyAsync(staging, host, n * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, stream_));
@@ -107,18 +115,21 @@ const int32_t* CudaBackend::StageTokens(int32_t* staging, const int32_t* host,
 }
 
 void CudaBackend::ToHost(float* host, const float* src, int64_t n) {
+  if (Refused("ToHost")) return;
   PT_CUDA_CHECK(cudaMemcpyAsync(host, src, n * sizeof(float),
                                 cudaMemcpyDeviceToHost, stream_));
   PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void CudaBackend::FromHost(float* dst, const float* host, int64_t n) {
+  if (Refused("FromHost")) return;
   PT_CUDA_CHECK(cudaMemcpyAsync(dst, host, n * sizeof(float),
                                 cudaMemcpyHostToDevice, stream_));
   PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 float* CudaBackend::AllocHost(int64_t n) {
+  if (Refused("AllocHost")) return nullptr;
   void* p = nullptr;
   if (cudaHostAlloc(&p, n * sizeof(float), cudaHostAllocDefault) !=
       cudaSuccess) {
@@ -130,6 +141,7 @@ float* CudaBackend::AllocHost(int64_t n) {
 }
 
 void CudaBackend::FreeHost(float* p) {
+  if (Refused("FreeHost")) return;
   PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   if (copy_stream_ != nullptr) {
     PT_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
@@ -161,6 +173,7 @@ cudaStream_t CudaBackend::CopyStreamAfterCompute() {
 }
 
 int64_t CudaBackend::ToHostAsync(float* host, const float* src, int64_t n) {
+  if (Refused("ToHostAsync")) return 0;
   cudaStream_t s = CopyStreamAfterCompute();
   PT_CUDA_CHECK(
       cudaMemcpyAsync(host, src, n * sizeof(float), cudaMemcpyDeviceToHost, s));
@@ -172,6 +185,7 @@ int64_t CudaBackend::ToHostAsync(float* host, const float* src, int64_t n) {
 }
 
 void CudaBackend::FromHostAsync(float* dst, const float* host, int64_t n) {
+  if (Refused("FromHostAsync")) return;
   cudaStream_t s = CopyStreamAfterCompute();
   PT_CUDA_CHECK(
       cudaMemcpyAsync(dst, host, n * sizeof(float), cudaMemcpyHostToDevice, s));
@@ -179,6 +193,7 @@ void CudaBackend::FromHostAsync(float* dst, const float* host, int64_t n) {
 }
 
 void CudaBackend::WaitCopy(int64_t k) {
+  if (Refused("WaitCopy")) return;
   // Copies finish in the order issued: the newest event at or before k
   // stands for all of them.
   auto end = copy_done_.upper_bound(k);
@@ -191,6 +206,7 @@ void CudaBackend::WaitCopy(int64_t k) {
 }
 
 void CudaBackend::ComputeAfterCopies() {
+  if (Refused("ComputeAfterCopies")) return;
   if (copy_stream_ == nullptr) return;
   cudaEvent_t copied;
   PT_CUDA_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));

@@ -3,9 +3,12 @@
 // bias as an epilogue) and attention's products compute in fp32 or, with
 // bf16 compute, on bf16 tensor cores with fp32 accumulation; attention under
 // bf16 compute is one fused kernel each way (flash_attention.h).
-// The embedding's weight gradient (a scatter over token ids) and the
-// gradient norm's sums use atomics: their order, and so their last bits,
-// vary from run to run.
+// Every sum has an order fixed by the shapes, with no floating-point
+// atomics (but for the fused attention's dq under PTRAIN_CUDA_FLASH_DQ=atomic):
+// the embedding's weight gradient sorts the positions by token and adds
+// each token's rows in position order, and the gradient norm's sums add
+// per-block partials in block order. The same inputs give the same bits
+// from run to run on one GPU model and toolkit.
 #ifndef PTRAIN_KERNELS_CUDA_OPS_CUDA_H_
 #define PTRAIN_KERNELS_CUDA_OPS_CUDA_H_
 
@@ -42,6 +45,15 @@ int64_t CudaTotalMemory(int device);
 // GPU of `capability` cannot train in bf16 ("" when it can).
 constexpr int kBf16Capability = 80;
 std::string Bf16Unsupported(int capability);
+
+// Why the CUDA backend would record no CUDA graphs (Ops::Capture): not
+// built, or PTRAIN_CUDA_OP_TIMES=1 (its timer brackets each op with events
+// of its own); "" where it would.
+std::string CudaCaptureUnsupported();
+// Its words for the second.
+inline constexpr char kOpTimesRecordNoGraphs[] =
+    "PTRAIN_CUDA_OP_TIMES=1 brackets each op with timing events, which a "
+    "CUDA graph would not time: unset it to record";
 
 // Why no GPU can be trained on here (no device, no driver, or the backend
 // not built); "" when one can.

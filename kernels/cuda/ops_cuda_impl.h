@@ -13,7 +13,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -247,8 +249,20 @@ class CudaBackend final : public Ops {
   void FromHostAsync(float* dst, const float* host, int64_t n) override;
   void WaitCopy(int64_t k) override;
   void ComputeAfterCopies() override;
-  void Synchronize() override { PT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void Synchronize() override {
+    if (Refused("Synchronize")) return;
+    PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
   bool IsDeviceMemory(const void* p) const override;
+  // CUDA graphs (graph.cu): the stream captured from fn's first op to its
+  // last. An op that cannot be recorded (Refused) fails the capture
+  // without calling CUDA.
+  std::string CaptureUnsupported() const override;
+  std::unique_ptr<OpsGraph> Capture(const std::function<void()>& fn,
+                                    std::string* error) override;
+  // Counts the moves of the backend's own buffers (a grow-only buffer
+  // reallocated): a graph recorded before a move reads freed memory.
+  int64_t buffer_moves() const { return buffer_moves_; }
 
   void Zero(float* p, int64_t n) override;
   void Copy(float* dst, const float* src, int64_t n) override;
@@ -372,6 +386,22 @@ class CudaBackend final : public Ops {
 
   void Launched() { PT_CUDA_CHECK(cudaGetLastError()); }
 
+  // During a capture: true, and the capture fails naming `op`, which
+  // cannot be recorded (it allocates, waits for the device or copies to or
+  // from the host); the op then does nothing. Else false.
+  bool Refused(const char* op) {
+    if (!capturing_) return false;
+    if (capture_error_.empty()) {
+      capture_error_ = std::string(op) +
+                       " allocates, waits for the GPU or copies from or to "
+                       "the host, which a CUDA graph cannot record";
+    }
+    return true;
+  }
+  bool capturing_ = false;
+  std::string capture_error_;  // the first op Refused in this capture
+  int64_t buffer_moves_ = 0;
+
   // Whether `a` is stored in bf16, which only bf16 compute takes.
   bool Bf16Storage(ConstAct a) const {
     if (a.type == DType::kF32) return false;
@@ -426,6 +456,10 @@ class CudaBackend final : public Ops {
   template <typename T>
   T* Grow(GrowOnly<T>* b, int64_t n) {
     if (n > b->size) {
+      // Recorded, the old buffer's kernels are never run: the capture
+      // fails, and the first run of the shape op by op grows it.
+      if (Refused("a scratch buffer growing")) return b->p;
+      ++buffer_moves_;
       if (b->p != nullptr) {
         PT_CUDA_CHECK(cudaStreamSynchronize(stream_));
         PT_CUDA_CHECK(cudaFree(b->p));
@@ -573,6 +607,17 @@ class CudaBackend final : public Ops {
   bool Upload(const Ops::Run* runs, int n, RunTable* table);
   // The tables of adamw_update_runs and SumSquaresRuns.
   RunTable adam_runs_, norm_runs_;
+  // The sums' partials (adamw.cu): a sum takes at most kSumBlocks blocks,
+  // each writing its partials (two for SumSquaresRuns) at its index after
+  // sum_'s two results (the constructor allocates 2 + 2·kSumBlocks), and
+  // one block adds them in index order: no atomics, the same bits each run.
+  static constexpr int kSumBlocks = 1024;
+  double* SumPartials() const { return sum_ + 2; }
+  // embedding_backward's sort (encoder.cu): the (row, position) pairs and
+  // their sorted copy (2·BT each), and CUB's temporary storage.
+  GrowOnly<uint32_t> embed_rows_;
+  GrowOnly<int32_t> embed_positions_;
+  GrowOnly<unsigned char> embed_sort_temp_;
 };
 
 }  // namespace cuda_impl

@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -94,6 +95,14 @@ std::string CudaUnavailableReason() {
   std::string why;
   MakeCudaOps({}, &why);  // device 0 does not exist: it says why
   return why;
+}
+
+std::string CudaCaptureUnsupported() {
+  const Module& m = Load();
+  if (m.handle == nullptr) return m.error;
+  const char* times = std::getenv("PTRAIN_CUDA_OP_TIMES");
+  return times != nullptr && std::string(times) == "1" ? kOpTimesRecordNoGraphs
+                                                       : "";
 }
 
 std::unique_ptr<Ops> MakeCudaOps(const CudaOptions& options,

@@ -433,6 +433,37 @@ TEST(ValidateJobSpec, OffloadRules) {
   }
 }
 
+// train.cuda_graphs: "off" by default; "auto" anywhere; "on" only where a
+// job's passes can be recorded (one rank on cuda, zero 0, no offload),
+// else refused naming the field and what stands in the way.
+TEST(ValidateJobSpec, CudaGraphsRules) {
+  EXPECT_EQ(MustParse(kMinimal, {}).train().cuda_graphs(), "off");
+  EXPECT_EQ(CudaGraphsOf(MustParse(kMinimal, {})), CudaGraphs::kOff);
+  MustParse(kMinimal, {"train.cuda_graphs=auto", "parallel.dp=2"});
+  const v1::JobSpec on =
+      MustParse(kMinimal, {"train.cuda_graphs=on", "resources.device=cuda"});
+  EXPECT_EQ(CudaGraphsOf(on), CudaGraphs::kOn);
+  EXPECT_EQ(CudaGraphsUnsupported(on), "");
+  EXPECT_EQ(OverrideError({"train.cuda_graphs=on"}),
+            "train.cuda_graphs=on cannot record this job's passes: "
+            "resources.device=cpu: CUDA graphs record a GPU's kernels (auto "
+            "records only where it can)");
+  const std::string dp = OverrideError(
+      {"train.cuda_graphs=on", "resources.device=cuda", "parallel.dp=2"});
+  EXPECT_NE(dp.find("train.cuda_graphs=on"), std::string::npos) << dp;
+  EXPECT_NE(dp.find("parallel.dp × parallel.tp × parallel.pp = 2 × 1 × 1 = 2 "
+                    "ranks"),
+            std::string::npos)
+      << dp;
+  for (const char* blocker : {"parallel.offload=optimizer"}) {
+    const std::string e = OverrideError(
+        {"train.cuda_graphs=on", "resources.device=cuda", blocker});
+    EXPECT_NE(e.find(blocker), std::string::npos) << e;
+  }
+  EXPECT_NE(OverrideError({"train.cuda_graphs=yes"}).find("train.cuda_graphs"),
+            std::string::npos);
+}
+
 // train.anomaly: stop on NaN by default; unknown keys, a spike factor that
 // is neither 0 nor above 1, and a rollback without checkpoints are refused,
 // naming the field and the rule.

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
@@ -48,6 +49,15 @@ double RelMaxDiff(const Vec& got, const Vec& want) {
     scale = std::max(scale, std::fabs(double(want[i])));
   }
   return scale > 0.0 ? diff / scale : diff;
+}
+
+// Whether a and b hold the same bits.
+bool SameBits(const Vec& a, const Vec& b) {
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+bool SameBits(double a, double b) {
+  return std::memcmp(&a, &b, sizeof(double)) == 0;
 }
 
 // The first n values of a tensor stored in bf16 (two to a float), as floats.
@@ -877,6 +887,50 @@ TEST_P(CudaOpsTest, EmbeddingAndPositionsOverAVocabularySlice) {
   Check("position dwpe", g_dwpe.Host(), dwpe);
 }
 
+// The embedding's weight gradient sorts the positions by token and adds
+// each token's rows of dout in ascending position order onto dwte: the
+// CPU's sums in the CPU's order, so the same bits as the CPU and the same
+// bits each run. Over tokens repeated (one at every other position),
+// tokens of other ranks on both sides of this rank's rows (vocab_begin >
+// 0), rows wider than a block and a slice of 25000 rows (15 key bits).
+TEST_P(CudaOpsTest, EmbeddingGradientIsTheCpusAndTheSameBitsEachRun) {
+  struct Shape {
+    int B, T, C, vocab_begin, Vl, V;
+  };
+  for (const Shape& s : {Shape{3, 40, 64, 30, 50, 100},
+                         Shape{8, 512, 300, 1000, 25000, 50257}}) {
+    const int64_t BT = int64_t{s.B} * s.T;
+    std::mt19937 gen(51);
+    std::uniform_int_distribution<int32_t> any(0, s.V - 1);
+    std::vector<int32_t> tokens(BT);
+    for (int64_t i = 0; i < BT; ++i) {
+      tokens[i] = i % 2 == 0 ? s.vocab_begin + 7 : any(gen);
+    }
+    // This rank's first and last rows, and the rows just outside them.
+    tokens[1] = s.vocab_begin;
+    tokens[3] = s.vocab_begin + s.Vl - 1;
+    tokens[5] = s.vocab_begin - 1;
+    tokens[7] = s.vocab_begin + s.Vl;
+    const Vec dout = Random(BT * s.C, 52),
+              dwte = Random(int64_t{s.Vl} * s.C, 53);
+    Vec want = dwte;
+    cpu().embedding_backward(want.data(), dout.data(), tokens.data(), s.B, s.T,
+                             s.C, s.vocab_begin, s.Vl);
+    Dev g_dout(gpu_.get(), dout);
+    Tokens g_tokens(gpu_.get(), tokens);
+    std::vector<Vec> got;
+    for (int run = 0; run < 2; ++run) {
+      Dev g_dwte(gpu_.get(), dwte);
+      gpu_->embedding_backward(g_dwte.get(), g_dout.get(), g_tokens.get(), s.B,
+                               s.T, s.C, s.vocab_begin, s.Vl);
+      got.push_back(g_dwte.Host());
+    }
+    Check("embedding dwte (sorted)", got[0], want);
+    EXPECT_TRUE(SameBits(got[1], got[0])) << "two runs differ, C " << s.C;
+    EXPECT_TRUE(SameBits(got[0], want)) << "not the CPU's bits, C " << s.C;
+  }
+}
+
 TEST_P(CudaOpsTest, VocabSliceCrossEntropy) {
   // This rank's 256 columns start at 128 of a vocabulary of 300: 172 real
   // columns, then padding.
@@ -1110,6 +1164,52 @@ TEST_P(CudaOpsTest, SumSquaresOverRuns) {
                   runs->size(), tag, got[tag], want[tag]);
       EXPECT_NEAR(got[tag], want[tag], 1e-9 * want[tag]);
     }
+  }
+}
+
+// Sum, SumSquares and SumSquaresRuns add per-block partials in block
+// order, never in the order blocks finish: over 10M floats (the most
+// blocks a sum takes, many elements each) two calls give the same bits,
+// within 1e-10 of a double sum on the host.
+TEST_P(CudaOpsTest, SumsAreTheSameBitsEachCall) {
+  const int64_t n = 10'000'019;
+  const Vec x = Random(n, 71);
+  Dev g_x(gpu_.get(), x);
+  const std::vector<Ops::Run> runs = {
+      {0, n / 3, 0},
+      {n / 3, n / 3, 1},
+      {2 * (n / 3) + 5, n - 2 * (n / 3) - 5, 0}};
+  double sum = 0.0, magnitude = 0.0, squares = 0.0, tagged[2] = {0.0, 0.0};
+  for (int64_t i = 0; i < n; ++i) {
+    sum += x[i];
+    magnitude += std::fabs(double(x[i]));
+    squares += double(x[i]) * x[i];
+  }
+  for (const Ops::Run& r : runs) {
+    for (int64_t i = r.begin; i < r.begin + r.count; ++i) {
+      tagged[r.tag] += double(x[i]) * x[i];
+    }
+  }
+  const double sum1 = gpu_->Sum(g_x.get(), n), sum2 = gpu_->Sum(g_x.get(), n);
+  const double sq1 = gpu_->SumSquares(g_x.get(), n),
+               sq2 = gpu_->SumSquares(g_x.get(), n);
+  double runs1[2], runs2[2];
+  gpu_->SumSquaresRuns(g_x.get(), runs.data(), static_cast<int>(runs.size()),
+                       runs1);
+  gpu_->SumSquaresRuns(g_x.get(), runs.data(), static_cast<int>(runs.size()),
+                       runs2);
+  std::printf("  Sum %.17g (host %.17g), SumSquares %.17g (host %.17g)\n", sum1,
+              sum, sq1, squares);
+  EXPECT_TRUE(SameBits(sum1, sum2)) << sum1 << " vs " << sum2;
+  EXPECT_TRUE(SameBits(sq1, sq2)) << sq1 << " vs " << sq2;
+  EXPECT_NEAR(sum1, sum, 1e-10 * magnitude);
+  EXPECT_NEAR(sq1, squares, 1e-10 * squares);
+  for (int tag = 0; tag < 2; ++tag) {
+    std::printf("  SumSquaresRuns tag %d %.17g (host %.17g)\n", tag, runs1[tag],
+                tagged[tag]);
+    EXPECT_TRUE(SameBits(runs1[tag], runs2[tag]))
+        << "tag " << tag << ": " << runs1[tag] << " vs " << runs2[tag];
+    EXPECT_NEAR(runs1[tag], tagged[tag], 1e-10 * tagged[tag]);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -121,9 +122,8 @@ TEST_F(CudaTrainerTest, TrainsAsOnTheCpuAndCheckpointsMoveBetweenDevices) {
 // stays on the GPU within 1e-6; under bf16 (the weights' compute copy made
 // from what comes back) within 5e-3; its checkpoint resumes
 // (the moments read from the host) and continues the offloaded run within
-// the same tolerance: two GPU runs differ in the last bits (the
-// embedding's gradient and the norm's sums are added atomically), and a
-// resume that lost the moments would be far off (Adam's first steps).
+// the same tolerance (the CPU's AdamW rounds as the GPU's need not), and
+// a resume that lost the moments would be far off (Adam's first steps).
 TEST_F(CudaTrainerTest, OffloadedOptimizerTracksTheOneOnTheGpu) {
   if (kernels::CudaDeviceCount() == 0) {
     GTEST_SKIP() << "no CUDA device is present";
@@ -141,9 +141,10 @@ TEST_F(CudaTrainerTest, OffloadedOptimizerTracksTheOneOnTheGpu) {
     auto offloaded = Make("cuda", "", off);
     ASSERT_TRUE(offloaded.ok()) << offloaded.status();
     const std::vector<float> got = Steps(**offloaded, 0, 50);
-    // bf16 rounding amplifies the last-bit differences between GPU runs
-    // (atomics): the two drifted up to 1.7e-3 apart in 50 steps (H200,
-    // 2026-11-27), and stayed under 1e-3 in two other runs.
+    // bf16 rounding amplifies last-bit differences: the two drifted up to
+    // 1.7e-3 apart in 50 steps (H200, 2026-11-27, when the embedding's
+    // gradient and the norm's sums were still added atomically), and
+    // stayed under 1e-3 in two other runs.
     const double tol = std::string(precision) == "fp32" ? 1e-6 : 5e-3;
     ExpectClose("offloaded", got, want, tol);
     offloaded->reset();
@@ -160,6 +161,56 @@ TEST_F(CudaTrainerTest, OffloadedOptimizerTracksTheOneOnTheGpu) {
                 std::vector<float>(got.begin() + 20, got.begin() + 30), tol);
     fs::remove_all(root_);
   }
+}
+
+// train.cuda_graphs=on: each microbatch's forward and backward recorded at
+// its second run and replayed from then on. The GPU runs the same kernels
+// with the same arguments either way, and its kernels are deterministic,
+// so 20 steps (two microbatches each, an evaluation every 5) give the
+// losses of launching op by op bit for bit, in fp32 and bf16.
+TEST_F(CudaTrainerTest, RecordedPassesGiveTheLossesOfOpByOpLaunches) {
+  if (kernels::CudaDeviceCount() == 0) {
+    GTEST_SKIP() << "no CUDA device is present";
+  }
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    const std::vector<std::string> base = {
+        std::string("train.precision=") + precision, "train.steps=20",
+        "parallel.microbatches=2", "train.eval_every=5", "checkpoint.every=0"};
+    std::vector<std::string> on = base;
+    on.push_back("train.cuda_graphs=on");
+    auto eager = Make("cuda", "", base);
+    ASSERT_TRUE(eager.ok()) << eager.status();
+    const std::vector<float> want = Steps(**eager, 0, 20);
+    EXPECT_EQ((*eager)->graph_counts().replayed, 0);
+    eager->reset();
+    auto graphs = Make("cuda", "", on);
+    ASSERT_TRUE(graphs.ok()) << graphs.status();
+    const std::vector<float> got = Steps(**graphs, 0, 20);
+    const GptStage::GraphCounts c = (*graphs)->graph_counts();
+    std::printf("  %s: passes recorded %lld, replayed %lld, failed %lld\n",
+                precision, static_cast<long long>(c.captured),
+                static_cast<long long>(c.replayed),
+                static_cast<long long>(c.failed));
+    EXPECT_EQ(c.failed, 0);
+    EXPECT_GE(c.captured, 2);
+    // 20 steps × 2 microbatches × 2 passes, less the first run of each.
+    EXPECT_GE(c.replayed, 70);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i], want[i]) << "step " << i;
+    }
+  }
+  // The op timer brackets each op with events a graph cannot hold: on is
+  // refused at start, naming the field and the variable.
+  ::setenv("PTRAIN_CUDA_OP_TIMES", "1", 1);
+  const absl::Status timed =
+      Make("cuda", "", {"train.cuda_graphs=on"}).status();
+  ::unsetenv("PTRAIN_CUDA_OP_TIMES");
+  EXPECT_EQ(timed.code(), absl::StatusCode::kInvalidArgument) << timed;
+  EXPECT_NE(timed.message().find("train.cuda_graphs=on: PTRAIN_CUDA_OP_TIMES"),
+            std::string::npos)
+      << timed;
 }
 
 // Refusals that hold with or without a GPU: they come from Create, before

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "spdlog/spdlog.h"
 
 namespace ptrain {
 
@@ -69,6 +70,7 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
       recompute_(o.recompute),
       split_(o.split_backward),
       cp_(o.cp),
+      graphs_(o.graphs),
       Cl_(config.n_embd / o.tp.size()),
       NHl_(config.n_head / o.tp.size()),
       Vl_(config.padded_vocab / o.tp.size()),
@@ -86,6 +88,9 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
                o.max_T <= config.block_size && o.max_B >= 1 && o.slots >= 1 &&
                (!o.tp.sp || o.max_T % tp == 0),
            "inconsistent model config for a stage");
+  PT_CHECK(!o.graphs || (o.n_stages == 1 && tp == 1 && o.cp.size() == 1 &&
+                         !o.split_backward),
+           "recorded passes for a stage that communicates inside them");
   units_ = Units(layout_, o.pad);
   buffer_size_ = units_.empty() ? 0 : units_.back().begin + units_.back().size;
   if (o.store == nullptr) {
@@ -116,7 +121,9 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
       &slots_, &w);
   PT_CHECK(acts_used_ == acts_.size(),
            "the activation slabs do not add up to ActivationFloats");
-  if (ops_->device() != kernels::Device::kCpu) {
+  // A device reads its copy of the tokens; so does a recorded pass (the
+  // replay reads the buffers the recording read).
+  if (ops_->device() != kernels::Device::kCpu || graphs_) {
     const int64_t BT = static_cast<int64_t>(max_B_) * max_T_;
     for (Slot& slot : slots_) {
       slot.tokens_staged = ops_->AllocTokens(BT);
@@ -329,7 +336,8 @@ GptStage::~GptStage() {
 
 const int32_t* GptStage::Stage(int32_t* staged, const int32_t* host, int B,
                                int T) {
-  if (host == nullptr) return nullptr;
+  // Already there: a recorded pass's tokens, staged before it.
+  if (host == nullptr || host == staged) return host;
   return ops_->StageTokens(staged, host, static_cast<int64_t>(B) * T);
 }
 
@@ -381,7 +389,78 @@ float GptStage::Forward(int slot, const int32_t* tokens, const float* hidden,
                slot < static_cast<int>(slots_.size()),
            "a microbatch larger than allocated (or T not divisible by tp "
            "under sequence parallelism)");
-  return ForwardPass(slot, tokens, hidden, targets, B, T, /*pos=*/-1, dloss);
+  Slot& S = slots_[slot];
+  if (graphs_ && targets != nullptr) {
+    // Recorded: the tokens go into the slot's buffers first, which the
+    // recording reads, and the slot is told what its host code would tell
+    // it (a replay runs none).
+    const int32_t* tk = Stage(S.tokens_staged, tokens, B, T);
+    const int32_t* tg = Stage(S.targets_staged, targets, B, T);
+    BeginSlot(S, B, T, /*targets=*/true, dloss);
+    RunRecorded({slot, B, T, /*backward=*/false, dloss, S.dloss}, [&] {
+      ForwardPass(slot, tk, nullptr, tg, B, T, /*pos=*/-1, dloss);
+    });
+    return SlotLoss(S);
+  }
+  ForwardPass(slot, tokens, hidden, targets, B, T, /*pos=*/-1, dloss);
+  return last() && targets != nullptr ? SlotLoss(S) : 0.0f;
+}
+
+float GptStage::SlotLoss(const Slot& S) const {
+  const int64_t BT = static_cast<int64_t>(S.B) * S.T;
+  return static_cast<float>(ops_->Sum(S.losses, BT) / static_cast<double>(BT));
+}
+
+void GptStage::BeginSlot(Slot& S, int B, int T, bool targets,
+                         float dloss) const {
+  S.B = B;
+  S.T = T;
+  S.dloss = last() && targets ? dloss : 0.0f;
+}
+
+void GptStage::RunRecorded(const PassKey& key,
+                           const std::function<void()>& pass) {
+  PassGraph* g = nullptr;
+  for (PassGraph& p : graphs_by_key_) {
+    if (p.key == key) g = &p;
+  }
+  if (g == nullptr && graphs_by_key_.size() < kMaxGraphs) {
+    g = &graphs_by_key_.emplace_back();
+    g->key = key;
+  }
+  // The weights' copy as the matmuls read it is made now, outside the
+  // recording: a replay would not make it again.
+  store_->Settle();
+  if (g != nullptr && g->graph != nullptr) {
+    if (g->graph->Replay()) {
+      ++graph_counts_.replayed;
+      return;
+    }
+    // The backend moved a buffer the recording uses: run op by op once
+    // more (which makes the buffers what the shape needs), then record.
+    g->graph.reset();
+    g->runs = 0;
+  }
+  // The first run of a shape goes op by op: it sizes the backend's buffers
+  // (a recording must not allocate) and warms its kernels.
+  if (g != nullptr && !g->failed && g->runs >= 1) {
+    std::string error;
+    g->graph = ops_->Capture(pass, &error);
+    if (g->graph != nullptr && g->graph->Replay()) {
+      ++graph_counts_.captured;
+      ++graph_counts_.replayed;
+      return;
+    }
+    g->graph.reset();
+    g->failed = true;
+    ++graph_counts_.failed;
+    spdlog::warn(
+        "train.cuda_graphs: the {} of a microbatch of B={} T={} could not be "
+        "recorded ({}); it runs op by op",
+        key.backward ? "backward" : "forward", key.B, key.T, error);
+  }
+  if (g != nullptr) ++g->runs;
+  pass();
 }
 
 void GptStage::Decode(const int32_t* tokens, const float* hidden, int n,
@@ -488,17 +567,15 @@ void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
   k.residual_forward(a.residual3, a.residual2, proj_, BTsC);
 }
 
-float GptStage::ForwardPass(int slot, const int32_t* tokens,
-                            const float* hidden, const int32_t* targets, int B,
-                            int T, int pos, float dloss) {
+void GptStage::ForwardPass(int slot, const int32_t* tokens, const float* hidden,
+                           const int32_t* targets, int B, int T, int pos,
+                           float dloss) {
   // Generation runs every position on every rank of the group: a step of
   // one token cannot be split along the sequence.
   const bool decode = pos >= 0;
   const TpGroup g{tp_.comm, tp_.sp && !decode};
   Slot& S = slots_[slot];
-  S.B = B;
-  S.T = T;
-  S.dloss = 0.0f;
+  BeginSlot(S, B, T, targets != nullptr, dloss);
   kernels::Ops& k = *ops_;
   tokens = Stage(S.tokens_staged, tokens, B, T);
   targets = Stage(S.targets_staged, targets, B, T);
@@ -523,7 +600,7 @@ float GptStage::ForwardPass(int slot, const int32_t* tokens,
   }
   if (!last()) {
     if (first()) st.EndForward(emb_unit_);
-    return 0.0f;
+    return;
   }
   st.BeginForward(final_unit_);
   const float* lnf = st.Params(final_unit_) + lnf_offset_;
@@ -532,12 +609,11 @@ float GptStage::ForwardPass(int slot, const int32_t* tokens,
   if (first()) st.EndForward(final_unit_);
   // The head is tied to the embedding: logits over this rank's vocabulary
   // rows, never gathered for the loss.
-  if (targets != nullptr) S.dloss = dloss;
   column_linear_forward(Logits(S), Stored(S.lnf),
                         st.Weights(head_unit_).Offset(head_wte_offset_),
                         nullptr, B, T, C, Vl_, g, scratch_);
   st.EndForward(head_unit_);
-  if (targets == nullptr) return 0.0f;
+  if (targets == nullptr) return;
   if (dloss != 0.0f) {
     vocab_crossentropy_forward_backward(
         S.losses, Logits(S), targets, dloss, B, T, vocab_begin_, Vl_,
@@ -547,8 +623,6 @@ float GptStage::ForwardPass(int slot, const int32_t* tokens,
                                vocab_begin_, Vl_, config_.vocab_size, g,
                                ce_stats_, scratch_);
   }
-  const int64_t BT = static_cast<int64_t>(B) * T;
-  return static_cast<float>(k.Sum(S.losses, BT) / static_cast<double>(BT));
 }
 
 void GptStage::HeadBackward(const Slot& S, const int32_t* targets, float dloss,
@@ -585,6 +659,15 @@ void GptStage::HeadBackward(const Slot& S, const int32_t* targets, float dloss,
 
 void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
                         float dloss, const float* dout) {
+  if (graphs_) {
+    const Slot& S = slots_[slot];
+    const int32_t* tk = Stage(S.tokens_staged, tokens, S.B, S.T);
+    const int32_t* tg = Stage(S.targets_staged, targets, S.B, S.T);
+    RunRecorded({slot, S.B, S.T, /*backward=*/true, dloss, S.dloss}, [&] {
+      BackwardPass(slot, tk, tg, dloss, nullptr, /*split=*/false);
+    });
+    return;
+  }
   BackwardPass(slot, tokens, targets, dloss, dout, /*split=*/false);
 }
 

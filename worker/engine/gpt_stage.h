@@ -10,6 +10,8 @@
 #define PTRAIN_WORKER_ENGINE_GPT_STAGE_H_
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -55,6 +57,11 @@ class UnitStore {
   virtual void EndBackward(int u) {}
   // Called between kernels of backward: a chance to progress communication.
   virtual void Poll() {}
+  // Issues now what Weights() would otherwise issue at its next call (a
+  // bf16 copy of weights written since it was made): called before a pass
+  // is recorded or replayed (StageOptions::graphs), whose Weights() calls
+  // then issue nothing of the store's own.
+  virtual void Settle() {}
 };
 
 // One model chunk's view of its rank's UnitStore: the chunk's units are
@@ -72,6 +79,7 @@ class UnitStoreSlice : public UnitStore {
   void BeginBackward(int u) override { store_->BeginBackward(first_ + u); }
   void EndBackward(int u) override { store_->EndBackward(first_ + u); }
   void Poll() override { store_->Poll(); }
+  void Settle() override { store_->Settle(); }
 
  private:
   UnitStore* store_;
@@ -116,6 +124,15 @@ struct StageOptions {
   // each slot also keeps, per layer, the output gradients of the block's
   // four linear layers from the one to the other.
   bool split_backward = false;
+  // Training's passes recorded once per shape and replayed as one unit
+  // each (Ops::Capture; on a GPU a CUDA graph, one launch for the hundreds
+  // of a pass): a microbatch's forward with targets and its backward, from
+  // their second run at a (slot, B, T, dloss) on. Only for a stage that is
+  // the whole model and whose store communicates nothing inside a pass
+  // (one rank, ZeRO 0: common/spec.h CudaGraphsUnsupported), without
+  // split_backward. Where a capture fails the pass runs op by op, and the
+  // stage says why once (graph_counts()).
+  bool graphs = false;
 };
 
 class GptStage : private UnitStore {
@@ -200,6 +217,14 @@ class GptStage : private UnitStore {
   const float* logits(int slot) const { return slots_[slot].logits; }
   int vocab_begin() const { return vocab_begin_; }
   int vocab_local() const { return Vl_; }
+
+  // StageOptions::graphs: passes recorded (captures), passes run as a
+  // replay (the recording one included), and captures that failed (their
+  // passes then run op by op).
+  struct GraphCounts {
+    int64_t captured = 0, replayed = 0, failed = 0;
+  };
+  GraphCounts graph_counts() const { return graph_counts_; }
 
   // Bytes of the stage's own buffers: params and grads when it owns them,
   // activations (every slot plus the backward working set).
@@ -290,9 +315,37 @@ class GptStage : private UnitStore {
   void BlockForward(const BlockActs& a, const float* x, int b, int B, int T,
                     const TpGroup& g, int pos, bool recomputing);
   // Forward of `slot`; pos >= 0: a Decode at that position. dloss as
-  // Forward's.
-  float ForwardPass(int slot, const int32_t* tokens, const float* hidden,
-                    const int32_t* targets, int B, int T, int pos, float dloss);
+  // Forward's. The loss stays in the slot (SlotLoss).
+  void ForwardPass(int slot, const int32_t* tokens, const float* hidden,
+                   const int32_t* targets, int B, int T, int pos, float dloss);
+  // The mean of the slot's losses (its last Forward with targets).
+  float SlotLoss(const Slot& S) const;
+  // What a forward tells the slot for its backward.
+  void BeginSlot(Slot& S, int B, int T, bool targets, float dloss) const;
+
+  // A recorded pass (StageOptions::graphs) and what its host code decided:
+  // the slot, the shape, which pass, the dloss it computes with and the
+  // one its forward folded into the logits.
+  struct PassKey {
+    int slot = 0, B = 0, T = 0;
+    bool backward = false;
+    float dloss = 0.0f, forward_dloss = 0.0f;
+    bool operator==(const PassKey& o) const {
+      return slot == o.slot && B == o.B && T == o.T && backward == o.backward &&
+             dloss == o.dloss && forward_dloss == o.forward_dloss;
+    }
+  };
+  struct PassGraph {
+    PassKey key;
+    int64_t runs = 0;  // op by op since it was last (re)made
+    bool failed = false;
+    std::unique_ptr<kernels::OpsGraph> graph;
+  };
+  // At most this many recorded passes (a shape past them runs op by op).
+  static constexpr int kMaxGraphs = 16;
+  // Runs `pass` (whose tokens are already staged) as the replay of its
+  // recording, recording it at its second run.
+  void RunRecorded(const PassKey& key, const std::function<void()>& pass);
   const float* Params(int u) override {
     return params_.data() + units_[u].begin;
   }
@@ -360,6 +413,9 @@ class GptStage : private UnitStore {
   const Recompute recompute_;
   const bool split_;  // StageOptions::split_backward
   const CpGroup cp_;
+  const bool graphs_;  // StageOptions::graphs
+  std::vector<PassGraph> graphs_by_key_;
+  GraphCounts graph_counts_;
   const int Cl_, NHl_, Vl_, vocab_begin_;
   int64_t buffer_size_ = 0;
   // Floats attention keeps per layer and microbatch (the backend's

@@ -177,6 +177,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   auto gpu = RankGpu(spec, *dims);  // -1 on the cpu
   if (!gpu.ok()) return gpu.status();
   if (absl::Status s = CheckPrecision(spec, *gpu); !s.ok()) return s;
+  if (CudaGraphsOf(spec) == CudaGraphs::kOn) {
+    // The job can be recorded (the spec says); can the backend record?
+    if (const std::string why = kernels::CudaCaptureUnsupported();
+        !why.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("train.cuda_graphs=on: ", why));
+    }
+  }
 
   // More threads than any machine has cores is a mistake, and each one
   // costs a stack.
@@ -548,6 +556,7 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
     stage.cp = CpGroup{groups.cp};
     stage.store = slices_.back().get();
     stage.ops = compute_ops();
+    stage.graphs = b.cuda_graphs && compute_ops()->CaptureUnsupported().empty();
     chunks_.push_back(
         std::make_unique<GptStage>(b.model, std::move(chunk_layout), stage));
     chunks.push_back(chunks_.back().get());
@@ -588,6 +597,17 @@ Trainer::~Trainer() {
   slices_.clear();
   store_.reset();
   dims_->DetachDevice();
+}
+
+GptStage::GraphCounts Trainer::graph_counts() const {
+  GptStage::GraphCounts all;
+  for (const auto& chunk : chunks_) {
+    const GptStage::GraphCounts c = chunk->graph_counts();
+    all.captured += c.captured;
+    all.replayed += c.replayed;
+    all.failed += c.failed;
+  }
+  return all;
 }
 
 MemoryBytes Trainer::memory() const {

@@ -198,6 +198,8 @@ class Trainer {
   const TokenData& data() const { return data_; }
   MemoryBytes memory() const;
   double flops_per_step() const;
+  // Recorded passes (train.cuda_graphs) over the rank's chunks.
+  GptStage::GraphCounts graph_counts() const;
 
  private:
   // `dims` is not null; gpu: the rank's GPU where resources.device is cuda

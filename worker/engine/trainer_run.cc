@@ -237,6 +237,19 @@ void Trainer::ReportStart() {
       mem.params / 1e6, mem.grads / 1e6, mem.optimizer / 1e6,
       mem.activations / 1e6);
   if (options_.metrics != nullptr) options_.metrics->SetMemory(mem);
+  if (CudaGraphsOf(spec_) != CudaGraphs::kOff) {
+    std::string why = CudaGraphsUnsupported(spec_);
+    if (why.empty() && compute_ops() != nullptr) {
+      why = compute_ops()->CaptureUnsupported();
+    }
+    if (why.empty()) {
+      spdlog::info(
+          "cuda graphs: each microbatch's forward and backward recorded at "
+          "its second run, then replayed");
+    } else {
+      spdlog::info("train.cuda_graphs=auto: launching op by op ({})", why);
+    }
+  }
   const auto& par = spec_.parallel();
   Emit({{"type", "layout"},
         {"world", dims_->world_size()},

@@ -226,10 +226,7 @@ kernels::ConstAct ZeroStore::Weights(int u) {
   if (!bf16_weights_) return Params(u);
   const kernels::DType bf = kernels::DType::kBf16;
   if (zero_ <= 2) {
-    if (copy_version_ != params_version_) {
-      RoundInto(params16_.data(), params_full_.data(), total_);
-      copy_version_ = params_version_;
-    }
+    Settle();
     return kernels::ConstAct(params16_.data(), bf).Offset(units_[u].begin);
   }
   const int slot = WeightSlot(u);
@@ -239,6 +236,14 @@ kernels::ConstAct ZeroStore::Weights(int u) {
     copy_unit_[slot] = u;
   }
   return kernels::ConstAct(gathered16_[slot].data(), bf);
+}
+
+void ZeroStore::Settle() {
+  // Zero 3's copies are made per gathered unit, inside the pass.
+  if (bf16_weights_ && zero_ <= 2 && copy_version_ != params_version_) {
+    RoundInto(params16_.data(), params_full_.data(), total_);
+    copy_version_ = params_version_;
+  }
 }
 
 void ZeroStore::BeginForward(int u) {

@@ -144,6 +144,7 @@ class ZeroStore : public UnitStore {
   void BeginBackward(int u) override;
   void EndBackward(int u) override;
   void Poll() override { reducer_->Poll(); }
+  void Settle() override;
 
  private:
   // Zero 3's gathered-weight slots: the embedding's, the final unit's, and

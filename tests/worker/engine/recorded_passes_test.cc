@@ -1,0 +1,173 @@
+// Recorded passes (StageOptions::graphs) on the CPU, through RecordingOps
+// (tests/testing/recording_ops.h), which records and replays ops as a GPU
+// backend's CUDA graphs do: a replay re-issues the recorded ops with the
+// pointers and values they had, and nothing of the host code around them.
+// So what the stage must do for a replay to compute what op-by-op launches
+// compute — stage tokens into fixed buffers, keep host reads (the loss) out
+// of the recording, set the slot's host state itself, make the weights'
+// bf16 copy before — is tested here, bit for bit, without a GPU.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "common/spec.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/ops.h"
+#include "tests/testing/recording_ops.h"
+#include "worker/engine/gpt_stage.h"
+#include "worker/engine/optimizer.h"
+#include "worker/engine/plan.h"
+#include "worker/engine/rng.h"
+#include "worker/engine/zero_store.h"
+
+namespace ptrain {
+namespace {
+
+const GptConfig kModel{/*n_layer=*/2,      /*n_head=*/2,
+                       /*n_embd=*/16,
+                       /*block_size=*/8,   /*vocab_size=*/29,
+                       /*padded_vocab=*/32};
+constexpr int kB = 2, kT = 8, kMicrobatches = 2, kSteps = 12;
+
+// A model with its ZeRO-0 store and AdamW on `ops`, passes recorded or not.
+struct Model {
+  Model(kernels::Ops* ops, bool graphs, bool bf16)
+      : layout(BuildPlan(kModel, {})),
+        store(layout, 1, Zero(bf16), nullptr, ops),
+        stage(kModel, layout, Options(&store, ops, graphs)),
+        optimizer(&store, TrainOptions(), {}) {
+    store.InitParams(7);
+  }
+  static ZeroOptions Zero(bool bf16) {
+    ZeroOptions z;
+    z.microbatches = kMicrobatches;
+    z.bf16_weights = bf16;
+    return z;
+  }
+  static StageOptions Options(UnitStore* store, kernels::Ops* ops,
+                              bool graphs) {
+    StageOptions o;
+    o.max_B = kB;
+    o.max_T = kT;
+    o.store = store;
+    o.ops = ops;
+    o.graphs = graphs;
+    return o;
+  }
+  static v1::TrainSpec TrainOptions() {
+    v1::TrainSpec t = DefaultJobSpec().train();
+    t.set_grad_clip(1.0);
+    t.set_weight_decay(0.1);
+    return t;
+  }
+  std::vector<ParamInfo> layout;
+  ZeroStore store;
+  GptStage stage;
+  DistributedOptimizer optimizer;
+};
+
+// Tokens of (step, microbatch) and their targets.
+void Fill(std::vector<int32_t>* in, std::vector<int32_t>* tg, int step,
+          int mb) {
+  for (size_t i = 0; i < in->size(); ++i) {
+    (*in)[i] = CounterRandom64(step, 2 * mb, i) % kModel.vocab_size;
+    (*tg)[i] = CounterRandom64(step, 2 * mb + 1, i) % kModel.vocab_size;
+  }
+}
+
+// kSteps optimizer steps of kMicrobatches microbatches; every third step
+// an evaluation forward (dloss 0: the probabilities kept, no backward) in
+// the same slot first, and in step 8 the microbatches are shorter (a new
+// shape). Tokens come from two host buffers in turn, so that a pass that
+// read them where they were at its recording reads the wrong ones.
+// `moved`: the backend's buffers move before step 5 (its graphs are
+// stale). Returns the losses: each step's, then each evaluation's.
+std::vector<float> Train(Model& r, testing::RecordingOps* moved) {
+  std::vector<int32_t> in[2], tg[2];
+  std::vector<float> losses;
+  int turn = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    if (moved != nullptr && step == 5) moved->MoveScratch();
+    const int T = step == 8 ? kT / 2 : kT;
+    for (auto* v : {&in[0], &in[1], &tg[0], &tg[1]}) v->resize(kB * T);
+    if (step % 3 == 2) {
+      Fill(&in[turn], &tg[turn], 1000 + step, 0);
+      losses.push_back(
+          r.stage.Forward(0, in[turn].data(), nullptr, tg[turn].data(), kB, T));
+      turn ^= 1;
+    }
+    const float dloss = 1.0f / (kMicrobatches * kB * T);
+    r.store.BeginStep();
+    float loss = 0.0f;
+    for (int mb = 0; mb < kMicrobatches; ++mb) {
+      Fill(&in[turn], &tg[turn], step, mb);
+      r.store.BeginMicrobatch(mb == kMicrobatches - 1);
+      loss += r.stage.Forward(0, in[turn].data(), nullptr, tg[turn].data(), kB,
+                              T, dloss);
+      r.stage.Backward(0, in[turn].data(), tg[turn].data(), dloss, nullptr);
+      turn ^= 1;
+    }
+    r.store.FinishGradients();
+    r.optimizer.Step(1e-2f);
+    losses.push_back(loss);
+  }
+  return losses;
+}
+
+void ExpectSameWeights(Model& a, Model& b) {
+  const int64_t n = a.store.update_size();
+  ASSERT_EQ(n, b.store.update_size());
+  EXPECT_EQ(0, std::memcmp(a.store.update_params(), b.store.update_params(),
+                           n * sizeof(float)));
+}
+
+TEST(RecordedPasses, ReplaysComputeWhatOpByOpLaunchesComputeBitForBit) {
+  std::vector<bool> precisions = {false};
+  if (kernels::CpuHasBf16()) precisions.push_back(true);
+  for (const bool bf16 : precisions) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    kernels::Ops& inner = bf16 ? kernels::CpuBf16Ops() : kernels::CpuOps();
+    Model eager(&inner, /*graphs=*/false, bf16);
+    const std::vector<float> want = Train(eager, nullptr);
+
+    testing::RecordingOps recording(inner);
+    Model recorded(&recording, /*graphs=*/true, bf16);
+    const std::vector<float> got = Train(recorded, &recording);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i], want[i]) << "loss " << i;
+    }
+    ExpectSameWeights(recorded, eager);
+
+    // Forward and backward of training at T and T/2, and evaluation at T:
+    // each recorded at its second run; the training passes once more after
+    // the move (stale: one run op by op, then a new recording).
+    const GptStage::GraphCounts c = recorded.stage.graph_counts();
+    EXPECT_EQ(c.failed, 0);
+    EXPECT_EQ(recording.failed_captures(), 0);
+    EXPECT_EQ(c.captured, recording.captures());
+    EXPECT_GE(c.captured, 5);
+    // 2 microbatches × (forward + backward) × 12 steps, but the runs op by
+    // op: the first of each shape, the one after the move, the short step.
+    EXPECT_GE(c.replayed, 30);
+    EXPECT_EQ(recording.replays(), c.replayed);
+    EXPECT_GT(recording.ops_recorded(), 0);
+  }
+}
+
+// Without graphs nothing is recorded: every op runs as issued.
+TEST(RecordedPasses, OffRecordsNothing) {
+  testing::RecordingOps recording(kernels::CpuOps());
+  Model plain(&recording, /*graphs=*/false, /*bf16=*/false);
+  Train(plain, nullptr);
+  EXPECT_EQ(recording.captures(), 0);
+  EXPECT_EQ(recording.replays(), 0);
+  EXPECT_EQ(plain.stage.graph_counts().replayed, 0);
+  EXPECT_GT(recording.eager_ops(), 0);
+}
+
+}  // namespace
+}  // namespace ptrain
