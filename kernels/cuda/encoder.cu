@@ -61,27 +61,56 @@ __device__ __forceinline__ int RunEnd(const uint32_t* rows, int j, int BT,
 // dwte (Vl,C) += the rows of dout (BT,C) by token, over the positions
 // sorted by row (rows, positions: BT each, positions ascending within a
 // row). The block at each index that starts a run of one row adds the
-// run's rows of dout to that row of dwte, a channel a thread, in ascending
-// position order from dwte's value on: the CPU's sums, in the CPU's order
-// (kernels/cpu/encoder.cpp). A row of dwte is one run, so one block writes
-// it: no atomics.
+// run's rows of dout to that row of dwte, kRunChannels channels at a time:
+// warp w sums the run's positions w, w + kWarps, ... in order (a lane a
+// channel), and the block adds dwte's value and the warps' sums in warp
+// order. The order is fixed by the run's length alone (the same bits each
+// run), and a run of at most kWarps positions is added one position after
+// another onto dwte, in position order: the CPU's sums (kernels/cpu/
+// encoder.cpp). A long run (a frequent token) is shared by the block's
+// warps, not walked by one thread. A row of dwte is one run, so one block
+// writes it: no atomics.
+constexpr int kRunWarps = kThreads / 32;
+constexpr int kRunChannels = 256;  // per pass: 8 a lane
 __global__ void EmbeddingRunsKernel(float* dwte, const float* dout,
                                     const uint32_t* rows,
                                     const int32_t* positions, int BT, int C,
                                     int Vl) {
+  constexpr int kPerLane = kRunChannels / 32;
+  __shared__ float sums[kRunWarps][kRunChannels];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int j = blockIdx.x; j < BT; j += gridDim.x) {
     const uint32_t row = rows[j];
     if (row >= static_cast<uint32_t>(Vl)) break;  // the other ranks' tokens
     if (j > 0 && rows[j - 1] == row) continue;
     const int end = RunEnd(rows, j, BT, row);
     float* dst = dwte + static_cast<int64_t>(row) * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-      float acc = dst[c];
-#pragma unroll 4
-      for (int k = j; k < end; ++k) {
-        acc += dout[static_cast<int64_t>(positions[k]) * C + c];
+    for (int c0 = 0; c0 < C; c0 += kRunChannels) {
+      float acc[kPerLane];
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) acc[i] = 0.0f;
+      bool any = false;
+      for (int k = j + warp; k < end; k += kRunWarps) {
+        const float* src = dout + static_cast<int64_t>(positions[k]) * C;
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) {
+          const int c = c0 + lane + 32 * i;
+          if (c < C) acc[i] = any ? acc[i] + src[c] : src[c];
+        }
+        any = true;
       }
-      dst[c] = acc;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) sums[warp][lane + 32 * i] = acc[i];
+      __syncthreads();
+      // A warp without positions (a run shorter than kWarps) adds nothing.
+      const int warps = min(kRunWarps, end - j);
+      for (int c = c0 + threadIdx.x; c < min(C, c0 + kRunChannels);
+           c += blockDim.x) {
+        float v = dst[c];
+        for (int w = 0; w < warps; ++w) v += sums[w][c - c0];
+        dst[c] = v;
+      }
+      __syncthreads();
     }
   }
 }

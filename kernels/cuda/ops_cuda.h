@@ -6,7 +6,7 @@
 // Every sum has an order fixed by the shapes, with no floating-point
 // atomics (but for the fused attention's dq under PTRAIN_CUDA_FLASH_DQ=atomic):
 // the embedding's weight gradient sorts the positions by token and adds
-// each token's rows in position order, and the gradient norm's sums add
+// each token's rows in an order fixed by their count, and the sums add
 // per-block partials in block order. The same inputs give the same bits
 // from run to run on one GPU model and toolkit.
 #ifndef PTRAIN_KERNELS_CUDA_OPS_CUDA_H_

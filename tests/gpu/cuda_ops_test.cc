@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -888,29 +889,35 @@ TEST_P(CudaOpsTest, EmbeddingAndPositionsOverAVocabularySlice) {
 }
 
 // The embedding's weight gradient sorts the positions by token and adds
-// each token's rows of dout in ascending position order onto dwte: the
-// CPU's sums in the CPU's order, so the same bits as the CPU and the same
-// bits each run. Over tokens repeated (one at every other position),
-// tokens of other ranks on both sides of this rank's rows (vocab_begin >
-// 0), rows wider than a block and a slice of 25000 rows (15 key bits).
+// each token's rows of dout onto dwte in an order fixed by how often the
+// token occurs: the same bits each run, and the CPU's bits where no token
+// occurs more than 8 times (one position a warp, added in position order).
+// Over tokens repeated (one at every other position) and not, tokens of
+// other ranks on both sides of this rank's rows (vocab_begin > 0), rows
+// wider than a pass (300 channels) and a slice of 25000 rows (15 key bits).
 TEST_P(CudaOpsTest, EmbeddingGradientIsTheCpusAndTheSameBitsEachRun) {
   struct Shape {
     int B, T, C, vocab_begin, Vl, V;
+    bool repeated;
   };
-  for (const Shape& s : {Shape{3, 40, 64, 30, 50, 100},
-                         Shape{8, 512, 300, 1000, 25000, 50257}}) {
+  for (const Shape& s : {Shape{3, 40, 64, 30, 50, 100, true},
+                         Shape{3, 40, 300, 30, 50, 100, false},
+                         Shape{8, 512, 300, 1000, 25000, 50257, true}}) {
     const int64_t BT = int64_t{s.B} * s.T;
     std::mt19937 gen(51);
     std::uniform_int_distribution<int32_t> any(0, s.V - 1);
     std::vector<int32_t> tokens(BT);
     for (int64_t i = 0; i < BT; ++i) {
-      tokens[i] = i % 2 == 0 ? s.vocab_begin + 7 : any(gen);
+      tokens[i] = s.repeated && i % 2 == 0 ? s.vocab_begin + 7 : any(gen);
     }
     // This rank's first and last rows, and the rows just outside them.
     tokens[1] = s.vocab_begin;
     tokens[3] = s.vocab_begin + s.Vl - 1;
     tokens[5] = s.vocab_begin - 1;
     tokens[7] = s.vocab_begin + s.Vl;
+    std::map<int32_t, int> count;
+    int most = 0;
+    for (const int32_t t : tokens) most = std::max(most, ++count[t]);
     const Vec dout = Random(BT * s.C, 52),
               dwte = Random(int64_t{s.Vl} * s.C, 53);
     Vec want = dwte;
@@ -927,7 +934,12 @@ TEST_P(CudaOpsTest, EmbeddingGradientIsTheCpusAndTheSameBitsEachRun) {
     }
     Check("embedding dwte (sorted)", got[0], want);
     EXPECT_TRUE(SameBits(got[1], got[0])) << "two runs differ, C " << s.C;
-    EXPECT_TRUE(SameBits(got[0], want)) << "not the CPU's bits, C " << s.C;
+    if (most <= 8) {
+      EXPECT_TRUE(SameBits(got[0], want)) << "not the CPU's bits, C " << s.C;
+    }
+    if (!s.repeated) {
+      EXPECT_LE(most, 8);
+    }
   }
 }
 
