@@ -95,10 +95,15 @@ std::string CudaGraphsUnsupported(const v1::JobSpec& spec) {
     return absl::StrCat("resources.device=", spec.resources().device(),
                         ": CUDA graphs record a GPU's kernels");
   }
-  if (const int64_t world = JobWorldSize(spec); world > 1) {
-    return absl::StrCat(
-        ParallelWorldFactors(p), " = ", world,
-        " ranks: their passes communicate between kernels, from the host");
+  if (p.dp() * int64_t{p.tp()} * p.cp() > 1) {
+    return absl::StrCat("parallel.dp × parallel.tp × parallel.cp = ", p.dp(),
+                        " × ", p.tp(), " × ", p.cp(),
+                        ": these groups communicate inside a pass, from the "
+                        "host");
+  }
+  if (p.pp() > 1 && p.schedule() == "zb1p") {
+    return "parallel.schedule=zb1p: each backward runs as two passes with "
+           "other microbatches' passes between them";
   }
   if (p.zero() != 0) {
     return absl::StrCat("parallel.zero=", p.zero(),

@@ -85,8 +85,9 @@ enum class CudaGraphs { kOff, kAuto, kOn };
 CudaGraphs CudaGraphsOf(const v1::JobSpec& spec);
 // Why the job's passes cannot be recorded as CUDA graphs, naming the field
 // and the reason (a pass that communicates or copies between host and GPU
-// in the middle), or "" where they can: one rank on cuda, parallel.zero=0,
-// parallel.offload=none.
+// in the middle), or "" where they can: on cuda, dp = tp = cp = 1 (a
+// pipeline's stages pass activations between passes, not inside them; not
+// zb1p, whose backward is two), parallel.zero=0, parallel.offload=none.
 std::string CudaGraphsUnsupported(const v1::JobSpec& spec);
 
 // The offset of the first byte of `text` that is not part of well-formed

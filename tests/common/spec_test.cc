@@ -434,7 +434,8 @@ TEST(ValidateJobSpec, OffloadRules) {
 }
 
 // train.cuda_graphs: "off" by default; "auto" anywhere; "on" only where a
-// job's passes can be recorded (one rank on cuda, zero 0, no offload),
+// job's passes can be recorded (cuda, no dp/tp/cp, not zb1p, zero 0, no
+// offload),
 // else refused naming the field and what stands in the way.
 TEST(ValidateJobSpec, CudaGraphsRules) {
   EXPECT_EQ(MustParse(kMinimal, {}).train().cuda_graphs(), "off");
@@ -451,10 +452,17 @@ TEST(ValidateJobSpec, CudaGraphsRules) {
   const std::string dp = OverrideError(
       {"train.cuda_graphs=on", "resources.device=cuda", "parallel.dp=2"});
   EXPECT_NE(dp.find("train.cuda_graphs=on"), std::string::npos) << dp;
-  EXPECT_NE(dp.find("parallel.dp × parallel.tp × parallel.pp = 2 × 1 × 1 = 2 "
-                    "ranks"),
+  EXPECT_NE(dp.find("parallel.dp × parallel.tp × parallel.cp = 2 × 1 × 1"),
             std::string::npos)
       << dp;
+  // A pipeline's stages pass activations between passes: recordable, but
+  // for zb1p's split backward.
+  MustParse(kMinimal, {"train.cuda_graphs=on", "resources.device=cuda",
+                       "parallel.pp=2", "parallel.microbatches=4"});
+  const std::string zb = OverrideError(
+      {"train.cuda_graphs=on", "resources.device=cuda", "parallel.pp=2",
+       "parallel.microbatches=4", "parallel.schedule=zb1p"});
+  EXPECT_NE(zb.find("parallel.schedule=zb1p"), std::string::npos) << zb;
   for (const char* blocker : {"parallel.offload=optimizer"}) {
     const std::string e = OverrideError(
         {"train.cuda_graphs=on", "resources.device=cuda", blocker});

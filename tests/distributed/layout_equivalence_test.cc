@@ -54,6 +54,9 @@ struct Layout {
   // parallel.first_stage_layers / last_stage_layers (0: an even share).
   int first_stage_layers = 0, last_stage_layers = 0;
   int cp = 1;  // parallel.cp
+  // train.cuda_graphs=on: the row runs on cuda only (the cpu records
+  // nothing).
+  bool graphs = false;
   int world() const { return dp * tp * pp * cp; }
 };
 
@@ -184,6 +187,15 @@ std::vector<Layout> AllLayouts() {
   }
   out.push_back({"pp2_zb1p_dp2_zero3_selective", 2, 1, 3, 4, false, 2, "zb1p",
                  1, 4, "selective"});
+  // CUDA graphs: pipeline stages whose passes are recorded per slot and
+  // receive buffer and replayed (cuda only).
+  auto graphs = [](Layout l) {
+    l.graphs = true;
+    return l;
+  };
+  out.push_back(graphs({"pp2_1f1b_graphs", 1, 1, 0, 4, false, 2, "1f1b"}));
+  out.push_back(graphs(
+      {"pp2_interleaved_v2_graphs", 1, 1, 0, 4, false, 2, "interleaved", 2}));
   // Context parallelism (each sequence's positions zigzag over the cp
   // ranks, attention as ring attention): alone, with dp, tp + SP, each
   // kind of pipeline, ZeRO (sharded over dp × cp) and recomputation.
@@ -217,14 +229,15 @@ std::string Device() {
   return d != nullptr && *d != '\0' ? d : "cpu";
 }
 
-// The rows a device runs: every one on the cpu; on cuda those of up to 4
+// The rows a device runs: every one on the cpu but those of CUDA graphs;
+// on cuda those of up to 4
 // ranks (the ranks the gpu test runs, sharing one device) but context
 // parallelism's, which the spec refuses on cuda until the GPU's ring
 // attention has been verified on one.
 std::vector<Layout> DeviceLayouts() {
   std::vector<Layout> out;
   for (const Layout& l : AllLayouts()) {
-    if (Device() == "cpu" || (l.world() <= 4 && l.cp == 1)) {
+    if (Device() == "cpu" ? !l.graphs : l.world() <= 4 && l.cp == 1) {
       out.push_back(l);
     }
   }
@@ -395,6 +408,7 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
   overrides.push_back("train.recompute=" + layout.recompute);
   overrides.push_back("parallel.pp=" + std::to_string(layout.pp));
   overrides.push_back("parallel.cp=" + std::to_string(layout.cp));
+  if (layout.graphs) overrides.push_back("train.cuda_graphs=on");
   overrides.push_back("parallel.schedule=" + layout.schedule);
   overrides.push_back("parallel.virtual_stages=" +
                       std::to_string(layout.virtual_stages));

@@ -88,8 +88,7 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
                o.max_T <= config.block_size && o.max_B >= 1 && o.slots >= 1 &&
                (!o.tp.sp || o.max_T % tp == 0),
            "inconsistent model config for a stage");
-  PT_CHECK(!o.graphs || (o.n_stages == 1 && tp == 1 && o.cp.size() == 1 &&
-                         !o.split_backward),
+  PT_CHECK(!o.graphs || (tp == 1 && o.cp.size() == 1 && !o.split_backward),
            "recorded passes for a stage that communicates inside them");
   units_ = Units(layout_, o.pad);
   buffer_size_ = units_.empty() ? 0 : units_.back().begin + units_.back().size;
@@ -390,17 +389,21 @@ float GptStage::Forward(int slot, const int32_t* tokens, const float* hidden,
            "a microbatch larger than allocated (or T not divisible by tp "
            "under sequence parallelism)");
   Slot& S = slots_[slot];
-  if (graphs_ && targets != nullptr) {
-    // Recorded: the tokens go into the slot's buffers first, which the
-    // recording reads, and the slot is told what its host code would tell
-    // it (a replay runs none).
+  // Recorded: a forward with targets, or any forward of a stage before the
+  // last (its output goes on; a last stage's without targets leaves logits
+  // to sample from, op by op).
+  if (graphs_ && (targets != nullptr || !last())) {
+    // The tokens go into the slot's buffers first, which the recording
+    // reads (a previous stage's output is read where it was received, one
+    // recording per receive buffer), and the slot is told what its host
+    // code would tell it (a replay runs none).
     const int32_t* tk = Stage(S.tokens_staged, tokens, B, T);
     const int32_t* tg = Stage(S.targets_staged, targets, B, T);
-    BeginSlot(S, B, T, /*targets=*/true, dloss);
-    RunRecorded({slot, B, T, /*backward=*/false, dloss, S.dloss}, [&] {
-      ForwardPass(slot, tk, nullptr, tg, B, T, /*pos=*/-1, dloss);
+    BeginSlot(S, B, T, targets != nullptr, dloss);
+    RunRecorded({slot, B, T, /*backward=*/false, dloss, S.dloss, hidden}, [&] {
+      ForwardPass(slot, tk, hidden, tg, B, T, /*pos=*/-1, dloss);
     });
-    return SlotLoss(S);
+    return last() ? SlotLoss(S) : 0.0f;
   }
   ForwardPass(slot, tokens, hidden, targets, B, T, /*pos=*/-1, dloss);
   return last() && targets != nullptr ? SlotLoss(S) : 0.0f;
@@ -663,8 +666,8 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
     const Slot& S = slots_[slot];
     const int32_t* tk = Stage(S.tokens_staged, tokens, S.B, S.T);
     const int32_t* tg = Stage(S.targets_staged, targets, S.B, S.T);
-    RunRecorded({slot, S.B, S.T, /*backward=*/true, dloss, S.dloss}, [&] {
-      BackwardPass(slot, tk, tg, dloss, nullptr, /*split=*/false);
+    RunRecorded({slot, S.B, S.T, /*backward=*/true, dloss, S.dloss, dout}, [&] {
+      BackwardPass(slot, tk, tg, dloss, dout, /*split=*/false);
     });
     return;
   }

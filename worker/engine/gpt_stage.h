@@ -127,11 +127,12 @@ struct StageOptions {
   // Training's passes recorded once per shape and replayed as one unit
   // each (Ops::Capture; on a GPU a CUDA graph, one launch for the hundreds
   // of a pass): a microbatch's forward with targets and its backward, from
-  // their second run at a (slot, B, T, dloss) on. Only for a stage that is
-  // the whole model and whose store communicates nothing inside a pass
-  // (one rank, ZeRO 0: common/spec.h CudaGraphsUnsupported), without
-  // split_backward. Where a capture fails the pass runs op by op, and the
-  // stage says why once (graph_counts()).
+  // their second run at a (slot, B, T, dloss, receive buffer) on; a stage
+  // before the last records every forward. Only for a stage without tp or
+  // cp whose store communicates nothing inside a pass (ZeRO 0, dp 1:
+  // common/spec.h CudaGraphsUnsupported), without split_backward. Where a
+  // capture fails the pass runs op by op, with a warning
+  // (graph_counts()).
   bool graphs = false;
 };
 
@@ -325,14 +326,18 @@ class GptStage : private UnitStore {
 
   // A recorded pass (StageOptions::graphs) and what its host code decided:
   // the slot, the shape, which pass, the dloss it computes with and the
-  // one its forward folded into the logits.
+  // one its forward folded into the logits, and where its input from
+  // another stage is (the previous stage's output, or the next one's
+  // gradient; null for none).
   struct PassKey {
     int slot = 0, B = 0, T = 0;
     bool backward = false;
     float dloss = 0.0f, forward_dloss = 0.0f;
+    const float* received = nullptr;
     bool operator==(const PassKey& o) const {
       return slot == o.slot && B == o.B && T == o.T && backward == o.backward &&
-             dloss == o.dloss && forward_dloss == o.forward_dloss;
+             dloss == o.dloss && forward_dloss == o.forward_dloss &&
+             received == o.received;
     }
   };
   struct PassGraph {
@@ -342,7 +347,7 @@ class GptStage : private UnitStore {
     std::unique_ptr<kernels::OpsGraph> graph;
   };
   // At most this many recorded passes (a shape past them runs op by op).
-  static constexpr int kMaxGraphs = 16;
+  static constexpr int kMaxGraphs = 64;
   // Runs `pass` (whose tokens are already staged) as the replay of its
   // recording, recording it at its second run.
   void RunRecorded(const PassKey& key, const std::function<void()>& pass);

@@ -158,6 +158,85 @@ TEST(RecordedPasses, ReplaysComputeWhatOpByOpLaunchesComputeBitForBit) {
   }
 }
 
+// Two pipeline stages on one rank: the first stage's forward and the
+// last's backward are recorded from tokens and the gradient received, the
+// others from the buffer the stage's input was received into (two, taken
+// in turn, as the pipeline runtime does) and the slot (two microbatches in
+// flight). Four microbatches a step for 4 steps give the losses and both
+// stages' gradients of op-by-op launches bit for bit.
+TEST(RecordedPasses, PipelineStagesReplayForEachSlotAndReceiveBuffer) {
+  struct Result {
+    std::vector<float> losses, grads0, grads1;
+  };
+  auto run = [](kernels::Ops* ops, bool graphs, Result* out,
+                GptStage::GraphCounts counts[2]) {
+    std::vector<std::unique_ptr<GptStage>> stages;
+    for (int s = 0; s < 2; ++s) {
+      PlanOptions plan;
+      plan.pp = 2;
+      plan.pp_rank = s;
+      StageOptions o;
+      o.max_B = kB;
+      o.max_T = kT;
+      o.slots = 2;
+      o.stage = s;
+      o.n_stages = 2;
+      o.ops = ops;
+      o.graphs = graphs;
+      stages.push_back(
+          std::make_unique<GptStage>(kModel, BuildPlan(kModel, plan), o));
+      stages.back()->InitParams(5);
+    }
+    const int64_t n = int64_t{kB} * kT * kModel.n_embd;
+    kernels::Buffer acts[2] = {kernels::Buffer(ops, n),
+                               kernels::Buffer(ops, n)};
+    kernels::Buffer grads[2] = {kernels::Buffer(ops, n),
+                                kernels::Buffer(ops, n)};
+    std::vector<int32_t> in(kB * kT), tg(kB * kT);
+    const float dloss = 1.0f / (4 * kB * kT);
+    for (int step = 0; step < 4; ++step) {
+      for (auto& st : stages) st->ZeroGrad();
+      float loss = 0.0f;
+      for (int mb = 0; mb < 4; ++mb) {
+        Fill(&in, &tg, step, mb);
+        const int slot = mb % 2, buf = (mb / 2) % 2;
+        stages[0]->Forward(slot, in.data(), nullptr, nullptr, kB, kT);
+        ops->Copy(acts[buf].data(), stages[0]->output(slot), n);
+        loss += stages[1]->Forward(slot, nullptr, acts[buf].data(), tg.data(),
+                                   kB, kT, dloss);
+        stages[1]->Backward(slot, nullptr, tg.data(), dloss, nullptr);
+        ops->Copy(grads[buf].data(), stages[1]->dinput(), n);
+        stages[0]->Backward(slot, in.data(), nullptr, dloss, grads[buf].data());
+      }
+      out->losses.push_back(loss);
+    }
+    for (int s = 0; s < 2; ++s) {
+      std::vector<float>& g = s == 0 ? out->grads0 : out->grads1;
+      g.assign(stages[s]->grads(),
+               stages[s]->grads() + stages[s]->buffer_size());
+      counts[s] = stages[s]->graph_counts();
+    }
+  };
+  Result want, got;
+  GptStage::GraphCounts none[2], counts[2];
+  run(&kernels::CpuOps(), false, &want, none);
+  testing::RecordingOps recording(kernels::CpuOps());
+  run(&recording, true, &got, counts);
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t i = 0; i < want.losses.size(); ++i) {
+    EXPECT_EQ(got.losses[i], want.losses[i]) << "step " << i;
+  }
+  EXPECT_EQ(got.grads0, want.grads0);
+  EXPECT_EQ(got.grads1, want.grads1);
+  for (int s = 0; s < 2; ++s) {
+    // Forward and backward of 2 slots (× 2 receive buffers where the pass
+    // reads one): each recorded at its second run.
+    EXPECT_EQ(counts[s].failed, 0) << "stage " << s;
+    EXPECT_EQ(counts[s].captured, 6) << "stage " << s;
+    EXPECT_EQ(counts[s].replayed, 2 * 16 - 6) << "stage " << s;
+  }
+}
+
 // Without graphs nothing is recorded: every op runs as issued.
 TEST(RecordedPasses, OffRecordsNothing) {
   testing::RecordingOps recording(kernels::CpuOps());
