@@ -427,9 +427,18 @@ void GptStage::RunRecorded(const PassKey& key,
   for (PassGraph& p : graphs_by_key_) {
     if (p.key == key) g = &p;
   }
-  if (g == nullptr && graphs_by_key_.size() < kMaxGraphs) {
-    g = &graphs_by_key_.emplace_back();
-    g->key = key;
+  if (g == nullptr) {
+    if (graphs_by_key_.size() < kMaxGraphs) {
+      g = &graphs_by_key_.emplace_back();
+    } else {
+      // Full: a key run once and never recorded makes room (a forward of
+      // every length sampling runs through an earlier stage, one each).
+      for (PassGraph& p : graphs_by_key_) {
+        if (p.graph == nullptr && !p.failed && p.runs <= 1) g = &p;
+      }
+      if (g != nullptr) *g = PassGraph{};
+    }
+    if (g != nullptr) g->key = key;
   }
   // The weights' copy as the matmuls read it is made now, outside the
   // recording: a replay would not make it again.

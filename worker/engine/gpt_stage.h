@@ -346,7 +346,8 @@ class GptStage : private UnitStore {
     bool failed = false;
     std::unique_ptr<kernels::OpsGraph> graph;
   };
-  // At most this many recorded passes (a shape past them runs op by op).
+  // At most this many keys (past them a key run once and never recorded
+  // makes room; else the pass runs op by op).
   static constexpr int kMaxGraphs = 64;
   // Runs `pass` (whose tokens are already staged) as the replay of its
   // recording, recording it at its second run.

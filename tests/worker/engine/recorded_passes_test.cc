@@ -237,6 +237,40 @@ TEST(RecordedPasses, PipelineStagesReplayForEachSlotAndReceiveBuffer) {
   }
 }
 
+// Keys run once and never recorded (here a last stage's forward from 70
+// receive addresses, as sampling's forwards of every length through an
+// earlier stage) do not keep later keys from being recorded.
+TEST(RecordedPasses, KeysRunOnceMakeRoomForLaterOnes) {
+  testing::RecordingOps recording(kernels::CpuOps());
+  PlanOptions plan;
+  plan.pp = 2;
+  plan.pp_rank = 1;
+  StageOptions o;
+  o.max_B = kB;
+  o.max_T = kT;
+  o.stage = 1;
+  o.n_stages = 2;
+  o.ops = &recording;
+  o.graphs = true;
+  GptStage last(kModel, BuildPlan(kModel, plan), o);
+  last.InitParams(5);
+  const int64_t n = int64_t{kB} * kT * kModel.n_embd;
+  kernels::Buffer hidden(&recording, 71 * n);
+  std::vector<int32_t> in(kB * kT), tg(kB * kT);
+  Fill(&in, &tg, 0, 0);
+  for (int i = 0; i < 70; ++i) {
+    last.Forward(0, nullptr, hidden.data() + i * n, tg.data(), kB, kT);
+  }
+  EXPECT_EQ(last.graph_counts().captured, 0);
+  const float* again = hidden.data() + 70 * n;
+  const float first = last.Forward(0, nullptr, again, tg.data(), kB, kT);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(last.Forward(0, nullptr, again, tg.data(), kB, kT), first);
+  }
+  EXPECT_EQ(last.graph_counts().captured, 1);
+  EXPECT_EQ(last.graph_counts().replayed, 3);
+}
+
 // Without graphs nothing is recorded: every op runs as issued.
 TEST(RecordedPasses, OffRecordsNothing) {
   testing::RecordingOps recording(kernels::CpuOps());
