@@ -544,6 +544,13 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
   order_ = b.pp > 1 ? PipelineOrder(b.schedule, b.pp, dims_->pp_rank(),
                                     b.microbatches, b.virtual_stages)
                     : PipelineRuntime::SequentialOrder(b.microbatches);
+  if (CudaGraphsOf(spec_) != CudaGraphs::kOff) {
+    graphs_unavailable_ = CudaGraphsUnsupported(spec_);
+    if (graphs_unavailable_.empty() && compute_ops() != nullptr) {
+      graphs_unavailable_ = compute_ops()->CaptureUnsupported();
+    }
+  }
+  const bool graphs = b.cuda_graphs && graphs_unavailable_.empty();
   std::vector<GptStage*> chunks;
   for (int c = 0; c < b.chunks(); ++c) {
     int first_unit = 0;
@@ -556,7 +563,7 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
     stage.cp = CpGroup{groups.cp};
     stage.store = slices_.back().get();
     stage.ops = compute_ops();
-    stage.graphs = b.cuda_graphs && compute_ops()->CaptureUnsupported().empty();
+    stage.graphs = graphs;
     chunks_.push_back(
         std::make_unique<GptStage>(b.model, std::move(chunk_layout), stage));
     chunks.push_back(chunks_.back().get());

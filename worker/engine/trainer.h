@@ -318,6 +318,10 @@ class Trainer {
   // each over its slice of the store.
   std::vector<std::unique_ptr<UnitStoreSlice>> slices_;
   std::vector<std::unique_ptr<GptStage>> chunks_;
+  // Why train.cuda_graphs (on or auto) leaves this rank's passes op by op:
+  // the job's (CudaGraphsUnsupported) or else the backend's
+  // (Ops::CaptureUnsupported); "" when they are recorded or graphs are off.
+  std::string graphs_unavailable_;
   // This rank's passes of an optimizer step: the schedule's order, or
   // F0 B0 F1 B1 … without a pipeline.
   std::vector<PipeAction> order_;

@@ -238,16 +238,13 @@ void Trainer::ReportStart() {
       mem.activations / 1e6);
   if (options_.metrics != nullptr) options_.metrics->SetMemory(mem);
   if (CudaGraphsOf(spec_) != CudaGraphs::kOff) {
-    std::string why = CudaGraphsUnsupported(spec_);
-    if (why.empty() && compute_ops() != nullptr) {
-      why = compute_ops()->CaptureUnsupported();
-    }
-    if (why.empty()) {
+    if (graphs_unavailable_.empty()) {
       spdlog::info(
           "cuda graphs: each microbatch's forward and backward recorded at "
           "its second run, then replayed");
     } else {
-      spdlog::info("train.cuda_graphs=auto: launching op by op ({})", why);
+      spdlog::info("train.cuda_graphs=auto: launching op by op ({})",
+                   graphs_unavailable_);
     }
   }
   const auto& par = spec_.parallel();
