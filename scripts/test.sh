@@ -3,13 +3,13 @@
 # them (scripts/setup.sh --tests), then runs every ctest label (the `gpu`
 # cases skip, saying so, where no CUDA device is present), then (unless
 # ctest arguments narrow the run) the fuzz targets for $PTRAIN_FUZZ_SECONDS
-# each (default 45; 0 skips them), whose build runs beside the tests. Extra
+# each (default 30; 0 skips them), whose build runs beside the tests. Extra
 # arguments go to ctest (e.g. -L unit, -R spec).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --tests
 fuzz=0
-if (($# == 0)) && [[ ${PTRAIN_FUZZ_SECONDS:-45} != 0 ]]; then fuzz=1; fi
+if (($# == 0)) && [[ ${PTRAIN_FUZZ_SECONDS:-30} != 0 ]]; then fuzz=1; fi
 # The fuzz targets' own build (clang, sanitizers) needs nothing from the
 # tests: it runs beside them at the lowest priority, on the cores the tests
 # leave idle (many of them wait on timeouts, restarts and other processes),

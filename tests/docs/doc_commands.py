@@ -8,9 +8,9 @@ every command it does not run here, why.
   tests/docs/doc_commands.py --build build --src .          # run them
   tests/docs/doc_commands.py --src . --list                 # what would run, what is skipped
 
-Trainings run until they log a step past the first (at most ~15 s, 45 s when nothing was
-logged yet), then get SIGINT and must stop as ptworker documents it (exit 3; under mpirun,
-the ranks stop with 3 and mpirun exits 1). ptctl commands run against one ptcoord started
+Trainings run until they log their first step (at most 45 s), then get SIGINT and must
+stop as ptworker documents it (exit 3; under mpirun, the ranks stop with 3 and mpirun
+exits 1). ptctl commands run against one ptcoord started
 from the README's own ptcoord command (free ports and a temporary state dir substituted),
 their job placeholders (job-0001, JOB) replaced by the job this run submitted. Benchmarks
 that take minutes run with --help instead, and every flag the doc gives them must be in
@@ -38,8 +38,7 @@ from pathlib import Path
 # every other one takes 15 s to minutes and runs with --help instead.
 SHORT_BENCHMARKS = {"attention_bench": "about 5 s"}
 
-TRAIN_SOFT_LIMIT_S = 15  # a training that has logged a step gets SIGINT by then
-TRAIN_HARD_LIMIT_S = 45  # ... and one that has logged none, by then
+TRAIN_HARD_LIMIT_S = 45  # a training that has logged no step gets SIGINT by then
 STOP_GRACE_S = 40        # from SIGINT to exit (8 ranks save their checkpoint)
 RUN_LIMIT_S = 90         # any command that is not stopped on purpose
 FOLLOW_S = 3             # `watch`, `logs -f`, `tail -f`: followed this long
@@ -609,9 +608,9 @@ class Runner:
         self.track_outputs(segs, "end")
 
         def stop(output, el):
-            steps = [int(s) for s in re.findall(r"step\s+(\d+)/\d+", output)]
-            top = max(steps, default=0)
-            return top >= 2 or (el >= TRAIN_SOFT_LIMIT_S and top >= 1) or el >= TRAIN_HARD_LIMIT_S
+            # A logged step: the job trains (and is past the start, where a
+            # signal ends a rank at once rather than after a checkpoint).
+            return re.search(r"step\s+\d+/\d+", output) is not None or el >= TRAIN_HARD_LIMIT_S
 
         o = self.run(self.substitute_build(cmd.text), limit=TRAIN_HARD_LIMIT_S, stop=stop)
         mpirun = seg.launcher == "mpirun"

@@ -442,7 +442,7 @@ class Soak:
             if final and not self.stopped:
                 break
             if injected < self.a.faults and not final:
-                time.sleep(self.rng.uniform(0.5, 2.5))
+                time.sleep(self.rng.uniform(0.3, 1.5))
                 kind = self.rng.choice(kinds)
                 if self.inject(kind):
                     injected += 1
@@ -479,7 +479,7 @@ def main():
     p.add_argument("--variant", choices=["local", "nodes"], default="local")
     p.add_argument("--jobs", type=int, default=4)
     p.add_argument("--faults", type=int, default=12)
-    p.add_argument("--steps", type=int, default=6000)
+    p.add_argument("--steps", type=int, default=4000)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--slots", type=int, default=2)
     p.add_argument("--nodes", type=int, default=3)
