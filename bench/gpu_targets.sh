@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The GPU targets of docs/cuda.md, measured side by side in one run on one
+# GPU, then printed as one table with the ratios:
+#   - GPT-2 124M, B8 T1024: ptrain's bf16 Trainer step against PyTorch's
+#     eager bf16 and torch.compile steps (bench/pytorch_gpt_cuda.py);
+#   - GPT-2 350M, B8 T1024: the same, and ptrain's MFU;
+#   - CUDA graphs: the small model (6 layers of 384, T256, B64) and 124M,
+#     launched op by op and with train.cuda_graphs=on;
+#   - ZeRO-Offload: 124M with the optimizer on the GPU and offloaded.
+#
+#   bench/gpu_targets.sh [BUILD_DIR] [--peak-tflops X] [--no-torch]
+#
+# BUILD_DIR defaults to build; --peak-tflops is the MFU denominator (default
+# 989, the bf16 dense peak of an H100 SXM and of an H200); --no-torch leaves
+# out PyTorch (its rows then say so). Each tool's own output is printed as
+# it runs. Exits 1 without a CUDA device, 2 on a bad argument.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build=build
+peak=989
+torch=1
+while (($#)); do
+  case $1 in
+    --peak-tflops)
+      [[ ${2:-} =~ ^[0-9]+([.][0-9]+)?$ ]] ||
+        { echo "gpu_targets: --peak-tflops needs a number of TFLOP/s" >&2; exit 2; }
+      peak=$2
+      shift 2
+      ;;
+    --no-torch) torch=0; shift ;;
+    -*) echo "gpu_targets: unknown option '$1'" >&2; exit 2 ;;
+    *) build=$1; shift ;;
+  esac
+done
+bench=$build/bench/gpu_throughput
+[[ -x $bench ]] || { echo "gpu_targets: $bench is not built (scripts/setup.sh --tests)" >&2; exit 2; }
+if ! "$bench" --model 124m --batch 1 --steps 1 >/dev/null 2>&1; then
+  echo "gpu_targets: no CUDA device is present (no GPU, or no driver)" >&2
+  exit 1
+fi
+
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+# run NAME COMMAND...: shows its output and keeps it as NAME for the table.
+run() {
+  local name=$1
+  shift
+  echo "\$ $*"
+  "$@" 2>&1 | tee "$logs/$name" || echo "($name exited with an error: its rows say -)"
+}
+# ms NAME LINE-PATTERN: the ms/step of run NAME's first line matching the
+# pattern ("" when there is none: a run refused or left out).
+ms() {
+  grep -E -- "$2" "$logs/$1" 2>/dev/null | head -n 1 |
+    sed -n 's/.*: *\([0-9.]*\) ms\/step.*/\1/p' || true
+}
+# mfu NAME LINE-PATTERN: that line's MFU in percent.
+mfu() {
+  grep -E -- "$2" "$logs/$1" 2>/dev/null | head -n 1 |
+    sed -n 's/.*MFU *\([0-9.]*\)%.*/\1/p' || true
+}
+# ratio A B: A / B to two places, "-" when either is missing.
+ratio() {
+  if [[ -n $1 && -n $2 ]]; then
+    python3 -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2]):.2f}x')" "$1" "$2"
+  else
+    echo "-"
+  fi
+}
+
+p=(--peak-tflops "$peak")
+run step124 "$bench" --trainer --model 124m --batch 8 "${p[@]}"
+run step350 "$bench" --trainer --model 350m --batch 8 "${p[@]}"
+if ((torch)); then
+  run torch124 python3 bench/pytorch_gpt_cuda.py --model 124m --batch 8 "${p[@]}"
+  run torch350 python3 bench/pytorch_gpt_cuda.py --model 350m --batch 8 "${p[@]}"
+fi
+run graphs_small "$bench" --trainer --cuda-graphs --model small --seq 256 --batch 64 "${p[@]}"
+run graphs124 "$bench" --trainer --cuda-graphs --model 124m --batch 8 "${p[@]}"
+run offload124 "$bench" --trainer --offload --model 124m --batch 8 "${p[@]}"
+
+# What each tool prints: ptrain's Trainer lines name the precision, then
+# " graphs" or " offload", then the model; PyTorch's name eager bf16
+# ("bf16 GPT-2") or "bf16 compiled". The side-by-side runs (graphs,
+# offload) are compared within themselves.
+ours124=$(ms step124 "^ptrain trainer bf16 GPT-2 124m")
+ours350=$(ms step350 "^ptrain trainer bf16 GPT-2 350m")
+eager124=$(ms torch124 "^pytorch .* bf16 GPT-2 124m")
+compiled124=$(ms torch124 "^pytorch .* bf16 compiled 124m")
+eager350=$(ms torch350 "^pytorch .* bf16 GPT-2 350m")
+compiled350=$(ms torch350 "^pytorch .* bf16 compiled 350m")
+small_eager=$(ms graphs_small "^ptrain trainer bf16 GPT-2 small")
+small_graphs=$(ms graphs_small "^ptrain trainer bf16 graphs GPT-2 small")
+eager124g=$(ms graphs124 "^ptrain trainer bf16 GPT-2 124m")
+graphs124=$(ms graphs124 "^ptrain trainer bf16 graphs GPT-2 124m")
+plain124o=$(ms offload124 "^ptrain trainer bf16 GPT-2 124m")
+offload124=$(ms offload124 "^ptrain trainer bf16 offload GPT-2 124m")
+
+echo
+echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || echo unknown)"
+printf '%-44s %10s %10s %8s  %s\n' "target" "ptrain ms" "peer ms" "speed" "goal"
+row() { printf '%-44s %10s %10s %8s  %s\n' "$1" "${2:--}" "${3:--}" "$(ratio "$3" "$2")" "$4"; }
+row "124M bf16 step vs torch.compile" "$ours124" "$compiled124" ">= 1.00x (stretch 1.15x)"
+row "124M bf16 step vs PyTorch eager" "$ours124" "$eager124" ""
+row "350M bf16 step vs torch.compile" "$ours350" "$compiled350" ""
+row "350M bf16 step vs PyTorch eager" "$ours350" "$eager350" ""
+row "small (L6 C384 T256 B64) graphs vs op by op" "$small_graphs" "$small_eager" ">= 1.30x"
+row "124M B8 graphs vs op by op" "$graphs124" "$eager124g" ">= 1.00x"
+row "124M B8 offloaded optimizer vs on the GPU" "$offload124" "$plain124o" ">= 0.67x (within 1.5x)"
+echo "MFU of $peak TFLOP/s: 124M $(mfu step124 "^ptrain trainer bf16 GPT-2 124m")% (goal >= 37%)," \
+  "350M $(mfu step350 "^ptrain trainer bf16 GPT-2 350m")% (goal >= 45%)"
+echo "(speed: the peer's ms over ptrain's; above 1 ptrain's step is the faster)"
