@@ -84,30 +84,36 @@ run offload124 "$bench" --trainer --offload --model 124m --batch 8 "${p[@]}"
 # " graphs" or " offload", then the model; PyTorch's name eager bf16
 # ("bf16 GPT-2") or "bf16 compiled". The side-by-side runs (graphs,
 # offload) are compared within themselves.
-ours124=$(ms step124 "^ptrain trainer bf16 GPT-2 124m")
-ours350=$(ms step350 "^ptrain trainer bf16 GPT-2 350m")
-eager124=$(ms torch124 "^pytorch .* bf16 GPT-2 124m")
-compiled124=$(ms torch124 "^pytorch .* bf16 compiled 124m")
-eager350=$(ms torch350 "^pytorch .* bf16 GPT-2 350m")
-compiled350=$(ms torch350 "^pytorch .* bf16 compiled 350m")
-small_eager=$(ms graphs_small "^ptrain trainer bf16 GPT-2 small")
-small_graphs=$(ms graphs_small "^ptrain trainer bf16 graphs GPT-2 small")
-eager124g=$(ms graphs124 "^ptrain trainer bf16 GPT-2 124m")
-graphs124=$(ms graphs124 "^ptrain trainer bf16 graphs GPT-2 124m")
-plain124o=$(ms offload124 "^ptrain trainer bf16 GPT-2 124m")
-offload124=$(ms offload124 "^ptrain trainer bf16 offload GPT-2 124m")
-
+ours="^ptrain trainer bf16 GPT-2"
 echo
 echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || echo unknown)"
 printf '%-44s %10s %10s %8s  %s\n' "target" "ptrain ms" "peer ms" "speed" "goal"
-row() { printf '%-44s %10s %10s %8s  %s\n' "$1" "${2:--}" "${3:--}" "$(ratio "$3" "$2")" "$4"; }
-row "124M bf16 step vs torch.compile" "$ours124" "$compiled124" ">= 1.00x (stretch 1.15x)"
-row "124M bf16 step vs PyTorch eager" "$ours124" "$eager124" ""
-row "350M bf16 step vs torch.compile" "$ours350" "$compiled350" ""
-row "350M bf16 step vs PyTorch eager" "$ours350" "$eager350" ""
-row "small (L6 C384 T256 B64) graphs vs op by op" "$small_graphs" "$small_eager" ">= 1.30x"
-row "124M B8 graphs vs op by op" "$graphs124" "$eager124g" ">= 1.00x"
-row "124M B8 offloaded optimizer vs on the GPU" "$offload124" "$plain124o" ">= 0.67x (within 1.5x)"
-echo "MFU of $peak TFLOP/s: 124M $(mfu step124 "^ptrain trainer bf16 GPT-2 124m")% (goal >= 37%)," \
-  "350M $(mfu step350 "^ptrain trainer bf16 GPT-2 350m")% (goal >= 45%)"
+# row LABEL RUN PATTERN PEER-RUN PEER-PATTERN GOAL: ptrain's step (the
+# line of RUN matching PATTERN) beside the peer's, and their ratio.
+row() {
+  local mine peer
+  mine=$(ms "$2" "$3")
+  peer=$(ms "$4" "$5")
+  printf '%-44s %10s %10s %8s  %s\n' "$1" "${mine:--}" "${peer:--}" \
+    "$(ratio "$peer" "$mine")" "$6"
+}
+row "124M bf16 step vs torch.compile" step124 "$ours 124m" \
+  torch124 "^pytorch .* bf16 compiled 124m" ">= 1.00x (stretch 1.15x)"
+row "124M bf16 step vs PyTorch eager" step124 "$ours 124m" \
+  torch124 "^pytorch .* bf16 GPT-2 124m" ""
+row "350M bf16 step vs torch.compile" step350 "$ours 350m" \
+  torch350 "^pytorch .* bf16 compiled 350m" ""
+row "350M bf16 step vs PyTorch eager" step350 "$ours 350m" \
+  torch350 "^pytorch .* bf16 GPT-2 350m" ""
+row "small (L6 C384 T256 B64) graphs vs op by op" \
+  graphs_small "^ptrain trainer bf16 graphs GPT-2 small" \
+  graphs_small "$ours small" ">= 1.30x"
+row "124M B8 graphs vs op by op" \
+  graphs124 "^ptrain trainer bf16 graphs GPT-2 124m" \
+  graphs124 "$ours 124m" ">= 1.00x"
+row "124M B8 offloaded optimizer vs on the GPU" \
+  offload124 "^ptrain trainer bf16 offload GPT-2 124m" \
+  offload124 "$ours 124m" ">= 0.67x (within 1.5x)"
+echo "MFU of $peak TFLOP/s: 124M $(mfu step124 "$ours 124m")% (goal >= 37%)," \
+  "350M $(mfu step350 "$ours 350m")% (goal >= 45%)"
 echo "(speed: the peer's ms over ptrain's; above 1 ptrain's step is the faster)"
