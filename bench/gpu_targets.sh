@@ -49,17 +49,13 @@ run() {
   echo "\$ $*"
   "$@" 2>&1 | tee "$logs/$name" || echo "($name exited with an error: its rows say -)"
 }
-# ms NAME LINE-PATTERN: the ms/step of run NAME's first line matching the
-# pattern ("" when there is none: a run refused or left out).
-ms() {
-  grep -E -- "$2" "$logs/$1" 2>/dev/null | head -n 1 |
-    sed -n 's/.*: *\([0-9.]*\) ms\/step.*/\1/p' || true
-}
+# first NAME LINE-PATTERN: run NAME's first line matching the pattern
+# (none when the run was refused or left out).
+first() { grep -E -- "$2" "$logs/$1" 2>/dev/null | head -n 1 || true; }
+# ms NAME LINE-PATTERN: that line's ms/step ("" when there is no line).
+ms() { first "$1" "$2" | sed -n 's/.*: *\([0-9.]*\) ms\/step.*/\1/p'; }
 # mfu NAME LINE-PATTERN: that line's MFU in percent.
-mfu() {
-  grep -E -- "$2" "$logs/$1" 2>/dev/null | head -n 1 |
-    sed -n 's/.*MFU *\([0-9.]*\)%.*/\1/p' || true
-}
+mfu() { first "$1" "$2" | sed -n 's/.*MFU *\([0-9.]*\)%.*/\1/p'; }
 # ratio A B: A / B to two places, "-" when either is missing.
 ratio() {
   if [[ -n $1 && -n $2 ]]; then

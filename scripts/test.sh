@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --tests
 fuzz=0
-if (($# == 0)) && [[ ${PTRAIN_FUZZ_SECONDS:-30} != 0 ]]; then fuzz=1; fi
+if (($# == 0)) && [[ ${PTRAIN_FUZZ_SECONDS:-} != 0 ]]; then fuzz=1; fi
 # The fuzz targets' own build (clang, sanitizers) needs nothing from the
 # tests: it runs beside them at the lowest priority, on the cores the tests
 # leave idle (many of them wait on timeouts, restarts and other processes),

@@ -53,10 +53,6 @@ RankBuild RankBuild::Of(const v1::JobSpec& spec, int vocab_size, int tp_rank,
                        /*reduce_once_per_step=*/b.pp > 1,
                        /*bf16_weights=*/b.precision == Precision::kBf16};
   b.offload_optimizer = p.offload() == "optimizer";
-  const CudaGraphs graphs = CudaGraphsOf(spec);
-  b.cuda_graphs =
-      graphs == CudaGraphs::kOn ||
-      (graphs == CudaGraphs::kAuto && CudaGraphsUnsupported(spec).empty());
   b.plan = SpecPlan(spec, tp_rank, pp_rank);
   b.stages = RankStages(b.plan);
   b.slots =

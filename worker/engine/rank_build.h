@@ -35,10 +35,6 @@ struct RankBuild {
   // parallel.offload=optimizer: Adam's state and the fp32 master weights
   // this rank updates in host memory, the step on the CPU cores.
   bool offload_optimizer = false;
-  // train.cuda_graphs resolved for the job (on, or auto where the job's
-  // passes can be recorded): StageOptions::graphs where the backend
-  // records (the caller asks it).
-  bool cuda_graphs = false;
   PlanOptions plan;         // this rank's
   std::vector<int> stages;  // the virtual stage of each of its chunks
   std::vector<int> slots;   // the activation slots of each chunk

@@ -550,7 +550,8 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
       graphs_unavailable_ = compute_ops()->CaptureUnsupported();
     }
   }
-  const bool graphs = b.cuda_graphs && graphs_unavailable_.empty();
+  const bool graphs =
+      CudaGraphsOf(spec_) != CudaGraphs::kOff && graphs_unavailable_.empty();
   std::vector<GptStage*> chunks;
   for (int c = 0; c < b.chunks(); ++c) {
     int first_unit = 0;

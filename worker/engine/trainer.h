@@ -321,6 +321,8 @@ class Trainer {
   // Why train.cuda_graphs (on or auto) leaves this rank's passes op by op:
   // the job's (CudaGraphsUnsupported) or else the backend's
   // (Ops::CaptureUnsupported); "" when they are recorded or graphs are off.
+  // The one place the decision is made (`on` where the job cannot be
+  // recorded never gets here: validation and Create refuse it).
   std::string graphs_unavailable_;
   // This rank's passes of an optimizer step: the schedule's order, or
   // F0 B0 F1 B1 … without a pipeline.
