@@ -45,6 +45,9 @@ absl::Status Coordinator::ReportProgress(const v1::ReportProgressRequest& r) {
   // The rank is alive even when the disk is full.
   running_[r.job_id()].last_report = absl::Now();
   running_[r.job_id()].heard[r.rank()] = absl::Now();
+  if (!r.is_eval()) {
+    running_[r.job_id()].reported_steps[r.rank()] = {r.step(), absl::Now()};
+  }
   JobUpdate u;
   u.record = e->record;
   v1::Progress* p = u.record.job.mutable_progress();
@@ -157,6 +160,7 @@ absl::Status Coordinator::ReportAlive(const v1::ReportAliveRequest& r) {
   const absl::Time now = absl::Now();
   run.heard[r.rank()] = now;
   if (r.has_times()) {
+    run.reported_steps[r.rank()] = {r.times().step(), now};
     rank_times_.Add(r.job_id(), r.attempt(), (*e)->record.job.world_size(),
                     r.rank(), r.times(), absl::ToUnixMillis(now));
   }
