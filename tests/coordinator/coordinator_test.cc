@@ -579,19 +579,22 @@ TEST_F(CoordinatorTest, HostileFilesInTheAttemptFolderHoldNothingUp) {
     }
     return answers;
   });
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::minutes(1);
-  if (ended.wait_until(deadline) != std::future_status::ready ||
-      listed.wait_until(deadline) != std::future_status::ready) {
-    ADD_FAILURE() << "supervision or the API blocked on the attempt's files";
-    // Writers that open and close end the blocked reads.
-    while (ended.wait_for(std::chrono::milliseconds(100)) !=
+  // A read blocked on a FIFO fails the test, and writers that open and
+  // close end it, so that the test ends.
+  const auto unblock = [&](const auto& done, const char* what) {
+    if (done.wait_for(std::chrono::minutes(1)) == std::future_status::ready) {
+      return;
+    }
+    ADD_FAILURE() << what << " blocked on the attempt's files";
+    while (done.wait_for(std::chrono::milliseconds(100)) !=
            std::future_status::ready) {
       for (const fs::path& f : fifos) {
         ::close(::open(f.c_str(), O_WRONLY | O_NONBLOCK));
       }
     }
-  }
+  };
+  unblock(listed, "the API");
+  unblock(ended, "supervision");
   EXPECT_EQ(listed.get(), 20);
   const v1::Job done = ended.get();
   EXPECT_EQ(done.state(), v1::JOB_STATE_FAILED);
@@ -607,7 +610,10 @@ TEST_F(CoordinatorTest, HostileFilesInTheAttemptFolderHoldNothingUp) {
   // and the dumps analysed again instead.
   fs::remove(a / "flight/analysis.txt");
   fs::create_symlink("/dev/zero", a / "flight/analysis.txt");
-  auto d = c->Diagnose(id, 1);
+  auto diagnosed =
+      std::async(std::launch::async, [&] { return c->Diagnose(id, 1); });
+  unblock(diagnosed, "diagnose");
+  auto d = diagnosed.get();
   ASSERT_TRUE(d.ok()) << d.status();
   for (const char* skipped :
        {"skipped: rank-00000.jsonl: is a symbolic link, not a regular file",

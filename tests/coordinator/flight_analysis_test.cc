@@ -961,9 +961,13 @@ TEST_F(FlightAnalysisDirTest, HostileFilesAreSkippedNamedWithoutBlocking) {
       [&] { done.set_value(DiagnoseAttemptDir(dir_, Facts())); });
   if (result.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
     ADD_FAILURE() << "DiagnoseAttemptDir blocked";
-    for (const fs::path& p :
-         {flight / "rank-00001.jsonl", fs::path(dir_) / "stderr.log"}) {
-      ::close(::open(p.c_str(), O_WRONLY | O_NONBLOCK));
+    // Writers that open and close end each blocked open, until it is done.
+    while (result.wait_for(std::chrono::milliseconds(100)) !=
+           std::future_status::ready) {
+      for (const fs::path& p :
+           {flight / "rank-00001.jsonl", fs::path(dir_) / "stderr.log"}) {
+        ::close(::open(p.c_str(), O_WRONLY | O_NONBLOCK));
+      }
     }
   }
   reader.join();
