@@ -68,8 +68,12 @@ void Coordinator::Tick() {
   }
   // Off the lock: a rank's files may be slow to read (a network
   // filesystem), and the RPCs go on meanwhile.
+  const absl::Time read_from = absl::Now();
   for (AttemptRead& r : reads) ReadAttempt(r);
+  const absl::Duration reading = absl::Now() - read_from;
   absl::MutexLock lock(&mu_);
+  // Reports were heard while we read: that time is no stall (Supervise).
+  if (last_supervised_ != absl::InfinitePast()) last_supervised_ += reading;
   TakeAttemptReads(reads);
   Supervise();
   Schedule();

@@ -1072,9 +1072,10 @@ TEST_F(DiagnoseTest, AJobWithoutDumpsSaysWhyForEachAttempt) {
 // An attempt's folder is its ranks' to write (and with --launcher nodes
 // every node's). FIFOs and links to /dev/zero where ptcoord reads dumps,
 // the stored analysis, logs and the run log stop nothing: while ptctl
-// diagnose runs, ptctl list and the web UI's job routes answer, and
-// diagnose names each file it skipped. (The bounds below are for an answer
-// that never comes: each answers in well under a second.)
+// diagnose runs, of the running attempt and of the ended one, ptctl list
+// answers; the web UI's job routes answer; ptctl logs and diagnose name
+// each file they skipped. (The bounds below are for an answer that never
+// comes: each answers in well under a second.)
 TEST_F(ControlPlaneTest, HostileFilesInAnAttemptFolderHoldNothingUp) {
   StopCoordinator(SIGTERM);
   StartCoordinator("127.0.0.1:0", {"--ui-listen", "127.0.0.1:0"});
@@ -1094,12 +1095,42 @@ TEST_F(ControlPlaneTest, HostileFilesInAnAttemptFolderHoldNothingUp) {
     fs::remove(f);
     fs::create_symlink("/dev/zero", f);
   }
-  const pid_t diagnose =
-      Spawn(PtctlCommand("diagnose " + id), dir_ / "diagnose.out");
-  for (int i = 0; i < 5; ++i) {
-    Result list = Sh("timeout 10 " + PtctlCommand("list"));
-    EXPECT_EQ(list.rc, 0) << list.out;
-    EXPECT_NE(list.out.find(id), std::string::npos) << list.out;
+  // Writers that open and close end any read blocked on the FIFOs.
+  const auto unblock = [&] {
+    for (const fs::path& f : fifos)
+      close(open(f.c_str(), O_WRONLY | O_NONBLOCK));
+  };
+  // ptctl diagnose, while ptctl list must answer; its output.
+  const auto diagnose_while_listing = [&](const std::string& name) {
+    const pid_t diagnose = Spawn(PtctlCommand("diagnose " + id), dir_ / name);
+    for (int i = 0; i < 5; ++i) {
+      Result list = Sh("timeout 10 " + PtctlCommand("list"));
+      EXPECT_EQ(list.rc, 0) << "ptctl list did not answer: " << list.out;
+    }
+    int status = -1;
+    const auto done = [&] {
+      return waitpid(diagnose, &status, WNOHANG) == diagnose;
+    };
+    if (!WaitFor(done, 60)) {
+      ADD_FAILURE() << "ptctl diagnose did not answer";
+      WaitFor(
+          [&] {
+            unblock();
+            return done();
+          },
+          60);
+    }
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    return Sh("cat " + (dir_ / name).string()).out;
+  };
+
+  // The running attempt.
+  const std::string live = diagnose_while_listing("live.out");
+  for (const char* skipped :
+       {"skipped: rank-00001.jsonl: is a FIFO, not a regular file",
+        "skipped: rank-00002.jsonl: is a symbolic link, not a regular file",
+        "skipped: stderr.log: is a FIFO, not a regular file"}) {
+    EXPECT_NE(live.find(skipped), std::string::npos) << skipped << "\n" << live;
   }
   std::string ui;
   std::ifstream(dir_ / "state" / "ui_address") >> ui;
@@ -1107,20 +1138,20 @@ TEST_F(ControlPlaneTest, HostileFilesInAnAttemptFolderHoldNothingUp) {
   const std::string curl =
       absl::StrCat("curl -sS --max-time 10 -H 'Authorization: Bearer ", kToken,
                    "' ", ui, "api/v1/jobs/", id);
-  Result page = Sh(curl);
-  EXPECT_EQ(json::parse(page.out, nullptr, false)
-                .value("job", json())
-                .value("id", ""),
-            id)
-      << page.out;
+  const json page = json::parse(Sh(curl).out, nullptr, false);
+  EXPECT_TRUE(page.is_object() && page.contains("job") &&
+              page["job"].value("id", "") == id)
+      << "the job's page did not answer: " << page.dump();
   for (const auto& [stream, why] :
        std::vector<std::pair<std::string, std::string>>{
            {"stderr", "is a FIFO, not a regular file"},
            {"stdout", "is a symbolic link, not a regular file"}}) {
-    Result log = Sh(curl + "/log?stream=" + stream);
-    const json j = json::parse(log.out, nullptr, false);
-    EXPECT_NE(j.value("omitted", json()).dump().find(why), std::string::npos)
-        << log.out;
+    const json log =
+        json::parse(Sh(curl + "/log?stream=" + stream).out, nullptr, false);
+    EXPECT_TRUE(log.is_object() &&
+                log.value("omitted", json()).dump().find(why) !=
+                    std::string::npos)
+        << "the " << stream << " log did not answer why: " << log.dump();
   }
   // ptctl logs ends saying why, rather than waiting on the FIFO.
   Result logs = Sh("timeout 10 " + PtctlCommand("logs " + id));
@@ -1128,30 +1159,28 @@ TEST_F(ControlPlaneTest, HostileFilesInAnAttemptFolderHoldNothingUp) {
   EXPECT_NE(logs.out.find("stdout.log: is a symbolic link, not a regular file"),
             std::string::npos)
       << logs.out;
-  int status = -1;
-  if (!WaitFor([&] { return waitpid(diagnose, &status, WNOHANG) == diagnose; },
-               60)) {
-    ADD_FAILURE() << "ptctl diagnose did not answer";
-    // Writers that open and close end reads blocked on the FIFOs.
-    WaitFor(
-        [&] {
-          for (const fs::path& f : fifos) {
-            close(open(f.c_str(), O_WRONLY | O_NONBLOCK));
-          }
-          return waitpid(diagnose, &status, WNOHANG) == diagnose;
-        },
-        60);
+
+  // The ended attempt: its logs are regular files again (the end is
+  // decided from them), the dumps and the stored analysis are not.
+  for (int i = 0; i < 20; ++i) unblock();
+  for (const fs::path& f : {a / "stderr.log", a / "run.jsonl"}) {
+    fs::remove(f);
+    std::ofstream(f) << "";
   }
-  EXPECT_EQ(WEXITSTATUS(status), 0);
-  const std::string out = Sh("cat " + (dir_ / "diagnose.out").string()).out;
-  for (const char* skipped :
-       {"skipped: rank-00001.jsonl: is a FIFO, not a regular file",
-        "skipped: rank-00002.jsonl: is a symbolic link, not a regular file",
-        "skipped: stderr.log: is a FIFO, not a regular file"}) {
-    EXPECT_NE(out.find(skipped), std::string::npos) << skipped << "\n" << out;
+  ASSERT_EQ(Sh("timeout 60 " + PtctlCommand("cancel " + id)).rc, 0);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Sh("timeout 10 " + PtctlCommand("-o json get " + id))
+                   .out.find("JOB_STATE_CANCELLED") != std::string::npos;
+      },
+      120));
+  const std::string ended = diagnose_while_listing("ended.out");
+  for (const char* part :
+       {"attempt 1 ended (cancelled",
+        "skipped: rank-00001.jsonl: is a FIFO, not a regular file",
+        "skipped: analysis.txt: is a symbolic link, not a regular file"}) {
+    EXPECT_NE(ended.find(part), std::string::npos) << part << "\n" << ended;
   }
-  ASSERT_EQ(Ptctl("cancel " + id).rc, 0);
-  EXPECT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_CANCELLED"; }, 120));
 }
 
 TEST_F(ControlPlaneTest, StateDirIsPrivateAndHeldByOneCoordinator) {
