@@ -262,6 +262,11 @@ class Coordinator {
     absl::Time last_report;  // hang detection: last accepted rank report
     // The newest step it reported progress for: reports may not go back.
     int64_t last_step = -1;
+    // The job's progress with the reports that could not be saved (a full
+    // state disk) applied, counted in its unsaved_reports; unset while
+    // every report was saved. Not in the record, which is what the disk
+    // has, until a later report or the attempt's end is saved with it.
+    std::optional<v1::Progress> received;
     // What a rank last said it was busy with (ReportAlive), until progress.
     std::string activity;
     // When each rank was last heard from (ReportAlive, ReportProgress).
