@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/job_state.h"
+#include "common/thread_entry.h"
 #include "ptrain/v1/coordinator.grpc.pb.h"
 #include "ptrain/v1/node.grpc.pb.h"
 
@@ -50,11 +51,12 @@ class ThreadedWriter : public grpc::ServerWriteReactor<T> {
                                           const std::atomic<bool>& cancelled)>;
 
   explicit ThreadedWriter(Body body) {
-    thread_ = std::thread([this, body = std::move(body)] {
-      const absl::Status s =
-          body([this](const T& m) { return WriteOne(m); }, cancelled_);
-      this->Finish(ToGrpc(s));
-    });
+    thread_ =
+        std::thread(ThreadEntry("rpc-stream", [this, body = std::move(body)] {
+          const absl::Status s =
+              body([this](const T& m) { return WriteOne(m); }, cancelled_);
+          this->Finish(ToGrpc(s));
+        }));
   }
   void OnWriteDone(bool ok) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -96,11 +98,12 @@ class ThreadedUnary : public grpc::ServerUnaryReactor {
  public:
   explicit ThreadedUnary(std::function<absl::Status()> body) {
     std::lock_guard<std::mutex> lock(mu_);
-    thread_ = std::thread([this, body = std::move(body)] {
-      const absl::Status s = body();
-      { std::lock_guard<std::mutex> lock(mu_); }  // thread_ is set
-      Finish(ToGrpc(s));
-    });
+    thread_ =
+        std::thread(ThreadEntry("rpc-call", [this, body = std::move(body)] {
+          const absl::Status s = body();
+          { std::lock_guard<std::mutex> lock(mu_); }  // thread_ is set
+          Finish(ToGrpc(s));
+        }));
   }
   void OnDone() override {
     // gRPC may call this on the thread that finished the call.

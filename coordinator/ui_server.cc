@@ -22,6 +22,7 @@
 #include "absl/strings/strip.h"
 #include "common/bounded_file.h"
 #include "common/incbin.h"
+#include "common/thread_entry.h"
 #include "coordinator/ui_api.h"
 #include "httplib.h"
 
@@ -274,7 +275,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorUi>> CoordinatorUi::Start(
         field, ": cannot listen there (", std::strerror(errno),
         "): the port is in use, or the address is not this machine's"));
   }
-  ui->thread_ = std::thread([&server] { server.listen_after_bind(); });
+  ui->thread_ = std::thread(
+      ThreadEntry("ui-listener", [&server] { server.listen_after_bind(); }));
   // stop() ends only a loop that has begun.
   for (int i = 0; i < 5000 && !server.is_running(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/exit_codes.h"
 #include "common/job_state.h"
+#include "common/thread_entry.h"
 #include "ptctl/commands_jobs.h"
 #include "ptctl/commands_nodes.h"
 #include "ptctl/connection.h"
@@ -191,4 +192,6 @@ int Run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return Run(argc, argv); }
+int main(int argc, char** argv) {
+  return ptrain::MainEntry([&] { return Run(argc, argv); });
+}

@@ -23,6 +23,7 @@
 #include "common/gpu_inventory.h"
 #include "common/logging.h"
 #include "common/pem.h"
+#include "common/thread_entry.h"
 #include "grpcpp/grpcpp.h"
 #include "spdlog/spdlog.h"
 #include "worker/daemon/daemon.h"
@@ -158,4 +159,6 @@ int Run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return Run(argc, argv); }
+int main(int argc, char** argv) {
+  return ptrain::MainEntry([&] { return Run(argc, argv); });
+}
