@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/auth_token.h"
 #include "common/digest.h"
+#include "common/echo.h"
 #include "coordinator/auth.h"
 #include "coordinator/reports.h"
 #include "spdlog/spdlog.h"
@@ -18,8 +19,8 @@ int64_t UnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
 
 absl::Status SessionNotFound(const std::string& name) {
   return absl::NotFoundError(
-      absl::StrCat("node '", name.substr(0, 63),
-                   "' is not registered with this session: register again"));
+      absl::StrCat("node ", EchoQuoted(name),
+                   " is not registered with this session: register again"));
 }
 }  // namespace
 
@@ -228,8 +229,7 @@ absl::StatusOr<v1::Node> NodeRegistry::SetDraining(const std::string& name,
   {
     absl::MutexLock lock(&mu_);
     if (!nodes_.count(name)) {
-      return absl::NotFoundError(
-          absl::StrCat("no node '", name.substr(0, 63), "'"));
+      return absl::NotFoundError(absl::StrCat("no node ", EchoQuoted(name)));
     }
   }
   if (absl::Status s = store_->SetNodeDraining(name, draining); !s.ok()) {
@@ -240,7 +240,7 @@ absl::StatusOr<v1::Node> NodeRegistry::SetDraining(const std::string& name,
   for (const v1::Node& n : ListLocked(now)) {
     if (n.spec().name() == name) return n;
   }
-  return absl::NotFoundError(absl::StrCat("no node '", name, "'"));
+  return absl::NotFoundError(absl::StrCat("no node ", EchoQuoted(name)));
 }
 
 absl::Status NodeRegistry::Forget(const std::string& name, bool busy,
@@ -248,8 +248,7 @@ absl::Status NodeRegistry::Forget(const std::string& name, bool busy,
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(name);
   if (it == nodes_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("no node '", name.substr(0, 63), "'"));
+    return absl::NotFoundError(absl::StrCat("no node ", EchoQuoted(name)));
   }
   if (UpLocked(it->second, now)) {
     return absl::FailedPreconditionError(absl::StrCat(

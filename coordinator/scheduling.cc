@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "common/auth_token.h"
 #include "common/digest.h"
+#include "common/echo.h"
 #include "coordinator/auth.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/coordinator_internal.h"
@@ -257,7 +258,7 @@ absl::StatusOr<v1::AuthorizeExecResponse> Coordinator::AuthorizeExec(
   }
   const absl::Status denied = absl::PermissionDeniedError(
       absl::StrCat("the token is not that of a running attempt placed on node ",
-                   r.name().substr(0, 63)));
+                   EchoQuoted(r.name())));
   if (r.token_sha256().size() != 64) return denied;
   absl::MutexLock lock(&mu_);
   for (const auto& [id, run] : running_) {

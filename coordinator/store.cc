@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/digest.h"
+#include "common/echo.h"
 
 namespace ptrain {
 namespace {
@@ -337,7 +338,7 @@ absl::Status Store::UpdateJobLocked(const JobRecord& r) {
   absl::Status s = up.Run();
   if (!s.ok()) return s;
   if (sqlite3_changes(db_) == 0)
-    return absl::NotFoundError(absl::StrCat("no job ", r.job.id()));
+    return absl::NotFoundError(absl::StrCat("no job ", EchoQuoted(r.job.id())));
   return absl::OkStatus();
 }
 
@@ -372,7 +373,7 @@ absl::StatusOr<JobRecord> Store::GetJob(const std::string& id) {
   if (!s.ok()) return s;
   if (q.Step(&s)) return RowToJob(q);
   if (!s.ok()) return s;
-  return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  return absl::NotFoundError(absl::StrCat("no job ", EchoQuoted(id)));
 }
 
 absl::StatusOr<std::vector<JobRecord>> Store::ListJobs() {

@@ -319,5 +319,24 @@ TEST_F(NodeRegistryTest, OnlyADownIdleNodeIsForgottenAndThenJoinsAfresh) {
             absl::StatusCode::kPermissionDenied);
 }
 
+// Names a client sends come back in messages bounded (common/echo.h): a
+// 100 KB name is a few hundred bytes of answer, not a status gRPC refuses.
+TEST_F(NodeRegistryTest, ANameNoNodeHasIsEchoedBounded) {
+  auto r = Make();
+  const std::string huge(100 * 1024, 'x');
+  const std::vector<absl::Status> refusals = {
+      r->Heartbeat(Beat(huge, "s"), t0_),
+      r->CheckSession(huge, "s"),
+      r->SetDraining(huge, true, t0_).status(),
+      r->Forget(huge, false, t0_),
+  };
+  for (const absl::Status& s : refusals) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+    EXPECT_LT(s.message().size(), 400u);
+    EXPECT_NE(s.message().find("… (102400 bytes)"), std::string::npos)
+        << s.message().substr(0, 400);
+  }
+}
+
 }  // namespace
 }  // namespace ptrain

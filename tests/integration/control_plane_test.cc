@@ -1308,6 +1308,122 @@ TEST_F(ControlPlaneTest, TlsServerNeedsOnlyTheCaFromPtctl) {
   ptctl_tls_ = " --tls-ca " + (t / "ca.pem").string();
 }
 
+// Client input comes back in refusals bounded (common/echo.h): a 100 KB job
+// id is a NOT_FOUND of a few hundred bytes, never a status too large for
+// gRPC's headers, in every RPC that takes one, and so are a spec's long
+// keys and paths.
+TEST_F(ControlPlaneTest, ClientInputComesBackBoundedInEveryRefusal) {
+  auto stub = ptrain::v1::JobService::NewStub(channel_);
+  const std::string huge(100 * 1024, 'j');
+  const auto bounded = [](const grpc::Status& s, grpc::StatusCode code,
+                          const std::string& what) {
+    EXPECT_EQ(s.error_code(), code)
+        << what << ": " << s.error_message().substr(0, 300);
+    EXPECT_LT(s.error_message().size(), 1000u) << what;
+    EXPECT_TRUE(absl::StrContains(s.error_message(), " bytes)"))
+        << what << ": " << s.error_message().substr(0, 300);
+  };
+  using grpc::StatusCode;
+  {
+    ptrain::v1::GetJobRequest r;
+    r.set_job_id(huge);
+    ptrain::v1::GetJobResponse out;
+    bounded(stub->GetJob(Ctx(kToken).get(), r, &out), StatusCode::NOT_FOUND,
+            "GetJob");
+  }
+  {
+    ptrain::v1::CancelJobRequest r;
+    r.set_job_id(huge);
+    ptrain::v1::CancelJobResponse out;
+    bounded(stub->CancelJob(Ctx(kToken).get(), r, &out), StatusCode::NOT_FOUND,
+            "CancelJob");
+  }
+  {
+    ptrain::v1::PauseJobRequest r;
+    r.set_job_id(huge);
+    ptrain::v1::PauseJobResponse out;
+    bounded(stub->PauseJob(Ctx(kToken).get(), r, &out), StatusCode::NOT_FOUND,
+            "PauseJob");
+  }
+  {
+    ptrain::v1::ResumeJobRequest r;
+    r.set_job_id(huge);
+    ptrain::v1::ResumeJobResponse out;
+    bounded(stub->ResumeJob(Ctx(kToken).get(), r, &out), StatusCode::NOT_FOUND,
+            "ResumeJob");
+  }
+  {
+    ptrain::v1::ListCheckpointsRequest r;
+    r.set_job_id(huge);
+    ptrain::v1::ListCheckpointsResponse out;
+    bounded(stub->ListCheckpoints(Ctx(kToken).get(), r, &out),
+            StatusCode::NOT_FOUND, "ListCheckpoints");
+  }
+  {
+    ptrain::v1::DiagnoseJobRequest r;
+    r.set_job_id(huge);
+    ptrain::v1::DiagnoseJobResponse out;
+    bounded(stub->DiagnoseJob(Ctx(kToken).get(), r, &out),
+            StatusCode::NOT_FOUND, "DiagnoseJob");
+  }
+  {
+    ptrain::v1::WatchJobRequest r;
+    r.set_job_id(huge);
+    auto ctx = Ctx(kToken);
+    auto reader = stub->WatchJob(ctx.get(), r);
+    ptrain::v1::JobEvent ev;
+    while (reader->Read(&ev)) {
+    }
+    bounded(reader->Finish(), StatusCode::NOT_FOUND, "WatchJob");
+  }
+  {
+    ptrain::v1::StreamLogsRequest r;
+    r.set_job_id(huge);
+    auto ctx = Ctx(kToken);
+    auto reader = stub->StreamLogs(ctx.get(), r);
+    ptrain::v1::LogChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    bounded(reader->Finish(), StatusCode::NOT_FOUND, "StreamLogs");
+  }
+  {
+    ptrain::v1::DrainNodeRequest r;
+    r.set_name(huge);
+    ptrain::v1::DrainNodeResponse out;
+    bounded(stub->DrainNode(Ctx(kToken).get(), r, &out), StatusCode::NOT_FOUND,
+            "DrainNode");
+  }
+  {
+    ptrain::v1::ForgetNodeRequest r;
+    r.set_name(huge);
+    ptrain::v1::ForgetNodeResponse out;
+    bounded(stub->ForgetNode(Ctx(kToken).get(), r, &out), StatusCode::NOT_FOUND,
+            "ForgetNode");
+  }
+  const std::string spec =
+      ReadFile(fs::path(PT_SOURCE_DIR) / "examples/shakespeare-char.yaml");
+  const auto submit = [&](const std::string& override_text) {
+    ptrain::v1::SubmitJobRequest r;
+    r.set_spec_yaml(spec);
+    r.add_overrides(override_text);
+    ptrain::v1::SubmitJobResponse out;
+    return stub->SubmitJob(Ctx(kToken).get(), r, &out);
+  };
+  bounded(submit(std::string(100 * 1024, 'k') + "=1"),
+          StatusCode::INVALID_ARGUMENT, "an override's unknown key");
+  bounded(submit("train." + std::string(100 * 1024, 'k') + "=1"),
+          StatusCode::INVALID_ARGUMENT, "an override's unknown field");
+  bounded(submit("data.path=/" + std::string(60 * 1024, 'p')),
+          StatusCode::INVALID_ARGUMENT, "a path outside the data roots");
+  EXPECT_TRUE(ListJobs().empty());
+  // As ptctl shows it: one short line.
+  const Result get = Ptctl("get " + huge);
+  EXPECT_EQ(get.rc, 1) << get.out.substr(0, 300);
+  EXPECT_LT(get.out.size(), 1000u);
+  EXPECT_TRUE(absl::StartsWith(get.out, "ptctl: error: NOT_FOUND: no job 'jjj"))
+      << get.out.substr(0, 300);
+}
+
 // Nodes: ptworkerd registers with the cluster's join token, heartbeats,
 // is DOWN once its heartbeats stop, and registers again after a ptcoord
 // restart; a wrong token or a bad registration changes nothing.
@@ -1641,6 +1757,77 @@ TEST_F(NodesTest, DrainIsStoredAndShownUntilUncordon) {
   EXPECT_TRUE(Nodes()["node-d"].value("draining", false));
   EXPECT_EQ(Ptctl("uncordon node-d").rc, 0);
   EXPECT_FALSE(Nodes()["node-d"].value("draining", false));
+}
+
+// ptworkerd checks who asks before it reads the command: without a running
+// attempt's token nothing of the command comes back (a 10 KB one made the
+// refusal too large for gRPC: RESOURCE_EXHAUSTED), and the shell's words
+// get the same refusal as anything else. NodeService's refusals quote a
+// node name bounded.
+TEST_F(NodesTest, DaemonExecAuthenticatesBeforeItReadsTheCommand) {
+  StartDaemon("node-e", "join-tokens", "");
+  ASSERT_TRUE(
+      WaitFor([&] { return NodeState("node-e") == "NODE_STATE_UP"; }, 30))
+      << ReadFile(dir_ / "node-e.log");
+  const std::string address = Nodes()["node-e"]["spec"].value("address", "");
+  const std::string port = address.substr(address.rfind(':') + 1);
+  auto daemon = ptrain::v1::DaemonService::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + port, grpc::InsecureChannelCredentials()));
+  const auto exec = [&](const std::string& token, const std::string& command) {
+    grpc::ClientContext ctx;
+    if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(30));
+    ptrain::v1::ExecRequest req;
+    req.set_command(command);
+    auto reader = daemon->Exec(&ctx, req);
+    ptrain::v1::ExecOutput out;
+    while (reader->Read(&out)) {
+    }
+    return reader->Finish();
+  };
+  const std::string long_program(10 * 1024, 'A');
+  for (const std::string& command : {long_program, std::string("/bin/sh -c id"),
+                                     "orted " + std::string(10 * 1024, 'x')}) {
+    SCOPED_TRACE(command.substr(0, 20));
+    const grpc::Status none = exec("", command);
+    EXPECT_EQ(none.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << none.error_message().substr(0, 300);
+    const grpc::Status wrong = exec("not-an-attempt-token", command);
+    EXPECT_EQ(wrong.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << wrong.error_message().substr(0, 300);
+    EXPECT_TRUE(absl::StrContains(wrong.error_message(),
+                                  "is not that of a running attempt placed "
+                                  "on node 'node-e'"))
+        << wrong.error_message().substr(0, 300);
+    for (const grpc::Status& s : {none, wrong}) {
+      EXPECT_LT(s.error_message().size(), 1000u);
+      EXPECT_FALSE(absl::StrContains(s.error_message(), "AAAA"));
+      EXPECT_FALSE(absl::StrContains(s.error_message(), "/bin/sh"));
+    }
+  }
+  // NodeService, with the join token: a name nobody registered, 100 KB.
+  auto nodes = ptrain::v1::NodeService::NewStub(channel_);
+  const std::string huge(100 * 1024, 'n');
+  ptrain::v1::NodeHeartbeatRequest beat;
+  beat.set_name(huge);
+  beat.set_session("made-up");
+  ptrain::v1::NodeHeartbeatResponse beat_out;
+  const grpc::Status b =
+      nodes->Heartbeat(Ctx(kJoinToken).get(), beat, &beat_out);
+  ptrain::v1::AuthorizeExecRequest authorize;
+  authorize.set_name(huge);
+  authorize.set_session("made-up");
+  ptrain::v1::AuthorizeExecResponse authorize_out;
+  const grpc::Status a =
+      nodes->AuthorizeExec(Ctx(kJoinToken).get(), authorize, &authorize_out);
+  for (const grpc::Status& s : {b, a}) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND)
+        << s.error_message().substr(0, 300);
+    EXPECT_LT(s.error_message().size(), 1000u);
+    EXPECT_TRUE(absl::StrContains(s.error_message(), "… (102400 bytes)"))
+        << s.error_message().substr(0, 300);
+  }
 }
 
 }  // namespace

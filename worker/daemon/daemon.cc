@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "common/auth_token.h"
 #include "common/digest.h"
+#include "common/echo.h"
 #include "common/exit_codes.h"
 #include "common/gpu_inventory.h"
 #include "common/process.h"
@@ -161,8 +162,19 @@ int Daemon::Run() {
 
 grpc::Status Daemon::Exec(grpc::ServerContext* ctx, const v1::ExecRequest* req,
                           grpc::ServerWriter<v1::ExecOutput>* out) {
-  // The shape and the program first: a command outside the allow-list is
-  // refused whoever asks.
+  // Who asks first: a caller without a running attempt's token learns
+  // nothing of the command rules and gets none of its input back.
+  absl::StatusOr<std::string> token = BearerToken(Authorization(*ctx));
+  if (!token.ok()) {
+    return Refuse(grpc::StatusCode::UNAUTHENTICATED,
+                  "no attempt token (authorization: Bearer TOKEN)");
+  }
+  v1::AuthorizeExecResponse who;
+  if (grpc::Status s = Authorize(Sha256Hex(*token), &who); !s.ok()) {
+    return Refuse(s.error_code(), s.error_message());
+  }
+  // Then the shape and the program: even an attempt's token runs nothing
+  // outside the allow-list.
   std::map<std::string, std::string> env_now = {
       {"PATH", Getenv("PATH", "/usr/bin:/bin")},
       {"LD_LIBRARY_PATH", Getenv("LD_LIBRARY_PATH", "")}};
@@ -172,16 +184,8 @@ grpc::Status Daemon::Exec(grpc::ServerContext* ctx, const v1::ExecRequest* req,
     return Refuse(cmd.status().code() == absl::StatusCode::kPermissionDenied
                       ? grpc::StatusCode::PERMISSION_DENIED
                       : grpc::StatusCode::INVALID_ARGUMENT,
-                  std::string(cmd.status().message()));
-  }
-  absl::StatusOr<std::string> token = BearerToken(Authorization(*ctx));
-  if (!token.ok()) {
-    return Refuse(grpc::StatusCode::UNAUTHENTICATED,
-                  "no attempt token (authorization: Bearer TOKEN)");
-  }
-  v1::AuthorizeExecResponse who;
-  if (grpc::Status s = Authorize(Sha256Hex(*token), &who); !s.ok()) {
-    return Refuse(s.error_code(), s.error_message());
+                  absl::StrCat("job ", Echo(who.job_id()), " attempt ",
+                               who.attempt(), ": ", cmd.status().message()));
   }
   return Execute(ctx, *cmd, who, out);
 }
@@ -199,8 +203,8 @@ grpc::Status Daemon::KillAttempt(grpc::ServerContext* ctx,
   }
   const int sig = req->signal() == 0 ? SIGKILL : req->signal();
   resp->set_processes(Attempts::Kill(req->attempt_uid(), sig));
-  spdlog::info("KillAttempt {}: signal {} to {} processes", req->attempt_uid(),
-               sig, resp->processes());
+  spdlog::info("KillAttempt {}: signal {} to {} processes",
+               Echo(req->attempt_uid()), sig, resp->processes());
   return grpc::Status::OK;
 }
 
@@ -226,7 +230,7 @@ grpc::Status Daemon::DumpAttempt(grpc::ServerContext* ctx,
     r->set_rank(p.rank);
     r->set_state(p.state);
   }
-  spdlog::info("DumpAttempt {}: asked {} ranks", req->attempt_uid(),
+  spdlog::info("DumpAttempt {}: asked {} ranks", Echo(req->attempt_uid()),
                resp->ranks_size());
   return grpc::Status::OK;
 }
