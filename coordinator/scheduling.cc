@@ -244,6 +244,15 @@ absl::StatusOr<v1::Node> Coordinator::DrainNode(const std::string& name,
   return n;
 }
 
+absl::StatusOr<v1::Node> Coordinator::ApproveNode(const std::string& name) {
+  absl::StatusOr<v1::Node> n = nodes_->Approve(name, absl::Now());
+  if (!n.ok()) return n;
+  absl::MutexLock lock(&mu_);
+  SetSlotsUsed(NodeSlotsUsed(RunningJobsBut()), &*n);
+  wake_.Signal();
+  return n;
+}
+
 absl::Status Coordinator::ForgetNode(const std::string& name) {
   absl::MutexLock lock(&mu_);
   const std::map<std::string, int> used = NodeSlotsUsed(RunningJobsBut());

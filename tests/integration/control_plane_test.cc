@@ -1400,6 +1400,13 @@ TEST_F(ControlPlaneTest, ClientInputComesBackBoundedInEveryRefusal) {
     bounded(stub->ForgetNode(Ctx(kToken).get(), r, &out), StatusCode::NOT_FOUND,
             "ForgetNode");
   }
+  {
+    ptrain::v1::ApproveNodeRequest r;
+    r.set_name(huge);
+    ptrain::v1::ApproveNodeResponse out;
+    bounded(stub->ApproveNode(Ctx(kToken).get(), r, &out),
+            StatusCode::NOT_FOUND, "ApproveNode");
+  }
   const std::string spec =
       ReadFile(fs::path(PT_SOURCE_DIR) / "examples/shakespeare-char.yaml");
   const auto submit = [&](const std::string& override_text) {
@@ -1828,6 +1835,82 @@ TEST_F(NodesTest, DaemonExecAuthenticatesBeforeItReadsTheCommand) {
     EXPECT_TRUE(absl::StrContains(s.error_message(), "… (102400 bytes)"))
         << s.error_message().substr(0, 300);
   }
+}
+
+// The join token lets its holder add a node of a new name. With
+// --require-node-approval such a node registers and heartbeats but takes
+// no job until `ptctl nodes approve`, shown in `ptctl nodes` and by its
+// daemon, and the wait and the approval are kept across ptcoord restarts.
+TEST_F(NodesTest, ANewNodeTakesNoJobUntilAnOperatorApprovesIt) {
+  std::vector<std::string> flags = NodeFlags();
+  flags.push_back("--require-node-approval");
+  StopCoordinator(SIGTERM);
+  StartCoordinator("127.0.0.1" + port_, flags);
+  StartDaemon("node-a");
+  ASSERT_TRUE(
+      WaitFor([&] { return NodeState("node-a") == "NODE_STATE_UP"; }, 30))
+      << ReadFile(dir_ / "node-a.log");
+  EXPECT_TRUE(Nodes()["node-a"].value("pending_approval", false));
+  const Result table = Ptctl("nodes");
+  EXPECT_TRUE(absl::StrContains(table.out, "UP,UNAPPROVED")) << table.out;
+  EXPECT_TRUE(absl::StrContains(
+      table.out,
+      "note: node-a waits for approval (ptcoord "
+      "--require-node-approval): no job runs on it until 'ptctl "
+      "nodes approve node-a'"))
+      << table.out;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return absl::StrContains(ReadFile(dir_ / "node-a.log"),
+                                 "'ptctl nodes approve node-a'");
+      },
+      30))
+      << ReadFile(dir_ / "node-a.log");
+  // A job that fits it stays queued: nothing is placed on the node.
+  const std::string id = Submit({"train.steps=5"});
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  EXPECT_EQ(State(id), "JOB_STATE_QUEUED");
+  EXPECT_EQ(Get(id)["job"].value("attempts", 0), 0);
+  // Kept across a restart; the daemon comes back still waiting.
+  StopCoordinator(SIGKILL);
+  StartCoordinator("127.0.0.1" + port_, flags);
+  EXPECT_TRUE(Nodes()["node-a"].value("pending_approval", false));
+  const int64_t before = Int(Nodes()["node-a"], "registered_unix_ms");
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const json n = Nodes()["node-a"];
+        return n.value("state", "") == "NODE_STATE_UP" &&
+               Int(n, "registered_unix_ms") > before;
+      },
+      30))
+      << ReadFile(dir_ / "node-a.log");
+  EXPECT_TRUE(Nodes()["node-a"].value("pending_approval", false));
+  // Approval: an unknown name is refused naming it, changing nothing.
+  const Result unknown = Ptctl("nodes approve no-such-node");
+  EXPECT_EQ(unknown.rc, 1) << unknown.out;
+  EXPECT_EQ(unknown.out, "ptctl: error: NOT_FOUND: no node 'no-such-node'\n");
+  EXPECT_TRUE(Nodes()["node-a"].value("pending_approval", false));
+  const Result approved = Ptctl("nodes approve node-a");
+  EXPECT_EQ(approved.rc, 0) << approved.out;
+  EXPECT_EQ(approved.out, "node-a approved: jobs may run on it\n");
+  EXPECT_FALSE(Nodes()["node-a"].value("pending_approval", false));
+  EXPECT_FALSE(absl::StrContains(Ptctl("nodes").out, "UNAPPROVED"));
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return absl::StrContains(ReadFile(dir_ / "node-a.log"),
+                                 "approved: jobs may now be placed");
+      },
+      30))
+      << ReadFile(dir_ / "node-a.log");
+  // The job is placed on it now (its launch through the node's made-up
+  // address is not this test's matter).
+  EXPECT_TRUE(
+      WaitFor([&] { return Get(id)["job"].value("attempts", 0) >= 1; }, 60))
+      << Get(id).dump();
+  Ptctl("cancel " + id);
+  StopCoordinator(SIGKILL);
+  StartCoordinator("127.0.0.1" + port_, flags);
+  EXPECT_FALSE(Nodes()["node-a"].value("pending_approval", false));
 }
 
 }  // namespace

@@ -384,6 +384,7 @@ grpc::Status Daemon::Register() {
     spdlog::info("bound to a new node secret, kept in {}", secret_file_.path());
   }
   if (s.ok()) {
+    NoteApproval(resp.pending_approval());
     absl::MutexLock lock(&mu_);
     session_ = resp.session();
     interval_ =
@@ -391,6 +392,19 @@ grpc::Status Daemon::Register() {
     last_contact_ = std::chrono::steady_clock::now();
   }
   return s;
+}
+
+void Daemon::NoteApproval(bool pending) {
+  if (pending && !pending_approval_) {
+    spdlog::warn(
+        "registered, and waiting for approval: ptcoord requires it of a new "
+        "node (--require-node-approval); no job runs here until an operator "
+        "runs 'ptctl nodes approve {}'",
+        spec_.name());
+  } else if (!pending && pending_approval_) {
+    spdlog::info("approved: jobs may now be placed on this node");
+  }
+  pending_approval_ = pending;
 }
 
 void Daemon::ReapOrphans() {
@@ -433,6 +447,7 @@ void Daemon::HeartbeatUntilLost() {
     grpc::Status s = stub_->Heartbeat(Context().get(), req, &resp);
     if (s.ok()) {
       last_contact_ = std::chrono::steady_clock::now();
+      NoteApproval(resp.pending_approval());
       attempts_.KeepOnly(
           {resp.attempt_uids().begin(), resp.attempt_uids().end()}, asked);
       continue;

@@ -94,6 +94,9 @@ class Daemon final : public v1::DaemonService::Service {
                            grpc::ServerWriter<v1::ExecOutput>* out,
                            bool* cancelled);
   grpc::Status Register();
+  // Says (once) that ptcoord holds this node for approval, and when the
+  // hold ends.
+  void NoteApproval(bool pending);
   // Ranks whose orted died come to this daemon (it is a subreaper, or the
   // init of a container's PID namespace): reap them, leaving the Exec
   // children to the calls that wait for them.
@@ -110,6 +113,7 @@ class Daemon final : public v1::DaemonService::Service {
   const std::chrono::seconds orphan_timeout_;
   const NodeSecretFile secret_file_;
   std::string secret_;  // "" until ptcoord issued one; Run's thread only
+  bool pending_approval_ = false;  // as ptcoord last said; Run's thread only
   Attempts attempts_;
   absl::Mutex mu_;
   std::string session_ ABSL_GUARDED_BY(mu_);
