@@ -6,9 +6,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/auth_token.h"
 #include "common/gpu_inventory.h"
@@ -73,6 +75,16 @@ absl::Status LoadServerTls(const std::string& cert, const std::string& key,
     absl::StatusOr<std::string> pem =
         ReadCertificateFile("--tls-client-ca", client_ca);
     if (!pem.ok()) return pem.status();
+    // Said once at start: a refused client certificate ends in the TLS
+    // handshake, where gRPC logs no more than "certificate verify failed".
+    std::vector<std::string> subjects;
+    for (const CertificateNames& n : DescribeCertificates(*pem)) {
+      subjects.push_back(n.subject);
+    }
+    spdlog::info(
+        "mutual TLS: the job API takes client certificates issued by {} "
+        "(--tls-client-ca {})",
+        absl::StrJoin(subjects, " or "), client_ca);
     tls->client_ca_pem = std::move(*pem);
   }
   if (!rank_ca.empty()) {

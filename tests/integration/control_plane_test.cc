@@ -248,6 +248,37 @@ class ControlPlaneTest : public ::testing::Test {
     Result r = Sh(script);
     ASSERT_EQ(r.rc, 0) << r.out;
   }
+  // Beside MakeCertificates' files: another CA (CN=other-ca) and a client
+  // certificate it signed, a client certificate of the test CA that has
+  // expired, and a server certificate naming only DNS:localhost.
+  void MakeOtherCertificates() {
+    const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1";
+    const std::string script = absl::StrCat(
+        "exec 2>&1; set -e; cd ", (dir_ / "tls").string(), "; ",
+        "openssl req -x509 ", key,
+        " -nodes -keyout other-ca.key -out other-ca.pem -days 2 "
+        "-subj /CN=other-ca; ",
+        "openssl req ", key,
+        " -nodes -keyout stranger.key -out stranger.csr -subj /CN=stranger; ",
+        "openssl x509 -req -in stranger.csr -CA other-ca.pem -CAkey "
+        "other-ca.key -CAcreateserial -out stranger.pem -days 2 -extfile "
+        "client.ext; ",
+        "openssl req ", key,
+        " -nodes -keyout expired.key -out expired.csr -subj /CN=expired; ",
+        // 0 days: valid until the second it was made.
+        "openssl x509 -req -in expired.csr -CA ca.pem -CAkey ca.key "
+        "-CAcreateserial -out expired.pem -days 0 -extfile client.ext; ",
+        "openssl req ", key,
+        " -nodes -keyout dns-only.key -out dns-only.csr -subj /CN=localhost; ",
+        "printf 'subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n' "
+        "> dns-only.ext; ",
+        "openssl x509 -req -in dns-only.csr -CA ca.pem -CAkey ca.key "
+        "-CAcreateserial -out dns-only.pem -days 2 -extfile dns-only.ext");
+    Result r = Sh(script);
+    ASSERT_EQ(r.rc, 0) << r.out;
+    // expired.pem was valid until the second it was made.
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
   std::string ReadFile(const fs::path& p) {
     std::ifstream in(p, std::ios::binary);
     std::stringstream s;
@@ -1308,6 +1339,94 @@ TEST_F(ControlPlaneTest, TlsServerNeedsOnlyTheCaFromPtctl) {
   ptctl_tls_ = " --tls-ca " + (t / "ca.pem").string();
 }
 
+// A client certificate ptcoord's --tls-client-ca did not sign ends the
+// handshake, which gRPC reports as "Socket closed". ptctl says that ptcoord
+// refused the certificate, who issued it, and which CA ptcoord wants (the
+// names its certificate request carries); and, as siblings, an expired
+// certificate, a --tls-ca that did not sign ptcoord's certificate, and a
+// certificate that does not name the host dialed.
+TEST_F(ControlPlaneTest, PtctlSaysPtcoordRefusedItsClientCertificateAndWhy) {
+  StopCoordinator(SIGTERM);
+  MakeCertificates();
+  MakeOtherCertificates();
+  const fs::path t = dir_ / "tls";
+  credentials_ =
+      grpc::SslCredentials({ReadFile(t / "ca.pem"), ReadFile(t / "client.key"),
+                            ReadFile(t / "client.pem")});
+  StartCoordinator("127.0.0.1:0", {"--tls-cert", (t / "server.pem").string(),
+                                   "--tls-key", (t / "server.key").string(),
+                                   "--tls-client-ca", (t / "ca.pem").string()});
+  const std::string ca = " --tls-ca " + (t / "ca.pem").string();
+  const auto one_line = [](const Result& r) {
+    return std::count(r.out.begin(), r.out.end(), '\n') == 1;
+  };
+  ptctl_tls_ = ca + " --tls-cert " + (t / "stranger.pem").string() +
+               " --tls-key " + (t / "stranger.key").string();
+  const Result stranger = Ptctl("list");
+  EXPECT_EQ(stranger.rc, 1) << stranger.out;
+  EXPECT_TRUE(one_line(stranger)) << stranger.out;
+  for (const std::string& part :
+       {absl::StrCat("ptctl: error: UNAVAILABLE: ptcoord at ", address_,
+                     " refused the client certificate of --tls-cert ",
+                     (t / "stranger.pem").string()),
+        std::string("(CN=stranger, issued by CN=other-ca; it ended the TLS "
+                    "handshake)"),
+        std::string("it expects one issued by the CA of its --tls-client-ca "
+                    "(CN=ptrain-test-ca)")}) {
+    EXPECT_TRUE(absl::StrContains(stranger.out, part))
+        << "no '" << part << "' in " << stranger.out;
+  }
+  // From the environment, the variable is named.
+  ptctl_tls_ = ca;
+  setenv("PTCTL_TLS_CERT", (t / "stranger.pem").c_str(), 1);
+  setenv("PTCTL_TLS_KEY", (t / "stranger.key").c_str(), 1);
+  const Result from_env = Ptctl("list");
+  unsetenv("PTCTL_TLS_CERT");
+  unsetenv("PTCTL_TLS_KEY");
+  EXPECT_TRUE(absl::StrContains(
+      from_env.out, "refused the client certificate of PTCTL_TLS_CERT " +
+                        (t / "stranger.pem").string()))
+      << from_env.out;
+  // The right CA's certificate, expired.
+  ptctl_tls_ = ca + " --tls-cert " + (t / "expired.pem").string() +
+               " --tls-key " + (t / "expired.key").string();
+  const Result expired = Ptctl("list");
+  EXPECT_EQ(expired.rc, 1) << expired.out;
+  EXPECT_TRUE(absl::StrContains(expired.out, "issued by CN=ptrain-test-ca"))
+      << expired.out;
+  EXPECT_TRUE(absl::StrContains(expired.out, "this certificate expired on"))
+      << expired.out;
+  // A --tls-ca that did not sign ptcoord's certificate.
+  const std::string mine = " --tls-cert " + (t / "client.pem").string() +
+                           " --tls-key " + (t / "client.key").string();
+  ptctl_tls_ = " --tls-ca " + (t / "other-ca.pem").string() + mine;
+  const Result untrusted = Ptctl("list");
+  EXPECT_EQ(untrusted.rc, 1) << untrusted.out;
+  EXPECT_TRUE(one_line(untrusted)) << untrusted.out;
+  EXPECT_TRUE(absl::StrContains(
+      untrusted.out,
+      absl::StrCat("ptcoord at ", address_,
+                   " presented a certificate (CN=localhost, issued by "
+                   "CN=ptrain-test-ca) that the CA of --tls-ca ",
+                   (t / "other-ca.pem").string(), " does not verify")))
+      << untrusted.out;
+  ptctl_tls_ = ca + mine;
+  const Result right = Ptctl("list");
+  EXPECT_EQ(right.rc, 0) << right.out;
+  // A certificate that names localhost only, dialed as 127.0.0.1.
+  StopCoordinator(SIGTERM);
+  StartCoordinator("127.0.0.1:0", {"--tls-cert", (t / "dns-only.pem").string(),
+                                   "--tls-key", (t / "dns-only.key").string()});
+  ptctl_tls_ = ca;
+  const Result mismatch = Ptctl("list");
+  EXPECT_EQ(mismatch.rc, 1) << mismatch.out;
+  EXPECT_TRUE(absl::StrContains(
+      mismatch.out, absl::StrCat("ptcoord's certificate (CN=localhost) does "
+                                 "not name the host of ",
+                                 address_)))
+      << mismatch.out;
+}
+
 // Client input comes back in refusals bounded (common/echo.h): a 100 KB job
 // id is a NOT_FOUND of a few hundred bytes, never a status too large for
 // gRPC's headers, in every RPC that takes one, and so are a spec's long
@@ -1911,6 +2030,45 @@ TEST_F(NodesTest, ANewNodeTakesNoJobUntilAnOperatorApprovesIt) {
   StopCoordinator(SIGKILL);
   StartCoordinator("127.0.0.1" + port_, flags);
   EXPECT_FALSE(Nodes()["node-a"].value("pending_approval", false));
+}
+
+// ptworkerd says which side talks TLS when only one does, as ptctl does.
+TEST_F(NodesTest, PtworkerdSaysWhenOnlyOneSideTalksTls) {
+  MakeCertificates();
+  const fs::path t = dir_ / "tls";
+  StartDaemon("node-t", "join-tokens", "default",
+              {"--tls-ca", (t / "ca.pem").string()});
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return absl::StrContains(
+            ReadFile(dir_ / "node-t.log"),
+            absl::StrCat("ptcoord at ", address_,
+                         " talks plain text, not TLS: drop --tls-ca"));
+      },
+      30))
+      << ReadFile(dir_ / "node-t.log");
+  kill(daemons_["node-t"], SIGKILL);
+  waitpid(daemons_["node-t"], nullptr, 0);
+  daemons_.erase("node-t");
+  StopCoordinator(SIGTERM);
+  std::vector<std::string> flags = NodeFlags();
+  flags.insert(flags.end(), {"--tls-cert", (t / "server.pem").string(),
+                             "--tls-key", (t / "server.key").string()});
+  credentials_ = grpc::SslCredentials({ReadFile(t / "ca.pem"), "", ""});
+  ptctl_tls_ = " --tls-ca " + (t / "ca.pem").string();
+  StartCoordinator("127.0.0.1" + port_, flags);
+  StartDaemon("node-p");
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return absl::StrContains(
+            ReadFile(dir_ / "node-p.log"),
+            absl::StrCat("ptcoord at ", address_,
+                         " serves TLS and ptworkerd talked plain text: give "
+                         "the CA that signed its certificate with --tls-ca"));
+      },
+      30))
+      << ReadFile(dir_ / "node-p.log");
+  EXPECT_TRUE(Nodes().empty());
 }
 
 }  // namespace

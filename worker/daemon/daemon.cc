@@ -133,6 +133,7 @@ int Daemon::Run() {
     return kExitBadInput;
   }
   secret_ = *secret;
+  bool explained = false;  // in this run of failed registrations
   while (!stop) {
     grpc::Status s = Register();
     // A refused token, flag or node secret is refused again on retry.
@@ -147,10 +148,18 @@ int Daemon::Run() {
     if (!s.ok()) {
       spdlog::warn("cannot register with the coordinator ({}); retrying",
                    s.error_message());
+      if (!explained && s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+          explain_) {
+        explained = true;
+        if (const std::string why = explain_(); !why.empty()) {
+          spdlog::error("{}", why);
+        }
+      }
       CheckOrphans();
       Sleep(std::chrono::seconds(1));
       continue;
     }
+    explained = false;
     ReapOrphans();
     spdlog::info("registered as {} ({} slots, {} GPUs), heartbeat every {} ms",
                  spec_.name(), spec_.slots(), spec_.gpus(), interval_.count());

@@ -16,6 +16,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -55,6 +56,12 @@ class Daemon final : public v1::DaemonService::Service {
 
   // Where ptrsh reaches this daemon; set before Run().
   void SetAddress(const std::string& address) { spec_.set_address(address); }
+  // Says why ptcoord cannot be reached when a registration fails with
+  // UNAVAILABLE ("" when it cannot tell): logged once per run of failures.
+  // Set before Run().
+  void SetExplainer(std::function<std::string()> explain) {
+    explain_ = std::move(explain);
+  }
 
   // Registers and heartbeats until a stop request (0) or a refusal
   // (kExitBadInput, said on stderr).
@@ -120,6 +127,7 @@ class Daemon final : public v1::DaemonService::Service {
   std::set<pid_t> exec_children_ ABSL_GUARDED_BY(mu_);
   std::chrono::milliseconds interval_{3000};
   std::chrono::steady_clock::time_point last_contact_;
+  std::function<std::string()> explain_;
 };
 
 }  // namespace ptrain
