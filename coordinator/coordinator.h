@@ -194,6 +194,9 @@ class Coordinator {
   // ptctl forget-node: NodeRegistry::Forget, busy while a running attempt
   // is placed on the node.
   absl::Status ForgetNode(const std::string& name);
+  // ptctl nodes approve: NodeRegistry::Approve; the node as it is now, and
+  // the scheduler woken, since it may take ranks from now on.
+  absl::StatusOr<v1::Node> ApproveNode(const std::string& name);
   // Every node, with slots_used filled in.
   std::vector<v1::Node> ListNodes() const;
 

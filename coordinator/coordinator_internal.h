@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/echo.h"
 #include "coordinator/launcher.h"
 #include "coordinator/store.h"
 #include "ptrain/v1/job.pb.h"
@@ -16,7 +17,7 @@ namespace ptrain {
 
 // What every lookup of a job id answers when there is no such job.
 inline absl::Status UnknownJob(const std::string& id) {
-  return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  return absl::NotFoundError(absl::StrCat("no job ", EchoQuoted(id)));
 }
 
 // Waiting to be scheduled.

@@ -6,9 +6,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/auth_token.h"
 #include "common/gpu_inventory.h"
@@ -73,6 +75,16 @@ absl::Status LoadServerTls(const std::string& cert, const std::string& key,
     absl::StatusOr<std::string> pem =
         ReadCertificateFile("--tls-client-ca", client_ca);
     if (!pem.ok()) return pem.status();
+    // Said once at start: a refused client certificate ends in the TLS
+    // handshake, where gRPC logs no more than "certificate verify failed".
+    std::vector<std::string> subjects;
+    for (const CertificateNames& n : DescribeCertificates(*pem)) {
+      subjects.push_back(n.subject);
+    }
+    spdlog::info(
+        "mutual TLS: the job API takes client certificates issued by {} "
+        "(--tls-client-ca {})",
+        absl::StrJoin(subjects, " or "), client_ca);
     tls->client_ca_pem = std::move(*pem);
   }
   if (!rank_ca.empty()) {
@@ -142,9 +154,16 @@ std::optional<Refusal> CheckTlsAndGpus(const PtcoordFlags& f,
 }
 
 // The token files: --token-file into `o.user_tokens`, --join-token-file into
-// `o.nodes.join_tokens`.
+// `o.nodes.join_tokens` (and --require-node-approval, which needs it).
 std::optional<Refusal> LoadTokenFiles(const PtcoordFlags& f,
                                       CoordinatorOptions* o) {
+  if (f.require_node_approval && f.join_token_file.empty()) {
+    return Refusal{
+        "--require-node-approval needs --join-token-file (it holds the nodes "
+        "that join with a join token until an operator approves them; "
+        "without one no node joins)"};
+  }
+  o->nodes.require_approval = f.require_node_approval;
   if (!f.token_file.empty()) {
     absl::StatusOr<std::vector<std::string>> t =
         LoadTokenFile(f.token_file, "--token-file");
@@ -307,6 +326,10 @@ void AddFlags(CLI::App& app, PtcoordFlags& f) {
   app.add_option("--join-token-file", f.join_token_file,
                  "tokens nodes (ptworkerd) join with, one per line (default: "
                  "no node may register)");
+  app.add_flag("--require-node-approval", f.require_node_approval,
+               "a node that joins under a new name takes no job until an "
+               "operator runs 'ptctl nodes approve NAME' (stored; nodes known "
+               "before keep their standing)");
   app.add_option("--node-timeout-s", f.node_timeout_s,
                  "a node without a heartbeat for this long is down (nodes "
                  "heartbeat five times as often)")

@@ -337,6 +337,18 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
     return Done(ctx, c_->ForgetNode(req->name()));
   }
 
+  grpc::ServerUnaryReactor* ApproveNode(
+      grpc::CallbackServerContext* ctx, const v1::ApproveNodeRequest* req,
+      v1::ApproveNodeResponse* resp) override {
+    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
+    if (req->name().empty()) {
+      return Done(ctx, absl::InvalidArgumentError("name is empty"));
+    }
+    absl::StatusOr<v1::Node> n = c_->ApproveNode(req->name());
+    if (n.ok()) *resp->mutable_node() = std::move(*n);
+    return Done(ctx, n.status());
+  }
+
  private:
   // With --tls-client-ca, a verified client certificate first; then the
   // user token either way.
@@ -380,8 +392,10 @@ class NodeServiceImpl final : public v1::NodeService::CallbackService {
         !a.ok()) {
       return Done(ctx, a);
     }
-    absl::Status s = nodes_->Heartbeat(*req, absl::Now());
+    bool pending = false;
+    absl::Status s = nodes_->Heartbeat(*req, absl::Now(), &pending);
     if (s.ok()) {
+      resp->set_pending_approval(pending);
       for (std::string& uid : c_->AttemptsOnNode(req->name())) {
         resp->add_attempt_uids(std::move(uid));
       }
