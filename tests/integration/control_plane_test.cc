@@ -1443,48 +1443,36 @@ TEST_F(ControlPlaneTest, ClientInputComesBackBoundedInEveryRefusal) {
         << what << ": " << s.error_message().substr(0, 300);
   };
   using grpc::StatusCode;
-  {
-    ptrain::v1::GetJobRequest r;
-    r.set_job_id(huge);
-    ptrain::v1::GetJobResponse out;
-    bounded(stub->GetJob(Ctx(kToken).get(), r, &out), StatusCode::NOT_FOUND,
-            "GetJob");
-  }
-  {
-    ptrain::v1::CancelJobRequest r;
-    r.set_job_id(huge);
-    ptrain::v1::CancelJobResponse out;
-    bounded(stub->CancelJob(Ctx(kToken).get(), r, &out), StatusCode::NOT_FOUND,
-            "CancelJob");
-  }
-  {
-    ptrain::v1::PauseJobRequest r;
-    r.set_job_id(huge);
-    ptrain::v1::PauseJobResponse out;
-    bounded(stub->PauseJob(Ctx(kToken).get(), r, &out), StatusCode::NOT_FOUND,
-            "PauseJob");
-  }
-  {
-    ptrain::v1::ResumeJobRequest r;
-    r.set_job_id(huge);
-    ptrain::v1::ResumeJobResponse out;
-    bounded(stub->ResumeJob(Ctx(kToken).get(), r, &out), StatusCode::NOT_FOUND,
-            "ResumeJob");
-  }
-  {
-    ptrain::v1::ListCheckpointsRequest r;
-    r.set_job_id(huge);
-    ptrain::v1::ListCheckpointsResponse out;
-    bounded(stub->ListCheckpoints(Ctx(kToken).get(), r, &out),
-            StatusCode::NOT_FOUND, "ListCheckpoints");
-  }
-  {
-    ptrain::v1::DiagnoseJobRequest r;
-    r.set_job_id(huge);
-    ptrain::v1::DiagnoseJobResponse out;
-    bounded(stub->DiagnoseJob(Ctx(kToken).get(), r, &out),
-            StatusCode::NOT_FOUND, "DiagnoseJob");
-  }
+  using Stub = ptrain::v1::JobService::Stub;
+  // `rpc` with the request's job id (or node name) the huge value.
+  const auto call = [&](auto rpc, auto request, auto response,
+                        const char* what) {
+    if constexpr (requires { request.set_job_id(huge); }) {
+      request.set_job_id(huge);
+    } else {
+      request.set_name(huge);
+    }
+    bounded((stub.get()->*rpc)(Ctx(kToken).get(), request, &response),
+            StatusCode::NOT_FOUND, what);
+  };
+  namespace v1 = ptrain::v1;
+  call(&Stub::GetJob, v1::GetJobRequest(), v1::GetJobResponse(), "GetJob");
+  call(&Stub::CancelJob, v1::CancelJobRequest(), v1::CancelJobResponse(),
+       "CancelJob");
+  call(&Stub::PauseJob, v1::PauseJobRequest(), v1::PauseJobResponse(),
+       "PauseJob");
+  call(&Stub::ResumeJob, v1::ResumeJobRequest(), v1::ResumeJobResponse(),
+       "ResumeJob");
+  call(&Stub::ListCheckpoints, v1::ListCheckpointsRequest(),
+       v1::ListCheckpointsResponse(), "ListCheckpoints");
+  call(&Stub::DiagnoseJob, v1::DiagnoseJobRequest(), v1::DiagnoseJobResponse(),
+       "DiagnoseJob");
+  call(&Stub::DrainNode, v1::DrainNodeRequest(), v1::DrainNodeResponse(),
+       "DrainNode");
+  call(&Stub::ForgetNode, v1::ForgetNodeRequest(), v1::ForgetNodeResponse(),
+       "ForgetNode");
+  call(&Stub::ApproveNode, v1::ApproveNodeRequest(), v1::ApproveNodeResponse(),
+       "ApproveNode");
   {
     ptrain::v1::WatchJobRequest r;
     r.set_job_id(huge);
@@ -1504,27 +1492,6 @@ TEST_F(ControlPlaneTest, ClientInputComesBackBoundedInEveryRefusal) {
     while (reader->Read(&chunk)) {
     }
     bounded(reader->Finish(), StatusCode::NOT_FOUND, "StreamLogs");
-  }
-  {
-    ptrain::v1::DrainNodeRequest r;
-    r.set_name(huge);
-    ptrain::v1::DrainNodeResponse out;
-    bounded(stub->DrainNode(Ctx(kToken).get(), r, &out), StatusCode::NOT_FOUND,
-            "DrainNode");
-  }
-  {
-    ptrain::v1::ForgetNodeRequest r;
-    r.set_name(huge);
-    ptrain::v1::ForgetNodeResponse out;
-    bounded(stub->ForgetNode(Ctx(kToken).get(), r, &out), StatusCode::NOT_FOUND,
-            "ForgetNode");
-  }
-  {
-    ptrain::v1::ApproveNodeRequest r;
-    r.set_name(huge);
-    ptrain::v1::ApproveNodeResponse out;
-    bounded(stub->ApproveNode(Ctx(kToken).get(), r, &out),
-            StatusCode::NOT_FOUND, "ApproveNode");
   }
   const std::string spec =
       ReadFile(fs::path(PT_SOURCE_DIR) / "examples/shakespeare-char.yaml");
