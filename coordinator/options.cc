@@ -142,20 +142,25 @@ std::optional<Refusal> CheckTlsAndGpus(const PtcoordFlags& f,
 }
 
 // The token files: --token-file into `o.user_tokens`, --join-token-file into
-// `o.nodes.join_tokens`.
+// `o.nodes.join_tokens`. Tokens short enough to guess are accepted, with a
+// warning each.
 std::optional<Refusal> LoadTokenFiles(const PtcoordFlags& f,
                                       CoordinatorOptions* o) {
+  std::vector<std::string> short_tokens;
   if (!f.token_file.empty()) {
     absl::StatusOr<std::vector<std::string>> t =
-        LoadTokenFile(f.token_file, "--token-file");
+        LoadTokenFile(f.token_file, "--token-file", &short_tokens);
     if (!t.ok()) return Refuse(t.status(), 2);
     o->user_tokens = std::move(*t);
   }
   if (!f.join_token_file.empty()) {
     absl::StatusOr<std::vector<std::string>> t =
-        LoadTokenFile(f.join_token_file, "--join-token-file");
+        LoadTokenFile(f.join_token_file, "--join-token-file", &short_tokens);
     if (!t.ok()) return Refuse(t.status(), 2);
     o->nodes.join_tokens = std::move(*t);
+  }
+  for (const std::string& warning : short_tokens) {
+    std::fprintf(stderr, "ptcoord: WARNING: %s\n", warning.c_str());
   }
   return std::nullopt;
 }
