@@ -141,6 +141,23 @@ std::optional<Refusal> CheckTlsAndGpus(const PtcoordFlags& f,
   return std::nullopt;
 }
 
+// --ui-listen in plain text off loopback (--ui-insecure): as loud as the
+// warning for --listen, since the login form and cookie carry a user token.
+void WarnOfPlainTextUi(const PtcoordFlags& f) {
+  if (f.ui_listen.empty() || !f.tls_cert.empty() || !f.ui_insecure) return;
+  const std::string host = f.ui_listen.substr(0, f.ui_listen.rfind(':'));
+  if (IsLoopbackHost(host)) return;
+  std::fprintf(stderr,
+               "ptcoord: WARNING: the web UI serves plain text on %s, which "
+               "is not loopback (--ui-insecure): the user token (login form, "
+               "cookie) and job data cross the network unencrypted and can "
+               "be read or replayed. Use --tls-cert and --tls-key, or "
+               "--ui-listen 127.0.0.1:PORT.\n",
+               f.ui_listen.c_str());
+  spdlog::warn("web UI in plain text on a non-loopback address ({}); use TLS",
+               f.ui_listen);
+}
+
 // The token files: --token-file into `o.user_tokens`, --join-token-file into
 // `o.nodes.join_tokens`. Tokens short enough to guess are accepted, with a
 // warning each.
@@ -353,6 +370,7 @@ std::optional<Refusal> OptionsFromFlags(const PtcoordFlags& flags,
   if (std::optional<Refusal> r = CheckTlsAndGpus(flags, options, tls)) {
     return r;
   }
+  WarnOfPlainTextUi(flags);
   if (std::optional<Refusal> r = LoadTokenFiles(flags, options)) return r;
   if (std::optional<Refusal> r = SetPaths(flags, options)) return r;
   if (std::optional<Refusal> r = SetDefaultUserToken(flags, options)) return r;
