@@ -399,9 +399,10 @@ TEST_F(HostileHttp, SlowBodiesHoldFewWorkersAndEndAtTheirDeadline) {
       }
     }
   });
+  // Answered well before the slow ones' deadline (10 s) frees a worker.
   EXPECT_EQ(HttpStatus(SendRaw(
                 port, "GET /login HTTP/1.1\r\n" + HostHeader(port) + "\r\n",
-                true, "127.0.0.2")),
+                true, "127.0.0.2", /*wait_s=*/5)),
             200);
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::seconds(40);
@@ -441,9 +442,13 @@ TEST_F(HostileHttp, OverTlsHandshakesThatNeverComeHoldNoWorker) {
     if (i % 10 == 0) send(fd, "GET / HTTP/1.1\r\n", 16, MSG_NOSIGNAL);
     idle.push_back(fd);
   }
+  // A bounded wait: held by a worker each, the idle connections would keep
+  // the client out for minutes (10 s each, 16 at a time).
   httplib::SSLClient client("127.0.0.1", port);
   client.enable_server_certificate_verification(false);
-  client.set_read_timeout(30, 0);
+  client.set_connection_timeout(10, 0);
+  client.set_read_timeout(10, 0);
+  client.set_write_timeout(10, 0);
   httplib::Result r = client.Get("/login");
   ASSERT_TRUE(r) << httplib::to_string(r.error());
   EXPECT_EQ(r->status, 200);

@@ -50,12 +50,13 @@ inline int ConnectTo(int port, const std::string& from = "", int wait_s = 60) {
 // Sends `bytes` to 127.0.0.1:port (from `from`, as ConnectTo). With
 // `read_reply`, half-closes and returns everything the server sent until
 // it closed ("" if it answered nothing); without, closes at once. A server
-// that neither answers nor closes within a minute returns what came so
-// far, so that a broken server fails the test instead of hanging it.
+// that neither answers nor closes within `wait_s` (a minute) returns what
+// came so far, so that a broken server fails the test instead of hanging
+// it.
 inline std::string SendRaw(int port, std::string_view bytes,
-                           bool read_reply = true,
-                           const std::string& from = "") {
-  const int fd = ConnectTo(port, from);
+                           bool read_reply = true, const std::string& from = "",
+                           int wait_s = 60) {
+  const int fd = ConnectTo(port, from, wait_s);
   std::string out;
   if (fd >= 0) {
     // A server may close before reading all of a huge request.
