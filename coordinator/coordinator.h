@@ -30,6 +30,7 @@
 #include "absl/time/time.h"
 #include "common/spec.h"
 #include "coordinator/attempt_backend.h"
+#include "coordinator/auth_throttle.h"
 #include "coordinator/nodes.h"
 #include "coordinator/rank_times.h"
 #include "coordinator/reports.h"
@@ -111,6 +112,9 @@ class Coordinator {
 
   // The cluster's nodes (NodeService, ptctl nodes).
   NodeRegistry& nodes() { return *nodes_; }
+  // Failed authentication per peer, shared by every server of this
+  // coordinator (gRPC and the web UI). Thread-safe.
+  AuthThrottle& auth_throttle() { return auth_throttle_; }
 
   // Where ranks reach this coordinator (PTRAIN_COORDINATOR) when it is only
   // known after the server has bound its port; call before Start().
@@ -409,6 +413,7 @@ class Coordinator {
   const CoordinatorOptions options_;
   const std::unique_ptr<Store> store_;
   std::unique_ptr<NodeRegistry> nodes_;  // set by Create
+  AuthThrottle auth_throttle_;
   // Runs the attempts (local, nodes or Slurm); set by Create.
   std::unique_ptr<AttemptBackend> backend_;
   const int lock_fd_;  // flock'ed STATE/lock, held for our lifetime

@@ -153,8 +153,26 @@ std::optional<Refusal> CheckTlsAndGpus(const PtcoordFlags& f,
   return std::nullopt;
 }
 
+// --ui-listen in plain text off loopback (--ui-insecure): as loud as the
+// warning for --listen, since the login form and cookie carry a user token.
+void WarnOfPlainTextUi(const PtcoordFlags& f) {
+  if (f.ui_listen.empty() || !f.tls_cert.empty() || !f.ui_insecure) return;
+  const std::string host = f.ui_listen.substr(0, f.ui_listen.rfind(':'));
+  if (IsLoopbackHost(host)) return;
+  std::fprintf(stderr,
+               "ptcoord: WARNING: the web UI serves plain text on %s, which "
+               "is not loopback (--ui-insecure): the user token (login form, "
+               "cookie) and job data cross the network unencrypted and can "
+               "be read or replayed. Use --tls-cert and --tls-key, or "
+               "--ui-listen 127.0.0.1:PORT.\n",
+               f.ui_listen.c_str());
+  spdlog::warn("web UI in plain text on a non-loopback address ({}); use TLS",
+               f.ui_listen);
+}
+
 // The token files: --token-file into `o.user_tokens`, --join-token-file into
 // `o.nodes.join_tokens` (and --require-node-approval, which needs it).
+// Tokens short enough to guess are accepted, with a warning each.
 std::optional<Refusal> LoadTokenFiles(const PtcoordFlags& f,
                                       CoordinatorOptions* o) {
   if (f.require_node_approval && f.join_token_file.empty()) {
@@ -164,17 +182,21 @@ std::optional<Refusal> LoadTokenFiles(const PtcoordFlags& f,
         "without one no node joins)"};
   }
   o->nodes.require_approval = f.require_node_approval;
+  std::vector<std::string> short_tokens;
   if (!f.token_file.empty()) {
     absl::StatusOr<std::vector<std::string>> t =
-        LoadTokenFile(f.token_file, "--token-file");
+        LoadTokenFile(f.token_file, "--token-file", &short_tokens);
     if (!t.ok()) return Refuse(t.status(), 2);
     o->user_tokens = std::move(*t);
   }
   if (!f.join_token_file.empty()) {
     absl::StatusOr<std::vector<std::string>> t =
-        LoadTokenFile(f.join_token_file, "--join-token-file");
+        LoadTokenFile(f.join_token_file, "--join-token-file", &short_tokens);
     if (!t.ok()) return Refuse(t.status(), 2);
     o->nodes.join_tokens = std::move(*t);
+  }
+  for (const std::string& warning : short_tokens) {
+    std::fprintf(stderr, "ptcoord: WARNING: %s\n", warning.c_str());
   }
   return std::nullopt;
 }
@@ -371,6 +393,7 @@ std::optional<Refusal> OptionsFromFlags(const PtcoordFlags& flags,
   if (std::optional<Refusal> r = CheckTlsAndGpus(flags, options, tls)) {
     return r;
   }
+  WarnOfPlainTextUi(flags);
   if (std::optional<Refusal> r = LoadTokenFiles(flags, options)) return r;
   if (std::optional<Refusal> r = SetPaths(flags, options)) return r;
   if (std::optional<Refusal> r = SetDefaultUserToken(flags, options)) return r;

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "common/job_state.h"
 #include "common/thread_entry.h"
@@ -31,6 +32,17 @@ std::optional<std::string> Authorization(grpc::CallbackServerContext* ctx) {
   auto it = md.find("authorization");
   if (it == md.end()) return std::nullopt;
   return std::string(it->second.data(), it->second.size());
+}
+
+// `check` of a credential of `kind` through the coordinator's throttle on
+// failed authentication: a peer that failed too often is refused
+// (RESOURCE_EXHAUSTED, saying why) before anything is checked.
+absl::Status Throttled(Coordinator* c, grpc::CallbackServerContext* ctx,
+                       CredentialKind kind,
+                       absl::FunctionRef<absl::Status()> check) {
+  return c->auth_throttle().Check(PeerKeyOfGrpcPeer(ctx->peer()), kind,
+                                  Authorization(ctx).has_value(), check,
+                                  absl::Now());
 }
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx,
@@ -350,9 +362,14 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   }
 
  private:
+  absl::Status Authenticate(grpc::CallbackServerContext* ctx) const {
+    return Throttled(c_, ctx, CredentialKind::kUser,
+                     [&] { return CheckCredentials(ctx); });
+  }
+
   // With --tls-client-ca, a verified client certificate first; then the
   // user token either way.
-  absl::Status Authenticate(grpc::CallbackServerContext* ctx) const {
+  absl::Status CheckCredentials(grpc::CallbackServerContext* ctx) const {
     if (require_client_cert_) {
       const std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
       if (auth == nullptr || !auth->IsPeerAuthenticated()) {
@@ -376,8 +393,7 @@ class NodeServiceImpl final : public v1::NodeService::CallbackService {
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const v1::RegisterNodeRequest* req,
                                      v1::RegisterNodeResponse* resp) override {
-    if (absl::Status a = nodes_->AuthenticateNode(Authorization(ctx));
-        !a.ok()) {
+    if (absl::Status a = AuthenticateNode(ctx); !a.ok()) {
       return Done(ctx, a);
     }
     absl::StatusOr<v1::RegisterNodeResponse> r =
@@ -388,8 +404,7 @@ class NodeServiceImpl final : public v1::NodeService::CallbackService {
   grpc::ServerUnaryReactor* Heartbeat(
       grpc::CallbackServerContext* ctx, const v1::NodeHeartbeatRequest* req,
       v1::NodeHeartbeatResponse* resp) override {
-    if (absl::Status a = nodes_->AuthenticateNode(Authorization(ctx));
-        !a.ok()) {
+    if (absl::Status a = AuthenticateNode(ctx); !a.ok()) {
       return Done(ctx, a);
     }
     bool pending = false;
@@ -405,8 +420,7 @@ class NodeServiceImpl final : public v1::NodeService::CallbackService {
   grpc::ServerUnaryReactor* AuthorizeExec(
       grpc::CallbackServerContext* ctx, const v1::AuthorizeExecRequest* req,
       v1::AuthorizeExecResponse* resp) override {
-    if (absl::Status a = nodes_->AuthenticateNode(Authorization(ctx));
-        !a.ok()) {
+    if (absl::Status a = AuthenticateNode(ctx); !a.ok()) {
       return Done(ctx, a);
     }
     absl::StatusOr<v1::AuthorizeExecResponse> r = c_->AuthorizeExec(*req);
@@ -415,6 +429,12 @@ class NodeServiceImpl final : public v1::NodeService::CallbackService {
   }
 
  private:
+  absl::Status AuthenticateNode(grpc::CallbackServerContext* ctx) {
+    return Throttled(c_, ctx, CredentialKind::kNode, [&] {
+      return nodes_->AuthenticateNode(Authorization(ctx));
+    });
+  }
+
   Coordinator* const c_;
   NodeRegistry* const nodes_;
 };
@@ -426,9 +446,7 @@ class RankServiceImpl final : public v1::RankService::CallbackService {
   grpc::ServerUnaryReactor* ReportProgress(
       grpc::CallbackServerContext* ctx, const v1::ReportProgressRequest* req,
       v1::ReportProgressResponse*) override {
-    if (absl::Status a =
-            c_->AuthenticateRank(req->job_id(), Authorization(ctx));
-        !a.ok()) {
+    if (absl::Status a = AuthenticateRank(ctx, req->job_id()); !a.ok()) {
       return Done(ctx, a);
     }
     return Done(ctx, c_->ReportProgress(*req));
@@ -436,9 +454,7 @@ class RankServiceImpl final : public v1::RankService::CallbackService {
   grpc::ServerUnaryReactor* ReportCheckpoint(
       grpc::CallbackServerContext* ctx, const v1::ReportCheckpointRequest* req,
       v1::ReportCheckpointResponse*) override {
-    if (absl::Status a =
-            c_->AuthenticateRank(req->job_id(), Authorization(ctx));
-        !a.ok()) {
+    if (absl::Status a = AuthenticateRank(ctx, req->job_id()); !a.ok()) {
       return Done(ctx, a);
     }
     return Done(ctx, c_->ReportCheckpoint(*req));
@@ -446,9 +462,7 @@ class RankServiceImpl final : public v1::RankService::CallbackService {
   grpc::ServerUnaryReactor* ReportEndpoint(
       grpc::CallbackServerContext* ctx, const v1::ReportEndpointRequest* req,
       v1::ReportEndpointResponse*) override {
-    if (absl::Status a =
-            c_->AuthenticateRank(req->job_id(), Authorization(ctx));
-        !a.ok()) {
+    if (absl::Status a = AuthenticateRank(ctx, req->job_id()); !a.ok()) {
       return Done(ctx, a);
     }
     return Done(ctx, c_->ReportEndpoint(*req));
@@ -456,15 +470,20 @@ class RankServiceImpl final : public v1::RankService::CallbackService {
   grpc::ServerUnaryReactor* ReportAlive(grpc::CallbackServerContext* ctx,
                                         const v1::ReportAliveRequest* req,
                                         v1::ReportAliveResponse*) override {
-    if (absl::Status a =
-            c_->AuthenticateRank(req->job_id(), Authorization(ctx));
-        !a.ok()) {
+    if (absl::Status a = AuthenticateRank(ctx, req->job_id()); !a.ok()) {
       return Done(ctx, a);
     }
     return Done(ctx, c_->ReportAlive(*req));
   }
 
  private:
+  absl::Status AuthenticateRank(grpc::CallbackServerContext* ctx,
+                                const std::string& job_id) {
+    return Throttled(c_, ctx, CredentialKind::kRank, [&] {
+      return c_->AuthenticateRank(job_id, Authorization(ctx));
+    });
+  }
+
   Coordinator* const c_;
 };
 

@@ -2,7 +2,9 @@
 // state dir) running real ptworker jobs under mpirun, driven by ptctl and by
 // raw RPCs, in plain text and over TLS with certificates openssl makes at
 // test time. Waits are generous deadlines, never timings.
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -611,6 +613,92 @@ TEST_F(ControlPlaneTest, MissingOrWrongTokenIsUnauthenticated) {
   EXPECT_EQ(ranks->ReportProgress(Ctx(kToken).get(), p, &pr).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_TRUE(ListJobs().empty());
+}
+
+// Guessing tokens over gRPC is throttled per peer address: after its burst
+// of refused user tokens a peer gets RESOURCE_EXHAUSTED saying why, its
+// right token included, while another address's right token works; rank
+// and join tokens count apart. Refusals are logged at a bounded rate.
+TEST_F(ControlPlaneTest, FailedAuthenticationIsThrottledPerPeer) {
+  {
+    // 127.0.0.1 and ::1 are two peers of a ptcoord listening on [::].
+    const int probe = socket(AF_INET6, SOCK_STREAM, 0);
+    sockaddr_in6 loopback{};
+    loopback.sin6_family = AF_INET6;
+    loopback.sin6_addr = in6addr_loopback;
+    const bool v6 =
+        probe >= 0 && bind(probe, reinterpret_cast<sockaddr*>(&loopback),
+                           sizeof(loopback)) == 0;
+    if (probe >= 0) close(probe);
+    if (!v6) GTEST_SKIP() << "no IPv6 loopback here";
+  }
+  StopCoordinator(SIGTERM);
+  StartCoordinator("[::]:0");
+  auto jobs = ptrain::v1::JobService::NewStub(channel_);  // from 127.0.0.1
+  ptrain::v1::ListJobsRequest list;
+  ptrain::v1::ListJobsResponse listed;
+  int refused = 0;
+  grpc::Status s;
+  for (int i = 0; i < 40; ++i) {
+    s = jobs->ListJobs(Ctx("wrong").get(), list, &listed);
+    if (s.error_code() != grpc::StatusCode::UNAUTHENTICATED) break;
+    ++refused;
+  }
+  EXPECT_EQ(refused, 20);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(s.error_message().find("too many refused user tokens from "
+                                   "127.0.0.1"),
+            std::string::npos)
+      << s.error_message();
+  EXPECT_EQ(jobs->ListJobs(Ctx(kToken).get(), list, &listed).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  const Result ptctl = Ptctl("list");
+  EXPECT_NE(ptctl.rc, 0);
+  EXPECT_NE(ptctl.out.find("too many refused user tokens"), std::string::npos)
+      << ptctl.out;
+  const std::string port = address_.substr(address_.rfind(':'));
+  auto other = ptrain::v1::JobService::NewStub(
+      grpc::CreateChannel("[::1]" + port, credentials_));
+  EXPECT_TRUE(other->ListJobs(Ctx(kToken).get(), list, &listed).ok());
+
+  // Rank tokens: a burst of their own (ranks of an ended attempt may still
+  // report with its token).
+  auto ranks = ptrain::v1::RankService::NewStub(channel_);
+  ptrain::v1::ReportProgressRequest p;
+  p.set_job_id("job-0001");
+  p.set_attempt(1);
+  ptrain::v1::ReportProgressResponse pr;
+  refused = 0;
+  for (int i = 0; i < 400; ++i) {
+    s = ranks->ReportProgress(Ctx("stale").get(), p, &pr);
+    if (s.error_code() != grpc::StatusCode::UNAUTHENTICATED) break;
+    ++refused;
+  }
+  EXPECT_GE(refused, 200);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << s.error_message();
+  // Join tokens (this ptcoord takes no node at all).
+  auto nodes = ptrain::v1::NodeService::NewStub(channel_);
+  ptrain::v1::NodeHeartbeatRequest beat;
+  ptrain::v1::NodeHeartbeatResponse beaten;
+  refused = 0;
+  for (int i = 0; i < 40; ++i) {
+    s = nodes->Heartbeat(Ctx("guess").get(), beat, &beaten);
+    if (s.error_code() != grpc::StatusCode::UNAUTHENTICATED) break;
+    ++refused;
+  }
+  EXPECT_EQ(refused, 20);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(s.error_message().find("join token"), std::string::npos)
+      << s.error_message();
+  const std::string log = Sh("cat " + (dir_ / "ptcoord.log").string()).out;
+  size_t lines = 0;
+  for (size_t at = 0;
+       (at = log.find("authentication: ", at)) != std::string::npos; ++at) {
+    ++lines;
+  }
+  EXPECT_GE(lines, 1u) << log;
+  EXPECT_LE(lines, 4u) << log;
 }
 
 // With no ptcoord listening, ptctl says where it looked, where that address
