@@ -11,8 +11,9 @@
 
 namespace ptrain {
 
-absl::StatusOr<std::vector<std::string>> LoadTokenFile(const std::string& path,
-                                                       absl::string_view what) {
+absl::StatusOr<std::vector<std::string>> LoadTokenFile(
+    const std::string& path, absl::string_view what,
+    std::vector<std::string>* short_tokens) {
   absl::StatusOr<std::string> text =
       ReadBoundedFile(what, path, kMaxTokenFileBytes);
   if (!text.ok()) return text.status();
@@ -29,6 +30,12 @@ absl::StatusOr<std::vector<std::string>> LoadTokenFile(const std::string& path,
             t);
         !s.ok()) {
       return s;
+    }
+    if (short_tokens != nullptr && t.size() < kMinTokenChars) {
+      short_tokens->push_back(absl::StrCat(
+          what, " ", path, ": line ", line_number, ": the token has ", t.size(),
+          " characters; one of fewer than ", kMinTokenChars,
+          " can be guessed (make one with: openssl rand -hex 32)"));
     }
     tokens.emplace_back(t);
   }

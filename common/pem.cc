@@ -9,6 +9,7 @@
 #include <openssl/x509.h>
 
 #include <climits>
+#include <ctime>
 #include <memory>
 
 #include "absl/strings/match.h"
@@ -20,9 +21,6 @@ namespace {
 
 struct BioFree {
   void operator()(BIO* b) const { BIO_free(b); }
-};
-struct X509Free {
-  void operator()(X509* x) const { X509_free(x); }
 };
 struct KeyFree {
   void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
@@ -61,9 +59,10 @@ std::unique_ptr<T, Free> ReadFirst(absl::string_view pem,
                      : read(bio.get(), nullptr, NoPassphrase, nullptr));
 }
 
-absl::StatusOr<std::unique_ptr<X509, X509Free>> ParseCertificate(
-    absl::string_view flag, const std::string& path, absl::string_view pem) {
-  auto cert = ReadFirst<X509, X509Free>(pem, PEM_read_bio_X509);
+absl::StatusOr<X509Ptr> ParseCertificate(absl::string_view flag,
+                                         const std::string& path,
+                                         absl::string_view pem) {
+  auto cert = ReadFirst<X509, X509Deleter>(pem, PEM_read_bio_X509);
   if (cert == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         flag, " ", path, ": not a PEM certificate", OpenSslReason()));
@@ -72,6 +71,47 @@ absl::StatusOr<std::unique_ptr<X509, X509Free>> ParseCertificate(
 }
 
 }  // namespace
+
+std::string X509NameText(const X509_NAME* name) {
+  std::unique_ptr<BIO, BioFree> out(BIO_new(BIO_s_mem()));
+  if (out == nullptr || name == nullptr ||
+      X509_NAME_print_ex(out.get(), name, 0, XN_FLAG_RFC2253) < 0) {
+    ERR_clear_error();
+    return "";
+  }
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(out.get(), &data);
+  return n > 0 ? std::string(data, static_cast<size_t>(n)) : "";
+}
+
+void X509Deleter::operator()(X509* x) const { X509_free(x); }
+
+std::vector<X509Ptr> ParseCertificates(absl::string_view pem) {
+  std::vector<X509Ptr> out;
+  auto bio = MemoryBio(pem);
+  while (bio != nullptr) {
+    X509* x = PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr);
+    if (x == nullptr) break;
+    out.emplace_back(x);
+  }
+  ERR_clear_error();  // the end of the text reads as an error
+  return out;
+}
+
+std::vector<CertificateNames> DescribeCertificates(absl::string_view pem) {
+  std::vector<CertificateNames> out;
+  for (const X509Ptr& cert : ParseCertificates(pem)) {
+    CertificateNames& n = out.emplace_back();
+    n.subject = X509NameText(X509_get_subject_name(cert.get()));
+    n.issuer = X509NameText(X509_get_issuer_name(cert.get()));
+    const ASN1_TIME* end = X509_get0_notAfter(cert.get());
+    struct tm t = {};
+    if (end != nullptr && ASN1_TIME_to_tm(end, &t) == 1) {
+      n.not_after_unix = static_cast<int64_t>(timegm(&t));
+    }
+  }
+  return out;
+}
 
 absl::StatusOr<std::string> ReadPemFile(absl::string_view flag,
                                         const std::string& path) {
@@ -100,7 +140,7 @@ absl::Status CheckKeyPair(absl::string_view cert_flag,
                           absl::string_view key_flag,
                           const std::string& key_path,
                           absl::string_view key_pem) {
-  absl::StatusOr<std::unique_ptr<X509, X509Free>> cert =
+  absl::StatusOr<X509Ptr> cert =
       ParseCertificate(cert_flag, cert_path, cert_pem);
   if (!cert.ok()) return cert.status();
   auto key = ReadFirst<EVP_PKEY, KeyFree>(key_pem, PEM_read_bio_PrivateKey);

@@ -5,8 +5,13 @@
 #ifndef PTRAIN_COMMON_PEM_H_
 #define PTRAIN_COMMON_PEM_H_
 
+#include <openssl/types.h>
+
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -41,6 +46,28 @@ absl::Status CheckKeyPair(absl::string_view cert_flag,
                           absl::string_view key_flag,
                           const std::string& key_path,
                           absl::string_view key_pem);
+
+// Who a certificate names, for messages: its subject and issuer as RFC 2253
+// text ("CN=ptctl-user,O=Lab"), and when it stops being valid.
+struct CertificateNames {
+  std::string subject, issuer;
+  int64_t not_after_unix = 0;  // 0 when it cannot be read
+};
+
+// Every certificate in `pem` (a chain, a bundle of CAs), in order, other
+// PEM blocks skipped; empty when none parses.
+struct X509Deleter {
+  void operator()(X509* x) const;
+};
+using X509Ptr = std::unique_ptr<X509, X509Deleter>;
+std::vector<X509Ptr> ParseCertificates(absl::string_view pem);
+
+// An X.509 name as RFC 2253 text ("CN=ptctl-user,O=Lab"); "" for null.
+std::string X509NameText(const X509_NAME* name);
+
+// The names of every certificate in `pem` (a chain, a bundle of CAs), in
+// order; empty when none parses.
+std::vector<CertificateNames> DescribeCertificates(absl::string_view pem);
 
 }  // namespace ptrain
 

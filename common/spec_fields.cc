@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/echo.h"
 #include "common/spec_internal.h"
 
 namespace ptrain::spec_internal {
@@ -30,15 +30,6 @@ using google::protobuf::EnumValueDescriptor;
 using google::protobuf::FieldDescriptor;
 using google::protobuf::Message;
 using google::protobuf::Reflection;
-
-// Quotes user text for a message; control characters are escaped so an
-// error stays on one line, and long values are cut.
-std::string Quote(absl::string_view text) {
-  constexpr size_t kMaxShown = 60;
-  std::string shown = absl::CHexEscape(text.substr(0, kMaxShown));
-  if (text.size() > kMaxShown) absl::StrAppend(&shown, "...");
-  return absl::StrCat("'", shown, "'");
-}
 
 std::string JoinPath(absl::string_view parent, absl::string_view name) {
   return parent.empty() ? std::string(name) : absl::StrCat(parent, ".", name);
@@ -54,8 +45,9 @@ absl::Status FieldError(const Origin& origin, absl::string_view path,
     where = absl::StrFormat(" (line %d, column %d)", mark.line + 1,
                             mark.column + 1);
   }
+  // `path` holds the user's keys: an unknown one is shown bounded.
   return absl::InvalidArgumentError(
-      absl::StrCat(origin.prefix, path, ": ", rule, where));
+      absl::StrCat(origin.prefix, Echo(path), ": ", rule, where));
 }
 
 std::string FieldNames(const Descriptor* desc) {
@@ -173,9 +165,9 @@ absl::Status SetInteger(const FieldDescriptor* field, Message* msg,
   ParsedInt v;
   IntParse parsed = ParseInteger(text, &v);
   if (parsed == IntParse::kNotAnInteger) {
-    return FieldError(origin, path,
-                      absl::StrCat("expected an integer, got ", Quote(text)),
-                      mark);
+    return FieldError(
+        origin, path,
+        absl::StrCat("expected an integer, got ", EchoQuoted(text)), mark);
   }
   int64_t min = 0;
   uint64_t max = 0;
@@ -231,7 +223,7 @@ absl::Status SetInteger(const FieldDescriptor* field, Message* msg,
 std::string Describe(const YAML::Node& node) {
   switch (node.Type()) {
     case YAML::NodeType::Scalar:
-      return Quote(node.Scalar());
+      return EchoQuoted(node.Scalar());
     case YAML::NodeType::Map:
       return "a map";
     case YAML::NodeType::Sequence:
@@ -282,10 +274,11 @@ absl::Status AssignNode(const YAML::Node& node, const FieldDescriptor* field,
   // hide a mistake the user made on purpose or by accident.
   if (field->cpp_type() != FieldDescriptor::CPPTYPE_STRING &&
       node.Tag() == "!") {
-    return FieldError(origin, path,
-                      absl::StrCat("expected ", expected,
-                                   ", got the quoted string ", Quote(text)),
-                      mark);
+    return FieldError(
+        origin, path,
+        absl::StrCat("expected ", expected, ", got the quoted string ",
+                     EchoQuoted(text)),
+        mark);
   }
   switch (field->cpp_type()) {
     case FieldDescriptor::CPPTYPE_INT32:
@@ -323,9 +316,9 @@ absl::Status AssignNode(const YAML::Node& node, const FieldDescriptor* field,
     case FieldDescriptor::CPPTYPE_MESSAGE:
       break;
   }
-  return FieldError(origin, path,
-                    absl::StrCat("expected ", expected, ", got ", Quote(text)),
-                    mark);
+  return FieldError(
+      origin, path,
+      absl::StrCat("expected ", expected, ", got ", EchoQuoted(text)), mark);
 }
 
 absl::Status MapOntoMessage(const YAML::Node& node, Message* msg,

@@ -22,10 +22,6 @@ struct Origin {
   bool has_marks;      // line/column refer to the user's text
 };
 
-// Quotes user text for a message; control characters are escaped so an
-// error stays on one line, and long values are cut.
-std::string Quote(absl::string_view text);
-
 // `parent.name`, or `name` at the top level.
 std::string JoinPath(absl::string_view parent, absl::string_view name);
 

@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/echo.h"
 #include "common/spec.h"
 #include "common/spec_internal.h"
 
@@ -28,7 +29,6 @@ namespace pb = google::protobuf;
 using spec_internal::JoinPath;
 using spec_internal::OtherStages;
 using spec_internal::OtherStagesOf;
-using spec_internal::Quote;
 
 absl::Status Error(auto&&... parts) {
   return absl::InvalidArgumentError(absl::StrCat(parts...));
@@ -59,7 +59,7 @@ absl::Status OneOf(absl::string_view field, const std::string& value,
   for (absl::string_view a : allowed) {
     if (value == a) return absl::OkStatus();
   }
-  return Error(field, "=", Quote(value), " must be one of ",
+  return Error(field, "=", EchoQuoted(value), " must be one of ",
                absl::StrJoin(allowed, ", "));
 }
 
@@ -138,14 +138,14 @@ absl::Status ValidateName(const v1::JobSpec& spec) {
   const std::string& name = spec.name();
   if (name.empty()) return Error("name is empty; give the job a name");
   if (name.size() > kMaxNameLength) {
-    return Error("name=", Quote(name), " is ", name.size(),
+    return Error("name=", EchoQuoted(name), " is ", name.size(),
                  " characters long; at most ", kMaxNameLength);
   }
   for (char c : name) {
     if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' &&
         c != '_' && c != '-') {
-      return Error("name=", Quote(name), " contains ",
-                   Quote(absl::string_view(&c, 1)),
+      return Error("name=", EchoQuoted(name), " contains ",
+                   EchoQuoted(absl::string_view(&c, 1)),
                    "; only A-Z a-z 0-9 . _ - are allowed");
     }
   }
@@ -173,11 +173,11 @@ absl::Status ValidateModel(const v1::JobSpec& spec) {
   constexpr absl::string_view kLlmc = "llmc:";
   if (!m.init_from().empty()) {
     if (!absl::StartsWith(m.init_from(), kLlmc)) {
-      return Error("model.init_from=", Quote(m.init_from()),
+      return Error("model.init_from=", EchoQuoted(m.init_from()),
                    " must be empty or 'llmc:PATH' (an llm.c checkpoint)");
     }
     if (m.init_from().size() == kLlmc.size()) {
-      return Error("model.init_from=", Quote(m.init_from()),
+      return Error("model.init_from=", EchoQuoted(m.init_from()),
                    " names no file after 'llmc:'");
     }
   }
@@ -192,12 +192,12 @@ absl::Status ValidateTokenizer(const v1::DataSpec& d) {
   }
   if (absl::StartsWith(t, "spm:")) {
     if (t.size() == 4) {
-      return Error("data.tokenizer=", Quote(t),
+      return Error("data.tokenizer=", EchoQuoted(t),
                    " names no SentencePiece model after 'spm:'");
     }
     return absl::OkStatus();
   }
-  return Error("data.tokenizer=", Quote(t),
+  return Error("data.tokenizer=", EchoQuoted(t),
                " must be one of auto, char, gpt2, spm:MODEL_PATH");
 }
 

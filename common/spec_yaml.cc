@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/bounded_file.h"
+#include "common/echo.h"
 #include "common/spec.h"
 #include "common/spec_internal.h"
 
@@ -38,7 +39,6 @@ using spec_internal::Describe;
 using spec_internal::JoinPath;
 using spec_internal::MapOntoMessage;
 using spec_internal::Origin;
-using spec_internal::Quote;
 using spec_internal::UnknownKey;
 
 // Debian's abseil keeps its own string_view type; the header speaks std.
@@ -78,7 +78,7 @@ absl::StatusOr<int> CountDocuments(const std::string& text) {
                          : ' ';
       return absl::InvalidArgumentError(absl::StrFormat(
           "malformed YAML at line %d, column %d: unexpected %s", at.line + 1,
-          at.column + 1, Quote(absl::string_view(&c, 1))));
+          at.column + 1, EchoQuoted(absl::string_view(&c, 1))));
     }
   }
   return n;
@@ -186,7 +186,7 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(
   for (const std::string& assignment : overrides) {
     if (const int64_t bad = FirstInvalidUtf8(assignment); bad >= 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "override ", Quote(assignment), ": not UTF-8 (byte ", bad, ")"));
+          "override ", EchoQuoted(assignment), ": not UTF-8 (byte ", bad, ")"));
     }
   }
   v1::JobSpec spec = DefaultJobSpec();
@@ -259,7 +259,7 @@ absl::StatusOr<v1::JobSpec> LoadJobSpecFile(
 absl::Status ApplyOverride(v1::JobSpec* spec,
                            std::string_view assignment_text) {
   const absl::string_view assignment = ToAbsl(assignment_text);
-  const Origin origin{absl::StrCat("override ", Quote(assignment), ": "),
+  const Origin origin{absl::StrCat("override ", EchoQuoted(assignment), ": "),
                       /*has_marks=*/false};
   const size_t eq = assignment.find('=');
   if (eq == absl::string_view::npos) {
@@ -277,14 +277,14 @@ absl::Status ApplyOverride(v1::JobSpec* spec,
   for (size_t i = 0; i < parts.size(); ++i) {
     if (parts[i].empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          origin.prefix, "path ", Quote(path), " has an empty component"));
+          origin.prefix, "path ", EchoQuoted(path), " has an empty component"));
     }
     if (i > 0) {
       if (field->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE ||
           field->is_repeated()) {
         return absl::InvalidArgumentError(
             absl::StrCat(origin.prefix, walked, " is not a section; it has no ",
-                         "field '", parts[i], "'"));
+                         "field ", EchoQuoted(parts[i])));
       }
       msg = msg->GetReflection()->MutableMessage(msg, field);
     }

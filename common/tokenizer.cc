@@ -144,6 +144,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> OpenTokenizer(
 absl::Status TrainSentencePiece(
     const std::function<bool(std::string*)>& next_line, int vocab_size,
     absl::string_view type, const std::string& model_path) {
+  auto model = TrainSentencePiece(next_line, vocab_size, type);
+  if (!model.ok()) return model.status();
+  return ReplaceFile(model_path, *model, 0644);
+}
+
+absl::StatusOr<std::string> TrainSentencePiece(
+    const std::function<bool(std::string*)>& next_line, int vocab_size,
+    absl::string_view type) {
   if (type != "bpe" && type != "unigram") {
     return absl::InvalidArgumentError(absl::StrCat(
         "SentencePiece model type '", type, "' is not one of bpe, unigram"));
@@ -178,11 +186,18 @@ absl::Status TrainSentencePiece(
     return absl::InvalidArgumentError(
         absl::StrCat("SentencePiece training failed: ", error));
   }
-  return ReplaceFile(model_path, model, 0644);
+  return model;
 }
 
 absl::Status WriteLlmcTokenizer(const Tokenizer& tokenizer,
                                 const std::string& path) {
+  auto bytes = LlmcTokenizerBytes(tokenizer, path);
+  if (!bytes.ok()) return bytes.status();
+  return ReplaceFile(path, *bytes, 0644);
+}
+
+absl::StatusOr<std::string> LlmcTokenizerBytes(const Tokenizer& tokenizer,
+                                               absl::string_view path) {
   if (tokenizer.end_of_text() < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         path,
@@ -203,7 +218,7 @@ absl::Status WriteLlmcTokenizer(const Tokenizer& tokenizer,
     out += static_cast<char>(piece.size());
     out += piece;
   }
-  return ReplaceFile(path, out, 0644);
+  return out;
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> ParseLlmcTokenizer(

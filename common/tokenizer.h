@@ -65,6 +65,10 @@ bool IsTokenizerName(absl::string_view name);
 absl::Status TrainSentencePiece(
     const std::function<bool(std::string*)>& next_line, int vocab_size,
     absl::string_view type, const std::string& model_path);
+// The same, the model's bytes returned, nothing written.
+absl::StatusOr<std::string> TrainSentencePiece(
+    const std::function<bool(std::string*)>& next_line, int vocab_size,
+    absl::string_view type);
 
 // llm.c's tokenizer file: 256 int32 (magic 20240328, version 2, the
 // vocabulary's size, the end-of-text id), then each id's piece as a
@@ -73,6 +77,9 @@ absl::Status TrainSentencePiece(
 // piece is longer than 255 bytes.
 absl::Status WriteLlmcTokenizer(const Tokenizer& tokenizer,
                                 const std::string& path);
+// The bytes WriteLlmcTokenizer writes (`path` names the file in errors).
+absl::StatusOr<std::string> LlmcTokenizerBytes(const Tokenizer& tokenizer,
+                                               absl::string_view path);
 // The tokenizer of such a file (versions 1 and 2), which decodes only;
 // `field` names it in errors.
 absl::StatusOr<std::unique_ptr<Tokenizer>> ReadLlmcTokenizer(

@@ -73,7 +73,9 @@ class NodesBackend : public MpirunBackend {
       // Only a node whose daemon proved its session (registered with its
       // secret, heartbeating) gets an attempt's token: a node that went
       // down since it was placed is left out, and ptrsh refuses to reach it.
-      if (n.state() != v1::NODE_STATE_UP) continue;
+      // Nor does one waiting for approval (never placed; this only keeps it
+      // so).
+      if (n.state() != v1::NODE_STATE_UP || n.pending_approval()) continue;
       for (const NodeRanks& p : request.placement) {
         if (p.name != n.spec().name()) continue;
         absl::StrAppend(&text, p.name, " ", n.spec().address(), "\n");

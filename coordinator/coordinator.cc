@@ -18,6 +18,7 @@
 #include "common/auth_token.h"
 #include "common/job_state.h"
 #include "common/spec.h"
+#include "common/thread_entry.h"
 #include "coordinator/auth.h"
 #include "coordinator/coordinator_internal.h"
 #include "coordinator/paths.h"
@@ -128,7 +129,7 @@ void Coordinator::Start() {
     last_supervised_ = absl::InfinitePast();
   }
   stop_ = false;
-  supervisor_ = std::thread([this] {
+  supervisor_ = std::thread(ThreadEntry("supervisor", [this] {
     // A pass that starts this late (the machine or ptcoord too busy) delays
     // hang detection and kills: said, so that it is seen.
     const absl::Duration late = std::max(absl::Seconds(1), 5 * options_.tick);
@@ -147,7 +148,7 @@ void Coordinator::Start() {
       absl::MutexLock lock(&mu_);
       wake_.WaitWithTimeout(&mu_, options_.tick);
     }
-  });
+  }));
 }
 
 void Coordinator::Stop() {

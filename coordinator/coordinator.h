@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "common/spec.h"
 #include "coordinator/attempt_backend.h"
+#include "coordinator/auth_throttle.h"
 #include "coordinator/nodes.h"
 #include "coordinator/rank_times.h"
 #include "coordinator/reports.h"
@@ -112,6 +113,9 @@ class Coordinator {
 
   // The cluster's nodes (NodeService, ptctl nodes).
   NodeRegistry& nodes() { return *nodes_; }
+  // Failed authentication per peer, shared by every server of this
+  // coordinator (gRPC and the web UI). Thread-safe.
+  AuthThrottle& auth_throttle() { return auth_throttle_; }
 
   // Where ranks reach this coordinator (PTRAIN_COORDINATOR) when it is only
   // known after the server has bound its port; call before Start().
@@ -195,6 +199,9 @@ class Coordinator {
   // ptctl forget-node: NodeRegistry::Forget, busy while a running attempt
   // is placed on the node.
   absl::Status ForgetNode(const std::string& name);
+  // ptctl nodes approve: NodeRegistry::Approve; the node as it is now, and
+  // the scheduler woken, since it may take ranks from now on.
+  absl::StatusOr<v1::Node> ApproveNode(const std::string& name);
   // Every node, with slots_used filled in.
   std::vector<v1::Node> ListNodes() const;
 
@@ -263,6 +270,11 @@ class Coordinator {
     absl::Time last_report;  // hang detection: last accepted rank report
     // The newest step it reported progress for: reports may not go back.
     int64_t last_step = -1;
+    // The job's progress with the reports that could not be saved (a full
+    // state disk) applied, counted in its unsaved_reports; unset while
+    // every report was saved. Not in the record, which is what the disk
+    // has, until a later report or the attempt's end is saved with it.
+    std::optional<v1::Progress> received;
     // What a rank last said it was busy with (ReportAlive), until progress.
     std::string activity;
     // When each rank was last heard from (ReportAlive, ReportProgress).
@@ -439,6 +451,7 @@ class Coordinator {
   const CoordinatorOptions options_;
   const std::unique_ptr<Store> store_;
   std::unique_ptr<NodeRegistry> nodes_;  // set by Create
+  AuthThrottle auth_throttle_;
   // Runs the attempts (local, nodes or Slurm); set by Create.
   std::unique_ptr<AttemptBackend> backend_;
   const int lock_fd_;  // flock'ed STATE/lock, held for our lifetime

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/echo.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/flight_analysis.h"
 #include "coordinator/launcher.h"
@@ -23,7 +24,7 @@ namespace ptrain {
 
 // What every lookup of a job id answers when there is no such job.
 inline absl::Status UnknownJob(const std::string& id) {
-  return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  return absl::NotFoundError(absl::StrCat("no job ", EchoQuoted(id)));
 }
 
 // Waiting to be scheduled.

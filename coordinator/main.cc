@@ -14,6 +14,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/thread_entry.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/options.h"
 #include "coordinator/server.h"
@@ -97,4 +98,6 @@ int Run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return Run(argc, argv); }
+int main(int argc, char** argv) {
+  return ptrain::MainEntry([&] { return Run(argc, argv); });
+}

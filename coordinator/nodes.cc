@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/auth_token.h"
 #include "common/digest.h"
+#include "common/echo.h"
 #include "coordinator/auth.h"
 #include "coordinator/reports.h"
 #include "spdlog/spdlog.h"
@@ -16,10 +17,19 @@ namespace ptrain {
 namespace {
 int64_t UnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
 
+// The rule a node waiting for approval is held to, and what ends the wait.
+std::string WaitsForApproval(const std::string& name) {
+  return absl::StrCat(
+      "node ", EchoQuoted(name),
+      " waits for approval (ptcoord --require-node-approval): no attempt is "
+      "placed on it until an operator runs 'ptctl nodes approve ",
+      Echo(name), "'");
+}
+
 absl::Status SessionNotFound(const std::string& name) {
   return absl::NotFoundError(
-      absl::StrCat("node '", name.substr(0, 63),
-                   "' is not registered with this session: register again"));
+      absl::StrCat("node ", EchoQuoted(name),
+                   " is not registered with this session: register again"));
 }
 }  // namespace
 
@@ -113,6 +123,10 @@ absl::StatusOr<v1::RegisterNodeResponse> NodeRegistry::Register(
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(name);
   std::string secret_sha256, issued;
+  // Only a name ptcoord never knew waits: nodes registered before (by an
+  // older ptcoord, or before approval was required) keep their standing.
+  const bool pending = it == nodes_.end() ? options_.require_approval
+                                          : it->second.node.pending_approval();
   if (it != nodes_.end() && !it->second.secret_sha256.empty()) {
     if (request.node_secret().empty()) {
       return RefuseLocked(it->second, name, "carries no node secret", peer,
@@ -130,8 +144,8 @@ absl::StatusOr<v1::RegisterNodeResponse> NodeRegistry::Register(
     secret_sha256 = Sha256Hex(issued);
   }
   // Stored first: a registration the disk does not have did not happen.
-  if (absl::Status s =
-          store_->UpsertNode(request.node(), UnixMs(now), secret_sha256);
+  if (absl::Status s = store_->UpsertNode(request.node(), UnixMs(now),
+                                          secret_sha256, pending);
       !s.ok()) {
     return s;
   }
@@ -142,6 +156,7 @@ absl::StatusOr<v1::RegisterNodeResponse> NodeRegistry::Register(
   e.node.set_refused_registrations(before.refused_registrations());
   e.node.set_last_refused_unix_ms(before.last_refused_unix_ms());
   e.node.set_last_refused_peer(before.last_refused_peer());
+  e.node.set_pending_approval(pending);
   *e.node.mutable_spec() = request.node();
   e.node.set_registered_unix_ms(UnixMs(now));
   e.secret_sha256 = secret_sha256;
@@ -149,16 +164,24 @@ absl::StatusOr<v1::RegisterNodeResponse> NodeRegistry::Register(
   e.last_heartbeat = now;  // registering is a sign of life
   e.silent_since = now;
   if (!issued.empty()) {
-    spdlog::info(
-        "node {} registered for the first time from {}: bound to "
-        "a new node secret",
-        name, peer.empty() ? request.node().address() : peer);
+    const std::string event =
+        absl::StrCat("registered for the first time from ",
+                     peer.empty() ? request.node().address() : peer,
+                     ": bound to a new node secret",
+                     pending ? absl::StrCat("; ", WaitsForApproval(name)) : "");
+    spdlog::info("node {}: {}", name, event);
+    // A node that waits is kept in the record an operator reads later.
+    if (pending) {
+      store_->AddEvent(absl::StrCat("node:", name), UnixMs(now), event)
+          .IgnoreError();
+    }
   }
   v1::RegisterNodeResponse out;
   out.set_session(e.session);
   out.set_heartbeat_interval_ms(static_cast<int32_t>(
       absl::ToInt64Milliseconds(options_.heartbeat_interval)));
   out.set_node_secret(issued);
+  out.set_pending_approval(pending);
   return out;
 }
 
@@ -189,7 +212,7 @@ absl::Status NodeRegistry::RefuseLocked(Entry& e, const std::string& name,
 }
 
 absl::Status NodeRegistry::Heartbeat(const v1::NodeHeartbeatRequest& request,
-                                     absl::Time now) {
+                                     absl::Time now, bool* pending_approval) {
   if (!std::isfinite(request.load1()) || request.load1() < 0) {
     return absl::InvalidArgumentError(
         "load1 must be a finite number, not negative");
@@ -208,6 +231,9 @@ absl::Status NodeRegistry::Heartbeat(const v1::NodeHeartbeatRequest& request,
   e.silent_since = now;
   e.node.set_load1(request.load1());
   e.node.set_processes(request.processes());
+  if (pending_approval != nullptr) {
+    *pending_approval = e.node.pending_approval();
+  }
   return absl::OkStatus();
 }
 
@@ -219,7 +245,32 @@ absl::Status NodeRegistry::CheckSession(const std::string& name,
       it->second.session != session) {
     return SessionNotFound(name);
   }
+  if (it->second.node.pending_approval()) {
+    return absl::PermissionDeniedError(WaitsForApproval(name));
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Node> NodeRegistry::Approve(const std::string& name,
+                                               absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(name);
+  if (it == nodes_.end()) {
+    return absl::NotFoundError(absl::StrCat("no node ", EchoQuoted(name)));
+  }
+  if (it->second.node.pending_approval()) {
+    // Stored first: an approval the disk does not have did not happen.
+    if (absl::Status s = store_->ApproveNode(name); !s.ok()) return s;
+    it->second.node.set_pending_approval(false);
+    const std::string event = "approved: jobs may be placed on it";
+    spdlog::info("node {}: {}", name, event);
+    store_->AddEvent(absl::StrCat("node:", name), UnixMs(now), event)
+        .IgnoreError();
+  }
+  for (const v1::Node& n : ListLocked(now)) {
+    if (n.spec().name() == name) return n;
+  }
+  return absl::NotFoundError(absl::StrCat("no node ", EchoQuoted(name)));
 }
 
 absl::StatusOr<v1::Node> NodeRegistry::SetDraining(const std::string& name,
@@ -228,8 +279,7 @@ absl::StatusOr<v1::Node> NodeRegistry::SetDraining(const std::string& name,
   {
     absl::MutexLock lock(&mu_);
     if (!nodes_.count(name)) {
-      return absl::NotFoundError(
-          absl::StrCat("no node '", name.substr(0, 63), "'"));
+      return absl::NotFoundError(absl::StrCat("no node ", EchoQuoted(name)));
     }
   }
   if (absl::Status s = store_->SetNodeDraining(name, draining); !s.ok()) {
@@ -240,7 +290,7 @@ absl::StatusOr<v1::Node> NodeRegistry::SetDraining(const std::string& name,
   for (const v1::Node& n : ListLocked(now)) {
     if (n.spec().name() == name) return n;
   }
-  return absl::NotFoundError(absl::StrCat("no node '", name, "'"));
+  return absl::NotFoundError(absl::StrCat("no node ", EchoQuoted(name)));
 }
 
 absl::Status NodeRegistry::Forget(const std::string& name, bool busy,
@@ -248,8 +298,7 @@ absl::Status NodeRegistry::Forget(const std::string& name, bool busy,
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(name);
   if (it == nodes_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("no node '", name.substr(0, 63), "'"));
+    return absl::NotFoundError(absl::StrCat("no node ", EchoQuoted(name)));
   }
   if (UpLocked(it->second, now)) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -7,10 +7,15 @@
 // A node's name is bound to the daemon that first registered it: that
 // registration is given a node secret (only its SHA-256 is stored), and
 // every later registration of the name must carry it, up or down, same
-// address or not. The join token alone lets a new name join and nothing
-// more: it cannot take over a node (and with it the attempt tokens sent to
-// the node's address). Forget() unbinds a node that is down and runs
-// nothing (reinstalled, retired).
+// address or not. The join token cannot take over a node (and with it the
+// attempt tokens sent to the node's address). Forget() unbinds a node that
+// is down and runs nothing (reinstalled, retired).
+//
+// The join token does let its holder add a node of a new name, and jobs
+// placed on that node hand it their attempt tokens. With
+// `require_approval`, a new name registers and heartbeats but waits
+// (Node.pending_approval, stored) until an operator approves it: nothing is
+// placed on it and it authorizes no Exec until then.
 #ifndef PTRAIN_COORDINATOR_NODES_H_
 #define PTRAIN_COORDINATOR_NODES_H_
 
@@ -35,6 +40,11 @@ struct NodeRegistryOptions {
   std::vector<std::string> join_tokens;
   absl::Duration heartbeat_interval = absl::Seconds(3);
   absl::Duration timeout = absl::Seconds(15);  // no heartbeat: DOWN
+  // ptcoord --require-node-approval: a name registering for the first time
+  // (or the first time since Forget) waits for Approve. Nodes known before
+  // keep their standing, and a node waiting stays waiting whatever this
+  // says after a restart: only Approve ends the wait.
+  bool require_approval = false;
 };
 
 // "" when `spec` is a valid registration, else what is wrong, naming the
@@ -56,35 +66,47 @@ class NodeRegistry {
   // not carry it: nothing changes but the refusal's count, which is logged
   // with `peer` (who asked) and kept as a store event "node:NAME";
   // Unavailable when it cannot be stored (nothing changes then). A first
-  // registration gets a new secret in the response.
+  // registration gets a new secret in the response, and with
+  // require_approval it is stored as waiting for approval in the same
+  // transaction. The response says whether the node waits.
   absl::StatusOr<v1::RegisterNodeResponse> Register(
       const v1::RegisterNodeRequest& request, absl::Time now,
       const std::string& peer = "");
   // NotFound when the name's session is not the current one (register
-  // again); InvalidArgument naming the field for a bad report.
+  // again); InvalidArgument naming the field for a bad report. On success
+  // *pending_approval (when not null) says whether the node still waits
+  // for approval.
   absl::Status Heartbeat(const v1::NodeHeartbeatRequest& request,
-                         absl::Time now);
+                         absl::Time now, bool* pending_approval = nullptr);
 
-  // OK when `session` is the node's current one; NotFound otherwise.
+  // OK when `session` is the node's current one and the node may run
+  // attempts; NotFound for another session, PermissionDenied (naming the
+  // rule and `ptctl nodes approve`) while it waits for approval.
   absl::Status CheckSession(const std::string& name,
                             const std::string& session) const;
+
+  // Approves a node waiting for approval (stored first); an approved node
+  // is returned unchanged. NotFound for an unknown name, Unavailable when
+  // the store refuses (nothing changes then).
+  absl::StatusOr<v1::Node> Approve(const std::string& name, absl::Time now);
 
   // Takes a node out of scheduling or puts it back (stored first).
   // NotFound for an unknown name, Unavailable when it cannot be stored.
   absl::StatusOr<v1::Node> SetDraining(const std::string& name, bool draining,
                                        absl::Time now);
 
-  // Forgets a node (ForgetNode): its registration, secret and draining
-  // flag, stored first. NotFound for an unknown name, FailedPrecondition
-  // while it is up (`busy`: while an attempt is placed on it, the caller's
-  // knowledge), Unavailable when the store refuses.
+  // Forgets a node (ForgetNode): its registration, secret, draining flag
+  // and approval, stored first. NotFound for an unknown name,
+  // FailedPrecondition while it is up (`busy`: while an attempt is placed on
+  // it, the caller's knowledge), Unavailable when the store refuses.
   absl::Status Forget(const std::string& name, bool busy, absl::Time now);
 
   // True when nodes may join (a join token is configured): ptcoord then
   // places jobs on nodes rather than on its own host.
   bool enabled() const { return !options_.join_tokens.empty(); }
 
-  // Every known node by name, with its state at `now`.
+  // Every known node by name, with its state at `now` (and
+  // pending_approval: such a node is never schedulable).
   std::vector<v1::Node> List(absl::Time now) const;
 
   // ptcoord could not run for `gap` (paused, stalled): no heartbeat could be
@@ -94,7 +116,8 @@ class NodeRegistry {
 
  private:
   struct Entry {
-    v1::Node node;        // spec, registered time, last report, refusals
+    // spec, registered time, last report, refusals, pending_approval
+    v1::Node node;
     std::string session;  // "" until it registers with this ptcoord
     // Sha256Hex of the node secret; "" for a node an older ptcoord
     // registered.

@@ -6,9 +6,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/auth_token.h"
 #include "common/gpu_inventory.h"
@@ -73,6 +75,16 @@ absl::Status LoadServerTls(const std::string& cert, const std::string& key,
     absl::StatusOr<std::string> pem =
         ReadCertificateFile("--tls-client-ca", client_ca);
     if (!pem.ok()) return pem.status();
+    // Said once at start: a refused client certificate ends in the TLS
+    // handshake, where gRPC logs no more than "certificate verify failed".
+    std::vector<std::string> subjects;
+    for (const CertificateNames& n : DescribeCertificates(*pem)) {
+      subjects.push_back(n.subject);
+    }
+    spdlog::info(
+        "mutual TLS: the job API takes client certificates issued by {} "
+        "(--tls-client-ca {})",
+        absl::StrJoin(subjects, " or "), client_ca);
     tls->client_ca_pem = std::move(*pem);
   }
   if (!rank_ca.empty()) {
@@ -141,21 +153,50 @@ std::optional<Refusal> CheckTlsAndGpus(const PtcoordFlags& f,
   return std::nullopt;
 }
 
+// --ui-listen in plain text off loopback (--ui-insecure): as loud as the
+// warning for --listen, since the login form and cookie carry a user token.
+void WarnOfPlainTextUi(const PtcoordFlags& f) {
+  if (f.ui_listen.empty() || !f.tls_cert.empty() || !f.ui_insecure) return;
+  const std::string host = f.ui_listen.substr(0, f.ui_listen.rfind(':'));
+  if (IsLoopbackHost(host)) return;
+  std::fprintf(stderr,
+               "ptcoord: WARNING: the web UI serves plain text on %s, which "
+               "is not loopback (--ui-insecure): the user token (login form, "
+               "cookie) and job data cross the network unencrypted and can "
+               "be read or replayed. Use --tls-cert and --tls-key, or "
+               "--ui-listen 127.0.0.1:PORT.\n",
+               f.ui_listen.c_str());
+  spdlog::warn("web UI in plain text on a non-loopback address ({}); use TLS",
+               f.ui_listen);
+}
+
 // The token files: --token-file into `o.user_tokens`, --join-token-file into
-// `o.nodes.join_tokens`.
+// `o.nodes.join_tokens` (and --require-node-approval, which needs it).
+// Tokens short enough to guess are accepted, with a warning each.
 std::optional<Refusal> LoadTokenFiles(const PtcoordFlags& f,
                                       CoordinatorOptions* o) {
+  if (f.require_node_approval && f.join_token_file.empty()) {
+    return Refusal{
+        "--require-node-approval needs --join-token-file (it holds the nodes "
+        "that join with a join token until an operator approves them; "
+        "without one no node joins)"};
+  }
+  o->nodes.require_approval = f.require_node_approval;
+  std::vector<std::string> short_tokens;
   if (!f.token_file.empty()) {
     absl::StatusOr<std::vector<std::string>> t =
-        LoadTokenFile(f.token_file, "--token-file");
+        LoadTokenFile(f.token_file, "--token-file", &short_tokens);
     if (!t.ok()) return Refuse(t.status(), 2);
     o->user_tokens = std::move(*t);
   }
   if (!f.join_token_file.empty()) {
     absl::StatusOr<std::vector<std::string>> t =
-        LoadTokenFile(f.join_token_file, "--join-token-file");
+        LoadTokenFile(f.join_token_file, "--join-token-file", &short_tokens);
     if (!t.ok()) return Refuse(t.status(), 2);
     o->nodes.join_tokens = std::move(*t);
+  }
+  for (const std::string& warning : short_tokens) {
+    std::fprintf(stderr, "ptcoord: WARNING: %s\n", warning.c_str());
   }
   return std::nullopt;
 }
@@ -307,6 +348,10 @@ void AddFlags(CLI::App& app, PtcoordFlags& f) {
   app.add_option("--join-token-file", f.join_token_file,
                  "tokens nodes (ptworkerd) join with, one per line (default: "
                  "no node may register)");
+  app.add_flag("--require-node-approval", f.require_node_approval,
+               "a node that joins under a new name takes no job until an "
+               "operator runs 'ptctl nodes approve NAME' (stored; nodes known "
+               "before keep their standing)");
   app.add_option("--node-timeout-s", f.node_timeout_s,
                  "a node without a heartbeat for this long is down (nodes "
                  "heartbeat five times as often)")
@@ -348,6 +393,7 @@ std::optional<Refusal> OptionsFromFlags(const PtcoordFlags& flags,
   if (std::optional<Refusal> r = CheckTlsAndGpus(flags, options, tls)) {
     return r;
   }
+  WarnOfPlainTextUi(flags);
   if (std::optional<Refusal> r = LoadTokenFiles(flags, options)) return r;
   if (std::optional<Refusal> r = SetPaths(flags, options)) return r;
   if (std::optional<Refusal> r = SetDefaultUserToken(flags, options)) return r;

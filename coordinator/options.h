@@ -31,6 +31,7 @@ struct PtcoordFlags {
   std::string ui_listen;
   bool ui_insecure = false;
   std::string join_token_file;
+  bool require_node_approval = false;
   double node_timeout_s = 15;
   std::string launcher, slurm_partition, slurm_account, slurm_extra;
   double slurm_node_grace_s = 30;
@@ -52,7 +53,8 @@ struct Refusal {
 // The options and TLS `flags` describe, each checked: TLS files parse and
 // pair, token files load, the state dir is created and private (its user
 // token generated when --token-file is not given), data roots resolve,
-// ptworker and ptrsh exist, --launcher fits --join-token-file. Warns on
+// ptworker and ptrsh exist, --launcher and --require-node-approval fit
+// --join-token-file. Warns on
 // stderr when it would serve plain text on an address that is not loopback.
 std::optional<Refusal> OptionsFromFlags(const PtcoordFlags& flags,
                                         CoordinatorOptions* options,

@@ -21,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/echo.h"
 
 namespace ptrain {
 namespace {
@@ -39,8 +40,8 @@ absl::StatusOr<std::string> ReadLink(const std::string& path) {
   std::string target(PATH_MAX, '\0');
   const ssize_t n = ::readlink(path.c_str(), target.data(), target.size());
   if (n < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot read symlink ", path, ": ", std::strerror(errno)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot read symlink ", Echo(path), ": ", std::strerror(errno)));
   }
   target.resize(static_cast<size_t>(n));
   return target;
@@ -78,7 +79,7 @@ absl::StatusOr<std::string> ResolvePath(const std::string& value,
       // and resolution goes on from a folder that does exist.
       if (errno != ENOENT && errno != ENOTDIR) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "cannot resolve ", candidate, ": ", std::strerror(errno)));
+            "cannot resolve ", Echo(candidate), ": ", std::strerror(errno)));
       }
       resolved.push_back(name);
       continue;
@@ -89,7 +90,7 @@ absl::StatusOr<std::string> ResolvePath(const std::string& value,
     }
     if (++links > kMaxSymlinks) {
       return absl::InvalidArgumentError(
-          absl::StrCat("'", value, "' passes more than ", kMaxSymlinks,
+          absl::StrCat(EchoQuoted(value), " passes more than ", kMaxSymlinks,
                        " symlinks (a symlink loop?)"));
     }
     absl::StatusOr<std::string> target = ReadLink(candidate);
@@ -128,10 +129,10 @@ absl::StatusOr<std::string> ConfinePath(const std::string& field,
     absl::StatusOr<std::string> r = ResolvePath(root, base_dir);
     if (r.ok() && IsUnder(resolved, fs::path(*r))) return resolved.string();
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, "='", value, "' resolves to ", resolved.string(),
-                   ", outside the coordinator's data roots (",
-                   absl::StrJoin(roots, ", "), ")"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, "=", EchoQuoted(value), " resolves to ", Echo(resolved.string()),
+      ", outside the coordinator's data roots (", absl::StrJoin(roots, ", "),
+      ")"));
 }
 
 absl::Status ConfineSpecPaths(v1::JobSpec* spec, const std::string& base_dir,
@@ -181,7 +182,7 @@ absl::Status CheckInputExists(absl::string_view field, const std::string& path,
   if (::stat(path.c_str(), &st) == 0) {
     if (S_ISREG(st.st_mode)) return absl::OkStatus();
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ": ", path, " is not a file"));
+        absl::StrCat(field, ": ", Echo(path), " is not a file"));
   }
   const int err = errno;
   if (may_be_pattern && path.find_first_of("*?[") != std::string::npos) {
@@ -191,11 +192,11 @@ absl::Status CheckInputExists(absl::string_view field, const std::string& path,
     ::globfree(&g);
     if (matches > 0) return absl::OkStatus();
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ": no file matches ", path));
+        absl::StrCat(field, ": no file matches ", Echo(path)));
   }
   const bool missing = err == ENOENT || err == ENOTDIR;
   return absl::InvalidArgumentError(absl::StrCat(
-      field, ": ", path,
+      field, ": ", Echo(path),
       missing ? " does not exist" : absl::StrCat(": ", std::strerror(err))));
 }
 

@@ -45,12 +45,12 @@ absl::Status Coordinator::ReportProgress(const v1::ReportProgressRequest& r) {
   // The rank is alive even when the disk is full.
   running_[r.job_id()].last_report = absl::Now();
   running_[r.job_id()].heard[r.rank()] = absl::Now();
-  if (!r.is_eval()) {
-    running_[r.job_id()].reported_steps[r.rank()] = {r.step(), absl::Now()};
-  }
+  Running& run = running_[r.job_id()];
+  if (!r.is_eval()) run.reported_steps[r.rank()] = {r.step(), absl::Now()};
   JobUpdate u;
   u.record = e->record;
   v1::Progress* p = u.record.job.mutable_progress();
+  if (run.received.has_value()) *p = *run.received;
   p->set_step(r.step());
   if (r.is_eval()) {
     p->set_val_loss(r.val_loss());
@@ -72,8 +72,15 @@ absl::Status Coordinator::ReportProgress(const v1::ReportProgressRequest& r) {
     point.set_lr(r.lr());
   }
   point.set_unix_ms(p->unix_ms());
-  if (absl::Status s = Commit(*e, std::move(u)); !s.ok()) return s;
-  Running& run = running_[r.job_id()];
+  v1::Progress received = *p;
+  if (absl::Status s = Commit(*e, std::move(u)); !s.ok()) {
+    // Kept apart from the record: the attempt's end writes the newest
+    // figures, and says how many points the loss history lacks.
+    received.set_unsaved_reports(received.unsaved_reports() + 1);
+    run.received = std::move(received);
+    return s;
+  }
+  run.received.reset();
   run.last_step = std::max(run.last_step, r.step());
   run.activity.clear();
   return absl::OkStatus();

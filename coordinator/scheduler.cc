@@ -77,7 +77,10 @@ std::vector<FreeNode> FreeNodesOf(const std::vector<v1::Node>& nodes,
   };
   std::vector<FreeNode> out;
   for (const v1::Node& n : nodes) {
-    if (n.state() != v1::NODE_STATE_UP || n.draining()) continue;
+    if (n.state() != v1::NODE_STATE_UP || n.draining() ||
+        n.pending_approval()) {
+      continue;
+    }
     const std::string& name = n.spec().name();
     int free = n.spec().slots() - used(used_slots, name);
     if (gpus) free = std::min(free, n.spec().gpus() - used(used_gpus, name));

@@ -70,15 +70,17 @@ class Scheduler {
   const int total_gpus_;
 };
 
-// A node that may take ranks now: up, not draining, `free` slots unused.
+// A node that may take ranks now: up, not draining, approved, `free` slots
+// unused.
 struct FreeNode {
   std::string name;
   int free = 0;
 };
 
 // The nodes of `nodes` a job may take ranks on now, with how many: up, not
-// draining, slots unused (`used_slots` per node). A job with `gpus` (one
-// GPU per rank, resources.device=cuda) takes only nodes with unused GPUs
+// draining, not waiting for approval, slots unused (`used_slots` per node). A
+// job with `gpus` (one GPU per rank, resources.device=cuda) takes only nodes
+// with unused GPUs
 // (`used_gpus`), at most one rank per free GPU.
 std::vector<FreeNode> FreeNodesOf(const std::vector<v1::Node>& nodes,
                                   const std::map<std::string, int>& used_slots,

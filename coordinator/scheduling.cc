@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "common/auth_token.h"
 #include "common/digest.h"
+#include "common/echo.h"
 #include "coordinator/auth.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/coordinator_internal.h"
@@ -243,6 +244,15 @@ absl::StatusOr<v1::Node> Coordinator::DrainNode(const std::string& name,
   return n;
 }
 
+absl::StatusOr<v1::Node> Coordinator::ApproveNode(const std::string& name) {
+  absl::StatusOr<v1::Node> n = nodes_->Approve(name, absl::Now());
+  if (!n.ok()) return n;
+  absl::MutexLock lock(&mu_);
+  SetSlotsUsed(NodeSlotsUsed(RunningJobsBut()), &*n);
+  wake_.Signal();
+  return n;
+}
+
 absl::Status Coordinator::ForgetNode(const std::string& name) {
   absl::MutexLock lock(&mu_);
   const std::map<std::string, int> used = NodeSlotsUsed(RunningJobsBut());
@@ -257,7 +267,7 @@ absl::StatusOr<v1::AuthorizeExecResponse> Coordinator::AuthorizeExec(
   }
   const absl::Status denied = absl::PermissionDeniedError(
       absl::StrCat("the token is not that of a running attempt placed on node ",
-                   r.name().substr(0, 63)));
+                   EchoQuoted(r.name())));
   if (r.token_sha256().size() != 64) return denied;
   absl::MutexLock lock(&mu_);
   for (const auto& [id, run] : running_) {

@@ -59,14 +59,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorUi>> ServeUi(
   absl::StatusOr<std::unique_ptr<CoordinatorUi>> ui =
       CoordinatorUi::Start(o, c);
   if (!ui.ok()) return ui.status();
-  std::string host = listen.substr(0, listen.rfind(':'));
-  if (host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";
+  // Where it listens, as given: a wildcard is every address of this host,
+  // which a user must know (not the 127.0.0.1 one would dial).
+  const std::string host = listen.substr(0, listen.rfind(':'));
+  const bool every = host == "0.0.0.0" || host == "[::]";
   const std::string url = absl::StrCat(o.tls_pem.empty() ? "http" : "https",
                                        "://", host, ":", (*ui)->port(), "/");
   WritePrivateFile((fs::path(state_dir) / "ui_address").string(), url + "\n")
       .IgnoreError();
-  std::printf("ptcoord: web UI on %s (user token: %s)\n", url.c_str(),
-              o.tls_pem.empty() ? "plain text" : "TLS");
+  std::printf("ptcoord: web UI on %s (user token: %s%s)\n", url.c_str(),
+              o.tls_pem.empty() ? "plain text" : "TLS",
+              every ? "; every address of this host" : "");
   std::fflush(stdout);
   return ui;
 }

@@ -35,8 +35,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorHttp>> ServeMetrics(
 
 // The web UI on `listen` (--ui-listen), over TLS when `tls` has a
 // certificate (its chain and key written to STATE_DIR/ui-tls.pem, 0600,
-// for civetweb); plain text elsewhere than loopback only with `insecure`.
-// Writes the URL to STATE_DIR/ui_address and prints it.
+// for the UI's OpenSSL); plain text elsewhere than loopback only with
+// `insecure`. Writes its URL (the host as --ui-listen gives it, a wildcard
+// included, and the port bound) to STATE_DIR/ui_address and prints it.
 absl::StatusOr<std::unique_ptr<CoordinatorUi>> ServeUi(
     const std::string& listen, bool insecure, Coordinator* c,
     const std::string& state_dir, const ServerTls& tls);

@@ -9,9 +9,11 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "common/bounded_file.h"
 #include "common/job_state.h"
+#include "common/thread_entry.h"
 #include "ptrain/v1/coordinator.grpc.pb.h"
 #include "ptrain/v1/node.grpc.pb.h"
 
@@ -32,6 +34,17 @@ std::optional<std::string> Authorization(grpc::CallbackServerContext* ctx) {
   return std::string(it->second.data(), it->second.size());
 }
 
+// `check` of a credential of `kind` through the coordinator's throttle on
+// failed authentication: a peer that failed too often is refused
+// (RESOURCE_EXHAUSTED, saying why) before anything is checked.
+absl::Status Throttled(Coordinator* c, grpc::CallbackServerContext* ctx,
+                       CredentialKind kind,
+                       absl::FunctionRef<absl::Status()> check) {
+  return c->auth_throttle().Check(PeerKeyOfGrpcPeer(ctx->peer()), kind,
+                                  Authorization(ctx).has_value(), check,
+                                  absl::Now());
+}
+
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx,
                                const absl::Status& s) {
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
@@ -50,11 +63,12 @@ class ThreadedWriter : public grpc::ServerWriteReactor<T> {
                                           const std::atomic<bool>& cancelled)>;
 
   explicit ThreadedWriter(Body body) {
-    thread_ = std::thread([this, body = std::move(body)] {
-      const absl::Status s =
-          body([this](const T& m) { return WriteOne(m); }, cancelled_);
-      this->Finish(ToGrpc(s));
-    });
+    thread_ =
+        std::thread(ThreadEntry("rpc-stream", [this, body = std::move(body)] {
+          const absl::Status s =
+              body([this](const T& m) { return WriteOne(m); }, cancelled_);
+          this->Finish(ToGrpc(s));
+        }));
   }
   void OnWriteDone(bool ok) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -96,11 +110,12 @@ class ThreadedUnary : public grpc::ServerUnaryReactor {
  public:
   explicit ThreadedUnary(std::function<absl::Status()> body) {
     std::lock_guard<std::mutex> lock(mu_);
-    thread_ = std::thread([this, body = std::move(body)] {
-      const absl::Status s = body();
-      { std::lock_guard<std::mutex> lock(mu_); }  // thread_ is set
-      Finish(ToGrpc(s));
-    });
+    thread_ =
+        std::thread(ThreadEntry("rpc-call", [this, body = std::move(body)] {
+          const absl::Status s = body();
+          { std::lock_guard<std::mutex> lock(mu_); }  // thread_ is set
+          Finish(ToGrpc(s));
+        }));
   }
   void OnDone() override {
     // gRPC may call this on the thread that finished the call.
@@ -339,10 +354,27 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
     return Done(ctx, c_->ForgetNode(req->name()));
   }
 
+  grpc::ServerUnaryReactor* ApproveNode(
+      grpc::CallbackServerContext* ctx, const v1::ApproveNodeRequest* req,
+      v1::ApproveNodeResponse* resp) override {
+    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
+    if (req->name().empty()) {
+      return Done(ctx, absl::InvalidArgumentError("name is empty"));
+    }
+    absl::StatusOr<v1::Node> n = c_->ApproveNode(req->name());
+    if (n.ok()) *resp->mutable_node() = std::move(*n);
+    return Done(ctx, n.status());
+  }
+
  private:
+  absl::Status Authenticate(grpc::CallbackServerContext* ctx) const {
+    return Throttled(c_, ctx, CredentialKind::kUser,
+                     [&] { return CheckCredentials(ctx); });
+  }
+
   // With --tls-client-ca, a verified client certificate first; then the
   // user token either way.
-  absl::Status Authenticate(grpc::CallbackServerContext* ctx) const {
+  absl::Status CheckCredentials(grpc::CallbackServerContext* ctx) const {
     if (require_client_cert_) {
       const std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
       if (auth == nullptr || !auth->IsPeerAuthenticated()) {
@@ -366,8 +398,7 @@ class NodeServiceImpl final : public v1::NodeService::CallbackService {
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const v1::RegisterNodeRequest* req,
                                      v1::RegisterNodeResponse* resp) override {
-    if (absl::Status a = nodes_->AuthenticateNode(Authorization(ctx));
-        !a.ok()) {
+    if (absl::Status a = AuthenticateNode(ctx); !a.ok()) {
       return Done(ctx, a);
     }
     absl::StatusOr<v1::RegisterNodeResponse> r =
@@ -378,12 +409,13 @@ class NodeServiceImpl final : public v1::NodeService::CallbackService {
   grpc::ServerUnaryReactor* Heartbeat(
       grpc::CallbackServerContext* ctx, const v1::NodeHeartbeatRequest* req,
       v1::NodeHeartbeatResponse* resp) override {
-    if (absl::Status a = nodes_->AuthenticateNode(Authorization(ctx));
-        !a.ok()) {
+    if (absl::Status a = AuthenticateNode(ctx); !a.ok()) {
       return Done(ctx, a);
     }
-    absl::Status s = nodes_->Heartbeat(*req, absl::Now());
+    bool pending = false;
+    absl::Status s = nodes_->Heartbeat(*req, absl::Now(), &pending);
     if (s.ok()) {
+      resp->set_pending_approval(pending);
       for (std::string& uid : c_->AttemptsOnNode(req->name())) {
         resp->add_attempt_uids(std::move(uid));
       }
@@ -393,8 +425,7 @@ class NodeServiceImpl final : public v1::NodeService::CallbackService {
   grpc::ServerUnaryReactor* AuthorizeExec(
       grpc::CallbackServerContext* ctx, const v1::AuthorizeExecRequest* req,
       v1::AuthorizeExecResponse* resp) override {
-    if (absl::Status a = nodes_->AuthenticateNode(Authorization(ctx));
-        !a.ok()) {
+    if (absl::Status a = AuthenticateNode(ctx); !a.ok()) {
       return Done(ctx, a);
     }
     absl::StatusOr<v1::AuthorizeExecResponse> r = c_->AuthorizeExec(*req);
@@ -403,6 +434,12 @@ class NodeServiceImpl final : public v1::NodeService::CallbackService {
   }
 
  private:
+  absl::Status AuthenticateNode(grpc::CallbackServerContext* ctx) {
+    return Throttled(c_, ctx, CredentialKind::kNode, [&] {
+      return nodes_->AuthenticateNode(Authorization(ctx));
+    });
+  }
+
   Coordinator* const c_;
   NodeRegistry* const nodes_;
 };
@@ -414,9 +451,7 @@ class RankServiceImpl final : public v1::RankService::CallbackService {
   grpc::ServerUnaryReactor* ReportProgress(
       grpc::CallbackServerContext* ctx, const v1::ReportProgressRequest* req,
       v1::ReportProgressResponse*) override {
-    if (absl::Status a =
-            c_->AuthenticateRank(req->job_id(), Authorization(ctx));
-        !a.ok()) {
+    if (absl::Status a = AuthenticateRank(ctx, req->job_id()); !a.ok()) {
       return Done(ctx, a);
     }
     return Done(ctx, c_->ReportProgress(*req));
@@ -424,9 +459,7 @@ class RankServiceImpl final : public v1::RankService::CallbackService {
   grpc::ServerUnaryReactor* ReportCheckpoint(
       grpc::CallbackServerContext* ctx, const v1::ReportCheckpointRequest* req,
       v1::ReportCheckpointResponse*) override {
-    if (absl::Status a =
-            c_->AuthenticateRank(req->job_id(), Authorization(ctx));
-        !a.ok()) {
+    if (absl::Status a = AuthenticateRank(ctx, req->job_id()); !a.ok()) {
       return Done(ctx, a);
     }
     return Done(ctx, c_->ReportCheckpoint(*req));
@@ -434,9 +467,7 @@ class RankServiceImpl final : public v1::RankService::CallbackService {
   grpc::ServerUnaryReactor* ReportEndpoint(
       grpc::CallbackServerContext* ctx, const v1::ReportEndpointRequest* req,
       v1::ReportEndpointResponse*) override {
-    if (absl::Status a =
-            c_->AuthenticateRank(req->job_id(), Authorization(ctx));
-        !a.ok()) {
+    if (absl::Status a = AuthenticateRank(ctx, req->job_id()); !a.ok()) {
       return Done(ctx, a);
     }
     return Done(ctx, c_->ReportEndpoint(*req));
@@ -444,15 +475,20 @@ class RankServiceImpl final : public v1::RankService::CallbackService {
   grpc::ServerUnaryReactor* ReportAlive(grpc::CallbackServerContext* ctx,
                                         const v1::ReportAliveRequest* req,
                                         v1::ReportAliveResponse*) override {
-    if (absl::Status a =
-            c_->AuthenticateRank(req->job_id(), Authorization(ctx));
-        !a.ok()) {
+    if (absl::Status a = AuthenticateRank(ctx, req->job_id()); !a.ok()) {
       return Done(ctx, a);
     }
     return Done(ctx, c_->ReportAlive(*req));
   }
 
  private:
+  absl::Status AuthenticateRank(grpc::CallbackServerContext* ctx,
+                                const std::string& job_id) {
+    return Throttled(c_, ctx, CredentialKind::kRank, [&] {
+      return c_->AuthenticateRank(job_id, Authorization(ctx));
+    });
+  }
+
   Coordinator* const c_;
 };
 

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/digest.h"
+#include "common/echo.h"
 
 namespace ptrain {
 namespace {
@@ -58,6 +59,7 @@ CREATE TABLE IF NOT EXISTS nodes (
   name TEXT PRIMARY KEY, spec BLOB NOT NULL, registered_ms INTEGER NOT NULL,
   secret_sha256 TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS drained_nodes (name TEXT PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS pending_nodes (name TEXT PRIMARY KEY);
 )sql";
 
 // A full disk, an I/O error or a lock held elsewhere may pass: Unavailable
@@ -337,7 +339,7 @@ absl::Status Store::UpdateJobLocked(const JobRecord& r) {
   absl::Status s = up.Run();
   if (!s.ok()) return s;
   if (sqlite3_changes(db_) == 0)
-    return absl::NotFoundError(absl::StrCat("no job ", r.job.id()));
+    return absl::NotFoundError(absl::StrCat("no job ", EchoQuoted(r.job.id())));
   return absl::OkStatus();
 }
 
@@ -372,7 +374,7 @@ absl::StatusOr<JobRecord> Store::GetJob(const std::string& id) {
   if (!s.ok()) return s;
   if (q.Step(&s)) return RowToJob(q);
   if (!s.ok()) return s;
-  return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  return absl::NotFoundError(absl::StrCat("no job ", EchoQuoted(id)));
 }
 
 absl::StatusOr<std::vector<JobRecord>> Store::ListJobs() {
@@ -592,15 +594,29 @@ absl::StatusOr<std::vector<v1::Checkpoint>> Store::ListCheckpoints(
 
 absl::Status Store::UpsertNode(const v1::NodeSpec& spec,
                                int64_t registered_unix_ms,
-                               const std::string& secret_sha256) {
+                               const std::string& secret_sha256,
+                               bool pending_approval) {
   absl::MutexLock lock(&mu_);
-  Stmt q(db_,
-         "INSERT OR REPLACE INTO nodes (name, spec, registered_ms, "
-         "secret_sha256) VALUES (?, ?, ?, ?)");
-  q.Bind(1, spec.name())
-      .BindBlob(2, spec.SerializeAsString())
-      .Bind(3, registered_unix_ms)
-      .Bind(4, secret_sha256);
+  return InTransaction([&]() -> absl::Status {
+    Stmt q(db_,
+           "INSERT OR REPLACE INTO nodes (name, spec, registered_ms, "
+           "secret_sha256) VALUES (?, ?, ?, ?)");
+    q.Bind(1, spec.name())
+        .BindBlob(2, spec.SerializeAsString())
+        .Bind(3, registered_unix_ms)
+        .Bind(4, secret_sha256);
+    if (absl::Status s = q.Run(); !s.ok()) return s;
+    if (!pending_approval) return absl::OkStatus();
+    Stmt p(db_, "INSERT OR REPLACE INTO pending_nodes (name) VALUES (?)");
+    p.Bind(1, spec.name());
+    return p.Run();
+  });
+}
+
+absl::Status Store::ApproveNode(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  Stmt q(db_, "DELETE FROM pending_nodes WHERE name = ?");
+  q.Bind(1, name);
   return q.Run();
 }
 
@@ -608,7 +624,8 @@ absl::Status Store::DeleteNode(const std::string& name) {
   absl::MutexLock lock(&mu_);
   return InTransaction([&]() -> absl::Status {
     for (const char* sql : {"DELETE FROM nodes WHERE name = ?",
-                            "DELETE FROM drained_nodes WHERE name = ?"}) {
+                            "DELETE FROM drained_nodes WHERE name = ?",
+                            "DELETE FROM pending_nodes WHERE name = ?"}) {
       Stmt q(db_, sql);
       q.Bind(1, name);
       if (absl::Status s = q.Run(); !s.ok()) return s;
@@ -631,7 +648,9 @@ absl::StatusOr<std::vector<StoredNode>> Store::ListNodes() {
   Stmt q(db_,
          "SELECT spec, registered_ms, "
          "EXISTS (SELECT 1 FROM drained_nodes d WHERE d.name = nodes.name), "
-         "secret_sha256 FROM nodes ORDER BY name");
+         "secret_sha256, "
+         "EXISTS (SELECT 1 FROM pending_nodes p WHERE p.name = nodes.name) "
+         "FROM nodes ORDER BY name");
   absl::Status s = q.status();
   if (!s.ok()) return s;
   std::vector<StoredNode> out;
@@ -644,6 +663,7 @@ absl::StatusOr<std::vector<StoredNode>> Store::ListNodes() {
     n.set_registered_unix_ms(q.Int(1));
     n.set_draining(q.Int(2) != 0);
     stored.secret_sha256 = q.Text(3);
+    n.set_pending_approval(q.Int(4) != 0);
   }
   if (!s.ok()) return s;
   return out;

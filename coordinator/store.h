@@ -111,15 +111,21 @@ class Store {
                              const v1::Checkpoint& c);
   // A node's latest registration (replaces one of the same name) with the
   // SHA-256 of its secret; the nodes by name, with spec and registered time
-  // (state and heartbeats live in memory).
+  // (state and heartbeats live in memory). With `pending_approval` the node
+  // is also marked as waiting for approval, in the same transaction;
+  // without it, a mark it has stays.
   absl::Status UpsertNode(const v1::NodeSpec& spec, int64_t registered_unix_ms,
-                          const std::string& secret_sha256);
-  // Forgets a node's registration, secret and draining flag (one
-  // transaction).
+                          const std::string& secret_sha256,
+                          bool pending_approval = false);
+  // Clears a node's mark of waiting for approval (none: nothing changes).
+  absl::Status ApproveNode(const std::string& name);
+  // Forgets a node's registration, secret, draining flag and approval mark
+  // (one transaction).
   absl::Status DeleteNode(const std::string& name);
   // Drained nodes take no new attempts; kept across restarts.
   absl::Status SetNodeDraining(const std::string& name, bool draining);
-  // Registrations by name, with their draining flag and secret hash.
+  // Registrations by name, with their draining flag, approval mark
+  // (Node.pending_approval) and secret hash.
   absl::StatusOr<std::vector<StoredNode>> ListNodes();
 
   absl::StatusOr<std::vector<v1::Checkpoint>> ListCheckpoints(

@@ -266,6 +266,13 @@ void Coordinator::OnAttemptEnded(Entry& e) {
   JobUpdate u;
   u.record = e.record;
   const bool log_ended = RecoverFromRunLog(e, run.left->log, &u);
+  if (run.received.has_value() &&
+      run.received->step() > u.record.job.progress().step()) {
+    // Reports came that could not be saved, and the run log (on the same
+    // full disk, often) did not have them either: the newest received
+    // figures, with the count of points the history lacks.
+    *u.record.job.mutable_progress() = *run.received;
+  }
   const int n = u.record.job.attempts();
 
   // An end whose exit code we do not know is decided by what the attempt

@@ -2,12 +2,10 @@
 #include "coordinator/ui_server.h"
 
 #include <arpa/inet.h>
-#include <openssl/ssl.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <cctype>
-#include <chrono>
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <string_view>
@@ -20,8 +18,11 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "common/bounded_file.h"
 #include "common/incbin.h"
+#include "coordinator/auth_throttle.h"
+#include "coordinator/bounded_http.h"
 #include "coordinator/ui_api.h"
 #include "httplib.h"
 
@@ -155,6 +156,79 @@ std::optional<std::string> Authorization(const CoordinatorUi::Request& r) {
   return absl::StrCat("Bearer ", *token);
 }
 
+// Read-only pages of our own: no caching of data, no framing, no other
+// origin's scripts, no guessing of types, no address sent to another site.
+// (Not "no-referrer": under it a browser sends "Origin: null" with the
+// UI's own forms, which the check of a POST's origin refuses.)
+Response WithCommonHeaders(Response out) {
+  out.headers.insert(
+      out.headers.end(),
+      {{"Cache-Control", "no-store"},
+       {"X-Content-Type-Options", "nosniff"},
+       {"X-Frame-Options", "DENY"},
+       {"Referrer-Policy", "same-origin"},
+       {"Content-Security-Policy",
+        "default-src 'self'; script-src 'self'; style-src 'self' "
+        "'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'; "
+        "form-action 'self'"}});
+  return out;
+}
+
+void ToHttplib(Response out, httplib::Response& res) {
+  res.status = out.status;
+  for (const auto& [name, value] : out.headers) res.set_header(name, value);
+  res.set_content(std::move(out.body), out.content_type);
+}
+
+// Whether `req` announces a body: chunked, or a Content-Length above 0.
+bool AnnouncesBody(const httplib::Request& req) {
+  uint64_t length = 0;
+  return req.has_header("Transfer-Encoding") ||
+         (absl::SimpleAtoi(req.get_header_value("Content-Length"), &length) &&
+          length > 0);
+}
+
+// Whether a Host header names this UI on a loopback listener: a loopback
+// name or address, with the port listened on (absent: the scheme's
+// default). Else a page of another site that a DNS name rebound to
+// 127.0.0.1 could read. An absent Host is no browser's.
+bool IsOwnLoopbackHost(const std::string& header, int port, bool tls) {
+  if (header.empty()) return true;
+  std::string name = absl::AsciiStrToLower(header);
+  std::string port_text;
+  if (name.front() == '[') {
+    const size_t close = name.find(']');
+    if (close == std::string::npos) return false;
+    port_text = name.substr(close + 1);
+    name = name.substr(0, close + 1);
+    if (!port_text.empty()) {
+      if (port_text.front() != ':') return false;
+      port_text.erase(0, 1);
+    }
+  } else if (const size_t colon = name.find(':'); colon != std::string::npos) {
+    port_text = name.substr(colon + 1);
+    name = name.substr(0, colon);
+  }
+  int given = tls ? 443 : 80;
+  if (!port_text.empty() &&
+      (!absl::SimpleAtoi(port_text, &given) || port_text.front() == '+')) {
+    return false;
+  }
+  return given == port && IsLoopbackHost(name);
+}
+
+// Whether a POST came from a page of this UI: its Origin (else its Referer)
+// is the UI's own (the scheme, and the host and port the browser was sent
+// to). A request with neither is no browser form of another site.
+bool IsSameOrigin(const CoordinatorUi::Request& r, bool tls) {
+  if (r.origin.empty() && r.referer.empty()) return true;
+  if (r.host.empty()) return false;
+  const std::string own = absl::StrCat(tls ? "https://" : "http://", r.host);
+  if (!r.origin.empty()) return absl::EqualsIgnoreCase(r.origin, own);
+  return absl::EqualsIgnoreCase(r.referer, own) ||
+         absl::StartsWithIgnoreCase(r.referer, own + "/");
+}
+
 }  // namespace
 
 bool IsLoopbackHost(const std::string& host) {
@@ -171,8 +245,62 @@ bool IsLoopbackHost(const std::string& host) {
   return inet_pton(AF_INET6, h.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
 
-// Serves the UI's routes: every request through Handle().
-void CoordinatorUi::Serve(const httplib::Request& req,
+std::optional<CoordinatorUi::Response> CoordinatorUi::CheckFraming(
+    const httplib::Request& req) const {
+  const auto refuse = [](int status, const std::string& why) {
+    return Text(status, "text/plain; charset=utf-8", why + "\n");
+  };
+  if (req.path.size() > kMaxPath) {
+    return refuse(414,
+                  absl::StrCat("the path is longer than ", kMaxPath, " bytes"));
+  }
+  for (const char* name : {"Host", "Content-Length", "Transfer-Encoding"}) {
+    if (req.get_header_value_count(name) > 1) {
+      return refuse(400, absl::StrCat("the request has ", name, " twice"));
+    }
+  }
+  const bool chunked = req.has_header("Transfer-Encoding");
+  uint64_t length = 0;
+  if (req.has_header("Content-Length")) {
+    const std::string value = req.get_header_value("Content-Length");
+    if (chunked) {
+      return refuse(400,
+                    "the request has both Content-Length and "
+                    "Transfer-Encoding");
+    }
+    if (value.empty() || value.size() > 18 ||
+        !std::all_of(value.begin(), value.end(), absl::ascii_isdigit) ||
+        !absl::SimpleAtoi(value, &length)) {
+      return refuse(400, "Content-Length is not a number of bytes");
+    }
+  }
+  if (chunked &&
+      !absl::EqualsIgnoreCase(
+          absl::StripAsciiWhitespace(req.get_header_value("Transfer-Encoding")),
+          "chunked")) {
+    return refuse(501, "of transfer encodings only chunked is understood");
+  }
+  // cpp-httplib would inflate a compressed body; no browser sends one.
+  if (const std::string e = req.get_header_value("Content-Encoding");
+      !e.empty() && !absl::EqualsIgnoreCase(e, "identity")) {
+    return refuse(415, "a request body is taken uncompressed only");
+  }
+  if (absl::StartsWithIgnoreCase(req.get_header_value("Content-Type"),
+                                 "multipart/")) {
+    return refuse(415, "a request body is taken form-encoded only");
+  }
+  if (AnnouncesBody(req) && req.method != "POST") {
+    return refuse(413, absl::StrCat("a ", req.method.substr(0, 16),
+                                    " request carries no body here"));
+  }
+  if (length > kMaxBody) {
+    return refuse(413,
+                  absl::StrCat("the body is larger than ", kMaxBody, " bytes"));
+  }
+  return std::nullopt;
+}
+
+void CoordinatorUi::Serve(const httplib::Request& req, std::string body,
                           httplib::Response& res) const {
   Request r;
   r.method = req.method;
@@ -181,11 +309,12 @@ void CoordinatorUi::Serve(const httplib::Request& req,
   if (q != std::string::npos) r.query = req.target.substr(q + 1);
   r.authorization = req.get_header_value("Authorization");
   r.cookie = req.get_header_value("Cookie");
-  r.body = req.body;
-  Response out = Handle(r);
-  res.status = out.status;
-  for (const auto& [name, value] : out.headers) res.set_header(name, value);
-  res.set_content(std::move(out.body), out.content_type);
+  r.host = req.get_header_value("Host");
+  r.origin = req.get_header_value("Origin");
+  r.referer = req.get_header_value("Referer");
+  r.peer = PeerKey(req.remote_addr);
+  r.body = std::move(body);
+  ToHttplib(Handle(r), res);
 }
 
 absl::StatusOr<std::unique_ptr<CoordinatorUi>> CoordinatorUi::Start(
@@ -204,6 +333,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorUi>> CoordinatorUi::Start(
         "--tls-key): the user token would cross the network in plain text; "
         "give TLS, listen on 127.0.0.1, or say --ui-insecure"));
   }
+  int port = 0;
+  if (!absl::SimpleAtoi(o.listen.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": the port must be a number in [0, 65535]"));
+  }
   absl::StatusOr<std::string> chart =
       ReadBoundedFile("--ui-listen: Chart.js", o.chart_js, kMaxChartJsBytes);
   if (!chart.ok()) {
@@ -212,99 +347,102 @@ absl::StatusOr<std::unique_ptr<CoordinatorUi>> CoordinatorUi::Start(
                      " (Debian's libjs-chart.js installs it: apt-get install "
                      "libjs-chart.js)"));
   }
-  std::unique_ptr<CoordinatorUi> ui(
-      new CoordinatorUi(c, !o.tls_pem.empty(), std::move(*chart)));
-  if (o.tls_pem.empty()) {
-    ui->server_ = std::make_unique<httplib::Server>();
-  } else {
-    // The chain and key ptcoord serves gRPC with; TLS 1.2 and newer.
-    const std::string pem = o.tls_pem;
-    auto tls = std::make_unique<httplib::SSLServer>([pem](SSL_CTX& ctx) {
-      return SSL_CTX_use_certificate_chain_file(&ctx, pem.c_str()) == 1 &&
-             SSL_CTX_use_PrivateKey_file(&ctx, pem.c_str(), SSL_FILETYPE_PEM) ==
-                 1 &&
-             SSL_CTX_check_private_key(&ctx) == 1 &&
-             SSL_CTX_set_min_proto_version(&ctx, TLS1_2_VERSION) == 1;
-    });
-    if (!tls->is_valid()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field,
-                       ": TLS: the certificate and key (--tls-cert, --tls-key) "
-                       "do not load"));
-    }
-    ui->server_ = std::move(tls);
-  }
-  httplib::Server& server = *ui->server_;
-  // One request a connection: a page polls every 2 s, and a connection
-  // kept open between its polls would hold one of the threads.
-  // SO_REUSEADDR only: cpp-httplib's default SO_REUSEPORT would let two
-  // servers share a port, where one in use must be refused.
-  server.set_socket_options([](socket_t sock) {
-    int yes = 1;
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
-  server.set_keep_alive_max_count(1);
-  server.set_payload_max_length(kMaxBody);
-  server.set_read_timeout(10, 0);
-  server.new_task_queue = [] { return new httplib::ThreadPool(16); };
-  const auto handler = [ui = ui.get()](const httplib::Request& req,
-                                       httplib::Response& res) {
-    ui->Serve(req, res);
-  };
-  server.Get(".*", handler);
-  server.Post(".*", handler);
-  server.Put(".*", handler);
-  server.Patch(".*", handler);
-  server.Delete(".*", handler);
-  server.Options(".*", handler);
-  int port = 0;
-  if (!absl::SimpleAtoi(o.listen.substr(colon + 1), &port) || port < 0 ||
-      port > 65535) {
+  std::unique_ptr<CoordinatorUi> ui(new CoordinatorUi(
+      c, !o.tls_pem.empty(), IsLoopbackHost(host), std::move(*chart)));
+  BoundedHttpServer::Limits limits;
+  limits.max_prefetched_body_bytes = kMaxBody;
+  ui->server_ = std::make_unique<BoundedHttpServer>(limits);
+  BoundedHttpServer& server = *ui->server_;
+  if (!o.tls_pem.empty() && !server.UseTls(o.tls_pem).ok()) {
+    // The chain and key ptcoord serves gRPC with.
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ": the port must be a number in [0, 65535]"));
+        absl::StrCat(field,
+                     ": TLS: the certificate and key (--tls-cert, --tls-key) "
+                     "do not load"));
   }
+  // Every request is checked and, unless it has a body to read, answered
+  // here; cpp-httplib's own routing only reads a POST's body.
+  CoordinatorUi* self = ui.get();
+  server.set_pre_routing_handler(
+      [self](const httplib::Request& req, httplib::Response& res) {
+        if (std::optional<Response> refused = self->CheckFraming(req)) {
+          ToHttplib(WithCommonHeaders(std::move(*refused)), res);
+          return httplib::Server::HandlerResponse::Handled;
+        }
+        if (req.method == "POST" && AnnouncesBody(req)) {
+          return httplib::Server::HandlerResponse::Unhandled;
+        }
+        self->Serve(req, "", res);
+        return httplib::Server::HandlerResponse::Handled;
+      });
+  // A client that waits for "100 Continue" hears the refusal instead.
+  server.set_expect_100_continue_handler(
+      [self](const httplib::Request& req, httplib::Response& res) {
+        std::optional<Response> refused = self->CheckFraming(req);
+        if (!refused.has_value()) return 100;
+        const int status = refused->status;
+        ToHttplib(WithCommonHeaders(std::move(*refused)), res);
+        return status;
+      });
+  server.Post(".*", [self](const httplib::Request& req, httplib::Response& res,
+                           const httplib::ContentReader& read) {
+    std::string body;
+    bool over = false;
+    const bool ok = read([&](const char* data, size_t n) {
+      over = body.size() + n > kMaxBody;
+      if (!over) body.append(data, n);
+      return !over;
+    });
+    const BoundedHttpServer::ReadEnd end =
+        BoundedHttpServer::ReadEndOfThisThread();
+    std::optional<Response> refused;
+    if (over || end == BoundedHttpServer::ReadEnd::kTooLarge) {
+      refused =
+          Text(413, "text/plain; charset=utf-8",
+               absl::StrCat("the body is larger than ", kMaxBody, " bytes\n"));
+    } else if (end == BoundedHttpServer::ReadEnd::kTimedOut) {
+      refused = Text(408, "text/plain; charset=utf-8",
+                     "the body did not arrive in time\n");
+    } else if (!ok) {
+      refused = Text(400, "text/plain; charset=utf-8",
+                     "the body ended early or its chunked framing is "
+                     "malformed\n");
+    }
+    if (refused.has_value()) {
+      ToHttplib(WithCommonHeaders(std::move(*refused)), res);
+      return;
+    }
+    self->Serve(req, std::move(body), res);
+  });
   std::string bind = host;
   if (bind.size() >= 2 && bind.front() == '[' && bind.back() == ']') {
     bind = bind.substr(1, bind.size() - 2);
   }
-  ui->port_ = port == 0 ? server.bind_to_any_port(bind)
-                        : (server.bind_to_port(bind, port) ? port : -1);
-  if (ui->port_ <= 0) {
+  absl::StatusOr<int> bound = server.Listen(bind, port);
+  if (!bound.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ": cannot listen there (", std::strerror(errno),
+        field, ": cannot listen there (", bound.status().message(),
         "): the port is in use, or the address is not this machine's"));
   }
-  ui->thread_ = std::thread([&server] { server.listen_after_bind(); });
-  // stop() ends only a loop that has begun.
-  for (int i = 0; i < 5000 && !server.is_running(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  ui->port_ = *bound;
   return ui;
 }
 
-CoordinatorUi::CoordinatorUi(Coordinator* c, bool tls, std::string chart_js)
-    : c_(c), tls_(tls), chart_js_(std::move(chart_js)) {}
+CoordinatorUi::CoordinatorUi(Coordinator* c, bool tls, bool loopback,
+                             std::string chart_js)
+    : c_(c), tls_(tls), loopback_(loopback), chart_js_(std::move(chart_js)) {}
 
 CoordinatorUi::~CoordinatorUi() {
-  if (server_ != nullptr) server_->stop();
-  if (thread_.joinable()) thread_.join();
+  if (server_ != nullptr) server_->Stop();
+}
+
+std::string CoordinatorUi::Exchange(std::string_view bytes,
+                                    const std::string& peer_ip) {
+  return server_->Exchange(bytes, peer_ip);
 }
 
 CoordinatorUi::Response CoordinatorUi::Handle(const Request& r) const {
-  Response out = Route(r);
-  // Read-only pages of our own: no caching of data, no framing, no other
-  // origin's scripts, no guessing of types.
-  out.headers.insert(
-      out.headers.end(),
-      {{"Cache-Control", "no-store"},
-       {"X-Content-Type-Options", "nosniff"},
-       {"X-Frame-Options", "DENY"},
-       {"Referrer-Policy", "no-referrer"},
-       {"Content-Security-Policy",
-        "default-src 'self'; script-src 'self'; style-src 'self' "
-        "'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'; "
-        "form-action 'self'"}});
-  return out;
+  return WithCommonHeaders(Route(r));
 }
 
 CoordinatorUi::Response CoordinatorUi::Page(const std::string& name) const {
@@ -316,6 +454,27 @@ CoordinatorUi::Response CoordinatorUi::Page(const std::string& name) const {
   return Text(200, kHtml, PT_INCBIN_VIEW(ptrain_ui_nodes_html));
 }
 
+std::optional<CoordinatorUi::Response> CoordinatorUi::Throttled(
+    const Request& r, bool api) const {
+  const absl::Duration wait =
+      c_->auth_throttle().Wait(r.peer, CredentialKind::kUser, absl::Now());
+  if (wait <= absl::ZeroDuration()) return std::nullopt;
+  const int64_t seconds = std::max<int64_t>(
+      1, static_cast<int64_t>(std::ceil(absl::ToDoubleSeconds(wait))));
+  Response out =
+      api ? Reply(ApiError(429,
+                           std::string(AuthThrottle::Throttled(
+                                           r.peer, CredentialKind::kUser, wait)
+                                           .message())))
+          : Text(429, kHtml,
+                 LoginPage(absl::StrCat(
+                     "Too many wrong tokens came from this address: none is "
+                     "checked for ",
+                     seconds, " s.")));
+  out.headers.push_back({"Retry-After", absl::StrCat(seconds)});
+  return out;
+}
+
 CoordinatorUi::Response CoordinatorUi::Login(const Request& r) const {
   if (r.method == "GET" || r.method == "HEAD") {
     return Text(200, kHtml, LoginPage(""));
@@ -325,11 +484,16 @@ CoordinatorUi::Response CoordinatorUi::Login(const Request& r) const {
   for (absl::string_view pair : absl::StrSplit(r.body, '&')) {
     if (absl::ConsumePrefix(&pair, "token=")) token = Decode(pair);
   }
-  if (r.body.size() > kMaxBody || !token.has_value() || token->empty() ||
-      token->size() > kMaxTokenBytes ||
+  const Response refused =
+      Text(401, kHtml, LoginPage("That is not a user token of this ptcoord."));
+  if (r.body.size() > kMaxBody || !token.has_value() || token->empty()) {
+    return refused;
+  }
+  if (std::optional<Response> wait = Throttled(r, /*api=*/false)) return *wait;
+  if (token->size() > kMaxTokenBytes ||
       !c_->AuthenticateUser(absl::StrCat("Bearer ", *token)).ok()) {
-    return Text(401, kHtml,
-                LoginPage("That is not a user token of this ptcoord."));
+    c_->auth_throttle().Failed(r.peer, CredentialKind::kUser, absl::Now());
+    return refused;
   }
   const std::string encoded = httplib::detail::encode_query_param(*token);
   Response out = Text(303, kHtml, "");
@@ -343,23 +507,31 @@ CoordinatorUi::Response CoordinatorUi::Login(const Request& r) const {
 
 CoordinatorUi::Response CoordinatorUi::Route(const Request& r) const {
   const std::string& p = r.path;
-  if (p == "/login") {
-    if (r.method != "GET" && r.method != "HEAD" && r.method != "POST") {
-      return Text(405, "text/plain", "GET or POST only\n");
-    }
-    return Login(r);
+  if (loopback_ && !IsOwnLoopbackHost(r.host, port_.load(), tls_)) {
+    return Text(421, "text/plain; charset=utf-8",
+                absl::StrCat("this UI answers to a loopback name or address "
+                             "with port ",
+                             port_.load(), " only, not to Host '",
+                             r.host.substr(0, 256), "'\n"));
   }
-  const bool api = absl::StartsWith(p, "/api/");
-  if (!c_->AuthenticateUser(Authorization(r)).ok()) {
-    if (api) return Reply(ApiError(401, "a user token is needed (Bearer)"));
-    return Text(401, kHtml, LoginPage(""));
-  }
-  if (r.method != "GET" && r.method != "HEAD") {
-    Response out = Text(405, "text/plain", "read-only: GET only\n");
-    out.headers.push_back({"Allow", "GET, HEAD"});
+  if (r.method != "GET" && r.method != "HEAD" && r.method != "POST") {
+    Response out = Text(405, "text/plain", "GET, HEAD or POST only\n");
+    out.headers.push_back({"Allow", "GET, HEAD, POST"});
     return out;
   }
+  // A form another site posts here (a login with its token, a logout) is
+  // refused: browsers say where a POST comes from.
+  if (r.method == "POST" && !IsSameOrigin(r, tls_)) {
+    return Text(403, "text/plain; charset=utf-8",
+                "a form of another site may not post here\n");
+  }
+  if (p == "/login") return Login(r);
   if (p == "/logout") {
+    if (r.method != "POST") {
+      Response out = Text(405, "text/plain", "log out with POST\n");
+      out.headers.push_back({"Allow", "POST"});
+      return out;
+    }
     Response out = Text(303, kHtml, "");
     out.headers.push_back({"Location", "/login"});
     out.headers.push_back(
@@ -367,6 +539,24 @@ CoordinatorUi::Response CoordinatorUi::Route(const Request& r) const {
                                     "=; Path=/; Max-Age=0; HttpOnly; "
                                     "SameSite=Strict",
                                     tls_ ? "; Secure" : "")});
+    return out;
+  }
+  const bool api = absl::StartsWith(p, "/api/");
+  const std::optional<std::string> authorization = Authorization(r);
+  const auto unauthenticated = [&] {
+    if (api) return Reply(ApiError(401, "a user token is needed (Bearer)"));
+    return Text(401, kHtml, LoginPage(""));
+  };
+  // No token at all is no guess; a wrong one counts against the peer.
+  if (!authorization.has_value()) return unauthenticated();
+  if (std::optional<Response> wait = Throttled(r, api)) return *wait;
+  if (!c_->AuthenticateUser(authorization).ok()) {
+    c_->auth_throttle().Failed(r.peer, CredentialKind::kUser, absl::Now());
+    return unauthenticated();
+  }
+  if (r.method != "GET" && r.method != "HEAD") {
+    Response out = Text(405, "text/plain", "read-only: GET only\n");
+    out.headers.push_back({"Allow", "GET, HEAD"});
     return out;
   }
   if (p == "/") return Page("index");

@@ -1,14 +1,20 @@
 // ptcoord's web UI (`--ui-listen`, docs/control-plane.md "Web UI"): the
 // pages of coordinator/ui/ (compiled in), Debian's Chart.js, and the JSON
 // of ui_api.h, read-only, behind the user token (the Authorization header,
-// or the cookie the login form sets). Served by cpp-httplib (Debian's
-// libcpp-httplib-dev), over TLS when ptcoord has it.
+// or the cookie the login form sets). Served by bounded_http.h (cpp-httplib's
+// parser behind a listener no client can exhaust), over TLS when ptcoord has
+// it. Every request is checked before it is routed: its framing and body
+// (at most kMaxBody, whatever the framing), its Host on a loopback listener
+// (DNS rebinding), the Origin of a POST (cross-site forms), and a peer that
+// guessed tokens too often is throttled (auth_throttle.h).
 #ifndef PTRAIN_COORDINATOR_UI_SERVER_H_
 #define PTRAIN_COORDINATOR_UI_SERVER_H_
 
+#include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
-#include <thread>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -17,12 +23,13 @@
 #include "coordinator/ui_api.h"
 
 namespace httplib {
-class Server;
 struct Request;
 struct Response;
 }  // namespace httplib
 
 namespace ptrain {
+
+class BoundedHttpServer;
 
 struct UiOptions {
   std::string listen;     // host:port (port 0: a free one)
@@ -54,6 +61,9 @@ class CoordinatorUi {
     std::string path;   // decoded, without the query
     std::string query;  // as sent (still percent-encoded)
     std::string authorization, cookie;
+    std::string host;                // the Host header; "" when not sent
+    std::string origin, referer;     // the headers, "" when not sent
+    std::string peer = "127.0.0.1";  // the client's address (PeerKey)
     std::string body;  // a POST's (the login form), at most kMaxBody
   };
   struct Response {
@@ -64,23 +74,38 @@ class CoordinatorUi {
   };
   static constexpr size_t kMaxBody = 4096;
   static constexpr size_t kMaxQuery = 1024;
+  static constexpr size_t kMaxPath = 2048;
   Response Handle(const Request& r) const;
 
+  // One request over HTTP without a socket: `bytes` as a client at
+  // `peer_ip` sent them, answered by the server's whole path (header scan,
+  // framing checks, body limits, Handle()). The answer's bytes. Tests and
+  // fuzz/ui_http_fuzzer.cc.
+  std::string Exchange(std::string_view bytes,
+                       const std::string& peer_ip = "127.0.0.1");
+
  private:
-  CoordinatorUi(Coordinator* c, bool tls, std::string chart_js);
+  CoordinatorUi(Coordinator* c, bool tls, bool loopback, std::string chart_js);
 
   Response Route(const Request& r) const;
   Response Login(const Request& r) const;
   Response Page(const std::string& name) const;
-  void Serve(const httplib::Request& req, httplib::Response& res) const;
+  // 429 when `r.peer` must wait before its token is checked.
+  std::optional<Response> Throttled(const Request& r, bool api) const;
+  // A refusal of what HTTP framing `req` announces (its body's size and
+  // encoding, repeated headers, a path too long), before its body is read.
+  std::optional<Response> CheckFraming(const httplib::Request& req) const;
+  // Answers `req` (with `body`, read and bounded) through Handle().
+  void Serve(const httplib::Request& req, std::string body,
+             httplib::Response& res) const;
 
   Coordinator* const c_;
   const bool tls_;
+  const bool loopback_;            // --ui-listen's host is loopback
   const std::string chart_js_;     // the file's bytes
   mutable LatestSamples samples_;  // each job page's sample (thread-safe)
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;  // the server's accept loop
-  int port_ = 0;
+  std::unique_ptr<BoundedHttpServer> server_;
+  std::atomic<int> port_{0};  // set once listening; read by its threads
 };
 
 // Whether `host` (of host:port) names this machine only: localhost,

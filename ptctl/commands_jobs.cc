@@ -117,6 +117,9 @@ int Get(Client& client, const std::string& id) {
       Figure(HasSteps(p), p.loss()).c_str(),
       Figure(p.has_val_loss(), p.val_loss()).c_str(),
       Figure(HasSteps(p), p.tok_per_s(), 0).c_str());
+  if (const std::string note = FiguresNote(j); !note.empty()) {
+    std::printf("figures:   %s\n", note.c_str());
+  }
   std::printf("uid:       %s\n", j.uid().c_str());
   if (j.dp() != 0 && j.dp() != j.spec().parallel().dp()) {
     std::printf("layout:    shrunk to dp=%d (spec dp=%d)\n", j.dp(),

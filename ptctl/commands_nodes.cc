@@ -34,7 +34,8 @@ int Nodes(Client& client) {
     const std::string slots =
         absl::StrCat(n.slots_used(), "/", n.spec().slots());
     const std::string state =
-        absl::StrCat(NodeStateName(n.state()), n.draining() ? ",DRAINING" : "");
+        absl::StrCat(NodeStateName(n.state()), n.draining() ? ",DRAINING" : "",
+                     n.pending_approval() ? ",UNAPPROVED" : "");
     std::printf("%-20s %-24s %9s %6d %5d %-14s %14s %6.2f\n",
                 n.spec().name().c_str(), n.spec().address().c_str(),
                 slots.c_str(), n.spec().cores(), n.spec().gpus(), state.c_str(),
@@ -54,6 +55,28 @@ int Nodes(Client& client) {
             .c_str(),
         n.last_refused_peer().c_str());
   }
+  for (const auto& n : resp.nodes()) {
+    if (!n.pending_approval()) continue;
+    std::printf(
+        "note: %s waits for approval (ptcoord --require-node-approval): no "
+        "job runs on it until 'ptctl nodes approve %s'\n",
+        n.spec().name().c_str(), n.spec().name().c_str());
+  }
+  return 0;
+}
+
+int ApproveNode(Client& client, const std::string& node) {
+  v1::ApproveNodeRequest req;
+  req.set_name(node);
+  v1::ApproveNodeResponse resp;
+  auto ctx = client.Context();
+  const grpc::Status s = client.stub().ApproveNode(ctx.get(), req, &resp);
+  if (!s.ok()) return RpcError(client.options(), s);
+  if (client.options().output == "json") {
+    std::printf("%s\n", ProtoJson(resp.node(), true).c_str());
+    return 0;
+  }
+  std::printf("%s approved: jobs may run on it\n", node.c_str());
   return 0;
 }
 

@@ -1,5 +1,5 @@
-// ptctl's node commands: nodes, drain, uncordon, forget-node. Each calls
-// ptcoord once, prints the answer and returns ptctl's exit code.
+// ptctl's node commands: nodes, nodes approve, drain, uncordon, forget-node.
+// Each calls ptcoord once, prints the answer and returns ptctl's exit code.
 #ifndef PTRAIN_PTCTL_COMMANDS_NODES_H_
 #define PTRAIN_PTCTL_COMMANDS_NODES_H_
 
@@ -9,7 +9,8 @@
 
 namespace ptrain::ptctl {
 
-// Lists the cluster's nodes, and the registrations refused for their names.
+// Lists the cluster's nodes, the registrations refused for their names and
+// the nodes that wait for approval.
 int Nodes(Client& client);
 
 // ptctl drain NODE / uncordon NODE.
@@ -17,6 +18,9 @@ int Drain(Client& client, const std::string& node, bool drain);
 
 // ptctl forget-node NODE.
 int ForgetNode(Client& client, const std::string& node);
+
+// ptctl nodes approve NODE.
+int ApproveNode(Client& client, const std::string& node);
 
 }  // namespace ptrain::ptctl
 

@@ -1,12 +1,6 @@
 // See connection.h.
 #include "ptctl/connection.h"
 
-#include <openssl/bio.h>
-#include <openssl/err.h>
-#include <openssl/ssl.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-
 #include <chrono>
 #include <cstdio>
 
@@ -16,6 +10,7 @@
 #include "common/exit_codes.h"
 #include "common/header_value.h"
 #include "common/pem.h"
+#include "common/tls_probe.h"
 
 namespace ptrain::ptctl {
 
@@ -50,41 +45,29 @@ const char* CodeName(grpc::StatusCode c) {
   return i >= 0 && i < 17 ? kNames[i] : "UNKNOWN";
 }
 
-// Whether `address` (HOST:PORT) answers a TLS handshake: to a plain-text
-// call, a TLS port only closes the connection. Certificates are not checked
-// and nothing is sent: the handshake only tells what the port speaks.
-bool SpeaksTls(const std::string& address) {
-  if (absl::StrContains(address, "://") || absl::StartsWith(address, "unix:"))
-    return false;
-  BIO* connection = BIO_new_connect(address.c_str());
-  if (connection == nullptr) return false;
-  if (BIO_do_connect(connection) <= 0) {
-    BIO_free_all(connection);
-    ERR_clear_error();
-    return false;
-  }
-  // A port that takes the connection and never answers is not TLS either.
-  const timeval patience{5, 0};
-  setsockopt(static_cast<int>(BIO_get_fd(connection, nullptr)), SOL_SOCKET,
-             SO_RCVTIMEO, &patience, sizeof(patience));
-  std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> ctx(
-      SSL_CTX_new(TLS_client_method()), SSL_CTX_free);
-  std::unique_ptr<SSL, decltype(&SSL_free)> ssl(
-      ctx == nullptr ? nullptr : SSL_new(ctx.get()), SSL_free);
-  if (ssl == nullptr) {
-    BIO_free_all(connection);
-    ERR_clear_error();
-    return false;
-  }
-  SSL_set_bio(ssl.get(), connection, connection);            // ssl owns it now
-  static constexpr unsigned char kAlpnH2[] = {2, 'h', '2'};  // as gRPC asks
-  SSL_set_alpn_protos(ssl.get(), kAlpnH2, sizeof(kAlpnH2));
-  // A TLS alert (say, for a client certificate it wants) is TLS too.
-  const bool tls =
-      SSL_connect(ssl.get()) == 1 ||
-      ERR_GET_REASON(ERR_peek_last_error()) >= SSL_AD_REASON_OFFSET;
-  ERR_clear_error();
-  return tls;
+// The PEM text of a flag's file, "" when it cannot be read (the channel
+// was made from it, so it could a moment ago).
+std::string PemOf(const std::string& path) {
+  if (path.empty()) return "";
+  absl::StatusOr<std::string> pem = ReadPemFile("", path);
+  return pem.ok() ? *pem : "";
+}
+
+// Why a call failed at the TLS layer, from a handshake of ptctl's own with
+// ptcoord's port; "" when that finds nothing wrong.
+std::string ExplainTls(const Options& o) {
+  TlsProbeRequest probe;
+  probe.address = o.server;
+  probe.ca_pem = PemOf(o.tls_ca);
+  probe.cert_pem = PemOf(o.tls_cert);
+  probe.key_pem = PemOf(o.tls_key);
+  TlsClientNames names;
+  names.client = "ptctl";
+  names.plain_hint = "--tls-ca (or PTCTL_TLS_CA)";
+  names.ca = absl::StrCat(o.tls_ca_from, " ", o.tls_ca);
+  names.ca_flag = o.tls_ca_from;
+  names.cert = absl::StrCat(o.tls_cert_from, " ", o.tls_cert);
+  return ExplainTlsFailure(probe, names);
 }
 
 // A failed call's message, with what to do about the failures a new user
@@ -106,16 +89,12 @@ std::string Explained(const Options& o, const grpc::Status& s) {
         return absl::StrCat("cannot resolve the host of ", o.server, " (",
                             where, "): ", m);
       }
-      if (o.tls_ca.empty() && !absl::StrContains(m, "Timeout") &&
-          SpeaksTls(o.server)) {
-        return absl::StrCat(
-            "ptcoord at ", o.server,
-            " serves TLS and ptctl talked plain text: give the CA that signed "
-            "its certificate with --tls-ca (or PTCTL_TLS_CA)");
-      }
       if (!o.tls_ca.empty() && absl::StrContains(m, "wrong version number")) {
         return absl::StrCat("ptcoord at ", o.server,
                             " talks plain text, not TLS: drop ", o.tls_ca_from);
+      }
+      if (!absl::StrContains(m, "Timeout")) {
+        if (std::string tls = ExplainTls(o); !tls.empty()) return tls;
       }
       return m;
     case grpc::StatusCode::UNAUTHENTICATED:

@@ -41,6 +41,23 @@ std::string Ending(const v1::Job& job) {
   return "";
 }
 
+std::string FiguresNote(const v1::Job& job) {
+  const v1::Progress& p = job.progress();
+  std::string note;
+  if (job.state() == v1::JOB_STATE_SUCCEEDED && p.step() < p.total_steps()) {
+    note = absl::StrCat("incomplete: the newest saved are of step ", p.step(),
+                        "; the reports after it were lost");
+  }
+  if (p.unsaved_reports() > 0) {
+    absl::StrAppend(&note, note.empty() ? "" : "; ", p.unsaved_reports(),
+                    " progress report", p.unsaved_reports() == 1 ? "" : "s",
+                    " could not be saved (the state disk was full): the loss "
+                    "history lacks ",
+                    p.unsaved_reports() == 1 ? "its point" : "their points");
+  }
+  return note;
+}
+
 std::string Ago(int64_t unix_ms) {
   if (unix_ms == 0) return "-";
   const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(

@@ -30,6 +30,11 @@ std::string PadLeft(const std::string& text, size_t width);
 // "cancelling", "pausing", or "".
 std::string Ending(const v1::Job& job);
 
+// Why a job's figures may not be its last ones, or "": reports ptcoord
+// could not save (a full state disk), or a succeeded job whose newest
+// saved step is short of train.steps.
+std::string FiguresNote(const v1::Job& job);
+
 // How long ago `unix_ms` was: "42s", "7m", "3h"; "-" for 0 (never).
 std::string Ago(int64_t unix_ms);
 

@@ -1,9 +1,10 @@
 // ptctl: the command line over ptcoord's JobService (submit, get, list, logs,
 // cancel, pause, resume, watch, checkpoints, diagnose, and the nodes of a
-// cluster), in plain text or TLS (--tls-ca). Spec files are checked here with
-// the same library ptcoord uses, before anything is sent. This file is its
-// wiring: flags and subcommands (CLI11) to the commands of commands_jobs.h,
-// commands_nodes.h and watch.h, over the connection of connection.h.
+// cluster: nodes, nodes approve, drain, uncordon, forget-node), in plain text
+// or TLS (--tls-ca). Spec files are checked here with the same library ptcoord
+// uses, before anything is sent. This file is its wiring: flags and subcommands
+// (CLI11) to the commands of commands_jobs.h, commands_nodes.h and watch.h,
+// over the connection of connection.h.
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/exit_codes.h"
 #include "common/job_state.h"
+#include "common/thread_entry.h"
 #include "ptctl/commands_jobs.h"
 #include "ptctl/commands_nodes.h"
 #include "ptctl/connection.h"
@@ -36,7 +38,7 @@ struct Args {
 
 struct Subcommands {
   CLI::App *submit, *get, *list, *logs, *cancel, *pause, *resume, *watch,
-      *checkpoints, *diagnose, *nodes, *drain, *uncordon, *forget;
+      *checkpoints, *diagnose, *nodes, *approve, *drain, *uncordon, *forget;
 };
 
 // The flags every subcommand takes, their defaults from the environment.
@@ -118,6 +120,11 @@ Subcommands AddSubcommands(CLI::App& app, Args& a) {
                    "newest with dumps)")
       ->check(CLI::NonNegativeNumber);
   c.nodes = app.add_subcommand("nodes", "list the cluster's nodes");
+  c.approve = c.nodes->add_subcommand(
+      "approve",
+      "let jobs run on a node that waits for approval (ptcoord "
+      "--require-node-approval)");
+  c.approve->add_option("NODE", a.node, "node name")->required();
   c.drain = app.add_subcommand(
       "drain", "take a node out of scheduling (running jobs stay)");
   c.drain->add_option("NODE", a.node, "node name")->required();
@@ -145,6 +152,7 @@ int Dispatch(const Subcommands& c, const Args& a,
   if (*c.watch) return cmd::Watch(client, a.job);
   if (*c.checkpoints) return cmd::Checkpoints(client, a.job);
   if (*c.diagnose) return cmd::Diagnose(client, a.job, a.attempt);
+  if (*c.approve) return cmd::ApproveNode(client, a.node);
   if (*c.nodes) return cmd::Nodes(client);
   if (*c.drain) return cmd::Drain(client, a.node, true);
   if (*c.uncordon) return cmd::Drain(client, a.node, false);
@@ -191,4 +199,6 @@ int Run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return Run(argc, argv); }
+int main(int argc, char** argv) {
+  return ptrain::MainEntry([&] { return Run(argc, argv); });
+}

@@ -15,10 +15,12 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -33,6 +35,7 @@
 #include "common/exit_codes.h"
 #include "common/private_file.h"
 #include "common/spec.h"
+#include "common/thread_entry.h"
 #include "common/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "worker/exit_status.h"
@@ -175,7 +178,9 @@ class EncodePool {
         window_(window),
         next_(first),
         taken_(first) {
-    for (int t = 0; t < threads; ++t) threads_.emplace_back([this] { Work(); });
+    for (int t = 0; t < threads; ++t) {
+      threads_.emplace_back(ThreadEntry("prepare-encode", [this] { Work(); }));
+    }
   }
   EncodePool(const EncodePool&) = delete;
   EncodePool& operator=(const EncodePool&) = delete;
@@ -245,47 +250,76 @@ class EncodePool {
   std::vector<std::thread> threads_;
 };
 
-// Yields the lines of every input in order, as UTF-8, for SentencePiece.
+// Yields the lines of every input in order, as UTF-8, for SentencePiece's
+// training: empty lines left out, a line longer than SentencePiece takes
+// (kMaxSentence bytes) in pieces of at most kPiece·2 bytes (CutPoint: at a
+// space, else between characters), until kMaxBytes were given. Memory
+// stays bounded whatever the lines' length.
 class LineReader {
  public:
+  // SentencePiece's max_sentence_length (tokenizer.cc): it skips longer
+  // sentences.
+  static constexpr size_t kMaxSentence = size_t{1} << 16;
+  // A piece is at most twice this: even when each byte becomes U+FFFD's
+  // three, it fits kMaxSentence.
+  static constexpr size_t kPiece = size_t{10} << 10;
+  // SentencePiece holds every sentence it is given (at most 2,000,000 of
+  // them, input_sentence_size) in memory; a sample is enough.
+  static constexpr int64_t kMaxBytes = int64_t{256} << 20;
+
   LineReader(const std::vector<InputFile>& inputs, const ConfinedFs& fs)
       : inputs_(inputs), fs_(fs) {}
   absl::Status status() const { return status_; }
 
   bool Next(std::string* line) {
-    for (;;) {
-      const size_t nl = buf_.find('\n', pos_);
-      if (nl != std::string::npos) {
-        *line = ToValidUtf8(std::string_view(buf_).substr(pos_, nl - pos_));
-        pos_ = nl + 1;
-        if (line->empty() || skipping_) {
-          skipping_ = false;
-          continue;
-        }
-        return true;
+    while (given_ < kMaxBytes) {
+      const size_t avail = buf_.size() - pos_;
+      const size_t look = std::min(avail, kMaxSentence + 1);
+      const char* nl =
+          static_cast<const char*>(std::memchr(buf_.data() + pos_, '\n', look));
+      if (nl == nullptr && avail <= kMaxSentence && !Eof()) {
+        if (!Fill()) return false;
+        continue;
       }
-      // SentencePiece skips sentences this long; memory stays bounded.
-      if (buf_.size() - pos_ > kMaxLine) {
-        pos_ = buf_.size();
-        skipping_ = true;
-      }
-      if (!Fill()) {
-        if (pos_ < buf_.size() && !skipping_) {  // a last line, no '\n'
-          *line = ToValidUtf8(std::string_view(buf_).substr(pos_));
-          buf_.clear();
-          pos_ = 0;
-          return true;
-        }
-        skipping_ = false;
+      if (nl == nullptr && avail == 0) {  // this file's end
         if (!NextFile()) return false;
+        continue;
       }
+      // The rest of the line (whole: up to its '\n' or the file's end),
+      // or the first kMaxSentence + 1 bytes of a line longer than that.
+      const bool whole = nl != nullptr || avail <= kMaxSentence;
+      const size_t end =
+          nl != nullptr ? static_cast<size_t>(nl - buf_.data()) : pos_ + look;
+      const std::string_view rest(buf_.data() + pos_, end - pos_);
+      if (whole && rest.size() <= kMaxSentence) {
+        std::string text = ToValidUtf8(rest);
+        if (text.size() <= kMaxSentence) {
+          pos_ = end + (nl != nullptr ? 1 : 0);
+          if (text.empty()) continue;
+          return Give(std::move(text), line);
+        }
+      }
+      const size_t cut = CutPoint(rest, kPiece, kPiece);
+      std::string piece = ToValidUtf8(rest.substr(0, cut));
+      pos_ += cut;
+      if (nl != nullptr && pos_ == end) ++pos_;
+      return Give(std::move(piece), line);
     }
+    return false;
   }
 
  private:
-  // More of the current file; false at its end.
+  bool Give(std::string text, std::string* line) {
+    given_ += static_cast<int64_t>(text.size());
+    *line = std::move(text);
+    return true;
+  }
+
+  // Whether every byte of the current file was read (or there is none).
+  bool Eof() const { return !fd_.valid() || at_ >= inputs_[file_].size; }
+
+  // More of the current file; false (status_ set) when it fails.
   bool Fill() {
-    if (!fd_.valid() || at_ >= inputs_[file_].size) return false;
     buf_.erase(0, pos_);
     pos_ = 0;
     const int64_t want =
@@ -300,14 +334,13 @@ class LineReader {
               ? absl::UnavailableError(absl::StrCat(
                     inputs_[file_].path, ": became shorter while being read"))
               : n.status();
-      buf_.resize(old);
-      at_ = inputs_[file_].size;
       return false;
     }
     at_ += want;
     return true;
   }
 
+  // Opens the next file; false when there is none (or status_ is set).
   bool NextFile() {
     if (!status_.ok()) return false;
     fd_ = UniqueFd();
@@ -330,13 +363,12 @@ class LineReader {
   const ConfinedFs& fs_;
   absl::Status status_;
   UniqueFd fd_;
-  static constexpr size_t kMaxLine = size_t{1} << 20;
-
   size_t file_ = 0;
-  bool started_ = false, skipping_ = false;
+  bool started_ = false;
   std::string buf_;
   size_t pos_ = 0;
   int64_t at_ = 0;
+  int64_t given_ = 0;
 };
 
 // ---------------------------------------------------------------- prepare
@@ -363,6 +395,11 @@ class Preparation {
     if (!inputs.ok()) return inputs.status();
     inputs_ = std::move(*inputs);
     if (absl::Status s = OpenGivenTokenizer(); !s.ok()) return s;
+    // The folder is this run's from before its manifest is read until the
+    // end: another run cannot change what it was read as.
+    if (out_.exists) {
+      if (absl::Status s = Lock(); !s.ok()) return s;
+    }
     auto manifest = ReadManifest(out_, fs_);
     if (!manifest.ok()) return manifest.status();
     manifest_ = std::move(*manifest);
@@ -374,26 +411,30 @@ class Preparation {
                    ": holds a preparation with other settings: ", diff,
                    StillYours(out_));
       }
-      if (absl::Status s = CheckShards(out_, manifest_); !s.ok()) return s;
+      if (absl::Status s = CheckShards(out_, manifest_, fs_); !s.ok()) {
+        return s;
+      }
     }
     auto plan = MakePlan(inputs_, f_, fs_);
     if (!plan.ok()) return plan.status();
     plan_ = std::move(*plan);
     if (!manifest_.is_null()) {
-      if (manifest_.value("chunks", int64_t{-1}) !=
+      if (manifest_["chunks"].get<int64_t>() !=
               static_cast<int64_t>(plan_.chunks.size()) ||
-          manifest_.value("val_chunks", int64_t{-1}) != plan_.val_chunks) {
+          manifest_["val_chunks"].get<int64_t>() != plan_.val_chunks) {
         return Bad("--out ", out_.path,
                    ": the inputs' contents changed since the preparation "
                    "began (their chunks differ)",
                    StillYours(out_));
       }
-      if (manifest_.value("complete", false)) return Complete();
+      if (manifest_["complete"].get<bool>()) return Complete();
     }
+    if (f_.before_create && !out_.exists) f_.before_create();
     // Bad input past this point leaves no new file (the folder itself
     // goes if this run made it).
     absl::Status s = Write();
     if (!s.ok() && IsInputError(s) && made_dir_) {
+      dir_ = UniqueFd();
       ::rmdir(out_.path.c_str());
     }
     if (!s.ok()) return s;
@@ -434,22 +475,8 @@ class Preparation {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<PrepareResult> Complete() {
-    result_.already_complete = true;
-    result_.input_bytes = plan_.total_bytes;
-    result_.tokens = manifest_.value("tokens", int64_t{0});
-    result_.val_shards = CountShards(manifest_, true);
-    result_.train_shards = CountShards(manifest_, false);
-    return result_;
-  }
-
-  absl::Status Write() {
-    if (!out_.exists) {
-      if (::mkdir(out_.path.c_str(), 0755) != 0) {
-        return Errno("create --out", out_.path);
-      }
-      made_dir_ = true;
-    }
+  // Opens --out and takes its lock; a folder another run holds is refused.
+  absl::Status Lock() {
     auto dir = fs_.Open(out_.path, O_RDONLY | O_DIRECTORY, "--out");
     if (!dir.ok()) return dir.status();
     dir_ = std::move(*dir);
@@ -458,8 +485,43 @@ class Preparation {
           "--out ", out_.path,
           ": another ptworker prepare is writing there; wait for it"));
     }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<PrepareResult> Complete() {
+    result_.already_complete = true;
+    result_.input_bytes = plan_.total_bytes;
+    result_.tokens = manifest_["tokens"].get<int64_t>();
+    result_.val_shards = CountShards(manifest_, true);
+    result_.train_shards = CountShards(manifest_, false);
+    return result_;
+  }
+
+  absl::Status Write() {
+    if (!out_.exists) {
+      if (::mkdir(out_.path.c_str(), 0755) != 0) {
+        if (errno == EEXIST) {
+          // Another run made it since this one looked: it is that run's.
+          return absl::FailedPreconditionError(absl::StrCat(
+              "--out ", out_.path,
+              ": another ptworker prepare created it meanwhile and is "
+              "writing there; wait for it"));
+        }
+        return Errno("create --out", out_.path);
+      }
+      made_dir_ = true;
+      if (absl::Status s = Lock(); !s.ok()) return s;
+    }
+    if (absl::Status s = MakeTokenizerFiles(); !s.ok()) return s;
+    // Checked: from here on, files are written.
     if (absl::Status s = RemoveTemporaries(); !s.ok()) return s;
-    if (absl::Status s = SetUpTokenizer(); !s.ok()) return s;
+    for (const auto& [file, bytes] : tokenizer_files_) {
+      if (absl::Status s =
+              ReplaceFileAt(dir_.get(), out_.path, file, bytes, 0644);
+          !s.ok()) {
+        return s;
+      }
+    }
     if (manifest_.is_null()) {
       manifest_ = {{"format", kFormat},
                    {"settings", settings_},
@@ -493,42 +555,108 @@ class Preparation {
     return absl::OkStatus();
   }
 
+  // What --out holds as `file` (NAME_…), nullopt when nothing.
+  absl::StatusOr<std::optional<std::string>> Existing(const std::string& file) {
+    const std::string path = out_.path + "/" + file;
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) {
+      if (errno == ENOENT) return std::nullopt;
+      return Errno("look at", path);
+    }
+    if (!S_ISREG(st.st_mode)) {
+      return Bad("--out ", out_.path, ": holds ", file,
+                 ", which is not a plain file: prepare writes over no file "
+                 "it did not make",
+                 StillYours(out_));
+    }
+    auto bytes = fs_.ReadFile(path, "--out", kMaxModelBytes);
+    if (absl::IsNotFound(bytes.status())) return std::nullopt;
+    if (!bytes.ok()) return bytes.status();
+    return std::optional<std::string>(std::move(*bytes));
+  }
+
+  // Queues `bytes` to be written as `file` (tokenizer_files_) unless --out
+  // holds them already; a file of other bytes there is not this
+  // preparation's and is refused. `what` says what it must be.
+  absl::Status OursOrNew(const std::string& file, std::string bytes,
+                         const std::string& what) {
+    auto existing = Existing(file);
+    if (!existing.ok()) return existing.status();
+    if (!existing->has_value()) {
+      tokenizer_files_.emplace_back(file, std::move(bytes));
+    } else if (**existing != bytes) {
+      return Bad("--out ", out_.path, ": holds ", file, ", which is not ", what,
+                 " (its bytes differ): prepare writes over no file it "
+                 "did not make",
+                 StillYours(out_));
+    }
+    return absl::OkStatus();
+  }
+
   // spm-train: trains (or, continuing, reopens) the model; every kind:
-  // the llm.c tokenizer file.
-  absl::Status SetUpTokenizer() {
+  // the llm.c tokenizer file. Checks what --out holds under their names
+  // and writes nothing (Write does).
+  absl::Status MakeTokenizerFiles() {
     if (choice_.kind == TokenizerKind::kSpmTrain) {
-      const std::string model = out_.path + "/" + out_.name + "_spm.model";
+      const std::string model = out_.name + "_spm.model";
       const std::string field = absl::StrCat("--tokenizer ", f_.tokenizer);
+      std::string bytes;
       if (manifest_.is_null()) {
         LineReader lines(inputs_, fs_);
-        absl::Status s = TrainSentencePiece(
-            [&lines](std::string* line) { return lines.Next(line); },
-            choice_.vocab, choice_.type, model);
+        int64_t given = 0;
+        auto trained = TrainSentencePiece(
+            [&](std::string* line) {
+              const bool more = lines.Next(line);
+              given += more;
+              return more;
+            },
+            choice_.vocab, choice_.type);
         if (!lines.status().ok()) return lines.status();
-        if (!s.ok()) {
-          return absl::Status(s.code(), absl::StrCat(field, ": ", s.message()));
+        if (given == 0) {
+          return Bad(field,
+                     ": every line of the input is empty: there is no text "
+                     "to train a SentencePiece model on");
+        }
+        if (!trained.ok()) {
+          return absl::Status(
+              trained.status().code(),
+              absl::StrCat(field, ": ", trained.status().message()));
+        }
+        bytes = std::move(*trained);
+        model_sha256_ = Sha256Hex(bytes);
+        if (absl::Status s = OursOrNew(
+                model, bytes,
+                absl::StrCat("the model ", f_.tokenizer, " trains on --input"));
+            !s.ok()) {
+          return s;
+        }
+      } else {
+        auto existing =
+            fs_.ReadFile(out_.path + "/" + model, "--out", kMaxModelBytes);
+        if (!existing.ok()) return existing.status();
+        bytes = std::move(*existing);
+        model_sha256_ = Sha256Hex(bytes);
+        if (manifest_["spm_model_sha256"] != model_sha256_) {
+          return Bad("--out ", out_.path, ": ", model,
+                     " is not the model its shards were made with",
+                     StillYours(out_));
         }
       }
-      auto bytes = fs_.ReadFile(model, "--out", kMaxModelBytes);
-      if (!bytes.ok()) return bytes.status();
-      model_sha256_ = Sha256Hex(*bytes);
-      if (!manifest_.is_null() &&
-          manifest_.value("spm_model_sha256", "") != model_sha256_) {
-        return Bad("--out ", out_.path, ": ", out_.name,
-                   "_spm.model is not the model its shards were made with",
-                   StillYours(out_));
-      }
       auto t = OpenTokenizer(
-          absl::StrCat("spm:", model), field,
-          [b = *bytes](const std::string&) -> absl::StatusOr<std::string> {
-            return b;
+          absl::StrCat("spm:", out_.path, "/", model), field,
+          [&bytes](const std::string&) -> absl::StatusOr<std::string> {
+            return bytes;
           });
       if (!t.ok()) return t.status();
       tokenizer_ = std::move(*t);
       if (absl::Status s = CheckVocabulary(); !s.ok()) return s;
     }
-    return WriteLlmcTokenizer(*tokenizer_,
-                              out_.path + "/" + out_.name + "_tokenizer.bin");
+    const std::string file = out_.name + "_tokenizer.bin";
+    auto bytes = LlmcTokenizerBytes(*tokenizer_, out_.path + "/" + file);
+    if (!bytes.ok()) return bytes.status();
+    return OursOrNew(
+        file, std::move(*bytes),
+        absl::StrCat("the llm.c tokenizer file of --tokenizer ", f_.tokenizer));
   }
 
   absl::Status SaveManifest() {
@@ -582,6 +710,11 @@ class Preparation {
         progress.Update(done_bytes, tokens_, val_shards_ + train_shards_);
       });
       if (!out.status.ok()) return out.status;
+      if (i == first && static_cast<size_t>(skip) > out.tokens.size()) {
+        return Bad("--out ", out_.path, ": its manifest goes on at token ",
+                   skip, " of chunk ", i, ", which has ", out.tokens.size(),
+                   StillYours(out_));
+      }
       if (out.bad_utf8 >= 0 && warned_file != c.file) {
         warned_file = c.file;
         progress.Warn(absl::StrCat(
@@ -667,10 +800,12 @@ class Preparation {
     auto digest = shard->Commit();
     if (!digest.ok()) return digest.status();
     (val ? val_shards_ : train_shards_) += 1;
-    manifest_["shards"].push_back({{"file", shard->name()},
-                                   {"split", val ? "val" : "train"},
-                                   {"tokens", shard->tokens()},
-                                   {"xxh64", Hex64(*digest)}});
+    manifest_["shards"].push_back(
+        {{"file", shard->name()},
+         {"split", val ? "val" : "train"},
+         {"tokens", shard->tokens()},
+         {"xxh64", Hex64(*digest)},
+         {"end", {{"chunk", chunk}, {"token", token}}}});
     manifest_["next"] = {{"chunk", chunk}, {"token", token}};
     manifest_["tokens"] = tokens_;
     if (absl::Status s = SaveManifest(); !s.ok()) return s;
@@ -691,6 +826,8 @@ class Preparation {
   std::unique_ptr<Tokenizer> tokenizer_;
   json manifest_, settings_;
   Plan plan_;
+  // The model and tokenizer file to write (name in --out, bytes).
+  std::vector<std::pair<std::string, std::string>> tokenizer_files_;
   bool made_dir_ = false, unnamed_ = false;
   UniqueFd dir_;
   int64_t tokens_ = 0, committed_ = 0;

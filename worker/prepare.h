@@ -14,18 +14,21 @@
 //
 // The token stream: each input file is one document, <|endoftext|> (or
 // the SentencePiece model's </s>) before it. Files are cut into chunks of
-// about 1 MiB (SentencePiece: 64 KiB) at content-defined points
-// (NextCutPoint: GPT-2's ids do not change there; SentencePiece's may, a
-// chunk being encoded as a sentence of its own), encoded by worker
-// threads, written by the calling thread in chunk order: the bytes depend
-// on the inputs and flags, never on the thread count. The validation split
-// is the stream's first chunks, up to the first cut point at or after
-// val_fraction of the input bytes; the train split the rest.
+// 1 to 2 MiB (SentencePiece: 64 to 128 KiB) at content-defined points
+// (CutPoint: a line start, else a space, else a character start; GPT-2's
+// ids change only at the last kind; SentencePiece's may, a chunk being
+// encoded as a sentence of its own), so that memory does not grow with a
+// line's length; encoded by worker threads, written by the calling thread
+// in chunk order: the bytes depend on the inputs and flags, never on the
+// thread count. The validation split is the stream's first chunks, up to
+// the first cut point at or after val_fraction of the input bytes; the
+// train split the rest.
 #ifndef PTRAIN_WORKER_PREPARE_H_
 #define PTRAIN_WORKER_PREPARE_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,8 +38,8 @@
 
 namespace ptrain {
 
-// Chunks of about this size: GPT-2's encoder goes as fast on any;
-// SentencePiece's takes longer per byte the longer its input.
+// Chunks of this size to twice it (CutPoint): GPT-2's encoder goes as fast
+// on any; SentencePiece's takes longer per byte the longer its input.
 inline constexpr int64_t kPrepareChunkBytes = int64_t{1} << 20;
 inline constexpr int64_t kPrepareSpmChunkBytes = int64_t{64} << 10;
 inline constexpr int64_t kPrepareMinShardTokens = 1024;
@@ -69,6 +72,9 @@ struct PrepareFlags {
   bool quiet = false;
   // Shards under NAME.tmp as where O_TMPFILE does not work (tests).
   bool named_temporaries = false;
+  // Test hook: runs when --out is about to be created (it was not there),
+  // as another run would create it at that moment.
+  std::function<void()> before_create;
 };
 
 // What a preparation holds once Prepare returns.
@@ -104,16 +110,42 @@ int RunPrepare(PrepareFlags flags, const NodeShare& node);
 size_t NextCutPoint(std::string_view text, size_t from);
 
 // NextCutPoint over the bytes of file `fd` (`size` of them), reading
-// `block` bytes at a time, as prepare finds cut points: the same answer
-// whatever the block. `path` names the file in errors.
+// `block` bytes at a time: the same answer whatever the block. `path`
+// names the file in errors.
 absl::StatusOr<int64_t> NextCutPointInFile(int fd, int64_t size, int64_t from,
                                            std::string_view path,
                                            int64_t block = 64 << 10);
 
-// Where the chunks of `text` end: each at the first cut point at least
-// `chunk_bytes` past its start, the last at text.size() (a text without a
-// cut point is one chunk).
-std::vector<size_t> ChunkEnds(std::string_view text, size_t chunk_bytes);
+// A window holds a whole UTF-8 character at least.
+inline constexpr size_t kCutMinWindow = 4;
+
+// Where prepare cuts `text` at or after `from`, at most `window` bytes
+// (kCutMinWindow at least) past it, so that no chunk grows with the
+// length of a line:
+//  - the first line cut point (NextCutPoint) in [from, from + window];
+//    when the text ends within the window without one, text.size();
+//  - else the first space cut point there: p with text[p] == ' ' and a
+//    printable ASCII character other than space at p - 1 and p + 1, cut
+//    before the space. GPT-2's pre-tokenizer ends a word before such a
+//    space and starts one at it whatever surrounds them, so the ids do
+//    not change there either;
+//  - else the first character start there (a byte that is not a UTF-8
+//    continuation byte): a word may be cut in two;
+//  - else from + window (bytes that belong to no character).
+size_t CutPoint(std::string_view text, size_t from, size_t window);
+
+// CutPoint over the bytes of file `fd` (`size` of them), reading at most
+// the window and a few bytes around it: the same answer.
+absl::StatusOr<int64_t> CutPointInFile(int fd, int64_t size, int64_t from,
+                                       int64_t window, std::string_view path,
+                                       int64_t block = 64 << 10);
+
+// Where the chunks of `text` end as prepare cuts a file of chunk size
+// `chunk_bytes`: each at CutPoint(text, start + chunk_bytes, window)
+// (prepare's window is the chunk size: a chunk is at most twice it), the
+// last at text.size().
+std::vector<size_t> ChunkEnds(std::string_view text, size_t chunk_bytes,
+                              size_t window);
 
 }  // namespace ptrain
 

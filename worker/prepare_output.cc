@@ -8,7 +8,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cstring>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -289,6 +292,33 @@ bool UnnamedFilesWork(int dirfd, const std::string& probe) {
 
 // ---------------------------------------------------------------- output
 
+namespace {
+
+// What looking up --out (or its parent) failing with `err` means.
+absl::Status OutLookupError(int err, const std::string& flag,
+                            const std::string& path) {
+  const std::string at =
+      path == flag ? absl::StrCat("--out ", flag)
+                   : absl::StrCat("--out ", flag, ": its parent ", path);
+  switch (err) {
+    case ENAMETOOLONG:
+      return Bad(at, ": a part of the path is longer than ", NAME_MAX,
+                 " bytes, or the whole longer than ", PATH_MAX - 1);
+    case ENOTDIR:
+      return Bad(at, ": a part of the path is a file, not a folder");
+    case ELOOP:
+      return Bad(at, ": its symbolic links loop");
+    case EACCES:
+      return absl::PermissionDeniedError(
+          absl::StrCat(at, ": permission denied to look it up"));
+    default:
+      errno = err;
+      return Errno("look at --out", flag);
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<OutDir> CheckOut(const std::string& flag, const ConfinedFs& fs) {
   OutDir o;
   o.path = flag;
@@ -306,20 +336,56 @@ absl::StatusOr<OutDir> CheckOut(const std::string& flag, const ConfinedFs& fs) {
     return Bad("--out ", flag,
                ": its last part names the shards; give a folder by name");
   }
+  if (o.name.size() > kMaxOutName) {
+    return Bad("--out ", flag, ": its last part is ", o.name.size(),
+               " bytes; it prefixes the names of the files written in it "
+               "(NAME_tokenizer.bin.PID.tmp, …), which hold at most ",
+               NAME_MAX, " bytes: give a name of at most ", kMaxOutName,
+               " bytes");
+  }
+  if (o.path.size() + 1 + o.name.size() + (NAME_MAX - kMaxOutName) >=
+      PATH_MAX) {
+    return Bad("--out: the path is ", o.path.size(),
+               " bytes; with the names of the files in it, it must stay under ",
+               PATH_MAX, " bytes (PATH_MAX)");
+  }
   if (absl::Status s = fs.Check(o.path, "--out"); !s.ok()) return s;
   struct stat st {};
   if (::stat(o.path.c_str(), &st) == 0) {
     if (!S_ISDIR(st.st_mode)) return Bad("--out ", flag, ": not a folder");
+    if (::access(o.path.c_str(), W_OK | X_OK) != 0) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("--out ", flag, ": this user may not write there (",
+                       std::strerror(errno), ")"));
+    }
     o.exists = true;
     return o;
   }
-  if (errno != ENOENT) return Errno("look at --out", flag);
+  if (errno != ENOENT) return OutLookupError(errno, flag, flag);
+  if (::lstat(o.path.c_str(), &st) == 0) {
+    // A symbolic link whose target is missing: mkdir would not follow it.
+    std::error_code ec;
+    const stdfs::path target = stdfs::read_symlink(o.path, ec);
+    return Bad("--out ", flag, ": a symbolic link to ",
+               ec ? std::string("a path") : target.string(),
+               ", which does not exist; prepare creates a folder, not a "
+               "link's target: give the folder itself");
+  }
   const stdfs::path up = stdfs::path(o.path).parent_path();
   const std::string parent = up.empty() ? std::string(".") : up.string();
-  if (::stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+  const bool parent_there = ::stat(parent.c_str(), &st) == 0;
+  if (!parent_there && errno != ENOENT) {
+    return OutLookupError(errno, flag, parent);
+  }
+  if (!parent_there || !S_ISDIR(st.st_mode)) {
     return Bad("--out ", flag, ": its parent folder ", parent,
                " does not exist (prepare creates the folder, not its "
                "parents)");
+  }
+  if (::access(parent.c_str(), W_OK | X_OK) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("--out ", flag, ": this user may not create it in ",
+                     parent, " (", std::strerror(errno), ")"));
   }
   return o;
 }
@@ -329,6 +395,170 @@ std::string StillYours(const OutDir& o) {
                       ") or choose another --out");
 }
 
+namespace {
+
+// The first way a parsed manifest breaks the shape this version writes,
+// as "FIELD must be RULE"; "" when none.
+class ManifestShape {
+ public:
+  std::string Check(const json& m) {
+    if (!m.is_object()) return "the file must hold a JSON object";
+    const json* format = Get(m, "", "format");
+    if (format != nullptr && *format != kFormat) {
+      Fail("format", absl::StrCat("\"", kFormat,
+                                  "\" (this version's; the folder was made "
+                                  "by another version of ptworker prepare)"));
+    }
+    if (const json* st = Object(m, "", "settings")) {
+      const json* tok = Object(*st, "settings.", "tokenizer");
+      std::string kind;
+      if (tok != nullptr) {
+        String(*tok, "settings.tokenizer.", "name");
+        kind = OneOf(*tok, "settings.tokenizer.", "kind",
+                     {"gpt2", "spm", "spm-train"});
+        if (kind == "spm") {
+          String(*tok, "settings.tokenizer.", "model");
+          String(*tok, "settings.tokenizer.", "model_sha256");
+        } else if (kind == "spm-train") {
+          Int(*tok, "settings.tokenizer.", "spm_vocab", 1);
+          String(*tok, "settings.tokenizer.", "spm_type");
+          String(m, "", "spm_model");
+          String(m, "", "spm_model_sha256");
+        }
+      }
+      if (const json* in = Array(*st, "settings.", "inputs")) {
+        for (size_t i = 0; i < in->size(); ++i) {
+          const std::string at = absl::StrCat("settings.inputs[", i, "].");
+          if (!IsObject((*in)[i], absl::StrCat("settings.inputs[", i, "]"))) {
+            continue;
+          }
+          String((*in)[i], at, "path");
+          Int((*in)[i], at, "size", 0);
+          Int((*in)[i], at, "mtime_ns", INT64_MIN);
+        }
+      }
+      if (const json* v = Get(*st, "settings.", "val_fraction");
+          v != nullptr && !v->is_number()) {
+        Fail("settings.val_fraction", "a number");
+      }
+      Int(*st, "settings.", "shard_tokens", 1);
+      Int(*st, "settings.", "chunk_bytes", 1);
+    }
+    for (const char* key : {"input_bytes", "chunks", "val_chunks",
+                            "val_input_bytes", "end_of_text", "tokens"}) {
+      Int(m, "", key, 0);
+    }
+    Int(m, "", "vocab_size", 1);
+    if (const json* c = Get(m, "", "complete");
+        c != nullptr && !c->is_boolean()) {
+      Fail("complete", "true or false");
+    }
+    if (const json* shards = Array(m, "", "shards")) {
+      for (size_t i = 0; i < shards->size(); ++i) {
+        const std::string at = absl::StrCat("shards[", i, "]");
+        const json& e = (*shards)[i];
+        if (!IsObject(e, at)) continue;
+        String(e, at + ".", "file");
+        OneOf(e, at + ".", "split", {"val", "train"});
+        Int(e, at + ".", "tokens", 1);
+        String(e, at + ".", "xxh64");
+        Position(e, at + ".", "end");
+      }
+    }
+    Position(m, "", "next");
+    return error_;
+  }
+
+ private:
+  void Fail(const std::string& field, const std::string& rule) {
+    if (error_.empty()) error_ = absl::StrCat(field, " must be ", rule);
+  }
+  const json* Get(const json& parent, const std::string& at, const char* key) {
+    if (!parent.contains(key)) {
+      Fail(at + key, "there");
+      return nullptr;
+    }
+    return &parent.at(key);
+  }
+  bool IsObject(const json& j, const std::string& at) {
+    if (!j.is_object()) Fail(at, "an object");
+    return j.is_object();
+  }
+  const json* Object(const json& parent, const std::string& at,
+                     const char* key) {
+    const json* j = Get(parent, at, key);
+    return j != nullptr && IsObject(*j, at + key) ? j : nullptr;
+  }
+  const json* Array(const json& parent, const std::string& at,
+                    const char* key) {
+    const json* j = Get(parent, at, key);
+    if (j == nullptr) return nullptr;
+    if (!j->is_array()) Fail(at + key, "an array");
+    return j->is_array() ? j : nullptr;
+  }
+  void String(const json& parent, const std::string& at, const char* key) {
+    const json* j = Get(parent, at, key);
+    if (j != nullptr && !j->is_string()) Fail(at + key, "a string");
+  }
+  std::string OneOf(const json& parent, const std::string& at, const char* key,
+                    std::initializer_list<const char*> values) {
+    const json* j = Get(parent, at, key);
+    if (j == nullptr) return "";
+    for (const char* v : values) {
+      if (*j == v) return v;
+    }
+    std::string list;
+    for (const char* v : values) {
+      absl::StrAppend(&list, list.empty() ? "" : ", ", "\"", v, "\"");
+    }
+    Fail(at + key, "one of " + list);
+    return "";
+  }
+  void Int(const json& parent, const std::string& at, const char* key,
+           int64_t min) {
+    const json* j = Get(parent, at, key);
+    if (j == nullptr) return;
+    const bool fits =
+        j->is_number_integer() &&
+        (!j->is_number_unsigned() || j->get<uint64_t>() <= INT64_MAX) &&
+        j->get<int64_t>() >= min;
+    if (!fits) {
+      Fail(at + key, min == INT64_MIN ? std::string("an integer")
+                                      : absl::StrCat("an integer >= ", min));
+    }
+  }
+  // {"chunk": C, "token": T}: where the token stream stands.
+  void Position(const json& parent, const std::string& at, const char* key) {
+    if (const json* p = Object(parent, at, key)) {
+      Int(*p, at + key + ".", "chunk", 0);
+      Int(*p, at + key + ".", "token", 0);
+    }
+  }
+
+  std::string error_;
+};
+
+// Where the token stream stands: token `token` of chunk `chunk`.
+struct StreamAt {
+  int64_t chunk = 0, token = 0;
+  StreamAt() = default;
+  StreamAt(int64_t c, int64_t t) : chunk(c), token(t) {}
+  explicit StreamAt(const json& p)
+      : chunk(p.at("chunk").get<int64_t>()),
+        token(p.at("token").get<int64_t>()) {}
+  bool operator==(const StreamAt& o) const {
+    return chunk == o.chunk && token == o.token;
+  }
+  bool operator<(const StreamAt& o) const {
+    return chunk < o.chunk || (chunk == o.chunk && token < o.token);
+  }
+  std::string Text() const {
+    return absl::StrCat("chunk ", chunk, ", token ", token);
+  }
+};
+
+}  // namespace
+
 absl::StatusOr<json> ReadManifest(const OutDir& o, const ConfinedFs& fs) {
   const std::string file = o.name + "_prepare.json";
   if (!o.exists) return json();
@@ -337,6 +567,10 @@ absl::StatusOr<json> ReadManifest(const OutDir& o, const ConfinedFs& fs) {
   bool has_manifest = false;
   std::vector<std::string> shards;
   for (const auto& e : *entries) {
+    if (e.name == file && e.is_dir) {
+      return Bad("--out ", o.path, ": ", file, " is a folder, not a manifest",
+                 StillYours(o));
+    }
     if (e.name == file) has_manifest = true;
     if (IsShardName(e.name, o.name)) shards.push_back(e.name);
   }
@@ -353,44 +587,105 @@ absl::StatusOr<json> ReadManifest(const OutDir& o, const ConfinedFs& fs) {
   auto text = fs.ReadFile(o.path + "/" + file, "--out", 256 << 20);
   if (!text.ok()) return text.status();
   const json m = json::parse(*text, nullptr, false);
-  const auto is = [&m](const char* key, json::value_t type) {
-    return m.contains(key) && m.at(key).type() == type;
-  };
-  bool shaped = m.is_object() && m.value("format", "") == kFormat &&
-                is("settings", json::value_t::object) &&
-                is("shards", json::value_t::array) &&
-                is("next", json::value_t::object);
-  if (shaped) {
-    const json& s = m.at("settings");
-    shaped = s.contains("tokenizer") && s.at("tokenizer").is_object() &&
-             s.contains("inputs") && s.at("inputs").is_array();
-    for (const json& e : m.at("shards")) shaped = shaped && e.is_object();
-    if (shaped) {
-      for (const json& e : s.at("inputs")) shaped = shaped && e.is_object();
-    }
+  if (m.is_discarded()) {
+    return Bad("--out ", o.path, ": ", file, " is not JSON", StillYours(o));
   }
-  if (!shaped) {
+  const std::string error = ManifestShape().Check(m);
+  if (!error.empty()) {
     return Bad("--out ", o.path, ": ", file,
-               " is not a manifest of this version of ptworker prepare",
-               StillYours(o));
+               " is not a manifest of this version of ptworker prepare: ",
+               error, StillYours(o));
   }
   return m;
 }
 
-absl::Status CheckShards(const OutDir& o, const json& m) {
-  for (const json& s : m["shards"]) {
-    const std::string file = s.value("file", "");
-    const int64_t tokens = s.value("tokens", int64_t{-1});
+absl::Status CheckShards(const OutDir& o, const json& m, const ConfinedFs& fs) {
+  const std::string file = o.name + "_prepare.json";
+  const auto bad = [&](auto&&... why) {
+    return Bad("--out ", o.path, ": ", file, " ", why..., StillYours(o));
+  };
+  const int64_t shard_tokens = m["settings"]["shard_tokens"].get<int64_t>();
+  const int64_t chunks = m["chunks"].get<int64_t>();
+  std::set<std::string> listed;
+  int64_t tokens = 0;
+  int counts[2] = {0, 0};  // train, val
+  StreamAt end;
+  const json& shards = m["shards"];
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const json& s = shards[i];
+    const std::string name = s["file"].get<std::string>();
+    const bool val = s["split"] == "val";
+    const int64_t n = s["tokens"].get<int64_t>();
+    const std::string want = ShardName(o.name, val, counts[val]);
+    if (name != want || (val && counts[0] > 0)) {
+      return bad("lists ", name, " as shard ", i + 1, " (shards[", i,
+                 "]); shards go val then train, numbered from 0: it must be ",
+                 want);
+    }
+    if (n > shard_tokens) {
+      return bad("says ", name, " holds ", n, " tokens, more than ",
+                 "--shard-tokens ", shard_tokens);
+    }
+    const StreamAt e(s["end"]);
+    if (e < end || e.chunk > chunks) {
+      return bad("says ", name, " ends at ", e.Text(),
+                 ", which is not after the shard before it (", end.Text(),
+                 ") within the ", chunks, " chunks");
+    }
+    end = e;
+    ++counts[val];
+    tokens += n;
+    listed.insert(name);
     struct stat st {};
-    const std::string path = o.path + "/" + file;
-    if (!IsShardName(file, o.name) || tokens < 0 ||
-        ::stat(path.c_str(), &st) != 0 ||
-        st.st_size != kTokenFileHeaderBytes + 2 * tokens) {
+    const std::string path = o.path + "/" + name;
+    if (::stat(path.c_str(), &st) != 0 ||
+        st.st_size != kTokenFileHeaderBytes + 2 * n) {
       return absl::DataLossError(
-          absl::StrCat("--out ", o.path, ": shard ", file,
+          absl::StrCat("--out ", o.path, ": shard ", name,
                        " that the manifest lists is missing or not of its size",
                        StillYours(o)));
     }
+  }
+  if (m["tokens"].get<int64_t>() != tokens) {
+    return bad("counts ", m["tokens"].get<int64_t>(),
+               " tokens (tokens), its shards hold ", tokens);
+  }
+  const StreamAt next(m["next"]);
+  if (!(next == end)) {
+    return bad(
+        "goes on at ", next.Text(), " (next), but ",
+        shards.empty()
+            ? std::string("it lists no shard: a preparation starts at chunk "
+                          "0, token 0")
+            : absl::StrCat("its last shard ",
+                           shards.back()["file"].get<std::string>(),
+                           " ends at ", end.Text()));
+  }
+  if (m["complete"].get<bool>() && !(next == StreamAt(chunks, 0))) {
+    return bad("is complete, but its shards end at ", next.Text(), " of ",
+               chunks, " chunks");
+  }
+  if (m["val_chunks"].get<int64_t>() > chunks) {
+    return bad("has ", m["val_chunks"].get<int64_t>(),
+               " validation chunks (val_chunks) of ", chunks);
+  }
+  // A shard the manifest does not list would be written over or, worse,
+  // trained on twice.
+  auto entries = fs.List(o.path, "--out");
+  if (!entries.ok()) return entries.status();
+  std::vector<std::string> extra;
+  for (const auto& e : *entries) {
+    if (IsShardName(e.name, o.name) && listed.count(e.name) == 0) {
+      extra.push_back(e.name);
+    }
+  }
+  if (!extra.empty()) {
+    std::sort(extra.begin(), extra.end());
+    return bad("does not list ", extra.front(),
+               extra.size() > 1
+                   ? absl::StrCat(" and ", extra.size() - 1, " more shards")
+                   : std::string(),
+               " that the folder holds");
   }
   return absl::OkStatus();
 }

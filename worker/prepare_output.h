@@ -23,7 +23,12 @@ namespace ptrain::prepare_internal {
 
 using nlohmann::json;
 
-inline constexpr char kFormat[] = "ptrain-prepare-1";
+// 2: shards record where they end ("end"); text cut within a window
+// (CutPoint).
+inline constexpr char kFormat[] = "ptrain-prepare-2";
+// The longest --out name whose files' names (NAME_tokenizer.bin.PID.tmp,
+// NAME_train_NNNNNN.bin.tmp, …) stay within NAME_MAX (255) bytes.
+inline constexpr size_t kMaxOutName = 255 - 32;
 // Writes of a shard go by this.
 inline constexpr size_t kWriteBuffer = size_t{1} << 20;
 
@@ -114,11 +119,19 @@ absl::StatusOr<OutDir> CheckOut(const std::string& flag, const ConfinedFs& fs);
 std::string StillYours(const OutDir& o);
 
 // The manifest --out holds, null when none; errors when the folder is not
-// one this command may continue (bad input).
+// one this command may continue (bad input): shards without a manifest, a
+// file that is not JSON, a field missing or of another type than this
+// version writes (the error names it and the rule).
 absl::StatusOr<json> ReadManifest(const OutDir& o, const ConfinedFs& fs);
 
-// The shards a manifest lists are there, each of its size.
-absl::Status CheckShards(const OutDir& o, const json& m);
+// The manifest `m` (ReadManifest's) agrees with itself and the folder:
+// its shards named in order (val, then train, each from 0), each there
+// and of its size, each ending (its "end") at or after the one before;
+// `tokens` their sum; `next` where the last ends; `complete` only at the
+// end; and no shard in the folder that it does not list. Else InvalidArgument
+// (DataLoss for a shard missing or of another size) naming what disagrees:
+// continuing would write data twice or over shards.
+absl::Status CheckShards(const OutDir& o, const json& m, const ConfinedFs& fs);
 
 // Counts of a manifest's shards by split.
 int CountShards(const json& m, bool val);

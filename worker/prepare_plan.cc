@@ -195,14 +195,16 @@ absl::StatusOr<Plan> MakePlan(const std::vector<InputFile>& inputs,
     }
     int64_t val_cut = -1;
     if (val_target > at && val_target <= at + n) {
-      auto cut = NextCutPointInFile(fd->get(), n, val_target - at, in.path);
+      auto cut =
+          CutPointInFile(fd->get(), n, val_target - at, f.chunk_bytes, in.path);
       if (!cut.ok()) return cut.status();
       val_cut = *cut;
     }
     for (int64_t s = 0; s < n;) {
       int64_t e = n;
       if (s + f.chunk_bytes < n) {
-        auto cut = NextCutPointInFile(fd->get(), n, s + f.chunk_bytes, in.path);
+        auto cut = CutPointInFile(fd->get(), n, s + f.chunk_bytes,
+                                  f.chunk_bytes, in.path);
         if (!cut.ok()) return cut.status();
         e = *cut;
       }
@@ -220,10 +222,10 @@ absl::StatusOr<Plan> MakePlan(const std::vector<InputFile>& inputs,
       plan.val_chunks == static_cast<int64_t>(plan.chunks.size())) {
     return Bad("--val-fraction ", f.val_fraction,
                ": the validation split would take all ", plan.total_bytes,
-               " bytes of input (the first cut point past ", val_target,
-               " bytes is the end: lines that start and end in a printable "
-               "character are where text is cut); give more input or "
-               "--val-fraction 0");
+               " bytes of input (its cut, the first cut point at or after "
+               "byte ",
+               val_target,
+               ", is the input's end); give more input or --val-fraction 0");
   }
   return plan;
 }
@@ -247,11 +249,53 @@ size_t NextCutPoint(std::string_view text, size_t from) {
   return n;
 }
 
-std::vector<size_t> ChunkEnds(std::string_view text, size_t chunk_bytes) {
+namespace {
+
+bool Word(char c) {
+  const unsigned char u = static_cast<unsigned char>(c);
+  return u > 0x20 && u < 0x7F;
+}
+
+// The space or character cut of CutPoint in [from, limit] (from >= 1,
+// limit < n), the text's bytes [lo, lo + bytes.size()) being `bytes`,
+// with lo <= from - 1 and lo + bytes.size() >= limit + 2 (or n).
+int64_t FallbackCut(std::string_view bytes, int64_t lo, int64_t n, int64_t from,
+                    int64_t limit) {
+  const auto at = [&](int64_t p) { return bytes[static_cast<size_t>(p - lo)]; };
+  for (int64_t p = from; p <= limit; ++p) {
+    if (at(p) == ' ' && Word(at(p - 1)) && p + 1 < n && Word(at(p + 1))) {
+      return p;
+    }
+  }
+  for (int64_t p = from; p <= limit; ++p) {
+    if ((static_cast<unsigned char>(at(p)) & 0xC0) != 0x80) return p;
+  }
+  return limit;
+}
+
+}  // namespace
+
+size_t CutPoint(std::string_view text, size_t from, size_t window) {
+  const size_t n = text.size();
+  if (from >= n) return n;
+  from = std::max<size_t>(from, 1);
+  const size_t limit = from + std::max(window, kCutMinWindow);
+  if (limit >= n) return NextCutPoint(text, from);
+  // Positions up to limit are judged as in the whole text with two bytes
+  // after them.
+  const size_t line = NextCutPoint(text.substr(0, limit + 2), from);
+  if (line <= limit) return line;
+  return static_cast<size_t>(FallbackCut(text, 0, static_cast<int64_t>(n),
+                                         static_cast<int64_t>(from),
+                                         static_cast<int64_t>(limit)));
+}
+
+std::vector<size_t> ChunkEnds(std::string_view text, size_t chunk_bytes,
+                              size_t window) {
   std::vector<size_t> ends;
   for (size_t s = 0; s < text.size();) {
     const size_t e = s + chunk_bytes < text.size()
-                         ? NextCutPoint(text, s + chunk_bytes)
+                         ? CutPoint(text, s + chunk_bytes, window)
                          : text.size();
     ends.push_back(e);
     s = e;
@@ -285,6 +329,31 @@ absl::StatusOr<int64_t> NextCutPointInFile(int fd, int64_t size, int64_t from,
     pos = hi - 1;
   }
   return size;
+}
+
+absl::StatusOr<int64_t> CutPointInFile(int fd, int64_t size, int64_t from,
+                                       int64_t window, std::string_view path,
+                                       int64_t block) {
+  if (from >= size) return size;
+  from = std::max<int64_t>(from, 1);
+  const int64_t limit =
+      from + std::max(window, static_cast<int64_t>(kCutMinWindow));
+  if (limit >= size) return NextCutPointInFile(fd, size, from, path, block);
+  // The file as if it ended two bytes past limit: the same answer up to
+  // limit, and nothing read past it.
+  const int64_t hi = std::min(size, limit + 2);
+  auto line = NextCutPointInFile(fd, hi, from, path, block);
+  if (!line.ok() || *line <= limit) return line;
+  const int64_t lo = from - 1;
+  std::string bytes(static_cast<size_t>(hi - lo), '\0');
+  const absl::string_view name(path.data(), path.size());
+  auto n = prepare_internal::ReadAt(fd, bytes.data(), hi - lo, lo, name);
+  if (!n.ok()) return n.status();
+  if (*n != hi - lo) {
+    return absl::UnavailableError(
+        absl::StrCat(name, ": became shorter while being read"));
+  }
+  return FallbackCut(bytes, lo, size, from, limit);
 }
 
 }  // namespace ptrain

@@ -15,6 +15,7 @@
 #include "common/header_value.h"
 #include "common/pem.h"
 #include "common/spec.h"
+#include "common/thread_entry.h"
 #include "grpcpp/grpcpp.h"
 #include "ptrain/v1/coordinator.grpc.pb.h"
 #include "spdlog/spdlog.h"
@@ -123,7 +124,7 @@ ProgressReporter::ProgressReporter(std::string address, std::string job_id,
       attempt_(attempt),
       rank_(rank),
       rpc_(std::make_unique<Rpc>(address, tls_ca_pem)) {
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread(ThreadEntry("progress-report", [this] { Loop(); }));
 }
 
 ProgressReporter::~ProgressReporter() {

@@ -10,6 +10,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/thread_entry.h"
 #include "spdlog/spdlog.h"
 
 namespace ptrain {
@@ -75,7 +76,9 @@ void HandleStopSignals() {
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  std::thread(WaitForStopSignals, stop_signals).detach();
+  std::thread(ThreadEntry("stop-signals", [stop_signals] {
+    WaitForStopSignals(stop_signals);
+  })).detach();
 }
 
 const std::atomic<bool>* StopRequested() { return &g_stop_requested; }

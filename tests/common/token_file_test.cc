@@ -89,5 +89,27 @@ TEST_F(TokenFileTest, FileWithoutATokenIsRefused) {
             "--token-file " + path_ + ": holds no token");
 }
 
+// A token short enough to guess loads, and is named by its line (never
+// shown) so that ptcoord can warn of it.
+TEST_F(TokenFileTest, ShortTokensLoadAndAreNamedByLine) {
+  Write("# users\nx\n0123456789abcdef\n0123456789abcde\n");
+  std::vector<std::string> short_tokens;
+  absl::StatusOr<std::vector<std::string>> tokens =
+      LoadTokenFile(path_, "--token-file", &short_tokens);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(tokens->size(), 3u);
+  ASSERT_EQ(short_tokens.size(), 2u);
+  EXPECT_EQ(short_tokens[0], "--token-file " + path_ +
+                                 ": line 2: the token has 1 characters; one "
+                                 "of fewer than 16 can be guessed (make one "
+                                 "with: openssl rand -hex 32)");
+  EXPECT_TRUE(absl::StartsWith(short_tokens[1], "--token-file " + path_ +
+                                                    ": line 4: the token "
+                                                    "has 15 characters"))
+      << short_tokens[1];
+  EXPECT_FALSE(absl::StrContains(short_tokens[1], "0123456789abcde"))
+      << short_tokens[1];
+}
+
 }  // namespace
 }  // namespace ptrain

@@ -1570,6 +1570,46 @@ TEST_F(CoordinatorTest, FailedStoreWriteChangesNothingAndIsRetried) {
   ASSERT_TRUE(c->Cancel(queued).ok());
 }
 
+// Progress that came while the state disk was full is not shown (memory
+// is what the disk has), but it is not lost either: the attempt's end,
+// written once there is space, carries the newest figures received and
+// says how many reports the loss history lacks. A succeeded job never
+// shows the step it was at when the disk filled.
+TEST_F(CoordinatorTest, FiguresReceivedOnAFullDiskReachTheJobsEnd) {
+  setenv("FAKE_MODE", "waitfile", 1);
+  auto c = Make();
+  auto job = c->Submit(kSpec, {"restart.hang_timeout_s=600"});
+  ASSERT_TRUE(job.ok());
+  const std::string id = job->id();
+  TickUntil(*c, id, v1::JOB_STATE_RUNNING);
+  const auto report = [&](int64_t step, double loss) {
+    v1::ReportProgressRequest p;
+    p.set_job_id(id);
+    p.set_attempt(1);
+    p.set_step(step);
+    p.set_loss(loss);
+    return c->ReportProgress(p);
+  };
+  ASSERT_TRUE(report(2, 3.0).ok());
+  {
+    FullDisk full;
+    EXPECT_EQ(report(4, 2.5).code(), absl::StatusCode::kUnavailable);
+    EXPECT_EQ(report(6, 2.0).code(), absl::StatusCode::kUnavailable);
+    EXPECT_EQ(c->Get(id, false)->job().progress().step(), 2);
+  }
+  std::ofstream(dir_ / "go");
+  const v1::Job done = TickUntil(*c, id, v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.progress().step(), 6);
+  EXPECT_EQ(done.progress().loss(), 2.0);
+  EXPECT_EQ(done.progress().unsaved_reports(), 2);
+  // Persisted so: a restarted ptcoord shows the same.
+  c.reset();
+  auto again = Make();
+  const v1::Job stored = again->Get(id, false)->job();
+  EXPECT_EQ(stored.progress().step(), 6);
+  EXPECT_EQ(stored.progress().unsaved_reports(), 2);
+}
+
 // Slurm's commands stand in for a cluster: sbatch numbers its jobs from 1,
 // scontrol reports job N in the state in $FAKE_SLURM/state.N (RUNNING until
 // the test writes one), sinfo prints $FAKE_SLURM/sinfo.

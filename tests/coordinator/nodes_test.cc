@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 
+#include "coordinator/scheduler.h"
 #include "gtest/gtest.h"
 
 namespace ptrain {
@@ -317,6 +318,140 @@ TEST_F(NodeRegistryTest, OnlyADownIdleNodeIsForgottenAndThenJoinsAfresh) {
                 .status()
                 .code(),
             absl::StatusCode::kPermissionDenied);
+}
+
+// The join token lets its holder add a node of a new name, and jobs placed
+// there would hand it their attempt tokens. With require_approval such a
+// node registers and heartbeats, but nothing is placed on it and it
+// authorizes no Exec until an operator approves it; the wait is stored.
+TEST_F(NodeRegistryTest, ANewNodeWaitsForApprovalAcrossCoordinatorRestarts) {
+  options_.require_approval = true;
+  std::string secret;
+  {
+    auto r = Make();
+    auto reg = r->Register(Request("n1"), t0_, "ipv4:10.0.0.5:1234");
+    ASSERT_TRUE(reg.ok()) << reg.status();
+    EXPECT_TRUE(reg->pending_approval());
+    secret = reg->node_secret();
+    const v1::Node n = r->List(t0_).at(0);
+    EXPECT_TRUE(n.pending_approval());
+    EXPECT_EQ(n.state(), v1::NODE_STATE_UP);  // up, and still waiting
+    EXPECT_TRUE(FreeNodesOf(r->List(t0_), {}, {}, false).empty());
+    const absl::Status exec = r->CheckSession("n1", reg->session());
+    EXPECT_EQ(exec.code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_NE(exec.message().find("--require-node-approval"), std::string::npos)
+        << exec;
+    EXPECT_NE(exec.message().find("ptctl nodes approve n1"), std::string::npos)
+        << exec;
+    bool pending = false;
+    ASSERT_TRUE(r->Heartbeat(Beat("n1", reg->session()), t0_, &pending).ok());
+    EXPECT_TRUE(pending);
+    auto events = store_->ListEvents("node:n1");
+    ASSERT_TRUE(events.ok());
+    ASSERT_EQ(events->size(), 1u);
+    EXPECT_NE((*events)[0].second.find("waits for approval"), std::string::npos)
+        << (*events)[0].second;
+  }
+  // Restarted, even without the requirement: the node still waits, and
+  // registering again (with its secret) does not end the wait.
+  options_.require_approval = false;
+  {
+    auto r = Make();
+    EXPECT_TRUE(r->List(t0_).at(0).pending_approval());
+    auto back = r->Register(WithSecret(Request("n1"), secret), t0_);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_TRUE(back->pending_approval());
+    EXPECT_TRUE(FreeNodesOf(r->List(t0_), {}, {}, false).empty());
+    // Approved: schedulable at once, and Exec may be authorized.
+    auto approved = r->Approve("n1", t0_);
+    ASSERT_TRUE(approved.ok()) << approved.status();
+    EXPECT_FALSE(approved->pending_approval());
+    EXPECT_EQ(approved->state(), v1::NODE_STATE_UP);
+    EXPECT_TRUE(r->CheckSession("n1", back->session()).ok());
+    ASSERT_EQ(FreeNodesOf(r->List(t0_), {}, {}, false).size(), 1u);
+    bool pending = true;
+    ASSERT_TRUE(r->Heartbeat(Beat("n1", back->session()), t0_, &pending).ok());
+    EXPECT_FALSE(pending);
+    // Approving again changes nothing and is no error.
+    EXPECT_TRUE(r->Approve("n1", t0_).ok());
+  }
+  options_.require_approval = true;
+  auto r = Make();
+  EXPECT_FALSE(r->List(t0_).at(0).pending_approval());  // the approval is kept
+  auto again = r->Register(WithSecret(Request("n1"), secret), t0_);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->pending_approval());
+}
+
+TEST_F(NodeRegistryTest, NodesKnownBeforeApprovalWasRequiredKeepTheirStanding) {
+  std::string secret;
+  {
+    auto r = Make();  // no approval required
+    auto reg = r->Register(Request("n1"), t0_);
+    ASSERT_TRUE(reg.ok());
+    EXPECT_FALSE(reg->pending_approval());
+    secret = reg->node_secret();
+  }
+  // A node an older ptcoord stored (no secret) counts as known too.
+  ASSERT_TRUE(store_->UpsertNode(Request("n2").node(), 1, "").ok());
+  options_.require_approval = true;
+  auto r = Make();
+  auto n1 = r->Register(WithSecret(Request("n1"), secret), t0_);
+  ASSERT_TRUE(n1.ok()) << n1.status();
+  EXPECT_FALSE(n1->pending_approval());
+  auto n2 = r->Register(Request("n2"), t0_);
+  ASSERT_TRUE(n2.ok()) << n2.status();
+  EXPECT_FALSE(n2->pending_approval());
+  auto n3 = r->Register(Request("n3"), t0_);
+  ASSERT_TRUE(n3.ok()) << n3.status();
+  EXPECT_TRUE(n3->pending_approval());
+  // A forgotten node's name is new again: it waits.
+  const absl::Time later = t0_ + options_.timeout + absl::Seconds(1);
+  ASSERT_TRUE(r->Forget("n1", false, later).ok());
+  auto fresh = r->Register(Request("n1"), later);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_TRUE(fresh->pending_approval());
+  // Forgetting a waiting node forgets its wait with it.
+  ASSERT_TRUE(
+      r->Forget("n3", false, later + options_.timeout + absl::Seconds(1)).ok());
+  const absl::StatusOr<std::vector<StoredNode>> stored = store_->ListNodes();
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  ASSERT_EQ(stored->size(), 2u);  // n1 (afresh) and n2
+  for (const StoredNode& n : *stored) {
+    EXPECT_EQ(n.node.pending_approval(), n.node.spec().name() == "n1")
+        << n.node.spec().name();
+  }
+}
+
+TEST_F(NodeRegistryTest, ApprovingAnUnknownNodeIsNotFoundAndChangesNothing) {
+  options_.require_approval = true;
+  auto r = Make();
+  ASSERT_TRUE(r->Register(Request("n1"), t0_).ok());
+  const absl::StatusOr<v1::Node> none = r->Approve("n2", t0_);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(none.status().message().find("'n2'"), std::string::npos);
+  EXPECT_TRUE(r->List(t0_).at(0).pending_approval());
+  EXPECT_TRUE((*store_->ListNodes())[0].node.pending_approval());
+}
+
+// Names a client sends come back in messages bounded (common/echo.h): a
+// 100 KB name is a few hundred bytes of answer, not a status gRPC refuses.
+TEST_F(NodeRegistryTest, ANameNoNodeHasIsEchoedBounded) {
+  auto r = Make();
+  const std::string huge(100 * 1024, 'x');
+  const std::vector<absl::Status> refusals = {
+      r->Heartbeat(Beat(huge, "s"), t0_),
+      r->CheckSession(huge, "s"),
+      r->SetDraining(huge, true, t0_).status(),
+      r->Approve(huge, t0_).status(),
+      r->Forget(huge, false, t0_),
+  };
+  for (const absl::Status& s : refusals) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+    EXPECT_LT(s.message().size(), 400u);
+    EXPECT_NE(s.message().find("… (102400 bytes)"), std::string::npos)
+        << s.message().substr(0, 400);
+  }
 }
 
 }  // namespace

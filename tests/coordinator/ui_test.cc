@@ -8,24 +8,29 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <future>
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/job_state.h"
+#include "coordinator/auth_throttle.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/ui_api.h"
 #include "coordinator/ui_server.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/raw_http.h"
 
 namespace ptrain {
 namespace {
@@ -144,11 +149,13 @@ class UiTest : public ::testing::Test {
 
   CoordinatorUi::Response Get(const std::string& path,
                               const std::string& query = "",
-                              const std::string& auth = "Bearer user-token") {
+                              const std::string& auth = "Bearer user-token",
+                              const std::string& peer = "127.0.0.1") {
     CoordinatorUi::Request r;
     r.path = path;
     r.query = query;
     r.authorization = auth;
+    r.peer = peer;
     return ui_->Handle(r);
   }
   json GetJson(const std::string& path, const std::string& query = "",
@@ -183,7 +190,10 @@ TEST_F(UiTest, WithoutTheTokenEveryRouteIs401AndShowsNothing) {
     for (const std::string& auth :
          {std::string(""), std::string("Bearer wrong"),
           std::string("Basic dXNlcg==")}) {
-      CoordinatorUi::Response r = Get(path, "", auth);
+      // Each from an address of its own: a peer guessing is throttled.
+      static int peer = 0;
+      CoordinatorUi::Response r =
+          Get(path, "", auth, absl::StrCat("10.1.0.", ++peer));
       EXPECT_EQ(r.status, 401) << path << " with '" << auth << "'";
       EXPECT_FALSE(absl::StrContains(r.body, id)) << path;
       EXPECT_FALSE(absl::StrContains(r.body, "ui-job")) << path;
@@ -598,6 +608,269 @@ TEST_F(UiTest, OverHttpTheStatusHeadersAndBodyArrive) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
   EXPECT_TRUE(absl::StrContains(r->body, "data-page=\"nodes\"")) << r->body;
+}
+
+// Guessing the token is throttled per address: after its burst of wrong
+// tokens a peer's attempts, the right token included, get 429 with
+// Retry-After and no cookie; another address's right token still opens the
+// pages, and a request without a token is no guess.
+TEST_F(UiTest, RepeatedWrongTokensAreThrottledForThatAddressOnly) {
+  CoordinatorUi::Request login;
+  login.method = "POST";
+  login.path = "/login";
+  login.peer = "10.2.0.1";
+  login.body = "token=wrong";
+  int refused = 0;
+  for (int i = 0; i < 100; ++i) {
+    CoordinatorUi::Response r = ui_->Handle(login);
+    if (r.status == 429) break;
+    EXPECT_EQ(r.status, 401);
+    ++refused;
+  }
+  EXPECT_EQ(refused, static_cast<int>(AuthThrottle::Options().user.burst));
+  login.body = "token=user-token";
+  CoordinatorUi::Response throttled = ui_->Handle(login);
+  EXPECT_EQ(throttled.status, 429);
+  EXPECT_TRUE(Header(throttled, "Set-Cookie").empty());
+  EXPECT_GT(std::atoi(Header(throttled, "Retry-After").c_str()), 0);
+  EXPECT_TRUE(absl::StrContains(throttled.body, "Too many wrong tokens"))
+      << throttled.body;
+  CoordinatorUi::Response api =
+      Get("/api/v1/jobs", "", "Bearer user-token", "10.2.0.1");
+  EXPECT_EQ(api.status, 429);
+  EXPECT_TRUE(
+      absl::StrContains(json::parse(api.body)["error"].get<std::string>(),
+                        "too many refused user tokens from 10.2.0.1"))
+      << api.body;
+  EXPECT_EQ(Get("/", "", "", "10.2.0.1").status, 401);
+  login.peer = "10.2.0.2";
+  EXPECT_EQ(ui_->Handle(login).status, 303);
+  EXPECT_EQ(Get("/api/v1/jobs", "", "Bearer user-token", "10.2.0.2").status,
+            200);
+}
+
+// A loopback listener answers only to a loopback Host with its port: a
+// page whose DNS name was rebound to 127.0.0.1 reads nothing.
+TEST_F(UiTest, OnLoopbackAHostThatIsNotThisUisIsMisdirected) {
+  const std::string port = absl::StrCat(ui_->port());
+  CoordinatorUi::Request r;
+  r.path = "/api/v1/nodes";
+  r.authorization = "Bearer user-token";
+  for (const std::string& host :
+       {"evil.example:" + port, std::string("evil.example"),
+        std::string("127.0.0.1:1"), std::string("127.0.0.1"),
+        "127.0.0.1.evil.example:" + port, "10.0.0.1:" + port,
+        std::string("[::1]"), "127.0.0.1:" + port + "0", "127.0.0.1:+" + port,
+        "[::1" + port}) {
+    r.host = host;
+    CoordinatorUi::Response out = ui_->Handle(r);
+    EXPECT_EQ(out.status, 421) << host;
+    EXPECT_FALSE(absl::StrContains(out.body, "local_slots")) << host;
+  }
+  for (const std::string& host :
+       {"127.0.0.1:" + port, "localhost:" + port, "LocalHost:" + port,
+        "[::1]:" + port, "127.8.0.1:" + port, std::string()}) {
+    r.host = host;
+    EXPECT_EQ(ui_->Handle(r).status, 200) << host;
+  }
+}
+
+// Login CSRF and logout by image: a POST whose Origin (or Referer) is
+// another site's is refused, and logging out takes a POST.
+TEST_F(UiTest, FormsOfOtherSitesCannotLogInOrOutAndLogoutIsAPost) {
+  const std::string own = absl::StrCat("127.0.0.1:", ui_->port());
+  CoordinatorUi::Request login;
+  login.method = "POST";
+  login.path = "/login";
+  login.host = own;
+  login.body = "token=user-token";
+  for (const std::string& origin :
+       {std::string("http://127.0.0.1:1"), std::string("http://evil.example"),
+        std::string("null"), "https://" + own, "http://" + own + ".evil"}) {
+    login.origin = origin;
+    CoordinatorUi::Response r = ui_->Handle(login);
+    EXPECT_EQ(r.status, 403) << origin;
+    EXPECT_TRUE(Header(r, "Set-Cookie").empty()) << origin;
+  }
+  login.origin = "";
+  login.referer = "http://evil.example/" + own;
+  EXPECT_EQ(ui_->Handle(login).status, 403);
+  login.referer = "http://" + own + "/login";
+  EXPECT_EQ(ui_->Handle(login).status, 303);
+  login.referer = "";
+  login.origin = "http://" + own;
+  CoordinatorUi::Response ok = ui_->Handle(login);
+  EXPECT_EQ(ok.status, 303);
+  EXPECT_FALSE(Header(ok, "Set-Cookie").empty());
+  login.origin = "";  // no browser: curl, ptrain's tests
+  EXPECT_EQ(ui_->Handle(login).status, 303);
+  // The UI's own forms carry their origin: not "no-referrer", under which
+  // a browser sends "Origin: null".
+  EXPECT_EQ(Header(ok, "Referrer-Policy"), "same-origin");
+
+  CoordinatorUi::Request logout;
+  logout.path = "/logout";
+  logout.host = own;
+  logout.cookie = "ptrain_token=user-token";
+  CoordinatorUi::Response by_get = ui_->Handle(logout);
+  EXPECT_EQ(by_get.status, 405);
+  EXPECT_EQ(Header(by_get, "Allow"), "POST");
+  EXPECT_TRUE(Header(by_get, "Set-Cookie").empty());
+  logout.method = "POST";
+  logout.origin = "http://127.0.0.1:1";
+  EXPECT_EQ(ui_->Handle(logout).status, 403);
+  logout.origin = "http://" + own;
+  CoordinatorUi::Response out = ui_->Handle(logout);
+  EXPECT_EQ(out.status, 303);
+  EXPECT_EQ(Header(out, "Location"), "/login");
+  EXPECT_TRUE(absl::StrContains(Header(out, "Set-Cookie"), "Max-Age=0"));
+  // Every page has the form that signs out.
+  for (const char* page : {"/", "/nodes", "/jobs/job-0001"}) {
+    EXPECT_TRUE(
+        absl::StrContains(Get(page).body, "method=\"post\" action=\"/logout\""))
+        << page;
+  }
+  CoordinatorUi::Request put;
+  put.method = "PUT";
+  put.path = "/";
+  put.authorization = "Bearer user-token";
+  CoordinatorUi::Response refused = ui_->Handle(put);
+  EXPECT_EQ(refused.status, 405);
+  EXPECT_EQ(Header(refused, "Allow"), "GET, HEAD, POST");
+}
+
+// A chunk of `n` bytes of 'a' in chunked framing.
+std::string Chunk(size_t n) {
+  char size[32];
+  std::snprintf(size, sizeof(size), "%zx\r\n", n);
+  return size + std::string(n, 'a') + "\r\n";
+}
+
+std::string Post(const std::string& path, const std::string& headers,
+                 const std::string& body) {
+  return "POST " + path + " HTTP/1.1\r\n" + headers + "\r\n" + body;
+}
+
+// Over HTTP (the server's whole path, without a socket): a body over
+// kMaxBody is 413 whatever its framing, method or route, and nothing is
+// set; a body of a method that takes none is 413 too.
+TEST_F(UiTest, ABodyOverTheLimitIs413WhateverItsFramingMethodOrRoute) {
+  const std::string chunked = "Transfer-Encoding: chunked\r\n";
+  std::string tiny_chunks;
+  for (int i = 0; i < 5000; ++i) tiny_chunks += Chunk(1);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"one chunk", Post("/login", chunked, Chunk(8192) + Chunk(0) + "\r\n")},
+      {"a chunk of 1 MiB", Post("/login", chunked, Chunk(1 << 20))},
+      {"5000 chunks of a byte",
+       Post("/login", chunked, tiny_chunks + Chunk(0) + "\r\n")},
+      {"a chunk extension of 70 KiB",
+       Post("/login", chunked,
+            "1;x=" + std::string(70 << 10, 'e') + "\r\na\r\n0\r\n\r\n")},
+      {"Content-Length 5000",
+       Post("/login", "Content-Length: 5000\r\n", std::string(5000, 'a'))},
+      {"Content-Length 300 MB",
+       Post("/login", "Content-Length: 300000000\r\n", std::string(1000, 'a'))},
+      {"another route", Post("/api/v1/jobs", chunked, Chunk(8192))},
+      {"GET with a body",
+       "GET / HTTP/1.1\r\nContent-Length: 10\r\n\r\n0123456789"},
+      {"GET, chunked", "GET /login HTTP/1.1\r\n" + chunked + "\r\n" +
+                           Chunk(10) + Chunk(0) + "\r\n"},
+      {"HEAD, chunked", "HEAD / HTTP/1.1\r\n" + chunked + "\r\n" + Chunk(10)},
+      {"PUT, chunked", "PUT / HTTP/1.1\r\n" + chunked + "\r\n" + Chunk(10)},
+      {"DELETE",
+       "DELETE /api/v1/jobs/job-0001 HTTP/1.1\r\nContent-Length: "
+       "100\r\n\r\n" +
+           std::string(100, 'a')},
+      {"Expect: 100-continue",
+       Post("/login", "Content-Length: 5000\r\nExpect: 100-continue\r\n", "")},
+  };
+  for (const auto& [name, bytes] : cases) {
+    const std::string reply = ui_->Exchange(bytes);
+    EXPECT_EQ(::ptrain::testing::HttpStatus(reply), 413)
+        << name << ": " << reply.substr(0, 300);
+    EXPECT_FALSE(absl::StrContains(reply, "Set-Cookie")) << name;
+    EXPECT_FALSE(absl::StrContains(reply, "100 Continue")) << name;
+  }
+}
+
+TEST_F(UiTest, MalformedFramingIsRefusedAndAChunkedLoginWorks) {
+  const std::string chunked = "Transfer-Encoding: chunked\r\n";
+  const std::string login = ui_->Exchange(
+      Post("/login", chunked, "6\r\ntoken=\r\na\r\nuser-token\r\n0\r\n\r\n"));
+  EXPECT_EQ(::ptrain::testing::HttpStatus(login), 303) << login;
+  EXPECT_TRUE(absl::StrContains(login, "Set-Cookie: ptrain_token=user-token"))
+      << login;
+  const std::string path(3000, 'a');
+  const std::vector<std::tuple<std::string, std::string, int>> cases = {
+      {"bad chunk size", Post("/login", chunked, "zz\r\nabc\r\n0\r\n\r\n"),
+       400},
+      {"no last chunk", Post("/login", chunked, "3\r\nabc\r\n"), 400},
+      {"both lengths", Post("/login", chunked + "Content-Length: 3\r\n", "abc"),
+       400},
+      {"another transfer encoding",
+       Post("/login", "Transfer-Encoding: gzip\r\n", "abc"), 501},
+      {"two encodings",
+       Post("/login", "Transfer-Encoding: gzip, chunked\r\n",
+            "3\r\nabc\r\n0\r\n\r\n"),
+       501},
+      {"two lengths",
+       Post("/login", "Content-Length: 3\r\nContent-Length: 3\r\n", "abc"),
+       400},
+      {"negative length", Post("/login", "Content-Length: -1\r\n", ""), 400},
+      {"hex length", Post("/login", "Content-Length: 0x10\r\n", ""), 400},
+      {"compressed",
+       Post("/login",
+            "Content-Encoding: gzip\r\n"
+            "Content-Length: 3\r\n",
+            "abc"),
+       415},
+      {"multipart",
+       Post("/login",
+            "Content-Type: multipart/form-data; boundary=x\r\n"
+            "Content-Length: 3\r\n",
+            "abc"),
+       415},
+      {"two hosts",
+       "GET /login HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: "
+       "evil.example\r\n\r\n",
+       400},
+      {"a long path", "GET /" + path + " HTTP/1.1\r\n\r\n", 414},
+      {"headers of 20 KiB",
+       "GET /login HTTP/1.1\r\nX-Big: " + std::string(20 << 10, 'a') +
+           "\r\n\r\n",
+       431},
+      {"headers cut off", "GET /login HTTP/1.1\r\nX-A: b\r\n", 400},
+      {"body cut off", Post("/login", "Content-Length: 30\r\n", "token="), 400},
+  };
+  for (const auto& [name, bytes, want] : cases) {
+    const std::string reply = ui_->Exchange(bytes);
+    EXPECT_EQ(::ptrain::testing::HttpStatus(reply), want)
+        << name << ": " << reply.substr(0, 300);
+    EXPECT_FALSE(absl::StrContains(reply, "Set-Cookie")) << name;
+  }
+  EXPECT_EQ(ui_->Exchange(""), "");
+}
+
+// cpp-httplib 0.11.4 would build every range of a multi-range request into
+// one answer: ranges are ignored, the whole file is the answer.
+TEST_F(UiTest, RangesAreIgnored) {
+  std::string ranges = "bytes=0-";
+  for (int i = 0; i < 2000; ++i) ranges += ",0-";
+  const std::string reply = ui_->Exchange(
+      "GET /static/chart.js HTTP/1.1\r\nAuthorization: Bearer "
+      "user-token\r\nRange: " +
+      ranges + "\r\nIf-Range: x\r\n\r\n");
+  EXPECT_EQ(::ptrain::testing::HttpStatus(reply), 200) << reply.substr(0, 300);
+  EXPECT_TRUE(absl::EndsWith(reply, "\r\n\r\n/* Chart.js */")) << reply;
+  // Also behind a line that ends without its '\r' (cpp-httplib skips that
+  // line, then reads the next).
+  const std::string hidden = ui_->Exchange(
+      "GET /static/chart.js HTTP/1.1\r\nAuthorization: Bearer "
+      "user-token\r\nX-A: b\nRange: " +
+      ranges + "\r\n\r\n");
+  EXPECT_EQ(::ptrain::testing::HttpStatus(hidden), 200)
+      << hidden.substr(0, 300);
+  EXPECT_TRUE(absl::EndsWith(hidden, "\r\n\r\n/* Chart.js */")) << hidden;
 }
 
 }  // namespace

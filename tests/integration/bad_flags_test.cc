@@ -326,6 +326,15 @@ TEST_F(BadFlagsTest, PtcoordJoinTokenFileThatIsAFifoIsRefusedAtOnce) {
   EXPECT_FALSE(fs::exists(state_dir()));
 }
 
+// Approval holds the nodes that join with a join token: without one there
+// is nothing to approve, and the flag is a mistake.
+TEST_F(BadFlagsTest, PtcoordNodeApprovalWithoutAJoinTokenIsRefusedAtOnce) {
+  const Outcome o = RunProcess(Ptcoord({"--require-node-approval"}));
+  ExpectOneErrorLine(o, 2, "ptcoord: error: --require-node-approval needs ",
+                     {"--join-token-file"});
+  EXPECT_FALSE(fs::exists(state_dir()));
+}
+
 // The checks pass what openssl makes: ptcoord serves TLS with the pair.
 TEST_F(BadFlagsTest, PtcoordMatchingPairServesTls) {
   const Outcome o = RunProcess(

@@ -3,7 +3,9 @@
 // raw RPCs, in plain text and over TLS with certificates openssl makes at
 // test time. Waits are generous deadlines, never timings.
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -250,6 +252,37 @@ class ControlPlaneTest : public ::testing::Test {
         "-CAcreateserial -out client.pem -days 2 -extfile client.ext");
     Result r = Sh(script);
     ASSERT_EQ(r.rc, 0) << r.out;
+  }
+  // Beside MakeCertificates' files: another CA (CN=other-ca) and a client
+  // certificate it signed, a client certificate of the test CA that has
+  // expired, and a server certificate naming only DNS:localhost.
+  void MakeOtherCertificates() {
+    const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1";
+    const std::string script = absl::StrCat(
+        "exec 2>&1; set -e; cd ", (dir_ / "tls").string(), "; ",
+        "openssl req -x509 ", key,
+        " -nodes -keyout other-ca.key -out other-ca.pem -days 2 "
+        "-subj /CN=other-ca; ",
+        "openssl req ", key,
+        " -nodes -keyout stranger.key -out stranger.csr -subj /CN=stranger; ",
+        "openssl x509 -req -in stranger.csr -CA other-ca.pem -CAkey "
+        "other-ca.key -CAcreateserial -out stranger.pem -days 2 -extfile "
+        "client.ext; ",
+        "openssl req ", key,
+        " -nodes -keyout expired.key -out expired.csr -subj /CN=expired; ",
+        // 0 days: valid until the second it was made.
+        "openssl x509 -req -in expired.csr -CA ca.pem -CAkey ca.key "
+        "-CAcreateserial -out expired.pem -days 0 -extfile client.ext; ",
+        "openssl req ", key,
+        " -nodes -keyout dns-only.key -out dns-only.csr -subj /CN=localhost; ",
+        "printf 'subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n' "
+        "> dns-only.ext; ",
+        "openssl x509 -req -in dns-only.csr -CA ca.pem -CAkey ca.key "
+        "-CAcreateserial -out dns-only.pem -days 2 -extfile dns-only.ext");
+    Result r = Sh(script);
+    ASSERT_EQ(r.rc, 0) << r.out;
+    // expired.pem was valid until the second it was made.
+    std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   std::string ReadFile(const fs::path& p) {
     std::ifstream in(p, std::ios::binary);
@@ -583,6 +616,92 @@ TEST_F(ControlPlaneTest, MissingOrWrongTokenIsUnauthenticated) {
   EXPECT_EQ(ranks->ReportProgress(Ctx(kToken).get(), p, &pr).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_TRUE(ListJobs().empty());
+}
+
+// Guessing tokens over gRPC is throttled per peer address: after its burst
+// of refused user tokens a peer gets RESOURCE_EXHAUSTED saying why, its
+// right token included, while another address's right token works; rank
+// and join tokens count apart. Refusals are logged at a bounded rate.
+TEST_F(ControlPlaneTest, FailedAuthenticationIsThrottledPerPeer) {
+  {
+    // 127.0.0.1 and ::1 are two peers of a ptcoord listening on [::].
+    const int probe = socket(AF_INET6, SOCK_STREAM, 0);
+    sockaddr_in6 loopback{};
+    loopback.sin6_family = AF_INET6;
+    loopback.sin6_addr = in6addr_loopback;
+    const bool v6 =
+        probe >= 0 && bind(probe, reinterpret_cast<sockaddr*>(&loopback),
+                           sizeof(loopback)) == 0;
+    if (probe >= 0) close(probe);
+    if (!v6) GTEST_SKIP() << "no IPv6 loopback here";
+  }
+  StopCoordinator(SIGTERM);
+  StartCoordinator("[::]:0");
+  auto jobs = ptrain::v1::JobService::NewStub(channel_);  // from 127.0.0.1
+  ptrain::v1::ListJobsRequest list;
+  ptrain::v1::ListJobsResponse listed;
+  int refused = 0;
+  grpc::Status s;
+  for (int i = 0; i < 40; ++i) {
+    s = jobs->ListJobs(Ctx("wrong").get(), list, &listed);
+    if (s.error_code() != grpc::StatusCode::UNAUTHENTICATED) break;
+    ++refused;
+  }
+  EXPECT_EQ(refused, 20);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(s.error_message().find("too many refused user tokens from "
+                                   "127.0.0.1"),
+            std::string::npos)
+      << s.error_message();
+  EXPECT_EQ(jobs->ListJobs(Ctx(kToken).get(), list, &listed).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  const Result ptctl = Ptctl("list");
+  EXPECT_NE(ptctl.rc, 0);
+  EXPECT_NE(ptctl.out.find("too many refused user tokens"), std::string::npos)
+      << ptctl.out;
+  const std::string port = address_.substr(address_.rfind(':'));
+  auto other = ptrain::v1::JobService::NewStub(
+      grpc::CreateChannel("[::1]" + port, credentials_));
+  EXPECT_TRUE(other->ListJobs(Ctx(kToken).get(), list, &listed).ok());
+
+  // Rank tokens: a burst of their own (ranks of an ended attempt may still
+  // report with its token).
+  auto ranks = ptrain::v1::RankService::NewStub(channel_);
+  ptrain::v1::ReportProgressRequest p;
+  p.set_job_id("job-0001");
+  p.set_attempt(1);
+  ptrain::v1::ReportProgressResponse pr;
+  refused = 0;
+  for (int i = 0; i < 400; ++i) {
+    s = ranks->ReportProgress(Ctx("stale").get(), p, &pr);
+    if (s.error_code() != grpc::StatusCode::UNAUTHENTICATED) break;
+    ++refused;
+  }
+  EXPECT_GE(refused, 200);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << s.error_message();
+  // Join tokens (this ptcoord takes no node at all).
+  auto nodes = ptrain::v1::NodeService::NewStub(channel_);
+  ptrain::v1::NodeHeartbeatRequest beat;
+  ptrain::v1::NodeHeartbeatResponse beaten;
+  refused = 0;
+  for (int i = 0; i < 40; ++i) {
+    s = nodes->Heartbeat(Ctx("guess").get(), beat, &beaten);
+    if (s.error_code() != grpc::StatusCode::UNAUTHENTICATED) break;
+    ++refused;
+  }
+  EXPECT_EQ(refused, 20);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(s.error_message().find("join token"), std::string::npos)
+      << s.error_message();
+  const std::string log = Sh("cat " + (dir_ / "ptcoord.log").string()).out;
+  size_t lines = 0;
+  for (size_t at = 0;
+       (at = log.find("authentication: ", at)) != std::string::npos; ++at) {
+    ++lines;
+  }
+  EXPECT_GE(lines, 1u) << log;
+  EXPECT_LE(lines, 4u) << log;
 }
 
 // With no ptcoord listening, ptctl says where it looked, where that address
@@ -1465,6 +1584,184 @@ TEST_F(ControlPlaneTest, TlsServerNeedsOnlyTheCaFromPtctl) {
   ptctl_tls_ = " --tls-ca " + (t / "ca.pem").string();
 }
 
+// A client certificate ptcoord's --tls-client-ca did not sign ends the
+// handshake, which gRPC reports as "Socket closed". ptctl says that ptcoord
+// refused the certificate, who issued it, and which CA ptcoord wants (the
+// names its certificate request carries); and, as siblings, an expired
+// certificate, a --tls-ca that did not sign ptcoord's certificate, and a
+// certificate that does not name the host dialed.
+TEST_F(ControlPlaneTest, PtctlSaysPtcoordRefusedItsClientCertificateAndWhy) {
+  StopCoordinator(SIGTERM);
+  MakeCertificates();
+  MakeOtherCertificates();
+  const fs::path t = dir_ / "tls";
+  credentials_ =
+      grpc::SslCredentials({ReadFile(t / "ca.pem"), ReadFile(t / "client.key"),
+                            ReadFile(t / "client.pem")});
+  StartCoordinator("127.0.0.1:0", {"--tls-cert", (t / "server.pem").string(),
+                                   "--tls-key", (t / "server.key").string(),
+                                   "--tls-client-ca", (t / "ca.pem").string()});
+  const std::string ca = " --tls-ca " + (t / "ca.pem").string();
+  const auto one_line = [](const Result& r) {
+    return std::count(r.out.begin(), r.out.end(), '\n') == 1;
+  };
+  ptctl_tls_ = ca + " --tls-cert " + (t / "stranger.pem").string() +
+               " --tls-key " + (t / "stranger.key").string();
+  const Result stranger = Ptctl("list");
+  EXPECT_EQ(stranger.rc, 1) << stranger.out;
+  EXPECT_TRUE(one_line(stranger)) << stranger.out;
+  for (const std::string& part :
+       {absl::StrCat("ptctl: error: UNAVAILABLE: ptcoord at ", address_,
+                     " refused the client certificate of --tls-cert ",
+                     (t / "stranger.pem").string()),
+        std::string("(CN=stranger, issued by CN=other-ca; it ended the TLS "
+                    "handshake)"),
+        std::string("it expects one issued by the CA of its --tls-client-ca "
+                    "(CN=ptrain-test-ca)")}) {
+    EXPECT_TRUE(absl::StrContains(stranger.out, part))
+        << "no '" << part << "' in " << stranger.out;
+  }
+  // From the environment, the variable is named.
+  ptctl_tls_ = ca;
+  setenv("PTCTL_TLS_CERT", (t / "stranger.pem").c_str(), 1);
+  setenv("PTCTL_TLS_KEY", (t / "stranger.key").c_str(), 1);
+  const Result from_env = Ptctl("list");
+  unsetenv("PTCTL_TLS_CERT");
+  unsetenv("PTCTL_TLS_KEY");
+  EXPECT_TRUE(absl::StrContains(
+      from_env.out, "refused the client certificate of PTCTL_TLS_CERT " +
+                        (t / "stranger.pem").string()))
+      << from_env.out;
+  // The right CA's certificate, expired.
+  ptctl_tls_ = ca + " --tls-cert " + (t / "expired.pem").string() +
+               " --tls-key " + (t / "expired.key").string();
+  const Result expired = Ptctl("list");
+  EXPECT_EQ(expired.rc, 1) << expired.out;
+  EXPECT_TRUE(absl::StrContains(expired.out, "issued by CN=ptrain-test-ca"))
+      << expired.out;
+  EXPECT_TRUE(absl::StrContains(expired.out, "this certificate expired on"))
+      << expired.out;
+  // A --tls-ca that did not sign ptcoord's certificate.
+  const std::string mine = " --tls-cert " + (t / "client.pem").string() +
+                           " --tls-key " + (t / "client.key").string();
+  ptctl_tls_ = " --tls-ca " + (t / "other-ca.pem").string() + mine;
+  const Result untrusted = Ptctl("list");
+  EXPECT_EQ(untrusted.rc, 1) << untrusted.out;
+  EXPECT_TRUE(one_line(untrusted)) << untrusted.out;
+  EXPECT_TRUE(absl::StrContains(
+      untrusted.out,
+      absl::StrCat("ptcoord at ", address_,
+                   " presented a certificate (CN=localhost, issued by "
+                   "CN=ptrain-test-ca) that the CA of --tls-ca ",
+                   (t / "other-ca.pem").string(), " does not verify")))
+      << untrusted.out;
+  ptctl_tls_ = ca + mine;
+  const Result right = Ptctl("list");
+  EXPECT_EQ(right.rc, 0) << right.out;
+  // A certificate that names localhost only, dialed as 127.0.0.1.
+  StopCoordinator(SIGTERM);
+  StartCoordinator("127.0.0.1:0", {"--tls-cert", (t / "dns-only.pem").string(),
+                                   "--tls-key", (t / "dns-only.key").string()});
+  ptctl_tls_ = ca;
+  const Result mismatch = Ptctl("list");
+  EXPECT_EQ(mismatch.rc, 1) << mismatch.out;
+  EXPECT_TRUE(absl::StrContains(
+      mismatch.out, absl::StrCat("ptcoord's certificate (CN=localhost) does "
+                                 "not name the host of ",
+                                 address_)))
+      << mismatch.out;
+}
+
+// Client input comes back in refusals bounded (common/echo.h): a 100 KB job
+// id is a NOT_FOUND of a few hundred bytes, never a status too large for
+// gRPC's headers, in every RPC that takes one, and so are a spec's long
+// keys and paths.
+TEST_F(ControlPlaneTest, ClientInputComesBackBoundedInEveryRefusal) {
+  auto stub = ptrain::v1::JobService::NewStub(channel_);
+  const std::string huge(100 * 1024, 'j');
+  const auto bounded = [](const grpc::Status& s, grpc::StatusCode code,
+                          const std::string& what) {
+    EXPECT_EQ(s.error_code(), code)
+        << what << ": " << s.error_message().substr(0, 300);
+    EXPECT_LT(s.error_message().size(), 1000u) << what;
+    EXPECT_TRUE(absl::StrContains(s.error_message(), " bytes)"))
+        << what << ": " << s.error_message().substr(0, 300);
+  };
+  using grpc::StatusCode;
+  using Stub = ptrain::v1::JobService::Stub;
+  // `rpc` with the request's job id (or node name) the huge value.
+  const auto call = [&](auto rpc, auto request, auto response,
+                        const char* what) {
+    if constexpr (requires { request.set_job_id(huge); }) {
+      request.set_job_id(huge);
+    } else {
+      request.set_name(huge);
+    }
+    bounded((stub.get()->*rpc)(Ctx(kToken).get(), request, &response),
+            StatusCode::NOT_FOUND, what);
+  };
+  namespace v1 = ptrain::v1;
+  call(&Stub::GetJob, v1::GetJobRequest(), v1::GetJobResponse(), "GetJob");
+  call(&Stub::CancelJob, v1::CancelJobRequest(), v1::CancelJobResponse(),
+       "CancelJob");
+  call(&Stub::PauseJob, v1::PauseJobRequest(), v1::PauseJobResponse(),
+       "PauseJob");
+  call(&Stub::ResumeJob, v1::ResumeJobRequest(), v1::ResumeJobResponse(),
+       "ResumeJob");
+  call(&Stub::ListCheckpoints, v1::ListCheckpointsRequest(),
+       v1::ListCheckpointsResponse(), "ListCheckpoints");
+  call(&Stub::DiagnoseJob, v1::DiagnoseJobRequest(), v1::DiagnoseJobResponse(),
+       "DiagnoseJob");
+  call(&Stub::DrainNode, v1::DrainNodeRequest(), v1::DrainNodeResponse(),
+       "DrainNode");
+  call(&Stub::ForgetNode, v1::ForgetNodeRequest(), v1::ForgetNodeResponse(),
+       "ForgetNode");
+  call(&Stub::ApproveNode, v1::ApproveNodeRequest(), v1::ApproveNodeResponse(),
+       "ApproveNode");
+  {
+    ptrain::v1::WatchJobRequest r;
+    r.set_job_id(huge);
+    auto ctx = Ctx(kToken);
+    auto reader = stub->WatchJob(ctx.get(), r);
+    ptrain::v1::JobEvent ev;
+    while (reader->Read(&ev)) {
+    }
+    bounded(reader->Finish(), StatusCode::NOT_FOUND, "WatchJob");
+  }
+  {
+    ptrain::v1::StreamLogsRequest r;
+    r.set_job_id(huge);
+    auto ctx = Ctx(kToken);
+    auto reader = stub->StreamLogs(ctx.get(), r);
+    ptrain::v1::LogChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    bounded(reader->Finish(), StatusCode::NOT_FOUND, "StreamLogs");
+  }
+  const std::string spec =
+      ReadFile(fs::path(PT_SOURCE_DIR) / "examples/shakespeare-char.yaml");
+  const auto submit = [&](const std::string& override_text) {
+    ptrain::v1::SubmitJobRequest r;
+    r.set_spec_yaml(spec);
+    r.add_overrides(override_text);
+    ptrain::v1::SubmitJobResponse out;
+    return stub->SubmitJob(Ctx(kToken).get(), r, &out);
+  };
+  bounded(submit(std::string(100 * 1024, 'k') + "=1"),
+          StatusCode::INVALID_ARGUMENT, "an override's unknown key");
+  bounded(submit("train." + std::string(100 * 1024, 'k') + "=1"),
+          StatusCode::INVALID_ARGUMENT, "an override's unknown field");
+  bounded(submit("data.path=/" + std::string(60 * 1024, 'p')),
+          StatusCode::INVALID_ARGUMENT, "a path outside the data roots");
+  EXPECT_TRUE(ListJobs().empty());
+  // As ptctl shows it: one short line.
+  const Result get = Ptctl("get " + huge);
+  EXPECT_EQ(get.rc, 1) << get.out.substr(0, 300);
+  EXPECT_LT(get.out.size(), 1000u);
+  EXPECT_TRUE(absl::StartsWith(get.out, "ptctl: error: NOT_FOUND: no job 'jjj"))
+      << get.out.substr(0, 300);
+}
+
 // Nodes: ptworkerd registers with the cluster's join token, heartbeats,
 // is DOWN once its heartbeats stop, and registers again after a ptcoord
 // restart; a wrong token or a bad registration changes nothing.
@@ -1798,6 +2095,192 @@ TEST_F(NodesTest, DrainIsStoredAndShownUntilUncordon) {
   EXPECT_TRUE(Nodes()["node-d"].value("draining", false));
   EXPECT_EQ(Ptctl("uncordon node-d").rc, 0);
   EXPECT_FALSE(Nodes()["node-d"].value("draining", false));
+}
+
+// ptworkerd checks who asks before it reads the command: without a running
+// attempt's token nothing of the command comes back (a 10 KB one made the
+// refusal too large for gRPC: RESOURCE_EXHAUSTED), and the shell's words
+// get the same refusal as anything else. NodeService's refusals quote a
+// node name bounded.
+TEST_F(NodesTest, DaemonExecAuthenticatesBeforeItReadsTheCommand) {
+  StartDaemon("node-e", "join-tokens", "");
+  ASSERT_TRUE(
+      WaitFor([&] { return NodeState("node-e") == "NODE_STATE_UP"; }, 30))
+      << ReadFile(dir_ / "node-e.log");
+  const std::string address = Nodes()["node-e"]["spec"].value("address", "");
+  const std::string port = address.substr(address.rfind(':') + 1);
+  auto daemon = ptrain::v1::DaemonService::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + port, grpc::InsecureChannelCredentials()));
+  const auto exec = [&](const std::string& token, const std::string& command) {
+    grpc::ClientContext ctx;
+    if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(30));
+    ptrain::v1::ExecRequest req;
+    req.set_command(command);
+    auto reader = daemon->Exec(&ctx, req);
+    ptrain::v1::ExecOutput out;
+    while (reader->Read(&out)) {
+    }
+    return reader->Finish();
+  };
+  const std::string long_program(10 * 1024, 'A');
+  for (const std::string& command : {long_program, std::string("/bin/sh -c id"),
+                                     "orted " + std::string(10 * 1024, 'x')}) {
+    SCOPED_TRACE(command.substr(0, 20));
+    const grpc::Status none = exec("", command);
+    EXPECT_EQ(none.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << none.error_message().substr(0, 300);
+    const grpc::Status wrong = exec("not-an-attempt-token", command);
+    EXPECT_EQ(wrong.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << wrong.error_message().substr(0, 300);
+    EXPECT_TRUE(absl::StrContains(wrong.error_message(),
+                                  "is not that of a running attempt placed "
+                                  "on node 'node-e'"))
+        << wrong.error_message().substr(0, 300);
+    for (const grpc::Status& s : {none, wrong}) {
+      EXPECT_LT(s.error_message().size(), 1000u);
+      EXPECT_FALSE(absl::StrContains(s.error_message(), "AAAA"));
+      EXPECT_FALSE(absl::StrContains(s.error_message(), "/bin/sh"));
+    }
+  }
+  // NodeService, with the join token: a name nobody registered, 100 KB.
+  auto nodes = ptrain::v1::NodeService::NewStub(channel_);
+  const std::string huge(100 * 1024, 'n');
+  ptrain::v1::NodeHeartbeatRequest beat;
+  beat.set_name(huge);
+  beat.set_session("made-up");
+  ptrain::v1::NodeHeartbeatResponse beat_out;
+  const grpc::Status b =
+      nodes->Heartbeat(Ctx(kJoinToken).get(), beat, &beat_out);
+  ptrain::v1::AuthorizeExecRequest authorize;
+  authorize.set_name(huge);
+  authorize.set_session("made-up");
+  ptrain::v1::AuthorizeExecResponse authorize_out;
+  const grpc::Status a =
+      nodes->AuthorizeExec(Ctx(kJoinToken).get(), authorize, &authorize_out);
+  for (const grpc::Status& s : {b, a}) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND)
+        << s.error_message().substr(0, 300);
+    EXPECT_LT(s.error_message().size(), 1000u);
+    EXPECT_TRUE(absl::StrContains(s.error_message(), "… (102400 bytes)"))
+        << s.error_message().substr(0, 300);
+  }
+}
+
+// The join token lets its holder add a node of a new name. With
+// --require-node-approval such a node registers and heartbeats but takes
+// no job until `ptctl nodes approve`, shown in `ptctl nodes` and by its
+// daemon, and the wait and the approval are kept across ptcoord restarts.
+TEST_F(NodesTest, ANewNodeTakesNoJobUntilAnOperatorApprovesIt) {
+  std::vector<std::string> flags = NodeFlags();
+  flags.push_back("--require-node-approval");
+  StopCoordinator(SIGTERM);
+  StartCoordinator("127.0.0.1" + port_, flags);
+  StartDaemon("node-a");
+  ASSERT_TRUE(
+      WaitFor([&] { return NodeState("node-a") == "NODE_STATE_UP"; }, 30))
+      << ReadFile(dir_ / "node-a.log");
+  EXPECT_TRUE(Nodes()["node-a"].value("pending_approval", false));
+  const Result table = Ptctl("nodes");
+  EXPECT_TRUE(absl::StrContains(table.out, "UP,UNAPPROVED")) << table.out;
+  EXPECT_TRUE(absl::StrContains(
+      table.out,
+      "note: node-a waits for approval (ptcoord "
+      "--require-node-approval): no job runs on it until 'ptctl "
+      "nodes approve node-a'"))
+      << table.out;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return absl::StrContains(ReadFile(dir_ / "node-a.log"),
+                                 "'ptctl nodes approve node-a'");
+      },
+      30))
+      << ReadFile(dir_ / "node-a.log");
+  // A job that fits it stays queued: nothing is placed on the node.
+  const std::string id = Submit({"train.steps=5"});
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  EXPECT_EQ(State(id), "JOB_STATE_QUEUED");
+  EXPECT_EQ(Get(id)["job"].value("attempts", 0), 0);
+  // Kept across a restart; the daemon comes back still waiting.
+  StopCoordinator(SIGKILL);
+  StartCoordinator("127.0.0.1" + port_, flags);
+  EXPECT_TRUE(Nodes()["node-a"].value("pending_approval", false));
+  const int64_t before = Int(Nodes()["node-a"], "registered_unix_ms");
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const json n = Nodes()["node-a"];
+        return n.value("state", "") == "NODE_STATE_UP" &&
+               Int(n, "registered_unix_ms") > before;
+      },
+      30))
+      << ReadFile(dir_ / "node-a.log");
+  EXPECT_TRUE(Nodes()["node-a"].value("pending_approval", false));
+  // Approval: an unknown name is refused naming it, changing nothing.
+  const Result unknown = Ptctl("nodes approve no-such-node");
+  EXPECT_EQ(unknown.rc, 1) << unknown.out;
+  EXPECT_EQ(unknown.out, "ptctl: error: NOT_FOUND: no node 'no-such-node'\n");
+  EXPECT_TRUE(Nodes()["node-a"].value("pending_approval", false));
+  const Result approved = Ptctl("nodes approve node-a");
+  EXPECT_EQ(approved.rc, 0) << approved.out;
+  EXPECT_EQ(approved.out, "node-a approved: jobs may run on it\n");
+  EXPECT_FALSE(Nodes()["node-a"].value("pending_approval", false));
+  EXPECT_FALSE(absl::StrContains(Ptctl("nodes").out, "UNAPPROVED"));
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return absl::StrContains(ReadFile(dir_ / "node-a.log"),
+                                 "approved: jobs may now be placed");
+      },
+      30))
+      << ReadFile(dir_ / "node-a.log");
+  // The job is placed on it now (its launch through the node's made-up
+  // address is not this test's matter).
+  EXPECT_TRUE(
+      WaitFor([&] { return Get(id)["job"].value("attempts", 0) >= 1; }, 60))
+      << Get(id).dump();
+  Ptctl("cancel " + id);
+  StopCoordinator(SIGKILL);
+  StartCoordinator("127.0.0.1" + port_, flags);
+  EXPECT_FALSE(Nodes()["node-a"].value("pending_approval", false));
+}
+
+// ptworkerd says which side talks TLS when only one does, as ptctl does.
+TEST_F(NodesTest, PtworkerdSaysWhenOnlyOneSideTalksTls) {
+  MakeCertificates();
+  const fs::path t = dir_ / "tls";
+  StartDaemon("node-t", "join-tokens", "default",
+              {"--tls-ca", (t / "ca.pem").string()});
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return absl::StrContains(
+            ReadFile(dir_ / "node-t.log"),
+            absl::StrCat("ptcoord at ", address_,
+                         " talks plain text, not TLS: drop --tls-ca"));
+      },
+      30))
+      << ReadFile(dir_ / "node-t.log");
+  kill(daemons_["node-t"], SIGKILL);
+  waitpid(daemons_["node-t"], nullptr, 0);
+  daemons_.erase("node-t");
+  StopCoordinator(SIGTERM);
+  std::vector<std::string> flags = NodeFlags();
+  flags.insert(flags.end(), {"--tls-cert", (t / "server.pem").string(),
+                             "--tls-key", (t / "server.key").string()});
+  credentials_ = grpc::SslCredentials({ReadFile(t / "ca.pem"), "", ""});
+  ptctl_tls_ = " --tls-ca " + (t / "ca.pem").string();
+  StartCoordinator("127.0.0.1" + port_, flags);
+  StartDaemon("node-p");
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return absl::StrContains(
+            ReadFile(dir_ / "node-p.log"),
+            absl::StrCat("ptcoord at ", address_,
+                         " serves TLS and ptworkerd talked plain text: give "
+                         "the CA that signed its certificate with --tls-ca"));
+      },
+      30))
+      << ReadFile(dir_ / "node-p.log");
+  EXPECT_TRUE(Nodes().empty());
 }
 
 }  // namespace

@@ -6,12 +6,14 @@ protocol, logs in with the user token and loads each page. Checks: the
 jobs table lists the job as succeeded; the job page's loss chart has drawn
 (pixels other than the background inside the chart, read from a
 screenshot), its per-rank panel has one series per rank, its events list
-holds the restart; the nodes page shows the local host; without the token
-every page and endpoint is 401 and shows no job. Then without a browser:
+holds the restart; the nodes page shows the local host; signing out
+through a page's form (a POST, with the page's own Origin) clears the
+cookie; without the token every page and endpoint is 401 and shows no
+job. Then without a browser:
 with ptcoord's TLS the UI is HTTPS and its cookie Secure; --ui-listen off
 loopback without TLS, or on a port in use, is refused at start (exit 2,
 the reason named). The screenshots stay in ARTIFACTS (jobs.png, job.png,
-nodes.png, logged_out.png).
+nodes.png, logged_out.png, signed_out.png).
 
     ui_browser_test.py PTCOORD PTCTL SOURCE_DIR ARTIFACTS
 """
@@ -319,6 +321,17 @@ def main():
             "the nodes table")
         check("the nodes page shows the local host", local >= 1, local)
         browser.screenshot(f"{artifacts}/nodes.png")
+
+        # Sign out through the header's form: a POST that names the page's
+        # origin, which ptcoord checks; the cookie is gone after it.
+        browser.eval("document.querySelector('form.signout button').click(); "
+                     "true")
+        wait_for(lambda: browser.eval("location.pathname") == "/login" and
+                 browser.eval("document.readyState") == "complete", 30,
+                 "the login page after signing out")
+        status = browser.eval("fetch('/api/v1/nodes').then(r => r.status)")
+        check("signing out clears the cookie", status == 401, status)
+        browser.screenshot(f"{artifacts}/signed_out.png")
         check_tls_and_refusals(ptcoord, tmp, check)
     finally:
         if browser:

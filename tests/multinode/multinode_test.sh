@@ -395,19 +395,37 @@ refusals)
   [[ -z $(node_state "${MN_PREFIX}node2") ]] || fail "a node registered with a wrong token"
   echo "${MN_PREFIX}node1 $(mn_addr 1):7071" > "$T/nodes"
   run_rsh() { PTRAIN_NODES_FILE="$T/nodes" PTRAIN_JOB_TOKEN="$1" "$PTRSH" "${MN_PREFIX}node1" "${@:2}"; }
+  # A token that is no running attempt's is refused before the command is
+  # read: whatever it asks for, the answer is the same.
+  for cmd in "/bin/sh -c id" "orted --version"; do
+    set +e
+    out=$(run_rsh some-token $cmd 2>&1); rc=$?
+    set -e
+    [[ $rc == 255 && $out != *uid=* && $out == *"not that of a running attempt"* ]] ||
+      fail "a foreign token was not refused for '$cmd' ($rc): $out"
+  done
+  # A running attempt's token (a rank's environment holds it) runs only the
+  # allow-list's programs, one command.
+  JOB_SETS+=(--set parallel.dp=1)
+  id=$(submit --set train.steps=100000)
+  wait_step "$id" 1 90 || fail "no progress"
+  token=""
+  for p in $(mn_node_pids 1); do
+    [[ $(cat "/proc/$p/comm" 2>/dev/null) == ptworker ]] || continue
+    token=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | sed -n 's/^PTRAIN_JOB_TOKEN=//p')
+    [[ -n $token ]] && break
+  done
+  [[ -n $token ]] || fail "no rank of the job on node 1"
   set +e
-  out=$(run_rsh some-token /bin/sh -c id 2>&1); rc=$?
+  out=$(run_rsh "$token" /bin/sh -c id 2>&1); rc=$?
   set -e
   [[ $rc == 255 && $out == *"not a program this node runs"* ]] || fail "sh was not refused ($rc): $out"
   set +e
-  out=$(run_rsh some-token "PATH=/tmp:\$PATH ; export PATH ; orted -mca ess env ; id" 2>&1); rc=$?
+  out=$(run_rsh "$token" "PATH=/tmp:\$PATH ; export PATH ; orted -mca ess env ; id" 2>&1); rc=$?
   set -e
   echo "second command: $out"
   [[ $rc == 255 && $out != *uid=* && $out == *refused* ]] || fail "a second command was not refused ($rc): $out"
-  set +e
-  out=$(run_rsh some-token orted --version 2>&1); rc=$?
-  set -e
-  [[ $rc == 255 && $out == *"not that of a running attempt"* ]] || fail "a foreign token was not refused ($rc): $out"
+  "$PTCTL" cancel "$id" >/dev/null
   ;;
 
 coordinator_restart)

@@ -17,24 +17,48 @@
 
 namespace ptrain::testing {
 
-// Sends `bytes` to 127.0.0.1:port. With `read_reply`, half-closes and
-// returns everything the server sent until it closed ("" if it answered
-// nothing); without, closes at once. A server that neither answers nor
-// closes within a minute returns what came so far, so that a broken
-// server fails the test instead of hanging it.
-inline std::string SendRaw(int port, std::string_view bytes,
-                           bool read_reply = true) {
+// A TCP connection to 127.0.0.1:port from `from` (another loopback
+// address, such as 127.0.0.2, is another peer to the server; "": the
+// system's choice), whose reads and writes give up after `wait_s`. The
+// descriptor, or -1.
+inline int ConnectTo(int port, const std::string& from = "", int wait_s = 60) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
+  if (fd < 0) return -1;
+  if (!from.empty()) {
+    sockaddr_in source{};
+    source.sin_family = AF_INET;
+    if (inet_pton(AF_INET, from.c_str(), &source.sin_addr) != 1 ||
+        bind(fd, reinterpret_cast<sockaddr*>(&source), sizeof(source)) != 0) {
+      close(fd);
+      return -1;
+    }
+  }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const timeval wait{60, 0};
+  const timeval wait{wait_s, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &wait, sizeof(wait));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Sends `bytes` to 127.0.0.1:port (from `from`, as ConnectTo). With
+// `read_reply`, half-closes and returns everything the server sent until
+// it closed ("" if it answered nothing); without, closes at once. A server
+// that neither answers nor closes within `wait_s` (a minute) returns what
+// came so far, so that a broken server fails the test instead of hanging
+// it.
+inline std::string SendRaw(int port, std::string_view bytes,
+                           bool read_reply = true, const std::string& from = "",
+                           int wait_s = 60) {
+  const int fd = ConnectTo(port, from, wait_s);
   std::string out;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+  if (fd >= 0) {
     // A server may close before reading all of a huge request.
     for (size_t sent = 0; sent < bytes.size();) {
       const ssize_t n =
@@ -49,8 +73,8 @@ inline std::string SendRaw(int port, std::string_view bytes,
         out.append(buf, static_cast<size_t>(n));
       }
     }
+    close(fd);
   }
-  close(fd);
   return out;
 }
 

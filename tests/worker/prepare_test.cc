@@ -7,10 +7,12 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -88,7 +90,8 @@ TEST(PrepareChunks, ChunksEncodeToTheWholeTextsIds) {
        {Shakespeare(60000), Tricky(), Tricky() + Shakespeare(5000)}) {
     const std::vector<int32_t> whole = Gpt2().Encode(text);
     for (size_t chunk : {1, 7, 64, 1000}) {
-      const std::vector<size_t> ends = ChunkEnds(text, chunk);
+      // A window as long as the text: line cut points only.
+      const std::vector<size_t> ends = ChunkEnds(text, chunk, text.size());
       ASSERT_GT(ends.size(), 3u) << "chunk " << chunk;
       EXPECT_EQ(EncodeChunks(text, ends), whole) << "chunk " << chunk;
     }
@@ -115,7 +118,7 @@ TEST(PrepareChunks, CutPointsFollowTheRule) {
   EXPECT_EQ(NextCutPoint("ab\r\n cd", 0), 7u);  // space after "\r\n"
   EXPECT_EQ(NextCutPoint("ab\ncd\nef", 4), 6u);
   EXPECT_EQ(NextCutPoint("ab\n\xC3\xA9", 0), 5u);  // not ASCII after it
-  EXPECT_EQ(ChunkEnds("no cut point in here at all", 4),
+  EXPECT_EQ(ChunkEnds("no cut point in here at all", 4, 100),
             std::vector<size_t>{27});
 }
 
@@ -136,6 +139,112 @@ TEST(PrepareChunks, FileScanFindsTheTextsCutPoints) {
       ASSERT_TRUE(got.ok()) << got.status();
       ASSERT_EQ(*got, static_cast<int64_t>(NextCutPoint(text, from)))
           << "from " << from << ", block " << block;
+    }
+  }
+  ::close(fd);
+}
+
+bool Printable(char c) { return c > 0x20 && c < 0x7F; }
+
+// Where CutPoint falls back to when no line starts within its window.
+bool IsSpaceCut(std::string_view t, size_t p) {
+  return p > 0 && p + 1 < t.size() && t[p] == ' ' && Printable(t[p - 1]) &&
+         Printable(t[p + 1]);
+}
+
+bool IsCharacterStart(std::string_view t, size_t p) {
+  return (static_cast<unsigned char>(t[p]) & 0xC0) != 0x80;
+}
+
+TEST(PrepareChunks, CutPointsFallBackToSpacesThenCharacters) {
+  // A line cut point within the window wins over an earlier space.
+  EXPECT_EQ(CutPoint("ab cd ef\ngh ij", 1, 9), 9u);
+  // None: the first space between printable characters.
+  EXPECT_EQ(CutPoint("abcdefgh ijklmnop", 2, 10), 8u);
+  EXPECT_EQ(CutPoint("abcd  efgh ijkl", 1, 10), 10u);  // not at "  "
+  // Neither: the first character start.
+  EXPECT_EQ(CutPoint("abcd  efgh ijkl", 1, 6), 1u);
+  const std::string japanese = "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E";
+  EXPECT_EQ(CutPoint(japanese + japanese, 1, 4), 3u);
+  EXPECT_EQ(CutPoint(japanese + japanese, 1, 1), 3u);  // window 4 at least
+  // Bytes of no character: the window's end.
+  EXPECT_EQ(CutPoint(std::string(20, '\x80'), 1, 4), 5u);
+  // The text ends within the window: its end.
+  EXPECT_EQ(CutPoint("abc def", 2, 10), 7u);
+}
+
+// A line as long as the text: chunks stay within twice the chunk size,
+// cut at spaces, and their ids are still the whole's.
+TEST(PrepareChunks, ALongLineIsCutAtSpacesKeepingTheIds) {
+  std::string text = Shakespeare(60000);
+  std::replace(text.begin(), text.end(), '\n', ' ');
+  const std::vector<int32_t> whole = Gpt2().Encode(text);
+  for (size_t chunk : {64, 300, 4096}) {
+    const std::vector<size_t> ends = ChunkEnds(text, chunk, chunk);
+    ASSERT_GT(ends.size(), text.size() / (2 * chunk)) << "chunk " << chunk;
+    size_t begin = 0;
+    for (size_t end : ends) {
+      EXPECT_LE(end - begin, 2 * chunk);
+      if (end < text.size()) {
+        EXPECT_TRUE(IsSpaceCut(text, end)) << end;
+      }
+      begin = end;
+    }
+    EXPECT_EQ(EncodeChunks(text, ends), whole) << "chunk " << chunk;
+  }
+}
+
+// Text without a space or a line: cut between characters, never inside
+// one, within twice the chunk size.
+TEST(PrepareChunks, TextWithoutSpacesIsCutBetweenCharacters) {
+  std::string text;
+  for (int i = 0; i < 3000; ++i) {
+    text += "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E\xE3\x81\xA7\xE3\x81\x99";
+    text += i % 7 == 0 ? "caf\xC3\xA9" : "\xF0\x9F\x98\x80";
+    if (i % 500 == 0) text += "\xFF\x80\x80";  // not UTF-8
+  }
+  for (size_t chunk : {5, 100, 1000}) {
+    const std::vector<size_t> ends = ChunkEnds(text, chunk, chunk);
+    size_t begin = 0;
+    std::string whole_as_utf8;
+    for (size_t end : ends) {
+      EXPECT_LE(end - begin, 2 * chunk);
+      if (end < text.size()) {
+        EXPECT_TRUE(IsCharacterStart(text, end)) << end;
+      }
+      whole_as_utf8 += ToValidUtf8(text.substr(begin, end - begin));
+      begin = end;
+    }
+    EXPECT_EQ(begin, text.size());
+    // What SentencePiece reads of the chunks is what it reads of the text.
+    EXPECT_EQ(whole_as_utf8, ToValidUtf8(text)) << "chunk " << chunk;
+  }
+}
+
+// CutPointInFile reads a window at a time and finds what CutPoint finds
+// in the whole text, for every start, window and block.
+TEST(PrepareChunks, FileScanFindsTheTextsFallbackCutPoints) {
+  const fs::path path = fs::temp_directory_path() /
+                        ("prepare_scan2_" + std::to_string(::getpid()));
+  std::string line = Shakespeare(300);
+  std::replace(line.begin(), line.end(), '\n', ' ');
+  const std::string text = Tricky().substr(0, 200) + line +
+                           "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E" +
+                           std::string(9, '\x80') + "ab\r\nX";
+  WriteAll(path, text);
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  fs::remove(path);
+  ASSERT_GE(fd, 0);
+  for (int64_t window : {1, 4, 9, 40}) {
+    for (int64_t block : {1, 3, 64}) {
+      for (size_t from = 0; from <= text.size(); ++from) {
+        auto got =
+            CutPointInFile(fd, static_cast<int64_t>(text.size()),
+                           static_cast<int64_t>(from), window, "f", block);
+        ASSERT_TRUE(got.ok()) << got.status();
+        ASSERT_EQ(*got, static_cast<int64_t>(CutPoint(text, from, window)))
+            << "from " << from << ", window " << window << ", block " << block;
+      }
     }
   }
   ::close(fd);
@@ -211,6 +320,39 @@ class PrepareTest : public ::testing::Test {
 
   nlohmann::json Manifest(const std::string& out) {
     return nlohmann::json::parse(ReadAll(dir_ / out / (out + "_prepare.json")));
+  }
+
+  void SaveManifest(const std::string& out, const nlohmann::json& m) {
+    WriteAll(dir_ / out / (out + "_prepare.json"), m.dump(1));
+  }
+
+  // Replaces the corpus with `texts` (a.txt, b.txt, …).
+  void Corpus(std::vector<std::string> texts) {
+    fs::remove_all(dir_ / "corpus");
+    fs::create_directories(dir_ / "corpus");
+    texts_ = std::move(texts);
+    for (size_t i = 0; i < texts_.size(); ++i) WriteAll(Doc(i), texts_[i]);
+  }
+
+  // Prepare(f) is refused as bad input with a message holding each of
+  // `what`, and changes nothing in folder `out`.
+  void ExpectRefused(
+      const PrepareFlags& f, const std::string& out,
+      const std::vector<std::string>& what,
+      absl::StatusCode code = absl::StatusCode::kInvalidArgument) {
+    const bool existed = fs::exists(dir_ / out);
+    const auto before =
+        existed ? Tree(dir_ / out) : std::map<std::string, std::string>();
+    auto r = Prepare(f);
+    EXPECT_EQ(r.status().code(), code) << r.status();
+    for (const std::string& w : what) {
+      EXPECT_NE(r.status().message().find(w), std::string::npos)
+          << "wanted: " << w << "\ngot: " << r.status();
+    }
+    EXPECT_EQ(fs::exists(dir_ / out), existed);
+    if (existed) {
+      EXPECT_TRUE(Tree(dir_ / out) == before);
+    }
   }
 
   fs::path dir_;
@@ -398,6 +540,219 @@ TEST_F(PrepareTest, ShardsWithoutAManifestAreNotContinued) {
             std::string::npos)
       << r.status();
   EXPECT_EQ(Tree(dir_ / "out").size(), 1u);
+}
+
+// One line of 120 kB: its chunks stay within twice the chunk size (cut at
+// spaces, so its ids are those of the whole), the validation split too.
+TEST_F(PrepareTest, ALongLineIsCutIntoBoundedChunks) {
+  std::string line = Shakespeare(120000);
+  std::replace(line.begin(), line.end(), '\n', ' ');
+  Corpus({line});
+  PrepareFlags f = Flags("out");
+  auto r = Prepare(f);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const nlohmann::json m = Manifest("out");
+  EXPECT_GE(m["chunks"].get<int64_t>(),
+            static_cast<int64_t>(line.size()) / (2 * f.chunk_bytes));
+  const auto target = static_cast<int64_t>(std::ceil(0.1 * line.size()));
+  EXPECT_GE(m["val_input_bytes"].get<int64_t>(), target);
+  EXPECT_LE(m["val_input_bytes"].get<int64_t>(), target + f.chunk_bytes);
+  std::vector<uint16_t> all = Tokens("out", "val");
+  const std::vector<uint16_t> train = Tokens("out", "train");
+  all.insert(all.end(), train.begin(), train.end());
+  std::vector<uint16_t> want = {static_cast<uint16_t>(kEot)};
+  for (int32_t id : Gpt2().Encode(line)) want.push_back(id);
+  EXPECT_EQ(all, want);
+}
+
+// SentencePiece skips sentences longer than it takes: a corpus whose only
+// line is over 1 MiB is given to it in pieces, and the model trains.
+TEST_F(PrepareTest, SentencePieceTrainsOnALineOverOneMebibyte) {
+  std::string line = ReadAll("data/tinyshakespeare.txt");
+  std::replace(line.begin(), line.end(), '\n', ' ');
+  ASSERT_GT(line.size(), size_t{1} << 20);
+  Corpus({line});
+  PrepareFlags f = Flags("spm");
+  f.tokenizer = "spm-train:400";
+  f.chunk_bytes = 0;  // SentencePiece's
+  f.shard_tokens = 1 << 20;
+  auto r = Prepare(f);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto t =
+      OpenTokenizer("spm:" + (dir_ / "spm" / "spm_spm.model").string(), "test");
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::vector<int32_t> ids;
+  for (const std::string split : {"val", "train"}) {
+    for (uint16_t id : Tokens("spm", split, 400)) {
+      if (id != (*t)->end_of_text()) ids.push_back(id);
+    }
+  }
+  EXPECT_EQ((*t)->Decode(ids), line);
+}
+
+TEST_F(PrepareTest, AManifestOfAnotherShapeIsRefusedNamingTheField) {
+  ASSERT_TRUE(Prepare(Flags("out")).ok());
+  const nlohmann::json good = Manifest("out");
+  const std::string lead =
+      "out_prepare.json is not a manifest of this version of ptworker "
+      "prepare: ";
+  const auto refused = [&](const std::string& pointer,
+                           const nlohmann::json& value,
+                           const std::string& rule) {
+    nlohmann::json m = good;
+    m[nlohmann::json::json_pointer(pointer)] = value;
+    SaveManifest("out", m);
+    ExpectRefused(Flags("out"), "out", {lead + rule, "choose another --out"});
+  };
+  refused("/tokens", "many", "tokens must be an integer >= 0");
+  refused("/shards/0/tokens", -5, "shards[0].tokens must be an integer >= 1");
+  refused("/shards/1/end/token", 1.5,
+          "shards[1].end.token must be an integer >= 0");
+  refused("/next", nlohmann::json::array(), "next must be an object");
+  refused("/settings/inputs/1/size", "big",
+          "settings.inputs[1].size must be an integer >= 0");
+  refused("/settings/tokenizer/kind", 3,
+          "settings.tokenizer.kind must be one of \"gpt2\", \"spm\", "
+          "\"spm-train\"");
+  refused("/settings/val_fraction", "0.1",
+          "settings.val_fraction must be a number");
+  refused("/complete", "yes", "complete must be true or false");
+  refused("/format", "ptrain-prepare-1", "format must be \"ptrain-prepare-2\"");
+  refused("/shards", nlohmann::json::object(), "shards must be an array");
+  refused("/vocab_size", 18446744073709551615ull,
+          "vocab_size must be an integer >= 1");
+  nlohmann::json no_end = good;
+  no_end["shards"][0].erase("end");
+  SaveManifest("out", no_end);
+  ExpectRefused(Flags("out"), "out", {lead + "shards[0].end must be there"});
+  SaveManifest("out", nlohmann::json::array());
+  ExpectRefused(Flags("out"), "out",
+                {lead + "the file must hold a JSON object"});
+  WriteAll(dir_ / "out" / "out_prepare.json", "{\"format\":");
+  ExpectRefused(Flags("out"), "out", {"out_prepare.json is not JSON"});
+}
+
+// A manifest must say what the folder holds: continuing from a `next`
+// that is not where its shards end would write the same data again.
+TEST_F(PrepareTest, AManifestThatDisagreesWithItsShardsIsRefused) {
+  PrepareFlags f = Flags("out");
+  f.stop_after_shards = 3;
+  ASSERT_EQ(Prepare(f).status().code(), absl::StatusCode::kAborted);
+  f.stop_after_shards = 0;
+  const nlohmann::json good = Manifest("out");
+  ASSERT_EQ(good["shards"].size(), 3u);
+  const std::string last = good["shards"][2]["file"];
+  const auto refused = [&](const nlohmann::json& m,
+                           const std::vector<std::string>& what) {
+    SaveManifest("out", m);
+    ExpectRefused(f, "out", what);
+  };
+  nlohmann::json m = good;
+  m["next"] = {{"chunk", 0}, {"token", 0}};
+  refused(m, {"out_prepare.json goes on at chunk 0, token 0 (next), but its "
+              "last shard " +
+                  last + " ends at chunk " + good["next"]["chunk"].dump() +
+                  ", token " + good["next"]["token"].dump(),
+              "choose another --out"});
+  m = good;
+  m["shards"] = nlohmann::json::array();
+  m["tokens"] = 0;
+  m["next"] = {{"chunk", 0}, {"token", 0}};
+  refused(m, {"out_prepare.json does not list out_train_000000.bin and 2 "
+              "more shards that the folder holds"});
+  m = good;
+  m["tokens"] = good["tokens"].get<int64_t>() + 1;
+  refused(m, {"counts " + std::to_string(good["tokens"].get<int64_t>() + 1) +
+              " tokens (tokens), its shards hold " + good["tokens"].dump()});
+  m = good;
+  m["shards"][2]["file"] = "out_train_000007.bin";
+  refused(m, {"lists out_train_000007.bin as shard 3 (shards[2])",
+              "it must be " + last});
+  m = good;
+  m["complete"] = true;
+  refused(m, {"is complete, but its shards end at chunk"});
+  // As it was: it goes on to the bytes of a run never stopped.
+  SaveManifest("out", good);
+  ASSERT_TRUE(Prepare(f).ok());
+  PrepareFlags g = Flags("ref");
+  g.out = (dir_ / "again" / "out").string();
+  fs::create_directories(dir_ / "again");
+  ASSERT_TRUE(Prepare(g).ok());
+  EXPECT_TRUE(Tree(dir_ / "out") == Tree(dir_ / "again" / "out"));
+}
+
+// Two runs start on a new --out at once: the one that creates it second
+// is refused as bad input (exit 2), as when the folder already was the
+// other's, and leaves the other's work as it is.
+TEST_F(PrepareTest, OfTwoRunsOnANewFolderTheSecondIsRefused) {
+  PrepareFlags f = Flags("out");
+  std::map<std::string, std::string> other;
+  f.before_create = [&] {
+    auto r = Prepare(Flags("out"));
+    ASSERT_TRUE(r.ok()) << r.status();
+    other = Tree(dir_ / "out");
+  };
+  auto r = Prepare(f);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition)
+      << r.status();
+  EXPECT_NE(
+      r.status().message().find(
+          "--out " + f.out + ": another ptworker prepare created it meanwhile"),
+      std::string::npos)
+      << r.status();
+  EXPECT_FALSE(other.empty());
+  EXPECT_TRUE(Tree(dir_ / "out") == other);
+  // A folder another run holds (its lock) is refused the same way.
+  fs::create_directories(dir_ / "held");
+  const int fd = ::open((dir_ / "held").c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  ExpectRefused(Flags("held"), "held",
+                {"another ptworker prepare is writing there"},
+                absl::StatusCode::kFailedPrecondition);
+  ::close(fd);
+  EXPECT_TRUE(Prepare(Flags("held")).ok());
+}
+
+// A tokenizer file or SentencePiece model in --out is written over only
+// when it holds the bytes this preparation writes (a run killed before
+// its manifest left it, say); another is refused, nothing written.
+TEST_F(PrepareTest, TokenizerFilesThatAreNotThisPreparationsAreKept) {
+  ASSERT_TRUE(Prepare(Flags("ref")).ok());
+  fs::create_directories(dir_ / "out");
+  WriteAll(dir_ / "out" / "out_tokenizer.bin", "someone else's");
+  ExpectRefused(Flags("out"), "out",
+                {"--out " + (dir_ / "out").string() +
+                     ": holds out_tokenizer.bin, which is not the llm.c "
+                     "tokenizer file of --tokenizer gpt2 (its bytes differ)",
+                 "choose another --out"});
+  // The file this preparation writes: kept, the run goes on.
+  fs::copy_file(dir_ / "ref" / "ref_tokenizer.bin",
+                dir_ / "out" / "out_tokenizer.bin",
+                fs::copy_options::overwrite_existing);
+  ASSERT_TRUE(Prepare(Flags("out")).ok());
+  EXPECT_EQ(ReadAll(dir_ / "out" / "out_tokenizer.bin"),
+            ReadAll(dir_ / "ref" / "ref_tokenizer.bin"));
+  // Not files: a folder, a link.
+  fs::create_directories(dir_ / "dir" / "dir_tokenizer.bin");
+  ExpectRefused(Flags("dir"), "dir",
+                {": holds dir_tokenizer.bin, which is not a plain file"});
+  fs::create_directories(dir_ / "link");
+  fs::create_symlink(dir_ / "ref" / "ref_tokenizer.bin",
+                     dir_ / "link" / "link_tokenizer.bin");
+  ExpectRefused(Flags("link"), "link",
+                {": holds link_tokenizer.bin, which is not a plain file"});
+  fs::create_directories(dir_ / "json" / "json_prepare.json");
+  ExpectRefused(Flags("json"), "json",
+                {": json_prepare.json is a folder, not a manifest"});
+  // spm-train's model.
+  Corpus({Shakespeare(40000)});
+  PrepareFlags f = Flags("spm");
+  f.tokenizer = "spm-train:400";
+  fs::create_directories(dir_ / "spm");
+  WriteAll(dir_ / "spm" / "spm_spm.model", "another model");
+  ExpectRefused(f, "spm",
+                {": holds spm_spm.model, which is not the model spm-train:400 "
+                 "trains on --input (its bytes differ)"});
 }
 
 TEST_F(PrepareTest, TheLlmcTokenizerFileSpellsTheShards) {

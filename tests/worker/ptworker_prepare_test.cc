@@ -2,7 +2,11 @@
 // naming the flag and leaves no file behind; a run the test hook ends as a
 // crash would continues, when run again, to the bytes of one that was never
 // stopped; a complete preparation run again says so and exits 0.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,8 +18,10 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "nlohmann/json.hpp"
 #include "tests/testing/shell.h"
 
 namespace {
@@ -142,6 +148,23 @@ class PtworkerPrepare : public ::testing::Test {
     return out;
   }
 
+  // Runs `ptworker prepare args`: its exit code and its peak resident
+  // memory in KiB.
+  std::pair<int, long> RunMeasured(const std::string& args) {
+    const std::string cmd = std::string("exec ") + PTWORKER_PATH + " prepare " +
+                            args + " >/dev/null 2>" +
+                            (dir_ / "stderr.txt").string();
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
+      ::_exit(127);
+    }
+    int status = 0;
+    struct rusage ru {};
+    if (pid < 0 || ::wait4(pid, &status, 0, &ru) != pid) return {-1, 0};
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ru.ru_maxrss};
+  }
+
   fs::path dir_;
 };
 
@@ -194,6 +217,92 @@ TEST_F(PtworkerPrepare, BadNumbersAndFoldersExit2NamingTheFlag) {
           (dir_ / "corpus" / "a.txt").string(),
       "--out " + (dir_ / "corpus" / "a.txt").string() + ": not a folder",
       "corpus");
+}
+
+TEST_F(PtworkerPrepare, OutFoldersThatCannotBeTheOutputExit2NamingTheRule) {
+  // A symbolic link to nowhere: prepare would not create its target.
+  fs::create_symlink(dir_ / "nowhere", dir_ / "link");
+  ExpectRefused(
+      "--tokenizer gpt2 " + Corpus() + "--out " + (dir_ / "link").string(),
+      "--out " + (dir_ / "link").string() + ": a symbolic link to " +
+          (dir_ / "nowhere").string() + ", which does not exist",
+      "nowhere");
+  EXPECT_TRUE(fs::is_symlink(dir_ / "link"));
+  // A name the files' names do not fit after (NAME_tokenizer.bin.PID.tmp),
+  // or no file name at all.
+  for (size_t n : {224, 300}) {
+    const std::string name(n, 'n');
+    ExpectRefused(
+        "--tokenizer gpt2 " + Corpus() + "--out " + (dir_ / name).string(),
+        "--out " + (dir_ / name).string() + ": its last part is " +
+            std::to_string(n) + " bytes; it prefixes the names of the files",
+        n < 255 ? name : "out");
+  }
+  const std::string long_part(300, 'p');
+  ExpectRefused("--tokenizer gpt2 " + Corpus() + "--out " +
+                    (dir_ / long_part / "out").string(),
+                "--out " + (dir_ / long_part / "out").string() +
+                    ": a part of the path is longer than 255 bytes");
+  // A name of 223 bytes fits.
+  const std::string fits(223, 'f');
+  const Result ok = Run(Args(fits));
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_TRUE(fs::exists(dir_ / fits / (fits + "_prepare.json")));
+}
+
+TEST_F(PtworkerPrepare, AManifestOfAnotherShapeExits2NamingTheField) {
+  ASSERT_EQ(Run(Args("out")).code, 0);
+  const fs::path manifest = dir_ / "out" / "out_prepare.json";
+  nlohmann::json m = nlohmann::json::parse(ReadAll(manifest));
+  m["tokens"] = std::to_string(m["tokens"].get<int64_t>());
+  WriteAll(manifest, m.dump(1));
+  ExpectRefused(Args("out"),
+                "--out " + (dir_ / "out").string() +
+                    ": out_prepare.json is not a manifest of this version of "
+                    "ptworker prepare: tokens must be an integer >= 0");
+}
+
+TEST_F(PtworkerPrepare, AFolderAnotherRunHoldsExits2) {
+  fs::create_directories(dir_ / "out");
+  const int fd = ::open((dir_ / "out").c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  ExpectRefused(Args("out"), "--out " + (dir_ / "out").string() +
+                                 ": another ptworker prepare is writing there");
+  ::close(fd);
+  EXPECT_EQ(Run(Args("out")).code, 0);
+}
+
+// SentencePiece's encoder takes memory in proportion to its input: a line
+// of 2 MB is encoded in chunks of at most 128 KiB, in no more memory than
+// the same text in lines (it took over 200 MB more when the line was one
+// chunk; 200 MB lines ended in std::bad_alloc).
+TEST_F(PtworkerPrepare, ALongLineIsEncodedInBoundedMemory) {
+  const Result model = Run("--tokenizer spm-train:400 " + Corpus() + "--out " +
+                           (dir_ / "model").string());
+  ASSERT_EQ(model.code, 0) << model.err;
+  const std::string shakespeare =
+      ReadAll(std::string(PT_SOURCE_DIR) + "/data/tinyshakespeare.txt");
+  std::string lines = shakespeare + shakespeare;
+  lines.resize(2'000'000);
+  std::string line = lines;
+  std::replace(line.begin(), line.end(), '\n', ' ');
+  WriteAll(dir_ / "lines.txt", lines);
+  WriteAll(dir_ / "line.txt", line);
+  const auto run = [&](const std::string& input) {
+    return RunMeasured(
+        "--tokenizer spm:" + (dir_ / "model" / "model_spm.model").string() +
+        " --input " + (dir_ / input).string() + " --out " +
+        (dir_ / ("out_" + input.substr(0, input.size() - 4))).string() +
+        " --val-fraction 0 --threads 2");
+  };
+  const auto [lines_code, lines_kib] = run("lines.txt");
+  const auto [line_code, line_kib] = run("line.txt");
+  ASSERT_EQ(lines_code, 0) << ReadAll(dir_ / "stderr.txt");
+  ASSERT_EQ(line_code, 0) << ReadAll(dir_ / "stderr.txt");
+  EXPECT_LT(line_kib, lines_kib + 64 * 1024)
+      << "peak RSS " << line_kib << " KiB for one line, " << lines_kib
+      << " KiB for lines";
 }
 
 TEST_F(PtworkerPrepare, SentencePieceModelsThatDoNotFitAreRefused) {

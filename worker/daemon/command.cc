@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/echo.h"
 
 namespace ptrain {
 namespace {
@@ -60,7 +61,7 @@ class Lexer {
     Word w;
     bool quoted = false;  // a quote or an expansion came already
     if (s_[i_] == '~' || s_[i_] == '#') {
-      return Refuse(absl::StrCat("'", std::string(1, s_[i_]), "'"), i_);
+      return Refuse(EchoQuoted(s_.substr(i_, 1)), i_);
     }
     while (i_ < s_.size() && s_[i_] != ' ' && s_[i_] != '\t' && s_[i_] != ';') {
       const char c = s_[i_];
@@ -74,8 +75,8 @@ class Lexer {
         size_t j = i_ + 1;
         while (j < s_.size() && s_[j] != '"') {
           if (s_[j] == '$' || s_[j] == '`' || s_[j] == '\\') {
-            return Refuse(absl::StrCat("'", std::string(1, s_[j]),
-                                       "' inside double quotes"),
+            return Refuse(absl::StrCat(EchoQuoted(s_.substr(j, 1)),
+                                       " inside double quotes"),
                           j);
           }
           ++j;
@@ -95,7 +96,7 @@ class Lexer {
         if (!quoted) w.literal = w.text.size();
         ++i_;
       } else {
-        return Refuse(absl::StrCat("'", std::string(1, c), "'"), i_);
+        return Refuse(EchoQuoted(s_.substr(i_, 1)), i_);
       }
     }
     return w;
@@ -174,7 +175,7 @@ absl::StatusOr<NodeCommand> ParseNodeCommand(
       const std::string value = first.text.substr(eq + 1);
       if (!MaySet(name)) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "refused: setting ", name,
+            "refused: setting ", Echo(name),
             " (only PATH, LD_LIBRARY_PATH and DYLD_LIBRARY_PATH)"));
       }
       vars[name] = value;
@@ -183,8 +184,8 @@ absl::StatusOr<NodeCommand> ParseNodeCommand(
       const std::string& name = (*words)[1].text;
       if (AssignmentEquals(name + "=") == std::string::npos || !MaySet(name)) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "refused: export of '", name,
-            "' (only PATH, LD_LIBRARY_PATH and DYLD_LIBRARY_PATH)"));
+            "refused: export of ", EchoQuoted(name),
+            " (only PATH, LD_LIBRARY_PATH and DYLD_LIBRARY_PATH)"));
       }
       bool found = false;
       for (NodeCommand::Assignment& a : out.assignments) {
@@ -213,8 +214,8 @@ absl::StatusOr<NodeCommand> ParseNodeCommand(
     for (const std::string& a : allowed)
       absl::StrAppend(&list, list.empty() ? "" : ", ", a);
     return absl::PermissionDeniedError(
-        absl::StrCat("refused: '", program,
-                     "' is not a program this node runs (only ", list, ")"));
+        absl::StrCat("refused: ", EchoQuoted(program),
+                     " is not a program this node runs (only ", list, ")"));
   }
   return out;
 }

@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "common/auth_token.h"
 #include "common/digest.h"
+#include "common/echo.h"
 #include "common/exit_codes.h"
 #include "common/gpu_inventory.h"
 #include "common/process.h"
@@ -132,6 +133,7 @@ int Daemon::Run() {
     return kExitBadInput;
   }
   secret_ = *secret;
+  bool explained = false;  // in this run of failed registrations
   while (!stop) {
     grpc::Status s = Register();
     // A refused token, flag or node secret is refused again on retry.
@@ -146,10 +148,18 @@ int Daemon::Run() {
     if (!s.ok()) {
       spdlog::warn("cannot register with the coordinator ({}); retrying",
                    s.error_message());
+      if (!explained && s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+          explain_) {
+        explained = true;
+        if (const std::string why = explain_(); !why.empty()) {
+          spdlog::error("{}", why);
+        }
+      }
       CheckOrphans();
       Sleep(std::chrono::seconds(1));
       continue;
     }
+    explained = false;
     ReapOrphans();
     spdlog::info("registered as {} ({} slots, {} GPUs), heartbeat every {} ms",
                  spec_.name(), spec_.slots(), spec_.gpus(), interval_.count());
@@ -161,8 +171,19 @@ int Daemon::Run() {
 
 grpc::Status Daemon::Exec(grpc::ServerContext* ctx, const v1::ExecRequest* req,
                           grpc::ServerWriter<v1::ExecOutput>* out) {
-  // The shape and the program first: a command outside the allow-list is
-  // refused whoever asks.
+  // Who asks first: a caller without a running attempt's token learns
+  // nothing of the command rules and gets none of its input back.
+  absl::StatusOr<std::string> token = BearerToken(Authorization(*ctx));
+  if (!token.ok()) {
+    return Refuse(grpc::StatusCode::UNAUTHENTICATED,
+                  "no attempt token (authorization: Bearer TOKEN)");
+  }
+  v1::AuthorizeExecResponse who;
+  if (grpc::Status s = Authorize(Sha256Hex(*token), &who); !s.ok()) {
+    return Refuse(s.error_code(), s.error_message());
+  }
+  // Then the shape and the program: even an attempt's token runs nothing
+  // outside the allow-list.
   std::map<std::string, std::string> env_now = {
       {"PATH", Getenv("PATH", "/usr/bin:/bin")},
       {"LD_LIBRARY_PATH", Getenv("LD_LIBRARY_PATH", "")}};
@@ -172,16 +193,8 @@ grpc::Status Daemon::Exec(grpc::ServerContext* ctx, const v1::ExecRequest* req,
     return Refuse(cmd.status().code() == absl::StatusCode::kPermissionDenied
                       ? grpc::StatusCode::PERMISSION_DENIED
                       : grpc::StatusCode::INVALID_ARGUMENT,
-                  std::string(cmd.status().message()));
-  }
-  absl::StatusOr<std::string> token = BearerToken(Authorization(*ctx));
-  if (!token.ok()) {
-    return Refuse(grpc::StatusCode::UNAUTHENTICATED,
-                  "no attempt token (authorization: Bearer TOKEN)");
-  }
-  v1::AuthorizeExecResponse who;
-  if (grpc::Status s = Authorize(Sha256Hex(*token), &who); !s.ok()) {
-    return Refuse(s.error_code(), s.error_message());
+                  absl::StrCat("job ", Echo(who.job_id()), " attempt ",
+                               who.attempt(), ": ", cmd.status().message()));
   }
   return Execute(ctx, *cmd, who, out);
 }
@@ -199,8 +212,8 @@ grpc::Status Daemon::KillAttempt(grpc::ServerContext* ctx,
   }
   const int sig = req->signal() == 0 ? SIGKILL : req->signal();
   resp->set_processes(Attempts::Kill(req->attempt_uid(), sig));
-  spdlog::info("KillAttempt {}: signal {} to {} processes", req->attempt_uid(),
-               sig, resp->processes());
+  spdlog::info("KillAttempt {}: signal {} to {} processes",
+               Echo(req->attempt_uid()), sig, resp->processes());
   return grpc::Status::OK;
 }
 
@@ -226,7 +239,7 @@ grpc::Status Daemon::DumpAttempt(grpc::ServerContext* ctx,
     r->set_rank(p.rank);
     r->set_state(p.state);
   }
-  spdlog::info("DumpAttempt {}: asked {} ranks", req->attempt_uid(),
+  spdlog::info("DumpAttempt {}: asked {} ranks", Echo(req->attempt_uid()),
                resp->ranks_size());
   return grpc::Status::OK;
 }
@@ -380,6 +393,7 @@ grpc::Status Daemon::Register() {
     spdlog::info("bound to a new node secret, kept in {}", secret_file_.path());
   }
   if (s.ok()) {
+    NoteApproval(resp.pending_approval());
     absl::MutexLock lock(&mu_);
     session_ = resp.session();
     interval_ =
@@ -387,6 +401,19 @@ grpc::Status Daemon::Register() {
     last_contact_ = std::chrono::steady_clock::now();
   }
   return s;
+}
+
+void Daemon::NoteApproval(bool pending) {
+  if (pending && !pending_approval_) {
+    spdlog::warn(
+        "registered, and waiting for approval: ptcoord requires it of a new "
+        "node (--require-node-approval); no job runs here until an operator "
+        "runs 'ptctl nodes approve {}'",
+        spec_.name());
+  } else if (!pending && pending_approval_) {
+    spdlog::info("approved: jobs may now be placed on this node");
+  }
+  pending_approval_ = pending;
 }
 
 void Daemon::ReapOrphans() {
@@ -429,6 +456,7 @@ void Daemon::HeartbeatUntilLost() {
     grpc::Status s = stub_->Heartbeat(Context().get(), req, &resp);
     if (s.ok()) {
       last_contact_ = std::chrono::steady_clock::now();
+      NoteApproval(resp.pending_approval());
       attempts_.KeepOnly(
           {resp.attempt_uids().begin(), resp.attempt_uids().end()}, asked);
       continue;

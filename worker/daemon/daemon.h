@@ -16,6 +16,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -55,6 +56,12 @@ class Daemon final : public v1::DaemonService::Service {
 
   // Where ptrsh reaches this daemon; set before Run().
   void SetAddress(const std::string& address) { spec_.set_address(address); }
+  // Says why ptcoord cannot be reached when a registration fails with
+  // UNAVAILABLE ("" when it cannot tell): logged once per run of failures.
+  // Set before Run().
+  void SetExplainer(std::function<std::string()> explain) {
+    explain_ = std::move(explain);
+  }
 
   // Registers and heartbeats until a stop request (0) or a refusal
   // (kExitBadInput, said on stderr).
@@ -94,6 +101,9 @@ class Daemon final : public v1::DaemonService::Service {
                            grpc::ServerWriter<v1::ExecOutput>* out,
                            bool* cancelled);
   grpc::Status Register();
+  // Says (once) that ptcoord holds this node for approval, and when the
+  // hold ends.
+  void NoteApproval(bool pending);
   // Ranks whose orted died come to this daemon (it is a subreaper, or the
   // init of a container's PID namespace): reap them, leaving the Exec
   // children to the calls that wait for them.
@@ -110,12 +120,14 @@ class Daemon final : public v1::DaemonService::Service {
   const std::chrono::seconds orphan_timeout_;
   const NodeSecretFile secret_file_;
   std::string secret_;  // "" until ptcoord issued one; Run's thread only
+  bool pending_approval_ = false;  // as ptcoord last said; Run's thread only
   Attempts attempts_;
   absl::Mutex mu_;
   std::string session_ ABSL_GUARDED_BY(mu_);
   std::set<pid_t> exec_children_ ABSL_GUARDED_BY(mu_);
   std::chrono::milliseconds interval_{3000};
   std::chrono::steady_clock::time_point last_contact_;
+  std::function<std::string()> explain_;
 };
 
 }  // namespace ptrain

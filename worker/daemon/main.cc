@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,6 +24,8 @@
 #include "common/gpu_inventory.h"
 #include "common/logging.h"
 #include "common/pem.h"
+#include "common/thread_entry.h"
+#include "common/tls_probe.h"
 #include "grpcpp/grpcpp.h"
 #include "spdlog/spdlog.h"
 #include "worker/daemon/daemon.h"
@@ -88,17 +91,29 @@ int Fail(const absl::Status& s) {
   return kExitBadInput;
 }
 
-// The channel's credentials: TLS trusting `tls_ca` (--tls-ca), else plain
+// The channel's credentials: TLS trusting `ca_pem` (--tls-ca), else plain
 // text.
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(
-    const std::string& tls_ca) {
-  if (tls_ca.empty()) return grpc::InsecureChannelCredentials();
-  absl::StatusOr<std::string> ca =
-      ptrain::ReadCertificateFile("--tls-ca", tls_ca);
-  if (!ca.ok()) return ca.status();
+std::shared_ptr<grpc::ChannelCredentials> Credentials(
+    const std::string& ca_pem) {
+  if (ca_pem.empty()) return grpc::InsecureChannelCredentials();
   grpc::SslCredentialsOptions ssl;
-  ssl.pem_root_certs = *ca;
+  ssl.pem_root_certs = ca_pem;
   return grpc::SslCredentials(ssl);
+}
+
+// Why ptcoord at `f.coordinator` cannot be reached over TLS, or plain text
+// to a TLS port: a handshake of the daemon's own (tls_probe.h).
+std::function<std::string()> TlsExplainer(const Flags& f,
+                                          const std::string& ca_pem) {
+  ptrain::TlsProbeRequest probe;
+  probe.address = f.coordinator;
+  probe.ca_pem = ca_pem;
+  ptrain::TlsClientNames names;
+  names.client = "ptworkerd";
+  names.plain_hint = "--tls-ca";
+  names.ca_flag = "--tls-ca";
+  names.ca = "--tls-ca " + f.tls_ca;
+  return [probe, names] { return ptrain::ExplainTlsFailure(probe, names); };
 }
 
 void OnSignal(int) { ptrain::RequestStop(); }
@@ -111,9 +126,13 @@ int Run(int argc, char** argv) {
       ptrain::LoadTokenFile(f.token_file, "--join-token-file");
   if (!tokens.ok()) return Fail(tokens.status());
   ptrain::v1::NodeSpec spec = ptrain::DescribeNode(f.name, f.slots, f.gpus);
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      Credentials(f.tls_ca);
-  if (!credentials.ok()) return Fail(credentials.status());
+  std::string ca_pem;
+  if (!f.tls_ca.empty()) {
+    absl::StatusOr<std::string> ca =
+        ptrain::ReadCertificateFile("--tls-ca", f.tls_ca);
+    if (!ca.ok()) return Fail(ca.status());
+    ca_pem = std::move(*ca);
+  }
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
   signal(SIGPIPE, SIG_IGN);
@@ -135,9 +154,10 @@ int Run(int argc, char** argv) {
       ptrain::NodeSecretFile::Open(f.state_dir, f.name);
   if (!secret_file.ok()) return Fail(secret_file.status());
   ptrain::Daemon daemon(
-      grpc::CreateCustomChannel(f.coordinator, *credentials, args),
+      grpc::CreateCustomChannel(f.coordinator, Credentials(ca_pem), args),
       tokens->front(), spec, std::chrono::seconds(f.orphan_timeout_s),
       *secret_file);
+  daemon.SetExplainer(TlsExplainer(f, ca_pem));
   builder.RegisterService(&daemon);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -158,4 +178,6 @@ int Run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return Run(argc, argv); }
+int main(int argc, char** argv) {
+  return ptrain::MainEntry([&] { return Run(argc, argv); });
+}

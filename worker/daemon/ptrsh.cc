@@ -24,6 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "common/bounded_file.h"
 #include "common/header_value.h"
+#include "common/thread_entry.h"
 #include "grpcpp/grpcpp.h"
 #include "ptrain/v1/node.grpc.pb.h"
 
@@ -121,5 +122,5 @@ int Run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
-  return Run(argc, argv);
+  return ptrain::MainEntry([&] { return Run(argc, argv); });
 }

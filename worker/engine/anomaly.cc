@@ -50,4 +50,28 @@ AnomalyGuard::Verdict AnomalyGuard::Check(int64_t step, double loss,
   return {};
 }
 
+void CheckpointLineage::Add(int64_t step, const std::string& dir) {
+  entries_.erase(std::remove_if(entries_.begin(), entries_.end(),
+                                [&](const auto& e) { return e.second == dir; }),
+                 entries_.end());
+  const auto at =
+      std::upper_bound(entries_.begin(), entries_.end(), step,
+                       [](int64_t s, const auto& e) { return s < e.first; });
+  entries_.insert(at, {step, dir});
+}
+
+std::vector<std::string> CheckpointLineage::At(int64_t step) const {
+  std::vector<std::string> out;
+  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+    if (it->first <= step) out.push_back(it->second);
+  }
+  return out;
+}
+
+void CheckpointLineage::DropAfter(int64_t step) {
+  entries_.erase(std::remove_if(entries_.begin(), entries_.end(),
+                                [&](const auto& e) { return e.first > step; }),
+                 entries_.end());
+}
+
 }  // namespace ptrain

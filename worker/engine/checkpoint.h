@@ -198,6 +198,13 @@ class CheckpointReader : public TensorSource {
       const std::string& dir, const ConfinedFs& fs = ConfinedFs(),
       const std::string& field = "checkpoint");
 
+  // What Open would say of `manifest_text` as the manifest of `dir`, whose
+  // shard files are written but which is not committed yet: the writer's
+  // last check, so that no checkpoint is committed that its reader refuses.
+  static absl::Status Verify(const std::string& dir,
+                             const std::string& manifest_text,
+                             const ConfinedFs& fs, const std::string& field);
+
   const CheckpointMeta& meta() const { return meta_; }
   const std::string& dir() const { return dir_; }
   // FailedPrecondition naming the first tensor whose global shape differs

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "common/check.h"
+#include "common/thread_entry.h"
 #include "worker/engine/checkpoint.h"
 #include "worker/engine/checkpoint_internal.h"
 
@@ -45,14 +46,14 @@ absl::StatusOr<bool> BackgroundSave::Start(const std::string& root,
   wrote_ = absl::OkStatus();
   written_.store(false);
   const int rank = world != nullptr ? world->rank() : 0;
-  writer_ = std::thread([this, f, rank] {
+  writer_ = std::thread(ThreadEntry("checkpoint-save", [this, f, rank] {
     const auto t0 = std::chrono::steady_clock::now();
     wrote_ = WriteShard(f, rank, runs_, options_);
     write_seconds_ =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
             .count();
     written_.store(true, std::memory_order_release);
-  });
+  }));
   return false;
 }
 

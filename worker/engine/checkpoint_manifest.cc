@@ -103,6 +103,23 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
   return r;
 }
 
+absl::Status CheckpointReader::Verify(const std::string& dir,
+                                      const std::string& manifest_text,
+                                      const ConfinedFs& fs,
+                                      const std::string& field) {
+  CheckpointReader r;
+  r.dir_ = dir;
+  r.fs_ = fs;
+  r.field_ = field;
+  const std::optional<json> m = ParseJson(manifest_text);
+  if (!m.has_value()) {
+    return r.Damaged(
+        absl::StrCat("manifest.json is not JSON (or nests more than ",
+                     kMaxJsonDepth, " levels)"));
+  }
+  return r.Load(*m);
+}
+
 absl::Status CheckpointReader::Load(const json& m) {
   // Every number is checked here, before anything is read from a shard
   // (docs/checkpoints.md has the rules), in the manifest's order: what it

@@ -134,6 +134,14 @@ absl::StatusOr<json> MergeShardIndexes(const SaveFolders& f,
 absl::Status WriteManifestAndRename(const SaveFolders& f, const json& manifest,
                                     const ConfinedFs& cfs) {
   const std::string text = manifest.dump(1);
+  // Nothing is committed that a reader would refuse (a value out of its
+  // range would make every later resume skip the folder as damaged).
+  if (absl::Status s = CheckpointReader::Verify(f.tmp, text, cfs, kField);
+      !s.ok()) {
+    return absl::InternalError(
+        absl::StrCat("checkpoint: not committing ", f.final_dir,
+                     ", which its reader would refuse: ", s.message()));
+  }
   if (auto s = WriteSmallFile(cfs, Join(f.tmp, kManifest), text); !s.ok()) {
     return s;
   }

@@ -390,7 +390,6 @@ absl::Status Trainer::Resume() {
   const std::string& from = options_.resume_from;
   if (from.empty()) return absl::OkStatus();
   const bool latest = from == "latest";
-  const bool standalone = options_.job_uid.empty();
   const std::string& root = spec_.checkpoint().dir();
   if (latest && root.empty()) {
     spdlog::info("resume: no checkpoint.dir, starting fresh");
@@ -405,11 +404,17 @@ absl::Status Trainer::Resume() {
       !agreed.ok()) {
     return agreed;
   }
-  const std::vector<std::string>& candidates = *listed;
-  if (latest && candidates.empty()) {
+  if (latest && listed->empty()) {
     spdlog::info("resume: no checkpoint under '{}', starting fresh", root);
     return absl::OkStatus();
   }
+  return LoadNewestOf(*listed, latest);
+}
+
+absl::Status Trainer::LoadNewestOf(const std::vector<std::string>& candidates,
+                                   bool latest) {
+  const bool standalone = options_.job_uid.empty();
+  const std::string& root = spec_.checkpoint().dir();
   const std::string field = latest ? "checkpoint.dir" : "--resume-from";
   std::string skipped;
   bool damaged = false;
@@ -427,6 +432,7 @@ absl::Status Trainer::Resume() {
       store_->GatherUpdatedParams();
       start_step_ = c.step;
       resumed_from_ = dir;
+      lineage_.Add(c.step, dir);
       if (standalone) run_uid_ = c.owner;
       optimizer_->adam().set_steps_taken(c.opt_step);
       data_skip_ = c.skipped_steps;

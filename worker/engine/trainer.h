@@ -249,6 +249,12 @@ class Trainer {
   absl::Status LoadInitialState();
   // Loads the resume_from checkpoint, if any (docs/checkpoints.md, Loading).
   absl::Status Resume();
+  // Loads the first of `candidates` (folders, newest first) that loads:
+  // with `latest`, past damaged ones and ones of another model or data;
+  // else the first must. OK with nothing loaded when none fits and none
+  // was damaged.
+  absl::Status LoadNewestOf(const std::vector<std::string>& candidates,
+                            bool latest);
   // train.anomaly after step `step` (1-based) trained with result `r`:
   // -1 to go on, else the step the run rolled back to (the newest
   // checkpoint's, its data since skipped); an error stops the run.
@@ -298,6 +304,7 @@ class Trainer {
   // train.anomaly: the guard, the rollbacks made, the data skipped by them
   // (CheckpointMeta::skipped_steps), whether the NaN test hook fired.
   AnomalyGuard anomaly_guard_;
+  CheckpointLineage lineage_;  // what a rollback may return to
   int rollbacks_ = 0;
   int64_t data_skip_ = 0;
   bool nan_injected_ = false;

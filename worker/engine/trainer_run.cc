@@ -3,6 +3,7 @@
 // sampling and checkpoints at the steps the spec asks for.
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -159,18 +160,47 @@ absl::StatusOr<int64_t> Trainer::RollBack(int64_t step, const std::string& kind,
     if (auto st = FinishBackgroundAndReport(); !st.ok()) return st;
   }
   const int64_t skip = data_skip_;
-  const std::string resume_from = std::exchange(options_.resume_from, "latest");
+  // Back only along this run's own history, and never forward: the folder
+  // may hold newer checkpoints of an earlier run that this one resumed
+  // before. Those pruned since are no candidates.
+  const std::string& root = spec_.checkpoint().dir();
+  auto listed =
+      root.empty()
+          ? absl::StatusOr<std::vector<std::string>>(std::vector<std::string>{})
+          : ListCheckpoints(root, options_.fs);
+  if (auto agreed = AgreeOnStatus(
+          world(), listed.status(),
+          absl::StrCat("rollback: another rank could not list '", root, "'"));
+      !agreed.ok()) {
+    return agreed;
+  }
+  std::vector<std::string> candidates;
+  for (const std::string& dir : lineage_.At(step)) {
+    if (std::find(listed->begin(), listed->end(), dir) != listed->end()) {
+      candidates.push_back(dir);
+    }
+  }
   resumed_from_.clear();
-  absl::Status loaded = Resume();
-  options_.resume_from = resume_from;
-  if (!loaded.ok()) return loaded;
+  if (!candidates.empty()) {
+    if (absl::Status loaded = LoadNewestOf(candidates, /*latest=*/true);
+        !loaded.ok()) {
+      return loaded;
+    }
+  }
   if (resumed_from_.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        reason, "; no checkpoint to roll back to under checkpoint.dir '",
-        spec_.checkpoint().dir(), "' (train.anomaly.nan=rollback)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(reason, "; no checkpoint of this run at or before step ",
+                     step, " to roll back to under checkpoint.dir '", root,
+                     "' (train.anomaly.nan=rollback)"));
+  }
+  const int64_t back = start_step_;
+  if (back > step) {  // the candidates above rule it out
+    return absl::InternalError(absl::StrCat("rollback at step ", step,
+                                            " loaded '", resumed_from_,
+                                            "' of the later step ", back));
   }
   ++rollbacks_;
-  const int64_t back = start_step_;
+  lineage_.DropAfter(back);
   // The batches since the checkpoint led to it: the run goes on past them.
   data_skip_ = skip + (step - back);
   spdlog::warn(
@@ -354,6 +384,7 @@ void Trainer::SampleAndReport(int64_t step) {
 
 void Trainer::ReportCheckpoint(int64_t step, const std::string& dir,
                                double blocked, std::optional<double> written) {
+  lineage_.Add(step, dir);
   if (options_.metrics != nullptr) options_.metrics->OnCheckpoint(blocked);
   nlohmann::json record = {{"type", "checkpoint"},
                            {"step", step},

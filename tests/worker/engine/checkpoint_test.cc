@@ -236,6 +236,71 @@ TEST_F(CheckpointTest, NanRollsBackToTheCheckpointAndSkipsItsDataWindow) {
   EXPECT_EQ(Make(Spec(40, 0), StepDir(30))->skipped_steps(), 10);
 }
 
+// A run resumed from an older checkpoint (step 10) of a folder that holds
+// newer ones of an earlier run (20..40) rolls back, at a NaN at step 12,
+// to the checkpoint its own history came through (10), never forward to
+// the folder's newest: the skip is 2 steps, never negative, and every
+// checkpoint it writes afterwards loads.
+TEST_F(CheckpointTest, RollbackReturnsAlongItsOwnHistoryNeverForward) {
+  {
+    auto first = Make(Spec(40, 10));
+    ASSERT_NE(first, nullptr);
+    ASSERT_TRUE(first->Run().ok());
+  }
+  ASSERT_TRUE(fs::exists(StepDir(40)));
+  const v1::JobSpec spec = Spec(80, 10, {"train.anomaly.nan=rollback"});
+  TrainerOptions opt;
+  opt.peak_flops = 1e12;
+  opt.quiet = true;
+  opt.nan_at_step = 12;
+  opt.resume_from = StepDir(10);
+  opt.log_json_path = (root_ / "run.jsonl").string();
+  auto run = Trainer::Create(spec, opt);
+  ASSERT_TRUE(run.ok()) << run.status();
+  const absl::Status ran = (*run)->Run();
+  ASSERT_TRUE(ran.ok()) << ran;
+  int rollbacks = 0;
+  std::ifstream log(root_ / "run.jsonl");
+  for (std::string line; std::getline(log, line);) {
+    const json r = json::parse(line);
+    if (r["type"] != "rollback") continue;
+    ++rollbacks;
+    EXPECT_EQ(r["step"], 12);
+    EXPECT_EQ(r["to_step"], 10);
+    EXPECT_EQ(r["dir"], StepDir(10));
+    EXPECT_EQ(r["skipped_steps"], 2);
+  }
+  EXPECT_EQ(rollbacks, 1);
+  EXPECT_EQ((*run)->skipped_steps(), 2);
+  for (int step = 10; step <= 80; step += 10) {
+    auto back = Make(Spec(80, 0), StepDir(step));
+    ASSERT_NE(back, nullptr) << StepDir(step);
+    EXPECT_EQ(back->skipped_steps(), step > 40 ? 2 : 0) << StepDir(step);
+  }
+  auto latest = Make(Spec(90, 0), "latest");
+  ASSERT_NE(latest, nullptr);
+  EXPECT_EQ(latest->start_step(), 80);
+}
+
+// The writer checks a manifest as its reader will before it commits it: a
+// value the reader refuses (a negative data skip) fails the save, and no
+// step folder appears that every later resume would skip as damaged.
+TEST_F(CheckpointTest, ACheckpointItsReaderWouldRefuseIsNeverCommitted) {
+  auto t = Make(Spec(10, 0));
+  ASSERT_NE(t, nullptr);
+  Steps(*t, 0, 5);
+  t->SkipData(-3);
+  auto saved = t->SaveCheckpointAt(5);
+  EXPECT_EQ(saved.status().code(), absl::StatusCode::kInternal)
+      << saved.status();
+  EXPECT_NE(saved.status().message().find("skipped_steps"), std::string::npos)
+      << saved.status();
+  EXPECT_FALSE(fs::exists(StepDir(5)));
+  auto listed = ListCheckpoints(root_.string(), ConfinedFs());
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_TRUE(listed->empty());
+}
+
 // nan=stop fails the run at the bad step, before its checkpoint, saying
 // why; rollbacks beyond max_rollbacks do too.
 TEST_F(CheckpointTest, NanStopsTheRunOrExhaustsItsRollbacks) {

@@ -1443,5 +1443,24 @@ TEST(AnomalyGuard, TellsNonFiniteNumbersAndSpikesOverTheMedian) {
   EXPECT_EQ(off.Check(30, 1e9, 1.0).kind, "");
 }
 
+// A rollback's candidates are the lineage's folders at or before the step
+// it is at, newest first; a folder saved again moves to its new step; after
+// a rollback the abandoned stretch past its target is forgotten.
+TEST(CheckpointLineage, OffersOnlyItsOwnFoldersAtOrBeforeTheStep) {
+  CheckpointLineage l;
+  EXPECT_TRUE(l.At(100).empty());
+  l.Add(10, "ck/step-10");
+  l.Add(30, "ck/step-30");
+  l.Add(20, "ck/step-20");
+  EXPECT_EQ(l.At(12), std::vector<std::string>{"ck/step-10"});
+  EXPECT_EQ(l.At(30), (std::vector<std::string>{"ck/step-30", "ck/step-20",
+                                                "ck/step-10"}));
+  EXPECT_TRUE(l.At(9).empty());
+  l.DropAfter(20);
+  EXPECT_EQ(l.At(100), (std::vector<std::string>{"ck/step-20", "ck/step-10"}));
+  l.Add(5, "ck/step-20");  // the same folder again: one entry, its new step
+  EXPECT_EQ(l.At(100), (std::vector<std::string>{"ck/step-10", "ck/step-20"}));
+}
+
 }  // namespace
 }  // namespace ptrain
