@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -291,10 +292,28 @@ class Coordinator {
     // checkpoint at the end of its step and exit 3.
     std::optional<absl::Time> stop_asked_at;
     int64_t newest_checkpoint = -1;  // reported by this attempt
+    // When each rank last said which step it completed (ReportAlive's
+    // times, ReportProgress): where a rank is that does not answer.
+    std::map<int, std::pair<int64_t, absl::Time>> reported_steps;
     // Found hung: when its ranks were asked for dumps (the kill waits for
-    // them up to kDumpWait), and the first lines of their analysis.
+    // them up to kDumpWait), whether there was no way to ask, the analysis
+    // made off the lock for that request (its summary, or why there is
+    // none), and the first lines of it once committed.
     std::optional<absl::Time> dump_asked_at;
+    bool dump_ask_failed = false;
+    struct Analysed {
+      absl::Time asked;
+      absl::StatusOr<std::string> summary;
+    };
+    std::optional<Analysed> analysed;
     std::string hang_summary;
+    // What the ended attempt left in its folder, read off the lock before
+    // its end is decided: its run log and the end of its stderr.log.
+    struct Left {
+      RunLogSummary log;
+      std::string stderr_tail;
+    };
+    std::optional<Left> left;
     // The ranks' process states the backend saw when it asked (the node
     // daemons'), by (host, pid).
     ProcessStates seen;
@@ -339,6 +358,19 @@ class Coordinator {
                                const v1::JobSpec& spec) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // What a tick reads of the attempts' folders, whose files their ranks
+  // write: gathered under the lock, read off it (ReadAttempt may take as
+  // long as the disk does, and holds no lock), handed back under it
+  // (coordinator_internal.h; supervision.cc, diagnosis.cc).
+  struct AttemptRead;
+  std::vector<AttemptRead> AttemptReadsDue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void ReadAttempt(AttemptRead& r);
+  // The hang analysis of ReadAttempt (diagnosis.cc): done once every rank
+  // answered or kDumpWait passed; the analysis written to flight/.
+  static void AnalyseHang(AttemptRead& r);
+  void TakeAttemptReads(std::vector<AttemptRead>& reads)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // supervision.cc: reaps, ends, kills and hang-checks every running
   // attempt.
   void Supervise() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -365,24 +397,30 @@ class Coordinator {
   void BeginKill(Entry& e, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // diagnosis.cc: for an attempt found hung, asks its ranks for dumps and,
-  // once they answered or kDumpWait passed, commits their analysis as an
-  // event (run.hang_summary); true then, false while it waits.
+  // once their analysis is made (run.analysed, by a later tick off the
+  // lock), commits it as an event (run.hang_summary); true then, false
+  // while it waits.
   bool ExplainHang(Entry& e, Running& run, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What the analysis of attempt `attempt` of job `e` knows beside the
-  // dumps (`asked`: when the ranks were asked for them; `heard`: when each
-  // was last heard from, null for an ended attempt, whose processes, gone,
-  // are not looked at either; `seen`: the states the backend saw).
+  // dumps (`asked`: when the ranks were asked for them; `run`: the running
+  // attempt, whose ranks were heard from and whose processes are looked at,
+  // null for an ended one, whose processes are gone; `seen`: the states the
+  // backend saw).
   AttemptFacts FactsOf(const Entry& e, int attempt,
-                       std::optional<absl::Time> asked,
-                       const std::map<int, absl::Time>* heard,
+                       std::optional<absl::Time> asked, const Running* run,
                        ProcessStates seen) const;
 
-  // Adds to `u` what the attempt's run.jsonl holds beyond what the store
-  // has: progress, loss points and committed checkpoints. True when the run
-  // log ends with its "end" record (every step trained).
-  bool RecoverFromRunLog(const Entry& e, const std::string& attempt_dir,
-                         JobUpdate* u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How the job's latest attempt's run.jsonl is read: its context and the
+  // newest step the store has of it (ReadRunLog's known_step).
+  std::pair<ReportContext, int64_t> RunLogContext(const Entry& e)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds to `u` what the attempt's run log (`log`, read by ReadRunLog)
+  // holds beyond what the store has: progress, loss points and committed
+  // checkpoints. True when the run log ends with its "end" record (every
+  // step trained).
+  bool RecoverFromRunLog(const Entry& e, const RunLogSummary& log, JobUpdate* u)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why the records of an attempt whose exit code is unknown show that the
   // job trained every step (`log_ended`: its run log's "end" record; else a
   // committed checkpoint of the last step on disk); "" when they do not.

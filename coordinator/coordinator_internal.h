@@ -3,13 +3,20 @@
 #ifndef PTRAIN_COORDINATOR_COORDINATOR_INTERNAL_H_
 #define PTRAIN_COORDINATOR_COORDINATOR_INTERNAL_H_
 
+#include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/echo.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/flight_analysis.h"
 #include "coordinator/launcher.h"
+#include "coordinator/reports.h"
 #include "coordinator/store.h"
 #include "ptrain/v1/job.pb.h"
 
@@ -32,6 +39,29 @@ inline std::string AttemptDir(const std::string& state_dir,
           absl::StrCat("attempt-", n))
       .string();
 }
+
+// One attempt's files a supervision tick reads off the lock
+// (Coordinator::AttemptReadsDue, ReadAttempt, TakeAttemptReads): what it
+// needs, gathered under the lock, and what it found.
+struct Coordinator::AttemptRead {
+  std::string job_id;
+  int attempt = 0;
+  std::string dir;
+
+  // A hang being explained: the request for dumps, and what the analysis
+  // knows beside them. Analysed once every rank answered, kDumpWait passed
+  // or there was no way to ask; else `analysed` stays empty.
+  std::optional<absl::Time> asked;
+  bool ask_failed = false;
+  AttemptFacts facts;
+  std::optional<absl::StatusOr<std::string>> analysed;
+
+  // An ended attempt: its run log read with this context, and stderr.log.
+  bool ended = false;
+  ReportContext context;
+  int64_t known_step = -1;
+  std::optional<Running::Left> left;
+};
 
 // How the processes of the job's running attempt are found.
 inline AttemptKey KeyOf(const JobRecord& r) {

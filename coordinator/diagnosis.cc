@@ -1,14 +1,14 @@
 // Hangs explained (docs/diagnose.md): the ranks of an attempt asked for
 // their flight recorder dumps — by ptctl diagnose, and by the supervision
 // tick before it ends an attempt as hung — and the dumps analysed
-// (flight_analysis.h).
-#include <sys/stat.h>
+// (flight_analysis.h). The dumps are the ranks' files: they are read off
+// the coordinator's lock, each read bounded (bounded_file.h).
+#include <fcntl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -16,6 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "common/job_state.h"
 #include "common/private_file.h"
 #include "common/process.h"
 #include "common/spec.h"
@@ -33,32 +35,11 @@ namespace {
 
 int64_t UnixMicros(absl::Time t) { return absl::ToUnixMicros(t); }
 
-// The first line of each rank's dump in `attempt_dir`, parsed; a file
-// whose first line is not a JSON object is left out.
-std::vector<nlohmann::json> DumpHeaders(const std::string& attempt_dir) {
-  std::vector<nlohmann::json> out;
-  std::error_code ec;
-  for (const auto& f :
-       fs::directory_iterator(fs::path(attempt_dir) / "flight", ec)) {
-    if (f.path().extension() != ".jsonl") continue;
-    std::ifstream in(f.path());
-    std::string line;
-    if (!std::getline(in, line)) continue;
-    nlohmann::json h = nlohmann::json::parse(line, nullptr, false);
-    if (h.is_object()) out.push_back(std::move(h));
-  }
-  return out;
-}
-
 // Dumps written at or after `since` (answers to a request).
 int FreshDumps(const std::string& attempt_dir, absl::Time since) {
   int fresh = 0;
-  for (const nlohmann::json& h : DumpHeaders(attempt_dir)) {
-    const auto at = h.find("dumped_unix_us");
-    if (at != h.end() && at->is_number_integer() &&
-        at->get<int64_t>() >= UnixMicros(since)) {
-      ++fresh;
-    }
+  for (const DumpHeader& h : ReadDumpHeaders(attempt_dir)) {
+    if (h.dumped_unix_us >= UnixMicros(since)) ++fresh;
   }
   return fresh;
 }
@@ -66,8 +47,8 @@ int FreshDumps(const std::string& attempt_dir, absl::Time since) {
 // Whether any rank of the attempt dumped for a reason other than its
 // start (which only says who it is).
 bool HasAnsweredDumps(const std::string& attempt_dir) {
-  for (const nlohmann::json& h : DumpHeaders(attempt_dir)) {
-    if (h.value("reason", std::string()) != "start") return true;
+  for (const DumpHeader& h : ReadDumpHeaders(attempt_dir)) {
+    if (h.reason != "start") return true;
   }
   return false;
 }
@@ -96,32 +77,104 @@ std::string NoDumpsBecause(const v1::Attempt& a, bool running) {
       "answer");
 }
 
-// The analysis made while the attempt was alive (ExplainHang), which
-// knew its processes: flight/analysis.{txt,json}.
-fs::path StoredAnalysis(const std::string& attempt_dir, const char* ext) {
-  return fs::path(attempt_dir) / "flight" / absl::StrCat("analysis.", ext);
+// An attempt's error is long (the end of stderr); its first line, cut, is
+// enough to say how it ended.
+constexpr size_t kMaxEndedErrorBytes = 160;
+
+// How attempt `a` ended, in a few words: "failed, exit code 1: attempt 1
+// exited with code 1".
+std::string EndedAs(const v1::Attempt* a) {
+  if (a == nullptr ||
+      (a->finished_unix_ms() == 0 && a->end() == v1::ATTEMPT_END_UNSPECIFIED)) {
+    return "its processes are gone; how it ended is not recorded yet";
+  }
+  std::string out = a->end() == v1::ATTEMPT_END_UNSPECIFIED
+                        ? std::string("ended")
+                        : EndName(a->end());
+  if (a->exit_code() > 0) absl::StrAppend(&out, ", exit code ", a->exit_code());
+  // Its first clause: what follows says more than a line holds (the end of
+  // stderr, the hang's analysis).
+  absl::string_view error = a->error();
+  error = error.substr(0, std::min(error.find('\n'), error.find("; ")));
+  if (error.size() > kMaxEndedErrorBytes) {
+    size_t cut = kMaxEndedErrorBytes;
+    // Not inside a UTF-8 character.
+    while (cut > 0 && (static_cast<unsigned char>(error[cut]) & 0xC0) == 0x80) {
+      --cut;
+    }
+    absl::StrAppend(&out, ": ", error.substr(0, cut), "\u2026");
+  } else if (!error.empty()) {
+    absl::StrAppend(&out, ": ", error);
+  }
+  return out;
 }
 
-std::optional<v1::DiagnoseJobResponse> ReadStoredAnalysis(
-    const std::string& attempt_dir, int attempt) {
-  std::ifstream text(StoredAnalysis(attempt_dir, "txt"));
-  std::ifstream json(StoredAnalysis(attempt_dir, "json"));
-  if (!text || !json) return std::nullopt;
-  std::stringstream t, j;
-  t << text.rdbuf();
-  j << json.rdbuf();
-  v1::DiagnoseJobResponse out;
-  out.set_attempt(attempt);
-  out.set_text(t.str());
-  out.set_json(j.str());
+// The analysis made while the attempt was alive (ExplainHang), which knew
+// its processes: flight/analysis.{txt,json}. nullopt when there is none,
+// or when it cannot be read (named in `skipped`: the ranks could have
+// replaced it by anything).
+struct StoredAnalysis {
+  std::string text;
+  nlohmann::json json;
+};
+std::optional<StoredAnalysis> ReadStoredAnalysis(
+    const std::string& attempt_dir, std::vector<std::string>& skipped) {
+  absl::StatusOr<FlightFolder> folder = FlightFolder::Open(attempt_dir);
+  if (!folder.ok()) return std::nullopt;
+  absl::StatusOr<std::string> text =
+      folder->Read("analysis.txt", kMaxDumpBytes);
+  absl::StatusOr<std::string> json =
+      folder->Read("analysis.json", kMaxDumpBytes);
+  constexpr absl::string_view kNotShown =
+      ": the analysis made when it was found hung is not shown";
+  for (const absl::StatusOr<std::string>* r : {&text, &json}) {
+    if (!r->ok() && !absl::IsNotFound(r->status())) {
+      skipped.push_back(absl::StrCat(r->status().message(), kNotShown));
+    }
+  }
+  if (!text.ok() || !json.ok()) return std::nullopt;
+  StoredAnalysis out{*std::move(text),
+                     nlohmann::json::parse(*json, nullptr, false)};
+  if (!out.json.is_object()) {
+    skipped.push_back(
+        absl::StrCat("analysis.json: not a JSON object", kNotShown));
+    return std::nullopt;
+  }
   return out;
+}
+
+// One line of JSON, whatever bytes a string holds (replaced when not
+// UTF-8, rather than thrown about: the ranks' files say what they want).
+std::string JsonText(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// ReplacePrivateFile, in the attempt's flight folder opened without
+// following a link there.
+void StoreAnalysis(const std::string& attempt_dir, const Diagnosis& d,
+                   const std::string& job_id) {
+  absl::StatusOr<FlightFolder> folder = FlightFolder::Open(attempt_dir);
+  if (!folder.ok()) {
+    spdlog::warn("{}: hang analysis not kept: {}", job_id,
+                 std::string(folder.status().message()));
+    return;
+  }
+  for (const auto& [name, text] :
+       {std::pair<const char*, std::string>{"analysis.txt", d.Text()},
+        {"analysis.json", JsonText(d.Json())}}) {
+    if (absl::Status s =
+            ReplaceFileAt(folder->fd(), folder->path(), name, text, 0600);
+        !s.ok()) {
+      spdlog::warn("{}: {}", job_id, std::string(s.message()));
+    }
+  }
 }
 
 }  // namespace
 
 AttemptFacts Coordinator::FactsOf(const Entry& e, int attempt,
                                   std::optional<absl::Time> asked,
-                                  const std::map<int, absl::Time>* heard,
+                                  const Running* run,
                                   ProcessStates seen) const {
   AttemptFacts facts;
   facts.attempt = attempt;
@@ -129,7 +182,7 @@ AttemptFacts Coordinator::FactsOf(const Entry& e, int attempt,
   facts.requested_unix_us = asked.has_value() ? UnixMicros(*asked) : 0;
   facts.now_unix_us = UnixMicros(absl::Now());
   // Once an attempt ended, its pids say nothing (and may be others').
-  if (heard != nullptr) {
+  if (run != nullptr) {
     // This host's processes from /proc; the others' as their node's
     // daemon saw them.
     facts.process_state = [seen = std::move(seen)](const std::string& host,
@@ -139,8 +192,11 @@ AttemptFacts Coordinator::FactsOf(const Entry& e, int attempt,
       const auto it = seen.find({host, pid});
       return it != seen.end() ? it->second : std::string();
     };
-    for (const auto& [rank, at] : *heard) {
+    for (const auto& [rank, at] : run->heard) {
       facts.heard_unix_us[rank] = UnixMicros(at);
+    }
+    for (const auto& [rank, step_at] : run->reported_steps) {
+      facts.reported[rank] = {step_at.first, UnixMicros(step_at.second)};
     }
     facts.heartbeat_every_us =
         AliveIntervalMs(e.record.job.spec().restart().hang_timeout_s()) * 1000;
@@ -155,16 +211,16 @@ absl::StatusOr<v1::DiagnoseJobResponse> Coordinator::Diagnose(
     return absl::InvalidArgumentError(
         absl::StrCat("attempt=", attempt, " < 0"));
   }
-  int n = attempt, world = 0;
-  bool live = false;
-  std::string dir;
+  int n = attempt, world = 0, latest = 0;
+  bool live = false, latest_runs = false;
   std::optional<absl::Time> asked;
   AttemptFacts facts;
+  std::vector<v1::Attempt> attempts;
   {
     absl::MutexLock lock(&mu_);
     Entry* e = Find(id);
     if (e == nullptr) return UnknownJob(id);
-    const int latest = e->record.job.attempts();
+    latest = e->record.job.attempts();
     if (latest == 0) {
       return absl::NotFoundError(absl::StrCat(id, " has not started yet"));
     }
@@ -172,27 +228,14 @@ absl::StatusOr<v1::DiagnoseJobResponse> Coordinator::Diagnose(
       return absl::NotFoundError(absl::StrCat(id, " has no attempt ", attempt,
                                               " (latest ", latest, ")"));
     }
+    absl::StatusOr<std::vector<v1::Attempt>> all = store_->ListAttempts(id);
+    if (!all.ok()) return all.status();
+    attempts = *std::move(all);
     world = e->record.job.world_size();
     auto run = running_.find(id);
-    const bool latest_runs = run != running_.end() && run->second.handle;
-    if (n == 0) {
-      n = latest_runs ? latest : 0;
-      for (int k = latest; n == 0 && k >= 1; --k) {
-        if (HasAnsweredDumps(AttemptDir(options_.state_dir, id, k))) n = k;
-      }
-      if (n == 0) {
-        absl::StatusOr<std::vector<v1::Attempt>> all = store_->ListAttempts(id);
-        if (!all.ok()) return all.status();
-        std::vector<std::string> why;
-        for (const v1::Attempt& a : *all) {
-          why.push_back(NoDumpsBecause(a, latest_runs && a.number() == latest));
-        }
-        return absl::FailedPreconditionError(
-            absl::StrCat(id, " has no flight recorder dumps to analyse: ",
-                         absl::StrJoin(why, "; ")));
-      }
-    }
-    dir = AttemptDir(options_.state_dir, id, n);
+    latest_runs = run != running_.end() && run->second.handle &&
+                  !run->second.end.has_value();
+    if (n == 0 && latest_runs) n = latest;
     // The running attempt answers a request now; an ended one left what
     // it left.
     live = n == latest && latest_runs;
@@ -204,15 +247,46 @@ absl::StatusOr<v1::DiagnoseJobResponse> Coordinator::Diagnose(
         asked.reset();
       }
     }
-    facts = FactsOf(*e, n, asked, live ? &run->second.heard : nullptr,
-                    std::move(seen));
+    facts =
+        FactsOf(*e, n, asked, live ? &run->second : nullptr, std::move(seen));
   }
+  // Off the lock from here: the attempts' folders are their ranks' files.
+  if (n == 0) {
+    for (int k = latest; n == 0 && k >= 1; --k) {
+      if (HasAnsweredDumps(AttemptDir(options_.state_dir, id, k))) n = k;
+    }
+    if (n == 0) {
+      std::vector<std::string> why;
+      for (const v1::Attempt& a : attempts) {
+        why.push_back(NoDumpsBecause(a, latest_runs && a.number() == latest));
+      }
+      return absl::FailedPreconditionError(
+          absl::StrCat(id, " has no flight recorder dumps to analyse: ",
+                       absl::StrJoin(why, "; ")));
+    }
+    facts.attempt = n;
+  }
+  const std::string dir = AttemptDir(options_.state_dir, id, n);
+  std::vector<std::string> skipped;
   if (!live) {
-    if (auto stored = ReadStoredAnalysis(dir, n)) return *stored;
+    const v1::Attempt* record = nullptr;
+    for (const v1::Attempt& a : attempts) {
+      if (a.number() == n) record = &a;
+    }
+    facts.ended = EndedAs(record);
+    if (std::optional<StoredAnalysis> stored =
+            ReadStoredAnalysis(dir, skipped)) {
+      v1::DiagnoseJobResponse out;
+      out.set_attempt(n);
+      out.set_text(absl::StrCat("attempt ", n, " ended (", facts.ended,
+                                "); when it was found hung:\n", stored->text));
+      stored->json["ended"] = facts.ended;
+      out.set_json(stored->json.dump());
+      return out;
+    }
   }
   if (asked.has_value()) {
-    // Off the lock: a stopped rank never answers, the others within
-    // moments.
+    // A stopped rank never answers, the others within moments.
     const absl::Time until = *asked + kDumpWait;
     while (FreshDumps(dir, *asked) < world && absl::Now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -226,52 +300,55 @@ absl::StatusOr<v1::DiagnoseJobResponse> Coordinator::Diagnose(
         absl::StrCat(id, ": attempt ", n, " has no flight recorder dumps (",
                      d.status().message(), ")"));
   }
+  d->damaged.insert(d->damaged.end(), skipped.begin(), skipped.end());
   v1::DiagnoseJobResponse out;
   out.set_attempt(n);
   out.set_text(d->Text());
-  out.set_json(d->Json().dump());
+  out.set_json(JsonText(d->Json()));
   return out;
 }
 
 bool Coordinator::ExplainHang(Entry& e, Running& run, absl::Time now) {
   if (!run.dump_asked_at.has_value()) {
     run.dump_asked_at = now;
+    run.analysed.reset();
     // Without a way to ask, the start dumps and the SIGTERM ones are all
-    // there will be.
-    if (run.handle != nullptr &&
-        backend_->AskToDump(*run.handle, e.record.job, e.record.attempt_uid,
-                            &run.seen)) {
-      return false;
-    }
-  }
-  if (now - *run.dump_asked_at < kDumpWait &&
-      FreshDumps(run.attempt_dir, *run.dump_asked_at) <
-          e.record.job.world_size()) {
+    // there will be: analysed by the next tick.
+    run.dump_ask_failed = run.handle == nullptr ||
+                          !backend_->AskToDump(*run.handle, e.record.job,
+                                               e.record.attempt_uid, &run.seen);
     return false;
   }
-  // Read under the lock, once per hung attempt: a few files per rank.
-  absl::StatusOr<Diagnosis> d = DiagnoseAttemptDir(
-      run.attempt_dir, FactsOf(e, e.record.job.attempts(), run.dump_asked_at,
-                               &run.heard, run.seen));
-  if (d.ok()) {
-    run.hang_summary = d->summary;
-    // Kept for ptctl diagnose once the processes it saw are gone.
-    for (const auto& [ext, text] :
-         {std::pair<const char*, std::string>{"txt", d->Text()},
-          {"json", d->Json().dump()}}) {
-      if (absl::Status s =
-              ReplacePrivateFile(StoredAnalysis(run.attempt_dir, ext), text);
-          !s.ok()) {
-        spdlog::warn("{}: {}", e.record.job.id(), std::string(s.message()));
-      }
-    }
-    CommitEvent(e, absl::StrCat("hang analysis of attempt ",
-                                e.record.job.attempts(), ": ", d->summary));
+  if (!run.analysed.has_value() || run.analysed->asked != *run.dump_asked_at) {
+    return false;
+  }
+  if (run.analysed->summary.ok()) {
+    run.hang_summary = *run.analysed->summary;
+    CommitEvent(
+        e, absl::StrCat("hang analysis of attempt ", e.record.job.attempts(),
+                        ": ", run.hang_summary));
   } else {
     spdlog::warn("{}: no hang analysis: {}", e.record.job.id(),
-                 std::string(d.status().message()));
+                 std::string(run.analysed->summary.status().message()));
   }
   return true;
+}
+
+void Coordinator::AnalyseHang(AttemptRead& r) {
+  const absl::Time now = absl::Now();
+  if (!r.ask_failed && now - *r.asked < kDumpWait &&
+      FreshDumps(r.dir, *r.asked) < r.facts.world_size) {
+    return;  // the ranks have a moment more
+  }
+  r.facts.now_unix_us = UnixMicros(now);
+  absl::StatusOr<Diagnosis> d = DiagnoseAttemptDir(r.dir, r.facts);
+  if (!d.ok()) {
+    r.analysed = d.status();
+    return;
+  }
+  // Kept for ptctl diagnose once the processes it saw are gone.
+  StoreAnalysis(r.dir, *d, r.job_id);
+  r.analysed = d->summary;
 }
 
 }  // namespace ptrain

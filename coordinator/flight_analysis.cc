@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <deque>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -129,6 +130,14 @@ int Analysis::WorldSize() const {
 
 void Analysis::CollectDumps() {
   info_.resize(world_);
+  int64_t since = facts_.requested_unix_us;
+  if (since == 0) {
+    int64_t newest = 0;
+    for (const auto& [rank, d] : dumps_) {
+      if (d.reason != "start") newest = std::max(newest, d.dumped_unix_us);
+    }
+    since = std::max<int64_t>(0, newest - kDumpRoundUs);
+  }
   for (const auto& [rank, d] : dumps_) {
     const std::string name = DumpFileName(rank);
     if (rank < 0 || rank >= world_) {
@@ -155,8 +164,9 @@ void Analysis::CollectDumps() {
     r.dump = &d;
     r.host = d.host;
     r.pid = d.pid;
-    r.usable = facts_.requested_unix_us == 0 ||
-               d.dumped_unix_us >= facts_.requested_unix_us;
+    // A start dump only says who the rank is: it answers no request, and
+    // its place (setup, step 0) is not where the rank is now.
+    r.usable = d.reason != "start" && d.dumped_unix_us >= since;
     if (r.usable) r.pending = Pending(d);
   }
   NoteDamagedRanks();
@@ -281,6 +291,35 @@ void Analysis::FollowWaits() {
   }
 }
 
+int64_t Analysis::WaitedUs(int r) const {
+  const FlightEntry* call = info_[r].pending;
+  if (call == nullptr) return 0;
+  const int64_t since =
+      call->enqueue_us > 0 ? call->enqueue_us : call->start_us;
+  if (since <= 0) return std::numeric_limits<int64_t>::max();
+  return std::max<int64_t>(0, info_[r].dump->dumped_unix_us - since);
+}
+
+int64_t Analysis::LongestWaitOn(int r) const {
+  int64_t longest = 0;
+  std::vector<bool> seen(world_, false);
+  std::deque<int> queue(waiters_of_[r].begin(), waiters_of_[r].end());
+  while (!queue.empty()) {
+    const int w = queue.front();
+    queue.pop_front();
+    if (seen[w]) continue;
+    seen[w] = true;
+    longest = std::max(longest, WaitedUs(w));
+    queue.insert(queue.end(), waiters_of_[w].begin(), waiters_of_[w].end());
+  }
+  return longest;
+}
+
+std::string Analysis::AsOf(const FlightDump& d) const {
+  if (facts_.ended.empty()) return "";
+  return absl::StrCat(" (as of its ", d.reason, " dump)");
+}
+
 std::string Analysis::Look(int r) const {
   if (!facts_.process_state || info_[r].host.empty() || info_[r].pid <= 0) {
     return "";
@@ -309,7 +348,7 @@ std::string Analysis::DiedOrStopped(int r, RankVerdict& v) const {
     v.detail = "its process is gone";
   } else if (const int64_t silent = SilentFor(r); silent > 0) {
     v.state = "stopped";
-    v.detail = absl::StrCat("no heartbeat for ", (silent + 500000) / 1000000,
+    v.detail = absl::StrCat("no heartbeat for ", RoundSeconds(silent),
                             " s while the other ranks' go on (stopped: "
                             "SIGSTOP?, or its node froze)");
   }
@@ -340,6 +379,20 @@ void Analysis::ClassifyRank(int r) {
   v.host = ri.host;
   v.pid = ri.pid;
   v.waits_for.assign(ri.waits_for.begin(), ri.waits_for.end());
+  // Of an ended attempt mpirun's word on a rank's end is the last: what its
+  // dump shows came before.
+  if (auto exit = facts_.exits.find(r); !facts_.ended.empty() &&
+                                        exit != facts_.exits.end() &&
+                                        !exit->second.empty() && ri.usable) {
+    v.where =
+        ri.pending != nullptr
+            ? EntryWhere(*ri.pending) + AsOf(*ri.dump)
+            : Context(ri.dump->phase, ri.dump->microbatch, ri.dump->step) +
+                  AsOf(*ri.dump);
+    v.state = "died";
+    v.detail = exit->second;
+    return;
+  }
   if (ri.usable && ri.pending != nullptr) {
     ClassifyWaiting(ri, v);
   } else if (ri.usable) {
@@ -351,7 +404,7 @@ void Analysis::ClassifyRank(int r) {
 
 void Analysis::ClassifyWaiting(const RankInfo& ri, RankVerdict& v) const {
   v.state = "waiting";
-  v.where = EntryWhere(*ri.pending);
+  v.where = EntryWhere(*ri.pending) + AsOf(*ri.dump);
   if (!ri.waits_for.empty()) {
     v.detail = absl::StrCat("waits for ", Ranks(v.waits_for));
   } else if (!ri.group_unknown.empty()) {
@@ -371,13 +424,23 @@ void Analysis::ClassifyWaiting(const RankInfo& ri, RankVerdict& v) const {
 
 void Analysis::ClassifyRunning(int r, RankVerdict& v) const {
   const FlightDump* d = info_[r].dump;
-  v.where = Context(d->phase, d->microbatch, d->step);
-  v.state = "running";
+  v.where = Context(d->phase, d->microbatch, d->step) + AsOf(*d);
+  // Of an ended attempt the rank ran no more; while it runs, it runs.
+  const char* free = facts_.ended.empty() ? "running" : "ended";
+  v.state = free;
   if (!ends_.count(r)) return;
   // The dump may predate a stop or death when the request time is
   // unknown (any dump counts), so mpirun and the process have a say.
   DiedOrStopped(r, v);
-  if (v.state != "running") return;
+  if (v.state != free) return;
+  const int64_t waited = LongestWaitOn(r);
+  if (waited <= kCulpritWaitUs) {
+    // Others wait for it, for moments: what a healthy job does.
+    v.detail =
+        absl::StrCat("waited for ", RoundSeconds(waited), " s, under the ",
+                     kCulpritWaitUs / 1000000, " s that make a culprit");
+    return;
+  }
   v.state = "compute";
   v.detail = Idle(*d);
 }
@@ -385,12 +448,27 @@ void Analysis::ClassifyRunning(int r, RankVerdict& v) const {
 // No dump answered: the last one (if any) says where it was.
 void Analysis::ClassifySilent(int r, RankVerdict& v) {
   const FlightDump* d = info_[r].dump;
-  if (d != nullptr) {
+  // Where it was by its last dump (a start dump says nothing of that), or
+  // by its last report when that is newer.
+  if (d != nullptr && d->reason != "start") {
     const FlightEntry* p = Pending(*d);
     v.where =
         absl::StrCat(p != nullptr ? EntryWhere(*p)
                                   : Context(d->phase, d->microbatch, d->step),
                      " (as of its ", d->reason, " dump)");
+  }
+  if (auto rep = facts_.reported.find(r);
+      rep != facts_.reported.end() &&
+      rep->second.unix_us > (d != nullptr ? d->dumped_unix_us : 0) &&
+      rep->second.step > (d != nullptr ? d->step - 1 : -1)) {
+    v.where =
+        absl::StrCat("past step ", rep->second.step, " (as of its last report");
+    if (facts_.now_unix_us > rep->second.unix_us) {
+      absl::StrAppend(&v.where, ", ",
+                      RoundSeconds(facts_.now_unix_us - rep->second.unix_us),
+                      " s ago");
+    }
+    absl::StrAppend(&v.where, ")");
   }
   const std::string ps = DiedOrStopped(r, v);
   if (!v.state.empty()) return;
@@ -403,10 +481,9 @@ void Analysis::ClassifySilent(int r, RankVerdict& v) {
     v.detail = absl::StrCat("no dump since ", d->reason, " at ",
                             FormatUnixMicros(d->dumped_unix_us));
     if (facts_.now_unix_us > d->dumped_unix_us) {
-      absl::StrAppend(
-          &v.detail, " (",
-          (facts_.now_unix_us - d->dumped_unix_us + 500000) / 1000000,
-          " s ago)");
+      absl::StrAppend(&v.detail, " (",
+                      RoundSeconds(facts_.now_unix_us - d->dumped_unix_us),
+                      " s ago)");
     }
   }
   if (!ps.empty()) {
@@ -417,7 +494,7 @@ void Analysis::ClassifySilent(int r, RankVerdict& v) {
     v.state = "not_answering";
     absl::StrAppend(&v.detail, "; stopped, frozen or its node unreachable");
   } else {
-    v.state = "unknown";
+    v.state = facts_.ended.empty() ? "unknown" : "ended";
   }
 }
 
@@ -456,10 +533,16 @@ void Analysis::ClassifyMismatches() {
   for (int r : mismatched_) out_.ranks[r].state = "mismatch";
 }
 
-// Culprits: the ends of waiting, the ranks that disagree, and ranks that
-// died or stopped though nobody waits for them yet.
+// Culprits: the ends of waiting (once waited for long enough), the ranks
+// that disagree, and ranks that died or stopped though nobody waits for them
+// yet.
 void Analysis::FindCulprits() {
-  std::set<int> culprits(ends_.begin(), ends_.end());
+  std::set<int> culprits;
+  // An end waited for only for moments is no culprit (kCulpritWaitUs).
+  for (int r : ends_) {
+    const std::string& s = out_.ranks[r].state;
+    if (s != "running" && s != "ended") culprits.insert(r);
+  }
   culprits.insert(mismatched_.begin(), mismatched_.end());
   for (int r = 0; r < world_; ++r) {
     const std::string& s = out_.ranks[r].state;

@@ -14,9 +14,37 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/confined_fs.h"
 #include "nlohmann/json.hpp"
 
 namespace ptrain {
+
+// What is read of an attempt's folder, whose files its ranks write (and
+// with --launcher nodes every node): regular files only, links not followed,
+// each read bounded (common/bounded_file.h). Bigger dumps are refused
+// unread: a ring of 2048 entries is well under 1 MiB, so 64 MiB is damage,
+// not a big job.
+inline constexpr size_t kMaxDumpBytes = size_t{64} << 20;
+// A dump's line: a header names every group's members, so a large world's
+// is long; an entry's line is under 1 KiB.
+inline constexpr size_t kMaxDumpLineBytes = size_t{16} << 20;
+// Of stderr.log only the end is read for mpirun's word on exits.
+inline constexpr size_t kMaxStderrTailBytes = size_t{4} << 20;
+
+// A rank is named a culprit for holding the others up ("compute") only once
+// a rank has waited for it longer than this, by their dumps: a healthy job's
+// ranks wait for each other all the time, for moments. Ranks that died or
+// stopped, disagree on a collective or do not answer are culprits whatever
+// the wait. Waits this short are not told as cycles or calls in progress
+// either.
+inline constexpr int64_t kCulpritWaitUs = int64_t{10} * 1000000;
+
+// Without a request to answer (an ended attempt, or one whose ranks could
+// not be asked), the newest dumps tell the end: those of one request, or of
+// one teardown (SIGTERM), are written within seconds of each other, so a
+// dump older than the newest by more than this is from an earlier request
+// and says nothing of the end.
+inline constexpr int64_t kDumpRoundUs = int64_t{30} * 1000000;
 
 // One line of a dump after the header: a communication call ("comm") or a
 // phase mark ("mark").
@@ -58,7 +86,7 @@ struct AttemptFacts {
   int attempt = 0;
   int world_size = 0;  // 0: take it from the dumps
   // When the dumps were asked for: a dump older than this did not answer
-  // (0: any dump counts).
+  // (0: the newest dumps count, those within kDumpRoundUs of the newest).
   int64_t requested_unix_us = 0;
   int64_t now_unix_us = 0;  // 0: unknown (no "N s ago" in the text)
   // World rank -> how mpirun saw it end, e.g. "exited on signal 9 (Killed)".
@@ -76,6 +104,18 @@ struct AttemptFacts {
   // wherever its process is.
   std::map<int, int64_t> heard_unix_us;
   int64_t heartbeat_every_us = 0;
+  // World rank -> the newest step it said it completed (its heartbeats,
+  // its progress reports) and when: where a rank that did not answer is,
+  // when that is newer than its last dump.
+  struct Reported {
+    int64_t step = 0;
+    int64_t unix_us = 0;
+  };
+  std::map<int, Reported> reported;
+  // How the attempt ended ("failed, exit code 1: ...", "succeeded"); "" while
+  // it runs. Its dumps then tell its end, not its present: a rank left only
+  // its start dump "ended", not "running in setup".
+  std::string ended;
 };
 
 struct RankVerdict {
@@ -84,7 +124,8 @@ struct RankVerdict {
   int pid = 0;       // 0 when unknown
   // Culprits: "stopped", "died", "compute", "mismatch", "not_answering".
   // Others: "waiting" (blocked in a call), "running" (dumped, in no call),
-  // "unknown" (no usable dump and nothing else known).
+  // "ended" (the attempt ended and the rank held nobody up), "unknown" (no
+  // usable dump and nothing else known).
   std::string state;
   // One phrase, e.g. "tp all_reduce #1835 in forward of microbatch 3,
   // step 812".
@@ -99,8 +140,10 @@ struct Diagnosis {
   int attempt = 0;
   std::vector<int> culprits;       // the ranks everything waits for, ascending
   std::vector<RankVerdict> ranks;  // one per world rank, ascending
-  // Dumps named and skipped: "rank-00003.jsonl: line 4: ...".
+  // Files named and skipped: "rank-00003.jsonl: line 4: ...",
+  // "rank-00001.jsonl: is a FIFO, not a regular file".
   std::vector<std::string> damaged;
+  std::string ended;  // AttemptFacts::ended
   // One sentence a line, the first starting "attempt N: ": one per culprit
   // (culprits alike in state and cause share one, as do the ranks of one
   // mismatch; past 8, one more counts the rest), else one per cycle of
@@ -109,10 +152,11 @@ struct Diagnosis {
 
   // One screen: the summary wrapped at 80 columns, then a table RANK NODE
   // PID STATE WHERE (over 32 ranks: the culprits and the ranks waiting on
-  // them, the rest counted in one line), then the damaged dumps.
+  // them, the rest counted in one line), then the files skipped, each on a
+  // line "skipped: NAME: why".
   std::string Text() const;
-  // {"attempt", "culprits", "summary", "damaged", "ranks": [{"rank", "host",
-  // "pid", "state", "where", "detail", "waits_for"}]}.
+  // {"attempt", "ended", "culprits", "summary", "damaged", "ranks": [{"rank",
+  // "host", "pid", "state", "where", "detail", "waits_for"}]}.
   nlohmann::json Json() const;
 };
 
@@ -123,12 +167,53 @@ Diagnosis Diagnose(const AttemptFacts& facts,
                    const std::map<int, FlightDump>& dumps,
                    std::vector<std::string> damaged = {});
 
-// Reads <attempt_dir>/flight/rank-NNNNN.jsonl (a damaged, unreadable or
-// over-64-MiB file is named in `damaged` and skipped) and, when facts.exits
-// is empty, fills it from mpirun's lines in <attempt_dir>/stderr.log ("mpirun
-// noticed that process rank 5 with PID 4242 on node b exited on signal 9
-// (Killed).", with or without a "[1,5]<stderr>:" prefix). NotFound when the
-// folder holds no dump at all.
+// <attempt_dir>/flight, opened without following a link there, and the
+// names of the dumps in it. Not thread-safe (one reader at a time).
+class FlightFolder {
+ public:
+  // NotFound naming the folder when it is missing or no folder.
+  static absl::StatusOr<FlightFolder> Open(const std::string& attempt_dir);
+  const std::string& path() const { return path_; }
+  int fd() const { return fd_.get(); }
+  // (rank, file name) of each rank-NNNNN.jsonl, by rank.
+  const std::vector<std::pair<int, std::string>>& dumps() const {
+    return dumps_;
+  }
+  // File `name` in the folder: a regular file of at most `max_bytes`, else
+  // an error led by the name ("rank-00001.jsonl: is a FIFO, not a regular
+  // file").
+  absl::StatusOr<std::string> Read(const std::string& name,
+                                   size_t max_bytes) const;
+  // Its first line, at most kMaxDumpLineBytes.
+  absl::StatusOr<std::string> FirstLine(const std::string& name) const;
+
+ private:
+  FlightFolder(std::string path, UniqueFd fd)
+      : path_(std::move(path)), fd_(std::move(fd)) {}
+  std::string path_;
+  UniqueFd fd_;
+  std::vector<std::pair<int, std::string>> dumps_;
+};
+
+// What the first line of each dump says of it: whether it answers a
+// request (ptcoord waits for those) without reading the rest.
+struct DumpHeader {
+  int rank = 0;
+  std::string reason;  // "" when the header does not say
+  int64_t dumped_unix_us = 0;
+};
+// One per dump whose first line is a JSON object; unreadable ones are left
+// out. Empty when there is no flight folder.
+std::vector<DumpHeader> ReadDumpHeaders(const std::string& attempt_dir);
+
+// Reads <attempt_dir>/flight/rank-NNNNN.jsonl (a damaged or unreadable
+// file, one that is no regular file, a link, or over kMaxDumpBytes, is named
+// in `damaged` and skipped) and, when facts.exits is empty, fills it from
+// mpirun's lines in the last kMaxStderrTailBytes of <attempt_dir>/stderr.log
+// ("mpirun noticed that process rank 5 with PID 4242 on node b exited on
+// signal 9 (Killed).", with or without a "[1,5]<stderr>:" prefix; a log
+// that cannot be read is named in `damaged`). NotFound when the folder holds
+// no dump at all. Reads files ranks write: call it off any lock.
 absl::StatusOr<Diagnosis> DiagnoseAttemptDir(const std::string& attempt_dir,
                                              AttemptFacts facts);
 

@@ -19,6 +19,11 @@ namespace ptrain::flight_internal {
 // Far above any job's; it bounds what a damaged dump can make us allocate.
 inline constexpr int kMaxWorldSize = 1 << 20;
 
+// Microseconds as whole seconds, rounded; no overflow for any int64.
+inline int64_t RoundSeconds(int64_t us) {
+  return us / 1000000 + (us % 1000000 >= 500000 ? 1 : 0);
+}
+
 inline bool IsP2pOp(absl::string_view op) {
   return op == "send" || op == "recv";
 }
@@ -83,6 +88,7 @@ class Analysis {
            std::vector<std::string> damaged)
       : facts_(facts), dumps_(dumps) {
     out_.attempt = facts.attempt;
+    out_.ended = facts.ended;
     out_.damaged = std::move(damaged);
   }
   Analysis(const Analysis&) = delete;
@@ -114,6 +120,18 @@ class Analysis {
   // Following the waits to the ranks in no call.
   void FollowWaits();
   bool Waiting(int r) const { return info_[r].pending != nullptr; }
+  // How long waiting rank r had waited in its call when it dumped
+  // (unknown: as long as can be); 0 for a rank in no call.
+  int64_t WaitedUs(int r) const;
+  bool LongWait(int r) const {
+    return Waiting(r) && WaitedUs(r) > kCulpritWaitUs;
+  }
+  // The longest wait of the ranks that wait for r, directly or behind
+  // others.
+  int64_t LongestWaitOn(int r) const;
+  // " (as of its SIGTERM dump)" for the dumps of an ended attempt, whose
+  // ranks are gone; "" while it runs.
+  std::string AsOf(const FlightDump& d) const;
 
   // The verdict on each rank.
   std::string Look(int r) const;
@@ -141,6 +159,8 @@ class Analysis {
   void TellCycles(std::vector<std::string>& sentences) const;
   void TellInProgress(std::vector<std::string>& sentences) const;
   void TellStates(std::vector<std::string>& sentences) const;
+  // "… ended (how): " before the first sentence of an ended attempt.
+  std::string Lead() const;
 
   const AttemptFacts& facts_;
   const std::map<int, FlightDump>& dumps_;

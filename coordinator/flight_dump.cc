@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "coordinator/flight_analysis.h"
@@ -34,6 +35,19 @@ bool IsCollectiveOp(absl::string_view op) {
 }
 bool IsState(absl::string_view s) {
   return s == "queued" || s == "started" || s == "completed";
+}
+
+// A key of the dump's as an error message shows it: one short line of
+// ASCII, whatever the key holds (a line break, half a UTF-8 character once
+// cut, a megabyte).
+std::string ShownKey(const std::string& key) {
+  constexpr size_t kShown = 64;
+  const bool plain = key.size() <= kShown &&
+                     std::all_of(key.begin(), key.end(),
+                                 [](char c) { return c >= 0x20 && c < 0x7f; });
+  if (plain) return key;
+  return absl::StrCat(absl::CHexEscape(key.substr(0, kShown)),
+                      key.size() > kShown ? "..." : "");
 }
 
 // The keys of one JSON line, read with their rules; the first broken rule
@@ -125,7 +139,7 @@ void ParseHeader(Fields& f, FlightDump& d) {
       for (const auto& [name, v] : f.Get("coords").items()) {
         if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
             v.get<int64_t>() > kIntMax || name.size() > kMaxStringBytes) {
-          f.Fail(absl::StrCat("coords.", name.substr(0, kMaxStringBytes),
+          f.Fail(absl::StrCat("coords.", ShownKey(name),
                               " is not an integer at least 0"));
           break;
         }
@@ -138,7 +152,7 @@ void ParseHeader(Fields& f, FlightDump& d) {
       f.Fail("key \"groups\" missing or not an object");
     } else {
       for (const auto& [name, members] : f.Get("groups").items()) {
-        const std::string shown = name.substr(0, kMaxStringBytes);
+        const std::string shown = ShownKey(name);
         if (name.empty() || name.size() > kMaxStringBytes ||
             !members.is_array() || members.empty()) {
           f.Fail(absl::StrCat("groups.", shown,
@@ -149,8 +163,10 @@ void ParseHeader(Fields& f, FlightDump& d) {
         for (const json& m : members) {
           if (!m.is_number_integer() || m.get<int64_t>() < 0 ||
               m.get<int64_t>() >= d.world_size) {
-            f.Fail(absl::StrCat("groups.", shown, " holds ", m.dump(),
-                                ", not a rank in [0, ", d.world_size, ")"));
+            f.Fail(absl::StrCat(
+                "groups.", shown, " holds ",
+                m.is_number() ? m.dump() : absl::StrCat("a ", m.type_name()),
+                ", not a rank in [0, ", d.world_size, ")"));
             break;
           }
           ranks.push_back(m.get<int>());

@@ -1,10 +1,16 @@
-// How a diagnosis is shown (Diagnosis::Text and Json), and DiagnoseAttemptDir:
-// an attempt's dump files and mpirun's stderr.log read into one.
+// How a diagnosis is shown (Diagnosis::Text and Json), and what is read of
+// an attempt's folder for one: its dump files (FlightFolder) and mpirun's
+// stderr.log, each read bounded, links not followed (bounded_file.h).
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -21,6 +27,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "common/bounded_file.h"
 #include "coordinator/flight_analysis.h"
 #include "coordinator/flight_analysis_internal.h"
 #include "nlohmann/json.hpp"
@@ -33,9 +40,6 @@ namespace fs = std::filesystem;
 using flight_internal::kMaxWorldSize;
 using nlohmann::json;
 
-// Bigger dump files are refused unread: a ring of 2048 entries is well under
-// 1 MiB, so 64 MiB is damage, not a big job.
-constexpr int64_t kMaxDumpBytes = int64_t{64} << 20;
 constexpr int kMaxTableRows = 32;
 constexpr int kTextWidth = 80;
 
@@ -126,7 +130,7 @@ std::string Diagnosis::Text() const {
                     " more ranks: ", absl::StrJoin(parts, ", "), "\n");
   }
   for (const std::string& d : damaged) {
-    absl::StrAppend(&out, "damaged: ", d, "\n");
+    absl::StrAppend(&out, "skipped: ", d, "\n");
   }
   return out;
 }
@@ -142,34 +146,48 @@ json Diagnosis::Json() const {
                     {"detail", v.detail},
                     {"waits_for", v.waits_for}});
   }
-  return {{"attempt", attempt},
-          {"culprits", culprits},
-          {"summary", summary},
-          {"damaged", damaged},
-          {"ranks", rows}};
+  return {{"attempt", attempt}, {"ended", ended},     {"culprits", culprits},
+          {"summary", summary}, {"damaged", damaged}, {"ranks", rows}};
 }
 
 namespace {
 
+// Printable ASCII, at most as long as a dump's strings may be.
+bool ShortAscii(absl::string_view s) {
+  return s.size() <= 256 && std::all_of(s.begin(), s.end(), [](char c) {
+           return c >= 0x20 && c < 0x7f;
+         });
+}
+
 // mpirun's word on ranks that ended: "mpirun noticed that process rank 5
-// with PID 4242 on node b exited on signal 9 (Killed)." Only the end of a
-// large log is read: mpirun says so last.
-void ReadMpirunExits(const fs::path& path, AttemptFacts& facts) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return;
-  std::error_code ec;
-  const uintmax_t size = fs::file_size(path, ec);
-  if (!ec && size > static_cast<uintmax_t>(kMaxDumpBytes)) {
-    in.seekg(static_cast<std::streamoff>(size - kMaxDumpBytes));
+// with PID 4242 on node b exited on signal 9 (Killed)." Only the end of the
+// log is read: mpirun says so last. A log that cannot be read is named in
+// `skipped` (a missing one is not: a launcher may write none).
+void ReadMpirunExits(const std::string& path, AttemptFacts& facts,
+                     std::vector<std::string>& skipped) {
+  absl::StatusOr<FileTail> tail =
+      ReadFileTail("", path, 0, kMaxStderrTailBytes, Symlinks::kRefuse);
+  if (!tail.ok()) {
+    if (!absl::IsNotFound(tail.status())) {
+      absl::string_view why = tail.status().message();
+      absl::ConsumePrefix(&why, path);
+      skipped.push_back(absl::StrCat("stderr.log", why,
+                                     " (mpirun's word on exits not read)"));
+    }
+    return;
+  }
+  absl::string_view text = tail->bytes;
+  // A window that starts mid-line: that line is cut.
+  if (tail->start > 0) {
+    const size_t nl = text.find('\n');
+    text.remove_prefix(nl == absl::string_view::npos ? text.size() : nl + 1);
   }
   static constexpr absl::string_view kNoticed =
       "mpirun noticed that process rank ";
-  std::string line;
-  while (std::getline(in, line)) {
-    const size_t at = absl::string_view(line).find(kNoticed);
-    if (at == std::string::npos) continue;
-    absl::string_view rest =
-        absl::string_view(line).substr(at + kNoticed.size());
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    const size_t at = line.find(kNoticed);
+    if (at == absl::string_view::npos) continue;
+    absl::string_view rest = line.substr(at + kNoticed.size());
     const size_t rank_end = rest.find(' ');
     int rank = -1, pid = 0;
     if (rank_end == absl::string_view::npos ||
@@ -195,7 +213,11 @@ void ReadMpirunExits(const fs::path& path, AttemptFacts& facts) {
     }
     rest = absl::StripAsciiWhitespace(rest);
     absl::ConsumeSuffix(&rest, ".");
-    if (rest.empty() || facts.exits.count(rank)) continue;
+    // mpirun writes short ASCII; anything else in the log is a rank's.
+    if (rest.empty() || facts.exits.count(rank) || !ShortAscii(rest) ||
+        !ShortAscii(host)) {
+      continue;
+    }
     facts.exits[rank] = std::string(rest);
     if (!host.empty() || pid > 0) facts.exited_processes[rank] = {host, pid};
   }
@@ -203,14 +225,29 @@ void ReadMpirunExits(const fs::path& path, AttemptFacts& facts) {
 
 }  // namespace
 
-absl::StatusOr<Diagnosis> DiagnoseAttemptDir(const std::string& attempt_dir,
-                                             AttemptFacts facts) {
-  const fs::path flight = fs::path(attempt_dir) / "flight";
-  std::error_code ec;
-  std::vector<std::pair<int, fs::path>> files;
-  for (fs::directory_iterator it(flight, ec), end; !ec && it != end;
-       it.increment(ec)) {
-    const std::string name = it->path().filename().string();
+absl::StatusOr<FlightFolder> FlightFolder::Open(
+    const std::string& attempt_dir) {
+  const std::string path = (fs::path(attempt_dir) / "flight").string();
+  // Not followed when a link: the folder is the ranks' to write.
+  UniqueFd fd(
+      ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) {
+    const int err = errno;
+    return absl::NotFoundError(absl::StrCat(
+        "no flight recorder dump in ", path, " (",
+        err == ELOOP || err == ENOTDIR ? "not a folder: a symbolic link?"
+                                       : std::strerror(err),
+        ")"));
+  }
+  // The listing reads its own descriptor: closedir closes it.
+  DIR* d = ::fdopendir(::dup(fd.get()));
+  if (d == nullptr) {
+    return absl::NotFoundError(absl::StrCat("no flight recorder dump in ", path,
+                                            " (", std::strerror(errno), ")"));
+  }
+  FlightFolder out(path, std::move(fd));
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
     absl::string_view digits = name;
     int rank = -1;
     // Only the dumps' own names: the writer's temporary files differ.
@@ -218,43 +255,72 @@ absl::StatusOr<Diagnosis> DiagnoseAttemptDir(const std::string& attempt_dir,
         absl::ConsumeSuffix(&digits, ".jsonl") && digits.size() >= 5 &&
         std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit) &&
         absl::SimpleAtoi(digits, &rank)) {
-      files.push_back({rank, it->path()});
+      out.dumps_.push_back({rank, name});
     }
   }
-  if (files.empty()) {
-    return absl::NotFoundError(
-        absl::StrCat("no flight recorder dump in ", flight.string(),
-                     ec ? absl::StrCat(" (", ec.message(), ")") : ""));
-  }
-  std::sort(files.begin(), files.end());
+  ::closedir(d);
+  std::sort(out.dumps_.begin(), out.dumps_.end());
+  return out;
+}
 
+absl::StatusOr<std::string> FlightFolder::Read(const std::string& name,
+                                               size_t max_bytes) const {
+  absl::StatusOr<BoundedFile> f =
+      BoundedFile::Open("", name, Symlinks::kRefuse, fd_.get());
+  if (!f.ok()) return f.status();
+  if (f->size() > static_cast<int64_t>(max_bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": too large (over ", max_bytes >> 20, " MiB)"));
+  }
+  return f->ReadAll(max_bytes);
+}
+
+absl::StatusOr<std::string> FlightFolder::FirstLine(
+    const std::string& name) const {
+  return ReadFirstLine("", name, kMaxDumpLineBytes, Symlinks::kRefuse,
+                       fd_.get());
+}
+
+std::vector<DumpHeader> ReadDumpHeaders(const std::string& attempt_dir) {
+  std::vector<DumpHeader> out;
+  absl::StatusOr<FlightFolder> folder = FlightFolder::Open(attempt_dir);
+  if (!folder.ok()) return out;
+  for (const auto& [rank, name] : folder->dumps()) {
+    absl::StatusOr<std::string> line = folder->FirstLine(name);
+    if (!line.ok()) continue;
+    const json h = json::parse(*line, nullptr, /*allow_exceptions=*/false);
+    if (!h.is_object()) continue;
+    DumpHeader d;
+    d.rank = rank;
+    if (auto it = h.find("reason"); it != h.end() && it->is_string()) {
+      d.reason = it->get<std::string>();
+    }
+    if (auto it = h.find("dumped_unix_us");
+        it != h.end() && it->is_number_integer()) {
+      d.dumped_unix_us = it->get<int64_t>();
+    }
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+absl::StatusOr<Diagnosis> DiagnoseAttemptDir(const std::string& attempt_dir,
+                                             AttemptFacts facts) {
+  absl::StatusOr<FlightFolder> folder = FlightFolder::Open(attempt_dir);
+  if (!folder.ok()) return folder.status();
+  if (folder->dumps().empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("no flight recorder dump in ", folder->path()));
+  }
   std::map<int, FlightDump> dumps;
   std::vector<std::string> damaged;
-  for (const auto& [rank, path] : files) {
-    const std::string name = path.filename().string();
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-      damaged.push_back(absl::StrCat(name, ": unreadable"));
+  for (const auto& [rank, name] : folder->dumps()) {
+    absl::StatusOr<std::string> text = folder->Read(name, kMaxDumpBytes);
+    if (!text.ok()) {
+      damaged.push_back(std::string(text.status().message()));
       continue;
     }
-    // Read in pieces up to one byte past the cap, whatever the size the
-    // folder listed (the file may be replaced while read).
-    std::string text;
-    char buffer[1 << 16];
-    while (in && static_cast<int64_t>(text.size()) <= kMaxDumpBytes) {
-      in.read(buffer, sizeof(buffer));
-      text.append(buffer, static_cast<size_t>(in.gcount()));
-    }
-    if (in.bad()) {
-      damaged.push_back(absl::StrCat(name, ": unreadable"));
-      continue;
-    }
-    if (static_cast<int64_t>(text.size()) > kMaxDumpBytes) {
-      damaged.push_back(absl::StrCat(name, ": too large (over ",
-                                     kMaxDumpBytes >> 20, " MiB)"));
-      continue;
-    }
-    absl::StatusOr<FlightDump> dump = ParseFlightDump(text);
+    absl::StatusOr<FlightDump> dump = ParseFlightDump(*text);
     if (!dump.ok()) {
       damaged.push_back(absl::StrCat(name, ": ", dump.status().message()));
       continue;
@@ -267,7 +333,8 @@ absl::StatusOr<Diagnosis> DiagnoseAttemptDir(const std::string& attempt_dir,
     dumps[rank] = *std::move(dump);
   }
   if (facts.exits.empty()) {
-    ReadMpirunExits(fs::path(attempt_dir) / "stderr.log", facts);
+    ReadMpirunExits((fs::path(attempt_dir) / "stderr.log").string(), facts,
+                    damaged);
   }
   return Diagnose(facts, dumps, std::move(damaged));
 }

@@ -97,9 +97,9 @@ std::string RankName(int rank, const std::string& host, int pid) {
 
 std::string Idle(const FlightDump& d) {
   if (d.last_activity_unix_us == 0) return "has not entered a collective yet";
-  return absl::StrCat(
-      "has not entered a collective for ",
-      (d.dumped_unix_us - d.last_activity_unix_us + 500000) / 1000000, " s");
+  return absl::StrCat("has not entered a collective for ",
+                      RoundSeconds(d.dumped_unix_us - d.last_activity_unix_us),
+                      " s");
 }
 
 std::string Analysis::Summary() const {
@@ -107,8 +107,15 @@ std::string Analysis::Summary() const {
   TellCycles(sentences);
   if (sentences.empty()) TellInProgress(sentences);
   if (sentences.empty()) TellStates(sentences);
-  sentences[0] = absl::StrCat("attempt ", facts_.attempt, ": ", sentences[0]);
+  sentences[0] = absl::StrCat(Lead(), sentences[0]);
   return absl::StrJoin(sentences, "\n");
+}
+
+std::string Analysis::Lead() const {
+  if (facts_.ended.empty())
+    return absl::StrCat("attempt ", facts_.attempt, ": ");
+  return absl::StrCat("attempt ", facts_.attempt, " ended (", facts_.ended,
+                      "): ");
 }
 
 // A sentence per culprit. Culprits alike (state and cause) share one, as do
@@ -319,11 +326,13 @@ std::vector<bool> Analysis::Explained() const {
 // each sorted, in the order found.
 std::vector<std::vector<int>> Analysis::WaitCycles() const {
   const std::vector<bool> explained = Explained();
+  // Only waits long enough to matter: dumps taken moments apart can show
+  // two ranks each waiting for the other's next call.
   std::vector<std::vector<int>> adj(world_);
   for (int r = 0; r < world_; ++r) {
-    if (explained[r] || !Waiting(r)) continue;
+    if (explained[r] || !LongWait(r)) continue;
     for (int m : info_[r].waits_for) {
-      if (!explained[m] && Waiting(m)) adj[r].push_back(m);
+      if (!explained[m] && LongWait(m)) adj[r].push_back(m);
     }
   }
   std::vector<std::vector<int>> cycles;
@@ -393,7 +402,7 @@ void Analysis::TellCycles(std::vector<std::string>& sentences) const {
 void Analysis::TellInProgress(std::vector<std::string>& sentences) const {
   std::vector<std::pair<std::string, std::vector<int>>> by_call;
   for (int r = 0; r < world_; ++r) {
-    if (info_[r].pending == nullptr || !info_[r].waits_for.empty() ||
+    if (!LongWait(r) || !info_[r].waits_for.empty() ||
         !info_[r].group_unknown.empty()) {
       continue;
     }
@@ -414,8 +423,21 @@ void Analysis::TellInProgress(std::vector<std::string>& sentences) const {
   }
 }
 
-// Nobody waits: what each rank does.
+// Nobody waits, or not for long: what each rank does.
 void Analysis::TellStates(std::vector<std::string>& sentences) const {
+  const bool any_dump = std::any_of(info_.begin(), info_.end(),
+                                    [](const RankInfo& i) { return i.usable; });
+  const bool start_dumps =
+      std::all_of(info_.begin(), info_.end(), [](const RankInfo& i) {
+        return i.dump != nullptr && i.dump->reason == "start";
+      });
+  if (!facts_.ended.empty() && !any_dump && start_dumps && world_ > 0) {
+    sentences.push_back(
+        "its ranks left no dump but the one each writes at its start, which "
+        "says nothing of the end (ranks are asked for dumps only while the "
+        "attempt runs: by ptctl diagnose, or when ptcoord finds it hung).");
+    return;
+  }
   std::map<std::string, std::vector<int>> by_state;
   for (const RankVerdict& v : out_.ranks) by_state[v.state].push_back(v.rank);
   std::vector<std::string> parts;
@@ -424,8 +446,14 @@ void Analysis::TellStates(std::vector<std::string>& sentences) const {
                                  ranks.size() == 1 ? "is " : "are ", state));
   }
   if (world_ == 0) parts.push_back("no rank is known");
+  bool waits = false;
+  for (int r = 0; r < world_; ++r) waits = waits || Waiting(r);
   sentences.push_back(absl::StrCat(
-      "no rank is behind another: ", absl::StrJoin(parts, ", "), "."));
+      waits      ? absl::StrCat("no rank has waited longer than ",
+                                kCulpritWaitUs / 1000000, " s for another: ")
+      : any_dump ? "no rank is behind another: "
+                 : "no dump tells where its ranks were: ",
+      absl::StrJoin(parts, ", "), "."));
 }
 
 }  // namespace ptrain::flight_internal

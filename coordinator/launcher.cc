@@ -12,12 +12,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <deque>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -25,6 +22,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/bounded_file.h"
 #include "common/digest.h"
 #include "common/process.h"
 #include "common/spawn.h"
@@ -359,14 +358,14 @@ std::string RecordExitCode(absl::string_view quoted_dir) {
 
 AttemptExit ReadAttemptExit(const std::string& attempt_dir) {
   AttemptExit out;
-  const std::string path = (fs::path(attempt_dir) / "exit_code").string();
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return out;
-  char buf[64];
-  const ssize_t n = read(fd, buf, sizeof(buf));
-  close(fd);
-  if (n <= 0) return out;
-  const absl::string_view text(buf, static_cast<size_t>(n));
+  // The file lies in the ranks' folder: a FIFO or a link put there is
+  // unknown, as an unreadable file is.
+  absl::StatusOr<BoundedFile> f = BoundedFile::Open(
+      "", (fs::path(attempt_dir) / "exit_code").string(), Symlinks::kRefuse);
+  if (!f.ok()) return out;
+  absl::StatusOr<std::string> bytes = f->ReadAt(0, 64);
+  if (!bytes.ok() || bytes->empty()) return out;
+  const absl::string_view text = *bytes;
   if (text == kExitPending) {
     out.kind = AttemptExit::kPending;
     return out;
@@ -387,15 +386,34 @@ std::optional<int> ReadExitCode(const std::string& attempt_dir) {
 }
 
 std::string TailLines(const std::string& path, int n) {
-  std::ifstream in(path);
-  std::deque<std::string> lines;
-  std::string line;
-  while (std::getline(in, line)) {
-    lines.push_back(line);
-    if (static_cast<int>(lines.size()) > n) lines.pop_front();
+  absl::StatusOr<FileTail> tail =
+      ReadFileTail("", path, 0, kMaxTailBytes, Symlinks::kRefuse);
+  if (!tail.ok()) {
+    // Said, not hidden: a FIFO or a link there is no log.
+    if (absl::IsNotFound(tail.status())) return "";
+    return absl::StrCat("(", tail.status().message(), ")\n");
+  }
+  absl::string_view text = tail->bytes;
+  // A window that starts mid-line: that line is cut.
+  if (tail->start > 0) {
+    const size_t nl = text.find('\n');
+    text.remove_prefix(nl == absl::string_view::npos ? text.size() : nl + 1);
+  }
+  absl::ConsumeSuffix(&text, "\n");
+  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
+  if (text.empty()) lines.clear();
+  if (lines.size() > static_cast<size_t>(std::max(n, 0))) {
+    lines.erase(lines.begin(), lines.end() - std::max(n, 0));
   }
   std::string out;
-  for (const std::string& l : lines) absl::StrAppend(&out, l, "\n");
+  for (absl::string_view l : lines) {
+    // A line longer than an error message holds is cut.
+    if (l.size() > kMaxTailLineBytes) {
+      absl::StrAppend(&out, l.substr(0, kMaxTailLineBytes), "…\n");
+    } else {
+      absl::StrAppend(&out, l, "\n");
+    }
+  }
   return out;
 }
 

@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
 #include <map>
 #include <optional>
 #include <string>
@@ -165,7 +166,13 @@ std::optional<int> ReadExitCode(const std::string& attempt_dir);
 // already quoted for the shell), for the wrapper and Slurm's batch script.
 std::string RecordExitCode(absl::string_view quoted_dir);
 
-// The last `n` lines of a file (for error messages).
+// The last `n` lines of a log (for error messages), found in its last
+// kMaxTailBytes (a line cut by that window is left out), each cut to
+// kMaxTailLineBytes. The log is a rank's: a link or anything but a regular
+// file is not read, and said so in one line in parentheses; a missing one
+// is "".
+inline constexpr size_t kMaxTailBytes = size_t{64} << 10;
+inline constexpr size_t kMaxTailLineBytes = 1024;
 std::string TailLines(const std::string& path, int n);
 
 }  // namespace ptrain

@@ -46,6 +46,7 @@ absl::Status Coordinator::ReportProgress(const v1::ReportProgressRequest& r) {
   running_[r.job_id()].last_report = absl::Now();
   running_[r.job_id()].heard[r.rank()] = absl::Now();
   Running& run = running_[r.job_id()];
+  if (!r.is_eval()) run.reported_steps[r.rank()] = {r.step(), absl::Now()};
   JobUpdate u;
   u.record = e->record;
   v1::Progress* p = u.record.job.mutable_progress();
@@ -166,6 +167,7 @@ absl::Status Coordinator::ReportAlive(const v1::ReportAliveRequest& r) {
   const absl::Time now = absl::Now();
   run.heard[r.rank()] = now;
   if (r.has_times()) {
+    run.reported_steps[r.rank()] = {r.times().step(), now};
     rank_times_.Add(r.job_id(), r.attempt(), (*e)->record.job.world_size(),
                     r.rank(), r.times(), absl::ToUnixMillis(now));
   }

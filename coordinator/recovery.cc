@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/coordinator.h"
@@ -39,7 +40,13 @@ void Coordinator::Recover() {
     // while we were down is taken from the run log.
     JobUpdate u;
     u.record = r;
-    RecoverFromRunLog(e, run.attempt_dir, &u);
+    // Before any RPC is served: nothing waits for the lock yet.
+    const auto [context, known_step] = RunLogContext(e);
+    RecoverFromRunLog(
+        e,
+        ReadRunLog((fs::path(run.attempt_dir) / "run.jsonl").string(), context,
+                   known_step),
+        &u);
     u.event = absl::StrCat("attempt ", r.job.attempts(),
                            " re-adopted after a coordinator restart");
     if (absl::Status s = Commit(e, std::move(u)); !s.ok()) {
@@ -54,16 +61,34 @@ void Coordinator::Recover() {
     if (e.record.job.cancel_requested()) BeginKill(e, "");
   }
   Supervise();
+  // Attempts that ended while we were down are decided now, from what they
+  // left (read here, under the lock: no RPC is served yet).
+  std::vector<AttemptRead> reads = AttemptReadsDue();
+  for (AttemptRead& r : reads) ReadAttempt(r);
+  TakeAttemptReads(reads);
+  Supervise();
 }
 
-bool Coordinator::RecoverFromRunLog(const Entry& e,
-                                    const std::string& attempt_dir,
-                                    JobUpdate* u) {
+std::pair<ReportContext, int64_t> Coordinator::RunLogContext(const Entry& e) {
   const v1::Job& job = e.record.job;
-  const ReportContext ctx{job.id(), job.attempts(), job.world_size(),
-                          job.spec().train().steps()};
   // Points of this attempt past the last one its reports delivered (an
   // attempt's steps only grow): the run log is read back to that one.
+  int64_t have_step = -1;
+  if (absl::StatusOr<Store::LastSteps> last =
+          store_->LastLossSteps(job.id(), job.attempts());
+      last.ok()) {
+    have_step = last->step;
+  }
+  return {ReportContext{job.id(), job.attempts(), job.world_size(),
+                        job.spec().train().steps()},
+          have_step};
+}
+
+bool Coordinator::RecoverFromRunLog(const Entry& e, const RunLogSummary& log,
+                                    JobUpdate* u) {
+  const v1::Job& job = e.record.job;
+  // Reports may have come since the log was read: what the store has now
+  // is left out.
   int64_t have_step = -1, have_eval = -1;
   if (absl::StatusOr<Store::LastSteps> last =
           store_->LastLossSteps(job.id(), job.attempts());
@@ -71,11 +96,9 @@ bool Coordinator::RecoverFromRunLog(const Entry& e,
     have_step = last->step;
     have_eval = last->eval;
   }
-  const RunLogSummary log = ReadRunLog(
-      (fs::path(attempt_dir) / "run.jsonl").string(), ctx, have_step);
   if (log.records.empty() && log.checkpoints.empty()) return log.ended;
   v1::Progress* p = u->record.job.mutable_progress();
-  if (log.last_step.has_value()) {
+  if (log.last_step.has_value() && log.last_step->step > have_step) {
     p->set_step(log.last_step->step);
     p->set_loss(log.last_step->loss);
     p->set_lr(log.last_step->lr);
@@ -83,7 +106,7 @@ bool Coordinator::RecoverFromRunLog(const Entry& e,
     p->set_mfu(log.last_step->mfu);
     p->set_unix_ms(NowMs());
   }
-  if (log.last_eval.has_value()) {
+  if (log.last_eval.has_value() && log.last_eval->step > have_eval) {
     p->set_val_loss(log.last_eval->val_loss);
     p->set_step(std::max(p->step(), log.last_eval->step));
   }

@@ -7,13 +7,13 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/bounded_file.h"
 #include "common/checkpoint_commit.h"
 #include "common/spec.h"
 #include "nlohmann/json.hpp"
@@ -379,9 +379,11 @@ std::optional<RunLogRecord> ParseRunLogLine(absl::string_view line,
 RunLogSummary ReadRunLog(const std::string& path, const ReportContext& ctx,
                          int64_t known_step, size_t max_bytes) {
   RunLogSummary out;
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) return out;
-  const int64_t size = in.tellg();
+  // A rank's file: a link or anything but a regular file is no run log.
+  absl::StatusOr<BoundedFile> in =
+      BoundedFile::Open("", path, Symlinks::kRefuse);
+  if (!in.ok()) return out;
+  const int64_t size = in->size();
   // The lines that start in [window, size). From a window start past 0 the
   // byte before it is read too: a newline there starts a line at it.
   const int64_t window =
@@ -392,6 +394,9 @@ RunLogSummary ReadRunLog(const std::string& path, const ReportContext& ctx,
   constexpr int64_t kChunk = int64_t{1} << 20;
   std::vector<RunLogRecord> records, checkpoints;
   std::string buf;
+  // The front line grew past kMaxRunLogLineBytes: dropped, and so is the
+  // rest of it, up to the newline before it.
+  bool overlong = false;
   int64_t pos = size;
   // False once a step at or before known_step is reached.
   auto take = [&](absl::string_view line) {
@@ -419,21 +424,34 @@ RunLogSummary ReadRunLog(const std::string& path, const ReportContext& ctx,
   bool more = true;
   while (more && pos > first) {
     const int64_t lo = std::max(first, pos - kChunk);
-    std::string chunk(pos - lo, '\0');
-    in.seekg(lo);
-    if (!in.read(chunk.data(), chunk.size())) break;
-    buf.insert(0, chunk);
+    absl::StatusOr<std::string> chunk =
+        in->ReadAt(lo, static_cast<size_t>(pos - lo));
+    // Shorter: the file shrank meanwhile (replaced); what was read stands.
+    if (!chunk.ok() || static_cast<int64_t>(chunk->size()) != pos - lo) break;
     pos = lo;
+    if (overlong) {
+      const size_t nl = chunk->rfind('\n');
+      if (nl == std::string::npos) continue;  // still inside that line
+      chunk->resize(nl);                      // the line before it ends there
+      overlong = false;
+      buf = *std::move(chunk);
+    } else {
+      buf.insert(0, *chunk);
+    }
     // Every line after a newline in buf is whole.
     for (size_t nl = buf.rfind('\n'); more && nl != std::string::npos;
          nl = buf.rfind('\n')) {
       more = take(absl::string_view(buf).substr(nl + 1));
       buf.resize(nl);
     }
+    if (buf.size() > kMaxRunLogLineBytes) {
+      buf.clear();
+      overlong = true;
+    }
   }
   // At the file's start what is left is its first line; at a window's, a
   // line that began before it.
-  if (more && pos == 0 && window == 0) take(buf);
+  if (more && pos == 0 && window == 0 && !overlong) take(buf);
   std::reverse(records.begin(), records.end());
   std::reverse(checkpoints.begin(), checkpoints.end());
   out.records = std::move(records);

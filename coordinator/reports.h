@@ -114,12 +114,18 @@ struct RunLogSummary {
   bool ended = false;  // an "end" record: the run finished every step
 };
 
-// Reads `path` (a missing file is an empty summary) back from its end, the
+// A run log's line longer than this is skipped unparsed: the records read
+// back (step, eval, checkpoint, end) are short, and a sample's text well
+// under it.
+inline constexpr size_t kMaxRunLogLineBytes = size_t{1} << 20;
+
+// Reads `path` (a missing file, a link or anything but a regular file is an
+// empty summary: the file is a rank's to write) back from its end, the
 // newest records being the ones a summary is for (a job of days writes
 // hundreds of MB): the records after the newest step record whose step is
 // at or before `known_step` (what the store already has; an attempt's
 // steps only grow and its reports arrive in the log's order), within its
-// last `max_bytes` (whole lines).
+// last `max_bytes` (whole lines, each at most kMaxRunLogLineBytes).
 RunLogSummary ReadRunLog(const std::string& path, const ReportContext& ctx,
                          int64_t known_step = -1,
                          size_t max_bytes = size_t{256} << 20);

@@ -5,13 +5,13 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <fstream>
 #include <functional>
 #include <mutex>
 #include <thread>
 
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
+#include "common/bounded_file.h"
 #include "common/job_state.h"
 #include "common/thread_entry.h"
 #include "ptrain/v1/coordinator.grpc.pb.h"
@@ -279,7 +279,7 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
           struct File {
             const char* stream;
             std::string path;
-            std::streamoff offset = 0;
+            int64_t offset = 0;
           };
           File files[] = {{"stdout", src->dir + "/stdout.log"},
                           {"stderr", src->dir + "/stderr.log"}};
@@ -295,21 +295,26 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
             }
             bool any = false;
             for (File& f : files) {
-              std::ifstream in(f.path, std::ios::binary);
-              if (!in) continue;
-              in.seekg(f.offset);
-              std::string buf(kChunk, '\0');
-              while (in.read(buf.data(), kChunk) || in.gcount() > 0) {
-                const std::streamsize n = in.gcount();
-                f.offset += n;
+              // The ranks' file: a FIFO or a link there ends the stream
+              // saying so, rather than blocking or reading /dev/zero.
+              absl::StatusOr<BoundedFile> in =
+                  BoundedFile::Open("", f.path, Symlinks::kRefuse);
+              if (absl::IsNotFound(in.status())) continue;
+              if (!in.ok())
+                return absl::FailedPreconditionError(in.status().message());
+              while (!cancelled) {
+                absl::StatusOr<std::string> buf = in->ReadAt(f.offset, kChunk);
+                if (!buf.ok()) return buf.status();
+                if (buf->empty()) break;
+                f.offset += static_cast<int64_t>(buf->size());
                 any = true;
                 v1::LogChunk chunk;
                 chunk.set_attempt(src->attempt);
                 chunk.set_stream(f.stream);
-                chunk.set_data(buf.data(), n);
+                chunk.set_data(*std::move(buf));
                 if (!write(chunk))
                   return absl::CancelledError("client went away");
-                if (n < static_cast<std::streamsize>(kChunk)) break;
+                if (chunk.data().size() < kChunk) break;
               }
             }
             if (!r.follow() || (finished && !any)) return absl::OkStatus();

@@ -2,11 +2,14 @@
 // through its backend, its hang timer and node checks applied, a stopped
 // one killed when it lingers, and an ended one decided — restart counted
 // or requeued, after the node-loss grace when a dead node may explain its
-// failure — and committed; then the waiting jobs are scheduled.
+// failure — and committed; then the waiting jobs are scheduled. What the
+// attempts' ranks wrote (dumps, run log, stderr.log) is read before, off
+// the lock.
 #include <algorithm>
 #include <filesystem>
 #include <iterator>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -26,13 +29,16 @@ namespace {
 // A supervision tick later than its period by more than this means ptcoord
 // itself could not run (see Supervise).
 constexpr absl::Duration kLateSupervision = absl::Seconds(1);
+// The lines of stderr.log a failed attempt's error ends with.
+constexpr int kErrorTailLines = 20;
 
 // What went wrong with attempt `n` of a job of `steps` steps that ended
 // with `exit_code` (`end` when no code is known), "" when nothing did.
-// `kill_reason`: why ptcoord ended it, which says it best.
+// `kill_reason`: why ptcoord ended it, which says it best; `tail`: the last
+// lines of its stderr.log.
 std::string AttemptError(const std::string& kill_reason,
                          const AttemptStatus& end, int exit_code, int n,
-                         int64_t steps, const std::string& attempt_dir) {
+                         int64_t steps, const std::string& tail) {
   if (!kill_reason.empty()) return kill_reason;
   if (end.exit_unknown) {
     return absl::StrCat(
@@ -48,8 +54,6 @@ std::string AttemptError(const std::string& kill_reason,
                         "(coordinator down, host restarted or killed)");
   }
   if (exit_code == 0) return "";
-  const std::string tail =
-      TailLines((fs::path(attempt_dir) / "stderr.log").string(), 20);
   return absl::StrCat("attempt ", n, " exited with code ", exit_code,
                       tail.empty() ? "" : "; last stderr lines:\n", tail);
 }
@@ -57,9 +61,76 @@ std::string AttemptError(const std::string& kill_reason,
 }  // namespace
 
 void Coordinator::Tick() {
+  std::vector<AttemptRead> reads;
+  {
+    absl::MutexLock lock(&mu_);
+    reads = AttemptReadsDue();
+  }
+  // Off the lock: a rank's files may be slow to read (a network
+  // filesystem), and the RPCs go on meanwhile.
+  const absl::Time read_from = absl::Now();
+  for (AttemptRead& r : reads) ReadAttempt(r);
+  const absl::Duration reading = absl::Now() - read_from;
   absl::MutexLock lock(&mu_);
+  // Reports were heard while we read: that time is no stall (Supervise).
+  if (last_supervised_ != absl::InfinitePast()) last_supervised_ += reading;
+  TakeAttemptReads(reads);
   Supervise();
   Schedule();
+}
+
+std::vector<Coordinator::AttemptRead> Coordinator::AttemptReadsDue() {
+  std::vector<AttemptRead> due;
+  for (const auto& [id, run] : running_) {
+    const Entry& e = jobs_[id];
+    AttemptRead r;
+    r.job_id = id;
+    r.attempt = e.record.job.attempts();
+    r.dir = run.attempt_dir;
+    if (run.end.has_value() && !run.left.has_value()) {
+      r.ended = true;
+      std::tie(r.context, r.known_step) = RunLogContext(e);
+    } else if (!run.end.has_value() && run.dump_asked_at.has_value() &&
+               (!run.analysed.has_value() ||
+                run.analysed->asked != *run.dump_asked_at)) {
+      r.asked = run.dump_asked_at;
+      r.ask_failed = run.dump_ask_failed;
+      r.facts = FactsOf(e, r.attempt, run.dump_asked_at, &run, run.seen);
+    } else {
+      continue;
+    }
+    due.push_back(std::move(r));
+  }
+  return due;
+}
+
+void Coordinator::ReadAttempt(AttemptRead& r) {
+  if (r.asked.has_value()) AnalyseHang(r);
+  if (r.ended) {
+    Running::Left& left = r.left.emplace();
+    left.log = ReadRunLog((fs::path(r.dir) / "run.jsonl").string(), r.context,
+                          r.known_step);
+    left.stderr_tail =
+        TailLines((fs::path(r.dir) / "stderr.log").string(), kErrorTailLines);
+  }
+}
+
+void Coordinator::TakeAttemptReads(std::vector<AttemptRead>& reads) {
+  for (AttemptRead& r : reads) {
+    auto run = running_.find(r.job_id);
+    // Meanwhile the attempt may have ended and another begun.
+    if (run == running_.end() ||
+        jobs_[r.job_id].record.job.attempts() != r.attempt) {
+      continue;
+    }
+    if (r.left.has_value() && run->second.end.has_value()) {
+      run->second.left = std::move(r.left);
+    }
+    if (r.analysed.has_value() && run->second.dump_asked_at == r.asked) {
+      run->second.analysed =
+          Running::Analysed{*r.asked, *std::move(r.analysed)};
+    }
+  }
 }
 
 void Coordinator::Supervise() {
@@ -106,7 +177,8 @@ void Coordinator::SuperviseAttempt(Entry& e, Running& run, absl::Time now) {
     }
   }
   if (run.end.has_value()) {
-    if (ReadyToEnd(e, run, now) &&
+    // Decided once what it left is read (by the next tick, off the lock).
+    if (ReadyToEnd(e, run, now) && run.left.has_value() &&
         (!run.retry_at.has_value() || now >= *run.retry_at)) {
       OnAttemptEnded(e);  // `run` is gone once that is written
     }
@@ -193,7 +265,7 @@ void Coordinator::OnAttemptEnded(Entry& e) {
   int exit_code = end.exit_code;
   JobUpdate u;
   u.record = e.record;
-  const bool log_ended = RecoverFromRunLog(e, run.attempt_dir, &u);
+  const bool log_ended = RecoverFromRunLog(e, run.left->log, &u);
   if (run.received.has_value() &&
       run.received->step() > u.record.job.progress().step()) {
     // Reports came that could not be saved, and the run log (on the same
@@ -215,7 +287,7 @@ void Coordinator::OnAttemptEnded(Entry& e) {
   }
   const std::string error =
       AttemptError(run.kill_reason, end, exit_code, n,
-                   u.record.job.spec().train().steps(), run.attempt_dir);
+                   u.record.job.spec().train().steps(), run.left->stderr_tail);
   v1::Attempt& a = u.attempt.emplace();
   if (auto all = store_->ListAttempts(id);
       all.ok() && !all->empty() && all->back().number() == n) {

@@ -1,10 +1,6 @@
 // See ui_api.h.
 #include "coordinator/ui_api.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
@@ -16,6 +12,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/bounded_file.h"
 #include "common/job_state.h"
 #include "common/proto_json.h"
 #include "common/tokenizer.h"
@@ -119,38 +117,13 @@ json Summary(const v1::Job& job) {
   return j;
 }
 
-// What a read of a file gave: its bytes from `start` to its end (`size`).
-struct FileBytes {
-  std::string bytes;
-  int64_t start = 0;
-  int64_t size = 0;
-};
-
-// The file at `path` from `from` to its end, but at most its last `n`
-// bytes; nullopt when it cannot be read (or is no regular file).
-std::optional<FileBytes> ReadFrom(const std::string& path, int64_t from,
-                                  int64_t n) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return std::nullopt;
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return std::nullopt;
-  }
-  FileBytes f;
-  f.size = st.st_size;
-  f.start = std::min(f.size, std::max<int64_t>(from, f.size - n));
-  f.bytes.assign(static_cast<size_t>(f.size - f.start), '\0');
-  int64_t done = 0;
-  while (done < static_cast<int64_t>(f.bytes.size())) {
-    const ssize_t r = ::pread(fd, f.bytes.data() + done, f.bytes.size() - done,
-                              f.start + done);
-    if (r <= 0) break;
-    done += r;
-  }
-  ::close(fd);
-  f.bytes.resize(static_cast<size_t>(done));
-  return f;
+// A file of an attempt's folder, which its ranks write, from `from` to its
+// end but at most its last `n` bytes (ReadFileTail: a link, a FIFO or any
+// other non-regular file is refused, and said why).
+absl::StatusOr<FileTail> ReadRankFile(const std::string& path, int64_t from,
+                                      int64_t n) {
+  return ReadFileTail("", path, from, static_cast<size_t>(n),
+                      Symlinks::kRefuse);
 }
 
 json PointJson(const v1::LossPoint& p) {
@@ -218,21 +191,37 @@ json NewestSample(std::string_view text) {
 }  // namespace
 
 json LatestSamples::Of(const std::string& path, int64_t max_bytes) {
+  int64_t from = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = seen_.find(path);
+    if (it != seen_.end()) from = it->second.scanned;
+  }
+  // Off the mutex: every job page asks, and one slow file must not hold
+  // the others.
+  absl::StatusOr<FileTail> got = ReadRankFile(path, from, max_bytes);
+  const bool replaced = got.ok() && got->size < from;
+  if (replaced) {
+    // Shorter than what was read of it: another file now, read again.
+    got = ReadRankFile(path, 0, max_bytes);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   auto it = seen_.find(path);
-  const int64_t from = it == seen_.end() ? 0 : it->second.scanned;
-  std::optional<FileBytes> got = ReadFrom(path, from, max_bytes);
-  if (got.has_value() && got->size < from) {
-    // Shorter than what was read of it: another file now, read again.
-    seen_.erase(it);
-    it = seen_.end();
-    got = ReadFrom(path, 0, max_bytes);
-  }
-  if (!got.has_value()) {
+  if (!got.ok()) {
     if (it != seen_.end()) seen_.erase(it);
     return nullptr;
   }
   bytes_read_ += static_cast<int64_t>(got->bytes.size());
+  if (it != seen_.end() && it->second.scanned != from && !replaced) {
+    // Another poll read it meanwhile, from where this one began: its
+    // answer is as new as this one's.
+    it->second.asked = ++clock_;
+    return it->second.sample;
+  }
+  if (replaced && it != seen_.end()) {
+    seen_.erase(it);
+    it = seen_.end();
+  }
   if (it == seen_.end()) {
     if (seen_.size() >= max_logs_) {
       seen_.erase(std::min_element(seen_.begin(), seen_.end(),
@@ -385,14 +374,24 @@ ApiReply LogApi(Coordinator& c, const std::string& id, const ApiQuery& q) {
   absl::StatusOr<Coordinator::LogSource> src =
       c.Logs(id, static_cast<int>(attempt.value));
   if (!src.ok()) return FromStatus(src.status());
-  std::optional<FileBytes> tail = ReadFrom(
-      (std::filesystem::path(src->dir) / (stream.value + ".log")).string(), 0,
-      bytes.value);
+  const std::string name = stream.value + ".log";
+  const std::string path = (std::filesystem::path(src->dir) / name).string();
+  absl::StatusOr<FileTail> tail = ReadRankFile(path, 0, bytes.value);
+  // A log that is missing is empty; one that is no regular file (the
+  // ranks' folder may hold anything) is not shown, and said why.
+  json omitted = nullptr;
+  if (!tail.ok() && !absl::IsNotFound(tail.status())) {
+    absl::string_view why = tail.status().message();
+    absl::ConsumePrefix(&why, path);
+    omitted =
+        absl::StrCat(name, " of attempt ", src->attempt, why, ": not shown");
+  }
   return {200, json{{"attempt", src->attempt},
                     {"stream", stream.value},
                     {"finished", src->finished},
-                    {"size", tail ? tail->size : 0},
-                    {"text", tail ? ToValidUtf8(tail->bytes) : ""}}};
+                    {"size", tail.ok() ? tail->size : 0},
+                    {"text", tail.ok() ? ToValidUtf8(tail->bytes) : ""},
+                    {"omitted", std::move(omitted)}}};
 }
 
 ApiReply NodesApi(Coordinator& c, const ApiQuery&) {

@@ -39,7 +39,9 @@ ApiReply JobsApi(Coordinator& c, const ApiQuery& q);
 // shows, kept by path, so that a page polling a job reads only what its
 // log gained since the last poll (run logs only grow; a log that shrank was
 // replaced and is read again). At most `max_logs` logs are kept, the least
-// recently asked for forgotten first. Thread-safe.
+// recently asked for forgotten first. Thread-safe; the logs are read
+// outside its mutex (a slow file holds only the page that asked for it),
+// as regular files only, links not followed (ReadFileTail).
 class LatestSamples {
  public:
   explicit LatestSamples(size_t max_logs = 256) : max_logs_(max_logs) {}
@@ -69,7 +71,9 @@ ApiReply JobApi(Coordinator& c, LatestSamples& samples, const std::string& id,
                 const ApiQuery& q);
 // GET /api/v1/jobs/ID/metrics[?since=C&rank_since=R]
 ApiReply MetricsApi(Coordinator& c, const std::string& id, const ApiQuery& q);
-// GET /api/v1/jobs/ID/log[?attempt=N&stream=stdout|stderr&bytes=B]
+// GET /api/v1/jobs/ID/log[?attempt=N&stream=stdout|stderr&bytes=B]: the
+// log's tail, or "omitted" saying why a log that is no regular file is not
+// shown.
 ApiReply LogApi(Coordinator& c, const std::string& id, const ApiQuery& q);
 // GET /api/v1/nodes
 ApiReply NodesApi(Coordinator& c, const ApiQuery& q);

@@ -602,8 +602,8 @@
       if (pre.textContent !== r.text) pre.textContent = r.text;
       if (atEnd) pre.scrollTop = pre.scrollHeight;
       const shown = new TextEncoder().encode(r.text).length;
-      $('log-info').textContent = 'attempt ' + r.attempt + ' · ' + r.stream + ' · ' + (!r.size ? 'empty'
-        : (r.size > shown ? 'last ' + fmtBytes(shown) + ' of ' : '') + fmtBytes(r.size));
+      $('log-info').textContent = 'attempt ' + r.attempt + ' · ' + r.stream + ' · ' + (r.omitted ? r.omitted
+        : !r.size ? 'empty' : (r.size > shown ? 'last ' + fmtBytes(shown) + ' of ' : '') + fmtBytes(r.size));
     } catch (e) {
       S.logKey = '';
       if (e.status !== 401) $('log-info').textContent = 'log: ' + e.message;

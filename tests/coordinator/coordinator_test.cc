@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <limits>
 #include <map>
 #include <set>
@@ -545,6 +546,170 @@ TEST_F(CoordinatorTest, SilentAttemptIsKilledAsHangAndRestarted) {
   EXPECT_EQ(done.attempts(), 2);
   EXPECT_NE(done.error().find("hang at step 0"), std::string::npos)
       << done.error();
+}
+
+// An attempt's folder is its ranks' to write (and with --launcher nodes
+// every node's). FIFOs and links to /dev/zero where ptcoord reads dumps,
+// logs and the run log hold nothing up: the hung attempt is analysed and
+// ended while the API answers, and diagnose names what it skipped.
+TEST_F(CoordinatorTest, HostileFilesInTheAttemptFolderHoldNothingUp) {
+  std::string id;
+  auto c = MakeWithHangingJob(&id);
+  const fs::path a = AttemptDir(id, 1);
+  fs::create_directories(a / "flight");
+  const std::vector<fs::path> fifos = {a / "flight/rank-00001.jsonl",
+                                       a / "stderr.log", a / "run.jsonl"};
+  for (const fs::path& f : fifos) {
+    fs::remove(f);
+    ASSERT_EQ(::mkfifo(f.c_str(), 0600), 0) << f;
+  }
+  fs::create_symlink("/dev/zero", a / "flight/rank-00000.jsonl");
+  fs::remove(a / "stdout.log");
+  fs::create_symlink("/dev/zero", a / "stdout.log");
+
+  auto ended = std::async(std::launch::async, [&] {
+    return TickUntil(*c, id, v1::JOB_STATE_FAILED);
+  });
+  // Meanwhile the API answers, again and again.
+  auto listed = std::async(std::launch::async, [&] {
+    int answers = 0;
+    for (int i = 0; i < 20; ++i) {
+      answers += c->List(v1::JOB_STATE_UNSPECIFIED, 0).ok();
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return answers;
+  });
+  // A read blocked on a FIFO fails the test, and writers that open and
+  // close end it, so that the test ends.
+  const auto unblock = [&](const auto& done, const char* what) {
+    if (done.wait_for(std::chrono::minutes(1)) == std::future_status::ready) {
+      return;
+    }
+    ADD_FAILURE() << what << " blocked on the attempt's files";
+    while (done.wait_for(std::chrono::milliseconds(100)) !=
+           std::future_status::ready) {
+      for (const fs::path& f : fifos) {
+        ::close(::open(f.c_str(), O_WRONLY | O_NONBLOCK));
+      }
+    }
+  };
+  unblock(listed, "the API");
+  unblock(ended, "supervision");
+  EXPECT_EQ(listed.get(), 20);
+  const v1::Job done = ended.get();
+  EXPECT_EQ(done.state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(done.error().find("hang at step 0"), std::string::npos)
+      << done.error();
+  auto events = c->Events(id);
+  ASSERT_TRUE(events.ok());
+  EXPECT_TRUE(std::any_of(events->begin(), events->end(), [](const auto& e) {
+    return e.second.find("hang analysis of attempt 1") != std::string::npos;
+  })) << "the hang was analysed";
+
+  // The analysis kept for later, replaced by a link: not followed, said so,
+  // and the dumps analysed again instead.
+  fs::remove(a / "flight/analysis.txt");
+  fs::create_symlink("/dev/zero", a / "flight/analysis.txt");
+  auto diagnosed =
+      std::async(std::launch::async, [&] { return c->Diagnose(id, 1); });
+  unblock(diagnosed, "diagnose");
+  auto d = diagnosed.get();
+  ASSERT_TRUE(d.ok()) << d.status();
+  for (const char* skipped :
+       {"skipped: rank-00000.jsonl: is a symbolic link, not a regular file",
+        "skipped: rank-00001.jsonl: is a FIFO, not a regular file",
+        "skipped: stderr.log: is a FIFO, not a regular file",
+        "skipped: analysis.txt: is a symbolic link, not a regular file"}) {
+    EXPECT_NE(d->text().find(skipped), std::string::npos)
+        << skipped << " not in:\n"
+        << d->text();
+  }
+  EXPECT_EQ(d->text().rfind("attempt 1 ended (failed", 0), 0u) << d->text();
+}
+
+// exit_code lies in the ranks' folder too: a FIFO or a link there is an
+// unknown exit, at once.
+TEST_F(CoordinatorTest, ExitCodeFileThatIsAFifoOrALinkIsUnknown) {
+  fs::create_directories(dir_ / "a");
+  ASSERT_EQ(::mkfifo((dir_ / "a/exit_code").c_str(), 0600), 0);
+  auto read = std::async(std::launch::async, [&] {
+    return ReadAttemptExit((dir_ / "a").string());
+  });
+  if (read.wait_for(std::chrono::minutes(1)) != std::future_status::ready) {
+    ADD_FAILURE() << "ReadAttemptExit blocked on a FIFO";
+    ::close(::open((dir_ / "a/exit_code").c_str(), O_WRONLY | O_NONBLOCK));
+  }
+  EXPECT_EQ(read.get().kind, AttemptExit::kUnknown);
+  fs::remove(dir_ / "a/exit_code");
+  std::ofstream(dir_ / "code") << "0              \n";
+  fs::create_symlink(dir_ / "code", dir_ / "a/exit_code");
+  EXPECT_EQ(ReadAttemptExit((dir_ / "a").string()).kind, AttemptExit::kUnknown);
+  fs::remove(dir_ / "a/exit_code");
+  fs::copy_file(dir_ / "code", dir_ / "a/exit_code");
+  const AttemptExit real = ReadAttemptExit((dir_ / "a").string());
+  EXPECT_EQ(real.kind, AttemptExit::kCode);
+  EXPECT_EQ(real.code, 0);
+}
+
+// The last lines of a failed attempt's stderr.log end its error: only the
+// end of a long log is read, a line too long for an error is cut, and a log
+// that is no regular file is said to be one.
+TEST_F(CoordinatorTest, TailLinesReadsTheEndOnlyAndSaysWhatItSkipped) {
+  const fs::path log = dir_ / "stderr.log";
+  {
+    std::ofstream out(log, std::ios::binary);
+    out << std::string(3 * kMaxTailBytes, 'x') << "\n"
+        << "one\n"
+        << std::string(2 * kMaxTailLineBytes, 'y') << "\n"
+        << "two\n";
+  }
+  EXPECT_EQ(TailLines(log.string(), 20),
+            "one\n" + std::string(kMaxTailLineBytes, 'y') + "\u2026\ntwo\n");
+  EXPECT_EQ(TailLines(log.string(), 1), "two\n");
+  fs::remove(log);
+  EXPECT_EQ(TailLines(log.string(), 20), "");
+  ASSERT_EQ(::mkfifo(log.c_str(), 0600), 0);
+  auto read = std::async(std::launch::async,
+                         [&] { return TailLines(log.string(), 20); });
+  if (read.wait_for(std::chrono::minutes(1)) != std::future_status::ready) {
+    ADD_FAILURE() << "TailLines blocked on a FIFO";
+    ::close(::open(log.c_str(), O_WRONLY | O_NONBLOCK));
+  }
+  EXPECT_EQ(read.get(),
+            "(" + log.string() + ": is a FIFO, not a regular file)\n");
+}
+
+// ptctl diagnose --attempt N of an attempt that ended without being asked
+// for dumps: it ended, and how, not "running in setup".
+TEST_F(CoordinatorTest, DiagnoseOfAnEndedAttemptSaysHowItEnded) {
+  auto c = Make();
+  auto job = c->Submit(kSpec, {});
+  ASSERT_TRUE(job.ok());
+  ASSERT_EQ(TickUntil(*c, job->id(), v1::JOB_STATE_SUCCEEDED).state(),
+            v1::JOB_STATE_SUCCEEDED);
+  const fs::path flight = AttemptDir(job->id(), 1) / "flight";
+  fs::create_directories(flight);
+  std::ofstream(flight / "rank-00000.jsonl")
+      << R"({"type":"header","version":1,"rank":0,"world_size":1,"pid":4242,)"
+         R"("host":"h","coords":{"dp":0},"groups":{"world":[0]},)"
+         R"("reason":"start","dumped_unix_us":1700000000000000,"step":0,)"
+         R"("microbatch":-1,"phase":"setup","last_activity_unix_us":0,)"
+         R"("capacity":2048,"recorded":0})"
+      << "\n";
+  // Asked for the newest attempt with dumps: none answered a request.
+  EXPECT_EQ(c->Diagnose(job->id(), 0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto d = c->Diagnose(job->id(), 1);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->text().rfind("attempt 1 ended (succeeded): its ranks left no "
+                            "dump",
+                            0),
+            0u)
+      << d->text();
+  EXPECT_EQ(d->text().find("running"), std::string::npos) << d->text();
+  EXPECT_EQ(d->text().find("setup"), std::string::npos) << d->text();
+  EXPECT_NE(d->json().find(R"("ended":"succeeded")"), std::string::npos)
+      << d->json();
 }
 
 TEST_F(CoordinatorTest, CancelRunningJobEndsEveryProcess) {

@@ -2,14 +2,19 @@
 // dumps parsed or refused by line, and hung jobs told by who is behind.
 #include "coordinator/flight_analysis.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -67,6 +72,12 @@ class DumpBuilder {
     capacity_ = capacity;
     return *this;
   }
+  // How long the calls not completed by the dump have waited in it (a
+  // hang's: a minute, unless told).
+  DumpBuilder& Waited(int64_t us) {
+    waited_us_ = us;
+    return *this;
+  }
   DumpBuilder& Mark() {
     lines_.push_back({{"type", "mark"},
                       {"id", next_id_++},
@@ -80,20 +91,23 @@ class DumpBuilder {
                     int64_t bytes, int peer = -1,
                     const std::string& state = "completed") {
     const bool p2p = op == "send" || op == "recv";
-    json line = {{"type", "comm"},
-                 {"id", next_id_++},
-                 {"group", group},
-                 {"seq", ++seq_[group]},
-                 {"op", op},
-                 {"bytes", bytes},
-                 {"peer", p2p ? peer : -1},
-                 {"peer_seq", p2p ? ++p2p_[{group, peer, op}] : 0},
-                 {"step", step_},
-                 {"microbatch", microbatch_},
-                 {"phase", phase_},
-                 {"enqueue_us", dumped_us_ - 2 * kSecond},
-                 {"start_us", dumped_us_ - 2 * kSecond},
-                 {"state", state}};
+    json line = {
+        {"type", "comm"},
+        {"id", next_id_++},
+        {"group", group},
+        {"seq", ++seq_[group]},
+        {"op", op},
+        {"bytes", bytes},
+        {"peer", p2p ? peer : -1},
+        {"peer_seq", p2p ? ++p2p_[{group, peer, op}] : 0},
+        {"step", step_},
+        {"microbatch", microbatch_},
+        {"phase", phase_},
+        {"enqueue_us",
+         dumped_us_ - (state == "completed" ? 2 * kSecond : waited_us_)},
+        {"start_us",
+         dumped_us_ - (state == "completed" ? 2 * kSecond : waited_us_)},
+        {"state", state}};
     if (state == "completed") line["end_us"] = dumped_us_ - kSecond;
     lines_.push_back(line);
     return *this;
@@ -139,6 +153,7 @@ class DumpBuilder {
   int64_t step_ = 9;
   int64_t last_activity_us_ = 0;
   int capacity_ = 2048;
+  int64_t waited_us_ = 60 * kSecond;
   uint64_t next_id_ = 1;
   std::vector<json> lines_;
   std::map<std::string, int64_t> seq_;
@@ -665,6 +680,184 @@ TEST(FlightAnalysisTest, ManyCulpritsAreCountedInOneSentence) {
   EXPECT_LE(Lines(d.Text()).size(), 60u) << d.Text();
 }
 
+// A healthy job's ranks wait for each other for moments: rank 1 has waited
+// 0.2 s to receive from rank 0, which computes. Nobody is a culprit until
+// a wait passes kCulpritWaitUs.
+std::map<int, FlightDump> BriefWait(int64_t waited_us) {
+  std::map<int, FlightDump> dumps;
+  for (int r = 0; r < 4; ++r) {
+    DumpBuilder b = Rank(r);
+    b.Comm("tp", "all_reduce", 64);
+    if (r == 2) b.Waited(waited_us).Comm("pp", "recv", 1024, 0, "started");
+    dumps[r] = b.Parsed();
+  }
+  return dumps;
+}
+
+TEST(FlightAnalysisTest, ABriefWaitNamesNoCulprit) {
+  AttemptFacts facts = Facts();
+  facts.process_state = [](const std::string&, int) { return "R"; };
+  const Diagnosis d = Diagnose(facts, BriefWait(kSecond / 5));
+  EXPECT_TRUE(d.culprits.empty()) << d.summary;
+  EXPECT_EQ(d.ranks[0].state, "running");
+  EXPECT_EQ(d.ranks[2].state, "waiting");
+  EXPECT_EQ(d.ranks[2].waits_for, std::vector<int>({0}));
+  EXPECT_TRUE(Contains(
+      d.summary, absl::StrCat("no rank has waited longer than ",
+                              kCulpritWaitUs / kSecond, " s for another")));
+  EXPECT_FALSE(absl::StrContains(d.summary, "compute")) << d.summary;
+}
+
+TEST(FlightAnalysisTest, AWaitPastTheThresholdNamesTheRankWaitedFor) {
+  AttemptFacts facts = Facts();
+  facts.process_state = [](const std::string&, int) { return "R"; };
+  Diagnosis d = Diagnose(facts, BriefWait(kCulpritWaitUs));
+  EXPECT_TRUE(d.culprits.empty()) << "at the threshold: " << d.summary;
+  d = Diagnose(facts, BriefWait(kCulpritWaitUs + kSecond));
+  EXPECT_EQ(d.culprits, std::vector<int>({0})) << d.summary;
+  EXPECT_EQ(d.ranks[0].state, "compute");
+}
+
+TEST(FlightAnalysisTest, BriefWaitsAreNeitherCyclesNorCallsInProgress) {
+  std::map<int, FlightDump> dumps;
+  for (int r = 0; r < 4; ++r) {
+    DumpBuilder b = Rank(r).Waited(kSecond / 10);
+    if (r == 0) b.Comm("pp", "recv", 64, 2, "started");
+    if (r == 2) b.Comm("pp", "recv", 64, 0, "started");
+    if (r == 1) b.Comm("world", "barrier", 0, -1, "started");
+    dumps[r] = b.Parsed();
+  }
+  const Diagnosis d = Diagnose(Facts(), dumps);
+  EXPECT_TRUE(d.culprits.empty());
+  EXPECT_FALSE(absl::StrContains(d.summary, "each other")) << d.summary;
+  EXPECT_FALSE(absl::StrContains(d.summary, "in progress")) << d.summary;
+  EXPECT_TRUE(Contains(d.summary, "no rank has waited longer than"));
+}
+
+// An ended attempt whose ranks were never asked: their start dumps say who
+// they were, not where they ended.
+TEST(FlightAnalysisTest, EndedAttemptWithOnlyStartDumpsIsToldAsEnded) {
+  std::map<int, FlightDump> dumps;
+  for (int r = 0; r < 4; ++r) {
+    dumps[r] = Rank(r).Reason("start", kAsked).At("setup", -1, 0).Parsed();
+  }
+  AttemptFacts facts = Facts();
+  facts.requested_unix_us = 0;
+  facts.ended = "succeeded";
+  const Diagnosis d = Diagnose(facts, dumps);
+  EXPECT_TRUE(d.culprits.empty());
+  EXPECT_TRUE(absl::StartsWith(d.summary, "attempt 2 ended (succeeded): "))
+      << d.summary;
+  EXPECT_TRUE(Contains(d.summary,
+                       "no dump but the one each writes at its "
+                       "start"));
+  for (const RankVerdict& v : d.ranks) {
+    EXPECT_EQ(v.state, "ended") << v.rank;
+    EXPECT_FALSE(absl::StrContains(v.where, "setup")) << v.where;
+    EXPECT_EQ(v.pid, 100 + v.rank);
+  }
+  EXPECT_EQ(d.Json()["ended"], "succeeded");
+  EXPECT_FALSE(absl::StrContains(d.Text(), "running")) << d.Text();
+}
+
+TEST(FlightAnalysisTest, EndedAttemptsRanksAreToldAsOfTheirLastDump) {
+  std::map<int, FlightDump> dumps = HungWithout3();
+  dumps[3] = Rank(3).Reason("SIGTERM", kFresh).At("forward", 1, 9).Parsed();
+  AttemptFacts facts = Facts();
+  facts.requested_unix_us = 0;
+  facts.ended = "cancelled";
+  const Diagnosis d = Diagnose(facts, dumps);
+  EXPECT_TRUE(absl::StartsWith(d.summary, "attempt 2 ended (cancelled): "))
+      << d.summary;
+  EXPECT_EQ(d.ranks[3].where,
+            "in forward of microbatch 1, step 9 (as of its SIGTERM dump)");
+  EXPECT_TRUE(Contains(d.ranks[2].where, "(as of its SIGUSR2 dump)"));
+}
+
+TEST(FlightAnalysisTest, EndedAttemptsRankMpirunSawDieDiedWhateverItsDump) {
+  std::map<int, FlightDump> dumps = HungWithout3();
+  dumps[3] = Rank(3).Reason("SIGTERM", kFresh).At("forward", 1, 9).Parsed();
+  AttemptFacts facts = Facts();
+  facts.requested_unix_us = 0;
+  facts.ended = "failed, exit code 1";
+  facts.exits[2] = "exited on signal 11 (Segmentation fault)";
+  const Diagnosis d = Diagnose(facts, dumps);
+  EXPECT_EQ(d.ranks[2].state, "died");
+  EXPECT_EQ(d.ranks[2].detail, "exited on signal 11 (Segmentation fault)");
+  EXPECT_TRUE(Contains(d.ranks[2].where, "tp all_reduce #5"));
+  EXPECT_TRUE(std::count(d.culprits.begin(), d.culprits.end(), 2));
+}
+
+// A rank killed long after it answered an earlier request: that old dump
+// says nothing of the end, mpirun's word does.
+TEST(FlightAnalysisTest, EndedAttemptsDumpFromAnEarlierRequestIsNotItsEnd) {
+  std::map<int, FlightDump> dumps = HungWithout3();
+  dumps[3] = Rank(3)
+                 .Reason("SIGUSR2", kFresh - kDumpRoundUs - kSecond)
+                 .Comm("tp", "all_reduce", 4096, -1, "started")
+                 .Parsed();
+  AttemptFacts facts = Facts();
+  facts.requested_unix_us = 0;
+  facts.ended = "failed, exit code 137";
+  facts.exits[3] = "exited on signal 9 (Killed)";
+  Diagnosis d = Diagnose(facts, dumps);
+  EXPECT_EQ(d.culprits, std::vector<int>({3})) << d.summary;
+  EXPECT_EQ(d.ranks[3].state, "died");
+  EXPECT_TRUE(Contains(d.ranks[3].where, "(as of its SIGUSR2 dump)"));
+  // Unknown to mpirun, it gave no word on the end; of the same round its
+  // dump would: it waited in its call then.
+  facts.exits.clear();
+  EXPECT_EQ(Diagnose(facts, dumps).ranks[3].state, "not_answering");
+  dumps[3] = Rank(3)
+                 .Reason("SIGUSR2", kFresh - kDumpRoundUs + kSecond)
+                 .Comm("tp", "all_reduce", 4096, -1, "started")
+                 .Parsed();
+  EXPECT_EQ(Diagnose(facts, dumps).ranks[3].state, "waiting");
+}
+
+// SIGSTOPped at step 483: its newest dump is its start dump, its last
+// heartbeat said step 483.
+TEST(FlightAnalysisTest, StoppedRanksPlaceIsItsLastReportWhenNewerThanItsDump) {
+  std::map<int, FlightDump> dumps = HungWithout3();
+  dumps[3] = StaleStart3();
+  AttemptFacts facts = Facts();
+  facts.process_state = [](const std::string&, int) { return "T"; };
+  facts.reported[3] = {483, facts.now_unix_us - 12 * kSecond};
+  Diagnosis d = Diagnose(facts, dumps);
+  EXPECT_EQ(d.ranks[3].state, "stopped");
+  EXPECT_EQ(d.ranks[3].where,
+            "past step 483 (as of its last report, 12 s ago)");
+  // A report older than its dump leaves the dump's word.
+  dumps[3] = Rank(3)
+                 .Reason("SIGUSR2", kAsked - 50 * kSecond)
+                 .At("backward", 0, 9)
+                 .Parsed();
+  facts.reported[3] = {8, kAsked - 60 * kSecond};
+  d = Diagnose(facts, dumps);
+  EXPECT_EQ(d.ranks[3].where,
+            "in backward of microbatch 0, step 9 (as of its SIGUSR2 dump)");
+}
+
+// What the dumps hold reaches the JSON as valid UTF-8 and one line each:
+// a key with a line break or cut inside a character is escaped.
+TEST(FlightAnalysisParseTest, RefusalsNameKeysInOneLineOfAscii) {
+  std::string key = "tp\n";
+  while (key.size() < 300) key += "\u00e9";  // é, two bytes each
+  for (const char* field : {"coords", "groups"}) {
+    const std::string text =
+        EditLine(ThreeLines(), 1, [&](json& j) { j[field][key] = "x"; });
+    absl::StatusOr<FlightDump> d = ParseFlightDump(text);
+    ASSERT_FALSE(d.ok()) << field;
+    const std::string m(d.status().message());
+    EXPECT_FALSE(absl::StrContains(m, "\n")) << m;
+    EXPECT_TRUE(std::all_of(m.begin(), m.end(), [](char c) {
+      return c >= 0x20 && c < 0x7f;
+    })) << m;
+    Diagnosis diagnosis = Diagnose(Facts(), {}, {"rank-00000.jsonl: " + m});
+    EXPECT_NO_THROW(diagnosis.Json().dump());
+  }
+}
+
 // --- reading an attempt's folder ---
 
 class FlightAnalysisDirTest : public ::testing::Test {
@@ -750,6 +943,96 @@ TEST_F(FlightAnalysisDirTest, DumpOverTheCapIsTooLarge) {
   ASSERT_TRUE(d.ok()) << d.status();
   ASSERT_EQ(d->damaged.size(), 1u);
   EXPECT_TRUE(Contains(d->damaged[0], "rank-00001.jsonl: too large"));
+}
+
+// Anyone who writes in the attempt's folder (its ranks; with --launcher
+// nodes every node) can put anything there: each is named and skipped,
+// without a wait and without reading more than a dump may hold.
+TEST_F(FlightAnalysisDirTest, HostileFilesAreSkippedNamedWithoutBlocking) {
+  const fs::path flight = fs::path(dir_) / "flight";
+  Write("flight/rank-00000.jsonl", Rank(0).Text());
+  ASSERT_EQ(::mkfifo((flight / "rank-00001.jsonl").c_str(), 0600), 0);
+  fs::create_symlink("/dev/zero", flight / "rank-00002.jsonl");
+  fs::create_directory(flight / "rank-00003.jsonl");
+  ASSERT_EQ(::mkfifo((fs::path(dir_) / "stderr.log").c_str(), 0600), 0);
+  std::promise<absl::StatusOr<Diagnosis>> done;
+  std::future<absl::StatusOr<Diagnosis>> result = done.get_future();
+  std::thread reader(
+      [&] { done.set_value(DiagnoseAttemptDir(dir_, Facts())); });
+  if (result.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    ADD_FAILURE() << "DiagnoseAttemptDir blocked";
+    // Writers that open and close end each blocked open, until it is done.
+    while (result.wait_for(std::chrono::milliseconds(100)) !=
+           std::future_status::ready) {
+      for (const fs::path& p :
+           {flight / "rank-00001.jsonl", fs::path(dir_) / "stderr.log"}) {
+        ::close(::open(p.c_str(), O_WRONLY | O_NONBLOCK));
+      }
+    }
+  }
+  reader.join();
+  absl::StatusOr<Diagnosis> d = result.get();
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->damaged,
+            (std::vector<std::string>{
+                "rank-00001.jsonl: is a FIFO, not a regular file",
+                "rank-00002.jsonl: is a symbolic link, not a regular file",
+                "rank-00003.jsonl: is a directory, not a regular file",
+                "stderr.log: is a FIFO, not a regular file (mpirun's word on "
+                "exits not read)"}));
+  for (int r : {1, 2, 3}) EXPECT_EQ(d->ranks[r].detail, "its dump is damaged");
+  const std::string text = d->Text();
+  EXPECT_TRUE(Contains(text,
+                       "skipped: rank-00001.jsonl: is a FIFO, not a "
+                       "regular file\n"));
+  // The headers ptcoord polls while it waits for answers skip them too.
+  std::vector<DumpHeader> headers = ReadDumpHeaders(dir_);
+  ASSERT_EQ(headers.size(), 1u);
+  EXPECT_EQ(headers[0].rank, 0);
+  EXPECT_EQ(headers[0].reason, "SIGUSR2");
+}
+
+// A dump whose first line never ends (zeros, as /dev/zero would give) is
+// not a header: at most kMaxDumpLineBytes of it are read.
+TEST_F(FlightAnalysisDirTest, EndlessFirstLineIsNoHeader) {
+  Write("flight/rank-00000.jsonl", Rank(0).Text());
+  Write("flight/rank-00001.jsonl", "");
+  fs::resize_file(fs::path(dir_) / "flight/rank-00001.jsonl",
+                  uintmax_t{1} << 40);
+  std::vector<DumpHeader> headers = ReadDumpHeaders(dir_);
+  ASSERT_EQ(headers.size(), 1u);
+  EXPECT_EQ(headers[0].rank, 0);
+  absl::StatusOr<Diagnosis> d = DiagnoseAttemptDir(dir_, Facts());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(Contains(d->damaged.at(0), "rank-00001.jsonl: too large"));
+}
+
+TEST_F(FlightAnalysisDirTest, FlightFolderThatIsALinkIsNotFollowed) {
+  const std::string elsewhere = dir_ + "/elsewhere";
+  fs::create_directories(elsewhere);
+  std::ofstream(elsewhere + "/rank-00000.jsonl") << Rank(0).Text();
+  fs::remove_all(fs::path(dir_) / "flight");
+  fs::create_directory_symlink(elsewhere, fs::path(dir_) / "flight");
+  absl::StatusOr<Diagnosis> d = DiagnoseAttemptDir(dir_, Facts());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kNotFound) << d.status();
+  EXPECT_TRUE(Contains(d.status().message(), "not a folder")) << d.status();
+  EXPECT_TRUE(ReadDumpHeaders(dir_).empty());
+}
+
+// A rank's stderr can say anything: an mpirun line whose node or words
+// are not short ASCII is not mpirun's, and the JSON stays valid.
+TEST_F(FlightAnalysisDirTest, MpirunLineWithBytesMpirunNeverWritesIsIgnored) {
+  Write("flight/rank-00000.jsonl", Rank(0).Text());
+  Write("stderr.log",
+        "mpirun noticed that process rank 1 with PID 7 on node \xff\xfe "
+        "exited on signal 9 (Killed).\n"
+        "mpirun noticed that process rank 2 with PID 8 on node c exited on "
+        "signal \x01 9.\n");
+  absl::StatusOr<Diagnosis> d = DiagnoseAttemptDir(dir_, Facts());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_NE(d->ranks[1].state, "died");
+  EXPECT_NE(d->ranks[2].state, "died");
+  EXPECT_NO_THROW(d->Json().dump());
 }
 
 TEST_F(FlightAnalysisDirTest, FolderWithoutDumpsIsNotFound) {

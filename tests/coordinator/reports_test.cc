@@ -2,13 +2,18 @@
 // rule refuses what breaks it, names the field, and lets the rest through.
 #include "coordinator/reports.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <limits>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -520,6 +525,61 @@ TEST(ReportsTest, RunLogIsReadBackToTheKnownStep) {
     }
   }
   fs::remove(path);
+}
+
+// A run log is a rank's file: a line that never ends (megabytes of
+// zeros, as /dev/zero gives) is skipped, not gathered whole, and the records
+// on either side of it are read.
+TEST(ReportsTest, OverlongRunLogLineIsSkippedAndTheRestRead) {
+  const fs::path path = fs::temp_directory_path() /
+                        ("reports_long_" + std::to_string(getpid()) + ".jsonl");
+  const ReportContext ctx{"job-0001", 2, 4, 100};
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << R"({"type":"step","step":1,"loss":2.0,"lr":0.1,"tok_per_s":1,"mfu":0.1})"
+        << "\n"
+        << std::string(3 * kMaxRunLogLineBytes + 7, '\0') << "\n"
+        << R"({"type":"step","step":2,"loss":1.5,"lr":0.1,"tok_per_s":1,"mfu":0.1})"
+        << "\n";
+  }
+  const RunLogSummary log = ReadRunLog(path.string(), ctx);
+  ASSERT_EQ(log.records.size(), 2u);
+  EXPECT_EQ(log.records[0].step, 1);
+  EXPECT_EQ(log.records[1].step, 2);
+  fs::remove(path);
+}
+
+// Nor is a run log that is no regular file read: a FIFO (which would wait
+// for a writer) or a link (to /dev/zero) is an empty summary, at once.
+TEST(ReportsTest, RunLogThatIsAFifoOrALinkIsNotRead) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("reports_fifo_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const ReportContext ctx{"job-0001", 2, 4, 100};
+  ASSERT_EQ(::mkfifo((dir / "fifo.jsonl").c_str(), 0600), 0);
+  fs::create_symlink("/dev/zero", dir / "zero.jsonl");
+  std::ofstream(dir / "real.jsonl")
+      << R"({"type":"step","step":3,"loss":2.0,"lr":0.1,"tok_per_s":1,"mfu":0.1})"
+      << "\n";
+  fs::create_symlink(dir / "real.jsonl", dir / "link.jsonl");
+  for (const char* name : {"fifo.jsonl", "zero.jsonl", "link.jsonl"}) {
+    std::promise<RunLogSummary> done;
+    std::future<RunLogSummary> result = done.get_future();
+    std::thread reader(
+        [&] { done.set_value(ReadRunLog((dir / name).string(), ctx)); });
+    if (result.wait_for(std::chrono::seconds(60)) !=
+        std::future_status::ready) {
+      ADD_FAILURE() << "ReadRunLog blocked on " << name;
+      ::close(::open((dir / name).c_str(), O_WRONLY | O_NONBLOCK));
+    }
+    reader.join();
+    const RunLogSummary log = result.get();
+    EXPECT_TRUE(log.records.empty()) << name;
+    EXPECT_FALSE(log.last_step.has_value()) << name;
+  }
+  EXPECT_EQ(ReadRunLog((dir / "real.jsonl").string(), ctx).records.size(), 1u);
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -3,13 +3,18 @@
 // endpoint (shapes, thinning, since=, 404, 400 naming the parameter),
 // static files only by name, the refusals at start, and one request over
 // real HTTP. The pages themselves draw in tests/integration/ui_browser.py.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -470,6 +475,55 @@ TEST_F(UiTest, TheLogTailIsBoundedAndValidUtf8) {
   GetJson("/api/v1/jobs/" + id + "/log", "stream=passwd", 400);
   GetJson("/api/v1/jobs/" + id + "/log", "bytes=0", 400);
   GetJson("/api/v1/jobs/" + id + "/log", "bytes=1048577", 400);
+}
+
+// The attempt's folder is its ranks' to write: a log or run log that is a
+// FIFO (whose open would wait for a writer) or a link to /dev/zero is not
+// read, the log route says why, and the job page answers without its
+// sample.
+TEST_F(UiTest, LogsThatAreNoRegularFileAreNotReadAndThePagesAnswer) {
+  const std::string id = RunningJob();
+  const fs::path a = AttemptDir(id, 1);
+  std::vector<fs::path> fifos = {a / "stderr.log", a / "run.jsonl"};
+  for (const fs::path& f : fifos) {
+    fs::remove(f);
+    ASSERT_EQ(::mkfifo(f.c_str(), 0600), 0) << f;
+  }
+  fs::remove(a / "stdout.log");
+  fs::create_symlink("/dev/zero", a / "stdout.log");
+  std::promise<std::vector<json>> done;
+  std::future<std::vector<json>> result = done.get_future();
+  std::thread asker([&] {
+    done.set_value({GetJson("/api/v1/jobs/" + id + "/log"),
+                    GetJson("/api/v1/jobs/" + id + "/log", "stream=stdout"),
+                    GetJson("/api/v1/jobs/" + id)});
+  });
+  if (result.wait_for(std::chrono::minutes(1)) != std::future_status::ready) {
+    ADD_FAILURE() << "a route blocked on the attempt's files";
+    while (result.wait_for(std::chrono::milliseconds(100)) !=
+           std::future_status::ready) {
+      for (const fs::path& f : fifos) {
+        ::close(::open(f.c_str(), O_WRONLY | O_NONBLOCK));
+      }
+    }
+  }
+  asker.join();
+  const std::vector<json> got = result.get();
+  EXPECT_EQ(got[0]["text"], "");
+  EXPECT_EQ(
+      got[0]["omitted"],
+      "stderr.log of attempt 1: is a FIFO, not a regular file: not shown");
+  EXPECT_EQ(got[1]["text"], "");
+  EXPECT_EQ(got[1]["omitted"],
+            "stdout.log of attempt 1: is a symbolic link, not a regular file: "
+            "not shown");
+  EXPECT_EQ(got[2]["job"]["id"], id);
+  EXPECT_TRUE(got[2]["sample"].is_null());
+  // A log that is only missing is empty, nothing omitted.
+  fs::remove(a / "stderr.log");
+  const json missing = GetJson("/api/v1/jobs/" + id + "/log");
+  EXPECT_EQ(missing["size"], 0);
+  EXPECT_TRUE(missing["omitted"].is_null());
 }
 
 TEST_F(UiTest, StaticFilesAreServedByNameOnlyAndUnknownRoutesAre404) {

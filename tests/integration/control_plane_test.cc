@@ -2,6 +2,7 @@
 // state dir) running real ptworker jobs under mpirun, driven by ptctl and by
 // raw RPCs, in plain text and over TLS with certificates openssl makes at
 // test time. Waits are generous deadlines, never timings.
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -22,9 +23,11 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "coordinator/launcher.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -1061,7 +1064,27 @@ class DiagnoseTest : public ControlPlaneTest {
 };
 
 TEST_F(DiagnoseTest, StoppedRankIsNamedLiveAndWhenTheHangEndsTheAttempt) {
+  // The web UI shows when rank 3 has reported a step (its step times).
+  StopCoordinator(SIGTERM);
+  StartCoordinator("127.0.0.1:0", {"--ui-listen", "127.0.0.1:0"});
   const std::string id = SubmitFourRanks({"restart.hang_timeout_s=20"});
+  std::string ui;
+  std::ifstream(dir_ / "state" / "ui_address") >> ui;
+  int64_t reported = 0;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const json m = json::parse(
+            Sh(absl::StrCat("curl -sS --max-time 10 -H 'Authorization: Bearer ",
+                            kToken, "' ", ui, "api/v1/jobs/", id, "/metrics"))
+                .out,
+            nullptr, false);
+        if (!m.is_object() || !m.contains("ranks")) return false;
+        for (const json& p : m["ranks"].value("points", json::array())) {
+          if (p.value("rank", -1) == 3) reported = p.value("step", int64_t{0});
+        }
+        return reported > 0;
+      },
+      120));
   const pid_t victim = RankPid(3);
   ASSERT_GT(victim, 0);
   ASSERT_EQ(kill(victim, SIGSTOP), 0);
@@ -1076,6 +1099,16 @@ TEST_F(DiagnoseTest, StoppedRankIsNamedLiveAndWhenTheHangEndsTheAttempt) {
   // waits in for it, by group, op and number.
   const json& three = live["ranks"][3];
   EXPECT_EQ(three.value("pid", 0), victim) << three.dump();
+  // Its newest dump is from its start; its reports say where it stopped,
+  // at or past the step the web UI saw.
+  int64_t past = 0;
+  EXPECT_TRUE(absl::SimpleAtoi(
+      absl::StripPrefix(absl::string_view(three.value("where", ""))
+                            .substr(0, three.value("where", "").find(' ', 10)),
+                        "past step "),
+      &past))
+      << three.dump();
+  EXPECT_GE(past, reported) << three.dump();
   EXPECT_FALSE(three.value("host", "").empty()) << three.dump();
   const std::string waits = live["ranks"][2].value("where", "");
   EXPECT_TRUE(absl::StrContains(waits, " #")) << waits;
@@ -1122,6 +1155,10 @@ TEST_F(DiagnoseTest, RankStuckInComputeIsNamedWithItsPhase) {
 
 TEST_F(DiagnoseTest, KilledRankIsNamedAsDeadFromTheSurvivorsDumps) {
   const std::string id = SubmitFourRanks({"restart.hang_timeout_s=600"});
+  // Healthy, its ranks wait for each other only for moments: no culprit.
+  const json healthy = Diagnosis(id);
+  EXPECT_EQ(healthy.value("culprits", json()), json::array())
+      << healthy.dump(1);
   const pid_t victim = RankPid(2);
   ASSERT_GT(victim, 0);
   ASSERT_EQ(kill(victim, SIGKILL), 0);
@@ -1140,9 +1177,129 @@ TEST_F(DiagnoseTest, AJobWithoutDumpsSaysWhyForEachAttempt) {
   EXPECT_EQ(r.rc, 1) << r.out;
   EXPECT_NE(r.out.find("attempt 1 finished cleanly"), std::string::npos)
       << r.out;
+  // Asked for by number: it ended, and how; its ranks were never asked.
+  Result ended = Ptctl("diagnose " + id + " --attempt 1");
+  EXPECT_EQ(ended.rc, 0) << ended.out;
+  EXPECT_EQ(ended.out.rfind("attempt 1 ended (succeeded): ", 0), 0u)
+      << ended.out;
+  EXPECT_EQ(ended.out.find("setup"), std::string::npos) << ended.out;
   Result missing = Ptctl("diagnose " + id + " --attempt 2");
   EXPECT_EQ(missing.rc, 1) << missing.out;
   EXPECT_NE(missing.out.find("no attempt 2"), std::string::npos) << missing.out;
+}
+
+// An attempt's folder is its ranks' to write (and with --launcher nodes
+// every node's). FIFOs and links to /dev/zero where ptcoord reads dumps,
+// the stored analysis, logs and the run log stop nothing: while ptctl
+// diagnose runs, of the running attempt and of the ended one, ptctl list
+// answers; the web UI's job routes answer; ptctl logs and diagnose name
+// each file they skipped. (The bounds below are for an answer that never
+// comes: each answers in well under a second.)
+TEST_F(ControlPlaneTest, HostileFilesInAnAttemptFolderHoldNothingUp) {
+  StopCoordinator(SIGTERM);
+  StartCoordinator("127.0.0.1:0", {"--ui-listen", "127.0.0.1:0"});
+  const std::string id =
+      Submit({"train.steps=100000", "restart.hang_timeout_s=600"});
+  ASSERT_TRUE(WaitFor([&] { return Step(id) >= 2; }, 120)) << Get(id).dump();
+  const fs::path a = dir_ / "state" / "jobs" / id / "attempt-1";
+  // Ranks 1 and 2 are not of this one-rank world: no rank rewrites theirs.
+  const std::vector<fs::path> fifos = {a / "flight" / "rank-00001.jsonl",
+                                       a / "stderr.log", a / "run.jsonl"};
+  for (const fs::path& f : fifos) {
+    fs::remove(f);
+    ASSERT_EQ(mkfifo(f.c_str(), 0600), 0) << f;
+  }
+  for (const fs::path& f : {a / "flight" / "rank-00002.jsonl",
+                            a / "flight" / "analysis.txt", a / "stdout.log"}) {
+    fs::remove(f);
+    fs::create_symlink("/dev/zero", f);
+  }
+  // Writers that open and close end any read blocked on the FIFOs.
+  const auto unblock = [&] {
+    for (const fs::path& f : fifos)
+      close(open(f.c_str(), O_WRONLY | O_NONBLOCK));
+  };
+  // ptctl diagnose, while ptctl list must answer; its output.
+  const auto diagnose_while_listing = [&](const std::string& name) {
+    const pid_t diagnose = Spawn(PtctlCommand("diagnose " + id), dir_ / name);
+    for (int i = 0; i < 5; ++i) {
+      Result list = Sh("timeout 10 " + PtctlCommand("list"));
+      EXPECT_EQ(list.rc, 0) << "ptctl list did not answer: " << list.out;
+    }
+    int status = -1;
+    const auto done = [&] {
+      return waitpid(diagnose, &status, WNOHANG) == diagnose;
+    };
+    if (!WaitFor(done, 60)) {
+      ADD_FAILURE() << "ptctl diagnose did not answer";
+      WaitFor(
+          [&] {
+            unblock();
+            return done();
+          },
+          60);
+    }
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    return Sh("cat " + (dir_ / name).string()).out;
+  };
+
+  // The running attempt.
+  const std::string live = diagnose_while_listing("live.out");
+  for (const char* skipped :
+       {"skipped: rank-00001.jsonl: is a FIFO, not a regular file",
+        "skipped: rank-00002.jsonl: is a symbolic link, not a regular file",
+        "skipped: stderr.log: is a FIFO, not a regular file"}) {
+    EXPECT_NE(live.find(skipped), std::string::npos) << skipped << "\n" << live;
+  }
+  std::string ui;
+  std::ifstream(dir_ / "state" / "ui_address") >> ui;
+  ASSERT_FALSE(ui.empty());
+  const std::string curl =
+      absl::StrCat("curl -sS --max-time 10 -H 'Authorization: Bearer ", kToken,
+                   "' ", ui, "api/v1/jobs/", id);
+  const json page = json::parse(Sh(curl).out, nullptr, false);
+  EXPECT_TRUE(page.is_object() && page.contains("job") &&
+              page["job"].value("id", "") == id)
+      << "the job's page did not answer: " << page.dump();
+  for (const auto& [stream, why] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"stderr", "is a FIFO, not a regular file"},
+           {"stdout", "is a symbolic link, not a regular file"}}) {
+    const json log =
+        json::parse(Sh(curl + "/log?stream=" + stream).out, nullptr, false);
+    EXPECT_TRUE(log.is_object() &&
+                log.value("omitted", json()).dump().find(why) !=
+                    std::string::npos)
+        << "the " << stream << " log did not answer why: " << log.dump();
+  }
+  // ptctl logs ends saying why, rather than waiting on the FIFO.
+  Result logs = Sh("timeout 10 " + PtctlCommand("logs " + id));
+  EXPECT_NE(logs.rc, 0) << logs.out;
+  EXPECT_NE(logs.out.find("stdout.log: is a symbolic link, not a regular file"),
+            std::string::npos)
+      << logs.out;
+
+  // The ended attempt: its logs are regular files again (the end is
+  // decided from them), the dumps and the stored analysis are not.
+  for (int i = 0; i < 20; ++i) unblock();
+  for (const fs::path& f : {a / "stderr.log", a / "run.jsonl"}) {
+    fs::remove(f);
+    std::ofstream(f) << "";
+  }
+  ASSERT_EQ(Sh("timeout 60 " + PtctlCommand("cancel " + id)).rc, 0);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Sh("timeout 10 " + PtctlCommand("-o json get " + id))
+                   .out.find("JOB_STATE_CANCELLED") != std::string::npos;
+      },
+      120));
+  const std::string ended = diagnose_while_listing("ended.out");
+  for (const char* part :
+       {"attempt 1 ended (cancelled",
+        "skipped: rank-00001.jsonl: is a FIFO, not a regular file",
+        "skipped: analysis.txt: is a symbolic link, not a regular file"}) {
+    EXPECT_NE(ended.find(part), std::string::npos) << part << "\n" << ended;
+  }
 }
 
 TEST_F(ControlPlaneTest, StateDirIsPrivateAndHeldByOneCoordinator) {
