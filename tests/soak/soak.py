@@ -7,11 +7,14 @@ nodes`) while a seeded fault injector kills ranks (SIGKILL), stops ranks
 past their hang timeout (SIGSTOP, then SIGCONT), kills ptcoord -9 and
 restarts it on the same state, fills the checkpoint disk (a tmpfs) for a
 while, and on nodes kills a node's ptworkerd or the whole node and brings
-it back. Then every job must have ended SUCCEEDED, every step any attempt
-trained must have the loss the same job trained without faults has at that
-step, bit for bit (resume is deterministic), no job may have trained a step
-past the attempt that finished it nor started an attempt after it
-succeeded, and the store must pass its integrity checks.
+it back. All the while a client polls every endpoint of ptcoord's web UI
+and a slowloris client holds as many connections to it as it is let.
+Then every job must have ended SUCCEEDED, every step any attempt trained
+must have the loss the same job trained without faults has at that step,
+bit for bit (resume is deterministic), no job may have trained a step past
+the attempt that finished it nor started an attempt after it succeeded,
+the store must pass its integrity checks, and the UI must have answered
+every poll within UI_SECONDS but while ptcoord was down for a fault.
 
   soak.py --build BUILD --src SRC [--variant local|nodes] [--jobs N]
           [--faults N] [--seed S] [--long] [--references FILE]
@@ -31,21 +34,162 @@ import random
 import shlex
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.error
+import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "testing"))
 from ranks import ptworker_pids  # noqa: E402
 
 SKIP = 77
+# The UI must answer a poll within this, whatever the faults and the
+# slowloris client do (but while ptcoord itself is down).
+UI_SECONDS = 2.0
 
 
 def log(msg):
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class UiLoad:
+    """Polls every endpoint of ptcoord's web UI, one after the other, and
+    holds slowloris connections to it from another address (127.0.0.2:
+    the UI caps connections per address, and the poller's own must not be
+    what it refuses). The UI's address is read again from the state dir
+    after each failure: ptcoord restarts on another port."""
+
+    SLOW = 100  # connections the slowloris client tries to hold
+
+    def __init__(self, soak):
+        self.soak = soak
+        self.stop = threading.Event()
+        self.polls = []  # (start, seconds, what, error or None)
+        self.held_max = 0
+        self.slow_opened = 0
+        self.threads = [threading.Thread(target=self.poll_loop, daemon=True),
+                        threading.Thread(target=self.slow_loop, daemon=True)]
+
+    def start(self):
+        for t in self.threads:
+            t.start()
+
+    def finish(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=30)
+
+    def address(self):
+        try:
+            with open(os.path.join(self.soak.state, "ui_address")) as f:
+                url = f.read().strip()
+        except OSError:
+            return None
+        return url.rstrip("/") if url.startswith("http://") else None
+
+    def paths(self):
+        job = self.soak.jobs[0][0] if self.soak.jobs else "job-0001"
+        return ["/", "/nodes", f"/jobs/{job}", "/static/ui.js",
+                "/api/v1/jobs", "/api/v1/nodes", f"/api/v1/jobs/{job}",
+                f"/api/v1/jobs/{job}/metrics",
+                f"/api/v1/jobs/{job}/log?stream=stderr"]
+
+    def poll_loop(self):
+        while not self.stop.is_set():
+            base = self.address()
+            if base is None:
+                time.sleep(0.2)
+                continue
+            for path in self.paths():
+                if self.stop.is_set():
+                    break
+                req = urllib.request.Request(
+                    base + path,
+                    headers={"Authorization": f"Bearer {self.soak.token}"})
+                t0 = time.time()
+                error = None
+                try:
+                    with urllib.request.urlopen(req, timeout=10) as r:
+                        r.read()
+                        if r.status != 200:
+                            error = f"HTTP {r.status}"
+                except urllib.error.HTTPError as e:
+                    error = f"HTTP {e.code}"
+                except (OSError, ValueError) as e:
+                    error = f"{type(e).__name__}: {e}"
+                self.polls.append((t0, time.time() - t0, path, error))
+                if error is not None:
+                    time.sleep(0.2)
+                    break  # read the address again
+            time.sleep(0.1)
+
+    def slow_loop(self):
+        """Opens connections from 127.0.0.2 until it holds SLOW of them,
+        each sending its headers a line every 5 s and never ending them."""
+        held = []  # (socket, next send)
+        base = None
+        while not self.stop.is_set():
+            now = time.time()
+            url = self.address()
+            if url != base:  # ptcoord restarted: start over
+                for sock, _ in held:
+                    sock.close()
+                held = []
+                base = url
+            if base is not None and len(held) < self.SLOW:
+                host, port = base[len("http://"):].rsplit(":", 1)
+                sock = socket.socket()
+                sock.settimeout(1)
+                try:
+                    sock.bind(("127.0.0.2", 0))
+                    sock.connect((host, int(port)))
+                    sock.sendall(f"GET / HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                                 .encode())
+                    held.append((sock, now + 5))
+                    self.slow_opened += 1
+                except OSError:
+                    sock.close()
+            alive = []
+            for sock, due in held:
+                if now < due:
+                    alive.append((sock, due))
+                    continue
+                try:
+                    sock.sendall(b"X-Slow: 1\r\n")
+                    alive.append((sock, now + 5))
+                except OSError:
+                    sock.close()  # the UI let it go: another takes its place
+            held = alive
+            self.held_max = max(self.held_max, len(held))
+            time.sleep(0.02 if len(held) < self.SLOW else 0.5)
+        for sock, _ in held:
+            sock.close()
+
+    def failures(self, down):
+        """Polls that failed or took longer than UI_SECONDS outside the
+        windows `down` ([(from, to)]) when ptcoord was not running."""
+        bad = []
+        for t0, secs, path, error in self.polls:
+            if any(t0 <= b and t0 + secs >= a for a, b in down):
+                continue
+            if error is not None or secs > UI_SECONDS:
+                bad.append(f"{path} at +{t0 - self.polls[0][0]:.0f} s: "
+                           f"{error or f'{secs:.1f} s'}")
+        return bad
+
+    def summary(self):
+        secs = sorted(p[1] for p in self.polls if p[3] is None)
+        worst = secs[-1] if secs else float("nan")
+        median = secs[len(secs) // 2] if secs else float("nan")
+        return (f"UI: {len(self.polls)} polls, median {median * 1000:.0f} ms, "
+                f"slowest answered {worst:.2f} s; slowloris opened "
+                f"{self.slow_opened}, held at most {self.held_max} at once")
 
 
 class Soak:
@@ -65,6 +209,7 @@ class Soak:
         self.jobs = []  # (id, overrides, world)
         self.mounted = False
         self.nodes_up = False
+        self.down = []  # (from, to): ptcoord killed until it listened again
         self.env_mn = dict(os.environ, MN_PREFIX="ps7", MN_SUBNET3="10.78.37",
                            MN_STATE_DIR=os.path.join(self.t, "mn"))
         self.bin = lambda *p: os.path.join(args.build, *p)
@@ -101,7 +246,8 @@ class Soak:
                "--listen", f"{self.listen_host()}:{self.port}",
                "--data-root", self.ckpt,
                "--data-root", os.path.join(self.a.src, "data"),
-               "--work-root", self.a.src, "--cancel-grace-s", "2"]
+               "--work-root", self.a.src, "--cancel-grace-s", "2",
+               "--ui-listen", "127.0.0.1:0"]
         if self.a.variant == "local":
             cmd += ["--local-slots", str(self.a.slots)]
         else:
@@ -288,9 +434,11 @@ class Soak:
                 self.stopped[pid] = time.time() + self.a.hang_s + 3
             log(f"{kind} pid {pid}")
         elif kind == "coordinator_kill":
+            down_from = time.time()
             self.kill_coordinator()
             time.sleep(self.rng.uniform(0.2, 2.0))
             self.start_coordinator()
+            self.down.append((down_from, time.time()))
             log("ptcoord killed -9 and restarted")
         elif kind == "disk_full":
             seconds = self.rng.uniform(1.0, 4.0)
@@ -329,8 +477,8 @@ class Soak:
 
     # ---- the checks ----------------------------------------------------
 
-    def check(self, refs, started):
-        lost = []
+    def check(self, refs, started, ui):
+        lost = [f"ui: {f}" for f in ui.failures(self.down)[:10]]
         restarts = 0
         steps = self.a.steps
         db = sqlite3.connect(os.path.join(self.state, "ptcoord.db"))
@@ -406,6 +554,7 @@ class Soak:
               f"{sum(self.faults.values())} faults "
               f"({', '.join(f'{k} {v}' for k, v in sorted(self.faults.items()))}), "
               f"{restarts} restarts, {wall:.0f} s wall, {len(lost)} lost")
+        print(ui.summary())
         for line in lost:
             print(f"LOST: {line}")
         return not lost
@@ -431,7 +580,10 @@ class Soak:
                 self.start_node(k)
         for i in range(self.a.jobs):
             self.submit(i)
-        log(f"{self.a.jobs} jobs submitted; {self.a.faults} faults to come")
+        ui = UiLoad(self)
+        ui.start()
+        log(f"{self.a.jobs} jobs submitted; {self.a.faults} faults to come "
+            "while the web UI is polled and held by a slowloris client")
         injected = 0
         deadline = time.time() + self.a.timeout_s
         while time.time() < deadline:
@@ -449,10 +601,11 @@ class Soak:
             else:
                 time.sleep(0.5)
         self.resume_stopped(everything=True)
+        ui.finish()
         if injected < self.a.faults:
             log(f"only {injected} of {self.a.faults} faults: the jobs ended "
                 "first (more steps per job would leave room for them)")
-        return self.check(refs, started)
+        return self.check(refs, started, ui)
 
     def cleanup(self):
         self.resume_stopped(everything=True)
