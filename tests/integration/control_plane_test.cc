@@ -31,6 +31,7 @@
 #include "coordinator/launcher.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "ptrain/v1/coordinator.grpc.pb.h"
 #include "ptrain/v1/node.grpc.pb.h"
@@ -51,6 +52,19 @@ struct Result {
   int rc = -1;
   std::string out;
 };
+
+// The web UI's JSON at PATH (ui: its address as ptcoord writes it to
+// state/ui_address, "http://HOST:PORT/"), asked with the user token; a
+// discarded value when it does not answer with JSON within 10 s.
+json UiGet(const std::string& ui, const std::string& path) {
+  httplib::Client client(std::string(absl::StripSuffix(ui, "/")));
+  client.set_connection_timeout(10);
+  client.set_read_timeout(10);
+  httplib::Result r =
+      client.Get(path, {{"Authorization", absl::StrCat("Bearer ", kToken)}});
+  if (!r) return json(json::value_t::discarded);
+  return json::parse(r->body, nullptr, false);
+}
 
 // Runs a shell command, capturing stdout and stderr together.
 Result Sh(const std::string& cmd) {
@@ -1073,11 +1087,7 @@ TEST_F(DiagnoseTest, StoppedRankIsNamedLiveAndWhenTheHangEndsTheAttempt) {
   int64_t reported = 0;
   ASSERT_TRUE(WaitFor(
       [&] {
-        const json m = json::parse(
-            Sh(absl::StrCat("curl -sS --max-time 10 -H 'Authorization: Bearer ",
-                            kToken, "' ", ui, "api/v1/jobs/", id, "/metrics"))
-                .out,
-            nullptr, false);
+        const json m = UiGet(ui, "/api/v1/jobs/" + id + "/metrics");
         if (!m.is_object() || !m.contains("ranks")) return false;
         for (const json& p : m["ranks"].value("points", json::array())) {
           if (p.value("rank", -1) == 3) reported = p.value("step", int64_t{0});
@@ -1254,10 +1264,8 @@ TEST_F(ControlPlaneTest, HostileFilesInAnAttemptFolderHoldNothingUp) {
   std::string ui;
   std::ifstream(dir_ / "state" / "ui_address") >> ui;
   ASSERT_FALSE(ui.empty());
-  const std::string curl =
-      absl::StrCat("curl -sS --max-time 10 -H 'Authorization: Bearer ", kToken,
-                   "' ", ui, "api/v1/jobs/", id);
-  const json page = json::parse(Sh(curl).out, nullptr, false);
+  const std::string job = "/api/v1/jobs/" + id;
+  const json page = UiGet(ui, job);
   EXPECT_TRUE(page.is_object() && page.contains("job") &&
               page["job"].value("id", "") == id)
       << "the job's page did not answer: " << page.dump();
@@ -1265,8 +1273,7 @@ TEST_F(ControlPlaneTest, HostileFilesInAnAttemptFolderHoldNothingUp) {
        std::vector<std::pair<std::string, std::string>>{
            {"stderr", "is a FIFO, not a regular file"},
            {"stdout", "is a symbolic link, not a regular file"}}) {
-    const json log =
-        json::parse(Sh(curl + "/log?stream=" + stream).out, nullptr, false);
+    const json log = UiGet(ui, job + "/log?stream=" + stream);
     EXPECT_TRUE(log.is_object() &&
                 log.value("omitted", json()).dump().find(why) !=
                     std::string::npos)
