@@ -479,10 +479,14 @@ CoordinatorUi::Response CoordinatorUi::Login(const Request& r) const {
   if (r.method == "GET" || r.method == "HEAD") {
     return Text(200, kHtml, LoginPage(""));
   }
-  // The form's body: token=VALUE, percent-encoded.
+  // The form's body: token=VALUE, percent-encoded. A pasted token may
+  // carry blanks or a line end around it: they are not part of it (as in
+  // an Authorization header), and the cookie carries the token alone.
   std::optional<std::string> token;
   for (absl::string_view pair : absl::StrSplit(r.body, '&')) {
-    if (absl::ConsumePrefix(&pair, "token=")) token = Decode(pair);
+    if (!absl::ConsumePrefix(&pair, "token=")) continue;
+    token = Decode(pair);
+    if (token.has_value()) absl::StripAsciiWhitespace(&*token);
   }
   const Response refused =
       Text(401, kHtml, LoginPage("That is not a user token of this ptcoord."));

@@ -244,6 +244,26 @@ TEST_F(UiTest, TheLoginFormSetsAStrictHttpOnlyCookieThatOpensThePages) {
                                 "script-src 'self'"));
 }
 
+// A token pasted with a line end or blanks around it logs in as the
+// token; the cookie carries the token alone (found by the UI fuzz target:
+// the cookie had carried "user-token%0D").
+TEST_F(UiTest, APastedTokensBlanksAreNotPartOfTheCookie) {
+  CoordinatorUi::Request login;
+  login.method = "POST";
+  login.path = "/login";
+  for (const char* body : {"token=user-token%0D%0A", "token=+user-token%09",
+                           "token=%20user-token"}) {
+    login.body = body;
+    CoordinatorUi::Response ok = ui_->Handle(login);
+    EXPECT_EQ(ok.status, 303) << body;
+    EXPECT_TRUE(
+        absl::StartsWith(Header(ok, "Set-Cookie"), "ptrain_token=user-token;"))
+        << body << ": " << Header(ok, "Set-Cookie");
+  }
+  login.body = "token=%0D%0A";
+  EXPECT_EQ(ui_->Handle(login).status, 401);
+}
+
 TEST_F(UiTest, JobsListStateProgressAndEtaAndFilterByState) {
   const std::string id = RunningJob();
   Progress(id, 40, 3.25);
