@@ -1,6 +1,7 @@
 // See process.h.
 #include "common/process.h"
 
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -96,6 +97,17 @@ std::vector<pid_t> ProcessesWithEnv(const std::vector<std::string>& vars) {
     }
     return true;
   });
+}
+
+std::vector<int> AllowedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> out;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  }
+  return out;
 }
 
 }  // namespace ptrain

@@ -17,6 +17,10 @@ namespace ptrain {
 // The whole content of a (small) file, "" when unreadable.
 std::string ReadWholeFile(const std::string& path);
 
+// The CPUs this process may run on (its affinity), ascending; empty when
+// the kernel does not say.
+std::vector<int> AllowedCpus();
+
 // The state letter of /proc/`pid`/stat (R, S, D, T, t, Z, ...), "gone"
 // when there is no such process.
 std::string ProcessState(pid_t pid);

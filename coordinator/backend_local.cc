@@ -132,7 +132,8 @@ class LocalBackend : public MpirunBackend {
   explicit LocalBackend(const CoordinatorOptions& o)
       : MpirunBackend(o),
         scheduler_(o.local_slots,
-                   o.local_gpus >= 0 ? o.local_gpus : GpuCount()) {}
+                   o.local_gpus >= 0 ? o.local_gpus : GpuCount()),
+        slot_cpus_(SlotCpus(o.cpus, o.local_slots)) {}
 
   std::string Name() const override { return "local"; }
 
@@ -170,11 +171,20 @@ class LocalBackend : public MpirunBackend {
                            gpus ? job.world_size() : 0};
     if (scheduler_.Pick({queued}, used, gpus_used).empty()) return std::nullopt;
     AttemptPlace place;
-    // A GPU job's GPUs are kept as a placement on this host (mpirun still
-    // runs it locally, without a hostfile of nodes).
-    if (gpus) {
-      place.placement = PlacementOf({{LocalHostName(), job.world_size()}},
-                                    running, /*gpus=*/true);
+    // The ranks' slots (their CPUs) and a GPU job's GPUs are kept as a
+    // placement on this host (mpirun still runs it locally, without a
+    // hostfile of nodes).
+    place.placement =
+        PlacementOf({{LocalHostName(), job.world_size()}}, running, gpus);
+    if (!slot_cpus_.empty()) {
+      // Slots no running job's CPUs touch: as many are free as the count
+      // above says, but for attempts of an older ptcoord that recorded
+      // none (then this one runs unbound).
+      for (int cpu :
+           TakeSlotCpus(slot_cpus_, CpusHeld(running)[LocalHostName()],
+                        job.world_size())) {
+        place.placement[0].add_cpus(cpu);
+      }
     }
     return place;
   }
@@ -187,6 +197,8 @@ class LocalBackend : public MpirunBackend {
   }
 
   const Scheduler scheduler_;
+  // Each local slot's CPUs (SlotCpus); empty: ranks are not bound.
+  const std::vector<std::vector<int>> slot_cpus_;
 };
 
 }  // namespace

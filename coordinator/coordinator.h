@@ -67,6 +67,11 @@ struct CoordinatorOptions {
   std::string advertise_address;  // what ranks dial (PTRAIN_COORDINATOR)
   bool resume_flag = true;        // ptworker understands --resume-from
   int cores = 1;
+  // The CPUs this host lets ptcoord use (AllowedCpus): with as many or more
+  // than local_slots, each local slot stands for its own run of them
+  // (SlotCpus) and each local rank is bound to its slot's. Empty: no
+  // binding.
+  std::vector<int> cpus;
   absl::Duration cancel_grace = absl::Seconds(10);  // SIGTERM -> SIGKILL
   absl::Duration tick = absl::Milliseconds(200);    // supervision period
   // GetJob's loss history: at most this many points of each series (a job

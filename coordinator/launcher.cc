@@ -87,6 +87,16 @@ absl::StatusOr<std::string> PrepareJobDir(
   return dir.string();
 }
 
+std::string Rankfile(const LaunchRequest& r) {
+  std::string out;
+  for (size_t rank = 0; rank < r.rank_cpus.size(); ++rank) {
+    absl::StrAppend(&out, "rank ", rank,
+                    "=localhost slot=", absl::StrJoin(r.rank_cpus[rank], ","),
+                    "\n");
+  }
+  return out;
+}
+
 std::vector<std::string> AttemptCommand(const LaunchRequest& r,
                                         const std::string& attempt_dir) {
   std::vector<std::string> argv = {
@@ -115,6 +125,16 @@ std::vector<std::string> AttemptCommand(const LaunchRequest& r,
     }
     argv.insert(argv.end(),
                 {"--hostfile", (fs::path(r.job_dir) / "hostfile").string()});
+  }
+  // Each rank on the CPUs of its slots, where ptcoord bound them; else no
+  // binding at all: mpirun's own (a rank or two to core 0, the next job's
+  // too) would crowd every job's threads onto the same cores.
+  if (!r.rank_cpus.empty()) {
+    argv.insert(argv.end(),
+                {"--mca", "rmaps_rank_file_physical", "1", "--rankfile",
+                 (fs::path(attempt_dir) / "rankfile").string()});
+  } else {
+    argv.insert(argv.end(), {"--bind-to", "none"});
   }
   // Every line in the attempt's logs says which rank wrote it
   // ("[1,RANK]<stderr>:"), wherever the rank ran: ptctl logs --rank.
@@ -204,9 +224,12 @@ std::map<std::string, std::string> AttemptEnvironment(const LaunchRequest& r) {
   // Set (possibly empty) either way, so `-x` forwards it and nothing from
   // ptcoord's own environment leaks through.
   env["PTRAIN_TLS_CA"] = r.tls_ca_file;
-  env["OMP_NUM_THREADS"] = absl::StrCat(
-      r.threads > 0 ? r.threads
-                    : std::max(1, r.cores / std::max(1, r.world_size)));
+  int threads = r.threads;
+  if (threads <= 0 && !r.rank_cpus.empty()) {
+    threads = static_cast<int>(r.rank_cpus.front().size());
+  }
+  if (threads <= 0) threads = std::max(1, r.cores / std::max(1, r.world_size));
+  env["OMP_NUM_THREADS"] = absl::StrCat(threads);
   if (!r.placement.empty()) env["PTRAIN_NODES_FILE"] = r.nodes_file;
   env["OMPI_MCA_mpi_yield_when_idle"] = "1";
   env["PTRAIN_METRICS_BIND"] = r.rank_metrics_bind;
@@ -219,6 +242,13 @@ absl::StatusOr<Launched> LaunchAttempt(const LaunchRequest& r) {
   absl::StatusOr<std::string> dir = MakeAttemptDir(r);
   if (!dir.ok()) return dir.status();
   const std::string attempt_dir = *dir;
+  if (!r.rank_cpus.empty()) {
+    if (absl::Status s = WritePrivateFile(
+            (fs::path(attempt_dir) / "rankfile").string(), Rankfile(r));
+        !s.ok()) {
+      return s;
+    }
+  }
   SpawnOptions o;
   o.argv = AttemptCommand(r, attempt_dir);
   o.env = AttemptEnvironment(r);

@@ -52,6 +52,11 @@ struct LaunchRequest {
   // PTRAIN_RANK_GPUS: on nodes, a GPU job's GPU for each rank, in rank
   // order (Placement.gpus); empty otherwise.
   std::vector<int> rank_gpus;
+  // On this host (placement empty): each rank's CPUs, in rank order, which
+  // the attempt's rankfile binds it to, and OMP_NUM_THREADS (unless
+  // `threads`) is their count; empty: ranks are not bound (mpirun
+  // --bind-to none) and share the host's cores.
+  std::vector<std::vector<int>> rank_cpus;
   std::string rsh_agent;
   std::string nodes_file;
   std::string cluster_network;  // CIDR for OpenMPI's TCP; "" = any
@@ -74,6 +79,10 @@ absl::StatusOr<std::string> PrepareJobDir(
 // The hostfile of a placement: "NODE slots=N max_slots=N" per node, in
 // rank order (mpirun fills each node's slots before the next).
 std::string Hostfile(const std::vector<NodeRanks>& placement);
+
+// The rankfile that binds each rank of `r` to its CPUs (r.rank_cpus; CPU
+// numbers as the kernel's, mpirun told so): "rank R=localhost slot=C,C".
+std::string Rankfile(const LaunchRequest& r);
 
 // The argv that runs one attempt (exposed for tests and logs).
 std::vector<std::string> AttemptCommand(const LaunchRequest& r,
@@ -105,7 +114,8 @@ absl::StatusOr<CommandResult> RunCommand(
     const std::map<std::string, std::string>& env, const std::string& dir = "");
 
 // Forks the attempt: attempt-N/ (0700) gets stdout.log, stderr.log,
-// run.jsonl and, when mpirun ends, exit_code (written by the wrapping shell,
+// run.jsonl, a rankfile when its ranks are bound and, when mpirun ends,
+// exit_code (written by the wrapping shell,
 // so the outcome survives a ptcoord crash). The child leads its own process
 // group.
 absl::StatusOr<Launched> LaunchAttempt(const LaunchRequest& r);

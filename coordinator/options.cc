@@ -15,6 +15,7 @@
 #include "common/auth_token.h"
 #include "common/gpu_inventory.h"
 #include "common/pem.h"
+#include "common/process.h"
 #include "coordinator/auth.h"
 #include "coordinator/launcher.h"
 #include "spdlog/spdlog.h"
@@ -236,6 +237,7 @@ std::optional<Refusal> SetPaths(const PtcoordFlags& f, CoordinatorOptions* o) {
   o->mpirun = f.mpirun;
   o->cores =
       static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  o->cpus = AllowedCpus();
   o->cancel_grace = absl::Seconds(f.grace_s);
   if (!fs::exists(o->ptworker)) {
     return Refusal{

@@ -97,6 +97,44 @@ std::vector<int> TakeGpus(const std::set<int>& used, int ranks) {
   return out;
 }
 
+std::vector<std::vector<int>> SlotCpus(const std::vector<int>& cpus,
+                                       int slots) {
+  if (slots < 1 || static_cast<int>(cpus.size()) < slots) return {};
+  const size_t each = cpus.size() / slots;
+  std::vector<std::vector<int>> out(slots);
+  for (int s = 0; s < slots; ++s) {
+    out[s].assign(cpus.begin() + s * each, cpus.begin() + (s + 1) * each);
+  }
+  return out;
+}
+
+std::map<std::string, std::set<int>> CpusHeld(const RunningJobs& running) {
+  std::map<std::string, std::set<int>> held;
+  for (const v1::Job* job : running) {
+    for (const v1::Placement& p : job->placement()) {
+      held[p.node()].insert(p.cpus().begin(), p.cpus().end());
+    }
+  }
+  return held;
+}
+
+std::vector<int> TakeSlotCpus(const std::vector<std::vector<int>>& slot_cpus,
+                              const std::set<int>& held, int ranks) {
+  std::vector<int> out;
+  int taken = 0;
+  for (const std::vector<int>& slot : slot_cpus) {
+    if (taken == ranks) break;
+    if (std::any_of(slot.begin(), slot.end(),
+                    [&](int c) { return held.contains(c); })) {
+      continue;
+    }
+    out.insert(out.end(), slot.begin(), slot.end());
+    ++taken;
+  }
+  if (taken < ranks) return {};
+  return out;
+}
+
 std::vector<NodeRanks> PlaceRanks(const std::vector<FreeNode>& nodes, int world,
                                   int group, int ranks_per_node) {
   if (world < 1 || group < 1 || world % group != 0) return {};

@@ -91,6 +91,20 @@ std::vector<FreeNode> FreeNodesOf(const std::vector<v1::Node>& nodes,
 // `used` (those running jobs hold there).
 std::vector<int> TakeGpus(const std::set<int>& used, int ranks);
 
+// The CPUs of each of a host's `slots` slots: `cpus` (the CPUs the host
+// lets ptcoord use, ascending) cut in order into runs of cpus.size() /
+// slots, one a slot (a remainder stays unused). Empty when there are more
+// slots than CPUs: slots then share CPUs and no job is bound.
+std::vector<std::vector<int>> SlotCpus(const std::vector<int>& cpus, int slots);
+
+// The CPUs the attempts of `running` are bound to on each node.
+std::map<std::string, std::set<int>> CpusHeld(const RunningJobs& running);
+
+// The CPUs of the first `ranks` slots of `slot_cpus` (SlotCpus) that hold
+// none of `held`, slot after slot; empty when fewer slots are free.
+std::vector<int> TakeSlotCpus(const std::vector<std::vector<int>>& slot_cpus,
+                              const std::set<int>& held, int ranks);
+
 // Consecutive ranks on one node (ranks are numbered node after node).
 struct NodeRanks {
   std::string name;

@@ -276,7 +276,8 @@ ApiReply JobApi(Coordinator& c, LatestSamples& samples, const std::string& id,
     placement.push_back(
         {{"node", p.node()},
          {"ranks", p.ranks()},
-         {"gpus", std::vector<int>(p.gpus().begin(), p.gpus().end())}});
+         {"gpus", std::vector<int>(p.gpus().begin(), p.gpus().end())},
+         {"cpus", std::vector<int>(p.cpus().begin(), p.cpus().end())}});
   }
   j["placement"] = std::move(placement);
   json attempts = json::array();

@@ -133,6 +133,9 @@ int Get(Client& client, const std::string& id) {
           n.gpus().empty()
               ? ""
               : absl::StrCat("; GPUs ", absl::StrJoin(n.gpus(), ",")),
+          n.cpus().empty()
+              ? ""
+              : absl::StrCat("; CPUs ", absl::StrJoin(n.cpus(), ",")),
           ")"));
     }
     std::printf("nodes:     %s\n", absl::StrJoin(where, ", ").c_str());

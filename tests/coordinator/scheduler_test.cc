@@ -2,6 +2,11 @@
 // no backfill past a blocked head, oversized jobs refused.
 #include "coordinator/scheduler.h"
 
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
+
 #include "absl/strings/match.h"
 #include "common/spec.h"
 #include "coordinator/launcher.h"
@@ -235,6 +240,63 @@ TEST(ShrinkDpTest, ResultIsAValidSpec) {
   ASSERT_FALSE(three.ok());
   EXPECT_TRUE(absl::StrContains(three.status().message(), "does not divide"))
       << three.status();
+}
+
+TEST(SchedulerTest, EachSlotHasCpusOfItsOwnAndJobsTakeFreeSlots) {
+  // 8 CPUs (0-3, 8-11: what affinity may leave), 4 slots of 2.
+  const std::vector<int> cpus = {0, 1, 2, 3, 8, 9, 10, 11};
+  const std::vector<std::vector<int>> slots = SlotCpus(cpus, 4);
+  EXPECT_EQ(slots,
+            (std::vector<std::vector<int>>{{0, 1}, {2, 3}, {8, 9}, {10, 11}}));
+  // 3 slots of 2: CPUs 10 and 11 stay unused.
+  EXPECT_EQ(SlotCpus(cpus, 3).back(), (std::vector<int>{8, 9}));
+  // More slots than CPUs: no binding.
+  EXPECT_TRUE(SlotCpus({0, 1}, 4).empty());
+  EXPECT_TRUE(SlotCpus({}, 1).empty());
+  // A job holding slot 1 and a CPU of slot 3 (an odd record): the next
+  // two-rank job gets slots 0 and 2, a third finds too few.
+  v1::Job held;
+  v1::Placement* p = held.add_placement();
+  p->set_node("h");
+  p->set_ranks(1);
+  for (int c : {2, 3, 11}) p->add_cpus(c);
+  const RunningJobs running = {&held};
+  const std::set<int> taken = CpusHeld(running)["h"];
+  EXPECT_EQ(taken, (std::set<int>{2, 3, 11}));
+  EXPECT_EQ(TakeSlotCpus(slots, taken, 2), (std::vector<int>{0, 1, 8, 9}));
+  EXPECT_TRUE(TakeSlotCpus(slots, taken, 3).empty());
+  EXPECT_TRUE(TakeSlotCpus(slots, {0, 2, 8, 10}, 1).empty());
+}
+
+TEST(LauncherTest, BoundRanksGetARankfileAndThreadsForTheirCpus) {
+  LaunchRequest r;
+  r.job_dir = "/state/jobs/job-1";
+  r.world_size = 2;
+  r.cores = 8;
+  r.ptworker = "/bin/ptworker";
+  r.rank_cpus = {{4, 5, 6}, {9, 10, 11}};
+  EXPECT_EQ(Rankfile(r),
+            "rank 0=localhost slot=4,5,6\nrank 1=localhost slot=9,10,11\n");
+  auto has = [](const std::vector<std::string>& argv,
+                const std::vector<std::string>& run) {
+    return std::search(argv.begin(), argv.end(), run.begin(), run.end()) !=
+           argv.end();
+  };
+  const std::vector<std::string> bound = AttemptCommand(r, "/a");
+  EXPECT_TRUE(has(bound, {"--rankfile", "/a/rankfile"}));
+  EXPECT_TRUE(has(bound, {"--mca", "rmaps_rank_file_physical", "1"}));
+  EXPECT_FALSE(has(bound, {"--bind-to", "none"}));
+  EXPECT_EQ(AttemptEnvironment(r).at("OMP_NUM_THREADS"), "3");
+  // The spec's threads_per_rank wins.
+  r.threads = 2;
+  EXPECT_EQ(AttemptEnvironment(r).at("OMP_NUM_THREADS"), "2");
+  // Not bound: mpirun binds nothing either, threads share the cores.
+  r.threads = 0;
+  r.rank_cpus.clear();
+  const std::vector<std::string> free = AttemptCommand(r, "/a");
+  EXPECT_TRUE(has(free, {"--bind-to", "none"}));
+  EXPECT_FALSE(has(free, {"--rankfile", "/a/rankfile"}));
+  EXPECT_EQ(AttemptEnvironment(r).at("OMP_NUM_THREADS"), "4");
 }
 
 TEST(LauncherTest, HostfileListsTheNodesInRankOrder) {

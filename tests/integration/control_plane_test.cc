@@ -18,6 +18,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -161,6 +162,11 @@ class ControlPlaneTest : public ::testing::Test {
       argv.push_back("--ptworker");
       argv.push_back(w);
     }
+    // `extra` may name the slots instead.
+    if (std::find(extra.begin(), extra.end(), "--local-slots") != extra.end()) {
+      auto slots = std::find(argv.begin(), argv.end(), "--local-slots");
+      argv.erase(slots, slots + 2);
+    }
     argv.insert(argv.end(), extra.begin(), extra.end());
     coordinator_ = fork();
     if (coordinator_ == 0) {
@@ -209,7 +215,12 @@ class ControlPlaneTest : public ::testing::Test {
     std::string cmd = "submit " + file;
     std::vector<std::string> all = kSmall;
     all.insert(all.end(), sets.begin(), sets.end());
-    all.push_back("checkpoint.dir=" + (dir_ / "ckpt").string());
+    // The test's checkpoint folder unless `sets` names one.
+    if (std::none_of(sets.begin(), sets.end(), [](const std::string& s) {
+          return s.starts_with("checkpoint.dir=");
+        })) {
+      all.push_back("checkpoint.dir=" + (dir_ / "ckpt").string());
+    }
     for (const std::string& s : all) cmd += " --set " + s;
     Result r = Ptctl(cmd);
     EXPECT_EQ(r.rc, 0) << r.out;
@@ -982,6 +993,69 @@ TEST_F(ControlPlaneTest, SignalledJobSavesStopsAndResumesWithoutARestart) {
 // `ptctl pause`: the running job's ranks save the step they are in and
 // stop, the job is PAUSED (no attempt runs, nothing is lost); `ptctl
 // resume` queues it and the next attempt goes on from the next step.
+// The CPUs of "Cpus_allowed_list:\t0-2,5" in /proc/PID/status.
+std::set<int> AllowedCpusOf(pid_t pid) {
+  std::set<int> out;
+  for (absl::string_view line : absl::StrSplit(
+           ptrain::ReadWholeFile(absl::StrCat("/proc/", pid, "/status")),
+           '\n')) {
+    if (!absl::ConsumePrefix(&line, "Cpus_allowed_list:")) continue;
+    for (absl::string_view range :
+         absl::StrSplit(absl::StripAsciiWhitespace(line), ',')) {
+      std::pair<std::string, std::string> ends = absl::StrSplit(range, '-');
+      int lo = -1, hi = -1;
+      if (!absl::SimpleAtoi(ends.first, &lo)) continue;
+      if (ends.second.empty() || !absl::SimpleAtoi(ends.second, &hi)) hi = lo;
+      for (int c = lo; c <= hi; ++c) out.insert(c);
+    }
+  }
+  return out;
+}
+
+// Two one-rank jobs at once on a host of as many slots as CPUs: each rank
+// is bound to CPUs of its own, which the job's placement names, and runs
+// as many threads as it has CPUs (not one core for both, each running two
+// threads on it).
+TEST_F(ControlPlaneTest, ConcurrentJobsRunOnCpusOfTheirOwn) {
+  const std::vector<int> cpus = ptrain::AllowedCpus();
+  if (cpus.size() < 2)
+    GTEST_SKIP() << "needs 2 CPUs, this test has " << cpus.size();
+  StopCoordinator(SIGTERM);
+  StartCoordinator("127.0.0.1:0", {"--local-slots", "2"});
+  const std::string a =
+      Submit({"train.steps=100000",
+              "checkpoint.dir=" + (dir_ / "ckpt" / "a").string()});
+  const std::string b =
+      Submit({"train.steps=100000",
+              "checkpoint.dir=" + (dir_ / "ckpt" / "b").string()});
+  ASSERT_TRUE(WaitFor([&] { return Step(a) >= 1 && Step(b) >= 1; }, 120))
+      << Get(a).dump() << Get(b).dump();
+  std::vector<std::set<int>> bound;
+  for (const std::string& id : {a, b}) {
+    const std::vector<pid_t> rank = ptrain::ProcessesWithEnv(
+        {"PTRAIN_JOB_ID=" + id, "OMPI_COMM_WORLD_RANK=0"});
+    ASSERT_EQ(rank.size(), 1u) << id;
+    const std::set<int> mine = AllowedCpusOf(rank[0]);
+    EXPECT_EQ(mine.size(), cpus.size() / 2) << id;
+    EXPECT_EQ(ptrain::ProcessEnv(rank[0], "OMP_NUM_THREADS"),
+              absl::StrCat(mine.size()))
+        << id;
+    // ptctl get names them.
+    const json placement = Get(id)["job"].value("placement", json::array());
+    ASSERT_EQ(placement.size(), 1u) << placement.dump();
+    std::set<int> shown;
+    for (const json& c : placement[0].value("cpus", json::array())) {
+      shown.insert(c.get<int>());
+    }
+    EXPECT_EQ(shown, mine) << placement.dump();
+    bound.push_back(mine);
+  }
+  for (int c : bound[0]) EXPECT_FALSE(bound[1].contains(c)) << "CPU " << c;
+  for (const std::string& id : {a, b}) {
+    EXPECT_EQ(Ptctl("cancel " + id).rc, 0);
+  }
+}
+
 TEST_F(ControlPlaneTest, PausedJobSavesWaitsAndResumesWhereItStopped) {
   const std::string id =
       Submit({"train.steps=1000000", "parallel.dp=2", "checkpoint.every=0"});
