@@ -1,9 +1,11 @@
 // ptworker's stop signals; see signals.h.
 #include "worker/signals.h"
 
+#include <pthread.h>
 #include <signal.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <functional>
 #include <mutex>
@@ -19,6 +21,8 @@ namespace {
 std::atomic<bool> g_stop_requested{false};
 std::atomic<bool> g_training{false};
 std::atomic<int> g_world_rank{0};
+// The thread of WaitForStopSignals, once started.
+pthread_t g_waiter;
 std::mutex g_dump_mu;
 std::function<void(const char*)> g_dump;  // guarded by g_dump_mu
 
@@ -63,6 +67,18 @@ void WaitForStopSignals(sigset_t signals) {
   }
 }
 
+// A stop signal that reached a thread started before HandleStopSignals
+// (one a library starts as it loads, sized by the CPUs the process may
+// use: none when a rank is bound to one core, one or more when it has
+// several) would otherwise take its default action and end the rank. It
+// goes on to the waiting thread, which blocks it, so it stays pending
+// there for sigwait. (pthread_kill is one tgkill call: safe here.)
+void ForwardToWaiter(int sig) {
+  const int saved = errno;
+  pthread_kill(g_waiter, sig);
+  errno = saved;
+}
+
 }  // namespace
 
 void HandleStopSignals() {
@@ -76,9 +92,17 @@ void HandleStopSignals() {
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  std::thread(ThreadEntry("stop-signals", [stop_signals] {
-    WaitForStopSignals(stop_signals);
-  })).detach();
+  std::thread waiter(ThreadEntry(
+      "stop-signals", [stop_signals] { WaitForStopSignals(stop_signals); }));
+  g_waiter = waiter.native_handle();
+  waiter.detach();
+  struct sigaction forward = {};
+  forward.sa_handler = ForwardToWaiter;
+  forward.sa_flags = SA_RESTART;
+  sigfillset(&forward.sa_mask);
+  for (int sig : {SIGUSR1, SIGUSR2, SIGINT, SIGTERM}) {
+    sigaction(sig, &forward, nullptr);
+  }
 }
 
 const std::atomic<bool>* StopRequested() { return &g_stop_requested; }
