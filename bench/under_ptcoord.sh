@@ -31,8 +31,9 @@ cleanup() {
   rm -rf "$TMP"
 }
 trap cleanup EXIT
+mkdir -p "$TMP/checkpoints"
 SETS=(--set train.steps="$STEPS" --set train.eval_every=0 --set train.sample_every=0
-  --set train.log_every=50)
+  --set train.log_every=50 --set checkpoint.dir="$TMP/checkpoints")
 
 # median_ms RUN_LOG: the median `ms` of its step records past WARMUP.
 median_ms() {
@@ -52,7 +53,7 @@ by_hand=$(median_ms "$TMP/by-hand.jsonl")
 
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMP/tokens"
 "$BUILD/coordinator/ptcoord" --listen 127.0.0.1:0 --state-dir "$TMP/state" \
-  --local-slots "$SLOTS" --token-file "$TMP/tokens" --data-root data \
+  --local-slots "$SLOTS" --token-file "$TMP/tokens" --data-root data --data-root "$TMP/checkpoints" \
   --log-level warn >"$TMP/ptcoord.log" 2>&1 &
 COORD=$!
 for _ in $(seq 100); do [[ -s $TMP/state/address ]] && break; sleep 0.1; done
