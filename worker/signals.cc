@@ -31,12 +31,13 @@ void Dump(const char* reason) {
   if (g_dump) g_dump(reason);
 }
 
-// SIGUSR1, SIGUSR2, SIGINT and SIGTERM are blocked in every thread (set
-// before any is created, so all inherit it) and taken by this one alone
-// with sigwait: no thread of MPI, OpenMP or the allocator is ever
-// interrupted by them, and this one can write files whatever the others
-// are stuck in. Ctrl-C then saves the step being trained, like SIGUSR1; a
-// second Ctrl-C (or ptcoord's cancel reaching a rank both directly and
+// SIGUSR1, SIGUSR2, SIGINT and SIGTERM are blocked in every thread ptrain
+// starts (set before any is created, so all inherit it; a thread a library
+// started earlier passes them on: ForwardToWaiter) and taken by this one
+// alone with sigwait: no thread of MPI, OpenMP or the allocator is
+// interrupted by them for long, and this one can write files whatever the
+// others are stuck in. Ctrl-C then saves the step being trained, like SIGUSR1;
+// a second Ctrl-C (or ptcoord's cancel reaching a rank both directly and
 // through mpirun) does not wait for that save.
 void WaitForStopSignals(sigset_t signals) {
   bool interrupted = false;
