@@ -57,14 +57,28 @@ std::map<std::string, int> NodeSlotsUsed(const RunningJobs& running,
   return used;
 }
 
-std::map<std::string, std::set<int>> GpusHeld(const RunningJobs& running) {
+namespace {
+
+// What the placements of `running` hold on each node: `field` of each
+// (its GPUs, its CPUs), gathered per node.
+template <typename Field>
+std::map<std::string, std::set<int>> HeldPerNode(const RunningJobs& running,
+                                                 Field field) {
   std::map<std::string, std::set<int>> held;
   for (const v1::Job* job : running) {
     for (const v1::Placement& p : job->placement()) {
-      held[p.node()].insert(p.gpus().begin(), p.gpus().end());
+      const auto& ids = field(p);
+      held[p.node()].insert(ids.begin(), ids.end());
     }
   }
   return held;
+}
+
+}  // namespace
+
+std::map<std::string, std::set<int>> GpusHeld(const RunningJobs& running) {
+  return HeldPerNode(
+      running, [](const v1::Placement& p) -> const auto& { return p.gpus(); });
 }
 
 std::vector<FreeNode> FreeNodesOf(const std::vector<v1::Node>& nodes,
@@ -109,13 +123,8 @@ std::vector<std::vector<int>> SlotCpus(const std::vector<int>& cpus,
 }
 
 std::map<std::string, std::set<int>> CpusHeld(const RunningJobs& running) {
-  std::map<std::string, std::set<int>> held;
-  for (const v1::Job* job : running) {
-    for (const v1::Placement& p : job->placement()) {
-      held[p.node()].insert(p.cpus().begin(), p.cpus().end());
-    }
-  }
-  return held;
+  return HeldPerNode(
+      running, [](const v1::Placement& p) -> const auto& { return p.cpus(); });
 }
 
 std::vector<int> TakeSlotCpus(const std::vector<std::vector<int>>& slot_cpus,
