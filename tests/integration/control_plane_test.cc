@@ -1914,6 +1914,22 @@ class NodesTest : public ControlPlaneTest {
     daemons_[name] = pid;
     return pid;
   }
+  // Starts ptworkerd as node `name` (join-tokens, advertising
+  // 127.0.0.1:PORT), waits until ptcoord lists it up and returns a stub of
+  // its DaemonService at the bound port; null, with a failure naming its
+  // log, when it never comes up.
+  std::unique_ptr<ptrain::v1::DaemonService::Stub> UpDaemon(
+      const std::string& name) {
+    StartDaemon(name, "join-tokens", "");
+    if (!WaitFor([&] { return NodeState(name) == "NODE_STATE_UP"; }, 30)) {
+      ADD_FAILURE() << ReadFile(dir_ / (name + ".log"));
+      return nullptr;
+    }
+    const std::string address = Nodes()[name]["spec"].value("address", "");
+    const std::string port = address.substr(address.rfind(':') + 1);
+    return ptrain::v1::DaemonService::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + port, grpc::InsecureChannelCredentials()));
+  }
   // The nodes ptctl lists, by name.
   std::map<std::string, json> Nodes() {
     Result r = Ptctl("-o json nodes");
@@ -2124,14 +2140,8 @@ bool Ended(pid_t pid) {
 }
 
 TEST_F(NodesTest, KillAttemptNeedsTheJoinTokenAndKillsOnlyThatAttempt) {
-  StartDaemon("node-k", "join-tokens", "");
-  ASSERT_TRUE(
-      WaitFor([&] { return NodeState("node-k") == "NODE_STATE_UP"; }, 30))
-      << ReadFile(dir_ / "node-k.log");
-  const std::string address = Nodes()["node-k"]["spec"].value("address", "");
-  const std::string port = address.substr(address.rfind(':') + 1);
-  auto stub = ptrain::v1::DaemonService::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + port, grpc::InsecureChannelCredentials()));
+  auto stub = UpDaemon("node-k");
+  ASSERT_NE(stub, nullptr);
   const pid_t mine = StartAttemptProcess("job-1.1.aaaa");
   const pid_t other = StartAttemptProcess("job-2.1.bbbb");
   auto call = [&](const std::string& token, const std::string& uid) {
@@ -2184,14 +2194,8 @@ TEST_F(NodesTest, DrainIsStoredAndShownUntilUncordon) {
 // get the same refusal as anything else. NodeService's refusals quote a
 // node name bounded.
 TEST_F(NodesTest, DaemonExecAuthenticatesBeforeItReadsTheCommand) {
-  StartDaemon("node-e", "join-tokens", "");
-  ASSERT_TRUE(
-      WaitFor([&] { return NodeState("node-e") == "NODE_STATE_UP"; }, 30))
-      << ReadFile(dir_ / "node-e.log");
-  const std::string address = Nodes()["node-e"]["spec"].value("address", "");
-  const std::string port = address.substr(address.rfind(':') + 1);
-  auto daemon = ptrain::v1::DaemonService::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + port, grpc::InsecureChannelCredentials()));
+  auto daemon = UpDaemon("node-e");
+  ASSERT_NE(daemon, nullptr);
   const auto exec = [&](const std::string& token, const std::string& command) {
     grpc::ClientContext ctx;
     if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
