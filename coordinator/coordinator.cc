@@ -250,10 +250,14 @@ absl::StatusOr<v1::Job> Coordinator::Submit(
   r.job.mutable_progress()->set_total_steps(spec->train().steps());
   // Each job checkpoints into a folder of its own, named by its uid, so
   // `--resume-from latest` never picks up another job's steps, not even
-  // those of a job of another coordinator sharing the checkpoint root.
+  // those of a job of another coordinator sharing the checkpoint root. A
+  // spec without checkpoint.dir gets one under --checkpoint-root: every
+  // job ptcoord runs can be paused, preempted and restarted without loss.
   v1::CheckpointSpec* ckpt = spec->mutable_checkpoint();
-  if (!ckpt->dir().empty())
-    ckpt->set_dir((fs::path(ckpt->dir()) / r.job.uid()).string());
+  const std::string ckpt_root =
+      ckpt->dir().empty() ? options_.checkpoint_root : ckpt->dir();
+  if (!ckpt_root.empty())
+    ckpt->set_dir((fs::path(ckpt_root) / r.job.uid()).string());
   *r.job.mutable_spec() = *spec;
 
   absl::MutexLock lock(&mu_);

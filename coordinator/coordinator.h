@@ -62,6 +62,11 @@ struct CoordinatorOptions {
   std::vector<std::string>
       data_roots;         // absolute; spec paths must lie under one
   std::string work_root;  // relative spec paths resolve here
+  // Absolute. A job whose spec names no checkpoint.dir checkpoints into
+  // CHECKPOINT_ROOT/UID, so a pause, a preemption or a restart continues
+  // from where it stopped; its ranks may write there (PTRAIN_DATA_ROOTS).
+  // Empty: such a job has no checkpoints.
+  std::string checkpoint_root;
   std::string ptworker;
   std::string mpirun = "mpirun";
   std::string advertise_address;  // what ranks dial (PTRAIN_COORDINATOR)

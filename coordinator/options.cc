@@ -230,6 +230,20 @@ std::optional<Refusal> SetPaths(const PtcoordFlags& f, CoordinatorOptions* o) {
     }
     o->data_roots.push_back(root);
   }
+  const std::string ckpt_root =
+      f.checkpoint_root.empty()
+          ? (fs::path(o->state_dir) / "checkpoints").string()
+          : fs::absolute(f.checkpoint_root).string();
+  fs::create_directories(ckpt_root, ec);
+  if (ec) {
+    return Refusal{absl::StrCat("--checkpoint-root ", ckpt_root,
+                                ": cannot create it: ", ec.message())};
+  }
+  o->checkpoint_root = fs::weakly_canonical(ckpt_root, ec).string();
+  if (ec || o->checkpoint_root.find(':') != std::string::npos) {
+    return Refusal{absl::StrCat("--checkpoint-root ", ckpt_root, ": ",
+                                ec ? ec.message() : "must not contain ':'")};
+  }
   o->ptworker =
       f.ptworker.empty()
           ? (SelfDir() / "../worker/ptworker").lexically_normal().string()
@@ -324,6 +338,9 @@ void AddFlags(CLI::App& app, PtcoordFlags& f) {
       "--data-root", f.data_roots,
       "directory that spec paths must lie under (repeatable; default: "
       "the repository's data/ and checkpoints/)");
+  app.add_option("--checkpoint-root", f.checkpoint_root,
+                 "where a job whose spec names no checkpoint.dir checkpoints "
+                 "(a folder per job; default: STATE_DIR/checkpoints)");
   app.add_option("--work-root", f.work_root,
                  "where relative spec paths resolve and ranks run (default: "
                  "the repository)");

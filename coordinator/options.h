@@ -24,6 +24,7 @@ struct PtcoordFlags {
   std::string ptworker, mpirun = "mpirun", work_root, advertise;
   std::string log_level = "info";
   std::vector<std::string> data_roots;
+  std::string checkpoint_root;
   int local_slots = static_cast<int>(std::thread::hardware_concurrency());
   int local_gpus = -1;
   double grace_s = 10;

@@ -132,7 +132,8 @@ absl::StatusOr<std::string> ConfinePath(const std::string& field,
   return absl::InvalidArgumentError(absl::StrCat(
       field, "=", EchoQuoted(value), " resolves to ", Echo(resolved.string()),
       ", outside the coordinator's data roots (", absl::StrJoin(roots, ", "),
-      ")"));
+      "); move it under one, or start ptcoord with --data-root DIR naming a "
+      "folder that holds it"));
 }
 
 absl::Status ConfineSpecPaths(v1::JobSpec* spec, const std::string& base_dir,

@@ -208,6 +208,8 @@ LaunchRequest Coordinator::AttemptRequest(const Entry& e,
   req.attempt_uid = e.record.attempt_uid;
   req.coordinator_address = advertise_;
   req.data_roots = options_.data_roots;
+  if (!options_.checkpoint_root.empty())
+    req.data_roots.push_back(options_.checkpoint_root);
   if (!options_.tls_ca_pem.empty()) {
     req.tls_ca_file = (fs::path(job_dir) / "tls-ca.pem").string();
   }

@@ -904,6 +904,25 @@ TEST_F(CoordinatorTest, CoordinatorsSharingACheckpointRootUseDistinctFolders) {
             (dir_ / "data/ckpt" / jb->uid()).string());
 }
 
+// A spec without checkpoint.dir checkpoints under the checkpoint root, in
+// a folder of its own; its ranks may write there. One that names a folder
+// keeps it.
+TEST_F(CoordinatorTest, AJobWithoutACheckpointDirGetsOneUnderTheRoot) {
+  options_.checkpoint_root = (dir_ / "ckpt-root").string();
+  auto c = Make();
+  auto plain = c->Submit(kSpec, {});
+  auto named = c->Submit(kSpec, {"checkpoint.dir=data/ckpt"});
+  ASSERT_TRUE(plain.ok() && named.ok());
+  EXPECT_EQ(plain->spec().checkpoint().dir(),
+            (dir_ / "ckpt-root" / plain->uid()).string());
+  EXPECT_EQ(named->spec().checkpoint().dir(),
+            (dir_ / "data/ckpt" / named->uid()).string());
+  TickUntil(*c, plain->id(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(
+      EnvValue(AttemptDir(plain->id(), 1) / "fake.env", "PTRAIN_DATA_ROOTS"),
+      (dir_ / "data").string() + ":" + (dir_ / "ckpt-root").string());
+}
+
 // An attempt an older ptcoord launched: its database has the plain token,
 // its processes no PTRAIN_ATTEMPT_UID. Migrated, it is still found (by the
 // token's hash), re-adopted and can be cancelled.

@@ -1056,9 +1056,19 @@ TEST_F(ControlPlaneTest, ConcurrentJobsRunOnCpusOfTheirOwn) {
   }
 }
 
+// The spec names no checkpoint.dir (examples/names.yaml has none): ptcoord
+// gives the job a folder of its own under its checkpoint root
+// (STATE_DIR/checkpoints by default), so the pause loses nothing.
 TEST_F(ControlPlaneTest, PausedJobSavesWaitsAndResumesWhereItStopped) {
   const std::string id =
-      Submit({"train.steps=1000000", "parallel.dp=2", "checkpoint.every=0"});
+      Submit({"train.steps=1000000", "parallel.dp=2", "checkpoint.every=0",
+              "checkpoint.dir=\"''\""});
+  const json submitted = Get(id);
+  EXPECT_EQ(submitted["job"]["spec"]["checkpoint"]["dir"],
+            (fs::weakly_canonical(dir_ / "state" / "checkpoints") /
+             submitted["job"].value("uid", "?"))
+                .string())
+      << submitted.dump();
   ASSERT_TRUE(WaitFor([&] { return Step(id) >= 25; }, 180)) << Get(id).dump();
   Result r = Ptctl("pause " + id);
   ASSERT_EQ(r.rc, 0) << r.out;
