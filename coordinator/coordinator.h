@@ -78,6 +78,12 @@ struct CoordinatorOptions {
   // binding.
   std::vector<int> cpus;
   absl::Duration cancel_grace = absl::Seconds(10);  // SIGTERM -> SIGKILL
+  // A rank that has not reached this coordinator for so long (it is gone:
+  // killed, or its host lost) stops at the end of its step, after its
+  // checkpoint, instead of training on unreported; the next coordinator
+  // resumes the job from there. Longer than a coordinator's restart.
+  // Zero: ranks never stop for that.
+  absl::Duration rank_coordinator_grace = absl::Minutes(10);
   absl::Duration tick = absl::Milliseconds(200);    // supervision period
   // GetJob's loss history: at most this many points of each series (a job
   // of many steps thinned evenly, so that the answer stays small).

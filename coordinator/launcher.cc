@@ -164,6 +164,8 @@ std::vector<std::string> AttemptCommand(const LaunchRequest& r,
       "PTRAIN_METRICS_BIND",
       "-x",
       "PTRAIN_RANK_GPUS",
+      "-x",
+      "PTRAIN_COORDINATOR_GRACE_S",
       r.ptworker,
       "--config",
       (fs::path(r.job_dir) / "spec.yaml").string(),
@@ -235,6 +237,7 @@ std::map<std::string, std::string> AttemptEnvironment(const LaunchRequest& r) {
   env["PTRAIN_METRICS_BIND"] = r.rank_metrics_bind;
   // Set (possibly empty) either way, as PTRAIN_TLS_CA.
   env["PTRAIN_RANK_GPUS"] = absl::StrJoin(r.rank_gpus, ",");
+  env["PTRAIN_COORDINATOR_GRACE_S"] = absl::StrCat(r.coordinator_grace_s);
   return env;
 }
 

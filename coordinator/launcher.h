@@ -43,6 +43,10 @@ struct LaunchRequest {
   bool resume_flag = true;  // pass --resume-from latest
   // PTRAIN_METRICS_BIND for every rank ("" = ranks serve no metrics).
   std::string rank_metrics_bind;
+  // PTRAIN_COORDINATOR_GRACE_S: a rank that has not reached the
+  // coordinator for this many seconds stops at the end of its step, after
+  // its checkpoint (exit 3); 0: never.
+  double coordinator_grace_s = 0;
   // OMP_NUM_THREADS; 0 = max(1, cores / world_size).
   int threads = 0;
   // On nodes (not empty): the ranks' nodes in rank order; mpirun reads the

@@ -253,6 +253,7 @@ std::optional<Refusal> SetPaths(const PtcoordFlags& f, CoordinatorOptions* o) {
       static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   o->cpus = AllowedCpus();
   o->cancel_grace = absl::Seconds(f.grace_s);
+  o->rank_coordinator_grace = absl::Seconds(f.orphan_grace_s);
   if (!fs::exists(o->ptworker)) {
     return Refusal{
         absl::StrCat("ptworker not found at ", o->ptworker, " (--ptworker)")};
@@ -352,6 +353,10 @@ void AddFlags(CLI::App& app, PtcoordFlags& f) {
       "address ranks use to reach this server (default: from --listen)");
   app.add_option("--cancel-grace-s", f.grace_s, "SIGTERM to SIGKILL delay")
       ->check(CLI::Range(0.0, 3600.0));
+  app.add_option("--orphan-grace-s", f.orphan_grace_s,
+                 "ranks that cannot reach this ptcoord for so long stop at "
+                 "a checkpoint (exit 3); 0: never")
+      ->check(CLI::Range(0.0, 7.0 * 24 * 3600));
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error");
   app.add_option("--metrics-listen", f.metrics_listen,
                  "serve Prometheus /metrics and /sd (rank discovery) on "

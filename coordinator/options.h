@@ -28,6 +28,7 @@ struct PtcoordFlags {
   int local_slots = static_cast<int>(std::thread::hardware_concurrency());
   int local_gpus = -1;
   double grace_s = 10;
+  double orphan_grace_s = 600;
   std::string metrics_listen;
   std::string ui_listen;
   bool ui_insecure = false;

@@ -217,6 +217,8 @@ LaunchRequest Coordinator::AttemptRequest(const Entry& e,
   req.cores = options_.cores;
   req.ptworker = options_.ptworker;
   req.rank_metrics_bind = options_.rank_metrics_bind;
+  req.coordinator_grace_s =
+      absl::ToDoubleSeconds(options_.rank_coordinator_grace);
   req.work_dir = options_.work_root;
   req.resume_flag = options_.resume_flag;
   req.threads = spec.resources().threads_per_rank();

@@ -105,6 +105,14 @@ ProgressReporter::FromEnvironment() {
   }
   int rank = 0;
   if (!absl::SimpleAtoi(Env("OMPI_COMM_WORLD_RANK"), &rank)) rank = 0;
+  double grace_s = 0;
+  if (const std::string g = Env("PTRAIN_COORDINATOR_GRACE_S");
+      !g.empty() && (!absl::SimpleAtod(g, &grace_s) || !(grace_s >= 0) ||
+                     grace_s > 1e7)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PTRAIN_COORDINATOR_GRACE_S='", g,
+        "' is not a number of seconds in [0, 1e7]"));
+  }
   std::string tls_ca_pem;
   if (const std::string ca = Env("PTRAIN_TLS_CA"); !ca.empty()) {
     absl::StatusOr<std::string> pem = ReadCertificateFile("PTRAIN_TLS_CA", ca);
@@ -112,18 +120,22 @@ ProgressReporter::FromEnvironment() {
     tls_ca_pem = std::move(*pem);
   }
   return std::unique_ptr<ProgressReporter>(new ProgressReporter(
-      address, job_id, token, attempt, rank, std::move(tls_ca_pem)));
+      address, job_id, token, attempt, rank, std::move(tls_ca_pem),
+      std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000))));
 }
 
 ProgressReporter::ProgressReporter(std::string address, std::string job_id,
                                    std::string token, int attempt, int rank,
-                                   std::string tls_ca_pem)
+                                   std::string tls_ca_pem,
+                                   std::chrono::milliseconds coordinator_grace)
     : address_(address),
       job_id_(std::move(job_id)),
       token_(std::move(token)),
       attempt_(attempt),
       rank_(rank),
-      rpc_(std::make_unique<Rpc>(address, tls_ca_pem)) {
+      rpc_(std::make_unique<Rpc>(address, tls_ca_pem)),
+      coordinator_grace_(coordinator_grace),
+      last_answer_(std::chrono::steady_clock::now()) {
   thread_ = std::thread(ThreadEntry("progress-report", [this] { Loop(); }));
 }
 
@@ -363,6 +375,24 @@ void ProgressReporter::Loop() {
     const bool transient =
         s.error_code() == grpc::StatusCode::UNAVAILABLE ||
         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (!transient) {
+      last_answer_ = Clock::now();
+    } else if (lost_ && coordinator_grace_.count() > 0 &&
+               Clock::now() - last_answer_ >= coordinator_grace_) {
+      std::function<void()> lost = std::move(lost_);
+      lost_ = nullptr;  // once
+      spdlog::error(
+          "the coordinator at {} has not answered for {} s "
+          "(PTRAIN_COORDINATOR_GRACE_S): stopping after this step and its "
+          "checkpoint (exit 3), for a coordinator to resume",
+          address_,
+          std::chrono::duration_cast<std::chrono::seconds>(Clock::now() -
+                                                           last_answer_)
+              .count());
+      lock.unlock();
+      lost();
+      lock.lock();
+    }
     if (s.ok()) {
       ++sent_;
     } else if (transient && item.kind != Item::kProgress &&
@@ -381,6 +411,13 @@ void ProgressReporter::Loop() {
       ++failed_;
     }
   }
+}
+
+void ProgressReporter::OnCoordinatorLost(std::function<void()> lost,
+                                         std::chrono::milliseconds grace) {
+  std::lock_guard<std::mutex> lock(mu_);
+  lost_ = std::move(lost);
+  if (grace.count() > 0) coordinator_grace_ = grace;
 }
 
 int64_t ProgressReporter::sent() const {

@@ -94,6 +94,15 @@ class ProgressReporter {
 
   static constexpr size_t kMaxQueued = 4096;
 
+  // Calls `lost` once, on the reporter's thread, when no report has been
+  // answered by the coordinator (it is down, unreachable: every one failed
+  // UNAVAILABLE or DEADLINE_EXCEEDED) for the grace period since the last
+  // answered one or the reporter's start. The grace is
+  // PTRAIN_COORDINATOR_GRACE_S (seconds; unset or 0: never), or `grace`
+  // when that is positive. Thread-safe.
+  void OnCoordinatorLost(std::function<void()> lost,
+                         std::chrono::milliseconds grace = {});
+
   // PTRAIN_COORDINATOR: host:port of the coordinator.
   const std::string& coordinator_address() const { return address_; }
 
@@ -133,7 +142,8 @@ class ProgressReporter {
   class Rpc;  // the gRPC stub, kept out of this header
 
   ProgressReporter(std::string address, std::string job_id, std::string token,
-                   int attempt, int rank, std::string tls_ca_pem);
+                   int attempt, int rank, std::string tls_ca_pem,
+                   std::chrono::milliseconds coordinator_grace);
   void Loop();
 
   const std::string address_;
@@ -156,6 +166,11 @@ class ProgressReporter {
   std::chrono::milliseconds times_every_{kRankTimesEvery};  // guarded by mu_
   StepWindow window_;                                       // guarded by mu_
   bool times_queued_ = false;                               // guarded by mu_
+  // OnCoordinatorLost: the grace, when the coordinator last answered, and
+  // what to call (once) when it has not for that long.
+  std::chrono::milliseconds coordinator_grace_;             // guarded by mu_
+  std::chrono::steady_clock::time_point last_answer_;       // guarded by mu_
+  std::function<void()> lost_;                              // guarded by mu_
   std::thread thread_;
 };
 

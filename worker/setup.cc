@@ -160,6 +160,9 @@ absl::Status BuildRank(const RankFlags& flags, const NodeShare& node,
     rank->reporter->SetAliveInterval(
         ProgressReporter::AliveInterval(spec->restart().hang_timeout_s()));
     rank->reporter->SetActivity("setting up: data, model and checkpoint");
+    // A rank whose coordinator is gone stops at a checkpoint rather than
+    // train on unreported (every rank agrees on the step, as for SIGUSR1).
+    rank->reporter->OnCoordinatorLost([] { RequestStop(); });
   }
   auto d = ParallelDims::Create(spec->parallel(), MPI_COMM_WORLD);
   if (!d.ok()) return d.status();

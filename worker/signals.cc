@@ -108,6 +108,8 @@ void HandleStopSignals() {
 
 const std::atomic<bool>* StopRequested() { return &g_stop_requested; }
 
+void RequestStop() { g_stop_requested.store(true); }
+
 void SetTraining(bool training) { g_training.store(training); }
 
 void SetSignalRank(int world_rank) { g_world_rank.store(world_rank); }

@@ -23,6 +23,10 @@ void HandleStopSignals();
 // end of this step and stop (TrainerOptions::stop_requested).
 const std::atomic<bool>* StopRequested();
 
+// Asks for that stop as SIGUSR1 does, from any thread (the rank has lost
+// its coordinator: ProgressReporter::OnCoordinatorLost).
+void RequestStop();
+
 // Whether the training loop runs: only then can a stop save anything, so
 // outside it (setup, export, sample) SIGINT and SIGTERM end at once.
 void SetTraining(bool training);

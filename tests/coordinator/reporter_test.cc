@@ -138,6 +138,54 @@ TEST(ProgressReporterTest, ABusyRankSaysItIsAliveUntilItIsDone) {
   server->Shutdown();
 }
 
+// A rank whose coordinator answers trains on however long it runs; once no
+// report has been answered for the grace (PTRAIN_COORDINATOR_GRACE_S), the
+// rank is told, once, to stop at a checkpoint.
+TEST(ProgressReporterTest, ACoordinatorSilentPastTheGraceStopsTheRankOnce) {
+  AliveRecorder service;
+  std::unique_ptr<grpc::Server> server;
+  setenv("PTRAIN_COORDINATOR_GRACE_S", "0.6", 1);
+  auto r = ReporterOfRank1(service, "1", &server);
+  unsetenv("PTRAIN_COORDINATOR_GRACE_S");
+  ASSERT_TRUE(r.ok() && *r != nullptr);
+  std::atomic<int> lost{0};
+  (*r)->OnCoordinatorLost([&lost] { ++lost; });
+  (*r)->SetProgressProbe([] { return int64_t{0}; });
+  (*r)->SetAliveInterval(std::chrono::milliseconds(100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_EQ(lost, 0) << "stopped while its coordinator answered";
+  EXPECT_GE(service.Got().size(), 5u);
+  server->Shutdown();
+  server.reset();
+  const auto gone = std::chrono::steady_clock::now();
+  while (lost == 0 &&
+         std::chrono::steady_clock::now() - gone < std::chrono::seconds(20)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const double after_s = std::chrono::duration<double>(
+                             std::chrono::steady_clock::now() - gone)
+                             .count();
+  EXPECT_EQ(lost, 1) << "never told to stop";
+  EXPECT_GE(after_s, 0.5) << "told before the grace had passed";
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(lost, 1) << "told more than once";
+  r->reset();
+}
+
+TEST(ProgressReporterTest, ABadGraceIsAnErrorNamingIt) {
+  SetRankEnvironment("127.0.0.1:1", "1");
+  for (const char* bad : {"-1", "soon", "nan", "1e9"}) {
+    setenv("PTRAIN_COORDINATOR_GRACE_S", bad, 1);
+    auto r = ProgressReporter::FromEnvironment();
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("PTRAIN_COORDINATOR_GRACE_S"),
+              std::string::npos)
+        << r.status();
+  }
+  unsetenv("PTRAIN_COORDINATOR_GRACE_S");
+  unsetenv("PTRAIN_COORDINATOR");
+}
+
 // Every rank of a job under ptcoord says at every interval how long ago
 // it last made progress, busy or not: what tells a long step from a hang.
 TEST(ProgressReporterTest, WithAProbeEveryIntervalCarriesTheProgressAge) {

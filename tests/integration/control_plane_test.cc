@@ -1570,6 +1570,47 @@ TEST_F(CoordinatorAbsenceTest, PausedCoordinatorDoesNotKillHealthyJobAsHung) {
   ExpectFinishesUnharmed(id);
 }
 
+// A ptcoord that is gone for good (killed, its host lost) leaves no rank
+// training unreported: past --orphan-grace-s the ranks stop together at the
+// end of a step, after its checkpoint (exit 3), and the next ptcoord goes
+// on from that step.
+TEST_F(CoordinatorAbsenceTest, RanksOfAGoneCoordinatorStopAtACheckpoint) {
+  StopCoordinator(SIGTERM);
+  const std::vector<std::string> grace = {"--orphan-grace-s", "3"};
+  StartCoordinator("127.0.0.1:0", grace);
+  const std::string id =
+      Submit({"train.steps=1000000", "parallel.dp=2", "checkpoint.every=0",
+              "restart.max_restarts=0"});
+  ASSERT_TRUE(WaitFor([&] { return Step(id) >= 5; }, 120)) << Get(id).dump();
+  const std::string port = address_.substr(address_.rfind(':'));
+  StopCoordinator(SIGKILL);
+  ASSERT_TRUE(WaitFor([&] { return JobProcesses(id).empty(); }, 90))
+      << "the ranks train on without a coordinator";
+  StartCoordinator("127.0.0.1" + port, grace);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const json j = Get(id);
+        const auto [first, last] = StepsOfAttempt(j, 2);
+        return j.contains("job") && j["job"]["attempts"] == 2 && last >= 0 &&
+               last >= first + 3;
+      },
+      180))
+      << Get(id)["job"].dump();
+  const json j = Get(id);
+  EXPECT_EQ(Int(j["attempts"][0], "exit_code"), 3) << j["attempts"].dump();
+  EXPECT_EQ(j["job"]["requeues"].value("stopped", 0), 1) << j["job"].dump();
+  // Attempt 2 goes on from the step attempt 1 saved as it stopped.
+  Result cps = Ptctl("-o json checkpoints " + id);
+  ASSERT_EQ(cps.rc, 0) << cps.out;
+  const json listed = json::parse(cps.out);
+  ASSERT_FALSE(listed["checkpoints"].empty()) << cps.out;
+  const int64_t saved = Int(listed["checkpoints"].front(), "step");
+  EXPECT_GE(saved, 5) << cps.out;
+  EXPECT_EQ(StepsOfAttempt(j, 2).first, saved + 1) << j["job"].dump();
+  ASSERT_EQ(Ptctl("cancel " + id).rc, 0);
+  EXPECT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_CANCELLED"; }, 120));
+}
+
 // TLS with client certificates: the ranks report over TLS (trusting the CA
 // ptcoord hands them), ptctl needs the CA and a client certificate, and a
 // plain-text client gets nowhere.
