@@ -2,11 +2,15 @@
 #include "common/net.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 
@@ -34,21 +38,52 @@ std::string JoinHostPort(absl::string_view host, absl::string_view port) {
   return absl::StrCat(host, ":", port);
 }
 
-absl::StatusOr<std::string> LocalAddressToward(absl::string_view host_port) {
+namespace {
+
+struct AddrinfoFree {
+  void operator()(addrinfo* a) const { freeaddrinfo(a); }
+};
+using Addresses = std::unique_ptr<addrinfo, AddrinfoFree>;
+
+absl::StatusOr<Addresses> Resolve(absl::string_view host_port, int socktype) {
   auto parts = SplitHostPort(host_port);
   if (!parts.ok()) return parts.status();
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_DGRAM;
+  hints.ai_socktype = socktype;
   addrinfo* found = nullptr;
   if (const int rc = getaddrinfo(parts->first.c_str(), parts->second.c_str(),
                                  &hints, &found);
       rc != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot resolve '", parts->first,
-                                               "': ", gai_strerror(rc)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", parts->first, "' does not resolve: ", gai_strerror(rc)));
   }
+  return Addresses(found);
+}
+
+// Connects `fd` (non-blocking) to `a` within `timeout_ms`: "" or why not.
+std::string ConnectWithin(int fd, const addrinfo* a, int timeout_ms) {
+  if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) return "";
+  if (errno != EINPROGRESS) return std::strerror(errno);
+  pollfd p{fd, POLLOUT, 0};
+  const int n = poll(&p, 1, timeout_ms);
+  if (n == 0) return absl::StrCat("no answer within ", timeout_ms, " ms");
+  if (n < 0) return std::strerror(errno);
+  int error = 0;
+  socklen_t len = sizeof(error);
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) != 0) {
+    return std::strerror(errno);
+  }
+  return error == 0 ? "" : std::strerror(error);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> LocalAddressToward(absl::string_view host_port) {
+  absl::StatusOr<Addresses> found = Resolve(host_port, SOCK_DGRAM);
+  if (!found.ok()) return absl::UnavailableError(found.status().message());
   std::string last_error = "no address";
-  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+  for (const addrinfo* a = found->get(); a != nullptr; a = a->ai_next) {
     const int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd < 0) continue;
     sockaddr_storage local{};
@@ -61,14 +96,34 @@ absl::StatusOr<std::string> LocalAddressToward(absl::string_view host_port) {
                     sizeof(text), nullptr, 0, NI_NUMERICHOST) == 0;
     if (!ok) last_error = std::strerror(errno);
     close(fd);
-    if (ok) {
-      freeaddrinfo(found);
-      return std::string(text);
-    }
+    if (ok) return std::string(text);
   }
-  freeaddrinfo(found);
   return absl::UnavailableError(
       absl::StrCat("no route to '", host_port, "': ", last_error));
+}
+
+absl::Status CheckResolves(absl::string_view host_port) {
+  absl::StatusOr<Addresses> found = Resolve(host_port, SOCK_STREAM);
+  return found.ok() ? absl::OkStatus() : found.status();
+}
+
+absl::Status CheckConnects(absl::string_view host_port, int timeout_ms) {
+  absl::StatusOr<Addresses> found = Resolve(host_port, SOCK_STREAM);
+  if (!found.ok()) return found.status();
+  std::string why = "no address";
+  for (const addrinfo* a = found->get(); a != nullptr; a = a->ai_next) {
+    const int fd =
+        socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+      why = std::strerror(errno);
+      continue;
+    }
+    why = ConnectWithin(fd, a, timeout_ms);
+    close(fd);
+    if (why.empty()) return absl::OkStatus();
+  }
+  return absl::UnavailableError(
+      absl::StrCat("cannot connect to ", host_port, ": ", why));
 }
 
 bool IsWildcardHost(absl::string_view host) {

@@ -1,6 +1,7 @@
-// Network addresses as ranks advertise them: which local address other
-// machines can reach. Not a socket library: only name resolution and the
-// kernel's routing decision, no traffic.
+// Network addresses as ranks and nodes advertise them: which local address
+// other machines can reach, and whether an advertised one resolves and
+// answers. Not a socket library: name resolution, the kernel's routing
+// decision and a TCP connect, no traffic.
 #ifndef PTRAIN_COMMON_NET_H_
 #define PTRAIN_COMMON_NET_H_
 
@@ -25,6 +26,15 @@ std::string JoinHostPort(absl::string_view host, absl::string_view port);
 // which sends nothing, and asked for its local address. Unavailable when the
 // host does not resolve or no route leads there.
 absl::StatusOr<std::string> LocalAddressToward(absl::string_view host_port);
+
+// Whether `host_port` resolves here: InvalidArgument saying why not (the
+// resolver's words), else OK.
+absl::Status CheckResolves(absl::string_view host_port);
+
+// Whether a TCP connection to `host_port` opens within `timeout` (to any
+// of its addresses; closed at once): InvalidArgument when it does not
+// resolve, Unavailable with the system's words when none answers.
+absl::Status CheckConnects(absl::string_view host_port, int timeout_ms);
 
 // True for "", "0.0.0.0", "::" and "[::]": a bind address that says "every
 // interface" and so names none that others could dial.

@@ -117,6 +117,23 @@ absl::StatusOr<v1::RegisterNodeResponse> NodeRegistry::Register(
   if (request.node_secret().size() > 256) {
     return absl::InvalidArgumentError("node_secret must be at most 256 bytes");
   }
+  if (options_.check_address) {
+    if (absl::Status s = options_.check_address(request.node().address());
+        !s.ok()) {
+      return absl::Status(
+          s.code(),
+          absl::StrCat("node ", request.node().name(), " advertises ",
+                       request.node().address(), ", which ptcoord cannot ",
+                       s.code() == absl::StatusCode::kInvalidArgument
+                           ? "resolve"
+                           : "reach",
+                       " (", s.message(),
+                       "); ptcoord's ptrsh dials that address to start ranks "
+                       "there: start ptworkerd with --advertise HOST:PORT, "
+                       "an address of this node that ptcoord and the other "
+                       "nodes reach"));
+    }
+  }
   const std::string& name = request.node().name();
   // Held through the store write: two registrations of one name are
   // decided one after the other.

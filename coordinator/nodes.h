@@ -19,6 +19,7 @@
 #ifndef PTRAIN_COORDINATOR_NODES_H_
 #define PTRAIN_COORDINATOR_NODES_H_
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -45,6 +46,11 @@ struct NodeRegistryOptions {
   // keep their standing, and a node waiting stays waiting whatever this
   // says after a restart: only Approve ends the wait.
   bool require_approval = false;
+  // What a registration's node.address must pass before it is taken
+  // (ptcoord: it resolves here and a TCP connection to it opens; ptrsh
+  // dials it from here): an error is the refusal. Checked before the
+  // node's name and secret, without the registry's lock. Empty: none.
+  std::function<absl::Status(const std::string& address)> check_address;
 };
 
 // "" when `spec` is a valid registration, else what is wrong, naming the

@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "common/auth_token.h"
 #include "common/gpu_inventory.h"
+#include "common/net.h"
 #include "common/pem.h"
 #include "common/process.h"
 #include "coordinator/auth.h"
@@ -195,6 +196,14 @@ std::optional<Refusal> LoadTokenFiles(const PtcoordFlags& f,
         LoadTokenFile(f.join_token_file, "--join-token-file", &short_tokens);
     if (!t.ok()) return Refuse(t.status(), 2);
     o->nodes.join_tokens = std::move(*t);
+    // A connect refused or unanswered may pass (a node still starting, a
+    // network hiccup): the daemon tries again. A name that does not
+    // resolve will not: it is refused for good.
+    o->nodes.check_address = [](const std::string& address) {
+      absl::Status s = CheckConnects(address, 2000);
+      if (s.ok() || s.code() == absl::StatusCode::kInvalidArgument) return s;
+      return absl::FailedPreconditionError(s.message());
+    };
   }
   for (const std::string& warning : short_tokens) {
     std::fprintf(stderr, "ptcoord: WARNING: %s\n", warning.c_str());

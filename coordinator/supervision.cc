@@ -13,7 +13,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "common/exit_codes.h"
 #include "common/job_state.h"
 #include "coordinator/coordinator.h"
@@ -31,6 +35,39 @@ namespace {
 constexpr absl::Duration kLateSupervision = absl::Seconds(1);
 // The lines of stderr.log a failed attempt's error ends with.
 constexpr int kErrorTailLines = 20;
+// How far back in stderr.log the launch agent's lines are looked for, and
+// how many of them an error quotes.
+constexpr int kAgentScanLines = 400;
+constexpr int kAgentLines = 3;
+constexpr absl::string_view kAgentSaid = "the launch agent said:\n";
+
+// What a failed attempt's error quotes of its stderr.log: the launch
+// agent's own lines ("ptrsh: ..."), which say why mpirun could not start
+// ranks on a node where OpenMPI says only "ORTE was unable to reliably
+// start one or more daemons", then the log's last kErrorTailLines lines.
+std::string ErrorTail(const std::string& path) {
+  const std::string text = TailLines(path, kAgentScanLines);
+  std::vector<absl::string_view> lines =
+      absl::StrSplit(text, '\n', absl::SkipEmpty());
+  std::vector<absl::string_view> agent;
+  for (absl::string_view l : lines) {
+    if (absl::StartsWith(l, "ptrsh: ") && agent.size() < kAgentLines &&
+        std::find(agent.begin(), agent.end(), l) == agent.end()) {
+      agent.push_back(l);
+    }
+  }
+  const size_t first =
+      lines.size() > kErrorTailLines ? lines.size() - kErrorTailLines : 0;
+  std::string out;
+  if (!agent.empty()) {
+    absl::StrAppend(&out, kAgentSaid, absl::StrJoin(agent, "\n"),
+                    "\nlast stderr lines:\n");
+  }
+  for (size_t i = first; i < lines.size(); ++i) {
+    absl::StrAppend(&out, lines[i], "\n");
+  }
+  return out;
+}
 
 // What went wrong with attempt `n` of a job of `steps` steps that ended
 // with `exit_code` (`end` when no code is known), "" when nothing did.
@@ -55,7 +92,11 @@ std::string AttemptError(const std::string& kill_reason,
   }
   if (exit_code == 0) return "";
   return absl::StrCat("attempt ", n, " exited with code ", exit_code,
-                      tail.empty() ? "" : "; last stderr lines:\n", tail);
+                      tail.empty() ? ""
+                      : absl::StartsWith(tail, kAgentSaid)
+                          ? "; "
+                          : "; last stderr lines:\n",
+                      tail);
 }
 
 }  // namespace
@@ -110,8 +151,7 @@ void Coordinator::ReadAttempt(AttemptRead& r) {
     Running::Left& left = r.left.emplace();
     left.log = ReadRunLog((fs::path(r.dir) / "run.jsonl").string(), r.context,
                           r.known_step);
-    left.stderr_tail =
-        TailLines((fs::path(r.dir) / "stderr.log").string(), kErrorTailLines);
+    left.stderr_tail = ErrorTail((fs::path(r.dir) / "stderr.log").string());
   }
 }
 

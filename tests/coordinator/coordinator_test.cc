@@ -70,8 +70,13 @@ if [ "$FAKE_MODE" = log ] || [ "$FAKE_MODE" = logsleep ]; then
   echo "{\"type\":\"checkpoint\",\"step\":9,\"dir\":\"/etc\"}" >> "$log"
   echo "{\"type\":\"step\",\"step\":8,\"loss\":NaN}" >> "$log"
 fi
+if [ "$FAKE_MODE" = agent ]; then
+  echo "ptrsh: cannot reach node1:27071: DNS resolution failed" >&2
+  for i in $(seq 30); do echo "ORTE was unable to reliably start [$i]" >&2; done
+fi
 case "$FAKE_MODE" in
   ok|log) exit 0;;
+  agent) exit 255;;
   fail) exit 5;;
   bad) exit 2;;
   stop) [ "$PTRAIN_ATTEMPT" = 1 ] && exit 3; exit 0;;
@@ -508,6 +513,25 @@ TEST_F(CoordinatorTest, FailureRestartsThenFailsWithLastStderrLines) {
   EXPECT_NE(done.error().find("fake rank says goodbye"), std::string::npos)
       << done.error();
   EXPECT_NE(done.error().find("code 5"), std::string::npos) << done.error();
+}
+
+// mpirun could not start ranks on a node: OpenMPI's lines bury the launch
+// agent's own, which the error quotes first.
+TEST_F(CoordinatorTest, AFailedLaunchQuotesTheLaunchAgentsOwnLine) {
+  setenv("FAKE_MODE", "agent", 1);
+  auto c = Make();
+  auto job = c->Submit(kSpec, {"restart.max_restarts=0"});
+  ASSERT_TRUE(job.ok());
+  const v1::Job done = TickUntil(*c, job->id(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(done.error().find("attempt 1 exited with code 255; the launch "
+                              "agent said:\nptrsh: cannot reach "
+                              "node1:27071: DNS resolution failed\nlast "
+                              "stderr lines:\n"),
+            std::string::npos)
+      << done.error();
+  EXPECT_NE(done.error().find("start [30]"), std::string::npos) << done.error();
+  EXPECT_EQ(done.error().find("start [10]"), std::string::npos)
+      << done.error();  // only the last 20 lines
 }
 
 // Exit 3 is ptworker's "stopped as asked (SIGUSR1) after a checkpoint": the

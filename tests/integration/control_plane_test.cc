@@ -1922,10 +1922,11 @@ class NodesTest : public ControlPlaneTest {
   }
   // Starts ptworkerd as node `name` (unless `extra` names another with
   // --name), its output in dir_/NAME.log.
-  // `advertise` "": the daemon advertises NAME:BOUND_PORT.
+  // `advertise` "": the daemon advertises its --listen host and bound port
+  // (127.0.0.1:PORT), which ptcoord checks it can reach.
   pid_t StartDaemon(const std::string& name,
                     const std::string& token_file = "join-tokens",
-                    const std::string& advertise = "default",
+                    const std::string& advertise = "",
                     const std::vector<std::string>& extra = {}) {
     const auto given = [&](const char* flag) {
       return std::find(extra.begin(), extra.end(), flag) != extra.end();
@@ -1940,9 +1941,7 @@ class NodesTest : public ControlPlaneTest {
                                      "--join-token-file",
                                      (dir_ / token_file).string()};
     if (!given("--name")) argv.insert(argv.end(), {"--name", name});
-    if (advertise == "default") {
-      argv.insert(argv.end(), {"--advertise", name + ":7071"});
-    } else if (!advertise.empty()) {
+    if (!advertise.empty()) {
       argv.insert(argv.end(), {"--advertise", advertise});
     }
     // The daemons' node secrets stay in the test's folder unless a test
@@ -1971,7 +1970,7 @@ class NodesTest : public ControlPlaneTest {
   // log, when it never comes up.
   std::unique_ptr<ptrain::v1::DaemonService::Stub> UpDaemon(
       const std::string& name) {
-    StartDaemon(name, "join-tokens", "");
+    StartDaemon(name);
     if (!WaitFor([&] { return NodeState(name) == "NODE_STATE_UP"; }, 30)) {
       ADD_FAILURE() << ReadFile(dir_ / (name + ".log"));
       return nullptr;
@@ -2007,7 +2006,9 @@ TEST_F(NodesTest, NodeJoinsHeartbeatsAndIsDownOnceItsDaemonDies) {
       << ReadFile(dir_ / "node-a.log");
   const json n = Nodes()["node-a"];
   EXPECT_EQ(n["spec"]["slots"], 3) << n.dump();
-  EXPECT_EQ(n["spec"]["address"], "node-a:7071") << n.dump();
+  // Without --advertise: its --listen host and the port it bound.
+  EXPECT_TRUE(absl::StartsWith(n["spec"].value("address", ""), "127.0.0.1:"))
+      << n.dump();
   EXPECT_GT(Int(n["spec"], "memory_bytes"), 0) << n.dump();
   // Still up after several timeouts: it heartbeats.
   std::this_thread::sleep_for(std::chrono::seconds(5));
@@ -2067,6 +2068,52 @@ TEST_F(NodesTest, WrongJoinTokenOrBadRegistrationChangesNothing) {
   EXPECT_TRUE(Nodes().empty());
 }
 
+// An address ptrsh could not dial is refused where it is given, with the
+// fix: ptworkerd will not advertise a name that does not resolve, and
+// ptcoord takes no registration whose address it cannot resolve or reach
+// (rather than every attempt placed there failing in mpirun).
+TEST_F(NodesTest, AnAddressPtcoordCannotReachIsRefusedWithTheFix) {
+  const pid_t pid =
+      StartDaemon("node-x", "join-tokens", "no-such-node.invalid:7071");
+  int status = 0;
+  ASSERT_TRUE(
+      WaitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; }, 30));
+  daemons_.erase("node-x");
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << status;
+  const std::string log = ReadFile(dir_ / "node-x.log");
+  EXPECT_NE(log.find("--advertise no-such-node.invalid:7071: 'no-such-node."
+                     "invalid' does not resolve"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("give --advertise HOST:PORT"), std::string::npos) << log;
+
+  auto stub = ptrain::v1::NodeService::NewStub(channel_);
+  ptrain::v1::RegisterNodeRequest req;
+  req.mutable_node()->set_name("node-c");
+  req.mutable_node()->set_address("no-such-node.invalid:7071");
+  req.mutable_node()->set_slots(2);
+  req.mutable_node()->set_cores(2);
+  ptrain::v1::RegisterNodeResponse resp;
+  grpc::Status s = stub->Register(Ctx(kJoinToken).get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("node node-c advertises "
+                                   "no-such-node.invalid:7071, which ptcoord "
+                                   "cannot resolve"),
+            std::string::npos)
+      << s.error_message();
+  EXPECT_NE(s.error_message().find("--advertise HOST:PORT"), std::string::npos)
+      << s.error_message();
+  // Resolves, but nothing listens there (port 1: refused at once).
+  req.mutable_node()->set_address("127.0.0.1:1");
+  s = stub->Register(Ctx(kJoinToken).get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("which ptcoord cannot reach (cannot "
+                                   "connect to 127.0.0.1:1"),
+            std::string::npos)
+      << s.error_message();
+  EXPECT_TRUE(Nodes().empty());
+}
+
 TEST_F(NodesTest, NodesRegisterAgainAfterACoordinatorRestart) {
   StartDaemon("node-a");
   ASSERT_TRUE(
@@ -2100,9 +2147,11 @@ TEST_F(NodesTest, ANodeNameIsBoundToItsDaemonAndForgottenOnlyByAnOperator) {
       WaitFor([&] { return NodeState("node-a") == "NODE_STATE_UP"; }, 30))
       << ReadFile(dir_ / "node-a.log");
   auto stub = ptrain::v1::NodeService::NewStub(channel_);
+  const std::string address = Nodes()["node-a"]["spec"].value("address", "");
   ptrain::v1::RegisterNodeRequest impostor;
   impostor.mutable_node()->set_name("node-a");
-  impostor.mutable_node()->set_address("127.0.0.1:9");
+  // An address ptcoord reaches (the real daemon's): the name is what fails.
+  impostor.mutable_node()->set_address(address);
   impostor.mutable_node()->set_slots(3);
   impostor.mutable_node()->set_cores(2);
   ptrain::v1::RegisterNodeResponse resp;
@@ -2113,7 +2162,7 @@ TEST_F(NodesTest, ANodeNameIsBoundToItsDaemonAndForgottenOnlyByAnOperator) {
             std::string::npos)
       << s.error_message();
   const json after = Nodes()["node-a"];
-  EXPECT_EQ(after["spec"]["address"], "node-a:7071") << after.dump();
+  EXPECT_EQ(after["spec"]["address"], address) << after.dump();
   EXPECT_EQ(after.value("state", ""), "NODE_STATE_UP") << after.dump();
   EXPECT_EQ(after.value("refused_registrations", 0), 1) << after.dump();
   EXPECT_NE(Ptctl("nodes").out.find("1 registration(s) refused"),
@@ -2141,8 +2190,8 @@ TEST_F(NodesTest, ANodeNameIsBoundToItsDaemonAndForgottenOnlyByAnOperator) {
   // told what to do; the node and its daemon are unharmed.
   const std::vector<std::string> reinstalled = {
       "--name", "node-a", "--state-dir", (dir_ / "reinstalled").string()};
-  const pid_t fresh = StartDaemon("node-a-reinstalled", "join-tokens",
-                                  "node-a:7071", reinstalled);
+  const pid_t fresh =
+      StartDaemon("node-a-reinstalled", "join-tokens", "", reinstalled);
   int status = 0;
   ASSERT_TRUE(
       WaitFor([&] { return waitpid(fresh, &status, WNOHANG) == fresh; }, 30));
@@ -2165,7 +2214,7 @@ TEST_F(NodesTest, ANodeNameIsBoundToItsDaemonAndForgottenOnlyByAnOperator) {
   Result forgot = Ptctl("forget-node node-a");
   EXPECT_EQ(forgot.rc, 0) << forgot.out;
   EXPECT_TRUE(Nodes().empty());
-  StartDaemon("node-a-reinstalled", "join-tokens", "node-a:7071", reinstalled);
+  StartDaemon("node-a-reinstalled", "join-tokens", "", reinstalled);
   EXPECT_TRUE(
       WaitFor([&] { return NodeState("node-a") == "NODE_STATE_UP"; }, 30))
       << ReadFile(dir_ / "node-a-reinstalled.log");
@@ -2384,7 +2433,7 @@ TEST_F(NodesTest, ANewNodeTakesNoJobUntilAnOperatorApprovesIt) {
 TEST_F(NodesTest, PtworkerdSaysWhenOnlyOneSideTalksTls) {
   MakeCertificates();
   const fs::path t = dir_ / "tls";
-  StartDaemon("node-t", "join-tokens", "default",
+  StartDaemon("node-t", "join-tokens", "",
               {"--tls-ca", (t / "ca.pem").string()});
   EXPECT_TRUE(WaitFor(
       [&] {

@@ -23,6 +23,7 @@
 #include "common/exit_codes.h"
 #include "common/gpu_inventory.h"
 #include "common/logging.h"
+#include "common/net.h"
 #include "common/pem.h"
 #include "common/thread_entry.h"
 #include "common/tls_probe.h"
@@ -146,9 +147,6 @@ int Run(int argc, char** argv) {
   int port = 0;
   grpc::ServerBuilder builder;
   builder.AddListeningPort(f.listen, grpc::InsecureServerCredentials(), &port);
-  const std::string port_text = f.listen.substr(f.listen.rfind(':') + 1);
-  spec.set_address(f.advertise.empty() ? absl::StrCat(f.name, ":", port_text)
-                                       : f.advertise);
   // Before serving anything: a secret ptcoord issues must have a home.
   absl::StatusOr<ptrain::NodeSecretFile> secret_file =
       ptrain::NodeSecretFile::Open(f.state_dir, f.name);
@@ -165,10 +163,27 @@ int Run(int argc, char** argv) {
                  f.listen.c_str());
     return kExitBadInput;
   }
-  if (f.advertise.empty() && port_text == "0") {
-    spec.set_address(absl::StrCat(f.name, ":", port));
-    daemon.SetAddress(spec.address());
+  // Where ptcoord's ptrsh dials this daemon: --advertise, else the --listen
+  // host when it names one interface, else this node's address toward
+  // ptcoord (the interface the kernel would use to reach it), else NAME;
+  // with the bound port.
+  spec.set_address(
+      f.advertise.empty()
+          ? ptrain::JoinHostPort(
+                ptrain::AdvertiseHost(f.listen, "", f.coordinator, f.name),
+                std::to_string(port))
+          : f.advertise);
+  if (absl::Status s = ptrain::CheckResolves(spec.address()); !s.ok()) {
+    std::fprintf(
+        stderr,
+        "ptworkerd: error: %s %s: %s; ptcoord's ptrsh dials it to "
+        "start ranks here: give --advertise HOST:PORT, an address "
+        "of this node that ptcoord and the other nodes reach\n",
+        f.advertise.empty() ? "the address to advertise" : "--advertise",
+        spec.address().c_str(), std::string(s.message()).c_str());
+    return kExitBadInput;
   }
+  daemon.SetAddress(spec.address());
   spdlog::info("serving ptrsh on port {} (advertised as {})", port,
                spec.address());
   const int rc = daemon.Run();
