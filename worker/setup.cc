@@ -20,6 +20,8 @@
 #include "common/confined_fs.h"
 #include "common/spec.h"
 #include "spdlog/spdlog.h"
+#include "worker/checkpoint_folder.h"
+#include "worker/engine/comm.h"
 #include "worker/engine/flight_recorder.h"
 #include "worker/signals.h"
 
@@ -120,6 +122,36 @@ absl::Status FillTrainerOptions(const RankFlags& flags, const NodeShare& node,
   return absl::OkStatus();
 }
 
+// A standalone run holds its checkpoint.dir for as long as it runs, so a
+// second run there is refused before it trains (under ptcoord each job has
+// a folder of its own, and one attempt at a time); started without
+// --resume-from beside an earlier run's checkpoints (a rerun after Ctrl-C,
+// say), it says so and how to go on from them. Collective, after the
+// trainer is built (a run refused for anything else touches nothing):
+// every rank learns rank 0's answer.
+absl::Status HoldCheckpointDir(const v1::JobSpec& spec, const RankFlags& flags,
+                               const TrainerOptions& options,
+                               const ParallelDims& dims, Rank* rank) {
+  const std::string& dir = spec.checkpoint().dir();
+  if (dir.empty() || !options.job_uid.empty()) return absl::OkStatus();
+  absl::Status held = absl::OkStatus();
+  if (dims.world_rank() == 0) {
+    absl::StatusOr<UniqueFd> fd = HoldCheckpointFolder(dir, options.fs);
+    if (fd.ok()) {
+      rank->checkpoint_dir_lock = std::move(*fd);
+      if (flags.resume_from.empty()) {
+        const std::string notice = EarlierCheckpointsNotice(dir, options.fs);
+        if (!notice.empty()) spdlog::warn("{}", notice);
+      }
+    } else {
+      held = fd.status();
+    }
+  }
+  return AgreeOnStatus(dims.world_comm(), held,
+                       "checkpoint.dir is in use by another run (see rank 0's "
+                       "error)");
+}
+
 // SIGUSR2 and SIGTERM dump the rank's flight recorder beside the run log
 // (docs/diagnose.md). Its size: PTRAIN_FLIGHT_RECORDER_ENTRIES (0: off).
 absl::Status ArmFlightDump(const RankFlags& flags, const ParallelDims& dims) {
@@ -188,6 +220,9 @@ absl::Status BuildRank(const RankFlags& flags, const NodeShare& node,
   }
   auto t = Trainer::Create(*spec, options, rank->dims.get());
   if (!t.ok()) return t.status();
+  if (auto s = HoldCheckpointDir(*spec, flags, options, dims, rank); !s.ok()) {
+    return s;
+  }
   rank->trainer = std::move(*t);
   if (!flags.metrics_bind.empty()) {
     auto m = RankMetrics::Start(

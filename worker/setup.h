@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/confined_fs.h"
 #include "worker/engine/metrics.h"
 #include "worker/engine/parallel_dims.h"
 #include "worker/engine/trainer.h"
@@ -33,6 +34,9 @@ struct RankFlags {
 // endpoint and the trainer before the mesh they use.
 struct Rank {
   std::string host;  // this machine's name, in metrics labels
+  // A standalone run's rank 0 holds a lock on its checkpoint.dir while it
+  // runs (HoldCheckpointFolder); invalid otherwise.
+  UniqueFd checkpoint_dir_lock;
   // Under ptcoord every rank reports to the coordinator (rank 0 its
   // progress, each rank its metrics endpoint); standalone, null.
   std::unique_ptr<ProgressReporter> reporter;

@@ -735,6 +735,59 @@ TEST_F(PtworkerCli, FirstSigintStopsAfterTheStepWithItsCheckpointExitThree) {
       << out;
   EXPECT_NE(out.find("SIGINT: stopping after this step"), std::string::npos)
       << out;
+  EXPECT_NE(out.find("run again with --resume-from latest to go on from it"),
+            std::string::npos)
+      << out;
+  // Run again without --resume-from: it starts fresh, and says what it
+  // passes over and how to go on from it instead.
+  fs::remove(log_);
+  const Result again =
+      RunPtworker(Small() + "--set checkpoint.dir=" + ckpt.string() +
+                  " --set train.steps=1");
+  EXPECT_EQ(again.code, 0) << again.err;
+  EXPECT_NE(again.err.find(absl::StrFormat(
+                "holds 1 checkpoint(s) of an earlier run, the newest "
+                "step-%08d (run 'run-",
+                step)),
+            std::string::npos)
+      << again.err;
+  EXPECT_NE(again.err.find("this run starts fresh beside them (no "
+                           "--resume-from). To go on from there instead, run "
+                           "with --resume-from latest"),
+            std::string::npos)
+      << again.err;
+}
+
+// Two runs cannot save into one folder: the second is refused before it
+// trains (exit 2, one line naming the first), rather than failing at its
+// first save with its steps lost; the first trains on unharmed.
+TEST_F(PtworkerCli, ASecondRunIntoAFolderInUseIsRefusedBeforeItTrains) {
+  const fs::path ckpt = dir_ / "ck";
+  const pid_t first =
+      StartTraining(Small() + "--set checkpoint.dir=" + ckpt.string(), "",
+                    dir_ / "out.txt", log_);
+  ASSERT_GT(first, 0) << ReadAll(dir_ / "out.txt");
+  const std::string second_log = (dir_ / "second.jsonl").string();
+  const Result second = RunPtworker(
+      std::string("--config ") + PT_SOURCE_DIR +
+      "/examples/shakespeare-char.yaml --log-json " + second_log +
+      " --set model.n_layer=1 --set model.n_embd=32 --set train.steps=3 "
+      "--set checkpoint.dir=" +
+      ckpt.string());
+  kill(first, SIGINT);
+  int status = 0;
+  waitpid(first, &status, 0);
+  EXPECT_EQ(second.code, 2) << second.err;
+  EXPECT_NE(second.err.find("checkpoint.dir '" + ckpt.string() +
+                            "' is in use by another run (pid " +
+                            std::to_string(first)),
+            std::string::npos)
+      << second.err;
+  EXPECT_EQ(std::count(second.err.begin(), second.err.end(), '\n'), 1)
+      << second.err;
+  EXPECT_FALSE(fs::exists(second_log)) << "the refused run wrote its log";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 3)
+      << ReadAll(dir_ / "out.txt");
 }
 
 // A second SIGTERM does not wait for the save the first one started (held

@@ -93,6 +93,9 @@ absl::Status Trainer::Run() {
       spdlog::warn("step {:>6} | stopping as asked (a stop signal){}", step,
                    spec_.checkpoint().dir().empty()
                        ? "; no checkpoint.dir, so nothing is saved"
+                   : options_.job_uid.empty()
+                       ? ", after this step's checkpoint; run again with "
+                         "--resume-from latest to go on from it"
                        : ", after this step's checkpoint");
       Emit({{"type", "stop"}, {"step", step}});
       stopped_ = true;
