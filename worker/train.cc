@@ -13,6 +13,7 @@
 #include "common/exit_codes.h"
 #include "common/net.h"
 #include "spdlog/spdlog.h"
+#include "worker/engine/comm.h"
 #include "worker/exit_status.h"
 #include "worker/signals.h"
 
@@ -53,10 +54,28 @@ int TrainRank(const RankFlags& flags, Rank* rank) {
   }
   SetTraining(false);
   if (!done.ok()) {
+    const int code = IsInputError(done) ? kExitBadInput : 1;
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    // Alone, or every rank ended here alike (an anomaly stop, a save that
+    // failed): one error line from rank 0, and each rank finalizes and
+    // exits with the code.
+    if (world == 1 || AgreedBy(done) == world) {
+      // The lowest rank whose error is its own says it (the others only
+      // echo "another rank failed"); every rank is here, so they can ask.
+      const int mine = IsAgreedEcho(done) ? world : WorldRank();
+      int first = 0;
+      MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+      if (first == WorldRank() || (first == world && WorldRank() == 0)) {
+        std::fprintf(stderr, "ptworker: error: %s\n",
+                     std::string(done.message()).c_str());
+      }
+      return code;
+    }
     // Other ranks may be inside a collective: take the whole job down.
     std::fprintf(stderr, "ptworker: error on rank %d: %s\n", WorldRank(),
                  std::string(done.message()).c_str());
-    MPI_Abort(MPI_COMM_WORLD, IsInputError(done) ? kExitBadInput : 1);
+    MPI_Abort(MPI_COMM_WORLD, code);
   }
   return rank->trainer->stopped() ? kExitStopped : 0;
 }

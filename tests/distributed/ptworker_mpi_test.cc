@@ -174,6 +174,41 @@ TEST_F(PtworkerMpi, AsyncSaveAcrossRanksWritesWhatABlockingSaveWrites) {
   }
 }
 
+// A failure every rank reaches alike (here the anomaly stop) ends the job
+// cleanly: each rank finalizes and exits 2, one error line is printed, and
+// no rank aborts the world (no MPI_ABORT banner). Alone, without mpirun,
+// the same.
+TEST_F(PtworkerMpi, AnAgreedFailureEndsEveryRankWithOneLineAndNoAbort) {
+  const std::string args =
+      "--set parallel.dp=2 --set model.n_layer=1 --set model.n_embd=32 "
+      "--set train.steps=10 --set train.eval_every=0 "
+      "--set train.sample_tokens=0 --set train.anomaly.nan=stop ";
+  for (int ranks : {2, 1}) {
+    const Result r =
+        ranks == 1
+            ? ptrain::testing::RunShell(
+                  std::string("PTRAIN_TEST_NAN_AT_STEP=3 ") + PTWORKER_PATH +
+                      " --config " + PT_SOURCE_DIR +
+                      "/examples/shakespeare-char.yaml --log-json " + log_ +
+                      " --set model.n_layer=1 --set model.n_embd=32 "
+                      "--set train.steps=10 --set train.anomaly.nan=stop",
+                  (dir_ / "err1.txt").string())
+            : Mpirun(ranks, args, "PTRAIN_TEST_NAN_AT_STEP=3");
+    EXPECT_EQ(r.code, 2) << r.err;
+    size_t lines = 0;
+    for (size_t at = r.err.find("ptworker: error"); at != std::string::npos;
+         at = r.err.find("ptworker: error", at + 1)) {
+      ++lines;
+    }
+    EXPECT_EQ(lines, 1u) << r.err;
+    EXPECT_NE(r.err.find("stopping (train.anomaly.nan=stop)"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.err.find("MPI_ABORT"), std::string::npos) << r.err;
+    fs::remove(log_);
+  }
+}
+
 // train.anomaly.nan=rollback over four ranks (tp=2 x pp=2, ZeRO-1): a NaN
 // at step 6 rolls every rank back to the checkpoint of step 4 in place;
 // from there the run trains, to the bit, as a run resumed from that

@@ -3,7 +3,12 @@
 #include "worker/engine/comm.h"
 
 #include <cstring>
+#include <string>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "common/check.h"
 
 namespace ptrain {
@@ -147,7 +152,35 @@ bool AnyRankFailed(Communicator* group, bool failed) {
 absl::Status AgreeOnStatus(Communicator* group, const absl::Status& mine,
                            absl::string_view others) {
   if (!AnyRankFailed(group, !mine.ok())) return absl::OkStatus();
-  return mine.ok() ? absl::FailedPreconditionError(others) : mine;
+  return mine.ok() ? MarkAgreed(group, absl::FailedPreconditionError(others),
+                                /*echo=*/true)
+                   : MarkAgreed(group, mine);
+}
+
+namespace {
+constexpr char kAgreedBy[] = "ptrain/agreed-by";
+}  // namespace
+
+// The payload: the group's size, then ":echo" for an echo.
+absl::Status MarkAgreed(Communicator* group, absl::Status s, bool echo) {
+  if (s.ok()) return s;
+  s.SetPayload(kAgreedBy,
+               absl::Cord(absl::StrCat(group == nullptr ? 1 : group->size(),
+                                       echo ? ":echo" : "")));
+  return s;
+}
+
+int AgreedBy(const absl::Status& s) {
+  const auto by = s.GetPayload(kAgreedBy);
+  if (!by.has_value()) return 0;
+  const std::string text(*by);
+  int n = 0;
+  return absl::SimpleAtoi(text.substr(0, text.find(':')), &n) ? n : 0;
+}
+
+bool IsAgreedEcho(const absl::Status& s) {
+  const auto by = s.GetPayload(kAgreedBy);
+  return by.has_value() && absl::EndsWith(std::string(*by), ":echo");
 }
 
 }  // namespace ptrain

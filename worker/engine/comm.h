@@ -139,9 +139,21 @@ bool AnyRankFailed(Communicator* group, bool failed);
 
 // The same for a status: OK on every rank when every rank's `mine` is OK;
 // otherwise a failed rank returns its own error and the others
-// FailedPrecondition "`others`" (another rank's error is in its own log).
+// FailedPrecondition "`others`" (another rank's error is in its own log),
+// each marked as agreed by `group` (MarkAgreed).
 absl::Status AgreeOnStatus(Communicator* group, const absl::Status& mine,
                            absl::string_view others);
+
+// `s` marked as a failure every rank of `group` reached alike, at the same
+// point (after AnyRankFailed over it): when that group is the whole world,
+// ptworker ends every rank cleanly with it instead of aborting the job.
+// `echo`: `s` only says that another rank failed (AgreeOnStatus's
+// `others`), so it is not the one to print.
+absl::Status MarkAgreed(Communicator* group, absl::Status s, bool echo = false);
+// The size of the group `s` was agreed by (MarkAgreed); 0 when unmarked.
+int AgreedBy(const absl::Status& s);
+// Whether `s` was marked as only the echo of another rank's failure.
+bool IsAgreedEcho(const absl::Status& s);
 
 }  // namespace ptrain
 

@@ -138,17 +138,19 @@ absl::StatusOr<int64_t> Trainer::HandleAnomaly(int64_t step,
           {"action", "ignored"}});
     return -1;
   }
+  // Decided alike on every rank: they end together (MarkAgreed).
   if (policy.nan() == "stop") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        v.reason,
-        "; stopping (train.anomaly.nan=stop): a restart would meet "
-        "it again"));
+    return MarkAgreed(world(), absl::FailedPreconditionError(absl::StrCat(
+                                   v.reason,
+                                   "; stopping (train.anomaly.nan=stop): a "
+                                   "restart would meet it again")));
   }
   if (rollbacks_ >= policy.max_rollbacks()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        v.reason, "; the run rolled back ", rollbacks_,
-        " times already (train.anomaly.max_rollbacks=", policy.max_rollbacks(),
-        ")"));
+    return MarkAgreed(world(),
+                      absl::FailedPreconditionError(absl::StrCat(
+                          v.reason, "; the run rolled back ", rollbacks_,
+                          " times already (train.anomaly.max_rollbacks=",
+                          policy.max_rollbacks(), ")")));
   }
   return RollBack(step, v.kind, v.reason);
 }
