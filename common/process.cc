@@ -99,6 +99,24 @@ std::vector<pid_t> ProcessesWithEnv(const std::vector<std::string>& vars) {
   });
 }
 
+int64_t HostMemoryBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  while (in >> key >> kb) {
+    if (key == "MemTotal:") return kb * 1024;
+    in.ignore(1 << 20, '\n');
+  }
+  return 0;
+}
+
+double HostLoad1() {
+  std::ifstream in("/proc/loadavg");
+  double load = 0;
+  in >> load;
+  return in ? load : 0.0;
+}
+
 std::vector<int> AllowedCpus() {
   cpu_set_t set;
   CPU_ZERO(&set);

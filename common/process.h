@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -20,6 +21,13 @@ std::string ReadWholeFile(const std::string& path);
 // The CPUs this process may run on (its affinity), ascending; empty when
 // the kernel does not say.
 std::vector<int> AllowedCpus();
+
+// MemTotal of /proc/meminfo in bytes (0 when unreadable).
+int64_t HostMemoryBytes();
+
+// The host's load average over the last minute (/proc/loadavg; 0 when
+// unreadable).
+double HostLoad1();
 
 // The state letter of /proc/`pid`/stat (R, S, D, T, t, Z, ...), "gone"
 // when there is no such process.

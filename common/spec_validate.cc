@@ -439,7 +439,8 @@ absl::Status ValidateTrain(const v1::JobSpec& spec) {
   return First({
       Positive("train.eps", t.eps()),
       InRange("train.sample_tokens", t.sample_tokens(), 0, 1 << 20),
-      Positive("train.sample_temperature", t.sample_temperature()),
+      // 0: greedy, the likeliest token (as Hugging Face's do_sample=False).
+      AtLeast<double>("train.sample_temperature", t.sample_temperature(), 0),
       InRange("train.sample_top_k", t.sample_top_k(), 0, 1 << 24),
       OneOf("train.precision", t.precision(), {"auto", "fp32", "bf16"}),
       OneOf("train.recompute", t.recompute(), {"none", "selective", "full"}),

@@ -14,7 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/bounded_file.h"
+#include "common/gpu_inventory.h"
 #include "common/job_state.h"
+#include "common/process.h"
 #include "common/proto_json.h"
 #include "common/tokenizer.h"
 
@@ -96,14 +98,20 @@ json Summary(const v1::Job& job) {
             {"steps", job.spec().train().steps()},
             {"loss", nullptr},
             {"val_loss", nullptr},
-            {"tok_per_s", p.tok_per_s()},
-            {"mfu", p.mfu()},
-            {"lr", p.lr()},
+            {"tok_per_s", nullptr},
+            {"mfu", nullptr},
+            {"lr", nullptr},
             {"progress_ms", p.unix_ms()},
             {"eta_s", nullptr},
             {"cancel_requested", job.cancel_requested()},
             {"pause_requested", job.pause_requested()}};
-  if (p.unix_ms() > 0 && p.step() > 0) j["loss"] = p.loss();
+  // A job that has trained no step yet has no figures ("—"), not zeros.
+  if (p.unix_ms() > 0 && p.step() > 0) {
+    j["loss"] = p.loss();
+    j["tok_per_s"] = p.tok_per_s();
+    j["mfu"] = p.mfu();
+    j["lr"] = p.lr();
+  }
   if (p.has_val_loss()) j["val_loss"] = p.val_loss();
   // Steps left at the tokens a step takes and the last step's speed.
   const double tokens_per_step =
@@ -413,10 +421,18 @@ ApiReply NodesApi(Coordinator& c, const ApiQuery&) {
                      {"processes", n.processes()},
                      {"version", s.version()}});
   }
-  return {200, json{{"now_ms", NowMs()},
-                    {"nodes", std::move(nodes)},
-                    {"local_slots", c.options().local_slots},
-                    {"local_slots_used", c.LocalSlotsUsed()}}};
+  return {200,
+          json{{"now_ms", NowMs()},
+               {"nodes", std::move(nodes)},
+               {"local_slots", c.options().local_slots},
+               {"local_slots_used", c.LocalSlotsUsed()},
+               // This host, where jobs run when no node registered.
+               {"local",
+                {{"cores", c.options().cores},
+                 {"gpus", c.options().local_gpus >= 0 ? c.options().local_gpus
+                                                      : GpuCount()},
+                 {"memory_bytes", HostMemoryBytes()},
+                 {"load1", HostLoad1()}}}}};
 }
 
 }  // namespace ptrain

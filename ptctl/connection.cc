@@ -89,6 +89,13 @@ std::string Explained(const Options& o, const grpc::Status& s) {
         return absl::StrCat("cannot resolve the host of ", o.server, " (",
                             where, "): ", m);
       }
+      if (absl::StrContains(m, "http1.x server")) {
+        return absl::StrCat(
+            o.server, " answers HTTP/1, not ptcoord's gRPC (", where,
+            "): is it ptcoord's web UI (--ui-listen) or its metrics "
+            "(--metrics-listen)? Give the address of ptcoord's --listen, "
+            "which ptcoord writes to STATE_DIR/address");
+      }
       if (!o.tls_ca.empty() && absl::StrContains(m, "wrong version number")) {
         return absl::StrCat("ptcoord at ", o.server,
                             " talks plain text, not TLS: drop ", o.tls_ca_from);

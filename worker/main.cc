@@ -133,8 +133,9 @@ void AddSampleCommand(CLI::App& app, SampleCommand* s) {
       s->app
           ->add_option(
               "--temperature", s->temperature,
-              "softmax temperature (default: train.sample_temperature)")
-          ->check(CLI::PositiveNumber);
+              "softmax temperature, 0: greedy (the likeliest token each "
+              "time) (default: train.sample_temperature)")
+          ->check(CLI::NonNegativeNumber);
   s->top_k_opt =
       s->app
           ->add_option("--top-k", s->top_k,

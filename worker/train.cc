@@ -24,7 +24,7 @@ namespace {
 // Prometheus reaches it at.
 void AnnounceMetrics(const RankFlags& flags, const Rank& rank) {
   if (rank.metrics == nullptr) return;
-  spdlog::warn("rank {} serves metrics on port {}", rank.dims->world_rank(),
+  spdlog::info("rank {} serves metrics on port {}", rank.dims->world_rank(),
                rank.metrics->port());
   if (rank.reporter != nullptr) {
     // Others must reach the address: see AdvertiseHost for the rule.

@@ -44,6 +44,13 @@
     return String(Number(v.toPrecision(digits || 4)));
   }
 
+  // What a job still on its way to an end shows beside its state: a
+  // request to cancel or pause; nothing once it has ended.
+  function ending(j, cancelling, pausing) {
+    if (['succeeded', 'failed', 'cancelled'].includes(j.state)) return '';
+    return j.cancel_requested ? cancelling : j.pause_requested ? pausing : '';
+  }
+
   function fmtRate(v) {
     if (!isNum(v)) return '—';
     if (v >= 1e6) return (v / 1e6).toFixed(2) + 'M';
@@ -185,7 +192,7 @@
   }
 
   function jobRow(j, now) {
-    const flag = j.cancel_requested ? 'cancelling' : j.pause_requested ? 'pausing' : '';
+    const flag = ending(j, 'cancelling', 'pausing');
     const job = el('td', {class: 'job'},
                    el('a', {href: '/jobs/' + encodeURIComponent(j.id)}, j.name || j.id),
                    el('div', {class: 'sub mono'}, j.id));
@@ -226,12 +233,17 @@
       el('td', {class: 'sub mono'}, n.version)));
     if (!rows.length) {
       const dash = () => el('td', {class: 'num'}, '—');
+      const h = d.local || {};
       rows.push(el('tr', {'data-node': 'local', 'data-state': 'up', class: 'local'},
         el('td', null, el('strong', null, 'local host'),
            el('div', {class: 'sub'}, 'no nodes registered: ptcoord launches here')),
         el('td', null, badge('up')),
         el('td', null, progressCell(d.local_slots_used || 0, d.local_slots || 0)),
-        dash(), dash(), dash(), dash(), dash(), dash(), el('td')));
+        el('td', {class: 'num'}, isNum(h.gpus) && h.gpus >= 0 ? String(h.gpus) : '—'),
+        el('td', {class: 'num'}, isNum(h.cores) ? String(h.cores) : '—'),
+        el('td', {class: 'num'}, h.memory_bytes ? fmtBytes(h.memory_bytes) : '—'),
+        el('td', {class: 'num'}, isNum(h.load1) ? h.load1.toFixed(2) : '—'),
+        dash(), dash(), el('td')));
     }
     $('nodes').tBodies[0].replaceChildren(...rows);
   }
@@ -454,7 +466,7 @@
     $('job-id').textContent = j.id;
     $('job-state').textContent = j.state;
     $('job-state').className = 'badge s-' + j.state;
-    const flag = j.cancel_requested ? 'cancel requested' : j.pause_requested ? 'pause requested' : '';
+    const flag = ending(j, 'cancel requested', 'pause requested');
     $('job-flags').textContent = flag;
     $('job-flags').hidden = !flag;
     progressBar(j.step, j.steps, $('job-bar'));

@@ -266,6 +266,11 @@ TEST_F(UiTest, APastedTokensBlanksAreNotPartOfTheCookie) {
 
 TEST_F(UiTest, JobsListStateProgressAndEtaAndFilterByState) {
   const std::string id = RunningJob();
+  // No step trained yet: no figures ("—" on the page), not zeros.
+  const json before = GetJson("/api/v1/jobs")["jobs"][0];
+  for (const char* figure : {"loss", "tok_per_s", "mfu", "lr", "eta_s"}) {
+    EXPECT_TRUE(before[figure].is_null()) << figure << ": " << before;
+  }
   Progress(id, 40, 3.25);
   json all = GetJson("/api/v1/jobs");
   ASSERT_EQ(all["jobs"].size(), 1u) << all;
@@ -276,6 +281,7 @@ TEST_F(UiTest, JobsListStateProgressAndEtaAndFilterByState) {
   EXPECT_EQ(j["step"], 40);
   EXPECT_EQ(j["steps"], 1000);
   EXPECT_EQ(j["loss"], 3.25);
+  EXPECT_EQ(j["tok_per_s"], 3200);
   EXPECT_TRUE(j["val_loss"].is_null());
   EXPECT_EQ(j["attempts"], 1);
   EXPECT_GT(j["created_ms"].get<int64_t>(), 0);
@@ -568,6 +574,11 @@ TEST_F(UiTest, NodesListTheLocalHostWhenNoNodeRegistered) {
   EXPECT_EQ(n["nodes"].size(), 0u);
   EXPECT_EQ(n["local_slots"], 2);
   EXPECT_EQ(n["local_slots_used"], 0);
+  // The host's own figures, as a node's row has them.
+  EXPECT_GE(n["local"]["cores"].get<int>(), 1) << n;
+  EXPECT_GT(n["local"]["memory_bytes"].get<int64_t>(), 0) << n;
+  EXPECT_GE(n["local"]["load1"].get<double>(), 0.0) << n;
+  EXPECT_GE(n["local"]["gpus"].get<int>(), 0) << n;
   RunningJob();
   EXPECT_EQ(GetJson("/api/v1/nodes")["local_slots_used"], 2);
 }

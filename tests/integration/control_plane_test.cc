@@ -751,6 +751,21 @@ TEST_F(ControlPlaneTest, PtctlWithNoCoordinatorSaysWhereItLooked) {
   const Result help = Sh(absl::StrCat(PT_PTCTL, " --help"));
   EXPECT_NE(help.out.find("default 127.0.0.1:7070"), std::string::npos)
       << help.out;
+  // An HTTP/1 server there (ptcoord's web UI, say): said so, with the fix.
+  httplib::Server http;
+  const int port = http.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  std::thread serving([&] { http.listen_after_bind(); });
+  const std::string ui = absl::StrCat("127.0.0.1:", port);
+  const Result at_ui =
+      Sh(absl::StrCat(PT_PTCTL, " --server ", ui, " --token t list"));
+  http.stop();
+  serving.join();
+  EXPECT_EQ(at_ui.rc, 1) << at_ui.out;
+  EXPECT_NE(at_ui.out.find(ui + " answers HTTP/1, not ptcoord's gRPC "
+                                "(--server): is it ptcoord's web UI"),
+            std::string::npos)
+      << at_ui.out;
 }
 
 // ptcoord killed while a job runs: the job goes on and finishes, and a

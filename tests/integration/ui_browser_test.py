@@ -260,6 +260,25 @@ def main():
         check("the job succeeded after the restart",
               wait_for(final, 300, "the job to end") == "succeeded")
 
+        # A running job cancelled: once ended it shows its state alone, not
+        # also "cancelling".
+        cancelled = subprocess.run(
+            [ptctl, "submit", os.path.join(src, "examples/shakespeare-char.yaml"),
+             "--set", "train.steps=100000", "--set", "model.n_layer=1",
+             "--set", "model.n_embd=32", "--set", f"checkpoint.dir={tmp}/ck"],
+            env=cenv, capture_output=True, text=True,
+            check=True).stdout.split()[0]
+
+        def state_of(j):
+            status, body = http(f"{ui}api/v1/jobs/{j}", TOKEN)
+            return json.loads(body)["job"]["state"] if status == 200 else ""
+
+        wait_for(lambda: state_of(cancelled) == "running", 60, "job 2 to run")
+        subprocess.run([ptctl, "cancel", cancelled], env=cenv, check=True,
+                       capture_output=True)
+        wait_for(lambda: state_of(cancelled) == "cancelled", 60,
+                 "job 2 to be cancelled")
+
         # Without the token: 401 everywhere, and no job in sight.
         for path in ["", "nodes", f"jobs/{job}", "static/ui.js",
                      "api/v1/jobs", f"api/v1/jobs/{job}",
@@ -288,6 +307,11 @@ def main():
             f"'#jobs tr[data-job=\"{job}\"]'))"), 30, "the job's row")
         check("the jobs table lists the job as succeeded", row == "succeeded",
               row)
+        flag = browser.eval(
+            f"(r => r && (r.querySelector('.flag') || {{}}).textContent || '')"
+            f"(document.querySelector('#jobs tr[data-job=\"{cancelled}\"]'))")
+        check("a cancelled job shows no 'cancelling' beside its state",
+              flag == "", flag)
         browser.screenshot(f"{artifacts}/jobs.png")
 
         browser.goto(f"{ui}jobs/{job}")
@@ -320,6 +344,11 @@ def main():
             "document.querySelectorAll('#nodes tr[data-node]').length"), 30,
             "the nodes table")
         check("the nodes page shows the local host", local >= 1, local)
+        cores = browser.eval(
+            "document.querySelector('#nodes tr[data-node=\"local\"]')"
+            ".cells[4].textContent")
+        check("the local host's row gives its cores", (cores or "").isdigit(),
+              cores)
         browser.screenshot(f"{artifacts}/nodes.png")
 
         # Sign out through the header's form: a POST that names the page's

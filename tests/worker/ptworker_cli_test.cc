@@ -862,6 +862,18 @@ TEST_F(PtworkerCli, SampleFromACheckpointRepeatsTheRunsSampleAndTakesAPrompt) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(text.rfind("JULIET: ", 0), 0u) << text;
   EXPECT_GT(text.size(), std::string("JULIET: \n").size()) << text;
+  // Temperature 0 is greedy: the seed changes nothing.
+  std::string greedy;
+  for (const char* seed : {"1", "2"}) {
+    std::tie(r, text) = RunPtworkerStdout(
+        "sample --checkpoint " + step4 +
+            " --prompt 'JULIET: ' --tokens 25 --temperature 0 --seed " + seed,
+        out);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_GT(text.size(), std::string("JULIET: \n").size()) << text;
+    if (greedy.empty()) greedy = text;
+    EXPECT_EQ(text, greedy);
+  }
 
   fs::remove(log_);  // ExpectRefused: a refusal writes no log
   std::tie(r, text) =

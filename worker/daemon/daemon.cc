@@ -34,25 +34,6 @@ constexpr const char* kVersion = "0.1.0";
 // (what mpirun runs directly when a node is also the launching host).
 const std::vector<std::string> kAllowed = {"orted", "ptworker"};
 
-// MemTotal of /proc/meminfo in bytes (0 when unreadable).
-int64_t MemoryBytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kb = 0;
-  while (in >> key >> kb) {
-    if (key == "MemTotal:") return kb * 1024;
-    in.ignore(1 << 20, '\n');
-  }
-  return 0;
-}
-
-double Load1() {
-  std::ifstream in("/proc/loadavg");
-  double load = 0;
-  in >> load;
-  return in ? load : 0.0;
-}
-
 // Set by RequestStop; the loops below look at it between waits.
 volatile sig_atomic_t stop = 0;
 
@@ -107,7 +88,7 @@ v1::NodeSpec DescribeNode(const std::string& name, int slots, int gpus) {
   spec.set_slots(slots);
   spec.set_cores(
       static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  spec.set_memory_bytes(MemoryBytes());
+  spec.set_memory_bytes(HostMemoryBytes());
   spec.set_gpus(gpus >= 0 ? gpus : HostGpuCount());
   spec.set_version(kVersion);
   return spec;
@@ -449,7 +430,7 @@ void Daemon::HeartbeatUntilLost() {
       absl::MutexLock lock(&mu_);
       req.set_session(session_);
     }
-    req.set_load1(Load1());
+    req.set_load1(HostLoad1());
     req.set_processes(attempts_.Processes());
     v1::NodeHeartbeatResponse resp;
     const auto asked = std::chrono::steady_clock::now();

@@ -126,12 +126,15 @@ int64_t RankGpuBytes(const TrainerOptions& options, const ParallelDims& dims,
 
 // The token drawn from `logits` (V of them): softmax at
 // train.sample_temperature over the train.sample_top_k largest (all when 0),
-// at the point `random` (64 random bits) of its cumulative sum. `order` and
-// `probs` (V each) are scratch.
+// at the point `random` (64 random bits) of its cumulative sum; at
+// temperature 0 the likeliest (the first of equals). `order` and `probs` (V
+// each) are scratch.
 int PickToken(const float* logits, int V, const v1::TrainSpec& train,
               uint64_t random, std::vector<int>* order,
               std::vector<float>* probs) {
   const double temp = train.sample_temperature();
+  if (temp == 0)
+    return static_cast<int>(std::max_element(logits, logits + V) - logits);
   std::iota(order->begin(), order->end(), 0);
   int keep = V;
   if (train.sample_top_k() > 0 && train.sample_top_k() < V) {
