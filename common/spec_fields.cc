@@ -6,6 +6,7 @@
 #include <google/protobuf/message.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -235,11 +236,55 @@ std::string Describe(const YAML::Node& node) {
   return "an empty value";
 }
 
+// Edit distance between a and b: insertions, deletions, substitutions and
+// swaps of two neighbouring characters cost 1 each (the optimal string
+// alignment distance, what typing slips are made of).
+size_t EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1,
+                                     std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1,
+                          d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+// The field of `desc` whose name is nearest to `key`, when near enough to
+// be a slip of the keyboard (at most a third of its letters apart, and at
+// least one); "" otherwise.
+std::string NearestFieldName(absl::string_view key, const Descriptor* desc) {
+  std::string best;
+  size_t best_distance = std::max<size_t>(1, key.size() / 3) + 1;
+  for (int i = 0; i < desc->field_count(); ++i) {
+    const std::string& name = desc->field(i)->name();
+    const size_t d = EditDistance(key, name);
+    if (d < best_distance) {
+      best = name;
+      best_distance = d;
+    }
+  }
+  return best;
+}
+
 absl::Status UnknownKey(const Origin& origin, absl::string_view path,
                         const Descriptor* desc, const YAML::Mark& mark) {
+  const size_t dot = path.rfind('.');
+  const std::string near = NearestFieldName(
+      dot == absl::string_view::npos ? path : path.substr(dot + 1), desc);
   return FieldError(
       origin, path,
-      absl::StrCat("unknown key; expected one of ", FieldNames(desc)), mark);
+      absl::StrCat(
+          "unknown key",
+          near.empty() ? "" : absl::StrCat(" (did you mean ", near, "?)"),
+          "; expected one of ", FieldNames(desc)),
+      mark);
 }
 
 // The one conversion from a YAML node to a field, used by both the file

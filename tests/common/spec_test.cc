@@ -170,7 +170,8 @@ TEST(ParseJobSpec, UnknownNestedKeyIsRefusedNamingTheDottedPath) {
   const std::string msg =
       ParseError(absl::StrCat(kMinimal, "model:\n  n_layers: 4\n"));
   EXPECT_TRUE(Contains(msg,
-                       "model.n_layers: unknown key; expected one of arch, "
+                       "model.n_layers: unknown key (did you mean n_layer?); "
+                       "expected one of arch, "
                        "n_layer, n_head, n_embd, block_size, vocab_size, "
                        "init_from (line 4, column 3)"));
 }
@@ -981,10 +982,18 @@ TEST(ApplyOverride, UnknownPathComponentIsRefusedNamingIt) {
   v1::JobSpec spec = DefaultJobSpec();
   absl::Status s = ApplyOverride(&spec, "train.stepz=200");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(
-      Contains(s.message(), "train.stepz: unknown key; expected one of steps"));
+  // A slip of the keyboard is named, swapped letters too.
+  EXPECT_TRUE(Contains(s.message(),
+                       "train.stepz: unknown key (did you mean steps?); "
+                       "expected one of steps"));
   EXPECT_TRUE(Contains(ApplyOverride(&spec, "trian.steps=200").message(),
-                       "trian: unknown key; expected one of name, model"));
+                       "trian: unknown key (did you mean train?); expected "
+                       "one of name, model"));
+  EXPECT_TRUE(Contains(ApplyOverride(&spec, "train.lrr=1").message(),
+                       "train.lrr: unknown key (did you mean lr?)"));
+  // Nothing near: no guess.
+  EXPECT_TRUE(Contains(ApplyOverride(&spec, "train.banana=1").message(),
+                       "train.banana: unknown key; expected one of"));
   EXPECT_TRUE(Contains(ApplyOverride(&spec, "train.steps.x=200").message(),
                        "train.steps is not a section"));
   EXPECT_TRUE(Contains(ApplyOverride(&spec, "train..steps=200").message(),
