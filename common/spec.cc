@@ -212,6 +212,8 @@ v1::JobSpec DefaultJobSpec() {
   train->set_precision("auto");
   train->set_recompute("none");
   train->set_cuda_graphs("off");
+  train->set_lr_schedule("cosine");
+  train->set_decay_fraction(0.2);
   v1::AnomalySpec* anomaly = train->mutable_anomaly();
   anomaly->set_nan("stop");
   anomaly->set_spike_factor(0.0);

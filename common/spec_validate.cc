@@ -429,6 +429,11 @@ absl::Status ValidateTrain(const v1::JobSpec& spec) {
       !s.ok()) {
     return s;
   }
+  if (!(t.decay_fraction() > 0 && t.decay_fraction() <= 1)) {
+    return Error("train.decay_fraction=", t.decay_fraction(),
+                 " must be > 0 and <= 1 (the share of train.steps that "
+                 "train.lr_schedule=wsd decays over)");
+  }
   for (auto [field, value] :
        {std::pair<const char*, double>{"train.beta1", t.beta1()},
         {"train.beta2", t.beta2()}}) {
@@ -444,6 +449,8 @@ absl::Status ValidateTrain(const v1::JobSpec& spec) {
       InRange("train.sample_top_k", t.sample_top_k(), 0, 1 << 24),
       OneOf("train.precision", t.precision(), {"auto", "fp32", "bf16"}),
       OneOf("train.recompute", t.recompute(), {"none", "selective", "full"}),
+      OneOf("train.lr_schedule", t.lr_schedule(),
+            {"cosine", "linear", "constant", "wsd"}),
       AtLeast("train.log_every", t.log_every(), 1),
       CudaGraphsPossible(spec),
   });

@@ -21,12 +21,27 @@ double LearningRate(const v1::TrainSpec& train, int64_t step) {
   if (step < warmup) {
     return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
   }
-  const int64_t decay_steps = train.steps() - warmup;
+  const std::string& schedule = train.lr_schedule();
+  if (schedule == "constant") return lr;
+  // The steps that decay: all after warmup, or (wsd) the last
+  // decay_fraction of the run, never before warmup ends.
+  int64_t first = warmup;
+  if (schedule == "wsd") {
+    const auto decaying =
+        std::max<int64_t>(1, std::llround(train.decay_fraction() *
+                                          static_cast<double>(train.steps())));
+    first = std::max(warmup, train.steps() - decaying);
+  }
+  if (step < first) return lr;
+  const int64_t decay_steps = train.steps() - first;
   if (decay_steps <= 1) return lr;
-  const double ratio =
-      static_cast<double>(step - warmup) / static_cast<double>(decay_steps - 1);
-  const double coeff =
-      0.5 * (1.0 + std::cos(std::numbers::pi * std::min(ratio, 1.0)));
+  const double r = std::min(1.0, static_cast<double>(step - first) /
+                                     static_cast<double>(decay_steps - 1));
+  // A straight line for linear and wsd's decay; cosine otherwise (also for
+  // a spec built without a schedule).
+  const double coeff = schedule == "linear" || schedule == "wsd"
+                           ? 1.0 - r
+                           : 0.5 * (1.0 + std::cos(std::numbers::pi * r));
   return min_lr + coeff * (lr - min_lr);
 }
 

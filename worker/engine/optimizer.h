@@ -17,7 +17,10 @@
 namespace ptrain {
 
 // Learning rate of 0-based step `step`: linear warmup to train.lr over
-// warmup_steps, then cosine decay to train.min_lr at the last step.
+// warmup_steps, then train.lr_schedule: cosine or linear decay to
+// train.min_lr at the last step, constant, or wsd (constant until the last
+// decay_fraction of train.steps, then linear to min_lr). A function of the
+// spec and the step alone, so a resumed run continues it exactly.
 double LearningRate(const v1::TrainSpec& train, int64_t step);
 
 // Factor that brings a gradient of global L2 norm `norm` down to `max_norm`

@@ -578,6 +578,40 @@ TEST(Schedule, WarmupRisesLinearlyThenCosineEndsAtMinLr) {
   }
 }
 
+// After the same warmup: linear falls in a straight line to min_lr,
+// constant stays at lr, and wsd stays at lr until the last decay_fraction
+// of the steps, then falls in a straight line to min_lr at the last step.
+TEST(Schedule, LinearConstantAndWarmupStableDecay) {
+  v1::TrainSpec t;
+  t.set_lr(1e-3);
+  t.set_min_lr(1e-4);
+  t.set_warmup_steps(10);
+  t.set_steps(110);
+  t.set_lr_schedule("linear");
+  EXPECT_DOUBLE_EQ(LearningRate(t, 4), 5e-4);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 10), 1e-3);
+  EXPECT_NEAR(LearningRate(t, 10 + 33), 1e-3 - 9e-4 / 3, 1e-12);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 109), 1e-4);
+  t.set_lr_schedule("constant");
+  EXPECT_DOUBLE_EQ(LearningRate(t, 4), 5e-4);
+  for (int s : {10, 50, 109}) EXPECT_DOUBLE_EQ(LearningRate(t, s), 1e-3);
+  t.set_lr_schedule("wsd");
+  t.set_decay_fraction(0.2);  // the last 22 of 110 steps: 88..109
+  EXPECT_DOUBLE_EQ(LearningRate(t, 4), 5e-4);
+  for (int s = 10; s <= 88; ++s) EXPECT_DOUBLE_EQ(LearningRate(t, s), 1e-3);
+  EXPECT_NEAR(LearningRate(t, 88 + 7), 1e-3 - 9e-4 / 3, 1e-12);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 109), 1e-4);
+  for (int s = 89; s < 110; ++s) {
+    EXPECT_LT(LearningRate(t, s), LearningRate(t, s - 1));
+  }
+  // A decay longer than the steps after warmup starts when warmup ends.
+  t.set_decay_fraction(1.0);
+  t.set_lr_schedule("linear");
+  const double linear = LearningRate(t, 60);
+  t.set_lr_schedule("wsd");
+  EXPECT_DOUBLE_EQ(LearningRate(t, 60), linear);
+}
+
 TEST(Clipping, ScaleBringsTheNormDownToTheThresholdOnly) {
   EXPECT_FLOAT_EQ(ClipScale(0.5, 1.0), 1.0f);
   EXPECT_NEAR(ClipScale(4.0, 1.0), 0.25f, 1e-6);
