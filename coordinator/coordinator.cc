@@ -15,6 +15,7 @@
 #include <regex>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/auth_token.h"
 #include "common/job_state.h"
 #include "common/spec.h"
@@ -145,6 +146,16 @@ void Coordinator::Start() {
       }
       previous = start;
       Tick();
+      // Once a minute: the ended jobs past their retention are forgotten.
+      bool retention_due = false;
+      {
+        absl::MutexLock lock(&mu_);
+        if (start - retention_checked_ >= absl::Minutes(1)) {
+          retention_checked_ = start;
+          retention_due = true;
+        }
+      }
+      if (retention_due) ForgetExpiredJobs(start);
       absl::MutexLock lock(&mu_);
       wake_.WaitWithTimeout(&mu_, options_.tick);
     }
@@ -427,6 +438,81 @@ absl::StatusOr<v1::Job> Coordinator::Resume(const std::string& id) {
   return e->record.job;
 }
 
+absl::StatusOr<v1::DeleteJobResponse> Coordinator::Delete(const std::string& id,
+                                                          bool purge) {
+  if (id.empty()) return absl::InvalidArgumentError("job_id is empty");
+  v1::DeleteJobResponse out;
+  std::string uid;
+  {
+    absl::MutexLock lock(&mu_);
+    Entry* e = Find(id);
+    if (e == nullptr) return UnknownJob(id);
+    const v1::Job& job = e->record.job;
+    if (!IsFinal(job.state())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", id, " is ", StateName(job.state()),
+          ": only an ended job (SUCCEEDED, FAILED or CANCELLED) can be "
+          "deleted; cancel it first"));
+    }
+    if (absl::Status s = store_->DeleteJob(id); !s.ok()) return s;
+    deleted_restarts_ += e->record.restarts_used;
+    for (const auto& [reason, n] : job.requeues()) {
+      deleted_requeues_[reason] += n;
+    }
+    out.set_job_id(id);
+    out.set_checkpoint_dir(job.spec().checkpoint().dir());
+    uid = job.uid();
+    jobs_.erase(id);
+    changed_.SignalAll();  // its watchers learn it is gone
+  }
+  // Off the lock: folders may be large. The job's folder of the state dir
+  // is ptcoord's own; its checkpoints are removed only when asked, and
+  // only a folder named by its uid (checkpoint.dir/UID).
+  std::error_code ec;
+  fs::remove_all(fs::path(options_.state_dir) / "jobs" / id, ec);
+  const fs::path ckpt(out.checkpoint_dir());
+  if (purge && !uid.empty() && ckpt.filename() == uid) {
+    fs::remove_all(ckpt, ec);
+    if (ec) {
+      spdlog::warn("{}: deleted, but its checkpoints in {} were not: {}", id,
+                   ckpt.string(), ec.message());
+    } else {
+      out.set_purged(true);
+    }
+  }
+  spdlog::info("{}: deleted{}", id,
+               out.purged() ? ", with its checkpoints" : "");
+  return out;
+}
+
+std::vector<std::string> Coordinator::ForgetExpiredJobs(absl::Time now) {
+  std::vector<std::string> expired;
+  {
+    absl::MutexLock lock(&mu_);
+    if (options_.ended_job_retention <= absl::ZeroDuration()) return {};
+    const int64_t before =
+        absl::ToUnixMillis(now - options_.ended_job_retention);
+    for (const auto& [id, e] : jobs_) {
+      const v1::Job& job = e.record.job;
+      if (IsFinal(job.state()) && job.finished_unix_ms() > 0 &&
+          job.finished_unix_ms() < before) {
+        expired.push_back(id);
+      }
+    }
+  }
+  std::vector<std::string> forgotten;
+  for (const std::string& id : expired) {
+    if (Delete(id, /*purge=*/false).ok()) forgotten.push_back(id);
+  }
+  if (!forgotten.empty()) {
+    spdlog::info("forgot {} job(s) ended more than {} ago: {}",
+                 forgotten.size(),
+                 absl::FormatDuration(options_.ended_job_retention),
+                 absl::StrJoin(forgotten, ", "));
+  }
+  return forgotten;
+}
+
 absl::StatusOr<std::vector<std::pair<int64_t, std::string>>>
 Coordinator::Events(const std::string& id) {
   {
@@ -577,7 +663,7 @@ int Coordinator::LocalSlotsUsed() const {
 
 int64_t Coordinator::Restarts() const {
   absl::MutexLock lock(&mu_);
-  int64_t n = 0;
+  int64_t n = deleted_restarts_;
   for (const auto& [id, e] : jobs_) n += e.record.restarts_used;
   return n;
 }
@@ -586,6 +672,7 @@ std::map<std::string, int64_t> Coordinator::Requeues() const {
   std::map<std::string, int64_t> out;
   for (v1::AttemptEnd end : kRequeueEnds) out[EndName(end)] = 0;
   absl::MutexLock lock(&mu_);
+  for (const auto& [reason, n] : deleted_requeues_) out[reason] += n;
   for (const auto& [id, e] : jobs_) {
     for (const auto& [reason, n] : e.record.job.requeues()) out[reason] += n;
   }

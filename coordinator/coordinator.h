@@ -84,7 +84,11 @@ struct CoordinatorOptions {
   // resumes the job from there. Longer than a coordinator's restart.
   // Zero: ranks never stop for that.
   absl::Duration rank_coordinator_grace = absl::Minutes(10);
-  absl::Duration tick = absl::Milliseconds(200);    // supervision period
+  // An ended job is forgotten (ForgetExpiredJobs: as `ptctl delete`, its
+  // checkpoints kept) this long after it finished, so the job list does
+  // not grow forever. Zero: kept until deleted.
+  absl::Duration ended_job_retention = absl::Hours(24 * 30);
+  absl::Duration tick = absl::Milliseconds(200);  // supervision period
   // GetJob's loss history: at most this many points of each series (a job
   // of many steps thinned evenly, so that the answer stays small).
   int64_t loss_points_per_series = 10000;
@@ -162,6 +166,13 @@ class Coordinator {
   // PauseJob / ResumeJob (coordinator.proto).
   absl::StatusOr<v1::Job> Pause(const std::string& id);
   absl::StatusOr<v1::Job> Resume(const std::string& id);
+  // DeleteJob (coordinator.proto): forgets an ended job, its checkpoint
+  // folder removed too with `purge`.
+  absl::StatusOr<v1::DeleteJobResponse> Delete(const std::string& id,
+                                               bool purge);
+  // Forgets the ended jobs that finished longer than
+  // options.ended_job_retention ago (their checkpoints kept); the ids.
+  std::vector<std::string> ForgetExpiredJobs(absl::Time now);
   absl::StatusOr<std::vector<v1::Checkpoint>> Checkpoints(
       const std::string& id);
   // The job's events (unix ms, message), oldest first.
@@ -476,6 +487,12 @@ class Coordinator {
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Running> running_ ABSL_GUARDED_BY(mu_);
+  // What the deleted jobs had counted, so that the restart and requeue
+  // counters never go down while this ptcoord runs.
+  int64_t deleted_restarts_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, int64_t> deleted_requeues_ ABSL_GUARDED_BY(mu_);
+  // When ForgetExpiredJobs last looked.
+  absl::Time retention_checked_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   RankTimesBoard rank_times_;
   std::string advertise_ ABSL_GUARDED_BY(mu_);
   std::string last_store_error_ ABSL_GUARDED_BY(mu_);  // logged once

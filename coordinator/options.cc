@@ -263,6 +263,7 @@ std::optional<Refusal> SetPaths(const PtcoordFlags& f, CoordinatorOptions* o) {
   o->cpus = AllowedCpus();
   o->cancel_grace = absl::Seconds(f.grace_s);
   o->rank_coordinator_grace = absl::Seconds(f.orphan_grace_s);
+  o->ended_job_retention = absl::Hours(24) * f.retain_ended_days;
   if (!fs::exists(o->ptworker)) {
     return Refusal{
         absl::StrCat("ptworker not found at ", o->ptworker, " (--ptworker)")};
@@ -366,6 +367,10 @@ void AddFlags(CLI::App& app, PtcoordFlags& f) {
                  "ranks that cannot reach this ptcoord for so long stop at "
                  "a checkpoint (exit 3); 0: never")
       ->check(CLI::Range(0.0, 7.0 * 24 * 3600));
+  app.add_option("--retain-ended-days", f.retain_ended_days,
+                 "forget an ended job this many days after it finished, as "
+                 "`ptctl delete` (its checkpoints kept); 0: keep every job")
+      ->check(CLI::Range(0.0, 36500.0));
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error");
   app.add_option("--metrics-listen", f.metrics_listen,
                  "serve Prometheus /metrics and /sd (rank discovery) on "

@@ -29,6 +29,7 @@ struct PtcoordFlags {
   int local_gpus = -1;
   double grace_s = 10;
   double orphan_grace_s = 600;
+  double retain_ended_days = 30;
   std::string metrics_listen;
   std::string ui_listen;
   bool ui_insecure = false;

@@ -179,6 +179,16 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
     return Done(ctx, job.status());
   }
 
+  grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* ctx,
+                                      const v1::DeleteJobRequest* req,
+                                      v1::DeleteJobResponse* resp) override {
+    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
+    absl::StatusOr<v1::DeleteJobResponse> r =
+        c_->Delete(req->job_id(), req->purge());
+    if (r.ok()) *resp = std::move(*r);
+    return Done(ctx, r.status());
+  }
+
   grpc::ServerUnaryReactor* PauseJob(grpc::CallbackServerContext* ctx,
                                      const v1::PauseJobRequest* req,
                                      v1::PauseJobResponse* resp) override {

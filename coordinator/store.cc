@@ -302,7 +302,12 @@ absl::StatusOr<JobRecord> Store::InsertJob(JobRecord record,
     int64_t next = 1;
     {
       absl::Status r;
-      Stmt q(db_, "SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs");
+      // Past every seq ever given (sqlite_sequence keeps the largest, which
+      // a deleted job's row no longer shows): an id is never given again.
+      Stmt q(db_,
+             "SELECT MAX(COALESCE((SELECT MAX(seq) FROM jobs), 0), "
+             "COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'jobs'), "
+             "0)) + 1");
       if (q.Step(&r)) next = q.Int(0);
       if (!r.ok()) return r;
     }
@@ -618,6 +623,22 @@ absl::Status Store::ApproveNode(const std::string& name) {
   Stmt q(db_, "DELETE FROM pending_nodes WHERE name = ?");
   q.Bind(1, name);
   return q.Run();
+}
+
+absl::Status Store::DeleteJob(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  return InTransaction([&]() -> absl::Status {
+    for (const char* sql : {"DELETE FROM jobs WHERE id = ?",
+                            "DELETE FROM attempts WHERE job_id = ?",
+                            "DELETE FROM events WHERE job_id = ?",
+                            "DELETE FROM checkpoints WHERE job_id = ?",
+                            "DELETE FROM loss_history WHERE job_id = ?"}) {
+      Stmt q(db_, sql);
+      q.Bind(1, id);
+      if (absl::Status s = q.Run(); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::Status Store::DeleteNode(const std::string& name) {

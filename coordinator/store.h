@@ -77,6 +77,10 @@ class Store {
   // Every job in submission order.
   absl::StatusOr<std::vector<JobRecord>> ListJobs();
 
+  // Removes job `id` and everything stored of it (attempts, events,
+  // checkpoints listed, loss history), at once. Its seq stays used: ids are
+  // never given again.
+  absl::Status DeleteJob(const std::string& id);
   absl::Status UpsertAttempt(const std::string& job_id, const v1::Attempt& a);
   absl::StatusOr<std::vector<v1::Attempt>> ListAttempts(
       const std::string& job_id);

@@ -186,6 +186,37 @@ int Cancel(Client& client, const std::string& id) {
   return 0;
 }
 
+int Delete(Client& client, const std::string& id, bool purge) {
+  v1::DeleteJobRequest req;
+  req.set_job_id(id);
+  req.set_purge(purge);
+  v1::DeleteJobResponse resp;
+  auto ctx = client.Context();
+  const grpc::Status s = client.stub().DeleteJob(ctx.get(), req, &resp);
+  if (!s.ok()) {
+    const int rc = RpcError(client.options(), s);
+    // A job that has not ended is the caller's to fix (cancel it first).
+    return s.error_code() == grpc::StatusCode::FAILED_PRECONDITION
+               ? kExitBadInput
+               : rc;
+  }
+  if (client.options().output == "json") {
+    std::printf("%s\n", ProtoJson(resp, true).c_str());
+    return 0;
+  }
+  if (resp.checkpoint_dir().empty()) {
+    std::printf("%s deleted (it had no checkpoints)\n", id.c_str());
+  } else if (resp.purged()) {
+    std::printf("%s deleted with its checkpoints (%s)\n", id.c_str(),
+                resp.checkpoint_dir().c_str());
+  } else {
+    std::printf(
+        "%s deleted; its checkpoints stay in %s (--purge removes them)\n",
+        id.c_str(), resp.checkpoint_dir().c_str());
+  }
+  return 0;
+}
+
 int PauseOrResume(Client& client, const std::string& id, bool pause) {
   v1::Job job;
   auto ctx = client.Context();

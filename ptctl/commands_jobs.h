@@ -28,6 +28,8 @@ int Cancel(Client& client, const std::string& id);
 
 // `pause` (running: save, stop and wait for `resume`) or `resume`.
 int PauseOrResume(Client& client, const std::string& id, bool pause);
+// `delete`: forgets an ended job; its checkpoints too with `purge`.
+int Delete(Client& client, const std::string& id, bool purge);
 
 // Prints attempt `attempt` (0: the latest) of job `id`; with `follow`, until
 // it ends. `rank` < 0: every line; else only that rank's (whole lines, so

@@ -1,6 +1,6 @@
 // ptctl: the command line over ptcoord's JobService (submit, get, list, logs,
-// cancel, pause, resume, watch, checkpoints, diagnose, and the nodes of a
-// cluster: nodes, nodes approve, drain, uncordon, forget-node), in plain text
+// cancel, pause, resume, delete, watch, checkpoints, diagnose, and the nodes of
+// a cluster: nodes, nodes approve, drain, uncordon, forget-node), in plain text
 // or TLS (--tls-ca). Spec files are checked here with the same library ptcoord
 // uses, before anything is sent. This file is its wiring: flags and subcommands
 // (CLI11) to the commands of commands_jobs.h, commands_nodes.h and watch.h,
@@ -32,12 +32,12 @@ using ptrain::ptctl::Options;
 struct Args {
   std::string file, job, node, list_state;
   std::vector<std::string> sets;
-  bool watch = false, follow = false;
+  bool watch = false, follow = false, purge = false;
   int attempt = 0, list_limit = 0, rank = -1;
 };
 
 struct Subcommands {
-  CLI::App *submit, *get, *list, *logs, *cancel, *pause, *resume, *watch,
+  CLI::App *submit, *get, *list, *logs, *cancel, *pause, *resume, *del, *watch,
       *checkpoints, *diagnose, *nodes, *approve, *drain, *uncordon, *forget;
 };
 
@@ -105,6 +105,13 @@ Subcommands AddSubcommands(CLI::App& app, Args& a) {
   c.resume = app.add_subcommand(
       "resume", "queue a paused job again; it goes on from its checkpoint");
   c.resume->add_option("JOB", a.job)->required();
+  c.del = app.add_subcommand(
+      "delete",
+      "forget an ended job (its record, attempts, logs); its checkpoints "
+      "stay unless --purge");
+  c.del->add_option("JOB", a.job)->required();
+  c.del->add_flag("--purge", a.purge,
+                  "also remove the job's checkpoint folder");
   c.watch = app.add_subcommand("watch", "follow a job until it ends");
   c.watch->add_option("JOB", a.job)->required();
   c.checkpoints = app.add_subcommand("checkpoints", "list a job's checkpoints");
@@ -149,6 +156,7 @@ int Dispatch(const Subcommands& c, const Args& a,
   if (*c.cancel) return cmd::Cancel(client, a.job);
   if (*c.pause) return cmd::PauseOrResume(client, a.job, true);
   if (*c.resume) return cmd::PauseOrResume(client, a.job, false);
+  if (*c.del) return cmd::Delete(client, a.job, a.purge);
   if (*c.watch) return cmd::Watch(client, a.job);
   if (*c.checkpoints) return cmd::Checkpoints(client, a.job);
   if (*c.diagnose) return cmd::Diagnose(client, a.job, a.attempt);

@@ -745,6 +745,88 @@ TEST_F(CoordinatorTest, CancelRunningJobEndsEveryProcess) {
   EXPECT_EQ(done.state(), v1::JOB_STATE_CANCELLED);
 }
 
+// Only an ended job is deleted: then it is gone from every listing, with
+// its folder in the state dir, and its id is never given again; its
+// checkpoints stay unless purged. A running job is refused and unharmed.
+TEST_F(CoordinatorTest, AnEndedJobIsDeletedRunningOnesAreRefused) {
+  std::string running;
+  auto c = MakeWithSleepingJob(&running);
+  auto refused = c->Delete(running, /*purge=*/true);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find(
+                "is RUNNING: only an ended job (SUCCEEDED, FAILED or "
+                "CANCELLED) can be deleted; cancel it first"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_EQ(c->Get(running, false)->job().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(c->Delete("job-9999", false).status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(c->Cancel(running).ok());
+  TickUntil(*c, running, v1::JOB_STATE_CANCELLED);
+
+  setenv("FAKE_MODE", "ok", 1);
+  auto kept = c->Submit(kSpec, {"checkpoint.dir=data/ckpt"});
+  auto purged = c->Submit(kSpec, {"checkpoint.dir=data/ckpt"});
+  ASSERT_TRUE(kept.ok() && purged.ok());
+  TickUntil(*c, kept->id(), v1::JOB_STATE_SUCCEEDED);
+  TickUntil(*c, purged->id(), v1::JOB_STATE_SUCCEEDED);
+  for (const auto* job : {&*kept, &*purged}) {
+    fs::create_directories(job->spec().checkpoint().dir() + "/step-00000001");
+  }
+  const int64_t restarts = c->Restarts();
+  auto d = c->Delete(kept->id(), /*purge=*/false);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->checkpoint_dir(), kept->spec().checkpoint().dir());
+  EXPECT_FALSE(d->purged());
+  EXPECT_TRUE(fs::exists(kept->spec().checkpoint().dir()));
+  EXPECT_FALSE(fs::exists(dir_ / "state" / "jobs" / kept->id()));
+  EXPECT_EQ(c->Get(kept->id(), false).status().code(),
+            absl::StatusCode::kNotFound);
+  d = c->Delete(purged->id(), /*purge=*/true);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(d->purged());
+  EXPECT_FALSE(fs::exists(purged->spec().checkpoint().dir()));
+  EXPECT_TRUE(fs::exists(dir_ / "data/ckpt"));  // only the job's folder
+  EXPECT_EQ(c->Restarts(), restarts);           // counters do not go down
+  std::vector<std::string> listed;
+  const auto jobs = c->List(v1::JOB_STATE_UNSPECIFIED, 0);
+  ASSERT_TRUE(jobs.ok());
+  for (const v1::Job& j : *jobs) listed.push_back(j.id());
+  EXPECT_EQ(listed, std::vector<std::string>{running});
+  // The newest was deleted: the next job gets a new id all the same.
+  auto next = c->Submit(kSpec, {});
+  ASSERT_TRUE(next.ok());
+  EXPECT_NE(next->id(), purged->id());
+  EXPECT_NE(next->id(), kept->id());
+  c.reset();
+  // A restarted ptcoord does not know them either.
+  auto again = Make();
+  EXPECT_EQ(again->Get(kept->id(), false).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// The job list does not grow forever: ended jobs past the retention are
+// forgotten (checkpoints kept), the others never.
+TEST_F(CoordinatorTest, EndedJobsPastTheRetentionAreForgotten) {
+  options_.ended_job_retention = absl::Hours(24);
+  std::string running;
+  auto c = MakeWithSleepingJob(&running);
+  setenv("FAKE_MODE", "ok", 1);
+  auto ended = c->Submit(kSpec, {});
+  auto queued = c->Submit(kSpec, {"restart.max_restarts=0"});
+  ASSERT_TRUE(ended.ok() && queued.ok());
+  ASSERT_TRUE(c->Pause(queued->id()).ok());
+  TickUntil(*c, ended->id(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_TRUE(c->ForgetExpiredJobs(absl::Now()).empty());
+  const std::vector<std::string> forgotten =
+      c->ForgetExpiredJobs(absl::Now() + absl::Hours(25));
+  EXPECT_EQ(forgotten, std::vector<std::string>{ended->id()});
+  EXPECT_EQ(c->Get(ended->id(), false).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(c->Get(running, false).ok());
+  EXPECT_TRUE(c->Get(queued->id(), false).ok());
+}
+
 TEST_F(CoordinatorTest, RestartReadoptsLiveAttempt) {
   setenv("FAKE_MODE", "sleep", 1);
   std::string id;

@@ -49,7 +49,7 @@ SLURM_PROGRAMS = {"sbatch", "srun", "squeue", "scancel", "scontrol", "salloc"}
 PT_BINARIES = {"ptcoord": "coordinator/ptcoord", "ptctl": "ptctl/ptctl",
                "ptworkerd": "worker/ptworkerd", "ptworker": "worker/ptworker",
                "ptrsh": "worker/ptrsh"}
-PTCTL_SUBCOMMANDS = {"submit", "get", "list", "logs", "cancel", "pause", "resume", "watch",
+PTCTL_SUBCOMMANDS = {"submit", "get", "list", "logs", "cancel", "pause", "resume", "delete", "watch",
                      "checkpoints", "nodes", "drain", "uncordon", "forget-node"}
 NODE_SUBCOMMANDS = {"drain", "uncordon", "forget-node"}
 # A job named in a doc: the first job of a fresh ptcoord, or a placeholder.
@@ -840,6 +840,13 @@ class Runner:
             while time.monotonic() - start < 60 and self.job_state(self.job) != "JOB_STATE_PAUSED":
                 time.sleep(0.5)
             waited = f"waited {time.monotonic() - start:.1f} s for PAUSED"
+        if sub == "delete" and self.job:
+            # Only an ended job is deleted: the cancel before it takes a moment.
+            start = time.monotonic()
+            while time.monotonic() - start < 60 and self.job_state(self.job) not in (
+                    "JOB_STATE_CANCELLED", "JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"):
+                time.sleep(0.5)
+            waited = f"waited {time.monotonic() - start:.1f} s for the job to end"
 
         if sub == "submit" and follow:
             def stop(output, el):  # the job trains: the progress line has passed step 0
@@ -856,6 +863,8 @@ class Runner:
                 subs.append(f"submitted {m.group(1)}")
         if sub == "cancel":
             subs.insert(0, "run after the other commands that need the job going")
+        if sub == "delete":
+            subs.insert(0, "run after the cancel")
         detail = "; ".join(x for x in [waited] + subs if x)
         errors = self.error_lines(o, "ptctl: error")
         if expect is not None:
@@ -913,12 +922,17 @@ class Runner:
                         self.doc_state_dirs.add(d)
         # The commands that need ptcoord run together, from the first of them on, so that
         # the job they share trains only meanwhile; `ptctl cancel` goes last (pause and
-        # resume come after it in the README's list and want a job that is still going).
+        # resume come after it in the README's list and want a job that is still going),
+        # and `ptctl delete` after it (it wants an ended job).
         coordinated = [i for i, (c, p, s) in enumerate(plans) if p.kind in ("ptctl", "coordinated")]
-        cancels = [i for i in coordinated if any(
-            pt_name(s.program) == "ptctl" and ptctl_subcommand(s) == "cancel" for s in plans[i][2])]
+
+        def runs(i, sub):
+            return any(pt_name(s.program) == "ptctl" and ptctl_subcommand(s) == sub
+                       for s in plans[i][2])
+        cancels = [i for i in coordinated if runs(i, "cancel")]
+        deletes = [i for i in coordinated if runs(i, "delete")]
         others = [i for i in range(len(plans)) if i not in coordinated]
-        phase = [i for i in coordinated if i not in cancels] + cancels
+        phase = [i for i in coordinated if i not in cancels + deletes] + cancels + deletes
         cut = len([i for i in others if coordinated and i < coordinated[0]])
         order = others[:cut] + phase + others[cut:]
         last_coordinated = cut + len(phase) - 1 if phase else -1

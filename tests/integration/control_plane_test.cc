@@ -373,15 +373,30 @@ TEST_F(ControlPlaneTest, SubmitSucceedsWithDecreasingLossHistory) {
       << "mean loss of the last 5 steps is not below the first 5";
 }
 
+// Then `ptctl delete` forgets it (refused while it ran), its checkpoints
+// kept.
 TEST_F(ControlPlaneTest, CancelRunningJobLeavesNoRankProcess) {
   const std::string id = Submit({"train.steps=100000", "parallel.dp=2"});
   ASSERT_TRUE(WaitFor([&] { return Step(id) > 0; }, 120)) << Get(id).dump();
+  Result running = Ptctl("delete " + id);
+  EXPECT_EQ(running.rc, 2) << running.out;
+  EXPECT_NE(running.out.find("is RUNNING: only an ended job"),
+            std::string::npos)
+      << running.out;
   Result c1 = Ptctl("cancel " + id);
   Result c2 = Ptctl("cancel " + id);
   EXPECT_EQ(c1.rc, 0) << c1.out;
   EXPECT_EQ(c2.rc, 0) << c2.out;  // idempotent
   ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_CANCELLED"; }, 60));
   EXPECT_TRUE(JobProcesses(id).empty());
+  const std::string ckpt =
+      Get(id)["job"]["spec"]["checkpoint"].value("dir", "");
+  Result deleted = Ptctl("delete " + id);
+  EXPECT_EQ(deleted.rc, 0) << deleted.out;
+  EXPECT_EQ(deleted.out, id + " deleted; its checkpoints stay in " + ckpt +
+                             " (--purge removes them)\n");
+  EXPECT_NE(Ptctl("get " + id).out.find("NOT_FOUND"), std::string::npos);
+  EXPECT_TRUE(ListJobs().empty());
 }
 
 // `ptctl list --state S` keeps the jobs in state S, `--limit N` the newest
