@@ -42,6 +42,7 @@
 #include "common/exit_codes.h"
 #include "common/logging.h"
 #include "worker/checkpoint_tools.h"
+#include "worker/dry_run.h"
 #include "worker/exit_status.h"
 #include "worker/prepare.h"
 #include "worker/setup.h"
@@ -75,6 +76,9 @@ void AddRankFlags(CLI::App& app, ptrain::RankFlags* f) {
                  "the interface that reaches the coordinator); default "
                  "$PTRAIN_ADVERTISE_HOST")
       ->envname("PTRAIN_ADVERTISE_HOST");
+  app.add_flag("--dry-run", f->dry_run,
+               "print the effective spec, the layout and each rank's memory, "
+               "and whether they fit here; start and write nothing");
 }
 
 struct ExportCommand {
@@ -194,6 +198,7 @@ int Train(const ptrain::RankFlags& flags, const ptrain::NodeShare& node) {
     }
     return kExitBadInput;
   }
+  if (flags.dry_run) return ptrain::DryRun(flags);
   // Only rank 0 narrates; the others speak up for warnings and errors.
   ptrain::SetupLogging(ptrain::WorldRank() == 0 ? flags.log_level : "warn");
   ptrain::Rank rank;

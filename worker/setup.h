@@ -28,6 +28,7 @@ struct RankFlags {
   double peak_gflops = 0.0;            // --peak-gflops; 0: measure
   std::string metrics_bind;            // --metrics-bind; "": off
   std::string advertise_host;          // --advertise-host
+  bool dry_run = false;                // --dry-run
 };
 
 // What a training rank is made of. Destroyed in reverse order: the metrics

@@ -887,6 +887,34 @@ TEST_F(PtworkerCli, SampleFromACheckpointRepeatsTheRunsSampleAndTakesAPrompt) {
   EXPECT_EQ(text, "");
 }
 
+// --dry-run says what the run would be and starts nothing: the spec with
+// its overrides, the layout, each rank's memory; no log, no checkpoint
+// folder. Bad input is refused as a run's would be.
+TEST_F(PtworkerCli,
+       DryRunPrintsTheEffectiveSpecLayoutAndMemoryAndWritesNothing) {
+  const fs::path ckpt = dir_ / "dry";
+  const auto [r, out] = RunPtworkerStdout(
+      Base() + "--set checkpoint.dir=" + ckpt.string() +
+          " --set parallel.dp=2 --set train.lr=0.0005 --dry-run",
+      dir_ / "dry.txt");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(out.find("  lr: 5e-04\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("  dp: 2\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("# layout: 2 ranks (parallel.dp × parallel.tp × "
+                     "parallel.pp = 2 × 1 × 1)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("# memory of the rank that needs the most: host: params "),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("# nothing was started or written"), std::string::npos)
+      << out;
+  EXPECT_FALSE(fs::exists(log_));
+  EXPECT_FALSE(fs::exists(ckpt));
+  ExpectRefused(RunPtworker(Base() + "--set train.lr=-1 --dry-run"),
+                "train.lr=-1 must be > 0");
+}
+
 // A model of GPT-2 ids (data.tokenizer: gpt2): the run logs its samples as
 // text, `ptworker sample` repeats them and takes a prompt through GPT-2's
 // encoder, and `export --llmc-tokenizer` writes llm.c's tokenizer file

@@ -163,6 +163,20 @@ std::string Parts(const MemoryEstimate& e, bool device) {
   return s;
 }
 
+}  // namespace
+
+std::string DescribeMemory(const MemoryEstimate& e) {
+  std::string s = absl::StrCat("host: ", Parts(e, /*device=*/false), " = ",
+                               Human(e.host()));
+  if (e.gpu) {
+    absl::StrAppend(&s, "; GPU: ", Parts(e, /*device=*/true), " = ",
+                    Human(e.device()));
+  }
+  return s;
+}
+
+namespace {
+
 // The part of `spec`'s estimate that `device` (or the host) holds, per rank.
 int64_t Need(const v1::JobSpec& spec, int vocab_size, bool device) {
   const MemoryEstimate e = EstimateRankMemory(spec, vocab_size);

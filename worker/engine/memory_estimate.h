@@ -11,6 +11,7 @@
 #define PTRAIN_WORKER_ENGINE_MEMORY_ESTIMATE_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "ptrain/v1/job.pb.h"
@@ -45,6 +46,10 @@ MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size);
 
 // MemAvailable from /proc/meminfo, else the physical memory; 0 if unknown.
 int64_t AvailableMemoryBytes();
+
+// e in words: each part in the memory that holds it and the totals
+// ("host: params 1.2 MB, ... = 5.0 MB; GPU: ..."), for a dry run.
+std::string DescribeMemory(const MemoryEstimate& e);
 
 // ResourceExhausted when `ranks_on_node` ranks of this estimate need more
 // host memory than `available_bytes` (0: unknown, no check), or, for a GPU
