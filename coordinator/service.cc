@@ -179,6 +179,24 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
     return Done(ctx, job.status());
   }
 
+  grpc::ServerUnaryReactor* ListEvents(grpc::CallbackServerContext* ctx,
+                                       const v1::ListEventsRequest* req,
+                                       v1::ListEventsResponse* resp) override {
+    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
+    if (req->job_id().empty()) {
+      return Done(ctx, absl::InvalidArgumentError("job_id is empty"));
+    }
+    auto events = c_->Events(req->job_id());
+    if (events.ok()) {
+      for (auto& [unix_ms, message] : *events) {
+        v1::JobHistoryEvent* e = resp->add_events();
+        e->set_unix_ms(unix_ms);
+        e->set_message(std::move(message));
+      }
+    }
+    return Done(ctx, events.status());
+  }
+
   grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* ctx,
                                       const v1::DeleteJobRequest* req,
                                       v1::DeleteJobResponse* resp) override {

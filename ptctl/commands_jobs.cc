@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "common/exit_codes.h"
 #include "common/job_state.h"
 #include "common/proto_json.h"
@@ -183,6 +184,29 @@ int Cancel(Client& client, const std::string& id) {
   const grpc::Status s = client.stub().CancelJob(ctx.get(), req, &resp);
   if (!s.ok()) return RpcError(client.options(), s);
   PrintJobState(client, resp.job());
+  return 0;
+}
+
+int Events(Client& client, const std::string& id) {
+  v1::ListEventsRequest req;
+  req.set_job_id(id);
+  v1::ListEventsResponse resp;
+  auto ctx = client.Context();
+  const grpc::Status s = client.stub().ListEvents(ctx.get(), req, &resp);
+  if (!s.ok()) return RpcError(client.options(), s);
+  if (client.options().output == "json") {
+    std::printf("%s\n", ProtoJson(resp, true).c_str());
+    return 0;
+  }
+  for (const v1::JobHistoryEvent& e : resp.events()) {
+    // Local time, as the reader's clock shows it.
+    std::printf(
+        "%s  %s\n",
+        absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(e.unix_ms()),
+                         absl::LocalTimeZone())
+            .c_str(),
+        e.message().c_str());
+  }
   return 0;
 }
 

@@ -28,6 +28,8 @@ int Cancel(Client& client, const std::string& id);
 
 // `pause` (running: save, stop and wait for `resume`) or `resume`.
 int PauseOrResume(Client& client, const std::string& id, bool pause);
+// `events`: what happened to a job, oldest first, a line each.
+int Events(Client& client, const std::string& id);
 // `delete`: forgets an ended job; its checkpoints too with `purge`.
 int Delete(Client& client, const std::string& id, bool purge);
 

@@ -37,8 +37,9 @@ struct Args {
 };
 
 struct Subcommands {
-  CLI::App *submit, *get, *list, *logs, *cancel, *pause, *resume, *del, *watch,
-      *checkpoints, *diagnose, *nodes, *approve, *drain, *uncordon, *forget;
+  CLI::App *submit, *get, *list, *logs, *events, *cancel, *pause, *resume, *del,
+      *watch, *checkpoints, *diagnose, *nodes, *approve, *drain, *uncordon,
+      *forget;
 };
 
 // The flags every subcommand takes, their defaults from the environment.
@@ -105,6 +106,11 @@ Subcommands AddSubcommands(CLI::App& app, Args& a) {
   c.resume = app.add_subcommand(
       "resume", "queue a paused job again; it goes on from its checkpoint");
   c.resume->add_option("JOB", a.job)->required();
+  c.events = app.add_subcommand(
+      "events",
+      "what happened to a job, oldest first (attempts, restarts, "
+      "pauses, cancels)");
+  c.events->add_option("JOB", a.job)->required();
   c.del = app.add_subcommand(
       "delete",
       "forget an ended job (its record, attempts, logs); its checkpoints "
@@ -157,6 +163,7 @@ int Dispatch(const Subcommands& c, const Args& a,
   if (*c.pause) return cmd::PauseOrResume(client, a.job, true);
   if (*c.resume) return cmd::PauseOrResume(client, a.job, false);
   if (*c.del) return cmd::Delete(client, a.job, a.purge);
+  if (*c.events) return cmd::Events(client, a.job);
   if (*c.watch) return cmd::Watch(client, a.job);
   if (*c.checkpoints) return cmd::Checkpoints(client, a.job);
   if (*c.diagnose) return cmd::Diagnose(client, a.job, a.attempt);

@@ -389,6 +389,16 @@ TEST_F(ControlPlaneTest, CancelRunningJobLeavesNoRankProcess) {
   EXPECT_EQ(c2.rc, 0) << c2.out;  // idempotent
   ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_CANCELLED"; }, 60));
   EXPECT_TRUE(JobProcesses(id).empty());
+  // `ptctl events`: its story, oldest first, a line each.
+  Result events = Ptctl("events " + id);
+  EXPECT_EQ(events.rc, 0) << events.out;
+  const size_t submitted = events.out.find("  submitted (2 slots)\n");
+  const size_t started = events.out.find("  attempt 1 started");
+  const size_t cancelled = events.out.find("  cancelled (attempt 1 ended)");
+  EXPECT_NE(submitted, std::string::npos) << events.out;
+  EXPECT_LT(submitted, started) << events.out;
+  EXPECT_LT(started, cancelled) << events.out;
+  EXPECT_NE(cancelled, std::string::npos) << events.out;
   const std::string ckpt =
       Get(id)["job"]["spec"]["checkpoint"].value("dir", "");
   Result deleted = Ptctl("delete " + id);
@@ -396,6 +406,7 @@ TEST_F(ControlPlaneTest, CancelRunningJobLeavesNoRankProcess) {
   EXPECT_EQ(deleted.out, id + " deleted; its checkpoints stay in " + ckpt +
                              " (--purge removes them)\n");
   EXPECT_NE(Ptctl("get " + id).out.find("NOT_FOUND"), std::string::npos);
+  EXPECT_NE(Ptctl("events " + id).out.find("NOT_FOUND"), std::string::npos);
   EXPECT_TRUE(ListJobs().empty());
 }
 
@@ -1880,6 +1891,10 @@ TEST_F(ControlPlaneTest, ClientInputComesBackBoundedInEveryRefusal) {
        "ForgetNode");
   call(&Stub::ApproveNode, v1::ApproveNodeRequest(), v1::ApproveNodeResponse(),
        "ApproveNode");
+  call(&Stub::DeleteJob, v1::DeleteJobRequest(), v1::DeleteJobResponse(),
+       "DeleteJob");
+  call(&Stub::ListEvents, v1::ListEventsRequest(), v1::ListEventsResponse(),
+       "ListEvents");
   {
     ptrain::v1::WatchJobRequest r;
     r.set_job_id(huge);
