@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <new>
 #include <string>
 
@@ -24,8 +25,15 @@ namespace {
 // Prometheus reaches it at.
 void AnnounceMetrics(const RankFlags& flags, const Rank& rank) {
   if (rank.metrics == nullptr) return;
-  spdlog::info("rank {} serves metrics on port {}", rank.dims->world_rank(),
-               rank.metrics->port());
+  // Information, not a warning, yet said by every rank (where each serves
+  // its metrics), though ranks but 0 log only warnings: their level is
+  // lowered for this line unless a stricter one was asked for.
+  const std::shared_ptr<spdlog::logger> log = spdlog::default_logger();
+  const spdlog::level::level_enum level = log->level();
+  if (level <= spdlog::level::warn) log->set_level(spdlog::level::info);
+  log->info("rank {} serves metrics on port {}", rank.dims->world_rank(),
+            rank.metrics->port());
+  log->set_level(level);
   if (rank.reporter != nullptr) {
     // Others must reach the address: see AdvertiseHost for the rule.
     const std::string at =

@@ -74,16 +74,23 @@ class AliveRecorder final : public v1::RankService::Service {
                            v1::ReportAliveResponse*) override {
     std::lock_guard<std::mutex> lock(mu_);
     got_.push_back(*req);
+    last_ = std::chrono::steady_clock::now();
     return grpc::Status::OK;
   }
   std::vector<v1::ReportAliveRequest> Got() {
     std::lock_guard<std::mutex> lock(mu_);
     return got_;
   }
+  // When the newest request arrived.
+  std::chrono::steady_clock::time_point Last() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_;
+  }
 
  private:
   std::mutex mu_;
   std::vector<v1::ReportAliveRequest> got_;
+  std::chrono::steady_clock::time_point last_;
 };
 
 // A reporter of rank 1 of attempt `attempt` to `service`, served at once
@@ -154,19 +161,20 @@ TEST(ProgressReporterTest, ACoordinatorSilentPastTheGraceStopsTheRankOnce) {
   (*r)->SetAliveInterval(std::chrono::milliseconds(100));
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   EXPECT_EQ(lost, 0) << "stopped while its coordinator answered";
-  EXPECT_GE(service.Got().size(), 5u);
+  ASSERT_GE(service.Got().size(), 1u) << "no report reached the coordinator";
   server->Shutdown();
   server.reset();
+  const auto answered = service.Last();  // no answer after this one
   const auto gone = std::chrono::steady_clock::now();
   while (lost == 0 &&
          std::chrono::steady_clock::now() - gone < std::chrono::seconds(20)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  const double after_s = std::chrono::duration<double>(
-                             std::chrono::steady_clock::now() - gone)
-                             .count();
+  const double after_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - answered)
+          .count();
   EXPECT_EQ(lost, 1) << "never told to stop";
-  EXPECT_GE(after_s, 0.5) << "told before the grace had passed";
+  EXPECT_GE(after_s, 0.6) << "told before the grace had passed";
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   EXPECT_EQ(lost, 1) << "told more than once";
   r->reset();
