@@ -17,16 +17,17 @@ namespace ptrain {
 namespace {
 
 int Refuse(const absl::Status& s) {
-  if (WorldRank() == 0) {
-    std::fprintf(stderr, "ptworker: error: %s\n",
-                 std::string(s.message()).c_str());
-  }
+  std::fprintf(stderr, "ptworker: error: %s\n",
+               std::string(s.message()).c_str());
   return IsInputError(s) ? kExitBadInput : 1;
 }
 
 }  // namespace
 
 int DryRun(const RankFlags& flags) {
+  // Under mpirun, rank 0 alone reads and says it: the others have nothing
+  // to add.
+  if (WorldRank() != 0) return 0;
   absl::StatusOr<v1::JobSpec> spec =
       LoadJobSpecFile(flags.config_path, flags.overrides, "--config");
   if (!spec.ok()) return Refuse(spec.status());
@@ -36,7 +37,6 @@ int DryRun(const RankFlags& flags) {
       LoadTokenData(spec->data(), spec->model().vocab_size(),
                     spec->model().block_size(), *fs);
   if (!data.ok()) return Refuse(data.status());
-  if (WorldRank() != 0) return 0;
   const v1::ParallelSpec& p = spec->parallel();
   const int64_t world = JobWorldSize(*spec);
   const MemoryEstimate e = EstimateRankMemory(*spec, data->vocab_size);

@@ -30,7 +30,9 @@ void AnnounceMetrics(const RankFlags& flags, const Rank& rank) {
   // lowered for this line unless a stricter one was asked for.
   const std::shared_ptr<spdlog::logger> log = spdlog::default_logger();
   const spdlog::level::level_enum level = log->level();
-  if (level <= spdlog::level::warn) log->set_level(spdlog::level::info);
+  if (level > spdlog::level::info && level <= spdlog::level::warn) {
+    log->set_level(spdlog::level::info);
+  }
   log->info("rank {} serves metrics on port {}", rank.dims->world_rank(),
             rank.metrics->port());
   log->set_level(level);
