@@ -10,6 +10,10 @@ absl::Status AttemptBackend::Admit(const v1::JobSpec& /*spec*/,
   return absl::OkStatus();
 }
 
+std::string AttemptBackend::FreeSlots(const RunningJobs& /*running*/) const {
+  return "more slots than are free";
+}
+
 bool AttemptBackend::FitsFullSize(const v1::Job& /*job*/,
                                   const RunningJobs& /*others*/) {
   return false;

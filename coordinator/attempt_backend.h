@@ -120,6 +120,9 @@ class AttemptBackend {
   // every job behind it).
   virtual std::optional<AttemptPlace> Place(const v1::Job& job,
                                             const RunningJobs& running) = 0;
+  // What is free beside `running`, said as what a job that did not fit
+  // needs: "more slots than the 2 of 4 free on this host (--local-slots)".
+  virtual std::string FreeSlots(const RunningJobs& running) const;
   // Whether the running, shrunk `job` fits at its full size now beside
   // `others` (its own slots counted free): the state machine then stops it
   // to grow back. False where the backend cannot tell (Slurm places) or

@@ -189,6 +189,23 @@ class LocalBackend : public MpirunBackend {
     return place;
   }
 
+  std::string FreeSlots(const RunningJobs& running) const override {
+    int used = 0;
+    for (const v1::Job* r : running) used += r->world_size();
+    const int total = scheduler_.total_slots();
+    std::string out =
+        absl::StrCat("more slots than the ", std::max(0, total - used), " of ",
+                     total, " free on this host (--local-slots)");
+    if (scheduler_.total_gpus() > 0) {
+      absl::StrAppend(
+          &out, ", or, on resources.device=cuda, more GPUs than the ",
+          scheduler_.total_gpus() -
+              static_cast<int>(GpusHeld(running)[LocalHostName()].size()),
+          " free");
+    }
+    return out;
+  }
+
  private:
   // A GPU job run here takes GPUs of this host, one per rank, unless
   // PTRAIN_CUDA_SHARE_GPUS lets its ranks share.

@@ -6,14 +6,18 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "coordinator/backend_mpirun.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/nodes.h"
+#include "coordinator/scheduler.h"
 #include "grpcpp/grpcpp.h"
 #include "ptrain/v1/node.grpc.pb.h"
 #include "spdlog/spdlog.h"
@@ -56,6 +60,7 @@ class NodesBackend : public MpirunBackend {
     }
     if (place.nodes.empty()) return std::nullopt;
     place.placement = PlacementOf(place.nodes, running, OnGpus(spec));
+    BindToSlotCpus(running, &place.placement);
     return place;
   }
 
@@ -83,7 +88,10 @@ class NodesBackend : public MpirunBackend {
         min_threads = min_threads == 0 ? t : std::min(min_threads, t);
       }
     }
-    if (request.threads == 0) request.threads = min_threads;
+    // Bound ranks run as many threads as their CPUs (AttemptEnvironment).
+    if (request.threads == 0 && request.rank_cpus.empty()) {
+      request.threads = min_threads;
+    }
     request.nodes_file = (fs::path(request.job_dir) / "nodes").string();
     if (absl::Status s = WritePrivateFile(request.nodes_file, text); !s.ok()) {
       return s;
@@ -188,7 +196,48 @@ class NodesBackend : public MpirunBackend {
     return options_.nodes.timeout + absl::Seconds(2);
   }
 
+  std::string FreeSlots(const RunningJobs& running) const override {
+    int free = 0;
+    std::vector<std::string> each;
+    for (const FreeNode& n : FreeNodes(running, /*gpus=*/false)) {
+      free += n.free;
+      each.push_back(absl::StrCat(n.name, " ", n.free));
+    }
+    return absl::StrCat(
+        "more slots than the ", free, " free on ", each.size(),
+        " up, undrained nodes", each.empty() ? "" : " (",
+        absl::StrJoin(each, ", "), each.empty() ? "" : ")",
+        ", each node taking whole tp×cp groups (and, on "
+        "resources.device=cuda, one unused GPU a rank); see ptctl nodes");
+  }
+
  private:
+  // Each rank of `placement` on its own slot's CPUs (NodeSpec.cpus cut by
+  // SlotCpus) that no running attempt holds there; every node's or none:
+  // where one node cannot bind (more slots than CPUs, an older daemon), no
+  // rank of the attempt is bound.
+  void BindToSlotCpus(const RunningJobs& running,
+                      std::vector<v1::Placement>* placement) const {
+    const std::vector<v1::Node> nodes = nodes_->List(absl::Now());
+    const std::map<std::string, std::set<int>> held = CpusHeld(running);
+    for (v1::Placement& p : *placement) {
+      const v1::Node* n = FindNode(nodes, p.node());
+      std::vector<int> cpus;
+      if (n != nullptr) {
+        const auto it = held.find(p.node());
+        cpus = TakeSlotCpus(
+            SlotCpus({n->spec().cpus().begin(), n->spec().cpus().end()},
+                     n->spec().slots()),
+            it == held.end() ? std::set<int>{} : it->second, p.ranks());
+      }
+      if (cpus.empty()) {
+        for (v1::Placement& q : *placement) q.clear_cpus();
+        return;
+      }
+      p.mutable_cpus()->Add(cpus.begin(), cpus.end());
+    }
+  }
+
   // The up, undrained nodes and their free slots beside `running`; for a
   // job on `gpus`, only GPUs left unused.
   std::vector<FreeNode> FreeNodes(const RunningJobs& running, bool gpus) const {

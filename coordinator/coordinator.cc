@@ -14,14 +14,19 @@
 #include <filesystem>
 #include <regex>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/auth_token.h"
+#include "common/exit_codes.h"
 #include "common/job_state.h"
+#include "common/private_file.h"
 #include "common/spec.h"
 #include "common/thread_entry.h"
 #include "coordinator/auth.h"
 #include "coordinator/coordinator_internal.h"
+#include "coordinator/launcher.h"
 #include "coordinator/paths.h"
 #include "spdlog/spdlog.h"
 
@@ -229,8 +234,9 @@ absl::Status Coordinator::AuthenticateRank(
   return CheckBearerHash(authorization, hash);
 }
 
-absl::StatusOr<v1::Job> Coordinator::Submit(
-    const std::string& spec_yaml, const std::vector<std::string>& overrides) {
+absl::StatusOr<JobRecord> Coordinator::NewJobRecord(
+    const std::string& spec_yaml,
+    const std::vector<std::string>& overrides) const {
   if (spec_yaml.size() > kMaxSpecBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec_yaml is ", spec_yaml.size(), " bytes; the limit is ",
@@ -270,11 +276,18 @@ absl::StatusOr<v1::Job> Coordinator::Submit(
   if (!ckpt_root.empty())
     ckpt->set_dir((fs::path(ckpt_root) / r.job.uid()).string());
   *r.job.mutable_spec() = *spec;
+  return r;
+}
 
+absl::StatusOr<v1::Job> Coordinator::Submit(
+    const std::string& spec_yaml, const std::vector<std::string>& overrides) {
+  absl::StatusOr<JobRecord> r = NewJobRecord(spec_yaml, overrides);
+  if (!r.ok()) return r.status();
+  const int world = r->job.world_size();
   absl::MutexLock lock(&mu_);
   const std::string event = absl::StrCat("submitted (", world, " slots)");
   absl::StatusOr<JobRecord> stored =
-      store_->InsertJob(std::move(r), event, NowMs());
+      store_->InsertJob(std::move(*r), event, NowMs());
   if (!stored.ok()) return stored.status();
   Entry& e = jobs_[stored->job.id()];
   e.record = std::move(*stored);
@@ -284,6 +297,79 @@ absl::StatusOr<v1::Job> Coordinator::Submit(
   changed_.SignalAll();
   wake_.Signal();
   return e.record.job;
+}
+
+absl::StatusOr<std::string> Coordinator::DescribeRun(
+    const v1::JobSpec& spec) const {
+  // The spec as the ranks would read it, in a private file of the state
+  // folder, removed whatever happens.
+  const std::string path =
+      (fs::path(options_.state_dir) /
+       absl::StrCat("dry-run-", NewJobUid("spec"), ".yaml"))
+          .string();
+  if (absl::Status s = WritePrivateFile(path, JobSpecToYaml(spec)); !s.ok()) {
+    return s;
+  }
+  LaunchRequest req;
+  req.data_roots = options_.data_roots;
+  if (!options_.checkpoint_root.empty())
+    req.data_roots.push_back(options_.checkpoint_root);
+  req.world_size = 1;
+  req.threads = 1;
+  absl::StatusOr<CommandResult> run =
+      RunCommand({options_.ptworker, "--dry-run", "--config", path},
+                 AttemptEnvironment(req), options_.work_root);
+  std::error_code ec;
+  fs::remove(path, ec);
+  if (!run.ok()) return run.status();
+  if (run->exit_code != 0) {
+    // Its one `ptworker: error:` line; bad input (exit 2) is the job's.
+    absl::string_view why = absl::StripAsciiWhitespace(run->err);
+    if (const size_t nl = why.rfind('\n'); nl != absl::string_view::npos)
+      why.remove_prefix(nl + 1);
+    absl::ConsumePrefix(&why, "ptworker: error: ");
+    return run->exit_code == kExitBadInput
+               ? absl::InvalidArgumentError(why)
+               : absl::InternalError(
+                     absl::StrCat("ptworker --dry-run exited with code ",
+                                  run->exit_code, ": ", why));
+  }
+  return run->out;
+}
+
+absl::StatusOr<v1::DryRun> Coordinator::DryRunSubmit(
+    const std::string& spec_yaml, const std::vector<std::string>& overrides) {
+  absl::StatusOr<JobRecord> r = NewJobRecord(spec_yaml, overrides);
+  if (!r.ok()) return r.status();
+  v1::DryRun out;
+  out.set_world_size(r->job.world_size());
+  // What the ranks would build, said by ptworker itself (no lock held: it
+  // reads the data for its vocabulary).
+  absl::StatusOr<std::string> report = DescribeRun(r->job.spec());
+  if (!report.ok()) return report.status();
+  out.set_report(std::move(*report));
+  absl::MutexLock lock(&mu_);
+  int ahead = 0;
+  for (const auto& [id, e] : jobs_) {
+    if (IsWaiting(e.record.job.state())) ++ahead;
+  }
+  r->job.set_id("dry-run");
+  const std::optional<AttemptPlace> place =
+      backend_->Place(r->job, RunningJobsBut());
+  if (ahead > 0) {
+    // Strict FIFO: it would start after every job waiting now.
+    out.set_waits(absl::StrCat(
+        ahead, ahead == 1 ? " job is" : " jobs are",
+        " queued ahead of it (the queue is first in, first out)",
+        place.has_value() ? "; its ranks would fit beside the running jobs"
+                          : ""));
+  } else if (!place.has_value()) {
+    out.set_waits(absl::StrCat("its ", r->job.world_size(), " ranks need ",
+                               backend_->FreeSlots(RunningJobsBut())));
+  } else {
+    for (const v1::Placement& p : place->placement) *out.add_placement() = p;
+  }
+  return out;
 }
 
 absl::StatusOr<v1::GetJobResponse> Coordinator::Get(const std::string& id,

@@ -159,6 +159,11 @@ class Coordinator {
 
   absl::StatusOr<v1::Job> Submit(const std::string& spec_yaml,
                                  const std::vector<std::string>& overrides);
+  // SubmitJobRequest.dry_run: refused as Submit would refuse; else what the
+  // job would be (ptworker --dry-run of its spec) and where it would start
+  // now, or why it would wait. Stores and starts nothing.
+  absl::StatusOr<v1::DryRun> DryRunSubmit(
+      const std::string& spec_yaml, const std::vector<std::string>& overrides);
   absl::StatusOr<v1::GetJobResponse> Get(const std::string& id,
                                          bool include_loss_history);
   absl::StatusOr<std::vector<v1::Job>> List(v1::JobState state, int limit);
@@ -471,6 +476,15 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int UsedSlots() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The jobs of the running attempts but job `except`'s.
+  // A submission checked and made ready to store (Submit's rules), under
+  // no lock.
+  absl::StatusOr<JobRecord> NewJobRecord(
+      const std::string& spec_yaml,
+      const std::vector<std::string>& overrides) const;
+  // `ptworker --dry-run` of `spec` (resolved, as the ranks would run it):
+  // its report; InvalidArgument with its error line when it refuses the
+  // job's input.
+  absl::StatusOr<std::string> DescribeRun(const v1::JobSpec& spec) const;
   RunningJobs RunningJobsBut(const std::string& except = "") const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Entry* Find(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

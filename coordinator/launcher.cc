@@ -88,11 +88,15 @@ absl::StatusOr<std::string> PrepareJobDir(
 }
 
 std::string Rankfile(const LaunchRequest& r) {
+  // Each rank's host: this one, or its node's name as the hostfile says.
+  std::vector<std::string> hosts;
+  for (const NodeRanks& n : r.placement)
+    hosts.insert(hosts.end(), n.ranks, n.name);
   std::string out;
   for (size_t rank = 0; rank < r.rank_cpus.size(); ++rank) {
-    absl::StrAppend(&out, "rank ", rank,
-                    "=localhost slot=", absl::StrJoin(r.rank_cpus[rank], ","),
-                    "\n");
+    absl::StrAppend(&out, "rank ", rank, "=",
+                    rank < hosts.size() ? hosts[rank] : "localhost",
+                    " slot=", absl::StrJoin(r.rank_cpus[rank], ","), "\n");
   }
   return out;
 }
@@ -227,8 +231,13 @@ std::map<std::string, std::string> AttemptEnvironment(const LaunchRequest& r) {
   // ptcoord's own environment leaks through.
   env["PTRAIN_TLS_CA"] = r.tls_ca_file;
   int threads = r.threads;
-  if (threads <= 0 && !r.rank_cpus.empty()) {
-    threads = static_cast<int>(r.rank_cpus.front().size());
+  // Bound: every rank as many threads as the fewest CPUs a rank has (one
+  // variable for all ranks; nodes may cut their slots differently).
+  if (threads <= 0) {
+    for (const std::vector<int>& cpus : r.rank_cpus) {
+      const int n = static_cast<int>(cpus.size());
+      threads = threads <= 0 ? n : std::min(threads, n);
+    }
   }
   if (threads <= 0) threads = std::max(1, r.cores / std::max(1, r.world_size));
   env["OMP_NUM_THREADS"] = absl::StrCat(threads);

@@ -56,10 +56,11 @@ struct LaunchRequest {
   // PTRAIN_RANK_GPUS: on nodes, a GPU job's GPU for each rank, in rank
   // order (Placement.gpus); empty otherwise.
   std::vector<int> rank_gpus;
-  // On this host (placement empty): each rank's CPUs, in rank order, which
-  // the attempt's rankfile binds it to, and OMP_NUM_THREADS (unless
-  // `threads`) is their count; empty: ranks are not bound (mpirun
-  // --bind-to none) and share the host's cores.
+  // Each rank's CPUs on its host (this one, or its node), in rank order
+  // (Placement.cpus), which the attempt's rankfile binds it to;
+  // OMP_NUM_THREADS (unless `threads`) is the fewest a rank has. Empty:
+  // ranks are not bound (mpirun --bind-to none) and share their host's
+  // cores.
   std::vector<std::vector<int>> rank_cpus;
   std::string rsh_agent;
   std::string nodes_file;
@@ -85,7 +86,8 @@ absl::StatusOr<std::string> PrepareJobDir(
 std::string Hostfile(const std::vector<NodeRanks>& placement);
 
 // The rankfile that binds each rank of `r` to its CPUs (r.rank_cpus; CPU
-// numbers as the kernel's, mpirun told so): "rank R=localhost slot=C,C".
+// numbers as the kernel's, mpirun told so): "rank R=HOST slot=C,C", HOST
+// the rank's node as the hostfile names it (r.placement), or localhost.
 std::string Rankfile(const LaunchRequest& r);
 
 // The argv that runs one attempt (exposed for tests and logs).

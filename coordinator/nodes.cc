@@ -64,6 +64,19 @@ std::string CheckNodeSpec(const v1::NodeSpec& spec) {
     return absl::StrCat("node.cores must be in 1..65536 (it is ", spec.cores(),
                         ")");
   }
+  if (spec.cpus_size() > 65536) {
+    return absl::StrCat("node.cpus may list at most 65536 CPUs (it lists ",
+                        spec.cpus_size(), ")");
+  }
+  for (int i = 0; i < spec.cpus_size(); ++i) {
+    if (spec.cpus(i) < 0 || spec.cpus(i) > 1048575 ||
+        (i > 0 && spec.cpus(i) <= spec.cpus(i - 1))) {
+      return absl::StrCat(
+          "node.cpus must be strictly ascending CPU numbers in 0..1048575 "
+          "(entry ",
+          i + 1, " is ", spec.cpus(i), ")");
+    }
+  }
   if (spec.gpus() < 0 || spec.gpus() > 1024) {
     return absl::StrCat("node.gpus must be in 0..1024 (it is ", spec.gpus(),
                         ")");

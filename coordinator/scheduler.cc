@@ -144,6 +144,22 @@ std::vector<int> TakeSlotCpus(const std::vector<std::vector<int>>& slot_cpus,
   return out;
 }
 
+std::vector<std::vector<int>> RankCpus(const v1::Job& job) {
+  std::vector<std::vector<int>> out;
+  for (const v1::Placement& p : job.placement()) {
+    if (p.ranks() < 1 || p.cpus_size() == 0 || p.cpus_size() % p.ranks()) {
+      return {};
+    }
+    const int each = p.cpus_size() / p.ranks();
+    for (int rank = 0; rank < p.ranks(); ++rank) {
+      out.emplace_back(p.cpus().begin() + rank * each,
+                       p.cpus().begin() + (rank + 1) * each);
+    }
+  }
+  if (static_cast<int>(out.size()) != job.world_size()) return {};
+  return out;
+}
+
 std::vector<NodeRanks> PlaceRanks(const std::vector<FreeNode>& nodes, int world,
                                   int group, int ranks_per_node) {
   if (world < 1 || group < 1 || world % group != 0) return {};

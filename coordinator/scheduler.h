@@ -105,6 +105,11 @@ std::map<std::string, std::set<int>> CpusHeld(const RunningJobs& running);
 std::vector<int> TakeSlotCpus(const std::vector<std::vector<int>>& slot_cpus,
                               const std::set<int>& held, int ranks);
 
+// Each rank's CPUs, in rank order, from the job's placement (Placement.cpus
+// cut into cpus_size() / ranks a rank); empty unless every rank of the
+// world has some.
+std::vector<std::vector<int>> RankCpus(const v1::Job& job);
+
 // Consecutive ranks on one node (ranks are numbered node after node).
 struct NodeRanks {
   std::string name;

@@ -226,18 +226,7 @@ LaunchRequest Coordinator::AttemptRequest(const Entry& e,
   for (const v1::Placement& p : job.placement()) {
     req.rank_gpus.insert(req.rank_gpus.end(), p.gpus().begin(), p.gpus().end());
   }
-  // On this host, each rank on its slot's CPUs (LocalBackend::Place).
-  if (place.nodes.empty() && job.placement_size() == 1 &&
-      job.placement(0).ranks() == job.world_size() &&
-      job.placement(0).cpus_size() > 0 &&
-      job.placement(0).cpus_size() % job.world_size() == 0) {
-    const v1::Placement& p = job.placement(0);
-    const int each = p.cpus_size() / p.ranks();
-    for (int rank = 0; rank < p.ranks(); ++rank) {
-      req.rank_cpus.emplace_back(p.cpus().begin() + rank * each,
-                                 p.cpus().begin() + (rank + 1) * each);
-    }
-  }
+  req.rank_cpus = RankCpus(job);
   return req;
 }
 

@@ -44,11 +44,14 @@ std::string SlurmJobName(const std::string& job_id, int attempt) {
 }
 
 std::string SlurmBatchScript(const LaunchRequest& r,
-                             const std::string& attempt_dir) {
+                             const std::string& attempt_dir,
+                             int cpus_per_task) {
   std::vector<std::string> cmd = {
       "srun",
       "--mpi=pmix",
       "--kill-on-bad-exit=1",
+      absl::StrCat("--cpus-per-task=", std::max(1, cpus_per_task)),
+      "--cpu-bind=cores",
       "--label",
       r.ptworker,
       "--config",
@@ -145,7 +148,8 @@ absl::StatusOr<std::string> SubmitSlurmAttempt(const LaunchRequest& r,
   absl::StatusOr<std::string> dir = MakeAttemptDir(r);
   if (!dir.ok()) return dir.status();
   const std::string script = (fs::path(*dir) / "slurm.sh").string();
-  if (absl::Status s = WritePrivateFile(script, SlurmBatchScript(r, *dir));
+  if (absl::Status s =
+          WritePrivateFile(script, SlurmBatchScript(r, *dir, cpus_per_task));
       !s.ok()) {
     return s;
   }

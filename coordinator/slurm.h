@@ -31,10 +31,12 @@ struct SlurmOptions {
 // restart (`squeue --name`).
 std::string SlurmJobName(const std::string& job_id, int attempt);
 
-// The batch script: srun --mpi=pmix of ptworker over every task, then the
-// exit code into attempt-N/exit_code (as the local wrapper writes it).
+// The batch script: srun --mpi=pmix of ptworker over every task, each
+// task on `cpus_per_task` cores of its own (--cpus-per-task, which srun
+// does not inherit from sbatch, and --cpu-bind=cores), then the exit code
+// into attempt-N/exit_code (as the local wrapper writes it).
 std::string SlurmBatchScript(const LaunchRequest& r,
-                             const std::string& attempt_dir);
+                             const std::string& attempt_dir, int cpus_per_task);
 
 // sbatch's argv for the attempt (script path last). Tasks = world size;
 // with resources.ranks_per_node > 0 (`ranks_per_node`), --ntasks-per-node

@@ -56,8 +56,49 @@ bool LineOfRank(absl::string_view line, int rank) {
 
 }  // namespace
 
+namespace {
+
+// "node1 (2; GPUs 0,1), node2 (2; CPUs 0,1)": each node, its ranks, and
+// the GPUs and CPUs they hold.
+std::string PlacementWords(
+    const google::protobuf::RepeatedPtrField<v1::Placement>& placement) {
+  std::vector<std::string> where;
+  for (const auto& n : placement) {
+    where.push_back(absl::StrCat(
+        n.node(), " (", n.ranks(),
+        n.gpus().empty()
+            ? ""
+            : absl::StrCat("; GPUs ", absl::StrJoin(n.gpus(), ",")),
+        n.cpus().empty()
+            ? ""
+            : absl::StrCat("; CPUs ", absl::StrJoin(n.cpus(), ",")),
+        ")"));
+  }
+  return absl::StrJoin(where, ", ");
+}
+
+// A dry run's answer: ptworker's report, then where the job would start or
+// why it would wait.
+void PrintDryRun(const v1::DryRun& d) {
+  std::printf("%s", d.report().c_str());
+  if (!d.waits().empty()) {
+    std::printf("# submitted now, it would wait: %s\n", d.waits().c_str());
+  } else if (d.placement_size() > 0) {
+    std::printf("# submitted now, its %d ranks would start at once on %s\n",
+                d.world_size(), PlacementWords(d.placement()).c_str());
+  } else {
+    std::printf(
+        "# submitted now, its %d ranks would start at once (the launcher "
+        "places them)\n",
+        d.world_size());
+  }
+  std::printf("# nothing was submitted\n");
+}
+
+}  // namespace
+
 int Submit(Client& client, const std::string& file,
-           const std::vector<std::string>& sets, bool watch) {
+           const std::vector<std::string>& sets, bool watch, bool dry_run) {
   // The same bounded reader and parser as ptworker's: a huge file or
   // /dev/zero is refused here, before anything reaches the coordinator.
   absl::StatusOr<std::string> text = ReadJobSpecFile(file);
@@ -78,10 +119,19 @@ int Submit(Client& client, const std::string& file,
   v1::SubmitJobRequest req;
   req.set_spec_yaml(*text);
   for (const std::string& s : sets) req.add_overrides(s);
+  req.set_dry_run(dry_run);
   v1::SubmitJobResponse resp;
   auto ctx = client.Context();
   const grpc::Status s = client.stub().SubmitJob(ctx.get(), req, &resp);
   if (!s.ok()) return RpcError(client.options(), s);
+  if (dry_run) {
+    if (client.options().output == "json") {
+      std::printf("%s\n", ProtoJson(resp.dry_run(), true).c_str());
+    } else {
+      PrintDryRun(resp.dry_run());
+    }
+    return 0;
+  }
   if (client.options().output == "json") {
     std::printf("%s\n", ProtoJson(resp.job(), true).c_str());
   } else {
@@ -127,19 +177,7 @@ int Get(Client& client, const std::string& id) {
                 j.spec().parallel().dp());
   }
   if (j.placement_size() > 0) {
-    std::vector<std::string> where;
-    for (const auto& n : j.placement()) {
-      where.push_back(absl::StrCat(
-          n.node(), " (", n.ranks(),
-          n.gpus().empty()
-              ? ""
-              : absl::StrCat("; GPUs ", absl::StrJoin(n.gpus(), ",")),
-          n.cpus().empty()
-              ? ""
-              : absl::StrCat("; CPUs ", absl::StrJoin(n.cpus(), ",")),
-          ")"));
-    }
-    std::printf("nodes:     %s\n", absl::StrJoin(where, ", ").c_str());
+    std::printf("nodes:     %s\n", PlacementWords(j.placement()).c_str());
   }
   std::printf("created:   %s ago\n", Ago(j.created_unix_ms()).c_str());
   if (!j.error().empty()) std::printf("error:     %s\n", j.error().c_str());

@@ -12,9 +12,11 @@
 namespace ptrain::ptctl {
 
 // Checks spec `file` with `sets` applied as ptcoord would, then submits it;
-// prints the job id, and with `watch` follows the job (Watch).
+// prints the job id, and with `watch` follows the job (Watch). With
+// `dry_run`, submits nothing and prints what ptcoord says the job would be
+// (SubmitJobRequest.dry_run).
 int Submit(Client& client, const std::string& file,
-           const std::vector<std::string>& sets, bool watch);
+           const std::vector<std::string>& sets, bool watch, bool dry_run);
 
 // Shows job `id`: its state, progress, placement and attempts.
 int Get(Client& client, const std::string& id);

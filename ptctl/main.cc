@@ -32,7 +32,7 @@ using ptrain::ptctl::Options;
 struct Args {
   std::string file, job, node, list_state;
   std::vector<std::string> sets;
-  bool watch = false, follow = false, purge = false;
+  bool watch = false, follow = false, purge = false, dry_run = false;
   int attempt = 0, list_limit = 0, rank = -1;
 };
 
@@ -77,8 +77,14 @@ Subcommands AddSubcommands(CLI::App& app, Args& a) {
   c.submit->add_option("FILE", a.file, "job spec")->required();
   c.submit->add_option("--set", a.sets,
                        "override a field: dotted.path=value (repeatable)");
-  c.submit->add_flag("--watch", a.watch,
-                     "follow the job; exit 0 only if it SUCCEEDED");
+  CLI::Option* watch = c.submit->add_flag(
+      "--watch", a.watch, "follow the job; exit 0 only if it SUCCEEDED");
+  c.submit
+      ->add_flag("--dry-run", a.dry_run,
+                 "submit nothing: print the effective spec, the layout, "
+                 "each rank's memory and where ptcoord would start it or "
+                 "why it would wait")
+      ->excludes(watch);
   c.get = app.add_subcommand("get", "show one job");
   c.get->add_option("JOB", a.job)->required();
   c.list = app.add_subcommand("list", "list jobs");
@@ -155,7 +161,9 @@ Subcommands AddSubcommands(CLI::App& app, Args& a) {
 int Dispatch(const Subcommands& c, const Args& a,
              ptrain::ptctl::Client& client) {
   namespace cmd = ptrain::ptctl;
-  if (*c.submit) return cmd::Submit(client, a.file, a.sets, a.watch);
+  if (*c.submit) {
+    return cmd::Submit(client, a.file, a.sets, a.watch, a.dry_run);
+  }
   if (*c.get) return cmd::Get(client, a.job);
   if (*c.list) return cmd::List(client, a.list_limit, a.list_state);
   if (*c.logs) return cmd::Logs(client, a.job, a.follow, a.attempt, a.rank);

@@ -104,6 +104,16 @@ TEST_F(NodeRegistryTest, EveryRuleOfARegistrationIsNamedAndChangesNothing) {
       {[](v1::NodeSpec* s) { s->set_slots(4097); }, "node.slots"},
       {[](v1::NodeSpec* s) { s->set_cores(0); }, "node.cores"},
       {[](v1::NodeSpec* s) { s->set_memory_bytes(-1); }, "node.memory_bytes"},
+      {[](v1::NodeSpec* s) {
+         for (int c : {0, 2, 2}) s->add_cpus(c);
+       },
+       "node.cpus"},
+      {[](v1::NodeSpec* s) {
+         for (int c : {3, 1}) s->add_cpus(c);
+       },
+       "node.cpus"},
+      {[](v1::NodeSpec* s) { s->add_cpus(-1); }, "node.cpus"},
+      {[](v1::NodeSpec* s) { s->add_cpus(1 << 20); }, "node.cpus"},
       {[](v1::NodeSpec* s) { s->set_version(std::string(65, 'v')); },
        "node.version"},
   };

@@ -299,6 +299,38 @@ TEST(LauncherTest, BoundRanksGetARankfileAndThreadsForTheirCpus) {
   EXPECT_EQ(AttemptEnvironment(r).at("OMP_NUM_THREADS"), "4");
 }
 
+// On nodes: each rank's host in the rankfile is its node as the hostfile
+// names it, and the threads are the fewest CPUs a rank has (nodes may cut
+// their slots differently).
+TEST(LauncherTest, RanksOnNodesAreBoundOnTheirOwnNode) {
+  v1::Job job;
+  job.set_world_size(3);
+  v1::Placement* a = job.add_placement();
+  a->set_node("n1");
+  a->set_ranks(2);
+  for (int c : {0, 1, 2, 3}) a->add_cpus(c);
+  v1::Placement* b = job.add_placement();
+  b->set_node("n2");
+  b->set_ranks(1);
+  for (int c : {6, 7, 8}) b->add_cpus(c);
+  LaunchRequest r;
+  r.world_size = 3;
+  r.placement = {{"n1", 2}, {"n2", 1}};
+  r.rank_cpus = RankCpus(job);
+  ASSERT_EQ(r.rank_cpus,
+            (std::vector<std::vector<int>>{{0, 1}, {2, 3}, {6, 7, 8}}));
+  EXPECT_EQ(Rankfile(r),
+            "rank 0=n1 slot=0,1\nrank 1=n1 slot=2,3\nrank 2=n2 slot=6,7,8\n");
+  EXPECT_EQ(AttemptEnvironment(r).at("OMP_NUM_THREADS"), "2");
+  // A node without CPUs (an older daemon, more slots than CPUs) leaves
+  // every rank unbound; so does a placement short of the world.
+  b->clear_cpus();
+  EXPECT_TRUE(RankCpus(job).empty());
+  for (int c : {6, 7, 8}) b->add_cpus(c);
+  job.set_world_size(4);
+  EXPECT_TRUE(RankCpus(job).empty());
+}
+
 TEST(LauncherTest, HostfileListsTheNodesInRankOrder) {
   EXPECT_EQ(Hostfile({{"n1", 2}, {"n2", 4}}),
             "n1 slots=2 max_slots=2\nn2 slots=4 max_slots=4\n");

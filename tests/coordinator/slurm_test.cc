@@ -56,10 +56,12 @@ TEST(SlurmTest, SbatchAsksForOneTaskPerRankAndNeverRequeues) {
 TEST(SlurmTest, ScriptRunsTheRanksWithPmixAndRecordsTheExitCode) {
   LaunchRequest r = Request();
   r.job_dir = "/state/it's here";
-  const std::string s = SlurmBatchScript(r, "/state/it's here/attempt-3");
+  const std::string s = SlurmBatchScript(r, "/state/it's here/attempt-3", 3);
   EXPECT_TRUE(absl::StartsWith(s, "#!/bin/sh\n")) << s;
-  EXPECT_TRUE(
-      absl::StrContains(s, "'srun' '--mpi=pmix' '--kill-on-bad-exit=1'"))
+  // Each task on 3 cores of its own: srun takes neither from sbatch.
+  EXPECT_TRUE(absl::StrContains(s,
+                                "'srun' '--mpi=pmix' '--kill-on-bad-exit=1' "
+                                "'--cpus-per-task=3' '--cpu-bind=cores'"))
       << s;
   EXPECT_TRUE(absl::StrContains(s,
                                 "'/opt/ptrain/bin/ptworker' '--config' "

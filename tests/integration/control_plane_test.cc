@@ -1031,9 +1031,6 @@ TEST_F(ControlPlaneTest, SignalledJobSavesStopsAndResumesWithoutARestart) {
   EXPECT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_CANCELLED"; }, 120));
 }
 
-// `ptctl pause`: the running job's ranks save the step they are in and
-// stop, the job is PAUSED (no attempt runs, nothing is lost); `ptctl
-// resume` queues it and the next attempt goes on from the next step.
 // The CPUs of "Cpus_allowed_list:\t0-2,5" in /proc/PID/status.
 std::set<int> AllowedCpusOf(pid_t pid) {
   std::set<int> out;
@@ -1097,6 +1094,54 @@ TEST_F(ControlPlaneTest, ConcurrentJobsRunOnCpusOfTheirOwn) {
   }
 }
 
+// `ptctl submit --dry-run`: the effective spec, the layout, the memory of
+// the rank that needs the most and where the job would start or why it
+// would wait; nothing is stored or started, and bad input is refused as the
+// submission would be (exit 2).
+TEST_F(ControlPlaneTest, DryRunSaysWhatAJobWouldBeAndSubmitsNothing) {
+  const std::string sets =
+      " --set model.n_layer=1 --set model.n_embd=32 --set model.n_head=2"
+      " --set checkpoint.dir=" +
+      (dir_ / "ckpt").string();
+  const Result free = Ptctl(
+      "submit examples/shakespeare-char.yaml --dry-run --set "
+      "parallel.dp=2 --set train.lr=0.004" +
+      sets);
+  ASSERT_EQ(free.rc, 0) << free.out;
+  // The overrides applied, in the effective spec.
+  EXPECT_TRUE(absl::StrContains(free.out, "lr: 0.004")) << free.out;
+  EXPECT_TRUE(absl::StrContains(free.out, "# layout: 2 ranks")) << free.out;
+  EXPECT_TRUE(
+      absl::StrContains(free.out, "# memory of the rank that needs the most"))
+      << free.out;
+  EXPECT_TRUE(absl::StrContains(free.out, "its 2 ranks would start at once"))
+      << free.out;
+  EXPECT_TRUE(ListJobs().empty());
+  // Bad input: refused, nothing stored.
+  const Result bad = Ptctl(
+      "submit examples/shakespeare-char.yaml --dry-run --set "
+      "data.path=data/no-such-file.txt" +
+      sets);
+  EXPECT_EQ(bad.rc, 2) << bad.out;
+  EXPECT_TRUE(absl::StrContains(bad.out, "data.path")) << bad.out;
+  EXPECT_TRUE(ListJobs().empty());
+  // The pool's 4 slots held by a running job: a dry run says it would wait.
+  const std::string id = Submit({"train.steps=100000", "parallel.dp=4"});
+  ASSERT_EQ(id, "job-0001");  // no dry run used an id
+  ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_RUNNING"; }, 60));
+  const Result waits =
+      Ptctl("submit examples/shakespeare-char.yaml --dry-run" + sets);
+  ASSERT_EQ(waits.rc, 0) << waits.out;
+  EXPECT_TRUE(absl::StrContains(
+      waits.out, "it would wait: its 1 ranks need more slots than the 0 of 4"))
+      << waits.out;
+  EXPECT_EQ(ListJobs().size(), 1u);
+  EXPECT_EQ(Ptctl("cancel " + id).rc, 0);
+}
+
+// `ptctl pause`: the running job's ranks save the step they are in and
+// stop, the job is PAUSED (no attempt runs, nothing is lost); `ptctl
+// resume` queues it and the next attempt goes on from the next step.
 // The spec names no checkpoint.dir (examples/names.yaml has none): ptcoord
 // gives the job a folder of its own under its checkpoint root
 // (STATE_DIR/checkpoints by default), so the pause loses nothing.

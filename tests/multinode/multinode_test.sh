@@ -177,6 +177,31 @@ two_nodes)
   id=$(submit --set train.steps=30 --set checkpoint.every=10)
   wait_step "$id" 1 60 || fail "no first step"
   echo "FIGURE launch_submit_to_first_step_s $(since "$t0")"
+  # Each node's two ranks are bound to CPUs of their own, which the
+  # placement names: every CPU of the node (2 slots cut its CPUs in two).
+  for k in 1 2; do
+    want=$(jget "$id" "sorted([c for p in j['placement'] if p['node'] == '${MN_PREFIX}node$k' for c in p.get('cpus', [])])")
+    got=()
+    for p in $(mn_node_pids "$k"); do
+      [[ $(cat "/proc/$p/comm" 2>/dev/null) == ptworker ]] || continue
+      got+=("$(awk '/^Cpus_allowed_list:/ {print $2}' "/proc/$p/status")")
+    done
+    python3 - "$want" "$(nproc)" "${got[@]}" <<'PY' || fail "node $k: ranks' CPUs ${got[*]}, placement $want"
+import sys
+want, ncpu, got = eval(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+def cpus(text):
+    out = set()
+    for r in text.split(","):
+        lo, _, hi = r.partition("-")
+        out |= set(range(int(lo), int(hi or lo) + 1))
+    return out
+ranks = [cpus(g) for g in got]
+assert len(ranks) == 2, ranks
+assert not ranks[0] & ranks[1], ranks
+assert sorted(ranks[0] | ranks[1]) == want, (ranks, want)
+assert all(len(r) == ncpu // 2 for r in ranks), (ranks, ncpu)
+PY
+  done
   wait_state "$id" SUCCEEDED 120 || fail "$id did not succeed: $(jget "$id" "j['state']")"
   echo "FIGURE cluster_job_submit_to_succeeded_s $(since "$t0")"
   [[ $(jget "$id" "j['placement']") == *"${MN_PREFIX}node1"*"'ranks': 2"*"${MN_PREFIX}node2"*"'ranks': 2"* ]] ||

@@ -135,7 +135,7 @@ SlurmdPidFile=$S/slurmd-%n.pid
 SlurmctldLogFile=$S/slurmctld.log
 SlurmdLogFile=$S/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=task/affinity
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
@@ -197,6 +197,15 @@ succeeds)
   wait_for 60 bash -c "[[ \$(\"$PTCTL\" -o json get $id | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"job\"][\"progress\"].get(\"step\", 0))') -ge 1 ]]" ||
     fail "no first step"
   echo "FIGURE slurm_submit_to_first_step_s $(since "$t0")"
+  # srun binds each task to a core of its own (--cpu-bind=cores): the two
+  # ranks' CPUs are disjoint, one each (resources.threads_per_rank 0).
+  bound=()
+  for p in $(pgrep -x ptworker); do
+    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "PTRAIN_JOB_ID=$id" || continue
+    bound+=("$(awk '/^Cpus_allowed_list:/ {print $2}' "/proc/$p/status")")
+  done
+  [[ ${#bound[@]} == 2 && ${bound[0]} != *[,-]* && ${bound[1]} != *[,-]* &&
+     ${bound[0]} != "${bound[1]}" ]] || fail "ranks' CPUs: ${bound[*]}"
   wait_for 120 bash -c "[[ \$(\"$PTCTL\" -o json get $id | grep -o 'JOB_STATE_[A-Z]*' | head -1) == JOB_STATE_SUCCEEDED ]]" ||
     fail "$id: $(state_of "$id")"
   "$PTCTL" -o json get "$id" | python3 -c '

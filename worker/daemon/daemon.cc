@@ -86,8 +86,13 @@ v1::NodeSpec DescribeNode(const std::string& name, int slots, int gpus) {
   v1::NodeSpec spec;
   spec.set_name(name);
   spec.set_slots(slots);
-  spec.set_cores(
-      static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  // The CPUs this daemon (and the ranks it starts) may use: ptcoord binds
+  // each slot's ranks to their own run of them.
+  const std::vector<int> cpus = AllowedCpus();
+  spec.mutable_cpus()->Add(cpus.begin(), cpus.end());
+  spec.set_cores(cpus.empty() ? static_cast<int>(std::max(
+                                    1u, std::thread::hardware_concurrency()))
+                              : static_cast<int>(cpus.size()));
   spec.set_memory_bytes(HostMemoryBytes());
   spec.set_gpus(gpus >= 0 ? gpus : HostGpuCount());
   spec.set_version(kVersion);
