@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -703,7 +704,8 @@ class Preparation {
         {2 * threads + 2, (int64_t{8} << 20) * threads, &offsets});
     std::unique_ptr<ShardFile> shard;
     bool shard_val = false;
-    int64_t warned_file = -1;
+    // Once a file (its first such byte in the order chunks are written).
+    std::set<int> warned;
     for (int64_t i = first; i < n; ++i) {
       const Chunk& c = plan_.chunks[i];
       ChunkOut out = pool.Take(i, [&] {
@@ -715,15 +717,14 @@ class Preparation {
                    skip, " of chunk ", i, ", which has ", out.tokens.size(),
                    StillYours(out_));
       }
-      if (out.bad_utf8 >= 0 && warned_file != c.file) {
-        warned_file = c.file;
+      if (out.bad_utf8 >= 0 && warned.insert(c.file).second) {
         progress.Warn(absl::StrCat(
             inputs_[c.file].path, ": not UTF-8 at byte ",
             c.begin + out.bad_utf8,
             bytes_level ? "; encoded as bytes"
                         : "; each byte that is not UTF-8 encoded as U+FFFD"));
       }
-      const bool val = i < plan_.val_chunks;
+      const bool val = c.val;  // the first plan_.val_chunks
       if (shard != nullptr && shard_val != val) {
         if (absl::Status s = Commit(std::move(shard), shard_val, i, 0);
             !s.ok()) {

@@ -20,9 +20,19 @@
 // encoded as a sentence of its own), so that memory does not grow with a
 // line's length; encoded by worker threads, written by the calling thread
 // in chunk order: the bytes depend on the inputs and flags, never on the
-// thread count. The validation split is the stream's first chunks, up to
-// the first cut point at or after val_fraction of the input bytes; the
-// train split the rest.
+// thread count.
+//
+// The validation split samples the whole stream, every file of at least
+// kPrepareMinValShareBytes / val_fraction bytes included: the stream is
+// divided into spans (such a file, or consecutive smaller files up to that
+// size; a smaller rest joins the span before it); a span holds out
+// val_fraction of its bytes in m pieces of at most kPrepareValPieceBytes,
+// one in each m-th of the span at an offset drawn from a fixed seed, each
+// end moved to the next cut point (CutPoint; a piece that starts a file
+// starts there). Validation chunks are written first, then the train
+// chunks, each split in stream order; end of text goes before each
+// document and before text that follows a piece of the other split. The
+// plan depends on the inputs and flags only.
 #ifndef PTRAIN_WORKER_PREPARE_H_
 #define PTRAIN_WORKER_PREPARE_H_
 
@@ -43,6 +53,11 @@ namespace ptrain {
 inline constexpr int64_t kPrepareChunkBytes = int64_t{1} << 20;
 inline constexpr int64_t kPrepareSpmChunkBytes = int64_t{64} << 10;
 inline constexpr int64_t kPrepareMinShardTokens = 1024;
+// Validation pieces are planned at most this long (before their ends move
+// to cut points); a span of the stream holds out its share of at least
+// kPrepareMinValShareBytes in pieces of its own.
+inline constexpr int64_t kPrepareValPieceBytes = 4096;
+inline constexpr int64_t kPrepareMinValShareBytes = 512;
 // llm.c's header counts a shard's tokens in an int32.
 inline constexpr int64_t kPrepareMaxShardTokens = 2147483647;
 // 256 bytes, 3 special pieces and one more: below that SentencePiece's

@@ -24,8 +24,8 @@ namespace ptrain::prepare_internal {
 using nlohmann::json;
 
 // 2: shards record where they end ("end"); text cut within a window
-// (CutPoint).
-inline constexpr char kFormat[] = "ptrain-prepare-2";
+// (CutPoint). 3: validation pieces drawn across the stream (prepare.h).
+inline constexpr char kFormat[] = "ptrain-prepare-3";
 // The longest --out name whose files' names (NAME_tokenizer.bin.PID.tmp,
 // NAME_train_NNNNNN.bin.tmp, …) stay within NAME_MAX (255) bytes.
 inline constexpr size_t kMaxOutName = 255 - 32;

@@ -6,6 +6,7 @@
 #include <glob.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -169,16 +170,79 @@ absl::StatusOr<std::vector<InputFile>> ResolveInputs(
 
 // ---------------------------------------------------------------- plan
 
+namespace {
+
+// The seed validation pieces are drawn from: fixed, so that every
+// preparation of the same inputs holds out the same text.
+constexpr uint64_t kValSeed = 1;
+
+int64_t MulDiv(int64_t a, int64_t b, int64_t c) {
+  return static_cast<int64_t>(static_cast<__int128>(a) * b / c);
+}
+
+// Uniform in [0, n] for validation piece `index`.
+int64_t Draw(uint64_t index, int64_t n) {
+  return static_cast<int64_t>(XXH64(&index, sizeof(index), kValSeed) %
+                              static_cast<uint64_t>(n + 1));
+}
+
+// The validation pieces of the stream, as stream byte ranges in order
+// (prepare.h): spans of files, each holding val_fraction of its bytes in
+// pieces of at most kPrepareValPieceBytes, one in each equal part of the
+// span, at a drawn offset.
+std::vector<std::pair<int64_t, int64_t>> ValPieces(
+    const std::vector<InputFile>& inputs, double val_fraction) {
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  if (val_fraction <= 0) return pieces;
+  // Spans: a file whose share is kPrepareMinValShareBytes or more, or
+  // consecutive smaller files up to that share; a smaller rest joins the
+  // span before it.
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  int64_t begin = 0, at = 0;
+  for (const InputFile& in : inputs) {
+    at += in.size;
+    if (val_fraction * static_cast<double>(at - begin) >=
+        kPrepareMinValShareBytes) {
+      spans.emplace_back(begin, at);
+      begin = at;
+    }
+  }
+  if (at > begin) {
+    if (spans.empty()) {
+      spans.emplace_back(begin, at);
+    } else {
+      spans.back().second = at;
+    }
+  }
+  uint64_t index = 0;
+  for (const auto& [lo, hi] : spans) {
+    const int64_t bytes = hi - lo;
+    const double share = val_fraction * static_cast<double>(bytes);
+    const int64_t total = std::max<int64_t>(1, std::llround(share));
+    const int64_t m =
+        (total + kPrepareValPieceBytes - 1) / kPrepareValPieceBytes;
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t from = lo + MulDiv(bytes, j, m);
+      const int64_t to = lo + MulDiv(bytes, j + 1, m);
+      const int64_t len =
+          std::min(MulDiv(total, j + 1, m) - MulDiv(total, j, m), to - from);
+      const int64_t start = from + Draw(index++, to - from - len);
+      if (len > 0) pieces.emplace_back(start, start + len);
+    }
+  }
+  return pieces;
+}
+
+}  // namespace
+
 absl::StatusOr<Plan> MakePlan(const std::vector<InputFile>& inputs,
                               const PrepareFlags& f, const ConfinedFs& fs) {
   Plan plan;
   for (const InputFile& in : inputs) plan.total_bytes += in.size;
-  int64_t val_target = 0;
-  if (f.val_fraction > 0) {
-    val_target = std::max<int64_t>(
-        1, static_cast<int64_t>(std::ceil(
-               f.val_fraction * static_cast<double>(plan.total_bytes))));
-  }
+  const std::vector<std::pair<int64_t, int64_t>> pieces =
+      ValPieces(inputs, f.val_fraction);
+  std::vector<Chunk> val, train;
+  size_t p = 0;    // the first piece that does not end before this file
   int64_t at = 0;  // the stream offset of the file's first byte
   for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
     const InputFile& in = inputs[i];
@@ -193,40 +257,71 @@ absl::StatusOr<Plan> MakePlan(const std::vector<InputFile>& inputs,
       return absl::UnavailableError(
           absl::StrCat(in.path, ": changed while being read; run again"));
     }
-    int64_t val_cut = -1;
-    if (val_target > at && val_target <= at + n) {
-      auto cut =
-          CutPointInFile(fd->get(), n, val_target - at, f.chunk_bytes, in.path);
-      if (!cut.ok()) return cut.status();
-      val_cut = *cut;
+    const auto cut = [&](int64_t from) {
+      return CutPointInFile(fd->get(), n, from, f.chunk_bytes, in.path,
+                            kPrepareValPieceBytes);
+    };
+    // The pieces within this file, their ends moved to cut points (a
+    // piece that starts at the file's start starts there), overlaps
+    // joined.
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    for (size_t q = p; q < pieces.size() && pieces[q].first < at + n; ++q) {
+      const int64_t lo = std::max(pieces[q].first, at) - at;
+      const int64_t hi = std::min(pieces[q].second, at + n) - at;
+      int64_t b = 0;
+      if (lo > 0) {
+        auto c = cut(lo);
+        if (!c.ok()) return c.status();
+        b = *c;
+      }
+      if (b >= n) continue;
+      auto e = cut(std::max(hi, b + 1));
+      if (!e.ok()) return e.status();
+      if (!ranges.empty() && b <= ranges.back().second) {
+        ranges.back().second = std::max(ranges.back().second, *e);
+      } else {
+        ranges.emplace_back(b, *e);
+      }
     }
+    // A piece that goes on into the next file is that file's too.
+    while (p < pieces.size() && pieces[p].second <= at + n) ++p;
+    size_t r = 0;
+    bool last_val = false;
     for (int64_t s = 0; s < n;) {
-      int64_t e = n;
-      if (s + f.chunk_bytes < n) {
-        auto cut = CutPointInFile(fd->get(), n, s + f.chunk_bytes,
-                                  f.chunk_bytes, in.path);
-        if (!cut.ok()) return cut.status();
-        e = *cut;
+      const bool is_val = r < ranges.size() && s >= ranges[r].first;
+      const int64_t bound = is_val              ? ranges[r].second
+                            : r < ranges.size() ? ranges[r].first
+                                                : n;
+      int64_t e = bound;
+      if (s + f.chunk_bytes < bound) {
+        auto c = CutPointInFile(fd->get(), n, s + f.chunk_bytes, f.chunk_bytes,
+                                in.path);
+        if (!c.ok()) return c.status();
+        e = std::min(*c, bound);
       }
-      if (val_cut > s && val_cut < e) e = val_cut;
-      plan.chunks.push_back({i, s, e, s == 0});
-      if (e == val_cut) {
-        plan.val_chunks = static_cast<int64_t>(plan.chunks.size());
-        plan.val_bytes = at + e;
-      }
+      // End of text before a document's start, and where the text before
+      // went to the other split: each split's stream then reads as
+      // documents.
+      const bool first = s == 0 || is_val != last_val;
+      (is_val ? val : train).push_back({i, s, e, first, is_val});
+      if (is_val) plan.val_bytes += e - s;
+      if (is_val && e == ranges[r].second) ++r;
+      last_val = is_val;
       s = e;
     }
     at += n;
   }
-  if (f.val_fraction > 0 &&
-      plan.val_chunks == static_cast<int64_t>(plan.chunks.size())) {
+  if (f.val_fraction > 0 && (train.empty() || val.empty())) {
     return Bad("--val-fraction ", f.val_fraction,
-               ": the validation split would take all ", plan.total_bytes,
-               " bytes of input (its cut, the first cut point at or after "
-               "byte ",
-               val_target,
-               ", is the input's end); give more input or --val-fraction 0");
+               ": the validation split would take ",
+               train.empty() ? "all " : "none of the ", plan.total_bytes,
+               " bytes of input (its pieces' ends, moved to cut points, ",
+               train.empty() ? "cover it" : "meet at the input's end",
+               "); give more input or --val-fraction 0");
   }
+  plan.val_chunks = static_cast<int64_t>(val.size());
+  plan.chunks = std::move(val);
+  plan.chunks.insert(plan.chunks.end(), train.begin(), train.end());
   return plan;
 }
 

@@ -66,9 +66,14 @@ absl::StatusOr<std::vector<InputFile>> ResolveInputs(
 struct Chunk {
   int file = 0;  // index into the inputs
   int64_t begin = 0, end = 0;
-  bool first = false;  // the document's start: end of text goes before it
+  // End of text goes before it: the document's start, or the first chunk
+  // after text that went to the other split.
+  bool first = false;
+  bool val = false;
 };
 
+// The chunks in the order they are written: the validation chunks, then
+// the train chunks, each in stream order.
 struct Plan {
   std::vector<Chunk> chunks;
   int64_t val_chunks = 0;  // the first ones

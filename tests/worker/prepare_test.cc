@@ -16,15 +16,20 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "common/confined_fs.h"
 #include "common/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/data.h"
+#include "worker/prepare_plan.h"
 
 namespace ptrain {
 namespace {
@@ -334,6 +339,57 @@ class PrepareTest : public ::testing::Test {
     for (size_t i = 0; i < texts_.size(); ++i) WriteAll(Doc(i), texts_[i]);
   }
 
+  // The plan Prepare(f) writes (prepare_plan.h).
+  prepare_internal::Plan Planned(PrepareFlags f) const {
+    if (f.chunk_bytes == 0) {
+      f.chunk_bytes =
+          f.tokenizer == "gpt2" ? kPrepareChunkBytes : kPrepareSpmChunkBytes;
+    }
+    auto inputs = prepare_internal::ResolveInputs(f.inputs, ConfinedFs());
+    EXPECT_TRUE(inputs.ok()) << inputs.status();
+    auto plan = prepare_internal::MakePlan(*inputs, f, ConfinedFs());
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return *plan;
+  }
+
+  // The text of chunk `c` (its file is texts_[c.file]: no empty file
+  // before a non-empty one is left out of the indexes, as in SetUp).
+  std::string_view Text(const prepare_internal::Chunk& c) const {
+    return std::string_view(texts_[c.file]).substr(c.begin, c.end - c.begin);
+  }
+
+  // The pieces of a split's stream as the plan writes it: the text from
+  // each chunk that follows end of text up to the next such.
+  std::vector<std::string> Pieces(const prepare_internal::Plan& plan,
+                                  bool val) const {
+    std::vector<std::string> pieces;
+    for (const prepare_internal::Chunk& c : plan.chunks) {
+      if (c.val != val) continue;
+      if (c.first) pieces.emplace_back();
+      EXPECT_FALSE(pieces.empty());
+      if (!pieces.empty()) pieces.back() += Text(c);
+    }
+    return pieces;
+  }
+
+  // `tokens` cut at each end of text `eot`, each part decoded.
+  static std::vector<std::string> Decoded(
+      const std::vector<uint16_t>& tokens, int32_t eot,
+      const std::function<std::string(const std::vector<int32_t>&)>& decode) {
+    std::vector<std::vector<int32_t>> parts;
+    for (uint16_t id : tokens) {
+      if (id == eot) {
+        parts.emplace_back();
+      } else {
+        EXPECT_FALSE(parts.empty());
+        if (!parts.empty()) parts.back().push_back(id);
+      }
+    }
+    std::vector<std::string> out;
+    for (const auto& p : parts) out.push_back(decode(p));
+    return out;
+  }
+
   // Prepare(f) is refused as bad input with a message holding each of
   // `what`, and changes nothing in folder `out`.
   void ExpectRefused(
@@ -359,16 +415,19 @@ class PrepareTest : public ::testing::Test {
   std::vector<std::string> texts_;
 };
 
+// Without validation the stream is each document whole, its ids those of
+// the whole file although it is cut into chunks.
 TEST_F(PrepareTest, ShardsHoldEachDocumentAsTheWholeFileEncodes) {
+  PrepareFlags f = Flags("out");
+  f.val_fraction = 0;
   ::testing::internal::CaptureStderr();
-  auto r = Prepare(Flags("out"));
+  auto r = Prepare(f);
   const std::string err = ::testing::internal::GetCapturedStderr();
   ASSERT_TRUE(r.ok()) << r.status();
   int val_shards = 0, train_shards = 0;
-  std::vector<uint16_t> all = Tokens("out", "val", 50257, &val_shards);
-  const std::vector<uint16_t> train =
+  EXPECT_TRUE(Tokens("out", "val", 50257, &val_shards).empty());
+  const std::vector<uint16_t> all =
       Tokens("out", "train", 50257, &train_shards);
-  all.insert(all.end(), train.begin(), train.end());
   std::vector<uint16_t> want;
   for (const std::string& text : texts_) {
     if (text.empty()) continue;
@@ -377,9 +436,8 @@ TEST_F(PrepareTest, ShardsHoldEachDocumentAsTheWholeFileEncodes) {
   }
   EXPECT_EQ(all, want);
   EXPECT_EQ(r->tokens, static_cast<int64_t>(want.size()));
-  EXPECT_EQ(r->val_shards, val_shards);
+  EXPECT_EQ(r->val_shards, 0);
   EXPECT_EQ(r->train_shards, train_shards);
-  EXPECT_GE(val_shards, 1);
   EXPECT_GE(train_shards, 10);
   // Each file's bytes say once that they are not UTF-8, at the first.
   EXPECT_NE(err.find("d.txt: not UTF-8 at byte 3; encoded as bytes\n"),
@@ -389,21 +447,118 @@ TEST_F(PrepareTest, ShardsHoldEachDocumentAsTheWholeFileEncodes) {
       << err;
 }
 
-TEST_F(PrepareTest, ValidationIsTheStreamsStartUpToACutPoint) {
-  ASSERT_TRUE(Prepare(Flags("out")).ok());
-  std::vector<int32_t> val;
-  for (uint16_t t : Tokens("out", "val")) {
-    if (t != kEot) val.push_back(t);
+// With validation: the plan's chunks tile every document; the validation
+// shards hold its validation chunks, then the train shards its train
+// chunks, each in stream order, end of text before each document and
+// before text that follows the other split's.
+TEST_F(PrepareTest, ShardsHoldTheValidationChunksThenTheTrainChunks) {
+  ::testing::internal::CaptureStderr();
+  auto r = Prepare(Flags("out"));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(r.ok()) << r.status();
+  const prepare_internal::Plan plan = Planned(Flags("out"));
+  std::vector<prepare_internal::Chunk> order = plan.chunks;
+  std::stable_sort(
+      order.begin(), order.end(), [](const auto& a, const auto& b) {
+        return a.file != b.file ? a.file < b.file : a.begin < b.begin;
+      });
+  int64_t val_bytes = 0;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const auto& c = order[k];
+    const bool starts = k == 0 || order[k - 1].file != c.file;
+    EXPECT_EQ(c.begin, starts ? 0 : order[k - 1].end) << "chunk " << k;
+    EXPECT_LT(c.begin, c.end);
+    EXPECT_EQ(c.first, starts || order[k - 1].val != c.val) << "chunk " << k;
+    if (k + 1 == order.size() || order[k + 1].file != c.file) {
+      EXPECT_EQ(c.end, static_cast<int64_t>(texts_[c.file].size()));
+    }
+    if (c.val) val_bytes += c.end - c.begin;
   }
-  int64_t total = 0;
-  for (const std::string& t : texts_) total += static_cast<int64_t>(t.size());
-  const std::string head = Gpt2().Decode(val);
-  // At least a tenth of the input, up to the next cut point of a.txt.
-  const auto target = static_cast<size_t>(std::ceil(0.1 * total));
-  EXPECT_EQ(head.size(), NextCutPoint(texts_[0], target));
-  EXPECT_EQ(head, texts_[0].substr(0, head.size()));
-  const nlohmann::json m = Manifest("out");
-  EXPECT_EQ(m["val_input_bytes"], head.size());
+  for (int64_t k = 0; k < static_cast<int64_t>(plan.chunks.size()); ++k) {
+    EXPECT_EQ(plan.chunks[k].val, k < plan.val_chunks);
+  }
+  EXPECT_EQ(Manifest("out")["val_input_bytes"], val_bytes);
+  int val_shards = 0, train_shards = 0;
+  for (const bool val : {true, false}) {
+    std::vector<uint16_t> want;
+    for (const auto& c : plan.chunks) {
+      if (c.val != val) continue;
+      if (c.first) want.push_back(kEot);
+      for (int32_t id : Gpt2().Encode(std::string(Text(c)))) want.push_back(id);
+    }
+    EXPECT_EQ(Tokens("out", val ? "val" : "train", 50257,
+                     val ? &val_shards : &train_shards),
+              want);
+  }
+  EXPECT_EQ(r->val_shards, val_shards);
+  EXPECT_EQ(r->train_shards, train_shards);
+  EXPECT_GE(val_shards, 1);
+  EXPECT_GE(train_shards, 10);
+  // Still one warning for d.txt.
+  EXPECT_NE(err.find("d.txt: not UTF-8 at byte "), std::string::npos) << err;
+  EXPECT_EQ(err.find("not UTF-8", err.find("not UTF-8") + 1), std::string::npos)
+      << err;
+}
+
+// The validation split samples every input file, the one that sorts first
+// no more than the others: names, then Shakespeare, then lines of
+// numbers; each validation piece is text of one of them, every one has
+// some, Shakespeare in both halves, and the split holds about
+// --val-fraction of the bytes.
+TEST_F(PrepareTest, ValidationSamplesEveryInputFile) {
+  std::string names, numbers;
+  for (int i = 0; names.size() < 20000; ++i) {
+    names += "name" + std::string(1, static_cast<char>('a' + i % 26)) +
+             std::string(1, static_cast<char>('a' + i / 26 % 26)) + "\n";
+  }
+  for (int i = 0; numbers.size() < 15000; ++i) {
+    numbers += "number " + std::to_string(i * 7919) + " is odd\n";
+  }
+  Corpus({names, Shakespeare(80000), numbers});
+  PrepareFlags f = Flags("out");
+  ASSERT_TRUE(Prepare(f).ok());
+  const std::vector<std::string> pieces = Decoded(
+      Tokens("out", "val"), kEot,
+      [](const std::vector<int32_t>& ids) { return Gpt2().Decode(ids); });
+  ASSERT_FALSE(pieces.empty());
+  std::set<std::pair<size_t, bool>> seen;  // (file, in its second half)
+  int64_t bytes = 0;
+  for (const std::string& piece : pieces) {
+    int found = 0;
+    for (size_t k = 0; k < texts_.size(); ++k) {
+      const size_t at = texts_[k].find(piece);
+      if (at == std::string::npos) continue;
+      ++found;
+      seen.insert({k, at >= texts_[k].size() / 2});
+    }
+    EXPECT_EQ(found, 1) << piece;
+    bytes += static_cast<int64_t>(piece.size());
+  }
+  EXPECT_TRUE(seen.count({0, false}) + seen.count({0, true}) > 0) << "names";
+  EXPECT_TRUE(seen.count({1, false}) > 0 && seen.count({1, true}) > 0)
+      << "Shakespeare, both halves";
+  EXPECT_TRUE(seen.count({2, false}) + seen.count({2, true}) > 0) << "numbers";
+  const double total =
+      static_cast<double>(names.size() + 80000 + numbers.size());
+  EXPECT_EQ(Manifest("out")["val_input_bytes"], bytes);
+  EXPECT_NEAR(static_cast<double>(bytes) / total, 0.1, 0.02);
+}
+
+// Files too small to hold out a share of their own are held out together:
+// fifty of 200 bytes give about a tenth of their bytes, not a line each
+// (a line is more than a tenth of a file).
+TEST_F(PrepareTest, SmallFilesGiveAboutTheirShareTogether) {
+  fs::remove_all(dir_ / "corpus");
+  fs::create_directories(dir_ / "corpus");
+  const std::string text = Shakespeare(60000);
+  for (int i = 0; i < 50; ++i) {
+    WriteAll(dir_ / "corpus" / ("s" + std::to_string(10 + i) + ".txt"),
+             text.substr(static_cast<size_t>(i) * 997, 200));
+  }
+  ASSERT_TRUE(Prepare(Flags("out")).ok());
+  const int64_t bytes = Manifest("out")["val_input_bytes"].get<int64_t>();
+  EXPECT_NEAR(static_cast<double>(bytes) / (50 * 200), 0.1, 0.03) << bytes;
+  EXPECT_FALSE(Tokens("out", "val").empty());
 }
 
 TEST_F(PrepareTest, NoValidationShardAtFractionZero) {
@@ -413,6 +568,7 @@ TEST_F(PrepareTest, NoValidationShardAtFractionZero) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->val_shards, 0);
   EXPECT_TRUE(Tokens("out", "val").empty());
+  EXPECT_EQ(Manifest("out")["val_input_bytes"], 0);
 }
 
 TEST_F(PrepareTest, TheThreadCountDoesNotChangeOneByte) {
@@ -543,7 +699,8 @@ TEST_F(PrepareTest, ShardsWithoutAManifestAreNotContinued) {
 }
 
 // One line of 120 kB: its chunks stay within twice the chunk size (cut at
-// spaces, so its ids are those of the whole), the validation split too.
+// spaces, so the ids of a run of them are those of the whole run), the
+// validation pieces too, which hold about a tenth of it.
 TEST_F(PrepareTest, ALongLineIsCutIntoBoundedChunks) {
   std::string line = Shakespeare(120000);
   std::replace(line.begin(), line.end(), '\n', ' ');
@@ -552,17 +709,24 @@ TEST_F(PrepareTest, ALongLineIsCutIntoBoundedChunks) {
   auto r = Prepare(f);
   ASSERT_TRUE(r.ok()) << r.status();
   const nlohmann::json m = Manifest("out");
+  const prepare_internal::Plan plan = Planned(f);
+  EXPECT_EQ(m["chunks"], plan.chunks.size());
   EXPECT_GE(m["chunks"].get<int64_t>(),
             static_cast<int64_t>(line.size()) / (2 * f.chunk_bytes));
+  for (const auto& c : plan.chunks) {
+    EXPECT_LE(c.end - c.begin, 2 * f.chunk_bytes);
+  }
+  // Three pieces of 4000 bytes, each end moved to the next space.
   const auto target = static_cast<int64_t>(std::ceil(0.1 * line.size()));
-  EXPECT_GE(m["val_input_bytes"].get<int64_t>(), target);
-  EXPECT_LE(m["val_input_bytes"].get<int64_t>(), target + f.chunk_bytes);
-  std::vector<uint16_t> all = Tokens("out", "val");
-  const std::vector<uint16_t> train = Tokens("out", "train");
-  all.insert(all.end(), train.begin(), train.end());
-  std::vector<uint16_t> want = {static_cast<uint16_t>(kEot)};
-  for (int32_t id : Gpt2().Encode(line)) want.push_back(id);
-  EXPECT_EQ(all, want);
+  EXPECT_NEAR(m["val_input_bytes"].get<int64_t>(), target, 3 * 2 * 20);
+  for (const bool val : {true, false}) {
+    std::vector<uint16_t> want;
+    for (const std::string& piece : Pieces(plan, val)) {
+      want.push_back(kEot);
+      for (int32_t id : Gpt2().Encode(piece)) want.push_back(id);
+    }
+    EXPECT_EQ(Tokens("out", val ? "val" : "train"), want);
+  }
 }
 
 // SentencePiece skips sentences longer than it takes: a corpus whose only
@@ -581,13 +745,14 @@ TEST_F(PrepareTest, SentencePieceTrainsOnALineOverOneMebibyte) {
   auto t =
       OpenTokenizer("spm:" + (dir_ / "spm" / "spm_spm.model").string(), "test");
   ASSERT_TRUE(t.ok()) << t.status();
-  std::vector<int32_t> ids;
-  for (const std::string split : {"val", "train"}) {
-    for (uint16_t id : Tokens("spm", split, 400)) {
-      if (id != (*t)->end_of_text()) ids.push_back(id);
-    }
+  const prepare_internal::Plan plan = Planned(f);
+  for (const bool val : {true, false}) {
+    EXPECT_EQ(
+        Decoded(
+            Tokens("spm", val ? "val" : "train", 400), (*t)->end_of_text(),
+            [&](const std::vector<int32_t>& ids) { return (*t)->Decode(ids); }),
+        Pieces(plan, val));
   }
-  EXPECT_EQ((*t)->Decode(ids), line);
 }
 
 TEST_F(PrepareTest, AManifestOfAnotherShapeIsRefusedNamingTheField) {
@@ -617,7 +782,7 @@ TEST_F(PrepareTest, AManifestOfAnotherShapeIsRefusedNamingTheField) {
   refused("/settings/val_fraction", "0.1",
           "settings.val_fraction must be a number");
   refused("/complete", "yes", "complete must be true or false");
-  refused("/format", "ptrain-prepare-1", "format must be \"ptrain-prepare-2\"");
+  refused("/format", "ptrain-prepare-2", "format must be \"ptrain-prepare-3\"");
   refused("/shards", nlohmann::json::object(), "shards must be an array");
   refused("/vocab_size", 18446744073709551615ull,
           "vocab_size must be an integer >= 1");
@@ -762,19 +927,16 @@ TEST_F(PrepareTest, TheLlmcTokenizerFileSpellsTheShards) {
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ((*t)->size(), 50257);
   EXPECT_EQ((*t)->end_of_text(), kEot);
-  std::vector<std::string> docs;
-  std::vector<uint16_t> all = Tokens("out", "val");
-  const std::vector<uint16_t> train = Tokens("out", "train");
-  all.insert(all.end(), train.begin(), train.end());
-  for (uint16_t id : all) {
-    if (id == kEot) {
-      docs.emplace_back();
-    } else {
-      ASSERT_FALSE(docs.empty());
-      docs.back() += (*t)->Piece(id);
-    }
+  const prepare_internal::Plan plan = Planned(Flags("out"));
+  for (const bool val : {true, false}) {
+    EXPECT_EQ(Decoded(Tokens("out", val ? "val" : "train"), kEot,
+                      [&](const std::vector<int32_t>& ids) {
+                        std::string text;
+                        for (int32_t id : ids) text += (*t)->Piece(id);
+                        return text;
+                      }),
+              Pieces(plan, val));
   }
-  EXPECT_EQ(docs, (std::vector<std::string>{texts_[0], texts_[1], texts_[3]}));
 }
 
 TEST_F(PrepareTest, TrainedSentencePieceShardsDecodeToTheInputs) {
@@ -792,23 +954,17 @@ TEST_F(PrepareTest, TrainedSentencePieceShardsDecodeToTheInputs) {
   auto t = OpenTokenizer("spm:" + model.string(), "test");
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ((*t)->size(), 512);
-  const int32_t eot = (*t)->end_of_text();
+  const prepare_internal::Plan plan = Planned(f);
+  for (const bool val : {true, false}) {
+    EXPECT_EQ(
+        Decoded(
+            Tokens("spm", val ? "val" : "train", 512), (*t)->end_of_text(),
+            [&](const std::vector<int32_t>& ids) { return (*t)->Decode(ids); }),
+        Pieces(plan, val));
+  }
   std::vector<uint16_t> all = Tokens("spm", "val", 512);
   const std::vector<uint16_t> train = Tokens("spm", "train", 512);
   all.insert(all.end(), train.begin(), train.end());
-  std::vector<std::vector<int32_t>> docs;
-  for (uint16_t id : all) {
-    if (id == eot) {
-      docs.emplace_back();
-    } else {
-      ASSERT_FALSE(docs.empty());
-      docs.back().push_back(id);
-    }
-  }
-  ASSERT_EQ(docs.size(), texts_.size());
-  for (size_t i = 0; i < docs.size(); ++i) {
-    EXPECT_EQ((*t)->Decode(docs[i]), texts_[i]) << "document " << i;
-  }
   // The same model given as spm:MODEL gives the same tokens; the manifest
   // records its digest.
   PrepareFlags g = Flags("given");

@@ -543,17 +543,52 @@ absl::StatusOr<std::shared_ptr<const Tokenizer>> OpenDataTokenizer(
 
 namespace {
 
-// A text tokenized by `tokenizer`, its last val_fraction of tokens the
-// validation split.
+// The seed of the validation split of data.path: fixed, so that runs of
+// any train.seed hold out the same tokens and their val_loss compare.
+constexpr uint64_t kValSplitSeed = 1;
+
+// A text's ids (n of them) split as data.h's LoadTokenData says: m pieces
+// of about kValPieceTokens (at least two sequences and targets long), one
+// in each m-th of the text at an offset drawn from kValSplitSeed, hold
+// floor(n·val_fraction) tokens; each maximal run of the tokens between
+// them is a train shard, each run of adjacent pieces a validation shard.
 void SplitTokens(const std::vector<int32_t>& ids, double val_fraction,
-                 TokenData* data) {
-  const auto n_val =
-      static_cast<size_t>(static_cast<double>(ids.size()) * val_fraction);
-  const size_t n_train = ids.size() - n_val;
-  data->train.push_back(
-      TokenStream(std::vector<uint16_t>(ids.begin(), ids.begin() + n_train)));
-  data->val.push_back(
-      TokenStream(std::vector<uint16_t>(ids.begin() + n_train, ids.end())));
+                 int block_size, TokenData* data) {
+  const auto n = static_cast<int64_t>(ids.size());
+  const auto v = static_cast<int64_t>(static_cast<double>(n) * val_fraction);
+  const auto add = [&](TokenShards* split, int64_t begin, int64_t end) {
+    if (begin < end) {
+      split->push_back(TokenStream(
+          std::vector<uint16_t>(ids.begin() + begin, ids.begin() + end)));
+    }
+  };
+  if (v == 0) {
+    add(&data->train, 0, n);
+    return;
+  }
+  const int64_t piece =
+      std::max<int64_t>(kValPieceTokens, 2 * (int64_t{block_size} + 1));
+  // v / piece rounded, at least one.
+  const int64_t m = std::clamp<int64_t>((v + piece / 2) / piece, 1, v);
+  const uint64_t stream = StableHash("data.path validation");
+  int64_t train_from = 0, val_from = 0, val_to = 0;
+  for (int64_t j = 0; j < m; ++j) {
+    const int64_t lo = j * n / m, hi = (j + 1) * n / m;
+    const int64_t len = std::min((j + 1) * v / m - j * v / m, hi - lo);
+    const auto slack = static_cast<uint64_t>(hi - lo - len);
+    const int64_t at =
+        lo + static_cast<int64_t>(CounterRandom64(kValSplitSeed, stream, j) %
+                                  (slack + 1));
+    if (at != val_to) {  // not adjacent to the piece before: a new run
+      add(&data->val, val_from, val_to);
+      add(&data->train, train_from, at);
+      val_from = at;
+    }
+    val_to = at + len;
+    train_from = val_to;
+  }
+  add(&data->val, val_from, val_to);
+  add(&data->train, train_from, n);
 }
 
 // The vocabulary of a model on data under `tokenizer` (null: none):
@@ -603,7 +638,8 @@ absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
     auto vocab = VocabSize(model_vocab_size, data.words.get(), 0);
     if (!vocab.ok()) return vocab.status();
     data.vocab_size = *vocab;
-    SplitTokens(data.words->Encode(*text), spec.val_fraction(), &data);
+    SplitTokens(data.words->Encode(*text), spec.val_fraction(), block_size,
+                &data);
   } else if (!spec.path().empty()) {
     auto text = fs.ReadFile(spec.path(), "data.path");
     if (!text.ok()) return text.status();
@@ -618,7 +654,8 @@ absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
           " does not match the vocabulary of data.path '", spec.path(), "' (",
           data.vocab_size, " distinct characters)"));
     }
-    SplitTokens(data.tokenizer.Encode(*text), spec.val_fraction(), &data);
+    SplitTokens(data.tokenizer.Encode(*text), spec.val_fraction(), block_size,
+                &data);
   } else {
     auto vocab = VocabSize(model_vocab_size, data.words.get(), kGpt2VocabSize);
     if (!vocab.ok()) return vocab.status();
@@ -637,13 +674,19 @@ absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
   const int64_t need = int64_t{block_size} + 1;
   const int64_t train = LongestShard(data.train), val = LongestShard(data.val);
   if (train < need || val < need) {
-    const bool shards = data.train.size() > 1 || data.val.size() > 1;
+    // A text's splits are runs of it (SplitTokens), token files' files.
+    const bool text = !spec.path().empty();
+    const bool shards = text || data.train.size() > 1 || data.val.size() > 1;
     return absl::InvalidArgumentError(absl::StrCat(
         "model.block_size=", block_size, " is too large for the data: the ",
-        shards ? "longest file of the " : "", "train split (", train,
-        " tokens) and ", shards ? "of " : "", "the validation split (", val,
+        shards ? (text ? "longest run of the " : "longest file of the ") : "",
+        "train split (", train, " tokens) and ", shards ? "of " : "",
+        "the validation split (", val,
         " tokens) must each hold at least model.block_size+1 = ", need,
-        " tokens"));
+        " tokens",
+        text && train < need
+            ? " (a smaller data.val_fraction leaves longer train runs)"
+            : ""));
   }
   return data;
 }

@@ -1,6 +1,7 @@
 // Training data: text files tokenized at start (the char tokenizer, or
 // data.tokenizer's: gpt2, spm:MODEL), llm.c token files (.bin) with the
-// tokenizer that decodes their samples, the train/validation split, and the
+// tokenizer that decodes their samples, a text's train/validation split
+// (pieces drawn across the whole text, LoadTokenData), and the
 // sampler whose global batch at step s is a pure function of (seed, s) — the
 // same in every parallel layout.
 #ifndef PTRAIN_WORKER_ENGINE_DATA_H_
@@ -111,8 +112,9 @@ class TokenStream {
   size_t size_ = 0;
 };
 
-// The tokens of a split: one stream (a text's, or one token file's), or
-// the shards of a corpus in order (data.train_bin: 'fineweb_train_*.bin').
+// The tokens of a split: the runs of a text that belong to it, in order
+// (data.path), or one token file, or the shards of a corpus in order
+// (data.train_bin: 'fineweb_train_*.bin').
 using TokenShards = std::vector<TokenStream>;
 int64_t TokenCount(const TokenShards& shards);
 
@@ -144,6 +146,10 @@ constexpr int kMaxTokenStreamVocab = 65536;
 // prepared into token files once (`ptworker prepare`).
 constexpr int64_t kMaxTokenizedTextBytes = int64_t{64} << 20;
 
+// data.path's validation pieces are about this many tokens, or two
+// sequences and their targets (2·(block_size+1)) when that is more.
+constexpr int64_t kValPieceTokens = 256;
+
 // data.tokenizer's tokenizer for the data of `spec` (read through `fs`):
 // null for the char tokenizer and for token files without a tokenizer.
 // "auto" (or empty) means the char tokenizer for data.path, and for
@@ -159,7 +165,14 @@ absl::StatusOr<std::shared_ptr<const Tokenizer>> OpenDataTokenizer(
 
 // Loads the data of `spec` through `fs` (confined to the data roots),
 // checking it against the model's vocabulary (model_vocab_size 0: take the
-// data's) and the context length. Errors name the spec field:
+// data's) and the context length. data.path's tokens (n of them) are
+// split so that validation samples the whole text: floor(n·val_fraction)
+// tokens in m pieces (that count over the piece length, kValPieceTokens
+// or 2·(block_size+1), rounded; at least one), one in each m-th of the
+// text at an offset drawn from a fixed seed (the same whatever
+// train.seed, so runs compare); each run of tokens between pieces is a
+// train shard and each run of pieces a validation shard, so that no
+// sequence spans a seam. Errors name the spec field:
 // "data.train_bin: bad magic 1234 (expected 20240520)". data.train_bin and
 // data.val_bin are a file, or a pattern of shards with wildcards (* ? [..])
 // in the file name only, matched in sorted order (a file whose name is

@@ -202,10 +202,45 @@ TEST(BatchSampler, GlobalBatchIsAPureFunctionOfSeedAndStep) {
   EXPECT_NE(other_in, whole_in);
 }
 
-TEST(TokenData, CharTokenizerRoundTripsAndSplitsTheTail) {
+// Where each shard of `data` lies in `ids` (the whole text's), train and
+// validation in stream order: they must alternate, tile `ids` and each
+// match its place. The validation runs' starts; empty when they do not.
+std::vector<int64_t> ValStarts(const TokenData& data,
+                               const std::vector<int32_t>& ids) {
+  std::vector<int64_t> starts;
+  size_t t = 0, v = 0;
+  int64_t at = 0;
+  const auto fits = [&](const TokenStream& s) {
+    return at + static_cast<int64_t>(s.size()) <=
+               static_cast<int64_t>(ids.size()) &&
+           std::equal(s.begin(), s.end(), ids.begin() + at);
+  };
+  bool last_val = false;
+  while (at < static_cast<int64_t>(ids.size())) {
+    const bool val =
+        v < data.val.size() && fits(data.val[v]) && (at == 0 || !last_val);
+    const bool train = !val && t < data.train.size() && fits(data.train[t]) &&
+                       (at == 0 || last_val);
+    if (!val && !train) {
+      ADD_FAILURE() << "no shard matches the text at token " << at;
+      return {};
+    }
+    if (val) starts.push_back(at);
+    const TokenStream& s = val ? data.val[v++] : data.train[t++];
+    EXPECT_GT(s.size(), 0u);
+    at += static_cast<int64_t>(s.size());
+    last_val = val;
+  }
+  EXPECT_EQ(t, data.train.size());
+  EXPECT_EQ(v, data.val.size());
+  return starts;
+}
+
+TEST(TokenData, CharTokenizerRoundTripsAndHoldsOutAPieceOfTheText) {
   const std::string path = TempPath("text.txt");
   std::string text;
-  for (int i = 0; i < 100; ++i) text += "hello world\n";
+  for (int i = 0; i < 100; ++i)
+    text += "hello world " + std::to_string(i) + "\n";
   std::ofstream(path) << text;
   v1::DataSpec spec;
   spec.set_path(path);
@@ -213,24 +248,89 @@ TEST(TokenData, CharTokenizerRoundTripsAndSplitsTheTail) {
   spec.set_val_fraction(0.25);
   auto data = LoadTokenData(spec, 0, 8);
   ASSERT_TRUE(data.ok()) << data.status();
-  EXPECT_EQ(data->vocab_size, 9);  // "\n dehlorw"
-  ASSERT_EQ(data->train.size(), 1u);
-  EXPECT_EQ(data->train[0].size(), 900u);
-  EXPECT_EQ(data->val[0].size(), 300u);
-  std::vector<int32_t> ids(data->val[0].begin(), data->val[0].begin() + 12);
-  EXPECT_EQ(data->tokenizer.Decode(ids), "hello world\n");
+  EXPECT_EQ(data->vocab_size, 19);  // "\n 0123456789dehlorw"
+  const std::vector<int32_t> ids = data->tokenizer.Encode(text);
+  EXPECT_EQ(data->tokenizer.Decode(ids), text);
+  // A quarter of the tokens, rounded down, in one piece (fewer than 1.5
+  // pieces' length), not at the text's end.
+  EXPECT_EQ(TokenCount(data->val), static_cast<int64_t>(ids.size() / 4));
+  ASSERT_EQ(data->val.size(), 1u);
+  const std::vector<int64_t> starts = ValStarts(*data, ids);
+  ASSERT_EQ(starts.size(), 1u);
+  EXPECT_LT(starts[0] + data->val[0].size(), ids.size());
   EXPECT_EQ(LoadTokenData(spec, 10, 8).status().code(),
             absl::StatusCode::kInvalidArgument);
   std::filesystem::remove(path);
 }
 
+// data.path's validation split samples the whole text: a text of eight
+// regions, each in letters of its own, has validation tokens of every
+// region, about val_fraction of the tokens, in runs between which the
+// train runs lie, the same on every load and whatever train.seed.
+TEST(TokenData, ValidationOfATextComesFromEveryRegion) {
+  const std::string path = TempPath("regions.txt");
+  std::string text;
+  // Each region is longer than two of the 19 pieces' stretches.
+  const int kRegions = 8, kRegionChars = 6000;
+  uint32_t x = 1;
+  for (int r = 0; r < kRegions; ++r) {
+    for (int i = 0; i < kRegionChars; ++i) {
+      // Letters 3r .. 3r+2 (a to x), in an order that does not repeat.
+      x = x * 1103515245u + 12345u;
+      text += static_cast<char>('a' + 3 * r + (x >> 16) % 3);
+    }
+  }
+  std::ofstream(path) << text;
+  v1::DataSpec spec;
+  spec.set_path(path);
+  spec.set_tokenizer("char");
+  spec.set_val_fraction(0.1);
+  const int T = 16;
+  auto data = LoadTokenData(spec, 0, T);
+  ASSERT_TRUE(data.ok()) << data.status();
+  const std::vector<int32_t> ids = data->tokenizer.Encode(text);
+  ASSERT_EQ(ids.size(), text.size());
+  const int64_t n = static_cast<int64_t>(ids.size());
+  EXPECT_EQ(TokenCount(data->val), n / 10);
+  EXPECT_EQ(TokenCount(data->train) + TokenCount(data->val), n);
+  const std::vector<int64_t> starts = ValStarts(*data, ids);
+  ASSERT_FALSE(starts.empty());
+  std::set<int> regions;
+  size_t v = 0;
+  for (int64_t at : starts) {
+    const TokenStream& s = data->val[v++];
+    EXPECT_GE(s.size(), static_cast<size_t>(T + 1));
+    for (int64_t k = at; k < at + static_cast<int64_t>(s.size()); ++k) {
+      regions.insert(static_cast<int>(k / kRegionChars));
+    }
+  }
+  EXPECT_EQ(regions.size(), static_cast<size_t>(kRegions));
+  // Each train run holds a sequence and its target.
+  for (const TokenStream& s : data->train) {
+    EXPECT_GE(s.size(), static_cast<size_t>(T + 1));
+  }
+  // Loaded again: the same split, the same digest.
+  auto again = LoadTokenData(spec, 0, T);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->digest, data->digest);
+  ASSERT_EQ(again->val.size(), data->val.size());
+  for (size_t k = 0; k < data->val.size(); ++k) {
+    EXPECT_TRUE(std::equal(again->val[k].begin(), again->val[k].end(),
+                           data->val[k].begin(), data->val[k].end()));
+  }
+  EXPECT_EQ(ValStarts(*again, ids), starts);
+  std::filesystem::remove(path);
+}
+
 // data.tokenizer=gpt2 on a text file: GPT-2's ids, its vocabulary the
-// model's, the tail held out; a model.vocab_size below the tokenizer's is
+// model's, a fifth held out; a model.vocab_size below the tokenizer's is
 // refused naming both.
 TEST(TokenData, Gpt2TokenizesATextAtStart) {
   const std::string path = TempPath("gpt2_text.txt");
   std::string text;
-  for (int i = 0; i < 50; ++i) text += "Hello world, it's 2026.\n";
+  for (int i = 0; i < 50; ++i) {
+    text += "Hello world, it's 2026, line " + std::to_string(i) + ".\n";
+  }
   std::ofstream(path) << text;
   v1::DataSpec spec;
   spec.set_path(path);
@@ -241,11 +341,10 @@ TEST(TokenData, Gpt2TokenizesATextAtStart) {
   EXPECT_EQ(data->vocab_size, 50257);
   EXPECT_FALSE(data->has_tokenizer);
   ASSERT_NE(data->text_tokenizer(), nullptr);
-  std::vector<int32_t> ids(data->train[0].begin(), data->train[0].end());
-  ids.insert(ids.end(), data->val[0].begin(), data->val[0].end());
-  EXPECT_EQ(ids, data->text_tokenizer()->Encode(text));
+  const std::vector<int32_t> ids = data->text_tokenizer()->Encode(text);
   EXPECT_EQ(data->text_tokenizer()->Decode(ids), text);
-  EXPECT_EQ(data->val[0].size(), ids.size() / 5);
+  EXPECT_EQ(ValStarts(*data, ids).size(), data->val.size());
+  EXPECT_EQ(TokenCount(data->val), static_cast<int64_t>(ids.size() / 5));
   EXPECT_EQ(ids[0], 15496);  // "Hello"
   auto small = LoadTokenData(spec, 1000, 8);
   ASSERT_FALSE(small.ok());
