@@ -524,6 +524,49 @@ absl::StatusOr<v1::Job> Coordinator::Resume(const std::string& id) {
   return e->record.job;
 }
 
+absl::StatusOr<v1::Job> Coordinator::Extend(const std::string& id,
+                                            int64_t steps) {
+  if (id.empty()) return absl::InvalidArgumentError("job_id is empty");
+  absl::MutexLock lock(&mu_);
+  Entry* e = Find(id);
+  if (e == nullptr) return UnknownJob(id);
+  const v1::Job& now = e->record.job;
+  if (now.state() != v1::JOB_STATE_SUCCEEDED) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", id, " is ", StateName(now.state()),
+        ": only a SUCCEEDED job can be extended (it goes on from its last "
+        "step's checkpoint)"));
+  }
+  const int64_t was = now.spec().train().steps();
+  if (steps <= was) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--steps ", steps, " must be more than the job's ",
+                     "train.steps=", was));
+  }
+  if (now.spec().checkpoint().dir().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", id, " has no checkpoint.dir, so nothing to go on from"));
+  }
+  JobUpdate u;
+  u.record = e->record;
+  v1::Job& job = u.record.job;
+  job.mutable_spec()->mutable_train()->set_steps(steps);
+  if (absl::Status s = ValidateJobSpec(job.spec()); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--steps ", steps, ": ", s.message()));
+  }
+  job.mutable_progress()->set_total_steps(steps);
+  job.mutable_lineage()->add_extended_from_steps(was);
+  job.set_state(v1::JOB_STATE_QUEUED);
+  job.set_finished_unix_ms(0);
+  job.clear_error();
+  u.event = absl::StrCat("extended from ", was, " to ", steps,
+                         " steps: queued again");
+  if (absl::Status s = Commit(*e, std::move(u)); !s.ok()) return s;
+  wake_.Signal();
+  return e->record.job;
+}
+
 absl::StatusOr<v1::DeleteJobResponse> Coordinator::Delete(const std::string& id,
                                                           bool purge) {
   if (id.empty()) return absl::InvalidArgumentError("job_id is empty");

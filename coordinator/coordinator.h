@@ -171,6 +171,8 @@ class Coordinator {
   // PauseJob / ResumeJob (coordinator.proto).
   absl::StatusOr<v1::Job> Pause(const std::string& id);
   absl::StatusOr<v1::Job> Resume(const std::string& id);
+  // ExtendJob (coordinator.proto).
+  absl::StatusOr<v1::Job> Extend(const std::string& id, int64_t steps);
   // DeleteJob (coordinator.proto): forgets an ended job, its checkpoint
   // folder removed too with `purge`.
   absl::StatusOr<v1::DeleteJobResponse> Delete(const std::string& id,

@@ -231,6 +231,15 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
     return Done(ctx, job.status());
   }
 
+  grpc::ServerUnaryReactor* ExtendJob(grpc::CallbackServerContext* ctx,
+                                      const v1::ExtendJobRequest* req,
+                                      v1::ExtendJobResponse* resp) override {
+    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
+    absl::StatusOr<v1::Job> job = c_->Extend(req->job_id(), req->steps());
+    if (job.ok()) *resp->mutable_job() = std::move(*job);
+    return Done(ctx, job.status());
+  }
+
   grpc::ServerUnaryReactor* ListCheckpoints(
       grpc::CallbackServerContext* ctx, const v1::ListCheckpointsRequest* req,
       v1::ListCheckpointsResponse* resp) override {

@@ -179,6 +179,13 @@ int Get(Client& client, const std::string& id) {
   if (j.placement_size() > 0) {
     std::printf("nodes:     %s\n", PlacementWords(j.placement()).c_str());
   }
+  if (j.lineage().extended_from_steps_size() > 0) {
+    std::vector<int64_t> steps(j.lineage().extended_from_steps().begin(),
+                               j.lineage().extended_from_steps().end());
+    steps.push_back(j.spec().train().steps());
+    std::printf("lineage:   extended: %s steps\n",
+                absl::StrJoin(steps, " → ").c_str());
+  }
   std::printf("created:   %s ago\n", Ago(j.created_unix_ms()).c_str());
   if (!j.error().empty()) std::printf("error:     %s\n", j.error().c_str());
   for (const auto& a : resp.attempts()) {
@@ -298,6 +305,24 @@ int PauseOrResume(Client& client, const std::string& id, bool pause) {
   }
   if (!s.ok()) return RpcError(client.options(), s);
   PrintJobState(client, job);
+  return 0;
+}
+
+int Extend(Client& client, const std::string& id, int64_t steps) {
+  v1::ExtendJobRequest req;
+  req.set_job_id(id);
+  req.set_steps(steps);
+  v1::ExtendJobResponse resp;
+  auto ctx = client.Context();
+  const grpc::Status s = client.stub().ExtendJob(ctx.get(), req, &resp);
+  if (!s.ok()) {
+    const int rc = RpcError(client.options(), s);
+    // A job that has not succeeded is the caller's to fix.
+    return s.error_code() == grpc::StatusCode::FAILED_PRECONDITION
+               ? kExitBadInput
+               : rc;
+  }
+  PrintJobState(client, resp.job());
   return 0;
 }
 

@@ -30,6 +30,9 @@ int Cancel(Client& client, const std::string& id);
 
 // `pause` (running: save, stop and wait for `resume`) or `resume`.
 int PauseOrResume(Client& client, const std::string& id, bool pause);
+
+// Runs the SUCCEEDED job `id` on to `steps` (JobService.ExtendJob).
+int Extend(Client& client, const std::string& id, int64_t steps);
 // `events`: what happened to a job, oldest first, a line each.
 int Events(Client& client, const std::string& id);
 // `delete`: forgets an ended job; its checkpoints too with `purge`.

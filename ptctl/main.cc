@@ -34,12 +34,13 @@ struct Args {
   std::vector<std::string> sets;
   bool watch = false, follow = false, purge = false, dry_run = false;
   int attempt = 0, list_limit = 0, rank = -1;
+  int64_t steps = 0;
 };
 
 struct Subcommands {
-  CLI::App *submit, *get, *list, *logs, *events, *cancel, *pause, *resume, *del,
-      *watch, *checkpoints, *diagnose, *nodes, *approve, *drain, *uncordon,
-      *forget;
+  CLI::App *submit, *get, *list, *logs, *events, *cancel, *pause, *resume,
+      *extend, *del, *watch, *checkpoints, *diagnose, *nodes, *approve, *drain,
+      *uncordon, *forget;
 };
 
 // The flags every subcommand takes, their defaults from the environment.
@@ -112,6 +113,13 @@ Subcommands AddSubcommands(CLI::App& app, Args& a) {
   c.resume = app.add_subcommand(
       "resume", "queue a paused job again; it goes on from its checkpoint");
   c.resume->add_option("JOB", a.job)->required();
+  c.extend = app.add_subcommand(
+      "extend",
+      "run a SUCCEEDED job on to more steps, from its last checkpoint");
+  c.extend->add_option("JOB", a.job)->required();
+  c.extend->add_option("--steps", a.steps, "the new train.steps")
+      ->required()
+      ->check(CLI::PositiveNumber);
   c.events = app.add_subcommand(
       "events",
       "what happened to a job, oldest first (attempts, restarts, "
@@ -170,6 +178,7 @@ int Dispatch(const Subcommands& c, const Args& a,
   if (*c.cancel) return cmd::Cancel(client, a.job);
   if (*c.pause) return cmd::PauseOrResume(client, a.job, true);
   if (*c.resume) return cmd::PauseOrResume(client, a.job, false);
+  if (*c.extend) return cmd::Extend(client, a.job, a.steps);
   if (*c.del) return cmd::Delete(client, a.job, a.purge);
   if (*c.events) return cmd::Events(client, a.job);
   if (*c.watch) return cmd::Watch(client, a.job);

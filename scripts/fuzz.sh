@@ -10,7 +10,7 @@
 #
 #   scripts/fuzz.sh [--build-only] [SECONDS_PER_TARGET [NAME...]]
 #     --build-only: build the targets, run none
-#     SECONDS_PER_TARGET: default $PTRAIN_FUZZ_SECONDS, else 30
+#     SECONDS_PER_TARGET: default $PTRAIN_FUZZ_SECONDS, else 20
 #     NAME: only these targets (fuzz/NAME_fuzzer.cc); default all
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,7 @@ if [[ ${1:-} == --build-only ]]; then
   build_only=1
   shift
 fi
-seconds=${1:-${PTRAIN_FUZZ_SECONDS:-30}}
+seconds=${1:-${PTRAIN_FUZZ_SECONDS:-20}}
 shift || true
 names=("$@")
 if ((${#names[@]} == 0)); then

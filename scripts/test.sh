@@ -3,7 +3,7 @@
 # them (scripts/setup.sh --tests), then runs every ctest label (the `gpu`
 # cases skip, saying so, where no CUDA device is present), then (unless
 # ctest arguments narrow the run) the fuzz targets for $PTRAIN_FUZZ_SECONDS
-# each (default 30; 0 skips them), whose build runs beside the tests. Extra
+# each (default 20; 0 skips them), whose build runs beside the tests. Extra
 # arguments go to ctest (e.g. -L unit, -R spec).
 set -euo pipefail
 cd "$(dirname "$0")/.."

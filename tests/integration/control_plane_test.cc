@@ -1139,6 +1139,45 @@ TEST_F(ControlPlaneTest, DryRunSaysWhatAJobWouldBeAndSubmitsNothing) {
   EXPECT_EQ(Ptctl("cancel " + id).rc, 0);
 }
 
+// `ptctl extend JOB --steps N`: a SUCCEEDED job runs on from its last
+// step's checkpoint (not from step 0) to N steps, and its lineage says so;
+// a job that has not succeeded, or N not above train.steps, is refused
+// (exit 2) and nothing changes.
+TEST_F(ControlPlaneTest, ExtendedJobGoesOnFromItsLastStep) {
+  const std::string id = Submit({"train.steps=20", "checkpoint.every=0"});
+  ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_SUCCEEDED"; }, 120))
+      << Get(id).dump();
+  const Result few = Ptctl("extend " + id + " --steps 20");
+  EXPECT_EQ(few.rc, 2) << few.out;
+  EXPECT_TRUE(absl::StrContains(few.out, "must be more than")) << few.out;
+  const Result more = Ptctl("extend " + id + " --steps 40");
+  ASSERT_EQ(more.rc, 0) << more.out;
+  ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_SUCCEEDED"; }, 120))
+      << Get(id).dump();
+  const json job = Get(id)["job"];
+  EXPECT_EQ(Int(job["progress"], "step"), 40) << job.dump();
+  EXPECT_EQ(job["attempts"], 2) << job.dump();
+  // Attempt 2 resumed from step 20's checkpoint and trained 21..40 only.
+  const std::string log =
+      ReadFile(dir_ / "state" / "jobs" / id / "attempt-2" / "run.jsonl");
+  EXPECT_TRUE(absl::StrContains(log, "\"step\":20,\"type\":\"resume\""))
+      << log.substr(0, 600);
+  EXPECT_TRUE(absl::StrContains(log, "\"step\":21,\"tok_per_s\""))
+      << log.substr(0, 600);
+  EXPECT_FALSE(absl::StrContains(log, "\"step\":1,\"tok_per_s\""))
+      << log.substr(0, 600);
+  EXPECT_TRUE(absl::StrContains(Ptctl("get " + id).out,
+                                "lineage:   extended: 20 → 40 steps"));
+  // A running job cannot be extended.
+  const std::string running = Submit({"train.steps=100000"});
+  ASSERT_TRUE(WaitFor([&] { return Step(running) >= 1; }, 120));
+  const Result busy = Ptctl("extend " + running + " --steps 200000");
+  EXPECT_EQ(busy.rc, 2) << busy.out;
+  EXPECT_TRUE(absl::StrContains(busy.out, "only a SUCCEEDED job")) << busy.out;
+  EXPECT_EQ(Int(Get(running)["job"]["progress"], "total_steps"), 100000);
+  EXPECT_EQ(Ptctl("cancel " + running).rc, 0);
+}
+
 // `ptctl pause`: the running job's ranks save the step they are in and
 // stop, the job is PAUSED (no attempt runs, nothing is lost); `ptctl
 // resume` queues it and the next attempt goes on from the next step.
