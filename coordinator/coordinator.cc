@@ -12,13 +12,18 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <iterator>
+#include <map>
 #include <regex>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/auth_token.h"
+#include "common/echo.h"
 #include "common/exit_codes.h"
 #include "common/job_state.h"
 #include "common/private_file.h"
@@ -28,6 +33,7 @@
 #include "coordinator/coordinator_internal.h"
 #include "coordinator/launcher.h"
 #include "coordinator/paths.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "spdlog/spdlog.h"
 
 namespace ptrain {
@@ -279,10 +285,126 @@ absl::StatusOr<JobRecord> Coordinator::NewJobRecord(
   return r;
 }
 
+namespace {
+
+// The step-N folders under `dir` by step (a checkpoint's folder name,
+// docs/checkpoints.md).
+std::map<int64_t, std::string> StepFolders(const std::string& dir) {
+  std::map<int64_t, std::string> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    int64_t step = 0;
+    if (name.size() >= 13 && absl::StartsWith(name, "step-") &&
+        absl::SimpleAtoi(name.substr(5), &step) && it->is_directory(ec)) {
+      out[step] = it->path().string();
+    }
+  }
+  return out;
+}
+
+// The fields of two models' specs that differ ("model.n_embd");
+// model.init_from, where the weights come from, is not the model.
+std::vector<std::string> ModelDifferences(const v1::ModelSpec& mine,
+                                          const v1::ModelSpec& theirs) {
+  using google::protobuf::util::MessageDifferencer;
+  struct Names : MessageDifferencer::Reporter {
+    std::vector<std::string> out;
+    void Add(const std::vector<MessageDifferencer::SpecificField>& path) {
+      if (!path.empty() && path.back().field != nullptr) {
+        out.push_back(absl::StrCat("model.", path.back().field->name()));
+      }
+    }
+    void ReportAdded(
+        const google::protobuf::Message&, const google::protobuf::Message&,
+        const std::vector<MessageDifferencer::SpecificField>& p) override {
+      Add(p);
+    }
+    void ReportDeleted(
+        const google::protobuf::Message&, const google::protobuf::Message&,
+        const std::vector<MessageDifferencer::SpecificField>& p) override {
+      Add(p);
+    }
+    void ReportModified(
+        const google::protobuf::Message&, const google::protobuf::Message&,
+        const std::vector<MessageDifferencer::SpecificField>& p) override {
+      Add(p);
+    }
+  } names;
+  MessageDifferencer d;
+  d.IgnoreField(v1::ModelSpec::descriptor()->FindFieldByName("init_from"));
+  d.ReportDifferencesTo(&names);
+  d.Compare(mine, theirs);
+  return names.out;
+}
+
+}  // namespace
+
+absl::Status Coordinator::SetForkSource(const std::string& from_job,
+                                        int64_t from_step, JobRecord* r) const {
+  if (from_job.empty()) return absl::OkStatus();
+  if (from_step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--from ", Echo(from_job), "@", from_step,
+                     ": the step must be positive"));
+  }
+  v1::Job source;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(from_job);
+    if (it == jobs_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--from ", Echo(from_job), ": no such job (ptctl list)"));
+    }
+    source = it->second.record.job;
+  }
+  const v1::JobSpec& spec = r->job.spec();
+  if (const std::vector<std::string> differ =
+          ModelDifferences(spec.model(), source.spec().model());
+      !differ.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--from ", from_job, ": that job trains another model (",
+        absl::StrJoin(differ, ", "),
+        " differ); a job goes on only from a checkpoint of its own model"));
+  }
+  const std::map<int64_t, std::string> steps =
+      StepFolders(source.spec().checkpoint().dir());
+  if (steps.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--from ", from_job, ": it has no checkpoint (under '",
+                     source.spec().checkpoint().dir(), "')"));
+  }
+  auto at = from_step == 0 ? std::prev(steps.end()) : steps.find(from_step);
+  if (at == steps.end()) {
+    std::vector<int64_t> have;
+    for (const auto& [s, dir] : steps) have.push_back(s);
+    return absl::InvalidArgumentError(
+        absl::StrCat("--from ", from_job, "@", from_step,
+                     ": it has no checkpoint at that step (it has steps ",
+                     absl::StrJoin(have, ", "), ")"));
+  }
+  if (at->first > spec.train().steps()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--from ", from_job, "@", at->first, ": the step is past train.steps=",
+        spec.train().steps(), " (raise it with --set train.steps=N)"));
+  }
+  v1::Lineage* l = r->job.mutable_lineage();
+  l->set_from_job(from_job);
+  l->set_from_uid(source.uid());
+  l->set_from_step(at->first);
+  l->set_from_checkpoint(at->second);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::Job> Coordinator::Submit(
-    const std::string& spec_yaml, const std::vector<std::string>& overrides) {
+    const std::string& spec_yaml, const std::vector<std::string>& overrides,
+    const std::string& from_job, int64_t from_step) {
   absl::StatusOr<JobRecord> r = NewJobRecord(spec_yaml, overrides);
   if (!r.ok()) return r.status();
+  if (absl::Status s = SetForkSource(from_job, from_step, &*r); !s.ok()) {
+    return s;
+  }
   const int world = r->job.world_size();
   absl::MutexLock lock(&mu_);
   const std::string event = absl::StrCat("submitted (", world, " slots)");
@@ -338,9 +460,13 @@ absl::StatusOr<std::string> Coordinator::DescribeRun(
 }
 
 absl::StatusOr<v1::DryRun> Coordinator::DryRunSubmit(
-    const std::string& spec_yaml, const std::vector<std::string>& overrides) {
+    const std::string& spec_yaml, const std::vector<std::string>& overrides,
+    const std::string& from_job, int64_t from_step) {
   absl::StatusOr<JobRecord> r = NewJobRecord(spec_yaml, overrides);
   if (!r.ok()) return r.status();
+  if (absl::Status s = SetForkSource(from_job, from_step, &*r); !s.ok()) {
+    return s;
+  }
   v1::DryRun out;
   out.set_world_size(r->job.world_size());
   // What the ranks would build, said by ptworker itself (no lock held: it

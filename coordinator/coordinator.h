@@ -157,13 +157,18 @@ class Coordinator {
       const std::string& job_id,
       const std::optional<std::string>& authorization);
 
+  // `from_job` (and `from_step`, 0: its newest checkpoint): start from
+  // that job's checkpoint (SubmitJobRequest.from_job).
   absl::StatusOr<v1::Job> Submit(const std::string& spec_yaml,
-                                 const std::vector<std::string>& overrides);
+                                 const std::vector<std::string>& overrides,
+                                 const std::string& from_job = "",
+                                 int64_t from_step = 0);
   // SubmitJobRequest.dry_run: refused as Submit would refuse; else what the
   // job would be (ptworker --dry-run of its spec) and where it would start
   // now, or why it would wait. Stores and starts nothing.
   absl::StatusOr<v1::DryRun> DryRunSubmit(
-      const std::string& spec_yaml, const std::vector<std::string>& overrides);
+      const std::string& spec_yaml, const std::vector<std::string>& overrides,
+      const std::string& from_job = "", int64_t from_step = 0);
   absl::StatusOr<v1::GetJobResponse> Get(const std::string& id,
                                          bool include_loss_history);
   absl::StatusOr<std::vector<v1::Job>> List(v1::JobState state, int limit);
@@ -483,6 +488,12 @@ class Coordinator {
   absl::StatusOr<JobRecord> NewJobRecord(
       const std::string& spec_yaml,
       const std::vector<std::string>& overrides) const;
+  // Sets r's lineage to job `from_job`'s checkpoint at `from_step` (0: its
+  // newest) when `from_job` is given; InvalidArgument naming the rule when
+  // there is no such job or checkpoint, the step is past r's train.steps
+  // or the models differ. Takes the lock for a moment.
+  absl::Status SetForkSource(const std::string& from_job, int64_t from_step,
+                             JobRecord* r) const;
   // `ptworker --dry-run` of `spec` (resolved, as the ranks would run it):
   // its report; InvalidArgument with its error line when it refuses the
   // job's input.

@@ -179,6 +179,8 @@ std::vector<std::string> AttemptCommand(const LaunchRequest& r,
   if (r.resume_flag) {
     argv.push_back("--resume-from");
     argv.push_back("latest");
+    if (!r.fork_from.empty())
+      argv.insert(argv.end(), {"--fork-from", r.fork_from});
   }
   return argv;
 }

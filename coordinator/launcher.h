@@ -41,6 +41,9 @@ struct LaunchRequest {
   std::string ptworker;
   std::string work_dir;     // the ranks' working directory
   bool resume_flag = true;  // pass --resume-from latest
+  // With resume_flag: --fork-from this checkpoint folder
+  // (Lineage.from_checkpoint).
+  std::string fork_from;
   // PTRAIN_METRICS_BIND for every rank ("" = ranks serve no metrics).
   std::string rank_metrics_bind;
   // PTRAIN_COORDINATOR_GRACE_S: a rank that has not reached the

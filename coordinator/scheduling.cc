@@ -221,6 +221,7 @@ LaunchRequest Coordinator::AttemptRequest(const Entry& e,
       absl::ToDoubleSeconds(options_.rank_coordinator_grace);
   req.work_dir = options_.work_root;
   req.resume_flag = options_.resume_flag;
+  req.fork_from = job.lineage().from_checkpoint();
   req.threads = spec.resources().threads_per_rank();
   req.placement = place.nodes;
   for (const v1::Placement& p : job.placement()) {

@@ -144,12 +144,13 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
     std::vector<std::string> overrides(req->overrides().begin(),
                                        req->overrides().end());
     if (req->dry_run()) {
-      absl::StatusOr<v1::DryRun> d =
-          c_->DryRunSubmit(req->spec_yaml(), overrides);
+      absl::StatusOr<v1::DryRun> d = c_->DryRunSubmit(
+          req->spec_yaml(), overrides, req->from_job(), req->from_step());
       if (d.ok()) *resp->mutable_dry_run() = std::move(*d);
       return Done(ctx, d.status());
     }
-    absl::StatusOr<v1::Job> job = c_->Submit(req->spec_yaml(), overrides);
+    absl::StatusOr<v1::Job> job = c_->Submit(req->spec_yaml(), overrides,
+                                             req->from_job(), req->from_step());
     if (job.ok()) *resp->mutable_job() = std::move(*job);
     return Done(ctx, job.status());
   }

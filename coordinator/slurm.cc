@@ -58,7 +58,11 @@ std::string SlurmBatchScript(const LaunchRequest& r,
       (fs::path(r.job_dir) / "spec.yaml").string(),
       "--log-json",
       (fs::path(attempt_dir) / "run.jsonl").string()};
-  if (r.resume_flag) cmd.insert(cmd.end(), {"--resume-from", "latest"});
+  if (r.resume_flag) {
+    cmd.insert(cmd.end(), {"--resume-from", "latest"});
+    if (!r.fork_from.empty())
+      cmd.insert(cmd.end(), {"--fork-from", r.fork_from});
+  }
   std::vector<std::string> quoted;
   for (const std::string& c : cmd) quoted.push_back(ShellQuote(c));
   const std::string dir = ShellQuote(attempt_dir);

@@ -98,7 +98,27 @@ void PrintDryRun(const v1::DryRun& d) {
 }  // namespace
 
 int Submit(Client& client, const std::string& file,
-           const std::vector<std::string>& sets, bool watch, bool dry_run) {
+           const std::vector<std::string>& sets, bool watch, bool dry_run,
+           const std::string& from) {
+  // --from JOB[@STEP]: checked before anything is read or sent.
+  std::string from_job = from;
+  int64_t from_step = 0;
+  if (const size_t at = from.find('@'); at != std::string::npos) {
+    from_job = from.substr(0, at);
+    if (!absl::SimpleAtoi(from.substr(at + 1), &from_step) || from_step < 1) {
+      std::fprintf(stderr,
+                   "ptctl: error: --from %s: STEP after '@' must be a "
+                   "positive integer (JOB or JOB@STEP)\n",
+                   from.c_str());
+      return kExitBadInput;
+    }
+  }
+  if (!from.empty() && from_job.empty()) {
+    std::fprintf(stderr,
+                 "ptctl: error: --from %s: names no job (JOB or JOB@STEP)\n",
+                 from.c_str());
+    return kExitBadInput;
+  }
   // The same bounded reader and parser as ptworker's: a huge file or
   // /dev/zero is refused here, before anything reaches the coordinator.
   absl::StatusOr<std::string> text = ReadJobSpecFile(file);
@@ -120,6 +140,8 @@ int Submit(Client& client, const std::string& file,
   req.set_spec_yaml(*text);
   for (const std::string& s : sets) req.add_overrides(s);
   req.set_dry_run(dry_run);
+  req.set_from_job(from_job);
+  req.set_from_step(from_step);
   v1::SubmitJobResponse resp;
   auto ctx = client.Context();
   const grpc::Status s = client.stub().SubmitJob(ctx.get(), req, &resp);
@@ -178,6 +200,12 @@ int Get(Client& client, const std::string& id) {
   }
   if (j.placement_size() > 0) {
     std::printf("nodes:     %s\n", PlacementWords(j.placement()).c_str());
+  }
+  if (!j.lineage().from_job().empty()) {
+    std::printf("lineage:   from %s at step %lld (%s)\n",
+                j.lineage().from_job().c_str(),
+                static_cast<long long>(j.lineage().from_step()),
+                j.lineage().from_checkpoint().c_str());
   }
   if (j.lineage().extended_from_steps_size() > 0) {
     std::vector<int64_t> steps(j.lineage().extended_from_steps().begin(),

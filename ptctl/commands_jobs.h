@@ -15,8 +15,11 @@ namespace ptrain::ptctl {
 // prints the job id, and with `watch` follows the job (Watch). With
 // `dry_run`, submits nothing and prints what ptcoord says the job would be
 // (SubmitJobRequest.dry_run).
+// `from`: "JOB[@STEP]", start from that job's checkpoint
+// (SubmitJobRequest.from_job); "" for none.
 int Submit(Client& client, const std::string& file,
-           const std::vector<std::string>& sets, bool watch, bool dry_run);
+           const std::vector<std::string>& sets, bool watch, bool dry_run,
+           const std::string& from);
 
 // Shows job `id`: its state, progress, placement and attempts.
 int Get(Client& client, const std::string& id);

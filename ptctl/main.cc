@@ -30,7 +30,7 @@ using ptrain::ptctl::Options;
 
 // What the subcommands take.
 struct Args {
-  std::string file, job, node, list_state;
+  std::string file, job, node, list_state, from;
   std::vector<std::string> sets;
   bool watch = false, follow = false, purge = false, dry_run = false;
   int attempt = 0, list_limit = 0, rank = -1;
@@ -78,6 +78,10 @@ Subcommands AddSubcommands(CLI::App& app, Args& a) {
   c.submit->add_option("FILE", a.file, "job spec")->required();
   c.submit->add_option("--set", a.sets,
                        "override a field: dotted.path=value (repeatable)");
+  c.submit->add_option(
+      "--from", a.from,
+      "JOB[@STEP]: start from that job's checkpoint at STEP (default: its "
+      "newest), optimizer and data position included; same model");
   CLI::Option* watch = c.submit->add_flag(
       "--watch", a.watch, "follow the job; exit 0 only if it SUCCEEDED");
   c.submit
@@ -170,7 +174,7 @@ int Dispatch(const Subcommands& c, const Args& a,
              ptrain::ptctl::Client& client) {
   namespace cmd = ptrain::ptctl;
   if (*c.submit) {
-    return cmd::Submit(client, a.file, a.sets, a.watch, a.dry_run);
+    return cmd::Submit(client, a.file, a.sets, a.watch, a.dry_run, a.from);
   }
   if (*c.get) return cmd::Get(client, a.job);
   if (*c.list) return cmd::List(client, a.list_limit, a.list_state);

@@ -59,6 +59,10 @@ void AddRankFlags(CLI::App& app, ptrain::RankFlags* f) {
   app.add_option("--resume-from", f->resume_from,
                  "latest (newest intact checkpoint under checkpoint.dir, or "
                  "a fresh start) or a checkpoint folder");
+  app.add_option("--fork-from", f->fork_from,
+                 "with --resume-from latest: the checkpoint folder (another "
+                 "job's) to go on from while checkpoint.dir holds none of "
+                 "this run's");
   app.add_option("--set", f->overrides,
                  "override a spec field: dotted.path=value (repeatable)");
   app.add_option("--log-json", f->log_json,

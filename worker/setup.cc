@@ -80,6 +80,7 @@ absl::Status FillTrainerOptions(const RankFlags& flags, const NodeShare& node,
   options->log_json_path = flags.log_json;
   options->peak_flops = flags.peak_gflops * 1e9;
   options->resume_from = flags.resume_from;
+  options->fork_from = flags.fork_from;
   // Refused now rather than failing at its first clashing save.
   options->refuse_other_runs_steps = true;
   auto fs = ConfinedFs::FromEnvironment();

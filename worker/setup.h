@@ -25,6 +25,7 @@ struct RankFlags {
   std::string log_json;                // --log-json
   std::string log_level = "info";      // --log-level
   std::string resume_from;             // --resume-from
+  std::string fork_from;               // --fork-from
   double peak_gflops = 0.0;            // --peak-gflops; 0: measure
   std::string metrics_bind;            // --metrics-bind; "": off
   std::string advertise_host;          // --advertise-host

@@ -331,6 +331,24 @@ TEST(LauncherTest, RanksOnNodesAreBoundOnTheirOwnNode) {
   EXPECT_TRUE(RankCpus(job).empty());
 }
 
+// A forked job's attempts resume from their own newest checkpoint, else
+// from the checkpoint the job was forked from.
+TEST(LauncherTest, AForkedJobsAttemptGoesOnFromItsSource) {
+  LaunchRequest r;
+  r.job_dir = "/state/jobs/job-2";
+  r.world_size = 1;
+  r.ptworker = "/bin/ptworker";
+  r.fork_from = "/ckpt/a/step-00000010";
+  const std::vector<std::string> argv = AttemptCommand(r, "/a");
+  const std::vector<std::string> tail = {
+      "--resume-from", "latest", "--fork-from", "/ckpt/a/step-00000010"};
+  EXPECT_TRUE(std::search(argv.begin(), argv.end(), tail.begin(), tail.end()) !=
+              argv.end());
+  r.fork_from.clear();
+  const std::vector<std::string> plain = AttemptCommand(r, "/a");
+  EXPECT_EQ(std::find(plain.begin(), plain.end(), "--fork-from"), plain.end());
+}
+
 TEST(LauncherTest, HostfileListsTheNodesInRankOrder) {
   EXPECT_EQ(Hostfile({{"n1", 2}, {"n2", 4}}),
             "n1 slots=2 max_slots=2\nn2 slots=4 max_slots=4\n");

@@ -1178,6 +1178,56 @@ TEST_F(ControlPlaneTest, ExtendedJobGoesOnFromItsLastStep) {
   EXPECT_EQ(Ptctl("cancel " + running).rc, 0);
 }
 
+// `ptctl submit --from JOB@STEP`: a new job starts from another job's
+// checkpoint (its weights, optimizer and step) with its own steps and
+// learning rate, and keeps the lineage; another model, a step without a
+// checkpoint, or a malformed --from is refused (exit 2) and nothing is
+// stored.
+TEST_F(ControlPlaneTest, ForkedJobStartsFromAnotherJobsCheckpoint) {
+  const std::string source = Submit({"train.steps=20", "checkpoint.every=10"});
+  ASSERT_TRUE(
+      WaitFor([&] { return State(source) == "JOB_STATE_SUCCEEDED"; }, 120))
+      << Get(source).dump();
+  std::string sets;
+  for (const std::string& s : kSmall) sets += " --set " + s;
+  sets += " --set checkpoint.dir=" + (dir_ / "ckpt").string();
+  const std::string submit = "submit examples/shakespeare-char.yaml" + sets;
+  const Result other =
+      Ptctl(submit + " --set model.n_embd=64 --from " + source);
+  EXPECT_EQ(other.rc, 2) << other.out;
+  EXPECT_TRUE(absl::StrContains(other.out, "model.n_embd")) << other.out;
+  const Result no_step = Ptctl(submit + " --from " + source + "@15");
+  EXPECT_EQ(no_step.rc, 2) << no_step.out;
+  EXPECT_TRUE(absl::StrContains(no_step.out, "steps 10, 20")) << no_step.out;
+  EXPECT_EQ(Ptctl(submit + " --from " + source + "@x").rc, 2);
+  EXPECT_EQ(ListJobs().size(), 1u);
+
+  const Result forked = Ptctl(submit +
+                              " --set train.steps=30 --set "
+                              "train.lr=0.002 --from " +
+                              source + "@10");
+  ASSERT_EQ(forked.rc, 0) << forked.out;
+  const std::string id = forked.out.substr(0, forked.out.find('\n'));
+  ASSERT_TRUE(WaitFor([&] { return State(id) == "JOB_STATE_SUCCEEDED"; }, 120))
+      << Get(id).dump();
+  const std::string log =
+      ReadFile(dir_ / "state" / "jobs" / id / "attempt-1" / "run.jsonl");
+  EXPECT_TRUE(absl::StrContains(log,
+                                "step-00000010\",\"step\":10,"
+                                "\"type\":\"resume\""))
+      << log.substr(0, 600);
+  EXPECT_TRUE(absl::StrContains(log, "\"step\":11,\"tok_per_s\""))
+      << log.substr(0, 600);
+  EXPECT_FALSE(absl::StrContains(log, "\"step\":1,\"tok_per_s\""))
+      << log.substr(0, 600);
+  const json job = Get(id)["job"];
+  EXPECT_EQ(job["lineage"].value("from_job", ""), source) << job.dump();
+  EXPECT_EQ(Int(job["lineage"], "from_step"), 10) << job.dump();
+  EXPECT_EQ(Int(job["progress"], "step"), 30) << job.dump();
+  EXPECT_TRUE(absl::StrContains(Ptctl("get " + id).out,
+                                "lineage:   from " + source + " at step 10"));
+}
+
 // `ptctl pause`: the running job's ranks save the step they are in and
 // stop, the job is PAUSED (no attempt runs, nothing is lost); `ptctl
 // resume` queues it and the next attempt goes on from the next step.

@@ -407,11 +407,18 @@ absl::Status Trainer::Resume() {
       !agreed.ok()) {
     return agreed;
   }
+  const std::string& fork = options_.fork_from;
   if (latest && listed->empty()) {
+    if (!fork.empty()) return LoadNewestOf({fork}, /*latest=*/false);
     spdlog::info("resume: no checkpoint under '{}', starting fresh", root);
     return absl::OkStatus();
   }
-  return LoadNewestOf(*listed, latest);
+  absl::Status loaded = LoadNewestOf(*listed, latest);
+  // None of this run's loaded (another model's, data's): the fork's.
+  if (loaded.ok() && latest && resumed_from_.empty() && !fork.empty()) {
+    return LoadNewestOf({fork}, /*latest=*/false);
+  }
+  return loaded;
 }
 
 absl::Status Trainer::LoadNewestOf(const std::vector<std::string>& candidates,

@@ -59,6 +59,11 @@ struct TrainerOptions {
   // other models' and data's; fresh if there is none; one of another job
   // is refused) or a checkpoint folder (must load, or Create fails).
   std::string resume_from;
+  // With resume_from "latest": the checkpoint folder (another job's:
+  // ptctl submit --from) to go on from when checkpoint.dir holds none of
+  // this run's yet, loaded as a named folder is (weights, optimizer, step;
+  // the data and schedule may differ). "" for none.
+  std::string fork_from;
   SaveOptions save;  // test hooks (keep_last and fs come from spec and fs)
   // Every data file, checkpoint file and folder and model.init_from is
   // opened through this (confined to $PTRAIN_DATA_ROOTS under ptcoord).
