@@ -54,6 +54,13 @@ int DryRun(const RankFlags& flags) {
       static_cast<long long>(TokenCount(data->val)), data->vocab_size);
   std::printf("# memory of the rank that needs the most: %s\n",
               DescribeMemory(e).c_str());
+  // Each rank's: the ranks of a pipeline stage need the same.
+  for (int stage = 0; p.pp() > 1 && stage < p.pp(); ++stage) {
+    std::printf(
+        "#   a rank of pipeline stage %d: %s\n", stage,
+        DescribeMemory(EstimateStageMemory(*spec, data->vocab_size, stage))
+            .c_str());
+  }
   const absl::Status fits = CheckMemoryFits(
       *spec, data->vocab_size, static_cast<int>(world), AvailableMemoryBytes());
   std::printf("# on this machine alone (%lld ranks): %s\n",

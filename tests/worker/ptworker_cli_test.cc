@@ -911,6 +911,24 @@ TEST_F(PtworkerCli,
       << out;
   EXPECT_FALSE(fs::exists(log_));
   EXPECT_FALSE(fs::exists(ckpt));
+  // A pipeline: each stage's ranks, which differ (the first embeds).
+  const auto [piped, stages] =
+      RunPtworkerStdout(Base() +
+                            "--set parallel.pp=2 --set model.n_layer=2 "
+                            "--set parallel.microbatches=2 --dry-run",
+                        dir_ / "stages.txt");
+  ASSERT_EQ(piped.code, 0) << piped.err;
+  const auto line = [&](const std::string& head) {
+    const size_t at = stages.find(head);
+    return at == std::string::npos
+               ? std::string()
+               : stages.substr(at, stages.find('\n', at) - at);
+  };
+  const std::string first = line("#   a rank of pipeline stage 0: host: ");
+  const std::string second = line("#   a rank of pipeline stage 1: host: ");
+  ASSERT_FALSE(first.empty()) << stages;
+  ASSERT_FALSE(second.empty()) << stages;
+  EXPECT_NE(first.substr(first.find(':')), second.substr(second.find(':')));
   ExpectRefused(RunPtworker(Base() + "--set train.lr=-1 --dry-run"),
                 "train.lr=-1 must be > 0");
 }

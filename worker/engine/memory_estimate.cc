@@ -86,18 +86,23 @@ MemoryEstimate EstimateRankMemory(const RankBuild& b, bool async_copy) {
   return e;
 }
 
-MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size) {
-  const int pp = spec.parallel().pp();
+MemoryEstimate EstimateStageMemory(const v1::JobSpec& spec, int vocab_size,
+                                   int stage) {
   const bool async_copy =
       spec.checkpoint().async_save() && !spec.checkpoint().dir().empty();
+  return EstimateRankMemory(
+      RankBuild::Of(spec, vocab_size, /*tp_rank=*/0, stage), async_copy);
+}
+
+MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size) {
+  const int pp = spec.parallel().pp();
   // The rank that needs the most: ranks differ in their tensors (the first
   // embeds, the last holds the head) and in microbatches in flight (fewer
   // further down a pipeline), so the candidates are the first, the second
   // (the fullest of the middle ones) and the last.
   MemoryEstimate most;
   for (int rank : {0, std::min(1, pp - 1), pp - 1}) {
-    const MemoryEstimate e = EstimateRankMemory(
-        RankBuild::Of(spec, vocab_size, /*tp_rank=*/0, rank), async_copy);
+    const MemoryEstimate e = EstimateStageMemory(spec, vocab_size, rank);
     if (rank == 0 || e.total() > most.total()) most = e;
   }
   return most;

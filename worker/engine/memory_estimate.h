@@ -40,6 +40,11 @@ struct MemoryEstimate {
 // checkpoints on.
 MemoryEstimate EstimateRankMemory(const RankBuild& build, bool async_copy);
 
+// A rank of pipeline stage `stage` of a validated spec (every rank of a
+// stage needs the same: its tp, cp and dp peers hold equal parts).
+MemoryEstimate EstimateStageMemory(const v1::JobSpec& spec, int vocab_size,
+                                   int stage);
+
 // The rank of a validated spec (its bounds keep the plan's sizes in int64)
 // that needs the most.
 MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size);
