@@ -635,7 +635,7 @@ def main():
     p.add_argument("--variant", choices=["local", "nodes"], default="local")
     p.add_argument("--jobs", type=int, default=4)
     p.add_argument("--faults", type=int, default=12)
-    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--steps", type=int, default=2500)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--slots", type=int, default=2)
     p.add_argument("--nodes", type=int, default=3)

@@ -19,8 +19,8 @@ namespace {
 TEST(Convergence, ShakespeareValLossFallsBelowTwoWithinFixedSteps) {
   auto spec = LoadJobSpecFile(
       "examples/shakespeare-char.yaml",
-      {"train.steps=600", "train.global_batch=32", "train.lr=4e-3",
-       "train.min_lr=4e-4", "train.warmup_steps=40", "train.eval_batches=8",
+      {"train.steps=400", "train.global_batch=32", "train.lr=6e-3",
+       "train.min_lr=6e-4", "train.warmup_steps=40", "train.eval_batches=8",
        "parallel.dp=1", "parallel.zero=0", "parallel.microbatches=1"});
   ASSERT_TRUE(spec.ok()) << spec.status();
   TrainerOptions options;
