@@ -241,8 +241,8 @@ absl::Status Coordinator::AuthenticateRank(
 }
 
 absl::StatusOr<JobRecord> Coordinator::NewJobRecord(
-    const std::string& spec_yaml,
-    const std::vector<std::string>& overrides) const {
+    const std::string& spec_yaml, const std::vector<std::string>& overrides,
+    const std::string& from_job, int64_t from_step) const {
   if (spec_yaml.size() > kMaxSpecBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec_yaml is ", spec_yaml.size(), " bytes; the limit is ",
@@ -282,6 +282,9 @@ absl::StatusOr<JobRecord> Coordinator::NewJobRecord(
   if (!ckpt_root.empty())
     ckpt->set_dir((fs::path(ckpt_root) / r.job.uid()).string());
   *r.job.mutable_spec() = *spec;
+  if (absl::Status s = SetForkSource(from_job, from_step, &r); !s.ok()) {
+    return s;
+  }
   return r;
 }
 
@@ -400,11 +403,9 @@ absl::Status Coordinator::SetForkSource(const std::string& from_job,
 absl::StatusOr<v1::Job> Coordinator::Submit(
     const std::string& spec_yaml, const std::vector<std::string>& overrides,
     const std::string& from_job, int64_t from_step) {
-  absl::StatusOr<JobRecord> r = NewJobRecord(spec_yaml, overrides);
+  absl::StatusOr<JobRecord> r =
+      NewJobRecord(spec_yaml, overrides, from_job, from_step);
   if (!r.ok()) return r.status();
-  if (absl::Status s = SetForkSource(from_job, from_step, &*r); !s.ok()) {
-    return s;
-  }
   const int world = r->job.world_size();
   absl::MutexLock lock(&mu_);
   const std::string event = absl::StrCat("submitted (", world, " slots)");
@@ -433,9 +434,7 @@ absl::StatusOr<std::string> Coordinator::DescribeRun(
     return s;
   }
   LaunchRequest req;
-  req.data_roots = options_.data_roots;
-  if (!options_.checkpoint_root.empty())
-    req.data_roots.push_back(options_.checkpoint_root);
+  req.data_roots = RankDataRoots();
   req.world_size = 1;
   req.threads = 1;
   absl::StatusOr<CommandResult> run =
@@ -462,11 +461,9 @@ absl::StatusOr<std::string> Coordinator::DescribeRun(
 absl::StatusOr<v1::DryRun> Coordinator::DryRunSubmit(
     const std::string& spec_yaml, const std::vector<std::string>& overrides,
     const std::string& from_job, int64_t from_step) {
-  absl::StatusOr<JobRecord> r = NewJobRecord(spec_yaml, overrides);
+  absl::StatusOr<JobRecord> r =
+      NewJobRecord(spec_yaml, overrides, from_job, from_step);
   if (!r.ok()) return r.status();
-  if (absl::Status s = SetForkSource(from_job, from_step, &*r); !s.ok()) {
-    return s;
-  }
   v1::DryRun out;
   out.set_world_size(r->job.world_size());
   // What the ranks would build, said by ptworker itself (no lock held: it

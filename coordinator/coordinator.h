@@ -483,11 +483,14 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int UsedSlots() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The jobs of the running attempts but job `except`'s.
-  // A submission checked and made ready to store (Submit's rules), under
-  // no lock.
+  // A submission checked and made ready to store (Submit's rules, and
+  // SetForkSource's for `from_job`), under no lock.
   absl::StatusOr<JobRecord> NewJobRecord(
-      const std::string& spec_yaml,
-      const std::vector<std::string>& overrides) const;
+      const std::string& spec_yaml, const std::vector<std::string>& overrides,
+      const std::string& from_job, int64_t from_step) const;
+  // The folders ranks may read and write (PTRAIN_DATA_ROOTS): the data
+  // roots and the checkpoint root.
+  std::vector<std::string> RankDataRoots() const;
   // Sets r's lineage to job `from_job`'s checkpoint at `from_step` (0: its
   // newest) when `from_job` is given; InvalidArgument naming the rule when
   // there is no such job or checkpoint, the step is past r's train.steps

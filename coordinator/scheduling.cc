@@ -193,6 +193,13 @@ JobUpdate Coordinator::NextAttempt(const Entry& e, const AttemptPlace& place,
   return u;
 }
 
+std::vector<std::string> Coordinator::RankDataRoots() const {
+  std::vector<std::string> roots = options_.data_roots;
+  if (!options_.checkpoint_root.empty())
+    roots.push_back(options_.checkpoint_root);
+  return roots;
+}
+
 LaunchRequest Coordinator::AttemptRequest(const Entry& e,
                                           const std::string& job_dir,
                                           const std::string& token,
@@ -207,9 +214,7 @@ LaunchRequest Coordinator::AttemptRequest(const Entry& e,
   req.token = token;
   req.attempt_uid = e.record.attempt_uid;
   req.coordinator_address = advertise_;
-  req.data_roots = options_.data_roots;
-  if (!options_.checkpoint_root.empty())
-    req.data_roots.push_back(options_.checkpoint_root);
+  req.data_roots = RankDataRoots();
   if (!options_.tls_ca_pem.empty()) {
     req.tls_ca_file = (fs::path(job_dir) / "tls-ca.pem").string();
   }
