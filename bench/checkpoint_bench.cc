@@ -25,8 +25,8 @@
 #include "common/spec.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
-#include "worker/engine/checkpoint.h"
-#include "worker/engine/trainer.h"
+#include "worker/engine/checkpoint/checkpoint.h"
+#include "worker/engine/train/trainer.h"
 
 namespace {
 
@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
   int64_t bytes = 0;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = Clock::now();
-    auto saved = tr.SaveCheckpointAt(r + 1);
+    auto saved = tr.checkpoints().SaveCheckpointAt(r + 1);
     const double save = Since(t0);
     if (!saved.ok()) {
       std::fprintf(stderr, "%s\n", saved.status().ToString().c_str());

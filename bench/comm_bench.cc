@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "worker/engine/comm.h"
-#include "worker/engine/comm_mpi.h"
+#include "worker/engine/comm/comm.h"
+#include "worker/engine/comm/comm_mpi.h"
 
 namespace {
 

@@ -18,7 +18,7 @@
 #include "bench/configs.h"
 #include "bench/mpi_trainer.h"
 #include "common/spec.h"
-#include "worker/engine/memory_estimate.h"
+#include "worker/engine/parallel/memory_estimate.h"
 
 namespace {
 

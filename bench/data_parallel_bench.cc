@@ -16,8 +16,8 @@
 #include "bench/configs.h"
 #include "bench/mpi_trainer.h"
 #include "common/spec.h"
-#include "worker/engine/parallel_dims.h"
-#include "worker/engine/trainer.h"
+#include "worker/engine/parallel/parallel_dims.h"
+#include "worker/engine/train/trainer.h"
 
 namespace {
 

@@ -26,8 +26,8 @@
 #include "bench/stats.h"
 #include "common/spec.h"
 #include "kernels/cpu/kernels.h"
-#include "worker/engine/flops.h"
-#include "worker/engine/trainer.h"
+#include "worker/engine/model/flops.h"
+#include "worker/engine/train/trainer.h"
 
 namespace {
 

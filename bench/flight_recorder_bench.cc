@@ -18,7 +18,7 @@
 #include "bench/configs.h"
 #include "bench/mpi_trainer.h"
 #include "bench/stats.h"
-#include "worker/engine/flight_recorder.h"
+#include "worker/engine/comm/flight_recorder.h"
 
 namespace {
 

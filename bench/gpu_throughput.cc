@@ -41,12 +41,12 @@
 
 #include "CLI/CLI.hpp"
 #include "common/spec.h"
-#include "kernels/cuda/ops_cuda.h"
-#include "worker/engine/gpt_stage.h"
-#include "worker/engine/optimizer.h"
-#include "worker/engine/plan.h"
-#include "worker/engine/trainer.h"
-#include "worker/engine/zero_store.h"
+#include "kernels/backends.h"
+#include "worker/engine/model/gpt_stage.h"
+#include "worker/engine/model/plan.h"
+#include "worker/engine/parallel/optimizer.h"
+#include "worker/engine/parallel/zero_store.h"
+#include "worker/engine/train/trainer.h"
 
 namespace {
 

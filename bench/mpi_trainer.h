@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "common/spec.h"
-#include "worker/engine/parallel_dims.h"
-#include "worker/engine/trainer.h"
+#include "worker/engine/parallel/parallel_dims.h"
+#include "worker/engine/train/trainer.h"
 
 namespace ptrain {
 

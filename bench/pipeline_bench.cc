@@ -38,8 +38,8 @@
 #include "CLI/CLI.hpp"
 #include "bench/configs.h"
 #include "bench/mpi_trainer.h"
-#include "worker/engine/data.h"
-#include "worker/engine/schedule.h"
+#include "worker/engine/data/data.h"
+#include "worker/engine/parallel/schedule.h"
 
 namespace {
 

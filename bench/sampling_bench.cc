@@ -21,7 +21,7 @@
 #include "bench/configs.h"
 #include "bench/stats.h"
 #include "common/spec.h"
-#include "worker/engine/trainer.h"
+#include "worker/engine/train/trainer.h"
 
 namespace {
 
@@ -41,13 +41,13 @@ void RunConfig(const std::string& config, int tokens, int rounds) {
     std::fprintf(stderr, "%s\n", trainer.status().ToString().c_str());
     std::exit(1);
   }
-  using Mode = ptrain::Trainer::SampleMode;
+  using Mode = ptrain::TextSampler::Mode;
   std::vector<double> cached_s, recomputed_s, sliding_s;
   bool same = true;
   for (int r = 0; r < rounds; ++r) {
     auto time = [&](Mode mode, std::string* text) {
       const auto t0 = std::chrono::steady_clock::now();
-      *text = (*trainer)->Sample(static_cast<uint64_t>(r), mode);
+      *text = (*trainer)->sampler().Sample(static_cast<uint64_t>(r), mode);
       return std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                            t0)
           .count();

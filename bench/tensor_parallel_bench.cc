@@ -19,9 +19,9 @@
 #include "bench/configs.h"
 #include "bench/mpi_trainer.h"
 #include "common/spec.h"
-#include "worker/engine/memory_estimate.h"
-#include "worker/engine/parallel_dims.h"
-#include "worker/engine/trainer.h"
+#include "worker/engine/parallel/memory_estimate.h"
+#include "worker/engine/parallel/parallel_dims.h"
+#include "worker/engine/train/trainer.h"
 
 namespace {
 

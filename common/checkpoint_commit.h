@@ -2,7 +2,7 @@
 // reads checkpoints, and for ptcoord, which lists them: the digest line of
 // manifest.json in manifest.sha256, and the shard files the manifest names.
 // Not the manifest's full rules nor the shards' checksums: those are the
-// reader's (worker/engine/checkpoint.h).
+// reader's (worker/engine/checkpoint/checkpoint.h).
 #ifndef PTRAIN_COMMON_CHECKPOINT_COMMIT_H_
 #define PTRAIN_COMMON_CHECKPOINT_COMMIT_H_
 

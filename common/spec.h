@@ -90,10 +90,6 @@ CudaGraphs CudaGraphsOf(const v1::JobSpec& spec);
 // zb1p, whose backward is two), parallel.zero=0, parallel.offload=none.
 std::string CudaGraphsUnsupported(const v1::JobSpec& spec);
 
-// The offset of the first byte of `text` that is not part of well-formed
-// UTF-8, or -1 when all of it is. Every entry point takes only UTF-8.
-int64_t FirstInvalidUtf8(std::string_view text);
-
 // A JobSpec with every field at its documented default (docs/job-spec.md).
 v1::JobSpec DefaultJobSpec();
 

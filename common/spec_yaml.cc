@@ -26,6 +26,7 @@
 #include "common/echo.h"
 #include "common/spec.h"
 #include "common/spec_internal.h"
+#include "common/utf8.h"
 
 namespace ptrain {
 namespace {

@@ -10,6 +10,7 @@
 #include "common/private_file.h"
 #include "common/sentencepiece_model.h"
 #include "common/spec.h"
+#include "common/utf8.h"
 
 namespace ptrain {
 
@@ -278,22 +279,6 @@ bool SamePieces(const Tokenizer& a, const Tokenizer& b) {
     if (a.Piece(id) != b.Piece(id)) return false;
   }
   return true;
-}
-
-std::string ToValidUtf8(std::string_view bytes) {
-  std::string out;
-  out.reserve(bytes.size());
-  while (!bytes.empty()) {
-    const int64_t bad = FirstInvalidUtf8(bytes);
-    if (bad < 0) {
-      out += bytes;
-      break;
-    }
-    out += bytes.substr(0, static_cast<size_t>(bad));
-    out += "\xEF\xBF\xBD";
-    bytes.remove_prefix(static_cast<size_t>(bad) + 1);
-  }
-  return out;
 }
 
 }  // namespace ptrain

@@ -4,7 +4,7 @@
 // file (decode only: each id's bytes), which `ptworker prepare` writes
 // beside its shards so that jobs and llm.c decode samples. The char
 // tokenizer, whose vocabulary is a text's, is the data loader's
-// (worker/engine/data.h) and implements the same interface.
+// (worker/engine/data/data.h) and implements the same interface.
 #ifndef PTRAIN_COMMON_TOKENIZER_H_
 #define PTRAIN_COMMON_TOKENIZER_H_
 
@@ -91,10 +91,6 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> ParseLlmcTokenizer(
 
 // Whether `a` and `b` show every id alike (size, end of text, pieces).
 bool SamePieces(const Tokenizer& a, const Tokenizer& b);
-
-// `bytes` as UTF-8: each byte that does not belong to a UTF-8 character
-// becomes U+FFFD (what a log line, a protobuf string and a terminal take).
-std::string ToValidUtf8(std::string_view bytes);
 
 }  // namespace ptrain
 

@@ -18,7 +18,7 @@
 #include "common/job_state.h"
 #include "common/process.h"
 #include "common/proto_json.h"
-#include "common/tokenizer.h"
+#include "common/utf8.h"
 
 namespace ptrain {
 

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "worker/engine/checkpoint.h"
-#include "worker/engine/plan.h"
+#include "worker/engine/checkpoint/checkpoint.h"
+#include "worker/engine/model/plan.h"
 
 namespace {
 

@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
-#include "worker/engine/checkpoint.h"
-#include "worker/engine/data.h"
-#include "worker/engine/plan.h"
+#include "worker/engine/checkpoint/checkpoint.h"
+#include "worker/engine/data/data.h"
+#include "worker/engine/model/plan.h"
 
 namespace {
 

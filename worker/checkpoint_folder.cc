@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "worker/engine/checkpoint.h"
+#include "worker/engine/checkpoint/checkpoint.h"
 
 namespace ptrain {
 

@@ -22,9 +22,9 @@
 #include "common/spec.h"
 #include "common/tokenizer.h"
 #include "spdlog/spdlog.h"
-#include "worker/engine/checkpoint.h"
-#include "worker/engine/data.h"
-#include "worker/engine/trainer.h"
+#include "worker/engine/checkpoint/checkpoint.h"
+#include "worker/engine/data/data.h"
+#include "worker/engine/train/trainer.h"
 #include "worker/exit_status.h"
 
 namespace ptrain {
@@ -168,7 +168,7 @@ absl::StatusOr<std::string> SampleStatus(const SampleFlags& f,
   if (!trainer.ok()) return trainer.status();
   // The salt of the run's own sample at this step: with the job's settings
   // the text is the one its run log holds for this step.
-  return (*trainer)->Sample(static_cast<uint64_t>(meta.step));
+  return (*trainer)->sampler().Sample(static_cast<uint64_t>(meta.step));
 }
 
 // Runs `body` (one process, no training) and turns its failure into one

@@ -8,8 +8,8 @@
 #include "common/confined_fs.h"
 #include "common/exit_codes.h"
 #include "common/spec.h"
-#include "worker/engine/data.h"
-#include "worker/engine/memory_estimate.h"
+#include "worker/engine/data/data.h"
+#include "worker/engine/parallel/memory_estimate.h"
 #include "worker/exit_status.h"
 
 namespace ptrain {

@@ -38,6 +38,7 @@
 #include "common/spec.h"
 #include "common/thread_entry.h"
 #include "common/tokenizer.h"
+#include "common/utf8.h"
 #include "nlohmann/json.hpp"
 #include "worker/exit_status.h"
 #include "worker/prepare_output.h"

@@ -20,7 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/private_file.h"
-#include "worker/engine/token_file.h"
+#include "worker/engine/data/token_file.h"
 
 namespace ptrain::prepare_internal {
 namespace {

@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "common/confined_fs.h"
 #include "nlohmann/json.hpp"
-#include "worker/prepare.h"
+#include "worker/prepare_flags.h"
 #include "worker/prepare_plan.h"
 
 namespace ptrain::prepare_internal {

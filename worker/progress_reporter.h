@@ -21,7 +21,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 #include "ptrain/v1/coordinator.pb.h"
-#include "worker/engine/rank_step.h"
+#include "worker/engine/report/rank_step.h"
 
 namespace ptrain {
 
@@ -168,9 +168,9 @@ class ProgressReporter {
   bool times_queued_ = false;                               // guarded by mu_
   // OnCoordinatorLost: the grace, when the coordinator last answered, and
   // what to call (once) when it has not for that long.
-  std::chrono::milliseconds coordinator_grace_;             // guarded by mu_
-  std::chrono::steady_clock::time_point last_answer_;       // guarded by mu_
-  std::function<void()> lost_;                              // guarded by mu_
+  std::chrono::milliseconds coordinator_grace_;        // guarded by mu_
+  std::chrono::steady_clock::time_point last_answer_;  // guarded by mu_
+  std::function<void()> lost_;                         // guarded by mu_
   std::thread thread_;
 };
 

@@ -21,8 +21,8 @@
 #include "common/spec.h"
 #include "spdlog/spdlog.h"
 #include "worker/checkpoint_folder.h"
-#include "worker/engine/comm.h"
-#include "worker/engine/flight_recorder.h"
+#include "worker/engine/comm/comm.h"
+#include "worker/engine/comm/flight_recorder.h"
 #include "worker/signals.h"
 
 namespace ptrain {

@@ -10,9 +10,9 @@
 
 #include "absl/status/status.h"
 #include "common/confined_fs.h"
-#include "worker/engine/metrics.h"
-#include "worker/engine/parallel_dims.h"
-#include "worker/engine/trainer.h"
+#include "worker/engine/parallel/parallel_dims.h"
+#include "worker/engine/report/metrics.h"
+#include "worker/engine/train/trainer.h"
 #include "worker/progress_reporter.h"
 #include "worker/threads.h"
 

@@ -14,7 +14,7 @@
 #include "common/exit_codes.h"
 #include "common/net.h"
 #include "spdlog/spdlog.h"
-#include "worker/engine/comm.h"
+#include "worker/engine/comm/comm.h"
 #include "worker/exit_status.h"
 #include "worker/signals.h"
 

@@ -45,4 +45,8 @@ void gemm<double>(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
               static_cast<blasint>(ldc));
 }
 
+void CpuSquareSgemm(int n, const float* a, const float* b, float* c) {
+  gemm<float>(false, true, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+}
+
 }  // namespace ptrain::kernels

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 
+#include "kernels/backends.h"
 #include "kernels/common/math.h"
 
 namespace ptrain::kernels {
@@ -117,9 +118,6 @@ void residual_layernorm_forward_bf16(float* residual, uint16_t* out,
                                      const float* inp1, const float* inp2,
                                      const float* weight, const float* bias,
                                      int B, int T, int C);
-// True when oneDNN may use AVX512_BF16 here (the CPU has it and
-// ONEDNN_MAX_CPU_ISA does not forbid it).
-bool CpuHasBf16();
 // x rounded to the nearest bf16, as gemm_bf16 rounds its operands.
 float Bf16Round(float x);
 

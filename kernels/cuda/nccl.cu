@@ -1,5 +1,5 @@
-// The CUDA module's NCCL collectives (ops_cuda.h DeviceCollectives) on a
-// communication stream beside one backend's, and their entry points. No
+// The CUDA module's NCCL collectives (kernels/backends.h DeviceCollectives) on
+// a communication stream beside one backend's, and their entry points. No
 // kernels of their own.
 #include <nccl.h>
 

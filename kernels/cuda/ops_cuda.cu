@@ -1,7 +1,7 @@
-// The CUDA backend (ops_cuda.h): the backend's lifetime, memory and copies,
-// and the module's entry points. Each op family's kernels and the methods
-// that launch them are in their own source (ops_cuda_impl.h lists them);
-// per-element formulas from kernels/common/math.h.
+// The CUDA backend (kernels/backends.h): the backend's lifetime, memory and
+// copies, and the module's entry points. Each op family's kernels and the
+// methods that launch them are in their own source (ops_cuda_impl.h lists
+// them); per-element formulas from kernels/common/math.h.
 #include <cstdint>
 #include <cstring>
 #include <iterator>

@@ -1,6 +1,6 @@
 // The CUDA backend's private parts, shared by its sources (one per op
 // family, as in kernels/cpu/): launch and reduction helpers, the op timer
-// and the CudaBackend class. Not the module's interface (ops_cuda.h).
+// and the CudaBackend class. Not the module's interface (kernels/backends.h).
 #ifndef PTRAIN_KERNELS_CUDA_OPS_CUDA_IMPL_H_
 #define PTRAIN_KERNELS_CUDA_OPS_CUDA_IMPL_H_
 
@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "common/check.h"
+#include "kernels/backends.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/flash_attention.h"
-#include "kernels/cuda/ops_cuda.h"
 
 namespace ptrain::kernels {
 

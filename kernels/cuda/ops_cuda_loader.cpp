@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/module_path.h"
-#include "kernels/cuda/ops_cuda.h"
+#include "kernels/backends.h"
 
 namespace ptrain::kernels {
 

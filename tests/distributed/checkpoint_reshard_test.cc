@@ -23,10 +23,10 @@
 #include "common/spec.h"
 #include "kernels/cpu/kernels.h"
 #include "tests/testing/weights_copy.h"
-#include "worker/engine/checkpoint.h"
-#include "worker/engine/memory_estimate.h"
-#include "worker/engine/parallel_dims.h"
-#include "worker/engine/trainer.h"
+#include "worker/engine/checkpoint/checkpoint.h"
+#include "worker/engine/parallel/memory_estimate.h"
+#include "worker/engine/parallel/parallel_dims.h"
+#include "worker/engine/train/trainer.h"
 
 namespace ptrain {
 namespace {
@@ -165,7 +165,7 @@ class Reshard : public ::testing::Test {
       MPI_Bcast(straight_[l.name].data(), kEnd, MPI_FLOAT, 0, MPI_COMM_WORLD);
       OnLayout(l, dir, "", [&](Trainer& t) {
         Steps(t, 0, kSave);
-        auto saved = t.SaveCheckpointAt(kSave);
+        auto saved = t.checkpoints().SaveCheckpointAt(kSave);
         EXPECT_TRUE(saved.ok()) << saved.status();
       });
     }
@@ -185,7 +185,7 @@ TEST_F(Reshard, EveryLayoutLoadsEveryLayoutsCheckpoint) {
         Root() + "/" + from.name + "/step-0000000" + std::to_string(kSave);
     for (const Layout& to : kLayouts) {
       OnLayout(to, Root() + "/scratch", ckpt, [&](Trainer& t) {
-        ASSERT_EQ(t.start_step(), kSave);
+        ASSERT_EQ(t.checkpoints().start_step(), kSave);
         const std::vector<float> got = Steps(t, kSave, kEnd);
         double diff = 0;
         bool exact = true;
@@ -218,7 +218,7 @@ TEST_F(Reshard, ShardedLayoutReadsOnlyItsShare) {
       kLayouts[0], dir, "",
       [&](Trainer& t) {
         Steps(t, 0, 1);
-        EXPECT_TRUE(t.SaveCheckpointAt(1).ok());
+        EXPECT_TRUE(t.checkpoints().SaveCheckpointAt(1).ok());
       },
       "256");
   const std::string ckpt = dir + "/step-00000001";
@@ -229,7 +229,8 @@ TEST_F(Reshard, ShardedLayoutReadsOnlyItsShare) {
   OnLayout(
       kLayouts[3], Root() + "/scratch", ckpt,
       [&](Trainer& t) {
-        const double share = double(t.resume_bytes_read()) / files;
+        const double share =
+            double(t.checkpoints().resume_bytes_read()) / files;
         if (WorldRank() == 0) {
           std::printf(
               "zero3 dp2 rank 0 read %.1f%% of a single-rank checkpoint\n",
@@ -290,7 +291,7 @@ TEST_F(Reshard, Bf16WeightsCopyIsTheMasterRoundedForEveryShardedStage) {
         l, dir, "",
         [&](Trainer& t) {
           Steps(t, 0, 3);
-          auto saved = t.SaveCheckpointAt(3);
+          auto saved = t.checkpoints().SaveCheckpointAt(3);
           EXPECT_TRUE(saved.ok()) << saved.status();
           testing::ExpectWeightsCopyIsTheRoundedMaster(t.store(), "saved");
         },

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
-#include "worker/engine/comm.h"
-#include "worker/engine/comm_mpi.h"
-#include "worker/engine/flight_recorder.h"
+#include "worker/engine/comm/comm.h"
+#include "worker/engine/comm/comm_mpi.h"
+#include "worker/engine/comm/flight_recorder.h"
 
 namespace ptrain {
 namespace {

@@ -7,7 +7,7 @@
 // vocab-parallel embedding, head and loss — are checked as a whole
 // GptStage: the loss and every parameter's gradient. Ring attention
 // (context parallelism) over the world against the whole sequence's.
-#include "worker/engine/layers.h"
+#include "worker/engine/model/layers.h"
 
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
-#include "worker/engine/comm_mpi.h"
-#include "worker/engine/gpt_stage.h"
-#include "worker/engine/plan.h"
+#include "worker/engine/comm/comm_mpi.h"
+#include "worker/engine/model/gpt_stage.h"
+#include "worker/engine/model/plan.h"
 
 namespace ptrain {
 namespace {

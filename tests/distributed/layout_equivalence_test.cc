@@ -34,10 +34,10 @@
 #include <vector>
 
 #include "common/spec.h"
-#include "kernels/cuda/ops_cuda.h"
-#include "worker/engine/parallel_dims.h"
-#include "worker/engine/plan.h"
-#include "worker/engine/trainer.h"
+#include "kernels/backends.h"
+#include "worker/engine/model/plan.h"
+#include "worker/engine/parallel/parallel_dims.h"
+#include "worker/engine/train/trainer.h"
 
 namespace ptrain {
 namespace {

@@ -20,11 +20,11 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/backends.h"
 #include "kernels/cpu/kernels.h"
-#include "kernels/cuda/ops_cuda.h"
 #include "kernels/ops.h"
-#include "worker/engine/gpt_stage.h"
-#include "worker/engine/plan.h"
+#include "worker/engine/model/gpt_stage.h"
+#include "worker/engine/model/plan.h"
 
 namespace ptrain {
 namespace {

@@ -10,9 +10,9 @@
 #include <string>
 
 #include "common/spec.h"
-#include "kernels/cuda/ops_cuda.h"
-#include "worker/engine/parallel_dims.h"
-#include "worker/engine/trainer.h"
+#include "kernels/backends.h"
+#include "worker/engine/parallel/parallel_dims.h"
+#include "worker/engine/train/trainer.h"
 
 namespace ptrain {
 namespace {

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "common/spec.h"
-#include "kernels/cuda/ops_cuda.h"
-#include "worker/engine/trainer.h"
+#include "kernels/backends.h"
+#include "worker/engine/train/trainer.h"
 
 namespace ptrain {
 namespace {
@@ -94,24 +94,24 @@ TEST_F(CudaTrainerTest, TrainsAsOnTheCpuAndCheckpointsMoveBetweenDevices) {
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   ExpectClose("gpu", Steps(**gpu, 0, 5),
               std::vector<float>(want.begin(), want.begin() + 5), 1e-4);
-  auto saved = (*gpu)->SaveCheckpointAt(5);
+  auto saved = (*gpu)->checkpoints().SaveCheckpointAt(5);
   ASSERT_TRUE(saved.ok()) << saved.status();
   gpu->reset();
 
   // The GPU's checkpoint continues on the cpu...
   auto on_cpu = Make("cpu", *saved);
   ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
-  ASSERT_EQ((*on_cpu)->start_step(), 5);
+  ASSERT_EQ((*on_cpu)->checkpoints().start_step(), 5);
   ExpectClose("gpu checkpoint on cpu", Steps(**on_cpu, 5, 8),
               std::vector<float>(want.begin() + 5, want.begin() + 8), 1e-4);
-  auto saved_cpu = (*on_cpu)->SaveCheckpointAt(8);
+  auto saved_cpu = (*on_cpu)->checkpoints().SaveCheckpointAt(8);
   ASSERT_TRUE(saved_cpu.ok()) << saved_cpu.status();
   on_cpu->reset();
 
   // ...and the cpu's on the GPU, in bf16 compute this time.
   auto back = Make("cuda", *saved_cpu, {"train.precision=bf16"});
   ASSERT_TRUE(back.ok()) << back.status();
-  ASSERT_EQ((*back)->start_step(), 8);
+  ASSERT_EQ((*back)->checkpoints().start_step(), 8);
   ExpectClose("cpu checkpoint on gpu (bf16)", Steps(**back, 8, 10),
               std::vector<float>(want.begin() + 8, want.end()), 1e-2);
 }
@@ -152,7 +152,7 @@ TEST_F(CudaTrainerTest, OffloadedOptimizerTracksTheOneOnTheGpu) {
     auto first = Make("cuda", "", off);
     ASSERT_TRUE(first.ok()) << first.status();
     Steps(**first, 0, 20);
-    auto saved = (*first)->SaveCheckpointAt(20);
+    auto saved = (*first)->checkpoints().SaveCheckpointAt(20);
     ASSERT_TRUE(saved.ok()) << saved.status();
     first->reset();
     auto resumed = Make("cuda", *saved, off);

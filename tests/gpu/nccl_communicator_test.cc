@@ -19,11 +19,11 @@
 #include <vector>
 
 #include "common/spec.h"
-#include "kernels/cuda/ops_cuda.h"
-#include "worker/engine/comm_mpi.h"
-#include "worker/engine/comm_nccl.h"
-#include "worker/engine/parallel_dims.h"
-#include "worker/engine/trainer.h"
+#include "kernels/backends.h"
+#include "worker/engine/comm/comm_mpi.h"
+#include "worker/engine/comm/comm_nccl.h"
+#include "worker/engine/parallel/parallel_dims.h"
+#include "worker/engine/train/trainer.h"
 
 namespace ptrain {
 namespace {

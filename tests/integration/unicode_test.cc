@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/spec.h"
+#include "common/utf8.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/process.h"

@@ -16,10 +16,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/backends.h"
 #include "kernels/common/math.h"
 #include "kernels/cpu/bf16.h"
 #include "kernels/cpu/kernels.h"
-#include "kernels/cuda/ops_cuda.h"
 #include "kernels/ops.h"
 
 namespace ptrain::kernels {

@@ -83,7 +83,7 @@ def gpt_forward(p, idx, targets, L, NH):
 
 
 def learning_rate(step, lr, min_lr, warmup, steps):
-    # Same schedule as worker/engine/optimizer.cc LearningRate().
+    # Same schedule as worker/engine/parallel/optimizer.cc LearningRate().
     if step < warmup:
         return lr * (step + 1) / warmup
     decay_steps = steps - warmup

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
-#include "worker/engine/zero_store.h"
+#include "worker/engine/parallel/zero_store.h"
 
 namespace ptrain::testing {
 

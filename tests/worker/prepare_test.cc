@@ -27,8 +27,9 @@
 
 #include "common/confined_fs.h"
 #include "common/tokenizer.h"
+#include "common/utf8.h"
 #include "nlohmann/json.hpp"
-#include "worker/engine/data.h"
+#include "worker/engine/data/data.h"
 #include "worker/prepare_plan.h"
 
 namespace ptrain {

@@ -22,9 +22,10 @@
 
 #include "absl/strings/str_format.h"
 #include "common/spec.h"
+#include "common/utf8.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/shell.h"
-#include "worker/engine/checkpoint.h"
+#include "worker/engine/checkpoint/checkpoint.h"
 
 namespace {
 

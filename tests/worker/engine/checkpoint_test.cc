@@ -2,7 +2,7 @@
 // damaged checkpoint, a manifest covered by its digest and validated number
 // by number, clear refusals that leave the disk untouched, pruning that
 // never touches another job's steps, and the llm.c format round trip.
-#include "worker/engine/checkpoint.h"
+#include "worker/engine/checkpoint/checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <openssl/evp.h>
@@ -23,7 +23,7 @@
 #include "common/spec.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/weights_copy.h"
-#include "worker/engine/trainer.h"
+#include "worker/engine/train/trainer.h"
 
 namespace ptrain {
 namespace {
@@ -110,9 +110,9 @@ class CheckpointTest : public ::testing::Test {
   void SaveFiveAndTen(const v1::JobSpec& spec) {
     auto t = Make(spec);
     Steps(*t, 0, 5);
-    ASSERT_TRUE(t->SaveCheckpointAt(5).ok());
+    ASSERT_TRUE(t->checkpoints().SaveCheckpointAt(5).ok());
     Steps(*t, 5, 10);
-    ASSERT_TRUE(t->SaveCheckpointAt(10).ok());
+    ASSERT_TRUE(t->checkpoints().SaveCheckpointAt(10).ok());
   }
   // Checkpoint 10 of SaveFiveAndTen is damaged: "latest" falls back to 5,
   // naming it is DataLoss with `needle` in the message, and neither
@@ -121,7 +121,7 @@ class CheckpointTest : public ::testing::Test {
     const auto before = Snapshot();
     auto resumed = Make(spec, "latest");
     ASSERT_NE(resumed, nullptr);
-    EXPECT_EQ(resumed->start_step(), 5);
+    EXPECT_EQ(resumed->checkpoints().start_step(), 5);
     const absl::Status s = MakeStatus(spec, StepDir(10));
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
     EXPECT_NE(s.message().find(needle), std::string::npos) << s;
@@ -148,7 +148,7 @@ class CheckpointTest : public ::testing::Test {
   // `needle`) and leaves the disk as it was.
   void ExpectSaveRefused(Trainer& t, int step, const std::string& needle) {
     const auto before = Snapshot();
-    auto clash = t.SaveCheckpointAt(step);
+    auto clash = t.checkpoints().SaveCheckpointAt(step);
     EXPECT_EQ(clash.status().code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_NE(clash.status().message().find(needle), std::string::npos)
         << clash.status();
@@ -169,10 +169,10 @@ TEST_F(CheckpointTest, ResumeOnTheSameLayoutIsBitExact) {
 
   auto first = Make(spec);
   Steps(*first, 0, 20);
-  ASSERT_TRUE(first->SaveCheckpointAt(20).ok());
+  ASSERT_TRUE(first->checkpoints().SaveCheckpointAt(20).ok());
   first.reset();
   auto resumed = Make(spec, "latest");
-  ASSERT_EQ(resumed->start_step(), 20);
+  ASSERT_EQ(resumed->checkpoints().start_step(), 20);
   const std::vector<float> got = Steps(*resumed, 20, 40);
   for (int i = 0; i < 20; ++i) {
     ASSERT_EQ(got[i], want[20 + i]) << "step " << 21 + i;  // to the last bit
@@ -220,12 +220,12 @@ TEST_F(CheckpointTest, NanRollsBackToTheCheckpointAndSkipsItsDataWindow) {
   }
   ASSERT_EQ(rollbacks, 1);
   ASSERT_EQ(after.size(), 20u);
-  EXPECT_EQ((*run)->skipped_steps(), 10);
+  EXPECT_EQ((*run)->feed().skipped_steps(), 10);
 
   auto resumed = Make(Spec(40, 0), StepDir(20));
   ASSERT_NE(resumed, nullptr);
-  EXPECT_EQ(resumed->skipped_steps(), 0);  // that checkpoint had none
-  resumed->SkipData(10);
+  EXPECT_EQ(resumed->feed().skipped_steps(), 0);  // that checkpoint had none
+  resumed->feed().SkipData(10);
   const std::vector<float> want = Steps(*resumed, 20, 40);
   for (int i = 0; i < 20; ++i) {
     ASSERT_EQ(after[i], want[i]) << "step " << 21 + i;  // to the last bit
@@ -233,7 +233,7 @@ TEST_F(CheckpointTest, NanRollsBackToTheCheckpointAndSkipsItsDataWindow) {
   const json manifest =
       json::parse(ReadAll(fs::path(StepDir(40)) / "manifest.json"));
   EXPECT_EQ(manifest["sampler"]["skipped_steps"], 10);
-  EXPECT_EQ(Make(Spec(40, 0), StepDir(30))->skipped_steps(), 10);
+  EXPECT_EQ(Make(Spec(40, 0), StepDir(30))->feed().skipped_steps(), 10);
 }
 
 // A run resumed from an older checkpoint (step 10) of a folder that holds
@@ -271,15 +271,15 @@ TEST_F(CheckpointTest, RollbackReturnsAlongItsOwnHistoryNeverForward) {
     EXPECT_EQ(r["skipped_steps"], 2);
   }
   EXPECT_EQ(rollbacks, 1);
-  EXPECT_EQ((*run)->skipped_steps(), 2);
+  EXPECT_EQ((*run)->feed().skipped_steps(), 2);
   for (int step = 10; step <= 80; step += 10) {
     auto back = Make(Spec(80, 0), StepDir(step));
     ASSERT_NE(back, nullptr) << StepDir(step);
-    EXPECT_EQ(back->skipped_steps(), step > 40 ? 2 : 0) << StepDir(step);
+    EXPECT_EQ(back->feed().skipped_steps(), step > 40 ? 2 : 0) << StepDir(step);
   }
   auto latest = Make(Spec(90, 0), "latest");
   ASSERT_NE(latest, nullptr);
-  EXPECT_EQ(latest->start_step(), 80);
+  EXPECT_EQ(latest->checkpoints().start_step(), 80);
 }
 
 // The writer checks a manifest as its reader will before it commits it: a
@@ -289,8 +289,8 @@ TEST_F(CheckpointTest, ACheckpointItsReaderWouldRefuseIsNeverCommitted) {
   auto t = Make(Spec(10, 0));
   ASSERT_NE(t, nullptr);
   Steps(*t, 0, 5);
-  t->SkipData(-3);
-  auto saved = t->SaveCheckpointAt(5);
+  t->feed().SkipData(-3);
+  auto saved = t->checkpoints().SaveCheckpointAt(5);
   EXPECT_EQ(saved.status().code(), absl::StatusCode::kInternal)
       << saved.status();
   EXPECT_NE(saved.status().message().find("skipped_steps"), std::string::npos)
@@ -343,7 +343,7 @@ TEST_F(CheckpointTest, Bf16WeightsCopyIsTheMasterRoundedWhereverItIsRead) {
 
   auto first = Make(spec);
   Steps(*first, 0, 3);
-  ASSERT_TRUE(first->SaveCheckpointAt(3).ok());
+  ASSERT_TRUE(first->checkpoints().SaveCheckpointAt(3).ok());
   testing::ExpectWeightsCopyIsTheRoundedMaster(first->store(), "after a save");
   first.reset();
   auto resumed = Make(spec, StepDir(3));
@@ -370,23 +370,23 @@ TEST_F(CheckpointTest, BackgroundSaveWritesItsStepWhileTrainingGoesOn) {
   auto t = Trainer::Create(spec, opt);
   ASSERT_TRUE(t.ok()) << t.status();
   Steps(**t, 0, 10);
-  auto started = (*t)->StartCheckpointAt(10);
+  auto started = (*t)->checkpoints().StartCheckpointAt(10);
   ASSERT_TRUE(started.ok()) << started.status();
   EXPECT_FALSE(*started);
-  EXPECT_TRUE((*t)->background_checkpoint_pending());
+  EXPECT_TRUE((*t)->checkpoints().background_checkpoint_pending());
   EXPECT_FALSE(fs::exists(StepDir(10))) << "committed before it was written";
   Steps(**t, 10, 15);  // while the thread sleeps halfway through the shard
-  auto dir = (*t)->FinishBackgroundCheckpoint();
+  auto dir = (*t)->checkpoints().FinishBackgroundCheckpoint();
   ASSERT_TRUE(dir.ok()) << dir.status();
   EXPECT_EQ(*dir, StepDir(10));
-  EXPECT_FALSE((*t)->background_checkpoint_pending());
+  EXPECT_FALSE((*t)->checkpoints().background_checkpoint_pending());
   EXPECT_FALSE(fs::exists(StepDir(10) + ".tmp"));
 
   // The same step saved blocking, by a twin run, into another folder.
   const fs::path other = root_ / "blocking";
   auto twin = Make(Spec(20, 0, {"checkpoint.dir=" + other.string()}));
   Steps(*twin, 0, 10);
-  auto blocking = twin->SaveCheckpointAt(10);
+  auto blocking = twin->checkpoints().SaveCheckpointAt(10);
   ASSERT_TRUE(blocking.ok()) << blocking.status();
   const std::string shard = ReadAll(fs::path(*dir) / "shard-00000.bin");
   EXPECT_FALSE(shard.empty());
@@ -399,7 +399,7 @@ TEST_F(CheckpointTest, BackgroundSaveWritesItsStepWhileTrainingGoesOn) {
 
   auto resumed = Make(spec, *dir);
   ASSERT_NE(resumed, nullptr);
-  ASSERT_EQ(resumed->start_step(), 10);
+  ASSERT_EQ(resumed->checkpoints().start_step(), 10);
   const std::vector<float> got = Steps(*resumed, 10, 20);
   for (int i = 0; i < 10; ++i) {
     ASSERT_EQ(got[i], want[10 + i]) << "step " << 11 + i;  // to the last bit
@@ -413,19 +413,19 @@ TEST_F(CheckpointTest, BackgroundSaveIsCommittedBeforeTheNextAndNotRepeated) {
   const v1::JobSpec spec = Spec(20, 0, {"checkpoint.async_save=true"});
   auto t = Make(spec);
   Steps(*t, 0, 3);
-  auto started = t->StartCheckpointAt(3);
+  auto started = t->checkpoints().StartCheckpointAt(3);
   ASSERT_TRUE(started.ok() && !*started) << started.status();
   Steps(*t, 3, 4);
-  ASSERT_TRUE(t->SaveCheckpointAt(4).ok());
-  EXPECT_FALSE(t->background_checkpoint_pending());
+  ASSERT_TRUE(t->checkpoints().SaveCheckpointAt(4).ok());
+  EXPECT_FALSE(t->checkpoints().background_checkpoint_pending());
   auto all = ListCheckpoints(root_.string());
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_EQ(*all, (std::vector<std::string>{StepDir(4), StepDir(3)}));
   const auto before = Snapshot();
-  auto again = t->StartCheckpointAt(3);
+  auto again = t->checkpoints().StartCheckpointAt(3);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_TRUE(*again);
-  EXPECT_FALSE(t->background_checkpoint_pending());
+  EXPECT_FALSE(t->checkpoints().background_checkpoint_pending());
   EXPECT_EQ(Snapshot(), before);
 }
 
@@ -445,7 +445,7 @@ TEST_F(CheckpointTest, StopRequestSavesItsStepAndEndsTheRun) {
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_TRUE((*t)->Run().ok());
   EXPECT_TRUE((*t)->stopped());
-  EXPECT_FALSE((*t)->background_checkpoint_pending());
+  EXPECT_FALSE((*t)->checkpoints().background_checkpoint_pending());
   auto all = ListCheckpoints(root_.string());
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_EQ(*all, std::vector<std::string>{StepDir(1)});
@@ -453,13 +453,13 @@ TEST_F(CheckpointTest, StopRequestSavesItsStepAndEndsTheRun) {
   EXPECT_NE(log.find(R"("type":"stop")"), std::string::npos) << log;
   auto resumed = Make(spec, "latest");
   ASSERT_NE(resumed, nullptr);
-  EXPECT_EQ(resumed->start_step(), 1);
+  EXPECT_EQ(resumed->checkpoints().start_step(), 1);
 }
 
 TEST_F(CheckpointTest, ManifestIndexesEveryTensorWithShapeAndChecksums) {
   auto t = Make(Spec(2, 0));
   Steps(*t, 0, 2);
-  auto dir = t->SaveCheckpointAt(2);
+  auto dir = t->checkpoints().SaveCheckpointAt(2);
   ASSERT_TRUE(dir.ok()) << dir.status();
   EXPECT_EQ(*dir, StepDir(2));
   EXPECT_FALSE(fs::exists(StepDir(2) + ".tmp"));
@@ -494,9 +494,9 @@ TEST_F(CheckpointTest, FlippedByteMakesLatestFallBackAndExplicitDirFail) {
   const v1::JobSpec spec = Spec(10, 5);
   auto t = Make(spec);
   Steps(*t, 0, 5);
-  ASSERT_TRUE(t->SaveCheckpointAt(5).ok());
+  ASSERT_TRUE(t->checkpoints().SaveCheckpointAt(5).ok());
   Steps(*t, 5, 10);
-  ASSERT_TRUE(t->SaveCheckpointAt(10).ok());
+  ASSERT_TRUE(t->checkpoints().SaveCheckpointAt(10).ok());
   {
     std::fstream f(StepDir(10) + "/shard-00000.bin",
                    std::ios::in | std::ios::out | std::ios::binary);
@@ -521,20 +521,20 @@ TEST_F(CheckpointTest, FolderWithoutManifestIsNotACommittedCheckpoint) {
   // `latest` ignores the uncommitted folder and starts fresh.
   auto t = Make(Spec(10, 5), "latest");
   ASSERT_NE(t, nullptr);
-  EXPECT_EQ(t->start_step(), 0);
+  EXPECT_EQ(t->checkpoints().start_step(), 0);
 }
 
 TEST_F(CheckpointTest, LatestWithoutACheckpointFolderStartsFresh) {
   // ptcoord passes --resume-from latest to every job, with or without one.
   auto t = Make(Spec(2, 0, {"checkpoint.dir=''"}), "latest");
   ASSERT_NE(t, nullptr);
-  EXPECT_EQ(t->start_step(), 0);
+  EXPECT_EQ(t->checkpoints().start_step(), 0);
 }
 
 TEST_F(CheckpointTest, OtherModelShapeNamesTheFirstMismatchingTensor) {
   auto t = Make(Spec(2, 0));
   Steps(*t, 0, 2);
-  ASSERT_TRUE(t->SaveCheckpointAt(2).ok());
+  ASSERT_TRUE(t->checkpoints().SaveCheckpointAt(2).ok());
   const auto before = Snapshot();
   const absl::Status s =
       MakeStatus(Spec(4, 0, {"model.n_embd=32"}), StepDir(2));
@@ -551,7 +551,7 @@ TEST_F(CheckpointTest, OtherModelShapeNamesTheFirstMismatchingTensor) {
   // `latest` skips it (standalone runs of several models share folders).
   auto fresh = Make(Spec(4, 0, {"model.n_embd=32"}), "latest");
   ASSERT_NE(fresh, nullptr);
-  EXPECT_EQ(fresh->start_step(), 0);
+  EXPECT_EQ(fresh->checkpoints().start_step(), 0);
   EXPECT_EQ(Snapshot(), before);
 }
 
@@ -573,7 +573,7 @@ TEST_F(CheckpointTest, KeepLastPrunesOnlyAfterCommit) {
 TEST_F(CheckpointTest, LlmcExportThenInitFromGivesIdenticalWeights) {
   auto t = Make(Spec(3, 0));
   Steps(*t, 0, 3);
-  auto dir = t->SaveCheckpointAt(3);
+  auto dir = t->checkpoints().SaveCheckpointAt(3);
   ASSERT_TRUE(dir.ok());
   auto reader = CheckpointReader::Open(*dir);
   ASSERT_TRUE(reader.ok());
@@ -667,7 +667,7 @@ TEST_F(CheckpointTest, EveryBadManifestNumberIsRefusedBeforeAnyRead) {
   {
     auto t = Make(spec);
     Steps(*t, 0, 2);
-    ASSERT_TRUE(t->SaveCheckpointAt(2).ok());
+    ASSERT_TRUE(t->checkpoints().SaveCheckpointAt(2).ok());
   }
   const std::string pristine = StepDir(2);
   const json m0 = json::parse(ReadAll(fs::path(pristine) / "manifest.json"));
@@ -817,7 +817,7 @@ TEST_F(CheckpointTest, NegativeOrHugeStepIsDamagedAndLatestFallsBack) {
         StepDir(10), [&](json& m) { m["step"] = step; }, true);
     auto resumed = Make(spec, "latest");
     ASSERT_NE(resumed, nullptr);
-    EXPECT_EQ(resumed->start_step(), 5) << step;
+    EXPECT_EQ(resumed->checkpoints().start_step(), 5) << step;
     const absl::Status s = MakeStatus(spec, StepDir(10));
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   }
@@ -826,7 +826,7 @@ TEST_F(CheckpointTest, NegativeOrHugeStepIsDamagedAndLatestFallsBack) {
 TEST_F(CheckpointTest, ModelSettingThatShapesDoNotShowIsChecked) {
   const v1::JobSpec spec = Spec(2, 0);
   auto t = Make(spec);
-  ASSERT_TRUE(t->SaveCheckpointAt(0).ok());
+  ASSERT_TRUE(t->checkpoints().SaveCheckpointAt(0).ok());
   auto reader = CheckpointReader::Open(StepDir(0));
   ASSERT_TRUE(reader.ok()) << reader.status();
   GptConfig other = t->model().config();
@@ -844,7 +844,7 @@ TEST_F(CheckpointTest, LatestRefusesAnotherJobsCheckpointNamingBothUids) {
   {
     auto t = Make(spec, "", "job-a");
     Steps(*t, 0, 2);
-    ASSERT_TRUE(t->SaveCheckpointAt(2).ok());
+    ASSERT_TRUE(t->checkpoints().SaveCheckpointAt(2).ok());
   }
   auto reader = CheckpointReader::Open(StepDir(2));
   ASSERT_TRUE(reader.ok());
@@ -858,14 +858,14 @@ TEST_F(CheckpointTest, LatestRefusesAnotherJobsCheckpointNamingBothUids) {
   EXPECT_EQ(Snapshot(), before);
   auto same = Make(spec, "latest", "job-a");
   ASSERT_NE(same, nullptr);
-  EXPECT_EQ(same->start_step(), 2);
+  EXPECT_EQ(same->checkpoints().start_step(), 2);
   // A standalone run has no job of its own to tell apart: it goes on from
   // the newest checkpoint of its model and data, as that job.
   auto standalone = Make(spec, "latest", "");
   ASSERT_NE(standalone, nullptr);
-  EXPECT_EQ(standalone->start_step(), 2);
+  EXPECT_EQ(standalone->checkpoints().start_step(), 2);
   Steps(*standalone, 2, 4);
-  ASSERT_TRUE(standalone->SaveCheckpointAt(4).ok());
+  ASSERT_TRUE(standalone->checkpoints().SaveCheckpointAt(4).ok());
   auto uid = CheckpointJobUid(StepDir(4));
   ASSERT_TRUE(uid.ok());
   EXPECT_EQ(*uid, "job-a");
@@ -875,10 +875,12 @@ TEST_F(CheckpointTest, JobsSharingAFolderNeverPruneOrOverwriteEachOther) {
   const v1::JobSpec spec = Spec(8, 2, {"checkpoint.keep_last=1"});
   auto a = Make(spec, "", "job-a");
   auto b = Make(spec, "", "job-b");
-  ASSERT_TRUE(a->SaveCheckpointAt(1).ok());
-  ASSERT_TRUE(b->SaveCheckpointAt(2).ok());
-  ASSERT_TRUE(a->SaveCheckpointAt(3).ok());  // prunes a's step 1 only
-  ASSERT_TRUE(b->SaveCheckpointAt(4).ok());  // prunes b's step 2 only
+  ASSERT_TRUE(a->checkpoints().SaveCheckpointAt(1).ok());
+  ASSERT_TRUE(b->checkpoints().SaveCheckpointAt(2).ok());
+  ASSERT_TRUE(
+      a->checkpoints().SaveCheckpointAt(3).ok());  // prunes a's step 1 only
+  ASSERT_TRUE(
+      b->checkpoints().SaveCheckpointAt(4).ok());  // prunes b's step 2 only
   auto all = ListCheckpoints(root_.string());
   ASSERT_TRUE(all.ok());
   EXPECT_EQ(*all, (std::vector<std::string>{StepDir(4), StepDir(3)}));
@@ -899,7 +901,7 @@ TEST_F(CheckpointTest, StepsPastEightDigitsAreListedInOrder) {
 
 TEST_F(CheckpointTest, ReadOutsideATensorIsAnErrorNotAnOverflow) {
   auto t = Make(Spec(2, 0));
-  ASSERT_TRUE(t->SaveCheckpointAt(0).ok());
+  ASSERT_TRUE(t->checkpoints().SaveCheckpointAt(0).ok());
   auto reader = CheckpointReader::Open(StepDir(0));
   ASSERT_TRUE(reader.ok());
   float x[4];
@@ -948,7 +950,7 @@ TEST_F(CheckpointTest, LatestSkipsAnotherModelsNewerStepAndGoesOnAsItsRun) {
   // Model a again, further: b's step 4 is newer but of another model.
   auto resumed = Make(Spec(6, 3, keep1), "latest");
   ASSERT_NE(resumed, nullptr);
-  EXPECT_EQ(resumed->start_step(), 2);
+  EXPECT_EQ(resumed->checkpoints().start_step(), 2);
   ASSERT_TRUE(resumed->Run().ok());
   // The resumed run is run a: it pruned a's steps 2 and 3, never b's 4.
   auto all = ListCheckpoints(root_.string());
@@ -973,13 +975,13 @@ TEST_F(CheckpointTest, LatestTellsDataByItsTokensNotByItsPath) {
   ASSERT_TRUE(t->Run().ok());
   auto other = Make(Spec(4, 0, {dir}), "latest");
   ASSERT_NE(other, nullptr);
-  EXPECT_EQ(other->start_step(), 0);
+  EXPECT_EQ(other->checkpoints().start_step(), 0);
   // Named, it loads: the vocabulary is the same, the folder the user's
   // choice.
   auto named =
       Make(Spec(4, 0, {dir}), (root_ / "ck" / "step-00000002").string());
   ASSERT_NE(named, nullptr);
-  EXPECT_EQ(named->start_step(), 2);
+  EXPECT_EQ(named->checkpoints().start_step(), 2);
   // The tokens, under another name, are the same data.
   auto u = Make(Spec(6, 6, {dir}));
   ASSERT_TRUE(u->Run().ok());
@@ -987,7 +989,7 @@ TEST_F(CheckpointTest, LatestTellsDataByItsTokensNotByItsPath) {
       Make(Spec(8, 0, {"data.path=" + (root_ / "copy.txt").string(), dir}),
            "latest");
   ASSERT_NE(same, nullptr);
-  EXPECT_EQ(same->start_step(), 6);
+  EXPECT_EQ(same->checkpoints().start_step(), 6);
 }
 
 TEST_F(CheckpointTest, AnotherRunsStepIsNamedAtStartAndNeverOverwritten) {
@@ -1007,8 +1009,8 @@ TEST_F(CheckpointTest, AnotherRunsStepIsNamedAtStartAndNeverOverwritten) {
   // Going on from that run is no clash: its steps are the run's own.
   auto resumed = Make(Spec(8, 4), "latest");
   ASSERT_NE(resumed, nullptr);
-  EXPECT_EQ(resumed->start_step(), 4);
-  EXPECT_TRUE(resumed->SaveCheckpointAt(4).ok());
+  EXPECT_EQ(resumed->checkpoints().start_step(), 4);
+  EXPECT_TRUE(resumed->checkpoints().SaveCheckpointAt(4).ok());
 }
 
 // A UTF-8 text whose characters take one to four bytes.
@@ -1040,7 +1042,7 @@ TEST_F(CheckpointTest, UnicodeVocabularyIsRecordedAsCharactersAndResumes) {
   EXPECT_NE(m["vocab"].get<std::string>().find("東"), std::string::npos);
   auto resumed = Make(Spec(4, 2, data), "latest");
   ASSERT_NE(resumed, nullptr);
-  EXPECT_EQ(resumed->start_step(), 2);
+  EXPECT_EQ(resumed->checkpoints().start_step(), 2);
 }
 
 TEST_F(CheckpointTest, FormatThreeByteVocabularyStillResumes) {
@@ -1053,7 +1055,7 @@ TEST_F(CheckpointTest, FormatThreeByteVocabularyStillResumes) {
       /*redigest=*/true);
   auto resumed = Make(Spec(4, 2), "latest");
   ASSERT_NE(resumed, nullptr);
-  EXPECT_EQ(resumed->start_step(), 2);
+  EXPECT_EQ(resumed->checkpoints().start_step(), 2);
 }
 
 TEST_F(CheckpointTest, VocabularyThatIsNotOneIncreasingRunOfCharsIsDamaged) {

@@ -11,7 +11,7 @@
 
 #include "common/spec.h"
 #include "kernels/cpu/kernels.h"
-#include "worker/engine/trainer.h"
+#include "worker/engine/train/trainer.h"
 
 namespace ptrain {
 namespace {

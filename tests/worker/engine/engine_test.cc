@@ -21,15 +21,16 @@
 
 #include "common/spec.h"
 #include "common/tokenizer.h"
+#include "common/utf8.h"
 #include "kernels/cpu/kernels.h"
-#include "worker/engine/anomaly.h"
-#include "worker/engine/data.h"
-#include "worker/engine/gpt_stage.h"
-#include "worker/engine/optimizer.h"
-#include "worker/engine/rng.h"
-#include "worker/engine/runlog.h"
-#include "worker/engine/trainer.h"
-#include "worker/engine/zero_store.h"
+#include "worker/engine/data/data.h"
+#include "worker/engine/model/gpt_stage.h"
+#include "worker/engine/model/rng.h"
+#include "worker/engine/parallel/optimizer.h"
+#include "worker/engine/parallel/zero_store.h"
+#include "worker/engine/report/runlog.h"
+#include "worker/engine/train/anomaly.h"
+#include "worker/engine/train/trainer.h"
 
 namespace ptrain {
 namespace {
@@ -1369,9 +1370,9 @@ TEST(TrainerSample, KvCacheGivesTheTokensOfRecomputation) {
   for (int64_t step = 0; step < 60; ++step) (*trainer)->TrainStep(step);
   for (uint64_t salt : {1u, 2u}) {
     const std::string cached =
-        (*trainer)->Sample(salt, Trainer::SampleMode::kKvCache);
+        (*trainer)->sampler().Sample(salt, TextSampler::Mode::kKvCache);
     const std::string recomputed =
-        (*trainer)->Sample(salt, Trainer::SampleMode::kRecompute);
+        (*trainer)->sampler().Sample(salt, TextSampler::Mode::kRecompute);
     std::printf("salt %llu: %s\n", static_cast<unsigned long long>(salt),
                 cached.c_str());
     EXPECT_EQ(cached, recomputed) << "salt " << salt;
@@ -1399,7 +1400,7 @@ TEST(TrainerSample, Gpt2SamplesAreText) {
   auto trainer = Trainer::Create(*spec, options);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   for (int64_t step = 0; step < 30; ++step) (*trainer)->TrainStep(step);
-  const std::string sample = (*trainer)->Sample(1);
+  const std::string sample = (*trainer)->sampler().Sample(1);
   std::printf("sample: %s\n", sample.c_str());
   EXPECT_EQ(sample.rfind("To be", 0), 0u) << sample;
   EXPECT_GT(sample.size(), std::string("To be").size());
@@ -1543,7 +1544,7 @@ TEST(TrainerSample, SampleOfAUnicodeTextIsUtf8) {
   auto trainer = Trainer::Create(*spec, options);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   for (uint64_t salt : {1u, 2u, 3u}) {
-    const std::string text = (*trainer)->Sample(salt);
+    const std::string text = (*trainer)->sampler().Sample(salt);
     EXPECT_EQ(FirstInvalidUtf8(text), -1) << text;
     EXPECT_EQ(text.rfind("Ça", 0), 0u) << text;
   }

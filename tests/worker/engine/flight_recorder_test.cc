@@ -1,6 +1,6 @@
 // The flight recorder's ring, numbering and dump (docs/diagnose.md),
 // without MPI: calls are recorded as the communicators record them.
-#include "worker/engine/flight_recorder.h"
+#include "worker/engine/comm/flight_recorder.h"
 
 #include <unistd.h>
 

@@ -2,7 +2,7 @@
 // over a low measurement taken under load, per host, CPU, backend and
 // thread count; an MFU above 100% always comes with a warning that the peak
 // was low.
-#include "worker/engine/flops.h"
+#include "worker/engine/model/flops.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -3,7 +3,7 @@
 // message naming the fields. (tests/worker/engine/memory_test.cc and
 // tests/distributed/checkpoint_reshard_test.cc compare it with the engine's
 // own buffers.)
-#include "worker/engine/memory_estimate.h"
+#include "worker/engine/parallel/memory_estimate.h"
 
 #include <gtest/gtest.h>
 

@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include "common/spec.h"
-#include "worker/engine/memory_estimate.h"
-#include "worker/engine/trainer.h"
+#include "worker/engine/parallel/memory_estimate.h"
+#include "worker/engine/train/trainer.h"
 
 namespace ptrain {
 namespace {

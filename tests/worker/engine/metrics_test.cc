@@ -1,6 +1,6 @@
 // A rank's /metrics page: the DESIGN.md §7 names, the rank's labels, and the
 // values the trainer last reported, fetched over HTTP as Prometheus does.
-#include "worker/engine/metrics.h"
+#include "worker/engine/report/metrics.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>

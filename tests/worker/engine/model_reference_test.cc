@@ -11,7 +11,7 @@
 
 #include "kernels/cpu/kernels.h"
 #include "tests/worker/engine/reference_io.h"
-#include "worker/engine/optimizer.h"
+#include "worker/engine/parallel/optimizer.h"
 
 namespace ptrain {
 namespace {

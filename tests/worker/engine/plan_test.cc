@@ -1,7 +1,7 @@
 // The parallel plan's steps, each on its own: the tensor table, stages, the
 // tensor-parallel plan (every element of every tensor held by exactly one
 // tp rank, or by all when replicated), ZeRO units.
-#include "worker/engine/plan.h"
+#include "worker/engine/model/plan.h"
 
 #include <gtest/gtest.h>
 

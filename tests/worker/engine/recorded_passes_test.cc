@@ -17,11 +17,11 @@
 #include "kernels/cpu/kernels.h"
 #include "kernels/ops.h"
 #include "tests/testing/recording_ops.h"
-#include "worker/engine/gpt_stage.h"
-#include "worker/engine/optimizer.h"
-#include "worker/engine/plan.h"
-#include "worker/engine/rng.h"
-#include "worker/engine/zero_store.h"
+#include "worker/engine/model/gpt_stage.h"
+#include "worker/engine/model/plan.h"
+#include "worker/engine/model/rng.h"
+#include "worker/engine/parallel/optimizer.h"
+#include "worker/engine/parallel/zero_store.h"
 
 namespace ptrain {
 namespace {

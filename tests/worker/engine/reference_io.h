@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "ptrain/v1/job.pb.h"
-#include "worker/engine/gpt_stage.h"
-#include "worker/engine/rng.h"
+#include "worker/engine/model/gpt_stage.h"
+#include "worker/engine/model/rng.h"
 
 namespace ptrain::testing {
 

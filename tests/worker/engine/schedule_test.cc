@@ -1,7 +1,7 @@
 // Pipeline schedules: the textbook orders, every pass exactly once, orders
 // that neighbours can follow without deadlock, the activation-stash bound,
 // and the bubble a simulation of each yields against the analytic one.
-#include "worker/engine/schedule.h"
+#include "worker/engine/parallel/schedule.h"
 
 #include <gtest/gtest.h>
 

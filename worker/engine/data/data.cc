@@ -1,0 +1,749 @@
+#include "worker/engine/data/data.h"
+
+#include <fcntl.h>
+#include <glob.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/check.h"
+#include "common/spec.h"
+#include "unicode/utf8.h"
+#include "worker/engine/data/token_file.h"
+#include "worker/engine/model/rng.h"
+
+namespace ptrain {
+
+namespace {
+
+constexpr char32_t kMaxCodePoint = 0x10FFFF;
+
+// Calls f(c, offset) for each character of `text` in order, c its code
+// point, or negative for a byte sequence that is not UTF-8 (ICU's U8_NEXT
+// decides, so overlong forms and surrogates are not characters), until f
+// returns false. ICU indexes with int32_t: a text is walked in windows of
+// at most 1 GiB, each left where a character begins.
+template <typename F>
+void ForEachChar(std::string_view text, F&& f) {
+  constexpr size_t kWindow = size_t{1} << 30;
+  const auto* s = reinterpret_cast<const uint8_t*>(text.data());
+  size_t base = 0;
+  while (base < text.size()) {
+    const size_t left = text.size() - base;
+    const auto n = static_cast<int32_t>(std::min(left, kWindow));
+    // Short of a window's end by U8_MAX_LENGTH - 1 bytes, a character
+    // begun there ends inside it.
+    const int32_t stop = left <= kWindow ? n : n - (U8_MAX_LENGTH - 1);
+    int32_t i = 0;
+    while (i < stop) {
+      const int32_t at = i;
+      UChar32 c = 0;
+      U8_NEXT(s + base, i, n, c);
+      if (!f(c, base + at)) return;
+    }
+    base += i;
+  }
+}
+
+// The token count of an llm.c token file of `file_bytes` bytes whose first
+// bytes are `head` (at least the header's when the file has them).
+absl::StatusOr<int64_t> CheckTokenHeader(absl::string_view head,
+                                         int64_t file_bytes,
+                                         absl::string_view field,
+                                         absl::string_view path) {
+  int32_t header[kTokenFileHeaderInts];
+  if (file_bytes < static_cast<int64_t>(sizeof(header)) ||
+      head.size() < sizeof(header)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", path, "' is ", file_bytes,
+                     " bytes, shorter than the 1024-byte llm.c token header"));
+  }
+  std::memcpy(header, head.data(), sizeof(header));
+  if (header[0] != kTokenFileMagic) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", path, "' has bad magic ", header[0],
+                     " (expected ", kTokenFileMagic, ")"));
+  }
+  if (header[1] != kTokenFileVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", path, "' has version ", header[1],
+                     " (expected ", kTokenFileVersion, ")"));
+  }
+  const int64_t count = header[2];
+  const int64_t want = static_cast<int64_t>(sizeof(header)) + 2 * count;
+  if (count < 0 || file_bytes != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", path, "' header says ", count, " tokens (",
+                     want, " bytes) but the file has ", file_bytes, " bytes"));
+  }
+  return count;
+}
+
+// Ok when every token is below vocab_size, else the error naming the first
+// that is not.
+absl::Status CheckTokensInVocabulary(const uint16_t* tokens, int64_t count,
+                                     int vocab_size, absl::string_view field,
+                                     absl::string_view path) {
+  // The first offender over all threads (a file can be gigabytes).
+  int64_t first = count;
+#pragma omp parallel for schedule(static) reduction(min : first)
+  for (int64_t i = 0; i < count; ++i) {
+    if (tokens[i] >= vocab_size && i < first) first = i;
+  }
+  if (first == count) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": token ", tokens[first], " at position ", first, " of '", path,
+      "' is outside the model's vocabulary of ", vocab_size));
+}
+
+// A read of a mapped token file past its end (the file was truncated while
+// mapped) raises SIGBUS. The mappings are registered here so that the
+// handler names the file and ends the rank with exit 1, a failure during
+// training (the job restarts from its last checkpoint and maps the file
+// anew), instead of a bare crash. Registration happens while loading, on
+// one thread; the handler only reads.
+struct MappedFile {
+  std::atomic<const char*> begin{nullptr};
+  const char* end = nullptr;
+  char path[512] = {};
+};
+constexpr int kMaxMappedFiles = 4096;
+MappedFile g_mapped[kMaxMappedFiles];
+std::atomic<int> g_mapped_count{0};
+struct sigaction g_previous_sigbus {};
+
+void WriteStderr(const char* text) {
+  const ssize_t ignored = ::write(STDERR_FILENO, text, std::strlen(text));
+  (void)ignored;
+}
+
+void OnSigbus(int sig, siginfo_t* info, void* context) {
+  const char* addr = static_cast<const char*>(info->si_addr);
+  const int n = g_mapped_count.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    const char* begin = g_mapped[i].begin.load(std::memory_order_acquire);
+    if (begin != nullptr && addr >= begin && addr < g_mapped[i].end) {
+      WriteStderr("ptworker: error: token file '");
+      WriteStderr(g_mapped[i].path);
+      WriteStderr(
+          "' became shorter while this rank reads it (SIGBUS); write new "
+          "data to a new file and rename it over the old one instead\n");
+      ::_exit(1);
+    }
+  }
+  // Not a token file: what the signal did before, for the fault to be
+  // reported as it would have been.
+  if (g_previous_sigbus.sa_flags & SA_SIGINFO) {
+    if (g_previous_sigbus.sa_sigaction != nullptr) {
+      g_previous_sigbus.sa_sigaction(sig, info, context);
+      return;
+    }
+  } else if (g_previous_sigbus.sa_handler != SIG_IGN &&
+             g_previous_sigbus.sa_handler != SIG_DFL) {
+    g_previous_sigbus.sa_handler(sig);
+    return;
+  }
+  ::signal(SIGBUS, SIG_DFL);  // the faulting read runs again and ends us
+}
+
+// Registers [begin, begin + bytes) as token file `path`; the slot's index,
+// or -1 when every slot is taken (then a truncation is a bare SIGBUS).
+int RegisterMapping(const char* begin, size_t bytes, absl::string_view path) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = OnSigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, &g_previous_sigbus);
+  });
+  // A freed slot first, else a new one.
+  int slot = -1;
+  const int n = g_mapped_count.load(std::memory_order_acquire);
+  for (int i = 0; i < n && slot < 0; ++i) {
+    if (g_mapped[i].begin.load(std::memory_order_acquire) == nullptr) slot = i;
+  }
+  if (slot < 0) {
+    if (n == kMaxMappedFiles) return -1;
+    slot = n;
+  }
+  MappedFile& m = g_mapped[slot];
+  const size_t len = std::min(path.size(), sizeof(m.path) - 1);
+  std::memcpy(m.path, path.data(), len);
+  m.path[len] = '\0';
+  m.end = begin + bytes;
+  m.begin.store(begin, std::memory_order_release);
+  if (slot == n) g_mapped_count.store(n + 1, std::memory_order_release);
+  return slot;
+}
+
+void UnregisterMapping(int slot) {
+  if (slot >= 0) g_mapped[slot].begin.store(nullptr, std::memory_order_release);
+}
+
+// The files `value` names: itself when it has no wildcard or is a file,
+// else the files its name (the only part that may be a pattern) matches
+// in its folder, sorted.
+absl::StatusOr<std::vector<std::string>> TokenFiles(const std::string& field,
+                                                    const std::string& value,
+                                                    const ConfinedFs& fs) {
+  const std::filesystem::path path(value);
+  constexpr char kWild[] = "*?[";
+  if (value.find_first_of(kWild) == std::string::npos) {
+    return std::vector<std::string>{value};
+  }
+  if (auto exists = fs.Exists(value, field); exists.ok() && *exists) {
+    return std::vector<std::string>{value};
+  }
+  const std::string folder = path.parent_path().string();
+  if (folder.find_first_of(kWild) != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", value,
+                     "' has wildcards outside the file name; only the file "
+                     "name may be a pattern"));
+  }
+  // The folder is listed only where the job may read.
+  if (absl::Status s = fs.Check(folder.empty() ? "." : folder, field);
+      !s.ok()) {
+    return s;
+  }
+  glob_t g{};
+  const int rc = ::glob(value.c_str(), GLOB_ERR, nullptr, &g);
+  std::vector<std::string> files;
+  if (rc == 0) files.assign(g.gl_pathv, g.gl_pathv + g.gl_pathc);
+  ::globfree(&g);
+  if (rc == GLOB_NOMATCH || (rc == 0 && files.empty())) {
+    return absl::NotFoundError(
+        absl::StrCat(field, ": no file matches '", value, "'"));
+  }
+  if (rc != 0) {
+    return absl::InternalError(
+        absl::StrCat(field, ": cannot list the files of '", value, "'"));
+  }
+  return files;  // glob sorts them
+}
+
+// Every file `value` names, mapped and checked, in order.
+absl::StatusOr<TokenShards> ReadTokenFiles(const std::string& field,
+                                           const std::string& value,
+                                           int vocab_size,
+                                           const ConfinedFs& fs) {
+  auto files = TokenFiles(field, value, fs);
+  if (!files.ok()) return files.status();
+  TokenShards shards;
+  for (const std::string& path : *files) {
+    auto fd = fs.Open(path, O_RDONLY, field);
+    if (!fd.ok()) return fd.status();
+    auto stream = TokenStream::MapTokenFile(fd->get(), field, path, vocab_size);
+    if (!stream.ok()) return stream.status();
+    shards.push_back(std::move(*stream));
+  }
+  return shards;
+}
+
+// The most tokens one shard holds.
+int64_t LongestShard(const TokenShards& shards) {
+  int64_t most = 0;
+  for (const TokenStream& s : shards) {
+    most = std::max(most, static_cast<int64_t>(s.size()));
+  }
+  return most;
+}
+
+// XXH64 over each split's tokens, then its token count.
+uint64_t TokenDigest(const TokenShards& train, const TokenShards& val) {
+  XXH64_state_t* state = XXH64_createState();
+  XXH64_reset(state, 0);
+  for (const TokenShards* split : {&train, &val}) {
+    uint64_t count = 0;
+    for (const TokenStream& s : *split) {
+      XXH64_update(state, s.data(), s.size() * sizeof(uint16_t));
+      count += s.size();
+    }
+    XXH64_update(state, &count, sizeof(count));
+  }
+  const uint64_t digest = XXH64_digest(state);
+  XXH64_freeState(state);
+  return digest;
+}
+
+}  // namespace
+
+void AppendChar(char32_t c, std::string* out) {
+  char buf[U8_MAX_LENGTH];
+  int32_t n = 0;
+  U8_APPEND_UNSAFE(buf, n, c);
+  out->append(buf, n);
+}
+
+absl::StatusOr<std::vector<uint16_t>> ParseTokenFile(absl::string_view b,
+                                                     absl::string_view field,
+                                                     absl::string_view path,
+                                                     int vocab_size) {
+  auto count = CheckTokenHeader(b, static_cast<int64_t>(b.size()), field, path);
+  if (!count.ok()) return count.status();
+  // Byte copy, not a cast: the body need not be aligned. An empty file
+  // has no body to copy (and an empty vector no storage).
+  std::vector<uint16_t> tokens(*count);
+  if (*count > 0) {
+    std::memcpy(tokens.data(),
+                b.data() + kTokenFileHeaderInts * sizeof(int32_t), 2 * *count);
+  }
+  if (absl::Status s = CheckTokensInVocabulary(tokens.data(), *count,
+                                               vocab_size, field, path);
+      !s.ok()) {
+    return s;
+  }
+  return tokens;
+}
+
+TokenStream::TokenStream(std::vector<uint16_t> tokens)
+    : owned_(std::move(tokens)), data_(owned_.data()), size_(owned_.size()) {}
+
+TokenStream::TokenStream(TokenStream&& o) noexcept { *this = std::move(o); }
+
+TokenStream& TokenStream::operator=(TokenStream&& o) noexcept {
+  if (this == &o) return *this;
+  Reset();
+  owned_ = std::move(o.owned_);
+  map_ = o.map_;
+  map_bytes_ = o.map_bytes_;
+  guard_ = o.guard_;
+  o.guard_ = -1;
+  size_ = o.size_;
+  // A moved vector keeps its storage: data_ stays valid either way.
+  data_ = map_ != nullptr ? o.data_ : owned_.data();
+  o.map_ = nullptr;
+  o.map_bytes_ = 0;
+  o.data_ = nullptr;
+  o.size_ = 0;
+  return *this;
+}
+
+TokenStream::~TokenStream() { Reset(); }
+
+void TokenStream::Reset() {
+  UnregisterMapping(guard_);
+  guard_ = -1;
+  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+  map_ = nullptr;
+  map_bytes_ = 0;
+  owned_.clear();
+  data_ = nullptr;
+  size_ = 0;
+}
+
+absl::StatusOr<TokenStream> TokenStream::MapTokenFile(int fd,
+                                                      absl::string_view field,
+                                                      absl::string_view path,
+                                                      int vocab_size) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    return absl::InternalError(absl::StrCat(field, ": cannot stat '", path,
+                                            "': ", std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", path, "' is not a regular file"));
+  }
+  char head[kTokenFileHeaderInts * sizeof(int32_t)];
+  const ssize_t got = ::pread(fd, head, sizeof(head), 0);
+  if (got < 0) {
+    return absl::InternalError(absl::StrCat(field, ": cannot read '", path,
+                                            "': ", std::strerror(errno)));
+  }
+  auto count =
+      CheckTokenHeader(absl::string_view(head, got), st.st_size, field, path);
+  if (!count.ok()) return count.status();
+  TokenStream out;
+  if (*count == 0) return out;
+  void* map = ::mmap(nullptr, st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) {
+    return absl::InternalError(absl::StrCat(field, ": cannot map '", path,
+                                            "': ", std::strerror(errno)));
+  }
+  out.map_ = map;
+  out.map_bytes_ = st.st_size;
+  out.guard_ = RegisterMapping(static_cast<const char*>(map), st.st_size, path);
+  // The body starts 1024 bytes into a page-aligned mapping: aligned.
+  out.data_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map) +
+                                                sizeof(head));
+  out.size_ = *count;
+  if (absl::Status s =
+          CheckTokensInVocabulary(out.data_, *count, vocab_size, field, path);
+      !s.ok()) {
+    return s;
+  }
+  return out;
+}
+
+CharTokenizer::CharTokenizer(std::string_view vocab) {
+  ForEachChar(vocab, [&](UChar32 c, size_t) {
+    if (c >= 0) Add(static_cast<char32_t>(c));
+    return true;
+  });
+  std::sort(index_.begin(), index_.end());
+}
+
+void CharTokenizer::Add(char32_t c) {
+  index_.emplace_back(c, static_cast<int32_t>(chars_.size()));
+  chars_.push_back(c);
+  AppendChar(c, &vocab_);
+}
+
+absl::StatusOr<CharTokenizer> CharTokenizer::FromText(std::string_view text,
+                                                      absl::string_view field,
+                                                      absl::string_view path) {
+  std::vector<bool> seen(kMaxCodePoint + 1, false);
+  int64_t bad = -1;
+  ForEachChar(text, [&](UChar32 c, size_t at) {
+    if (c < 0) {
+      bad = static_cast<int64_t>(at);
+      return false;
+    }
+    seen[c] = true;
+    return true;
+  });
+  if (bad >= 0) {
+    // Refused rather than mapped to U+FFFD: a model trained on replacement
+    // characters samples them, and the file's real encoding is one
+    // conversion away.
+    const int64_t line = 1 + std::count(text.begin(), text.begin() + bad, '\n');
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: '%s' is not UTF-8 text: byte 0x%02X at byte offset %d (line %d) "
+        "does not begin a UTF-8 character; the char tokenizer reads UTF-8 "
+        "(convert the file first, e.g. iconv -f latin1 -t utf-8)",
+        field, path, static_cast<unsigned char>(text[bad]), bad, line));
+  }
+  CharTokenizer t;
+  for (char32_t c = 0; c <= kMaxCodePoint; ++c) {
+    if (!seen[c]) continue;
+    if (t.size() == kMaxSize) {
+      const auto distinct = std::count(seen.begin(), seen.end(), true);
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": '", path, "' has ", distinct,
+          " distinct characters; the char tokenizer holds at most ", kMaxSize,
+          " (token ids are 16-bit)"));
+    }
+    t.Add(c);
+  }
+  return t;  // added in code point order: index_ is sorted
+}
+
+absl::StatusOr<CharTokenizer> CharTokenizer::FromVocab(std::string_view vocab) {
+  CharTokenizer t;
+  std::string why;
+  ForEachChar(vocab, [&](UChar32 c, size_t at) {
+    if (c < 0) {
+      why = absl::StrCat("byte ", at, " does not begin a UTF-8 character");
+    } else if (!t.chars_.empty() &&
+               static_cast<char32_t>(c) <= t.chars_.back()) {
+      why = absl::StrCat(
+          "character ", t.size(), " (U+", absl::Hex(c, absl::kZeroPad4),
+          ") does not follow the one before in code point order");
+    } else if (t.size() == kMaxSize) {
+      why = absl::StrCat("it has more than ", kMaxSize, " characters");
+    } else {
+      t.Add(static_cast<char32_t>(c));
+    }
+    return why.empty();
+  });
+  if (!why.empty()) return absl::InvalidArgumentError(why);
+  return t;
+}
+
+std::vector<int32_t> CharTokenizer::Encode(std::string_view text) const {
+  std::vector<int32_t> ids;
+  ids.reserve(text.size());
+  ForEachChar(text, [&](UChar32 c, size_t) {
+    if (c < 0) return true;
+    const auto ch = static_cast<char32_t>(c);
+    const auto it = std::lower_bound(index_.begin(), index_.end(),
+                                     std::make_pair(ch, int32_t{0}));
+    if (it != index_.end() && it->first == ch) ids.push_back(it->second);
+    return true;
+  });
+  return ids;
+}
+
+std::string CharTokenizer::Decode(const std::vector<int32_t>& ids) const {
+  std::string out;
+  out.reserve(ids.size());
+  for (int32_t id : ids) {
+    if (id >= 0 && id < size()) AppendChar(chars_[id], &out);
+  }
+  return out;
+}
+
+std::string CharTokenizer::Piece(int32_t id) const {
+  std::string out;
+  if (id >= 0 && id < size()) AppendChar(chars_[id], &out);
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<const Tokenizer>> OpenDataTokenizer(
+    const v1::DataSpec& spec, const ConfinedFs& fs) {
+  const std::string& name = spec.tokenizer();
+  const ReadFile read = [&fs](const std::string& path) {
+    return fs.ReadFile(path, "data.tokenizer");
+  };
+  if (IsTokenizerName(name)) {
+    auto t = OpenTokenizer(name, "data.tokenizer", read);
+    if (!t.ok()) return t.status();
+    return std::shared_ptr<const Tokenizer>(std::move(*t));
+  }
+  if (!spec.path().empty()) return nullptr;  // char
+  // Token files: what `ptworker prepare` wrote beside them, if anything.
+  const std::string& pattern = spec.train_bin();
+  const size_t slash = pattern.rfind('/');
+  const size_t name_at = slash == std::string::npos ? 0 : slash + 1;
+  const size_t train = pattern.rfind("_train");
+  if (train == std::string::npos || train < name_at) return nullptr;
+  const std::string prefix = pattern.substr(0, train);
+  const auto beside = [&](const std::string& path) {
+    auto exists = fs.Exists(path, "data.train_bin");
+    return exists.ok() && *exists;
+  };
+  // The SentencePiece model it trained, which also encodes prompts.
+  const std::string model = prefix + "_spm.model";
+  if (beside(model)) {
+    auto t = OpenTokenizer("spm:" + model, "data.train_bin", read);
+    if (!t.ok()) return t.status();
+    return std::shared_ptr<const Tokenizer>(std::move(*t));
+  }
+  const std::string path = prefix + "_tokenizer.bin";
+  if (!beside(path)) return nullptr;
+  auto t = ReadLlmcTokenizer(
+      path, "data.train_bin: the tokenizer file",
+      [&fs](const std::string& p) { return fs.ReadFile(p, "data.train_bin"); });
+  if (!t.ok()) return t.status();
+  // GPT-2's pieces: GPT-2's tokenizer, which also encodes prompts.
+  if ((*t)->size() == kGpt2VocabSize) {
+    auto gpt2 = OpenTokenizer("gpt2", "data.train_bin");
+    if (gpt2.ok() && SamePieces(**t, **gpt2)) {
+      return std::shared_ptr<const Tokenizer>(std::move(*gpt2));
+    }
+  }
+  return std::shared_ptr<const Tokenizer>(std::move(*t));
+}
+
+namespace {
+
+// The seed of the validation split of data.path: fixed, so that runs of
+// any train.seed hold out the same tokens and their val_loss compare.
+constexpr uint64_t kValSplitSeed = 1;
+
+// A text's ids (n of them) split as data.h's LoadTokenData says: m pieces
+// of about kValPieceTokens (at least two sequences and targets long), one
+// in each m-th of the text at an offset drawn from kValSplitSeed, hold
+// floor(n·val_fraction) tokens; each maximal run of the tokens between
+// them is a train shard, each run of adjacent pieces a validation shard.
+void SplitTokens(const std::vector<int32_t>& ids, double val_fraction,
+                 int block_size, TokenData* data) {
+  const auto n = static_cast<int64_t>(ids.size());
+  const auto v = static_cast<int64_t>(static_cast<double>(n) * val_fraction);
+  const auto add = [&](TokenShards* split, int64_t begin, int64_t end) {
+    if (begin < end) {
+      split->push_back(TokenStream(
+          std::vector<uint16_t>(ids.begin() + begin, ids.begin() + end)));
+    }
+  };
+  if (v == 0) {
+    add(&data->train, 0, n);
+    return;
+  }
+  const int64_t piece =
+      std::max<int64_t>(kValPieceTokens, 2 * (int64_t{block_size} + 1));
+  // v / piece rounded, at least one.
+  const int64_t m = std::clamp<int64_t>((v + piece / 2) / piece, 1, v);
+  const uint64_t stream = StableHash("data.path validation");
+  int64_t train_from = 0, val_from = 0, val_to = 0;
+  for (int64_t j = 0; j < m; ++j) {
+    const int64_t lo = j * n / m, hi = (j + 1) * n / m;
+    const int64_t len = std::min((j + 1) * v / m - j * v / m, hi - lo);
+    const auto slack = static_cast<uint64_t>(hi - lo - len);
+    const int64_t at =
+        lo + static_cast<int64_t>(CounterRandom64(kValSplitSeed, stream, j) %
+                                  (slack + 1));
+    if (at != val_to) {  // not adjacent to the piece before: a new run
+      add(&data->val, val_from, val_to);
+      add(&data->train, train_from, at);
+      val_from = at;
+    }
+    val_to = at + len;
+    train_from = val_to;
+  }
+  add(&data->val, val_from, val_to);
+  add(&data->train, train_from, n);
+}
+
+// The vocabulary of a model on data under `tokenizer` (null: none):
+// model.vocab_size if given (at least the tokenizer's), else the
+// tokenizer's, else `otherwise`.
+absl::StatusOr<int> VocabSize(int model_vocab_size, const Tokenizer* tokenizer,
+                              int otherwise) {
+  if (tokenizer == nullptr) {
+    return model_vocab_size != 0 ? model_vocab_size : otherwise;
+  }
+  if (model_vocab_size != 0 && model_vocab_size < tokenizer->size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.vocab_size=", model_vocab_size,
+                     " is smaller than the vocabulary of data.tokenizer (",
+                     tokenizer->size(), " tokens)"));
+  }
+  return model_vocab_size != 0 ? model_vocab_size : tokenizer->size();
+}
+
+}  // namespace
+
+absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
+                                        int model_vocab_size, int block_size,
+                                        const ConfinedFs& fs) {
+  TokenData data;
+  auto words = OpenDataTokenizer(spec, fs);
+  if (!words.ok()) return words.status();
+  data.words = std::move(*words);
+  if (!spec.path().empty() && data.words != nullptr) {
+    if (data.words->size() > kMaxTokenStreamVocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.tokenizer=", spec.tokenizer(), " has ", data.words->size(),
+          " tokens; token streams hold ids below ", kMaxTokenStreamVocab));
+    }
+    auto text = fs.ReadFile(spec.path(), "data.path", kMaxTokenizedTextBytes);
+    if (absl::IsResourceExhausted(text.status())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.path '", spec.path(), "' is larger than ",
+          kMaxTokenizedTextBytes >> 20,
+          " MiB, the most data.tokenizer=", spec.tokenizer(),
+          " tokenizes at start; prepare it once with `ptworker prepare "
+          "--tokenizer ",
+          spec.tokenizer(), " --input ", spec.path(),
+          " --out DIR` and train on data.train_bin/data.val_bin"));
+    }
+    if (!text.ok()) return text.status();
+    auto vocab = VocabSize(model_vocab_size, data.words.get(), 0);
+    if (!vocab.ok()) return vocab.status();
+    data.vocab_size = *vocab;
+    SplitTokens(data.words->Encode(*text), spec.val_fraction(), block_size,
+                &data);
+  } else if (!spec.path().empty()) {
+    auto text = fs.ReadFile(spec.path(), "data.path");
+    if (!text.ok()) return text.status();
+    auto tokenizer = CharTokenizer::FromText(*text, "data.path", spec.path());
+    if (!tokenizer.ok()) return tokenizer.status();
+    data.tokenizer = std::move(*tokenizer);
+    data.has_tokenizer = true;
+    data.vocab_size = data.tokenizer.size();
+    if (model_vocab_size != 0 && model_vocab_size != data.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.vocab_size=", model_vocab_size,
+          " does not match the vocabulary of data.path '", spec.path(), "' (",
+          data.vocab_size, " distinct characters)"));
+    }
+    SplitTokens(data.tokenizer.Encode(*text), spec.val_fraction(), block_size,
+                &data);
+  } else {
+    auto vocab = VocabSize(model_vocab_size, data.words.get(), kGpt2VocabSize);
+    if (!vocab.ok()) return vocab.status();
+    data.vocab_size = *vocab;
+    auto train =
+        ReadTokenFiles("data.train_bin", spec.train_bin(), data.vocab_size, fs);
+    if (!train.ok()) return train.status();
+    auto val =
+        ReadTokenFiles("data.val_bin", spec.val_bin(), data.vocab_size, fs);
+    if (!val.ok()) return val.status();
+    data.train = std::move(*train);
+    data.val = std::move(*val);
+  }
+  data.digest = TokenDigest(data.train, data.val);
+  // A sequence and its shifted target lie in one shard.
+  const int64_t need = int64_t{block_size} + 1;
+  const int64_t train = LongestShard(data.train), val = LongestShard(data.val);
+  if (train < need || val < need) {
+    // A text's splits are runs of it (SplitTokens), token files' files.
+    const bool text = !spec.path().empty();
+    const bool shards = text || data.train.size() > 1 || data.val.size() > 1;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.block_size=", block_size, " is too large for the data: the ",
+        shards ? (text ? "longest run of the " : "longest file of the ") : "",
+        "train split (", train, " tokens) and ", shards ? "of " : "",
+        "the validation split (", val,
+        " tokens) must each hold at least model.block_size+1 = ", need,
+        " tokens",
+        text && train < need
+            ? " (a smaller data.val_fraction leaves longer train runs)"
+            : ""));
+  }
+  return data;
+}
+
+absl::Status WriteTokenFile(const std::string& path,
+                            const std::vector<uint16_t>& tokens) {
+  int32_t header[kTokenFileHeaderInts] = {};
+  header[0] = kTokenFileMagic;
+  header[1] = kTokenFileVersion;
+  header[2] = static_cast<int32_t>(tokens.size());
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(header), sizeof(header));
+  out.write(reinterpret_cast<const char*>(tokens.data()),
+            static_cast<std::streamsize>(tokens.size() * sizeof(uint16_t)));
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+int64_t TokenCount(const TokenShards& shards) {
+  int64_t n = 0;
+  for (const TokenStream& s : shards) n += static_cast<int64_t>(s.size());
+  return n;
+}
+
+BatchSampler::BatchSampler(const TokenShards* shards, int T, int global_batch,
+                           uint64_t seed, std::string_view stream)
+    : shards_(shards),
+      T_(T),
+      global_batch_(global_batch),
+      seed_(seed),
+      stream_(StableHash(stream)) {
+  // Starting positions 0 .. n-T-1 of a shard of n tokens leave room for the
+  // shifted target.
+  starts_.push_back(0);
+  for (const TokenStream& s : *shards_) {
+    const uint64_t n = s.size() > static_cast<size_t>(T) ? s.size() - T : 0;
+    starts_.push_back(starts_.back() + n);
+  }
+  PT_CHECK(starts_.back() > 0, "no shard holds a sequence (validated)");
+}
+
+void BatchSampler::Fill(int64_t b, int first, int count, int32_t* inputs,
+                        int32_t* targets) const {
+  for (int i = 0; i < count; ++i) {
+    const uint64_t index = static_cast<uint64_t>(b) * global_batch_ + first + i;
+    const uint64_t start =
+        CounterRandom64(seed_, stream_, index) % starts_.back();
+    // The shard k with starts_[k] <= start < starts_[k + 1].
+    const size_t k = std::upper_bound(starts_.begin(), starts_.end(), start) -
+                     starts_.begin() - 1;
+    const uint16_t* src = (*shards_)[k].data() + (start - starts_[k]);
+    for (int t = 0; t < T_; ++t) {
+      inputs[static_cast<int64_t>(i) * T_ + t] = src[t];
+      targets[static_cast<int64_t>(i) * T_ + t] = src[t + 1];
+    }
+  }
+}
+
+}  // namespace ptrain

@@ -1,0 +1,897 @@
+// One stage of GPT-2 over the tensor-parallel layers; see gpt_stage.h.
+#include "worker/engine/model/gpt_stage.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+#include "spdlog/spdlog.h"
+
+namespace ptrain {
+
+namespace {
+
+// Block tensors by their index in GptBlockTensorNames().
+enum BlockTensorIndex {
+  kLn1W,
+  kLn1B,
+  kQkvW,
+  kQkvB,
+  kAttProjW,
+  kAttProjB,
+  kLn2W,
+  kLn2B,
+  kFcW,
+  kFcB,
+  kFcProjW,
+  kFcProjB,
+  kBlockTensors
+};
+
+// Multiply-adds per layer below which a Decode runs on one CPU thread.
+constexpr int64_t kParallelDecodeMacs = int64_t{1} << 20;
+
+}  // namespace
+
+int GptStage::BlockCount(const std::vector<ParamInfo>& layout) {
+  std::set<int> layers;
+  for (const ParamInfo& p : layout) {
+    if (p.layer >= 0) layers.insert(p.layer);
+  }
+  return static_cast<int>(layers.size());
+}
+
+int GptStage::FirstLayer(const std::vector<ParamInfo>& layout) {
+  int first = INT_MAX;
+  for (const ParamInfo& p : layout) {
+    if (p.layer >= 0) first = std::min(first, p.layer);
+  }
+  return first == INT_MAX ? 0 : first;
+}
+
+GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
+                   const StageOptions& o)
+    : config_(config),
+      layout_(std::move(layout)),
+      stage_(o.stage),
+      n_stages_(o.n_stages),
+      n_blocks_(BlockCount(layout_)),
+      first_layer_(FirstLayer(layout_)),
+      max_B_(o.max_B),
+      max_T_(o.max_T),
+      tp_(o.tp),
+      recompute_(o.recompute),
+      split_(o.split_backward),
+      cp_(o.cp),
+      graphs_(o.graphs),
+      Cl_(config.n_embd / o.tp.size()),
+      NHl_(config.n_head / o.tp.size()),
+      Vl_(config.padded_vocab / o.tp.size()),
+      vocab_begin_(o.tp.rank() * (config.padded_vocab / o.tp.size())),
+      store_(o.store != nullptr ? o.store : this),
+      ops_(o.ops != nullptr ? o.ops : &kernels::CpuOps()) {
+  const int tp = o.tp.size();
+  PT_CHECK(config.n_layer >= 1 && config.n_head >= 1 && config.n_embd >= 1 &&
+               config.n_embd % config.n_head == 0 && config.vocab_size >= 1 &&
+               config.padded_vocab >= config.vocab_size &&
+               config.n_head % tp == 0 && config.padded_vocab % tp == 0 &&
+               o.n_stages >= 1 && n_blocks_ >= 1 &&
+               first_layer_ + n_blocks_ <= config.n_layer && o.stage >= 0 &&
+               o.stage < o.n_stages && o.max_T >= 1 &&
+               o.max_T <= config.block_size && o.max_B >= 1 && o.slots >= 1 &&
+               (!o.tp.sp || o.max_T % tp == 0),
+           "inconsistent model config for a stage");
+  PT_CHECK(!o.graphs || (tp == 1 && o.cp.size() == 1 && !o.split_backward),
+           "recorded passes for a stage that communicates inside them");
+  units_ = Units(layout_, o.pad);
+  buffer_size_ = units_.empty() ? 0 : units_.back().begin + units_.back().size;
+  if (o.store == nullptr) {
+    params_ = kernels::Buffer(ops_, buffer_size_);
+    grads_ = kernels::Buffer(ops_, buffer_size_);
+  }
+  FindTensors();
+
+  const ActivationDims d = ActivationDims::Of(config, max_B_, max_T_, o.slots,
+                                              tp, tp_.sp, recompute_, n_blocks_,
+                                              last(), ops_, split_, cp_.size());
+  PT_CHECK(cp_.size() == 1 ||
+               (max_T_ % 2 == 0 && d.att >= int64_t{max_B_} * NHl_ * max_T_),
+           "context parallelism needs an even number of positions per rank "
+           "and room for the log-sum-exp");
+  att_floats_ = d.att;
+  gelu_floats_ = d.gelu;
+  act_div_ = d.act_div;
+  acts_ = kernels::Buffer(ops_, ActivationFloats(d));
+  Working w;
+  LayOut(
+      d,
+      [&](int64_t count) {
+        float* p = acts_.data() + acts_used_;
+        acts_used_ += count;
+        return p;
+      },
+      &slots_, &w);
+  PT_CHECK(acts_used_ == acts_.size(),
+           "the activation slabs do not add up to ActivationFloats");
+  // A device reads its copy of the tokens; so does a recorded pass (the
+  // replay reads the buffers the recording read).
+  if (ops_->device() != kernels::Device::kCpu || graphs_) {
+    const int64_t BT = static_cast<int64_t>(max_B_) * max_T_;
+    for (Slot& slot : slots_) {
+      slot.tokens_staged = ops_->AllocTokens(BT);
+      slot.targets_staged = ops_->AllocTokens(BT);
+    }
+  }
+  scratch_.a = w.scratch_a;
+  scratch_.b = w.scratch_b;
+  proj_ = w.proj;
+  dresidual_ = w.dresidual;
+  dln_ = w.dln;
+  dqkv_ = w.dqkv;
+  datty_ = dqkv_ + d.BT * 3 * d.Cl;
+  datt_ = w.datt;
+  dfch_gelu_ = w.dfch_gelu;
+  ce_stats_ = w.ce_stats;
+  ring_ = w.ring;
+  scratch_.backend = ops_;
+}
+
+GptStage::ActivationDims GptStage::ActivationDims::Of(
+    const GptConfig& config, int max_B, int max_T, int slots, int tp, bool sp,
+    Recompute recompute, int layers, bool last, const kernels::Ops* ops,
+    bool split, int cp) {
+  ActivationDims d;
+  d.C = config.n_embd;
+  d.L = layers;
+  d.Cl = config.n_embd / tp;
+  const int64_t NHl = config.n_head / tp;
+  d.Vl = config.padded_vocab / tp;
+  d.BT = SatMul(max_B, max_T);
+  d.BTs = SatMul(max_B, sp ? max_T / tp : max_T);
+  // What attention keeps: the backend says; with none, the (B,NH,T,T)
+  // probabilities (the CPU's, and the most). Ring attention (cp > 1) keeps
+  // each row's log-sum-exp and needs no scratch of the backend's (its
+  // blocks in transit are the working set's `ring`).
+  d.att = cp > 1 ? SatMul(SatMul(max_B, NHl), max_T)
+          : ops != nullptr
+              ? ops->attention_saved_floats(max_B, max_T, d.Cl, NHl)
+              : SatMul(SatMul(SatMul(max_B, NHl), max_T), max_T);
+  d.datt = cp > 1 ? 0
+           : ops != nullptr
+               ? ops->attention_scratch_floats(max_B, max_T, d.Cl, NHl)
+               : d.att;
+  // What the backend keeps of GELU(fch) (bf16: its rounded copy, half a
+  // float a value; without a backend the most one keeps), not under full
+  // recomputation, whose forward again stops before the MLP's projection.
+  d.gelu = recompute == Recompute::kFull ? 0
+           : ops != nullptr
+               ? ops->gelu_saved_floats(d.BT, static_cast<int>(4 * d.Cl))
+               : (SatMul(d.BT, 4 * d.Cl) + 1) / 2;
+  // LayerNorm outputs, qkv, attention's output and fch in the backend's
+  // activation type: bf16 (half a float each) where it keeps them so and
+  // every width (C, Cl, 3Cl, 4Cl) is even.
+  d.act_div = ops != nullptr &&
+                      ops->activation_type() == kernels::DType::kBf16 &&
+                      d.Cl % 2 == 0
+                  ? 2
+                  : 1;
+  d.slots = slots;
+  d.recompute = recompute;
+  d.last = last;
+  d.split = split;
+  d.cp = cp;
+  return d;
+}
+
+template <typename TakeFn>
+void GptStage::LayOut(const ActivationDims& d, TakeFn take,
+                      std::vector<Slot>* slots, Working* w) {
+  const int64_t C = d.C, Cl = d.Cl, BT = d.BT, BTs = d.BTs;
+  const bool full = d.recompute == Recompute::kFull;
+  const bool selective = d.recompute == Recompute::kSelective;
+  // The per-layer slabs a block's backward reads: every layer's in each
+  // slot, or (recomputing) one layer's, shared by the slots.
+  // A slab of a stored activation (a LayerNorm output, fch), in its type.
+  auto stored = [&](int64_t layers, int64_t rows, int64_t width) {
+    const int64_t n = SatMul(layers, SatMul(rows, width));
+    return n == INT64_MAX ? n : n / d.act_div;
+  };
+  auto take_blocks = [&](Slot& slot, int64_t layers) {
+    slot.ln1 = take(stored(layers, BTs, C));
+    slot.ln1_mean = take(SatMul(layers, BTs));
+    slot.ln1_rstd = take(SatMul(layers, BTs));
+    slot.qkv = take(stored(layers, BT, 3 * Cl));
+    slot.atty = take(stored(layers, BT, Cl));
+    if (!selective) slot.att = take(SatMul(layers, d.att));
+    slot.residual2 = take(SatMul(layers, SatMul(BTs, C)));
+    slot.ln2 = take(stored(layers, BTs, C));
+    slot.ln2_mean = take(SatMul(layers, BTs));
+    slot.ln2_rstd = take(SatMul(layers, BTs));
+    slot.fch = take(stored(layers, BT, 4 * Cl));
+    slot.gelu = take(SatMul(layers, d.gelu));
+  };
+  Slot shared{};
+  if (full) take_blocks(shared, 1);
+  if (selective) shared.att = take(d.att);
+  for (int s = 0; s < d.slots; ++s) {
+    Slot slot = shared;
+    slot.input = take(SatMul(BTs, C));
+    if (!full) take_blocks(slot, d.L);
+    // The block's output is kept even when the rest is recomputed.
+    slot.residual3 = take(SatMul(d.L, SatMul(BTs, C)));
+    if (d.last) {
+      slot.lnf = take(stored(1, BTs, C));
+      slot.lnf_mean = take(BTs);
+      slot.lnf_rstd = take(BTs);
+      slot.logits = take(SatMul(BT, d.Vl));
+      slot.losses = take(BT);
+    } else {
+      slot.lnf = slot.lnf_mean = slot.lnf_rstd = slot.logits = slot.losses =
+          nullptr;
+    }
+    // A split backward's output gradients stay from B to W: every layer's,
+    // recomputing or not. Where the slot has each layer's own, they take
+    // the place of what only B reads, once B is past it (W reads neither):
+    // the residual stream's (B,Ts,C) slabs, qkv's where it is fp32, and
+    // what attention keeps where that is as large as fch's gradient.
+    if (d.split) {
+      const bool reuse = !full;
+      const bool in_att = reuse && !selective && d.att >= stored(1, BT, 4 * Cl);
+      slot.dqkv = reuse && d.act_div == 1
+                      ? slot.qkv
+                      : take(SatMul(d.L, SatMul(BT, 3 * Cl)));
+      slot.dattproj =
+          reuse ? slot.residual2 : take(SatMul(d.L, SatMul(BTs, C)));
+      slot.dfch = in_att ? slot.att : take(stored(d.L, BT, 4 * Cl));
+      slot.dfcproj = reuse ? slot.residual3 : take(SatMul(d.L, SatMul(BTs, C)));
+    } else {
+      slot.dqkv = slot.dattproj = slot.dfch = slot.dfcproj = nullptr;
+    }
+    slots->push_back(slot);
+  }
+  // The backward's working set: two (B,T,C) scratch, proj, dresidual, dln;
+  // dqkv and datty (first GELU's output, again, for the MLP projection's
+  // backward); attention's scratch; one (B,T,4Cl) for the MLP's hidden layer
+  // (GELU's output in forward; in backward its gradient, then fch's).
+  w->scratch_a = take(SatMul(BT, C));
+  w->scratch_b = take(SatMul(BT, C));
+  w->proj = take(SatMul(BTs, C));
+  w->dresidual = take(SatMul(BTs, C));
+  w->dln = take(SatMul(BTs, C));
+  w->dqkv = take(SatMul(BT, 4 * Cl));
+  w->datt = take(d.datt);
+  w->dfch_gelu = take(SatMul(BT, 4 * Cl));
+  w->ce_stats = d.last ? take(SatMul(3, BT)) : nullptr;
+  w->ring = d.cp > 1 ? take(SatMul(4, SatMul(BT, 2 * Cl))) : nullptr;
+}
+
+int64_t GptStage::ActivationFloats(const ActivationDims& d) {
+  int64_t total = 0;
+  std::vector<Slot> slots;
+  Working w;
+  LayOut(
+      d,
+      [&](int64_t count) -> float* {
+        total = SatAdd(total, count);
+        return nullptr;
+      },
+      &slots, &w);
+  return total;
+}
+
+void GptStage::FindTensors() {
+  std::map<std::string, const ParamInfo*> by_name;
+  for (const ParamInfo& p : layout_) by_name[p.name] = &p;
+  auto find = [&](const std::string& name) -> const ParamInfo& {
+    auto it = by_name.find(name);
+    PT_CHECK(it != by_name.end(), ("the layout has no " + name).c_str());
+    return *it->second;
+  };
+  if (first()) {
+    emb_unit_ = find("wte").unit;
+    wte_offset_ = find("wte").unit_offset;
+    wpe_offset_ = find("wpe").unit_offset;
+  }
+  if (last()) {
+    final_unit_ = find("ln_f.weight").unit;
+    lnf_offset_ = find("ln_f.weight").unit_offset;
+    // The head's weights: wte itself on a stage that also embeds, else the
+    // tied copy the plan puts in the final unit.
+    head_unit_ = first() ? emb_unit_ : final_unit_;
+    head_wte_offset_ = first() ? wte_offset_ : 0;
+    if (!first()) {
+      const ParamInfo* copy = nullptr;
+      for (const ParamInfo& p : layout_) {
+        if (p.tied_copy) copy = &p;
+      }
+      PT_CHECK(copy != nullptr && copy->unit == final_unit_,
+               "the last stage's layout has no tied copy of wte");
+      head_wte_offset_ = copy->unit_offset;
+    }
+  }
+  const std::vector<std::string>& names = GptBlockTensorNames();
+  for (int b = 0; b < n_blocks_; ++b) {
+    const int l = first_layer_ + b;
+    for (const std::string& name : names) {
+      block_offsets_.push_back(
+          find(absl::StrCat("h.", l, ".", name)).unit_offset);
+    }
+  }
+}
+
+GptStage::~GptStage() {
+  for (Slot& slot : slots_) {
+    if (slot.tokens_staged != nullptr) ops_->FreeTokens(slot.tokens_staged);
+    if (slot.targets_staged != nullptr) ops_->FreeTokens(slot.targets_staged);
+  }
+}
+
+const int32_t* GptStage::Stage(int32_t* staged, const int32_t* host, int B,
+                               int T) {
+  // Already there: a recorded pass's tokens, staged before it.
+  if (host == nullptr || host == staged) return host;
+  return ops_->StageTokens(staged, host, static_cast<int64_t>(B) * T);
+}
+
+int64_t GptStage::ActivationFloats(const GptConfig& config, int max_B,
+                                   int max_T, int slots, int tp, bool sp,
+                                   Recompute recompute, int layers, bool last,
+                                   const kernels::Ops* ops, bool split_backward,
+                                   int cp) {
+  return ActivationFloats(ActivationDims::Of(config, max_B, max_T, slots, tp,
+                                             sp, recompute, layers, last, ops,
+                                             split_backward, cp));
+}
+
+const float* GptStage::BlockTensor(const float* unit_base, int b, int i) const {
+  return unit_base + block_offsets_[b * kBlockTensors + i];
+}
+
+kernels::ConstAct GptStage::BlockWeight(kernels::ConstAct unit_weights, int b,
+                                        int i) const {
+  return unit_weights.Offset(block_offsets_[b * kBlockTensors + i]);
+}
+
+void GptStage::InitParams(uint64_t seed) {
+  PT_CHECK(!params_.empty(), "the stage's weights live in a store");
+  // Computed on the host, then copied where the backend keeps them.
+  std::vector<float> host;
+  for (const ParamInfo& p : layout_) {
+    host.resize(p.numel);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < p.numel; ++i) {
+      const std::optional<int64_t> g = GlobalIndex(p, i);
+      host[i] = g.has_value() ? InitialValue(p, seed, *g) : 0.0f;
+    }
+    ops_->FromHost(params_.data() + p.offset, host.data(), p.numel);
+  }
+}
+
+void GptStage::ZeroGrad() { ops_->Zero(grads_.data(), grads_.size()); }
+
+const float* GptStage::output(int slot) const {
+  return slots_[slot].residual3 + static_cast<int64_t>(n_blocks_ - 1) * max_B_ *
+                                      tp_.SeqLocal(max_T_) * config_.n_embd;
+}
+
+float GptStage::Forward(int slot, const int32_t* tokens, const float* hidden,
+                        const int32_t* targets, int B, int T, float dloss) {
+  PT_CHECK(B >= 1 && B <= max_B_ && T >= 1 && T <= max_T_ &&
+               (!tp_.sp || T % tp_.size() == 0) && slot >= 0 &&
+               slot < static_cast<int>(slots_.size()),
+           "a microbatch larger than allocated (or T not divisible by tp "
+           "under sequence parallelism)");
+  Slot& S = slots_[slot];
+  // Recorded: a forward with targets, or any forward of a stage before the
+  // last (its output goes on; a last stage's without targets leaves logits
+  // to sample from, op by op).
+  if (graphs_ && (targets != nullptr || !last())) {
+    // The tokens go into the slot's buffers first, which the recording
+    // reads (a previous stage's output is read where it was received, one
+    // recording per receive buffer), and the slot is told what its host
+    // code would tell it (a replay runs none).
+    const int32_t* tk = Stage(S.tokens_staged, tokens, B, T);
+    const int32_t* tg = Stage(S.targets_staged, targets, B, T);
+    BeginSlot(S, B, T, targets != nullptr, dloss);
+    RunRecorded({slot, B, T, /*backward=*/false, dloss, S.dloss, hidden}, [&] {
+      ForwardPass(slot, tk, hidden, tg, B, T, /*pos=*/-1, dloss);
+    });
+    return last() ? SlotLoss(S) : 0.0f;
+  }
+  ForwardPass(slot, tokens, hidden, targets, B, T, /*pos=*/-1, dloss);
+  return last() && targets != nullptr ? SlotLoss(S) : 0.0f;
+}
+
+float GptStage::SlotLoss(const Slot& S) const {
+  const int64_t BT = static_cast<int64_t>(S.B) * S.T;
+  return static_cast<float>(ops_->Sum(S.losses, BT) / static_cast<double>(BT));
+}
+
+void GptStage::BeginSlot(Slot& S, int B, int T, bool targets,
+                         float dloss) const {
+  S.B = B;
+  S.T = T;
+  S.dloss = last() && targets ? dloss : 0.0f;
+}
+
+void GptStage::RunRecorded(const PassKey& key,
+                           const std::function<void()>& pass) {
+  PassGraph* g = nullptr;
+  for (PassGraph& p : graphs_by_key_) {
+    if (p.key == key) g = &p;
+  }
+  if (g == nullptr) {
+    if (graphs_by_key_.size() < kMaxGraphs) {
+      g = &graphs_by_key_.emplace_back();
+    } else {
+      // Full: a key run once and never recorded makes room (a forward of
+      // every length sampling runs through an earlier stage, one each).
+      for (PassGraph& p : graphs_by_key_) {
+        if (p.graph == nullptr && !p.failed && p.runs <= 1) g = &p;
+      }
+      if (g != nullptr) *g = PassGraph{};
+    }
+    if (g != nullptr) g->key = key;
+  }
+  // The weights' copy as the matmuls read it is made now, outside the
+  // recording: a replay would not make it again.
+  store_->Settle();
+  if (g != nullptr && g->graph != nullptr) {
+    if (g->graph->Replay()) {
+      ++graph_counts_.replayed;
+      return;
+    }
+    // The backend moved a buffer the recording uses: run op by op once
+    // more (which makes the buffers what the shape needs), then record.
+    g->graph.reset();
+    g->runs = 0;
+  }
+  // The first run of a shape goes op by op: it sizes the backend's buffers
+  // (a recording must not allocate) and warms its kernels.
+  if (g != nullptr && !g->failed && g->runs >= 1) {
+    std::string error;
+    g->graph = ops_->Capture(pass, &error);
+    if (g->graph != nullptr && g->graph->Replay()) {
+      ++graph_counts_.captured;
+      ++graph_counts_.replayed;
+      return;
+    }
+    g->graph.reset();
+    g->failed = true;
+    ++graph_counts_.failed;
+    spdlog::warn(
+        "train.cuda_graphs: the {} of a microbatch of B={} T={} could not be "
+        "recorded ({}); it runs op by op",
+        key.backward ? "backward" : "forward", key.B, key.T, error);
+  }
+  if (g != nullptr) ++g->runs;
+  pass();
+}
+
+void GptStage::Decode(const int32_t* tokens, const float* hidden, int n,
+                      int pos) {
+  PT_CHECK(n >= 1 && n <= decode_max() && pos >= 0 && pos + n <= CacheT(),
+           "a generation step past the stage's buffers or its cache");
+  if (kv_.empty()) {
+    kv_ = kernels::Buffer(ops_, 2 * int64_t{n_blocks_} * CacheT() * Cl_);
+  }
+  // A step of a few positions of a small model is less work per kernel
+  // than waking the CPU's thread team costs: it runs on this thread alone
+  // (config S, one position: 0.22 ms on one thread, 0.28 ms on two).
+  const int64_t macs_per_layer = int64_t{n} * 12 * config_.n_embd * Cl_;
+  const int threads = omp_get_max_threads();
+  const bool serial = ops_->device() == kernels::Device::kCpu && threads > 1 &&
+                      macs_per_layer < kParallelDecodeMacs;
+  if (serial) omp_set_num_threads(1);
+  ForwardPass(0, tokens, hidden, nullptr, 1, n, pos, /*dloss=*/0.0f);
+  if (serial) omp_set_num_threads(threads);
+}
+
+GptStage::BlockActs GptStage::Acts(const Slot& S, int b) const {
+  // Per-layer slabs are laid out for the allocated maximum, so index them by
+  // the maximum stride; a smaller batch uses the front of each slab.
+  const int64_t C = config_.n_embd;
+  const int64_t sBTs = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_);
+  const int64_t sBT = static_cast<int64_t>(max_B_) * max_T_;
+  // The layer's place in the slabs (and in att's).
+  const int64_t l = recompute_ == Recompute::kFull ? 0 : b;
+  const int64_t la = recompute_ == Recompute::kNone ? b : 0;
+  return BlockActs{S.ln1 + l * sBTs * C / act_div_,
+                   S.ln1_mean + l * sBTs,
+                   S.ln1_rstd + l * sBTs,
+                   S.qkv + l * sBT * 3 * Cl_ / act_div_,
+                   S.atty + l * sBT * Cl_ / act_div_,
+                   S.att + la * att_floats_,
+                   S.residual2 + l * sBTs * C,
+                   S.ln2 + l * sBTs * C / act_div_,
+                   S.ln2_mean + l * sBTs,
+                   S.ln2_rstd + l * sBTs,
+                   S.fch + l * sBT * 4 * Cl_ / act_div_,
+                   S.residual3 + b * sBTs * C,
+                   gelu_floats_ > 0 ? S.gelu + l * gelu_floats_ : nullptr,
+                   split_ ? S.dqkv + b * sBT * 3 * Cl_ : nullptr,
+                   split_ ? S.dattproj + b * sBTs * C : nullptr,
+                   !split_           ? nullptr
+                   : S.dfch == S.att ? S.att + la * att_floats_
+                                     : S.dfch + b * sBT * 4 * Cl_ / act_div_,
+                   split_ ? S.dfcproj + b * sBTs * C : nullptr};
+}
+
+void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
+                            int T, const TpGroup& g, int pos,
+                            bool recomputing) {
+  kernels::Ops& k = *ops_;
+  UnitStore& st = *store_;
+  const int C = config_.n_embd, Ts = g.SeqLocal(T);
+  const int64_t BTsC = static_cast<int64_t>(B) * Ts * C;
+  const int u = BlockUnit(b);  // u..u+3: [ln_1 c_attn] [attn.c_proj]
+                               // [ln_2 c_fc] [mlp.c_proj]
+  st.BeginForward(u);
+  const float* w = st.Params(u);
+  k.layernorm_forward(Stored(a.ln1), a.ln1_mean, a.ln1_rstd, x,
+                      BlockTensor(w, b, kLn1W), BlockTensor(w, b, kLn1B), B, Ts,
+                      C);
+  column_linear_forward(
+      Stored(a.qkv), Stored(a.ln1), BlockWeight(st.Weights(u), b, kQkvW),
+      BlockTensor(w, b, kQkvB), B, T, C, 3 * Cl_, g, scratch_);
+  st.EndForward(u);
+  if (pos >= 0) {
+    // The cache of local block b: keys, then values, (NHl,CacheT,hs) each.
+    const int64_t cache = int64_t{CacheT()} * Cl_;
+    float* keys = kv_.data() + 2 * b * cache;
+    k.attention_decode(Stored(a.atty), keys, keys + cache, Stored(a.qkv), T,
+                       pos, Cl_, NHl_, CacheT());
+  } else {
+    Attention(a, B, T);
+  }
+  st.BeginForward(u + 1);
+  w = st.Params(u + 1);
+  row_linear_forward(proj_, Stored(a.atty),
+                     BlockWeight(st.Weights(u + 1), b, kAttProjW),
+                     BlockTensor(w, b, kAttProjB), B, T, Cl_, C, g, scratch_);
+  st.EndForward(u + 1);
+  st.BeginForward(u + 2);
+  w = st.Params(u + 2);
+  k.residual_layernorm_forward(a.residual2, Stored(a.ln2), a.ln2_mean,
+                               a.ln2_rstd, x, proj_, BlockTensor(w, b, kLn2W),
+                               BlockTensor(w, b, kLn2B), B, Ts, C);
+  column_linear_forward(Stored(a.fch), Stored(a.ln2),
+                        BlockWeight(st.Weights(u + 2), b, kFcW),
+                        BlockTensor(w, b, kFcB), B, T, C, 4 * Cl_, g, scratch_);
+  st.EndForward(u + 2);
+  if (recomputing) return;  // the block's output is kept
+  st.BeginForward(u + 3);
+  w = st.Params(u + 3);
+  // GELU(fch), not kept in fp32: the backward computes it again, or reads
+  // what the backend keeps in a.gelu.
+  row_linear_forward(proj_, Stored(a.fch),
+                     BlockWeight(st.Weights(u + 3), b, kFcProjW),
+                     BlockTensor(w, b, kFcProjB), B, T, 4 * Cl_, C, g, scratch_,
+                     /*gelu_hidden=*/dfch_gelu_, /*gelu_saved=*/a.gelu);
+  st.EndForward(u + 3);
+  k.residual_forward(a.residual3, a.residual2, proj_, BTsC);
+}
+
+void GptStage::ForwardPass(int slot, const int32_t* tokens, const float* hidden,
+                           const int32_t* targets, int B, int T, int pos,
+                           float dloss) {
+  // Generation runs every position on every rank of the group: a step of
+  // one token cannot be split along the sequence.
+  const bool decode = pos >= 0;
+  const TpGroup g{tp_.comm, tp_.sp && !decode};
+  Slot& S = slots_[slot];
+  BeginSlot(S, B, T, targets != nullptr, dloss);
+  kernels::Ops& k = *ops_;
+  tokens = Stage(S.tokens_staged, tokens, B, T);
+  targets = Stage(S.targets_staged, targets, B, T);
+  const int C = config_.n_embd, Ts = g.SeqLocal(T);
+  const int64_t BTsC = static_cast<int64_t>(B) * Ts * C;
+
+  UnitStore& st = *store_;
+  if (first()) {
+    st.BeginForward(emb_unit_);
+    vocab_embedding_forward(S.input, tokens, st.Params(emb_unit_) + wte_offset_,
+                            st.Params(emb_unit_) + wpe_offset_, B, T,
+                            decode ? pos : 0, C, vocab_begin_, Vl_, g, scratch_,
+                            decode ? CpGroup{} : cp_);
+  } else {
+    k.Copy(S.input, hidden, BTsC);
+  }
+  const float* x = S.input;
+  for (int b = 0; b < n_blocks_; ++b) {
+    const BlockActs a = Acts(S, b);
+    BlockForward(a, x, b, B, T, g, pos, /*recomputing=*/false);
+    x = a.residual3;
+  }
+  if (!last()) {
+    if (first()) st.EndForward(emb_unit_);
+    return;
+  }
+  st.BeginForward(final_unit_);
+  const float* lnf = st.Params(final_unit_) + lnf_offset_;
+  k.layernorm_forward(Stored(S.lnf), S.lnf_mean, S.lnf_rstd, x, lnf, lnf + C, B,
+                      Ts, C);
+  if (first()) st.EndForward(final_unit_);
+  // The head is tied to the embedding: logits over this rank's vocabulary
+  // rows, never gathered for the loss.
+  column_linear_forward(Logits(S), Stored(S.lnf),
+                        st.Weights(head_unit_).Offset(head_wte_offset_),
+                        nullptr, B, T, C, Vl_, g, scratch_);
+  st.EndForward(head_unit_);
+  if (targets == nullptr) return;
+  if (dloss != 0.0f) {
+    vocab_crossentropy_forward_backward(
+        S.losses, Logits(S), targets, dloss, B, T, vocab_begin_, Vl_,
+        config_.vocab_size, g, ce_stats_, scratch_);
+  } else {
+    vocab_crossentropy_forward(S.losses, S.logits, S.logits, targets, B, T,
+                               vocab_begin_, Vl_, config_.vocab_size, g,
+                               ce_stats_, scratch_);
+  }
+}
+
+void GptStage::HeadBackward(const Slot& S, const int32_t* targets, float dloss,
+                            bool split) {
+  const int B = S.B, T = S.T;
+  const int C = config_.n_embd, Ts = tp_.SeqLocal(T);
+  kernels::Ops& k = *ops_;
+  UnitStore& st = *store_;
+  st.BeginBackward(final_unit_);
+  // The gradient of the logits replaces the probabilities in place, unless
+  // the forward's fused classifier left it there already.
+  const kernels::Act dlogits = Logits(S);
+  if (S.dloss == 0.0f) {
+    vocab_crossentropy_backward(S.logits, S.logits, targets, dloss, B, T,
+                                vocab_begin_, Vl_, scratch_);
+  } else {
+    PT_CHECK(S.dloss == dloss,
+             "a backward's dloss differs from its fused forward's");
+  }
+  // Split: the head's weight gradient waits for W, which reads dlogits
+  // where they are.
+  column_linear_backward(
+      dln_, split ? nullptr : st.Grads(head_unit_) + head_wte_offset_, nullptr,
+      dlogits, Stored(S.lnf), st.Weights(head_unit_).Offset(head_wte_offset_),
+      B, T, C, Vl_, tp_, scratch_);
+  k.Zero(dresidual_, static_cast<int64_t>(B) * Ts * C);
+  const float* x_last = Acts(S, n_blocks_ - 1).residual3;
+  float* dlnf = st.Grads(final_unit_) + lnf_offset_;
+  k.layernorm_backward(dresidual_, dlnf, dlnf + C, dln_, x_last,
+                       st.Params(final_unit_) + lnf_offset_, S.lnf_mean,
+                       S.lnf_rstd, B, Ts, C);
+  if (!split) st.EndBackward(final_unit_);
+}
+
+void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
+                        float dloss, const float* dout) {
+  if (graphs_) {
+    const Slot& S = slots_[slot];
+    const int32_t* tk = Stage(S.tokens_staged, tokens, S.B, S.T);
+    const int32_t* tg = Stage(S.targets_staged, targets, S.B, S.T);
+    RunRecorded({slot, S.B, S.T, /*backward=*/true, dloss, S.dloss, dout}, [&] {
+      BackwardPass(slot, tk, tg, dloss, dout, /*split=*/false);
+    });
+    return;
+  }
+  BackwardPass(slot, tokens, targets, dloss, dout, /*split=*/false);
+}
+
+void GptStage::BackwardInput(int slot, const int32_t* tokens,
+                             const int32_t* targets, float dloss,
+                             const float* dout) {
+  PT_CHECK(split_, "BackwardInput on a stage without split_backward");
+  BackwardPass(slot, tokens, targets, dloss, dout, /*split=*/true);
+}
+
+void GptStage::BackwardPass(int slot, const int32_t* tokens,
+                            const int32_t* targets, float dloss,
+                            const float* dout, bool split) {
+  const Slot& S = slots_[slot];
+  const int B = S.B, T = S.T;
+  tokens = Stage(S.tokens_staged, tokens, B, T);
+  targets = Stage(S.targets_staged, targets, B, T);
+  const int C = config_.n_embd;
+  UnitStore& st = *store_;
+  if (first()) st.BeginBackward(emb_unit_);
+  if (last()) {
+    HeadBackward(S, targets, dloss, split);
+  } else {
+    ops_->Copy(dresidual_, dout, static_cast<int64_t>(B) * tp_.SeqLocal(T) * C);
+  }
+  // dresidual_ carries the gradient of the residual stream downwards; each
+  // residual add passes it through unchanged, so branches accumulate into
+  // it. Units finish in descending order, each as soon as its weights'
+  // gradients are complete.
+  for (int b = n_blocks_ - 1; b >= 0; --b) BlockBackward(S, b, split);
+  if (first()) {
+    float* g = st.Grads(emb_unit_);
+    vocab_embedding_backward(g + wte_offset_, g + wpe_offset_, dresidual_,
+                             tokens, B, T, C, vocab_begin_, Vl_, tp_, scratch_,
+                             cp_);
+    if (!split) st.EndBackward(emb_unit_);
+  }
+}
+
+void GptStage::BlockBackward(const Slot& S, int b, bool split) {
+  const int B = S.B, T = S.T;
+  kernels::Ops& k = *ops_;
+  UnitStore& st = *store_;
+  const int C = config_.n_embd, Ts = tp_.SeqLocal(T);
+  const int64_t BTsC = static_cast<int64_t>(B) * Ts * C;
+  const int64_t BT = static_cast<int64_t>(B) * T;
+  const int u = BlockUnit(b);
+  const float* residual = b == 0 ? S.input : Acts(S, b - 1).residual3;
+  const BlockActs a = Acts(S, b);
+  if (recompute_ == Recompute::kFull) {
+    BlockForward(a, residual, b, B, T, tp_, /*pos=*/-1, /*recomputing=*/true);
+  }
+  // Split: the linear layers' weight gradients wait for W (null here), and
+  // their output gradients stay in the slot for it; no unit ends.
+  auto dT = [&](int unit, int i) {
+    return split ? nullptr
+                 : const_cast<float*>(BlockTensor(st.Grads(unit), b, i));
+  };
+  auto dLn = [&](int unit, int i) {
+    return const_cast<float*>(BlockTensor(st.Grads(unit), b, i));
+  };
+  auto end = [&](int unit) {
+    if (!split) st.EndBackward(unit);
+  };
+  // The MLP hidden layer's and qkv's gradients: where W reads them, or the
+  // working set (and copied over qkv or what attention keeps for W once
+  // attention's backward has read it).
+  float* dfch = split && a.dfch != a.att ? a.dfch : dfch_gelu_;
+  float* dqkv = split && a.dqkv != a.qkv ? a.dqkv : dqkv_;
+
+  st.BeginBackward(u + 3);
+  if (split) k.Copy(a.dfcproj, dresidual_, BTsC);
+  // Through GELU: the gradient of fch, in fch's stored type (bf16 under
+  // bf16: it feeds only the fc matmul's backward). Split: dfcproj may be
+  // this layer's residual3, which only the layer above read.
+  row_linear_backward(Stored(dfch), dT(u + 3, kFcProjW), dT(u + 3, kFcProjB),
+                      dresidual_, Stored(a.fch),
+                      BlockWeight(st.Weights(u + 3), b, kFcProjW), B, T,
+                      4 * Cl_, C, tp_, scratch_, /*gelu_hidden=*/dqkv_,
+                      /*gelu_saved=*/a.gelu);
+  end(u + 3);
+  st.BeginBackward(u + 2);
+  const float* w = st.Params(u + 2);
+  column_linear_backward(dln_, dT(u + 2, kFcW), dT(u + 2, kFcB), Stored(dfch),
+                         Stored(a.ln2), BlockWeight(st.Weights(u + 2), b, kFcW),
+                         B, T, C, 4 * Cl_, tp_, scratch_);
+  st.Poll();
+  k.layernorm_backward(dresidual_, dLn(u + 2, kLn2W), dLn(u + 2, kLn2B), dln_,
+                       a.residual2, BlockTensor(w, b, kLn2W), a.ln2_mean,
+                       a.ln2_rstd, B, Ts, C);
+  end(u + 2);
+  st.BeginBackward(u + 1);
+  // Split: dattproj may be residual2, which ln_2's backward has read.
+  if (split) k.Copy(a.dattproj, dresidual_, BTsC);
+  row_linear_backward(datty_, dT(u + 1, kAttProjW), dT(u + 1, kAttProjB),
+                      dresidual_, Stored(a.atty),
+                      BlockWeight(st.Weights(u + 1), b, kAttProjW), B, T, Cl_,
+                      C, tp_, scratch_);
+  end(u + 1);
+  if (recompute_ == Recompute::kSelective) {
+    // What attention keeps, again (its output comes out the same, bit for
+    // bit, over the kept one).
+    Attention(a, B, T);
+  }
+  AttentionBackward(a, dqkv, B, T);
+  if (split && dqkv != a.dqkv) k.Copy(a.dqkv, dqkv, BT * 3 * Cl_);
+  if (split && dfch != a.dfch) k.Copy(a.dfch, dfch, BT * 4 * Cl_ / act_div_);
+  st.Poll();
+  st.BeginBackward(u);
+  w = st.Params(u);
+  column_linear_backward(dln_, dT(u, kQkvW), dT(u, kQkvB), dqkv, Stored(a.ln1),
+                         BlockWeight(st.Weights(u), b, kQkvW), B, T, C, 3 * Cl_,
+                         tp_, scratch_);
+  st.Poll();
+  k.layernorm_backward(dresidual_, dLn(u, kLn1W), dLn(u, kLn1B), dln_, residual,
+                       BlockTensor(w, b, kLn1W), a.ln1_mean, a.ln1_rstd, B, Ts,
+                       C);
+  end(u);
+}
+
+void GptStage::BackwardWeights(int slot) {
+  PT_CHECK(split_, "BackwardWeights on a stage without split_backward");
+  const Slot& S = slots_[slot];
+  const int B = S.B, T = S.T;
+  const int C = config_.n_embd;
+  UnitStore& st = *store_;
+  const kernels::Act no_dinp(static_cast<float*>(nullptr));
+  // The same weight-gradient products as Backward's, from what B kept and
+  // the forward's inputs (full recomputation: computed once more); no
+  // weights are read but by that forward.
+  if (last()) {
+    column_linear_backward(nullptr, st.Grads(head_unit_) + head_wte_offset_,
+                           nullptr, Logits(S), Stored(S.lnf), nullptr, B, T, C,
+                           Vl_, tp_, scratch_);
+    st.EndBackward(final_unit_);
+  }
+  for (int b = n_blocks_ - 1; b >= 0; --b) {
+    const int u = BlockUnit(b);
+    const BlockActs a = Acts(S, b);
+    if (recompute_ == Recompute::kFull) {
+      BlockForward(a, b == 0 ? S.input : Acts(S, b - 1).residual3, b, B, T, tp_,
+                   /*pos=*/-1, /*recomputing=*/true);
+    }
+    auto dT = [&](int unit, int i) {
+      return const_cast<float*>(BlockTensor(st.Grads(unit), b, i));
+    };
+    row_linear_backward(no_dinp, dT(u + 3, kFcProjW), dT(u + 3, kFcProjB),
+                        a.dfcproj, Stored(a.fch), nullptr, B, T, 4 * Cl_, C,
+                        tp_, scratch_, /*gelu_hidden=*/dqkv_,
+                        /*gelu_saved=*/a.gelu);
+    st.EndBackward(u + 3);
+    column_linear_backward(nullptr, dT(u + 2, kFcW), dT(u + 2, kFcB),
+                           Stored(a.dfch), Stored(a.ln2), nullptr, B, T, C,
+                           4 * Cl_, tp_, scratch_);
+    st.EndBackward(u + 2);
+    st.Poll();
+    row_linear_backward(no_dinp, dT(u + 1, kAttProjW), dT(u + 1, kAttProjB),
+                        a.dattproj, Stored(a.atty), nullptr, B, T, Cl_, C, tp_,
+                        scratch_);
+    st.EndBackward(u + 1);
+    column_linear_backward(nullptr, dT(u, kQkvW), dT(u, kQkvB), a.dqkv,
+                           Stored(a.ln1), nullptr, B, T, C, 3 * Cl_, tp_,
+                           scratch_);
+    st.EndBackward(u);
+    st.Poll();
+  }
+  if (first()) st.EndBackward(emb_unit_);
+}
+
+void GptStage::Attention(const BlockActs& a, int B, int T) {
+  if (cp_.size() == 1) {
+    ops_->attention_forward(Stored(a.atty), a.att, Stored(a.qkv), B, T, Cl_,
+                            NHl_);
+    return;
+  }
+  const int64_t BT = static_cast<int64_t>(B) * T;
+  const RingOperands r = WidenForRing(a, BT, /*out=*/false);
+  ring_attention_forward(r.out, a.att, r.qkv, B, T, Cl_, NHl_, cp_, ring_,
+                         *ops_);
+  if (r.out != a.atty) ops_->Convert(Stored(a.atty), r.out, BT, Cl_);
+}
+
+GptStage::RingOperands GptStage::WidenForRing(const BlockActs& a, int64_t BT,
+                                              bool out) {
+  if (act_div_ == 1) return {a.qkv, a.atty};
+  // The MLP's hidden buffer is free around attention.
+  const RingOperands r{dfch_gelu_, dfch_gelu_ + BT * 3 * Cl_};
+  ops_->Convert(r.qkv, Stored(a.qkv), BT, 3 * Cl_);
+  if (out) ops_->Convert(r.out, Stored(a.atty), BT, Cl_);
+  return r;
+}
+
+void GptStage::AttentionBackward(const BlockActs& a, float* dqkv, int B,
+                                 int T) {
+  if (cp_.size() == 1) {  // attention_backward writes dqkv whole
+    ops_->attention_backward(dqkv, datt_, datty_, Stored(a.qkv), Stored(a.atty),
+                             a.att, B, T, Cl_, NHl_);
+    return;
+  }
+  ops_->Zero(dqkv, static_cast<int64_t>(B) * T * 3 * Cl_);
+  const RingOperands r =
+      WidenForRing(a, static_cast<int64_t>(B) * T, /*out=*/true);
+  ring_attention_backward(dqkv, datty_, r.qkv, r.out, a.att, B, T, Cl_, NHl_,
+                          cp_, ring_, *ops_);
+}
+
+MemoryBytes GptStage::memory() const {
+  MemoryBytes m;
+  m.params = params_.size() * static_cast<int64_t>(sizeof(float));
+  m.grads = grads_.size() * static_cast<int64_t>(sizeof(float));
+  m.activations = acts_.size() * static_cast<int64_t>(sizeof(float));
+  return m;
+}
+
+}  // namespace ptrain

@@ -1,0 +1,500 @@
+// GptStage: GPT-2 (pre-LayerNorm blocks, tied LM head) as one pipeline stage
+// on one rank — a contiguous range of blocks, with the token and position
+// embedding on the first stage and the final LayerNorm, the head and the
+// loss on the last — tensor-parallel over its group (layers.h). The plan
+// (plan.h) says which parameters it holds; a UnitStore says where their
+// weights and gradients are while a pass uses them. Activations are kept
+// per in-flight microbatch (a slot) from its forward to its backward.
+// Not thread-safe.
+#ifndef PTRAIN_WORKER_ENGINE_MODEL_GPT_STAGE_H_
+#define PTRAIN_WORKER_ENGINE_MODEL_GPT_STAGE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/spec.h"
+#include "worker/engine/model/layers.h"
+#include "worker/engine/model/plan.h"
+
+namespace ptrain {
+
+// Where the weights and gradients of each unit (plan.h) live while a pass
+// runs. The stage brackets its use of unit u with Begin/End calls, with E
+// the embedding unit (0, first stage only) and F the final one (ln_f, last
+// stage only):
+//   forward:  B(E) [B(u) E(u) for blocks in order] B(F) E(F) E(E);
+//   backward: B(E) B(F) E(F) [B(u) E(u) for blocks in reverse] E(E);
+// A backward split in two (a zero-bubble schedule: StageOptions::
+// split_backward) makes the input-gradient pass B the backward without its
+// Ends, B(E) B(F) [B(u) in reverse], and the weight pass W, later (other
+// microbatches' passes may run in between), the Ends: E(F) [E(u) in
+// reverse] E(E). Between them the units' gradients must stay valid (a
+// store that keeps them whole through the step: a pipeline's); W reads no
+// weights but under full recomputation, whose W runs the forward again
+// ([Bf(u) Ef(u)] for u..u+2) before each block's weight gradients.
+// with recomputation, each block's backward is preceded by the forward of
+// its first three units again: [Bf(u) Ef(u)] for u..u+2, then B(u+3)...
+// A last stage that does not embed reads the head's weights from the tied
+// copy of wte in F, so there F stays begun until the head is done.
+// Params(u)/Grads(u) are valid between Begin and End and point at the
+// unit's first element (unit-relative offsets). Gradients accumulate (+=).
+class UnitStore {
+ public:
+  virtual ~UnitStore() = default;
+  virtual const float* Params(int u) = 0;
+  // The unit's weights as the matmuls read them (same layout as Params):
+  // a bf16 compute copy of Params where the store keeps one (bf16 compute),
+  // else Params itself. Valid where Params is.
+  virtual kernels::ConstAct Weights(int u) { return Params(u); }
+  virtual float* Grads(int u) = 0;
+  virtual void BeginForward(int u) {}
+  virtual void EndForward(int u) {}
+  virtual void BeginBackward(int u) {}
+  // The unit's gradients of this pass are complete.
+  virtual void EndBackward(int u) {}
+  // Called between kernels of backward: a chance to progress communication.
+  virtual void Poll() {}
+  // Issues now what Weights() would otherwise issue at its next call (a
+  // bf16 copy of weights written since it was made): called before a pass
+  // is recorded or replayed (StageOptions::graphs), whose Weights() calls
+  // then issue nothing of the store's own.
+  virtual void Settle() {}
+};
+
+// One model chunk's view of its rank's UnitStore: the chunk's units are
+// the store's from `first` on (StageSlice in plan.h numbers them from 0).
+class UnitStoreSlice : public UnitStore {
+ public:
+  UnitStoreSlice(UnitStore* store, int first) : store_(store), first_(first) {}
+  const float* Params(int u) override { return store_->Params(first_ + u); }
+  kernels::ConstAct Weights(int u) override {
+    return store_->Weights(first_ + u);
+  }
+  float* Grads(int u) override { return store_->Grads(first_ + u); }
+  void BeginForward(int u) override { store_->BeginForward(first_ + u); }
+  void EndForward(int u) override { store_->EndForward(first_ + u); }
+  void BeginBackward(int u) override { store_->BeginBackward(first_ + u); }
+  void EndBackward(int u) override { store_->EndBackward(first_ + u); }
+  void Poll() override { store_->Poll(); }
+  void Settle() override { store_->Settle(); }
+
+ private:
+  UnitStore* store_;
+  const int first_;
+};
+
+// Recompute (train.recompute) comes with the spec (common/spec.h).
+
+struct MemoryBytes {
+  int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
+};
+
+struct StageOptions {
+  int max_B = 1, max_T = 1;  // the largest microbatch
+  int slots = 1;             // microbatches in flight at once
+  TpGroup tp;                // tensor-parallel group (none: tp = 1)
+  int stage = 0, n_stages = 1;
+  // Weights and gradients, laid out by `layout` (not owned; outlives the
+  // stage). Null: the stage owns flat buffers of its own.
+  UnitStore* store = nullptr;
+  int pad = 1;  // the layout's unit padding (PlanOptions::pad)
+  // The backend that runs the stage and holds its buffers (not owned;
+  // outlives the stage). Null: the CPU. A store's buffers must live in the
+  // same backend's memory.
+  kernels::Ops* ops = nullptr;
+  // kFull: keep only each block's input (its predecessor's output) per
+  // microbatch and recompute the rest of the block just before its
+  // backward, in one block's worth of activations shared by every slot.
+  // kSelective: keep all but what attention keeps for its backward, and run
+  // the attention forward again just before the attention backward, into
+  // one layer's worth shared by every slot.
+  Recompute recompute = Recompute::kNone;
+  // Context parallelism: the group splitting every sequence (zigzag); the
+  // stage's T (max_T, and each microbatch's) are then the T/cp positions
+  // this rank holds, attention is ring attention over the group, and the
+  // loss a mean over those positions. The ring's block attention is fp32:
+  // bf16-stored qkv and output are widened and rounded around it. Decode is
+  // not split: it computes every position on every cp rank, its cache as
+  // long as the whole sequence.
+  CpGroup cp;
+  // The backward runs as two passes (BackwardInput, then BackwardWeights):
+  // each slot also keeps, per layer, the output gradients of the block's
+  // four linear layers from the one to the other.
+  bool split_backward = false;
+  // Training's passes recorded once per shape and replayed as one unit
+  // each (Ops::Capture; on a GPU a CUDA graph, one launch for the hundreds
+  // of a pass): a microbatch's forward with targets and its backward, from
+  // their second run at a (slot, B, T, dloss, receive buffer) on; a stage
+  // before the last records every forward. Only for a stage without tp or
+  // cp whose store communicates nothing inside a pass (ZeRO 0, dp 1:
+  // common/spec.h CudaGraphsUnsupported), without split_backward. Where a
+  // capture fails the pass runs op by op, with a warning
+  // (graph_counts()).
+  bool graphs = false;
+};
+
+class GptStage : private UnitStore {
+ public:
+  // `config` has padded_vocab set; `layout` is BuildPlan's for this rank.
+  // An inconsistent config is a programming error (the spec was
+  // validated): PT_CHECK fails.
+  GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
+           const StageOptions& options);
+  GptStage(const GptStage&) = delete;
+  GptStage& operator=(const GptStage&) = delete;
+  ~GptStage() override;
+
+  const GptConfig& config() const { return config_; }
+  const std::vector<ParamInfo>& layout() const { return layout_; }
+  const std::vector<UnitRange>& units() const { return units_; }
+  bool first() const { return stage_ == 0; }
+  int slots() const { return static_cast<int>(slots_.size()); }
+  bool last() const { return stage_ == n_stages_ - 1; }
+  int64_t buffer_size() const { return buffer_size_; }  // padded elements
+  // The stage's own buffers (no external store), else null; in the
+  // backend's memory.
+  float* params() { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  kernels::Ops& ops() const { return *ops_; }
+
+  // Fills the stage's own parameters with InitialValue(seed).
+  void InitParams(uint64_t seed);
+  void ZeroGrad();
+
+  // Pointers to tokens and targets are host memory; every float pointer in
+  // and out is the backend's.
+  // One microbatch's forward into `slot`. First stage: `tokens` (B,T).
+  // Other stages: `hidden` (B,Ts,C), the previous stage's output. Last stage
+  // with `targets`: returns the mean loss over the B·T positions and keeps
+  // what backward needs; without targets returns 0 and leaves logits()
+  // valid. Other stages: output() holds (B,Ts,C) for the next stage.
+  // `dloss` non-zero (training, last stage with targets): the loss's
+  // gradient of the logits is computed with the loss (the fused
+  // classifier), for the Backward with that dloss; 0 keeps the
+  // probabilities, and Backward computes the gradient from them.
+  float Forward(int slot, const int32_t* tokens, const float* hidden,
+                const int32_t* targets, int B, int T, float dloss = 0.0f);
+  // Backward of the microbatch in `slot` (its Forward had targets on the
+  // last stage). Last stage: `dloss` is 1/(tokens of the whole optimizer
+  // step), the Forward's when it had one; other stages: `dout` (B,Ts,C)
+  // from the next stage. Accumulates parameter gradients; non-first stages
+  // leave dinput() for the previous.
+  void Backward(int slot, const int32_t* tokens, const int32_t* targets,
+                float dloss, const float* dout);
+  // The same backward in two passes (split_backward stages only): the
+  // input-gradient pass B (arguments and dinput() as Backward's; the
+  // LayerNorm and embedding gradients too), which keeps the linear layers'
+  // output gradients in the slot, and later the weight pass W, which
+  // accumulates the linear layers' weight and bias gradients from them.
+  // The slot is not reused in between. Together they accumulate what
+  // Backward does, bit for bit.
+  void BackwardInput(int slot, const int32_t* tokens, const int32_t* targets,
+                     float dloss, const float* dout);
+  void BackwardWeights(int slot);
+
+  // Generation with a cache of keys and values (one sequence, B = 1): the
+  // forward of the n tokens at positions [pos, pos + n), attending to the
+  // positions before them that earlier Decode calls cached (a Decode at pos
+  // 0 starts a new sequence). First stage: `tokens` (n); others: `hidden`
+  // (n,C), the previous stage's output(0). Afterwards output(0) holds
+  // (n,C) for the next stage, or logits(0) the (n,Vl) logits. Uses slot 0
+  // and a cache of 2·L·max_T·cp·Cl floats, allocated at the first call (not
+  // in memory(): generation only). Every position is computed on every rank
+  // of the tensor-parallel group, with or without sequence parallelism, and
+  // of the cp group (no ring: each holds the whole cache).
+  void Decode(const int32_t* tokens, const float* hidden, int n, int pos);
+  // The most positions one Decode takes (the slot's buffers' size).
+  int decode_max() const { return max_B_ * tp_.SeqLocal(max_T_); }
+  // The longest context Decode caches: the whole sequence.
+  int CacheT() const { return max_T_ * cp_.size(); }
+
+  const float* output(int slot) const;  // (B,Ts,C), non-last stages
+  const float* dinput() const { return dresidual_; }  // (B,Ts,C)
+  // (B,T,Vl): this rank's vocabulary columns of the last Forward without
+  // targets (columns at or past V are padding).
+  const float* logits(int slot) const { return slots_[slot].logits; }
+  int vocab_begin() const { return vocab_begin_; }
+  int vocab_local() const { return Vl_; }
+
+  // StageOptions::graphs: passes recorded (captures), passes run as a
+  // replay (the recording one included), and captures that failed (their
+  // passes then run op by op).
+  struct GraphCounts {
+    int64_t captured = 0, replayed = 0, failed = 0;
+  };
+  GraphCounts graph_counts() const { return graph_counts_; }
+
+  // Bytes of the stage's own buffers: params and grads when it owns them,
+  // activations (every slot plus the backward working set).
+  MemoryBytes memory() const;
+
+  // The floats of activations a stage with these settings allocates (every
+  // slot and the working set), without building one; INT64_MAX when that
+  // does not fit in 64 bits. Attention keeps what `ops` says it keeps; with
+  // no ops, the (B,NH,T,T) probabilities (the CPU's, and the most).
+  // `layers`: the stage's transformer blocks; `last`: it computes the head.
+  static int64_t ActivationFloats(const GptConfig& config, int max_B, int max_T,
+                                  int slots, int tp, bool sp,
+                                  Recompute recompute, int layers, bool last,
+                                  const kernels::Ops* ops = nullptr,
+                                  bool split_backward = false, int cp = 1);
+
+ private:
+  // Activations a microbatch keeps from forward to backward. With full
+  // recomputation every per-layer slab but residual3 is one layer deep and
+  // shared by all slots, with selective recomputation att is (BlockActs
+  // gives layer b's pointers either way).
+  struct Slot {
+    float* input;  // (B,Ts,C): embedding output or the received input
+    // (L,B,Ts,C), fp32 or bf16 (Stored), as ln2, lnf, qkv, atty, fch
+    float* ln1;
+    float* ln1_mean;   // (L,B,Ts)
+    float* ln1_rstd;   // (L,B,Ts)
+    float* qkv;        // (L,B,T,3Cl)
+    float* atty;       // (L,B,T,Cl)
+    float* att;        // (L, attention_saved_floats)
+    float* residual2;  // (L,B,Ts,C)
+    float* ln2;        // (L,B,Ts,C)
+    float* ln2_mean;   // (L,B,Ts)
+    float* ln2_rstd;   // (L,B,Ts)
+    float* fch;        // (L,B,T,4Cl); GELU's output is computed again
+    float* gelu;       // (L, gelu_floats_): what the backend keeps of it
+    float* residual3;  // (L,B,Ts,C)
+    float* lnf;        // (B,Ts,C)
+    float* lnf_mean;   // (B,Ts)
+    float* lnf_rstd;   // (B,Ts)
+    // (B,T,Vl); after a loss the probabilities, then dlogits; or dlogits
+    // right away (fused: dloss below; then in the stored type, Logits()).
+    float* logits;
+    float* losses;  // (B,T)
+    // split_backward: the output gradients of each layer's linear layers
+    // from B to W (else null): of qkv (L,B,T,3Cl), of the attention's
+    // projection (L,B,Ts,C), of fc (L,B,T,4Cl, stored type: fch's
+    // gradient), of the MLP's projection (L,B,Ts,C). Without full
+    // recomputation the last two are residual2 and residual3, the first
+    // is qkv where that is fp32, and (without any recomputation) fc's is
+    // att where that is as large (B is done with them).
+    float *dqkv, *dattproj, *dfch, *dfcproj;
+    // The microbatch's tokens and targets in the backend's memory (null on
+    // the CPU, which reads the caller's).
+    int32_t* tokens_staged = nullptr;
+    int32_t* targets_staged = nullptr;
+    int B = 0, T = 0;  // dims of its forward
+    // The dloss the forward's fused classifier folded into logits (0: it
+    // kept the probabilities).
+    float dloss = 0.0f;
+  };
+
+  // Layer b's activations inside a slot's slabs.
+  struct BlockActs {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2,
+        *ln2_mean, *ln2_rstd, *fch, *residual3;
+    float* gelu;  // null when nothing is kept of GELU(fch)
+    // Slot's split_backward output gradients of layer b (else null).
+    float *dqkv, *dattproj, *dfch, *dfcproj;
+  };
+  BlockActs Acts(const Slot& S, int b) const;
+  // The last stage's backward from the loss to the residual stream's
+  // gradient (dresidual_): the logits' gradient (unless the forward fused
+  // it), the head, ln_f.
+  // `split`: B's part (no weight gradient of the head; no E(F)).
+  void HeadBackward(const Slot& S, const int32_t* targets, float dloss,
+                    bool split);
+  // Backward, or with `split` BackwardInput.
+  void BackwardPass(int slot, const int32_t* tokens, const int32_t* targets,
+                    float dloss, const float* dout, bool split);
+  // Local block b's part of it: dresidual_ from the block's output gradient
+  // to its input's.
+  void BlockBackward(const Slot& S, int b, bool split);
+  // Local block b's forward from its input x (B,Ts,C) into `a`. pos >= 0: a
+  // Decode step at that position. `recomputing`: the forward again before
+  // the block's backward, which stops at the MLP's hidden layer (the
+  // block's output is kept).
+  void BlockForward(const BlockActs& a, const float* x, int b, int B, int T,
+                    const TpGroup& g, int pos, bool recomputing);
+  // Forward of `slot`; pos >= 0: a Decode at that position. dloss as
+  // Forward's. The loss stays in the slot (SlotLoss).
+  void ForwardPass(int slot, const int32_t* tokens, const float* hidden,
+                   const int32_t* targets, int B, int T, int pos, float dloss);
+  // The mean of the slot's losses (its last Forward with targets).
+  float SlotLoss(const Slot& S) const;
+  // What a forward tells the slot for its backward.
+  void BeginSlot(Slot& S, int B, int T, bool targets, float dloss) const;
+
+  // A recorded pass (StageOptions::graphs) and what its host code decided:
+  // the slot, the shape, which pass, the dloss it computes with and the
+  // one its forward folded into the logits, and where its input from
+  // another stage is (the previous stage's output, or the next one's
+  // gradient; null for none).
+  struct PassKey {
+    int slot = 0, B = 0, T = 0;
+    bool backward = false;
+    float dloss = 0.0f, forward_dloss = 0.0f;
+    const float* received = nullptr;
+    bool operator==(const PassKey& o) const {
+      return slot == o.slot && B == o.B && T == o.T && backward == o.backward &&
+             dloss == o.dloss && forward_dloss == o.forward_dloss &&
+             received == o.received;
+    }
+  };
+  struct PassGraph {
+    PassKey key;
+    int64_t runs = 0;  // op by op since it was last (re)made
+    bool failed = false;
+    std::unique_ptr<kernels::OpsGraph> graph;
+  };
+  // At most this many keys (past them a key run once and never recorded
+  // makes room; else the pass runs op by op).
+  static constexpr int kMaxGraphs = 64;
+  // Runs `pass` (whose tokens are already staged) as the replay of its
+  // recording, recording it at its second run.
+  void RunRecorded(const PassKey& key, const std::function<void()>& pass);
+  const float* Params(int u) override {
+    return params_.data() + units_[u].begin;
+  }
+  float* Grads(int u) override { return grads_.data() + units_[u].begin; }
+  // Host tokens of `slot` as the backend reads them.
+  const int32_t* Stage(int32_t* staged, const int32_t* host, int B, int T);
+  // Tensor `i` of block-local table index (GptBlockTensorNames order) of
+  // local block `b`, inside its unit's buffer.
+  const float* BlockTensor(const float* unit_base, int b, int i) const;
+  // The same of the unit's weights as the matmuls read them
+  // (UnitStore::Weights).
+  kernels::ConstAct BlockWeight(kernels::ConstAct unit_weights, int b,
+                                int i) const;
+  // The sizes a stage's activation slabs are laid out by (the backend's
+  // when `ops` is given, else the most any backend keeps).
+  struct ActivationDims {
+    int64_t C = 0, L = 0, Cl = 0, Vl = 0, BT = 0, BTs = 0;
+    // Per layer and microbatch: what attention keeps, what is kept of
+    // GELU(fch); attention's backward scratch.
+    int64_t att = 0, gelu = 0, datt = 0;
+    // 2 where the stored activations (LayerNorm outputs, qkv, atty, fch)
+    // are kept in bf16 (Ops::activation_type, even widths): their slabs'
+    // elements per float; else 1.
+    int64_t act_div = 1;
+    int slots = 1;
+    Recompute recompute = Recompute::kNone;
+    bool last = false;
+    bool split = false;  // StageOptions::split_backward
+    int cp = 1;          // StageOptions::cp's size: the ring's buffers
+    static ActivationDims Of(const GptConfig& config, int max_B, int max_T,
+                             int slots, int tp, bool sp, Recompute recompute,
+                             int layers, bool last, const kernels::Ops* ops,
+                             bool split, int cp);
+  };
+  // The backward's working set inside the activation buffer.
+  struct Working {
+    float *scratch_a, *scratch_b, *proj, *dresidual, *dln, *dqkv, *datt,
+        *dfch_gelu, *ce_stats;
+    float* ring;  // cp > 1: ring attention's blocks in transit
+  };
+  // The one table of the activation slabs, in their order in the buffer:
+  // calls take(count) for each (saturating sizes) and keeps what it returns
+  // in `slots` (d.slots of them) and `w`. The constructor's take hands out
+  // the buffer; ActivationFloats' counts.
+  template <typename TakeFn>
+  static void LayOut(const ActivationDims& d, TakeFn take,
+                     std::vector<Slot>* slots, Working* w);
+  static int64_t ActivationFloats(const ActivationDims& d);
+  int BlockUnit(int b) const { return (first() ? 1 : 0) + 4 * b; }
+  // Finds the stage's tensors in its layout: the units and offsets of the
+  // embedding, ln_f, the head's wte and each block's tensors.
+  void FindTensors();
+
+  const GptConfig config_;
+  std::vector<ParamInfo> layout_;
+  std::vector<UnitRange> units_;
+  // The blocks of the stage's layout (transformer layers first_layer_ ...
+  // first_layer_ + n_blocks_ - 1).
+  static int BlockCount(const std::vector<ParamInfo>& layout);
+  static int FirstLayer(const std::vector<ParamInfo>& layout);
+
+  const int stage_, n_stages_, n_blocks_, first_layer_;
+  const int max_B_, max_T_;
+  const TpGroup tp_;
+  const Recompute recompute_;
+  const bool split_;  // StageOptions::split_backward
+  const CpGroup cp_;
+  const bool graphs_;  // StageOptions::graphs
+  std::vector<PassGraph> graphs_by_key_;
+  GraphCounts graph_counts_;
+  const int Cl_, NHl_, Vl_, vocab_begin_;
+  int64_t buffer_size_ = 0;
+  // Floats attention keeps per layer and microbatch (the backend's
+  // attention_saved_floats at max_B_, max_T_): the stride of Slot::att.
+  int64_t att_floats_ = 0;
+  // Floats the backend keeps of GELU(fch) per layer and microbatch
+  // (Ops::gelu_saved_floats; none under full recomputation, whose forward
+  // again stops before the MLP's projection): the stride of Slot::gelu.
+  int64_t gelu_floats_ = 0;
+  // The stored activations' (ln1, ln2, lnf, qkv, atty, fch) elements per
+  // float of the slabs (ActivationDims::act_div): 2 where they are bf16.
+  int64_t act_div_ = 1;
+  kernels::Act Stored(float* p) const {
+    return kernels::Act(
+        p, act_div_ == 2 ? kernels::DType::kBf16 : kernels::DType::kF32);
+  }
+  // A slot's logits: in the stored type where its forward fuses the
+  // classifier over the whole vocabulary (loss and gradient from the stored
+  // values, the gradient, which only the head's matmul backward reads,
+  // written over them), else fp32 (probabilities, sampling, a vocabulary
+  // split over tp).
+  kernels::Act Logits(const Slot& S) const {
+    return S.dloss != 0.0f && tp_.size() == 1 ? Stored(S.logits)
+                                              : kernels::Act(S.logits);
+  }
+  UnitStore* store_;
+  kernels::Ops* ops_;
+  kernels::Buffer params_, grads_;
+  // Offsets of the embedding (wte, wpe), each block's tensors and ln_f in
+  // their units.
+  int64_t wte_offset_ = 0, wpe_offset_ = 0, lnf_offset_ = 0;
+  int emb_unit_ = -1, final_unit_ = -1;
+  // The head's wte: emb_unit_ on a stage that embeds, else the tied copy in
+  // the final unit.
+  int head_unit_ = -1;
+  int64_t head_wte_offset_ = 0;
+  std::vector<int64_t> block_offsets_;  // (n_blocks, 12)
+
+  kernels::Buffer acts_;
+  kernels::Buffer kv_;  // generation's key/value cache (Decode)
+  int64_t acts_used_ = 0;
+  std::vector<Slot> slots_;
+  // Backward working set, shared by every slot and layer.
+  LayerContext scratch_;
+  float* proj_;       // (B,Ts,C): a row-parallel output before the residual
+  float* dresidual_;  // (B,Ts,C)
+  float* dln_;        // (B,Ts,C)
+  // dqkv_ and datty_ are one (B,T,4Cl) region, which holds GELU(fch)
+  // recomputed for the MLP projection's backward before them.
+  float* dqkv_;   // (B,T,3Cl)
+  float* datty_;  // (B,T,Cl)
+  float* datt_;   // (B,NHl,T,T)
+  // (B,T,4Cl): GELU(fch) in forward; in backward its gradient, then fch's
+  // in its place.
+  float* dfch_gelu_;
+  float* ce_stats_;  // (3,B,T)
+  float* ring_;      // cp > 1: 4·(B,T,2Cl), ring attention's
+  // Training's attention of layer `a` over the whole sequence (ring
+  // attention under cp, its log-sum-exp kept in a.att), and its backward
+  // into dqkv (written whole).
+  void Attention(const BlockActs& a, int B, int T);
+  void AttentionBackward(const BlockActs& a, float* dqkv, int B, int T);
+  // Ring attention's fp32 qkv and output of block `a` (B·T rows): the
+  // slot's own under fp32 storage; under bf16, fp32 copies in the MLP's
+  // hidden buffer (free around attention), qkv widened into it (and the
+  // output, with `out`).
+  struct RingOperands {
+    float* qkv;
+    float* out;
+  };
+  RingOperands WidenForRing(const BlockActs& a, int64_t BT, bool out);
+};
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_WORKER_ENGINE_MODEL_GPT_STAGE_H_

@@ -1,0 +1,274 @@
+// The parallel plan: where every parameter of GPT-2 lives, as data. One
+// table of the model's tensors, then ordered pure steps, each separately
+// tested: split into pipeline stages -> apply the tensor-parallel plan (a
+// table keyed by tensor name, as torchtitan's layer plans) -> lay the
+// stage's tensors out in units for ZeRO. The model, the optimizer, ZeRO and
+// checkpoints all read the result; none of them knows another copy of it.
+//
+// Dimension legend: L layers, NH heads, C channels, V vocabulary, Vp the
+// padded vocabulary (a multiple of 128·tp), T positions (block_size).
+#ifndef PTRAIN_WORKER_ENGINE_MODEL_PLAN_H_
+#define PTRAIN_WORKER_ENGINE_MODEL_PLAN_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ptrain {
+
+struct GptConfig {
+  int n_layer = 0;     // L
+  int n_head = 0;      // NH
+  int n_embd = 0;      // C
+  int block_size = 0;  // maximum T
+  int vocab_size = 0;  // V
+  // Vp: the vocabulary rounded up to a multiple of 128·tp, so that every
+  // tensor-parallel rank holds as many rows of wte (the padding rows are
+  // zero and never take part). 0: not set yet (PaddedVocab sets it).
+  int padded_vocab = 0;
+};
+
+// V rounded up to a multiple of 128·tp.
+int PaddedVocab(int V, int tp);
+
+// How tensor parallelism splits a tensor (Megatron's layouts).
+enum class TpSplit {
+  kReplicated,  // every tp rank holds all of it
+  kColumn,      // dim 0 (output features) in tp equal parts
+  kRow,         // dim 1 (input features) in tp equal parts
+  kVocab,       // dim 0 of wte: Vp/tp rows per rank, real rows those < V
+  kQkv,         // dim 0 is [q; k; v], C rows each: each split by heads
+};
+const char* TpSplitName(TpSplit split);  // "replicated", "column", ...
+
+// An n-dimensional slice of a tensor: [lo[d], hi[d]) in every dimension.
+struct Box {
+  std::vector<int64_t> lo, hi;
+  int64_t numel() const;
+  bool empty() const { return numel() == 0; }
+};
+// The intersection (possibly empty) of two boxes of one tensor.
+Box Intersect(const Box& a, const Box& b);
+Box WholeBox(const std::vector<int64_t>& shape);
+// The row-major index of `coord` inside `frame` (coord lies in frame).
+int64_t BoxIndex(const Box& frame, const std::vector<int64_t>& coord);
+// Calls fn(coord) for the first element of every row of `box` (a row: its
+// extent along the last dimension, contiguous in any row-major frame that
+// contains the box), in row-major order.
+template <typename Fn>
+void ForEachBoxRow(const Box& box, Fn fn);
+// "" when `boxes` tile a tensor of `shape` exactly (each inside it and
+// non-empty, no two overlapping, together covering it); else what is
+// wrong. O(n log n) plus the overlaps of boxes that share rows.
+std::string CheckTiling(const std::vector<int64_t>& shape,
+                        const std::vector<Box>& boxes);
+
+struct ParamInfo {
+  enum class Init { kNormal, kZeros, kOnes };
+
+  // From the tensor table.
+  std::string name;                   // e.g. "h.3.attn.c_attn.weight"
+  std::vector<int64_t> global_shape;  // wte is (V, C): real rows only
+  int layer = -1;                     // block index; -1 for wte, wpe, ln_f
+  bool decay = false;                 // AdamW weight decay (matrices)
+  Init init = Init::kNormal;
+  double init_std = 0.0;
+  // Its gradient is a partial sum over tp ranks under sequence parallelism
+  // (each rank saw only its positions): LayerNorm weights and biases, wpe.
+  bool sequence_partial = false;
+
+  // From SplitStages: the pipeline stage that holds it (the virtual stage
+  // under an interleaved schedule: pipeline rank stage % pp holds it).
+  int stage = 0;
+  // The last stage's copy of wte when pp > 1: the LM head is tied to the
+  // embedding on stage 0. The two copies stay equal because their gradients
+  // are summed over the embedding group (stage 0 and the last stage) before
+  // each update; the copy is not written to checkpoints and its gradient
+  // norm is not counted (the primary's is).
+  bool tied_copy = false;
+
+  // From ApplyTensorParallel: this rank's part.
+  TpSplit split = TpSplit::kReplicated;
+  std::vector<int64_t> shape;  // local shape (wte: Vp/tp rows)
+  // The global boxes this rank holds, in local order: the local tensor is
+  // their concatenation along dim 0 (c_attn holds three, one each of q, k
+  // and v; wte's box leaves out the padding rows, possibly all of them).
+  std::vector<Box> boxes;
+
+  // From LayoutUnits: the place in this rank's flat buffers.
+  int64_t numel = 0;   // local elements, padding rows included
+  int64_t offset = 0;  // element offset in the flat buffer
+  int unit = 0;        // ZeRO unit
+  int64_t unit_offset = 0;
+
+  // Replicated over the tp group: its gradient norm counts once, one tp
+  // rank writes it to checkpoints.
+  bool tp_replicated() const { return split == TpSplit::kReplicated; }
+};
+
+// The global index (flat, row-major in global_shape) of local element
+// `local` of `p`; nullopt for wte's padding rows.
+std::optional<int64_t> GlobalIndex(const ParamInfo& p, int64_t local);
+
+// Local elements [lo, hi) of `p` as global boxes: fn(box, local_start) for
+// each, in order, where local elements [local_start, local_start +
+// box.numel()) are the box in row-major order. Padding rows (wte past V)
+// are left out. Tensors of one or two dimensions.
+template <typename Fn>
+void ForEachLocalBox(const ParamInfo& p, int64_t lo, int64_t hi, Fn fn);
+
+// --- the steps ---------------------------------------------------------
+
+// 1. The model's tensors with their global shapes, in the order of llm.c's
+// and PyTorch's GPT-2 state: wte, wpe, per block ln_1.{weight,bias},
+// attn.c_attn.{weight,bias}, attn.c_proj.{weight,bias}, ln_2.{..},
+// mlp.c_fc.{..}, mlp.c_proj.{..}, then ln_f.{weight,bias}. Block tensors
+// come from one table (kGptBlockTensors in plan.cc).
+std::vector<ParamInfo> GptTensors(const GptConfig& config);
+// The suffixes of a block's tensors, in table order ("ln_1.weight", ...).
+const std::vector<std::string>& GptBlockTensorNames();
+
+// 2. Splits the layers into stage_layers.size() pipeline stages of
+// contiguous layers, stage s holding stage_layers[s] of them (at least one,
+// adding up to L); wte and wpe are on stage 0, ln_f on the last stage and,
+// with more than one stage, a tied copy of wte for the head after it (in
+// ln_f's unit).
+void SplitStages(std::vector<ParamInfo>* tensors,
+                 const std::vector<int>& stage_layers);
+// pp stages of L/pp layers each (pp | L).
+std::vector<int> EvenStageLayers(int n_layer, int pp);
+
+// 3. Applies the tensor-parallel plan for rank `tp_rank` of `tp`: sets
+// split, shape and boxes. Requires tp | NH and Vp a multiple of tp.
+void ApplyTensorParallel(std::vector<ParamInfo>* tensors,
+                         const GptConfig& config, int tp, int tp_rank);
+
+// 4. Keeps the tensors of `stage` and lays them out in ZeRO units — [wte
+// wpe] on the first stage; per block [ln_1 c_attn] [attn.c_proj] [ln_2
+// c_fc] [mlp.c_proj]; [ln_f] on the last — each unit padded to a multiple
+// of `pad` (the dp degree) with zeros after its tensors.
+std::vector<ParamInfo> LayoutUnits(const std::vector<ParamInfo>& tensors,
+                                   int stage, int pad);
+// The same for a rank that holds several stages (the virtual stages of an
+// interleaved pipeline, in increasing order): one after the other in one
+// flat buffer, units numbered on from one stage to the next.
+std::vector<ParamInfo> LayoutUnits(const std::vector<ParamInfo>& tensors,
+                                   const std::vector<int>& stages, int pad);
+
+// The entries of a rank's layout that belong to `stage`, with their units
+// and offsets counted from the stage's first unit: the layout of one model
+// chunk. *first_unit gets that unit's index in `layout`.
+std::vector<ParamInfo> StageSlice(const std::vector<ParamInfo>& layout,
+                                  int stage, int* first_unit);
+
+// A unit's place in the flat buffer: [begin, begin + size), size padded.
+struct UnitRange {
+  int64_t begin = 0, size = 0;
+};
+std::vector<UnitRange> Units(const std::vector<ParamInfo>& layout, int pad);
+
+// Where this rank stands in the mesh, for the plan.
+struct PlanOptions {
+  int tp = 1, tp_rank = 0;
+  int pp = 1, pp_rank = 0;
+  int pad = 1;  // dp: ZeRO's shard count
+  // Model chunks per pipeline rank (interleaved schedule): the model is
+  // split into pp·v virtual stages and rank r holds stages r, r+pp, ...
+  int virtual_stages = 1;
+  // Layers of each of the pp·v stages (PipelineStageLayers of the spec);
+  // empty: EvenStageLayers.
+  std::vector<int> stage_layers;
+};
+
+// The virtual stages pipeline rank `pp_rank` holds, in increasing order.
+std::vector<int> RankStages(const PlanOptions& options);
+
+// Steps 1-4 for one rank: its stages' tensors, tensor-parallel and laid
+// out. `config.padded_vocab` must be PaddedVocab(V, tp).
+std::vector<ParamInfo> BuildPlan(const GptConfig& config,
+                                 const PlanOptions& options);
+
+// Sizes multiplied and added without overflow: a result past int64 stays
+// INT64_MAX ("too large"). For memory estimates of absurd configurations.
+int64_t SatAdd(int64_t a, int64_t b);
+int64_t SatMul(int64_t a, int64_t b);
+
+// Real parameters of the whole model (no padding, no sharding).
+int64_t GptNumParams(const GptConfig& config);
+
+// Initial value of element `index` (global, flat) of parameter `info`: a
+// pure function of (seed, name, index). Any shard of any layout gets the
+// same numbers.
+float InitialValue(const ParamInfo& info, uint64_t seed, int64_t index);
+
+// Model FLOPs per trained token (forward + backward): 6 per matmul weight
+// (wpe does no matmul) plus 12·L·C·T for attention scores and mixing.
+double GptFlopsPerToken(const GptConfig& config, int T);
+
+// --- templates -----------------------------------------------------------
+
+template <typename Fn>
+void ForEachBoxRow(const Box& box, Fn fn) {
+  const size_t n = box.lo.size();
+  if (box.empty()) return;
+  std::vector<int64_t> coord = box.lo;
+  while (true) {
+    fn(coord);
+    // Odometer over every dimension but the last.
+    size_t d = n - 1;
+    while (d > 0) {
+      --d;
+      if (++coord[d] < box.hi[d]) break;
+      coord[d] = box.lo[d];
+      if (d == 0) return;
+    }
+    if (n == 1) return;
+  }
+}
+
+template <typename Fn>
+void ForEachLocalBox(const ParamInfo& p, int64_t lo, int64_t hi, Fn fn) {
+  const bool matrix = p.shape.size() == 2;
+  const int64_t width = matrix ? p.shape[1] : 1;  // elements per local row
+  int64_t pos = lo;
+  while (pos < hi) {
+    const int64_t row = pos / width, col = pos % width;
+    // The box that holds this local row, and the row's place in it.
+    int64_t first_row = 0;
+    const Box* box = nullptr;
+    for (const Box& b : p.boxes) {
+      const int64_t rows = b.hi[0] - b.lo[0];
+      if (row < first_row + rows) {
+        box = &b;
+        break;
+      }
+      first_row += rows;
+    }
+    if (box == nullptr) return;  // padding rows to the end of the tensor
+    const int64_t g_row = box->lo[0] + (row - first_row);
+    Box out = *box;
+    if (col != 0 || hi - pos < width) {
+      // Part of one row.
+      const int64_t end = std::min(hi - pos, width - col);
+      out.lo[0] = g_row;
+      out.hi[0] = g_row + 1;
+      out.lo[1] = box->lo[1] + col;
+      out.hi[1] = box->lo[1] + col + end;
+      fn(out, pos);
+      pos += end;
+      continue;
+    }
+    // Whole rows, up to the end of the stretch or of the box.
+    const int64_t rows = std::min((hi - pos) / width, box->hi[0] - g_row);
+    out.lo[0] = g_row;
+    out.hi[0] = g_row + rows;
+    fn(out, pos);
+    pos += rows * width;
+  }
+}
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_WORKER_ENGINE_MODEL_PLAN_H_

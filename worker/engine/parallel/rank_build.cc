@@ -1,0 +1,78 @@
+#include "worker/engine/parallel/rank_build.h"
+
+#include <string>
+
+#include "common/check.h"
+#include "worker/engine/parallel/schedule.h"
+
+namespace ptrain {
+
+GptConfig ModelConfig(const v1::JobSpec& spec, int vocab_size) {
+  const auto& m = spec.model();
+  GptConfig c{m.n_layer(), m.n_head(), m.n_embd(), m.block_size(), vocab_size};
+  c.padded_vocab = PaddedVocab(vocab_size, spec.parallel().tp());
+  return c;
+}
+
+PlanOptions SpecPlan(const v1::JobSpec& spec, int tp_rank, int pp_rank) {
+  const auto& p = spec.parallel();
+  PlanOptions plan;
+  plan.tp = p.tp();
+  plan.tp_rank = tp_rank;
+  plan.pp = p.pp();
+  plan.pp_rank = pp_rank;
+  plan.pad = p.dp() * p.cp();
+  plan.virtual_stages = p.virtual_stages();
+  absl::StatusOr<std::vector<int>> layers =
+      PipelineStageLayers(p, spec.model().n_layer());
+  PT_CHECK(layers.ok(), std::string(layers.status().message()).c_str());
+  plan.stage_layers = *std::move(layers);
+  return plan;
+}
+
+RankBuild RankBuild::Of(const v1::JobSpec& spec, int vocab_size, int tp_rank,
+                        int pp_rank) {
+  const auto& p = spec.parallel();
+  RankBuild b;
+  b.model = ModelConfig(spec, vocab_size);
+  b.device = SpecDevice(spec);
+  b.precision = SpecPrecision(spec);
+  b.T = spec.model().block_size();
+  b.global_batch = spec.train().global_batch();
+  b.microbatches = p.microbatches();
+  b.dp = p.dp();
+  b.tp = p.tp();
+  b.pp = p.pp();
+  b.cp = p.cp();
+  b.micro_B = b.global_batch / (b.dp * b.microbatches);
+  b.virtual_stages = p.virtual_stages();
+  b.sequence_parallel = p.sequence_parallel();
+  b.schedule = ScheduleKindOf(p.schedule());
+  b.recompute = RecomputeOf(spec.train().recompute());
+  b.zero = ZeroOptions{p.zero(), b.microbatches, p.bucket_bytes(),
+                       /*reduce_once_per_step=*/b.pp > 1,
+                       /*bf16_weights=*/b.precision == Precision::kBf16};
+  b.offload_optimizer = p.offload() == "optimizer";
+  b.plan = SpecPlan(spec, tp_rank, pp_rank);
+  b.stages = RankStages(b.plan);
+  b.slots =
+      ChunkSlots(b.schedule, b.pp, pp_rank, b.microbatches, b.virtual_stages);
+  return b;
+}
+
+StageOptions RankBuild::Stage(int chunk) const {
+  StageOptions stage;
+  stage.max_B = micro_B;
+  stage.max_T = T_local();
+  stage.pad = replicas();
+  stage.stage = stages[chunk];
+  stage.n_stages = n_stages();
+  stage.slots = slots[chunk];
+  stage.recompute = recompute;
+  // A zero-bubble order runs each backward as B and W (pp > 1: whole
+  // gradients through the step, as the split needs).
+  stage.split_backward = pp > 1 && schedule == ScheduleKind::kZeroBubble;
+  return stage;
+}
+
+}  // namespace ptrain

@@ -1,0 +1,109 @@
+// Per-rank Prometheus metrics (DESIGN.md §7), served on /metrics by
+// prometheus-cpp: loss, step, throughput, MFU, step and phase times,
+// communication time and bytes per (group, op), memory, checkpoint time.
+// Every rank serves its own, labelled with its coordinates, so a dashboard
+// can show which rank is slow. Thread-safe (prometheus-cpp metrics are).
+#ifndef PTRAIN_WORKER_ENGINE_REPORT_METRICS_H_
+#define PTRAIN_WORKER_ENGINE_REPORT_METRICS_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "worker/engine/comm/comm.h"
+#include "worker/engine/model/gpt_stage.h"
+
+namespace ptrain {
+
+struct RankLabels {
+  std::string job, node;
+  int rank = 0, dp_rank = 0, tp_rank = 0, pp_rank = 0;
+  // A job with parallel.cp > 1: this rank's cp coordinate, a label of its
+  // series too; -1 (no such label) otherwise.
+  int cp_rank = -1;
+};
+
+// Seconds of one step by phase.
+struct PhaseSeconds {
+  double data = 0, forward = 0, backward = 0, optimizer = 0;
+  double bubble = 0;  // pipeline: waiting for a neighbouring stage
+  // Of backward: a zero-bubble schedule's weight passes W (counted in
+  // backward too).
+  double weight = 0;
+};
+
+class RankMetrics {
+ public:
+  // Serves GET /metrics on `bind` ("0.0.0.0:0" takes a free port); any
+  // other path is a 404, another method on /metrics a 405.
+  static absl::StatusOr<std::unique_ptr<RankMetrics>> Start(
+      const std::string& bind, const RankLabels& labels);
+  ~RankMetrics();
+  RankMetrics(const RankMetrics&) = delete;
+  RankMetrics& operator=(const RankMetrics&) = delete;
+
+  int port() const;
+  // ptrain_step, ptrain_train_loss, ptrain_tokens_per_second,
+  // ptrain_mfu_ratio, ptrain_step_seconds, ptrain_phase_seconds_total.
+  void OnStep(int64_t step, double loss, double seconds, double tok_per_s,
+              double mfu, const PhaseSeconds& phases);
+  void OnEval(double val_loss);
+  // ptrain_checkpoint_seconds; also moves
+  // ptrain_last_checkpoint_timestamp_seconds to now once the job has a
+  // checkpoint policy.
+  void OnCheckpoint(double seconds);
+  // A job that checkpoints every `every_steps` steps: exports
+  // ptrain_checkpoint_every_steps and ptrain_last_checkpoint_timestamp_seconds
+  // (now, the start of training, until the first save), from which an alert
+  // tells a checkpoint overdue. Both are absent on ranks of jobs that do not
+  // checkpoint.
+  void OnCheckpointPolicy(int64_t every_steps);
+  void SetMemory(const MemoryBytes& m);
+  // ptrain_gpu_memory_bytes{kind=used|total}: the memory of the rank's GPU
+  // in use (by every process on it) and its size; absent on cpu ranks.
+  void SetGpuMemory(int64_t used, int64_t total);
+  // ptrain_anomalies_total{kind}: a bad step (train.anomaly), "nan" or
+  // "spike", whatever was done about it.
+  void OnAnomaly(const std::string& kind);
+  // Brings ptrain_comm_{seconds,bytes}_total up to `stats` (cumulative).
+  void UpdateComm(const CommStats& stats);
+
+ private:
+  RankMetrics() = default;
+  prometheus::Counter& Phase(const std::string& phase);
+
+  RankLabels labels_;
+  std::map<std::string, std::string> base_;  // the labels every series has
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Gauge *step_, *loss_, *val_loss_, *tok_per_s_, *mfu_;
+  prometheus::Histogram *step_seconds_, *checkpoint_seconds_;
+  std::map<std::string, prometheus::Gauge*> memory_;
+  prometheus::Family<prometheus::Gauge>* gpu_memory_family_ = nullptr;
+  prometheus::Gauge *gpu_used_ = nullptr, *gpu_total_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* checkpoint_every_family_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* last_checkpoint_family_ = nullptr;
+  prometheus::Gauge *checkpoint_every_ = nullptr, *last_checkpoint_ = nullptr;
+  std::map<std::string, prometheus::Counter*> phases_;
+  prometheus::Family<prometheus::Counter>*comm_seconds_, *comm_bytes_;
+  // (group, op) -> counters, and the totals already added.
+  std::map<std::pair<std::string, std::string>,
+           std::pair<prometheus::Counter*, prometheus::Counter*>>
+      comm_;
+  std::map<std::pair<std::string, std::string>, CommStat> comm_seen_;
+  prometheus::Counter* comm_exposed_ = nullptr;
+  std::map<std::string, prometheus::Counter*> anomalies_;  // by kind
+  double exposed_seen_ = 0.0;  // CommStats::ExposedSeconds already added
+};
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_WORKER_ENGINE_REPORT_METRICS_H_
