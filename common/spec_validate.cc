@@ -21,6 +21,7 @@
 #include "common/echo.h"
 #include "common/spec.h"
 #include "common/spec_internal.h"
+#include "common/utf8.h"
 
 namespace ptrain {
 namespace {
@@ -262,9 +263,9 @@ absl::Status ValidateContextParallel(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateParallel(const v1::JobSpec& spec) {
+// The degrees of parallelism, the world they make, and the ZeRO stage.
+absl::Status ValidateDegrees(const v1::JobSpec& spec) {
   const v1::ParallelSpec& p = spec.parallel();
-  const v1::ModelSpec& m = spec.model();
   if (absl::Status s = First({
           CheckFinite(p, "parallel"),
           InRange<int64_t>("parallel.dp", p.dp(), 1, kMaxDegree),
@@ -283,29 +284,12 @@ absl::Status ValidateParallel(const v1::JobSpec& spec) {
     return Error("parallel.zero=", p.zero(),
                  " must be between 0 and 3 (a ZeRO stage)");
   }
-  if (absl::Status s = First({
-          InRange("parallel.microbatches", p.microbatches(), 1, 1 << 20),
-          OneOf("parallel.schedule", p.schedule(),
-                {"1f1b", "gpipe", "interleaved", "zb1p"}),
-          InRange("parallel.virtual_stages", p.virtual_stages(), 1, 1 << 12),
-          InRange<int64_t>("parallel.bucket_bytes", p.bucket_bytes(), 1,
-                           int64_t{1} << 40),
-          OneOf("parallel.offload", p.offload(), {"none", "optimizer"}),
-      });
-      !s.ok()) {
-    return s;
-  }
-  if (p.offload() == "optimizer" && SpecDevice(spec) != Device::kCuda) {
-    return Error(
-        "parallel.offload=optimizer needs resources.device=cuda: it "
-        "moves the optimizer's state from the GPU to host memory, "
-        "where a CPU job's already is");
-  }
-  // Each tensor-parallel rank owns whole heads, each stage whole layers.
-  if (m.n_head() % p.tp() != 0) {
-    return Error("parallel.tp=", p.tp(),
-                 " does not divide model.n_head=", m.n_head());
-  }
+  return absl::OkStatus();
+}
+
+// The pipeline schedule with the virtual stages, stages and microbatches
+// it needs.
+absl::Status ValidateSchedule(const v1::ParallelSpec& p) {
   // Interleaving gives each pipeline rank v chunks of whole layers and
   // sends microbatches through them in groups of pp.
   const bool interleaved = p.schedule() == "interleaved";
@@ -349,24 +333,62 @@ absl::Status ValidateParallel(const v1::JobSpec& spec) {
                    " (required by parallel.schedule=interleaved)");
     }
   }
+  return absl::OkStatus();
+}
+
+// Sequence parallelism splits the positions of a sequence over the
+// tensor-parallel ranks.
+absl::Status ValidateSequenceParallel(const v1::ParallelSpec& p,
+                                      const v1::ModelSpec& m) {
+  if (!p.sequence_parallel()) return absl::OkStatus();
+  if (p.tp() <= 1) {
+    return Error(
+        "parallel.sequence_parallel=true requires parallel.tp > 1 "
+        "(parallel.tp=",
+        p.tp(), ")");
+  }
+  if (m.block_size() % p.tp() != 0) {
+    return Error("parallel.tp=", p.tp(),
+                 " does not divide model.block_size=", m.block_size(),
+                 " (required by parallel.sequence_parallel=true)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateParallel(const v1::JobSpec& spec) {
+  const v1::ParallelSpec& p = spec.parallel();
+  const v1::ModelSpec& m = spec.model();
+  if (absl::Status s = ValidateDegrees(spec); !s.ok()) return s;
+  if (absl::Status s = First({
+          InRange("parallel.microbatches", p.microbatches(), 1, 1 << 20),
+          OneOf("parallel.schedule", p.schedule(),
+                {"1f1b", "gpipe", "interleaved", "zb1p"}),
+          InRange("parallel.virtual_stages", p.virtual_stages(), 1, 1 << 12),
+          InRange<int64_t>("parallel.bucket_bytes", p.bucket_bytes(), 1,
+                           int64_t{1} << 40),
+          OneOf("parallel.offload", p.offload(), {"none", "optimizer"}),
+      });
+      !s.ok()) {
+    return s;
+  }
+  if (p.offload() == "optimizer" && SpecDevice(spec) != Device::kCuda) {
+    return Error(
+        "parallel.offload=optimizer needs resources.device=cuda: it "
+        "moves the optimizer's state from the GPU to host memory, "
+        "where a CPU job's already is");
+  }
+  // Each tensor-parallel rank owns whole heads, each stage whole layers.
+  if (m.n_head() % p.tp() != 0) {
+    return Error("parallel.tp=", p.tp(),
+                 " does not divide model.n_head=", m.n_head());
+  }
+  if (absl::Status s = ValidateSchedule(p); !s.ok()) return s;
   if (absl::StatusOr<std::vector<int>> layers =
           PipelineStageLayers(p, m.n_layer());
       !layers.ok()) {
     return layers.status();
   }
-  if (p.sequence_parallel()) {
-    if (p.tp() <= 1) {
-      return Error(
-          "parallel.sequence_parallel=true requires parallel.tp > 1 "
-          "(parallel.tp=",
-          p.tp(), ")");
-    }
-    if (m.block_size() % p.tp() != 0) {
-      return Error("parallel.tp=", p.tp(),
-                   " does not divide model.block_size=", m.block_size(),
-                   " (required by parallel.sequence_parallel=true)");
-    }
-  }
+  if (absl::Status s = ValidateSequenceParallel(p, m); !s.ok()) return s;
   return ValidateContextParallel(spec);
 }
 

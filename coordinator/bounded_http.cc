@@ -593,126 +593,143 @@ void BoundedHttpServer::Close(Conn* c) {
   conns_.erase(c->self);
 }
 
-void BoundedHttpServer::Advance(Conn& c, absl::Time now) {
-  // The result of a read: data, end of stream, or nothing yet.
-  const auto read_some = [&c](char* buf, size_t size) -> ssize_t {
-    if (c.ssl != nullptr) {
-      ERR_clear_error();
-      const int n = SSL_read(c.ssl, buf, static_cast<int>(size));
-      if (n > 0) return n;
-      const int e = SSL_get_error(c.ssl, n);
-      if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
-        c.events = e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT;
-        return kWouldBlock;
-      }
-      return e == SSL_ERROR_ZERO_RETURN ? 0 : kError;
+ssize_t BoundedHttpServer::ReadSome(Conn& c, char* buf, size_t size) {
+  if (c.ssl != nullptr) {
+    ERR_clear_error();
+    const int n = SSL_read(c.ssl, buf, static_cast<int>(size));
+    if (n > 0) return n;
+    const int e = SSL_get_error(c.ssl, n);
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+      c.events = e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT;
+      return kWouldBlock;
     }
-    for (;;) {
-      const ssize_t n = ::recv(c.fd, buf, size, 0);
-      if (n >= 0) return n;
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        c.events = POLLIN;
-        return kWouldBlock;
-      }
-      return kError;
+    return e == SSL_ERROR_ZERO_RETURN ? 0 : kError;
+  }
+  for (;;) {
+    const ssize_t n = ::recv(c.fd, buf, size, 0);
+    if (n >= 0) return n;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      c.events = POLLIN;
+      return kWouldBlock;
     }
-  };
+    return kError;
+  }
+}
+
+bool BoundedHttpServer::Handshake(Conn& c) {
+  ERR_clear_error();
+  const int r = SSL_do_handshake(c.ssl);
+  if (r != 1) {
+    const int e = SSL_get_error(c.ssl, r);
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+      c.events = e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT;
+    } else {
+      Close(&c);
+    }
+    return false;
+  }
+  c.state = Conn::kHeaders;
+  c.events = POLLIN;
+  return true;
+}
+
+void BoundedHttpServer::ReadRequest(Conn& c, absl::Time now) {
   char buf[16 << 10];
-  switch (c.state) {
-    case Conn::kHandshake: {
-      ERR_clear_error();
-      const int r = SSL_do_handshake(c.ssl);
-      if (r != 1) {
-        const int e = SSL_get_error(c.ssl, r);
-        if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
-          c.events = e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT;
-        } else {
-          Close(&c);
-        }
+  for (;;) {
+    const size_t limit = c.want != 0 ? c.want : limits_.max_header_bytes + 1;
+    if (c.in.size() >= limit) break;
+    const ssize_t n =
+        ReadSome(c, buf, std::min(sizeof(buf), limit - c.in.size()));
+    if (n == kWouldBlock) break;
+    if (n <= 0) {
+      if (n == 0 && !c.in.empty()) {
+        Refuse(c, 400,
+               c.want == 0 ? "the request ended before its headers"
+                           : "the request ended before its body",
+               now);
+      } else {
+        Close(&c);
+      }
+      return;
+    }
+    c.in.append(buf, static_cast<size_t>(n));
+    if (c.want == 0) {
+      Scan s = ScanRequest(c.in, &c.scanned, limits_);
+      if (s.what == Scan::kRefuse) {
+        Refuse(c, s.status, s.why, now);
         return;
       }
-      c.state = Conn::kHeaders;
-      c.events = POLLIN;
-      [[fallthrough]];  // data may have come with the handshake
+      if (s.what == Scan::kReady) c.want = s.want;
     }
-    case Conn::kHeaders:
-      for (;;) {
-        const size_t limit =
-            c.want != 0 ? c.want : limits_.max_header_bytes + 1;
-        if (c.in.size() >= limit) break;
-        const ssize_t n =
-            read_some(buf, std::min(sizeof(buf), limit - c.in.size()));
-        if (n == kWouldBlock) break;
-        if (n <= 0) {
-          if (n == 0 && !c.in.empty()) {
-            Refuse(c, 400,
-                   c.want == 0 ? "the request ended before its headers"
-                               : "the request ended before its body",
-                   now);
-          } else {
-            Close(&c);
-          }
+  }
+  if (c.want != 0 && c.in.size() >= c.want) {
+    c.state = Conn::kWaiting;
+    c.deadline = now + limits_.request_timeout;
+  }
+}
+
+void BoundedHttpServer::WriteAnswer(Conn& c, absl::Time now) {
+  while (c.sent < c.out.size()) {
+    ssize_t n;
+    if (c.ssl != nullptr) {
+      ERR_clear_error();
+      n = SSL_write(c.ssl, c.out.data() + c.sent,
+                    static_cast<int>(c.out.size() - c.sent));
+      if (n <= 0) {
+        const int e = SSL_get_error(c.ssl, static_cast<int>(n));
+        if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+          c.events = e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT;
           return;
         }
-        c.in.append(buf, static_cast<size_t>(n));
-        if (c.want == 0) {
-          Scan s = ScanRequest(c.in, &c.scanned, limits_);
-          if (s.what == Scan::kRefuse) {
-            Refuse(c, s.status, s.why, now);
-            return;
-          }
-          if (s.what == Scan::kReady) c.want = s.want;
+        Close(&c);
+        return;
+      }
+    } else {
+      n = ::send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent,
+                 MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+          c.events = POLLOUT;
+          return;
         }
+        Close(&c);
+        return;
       }
-      if (c.want != 0 && c.in.size() >= c.want) {
-        c.state = Conn::kWaiting;
-        c.deadline = now + limits_.request_timeout;
-      }
+    }
+    c.sent += static_cast<size_t>(n);
+  }
+  StartLinger(c, now);
+}
+
+void BoundedHttpServer::Drain(Conn& c) {
+  char buf[16 << 10];
+  for (;;) {
+    const ssize_t n = ::recv(c.fd, buf, sizeof(buf), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n <= 0 ||
+        (c.drained += static_cast<size_t>(n)) >= limits_.linger_bytes) {
+      Close(&c);
+      return;
+    }
+  }
+}
+
+void BoundedHttpServer::Advance(Conn& c, absl::Time now) {
+  switch (c.state) {
+    case Conn::kHandshake:
+      if (!Handshake(c)) return;
+      [[fallthrough]];  // data may have come with the handshake
+    case Conn::kHeaders:
+      ReadRequest(c, now);
       return;
     case Conn::kWriting:
-      while (c.sent < c.out.size()) {
-        ssize_t n;
-        if (c.ssl != nullptr) {
-          ERR_clear_error();
-          n = SSL_write(c.ssl, c.out.data() + c.sent,
-                        static_cast<int>(c.out.size() - c.sent));
-          if (n <= 0) {
-            const int e = SSL_get_error(c.ssl, static_cast<int>(n));
-            if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
-              c.events = e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT;
-              return;
-            }
-            Close(&c);
-            return;
-          }
-        } else {
-          n = ::send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent,
-                     MSG_NOSIGNAL);
-          if (n < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-              c.events = POLLOUT;
-              return;
-            }
-            Close(&c);
-            return;
-          }
-        }
-        c.sent += static_cast<size_t>(n);
-      }
-      StartLinger(c, now);
+      WriteAnswer(c, now);
       return;
     case Conn::kLinger:
-      for (;;) {
-        const ssize_t n = ::recv(c.fd, buf, sizeof(buf), 0);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-        if (n <= 0 ||
-            (c.drained += static_cast<size_t>(n)) >= limits_.linger_bytes) {
-          Close(&c);
-          return;
-        }
-      }
+      Drain(c);
+      return;
     case Conn::kWaiting:
     case Conn::kWorking:
       return;

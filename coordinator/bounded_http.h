@@ -19,6 +19,7 @@
 #define PTRAIN_COORDINATOR_BOUNDED_HTTP_H_
 
 #include <openssl/ssl.h>
+#include <sys/types.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -127,6 +128,21 @@ class BoundedHttpServer : public httplib::Server {
   void Accept(absl::Time now);
   // Reads (TLS: handshakes) what `c` has sent, then hands it on or refuses.
   void Advance(Conn& c, absl::Time now);
+  // Reads up to `size` bytes of `c` into `buf`: their count, 0 at the end
+  // of the stream, else kWouldBlock (c.events says what to wait for) or
+  // kError.
+  static ssize_t ReadSome(Conn& c, char* buf, size_t size);
+  // Goes on with `c`'s TLS handshake: true once done (`c` then reads its
+  // headers); false while it waits, or when it failed and closed `c`.
+  bool Handshake(Conn& c);
+  // Reads `c`'s header block (and a prefetched body) as far as sent; a
+  // whole request waits for a worker.
+  void ReadRequest(Conn& c, absl::Time now);
+  // Writes what is left of `c.out`, then lingers.
+  void WriteAnswer(Conn& c, absl::Time now);
+  // Drops what a lingering `c` sends; closes it at the end of its stream
+  // or past linger_bytes.
+  void Drain(Conn& c);
   void Dispatch(absl::Time now);
   void TakeBack(absl::Time now);
   void Refuse(Conn& c, int status, absl::string_view why, absl::Time now);

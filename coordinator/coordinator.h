@@ -7,9 +7,10 @@
 // memory only once written, so memory is never ahead of disk.
 //
 // The class is defined over several files: coordinator.cc (creation and the
-// job API), rank_reports.cc (RankService), scheduling.cc (placing and
-// launching, the node API), supervision.cc (the tick: ends, kills, hangs,
-// restarts) and recovery.cc (after a ptcoord restart).
+// job API), job_lineage.cc (going on from a checkpoint: --from, extend),
+// rank_reports.cc (RankService), scheduling.cc (placing and launching, the
+// node API), supervision.cc (the tick: ends, kills, hangs, restarts) and
+// recovery.cc (after a ptcoord restart).
 #ifndef PTRAIN_COORDINATOR_COORDINATOR_H_
 #define PTRAIN_COORDINATOR_COORDINATOR_H_
 

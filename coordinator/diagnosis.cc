@@ -170,6 +170,76 @@ void StoreAnalysis(const std::string& attempt_dir, const Diagnosis& d,
   }
 }
 
+// The newest of attempts 1..`latest` of job `id` whose ranks answered a
+// request for dumps; FailedPrecondition saying why each of `attempts` has
+// none otherwise (`latest_runs`: the latest is running).
+absl::StatusOr<int> LatestAnsweredAttempt(
+    const std::string& state_dir, const std::string& id, int latest,
+    bool latest_runs, const std::vector<v1::Attempt>& attempts) {
+  for (int k = latest; k >= 1; --k) {
+    if (HasAnsweredDumps(AttemptDir(state_dir, id, k))) return k;
+  }
+  std::vector<std::string> why;
+  for (const v1::Attempt& a : attempts) {
+    why.push_back(NoDumpsBecause(a, latest_runs && a.number() == latest));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      id,
+      " has no flight recorder dumps to analyse: ", absl::StrJoin(why, "; ")));
+}
+
+// The answer for ended attempt `n` (folder `dir`) from the analysis kept
+// when it was found hung; nullopt when none can be read. Sets how it ended
+// in `facts` either way.
+std::optional<v1::DiagnoseJobResponse> StoredDiagnosis(
+    const std::string& dir, int n, const std::vector<v1::Attempt>& attempts,
+    AttemptFacts& facts, std::vector<std::string>& skipped) {
+  const v1::Attempt* record = nullptr;
+  for (const v1::Attempt& a : attempts) {
+    if (a.number() == n) record = &a;
+  }
+  facts.ended = EndedAs(record);
+  std::optional<StoredAnalysis> stored = ReadStoredAnalysis(dir, skipped);
+  if (!stored.has_value()) return std::nullopt;
+  v1::DiagnoseJobResponse out;
+  out.set_attempt(n);
+  out.set_text(absl::StrCat("attempt ", n, " ended (", facts.ended,
+                            "); when it was found hung:\n", stored->text));
+  stored->json["ended"] = facts.ended;
+  out.set_json(stored->json.dump());
+  return out;
+}
+
+// The analysis of attempt `n`'s dumps in `dir`, made once the `world` ranks
+// asked at `asked` answered or kDumpWait passed; `skipped` names what was
+// not read before.
+absl::StatusOr<v1::DiagnoseJobResponse> AnalyseDumps(
+    const std::string& id, int n, const std::string& dir, int world,
+    std::optional<absl::Time> asked, AttemptFacts facts,
+    const std::vector<std::string>& skipped) {
+  if (asked.has_value()) {
+    // A stopped rank never answers, the others within moments.
+    const absl::Time until = *asked + Coordinator::kDumpWait;
+    while (FreshDumps(dir, *asked) < world && absl::Now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  facts.now_unix_us = UnixMicros(absl::Now());  // after the wait
+  absl::StatusOr<Diagnosis> d = DiagnoseAttemptDir(dir, std::move(facts));
+  if (!d.ok()) {
+    if (!absl::IsNotFound(d.status())) return d.status();
+    return absl::FailedPreconditionError(
+        absl::StrCat(id, ": attempt ", n, " has no flight recorder dumps (",
+                     d.status().message(), ")"));
+  }
+  d->damaged.insert(d->damaged.end(), skipped.begin(), skipped.end());
+  v1::DiagnoseJobResponse out;
+  out.set_attempt(n);
+  out.set_text(d->Text());
+  out.set_json(JsonText(d->Json()));
+  return out;
+}
+
 }  // namespace
 
 AttemptFacts Coordinator::FactsOf(const Entry& e, int attempt,
@@ -252,60 +322,21 @@ absl::StatusOr<v1::DiagnoseJobResponse> Coordinator::Diagnose(
   }
   // Off the lock from here: the attempts' folders are their ranks' files.
   if (n == 0) {
-    for (int k = latest; n == 0 && k >= 1; --k) {
-      if (HasAnsweredDumps(AttemptDir(options_.state_dir, id, k))) n = k;
-    }
-    if (n == 0) {
-      std::vector<std::string> why;
-      for (const v1::Attempt& a : attempts) {
-        why.push_back(NoDumpsBecause(a, latest_runs && a.number() == latest));
-      }
-      return absl::FailedPreconditionError(
-          absl::StrCat(id, " has no flight recorder dumps to analyse: ",
-                       absl::StrJoin(why, "; ")));
-    }
+    absl::StatusOr<int> dumped = LatestAnsweredAttempt(
+        options_.state_dir, id, latest, latest_runs, attempts);
+    if (!dumped.ok()) return dumped.status();
+    n = *dumped;
     facts.attempt = n;
   }
   const std::string dir = AttemptDir(options_.state_dir, id, n);
   std::vector<std::string> skipped;
   if (!live) {
-    const v1::Attempt* record = nullptr;
-    for (const v1::Attempt& a : attempts) {
-      if (a.number() == n) record = &a;
-    }
-    facts.ended = EndedAs(record);
-    if (std::optional<StoredAnalysis> stored =
-            ReadStoredAnalysis(dir, skipped)) {
-      v1::DiagnoseJobResponse out;
-      out.set_attempt(n);
-      out.set_text(absl::StrCat("attempt ", n, " ended (", facts.ended,
-                                "); when it was found hung:\n", stored->text));
-      stored->json["ended"] = facts.ended;
-      out.set_json(stored->json.dump());
-      return out;
+    if (std::optional<v1::DiagnoseJobResponse> stored =
+            StoredDiagnosis(dir, n, attempts, facts, skipped)) {
+      return *std::move(stored);
     }
   }
-  if (asked.has_value()) {
-    // A stopped rank never answers, the others within moments.
-    const absl::Time until = *asked + kDumpWait;
-    while (FreshDumps(dir, *asked) < world && absl::Now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-  }
-  facts.now_unix_us = UnixMicros(absl::Now());  // after the wait
-  absl::StatusOr<Diagnosis> d = DiagnoseAttemptDir(dir, std::move(facts));
-  if (!d.ok()) {
-    if (!absl::IsNotFound(d.status())) return d.status();
-    return absl::FailedPreconditionError(
-        absl::StrCat(id, ": attempt ", n, " has no flight recorder dumps (",
-                     d.status().message(), ")"));
-  }
-  d->damaged.insert(d->damaged.end(), skipped.begin(), skipped.end());
-  v1::DiagnoseJobResponse out;
-  out.set_attempt(n);
-  out.set_text(d->Text());
-  out.set_json(JsonText(d->Json()));
-  return out;
+  return AnalyseDumps(id, n, dir, world, asked, std::move(facts), skipped);
 }
 
 bool Coordinator::ExplainHang(Entry& e, Running& run, absl::Time now) {

@@ -229,6 +229,39 @@ bool IsSameOrigin(const CoordinatorUi::Request& r, bool tls) {
          absl::StartsWithIgnoreCase(r.referer, own + "/");
 }
 
+// The host and port of --ui-listen.
+struct ListenAddress {
+  std::string host;
+  int port = 0;
+};
+
+// --ui-listen split into its host and port; InvalidArgument naming `field`
+// when it is not HOST:PORT, or names an address that is not loopback
+// without TLS or --ui-insecure.
+absl::StatusOr<ListenAddress> ParseListen(const UiOptions& o,
+                                          const std::string& field) {
+  const size_t colon = o.listen.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": must be HOST:PORT"));
+  }
+  ListenAddress out;
+  out.host = o.listen.substr(0, colon);
+  if (o.tls_pem.empty() && !o.insecure && !IsLoopbackHost(out.host)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", out.host,
+        " is not a loopback address and ptcoord has no TLS (--tls-cert, "
+        "--tls-key): the user token would cross the network in plain text; "
+        "give TLS, listen on 127.0.0.1, or say --ui-insecure"));
+  }
+  if (!absl::SimpleAtoi(o.listen.substr(colon + 1), &out.port) ||
+      out.port < 0 || out.port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": the port must be a number in [0, 65535]"));
+  }
+  return out;
+}
+
 }  // namespace
 
 bool IsLoopbackHost(const std::string& host) {
@@ -317,52 +350,10 @@ void CoordinatorUi::Serve(const httplib::Request& req, std::string body,
   ToHttplib(Handle(r), res);
 }
 
-absl::StatusOr<std::unique_ptr<CoordinatorUi>> CoordinatorUi::Start(
-    const UiOptions& o, Coordinator* c) {
-  const std::string field = absl::StrCat("--ui-listen ", o.listen);
-  const size_t colon = o.listen.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": must be HOST:PORT"));
-  }
-  const std::string host = o.listen.substr(0, colon);
-  if (o.tls_pem.empty() && !o.insecure && !IsLoopbackHost(host)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": ", host,
-        " is not a loopback address and ptcoord has no TLS (--tls-cert, "
-        "--tls-key): the user token would cross the network in plain text; "
-        "give TLS, listen on 127.0.0.1, or say --ui-insecure"));
-  }
-  int port = 0;
-  if (!absl::SimpleAtoi(o.listen.substr(colon + 1), &port) || port < 0 ||
-      port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": the port must be a number in [0, 65535]"));
-  }
-  absl::StatusOr<std::string> chart =
-      ReadBoundedFile("--ui-listen: Chart.js", o.chart_js, kMaxChartJsBytes);
-  if (!chart.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(chart.status().message(),
-                     " (Debian's libjs-chart.js installs it: apt-get install "
-                     "libjs-chart.js)"));
-  }
-  std::unique_ptr<CoordinatorUi> ui(new CoordinatorUi(
-      c, !o.tls_pem.empty(), IsLoopbackHost(host), std::move(*chart)));
-  BoundedHttpServer::Limits limits;
-  limits.max_prefetched_body_bytes = kMaxBody;
-  ui->server_ = std::make_unique<BoundedHttpServer>(limits);
-  BoundedHttpServer& server = *ui->server_;
-  if (!o.tls_pem.empty() && !server.UseTls(o.tls_pem).ok()) {
-    // The chain and key ptcoord serves gRPC with.
-    return absl::InvalidArgumentError(
-        absl::StrCat(field,
-                     ": TLS: the certificate and key (--tls-cert, --tls-key) "
-                     "do not load"));
-  }
+void CoordinatorUi::AddHandlers(BoundedHttpServer& server) {
   // Every request is checked and, unless it has a body to read, answered
   // here; cpp-httplib's own routing only reads a POST's body.
-  CoordinatorUi* self = ui.get();
+  CoordinatorUi* self = this;
   server.set_pre_routing_handler(
       [self](const httplib::Request& req, httplib::Response& res) {
         if (std::optional<Response> refused = self->CheckFraming(req)) {
@@ -414,11 +405,41 @@ absl::StatusOr<std::unique_ptr<CoordinatorUi>> CoordinatorUi::Start(
     }
     self->Serve(req, std::move(body), res);
   });
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorUi>> CoordinatorUi::Start(
+    const UiOptions& o, Coordinator* c) {
+  const std::string field = absl::StrCat("--ui-listen ", o.listen);
+  absl::StatusOr<ListenAddress> address = ParseListen(o, field);
+  if (!address.ok()) return address.status();
+  const std::string& host = address->host;
+  absl::StatusOr<std::string> chart =
+      ReadBoundedFile("--ui-listen: Chart.js", o.chart_js, kMaxChartJsBytes);
+  if (!chart.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(chart.status().message(),
+                     " (Debian's libjs-chart.js installs it: apt-get install "
+                     "libjs-chart.js)"));
+  }
+  std::unique_ptr<CoordinatorUi> ui(new CoordinatorUi(
+      c, !o.tls_pem.empty(), IsLoopbackHost(host), std::move(*chart)));
+  BoundedHttpServer::Limits limits;
+  limits.max_prefetched_body_bytes = kMaxBody;
+  ui->server_ = std::make_unique<BoundedHttpServer>(limits);
+  BoundedHttpServer& server = *ui->server_;
+  if (!o.tls_pem.empty() && !server.UseTls(o.tls_pem).ok()) {
+    // The chain and key ptcoord serves gRPC with.
+    return absl::InvalidArgumentError(
+        absl::StrCat(field,
+                     ": TLS: the certificate and key (--tls-cert, --tls-key) "
+                     "do not load"));
+  }
+  ui->AddHandlers(server);
   std::string bind = host;
   if (bind.size() >= 2 && bind.front() == '[' && bind.back() == ']') {
     bind = bind.substr(1, bind.size() - 2);
   }
-  absl::StatusOr<int> bound = server.Listen(bind, port);
+  absl::StatusOr<int> bound = server.Listen(bind, address->port);
   if (!bound.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ": cannot listen there (", bound.status().message(),

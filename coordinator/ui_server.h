@@ -98,6 +98,9 @@ class CoordinatorUi {
   // Answers `req` (with `body`, read and bounded) through Handle().
   void Serve(const httplib::Request& req, std::string body,
              httplib::Response& res) const;
+  // Registers on `server` the checks every request goes through and the
+  // handlers that answer through Serve().
+  void AddHandlers(BoundedHttpServer& server);
 
   Coordinator* const c_;
   const bool tls_;

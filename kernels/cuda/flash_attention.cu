@@ -213,6 +213,9 @@ __device__ __forceinline__ void StorePair(bf16* p, float a, float b) {
 // fragments, scores, probabilities and output rows in registers; the
 // block shares each key and value tile through shared memory. The output
 // is written as it is stored (O: fp32 or bf16).
+// long: one tile walk whose q fragments, running max and sum and output
+// rows live in registers across the loop; device functions would pass them
+// through memory or leave register allocation to chance.
 template <int HS, typename O>
 __global__ void __launch_bounds__(kThreads)
     FlashForwardKernel(O* out, float* lse, const bf16* qkv, int T, int NH,
@@ -451,6 +454,8 @@ constexpr size_t BackwardSmem() {
 // block's dS^T goes through shared memory for dq = dS k, 16 query rows a
 // warp, added to dinp atomically (every key tile adds to a query row).
 // Without kDq the walk leaves dq to FlashDqKernel.
+// long: one walk over query tiles that keeps dk and dv accumulators in
+// registers for the whole loop (the launch bounds fix their budget).
 template <int HS, bool kDq, bool kVec4>
 __global__ void __launch_bounds__(kThreads, kDq ? 2 : 3)
     FlashBackwardKernel(float* dinp, const bf16* dout, const bf16* qkv,
@@ -627,6 +632,8 @@ constexpr size_t DqSmem() {
 // key tile it recomputes S = q k^T and dP = do v^T, P from the saved lse,
 // dS = P (dP - delta) scale, and dq += dS k (dS's accumulator tiles are
 // the A operand as they are). One block owns each row: no atomics.
+// long: one walk over key tiles that keeps the row's dq accumulator and
+// q fragments in registers for the whole loop.
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     FlashDqKernel(float* dinp, const bf16* dout, const bf16* qkv,

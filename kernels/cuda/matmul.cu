@@ -68,6 +68,42 @@ int Alignment(const void* p) {
   return 2;
 }
 
+// The heuristic's algorithm for `desc` over the layouts, with operands of
+// these alignments (bytes) and `workspace` bytes; none where no kernel takes
+// a DGELU epilogue (`dgelu`: the caller does without it).
+std::optional<cublasLtMatmulAlgo_t> BestAlgo(
+    cublasLtHandle_t lt, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la,
+    cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld, uint32_t aa,
+    uint32_t ab, uint32_t ad, size_t workspace, bool dgelu) {
+  cublasLtMatmulPreference_t pref;
+  PT_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const size_t ws = workspace;
+  PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof(aa)));
+  PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof(ab)));
+  PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof(ad)));
+  PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof(ad)));
+  cublasLtMatmulHeuristicResult_t result;
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      lt, desc, la, lb, ld, ld, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (dgelu && (status != CUBLAS_STATUS_SUCCESS || found == 0)) {
+    // No kernel takes the DGELU epilogue here: the caller does without.
+    found = 0;
+  } else {
+    PT_CUDA_CHECK(status);
+    PT_CHECK(found > 0, "cuBLASLt has no algorithm for a matmul");
+  }
+  if (found == 0) return std::nullopt;
+  return result.algo;
+}
+
 }  // namespace
 
 void CudaBackend::matmul_forward(Act out, ConstAct inp, ConstAct weight,
@@ -304,36 +340,11 @@ bool CudaBackend::Matmul(bool trans_a, bool trans_b, int64_t m, int64_t n,
                     static_cast<int>(epilogue)};
   auto it = algos_.find(key);
   if (it == algos_.end()) {
-    cublasLtMatmulPreference_t pref;
-    PT_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const size_t ws = kWorkspaceBytes;
-    PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    const uint32_t aa = Alignment(A.p), ab = Alignment(B.p),
-                   ad = Alignment(D.p);
-    PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof(aa)));
-    PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof(ab)));
-    PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof(ad)));
-    PT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof(ad)));
-    cublasLtMatmulHeuristicResult_t result;
-    int found = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-        lt_, desc, la, lb, ld, ld, pref, 1, &result, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (dgelu != nullptr && (status != CUBLAS_STATUS_SUCCESS || found == 0)) {
-      // No kernel takes the DGELU epilogue here: the caller does without.
-      found = 0;
-    } else {
-      PT_CUDA_CHECK(status);
-      PT_CHECK(found > 0, "cuBLASLt has no algorithm for a matmul");
-    }
-    std::optional<cublasLtMatmulAlgo_t> algo;
-    if (found > 0) algo = result.algo;
-    it = algos_.emplace(key, algo).first;
+    it = algos_
+             .emplace(key, BestAlgo(lt_, desc, la, lb, ld, Alignment(A.p),
+                                    Alignment(B.p), Alignment(D.p),
+                                    kWorkspaceBytes, dgelu != nullptr))
+             .first;
   }
   if (it->second.has_value()) {
     const float alpha = 1.0f;
