@@ -400,9 +400,8 @@ float GptStage::Forward(int slot, const int32_t* tokens, const float* hidden,
     const int32_t* tk = Stage(S.tokens_staged, tokens, B, T);
     const int32_t* tg = Stage(S.targets_staged, targets, B, T);
     BeginSlot(S, B, T, targets != nullptr, dloss);
-    RunRecorded({slot, B, T, /*backward=*/false, dloss, S.dloss, hidden}, [&] {
-      ForwardPass(slot, tk, hidden, tg, B, T, /*pos=*/-1, dloss);
-    });
+    RunRecorded({slot, B, T, /*backward=*/false, dloss, S.dloss, hidden},
+                [&] { ForwardPass(slot, tk, hidden, tg, B, T, -1, dloss); });
     return last() ? SlotLoss(S) : 0.0f;
   }
   ForwardPass(slot, tokens, hidden, targets, B, T, /*pos=*/-1, dloss);
@@ -419,60 +418,6 @@ void GptStage::BeginSlot(Slot& S, int B, int T, bool targets,
   S.B = B;
   S.T = T;
   S.dloss = last() && targets ? dloss : 0.0f;
-}
-
-void GptStage::RunRecorded(const PassKey& key,
-                           const std::function<void()>& pass) {
-  PassGraph* g = nullptr;
-  for (PassGraph& p : graphs_by_key_) {
-    if (p.key == key) g = &p;
-  }
-  if (g == nullptr) {
-    if (graphs_by_key_.size() < kMaxGraphs) {
-      g = &graphs_by_key_.emplace_back();
-    } else {
-      // Full: a key run once and never recorded makes room (a forward of
-      // every length sampling runs through an earlier stage, one each).
-      for (PassGraph& p : graphs_by_key_) {
-        if (p.graph == nullptr && !p.failed && p.runs <= 1) g = &p;
-      }
-      if (g != nullptr) *g = PassGraph{};
-    }
-    if (g != nullptr) g->key = key;
-  }
-  // The weights' copy as the matmuls read it is made now, outside the
-  // recording: a replay would not make it again.
-  store_->Settle();
-  if (g != nullptr && g->graph != nullptr) {
-    if (g->graph->Replay()) {
-      ++graph_counts_.replayed;
-      return;
-    }
-    // The backend moved a buffer the recording uses: run op by op once
-    // more (which makes the buffers what the shape needs), then record.
-    g->graph.reset();
-    g->runs = 0;
-  }
-  // The first run of a shape goes op by op: it sizes the backend's buffers
-  // (a recording must not allocate) and warms its kernels.
-  if (g != nullptr && !g->failed && g->runs >= 1) {
-    std::string error;
-    g->graph = ops_->Capture(pass, &error);
-    if (g->graph != nullptr && g->graph->Replay()) {
-      ++graph_counts_.captured;
-      ++graph_counts_.replayed;
-      return;
-    }
-    g->graph.reset();
-    g->failed = true;
-    ++graph_counts_.failed;
-    spdlog::warn(
-        "train.cuda_graphs: the {} of a microbatch of B={} T={} could not be "
-        "recorded ({}); it runs op by op",
-        key.backward ? "backward" : "forward", key.B, key.T, error);
-  }
-  if (g != nullptr) ++g->runs;
-  pass();
 }
 
 void GptStage::Decode(const int32_t* tokens, const float* hidden, int n,
@@ -675,9 +620,8 @@ void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
     const Slot& S = slots_[slot];
     const int32_t* tk = Stage(S.tokens_staged, tokens, S.B, S.T);
     const int32_t* tg = Stage(S.targets_staged, targets, S.B, S.T);
-    RunRecorded({slot, S.B, S.T, /*backward=*/true, dloss, S.dloss, dout}, [&] {
-      BackwardPass(slot, tk, tg, dloss, dout, /*split=*/false);
-    });
+    RunRecorded({slot, S.B, S.T, /*backward=*/true, dloss, S.dloss, dout},
+                [&] { BackwardPass(slot, tk, tg, dloss, dout, false); });
     return;
   }
   BackwardPass(slot, tokens, targets, dloss, dout, /*split=*/false);

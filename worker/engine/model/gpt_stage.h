@@ -17,6 +17,7 @@
 
 #include "common/spec.h"
 #include "worker/engine/model/layers.h"
+#include "worker/engine/model/pass_recorder.h"
 #include "worker/engine/model/plan.h"
 
 namespace ptrain {
@@ -222,10 +223,8 @@ class GptStage : private UnitStore {
   // StageOptions::graphs: passes recorded (captures), passes run as a
   // replay (the recording one included), and captures that failed (their
   // passes then run op by op).
-  struct GraphCounts {
-    int64_t captured = 0, replayed = 0, failed = 0;
-  };
-  GraphCounts graph_counts() const { return graph_counts_; }
+  using GraphCounts = PassRecorder::Counts;
+  GraphCounts graph_counts() const { return recorder_.counts(); }
 
   // Bytes of the stage's own buffers: params and grads when it owns them,
   // activations (every slot plus the backward working set).
@@ -324,34 +323,14 @@ class GptStage : private UnitStore {
   // What a forward tells the slot for its backward.
   void BeginSlot(Slot& S, int B, int T, bool targets, float dloss) const;
 
-  // A recorded pass (StageOptions::graphs) and what its host code decided:
-  // the slot, the shape, which pass, the dloss it computes with and the
-  // one its forward folded into the logits, and where its input from
-  // another stage is (the previous stage's output, or the next one's
-  // gradient; null for none).
-  struct PassKey {
-    int slot = 0, B = 0, T = 0;
-    bool backward = false;
-    float dloss = 0.0f, forward_dloss = 0.0f;
-    const float* received = nullptr;
-    bool operator==(const PassKey& o) const {
-      return slot == o.slot && B == o.B && T == o.T && backward == o.backward &&
-             dloss == o.dloss && forward_dloss == o.forward_dloss &&
-             received == o.received;
-    }
-  };
-  struct PassGraph {
-    PassKey key;
-    int64_t runs = 0;  // op by op since it was last (re)made
-    bool failed = false;
-    std::unique_ptr<kernels::OpsGraph> graph;
-  };
-  // At most this many keys (past them a key run once and never recorded
-  // makes room; else the pass runs op by op).
-  static constexpr int kMaxGraphs = 64;
   // Runs `pass` (whose tokens are already staged) as the replay of its
-  // recording, recording it at its second run.
-  void RunRecorded(const PassKey& key, const std::function<void()>& pass);
+  // recording (PassRecorder), the weights' copy as the matmuls read it made
+  // first, outside the recording: a replay would not make it again.
+  void RunRecorded(const PassRecorder::Key& key,
+                   const std::function<void()>& pass) {
+    store_->Settle();
+    recorder_.Run(key, *ops_, pass);
+  }
   const float* Params(int u) override {
     return params_.data() + units_[u].begin;
   }
@@ -420,8 +399,7 @@ class GptStage : private UnitStore {
   const bool split_;  // StageOptions::split_backward
   const CpGroup cp_;
   const bool graphs_;  // StageOptions::graphs
-  std::vector<PassGraph> graphs_by_key_;
-  GraphCounts graph_counts_;
+  PassRecorder recorder_;
   const int Cl_, NHl_, Vl_, vocab_begin_;
   int64_t buffer_size_ = 0;
   // Floats attention keeps per layer and microbatch (the backend's
