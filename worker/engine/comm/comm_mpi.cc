@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "common/check.h"
+#include "common/seconds.h"
 
 namespace ptrain {
 namespace {
@@ -67,10 +68,6 @@ int MpiCount(int64_t count, CommOp op) {
 }
 
 using Clock = std::chrono::steady_clock;
-
-double SecondsSince(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // What one operation records when it completes.
 struct Pending {

@@ -4,13 +4,12 @@
 #include <chrono>
 #include <utility>
 
+#include "common/seconds.h"
+
 namespace ptrain {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double SecondsSince(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 }  // namespace
 
 PipelineRuntime::PipelineRuntime(Options options)

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/seconds.h"
 #include "common/spec.h"
 #include "spdlog/spdlog.h"
 #include "worker/engine/checkpoint/checkpoint_state.h"
@@ -15,9 +16,6 @@ namespace ptrain {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double SecondsSince(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 }  // namespace
 
 Checkpointer::Checkpointer(const v1::JobSpec& spec,
