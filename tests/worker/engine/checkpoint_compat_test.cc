@@ -1,14 +1,20 @@
-// Checkpoints written by an earlier build resume bit-exactly: the fixture
+// Checkpoints written by an earlier build resume bit-exactly. The fixture
 // (tests/worker/engine/fixtures/checkpoint_c705f18) holds a checkpoint that
 // c705f18's ptworker wrote at step 4 of a small job, the losses and
-// gradient norms it trained after resuming it to step 8, and the SHA-256 of
-// its state at step 8. This build resumes the same checkpoint and must
-// train the same bits.
+// gradient norms it trained after resuming it to step 8, the SHA-256 of its
+// state at step 8, and the CPU (oneDNN's ISA) and thread count those were
+// trained with. This build loads the same checkpoint: saved again, its state
+// is the same bytes (anywhere); trained on, it gives the same losses and
+// state (where the CPU and threads are the fixture's, since the sums of a
+// matmul depend on both).
+#include <dnnl.h>
 #include <gtest/gtest.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -30,44 +36,83 @@ std::string ReadAll(const fs::path& path) {
   return s.str();
 }
 
-TEST(CheckpointCompat, AnEarlierBuildsCheckpointResumesBitExactly) {
-  const fs::path fixture = fs::path(PT_SOURCE_DIR) /
-                           "tests/worker/engine/fixtures/checkpoint_c705f18";
-  const nlohmann::json expected =
-      nlohmann::json::parse(ReadAll(fixture / "expected.json"));
-  const fs::path root = fs::temp_directory_path() /
-                        ("checkpoint_compat_" + std::to_string(::getpid()));
-  fs::remove_all(root);
-  fs::create_directories(root / "ckpt");
-  fs::copy(fixture / "step-00000004", root / "ckpt/step-00000004",
-           fs::copy_options::recursive);
+class CheckpointCompat : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    fixture_ = fs::path(PT_SOURCE_DIR) /
+               "tests/worker/engine/fixtures/checkpoint_c705f18";
+    expected_ = nlohmann::json::parse(ReadAll(fixture_ / "expected.json"));
+    root_ = fs::temp_directory_path() /
+            ("checkpoint_compat_" + std::to_string(::getpid()));
+    fs::remove_all(root_);
+    fs::create_directories(root_ / "old");
+    fs::copy(fixture_ / "step-00000004", root_ / "old/step-00000004",
+             fs::copy_options::recursive);
+  }
+  void TearDown() override { fs::remove_all(root_); }
 
-  std::vector<std::string> overrides =
-      expected["spec"]["set"].get<std::vector<std::string>>();
-  overrides.push_back("data.path=" + std::string(PT_SOURCE_DIR) +
-                      "/data/tinyshakespeare.txt");
-  overrides.push_back("checkpoint.dir=" + (root / "ckpt").string());
-  auto spec = LoadJobSpecFile(std::string(PT_SOURCE_DIR) + "/" +
-                                  expected["spec"]["config"].get<std::string>(),
-                              overrides);
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  TrainerOptions options;
-  options.resume_from = "latest";
-  options.log_json_path = (root / "run.jsonl").string();
-  options.peak_flops = 100e9;
-  options.quiet = true;
-  auto trainer = Trainer::Create(*spec, options);
-  ASSERT_TRUE(trainer.ok()) << trainer.status();
-  ASSERT_EQ((*trainer)->checkpoints().start_step(), 4);
-  ASSERT_TRUE((*trainer)->Run().ok());
+  // The fixture's job resumed from its checkpoint (a named folder), saving
+  // under root_/new.
+  std::unique_ptr<Trainer> Resume() {
+    std::vector<std::string> overrides =
+        expected_["spec"]["set"].get<std::vector<std::string>>();
+    overrides.push_back("data.path=" + std::string(PT_SOURCE_DIR) +
+                        "/data/tinyshakespeare.txt");
+    overrides.push_back("checkpoint.dir=" + (root_ / "new").string());
+    auto spec =
+        LoadJobSpecFile(std::string(PT_SOURCE_DIR) + "/" +
+                            expected_["spec"]["config"].get<std::string>(),
+                        overrides);
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    if (!spec.ok()) return nullptr;
+    TrainerOptions options;
+    options.resume_from = (root_ / "old/step-00000004").string();
+    options.log_json_path = (root_ / "run.jsonl").string();
+    options.peak_flops = 100e9;
+    options.quiet = true;
+    auto trainer = Trainer::Create(*spec, options);
+    EXPECT_TRUE(trainer.ok()) << trainer.status();
+    if (!trainer.ok()) return nullptr;
+    EXPECT_EQ((*trainer)->checkpoints().start_step(), 4);
+    return std::move(*trainer);
+  }
+
+  fs::path fixture_, root_;
+  nlohmann::json expected_;
+};
+
+TEST_F(CheckpointCompat, AnEarlierBuildsCheckpointLoadsBitExactly) {
+  std::unique_ptr<Trainer> trainer = Resume();
+  ASSERT_NE(trainer, nullptr);
+  auto dir = trainer->checkpoints().SaveCheckpointAt(4);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_EQ(ReadAll(fs::path(*dir) / "shard-00000.bin"),
+            ReadAll(fixture_ / "step-00000004/shard-00000.bin"))
+      << "the state loaded from the earlier build's checkpoint, saved again, "
+         "is not the same bytes";
+}
+
+TEST_F(CheckpointCompat, AnEarlierBuildsCheckpointTrainsOnBitExactly) {
+  const auto& on = expected_["trained_on"];
+  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  if (isa != on["dnnl_cpu_isa"].get<unsigned>() ||
+      omp_get_max_threads() != on["omp_threads"].get<int>()) {
+    GTEST_SKIP() << "the fixture's losses were trained with oneDNN ISA "
+                 << on["dnnl_cpu_isa"] << " on " << on["omp_threads"]
+                 << " threads; this is ISA " << isa << " on "
+                 << omp_get_max_threads();
+  }
+  std::unique_ptr<Trainer> trainer = Resume();
+  ASSERT_NE(trainer, nullptr);
+  ASSERT_TRUE(trainer->Run().ok());
 
   std::vector<nlohmann::json> steps;
-  std::ifstream log(options.log_json_path);
+  std::ifstream log(root_ / "run.jsonl");
   for (std::string line; std::getline(log, line);) {
     nlohmann::json record = nlohmann::json::parse(line);
     if (record["type"] == "step") steps.push_back(record);
   }
-  const auto& want = expected["resumed_steps"];
+  const auto& want = expected_["resumed_steps"];
   ASSERT_EQ(steps.size(), want.size());
   for (size_t i = 0; i < steps.size(); ++i) {
     EXPECT_EQ(steps[i]["step"], want[i]["step"]);
@@ -79,9 +124,8 @@ TEST(CheckpointCompat, AnEarlierBuildsCheckpointResumesBitExactly) {
               want[i]["grad_norm"].get<double>())
         << "step " << want[i]["step"];
   }
-  EXPECT_EQ(Sha256Hex(ReadAll(root / "ckpt/step-00000008/shard-00000.bin")),
-            expected["shard_sha256_at_step_8"].get<std::string>());
-  fs::remove_all(root);
+  EXPECT_EQ(Sha256Hex(ReadAll(root_ / "new/step-00000008/shard-00000.bin")),
+            expected_["shard_sha256_at_step_8"].get<std::string>());
 }
 
 }  // namespace
