@@ -14,6 +14,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/mesh.h"
 
 namespace ptrain {
 
@@ -30,7 +31,7 @@ bool IsRankTimesGroupName(std::string_view name) {
 }
 
 int64_t ParallelWorldSize(const v1::ParallelSpec& p) {
-  return int64_t{p.dp()} * p.tp() * p.pp() * p.cp();
+  return LayoutOf(p).world_size();
 }
 
 int64_t JobWorldSize(const v1::JobSpec& spec) {
@@ -38,10 +39,7 @@ int64_t JobWorldSize(const v1::JobSpec& spec) {
 }
 
 std::string ParallelWorldFactors(const v1::ParallelSpec& p) {
-  const bool cp = p.cp() > 1;
-  return absl::StrCat("parallel.dp × parallel.tp × parallel.pp",
-                      cp ? " × parallel.cp" : "", " = ", p.dp(), " × ", p.tp(),
-                      " × ", p.pp(), cp ? absl::StrCat(" × ", p.cp()) : "");
+  return LayoutOf(p).Factors();
 }
 
 ScheduleKind ScheduleKindOf(std::string_view name) {

@@ -26,11 +26,8 @@ inline constexpr size_t kMaxSpecBytes = size_t{1} << 20;
 inline constexpr int64_t kMaxDegree = int64_t{1} << 16;
 inline constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
 
-// The world size of a layout: the product of its parallel degrees
-// (dp·tp·pp·cp), in 64 bits (each degree is an int32, so no product wraps).
-// The one place the degrees are multiplied: a new dimension is one more
-// factor here (ParallelDims, the spec check and ptcoord's placement all
-// take the world size from it).
+// The world size of a layout: the product of its parallel degrees, every
+// dimension of the mesh (common/mesh.h), in 64 bits.
 int64_t ParallelWorldSize(const v1::ParallelSpec& parallel);
 
 // How often a rank under ptcoord says it is alive (ReportAlive), in

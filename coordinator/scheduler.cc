@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/mesh.h"
 #include "common/spec.h"
 
 namespace ptrain {
@@ -44,7 +45,7 @@ int WorldSize(const v1::JobSpec& spec) {
 }
 
 int NodeGroup(const v1::JobSpec& spec) {
-  return spec.parallel().tp() * spec.parallel().cp();
+  return static_cast<int>(JobLayout(spec).node_local_ranks());
 }
 
 std::map<std::string, int> NodeSlotsUsed(const RunningJobs& running,
@@ -209,21 +210,21 @@ std::vector<v1::Placement> PlacementOf(const std::vector<NodeRanks>& nodes,
 }
 
 absl::StatusOr<v1::JobSpec> ShrinkDp(const v1::JobSpec& spec, int dp) {
-  const v1::ParallelSpec& p = spec.parallel();
-  if (dp < 1 || dp >= p.dp()) {
+  const ParallelLayout p = JobLayout(spec);
+  const int spec_dp = p.degree("dp");
+  if (dp < 1 || dp >= spec_dp) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "a shrunk dp must be in 1..", p.dp() - 1, " (it is ", dp, ")"));
+        "a shrunk dp must be in 1..", spec_dp - 1, " (it is ", dp, ")"));
   }
   // Each rank keeps its microbatch size: global_batch / (dp * m).
-  const int64_t sequences = int64_t{p.dp()} * p.microbatches();
+  const int64_t sequences = int64_t{spec_dp} * p.microbatches;
   if (sequences % dp != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "parallel.dp=", dp, " does not divide parallel.dp*microbatches=",
         sequences, " (the microbatch size would change)"));
   }
-  v1::JobSpec out = spec;
-  out.mutable_parallel()->set_dp(dp);
-  out.mutable_parallel()->set_microbatches(static_cast<int>(sequences / dp));
+  v1::JobSpec out =
+      WithDataParallel(spec, dp, static_cast<int>(sequences / dp));
   if (absl::Status s = ValidateJobSpec(out); !s.ok()) return s;
   return out;
 }
@@ -231,7 +232,7 @@ absl::StatusOr<v1::JobSpec> ShrinkDp(const v1::JobSpec& spec, int dp) {
 std::optional<v1::JobSpec> ShrinkToFit(
     const v1::JobSpec& spec,
     const std::function<bool(const v1::JobSpec&)>& fits) {
-  for (int dp = spec.parallel().dp() - 1; dp >= 1; --dp) {
+  for (int dp = JobLayout(spec).degree("dp") - 1; dp >= 1; --dp) {
     absl::StatusOr<v1::JobSpec> s = ShrinkDp(spec, dp);
     if (s.ok() && fits(*s)) return *s;
   }

@@ -15,6 +15,7 @@
 #include "common/auth_token.h"
 #include "common/digest.h"
 #include "common/echo.h"
+#include "common/mesh.h"
 #include "coordinator/auth.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/coordinator_internal.h"
@@ -64,8 +65,8 @@ void Coordinator::GrowBack() {
     Entry& e = jobs_[id];
     const v1::Job& job = e.record.job;
     if (!job.spec().restart().allow_grow() || job.dp() == 0 ||
-        job.dp() >= job.spec().parallel().dp() || run.kill_at.has_value() ||
-        run.end.has_value()) {
+        job.dp() >= JobLayout(job.spec()).degree("dp") ||
+        run.kill_at.has_value() || run.end.has_value()) {
       continue;
     }
     if (run.stop_asked_at.has_value()) continue;  // asked already
@@ -75,7 +76,7 @@ void Coordinator::GrowBack() {
     }
     const std::string reason =
         absl::StrCat("stopped at step ", job.progress().step(),
-                     " to grow back to dp=", job.spec().parallel().dp(),
+                     " to grow back to dp=", JobLayout(job.spec()).degree("dp"),
                      " (the slots are free again)");
     // Not before a rank has reported: until then the ranks may still be
     // starting, and a stop signal could end a process that cannot take it
@@ -157,7 +158,7 @@ JobUpdate Coordinator::NextAttempt(const Entry& e, const AttemptPlace& place,
   const int attempt = job.attempts() + 1;
   job.set_attempts(attempt);
   job.set_world_size(WorldSize(spec));
-  job.set_dp(spec.parallel().dp());
+  job.set_dp(JobLayout(spec).degree("dp"));
   // A GPU job's ranks take GPUs no running job holds (the backend placed
   // them); run on this host, its GPUs are a placement on this host.
   job.clear_placement();
@@ -184,11 +185,11 @@ JobUpdate Coordinator::NextAttempt(const Entry& e, const AttemptPlace& place,
     }
     absl::StrAppend(&u.event, " on ", absl::StrJoin(where, ", "));
   }
-  if (job.dp() != job.spec().parallel().dp()) {
-    absl::StrAppend(&u.event, " shrunk to dp=", job.dp(),
-                    " (spec dp=", job.spec().parallel().dp(), "; microbatches ",
-                    spec.parallel().microbatches(), ", global batch ",
-                    spec.train().global_batch(), " kept)");
+  if (const int spec_dp = JobLayout(job.spec()).degree("dp");
+      job.dp() != spec_dp) {
+    absl::StrAppend(&u.event, " shrunk to dp=", job.dp(), " (spec dp=", spec_dp,
+                    "; microbatches ", JobLayout(spec).microbatches,
+                    ", global batch ", spec.train().global_batch(), " kept)");
   }
   return u;
 }

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "common/exit_codes.h"
 #include "common/job_state.h"
+#include "common/mesh.h"
 #include "common/proto_json.h"
 #include "common/spec.h"
 #include "ptctl/format.h"
@@ -194,9 +195,9 @@ int Get(Client& client, const std::string& id) {
     std::printf("figures:   %s\n", note.c_str());
   }
   std::printf("uid:       %s\n", j.uid().c_str());
-  if (j.dp() != 0 && j.dp() != j.spec().parallel().dp()) {
-    std::printf("layout:    shrunk to dp=%d (spec dp=%d)\n", j.dp(),
-                j.spec().parallel().dp());
+  if (const int spec_dp = JobLayout(j.spec()).degree("dp");
+      j.dp() != 0 && j.dp() != spec_dp) {
+    std::printf("layout:    shrunk to dp=%d (spec dp=%d)\n", j.dp(), spec_dp);
   }
   if (j.placement_size() > 0) {
     std::printf("nodes:     %s\n", PlacementWords(j.placement()).c_str());

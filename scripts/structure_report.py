@@ -52,9 +52,11 @@ ALLOWED = {"worker": {"worker/engine"}}
 # and the per-element formulas both backends share (no backend's code).
 WORKER_KERNEL_HEADERS = {"kernels/ops.h", "kernels/backends.h",
                          "kernels/common/math.h"}
-# Who may read the job spec's parallel section: the parser and ParallelDims.
-PARALLEL_SCOPE = ["worker", "coordinator", "ptctl", "kernels"]
-SPEC_PARSER = ["common/spec*.cc", "common/spec*.h"]
+# Who may read the job spec's parallel section: the parser (with the
+# mesh's table, common/mesh.*) and ParallelDims.
+PARALLEL_SCOPE = ["worker", "coordinator", "ptctl", "kernels", "common"]
+SPEC_PARSER = ["common/spec*.cc", "common/spec*.h", "common/mesh.cc",
+               "common/mesh.h"]
 PARALLEL_DIMS = ("parallel_dims.h", "parallel_dims.cc")
 PARALLEL_READ = re.compile(r"(?:\.|->)parallel\(\)|\bmutable_parallel\(\)")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
@@ -303,7 +305,7 @@ def check_backend_includes(files):
 
 
 def may_read_parallel(path):
-    """The spec parser (common/spec*) and ParallelDims (worker/engine)."""
+    """The spec parser (common/spec*, common/mesh*) and ParallelDims."""
     if any(fnmatch.fnmatch(path, p) for p in SPEC_PARSER):
         return True
     return (under(path, "worker/engine")

@@ -19,6 +19,7 @@
 #include "common/confined_fs.h"
 #include "common/exit_codes.h"
 #include "common/logging.h"
+#include "common/mesh.h"
 #include "common/spec.h"
 #include "common/tokenizer.h"
 #include "spdlog/spdlog.h"
@@ -111,7 +112,7 @@ absl::StatusOr<std::string> SampleStatus(const SampleFlags& f,
                    absl::StrCat("--checkpoint ", f.checkpoint, ": spec"));
   if (!parsed.ok()) return parsed.status();
   v1::JobSpec spec = *parsed;
-  *spec.mutable_parallel() = DefaultJobSpec().parallel();
+  ResetParallel(&spec);
   spec.mutable_resources()->set_device("cpu");
   *spec.mutable_checkpoint() = DefaultJobSpec().checkpoint();
   spec.mutable_model()->set_init_from("");

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/confined_fs.h"
 #include "common/exit_codes.h"
+#include "common/mesh.h"
 #include "common/spec.h"
 #include "worker/engine/data/data.h"
 #include "worker/engine/parallel/memory_estimate.h"
@@ -37,16 +38,16 @@ int DryRun(const RankFlags& flags) {
       LoadTokenData(spec->data(), spec->model().vocab_size(),
                     spec->model().block_size(), *fs);
   if (!data.ok()) return Refuse(data.status());
-  const v1::ParallelSpec& p = spec->parallel();
-  const int64_t world = JobWorldSize(*spec);
+  const ParallelLayout p = JobLayout(*spec);
+  const int64_t world = p.world_size();
   const MemoryEstimate e = EstimateRankMemory(*spec, data->vocab_size);
   std::printf("# the effective spec (--config, --set and the defaults)\n%s",
               JobSpecToYaml(*spec).c_str());
   std::printf(
       "# layout: %lld ranks (%s); parallel.zero=%d, %d microbatch(es) a "
       "step, schedule %s\n",
-      static_cast<long long>(world), ParallelWorldFactors(p).c_str(), p.zero(),
-      p.microbatches(), p.schedule().c_str());
+      static_cast<long long>(world), p.Factors().c_str(), p.zero,
+      p.microbatches, p.schedule.c_str());
   std::printf(
       "# data: %lld training tokens, %lld validation tokens, "
       "vocabulary %d\n",
@@ -55,7 +56,8 @@ int DryRun(const RankFlags& flags) {
   std::printf("# memory of the rank that needs the most: %s\n",
               DescribeMemory(e).c_str());
   // Each rank's: the ranks of a pipeline stage need the same.
-  for (int stage = 0; p.pp() > 1 && stage < p.pp(); ++stage) {
+  const int pp = p.degree("pp");
+  for (int stage = 0; pp > 1 && stage < pp; ++stage) {
     std::printf(
         "#   a rank of pipeline stage %d: %s\n", stage,
         DescribeMemory(EstimateStageMemory(*spec, data->vocab_size, stage))

@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/confined_fs.h"
+#include "common/mesh.h"
 #include "common/spec.h"
 #include "spdlog/spdlog.h"
 #include "worker/checkpoint_folder.h"
@@ -197,7 +198,7 @@ absl::Status BuildRank(const RankFlags& flags, const NodeShare& node,
     // train on unreported (every rank agrees on the step, as for SIGUSR1).
     rank->reporter->OnCoordinatorLost([] { RequestStop(); });
   }
-  auto d = ParallelDims::Create(spec->parallel(), MPI_COMM_WORLD);
+  auto d = ParallelDims::Create(JobLayout(*spec), MPI_COMM_WORLD);
   if (!d.ok()) return d.status();
   rank->dims = std::move(*d);
   const ParallelDims& dims = *rank->dims;
@@ -228,8 +229,7 @@ absl::Status BuildRank(const RankFlags& flags, const NodeShare& node,
   if (!flags.metrics_bind.empty()) {
     auto m = RankMetrics::Start(
         flags.metrics_bind,
-        {spec->name(), rank->host, dims.world_rank(), dims.dp_rank(),
-         dims.tp_rank(), dims.pp_rank(), dims.cp() > 1 ? dims.cp_rank() : -1});
+        {spec->name(), rank->host, dims.world_rank(), dims.NamedCoordinates()});
     if (!m.ok()) return m.status();
     rank->metrics = std::move(*m);
     rank->trainer->set_metrics(rank->metrics.get());

@@ -36,8 +36,9 @@ std::string HttpGet(int port, const std::string& path) {
 }
 
 TEST(RankMetrics, PageCarriesDesignNamesLabelsAndLastValues) {
-  auto m =
-      RankMetrics::Start("127.0.0.1:0", {"shakespeare", "node7", 3, 1, 1, 0});
+  auto m = RankMetrics::Start(
+      "127.0.0.1:0",
+      {"shakespeare", "node7", 3, {{"dp", 1}, {"tp", 1}, {"pp", 0}}});
   ASSERT_TRUE(m.ok()) << m.status();
   ASSERT_GT((*m)->port(), 0);
   (*m)->OnStep(12, 2.5, 0.2, 1234.0, 0.4, {0.01, 0.05, 0.1, 0.02});
@@ -130,8 +131,8 @@ TEST(RankMetrics, PageCarriesDesignNamesLabelsAndLastValues) {
 // and its ring's traffic is group="cp"; other jobs' series have no cp_rank
 // (the page above).
 TEST(RankMetrics, ContextParallelRanksCarryTheirCpRankAndGroup) {
-  RankLabels labels{"long", "node2", 5, 0, 1, 0};
-  labels.cp_rank = 1;
+  RankLabels labels{
+      "long", "node2", 5, {{"dp", 0}, {"tp", 1}, {"pp", 0}, {"cp", 1}}};
   auto m = RankMetrics::Start("127.0.0.1:0", labels);
   ASSERT_TRUE(m.ok()) << m.status();
   CommStats stats;
@@ -152,10 +153,10 @@ TEST(RankMetrics, ContextParallelRanksCarryTheirCpRankAndGroup) {
 }
 
 TEST(RankMetrics, AddressInUseIsAClearError) {
-  auto a = RankMetrics::Start("127.0.0.1:0", {"j", "n", 0, 0, 0, 0});
+  auto a = RankMetrics::Start("127.0.0.1:0", {"j", "n", 0, {}});
   ASSERT_TRUE(a.ok());
   auto b = RankMetrics::Start("127.0.0.1:" + std::to_string((*a)->port()),
-                              {"j", "n", 1, 0, 0, 0});
+                              {"j", "n", 1, {}});
   ASSERT_FALSE(b.ok());
   EXPECT_NE(b.status().message().find("--metrics-bind"), std::string::npos);
 }

@@ -60,7 +60,10 @@ struct CheckpointMeta {
   // recorded (format 3), and then not written.
   std::optional<uint64_t> data_digest;
   std::string spec_yaml;  // the JobSpec that wrote it
-  int dp = 1, tp = 1, pp = 1, cp = 1, zero = 0, world = 1;
+  // The layout that wrote it: each mesh dimension's degree by name
+  // (common/mesh.h; one missing from an older checkpoint reads 1).
+  std::map<std::string, int> degrees;
+  int zero = 0, world = 1;
   // Whose it is: the coordinator's globally unique id of the job that wrote
   // it ($PTRAIN_JOB_UID), or the id of the standalone run that did
   // (NewRunUid); "" when a standalone run wrote it before runs had ids.

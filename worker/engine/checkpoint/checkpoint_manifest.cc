@@ -11,6 +11,8 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/mesh.h"
 #include "common/spec.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/checkpoint/checkpoint.h"
@@ -247,27 +249,38 @@ absl::Status CheckpointReader::LoadLayout(const json& m) {
   };
   auto layout = ObjectAt(m, "", "layout");
   if (!layout.ok()) return Damaged(layout.status());
-  check(Int32(**layout, "layout", "dp", 1, kMaxDegree, &meta.dp));
-  check(Int32(**layout, "layout", "tp", 1, kMaxDegree, &meta.tp));
-  check(Int32(**layout, "layout", "pp", 1, kMaxDegree, &meta.pp));
+  // The dimensions every checkpoint names first, then zero and world, then
+  // those newer checkpoints add (absent: degree 1).
+  meta.degrees.clear();
+  const auto& dims = MeshDimensions();
+  ParallelLayout recorded;
+  recorded.degrees.assign(dims.size(), 1);
+  auto degree = [&](size_t i) {
+    const std::string name(dims[i].name);
+    int& d = meta.degrees[name];
+    d = 1;
+    if (!dims[i].named_at_one && !(*layout)->contains(name)) return;
+    check(Int32(**layout, "layout", name, 1, kMaxDegree, &d));
+    recorded.degrees[i] = d;
+  };
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i].named_at_one) degree(i);
+  }
   check(Int32(**layout, "layout", "zero", 0, 3, &meta.zero));
   check(Int32(**layout, "layout", "world", 1, kMaxWorld, &meta.world));
-  // Checkpoints written before context parallelism have no layout.cp.
-  meta.cp = 1;
-  if ((*layout)->contains("cp")) {
-    check(Int32(**layout, "layout", "cp", 1, kMaxDegree, &meta.cp));
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (!dims[i].named_at_one) degree(i);
   }
   if (!s.ok()) return Damaged(s);
-  v1::ParallelSpec recorded;
-  recorded.set_dp(meta.dp);
-  recorded.set_tp(meta.tp);
-  recorded.set_pp(meta.pp);
-  recorded.set_cp(meta.cp);
-  if (ParallelWorldSize(recorded) != meta.world) {
-    return Damaged(absl::StrCat("layout.world=", meta.world,
-                                " is not layout.dp × tp × pp × cp = ", meta.dp,
-                                " × ", meta.tp, " × ", meta.pp, " × ",
-                                meta.cp));
+  if (recorded.world_size() != meta.world) {
+    std::vector<std::string> names, values;
+    for (size_t i = 0; i < dims.size(); ++i) {
+      names.emplace_back(dims[i].name);
+      values.push_back(absl::StrCat(recorded.degrees[i]));
+    }
+    return Damaged(absl::StrCat("layout.world=", meta.world, " is not layout.",
+                                absl::StrJoin(names, " × "), " = ",
+                                absl::StrJoin(values, " × ")));
   }
   // The folder's name, when it is a step folder, is the manifest's step.
   std::string base = dir_;

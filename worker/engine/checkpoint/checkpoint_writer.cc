@@ -58,13 +58,8 @@ json MetaToJson(const CheckpointMeta& m) {
             {"vocab", m.vocab},
             {"spec", m.spec_yaml},
             {"job_uid", m.job_uid},
-            {"layout",
-             {{"dp", m.dp},
-              {"tp", m.tp},
-              {"pp", m.pp},
-              {"cp", m.cp},
-              {"zero", m.zero},
-              {"world", m.world}}}};
+            {"layout", {{"zero", m.zero}, {"world", m.world}}}};
+  for (const auto& [name, degree] : m.degrees) j["layout"][name] = degree;
   if (m.data_digest.has_value()) j["data_digest"] = Hex(*m.data_digest);
   return j;
 }

@@ -52,7 +52,7 @@ class FlightRecorder {
   struct Identity {
     int rank = 0;
     int world_size = 1;
-    std::map<std::string, int> coords;  // dp, tp, pp, cp
+    std::map<std::string, int> coords;  // each mesh dimension's, by name
   };
   void SetIdentity(Identity identity);
   // The world ranks of `group`'s members, in group order (a call's `peer`

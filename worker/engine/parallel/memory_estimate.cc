@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/check.h"
+#include "common/mesh.h"
 #include "common/spec.h"
 #include "worker/engine/model/gpt_stage.h"
 #include "worker/engine/parallel/zero_store.h"
@@ -95,7 +96,7 @@ MemoryEstimate EstimateStageMemory(const v1::JobSpec& spec, int vocab_size,
 }
 
 MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size) {
-  const int pp = spec.parallel().pp();
+  const int pp = JobLayout(spec).degree("pp");
   // The rank that needs the most: ranks differ in their tensors (the first
   // embeds, the last holds the head) and in microbatches in flight (fewer
   // further down a pipeline), so the candidates are the first, the second
@@ -129,17 +130,18 @@ namespace {
 // The spec fields that size an estimate, for refusals.
 std::string SizingFields(const v1::JobSpec& spec, int vocab_size) {
   const auto& m = spec.model();
-  const auto& p = spec.parallel();
+  const ParallelLayout p = JobLayout(spec);
+  const int cp = p.degree("cp");
   return absl::StrCat(
       "model.n_layer=", m.n_layer(), ", model.n_head=", m.n_head(),
       ", model.n_embd=", m.n_embd(), ", model.block_size=", m.block_size(),
       ", vocabulary ", vocab_size,
       ", train.global_batch=", spec.train().global_batch(),
-      " over parallel.dp=", p.dp(),
-      " x parallel.microbatches=", p.microbatches(),
-      ", parallel.zero=", p.zero(), ", parallel.tp=", p.tp(),
-      ", parallel.sequence_parallel=", p.sequence_parallel() ? "true" : "false",
-      p.cp() > 1 ? absl::StrCat(", parallel.cp=", p.cp()) : "",
+      " over parallel.dp=", p.degree("dp"),
+      " x parallel.microbatches=", p.microbatches, ", parallel.zero=", p.zero,
+      ", parallel.tp=", p.degree("tp"),
+      ", parallel.sequence_parallel=", p.sequence_parallel ? "true" : "false",
+      cp > 1 ? absl::StrCat(", parallel.cp=", cp) : "",
       ", train.recompute=", spec.train().recompute());
 }
 
@@ -199,10 +201,11 @@ std::string FitHint(const v1::JobSpec& spec, int vocab_size, bool device,
     recomputed.mutable_train()->set_recompute("full");
     changes.emplace_back("train.recompute=full", recomputed);
   }
-  if (device && spec.parallel().offload() != "optimizer") {
+  if (device && !JobLayout(spec).offload_optimizer) {
     v1::JobSpec offloaded = spec;
-    offloaded.mutable_parallel()->set_offload("optimizer");
-    changes.emplace_back("parallel.offload=optimizer", offloaded);
+    if (ApplyOverride(&offloaded, "parallel.offload=optimizer").ok()) {
+      changes.emplace_back("parallel.offload=optimizer", offloaded);
+    }
   }
   for (const auto& [change, changed] : changes) {
     const int64_t need = Need(changed, vocab_size, device);

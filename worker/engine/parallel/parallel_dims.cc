@@ -1,5 +1,6 @@
 #include "worker/engine/parallel/parallel_dims.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <vector>
 
@@ -18,12 +19,12 @@ namespace {
 
 // InvalidArgument, printing every factor, unless the spec's world size is
 // `size`.
-absl::Status CheckWorldSize(const v1::ParallelSpec& spec, int size) {
-  const int64_t product = ParallelWorldSize(spec);
+absl::Status CheckWorldSize(const ParallelLayout& layout, int size) {
+  const int64_t product = layout.world_size();
   if (product == size) return absl::OkStatus();
   return absl::InvalidArgumentError(
-      absl::StrCat("world size ", size, " does not equal ",
-                   ParallelWorldFactors(spec), " = ", product));
+      absl::StrCat("world size ", size, " does not equal ", layout.Factors(),
+                   " = ", product));
 }
 
 // The world ranks of `comm`'s members in its order.
@@ -43,47 +44,76 @@ std::vector<int> WorldRanks(MPI_Comm comm, MPI_Comm world) {
 
 }  // namespace
 
+void ParallelDims::SetLayout(const ParallelLayout& layout, int world_rank) {
+  layout_ = layout;
+  const std::vector<int> coords = layout.Coordinates(world_rank);
+  const auto& dims = MeshDimensions();
+  axes_.resize(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) {
+    axes_[i].dim = &dims[i];
+    axes_[i].degree = layout.degrees[i];
+    axes_[i].coord = coords[i];
+  }
+}
+
+template <typename In>
+int ParallelDims::RankOrderIndex(In in) const {
+  std::vector<const Axis*> order;
+  for (const Axis& a : axes_) {
+    if (in(a)) order.push_back(&a);
+  }
+  std::sort(order.begin(), order.end(), [](const Axis* a, const Axis* b) {
+    return a->dim->rank_place < b->dim->rank_place;
+  });
+  int index = 0;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    index = index * (*it)->degree + (*it)->coord;
+  }
+  return index;
+}
+
 void ParallelDims::MakeRecorder() {
   recorder_ = std::make_shared<FlightRecorder>();
-  recorder_->SetIdentity({world_rank_,
-                          world_size_,
-                          {{"dp", dp_rank_},
-                           {"tp", tp_rank_},
-                           {"pp", pp_rank_},
-                           {"cp", cp_rank_}}});
+  FlightRecorder::Identity identity{world_rank_, world_size_, {}};
+  for (const Axis& a : axes_) {
+    identity.coords[std::string(a.dim->name)] = a.coord;
+  }
+  recorder_->SetIdentity(std::move(identity));
+}
+
+std::vector<std::pair<std::string, int>> ParallelDims::NamedCoordinates()
+    const {
+  std::vector<std::pair<std::string, int>> named;
+  for (const Axis& a : axes_) {
+    if (a.dim->named_at_one || a.degree > 1) {
+      named.emplace_back(std::string(a.dim->name), a.coord);
+    }
+  }
+  return named;
 }
 
 absl::StatusOr<std::unique_ptr<ParallelDims>> ParallelDims::Single(
-    const v1::ParallelSpec& spec) {
-  if (absl::Status s = CheckWorldSize(spec, 1); !s.ok()) return s;
+    const ParallelLayout& layout) {
+  if (absl::Status s = CheckWorldSize(layout, 1); !s.ok()) return s;
   std::unique_ptr<ParallelDims> d(new ParallelDims());
-  d->zero_ = spec.zero();
-  d->sp_ = spec.sequence_parallel();
-  d->microbatches_ = spec.microbatches();
+  d->SetLayout(layout, 0);
   d->stats_ = std::make_shared<CommStats>();
   d->MakeRecorder();
   d->world_group_ = MakeSelfCommunicator("world", d->stats_);
-  d->dp_group_ = MakeSelfCommunicator("dp", d->stats_);
-  d->tp_group_ = MakeSelfCommunicator("tp", d->stats_);
-  d->pp_group_ = MakeSelfCommunicator("pp", d->stats_);
-  d->cp_group_ = MakeSelfCommunicator("cp", d->stats_);
+  for (Axis& a : d->axes_) {
+    a.group = MakeSelfCommunicator(std::string(a.dim->name), d->stats_);
+  }
   return d;
 }
 
 absl::StatusOr<std::unique_ptr<ParallelDims>> ParallelDims::Create(
-    const v1::ParallelSpec& spec, MPI_Comm world) {
+    const ParallelLayout& layout, MPI_Comm world) {
   int size = 1, rank = 0;
   MPI_Comm_size(world, &size);
   MPI_Comm_rank(world, &rank);
-  if (absl::Status s = CheckWorldSize(spec, size); !s.ok()) return s;
+  if (absl::Status s = CheckWorldSize(layout, size); !s.ok()) return s;
   std::unique_ptr<ParallelDims> d(new ParallelDims());
-  d->dp_ = spec.dp();
-  d->tp_ = spec.tp();
-  d->pp_ = spec.pp();
-  d->cp_ = spec.cp();
-  d->zero_ = spec.zero();
-  d->sp_ = spec.sequence_parallel();
-  d->microbatches_ = spec.microbatches();
+  d->SetLayout(layout, rank);
   d->world_size_ = size;
   d->world_rank_ = rank;
   d->world_ = world;
@@ -93,41 +123,34 @@ absl::StatusOr<std::unique_ptr<ParallelDims>> ParallelDims::Create(
   MPI_Comm_size(node, &d->local_size_);
   MPI_Comm_rank(node, &d->local_rank_);
   MPI_Comm_free(&node);
-  // rank = ((pp_rank·dp + dp_rank)·cp + cp_rank)·tp + tp_rank
-  const int tp = d->tp_, cp = d->cp_, dp = d->dp_;
-  d->tp_rank_ = rank % tp;
-  d->cp_rank_ = (rank / tp) % cp;
-  d->dp_rank_ = (rank / (tp * cp)) % dp;
-  d->pp_rank_ = rank / (tp * cp * dp);
-  const int tp_rank = d->tp_rank_, cp_rank = d->cp_rank_, dp_rank = d->dp_rank_,
-            pp_rank = d->pp_rank_;
-  // Each group gathers the ranks that agree on the other coordinates; the
-  // key orders members by their coordinates within the group. The dp group
-  // spans dp × cp (the ranks holding the same weights).
-  MPI_Comm_split(world, pp_rank * tp + tp_rank, dp_rank * cp + cp_rank,
-                 &d->dp_comm_);
-  MPI_Comm_split(world, (pp_rank * dp + dp_rank) * cp + cp_rank, tp_rank,
-                 &d->tp_comm_);
-  MPI_Comm_split(world, (pp_rank * dp + dp_rank) * tp + tp_rank, cp_rank,
-                 &d->cp_comm_);
-  const int pipeline = (dp_rank * cp + cp_rank) * tp + tp_rank;
-  MPI_Comm_split(world, pipeline, pp_rank, &d->pp_comm_);
+  // Each dimension's group gathers the ranks that agree on the other
+  // coordinates (and, for dp, on all but cp's: the ranks holding the same
+  // weights); the key orders members by their coordinates within it.
+  for (Axis& a : d->axes_) {
+    auto spanned = [&a](const Axis& b) {
+      return &b == &a ||
+             (!a.dim->also_spans.empty() && b.dim->name == a.dim->also_spans);
+    };
+    const int color =
+        d->RankOrderIndex([&](const Axis& b) { return !spanned(b); });
+    MPI_Comm_split(world, color, d->RankOrderIndex(spanned), &a.comm);
+  }
   // The embedding group: stage 0 and the last stage of one pipeline (the
   // tied embedding and head); only those ranks, and only when pp > 1.
-  const bool tied_end = d->pp_ > 1 && (pp_rank == 0 || pp_rank == d->pp_ - 1);
+  const int pp = d->pp(), pp_rank = d->pp_rank();
+  const int pipeline =
+      d->RankOrderIndex([](const Axis& b) { return b.dim->name != "pp"; });
+  const bool tied_end = pp > 1 && (pp_rank == 0 || pp_rank == pp - 1);
   MPI_Comm_split(world, tied_end ? pipeline : MPI_UNDEFINED, pp_rank,
                  &d->emb_comm_);
   d->stats_ = std::make_shared<CommStats>();
   d->MakeRecorder();
-  auto group = [&](MPI_Comm comm, const char* name) {
+  auto group = [&](MPI_Comm comm, const std::string& name) {
     d->recorder_->SetGroup(name, WorldRanks(comm, world));
     return MakeMpiCommunicator(comm, name, d->stats_, d->recorder_);
   };
   d->world_group_ = group(world, "world");
-  d->dp_group_ = group(d->dp_comm_, "dp");
-  d->tp_group_ = group(d->tp_comm_, "tp");
-  d->pp_group_ = group(d->pp_comm_, "pp");
-  d->cp_group_ = group(d->cp_comm_, "cp");
+  for (Axis& a : d->axes_) a.group = group(a.comm, std::string(a.dim->name));
   if (d->emb_comm_ != MPI_COMM_NULL) {
     d->embedding_group_ = group(d->emb_comm_, "embedding");
   }
@@ -137,14 +160,12 @@ absl::StatusOr<std::unique_ptr<ParallelDims>> ParallelDims::Create(
 ParallelDims::~ParallelDims() {
   device_groups_.clear();
   world_group_.reset();
-  dp_group_.reset();
-  tp_group_.reset();
-  pp_group_.reset();
-  cp_group_.reset();
   embedding_group_.reset();
-  for (MPI_Comm* c : {&dp_comm_, &tp_comm_, &pp_comm_, &cp_comm_, &emb_comm_}) {
-    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+  for (Axis& a : axes_) {
+    a.group.reset();
+    if (a.comm != MPI_COMM_NULL) MPI_Comm_free(&a.comm);
   }
+  if (emb_comm_ != MPI_COMM_NULL) MPI_Comm_free(&emb_comm_);
 }
 
 void ParallelDims::AttachDevice(kernels::Ops* device_ops) {
@@ -158,10 +179,18 @@ void ParallelDims::AttachDevice(kernels::Ops* device_ops) {
   const bool own_gpu = local_size_ <= kernels::CudaDeviceCount();
   const bool nccl =
       !AnyRankFailed(world_group_.get(), !own_gpu || choice == "staged");
-  // The pipeline and cp groups only send and receive (staged: see
-  // comm_nccl.h) and sum host numbers.
-  for (Communicator* g :
-       {dp_group_.get(), tp_group_.get(), embedding_group_.get()}) {
+  // The groups that only send and receive (staged: see comm_nccl.h) and
+  // sum host numbers never take NCCL.
+  std::vector<Communicator*> collective = {embedding_group_.get()};
+  for (Axis& a : axes_) {
+    if (a.dim->point_to_point) {
+      device_groups_[a.group.get()] =
+          MakeStagedCommunicator(a.group.get(), device_ops);
+    } else {
+      collective.insert(collective.end() - 1, a.group.get());
+    }
+  }
+  for (Communicator* g : collective) {
     if (g == nullptr) continue;
     if (nccl && (g->size() > 1 || choice == "nccl")) {
       auto c = MakeNcclCommunicator(g, device_ops, recorder_.get());
@@ -172,9 +201,6 @@ void ParallelDims::AttachDevice(kernels::Ops* device_ops) {
       spdlog::warn("{}: group {} communicates through host memory",
                    std::string(c.status().message()), g->group());
     }
-    device_groups_[g] = MakeStagedCommunicator(g, device_ops);
-  }
-  for (Communicator* g : {pp_group_.get(), cp_group_.get()}) {
     device_groups_[g] = MakeStagedCommunicator(g, device_ops);
   }
 }
@@ -190,20 +216,17 @@ Communicator* ParallelDims::world_comm() const {
 
 Communicator* ParallelDims::dp_comm() const {
   // ZeRO needs its group even at dp = 1 (its collectives are then local).
-  return has_mpi() ? OnDevice(dp_group_.get()) : nullptr;
+  return has_mpi() ? OnDevice(axis("dp").group.get()) : nullptr;
 }
 
-Communicator* ParallelDims::tp_comm() const {
-  return tp_ > 1 ? OnDevice(tp_group_.get()) : nullptr;
+Communicator* ParallelDims::Working(std::string_view name) const {
+  const Axis& a = axis(name);
+  return a.degree > 1 ? OnDevice(a.group.get()) : nullptr;
 }
 
-Communicator* ParallelDims::pp_comm() const {
-  return pp_ > 1 ? OnDevice(pp_group_.get()) : nullptr;
-}
-
-Communicator* ParallelDims::cp_comm() const {
-  return cp_ > 1 ? OnDevice(cp_group_.get()) : nullptr;
-}
+Communicator* ParallelDims::tp_comm() const { return Working("tp"); }
+Communicator* ParallelDims::pp_comm() const { return Working("pp"); }
+Communicator* ParallelDims::cp_comm() const { return Working("cp"); }
 
 Communicator* ParallelDims::embedding_comm() const {
   return embedding_group_ != nullptr ? OnDevice(embedding_group_.get())
@@ -212,16 +235,17 @@ Communicator* ParallelDims::embedding_comm() const {
 
 ComputeGroups ParallelDims::compute_groups() const {
   return ComputeGroups{dp_comm(), tp_comm(),        pp_comm(),
-                       cp_comm(), embedding_comm(), sp_};
+                       cp_comm(), embedding_comm(), sequence_parallel()};
 }
 
 std::string ParallelDims::ToString() const {
-  const bool cp = cp_ > 1;
-  return absl::StrCat("dp=", dp_, " tp=", tp_, " pp=", pp_,
-                      cp ? absl::StrCat(" cp=", cp_) : "", " zero=", zero_,
-                      " (rank ", world_rank_, " of ", world_size_, ": dp_rank ",
-                      dp_rank_, ", tp_rank ", tp_rank_, ", pp_rank ", pp_rank_,
-                      cp ? absl::StrCat(", cp_rank ", cp_rank_) : "", ")");
+  std::string degrees, coords;
+  for (const auto& [name, coord] : NamedCoordinates()) {
+    absl::StrAppend(&degrees, name, "=", degree(name), " ");
+    absl::StrAppend(&coords, ", ", name, "_rank ", coord);
+  }
+  return absl::StrCat(degrees, "zero=", zero(), " (rank ", world_rank_, " of ",
+                      world_size_, ":", coords.substr(1), ")");
 }
 
 }  // namespace ptrain

@@ -1,15 +1,16 @@
 // ParallelDims: the mesh, the one place that knows the parallel layout.
-// Validates that the world size (ParallelWorldSize: dp·tp·pp·cp) is the
-// number of ranks, computes this rank's coordinates (tp fastest, then cp,
-// then dp, then pp — Megatron's order) and creates the dp, tp, pp and cp
-// process groups
-// over host memory, and on a GPU their twins over its memory (NCCL, or
-// staged through the host). No other code splits communicators, computes
+// Validates that the world size (ParallelWorldSize, the product of every
+// dimension's degree) is the number of ranks, computes this rank's
+// coordinate in each dimension of the table (common/mesh.h: tp fastest,
+// then cp, dp, pp — Megatron's order) and creates each dimension's process
+// group over host memory, and on a GPU their twins over its memory (NCCL,
+// or staged through the host). No other code splits communicators, computes
 // rank coordinates or chooses a group's transport. Always present: a rank
 // without MPI is a mesh of one (Single).
 //
-// Adding a dimension: one degree and coordinate here, one split and group
-// in Create, one factor in ParallelWorldSize (common/spec.cc).
+// Adding a dimension: its row in MeshDimensions (common/mesh.cc); its
+// group, coordinate and names follow. Named accessors are for the code that
+// does a dimension's math.
 #ifndef PTRAIN_WORKER_ENGINE_PARALLEL_PARALLEL_DIMS_H_
 #define PTRAIN_WORKER_ENGINE_PARALLEL_PARALLEL_DIMS_H_
 
@@ -18,8 +19,12 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/mesh.h"
 #include "kernels/ops.h"
 #include "ptrain/v1/job.pb.h"
 #include "worker/engine/comm/comm.h"
@@ -32,32 +37,48 @@ class ParallelDims {
   // Splits `world` (not owned). InvalidArgument, printing every factor, when
   // the spec's world size differs from `world`'s. Collective over `world`.
   static absl::StatusOr<std::unique_ptr<ParallelDims>> Create(
-      const v1::ParallelSpec& spec, MPI_Comm world);
+      const ParallelLayout& layout, MPI_Comm world);
+  static absl::StatusOr<std::unique_ptr<ParallelDims>> Create(
+      const v1::ParallelSpec& spec, MPI_Comm world) {
+    return Create(LayoutOf(spec), world);
+  }
   // One rank without MPI: every degree 1 (InvalidArgument, as Create's,
   // when the spec's world size is not 1), groups of this rank alone.
   static absl::StatusOr<std::unique_ptr<ParallelDims>> Single(
-      const v1::ParallelSpec& spec);
+      const ParallelLayout& layout);
+  static absl::StatusOr<std::unique_ptr<ParallelDims>> Single(
+      const v1::ParallelSpec& spec) {
+    return Single(LayoutOf(spec));
+  }
   ~ParallelDims();
   ParallelDims(const ParallelDims&) = delete;
   ParallelDims& operator=(const ParallelDims&) = delete;
 
-  int dp() const { return dp_; }
-  int tp() const { return tp_; }
-  int pp() const { return pp_; }
-  int cp() const { return cp_; }
-  int zero() const { return zero_; }
-  bool sequence_parallel() const { return sp_; }
-  int microbatches() const { return microbatches_; }
-  bool dp_enabled() const { return dp_ > 1; }
-  bool tp_enabled() const { return tp_ > 1; }
-  bool pp_enabled() const { return pp_ > 1; }
+  const ParallelLayout& layout() const { return layout_; }
+  // Dimension `name`'s degree and this rank's coordinate in it.
+  int degree(std::string_view name) const { return axis(name).degree; }
+  int coordinate(std::string_view name) const { return axis(name).coord; }
+  // This rank's coordinate in each dimension named at one or above it,
+  // in the table's order: [("dp", 1), ("tp", 0), ("pp", 0)].
+  std::vector<std::pair<std::string, int>> NamedCoordinates() const;
+
+  int dp() const { return degree("dp"); }
+  int tp() const { return degree("tp"); }
+  int pp() const { return degree("pp"); }
+  int cp() const { return degree("cp"); }
+  int zero() const { return layout_.zero; }
+  bool sequence_parallel() const { return layout_.sequence_parallel; }
+  int microbatches() const { return layout_.microbatches; }
+  bool dp_enabled() const { return dp() > 1; }
+  bool tp_enabled() const { return tp() > 1; }
+  bool pp_enabled() const { return pp() > 1; }
 
   int world_size() const { return world_size_; }
   int world_rank() const { return world_rank_; }
-  int dp_rank() const { return dp_rank_; }
-  int tp_rank() const { return tp_rank_; }
-  int pp_rank() const { return pp_rank_; }
-  int cp_rank() const { return cp_rank_; }
+  int dp_rank() const { return coordinate("dp"); }
+  int tp_rank() const { return coordinate("tp"); }
+  int pp_rank() const { return coordinate("pp"); }
+  int cp_rank() const { return coordinate("cp"); }
   // This rank among the ranks of its node (which share its GPUs).
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
@@ -68,10 +89,11 @@ class ParallelDims {
   // ranks alone when cp = 1; its metrics are group="dp". The cp group
   // (group="cp") splits every sequence: ring attention's.
   Communicator& world_group() { return *world_group_; }
-  Communicator& dp_group() { return *dp_group_; }
-  Communicator& cp_group() { return *cp_group_; }
-  Communicator& tp_group() { return *tp_group_; }
-  Communicator& pp_group() { return *pp_group_; }
+  Communicator& group(std::string_view name) { return *axis(name).group; }
+  Communicator& dp_group() { return group("dp"); }
+  Communicator& cp_group() { return group("cp"); }
+  Communicator& tp_group() { return group("tp"); }
+  Communicator& pp_group() { return group("pp"); }
   // Stage 0 and the last stage of this rank's pipeline (pp > 1), which sum
   // the gradients of the tied embedding and head; null elsewhere.
   Communicator* embedding_group() { return embedding_group_.get(); }
@@ -114,23 +136,38 @@ class ParallelDims {
  private:
   ParallelDims() = default;
 
-  int dp_ = 1, tp_ = 1, pp_ = 1, cp_ = 1, zero_ = 0, microbatches_ = 1;
-  bool sp_ = false;
+  // One dimension of the mesh: its row of the table, degree, this rank's
+  // coordinate and group.
+  struct Axis {
+    const MeshDimension* dim = nullptr;
+    int degree = 1, coord = 0;
+    MPI_Comm comm = MPI_COMM_NULL;
+    std::unique_ptr<Communicator> group;
+  };
+  const Axis& axis(std::string_view name) const {
+    return axes_[MeshDimensionIndex(name)];
+  }
+  // The mixed-radix number of this rank's coordinates in the dimensions
+  // `in` selects, taken in rank order.
+  template <typename In>
+  int RankOrderIndex(In in) const;
+
+  ParallelLayout layout_;
+  std::vector<Axis> axes_;  // MeshDimensions()' order
   int world_size_ = 1, world_rank_ = 0;
   int local_size_ = 1, local_rank_ = 0;
-  int dp_rank_ = 0, tp_rank_ = 0, pp_rank_ = 0, cp_rank_ = 0;
   MPI_Comm world_ = MPI_COMM_NULL;
-  MPI_Comm dp_comm_ = MPI_COMM_NULL, tp_comm_ = MPI_COMM_NULL,
-           pp_comm_ = MPI_COMM_NULL, cp_comm_ = MPI_COMM_NULL,
-           emb_comm_ = MPI_COMM_NULL;
+  MPI_Comm emb_comm_ = MPI_COMM_NULL;
   std::shared_ptr<CommStats> stats_;
   std::shared_ptr<FlightRecorder> recorder_;
   void MakeRecorder();  // recorder_, its identity from the coordinates
-  std::unique_ptr<Communicator> world_group_, dp_group_, tp_group_, pp_group_,
-      cp_group_, embedding_group_;
+  void SetLayout(const ParallelLayout& layout, int world_rank);
+  std::unique_ptr<Communicator> world_group_, embedding_group_;
   // AttachDevice's twins, by host group.
   std::map<const Communicator*, std::unique_ptr<Communicator>> device_groups_;
   Communicator* OnDevice(Communicator* group) const;
+  // Dimension `name`'s group (its device twin) where its degree is above 1.
+  Communicator* Working(std::string_view name) const;
 };
 
 }  // namespace ptrain

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "common/mesh.h"
 #include "worker/engine/parallel/schedule.h"
 
 namespace ptrain {
@@ -10,21 +11,20 @@ namespace ptrain {
 GptConfig ModelConfig(const v1::JobSpec& spec, int vocab_size) {
   const auto& m = spec.model();
   GptConfig c{m.n_layer(), m.n_head(), m.n_embd(), m.block_size(), vocab_size};
-  c.padded_vocab = PaddedVocab(vocab_size, spec.parallel().tp());
+  c.padded_vocab = PaddedVocab(vocab_size, JobLayout(spec).degree("tp"));
   return c;
 }
 
 PlanOptions SpecPlan(const v1::JobSpec& spec, int tp_rank, int pp_rank) {
-  const auto& p = spec.parallel();
+  const ParallelLayout p = JobLayout(spec);
   PlanOptions plan;
-  plan.tp = p.tp();
+  plan.tp = p.degree("tp");
   plan.tp_rank = tp_rank;
-  plan.pp = p.pp();
+  plan.pp = p.degree("pp");
   plan.pp_rank = pp_rank;
-  plan.pad = p.dp() * p.cp();
-  plan.virtual_stages = p.virtual_stages();
-  absl::StatusOr<std::vector<int>> layers =
-      PipelineStageLayers(p, spec.model().n_layer());
+  plan.pad = p.degree("dp") * p.degree("cp");
+  plan.virtual_stages = p.virtual_stages;
+  absl::StatusOr<std::vector<int>> layers = JobStageLayers(spec);
   PT_CHECK(layers.ok(), std::string(layers.status().message()).c_str());
   plan.stage_layers = *std::move(layers);
   return plan;
@@ -32,27 +32,27 @@ PlanOptions SpecPlan(const v1::JobSpec& spec, int tp_rank, int pp_rank) {
 
 RankBuild RankBuild::Of(const v1::JobSpec& spec, int vocab_size, int tp_rank,
                         int pp_rank) {
-  const auto& p = spec.parallel();
+  const ParallelLayout p = JobLayout(spec);
   RankBuild b;
   b.model = ModelConfig(spec, vocab_size);
   b.device = SpecDevice(spec);
   b.precision = SpecPrecision(spec);
   b.T = spec.model().block_size();
   b.global_batch = spec.train().global_batch();
-  b.microbatches = p.microbatches();
-  b.dp = p.dp();
-  b.tp = p.tp();
-  b.pp = p.pp();
-  b.cp = p.cp();
+  b.microbatches = p.microbatches;
+  b.dp = p.degree("dp");
+  b.tp = p.degree("tp");
+  b.pp = p.degree("pp");
+  b.cp = p.degree("cp");
   b.micro_B = b.global_batch / (b.dp * b.microbatches);
-  b.virtual_stages = p.virtual_stages();
-  b.sequence_parallel = p.sequence_parallel();
-  b.schedule = ScheduleKindOf(p.schedule());
+  b.virtual_stages = p.virtual_stages;
+  b.sequence_parallel = p.sequence_parallel;
+  b.schedule = ScheduleKindOf(p.schedule);
   b.recompute = RecomputeOf(spec.train().recompute());
-  b.zero = ZeroOptions{p.zero(), b.microbatches, p.bucket_bytes(),
+  b.zero = ZeroOptions{p.zero, b.microbatches, p.bucket_bytes,
                        /*reduce_once_per_step=*/b.pp > 1,
                        /*bf16_weights=*/b.precision == Precision::kBf16};
-  b.offload_optimizer = p.offload() == "optimizer";
+  b.offload_optimizer = p.offload_optimizer;
   b.plan = SpecPlan(spec, tp_rank, pp_rank);
   b.stages = RankStages(b.plan);
   b.slots =

@@ -75,12 +75,9 @@ absl::StatusOr<std::unique_ptr<RankMetrics>> RankMetrics::Start(
   m->labels_ = labels;
   m->base_ = {{"job", labels.job},
               {"rank", std::to_string(labels.rank)},
-              {"node", labels.node},
-              {"dp_rank", std::to_string(labels.dp_rank)},
-              {"tp_rank", std::to_string(labels.tp_rank)},
-              {"pp_rank", std::to_string(labels.pp_rank)}};
-  if (labels.cp_rank >= 0) {
-    m->base_["cp_rank"] = std::to_string(labels.cp_rank);
+              {"node", labels.node}};
+  for (const auto& [name, coord] : labels.coordinates) {
+    m->base_[name + "_rank"] = std::to_string(coord);
   }
   try {
     CivetCallbacks callbacks;

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "prometheus/counter.h"
@@ -25,10 +26,11 @@ namespace ptrain {
 
 struct RankLabels {
   std::string job, node;
-  int rank = 0, dp_rank = 0, tp_rank = 0, pp_rank = 0;
-  // A job with parallel.cp > 1: this rank's cp coordinate, a label of its
-  // series too; -1 (no such label) otherwise.
-  int cp_rank = -1;
+  int rank = 0;
+  // This rank's coordinate in each mesh dimension named at one or above
+  // it (ParallelDims::NamedCoordinates): a label "<name>_rank" each, e.g.
+  // dp_rank, tp_rank and pp_rank always, cp_rank in a job with cp > 1.
+  std::vector<std::pair<std::string, int>> coordinates;
 };
 
 // Seconds of one step by phase.

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/mesh.h"
 #include "common/seconds.h"
 #include "common/spec.h"
 #include "spdlog/spdlog.h"
@@ -263,12 +264,10 @@ CheckpointMeta Checkpointer::MetaAt(int64_t step) const {
   if (data_.has_tokenizer) meta.vocab = data_.tokenizer.vocab();
   meta.data_digest = data_.digest;
   meta.spec_yaml = JobSpecToYaml(spec_);
-  const auto& par = spec_.parallel();
-  meta.dp = par.dp();
-  meta.tp = par.tp();
-  meta.pp = par.pp();
-  meta.cp = par.cp();
-  meta.zero = par.zero();
+  for (const MeshDimension& d : MeshDimensions()) {
+    meta.degrees[std::string(d.name)] = dims_->degree(d.name);
+  }
+  meta.zero = dims_->zero();
   meta.world = dims_->world_size();
   meta.job_uid = run_uid_;
   return meta;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/mesh.h"
 #include "common/spec.h"
 #include "kernels/backends.h"
 #include "spdlog/spdlog.h"
@@ -86,19 +87,19 @@ void RunReport::Start(const MemoryBytes& mem, const GptConfig& model,
                    graphs_unavailable);
     }
   }
-  const auto& par = spec_.parallel();
-  Emit({{"type", "layout"},
-        {"world", dims_->world_size()},
-        {"dp", par.dp()},
-        {"tp", par.tp()},
-        {"pp", par.pp()},
-        {"cp", par.cp()},
-        {"zero", par.zero()},
-        {"sequence_parallel", par.sequence_parallel()},
-        {"microbatches", par.microbatches()},
-        {"schedule", build_.pp > 1 ? par.schedule() : "none"},
-        {"virtual_stages", par.virtual_stages()},
-        {"stage_layers", build_.plan.stage_layers}});
+  const ParallelLayout& par = dims_->layout();
+  nlohmann::json layout = {{"type", "layout"},
+                           {"world", dims_->world_size()},
+                           {"zero", par.zero},
+                           {"sequence_parallel", par.sequence_parallel},
+                           {"microbatches", par.microbatches},
+                           {"schedule", build_.pp > 1 ? par.schedule : "none"},
+                           {"virtual_stages", par.virtual_stages},
+                           {"stage_layers", build_.plan.stage_layers}};
+  for (const MeshDimension& d : MeshDimensions()) {
+    layout[std::string(d.name)] = dims_->degree(d.name);
+  }
+  Emit(layout);
   if (!resumed_from.empty()) {
     // The checkpoint this attempt starts from, read off the directory: it may
     // be newer than the previous attempt's last "checkpoint" record, when that

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/mesh.h"
 #include "common/seconds.h"
 #include "common/spec.h"
 #include "kernels/backends.h"
@@ -25,16 +26,15 @@ using Clock = std::chrono::steady_clock;
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const v1::JobSpec& spec, const TrainerOptions& options,
     ParallelDims* dims) {
-  const auto& par = spec.parallel();
   // Without MPI the rank is a mesh of its own.
   std::unique_ptr<ParallelDims> single;
   if (dims == nullptr) {
-    auto made = ParallelDims::Single(par);
+    auto made = ParallelDims::Single(JobLayout(spec));
     if (!made.ok()) return made.status();
     single = std::move(*made);
     dims = single.get();
   }
-  if (!dims->has_mpi() && par.zero() != 0) {
+  if (!dims->has_mpi() && dims->zero() != 0) {
     return absl::InvalidArgumentError(
         "parallel.zero > 0 needs MPI (run ptworker, under mpirun or alone)");
   }
@@ -120,7 +120,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::CreateWithData(
         absl::StrCat("Trainer::CreateWithData: one rank on the cpu only, not ",
                      JobWorldSize(spec), " on ", spec.resources().device()));
   }
-  auto single = ParallelDims::Single(spec.parallel());
+  auto single = ParallelDims::Single(JobLayout(spec));
   if (!single.ok()) return single.status();
   std::unique_ptr<Trainer> trainer(
       new Trainer(spec, options, std::move(data), single->get(), /*gpu=*/-1));

@@ -1,0 +1,120 @@
+#include "common/mesh.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/check.h"
+
+namespace ptrain {
+
+const std::vector<MeshDimension>& MeshDimensions() {
+  static const std::vector<MeshDimension> kDimensions = {
+      {"dp", [](const v1::ParallelSpec& p) { return p.dp(); },
+       /*rank_place=*/2, /*node_local=*/false, /*named_at_one=*/true,
+       /*point_to_point=*/false, /*also_spans=*/"cp"},
+      {"tp", [](const v1::ParallelSpec& p) { return p.tp(); },
+       /*rank_place=*/0, /*node_local=*/true, /*named_at_one=*/true,
+       /*point_to_point=*/false, ""},
+      {"pp", [](const v1::ParallelSpec& p) { return p.pp(); },
+       /*rank_place=*/3, /*node_local=*/false, /*named_at_one=*/true,
+       /*point_to_point=*/true, ""},
+      {"cp", [](const v1::ParallelSpec& p) { return p.cp(); },
+       /*rank_place=*/1, /*node_local=*/true, /*named_at_one=*/false,
+       /*point_to_point=*/true, ""},
+  };
+  return kDimensions;
+}
+
+int MeshDimensionIndex(std::string_view name) {
+  const auto& dims = MeshDimensions();
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i].name == name) return static_cast<int>(i);
+  }
+  PT_CHECK(false, "no such mesh dimension");
+  return -1;
+}
+
+int ParallelLayout::degree(std::string_view name) const {
+  return degrees[MeshDimensionIndex(name)];
+}
+
+int64_t ParallelLayout::world_size() const {
+  int64_t product = 1;
+  for (int d : degrees) product *= d;
+  return product;
+}
+
+int64_t ParallelLayout::node_local_ranks() const {
+  int64_t product = 1;
+  const auto& dims = MeshDimensions();
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i].node_local) product *= degrees[i];
+  }
+  return product;
+}
+
+std::string ParallelLayout::Factors() const {
+  const auto& dims = MeshDimensions();
+  std::vector<std::string> names, values;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (!dims[i].named_at_one && degrees[i] <= 1) continue;
+    names.push_back(absl::StrCat("parallel.", std::string(dims[i].name)));
+    values.push_back(absl::StrCat(degrees[i]));
+  }
+  return absl::StrCat(absl::StrJoin(names, " × "), " = ",
+                      absl::StrJoin(values, " × "));
+}
+
+std::vector<int> ParallelLayout::Coordinates(int world_rank) const {
+  const auto& dims = MeshDimensions();
+  std::vector<int> order(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) order[i] = static_cast<int>(i);
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    return dims[a].rank_place < dims[b].rank_place;
+  });
+  std::vector<int> coords(dims.size(), 0);
+  int64_t stride = 1;
+  for (int i : order) {
+    coords[i] = static_cast<int>((world_rank / stride) % degrees[i]);
+    stride *= degrees[i];
+  }
+  return coords;
+}
+
+ParallelLayout LayoutOf(const v1::ParallelSpec& p) {
+  ParallelLayout l;
+  for (const MeshDimension& d : MeshDimensions()) {
+    l.degrees.push_back(d.degree(p));
+  }
+  l.zero = p.zero();
+  l.sequence_parallel = p.sequence_parallel();
+  l.microbatches = p.microbatches();
+  l.virtual_stages = p.virtual_stages();
+  l.schedule = p.schedule();
+  l.bucket_bytes = p.bucket_bytes();
+  l.offload_optimizer = p.offload() == "optimizer";
+  return l;
+}
+
+ParallelLayout JobLayout(const v1::JobSpec& spec) {
+  return LayoutOf(spec.parallel());
+}
+
+v1::JobSpec WithDataParallel(const v1::JobSpec& spec, int dp,
+                             int microbatches) {
+  v1::JobSpec out = spec;
+  out.mutable_parallel()->set_dp(dp);
+  out.mutable_parallel()->set_microbatches(microbatches);
+  return out;
+}
+
+void ResetParallel(v1::JobSpec* spec) {
+  *spec->mutable_parallel() = DefaultJobSpec().parallel();
+}
+
+absl::StatusOr<std::vector<int>> JobStageLayers(const v1::JobSpec& spec) {
+  return PipelineStageLayers(spec.parallel(), spec.model().n_layer());
+}
+
+}  // namespace ptrain

@@ -1,0 +1,95 @@
+// The mesh's dimensions as one table, and a job's parallel layout read off
+// its spec. Besides the spec parser (spec*.cc) this is the one reader of
+// the spec's parallel section: the engine (ParallelDims, RankBuild, the
+// memory estimate, checkpoints, metrics, the run log) and ptcoord (placing
+// a job's ranks, shrinking it) take the layout from here and iterate the
+// table wherever they handle every dimension alike.
+//
+// Adding a dimension: its field in job.proto and its rules in
+// spec_validate.cc, one row in MeshDimensions (mesh.cc); the groups,
+// coordinates, world size, checkpoint layout, metrics labels and run-log
+// record follow from the row.
+#ifndef PTRAIN_COMMON_MESH_H_
+#define PTRAIN_COMMON_MESH_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/spec.h"
+#include "ptrain/v1/job.pb.h"
+
+namespace ptrain {
+
+// One dimension of the mesh.
+struct MeshDimension {
+  // Its spec field (parallel.<name>), its group ("dp"), its coordinate's
+  // label and record key ("dp_rank"), its key in a checkpoint's layout.
+  std::string_view name;
+  int32_t (*degree)(const v1::ParallelSpec& spec);
+  // Its place in the world rank: 0 varies fastest (tp, then cp, dp, pp:
+  // Megatron's order, tensor-parallel neighbours adjacent).
+  int rank_place = 0;
+  // Its groups must stay within a node (they communicate every layer).
+  bool node_local = false;
+  // Named at degree 1 too: in summaries and labels, and required in a
+  // checkpoint's layout. A newer dimension is named only where it is
+  // above 1, and a checkpoint written before it reads degree 1.
+  bool named_at_one = true;
+  // Its group only sends and receives (and sums host numbers): on a GPU
+  // it is staged through the host rather than given to NCCL.
+  bool point_to_point = false;
+  // Another dimension whose ranks this one's group also gathers: dp's
+  // group spans dp × cp, the ranks holding the same weights. "" if none.
+  std::string_view also_spans;
+};
+
+// Every dimension, in the order specs, messages and checkpoints list them:
+// dp, tp, pp, cp.
+const std::vector<MeshDimension>& MeshDimensions();
+// The index in MeshDimensions() of `name`; PT_CHECKs that it is one.
+int MeshDimensionIndex(std::string_view name);
+
+// A job's parallel layout: each dimension's degree and the options of the
+// parallel section that are not dimensions.
+struct ParallelLayout {
+  std::vector<int> degrees;  // by MeshDimensions() index
+  int zero = 0;
+  bool sequence_parallel = false;
+  int microbatches = 1;
+  int virtual_stages = 1;
+  std::string schedule;  // parallel.schedule as written
+  int64_t bucket_bytes = 0;
+  bool offload_optimizer = false;  // parallel.offload=optimizer
+
+  // The degree of dimension `name` (PT_CHECKs that it is one).
+  int degree(std::string_view name) const;
+  // The product of the degrees, in 64 bits (each degree is an int32).
+  int64_t world_size() const;
+  // The ranks of one node-local group of every node-local dimension
+  // together (tp × cp): the ranks a job's placement keeps on one node.
+  int64_t node_local_ranks() const;
+  // "parallel.dp × parallel.tp × parallel.pp = 2 × 1 × 1", each dimension
+  // named at one or above 1.
+  std::string Factors() const;
+  // This rank's coordinate in each dimension (by index) from its world
+  // rank, and back.
+  std::vector<int> Coordinates(int world_rank) const;
+};
+
+ParallelLayout LayoutOf(const v1::ParallelSpec& spec);
+ParallelLayout JobLayout(const v1::JobSpec& spec);
+
+// The spec with `dp` data-parallel replicas and `microbatches` a step
+// (ptcoord's shrink and grow; not validated here).
+v1::JobSpec WithDataParallel(const v1::JobSpec& spec, int dp, int microbatches);
+// The spec with its parallel section at the defaults: one rank.
+void ResetParallel(v1::JobSpec* spec);
+// PipelineStageLayers of the spec's parallel section and model.n_layer.
+absl::StatusOr<std::vector<int>> JobStageLayers(const v1::JobSpec& spec);
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_COMMON_MESH_H_
