@@ -11,15 +11,19 @@ namespace ptrain {
 const std::vector<MeshDimension>& MeshDimensions() {
   static const std::vector<MeshDimension> kDimensions = {
       {"dp", [](const v1::ParallelSpec& p) { return p.dp(); },
+       [](v1::ParallelSpec* p, int32_t d) { p->set_dp(d); },
        /*rank_place=*/2, /*node_local=*/false, /*named_at_one=*/true,
        /*point_to_point=*/false, /*also_spans=*/"cp"},
       {"tp", [](const v1::ParallelSpec& p) { return p.tp(); },
+       [](v1::ParallelSpec* p, int32_t d) { p->set_tp(d); },
        /*rank_place=*/0, /*node_local=*/true, /*named_at_one=*/true,
        /*point_to_point=*/false, ""},
       {"pp", [](const v1::ParallelSpec& p) { return p.pp(); },
+       [](v1::ParallelSpec* p, int32_t d) { p->set_pp(d); },
        /*rank_place=*/3, /*node_local=*/false, /*named_at_one=*/true,
        /*point_to_point=*/true, ""},
       {"cp", [](const v1::ParallelSpec& p) { return p.cp(); },
+       [](v1::ParallelSpec* p, int32_t d) { p->set_cp(d); },
        /*rank_place=*/1, /*node_local=*/true, /*named_at_one=*/false,
        /*point_to_point=*/true, ""},
   };
@@ -104,7 +108,8 @@ ParallelLayout JobLayout(const v1::JobSpec& spec) {
 v1::JobSpec WithDataParallel(const v1::JobSpec& spec, int dp,
                              int microbatches) {
   v1::JobSpec out = spec;
-  out.mutable_parallel()->set_dp(dp);
+  MeshDimensions()[MeshDimensionIndex("dp")].set_degree(out.mutable_parallel(),
+                                                        dp);
   out.mutable_parallel()->set_microbatches(microbatches);
   return out;
 }

@@ -5,10 +5,11 @@
 // a job's ranks, shrinking it) take the layout from here and iterate the
 // table wherever they handle every dimension alike.
 //
-// Adding a dimension: its field in job.proto and its rules in
-// spec_validate.cc, one row in MeshDimensions (mesh.cc); the groups,
-// coordinates, world size, checkpoint layout, metrics labels and run-log
-// record follow from the row.
+// Adding a dimension: its field in job.proto (ParallelSpec) and one row in
+// MeshDimensions (mesh.cc). Its default (1), its range (1..kMaxDegree), its
+// factor in the world size, its group, coordinate, checkpoint layout key,
+// metrics label, run-log key and flight-recorder group follow from the
+// row; rules tying it to other fields go in spec_validate.cc.
 #ifndef PTRAIN_COMMON_MESH_H_
 #define PTRAIN_COMMON_MESH_H_
 
@@ -29,6 +30,7 @@ struct MeshDimension {
   // label and record key ("dp_rank"), its key in a checkpoint's layout.
   std::string_view name;
   int32_t (*degree)(const v1::ParallelSpec& spec);
+  void (*set_degree)(v1::ParallelSpec* spec, int32_t degree);
   // Its place in the world rank: 0 varies fastest (tp, then cp, dp, pp:
   // Megatron's order, tensor-parallel neighbours adjacent).
   int rank_place = 0;

@@ -134,16 +134,13 @@ v1::JobSpec DefaultJobSpec() {
   data->set_val_bin("");
 
   v1::ParallelSpec* parallel = spec.mutable_parallel();
-  parallel->set_dp(1);
-  parallel->set_tp(1);
-  parallel->set_pp(1);
+  for (const MeshDimension& d : MeshDimensions()) d.set_degree(parallel, 1);
   parallel->set_zero(0);
   parallel->set_sequence_parallel(false);
   parallel->set_microbatches(1);
   parallel->set_schedule("1f1b");
   parallel->set_bucket_bytes(int64_t{25} << 20);
   parallel->set_virtual_stages(1);
-  parallel->set_cp(1);
   parallel->set_offload("none");
 
   v1::TrainSpec* train = spec.mutable_train();

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/echo.h"
+#include "common/mesh.h"
 #include "common/spec.h"
 #include "common/spec_internal.h"
 #include "common/utf8.h"
@@ -266,15 +267,14 @@ absl::Status ValidateContextParallel(const v1::JobSpec& spec) {
 // The degrees of parallelism, the world they make, and the ZeRO stage.
 absl::Status ValidateDegrees(const v1::JobSpec& spec) {
   const v1::ParallelSpec& p = spec.parallel();
-  if (absl::Status s = First({
-          CheckFinite(p, "parallel"),
-          InRange<int64_t>("parallel.dp", p.dp(), 1, kMaxDegree),
-          InRange<int64_t>("parallel.tp", p.tp(), 1, kMaxDegree),
-          InRange<int64_t>("parallel.pp", p.pp(), 1, kMaxDegree),
-          InRange<int64_t>("parallel.cp", p.cp(), 1, kMaxDegree),
-      });
-      !s.ok()) {
-    return s;
+  if (absl::Status s = CheckFinite(p, "parallel"); !s.ok()) return s;
+  for (const MeshDimension& d : MeshDimensions()) {
+    if (absl::Status s =
+            InRange<int64_t>(absl::StrCat("parallel.", std::string(d.name)),
+                             d.degree(p), 1, kMaxDegree);
+        !s.ok()) {
+      return s;
+    }
   }
   if (const int64_t world = JobWorldSize(spec); world > kMaxWorldSize) {
     return Error(ParallelWorldFactors(p), " = ", world, " ranks; at most ",
