@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "worker/engine/model/parts.h"
+
 namespace ptrain {
 namespace {
 
@@ -49,6 +51,26 @@ TEST(GptTensors, AreTheGpt2StateInOrderWithGlobalShapes) {
   const int64_t C = 24, L = 4;
   EXPECT_EQ(GptNumParams(c),
             65 * C + 16 * C + L * (12 * C * C + 13 * C) + 2 * C);
+}
+
+// GPT-2 is its parts: the block's tensors are its parts' in order, and a
+// token's FLOPs are 6 per weight but the position table's, plus
+// attention's 12·C·T per layer (the count llm.c and PaLM use).
+TEST(ModelParts, Gpt2TensorsAndFlopsAreTheSumOfItsParts) {
+  const GptConfig c = Config();
+  std::vector<std::string> block;
+  for (const auto& part : Gpt2Parts().block) {
+    for (const PartTensor& t : part->Tensors(c)) block.push_back(t.name);
+  }
+  EXPECT_EQ(block, GptBlockTensorNames());
+  EXPECT_EQ(block.front(), "ln_1.weight");
+  EXPECT_EQ(block.back(), "mlp.c_proj.bias");
+  const int64_t C = 24, L = 4, T = 16;
+  const double weights = static_cast<double>(GptNumParams(c) - 16 * C);
+  EXPECT_EQ(GptFlopsPerToken(c, T), 6.0 * weights + 12.0 * L * C * T);
+  EXPECT_EQ(PositionEmbeddingPart()->FlopsPerToken(c, T), 0.0);
+  EXPECT_EQ(MultiHeadAttentionPart()->FlopsPerToken(c, T),
+            6.0 * (4 * C * C + 4 * C) + 12.0 * C * T);
 }
 
 TEST(SplitStages, ContiguousLayersEmbeddingFirstFinalNormLast) {

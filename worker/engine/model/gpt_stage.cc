@@ -139,7 +139,8 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
   datt_ = w.datt;
   dfch_gelu_ = w.dfch_gelu;
   ce_stats_ = w.ce_stats;
-  ring_ = w.ring;
+  attention_ = AttentionCore(ops_, cp_, Cl_, NHl_, act_div_,
+                             {/*ring=*/w.ring, /*widen=*/dfch_gelu_});
   scratch_.backend = ops_;
 }
 
@@ -351,7 +352,7 @@ void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
     k.attention_decode(Stored(a.atty), keys, keys + cache, Stored(a.qkv), T,
                        pos, Cl_, NHl_, CacheT());
   } else {
-    Attention(a, B, T);
+    attention_.Forward(a.atty, a.att, a.qkv, B, T);
   }
   st.BeginForward(u + 1);
   w = st.Params(u + 1);
@@ -583,9 +584,9 @@ void GptStage::BlockBackward(const Slot& S, int b, bool split) {
   if (recompute_ == Recompute::kSelective) {
     // What attention keeps, again (its output comes out the same, bit for
     // bit, over the kept one).
-    Attention(a, B, T);
+    attention_.Forward(a.atty, a.att, a.qkv, B, T);
   }
-  AttentionBackward(a, dqkv, B, T);
+  attention_.Backward(dqkv, datt_, datty_, a.qkv, a.atty, a.att, B, T);
   if (split && dqkv != a.dqkv) k.Copy(a.dqkv, dqkv, BT * 3 * Cl_);
   if (split && dfch != a.dfch) k.Copy(a.dfch, dfch, BT * 4 * Cl_ / act_div_);
   st.Poll();
@@ -648,43 +649,6 @@ void GptStage::BackwardWeights(int slot) {
     st.Poll();
   }
   if (first()) st.EndBackward(emb_unit_);
-}
-
-void GptStage::Attention(const BlockActs& a, int B, int T) {
-  if (cp_.size() == 1) {
-    ops_->attention_forward(Stored(a.atty), a.att, Stored(a.qkv), B, T, Cl_,
-                            NHl_);
-    return;
-  }
-  const int64_t BT = static_cast<int64_t>(B) * T;
-  const RingOperands r = WidenForRing(a, BT, /*out=*/false);
-  ring_attention_forward(r.out, a.att, r.qkv, B, T, Cl_, NHl_, cp_, ring_,
-                         *ops_);
-  if (r.out != a.atty) ops_->Convert(Stored(a.atty), r.out, BT, Cl_);
-}
-
-GptStage::RingOperands GptStage::WidenForRing(const BlockActs& a, int64_t BT,
-                                              bool out) {
-  if (act_div_ == 1) return {a.qkv, a.atty};
-  // The MLP's hidden buffer is free around attention.
-  const RingOperands r{dfch_gelu_, dfch_gelu_ + BT * 3 * Cl_};
-  ops_->Convert(r.qkv, Stored(a.qkv), BT, 3 * Cl_);
-  if (out) ops_->Convert(r.out, Stored(a.atty), BT, Cl_);
-  return r;
-}
-
-void GptStage::AttentionBackward(const BlockActs& a, float* dqkv, int B,
-                                 int T) {
-  if (cp_.size() == 1) {  // attention_backward writes dqkv whole
-    ops_->attention_backward(dqkv, datt_, datty_, Stored(a.qkv), Stored(a.atty),
-                             a.att, B, T, Cl_, NHl_);
-    return;
-  }
-  ops_->Zero(dqkv, static_cast<int64_t>(B) * T * 3 * Cl_);
-  const RingOperands r =
-      WidenForRing(a, static_cast<int64_t>(B) * T, /*out=*/true);
-  ring_attention_backward(dqkv, datty_, r.qkv, r.out, a.att, B, T, Cl_, NHl_,
-                          cp_, ring_, *ops_);
 }
 
 MemoryBytes GptStage::memory() const {

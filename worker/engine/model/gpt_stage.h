@@ -17,6 +17,7 @@
 
 #include "common/spec.h"
 #include "worker/engine/model/activation_table.h"
+#include "worker/engine/model/attention_core.h"
 #include "worker/engine/model/layers.h"
 #include "worker/engine/model/pass_recorder.h"
 #include "worker/engine/model/plan.h"
@@ -383,21 +384,9 @@ class GptStage : private UnitStore {
   // in its place.
   float* dfch_gelu_;
   float* ce_stats_;  // (3,B,T)
-  float* ring_;      // cp > 1: 4·(B,T,2Cl), ring attention's
-  // Training's attention of layer `a` over the whole sequence (ring
-  // attention under cp, its log-sum-exp kept in a.att), and its backward
-  // into dqkv (written whole).
-  void Attention(const BlockActs& a, int B, int T);
-  void AttentionBackward(const BlockActs& a, float* dqkv, int B, int T);
-  // Ring attention's fp32 qkv and output of block `a` (B·T rows): the
-  // slot's own under fp32 storage; under bf16, fp32 copies in the MLP's
-  // hidden buffer (free around attention), qkv widened into it (and the
-  // output, with `out`).
-  struct RingOperands {
-    float* qkv;
-    float* out;
-  };
-  RingOperands WidenForRing(const BlockActs& a, int64_t BT, bool out);
+  // Training's attention of every block over the whole sequence (ring
+  // attention under cp), with the ring's buffers.
+  AttentionCore attention_;
 };
 
 }  // namespace ptrain

@@ -1,5 +1,6 @@
-// The parallel plan; see plan.h. Two tables — the model's block tensors and
-// the tensor-parallel plan — and the steps that apply them.
+// The parallel plan; see plan.h. The model's tensors and their
+// tensor-parallel plan come from its parts (parts.h); here are the steps
+// that apply them.
 #include "worker/engine/model/plan.h"
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "worker/engine/model/parts.h"
 #include "worker/engine/model/rng.h"
 
 namespace ptrain {
@@ -17,57 +19,25 @@ namespace {
 
 using Init = ParamInfo::Init;
 
-// One tensor of a GPT-2 block. Its shape is given in multiples of C; the
-// unit is its ZeRO unit within the block (each kernel's weights together).
-struct BlockTensor {
-  const char* name;
-  std::vector<int64_t> shape_in_c;  // {3, 1}: (3C, C)
-  Init init;
-  bool residual_projection;  // GPT-2 scales its init by 1/sqrt(2L)
-  int unit;
-};
-
-const std::vector<BlockTensor>& BlockTable() {
-  static const std::vector<BlockTensor> table = {
-      {"ln_1.weight", {1}, Init::kOnes, false, 0},
-      {"ln_1.bias", {1}, Init::kZeros, false, 0},
-      {"attn.c_attn.weight", {3, 1}, Init::kNormal, false, 0},
-      {"attn.c_attn.bias", {3}, Init::kZeros, false, 0},
-      {"attn.c_proj.weight", {1, 1}, Init::kNormal, true, 1},
-      {"attn.c_proj.bias", {1}, Init::kZeros, false, 1},
-      {"ln_2.weight", {1}, Init::kOnes, false, 2},
-      {"ln_2.bias", {1}, Init::kZeros, false, 2},
-      {"mlp.c_fc.weight", {4, 1}, Init::kNormal, false, 2},
-      {"mlp.c_fc.bias", {4}, Init::kZeros, false, 2},
-      {"mlp.c_proj.weight", {1, 4}, Init::kNormal, true, 3},
-      {"mlp.c_proj.bias", {1}, Init::kZeros, false, 3},
-  };
-  return table;
-}
-
 // The tensor-parallel plan, keyed by the tensor's name (its block suffix
-// for block tensors). Tensors not listed are replicated.
+// for block tensors): every part's entries.
 struct TpRule {
   TpSplit split;
   bool sequence_partial;  // gradient summed over tp under sp
 };
 const std::map<std::string, TpRule>& TpPlan() {
-  static const std::map<std::string, TpRule> plan = {
-      {"wte", {TpSplit::kVocab, false}},
-      {"wpe", {TpSplit::kReplicated, true}},
-      {"ln_1.weight", {TpSplit::kReplicated, true}},
-      {"ln_1.bias", {TpSplit::kReplicated, true}},
-      {"attn.c_attn.weight", {TpSplit::kQkv, false}},
-      {"attn.c_attn.bias", {TpSplit::kQkv, false}},
-      {"attn.c_proj.weight", {TpSplit::kRow, false}},
-      {"ln_2.weight", {TpSplit::kReplicated, true}},
-      {"ln_2.bias", {TpSplit::kReplicated, true}},
-      {"mlp.c_fc.weight", {TpSplit::kColumn, false}},
-      {"mlp.c_fc.bias", {TpSplit::kColumn, false}},
-      {"mlp.c_proj.weight", {TpSplit::kRow, false}},
-      {"ln_f.weight", {TpSplit::kReplicated, true}},
-      {"ln_f.bias", {TpSplit::kReplicated, true}},
-  };
+  static const std::map<std::string, TpRule> plan = [] {
+    std::map<std::string, TpRule> out;
+    const ModelParts& parts = Gpt2Parts();
+    for (const auto* list : {&parts.before, &parts.block, &parts.after}) {
+      for (const auto& part : *list) {
+        for (const PartTensor& t : part->Tensors(GptConfig{})) {
+          out[t.name] = TpRule{t.split, t.sequence_partial};
+        }
+      }
+    }
+    return out;
+  }();
   return plan;
 }
 
@@ -222,48 +192,57 @@ std::optional<int64_t> GlobalIndex(const ParamInfo& p, int64_t local) {
 const std::vector<std::string>& GptBlockTensorNames() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> out;
-    for (const BlockTensor& t : BlockTable()) out.push_back(t.name);
+    for (const auto& part : Gpt2Parts().block) {
+      for (const PartTensor& t : part->Tensors(GptConfig{})) {
+        out.push_back(t.name);
+      }
+    }
     return out;
   }();
   return names;
 }
 
 std::vector<ParamInfo> GptTensors(const GptConfig& cfg) {
-  const int64_t C = cfg.n_embd;
   const int L = cfg.n_layer;
   const double std = 0.02;
   // GPT-2 scales the residual projections by 1/sqrt(2L): two per block.
   const double proj_std = 0.02 / std::sqrt(2.0 * L);
   std::vector<ParamInfo> out;
-  auto add = [&](std::string name, std::vector<int64_t> shape, int layer,
-                 Init init, double init_std, int unit) {
+  auto add = [&](const PartTensor& t, std::string name, int layer, int unit) {
     ParamInfo p;
     p.name = std::move(name);
-    p.global_shape = shape;
-    p.shape = std::move(shape);
+    p.global_shape = t.shape;
+    p.shape = t.shape;
     p.layer = layer;
     p.decay = p.global_shape.size() == 2;
-    p.init = init;
-    p.init_std = init_std;
+    p.init = t.init;
+    p.init_std = t.init == Init::kNormal
+                     ? (t.residual_projection ? proj_std : std)
+                     : 0.0;
     p.unit = unit;
     p.boxes = {WholeBox(p.global_shape)};
     p.numel = Product(p.shape);
     out.push_back(std::move(p));
   };
-  add("wte", {cfg.vocab_size, C}, -1, Init::kNormal, std, 0);
-  add("wpe", {cfg.block_size, C}, -1, Init::kNormal, std, 0);
-  for (int l = 0; l < L; ++l) {
-    for (const BlockTensor& t : BlockTable()) {
-      std::vector<int64_t> shape;
-      for (int64_t m : t.shape_in_c) shape.push_back(m * C);
-      add(absl::StrCat("h.", l, ".", t.name), shape, l, t.init,
-          t.init == Init::kNormal ? (t.residual_projection ? proj_std : std)
-                                  : 0.0,
-          GlobalUnit(l, t.unit, false, L));
+  const ModelParts& parts = Gpt2Parts();
+  for (const auto& part : parts.before) {
+    for (const PartTensor& t : part->Tensors(cfg)) {
+      add(t, t.name, -1, GlobalUnit(-1, t.unit, false, L));
     }
   }
-  add("ln_f.weight", {C}, -1, Init::kOnes, 0, GlobalUnit(-1, 0, true, L));
-  add("ln_f.bias", {C}, -1, Init::kZeros, 0, GlobalUnit(-1, 0, true, L));
+  for (int l = 0; l < L; ++l) {
+    for (const auto& part : parts.block) {
+      for (const PartTensor& t : part->Tensors(cfg)) {
+        add(t, absl::StrCat("h.", l, ".", t.name), l,
+            GlobalUnit(l, t.unit, false, L));
+      }
+    }
+  }
+  for (const auto& part : parts.after) {
+    for (const PartTensor& t : part->Tensors(cfg)) {
+      add(t, t.name, -1, GlobalUnit(-1, t.unit, true, L));
+    }
+  }
   return out;
 }
 
@@ -490,9 +469,14 @@ float InitialValue(const ParamInfo& info, uint64_t seed, int64_t index) {
 }
 
 double GptFlopsPerToken(const GptConfig& cfg, int T) {
-  const double N = static_cast<double>(GptNumParams(cfg)) -
-                   static_cast<double>(cfg.block_size) * cfg.n_embd;
-  return 6.0 * N + 12.0 * cfg.n_layer * cfg.n_embd * static_cast<double>(T);
+  const ModelParts& parts = Gpt2Parts();
+  double flops = 0;
+  for (const auto& part : parts.before) flops += part->FlopsPerToken(cfg, T);
+  for (const auto& part : parts.block) {
+    flops += cfg.n_layer * part->FlopsPerToken(cfg, T);
+  }
+  for (const auto& part : parts.after) flops += part->FlopsPerToken(cfg, T);
+  return flops;
 }
 
 }  // namespace ptrain
