@@ -61,7 +61,8 @@ struct CheckpointMeta {
   std::optional<uint64_t> data_digest;
   std::string spec_yaml;  // the JobSpec that wrote it
   // The layout that wrote it: each mesh dimension's degree by name
-  // (common/mesh.h; one missing from an older checkpoint reads 1).
+  // (common/mesh.h). One not given is 1: the writer writes every
+  // dimension, and one missing from an older checkpoint reads 1.
   std::map<std::string, int> degrees;
   int zero = 0, world = 1;
   // Whose it is: the coordinator's globally unique id of the job that wrote

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/mesh.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 #include "worker/engine/checkpoint/checkpoint.h"
@@ -59,7 +60,12 @@ json MetaToJson(const CheckpointMeta& m) {
             {"spec", m.spec_yaml},
             {"job_uid", m.job_uid},
             {"layout", {{"zero", m.zero}, {"world", m.world}}}};
-  for (const auto& [name, degree] : m.degrees) j["layout"][name] = degree;
+  // Every dimension of the mesh, 1 where meta does not give it.
+  for (const MeshDimension& d : MeshDimensions()) {
+    const std::string name(d.name);
+    const auto it = m.degrees.find(name);
+    j["layout"][name] = it != m.degrees.end() ? it->second : 1;
+  }
   if (m.data_digest.has_value()) j["data_digest"] = Hex(*m.data_digest);
   return j;
 }
