@@ -59,27 +59,41 @@ int64_t ParallelLayout::node_local_ranks() const {
 }
 
 std::string ParallelLayout::Factors() const {
+  return FactorsSpelt("parallel.", "parallel.", false);
+}
+
+std::string ParallelLayout::FactorsSpelt(std::string_view first,
+                                         std::string_view each,
+                                         bool all) const {
   const auto& dims = MeshDimensions();
   std::vector<std::string> names, values;
   for (size_t i = 0; i < dims.size(); ++i) {
-    if (!dims[i].named_at_one && degrees[i] <= 1) continue;
-    names.push_back(absl::StrCat("parallel.", std::string(dims[i].name)));
+    if (!all && !dims[i].named_at_one && degrees[i] <= 1) continue;
+    names.push_back(absl::StrCat(std::string(names.empty() ? first : each),
+                                 std::string(dims[i].name)));
     values.push_back(absl::StrCat(degrees[i]));
   }
   return absl::StrCat(absl::StrJoin(names, " × "), " = ",
                       absl::StrJoin(values, " × "));
 }
 
+const std::vector<int>& RankOrder() {
+  static const std::vector<int>* order = [] {
+    const auto& dims = MeshDimensions();
+    auto* o = new std::vector<int>(dims.size());
+    for (size_t i = 0; i < dims.size(); ++i) (*o)[i] = static_cast<int>(i);
+    std::stable_sort(o->begin(), o->end(), [&](int a, int b) {
+      return dims[a].rank_place < dims[b].rank_place;
+    });
+    return o;
+  }();
+  return *order;
+}
+
 std::vector<int> ParallelLayout::Coordinates(int world_rank) const {
-  const auto& dims = MeshDimensions();
-  std::vector<int> order(dims.size());
-  for (size_t i = 0; i < dims.size(); ++i) order[i] = static_cast<int>(i);
-  std::sort(order.begin(), order.end(), [&](int a, int b) {
-    return dims[a].rank_place < dims[b].rank_place;
-  });
-  std::vector<int> coords(dims.size(), 0);
+  std::vector<int> coords(degrees.size(), 0);
   int64_t stride = 1;
-  for (int i : order) {
+  for (int i : RankOrder()) {
     coords[i] = static_cast<int>((world_rank / stride) % degrees[i]);
     stride *= degrees[i];
   }

@@ -53,6 +53,9 @@ struct MeshDimension {
 const std::vector<MeshDimension>& MeshDimensions();
 // The index in MeshDimensions() of `name`; PT_CHECKs that it is one.
 int MeshDimensionIndex(std::string_view name);
+// The indices of MeshDimensions() in rank order, the fastest varying first
+// (by rank_place).
+const std::vector<int>& RankOrder();
 
 // A job's parallel layout: each dimension's degree and the options of the
 // parallel section that are not dimensions.
@@ -76,6 +79,11 @@ struct ParallelLayout {
   // "parallel.dp × parallel.tp × parallel.pp = 2 × 1 × 1", each dimension
   // named at one or above 1.
   std::string Factors() const;
+  // The same product spelt `first` + name, then `each` + name for the
+  // others, naming every dimension if `all`: Factors() is
+  // FactorsSpelt("parallel.", "parallel.", false).
+  std::string FactorsSpelt(std::string_view first, std::string_view each,
+                           bool all) const;
   // This rank's coordinate in each dimension (by index) from its world
   // rank, and back.
   std::vector<int> Coordinates(int world_rank) const;

@@ -273,14 +273,8 @@ absl::Status CheckpointReader::LoadLayout(const json& m) {
   }
   if (!s.ok()) return Damaged(s);
   if (recorded.world_size() != meta.world) {
-    std::vector<std::string> names, values;
-    for (size_t i = 0; i < dims.size(); ++i) {
-      names.emplace_back(dims[i].name);
-      values.push_back(absl::StrCat(recorded.degrees[i]));
-    }
-    return Damaged(absl::StrCat("layout.world=", meta.world, " is not layout.",
-                                absl::StrJoin(names, " × "), " = ",
-                                absl::StrJoin(values, " × ")));
+    return Damaged(absl::StrCat("layout.world=", meta.world, " is not ",
+                                recorded.FactorsSpelt("layout.", "", true)));
   }
   // The folder's name, when it is a step folder, is the manifest's step.
   std::string base = dir_;

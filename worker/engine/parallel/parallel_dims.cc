@@ -58,16 +58,11 @@ void ParallelDims::SetLayout(const ParallelLayout& layout, int world_rank) {
 
 template <typename In>
 int ParallelDims::RankOrderIndex(In in) const {
-  std::vector<const Axis*> order;
-  for (const Axis& a : axes_) {
-    if (in(a)) order.push_back(&a);
-  }
-  std::sort(order.begin(), order.end(), [](const Axis* a, const Axis* b) {
-    return a->dim->rank_place < b->dim->rank_place;
-  });
   int index = 0;
+  const std::vector<int>& order = RankOrder();
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    index = index * (*it)->degree + (*it)->coord;
+    const Axis& a = axes_[*it];
+    if (in(a)) index = index * a.degree + a.coord;
   }
   return index;
 }
