@@ -18,23 +18,6 @@ namespace ptrain {
 
 namespace {
 
-// Block tensors by their index in GptBlockTensorNames().
-enum BlockTensorIndex {
-  kLn1W,
-  kLn1B,
-  kQkvW,
-  kQkvB,
-  kAttProjW,
-  kAttProjB,
-  kLn2W,
-  kLn2B,
-  kFcW,
-  kFcB,
-  kFcProjW,
-  kFcProjB,
-  kBlockTensors
-};
-
 // Multiply-adds per layer below which a Decode runs on one CPU thread.
 constexpr int64_t kParallelDecodeMacs = int64_t{1} << 20;
 
@@ -76,7 +59,8 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
       Vl_(config.padded_vocab / o.tp.size()),
       vocab_begin_(o.tp.rank() * (config.padded_vocab / o.tp.size())),
       store_(o.store != nullptr ? o.store : this),
-      ops_(o.ops != nullptr ? o.ops : &kernels::CpuOps()) {
+      ops_(o.ops != nullptr ? o.ops : &kernels::CpuOps()),
+      blocks_(Gpt2Parts(), config, layout_, first_layer_, n_blocks_) {
   const int tp = o.tp.size();
   PT_CHECK(config.n_layer >= 1 && config.n_head >= 1 && config.n_embd >= 1 &&
                config.n_embd % config.n_head == 0 && config.vocab_size >= 1 &&
@@ -129,19 +113,18 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
       slot.targets_staged = ops_->AllocTokens(BT);
     }
   }
-  scratch_.a = w.scratch_a;
-  scratch_.b = w.scratch_b;
-  proj_ = w.proj;
-  dresidual_ = w.dresidual;
-  dln_ = w.dln;
-  dqkv_ = w.dqkv;
-  datty_ = dqkv_ + d.BT * 3 * d.Cl;
-  datt_ = w.datt;
-  dfch_gelu_ = w.dfch_gelu;
+  work_.scratch = LayerContext{w.scratch_a, w.scratch_b, ops_};
+  work_.proj = w.proj;
+  work_.dresidual = w.dresidual;
+  work_.dln = w.dln;
+  work_.hidden_a = w.dqkv;
+  work_.hidden_b = w.dfch_gelu;
+  work_.datt = w.datt;
+  work_.max_BT = d.BT;
   ce_stats_ = w.ce_stats;
   attention_ = AttentionCore(ops_, cp_, Cl_, NHl_, act_div_,
-                             {/*ring=*/w.ring, /*widen=*/dfch_gelu_});
-  scratch_.backend = ops_;
+                             {/*ring=*/w.ring, /*widen=*/w.dfch_gelu});
+  work_.attention = &attention_;
 }
 
 void GptStage::FindTensors() {
@@ -174,14 +157,6 @@ void GptStage::FindTensors() {
       head_wte_offset_ = copy->unit_offset;
     }
   }
-  const std::vector<std::string>& names = GptBlockTensorNames();
-  for (int b = 0; b < n_blocks_; ++b) {
-    const int l = first_layer_ + b;
-    for (const std::string& name : names) {
-      block_offsets_.push_back(
-          find(absl::StrCat("h.", l, ".", name)).unit_offset);
-    }
-  }
 }
 
 GptStage::~GptStage() {
@@ -208,15 +183,6 @@ int64_t GptStage::ActivationFloats(const GptConfig& config, int max_B,
                          last, ops, split_backward, cp));
 }
 
-const float* GptStage::BlockTensor(const float* unit_base, int b, int i) const {
-  return unit_base + block_offsets_[b * kBlockTensors + i];
-}
-
-kernels::ConstAct GptStage::BlockWeight(kernels::ConstAct unit_weights, int b,
-                                        int i) const {
-  return unit_weights.Offset(block_offsets_[b * kBlockTensors + i]);
-}
-
 void GptStage::InitParams(uint64_t seed) {
   PT_CHECK(!params_.empty(), "the stage's weights live in a store");
   // Computed on the host, then copied where the backend keeps them.
@@ -235,8 +201,12 @@ void GptStage::InitParams(uint64_t seed) {
 void GptStage::ZeroGrad() { ops_->Zero(grads_.data(), grads_.size()); }
 
 const float* GptStage::output(int slot) const {
-  return slots_[slot].residual3 + static_cast<int64_t>(n_blocks_ - 1) * max_B_ *
-                                      tp_.SeqLocal(max_T_) * config_.n_embd;
+  return BlockOutput(slots_[slot], n_blocks_ - 1);
+}
+
+float* GptStage::BlockOutput(const Slot& S, int b) const {
+  return S.residual3 + static_cast<int64_t>(b) * max_B_ * tp_.SeqLocal(max_T_) *
+                           config_.n_embd;
 }
 
 float GptStage::Forward(int slot, const int32_t* tokens, const float* hidden,
@@ -297,7 +267,7 @@ void GptStage::Decode(const int32_t* tokens, const float* hidden, int n,
   if (serial) omp_set_num_threads(threads);
 }
 
-GptStage::BlockActs GptStage::Acts(const Slot& S, int b) const {
+BlockStack::Rows GptStage::Acts(const Slot& S, int b) const {
   // Per-layer slabs are laid out for the allocated maximum, so index them by
   // the maximum stride; a smaller batch uses the front of each slab.
   const int64_t C = config_.n_embd;
@@ -306,80 +276,41 @@ GptStage::BlockActs GptStage::Acts(const Slot& S, int b) const {
   // The layer's place in the slabs (and in att's).
   const int64_t l = recompute_ == Recompute::kFull ? 0 : b;
   const int64_t la = recompute_ == Recompute::kNone ? b : 0;
-  return BlockActs{S.ln1 + l * sBTs * C / act_div_,
-                   S.ln1_mean + l * sBTs,
-                   S.ln1_rstd + l * sBTs,
-                   S.qkv + l * sBT * 3 * Cl_ / act_div_,
-                   S.atty + l * sBT * Cl_ / act_div_,
-                   S.att + la * att_floats_,
-                   S.residual2 + l * sBTs * C,
-                   S.ln2 + l * sBTs * C / act_div_,
-                   S.ln2_mean + l * sBTs,
-                   S.ln2_rstd + l * sBTs,
-                   S.fch + l * sBT * 4 * Cl_ / act_div_,
-                   S.residual3 + b * sBTs * C,
-                   gelu_floats_ > 0 ? S.gelu + l * gelu_floats_ : nullptr,
-                   split_ ? S.dqkv + b * sBT * 3 * Cl_ : nullptr,
-                   split_ ? S.dattproj + b * sBTs * C : nullptr,
-                   !split_           ? nullptr
-                   : S.dfch == S.att ? S.att + la * att_floats_
-                                     : S.dfch + b * sBT * 4 * Cl_ / act_div_,
-                   split_ ? S.dfcproj + b * sBTs * C : nullptr};
+  BlockStack::Rows r;
+  r.x[0] = b == 0 ? S.input : BlockOutput(S, b - 1);
+  r.x[1] = S.residual2 + l * sBTs * C;
+  r.x[2] = BlockOutput(S, b);
+  r.part[0] = {S.ln1 + l * sBTs * C / act_div_, S.ln1_mean + l * sBTs,
+               S.ln1_rstd + l * sBTs};
+  r.part[1] = {S.qkv + l * sBT * 3 * Cl_ / act_div_,
+               S.atty + l * sBT * Cl_ / act_div_, S.att + la * att_floats_,
+               split_ ? S.dqkv + b * sBT * 3 * Cl_ : nullptr,
+               split_ ? S.dattproj + b * sBTs * C : nullptr};
+  r.part[2] = {S.ln2 + l * sBTs * C / act_div_, S.ln2_mean + l * sBTs,
+               S.ln2_rstd + l * sBTs};
+  r.part[3] = {S.fch + l * sBT * 4 * Cl_ / act_div_,
+               gelu_floats_ > 0 ? S.gelu + l * gelu_floats_ : nullptr,
+               !split_           ? nullptr
+               : S.dfch == S.att ? S.att + la * att_floats_
+                                 : S.dfch + b * sBT * 4 * Cl_ / act_div_,
+               split_ ? S.dfcproj + b * sBTs * C : nullptr};
+  return r;
 }
 
-void GptStage::BlockForward(const BlockActs& a, const float* x, int b, int B,
-                            int T, const TpGroup& g, int pos,
-                            bool recomputing) {
-  kernels::Ops& k = *ops_;
-  UnitStore& st = *store_;
-  const int C = config_.n_embd, Ts = g.SeqLocal(T);
-  const int64_t BTsC = static_cast<int64_t>(B) * Ts * C;
-  const int u = BlockUnit(b);  // u..u+3: [ln_1 c_attn] [attn.c_proj]
-                               // [ln_2 c_fc] [mlp.c_proj]
-  st.BeginForward(u);
-  const float* w = st.Params(u);
-  k.layernorm_forward(Stored(a.ln1), a.ln1_mean, a.ln1_rstd, x,
-                      BlockTensor(w, b, kLn1W), BlockTensor(w, b, kLn1B), B, Ts,
-                      C);
-  column_linear_forward(
-      Stored(a.qkv), Stored(a.ln1), BlockWeight(st.Weights(u), b, kQkvW),
-      BlockTensor(w, b, kQkvB), B, T, C, 3 * Cl_, g, scratch_);
-  st.EndForward(u);
-  if (pos >= 0) {
-    // The cache of local block b: keys, then values, (NHl,CacheT,hs) each.
-    const int64_t cache = int64_t{CacheT()} * Cl_;
-    float* keys = kv_.data() + 2 * b * cache;
-    k.attention_decode(Stored(a.atty), keys, keys + cache, Stored(a.qkv), T,
-                       pos, Cl_, NHl_, CacheT());
-  } else {
-    attention_.Forward(a.atty, a.att, a.qkv, B, T);
-  }
-  st.BeginForward(u + 1);
-  w = st.Params(u + 1);
-  row_linear_forward(proj_, Stored(a.atty),
-                     BlockWeight(st.Weights(u + 1), b, kAttProjW),
-                     BlockTensor(w, b, kAttProjB), B, T, Cl_, C, g, scratch_);
-  st.EndForward(u + 1);
-  st.BeginForward(u + 2);
-  w = st.Params(u + 2);
-  k.residual_layernorm_forward(a.residual2, Stored(a.ln2), a.ln2_mean,
-                               a.ln2_rstd, x, proj_, BlockTensor(w, b, kLn2W),
-                               BlockTensor(w, b, kLn2B), B, Ts, C);
-  column_linear_forward(Stored(a.fch), Stored(a.ln2),
-                        BlockWeight(st.Weights(u + 2), b, kFcW),
-                        BlockTensor(w, b, kFcB), B, T, C, 4 * Cl_, g, scratch_);
-  st.EndForward(u + 2);
-  if (recomputing) return;  // the block's output is kept
-  st.BeginForward(u + 3);
-  w = st.Params(u + 3);
-  // GELU(fch), not kept in fp32: the backward computes it again, or reads
-  // what the backend keeps in a.gelu.
-  row_linear_forward(proj_, Stored(a.fch),
-                     BlockWeight(st.Weights(u + 3), b, kFcProjW),
-                     BlockTensor(w, b, kFcProjB), B, T, 4 * Cl_, C, g, scratch_,
-                     /*gelu_hidden=*/dfch_gelu_, /*gelu_saved=*/a.gelu);
-  st.EndForward(u + 3);
-  k.residual_forward(a.residual3, a.residual2, proj_, BTsC);
+PartPass::Shared GptStage::Pass(int B, int T, const TpGroup& g) const {
+  PartPass::Shared s;
+  s.store = store_;
+  s.ops = ops_;
+  s.tp = g;
+  s.work = &work_;
+  s.act_div = act_div_;
+  s.B = B;
+  s.T = T;
+  s.C = config_.n_embd;
+  s.Cl = Cl_;
+  s.NHl = NHl_;
+  s.selective = recompute_ == Recompute::kSelective;
+  return s;
 }
 
 void GptStage::ForwardPass(int slot, const int32_t* tokens, const float* hidden,
@@ -402,17 +333,21 @@ void GptStage::ForwardPass(int slot, const int32_t* tokens, const float* hidden,
     st.BeginForward(emb_unit_);
     vocab_embedding_forward(S.input, tokens, st.Params(emb_unit_) + wte_offset_,
                             st.Params(emb_unit_) + wpe_offset_, B, T,
-                            decode ? pos : 0, C, vocab_begin_, Vl_, g, scratch_,
-                            decode ? CpGroup{} : cp_);
+                            decode ? pos : 0, C, vocab_begin_, Vl_, g,
+                            work_.scratch, decode ? CpGroup{} : cp_);
   } else {
     k.Copy(S.input, hidden, BTsC);
   }
-  const float* x = S.input;
-  for (int b = 0; b < n_blocks_; ++b) {
-    const BlockActs a = Acts(S, b);
-    BlockForward(a, x, b, B, T, g, pos, /*recomputing=*/false);
-    x = a.residual3;
+  PartPass::Shared pass = Pass(B, T, g);
+  if (decode) {
+    pass.pos = pos;
+    pass.cache_T = CacheT();
   }
+  for (int b = 0; b < n_blocks_; ++b) {
+    if (decode) pass.cache = kv_.data() + 2 * b * int64_t{CacheT()} * Cl_;
+    blocks_.Forward(pass, Acts(S, b), b, /*recomputing=*/false);
+  }
+  const float* x = BlockOutput(S, n_blocks_ - 1);
   if (!last()) {
     if (first()) st.EndForward(emb_unit_);
     return;
@@ -426,17 +361,17 @@ void GptStage::ForwardPass(int slot, const int32_t* tokens, const float* hidden,
   // rows, never gathered for the loss.
   column_linear_forward(Logits(S), Stored(S.lnf),
                         st.Weights(head_unit_).Offset(head_wte_offset_),
-                        nullptr, B, T, C, Vl_, g, scratch_);
+                        nullptr, B, T, C, Vl_, g, work_.scratch);
   st.EndForward(head_unit_);
   if (targets == nullptr) return;
   if (dloss != 0.0f) {
     vocab_crossentropy_forward_backward(
         S.losses, Logits(S), targets, dloss, B, T, vocab_begin_, Vl_,
-        config_.vocab_size, g, ce_stats_, scratch_);
+        config_.vocab_size, g, ce_stats_, work_.scratch);
   } else {
     vocab_crossentropy_forward(S.losses, S.logits, S.logits, targets, B, T,
                                vocab_begin_, Vl_, config_.vocab_size, g,
-                               ce_stats_, scratch_);
+                               ce_stats_, work_.scratch);
   }
 }
 
@@ -452,7 +387,7 @@ void GptStage::HeadBackward(const Slot& S, const int32_t* targets, float dloss,
   const kernels::Act dlogits = Logits(S);
   if (S.dloss == 0.0f) {
     vocab_crossentropy_backward(S.logits, S.logits, targets, dloss, B, T,
-                                vocab_begin_, Vl_, scratch_);
+                                vocab_begin_, Vl_, work_.scratch);
   } else {
     PT_CHECK(S.dloss == dloss,
              "a backward's dloss differs from its fused forward's");
@@ -460,13 +395,14 @@ void GptStage::HeadBackward(const Slot& S, const int32_t* targets, float dloss,
   // Split: the head's weight gradient waits for W, which reads dlogits
   // where they are.
   column_linear_backward(
-      dln_, split ? nullptr : st.Grads(head_unit_) + head_wte_offset_, nullptr,
-      dlogits, Stored(S.lnf), st.Weights(head_unit_).Offset(head_wte_offset_),
-      B, T, C, Vl_, tp_, scratch_);
-  k.Zero(dresidual_, static_cast<int64_t>(B) * Ts * C);
-  const float* x_last = Acts(S, n_blocks_ - 1).residual3;
+      work_.dln, split ? nullptr : st.Grads(head_unit_) + head_wte_offset_,
+      nullptr, dlogits, Stored(S.lnf),
+      st.Weights(head_unit_).Offset(head_wte_offset_), B, T, C, Vl_, tp_,
+      work_.scratch);
+  k.Zero(work_.dresidual, static_cast<int64_t>(B) * Ts * C);
+  const float* x_last = BlockOutput(S, n_blocks_ - 1);
   float* dlnf = st.Grads(final_unit_) + lnf_offset_;
-  k.layernorm_backward(dresidual_, dlnf, dlnf + C, dln_, x_last,
+  k.layernorm_backward(work_.dresidual, dlnf, dlnf + C, work_.dln, x_last,
                        st.Params(final_unit_) + lnf_offset_, S.lnf_mean,
                        S.lnf_rstd, B, Ts, C);
   if (!split) st.EndBackward(final_unit_);
@@ -505,101 +441,25 @@ void GptStage::BackwardPass(int slot, const int32_t* tokens,
   if (last()) {
     HeadBackward(S, targets, dloss, split);
   } else {
-    ops_->Copy(dresidual_, dout, static_cast<int64_t>(B) * tp_.SeqLocal(T) * C);
+    ops_->Copy(work_.dresidual, dout,
+               static_cast<int64_t>(B) * tp_.SeqLocal(T) * C);
   }
-  // dresidual_ carries the gradient of the residual stream downwards; each
+  // work_.dresidual carries the gradient of the residual stream downwards; each
   // residual add passes it through unchanged, so branches accumulate into
   // it. Units finish in descending order, each as soon as its weights'
   // gradients are complete.
-  for (int b = n_blocks_ - 1; b >= 0; --b) BlockBackward(S, b, split);
+  PartPass::Shared pass = Pass(B, T, tp_);
+  pass.split = split;
+  for (int b = n_blocks_ - 1; b >= 0; --b) {
+    blocks_.Backward(pass, Acts(S, b), b, recompute_ == Recompute::kFull);
+  }
   if (first()) {
     float* g = st.Grads(emb_unit_);
-    vocab_embedding_backward(g + wte_offset_, g + wpe_offset_, dresidual_,
-                             tokens, B, T, C, vocab_begin_, Vl_, tp_, scratch_,
-                             cp_);
+    vocab_embedding_backward(g + wte_offset_, g + wpe_offset_, work_.dresidual,
+                             tokens, B, T, C, vocab_begin_, Vl_, tp_,
+                             work_.scratch, cp_);
     if (!split) st.EndBackward(emb_unit_);
   }
-}
-
-void GptStage::BlockBackward(const Slot& S, int b, bool split) {
-  const int B = S.B, T = S.T;
-  kernels::Ops& k = *ops_;
-  UnitStore& st = *store_;
-  const int C = config_.n_embd, Ts = tp_.SeqLocal(T);
-  const int64_t BTsC = static_cast<int64_t>(B) * Ts * C;
-  const int64_t BT = static_cast<int64_t>(B) * T;
-  const int u = BlockUnit(b);
-  const float* residual = b == 0 ? S.input : Acts(S, b - 1).residual3;
-  const BlockActs a = Acts(S, b);
-  if (recompute_ == Recompute::kFull) {
-    BlockForward(a, residual, b, B, T, tp_, /*pos=*/-1, /*recomputing=*/true);
-  }
-  // Split: the linear layers' weight gradients wait for W (null here), and
-  // their output gradients stay in the slot for it; no unit ends.
-  auto dT = [&](int unit, int i) {
-    return split ? nullptr
-                 : const_cast<float*>(BlockTensor(st.Grads(unit), b, i));
-  };
-  auto dLn = [&](int unit, int i) {
-    return const_cast<float*>(BlockTensor(st.Grads(unit), b, i));
-  };
-  auto end = [&](int unit) {
-    if (!split) st.EndBackward(unit);
-  };
-  // The MLP hidden layer's and qkv's gradients: where W reads them, or the
-  // working set (and copied over qkv or what attention keeps for W once
-  // attention's backward has read it).
-  float* dfch = split && a.dfch != a.att ? a.dfch : dfch_gelu_;
-  float* dqkv = split && a.dqkv != a.qkv ? a.dqkv : dqkv_;
-
-  st.BeginBackward(u + 3);
-  if (split) k.Copy(a.dfcproj, dresidual_, BTsC);
-  // Through GELU: the gradient of fch, in fch's stored type (bf16 under
-  // bf16: it feeds only the fc matmul's backward). Split: dfcproj may be
-  // this layer's residual3, which only the layer above read.
-  row_linear_backward(Stored(dfch), dT(u + 3, kFcProjW), dT(u + 3, kFcProjB),
-                      dresidual_, Stored(a.fch),
-                      BlockWeight(st.Weights(u + 3), b, kFcProjW), B, T,
-                      4 * Cl_, C, tp_, scratch_, /*gelu_hidden=*/dqkv_,
-                      /*gelu_saved=*/a.gelu);
-  end(u + 3);
-  st.BeginBackward(u + 2);
-  const float* w = st.Params(u + 2);
-  column_linear_backward(dln_, dT(u + 2, kFcW), dT(u + 2, kFcB), Stored(dfch),
-                         Stored(a.ln2), BlockWeight(st.Weights(u + 2), b, kFcW),
-                         B, T, C, 4 * Cl_, tp_, scratch_);
-  st.Poll();
-  k.layernorm_backward(dresidual_, dLn(u + 2, kLn2W), dLn(u + 2, kLn2B), dln_,
-                       a.residual2, BlockTensor(w, b, kLn2W), a.ln2_mean,
-                       a.ln2_rstd, B, Ts, C);
-  end(u + 2);
-  st.BeginBackward(u + 1);
-  // Split: dattproj may be residual2, which ln_2's backward has read.
-  if (split) k.Copy(a.dattproj, dresidual_, BTsC);
-  row_linear_backward(datty_, dT(u + 1, kAttProjW), dT(u + 1, kAttProjB),
-                      dresidual_, Stored(a.atty),
-                      BlockWeight(st.Weights(u + 1), b, kAttProjW), B, T, Cl_,
-                      C, tp_, scratch_);
-  end(u + 1);
-  if (recompute_ == Recompute::kSelective) {
-    // What attention keeps, again (its output comes out the same, bit for
-    // bit, over the kept one).
-    attention_.Forward(a.atty, a.att, a.qkv, B, T);
-  }
-  attention_.Backward(dqkv, datt_, datty_, a.qkv, a.atty, a.att, B, T);
-  if (split && dqkv != a.dqkv) k.Copy(a.dqkv, dqkv, BT * 3 * Cl_);
-  if (split && dfch != a.dfch) k.Copy(a.dfch, dfch, BT * 4 * Cl_ / act_div_);
-  st.Poll();
-  st.BeginBackward(u);
-  w = st.Params(u);
-  column_linear_backward(dln_, dT(u, kQkvW), dT(u, kQkvB), dqkv, Stored(a.ln1),
-                         BlockWeight(st.Weights(u), b, kQkvW), B, T, C, 3 * Cl_,
-                         tp_, scratch_);
-  st.Poll();
-  k.layernorm_backward(dresidual_, dLn(u, kLn1W), dLn(u, kLn1B), dln_, residual,
-                       BlockTensor(w, b, kLn1W), a.ln1_mean, a.ln1_rstd, B, Ts,
-                       C);
-  end(u);
 }
 
 void GptStage::BackwardWeights(int slot) {
@@ -608,45 +468,19 @@ void GptStage::BackwardWeights(int slot) {
   const int B = S.B, T = S.T;
   const int C = config_.n_embd;
   UnitStore& st = *store_;
-  const kernels::Act no_dinp(static_cast<float*>(nullptr));
   // The same weight-gradient products as Backward's, from what B kept and
   // the forward's inputs (full recomputation: computed once more); no
   // weights are read but by that forward.
   if (last()) {
     column_linear_backward(nullptr, st.Grads(head_unit_) + head_wte_offset_,
                            nullptr, Logits(S), Stored(S.lnf), nullptr, B, T, C,
-                           Vl_, tp_, scratch_);
+                           Vl_, tp_, work_.scratch);
     st.EndBackward(final_unit_);
   }
+  const PartPass::Shared pass = Pass(B, T, tp_);
   for (int b = n_blocks_ - 1; b >= 0; --b) {
-    const int u = BlockUnit(b);
-    const BlockActs a = Acts(S, b);
-    if (recompute_ == Recompute::kFull) {
-      BlockForward(a, b == 0 ? S.input : Acts(S, b - 1).residual3, b, B, T, tp_,
-                   /*pos=*/-1, /*recomputing=*/true);
-    }
-    auto dT = [&](int unit, int i) {
-      return const_cast<float*>(BlockTensor(st.Grads(unit), b, i));
-    };
-    row_linear_backward(no_dinp, dT(u + 3, kFcProjW), dT(u + 3, kFcProjB),
-                        a.dfcproj, Stored(a.fch), nullptr, B, T, 4 * Cl_, C,
-                        tp_, scratch_, /*gelu_hidden=*/dqkv_,
-                        /*gelu_saved=*/a.gelu);
-    st.EndBackward(u + 3);
-    column_linear_backward(nullptr, dT(u + 2, kFcW), dT(u + 2, kFcB),
-                           Stored(a.dfch), Stored(a.ln2), nullptr, B, T, C,
-                           4 * Cl_, tp_, scratch_);
-    st.EndBackward(u + 2);
-    st.Poll();
-    row_linear_backward(no_dinp, dT(u + 1, kAttProjW), dT(u + 1, kAttProjB),
-                        a.dattproj, Stored(a.atty), nullptr, B, T, Cl_, C, tp_,
-                        scratch_);
-    st.EndBackward(u + 1);
-    column_linear_backward(nullptr, dT(u, kQkvW), dT(u, kQkvB), a.dqkv,
-                           Stored(a.ln1), nullptr, B, T, C, 3 * Cl_, tp_,
-                           scratch_);
-    st.EndBackward(u);
-    st.Poll();
+    blocks_.BackwardWeights(pass, Acts(S, b), b,
+                            recompute_ == Recompute::kFull);
   }
   if (first()) st.EndBackward(emb_unit_);
 }

@@ -18,76 +18,13 @@
 #include "common/spec.h"
 #include "worker/engine/model/activation_table.h"
 #include "worker/engine/model/attention_core.h"
+#include "worker/engine/model/block_stack.h"
 #include "worker/engine/model/layers.h"
 #include "worker/engine/model/pass_recorder.h"
 #include "worker/engine/model/plan.h"
+#include "worker/engine/model/unit_store.h"
 
 namespace ptrain {
-
-// Where the weights and gradients of each unit (plan.h) live while a pass
-// runs. The stage brackets its use of unit u with Begin/End calls, with E
-// the embedding unit (0, first stage only) and F the final one (ln_f, last
-// stage only):
-//   forward:  B(E) [B(u) E(u) for blocks in order] B(F) E(F) E(E);
-//   backward: B(E) B(F) E(F) [B(u) E(u) for blocks in reverse] E(E);
-// A backward split in two (a zero-bubble schedule: StageOptions::
-// split_backward) makes the input-gradient pass B the backward without its
-// Ends, B(E) B(F) [B(u) in reverse], and the weight pass W, later (other
-// microbatches' passes may run in between), the Ends: E(F) [E(u) in
-// reverse] E(E). Between them the units' gradients must stay valid (a
-// store that keeps them whole through the step: a pipeline's); W reads no
-// weights but under full recomputation, whose W runs the forward again
-// ([Bf(u) Ef(u)] for u..u+2) before each block's weight gradients.
-// with recomputation, each block's backward is preceded by the forward of
-// its first three units again: [Bf(u) Ef(u)] for u..u+2, then B(u+3)...
-// A last stage that does not embed reads the head's weights from the tied
-// copy of wte in F, so there F stays begun until the head is done.
-// Params(u)/Grads(u) are valid between Begin and End and point at the
-// unit's first element (unit-relative offsets). Gradients accumulate (+=).
-class UnitStore {
- public:
-  virtual ~UnitStore() = default;
-  virtual const float* Params(int u) = 0;
-  // The unit's weights as the matmuls read them (same layout as Params):
-  // a bf16 compute copy of Params where the store keeps one (bf16 compute),
-  // else Params itself. Valid where Params is.
-  virtual kernels::ConstAct Weights(int u) { return Params(u); }
-  virtual float* Grads(int u) = 0;
-  virtual void BeginForward(int u) {}
-  virtual void EndForward(int u) {}
-  virtual void BeginBackward(int u) {}
-  // The unit's gradients of this pass are complete.
-  virtual void EndBackward(int u) {}
-  // Called between kernels of backward: a chance to progress communication.
-  virtual void Poll() {}
-  // Issues now what Weights() would otherwise issue at its next call (a
-  // bf16 copy of weights written since it was made): called before a pass
-  // is recorded or replayed (StageOptions::graphs), whose Weights() calls
-  // then issue nothing of the store's own.
-  virtual void Settle() {}
-};
-
-// One model chunk's view of its rank's UnitStore: the chunk's units are
-// the store's from `first` on (StageSlice in plan.h numbers them from 0).
-class UnitStoreSlice : public UnitStore {
- public:
-  UnitStoreSlice(UnitStore* store, int first) : store_(store), first_(first) {}
-  const float* Params(int u) override { return store_->Params(first_ + u); }
-  kernels::ConstAct Weights(int u) override {
-    return store_->Weights(first_ + u);
-  }
-  float* Grads(int u) override { return store_->Grads(first_ + u); }
-  void BeginForward(int u) override { store_->BeginForward(first_ + u); }
-  void EndForward(int u) override { store_->EndForward(first_ + u); }
-  void BeginBackward(int u) override { store_->BeginBackward(first_ + u); }
-  void EndBackward(int u) override { store_->EndBackward(first_ + u); }
-  void Poll() override { store_->Poll(); }
-  void Settle() override { store_->Settle(); }
-
- private:
-  UnitStore* store_;
-  const int first_;
-};
 
 // Recompute (train.recompute) comes with the spec (common/spec.h).
 
@@ -215,7 +152,7 @@ class GptStage : private UnitStore {
   int CacheT() const { return max_T_ * cp_.size(); }
 
   const float* output(int slot) const;  // (B,Ts,C), non-last stages
-  const float* dinput() const { return dresidual_; }  // (B,Ts,C)
+  const float* dinput() const { return work_.dresidual; }  // (B,Ts,C)
   // (B,T,Vl): this rank's vocabulary columns of the last Forward without
   // targets (columns at or past V are padding).
   const float* logits(int slot) const { return slots_[slot].logits; }
@@ -250,15 +187,13 @@ class GptStage : private UnitStore {
   using Working = StageWorking;
   using ActivationDims = StageActivationDims;
 
-  // Layer b's activations inside a slot's slabs.
-  struct BlockActs {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2,
-        *ln2_mean, *ln2_rstd, *fch, *residual3;
-    float* gelu;  // null when nothing is kept of GELU(fch)
-    // Slot's split_backward output gradients of layer b (else null).
-    float *dqkv, *dattproj, *dfch, *dfcproj;
-  };
-  BlockActs Acts(const Slot& S, int b) const;
+  // Local block b's activations inside a slot's slabs: each part's rows
+  // and the residual stream (BlockStack::Rows).
+  BlockStack::Rows Acts(const Slot& S, int b) const;
+  // Local block b's output (B,Ts,C) in the slot: the next one's input.
+  float* BlockOutput(const Slot& S, int b) const;
+  // What every part of a pass over B×T on group g shares.
+  PartPass::Shared Pass(int B, int T, const TpGroup& g) const;
   // The last stage's backward from the loss to the residual stream's
   // gradient (dresidual_): the logits' gradient (unless the forward fused
   // it), the head, ln_f.
@@ -268,15 +203,6 @@ class GptStage : private UnitStore {
   // Backward, or with `split` BackwardInput.
   void BackwardPass(int slot, const int32_t* tokens, const int32_t* targets,
                     float dloss, const float* dout, bool split);
-  // Local block b's part of it: dresidual_ from the block's output gradient
-  // to its input's.
-  void BlockBackward(const Slot& S, int b, bool split);
-  // Local block b's forward from its input x (B,Ts,C) into `a`. pos >= 0: a
-  // Decode step at that position. `recomputing`: the forward again before
-  // the block's backward, which stops at the MLP's hidden layer (the
-  // block's output is kept).
-  void BlockForward(const BlockActs& a, const float* x, int b, int B, int T,
-                    const TpGroup& g, int pos, bool recomputing);
   // Forward of `slot`; pos >= 0: a Decode at that position. dloss as
   // Forward's. The loss stays in the slot (SlotLoss).
   void ForwardPass(int slot, const int32_t* tokens, const float* hidden,
@@ -300,16 +226,8 @@ class GptStage : private UnitStore {
   float* Grads(int u) override { return grads_.data() + units_[u].begin; }
   // Host tokens of `slot` as the backend reads them.
   const int32_t* Stage(int32_t* staged, const int32_t* host, int B, int T);
-  // Tensor `i` of block-local table index (GptBlockTensorNames order) of
-  // local block `b`, inside its unit's buffer.
-  const float* BlockTensor(const float* unit_base, int b, int i) const;
-  // The same of the unit's weights as the matmuls read them
-  // (UnitStore::Weights).
-  kernels::ConstAct BlockWeight(kernels::ConstAct unit_weights, int b,
-                                int i) const;
-  int BlockUnit(int b) const { return (first() ? 1 : 0) + 4 * b; }
   // Finds the stage's tensors in its layout: the units and offsets of the
-  // embedding, ln_f, the head's wte and each block's tensors.
+  // embedding, ln_f and the head's wte.
   void FindTensors();
 
   const GptConfig config_;
@@ -356,33 +274,23 @@ class GptStage : private UnitStore {
   UnitStore* store_;
   kernels::Ops* ops_;
   kernels::Buffer params_, grads_;
-  // Offsets of the embedding (wte, wpe), each block's tensors and ln_f in
-  // their units.
+  // Offsets of the embedding (wte, wpe) and ln_f in their units.
   int64_t wte_offset_ = 0, wpe_offset_ = 0, lnf_offset_ = 0;
   int emb_unit_ = -1, final_unit_ = -1;
   // The head's wte: emb_unit_ on a stage that embeds, else the tied copy in
   // the final unit.
   int head_unit_ = -1;
   int64_t head_wte_offset_ = 0;
-  std::vector<int64_t> block_offsets_;  // (n_blocks, 12)
+  // The blocks, part by part.
+  BlockStack blocks_;
 
   kernels::Buffer acts_;
   kernels::Buffer kv_;  // generation's key/value cache (Decode)
   int64_t acts_used_ = 0;
   std::vector<Slot> slots_;
-  // Backward working set, shared by every slot and layer.
-  LayerContext scratch_;
-  float* proj_;       // (B,Ts,C): a row-parallel output before the residual
-  float* dresidual_;  // (B,Ts,C)
-  float* dln_;        // (B,Ts,C)
-  // dqkv_ and datty_ are one (B,T,4Cl) region, which holds GELU(fch)
-  // recomputed for the MLP projection's backward before them.
-  float* dqkv_;   // (B,T,3Cl)
-  float* datty_;  // (B,T,Cl)
-  float* datt_;   // (B,NHl,T,T)
-  // (B,T,4Cl): GELU(fch) in forward; in backward its gradient, then fch's
-  // in its place.
-  float* dfch_gelu_;
+  // Backward working set, shared by every slot and layer (the blocks'
+  // BlockWork and the head's).
+  BlockWork work_;
   float* ce_stats_;  // (3,B,T)
   // Training's attention of every block over the whole sequence (ring
   // attention under cp), with the ring's buffers.

@@ -1,22 +1,27 @@
 // The parts a transformer is made of, as its model config chooses them.
 // Each part is one unit that names its parameters (names, shapes for a
 // config, how each is initialised and which ZeRO unit of its block holds
-// it), their entries in the tensor-parallel plan, and its FLOPs per token.
+// it), their entries in the tensor-parallel plan and its FLOPs per token;
+// a block's parts also run its forward and backward (NormPart,
+// SublayerPart), through a PartPass (part_pass.h). A block is a pre-norm
+// residual stream of (norm, sublayer) pairs, which BlockStack
+// (block_stack.h) strings together.
 // GPT-2 (Gpt2Parts) is learned token and position embeddings, then per
 // block LayerNorm, multi-head attention, LayerNorm and a GELU MLP, then a
 // final LayerNorm and a head tied to the token embedding. The plan
 // (plan.cc) builds every tensor of a model, and its tensor-parallel
 // slices, from its parts; the FLOP count (GptFlopsPerToken) sums theirs.
-// The forward and backward of the block parts are GptStage's; attention's
-// core is AttentionCore (attention_core.h).
+// The block parts live in parts/, one file each.
 #ifndef PTRAIN_WORKER_ENGINE_MODEL_PARTS_H_
 #define PTRAIN_WORKER_ENGINE_MODEL_PARTS_H_
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "worker/engine/model/plan.h"
 
 namespace ptrain {
@@ -47,20 +52,60 @@ class ModelPart {
   virtual double FlopsPerToken(const GptConfig& config, int T) const;
 };
 
+class PartPass;
+
+// A norm of the residual stream. Rows (PartPass::Row): 0 its output
+// (B,Ts,C), in the stored type; then what its backward reads.
+class NormPart : public ModelPart {
+ public:
+  // Row 0 = norm(x) over x (B,Ts,C); with `branch`, of sum = x + branch
+  // (the residual add before the norm, fused), written to `sum`.
+  virtual void Forward(const PartPass& p, const float* x, const float* branch,
+                       float* sum) const = 0;
+  // dx (B,Ts,C) += the gradient through the norm of dout, its output's;
+  // the norm's weight gradients accumulate. x: Forward's input (its sum).
+  virtual void Backward(const PartPass& p, float* dx, const float* dout,
+                        const float* x) const = 0;
+};
+
+// A sublayer of a block (attention, the MLP): reads a norm's output, adds
+// its own to the residual stream.
+class SublayerPart : public ModelPart {
+ public:
+  // out (B,Ts,C) from in (B,Ts,C, the norm's output row).
+  virtual void Forward(const PartPass& p, kernels::ConstAct in,
+                       float* out) const = 0;
+  // din (B,Ts,C, written) from dout (B,Ts,C), the output's gradient;
+  // weight gradients accumulate (a split backward's B: the norm-free part
+  // only; its output gradients stay in its rows for W).
+  virtual void Backward(const PartPass& p, float* din, const float* dout,
+                        kernels::ConstAct in) const = 0;
+  // A split backward's W: the weight gradients from what B kept.
+  virtual void BackwardWeights(const PartPass& p,
+                               kernels::ConstAct in) const = 0;
+};
+
 // A model's parts in the order its tensors are laid out: those before the
 // blocks (stage 0), each block's, those after them (the last stage).
 struct ModelParts {
   std::vector<std::unique_ptr<ModelPart>> before, block, after;
+  // The block as its (norm, sublayer) pairs: block[2i] and block[2i + 1].
+  std::vector<std::pair<const NormPart*, const SublayerPart*>> pairs;
+  void AddPair(std::unique_ptr<NormPart> norm,
+               std::unique_ptr<SublayerPart> sublayer);
 };
 const ModelParts& Gpt2Parts();
 
 // GPT-2's parts, one by one (the model config chooses among such).
 std::unique_ptr<ModelPart> TokenEmbeddingPart();     // wte, vocab-split
 std::unique_ptr<ModelPart> PositionEmbeddingPart();  // wpe, learned
-std::unique_ptr<ModelPart> LayerNormPart(std::string prefix, int unit);
-std::unique_ptr<ModelPart> MultiHeadAttentionPart();  // attn.c_attn, c_proj
-std::unique_ptr<ModelPart> GeluMlpPart();             // mlp.c_fc, c_proj
-std::unique_ptr<ModelPart> TiedHeadPart();            // reads wte
+std::unique_ptr<ModelPart> TiedHeadPart();           // reads wte
+// parts/layer_norm.cc: <prefix>.weight, .bias in the block's unit `unit`.
+std::unique_ptr<NormPart> LayerNormPart(std::string prefix, int unit);
+// parts/multi_head_attention.cc: attn.c_attn, attn.c_proj.
+std::unique_ptr<SublayerPart> MultiHeadAttentionPart();
+// parts/gelu_mlp.cc: mlp.c_fc, mlp.c_proj.
+std::unique_ptr<SublayerPart> GeluMlpPart();
 
 }  // namespace ptrain
 

@@ -1,0 +1,154 @@
+#include "worker/engine/model/block_stack.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+
+namespace ptrain {
+
+BlockStack::BlockStack(const ModelParts& parts, const GptConfig& config,
+                       const std::vector<ParamInfo>& layout, int first_layer,
+                       int n_blocks)
+    : parts_list_(parts), n_blocks_(n_blocks) {
+  parts_ = static_cast<int>(parts.block.size());
+  PT_CHECK(parts_ >= 2 && parts_ <= kMaxParts &&
+               parts_ == 2 * static_cast<int>(parts.pairs.size()),
+           "a block is one to four (norm, sublayer) pairs");
+  std::vector<std::vector<PartTensor>> tensors;
+  int units = 0;
+  for (const auto& part : parts.block) {
+    tensors.push_back(part->Tensors(config));
+    tensor_counts_.push_back(static_cast<int>(tensors.back().size()));
+    max_tensors_ =
+        std::max(max_tensors_, static_cast<int>(tensors.back().size()));
+    for (const PartTensor& t : tensors.back())
+      units = std::max(units, t.unit + 1);
+  }
+  // Per unit of a block: the first and last part (block order) with a
+  // tensor in it, and the first that has a weight pass (a sublayer).
+  std::vector<int> first(units, parts_), last(units, -1), w_end(units, parts_);
+  for (int q = 0; q < parts_; ++q) {
+    for (const PartTensor& t : tensors[q]) {
+      first[t.unit] = std::min(first[t.unit], q);
+      last[t.unit] = std::max(last[t.unit], q);
+      if (q % 2 == 1) w_end[t.unit] = std::min(w_end[t.unit], q);
+    }
+  }
+  std::map<std::string, const ParamInfo*> by_name;
+  for (const ParamInfo& p : layout) by_name[p.name] = &p;
+  places_.resize(static_cast<size_t>(kVariants) * n_blocks_ * parts_ *
+                 max_tensors_);
+  for (int b = 0; b < n_blocks_; ++b) {
+    for (int q = 0; q < parts_; ++q) {
+      for (size_t i = 0; i < tensors[q].size(); ++i) {
+        const PartTensor& t = tensors[q][i];
+        const std::string name =
+            absl::StrCat("h.", first_layer + b, ".", t.name);
+        auto it = by_name.find(name);
+        PT_CHECK(it != by_name.end(), ("the layout has no " + name).c_str());
+        PartPass::Place place{it->second->unit, it->second->unit_offset};
+        const int k = t.unit;
+        auto set = [&](Variant v, bool begins, bool ends) {
+          PartPass::Place p = place;
+          p.begins = begins;
+          p.ends = ends;
+          places_[Index(v, b, q) + i] = p;
+        };
+        set(kForward, q == first[k], q == last[k]);
+        set(kBackward, q == last[k], q == first[k]);
+        set(kBackwardSplit, q == last[k], false);
+        // W ends a unit after the last weight pass that reads it; one no
+        // sublayer reads, after its first part's place in W.
+        set(kWeights, false, w_end[k] < parts_ ? q == w_end[k] : q == first[k]);
+      }
+    }
+  }
+}
+
+std::array<bool, BlockStack::kMaxRows> BlockStack::Deferred(const Rows& rows,
+                                                            int q) const {
+  std::array<bool, kMaxRows> deferred{};
+  // After part q in the backward: the parts before it, and the norms'
+  // inputs x[0..q/2] (pair i's norm reads x[i]).
+  for (int j = 0; j < kMaxRows; ++j) {
+    const float* row = rows.part[q][j];
+    if (row == nullptr) continue;
+    for (int r = 0; r < q && !deferred[j]; ++r) {
+      deferred[j] = std::find(rows.part[r].begin(), rows.part[r].end(), row) !=
+                    rows.part[r].end();
+    }
+    for (int i = 0; i <= q / 2 && !deferred[j]; ++i) {
+      deferred[j] = rows.x[i] == row;
+    }
+  }
+  return deferred;
+}
+
+void BlockStack::Forward(PartPass::Shared s, const Rows& rows, int b,
+                         bool recomputing) const {
+  s.kind = PartPass::Kind::kForward;
+  const std::array<bool, kMaxRows> none{};
+  const int pairs = parts_ / 2;
+  float* proj = s.work->proj;
+  for (int i = 0; i < pairs; ++i) {
+    const auto [norm, sublayer] = parts_list_.pairs[i];
+    const PartPass n(s, Places(kForward, b, 2 * i), rows.part[2 * i].data(),
+                     none.data(), false);
+    if (i == 0) {
+      norm->Forward(n, rows.x[0], nullptr, nullptr);
+    } else {
+      norm->Forward(n, rows.x[i - 1], proj, rows.x[i]);
+    }
+    const bool stop = recomputing && i == pairs - 1;
+    const PartPass p(s, Places(kForward, b, 2 * i + 1),
+                     rows.part[2 * i + 1].data(), none.data(), stop);
+    sublayer->Forward(p, n.Stored(rows.part[2 * i][0]), proj);
+  }
+  if (recomputing) return;
+  s.ops->residual_forward(rows.x[pairs], rows.x[pairs - 1], proj,
+                          static_cast<int64_t>(s.B) * s.tp.SeqLocal(s.T) * s.C);
+}
+
+void BlockStack::Backward(PartPass::Shared s, const Rows& rows, int b,
+                          bool recompute) const {
+  if (recompute) Forward(s, rows, b, /*recomputing=*/true);
+  s.kind = PartPass::Kind::kBackward;
+  std::vector<std::function<void()>> after;
+  s.after_block = &after;
+  const Variant v = s.split ? kBackwardSplit : kBackward;
+  const BlockWork& w = *s.work;
+  for (int i = parts_ / 2 - 1; i >= 0; --i) {
+    const auto [norm, sublayer] = parts_list_.pairs[i];
+    const std::array<bool, kMaxRows> dn = Deferred(rows, 2 * i);
+    const std::array<bool, kMaxRows> ds = Deferred(rows, 2 * i + 1);
+    const PartPass n(s, Places(v, b, 2 * i), rows.part[2 * i].data(), dn.data(),
+                     false);
+    const PartPass p(s, Places(v, b, 2 * i + 1), rows.part[2 * i + 1].data(),
+                     ds.data(), false);
+    sublayer->Backward(p, w.dln, w.dresidual, n.Stored(rows.part[2 * i][0]));
+    norm->Backward(n, w.dresidual, w.dln, rows.x[i]);
+  }
+  for (const auto& f : after) f();
+}
+
+void BlockStack::BackwardWeights(PartPass::Shared s, const Rows& rows, int b,
+                                 bool recompute) const {
+  if (recompute) Forward(s, rows, b, /*recomputing=*/true);
+  s.kind = PartPass::Kind::kWeights;
+  const std::array<bool, kMaxRows> none{};
+  for (int i = parts_ / 2 - 1; i >= 0; --i) {
+    const auto [norm, sublayer] = parts_list_.pairs[i];
+    const PartPass n(s, Places(kWeights, b, 2 * i), rows.part[2 * i].data(),
+                     none.data(), false);
+    const PartPass p(s, Places(kWeights, b, 2 * i + 1),
+                     rows.part[2 * i + 1].data(), none.data(), false);
+    sublayer->BackwardWeights(p, n.Stored(rows.part[2 * i][0]));
+    // A unit only the norm reads ends here.
+    for (int t = 0; t < tensor_counts_[2 * i]; ++t) n.End(t);
+  }
+}
+
+}  // namespace ptrain
