@@ -1,6 +1,8 @@
 #include "worker/engine/model/activation_table.h"
 
 #include <climits>
+#include <map>
+#include <string>
 
 namespace ptrain {
 
@@ -53,44 +55,86 @@ StageActivationDims StageActivationDims::Of(const GptConfig& config, int max_B,
   return d;
 }
 
-void LayOutActivations(const StageActivationDims& d,
-                       const std::function<float*(int64_t)>& take,
-                       std::vector<StageSlot>* slots, StageWorking* w) {
-  const int64_t C = d.C, Cl = d.Cl, BT = d.BT, BTs = d.BTs;
+int64_t StageActivationDims::Stored(int64_t rows, int64_t width) const {
+  const int64_t n = SatMul(rows, width);
+  return n == INT64_MAX ? n : n / act_div;
+}
+
+namespace {
+
+// The block rows of `parts` for a stage of sizes `d`: each part's Rows,
+// then its SplitRows (none kept without a split backward), with the place
+// each split row takes where it can take one.
+StageRows BlockRows(const ModelParts& parts, const StageActivationDims& d) {
   const bool full = d.recompute == Recompute::kFull;
   const bool selective = d.recompute == Recompute::kSelective;
-  // The per-layer slabs a block's backward reads: every layer's in each
-  // slot, or (recomputing) one layer's, shared by the slots.
-  // A slab of a stored activation (a LayerNorm output, fch), in its type.
-  auto stored = [&](int64_t layers, int64_t rows, int64_t width) {
-    const int64_t n = SatMul(layers, SatMul(rows, width));
-    return n == INT64_MAX ? n : n / d.act_div;
-  };
-  auto take_blocks = [&](StageSlot& slot, int64_t layers) {
-    slot.ln1 = take(stored(layers, BTs, C));
-    slot.ln1_mean = take(SatMul(layers, BTs));
-    slot.ln1_rstd = take(SatMul(layers, BTs));
-    slot.qkv = take(stored(layers, BT, 3 * Cl));
-    slot.atty = take(stored(layers, BT, Cl));
-    if (!selective) slot.att = take(SatMul(layers, d.att));
-    slot.residual2 = take(SatMul(layers, SatMul(BTs, C)));
-    slot.ln2 = take(stored(layers, BTs, C));
-    slot.ln2_mean = take(SatMul(layers, BTs));
-    slot.ln2_rstd = take(SatMul(layers, BTs));
-    slot.fch = take(stored(layers, BT, 4 * Cl));
-    slot.gelu = take(SatMul(layers, d.gelu));
+  StageRows t;
+  std::map<std::string, int> by_name;
+  for (size_t q = 0; q < parts.block.size(); ++q) {
+    const ModelPart& part = *parts.block[q];
+    t.first.push_back(static_cast<int>(t.rows.size()));
+    for (const ActivationRow& r : part.Rows(d)) {
+      by_name[r.name] = static_cast<int>(t.rows.size());
+      t.rows.push_back(
+          {static_cast<int>(q), r.floats, full || (selective && r.selective)});
+    }
+    for (const SplitRow& r : part.SplitRows(d)) {
+      StageRows::Row row{static_cast<int>(q), d.split ? r.floats : 0};
+      if (d.split && !full && r.in_place_of == "stream") {
+        if (SatMul(d.BTs, d.C) >= r.floats)
+          row.in_place_of = StageRows::kStream;
+      } else if (d.split && !full && by_name.count(r.in_place_of) > 0) {
+        const StageRows::Row& other = t.rows[by_name[r.in_place_of]];
+        if (!other.one_layer && other.floats >= r.floats) {
+          row.in_place_of = by_name[r.in_place_of];
+        }
+      }
+      t.rows.push_back(row);
+    }
+  }
+  return t;
+}
+
+}  // namespace
+
+void LayOutActivations(const ModelParts& parts, const StageActivationDims& d,
+                       const std::function<float*(int64_t)>& take,
+                       std::vector<StageSlot>* slots, StageWorking* w,
+                       StageRows* rows) {
+  const int64_t C = d.C, Cl = d.Cl, BT = d.BT, BTs = d.BTs;
+  const bool full = d.recompute == Recompute::kFull;
+  const StageRows t = BlockRows(parts, d);
+  const int pairs = static_cast<int>(parts.pairs.size());
+  const int n = static_cast<int>(t.rows.size());
+  // The block rows, part by part, with the residual stream after each
+  // pair but the last between one pair and the next: either those one
+  // layer deep, shared by the slots, or every layer's of one slot.
+  auto take_blocks = [&](StageSlot& slot, bool one_layer) {
+    const int64_t layers = one_layer ? 1 : d.L;
+    for (int q = 0; q < static_cast<int>(parts.block.size()); ++q) {
+      const int kept = static_cast<int>(parts.block[q]->Rows(d).size());
+      for (int i = t.first[q]; i < t.first[q] + kept; ++i) {
+        if (t.rows[i].one_layer != one_layer) continue;
+        slot.rows[i] = take(SatMul(layers, t.rows[i].floats));
+      }
+      const int pair = q / 2;
+      if (q % 2 == 1 && pair + 1 < pairs && full == one_layer) {
+        slot.stream[pair] = take(SatMul(layers, SatMul(BTs, C)));
+      }
+    }
   };
   StageSlot shared{};
-  if (full) take_blocks(shared, 1);
-  if (selective) shared.att = take(d.att);
+  shared.rows.assign(n, nullptr);
+  shared.stream.assign(pairs - 1, nullptr);
+  take_blocks(shared, /*one_layer=*/true);
   for (int s = 0; s < d.slots; ++s) {
     StageSlot slot = shared;
     slot.input = take(SatMul(BTs, C));
-    if (!full) take_blocks(slot, d.L);
+    take_blocks(slot, /*one_layer=*/false);
     // The block's output is kept even when the rest is recomputed.
     slot.residual3 = take(SatMul(d.L, SatMul(BTs, C)));
     if (d.last) {
-      slot.lnf = take(stored(1, BTs, C));
+      slot.lnf = take(d.Stored(BTs, C));
       slot.lnf_mean = take(BTs);
       slot.lnf_rstd = take(BTs);
       slot.logits = take(SatMul(BT, d.Vl));
@@ -100,22 +144,25 @@ void LayOutActivations(const StageActivationDims& d,
           nullptr;
     }
     // A split backward's output gradients stay from B to W: every layer's,
-    // recomputing or not. Where the slot has each layer's own, they take
-    // the place of what only B reads, once B is past it (W reads neither):
-    // the residual stream's (B,Ts,C) slabs, qkv's where it is fp32, and
-    // what attention keeps where that is as large as fch's gradient.
-    if (d.split) {
-      const bool reuse = !full;
-      const bool in_att = reuse && !selective && d.att >= stored(1, BT, 4 * Cl);
-      slot.dqkv = reuse && d.act_div == 1
-                      ? slot.qkv
-                      : take(SatMul(d.L, SatMul(BT, 3 * Cl)));
-      slot.dattproj =
-          reuse ? slot.residual2 : take(SatMul(d.L, SatMul(BTs, C)));
-      slot.dfch = in_att ? slot.att : take(stored(d.L, BT, 4 * Cl));
-      slot.dfcproj = reuse ? slot.residual3 : take(SatMul(d.L, SatMul(BTs, C)));
-    } else {
-      slot.dqkv = slot.dattproj = slot.dfch = slot.dfcproj = nullptr;
+    // recomputing or not, in their own slabs or in the place of rows B is
+    // done with (W reads neither).
+    for (int q = 0; q < static_cast<int>(parts.block.size()); ++q) {
+      const int kept = static_cast<int>(parts.block[q]->Rows(d).size());
+      const int end =
+          q + 1 < static_cast<int>(parts.block.size()) ? t.first[q + 1] : n;
+      for (int i = t.first[q] + kept; i < end; ++i) {
+        const StageRows::Row& r = t.rows[i];
+        const int pair = q / 2;
+        if (r.floats == 0) {
+          slot.rows[i] = nullptr;
+        } else if (r.in_place_of == StageRows::kStream) {
+          slot.rows[i] = pair + 1 < pairs ? slot.stream[pair] : slot.residual3;
+        } else if (r.in_place_of >= 0) {
+          slot.rows[i] = slot.rows[r.in_place_of];
+        } else {
+          slot.rows[i] = take(SatMul(d.L, r.floats));
+        }
+      }
     }
     slots->push_back(slot);
   }
@@ -133,19 +180,21 @@ void LayOutActivations(const StageActivationDims& d,
   w->dfch_gelu = take(SatMul(BT, 4 * Cl));
   w->ce_stats = d.last ? take(SatMul(3, BT)) : nullptr;
   w->ring = d.cp > 1 ? take(SatMul(4, SatMul(BT, 2 * Cl))) : nullptr;
+  if (rows != nullptr) *rows = t;
 }
 
-int64_t ActivationFloats(const StageActivationDims& d) {
+int64_t ActivationFloats(const ModelParts& parts,
+                         const StageActivationDims& d) {
   int64_t total = 0;
   std::vector<StageSlot> slots;
   StageWorking w;
   LayOutActivations(
-      d,
+      parts, d,
       [&](int64_t count) -> float* {
         total = SatAdd(total, count);
         return nullptr;
       },
-      &slots, &w);
+      &slots, &w, nullptr);
   return total;
 }
 

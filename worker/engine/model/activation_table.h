@@ -1,8 +1,9 @@
 // The activation table of a GPT stage: what each microbatch keeps from
-// forward to backward (StageSlot), the backward's working set
-// (StageWorking), the sizes they are laid out by (StageActivationDims) and
-// the one table that lays them out in one buffer (LayOutActivations), which
-// the memory estimate counts (ActivationFloats).
+// forward to backward (StageSlot: each block part's rows, the residual
+// stream, the head's), the backward's working set (StageWorking), the sizes
+// they are laid out by (StageActivationDims) and the one table that lays
+// them out in one buffer (LayOutActivations), which the memory estimate
+// counts (ActivationFloats).
 #ifndef PTRAIN_WORKER_ENGINE_MODEL_ACTIVATION_TABLE_H_
 #define PTRAIN_WORKER_ENGINE_MODEL_ACTIVATION_TABLE_H_
 
@@ -12,45 +13,32 @@
 
 #include "common/spec.h"
 #include "kernels/ops.h"
+#include "worker/engine/model/parts.h"
 #include "worker/engine/model/plan.h"
 
 namespace ptrain {
 
-// Activations a microbatch keeps from forward to backward. With full
-// recomputation every per-layer slab but residual3 is one layer deep and
-// shared by all slots, with selective recomputation att is (BlockActs
-// gives layer b's pointers either way).
+// Activations a microbatch keeps from forward to backward. A block's are
+// its parts' rows (ModelPart::Rows, SplitRows) and its residual stream;
+// the stage reads them through StageRows. With full recomputation every
+// block row but the block's output is one layer deep and shared by all
+// slots; with selective recomputation the rows a part recomputes are.
 struct StageSlot {
   float* input;  // (B,Ts,C): embedding output or the received input
-  // (L,B,Ts,C), fp32 or bf16 (Stored), as ln2, lnf, qkv, atty, fch
-  float* ln1;
-  float* ln1_mean;   // (L,B,Ts)
-  float* ln1_rstd;   // (L,B,Ts)
-  float* qkv;        // (L,B,T,3Cl)
-  float* atty;       // (L,B,T,Cl)
-  float* att;        // (L, attention_saved_floats)
-  float* residual2;  // (L,B,Ts,C)
-  float* ln2;        // (L,B,Ts,C)
-  float* ln2_mean;   // (L,B,Ts)
-  float* ln2_rstd;   // (L,B,Ts)
-  float* fch;        // (L,B,T,4Cl); GELU's output is computed again
-  float* gelu;       // (L, gelu_floats_): what the backend keeps of it
-  float* residual3;  // (L,B,Ts,C)
-  float* lnf;        // (B,Ts,C)
-  float* lnf_mean;   // (B,Ts)
-  float* lnf_rstd;   // (B,Ts)
+  // By StageRows::rows: the slab of each block row (L layers, or one).
+  std::vector<float*> rows;
+  // The residual stream inside a block: after each pair but the last,
+  // (L,B,Ts,C) (or one layer under full recomputation).
+  std::vector<float*> stream;
+  float* residual3;  // (L,B,Ts,C): each block's output
+  // The last stage's: ln_f's output (fp32 or bf16, Stored), mean, 1/std.
+  float* lnf;       // (B,Ts,C)
+  float* lnf_mean;  // (B,Ts)
+  float* lnf_rstd;  // (B,Ts)
   // (B,T,Vl); after a loss the probabilities, then dlogits; or dlogits
   // right away (fused: dloss below; then in the stored type, Logits()).
   float* logits;
   float* losses;  // (B,T)
-  // split_backward: the output gradients of each layer's linear layers
-  // from B to W (else null): of qkv (L,B,T,3Cl), of the attention's
-  // projection (L,B,Ts,C), of fc (L,B,T,4Cl, stored type: fch's
-  // gradient), of the MLP's projection (L,B,Ts,C). Without full
-  // recomputation the last two are residual2 and residual3, the first
-  // is qkv where that is fp32, and (without any recomputation) fc's is
-  // att where that is as large (B is done with them).
-  float *dqkv, *dattproj, *dfch, *dfcproj;
   // The microbatch's tokens and targets in the backend's memory (null on
   // the CPU, which reads the caller's).
   int32_t* tokens_staged = nullptr;
@@ -77,6 +65,8 @@ struct StageActivationDims {
   bool last = false;
   bool split = false;  // StageOptions::split_backward
   int cp = 1;          // StageOptions::cp's size: the ring's buffers
+  // Elements of `rows` × `width` in the stored type, as floats.
+  int64_t Stored(int64_t rows, int64_t width) const;
   static StageActivationDims Of(const GptConfig& config, int max_B, int max_T,
                                 int slots, int tp, bool sp, Recompute recompute,
                                 int layers, bool last, const kernels::Ops* ops,
@@ -88,15 +78,33 @@ struct StageWorking {
       *dfch_gelu, *ce_stats;
   float* ring;  // cp > 1: ring attention's blocks in transit
 };
+// Where each block row lives in a slot (the same in every slot).
+struct StageRows {
+  struct Row {
+    int part = 0;            // its part, in block order
+    int64_t floats = 0;      // per layer; 0: not kept (a null row)
+    bool one_layer = false;  // one layer shared by every slot
+    // A split backward's row that takes the place of another, which B is
+    // done with by the time it is written: that row (index in `rows`),
+    // or the stream after its part's pair (kStream); else kOwn.
+    int in_place_of = kOwn;
+  };
+  static constexpr int kOwn = -1, kStream = -2;
+  std::vector<Row> rows;   // by part, each part's Rows then its SplitRows
+  std::vector<int> first;  // by part: its first row's index in `rows`
+};
+
 // The one table of the activation slabs, in their order in the buffer:
 // calls take(count) for each (saturating sizes) and keeps what it returns
-// in `slots` (d.slots of them) and `w`. GptStage's take hands out its
-// buffer; ActivationFloats' counts.
-void LayOutActivations(const StageActivationDims& d,
+// in `slots` (d.slots of them) and `w`; `rows` says where each block row
+// of `parts` is. GptStage's take hands out its buffer; ActivationFloats'
+// counts.
+void LayOutActivations(const ModelParts& parts, const StageActivationDims& d,
                        const std::function<float*(int64_t)>& take,
-                       std::vector<StageSlot>* slots, StageWorking* w);
+                       std::vector<StageSlot>* slots, StageWorking* w,
+                       StageRows* rows);
 // The floats of every slab (INT64_MAX where that does not fit).
-int64_t ActivationFloats(const StageActivationDims& d);
+int64_t ActivationFloats(const ModelParts& parts, const StageActivationDims& d);
 
 }  // namespace ptrain
 

@@ -89,19 +89,17 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
                (max_T_ % 2 == 0 && d.att >= int64_t{max_B_} * NHl_ * max_T_),
            "context parallelism needs an even number of positions per rank "
            "and room for the log-sum-exp");
-  att_floats_ = d.att;
-  gelu_floats_ = d.gelu;
   act_div_ = d.act_div;
-  acts_ = kernels::Buffer(ops_, ptrain::ActivationFloats(d));
+  acts_ = kernels::Buffer(ops_, ptrain::ActivationFloats(Gpt2Parts(), d));
   Working w;
   LayOutActivations(
-      d,
+      Gpt2Parts(), d,
       [&](int64_t count) {
         float* p = acts_.data() + acts_used_;
         acts_used_ += count;
         return p;
       },
-      &slots_, &w);
+      &slots_, &w, &rows_);
   PT_CHECK(acts_used_ == acts_.size(),
            "the activation slabs do not add up to ActivationFloats");
   // A device reads its copy of the tokens; so does a recorded pass (the
@@ -179,6 +177,7 @@ int64_t GptStage::ActivationFloats(const GptConfig& config, int max_B,
                                    const kernels::Ops* ops, bool split_backward,
                                    int cp) {
   return ptrain::ActivationFloats(
+      Gpt2Parts(),
       ActivationDims::Of(config, max_B, max_T, slots, tp, sp, recompute, layers,
                          last, ops, split_backward, cp));
 }
@@ -267,33 +266,34 @@ void GptStage::Decode(const int32_t* tokens, const float* hidden, int n,
   if (serial) omp_set_num_threads(threads);
 }
 
-BlockStack::Rows GptStage::Acts(const Slot& S, int b) const {
+float* GptStage::RowAt(const Slot& S, int i, int b) const {
+  const StageRows::Row& r = rows_.rows[i];
+  if (r.floats == 0) return nullptr;
+  if (r.in_place_of == StageRows::kStream) return StreamAt(S, r.part / 2, b);
+  if (r.in_place_of >= 0) return RowAt(S, r.in_place_of, b);
   // Per-layer slabs are laid out for the allocated maximum, so index them by
   // the maximum stride; a smaller batch uses the front of each slab.
-  const int64_t C = config_.n_embd;
-  const int64_t sBTs = static_cast<int64_t>(max_B_) * tp_.SeqLocal(max_T_);
-  const int64_t sBT = static_cast<int64_t>(max_B_) * max_T_;
-  // The layer's place in the slabs (and in att's).
+  return S.rows[i] + (r.one_layer ? 0 : b) * r.floats;
+}
+
+float* GptStage::StreamAt(const Slot& S, int pair, int b) const {
+  if (pair == static_cast<int>(S.stream.size())) return BlockOutput(S, b);
   const int64_t l = recompute_ == Recompute::kFull ? 0 : b;
-  const int64_t la = recompute_ == Recompute::kNone ? b : 0;
+  return S.stream[pair] + l * max_B_ * tp_.SeqLocal(max_T_) * config_.n_embd;
+}
+
+BlockStack::Rows GptStage::Acts(const Slot& S, int b) const {
   BlockStack::Rows r;
+  const int parts = static_cast<int>(rows_.first.size());
+  for (int q = 0; q < parts; ++q) {
+    const int end = q + 1 < parts ? rows_.first[q + 1]
+                                  : static_cast<int>(rows_.rows.size());
+    for (int i = rows_.first[q]; i < end; ++i) {
+      r.part[q][i - rows_.first[q]] = RowAt(S, i, b);
+    }
+  }
   r.x[0] = b == 0 ? S.input : BlockOutput(S, b - 1);
-  r.x[1] = S.residual2 + l * sBTs * C;
-  r.x[2] = BlockOutput(S, b);
-  r.part[0] = {S.ln1 + l * sBTs * C / act_div_, S.ln1_mean + l * sBTs,
-               S.ln1_rstd + l * sBTs};
-  r.part[1] = {S.qkv + l * sBT * 3 * Cl_ / act_div_,
-               S.atty + l * sBT * Cl_ / act_div_, S.att + la * att_floats_,
-               split_ ? S.dqkv + b * sBT * 3 * Cl_ : nullptr,
-               split_ ? S.dattproj + b * sBTs * C : nullptr};
-  r.part[2] = {S.ln2 + l * sBTs * C / act_div_, S.ln2_mean + l * sBTs,
-               S.ln2_rstd + l * sBTs};
-  r.part[3] = {S.fch + l * sBT * 4 * Cl_ / act_div_,
-               gelu_floats_ > 0 ? S.gelu + l * gelu_floats_ : nullptr,
-               !split_           ? nullptr
-               : S.dfch == S.att ? S.att + la * att_floats_
-                                 : S.dfch + b * sBT * 4 * Cl_ / act_div_,
-               split_ ? S.dfcproj + b * sBTs * C : nullptr};
+  for (int p = 0; p < parts / 2; ++p) r.x[p + 1] = StreamAt(S, p, b);
   return r;
 }
 

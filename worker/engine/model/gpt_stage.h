@@ -192,6 +192,11 @@ class GptStage : private UnitStore {
   BlockStack::Rows Acts(const Slot& S, int b) const;
   // Local block b's output (B,Ts,C) in the slot: the next one's input.
   float* BlockOutput(const Slot& S, int b) const;
+  // Block row i (StageRows) of local block b in the slot; null where
+  // nothing is kept.
+  float* RowAt(const Slot& S, int i, int b) const;
+  // The residual stream after pair `pair` of local block b.
+  float* StreamAt(const Slot& S, int pair, int b) const;
   // What every part of a pass over B×T on group g shares.
   PartPass::Shared Pass(int B, int T, const TpGroup& g) const;
   // The last stage's backward from the loss to the residual stream's
@@ -248,14 +253,9 @@ class GptStage : private UnitStore {
   PassRecorder recorder_;
   const int Cl_, NHl_, Vl_, vocab_begin_;
   int64_t buffer_size_ = 0;
-  // Floats attention keeps per layer and microbatch (the backend's
-  // attention_saved_floats at max_B_, max_T_): the stride of Slot::att.
-  int64_t att_floats_ = 0;
-  // Floats the backend keeps of GELU(fch) per layer and microbatch
-  // (Ops::gelu_saved_floats; none under full recomputation, whose forward
-  // again stops before the MLP's projection): the stride of Slot::gelu.
-  int64_t gelu_floats_ = 0;
-  // The stored activations' (ln1, ln2, lnf, qkv, atty, fch) elements per
+  // Where each block row is in a slot (activation_table.h).
+  StageRows rows_;
+  // The stored activations' (norm outputs, qkv, atty, fch) elements per
   // float of the slabs (ActivationDims::act_div): 2 where they are bf16.
   int64_t act_div_ = 1;
   kernels::Act Stored(float* p) const {

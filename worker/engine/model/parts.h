@@ -42,10 +42,40 @@ struct PartTensor {
   bool sequence_partial = false;
 };
 
+struct StageActivationDims;  // activation_table.h
+
+// A row of activations a part keeps from its forward to its backward.
+struct ActivationRow {
+  std::string name;    // unique in a block: "attn.qkv"
+  int64_t floats = 0;  // per layer and microbatch; 0: nothing kept
+  // Computed again before the backward under selective recomputation: one
+  // layer's slab, shared by every slot.
+  bool selective = false;
+};
+
+// A row a split backward keeps from B to W: an output gradient of one of
+// the part's linear layers.
+struct SplitRow {
+  int64_t floats = 0;  // per layer and microbatch
+  // A row that B is done with when this one is written, whose place it
+  // takes where that one is as large and has its own slab per layer and
+  // slot (not under full recomputation): a row's name, "stream" (the
+  // residual stream after the part's pair), or "" (none).
+  std::string in_place_of;
+};
+
 class ModelPart {
  public:
   virtual ~ModelPart() = default;
   virtual std::vector<PartTensor> Tensors(const GptConfig& config) const = 0;
+  // Its rows of the activation table (PartPass::Row 0, 1, ...), then a
+  // split backward's (following them), for a stage of these sizes.
+  virtual std::vector<ActivationRow> Rows(const StageActivationDims&) const {
+    return {};
+  }
+  virtual std::vector<SplitRow> SplitRows(const StageActivationDims&) const {
+    return {};
+  }
   // FLOPs of one token's forward and backward through the part at
   // sequence length T: 6 per weight its matmuls multiply by, plus what it
   // computes between activations (attention's scores and mix).

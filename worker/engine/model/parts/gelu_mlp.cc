@@ -6,6 +6,7 @@
 // (null where nothing); under a split backward, the output gradients of
 // the two linear layers (fch's, stored type, and the projection's
 // (B,Ts,C)).
+#include "worker/engine/model/activation_table.h"
 #include "worker/engine/model/part_pass.h"
 #include "worker/engine/model/parts.h"
 
@@ -50,6 +51,19 @@ class GeluMlp : public SublayerPart {
          TpSplit::kReplicated,
          false},
     };
+  }
+
+  // What the backend keeps of GELU(fch): nothing under full recomputation,
+  // whose forward again stops before the projection.
+  std::vector<ActivationRow> Rows(const StageActivationDims& d) const override {
+    return {{"mlp.fch", d.Stored(d.BT, 4 * d.Cl)}, {"mlp.gelu", d.gelu}};
+  }
+  // fch's gradient in what attention keeps, where that is as large (B is
+  // done with it once attention's backward has read it: PartPass::
+  // Deferred); the projection's in the residual stream it added to.
+  std::vector<SplitRow> SplitRows(const StageActivationDims& d) const override {
+    return {{d.Stored(d.BT, 4 * d.Cl), "attn.saved"},
+            {SatMul(d.BTs, d.C), "stream"}};
   }
 
   void Forward(const PartPass& p, kernels::ConstAct in,

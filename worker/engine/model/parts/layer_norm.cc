@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "worker/engine/model/activation_table.h"
 #include "worker/engine/model/part_pass.h"
 #include "worker/engine/model/parts.h"
 
@@ -33,6 +34,12 @@ class LayerNorm : public NormPart {
              unit_,
              TpSplit::kReplicated,
              true}};
+  }
+
+  std::vector<ActivationRow> Rows(const StageActivationDims& d) const override {
+    return {{prefix_ + ".out", d.Stored(d.BTs, d.C)},
+            {prefix_ + ".mean", d.BTs},
+            {prefix_ + ".rstd", d.BTs}};
   }
 
   void Forward(const PartPass& p, const float* x, const float* branch,

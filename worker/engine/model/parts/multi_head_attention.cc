@@ -7,6 +7,7 @@
 // stored type; what attention keeps for its backward; under a split
 // backward, the output gradients of the two projections (qkv's, and the
 // output projection's (B,Ts,C)).
+#include "worker/engine/model/activation_table.h"
 #include "worker/engine/model/part_pass.h"
 #include "worker/engine/model/parts.h"
 
@@ -57,6 +58,18 @@ class MultiHeadAttention : public SublayerPart {
   double FlopsPerToken(const GptConfig& c, int T) const override {
     return ModelPart::FlopsPerToken(c, T) +
            12.0 * c.n_embd * static_cast<double>(T);
+  }
+
+  std::vector<ActivationRow> Rows(const StageActivationDims& d) const override {
+    return {{"attn.qkv", d.Stored(d.BT, 3 * d.Cl)},
+            {"attn.out", d.Stored(d.BT, d.Cl)},
+            {"attn.saved", d.att, /*selective=*/true}};
+  }
+  // qkv's gradient (fp32) in qkv's place where that is fp32; the output
+  // projection's in the residual stream it added to.
+  std::vector<SplitRow> SplitRows(const StageActivationDims& d) const override {
+    return {{SatMul(d.BT, 3 * d.Cl), "attn.qkv"},
+            {SatMul(d.BTs, d.C), "stream"}};
   }
 
   void Forward(const PartPass& p, kernels::ConstAct in,
