@@ -73,6 +73,19 @@ TEST(ModelParts, Gpt2TensorsAndFlopsAreTheSumOfItsParts) {
             6.0 * (4 * C * C + 4 * C) + 12.0 * C * T);
 }
 
+// The model config chooses the parts: model.arch "gpt" is GPT-2's; an
+// arch without parts is refused where a model would be built from it.
+TEST(ModelParts, TheModelConfigChoosesItsParts) {
+  GptConfig c = Config();
+  EXPECT_EQ(&ModelPartsOf(c), &Gpt2Parts());
+  EXPECT_EQ(Gpt2Parts().pairs.size(), 2u);
+  EXPECT_EQ(Gpt2Parts().pairs[0].first, Gpt2Parts().block[0].get());
+  EXPECT_EQ(Gpt2Parts().pairs[1].second, Gpt2Parts().block[3].get());
+  c.arch = "mamba";
+  EXPECT_DEATH(ModelPartsOf(c), "a model.arch without parts");
+  EXPECT_DEATH(GptTensors(c), "a model.arch without parts");
+}
+
 TEST(SplitStages, ContiguousLayersEmbeddingFirstFinalNormLast) {
   std::vector<ParamInfo> t = GptTensors(Config());
   SplitStages(&t, EvenStageLayers(4, 2));

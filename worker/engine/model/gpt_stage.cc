@@ -60,7 +60,7 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
       vocab_begin_(o.tp.rank() * (config.padded_vocab / o.tp.size())),
       store_(o.store != nullptr ? o.store : this),
       ops_(o.ops != nullptr ? o.ops : &kernels::CpuOps()),
-      blocks_(Gpt2Parts(), config, layout_, first_layer_, n_blocks_) {
+      blocks_(ModelPartsOf(config), config, layout_, first_layer_, n_blocks_) {
   const int tp = o.tp.size();
   PT_CHECK(config.n_layer >= 1 && config.n_head >= 1 && config.n_embd >= 1 &&
                config.n_embd % config.n_head == 0 && config.vocab_size >= 1 &&
@@ -90,10 +90,11 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
            "context parallelism needs an even number of positions per rank "
            "and room for the log-sum-exp");
   act_div_ = d.act_div;
-  acts_ = kernels::Buffer(ops_, ptrain::ActivationFloats(Gpt2Parts(), d));
+  acts_ =
+      kernels::Buffer(ops_, ptrain::ActivationFloats(ModelPartsOf(config), d));
   Working w;
   LayOutActivations(
-      Gpt2Parts(), d,
+      ModelPartsOf(config), d,
       [&](int64_t count) {
         float* p = acts_.data() + acts_used_;
         acts_used_ += count;
@@ -177,7 +178,7 @@ int64_t GptStage::ActivationFloats(const GptConfig& config, int max_B,
                                    const kernels::Ops* ops, bool split_backward,
                                    int cp) {
   return ptrain::ActivationFloats(
-      Gpt2Parts(),
+      ModelPartsOf(config),
       ActivationDims::Of(config, max_B, max_T, slots, tp, sp, recompute, layers,
                          last, ops, split_backward, cp));
 }

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "common/check.h"
+
 namespace ptrain {
 namespace {
 
@@ -89,6 +91,11 @@ const ModelParts& Gpt2Parts() {
     return p;
   }();
   return *parts;
+}
+
+const ModelParts& ModelPartsOf(const GptConfig& config) {
+  PT_CHECK(config.arch == "gpt", "a model.arch without parts");
+  return Gpt2Parts();
 }
 
 }  // namespace ptrain

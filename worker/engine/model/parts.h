@@ -125,6 +125,9 @@ struct ModelParts {
                std::unique_ptr<SublayerPart> sublayer);
 };
 const ModelParts& Gpt2Parts();
+// The parts of config.arch (model.arch): "gpt" is GPT-2's. Another name is
+// a programming error (the spec was validated): PT_CHECK fails.
+const ModelParts& ModelPartsOf(const GptConfig& config);
 
 // GPT-2's parts, one by one (the model config chooses among such).
 std::unique_ptr<ModelPart> TokenEmbeddingPart();     // wte, vocab-split

@@ -25,19 +25,16 @@ struct TpRule {
   TpSplit split;
   bool sequence_partial;  // gradient summed over tp under sp
 };
-const std::map<std::string, TpRule>& TpPlan() {
-  static const std::map<std::string, TpRule> plan = [] {
-    std::map<std::string, TpRule> out;
-    const ModelParts& parts = Gpt2Parts();
-    for (const auto* list : {&parts.before, &parts.block, &parts.after}) {
-      for (const auto& part : *list) {
-        for (const PartTensor& t : part->Tensors(GptConfig{})) {
-          out[t.name] = TpRule{t.split, t.sequence_partial};
-        }
+std::map<std::string, TpRule> TpPlan(const GptConfig& cfg) {
+  std::map<std::string, TpRule> plan;
+  const ModelParts& parts = ModelPartsOf(cfg);
+  for (const auto* list : {&parts.before, &parts.block, &parts.after}) {
+    for (const auto& part : *list) {
+      for (const PartTensor& t : part->Tensors(cfg)) {
+        plan[t.name] = TpRule{t.split, t.sequence_partial};
       }
     }
-    return out;
-  }();
+  }
   return plan;
 }
 
@@ -224,7 +221,7 @@ std::vector<ParamInfo> GptTensors(const GptConfig& cfg) {
     p.numel = Product(p.shape);
     out.push_back(std::move(p));
   };
-  const ModelParts& parts = Gpt2Parts();
+  const ModelParts& parts = ModelPartsOf(cfg);
   for (const auto& part : parts.before) {
     for (const PartTensor& t : part->Tensors(cfg)) {
       add(t, t.name, -1, GlobalUnit(-1, t.unit, false, L));
@@ -293,12 +290,11 @@ void ApplyTensorParallel(std::vector<ParamInfo>* tensors, const GptConfig& cfg,
                cfg.padded_vocab >= cfg.vocab_size,
            "tp must divide n_head and the padded vocabulary");
   const int64_t C = cfg.n_embd, Cl = C / tp;
+  const std::map<std::string, TpRule> plan = TpPlan(cfg);
   for (ParamInfo& p : *tensors) {
-    auto rule = TpPlan().find(PlanKey(p));
-    p.split =
-        rule == TpPlan().end() ? TpSplit::kReplicated : rule->second.split;
-    p.sequence_partial =
-        rule != TpPlan().end() && rule->second.sequence_partial;
+    auto rule = plan.find(PlanKey(p));
+    p.split = rule == plan.end() ? TpSplit::kReplicated : rule->second.split;
+    p.sequence_partial = rule != plan.end() && rule->second.sequence_partial;
     const std::vector<int64_t>& g = p.global_shape;
     Box box = WholeBox(g);
     switch (p.split) {
@@ -469,7 +465,7 @@ float InitialValue(const ParamInfo& info, uint64_t seed, int64_t index) {
 }
 
 double GptFlopsPerToken(const GptConfig& cfg, int T) {
-  const ModelParts& parts = Gpt2Parts();
+  const ModelParts& parts = ModelPartsOf(cfg);
   double flops = 0;
   for (const auto& part : parts.before) flops += part->FlopsPerToken(cfg, T);
   for (const auto& part : parts.block) {

@@ -28,6 +28,8 @@ struct GptConfig {
   // tensor-parallel rank holds as many rows of wte (the padding rows are
   // zero and never take part). 0: not set yet (PaddedVocab sets it).
   int padded_vocab = 0;
+  // model.arch: which parts the model is made of (ModelPartsOf, parts.h).
+  std::string arch = "gpt";
 };
 
 // V rounded up to a multiple of 128·tp.

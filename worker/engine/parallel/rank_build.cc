@@ -11,6 +11,7 @@ namespace ptrain {
 GptConfig ModelConfig(const v1::JobSpec& spec, int vocab_size) {
   const auto& m = spec.model();
   GptConfig c{m.n_layer(), m.n_head(), m.n_embd(), m.block_size(), vocab_size};
+  c.arch = m.arch();
   c.padded_vocab = PaddedVocab(vocab_size, JobLayout(spec).degree("tp"));
   return c;
 }
