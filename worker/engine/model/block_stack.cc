@@ -151,4 +151,19 @@ void BlockStack::BackwardWeights(PartPass::Shared s, const Rows& rows, int b,
   }
 }
 
+std::vector<PartPass::Place> PlacesOf(const ModelPart& part,
+                                      const GptConfig& config,
+                                      const std::vector<ParamInfo>& layout,
+                                      const std::string& prefix) {
+  std::vector<PartPass::Place> places;
+  for (const PartTensor& t : part.Tensors(config)) {
+    const std::string name = prefix + t.name;
+    auto it = std::find_if(layout.begin(), layout.end(),
+                           [&](const ParamInfo& p) { return p.name == name; });
+    PT_CHECK(it != layout.end(), ("the layout has no " + name).c_str());
+    places.push_back({it->unit, it->unit_offset});
+  }
+  return places;
+}
+
 }  // namespace ptrain

@@ -11,6 +11,7 @@
 
 #include <array>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "worker/engine/model/part_pass.h"
@@ -70,6 +71,14 @@ class BlockStack {
   std::vector<int> tensor_counts_;  // by block part
   std::vector<PartPass::Place> places_;
 };
+
+// The places of `part`'s tensors in `layout`, named `prefix` and their
+// names, none beginning or ending its unit (the caller brackets them).
+// PT_CHECKs that the layout holds each.
+std::vector<PartPass::Place> PlacesOf(const ModelPart& part,
+                                      const GptConfig& config,
+                                      const std::vector<ParamInfo>& layout,
+                                      const std::string& prefix);
 
 }  // namespace ptrain
 

@@ -137,7 +137,10 @@ void GptStage::FindTensors() {
   if (first()) {
     emb_unit_ = find("wte").unit;
     wte_offset_ = find("wte").unit_offset;
-    wpe_offset_ = find("wpe").unit_offset;
+    const ModelParts& parts = ModelPartsOf(config_);
+    for (const auto& part : parts.before) {
+      embed_places_.push_back(PlacesOf(*part, config_, layout_, ""));
+    }
   }
   if (last()) {
     final_unit_ = find("ln_f.weight").unit;
@@ -302,7 +305,9 @@ PartPass::Shared GptStage::Pass(int B, int T, const TpGroup& g) const {
   PartPass::Shared s;
   s.store = store_;
   s.ops = ops_;
+  s.config = &config_;
   s.tp = g;
+  s.cp = cp_;
   s.work = &work_;
   s.act_div = act_div_;
   s.B = B;
@@ -330,16 +335,19 @@ void GptStage::ForwardPass(int slot, const int32_t* tokens, const float* hidden,
   const int64_t BTsC = static_cast<int64_t>(B) * Ts * C;
 
   UnitStore& st = *store_;
+  PartPass::Shared pass = Pass(B, T, g);
+  if (decode) pass.cp = CpGroup{};
   if (first()) {
     st.BeginForward(emb_unit_);
-    vocab_embedding_forward(S.input, tokens, st.Params(emb_unit_) + wte_offset_,
-                            st.Params(emb_unit_) + wpe_offset_, B, T,
-                            decode ? pos : 0, C, vocab_begin_, Vl_, g,
-                            work_.scratch, decode ? CpGroup{} : cp_);
+    const auto& embeddings = ModelPartsOf(config_).embeddings;
+    for (size_t i = 0; i < embeddings.size(); ++i) {
+      embeddings[i]->Forward(
+          PartPass(pass, embed_places_[i].data(), nullptr, nullptr, false),
+          S.input, tokens, decode ? pos : 0);
+    }
   } else {
     k.Copy(S.input, hidden, BTsC);
   }
-  PartPass::Shared pass = Pass(B, T, g);
   if (decode) {
     pass.pos = pos;
     pass.cache_T = CacheT();
@@ -455,10 +463,12 @@ void GptStage::BackwardPass(int slot, const int32_t* tokens,
     blocks_.Backward(pass, Acts(S, b), b, recompute_ == Recompute::kFull);
   }
   if (first()) {
-    float* g = st.Grads(emb_unit_);
-    vocab_embedding_backward(g + wte_offset_, g + wpe_offset_, work_.dresidual,
-                             tokens, B, T, C, vocab_begin_, Vl_, tp_,
-                             work_.scratch, cp_);
+    const auto& embeddings = ModelPartsOf(config_).embeddings;
+    for (size_t i = embeddings.size(); i-- > 0;) {
+      embeddings[i]->Backward(
+          PartPass(pass, embed_places_[i].data(), nullptr, nullptr, false),
+          work_.dresidual, tokens);
+    }
     if (!split) st.EndBackward(emb_unit_);
   }
 }

@@ -274,8 +274,11 @@ class GptStage : private UnitStore {
   UnitStore* store_;
   kernels::Ops* ops_;
   kernels::Buffer params_, grads_;
-  // Offsets of the embedding (wte, wpe) and ln_f in their units.
-  int64_t wte_offset_ = 0, wpe_offset_ = 0, lnf_offset_ = 0;
+  // Offsets of wte and ln_f in their units.
+  int64_t wte_offset_ = 0, lnf_offset_ = 0;
+  // The tensors of each part before the blocks (the embeddings), which the
+  // stage brackets with the embedding unit's Begin and End.
+  std::vector<std::vector<PartPass::Place>> embed_places_;
   int emb_unit_ = -1, final_unit_ = -1;
   // The head's wte: emb_unit_ on a stage that embeds, else the tied copy in
   // the final unit.

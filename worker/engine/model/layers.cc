@@ -223,34 +223,59 @@ void ForEachPositionRun(int B, int T, int t0, const TpGroup& g,
 
 }  // namespace
 
-void vocab_embedding_forward(float* out, const int32_t* inp, const float* wte,
-                             const float* wpe, int B, int T, int t0, int C,
-                             int vocab_begin, int Vl, const TpGroup& g,
-                             const LayerContext& s, const CpGroup& cp) {
+void token_embedding_forward(float* out, const int32_t* inp, const float* wte,
+                             int B, int T, int C, int vocab_begin, int Vl,
+                             const TpGroup& g, const LayerContext& s) {
   if (!Parallel(g)) {
     s.ops().embedding_forward(out, inp, wte, B, T, C, vocab_begin, Vl);
   } else {
     s.ops().embedding_forward(s.a, inp, wte, B, T, C, vocab_begin, Vl);
     sequence_reduce(out, s.a, B, T, C, g, s.b, s.ops());
   }
+}
+
+void position_embedding_forward(float* out, const float* wpe, int B, int T,
+                                int t0, int C, const TpGroup& g,
+                                const LayerContext& s, const CpGroup& cp) {
   ForEachPositionRun(B, T, t0, g, cp, [&](int64_t row, int b, int n, int p) {
     s.ops().position_forward(out + row * C, wpe, b, n, C, p);
   });
 }
 
-void vocab_embedding_backward(float* dwte, float* dwpe, const float* dout,
-                              const int32_t* inp, int B, int T, int C,
-                              int vocab_begin, int Vl, const TpGroup& g,
-                              const LayerContext& s, const CpGroup& cp) {
+void position_embedding_backward(float* dwpe, const float* dout, int B, int T,
+                                 int C, const TpGroup& g, const LayerContext& s,
+                                 const CpGroup& cp) {
   ForEachPositionRun(B, T, 0, g, cp, [&](int64_t row, int b, int n, int p) {
     s.ops().position_backward(dwpe, dout + row * C, b, n, C, p);
   });
+}
+
+void token_embedding_backward(float* dwte, const float* dout,
+                              const int32_t* inp, int B, int T, int C,
+                              int vocab_begin, int Vl, const TpGroup& g,
+                              const LayerContext& s) {
   const float* full = dout;
   if (g.sp && Parallel(g)) {
     sequence_gather(s.a, dout, B, T, C, g, s.b, s.ops());
     full = s.a;
   }
   s.ops().embedding_backward(dwte, full, inp, B, T, C, vocab_begin, Vl);
+}
+
+void vocab_embedding_forward(float* out, const int32_t* inp, const float* wte,
+                             const float* wpe, int B, int T, int t0, int C,
+                             int vocab_begin, int Vl, const TpGroup& g,
+                             const LayerContext& s, const CpGroup& cp) {
+  token_embedding_forward(out, inp, wte, B, T, C, vocab_begin, Vl, g, s);
+  position_embedding_forward(out, wpe, B, T, t0, C, g, s, cp);
+}
+
+void vocab_embedding_backward(float* dwte, float* dwpe, const float* dout,
+                              const int32_t* inp, int B, int T, int C,
+                              int vocab_begin, int Vl, const TpGroup& g,
+                              const LayerContext& s, const CpGroup& cp) {
+  position_embedding_backward(dwpe, dout, B, T, C, g, s, cp);
+  token_embedding_backward(dwte, dout, inp, B, T, C, vocab_begin, Vl, g, s);
 }
 
 void vocab_crossentropy_forward(float* losses, float* probs,

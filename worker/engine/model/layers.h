@@ -118,19 +118,35 @@ void row_linear_backward(kernels::Act dinp, float* dweight, float* dbias,
                          float* gelu_hidden = nullptr,
                          const float* gelu_saved = nullptr);
 
-// Vocabulary-parallel embedding: wte (Vl,C) holds vocabulary rows
-// [vocab_begin, vocab_begin + Vl), wpe (>=t0+T,C) every position. out
-// (B,Ts,C) = reduce(rows of inp held here) + wpe at this rank's positions.
-// inp is (B,T), its tokens at positions [t0, t0 + T) (t0 > 0: generation
+// Vocabulary-parallel token embedding: wte (Vl,C) holds vocabulary rows
+// [vocab_begin, vocab_begin + Vl). out (B,Ts,C) = reduce(rows of inp held
+// here), inp (B,T). scratch: a, b.
+void token_embedding_forward(float* out, const int32_t* inp, const float* wte,
+                             int B, int T, int C, int vocab_begin, int Vl,
+                             const TpGroup& g, const LayerContext& s);
+// dwte += rows of gather(dout) for the tokens held here.
+void token_embedding_backward(float* dwte, const float* dout,
+                              const int32_t* inp, int B, int T, int C,
+                              int vocab_begin, int Vl, const TpGroup& g,
+                              const LayerContext& s);
+// Learned positions: out (B,Ts,C) += wpe (>=t0+T,C) at this rank's
+// positions: of inp's tokens at [t0, t0 + T) (t0 > 0: generation
 // continuing a cached prefix), or under context parallelism (cp > 1, t0
-// 0) at the cp rank's zigzag positions. scratch: a, b.
+// 0) the cp rank's zigzag positions, of those the rank's Ts under sp.
+void position_embedding_forward(float* out, const float* wpe, int B, int T,
+                                int t0, int C, const TpGroup& g,
+                                const LayerContext& s, const CpGroup& cp = {});
+// dwpe += dout at this rank's positions (under sp only those: the caller
+// sums dwpe over the group, as it does LayerNorm's gradients).
+void position_embedding_backward(float* dwpe, const float* dout, int B, int T,
+                                 int C, const TpGroup& g, const LayerContext& s,
+                                 const CpGroup& cp = {});
+// Both: GPT-2's embedding, the token's then its position's; the backward
+// in reverse.
 void vocab_embedding_forward(float* out, const int32_t* inp, const float* wte,
                              const float* wpe, int B, int T, int t0, int C,
                              int vocab_begin, int Vl, const TpGroup& g,
                              const LayerContext& s, const CpGroup& cp = {});
-// dwte += rows of gather(dout) for the tokens held here; dwpe += dout at
-// this rank's positions (under sp only those: the caller sums dwpe over the
-// group, as it does LayerNorm's gradients).
 void vocab_embedding_backward(float* dwte, float* dwpe, const float* dout,
                               const int32_t* inp, int B, int T, int C,
                               int vocab_begin, int Vl, const TpGroup& g,

@@ -16,6 +16,7 @@
 #include "kernels/ops.h"
 #include "worker/engine/model/attention_core.h"
 #include "worker/engine/model/layers.h"
+#include "worker/engine/model/plan.h"
 #include "worker/engine/model/unit_store.h"
 
 namespace ptrain {
@@ -44,7 +45,10 @@ class PartPass {
     Kind kind = Kind::kForward;
     UnitStore* store = nullptr;
     kernels::Ops* ops = nullptr;
+    const GptConfig* config = nullptr;
     TpGroup tp;
+    // The group splitting the sequence (none in generation).
+    CpGroup cp;
     const BlockWork* work = nullptr;
     int64_t act_div = 1;  // stored elements per float (2: bf16 rows)
     int B = 0, T = 0;     // the microbatch (T: whole positions on this rank)
@@ -83,7 +87,9 @@ class PartPass {
         recomputing_(recomputing) {}
 
   kernels::Ops& ops() const { return *s_.ops; }
+  const GptConfig& config() const { return *s_.config; }
   const TpGroup& tp() const { return s_.tp; }
+  const CpGroup& cp() const { return s_.cp; }
   const BlockWork& work() const { return *s_.work; }
   const LayerContext& scratch() const { return s_.work->scratch; }
   int B() const { return s_.B; }

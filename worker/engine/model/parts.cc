@@ -15,34 +15,6 @@ int64_t Numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-class TokenEmbedding : public ModelPart {
- public:
-  std::vector<PartTensor> Tensors(const GptConfig& c) const override {
-    return {{"wte",
-             {c.vocab_size, c.n_embd},
-             Init::kNormal,
-             false,
-             0,
-             TpSplit::kVocab,
-             false}};
-  }
-};
-
-// Learned positions, added to the token embedding; a lookup, no FLOPs.
-class PositionEmbedding : public ModelPart {
- public:
-  std::vector<PartTensor> Tensors(const GptConfig& c) const override {
-    return {{"wpe",
-             {c.block_size, c.n_embd},
-             Init::kNormal,
-             false,
-             0,
-             TpSplit::kReplicated,
-             true}};
-  }
-  double FlopsPerToken(const GptConfig&, int) const override { return 0; }
-};
-
 // The head tied to the token embedding: no tensor of its own (its matmul
 // is counted with wte's).
 class TiedHead : public ModelPart {
@@ -62,14 +34,13 @@ double ModelPart::FlopsPerToken(const GptConfig& config, int) const {
   return 6.0 * n;
 }
 
-std::unique_ptr<ModelPart> TokenEmbeddingPart() {
-  return std::make_unique<TokenEmbedding>();
-}
-std::unique_ptr<ModelPart> PositionEmbeddingPart() {
-  return std::make_unique<PositionEmbedding>();
-}
 std::unique_ptr<ModelPart> TiedHeadPart() {
   return std::make_unique<TiedHead>();
+}
+
+void ModelParts::AddEmbedding(std::unique_ptr<EmbeddingPart> part) {
+  embeddings.push_back(part.get());
+  before.push_back(std::move(part));
 }
 
 void ModelParts::AddPair(std::unique_ptr<NormPart> norm,
@@ -82,8 +53,8 @@ void ModelParts::AddPair(std::unique_ptr<NormPart> norm,
 const ModelParts& Gpt2Parts() {
   static const ModelParts* parts = [] {
     auto* p = new ModelParts();
-    p->before.push_back(TokenEmbeddingPart());
-    p->before.push_back(PositionEmbeddingPart());
+    p->AddEmbedding(TokenEmbeddingPart());
+    p->AddEmbedding(PositionEmbeddingPart());
     p->AddPair(LayerNormPart("ln_1", 0), MultiHeadAttentionPart());
     p->AddPair(LayerNormPart("ln_2", 2), GeluMlpPart());
     p->after.push_back(LayerNormPart("ln_f", 0));

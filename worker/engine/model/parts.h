@@ -84,6 +84,20 @@ class ModelPart {
 
 class PartPass;
 
+// A part before the blocks (an embedding): the residual stream's first
+// value is the sum of theirs.
+class EmbeddingPart : public ModelPart {
+ public:
+  // out (B,Ts,C): the first part before the blocks writes it, the others
+  // add to it; `tokens` (B,T) at positions from t0 (0 in training; under
+  // cp, the cp rank's zigzag positions).
+  virtual void Forward(const PartPass& p, float* out, const int32_t* tokens,
+                       int t0) const = 0;
+  // Its weights' gradients from dout (B,Ts,C), the stream's first value's.
+  virtual void Backward(const PartPass& p, const float* dout,
+                        const int32_t* tokens) const = 0;
+};
+
 // A norm of the residual stream. Rows (PartPass::Row): 0 its output
 // (B,Ts,C), in the stored type; then what its backward reads.
 class NormPart : public ModelPart {
@@ -119,6 +133,9 @@ class SublayerPart : public ModelPart {
 // blocks (stage 0), each block's, those after them (the last stage).
 struct ModelParts {
   std::vector<std::unique_ptr<ModelPart>> before, block, after;
+  // `before` as embeddings, in order.
+  std::vector<const EmbeddingPart*> embeddings;
+  void AddEmbedding(std::unique_ptr<EmbeddingPart> part);
   // The block as its (norm, sublayer) pairs: block[2i] and block[2i + 1].
   std::vector<std::pair<const NormPart*, const SublayerPart*>> pairs;
   void AddPair(std::unique_ptr<NormPart> norm,
@@ -130,9 +147,11 @@ const ModelParts& Gpt2Parts();
 const ModelParts& ModelPartsOf(const GptConfig& config);
 
 // GPT-2's parts, one by one (the model config chooses among such).
-std::unique_ptr<ModelPart> TokenEmbeddingPart();     // wte, vocab-split
-std::unique_ptr<ModelPart> PositionEmbeddingPart();  // wpe, learned
-std::unique_ptr<ModelPart> TiedHeadPart();           // reads wte
+// parts/token_embedding.cc: wte, split by vocabulary rows over tp.
+std::unique_ptr<EmbeddingPart> TokenEmbeddingPart();
+// parts/position_embedding.cc: wpe, learned positions.
+std::unique_ptr<EmbeddingPart> PositionEmbeddingPart();
+std::unique_ptr<ModelPart> TiedHeadPart();  // reads wte
 // parts/layer_norm.cc: <prefix>.weight, .bias in the block's unit `unit`.
 std::unique_ptr<NormPart> LayerNormPart(std::string prefix, int unit);
 // parts/multi_head_attention.cc: attn.c_attn, attn.c_proj.
