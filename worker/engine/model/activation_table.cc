@@ -134,14 +134,13 @@ void LayOutActivations(const ModelParts& parts, const StageActivationDims& d,
     // The block's output is kept even when the rest is recomputed.
     slot.residual3 = take(SatMul(d.L, SatMul(BTs, C)));
     if (d.last) {
-      slot.lnf = take(d.Stored(BTs, C));
-      slot.lnf_mean = take(BTs);
-      slot.lnf_rstd = take(BTs);
+      for (const ActivationRow& r : parts.final_norm->Rows(d)) {
+        slot.final_rows.push_back(take(r.floats));
+      }
       slot.logits = take(SatMul(BT, d.Vl));
       slot.losses = take(BT);
     } else {
-      slot.lnf = slot.lnf_mean = slot.lnf_rstd = slot.logits = slot.losses =
-          nullptr;
+      slot.logits = slot.losses = nullptr;
     }
     // A split backward's output gradients stay from B to W: every layer's,
     // recomputing or not, in their own slabs or in the place of rows B is

@@ -31,10 +31,9 @@ struct StageSlot {
   // (L,B,Ts,C) (or one layer under full recomputation).
   std::vector<float*> stream;
   float* residual3;  // (L,B,Ts,C): each block's output
-  // The last stage's: ln_f's output (fp32 or bf16, Stored), mean, 1/std.
-  float* lnf;       // (B,Ts,C)
-  float* lnf_mean;  // (B,Ts)
-  float* lnf_rstd;  // (B,Ts)
+  // The last stage's: the final norm's rows (its Rows; row 0 its output,
+  // (B,Ts,C), which the head reads).
+  std::vector<float*> final_rows;
   // (B,T,Vl); after a loss the probabilities, then dlogits; or dlogits
   // right away (fused: dloss below; then in the stored type, Logits()).
   float* logits;

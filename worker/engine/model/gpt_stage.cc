@@ -144,11 +144,13 @@ void GptStage::FindTensors() {
   }
   if (last()) {
     final_unit_ = find("ln_f.weight").unit;
-    lnf_offset_ = find("ln_f.weight").unit_offset;
+    final_places_ =
+        PlacesOf(*ModelPartsOf(config_).final_norm, config_, layout_, "");
     // The head's weights: wte itself on a stage that also embeds, else the
     // tied copy the plan puts in the final unit.
+    PT_CHECK(ModelPartsOf(config_).head->tied(), "a head of its own");
     head_unit_ = first() ? emb_unit_ : final_unit_;
-    head_wte_offset_ = first() ? wte_offset_ : 0;
+    int64_t offset = first() ? wte_offset_ : 0;
     if (!first()) {
       const ParamInfo* copy = nullptr;
       for (const ParamInfo& p : layout_) {
@@ -156,8 +158,9 @@ void GptStage::FindTensors() {
       }
       PT_CHECK(copy != nullptr && copy->unit == final_unit_,
                "the last stage's layout has no tied copy of wte");
-      head_wte_offset_ = copy->unit_offset;
+      offset = copy->unit_offset;
     }
+    head_places_ = {PartPass::Place{head_unit_, offset}};
   }
 }
 
@@ -362,15 +365,16 @@ void GptStage::ForwardPass(int slot, const int32_t* tokens, const float* hidden,
     return;
   }
   st.BeginForward(final_unit_);
-  const float* lnf = st.Params(final_unit_) + lnf_offset_;
-  k.layernorm_forward(Stored(S.lnf), S.lnf_mean, S.lnf_rstd, x, lnf, lnf + C, B,
-                      Ts, C);
+  const ModelParts& parts = ModelPartsOf(config_);
+  float* const* final_rows = S.final_rows.data();
+  parts.final_norm->Forward(
+      PartPass(pass, final_places_.data(), final_rows, nullptr, false), x,
+      nullptr, nullptr);
   if (first()) st.EndForward(final_unit_);
-  // The head is tied to the embedding: logits over this rank's vocabulary
-  // rows, never gathered for the loss.
-  column_linear_forward(Logits(S), Stored(S.lnf),
-                        st.Weights(head_unit_).Offset(head_wte_offset_),
-                        nullptr, B, T, C, Vl_, g, work_.scratch);
+  // Logits over this rank's vocabulary rows, never gathered for the loss.
+  parts.head->Forward(
+      PartPass(pass, head_places_.data(), nullptr, nullptr, false),
+      Stored(S.final_rows[0]), Logits(S));
   st.EndForward(head_unit_);
   if (targets == nullptr) return;
   if (dloss != 0.0f) {
@@ -385,10 +389,9 @@ void GptStage::ForwardPass(int slot, const int32_t* tokens, const float* hidden,
 }
 
 void GptStage::HeadBackward(const Slot& S, const int32_t* targets, float dloss,
-                            bool split) {
+                            const PartPass::Shared& pass) {
   const int B = S.B, T = S.T;
   const int C = config_.n_embd, Ts = tp_.SeqLocal(T);
-  kernels::Ops& k = *ops_;
   UnitStore& st = *store_;
   st.BeginBackward(final_unit_);
   // The gradient of the logits replaces the probabilities in place, unless
@@ -403,18 +406,15 @@ void GptStage::HeadBackward(const Slot& S, const int32_t* targets, float dloss,
   }
   // Split: the head's weight gradient waits for W, which reads dlogits
   // where they are.
-  column_linear_backward(
-      work_.dln, split ? nullptr : st.Grads(head_unit_) + head_wte_offset_,
-      nullptr, dlogits, Stored(S.lnf),
-      st.Weights(head_unit_).Offset(head_wte_offset_), B, T, C, Vl_, tp_,
-      work_.scratch);
-  k.Zero(work_.dresidual, static_cast<int64_t>(B) * Ts * C);
-  const float* x_last = BlockOutput(S, n_blocks_ - 1);
-  float* dlnf = st.Grads(final_unit_) + lnf_offset_;
-  k.layernorm_backward(work_.dresidual, dlnf, dlnf + C, work_.dln, x_last,
-                       st.Params(final_unit_) + lnf_offset_, S.lnf_mean,
-                       S.lnf_rstd, B, Ts, C);
-  if (!split) st.EndBackward(final_unit_);
+  const ModelParts& parts = ModelPartsOf(config_);
+  parts.head->Backward(
+      PartPass(pass, head_places_.data(), nullptr, nullptr, false), work_.dln,
+      dlogits, Stored(S.final_rows[0]));
+  ops_->Zero(work_.dresidual, static_cast<int64_t>(B) * Ts * C);
+  parts.final_norm->Backward(
+      PartPass(pass, final_places_.data(), S.final_rows.data(), nullptr, false),
+      work_.dresidual, work_.dln, BlockOutput(S, n_blocks_ - 1));
+  if (!pass.split) st.EndBackward(final_unit_);
 }
 
 void GptStage::Backward(int slot, const int32_t* tokens, const int32_t* targets,
@@ -447,8 +447,10 @@ void GptStage::BackwardPass(int slot, const int32_t* tokens,
   const int C = config_.n_embd;
   UnitStore& st = *store_;
   if (first()) st.BeginBackward(emb_unit_);
+  PartPass::Shared pass = Pass(B, T, tp_);
+  pass.split = split;
   if (last()) {
-    HeadBackward(S, targets, dloss, split);
+    HeadBackward(S, targets, dloss, pass);
   } else {
     ops_->Copy(work_.dresidual, dout,
                static_cast<int64_t>(B) * tp_.SeqLocal(T) * C);
@@ -457,8 +459,6 @@ void GptStage::BackwardPass(int slot, const int32_t* tokens,
   // residual add passes it through unchanged, so branches accumulate into
   // it. Units finish in descending order, each as soon as its weights'
   // gradients are complete.
-  PartPass::Shared pass = Pass(B, T, tp_);
-  pass.split = split;
   for (int b = n_blocks_ - 1; b >= 0; --b) {
     blocks_.Backward(pass, Acts(S, b), b, recompute_ == Recompute::kFull);
   }
@@ -477,18 +477,17 @@ void GptStage::BackwardWeights(int slot) {
   PT_CHECK(split_, "BackwardWeights on a stage without split_backward");
   const Slot& S = slots_[slot];
   const int B = S.B, T = S.T;
-  const int C = config_.n_embd;
   UnitStore& st = *store_;
   // The same weight-gradient products as Backward's, from what B kept and
   // the forward's inputs (full recomputation: computed once more); no
   // weights are read but by that forward.
+  const PartPass::Shared pass = Pass(B, T, tp_);
   if (last()) {
-    column_linear_backward(nullptr, st.Grads(head_unit_) + head_wte_offset_,
-                           nullptr, Logits(S), Stored(S.lnf), nullptr, B, T, C,
-                           Vl_, tp_, work_.scratch);
+    ModelPartsOf(config_).head->BackwardWeights(
+        PartPass(pass, head_places_.data(), nullptr, nullptr, false), Logits(S),
+        Stored(S.final_rows[0]));
     st.EndBackward(final_unit_);
   }
-  const PartPass::Shared pass = Pass(B, T, tp_);
   for (int b = n_blocks_ - 1; b >= 0; --b) {
     blocks_.BackwardWeights(pass, Acts(S, b), b,
                             recompute_ == Recompute::kFull);

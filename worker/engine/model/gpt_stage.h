@@ -200,11 +200,11 @@ class GptStage : private UnitStore {
   // What every part of a pass over B×T on group g shares.
   PartPass::Shared Pass(int B, int T, const TpGroup& g) const;
   // The last stage's backward from the loss to the residual stream's
-  // gradient (dresidual_): the logits' gradient (unless the forward fused
-  // it), the head, ln_f.
-  // `split`: B's part (no weight gradient of the head; no E(F)).
+  // gradient (work_.dresidual): the logits' gradient (unless the forward
+  // fused it), the head, the final norm. `pass.split`: B's part (no weight
+  // gradient of the head; no E(F)).
   void HeadBackward(const Slot& S, const int32_t* targets, float dloss,
-                    bool split);
+                    const PartPass::Shared& pass);
   // Backward, or with `split` BackwardInput.
   void BackwardPass(int slot, const int32_t* tokens, const int32_t* targets,
                     float dloss, const float* dout, bool split);
@@ -274,16 +274,16 @@ class GptStage : private UnitStore {
   UnitStore* store_;
   kernels::Ops* ops_;
   kernels::Buffer params_, grads_;
-  // Offsets of wte and ln_f in their units.
-  int64_t wte_offset_ = 0, lnf_offset_ = 0;
+  // The offset of wte in its unit.
+  int64_t wte_offset_ = 0;
   // The tensors of each part before the blocks (the embeddings), which the
   // stage brackets with the embedding unit's Begin and End.
   std::vector<std::vector<PartPass::Place>> embed_places_;
   int emb_unit_ = -1, final_unit_ = -1;
   // The head's wte: emb_unit_ on a stage that embeds, else the tied copy in
-  // the final unit.
+  // the final unit; the places of the head's and the final norm's tensors.
   int head_unit_ = -1;
-  int64_t head_wte_offset_ = 0;
+  std::vector<PartPass::Place> head_places_, final_places_;
   // The blocks, part by part.
   BlockStack blocks_;
 

@@ -7,22 +7,11 @@
 namespace ptrain {
 namespace {
 
-using Init = ParamInfo::Init;
-
 int64_t Numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
 }
-
-// The head tied to the token embedding: no tensor of its own (its matmul
-// is counted with wte's).
-class TiedHead : public ModelPart {
- public:
-  std::vector<PartTensor> Tensors(const GptConfig&) const override {
-    return {};
-  }
-};
 
 }  // namespace
 
@@ -34,13 +23,17 @@ double ModelPart::FlopsPerToken(const GptConfig& config, int) const {
   return 6.0 * n;
 }
 
-std::unique_ptr<ModelPart> TiedHeadPart() {
-  return std::make_unique<TiedHead>();
-}
-
 void ModelParts::AddEmbedding(std::unique_ptr<EmbeddingPart> part) {
   embeddings.push_back(part.get());
   before.push_back(std::move(part));
+}
+
+void ModelParts::SetOutput(std::unique_ptr<NormPart> norm,
+                           std::unique_ptr<HeadPart> head_part) {
+  final_norm = norm.get();
+  head = head_part.get();
+  after.push_back(std::move(norm));
+  after.push_back(std::move(head_part));
 }
 
 void ModelParts::AddPair(std::unique_ptr<NormPart> norm,
@@ -57,8 +50,7 @@ const ModelParts& Gpt2Parts() {
     p->AddEmbedding(PositionEmbeddingPart());
     p->AddPair(LayerNormPart("ln_1", 0), MultiHeadAttentionPart());
     p->AddPair(LayerNormPart("ln_2", 2), GeluMlpPart());
-    p->after.push_back(LayerNormPart("ln_f", 0));
-    p->after.push_back(TiedHeadPart());
+    p->SetOutput(LayerNormPart("ln_f", 0), TiedHeadPart());
     return p;
   }();
   return *parts;

@@ -129,6 +129,26 @@ class SublayerPart : public ModelPart {
                                kernels::ConstAct in) const = 0;
 };
 
+// The output head: logits over this rank's vocabulary rows (Vp/tp of
+// them) from the final norm's output, never gathered.
+class HeadPart : public ModelPart {
+ public:
+  // Reads the token embedding's table (wherever the stage holds it: the
+  // stage gives its place) rather than a tensor of its own.
+  virtual bool tied() const = 0;
+  // logits (B,T,Vl) from in (B,Ts,C).
+  virtual void Forward(const PartPass& p, kernels::ConstAct in,
+                       kernels::Act logits) const = 0;
+  // din (B,Ts,C, written) from dlogits; its weight's gradient accumulates
+  // (but in a split backward's B).
+  virtual void Backward(const PartPass& p, float* din,
+                        kernels::ConstAct dlogits,
+                        kernels::ConstAct in) const = 0;
+  // A split backward's W: its weight's gradient.
+  virtual void BackwardWeights(const PartPass& p, kernels::ConstAct dlogits,
+                               kernels::ConstAct in) const = 0;
+};
+
 // A model's parts in the order its tensors are laid out: those before the
 // blocks (stage 0), each block's, those after them (the last stage).
 struct ModelParts {
@@ -136,6 +156,11 @@ struct ModelParts {
   // `before` as embeddings, in order.
   std::vector<const EmbeddingPart*> embeddings;
   void AddEmbedding(std::unique_ptr<EmbeddingPart> part);
+  // `after`: the final norm, then the head.
+  const NormPart* final_norm = nullptr;
+  const HeadPart* head = nullptr;
+  void SetOutput(std::unique_ptr<NormPart> norm,
+                 std::unique_ptr<HeadPart> head);
   // The block as its (norm, sublayer) pairs: block[2i] and block[2i + 1].
   std::vector<std::pair<const NormPart*, const SublayerPart*>> pairs;
   void AddPair(std::unique_ptr<NormPart> norm,
@@ -151,7 +176,9 @@ const ModelParts& ModelPartsOf(const GptConfig& config);
 std::unique_ptr<EmbeddingPart> TokenEmbeddingPart();
 // parts/position_embedding.cc: wpe, learned positions.
 std::unique_ptr<EmbeddingPart> PositionEmbeddingPart();
-std::unique_ptr<ModelPart> TiedHeadPart();  // reads wte
+// parts/tied_head.cc: the head tied to the token embedding (no tensor of
+// its own).
+std::unique_ptr<HeadPart> TiedHeadPart();
 // parts/layer_norm.cc: <prefix>.weight, .bias in the block's unit `unit`.
 std::unique_ptr<NormPart> LayerNormPart(std::string prefix, int unit);
 // parts/multi_head_attention.cc: attn.c_attn, attn.c_proj.
