@@ -1,5 +1,6 @@
 #include "worker/engine/model/activation_table.h"
 
+#include <algorithm>
 #include <climits>
 #include <map>
 #include <string>
@@ -166,17 +167,20 @@ void LayOutActivations(const ModelParts& parts, const StageActivationDims& d,
     slots->push_back(slot);
   }
   // The backward's working set: two (B,T,C) scratch, proj, dresidual, dln;
-  // dqkv and datty (first GELU's output, again, for the MLP projection's
-  // backward); attention's scratch; one (B,T,4Cl) for the MLP's hidden layer
-  // (GELU's output in forward; in backward its gradient, then fch's).
+  // the two hidden buffers, as large as the block part that needs the most
+  // (HiddenFloats); attention's scratch between them.
+  int64_t hidden = 0;
+  for (const auto& part : parts.block) {
+    hidden = std::max(hidden, part->HiddenFloats(d));
+  }
   w->scratch_a = take(SatMul(BT, C));
   w->scratch_b = take(SatMul(BT, C));
   w->proj = take(SatMul(BTs, C));
   w->dresidual = take(SatMul(BTs, C));
   w->dln = take(SatMul(BTs, C));
-  w->dqkv = take(SatMul(BT, 4 * Cl));
+  w->dqkv = take(hidden);
   w->datt = take(d.datt);
-  w->dfch_gelu = take(SatMul(BT, 4 * Cl));
+  w->dfch_gelu = take(hidden);
   w->ce_stats = d.last ? take(SatMul(3, BT)) : nullptr;
   w->ring = d.cp > 1 ? take(SatMul(4, SatMul(BT, 2 * Cl))) : nullptr;
   if (rows != nullptr) *rows = t;

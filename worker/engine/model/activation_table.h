@@ -73,6 +73,7 @@ struct StageActivationDims {
 };
 // The backward's working set inside the activation buffer.
 struct StageWorking {
+  // dqkv and dfch_gelu: the block parts' two hidden buffers (BlockWork).
   float *scratch_a, *scratch_b, *proj, *dresidual, *dln, *dqkv, *datt,
       *dfch_gelu, *ce_stats;
   float* ring;  // cp > 1: ring attention's blocks in transit

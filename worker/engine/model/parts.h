@@ -76,6 +76,9 @@ class ModelPart {
   virtual std::vector<SplitRow> SplitRows(const StageActivationDims&) const {
     return {};
   }
+  // The floats it needs in each of the working set's two hidden buffers
+  // (BlockWork::hidden_a, hidden_b), free between the parts' calls.
+  virtual int64_t HiddenFloats(const StageActivationDims&) const { return 0; }
   // FLOPs of one token's forward and backward through the part at
   // sequence length T: 6 per weight its matmuls multiply by, plus what it
   // computes between activations (attention's scores and mix).

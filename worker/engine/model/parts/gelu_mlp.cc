@@ -66,6 +66,12 @@ class GeluMlp : public SublayerPart {
             {SatMul(d.BTs, d.C), "stream"}};
   }
 
+  // GELU(fch) (forward) and then fch's gradient (backward) in one buffer,
+  // GELU(fch) again (backward) in the other: (B,T,4Cl) each.
+  int64_t HiddenFloats(const StageActivationDims& d) const override {
+    return SatMul(d.BT, 4 * d.Cl);
+  }
+
   void Forward(const PartPass& p, kernels::ConstAct in,
                float* out) const override {
     const int B = p.B(), T = p.T(), C = p.C(), H = 4 * p.Cl();

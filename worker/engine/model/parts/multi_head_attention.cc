@@ -72,6 +72,13 @@ class MultiHeadAttention : public SublayerPart {
             {SatMul(d.BTs, d.C), "stream"}};
   }
 
+  // Backward: qkv's and the output's gradients, (B,T,3Cl) and (B,T,Cl), in
+  // one buffer; under cp with bf16 rows, ring attention's fp32 operands in
+  // the other.
+  int64_t HiddenFloats(const StageActivationDims& d) const override {
+    return SatMul(d.BT, 4 * d.Cl);
+  }
+
   void Forward(const PartPass& p, kernels::ConstAct in,
                float* out) const override {
     const int B = p.B(), T = p.T(), C = p.C(), Cl = p.Cl();
