@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/engine/model/parts.h"
+#include "worker/engine/model/model_parts.h"
 
 namespace ptrain {
 namespace {

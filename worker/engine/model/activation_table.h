@@ -13,7 +13,7 @@
 
 #include "common/spec.h"
 #include "kernels/ops.h"
-#include "worker/engine/model/parts.h"
+#include "worker/engine/model/model_parts.h"
 #include "worker/engine/model/plan.h"
 
 namespace ptrain {

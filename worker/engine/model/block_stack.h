@@ -1,4 +1,4 @@
-// BlockStack: a stage's transformer blocks as their parts (parts.h). A
+// BlockStack: a stage's transformer blocks as their parts (model_parts.h). A
 // block is a pre-norm residual stream of (norm, sublayer) pairs: pair i
 // normalises the stream (adding pair i−1's output to it first, fused into
 // the norm), its sublayer reads the norm's output, and the last pair's
@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "worker/engine/model/model_parts.h"
 #include "worker/engine/model/part_pass.h"
-#include "worker/engine/model/parts.h"
 #include "worker/engine/model/plan.h"
 
 namespace ptrain {

@@ -1,4 +1,4 @@
-// PartPass: what a block part (parts.h) runs one pass of one block with —
+// PartPass: what a block part (model_parts.h) runs one pass of one block with —
 // its tensors where the UnitStore holds them, its rows of the activation
 // table, the tensor-parallel group, the backend and the working set every
 // block pass shares. BlockStack (block_stack.h) makes one per part and

@@ -1,6 +1,6 @@
-// The parallel plan; see plan.h. The model's tensors and their
-// tensor-parallel plan come from its parts (parts.h); here are the steps
-// that apply them.
+// The parallel plan; see plan.h. The steps that read the model's parts
+// (its tensors, their tensor-parallel plan, its FLOPs) are in
+// plan_parts.cc.
 #include "worker/engine/model/plan.h"
 
 #include <algorithm>
@@ -11,7 +11,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
-#include "worker/engine/model/parts.h"
 #include "worker/engine/model/rng.h"
 
 namespace ptrain {
@@ -19,45 +18,13 @@ namespace {
 
 using Init = ParamInfo::Init;
 
-// The tensor-parallel plan, keyed by the tensor's name (its block suffix
-// for block tensors): every part's entries.
-struct TpRule {
-  TpSplit split;
-  bool sequence_partial;  // gradient summed over tp under sp
-};
-std::map<std::string, TpRule> TpPlan(const GptConfig& cfg) {
-  std::map<std::string, TpRule> plan;
-  const ModelParts& parts = ModelPartsOf(cfg);
-  for (const auto* list : {&parts.before, &parts.block, &parts.after}) {
-    for (const auto& part : *list) {
-      for (const PartTensor& t : part->Tensors(cfg)) {
-        plan[t.name] = TpRule{t.split, t.sequence_partial};
-      }
-    }
-  }
-  return plan;
-}
+}  // namespace
 
-// "h.3.attn.c_attn.weight" -> "attn.c_attn.weight"; other names unchanged.
-std::string PlanKey(const ParamInfo& p) {
-  if (p.layer < 0) return p.name;
-  return p.name.substr(p.name.find('.', 2) + 1);
-}
-
-int64_t Product(const std::vector<int64_t>& shape) {
+int64_t ShapeNumel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
 }
-
-// The global unit of a tensor before LayoutUnits numbers them per stage:
-// 0 embeddings, 1 + 4l + k block l's k-th, 4L + 1 ln_f.
-int GlobalUnit(int layer, int unit_in_block, bool final_norm, int L) {
-  if (final_norm) return 4 * L + 1;
-  return layer < 0 ? 0 : 1 + 4 * layer + unit_in_block;
-}
-
-}  // namespace
 
 int PaddedVocab(int V, int tp) {
   const int multiple = 128 * tp;
@@ -159,7 +126,7 @@ std::string CheckTiling(const std::vector<int64_t>& shape,
 }
 
 std::optional<int64_t> GlobalIndex(const ParamInfo& p, int64_t local) {
-  const int64_t inner = Product(p.shape) / p.shape[0];
+  const int64_t inner = ShapeNumel(p.shape) / p.shape[0];
   int64_t row = local / inner, rest = local % inner;
   for (const Box& box : p.boxes) {
     const int64_t rows = box.hi[0] - box.lo[0];
@@ -184,63 +151,6 @@ std::optional<int64_t> GlobalIndex(const ParamInfo& p, int64_t local) {
     return index;
   }
   return std::nullopt;  // padding rows past the real vocabulary
-}
-
-const std::vector<std::string>& GptBlockTensorNames() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> out;
-    for (const auto& part : Gpt2Parts().block) {
-      for (const PartTensor& t : part->Tensors(GptConfig{})) {
-        out.push_back(t.name);
-      }
-    }
-    return out;
-  }();
-  return names;
-}
-
-std::vector<ParamInfo> GptTensors(const GptConfig& cfg) {
-  const int L = cfg.n_layer;
-  const double std = 0.02;
-  // GPT-2 scales the residual projections by 1/sqrt(2L): two per block.
-  const double proj_std = 0.02 / std::sqrt(2.0 * L);
-  std::vector<ParamInfo> out;
-  auto add = [&](const PartTensor& t, std::string name, int layer, int unit) {
-    ParamInfo p;
-    p.name = std::move(name);
-    p.global_shape = t.shape;
-    p.shape = t.shape;
-    p.layer = layer;
-    p.decay = p.global_shape.size() == 2;
-    p.init = t.init;
-    p.init_std = t.init == Init::kNormal
-                     ? (t.residual_projection ? proj_std : std)
-                     : 0.0;
-    p.unit = unit;
-    p.boxes = {WholeBox(p.global_shape)};
-    p.numel = Product(p.shape);
-    out.push_back(std::move(p));
-  };
-  const ModelParts& parts = ModelPartsOf(cfg);
-  for (const auto& part : parts.before) {
-    for (const PartTensor& t : part->Tensors(cfg)) {
-      add(t, t.name, -1, GlobalUnit(-1, t.unit, false, L));
-    }
-  }
-  for (int l = 0; l < L; ++l) {
-    for (const auto& part : parts.block) {
-      for (const PartTensor& t : part->Tensors(cfg)) {
-        add(t, absl::StrCat("h.", l, ".", t.name), l,
-            GlobalUnit(l, t.unit, false, L));
-      }
-    }
-  }
-  for (const auto& part : parts.after) {
-    for (const PartTensor& t : part->Tensors(cfg)) {
-      add(t, t.name, -1, GlobalUnit(-1, t.unit, true, L));
-    }
-  }
-  return out;
 }
 
 std::vector<int> EvenStageLayers(int n_layer, int pp) {
@@ -281,68 +191,6 @@ void SplitStages(std::vector<ParamInfo>* tensors,
     copy.unit = final_unit;
     copy.tied_copy = true;
     tensors->push_back(std::move(copy));
-  }
-}
-
-void ApplyTensorParallel(std::vector<ParamInfo>* tensors, const GptConfig& cfg,
-                         int tp, int r) {
-  PT_CHECK(tp >= 1 && cfg.n_head % tp == 0 && cfg.padded_vocab % tp == 0 &&
-               cfg.padded_vocab >= cfg.vocab_size,
-           "tp must divide n_head and the padded vocabulary");
-  const int64_t C = cfg.n_embd, Cl = C / tp;
-  const std::map<std::string, TpRule> plan = TpPlan(cfg);
-  for (ParamInfo& p : *tensors) {
-    auto rule = plan.find(PlanKey(p));
-    p.split = rule == plan.end() ? TpSplit::kReplicated : rule->second.split;
-    p.sequence_partial = rule != plan.end() && rule->second.sequence_partial;
-    const std::vector<int64_t>& g = p.global_shape;
-    Box box = WholeBox(g);
-    switch (p.split) {
-      case TpSplit::kReplicated:
-        p.shape = g;
-        p.boxes = {box};
-        break;
-      case TpSplit::kColumn: {
-        const int64_t n = g[0] / tp;
-        p.shape = g;
-        p.shape[0] = n;
-        box.lo[0] = r * n;
-        box.hi[0] = (r + 1) * n;
-        p.boxes = {box};
-        break;
-      }
-      case TpSplit::kRow: {
-        const int64_t n = g[1] / tp;
-        p.shape = {g[0], n};
-        box.lo[1] = r * n;
-        box.hi[1] = (r + 1) * n;
-        p.boxes = {box};
-        break;
-      }
-      case TpSplit::kQkv: {
-        // q, k and v are C rows each; this rank's heads are rows
-        // [r·Cl, (r+1)·Cl) of each.
-        p.shape = g;
-        p.shape[0] = 3 * Cl;
-        p.boxes.clear();
-        for (int part = 0; part < 3; ++part) {
-          Box b = box;
-          b.lo[0] = part * C + r * Cl;
-          b.hi[0] = part * C + (r + 1) * Cl;
-          p.boxes.push_back(b);
-        }
-        break;
-      }
-      case TpSplit::kVocab: {
-        const int64_t Vl = cfg.padded_vocab / tp;
-        p.shape = {Vl, g[1]};
-        box.lo[0] = std::min<int64_t>(r * Vl, g[0]);
-        box.hi[0] = std::min<int64_t>((r + 1) * Vl, g[0]);
-        p.boxes = {box};
-        break;
-      }
-    }
-    p.numel = Product(p.shape);
   }
 }
 
@@ -446,7 +294,7 @@ int64_t SatMul(int64_t a, int64_t b) {
 
 int64_t GptNumParams(const GptConfig& config) {
   int64_t n = 0;
-  for (const ParamInfo& p : GptTensors(config)) n += Product(p.global_shape);
+  for (const ParamInfo& p : GptTensors(config)) n += ShapeNumel(p.global_shape);
   return n;
 }
 
@@ -462,17 +310,6 @@ float InitialValue(const ParamInfo& info, uint64_t seed, int64_t index) {
   return static_cast<float>(
       info.init_std *
       CounterNormal(seed, StableHash(info.name), static_cast<uint64_t>(index)));
-}
-
-double GptFlopsPerToken(const GptConfig& cfg, int T) {
-  const ModelParts& parts = ModelPartsOf(cfg);
-  double flops = 0;
-  for (const auto& part : parts.before) flops += part->FlopsPerToken(cfg, T);
-  for (const auto& part : parts.block) {
-    flops += cfg.n_layer * part->FlopsPerToken(cfg, T);
-  }
-  for (const auto& part : parts.after) flops += part->FlopsPerToken(cfg, T);
-  return flops;
 }
 
 }  // namespace ptrain

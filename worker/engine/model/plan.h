@@ -28,12 +28,14 @@ struct GptConfig {
   // tensor-parallel rank holds as many rows of wte (the padding rows are
   // zero and never take part). 0: not set yet (PaddedVocab sets it).
   int padded_vocab = 0;
-  // model.arch: which parts the model is made of (ModelPartsOf, parts.h).
+  // model.arch: which parts the model is made of (ModelPartsOf, model_parts.h).
   std::string arch = "gpt";
 };
 
 // V rounded up to a multiple of 128·tp.
 int PaddedVocab(int V, int tp);
+// The elements of a tensor of `shape`.
+int64_t ShapeNumel(const std::vector<int64_t>& shape);
 
 // How tensor parallelism splits a tensor (Megatron's layouts).
 enum class TpSplit {

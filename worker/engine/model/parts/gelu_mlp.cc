@@ -7,8 +7,8 @@
 // the two linear layers (fch's, stored type, and the projection's
 // (B,Ts,C)).
 #include "worker/engine/model/activation_table.h"
+#include "worker/engine/model/model_parts.h"
 #include "worker/engine/model/part_pass.h"
-#include "worker/engine/model/parts.h"
 
 namespace ptrain {
 namespace {

@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "worker/engine/model/activation_table.h"
+#include "worker/engine/model/model_parts.h"
 #include "worker/engine/model/part_pass.h"
-#include "worker/engine/model/parts.h"
 
 namespace ptrain {
 namespace {

@@ -8,8 +8,8 @@
 // backward, the output gradients of the two projections (qkv's, and the
 // output projection's (B,Ts,C)).
 #include "worker/engine/model/activation_table.h"
+#include "worker/engine/model/model_parts.h"
 #include "worker/engine/model/part_pass.h"
-#include "worker/engine/model/parts.h"
 
 namespace ptrain {
 namespace {

@@ -1,8 +1,8 @@
 // Learned positions (GPT-2's wpe): a row per position up to block_size,
 // replicated over tp (its gradient summed over tp under sequence
 // parallelism), added to the token embedding. A lookup: no FLOPs.
+#include "worker/engine/model/model_parts.h"
 #include "worker/engine/model/part_pass.h"
-#include "worker/engine/model/parts.h"
 
 namespace ptrain {
 namespace {

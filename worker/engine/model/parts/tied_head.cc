@@ -3,8 +3,8 @@
 // never gathered (the loss is vocabulary-parallel). No tensor of its own:
 // its matmul's FLOPs are counted with wte's, and its weight's gradient adds
 // to wte's (or to the tied copy a last stage that does not embed holds).
+#include "worker/engine/model/model_parts.h"
 #include "worker/engine/model/part_pass.h"
-#include "worker/engine/model/parts.h"
 
 namespace ptrain {
 namespace {

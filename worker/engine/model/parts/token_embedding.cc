@@ -2,8 +2,8 @@
 // split over tp (each rank holds Vp/tp of them, the padding rows zero and
 // never read); the lookup of the rows a rank holds, summed over the group.
 // The head may read the same table (TiedHeadPart).
+#include "worker/engine/model/model_parts.h"
 #include "worker/engine/model/part_pass.h"
-#include "worker/engine/model/parts.h"
 
 namespace ptrain {
 namespace {

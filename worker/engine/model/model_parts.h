@@ -12,8 +12,8 @@
 // (plan.cc) builds every tensor of a model, and its tensor-parallel
 // slices, from its parts; the FLOP count (GptFlopsPerToken) sums theirs.
 // The block parts live in parts/, one file each.
-#ifndef PTRAIN_WORKER_ENGINE_MODEL_PARTS_H_
-#define PTRAIN_WORKER_ENGINE_MODEL_PARTS_H_
+#ifndef PTRAIN_WORKER_ENGINE_MODEL_MODEL_PARTS_H_
+#define PTRAIN_WORKER_ENGINE_MODEL_MODEL_PARTS_H_
 
 #include <cstdint>
 #include <memory>
@@ -191,4 +191,4 @@ std::unique_ptr<SublayerPart> GeluMlpPart();
 
 }  // namespace ptrain
 
-#endif  // PTRAIN_WORKER_ENGINE_MODEL_PARTS_H_
+#endif  // PTRAIN_WORKER_ENGINE_MODEL_MODEL_PARTS_H_

@@ -1,24 +1,14 @@
-#include "worker/engine/model/parts.h"
+#include "worker/engine/model/model_parts.h"
 
 #include <utility>
 
 #include "common/check.h"
 
 namespace ptrain {
-namespace {
-
-int64_t Numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-}  // namespace
-
 double ModelPart::FlopsPerToken(const GptConfig& config, int) const {
   double n = 0;
   for (const PartTensor& t : Tensors(config)) {
-    n += static_cast<double>(Numel(t.shape));
+    n += static_cast<double>(ShapeNumel(t.shape));
   }
   return 6.0 * n;
 }
