@@ -81,6 +81,7 @@ StageRows BlockRows(const ModelParts& parts, const StageActivationDims& d) {
     }
     for (const SplitRow& r : part.SplitRows(d)) {
       StageRows::Row row{static_cast<int>(q), d.split ? r.floats : 0};
+      row.split = true;
       if (d.split && !full && r.in_place_of == "stream") {
         if (SatMul(d.BTs, d.C) >= r.floats)
           row.in_place_of = StageRows::kStream;
@@ -107,15 +108,15 @@ void LayOutActivations(const ModelParts& parts, const StageActivationDims& d,
   const StageRows t = BlockRows(parts, d);
   const int pairs = static_cast<int>(parts.pairs.size());
   const int n = static_cast<int>(t.rows.size());
+  const int n_parts = static_cast<int>(parts.block.size());
   // The block rows, part by part, with the residual stream after each
   // pair but the last between one pair and the next: either those one
   // layer deep, shared by the slots, or every layer's of one slot.
   auto take_blocks = [&](StageSlot& slot, bool one_layer) {
     const int64_t layers = one_layer ? 1 : d.L;
-    for (int q = 0; q < static_cast<int>(parts.block.size()); ++q) {
-      const int kept = static_cast<int>(parts.block[q]->Rows(d).size());
-      for (int i = t.first[q]; i < t.first[q] + kept; ++i) {
-        if (t.rows[i].one_layer != one_layer) continue;
+    for (int q = 0; q < n_parts; ++q) {
+      for (int i = t.first[q]; i < t.end(q); ++i) {
+        if (t.rows[i].split || t.rows[i].one_layer != one_layer) continue;
         slot.rows[i] = take(SatMul(layers, t.rows[i].floats));
       }
       const int pair = q / 2;
@@ -146,12 +147,10 @@ void LayOutActivations(const ModelParts& parts, const StageActivationDims& d,
     // A split backward's output gradients stay from B to W: every layer's,
     // recomputing or not, in their own slabs or in the place of rows B is
     // done with (W reads neither).
-    for (int q = 0; q < static_cast<int>(parts.block.size()); ++q) {
-      const int kept = static_cast<int>(parts.block[q]->Rows(d).size());
-      const int end =
-          q + 1 < static_cast<int>(parts.block.size()) ? t.first[q + 1] : n;
-      for (int i = t.first[q] + kept; i < end; ++i) {
+    for (int q = 0; q < n_parts; ++q) {
+      for (int i = t.first[q]; i < t.end(q); ++i) {
         const StageRows::Row& r = t.rows[i];
+        if (!r.split) continue;
         const int pair = q / 2;
         if (r.floats == 0) {
           slot.rows[i] = nullptr;

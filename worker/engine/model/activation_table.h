@@ -84,6 +84,7 @@ struct StageRows {
     int part = 0;            // its part, in block order
     int64_t floats = 0;      // per layer; 0: not kept (a null row)
     bool one_layer = false;  // one layer shared by every slot
+    bool split = false;      // one of its part's SplitRows
     // A split backward's row that takes the place of another, which B is
     // done with by the time it is written: that row (index in `rows`),
     // or the stream after its part's pair (kStream); else kOwn.
@@ -92,6 +93,12 @@ struct StageRows {
   static constexpr int kOwn = -1, kStream = -2;
   std::vector<Row> rows;   // by part, each part's Rows then its SplitRows
   std::vector<int> first;  // by part: its first row's index in `rows`
+  // By part: past its last row's index.
+  int end(int q) const {
+    return q + 1 < static_cast<int>(first.size())
+               ? first[q + 1]
+               : static_cast<int>(rows.size());
+  }
 };
 
 // The one table of the activation slabs, in their order in the buffer:

@@ -1,7 +1,6 @@
 #include "worker/engine/model/block_stack.h"
 
 #include <algorithm>
-#include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -37,22 +36,17 @@ BlockStack::BlockStack(const ModelParts& parts, const GptConfig& config,
       if (q % 2 == 1) w_end[t.unit] = std::min(w_end[t.unit], q);
     }
   }
-  std::map<std::string, const ParamInfo*> by_name;
-  for (const ParamInfo& p : layout) by_name[p.name] = &p;
   places_.resize(static_cast<size_t>(kVariants) * n_blocks_ * parts_ *
                  max_tensors_);
   for (int b = 0; b < n_blocks_; ++b) {
     for (int q = 0; q < parts_; ++q) {
-      for (size_t i = 0; i < tensors[q].size(); ++i) {
-        const PartTensor& t = tensors[q][i];
-        const std::string name =
-            absl::StrCat("h.", first_layer + b, ".", t.name);
-        auto it = by_name.find(name);
-        PT_CHECK(it != by_name.end(), ("the layout has no " + name).c_str());
-        PartPass::Place place{it->second->unit, it->second->unit_offset};
-        const int k = t.unit;
+      const std::vector<PartPass::Place> found =
+          PlacesOf(*parts.block[q], config, layout,
+                   absl::StrCat("h.", first_layer + b, "."));
+      for (size_t i = 0; i < found.size(); ++i) {
+        const int k = tensors[q][i].unit;
         auto set = [&](Variant v, bool begins, bool ends) {
-          PartPass::Place p = place;
+          PartPass::Place p = found[i];
           p.begins = begins;
           p.ends = ends;
           places_[Index(v, b, q) + i] = p;

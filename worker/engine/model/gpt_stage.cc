@@ -293,9 +293,7 @@ BlockStack::Rows GptStage::Acts(const Slot& S, int b) const {
   BlockStack::Rows r;
   const int parts = static_cast<int>(rows_.first.size());
   for (int q = 0; q < parts; ++q) {
-    const int end = q + 1 < parts ? rows_.first[q + 1]
-                                  : static_cast<int>(rows_.rows.size());
-    for (int i = rows_.first[q]; i < end; ++i) {
+    for (int i = rows_.first[q]; i < rows_.end(q); ++i) {
       r.part[q][i - rows_.first[q]] = RowAt(S, i, b);
     }
   }
