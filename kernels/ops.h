@@ -170,6 +170,14 @@ class Ops {
                                   const float* dout, const float* inp,
                                   const float* weight, const float* mean,
                                   const float* rstd, int B, int T, int C) = 0;
+  // RMSNorm (kernels/cpu/kernels.h rmsnorm_forward): out = x * rstd *
+  // weight, rstd (B,T) kept for the backward; eps is the model's.
+  virtual void rmsnorm_forward(Act out, float* rstd, const float* inp,
+                               const float* weight, float eps, int B, int T,
+                               int C) = 0;
+  virtual void rmsnorm_backward(float* dinp, float* dweight, const float* dout,
+                                const float* inp, const float* weight,
+                                const float* rstd, int B, int T, int C) = 0;
   // The weight of the matmuls below may be bf16 (the compute copy a store
   // keeps beside the fp32 master weights where the backend computes in
   // bf16, Ops::activation_type): taken as it is, the same values the
@@ -286,6 +294,15 @@ class Ops {
                                           int C) {
     residual_forward(residual, inp1, inp2, static_cast<int64_t>(B) * T * C);
     layernorm_forward(out, mean, rstd, residual, weight, bias, B, T, C);
+  }
+  // residual = inp1 + inp2, then rmsnorm_forward of it, as
+  // residual_layernorm_forward.
+  virtual void residual_rmsnorm_forward(float* residual, Act out, float* rstd,
+                                        const float* inp1, const float* inp2,
+                                        const float* weight, float eps, int B,
+                                        int T, int C) {
+    residual_forward(residual, inp1, inp2, static_cast<int64_t>(B) * T * C);
+    rmsnorm_forward(out, rstd, residual, weight, eps, B, T, C);
   }
   virtual void crossentropy_parallel_max(float* maxes, const float* logits,
                                          int B, int T, int Vl, int vocab_begin,

@@ -52,7 +52,13 @@ template <typename F>
 PT_HD F LayerNormRstd(F variance) {
   return F(1) / std::sqrt(variance + F(kLayerNormEps));
 }
-// The input gradient of one element, given the row means of
+// RMSNorm: eps is the model's (model.norm_eps).
+template <typename F>
+PT_HD F RmsNormRstd(F mean_square, F eps) {
+  return F(1) / std::sqrt(mean_square + eps);
+}
+// The input gradient of one element of either norm (RMSNorm's: a zero
+// dnorm_mean), given the row means of
 // dnorm = weight * dout and of dnorm * norm.
 template <typename F>
 PT_HD F LayerNormInputGrad(F dnorm, F norm, F dnorm_mean, F dnorm_norm_mean,

@@ -118,6 +118,13 @@ void residual_layernorm_forward_bf16(float* residual, uint16_t* out,
                                      const float* inp1, const float* inp2,
                                      const float* weight, const float* bias,
                                      int B, int T, int C);
+// rmsnorm_forward and residual_rmsnorm_forward (float) likewise.
+void rmsnorm_forward_bf16(uint16_t* out, float* rstd, const float* inp,
+                          const float* weight, float eps, int B, int T, int C);
+void residual_rmsnorm_forward_bf16(float* residual, uint16_t* out, float* rstd,
+                                   const float* inp1, const float* inp2,
+                                   const float* weight, float eps, int B, int T,
+                                   int C);
 // x rounded to the nearest bf16, as gemm_bf16 rounds its operands.
 float Bf16Round(float x);
 
@@ -160,6 +167,21 @@ template <typename F>
 void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout,
                         const F* inp, const F* weight, const F* mean,
                         const F* rstd, int B, int T, int C);
+// RMSNorm: out = x * rstd * weight per row, rstd = 1/sqrt(mean(x^2) + eps)
+// saved for backward (B,T); no bias. Shapes as layernorm_forward's.
+template <typename F>
+void rmsnorm_forward(F* out, F* rstd, const F* inp, const F* weight, F eps,
+                     int B, int T, int C);
+// residual = inp1 + inp2, then rmsnorm_forward of it, in one pass over the
+// rows (bit for bit the two).
+template <typename F>
+void residual_rmsnorm_forward(F* residual, F* out, F* rstd, const F* inp1,
+                              const F* inp2, const F* weight, F eps, int B,
+                              int T, int C);
+// dinp and dweight accumulate.
+template <typename F>
+void rmsnorm_backward(F* dinp, F* dweight, const F* dout, const F* inp,
+                      const F* weight, const F* rstd, int B, int T, int C);
 
 // out is (B,T,OC), inp is (B,T,C), weight is (OC,C), bias is (OC) or null.
 // out = inp @ weight^T + bias. dinp and dbias may be null (not wanted), and

@@ -154,6 +154,34 @@ class CpuBackend final : public Ops {
     kernels::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean,
                                 rstd, B, T, C);
   }
+  void rmsnorm_forward(Act out, float* rstd, const float* inp,
+                       const float* weight, float eps, int B, int T,
+                       int C) override {
+    if (Bf16(out)) {
+      kernels::rmsnorm_forward_bf16(static_cast<uint16_t*>(out.p), rstd, inp,
+                                    weight, eps, B, T, C);
+      return;
+    }
+    kernels::rmsnorm_forward(out.f32(), rstd, inp, weight, eps, B, T, C);
+  }
+  void residual_rmsnorm_forward(float* residual, Act out, float* rstd,
+                                const float* inp1, const float* inp2,
+                                const float* weight, float eps, int B, int T,
+                                int C) override {
+    if (Bf16(out)) {
+      kernels::residual_rmsnorm_forward_bf16(
+          residual, static_cast<uint16_t*>(out.p), rstd, inp1, inp2, weight,
+          eps, B, T, C);
+      return;
+    }
+    kernels::residual_rmsnorm_forward(residual, out.f32(), rstd, inp1, inp2,
+                                      weight, eps, B, T, C);
+  }
+  void rmsnorm_backward(float* dinp, float* dweight, const float* dout,
+                        const float* inp, const float* weight,
+                        const float* rstd, int B, int T, int C) override {
+    kernels::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, B, T, C);
+  }
   void matmul_forward(Act out, ConstAct inp, ConstAct weight_in,
                       const float* bias, int B, int T, int C, int OC) override {
     const int64_t rows = static_cast<int64_t>(B) * T;

@@ -295,6 +295,16 @@ class CudaBackend final : public Ops {
                                   const float* inp2, const float* weight,
                                   const float* bias, int B, int T,
                                   int C) override;
+  void rmsnorm_forward(Act out, float* rstd, const float* inp,
+                       const float* weight, float eps, int B, int T,
+                       int C) override;
+  void rmsnorm_backward(float* dinp, float* dweight, const float* dout,
+                        const float* inp, const float* weight,
+                        const float* rstd, int B, int T, int C) override;
+  void residual_rmsnorm_forward(float* residual, Act out, float* rstd,
+                                const float* inp1, const float* inp2,
+                                const float* weight, float eps, int B, int T,
+                                int C) override;
   void matmul_forward(Act out, ConstAct inp, ConstAct weight, const float* bias,
                       int B, int T, int C, int OC) override;
   void matmul_backward(float* dinp, float* dweight, float* dbias, ConstAct dout,
@@ -430,10 +440,16 @@ class CudaBackend final : public Ops {
   template <bool kSquares>
   double Reduce(const float* x, int64_t n);
 
+  // The backward of LayerNorm, or of RMSNorm where mean is null (no dbias
+  // then), over `rows` rows (layernorm.cu).
+  void NormBackward(float* dinp, float* dweight, float* dbias,
+                    const float* dout, const float* inp, const float* weight,
+                    const float* mean, const float* rstd, int64_t rows, int C);
   // ColumnSumsKernel over `rows` rows of dout (layernorm.cu): dbias += the
-  // column sums of dout and, with inp, dweight += those of (x - mean) rstd
-  // dout; summed in an order fixed by the shapes (no atomics), so that the
-  // replicas of a tensor-parallel group get the same bits.
+  // column sums of dout (when dbias is not null) and, with inp, dweight +=
+  // those of (x - mean) rstd dout (x rstd dout where mean is null); summed in
+  // an order fixed by the shapes (no atomics), so that the replicas of a
+  // tensor-parallel group get the same bits.
   void ColumnSums(float* dweight, float* dbias, ConstAct dout, const float* inp,
                   const float* mean, const float* rstd, int64_t rows, int C);
 

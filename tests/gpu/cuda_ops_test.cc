@@ -312,6 +312,56 @@ TEST_P(CudaOpsTest, ResidualLayerNormAndWideRows) {
   Check("layernorm (wide) dbias", g_db.Host(), db);
 }
 
+// RMSNorm against its CPU twin: the forward (alone, fused with the
+// residual add, and stored in bf16 under bf16 compute, rounded as the CPU's
+// bf16 backend rounds it) and the backward, on rows the one-kernel
+// backward takes and on rows too wide for it.
+TEST_P(CudaOpsTest, RmsNormForwardAndBackward) {
+  constexpr float kEps = 1e-6f;
+  for (int C : {kC, 6400}) {
+    const int rows = C == kC ? kB * kT : 5;
+    const int64_t n = int64_t{rows} * C;
+    const Vec a = Random(n, 41), r = Random(n, 42), w = Random(C, 43),
+              dout = Random(n, 44);
+    Vec res(n), out(n), rstd(rows), dinp = Random(n, 45), dw = Random(C, 46);
+    Dev g_a(gpu_.get(), a), g_r(gpu_.get(), r), g_w(gpu_.get(), w),
+        g_dout(gpu_.get(), dout), g_res(gpu_.get(), res),
+        g_out(gpu_.get(), out), g_rstd(gpu_.get(), rstd),
+        g_out2(gpu_.get(), out), g_rstd2(gpu_.get(), rstd),
+        g_dinp(gpu_.get(), dinp), g_dw(gpu_.get(), dw);
+    cpu().residual_rmsnorm_forward(res.data(), out.data(), rstd.data(),
+                                   a.data(), r.data(), w.data(), kEps, 1, rows,
+                                   C);
+    cpu().rmsnorm_backward(dinp.data(), dw.data(), dout.data(), res.data(),
+                           w.data(), rstd.data(), 1, rows, C);
+    gpu_->residual_rmsnorm_forward(g_res.get(), g_out.get(), g_rstd.get(),
+                                   g_a.get(), g_r.get(), g_w.get(), kEps, 1,
+                                   rows, C);
+    gpu_->rmsnorm_forward(g_out2.get(), g_rstd2.get(), g_res.get(), g_w.get(),
+                          kEps, 1, rows, C);
+    gpu_->rmsnorm_backward(g_dinp.get(), g_dw.get(), g_dout.get(), g_res.get(),
+                           g_w.get(), g_rstd.get(), 1, rows, C);
+    const std::string at = " (C " + std::to_string(C) + ")";
+    Check(("rmsnorm residual" + at).c_str(), g_res.Host(), res);
+    Check(("rmsnorm out" + at).c_str(), g_out.Host(), out);
+    Check(("rmsnorm rstd" + at).c_str(), g_rstd.Host(), rstd);
+    EXPECT_EQ(g_out2.Host(), g_out.Host()) << "unfused vs fused" << at;
+    Check(("rmsnorm dinp" + at).c_str(), g_dinp.Host(), dinp);
+    Check(("rmsnorm dweight" + at).c_str(), g_dw.Host(), dw);
+    if (!bf16()) continue;
+    Vec half((n + 1) / 2);
+    Dev g_half(gpu_.get(), half);
+    kernels::CpuBf16Ops().rmsnorm_forward(
+        kernels::Act(half.data(), kernels::DType::kBf16), rstd.data(),
+        res.data(), w.data(), kEps, 1, rows, C);
+    gpu_->rmsnorm_forward(kernels::Act(g_half.get(), kernels::DType::kBf16),
+                          g_rstd.get(), g_res.get(), g_w.get(), kEps, 1, rows,
+                          C);
+    Check(("rmsnorm out (bf16 storage)" + at).c_str(),
+          Unpacked(g_half.Host(), n), Unpacked(half, n), true);
+  }
+}
+
 // The weight gradients of LayerNorm and the bias gradient of a matmul are
 // sums over every row: on rows enough for many blocks (and both LayerNorm
 // paths, narrow and wide), the same inputs give the same bits each time.

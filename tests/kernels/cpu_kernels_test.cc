@@ -362,6 +362,115 @@ TEST(LayernormTest, ResidualLayernormIsTheAddThenTheLayernorm) {
   ExpectResidualLayernormIsAddThenLayernorm<float>();
 }
 
+// -------------------------------------------------------------- rmsnorm
+
+constexpr double kRmsEps = 1e-6;  // Llama 2's; not LayerNorm's 1e-5
+
+struct RmsnormProblem {
+  RmsnormProblem() : rng(4) {
+    inp = Random(kB * kT * kC, &rng, -0.5, 1.5);
+    weight = Random(kC, &rng);
+    dout = Random(inp.size(), &rng);
+    out.resize(inp.size());
+    rstd.resize(kB * kT);
+    dinp.resize(inp.size());
+    dweight.resize(kC);
+  }
+  double Loss() {
+    rmsnorm_forward(out.data(), rstd.data(), inp.data(), weight.data(), kRmsEps,
+                    kB, kT, kC);
+    return Dot(out, dout);
+  }
+  void Backward() {
+    Loss();  // rstd at the unperturbed point
+    rmsnorm_backward(dinp.data(), dweight.data(), dout.data(), inp.data(),
+                     weight.data(), rstd.data(), kB, kT, kC);
+  }
+  std::mt19937_64 rng;
+  Vec inp, weight, dout, out, rstd, dinp, dweight;
+};
+
+TEST(RmsnormTest, ForwardIsTheFormula) {
+  RmsnormProblem p;
+  p.Loss();
+  for (int r = 0; r < kB * kT; r++) {
+    double sum_sq = 0;
+    for (int i = 0; i < kC; i++)
+      sum_sq += p.inp[r * kC + i] * p.inp[r * kC + i];
+    const double s = 1.0 / std::sqrt(sum_sq / kC + kRmsEps);
+    EXPECT_NEAR(p.rstd[r], s, 1e-12 * s);
+    for (int i = 0; i < kC; i++) {
+      EXPECT_NEAR(p.out[r * kC + i], p.inp[r * kC + i] * s * p.weight[i],
+                  1e-12);
+    }
+  }
+}
+
+TEST(RmsnormTest, BackwardMatchesFiniteDifferences) {
+  RmsnormProblem p;
+  p.Backward();
+  auto loss = [&] { return p.Loss(); };
+  EXPECT_LE(MaxGradError("rmsnorm dinp", &p.inp, p.dinp, loss), kGradTol);
+  EXPECT_LE(MaxGradError("rmsnorm dweight", &p.weight, p.dweight, loss),
+            kGradTol);
+}
+
+TEST(RmsnormTest, BackwardAccumulates) {
+  RmsnormProblem p;
+  ExpectAccumulates({&p.dinp, &p.dweight}, [&] { p.Backward(); });
+}
+
+// The residual add fused into RMSNorm is bit for bit the add then the norm,
+// in both precisions; through the CPU backend in fp32 and with a bf16
+// output, which is the fp32 output rounded.
+template <typename F>
+void ExpectResidualRmsnormIsAddThenRmsnorm() {
+  constexpr int B = 3, T = 7, C = 96;
+  std::mt19937_64 rng(10);
+  auto random = [&](size_t n) {
+    const Vec v = Random(n, &rng);
+    return std::vector<F>(v.begin(), v.end());
+  };
+  const std::vector<F> a = random(B * T * C), b = random(B * T * C),
+                       w = random(C);
+  const F eps = F(kRmsEps);
+  std::vector<F> want_res(B * T * C), want_out(B * T * C), want_rstd(B * T);
+  residual_forward(want_res.data(), a.data(), b.data(), int64_t{B} * T * C);
+  rmsnorm_forward(want_out.data(), want_rstd.data(), want_res.data(), w.data(),
+                  eps, B, T, C);
+  std::vector<F> res(B * T * C, F(7)), out(B * T * C, F(7)), rstd(B * T);
+  residual_rmsnorm_forward(res.data(), out.data(), rstd.data(), a.data(),
+                           b.data(), w.data(), eps, B, T, C);
+  EXPECT_EQ(res, want_res);
+  EXPECT_EQ(out, want_out);
+  EXPECT_EQ(rstd, want_rstd);
+  if constexpr (std::is_same_v<F, float>) {
+    std::fill(res.begin(), res.end(), 7.0f);
+    std::fill(out.begin(), out.end(), 7.0f);
+    CpuOps().residual_rmsnorm_forward(res.data(), out.data(), rstd.data(),
+                                      a.data(), b.data(), w.data(), eps, B, T,
+                                      C);
+    EXPECT_EQ(res, want_res);
+    EXPECT_EQ(out, want_out);
+    std::vector<uint16_t> out16(B * T * C), fused16(B * T * C);
+    rmsnorm_forward_bf16(out16.data(), rstd.data(), want_res.data(), w.data(),
+                         eps, B, T, C);
+    residual_rmsnorm_forward_bf16(res.data(), fused16.data(), rstd.data(),
+                                  a.data(), b.data(), w.data(), eps, B, T, C);
+    EXPECT_EQ(fused16, out16);
+    std::vector<float> unpacked(B * T * C);
+    FromBf16Values(unpacked.data(), out16.data(), B * T * C);
+    for (int i = 0; i < B * T * C; i++) {
+      ASSERT_EQ(unpacked[i], Bf16Round(want_out[i])) << i;
+    }
+  }
+}
+
+TEST(RmsnormTest, ResidualRmsnormIsTheAddThenTheRmsnorm) {
+  ExpectResidualRmsnormIsAddThenRmsnorm<double>();
+  ExpectResidualRmsnormIsAddThenRmsnorm<float>();
+}
+
 // Sums over rows (LayerNorm's dweight and dbias, a linear layer's dbias in
 // fp32 and bf16) go through fixed blocks of rows, so their bits do not
 // depend on how many threads ran them. 150 rows: two whole blocks and part

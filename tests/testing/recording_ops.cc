@@ -207,6 +207,18 @@ void RecordingOps::layernorm_backward(float* dinp, float* dweight, float* dbias,
   Issue(&Ops::layernorm_backward, dinp, dweight, dbias, dout, inp, weight, mean,
         rstd, B, T, C);
 }
+void RecordingOps::rmsnorm_forward(Act out, float* rstd, const float* inp,
+                                   const float* weight, float eps, int B, int T,
+                                   int C) {
+  Issue(&Ops::rmsnorm_forward, out, rstd, inp, weight, eps, B, T, C);
+}
+void RecordingOps::rmsnorm_backward(float* dinp, float* dweight,
+                                    const float* dout, const float* inp,
+                                    const float* weight, const float* rstd,
+                                    int B, int T, int C) {
+  Issue(&Ops::rmsnorm_backward, dinp, dweight, dout, inp, weight, rstd, B, T,
+        C);
+}
 void RecordingOps::matmul_forward(Act out, ConstAct inp, ConstAct weight,
                                   const float* bias, int B, int T, int C,
                                   int OC) {
@@ -287,6 +299,14 @@ void RecordingOps::residual_layernorm_forward(
     int C) {
   Issue(&Ops::residual_layernorm_forward, residual, out, mean, rstd, inp1, inp2,
         weight, bias, B, T, C);
+}
+void RecordingOps::residual_rmsnorm_forward(float* residual, Act out,
+                                            float* rstd, const float* inp1,
+                                            const float* inp2,
+                                            const float* weight, float eps,
+                                            int B, int T, int C) {
+  Issue(&Ops::residual_rmsnorm_forward, residual, out, rstd, inp1, inp2, weight,
+        eps, B, T, C);
 }
 void RecordingOps::crossentropy_parallel_max(float* maxes, const float* logits,
                                              int B, int T, int Vl,

@@ -113,6 +113,12 @@ class RecordingOps final : public kernels::Ops {
                           const float* dout, const float* inp,
                           const float* weight, const float* mean,
                           const float* rstd, int B, int T, int C) override;
+  void rmsnorm_forward(kernels::Act out, float* rstd, const float* inp,
+                       const float* weight, float eps, int B, int T,
+                       int C) override;
+  void rmsnorm_backward(float* dinp, float* dweight, const float* dout,
+                        const float* inp, const float* weight,
+                        const float* rstd, int B, int T, int C) override;
   void matmul_forward(kernels::Act out, kernels::ConstAct inp,
                       kernels::ConstAct weight, const float* bias, int B, int T,
                       int C, int OC) override;
@@ -170,6 +176,10 @@ class RecordingOps final : public kernels::Ops {
                                   const float* inp2, const float* weight,
                                   const float* bias, int B, int T,
                                   int C) override;
+  void residual_rmsnorm_forward(float* residual, kernels::Act out, float* rstd,
+                                const float* inp1, const float* inp2,
+                                const float* weight, float eps, int B, int T,
+                                int C) override;
   void crossentropy_parallel_max(float* maxes, const float* logits, int B,
                                  int T, int Vl, int vocab_begin,
                                  int V) override;

@@ -13,6 +13,17 @@ double ModelPart::FlopsPerToken(const GptConfig& config, int) const {
   return 6.0 * n;
 }
 
+PartTensor ChannelVector(std::string name, const GptConfig& config,
+                         ParamInfo::Init init, int unit) {
+  return {std::move(name),
+          {config.n_embd},
+          init,
+          false,
+          unit,
+          TpSplit::kReplicated,
+          true};
+}
+
 void ModelParts::AddEmbedding(std::unique_ptr<EmbeddingPart> part) {
   embeddings.push_back(part.get());
   before.push_back(std::move(part));

@@ -42,6 +42,12 @@ struct PartTensor {
   bool sequence_partial = false;
 };
 
+// A norm's vector over the channels (n_embd): its weight or its bias,
+// replicated over tp, its gradient summed over tp under sequence
+// parallelism.
+PartTensor ChannelVector(std::string name, const GptConfig& config,
+                         ParamInfo::Init init, int unit);
+
 struct StageActivationDims;  // activation_table.h
 
 // A row of activations a part keeps from its forward to its backward.
@@ -174,7 +180,7 @@ const ModelParts& Gpt2Parts();
 // a programming error (the spec was validated): PT_CHECK fails.
 const ModelParts& ModelPartsOf(const GptConfig& config);
 
-// GPT-2's parts, one by one (the model config chooses among such).
+// The parts, one by one (the model config chooses among them).
 // parts/token_embedding.cc: wte, split by vocabulary rows over tp.
 std::unique_ptr<EmbeddingPart> TokenEmbeddingPart();
 // parts/position_embedding.cc: wpe, learned positions.
@@ -184,6 +190,8 @@ std::unique_ptr<EmbeddingPart> PositionEmbeddingPart();
 std::unique_ptr<HeadPart> TiedHeadPart();
 // parts/layer_norm.cc: <prefix>.weight, .bias in the block's unit `unit`.
 std::unique_ptr<NormPart> LayerNormPart(std::string prefix, int unit);
+// parts/rms_norm.cc: <prefix>.weight (no bias), eps config.norm_eps.
+std::unique_ptr<NormPart> RmsNormPart(std::string prefix, int unit);
 // parts/multi_head_attention.cc: attn.c_attn, attn.c_proj.
 std::unique_ptr<SublayerPart> MultiHeadAttentionPart();
 // parts/gelu_mlp.cc: mlp.c_fc, mlp.c_proj.

@@ -30,6 +30,9 @@ struct GptConfig {
   int padded_vocab = 0;
   // model.arch: which parts the model is made of (ModelPartsOf, model_parts.h).
   std::string arch = "gpt";
+  // The RMSNorm parts' epsilon (GPT-2's LayerNorm keeps PyTorch's 1e-5,
+  // kernels/common/math.h).
+  float norm_eps = 1e-5f;
 };
 
 // V rounded up to a multiple of 128·tp.

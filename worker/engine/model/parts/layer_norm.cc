@@ -20,20 +20,9 @@ class LayerNorm : public NormPart {
       : prefix_(std::move(prefix)), unit_(unit) {}
 
   std::vector<PartTensor> Tensors(const GptConfig& c) const override {
-    return {{prefix_ + ".weight",
-             {c.n_embd},
-             ParamInfo::Init::kOnes,
-             false,
-             unit_,
-             TpSplit::kReplicated,
-             true},
-            {prefix_ + ".bias",
-             {c.n_embd},
-             ParamInfo::Init::kZeros,
-             false,
-             unit_,
-             TpSplit::kReplicated,
-             true}};
+    return {
+        ChannelVector(prefix_ + ".weight", c, ParamInfo::Init::kOnes, unit_),
+        ChannelVector(prefix_ + ".bias", c, ParamInfo::Init::kZeros, unit_)};
   }
 
   std::vector<ActivationRow> Rows(const StageActivationDims& d) const override {
