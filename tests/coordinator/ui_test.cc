@@ -510,6 +510,13 @@ TEST_F(UiTest, TheLogTailIsBoundedAndValidUtf8) {
 TEST_F(UiTest, LogsThatAreNoRegularFileAreNotReadAndThePagesAnswer) {
   const std::string id = RunningJob();
   const fs::path a = AttemptDir(id, 1);
+  // The launched child opens its logs after the fork, creating them: wait
+  // for that, or it creates a log again after it was replaced.
+  for (int i = 0; i < 1000 && !(fs::exists(a / "stderr.log") &&
+                                fs::exists(a / "stdout.log"));
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
   std::vector<fs::path> fifos = {a / "stderr.log", a / "run.jsonl"};
   for (const fs::path& f : fifos) {
     fs::remove(f);
