@@ -81,6 +81,10 @@ Precision SpecPrecision(const v1::JobSpec& spec) {
   return p == "bf16" ? Precision::kBf16 : Precision::kFp32;
 }
 
+bool TiesEmbeddings(const v1::ModelSpec& model) {
+  return !model.has_tie_embeddings() || model.tie_embeddings();
+}
+
 CudaGraphs CudaGraphsOf(const v1::JobSpec& spec) {
   const std::string& g = spec.train().cuda_graphs();
   if (g == "auto") return CudaGraphs::kAuto;
@@ -125,6 +129,7 @@ v1::JobSpec DefaultJobSpec() {
   model->set_block_size(64);
   model->set_vocab_size(0);
   model->set_init_from("");
+  model->set_tie_embeddings(true);
 
   v1::DataSpec* data = spec.mutable_data();
   data->set_path("");

@@ -87,6 +87,9 @@ CudaGraphs CudaGraphsOf(const v1::JobSpec& spec);
 // zb1p, whose backward is two), parallel.zero=0, parallel.offload=none.
 std::string CudaGraphsUnsupported(const v1::JobSpec& spec);
 
+// model.tie_embeddings; absent (a spec stored before the field): true.
+bool TiesEmbeddings(const v1::ModelSpec& model);
+
 // A JobSpec with every field at its documented default (docs/job-spec.md).
 v1::JobSpec DefaultJobSpec();
 

@@ -182,6 +182,11 @@ absl::Status ValidateModel(const v1::JobSpec& spec) {
       return Error("model.init_from=", EchoQuoted(m.init_from()),
                    " names no file after 'llmc:'");
     }
+    if (!TiesEmbeddings(m)) {
+      return Error("model.init_from=", EchoQuoted(m.init_from()),
+                   " needs model.tie_embeddings=true: an llm.c checkpoint "
+                   "ties the head to the token embedding");
+    }
   }
   return absl::OkStatus();
 }

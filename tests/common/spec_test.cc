@@ -174,7 +174,7 @@ TEST(ParseJobSpec, UnknownNestedKeyIsRefusedNamingTheDottedPath) {
                        "model.n_layers: unknown key (did you mean n_layer?); "
                        "expected one of arch, "
                        "n_layer, n_head, n_embd, block_size, vocab_size, "
-                       "init_from (line 4, column 3)"));
+                       "init_from, tie_embeddings (line 4, column 3)"));
 }
 
 TEST(ParseJobSpec, DuplicateKeyIsRefused) {
@@ -975,6 +975,27 @@ TEST(ApplyOverride, QuotedValueKeepsColonsAndHashes) {
   EXPECT_EQ(spec.train().sample_prompt(), "a: b # c");
   ASSERT_TRUE(ApplyOverride(&spec, "model.init_from=llmc:gpt2.bin").ok());
   EXPECT_EQ(spec.model().init_from(), "llmc:gpt2.bin");
+}
+
+// model.tie_embeddings: true unless a spec says false, also in a spec
+// stored before the field existed; llm.c's checkpoints tie the head, so
+// init_from llmc: with an untied head is refused naming both fields.
+TEST(ValidateJobSpec, TieEmbeddingsDefaultsToTiedAndAnLlmcCheckpointNeedsIt) {
+  EXPECT_TRUE(TiesEmbeddings(v1::ModelSpec()));
+  v1::JobSpec spec = DefaultJobSpec();
+  EXPECT_TRUE(TiesEmbeddings(spec.model()));
+  ASSERT_TRUE(ApplyOverride(&spec, "model.tie_embeddings=false").ok());
+  EXPECT_FALSE(TiesEmbeddings(spec.model()));
+  spec.set_name("untied");
+  spec.mutable_data()->set_path("data/tiny.txt");
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  ASSERT_TRUE(ApplyOverride(&spec, "model.init_from=llmc:gpt2.bin").ok());
+  const absl::Status s = ValidateJobSpec(spec);
+  EXPECT_EQ(s.message(),
+            "model.init_from='llmc:gpt2.bin' needs model.tie_embeddings=true: "
+            "an llm.c checkpoint ties the head to the token embedding");
+  ASSERT_TRUE(ApplyOverride(&spec, "model.tie_embeddings=true").ok());
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
 }
 
 TEST(ApplyOverride, CanSetSeveralFieldsOfASectionAtOnce) {

@@ -31,6 +31,7 @@
 #include <ostream>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/spec.h"
@@ -57,6 +58,10 @@ struct Layout {
   // train.cuda_graphs=on: the row runs on cuda only (the cpu records
   // nothing).
   bool graphs = false;
+  // model.tie_embeddings=false: the head's own table (lm_head.weight) on
+  // the last stage, split by vocabulary rows over tp; against the single
+  // rank's run of the same model.
+  bool untied = false;
   int world() const { return dp * tp * pp * cp; }
 };
 
@@ -220,6 +225,20 @@ std::vector<Layout> AllLayouts() {
   out.push_back(cp(
       {"cp4_zero3_selective", 1, 1, 3, 1, false, 1, "1f1b", 1, 4, "selective"},
       4));
+  // A head of its own: split over tp (and sharded by ZeRO), on the last
+  // stage of each kind of pipeline without a tied copy, its weight
+  // gradient in zb1p's W pass.
+  auto untied = [](Layout l) {
+    l.untied = true;
+    return l;
+  };
+  out.push_back(untied({"untied_dp2_tp2_zero3_sp", 2, 2, 3, 1, true}));
+  out.push_back(untied(
+      {"untied_pp2_1f1b_dp2_tp2_zero1_sp", 2, 2, 1, 4, true, 2, "1f1b"}));
+  out.push_back(untied({"untied_pp2_zb1p_dp2_zero3_selective", 2, 1, 3, 4,
+                        false, 2, "zb1p", 1, 4, "selective"}));
+  out.push_back(untied({"untied_pp2_interleaved_v2_dp2_zero1", 2, 1, 1, 4,
+                        false, 2, "interleaved", 2}));
   return out;
 }
 
@@ -246,7 +265,7 @@ std::vector<Layout> DeviceLayouts() {
 
 constexpr int kSteps = 50;
 
-std::vector<std::string> BaseOverrides(int n_layer) {
+std::vector<std::string> BaseOverrides(int n_layer, bool untied) {
   // Odd widths so that units pad differently for every dp.
   // A learning rate at which training is stable: at 3e-3 the loss bounces
   // and the run amplifies fp32 rounding (any change of summation order)
@@ -265,7 +284,8 @@ std::vector<std::string> BaseOverrides(int n_layer) {
           "train.warmup_steps=4",
           "train.grad_clip=0.5",
           "train.eval_batches=1",
-          "parallel.bucket_bytes=20000"};
+          "parallel.bucket_bytes=20000",
+          std::string("model.tie_embeddings=") + (untied ? "false" : "true")};
 }
 
 struct RunResult {
@@ -323,14 +343,17 @@ RunResult Train(Trainer& trainer, MPI_Comm comm) {
   return r;
 }
 
-// The single-rank run of the model with `n_layer` layers.
-const RunResult& Reference(int n_layer) {
-  static std::map<int, RunResult>* refs = new std::map<int, RunResult>;
-  if (auto it = refs->find(n_layer); it != refs->end()) return it->second;
-  RunResult& ref = (*refs)[n_layer];
+// The single-rank run of the model with `n_layer` layers (and an untied
+// head).
+const RunResult& Reference(int n_layer, bool untied) {
+  static std::map<std::pair<int, bool>, RunResult>* refs =
+      new std::map<std::pair<int, bool>, RunResult>;
+  const std::pair<int, bool> key{n_layer, untied};
+  if (auto it = refs->find(key); it != refs->end()) return it->second;
+  RunResult& ref = (*refs)[key];
   {
     auto spec = LoadJobSpecFile("examples/shakespeare-char.yaml",
-                                BaseOverrides(n_layer));
+                                BaseOverrides(n_layer, untied));
     EXPECT_TRUE(spec.ok()) << spec.status();
     TrainerOptions opt;
     opt.peak_flops = 1e12;
@@ -389,7 +412,7 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   ASSERT_GE(world, layout.world()) << "run under mpirun -n " << layout.world();
-  const RunResult& ref = Reference(layout.n_layer);
+  const RunResult& ref = Reference(layout.n_layer, layout.untied);
 
   MPI_Comm comm;
   const bool member = WorldRank() < layout.world();
@@ -399,7 +422,7 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
     MPI_Barrier(MPI_COMM_WORLD);
     return;
   }
-  auto overrides = BaseOverrides(layout.n_layer);
+  auto overrides = BaseOverrides(layout.n_layer, layout.untied);
   overrides.push_back("parallel.dp=" + std::to_string(layout.dp));
   overrides.push_back("parallel.tp=" + std::to_string(layout.tp));
   overrides.push_back(std::string("parallel.sequence_parallel=") +
@@ -491,10 +514,11 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
     }
   }
   if (WorldRank() == 0) {
-    static std::set<int>* recorded = new std::set<int>;
-    if (recorded->insert(layout.n_layer).second) {
-      Record("reference_L" + std::to_string(layout.n_layer), ref);
-    }
+    static std::set<std::string>* recorded = new std::set<std::string>;
+    const std::string ref_name = "reference_L" +
+                                 std::to_string(layout.n_layer) +
+                                 (layout.untied ? "_untied" : "");
+    if (recorded->insert(ref_name).second) Record(ref_name, ref);
     Record(layout.name, got);
     std::printf(
         "%-22s %s losses maxdiff %.2e (first %.6f last %.6f), final weights "

@@ -839,6 +839,55 @@ TEST_F(CheckpointTest, ModelSettingThatShapesDoNotShowIsChecked) {
       << s;
 }
 
+// model.tie_embeddings=false: the head's own table is saved and resumed
+// with the rest, bit for bit; a tied model refuses the checkpoint (whose
+// tensors it would all find) and the untied one a tied checkpoint, naming
+// the field; llm.c's format, which ties the head, refuses to export it.
+TEST_F(CheckpointTest, AnUntiedHeadResumesAndIsNotTakenForATiedOne) {
+  const v1::JobSpec spec = Spec(6, 0, {"model.tie_embeddings=false"});
+  auto straight = Make(spec);
+  const std::vector<float> want = Steps(*straight, 0, 6);
+  auto first = Make(spec);
+  Steps(*first, 0, 3);
+  auto dir = first->checkpoints().SaveCheckpointAt(3);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  first.reset();
+  auto resumed = Make(spec, *dir);
+  ASSERT_NE(resumed, nullptr);
+  EXPECT_EQ(Steps(*resumed, 3, 6),
+            std::vector<float>(want.begin() + 3, want.end()));
+  const auto a = straight->store().FullParams();
+  const auto b = resumed->store().FullParams();
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+
+  const auto before = Snapshot();
+  const absl::Status tied = MakeStatus(Spec(6, 0), *dir);
+  EXPECT_EQ(tied.code(), absl::StatusCode::kFailedPrecondition) << tied;
+  EXPECT_NE(tied.message().find("model.tie_embeddings=false in the checkpoint "
+                                "but true in the model"),
+            std::string::npos)
+      << tied;
+  auto reader = CheckpointReader::Open(*dir);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_FALSE((*reader)->meta().model.tie_embeddings);
+  const absl::Status exported = ExportLlmc(**reader, (*reader)->meta().model,
+                                           (root_ / "model.bin").string());
+  EXPECT_EQ(exported.code(), absl::StatusCode::kInvalidArgument) << exported;
+  EXPECT_NE(exported.message().find("(model.tie_embeddings=false)"),
+            std::string::npos)
+      << exported;
+  EXPECT_EQ(Snapshot(), before);
+
+  auto tied_run = Make(Spec(6, 0));
+  auto tied_dir = tied_run->checkpoints().SaveCheckpointAt(0);
+  ASSERT_TRUE(tied_dir.ok());
+  const absl::Status untied = MakeStatus(spec, *tied_dir);
+  EXPECT_NE(untied.message().find("it has no tensor lm_head.weight"),
+            std::string::npos)
+      << untied;
+}
+
 TEST_F(CheckpointTest, LatestRefusesAnotherJobsCheckpointNamingBothUids) {
   const v1::JobSpec spec = Spec(4, 2);
   {

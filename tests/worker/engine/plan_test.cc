@@ -177,6 +177,59 @@ TEST(SplitStages, LastStageHoldsATiedCopyOfWteForTheHead) {
       EXPECT_EQ(copy->unit, lnf->unit);
       EXPECT_GT(copy->unit_offset, lnf->unit_offset);
       EXPECT_EQ(&last.back(), copy);
+      // Both are the tied table, whose gradients the optimizer sums.
+      EXPECT_TRUE(wte->tied && copy->tied);
+    }
+  }
+}
+
+// model.tie_embeddings=false: the head is a part with a table of its own,
+// lm_head.weight, after the final norm on the last stage, split by
+// vocabulary rows over tp as wte is; wte is not tied, so no stage holds a
+// copy of it. The FLOPs count the head's matmul once, with lm_head.
+TEST(SplitStages, AnUntiedHeadHasItsOwnTableOnTheLastStage) {
+  GptConfig tied = Config();
+  GptConfig c = Config();
+  c.tie_embeddings = false;
+  EXPECT_NE(&ModelPartsOf(c), &Gpt2Parts());
+  EXPECT_FALSE(ModelPartsOf(c).head->tied());
+  const std::vector<ParamInfo> all = GptTensors(c);
+  ASSERT_EQ(all.size(), GptTensors(tied).size() + 1);
+  EXPECT_EQ(all.back().name, "lm_head.weight");
+  EXPECT_EQ(all.back().global_shape, (std::vector<int64_t>{65, 24}));
+  EXPECT_EQ(all.back().layer, kAfterBlocks);
+  EXPECT_EQ(all.back().init, ParamInfo::Init::kNormal);
+  EXPECT_TRUE(all.back().decay);
+  for (const ParamInfo& p : all) EXPECT_FALSE(p.tied) << p.name;
+  EXPECT_EQ(GptNumParams(c), GptNumParams(tied) + 65 * 24);
+  EXPECT_EQ(GptFlopsPerToken(c, 16), GptFlopsPerToken(tied, 16));
+  for (int tp : {1, 2}) {
+    c.padded_vocab = PaddedVocab(c.vocab_size, tp);
+    for (int tp_rank = 0; tp_rank < tp; ++tp_rank) {
+      PlanOptions o;
+      o.tp = tp;
+      o.tp_rank = tp_rank;
+      o.pp = 2;
+      const std::vector<ParamInfo> first = BuildPlan(c, o);
+      o.pp_rank = 1;
+      const std::vector<ParamInfo> last = BuildPlan(c, o);
+      for (const ParamInfo& p : first) {
+        EXPECT_NE(p.name, "lm_head.weight");
+        EXPECT_FALSE(p.tied || p.tied_copy) << p.name;
+      }
+      const ParamInfo* lnf = nullptr;
+      const ParamInfo* head = nullptr;
+      for (const ParamInfo& p : last) {
+        EXPECT_FALSE(p.tied || p.tied_copy) << p.name;
+        if (p.name == "ln_f.weight") lnf = &p;
+        if (p.name == "lm_head.weight") head = &p;
+      }
+      ASSERT_NE(lnf, nullptr);
+      ASSERT_NE(head, nullptr);
+      EXPECT_EQ(head->split, TpSplit::kVocab);
+      EXPECT_EQ(head->shape, (std::vector<int64_t>{c.padded_vocab / tp, 24}));
+      EXPECT_EQ(head->unit, lnf->unit);
+      EXPECT_EQ(&last.back(), head);
     }
   }
 }

@@ -131,6 +131,18 @@ absl::Status Uint64(const json& obj, absl::string_view where,
   return absl::OkStatus();
 }
 
+absl::Status Bool(const json& obj, absl::string_view where,
+                  absl::string_view key, bool* out) {
+  auto v = Member(obj, where, key);
+  if (!v.ok()) return v.status();
+  if (!(*v)->is_boolean()) {
+    return Bad(absl::StrCat(Path(where, key), " is ", (*v)->type_name(),
+                            ", not true or false"));
+  }
+  *out = (*v)->get<bool>();
+  return absl::OkStatus();
+}
+
 absl::Status String(const json& obj, absl::string_view where,
                     absl::string_view key, size_t max_len, std::string* out) {
   auto v = Member(obj, where, key);

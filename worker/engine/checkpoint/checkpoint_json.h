@@ -49,6 +49,9 @@ absl::Status Int32(const nlohmann::json& obj, absl::string_view where,
 // Any integer from 0 to 2^64-1.
 absl::Status Uint64(const nlohmann::json& obj, absl::string_view where,
                     absl::string_view key, uint64_t* out);
+// true or false.
+absl::Status Bool(const nlohmann::json& obj, absl::string_view where,
+                  absl::string_view key, bool* out);
 // A string of at most max_len bytes.
 absl::Status String(const nlohmann::json& obj, absl::string_view where,
                     absl::string_view key, size_t max_len, std::string* out);

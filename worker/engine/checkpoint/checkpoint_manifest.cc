@@ -24,6 +24,7 @@ namespace ptrain {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using manifest_json::Bool;
 using manifest_json::Hex64;
 using manifest_json::Int;
 using manifest_json::Int32;
@@ -182,6 +183,10 @@ absl::Status CheckpointReader::LoadProgressAndModel(const json& m) {
   check(Int32(**model, "model", "n_embd", 1, kMaxModelDim, &c.n_embd));
   check(Int32(**model, "model", "block_size", 1, kMaxModelDim, &c.block_size));
   check(Int32(**model, "model", "vocab_size", 1, kMaxModelDim, &c.vocab_size));
+  // Absent in checkpoints written before the field: GPT-2's tied head.
+  if ((*model)->contains("tie_embeddings")) {
+    check(Bool(**model, "model", "tie_embeddings", &c.tie_embeddings));
+  }
   if (!s.ok()) return Damaged(s);
   if (c.n_embd % c.n_head != 0) {
     return Damaged(absl::StrCat("model.n_head=", c.n_head,
@@ -336,6 +341,13 @@ absl::Status CheckpointReader::CheckCompatible(
           "checkpoint '", dir_, "' does not fit the model: model.", field, "=",
           theirs, " in the checkpoint but ", ours, " in the model"));
     }
+  }
+  if (c.tie_embeddings != model.tie_embeddings) {
+    auto name = [](bool b) { return b ? "true" : "false"; };
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint '", dir_, "' does not fit the model: model.tie_embeddings=",
+        name(c.tie_embeddings), " in the checkpoint but ",
+        name(model.tie_embeddings), " in the model"));
   }
   return absl::OkStatus();
 }

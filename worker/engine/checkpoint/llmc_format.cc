@@ -65,6 +65,12 @@ absl::Status ExportLlmc(TensorSource& source, const GptConfig& config,
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": the model is too large for llm.c's format"));
   }
+  if (!config.tie_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field,
+        ": the model's head has a table of its own "
+        "(model.tie_embeddings=false); llm.c's format ties it to wte"));
+  }
   const int64_t V = config.vocab_size;
   int32_t header[256] = {};
   header[0] = kLlmcMagic;

@@ -136,7 +136,6 @@ void GptStage::FindTensors() {
   };
   if (first()) {
     emb_unit_ = find("wte").unit;
-    wte_offset_ = find("wte").unit_offset;
     const ModelParts& parts = ModelPartsOf(config_);
     for (const auto& part : parts.before) {
       embed_places_.push_back(PlacesOf(*part, config_, layout_, ""));
@@ -146,21 +145,16 @@ void GptStage::FindTensors() {
     final_unit_ = find("ln_f.weight").unit;
     final_places_ =
         PlacesOf(*ModelPartsOf(config_).final_norm, config_, layout_, "");
-    // The head's weights: wte itself on a stage that also embeds, else the
-    // tied copy the plan puts in the final unit.
-    PT_CHECK(ModelPartsOf(config_).head->tied(), "a head of its own");
-    head_unit_ = first() ? emb_unit_ : final_unit_;
-    int64_t offset = first() ? wte_offset_ : 0;
-    if (!first()) {
-      const ParamInfo* copy = nullptr;
-      for (const ParamInfo& p : layout_) {
-        if (p.tied_copy) copy = &p;
-      }
-      PT_CHECK(copy != nullptr && copy->unit == final_unit_,
-               "the last stage's layout has no tied copy of wte");
-      offset = copy->unit_offset;
+    // A head of its own: its table, in the final unit. Tied: the table
+    // it reads, wte itself on a stage that also embeds, else the copy the
+    // plan puts in the final unit.
+    const HeadPart& head = *ModelPartsOf(config_).head;
+    head_places_ = PlacesOf(head, config_, layout_, "");
+    for (const ParamInfo& p : layout_) {
+      if (p.tied) head_places_ = {PartPass::Place{p.unit, p.unit_offset}};
     }
-    head_places_ = {PartPass::Place{head_unit_, offset}};
+    PT_CHECK(head_places_.size() == 1, "the last stage's layout has no head");
+    head_unit_ = head_places_[0].unit;
   }
 }
 
@@ -368,7 +362,7 @@ void GptStage::ForwardPass(int slot, const int32_t* tokens, const float* hidden,
   parts.final_norm->Forward(
       PartPass(pass, final_places_.data(), final_rows, nullptr, false), x,
       nullptr, nullptr);
-  if (first()) st.EndForward(final_unit_);
+  if (head_unit_ != final_unit_) st.EndForward(final_unit_);
   // Logits over this rank's vocabulary rows, never gathered for the loss.
   parts.head->Forward(
       PartPass(pass, head_places_.data(), nullptr, nullptr, false),

@@ -274,8 +274,6 @@ class GptStage : private UnitStore {
   UnitStore* store_;
   kernels::Ops* ops_;
   kernels::Buffer params_, grads_;
-  // The offset of wte in its unit.
-  int64_t wte_offset_ = 0;
   // The tensors of each part before the blocks (the embeddings), which the
   // stage brackets with the embedding unit's Begin and End.
   std::vector<std::vector<PartPass::Place>> embed_places_;

@@ -44,22 +44,31 @@ void ModelParts::AddPair(std::unique_ptr<NormPart> norm,
   block.push_back(std::move(sublayer));
 }
 
+namespace {
+
+const ModelParts* Gpt2(bool tied) {
+  auto* p = new ModelParts();
+  p->AddEmbedding(TokenEmbeddingPart());
+  p->AddEmbedding(PositionEmbeddingPart());
+  p->AddPair(LayerNormPart("ln_1", 0), MultiHeadAttentionPart());
+  p->AddPair(LayerNormPart("ln_2", 2), GeluMlpPart());
+  p->SetOutput(LayerNormPart("ln_f", 0),
+               tied ? TiedHeadPart() : UntiedHeadPart());
+  return p;
+}
+
+}  // namespace
+
 const ModelParts& Gpt2Parts() {
-  static const ModelParts* parts = [] {
-    auto* p = new ModelParts();
-    p->AddEmbedding(TokenEmbeddingPart());
-    p->AddEmbedding(PositionEmbeddingPart());
-    p->AddPair(LayerNormPart("ln_1", 0), MultiHeadAttentionPart());
-    p->AddPair(LayerNormPart("ln_2", 2), GeluMlpPart());
-    p->SetOutput(LayerNormPart("ln_f", 0), TiedHeadPart());
-    return p;
-  }();
+  static const ModelParts* parts = Gpt2(/*tied=*/true);
   return *parts;
 }
 
 const ModelParts& ModelPartsOf(const GptConfig& config) {
   PT_CHECK(config.arch == "gpt", "a model.arch without parts");
-  return Gpt2Parts();
+  if (config.tie_embeddings) return Gpt2Parts();
+  static const ModelParts* untied = Gpt2(/*tied=*/false);
+  return *untied;
 }
 
 }  // namespace ptrain

@@ -8,7 +8,8 @@
 // (block_stack.h) strings together.
 // GPT-2 (Gpt2Parts) is learned token and position embeddings, then per
 // block LayerNorm, multi-head attention, LayerNorm and a GELU MLP, then a
-// final LayerNorm and a head tied to the token embedding. The plan
+// final LayerNorm and a head tied to the token embedding (or, with
+// model.tie_embeddings false, one of its own). The plan
 // (plan.cc) builds every tensor of a model, and its tensor-parallel
 // slices, from its parts; the FLOP count (GptFlopsPerToken) sums theirs.
 // The block parts live in parts/, one file each.
@@ -176,8 +177,9 @@ struct ModelParts {
                std::unique_ptr<SublayerPart> sublayer);
 };
 const ModelParts& Gpt2Parts();
-// The parts of config.arch (model.arch): "gpt" is GPT-2's. Another name is
-// a programming error (the spec was validated): PT_CHECK fails.
+// The parts of config.arch (model.arch): "gpt" is GPT-2's (Gpt2Parts, or
+// with an untied head where config.tie_embeddings is false). Another name
+// is a programming error (the spec was validated): PT_CHECK fails.
 const ModelParts& ModelPartsOf(const GptConfig& config);
 
 // The parts, one by one (the model config chooses among them).
@@ -185,9 +187,10 @@ const ModelParts& ModelPartsOf(const GptConfig& config);
 std::unique_ptr<EmbeddingPart> TokenEmbeddingPart();
 // parts/position_embedding.cc: wpe, learned positions.
 std::unique_ptr<EmbeddingPart> PositionEmbeddingPart();
-// parts/tied_head.cc: the head tied to the token embedding (no tensor of
-// its own).
+// parts/lm_head.cc: the head tied to the token embedding (no tensor of its
+// own), or with a table of its own (lm_head.weight).
 std::unique_ptr<HeadPart> TiedHeadPart();
+std::unique_ptr<HeadPart> UntiedHeadPart();
 // parts/layer_norm.cc: <prefix>.weight, .bias in the block's unit `unit`.
 std::unique_ptr<NormPart> LayerNormPart(std::string prefix, int unit);
 // parts/rms_norm.cc: <prefix>.weight (no bias), eps config.norm_eps.

@@ -8,7 +8,6 @@
 #include <map>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 #include "worker/engine/model/rng.h"
@@ -169,7 +168,7 @@ void SplitStages(std::vector<ParamInfo>* tensors,
     stage_of.insert(stage_of.end(), stage_layers[s], s);
   }
   int final_unit = -1, n_layer = 0;
-  const ParamInfo* wte = nullptr;
+  const ParamInfo* tied = nullptr;
   for (ParamInfo& p : *tensors) {
     if (p.layer >= 0) {
       PT_CHECK(p.layer < static_cast<int>(stage_of.size()),
@@ -177,16 +176,16 @@ void SplitStages(std::vector<ParamInfo>* tensors,
       p.stage = stage_of[p.layer];
       n_layer = std::max(n_layer, p.layer + 1);
     } else {
-      p.stage = absl::StartsWith(p.name, "ln_f.") ? pp - 1 : 0;
+      p.stage = p.layer == kAfterBlocks ? pp - 1 : 0;
     }
-    if (absl::StartsWith(p.name, "ln_f.")) final_unit = p.unit;
-    if (p.name == "wte") wte = &p;
+    if (p.layer == kAfterBlocks) final_unit = p.unit;
+    if (p.tied) tied = &p;
   }
   PT_CHECK(n_layer == static_cast<int>(stage_of.size()),
            "the stages hold more layers than the model has");
-  if (pp > 1) {
-    PT_CHECK(wte != nullptr && final_unit >= 0, "no wte or ln_f to tie");
-    ParamInfo copy = *wte;
+  if (pp > 1 && tied != nullptr) {
+    PT_CHECK(final_unit >= 0, "no final unit for the tied head's copy");
+    ParamInfo copy = *tied;
     copy.stage = pp - 1;
     copy.unit = final_unit;
     copy.tied_copy = true;

@@ -30,6 +30,8 @@ struct GptConfig {
   int padded_vocab = 0;
   // model.arch: which parts the model is made of (ModelPartsOf, model_parts.h).
   std::string arch = "gpt";
+  // model.tie_embeddings: the head reads wte (GPT-2's), or lm_head.weight.
+  bool tie_embeddings = true;
   // The RMSNorm parts' epsilon (GPT-2's LayerNorm keeps PyTorch's 1e-5,
   // kernels/common/math.h).
   float norm_eps = 1e-5f;
@@ -72,14 +74,19 @@ void ForEachBoxRow(const Box& box, Fn fn);
 std::string CheckTiling(const std::vector<int64_t>& shape,
                         const std::vector<Box>& boxes);
 
+// ParamInfo::layer of the tensors before the blocks and after them.
+constexpr int kBeforeBlocks = -1, kAfterBlocks = -2;
+
 struct ParamInfo {
   enum class Init { kNormal, kZeros, kOnes };
 
   // From the tensor table.
   std::string name;                   // e.g. "h.3.attn.c_attn.weight"
   std::vector<int64_t> global_shape;  // wte is (V, C): real rows only
-  int layer = -1;                     // block index; -1 for wte, wpe, ln_f
-  bool decay = false;                 // AdamW weight decay (matrices)
+  // Its block's index; kBeforeBlocks for the embeddings (wte, wpe),
+  // kAfterBlocks for the final norm and the head.
+  int layer = -1;
+  bool decay = false;  // AdamW weight decay (matrices)
   Init init = Init::kNormal;
   double init_std = 0.0;
   // Its gradient is a partial sum over tp ranks under sequence parallelism
@@ -89,11 +96,14 @@ struct ParamInfo {
   // From SplitStages: the pipeline stage that holds it (the virtual stage
   // under an interleaved schedule: pipeline rank stage % pp holds it).
   int stage = 0;
-  // The last stage's copy of wte when pp > 1: the LM head is tied to the
-  // embedding on stage 0. The two copies stay equal because their gradients
-  // are summed over the embedding group (stage 0 and the last stage) before
-  // each update; the copy is not written to checkpoints and its gradient
-  // norm is not counted (the primary's is).
+  // The table a tied head reads (wte, where model.tie_embeddings), on
+  // stage 0 and, when pp > 1, as a copy on the last stage (tied_copy),
+  // whose head reads it there: the LM head is tied to the embedding. The
+  // two stay equal because their gradients are summed over the embedding
+  // group (stage 0 and the last stage) before each update; the copy is not
+  // written to checkpoints and its gradient norm is not counted (the
+  // primary's is).
+  bool tied = false;
   bool tied_copy = false;
 
   // From ApplyTensorParallel: this rank's part.
@@ -131,17 +141,19 @@ void ForEachLocalBox(const ParamInfo& p, int64_t lo, int64_t hi, Fn fn);
 // 1. The model's tensors with their global shapes, in the order of llm.c's
 // and PyTorch's GPT-2 state: wte, wpe, per block ln_1.{weight,bias},
 // attn.c_attn.{weight,bias}, attn.c_proj.{weight,bias}, ln_2.{..},
-// mlp.c_fc.{..}, mlp.c_proj.{..}, then ln_f.{weight,bias}. Block tensors
-// come from one table (kGptBlockTensors in plan.cc).
+// mlp.c_fc.{..}, mlp.c_proj.{..}, then ln_f.{weight,bias} and, where the
+// head is not tied, lm_head.weight: the tensors of the model's parts
+// (ModelPartsOf) in their order.
 std::vector<ParamInfo> GptTensors(const GptConfig& config);
 // The suffixes of a block's tensors, in table order ("ln_1.weight", ...).
 const std::vector<std::string>& GptBlockTensorNames();
 
 // 2. Splits the layers into stage_layers.size() pipeline stages of
 // contiguous layers, stage s holding stage_layers[s] of them (at least one,
-// adding up to L); wte and wpe are on stage 0, ln_f on the last stage and,
-// with more than one stage, a tied copy of wte for the head after it (in
-// ln_f's unit).
+// adding up to L); the embeddings (wte, wpe) are on stage 0, the final norm
+// and the head (kAfterBlocks) on the last stage and, with more than one
+// stage and a tied head, a copy of the table it reads (ParamInfo::tied) in
+// the final unit.
 void SplitStages(std::vector<ParamInfo>* tensors,
                  const std::vector<int>& stage_layers);
 // pp stages of L/pp layers each (pp | L).

@@ -89,8 +89,12 @@ std::vector<ParamInfo> GptTensors(const GptConfig& cfg) {
   const ModelParts& parts = ModelPartsOf(cfg);
   for (const auto& part : parts.before) {
     for (const PartTensor& t : part->Tensors(cfg)) {
-      add(t, t.name, -1, GlobalUnit(-1, t.unit, false, L));
+      add(t, t.name, kBeforeBlocks, GlobalUnit(-1, t.unit, false, L));
     }
+  }
+  // A tied head reads the token embedding's table.
+  if (parts.head->tied()) {
+    for (ParamInfo& p : out) p.tied = p.name == "wte";
   }
   for (int l = 0; l < L; ++l) {
     for (const auto& part : parts.block) {
@@ -102,7 +106,7 @@ std::vector<ParamInfo> GptTensors(const GptConfig& cfg) {
   }
   for (const auto& part : parts.after) {
     for (const PartTensor& t : part->Tensors(cfg)) {
-      add(t, t.name, -1, GlobalUnit(-1, t.unit, true, L));
+      add(t, t.name, kAfterBlocks, GlobalUnit(-1, t.unit, true, L));
     }
   }
   return out;

@@ -200,7 +200,14 @@ double DistributedOptimizer::GlobalNormSquared() {
 }
 
 void DistributedOptimizer::ReduceTiedEmbedding() {
-  if (groups_.embedding == nullptr) return;
+  // Both ends of the pipeline hold a tied table, or neither does (the
+  // model's head is not tied).
+  const std::vector<ParamInfo>& layout = store_->layout();
+  if (groups_.embedding == nullptr ||
+      std::none_of(layout.begin(), layout.end(),
+                   [](const ParamInfo& p) { return p.tied; })) {
+    return;
+  }
   float* grads = store_->update_grads();
   if (!store_->sharded()) {
     // Unsharded, wte on stage 0 and its copy on the last stage have the
@@ -208,7 +215,7 @@ void DistributedOptimizer::ReduceTiedEmbedding() {
     // the one tied tensor.
     store_->ForEachUpdateStretch(
         [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
-          if (p.name == "wte") {
+          if (p.tied) {
             groups_.embedding->AllReduce(grads + at, hi - lo);
           }
         });
@@ -220,21 +227,21 @@ void DistributedOptimizer::ReduceTiedEmbedding() {
   // Every rank of both stages takes part, whether or not its shard holds
   // part of wte.
   int64_t numel = 0;
-  for (const ParamInfo& p : store_->layout()) {
-    if (p.name == "wte") numel = p.numel;
+  for (const ParamInfo& p : layout) {
+    if (p.tied) numel = p.numel;
   }
   kernels::Ops& ops = store_->ops();
   if (tied_.size() != numel) tied_ = kernels::Buffer(&ops, numel);
   ops.Zero(tied_.data(), numel);
   store_->ForEachUpdateStretch(
       [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
-        if (p.name == "wte") ops.Copy(tied_.data() + lo, grads + at, hi - lo);
+        if (p.tied) ops.Copy(tied_.data() + lo, grads + at, hi - lo);
       });
   if (groups_.dp != nullptr) groups_.dp->AllReduce(tied_.data(), numel);
   groups_.embedding->AllReduce(tied_.data(), numel);
   store_->ForEachUpdateStretch(
       [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
-        if (p.name == "wte") ops.Copy(grads + at, tied_.data() + lo, hi - lo);
+        if (p.tied) ops.Copy(grads + at, tied_.data() + lo, hi - lo);
       });
 }
 

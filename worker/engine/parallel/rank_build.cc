@@ -12,6 +12,7 @@ GptConfig ModelConfig(const v1::JobSpec& spec, int vocab_size) {
   const auto& m = spec.model();
   GptConfig c{m.n_layer(), m.n_head(), m.n_embd(), m.block_size(), vocab_size};
   c.arch = m.arch();
+  c.tie_embeddings = TiesEmbeddings(m);
   c.padded_vocab = PaddedVocab(vocab_size, JobLayout(spec).degree("tp"));
   return c;
 }

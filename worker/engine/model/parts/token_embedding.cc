@@ -1,7 +1,8 @@
 // The token embedding (GPT-2's wte): a row per vocabulary entry, the rows
 // split over tp (each rank holds Vp/tp of them, the padding rows zero and
 // never read); the lookup of the rows a rank holds, summed over the group.
-// The head may read the same table (TiedHeadPart).
+// The head may read the same table (TiedHeadPart): its FLOPs are then the
+// head's matmul's; a lookup alone counts none.
 #include "worker/engine/model/model_parts.h"
 #include "worker/engine/model/part_pass.h"
 
@@ -18,6 +19,10 @@ class TokenEmbedding : public EmbeddingPart {
              0,
              TpSplit::kVocab,
              false}};
+  }
+
+  double FlopsPerToken(const GptConfig& c, int T) const override {
+    return c.tie_embeddings ? ModelPart::FlopsPerToken(c, T) : 0.0;
   }
 
   void Forward(const PartPass& p, float* out, const int32_t* tokens,
