@@ -24,36 +24,18 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "fuzz/fuzz_file.h"
 #include "worker/engine/checkpoint/checkpoint.h"
 #include "worker/engine/data/data.h"
 #include "worker/engine/model/plan.h"
 
-namespace {
-
-namespace fs = std::filesystem;
-
-std::string* g_path = nullptr;
-
-void RemoveFile() {
-  if (g_path != nullptr) {
-    std::error_code ec;
-    fs::remove(fs::path(*g_path).parent_path() / "model.bin", ec);
-    fs::remove(fs::path(*g_path).parent_path(), ec);
-  }
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
-  std::string base = fs::is_directory("/dev/shm") ? "/dev/shm" : "/tmp";
-  std::string tmpl = base + "/ptrain_llmc_fuzz_XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) std::abort();
-  g_path = new std::string(tmpl + "/model.bin");
-  std::atexit(RemoveFile);
+  ptrain::fuzz::FuzzFile("llmc", "model.bin");
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string& path = ptrain::fuzz::FuzzFile("llmc", "model.bin");
   const absl::string_view bytes(reinterpret_cast<const char*>(data), size);
 
   // The token file parser, for a GPT-2 and a character vocabulary.
@@ -69,14 +51,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   {
-    std::ofstream out(*g_path, std::ios::binary | std::ios::trunc);
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     if (!out) std::abort();
   }
   // The same bytes as a file, mapped as training reads it: the same verdict
   // and, when accepted, the same tokens as the parser's.
   {
-    const int fd = ::open(g_path->c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) std::abort();
     auto mapped =
         ptrain::TokenStream::MapTokenFile(fd, "data.train_bin", "fuzz", 50257);
@@ -100,7 +82,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     config = ptrain::GptConfig{h[4], h[5], h[6],
                                h[2], h[3], ptrain::PaddedVocab(h[3], 1)};
   }
-  auto src = ptrain::LlmcSource::Open(*g_path, config);
+  auto src = ptrain::LlmcSource::Open(path, config);
   if (!src.ok()) {
     if (src.status().message().empty()) std::abort();
     return 0;

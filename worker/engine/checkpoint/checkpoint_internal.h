@@ -16,6 +16,7 @@
 #include <xxhash.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,13 @@ class ChunkedWriter {
   std::vector<uint64_t> chunks_;
   int64_t in_chunk_ = 0, total_ = 0;
 };
+
+// Writes `path` whole or not at all: `write` fills a ChunkedWriter on
+// path + ".tmp", which is renamed to path once it succeeds and removed
+// otherwise (checkpoint_writer.cc). Errors name `field`.
+absl::Status WriteReplacing(
+    const ConfinedFs& fs, const std::string& path, const std::string& field,
+    const std::function<absl::Status(ChunkedWriter&)>& write);
 
 // Sum of x over the world (x itself without one): how ranks agree.
 double Agree(Communicator* world, double x);

@@ -178,6 +178,23 @@ absl::Status Prune(const std::string& root, const CheckpointMeta& meta,
 
 }  // namespace
 
+absl::Status WriteReplacing(
+    const ConfinedFs& fs, const std::string& path, const std::string& field,
+    const std::function<absl::Status(ChunkedWriter&)>& write) {
+  const std::string tmp = path + ".tmp";
+  absl::Status s;
+  {
+    ChunkedWriter w;
+    s = w.Open(fs, tmp, field);
+    if (!s.ok()) return s;
+    s = write(w);
+    if (s.ok()) s = w.Finish();
+  }
+  if (s.ok()) s = fs.Rename(tmp, path, field);
+  if (!s.ok()) (void)fs.Remove(tmp, field);
+  return s;
+}
+
 ChunkedWriter::~ChunkedWriter() {
   if (state_ != nullptr) XXH64_freeState(state_);
 }

@@ -82,34 +82,25 @@ absl::Status ExportLlmc(TensorSource& source, const GptConfig& config,
   header[6] = config.n_embd;
   header[7] = PaddedVocab(config.vocab_size, 1);
   // Written beside the target and renamed: never a half-written file.
-  const std::string tmp = path + ".tmp";
-  auto fail = [&](absl::Status s) {
-    (void)fs.Remove(tmp, field);
-    return s;
-  };
-  ChunkedWriter w;
-  if (auto s = w.Open(fs, tmp, field); !s.ok()) return s;
-  if (auto s = w.Write(reinterpret_cast<const char*>(header), sizeof(header));
-      !s.ok()) {
-    return fail(s);
-  }
-  for (const auto& [name, shape] : LlmcOrder(config, config.block_size)) {
-    const int64_t stored = Numel(shape);
-    Box real = WholeBox(shape);
-    if (name == "wte") real.hi[0] = V;  // rows past V stay zero
-    std::vector<float> buf(stored, 0.0f);
-    if (auto s = source.Read(name, real, buf.data()); !s.ok()) {
-      return fail(s);
-    }
-    if (auto s = w.Write(reinterpret_cast<const char*>(buf.data()),
-                         stored * static_cast<int64_t>(sizeof(float)));
+  return WriteReplacing(fs, path, field, [&](ChunkedWriter& w) {
+    if (auto s = w.Write(reinterpret_cast<const char*>(header), sizeof(header));
         !s.ok()) {
-      return fail(s);
+      return s;
     }
-  }
-  if (auto s = w.Finish(); !s.ok()) return fail(s);
-  if (auto s = fs.Rename(tmp, path, field); !s.ok()) return fail(s);
-  return absl::OkStatus();
+    for (const auto& [name, shape] : LlmcOrder(config, config.block_size)) {
+      const int64_t stored = Numel(shape);
+      Box real = WholeBox(shape);
+      if (name == "wte") real.hi[0] = V;  // rows past V stay zero
+      std::vector<float> buf(stored, 0.0f);
+      if (auto s = source.Read(name, real, buf.data()); !s.ok()) return s;
+      if (auto s = w.Write(reinterpret_cast<const char*>(buf.data()),
+                           stored * static_cast<int64_t>(sizeof(float)));
+          !s.ok()) {
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<std::unique_ptr<LlmcSource>> LlmcSource::Open(
