@@ -66,6 +66,17 @@ PT_HD F LayerNormInputGrad(F dnorm, F norm, F dnorm_mean, F dnorm_norm_mean,
   return (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rstd;
 }
 
+// SwiGLU (Llama's MLP): silu(g)·u, silu(g) = g·sigmoid(g).
+template <typename F>
+PT_HD F Sigmoid(F x) {
+  return F(1) / (F(1) + std::exp(-x));
+}
+// silu'(g) from s = sigmoid(g).
+template <typename F>
+PT_HD F SiluGrad(F g, F s) {
+  return s * (F(1) + g * (F(1) - s));
+}
+
 // Cross-entropy of one position from its softmax sum (of exp(logit - max))
 // and its target's logit minus the max: -log(exp(shifted) / sum), without
 // rounding the target's probability first.

@@ -1,5 +1,6 @@
-// Elementwise CPU kernels: GELU (tanh approximation), the residual add and
-// the bias add, forward and backward. Memory-bound streams; one pass each.
+// Elementwise CPU kernels: GELU (tanh approximation), SwiGLU, the residual
+// add and the bias add, forward and backward. Memory-bound streams; one pass
+// each.
 #include <cmath>
 
 #include "kernels/common/math.h"
@@ -29,6 +30,38 @@ void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N) {
       const F x = inp[i];
       const F e = internal::Exp(math::GeluExponent(x));
       dinp[i] = math::GeluGradFromExp(x, e) * dout[i];
+    }
+  });
+}
+
+// gate_up (rows,2H) = [gate | up] per row; out (rows,H).
+template <typename F>
+void swiglu_forward(F* out, const F* gate_up, int64_t rows, int H) {
+  internal::ParallelFor(rows, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      const F* g = gate_up + r * 2 * H;
+      const F* u = g + H;
+      F* o = out + r * H;
+      for (int i = 0; i < H; i++) o[i] = g[i] * math::Sigmoid(g[i]) * u[i];
+    }
+  });
+}
+
+template <typename F>
+void swiglu_backward(F* dgate_up, const F* dout, const F* gate_up, int64_t rows,
+                     int H) {
+  internal::ParallelFor(rows, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      const F* g = gate_up + r * 2 * H;
+      const F* u = g + H;
+      const F* dy = dout + r * H;
+      F* dg = dgate_up + r * 2 * H;
+      F* du = dg + H;
+      for (int i = 0; i < H; i++) {
+        const F s = math::Sigmoid(g[i]);
+        dg[i] = dy[i] * u[i] * math::SiluGrad(g[i], s);
+        du[i] = dy[i] * g[i] * s;
+      }
     }
   });
 }
@@ -100,6 +133,12 @@ void bias_forward(F* out, const F* bias, int64_t rows, int OC) {
 
 template void bias_forward<float>(float*, const float*, int64_t, int);
 template void bias_forward<double>(double*, const double*, int64_t, int);
+template void swiglu_forward<float>(float*, const float*, int64_t, int);
+template void swiglu_forward<double>(double*, const double*, int64_t, int);
+template void swiglu_backward<float>(float*, const float*, const float*,
+                                     int64_t, int);
+template void swiglu_backward<double>(double*, const double*, const double*,
+                                      int64_t, int);
 template void gelu_forward<float>(float*, const float*, int64_t);
 template void gelu_forward<double>(double*, const double*, int64_t);
 template void gelu_backward<float>(float*, const float*, const float*, int64_t);

@@ -277,6 +277,15 @@ void gelu_forward(F* out, const F* inp, int64_t N);
 template <typename F>
 void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N);
 
+// SwiGLU: out (rows,H) = silu(gate)·up, where each row of gate_up
+// (rows,2H) is [gate (H) | up (H)] (a fused column-parallel matmul's
+// output). The backward writes dgate_up (rows,2H) whole.
+template <typename F>
+void swiglu_forward(F* out, const F* gate_up, int64_t rows, int H);
+template <typename F>
+void swiglu_backward(F* dgate_up, const F* dout, const F* gate_up, int64_t rows,
+                     int H);
+
 // out (rows,OC) += bias (OC) on every row; its backward is the column sum
 // that matmul_backward's dbias computes.
 template <typename F>

@@ -371,6 +371,14 @@ class CpuBackend final : public Ops {
     }
     kernels::gelu_backward(dinp, inp.f32(), dout, N);
   }
+  void swiglu_forward(float* out, const float* gate_up, int64_t rows,
+                      int H) override {
+    kernels::swiglu_forward(out, gate_up, rows, H);
+  }
+  void swiglu_backward(float* dgate_up, const float* dout, const float* gate_up,
+                       int64_t rows, int H) override {
+    kernels::swiglu_backward(dgate_up, dout, gate_up, rows, H);
+  }
   void bias_forward(float* out, const float* bias, int64_t rows,
                     int OC) override {
     kernels::bias_forward(out, bias, rows, OC);

@@ -55,7 +55,41 @@ __global__ void GeluBackwardKernel(O* dinp, const S* inp, const float* dout,
   });
 }
 
+// SwiGLU over rows of [gate | up] (2H each): element i of out is row i / H,
+// column i % H.
+__global__ void SwigluForwardKernel(float* out, const float* gate_up, int64_t n,
+                                    int H) {
+  ForEachIndex(n, [&](int64_t i) {
+    const float* g = gate_up + (i / H) * 2 * H + i % H;
+    out[i] = *g * math::Sigmoid(*g) * g[H];
+  });
+}
+
+__global__ void SwigluBackwardKernel(float* dgate_up, const float* dout,
+                                     const float* gate_up, int64_t n, int H) {
+  ForEachIndex(n, [&](int64_t i) {
+    const int64_t at = (i / H) * 2 * H + i % H;
+    const float g = gate_up[at], u = gate_up[at + H];
+    const float s = math::Sigmoid(g);
+    dgate_up[at] = dout[i] * u * math::SiluGrad(g, s);
+    dgate_up[at + H] = dout[i] * g * s;
+  });
+}
+
 }  // namespace
+
+void CudaBackend::swiglu_forward(float* out, const float* gate_up, int64_t rows,
+                                 int H) {
+  const int64_t n = rows * H;
+  Run("swiglu_forward", SwigluForwardKernel, Blocks(n), out, gate_up, n, H);
+}
+
+void CudaBackend::swiglu_backward(float* dgate_up, const float* dout,
+                                  const float* gate_up, int64_t rows, int H) {
+  const int64_t n = rows * H;
+  Run("swiglu_backward", SwigluBackwardKernel, Blocks(n), dgate_up, dout,
+      gate_up, n, H);
+}
 
 void CudaBackend::Add(float* dst, const float* src, int64_t n) {
   Run("Add", AddKernel, Blocks(n), dst, src, n);

@@ -344,6 +344,10 @@ class CudaBackend final : public Ops {
   void gelu_forward(float* out, const float* inp, int64_t N) override;
   void gelu_backward(float* dinp, ConstAct inp, const float* dout,
                      int64_t N) override;
+  void swiglu_forward(float* out, const float* gate_up, int64_t rows,
+                      int H) override;
+  void swiglu_backward(float* dgate_up, const float* dout, const float* gate_up,
+                       int64_t rows, int H) override;
   void bias_forward(float* out, const float* bias, int64_t rows,
                     int OC) override;
   void residual_forward(float* out, const float* inp1, const float* inp2,

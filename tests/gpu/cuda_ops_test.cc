@@ -312,6 +312,24 @@ TEST_P(CudaOpsTest, ResidualLayerNormAndWideRows) {
   Check("layernorm (wide) dbias", g_db.Host(), db);
 }
 
+// SwiGLU over rows of [gate | up] against its CPU twin, forward and
+// backward (fp32 in both precisions: no matmul).
+TEST_P(CudaOpsTest, SwigluForwardAndBackward) {
+  constexpr int kRows = kB * kT, kH = 2 * kC + 1;
+  const Vec gate_up = Random(kRows * 2 * kH, 51, 4.0f),
+            dout = Random(kRows * kH, 52);
+  Vec out(kRows * kH), dgate_up(gate_up.size());
+  Dev g_gu(gpu_.get(), gate_up), g_dout(gpu_.get(), dout),
+      g_out(gpu_.get(), out), g_d(gpu_.get(), dgate_up);
+  cpu().swiglu_forward(out.data(), gate_up.data(), kRows, kH);
+  cpu().swiglu_backward(dgate_up.data(), dout.data(), gate_up.data(), kRows,
+                        kH);
+  gpu_->swiglu_forward(g_out.get(), g_gu.get(), kRows, kH);
+  gpu_->swiglu_backward(g_d.get(), g_dout.get(), g_gu.get(), kRows, kH);
+  Check("swiglu out", g_out.Host(), out);
+  Check("swiglu dgate_up", g_d.Host(), dgate_up);
+}
+
 // RMSNorm against its CPU twin: the forward (alone, fused with the
 // residual add, and stored in bf16 under bf16 compute, rounded as the CPU's
 // bf16 backend rounds it) and the backward, on rows the one-kernel

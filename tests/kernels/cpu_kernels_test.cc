@@ -471,6 +471,40 @@ TEST(RmsnormTest, ResidualRmsnormIsTheAddThenTheRmsnorm) {
   ExpectResidualRmsnormIsAddThenRmsnorm<float>();
 }
 
+// -------------------------------------------------------------- swiglu
+
+// out = silu(gate)·up over rows of [gate | up]: the formula, its gradient by
+// finite differences (the backward writes, not adds), and fp32 against
+// double.
+TEST(SwigluTest, FormulaGradientAndPrecision) {
+  constexpr int rows = kB * kT, H = kOC;
+  std::mt19937_64 rng(12);
+  Vec gate_up = Random(rows * 2 * H, &rng, -4, 4),
+      dout = Random(rows * H, &rng);
+  Vec out(rows * H), dgate_up(gate_up.size(), 123.0);
+  auto loss = [&] {
+    swiglu_forward(out.data(), gate_up.data(), rows, H);
+    return Dot(out, dout);
+  };
+  loss();
+  for (int r = 0; r < rows; r++) {
+    for (int i = 0; i < H; i++) {
+      const double g = gate_up[r * 2 * H + i], u = gate_up[r * 2 * H + H + i];
+      EXPECT_NEAR(out[r * H + i], g / (1 + std::exp(-g)) * u, 1e-14);
+    }
+  }
+  swiglu_backward(dgate_up.data(), dout.data(), gate_up.data(), rows, H);
+  EXPECT_LE(MaxGradError("swiglu dgate_up", &gate_up, dgate_up, loss),
+            kGradTol);
+  const std::vector<float> gate_up32 = ToFloat(gate_up);
+  std::vector<float> out32(out.size()), d32(gate_up.size());
+  CpuOps().swiglu_forward(out32.data(), gate_up32.data(), rows, H);
+  CpuOps().swiglu_backward(d32.data(), ToFloat(dout).data(), gate_up32.data(),
+                           rows, H);
+  ExpectFloatMatchesDouble("swiglu out", out32, out);
+  ExpectFloatMatchesDouble("swiglu dgate_up", d32, dgate_up);
+}
+
 // Sums over rows (LayerNorm's dweight and dbias, a linear layer's dbias in
 // fp32 and bf16) go through fixed blocks of rows, so their bits do not
 // depend on how many threads ran them. 150 rows: two whole blocks and part

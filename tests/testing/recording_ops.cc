@@ -285,6 +285,14 @@ void RecordingOps::gelu_backward(float* dinp, ConstAct inp, const float* dout,
                                  int64_t N) {
   Issue(&Ops::gelu_backward, dinp, inp, dout, N);
 }
+void RecordingOps::swiglu_forward(float* out, const float* gate_up,
+                                  int64_t rows, int H) {
+  Issue(&Ops::swiglu_forward, out, gate_up, rows, H);
+}
+void RecordingOps::swiglu_backward(float* dgate_up, const float* dout,
+                                   const float* gate_up, int64_t rows, int H) {
+  Issue(&Ops::swiglu_backward, dgate_up, dout, gate_up, rows, H);
+}
 void RecordingOps::bias_forward(float* out, const float* bias, int64_t rows,
                                 int OC) {
   Issue(&Ops::bias_forward, out, bias, rows, OC);
