@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "worker/engine/model/model_parts.h"
@@ -56,6 +57,18 @@ TEST(GptTensors, AreTheGpt2StateInOrderWithGlobalShapes) {
 // GPT-2 is its parts: the block's tensors are its parts' in order, and a
 // token's FLOPs are 6 per weight but the position table's, plus
 // attention's 12·C·T per layer (the count llm.c and PaLM use).
+// The plans of pipeline ranks 0 and 1 of two, for rank tp_rank of tp.
+std::pair<std::vector<ParamInfo>, std::vector<ParamInfo>> EndStagePlans(
+    const GptConfig& c, int tp, int tp_rank) {
+  PlanOptions o;
+  o.tp = tp;
+  o.tp_rank = tp_rank;
+  o.pp = 2;
+  std::vector<ParamInfo> first = BuildPlan(c, o);
+  o.pp_rank = 1;
+  return {std::move(first), BuildPlan(c, o)};
+}
+
 TEST(ModelParts, Gpt2TensorsAndFlopsAreTheSumOfItsParts) {
   const GptConfig c = Config();
   std::vector<std::string> block;
@@ -143,14 +156,7 @@ TEST(SplitStages, LastStageHoldsATiedCopyOfWteForTheHead) {
     GptConfig c = Config();
     c.padded_vocab = PaddedVocab(c.vocab_size, tp);
     for (int tp_rank = 0; tp_rank < tp; ++tp_rank) {
-      PlanOptions o;
-      o.tp = tp;
-      o.tp_rank = tp_rank;
-      o.pp = 2;
-      o.pp_rank = 0;
-      const std::vector<ParamInfo> first = BuildPlan(c, o);
-      o.pp_rank = 1;
-      const std::vector<ParamInfo> last = BuildPlan(c, o);
+      const auto [first, last] = EndStagePlans(c, tp, tp_rank);
       const ParamInfo* wte = nullptr;
       for (const ParamInfo& p : first) {
         EXPECT_FALSE(p.tied_copy) << p.name;
@@ -206,13 +212,7 @@ TEST(SplitStages, AnUntiedHeadHasItsOwnTableOnTheLastStage) {
   for (int tp : {1, 2}) {
     c.padded_vocab = PaddedVocab(c.vocab_size, tp);
     for (int tp_rank = 0; tp_rank < tp; ++tp_rank) {
-      PlanOptions o;
-      o.tp = tp;
-      o.tp_rank = tp_rank;
-      o.pp = 2;
-      const std::vector<ParamInfo> first = BuildPlan(c, o);
-      o.pp_rank = 1;
-      const std::vector<ParamInfo> last = BuildPlan(c, o);
+      const auto [first, last] = EndStagePlans(c, tp, tp_rank);
       for (const ParamInfo& p : first) {
         EXPECT_NE(p.name, "lm_head.weight");
         EXPECT_FALSE(p.tied || p.tied_copy) << p.name;

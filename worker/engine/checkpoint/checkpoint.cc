@@ -34,6 +34,17 @@ std::string Errno(const std::string& what, const std::string& path) {
   return absl::StrCat(what, " '", path, "': ", std::strerror(errno));
 }
 
+bool PreadAll(int fd, char* out, int64_t bytes, int64_t at) {
+  int64_t got = 0;
+  while (got < bytes) {
+    const ssize_t n = ::pread(fd, out + got, bytes - got, at + got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    got += n;
+  }
+  return true;
+}
+
 std::string Hex(uint64_t h) { return absl::StrFormat("%016x", h); }
 
 std::string Join(const std::string& dir, const std::string& name) {
@@ -189,13 +200,8 @@ absl::StatusOr<const std::vector<char>*> CheckpointReader::Chunk(
   }
   const int64_t n = std::min(cb, info.bytes - c * cb);
   std::vector<char> buf(n);
-  int64_t got = 0;
-  while (got < n) {
-    const ssize_t r =
-        ::pread(info.fd->get(), buf.data() + got, n - got, c * cb + got);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return absl::DataLossError(Errno("short read from", path));
-    got += r;
+  if (!PreadAll(info.fd->get(), buf.data(), n, c * cb)) {
+    return absl::DataLossError(Errno("short read from", path));
   }
   bytes_read_ += n;
   if (XXH64(buf.data(), static_cast<size_t>(n), 0) != info.chunks[c]) {

@@ -50,6 +50,9 @@ inline constexpr int64_t kMaxWorld = 1 << 20;
 inline constexpr size_t kMaxUidLength = 128;
 
 std::string Errno(const std::string& what, const std::string& path);
+// pread(2) of `bytes` at offset `at` into out, retried until all are read;
+// false at a failure (errno says which) or the file's end.
+bool PreadAll(int fd, char* out, int64_t bytes, int64_t at);
 std::string Hex(uint64_t h);
 std::string Join(const std::string& dir, const std::string& name);
 // A name from a manifest, shortened for an error message.

@@ -199,16 +199,9 @@ absl::Status LlmcSource::Read(const std::string& name, const Box& box,
     const int64_t bytes = row * static_cast<int64_t>(sizeof(float));
     const int64_t at = it->second + BoxIndex(whole, coord) *
                                         static_cast<int64_t>(sizeof(float));
-    int64_t got = 0;
-    while (got < bytes) {
-      const ssize_t n = ::pread(fd_.get(), out + got, bytes - got, at + got);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        status =
-            absl::DataLossError(absl::StrCat("short read from '", path_, "'"));
-        return;
-      }
-      got += n;
+    if (!PreadAll(fd_.get(), out, bytes, at)) {
+      status =
+          absl::DataLossError(absl::StrCat("short read from '", path_, "'"));
     }
   });
   return status;

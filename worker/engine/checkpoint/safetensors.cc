@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -136,33 +135,23 @@ void Widen(SafetensorsDtype dtype, const char* src, int64_t n, float* dst) {
   }
 }
 
-absl::Status ReadAt(int fd, char* out, int64_t bytes, int64_t at,
-                    const std::string& path) {
-  int64_t got = 0;
-  while (got < bytes) {
-    const ssize_t n = ::pread(fd, out + got, bytes - got, at + got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      return absl::DataLossError(absl::StrCat("short read from '", path, "'"));
-    }
-    got += n;
+// The header's length, n, against the limit and the file (`file_size`
+// bytes): before the header is read, and again by the parser.
+absl::Status CheckHeaderLength(uint64_t n, int64_t file_size,
+                               absl::string_view where) {
+  if (n > static_cast<uint64_t>(kMaxSafetensorsHeader)) {
+    return Bad(where, "its header is ", n, " bytes; at most ",
+               kMaxSafetensorsHeader);
+  }
+  const int64_t after_length = file_size < 8 ? 0 : file_size - 8;
+  if (static_cast<int64_t>(n) > after_length) {
+    return Bad(where, "its header is ", n, " bytes but the file has only ",
+               after_length, " after its length");
   }
   return absl::OkStatus();
 }
 
 }  // namespace
-
-const char* SafetensorsDtypeName(SafetensorsDtype dtype) {
-  switch (dtype) {
-    case SafetensorsDtype::kF32:
-      return "F32";
-    case SafetensorsDtype::kBf16:
-      return "BF16";
-    case SafetensorsDtype::kF16:
-      return "F16";
-  }
-  return "?";
-}
 
 int SafetensorsDtypeBytes(SafetensorsDtype dtype) {
   return dtype == SafetensorsDtype::kF32 ? 4 : 2;
@@ -171,14 +160,8 @@ int SafetensorsDtypeBytes(SafetensorsDtype dtype) {
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
     absl::string_view text, int64_t file_size, absl::string_view where) {
   const int64_t n = static_cast<int64_t>(text.size());
-  if (n > kMaxSafetensorsHeader) {
-    return Bad(where, "its header is ", n, " bytes; at most ",
-               kMaxSafetensorsHeader);
-  }
-  const int64_t after_length = file_size < 8 ? 0 : file_size - 8;
-  if (n > after_length) {
-    return Bad(where, "its header is ", n, " bytes but the file has only ",
-               after_length, " after its length");
+  if (absl::Status s = CheckHeaderLength(n, file_size, where); !s.ok()) {
+    return s;
   }
   const std::optional<json> parsed =
       manifest_json::ParseJson(std::string(text));
@@ -237,23 +220,18 @@ absl::StatusOr<std::unique_ptr<SafetensorsSource>> SafetensorsSource::Open(
   }
   unsigned char len[8];
   if (st.st_size < 8 ||
-      !ReadAt(fd->get(), reinterpret_cast<char*>(len), 8, 0, path).ok()) {
+      !PreadAll(fd->get(), reinterpret_cast<char*>(len), 8, 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ": '", path, "' is shorter than a safetensors header's length"));
   }
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
-  if (n > static_cast<uint64_t>(kMaxSafetensorsHeader) ||
-      static_cast<int64_t>(n) > st.st_size - 8) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": safetensors file '", path, "': its header is ", n,
-        " bytes but the file has ", st.st_size - 8,
-        " after its length (at most ", kMaxSafetensorsHeader, ")"));
+  if (absl::Status s = CheckHeaderLength(n, st.st_size, path); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", s.message()));
   }
   std::string text(n, '\0');
-  if (auto s = ReadAt(fd->get(), text.data(), static_cast<int64_t>(n), 8, path);
-      !s.ok()) {
-    return s;
+  if (!PreadAll(fd->get(), text.data(), static_cast<int64_t>(n), 8)) {
+    return absl::DataLossError(absl::StrCat("short read from '", path, "'"));
   }
   auto header = ParseSafetensorsHeader(text, st.st_size, path);
   if (!header.ok()) {
@@ -297,10 +275,12 @@ absl::Status SafetensorsSource::Read(const std::string& name, const Box& box,
     if (!status.ok()) return;
     const int64_t at =
         header_.data_begin + e->begin + BoxIndex(whole, coord) * bytes;
-    status = ReadAt(fd_.get(), buf.data(), row * bytes, at, path_);
-    if (status.ok()) {
-      Widen(e->dtype, buf.data(), row, dst + BoxIndex(box, coord));
+    if (!PreadAll(fd_.get(), buf.data(), row * bytes, at)) {
+      status =
+          absl::DataLossError(absl::StrCat("short read from '", path_, "'"));
+      return;
     }
+    Widen(e->dtype, buf.data(), row, dst + BoxIndex(box, coord));
   });
   return status;
 }

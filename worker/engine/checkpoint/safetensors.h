@@ -26,8 +26,6 @@
 namespace ptrain {
 
 enum class SafetensorsDtype { kF32, kBf16, kF16 };
-// "F32", "BF16", "F16".
-const char* SafetensorsDtypeName(SafetensorsDtype dtype);
 int SafetensorsDtypeBytes(SafetensorsDtype dtype);
 
 struct SafetensorsEntry {
