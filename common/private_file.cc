@@ -23,32 +23,6 @@ absl::Status Errno(const char* what, const std::string& path, int err) {
 
 }  // namespace
 
-absl::Status WritePrivateFile(const std::string& path, const std::string& text,
-                              bool sync) {
-  const int fd =
-      open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return Errno("write", path, errno);
-  fchmod(fd, 0600);
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : ENOSPC;
-      close(fd);
-      return Errno("write", path, err);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (sync && fsync(fd) != 0) {
-    const int err = errno;
-    close(fd);
-    return Errno("sync", path, err);
-  }
-  if (close(fd) != 0) return Errno("write", path, errno);
-  return absl::OkStatus();
-}
-
 absl::Status ReplaceFileAt(int dirfd, const std::string& dir,
                            const std::string& name, std::string_view bytes,
                            mode_t mode) {
@@ -59,6 +33,8 @@ absl::Status ReplaceFileAt(int dirfd, const std::string& dir,
       openat(dirfd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
   if (fd < 0) return Errno("create", absl::StrCat(dir, "/", tmp), errno);
   int err = 0;
+  // The umask may take bits from the owner too; a private file keeps its.
+  if ((mode & 077) == 0 && fchmod(fd, mode) != 0) err = errno;
   for (size_t done = 0; err == 0 && done < bytes.size();) {
     const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;

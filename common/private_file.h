@@ -13,15 +13,10 @@
 
 namespace ptrain {
 
-// Writes `text` to `path` created 0600 (replacing it), whatever the umask;
-// with `sync`, on the disk (fsync) before it returns. Unavailable naming
-// the path and the system's reason on failure.
-absl::Status WritePrivateFile(const std::string& path, const std::string& text,
-                              bool sync = false);
-
 // Replaces `name` in the open folder `dirfd` (whose path `dir` names it in
 // errors) by a file holding `bytes`, created with permissions `mode` (less
-// the umask): written and synced beside it as NAME.PID.tmp (processes
+// the umask; a mode for the owner only is kept whatever the umask): written
+// and synced beside it as NAME.PID.tmp (processes
 // replacing one file at once do not share a temporary; IsReplaceTemporary
 // knows the name), renamed over it, the folder synced. On failure the
 // file is as it was and no temporary is left.
@@ -33,7 +28,8 @@ absl::Status ReplaceFileAt(int dirfd, const std::string& dir,
 absl::Status ReplaceFile(const std::string& path, std::string_view bytes,
                          mode_t mode);
 
-// ReplaceFile, 0600.
+// ReplaceFile, 0600 whatever the umask. Unavailable naming the path and the
+// system's reason on failure.
 absl::Status ReplacePrivateFile(const std::string& path,
                                 const std::string& text);
 

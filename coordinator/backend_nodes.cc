@@ -93,7 +93,8 @@ class NodesBackend : public MpirunBackend {
       request.threads = min_threads;
     }
     request.nodes_file = (fs::path(request.job_dir) / "nodes").string();
-    if (absl::Status s = WritePrivateFile(request.nodes_file, text); !s.ok()) {
+    if (absl::Status s = ReplacePrivateFile(request.nodes_file, text);
+        !s.ok()) {
       return s;
     }
     request.rsh_agent = options_.ptrsh;

@@ -313,7 +313,7 @@ absl::StatusOr<std::string> Coordinator::DescribeRun(
       (fs::path(options_.state_dir) /
        absl::StrCat("dry-run-", NewJobUid("spec"), ".yaml"))
           .string();
-  if (absl::Status s = WritePrivateFile(path, JobSpecToYaml(spec)); !s.ok()) {
+  if (absl::Status s = ReplacePrivateFile(path, JobSpecToYaml(spec)); !s.ok()) {
     return s;
   }
   LaunchRequest req;

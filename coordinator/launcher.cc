@@ -73,15 +73,15 @@ absl::StatusOr<std::string> PrepareJobDir(
     return absl::UnavailableError(
         absl::StrCat("cannot create ", dir.string(), ": ", ec.message()));
   absl::Status s =
-      WritePrivateFile((dir / "spec.yaml").string(), JobSpecToYaml(spec));
+      ReplacePrivateFile((dir / "spec.yaml").string(), JobSpecToYaml(spec));
   if (!s.ok()) return s;
-  s = WritePrivateFile((dir / "hostfile").string(),
-                       placement.empty()
-                           ? absl::StrCat("localhost slots=", world_size, "\n")
-                           : Hostfile(placement));
+  s = ReplacePrivateFile(
+      (dir / "hostfile").string(),
+      placement.empty() ? absl::StrCat("localhost slots=", world_size, "\n")
+                        : Hostfile(placement));
   if (!s.ok()) return s;
   if (!tls_ca_pem.empty()) {
-    s = WritePrivateFile((dir / "tls-ca.pem").string(), tls_ca_pem);
+    s = ReplacePrivateFile((dir / "tls-ca.pem").string(), tls_ca_pem);
     if (!s.ok()) return s;
   }
   return dir.string();
@@ -202,8 +202,7 @@ absl::StatusOr<std::string> MakeAttemptDir(const LaunchRequest& r) {
   // overwrites these bytes and needs no new space, so it reaches the disk
   // even when the disk has filled up meanwhile.
   const std::string exit_file = (fs::path(attempt_dir) / "exit_code").string();
-  if (absl::Status s = WritePrivateFile(exit_file, std::string(kExitPending),
-                                        /*sync=*/true);
+  if (absl::Status s = ReplacePrivateFile(exit_file, std::string(kExitPending));
       !s.ok()) {
     return s;
   }
@@ -257,7 +256,7 @@ absl::StatusOr<Launched> LaunchAttempt(const LaunchRequest& r) {
   if (!dir.ok()) return dir.status();
   const std::string attempt_dir = *dir;
   if (!r.rank_cpus.empty()) {
-    if (absl::Status s = WritePrivateFile(
+    if (absl::Status s = ReplacePrivateFile(
             (fs::path(attempt_dir) / "rankfile").string(), Rankfile(r));
         !s.ok()) {
       return s;

@@ -284,7 +284,7 @@ std::optional<Refusal> SetDefaultUserToken(const PtcoordFlags& f,
   const std::string token_file =
       (fs::path(o->state_dir) / "user-token").string();
   if (!fs::exists(token_file)) {
-    if (absl::Status s = WritePrivateFile(token_file, GenerateToken() + "\n");
+    if (absl::Status s = ReplacePrivateFile(token_file, GenerateToken() + "\n");
         !s.ok()) {
       return Refuse(s, 1);
     }

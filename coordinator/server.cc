@@ -32,8 +32,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorHttp>> ServeMetrics(
   if (!http.ok()) return http.status();
   const std::string host = listen.substr(0, listen.rfind(':'));
   const std::string at = absl::StrCat(host, ":", (*http)->port());
-  WritePrivateFile((fs::path(state_dir) / "metrics_address").string(),
-                   at + "\n")
+  ReplacePrivateFile((fs::path(state_dir) / "metrics_address").string(),
+                     at + "\n")
       .IgnoreError();
   std::printf(
       "ptcoord: metrics and rank discovery on http://%s/metrics, "
@@ -65,7 +65,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorUi>> ServeUi(
   const bool every = host == "0.0.0.0" || host == "[::]";
   const std::string url = absl::StrCat(o.tls_pem.empty() ? "http" : "https",
                                        "://", host, ":", (*ui)->port(), "/");
-  WritePrivateFile((fs::path(state_dir) / "ui_address").string(), url + "\n")
+  ReplacePrivateFile((fs::path(state_dir) / "ui_address").string(), url + "\n")
       .IgnoreError();
   std::printf("ptcoord: web UI on %s (user token: %s%s)\n", url.c_str(),
               o.tls_pem.empty() ? "plain text" : "TLS",
@@ -76,7 +76,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorUi>> ServeUi(
 
 void AnnounceAddress(const std::string& state_dir, const std::string& address,
                      const ServerTls& tls) {
-  WritePrivateFile((fs::path(state_dir) / "address").string(), address + "\n")
+  ReplacePrivateFile((fs::path(state_dir) / "address").string(), address + "\n")
       .IgnoreError();
   std::printf("ptcoord: listening on %s (%s)\n", address.c_str(),
               tls.cert_pem.empty()        ? "plain text"

@@ -153,7 +153,7 @@ absl::StatusOr<std::string> SubmitSlurmAttempt(const LaunchRequest& r,
   if (!dir.ok()) return dir.status();
   const std::string script = (fs::path(*dir) / "slurm.sh").string();
   if (absl::Status s =
-          WritePrivateFile(script, SlurmBatchScript(r, *dir, cpus_per_task));
+          ReplacePrivateFile(script, SlurmBatchScript(r, *dir, cpus_per_task));
       !s.ok()) {
     return s;
   }

@@ -76,6 +76,14 @@ TEST_F(ReplaceFileTest, PrivateFilesAreTheOwnersOnly) {
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   EXPECT_EQ(Read(path), "token");
+  // Whatever the umask, even one that takes the owner's bits.
+  const mode_t old = ::umask(0377);
+  const absl::Status s = ReplacePrivateFile(path, "second");
+  ::umask(old);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(Read(path), "second");
 }
 
 TEST_F(ReplaceFileTest, AFailureNamesThePathAndLeavesTheOldFile) {

@@ -44,8 +44,7 @@ absl::StatusOr<NodeSecretFile> NodeSecretFile::Open(
   if (!fs::is_directory(state_dir, ec)) return refuse("not a folder");
   const std::string path = (fs::path(state_dir) / (name + ".secret")).string();
   const std::string probe = path + ".probe";
-  if (absl::Status s = WritePrivateFile(probe, "probe\n", /*sync=*/true);
-      !s.ok()) {
+  if (absl::Status s = ReplacePrivateFile(probe, "probe\n"); !s.ok()) {
     return refuse(std::string(s.message()));
   }
   unlink(probe.c_str());
