@@ -18,6 +18,8 @@
 #include <string>
 #include <utility>
 
+#include "kernels/common/math.h"
+
 namespace ptrain::kernels {
 
 enum class Device { kCpu, kCuda };
@@ -279,6 +281,13 @@ class Ops {
   virtual void gelu_forward(float* out, const float* inp, int64_t N) = 0;
   virtual void gelu_backward(float* dinp, ConstAct inp, const float* dout,
                              int64_t N) = 0;
+  // Rotary positions (kernels/cpu/kernels.h rope_forward), in place: x
+  // holds B sequences of n rows each, rows `stride` floats apart, each row
+  // `heads` heads of hs channels from its start; row t of a sequence is at
+  // position pos0 + t. `inverse` turns back (the gradient's rotation). fp32.
+  virtual void rope_forward(float* x, int64_t stride, int B, int n, int heads,
+                            int hs, int pos0, const math::Rope& rope,
+                            bool inverse) = 0;
   // SwiGLU (kernels/cpu/kernels.h swiglu_forward): out (rows,H) =
   // silu(gate)·up from gate_up (rows,2H), [gate | up] per row; the backward
   // writes dgate_up whole. fp32.

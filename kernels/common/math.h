@@ -131,6 +131,60 @@ PT_HD int ZigzagPosition(int t, int Tl, int cp, int rank) {
   return t < chunk ? rank * chunk + t : (2 * cp - 1 - rank) * chunk + t - chunk;
 }
 
+// Rotary positions (RoPE): the frequencies of a head of hs channels,
+// channel i < hs/2 paired with i + hs/2 ("rotate half") and turned by the
+// angle p·inv_freq(i) at position p. inv_freq(i) = theta^(-2i/hs); with a
+// Llama 3 scaling (factor > 0), frequencies whose wavelength exceeds
+// original_context / low_freq_factor are divided by factor, those under
+// original_context / high_freq_factor kept, and those between blended
+// (smooth = (original_context / wavelength − low) / (high − low)).
+struct Rope {
+  float theta = 10000.0f;
+  float factor = 0.0f;  // 0: no scaling
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  int original_context = 8192;
+};
+
+// In fp32 steps, as the published reference computes them.
+PT_HD float RopeInvFreq(int i, int hs, const Rope& r) {
+  const float inv =
+      1.0f / powf(r.theta, static_cast<float>(2 * i) / static_cast<float>(hs));
+  if (r.factor <= 0.0f) return inv;
+  const float pi = 3.14159265358979323846f;
+  const float wavelen = 2.0f * pi / inv;
+  const float ctx = static_cast<float>(r.original_context);
+  const float low_wavelen = ctx / r.low_freq_factor;
+  const float high_wavelen = ctx / r.high_freq_factor;
+  if (wavelen < high_wavelen) return inv;
+  if (wavelen > low_wavelen) return inv / r.factor;
+  const float smooth = (ctx / wavelen - r.low_freq_factor) /
+                       (r.high_freq_factor - r.low_freq_factor);
+  return (1.0f - smooth) * inv / r.factor + smooth * inv;
+}
+
+// The cosine and sine of position p's angle for channel pair i: the angle
+// an fp32 product, its cosine and sine in double rounded to fp32 (the same
+// on both backends).
+PT_HD void RopeCosSin(int p, float inv_freq, float* c, float* s) {
+  const double angle = static_cast<double>(static_cast<float>(p) * inv_freq);
+  *c = static_cast<float>(cos(angle));
+  *s = static_cast<float>(sin(angle));
+}
+
+// One channel pair (x1 = channel i, x2 = i + hs/2) turned by the angle
+// (c, s), or back (inverse: the gradient's rotation, by −angle).
+PT_HD void RopeRotate(float* x1, float* x2, float c, float s, bool inverse) {
+  const float a = *x1, b = *x2;
+  if (inverse) {
+    *x1 = a * c + b * s;
+    *x2 = b * c - a * s;
+  } else {
+    *x1 = a * c - b * s;
+    *x2 = b * c + a * s;
+  }
+}
+
 }  // namespace ptrain::kernels::math
 
 #endif  // PTRAIN_KERNELS_COMMON_MATH_H_

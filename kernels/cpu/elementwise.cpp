@@ -1,7 +1,8 @@
-// Elementwise CPU kernels: GELU (tanh approximation), SwiGLU, the residual
-// add and the bias add, forward and backward. Memory-bound streams; one pass
-// each.
+// Elementwise CPU kernels: GELU (tanh approximation), SwiGLU, RoPE, the
+// residual add and the bias add, forward and backward. Memory-bound streams;
+// one pass each.
 #include <cmath>
+#include <vector>
 
 #include "kernels/common/math.h"
 #include "kernels/cpu/bf16.h"
@@ -61,6 +62,37 @@ void swiglu_backward(F* dgate_up, const F* dout, const F* gate_up, int64_t rows,
         const F s = math::Sigmoid(g[i]);
         dg[i] = dy[i] * u[i] * math::SiluGrad(g[i], s);
         du[i] = dy[i] * g[i] * s;
+      }
+    }
+  });
+}
+
+template <typename F>
+void rope_forward(F* x, int64_t stride, int B, int n, int heads, int hs,
+                  int pos0, const math::Rope& rope, bool inverse) {
+  const int half = hs / 2;
+  // Each position's cosines and sines once, for every sequence and head.
+  std::vector<float> cs(static_cast<size_t>(n) * 2 * half);
+  std::vector<float> inv(half);
+  for (int i = 0; i < half; i++) inv[i] = math::RopeInvFreq(i, hs, rope);
+  for (int t = 0; t < n; t++) {
+    for (int i = 0; i < half; i++) {
+      float* at = cs.data() + (static_cast<size_t>(t) * half + i) * 2;
+      math::RopeCosSin(pos0 + t, inv[i], at, at + 1);
+    }
+  }
+  internal::ParallelFor(int64_t{B} * n, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      const float* row_cs = cs.data() + (r % n) * 2 * half;
+      for (int h = 0; h < heads; h++) {
+        F* head = x + r * stride + int64_t{h} * hs;
+        for (int i = 0; i < half; i++) {
+          float a = static_cast<float>(head[i]),
+                b = static_cast<float>(head[i + half]);
+          math::RopeRotate(&a, &b, row_cs[2 * i], row_cs[2 * i + 1], inverse);
+          head[i] = static_cast<F>(a);
+          head[i + half] = static_cast<F>(b);
+        }
       }
     }
   });
@@ -133,6 +165,8 @@ void bias_forward(F* out, const F* bias, int64_t rows, int OC) {
 
 template void bias_forward<float>(float*, const float*, int64_t, int);
 template void bias_forward<double>(double*, const double*, int64_t, int);
+template void rope_forward<float>(float*, int64_t, int, int, int, int, int,
+                                  const math::Rope&, bool);
 template void swiglu_forward<float>(float*, const float*, int64_t, int);
 template void swiglu_forward<double>(double*, const double*, int64_t, int);
 template void swiglu_backward<float>(float*, const float*, const float*,

@@ -277,6 +277,15 @@ void gelu_forward(F* out, const F* inp, int64_t N);
 template <typename F>
 void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N);
 
+// Rotary positions (math.h's Rope), in place: x holds B sequences of n
+// rows each (rows `stride` elements apart; sequence b's first row is row
+// b·n), each row starting with `heads` heads of hs (even) channels; row t
+// of a sequence is at position pos0 + t. `inverse` turns back by the same
+// angle (the backward: the gradient of a rotation is the inverse one).
+template <typename F>
+void rope_forward(F* x, int64_t stride, int B, int n, int heads, int hs,
+                  int pos0, const math::Rope& rope, bool inverse);
+
 // SwiGLU: out (rows,H) = silu(gate)·up, where each row of gate_up
 // (rows,2H) is [gate (H) | up (H)] (a fused column-parallel matmul's
 // output). The backward writes dgate_up (rows,2H) whole.

@@ -371,6 +371,10 @@ class CpuBackend final : public Ops {
     }
     kernels::gelu_backward(dinp, inp.f32(), dout, N);
   }
+  void rope_forward(float* x, int64_t stride, int B, int n, int heads, int hs,
+                    int pos0, const math::Rope& rope, bool inverse) override {
+    kernels::rope_forward(x, stride, B, n, heads, hs, pos0, rope, inverse);
+  }
   void swiglu_forward(float* out, const float* gate_up, int64_t rows,
                       int H) override {
     kernels::swiglu_forward(out, gate_up, rows, H);

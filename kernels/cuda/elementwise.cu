@@ -76,7 +76,33 @@ __global__ void SwigluBackwardKernel(float* dgate_up, const float* dout,
   });
 }
 
+// RoPE: element i is channel pair i % half of head (i / half) % heads of
+// row i / (half·heads); the row's position is pos0 + row % n.
+__global__ void RopeKernel(float* x, int64_t stride, int64_t pairs, int n,
+                           int heads, int hs, int pos0, math::Rope rope,
+                           bool inverse) {
+  const int half = hs / 2;
+  ForEachIndex(pairs, [&](int64_t i) {
+    const int pair = static_cast<int>(i % half);
+    const int64_t head = i / half;
+    const int64_t row = head / heads;
+    float* at = x + row * stride + (head % heads) * hs + pair;
+    float c, s;
+    math::RopeCosSin(pos0 + static_cast<int>(row % n),
+                     math::RopeInvFreq(pair, hs, rope), &c, &s);
+    math::RopeRotate(at, at + half, c, s, inverse);
+  });
+}
+
 }  // namespace
+
+void CudaBackend::rope_forward(float* x, int64_t stride, int B, int n,
+                               int heads, int hs, int pos0,
+                               const math::Rope& rope, bool inverse) {
+  const int64_t pairs = int64_t{B} * n * heads * (hs / 2);
+  Run("rope_forward", RopeKernel, Blocks(pairs), x, stride, pairs, n, heads, hs,
+      pos0, rope, inverse);
+}
 
 void CudaBackend::swiglu_forward(float* out, const float* gate_up, int64_t rows,
                                  int H) {

@@ -330,6 +330,28 @@ TEST_P(CudaOpsTest, SwigluForwardAndBackward) {
   Check("swiglu dgate_up", g_d.Host(), dgate_up);
 }
 
+// RoPE against its CPU twin, both ways, with and without Llama 3's
+// scaling, on rows wider than their heads.
+TEST_P(CudaOpsTest, RopeForwardAndInverse) {
+  constexpr int kHeads = 3, kHs = 16, kStride = 3 * kHs + 5, kPos0 = 11;
+  for (float factor : {0.0f, 8.0f}) {
+    kernels::math::Rope rope;
+    rope.theta = 500000.0f;
+    rope.factor = factor;
+    rope.original_context = 64;
+    const Vec x = Random(kB * kT * kStride, 61);
+    for (bool inverse : {false, true}) {
+      Vec y = x;
+      Dev g_y(gpu_.get(), x);
+      cpu().rope_forward(y.data(), kStride, kB, kT, kHeads, kHs, kPos0, rope,
+                         inverse);
+      gpu_->rope_forward(g_y.get(), kStride, kB, kT, kHeads, kHs, kPos0, rope,
+                         inverse);
+      Check(inverse ? "rope inverse" : "rope", g_y.Host(), y);
+    }
+  }
+}
+
 // RMSNorm against its CPU twin: the forward (alone, fused with the
 // residual add, and stored in bf16 under bf16 compute, rounded as the CPU's
 // bf16 backend rounds it) and the backward, on rows the one-kernel

@@ -505,6 +505,108 @@ TEST(SwigluTest, FormulaGradientAndPrecision) {
   ExpectFloatMatchesDouble("swiglu dgate_up", d32, dgate_up);
 }
 
+// ---------------------------------------------------------------- rope
+
+// The angles of RoPE against the formula written here in double: channel i
+// of a head pairs with i + hs/2 and turns by p·theta^(-2i/hs); the rows
+// of every sequence start at pos0; channels past `heads` heads stay.
+TEST(RopeTest, TurnsEachPairByItsPositionsAngle) {
+  constexpr int B = 2, n = 5, heads = 3, hs = 8, pos0 = 7, stride = 30;
+  std::mt19937_64 rng(21);
+  const std::vector<float> x = ToFloat(Random(B * n * stride, &rng));
+  std::vector<float> y = x;
+  math::Rope rope;
+  rope.theta = 500000.0f;
+  CpuOps().rope_forward(y.data(), stride, B, n, heads, hs, pos0, rope, false);
+  for (int r = 0; r < B * n; r++) {
+    const int p = pos0 + r % n;
+    for (int c = 0; c < stride; c++) {
+      const int at = r * stride + c;
+      if (c >= heads * hs) {
+        EXPECT_EQ(y[at], x[at]) << "row " << r << " channel " << c;
+        continue;
+      }
+      const int i = c % hs, half = hs / 2, pair = i % half;
+      const double angle = p * std::pow(500000.0, -2.0 * pair / hs);
+      const double a = x[at - i + pair], b = x[at - i + pair + half];
+      const double want = i < half ? a * std::cos(angle) - b * std::sin(angle)
+                                   : b * std::cos(angle) + a * std::sin(angle);
+      EXPECT_NEAR(y[at], want, 2e-6) << "row " << r << " channel " << c;
+    }
+  }
+  // The inverse turns back.
+  CpuOps().rope_forward(y.data(), stride, B, n, heads, hs, pos0, rope, true);
+  for (size_t i = 0; i < x.size(); i++) EXPECT_NEAR(y[i], x[i], 1e-6) << i;
+}
+
+// What RoPE is for: the product of a query at position p and a key at q
+// depends on p − q only. And the backward is the forward's transpose: for
+// any x and g, <rope(x), g> = <x, rope⁻¹(g)>.
+TEST(RopeTest, ProductsDependOnTheDistanceAndTheBackwardIsTheTranspose) {
+  constexpr int hs = 16;
+  std::mt19937_64 rng(22);
+  const std::vector<float> q = ToFloat(Random(hs, &rng)),
+                           k = ToFloat(Random(hs, &rng));
+  math::Rope rope;
+  auto dot_at = [&](int pq, int pk) {
+    std::vector<float> a = q, b = k;
+    CpuOps().rope_forward(a.data(), hs, 1, 1, 1, hs, pq, rope, false);
+    CpuOps().rope_forward(b.data(), hs, 1, 1, 1, hs, pk, rope, false);
+    double d = 0;
+    for (int i = 0; i < hs; i++) d += double{a[i]} * b[i];
+    return d;
+  };
+  EXPECT_NEAR(dot_at(3, 1), dot_at(12, 10), 1e-5);
+  EXPECT_NEAR(dot_at(40, 0), dot_at(140, 100), 1e-5);
+  EXPECT_GT(std::abs(dot_at(3, 1) - dot_at(3, 2)), 1e-3);
+  const std::vector<float> g = ToFloat(Random(hs, &rng));
+  std::vector<float> rx = q, rg = g;
+  CpuOps().rope_forward(rx.data(), hs, 1, 1, 1, hs, 9, rope, false);
+  CpuOps().rope_forward(rg.data(), hs, 1, 1, 1, hs, 9, rope, true);
+  double lhs = 0, rhs = 0;
+  for (int i = 0; i < hs; i++) {
+    lhs += double{rx[i]} * g[i];
+    rhs += double{q[i]} * rg[i];
+  }
+  EXPECT_NEAR(lhs, rhs, 1e-6);
+}
+
+// Llama 3's scaling of the frequencies, against its rule written here:
+// wavelengths under original/high kept, over original/low divided by the
+// factor, those between blended.
+TEST(RopeTest, Llama3ScalingKeepsHighDividesLowAndBlendsBetween) {
+  math::Rope r;
+  r.theta = 500000.0f;
+  r.factor = 32.0f;
+  r.low_freq_factor = 1.0f;
+  r.high_freq_factor = 4.0f;
+  r.original_context = 8192;
+  constexpr int hs = 64;
+  int kept = 0, divided = 0, blended = 0;
+  for (int i = 0; i < hs / 2; i++) {
+    const double inv = std::pow(500000.0, -2.0 * i / hs);
+    const double wavelen = 2 * M_PI / inv;
+    double want = inv;
+    if (wavelen > 8192.0) {
+      want = inv / 32;
+      ++divided;
+    } else if (wavelen >= 8192.0 / 4) {
+      const double smooth = (8192.0 / wavelen - 1) / (4 - 1);
+      want = (1 - smooth) * inv / 32 + smooth * inv;
+      ++blended;
+    } else {
+      ++kept;
+    }
+    EXPECT_NEAR(math::RopeInvFreq(i, hs, r), want, 1e-6 * want) << i;
+    math::Rope plain = r;
+    plain.factor = 0;
+    EXPECT_NEAR(math::RopeInvFreq(i, hs, plain), inv, 1e-6 * inv) << i;
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(divided, 0);
+  EXPECT_GT(blended, 0);
+}
+
 // Sums over rows (LayerNorm's dweight and dbias, a linear layer's dbias in
 // fp32 and bf16) go through fixed blocks of rows, so their bits do not
 // depend on how many threads ran them. 150 rows: two whole blocks and part

@@ -285,6 +285,11 @@ void RecordingOps::gelu_backward(float* dinp, ConstAct inp, const float* dout,
                                  int64_t N) {
   Issue(&Ops::gelu_backward, dinp, inp, dout, N);
 }
+void RecordingOps::rope_forward(float* x, int64_t stride, int B, int n,
+                                int heads, int hs, int pos0,
+                                const kernels::math::Rope& rope, bool inverse) {
+  Issue(&Ops::rope_forward, x, stride, B, n, heads, hs, pos0, rope, inverse);
+}
 void RecordingOps::swiglu_forward(float* out, const float* gate_up,
                                   int64_t rows, int H) {
   Issue(&Ops::swiglu_forward, out, gate_up, rows, H);

@@ -167,6 +167,9 @@ class RecordingOps final : public kernels::Ops {
   void gelu_forward(float* out, const float* inp, int64_t N) override;
   void gelu_backward(float* dinp, kernels::ConstAct inp, const float* dout,
                      int64_t N) override;
+  void rope_forward(float* x, int64_t stride, int B, int n, int heads, int hs,
+                    int pos0, const kernels::math::Rope& rope,
+                    bool inverse) override;
   void swiglu_forward(float* out, const float* gate_up, int64_t rows,
                       int H) override;
   void swiglu_backward(float* dgate_up, const float* dout, const float* gate_up,
