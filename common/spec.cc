@@ -85,6 +85,24 @@ bool TiesEmbeddings(const v1::ModelSpec& model) {
   return !model.has_tie_embeddings() || model.tie_embeddings();
 }
 
+int KvHeads(const v1::ModelSpec& model) {
+  return model.arch() == "llama" && model.n_kv_head() > 0 ? model.n_kv_head()
+                                                          : model.n_head();
+}
+
+int FfnHidden(const v1::ModelSpec& model) {
+  const int64_t C = model.n_embd();
+  if (model.arch() != "llama") return static_cast<int>(4 * C);
+  if (model.ffn_hidden() > 0) return model.ffn_hidden();
+  int64_t hidden = 2 * (4 * C) / 3;
+  if (model.ffn_dim_multiplier() > 0) {
+    hidden = static_cast<int64_t>(model.ffn_dim_multiplier() *
+                                  static_cast<double>(hidden));
+  }
+  const int64_t m = model.multiple_of() > 0 ? model.multiple_of() : 256;
+  return static_cast<int>((hidden + m - 1) / m * m);
+}
+
 CudaGraphs CudaGraphsOf(const v1::JobSpec& spec) {
   const std::string& g = spec.train().cuda_graphs();
   if (g == "auto") return CudaGraphs::kAuto;
@@ -130,6 +148,7 @@ v1::JobSpec DefaultJobSpec() {
   model->set_vocab_size(0);
   model->set_init_from("");
   model->set_tie_embeddings(true);
+  model->mutable_rope_scaling();  // present, as every section (all 0)
 
   v1::DataSpec* data = spec.mutable_data();
   data->set_path("");

@@ -89,6 +89,12 @@ std::string CudaGraphsUnsupported(const v1::JobSpec& spec);
 
 // model.tie_embeddings; absent (a spec stored before the field): true.
 bool TiesEmbeddings(const v1::ModelSpec& model);
+// arch llama's fields with their defaults (docs/job-spec.md): the key and
+// value heads (n_head where 0), and the MLP's hidden width (ffn_hidden, or
+// Llama's rule: 8C/3, times ffn_dim_multiplier where set, rounded up to a
+// multiple of multiple_of, 256 where 0). For arch gpt: n_head and 4C.
+int KvHeads(const v1::ModelSpec& model);
+int FfnHidden(const v1::ModelSpec& model);
 
 // A JobSpec with every field at its documented default (docs/job-spec.md).
 v1::JobSpec DefaultJobSpec();

@@ -154,11 +154,80 @@ absl::Status ValidateName(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// arch llama's fields: each in range, and none given to arch gpt.
+absl::Status ValidateLlamaFields(const v1::ModelSpec& m) {
+  const v1::RopeScalingSpec& r = m.rope_scaling();
+  if (m.arch() != "llama") {
+    const std::pair<const char*, bool> given[] = {
+        {"n_kv_head", m.n_kv_head() != 0},
+        {"norm_eps", m.norm_eps() != 0},
+        {"rope_theta", m.rope_theta() != 0},
+        {"rope_scaling", r.factor() != 0 || r.low_freq_factor() != 0 ||
+                             r.high_freq_factor() != 0 ||
+                             r.original_context() != 0},
+        {"ffn_hidden", m.ffn_hidden() != 0},
+        {"multiple_of", m.multiple_of() != 0},
+        {"ffn_dim_multiplier", m.ffn_dim_multiplier() != 0},
+    };
+    for (const auto& [field, set] : given) {
+      if (set) {
+        return Error("model.", field, " applies to model.arch=llama, not ",
+                     EchoQuoted(m.arch()));
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (absl::Status s = First({
+          CheckFinite(r, "model.rope_scaling"),
+          InRange("model.n_kv_head", m.n_kv_head(), 0, m.n_head()),
+          InRange("model.norm_eps", m.norm_eps(), 0.0, 1.0),
+          InRange("model.rope_theta", m.rope_theta(), 0.0, 1e12),
+          InRange("model.ffn_hidden", m.ffn_hidden(), 0, 1 << 20),
+          InRange("model.multiple_of", m.multiple_of(), 0, 1 << 16),
+          InRange("model.ffn_dim_multiplier", m.ffn_dim_multiplier(), 0.0,
+                  64.0),
+          InRange("model.rope_scaling.factor", r.factor(), 0.0, 1e6),
+          InRange("model.rope_scaling.low_freq_factor", r.low_freq_factor(),
+                  0.0, 1e6),
+          InRange("model.rope_scaling.high_freq_factor", r.high_freq_factor(),
+                  0.0, 1e6),
+          InRange("model.rope_scaling.original_context", r.original_context(),
+                  0, 1 << 24),
+      });
+      !s.ok()) {
+    return s;
+  }
+  if (m.n_kv_head() > 0 && m.n_head() % m.n_kv_head() != 0) {
+    return Error("model.n_kv_head=", m.n_kv_head(),
+                 " does not divide model.n_head=", m.n_head());
+  }
+  if ((m.n_embd() / m.n_head()) % 2 != 0) {
+    return Error("model.n_embd / model.n_head = ", m.n_embd() / m.n_head(),
+                 " is odd; rotary positions turn channel pairs of each head");
+  }
+  const double low = r.low_freq_factor() > 0 ? r.low_freq_factor() : 1.0;
+  const double high = r.high_freq_factor() > 0 ? r.high_freq_factor() : 4.0;
+  if (r.factor() > 0 && high <= low) {
+    return Error("model.rope_scaling.high_freq_factor=", high,
+                 " must be greater than low_freq_factor=", low);
+  }
+  if (m.rope_theta() != 0 && m.rope_theta() <= 1) {
+    return Error("model.rope_theta=", m.rope_theta(), " must be > 1");
+  }
+  if (FfnHidden(m) < 1 || FfnHidden(m) > (1 << 20)) {
+    return Error(
+        "model.ffn_hidden: the rule from model.multiple_of and "
+        "model.ffn_dim_multiplier gives ",
+        FfnHidden(m), "; it must be between 1 and ", 1 << 20);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateModel(const v1::JobSpec& spec) {
   const v1::ModelSpec& m = spec.model();
   if (absl::Status s = First({
           CheckFinite(m, "model"),
-          OneOf("model.arch", m.arch(), {"gpt"}),
+          OneOf("model.arch", m.arch(), {"gpt", "llama"}),
           InRange("model.n_layer", m.n_layer(), 1, 1 << 12),
           InRange("model.n_head", m.n_head(), 1, 1 << 12),
           InRange("model.n_embd", m.n_embd(), 1, 1 << 17),
@@ -172,6 +241,7 @@ absl::Status ValidateModel(const v1::JobSpec& spec) {
     return Error("model.n_head=", m.n_head(),
                  " does not divide model.n_embd=", m.n_embd());
   }
+  if (absl::Status s = ValidateLlamaFields(m); !s.ok()) return s;
   constexpr absl::string_view kLlmc = "llmc:";
   if (!m.init_from().empty()) {
     if (!absl::StartsWith(m.init_from(), kLlmc)) {
@@ -386,6 +456,18 @@ absl::Status ValidateParallel(const v1::JobSpec& spec) {
   if (m.n_head() % p.tp() != 0) {
     return Error("parallel.tp=", p.tp(),
                  " does not divide model.n_head=", m.n_head());
+  }
+  // Key and value heads are split over tp, or each held by tp / n_kv_head
+  // ranks (replicated).
+  if (KvHeads(m) % p.tp() != 0 && p.tp() % KvHeads(m) != 0) {
+    return Error("parallel.tp=", p.tp(), " and model.n_kv_head=", KvHeads(m),
+                 ": one must divide the other (key and value heads are "
+                 "split over tp, or replicated on tp / n_kv_head ranks each)");
+  }
+  if (FfnHidden(m) % p.tp() != 0) {
+    return Error("parallel.tp=", p.tp(),
+                 " does not divide the MLP's hidden width ", FfnHidden(m),
+                 " (model.ffn_hidden or its rule)");
   }
   if (absl::Status s = ValidateSchedule(p); !s.ok()) return s;
   if (absl::StatusOr<std::vector<int>> layers =

@@ -170,11 +170,14 @@ TEST(ParseJobSpec, UnknownTopLevelKeyIsRefusedNamingIt) {
 TEST(ParseJobSpec, UnknownNestedKeyIsRefusedNamingTheDottedPath) {
   const std::string msg =
       ParseError(absl::StrCat(kMinimal, "model:\n  n_layers: 4\n"));
-  EXPECT_TRUE(Contains(msg,
-                       "model.n_layers: unknown key (did you mean n_layer?); "
-                       "expected one of arch, "
-                       "n_layer, n_head, n_embd, block_size, vocab_size, "
-                       "init_from, tie_embeddings (line 4, column 3)"));
+  EXPECT_TRUE(
+      Contains(msg,
+               "model.n_layers: unknown key (did you mean n_layer?); "
+               "expected one of arch, "
+               "n_layer, n_head, n_embd, block_size, vocab_size, "
+               "init_from, tie_embeddings, n_kv_head, norm_eps, rope_theta, "
+               "rope_scaling, ffn_hidden, multiple_of, "
+               "ffn_dim_multiplier (line 4, column 3)"));
 }
 
 TEST(ParseJobSpec, DuplicateKeyIsRefused) {
@@ -319,6 +322,62 @@ TEST(ParseJobSpec, YamlNumberSpellingsAreRead) {
 // --- validation -------------------------------------------------------------
 
 TEST(ValidateJobSpec, MinimalSpecIsValid) { MustParse(kMinimal); }
+
+// arch llama: its fields take their defaults where 0, and are refused on
+// arch gpt; key/value heads divide the query heads, and tp divides them or
+// they divide tp; heads are of even size (rotary positions turn pairs).
+TEST(ValidateJobSpec, LlamaFieldsAndTheirRules) {
+  const v1::JobSpec llama = MustParse(kMinimal, {"model.arch=llama"});
+  EXPECT_EQ(KvHeads(llama.model()), 4);
+  // Llama's rule: 8·128/3 = 341, rounded up to 256's multiple.
+  EXPECT_EQ(FfnHidden(llama.model()), 512);
+  EXPECT_EQ(
+      FfnHidden(MustParse(kMinimal, {"model.arch=llama", "model.multiple_of=32",
+                                     "model.ffn_dim_multiplier=1.5"})
+                    .model()),
+      512);  // 1.5·341 = 511, up to 512
+  EXPECT_EQ(FfnHidden(MustParse(kMinimal,
+                                {"model.arch=llama", "model.ffn_hidden=100"})
+                          .model()),
+            100);
+  EXPECT_EQ(FfnHidden(MustParse(kMinimal).model()), 512);  // gpt: 4C
+  EXPECT_EQ(
+      KvHeads(MustParse(kMinimal, {"model.arch=llama", "model.n_kv_head=2"})
+                  .model()),
+      2);
+  EXPECT_EQ(OverrideError({"model.n_kv_head=2"}),
+            "model.n_kv_head applies to model.arch=llama, not 'gpt'");
+  EXPECT_EQ(OverrideError({"model.rope_scaling.factor=8"}),
+            "model.rope_scaling applies to model.arch=llama, not 'gpt'");
+  EXPECT_EQ(OverrideError({"model.arch=llama", "model.n_kv_head=3"}),
+            "model.n_kv_head=3 does not divide model.n_head=4");
+  EXPECT_EQ(
+      OverrideError({"model.arch=llama", "model.n_embd=120", "model.n_head=8"}),
+      "model.n_embd / model.n_head = 15 is odd; rotary positions turn "
+      "channel pairs of each head");
+  EXPECT_EQ(OverrideError({"model.arch=llama", "model.rope_scaling.factor=8",
+                           "model.rope_scaling.low_freq_factor=4"}),
+            "model.rope_scaling.high_freq_factor=4 must be greater than "
+            "low_freq_factor=4");
+  EXPECT_EQ(OverrideError({"model.arch=llama", "model.rope_theta=0.5"}),
+            "model.rope_theta=0.5 must be > 1");
+  EXPECT_EQ(
+      OverrideError({"model.arch=llama", "model.n_head=12", "model.n_embd=120",
+                     "model.n_kv_head=3", "parallel.tp=2"}),
+      "parallel.tp=2 and model.n_kv_head=3: one must divide the other "
+      "(key and value heads are split over tp, or replicated on tp / "
+      "n_kv_head ranks each)");
+  // 4 query heads, 2 key/value heads: tp 4 replicates them; tp 2 splits.
+  MustParse(kMinimal,
+            {"model.arch=llama", "model.n_kv_head=2", "parallel.tp=4"});
+  MustParse(kMinimal,
+            {"model.arch=llama", "model.n_kv_head=4", "model.n_head=8",
+             "model.n_embd=256", "parallel.tp=8", "model.ffn_hidden=64"});
+  EXPECT_EQ(OverrideError(
+                {"model.arch=llama", "model.ffn_hidden=6", "parallel.tp=4"}),
+            "parallel.tp=4 does not divide the MLP's hidden width 6 "
+            "(model.ffn_hidden or its rule)");
+}
 
 TEST(ValidateJobSpec, TpMustDivideNHead) {
   EXPECT_EQ(OverrideError({"parallel.tp=3"}),

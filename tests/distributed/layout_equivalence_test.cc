@@ -31,6 +31,7 @@
 #include <ostream>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -62,6 +63,10 @@ struct Layout {
   // the last stage, split by vocabulary rows over tp; against the single
   // rank's run of the same model.
   bool untied = false;
+  // model.arch=llama (grouped-query attention with 2 key/value heads for 4
+  // query heads, rotary positions with Llama 3's scaling, SwiGLU, RMSNorm):
+  // against the single rank's run of the same model.
+  bool llama = false;
   int world() const { return dp * tp * pp * cp; }
 };
 
@@ -239,6 +244,29 @@ std::vector<Layout> AllLayouts() {
                         false, 2, "zb1p", 1, 4, "selective"}));
   out.push_back(untied({"untied_pp2_interleaved_v2_dp2_zero1", 2, 1, 1, 4,
                         false, 2, "interleaved", 2}));
+  // Llama: its key and value heads split over tp 2 and replicated over tp
+  // 4 (2 heads), rotary positions at each cp rank's zigzag positions.
+  auto llama = [](Layout l, int cp_degree = 1) {
+    l.llama = true;
+    l.cp = cp_degree;
+    return l;
+  };
+  out.push_back(llama({"llama_dp2_zero3", 2, 1, 3, 1, false}));
+  out.push_back(llama({"llama_dp2_tp2_zero1_sp", 2, 2, 1, 1, true}));
+  out.push_back(llama({"llama_tp4_sp", 1, 4, 0, 1, true}));
+  out.push_back(llama({"llama_dp2_tp4_zero2", 2, 4, 2, 1, false}));
+  out.push_back(
+      llama({"llama_pp2_1f1b_dp2_tp2_sp", 2, 2, 0, 4, true, 2, "1f1b"}));
+  out.push_back(llama({"llama_pp2_zb1p_dp2_zero3_selective", 2, 1, 3, 4, false,
+                       2, "zb1p", 1, 4, "selective"}));
+  out.push_back(llama({"llama_pp2_interleaved_v2_dp2_zero1", 2, 1, 1, 4, false,
+                       2, "interleaved", 2}));
+  out.push_back(llama({"llama_cp2", 1, 1, 0, 1, false}, 2));
+  out.push_back(llama({"llama_tp2_cp2_sp", 1, 2, 0, 1, true}, 2));
+  out.push_back(llama(
+      {"llama_cp2_recompute", 1, 1, 0, 1, false, 1, "1f1b", 1, 4, "full"}, 2));
+  out.push_back(
+      llama(untied({"llama_untied_dp2_tp2_zero3_sp", 2, 2, 3, 1, true})));
   return out;
 }
 
@@ -265,13 +293,36 @@ std::vector<Layout> DeviceLayouts() {
 
 constexpr int kSteps = 50;
 
-std::vector<std::string> BaseOverrides(int n_layer, bool untied) {
+std::vector<std::string> BaseOverrides(int n_layer, bool untied, bool llama) {
   // Odd widths so that units pad differently for every dp.
   // A learning rate at which training is stable: at 3e-3 the loss bounces
   // and the run amplifies fp32 rounding (any change of summation order)
   // past 1e-4 within 50 steps, which would test chaos, not the layouts.
   // Odd head size (9) and vocabulary (65) so that heads and the padded
   // vocabulary split unevenly against every other dimension.
+  // Llama's heads are of even size (10): rotary positions turn pairs.
+  if (llama) {
+    return {"model.n_layer=" + std::to_string(n_layer),
+            "resources.device=" + Device(),
+            "train.precision=fp32",
+            "model.arch=llama",
+            "model.n_head=4",
+            "model.n_kv_head=2",
+            "model.n_embd=40",
+            "model.ffn_hidden=72",
+            "model.rope_theta=500000",
+            "model.rope_scaling.factor=8",
+            "model.rope_scaling.original_context=8",
+            "model.block_size=16",
+            "train.global_batch=8",
+            "train.steps=50",
+            "train.lr=1e-3",
+            "train.warmup_steps=4",
+            "train.grad_clip=0.5",
+            "train.eval_batches=1",
+            "parallel.bucket_bytes=20000",
+            std::string("model.tie_embeddings=") + (untied ? "false" : "true")};
+  }
   return {"model.n_layer=" + std::to_string(n_layer),
           "resources.device=" + Device(),
           "train.precision=fp32",
@@ -344,16 +395,16 @@ RunResult Train(Trainer& trainer, MPI_Comm comm) {
 }
 
 // The single-rank run of the model with `n_layer` layers (and an untied
-// head).
-const RunResult& Reference(int n_layer, bool untied) {
-  static std::map<std::pair<int, bool>, RunResult>* refs =
-      new std::map<std::pair<int, bool>, RunResult>;
-  const std::pair<int, bool> key{n_layer, untied};
+// head; Llama's).
+const RunResult& Reference(int n_layer, bool untied, bool llama) {
+  static std::map<std::tuple<int, bool, bool>, RunResult>* refs =
+      new std::map<std::tuple<int, bool, bool>, RunResult>;
+  const std::tuple<int, bool, bool> key{n_layer, untied, llama};
   if (auto it = refs->find(key); it != refs->end()) return it->second;
   RunResult& ref = (*refs)[key];
   {
     auto spec = LoadJobSpecFile("examples/shakespeare-char.yaml",
-                                BaseOverrides(n_layer, untied));
+                                BaseOverrides(n_layer, untied, llama));
     EXPECT_TRUE(spec.ok()) << spec.status();
     TrainerOptions opt;
     opt.peak_flops = 1e12;
@@ -412,7 +463,7 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   ASSERT_GE(world, layout.world()) << "run under mpirun -n " << layout.world();
-  const RunResult& ref = Reference(layout.n_layer, layout.untied);
+  const RunResult& ref = Reference(layout.n_layer, layout.untied, layout.llama);
 
   MPI_Comm comm;
   const bool member = WorldRank() < layout.world();
@@ -422,7 +473,7 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
     MPI_Barrier(MPI_COMM_WORLD);
     return;
   }
-  auto overrides = BaseOverrides(layout.n_layer, layout.untied);
+  auto overrides = BaseOverrides(layout.n_layer, layout.untied, layout.llama);
   overrides.push_back("parallel.dp=" + std::to_string(layout.dp));
   overrides.push_back("parallel.tp=" + std::to_string(layout.tp));
   overrides.push_back(std::string("parallel.sequence_parallel=") +
@@ -515,9 +566,9 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
   }
   if (WorldRank() == 0) {
     static std::set<std::string>* recorded = new std::set<std::string>;
-    const std::string ref_name = "reference_L" +
-                                 std::to_string(layout.n_layer) +
-                                 (layout.untied ? "_untied" : "");
+    const std::string ref_name =
+        "reference_L" + std::to_string(layout.n_layer) +
+        (layout.untied ? "_untied" : "") + (layout.llama ? "_llama" : "");
     if (recorded->insert(ref_name).second) Record(ref_name, ref);
     Record(layout.name, got);
     std::printf(

@@ -131,6 +131,22 @@ absl::Status Uint64(const json& obj, absl::string_view where,
   return absl::OkStatus();
 }
 
+absl::Status Number(const json& obj, absl::string_view where,
+                    absl::string_view key, double lo, double hi, double* out) {
+  auto v = Member(obj, where, key);
+  if (!v.ok()) return v.status();
+  const std::string path = Path(where, key);
+  if (!(*v)->is_number()) {
+    return Bad(absl::StrCat(path, " is ", (*v)->type_name(), ", not a number"));
+  }
+  *out = (*v)->get<double>();
+  if (!(*out >= lo && *out <= hi)) {
+    return Bad(
+        absl::StrCat(path, "=", *out, " is outside [", lo, ", ", hi, "]"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Bool(const json& obj, absl::string_view where,
                   absl::string_view key, bool* out) {
   auto v = Member(obj, where, key);

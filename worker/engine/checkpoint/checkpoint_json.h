@@ -49,6 +49,9 @@ absl::Status Int32(const nlohmann::json& obj, absl::string_view where,
 // Any integer from 0 to 2^64-1.
 absl::Status Uint64(const nlohmann::json& obj, absl::string_view where,
                     absl::string_view key, uint64_t* out);
+// A finite number in [lo, hi] (an integer or not).
+absl::Status Number(const nlohmann::json& obj, absl::string_view where,
+                    absl::string_view key, double lo, double hi, double* out);
 // true or false.
 absl::Status Bool(const nlohmann::json& obj, absl::string_view where,
                   absl::string_view key, bool* out);

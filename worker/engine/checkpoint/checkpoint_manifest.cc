@@ -19,6 +19,7 @@
 #include "worker/engine/checkpoint/checkpoint_internal.h"
 #include "worker/engine/checkpoint/checkpoint_json.h"
 #include "worker/engine/data/data.h"
+#include "worker/engine/model/model_parts.h"
 
 namespace ptrain {
 
@@ -29,6 +30,7 @@ using manifest_json::Hex64;
 using manifest_json::Int;
 using manifest_json::Int32;
 using manifest_json::kMaxJsonDepth;
+using manifest_json::Number;
 using manifest_json::ObjectAt;
 using manifest_json::ParseJson;
 using manifest_json::String;
@@ -192,6 +194,39 @@ absl::Status CheckpointReader::LoadProgressAndModel(const json& m) {
     return Damaged(absl::StrCat("model.n_head=", c.n_head,
                                 " does not divide model.n_embd=", c.n_embd));
   }
+  // Absent in checkpoints written before the field, and for GPT-2.
+  if ((*model)->contains("arch")) {
+    check(String(**model, "model", "arch", 16, &c.arch));
+    if (s.ok() && c.arch != "gpt" && c.arch != "llama") {
+      return Damaged("model.arch=\"" + c.arch + "\" is neither gpt nor llama");
+    }
+  }
+  if (s.ok() && c.arch == "llama") {
+    check(Int32(**model, "model", "n_kv_head", 1, c.n_head, &c.n_kv_head));
+    check(
+        Int32(**model, "model", "ffn_hidden", 1, kMaxModelDim, &c.ffn_hidden));
+    double eps = 0, theta = 0, factor = 0, low = 0, high = 0;
+    check(Number(**model, "model", "norm_eps", 0, 1, &eps));
+    auto rope = ObjectAt(**model, "model", "rope");
+    if (!rope.ok()) return Damaged(rope.status());
+    check(Number(**rope, "model.rope", "theta", 1, 1e12, &theta));
+    check(Number(**rope, "model.rope", "factor", 0, 1e6, &factor));
+    check(Number(**rope, "model.rope", "low_freq_factor", 0, 1e6, &low));
+    check(Number(**rope, "model.rope", "high_freq_factor", 0, 1e6, &high));
+    check(Int32(**rope, "model.rope", "original_context", 0, kMaxModelDim,
+                &c.rope.original_context));
+    if (!s.ok()) return Damaged(s);
+    if (c.n_head % c.n_kv_head != 0) {
+      return Damaged(absl::StrCat("model.n_kv_head=", c.n_kv_head,
+                                  " does not divide model.n_head=", c.n_head));
+    }
+    c.norm_eps = static_cast<float>(eps);
+    c.rope.theta = static_cast<float>(theta);
+    c.rope.factor = static_cast<float>(factor);
+    c.rope.low_freq_factor = static_cast<float>(low);
+    c.rope.high_freq_factor = static_cast<float>(high);
+  }
+  if (!s.ok()) return Damaged(s);
   return absl::OkStatus();
 }
 
@@ -297,7 +332,14 @@ absl::Status CheckpointReader::CheckOwnModel() const {
   // GptTensors(model) has, with its shapes. (Counted first, so that the
   // table built for the comparison is no larger than the manifest.)
   const GptConfig& c = meta_.model;
-  const int64_t needed = 3 * (12 * int64_t{c.n_layer} + 4);
+  const ModelParts& parts = ModelPartsOf(c);
+  auto count = [&](const std::vector<std::unique_ptr<ModelPart>>& of) {
+    int64_t n = 0;
+    for (const auto& part : of) n += part->Tensors(c).size();
+    return n;
+  };
+  const int64_t needed = 3 * (count(parts.block) * c.n_layer +
+                              count(parts.before) + count(parts.after));
   if (static_cast<int64_t>(shapes_.size()) < needed) {
     return Damaged(absl::StrCat("model.n_layer=", c.n_layer, " needs ", needed,
                                 " tensors but the manifest has ",
@@ -341,6 +383,18 @@ absl::Status CheckpointReader::CheckCompatible(
           "checkpoint '", dir_, "' does not fit the model: model.", field, "=",
           theirs, " in the checkpoint but ", ours, " in the model"));
     }
+  }
+  if (c.arch != model.arch) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint '", dir_, "' does not fit the model: model.arch=", c.arch,
+        " in the checkpoint but ", model.arch, " in the model"));
+  }
+  if (c.kv_heads() != model.kv_heads() || c.hidden() != model.hidden()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint '", dir_,
+        "' does not fit the model: model.n_kv_head=", c.kv_heads(),
+        " and the MLP's hidden width ", c.hidden(), " in the checkpoint but ",
+        model.kv_heads(), " and ", model.hidden(), " in the model"));
   }
   if (c.tie_embeddings != model.tie_embeddings) {
     auto name = [](bool b) { return b ? "true" : "false"; };

@@ -61,6 +61,19 @@ json MetaToJson(const CheckpointMeta& m) {
             {"spec", m.spec_yaml},
             {"job_uid", m.job_uid},
             {"layout", {{"zero", m.zero}, {"world", m.world}}}};
+  if (m.model.arch != "gpt") {
+    const GptConfig& c = m.model;
+    json& model = j["model"];
+    model["arch"] = c.arch;
+    model["n_kv_head"] = c.kv_heads();
+    model["ffn_hidden"] = c.hidden();
+    model["norm_eps"] = c.norm_eps;
+    model["rope"] = {{"theta", c.rope.theta},
+                     {"factor", c.rope.factor},
+                     {"low_freq_factor", c.rope.low_freq_factor},
+                     {"high_freq_factor", c.rope.high_freq_factor},
+                     {"original_context", c.rope.original_context}};
+  }
   // Every dimension of the mesh, 1 where meta does not give it.
   for (const MeshDimension& d : MeshDimensions()) {
     const std::string name(d.name);

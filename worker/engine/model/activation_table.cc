@@ -18,6 +18,9 @@ StageActivationDims StageActivationDims::Of(const GptConfig& config, int max_B,
   d.L = layers;
   d.Cl = config.n_embd / tp;
   const int64_t NHl = config.n_head / tp;
+  const int64_t KVH = config.kv_heads();
+  d.Kl = (KVH % tp == 0 ? KVH / tp : 1) * (config.n_embd / config.n_head);
+  d.Hl = config.hidden() / tp;
   d.Vl = config.padded_vocab / tp;
   d.BT = SatMul(max_B, max_T);
   d.BTs = SatMul(max_B, sp ? max_T / tp : max_T);

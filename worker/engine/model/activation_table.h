@@ -52,6 +52,9 @@ struct StageSlot {
 // when `ops` is given, else the most any backend keeps).
 struct StageActivationDims {
   int64_t C = 0, L = 0, Cl = 0, Vl = 0, BT = 0, BTs = 0;
+  // Channels of the key (and of the value) heads on this rank, and of the
+  // MLP's hidden layer (GPT-2's: Cl and 4Cl).
+  int64_t Kl = 0, Hl = 0;
   // Per layer and microbatch: what attention keeps, what is kept of
   // GELU(fch); attention's backward scratch.
   int64_t att = 0, gelu = 0, datt = 0;

@@ -234,6 +234,16 @@ void token_embedding_forward(float* out, const int32_t* inp, const float* wte,
   }
 }
 
+void rope_forward(float* x, int64_t stride, int heads, int hs, int B, int T,
+                  int t0, const kernels::math::Rope& rope, bool inverse,
+                  const CpGroup& cp, kernels::Ops& ops) {
+  ForEachPositionRun(B, T, t0, TpGroup{}, cp,
+                     [&](int64_t row, int b, int n, int p) {
+                       ops.rope_forward(x + row * stride, stride, b, n, heads,
+                                        hs, p, rope, inverse);
+                     });
+}
+
 void position_embedding_forward(float* out, const float* wpe, int B, int T,
                                 int t0, int C, const TpGroup& g,
                                 const LayerContext& s, const CpGroup& cp) {

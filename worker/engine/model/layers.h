@@ -118,6 +118,14 @@ void row_linear_backward(kernels::Act dinp, float* dweight, float* dbias,
                          float* gelu_hidden = nullptr,
                          const float* gelu_saved = nullptr);
 
+// Rotary positions (Ops::rope_forward) on x (B,T rows `stride` floats
+// apart, `heads` heads of hs channels each from the row's start) at this
+// rank's positions: [t0, t0 + T), or under context parallelism (t0 0) the
+// cp rank's zigzag positions. `inverse`: the backward's rotation.
+void rope_forward(float* x, int64_t stride, int heads, int hs, int B, int T,
+                  int t0, const kernels::math::Rope& rope, bool inverse,
+                  const CpGroup& cp, kernels::Ops& ops);
+
 // Vocabulary-parallel token embedding: wte (Vl,C) holds vocabulary rows
 // [vocab_begin, vocab_begin + Vl). out (B,Ts,C) = reduce(rows of inp held
 // here), inp (B,T). scratch: a, b.

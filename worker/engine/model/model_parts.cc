@@ -57,6 +57,19 @@ const ModelParts* Gpt2(bool tied) {
   return p;
 }
 
+// Llama: the token embedding (positions are rotary, inside attention);
+// per block RMSNorm, grouped-query attention, RMSNorm, a SwiGLU MLP; a
+// final RMSNorm and the head.
+const ModelParts* Llama(bool tied) {
+  auto* p = new ModelParts();
+  p->AddEmbedding(TokenEmbeddingPart());
+  p->AddPair(RmsNormPart("ln_1", 0), GroupedQueryAttentionPart());
+  p->AddPair(RmsNormPart("ln_2", 2), SwigluMlpPart());
+  p->SetOutput(RmsNormPart("ln_f", 0),
+               tied ? TiedHeadPart() : UntiedHeadPart());
+  return p;
+}
+
 }  // namespace
 
 const ModelParts& Gpt2Parts() {
@@ -65,7 +78,13 @@ const ModelParts& Gpt2Parts() {
 }
 
 const ModelParts& ModelPartsOf(const GptConfig& config) {
-  PT_CHECK(config.arch == "gpt", "a model.arch without parts");
+  PT_CHECK(config.arch == "gpt" || config.arch == "llama",
+           "a model.arch without parts");
+  if (config.arch == "llama") {
+    static const ModelParts* tied = Llama(/*tied=*/true);
+    static const ModelParts* untied = Llama(/*tied=*/false);
+    return config.tie_embeddings ? *tied : *untied;
+  }
   if (config.tie_embeddings) return Gpt2Parts();
   static const ModelParts* untied = Gpt2(/*tied=*/false);
   return *untied;

@@ -178,7 +178,10 @@ struct ModelParts {
 };
 const ModelParts& Gpt2Parts();
 // The parts of config.arch (model.arch): "gpt" is GPT-2's (Gpt2Parts, or
-// with an untied head where config.tie_embeddings is false). Another name
+// with an untied head where config.tie_embeddings is false); "llama" is
+// the token embedding, blocks of RMSNorm, grouped-query attention with
+// rotary positions, RMSNorm and a SwiGLU MLP, a final RMSNorm and the head
+// (tied or not). Another name
 // is a programming error (the spec was validated): PT_CHECK fails.
 const ModelParts& ModelPartsOf(const GptConfig& config);
 
@@ -199,6 +202,12 @@ std::unique_ptr<NormPart> RmsNormPart(std::string prefix, int unit);
 std::unique_ptr<SublayerPart> MultiHeadAttentionPart();
 // parts/gelu_mlp.cc: mlp.c_fc, mlp.c_proj.
 std::unique_ptr<SublayerPart> GeluMlpPart();
+// parts/grouped_query_attention.cc: attn.q_proj, k_proj, v_proj, o_proj,
+// with rotary positions (config.rope) and config.kv_heads() key and value
+// heads.
+std::unique_ptr<SublayerPart> GroupedQueryAttentionPart();
+// parts/swiglu_mlp.cc: mlp.gate_up_proj, mlp.down_proj (config.hidden()).
+std::unique_ptr<SublayerPart> SwigluMlpPart();
 
 }  // namespace ptrain
 

@@ -40,6 +40,10 @@ const char* TpSplitName(TpSplit split) {
       return "row";
     case TpSplit::kVocab:
       return "vocab";
+    case TpSplit::kStacked2:
+      return "stacked2";
+    case TpSplit::kKvHeads:
+      return "kv_heads";
     case TpSplit::kQkv:
       return "qkv";
   }

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/math.h"
+
 namespace ptrain {
 
 struct GptConfig {
@@ -35,6 +37,14 @@ struct GptConfig {
   // The RMSNorm parts' epsilon (GPT-2's LayerNorm keeps PyTorch's 1e-5,
   // kernels/common/math.h).
   float norm_eps = 1e-5f;
+  // Llama's (model_parts.h's parts for arch llama): the key and value
+  // heads (n_head: multi-head attention), rotary positions, the MLP's
+  // hidden width (GPT-2's: 4C).
+  int n_kv_head = 0;  // 0: n_head
+  kernels::math::Rope rope;
+  int ffn_hidden = 0;  // 0: 4·n_embd
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int hidden() const { return ffn_hidden > 0 ? ffn_hidden : 4 * n_embd; }
 };
 
 // V rounded up to a multiple of 128·tp.
@@ -49,6 +59,11 @@ enum class TpSplit {
   kRow,         // dim 1 (input features) in tp equal parts
   kVocab,       // dim 0 of wte: Vp/tp rows per rank, real rows those < V
   kQkv,         // dim 0 is [q; k; v], C rows each: each split by heads
+  kStacked2,    // dim 0 is two equal parts ([gate; up]): each split in tp
+  // dim 0 is n_kv_head heads: split by heads where tp divides them, else
+  // every rank holds all of them (kReplicated, tp_partial) and computes
+  // with head tp_rank·n_kv_head/tp.
+  kKvHeads,
 };
 const char* TpSplitName(TpSplit split);  // "replicated", "column", ...
 
@@ -92,6 +107,10 @@ struct ParamInfo {
   // Its gradient is a partial sum over tp ranks under sequence parallelism
   // (each rank saw only its positions): LayerNorm weights and biases, wpe.
   bool sequence_partial = false;
+  // Replicated over tp but each tp rank's gradient a part of the whole,
+  // summed over tp with or without sp: key and value heads fewer than tp
+  // ranks (each rank computes with one of them).
+  bool tp_partial = false;
 
   // From SplitStages: the pipeline stage that holds it (the virtual stage
   // under an interleaved schedule: pipeline rank stage % pp holds it).

@@ -123,6 +123,14 @@ void ApplyTensorParallel(std::vector<ParamInfo>* tensors, const GptConfig& cfg,
     auto rule = plan.find(PlanKey(p));
     p.split = rule == plan.end() ? TpSplit::kReplicated : rule->second.split;
     p.sequence_partial = rule != plan.end() && rule->second.sequence_partial;
+    if (p.split == TpSplit::kKvHeads) {
+      if (cfg.kv_heads() % tp == 0) {
+        p.split = TpSplit::kColumn;
+      } else {
+        p.split = TpSplit::kReplicated;
+        p.tp_partial = true;
+      }
+    }
     const std::vector<int64_t>& g = p.global_shape;
     Box box = WholeBox(g);
     switch (p.split) {
@@ -147,20 +155,27 @@ void ApplyTensorParallel(std::vector<ParamInfo>* tensors, const GptConfig& cfg,
         p.boxes = {box};
         break;
       }
-      case TpSplit::kQkv: {
-        // q, k and v are C rows each; this rank's heads are rows
-        // [r·Cl, (r+1)·Cl) of each.
+      case TpSplit::kQkv:
+      case TpSplit::kStacked2: {
+        // Equal parts of dim 0 (q, k and v: C rows each); this rank's
+        // rows of each: [r·n, (r+1)·n) of the part.
+        const int parts = p.split == TpSplit::kQkv ? 3 : 2;
+        const int64_t rows = p.split == TpSplit::kQkv ? C : g[0] / 2;
+        const int64_t n = p.split == TpSplit::kQkv ? Cl : rows / tp;
         p.shape = g;
-        p.shape[0] = 3 * Cl;
+        p.shape[0] = parts * n;
         p.boxes.clear();
-        for (int part = 0; part < 3; ++part) {
+        for (int part = 0; part < parts; ++part) {
           Box b = box;
-          b.lo[0] = part * C + r * Cl;
-          b.hi[0] = part * C + (r + 1) * Cl;
+          b.lo[0] = part * rows + r * n;
+          b.hi[0] = part * rows + (r + 1) * n;
           p.boxes.push_back(b);
         }
         break;
       }
+      case TpSplit::kKvHeads:  // resolved above
+        PT_CHECK(false, "kv_heads split unresolved");
+        break;
       case TpSplit::kVocab: {
         const int64_t Vl = cfg.padded_vocab / tp;
         p.shape = {Vl, g[1]};

@@ -136,20 +136,19 @@ DistributedOptimizer::DistributedOptimizer(ZeroStore* store,
 }
 
 void DistributedOptimizer::ReduceSequencePartial() {
-  if (!groups_.sequence_parallel || groups_.tp == nullptr ||
-      groups_.tp->size() == 1) {
-    return;
-  }
+  if (groups_.tp == nullptr || groups_.tp->size() == 1) return;
   kernels::Ops& ops = store_->ops();
   float* grads = store_->update_grads();
   std::vector<std::pair<int64_t, int64_t>> stretches;  // (at, count)
   int64_t n = 0;
-  store_->ForEachUpdateStretch(
-      [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
-        if (!p.sequence_partial) return;
-        stretches.emplace_back(at, hi - lo);
-        n += hi - lo;
-      });
+  store_->ForEachUpdateStretch([&](const ParamInfo& p, int64_t lo, int64_t hi,
+                                   int64_t at) {
+    if (!p.tp_partial && !(p.sequence_partial && groups_.sequence_parallel)) {
+      return;
+    }
+    stretches.emplace_back(at, hi - lo);
+    n += hi - lo;
+  });
   if (n == 0) return;
   if (pack_.size() < n) pack_ = kernels::Buffer(&ops, n);
   float* packed = pack_.data();

@@ -112,7 +112,9 @@ class DistributedOptimizer {
   }
 
  private:
-  // Sums sequence-partial gradients over tp (sp only).
+  // Sums over tp the gradients each tp rank holds part of: the
+  // sequence-partial ones under sp, tensors replicated over tp that each
+  // rank uses a part of (ParamInfo::tp_partial) always.
   void ReduceSequencePartial();
   // pp > 1: wte's gradient summed over stage 0 and the last stage.
   void ReduceTiedEmbedding();

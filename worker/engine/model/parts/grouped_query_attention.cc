@@ -1,0 +1,258 @@
+// Grouped-query attention with rotary positions (Llama's): n_head query
+// heads share n_kv_head key and value heads (n_kv_head = n_head: multi-head
+// attention; 1: multi-query). No biases. The projections q_proj (split by
+// heads over tp), k_proj and v_proj (split by heads where tp divides
+// n_kv_head, else held whole by every rank, each computing with the one
+// head its query heads read: TpSplit::kKvHeads) in the block's first unit,
+// o_proj (split by rows) in its second.
+// The forward projects q, k and v into three planes of the working set,
+// turns q and k by their positions (RoPE; under cp the rank's zigzag
+// positions, in generation from the cache's end), then lays them out as
+// multi-head attention's qkv row, each key and value head repeated for the
+// query heads of its group, and runs the same attention (AttentionCore,
+// the backend's cached decode). The backward sums the repeated heads'
+// gradients back into the planes and turns them back.
+// Rows: qkv (B,T,3Cl) and the attention's output (B,T,Cl), in the stored
+// type; what attention keeps; under a split backward, the planes'
+// gradients (fp32) and the output projection's (B,Ts,C).
+#include "worker/engine/model/activation_table.h"
+#include "worker/engine/model/model_parts.h"
+#include "worker/engine/model/part_pass.h"
+
+namespace ptrain {
+namespace {
+
+enum Tensor { kQ, kK, kV, kO };
+enum Row { kQkv, kAtty, kAtt, kDplanes, kDproj };
+
+// This rank's heads: NHl query heads, KVl key/value heads (the first of
+// them global head kv_first), hs channels each.
+struct Heads {
+  int NHl, KVl, kv_first, hs;
+  int Cl() const { return NHl * hs; }
+  int Kl() const { return KVl * hs; }
+  // The local key/value head query head h reads.
+  int Kv(int h) const { return h / (NHl / KVl); }
+};
+
+Heads HeadsOf(const PartPass& p) {
+  const GptConfig& c = p.config();
+  const int tp = p.tp().size(), r = p.tp().rank();
+  const int KVH = c.kv_heads(), NHl = c.n_head / tp;
+  const int KVl = KVH % tp == 0 ? KVH / tp : 1;
+  return {NHl, KVl, r * NHl / (c.n_head / KVH), c.n_embd / c.n_head};
+}
+
+class GroupedQueryAttention : public SublayerPart {
+ public:
+  std::vector<PartTensor> Tensors(const GptConfig& c) const override {
+    const int64_t C = c.n_embd, K = int64_t{c.kv_heads()} * (C / c.n_head);
+    using Init = ParamInfo::Init;
+    return {
+        {"attn.q_proj.weight",
+         {C, C},
+         Init::kNormal,
+         false,
+         0,
+         TpSplit::kColumn,
+         false},
+        {"attn.k_proj.weight",
+         {K, C},
+         Init::kNormal,
+         false,
+         0,
+         TpSplit::kKvHeads,
+         false},
+        {"attn.v_proj.weight",
+         {K, C},
+         Init::kNormal,
+         false,
+         0,
+         TpSplit::kKvHeads,
+         false},
+        {"attn.o_proj.weight",
+         {C, C},
+         Init::kNormal,
+         true,
+         1,
+         TpSplit::kRow,
+         false},
+    };
+  }
+  // Scores and mix as multi-head attention's: every query head attends.
+  double FlopsPerToken(const GptConfig& c, int T) const override {
+    return ModelPart::FlopsPerToken(c, T) +
+           12.0 * c.n_embd * static_cast<double>(T);
+  }
+
+  std::vector<ActivationRow> Rows(const StageActivationDims& d) const override {
+    return {{"attn.qkv", d.Stored(d.BT, 3 * d.Cl)},
+            {"attn.out", d.Stored(d.BT, d.Cl)},
+            {"attn.saved", d.att, /*selective=*/true}};
+  }
+  std::vector<SplitRow> SplitRows(const StageActivationDims& d) const override {
+    return {{SatMul(d.BT, d.Cl + 2 * d.Kl), "attn.qkv"},
+            {SatMul(d.BTs, d.C), "stream"}};
+  }
+  // hidden_a: the planes (forward); the repeated heads' gradient and the
+  // output's (B,T,4Cl), then an input gradient (B,Ts,C) (backward).
+  // hidden_b: qkv in fp32 before it is stored in bf16 (forward); the
+  // planes' gradients (backward).
+  int64_t HiddenFloats(const StageActivationDims& d) const override {
+    return std::max(SatMul(d.BT, 4 * d.Cl), SatMul(d.BTs, d.C));
+  }
+
+  void Forward(const PartPass& p, kernels::ConstAct in,
+               float* out) const override {
+    const int B = p.B(), T = p.T(), C = p.C();
+    const Heads h = HeadsOf(p);
+    const int Cl = h.Cl(), Kl = h.Kl();
+    const int64_t BT = int64_t{B} * T;
+    kernels::Ops& ops = p.ops();
+    float* q = p.work().hidden_a;
+    float* k = q + BT * Cl;
+    float* v = k + BT * Kl;
+    const int64_t kv_at = int64_t{h.kv_first} * h.hs * C;
+    p.Begin(kQ);
+    column_linear_forward(q, in, p.Weight(kQ), nullptr, B, T, C, Cl, p.tp(),
+                          p.scratch());
+    column_linear_forward(k, in, p.Weight(kK).Offset(KvAt(p, kv_at)), nullptr,
+                          B, T, C, Kl, p.tp(), p.scratch());
+    column_linear_forward(v, in, p.Weight(kV).Offset(KvAt(p, kv_at)), nullptr,
+                          B, T, C, Kl, p.tp(), p.scratch());
+    p.End(kQ);
+    const int t0 = p.decoding() ? p.pos() : 0;
+    rope_forward(q, Cl, h.NHl, h.hs, B, T, t0, p.config().rope, false, p.cp(),
+                 ops);
+    rope_forward(k, Kl, h.KVl, h.hs, B, T, t0, p.config().rope, false, p.cp(),
+                 ops);
+    // Multi-head attention's qkv row, each key and value head repeated.
+    float* qkv = p.Row(kQkv);
+    float* full = p.act_div() == 1 ? qkv : p.work().hidden_b;
+    ops.CopyRows(full, 3 * Cl, q, Cl, BT, Cl, false);
+    for (int i = 0; i < h.NHl; ++i) {
+      const int64_t at = int64_t{h.Kv(i)} * h.hs;
+      ops.CopyRows(full + Cl + i * h.hs, 3 * Cl, k + at, Kl, BT, h.hs, false);
+      ops.CopyRows(full + 2 * Cl + i * h.hs, 3 * Cl, v + at, Kl, BT, h.hs,
+                   false);
+    }
+    if (full != qkv) ops.Convert(p.Stored(qkv), full, BT, 3 * Cl);
+    float* atty = p.Row(kAtty);
+    if (p.decoding()) {
+      const int64_t cache = int64_t{p.cache_T()} * Cl;
+      ops.attention_decode(p.Stored(atty), p.cache(), p.cache() + cache,
+                           p.Stored(qkv), T, p.pos(), Cl, h.NHl, p.cache_T());
+    } else {
+      p.work().attention->Forward(atty, p.Row(kAtt), qkv, B, T);
+    }
+    p.Begin(kO);
+    row_linear_forward(out, p.Stored(atty), p.Weight(kO), nullptr, B, T, Cl, C,
+                       p.tp(), p.scratch());
+    p.End(kO);
+  }
+
+  void Backward(const PartPass& p, float* din, const float* dout,
+                kernels::ConstAct in) const override {
+    const int B = p.B(), T = p.T(), C = p.C();
+    const Heads h = HeadsOf(p);
+    const int Cl = h.Cl(), Kl = h.Kl();
+    const int64_t BT = int64_t{B} * T;
+    const BlockWork& w = p.work();
+    kernels::Ops& ops = p.ops();
+    float* qkv = p.Row(kQkv);
+    float* atty = p.Row(kAtty);
+    float* att = p.Row(kAtt);
+    float* dfull = w.hidden_a;
+    float* datty = w.hidden_a + w.max_BT * 3 * Cl;
+    float* dq =
+        p.split() && p.Row(kDplanes) != qkv ? p.Row(kDplanes) : w.hidden_b;
+    float* dk = dq + BT * Cl;
+    float* dv = dk + BT * Kl;
+    p.Begin(kO);
+    if (p.split()) {
+      ops.Copy(p.Row(kDproj), dout, static_cast<int64_t>(B) * p.Ts() * C);
+    }
+    row_linear_backward(datty, p.WeightGrad(kO), nullptr, dout, p.Stored(atty),
+                        p.Weight(kO), B, T, Cl, C, p.tp(), p.scratch());
+    p.End(kO);
+    if (p.selective()) w.attention->Forward(atty, att, qkv, B, T);
+    w.attention->Backward(dfull, w.datt, datty, qkv, atty, att, B, T);
+    // The repeated heads' gradients summed into their planes.
+    ops.CopyRows(dq, Cl, dfull, 3 * Cl, BT, Cl, false);
+    for (int i = 0; i < h.NHl; ++i) {
+      const int64_t at = int64_t{h.Kv(i)} * h.hs;
+      const bool first = i % (h.NHl / h.KVl) == 0;
+      ops.CopyRows(dk + at, Kl, dfull + Cl + i * h.hs, 3 * Cl, BT, h.hs,
+                   !first);
+      ops.CopyRows(dv + at, Kl, dfull + 2 * Cl + i * h.hs, 3 * Cl, BT, h.hs,
+                   !first);
+    }
+    rope_forward(dq, Cl, h.NHl, h.hs, B, T, 0, p.config().rope, true, p.cp(),
+                 ops);
+    rope_forward(dk, Kl, h.KVl, h.hs, B, T, 0, p.config().rope, true, p.cp(),
+                 ops);
+    if (p.split() && dq != p.Row(kDplanes)) {
+      ops.Copy(p.Row(kDplanes), dq, BT * (Cl + 2 * Kl));
+    }
+    p.Poll();
+    p.Begin(kQ);
+    const int64_t kv_at = KvAt(p, int64_t{h.kv_first} * h.hs * C);
+    float* dw_k = p.WeightGrad(kK);
+    float* dw_v = p.WeightGrad(kV);
+    column_linear_backward(din, p.WeightGrad(kQ), nullptr, dq, in, p.Weight(kQ),
+                           B, T, C, Cl, p.tp(), p.scratch());
+    // The key's and value's input gradients beside the query's (hidden_a
+    // is free once the planes hold the gradients).
+    float* part = w.hidden_a;
+    const int64_t n_in = static_cast<int64_t>(B) * p.Ts() * C;
+    column_linear_backward(part, dw_k != nullptr ? dw_k + kv_at : nullptr,
+                           nullptr, dk, in, p.Weight(kK).Offset(kv_at), B, T, C,
+                           Kl, p.tp(), p.scratch());
+    ops.Add(din, part, n_in);
+    column_linear_backward(part, dw_v != nullptr ? dw_v + kv_at : nullptr,
+                           nullptr, dv, in, p.Weight(kV).Offset(kv_at), B, T, C,
+                           Kl, p.tp(), p.scratch());
+    ops.Add(din, part, n_in);
+    p.Poll();
+    p.End(kQ);
+  }
+
+  void BackwardWeights(const PartPass& p, kernels::ConstAct in) const override {
+    const int B = p.B(), T = p.T(), C = p.C();
+    const Heads h = HeadsOf(p);
+    const int Cl = h.Cl(), Kl = h.Kl();
+    const int64_t BT = int64_t{B} * T;
+    const kernels::Act no_dinp(static_cast<float*>(nullptr));
+    row_linear_backward(no_dinp, p.Grad(kO), nullptr, p.Row(kDproj),
+                        p.Stored(p.Row(kAtty)), nullptr, B, T, Cl, C, p.tp(),
+                        p.scratch());
+    p.End(kO);
+    const float* dq = p.Row(kDplanes);
+    const int64_t kv_at = KvAt(p, int64_t{h.kv_first} * h.hs * C);
+    column_linear_backward(nullptr, p.Grad(kQ), nullptr, dq, in, nullptr, B, T,
+                           C, Cl, p.tp(), p.scratch());
+    column_linear_backward(nullptr, p.Grad(kK) + kv_at, nullptr, dq + BT * Cl,
+                           in, nullptr, B, T, C, Kl, p.tp(), p.scratch());
+    column_linear_backward(nullptr, p.Grad(kV) + kv_at, nullptr,
+                           dq + BT * (Cl + Kl), in, nullptr, B, T, C, Kl,
+                           p.tp(), p.scratch());
+    p.End(kQ);
+    p.Poll();
+  }
+
+ private:
+  // Where this rank's key/value rows start in its k_proj and v_proj: 0
+  // where they are split by heads (it holds its own only), else its head's
+  // row in the whole tensor.
+  static int64_t KvAt(const PartPass& p, int64_t whole_at) {
+    return p.config().kv_heads() % p.tp().size() == 0 ? 0 : whole_at;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<SublayerPart> GroupedQueryAttentionPart() {
+  return std::make_unique<GroupedQueryAttention>();
+}
+
+}  // namespace ptrain
