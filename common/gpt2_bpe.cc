@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/bounded_file.h"
+#include "common/byte_level.h"
 #include "common/check.h"
 #include "common/incbin.h"
 #include "nlohmann/json.hpp"
@@ -26,47 +27,6 @@ PT_INCBIN_DECLARE(ptrain_gpt2_vocab_bpe);
 namespace ptrain {
 
 namespace {
-
-// GPT-2's printable stand-ins for bytes: the bytes that print as themselves
-// ('!'..'~', '¡'..'¬', '®'..'ÿ') keep their code point, the others take
-// 256, 257, ... in byte order. Returns the code point of each byte.
-std::array<int, 256> ByteCodePoints() {
-  std::array<int, 256> cp{};
-  int next = 256;
-  for (int b = 0; b < 256; ++b) {
-    const bool prints = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) ||
-                        (b >= 0xAE && b <= 0xFF);
-    cp[b] = prints ? b : next++;
-  }
-  return cp;
-}
-
-// The code points of a vocabulary entry (valid UTF-8 of at most three
-// bytes a character, as the stand-ins are); false where it is not.
-bool CodePoints(std::string_view s, std::vector<int>* out) {
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = s[i];
-    int n = 0, cp = 0;
-    if (c < 0x80) {
-      n = 1, cp = c;
-    } else if ((c & 0xE0) == 0xC0) {
-      n = 2, cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      n = 3, cp = c & 0x0F;
-    } else {
-      return false;
-    }
-    if (i + n > s.size()) return false;
-    for (int k = 1; k < n; ++k) {
-      const unsigned char d = s[i + k];
-      if ((d & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (d & 0x3F);
-    }
-    out->push_back(cp);
-    i += n;
-  }
-  return true;
-}
 
 // The vocabulary's files are about 1 MB; well under this.
 constexpr size_t kMaxVocabFileBytes = size_t{64} << 20;
@@ -280,10 +240,6 @@ struct Gpt2Bpe::Tables {
 
 absl::Status Gpt2Bpe::Tables::ParseEncoder(std::string_view json,
                                            const std::string& name) {
-  const std::array<int, 256> cp = ByteCodePoints();
-  absl::flat_hash_map<int, int> byte_of;  // stand-in code point → byte
-  for (int b = 0; b < 256; ++b) byte_of[cp[b]] = b;
-
   const nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
   if (!j.is_object() || j.size() != kVocabSize) {
     return absl::InvalidArgumentError(
@@ -292,7 +248,6 @@ absl::Status Gpt2Bpe::Tables::ParseEncoder(std::string_view json,
   }
   bytes.assign(kVocabSize, std::string());
   std::vector<bool> seen(kVocabSize, false);
-  std::vector<int> points;
   for (const auto& [token, id_json] : j.items()) {
     if (!id_json.is_number_integer()) {
       return absl::InvalidArgumentError(
@@ -304,31 +259,16 @@ absl::Status Gpt2Bpe::Tables::ParseEncoder(std::string_view json,
           name, ": id ", id, " of '", token, "' is out of range or twice"));
     }
     seen[id] = true;
-    points.clear();
-    if (!CodePoints(token, &points)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": token ", id, " is not valid UTF-8"));
-    }
-    std::string& raw = bytes[id];
-    for (int p : points) {
-      const auto it = byte_of.find(p);
-      if (it == byte_of.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            name, ": token ", id, " has a character that stands for no byte"));
-      }
-      raw += static_cast<char>(it->second);
+    if (!ByteLevelBytes(token, &bytes[id])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": token ", id,
+          " is not spelled in byte-level characters (each stands for a "
+          "byte)"));
     }
     ids.emplace(token, static_cast<int32_t>(id));
   }
   for (int b = 0; b < 256; ++b) {
-    std::string symbol;
-    const int c = cp[b];  // < 0x800: one or two bytes of UTF-8
-    if (c < 0x80) {
-      symbol += static_cast<char>(c);
-    } else {
-      symbol += static_cast<char>(0xC0 | (c >> 6));
-      symbol += static_cast<char>(0x80 | (c & 0x3F));
-    }
+    const std::string symbol = ByteLevelChar(static_cast<unsigned char>(b));
     const auto it = ids.find(symbol);
     if (it == ids.end()) {
       return absl::InvalidArgumentError(

@@ -261,7 +261,8 @@ absl::Status ValidateModel(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
-// data.tokenizer: auto (or empty), char, gpt2, or spm:MODEL_PATH.
+// data.tokenizer: auto (or empty), char, gpt2, spm:MODEL_PATH or
+// hf:TOKENIZER_JSON.
 absl::Status ValidateTokenizer(const v1::DataSpec& d) {
   const std::string& t = d.tokenizer();
   if (t.empty() || t == "auto" || t == "char" || t == "gpt2") {
@@ -274,8 +275,16 @@ absl::Status ValidateTokenizer(const v1::DataSpec& d) {
     }
     return absl::OkStatus();
   }
+  if (absl::StartsWith(t, "hf:")) {
+    if (t.size() == 3) {
+      return Error("data.tokenizer=", EchoQuoted(t),
+                   " names no tokenizer.json (or its folder) after 'hf:'");
+    }
+    return absl::OkStatus();
+  }
   return Error("data.tokenizer=", EchoQuoted(t),
-               " must be one of auto, char, gpt2, spm:MODEL_PATH");
+               " must be one of auto, char, gpt2, spm:MODEL_PATH, "
+               "hf:TOKENIZER_JSON");
 }
 
 absl::Status ValidateData(const v1::JobSpec& spec) {

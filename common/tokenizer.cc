@@ -7,6 +7,7 @@
 #include "absl/strings/str_replace.h"
 #include "common/bounded_file.h"
 #include "common/gpt2_bpe.h"
+#include "common/hf_tokenizer.h"
 #include "common/private_file.h"
 #include "common/sentencepiece_model.h"
 #include "common/spec.h"
@@ -23,6 +24,8 @@ constexpr int kLlmcHeaderInts = 256;
 constexpr size_t kMaxLlmcTokenizerBytes = size_t{256} << 20;
 // SentencePiece models are a few MB.
 constexpr size_t kMaxModelBytes = size_t{1} << 30;
+// A tokenizer.json: Llama 3's is about 9 MB, Qwen2's 7 MB.
+constexpr size_t kMaxHfTokenizerBytes = size_t{256} << 20;
 
 class Gpt2Tokenizer : public Tokenizer {
  public:
@@ -127,19 +130,34 @@ class LlmcTokenizer : public Tokenizer {
 }  // namespace
 
 bool IsTokenizerName(absl::string_view name) {
-  return name == "gpt2" || (name.size() > 4 && name.substr(0, 4) == "spm:");
+  return name == "gpt2" || (name.size() > 4 && name.substr(0, 4) == "spm:") ||
+         (name.size() > 3 && name.substr(0, 3) == "hf:");
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> OpenTokenizer(
     absl::string_view name, absl::string_view field,
     const ReadFile& read_file) {
   if (name == "gpt2") return std::unique_ptr<Tokenizer>(new Gpt2Tokenizer());
+  if (IsTokenizerName(name) && name.substr(0, 3) == "hf:") {
+    const std::string file = HfTokenizerFile(name.substr(3));
+    absl::StatusOr<std::string> bytes =
+        read_file ? read_file(file)
+                  : ReadBoundedFile(field, file, kMaxHfTokenizerBytes);
+    if (!bytes.ok()) return bytes.status();
+    auto t = HfTokenizer::Parse(*bytes, file);
+    if (!t.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": hf:", t.status().message()));
+    }
+    return std::unique_ptr<Tokenizer>(std::move(*t));
+  }
   if (IsTokenizerName(name)) {
     return SentencePieceTokenizer::Open(std::string(name.substr(4)), field,
                                         read_file);
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      field, "='", name, "' is not a tokenizer: use gpt2 or spm:MODEL_PATH"));
+      field, "='", name,
+      "' is not a tokenizer: use gpt2, spm:MODEL_PATH or hf:TOKENIZER_JSON"));
 }
 
 absl::Status TrainSentencePiece(

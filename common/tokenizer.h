@@ -1,6 +1,7 @@
 // Tokenizers by name, as a job's data.tokenizer and `ptworker prepare
 // --tokenizer` give them: "gpt2" (GPT-2's byte-level BPE, its vocabulary
-// compiled in), "spm:PATH" (a SentencePiece model), and llm.c's tokenizer
+// compiled in), "spm:PATH" (a SentencePiece model), "hf:PATH" (a Hugging
+// Face tokenizer.json's byte-level BPE, hf_tokenizer.h), and llm.c's tokenizer
 // file (decode only: each id's bytes), which `ptworker prepare` writes
 // beside its shards so that jobs and llm.c decode samples. The char
 // tokenizer, whose vocabulary is a text's, is the data loader's
@@ -46,15 +47,26 @@ class Tokenizer {
 using ReadFile =
     std::function<absl::StatusOr<std::string>(const std::string& path)>;
 
-// "gpt2" or "spm:PATH" (`field` names the flag or spec field in errors:
-// "data.tokenizer: spm:/x.model: cannot load ..."). InvalidArgument for
-// another name or a model that does not load.
+// "gpt2", "spm:PATH" or "hf:PATH" (`field` names the flag or spec field
+// in errors: "data.tokenizer: spm:/x.model: cannot load ..."). InvalidArgument
+// for another name or a model that does not load.
 absl::StatusOr<std::unique_ptr<Tokenizer>> OpenTokenizer(
     absl::string_view name, absl::string_view field,
     const ReadFile& read_file = nullptr);
 
-// Whether `name` has the form OpenTokenizer takes ("gpt2", "spm:PATH").
+// Whether `name` has the form OpenTokenizer takes ("gpt2", "spm:PATH",
+// "hf:PATH").
 bool IsTokenizerName(absl::string_view name);
+
+// The file that "hf:PATH" reads: PATH when its name ends in ".json", else
+// PATH/tokenizer.json (PATH is a model's folder).
+inline std::string HfTokenizerFile(absl::string_view path) {
+  const bool file = path.size() >= 5 && path.substr(path.size() - 5) == ".json";
+  if (file) return std::string(path);
+  std::string folder(path);
+  if (folder.back() != '/') folder += '/';
+  return folder + "tokenizer.json";
+}
 
 // Trains a SentencePiece model of `vocab_size` pieces (`type`: "bpe" or
 // "unigram") on the lines `next_line` yields (false: no more), writing

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/echo.h"
+#include "common/tokenizer.h"
 
 namespace ptrain {
 namespace {
@@ -33,8 +34,10 @@ constexpr int kMaxSymlinks = 40;
 
 // model.init_from's prefix for a file path (an llm.c checkpoint).
 constexpr absl::string_view kLlmc = "llmc:";
-// data.tokenizer's prefix for a file path (a SentencePiece model).
+// data.tokenizer's prefixes for a file path (a SentencePiece model; a
+// Hugging Face tokenizer.json or its folder).
 constexpr absl::string_view kSpm = "spm:";
+constexpr absl::string_view kHf = "hf:";
 
 absl::StatusOr<std::string> ReadLink(const std::string& path) {
   std::string target(PATH_MAX, '\0');
@@ -163,6 +166,7 @@ absl::Status ConfineSpecPaths(v1::JobSpec* spec, const std::string& base_dir,
   const Prefixed prefixed[] = {
       {"model.init_from", kLlmc, spec->mutable_model()->mutable_init_from()},
       {"data.tokenizer", kSpm, spec->mutable_data()->mutable_tokenizer()},
+      {"data.tokenizer", kHf, spec->mutable_data()->mutable_tokenizer()},
   };
   for (const Prefixed& f : prefixed) {
     if (!absl::StartsWith(*f.value, f.prefix)) continue;
@@ -218,7 +222,10 @@ absl::Status CheckSpecInputsExist(const v1::JobSpec& spec) {
       {"model.init_from",
        absl::StartsWith(init, kLlmc) ? init.substr(kLlmc.size()) : "", false},
       {"data.tokenizer",
-       absl::StartsWith(tokenizer, kSpm) ? tokenizer.substr(kSpm.size()) : "",
+       absl::StartsWith(tokenizer, kSpm) ? tokenizer.substr(kSpm.size())
+       : absl::StartsWith(tokenizer, kHf)
+           ? HfTokenizerFile(tokenizer.substr(kHf.size()))
+           : "",
        false},
   };
   for (const Input& in : inputs) {

@@ -1,5 +1,6 @@
 // Fuzzes the readers of llm.c's files: the token file parser (data.cc:
-// 256 × int32 header, magic 20240520, then uint16 tokens) and the mapped
+// 256 × int32 header, magic 20240520, then uint16 tokens in version 1,
+// uint32 in version 2) and the mapped
 // token stream training reads, which must agree with it, and LlmcSource, the
 // GPT-2 weight file reader behind model.init_from (header, then fp32
 // tensors). Input: the file's bytes. For the weight file the model config is
@@ -44,8 +45,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         ptrain::ParseTokenFile(bytes, "data.train_bin", "fuzz", vocab);
     if (!tokens.ok() && tokens.status().message().empty()) std::abort();
     if (tokens.ok()) {
-      for (uint16_t t : *tokens) {
-        if (t >= vocab) std::abort();  // accepted tokens are in range
+      for (int32_t t : *tokens) {
+        // Accepted tokens are in range.
+        if (t < 0 || t >= vocab) std::abort();
       }
     }
   }
@@ -67,9 +69,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         ptrain::ParseTokenFile(bytes, "data.train_bin", "fuzz", 50257);
     if (mapped.ok() != parsed.ok()) std::abort();
     if (!mapped.ok() && mapped.status() != parsed.status()) std::abort();
-    if (mapped.ok() && !std::equal(mapped->begin(), mapped->end(),
-                                   parsed->begin(), parsed->end())) {
-      std::abort();
+    if (mapped.ok()) {
+      if (mapped->size() != parsed->size()) std::abort();
+      for (size_t i = 0; i < mapped->size(); ++i) {
+        if ((*mapped)[i] != (*parsed)[i]) std::abort();
+      }
     }
   }
 

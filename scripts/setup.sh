@@ -27,12 +27,13 @@ done
 # (libdnnl-dev only recommends them); OpenSSL's libcrypto for digests;
 # ICU for the char tokenizer's UTF-8 and the character classes of GPT-2's
 # pre-tokenizer; SentencePiece; RE2 (GPT-2's pattern, which the fuzz target
-# holds the pre-tokenizer to); cpp-httplib serves ptcoord's web UI, and
+# holds the pre-tokenizer to); PCRE2 (the patterns of Hugging Face
+# tokenizer.json files, which need lookahead); cpp-httplib serves ptcoord's web UI, and
 # Chart.js draws its charts.
 # python3 prints the demo's sample.
 PACKAGES=(
   build-essential cmake pkg-config
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev libre2-dev libsentencepiece-dev
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev libre2-dev libpcre2-dev libsentencepiece-dev
   libopenmpi-dev openmpi-bin
   prometheus-cpp-dev libspdlog-dev libyaml-cpp-dev libsqlite3-dev libcli11-dev
   nlohmann-json3-dev libxxhash-dev libicu-dev

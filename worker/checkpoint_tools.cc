@@ -32,7 +32,8 @@ namespace ptrain {
 namespace {
 
 // The tokenizer of a checkpoint's job for llm.c's tokenizer file: its
-// data.tokenizer's (gpt2, spm:MODEL, the file beside its token files).
+// data.tokenizer's (gpt2, spm:MODEL, hf:TOKENIZER_JSON, the file beside its
+// token files).
 absl::StatusOr<std::shared_ptr<const Tokenizer>> ExportedTokenizer(
     const std::string& checkpoint, const CheckpointMeta& meta,
     const ConfinedFs& fs) {
@@ -41,8 +42,8 @@ absl::StatusOr<std::shared_ptr<const Tokenizer>> ExportedTokenizer(
     return absl::InvalidArgumentError(absl::StrCat(
         kField, ": checkpoint ", checkpoint,
         " is of a char-tokenizer model, which has no end-of-text token; "
-        "llm.c's tokenizer file needs one (train with data.tokenizer: gpt2 "
-        "or spm:MODEL)"));
+        "llm.c's tokenizer file needs one (train with data.tokenizer: gpt2, "
+        "spm:MODEL or hf:TOKENIZER_JSON)"));
   }
   auto spec = ParseJobSpec(meta.spec_yaml, {},
                            absl::StrCat("--checkpoint ", checkpoint, ": spec"));
@@ -120,7 +121,8 @@ absl::StatusOr<std::string> SampleStatus(const SampleFlags& f,
   train.set_precision("fp32");
   train.set_steps(std::max(train.steps(), meta.step));
   // A model of token files samples through the job's data.tokenizer
-  // (gpt2, spm:MODEL, the tokenizer file beside its shards), if any.
+  // (gpt2, spm:MODEL, hf:TOKENIZER_JSON, the tokenizer file beside its
+  // shards), if any.
   std::shared_ptr<const Tokenizer> words;
   if (meta.vocab.empty()) {
     auto opened = OpenDataTokenizer(spec.data(), *fs);
@@ -132,7 +134,8 @@ absl::StatusOr<std::string> SampleStatus(const SampleFlags& f,
       return absl::InvalidArgumentError(absl::StrCat(
           "--prompt: checkpoint ", f.checkpoint,
           " is of a model trained on token files whose job names no "
-          "tokenizer that encodes (data.tokenizer: gpt2 or spm:MODEL)"));
+          "tokenizer that encodes (data.tokenizer: gpt2, spm:MODEL or "
+          "hf:TOKENIZER_JSON)"));
     }
     train.set_sample_prompt(*f.prompt);
   }

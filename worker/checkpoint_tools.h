@@ -15,9 +15,9 @@ namespace ptrain {
 
 // `ptworker export --checkpoint CHECKPOINT --llmc OUT [--llmc-tokenizer
 // TOK]`: writes the checkpoint's weights to OUT and, when TOK is given, its
-// job's tokenizer (data.tokenizer: gpt2, spm:MODEL, or the file beside its
-// token files) as llm.c's tokenizer file, so that llm.c decodes the
-// model's samples; all confined to PTRAIN_DATA_ROOTS.
+// job's tokenizer (data.tokenizer: gpt2, spm:MODEL, hf:TOKENIZER_JSON, or
+// the file beside its token files) as llm.c's tokenizer file, so that llm.c
+// decodes the model's samples; all confined to PTRAIN_DATA_ROOTS.
 int RunExport(const std::string& checkpoint, const std::string& out,
               const std::string& tokenizer_out);
 

@@ -3,17 +3,17 @@
 // alone or under `mpirun -n N`; `ptworker export --checkpoint DIR --llmc
 // OUT.bin` writes a checkpoint's weights in llm.c's format; `ptworker sample
 // --checkpoint DIR [--prompt TEXT] [--tokens N]...` prints text its model
-// generates; `ptworker prepare --tokenizer gpt2|spm:MODEL|spm-train:VOCAB
-// --input 'corpus/*.txt' --out data/NAME` turns text files into llm.c token
-// shards (docs/data.md). Exit codes: 0 done, 1 runtime failure, 2 bad input
-// (spec, data, flags, layout, a damaged or foreign checkpoint, a path
-// outside the data roots, a model that does not fit in memory) with one
-// error line on stderr from the lowest failing rank; every rank exits, none
-// waits for another, none aborts. 3: stopped as asked at the end of a step,
-// after that step's checkpoint, to be resumed as after a preemption: by
-// SIGUSR1 (which mpirun forwards to every rank) or by a first SIGINT or
-// SIGTERM while training; a second SIGINT or SIGTERM (or the first outside
-// training) exits at once with 128 + the signal (130, 143).
+// generates; `ptworker prepare --tokenizer
+// gpt2|spm:MODEL|hf:TOKENIZER_JSON|spm-train:VOCAB --input 'corpus/*.txt' --out
+// data/NAME` turns text files into llm.c token shards (docs/data.md). Exit
+// codes: 0 done, 1 runtime failure, 2 bad input (spec, data, flags, layout, a
+// damaged or foreign checkpoint, a path outside the data roots, a model that
+// does not fit in memory) with one error line on stderr from the lowest failing
+// rank; every rank exits, none waits for another, none aborts. 3: stopped as
+// asked at the end of a step, after that step's checkpoint, to be resumed as
+// after a preemption: by SIGUSR1 (which mpirun forwards to every rank) or by a
+// first SIGINT or SIGTERM while training; a second SIGINT or SIGTERM (or the
+// first outside training) exits at once with 128 + the signal (130, 143).
 //
 // Threads: resources.threads_per_rank, else OMP_NUM_THREADS, else this
 // rank's share of the cores of its machine (the cores any of its ranks may
@@ -169,8 +169,10 @@ void AddPrepareCommand(CLI::App& app, PrepareCommand* p) {
       "them (docs/data.md)");
   p->app
       ->add_option("--tokenizer", f.tokenizer,
-                   "gpt2, spm:MODEL (a SentencePiece model) or "
-                   "spm-train:VOCAB (train one of VOCAB pieces on the input)")
+                   "gpt2, spm:MODEL (a SentencePiece model), "
+                   "hf:TOKENIZER_JSON (a Hugging Face tokenizer.json or its "
+                   "folder) or spm-train:VOCAB (train one of VOCAB pieces on "
+                   "the input)")
       ->required();
   p->app->add_option("--spm-type", f.spm_type,
                      "spm-train's model: bpe (default) or unigram");

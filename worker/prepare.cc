@@ -40,6 +40,7 @@
 #include "common/tokenizer.h"
 #include "common/utf8.h"
 #include "nlohmann/json.hpp"
+#include "worker/engine/data/token_file.h"
 #include "worker/exit_status.h"
 #include "worker/prepare_output.h"
 #include "worker/prepare_plan.h"
@@ -124,7 +125,7 @@ class Progress {
 
 struct ChunkOut {
   absl::Status status;
-  std::vector<uint16_t> tokens;
+  std::vector<uint32_t> tokens;
   int64_t bad_utf8 = -1;  // the chunk's first byte that is not UTF-8
 };
 
@@ -152,9 +153,9 @@ ChunkOut EncodeChunk(const Chunk& c, const InputFile& in,
   const std::vector<int32_t> ids = tokenizer.Encode(text);
   out.tokens.reserve(ids.size() + 1);
   if (c.first) {
-    out.tokens.push_back(static_cast<uint16_t>(tokenizer.end_of_text()));
+    out.tokens.push_back(static_cast<uint32_t>(tokenizer.end_of_text()));
   }
-  for (int32_t id : ids) out.tokens.push_back(static_cast<uint16_t>(id));
+  out.tokens.insert(out.tokens.end(), ids.begin(), ids.end());
   return out;
 }
 
@@ -444,11 +445,13 @@ class Preparation {
   }
 
  private:
-  // gpt2 and spm:MODEL; spm-train's model is opened once trained.
+  // gpt2, spm:MODEL and hf:TOKENIZER_JSON; spm-train's model is opened
+  // once trained.
   absl::Status OpenGivenTokenizer() {
     if (choice_.kind == TokenizerKind::kSpmTrain) return absl::OkStatus();
     ReadFile read = nullptr;
-    if (choice_.kind == TokenizerKind::kSpm) {
+    if (choice_.kind == TokenizerKind::kSpm ||
+        choice_.kind == TokenizerKind::kHf) {
       auto bytes = fs_.ReadFile(choice_.model, "--tokenizer", kMaxModelBytes);
       if (!bytes.ok()) return bytes.status();
       model_sha256_ = Sha256Hex(*bytes);
@@ -464,15 +467,10 @@ class Preparation {
   }
 
   absl::Status CheckVocabulary() {
-    if (tokenizer_->size() > 65536) {
-      return Bad("--tokenizer ", f_.tokenizer, ": its vocabulary has ",
-                 tokenizer_->size(),
-                 " tokens; token files store ids as uint16 (at most 65536)");
-    }
     if (tokenizer_->end_of_text() < 0) {
       return Bad("--tokenizer ", f_.tokenizer,
-                 ": the model has no end-of-text piece (</s>) to put between "
-                 "documents");
+                 ": the model has no end-of-text token (</s>, <|endoftext|>, "
+                 "...) to put between documents");
     }
     return absl::OkStatus();
   }
@@ -687,7 +685,9 @@ class Preparation {
     unnamed_ = !f_.named_temporaries &&
                UnnamedFilesWork(dir_.get(), out_.name + "_prepare.json.tmp");
     Progress progress(f_.quiet, plan_.total_bytes, done_bytes);
-    const bool bytes_level = choice_.kind == TokenizerKind::kGpt2;
+    // Byte-level BPE (GPT-2's, a tokenizer.json's) encodes any bytes.
+    const bool bytes_level = choice_.kind == TokenizerKind::kGpt2 ||
+                             choice_.kind == TokenizerKind::kHf;
     const Tokenizer& tokenizer = *tokenizer_;
     const int64_t want =
         f_.threads > 0 ? f_.threads
@@ -762,7 +762,7 @@ class Preparation {
   // (`val`): opens `*shard` (and sets `*shard_val`) when there is none,
   // and commits it each time it holds --shard-tokens.
   absl::Status AppendTokens(int64_t i, bool val,
-                            const std::vector<uint16_t>& tokens, size_t pos,
+                            const std::vector<uint32_t>& tokens, size_t pos,
                             std::unique_ptr<ShardFile>* shard,
                             bool* shard_val) {
     while (pos < tokens.size()) {
@@ -770,7 +770,7 @@ class Preparation {
         *shard = std::make_unique<ShardFile>(
             dir_.get(), out_.path,
             ShardName(out_.name, val, val ? val_shards_ : train_shards_),
-            unnamed_);
+            TokenFileVersionFor(tokenizer_->size()), unnamed_);
         *shard_val = val;
         if (absl::Status s = (*shard)->Open(); !s.ok()) return s;
       }

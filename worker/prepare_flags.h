@@ -28,7 +28,8 @@ inline constexpr int kPrepareMinSpmVocab = 260;
 
 // The flags of `ptworker prepare` (docs/data.md).
 struct PrepareFlags {
-  std::string tokenizer;            // gpt2 | spm:MODEL | spm-train:VOCAB
+  std::string
+      tokenizer;  // gpt2 | spm:MODEL | hf:TOKENIZER_JSON | spm-train:VOCAB
   std::string spm_type;             // bpe (default) | unigram; spm-train only
   std::vector<std::string> inputs;  // files or glob(3) patterns
   std::string out;                  // the output folder

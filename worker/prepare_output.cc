@@ -108,6 +108,11 @@ json Settings(const PrepareFlags& f, const TokenizerChoice& c,
       tok["model"] = stdfs::absolute(c.model).lexically_normal().string();
       tok["model_sha256"] = model_sha256;
       break;
+    case TokenizerKind::kHf:
+      tok["kind"] = "hf";
+      tok["model"] = stdfs::absolute(c.model).lexically_normal().string();
+      tok["model_sha256"] = model_sha256;
+      break;
     case TokenizerKind::kSpmTrain:
       tok["kind"] = "spm-train";
       tok["spm_vocab"] = c.vocab;
@@ -132,6 +137,10 @@ std::string TokenizerText(const json& tok) {
   const std::string kind = tok.value("kind", "");
   if (kind == "spm") {
     return absl::StrCat("spm:", tok.value("model", ""), " (SHA-256 ",
+                        tok.value("model_sha256", "").substr(0, 12), "…)");
+  }
+  if (kind == "hf") {
+    return absl::StrCat("hf:", tok.value("model", ""), " (SHA-256 ",
                         tok.value("model_sha256", "").substr(0, 12), "…)");
   }
   if (kind == "spm-train") {
@@ -208,8 +217,15 @@ absl::Status ShardFile::Open() {
   return absl::OkStatus();
 }
 
-absl::Status ShardFile::Append(const uint16_t* t, size_t n) {
-  buf_.append(reinterpret_cast<const char*>(t), n * sizeof(uint16_t));
+absl::Status ShardFile::Append(const uint32_t* t, size_t n) {
+  if (version_ == kTokenFileVersion32) {
+    buf_.append(reinterpret_cast<const char*>(t), n * sizeof(uint32_t));
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      const auto id = static_cast<uint16_t>(t[i]);
+      buf_.append(reinterpret_cast<const char*>(&id), sizeof(id));
+    }
+  }
   tokens_ += static_cast<int64_t>(n);
   if (buf_.size() >= kWriteBuffer) return Flush();
   return absl::OkStatus();
@@ -217,7 +233,7 @@ absl::Status ShardFile::Append(const uint16_t* t, size_t n) {
 
 absl::StatusOr<uint64_t> ShardFile::Commit() {
   if (absl::Status s = Flush(); !s.ok()) return s;
-  int32_t header[3] = {kTokenFileMagic, kTokenFileVersion,
+  int32_t header[3] = {kTokenFileMagic, version_,
                        static_cast<int32_t>(tokens_)};
   if (::pwrite(fd_, header, sizeof(header), 0) !=
       static_cast<ssize_t>(sizeof(header))) {
@@ -259,7 +275,8 @@ absl::StatusOr<uint64_t> ShardFile::Digest() {
   XXH64_state_t* state = XXH64_createState();
   XXH64_reset(state, 0);
   std::string block(kWriteBuffer, '\0');
-  const int64_t size = kTokenFileHeaderBytes + 2 * tokens_;
+  const int64_t size =
+      kTokenFileHeaderBytes + TokenFileTokenBytes(version_) * tokens_;
   absl::Status s;
   for (int64_t at = 0; at < size && s.ok();) {
     const int64_t want = std::min<int64_t>(kWriteBuffer, size - at);
@@ -415,8 +432,8 @@ class ManifestShape {
       if (tok != nullptr) {
         String(*tok, "settings.tokenizer.", "name");
         kind = OneOf(*tok, "settings.tokenizer.", "kind",
-                     {"gpt2", "spm", "spm-train"});
-        if (kind == "spm") {
+                     {"gpt2", "spm", "spm-train", "hf"});
+        if (kind == "spm" || kind == "hf") {
           String(*tok, "settings.tokenizer.", "model");
           String(*tok, "settings.tokenizer.", "model_sha256");
         } else if (kind == "spm-train") {
@@ -606,6 +623,8 @@ absl::Status CheckShards(const OutDir& o, const json& m, const ConfinedFs& fs) {
   };
   const int64_t shard_tokens = m["settings"]["shard_tokens"].get<int64_t>();
   const int64_t chunks = m["chunks"].get<int64_t>();
+  const int64_t token_bytes =
+      TokenFileTokenBytes(TokenFileVersionFor(m["vocab_size"].get<int64_t>()));
   std::set<std::string> listed;
   int64_t tokens = 0;
   int counts[2] = {0, 0};  // train, val
@@ -639,7 +658,7 @@ absl::Status CheckShards(const OutDir& o, const json& m, const ConfinedFs& fs) {
     struct stat st {};
     const std::string path = o.path + "/" + name;
     if (::stat(path.c_str(), &st) != 0 ||
-        st.st_size != kTokenFileHeaderBytes + 2 * n) {
+        st.st_size != kTokenFileHeaderBytes + token_bytes * n) {
       return absl::DataLossError(
           absl::StrCat("--out ", o.path, ": shard ", name,
                        " that the manifest lists is missing or not of its size",

@@ -64,11 +64,15 @@ std::string Differences(const json& was, const json& now);
 // temporary is removed; one left by a kill is removed by the next run).
 class ShardFile {
  public:
-  ShardFile(int dirfd, std::string dir, std::string name, bool unnamed)
+  // `version`: the token file's (token_file.h), 1 (uint16 tokens) or 2
+  // (uint32).
+  ShardFile(int dirfd, std::string dir, std::string name, int32_t version,
+            bool unnamed)
       : dirfd_(dirfd),
         dir_(std::move(dir)),
         name_(std::move(name)),
         tmp_(name_ + ".tmp"),
+        version_(version),
         unnamed_(unnamed) {}
   ShardFile(const ShardFile&) = delete;
   ShardFile& operator=(const ShardFile&) = delete;
@@ -79,7 +83,8 @@ class ShardFile {
   int64_t tokens() const { return tokens_; }
   const std::string& name() const { return name_; }
 
-  absl::Status Append(const uint16_t* t, size_t n);
+  // Ids below the version's bound (65536 for version 1).
+  absl::Status Append(const uint32_t* t, size_t n);
 
   // Header, fsync, the file's XXH64 (read back), then its name.
   absl::StatusOr<uint64_t> Commit();
@@ -93,6 +98,7 @@ class ShardFile {
 
   const int dirfd_;
   const std::string dir_, name_, tmp_;
+  const int32_t version_;
   const bool unnamed_;
   int fd_ = -1;
   std::string buf_;

@@ -21,6 +21,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/tokenizer.h"
 
 namespace ptrain {
 namespace prepare_internal {
@@ -56,6 +57,9 @@ absl::StatusOr<TokenizerChoice> ParseTokenizer(const PrepareFlags& f) {
   } else if (t.rfind("spm:", 0) == 0 && t.size() > 4) {
     c.kind = TokenizerKind::kSpm;
     c.model = t.substr(4);
+  } else if (t.rfind("hf:", 0) == 0 && t.size() > 3) {
+    c.kind = TokenizerKind::kHf;
+    c.model = HfTokenizerFile(t.substr(3));
   } else if (t.rfind("spm-train:", 0) == 0) {
     c.kind = TokenizerKind::kSpmTrain;
     const std::string v = t.substr(10);
@@ -67,7 +71,8 @@ absl::StatusOr<TokenizerChoice> ParseTokenizer(const PrepareFlags& f) {
     }
   } else {
     return Bad("--tokenizer '", t,
-               "': not one of gpt2, spm:MODEL, spm-train:VOCAB");
+               "': not one of gpt2, spm:MODEL, spm-train:VOCAB, "
+               "hf:TOKENIZER_JSON");
   }
   if (c.kind == TokenizerKind::kSpmTrain) {
     c.type = f.spm_type.empty() ? "bpe" : f.spm_type;

@@ -89,11 +89,11 @@ absl::StatusOr<int64_t> ReadAt(int fd, char* buf, int64_t n, int64_t at,
 
 // ---------------------------------------------------------------- flags
 
-enum class TokenizerKind { kGpt2, kSpm, kSpmTrain };
+enum class TokenizerKind { kGpt2, kSpm, kSpmTrain, kHf };
 
 struct TokenizerChoice {
   TokenizerKind kind = TokenizerKind::kGpt2;
-  std::string model;  // spm: the model's path
+  std::string model;  // spm: the model's path; hf: its tokenizer.json
   int vocab = 0;      // spm-train
   std::string type;   // spm-train: bpe | unigram
 };

@@ -839,9 +839,11 @@ INSTANTIATE_TEST_SUITE_P(
         RuleCase{"model.init_from='llmc:'", "names no file after 'llmc:'"},
         RuleCase{"data.tokenizer=bpe",
                  "data.tokenizer='bpe' must be one of "
-                 "auto, char, gpt2, spm:MODEL_PATH"},
+                 "auto, char, gpt2, spm:MODEL_PATH, hf:TOKENIZER_JSON"},
         RuleCase{"data.tokenizer='spm:'",
                  "data.tokenizer='spm:' names no SentencePiece model"},
+        RuleCase{"data.tokenizer='hf:'",
+                 "data.tokenizer='hf:' names no tokenizer.json"},
         RuleCase{"data.val_fraction=0",
                  "data.val_fraction=0 must be > 0 and "
                  "< 1"},

@@ -154,6 +154,23 @@ TEST_F(PathsTest, SpecFieldsAreCheckedAndRewritten) {
                 .message()
                 .find("data.tokenizer"),
             absl::string_view::npos);
+  // So is a tokenizer.json, named or in its folder.
+  v1::JobSpec hf;
+  hf.mutable_data()->set_tokenizer("hf:data/llama3");
+  ASSERT_TRUE(ConfineSpecPaths(&hf, base_.string(), roots_).ok());
+  EXPECT_EQ(hf.data().tokenizer(),
+            "hf:" + (base_ / "data" / "llama3").string());
+  EXPECT_NE(CheckSpecInputsExist(hf).message().find(
+                "data.tokenizer: " +
+                (base_ / "data" / "llama3" / "tokenizer.json").string() +
+                " does not exist"),
+            absl::string_view::npos)
+      << CheckSpecInputsExist(hf);
+  hf.mutable_data()->set_tokenizer("hf:/etc/tokenizer.json");
+  EXPECT_NE(ConfineSpecPaths(&hf, base_.string(), roots_)
+                .message()
+                .find("data.tokenizer"),
+            absl::string_view::npos);
   v1::JobSpec gpt2;
   gpt2.mutable_data()->set_tokenizer("gpt2");
   ASSERT_TRUE(ConfineSpecPaths(&gpt2, base_.string(), roots_).ok());

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -25,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/byte_level.h"
 #include "common/confined_fs.h"
 #include "common/tokenizer.h"
 #include "common/utf8.h"
@@ -981,6 +983,117 @@ TEST_F(PrepareTest, TrainedSentencePieceShardsDecodeToTheInputs) {
                 .size(),
             64u);
   EXPECT_FALSE(fs::exists(dir_ / "given" / "given_spm.model"));
+}
+
+// A tokenizer of more than 65536 ids (a tokenizer.json: every byte, then
+// 35000 words of four letters, alone and after a space, taken whole by
+// ignore_merges): shards of version 2, uint32 tokens, which the data loader
+// maps back to the same ids.
+TEST_F(PrepareTest, AVocabularyPastUint16WritesVersion2ShardsTheLoaderReads) {
+  constexpr int kWords = 35000;
+  const auto word = [](int k) {
+    std::string w(4, 'a');
+    for (char& c : w) {
+      c = static_cast<char>('a' + k % 26);
+      k /= 26;
+    }
+    return w;
+  };
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) {
+    vocab[ByteLevelChar(static_cast<unsigned char>(b))] = b;
+  }
+  for (int k = 0; k < kWords; ++k) {
+    vocab[word(k)] = 256 + 2 * k;
+    vocab["\xC4\xA0" + word(k)] = 257 + 2 * k;  // "Ġ": a space before
+  }
+  const nlohmann::json byte_level = {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  const nlohmann::json file = {{"added_tokens",
+                                {{{"id", 256 + 2 * kWords},
+                                  {"content", "<|endoftext|>"},
+                                  {"special", true}}}},
+                               {"normalizer", nullptr},
+                               {"pre_tokenizer", byte_level},
+                               {"decoder", byte_level},
+                               {"model",
+                                {{"type", "BPE"},
+                                 {"ignore_merges", true},
+                                 {"vocab", vocab},
+                                 {"merges", nlohmann::json::array()}}}};
+  fs::create_directories(dir_ / "big");
+  WriteAll(dir_ / "big" / "tokenizer.json", file.dump());
+  const std::string name = "hf:" + (dir_ / "big").string();
+  auto tokenizer = OpenTokenizer(name, "test");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const int vocab_size = (*tokenizer)->size();
+  ASSERT_EQ(vocab_size, 257 + 2 * kWords);
+
+  std::vector<std::string> texts(2);
+  for (int i = 0; i < 3000; ++i) {
+    texts[i % 2] += word((i * 7919) % kWords) + (i % 10 == 9 ? "\n" : " ");
+  }
+  Corpus(texts);
+  PrepareFlags f = Flags("wide");
+  f.tokenizer = name;
+  f.val_fraction = 0;
+  auto r = Prepare(f);
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<int32_t> want;
+  for (const std::string& text : texts) {
+    want.push_back((*tokenizer)->end_of_text());
+    for (int32_t id : (*tokenizer)->Encode(text)) want.push_back(id);
+  }
+  ASSERT_GT(*std::max_element(want.begin(), want.end()), 65535);
+
+  std::vector<int32_t> all;
+  int shards = 0;
+  for (const auto& [file_name, bytes] : Tree(dir_ / "wide")) {
+    if (file_name.find("_train_") == std::string::npos) continue;
+    ++shards;
+    int32_t header[3];
+    ASSERT_GE(bytes.size(), sizeof(header));
+    std::memcpy(header, bytes.data(), sizeof(header));
+    EXPECT_EQ(header[0], 20240520);
+    EXPECT_EQ(header[1], 2) << file_name;
+    EXPECT_EQ(bytes.size(), 1024 + 4 * static_cast<size_t>(header[2]));
+    auto t = ParseTokenFile(bytes, "test", file_name, vocab_size);
+    ASSERT_TRUE(t.ok()) << t.status();
+    all.insert(all.end(), t->begin(), t->end());
+  }
+  EXPECT_GT(shards, 1);
+  EXPECT_EQ(all, want);
+
+  // The loader maps the same shards, wide.
+  v1::DataSpec spec;
+  spec.set_train_bin((dir_ / "wide" / "wide_train_*.bin").string());
+  spec.set_val_bin((dir_ / "wide" / "wide_train_*.bin").string());
+  spec.set_tokenizer(name);
+  auto data = LoadTokenData(spec, 0, 8);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->vocab_size, vocab_size);
+  std::vector<int32_t> loaded;
+  for (const TokenStream& s : data->train) {
+    EXPECT_TRUE(s.wide());
+    for (size_t i = 0; i < s.size(); ++i) loaded.push_back(s[i]);
+  }
+  EXPECT_EQ(loaded, want);
+  // A batch holds the wide ids as they are.
+  BatchSampler sampler(&data->train, 8, 4, 1, "train");
+  std::vector<int32_t> in(32), tg(32);
+  sampler.Fill(0, 0, 4, in.data(), tg.data());
+  EXPECT_GT(*std::max_element(in.begin(), in.end()), 0);
+  for (int i = 0; i < 32; ++i) {
+    if (i % 8 < 7) {
+      EXPECT_EQ(in[i + 1], tg[i]);
+    }
+  }
+  bool high = false;
+  for (int b = 0; b < 20 && !high; ++b) {
+    sampler.Fill(b, 0, 4, in.data(), tg.data());
+    high = *std::max_element(in.begin(), in.end()) > 65535;
+  }
+  EXPECT_TRUE(high);
 }
 
 }  // namespace

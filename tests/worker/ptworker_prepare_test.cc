@@ -305,7 +305,7 @@ TEST_F(PtworkerPrepare, ALongLineIsEncodedInBoundedMemory) {
       << " KiB for lines";
 }
 
-TEST_F(PtworkerPrepare, SentencePieceModelsThatDoNotFitAreRefused) {
+TEST_F(PtworkerPrepare, TokenizersThatDoNotLoadAreRefused) {
   const std::string out = "--out " + (dir_ / "out").string();
   WriteAll(dir_ / "junk.model", "not a model");
   ExpectRefused("--tokenizer spm:" + (dir_ / "junk.model").string() + " " +
@@ -315,12 +315,30 @@ TEST_F(PtworkerPrepare, SentencePieceModelsThatDoNotFitAreRefused) {
   ExpectRefused("--tokenizer spm:" + (dir_ / "none.model").string() + " " +
                     Corpus() + out,
                 "--tokenizer");
-  // 70003 pieces: ids past 65535 do not fit a token file's uint16.
-  WriteAll(dir_ / "big.model", BigSentencePieceModel(70003));
+  // A tokenizer.json of another model, in the folder named.
+  fs::create_directories(dir_ / "hf");
+  WriteAll(
+      dir_ / "hf" / "tokenizer.json",
+      R"({"decoder": {"type": "ByteLevel"}, "model": {"type": "WordPiece"}})");
   ExpectRefused(
-      "--tokenizer spm:" + (dir_ / "big.model").string() + " " + Corpus() + out,
-      "--tokenizer spm:" + (dir_ / "big.model").string() +
-          ": its vocabulary has 70003 tokens");
+      "--tokenizer hf:" + (dir_ / "hf").string() + " " + Corpus() + out,
+      "--tokenizer: hf:" + (dir_ / "hf" / "tokenizer.json").string() +
+          R"(: model.type: "WordPiece" is not implemented)");
+}
+
+// 70003 pieces: ids past 65535, which version 2 token files hold as uint32.
+TEST_F(PtworkerPrepare, VocabulariesPastUint16WriteVersion2Shards) {
+  WriteAll(dir_ / "big.model", BigSentencePieceModel(70003));
+  const Result r = Run("--tokenizer spm:" + (dir_ / "big.model").string() +
+                       " " + Corpus() + "--out " + (dir_ / "out").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string shard = ReadAll(dir_ / "out" / "out_train_000000.bin");
+  int32_t header[3] = {};
+  ASSERT_GE(shard.size(), sizeof(header));
+  std::memcpy(header, shard.data(), sizeof(header));
+  EXPECT_EQ(header[0], 20240520);
+  EXPECT_EQ(header[1], 2);
+  EXPECT_EQ(shard.size(), 1024 + 4 * static_cast<size_t>(header[2]));
 }
 
 TEST_F(PtworkerPrepare, AnotherPreparationsFolderIsRefused) {

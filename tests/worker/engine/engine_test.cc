@@ -642,7 +642,7 @@ TEST(TokenData, LlmcTokenFilesLoadAndBadHeadersAreRefused) {
 
   // A header with no tokens parses to nothing (fuzz/corpus/llmc keeps the
   // input that once made this copy from a null pointer), and is too short.
-  ASSERT_TRUE(WriteTokenFile(train, {}).ok());
+  ASSERT_TRUE(WriteTokenFile(train, std::vector<uint16_t>{}).ok());
   std::ifstream empty_in(train, std::ios::binary);
   const std::string empty((std::istreambuf_iterator<char>(empty_in)), {});
   auto none = ParseTokenFile(empty, "data.train_bin", train, 50257);
@@ -658,6 +658,69 @@ TEST(TokenData, LlmcTokenFilesLoadAndBadHeadersAreRefused) {
   ASSERT_TRUE(WriteTokenFile(train, toks).ok());
   EXPECT_EQ(LoadTokenData(spec, 0, 16).status().code(),
             absl::StatusCode::kNotFound);
+  std::filesystem::remove(train);
+  std::filesystem::remove(val);
+}
+
+// Version 2 files (uint32 tokens, vocabularies past 65536) load wide to
+// the same ids, mapped; a version 1 file beside them still loads narrow;
+// an id outside the vocabulary and a body of the other width are refused.
+TEST(TokenData, Version2TokenFilesLoadWideBesideVersion1) {
+  const std::string train = TempPath("wide_train.bin");
+  const std::string val = TempPath("narrow_val.bin");
+  std::vector<uint32_t> wide(64);
+  for (size_t i = 0; i < wide.size(); ++i) wide[i] = 70000 + 1000 * i;
+  const std::vector<uint16_t> narrow(64, 7);
+  ASSERT_TRUE(WriteTokenFile(train, wide).ok());
+  ASSERT_TRUE(WriteTokenFile(val, narrow).ok());
+  v1::DataSpec spec;
+  spec.set_train_bin(train);
+  spec.set_val_bin(val);
+  auto data = LoadTokenData(spec, 200000, 16);
+  ASSERT_TRUE(data.ok()) << data.status();
+  ASSERT_EQ(data->train.size(), 1u);
+  const TokenStream& w = data->train[0];
+  EXPECT_TRUE(w.wide());
+  EXPECT_TRUE(w.mapped());
+  ASSERT_EQ(w.size(), wide.size());
+  for (size_t i = 0; i < wide.size(); ++i) {
+    EXPECT_EQ(w[i], static_cast<int32_t>(wide[i]));
+  }
+  EXPECT_FALSE(data->val[0].wide());
+  EXPECT_EQ(data->val[0][3], 7);
+  BatchSampler sampler(&data->train, 16, 2, 1, "train");
+  std::vector<int32_t> in(32), tg(32);
+  sampler.Fill(0, 0, 2, in.data(), tg.data());
+  for (int i = 0; i < 32; ++i) {
+    EXPECT_GE(in[i], 70000);
+    EXPECT_EQ(tg[i], in[i] + 1000);
+  }
+
+  std::ifstream in_file(train, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in_file)), {});
+  auto parsed = ParseTokenFile(bytes, "data.train_bin", train, 200000);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(*parsed, std::vector<int32_t>(wide.begin(), wide.end()));
+
+  auto small = LoadTokenData(spec, 100000, 16);
+  ASSERT_FALSE(small.ok());
+  EXPECT_NE(small.status().message().find("data.train_bin: token 100000 at "
+                                          "position 30 "),
+            std::string::npos)
+      << small.status();
+  // A version 2 header over a uint16 body: its size says otherwise.
+  ASSERT_TRUE(WriteTokenFile(train, narrow).ok());
+  {
+    std::fstream f(train, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4);
+    int32_t version = 2;
+    f.write(reinterpret_cast<char*>(&version), 4);
+  }
+  auto mixed = LoadTokenData(spec, 200000, 16);
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_NE(mixed.status().message().find("header says 64 tokens (1280 bytes)"),
+            std::string::npos)
+      << mixed.status();
   std::filesystem::remove(train);
   std::filesystem::remove(val);
 }

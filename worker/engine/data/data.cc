@@ -59,12 +59,19 @@ void ForEachChar(std::string_view text, F&& f) {
   }
 }
 
-// The token count of an llm.c token file of `file_bytes` bytes whose first
+// An llm.c token file's header: its version and token count.
+struct TokenHeader {
+  int32_t version = kTokenFileVersion;
+  int64_t count = 0;
+  int token_bytes() const { return TokenFileTokenBytes(version); }
+};
+
+// The header of an llm.c token file of `file_bytes` bytes whose first
 // bytes are `head` (at least the header's when the file has them).
-absl::StatusOr<int64_t> CheckTokenHeader(absl::string_view head,
-                                         int64_t file_bytes,
-                                         absl::string_view field,
-                                         absl::string_view path) {
+absl::StatusOr<TokenHeader> CheckTokenHeader(absl::string_view head,
+                                             int64_t file_bytes,
+                                             absl::string_view field,
+                                             absl::string_view path) {
   int32_t header[kTokenFileHeaderInts];
   if (file_bytes < static_cast<int64_t>(sizeof(header)) ||
       head.size() < sizeof(header)) {
@@ -78,31 +85,37 @@ absl::StatusOr<int64_t> CheckTokenHeader(absl::string_view head,
         absl::StrCat(field, ": '", path, "' has bad magic ", header[0],
                      " (expected ", kTokenFileMagic, ")"));
   }
-  if (header[1] != kTokenFileVersion) {
+  if (header[1] != kTokenFileVersion && header[1] != kTokenFileVersion32) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": '", path, "' has version ", header[1],
-                     " (expected ", kTokenFileVersion, ")"));
+                     " (expected ", kTokenFileVersion, ", uint16 tokens, or ",
+                     kTokenFileVersion32, ", uint32 tokens)"));
   }
+  TokenHeader h;
+  h.version = header[1];
   const int64_t count = header[2];
-  const int64_t want = static_cast<int64_t>(sizeof(header)) + 2 * count;
+  const int64_t want =
+      static_cast<int64_t>(sizeof(header)) + h.token_bytes() * count;
   if (count < 0 || file_bytes != want) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": '", path, "' header says ", count, " tokens (",
                      want, " bytes) but the file has ", file_bytes, " bytes"));
   }
-  return count;
+  h.count = count;
+  return h;
 }
 
 // Ok when every token is below vocab_size, else the error naming the first
 // that is not.
-absl::Status CheckTokensInVocabulary(const uint16_t* tokens, int64_t count,
+template <typename Token>
+absl::Status CheckTokensInVocabulary(const Token* tokens, int64_t count,
                                      int vocab_size, absl::string_view field,
                                      absl::string_view path) {
   // The first offender over all threads (a file can be gigabytes).
   int64_t first = count;
 #pragma omp parallel for schedule(static) reduction(min : first)
   for (int64_t i = 0; i < count; ++i) {
-    if (tokens[i] >= vocab_size && i < first) first = i;
+    if (tokens[i] >= static_cast<uint32_t>(vocab_size) && i < first) first = i;
   }
   if (first == count) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
@@ -271,7 +284,7 @@ uint64_t TokenDigest(const TokenShards& train, const TokenShards& val) {
   for (const TokenShards* split : {&train, &val}) {
     uint64_t count = 0;
     for (const TokenStream& s : *split) {
-      XXH64_update(state, s.data(), s.size() * sizeof(uint16_t));
+      XXH64_update(state, s.bytes(), s.size() * s.token_bytes());
       count += s.size();
     }
     XXH64_update(state, &count, sizeof(count));
@@ -290,29 +303,38 @@ void AppendChar(char32_t c, std::string* out) {
   out->append(buf, n);
 }
 
-absl::StatusOr<std::vector<uint16_t>> ParseTokenFile(absl::string_view b,
-                                                     absl::string_view field,
-                                                     absl::string_view path,
-                                                     int vocab_size) {
-  auto count = CheckTokenHeader(b, static_cast<int64_t>(b.size()), field, path);
-  if (!count.ok()) return count.status();
-  // Byte copy, not a cast: the body need not be aligned. An empty file
-  // has no body to copy (and an empty vector no storage).
-  std::vector<uint16_t> tokens(*count);
-  if (*count > 0) {
-    std::memcpy(tokens.data(),
-                b.data() + kTokenFileHeaderInts * sizeof(int32_t), 2 * *count);
-  }
-  if (absl::Status s = CheckTokensInVocabulary(tokens.data(), *count,
-                                               vocab_size, field, path);
-      !s.ok()) {
-    return s;
-  }
-  return tokens;
+absl::StatusOr<std::vector<int32_t>> ParseTokenFile(absl::string_view b,
+                                                    absl::string_view field,
+                                                    absl::string_view path,
+                                                    int vocab_size) {
+  auto h = CheckTokenHeader(b, static_cast<int64_t>(b.size()), field, path);
+  if (!h.ok()) return h.status();
+  // Byte copy, not a cast: the body need not be aligned.
+  const auto read = [&](auto token) -> absl::StatusOr<std::vector<int32_t>> {
+    std::vector<decltype(token)> raw(h->count);
+    if (h->count > 0) {
+      std::memcpy(raw.data(), b.data() + kTokenFileHeaderBytes,
+                  sizeof(token) * h->count);
+    }
+    if (absl::Status s = CheckTokensInVocabulary(raw.data(), h->count,
+                                                 vocab_size, field, path);
+        !s.ok()) {
+      return s;
+    }
+    return std::vector<int32_t>(raw.begin(), raw.end());
+  };
+  if (h->version == kTokenFileVersion32) return read(uint32_t{0});
+  return read(uint16_t{0});
 }
 
 TokenStream::TokenStream(std::vector<uint16_t> tokens)
     : owned_(std::move(tokens)), data_(owned_.data()), size_(owned_.size()) {}
+
+TokenStream::TokenStream(std::vector<uint32_t> tokens)
+    : owned32_(std::move(tokens)),
+      data32_(owned32_.data()),
+      wide_(true),
+      size_(owned32_.size()) {}
 
 TokenStream::TokenStream(TokenStream&& o) noexcept { *this = std::move(o); }
 
@@ -320,16 +342,21 @@ TokenStream& TokenStream::operator=(TokenStream&& o) noexcept {
   if (this == &o) return *this;
   Reset();
   owned_ = std::move(o.owned_);
+  owned32_ = std::move(o.owned32_);
   map_ = o.map_;
   map_bytes_ = o.map_bytes_;
   guard_ = o.guard_;
   o.guard_ = -1;
   size_ = o.size_;
-  // A moved vector keeps its storage: data_ stays valid either way.
-  data_ = map_ != nullptr ? o.data_ : owned_.data();
+  wide_ = o.wide_;
+  // A moved vector keeps its storage: the pointers stay valid either way.
+  data_ = map_ != nullptr || wide_ ? o.data_ : owned_.data();
+  data32_ = map_ != nullptr || !wide_ ? o.data32_ : owned32_.data();
   o.map_ = nullptr;
   o.map_bytes_ = 0;
   o.data_ = nullptr;
+  o.data32_ = nullptr;
+  o.wide_ = false;
   o.size_ = 0;
   return *this;
 }
@@ -343,7 +370,10 @@ void TokenStream::Reset() {
   map_ = nullptr;
   map_bytes_ = 0;
   owned_.clear();
+  owned32_.clear();
   data_ = nullptr;
+  data32_ = nullptr;
+  wide_ = false;
   size_ = 0;
 }
 
@@ -366,11 +396,12 @@ absl::StatusOr<TokenStream> TokenStream::MapTokenFile(int fd,
     return absl::InternalError(absl::StrCat(field, ": cannot read '", path,
                                             "': ", std::strerror(errno)));
   }
-  auto count =
+  auto h =
       CheckTokenHeader(absl::string_view(head, got), st.st_size, field, path);
-  if (!count.ok()) return count.status();
+  if (!h.ok()) return h.status();
   TokenStream out;
-  if (*count == 0) return out;
+  out.wide_ = h->version == kTokenFileVersion32;
+  if (h->count == 0) return out;
   void* map = ::mmap(nullptr, st.st_size, PROT_READ, MAP_SHARED, fd, 0);
   if (map == MAP_FAILED) {
     return absl::InternalError(absl::StrCat(field, ": cannot map '", path,
@@ -380,14 +411,17 @@ absl::StatusOr<TokenStream> TokenStream::MapTokenFile(int fd,
   out.map_bytes_ = st.st_size;
   out.guard_ = RegisterMapping(static_cast<const char*>(map), st.st_size, path);
   // The body starts 1024 bytes into a page-aligned mapping: aligned.
-  out.data_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map) +
-                                                sizeof(head));
-  out.size_ = *count;
-  if (absl::Status s =
-          CheckTokensInVocabulary(out.data_, *count, vocab_size, field, path);
-      !s.ok()) {
-    return s;
+  const char* body = static_cast<const char*>(map) + sizeof(head);
+  out.size_ = h->count;
+  absl::Status s;
+  if (out.wide_) {
+    out.data32_ = reinterpret_cast<const uint32_t*>(body);
+    s = CheckTokensInVocabulary(out.data32_, h->count, vocab_size, field, path);
+  } else {
+    out.data_ = reinterpret_cast<const uint16_t*>(body);
+    s = CheckTokensInVocabulary(out.data_, h->count, vocab_size, field, path);
   }
+  if (!s.ok()) return s;
   return out;
 }
 
@@ -556,8 +590,14 @@ void SplitTokens(const std::vector<int32_t>& ids, double val_fraction,
                  int block_size, TokenData* data) {
   const auto n = static_cast<int64_t>(ids.size());
   const auto v = static_cast<int64_t>(static_cast<double>(n) * val_fraction);
+  // Wide streams for vocabularies past uint16.
+  const bool wide = data->vocab_size > kMaxTokenStreamVocab;
   const auto add = [&](TokenShards* split, int64_t begin, int64_t end) {
-    if (begin < end) {
+    if (begin >= end) return;
+    if (wide) {
+      split->push_back(TokenStream(
+          std::vector<uint32_t>(ids.begin() + begin, ids.begin() + end)));
+    } else {
       split->push_back(TokenStream(
           std::vector<uint16_t>(ids.begin() + begin, ids.begin() + end)));
     }
@@ -618,11 +658,6 @@ absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
   if (!words.ok()) return words.status();
   data.words = std::move(*words);
   if (!spec.path().empty() && data.words != nullptr) {
-    if (data.words->size() > kMaxTokenStreamVocab) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data.tokenizer=", spec.tokenizer(), " has ", data.words->size(),
-          " tokens; token streams hold ids below ", kMaxTokenStreamVocab));
-    }
     auto text = fs.ReadFile(spec.path(), "data.path", kMaxTokenizedTextBytes);
     if (absl::IsResourceExhausted(text.status())) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -691,19 +726,33 @@ absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
   return data;
 }
 
-absl::Status WriteTokenFile(const std::string& path,
-                            const std::vector<uint16_t>& tokens) {
+namespace {
+
+absl::Status WriteTokens(const std::string& path, int32_t version,
+                         const void* tokens, size_t count) {
   int32_t header[kTokenFileHeaderInts] = {};
   header[0] = kTokenFileMagic;
-  header[1] = kTokenFileVersion;
-  header[2] = static_cast<int32_t>(tokens.size());
+  header[1] = version;
+  header[2] = static_cast<int32_t>(count);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(header), sizeof(header));
-  out.write(reinterpret_cast<const char*>(tokens.data()),
-            static_cast<std::streamsize>(tokens.size() * sizeof(uint16_t)));
+  out.write(static_cast<const char*>(tokens),
+            static_cast<std::streamsize>(count * TokenFileTokenBytes(version)));
   out.close();
   if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WriteTokenFile(const std::string& path,
+                            const std::vector<uint16_t>& tokens) {
+  return WriteTokens(path, kTokenFileVersion, tokens.data(), tokens.size());
+}
+
+absl::Status WriteTokenFile(const std::string& path,
+                            const std::vector<uint32_t>& tokens) {
+  return WriteTokens(path, kTokenFileVersion32, tokens.data(), tokens.size());
 }
 
 int64_t TokenCount(const TokenShards& shards) {
@@ -738,10 +787,17 @@ void BatchSampler::Fill(int64_t b, int first, int count, int32_t* inputs,
     // The shard k with starts_[k] <= start < starts_[k + 1].
     const size_t k = std::upper_bound(starts_.begin(), starts_.end(), start) -
                      starts_.begin() - 1;
-    const uint16_t* src = (*shards_)[k].data() + (start - starts_[k]);
-    for (int t = 0; t < T_; ++t) {
-      inputs[static_cast<int64_t>(i) * T_ + t] = src[t];
-      targets[static_cast<int64_t>(i) * T_ + t] = src[t + 1];
+    const TokenStream& s = (*shards_)[k];
+    const auto copy = [&](const auto* src) {
+      for (int t = 0; t < T_; ++t) {
+        inputs[static_cast<int64_t>(i) * T_ + t] = src[t];
+        targets[static_cast<int64_t>(i) * T_ + t] = src[t + 1];
+      }
+    };
+    if (s.wide()) {
+      copy(s.data32() + (start - starts_[k]));
+    } else {
+      copy(s.data() + (start - starts_[k]));
     }
   }
 }

@@ -1,9 +1,9 @@
 // Training data: text files tokenized at start (the char tokenizer, or
-// data.tokenizer's: gpt2, spm:MODEL), llm.c token files (.bin) with the
-// tokenizer that decodes their samples, a text's train/validation split
-// (pieces drawn across the whole text, LoadTokenData), and the
-// sampler whose global batch at step s is a pure function of (seed, s) — the
-// same in every parallel layout.
+// data.tokenizer's: gpt2, spm:MODEL, hf:TOKENIZER_JSON), llm.c token files
+// (.bin) with the tokenizer that decodes their samples, a text's
+// train/validation split (pieces drawn across the whole text, LoadTokenData),
+// and the sampler whose global batch at step s is a pure function of (seed, s)
+// — the same in every parallel layout.
 #ifndef PTRAIN_WORKER_ENGINE_DATA_DATA_H_
 #define PTRAIN_WORKER_ENGINE_DATA_DATA_H_
 
@@ -80,7 +80,10 @@ void AppendChar(char32_t c, std::string* out);
 class TokenStream {
  public:
   TokenStream() = default;
+  // A narrow stream (uint16 ids) and a wide one (uint32 ids: vocabularies
+  // of more than 65536 tokens).
   explicit TokenStream(std::vector<uint16_t> tokens);
+  explicit TokenStream(std::vector<uint32_t> tokens);
   TokenStream(TokenStream&& o) noexcept;
   TokenStream& operator=(TokenStream&& o) noexcept;
   TokenStream(const TokenStream&) = delete;
@@ -89,26 +92,43 @@ class TokenStream {
 
   // The llm.c token file open as `fd` (`field` and `path` name it in
   // errors): its header checked as ParseTokenFile checks it, its body
-  // mapped, every token checked to be below vocab_size.
+  // mapped (version 1: narrow, version 2: wide), every token checked to be
+  // below vocab_size.
   static absl::StatusOr<TokenStream> MapTokenFile(int fd,
                                                   absl::string_view field,
                                                   absl::string_view path,
                                                   int vocab_size);
 
-  const uint16_t* data() const { return data_; }
   size_t size() const { return size_; }
+  bool wide() const { return wide_; }
+  // Token i (i < size()).
+  int32_t operator[](size_t i) const {
+    return wide_ ? static_cast<int32_t>(data32_[i]) : data_[i];
+  }
+  // A narrow stream's ids (null for a wide one).
+  const uint16_t* data() const { return data_; }
   const uint16_t* begin() const { return data_; }
   const uint16_t* end() const { return data_ + size_; }
+  // A wide stream's ids (null for a narrow one).
+  const uint32_t* data32() const { return data32_; }
+  // The ids as they lie in memory (2 or 4 bytes each).
+  const void* bytes() const {
+    return wide_ ? static_cast<const void*>(data32_) : data_;
+  }
+  size_t token_bytes() const { return wide_ ? 4 : 2; }
   bool mapped() const { return map_ != nullptr; }
 
  private:
   void Reset();
 
   std::vector<uint16_t> owned_;
+  std::vector<uint32_t> owned32_;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
   int guard_ = -1;  // the mapping's slot in the SIGBUS handler's table
   const uint16_t* data_ = nullptr;
+  const uint32_t* data32_ = nullptr;
+  bool wide_ = false;
   size_t size_ = 0;
 };
 
@@ -125,7 +145,8 @@ struct TokenData {
   // with the model.
   bool has_tokenizer = false;
   CharTokenizer tokenizer;
-  // data.tokenizer's otherwise (gpt2, spm:MODEL, or the llm.c tokenizer
+  // data.tokenizer's otherwise (gpt2, spm:MODEL, hf:TOKENIZER_JSON, or the
+  // llm.c tokenizer
   // file beside the token files, which only decodes); null when there is
   // none (samples are printed as ids).
   std::shared_ptr<const Tokenizer> words;
@@ -139,7 +160,8 @@ struct TokenData {
   uint64_t digest = 0;
 };
 
-// Token streams hold uint16 ids: vocabularies of at most this many tokens.
+// Narrow token streams (uint16 ids) hold vocabularies of at most this
+// many tokens; larger ones are wide (uint32).
 constexpr int kMaxTokenStreamVocab = 65536;
 
 // Text data tokenized at start is at most this large; larger corpora are
@@ -182,16 +204,20 @@ absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
                                         const ConfinedFs& fs = ConfinedFs());
 
 // The tokens of an llm.c token file's bytes (256 × int32 header: magic
-// 20240520, version 1, token count; then uint16 tokens), each checked to be
-// below vocab_size. `field` and `path` name the file in errors.
-absl::StatusOr<std::vector<uint16_t>> ParseTokenFile(absl::string_view bytes,
-                                                     absl::string_view field,
-                                                     absl::string_view path,
-                                                     int vocab_size);
+// 20240520, version 1 or 2, token count; then uint16 tokens, version 1, or
+// uint32, version 2), each checked to be below vocab_size. `field` and
+// `path` name the file in errors.
+absl::StatusOr<std::vector<int32_t>> ParseTokenFile(absl::string_view bytes,
+                                                    absl::string_view field,
+                                                    absl::string_view path,
+                                                    int vocab_size);
 
-// Writes an llm.c token file (for tests and tools).
+// Writes an llm.c token file (for tests and tools): version 1 of uint16
+// tokens, version 2 of uint32.
 absl::Status WriteTokenFile(const std::string& path,
                             const std::vector<uint16_t>& tokens);
+absl::Status WriteTokenFile(const std::string& path,
+                            const std::vector<uint32_t>& tokens);
 
 // Batch b of a split: sequence i starts at a position drawn from (seed,
 // stream, b·global_batch + i) among the positions of every shard that
