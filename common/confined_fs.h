@@ -19,7 +19,9 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -85,6 +87,15 @@ class ConfinedFs {
   absl::StatusOr<std::string> ReadFile(absl::string_view path,
                                        absl::string_view field,
                                        int64_t max_bytes = INT64_MAX) const;
+  // ReadFile as a function of the path (files small enough to read whole:
+  // a model's config.json for the spec).
+  std::function<absl::StatusOr<std::string>(const std::string&)> Reader(
+      std::string field, int64_t max_bytes) const {
+    return [fs = *this, field = std::move(field),
+            max_bytes](const std::string& path) {
+      return fs.ReadFile(path, field, max_bytes);
+    };
+  }
   // Whether `path` would stay inside the roots: it, or the longest part of
   // it that exists, resolves beneath a root. Creates nothing. Ok when
   // unconfined.

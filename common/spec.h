@@ -7,12 +7,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "ptrain/v1/job.pb.h"
 
 namespace ptrain {
@@ -106,9 +108,18 @@ v1::JobSpec DefaultJobSpec();
 // 'abc' (line 4, column 10)" or "parallel.tp=3 does not divide model.n_head=4".
 // An unknown key is an error. `source` names the text in messages (a file
 // name).
+// With `read_file`, a job whose model.init_from is hf:DIR takes the model
+// fields it leaves out from DIR/config.json (common/hf_config.h; read with
+// read_file, and block_size capped at the model's positions), and those
+// it gives must agree with the config's (CheckSpecAgainstHf).
+using SpecFileReader =
+    std::function<absl::StatusOr<std::string>(const std::string& path)>;
 absl::StatusOr<v1::JobSpec> ParseJobSpec(
     std::string_view yaml_text, const std::vector<std::string>& overrides = {},
-    std::string_view source = "job spec");
+    std::string_view source = "job spec",
+    const SpecFileReader& read_file = nullptr);
+// model.init_from's prefix for a Hugging Face model folder.
+inline constexpr absl::string_view kHfPrefix = "hf:";
 
 // The text of the job spec file `path`: ReadBoundedFile (a regular file of
 // at most kMaxSpecBytes; a folder, a device or a pipe is refused), whose
@@ -121,7 +132,8 @@ absl::StatusOr<std::string> ReadJobSpecFile(const std::string& path,
 // ReadJobSpecFile, then ParseJobSpec with the path as the source.
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(
     const std::string& path, const std::vector<std::string>& overrides = {},
-    std::string_view what = "job spec");
+    std::string_view what = "job spec",
+    const SpecFileReader& read_file = nullptr);
 
 // GPT-2's vocabulary: an llm.c token file's when model.vocab_size is 0.
 inline constexpr int kGpt2VocabSize = 50257;

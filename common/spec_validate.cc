@@ -243,19 +243,26 @@ absl::Status ValidateModel(const v1::JobSpec& spec) {
   }
   if (absl::Status s = ValidateLlamaFields(m); !s.ok()) return s;
   constexpr absl::string_view kLlmc = "llmc:";
-  if (!m.init_from().empty()) {
-    if (!absl::StartsWith(m.init_from(), kLlmc)) {
-      return Error("model.init_from=", EchoQuoted(m.init_from()),
-                   " must be empty or 'llmc:PATH' (an llm.c checkpoint)");
+  const std::string& init = m.init_from();
+  if (!init.empty()) {
+    const bool llmc = absl::StartsWith(init, kLlmc);
+    if (!llmc && !absl::StartsWith(init, kHfPrefix)) {
+      return Error("model.init_from=", EchoQuoted(init),
+                   " must be empty, 'llmc:PATH' (an llm.c checkpoint) or "
+                   "'hf:DIR' (a Hugging Face model folder)");
     }
-    if (m.init_from().size() == kLlmc.size()) {
-      return Error("model.init_from=", EchoQuoted(m.init_from()),
-                   " names no file after 'llmc:'");
+    if (init.size() == (llmc ? kLlmc.size() : kHfPrefix.size())) {
+      return Error("model.init_from=", EchoQuoted(init), " names no ",
+                   llmc ? "file after 'llmc:'" : "folder after 'hf:'");
     }
-    if (!TiesEmbeddings(m)) {
-      return Error("model.init_from=", EchoQuoted(m.init_from()),
+    if (llmc && !TiesEmbeddings(m)) {
+      return Error("model.init_from=", EchoQuoted(init),
                    " needs model.tie_embeddings=true: an llm.c checkpoint "
                    "ties the head to the token embedding");
+    }
+    if (llmc && m.arch() != "gpt") {
+      return Error("model.init_from=", EchoQuoted(init),
+                   " needs model.arch=gpt: an llm.c checkpoint is GPT-2's");
     }
   }
   return absl::OkStatus();

@@ -19,11 +19,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/bounded_file.h"
 #include "common/echo.h"
+#include "common/hf_config.h"
 #include "common/spec.h"
 #include "common/spec_internal.h"
 #include "common/utf8.h"
@@ -163,9 +165,15 @@ void EmitMessage(const Message& msg, YAML::Emitter* out) {
 
 }  // namespace
 
-absl::StatusOr<v1::JobSpec> ParseJobSpec(
-    std::string_view yaml_text, const std::vector<std::string>& overrides,
-    std::string_view source_name) {
+namespace {
+
+// ParseJobSpec onto `spec` (the defaults, or those a model's config
+// fills in); validated when `validate`.
+absl::StatusOr<v1::JobSpec> ParseOnto(v1::JobSpec spec,
+                                      std::string_view yaml_text,
+                                      const std::vector<std::string>& overrides,
+                                      std::string_view source_name,
+                                      bool validate) {
   const absl::string_view source = ToAbsl(source_name);
   const Origin origin{absl::StrCat(source, ": "), /*has_marks=*/true};
   if (yaml_text.size() > kMaxSpecBytes) {
@@ -190,7 +198,6 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(
           "override ", EchoQuoted(assignment), ": not UTF-8 (byte ", bad, ")"));
     }
   }
-  v1::JobSpec spec = DefaultJobSpec();
   try {
     const std::string text(yaml_text);
     absl::StatusOr<int> documents = CountDocuments(text);
@@ -240,7 +247,53 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(
         source, ": the spec after overrides is ", bytes,
         " bytes; a job spec is at most ", kMaxSpecBytes, " bytes (1 MiB)"));
   }
+  if (!validate) return spec;
   if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
+  return spec;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobSpec> ParseJobSpec(
+    std::string_view yaml_text, const std::vector<std::string>& overrides,
+    std::string_view source_name, const SpecFileReader& read_file) {
+  if (read_file == nullptr) {
+    return ParseOnto(DefaultJobSpec(), yaml_text, overrides, source_name,
+                     /*validate=*/true);
+  }
+  // A model from a Hugging Face folder: its config's fields under the
+  // spec's, then the two checked against each other.
+  absl::StatusOr<v1::JobSpec> first = ParseOnto(
+      DefaultJobSpec(), yaml_text, overrides, source_name, /*validate=*/false);
+  if (!first.ok()) return first.status();
+  const std::string& init = first->model().init_from();
+  if (!absl::StartsWith(init, kHfPrefix) || init.size() == kHfPrefix.size()) {
+    return ParseOnto(DefaultJobSpec(), yaml_text, overrides, source_name,
+                     /*validate=*/true);
+  }
+  const std::string config_path =
+      absl::StrCat(init.substr(kHfPrefix.size()), "/config.json");
+  const std::string where = absl::StrCat("model.init_from: ", config_path);
+  absl::StatusOr<std::string> text = read_file(config_path);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", text.status().message()));
+  }
+  absl::StatusOr<HfConfig> config = ParseHfConfig(*text, where);
+  if (!config.ok()) return config.status();
+  v1::JobSpec base = DefaultJobSpec();
+  v1::ModelSpec* model = base.mutable_model();
+  model->MergeFrom(config->model);
+  model->set_block_size(std::min(model->block_size(), config->max_positions));
+  absl::StatusOr<v1::JobSpec> spec =
+      ParseOnto(base, yaml_text, overrides, source_name, /*validate=*/false);
+  if (!spec.ok()) return spec.status();
+  // Disagreement first: it explains what validation would refuse next.
+  if (absl::Status s = CheckSpecAgainstHf(spec->model(), *config, where);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ValidateJobSpec(*spec); !s.ok()) return s;
   return spec;
 }
 
@@ -251,10 +304,10 @@ absl::StatusOr<std::string> ReadJobSpecFile(const std::string& path,
 
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(
     const std::string& path, const std::vector<std::string>& overrides,
-    std::string_view what) {
+    std::string_view what, const SpecFileReader& read_file) {
   absl::StatusOr<std::string> text = ReadJobSpecFile(path, what);
   if (!text.ok()) return text.status();
-  return ParseJobSpec(*text, overrides, path);
+  return ParseJobSpec(*text, overrides, path, read_file);
 }
 
 absl::Status ApplyOverride(v1::JobSpec* spec,

@@ -165,6 +165,7 @@ absl::Status ConfineSpecPaths(v1::JobSpec* spec, const std::string& base_dir,
   };
   const Prefixed prefixed[] = {
       {"model.init_from", kLlmc, spec->mutable_model()->mutable_init_from()},
+      {"model.init_from", kHf, spec->mutable_model()->mutable_init_from()},
       {"data.tokenizer", kSpm, spec->mutable_data()->mutable_tokenizer()},
       {"data.tokenizer", kHf, spec->mutable_data()->mutable_tokenizer()},
   };
@@ -220,7 +221,11 @@ absl::Status CheckSpecInputsExist(const v1::JobSpec& spec) {
       {"data.train_bin", spec.data().train_bin(), true},
       {"data.val_bin", spec.data().val_bin(), true},
       {"model.init_from",
-       absl::StartsWith(init, kLlmc) ? init.substr(kLlmc.size()) : "", false},
+       absl::StartsWith(init, kLlmc) ? init.substr(kLlmc.size())
+       : absl::StartsWith(init, kHf)
+           ? absl::StrCat(init.substr(kHf.size()), "/config.json")
+           : "",
+       false},
       {"data.tokenizer",
        absl::StartsWith(tokenizer, kSpm) ? tokenizer.substr(kSpm.size())
        : absl::StartsWith(tokenizer, kHf)

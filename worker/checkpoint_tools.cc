@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/confined_fs.h"
 #include "common/exit_codes.h"
@@ -24,6 +25,7 @@
 #include "common/tokenizer.h"
 #include "spdlog/spdlog.h"
 #include "worker/engine/checkpoint/checkpoint.h"
+#include "worker/engine/checkpoint/hf_checkpoint.h"
 #include "worker/engine/data/data.h"
 #include "worker/engine/train/trainer.h"
 #include "worker/exit_status.h"
@@ -207,6 +209,45 @@ int RunExport(const std::string& checkpoint, const std::string& out,
       if (!tokenizer_out.empty()) {
         std::printf("wrote %s (llm.c tokenizer)\n", tokenizer_out.c_str());
       }
+    }
+    return s;
+  });
+}
+
+int RunExportHf(const std::string& checkpoint, const std::string& out) {
+  return RunTool("export", [&]() -> absl::Status {
+    auto fs = ConfinedFs::FromEnvironment();
+    if (!fs.ok()) return fs.status();
+    auto reader = CheckpointReader::Open(checkpoint, *fs, "--checkpoint");
+    if (!reader.ok()) return reader.status();
+    if (absl::Status s = fs->Check(out, "--hf"); !s.ok()) return s;
+    const CheckpointMeta& meta = (*reader)->meta();
+    // The job's tokenizer.json goes with the model (with the files the
+    // folder holding it has beside it for that tokenizer).
+    std::vector<std::string> tokenizer_files;
+    auto spec =
+        ParseJobSpec(meta.spec_yaml, {},
+                     absl::StrCat("--checkpoint ", checkpoint, ": spec"));
+    if (!spec.ok()) return spec.status();
+    const std::string& t = spec->data().tokenizer();
+    if (absl::StartsWith(t, "hf:")) {
+      const std::string json = HfTokenizerFile(t.substr(3));
+      tokenizer_files.push_back(json);
+      const std::string config =
+          (std::filesystem::path(json).parent_path() / "tokenizer_config.json")
+              .string();
+      auto there = fs->Exists(config, "--hf");
+      if (!there.ok()) return there.status();
+      if (*there) tokenizer_files.push_back(config);
+    }
+    absl::Status s =
+        ExportHf(**reader, meta.model, out, tokenizer_files, *fs, "--hf");
+    if (s.ok()) {
+      std::printf(
+          "wrote %s (Hugging Face %s, fp32%s) from %s\n", out.c_str(),
+          meta.model.arch == "llama" ? "LlamaForCausalLM" : "GPT2LMHeadModel",
+          tokenizer_files.empty() ? "" : ", tokenizer.json",
+          checkpoint.c_str());
     }
     return s;
   });

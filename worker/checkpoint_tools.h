@@ -21,6 +21,12 @@ namespace ptrain {
 int RunExport(const std::string& checkpoint, const std::string& out,
               const std::string& tokenizer_out);
 
+// `ptworker export --checkpoint CHECKPOINT --hf OUT`: the checkpoint's
+// model as a Hugging Face folder (hf_checkpoint.h's ExportHf): config.json,
+// fp32 safetensors, and the job's tokenizer.json where data.tokenizer is
+// hf:PATH; confined to PTRAIN_DATA_ROOTS.
+int RunExportHf(const std::string& checkpoint, const std::string& out);
+
 // `ptworker sample`'s flags; unset ones take the job's train.sample_*.
 struct SampleFlags {
   std::string checkpoint;

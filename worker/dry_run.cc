@@ -29,11 +29,12 @@ int DryRun(const RankFlags& flags) {
   // Under mpirun, rank 0 alone reads and says it: the others have nothing
   // to add.
   if (WorldRank() != 0) return 0;
-  absl::StatusOr<v1::JobSpec> spec =
-      LoadJobSpecFile(flags.config_path, flags.overrides, "--config");
-  if (!spec.ok()) return Refuse(spec.status());
   absl::StatusOr<ConfinedFs> fs = ConfinedFs::FromEnvironment();
   if (!fs.ok()) return Refuse(fs.status());
+  absl::StatusOr<v1::JobSpec> spec =
+      LoadJobSpecFile(flags.config_path, flags.overrides, "--config",
+                      fs->Reader("model.init_from", 1 << 20));
+  if (!spec.ok()) return Refuse(spec.status());
   absl::StatusOr<TokenData> data =
       LoadTokenData(spec->data(), spec->model().vocab_size(),
                     spec->model().block_size(), *fs);

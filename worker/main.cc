@@ -87,15 +87,23 @@ void AddRankFlags(CLI::App& app, ptrain::RankFlags* f) {
 
 struct ExportCommand {
   CLI::App* app = nullptr;
-  std::string checkpoint, out, tokenizer_out;
+  std::string checkpoint, out, tokenizer_out, hf_out;
 };
 
 void AddExportCommand(CLI::App& app, ExportCommand* e) {
   e->app = app.add_subcommand(
-      "export", "write a checkpoint's weights as an llm.c GPT-2 file");
+      "export",
+      "write a checkpoint's weights as an llm.c GPT-2 file (--llmc) or a "
+      "Hugging Face model folder (--hf)");
   e->app->add_option("--checkpoint", e->checkpoint, "checkpoint folder")
       ->required();
-  e->app->add_option("--llmc", e->out, "output .bin")->required();
+  CLI::Option* llmc = e->app->add_option("--llmc", e->out, "output .bin");
+  CLI::Option* hf = e->app->add_option(
+      "--hf", e->hf_out,
+      "output folder: a Hugging Face model (config.json, safetensors, the "
+      "job's tokenizer.json)");
+  llmc->excludes(hf);
+  e->app->require_option(1, 0);
   e->app->add_option("--llmc-tokenizer", e->tokenizer_out,
                      "also write the job's tokenizer as llm.c's tokenizer "
                      "file (gpt2_tokenizer.bin's format)");
@@ -242,6 +250,10 @@ int Run(int argc, char** argv) {
   // started.
   if (export_command.app->parsed()) {
     if (ptrain::WorldRank() != 0) return 0;
+    if (!export_command.hf_out.empty()) {
+      return ptrain::RunExportHf(export_command.checkpoint,
+                                 export_command.hf_out);
+    }
     return ptrain::RunExport(export_command.checkpoint, export_command.out,
                              export_command.tokenizer_out);
   }

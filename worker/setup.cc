@@ -186,7 +186,10 @@ absl::Status BuildRank(const RankFlags& flags, const NodeShare& node,
   auto r = ProgressReporter::FromEnvironment();
   if (!r.ok()) return r.status();
   rank->reporter = std::move(*r);
-  auto spec = LoadJobSpecFile(flags.config_path, flags.overrides, "--config");
+  auto spec_fs = ConfinedFs::FromEnvironment();
+  if (!spec_fs.ok()) return spec_fs.status();
+  auto spec = LoadJobSpecFile(flags.config_path, flags.overrides, "--config",
+                              spec_fs->Reader("model.init_from", 1 << 20));
   if (!spec.ok()) return spec.status();
   if (rank->reporter != nullptr) {
     // Loading data, weights and a checkpoint ends no step: without signs

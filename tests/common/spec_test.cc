@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/hf_config.h"
 #include "common/utf8.h"
 
 namespace ptrain {
@@ -377,6 +378,128 @@ TEST(ValidateJobSpec, LlamaFieldsAndTheirRules) {
                 {"model.arch=llama", "model.ffn_hidden=6", "parallel.tp=4"}),
             "parallel.tp=4 does not divide the MLP's hidden width 6 "
             "(model.ffn_hidden or its rule)");
+}
+
+// A Llama's config.json as Hugging Face publishes one (Llama 3.2 1B's
+// fields at a small size).
+constexpr char kLlamaConfig[] = R"({
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 3,
+  "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 8,
+  "max_position_embeddings": 131072, "vocab_size": 300,
+  "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+  "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0,
+                   "low_freq_factor": 1.0,
+                   "original_max_position_embeddings": 8192,
+                   "rope_type": "llama3"},
+  "hidden_act": "silu", "attention_bias": false, "mlp_bias": false,
+  "tie_word_embeddings": true, "torch_dtype": "bfloat16"})";
+
+// model.init_from: hf:DIR takes the model fields the spec leaves out from
+// DIR/config.json; a field the spec gives must be the config's.
+TEST(ParseJobSpec, AHuggingFaceModelsFieldsComeFromItsConfig) {
+  const std::string yaml = absl::StrCat(
+      kMinimal, "model: {init_from: 'hf:/models/llama', block_size: 128}\n");
+  std::string asked;
+  auto read = [&](const std::string& path) -> absl::StatusOr<std::string> {
+    asked = path;
+    return std::string(kLlamaConfig);
+  };
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpec(yaml, {}, "job.yaml", read);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(asked, "/models/llama/config.json");
+  const v1::ModelSpec& m = spec->model();
+  EXPECT_EQ(m.arch(), "llama");
+  EXPECT_EQ(m.n_layer(), 3);
+  EXPECT_EQ(m.n_head(), 8);
+  EXPECT_EQ(KvHeads(m), 2);
+  EXPECT_EQ(m.n_embd(), 64);
+  EXPECT_EQ(FfnHidden(m), 160);
+  EXPECT_EQ(m.vocab_size(), 300);
+  EXPECT_EQ(m.block_size(), 128);
+  EXPECT_TRUE(TiesEmbeddings(m));
+  EXPECT_EQ(m.rope_theta(), 500000.0);
+  EXPECT_EQ(m.rope_scaling().factor(), 32.0);
+  EXPECT_EQ(m.rope_scaling().original_context(), 8192);
+  // The same fields given: accepted; another: refused, naming both.
+  EXPECT_TRUE(ParseJobSpec(yaml, {"model.n_layer=3", "model.arch=llama"},
+                           "job.yaml", read)
+                  .ok());
+  absl::StatusOr<v1::JobSpec> other =
+      ParseJobSpec(yaml, {"model.n_kv_head=4"}, "job.yaml", read);
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().message(),
+            "model.init_from: /models/llama/config.json: model.n_kv_head=4 in "
+            "the spec but 2 in the Hugging Face config; leave it out to take "
+            "the config's, or give the same");
+  other = ParseJobSpec(yaml, {"model.block_size=200000"}, "job.yaml", read);
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find(
+                "model.block_size=200000 is more positions than the model's "
+                "131072"),
+            std::string::npos)
+      << other.status();
+  // Without a reader (ptcoord), the spec's own fields: no file is read.
+  asked.clear();
+  EXPECT_TRUE(ParseJobSpec(yaml, {"model.arch=llama"}).ok());
+  EXPECT_EQ(asked, "");
+}
+
+// What ptrain does not implement is refused naming the config's key.
+TEST(ParseHfConfig, WhatIsNotImplementedIsRefusedByName) {
+  const std::string base(kLlamaConfig);
+  auto with = [&](const std::string& key, const std::string& value) {
+    std::string text = base;
+    text.insert(text.rfind('}'), absl::StrCat(", \"", key, "\": ", value));
+    return text;
+  };
+  struct Case {
+    std::string text, message;
+  };
+  for (const Case& k : {
+           Case{with("sliding_window", "4096"),
+                "'sliding_window'=4096: sliding-window attention is not "
+                "implemented"},
+           Case{with("num_local_experts", "8"),
+                "'num_local_experts'=8: a mixture of experts is not "
+                "implemented"},
+           Case{with("qk_norm", "true"),
+                "'qk_norm'=true: query/key normalization is not implemented"},
+           Case{with("head_dim", "16"),
+                "'head_dim'=16: heads must be hidden_size / "
+                "num_attention_heads = 8 wide"},
+           Case{with("hidden_act", "\"gelu\""),
+                "'hidden_act'=gelu: only SwiGLU's SiLU (silu) is implemented"},
+           Case{with("attention_bias", "true"),
+                "'attention_bias'=true: biases in Llama's layers are not "
+                "implemented"},
+           Case{with("num_key_value_heads", "3"),
+                "'num_key_value_heads'=3 does not divide num_attention_heads="
+                "8"},
+           Case{R"({"architectures": ["MistralForCausalLM"]})",
+                "'architectures'=MistralForCausalLM: only GPT2LMHeadModel and "
+                "LlamaForCausalLM are implemented"},
+           Case{R"({"architectures": ["LlamaForCausalLM"],
+                    "rope_scaling": {"rope_type": "yarn", "factor": 4},
+                    "hidden_size": 64, "intermediate_size": 160,
+                    "num_hidden_layers": 3, "num_attention_heads": 8})",
+                "'rope_scaling.rope_type'=yarn: only Llama 3's scaling "
+                "(llama3) is implemented"},
+           Case{R"({"architectures": ["GPT2LMHeadModel"], "n_layer": 2,
+                    "n_head": 2, "n_embd": 8, "n_positions": 16,
+                    "vocab_size": 10, "activation_function": "relu"})",
+                "'activation_function'=relu: only GELU's tanh approximation "
+                "(gelu_new) is implemented"},
+           Case{"[1]", "not a JSON object"},
+           Case{R"({"architectures": ["LlamaForCausalLM"]})",
+                "'num_hidden_layers' is missing"},
+       }) {
+    absl::StatusOr<HfConfig> c = ParseHfConfig(k.text, "config.json");
+    ASSERT_FALSE(c.ok()) << k.text;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(c.status().message(), "config.json: " + k.message) << k.text;
+  }
+  EXPECT_TRUE(ParseHfConfig(base, "config.json").ok());
 }
 
 TEST(ValidateJobSpec, TpMustDivideNHead) {
@@ -834,8 +957,10 @@ INSTANTIATE_TEST_SUITE_P(
                  "model.block_size=0 must be between 1 and 1048576"},
         RuleCase{"model.vocab_size=-1",
                  "model.vocab_size=-1 must be between 0 and 16777216"},
-        RuleCase{"model.init_from=gpt2.bin",
-                 "model.init_from='gpt2.bin' must be empty or 'llmc:PATH'"},
+        RuleCase{
+            "model.init_from=gpt2.bin",
+            "model.init_from='gpt2.bin' must be empty, 'llmc:PATH' (an llm.c "
+            "checkpoint) or 'hf:DIR'"},
         RuleCase{"model.init_from='llmc:'", "names no file after 'llmc:'"},
         RuleCase{"data.tokenizer=bpe",
                  "data.tokenizer='bpe' must be one of "

@@ -1002,6 +1002,49 @@ TEST_F(PtworkerCli, Gpt2ModelSamplesTextAndExportsItsTokenizer) {
 // An MFU above 100% is never shown without saying that the peak it
 // divides by is too low (here a --peak-gflops far below any CPU's): one
 // warning naming the value.
+// A Llama's checkpoint exported as a Hugging Face folder, a run started
+// from that folder (with a learning rate too small to move a weight), its
+// checkpoint exported again: the same bytes. A spec that disagrees with the
+// folder's config.json is refused naming the field, nothing written.
+TEST_F(PtworkerCli, LlamaGoesOutToAHuggingFaceFolderAndBackBitExactly) {
+  const std::string llama =
+      Small() +
+      "--set model.arch=llama --set model.n_head=4 --set model.n_kv_head=2 "
+      "--set model.tie_embeddings=false --set model.rope_theta=500000 ";
+  const fs::path first = dir_ / "first";
+  ASSERT_EQ(RunPtworker(llama + "--set train.steps=2 --set checkpoint.dir=" +
+                        first.string())
+                .code,
+            0);
+  fs::remove(log_);
+  const fs::path hf1 = dir_ / "hf1", hf2 = dir_ / "hf2";
+  Result r =
+      RunPtworker("export --checkpoint " + (first / "step-00000002").string() +
+                  " --hf " + hf1.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(ReadAll(hf1 / "config.json").find("\"LlamaForCausalLM\""),
+            std::string::npos);
+  const std::string from = "--set model.init_from=hf:" + hf1.string() + " ";
+  // The example's spec says arch gpt.
+  ExpectRefused(RunPtworker(Small() + from + "--set train.steps=1"),
+                "model.arch=gpt in the spec but llama in the Hugging Face "
+                "config");
+  const fs::path second = dir_ / "second";
+  ASSERT_EQ(RunPtworker(llama + from +
+                        "--set train.steps=1 --set train.lr=1e-30 "
+                        "--set train.min_lr=1e-30 --set checkpoint.dir=" +
+                        second.string())
+                .code,
+            0);
+  r = RunPtworker("export --checkpoint " + (second / "step-00000001").string() +
+                  " --hf " + hf2.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string bytes = ReadAll(hf1 / "model.safetensors");
+  EXPECT_GT(bytes.size(), 1000u);
+  EXPECT_TRUE(bytes == ReadAll(hf2 / "model.safetensors"));
+  EXPECT_EQ(ReadAll(hf1 / "config.json"), ReadAll(hf2 / "config.json"));
+}
+
 TEST_F(PtworkerCli, MfuAboveOneIsWarnedOnceNamingTheTooLowPeak) {
   std::string args = Small() + "--set train.steps=5 --set train.log_every=1";
   const size_t peak = args.find("--peak-gflops 100 ");

@@ -14,6 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "common/hf_config.h"
+#include "worker/engine/checkpoint/hf_checkpoint.h"
 #include "worker/engine/model/plan.h"
 
 namespace ptrain {
@@ -221,6 +224,238 @@ TEST_F(SafetensorsTest, AHeaderLengthPastTheFileOrTheLimitIsRefused) {
   auto in = SafetensorsSource::Open((dir_ / "short").string());
   ASSERT_FALSE(in.ok());
   EXPECT_NE(in.status().message().find("shorter than a safetensors header"),
+            std::string::npos)
+      << in.status();
+}
+
+// ---------------------------------------------- Hugging Face model folders
+
+// A model's tensors, random, as MapSource holds them.
+MapSource RandomModel(const GptConfig& c,
+                      std::map<std::string, std::vector<float>>* values) {
+  MapSource src;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (const ParamInfo& p : GptTensors(c)) {
+    std::vector<float> v(ShapeNumel(p.global_shape));
+    for (float& x : v) x = u(rng);
+    (*values)[p.name] = v;
+    src.Add(p.name, p.global_shape, v);
+  }
+  return src;
+}
+
+GptConfig LlamaConfigForTest() {
+  GptConfig c{2, 4, 16, 8, 11};
+  c.arch = "llama";
+  c.n_kv_head = 2;
+  c.ffn_hidden = 24;
+  c.tie_embeddings = false;
+  c.rope.theta = 500000.0f;
+  c.rope.factor = 8.0f;
+  c.padded_vocab = 128;
+  return c;
+}
+
+GptConfig Gpt2ConfigForTest() {
+  GptConfig c{2, 2, 8, 8, 11};
+  c.padded_vocab = 128;
+  return c;
+}
+
+// Reads every tensor back through HfSource: the bits written, whole and in
+// a box that crosses the stacked gate/up halves and a transposed one.
+void ExpectReadsBack(const std::string& dir, const GptConfig& c,
+                     const std::map<std::string, std::vector<float>>& values) {
+  auto in = HfSource::Open(dir, c);
+  ASSERT_TRUE(in.ok()) << in.status();
+  for (const ParamInfo& p : GptTensors(c)) {
+    std::vector<float> got(ShapeNumel(p.global_shape));
+    ASSERT_TRUE((*in)->Read(p.name, WholeBox(p.global_shape), got.data()).ok())
+        << p.name;
+    EXPECT_EQ(got, values.at(p.name)) << p.name;
+    if (p.global_shape.size() != 2 || p.global_shape[0] < 3) continue;
+    Box box = WholeBox(p.global_shape);
+    box.lo = {1, 1};
+    box.hi = {p.global_shape[0] - 1, p.global_shape[1]};
+    std::vector<float> part(box.numel());
+    ASSERT_TRUE((*in)->Read(p.name, box, part.data()).ok()) << p.name;
+    const int64_t cols = box.hi[1] - box.lo[1];
+    for (int64_t r = box.lo[0]; r < box.hi[0]; ++r) {
+      for (int64_t k = box.lo[1]; k < box.hi[1]; ++k) {
+        ASSERT_EQ(part[(r - box.lo[0]) * cols + k - box.lo[1]],
+                  values.at(p.name)[r * p.global_shape[1] + k])
+            << p.name << " [" << r << "," << k << "]";
+      }
+    }
+  }
+}
+
+// Export then import: the same bits, in one file and in shards with an
+// index; the config read back is the model's.
+TEST_F(SafetensorsTest, AHuggingFaceFolderWrittenReadsBackBitExactly) {
+  for (const GptConfig& c : {LlamaConfigForTest(), Gpt2ConfigForTest()}) {
+    std::map<std::string, std::vector<float>> values;
+    MapSource src = RandomModel(c, &values);
+    for (int64_t shard : {int64_t{1} << 30, int64_t{2000}}) {
+      const std::string out =
+          (dir_ / (c.arch + std::to_string(shard))).string();
+      ASSERT_TRUE(ExportHf(src, c, out, {}, ConfinedFs(), "--hf", shard).ok());
+      EXPECT_EQ(fs::exists(out + "/model.safetensors.index.json"),
+                shard == 2000);
+      EXPECT_EQ(fs::exists(out + "/model.safetensors"), shard != 2000);
+      ExpectReadsBack(out, c, values);
+      std::ifstream f(out + "/config.json");
+      const std::string text((std::istreambuf_iterator<char>(f)), {});
+      auto config = ParseHfConfig(text, "config.json");
+      ASSERT_TRUE(config.ok()) << config.status();
+      EXPECT_EQ(config->model.arch(), c.arch);
+      EXPECT_EQ(config->model.n_layer(), c.n_layer);
+      EXPECT_EQ(config->model.vocab_size(), c.vocab_size);
+      EXPECT_EQ(config->max_positions, c.block_size);
+      EXPECT_EQ(config->model.tie_embeddings(), c.tie_embeddings);
+      if (c.arch == "llama") {
+        EXPECT_EQ(config->model.n_kv_head(), 2);
+        EXPECT_EQ(config->model.ffn_hidden(), 24);
+        EXPECT_EQ(config->model.rope_theta(), 500000.0);
+        EXPECT_EQ(config->model.rope_scaling().factor(), 8.0);
+      }
+    }
+  }
+}
+
+// The names and layouts Hugging Face's loaders expect: GPT-2's linear
+// weights transposed under "transformer.", Llama's gate and up projections
+// as two tensors.
+TEST_F(SafetensorsTest, HuggingFaceLayoutsAreThePublishedOnes) {
+  {
+    const GptConfig c = Gpt2ConfigForTest();
+    std::map<std::string, std::vector<float>> values;
+    MapSource src = RandomModel(c, &values);
+    const std::string out = (dir_ / "gpt").string();
+    ASSERT_TRUE(ExportHf(src, c, out, {}).ok());
+    auto file = SafetensorsSource::Open(out + "/model.safetensors");
+    ASSERT_TRUE(file.ok()) << file.status();
+    const SafetensorsEntry* e =
+        (*file)->Find("transformer.h.1.attn.c_attn.weight");
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ(e->shape, (std::vector<int64_t>{8, 24}));
+    std::vector<float> w(8 * 24);
+    ASSERT_TRUE((*file)->Read(e->name, WholeBox(e->shape), w.data()).ok());
+    const std::vector<float>& ours = values.at("h.1.attn.c_attn.weight");
+    for (int i = 0; i < 8; ++i) {
+      for (int j = 0; j < 24; ++j) ASSERT_EQ(w[i * 24 + j], ours[j * 8 + i]);
+    }
+    EXPECT_NE((*file)->Find("transformer.wte.weight"), nullptr);
+    EXPECT_NE((*file)->Find("transformer.ln_f.bias"), nullptr);
+    EXPECT_EQ((*file)->Find("lm_head.weight"), nullptr);  // tied
+  }
+  const GptConfig c = LlamaConfigForTest();
+  std::map<std::string, std::vector<float>> values;
+  MapSource src = RandomModel(c, &values);
+  const std::string out = (dir_ / "llama").string();
+  ASSERT_TRUE(ExportHf(src, c, out, {}).ok());
+  auto file = SafetensorsSource::Open(out + "/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  const std::vector<float>& gate_up = values.at("h.1.mlp.gate_up_proj.weight");
+  for (const char* half : {"gate", "up"}) {
+    const std::string name =
+        absl::StrCat("model.layers.1.mlp.", half, "_proj.weight");
+    const SafetensorsEntry* e = (*file)->Find(name);
+    ASSERT_NE(e, nullptr) << name;
+    EXPECT_EQ(e->shape, (std::vector<int64_t>{24, 16}));
+    std::vector<float> w(24 * 16);
+    ASSERT_TRUE((*file)->Read(name, WholeBox(e->shape), w.data()).ok());
+    const int64_t at = std::string(half) == "gate" ? 0 : 24 * 16;
+    EXPECT_TRUE(std::equal(w.begin(), w.end(), gate_up.begin() + at)) << name;
+  }
+  for (const char* name :
+       {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+        "model.layers.0.input_layernorm.weight",
+        "model.layers.0.post_attention_layernorm.weight",
+        "model.layers.0.self_attn.k_proj.weight"}) {
+    EXPECT_NE((*file)->Find(name), nullptr) << name;
+  }
+  EXPECT_EQ((*file)->Find("model.layers.0.self_attn.k_proj.weight")->shape,
+            (std::vector<int64_t>{8, 16}));  // 2 key heads of 4
+}
+
+// A folder whose tensors are not the model's: one missing, one misshapen,
+// one too many; an index that names a file outside the folder. Each named.
+TEST_F(SafetensorsTest, AFolderThatIsNotTheModelIsRefusedNamingTheTensor) {
+  const GptConfig c = LlamaConfigForTest();
+  std::map<std::string, std::vector<float>> values;
+  MapSource src = RandomModel(c, &values);
+  // The model's folder, and its tensors rewritten without one or with one
+  // more.
+  const std::string whole = (dir_ / "whole").string();
+  ASSERT_TRUE(ExportHf(src, c, whole, {}).ok());
+  auto hf = SafetensorsSource::Open(whole + "/model.safetensors");
+  ASSERT_TRUE(hf.ok());
+  std::vector<SafetensorsTensorOut> tensors;
+  for (const SafetensorsEntry& e : (*hf)->header().tensors) {
+    tensors.push_back({e.name, e.shape});
+  }
+  struct Case {
+    std::string name;
+    std::vector<SafetensorsTensorOut> tensors;
+    std::string message;
+  };
+  std::vector<SafetensorsTensorOut> missing = tensors, extra = tensors;
+  missing.erase(missing.begin() + 1);
+  extra.push_back({"model.extra", {2}});
+  for (const Case& k :
+       {Case{"missing", missing, "has no tensor '" + tensors[1].name + "'"},
+        Case{"extra", extra, "holds tensor 'model.extra', which the model"}}) {
+    const std::string d = (dir_ / k.name).string();
+    fs::create_directories(d);
+    class Both : public TensorSource {
+     public:
+      explicit Both(TensorSource& a) : a_(a) {}
+      absl::Status Read(const std::string& name, const Box& box,
+                        float* dst) override {
+        if (name == "model.extra") {
+          dst[0] = 1;
+          dst[1] = 2;
+          return absl::OkStatus();
+        }
+        return a_.Read(name, box, dst);
+      }
+      TensorSource& a_;
+    } both(**hf);
+    ASSERT_TRUE(
+        WriteSafetensors(d + "/model.safetensors", k.tensors, both, {}).ok());
+    auto in = HfSource::Open(d, c);
+    ASSERT_FALSE(in.ok()) << k.name;
+    EXPECT_NE(in.status().message().find(k.message), std::string::npos)
+        << in.status();
+  }
+  // Another model: one layer more than the folder has.
+  GptConfig deeper = c;
+  deeper.n_layer = 3;
+  auto in = HfSource::Open(whole, deeper);
+  ASSERT_FALSE(in.ok());
+  EXPECT_NE(in.status().message().find(
+                "has no tensor 'model.layers.2.input_layernorm.weight'"),
+            std::string::npos)
+      << in.status();
+  // Wider: every shape named.
+  GptConfig wider = c;
+  wider.ffn_hidden = 32;
+  in = HfSource::Open(whole, wider);
+  ASSERT_FALSE(in.ok());
+  EXPECT_NE(in.status().message().find("has shape [24, 16]; the model needs "
+                                       "[32, 16]"),
+            std::string::npos)
+      << in.status();
+  // An index naming a file elsewhere.
+  const std::string d = (dir_ / "escape").string();
+  fs::create_directories(d);
+  std::ofstream(d + "/model.safetensors.index.json")
+      << R"({"weight_map": {"model.norm.weight": "../whole/model.safetensors"}})";
+  in = HfSource::Open(d, c);
+  ASSERT_FALSE(in.ok());
+  EXPECT_NE(in.status().message().find("is not a file of the folder"),
             std::string::npos)
       << in.status();
 }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/mesh.h"
@@ -12,6 +13,7 @@
 #include "common/spec.h"
 #include "spdlog/spdlog.h"
 #include "worker/engine/checkpoint/checkpoint_state.h"
+#include "worker/engine/checkpoint/hf_checkpoint.h"
 
 namespace ptrain {
 
@@ -48,9 +50,15 @@ absl::Status Checkpointer::CommitBackground(bool all_ranks) {
 absl::Status Checkpointer::LoadInitialState() {
   const std::string& init = spec_.model().init_from();
   if (!init.empty()) {
-    // init_from is validated as "llmc:PATH".
-    auto src = LlmcSource::Open(init.substr(5), *state_.model, options_.fs,
-                                "model.init_from");
+    // init_from is validated as "llmc:PATH" or "hf:DIR".
+    absl::StatusOr<std::unique_ptr<TensorSource>> src;
+    if (absl::StartsWith(init, kHfPrefix)) {
+      src = HfSource::Open(init.substr(kHfPrefix.size()), *state_.model,
+                           options_.fs, "model.init_from");
+    } else {
+      src = LlmcSource::Open(init.substr(5), *state_.model, options_.fs,
+                             "model.init_from");
+    }
     absl::Status s =
         src.ok() ? LoadState(*state_.store, state_.optimizer->adam(), **src,
                              /*with_optimizer=*/false)

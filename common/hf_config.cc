@@ -1,0 +1,400 @@
+// See hf_config.h.
+#include "common/hf_config.h"
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/spec.h"
+#include "nlohmann/json.hpp"
+
+namespace ptrain {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr char kGpt2[] = "GPT2LMHeadModel";
+constexpr char kLlama[] = "LlamaForCausalLM";
+
+absl::Status Bad(absl::string_view where, auto&&... parts) {
+  return absl::InvalidArgumentError(absl::StrCat(where, ": ", parts...));
+}
+
+// The config's key `key`, or null where it is absent (or JSON null).
+const json* Get(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it == j.end() || it->is_null() ? nullptr : &*it;
+}
+
+// An integer in [lo, hi] under `key`; `fallback` where absent (-1: the key
+// is required).
+absl::Status Int(const json& j, const char* key, int64_t lo, int64_t hi,
+                 int64_t fallback, absl::string_view where, int64_t* out) {
+  const json* v = Get(j, key);
+  if (v == nullptr) {
+    if (fallback < 0) return Bad(where, "'", key, "' is missing");
+    *out = fallback;
+    return absl::OkStatus();
+  }
+  if (!v->is_number_integer()) {
+    return Bad(where, "'", key, "' is ", v->type_name(), ", not an integer");
+  }
+  const int64_t x = v->is_number_unsigned() && v->get<uint64_t>() > INT64_MAX
+                        ? INT64_MAX
+                        : v->get<int64_t>();
+  if (x < lo || x > hi) {
+    return Bad(where, "'", key, "'=", x, " is outside [", lo, ", ", hi, "]");
+  }
+  *out = x;
+  return absl::OkStatus();
+}
+
+absl::Status Number(const json& j, const char* key, double lo, double hi,
+                    double fallback, absl::string_view where, double* out) {
+  const json* v = Get(j, key);
+  if (v == nullptr) {
+    *out = fallback;
+    return absl::OkStatus();
+  }
+  if (!v->is_number()) {
+    return Bad(where, "'", key, "' is ", v->type_name(), ", not a number");
+  }
+  const double x = v->get<double>();
+  if (!(x >= lo && x <= hi)) {
+    return Bad(where, "'", key, "'=", x, " is outside [", lo, ", ", hi, "]");
+  }
+  *out = x;
+  return absl::OkStatus();
+}
+
+absl::Status Flag(const json& j, const char* key, bool fallback,
+                  absl::string_view where, bool* out) {
+  const json* v = Get(j, key);
+  if (v == nullptr) {
+    *out = fallback;
+    return absl::OkStatus();
+  }
+  if (!v->is_boolean()) {
+    return Bad(where, "'", key, "' is ", v->type_name(), ", not true or false");
+  }
+  *out = v->get<bool>();
+  return absl::OkStatus();
+}
+
+// `key` is absent, null, or `allowed` (false, 0, 1, ...).
+absl::Status Unsupported(const json& j, const char* key, const json& allowed,
+                         absl::string_view what, absl::string_view where) {
+  const json* v = Get(j, key);
+  if (v == nullptr || *v == allowed) return absl::OkStatus();
+  return Bad(where, "'", key, "'=", v->dump(), ": ", what,
+             " is not implemented");
+}
+
+absl::Status First(std::initializer_list<absl::Status> checks) {
+  for (const absl::Status& s : checks) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<HfConfig> Gpt2Config(const json& j, absl::string_view where) {
+  int64_t L = 0, NH = 0, C = 0, P = 0, V = 0, inner = 0;
+  double eps = 0;
+  bool tie = true;
+  std::string act = "gelu_new";
+  if (const json* a = Get(j, "activation_function")) {
+    act = a->is_string() ? a->get<std::string>() : a->dump();
+  }
+  if (absl::Status s = First({
+          Int(j, "n_layer", 1, 1 << 12, -1, where, &L),
+          Int(j, "n_head", 1, 1 << 12, -1, where, &NH),
+          Int(j, "n_embd", 1, 1 << 17, -1, where, &C),
+          Int(j, "n_positions", 1, 1 << 20, -1, where, &P),
+          Int(j, "vocab_size", 1, 1 << 24, -1, where, &V),
+          Number(j, "layer_norm_epsilon", 0, 1, 1e-5, where, &eps),
+          Flag(j, "tie_word_embeddings", true, where, &tie),
+          Int(j, "n_inner", 1, 1 << 20, 4 * C, where, &inner),
+          Unsupported(j, "scale_attn_by_inverse_layer_idx", false,
+                      "attention scaled by layer", where),
+          Unsupported(j, "reorder_and_upcast_attn", false, "upcast attention",
+                      where),
+          Unsupported(j, "scale_attn_weights", true,
+                      "attention without the 1/sqrt(head size) scale", where),
+      });
+      !s.ok()) {
+    return s;
+  }
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh") {
+    return Bad(where, "'activation_function'=", act,
+               ": only GELU's tanh approximation (gelu_new) is implemented");
+  }
+  if (std::fabs(eps - 1e-5) > 1e-12) {
+    return Bad(where, "'layer_norm_epsilon'=", eps,
+               ": GPT-2's LayerNorm here uses 1e-5");
+  }
+  if (inner != 4 * C) {
+    return Bad(where, "'n_inner'=", inner,
+               ": GPT-2's MLP here is 4·n_embd = ", 4 * C, " wide");
+  }
+  HfConfig c;
+  v1::ModelSpec& m = c.model;
+  m.set_arch("gpt");
+  m.set_n_layer(static_cast<int>(L));
+  m.set_n_head(static_cast<int>(NH));
+  m.set_n_embd(static_cast<int>(C));
+  m.set_vocab_size(static_cast<int>(V));
+  m.set_tie_embeddings(tie);
+  c.max_positions = static_cast<int>(P);
+  return c;
+}
+
+absl::StatusOr<HfConfig> LlamaConfig(const json& j, absl::string_view where) {
+  int64_t L = 0, NH = 0, KVH = 0, C = 0, H = 0, P = 0, V = 0, head_dim = 0,
+          ptp = 0;
+  double eps = 0, theta = 0;
+  bool tie = false, attention_bias = false, mlp_bias = false;
+  std::string act = "silu";
+  if (const json* a = Get(j, "hidden_act")) {
+    act = a->is_string() ? a->get<std::string>() : a->dump();
+  }
+  if (absl::Status s = First({
+          Int(j, "num_hidden_layers", 1, 1 << 12, -1, where, &L),
+          Int(j, "num_attention_heads", 1, 1 << 12, -1, where, &NH),
+          Int(j, "hidden_size", 1, 1 << 17, -1, where, &C),
+          Int(j, "intermediate_size", 1, 1 << 20, -1, where, &H),
+          Int(j, "max_position_embeddings", 1, 1 << 24, 2048, where, &P),
+          Int(j, "vocab_size", 1, 1 << 24, 32000, where, &V),
+          Number(j, "rms_norm_eps", 0, 1, 1e-6, where, &eps),
+          Number(j, "rope_theta", 1, 1e12, 10000, where, &theta),
+          Flag(j, "tie_word_embeddings", false, where, &tie),
+          Flag(j, "attention_bias", false, where, &attention_bias),
+          Flag(j, "mlp_bias", false, where, &mlp_bias),
+          Int(j, "pretraining_tp", 1, 1 << 12, 1, where, &ptp),
+          Unsupported(j, "sliding_window", json(), "sliding-window attention",
+                      where),
+          Unsupported(j, "num_local_experts", json(), "a mixture of experts",
+                      where),
+          Unsupported(j, "num_experts", json(), "a mixture of experts", where),
+          Unsupported(j, "qk_norm", false, "query/key normalization", where),
+      });
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Int(j, "num_key_value_heads", 1, NH, NH, where, &KVH);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          Int(j, "head_dim", 1, 1 << 17, NH > 0 ? C / NH : 0, where, &head_dim);
+      !s.ok()) {
+    return s;
+  }
+  if (act != "silu") {
+    return Bad(where, "'hidden_act'=", act,
+               ": only SwiGLU's SiLU (silu) is implemented");
+  }
+  if (attention_bias || mlp_bias) {
+    return Bad(where, attention_bias ? "'attention_bias'" : "'mlp_bias'",
+               "=true: biases in Llama's layers are not implemented");
+  }
+  if (ptp != 1) {
+    return Bad(where, "'pretraining_tp'=", ptp,
+               ": sliced projections are not implemented");
+  }
+  if (C % NH != 0 || head_dim != C / NH) {
+    return Bad(where, "'head_dim'=", head_dim,
+               ": heads must be hidden_size / num_attention_heads = ", C / NH,
+               " wide");
+  }
+  if (NH % KVH != 0) {
+    return Bad(where, "'num_key_value_heads'=", KVH,
+               " does not divide num_attention_heads=", NH);
+  }
+  HfConfig c;
+  v1::ModelSpec& m = c.model;
+  m.set_arch("llama");
+  m.set_n_layer(static_cast<int>(L));
+  m.set_n_head(static_cast<int>(NH));
+  m.set_n_kv_head(static_cast<int>(KVH));
+  m.set_n_embd(static_cast<int>(C));
+  m.set_ffn_hidden(static_cast<int>(H));
+  m.set_vocab_size(static_cast<int>(V));
+  m.set_tie_embeddings(tie);
+  m.set_norm_eps(eps);
+  m.set_rope_theta(theta);
+  if (const json* r = Get(j, "rope_scaling")) {
+    if (!r->is_object()) {
+      return Bad(where, "'rope_scaling' is ", r->type_name(),
+                 ", not an object or null");
+    }
+    std::string type;
+    for (const char* key : {"rope_type", "type"}) {
+      if (const json* t = Get(*r, key); t != nullptr && type.empty()) {
+        type = t->is_string() ? t->get<std::string>() : t->dump();
+      }
+    }
+    if (type != "llama3") {
+      return Bad(where, "'rope_scaling.rope_type'=", type,
+                 ": only Llama 3's scaling (llama3) is implemented");
+    }
+    double factor = 0, low = 0, high = 0;
+    int64_t original = 0;
+    const std::string at = absl::StrCat(where, ": rope_scaling");
+    if (absl::Status s = First({
+            Number(*r, "factor", 1e-6, 1e6, -1, at, &factor),
+            Number(*r, "low_freq_factor", 1e-6, 1e6, 1, at, &low),
+            Number(*r, "high_freq_factor", 1e-6, 1e6, 4, at, &high),
+            Int(*r, "original_max_position_embeddings", 1, 1 << 24, -1, at,
+                &original),
+        });
+        !s.ok()) {
+      return s;
+    }
+    if (factor <= 0) return Bad(at, "'factor' is missing");
+    if (high <= low) {
+      return Bad(at, "'high_freq_factor'=", high,
+                 " must be greater than low_freq_factor=", low);
+    }
+    v1::RopeScalingSpec* rs = m.mutable_rope_scaling();
+    rs->set_factor(factor);
+    rs->set_low_freq_factor(low);
+    rs->set_high_freq_factor(high);
+    rs->set_original_context(static_cast<int>(original));
+  }
+  c.max_positions = static_cast<int>(P);
+  return c;
+}
+
+// Resolved: 0 in a spec is the field's default.
+double Or(double v, double fallback) { return v > 0 ? v : fallback; }
+
+}  // namespace
+
+absl::StatusOr<HfConfig> ParseHfConfig(std::string_view text,
+                                       absl::string_view where) {
+  json j = json::parse(text.begin(), text.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return Bad(where, "not a JSON object");
+  }
+  std::string arch;
+  if (const json* a = Get(j, "architectures")) {
+    if (!a->is_array() || a->size() != 1 || !(*a)[0].is_string()) {
+      return Bad(where, "'architectures' must list one name");
+    }
+    arch = (*a)[0].get<std::string>();
+  } else if (const json* t = Get(j, "model_type"); t && t->is_string()) {
+    const std::string type = t->get<std::string>();
+    arch = type == "gpt2" ? kGpt2 : type == "llama" ? kLlama : type;
+  }
+  if (arch == kGpt2) return Gpt2Config(j, where);
+  if (arch == kLlama) return LlamaConfig(j, where);
+  return Bad(where, "'architectures'=", arch.empty() ? "(none)" : arch,
+             ": only ", kGpt2, " and ", kLlama, " are implemented");
+}
+
+std::string HfConfigJson(const v1::ModelSpec& m) {
+  json j;
+  if (m.arch() == "llama") {
+    const v1::RopeScalingSpec& r = m.rope_scaling();
+    j = {{"architectures", {kLlama}},
+         {"model_type", "llama"},
+         {"hidden_size", m.n_embd()},
+         {"intermediate_size", FfnHidden(m)},
+         {"num_hidden_layers", m.n_layer()},
+         {"num_attention_heads", m.n_head()},
+         {"num_key_value_heads", KvHeads(m)},
+         {"head_dim", m.n_embd() / m.n_head()},
+         {"max_position_embeddings", m.block_size()},
+         {"vocab_size", m.vocab_size()},
+         {"rms_norm_eps", Or(m.norm_eps(), 1e-5)},
+         {"rope_theta", Or(m.rope_theta(), 10000)},
+         {"rope_scaling", nullptr},
+         {"hidden_act", "silu"},
+         {"attention_bias", false},
+         {"mlp_bias", false},
+         {"tie_word_embeddings", TiesEmbeddings(m)},
+         {"torch_dtype", "float32"}};
+    if (r.factor() > 0) {
+      j["rope_scaling"] = {
+          {"rope_type", "llama3"},
+          {"factor", r.factor()},
+          {"low_freq_factor", Or(r.low_freq_factor(), 1)},
+          {"high_freq_factor", Or(r.high_freq_factor(), 4)},
+          {"original_max_position_embeddings",
+           r.original_context() > 0 ? r.original_context() : 8192}};
+    }
+  } else {
+    j = {{"architectures", {kGpt2}},
+         {"model_type", "gpt2"},
+         {"n_layer", m.n_layer()},
+         {"n_head", m.n_head()},
+         {"n_embd", m.n_embd()},
+         {"n_positions", m.block_size()},
+         {"n_ctx", m.block_size()},
+         {"vocab_size", m.vocab_size()},
+         {"activation_function", "gelu_new"},
+         {"layer_norm_epsilon", 1e-5},
+         {"tie_word_embeddings", TiesEmbeddings(m)},
+         {"torch_dtype", "float32"}};
+  }
+  return j.dump(2) + "\n";
+}
+
+absl::Status CheckSpecAgainstHf(const v1::ModelSpec& spec,
+                                const HfConfig& config,
+                                absl::string_view where) {
+  const v1::ModelSpec& hf = config.model;
+  auto differ = [&](const char* field, auto ours, auto theirs) {
+    return Bad(where, "model.", field, "=", ours, " in the spec but ", theirs,
+               " in the Hugging Face config; leave it out to take the "
+               "config's, or give the same");
+  };
+  if (spec.arch() != hf.arch()) return differ("arch", spec.arch(), hf.arch());
+  for (auto [field, ours, theirs] :
+       {std::tuple<const char*, int, int>{"n_layer", spec.n_layer(),
+                                          hf.n_layer()},
+        {"n_head", spec.n_head(), hf.n_head()},
+        {"n_embd", spec.n_embd(), hf.n_embd()},
+        {"n_kv_head", KvHeads(spec), KvHeads(hf)},
+        {"ffn_hidden", FfnHidden(spec), FfnHidden(hf)}}) {
+    if (ours != theirs) return differ(field, ours, theirs);
+  }
+  if (spec.vocab_size() != 0 && spec.vocab_size() != hf.vocab_size()) {
+    return differ("vocab_size", spec.vocab_size(), hf.vocab_size());
+  }
+  if (TiesEmbeddings(spec) != TiesEmbeddings(hf)) {
+    return differ("tie_embeddings", TiesEmbeddings(spec) ? "true" : "false",
+                  TiesEmbeddings(hf) ? "true" : "false");
+  }
+  if (spec.arch() == "llama") {
+    const v1::RopeScalingSpec &a = spec.rope_scaling(), &b = hf.rope_scaling();
+    for (auto [field, ours, theirs] :
+         {std::tuple<const char*, double, double>{
+              "norm_eps", Or(spec.norm_eps(), 1e-5), Or(hf.norm_eps(), 1e-5)},
+          {"rope_theta", Or(spec.rope_theta(), 10000),
+           Or(hf.rope_theta(), 10000)},
+          {"rope_scaling.factor", a.factor(), b.factor()},
+          {"rope_scaling.low_freq_factor", Or(a.low_freq_factor(), 1),
+           Or(b.low_freq_factor(), 1)},
+          {"rope_scaling.high_freq_factor", Or(a.high_freq_factor(), 4),
+           Or(b.high_freq_factor(), 4)},
+          {"rope_scaling.original_context", Or(a.original_context(), 8192),
+           Or(b.original_context(), 8192)}}) {
+      if (ours != theirs) return differ(field, ours, theirs);
+    }
+  }
+  if (spec.block_size() > config.max_positions) {
+    return Bad(where, "model.block_size=", spec.block_size(),
+               " is more positions than the model's ", config.max_positions);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ptrain

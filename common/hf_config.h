@@ -1,0 +1,48 @@
+// A Hugging Face model folder's config.json as ptrain's model fields
+// (model.init_from: hf:DIR, and what `ptworker export --hf` writes back):
+// GPT2LMHeadModel (model_type gpt2) as arch gpt, LlamaForCausalLM
+// (model_type llama) as arch llama. What ptrain does not implement is
+// refused naming the key: another architecture, an activation other than
+// GPT-2's tanh GELU or Llama's SiLU, biases in Llama's attention or MLP, a
+// head_dim other than hidden_size / num_attention_heads, a sliding window,
+// a rope_scaling other than Llama 3's, experts, and GPT-2's layer-scaled
+// or upcast attention.
+#ifndef PTRAIN_COMMON_HF_CONFIG_H_
+#define PTRAIN_COMMON_HF_CONFIG_H_
+
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "ptrain/v1/job.pb.h"
+
+namespace ptrain {
+
+struct HfConfig {
+  // arch, n_layer, n_head, n_embd, vocab_size, tie_embeddings; for llama
+  // n_kv_head, norm_eps, rope_theta, rope_scaling, ffn_hidden. Not
+  // block_size (the job's sequence length), nor init_from.
+  v1::ModelSpec model;
+  int max_positions = 0;  // n_positions, max_position_embeddings
+};
+
+// config.json's text (`where` names it in errors): InvalidArgument naming
+// the key and the rule.
+absl::StatusOr<HfConfig> ParseHfConfig(std::string_view json,
+                                       absl::string_view where);
+
+// The config.json of `model` (arch gpt or llama; block_size as the
+// maximum positions), as `ptworker export --hf` writes it.
+std::string HfConfigJson(const v1::ModelSpec& model);
+
+// The spec's model fields against config.json's: each field the config
+// gives must be the spec's, and block_size at most its positions.
+// InvalidArgument naming the field, both values and `where`.
+absl::Status CheckSpecAgainstHf(const v1::ModelSpec& spec,
+                                const HfConfig& config,
+                                absl::string_view where);
+
+}  // namespace ptrain
+
+#endif  // PTRAIN_COMMON_HF_CONFIG_H_
