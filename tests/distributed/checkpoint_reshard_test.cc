@@ -211,6 +211,58 @@ TEST_F(Reshard, EveryLayoutLoadsEveryLayoutsCheckpoint) {
   }
 }
 
+// A Llama's checkpoints between layouts that hold its key/value heads
+// differently: whole on one rank, split over tp 2, replicated over tp 4 (2
+// heads for 4 ranks), sharded by ZeRO-3 under tp 2 with SP, and in a
+// pipeline; each loads into every other and goes on as the single rank.
+TEST_F(Reshard, LlamaCheckpointsMoveBetweenSplitAndReplicatedKeyValueHeads) {
+  const std::vector<std::string> llama = {
+      "model.arch=llama", "model.n_kv_head=2", "model.ffn_hidden=72",
+      "model.tie_embeddings=false", "model.rope_theta=500000"};
+  const Layout layouts[] = {{"llama_single", 1, 0, 1, false},
+                            {"llama_tp2", 1, 0, 2, false},
+                            {"llama_tp4", 1, 0, 4, false},
+                            {"llama_dp2_tp2_zero3_sp", 2, 3, 2, true},
+                            {"llama_pp2", 1, 0, 1, false, 2}};
+  std::vector<float> ref;
+  const std::string root = Root() + "/llama";
+  OnLayout(
+      layouts[0], root + "/straight", "",
+      [&](Trainer& t) { ref = Steps(t, 0, kEnd); }, "40", llama);
+  ref.resize(kEnd);
+  MPI_Bcast(ref.data(), kEnd, MPI_FLOAT, 0, MPI_COMM_WORLD);
+  for (const Layout& from : layouts) {
+    const std::string dir = root + "/" + from.name;
+    OnLayout(
+        from, dir, "",
+        [&](Trainer& t) {
+          Steps(t, 0, kSave);
+          auto saved = t.checkpoints().SaveCheckpointAt(kSave);
+          EXPECT_TRUE(saved.ok()) << saved.status();
+        },
+        "40", llama);
+    for (const Layout& to : layouts) {
+      OnLayout(
+          to, root + "/scratch", dir + "/step-0000000" + std::to_string(kSave),
+          [&](Trainer& t) {
+            ASSERT_EQ(t.checkpoints().start_step(), kSave);
+            const std::vector<float> got = Steps(t, kSave, kEnd);
+            double diff = 0;
+            for (int i = 0; i < kEnd - kSave; ++i) {
+              diff = std::max(diff, std::fabs(double(got[i]) - ref[kSave + i]) /
+                                        ref[kSave + i]);
+            }
+            if (WorldRank() == 0) {
+              std::printf("saved %-22s loaded %-22s maxdiff %.2e\n", from.name,
+                          to.name, diff);
+            }
+            EXPECT_LE(diff, 1e-5) << from.name << " -> " << to.name;
+          },
+          "40", llama);
+    }
+  }
+}
+
 TEST_F(Reshard, ShardedLayoutReadsOnlyItsShare) {
   // A model several checksum chunks large, saved by one rank.
   const std::string dir = Root() + "/wide";
