@@ -300,43 +300,33 @@ std::vector<std::string> BaseOverrides(int n_layer, bool untied, bool llama) {
   // past 1e-4 within 50 steps, which would test chaos, not the layouts.
   // Odd head size (9) and vocabulary (65) so that heads and the padded
   // vocabulary split unevenly against every other dimension.
-  // Llama's heads are of even size (10): rotary positions turn pairs.
-  if (llama) {
-    return {"model.n_layer=" + std::to_string(n_layer),
-            "resources.device=" + Device(),
-            "train.precision=fp32",
-            "model.arch=llama",
-            "model.n_head=4",
-            "model.n_kv_head=2",
-            "model.n_embd=40",
-            "model.ffn_hidden=72",
-            "model.rope_theta=500000",
-            "model.rope_scaling.factor=8",
-            "model.rope_scaling.original_context=8",
-            "model.block_size=16",
-            "train.global_batch=8",
-            "train.steps=50",
-            "train.lr=1e-3",
-            "train.warmup_steps=4",
-            "train.grad_clip=0.5",
-            "train.eval_batches=1",
-            "parallel.bucket_bytes=20000",
-            std::string("model.tie_embeddings=") + (untied ? "false" : "true")};
+  std::vector<std::string> o = {
+      "model.n_layer=" + std::to_string(n_layer),
+      "resources.device=" + Device(),
+      "train.precision=fp32",
+      "model.n_head=4",
+      "model.block_size=16",
+      "train.global_batch=8",
+      "train.steps=50",
+      "train.lr=1e-3",
+      "train.warmup_steps=4",
+      "train.grad_clip=0.5",
+      "train.eval_batches=1",
+      "parallel.bucket_bytes=20000",
+      std::string("model.tie_embeddings=") + (untied ? "false" : "true")};
+  if (!llama) {
+    o.push_back("model.n_embd=36");
+    return o;
   }
-  return {"model.n_layer=" + std::to_string(n_layer),
-          "resources.device=" + Device(),
-          "train.precision=fp32",
-          "model.n_head=4",
-          "model.n_embd=36",
-          "model.block_size=16",
-          "train.global_batch=8",
-          "train.steps=50",
-          "train.lr=1e-3",
-          "train.warmup_steps=4",
-          "train.grad_clip=0.5",
-          "train.eval_batches=1",
-          "parallel.bucket_bytes=20000",
-          std::string("model.tie_embeddings=") + (untied ? "false" : "true")};
+  // Llama's heads are of even size (10): rotary positions turn pairs.
+  for (const char* f :
+       {"model.arch=llama", "model.n_kv_head=2", "model.n_embd=40",
+        "model.ffn_hidden=72", "model.rope_theta=500000",
+        "model.rope_scaling.factor=8",
+        "model.rope_scaling.original_context=8"}) {
+    o.push_back(f);
+  }
+  return o;
 }
 
 struct RunResult {

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "common/check.h"
+#include "worker/engine/model/activation_table.h"
 
 namespace ptrain {
 double ModelPart::FlopsPerToken(const GptConfig& config, int) const {
@@ -22,6 +23,16 @@ PartTensor ChannelVector(std::string name, const GptConfig& config,
           unit,
           TpSplit::kReplicated,
           true};
+}
+
+std::vector<ActivationRow> AttentionRows(const StageActivationDims& d) {
+  return {{"attn.qkv", d.Stored(d.BT, 3 * d.Cl)},
+          {"attn.out", d.Stored(d.BT, d.Cl)},
+          {"attn.saved", d.att, /*selective=*/true}};
+}
+
+double AttentionScoreFlops(const GptConfig& config, int T) {
+  return 12.0 * config.n_embd * static_cast<double>(T);
 }
 
 void ModelParts::AddEmbedding(std::unique_ptr<EmbeddingPart> part) {

@@ -185,6 +185,14 @@ const ModelParts& Gpt2Parts();
 // is a programming error (the spec was validated): PT_CHECK fails.
 const ModelParts& ModelPartsOf(const GptConfig& config);
 
+// What every attention part keeps: multi-head attention's qkv row
+// (B,T,3Cl) and its output (B,T,Cl), in the stored type, and what attention
+// keeps for its backward (recomputed under selective recomputation); and
+// the FLOPs of its scores and mix a token (2·C·T multiply-adds each
+// forward, twice that backward).
+std::vector<ActivationRow> AttentionRows(const StageActivationDims& d);
+double AttentionScoreFlops(const GptConfig& config, int T);
+
 // The parts, one by one (the model config chooses among them).
 // parts/token_embedding.cc: wte, split by vocabulary rows over tp.
 std::unique_ptr<EmbeddingPart> TokenEmbeddingPart();

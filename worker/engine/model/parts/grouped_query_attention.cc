@@ -81,14 +81,11 @@ class GroupedQueryAttention : public SublayerPart {
   }
   // Scores and mix as multi-head attention's: every query head attends.
   double FlopsPerToken(const GptConfig& c, int T) const override {
-    return ModelPart::FlopsPerToken(c, T) +
-           12.0 * c.n_embd * static_cast<double>(T);
+    return ModelPart::FlopsPerToken(c, T) + AttentionScoreFlops(c, T);
   }
 
   std::vector<ActivationRow> Rows(const StageActivationDims& d) const override {
-    return {{"attn.qkv", d.Stored(d.BT, 3 * d.Cl)},
-            {"attn.out", d.Stored(d.BT, d.Cl)},
-            {"attn.saved", d.att, /*selective=*/true}};
+    return AttentionRows(d);
   }
   std::vector<SplitRow> SplitRows(const StageActivationDims& d) const override {
     return {{SatMul(d.BT, d.Cl + 2 * d.Kl), "attn.qkv"},

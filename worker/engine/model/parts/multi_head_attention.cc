@@ -56,14 +56,11 @@ class MultiHeadAttention : public SublayerPart {
   // Scores and mix: 2·C·T multiply-adds each a token forward, twice that
   // backward.
   double FlopsPerToken(const GptConfig& c, int T) const override {
-    return ModelPart::FlopsPerToken(c, T) +
-           12.0 * c.n_embd * static_cast<double>(T);
+    return ModelPart::FlopsPerToken(c, T) + AttentionScoreFlops(c, T);
   }
 
   std::vector<ActivationRow> Rows(const StageActivationDims& d) const override {
-    return {{"attn.qkv", d.Stored(d.BT, 3 * d.Cl)},
-            {"attn.out", d.Stored(d.BT, d.Cl)},
-            {"attn.saved", d.att, /*selective=*/true}};
+    return AttentionRows(d);
   }
   // qkv's gradient (fp32) in qkv's place where that is fp32; the output
   // projection's in the residual stream it added to.
