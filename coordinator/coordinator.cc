@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/auth_token.h"
+#include "common/bounded_file.h"
 #include "common/exit_codes.h"
 #include "common/job_state.h"
 #include "common/private_file.h"
@@ -246,8 +247,17 @@ absl::StatusOr<JobRecord> Coordinator::NewJobRecord(
   if (overrides.size() > 1000) {
     return absl::InvalidArgumentError("overrides: more than 1000 assignments");
   }
+  // A model from a Hugging Face folder takes the fields the spec leaves out
+  // from its config.json, read here (inside the data roots) as every input
+  // is checked here.
+  auto read = [&](const std::string& path) -> absl::StatusOr<std::string> {
+    absl::StatusOr<std::string> p = ConfinePath(
+        "model.init_from", path, options_.work_root, options_.data_roots);
+    if (!p.ok()) return p.status();
+    return ReadBoundedFile("model.init_from", *p, 1 << 20);
+  };
   absl::StatusOr<v1::JobSpec> spec =
-      ParseJobSpec(spec_yaml, overrides, "job spec");
+      ParseJobSpec(spec_yaml, overrides, "job spec", read);
   if (!spec.ok()) return spec.status();
   const int world = WorldSize(*spec);
   // On nodes a job waits for slots (and GPUs) that may join later; Slurm

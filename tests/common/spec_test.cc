@@ -439,7 +439,7 @@ TEST(ParseJobSpec, AHuggingFaceModelsFieldsComeFromItsConfig) {
                 "131072"),
             std::string::npos)
       << other.status();
-  // Without a reader (ptcoord), the spec's own fields: no file is read.
+  // Without a reader, the spec's own fields: no file is read.
   asked.clear();
   EXPECT_TRUE(ParseJobSpec(yaml, {"model.arch=llama"}).ok());
   EXPECT_EQ(asked, "");

@@ -275,6 +275,42 @@ TEST_F(CoordinatorTest, MissingInputsAreRefusedAtSubmitNamingTheField) {
   EXPECT_TRUE(shards.ok()) << shards.status();
 }
 
+// A model from a Hugging Face folder under the data roots: the spec stored
+// has the fields its config.json gives (those the spec left out), so the
+// ranks get them; a spec that disagrees with the config is refused at
+// submit, naming the field.
+TEST_F(CoordinatorTest, AHuggingFaceModelsFieldsAreTakenFromItsConfigAtSubmit) {
+  auto c = Make();
+  fs::create_directories(dir_ / "data" / "llama");
+  std::ofstream(dir_ / "data" / "llama" / "config.json")
+      << R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+             "intermediate_size": 160, "num_hidden_layers": 3,
+             "num_attention_heads": 8, "num_key_value_heads": 2,
+             "max_position_embeddings": 64, "vocab_size": 300,
+             "tie_word_embeddings": false})";
+  auto job = c->Submit(kSpec, {"model.init_from=hf:data/llama"});
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::ModelSpec m = c->Get(job->id(), false)->job().spec().model();
+  EXPECT_EQ(m.arch(), "llama");
+  EXPECT_EQ(m.n_layer(), 3);
+  EXPECT_EQ(m.n_kv_head(), 2);
+  EXPECT_EQ(m.ffn_hidden(), 160);
+  EXPECT_FALSE(m.tie_embeddings());
+  EXPECT_EQ(m.init_from(), "hf:" + (dir_ / "data" / "llama").string());
+  auto other =
+      c->Submit(kSpec, {"model.init_from=hf:data/llama", "model.n_layer=4"});
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(other.status().message().find(
+                "model.n_layer=4 in the spec but 3 in the Hugging Face config"),
+            absl::string_view::npos)
+      << other.status();
+  auto missing = c->Submit(kSpec, {"model.init_from=hf:data/none"});
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("config.json"),
+            absl::string_view::npos)
+      << missing.status();
+}
+
 // On its own host ptcoord keeps GPU jobs apart: each rank gets a GPU no
 // running job holds (PTRAIN_RANK_GPUS, kept as a placement on this host),
 // a GPU job waits while its GPUs are taken, and takes them once freed.
