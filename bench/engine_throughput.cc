@@ -4,11 +4,15 @@
 // With --precision both (the default where the CPU has AVX512_BF16) each
 // config also trains with train.precision=bf16 (bf16 matmul products) and
 // the bf16/fp32 tok/s ratio is printed, of the two runs and of both
-// trained again with their steps interleaved. Prints figures and ratios;
-// never passes or fails on time.
+// trained again with their steps interleaved. With --arch llama the model
+// is a Llama of each config's width (BenchLlama, bench/configs.h); with
+// --arch both, GPT-2 and that Llama, then the two trained again with their
+// steps interleaved and the Llama's MFU as a fraction of GPT-2's. Prints
+// figures and ratios; never passes or fails on time.
 //
 //   build/bench/engine_throughput [--steps N] [--config S|M|both]
 //                                 [--precision fp32|bf16|both]
+//                                 [--arch gpt|llama|both]
 #include <cblas.h>
 #include <malloc.h>
 #include <omp.h>
@@ -23,6 +27,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "bench/configs.h"
 #include "bench/stats.h"
 #include "common/spec.h"
 #include "kernels/cpu/kernels.h"
@@ -46,7 +51,33 @@ int64_t ProcStatusBytes(const char* key) {
 struct Config {
   const char* name;
   int L, NH, C, T, B, warmup, steps;
+  bool llama = false;  // BenchLlama of this width, else GPT-2
 };
+
+// What a Llama of config c must hold, as AnalyticBytes below counts it.
+// H: the MLP's hidden width, K: the key (and value) heads' channels.
+int64_t LlamaAnalyticBytes(const Config& c, int V, int64_t H, int64_t K,
+                           int64_t n_params, bool bf16, int64_t* activations) {
+  const int64_t BT = static_cast<int64_t>(c.B) * c.T;
+  // Saved per layer: ln1, qkv (3: key and value heads repeated for the
+  // query heads), atty, residual2, ln2, residual3 = 8 C; gate_up 2 H
+  // (silu(gate)·up is computed again in backward); RMSNorm's 1/rms = 2;
+  // attention probabilities NH·T (bf16: rounded, half).
+  const int64_t probs = static_cast<int64_t>(c.NH) * c.T / (bf16 ? 2 : 1);
+  const int64_t per_layer = 8 * c.C + 2 * H + 2 + probs;
+  const int64_t saved = BT * (c.L * per_layer + c.C /*embedding*/ + c.C +
+                              1 /*ln_f*/ + V /*probs*/ + 1 /*losses*/);
+  // Backward of one layer at a time: the stream's and a norm's gradients
+  // (2 C), and the larger of attention's (its qkv row's 3 C, its output's
+  // C, the q, k and v projections' C + 2 K, the probabilities' NH·T but in
+  // bf16) and the MLP's (silu(gate)·up again and its gradient, 2 H, and
+  // gate_up's, 2 H); and the logits'.
+  const int64_t attention =
+      5 * c.C + 2 * K + (bf16 ? 0 : static_cast<int64_t>(c.NH) * c.T);
+  const int64_t working = BT * (2 * c.C + std::max(attention, 4 * H) + V);
+  *activations = 4 * (saved + working);
+  return 4 * 4 * n_params + *activations;
+}
 
 // What training must hold, counted from the model's definition rather than
 // from the engine's allocation: 4 copies of the parameters (weights,
@@ -77,15 +108,21 @@ int64_t AnalyticBytes(const Config& c, int V, int64_t n_params, bool bf16,
 std::unique_ptr<ptrain::Trainer> MakeTrainer(const Config& c,
                                              const std::string& precision,
                                              double peak) {
-  auto spec = ptrain::LoadJobSpecFile(
-      "examples/shakespeare-char.yaml",
-      {"model.n_layer=" + std::to_string(c.L),
-       "model.n_head=" + std::to_string(c.NH),
-       "model.n_embd=" + std::to_string(c.C),
-       "model.block_size=" + std::to_string(c.T),
-       "train.global_batch=" + std::to_string(c.B),
-       "train.steps=" + std::to_string(c.warmup + c.steps),
-       "train.precision=" + precision});
+  std::vector<std::string> overrides = {
+      "model.n_layer=" + std::to_string(c.L),
+      "model.n_head=" + std::to_string(c.NH),
+      "model.n_embd=" + std::to_string(c.C),
+      "model.block_size=" + std::to_string(c.T),
+      "train.global_batch=" + std::to_string(c.B),
+      "train.steps=" + std::to_string(c.warmup + c.steps),
+      "train.precision=" + precision};
+  if (c.llama) {
+    for (std::string& o : ptrain::BenchLlama(c.NH, c.C)) {
+      overrides.push_back(std::move(o));
+    }
+  }
+  auto spec =
+      ptrain::LoadJobSpecFile("examples/shakespeare-char.yaml", overrides);
   if (!spec.ok()) {
     std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
     std::exit(1);
@@ -131,12 +168,18 @@ double RunConfig(const Config& c, const std::string& precision, double peak) {
       static_cast<int64_t>((ptrain::TokenCount(tr.data().train) +
                             ptrain::TokenCount(tr.data().val)) *
                            sizeof(uint16_t));
+  const ptrain::GptConfig& model = tr.model().config();
+  const std::string llama_dims =
+      c.llama ? " KV" + std::to_string(model.kv_heads()) + " F" +
+                    std::to_string(model.hidden())
+              : "";
   std::printf(
-      "config %s %s (L%d H%d C%d T%d B%d, %lld params): %.1f ms/step (best "
-      "%.1f), %.0f tok/s, %.1f GFLOP/s, MFU %.1f%% of %s peak\n",
-      c.name, precision.c_str(), c.L, c.NH, c.C, c.T, c.B,
-      static_cast<long long>(ptrain::GptNumParams(tr.model().config())),
-      mean * 1e3, best * 1e3, tokens / mean, flops / mean / 1e9,
+      "config %s %s%s (L%d H%d%s C%d T%d B%d, %lld params): %.1f ms/step "
+      "(best %.1f), %.0f tok/s, %.1f GFLOP/s, MFU %.1f%% of %s peak\n",
+      c.name, c.llama ? "llama " : "", precision.c_str(), c.L, c.NH,
+      llama_dims.c_str(), c.C, c.T, c.B,
+      static_cast<long long>(ptrain::GptNumParams(model)), mean * 1e3,
+      best * 1e3, tokens / mean, flops / mean / 1e9,
       100.0 * flops / mean / peak,
       precision == "bf16" ? "bf16 matmul" : "sgemm");
   std::printf(
@@ -148,9 +191,14 @@ double RunConfig(const Config& c, const std::string& precision, double peak) {
   int64_t analytic_acts = 0;
   // The model as built: its vocabulary padded to a multiple of 128, the
   // padding rows of wte included.
-  const int64_t analytic = AnalyticBytes(c, tr.model().config().padded_vocab,
-                                         tr.model().buffer_size(),
-                                         precision == "bf16", &analytic_acts);
+  const bool bf16 = precision == "bf16";
+  const int64_t analytic =
+      c.llama
+          ? LlamaAnalyticBytes(c, model.padded_vocab, model.hidden(),
+                               int64_t{model.kv_heads()} * (c.C / c.NH),
+                               tr.model().buffer_size(), bf16, &analytic_acts)
+          : AnalyticBytes(c, model.padded_vocab, tr.model().buffer_size(), bf16,
+                          &analytic_acts);
   const int64_t buffers = m.params + m.grads + m.optimizer + m.activations;
   std::printf(
       "  memory: params %.2f MB, grads %.2f MB, adam %.2f MB, activations "
@@ -187,11 +235,46 @@ void CompareInterleaved(const Config& c, double peak, double peak_bf16) {
   const double min16 = *std::min_element(t16.begin(), t16.end());
   const double med32 = ptrain::Median(t32), med16 = ptrain::Median(t16);
   std::printf(
-      "  config %s interleaved, %d steps each: fp32 min %.1f median %.1f "
+      "  config %s%s interleaved, %d steps each: fp32 min %.1f median %.1f "
       "ms/step, bf16 min %.1f median %.1f ms/step; bf16/fp32 tok/s %.2fx "
       "(min), %.2fx (median)\n",
-      c.name, c.steps, min32 * 1e3, med32 * 1e3, min16 * 1e3, med16 * 1e3,
-      min32 / min16, med32 / med16);
+      c.name, c.llama ? " llama" : "", c.steps, min32 * 1e3, med32 * 1e3,
+      min16 * 1e3, med16 * 1e3, min32 / min16, med32 / med16);
+}
+
+// GPT-2 and the Llama of config c's width, in `precision`, stepped in turn
+// (as CompareInterleaved does): each one's min and median step time, MFU
+// at its median, and the Llama's MFU as a fraction of GPT-2's.
+void CompareArchInterleaved(Config c, const std::string& precision,
+                            double peak) {
+  c.llama = false;
+  const std::unique_ptr<ptrain::Trainer> gpt = MakeTrainer(c, precision, peak);
+  c.llama = true;
+  const std::unique_ptr<ptrain::Trainer> llama =
+      MakeTrainer(c, precision, peak);
+  std::vector<double> tg, tl;
+  for (int s = 0; s < c.warmup + c.steps; ++s) {
+    const double a = gpt->TrainStep(s).seconds;
+    const double b = llama->TrainStep(s).seconds;
+    if (s < c.warmup) continue;
+    tg.push_back(a);
+    tl.push_back(b);
+  }
+  const double min_g = *std::min_element(tg.begin(), tg.end());
+  const double min_l = *std::min_element(tl.begin(), tl.end());
+  const double med_g = ptrain::Median(tg), med_l = ptrain::Median(tl);
+  // FLOPs per step of the Llama over GPT-2's: the MFU ratio is the tok/s
+  // ratio times this.
+  const double flops = llama->flops_per_step() / gpt->flops_per_step();
+  std::printf(
+      "  config %s %s interleaved, %d steps each: gpt min %.1f median %.1f "
+      "ms/step, MFU %.1f%%; llama min %.1f median %.1f ms/step, MFU %.1f%%; "
+      "llama/gpt FLOPs per step %.3f, tok/s %.2fx (median), MFU %.2fx "
+      "(median), %.2fx (min)\n",
+      c.name, precision.c_str(), c.steps, min_g * 1e3, med_g * 1e3,
+      100.0 * gpt->flops_per_step() / med_g / peak, min_l * 1e3, med_l * 1e3,
+      100.0 * llama->flops_per_step() / med_l / peak, flops, med_g / med_l,
+      flops * med_g / med_l, flops * min_g / min_l);
 }
 
 // The same 2048^3 product through OpenBLAS, to justify the library choice.
@@ -216,6 +299,7 @@ double OpenBlasSgemmFlops(int n) {
 int main(int argc, char** argv) {
   int steps_s = 40, steps_m = 6;
   std::string which = "both";
+  std::string arch = "gpt";
   std::string precision = ptrain::kernels::CpuHasBf16() ? "both" : "fp32";
   CLI::App app{
       "engine_throughput: single-rank training tok/s, phases and memory on "
@@ -228,6 +312,10 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision,
                  "fp32, bf16 (CPUs with AVX512_BF16) or both (their default)")
       ->check(CLI::IsMember({"fp32", "bf16", "both"}));
+  app.add_option("--arch", arch,
+                 "gpt (GPT-2), llama (a Llama of each config's width) or "
+                 "both, also stepped in turn (default: gpt)")
+      ->check(CLI::IsMember({"gpt", "llama", "both"}));
   CLI11_PARSE(app, argc, argv);
   if (app.count("--steps") > 0) steps_m = steps_s;
   const double peak = ptrain::MeasureSgemmPeakFlops(2048, 5);
@@ -245,16 +333,24 @@ int main(int argc, char** argv) {
         "(%.2fx sgemm)\n",
         peak_bf16 / 1e9, peak_bf16 / peak);
   }
-  auto run = [&](const Config& c) {
+  auto run_arch = [&](const Config& c) {
     double fp32 = 0, bf16 = 0;
     if (precision != "bf16") fp32 = RunConfig(c, "fp32", peak);
     if (precision != "fp32") bf16 = RunConfig(c, "bf16", peak_bf16);
     if (fp32 > 0 && bf16 > 0) {
       std::printf(
-          "  config %s: bf16/fp32 tok/s %.2fx (one run after the other)\n",
-          c.name, bf16 / fp32);
+          "  config %s%s: bf16/fp32 tok/s %.2fx (one run after the other)\n",
+          c.name, c.llama ? " llama" : "", bf16 / fp32);
       CompareInterleaved(c, peak, peak_bf16);
     }
+  };
+  auto run = [&](Config c) {
+    if (arch != "llama") run_arch(c);
+    c.llama = true;
+    if (arch != "gpt") run_arch(c);
+    if (arch != "both") return;
+    if (precision != "bf16") CompareArchInterleaved(c, "fp32", peak);
+    if (precision != "fp32") CompareArchInterleaved(c, "bf16", peak_bf16);
   };
   if (which == "both" || which == "S")
     run({"S", 4, 4, 128, 64, 16, 5, steps_s});

@@ -2,6 +2,9 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <unicode/bytestream.h>
+#include <unicode/normalizer2.h>
+#include <unicode/stringpiece.h>
 
 #include <algorithm>
 #include <array>
@@ -90,6 +93,37 @@ size_t WellFormedEnd(std::string_view s, size_t from) {
   return i;
 }
 
+// `text` with each stretch of well-formed UTF-8 in Unicode's NFC; a byte
+// that is not UTF-8 stays as it is and splits the stretches.
+std::string Nfc(std::string_view text) {
+  UErrorCode status = U_ZERO_ERROR;
+  const icu::Normalizer2* nfc = icu::Normalizer2::getNFCInstance(status);
+  PT_CHECK(U_SUCCESS(status), "ICU's NFC data did not load");
+  std::string out;
+  out.reserve(text.size());
+  icu::StringByteSink<std::string> sink(&out);
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t end = WellFormedEnd(text, at);
+    if (end == at) {
+      out.push_back(text[at++]);
+      continue;
+    }
+    const icu::StringPiece stretch(text.data() + at,
+                                   static_cast<int32_t>(end - at));
+    status = U_ZERO_ERROR;
+    if (nfc->isNormalizedUTF8(stretch, status) && U_SUCCESS(status)) {
+      out.append(text.substr(at, end - at));
+    } else {
+      status = U_ZERO_ERROR;
+      nfc->normalizeUTF8(0, stretch, sink, nullptr, status);
+      PT_CHECK(U_SUCCESS(status), "ICU's NFC failed on well-formed UTF-8");
+    }
+    at = end;
+  }
+  return out;
+}
+
 struct CodeDeleter {
   void operator()(pcre2_code* c) const { pcre2_code_free(c); }
 };
@@ -126,6 +160,9 @@ struct HfTokenizer::Tables {
   std::vector<std::unique_ptr<pcre2_code, CodeDeleter>> patterns;
   std::unique_ptr<pcre2_match_context, MatchContextDeleter> match_context;
   uint32_t max_captures = 0;
+  // normalizer NFC (alone or in a Sequence): the text between added
+  // tokens is put in NFC before it is split.
+  bool nfc = false;
   // Added tokens, longest first; whether a byte starts one.
   std::vector<std::pair<std::string, int32_t>> added;
   std::array<bool, 256> starts_added{};
@@ -138,6 +175,7 @@ struct HfTokenizer::Tables {
                           const absl::flat_hash_map<std::string, int32_t>& v);
   absl::Status LoadAdded(const json& added);
   absl::Status LoadPreTokenizer(const json& pre);
+  absl::Status LoadNormalizer(const json& normalizer);
   absl::Status LoadStep(const json& step, const std::string& field);
   absl::Status Compile(const std::string& pattern, bool literal,
                        const std::string& field);
@@ -154,6 +192,10 @@ struct HfTokenizer::Tables {
   void MergeBytes(std::string_view word, std::vector<int32_t>* out) const;
   void EncodeWord(std::string_view word, std::vector<int32_t>* out) const;
 
+  // Calls plain(part) for the text between added tokens (normalized) and
+  // added(content, id) for each added token, in order.
+  template <typename Plain, typename Added>
+  void ForEachPart(std::string_view text, Plain&& plain, Added&& added) const;
   // Calls emit(word, id) for each word of `text` in order: id is an added
   // token's, else -1.
   template <typename Emit>
@@ -463,6 +505,38 @@ absl::Status HfTokenizer::Tables::LoadMerges(
   return absl::OkStatus();
 }
 
+absl::Status HfTokenizer::Tables::LoadNormalizer(const json& normalizer) {
+  if (normalizer.is_null()) return absl::OkStatus();
+  // NFC, or a Sequence of nothing but NFC (NFC twice is NFC once).
+  const auto refuse = [&](const json& step, const std::string& field) {
+    const auto type = step.is_object() ? step.find("type") : step.end();
+    return Bad(
+        field, ": ",
+        type == step.end() ? Shown(step) : absl::StrCat("type ", Shown(*type)),
+        " is not implemented (NFC is, alone or in a Sequence)");
+  };
+  const auto is = [](const json& step, const char* type) {
+    return step.is_object() && step.contains("type") && step["type"] == type;
+  };
+  if (is(normalizer, "NFC")) {
+    nfc = true;
+    return absl::OkStatus();
+  }
+  if (!is(normalizer, "Sequence")) return refuse(normalizer, "normalizer");
+  const auto steps = normalizer.find("normalizers");
+  if (steps == normalizer.end() || !steps->is_array()) {
+    return Bad("normalizer.normalizers: not a list");
+  }
+  for (size_t i = 0; i < steps->size(); ++i) {
+    if (!is((*steps)[i], "NFC")) {
+      return refuse((*steps)[i],
+                    absl::StrCat("normalizer.normalizers[", i, "]"));
+    }
+    nfc = true;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status HfTokenizer::Tables::Load(const json& j) {
   if (!j.is_object()) return Bad("not a JSON object (not a tokenizer.json)");
   const auto field = [&](const char* name) -> const json& {
@@ -470,14 +544,8 @@ absl::Status HfTokenizer::Tables::Load(const json& j) {
     const auto it = j.find(name);
     return it == j.end() ? kNull : *it;
   };
-  const json& normalizer = field("normalizer");
-  if (!normalizer.is_null()) {
-    const auto type =
-        normalizer.is_object() ? normalizer.find("type") : normalizer.end();
-    return Bad("normalizer: ",
-               type == normalizer.end() ? Shown(normalizer)
-                                        : absl::StrCat("type ", Shown(*type)),
-               " is not implemented (must be null)");
+  if (absl::Status s = LoadNormalizer(field("normalizer")); !s.ok()) {
+    return s;
   }
   const json& decoder = field("decoder");
   if (!decoder.is_object() || !decoder.contains("type") ||
@@ -675,16 +743,21 @@ void HfTokenizer::Tables::PreTokenize(std::string_view text, size_t k,
   }
 }
 
-template <typename Emit>
-void HfTokenizer::Tables::ForEachWord(std::string_view text,
-                                      Emit&& emit) const {
-  std::unique_ptr<pcre2_match_data, MatchDataDeleter> md(
-      pcre2_match_data_create(max_captures + 1, nullptr));
-  PT_CHECK(md != nullptr, "out of memory for PCRE2's match data");
-  const auto words = [&](std::string_view part) {
-    PreTokenize(part, 0, md.get(), [&](std::string_view w) { emit(w, -1); });
+template <typename Plain, typename Added>
+void HfTokenizer::Tables::ForEachPart(std::string_view text, Plain&& plain,
+                                      Added&& added_token) const {
+  // Added tokens are found in the text as given; the normalizer sees only
+  // the text between them.
+  const auto between = [&](std::string_view part) {
+    if (part.empty()) return;
+    if (!nfc) {
+      plain(part);
+      return;
+    }
+    const std::string normalized = Nfc(part);
+    plain(std::string_view(normalized));
   };
-  size_t plain = 0;  // where the text since the last added token starts
+  size_t from = 0;  // where the text since the last added token starts
   for (size_t i = 0; i < text.size();) {
     if (!starts_added[static_cast<unsigned char>(text[i])]) {
       ++i;
@@ -701,12 +774,27 @@ void HfTokenizer::Tables::ForEachWord(std::string_view text,
       ++i;
       continue;
     }
-    words(text.substr(plain, i - plain));
-    emit(text.substr(i, found->first.size()), found->second);
+    between(text.substr(from, i - from));
+    added_token(text.substr(i, found->first.size()), found->second);
     i += found->first.size();
-    plain = i;
+    from = i;
   }
-  words(text.substr(plain));
+  between(text.substr(from));
+}
+
+template <typename Emit>
+void HfTokenizer::Tables::ForEachWord(std::string_view text,
+                                      Emit&& emit) const {
+  std::unique_ptr<pcre2_match_data, MatchDataDeleter> md(
+      pcre2_match_data_create(max_captures + 1, nullptr));
+  PT_CHECK(md != nullptr, "out of memory for PCRE2's match data");
+  ForEachPart(
+      text,
+      [&](std::string_view part) {
+        PreTokenize(part, 0, md.get(),
+                    [&](std::string_view w) { emit(w, -1); });
+      },
+      [&](std::string_view content, int32_t id) { emit(content, id); });
 }
 
 HfTokenizer::HfTokenizer(std::unique_ptr<const Tables> tables)
@@ -740,11 +828,20 @@ std::vector<int32_t> HfTokenizer::Encode(std::string_view text) const {
   return ids;
 }
 
-std::vector<std::string_view> HfTokenizer::Split(std::string_view text) const {
-  std::vector<std::string_view> words;
+std::vector<std::string> HfTokenizer::Split(std::string_view text) const {
+  std::vector<std::string> words;
   t_->ForEachWord(
-      text, [&](std::string_view word, int32_t) { words.push_back(word); });
+      text, [&](std::string_view word, int32_t) { words.emplace_back(word); });
   return words;
+}
+
+std::string HfTokenizer::Normalize(std::string_view text) const {
+  if (!t_->nfc) return std::string(text);
+  std::string out;
+  const auto append = [&](std::string_view part) { out.append(part); };
+  t_->ForEachPart(text, append,
+                  [&](std::string_view content, int32_t) { append(content); });
+  return out;
 }
 
 std::string HfTokenizer::Decode(const std::vector<int32_t>& ids) const {

@@ -1,6 +1,7 @@
 // A Hugging Face tokenizer.json's byte-level BPE, as GPT-2, Llama 3 and
 // Qwen2 publish theirs: model BPE (vocab, merges in either form,
-// ignore_merges), a pre-tokenizer of Split steps (a regular expression,
+// ignore_merges), the NFC normalizer (Qwen2's; alone or in a Sequence of
+// NFC steps), a pre-tokenizer of Split steps (a regular expression,
 // behaviour Isolated) and ByteLevel (with or without GPT-2's pattern), the
 // ByteLevel decoder, and the added tokens. Not the other models
 // (WordPiece, Unigram, ...), normalizers, or pre-tokenizers, which are
@@ -15,13 +16,18 @@
 // not), where GPT-2's reference encoders use JavaScript's.
 //
 // Text is bytes, not always UTF-8. Added tokens (special or not) are found
-// first, the longest where several start at one place, and are their ids.
+// first, in the text as given, the longest where several start at one
+// place, and are their ids. Under NFC each stretch of well-formed UTF-8
+// between them (and between bytes that are not UTF-8, which stay as they
+// are) is then put in Unicode's NFC (ICU's), so "e\u0301" encodes as "é".
 // The text between them is split into words: a byte that is not part of
 // well-formed UTF-8 is a word alone, and a pattern runs on each stretch of
 // well-formed text between such bytes, seeing after a stretch's end a
 // character that is neither space, letter nor digit (so "a \xff" splits as
 // "a", " ", "\xff", as GPT-2's hand-written pre-tokenizer does). Each word's
-// bytes are merged by rank. Any bytes encode and decode back to themselves.
+// bytes are merged by rank. Any bytes encode and decode back to their
+// normalized form (Normalize): to themselves without a normalizer, and
+// under NFC when they are in NFC already.
 // A match that runs past PCRE2's limits (a pathological pattern) leaves the
 // rest of that stretch one word.
 #ifndef PTRAIN_COMMON_HF_TOKENIZER_H_
@@ -42,12 +48,12 @@ namespace ptrain {
 class HfTokenizer : public Tokenizer {
  public:
   // A tokenizer.json's bytes (`path` names it in errors; OpenTokenizer's
-  // "hf:PATH" reads the file). InvalidArgument
-  // naming the field and what is wrong: not JSON, a model, normalizer,
-  // pre-tokenizer or decoder that is not implemented (named), a merge of
-  // tokens not in the vocabulary, an id given twice or outside [0, number
-  // of tokens) (ids number the tokens without gaps), a regular expression
-  // that does not compile.
+  // "hf:PATH" reads the file). InvalidArgument naming the field and what
+  // is wrong: not JSON, a model, normalizer (but NFC), pre-tokenizer or
+  // decoder that is not implemented (named), a merge of tokens not in the
+  // vocabulary, an id given twice or outside [0, number of tokens) (ids
+  // number the tokens without gaps), a regular expression that does not
+  // compile.
   static absl::StatusOr<std::unique_ptr<HfTokenizer>> Parse(
       std::string_view json, absl::string_view path);
   ~HfTokenizer() override;
@@ -67,9 +73,13 @@ class HfTokenizer : public Tokenizer {
   // otherwise).
   std::string Piece(int32_t id) const override;
 
+  // `text` as Encode sees it: under NFC, the text between added tokens in
+  // NFC (stretches of well-formed UTF-8; other bytes as they are); without
+  // a normalizer, `text`. Decode(Encode(text)) is this.
+  std::string Normalize(std::string_view text) const;
   // The words Encode merges within, in order (added tokens whole); put
-  // back together they are `text`.
-  std::vector<std::string_view> Split(std::string_view text) const;
+  // back together they are Normalize(text).
+  std::vector<std::string> Split(std::string_view text) const;
 
  private:
   struct Tables;

@@ -1,15 +1,17 @@
 // Fuzzes Hugging Face tokenizer.json loading (common/hf_tokenizer.h).
 // Input: any bytes, read as a tokenizer.json. Most are refused, as
 // InvalidArgument naming the file; never a crash, a leak or a hang. One that
-// loads must encode a few texts (fixed ones, invalid UTF-8 and added-token
-// look-alikes among them, and the input's own bytes) to ids of its
-// vocabulary that decode back to the text, its words put back together
-// being the text, every id's piece not empty.
+// loads must encode a few texts (fixed ones, invalid UTF-8, text not in NFC
+// and added-token look-alikes among them, and the input's own bytes) to
+// ids of its vocabulary that decode back to the text as normalized
+// (Normalize: the text itself without a normalizer), its words put back
+// together being that too, every id's piece not empty.
 //
 // Seed corpus: fuzz/corpus/hf_tokenizer/ (small byte-level files that load:
 // Llama 3's pattern, GPT-2's through ByteLevel, ignore_merges, merges as
-// pairs; and files refused: not JSON, another model, a normalizer, a
-// pattern that does not compile, a merge of an unknown token, ids twice).
+// pairs, the NFC normalizer; and files refused: not JSON, another model, a
+// normalizer but NFC, a pattern that does not compile, a merge of an
+// unknown token, ids twice).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -33,14 +35,18 @@ void Check(const ptrain::HfTokenizer& t, std::string_view text) {
     if (id < 0 || id >= t.size()) Fail("an id outside the vocabulary");
     if (t.Piece(id).empty()) Fail("an empty piece");
   }
-  if (t.Decode(ids) != text) Fail("decode(encode(x)) is not x");
+  const std::string normalized = t.Normalize(text);
+  if (t.Decode(ids) != normalized)
+    Fail("decode(encode(x)) is not x as normalized");
   if (!text.empty() && ids.empty()) Fail("no ids for a text");
   std::string joined;
-  for (const std::string_view w : t.Split(text)) {
+  for (const std::string& w : t.Split(text)) {
     if (w.empty()) Fail("an empty word");
     joined.append(w);
   }
-  if (joined != text) Fail("the words put back together are not the text");
+  if (joined != normalized) {
+    Fail("the words put back together are not the text as normalized");
+  }
 }
 
 }  // namespace
@@ -68,6 +74,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         std::string_view(
             "caf\xC3\xA9 \xE6\x97\xA5\xE6\x9C\xAC \xF0\x9F\x91\x8D"),
         std::string_view("\xFF \xC3(\xED\xA0\x80 a\x80\x80  \xF4\x90\x80\x80"),
+        std::string_view("cafe\xCC\x81 \xFF\xCC\x81 A\xCC\x8A\xCC\xA3 "
+                         "\xE1\x84\x80\xE1\x85\xA1"),
         std::string_view("\0\0 \0", 4)}) {
     Check(tok, text);
   }

@@ -30,7 +30,7 @@ namespace ptrain {
 namespace {
 
 using json = nlohmann::json;
-using Words = std::vector<std::string_view>;
+using Words = std::vector<std::string>;
 using Ids = std::vector<int32_t>;
 
 constexpr char kGpt2Pattern[] =
@@ -218,7 +218,9 @@ TEST(HfTokenizer, Gpt2FileAgreesWithTheBuiltInOnInvalidUtf8) {
        {std::string("a \xff"), std::string("  \xfe\xff x"),
         std::string("it's\x80's \xc3 ok!!\xff!!"), std::string("\xed\xa0\x80x"),
         std::string("\xf4\x90\x80\x80  \n\xc0\xaf")}) {
-    EXPECT_EQ(hf->Split(text), Gpt2Bpe::Builtin().Split(text)) << text;
+    const std::vector<std::string_view> builtin =
+        Gpt2Bpe::Builtin().Split(text);
+    EXPECT_EQ(hf->Split(text), Words(builtin.begin(), builtin.end())) << text;
     EXPECT_EQ(hf->Encode(text), Gpt2Bpe::Builtin().Encode(text)) << text;
   }
 }
@@ -350,7 +352,7 @@ TEST(HfTokenizer, AnyBytesRoundTripAndInvalidBytesAreWordsAlone) {
     }
     EXPECT_EQ(t->Decode(t->Encode(bytes)), bytes);
     std::string joined;
-    for (std::string_view w : t->Split(bytes)) joined += w;
+    for (const std::string& w : t->Split(bytes)) joined += w;
     EXPECT_EQ(joined, bytes);
   }
   EXPECT_EQ(t->Split("a \xff"), (Words{"a", " ", "\xff"}));
@@ -358,6 +360,86 @@ TEST(HfTokenizer, AnyBytesRoundTripAndInvalidBytesAreWordsAlone) {
   EXPECT_EQ(t->Split("12\xed\xa0\x80"
                      "34"),
             (Words{"12", "\xed", "\xa0", "\x80", "34"}));
+}
+
+// "é" decomposed (e, U+0301 COMBINING ACUTE ACCENT) and precomposed
+// (U+00E9).
+constexpr char kDecomposed[] = "cafe\xCC\x81";
+constexpr char kPrecomposed[] = "caf\xC3\xA9";
+
+json WithNormalizer(json normalizer) {
+  json j = Llama3Json(false);
+  j["normalizer"] = std::move(normalizer);
+  return j;
+}
+
+// Under NFC (Qwen2's normalizer) text is composed before it is split:
+// decomposed "é" encodes as the precomposed one does; without a
+// normalizer the two are different bytes and different ids. A Sequence
+// of NFC steps is NFC; an empty one, none.
+TEST(HfTokenizer, NfcEncodesDecomposedTextAsItsComposedForm) {
+  const std::unique_ptr<HfTokenizer> plain = Load(Llama3Json(false));
+  const std::unique_ptr<HfTokenizer> nfc =
+      Load(WithNormalizer({{"type", "NFC"}}));
+  const std::unique_ptr<HfTokenizer> sequence = Load(WithNormalizer(
+      {{"type", "Sequence"},
+       {"normalizers", {{{"type", "NFC"}}, {{"type", "NFC"}}}}}));
+  const std::unique_ptr<HfTokenizer> empty = Load(
+      WithNormalizer({{"type", "Sequence"}, {"normalizers", json::array()}}));
+  ASSERT_NE(plain, nullptr);
+  ASSERT_NE(nfc, nullptr);
+  ASSERT_NE(sequence, nullptr);
+  ASSERT_NE(empty, nullptr);
+  const Ids composed = plain->Encode(kPrecomposed);
+  EXPECT_NE(plain->Encode(kDecomposed), composed);
+  EXPECT_EQ(nfc->Encode(kDecomposed), composed);
+  EXPECT_EQ(nfc->Encode(kPrecomposed), composed);
+  EXPECT_EQ(sequence->Encode(kDecomposed), composed);
+  EXPECT_EQ(empty->Encode(kDecomposed), plain->Encode(kDecomposed));
+  EXPECT_EQ(nfc->Normalize(kDecomposed), kPrecomposed);
+  EXPECT_EQ(plain->Normalize(kDecomposed), kDecomposed);
+  EXPECT_EQ(nfc->Split(std::string(kDecomposed) + " x"),
+            (Words{kPrecomposed, " x"}));
+  // Two marks on one letter are put in canonical order (below before
+  // above) and composed where a precomposed character exists: A, U+030A
+  // RING ABOVE, U+0323 DOT BELOW is U+1EA0 (Ạ), U+030A.
+  EXPECT_EQ(nfc->Normalize("A\xCC\x8A\xCC\xA3"), "\xE1\xBA\xA0\xCC\x8A");
+}
+
+// What round-trips under NFC: decode(encode(x)) is x in NFC, which is x for
+// text in NFC already. Bytes that are not UTF-8 stay as they are, and split
+// the well-formed stretches each side (a mark after one has no letter to
+// join); added tokens are found in the text as given and the text either
+// side is normalized on its own.
+TEST(HfTokenizer, NfcRoundTripsTextInNfcAndKeepsInvalidBytes) {
+  const std::unique_ptr<HfTokenizer> nfc =
+      Load(WithNormalizer({{"type", "NFC"}}));
+  ASSERT_NE(nfc, nullptr);
+  const std::string mixed = std::string("\xFF") + kDecomposed + "\xC3(\xCC\x81";
+  const std::string want = std::string("\xFF") + kPrecomposed + "\xC3(\xCC\x81";
+  EXPECT_EQ(nfc->Normalize(mixed), want);
+  EXPECT_EQ(nfc->Decode(nfc->Encode(mixed)), want);
+  EXPECT_EQ(nfc->Decode(nfc->Encode(want)), want);
+  EXPECT_EQ(nfc->Normalize("e\xFF\xCC\x81"), "e\xFF\xCC\x81");
+  const std::string split = "e<|end_of_text|>\xCC\x81";
+  EXPECT_EQ(nfc->Normalize(split), split);
+  EXPECT_EQ(nfc->Encode(split), (Ids{'e', kEnd, 0xCC, 0x81}));
+  std::mt19937 rng(12);
+  for (int n = 0; n < 500; ++n) {
+    std::string bytes(rng() % 64, '\0');
+    for (char& c : bytes) {
+      const uint32_t r = rng() % 8;
+      c = static_cast<char>(r < 3   ? "ae "[rng() % 3]
+                            : r < 5 ? "\xCC\x81"[rng() % 2]
+                                    : rng());
+    }
+    const std::string normalized = nfc->Normalize(bytes);
+    EXPECT_EQ(nfc->Decode(nfc->Encode(bytes)), normalized);
+    EXPECT_EQ(nfc->Normalize(normalized), normalized);
+    std::string joined;
+    for (const std::string& w : nfc->Split(bytes)) joined += w;
+    EXPECT_EQ(joined, normalized);
+  }
 }
 
 TEST(HfTokenizer, EncodesFromSeveralThreadsAlike) {
@@ -450,9 +532,21 @@ TEST(HfTokenizer, RefusesAnotherModelNamingIt) {
 TEST(HfTokenizer, RefusesStepsItDoesNotImplementNamingFieldAndType) {
   ExpectRefused(
       [](json& j) {
-        j["normalizer"] = {{"type", "NFC"}};
+        j["normalizer"] = {{"type", "NFKC"}};
       },
-      R"(normalizer: type "NFC" is not implemented)");
+      R"(normalizer: type "NFKC" is not implemented (NFC is)");
+  ExpectRefused(
+      [](json& j) {
+        j["normalizer"] = {
+            {"type", "Sequence"},
+            {"normalizers", {{{"type", "NFC"}}, {{"type", "Lowercase"}}}}};
+      },
+      R"(normalizer.normalizers[1]: type "Lowercase" is not implemented)");
+  ExpectRefused(
+      [](json& j) {
+        j["normalizer"] = {{"type", "Sequence"}};
+      },
+      "normalizer.normalizers: not a list");
   ExpectRefused(
       [](json& j) {
         j["pre_tokenizer"]["pretokenizers"][0] = {{"type", "Whitespace"}};

@@ -86,6 +86,32 @@ TEST(ModelParts, Gpt2TensorsAndFlopsAreTheSumOfItsParts) {
             6.0 * (4 * C * C + 4 * C) + 12.0 * C * T);
 }
 
+// A Llama token's FLOPs, written out: 6 per weight (the tied head's V·C
+// once; per block the query and output projections' C² each, the key and
+// value projections' K·C each at their grouped width K, the SwiGLU MLP's
+// 3·H·C, two RMSNorm vectors; the final norm's C) plus 12·C·T per block
+// for every query head's scores and mix. An untied head counts the same.
+TEST(ModelParts, LlamaFlopsPerTokenCountGroupedKeyValueProjectionsByShape) {
+  GptConfig c = Config();
+  c.arch = "llama";
+  c.n_kv_head = 2;
+  c.ffn_hidden = 64;
+  const double C = 24, L = 4, T = 16, V = 65, H = 64, K = 2 * (24 / 4);
+  const double block = 2 * C * C + 2 * K * C + 3 * H * C + 2 * C;
+  const double expected = 6.0 * (V * C + L * block + C) + 12.0 * L * C * T;
+  EXPECT_EQ(GptFlopsPerToken(c, T), expected);
+  EXPECT_EQ(GroupedQueryAttentionPart()->FlopsPerToken(c, T),
+            6.0 * (2 * C * C + 2 * K * C) + 12.0 * C * T);
+  EXPECT_EQ(SwigluMlpPart()->FlopsPerToken(c, T), 6.0 * 3 * H * C);
+  // Fewer key/value heads: fewer FLOPs, by the projections' shapes only.
+  GptConfig mqa = c;
+  mqa.n_kv_head = 1;
+  EXPECT_EQ(GptFlopsPerToken(c, T) - GptFlopsPerToken(mqa, T),
+            6.0 * L * 2 * (K / 2) * C);
+  c.tie_embeddings = false;
+  EXPECT_EQ(GptFlopsPerToken(c, T), expected);
+}
+
 // The model config chooses the parts: model.arch "gpt" is GPT-2's; an
 // arch without parts is refused where a model would be built from it.
 TEST(ModelParts, TheModelConfigChoosesItsParts) {
