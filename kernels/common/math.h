@@ -71,6 +71,12 @@ template <typename F>
 PT_HD F Sigmoid(F x) {
   return F(1) / (F(1) + std::exp(-x));
 }
+// sigmoid(x) from e = exp(-x): a backend passes its own exp (the CPU's
+// vectorised one).
+template <typename F>
+PT_HD F SigmoidFromExp(F e) {
+  return F(1) / (F(1) + e);
+}
 // silu'(g) from s = sigmoid(g).
 template <typename F>
 PT_HD F SiluGrad(F g, F s) {

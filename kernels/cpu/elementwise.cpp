@@ -43,7 +43,10 @@ void swiglu_forward(F* out, const F* gate_up, int64_t rows, int H) {
       const F* g = gate_up + r * 2 * H;
       const F* u = g + H;
       F* o = out + r * H;
-      for (int i = 0; i < H; i++) o[i] = g[i] * math::Sigmoid(g[i]) * u[i];
+#pragma omp simd
+      for (int i = 0; i < H; i++) {
+        o[i] = g[i] * math::SigmoidFromExp(internal::Exp(-g[i])) * u[i];
+      }
     }
   });
 }
@@ -58,8 +61,9 @@ void swiglu_backward(F* dgate_up, const F* dout, const F* gate_up, int64_t rows,
       const F* dy = dout + r * H;
       F* dg = dgate_up + r * 2 * H;
       F* du = dg + H;
+#pragma omp simd
       for (int i = 0; i < H; i++) {
-        const F s = math::Sigmoid(g[i]);
+        const F s = math::SigmoidFromExp(internal::Exp(-g[i]));
         dg[i] = dy[i] * u[i] * math::SiluGrad(g[i], s);
         du[i] = dy[i] * g[i] * s;
       }

@@ -1018,8 +1018,16 @@ TEST_F(PtworkerCli, LlamaGoesOutToAHuggingFaceFolderAndBackBitExactly) {
             0);
   fs::remove(log_);
   const fs::path hf1 = dir_ / "hf1", hf2 = dir_ / "hf2";
+  // llm.c's format is GPT-2's: refused, nothing written.
   Result r =
       RunPtworker("export --checkpoint " + (first / "step-00000002").string() +
+                  " --llmc " + (dir_ / "m.bin").string());
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--llmc: the model is model.arch=llama"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "m.bin"));
+  r = RunPtworker("export --checkpoint " + (first / "step-00000002").string() +
                   " --hf " + hf1.string());
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(ReadAll(hf1 / "config.json").find("\"LlamaForCausalLM\""),

@@ -65,6 +65,11 @@ absl::Status ExportLlmc(TensorSource& source, const GptConfig& config,
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": the model is too large for llm.c's format"));
   }
+  if (config.arch != "gpt") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": the model is model.arch=", config.arch,
+                     "; llm.c's format is GPT-2's (export it with --hf)"));
+  }
   if (!config.tie_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat(
         field,
