@@ -289,12 +289,13 @@ class Ops {
                             int hs, int pos0, const math::Rope& rope,
                             bool inverse) = 0;
   // SwiGLU (kernels/cpu/kernels.h swiglu_forward): out (rows,H) =
-  // silu(gate)·up from gate_up (rows,2H), [gate | up] per row; the backward
-  // writes dgate_up whole. fp32.
-  virtual void swiglu_forward(float* out, const float* gate_up, int64_t rows,
+  // silu(gate)·up from gate_up (rows,2H), [gate | up] per row, stored in
+  // fp32 or bf16; the backward writes dgate_up whole. out, dout and
+  // dgate_up fp32.
+  virtual void swiglu_forward(float* out, ConstAct gate_up, int64_t rows,
                               int H) = 0;
   virtual void swiglu_backward(float* dgate_up, const float* dout,
-                               const float* gate_up, int64_t rows, int H) = 0;
+                               ConstAct gate_up, int64_t rows, int H) = 0;
   virtual void bias_forward(float* out, const float* bias, int64_t rows,
                             int OC) = 0;
   virtual void residual_forward(float* out, const float* inp1,

@@ -35,40 +35,75 @@ void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N) {
   });
 }
 
-// gate_up (rows,2H) = [gate | up] per row; out (rows,H).
+namespace {
+
+// A stored element as the compute type: fp32 or double as it is, bf16
+// widened (exactly).
 template <typename F>
-void swiglu_forward(F* out, const F* gate_up, int64_t rows, int H) {
+F In(F x) {
+  return x;
+}
+inline float In(uint16_t x) { return internal::FromBf16(x); }
+
+// gate_up (rows,2H) = [gate | up] per row, of stored type S; out (rows,H).
+template <typename F, typename S>
+void SwigluForward(F* out, const S* gate_up, int64_t rows, int H) {
   internal::ParallelFor(rows, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
-      const F* g = gate_up + r * 2 * H;
-      const F* u = g + H;
+      const S* g = gate_up + r * 2 * H;
+      const S* u = g + H;
       F* o = out + r * H;
 #pragma omp simd
       for (int i = 0; i < H; i++) {
-        o[i] = g[i] * math::SigmoidFromExp(internal::Exp(-g[i])) * u[i];
+        const F x = In(g[i]);
+        o[i] = x * math::SigmoidFromExp(internal::Exp(-x)) * In(u[i]);
       }
     }
   });
 }
 
-template <typename F>
-void swiglu_backward(F* dgate_up, const F* dout, const F* gate_up, int64_t rows,
-                     int H) {
+template <typename F, typename S>
+void SwigluBackward(F* dgate_up, const F* dout, const S* gate_up, int64_t rows,
+                    int H) {
   internal::ParallelFor(rows, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
-      const F* g = gate_up + r * 2 * H;
-      const F* u = g + H;
+      const S* g = gate_up + r * 2 * H;
+      const S* u = g + H;
       const F* dy = dout + r * H;
       F* dg = dgate_up + r * 2 * H;
       F* du = dg + H;
 #pragma omp simd
       for (int i = 0; i < H; i++) {
-        const F s = math::SigmoidFromExp(internal::Exp(-g[i]));
-        dg[i] = dy[i] * u[i] * math::SiluGrad(g[i], s);
-        du[i] = dy[i] * g[i] * s;
+        const F x = In(g[i]), y = In(u[i]);
+        const F s = math::SigmoidFromExp(internal::Exp(-x));
+        dg[i] = dy[i] * y * math::SiluGrad(x, s);
+        du[i] = dy[i] * x * s;
       }
     }
   });
+}
+
+}  // namespace
+
+template <typename F>
+void swiglu_forward(F* out, const F* gate_up, int64_t rows, int H) {
+  SwigluForward(out, gate_up, rows, H);
+}
+
+template <typename F>
+void swiglu_backward(F* dgate_up, const F* dout, const F* gate_up, int64_t rows,
+                     int H) {
+  SwigluBackward(dgate_up, dout, gate_up, rows, H);
+}
+
+void swiglu_forward_bf16_input(float* out, const uint16_t* gate_up,
+                               int64_t rows, int H) {
+  SwigluForward(out, gate_up, rows, H);
+}
+
+void swiglu_backward_bf16_input(float* dgate_up, const float* dout,
+                                const uint16_t* gate_up, int64_t rows, int H) {
+  SwigluBackward(dgate_up, dout, gate_up, rows, H);
 }
 
 template <typename F>

@@ -294,6 +294,11 @@ void swiglu_forward(F* out, const F* gate_up, int64_t rows, int H);
 template <typename F>
 void swiglu_backward(F* dgate_up, const F* dout, const F* gate_up, int64_t rows,
                      int H);
+// The same of a gate_up stored in bf16 (widened exactly).
+void swiglu_forward_bf16_input(float* out, const uint16_t* gate_up,
+                               int64_t rows, int H);
+void swiglu_backward_bf16_input(float* dgate_up, const float* dout,
+                                const uint16_t* gate_up, int64_t rows, int H);
 
 // out (rows,OC) += bias (OC) on every row; its backward is the column sum
 // that matmul_backward's dbias computes.

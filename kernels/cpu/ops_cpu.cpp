@@ -375,13 +375,23 @@ class CpuBackend final : public Ops {
                     int pos0, const math::Rope& rope, bool inverse) override {
     kernels::rope_forward(x, stride, B, n, heads, hs, pos0, rope, inverse);
   }
-  void swiglu_forward(float* out, const float* gate_up, int64_t rows,
+  void swiglu_forward(float* out, ConstAct gate_up, int64_t rows,
                       int H) override {
-    kernels::swiglu_forward(out, gate_up, rows, H);
+    if (Bf16(gate_up)) {
+      kernels::swiglu_forward_bf16_input(
+          out, static_cast<const uint16_t*>(gate_up.p), rows, H);
+      return;
+    }
+    kernels::swiglu_forward(out, gate_up.f32(), rows, H);
   }
-  void swiglu_backward(float* dgate_up, const float* dout, const float* gate_up,
+  void swiglu_backward(float* dgate_up, const float* dout, ConstAct gate_up,
                        int64_t rows, int H) override {
-    kernels::swiglu_backward(dgate_up, dout, gate_up, rows, H);
+    if (Bf16(gate_up)) {
+      kernels::swiglu_backward_bf16_input(
+          dgate_up, dout, static_cast<const uint16_t*>(gate_up.p), rows, H);
+      return;
+    }
+    kernels::swiglu_backward(dgate_up, dout, gate_up.f32(), rows, H);
   }
   void bias_forward(float* out, const float* bias, int64_t rows,
                     int OC) override {

@@ -55,21 +55,24 @@ __global__ void GeluBackwardKernel(O* dinp, const S* inp, const float* dout,
   });
 }
 
-// SwiGLU over rows of [gate | up] (2H each): element i of out is row i / H,
-// column i % H.
-__global__ void SwigluForwardKernel(float* out, const float* gate_up, int64_t n,
+// SwiGLU over rows of [gate | up] (2H each), stored as S (float or bf16):
+// element i of out is row i / H, column i % H.
+template <typename S>
+__global__ void SwigluForwardKernel(float* out, const S* gate_up, int64_t n,
                                     int H) {
   ForEachIndex(n, [&](int64_t i) {
-    const float* g = gate_up + (i / H) * 2 * H + i % H;
-    out[i] = *g * math::Sigmoid(*g) * g[H];
+    const S* g = gate_up + (i / H) * 2 * H + i % H;
+    const float x = Load(g);
+    out[i] = x * math::Sigmoid(x) * Load(g + H);
   });
 }
 
+template <typename S>
 __global__ void SwigluBackwardKernel(float* dgate_up, const float* dout,
-                                     const float* gate_up, int64_t n, int H) {
+                                     const S* gate_up, int64_t n, int H) {
   ForEachIndex(n, [&](int64_t i) {
     const int64_t at = (i / H) * 2 * H + i % H;
-    const float g = gate_up[at], u = gate_up[at + H];
+    const float g = Load(gate_up + at), u = Load(gate_up + at + H);
     const float s = math::Sigmoid(g);
     dgate_up[at] = dout[i] * u * math::SiluGrad(g, s);
     dgate_up[at + H] = dout[i] * g * s;
@@ -104,17 +107,28 @@ void CudaBackend::rope_forward(float* x, int64_t stride, int B, int n,
       pos0, rope, inverse);
 }
 
-void CudaBackend::swiglu_forward(float* out, const float* gate_up, int64_t rows,
+void CudaBackend::swiglu_forward(float* out, ConstAct gate_up, int64_t rows,
                                  int H) {
   const int64_t n = rows * H;
-  Run("swiglu_forward", SwigluForwardKernel, Blocks(n), out, gate_up, n, H);
+  if (Bf16Storage(gate_up)) {
+    Run("swiglu_forward", SwigluForwardKernel<__nv_bfloat16>, Blocks(n), out,
+        static_cast<const __nv_bfloat16*>(gate_up.p), n, H);
+  } else {
+    Run("swiglu_forward", SwigluForwardKernel<float>, Blocks(n), out,
+        gate_up.f32(), n, H);
+  }
 }
 
 void CudaBackend::swiglu_backward(float* dgate_up, const float* dout,
-                                  const float* gate_up, int64_t rows, int H) {
+                                  ConstAct gate_up, int64_t rows, int H) {
   const int64_t n = rows * H;
-  Run("swiglu_backward", SwigluBackwardKernel, Blocks(n), dgate_up, dout,
-      gate_up, n, H);
+  if (Bf16Storage(gate_up)) {
+    Run("swiglu_backward", SwigluBackwardKernel<__nv_bfloat16>, Blocks(n),
+        dgate_up, dout, static_cast<const __nv_bfloat16*>(gate_up.p), n, H);
+  } else {
+    Run("swiglu_backward", SwigluBackwardKernel<float>, Blocks(n), dgate_up,
+        dout, gate_up.f32(), n, H);
+  }
 }
 
 void CudaBackend::Add(float* dst, const float* src, int64_t n) {

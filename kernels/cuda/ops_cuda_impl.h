@@ -346,9 +346,9 @@ class CudaBackend final : public Ops {
                      int64_t N) override;
   void rope_forward(float* x, int64_t stride, int B, int n, int heads, int hs,
                     int pos0, const math::Rope& rope, bool inverse) override;
-  void swiglu_forward(float* out, const float* gate_up, int64_t rows,
+  void swiglu_forward(float* out, ConstAct gate_up, int64_t rows,
                       int H) override;
-  void swiglu_backward(float* dgate_up, const float* dout, const float* gate_up,
+  void swiglu_backward(float* dgate_up, const float* dout, ConstAct gate_up,
                        int64_t rows, int H) override;
   void bias_forward(float* out, const float* bias, int64_t rows,
                     int OC) override;

@@ -328,6 +328,23 @@ TEST_P(CudaOpsTest, SwigluForwardAndBackward) {
   gpu_->swiglu_backward(g_d.get(), g_dout.get(), g_gu.get(), kRows, kH);
   Check("swiglu out", g_out.Host(), out);
   Check("swiglu dgate_up", g_d.Host(), dgate_up);
+  // gate_up stored in bf16 (two per float of a Vec): against the CPU's
+  // bf16 input.
+  Vec gu16((gate_up.size() + 1) / 2);
+  kernels::RoundToBf16Rows(reinterpret_cast<uint16_t*>(gu16.data()),
+                           gate_up.data(), 1, gate_up.size());
+  Dev g_gu16(gpu_.get(), gu16);
+  const kernels::DType bf = kernels::DType::kBf16;
+  const auto* host16 = reinterpret_cast<const uint16_t*>(gu16.data());
+  kernels::swiglu_forward_bf16_input(out.data(), host16, kRows, kH);
+  kernels::swiglu_backward_bf16_input(dgate_up.data(), dout.data(), host16,
+                                      kRows, kH);
+  gpu_->swiglu_forward(g_out.get(), kernels::ConstAct(g_gu16.get(), bf), kRows,
+                       kH);
+  gpu_->swiglu_backward(g_d.get(), g_dout.get(),
+                        kernels::ConstAct(g_gu16.get(), bf), kRows, kH);
+  Check("swiglu out (bf16 gate_up)", g_out.Host(), out);
+  Check("swiglu dgate_up (bf16 gate_up)", g_d.Host(), dgate_up);
 }
 
 // RoPE against its CPU twin, both ways, with and without Llama 3's

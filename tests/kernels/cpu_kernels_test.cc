@@ -607,6 +607,32 @@ TEST(RopeTest, Llama3ScalingKeepsHighDividesLowAndBlendsBetween) {
   EXPECT_GT(blended, 0);
 }
 
+// gate_up stored in bf16 (the rows the bf16 backends keep): both passes are
+// the fp32 ops on its values widened, bit for bit.
+TEST(SwigluTest, Bf16StoredInputIsItsValuesWidened) {
+  constexpr int rows = 7, H = 37;
+  std::mt19937_64 rng(13);
+  const std::vector<float> gu = ToFloat(Random(rows * 2 * H, &rng, -6, 6)),
+                           dout = ToFloat(Random(rows * H, &rng));
+  std::vector<uint16_t> gu16(gu.size());
+  std::vector<float> widened(gu.size());
+  for (size_t i = 0; i < gu.size(); i++) {
+    gu16[i] = internal::RoundToBf16(gu[i]);
+    widened[i] = internal::FromBf16(gu16[i]);
+  }
+  std::vector<float> out(rows * H), want(rows * H), d(gu.size()),
+      dwant(gu.size());
+  swiglu_forward_bf16_input(out.data(), gu16.data(), rows, H);
+  CpuOps().swiglu_forward(want.data(), widened.data(), rows, H);
+  EXPECT_EQ(out, want);
+  swiglu_backward_bf16_input(d.data(), dout.data(), gu16.data(), rows, H);
+  CpuOps().swiglu_backward(dwant.data(), dout.data(), widened.data(), rows, H);
+  EXPECT_EQ(d, dwant);
+  // Not the unrounded input's.
+  CpuOps().swiglu_forward(want.data(), gu.data(), rows, H);
+  EXPECT_NE(out, want);
+}
+
 // Sums over rows (LayerNorm's dweight and dbias, a linear layer's dbias in
 // fp32 and bf16) go through fixed blocks of rows, so their bits do not
 // depend on how many threads ran them. 150 rows: two whole blocks and part

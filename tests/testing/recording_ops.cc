@@ -290,12 +290,13 @@ void RecordingOps::rope_forward(float* x, int64_t stride, int B, int n,
                                 const kernels::math::Rope& rope, bool inverse) {
   Issue(&Ops::rope_forward, x, stride, B, n, heads, hs, pos0, rope, inverse);
 }
-void RecordingOps::swiglu_forward(float* out, const float* gate_up,
+void RecordingOps::swiglu_forward(float* out, kernels::ConstAct gate_up,
                                   int64_t rows, int H) {
   Issue(&Ops::swiglu_forward, out, gate_up, rows, H);
 }
 void RecordingOps::swiglu_backward(float* dgate_up, const float* dout,
-                                   const float* gate_up, int64_t rows, int H) {
+                                   kernels::ConstAct gate_up, int64_t rows,
+                                   int H) {
   Issue(&Ops::swiglu_backward, dgate_up, dout, gate_up, rows, H);
 }
 void RecordingOps::bias_forward(float* out, const float* bias, int64_t rows,

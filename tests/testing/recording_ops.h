@@ -170,10 +170,10 @@ class RecordingOps final : public kernels::Ops {
   void rope_forward(float* x, int64_t stride, int B, int n, int heads, int hs,
                     int pos0, const kernels::math::Rope& rope,
                     bool inverse) override;
-  void swiglu_forward(float* out, const float* gate_up, int64_t rows,
+  void swiglu_forward(float* out, kernels::ConstAct gate_up, int64_t rows,
                       int H) override;
-  void swiglu_backward(float* dgate_up, const float* dout, const float* gate_up,
-                       int64_t rows, int H) override;
+  void swiglu_backward(float* dgate_up, const float* dout,
+                       kernels::ConstAct gate_up, int64_t rows, int H) override;
   void bias_forward(float* out, const float* bias, int64_t rows,
                     int OC) override;
   void residual_forward(float* out, const float* inp1, const float* inp2,

@@ -3,9 +3,9 @@
 // block's third unit; silu(gate)·up; H -> C, sliced by rows, in its fourth.
 // No biases. silu(gate)·up is not kept: the projection's backward computes
 // it again from gate_up.
-// Rows: gate_up (B,T,2Hl, fp32); under a split backward, the output
-// gradients of the two linear layers (gate_up's, and the projection's
-// (B,Ts,C)).
+// Rows: gate_up (B,T,2Hl) in the stored type; under a split backward, the
+// output gradients of the two linear layers (gate_up's, fp32, and the
+// projection's (B,Ts,C)).
 #include "worker/engine/model/activation_table.h"
 #include "worker/engine/model/model_parts.h"
 #include "worker/engine/model/part_pass.h"
@@ -40,7 +40,7 @@ class SwigluMlp : public SublayerPart {
   }
 
   std::vector<ActivationRow> Rows(const StageActivationDims& d) const override {
-    return {{"mlp.gate_up", SatMul(d.BT, 2 * d.Hl)}};
+    return {{"mlp.gate_up", d.Stored(d.BT, 2 * d.Hl)}};
   }
   std::vector<SplitRow> SplitRows(const StageActivationDims& d) const override {
     return {{SatMul(d.BT, 2 * d.Hl), ""}, {SatMul(d.BTs, d.C), "stream"}};
@@ -54,7 +54,7 @@ class SwigluMlp : public SublayerPart {
   void Forward(const PartPass& p, kernels::ConstAct in,
                float* out) const override {
     const int B = p.B(), T = p.T(), C = p.C(), H = Hl(p);
-    float* gate_up = p.Row(kGu);
+    const kernels::Act gate_up = p.Stored(p.Row(kGu));
     p.Begin(kGateUp);
     column_linear_forward(gate_up, in, p.Weight(kGateUp), nullptr, B, T, C,
                           2 * H, p.tp(), p.scratch());
@@ -73,7 +73,7 @@ class SwigluMlp : public SublayerPart {
     const int B = p.B(), T = p.T(), C = p.C(), H = Hl(p);
     const int64_t BT = int64_t{B} * T;
     const BlockWork& w = p.work();
-    const float* gate_up = p.Row(kGu);
+    const kernels::ConstAct gate_up = p.Stored(p.Row(kGu));
     float* hidden = w.hidden_a;
     float* dhidden = w.hidden_b;
     p.Begin(kDown);
@@ -98,7 +98,7 @@ class SwigluMlp : public SublayerPart {
     const int B = p.B(), T = p.T(), C = p.C(), H = Hl(p);
     const kernels::Act no_dinp(static_cast<float*>(nullptr));
     float* hidden = p.work().hidden_a;
-    p.ops().swiglu_forward(hidden, p.Row(kGu), int64_t{B} * T, H);
+    p.ops().swiglu_forward(hidden, p.Stored(p.Row(kGu)), int64_t{B} * T, H);
     row_linear_backward(no_dinp, p.Grad(kDown), nullptr, p.Row(kDproj), hidden,
                         nullptr, B, T, H, C, p.tp(), p.scratch());
     p.End(kDown);
