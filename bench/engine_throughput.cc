@@ -214,6 +214,24 @@ double RunConfig(const Config& c, const std::string& precision, double peak) {
   return tokens / mean;
 }
 
+// Step times of two trainers stepped in turn (a, b, a, ...), past c's
+// warm-up steps: each one's min and median.
+struct TurnTimes {
+  double min_a, med_a, min_b, med_b;
+};
+TurnTimes StepInTurn(const Config& c, ptrain::Trainer& a, ptrain::Trainer& b) {
+  std::vector<double> ta, tb;
+  for (int s = 0; s < c.warmup + c.steps; ++s) {
+    const double x = a.TrainStep(s).seconds;
+    const double y = b.TrainStep(s).seconds;
+    if (s < c.warmup) continue;
+    ta.push_back(x);
+    tb.push_back(y);
+  }
+  return {*std::min_element(ta.begin(), ta.end()), ptrain::Median(ta),
+          *std::min_element(tb.begin(), tb.end()), ptrain::Median(tb)};
+}
+
 // fp32 and bf16 trainers of config c, stepped in turn (fp32, bf16, fp32,
 // ...) so that both see the same machine: a shared host's speed drifts
 // over seconds, enough to move a ratio of two runs made one after the
@@ -223,17 +241,9 @@ void CompareInterleaved(const Config& c, double peak, double peak_bf16) {
   const std::unique_ptr<ptrain::Trainer> fp32 = MakeTrainer(c, "fp32", peak);
   const std::unique_ptr<ptrain::Trainer> bf16 =
       MakeTrainer(c, "bf16", peak_bf16);
-  std::vector<double> t32, t16;
-  for (int s = 0; s < c.warmup + c.steps; ++s) {
-    const double a = fp32->TrainStep(s).seconds;
-    const double b = bf16->TrainStep(s).seconds;
-    if (s < c.warmup) continue;
-    t32.push_back(a);
-    t16.push_back(b);
-  }
-  const double min32 = *std::min_element(t32.begin(), t32.end());
-  const double min16 = *std::min_element(t16.begin(), t16.end());
-  const double med32 = ptrain::Median(t32), med16 = ptrain::Median(t16);
+  const TurnTimes t = StepInTurn(c, *fp32, *bf16);
+  const double min32 = t.min_a, med32 = t.med_a, min16 = t.min_b,
+               med16 = t.med_b;
   std::printf(
       "  config %s%s interleaved, %d steps each: fp32 min %.1f median %.1f "
       "ms/step, bf16 min %.1f median %.1f ms/step; bf16/fp32 tok/s %.2fx "
@@ -252,17 +262,9 @@ void CompareArchInterleaved(Config c, const std::string& precision,
   c.llama = true;
   const std::unique_ptr<ptrain::Trainer> llama =
       MakeTrainer(c, precision, peak);
-  std::vector<double> tg, tl;
-  for (int s = 0; s < c.warmup + c.steps; ++s) {
-    const double a = gpt->TrainStep(s).seconds;
-    const double b = llama->TrainStep(s).seconds;
-    if (s < c.warmup) continue;
-    tg.push_back(a);
-    tl.push_back(b);
-  }
-  const double min_g = *std::min_element(tg.begin(), tg.end());
-  const double min_l = *std::min_element(tl.begin(), tl.end());
-  const double med_g = ptrain::Median(tg), med_l = ptrain::Median(tl);
+  const TurnTimes t = StepInTurn(c, *gpt, *llama);
+  const double min_g = t.min_a, med_g = t.med_a, min_l = t.min_b,
+               med_l = t.med_b;
   // FLOPs per step of the Llama over GPT-2's: the MFU ratio is the tok/s
   // ratio times this.
   const double flops = llama->flops_per_step() / gpt->flops_per_step();

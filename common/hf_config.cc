@@ -33,6 +33,12 @@ const json* Get(const json& j, const char* key) {
   return it == j.end() || it->is_null() ? nullptr : &*it;
 }
 
+// A string value as it is, anything else as its JSON (for messages and
+// comparisons with names).
+std::string Text(const json& v) {
+  return v.is_string() ? v.get<std::string>() : v.dump();
+}
+
 // An integer in [lo, hi] under `key`; `fallback` where absent (-1: the key
 // is required).
 absl::Status Int(const json& j, const char* key, int64_t lo, int64_t hi,
@@ -108,10 +114,8 @@ absl::StatusOr<HfConfig> Gpt2Config(const json& j, absl::string_view where) {
   int64_t L = 0, NH = 0, C = 0, P = 0, V = 0, inner = 0;
   double eps = 0;
   bool tie = true;
-  std::string act = "gelu_new";
-  if (const json* a = Get(j, "activation_function")) {
-    act = a->is_string() ? a->get<std::string>() : a->dump();
-  }
+  const json* a = Get(j, "activation_function");
+  const std::string act = a != nullptr ? Text(*a) : "gelu_new";
   if (absl::Status s = First({
           Int(j, "n_layer", 1, 1 << 12, -1, where, &L),
           Int(j, "n_head", 1, 1 << 12, -1, where, &NH),
@@ -160,10 +164,8 @@ absl::StatusOr<HfConfig> LlamaConfig(const json& j, absl::string_view where) {
           ptp = 0;
   double eps = 0, theta = 0;
   bool tie = false, attention_bias = false, mlp_bias = false;
-  std::string act = "silu";
-  if (const json* a = Get(j, "hidden_act")) {
-    act = a->is_string() ? a->get<std::string>() : a->dump();
-  }
+  const json* a = Get(j, "hidden_act");
+  const std::string act = a != nullptr ? Text(*a) : "silu";
   if (absl::Status s = First({
           Int(j, "num_hidden_layers", 1, 1 << 12, -1, where, &L),
           Int(j, "num_attention_heads", 1, 1 << 12, -1, where, &NH),
@@ -237,7 +239,7 @@ absl::StatusOr<HfConfig> LlamaConfig(const json& j, absl::string_view where) {
     std::string type;
     for (const char* key : {"rope_type", "type"}) {
       if (const json* t = Get(*r, key); t != nullptr && type.empty()) {
-        type = t->is_string() ? t->get<std::string>() : t->dump();
+        type = Text(*t);
       }
     }
     if (type != "llama3") {
@@ -272,9 +274,6 @@ absl::StatusOr<HfConfig> LlamaConfig(const json& j, absl::string_view where) {
   return c;
 }
 
-// Resolved: 0 in a spec is the field's default.
-double Or(double v, double fallback) { return v > 0 ? v : fallback; }
-
 }  // namespace
 
 absl::StatusOr<HfConfig> ParseHfConfig(std::string_view text,
@@ -302,7 +301,7 @@ absl::StatusOr<HfConfig> ParseHfConfig(std::string_view text,
 std::string HfConfigJson(const v1::ModelSpec& m) {
   json j;
   if (m.arch() == "llama") {
-    const v1::RopeScalingSpec& r = m.rope_scaling();
+    const v1::RopeScalingSpec r = RopeScaling(m);
     j = {{"architectures", {kLlama}},
          {"model_type", "llama"},
          {"hidden_size", m.n_embd()},
@@ -313,8 +312,8 @@ std::string HfConfigJson(const v1::ModelSpec& m) {
          {"head_dim", m.n_embd() / m.n_head()},
          {"max_position_embeddings", m.block_size()},
          {"vocab_size", m.vocab_size()},
-         {"rms_norm_eps", Or(m.norm_eps(), 1e-5)},
-         {"rope_theta", Or(m.rope_theta(), 10000)},
+         {"rms_norm_eps", NormEps(m)},
+         {"rope_theta", RopeTheta(m)},
          {"rope_scaling", nullptr},
          {"hidden_act", "silu"},
          {"attention_bias", false},
@@ -325,10 +324,9 @@ std::string HfConfigJson(const v1::ModelSpec& m) {
       j["rope_scaling"] = {
           {"rope_type", "llama3"},
           {"factor", r.factor()},
-          {"low_freq_factor", Or(r.low_freq_factor(), 1)},
-          {"high_freq_factor", Or(r.high_freq_factor(), 4)},
-          {"original_max_position_embeddings",
-           r.original_context() > 0 ? r.original_context() : 8192}};
+          {"low_freq_factor", r.low_freq_factor()},
+          {"high_freq_factor", r.high_freq_factor()},
+          {"original_max_position_embeddings", r.original_context()}};
     }
   } else {
     j = {{"architectures", {kGpt2}},
@@ -374,19 +372,19 @@ absl::Status CheckSpecAgainstHf(const v1::ModelSpec& spec,
                   TiesEmbeddings(hf) ? "true" : "false");
   }
   if (spec.arch() == "llama") {
-    const v1::RopeScalingSpec &a = spec.rope_scaling(), &b = hf.rope_scaling();
+    const v1::RopeScalingSpec a = RopeScaling(spec), b = RopeScaling(hf);
     for (auto [field, ours, theirs] :
-         {std::tuple<const char*, double, double>{
-              "norm_eps", Or(spec.norm_eps(), 1e-5), Or(hf.norm_eps(), 1e-5)},
-          {"rope_theta", Or(spec.rope_theta(), 10000),
-           Or(hf.rope_theta(), 10000)},
+         {std::tuple<const char*, double, double>{"norm_eps", NormEps(spec),
+                                                  NormEps(hf)},
+          {"rope_theta", RopeTheta(spec), RopeTheta(hf)},
           {"rope_scaling.factor", a.factor(), b.factor()},
-          {"rope_scaling.low_freq_factor", Or(a.low_freq_factor(), 1),
-           Or(b.low_freq_factor(), 1)},
-          {"rope_scaling.high_freq_factor", Or(a.high_freq_factor(), 4),
-           Or(b.high_freq_factor(), 4)},
-          {"rope_scaling.original_context", Or(a.original_context(), 8192),
-           Or(b.original_context(), 8192)}}) {
+          {"rope_scaling.low_freq_factor", a.low_freq_factor(),
+           b.low_freq_factor()},
+          {"rope_scaling.high_freq_factor", a.high_freq_factor(),
+           b.high_freq_factor()},
+          {"rope_scaling.original_context",
+           static_cast<double>(a.original_context()),
+           static_cast<double>(b.original_context())}}) {
       if (ours != theirs) return differ(field, ours, theirs);
     }
   }

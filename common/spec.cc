@@ -103,6 +103,22 @@ int FfnHidden(const v1::ModelSpec& model) {
   return static_cast<int>((hidden + m - 1) / m * m);
 }
 
+double NormEps(const v1::ModelSpec& model) {
+  return model.norm_eps() > 0 ? model.norm_eps() : 1e-5;
+}
+
+double RopeTheta(const v1::ModelSpec& model) {
+  return model.rope_theta() > 0 ? model.rope_theta() : 10000;
+}
+
+v1::RopeScalingSpec RopeScaling(const v1::ModelSpec& model) {
+  v1::RopeScalingSpec r = model.rope_scaling();
+  if (r.low_freq_factor() <= 0) r.set_low_freq_factor(1);
+  if (r.high_freq_factor() <= 0) r.set_high_freq_factor(4);
+  if (r.original_context() <= 0) r.set_original_context(8192);
+  return r;
+}
+
 CudaGraphs CudaGraphsOf(const v1::JobSpec& spec) {
   const std::string& g = spec.train().cuda_graphs();
   if (g == "auto") return CudaGraphs::kAuto;

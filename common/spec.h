@@ -97,6 +97,13 @@ bool TiesEmbeddings(const v1::ModelSpec& model);
 // multiple of multiple_of, 256 where 0). For arch gpt: n_head and 4C.
 int KvHeads(const v1::ModelSpec& model);
 int FfnHidden(const v1::ModelSpec& model);
+// arch llama's RMSNorm epsilon (1e-5 where 0), RoPE base (10000 where 0)
+// and Llama 3 scaling (factor as given, 0: none; low_freq_factor 1,
+// high_freq_factor 4, original_context 8192 where 0): the one place their
+// defaults are spelt.
+double NormEps(const v1::ModelSpec& model);
+double RopeTheta(const v1::ModelSpec& model);
+v1::RopeScalingSpec RopeScaling(const v1::ModelSpec& model);
 
 // A JobSpec with every field at its documented default (docs/job-spec.md).
 v1::JobSpec DefaultJobSpec();

@@ -205,8 +205,8 @@ absl::Status ValidateLlamaFields(const v1::ModelSpec& m) {
     return Error("model.n_embd / model.n_head = ", m.n_embd() / m.n_head(),
                  " is odd; rotary positions turn channel pairs of each head");
   }
-  const double low = r.low_freq_factor() > 0 ? r.low_freq_factor() : 1.0;
-  const double high = r.high_freq_factor() > 0 ? r.high_freq_factor() : 4.0;
+  const double low = RopeScaling(m).low_freq_factor();
+  const double high = RopeScaling(m).high_freq_factor();
   if (r.factor() > 0 && high <= low) {
     return Error("model.rope_scaling.high_freq_factor=", high,
                  " must be greater than low_freq_factor=", low);

@@ -268,8 +268,8 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(
   if (!first.ok()) return first.status();
   const std::string& init = first->model().init_from();
   if (!absl::StartsWith(init, kHfPrefix) || init.size() == kHfPrefix.size()) {
-    return ParseOnto(DefaultJobSpec(), yaml_text, overrides, source_name,
-                     /*validate=*/true);
+    if (absl::Status s = ValidateJobSpec(*first); !s.ok()) return s;
+    return first;
   }
   const std::string config_path =
       absl::StrCat(init.substr(kHfPrefix.size()), "/config.json");

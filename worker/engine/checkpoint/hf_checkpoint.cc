@@ -61,10 +61,9 @@ v1::ModelSpec ModelFields(const GptConfig& c) {
   return m;
 }
 
-// Reads `name`'s box `box` (its own coordinates) of `file` into dst (the
-// box's row-major order), through the transposition where `transpose`:
-// box is then (rows of ours, columns of ours) and the file holds (columns,
-// rows).
+// Reads box `box` of `name` in `file` into dst (the box's row-major
+// order); with `transpose`, `file` holds the tensor transposed: its box
+// (columns, rows) is read and turned (GPT-2's linear weights, either way).
 absl::Status ReadPiece(TensorSource& file, const std::string& name,
                        const Box& box, bool transpose, float* dst) {
   if (!transpose) return file.Read(name, box, dst);
@@ -269,16 +268,7 @@ class HfView : public TensorSource {
       return source_.Read(n.ours, ours, dst);
     }
     // The file's (in, out) box is ours transposed.
-    Box ours{{box.lo[1], box.lo[0]}, {box.hi[1], box.hi[0]}};
-    std::vector<float> buf(ours.numel());
-    if (absl::Status s = source_.Read(n.ours, ours, buf.data()); !s.ok()) {
-      return s;
-    }
-    const int64_t rows = box.hi[0] - box.lo[0], cols = box.hi[1] - box.lo[1];
-    for (int64_t i = 0; i < rows; ++i) {
-      for (int64_t j = 0; j < cols; ++j) dst[i * cols + j] = buf[j * rows + i];
-    }
-    return absl::OkStatus();
+    return ReadPiece(source_, n.ours, box, /*transpose=*/true, dst);
   }
 
  private:

@@ -16,19 +16,13 @@ GptConfig ModelConfig(const v1::JobSpec& spec, int vocab_size) {
   if (m.arch() == "llama") {
     c.n_kv_head = KvHeads(m);
     c.ffn_hidden = FfnHidden(m);
-    if (m.norm_eps() > 0) c.norm_eps = static_cast<float>(m.norm_eps());
-    if (m.rope_theta() > 0) c.rope.theta = static_cast<float>(m.rope_theta());
-    const v1::RopeScalingSpec& r = m.rope_scaling();
+    c.norm_eps = static_cast<float>(NormEps(m));
+    c.rope.theta = static_cast<float>(RopeTheta(m));
+    const v1::RopeScalingSpec r = RopeScaling(m);
     c.rope.factor = static_cast<float>(r.factor());
-    if (r.low_freq_factor() > 0) {
-      c.rope.low_freq_factor = static_cast<float>(r.low_freq_factor());
-    }
-    if (r.high_freq_factor() > 0) {
-      c.rope.high_freq_factor = static_cast<float>(r.high_freq_factor());
-    }
-    if (r.original_context() > 0) {
-      c.rope.original_context = r.original_context();
-    }
+    c.rope.low_freq_factor = static_cast<float>(r.low_freq_factor());
+    c.rope.high_freq_factor = static_cast<float>(r.high_freq_factor());
+    c.rope.original_context = r.original_context();
   }
   c.padded_vocab = PaddedVocab(vocab_size, JobLayout(spec).degree("tp"));
   return c;

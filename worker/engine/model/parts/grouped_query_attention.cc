@@ -25,10 +25,13 @@ namespace {
 enum Tensor { kQ, kK, kV, kO };
 enum Row { kQkv, kAtty, kAtt, kDplanes, kDproj };
 
-// This rank's heads: NHl query heads, KVl key/value heads (the first of
-// them global head kv_first), hs channels each.
+// This rank's heads: NHl query heads, KVl key/value heads, hs channels
+// each; its key/value rows start at element kv_at of its k_proj and v_proj
+// (0 where they are split by heads and it holds its own only; else, in the
+// whole tensor every rank holds, its head's first row).
 struct Heads {
-  int NHl, KVl, kv_first, hs;
+  int NHl, KVl, hs;
+  int64_t kv_at;
   int Cl() const { return NHl * hs; }
   int Kl() const { return KVl * hs; }
   // The local key/value head query head h reads.
@@ -39,8 +42,10 @@ Heads HeadsOf(const PartPass& p) {
   const GptConfig& c = p.config();
   const int tp = p.tp().size(), r = p.tp().rank();
   const int KVH = c.kv_heads(), NHl = c.n_head / tp;
-  const int KVl = KVH % tp == 0 ? KVH / tp : 1;
-  return {NHl, KVl, r * NHl / (c.n_head / KVH), c.n_embd / c.n_head};
+  const int hs = c.n_embd / c.n_head;
+  if (KVH % tp == 0) return {NHl, KVH / tp, hs, 0};
+  const int64_t head = r * NHl / (c.n_head / KVH);
+  return {NHl, 1, hs, head * hs * c.n_embd};
 }
 
 class GroupedQueryAttention : public SublayerPart {
@@ -109,14 +114,13 @@ class GroupedQueryAttention : public SublayerPart {
     float* q = p.work().hidden_a;
     float* k = q + BT * Cl;
     float* v = k + BT * Kl;
-    const int64_t kv_at = int64_t{h.kv_first} * h.hs * C;
     p.Begin(kQ);
     column_linear_forward(q, in, p.Weight(kQ), nullptr, B, T, C, Cl, p.tp(),
                           p.scratch());
-    column_linear_forward(k, in, p.Weight(kK).Offset(KvAt(p, kv_at)), nullptr,
-                          B, T, C, Kl, p.tp(), p.scratch());
-    column_linear_forward(v, in, p.Weight(kV).Offset(KvAt(p, kv_at)), nullptr,
-                          B, T, C, Kl, p.tp(), p.scratch());
+    column_linear_forward(k, in, p.Weight(kK).Offset(h.kv_at), nullptr, B, T, C,
+                          Kl, p.tp(), p.scratch());
+    column_linear_forward(v, in, p.Weight(kV).Offset(h.kv_at), nullptr, B, T, C,
+                          Kl, p.tp(), p.scratch());
     p.End(kQ);
     const int t0 = p.decoding() ? p.pos() : 0;
     rope_forward(q, Cl, h.NHl, h.hs, B, T, t0, p.config().rope, false, p.cp(),
@@ -193,7 +197,7 @@ class GroupedQueryAttention : public SublayerPart {
     }
     p.Poll();
     p.Begin(kQ);
-    const int64_t kv_at = KvAt(p, int64_t{h.kv_first} * h.hs * C);
+    const int64_t kv_at = h.kv_at;
     float* dw_k = p.WeightGrad(kK);
     float* dw_v = p.WeightGrad(kV);
     column_linear_backward(din, p.WeightGrad(kQ), nullptr, dq, in, p.Weight(kQ),
@@ -225,7 +229,7 @@ class GroupedQueryAttention : public SublayerPart {
                         p.scratch());
     p.End(kO);
     const float* dq = p.Row(kDplanes);
-    const int64_t kv_at = KvAt(p, int64_t{h.kv_first} * h.hs * C);
+    const int64_t kv_at = h.kv_at;
     column_linear_backward(nullptr, p.Grad(kQ), nullptr, dq, in, nullptr, B, T,
                            C, Cl, p.tp(), p.scratch());
     column_linear_backward(nullptr, p.Grad(kK) + kv_at, nullptr, dq + BT * Cl,
@@ -235,14 +239,6 @@ class GroupedQueryAttention : public SublayerPart {
                            p.tp(), p.scratch());
     p.End(kQ);
     p.Poll();
-  }
-
- private:
-  // Where this rank's key/value rows start in its k_proj and v_proj: 0
-  // where they are split by heads (it holds its own only), else its head's
-  // row in the whole tensor.
-  static int64_t KvAt(const PartPass& p, int64_t whole_at) {
-    return p.config().kv_heads() % p.tp().size() == 0 ? 0 : whole_at;
   }
 };
 
