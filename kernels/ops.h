@@ -238,37 +238,44 @@ class Ops {
     (void)C;
     return 0;
   }
-  // Causal attention over inp (B,T,3,NH,hs) into out (B,T,NH,hs). `att`
-  // holds what the forward keeps for the backward (attention_saved_floats:
-  // the (B,NH,T,T) probabilities by default); `datt` is the backward's
-  // scratch (attention_scratch_floats). The backward also reads the
-  // forward's out, and writes dinp (B,T,3,NH,hs) whole (not added to: it
-  // needs no zeroing before).
+  // Causal grouped-query attention over inp (B,T,NH+2·KVH,hs) into out
+  // (B,T,NH,hs): each row holds NH query heads, then KVH key heads, then
+  // KVH value heads (C = NH·hs; KVH divides NH; KVH = NH is multi-head
+  // attention, rows of 3C). Query head h reads key/value head
+  // h / (NH / KVH); keys and values are never repeated. `att` holds what
+  // the forward keeps for the backward (attention_saved_floats: the
+  // (B,NH,T,T) probabilities by default); `datt` is the backward's scratch
+  // (attention_scratch_floats). The backward also reads the forward's out,
+  // and writes dinp (laid out as inp) whole (not added to: it needs no
+  // zeroing before); a key/value head's gradient sums its query heads'.
   virtual void attention_forward(Act out, float* att, ConstAct inp, int B,
-                                 int T, int C, int NH) = 0;
+                                 int T, int C, int NH, int KVH) = 0;
   virtual void attention_backward(float* dinp, float* datt, const float* dout,
                                   ConstAct inp, ConstAct out, const float* att,
-                                  int B, int T, int C, int NH) = 0;
+                                  int B, int T, int C, int NH, int KVH) = 0;
   // Context parallelism's attention between the zigzag blocks of ranks
   // q_rank and k_rank of cp (kernels/cpu/kernels.h attention_block_forward
   // and attention_block_backward; ring attention's pieces): fp32 tensors,
-  // kv and dkv rows of kv_stride floats (keys, then values).
+  // qkv rows as attention_forward's inp, kv and dkv rows of kv_stride
+  // floats (KVH key heads, then KVH value heads).
   virtual void attention_block_forward(float* out, float* lse, const float* qkv,
                                        const float* kv, int64_t kv_stride,
-                                       int B, int Tl, int C, int NH, int cp,
-                                       int q_rank, int k_rank, bool first) = 0;
+                                       int B, int Tl, int C, int NH, int KVH,
+                                       int cp, int q_rank, int k_rank,
+                                       bool first) = 0;
   virtual void attention_block_backward(float* dqkv, float* dkv,
                                         const float* dout, const float* qkv,
                                         const float* out, const float* lse,
                                         const float* kv, int64_t kv_stride,
-                                        int B, int Tl, int C, int NH, int cp,
-                                        int q_rank, int k_rank) = 0;
+                                        int B, int Tl, int C, int NH, int KVH,
+                                        int cp, int q_rank, int k_rank) = 0;
   // Generation's cached attention for n new positions [pos, pos + n) of one
-  // sequence: qkv (n,3C), caches (NH,capacity,hs) each, out (n,C)
-  // (kernels/cpu/kernels.h attention_decode).
+  // sequence: qkv (n,C+2K) as attention_forward's inp (K = KVH·hs), caches
+  // (KVH,capacity,hs) each, out (n,C) (kernels/cpu/kernels.h
+  // attention_decode).
   virtual void attention_decode(Act out, float* kcache, float* vcache,
                                 ConstAct qkv, int n, int pos, int C, int NH,
-                                int capacity) = 0;
+                                int KVH, int capacity) = 0;
   virtual int64_t attention_saved_floats(int64_t B, int64_t T, int C,
                                          int NH) const {
     (void)C;

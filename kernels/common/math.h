@@ -129,6 +129,25 @@ PT_HD void AdamWUpdate(F& param, F& m, F& v, F grad, const AdamWStep& s) {
            (F(s.weight_decay) * param + mhat / (std::sqrt(vhat) + F(s.eps)));
 }
 
+// Grouped-query attention's rows (kernels/ops.h attention_forward): NH
+// query heads of hs channels (C = NH·hs), then KVH key heads, then KVH
+// value heads; query head h reads key/value head h / (NH / KVH).
+struct AttentionHeads {
+  int NH, KVH, hs;
+  PT_HD int64_t C() const { return int64_t{NH} * hs; }
+  PT_HD int64_t K() const { return int64_t{KVH} * hs; }
+  PT_HD int64_t row() const { return C() + 2 * K(); }
+  PT_HD int group() const { return NH / KVH; }
+  PT_HD int Kv(int h) const { return h / group(); }
+  // Columns of query head h, and of key head g (its value head is K()
+  // further), in a row.
+  PT_HD int64_t q(int h) const { return int64_t{h} * hs; }
+  PT_HD int64_t k(int g) const { return C() + int64_t{g} * hs; }
+};
+PT_HD AttentionHeads MakeAttentionHeads(int C, int NH, int KVH) {
+  return {NH, KVH, C / NH};
+}
+
 // Context parallelism's zigzag: a sequence cut into 2·cp chunks, rank r
 // holding chunks r and 2·cp−1−r (Tl positions: every rank the same causal
 // work). The global position of its row t (Tl even).
