@@ -65,24 +65,25 @@ int main(int argc, char** argv) {
       if (bf16) {
         const auto t0 = Clock::now();
         ptrain::kernels::attention_forward_bf16(out.data(), att.data(),
-                                                inp.data(), B, T, C, NH);
+                                                inp.data(), B, T, C, NH, NH);
         const auto t1 = Clock::now();
         ptrain::kernels::attention_backward_bf16(dinp.data(), nullptr,
                                                  dout.data(), inp.data(),
-                                                 att.data(), B, T, C, NH);
+                                                 att.data(), B, T, C, NH, NH);
         f3 = std::min(f3, Seconds(t0, t1));
         b3 = std::min(b3, Seconds(t1, Clock::now()));
       }
       const auto t0 = Clock::now();
-      attention_forward(out.data(), att.data(), inp.data(), B, T, C, NH);
+      attention_forward(out.data(), att.data(), inp.data(), B, T, C, NH, NH);
       const auto t1 = Clock::now();
       attention_backward(dinp.data(), datt.data(), dout.data(), inp.data(),
-                         att.data(), B, T, C, NH);
+                         att.data(), B, T, C, NH, NH);
       const auto t2 = Clock::now();
-      flash_attention_forward(out.data(), lse.data(), inp.data(), B, T, C, NH);
+      flash_attention_forward(out.data(), lse.data(), inp.data(), B, T, C, NH,
+                              NH);
       const auto t3 = Clock::now();
       flash_attention_backward(dinp.data(), dout.data(), inp.data(), out.data(),
-                               lse.data(), B, T, C, NH);
+                               lse.data(), B, T, C, NH, NH);
       const auto t4 = Clock::now();
       f1 = std::min(f1, Seconds(t0, t1));
       b1 = std::min(b1, Seconds(t1, t2));

@@ -23,23 +23,24 @@ constexpr int kTile = 64;
 
 }  // namespace
 
-// out is (B,T,C), att is (B,NH,T,T), inp is (B,T,3C).
+// out is (B,T,C), att is (B,NH,T,T), inp is (B,T,C+2K).
 // One (b,h) pair per task; gemm called from inside the parallel region runs
 // on its calling thread, so the pairs are the only level of parallelism.
 template <typename F>
 void attention_forward(F* out, F* att, const F* inp, int B, int T, int C,
-                       int NH) {
-  const int hs = C / NH;
-  const int64_t C3 = 3 * static_cast<int64_t>(C);
+                       int NH, int KVH) {
+  const math::AttentionHeads heads = math::MakeAttentionHeads(C, NH, KVH);
+  const int hs = heads.hs;
+  const int64_t C3 = heads.row();
   const F scale = F(1) / std::sqrt(static_cast<F>(hs));
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < static_cast<int64_t>(B) * NH; bh++) {
-    // q, k, v are (T,hs) views with row stride 3C; out_bh is (T,hs) with
+    // q, k, v are (T,hs) views with row stride C+2K; out_bh is (T,hs) with
     // row stride C; att_bh is (T,T).
-    const internal::AttentionHead at = internal::HeadAt(bh, NH, T, C);
-    const F* q = inp + at.qkv;
-    const F* k = q + C;
-    const F* v = q + 2 * C;
+    const internal::AttentionHead at = internal::HeadAt(bh, heads, T);
+    const F* q = inp + at.q;
+    const F* k = inp + at.k;
+    const F* v = k + heads.K();
     F* out_bh = out + at.y;
     F* att_bh = att + bh * T * T;
     for (int t0 = 0; t0 < T; t0 += kTile) {
@@ -62,108 +63,118 @@ void attention_forward(F* out, F* att, const F* inp, int B, int T, int C,
   }
 }
 
-// dinp is (B,T,3C), datt is (B,NH,T,T) scratch, dout is (B,T,C),
-// inp is (B,T,3C), att is (B,NH,T,T).
+// dinp is (B,T,C+2K), datt is (B,NH,T,T) scratch, dout is (B,T,C),
+// inp is (B,T,C+2K), att is (B,NH,T,T).
 // Mirrors forward tile by tile; the sums over query tiles (dk, dv) accumulate
-// through beta = 1, and each (b,h) pair owns its own columns of dinp.
+// through beta = 1. A task is a (b, key/value head) pair: it walks the
+// query heads of its group one after the other, so that each task owns
+// its columns of dinp and a key/value head's gradient sums its group's in
+// one order.
 template <typename F>
 void attention_backward(F* dinp, F* datt, const F* dout, const F* inp,
-                        const F* att, int B, int T, int C, int NH) {
-  const int hs = C / NH;
-  const int64_t C3 = 3 * static_cast<int64_t>(C);
+                        const F* att, int B, int T, int C, int NH, int KVH) {
+  const math::AttentionHeads heads = math::MakeAttentionHeads(C, NH, KVH);
+  const int hs = heads.hs;
+  const int64_t C3 = heads.row();
   const F scale = F(1) / std::sqrt(static_cast<F>(hs));
 #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < static_cast<int64_t>(B) * NH; bh++) {
-    const internal::AttentionHead at = internal::HeadAt(bh, NH, T, C);
-    const F* q = inp + at.qkv;
-    const F* k = q + C;
-    const F* v = q + 2 * C;
-    F* dq = dinp + at.qkv;
-    F* dk = dq + C;
-    F* dv = dq + 2 * C;
-    const F* dout_bh = dout + at.y;
-    const F* att_bh = att + bh * T * T;
-    F* datt_bh = datt + bh * T * T;
-    for (int t0 = 0; t0 < T; t0 += kTile) {
-      const int t1 = std::min(T, t0 + kTile);
-      const int nt = t1 - t0;
-      const F* att_tile = att_bh + static_cast<int64_t>(t0) * T;
-      F* datt_tile = datt_bh + static_cast<int64_t>(t0) * T;
-      const F* dout_tile = dout_bh + t0 * static_cast<int64_t>(C);
-      // datt[t0:t1, 0:t1] = dout[t0:t1] @ v[0:t1]^T
-      gemm<F>(false, true, nt, t1, hs, F(1), dout_tile, C, v, C3, F(0),
-              datt_tile, T);
-      // dv[0:t1] += att[t0:t1, 0:t1]^T @ dout[t0:t1]
-      gemm<F>(true, false, t1, hs, nt, F(1), att_tile, T, dout_tile, C, F(1),
-              dv, C3);
-      // Softmax backward in place: dpreatt = att * (datt - sum(att * datt)).
-      for (int t = t0; t < t1; t++) {
-        const F* a = att_bh + static_cast<int64_t>(t) * T;
-        F* d = datt_bh + static_cast<int64_t>(t) * T;
-        F dot = 0;
+  for (int64_t bg = 0; bg < static_cast<int64_t>(B) * KVH; bg++) {
+    for (int i = 0; i < heads.group(); ++i) {
+      const int64_t bh = bg / KVH * NH + bg % KVH * heads.group() + i;
+      const internal::AttentionHead at = internal::HeadAt(bh, heads, T);
+      const F* q = inp + at.q;
+      const F* k = inp + at.k;
+      const F* v = k + heads.K();
+      F* dq = dinp + at.q;
+      F* dk = dinp + at.k;
+      F* dv = dk + heads.K();
+      const F* dout_bh = dout + at.y;
+      const F* att_bh = att + bh * T * T;
+      F* datt_bh = datt + bh * T * T;
+      for (int t0 = 0; t0 < T; t0 += kTile) {
+        const int t1 = std::min(T, t0 + kTile);
+        const int nt = t1 - t0;
+        const F* att_tile = att_bh + static_cast<int64_t>(t0) * T;
+        F* datt_tile = datt_bh + static_cast<int64_t>(t0) * T;
+        const F* dout_tile = dout_bh + t0 * static_cast<int64_t>(C);
+        // datt[t0:t1, 0:t1] = dout[t0:t1] @ v[0:t1]^T
+        gemm<F>(false, true, nt, t1, hs, F(1), dout_tile, C, v, C3, F(0),
+                datt_tile, T);
+        // dv[0:t1] += att[t0:t1, 0:t1]^T @ dout[t0:t1]
+        gemm<F>(true, false, t1, hs, nt, F(1), att_tile, T, dout_tile, C, F(1),
+                dv, C3);
+        // Softmax backward in place: dpreatt = att * (datt - sum(att * datt)).
+        for (int t = t0; t < t1; t++) {
+          const F* pr = att_bh + static_cast<int64_t>(t) * T;
+          F* d = datt_bh + static_cast<int64_t>(t) * T;
+          F dot = 0;
 #pragma omp simd reduction(+ : dot)
-        for (int t2 = 0; t2 <= t; t2++) dot += a[t2] * d[t2];
+          for (int t2 = 0; t2 <= t; t2++) dot += pr[t2] * d[t2];
 #pragma omp simd
-        for (int t2 = 0; t2 <= t; t2++) d[t2] = a[t2] * (d[t2] - dot);
-        for (int t2 = t + 1; t2 < T; t2++) d[t2] = 0;
+          for (int t2 = 0; t2 <= t; t2++) d[t2] = pr[t2] * (d[t2] - dot);
+          for (int t2 = t + 1; t2 < T; t2++) d[t2] = 0;
+        }
+        // dq[t0:t1] += scale * dpreatt[t0:t1, 0:t1] @ k[0:t1]
+        gemm<F>(false, false, nt, hs, t1, scale, datt_tile, T, k, C3, F(1),
+                dq + t0 * C3, C3);
+        // dk[0:t1] += scale * dpreatt[t0:t1, 0:t1]^T @ q[t0:t1]
+        gemm<F>(true, false, t1, hs, nt, scale, datt_tile, T, q + t0 * C3, C3,
+                F(1), dk, C3);
       }
-      // dq[t0:t1] += scale * dpreatt[t0:t1, 0:t1] @ k[0:t1]
-      gemm<F>(false, false, nt, hs, t1, scale, datt_tile, T, k, C3, F(1),
-              dq + t0 * C3, C3);
-      // dk[0:t1] += scale * dpreatt[t0:t1, 0:t1]^T @ q[t0:t1]
-      gemm<F>(true, false, t1, hs, nt, scale, datt_tile, T, q + t0 * C3, C3,
-              F(1), dk, C3);
     }
   }
 }
 
-// kcache, vcache are (NH,capacity,hs); qkv is (n,3C); out is (n,C).
-// One (head, new position) pair per task: a dot product per cached key, the
-// softmax, and the probability-weighted sum of the cached values.
+// kcache, vcache are (KVH,capacity,hs); qkv is (n,C+2K); out is (n,C).
+// The new keys and values are stored, one (key/value head, new position)
+// pair per task; then one (query head, new position) pair per task: a dot
+// product per cached key of its head's group, the softmax, and the
+// probability-weighted sum of the cached values.
 template <typename F>
 void attention_decode(F* out, F* kcache, F* vcache, const F* qkv, int n,
-                      int pos, int C, int NH, int capacity) {
-  const int hs = C / NH;
-  const int64_t C3 = 3 * static_cast<int64_t>(C);
+                      int pos, int C, int NH, int KVH, int capacity) {
+  const math::AttentionHeads heads = math::MakeAttentionHeads(C, NH, KVH);
+  const int hs = heads.hs;
+  const int64_t C3 = heads.row();
   const F scale = F(1) / std::sqrt(static_cast<F>(hs));
-  auto row = [&](F* cache, int h, int t) {
-    return cache + (static_cast<int64_t>(h) * capacity + t) * hs;
+  auto row = [&](F* cache, int g, int t) {
+    return cache + (static_cast<int64_t>(g) * capacity + t) * hs;
   };
-  // Tasks are (head, new position) pairs, h-major.
-  const int64_t tasks = static_cast<int64_t>(NH) * n;
+  // Tasks are (head, new position) pairs, head-major.
   internal::ParallelFor(
-      tasks,
+      static_cast<int64_t>(KVH) * n,
       [&](int64_t j0, int64_t j1) {
         for (int64_t j = j0; j < j1; j++) {
-          const int h = static_cast<int>(j / n), i = static_cast<int>(j % n);
-          const F* src = qkv + i * C3 + static_cast<int64_t>(h) * hs;
-          std::copy(src + C, src + C + hs, row(kcache, h, pos + i));
-          std::copy(src + 2 * C, src + 2 * C + hs, row(vcache, h, pos + i));
+          const int g = static_cast<int>(j / n), i = static_cast<int>(j % n);
+          const F* src = qkv + i * C3 + heads.k(g);
+          std::copy(src, src + hs, row(kcache, g, pos + i));
+          std::copy(src + heads.K(), src + heads.K() + hs,
+                    row(vcache, g, pos + i));
         }
       },
       /*align=*/1);
   internal::ParallelFor(
-      tasks,
+      static_cast<int64_t>(NH) * n,
       [&](int64_t j0, int64_t j1) {
         std::vector<F> scores(pos + n);
         for (int64_t j = j0; j < j1; j++) {
           const int h = static_cast<int>(j / n), i = static_cast<int>(j % n);
-          const F* q = qkv + i * C3 + static_cast<int64_t>(h) * hs;
+          const int g = heads.Kv(h);
+          const F* q = qkv + i * C3 + heads.q(h);
           const int len = pos + i + 1;
           for (int t = 0; t < len; t++) {
-            const F* k = row(kcache, h, t);
+            const F* k = row(kcache, g, t);
             F dot = 0;
 #pragma omp simd reduction(+ : dot)
             for (int d = 0; d < hs; d++) dot += q[d] * k[d];
             scores[t] = dot * scale;
           }
           const F inv_sum = F(1) / internal::ExpShifted(scores.data(), len);
-          F* o =
-              out + static_cast<int64_t>(i) * C + static_cast<int64_t>(h) * hs;
+          F* o = out + static_cast<int64_t>(i) * C + heads.q(h);
           std::fill(o, o + hs, F(0));
           for (int t = 0; t < len; t++) {
             const F p = scores[t] * inv_sum;
-            const F* v = row(vcache, h, t);
+            const F* v = row(vcache, g, t);
 #pragma omp simd
             for (int d = 0; d < hs; d++) o[d] += p * v[d];
           }
@@ -172,19 +183,15 @@ void attention_decode(F* out, F* kcache, F* vcache, const F* qkv, int n,
       /*align=*/1);
 }
 
-template void attention_forward<float>(float*, float*, const float*, int, int,
-                                       int, int);
-template void attention_forward<double>(double*, double*, const double*, int,
-                                        int, int, int);
-template void attention_backward<float>(float*, float*, const float*,
-                                        const float*, const float*, int, int,
-                                        int, int);
-template void attention_backward<double>(double*, double*, const double*,
-                                         const double*, const double*, int, int,
-                                         int, int);
-template void attention_decode<float>(float*, float*, float*, const float*, int,
-                                      int, int, int, int);
-template void attention_decode<double>(double*, double*, double*, const double*,
-                                       int, int, int, int, int);
+#define PT_INSTANTIATE(F)                                                     \
+  template void attention_forward<F>(F*, F*, const F*, int, int, int, int,    \
+                                     int);                                    \
+  template void attention_backward<F>(F*, F*, const F*, const F*, const F*,   \
+                                      int, int, int, int, int);               \
+  template void attention_decode<F>(F*, F*, F*, const F*, int, int, int, int, \
+                                    int, int);
+PT_INSTANTIATE(float)
+PT_INSTANTIATE(double)
+#undef PT_INSTANTIATE
 
 }  // namespace ptrain::kernels

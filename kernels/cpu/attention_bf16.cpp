@@ -168,16 +168,43 @@ int GroupHeads(int B, int NH) {
   return 1;
 }
 
+// inp's rows (B·T of them) rounded into dense multi-head attention rows
+// (3C): grouped rows' key and value heads once for each query head of
+// their group.
+uint16_t* RoundedHeads(const float* inp, int64_t rows,
+                       const math::AttentionHeads& a) {
+  const int64_t C = a.C(), C3 = 3 * C;
+  uint16_t* qkv = Scratch<uint16_t>(0, rows * C3);
+  if (a.KVH == a.NH) {
+    internal::RoundRowsToBf16(qkv, inp, rows, C3, C3);
+    return qkv;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = inp + r * a.row();
+    uint16_t* y = qkv + r * C3;
+    for (int64_t c = 0; c < C; ++c) y[c] = internal::RoundToBf16(x[c]);
+    for (int h = 0; h < a.NH; ++h) {
+      const float* k = x + a.k(a.Kv(h));
+      for (int d = 0; d < a.hs; ++d) {
+        y[C + a.q(h) + d] = internal::RoundToBf16(k[d]);
+        y[2 * C + a.q(h) + d] = internal::RoundToBf16(k[a.K() + d]);
+      }
+    }
+  }
+  return qkv;
+}
+
 }  // namespace
 
 void attention_forward_bf16(float* out, float* att, const float* inp, int B,
-                            int T, int C, int NH) {
+                            int T, int C, int NH, int KVH) {
   const int64_t C3 = 3 * int64_t{C}, hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int g = GroupHeads(B, NH), groups = NH / g;
-  uint16_t* qkv = Scratch<uint16_t>(0, int64_t{B} * T * C3);
+  const uint16_t* qkv =
+      RoundedHeads(inp, int64_t{B} * T, math::MakeAttentionHeads(C, NH, KVH));
   uint16_t* probs = reinterpret_cast<uint16_t*>(att);
-  internal::RoundRowsToBf16(qkv, inp, int64_t{B} * T, C3, C3);
 #pragma omp parallel for schedule(static)
   for (int64_t u = 0; u < int64_t{B} * groups; ++u) {
     const int64_t b = u / groups, h0 = u % groups * g;
@@ -209,16 +236,23 @@ void attention_forward_bf16(float* out, float* att, const float* inp, int B,
 
 void attention_backward_bf16(float* dinp, float* datt, const float* dout,
                              const float* inp, const float* att, int B, int T,
-                             int C, int NH) {
-  const int64_t C3 = 3 * int64_t{C}, hs = C / NH;
+                             int C, int NH, int KVH) {
+  const int64_t C3 = 3 * int64_t{C}, hs = C / NH, BT = int64_t{B} * T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int g = GroupHeads(B, NH), groups = NH / g;
-  uint16_t* qkv = Scratch<uint16_t>(0, int64_t{B} * T * C3);
-  uint16_t* dy = Scratch<uint16_t>(1, int64_t{B} * T * C);
+  const math::AttentionHeads heads = math::MakeAttentionHeads(C, NH, KVH);
+  const uint16_t* qkv = RoundedHeads(inp, BT, heads);
+  uint16_t* dy = Scratch<uint16_t>(1, BT * C);
   const uint16_t* probs = reinterpret_cast<const uint16_t*>(att);
   (void)datt;  // a unit's dP and dS are in its thread's scratch
-  internal::RoundRowsToBf16(qkv, inp, int64_t{B} * T, C3, C3);
-  internal::RoundRowsToBf16(dy, dout, int64_t{B} * T, C, C);
+  internal::RoundRowsToBf16(dy, dout, BT, C, C);
+  // Grouped rows: the gradient of the multi-head rows, summed into dinp's
+  // below.
+  float* dfull = dinp;
+  if (KVH != NH) {
+    dfull = Scratch<float>(3, BT * C3);
+    std::fill(dfull, dfull + BT * C3, 0.0f);
+  }
   const int tiles = (T + kTile - 1) / kTile;
 #pragma omp parallel for schedule(static)
   for (int64_t u = 0; u < int64_t{B} * groups; ++u) {
@@ -230,7 +264,7 @@ void attention_backward_bf16(float* dinp, float* datt, const float* dout,
     // rounded, (g,T,T).
     float* dprobs = Scratch<float>(1, int64_t{g} * kTile * T);
     uint16_t* ds = Scratch<uint16_t>(2, int64_t{g} * T * T);
-    float* dq = dinp + b * T * C3 + h0 * hs;
+    float* dq = dfull + b * T * C3 + h0 * hs;
     for (int i = 0; i < tiles; ++i) {
       const int t0 = i * kTile, t1 = std::min(T, t0 + kTile);
       Run(Product::kDProbs, i, g, T, C, NH, d_y + int64_t{t0} * C, q + 2 * C,
@@ -262,6 +296,20 @@ void attention_backward_bf16(float* dinp, float* datt, const float* dout,
           dq + 2 * C + k0 * C3);
       Run(Product::kDKey, i, g, T, C, NH, ds + k0 * T + k0, q + k0 * C3,
           dq + C + k0 * C3);
+    }
+  }
+  if (dfull == dinp) return;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < BT; ++r) {
+    const float* x = dfull + r * C3;
+    float* y = dinp + r * heads.row();
+    for (int64_t c = 0; c < C; ++c) y[c] += x[c];
+    for (int h = 0; h < NH; ++h) {
+      float* k = y + heads.k(heads.Kv(h));
+      for (int d = 0; d < hs; ++d) {
+        k[d] += x[C + heads.q(h) + d];
+        k[heads.K() + d] += x[2 * C + heads.q(h) + d];
+      }
     }
   }
 }

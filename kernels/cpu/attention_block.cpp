@@ -45,19 +45,21 @@ std::vector<int> VisibleKeys(const std::vector<int>& q_pos,
 
 }  // namespace
 
-// out (B,Tl,C), lse (B,NH,Tl); qkv (B,Tl,3C): the queries' rows; kv rows
-// of kv_stride: keys in columns [0,C), values in [C,2C). Per (batch, head)
-// and tile of query rows: the scores against the visible keys (one GEMM),
-// their exponentials shifted by each row's maximum, the block's output
-// (another GEMM), folded into the running output by log-sum-exp.
+// out (B,Tl,C), lse (B,NH,Tl); qkv (B,Tl,C+2K): the queries' rows; kv
+// rows of kv_stride: key heads in columns [0,K), value heads in [K,2K). Per
+// (batch, head) and tile of query rows: the scores against the visible keys
+// (one GEMM), their exponentials shifted by each row's maximum, the block's
+// output (another GEMM), folded into the running output by log-sum-exp.
 template <typename F>
 void attention_block_forward(F* out, F* lse, const F* qkv, const F* kv,
                              int64_t kv_stride, int B, int Tl, int C, int NH,
-                             int cp, int q_rank, int k_rank, bool first) {
-  const int hs = C / NH;
+                             int KVH, int cp, int q_rank, int k_rank,
+                             bool first) {
+  const math::AttentionHeads heads = math::MakeAttentionHeads(C, NH, KVH);
+  const int hs = heads.hs;
   const std::vector<int> len =
       VisibleKeys(Positions(Tl, cp, q_rank), Positions(Tl, cp, k_rank));
-  const int64_t C2 = kv_stride, C3 = 3 * int64_t{C};
+  const int64_t C2 = kv_stride, C3 = heads.row();
   const F scale = F(1) / std::sqrt(static_cast<F>(hs));
   constexpr F kNegInf = -std::numeric_limits<F>::infinity();
 #pragma omp parallel
@@ -66,11 +68,12 @@ void attention_block_forward(F* out, F* lse, const F* qkv, const F* kv,
         l(kTile);
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < static_cast<int64_t>(B) * NH; ++bh) {
-      const int64_t b = bh / NH, h = bh % NH;
-      const F* q = qkv + b * Tl * C3 + h * hs;
-      const F* k = kv + b * Tl * C2 + h * hs;
-      const F* v = k + C;
-      F* y = out + b * Tl * C + h * hs;
+      const int64_t b = bh / NH;
+      const int h = static_cast<int>(bh % NH);
+      const F* q = qkv + b * Tl * C3 + heads.q(h);
+      const F* k = kv + b * Tl * C2 + int64_t{heads.Kv(h)} * hs;
+      const F* v = k + heads.K();
+      F* y = out + b * Tl * C + heads.q(h);
       F* row_lse = lse + bh * Tl;
       for (int t0 = 0; t0 < Tl; t0 += kTile) {
         const int t1 = std::min(Tl, t0 + kTile), rows = t1 - t0;
@@ -128,71 +131,78 @@ void attention_block_forward(F* out, F* lse, const F* qkv, const F* kv,
   }
 }
 
-// dqkv (B,Tl,3C): the queries' thirds accumulate; dkv (rows of
+// dqkv (B,Tl,C+2K): the queries' columns accumulate; dkv (rows of
 // kv_stride, as kv) accumulates; dout, out (B,Tl,C) and lse (B,NH,Tl) are
-// the whole attention's. Per (batch, head) and tile of query rows: the
-// probabilities exp(scores − lse) against the visible keys, and from them
-// and dout the four GEMMs of the softmax attention's backward.
+// the whole attention's. Per (batch, key/value head), its group's query
+// heads in turn (each task owns its columns: no atomics), and tile of
+// query rows: the probabilities exp(scores − lse) against the visible
+// keys, and from them and dout the four GEMMs of the softmax attention's
+// backward.
 template <typename F>
 void attention_block_backward(F* dqkv, F* dkv, const F* dout, const F* qkv,
                               const F* out, const F* lse, const F* kv,
                               int64_t kv_stride, int B, int Tl, int C, int NH,
-                              int cp, int q_rank, int k_rank) {
-  const int hs = C / NH;
+                              int KVH, int cp, int q_rank, int k_rank) {
+  const math::AttentionHeads heads = math::MakeAttentionHeads(C, NH, KVH);
+  const int hs = heads.hs;
   const std::vector<int> len =
       VisibleKeys(Positions(Tl, cp, q_rank), Positions(Tl, cp, k_rank));
-  const int64_t C2 = kv_stride, C3 = 3 * int64_t{C};
+  const int64_t C2 = kv_stride, C3 = heads.row();
   const F scale = F(1) / std::sqrt(static_cast<F>(hs));
 #pragma omp parallel
   {
     std::vector<F> p(static_cast<size_t>(kTile) * Tl),
         ds(static_cast<size_t>(kTile) * Tl);
 #pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < static_cast<int64_t>(B) * NH; ++bh) {
-      const int64_t b = bh / NH, h = bh % NH;
-      const F* q = qkv + b * Tl * C3 + h * hs;
-      F* dq = dqkv + b * Tl * C3 + h * hs;
-      const F* k = kv + b * Tl * C2 + h * hs;
-      const F* v = k + C;
-      F* dk = dkv + b * Tl * C2 + h * hs;
-      F* dv = dk + C;
-      const F* dy = dout + b * Tl * C + h * hs;
-      const F* y = out + b * Tl * C + h * hs;
-      const F* row_lse = lse + bh * Tl;
-      for (int t0 = 0; t0 < Tl; t0 += kTile) {
-        const int t1 = std::min(Tl, t0 + kTile), rows = t1 - t0;
-        const int nk = len[t1 - 1];
-        if (nk == 0) continue;
-        const F* dy_tile = dy + int64_t{t0} * C;
-        // p = exp(scale · q k^T − lse), 0 past each row's visible keys.
-        gemm<F>(false, true, rows, nk, hs, scale, q + t0 * C3, C3, k, C2, F(0),
-                p.data(), nk);
-        // ds = dout v^T, then the softmax backward: p·(ds − dout·out)·scale.
-        gemm<F>(false, true, rows, nk, hs, F(1), dy_tile, C, v, C2, F(0),
-                ds.data(), nk);
-        for (int i = 0; i < rows; ++i) {
-          F* pr = p.data() + int64_t{i} * nk;
-          F* dr = ds.data() + int64_t{i} * nk;
-          const int n = len[t0 + i];
-          const int64_t row = int64_t{t0 + i} * C;
-          F d = 0;
-          for (int j = 0; j < hs; ++j) d += dy[row + j] * y[row + j];
-          const F r = row_lse[t0 + i];
+    for (int64_t bg = 0; bg < static_cast<int64_t>(B) * KVH; ++bg) {
+      for (int i = 0; i < heads.group(); ++i) {
+        const int64_t b = bg / KVH;
+        const int g = static_cast<int>(bg % KVH), h = g * heads.group() + i;
+        const int64_t bh = b * NH + h;
+        const F* q = qkv + b * Tl * C3 + heads.q(h);
+        F* dq = dqkv + b * Tl * C3 + heads.q(h);
+        const F* k = kv + b * Tl * C2 + int64_t{g} * hs;
+        const F* v = k + heads.K();
+        F* dk = dkv + b * Tl * C2 + int64_t{g} * hs;
+        F* dv = dk + heads.K();
+        const F* dy = dout + b * Tl * C + heads.q(h);
+        const F* y = out + b * Tl * C + heads.q(h);
+        const F* row_lse = lse + bh * Tl;
+        for (int t0 = 0; t0 < Tl; t0 += kTile) {
+          const int t1 = std::min(Tl, t0 + kTile), rows = t1 - t0;
+          const int nk = len[t1 - 1];
+          if (nk == 0) continue;
+          const F* dy_tile = dy + int64_t{t0} * C;
+          // p = exp(scale · q k^T − lse), 0 past each row's visible keys.
+          gemm<F>(false, true, rows, nk, hs, scale, q + t0 * C3, C3, k, C2,
+                  F(0), p.data(), nk);
+          // ds = dout v^T, then the softmax backward: p·(ds − dout·out)·scale.
+          gemm<F>(false, true, rows, nk, hs, F(1), dy_tile, C, v, C2, F(0),
+                  ds.data(), nk);
+          for (int i = 0; i < rows; ++i) {
+            F* pr = p.data() + int64_t{i} * nk;
+            F* dr = ds.data() + int64_t{i} * nk;
+            const int n = len[t0 + i];
+            const int64_t row = int64_t{t0 + i} * C;
+            F d = 0;
+            for (int j = 0; j < hs; ++j) d += dy[row + j] * y[row + j];
+            const F r = row_lse[t0 + i];
 #pragma omp simd
-          for (int j = 0; j < n; ++j) {
-            pr[j] = internal::Exp(pr[j] - r);
-            dr[j] = pr[j] * (dr[j] - d) * scale;
+            for (int j = 0; j < n; ++j) {
+              pr[j] = internal::Exp(pr[j] - r);
+              dr[j] = pr[j] * (dr[j] - d) * scale;
+            }
+            std::fill(pr + n, pr + nk, F(0));
+            std::fill(dr + n, dr + nk, F(0));
           }
-          std::fill(pr + n, pr + nk, F(0));
-          std::fill(dr + n, dr + nk, F(0));
+          // dv[0:nk] += p^T dout; dq[t0:t1] += ds k; dk[0:nk] += ds^T q.
+          gemm<F>(true, false, nk, hs, rows, F(1), p.data(), nk, dy_tile, C,
+                  F(1), dv, C2);
+          gemm<F>(false, false, rows, hs, nk, F(1), ds.data(), nk, k, C2, F(1),
+                  dq + t0 * C3, C3);
+          gemm<F>(true, false, nk, hs, rows, F(1), ds.data(), nk, q + t0 * C3,
+                  C3, F(1), dk, C2);
         }
-        // dv[0:nk] += p^T dout; dq[t0:t1] += ds k; dk[0:nk] += ds^T q.
-        gemm<F>(true, false, nk, hs, rows, F(1), p.data(), nk, dy_tile, C, F(1),
-                dv, C2);
-        gemm<F>(false, false, rows, hs, nk, F(1), ds.data(), nk, k, C2, F(1),
-                dq + t0 * C3, C3);
-        gemm<F>(true, false, nk, hs, rows, F(1), ds.data(), nk, q + t0 * C3, C3,
-                F(1), dk, C2);
       }
     }
   }
@@ -201,10 +211,10 @@ void attention_block_backward(F* dqkv, F* dkv, const F* dout, const F* qkv,
 #define PT_INSTANTIATE(F)                                                     \
   template void attention_block_forward<F>(F*, F*, const F*, const F*,        \
                                            int64_t, int, int, int, int, int,  \
-                                           int, int, bool);                   \
+                                           int, int, int, bool);              \
   template void attention_block_backward<F>(                                  \
       F*, F*, const F*, const F*, const F*, const F*, const F*, int64_t, int, \
-      int, int, int, int, int, int);
+      int, int, int, int, int, int, int);
 PT_INSTANTIATE(float)
 PT_INSTANTIATE(double)
 #undef PT_INSTANTIATE

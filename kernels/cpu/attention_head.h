@@ -5,18 +5,23 @@
 
 #include <cstdint>
 
+#include "kernels/common/math.h"
+
 namespace ptrain::kernels::internal {
 
-// Pair bh = b·NH + h: `qkv` is the offset of its query row 0 in a (B,T,3C)
-// input (its keys C and its values 2C further; row stride 3C), `y` that of
-// its columns of a (B,T,C) tensor (row stride C).
+// Pair bh = b·NH + h of grouped-query rows (math::AttentionHeads, rows of
+// a.row() elements): `q` is the offset of its query row 0 in a (B,T,row)
+// input, `k` that of its key/value head's key row 0 (its values a.K()
+// further), `y` that of its columns of a (B,T,C) tensor (row stride C).
 struct AttentionHead {
-  int64_t qkv, y;
+  int64_t q, k, y;
 };
 
-inline AttentionHead HeadAt(int64_t bh, int NH, int T, int C) {
-  const int64_t b = bh / NH, h = bh % NH, hs = C / NH;
-  return {b * T * 3 * C + h * hs, b * T * C + h * hs};
+inline AttentionHead HeadAt(int64_t bh, const math::AttentionHeads& a, int T) {
+  const int64_t b = bh / a.NH;
+  const int h = static_cast<int>(bh % a.NH);
+  const int64_t seq = b * T * a.row();
+  return {seq + a.q(h), seq + a.k(a.Kv(h)), b * T * a.C() + a.q(h)};
 }
 
 }  // namespace ptrain::kernels::internal

@@ -29,22 +29,23 @@ constexpr int kK = 512;
 
 }  // namespace
 
-// out is (B,T,C), lse is (B,NH,T), inp is (B,T,3C).
+// out is (B,T,C), lse is (B,NH,T), inp is (B,T,C+2K).
 template <typename F>
 void flash_attention_forward(F* out, F* lse, const F* inp, int B, int T, int C,
-                             int NH) {
-  const int hs = C / NH;
-  const int64_t C3 = 3 * static_cast<int64_t>(C);
+                             int NH, int KVH) {
+  const math::AttentionHeads heads = math::MakeAttentionHeads(C, NH, KVH);
+  const int hs = heads.hs;
+  const int64_t C3 = heads.row();
   const F scale = F(1) / std::sqrt(static_cast<F>(hs));
 #pragma omp parallel
   {
     std::vector<F> s(kQ * kK), m(kQ), l(kQ);
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < static_cast<int64_t>(B) * NH; bh++) {
-      const internal::AttentionHead at = internal::HeadAt(bh, NH, T, C);
-      const F* q = inp + at.qkv;
-      const F* k = q + C;
-      const F* v = q + 2 * C;
+      const internal::AttentionHead at = internal::HeadAt(bh, heads, T);
+      const F* q = inp + at.q;
+      const F* k = inp + at.k;
+      const F* v = k + heads.K();
       F* o = out + at.y;
       F* lse_bh = lse + bh * T;
       for (int t0 = 0; t0 < T; t0 += kQ) {
@@ -95,87 +96,89 @@ void flash_attention_forward(F* out, F* lse, const F* inp, int B, int T, int C,
   }
 }
 
-// dinp is (B,T,3C), accumulated; dout, out are (B,T,C); inp is (B,T,3C);
-// lse is (B,NH,T) from the forward. Each (b,h) pair owns its columns of
-// dinp, so the pairs run in parallel without atomics.
+// dinp is (B,T,C+2K), accumulated; dout, out are (B,T,C); inp is
+// (B,T,C+2K); lse is (B,NH,T) from the forward. A task is a (b,
+// key/value head) pair walking its group's query heads in turn: each owns
+// its columns of dinp, so the tasks run in parallel without atomics.
 template <typename F>
 void flash_attention_backward(F* dinp, const F* dout, const F* inp,
                               const F* out, const F* lse, int B, int T, int C,
-                              int NH) {
-  const int hs = C / NH;
-  const int64_t C3 = 3 * static_cast<int64_t>(C);
+                              int NH, int KVH) {
+  const math::AttentionHeads heads = math::MakeAttentionHeads(C, NH, KVH);
+  const int hs = heads.hs;
+  const int64_t C3 = heads.row();
   const F scale = F(1) / std::sqrt(static_cast<F>(hs));
 #pragma omp parallel
   {
     std::vector<F> p(kQ * kK), dp(kQ * kK), delta(T);
 #pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < static_cast<int64_t>(B) * NH; bh++) {
-      const internal::AttentionHead at = internal::HeadAt(bh, NH, T, C);
-      const F* q = inp + at.qkv;
-      const F* k = q + C;
-      const F* v = q + 2 * C;
-      F* dq = dinp + at.qkv;
-      F* dk = dq + C;
-      F* dv = dq + 2 * C;
-      const F* o = out + at.y;
-      const F* dout_bh = dout + at.y;
-      const F* lse_bh = lse + bh * T;
-      // delta[t] = dout[t] . out[t]: the softmax backward's row term.
-      for (int t = 0; t < T; t++) {
-        const F* a = dout_bh + t * int64_t{C};
-        const F* c = o + t * int64_t{C};
-        F dot = 0;
+    for (int64_t bg = 0; bg < static_cast<int64_t>(B) * KVH; bg++) {
+      for (int i = 0; i < heads.group(); ++i) {
+        const int64_t bh = bg / KVH * NH + bg % KVH * heads.group() + i;
+        const internal::AttentionHead at = internal::HeadAt(bh, heads, T);
+        const F* q = inp + at.q;
+        const F* k = inp + at.k;
+        const F* v = k + heads.K();
+        F* dq = dinp + at.q;
+        F* dk = dinp + at.k;
+        F* dv = dk + heads.K();
+        const F* o = out + at.y;
+        const F* dout_bh = dout + at.y;
+        const F* lse_bh = lse + bh * T;
+        // delta[t] = dout[t] . out[t]: the softmax backward's row term.
+        for (int t = 0; t < T; t++) {
+          const F* a = dout_bh + t * int64_t{C};
+          const F* c = o + t * int64_t{C};
+          F dot = 0;
 #pragma omp simd reduction(+ : dot)
-        for (int d = 0; d < hs; d++) dot += a[d] * c[d];
-        delta[t] = dot;
-      }
-      for (int t0 = 0; t0 < T; t0 += kQ) {
-        const int t1 = std::min(T, t0 + kQ), nq = t1 - t0;
-        const F* dout_tile = dout_bh + t0 * int64_t{C};
-        for (int k0 = 0; k0 < t1; k0 += kK) {
-          const int nk = std::min(t1, k0 + kK) - k0;
-          // p = exp(scale q k^T - lse), causal; dp = dout v^T.
-          gemm<F>(false, true, nq, nk, hs, scale, q + t0 * C3, C3, k + k0 * C3,
-                  C3, F(0), p.data(), kK);
-          gemm<F>(false, true, nq, nk, hs, F(1), dout_tile, C, v + k0 * C3, C3,
-                  F(0), dp.data(), kK);
-          for (int i = 0; i < nq; i++) {
-            F* prow = p.data() + i * kK;
-            F* drow = dp.data() + i * kK;
-            const int valid = std::min(nk, t0 + i - k0 + 1);
-            const F row_lse = lse_bh[t0 + i], row_delta = delta[t0 + i];
+          for (int d = 0; d < hs; d++) dot += a[d] * c[d];
+          delta[t] = dot;
+        }
+        for (int t0 = 0; t0 < T; t0 += kQ) {
+          const int t1 = std::min(T, t0 + kQ), nq = t1 - t0;
+          const F* dout_tile = dout_bh + t0 * int64_t{C};
+          for (int k0 = 0; k0 < t1; k0 += kK) {
+            const int nk = std::min(t1, k0 + kK) - k0;
+            // p = exp(scale q k^T - lse), causal; dp = dout v^T.
+            gemm<F>(false, true, nq, nk, hs, scale, q + t0 * C3, C3,
+                    k + k0 * C3, C3, F(0), p.data(), kK);
+            gemm<F>(false, true, nq, nk, hs, F(1), dout_tile, C, v + k0 * C3,
+                    C3, F(0), dp.data(), kK);
+            for (int i = 0; i < nq; i++) {
+              F* prow = p.data() + i * kK;
+              F* drow = dp.data() + i * kK;
+              const int valid = std::min(nk, t0 + i - k0 + 1);
+              const F row_lse = lse_bh[t0 + i], row_delta = delta[t0 + i];
 #pragma omp simd
-            for (int j = 0; j < valid; j++) {
-              const F pj = internal::Exp(prow[j] - row_lse);
-              prow[j] = pj;
-              drow[j] = pj * (drow[j] - row_delta);  // ds
+              for (int j = 0; j < valid; j++) {
+                const F pj = internal::Exp(prow[j] - row_lse);
+                prow[j] = pj;
+                drow[j] = pj * (drow[j] - row_delta);  // ds
+              }
+              for (int j = valid; j < nk; j++) prow[j] = drow[j] = 0;
             }
-            for (int j = valid; j < nk; j++) prow[j] = drow[j] = 0;
+            // dv[k0:] += p^T dout; dq[t0:] += scale ds k; dk[k0:] += scale
+            // ds^T q.
+            gemm<F>(true, false, nk, hs, nq, F(1), p.data(), kK, dout_tile, C,
+                    F(1), dv + k0 * C3, C3);
+            gemm<F>(false, false, nq, hs, nk, scale, dp.data(), kK, k + k0 * C3,
+                    C3, F(1), dq + t0 * C3, C3);
+            gemm<F>(true, false, nk, hs, nq, scale, dp.data(), kK, q + t0 * C3,
+                    C3, F(1), dk + k0 * C3, C3);
           }
-          // dv[k0:] += p^T dout; dq[t0:] += scale ds k; dk[k0:] += scale
-          // ds^T q.
-          gemm<F>(true, false, nk, hs, nq, F(1), p.data(), kK, dout_tile, C,
-                  F(1), dv + k0 * C3, C3);
-          gemm<F>(false, false, nq, hs, nk, scale, dp.data(), kK, k + k0 * C3,
-                  C3, F(1), dq + t0 * C3, C3);
-          gemm<F>(true, false, nk, hs, nq, scale, dp.data(), kK, q + t0 * C3,
-                  C3, F(1), dk + k0 * C3, C3);
         }
       }
     }
   }
 }
 
-template void flash_attention_forward<float>(float*, float*, const float*, int,
-                                             int, int, int);
-template void flash_attention_forward<double>(double*, double*, const double*,
-                                              int, int, int, int);
-template void flash_attention_backward<float>(float*, const float*,
-                                              const float*, const float*,
-                                              const float*, int, int, int, int);
-template void flash_attention_backward<double>(double*, const double*,
-                                               const double*, const double*,
-                                               const double*, int, int, int,
-                                               int);
+#define PT_INSTANTIATE(F)                                                   \
+  template void flash_attention_forward<F>(F*, F*, const F*, int, int, int, \
+                                           int, int);                       \
+  template void flash_attention_backward<F>(                                \
+      F*, const F*, const F*, const F*, const F*, int, int, int, int, int);
+PT_INSTANTIATE(float)
+PT_INSTANTIATE(double)
+#undef PT_INSTANTIATE
 
 }  // namespace ptrain::kernels

@@ -197,29 +197,35 @@ void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
                      const F* weight, int B, int T, int C, int OC,
                      bool bf16 = false);
 
-// Causal multi-head self-attention.
-// inp is (B,T,3C): per position the query, key and value vectors, each C =
-// NH*hs wide, head h at columns [h*hs, (h+1)*hs) of its third.
+// Causal grouped-query self-attention (math::AttentionHeads).
+// inp is (B,T,C+2K): per position NH query heads (C = NH*hs, head h at
+// columns [h*hs, (h+1)*hs)), then KVH key heads and KVH value heads (K =
+// KVH*hs); query head h reads key/value head h / (NH/KVH). KVH = NH is
+// multi-head attention, rows (B,T,3C).
 // out is (B,T,C), att is (B,NH,T,T): the softmax probabilities, saved for
 // backward (entries above the diagonal are 0). Scores are scaled by 1/sqrt(hs).
 template <typename F>
 void attention_forward(F* out, F* att, const F* inp, int B, int T, int C,
-                       int NH);
-// datt is scratch of (B,NH,T,T), overwritten; dinp is (B,T,3C), accumulated.
+                       int NH, int KVH);
+// datt is scratch of (B,NH,T,T), overwritten; dinp is laid out as inp,
+// accumulated (a key/value head's gradient sums its group's).
 template <typename F>
 void attention_backward(F* dinp, F* datt, const F* dout, const F* inp,
-                        const F* att, int B, int T, int C, int NH);
+                        const F* att, int B, int T, int C, int NH, int KVH);
 // The same attention with its products in bf16 (q, k, v, probabilities
 // and the gradients entering a product rounded as gemm_bf16 rounds, fp32
 // accumulation, softmax in fp32): the bf16 CPU backend's below
 // kFlashAttentionT. att holds the probabilities rounded, (B,NH,T,T) bf16
 // (half the floats), written only on and below the diagonal; the backward
 // needs no datt (null allowed). Fast only where CpuHasBf16().
+// Grouped rows (KVH < NH) are laid out as multi-head attention's in the
+// bf16 copy the products read, and the key/value gradients summed back
+// over each group.
 void attention_forward_bf16(float* out, float* att, const float* inp, int B,
-                            int T, int C, int NH);
+                            int T, int C, int NH, int KVH);
 void attention_backward_bf16(float* dinp, float* datt, const float* dout,
                              const float* inp, const float* att, int B, int T,
-                             int C, int NH);
+                             int C, int NH, int KVH);
 // The same attention without the probabilities (FlashAttention-2's
 // scheme): lse (B,NH,T) keeps each query row's log-sum-exp of its scaled
 // scores, from which the backward recomputes them tile by tile. Memory is
@@ -227,11 +233,11 @@ void attention_backward_bf16(float* dinp, float* datt, const float* dout,
 // forward's out.
 template <typename F>
 void flash_attention_forward(F* out, F* lse, const F* inp, int B, int T, int C,
-                             int NH);
+                             int NH, int KVH);
 template <typename F>
 void flash_attention_backward(F* dinp, const F* dout, const F* inp,
                               const F* out, const F* lse, int B, int T, int C,
-                              int NH);
+                              int NH, int KVH);
 
 // Context parallelism's zigzag positions (kernels/common/math.h).
 using math::ZigzagPosition;
@@ -239,36 +245,37 @@ using math::ZigzagPosition;
 // Attention between the Tl queries zigzag rank q_rank holds and the Tl keys
 // and values rank k_rank holds, of cp: query t sees key j where j's
 // position is not after t's (the causal mask across blocks; ring
-// attention's pieces). qkv (B,Tl,3C) holds the queries as
-// attention_forward's inp; kv rows of kv_stride floats hold keys in
-// columns [0,C) and values in [C,2C) (another rank's qkv + C with stride
-// 3C, or packed, 2C). The forward folds the block into out (B,Tl,C) and lse
+// attention's pieces). qkv (B,Tl,C+2K) holds the queries as
+// attention_forward's inp; kv rows of kv_stride floats hold key heads in
+// columns [0,K) and value heads in [K,2K) (another rank's qkv + C with
+// stride C+2K, or packed, 2K). The forward folds the block into out (B,Tl,C) and lse
 // (B,NH,Tl), each row's log-sum-exp of its scaled scores so far, by the
 // log-sum-exp rule (`first`: starts them); a row that sees no key of the
 // block is left as it was. Over every rank's block, in any order, out is
 // attention_forward's at the rows' positions. The backward of one block
-// takes the whole attention's out and lse: dqkv's query thirds (B,Tl,3C)
-// and dkv (laid out as kv) accumulate that block's share.
+// takes the whole attention's out and lse: dqkv's query columns
+// (B,Tl,C+2K) and dkv (laid out as kv) accumulate that block's share.
 template <typename F>
 void attention_block_forward(F* out, F* lse, const F* qkv, const F* kv,
                              int64_t kv_stride, int B, int Tl, int C, int NH,
-                             int cp, int q_rank, int k_rank, bool first);
+                             int KVH, int cp, int q_rank, int k_rank,
+                             bool first);
 template <typename F>
 void attention_block_backward(F* dqkv, F* dkv, const F* dout, const F* qkv,
                               const F* out, const F* lse, const F* kv,
                               int64_t kv_stride, int B, int Tl, int C, int NH,
-                              int cp, int q_rank, int k_rank);
+                              int KVH, int cp, int q_rank, int k_rank);
 
 // The same attention for n new positions [pos, pos + n) of one sequence
 // (B = 1), over a cache of every earlier position's keys and values:
-// generation without recomputing the prefix. qkv is (n,3C) as inp above;
-// kcache and vcache are (NH,capacity,hs) each, and rows [0, pos) of every
-// head must hold the earlier positions. The new keys and values are written
+// generation without recomputing the prefix. qkv is (n,C+2K) as inp above;
+// kcache and vcache are (KVH,capacity,hs) each, and rows [0, pos) of every
+// key/value head must hold the earlier positions. The new keys and values are written
 // to rows [pos, pos + n), then out (n,C) row i attends to rows [0, pos + i].
 // pos + n <= capacity.
 template <typename F>
 void attention_decode(F* out, F* kcache, F* vcache, const F* qkv, int n,
-                      int pos, int C, int NH, int capacity);
+                      int pos, int C, int NH, int KVH, int capacity);
 
 // GELU, tanh approximation. out, inp are (N).
 template <typename F>

@@ -296,48 +296,52 @@ class CpuBackend final : public Ops {
   // kernels (fp32 inside, as the fp32 values they stand for): the same
   // results as for those values, the output rounded afterwards.
   void attention_forward(Act out, float* att, ConstAct inp, int B, int T, int C,
-                         int NH) override {
-    const int64_t n = static_cast<int64_t>(B) * T * C;
-    const float* x = AsF32(inp, 3 * n, 1);
+                         int NH, int KVH) override {
+    const int64_t BT = static_cast<int64_t>(B) * T, n = BT * C;
+    const float* x =
+        AsF32(inp, BT * math::MakeAttentionHeads(C, NH, KVH).row(), 1);
     float* y = F32Target(out, n, 2);
     if (T >= kFlashAttentionT) {
-      kernels::flash_attention_forward(y, att, x, B, T, C, NH);
+      kernels::flash_attention_forward(y, att, x, B, T, C, NH, KVH);
     } else if (bf16_) {
-      kernels::attention_forward_bf16(y, att, x, B, T, C, NH);
+      kernels::attention_forward_bf16(y, att, x, B, T, C, NH, KVH);
     } else {
-      kernels::attention_forward(y, att, x, B, T, C, NH);
+      kernels::attention_forward(y, att, x, B, T, C, NH, KVH);
     }
-    Finish(out, y, static_cast<int64_t>(B) * T, C);
+    Finish(out, y, BT, C);
   }
   void attention_block_forward(float* out, float* lse, const float* qkv,
                                const float* kv, int64_t kv_stride, int B,
-                               int Tl, int C, int NH, int cp, int q_rank,
-                               int k_rank, bool first) override {
+                               int Tl, int C, int NH, int KVH, int cp,
+                               int q_rank, int k_rank, bool first) override {
     kernels::attention_block_forward(out, lse, qkv, kv, kv_stride, B, Tl, C, NH,
-                                     cp, q_rank, k_rank, first);
+                                     KVH, cp, q_rank, k_rank, first);
   }
   void attention_block_backward(float* dqkv, float* dkv, const float* dout,
                                 const float* qkv, const float* out,
                                 const float* lse, const float* kv,
                                 int64_t kv_stride, int B, int Tl, int C, int NH,
-                                int cp, int q_rank, int k_rank) override {
+                                int KVH, int cp, int q_rank,
+                                int k_rank) override {
     kernels::attention_block_backward(dqkv, dkv, dout, qkv, out, lse, kv,
-                                      kv_stride, B, Tl, C, NH, cp, q_rank,
+                                      kv_stride, B, Tl, C, NH, KVH, cp, q_rank,
                                       k_rank);
   }
   void attention_backward(float* dinp, float* datt, const float* dout,
                           ConstAct inp, ConstAct out, const float* att, int B,
-                          int T, int C, int NH) override {
-    const int64_t n = static_cast<int64_t>(B) * T * C;
-    const float* x = AsF32(inp, 3 * n, 1);
-    Zero(dinp, 3 * n);  // the kernels add to it
+                          int T, int C, int NH, int KVH) override {
+    const int64_t BT = static_cast<int64_t>(B) * T, n = BT * C;
+    const int64_t rows = BT * math::MakeAttentionHeads(C, NH, KVH).row();
+    const float* x = AsF32(inp, rows, 1);
+    Zero(dinp, rows);  // the kernels add to it
     if (T >= kFlashAttentionT) {
       kernels::flash_attention_backward(dinp, dout, x, AsF32(out, n, 2), att, B,
-                                        T, C, NH);
+                                        T, C, NH, KVH);
     } else if (bf16_) {
-      kernels::attention_backward_bf16(dinp, datt, dout, x, att, B, T, C, NH);
+      kernels::attention_backward_bf16(dinp, datt, dout, x, att, B, T, C, NH,
+                                       KVH);
     } else {
-      kernels::attention_backward(dinp, datt, dout, x, att, B, T, C, NH);
+      kernels::attention_backward(dinp, datt, dout, x, att, B, T, C, NH, KVH);
     }
   }
   // bf16 keeps the probabilities rounded: two in a float.
@@ -352,11 +356,12 @@ class CpuBackend final : public Ops {
     return T >= kFlashAttentionT || bf16_ ? 0 : B * NH * T * T;
   }
   void attention_decode(Act out, float* kcache, float* vcache, ConstAct qkv,
-                        int n, int pos, int C, int NH, int capacity) override {
+                        int n, int pos, int C, int NH, int KVH,
+                        int capacity) override {
     float* y = F32Target(out, int64_t{n} * C, 2);
-    kernels::attention_decode(y, kcache, vcache,
-                              AsF32(qkv, int64_t{n} * 3 * C, 1), n, pos, C, NH,
-                              capacity);
+    const int64_t row = math::MakeAttentionHeads(C, NH, KVH).row();
+    kernels::attention_decode(y, kcache, vcache, AsF32(qkv, n * row, 1), n, pos,
+                              C, NH, KVH, capacity);
     Finish(out, y, n, C);
   }
   void gelu_forward(float* out, const float* inp, int64_t N) override {

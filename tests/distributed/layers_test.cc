@@ -375,9 +375,10 @@ TEST(RingAttention, ZigzagRanksGiveTheWholeSequencesAttention) {
   // The whole sequence on one rank.
   Vec out(dout.size()), att(static_cast<size_t>(B) * NH * T * T),
       datt(att.size()), dqkv(qkv.size(), 0.0f);
-  kernels::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  kernels::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH,
+                             NH);
   kernels::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(),
-                              att.data(), B, T, C, NH);
+                              att.data(), B, T, C, NH, NH);
   // This rank's rows of a (B,T,width) tensor.
   auto mine = [&](const Vec& x, int width) {
     Vec v(static_cast<size_t>(B) * Tl * width);
@@ -395,11 +396,11 @@ TEST(RingAttention, ZigzagRanksGiveTheWholeSequencesAttention) {
   Vec got(local_dout.size()), lse(static_cast<size_t>(B) * NH * Tl),
       ring(static_cast<size_t>(4) * B * Tl * 2 * C),  // as documented
       dlocal(local.size(), 0.0f);
-  ring_attention_forward(got.data(), lse.data(), local.data(), B, Tl, C, NH, g,
-                         ring.data(), kernels::CpuOps());
+  ring_attention_forward(got.data(), lse.data(), local.data(), B, Tl, C, NH, NH,
+                         g, ring.data(), kernels::CpuOps());
   ring_attention_backward(dlocal.data(), local_dout.data(), local.data(),
-                          got.data(), lse.data(), B, Tl, C, NH, g, ring.data(),
-                          kernels::CpuOps());
+                          got.data(), lse.data(), B, Tl, C, NH, NH, g,
+                          ring.data(), kernels::CpuOps());
   const double d_out = RelDiff(got, mine(out, C));
   const double d_grad = RelDiff(dlocal, mine(dqkv, 3 * C));
   if (r == 0) {

@@ -1253,9 +1253,9 @@ TEST(AttentionTest, Bf16StoredInputAndOutputAreTheirFp32Values) {
     std::vector<float> att(ops.attention_saved_floats(B, T, C, NH)),
         att16(att.size()), datt(ops.attention_scratch_floats(B, T, C, NH)),
         out(n), out16((n + 1) / 2);
-    ops.attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    ops.attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NH);
     ops.attention_forward(Act(out16.data(), bf), att16.data(),
-                          ConstAct(qkv16.data(), bf), B, T, C, NH);
+                          ConstAct(qkv16.data(), bf), B, T, C, NH, NH);
     EXPECT_EQ(att16, att);
     const auto* bits = reinterpret_cast<const uint16_t*>(out16.data());
     std::vector<float> out_rounded(n);
@@ -1267,10 +1267,10 @@ TEST(AttentionTest, Bf16StoredInputAndOutputAreTheirFp32Values) {
     // as the fp32 value it stands for.
     std::vector<float> dinp(3 * n, 0.0f), dinp16(3 * n, 0.0f);
     ops.attention_backward(dinp.data(), datt.data(), dout.data(), qkv.data(),
-                           out_rounded.data(), att.data(), B, T, C, NH);
+                           out_rounded.data(), att.data(), B, T, C, NH, NH);
     ops.attention_backward(
         dinp16.data(), datt.data(), dout.data(), ConstAct(qkv16.data(), bf),
-        ConstAct(out16.data(), bf), att16.data(), B, T, C, NH);
+        ConstAct(out16.data(), bf), att16.data(), B, T, C, NH, NH);
     EXPECT_EQ(dinp16, dinp);
   }
   // Generation: three positions into a cache of 8.
@@ -1284,9 +1284,9 @@ TEST(AttentionTest, Bf16StoredInputAndOutputAreTheirFp32Values) {
   std::vector<float> k(NH * cap * (C / NH)), v(k.size()), k16(k.size()),
       v16(k.size()), out(n * C), out16((n * C + 1) / 2);
   ops.attention_decode(out.data(), k.data(), v.data(), qkv.data(), n, 0, C, NH,
-                       cap);
+                       NH, cap);
   ops.attention_decode(Act(out16.data(), bf), k16.data(), v16.data(),
-                       ConstAct(qkv16.data(), bf), n, 0, C, NH, cap);
+                       ConstAct(qkv16.data(), bf), n, 0, C, NH, NH, cap);
   EXPECT_EQ(k16, k);
   EXPECT_EQ(v16, v);
   const auto* bits = reinterpret_cast<const uint16_t*>(out16.data());
@@ -1377,13 +1377,13 @@ struct AttentionProblem {
     dinp.resize(inp.size());
   }
   double Loss() {
-    attention_forward(out.data(), att.data(), inp.data(), B, T, C, NH);
+    attention_forward(out.data(), att.data(), inp.data(), B, T, C, NH, NH);
     return Dot(out, dout);
   }
   void Backward() {
     Loss();  // att at the unperturbed point
     attention_backward(dinp.data(), datt.data(), dout.data(), inp.data(),
-                       att.data(), B, T, C, NH);
+                       att.data(), B, T, C, NH, NH);
   }
   std::mt19937_64 rng;
   int B, T, C, NH;
@@ -1465,9 +1465,10 @@ TEST(AttentionTest, FloatForwardAndBackwardMatchDouble) {
   std::vector<float> out(p.out.size()), att(p.att.size()), datt(p.datt.size()),
       dinp(p.dinp.size());
   const std::vector<float> inp = ToFloat(p.inp), dout = ToFloat(p.dout);
-  attention_forward(out.data(), att.data(), inp.data(), p.B, p.T, p.C, p.NH);
+  attention_forward(out.data(), att.data(), inp.data(), p.B, p.T, p.C, p.NH,
+                    p.NH);
   attention_backward(dinp.data(), datt.data(), dout.data(), inp.data(),
-                     att.data(), p.B, p.T, p.C, p.NH);
+                     att.data(), p.B, p.T, p.C, p.NH, p.NH);
   ExpectFloatMatchesDouble("attention out", out, p.out);
   ExpectFloatMatchesDouble("attention att", att, p.att);
   ExpectFloatMatchesDouble("attention dinp", dinp, p.dinp);
@@ -1479,7 +1480,7 @@ TEST(AttentionTest, FloatForwardAndBackwardMatchDouble) {
 // two key tiles of 512 and the online softmax carries between them.
 double FlashLoss(const AttentionProblem& p, Vec* out, Vec* lse) {
   flash_attention_forward(out->data(), lse->data(), p.inp.data(), p.B, p.T, p.C,
-                          p.NH);
+                          p.NH, p.NH);
   return Dot(*out, p.dout);
 }
 
@@ -1490,7 +1491,7 @@ TEST(FlashAttentionTest, BackwardMatchesFiniteDifferences) {
         dinp(p.inp.size(), 0.0);
     FlashLoss(p, &out, &lse);
     flash_attention_backward(dinp.data(), p.dout.data(), p.inp.data(),
-                             out.data(), lse.data(), p.B, T, p.C, p.NH);
+                             out.data(), lse.data(), p.B, T, p.C, p.NH, p.NH);
     EXPECT_LE(MaxGradError("flash attention dinp T" + std::to_string(T), &p.inp,
                            dinp, [&] { return FlashLoss(p, &out, &lse); }),
               kGradTol);
@@ -1504,7 +1505,7 @@ TEST(FlashAttentionTest, MatchesTheMaterialisedKernelAcrossKeyTiles) {
       dinp(p.inp.size(), 0.0);
   FlashLoss(p, &out, &lse);
   flash_attention_backward(dinp.data(), p.dout.data(), p.inp.data(), out.data(),
-                           lse.data(), p.B, p.T, p.C, p.NH);
+                           lse.data(), p.B, p.T, p.C, p.NH, p.NH);
   for (size_t i = 0; i < out.size(); i++) {
     ASSERT_NEAR(out[i], p.out[i], 1e-12) << "out " << i;
   }
@@ -1530,9 +1531,9 @@ TEST(FlashAttentionTest, MatchesTheMaterialisedKernelAcrossKeyTiles) {
   std::vector<float> fout(out.size()), flse(lse.size()), fdinp(dinp.size());
   const std::vector<float> finp = ToFloat(p.inp), fdout = ToFloat(p.dout);
   flash_attention_forward(fout.data(), flse.data(), finp.data(), p.B, p.T, p.C,
-                          p.NH);
+                          p.NH, p.NH);
   flash_attention_backward(fdinp.data(), fdout.data(), finp.data(), fout.data(),
-                           flse.data(), p.B, p.T, p.C, p.NH);
+                           flse.data(), p.B, p.T, p.C, p.NH, p.NH);
   ExpectFloatMatchesDouble("flash attention out", fout, p.out);
   ExpectFloatMatchesDouble("flash attention dinp", fdinp, p.dinp);
 }
@@ -1593,7 +1594,7 @@ TEST_P(AttentionBlockTest, ZigzagBlocksInRingOrderAreTheWholeAttention) {
         const std::vector<int> theirs = positions(src);
         const Vec kv = rows(p.inp, 3 * C, theirs, C, 2 * C);
         attention_block_forward(out.data(), lse.data(), qkv.data(), kv.data(),
-                                2 * C, B, Tl, C, NH, cp, r, src,
+                                2 * C, B, Tl, C, NH, NH, cp, r, src,
                                 /*first=*/s == 0);
       }
       const Vec want = rows(p.out, C, mine, 0, C);
@@ -1622,7 +1623,7 @@ TEST_P(AttentionBlockTest, ZigzagBlocksInRingOrderAreTheWholeAttention) {
         Vec dkv(kv.size(), 0.0);
         attention_block_backward(dqkv.data(), dkv.data(), dout.data(),
                                  qkv.data(), out.data(), lse.data(), kv.data(),
-                                 2 * C, B, Tl, C, NH, cp, r, src);
+                                 2 * C, B, Tl, C, NH, NH, cp, r, src);
         for (int b = 0; b < B; ++b) {
           for (int t = 0; t < Tl; ++t) {
             for (int i = 0; i < 2 * C; ++i) {
@@ -1665,15 +1666,15 @@ TEST(FlashAttentionTest, CpuBackendSwitchesAtItsLengthAndAgrees) {
                            dout = ToFloat(Random(size_t{B} * T * C, &rng));
   std::vector<float> want(dout.size()), att(size_t{B} * NH * T * T),
       datt(att.size()), want_dinp(inp.size());
-  attention_forward(want.data(), att.data(), inp.data(), B, T, C, NH);
+  attention_forward(want.data(), att.data(), inp.data(), B, T, C, NH, NH);
   attention_backward(want_dinp.data(), datt.data(), dout.data(), inp.data(),
-                     att.data(), B, T, C, NH);
+                     att.data(), B, T, C, NH, NH);
   // The backend writes dinp whole: what it held before does not matter.
   std::vector<float> out(want.size()),
       saved(ops.attention_saved_floats(B, T, C, NH)), dinp(inp.size(), 7.0f);
-  ops.attention_forward(out.data(), saved.data(), inp.data(), B, T, C, NH);
+  ops.attention_forward(out.data(), saved.data(), inp.data(), B, T, C, NH, NH);
   ops.attention_backward(dinp.data(), nullptr, dout.data(), inp.data(),
-                         out.data(), saved.data(), B, T, C, NH);
+                         out.data(), saved.data(), B, T, C, NH, NH);
   ExpectFloatMatchesDouble("backend attention out", out,
                            Vec(want.begin(), want.end()));
   ExpectFloatMatchesDouble("backend attention dinp", dinp,
@@ -1702,9 +1703,9 @@ TEST(AttentionTest, Bf16IsTheAttentionOfRoundedOperands) {
                              dout = ToFloat(Random(size_t(B) * T * C, &rng));
     std::vector<float> out(dout.size()), dinp(inp.size()),
         att((int64_t{B} * NH * T * T + 1) / 2);
-    attention_forward_bf16(out.data(), att.data(), inp.data(), B, T, C, NH);
+    attention_forward_bf16(out.data(), att.data(), inp.data(), B, T, C, NH, NH);
     attention_backward_bf16(dinp.data(), nullptr, dout.data(), inp.data(),
-                            att.data(), B, T, C, NH);
+                            att.data(), B, T, C, NH, NH);
   }
   for (const int B : {1, 3}) {
     const int T = 150, C = 128, NH = 4, hs = C / NH;
@@ -1780,9 +1781,10 @@ TEST(AttentionTest, Bf16IsTheAttentionOfRoundedOperands) {
     std::fill(reinterpret_cast<uint16_t*>(att.data()),
               reinterpret_cast<uint16_t*>(att.data()) + 2 * att.size(),
               uint16_t{0x3f80});
-    attention_forward_bf16(fout.data(), att.data(), finp.data(), B, T, C, NH);
+    attention_forward_bf16(fout.data(), att.data(), finp.data(), B, T, C, NH,
+                           NH);
     attention_backward_bf16(fdinp.data(), nullptr, fdout.data(), finp.data(),
-                            att.data(), B, T, C, NH);
+                            att.data(), B, T, C, NH, NH);
     SCOPED_TRACE("B " + std::to_string(B));
     ExpectFloatMatchesDouble("bf16 attention out", fout, out, 3e-4);
     ExpectFloatMatchesDouble("bf16 attention dinp", fdinp, dinp, 3e-4);
@@ -1814,7 +1816,7 @@ TEST(AttentionTest, DecodeInPiecesMatchesTheWholeForward) {
   for (int n : {5, 1, 1, 9, 1, 20}) {
     ASSERT_LE(pos + n, p.T);
     attention_decode(&out[pos * C], kcache.data(), vcache.data(),
-                     &p.inp[pos * 3 * C], n, pos, C, p.NH, capacity);
+                     &p.inp[pos * 3 * C], n, pos, C, p.NH, p.NH, capacity);
     pos += n;
   }
   ASSERT_EQ(pos, p.T);
@@ -1836,9 +1838,188 @@ TEST(AttentionTest, DecodeInPiecesMatchesTheWholeForward) {
   const std::vector<float> finp = ToFloat(p.inp);
   for (int t = 0; t < p.T; t++) {
     attention_decode(&fout[t * C], fk.data(), fv.data(), &finp[t * 3 * C], 1, t,
-                     C, p.NH, capacity);
+                     C, p.NH, p.NH, capacity);
   }
   ExpectFloatMatchesDouble("attention decode out", fout, p.out);
+}
+
+// Grouped-query attention (KVH < NH) is multi-head attention over its
+// key and value heads repeated for each query head of their group, the
+// repeated heads' gradients summed: every kernel, without the repetition.
+struct GroupedProblem {
+  GroupedProblem(int B_, int T_, int NH_, int KVH_, int hs_, uint64_t seed)
+      : B(B_),
+        T(T_),
+        NH(NH_),
+        KVH(KVH_),
+        hs(hs_),
+        C(NH_ * hs_),
+        heads(math::MakeAttentionHeads(C, NH, KVH)) {
+    std::mt19937_64 rng(seed);
+    grouped = Random(int64_t{B} * T * heads.row(), &rng);
+    dout = Random(int64_t{B} * T * C, &rng);
+    full = Repeat(grouped);
+  }
+  // Grouped rows as multi-head rows (3C), each key/value head repeated.
+  Vec Repeat(const Vec& g) const {
+    Vec m(int64_t{B} * T * 3 * C);
+    for (int64_t r = 0; r < int64_t{B} * T; ++r) {
+      const double* x = &g[r * heads.row()];
+      double* y = &m[r * 3 * C];
+      std::copy(x, x + C, y);
+      for (int h = 0; h < NH; ++h) {
+        const double* k = x + C + h / (NH / KVH) * hs;  // the group's head
+        std::copy(k, k + hs, y + C + h * hs);
+        std::copy(k + heads.K(), k + heads.K() + hs, y + 2 * C + h * hs);
+      }
+    }
+    return m;
+  }
+  // A multi-head rows' gradient summed into grouped rows.
+  Vec Sum(const Vec& m) const {
+    Vec g(int64_t{B} * T * heads.row(), 0.0);
+    for (int64_t r = 0; r < int64_t{B} * T; ++r) {
+      const double* x = &m[r * 3 * C];
+      double* y = &g[r * heads.row()];
+      for (int c = 0; c < C; ++c) y[c] += x[c];
+      for (int h = 0; h < NH; ++h) {
+        double* k = y + C + h / (NH / KVH) * hs;
+        for (int d = 0; d < hs; ++d) {
+          k[d] += x[C + h * hs + d];
+          k[heads.K() + d] += x[2 * C + h * hs + d];
+        }
+      }
+    }
+    return g;
+  }
+  int B, T, NH, KVH, hs, C;
+  math::AttentionHeads heads;
+  Vec grouped, full, dout;
+};
+
+void ExpectClose(const std::string& what, const Vec& got, const Vec& want) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], 1e-12) << what << " " << i;
+  }
+}
+
+TEST(GroupedQueryAttentionTest, EveryKernelIsMultiHeadOverRepeatedHeads) {
+  for (int KVH : {1, 2}) {
+    // T 70: past one 64-row tile; 600: past the flash kernel's 512 keys.
+    for (int T : {70, 600}) {
+      SCOPED_TRACE("KVH " + std::to_string(KVH) + " T " + std::to_string(T));
+      const GroupedProblem p(/*B=*/2, T, /*NH=*/4, KVH, /*hs=*/8, 41 + KVH);
+      const int64_t BT = int64_t{p.B} * T, n = BT * p.C;
+      Vec att(int64_t{p.B} * p.NH * T * T), datt(att.size());
+      // The probabilities' kernels.
+      Vec want(n), got(n);
+      attention_forward(want.data(), att.data(), p.full.data(), p.B, T, p.C,
+                        p.NH, p.NH);
+      attention_forward(got.data(), att.data(), p.grouped.data(), p.B, T, p.C,
+                        p.NH, KVH);
+      ExpectClose("attention out", got, want);
+      Vec dfull(p.full.size(), 0.0), dgrouped(p.grouped.size(), 0.0);
+      attention_backward(dfull.data(), datt.data(), p.dout.data(),
+                         p.full.data(), att.data(), p.B, T, p.C, p.NH, p.NH);
+      attention_backward(dgrouped.data(), datt.data(), p.dout.data(),
+                         p.grouped.data(), att.data(), p.B, T, p.C, p.NH, KVH);
+      ExpectClose("attention dinp", dgrouped, p.Sum(dfull));
+      // The flash kernels.
+      Vec lse(int64_t{p.B} * p.NH * T), lse_full(lse.size());
+      flash_attention_forward(want.data(), lse_full.data(), p.full.data(), p.B,
+                              T, p.C, p.NH, p.NH);
+      flash_attention_forward(got.data(), lse.data(), p.grouped.data(), p.B, T,
+                              p.C, p.NH, KVH);
+      ExpectClose("flash out", got, want);
+      ExpectClose("flash lse", lse, lse_full);
+      std::fill(dfull.begin(), dfull.end(), 0.0);
+      std::fill(dgrouped.begin(), dgrouped.end(), 0.0);
+      flash_attention_backward(dfull.data(), p.dout.data(), p.full.data(),
+                               want.data(), lse.data(), p.B, T, p.C, p.NH,
+                               p.NH);
+      flash_attention_backward(dgrouped.data(), p.dout.data(), p.grouped.data(),
+                               got.data(), lse.data(), p.B, T, p.C, p.NH, KVH);
+      ExpectClose("flash dinp", dgrouped, p.Sum(dfull));
+      // Ring attention's blocks: cp 2, rank 1's queries over rank 0's keys
+      // (the same rows standing for both ranks' blocks).
+      const int64_t R = p.heads.row();
+      Vec bwant(n), bgot(n), blse_full(lse.size()), blse(lse.size());
+      attention_block_forward(bwant.data(), blse_full.data(), p.full.data(),
+                              p.full.data() + p.C, 3 * p.C, p.B, T, p.C, p.NH,
+                              p.NH, 2, 1, 0, /*first=*/true);
+      attention_block_forward(bgot.data(), blse.data(), p.grouped.data(),
+                              p.grouped.data() + p.C, R, p.B, T, p.C, p.NH, KVH,
+                              2, 1, 0, /*first=*/true);
+      ExpectClose("block out", bgot, bwant);
+      std::fill(dfull.begin(), dfull.end(), 0.0);
+      std::fill(dgrouped.begin(), dgrouped.end(), 0.0);
+      attention_block_backward(dfull.data(), dfull.data() + p.C, p.dout.data(),
+                               p.full.data(), bwant.data(), blse_full.data(),
+                               p.full.data() + p.C, 3 * p.C, p.B, T, p.C, p.NH,
+                               p.NH, 2, 1, 0);
+      attention_block_backward(dgrouped.data(), dgrouped.data() + p.C,
+                               p.dout.data(), p.grouped.data(), bgot.data(),
+                               blse.data(), p.grouped.data() + p.C, R, p.B, T,
+                               p.C, p.NH, KVH, 2, 1, 0);
+      ExpectClose("block dinp", dgrouped, p.Sum(dfull));
+    }
+  }
+}
+
+// The bf16 kernels lay grouped rows out as multi-head rows in their
+// rounded copy: the same products as over the repeated heads.
+TEST(GroupedQueryAttentionTest, Bf16KernelsAreMultiHeadOverRepeatedHeads) {
+  if (!CpuHasBf16()) GTEST_SKIP() << kNoBf16;
+  const GroupedProblem p(/*B=*/2, /*T=*/70, /*NH=*/4, /*KVH=*/2, /*hs=*/8, 47);
+  const int64_t n = int64_t{p.B} * p.T * p.C;
+  const std::vector<float> full = ToFloat(p.full), grouped = ToFloat(p.grouped),
+                           dout = ToFloat(p.dout);
+  std::vector<float> att((int64_t{p.B} * p.NH * p.T * p.T + 1) / 2),
+      att_g(att.size()), want(n), got(n);
+  attention_forward_bf16(want.data(), att.data(), full.data(), p.B, p.T, p.C,
+                         p.NH, p.NH);
+  attention_forward_bf16(got.data(), att_g.data(), grouped.data(), p.B, p.T,
+                         p.C, p.NH, p.KVH);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(att_g, att);
+  std::vector<float> dfull(full.size(), 0.0f), dg(grouped.size(), 0.0f);
+  attention_backward_bf16(dfull.data(), nullptr, dout.data(), full.data(),
+                          att.data(), p.B, p.T, p.C, p.NH, p.NH);
+  attention_backward_bf16(dg.data(), nullptr, dout.data(), grouped.data(),
+                          att.data(), p.B, p.T, p.C, p.NH, p.KVH);
+  const Vec sum = p.Sum(Vec(dfull.begin(), dfull.end()));
+  for (size_t i = 0; i < dg.size(); ++i) {
+    ASSERT_NEAR(dg[i], sum[i], 1e-6 * (1 + std::fabs(sum[i]))) << i;
+  }
+}
+
+TEST(GroupedQueryAttentionTest, DecodeCachesEachKeyValueHeadOnce) {
+  const GroupedProblem p(/*B=*/1, /*T=*/21, /*NH=*/6, /*KVH=*/2, /*hs=*/4, 43);
+  const int cap = 24, C = p.C, hs = p.hs;
+  Vec want(int64_t{p.T} * C), got(want.size());
+  Vec kf(int64_t{p.NH} * cap * hs), vf(kf.size());
+  Vec kg(int64_t{p.KVH} * cap * hs, -7.0), vg(kg.size(), -7.0);
+  int pos = 0;
+  for (int n : {4, 1, 16}) {
+    attention_decode(&want[pos * C], kf.data(), vf.data(), &p.full[pos * 3 * C],
+                     n, pos, C, p.NH, p.NH, cap);
+    attention_decode(&got[pos * C], kg.data(), vg.data(),
+                     &p.grouped[pos * p.heads.row()], n, pos, C, p.NH, p.KVH,
+                     cap);
+    pos += n;
+  }
+  ExpectClose("decode out", got, want);
+  for (int g = 0; g < p.KVH; ++g) {
+    for (int t = 0; t < p.T; ++t) {
+      for (int d = 0; d < hs; ++d) {
+        const double* k = &p.grouped[t * p.heads.row() + C + g * hs + d];
+        const size_t at = (static_cast<size_t>(g) * cap + t) * hs + d;
+        ASSERT_EQ(kg[at], k[0]) << "head " << g << " position " << t;
+        ASSERT_EQ(vg[at], k[p.heads.K()]) << "head " << g << " position " << t;
+      }
+    }
+  }
 }
 
 // ------------------------------------------------------------------- gelu

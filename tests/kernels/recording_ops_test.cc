@@ -267,30 +267,31 @@ std::vector<OpCase> Fp32Ops() {
        }},
       {"attention_forward",
        [](Ops& o, Memory& t) {
-         o.attention_forward(t.att_out, t.att, t.qkv, kB, kT, kC, kNH);
+         o.attention_forward(t.att_out, t.att, t.qkv, kB, kT, kC, kNH, kNH);
        }},
       {"attention_backward",
        [](Ops& o, Memory& t) {
          o.attention_backward(t.dqkv, t.datt, t.dx, t.qkv, t.att_out, t.att, kB,
-                              kT, kC, kNH);
+                              kT, kC, kNH, kNH);
        }},
       {"attention_block_forward",
        [](Ops& o, Memory& t) {
          o.attention_block_forward(t.block_out, t.block_lse, t.block_qkv,
-                                   t.block_kv, 2 * kC, kB, kTl, kC, kNH, kCp,
+                                   t.block_kv, 2 * kC, kB, kTl, kC, kNH, kNH,
+                                   kCp,
                                    /*q_rank=*/1, /*k_rank=*/0, /*first=*/true);
        }},
       {"attention_block_backward",
        [](Ops& o, Memory& t) {
-         o.attention_block_backward(t.block_dqkv, t.block_dkv, t.block_dout,
-                                    t.block_qkv, t.block_out, t.block_lse,
-                                    t.block_kv, 2 * kC, kB, kTl, kC, kNH, kCp,
-                                    /*q_rank=*/1, /*k_rank=*/0);
+         o.attention_block_backward(
+             t.block_dqkv, t.block_dkv, t.block_dout, t.block_qkv, t.block_out,
+             t.block_lse, t.block_kv, 2 * kC, kB, kTl, kC, kNH, kNH, kCp,
+             /*q_rank=*/1, /*k_rank=*/0);
        }},
       {"attention_decode",
        [](Ops& o, Memory& t) {
          o.attention_decode(t.decode_out, t.kcache, t.vcache, t.decode_qkv,
-                            kDecodeN, kDecodePos, kC, kNH, kCapacity);
+                            kDecodeN, kDecodePos, kC, kNH, kNH, kCapacity);
        }},
       {"gelu_forward", [=](Ops& o, Memory& t) { o.gelu_forward(t.y, t.x, n); }},
       {"gelu_backward",

@@ -246,36 +246,35 @@ void RecordingOps::gelu_matmul_backward(Act dinp, float* dweight, float* dbias,
         inp, weight, B, T, C, OC);
 }
 void RecordingOps::attention_forward(Act out, float* att, ConstAct inp, int B,
-                                     int T, int C, int NH) {
-  Issue(&Ops::attention_forward, out, att, inp, B, T, C, NH);
+                                     int T, int C, int NH, int KVH) {
+  Issue(&Ops::attention_forward, out, att, inp, B, T, C, NH, KVH);
 }
 void RecordingOps::attention_backward(float* dinp, float* datt,
                                       const float* dout, ConstAct inp,
                                       ConstAct out, const float* att, int B,
-                                      int T, int C, int NH) {
-  Issue(&Ops::attention_backward, dinp, datt, dout, inp, out, att, B, T, C, NH);
+                                      int T, int C, int NH, int KVH) {
+  Issue(&Ops::attention_backward, dinp, datt, dout, inp, out, att, B, T, C, NH,
+        KVH);
 }
 void RecordingOps::attention_block_forward(float* out, float* lse,
                                            const float* qkv, const float* kv,
                                            int64_t kv_stride, int B, int Tl,
-                                           int C, int NH, int cp, int q_rank,
-                                           int k_rank, bool first) {
+                                           int C, int NH, int KVH, int cp,
+                                           int q_rank, int k_rank, bool first) {
   Issue(&Ops::attention_block_forward, out, lse, qkv, kv, kv_stride, B, Tl, C,
-        NH, cp, q_rank, k_rank, first);
+        NH, KVH, cp, q_rank, k_rank, first);
 }
-void RecordingOps::attention_block_backward(float* dqkv, float* dkv,
-                                            const float* dout, const float* qkv,
-                                            const float* out, const float* lse,
-                                            const float* kv, int64_t kv_stride,
-                                            int B, int Tl, int C, int NH,
-                                            int cp, int q_rank, int k_rank) {
+void RecordingOps::attention_block_backward(
+    float* dqkv, float* dkv, const float* dout, const float* qkv,
+    const float* out, const float* lse, const float* kv, int64_t kv_stride,
+    int B, int Tl, int C, int NH, int KVH, int cp, int q_rank, int k_rank) {
   Issue(&Ops::attention_block_backward, dqkv, dkv, dout, qkv, out, lse, kv,
-        kv_stride, B, Tl, C, NH, cp, q_rank, k_rank);
+        kv_stride, B, Tl, C, NH, KVH, cp, q_rank, k_rank);
 }
 void RecordingOps::attention_decode(Act out, float* kcache, float* vcache,
                                     ConstAct qkv, int n, int pos, int C, int NH,
-                                    int capacity) {
-  Issue(&Ops::attention_decode, out, kcache, vcache, qkv, n, pos, C, NH,
+                                    int KVH, int capacity) {
+  Issue(&Ops::attention_decode, out, kcache, vcache, qkv, n, pos, C, NH, KVH,
         capacity);
 }
 void RecordingOps::gelu_forward(float* out, const float* inp, int64_t N) {

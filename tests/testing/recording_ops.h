@@ -139,23 +139,24 @@ class RecordingOps final : public kernels::Ops {
     return inner_.gelu_saved_floats(rows, C);
   }
   void attention_forward(kernels::Act out, float* att, kernels::ConstAct inp,
-                         int B, int T, int C, int NH) override;
+                         int B, int T, int C, int NH, int KVH) override;
   void attention_backward(float* dinp, float* datt, const float* dout,
                           kernels::ConstAct inp, kernels::ConstAct out,
-                          const float* att, int B, int T, int C,
-                          int NH) override;
+                          const float* att, int B, int T, int C, int NH,
+                          int KVH) override;
   void attention_block_forward(float* out, float* lse, const float* qkv,
                                const float* kv, int64_t kv_stride, int B,
-                               int Tl, int C, int NH, int cp, int q_rank,
-                               int k_rank, bool first) override;
+                               int Tl, int C, int NH, int KVH, int cp,
+                               int q_rank, int k_rank, bool first) override;
   void attention_block_backward(float* dqkv, float* dkv, const float* dout,
                                 const float* qkv, const float* out,
                                 const float* lse, const float* kv,
                                 int64_t kv_stride, int B, int Tl, int C, int NH,
-                                int cp, int q_rank, int k_rank) override;
+                                int KVH, int cp, int q_rank,
+                                int k_rank) override;
   void attention_decode(kernels::Act out, float* kcache, float* vcache,
                         kernels::ConstAct qkv, int n, int pos, int C, int NH,
-                        int capacity) override;
+                        int KVH, int capacity) override;
   int64_t attention_saved_floats(int64_t B, int64_t T, int C,
                                  int NH) const override {
     return inner_.attention_saved_floats(B, T, C, NH);

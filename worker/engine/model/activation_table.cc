@@ -18,8 +18,7 @@ StageActivationDims StageActivationDims::Of(const GptConfig& config, int max_B,
   d.L = layers;
   d.Cl = config.n_embd / tp;
   const int64_t NHl = config.n_head / tp;
-  const int64_t KVH = config.kv_heads();
-  d.Kl = (KVH % tp == 0 ? KVH / tp : 1) * (config.n_embd / config.n_head);
+  d.Kl = int64_t{config.kv_heads_local(tp)} * (config.n_embd / config.n_head);
   d.Hl = config.hidden() / tp;
   d.Vl = config.padded_vocab / tp;
   d.BT = SatMul(max_B, max_T);
@@ -106,7 +105,7 @@ void LayOutActivations(const ModelParts& parts, const StageActivationDims& d,
                        const std::function<float*(int64_t)>& take,
                        std::vector<StageSlot>* slots, StageWorking* w,
                        StageRows* rows) {
-  const int64_t C = d.C, Cl = d.Cl, BT = d.BT, BTs = d.BTs;
+  const int64_t C = d.C, BT = d.BT, BTs = d.BTs;
   const bool full = d.recompute == Recompute::kFull;
   const StageRows t = BlockRows(parts, d);
   const int pairs = static_cast<int>(parts.pairs.size());
@@ -184,7 +183,7 @@ void LayOutActivations(const ModelParts& parts, const StageActivationDims& d,
   w->datt = take(d.datt);
   w->dfch_gelu = take(hidden);
   w->ce_stats = d.last ? take(SatMul(3, BT)) : nullptr;
-  w->ring = d.cp > 1 ? take(SatMul(4, SatMul(BT, 2 * Cl))) : nullptr;
+  w->ring = d.cp > 1 ? take(SatMul(4, SatMul(BT, 2 * d.Kl))) : nullptr;
   if (rows != nullptr) *rows = t;
 }
 

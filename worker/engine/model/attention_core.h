@@ -20,28 +20,32 @@ namespace ptrain {
 class AttentionCore {
  public:
   struct Buffers {
-    float* ring = nullptr;  // cp > 1: 4·(B,T,2Cl) floats, the ring's blocks
-    // cp > 1 under bf16 storage: (B,T,4Cl) floats free around attention
-    // (the MLP's hidden buffer), the widened qkv and output.
+    float* ring = nullptr;  // cp > 1: 4·(B,T,2Kl) floats, the ring's blocks
+    // cp > 1 under bf16 storage: (B,T,Cl+2Kl+Cl) floats free around
+    // attention (the MLP's hidden buffer), the widened qkv and output.
     float* widen = nullptr;
   };
   AttentionCore() = default;
-  // `Cl` channels and `NHl` heads on this rank; `act_div` stored elements
-  // per float of the slabs (2 where qkv and the output are bf16).
-  AttentionCore(kernels::Ops* ops, CpGroup cp, int Cl, int NHl, int64_t act_div,
-                Buffers buffers)
+  // `Cl` channels, `NHl` query heads and `KVHl` key/value heads on this
+  // rank (kernels/ops.h attention_forward's rows, Cl + 2Kl wide); `act_div`
+  // stored elements per float of the slabs (2 where qkv and the output are
+  // bf16).
+  AttentionCore(kernels::Ops* ops, CpGroup cp, int Cl, int NHl, int KVHl,
+                int64_t act_div, Buffers buffers)
       : ops_(ops),
         cp_(cp),
         Cl_(Cl),
         NHl_(NHl),
+        KVHl_(KVHl),
+        row_(kernels::math::MakeAttentionHeads(Cl, NHl, KVHl).row()),
         act_div_(act_div),
         buffers_(buffers) {}
 
-  // atty (B,T,Cl) from qkv (B,T,3Cl), both in the stored type; `att` keeps
-  // what Backward reads (the probabilities or the log-sum-exp).
+  // atty (B,T,Cl) from qkv (B,T,Cl+2Kl), both in the stored type; `att`
+  // keeps what Backward reads (the probabilities or the log-sum-exp).
   void Forward(float* atty, float* att, float* qkv, int B, int T);
-  // dqkv (B,T,3Cl, fp32, written whole) from datty (B,T,Cl) and Forward's
-  // qkv, atty and att; `datt`: the backend's scratch.
+  // dqkv (B,T,Cl+2Kl, fp32, written whole) from datty (B,T,Cl) and
+  // Forward's qkv, atty and att; `datt`: the backend's scratch.
   void Backward(float* dqkv, float* datt, float* datty, float* qkv, float* atty,
                 const float* att, int B, int T);
 
@@ -61,7 +65,8 @@ class AttentionCore {
 
   kernels::Ops* ops_ = nullptr;
   CpGroup cp_;
-  int Cl_ = 0, NHl_ = 0;
+  int Cl_ = 0, NHl_ = 0, KVHl_ = 0;
+  int64_t row_ = 0;  // qkv's row: Cl + 2Kl
   int64_t act_div_ = 1;
   Buffers buffers_;
 };

@@ -334,21 +334,24 @@ void vocab_crossentropy_backward(float* dlogits, const float* probs,
 }
 
 void ring_attention_forward(float* out, float* lse, const float* qkv, int B,
-                            int Tl, int C, int NH, const CpGroup& g,
+                            int Tl, int C, int NH, int KVH, const CpGroup& g,
                             float* ring, kernels::Ops& ops) {
   const int cp = g.size(), r = g.rank();
+  const kernels::math::AttentionHeads heads =
+      kernels::math::MakeAttentionHeads(C, NH, KVH);
+  const int64_t R = heads.row(), K2 = 2 * heads.K();
   if (cp == 1) {
-    ops.attention_block_forward(out, lse, qkv, qkv + C, 3 * C, B, Tl, C, NH, 1,
+    ops.attention_block_forward(out, lse, qkv, qkv + C, R, B, Tl, C, NH, KVH, 1,
                                 0, 0, /*first=*/true);
     return;
   }
-  const int64_t rows = int64_t{B} * Tl, n = rows * 2 * C;
+  const int64_t rows = int64_t{B} * Tl, n = rows * K2;
   const int next = (r + 1) % cp, prev = (r + cp - 1) % cp;
-  // Step s holds rank (r − s)'s keys and values, packed (B,Tl,2C): its own
+  // Step s holds rank (r − s)'s keys and values, packed (B,Tl,2K): its own
   // first, then each neighbour's as it arrives, in the other buffer (free
   // again once its block has been passed on).
   float* blocks[2] = {ring, ring + n};
-  ops.CopyRows(blocks[0], 2 * C, qkv + C, 3 * C, rows, 2 * C, /*add=*/false);
+  ops.CopyRows(blocks[0], K2, qkv + C, R, rows, K2, /*add=*/false);
   for (int s = 0; s < cp; ++s) {
     float* block = blocks[s % 2];
     std::unique_ptr<CommHandle> send, recv;
@@ -356,7 +359,7 @@ void ring_attention_forward(float* out, float* lse, const float* qkv, int B,
       recv = g.comm->RecvAsync(blocks[(s + 1) % 2], n, prev, s);
       send = g.comm->SendAsync(block, n, next, s);
     }
-    ops.attention_block_forward(out, lse, qkv, block, 2 * C, B, Tl, C, NH, cp,
+    ops.attention_block_forward(out, lse, qkv, block, K2, B, Tl, C, NH, KVH, cp,
                                 r, (r - s + cp) % cp, /*first=*/s == 0);
     if (recv != nullptr) {
       recv->Wait();
@@ -367,21 +370,24 @@ void ring_attention_forward(float* out, float* lse, const float* qkv, int B,
 
 void ring_attention_backward(float* dqkv, const float* dout, const float* qkv,
                              const float* out, const float* lse, int B, int Tl,
-                             int C, int NH, const CpGroup& g, float* ring,
-                             kernels::Ops& ops) {
+                             int C, int NH, int KVH, const CpGroup& g,
+                             float* ring, kernels::Ops& ops) {
   const int cp = g.size(), r = g.rank();
+  const kernels::math::AttentionHeads heads =
+      kernels::math::MakeAttentionHeads(C, NH, KVH);
+  const int64_t R = heads.row(), K2 = 2 * heads.K();
   if (cp == 1) {
     ops.attention_block_backward(dqkv, dqkv + C, dout, qkv, out, lse, qkv + C,
-                                 3 * C, B, Tl, C, NH, 1, 0, 0);
+                                 R, B, Tl, C, NH, KVH, 1, 0, 0);
     return;
   }
-  const int64_t rows = int64_t{B} * Tl, n = rows * 2 * C;
+  const int64_t rows = int64_t{B} * Tl, n = rows * K2;
   const int next = (r + 1) % cp, prev = (r + cp - 1) % cp;
   // Two blocks of keys and values in transit and two gradients of them,
-  // packed (B,Tl,2C).
+  // packed (B,Tl,2K).
   float* blocks[2] = {ring, ring + n};
   float* grads[2] = {ring + 2 * n, ring + 3 * n};
-  ops.CopyRows(blocks[0], 2 * C, qkv + C, 3 * C, rows, 2 * C, /*add=*/false);
+  ops.CopyRows(blocks[0], K2, qkv + C, R, rows, K2, /*add=*/false);
   float* grad = grads[0];
   ops.Zero(grad, n);
   for (int s = 0; s < cp; ++s) {
@@ -393,8 +399,8 @@ void ring_attention_backward(float* dqkv, const float* dout, const float* qkv,
       recv = g.comm->RecvAsync(blocks[(s + 1) % 2], n, prev, 2 * s);
       send = g.comm->SendAsync(block, n, next, 2 * s);
     }
-    ops.attention_block_backward(dqkv, grad, dout, qkv, out, lse, block, 2 * C,
-                                 B, Tl, C, NH, cp, r, (r - s + cp) % cp);
+    ops.attention_block_backward(dqkv, grad, dout, qkv, out, lse, block, K2, B,
+                                 Tl, C, NH, KVH, cp, r, (r - s + cp) % cp);
     // After the last step the gradient goes home: rank r + 1's block.
     float* grad_in = grads[(s + 1) % 2];
     auto grad_recv = g.comm->RecvAsync(grad_in, n, prev, 2 * s + 1);
@@ -409,7 +415,7 @@ void ring_attention_backward(float* dqkv, const float* dout, const float* qkv,
   }
   // This rank's own keys and values, with every rank's share of their
   // gradient.
-  ops.CopyRows(dqkv + C, 3 * C, grad, 2 * C, rows, 2 * C, /*add=*/true);
+  ops.CopyRows(dqkv + C, R, grad, K2, rows, K2, /*add=*/true);
 }
 
 }  // namespace ptrain

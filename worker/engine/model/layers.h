@@ -191,21 +191,23 @@ void vocab_crossentropy_forward_backward(float* losses, kernels::Act logits,
 // r−1 and passes on to r+1), the next block's transfer in flight while the
 // current one's attention is computed, each folded in with the
 // log-sum-exp rule: out (B,Tl,C) and lse (B,NH,Tl), each row's log-sum-exp,
-// which the backward needs. `ring`: 2·B·Tl·2C floats of the backend's
-// memory (the keys and values in transit, packed). cp = 1: the attention of
-// the block over itself, nothing sent (`ring` unused).
+// which the backward needs. qkv: grouped-query rows of KVH key/value heads
+// (kernels/ops.h attention_forward; C + 2K wide, K = KVH·C/NH). `ring`:
+// 2·B·Tl·2K floats of the backend's memory (the keys and values in
+// transit, packed). cp = 1: the attention of the block over itself,
+// nothing sent (`ring` unused).
 void ring_attention_forward(float* out, float* lse, const float* qkv, int B,
-                            int Tl, int C, int NH, const CpGroup& g,
+                            int Tl, int C, int NH, int KVH, const CpGroup& g,
                             float* ring, kernels::Ops& ops);
-// dqkv (B,Tl,3C) accumulates the gradient of this rank's queries, keys and
-// values: each block goes round the ring again with the gradient of its
-// keys and values, which every rank adds to, and is back with its owner
-// after cp steps. `ring`: 4·B·Tl·2C floats (two blocks of keys and values
-// and their gradients, packed).
+// dqkv (laid out as qkv) accumulates the gradient of this rank's queries,
+// keys and values: each block goes round the ring again with the gradient
+// of its keys and values, which every rank adds to, and is back with its
+// owner after cp steps. `ring`: 4·B·Tl·2K floats (two blocks of keys and
+// values and their gradients, packed).
 void ring_attention_backward(float* dqkv, const float* dout, const float* qkv,
                              const float* out, const float* lse, int B, int Tl,
-                             int C, int NH, const CpGroup& g, float* ring,
-                             kernels::Ops& ops);
+                             int C, int NH, int KVH, const CpGroup& g,
+                             float* ring, kernels::Ops& ops);
 
 }  // namespace ptrain
 

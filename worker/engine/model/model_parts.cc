@@ -26,7 +26,7 @@ PartTensor ChannelVector(std::string name, const GptConfig& config,
 }
 
 std::vector<ActivationRow> AttentionRows(const StageActivationDims& d) {
-  return {{"attn.qkv", d.Stored(d.BT, 3 * d.Cl)},
+  return {{"attn.qkv", d.Stored(d.BT, d.Cl + 2 * d.Kl)},
           {"attn.out", d.Stored(d.BT, d.Cl)},
           {"attn.saved", d.att, /*selective=*/true}};
 }

@@ -185,8 +185,8 @@ const ModelParts& Gpt2Parts();
 // is a programming error (the spec was validated): PT_CHECK fails.
 const ModelParts& ModelPartsOf(const GptConfig& config);
 
-// What every attention part keeps: multi-head attention's qkv row
-// (B,T,3Cl) and its output (B,T,Cl), in the stored type, and what attention
+// What every attention part keeps: the attention's grouped qkv row
+// (B,T,Cl+2Kl; multi-head attention's 3Cl) and its output (B,T,Cl), in the stored type, and what attention
 // keeps for its backward (recomputed under selective recomputation); and
 // the FLOPs of its scores and mix a token (2·C·T multiply-adds each
 // forward, twice that backward).

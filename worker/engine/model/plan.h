@@ -41,10 +41,16 @@ struct GptConfig {
   // heads (n_head: multi-head attention), rotary positions, the MLP's
   // hidden width (GPT-2's: 4C).
   int n_kv_head = 0;  // 0: n_head
-  kernels::math::Rope rope;
+  kernels::math::Rope rope{};
   int ffn_hidden = 0;  // 0: 4·n_embd
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int hidden() const { return ffn_hidden > 0 ? ffn_hidden : 4 * n_embd; }
+  // The key and value heads a rank of tp computes with: its share where tp
+  // divides them, else the one its query heads read (every rank holds them
+  // all: TpSplit::kKvHeads).
+  int kv_heads_local(int tp) const {
+    return kv_heads() % tp == 0 ? kv_heads() / tp : 1;
+  }
 };
 
 // V rounded up to a multiple of 128·tp.

@@ -5,15 +5,16 @@
 // n_kv_head, else held whole by every rank, each computing with the one
 // head its query heads read: TpSplit::kKvHeads) in the block's first unit,
 // o_proj (split by rows) in its second.
-// The forward projects q, k and v into three planes of the working set,
-// turns q and k by their positions (RoPE; under cp the rank's zigzag
-// positions, in generation from the cache's end), then lays them out as
-// multi-head attention's qkv row, each key and value head repeated for the
-// query heads of its group, and runs the same attention (AttentionCore,
-// the backend's cached decode). The backward sums the repeated heads'
-// gradients back into the planes and turns them back.
-// Rows: qkv (B,T,3Cl) and the attention's output (B,T,Cl), in the stored
-// type; what attention keeps; under a split backward, the planes'
+// The forward projects q, k and v into three planes of the working set and
+// lays them out as the attention's grouped rows (kernels/ops.h
+// attention_forward: query heads, then the key and value heads once each),
+// turns the rows' query and key heads by their positions in one pass
+// (RoPE; under cp the rank's zigzag positions, in generation from the
+// cache's end), and runs the attention (AttentionCore, the backend's
+// cached decode). The backward turns the rows' gradient back and splits it
+// into the planes.
+// Rows: qkv (B,T,Cl+2Kl) and the attention's output (B,T,Cl), in the
+// stored type; what attention keeps; under a split backward, the planes'
 // gradients (fp32) and the output projection's (B,Ts,C).
 #include "worker/engine/model/activation_table.h"
 #include "worker/engine/model/model_parts.h"
@@ -34,18 +35,17 @@ struct Heads {
   int64_t kv_at;
   int Cl() const { return NHl * hs; }
   int Kl() const { return KVl * hs; }
-  // The local key/value head query head h reads.
-  int Kv(int h) const { return h / (NHl / KVl); }
+  int64_t Row() const { return Cl() + 2 * Kl(); }
 };
 
 Heads HeadsOf(const PartPass& p) {
   const GptConfig& c = p.config();
   const int tp = p.tp().size(), r = p.tp().rank();
   const int KVH = c.kv_heads(), NHl = c.n_head / tp;
-  const int hs = c.n_embd / c.n_head;
-  if (KVH % tp == 0) return {NHl, KVH / tp, hs, 0};
+  const int hs = c.n_embd / c.n_head, KVl = c.kv_heads_local(tp);
+  if (KVH % tp == 0) return {NHl, KVl, hs, 0};
   const int64_t head = r * NHl / (c.n_head / KVH);
-  return {NHl, 1, hs, head * hs * c.n_embd};
+  return {NHl, KVl, hs, head * hs * c.n_embd};
 }
 
 class GroupedQueryAttention : public SublayerPart {
@@ -96,8 +96,8 @@ class GroupedQueryAttention : public SublayerPart {
     return {{SatMul(d.BT, d.Cl + 2 * d.Kl), "attn.qkv"},
             {SatMul(d.BTs, d.C), "stream"}};
   }
-  // hidden_a: the planes (forward); the repeated heads' gradient and the
-  // output's (B,T,4Cl), then an input gradient (B,Ts,C) (backward).
+  // hidden_a: the planes (forward); the rows' gradient and the output's
+  // (within (B,T,4Cl)), then an input gradient (B,Ts,C) (backward).
   // hidden_b: qkv in fp32 before it is stored in bf16 (forward); the
   // planes' gradients (backward).
   int64_t HiddenFloats(const StageActivationDims& d) const override {
@@ -122,27 +122,22 @@ class GroupedQueryAttention : public SublayerPart {
     column_linear_forward(v, in, p.Weight(kV).Offset(h.kv_at), nullptr, B, T, C,
                           Kl, p.tp(), p.scratch());
     p.End(kQ);
-    const int t0 = p.decoding() ? p.pos() : 0;
-    rope_forward(q, Cl, h.NHl, h.hs, B, T, t0, p.config().rope, false, p.cp(),
-                 ops);
-    rope_forward(k, Kl, h.KVl, h.hs, B, T, t0, p.config().rope, false, p.cp(),
-                 ops);
-    // Multi-head attention's qkv row, each key and value head repeated.
+    // The grouped rows, their query and key heads turned in one pass.
+    const int64_t R = h.Row();
     float* qkv = p.Row(kQkv);
     float* full = p.act_div() == 1 ? qkv : p.work().hidden_b;
-    ops.CopyRows(full, 3 * Cl, q, Cl, BT, Cl, false);
-    for (int i = 0; i < h.NHl; ++i) {
-      const int64_t at = int64_t{h.Kv(i)} * h.hs;
-      ops.CopyRows(full + Cl + i * h.hs, 3 * Cl, k + at, Kl, BT, h.hs, false);
-      ops.CopyRows(full + 2 * Cl + i * h.hs, 3 * Cl, v + at, Kl, BT, h.hs,
-                   false);
-    }
-    if (full != qkv) ops.Convert(p.Stored(qkv), full, BT, 3 * Cl);
+    ops.CopyRows(full, R, q, Cl, BT, Cl, false);
+    ops.CopyRows(full + Cl, R, k, Kl, BT, Kl, false);
+    ops.CopyRows(full + Cl + Kl, R, v, Kl, BT, Kl, false);
+    rope_forward(full, R, h.NHl + h.KVl, h.hs, B, T, p.decoding() ? p.pos() : 0,
+                 p.config().rope, false, p.cp(), ops);
+    if (full != qkv) ops.Convert(p.Stored(qkv), full, BT, R);
     float* atty = p.Row(kAtty);
     if (p.decoding()) {
-      const int64_t cache = int64_t{p.cache_T()} * Cl;
+      const int64_t cache = int64_t{p.cache_T()} * Kl;
       ops.attention_decode(p.Stored(atty), p.cache(), p.cache() + cache,
-                           p.Stored(qkv), T, p.pos(), Cl, h.NHl, p.cache_T());
+                           p.Stored(qkv), T, p.pos(), Cl, h.NHl, h.KVl,
+                           p.cache_T());
     } else {
       p.work().attention->Forward(atty, p.Row(kAtt), qkv, B, T);
     }
@@ -178,20 +173,13 @@ class GroupedQueryAttention : public SublayerPart {
     p.End(kO);
     if (p.selective()) w.attention->Forward(atty, att, qkv, B, T);
     w.attention->Backward(dfull, w.datt, datty, qkv, atty, att, B, T);
-    // The repeated heads' gradients summed into their planes.
-    ops.CopyRows(dq, Cl, dfull, 3 * Cl, BT, Cl, false);
-    for (int i = 0; i < h.NHl; ++i) {
-      const int64_t at = int64_t{h.Kv(i)} * h.hs;
-      const bool first = i % (h.NHl / h.KVl) == 0;
-      ops.CopyRows(dk + at, Kl, dfull + Cl + i * h.hs, 3 * Cl, BT, h.hs,
-                   !first);
-      ops.CopyRows(dv + at, Kl, dfull + 2 * Cl + i * h.hs, 3 * Cl, BT, h.hs,
-                   !first);
-    }
-    rope_forward(dq, Cl, h.NHl, h.hs, B, T, 0, p.config().rope, true, p.cp(),
-                 ops);
-    rope_forward(dk, Kl, h.KVl, h.hs, B, T, 0, p.config().rope, true, p.cp(),
-                 ops);
+    // The rows' gradient turned back, into the planes.
+    const int64_t R = h.Row();
+    rope_forward(dfull, R, h.NHl + h.KVl, h.hs, B, T, 0, p.config().rope, true,
+                 p.cp(), ops);
+    ops.CopyRows(dq, Cl, dfull, R, BT, Cl, false);
+    ops.CopyRows(dk, Kl, dfull + Cl, R, BT, Kl, false);
+    ops.CopyRows(dv, Kl, dfull + Cl + Kl, R, BT, Kl, false);
     if (p.split() && dq != p.Row(kDplanes)) {
       ops.Copy(p.Row(kDplanes), dq, BT * (Cl + 2 * Kl));
     }

@@ -88,7 +88,7 @@ class MultiHeadAttention : public SublayerPart {
     if (p.decoding()) {
       const int64_t cache = int64_t{p.cache_T()} * Cl;
       p.ops().attention_decode(p.Stored(atty), p.cache(), p.cache() + cache,
-                               p.Stored(qkv), T, p.pos(), Cl, p.NHl(),
+                               p.Stored(qkv), T, p.pos(), Cl, p.NHl(), p.NHl(),
                                p.cache_T());
     } else {
       p.work().attention->Forward(atty, p.Row(kAtt), qkv, B, T);
