@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/common/math.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/ops_cuda_impl.h"
 
@@ -12,29 +13,33 @@ namespace ptrain::kernels::cuda_impl {
 
 namespace {
 
-// Element i of a head-major (B,NH,T,hs) tensor: its offset in the
-// position-major layout (B,T,width,NH,hs), where width is 3 for the q, k,
-// v rows of the attention input and 1 for a (B,T,C) tensor.
-__device__ __forceinline__ int64_t PositionMajor(int64_t i, int T, int NH,
-                                                 int hs, int width) {
+// Element i of a head-major (B,H,T,hs) tensor: its offset in a
+// position-major tensor of rows `row` elements wide that holds the H heads
+// from column 0 (B,T,·): the query heads of the attention input's rows
+// (key and value heads C and C + K further), or a (B,T,C) tensor.
+__device__ __forceinline__ int64_t PositionMajor(int64_t i, int T, int H,
+                                                 int hs, int64_t row) {
   const int d = i % hs;
   const int t = (i / hs) % T;
-  const int h = (i / (int64_t(hs) * T)) % NH;
-  const int64_t b = i / (int64_t(hs) * T * NH);
-  return (b * T + t) * width * NH * hs + int64_t(h) * hs + d;
+  const int h = (i / (int64_t(hs) * T)) % H;
+  const int64_t b = i / (int64_t(hs) * T * H);
+  return (b * T + t) * row + int64_t(h) * hs + d;
 }
 
-// inp (B,T,3,NH,hs) -> q, k, v (B,NH,T,hs).
+// inp (B,T,NH+2·KVH,hs) -> q (B,NH,T,hs), k, v (B,KVH,T,hs).
 template <typename Q>
 __global__ void PermuteQkvKernel(Q* q, Q* k, Q* v, const float* inp, int B,
-                                 int T, int NH, int hs) {
+                                 int T, int NH, int KVH, int hs) {
+  const math::AttentionHeads a{NH, KVH, hs};
   const int64_t n = static_cast<int64_t>(B) * NH * T * hs;
-  const int C = NH * hs;
+  const int64_t nkv = static_cast<int64_t>(B) * KVH * T * hs;
   ForEachIndex(n, [&](int64_t i) {
-    const int64_t src = PositionMajor(i, T, NH, hs, 3);
-    Store(q + i, inp[src]);
-    Store(k + i, inp[src + C]);
-    Store(v + i, inp[src + 2 * C]);
+    Store(q + i, inp[PositionMajor(i, T, NH, hs, a.row())]);
+    if (i < nkv) {
+      const int64_t src = PositionMajor(i, T, KVH, hs, a.row()) + a.C();
+      Store(k + i, inp[src]);
+      Store(v + i, inp[src + a.K()]);
+    }
   });
 }
 
@@ -42,38 +47,42 @@ __global__ void PermuteQkvKernel(Q* q, Q* k, Q* v, const float* inp, int B,
 __global__ void UnpermuteKernel(float* out, const float* y, int B, int T,
                                 int NH, int hs) {
   const int64_t n = static_cast<int64_t>(B) * NH * T * hs;
-  ForEachIndex(n,
-               [&](int64_t i) { out[PositionMajor(i, T, NH, hs, 1)] = y[i]; });
-}
-
-// Generation's cached attention (kernels/cpu/kernels.h attention_decode).
-// The new positions' keys and values, qkv (n,3,NH,hs), into the caches
-// (NH,capacity,hs) at rows [pos, pos + n).
-__global__ void KvCacheWriteKernel(float* kcache, float* vcache,
-                                   const float* qkv, int n, int pos, int NH,
-                                   int hs, int capacity) {
-  const int C = NH * hs;
-  ForEachIndex(int64_t(n) * C, [&](int64_t i) {
-    const int t = i / C, c = i % C, h = c / hs, d = c % hs;
-    const int64_t src = int64_t(t) * 3 * C + c;
-    const int64_t dst = (int64_t(h) * capacity + pos + t) * hs + d;
-    kcache[dst] = qkv[src + C];
-    vcache[dst] = qkv[src + 2 * C];
+  ForEachIndex(n, [&](int64_t i) {
+    out[PositionMajor(i, T, NH, hs, int64_t(NH) * hs)] = y[i];
   });
 }
 
-// One block per (head, new position i): scores against cache rows
-// [0, pos + i] in dynamic shared memory, their softmax, then each output
-// channel as the probability-weighted sum of the cached values.
+// Generation's cached attention (kernels/cpu/kernels.h attention_decode).
+// The new positions' keys and values, of qkv (n,NH+2·KVH,hs), into the
+// caches (KVH,capacity,hs) at rows [pos, pos + n): once per key/value head.
+__global__ void KvCacheWriteKernel(float* kcache, float* vcache,
+                                   const float* qkv, int n, int pos,
+                                   math::AttentionHeads a, int capacity) {
+  const int K = static_cast<int>(a.K()), hs = a.hs;
+  ForEachIndex(int64_t(n) * K, [&](int64_t i) {
+    const int t = i / K, c = i % K, g = c / hs, d = c % hs;
+    const int64_t src = t * a.row() + a.k(g) + d;
+    const int64_t dst = (int64_t(g) * capacity + pos + t) * hs + d;
+    kcache[dst] = qkv[src];
+    vcache[dst] = qkv[src + K];
+  });
+}
+
+// One block per (query head, new position i): scores against its
+// key/value head's cache rows [0, pos + i] in dynamic shared memory, their
+// softmax, then each output channel as the probability-weighted sum of the
+// cached values.
 __global__ void AttentionDecodeKernel(float* out, const float* kcache,
                                       const float* vcache, const float* qkv,
-                                      int pos, int NH, int hs, int capacity) {
+                                      int pos, math::AttentionHeads a,
+                                      int capacity) {
   extern __shared__ float scores[];
-  const int h = blockIdx.x, i = blockIdx.y, C = NH * hs;
+  const int h = blockIdx.x, i = blockIdx.y, hs = a.hs;
+  const int64_t C = a.C();
   const int len = pos + i + 1;
-  const float* q = qkv + int64_t(i) * 3 * C + int64_t(h) * hs;
-  const float* k = kcache + int64_t(h) * capacity * hs;
-  const float* v = vcache + int64_t(h) * capacity * hs;
+  const float* q = qkv + i * a.row() + a.q(h);
+  const float* k = kcache + int64_t(a.Kv(h)) * capacity * hs;
+  const float* v = vcache + int64_t(a.Kv(h)) * capacity * hs;
   const float scale = rsqrtf(static_cast<float>(hs));
   float mx = -INFINITY;
   for (int t = threadIdx.x; t < len; t += blockDim.x) {
@@ -103,21 +112,24 @@ __global__ void PermuteOutKernel(Q* dy, const float* dout, int B, int T, int NH,
                                  int hs) {
   const int64_t n = static_cast<int64_t>(B) * NH * T * hs;
   ForEachIndex(n, [&](int64_t i) {
-    Store(dy + i, dout[PositionMajor(i, T, NH, hs, 1)]);
+    Store(dy + i, dout[PositionMajor(i, T, NH, hs, int64_t(NH) * hs)]);
   });
 }
 
-// dinp (B,T,3,NH,hs) += dq, dk, dv (B,NH,T,hs).
+// dinp (B,T,NH+2·KVH,hs) += dq (B,NH,T,hs), dk, dv (B,KVH,T,hs).
 __global__ void UnpermuteQkvAddKernel(float* dinp, const float* dq,
                                       const float* dk, const float* dv, int B,
-                                      int T, int NH, int hs) {
+                                      int T, int NH, int KVH, int hs) {
+  const math::AttentionHeads a{NH, KVH, hs};
   const int64_t n = static_cast<int64_t>(B) * NH * T * hs;
-  const int C = NH * hs;
+  const int64_t nkv = static_cast<int64_t>(B) * KVH * T * hs;
   ForEachIndex(n, [&](int64_t i) {
-    const int64_t dst = PositionMajor(i, T, NH, hs, 3);
-    dinp[dst] += dq[i];
-    dinp[dst + C] += dk[i];
-    dinp[dst + 2 * C] += dv[i];
+    dinp[PositionMajor(i, T, NH, hs, a.row())] += dq[i];
+    if (i < nkv) {
+      const int64_t dst = PositionMajor(i, T, KVH, hs, a.row()) + a.C();
+      dinp[dst] += dk[i];
+      dinp[dst + a.K()] += dv[i];
+    }
   });
 }
 
@@ -170,32 +182,34 @@ __global__ void CausalSoftmaxBackwardKernel(D* dscores, const float* datt,
 // Under bf16 compute, heads of 16, 32 or 64 take the fused kernels
 // (flash_attention.h): `att` keeps one float per query row and `datt` is
 // (B,NH,T). Otherwise the products go through cuBLAS with the (T,T)
-// scores in memory; under bf16 compute q, k, v, the probabilities and the
-// score gradients are then bf16 (fp32 accumulation and fp32 scores), the
-// probabilities packed in the first half of `att`, which only this
-// backend's backward reads.
+// scores of each query head in memory; under bf16 compute q, k, v, the
+// probabilities and the score gradients are then bf16 (fp32 accumulation
+// and fp32 scores), the probabilities packed in the first half of `att`,
+// which only this backend's backward reads.
 void CudaBackend::attention_forward(Act out, float* att, ConstAct inp, int B,
-                                    int T, int C, int NH) {
+                                    int T, int C, int NH, int KVH) {
   const OpScope scope(&times_, stream_, "attention_forward");
   const int64_t n = int64_t(B) * T * C;
+  const int64_t n_inp =
+      int64_t(B) * T * math::MakeAttentionHeads(C, NH, KVH).row();
   if (Fused(C, NH)) {
     // The fused kernels take a bf16 qkv as it is and write the output as
     // it is stored.
-    const Op qkv = FusedOperand(inp, 3 * n, 0);
+    const Op qkv = FusedOperand(inp, n_inp, 0);
     const bool out16 = Bf16Storage(out);
     FlashAttentionForward(out16 ? nullptr : out.f32(),
                           out16 ? static_cast<__nv_bfloat16*>(out.p) : nullptr,
                           att, static_cast<const __nv_bfloat16*>(qkv.p), B, T,
-                          NH, C / NH, stream_);
+                          NH, KVH, C / NH, stream_);
     return;
   }
   // A bf16 output is written in fp32, then rounded; the cuBLAS attention
   // takes qkv's fp32 values.
   float* y = F32Target(out, n, 0);
   if (options_.bf16_compute) {
-    Attention<__nv_bfloat16>(y, att, AsF32(inp, 3 * n, 1), B, T, C, NH);
+    Attention<__nv_bfloat16>(y, att, AsF32(inp, n_inp, 1), B, T, C, NH, KVH);
   } else {
-    Attention<float>(y, att, AsF32(inp, 3 * n, 1), B, T, C, NH);
+    Attention<float>(y, att, AsF32(inp, n_inp, 1), B, T, C, NH, KVH);
   }
   Finish(out, y, n);
 }
@@ -203,28 +217,30 @@ void CudaBackend::attention_forward(Act out, float* att, ConstAct inp, int B,
 void CudaBackend::attention_backward(float* dinp, float* datt,
                                      const float* dout, ConstAct inp,
                                      ConstAct out, const float* att, int B,
-                                     int T, int C, int NH) {
+                                     int T, int C, int NH, int KVH) {
   const OpScope scope(&times_, stream_, "attention_backward");
   const int64_t n = int64_t(B) * T * C;
+  const int64_t n_inp =
+      int64_t(B) * T * math::MakeAttentionHeads(C, NH, KVH).row();
   if (Fused(C, NH)) {
     // dout is rounded as delta is summed, and a bf16 output read as it is.
-    const Op qkv = FusedOperand(inp, 3 * n, 0);
+    const Op qkv = FusedOperand(inp, n_inp, 0);
     const bool out16 = Bf16Storage(out);
     FlashAttentionBackward(
         dinp, datt, Grow(&bf16_[1], n), dout, out16 ? nullptr : out.f32(),
         out16 ? static_cast<const __nv_bfloat16*>(out.p) : nullptr,
-        static_cast<const __nv_bfloat16*>(qkv.p), att, B, T, NH, C / NH,
+        static_cast<const __nv_bfloat16*>(qkv.p), att, B, T, NH, KVH, C / NH,
         flash_dq_, stream_);
     return;
   }
   // The cuBLAS attention adds to dinp.
-  PT_CUDA_CHECK(cudaMemsetAsync(dinp, 0, 3 * n * sizeof(float), stream_));
+  PT_CUDA_CHECK(cudaMemsetAsync(dinp, 0, n_inp * sizeof(float), stream_));
   if (options_.bf16_compute) {
-    AttentionBackward<__nv_bfloat16>(dinp, datt, dout, AsF32(inp, 3 * n, 1),
-                                     att, B, T, C, NH);
+    AttentionBackward<__nv_bfloat16>(dinp, datt, dout, AsF32(inp, n_inp, 1),
+                                     att, B, T, C, NH, KVH);
   } else {
-    AttentionBackward<float>(dinp, datt, dout, AsF32(inp, 3 * n, 1), att, B, T,
-                             C, NH);
+    AttentionBackward<float>(dinp, datt, dout, AsF32(inp, n_inp, 1), att, B, T,
+                             C, NH, KVH);
   }
 }
 
@@ -232,13 +248,13 @@ void CudaBackend::attention_backward(float* dinp, float* datt,
 // bf16 qkv is unpacked and a bf16 output rounded around it.
 void CudaBackend::attention_decode(Act out, float* kcache, float* vcache,
                                    ConstAct qkv_in, int n, int pos, int C,
-                                   int NH, int capacity) {
+                                   int NH, int KVH, int capacity) {
   const OpScope scope(&times_, stream_, "attention_decode");
-  const int hs = C / NH;
-  const float* qkv = AsF32(qkv_in, int64_t(n) * 3 * C, 1);
+  const math::AttentionHeads heads = math::MakeAttentionHeads(C, NH, KVH);
+  const float* qkv = AsF32(qkv_in, n * heads.row(), 1);
   float* y = F32Target(out, int64_t(n) * C, 0);
-  KvCacheWriteKernel<<<Blocks(int64_t(n) * C), kThreads, 0, stream_>>>(
-      kcache, vcache, qkv, n, pos, NH, hs, capacity);
+  KvCacheWriteKernel<<<Blocks(n * heads.K()), kThreads, 0, stream_>>>(
+      kcache, vcache, qkv, n, pos, heads, capacity);
   Launched();
   const size_t shared = sizeof(float) * (pos + n);
   if (shared > decode_shared_) {
@@ -248,7 +264,7 @@ void CudaBackend::attention_decode(Act out, float* kcache, float* vcache,
     decode_shared_ = shared;
   }
   AttentionDecodeKernel<<<dim3(NH, n), kThreads, shared, stream_>>>(
-      y, kcache, vcache, qkv, pos, NH, hs, capacity);
+      y, kcache, vcache, qkv, pos, heads, capacity);
   Launched();
   Finish(out, y, int64_t(n) * C);
 }
@@ -270,54 +286,65 @@ int64_t CudaBackend::attention_saved_floats(int64_t B, int64_t T, int C,
 
 namespace {
 
-// The sizes of the batched (cuBLAS) attention's products: head size,
-// elements of q (and k, v), heads of the batch, each head's stride in q and
-// in the (T,T) scores, and the scores' rows.
+// The sizes of the batched (cuBLAS) attention's products. Its batch is
+// the key/value heads (B·KVH): the G = NH/KVH query heads that read one are
+// adjacent in q (B,NH,T,hs) and in the scores (B,NH,T,T), so a product
+// takes the G·T rows of a group as one matrix, and the group's sum for dk
+// and dv is a product's inner dimension (one order, no second pass). Head
+// size, group size, elements of q (n) and of k, v (nkv), each head's
+// stride in q (and k, v) and in the (T,T) scores, and the scores' rows.
 struct BatchedDims {
-  int hs, batch;
-  int64_t n, sq, sa, rows;
-  static BatchedDims Of(int B, int T, int C, int NH) {
+  int hs, G, batch;
+  int64_t n, nkv, sq, sa, rows;
+  static BatchedDims Of(int B, int T, int C, int NH, int KVH) {
     BatchedDims d;
     d.hs = C / NH;
+    d.G = NH / KVH;
     d.n = static_cast<int64_t>(B) * T * C;
-    d.batch = B * NH;
+    d.nkv = d.n / d.G;
+    d.batch = B * KVH;
     d.sq = static_cast<int64_t>(T) * d.hs;
     d.sa = int64_t(T) * T;
-    d.rows = static_cast<int64_t>(d.batch) * T;
+    d.rows = static_cast<int64_t>(B) * NH * T;
     return d;
   }
 };
 
 }  // namespace
 
+// The products below are per key/value head (BatchedDims): T1 runs over
+// the G·T query rows of its group (G heads of T), T2 over its T keys; the
+// group's q, scores and their gradients are strided G heads apart, its k
+// and v one.
 template <typename Q>
 void CudaBackend::Attention(float* out, float* att, const float* inp, int B,
-                            int T, int C, int NH) {
-  const BatchedDims d = BatchedDims::Of(B, T, C, NH);
-  const int hs = d.hs, batch = d.batch;
-  const int64_t n = d.n, sq = d.sq, sa = d.sa, rows = d.rows;
+                            int T, int C, int NH, int KVH) {
+  const BatchedDims d = BatchedDims::Of(B, T, C, NH, KVH);
+  const int hs = d.hs, G = d.G, batch = d.batch;
+  const int64_t n = d.n, nkv = d.nkv, sq = d.sq, sa = d.sa, rows = d.rows;
   const bool packed = sizeof(Q) == 2;
   // [q k v (Q)] [y (fp32)] [scores (fp32), when att holds Q]
   char* base = reinterpret_cast<char*>(Scratch(
-      (3 * n * sizeof(Q) + n * 4 + (packed ? rows * T * 4 : 0) + 3) / 4));
+      ((n + 2 * nkv) * sizeof(Q) + n * 4 + (packed ? rows * T * 4 : 0) + 3) /
+      4));
   Q* q = reinterpret_cast<Q*>(base);
   Q* k = q + n;
-  Q* v = k + n;
-  float* y = reinterpret_cast<float*>(base + 3 * n * sizeof(Q));
+  Q* v = k + nkv;
+  float* y = reinterpret_cast<float*>(base + (n + 2 * nkv) * sizeof(Q));
   float* scores = packed ? y + n : att;
   Q* probs = reinterpret_cast<Q*>(att);
   PermuteQkvKernel<<<Blocks(n), kThreads, 0, stream_>>>(q, k, v, inp, B, T, NH,
-                                                        hs);
+                                                        KVH, hs);
   Launched();
-  // Scores per head, column-major (T,T) = op_T(k: hs x T) op_N(q: hs x T).
-  Batched(true, false, T, T, hs, k, TypeOf<Q>(), hs, sq, q, TypeOf<Q>(), hs, sq,
-          scores, T, sa, batch);
+  // Scores, column-major (T2,T1) = op_T(k: hs x T2) op_N(q: hs x T1).
+  Batched(true, false, T, G * T, hs, k, TypeOf<Q>(), hs, sq, q, TypeOf<Q>(), hs,
+          G * sq, scores, T, G * sa, batch);
   CausalSoftmaxKernel<<<Blocks(rows * 32), kThreads, 0, stream_>>>(
       probs, scores, rows, T, 1.0f / sqrtf(static_cast<float>(hs)));
   Launched();
   // y^T (hs,T1) = v^T (hs,T2) att^T (T2,T1).
-  Batched(false, false, hs, T, T, v, TypeOf<Q>(), hs, sq, probs, TypeOf<Q>(), T,
-          sa, y, hs, sq, batch);
+  Batched(false, false, hs, G * T, T, v, TypeOf<Q>(), hs, sq, probs,
+          TypeOf<Q>(), T, G * sa, y, hs, G * sq, batch);
   UnpermuteKernel<<<Blocks(n), kThreads, 0, stream_>>>(out, y, B, T, NH, hs);
   Launched();
 }
@@ -325,48 +352,49 @@ void CudaBackend::Attention(float* out, float* att, const float* inp, int B,
 template <typename Q>
 void CudaBackend::AttentionBackward(float* dinp, float* datt, const float* dout,
                                     const float* inp, const float* att, int B,
-                                    int T, int C, int NH) {
-  const BatchedDims d = BatchedDims::Of(B, T, C, NH);
-  const int hs = d.hs, batch = d.batch;
-  const int64_t n = d.n, sq = d.sq, sa = d.sa, rows = d.rows;
+                                    int T, int C, int NH, int KVH) {
+  const BatchedDims d = BatchedDims::Of(B, T, C, NH, KVH);
+  const int hs = d.hs, G = d.G, batch = d.batch;
+  const int64_t n = d.n, nkv = d.nkv, sq = d.sq, sa = d.sa, rows = d.rows;
   const bool packed = sizeof(Q) == 2;
   // [q k v dy (Q)] [dq dk dv (fp32)] [dscores (Q), when packed]
+  const int64_t operands = 2 * n + 2 * nkv;
   char* base = reinterpret_cast<char*>(
-      Scratch((4 * n * sizeof(Q) + 3 * n * 4 +
+      Scratch((operands * sizeof(Q) + (n + 2 * nkv) * 4 +
                (packed ? rows * T * sizeof(Q) : 0) + 3) /
               4));
   Q* q = reinterpret_cast<Q*>(base);
   Q* k = q + n;
-  Q* v = k + n;
-  Q* dy = v + n;
-  float* dq = reinterpret_cast<float*>(base + 4 * n * sizeof(Q));
+  Q* v = k + nkv;
+  Q* dy = v + nkv;
+  float* dq = reinterpret_cast<float*>(base + operands * sizeof(Q));
   float* dk = dq + n;
-  float* dv = dk + n;
+  float* dv = dk + nkv;
   Q* dscores =
-      packed ? reinterpret_cast<Q*>(dv + n) : reinterpret_cast<Q*>(datt);
+      packed ? reinterpret_cast<Q*>(dv + nkv) : reinterpret_cast<Q*>(datt);
   const Q* probs = reinterpret_cast<const Q*>(att);
   PermuteQkvKernel<<<Blocks(n), kThreads, 0, stream_>>>(q, k, v, inp, B, T, NH,
-                                                        hs);
+                                                        KVH, hs);
   Launched();
   PermuteOutKernel<<<Blocks(n), kThreads, 0, stream_>>>(dy, dout, B, T, NH, hs);
   Launched();
   // datt (T1,T2) = dy v^T: the scores' shape, from v and dy.
-  Batched(true, false, T, T, hs, v, TypeOf<Q>(), hs, sq, dy, TypeOf<Q>(), hs,
-          sq, datt, T, sa, batch);
-  // dv^T (hs,T2) = dy^T (hs,T1) att (T1,T2).
-  Batched(false, true, hs, T, T, dy, TypeOf<Q>(), hs, sq, probs, TypeOf<Q>(), T,
-          sa, dv, hs, sq, batch);
+  Batched(true, false, T, G * T, hs, v, TypeOf<Q>(), hs, sq, dy, TypeOf<Q>(),
+          hs, G * sq, datt, T, G * sa, batch);
+  // dv^T (hs,T2) = dy^T (hs,T1) att (T1,T2): summed over the group's rows.
+  Batched(false, true, hs, T, G * T, dy, TypeOf<Q>(), hs, G * sq, probs,
+          TypeOf<Q>(), T, G * sa, dv, hs, sq, batch);
   CausalSoftmaxBackwardKernel<<<Blocks(rows * 32), kThreads, 0, stream_>>>(
       dscores, datt, probs, rows, T, 1.0f / sqrtf(static_cast<float>(hs)));
   Launched();
   // dq^T (hs,T1) = k^T (hs,T2) dscores^T (T2,T1).
-  Batched(false, false, hs, T, T, k, TypeOf<Q>(), hs, sq, dscores, TypeOf<Q>(),
-          T, sa, dq, hs, sq, batch);
-  // dk^T (hs,T2) = q^T (hs,T1) dscores (T1,T2).
-  Batched(false, true, hs, T, T, q, TypeOf<Q>(), hs, sq, dscores, TypeOf<Q>(),
-          T, sa, dk, hs, sq, batch);
+  Batched(false, false, hs, G * T, T, k, TypeOf<Q>(), hs, sq, dscores,
+          TypeOf<Q>(), T, G * sa, dq, hs, G * sq, batch);
+  // dk^T (hs,T2) = q^T (hs,T1) dscores (T1,T2): summed over the group's rows.
+  Batched(false, true, hs, T, G * T, q, TypeOf<Q>(), hs, G * sq, dscores,
+          TypeOf<Q>(), T, G * sa, dk, hs, sq, batch);
   UnpermuteQkvAddKernel<<<Blocks(n), kThreads, 0, stream_>>>(dinp, dq, dk, dv,
-                                                             B, T, NH, hs);
+                                                             B, T, NH, KVH, hs);
   Launched();
 }
 

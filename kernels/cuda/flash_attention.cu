@@ -1,9 +1,10 @@
 // Fused causal attention (see flash_attention.h), after FlashAttention-2,
 // on the m16n8k16 bf16 products of mma.sync with fp32 accumulation. A
-// block of 4 warps takes a tile of 64 query rows (forward) or 64 key rows
-// (backward) of one head and walks the tiles of the other side that the
-// causal mask leaves; q, k, v and dout come from bf16 copies, 16 bytes a
-// load, through ldmatrix.
+// block of 4 warps takes a tile of 64 query rows of one query head
+// (forward) or 64 key rows of one key/value head (backward) and walks the
+// tiles of the other side that the causal mask leaves (in the backward,
+// those of each query head of the key/value head's group in turn); q, k,
+// v and dout come from bf16 copies, 16 bytes a load, through ldmatrix.
 //
 // Forward: warp w owns query rows w*16..w*16+15. For each key tile it
 // forms S = q k^T in registers, updates the running row maximum m and sum
@@ -11,11 +12,13 @@
 // score registers) to its output rows, rescaled by exp2(m_old - m_new).
 //
 // Backward: warp w owns key rows w*16..w*16+15 and keeps their dk and dv
-// in registers for the whole walk. For each query tile: P^T from S^T and
-// the saved lse, dv += P^T do, dP^T = v do^T, dS^T = P^T (dP^T - delta)
-// scale, dk += dS^T q; then the block's dS^T (64x64, shared memory) gives
+// in registers for the whole walk, over the query tiles of each of the
+// group's query heads. For each query tile: P^T from S^T and the saved
+// lse, dv += P^T do, dP^T = v do^T, dS^T = P^T (dP^T - delta) scale,
+// dk += dS^T q; then the block's dS^T (64x64, shared memory) gives
 // dq = dS k for the query tile, added to dinp atomically (several key
-// tiles contribute to one query row).
+// tiles contribute to one query row). A key/value head's gradient is thus
+// summed over its group in registers, in one order, by one block.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -23,6 +26,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "kernels/common/math.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/flash_attention.h"
 
@@ -179,13 +183,14 @@ __device__ __forceinline__ int TilePairStep(bf16* a0, const bf16* a,
   return buf;
 }
 
-// TilePairStep over the key and value tiles 0..last.
+// TilePairStep over the key and value tiles 0..last of one key/value head
+// (keys at kbase, values K further).
 template <int HS>
 __device__ __forceinline__ int KeyValueStep(bf16* ks0, bf16* vs0,
-                                            const bf16* base, int C,
+                                            const bf16* kbase, int64_t K,
                                             int64_t stride, int kt, int last,
                                             int T) {
-  return TilePairStep<HS>(ks0, base + C, stride, vs0, base + 2 * C, stride, kt,
+  return TilePairStep<HS>(ks0, kbase, stride, vs0, kbase + K, stride, kt,
                           kt + 1 <= last ? (kt + 1) * kTile : -1, T);
 }
 
@@ -209,17 +214,18 @@ __device__ __forceinline__ void StorePair(bf16* p, float a, float b) {
   }
 }
 
-// Warp w owns query rows w*16.. of the block's 64 and keeps their q
-// fragments, scores, probabilities and output rows in registers; the
-// block shares each key and value tile through shared memory. The output
-// is written as it is stored (O: fp32 or bf16).
+// Warp w owns query rows w*16.. of the block's 64 (of query head h) and
+// keeps their q fragments, scores, probabilities and output rows in
+// registers; the block shares each key and value tile (of h's key/value
+// head) through shared memory. The output is written as it is stored (O:
+// fp32 or bf16).
 // long: one tile walk whose q fragments, running max and sum and output
 // rows live in registers across the loop; device functions would pass them
 // through memory or leave register allocation to chance.
 template <int HS, typename O>
 __global__ void __launch_bounds__(kThreads)
     FlashForwardKernel(O* out, float* lse, const bf16* qkv, int T, int NH,
-                       float scale_log2) {
+                       int KVH, float scale_log2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // bf16 mma needs sm_80; the backend never launches this
 #else
@@ -237,12 +243,15 @@ __global__ void __launch_bounds__(kThreads)
   const int qt = gridDim.x - 1 - blockIdx.x;  // the longest rows first
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int C = NH * HS;
-  const int64_t stride = 3 * C;
-  const bf16* base = qkv + int64_t(b) * T * stride + h * HS;
+  const math::AttentionHeads heads{NH, KVH, HS};
+  const int64_t stride = heads.row(), K = heads.K();
+  const bf16* seq = qkv + int64_t(b) * T * stride;
+  const bf16* base = seq + heads.q(h);
+  const bf16* kbase = seq + heads.k(heads.Kv(h));  // values K further
   const int q0 = qt * kTile;
   LoadTileAsync<HS>(qs, base, stride, q0, T);
-  LoadTileAsync<HS>(ks0, base + C, stride, 0, T);
-  LoadTileAsync<HS>(vs0, base + 2 * C, stride, 0, T);
+  LoadTileAsync<HS>(ks0, kbase, stride, 0, T);
+  LoadTileAsync<HS>(vs0, kbase + K, stride, 0, T);
   CpAsyncCommit();
   CpAsyncWait<0>();
   __syncthreads();
@@ -259,7 +268,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < kN; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
   for (int kt = 0; kt <= qt; ++kt) {
-    const int buf = KeyValueStep<HS>(ks0, vs0, base, C, stride, kt, qt, T);
+    const int buf = KeyValueStep<HS>(ks0, vs0, kbase, K, stride, kt, qt, T);
     const bf16* ks = ks0 + buf * kTileElems;
     const bf16* vs = vs0 + buf * kTileElems;
 
@@ -446,21 +455,23 @@ constexpr size_t BackwardSmem() {
   return (6 * kTile * (HS + kPad) + (kDq ? kTile * kLdP : 0)) * sizeof(bf16);
 }
 
-// Warp w owns key rows w*16.. of the block's 64: their dk and dv stay in
-// registers for the whole walk over the query tiles (double-buffered in
-// shared memory), k and v in shared memory. For each query tile the warp
-// forms S^T = k q^T, P^T (from the saved lse), dv += P^T do, dP^T = v do^T,
-// dS^T = P^T (dP^T - delta) scale and dk += dS^T q in registers; the
-// block's dS^T goes through shared memory for dq = dS k, 16 query rows a
-// warp, added to dinp atomically (every key tile adds to a query row).
-// Without kDq the walk leaves dq to FlashDqKernel.
+// A block takes 64 key rows of one key/value head; warp w owns key rows
+// w*16.. of them: their dk and dv stay in registers for the whole walk
+// over the query tiles (double-buffered in shared memory) of the group's
+// query heads, one head after the other, k and v in shared memory. For
+// each query tile the warp forms S^T = k q^T, P^T (from the saved lse),
+// dv += P^T do, dP^T = v do^T, dS^T = P^T (dP^T - delta) scale and
+// dk += dS^T q in registers; the block's dS^T goes through shared memory
+// for dq = dS k, 16 query rows a warp, added to dinp atomically (every
+// key tile adds to a query row). Without kDq the walk leaves dq to
+// FlashDqKernel.
 // long: one walk over query tiles that keeps dk and dv accumulators in
 // registers for the whole loop (the launch bounds fix their budget).
 template <int HS, bool kDq, bool kVec4>
 __global__ void __launch_bounds__(kThreads, kDq ? 2 : 3)
     FlashBackwardKernel(float* dinp, const bf16* dout, const bf16* qkv,
                         const float* lse, const float* delta, int T, int NH,
-                        float scale, float scale_log2) {
+                        int KVH, float scale, float scale_log2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // bf16 mma needs sm_80; the backend never launches this
 #else
@@ -480,19 +491,25 @@ __global__ void __launch_bounds__(kThreads, kDq ? 2 : 3)
   const int g = lane / 4, t = lane % 4;
 
   const int kt = blockIdx.x;  // the longest walks first
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int b = blockIdx.y / KVH, kvh = blockIdx.y % KVH;
   const int C = NH * HS;
-  const int64_t stride = 3 * C;
-  const bf16* base = qkv + int64_t(b) * T * stride + h * HS;
-  const bf16* dbase = dout + int64_t(b) * T * C + h * HS;
-  float* gbase = dinp + int64_t(b) * T * stride + h * HS;
-  const float* lse_h = lse + int64_t(bh) * T;
-  const float* delta_h = delta + int64_t(bh) * T;
+  const math::AttentionHeads heads{NH, KVH, HS};
+  const int64_t stride = heads.row(), K = heads.K();
+  const int h0 = kvh * heads.group();  // the group's first query head
+  const int64_t seq = int64_t(b) * T * stride;
+  // The group's query heads are adjacent: HS columns apart in qkv, dinp
+  // and dout, T rows apart in lse and delta. The walk moves these on a
+  // head at a time.
+  const bf16* base = qkv + seq + heads.q(h0);
+  const bf16* dbase = dout + int64_t(b) * T * C + heads.q(h0);
+  float* gbase = dinp + seq + heads.q(h0);
+  const float* lse_h = lse + (int64_t(b) * NH + h0) * T;
+  const float* delta_h = delta + (int64_t(b) * NH + h0) * T;
   const int k0 = kt * kTile;
   const int n_tiles = (T + kTile - 1) / kTile;
 
-  LoadTileAsync<HS>(ks, base + C, stride, k0, T);
-  LoadTileAsync<HS>(vs, base + 2 * C, stride, k0, T);
+  LoadTileAsync<HS>(ks, qkv + seq + heads.k(kvh), stride, k0, T);
+  LoadTileAsync<HS>(vs, qkv + seq + heads.k(kvh) + K, stride, k0, T);
   LoadTileAsync<HS>(qs0, base, stride, k0, T);
   LoadTileAsync<HS>(dos0, dbase, C, k0, T);
   CpAsyncCommit();
@@ -506,117 +523,130 @@ __global__ void __launch_bounds__(kThreads, kDq ? 2 : 3)
   }
   const int key0 = k0 + warp * 16 + g;  // and key0 + 8
 
-  for (int qt = kt; qt < n_tiles; ++qt) {
-    const int buf =
-        TilePairStep<HS>(qs0, base, stride, dos0, dbase, C, qt - kt,
-                         qt + 1 < n_tiles ? (qt + 1) * kTile : -1, T);
-    const bf16* qs = qs0 + buf * kTileElems;
-    const bf16* dos = dos0 + buf * kTileElems;
-    const int q0 = qt * kTile;
-
-    // Without dq the tile's 64 queries go in two parts of 32, which halves
-    // the score registers (three blocks an SM instead of two).
+  // The walk's steps run on over the heads: the tiles after a head's last
+  // are the next head's first (tile kt), fetched while the last works.
+  int step = 0;
 #pragma unroll 1
-    for (int part = 0; part < kParts; ++part) {
-      const int qp = part * kJ * 8;  // the part's first query in the tile
-      // S^T (16 keys x kJ*8 queries) = k q^T, and dP^T = v do^T.
-      float p[kJ][4], dp[kJ][4];
+  for (int left = heads.group(); left > 0; --left) {
+    for (int qt = kt; qt < n_tiles; ++qt, ++step) {
+      const bool last = qt + 1 == n_tiles;
+      const int next = !last ? (qt + 1) * kTile : left > 1 ? k0 : -1;
+      const int hop = last ? HS : 0;  // to the next head's columns
+      const int buf = TilePairStep<HS>(qs0, base + hop, stride, dos0,
+                                       dbase + hop, C, step, next, T);
+      const bf16* qs = qs0 + buf * kTileElems;
+      const bf16* dos = dos0 + buf * kTileElems;
+      const int q0 = qt * kTile;
+
+      // Without dq the tile's 64 queries go in two parts of 32, which halves
+      // the score registers (three blocks an SM instead of two).
+#pragma unroll 1
+      for (int part = 0; part < kParts; ++part) {
+        const int qp = part * kJ * 8;  // the part's first query in the tile
+        // S^T (16 keys x kJ*8 queries) = k q^T, and dP^T = v do^T.
+        float p[kJ][4], dp[kJ][4];
 #pragma unroll
-      for (int j = 0; j < kJ; ++j) {
+        for (int j = 0; j < kJ; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) p[j][e] = dp[j][e] = 0.0f;
-      }
-#pragma unroll
-      for (int d = 0; d < kD; ++d) {
-        // The warp's k and v rows (dims d*16..) come from shared memory each
-        // time: registers are what limits the blocks an SM holds.
-        uint32_t kf[4], vf[4];
-        const int a = ColumnsFirst(lane, warp * 16, d * 16, kLdB);
-        LdMatrix4<false>(kf, ks + a);
-        LdMatrix4<false>(vf, vs + a);
-#pragma unroll
-        for (int j = 0; j < kJ; j += 2) {
-          const int off = RowsFirst(lane, qp + j * 8, d * 16, kLdB);
-          TwoPairs<false>(p[j], p[j + 1], kf, qs + off, dp[j], dp[j + 1], vf,
-                          dos + off);
+          for (int e = 0; e < 4; ++e) p[j][e] = dp[j][e] = 0.0f;
         }
-      }
-      // P^T = exp2(S^T scale log2e - lse), zero where masked; dS^T in place
-      // of dP^T.
 #pragma unroll
-      for (int j = 0; j < kJ; ++j) {
+        for (int d = 0; d < kD; ++d) {
+          // The warp's k and v rows (dims d*16..) come from shared memory each
+          // time: registers are what limits the blocks an SM holds.
+          uint32_t kf[4], vf[4];
+          const int a = ColumnsFirst(lane, warp * 16, d * 16, kLdB);
+          LdMatrix4<false>(kf, ks + a);
+          LdMatrix4<false>(vf, vs + a);
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int q = q0 + qp + j * 8 + 2 * t + c;
-          const bool in = q < T;
-          const float l = in ? __ldg(lse_h + q) : 0.0f;
-          const float dl = in ? __ldg(delta_h + q) : 0.0f;
+          for (int j = 0; j < kJ; j += 2) {
+            const int off = RowsFirst(lane, qp + j * 8, d * 16, kLdB);
+            TwoPairs<false>(p[j], p[j + 1], kf, qs + off, dp[j], dp[j + 1], vf,
+                            dos + off);
+          }
+        }
+        // P^T = exp2(S^T scale log2e - lse), zero where masked; dS^T in place
+        // of dP^T.
 #pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const int e = 2 * i + c;
-            const float x = in && key0 + 8 * i <= q
-                                ? exp2f(p[j][e] * scale_log2 - l)
-                                : 0.0f;
-            p[j][e] = x;
-            dp[j][e] = x * (dp[j][e] - dl) * scale;
+        for (int j = 0; j < kJ; ++j) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int q = q0 + qp + j * 8 + 2 * t + c;
+            const bool in = q < T;
+            const float l = in ? __ldg(lse_h + q) : 0.0f;
+            const float dl = in ? __ldg(delta_h + q) : 0.0f;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const int e = 2 * i + c;
+              const float x = in && key0 + 8 * i <= q
+                                  ? exp2f(p[j][e] * scale_log2 - l)
+                                  : 0.0f;
+              p[j][e] = x;
+              dp[j][e] = x * (dp[j][e] - dl) * scale;
+            }
+          }
+        }
+        // dv += P^T do and dk += dS^T q: the accumulator tiles 2c, 2c+1 are
+        // the A operand over queries c*16..; do and q through transposed loads.
+#pragma unroll
+        for (int c = 0; c < kJ / 2; ++c) {
+          uint32_t pa[4];
+          AccToA(pa, p[2 * c], p[2 * c + 1]);
+          uint32_t sa[4];
+          AccToA(sa, dp[2 * c], dp[2 * c + 1]);
+          if (kDq) {  // dS^T rows of this warp's keys into shared memory for dq
+            bf16* srow = dst + (warp * 16 + g) * kLdP + qp + c * 16 + 2 * t;
+            *reinterpret_cast<uint32_t*>(srow) = sa[0];
+            *reinterpret_cast<uint32_t*>(srow + 8 * kLdP) = sa[1];
+            *reinterpret_cast<uint32_t*>(srow + 8) = sa[2];
+            *reinterpret_cast<uint32_t*>(srow + 8 * kLdP + 8) = sa[3];
+          }
+#pragma unroll
+          for (int j = 0; j < kN; j += 2) {
+            const int off = ColumnsFirst(lane, qp + c * 16, j * 8, kLdB);
+            TwoPairs<true>(dv[j], dv[j + 1], pa, dos + off, dk[j], dk[j + 1],
+                           sa, qs + off);
           }
         }
       }
-      // dv += P^T do and dk += dS^T q: the accumulator tiles 2c, 2c+1 are
-      // the A operand over queries c*16..; do and q through transposed loads.
+      if (!kDq) {
+        __syncthreads();  // this tile's buffers are free again
+        continue;
+      }
+      __syncthreads();  // every warp's dS^T rows are in
+
+      // dq (the warp's 16 query rows) = dS k over the block's 64 keys: dS is
+      // dS^T read transposed, k through transposed loads.
+      float dq[kN][4];
 #pragma unroll
-      for (int c = 0; c < kJ / 2; ++c) {
-        uint32_t pa[4];
-        AccToA(pa, p[2 * c], p[2 * c + 1]);
+      for (int j = 0; j < kN; ++j)
+        dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
         uint32_t sa[4];
-        AccToA(sa, dp[2 * c], dp[2 * c + 1]);
-        if (kDq) {  // dS^T rows of this warp's keys into shared memory for dq
-          bf16* srow = dst + (warp * 16 + g) * kLdP + qp + c * 16 + 2 * t;
-          *reinterpret_cast<uint32_t*>(srow) = sa[0];
-          *reinterpret_cast<uint32_t*>(srow + 8 * kLdP) = sa[1];
-          *reinterpret_cast<uint32_t*>(srow + 8) = sa[2];
-          *reinterpret_cast<uint32_t*>(srow + 8 * kLdP + 8) = sa[3];
-        }
+        LdMatrix4<true>(sa, dst + RowsFirst(lane, c * 16, warp * 16, kLdP));
 #pragma unroll
         for (int j = 0; j < kN; j += 2) {
-          const int off = ColumnsFirst(lane, qp + c * 16, j * 8, kLdB);
-          TwoPairs<true>(dv[j], dv[j + 1], pa, dos + off, dk[j], dk[j + 1], sa,
-                         qs + off);
+          uint32_t kb[4];
+          LdMatrix4<true>(kb, ks + ColumnsFirst(lane, c * 16, j * 8, kLdB));
+          Mma(dq[j], sa, kb[0], kb[1]);
+          Mma(dq[j + 1], sa, kb[2], kb[3]);
         }
       }
+      StoreRows<kN, Rows::kAtomic, kVec4>(gbase, stride, q0 + warp * 16, T, dq);
+      __syncthreads();  // dS^T and this tile's buffers are free again
     }
-    if (!kDq) {
-      __syncthreads();  // this tile's buffers are free again
-      continue;
-    }
-    __syncthreads();  // every warp's dS^T rows are in
-
-    // dq (the warp's 16 query rows) = dS k over the block's 64 keys: dS is
-    // dS^T read transposed, k through transposed loads.
-    float dq[kN][4];
-#pragma unroll
-    for (int j = 0; j < kN; ++j)
-      dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      uint32_t sa[4];
-      LdMatrix4<true>(sa, dst + RowsFirst(lane, c * 16, warp * 16, kLdP));
-#pragma unroll
-      for (int j = 0; j < kN; j += 2) {
-        uint32_t kb[4];
-        LdMatrix4<true>(kb, ks + ColumnsFirst(lane, c * 16, j * 8, kLdB));
-        Mma(dq[j], sa, kb[0], kb[1]);
-        Mma(dq[j + 1], sa, kb[2], kb[3]);
-      }
-    }
-    StoreRows<kN, Rows::kAtomic, kVec4>(gbase, stride, q0 + warp * 16, T, dq);
-    __syncthreads();  // dS^T and this tile's buffers are free again
+    base += HS;
+    dbase += HS;
+    gbase += HS;
+    lse_h += T;
+    delta_h += T;
   }
 
-  // dk, dv: this block's keys only, so written.
-  StoreRows<kN, Rows::kWrite, false>(gbase + C, stride, k0 + warp * 16, T, dk);
-  StoreRows<kN, Rows::kWrite, false>(gbase + 2 * C, stride, k0 + warp * 16, T,
-                                     dv);
+  // dk, dv: this block's keys only, summed over the group, so written.
+  float* gk = dinp + seq + heads.k(kvh);
+  StoreRows<kN, Rows::kWrite, false>(gk, stride, k0 + warp * 16, T, dk);
+  StoreRows<kN, Rows::kWrite, false>(gk + K, stride, k0 + warp * 16, T, dv);
 #endif
 }
 
@@ -626,10 +656,11 @@ constexpr size_t DqSmem() {
   return 6 * kTile * (HS + kPad) * sizeof(bf16);
 }
 
-// dq on its own pass (FlashDq::kSecondPass): a block takes 64 query rows, as
-// the forward, and walks the key tiles the causal mask leaves. Warp w keeps
-// its 16 rows' q and do fragments, lse and delta, and dq in registers; per
-// key tile it recomputes S = q k^T and dP = do v^T, P from the saved lse,
+// dq on its own pass (FlashDq::kSecondPass): a block takes 64 query rows of
+// a query head, as the forward, and walks the key tiles (of the head's
+// key/value head) the causal mask leaves. Warp w keeps its 16 rows' q and
+// do fragments, lse and delta, and dq in registers; per key tile it
+// recomputes S = q k^T and dP = do v^T, P from the saved lse,
 // dS = P (dP - delta) scale, and dq += dS k (dS's accumulator tiles are
 // the A operand as they are). One block owns each row: no atomics.
 // long: one walk over key tiles that keeps the row's dq accumulator and
@@ -637,7 +668,7 @@ constexpr size_t DqSmem() {
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     FlashDqKernel(float* dinp, const bf16* dout, const bf16* qkv,
-                  const float* lse, const float* delta, int T, int NH,
+                  const float* lse, const float* delta, int T, int NH, int KVH,
                   float scale, float scale_log2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // bf16 mma needs sm_80; the backend never launches this
@@ -657,14 +688,17 @@ __global__ void __launch_bounds__(kThreads)
   const int qt = gridDim.x - 1 - blockIdx.x;  // the longest rows first
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int C = NH * HS;
-  const int64_t stride = 3 * C;
-  const bf16* base = qkv + int64_t(b) * T * stride + h * HS;
+  const math::AttentionHeads heads{NH, KVH, HS};
+  const int64_t stride = heads.row(), K = heads.K();
+  const bf16* seq = qkv + int64_t(b) * T * stride;
+  const bf16* base = seq + heads.q(h);
+  const bf16* kbase = seq + heads.k(heads.Kv(h));  // values K further
   const bf16* dbase = dout + int64_t(b) * T * C + h * HS;
   const int q0 = qt * kTile;
   LoadTileAsync<HS>(qs, base, stride, q0, T);
   LoadTileAsync<HS>(dos, dbase, C, q0, T);
-  LoadTileAsync<HS>(ks0, base + C, stride, 0, T);
-  LoadTileAsync<HS>(vs0, base + 2 * C, stride, 0, T);
+  LoadTileAsync<HS>(ks0, kbase, stride, 0, T);
+  LoadTileAsync<HS>(vs0, kbase + K, stride, 0, T);
   CpAsyncCommit();
   CpAsyncWait<0>();
   __syncthreads();
@@ -688,7 +722,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < kN; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
 
   for (int kt = 0; kt <= qt; ++kt) {
-    const int buf = KeyValueStep<HS>(ks0, vs0, base, C, stride, kt, qt, T);
+    const int buf = KeyValueStep<HS>(ks0, vs0, kbase, K, stride, kt, qt, T);
     const bf16* ks = ks0 + buf * kTileElems;
     const bf16* vs = vs0 + buf * kTileElems;
 
@@ -738,8 +772,9 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();  // these k, v buffers take the tile after next
   }
-  StoreRows<kN, Rows::kWrite, false>(dinp + int64_t(b) * T * stride + h * HS,
-                                     stride, q0 + warp * 16, T, dq);
+  StoreRows<kN, Rows::kWrite, false>(
+      dinp + int64_t(b) * T * stride + heads.q(h), stride, q0 + warp * 16, T,
+      dq);
 #endif
 }
 
@@ -762,28 +797,28 @@ void Launch(dim3 grid, size_t bytes, cudaStream_t stream, Args... args) {
 }
 
 template <int HS, typename O>
-void Forward(O* out, float* lse, const bf16* qkv, int B, int T, int NH,
+void Forward(O* out, float* lse, const bf16* qkv, int B, int T, int NH, int KVH,
              cudaStream_t stream) {
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
   const float scale_log2 = kLog2e / sqrtf(float(HS));
   Launch<FlashForwardKernel<HS, O>>(grid, ForwardSmem<HS>(), stream, out, lse,
-                                    qkv, T, NH, scale_log2);
+                                    qkv, T, NH, KVH, scale_log2);
 }
 
 template <int HS>
 void Forward(float* out, bf16* out_bf16, float* lse, const bf16* qkv, int B,
-             int T, int NH, cudaStream_t stream) {
+             int T, int NH, int KVH, cudaStream_t stream) {
   if (out_bf16 != nullptr) {
-    Forward<HS>(out_bf16, lse, qkv, B, T, NH, stream);
+    Forward<HS>(out_bf16, lse, qkv, B, T, NH, KVH, stream);
   } else {
-    Forward<HS>(out, lse, qkv, B, T, NH, stream);
+    Forward<HS>(out, lse, qkv, B, T, NH, KVH, stream);
   }
 }
 
 template <int HS>
 void Backward(float* dinp, float* delta, bf16* dout16, const float* dout,
               const float* out32, const bf16* out16, const bf16* qkv,
-              const float* lse, int B, int T, int NH, FlashDq mode,
+              const float* lse, int B, int T, int NH, int KVH, FlashDq mode,
               cudaStream_t stream) {
   const int64_t rows = int64_t(B) * T * NH;
   const unsigned prep_blocks = static_cast<unsigned>((rows * 32 + 255) / 256);
@@ -795,28 +830,32 @@ void Backward(float* dinp, float* delta, bf16* dout16, const float* dout,
                                                         out32, rows, T, NH, HS);
   }
   PT_CUDA_CHECK(cudaGetLastError());
-  const dim3 grid((T + kTile - 1) / kTile, B * NH);
+  // The walk that makes dk and dv: a block per key tile and key/value head;
+  // dq's second pass: a block per query tile and query head.
+  const int tiles = (T + kTile - 1) / kTile;
+  const dim3 kv_grid(tiles, B * KVH), q_grid(tiles, B * NH);
   const float scale = 1.0f / sqrtf(float(HS)), scale_log2 = scale * kLog2e;
   if (mode == FlashDq::kSecondPass) {
     Launch<FlashBackwardKernel<HS, false, false>>(
-        grid, BackwardSmem<HS, false>(), stream, dinp, dout16, qkv, lse, delta,
-        T, NH, scale, scale_log2);
-    Launch<FlashDqKernel<HS>>(grid, DqSmem<HS>(), stream, dinp, dout16, qkv,
-                              lse, delta, T, NH, scale, scale_log2);
+        kv_grid, BackwardSmem<HS, false>(), stream, dinp, dout16, qkv, lse,
+        delta, T, NH, KVH, scale, scale_log2);
+    Launch<FlashDqKernel<HS>>(q_grid, DqSmem<HS>(), stream, dinp, dout16, qkv,
+                              lse, delta, T, NH, KVH, scale, scale_log2);
     return;
   }
   // dq is added up from zero; dk and dv are written.
-  PT_CUDA_CHECK(cudaMemsetAsync(
-      dinp, 0, sizeof(float) * size_t(B) * T * 3 * NH * HS, stream));
+  const int64_t row = math::MakeAttentionHeads(NH * HS, NH, KVH).row();
+  PT_CUDA_CHECK(
+      cudaMemsetAsync(dinp, 0, sizeof(float) * size_t(B) * T * row, stream));
   // Four floats an atomic where the rows allow it (sm_90 and 16-byte rows).
-  if (reinterpret_cast<uintptr_t>(dinp) % 16 == 0 && (3 * NH * HS) % 4 == 0) {
+  if (reinterpret_cast<uintptr_t>(dinp) % 16 == 0 && row % 4 == 0) {
     Launch<FlashBackwardKernel<HS, true, true>>(
-        grid, BackwardSmem<HS, true>(), stream, dinp, dout16, qkv, lse, delta,
-        T, NH, scale, scale_log2);
+        kv_grid, BackwardSmem<HS, true>(), stream, dinp, dout16, qkv, lse,
+        delta, T, NH, KVH, scale, scale_log2);
   } else {
     Launch<FlashBackwardKernel<HS, true, false>>(
-        grid, BackwardSmem<HS, true>(), stream, dinp, dout16, qkv, lse, delta,
-        T, NH, scale, scale_log2);
+        kv_grid, BackwardSmem<HS, true>(), stream, dinp, dout16, qkv, lse,
+        delta, T, NH, KVH, scale, scale_log2);
   }
 }
 
@@ -838,14 +877,14 @@ bool FlashAttentionSupports(int hs, int major) {
 
 void FlashAttentionForward(float* out, __nv_bfloat16* out_bf16, float* lse,
                            const __nv_bfloat16* qkv, int B, int T, int NH,
-                           int hs, cudaStream_t stream) {
+                           int KVH, int hs, cudaStream_t stream) {
   switch (hs) {
     case 16:
-      return Forward<16>(out, out_bf16, lse, qkv, B, T, NH, stream);
+      return Forward<16>(out, out_bf16, lse, qkv, B, T, NH, KVH, stream);
     case 32:
-      return Forward<32>(out, out_bf16, lse, qkv, B, T, NH, stream);
+      return Forward<32>(out, out_bf16, lse, qkv, B, T, NH, KVH, stream);
     case 64:
-      return Forward<64>(out, out_bf16, lse, qkv, B, T, NH, stream);
+      return Forward<64>(out, out_bf16, lse, qkv, B, T, NH, KVH, stream);
   }
   PT_CHECK(false, "FlashAttentionForward: unsupported head size");
 }
@@ -854,18 +893,18 @@ void FlashAttentionBackward(float* dinp, float* delta, __nv_bfloat16* dout_bf16,
                             const float* dout, const float* out,
                             const __nv_bfloat16* out_bf16,
                             const __nv_bfloat16* qkv, const float* lse, int B,
-                            int T, int NH, int hs, FlashDq mode,
+                            int T, int NH, int KVH, int hs, FlashDq mode,
                             cudaStream_t stream) {
   switch (hs) {
     case 16:
       return Backward<16>(dinp, delta, dout_bf16, dout, out, out_bf16, qkv, lse,
-                          B, T, NH, mode, stream);
+                          B, T, NH, KVH, mode, stream);
     case 32:
       return Backward<32>(dinp, delta, dout_bf16, dout, out, out_bf16, qkv, lse,
-                          B, T, NH, mode, stream);
+                          B, T, NH, KVH, mode, stream);
     case 64:
       return Backward<64>(dinp, delta, dout_bf16, dout, out, out_bf16, qkv, lse,
-                          B, T, NH, mode, stream);
+                          B, T, NH, KVH, mode, stream);
   }
   PT_CHECK(false, "FlashAttentionBackward: unsupported head size");
 }

@@ -318,21 +318,23 @@ class CudaBackend final : public Ops {
                             const float* saved, ConstAct inp, ConstAct weight,
                             int B, int T, int C, int OC) override;
   void attention_forward(Act out, float* att, ConstAct inp, int B, int T, int C,
-                         int NH) override;
+                         int NH, int KVH) override;
   void attention_block_forward(float* out, float* lse, const float* qkv,
                                const float* kv, int64_t kv_stride, int B,
-                               int Tl, int C, int NH, int cp, int q_rank,
-                               int k_rank, bool first) override;
+                               int Tl, int C, int NH, int KVH, int cp,
+                               int q_rank, int k_rank, bool first) override;
   void attention_block_backward(float* dqkv, float* dkv, const float* dout,
                                 const float* qkv, const float* out,
                                 const float* lse, const float* kv,
                                 int64_t kv_stride, int B, int Tl, int C, int NH,
-                                int cp, int q_rank, int k_rank) override;
+                                int KVH, int cp, int q_rank,
+                                int k_rank) override;
   void attention_backward(float* dinp, float* datt, const float* dout,
                           ConstAct inp, ConstAct out, const float* att, int B,
-                          int T, int C, int NH) override;
+                          int T, int C, int NH, int KVH) override;
   void attention_decode(Act out, float* kcache, float* vcache, ConstAct qkv,
-                        int n, int pos, int C, int NH, int capacity) override;
+                        int n, int pos, int C, int NH, int KVH,
+                        int capacity) override;
   // Under bf16 compute the MLP projection's operand, GELU(fch) rounded to
   // bf16, as the forward made it: the backward's weight gradient reads it
   // instead of a second GELU pass (two bytes a value).
@@ -568,11 +570,11 @@ class CudaBackend final : public Ops {
   // Q: the type of the products' inputs (float, or bf16).
   template <typename Q>
   void Attention(float* out, float* att, const float* inp, int B, int T, int C,
-                 int NH);
+                 int NH, int KVH);
   template <typename Q>
   void AttentionBackward(float* dinp, float* datt, const float* dout,
                          const float* inp, const float* att, int B, int T,
-                         int C, int NH);
+                         int C, int NH, int KVH);
 
   // Strided batched column-major D (fp32) = op(A) op(B), through cuBLAS;
   // A and B fp32 or bf16.

@@ -18,9 +18,11 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/backends.h"
+#include "kernels/common/math.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/ops.h"
 #include "worker/engine/model/gpt_stage.h"
@@ -663,41 +665,47 @@ TEST_P(CudaOpsTest, BackwardHalvesGiveTheWholeBitForBit) {
 }
 
 // Context parallelism's attention blocks: rank 1 of cp 2 folding its own
-// block and rank 0's (keys and values read from a qkv, stride 3C), and the
-// backward of both, as the CPU computes them (fp32 either way).
+// block and rank 0's (keys and values read from a qkv, rows of C + 2K),
+// and the backward of both, as the CPU computes them (fp32 either way);
+// multi-head, and key/value heads shared by two and by four query heads.
 TEST_P(CudaOpsTest, AttentionBlocksAsOnTheCpu) {
   const int B = 2, Tl = 24, C = kC, NH = kNH, cp = 2;
-  const int64_t rows = int64_t(B) * Tl;
-  const Vec mine = Random(rows * 3 * C, 111),
-            theirs = Random(rows * 3 * C, 112), dout = Random(rows * C, 113);
-  Vec out(rows * C), lse(B * NH * Tl), dqkv(mine.size(), 0.0f),
-      dtheirs(theirs.size(), 0.0f);
-  Dev g_mine(gpu_.get(), mine), g_theirs(gpu_.get(), theirs),
-      g_dout(gpu_.get(), dout), g_out(gpu_.get(), out), g_lse(gpu_.get(), lse),
-      g_dqkv(gpu_.get(), dqkv), g_dtheirs(gpu_.get(), dtheirs);
-  for (Ops* ops : {&cpu(), gpu_.get()}) {
-    const bool on_gpu = ops != &cpu();
-    const float* q = on_gpu ? g_mine.get() : mine.data();
-    const float* k = on_gpu ? g_theirs.get() : theirs.data();
-    float* o = on_gpu ? g_out.get() : out.data();
-    float* l = on_gpu ? g_lse.get() : lse.data();
-    // Own block (keys of q itself), then rank 0's.
-    ops->attention_block_forward(o, l, q, q + C, 3 * C, B, Tl, C, NH, cp, 1, 1,
-                                 /*first=*/true);
-    ops->attention_block_forward(o, l, q, k + C, 3 * C, B, Tl, C, NH, cp, 1, 0,
-                                 /*first=*/false);
-    float* dq = on_gpu ? g_dqkv.get() : dqkv.data();
-    float* dk = on_gpu ? g_dtheirs.get() : dtheirs.data();
-    const float* dy = on_gpu ? g_dout.get() : dout.data();
-    ops->attention_block_backward(dq, dq + C, dy, q, o, l, q + C, 3 * C, B, Tl,
-                                  C, NH, cp, 1, 1);
-    ops->attention_block_backward(dq, dk + C, dy, q, o, l, k + C, 3 * C, B, Tl,
-                                  C, NH, cp, 1, 0);
+  for (int KVH : {NH, 2, 1}) {
+    const int64_t rows = int64_t(B) * Tl,
+                  row = kernels::math::MakeAttentionHeads(C, NH, KVH).row();
+    const Vec mine = Random(rows * row, 111), theirs = Random(rows * row, 112),
+              dout = Random(rows * C, 113);
+    Vec out(rows * C), lse(B * NH * Tl), dqkv(mine.size(), 0.0f),
+        dtheirs(theirs.size(), 0.0f);
+    Dev g_mine(gpu_.get(), mine), g_theirs(gpu_.get(), theirs),
+        g_dout(gpu_.get(), dout), g_out(gpu_.get(), out),
+        g_lse(gpu_.get(), lse), g_dqkv(gpu_.get(), dqkv),
+        g_dtheirs(gpu_.get(), dtheirs);
+    for (Ops* ops : {&cpu(), gpu_.get()}) {
+      const bool on_gpu = ops != &cpu();
+      const float* q = on_gpu ? g_mine.get() : mine.data();
+      const float* k = on_gpu ? g_theirs.get() : theirs.data();
+      float* o = on_gpu ? g_out.get() : out.data();
+      float* l = on_gpu ? g_lse.get() : lse.data();
+      // Own block (keys of q itself), then rank 0's.
+      ops->attention_block_forward(o, l, q, q + C, row, B, Tl, C, NH, KVH, cp,
+                                   1, 1, /*first=*/true);
+      ops->attention_block_forward(o, l, q, k + C, row, B, Tl, C, NH, KVH, cp,
+                                   1, 0, /*first=*/false);
+      float* dq = on_gpu ? g_dqkv.get() : dqkv.data();
+      float* dk = on_gpu ? g_dtheirs.get() : dtheirs.data();
+      const float* dy = on_gpu ? g_dout.get() : dout.data();
+      ops->attention_block_backward(dq, dq + C, dy, q, o, l, q + C, row, B, Tl,
+                                    C, NH, KVH, cp, 1, 1);
+      ops->attention_block_backward(dq, dk + C, dy, q, o, l, k + C, row, B, Tl,
+                                    C, NH, KVH, cp, 1, 0);
+    }
+    std::printf("  NH %d, KVH %d\n", NH, KVH);
+    Check("block attention out", g_out.Host(), out);
+    Check("block attention lse", g_lse.Host(), lse);
+    Check("block attention dqkv (own)", g_dqkv.Host(), dqkv);
+    Check("block attention dkv (rank 0's)", g_dtheirs.Host(), dtheirs);
   }
-  Check("block attention out", g_out.Host(), out);
-  Check("block attention lse", g_lse.Host(), lse);
-  Check("block attention dqkv (own)", g_dqkv.Host(), dqkv);
-  Check("block attention dkv (rank 0's)", g_dtheirs.Host(), dtheirs);
 }
 
 // Ring attention's packing: the keys and values columns of qkv rows copied
@@ -745,26 +753,30 @@ TEST_P(CudaOpsTest, ConvertRoundsAndWidensAsTheCpu) {
 
 // Attention over a bf16-stored qkv (off 16-byte alignment) into a
 // bf16-stored output under bf16 compute (fused heads of 16, and heads of 8
-// through cuBLAS), against the same on the CPU's bf16 backend.
+// through cuBLAS; multi-head and grouped-query), against the same on the
+// CPU's bf16 backend.
 TEST_P(CudaOpsTest, AttentionOverBf16StoredTensors) {
   if (!bf16()) GTEST_SKIP() << "bf16 storage is bf16 compute's";
   Ops& twin = kernels::CpuBf16Ops();
   const kernels::DType bf = kernels::DType::kBf16;
-  for (int NH : {4, 8}) {
-    const int64_t n = int64_t{kB} * kT * kC;
-    std::printf("  heads of %d\n", kC / NH);
-    Vec qkv16((3 * n + 1) / 2), out16((n + 1) / 2), gout16((n + 1) / 2);
+  for (auto [NH, KVH] : {std::pair{4, 4}, {8, 8}, {4, 2}, {8, 2}}) {
+    const int64_t n = int64_t{kB} * kT * kC,
+                  n_inp = int64_t{kB} * kT *
+                          kernels::math::MakeAttentionHeads(kC, NH, KVH).row();
+    std::printf("  heads of %d, NH %d, KVH %d\n", kC / NH, NH, KVH);
+    Vec qkv16((n_inp + 1) / 2), out16((n + 1) / 2), gout16((n + 1) / 2);
     kernels::RoundToBf16Rows(reinterpret_cast<uint16_t*>(qkv16.data()),
-                             Random(3 * n, 101).data(), 1, 3 * n);
+                             Random(n_inp, 101).data(), 1, n_inp);
     const Vec dout = Random(n, 102);
     Vec att(twin.attention_saved_floats(kB, kT, kC, NH)),
-        datt(twin.attention_scratch_floats(kB, kT, kC, NH)), dinp(3 * n, 0.0f);
+        datt(twin.attention_scratch_floats(kB, kT, kC, NH)), dinp(n_inp, 0.0f);
     twin.attention_forward(kernels::Act(out16.data(), bf), att.data(),
-                           kernels::ConstAct(qkv16.data(), bf), kB, kT, kC, NH);
+                           kernels::ConstAct(qkv16.data(), bf), kB, kT, kC, NH,
+                           KVH);
     twin.attention_backward(dinp.data(), datt.data(), dout.data(),
                             kernels::ConstAct(qkv16.data(), bf),
                             kernels::ConstAct(out16.data(), bf), att.data(), kB,
-                            kT, kC, NH);
+                            kT, kC, NH, KVH);
     // qkv one float past an aligned address, as a slab offset may put it:
     // the fused kernels read 16 bytes at a time, so the backend copies it.
     Vec shifted(qkv16.size() + 1);
@@ -772,15 +784,15 @@ TEST_P(CudaOpsTest, AttentionOverBf16StoredTensors) {
     Dev g_shifted(gpu_.get(), shifted), g_out(gpu_.get(), gout16),
         g_att(gpu_.get(), Vec(gpu_->attention_saved_floats(kB, kT, kC, NH))),
         g_datt(gpu_.get(), Vec(gpu_->attention_scratch_floats(kB, kT, kC, NH))),
-        g_dout(gpu_.get(), dout), g_dinp(gpu_.get(), Vec(3 * n, 0.0f));
+        g_dout(gpu_.get(), dout), g_dinp(gpu_.get(), Vec(n_inp, 0.0f));
     const kernels::ConstAct g_qkv(g_shifted.get() + 1, bf);
     gpu_->attention_forward(kernels::Act(g_out.get(), bf), g_att.get(), g_qkv,
-                            kB, kT, kC, NH);
+                            kB, kT, kC, NH, KVH);
     // The backward reads the CPU's stored output, as the CPU did.
     Dev g_cpu_out(gpu_.get(), out16);
     gpu_->attention_backward(g_dinp.get(), g_datt.get(), g_dout.get(), g_qkv,
                              kernels::ConstAct(g_cpu_out.get(), bf),
-                             g_att.get(), kB, kT, kC, NH);
+                             g_att.get(), kB, kT, kC, NH, KVH);
     Check("attention out (bf16 storage)", Unpacked(g_out.Host(), n),
           Unpacked(out16, n), true);
     Check("attention dinp (bf16 storage)", g_dinp.Host(), dinp, true);
@@ -830,11 +842,14 @@ TEST_P(CudaOpsTest, GeluMatmulForwardAndBackward) {
   }
 }
 
-// Attention of B sequences of T over NH heads of C / NH, forward and
-// backward, against the CPU. Under bf16 compute the heads of 16, 32 and 64
-// go through the fused kernels, which keep one float per query row.
-void CheckAttention(CudaOpsTest* test, Ops* gpu, int B, int T, int C, int NH) {
-  const Vec inp = Random(B * T * 3 * C, 21), dout = Random(B * T * C, 22);
+// Attention of B sequences of T over NH query heads of C / NH and KVH
+// key/value heads, forward and backward, against the CPU. Under bf16
+// compute the heads of 16, 32 and 64 go through the fused kernels, which
+// keep one float per query row.
+void CheckAttention(CudaOpsTest* test, Ops* gpu, int B, int T, int C, int NH,
+                    int KVH) {
+  const int64_t row = kernels::math::MakeAttentionHeads(C, NH, KVH).row();
+  const Vec inp = Random(B * T * row, 21), dout = Random(B * T * C, 22);
   // dinp is written whole (Ops::attention_backward): the GPU's starts out
   // holding other values than the CPU's.
   Vec out(B * T * C), att(int64_t(B) * NH * T * T), datt(att.size()),
@@ -844,13 +859,15 @@ void CheckAttention(CudaOpsTest* test, Ops* gpu, int B, int T, int C, int NH) {
       g_datt(gpu, Vec(gpu->attention_scratch_floats(B, T, C, NH))),
       g_dinp(gpu, Random(inp.size(), 24));
   kernels::Ops& cpu = kernels::CpuOps();
-  cpu.attention_forward(out.data(), att.data(), inp.data(), B, T, C, NH);
+  cpu.attention_forward(out.data(), att.data(), inp.data(), B, T, C, NH, KVH);
   cpu.attention_backward(dinp.data(), datt.data(), dout.data(), inp.data(),
-                         out.data(), att.data(), B, T, C, NH);
-  gpu->attention_forward(g_out.get(), g_att.get(), g_inp.get(), B, T, C, NH);
+                         out.data(), att.data(), B, T, C, NH, KVH);
+  gpu->attention_forward(g_out.get(), g_att.get(), g_inp.get(), B, T, C, NH,
+                         KVH);
   gpu->attention_backward(g_dinp.get(), g_datt.get(), g_dout.get(), g_inp.get(),
-                          g_out.get(), g_att.get(), B, T, C, NH);
-  std::printf("  B%d T%d C%d NH%d (heads of %d)\n", B, T, C, NH, C / NH);
+                          g_out.get(), g_att.get(), B, T, C, NH, KVH);
+  std::printf("  B%d T%d C%d NH%d KVH%d (heads of %d)\n", B, T, C, NH, KVH,
+              C / NH);
   test->Check("attention out", g_out.Host(), out, true);
   // Only the fp32 path keeps the probabilities as the CPU does.
   if (!test->bf16()) {
@@ -860,20 +877,101 @@ void CheckAttention(CudaOpsTest* test, Ops* gpu, int B, int T, int C, int NH) {
 }
 
 TEST_P(CudaOpsTest, CausalAttentionForwardAndBackward) {
-  CheckAttention(this, gpu_.get(), kB, kT, kC, kNH);
-  CheckAttention(this, gpu_.get(), kB, kT, 40, 5);  // heads of 8: cuBLAS
+  CheckAttention(this, gpu_.get(), kB, kT, kC, kNH, kNH);
+  CheckAttention(this, gpu_.get(), kB, kT, 40, 5, 5);  // heads of 8: cuBLAS
 }
 
-// GPT-2's heads of 64, over sequences that end inside a tile of 64.
+// Grouped-query attention: key/value heads each read by two, three or
+// four query heads (heads of 16 fused under bf16 compute; heads of 8
+// through cuBLAS either way).
+TEST_P(CudaOpsTest, GroupedQueryAttentionForwardAndBackward) {
+  CheckAttention(this, gpu_.get(), kB, kT, kC, kNH, 2);
+  CheckAttention(this, gpu_.get(), kB, kT, kC, kNH, 1);
+  CheckAttention(this, gpu_.get(), kB, kT, 32, 4, 2);  // heads of 8: cuBLAS
+  CheckAttention(this, gpu_.get(), kB, kT, 48, 6, 2);  // groups of three
+}
+
+// Grouped-query attention is multi-head attention over keys and values
+// repeated for each query head of a group: on the GPU alone, whatever the
+// CPU twin does, the grouped output is the multi-head output over the
+// repeated rows, the queries' gradient theirs, and each key/value head's
+// gradient the sum of its query heads' (heads of 16, fused under bf16
+// compute, and heads of 8 through cuBLAS).
+TEST_P(CudaOpsTest, GroupedQueryAttentionIsMultiHeadOverRepeatedKeys) {
+  const int B = kB, T = kT, NH = 4, KVH = 2;
+  for (int C : {64, 32}) {
+    const kernels::math::AttentionHeads heads =
+        kernels::math::MakeAttentionHeads(C, NH, KVH);
+    const int hs = heads.hs;
+    const int64_t rows = int64_t{B} * T, row = heads.row(), K = heads.K();
+    const Vec grouped = Random(rows * row, 41), dout = Random(rows * C, 42);
+    // Column c of a multi-head row (3C) that is a key or value column of
+    // query head h: the grouped row's column of h's key/value head.
+    auto Repeated = [&](int part, int h, int d) {
+      return heads.k(heads.Kv(h)) + part * K + d;
+    };
+    Vec multi(rows * 3 * C);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(grouped.begin() + r * row, C, multi.begin() + r * 3 * C);
+      for (int part = 0; part < 2; ++part) {  // keys, then values
+        for (int h = 0; h < NH; ++h) {
+          for (int d = 0; d < hs; ++d) {
+            multi[r * 3 * C + (1 + part) * C + h * hs + d] =
+                grouped[r * row + Repeated(part, h, d)];
+          }
+        }
+      }
+    }
+    // out and dinp of attention over inp with kvh key/value heads.
+    auto run = [&](const Vec& inp, int kvh) {
+      Dev g_inp(gpu_.get(), inp), g_dout(gpu_.get(), dout),
+          g_out(gpu_.get(), Vec(rows * C)),
+          g_att(gpu_.get(), Vec(gpu_->attention_saved_floats(B, T, C, NH))),
+          g_datt(gpu_.get(), Vec(gpu_->attention_scratch_floats(B, T, C, NH))),
+          g_dinp(gpu_.get(), Vec(inp.size()));
+      gpu_->attention_forward(g_out.get(), g_att.get(), g_inp.get(), B, T, C,
+                              NH, kvh);
+      gpu_->attention_backward(g_dinp.get(), g_datt.get(), g_dout.get(),
+                               g_inp.get(), g_out.get(), g_att.get(), B, T, C,
+                               NH, kvh);
+      return std::pair{g_out.Host(), g_dinp.Host()};
+    };
+    const auto [out, dinp] = run(grouped, KVH);
+    const auto [multi_out, multi_dinp] = run(multi, NH);
+    // The multi-head gradient folded into grouped rows.
+    Vec folded(rows * row, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(multi_dinp.begin() + r * 3 * C, C, folded.begin() + r * row);
+      for (int part = 0; part < 2; ++part) {
+        for (int h = 0; h < NH; ++h) {
+          for (int d = 0; d < hs; ++d) {
+            folded[r * row + Repeated(part, h, d)] +=
+                multi_dinp[r * 3 * C + (1 + part) * C + h * hs + d];
+          }
+        }
+      }
+    }
+    std::printf("  heads of %d, NH %d, KVH %d\n", hs, NH, KVH);
+    Check("grouped out (repeated kv)", out, multi_out, true);
+    Check("grouped dinp (group summed)", dinp, folded, true);
+  }
+}
+
+// GPT-2's heads of 64, over sequences that end inside a tile of 64, and
+// heads of 32; multi-head and grouped-query.
 TEST_P(CudaOpsTest, CausalAttentionWithGpt2Heads) {
-  CheckAttention(this, gpu_.get(), 2, 150, 128, 2);
-  CheckAttention(this, gpu_.get(), 1, 128, 96, 3);  // heads of 32
+  CheckAttention(this, gpu_.get(), 2, 150, 128, 2, 2);
+  CheckAttention(this, gpu_.get(), 1, 128, 96, 3, 3);  // heads of 32
+  CheckAttention(this, gpu_.get(), 2, 150, 256, 4, 1);
+  CheckAttention(this, gpu_.get(), 1, 200, 192, 6, 2);  // heads of 32
 }
 
 // The fused backward's two ways of making q's gradient
 // (PTRAIN_CUDA_FLASH_DQ: atomic adds from the key tiles' walk, or a second
 // pass over the query tiles), each against the CPU, at GPT-2's heads over
-// lengths that end inside a tile.
+// lengths that end inside a tile; multi-head and grouped-query (the walk
+// over a group's query heads, its prefetch crossing from one head's last
+// tile to the next head's first).
 TEST_P(CudaOpsTest, FusedAttentionGradientEitherWayOfDq) {
   if (!bf16()) GTEST_SKIP() << "the fused kernels are bf16 compute's";
   for (const char* way : {"atomic", "pass"}) {
@@ -885,38 +983,46 @@ TEST_P(CudaOpsTest, FusedAttentionGradientEitherWayOfDq) {
     unsetenv("PTRAIN_CUDA_FLASH_DQ");
     ASSERT_NE(ops, nullptr) << error;
     std::printf("  dq: %s\n", way);
-    CheckAttention(this, ops.get(), 2, 150, 128, 2);
-    CheckAttention(this, ops.get(), 1, 200, 96, 3);  // heads of 32
+    CheckAttention(this, ops.get(), 2, 150, 128, 2, 2);
+    CheckAttention(this, ops.get(), 1, 200, 96, 3, 3);  // heads of 32
+    CheckAttention(this, ops.get(), 2, 150, 256, 4, 2);
+    CheckAttention(this, ops.get(), 1, 200, 128, 4, 1);  // heads of 32
+    CheckAttention(this, ops.get(), 2, 100, 64, 4, 2);   // heads of 16
   }
 }
 
 // Generation's cached attention, fed in pieces (a part, then single
 // positions), against the CPU's; fp32 under either setting. The caches
 // start with earlier positions already in them: none, or so many that the
-// scores pass 48 KiB of shared memory and take the opt-in.
+// scores pass 48 KiB of shared memory and take the opt-in. Multi-head,
+// and key/value heads (KVH of them cached) shared by two and by four
+// query heads.
 TEST_P(CudaOpsTest, CachedAttentionForGeneration) {
-  for (int first : {0, 12300}) {
-    const int T = 40, C = 64, NH = 4, hs = C / NH, capacity = first + T;
-    const Vec qkv = Random(int64_t(T) * 3 * C, 31);
-    Vec out(int64_t(T) * C), k = Random(int64_t(NH) * capacity * hs, 32),
-                             v = Random(k.size(), 33);
-    Dev g_qkv(gpu_.get(), qkv), g_out(gpu_.get(), out), g_k(gpu_.get(), k),
-        g_v(gpu_.get(), v);
-    int done = 0;
-    for (int n : {T / 2, 1, 1, T - T / 2 - 2}) {
-      const int pos = first + done;
-      cpu().attention_decode(out.data() + done * C, k.data(), v.data(),
-                             qkv.data() + done * 3 * C, n, pos, C, NH,
-                             capacity);
-      gpu_->attention_decode(g_out.get() + done * C, g_k.get(), g_v.get(),
-                             g_qkv.get() + done * 3 * C, n, pos, C, NH,
-                             capacity);
-      done += n;
+  for (int KVH : {4, 2, 1}) {
+    for (int first : {0, 12300}) {
+      const int T = 40, C = 64, NH = 4, hs = C / NH, capacity = first + T;
+      const int64_t row = kernels::math::MakeAttentionHeads(C, NH, KVH).row();
+      const Vec qkv = Random(T * row, 31);
+      Vec out(int64_t(T) * C), k = Random(int64_t(KVH) * capacity * hs, 32),
+                               v = Random(k.size(), 33);
+      Dev g_qkv(gpu_.get(), qkv), g_out(gpu_.get(), out), g_k(gpu_.get(), k),
+          g_v(gpu_.get(), v);
+      int done = 0;
+      for (int n : {T / 2, 1, 1, T - T / 2 - 2}) {
+        const int pos = first + done;
+        cpu().attention_decode(out.data() + done * C, k.data(), v.data(),
+                               qkv.data() + done * row, n, pos, C, NH, KVH,
+                               capacity);
+        gpu_->attention_decode(g_out.get() + done * C, g_k.get(), g_v.get(),
+                               g_qkv.get() + done * row, n, pos, C, NH, KVH,
+                               capacity);
+        done += n;
+      }
+      std::printf("  %d positions after %d cached, KVH %d\n", T, first, KVH);
+      Check("decode out", g_out.Host(), out);
+      Check("decode key cache", g_k.Host(), k);
+      Check("decode value cache", g_v.Host(), v);
     }
-    std::printf("  %d positions after %d cached\n", T, first);
-    Check("decode out", g_out.Host(), out);
-    Check("decode key cache", g_k.Host(), k);
-    Check("decode value cache", g_v.Host(), v);
   }
 }
 
