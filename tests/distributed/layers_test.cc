@@ -81,8 +81,7 @@ double RelDiff(const Vec& got, const Vec& want) {
 class LayersTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
-    comm_ = MakeMpiCommunicator(MPI_COMM_WORLD, "tp",
-                                std::make_shared<CommStats>());
+    comm_ = MakeMpiCommunicator(MPI_COMM_WORLD, "tp", stats_);
     g_ = TpGroup{comm_.get(), GetParam()};
     tp_ = g_.size();
     rank_ = g_.rank();
@@ -104,6 +103,15 @@ class LayersTest : public ::testing::TestWithParam<bool> {
 
   void RowLinearCase(bool gelu);
 
+  // Collectives issued since the last call.
+  int64_t Calls() {
+    int64_t calls = 0;
+    for (const auto& [key, stat] : stats_->Snapshot()) calls += stat.calls;
+    stats_->Reset();
+    return calls;
+  }
+
+  std::shared_ptr<CommStats> stats_ = std::make_shared<CommStats>();
   std::unique_ptr<Communicator> comm_;
   TpGroup g_;
   int tp_ = 1, rank_ = 0;
@@ -141,6 +149,63 @@ TEST_P(LayersTest, ColumnParallelLinearMatchesOneRank) {
   Check("column dinp", my_dinp, Positions(dinp, kT, kC, T0(), Ts()));
   Check("column dweight", my_dw, Rows(dw, kC, o0, OCl));
   Check("column dbias", my_db, Rows(db, 1, o0, OCl));
+}
+
+// Two column-parallel linears over one input (Llama's q, k and v
+// projections): each is the one-rank linear, their input gradients summed,
+// with the collectives of a single linear (one gather of the input, one
+// reduction of the summed gradient).
+TEST_P(LayersTest, ColumnParallelLinearsShareTheirCollectives) {
+  const Vec inp = Random(kB * kT * kC, 11), w1 = Random(kOC * kC, 12),
+            w2 = Random(kOC * kC, 13), dout1 = Random(kB * kT * kOC, 14),
+            dout2 = Random(kB * kT * kOC, 15);
+  Vec out1(kB * kT * kOC), out2(out1.size()), d1(inp.size()), d2(inp.size()),
+      dw1(w1.size(), 0.25f), dw2(w2.size(), 0.5f);
+  column_linear_forward(out1.data(), inp.data(), w1.data(), nullptr, kB, kT, kC,
+                        kOC, TpGroup{}, one_);
+  column_linear_forward(out2.data(), inp.data(), w2.data(), nullptr, kB, kT, kC,
+                        kOC, TpGroup{}, one_);
+  column_linear_backward(d1.data(), dw1.data(), nullptr, dout1.data(),
+                         inp.data(), w1.data(), kB, kT, kC, kOC, TpGroup{},
+                         one_);
+  column_linear_backward(d2.data(), dw2.data(), nullptr, dout2.data(),
+                         inp.data(), w2.data(), kB, kT, kC, kOC, TpGroup{},
+                         one_);
+  Vec dinp(inp.size());
+  for (size_t i = 0; i < dinp.size(); ++i) dinp[i] = d1[i] + d2[i];
+
+  const int OCl = kOC / tp_, o0 = rank_ * OCl;
+  const Vec my_inp = Positions(inp, kT, kC, T0(), Ts());
+  const Vec my_w1 = Rows(w1, kC, o0, OCl), my_w2 = Rows(w2, kC, o0, OCl);
+  const Vec my_d1 = Cols(dout1, kOC, o0, OCl),
+            my_d2 = Cols(dout2, kOC, o0, OCl);
+  Vec my_out1(kB * kT * OCl), my_out2(my_out1.size()), my_dinp(my_inp.size()),
+      my_dw1(my_w1.size(), 0.25f), my_dw2(my_w2.size(), 0.5f), part(inp.size());
+  // What one linear's forward and backward issue.
+  Vec one_out(my_out1.size()), one_dinp(my_inp.size()), one_dw(my_w1.size());
+  Calls();
+  column_linear_forward(one_out.data(), my_inp.data(), my_w1.data(), nullptr,
+                        kB, kT, kC, OCl, g_, s_);
+  const int64_t one_forward = Calls();
+  column_linear_backward(one_dinp.data(), one_dw.data(), nullptr, my_d1.data(),
+                         my_inp.data(), my_w1.data(), kB, kT, kC, OCl, g_, s_);
+  const int64_t one_backward = Calls();
+
+  column_linears_forward({{my_out1.data(), my_w1.data(), nullptr, OCl},
+                          {my_out2.data(), my_w2.data(), nullptr, OCl}},
+                         my_inp.data(), kB, kT, kC, g_, s_);
+  EXPECT_EQ(Calls(), one_forward);
+  column_linears_backward(
+      my_dinp.data(), part.data(),
+      {{my_d1.data(), my_w1.data(), my_dw1.data(), nullptr, OCl},
+       {my_d2.data(), my_w2.data(), my_dw2.data(), nullptr, OCl}},
+      my_inp.data(), kB, kT, kC, g_, s_);
+  EXPECT_EQ(Calls(), one_backward);
+  Check("columns out 1", my_out1, Cols(out1, kOC, o0, OCl));
+  Check("columns out 2", my_out2, Cols(out2, kOC, o0, OCl));
+  Check("columns dinp", my_dinp, Positions(dinp, kT, kC, T0(), Ts()));
+  Check("columns dweight 1", my_dw1, Rows(dw1, kC, o0, OCl));
+  Check("columns dweight 2", my_dw2, Rows(dw2, kC, o0, OCl));
 }
 
 // Row-parallel linear on its input, or (gelu) on GELU of it with GELU's

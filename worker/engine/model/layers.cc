@@ -107,31 +107,55 @@ void sequence_reduce(float* local, float* partial, int B, int T, int C,
   ops.Copy(local, partial, n_local);
 }
 
+void column_linears_forward(std::initializer_list<ColumnOut> linears,
+                            kernels::ConstAct inp, int B, int T, int C,
+                            const TpGroup& g, const LayerContext& s) {
+  const kernels::ConstAct full = FullSequence(inp, B, T, C, g, s);
+  for (const ColumnOut& l : linears) {
+    s.ops().matmul_forward(l.out, full, l.weight, l.bias, B, T, C, l.OCl);
+  }
+}
+
 void column_linear_forward(kernels::Act out, kernels::ConstAct inp,
                            kernels::ConstAct weight, const float* bias, int B,
                            int T, int C, int OCl, const TpGroup& g,
                            const LayerContext& s) {
-  s.ops().matmul_forward(out, FullSequence(inp, B, T, C, g, s), weight, bias, B,
-                         T, C, OCl);
+  column_linears_forward({{out, weight, bias, OCl}}, inp, B, T, C, g, s);
+}
+
+void column_linears_backward(float* dinp, float* part,
+                             std::initializer_list<ColumnGrad> linears,
+                             kernels::ConstAct inp, int B, int T, int C,
+                             const TpGroup& g, const LayerContext& s) {
+  const bool parallel = Parallel(g);
+  bool weights = false;
+  for (const ColumnGrad& l : linears) weights |= l.dweight != nullptr;
+  // The whole input is an operand of the weight gradients only.
+  const kernels::ConstAct full =
+      weights ? FullSequence(inp, B, T, C, g, s) : inp;
+  // Under tp this rank's rows of the weights give a part of the input
+  // gradient; the group sums the parts (Megatron's f operator, backward).
+  float* sum = parallel ? s.a : dinp;
+  const int64_t n = static_cast<int64_t>(B) * T * C;
+  bool first = true;
+  for (const ColumnGrad& l : linears) {
+    float* d = dinp == nullptr ? nullptr : first ? sum : part;
+    s.ops().matmul_backward(d, l.dweight, l.dbias, l.dout, full, l.weight, B, T,
+                            C, l.OCl);
+    if (d != nullptr && !first) s.ops().Add(sum, part, n);
+    first = false;
+  }
+  if (dinp != nullptr && parallel) {
+    sequence_reduce(dinp, s.a, B, T, C, g, s.b, s.ops());
+  }
 }
 
 void column_linear_backward(float* dinp, float* dweight, float* dbias,
                             kernels::ConstAct dout, kernels::ConstAct inp,
                             kernels::ConstAct weight, int B, int T, int C,
                             int OCl, const TpGroup& g, const LayerContext& s) {
-  if (!Parallel(g)) {
-    s.ops().matmul_backward(dinp, dweight, dbias, dout, inp, weight, B, T, C,
-                            OCl);
-    return;
-  }
-  // The whole input is an operand of the weight gradient only.
-  const kernels::ConstAct full =
-      dweight != nullptr ? FullSequence(inp, B, T, C, g, s) : inp;
-  // This rank's rows of the weight give a part of the input gradient; the
-  // group sums the parts (Megatron's f operator, backward).
-  s.ops().matmul_backward(dinp != nullptr ? s.a : nullptr, dweight, dbias, dout,
-                          full, weight, B, T, C, OCl);
-  if (dinp != nullptr) sequence_reduce(dinp, s.a, B, T, C, g, s.b, s.ops());
+  column_linears_backward(dinp, nullptr, {{dout, weight, dweight, dbias, OCl}},
+                          inp, B, T, C, g, s);
 }
 
 void row_linear_forward(float* out, kernels::ConstAct inp,

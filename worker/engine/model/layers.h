@@ -22,6 +22,7 @@
 #define PTRAIN_WORKER_ENGINE_MODEL_LAYERS_H_
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "kernels/ops.h"
 #include "worker/engine/comm/comm.h"
@@ -94,6 +95,36 @@ void column_linear_backward(float* dinp, float* dweight, float* dbias,
                             kernels::ConstAct dout, kernels::ConstAct inp,
                             kernels::ConstAct weight, int B, int T, int C,
                             int OCl, const TpGroup& g, const LayerContext& s);
+
+// Several column-parallel linears over one input, each with a tensor of its
+// own (a projection kept as several tensors: Llama's q_proj, k_proj and
+// v_proj): under sp the input is gathered once for them all, and their
+// input gradients are summed before one reduction. column_linear_forward
+// and column_linear_backward are the case of one.
+struct ColumnOut {
+  kernels::Act out;  // (B,T,OCl)
+  kernels::ConstAct weight;
+  const float* bias;
+  int OCl;
+};
+void column_linears_forward(std::initializer_list<ColumnOut> linears,
+                            kernels::ConstAct inp, int B, int T, int C,
+                            const TpGroup& g, const LayerContext& s);
+struct ColumnGrad {
+  kernels::ConstAct dout;  // (B,T,OCl)
+  kernels::ConstAct weight;
+  float* dweight;
+  float* dbias;
+  int OCl;
+};
+// dinp (B,Ts,C) = reduce over the group of the sum over the linears of
+// dout @ weight; each dweight, dbias accumulates. `part`: (B,T,C) floats
+// of working space, the second and later linears' input gradients (unused
+// with one linear or a null dinp).
+void column_linears_backward(float* dinp, float* part,
+                             std::initializer_list<ColumnGrad> linears,
+                             kernels::ConstAct inp, int B, int T, int C,
+                             const TpGroup& g, const LayerContext& s);
 
 // Row-parallel linear: weight (OC,Cl) holds this rank's columns of the whole
 // (OC,C). out (B,Ts,OC) = reduce(inp @ weight^T) + bias; inp is (B,T,Cl),

@@ -97,11 +97,12 @@ class GroupedQueryAttention : public SublayerPart {
             {SatMul(d.BTs, d.C), "stream"}};
   }
   // hidden_a: the planes (forward); the rows' gradient and the output's
-  // (within (B,T,4Cl)), then an input gradient (B,Ts,C) (backward).
+  // (within (B,T,4Cl)), then the key's and value's parts of the input
+  // gradient, (B,T,C) before the group's reduction (backward).
   // hidden_b: qkv in fp32 before it is stored in bf16 (forward); the
   // planes' gradients (backward).
   int64_t HiddenFloats(const StageActivationDims& d) const override {
-    return std::max(SatMul(d.BT, 4 * d.Cl), SatMul(d.BTs, d.C));
+    return std::max(SatMul(d.BT, 4 * d.Cl), SatMul(d.BT, d.C));
   }
 
   void Forward(const PartPass& p, kernels::ConstAct in,
@@ -115,12 +116,10 @@ class GroupedQueryAttention : public SublayerPart {
     float* k = q + BT * Cl;
     float* v = k + BT * Kl;
     p.Begin(kQ);
-    column_linear_forward(q, in, p.Weight(kQ), nullptr, B, T, C, Cl, p.tp(),
-                          p.scratch());
-    column_linear_forward(k, in, p.Weight(kK).Offset(h.kv_at), nullptr, B, T, C,
-                          Kl, p.tp(), p.scratch());
-    column_linear_forward(v, in, p.Weight(kV).Offset(h.kv_at), nullptr, B, T, C,
-                          Kl, p.tp(), p.scratch());
+    column_linears_forward({{q, p.Weight(kQ), nullptr, Cl},
+                            {k, p.Weight(kK).Offset(h.kv_at), nullptr, Kl},
+                            {v, p.Weight(kV).Offset(h.kv_at), nullptr, Kl}},
+                           in, B, T, C, p.tp(), p.scratch());
     p.End(kQ);
     // The grouped rows, their query and key heads turned in one pass.
     const int64_t R = h.Row();
@@ -188,20 +187,16 @@ class GroupedQueryAttention : public SublayerPart {
     const int64_t kv_at = h.kv_at;
     float* dw_k = p.WeightGrad(kK);
     float* dw_v = p.WeightGrad(kV);
-    column_linear_backward(din, p.WeightGrad(kQ), nullptr, dq, in, p.Weight(kQ),
-                           B, T, C, Cl, p.tp(), p.scratch());
     // The key's and value's input gradients beside the query's (hidden_a
     // is free once the planes hold the gradients).
-    float* part = w.hidden_a;
-    const int64_t n_in = static_cast<int64_t>(B) * p.Ts() * C;
-    column_linear_backward(part, dw_k != nullptr ? dw_k + kv_at : nullptr,
-                           nullptr, dk, in, p.Weight(kK).Offset(kv_at), B, T, C,
-                           Kl, p.tp(), p.scratch());
-    ops.Add(din, part, n_in);
-    column_linear_backward(part, dw_v != nullptr ? dw_v + kv_at : nullptr,
-                           nullptr, dv, in, p.Weight(kV).Offset(kv_at), B, T, C,
-                           Kl, p.tp(), p.scratch());
-    ops.Add(din, part, n_in);
+    column_linears_backward(
+        din, w.hidden_a,
+        {{dq, p.Weight(kQ), p.WeightGrad(kQ), nullptr, Cl},
+         {dk, p.Weight(kK).Offset(kv_at),
+          dw_k != nullptr ? dw_k + kv_at : nullptr, nullptr, Kl},
+         {dv, p.Weight(kV).Offset(kv_at),
+          dw_v != nullptr ? dw_v + kv_at : nullptr, nullptr, Kl}},
+        in, B, T, C, p.tp(), p.scratch());
     p.Poll();
     p.End(kQ);
   }
@@ -218,13 +213,12 @@ class GroupedQueryAttention : public SublayerPart {
     p.End(kO);
     const float* dq = p.Row(kDplanes);
     const int64_t kv_at = h.kv_at;
-    column_linear_backward(nullptr, p.Grad(kQ), nullptr, dq, in, nullptr, B, T,
-                           C, Cl, p.tp(), p.scratch());
-    column_linear_backward(nullptr, p.Grad(kK) + kv_at, nullptr, dq + BT * Cl,
-                           in, nullptr, B, T, C, Kl, p.tp(), p.scratch());
-    column_linear_backward(nullptr, p.Grad(kV) + kv_at, nullptr,
-                           dq + BT * (Cl + Kl), in, nullptr, B, T, C, Kl,
-                           p.tp(), p.scratch());
+    column_linears_backward(
+        nullptr, nullptr,
+        {{dq, nullptr, p.Grad(kQ), nullptr, Cl},
+         {dq + BT * Cl, nullptr, p.Grad(kK) + kv_at, nullptr, Kl},
+         {dq + BT * (Cl + Kl), nullptr, p.Grad(kV) + kv_at, nullptr, Kl}},
+        in, B, T, C, p.tp(), p.scratch());
     p.End(kQ);
     p.Poll();
   }
