@@ -20,13 +20,16 @@ inline std::vector<std::string> BenchModel(const std::string& config) {
 }
 
 // The overrides that make a config of n_head heads and n_embd channels a
-// Llama of the same width: key/value heads n_head / 4 where 4 divides
-// n_head, else n_head (S: 1, M: 6), and the MLP's hidden width the
+// Llama of the same width: grouped-query attention with key/value heads
+// n_head / 4 where 4 divides n_head, else n_head / 3 where 3 does, else
+// n_head (S: 1, M: 2), and the MLP's hidden width the
 // multiple of 64 nearest 8C/3 (S: 320, M: 1024), which keeps its weights
 // near GPT-2's 8C^2 (Llama's own rule, rounding up to a multiple of 256,
 // would give S 512).
 inline std::vector<std::string> BenchLlama(int n_head, int n_embd) {
-  const int kv = n_head % 4 == 0 ? n_head / 4 : n_head;
+  const int kv = n_head % 4 == 0   ? n_head / 4
+                 : n_head % 3 == 0 ? n_head / 3
+                                   : n_head;
   const int hidden = (8 * n_embd / 3 + 32) / 64 * 64;
   return {"model.arch=llama", "model.n_kv_head=" + std::to_string(kv),
           "model.ffn_hidden=" + std::to_string(hidden)};
