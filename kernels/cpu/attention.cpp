@@ -80,14 +80,9 @@ void attention_backward(F* dinp, F* datt, const F* dout, const F* inp,
 #pragma omp parallel for schedule(static)
   for (int64_t bg = 0; bg < static_cast<int64_t>(B) * KVH; bg++) {
     for (int i = 0; i < heads.group(); ++i) {
-      const int64_t bh = bg / KVH * NH + bg % KVH * heads.group() + i;
+      const int64_t bh = internal::GroupHead(bg, i, heads);
       const internal::AttentionHead at = internal::HeadAt(bh, heads, T);
-      const F* q = inp + at.q;
-      const F* k = inp + at.k;
-      const F* v = k + heads.K();
-      F* dq = dinp + at.q;
-      F* dk = dinp + at.k;
-      F* dv = dk + heads.K();
+      const auto [q, k, v, dq, dk, dv] = internal::RowsAt(at, inp, dinp, heads);
       const F* dout_bh = dout + at.y;
       const F* att_bh = att + bh * T * T;
       F* datt_bh = datt + bh * T * T;

@@ -24,6 +24,26 @@ inline AttentionHead HeadAt(int64_t bh, const math::AttentionHeads& a, int T) {
   return {seq + a.q(h), seq + a.k(a.Kv(h)), b * T * a.C() + a.q(h)};
 }
 
+// A backward task is a (batch, key/value head) pair bg, walking its
+// group's query heads: its i-th is pair bh = b·NH + h.
+inline int64_t GroupHead(int64_t bg, int i, const math::AttentionHeads& a) {
+  return bg / a.KVH * a.NH + bg % a.KVH * a.group() + i;
+}
+
+// A pair's query, key and value rows in an input and in its gradient
+// (row stride a.row()).
+template <typename F>
+struct HeadRows {
+  const F *q, *k, *v;
+  F *dq, *dk, *dv;
+};
+template <typename F>
+HeadRows<F> RowsAt(const AttentionHead& at, const F* inp, F* dinp,
+                   const math::AttentionHeads& a) {
+  return {inp + at.q,  inp + at.k,  inp + at.k + a.K(),
+          dinp + at.q, dinp + at.k, dinp + at.k + a.K()};
+}
+
 }  // namespace ptrain::kernels::internal
 
 #endif  // PTRAIN_KERNELS_CPU_ATTENTION_HEAD_H_

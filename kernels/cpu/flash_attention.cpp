@@ -114,14 +114,10 @@ void flash_attention_backward(F* dinp, const F* dout, const F* inp,
 #pragma omp for schedule(static)
     for (int64_t bg = 0; bg < static_cast<int64_t>(B) * KVH; bg++) {
       for (int i = 0; i < heads.group(); ++i) {
-        const int64_t bh = bg / KVH * NH + bg % KVH * heads.group() + i;
+        const int64_t bh = internal::GroupHead(bg, i, heads);
         const internal::AttentionHead at = internal::HeadAt(bh, heads, T);
-        const F* q = inp + at.q;
-        const F* k = inp + at.k;
-        const F* v = k + heads.K();
-        F* dq = dinp + at.q;
-        F* dk = dinp + at.k;
-        F* dv = dk + heads.K();
+        const auto [q, k, v, dq, dk, dv] =
+            internal::RowsAt(at, inp, dinp, heads);
         const F* o = out + at.y;
         const F* dout_bh = dout + at.y;
         const F* lse_bh = lse + bh * T;
