@@ -355,6 +355,54 @@ void crossentropy_parallel_backward(F* dlogits, const F* probs,
                                     const int32_t* targets, F dloss, int B,
                                     int T, int Vl, int vocab_begin);
 
+// Mixture-of-Experts routing and dispatch (token choice, top-k). Here N is
+// the number of tokens (rows), E the number of experts, k the experts each
+// token chooses (k <= E), C channels, and M the (token, choice) pairs kept
+// after capacity: M = N·k less the dropped. A pair (t, j) is indexed t·k + j.
+//
+// The router's score of each expert: softmax over the E logits of a token,
+// or the sigmoid of each logit on its own.
+enum class RouterScore { kSoftmax, kSigmoid };
+
+// scores (N,E): each token's scores, saved for backward; experts (N,k): the
+// k experts of highest selection score s[e] + bias[e], highest first, ties
+// going to the lower expert index. bias (E) may be null: the auxiliary-loss-
+// free balancing bias, which changes which experts are chosen but never the
+// weights, and has no gradient. weights (N,k): the chosen experts' scores,
+// divided by their sum over the k when `normalize` (+1e-20, so a row whose
+// scores all underflow gives 0 rather than NaN). Switch and GShard take
+// softmax without it, Mixtral softmax with it, DeepSeek-V3 sigmoid with it.
+template <typename F>
+void moe_router_forward(int32_t* experts, F* weights, F* scores,
+                        const F* logits, const F* bias, int N, int E, int k,
+                        RouterScore kind, bool normalize);
+// dlogits (N,E) += the gradient through weights (N,k) of dweights (N,k),
+// experts held fixed.
+template <typename F>
+void moe_router_backward(F* dlogits, const F* dweights, const int32_t* experts,
+                         const F* scores, int N, int E, int k, RouterScore kind,
+                         bool normalize);
+
+// The load-balancing auxiliary loss (Switch Transformer, GShard):
+//   aux = coef · E · Σ_e f_e · P_e,
+//   f_e = (pairs of `experts` naming e) / (N·k), a constant,
+//   P_e = (1/N) Σ_t q[t,e], q the softmax probabilities, or for sigmoid the
+//         scores normalised to sum 1 over each token's E.
+// Equal to coef when routing is uniform, larger as it concentrates. Returns
+// aux and adds dloss · d aux / d logits into dlogits (N,E) (dloss: the
+// gradient of the training loss with respect to aux; null dlogits: the value
+// only). scores and experts are moe_router_forward's (f counts every
+// choice, capacity drops or not).
+template <typename F>
+F moe_aux_loss(F* dlogits, const F* scores, const int32_t* experts, F coef,
+               F dloss, int N, int E, int k, RouterScore kind);
+
+// The router z-loss (ST-MoE): z = coef · (1/N) Σ_t logsumexp(logits[t])²,
+// which keeps the logits small. Returns z and adds dloss · dz / dlogits
+// into dlogits (N,E) (null: the value only).
+template <typename F>
+F moe_z_loss(F* dlogits, const F* logits, F coef, F dloss, int N, int E);
+
 // AdamW on a slice of N parameters, PyTorch's formulation:
 //   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
 //   param -= lr * (weight_decay * param + mhat / (sqrt(vhat) + eps))
