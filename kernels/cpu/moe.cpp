@@ -1,8 +1,9 @@
 // Mixture-of-Experts kernels on CPU: the token-choice router (scores, top-k,
-// weights) and its auxiliary losses. Not the experts themselves: those are
-// matmuls over the rows dispatched to them.
+// weights), its auxiliary losses, and the dispatch of tokens to experts and
+// back. Not the experts themselves: those are matmuls over the packed rows.
 #include <algorithm>
 #include <array>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -209,6 +210,162 @@ F moe_z_loss(F* dlogits, const F* logits, F coef, F dloss, int N, int E) {
   return F(coef * sum / N);
 }
 
+// A stable counting sort of the pairs by expert, in blocks of tokens: each
+// block counts its pairs per expert, the counts become each block's first
+// rank within each expert (blocks in token order), and each block then
+// places its pairs. A pair's rank within its expert is its position among
+// that expert's pairs in token order, so capacity keeps the first ones.
+int64_t moe_dispatch_plan(int32_t* slots, int32_t* order, int32_t* counts,
+                          int32_t* offsets, const int32_t* experts, int N,
+                          int k, int E, int capacity) {
+  const int64_t pairs = int64_t{N} * k;
+  PT_CHECK(pairs <= INT32_MAX, "the dispatch plan's N·k fits int32");
+  PT_CHECK(capacity >= 0, "an expert capacity is 0 (none) or positive");
+  // Blocks of at least 1024 tokens, at most one per thread; the plan itself
+  // is unique whatever the blocks.
+  constexpr int64_t kMinBlockTokens = 1024;
+  const int64_t blocks = std::max<int64_t>(
+      1, std::min<int64_t>(omp_get_max_threads(), N / kMinBlockTokens));
+  const int64_t block_tokens = (N + blocks - 1) / blocks;
+  // rank[b·E + e]: the pairs of expert e in blocks before b (after the scan).
+  std::vector<int64_t> rank(blocks * E, 0);
+  internal::ParallelFor(
+      blocks,
+      [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; b++) {
+          int64_t* r = rank.data() + b * E;
+          const int64_t end = std::min<int64_t>(N, (b + 1) * block_tokens) * k;
+          for (int64_t i = b * block_tokens * k; i < end; i++) {
+            PT_CHECK(experts[i] >= 0 && experts[i] < E, "an expert index");
+            r[experts[i]]++;
+          }
+        }
+      },
+      /*align=*/1);
+  offsets[0] = 0;
+  for (int e = 0; e < E; e++) {
+    int64_t total = 0;
+    for (int64_t b = 0; b < blocks; b++) {
+      const int64_t n = rank[b * E + e];
+      rank[b * E + e] = total;
+      total += n;
+    }
+    counts[e] = static_cast<int32_t>(
+        capacity > 0 ? std::min<int64_t>(total, capacity) : total);
+    offsets[e + 1] = offsets[e] + counts[e];
+  }
+  const int32_t M = offsets[E];
+  internal::ParallelFor(
+      blocks,
+      [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; b++) {
+          int64_t* r = rank.data() + b * E;
+          const int64_t end = std::min<int64_t>(N, (b + 1) * block_tokens) * k;
+          for (int64_t i = b * block_tokens * k; i < end; i++) {
+            const int e = experts[i];
+            const int64_t at = r[e]++;
+            if (capacity > 0 && at >= capacity) {
+              slots[i] = -1;
+              continue;
+            }
+            const int32_t s = static_cast<int32_t>(offsets[e] + at);
+            slots[i] = s;
+            order[s] = static_cast<int32_t>(i);
+          }
+        }
+      },
+      /*align=*/1);
+  std::fill(order + M, order + pairs, -1);
+  return pairs - M;
+}
+
+template <typename F>
+void moe_permute_forward(F* out, const F* inp, const int32_t* order, int M,
+                         int k, int C) {
+  internal::ParallelFor(
+      M,
+      [&](int64_t s0, int64_t s1) {
+        for (int64_t s = s0; s < s1; s++) {
+          std::memcpy(out + s * C, inp + int64_t{order[s] / k} * C,
+                      sizeof(F) * C);
+        }
+      },
+      /*align=*/1);
+}
+
+template <typename F>
+void moe_permute_backward(F* dinp, const F* dout, const int32_t* slots, int N,
+                          int k, int C) {
+  internal::ParallelFor(
+      N,
+      [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; t++) {
+          F* dx = dinp + t * C;
+          for (int j = 0; j < k; j++) {
+            const int32_t s = slots[t * k + j];
+            if (s < 0) continue;
+            const F* dy = dout + int64_t{s} * C;
+#pragma omp simd
+            for (int c = 0; c < C; c++) dx[c] += dy[c];
+          }
+        }
+      },
+      /*align=*/1);
+}
+
+template <typename F>
+void moe_unpermute_forward(F* out, const F* inp, const F* weights,
+                           const int32_t* slots, int N, int k, int C) {
+  internal::ParallelFor(
+      N,
+      [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; t++) {
+          F* o = out + t * C;
+          std::fill(o, o + C, F(0));
+          for (int j = 0; j < k; j++) {
+            const int32_t s = slots[t * k + j];
+            if (s < 0) continue;
+            const F w = weights[t * k + j];
+            const F* y = inp + int64_t{s} * C;
+#pragma omp simd
+            for (int c = 0; c < C; c++) o[c] += w * y[c];
+          }
+        }
+      },
+      /*align=*/1);
+}
+
+template <typename F>
+void moe_unpermute_backward(F* dinp, F* dweights, const F* dout, const F* inp,
+                            const F* weights, const int32_t* slots, int N,
+                            int k, int C) {
+  internal::ParallelFor(
+      N,
+      [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; t++) {
+          const F* d = dout + t * C;
+          for (int j = 0; j < k; j++) {
+            const int32_t s = slots[t * k + j];
+            if (s < 0) {
+              dweights[t * k + j] = 0;
+              continue;
+            }
+            const F w = weights[t * k + j];
+            const F* y = inp + int64_t{s} * C;
+            F* dy = dinp + int64_t{s} * C;
+            F dot = 0;
+#pragma omp simd reduction(+ : dot)
+            for (int c = 0; c < C; c++) {
+              dy[c] = w * d[c];
+              dot += d[c] * y[c];
+            }
+            dweights[t * k + j] = dot;
+          }
+        }
+      },
+      /*align=*/1);
+}
+
 #define PT_MOE_INSTANTIATE(F)                                                  \
   template void moe_router_forward<F>(int32_t*, F*, F*, const F*, const F*,    \
                                       int, int, int, RouterScore, bool);       \
@@ -216,7 +373,15 @@ F moe_z_loss(F* dlogits, const F* logits, F coef, F dloss, int N, int E) {
                                        int, int, int, RouterScore, bool);      \
   template F moe_aux_loss<F>(F*, const F*, const int32_t*, F, F, int, int,     \
                              int, RouterScore);                                \
-  template F moe_z_loss<F>(F*, const F*, F, F, int, int);
+  template F moe_z_loss<F>(F*, const F*, F, F, int, int);                      \
+  template void moe_permute_forward<F>(F*, const F*, const int32_t*, int, int, \
+                                       int);                                   \
+  template void moe_permute_backward<F>(F*, const F*, const int32_t*, int,     \
+                                        int, int);                             \
+  template void moe_unpermute_forward<F>(F*, const F*, const F*,               \
+                                         const int32_t*, int, int, int);       \
+  template void moe_unpermute_backward<F>(                                     \
+      F*, F*, const F*, const F*, const F*, const int32_t*, int, int, int);
 PT_MOE_INSTANTIATE(float)
 PT_MOE_INSTANTIATE(double)
 #undef PT_MOE_INSTANTIATE

@@ -395,5 +395,235 @@ TEST(MoeLossTest, ValuesAreTheSameWhateverTheThreadCount) {
   omp_set_num_threads(saved);
 }
 
+struct Plan {
+  Ints slots, order, counts, offsets;
+  int64_t dropped;
+};
+
+Plan MakePlan(const Ints& experts, int N, int k, int E, int capacity) {
+  Plan p{Ints(N * k, -7), Ints(N * k, -7), Ints(E, -7), Ints(E + 1, -7), 0};
+  p.dropped =
+      moe_dispatch_plan(p.slots.data(), p.order.data(), p.counts.data(),
+                        p.offsets.data(), experts.data(), N, k, E, capacity);
+  return p;
+}
+
+// Every property the plan promises, checked from its definition.
+void ExpectPlanHolds(const Plan& p, const Ints& experts, int N, int k, int E,
+                     int capacity) {
+  const int pairs = N * k;
+  const int M = p.offsets[E];
+  EXPECT_EQ(p.offsets[0], 0);
+  for (int e = 0; e < E; e++) {
+    EXPECT_EQ(p.offsets[e + 1] - p.offsets[e], p.counts[e]) << "expert " << e;
+  }
+  EXPECT_EQ(std::accumulate(p.counts.begin(), p.counts.end(), int64_t{0}),
+            pairs - p.dropped);
+  EXPECT_EQ(M, pairs - p.dropped);
+  // The kept pairs' slots are [0, M), each once, and order inverts them.
+  std::vector<int> seen(M, 0);
+  for (int i = 0; i < pairs; i++) {
+    const int32_t s = p.slots[i];
+    if (s < 0) {
+      EXPECT_EQ(s, -1);
+      continue;
+    }
+    ASSERT_LT(s, M);
+    seen[s]++;
+    EXPECT_EQ(p.order[s], i);
+  }
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), M);
+  for (int s = M; s < pairs; s++) EXPECT_EQ(p.order[s], -1);
+  // Grouped by expert, pairs (so tokens) in order within each group.
+  for (int e = 0; e < E; e++) {
+    for (int s = p.offsets[e]; s < p.offsets[e + 1]; s++) {
+      EXPECT_EQ(experts[p.order[s]], e) << "slot " << s;
+      if (s > p.offsets[e]) {
+        EXPECT_LT(p.order[s - 1], p.order[s]);
+      }
+    }
+  }
+  // Of each expert's pairs in token order, the first `capacity` are kept.
+  std::vector<int> taken(E, 0);
+  int64_t dropped = 0;
+  for (int i = 0; i < pairs; i++) {
+    const bool keep = capacity == 0 || taken[experts[i]]++ < capacity;
+    EXPECT_EQ(p.slots[i] >= 0, keep) << "pair " << i;
+    dropped += !keep;
+  }
+  EXPECT_EQ(p.dropped, dropped);
+}
+
+Ints RoutedExperts(int N, int E, int k, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Vec logits = Random(int64_t{N} * E, &rng, -2, 2);
+  // Skewed: expert 1 popular, so a capacity bites.
+  for (int t = 0; t < N; t++) logits[int64_t{t} * E + 1] += 1;
+  return Route(logits, nullptr, N, E, k, kCases[0]).experts;
+}
+
+TEST(MoeDispatchTest, SmallPlanIsTheOneWorkedByHand) {
+  // Tokens 0..3 choose {0,1} {1,2} {0,1} {1,0}; capacity 2 keeps expert 0's
+  // tokens 0 and 2 and expert 1's tokens 0 and 1; token 3 loses both.
+  const Ints experts = {0, 1, 1, 2, 0, 1, 1, 0};
+  const Plan p = MakePlan(experts, 4, 2, 3, 2);
+  EXPECT_EQ(p.counts, (Ints{2, 2, 1}));
+  EXPECT_EQ(p.offsets, (Ints{0, 2, 4, 5}));
+  EXPECT_EQ(p.order, (Ints{0, 4, 1, 2, 3, -1, -1, -1}));
+  EXPECT_EQ(p.slots, (Ints{0, 2, 3, 4, 1, -1, -1, -1}));
+  EXPECT_EQ(p.dropped, 3);
+  const Plan all = MakePlan(experts, 4, 2, 3, 0);
+  EXPECT_EQ(all.counts, (Ints{3, 4, 1}));
+  EXPECT_EQ(all.order, (Ints{0, 4, 7, 1, 2, 5, 6, 3}));
+  EXPECT_EQ(all.dropped, 0);
+}
+
+TEST(MoeDispatchTest, DroplessKeepsEveryPairGroupedInTokenOrder) {
+  const Ints experts = RoutedExperts(kN, kE, kK, 8);
+  const Plan p = MakePlan(experts, kN, kK, kE, 0);
+  EXPECT_EQ(p.dropped, 0);
+  ExpectPlanHolds(p, experts, kN, kK, kE, 0);
+}
+
+TEST(MoeDispatchTest, CapacityDropsEachExpertsLaterTokens) {
+  const Ints experts = RoutedExperts(kN, kE, kK, 9);
+  for (int capacity : {1, 3, 5, kN}) {
+    SCOPED_TRACE("capacity " + std::to_string(capacity));
+    const Plan p = MakePlan(experts, kN, kK, kE, capacity);
+    ExpectPlanHolds(p, experts, kN, kK, kE, capacity);
+    if (capacity < 5) {
+      EXPECT_GT(p.dropped, 0);
+    }
+    if (capacity == kN) {
+      EXPECT_EQ(p.dropped, 0);
+    }
+  }
+}
+
+TEST(MoeDispatchTest, LongPlanHoldsAndIsTheSameWhateverTheThreadCount) {
+  // Enough tokens for several blocks of the counting sort.
+  constexpr int N = 5000, E = 16, k = 2;
+  const Ints experts = RoutedExperts(N, E, k, 10);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const Plan one = MakePlan(experts, N, k, E, 700);
+  ExpectPlanHolds(one, experts, N, k, E, 700);
+  for (int threads : {2, 3, 4}) {
+    omp_set_num_threads(threads);
+    const Plan many = MakePlan(experts, N, k, E, 700);
+    EXPECT_EQ(many.slots, one.slots) << threads << " threads";
+    EXPECT_EQ(many.order, one.order) << threads << " threads";
+    EXPECT_EQ(many.counts, one.counts) << threads << " threads";
+  }
+  omp_set_num_threads(saved);
+  EXPECT_GT(one.dropped, 0);
+}
+
+// A different elementwise function per expert, so that a row handed to the
+// wrong expert shows.
+double Expert(int e, double v) { return std::tanh(v) * (e + 1) + 0.1 * e; }
+double ExpertGrad(int e, double v) {
+  const double th = std::tanh(v);
+  return (1 - th * th) * (e + 1);
+}
+
+// The experts applied to the packed rows (M,C), expert e to its range.
+Vec ApplyExperts(const Vec& packed, const Plan& p, int E, int C) {
+  Vec y(packed.size());
+  for (int e = 0; e < E; e++) {
+    for (int64_t i = int64_t{p.offsets[e]} * C;
+         i < int64_t{p.offsets[e + 1]} * C; i++) {
+      y[i] = Expert(e, packed[i]);
+    }
+  }
+  return y;
+}
+
+TEST(MoePermuteTest, UnpermuteOfTheExpertsIsTheWeightedSumOverKeptChoices) {
+  std::mt19937_64 rng(12);
+  const Vec x = Random(kN * kC, &rng, -2, 2);
+  const Vec logits = Random(kN * kE, &rng, -2, 2);
+  const Routed<double> r = Route(logits, nullptr, kN, kE, kK, kCases[1]);
+  for (int capacity : {0, 2}) {
+    SCOPED_TRACE("capacity " + std::to_string(capacity));
+    const Plan p = MakePlan(r.experts, kN, kK, kE, capacity);
+    const int M = p.offsets[kE];
+    Vec packed(M * kC, 0.0);
+    moe_permute_forward(packed.data(), x.data(), p.order.data(), M, kK, kC);
+    const Vec y = ApplyExperts(packed, p, kE, kC);
+    Vec out(kN * kC, 7.0);  // written, whatever was there
+    moe_unpermute_forward(out.data(), y.data(), r.weights.data(),
+                          p.slots.data(), kN, kK, kC);
+    Vec want(kN * kC, 0.0);
+    for (int t = 0; t < kN; t++) {
+      for (int j = 0; j < kK; j++) {
+        if (p.slots[t * kK + j] < 0) continue;
+        for (int c = 0; c < kC; c++) {
+          want[t * kC + c] += r.weights[t * kK + j] *
+                              Expert(r.experts[t * kK + j], x[t * kC + c]);
+        }
+      }
+    }
+    EXPECT_LT(MaxDiff(out, want), kExactTol);
+    if (capacity > 0) {
+      EXPECT_GT(p.dropped, 0);
+    }
+  }
+  // A token whose every choice is dropped gets zeros (token 3 below).
+  const Ints experts = {0, 1, 1, 2, 0, 1, 1, 0};
+  const Plan p = MakePlan(experts, 4, 2, 3, 2);
+  const Vec y = Random(5 * kC, &rng);
+  Vec out(4 * kC, 7.0);
+  moe_unpermute_forward(out.data(), y.data(), Vec(8, 0.5).data(),
+                        p.slots.data(), 4, 2, kC);
+  for (int c = 0; c < kC; c++) EXPECT_EQ(out[3 * kC + c], 0.0);
+}
+
+TEST(MoePermuteTest, BackwardsMatchFiniteDifferences) {
+  std::mt19937_64 rng(13);
+  Vec x = Random(kN * kC, &rng, -2, 2);
+  const Vec logits = Random(kN * kE, &rng, -2, 2);
+  const Routed<double> r = Route(logits, nullptr, kN, kE, kK, kCases[3]);
+  Vec weights = r.weights;
+  const Vec dout = Random(kN * kC, &rng);
+  for (int capacity : {0, 2}) {
+    SCOPED_TRACE("capacity " + std::to_string(capacity));
+    const Plan p = MakePlan(r.experts, kN, kK, kE, capacity);
+    const int M = p.offsets[kE];
+    auto forward = [&](Vec* packed, Vec* y) {
+      packed->assign(M * kC, 0.0);
+      moe_permute_forward(packed->data(), x.data(), p.order.data(), M, kK, kC);
+      *y = ApplyExperts(*packed, p, kE, kC);
+    };
+    auto loss = [&] {
+      Vec packed, y, out(kN * kC);
+      forward(&packed, &y);
+      moe_unpermute_forward(out.data(), y.data(), weights.data(),
+                            p.slots.data(), kN, kK, kC);
+      double l = 0;
+      for (size_t i = 0; i < out.size(); i++) l += out[i] * dout[i];
+      return l;
+    };
+    Vec packed, y;
+    forward(&packed, &y);
+    // Garbage first: both of unpermute's gradients are written.
+    Vec dy(M * kC, 7.0), dweights(kN * kK, 7.0);
+    moe_unpermute_backward(dy.data(), dweights.data(), dout.data(), y.data(),
+                           weights.data(), p.slots.data(), kN, kK, kC);
+    for (size_t i = 0; i < dy.size(); i++) {
+      int e = 0;
+      while (p.offsets[e + 1] <= int64_t(i) / kC) e++;
+      dy[i] *= ExpertGrad(e, packed[i]);
+    }
+    const Vec noise = Random(kN * kC, &rng);
+    Vec dx = noise;
+    moe_permute_backward(dx.data(), dy.data(), p.slots.data(), kN, kK, kC);
+    for (size_t i = 0; i < dx.size(); i++) dx[i] -= noise[i];
+    EXPECT_LT(MaxGradError("permute/unpermute dx", &x, dx, loss), kGradTol);
+    EXPECT_LT(MaxGradError("unpermute dweights", &weights, dweights, loss),
+              kGradTol);
+  }
+}
+
 }  // namespace
 }  // namespace ptrain::kernels
