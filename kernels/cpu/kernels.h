@@ -13,7 +13,8 @@
 // The exceptions: the cross-entropy's dlogits, written in place of probs,
 // and the input gradients of matmul_backward and gelu_backward, written
 // (=): what they write is a fresh buffer at every caller, and zeroing it
-// first cost a pass over memory and slower (accumulating) GEMMs.
+// first cost a pass over memory and slower (accumulating) GEMMs; and for
+// the same reason moe_unpermute_backward's two.
 #ifndef PTRAIN_KERNELS_CPU_KERNELS_H_
 #define PTRAIN_KERNELS_CPU_KERNELS_H_
 
@@ -361,6 +362,94 @@ template <typename F>
 void crossentropy_parallel_backward(F* dlogits, const F* probs,
                                     const int32_t* targets, F dloss, int B,
                                     int T, int Vl, int vocab_begin);
+
+// Mixture-of-Experts routing and dispatch (token choice, top-k). Here N is
+// the number of tokens (rows), E the number of experts, k the experts each
+// token chooses (k <= E), C channels, and M the (token, choice) pairs kept
+// after capacity: M = N·k less the dropped. A pair (t, j) is indexed t·k + j.
+//
+// The router's score of each expert: softmax over the E logits of a token,
+// or the sigmoid of each logit on its own.
+enum class RouterScore { kSoftmax, kSigmoid };
+
+// scores (N,E): each token's scores, saved for backward; experts (N,k): the
+// k experts of highest selection score s[e] + bias[e], highest first, ties
+// going to the lower expert index. bias (E) may be null: the auxiliary-loss-
+// free balancing bias, which changes which experts are chosen but never the
+// weights, and has no gradient. weights (N,k): the chosen experts' scores,
+// divided by their sum over the k when `normalize` (+1e-20, so a row whose
+// scores all underflow gives 0 rather than NaN). Switch and GShard take
+// softmax without it, Mixtral softmax with it, DeepSeek-V3 sigmoid with it.
+template <typename F>
+void moe_router_forward(int32_t* experts, F* weights, F* scores,
+                        const F* logits, const F* bias, int N, int E, int k,
+                        RouterScore kind, bool normalize);
+// dlogits (N,E) += the gradient through weights (N,k) of dweights (N,k),
+// experts held fixed.
+template <typename F>
+void moe_router_backward(F* dlogits, const F* dweights, const int32_t* experts,
+                         const F* scores, int N, int E, int k, RouterScore kind,
+                         bool normalize);
+
+// The load-balancing auxiliary loss (Switch Transformer, GShard):
+//   aux = coef · E · Σ_e f_e · P_e,
+//   f_e = (pairs of `experts` naming e) / (N·k), a constant,
+//   P_e = (1/N) Σ_t q[t,e], q the softmax probabilities, or for sigmoid the
+//         scores normalised to sum 1 over each token's E.
+// Equal to coef when routing is uniform, larger as it concentrates. Returns
+// aux and adds dloss · d aux / d logits into dlogits (N,E) (dloss: the
+// gradient of the training loss with respect to aux; null dlogits: the value
+// only). scores and experts are moe_router_forward's (f counts every
+// choice, capacity drops or not).
+template <typename F>
+F moe_aux_loss(F* dlogits, const F* scores, const int32_t* experts, F coef,
+               F dloss, int N, int E, int k, RouterScore kind);
+
+// The router z-loss (ST-MoE): z = coef · (1/N) Σ_t logsumexp(logits[t])²,
+// which keeps the logits small. Returns z and adds dloss · dz / dlogits
+// into dlogits (N,E) (null: the value only).
+template <typename F>
+F moe_z_loss(F* dlogits, const F* logits, F coef, F dloss, int N, int E);
+
+// The dispatch plan of experts (N,k): the pairs in a stable order grouped
+// by expert (expert 0's first, each expert's in pair order, so in token
+// order), expert e's at [offsets[e], offsets[e+1]) of it. capacity > 0 keeps
+// at most that many pairs per expert, the first in token order, and drops
+// the rest; 0 drops none. Writes counts (E): pairs kept per expert; offsets
+// (E+1): their running sum from 0, offsets[E] = M; slots (N,k): each pair's
+// position in the order, -1 when dropped; order (N·k): order[s] = the pair
+// at position s for s < M, -1 past it. Returns the number dropped, N·k - M.
+// Every expert index must lie in [0, E); N·k must fit int32.
+int64_t moe_dispatch_plan(int32_t* slots, int32_t* order, int32_t* counts,
+                          int32_t* offsets, const int32_t* experts, int N,
+                          int k, int E, int capacity);
+
+// out (M,C) row s = inp (N,C) row of the token of pair order[s]: the
+// experts' input, packed in plan order.
+template <typename F>
+void moe_permute_forward(F* out, const F* inp, const int32_t* order, int M,
+                         int k, int C);
+// dinp (N,C) += for each token the sum of dout (M,C) rows at its kept slots
+// (an unpermute of weight 1), in choice order.
+template <typename F>
+void moe_permute_backward(F* dinp, const F* dout, const int32_t* slots, int N,
+                          int k, int C);
+// out (N,C) row t = Σ_j weights[t,j] · inp[slots[t,j]] over the token's
+// kept choices, summed in choice order; inp (M,C) is the experts' output. A
+// token with every choice dropped gets zeros (written): a caller adds the
+// layer's residual around it, so such a token passes through unchanged.
+template <typename F>
+void moe_unpermute_forward(F* out, const F* inp, const F* weights,
+                           const int32_t* slots, int N, int k, int C);
+// dinp (M,C) row slots[t,j] = weights[t,j] · dout[t]; dweights (N,k) =
+// dot(dout[t], inp[slots[t,j]]), 0 for a dropped choice. Both WRITTEN, not
+// accumulated: each row of dinp belongs to one pair, and both are fresh
+// buffers at every caller (the experts' output gradient, the router's
+// dweights).
+template <typename F>
+void moe_unpermute_backward(F* dinp, F* dweights, const F* dout, const F* inp,
+                            const F* weights, const int32_t* slots, int N,
+                            int k, int C);
 
 // AdamW on a slice of N parameters, PyTorch's formulation:
 //   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
