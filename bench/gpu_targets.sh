@@ -4,6 +4,9 @@
 #   - GPT-2 124M, B8 T1024: ptrain's bf16 Trainer step against PyTorch's
 #     eager bf16 and torch.compile steps (bench/pytorch_gpt_cuda.py);
 #   - GPT-2 350M, B8 T1024: the same, and ptrain's MFU;
+#   - a 124M-class Llama, B8 T1024 (gpu_throughput --arch llama: 12 layers
+#     of 768, 4 key/value heads of 12, SwiGLU of 2048, RoPE, untied head):
+#     the same against PyTorch's Llama (pytorch_gpt_cuda.py --arch llama);
 #   - CUDA graphs: the small model (6 layers of 384, T256, B64) and 124M,
 #     launched op by op and with train.cuda_graphs=on;
 #   - ZeRO-Offload: 124M with the optimizer on the GPU and offloaded.
@@ -68,19 +71,23 @@ ratio() {
 p=(--peak-tflops "$peak")
 run step124 "$bench" --trainer --model 124m --batch 8 "${p[@]}"
 run step350 "$bench" --trainer --model 350m --batch 8 "${p[@]}"
+run llama124 "$bench" --trainer --arch llama --model 124m --batch 8 "${p[@]}"
 if ((torch)); then
   run torch124 python3 bench/pytorch_gpt_cuda.py --model 124m --batch 8 "${p[@]}"
   run torch350 python3 bench/pytorch_gpt_cuda.py --model 350m --batch 8 "${p[@]}"
+  run torch_llama124 python3 bench/pytorch_gpt_cuda.py --arch llama --model 124m --batch 8 "${p[@]}"
 fi
 run graphs_small "$bench" --trainer --cuda-graphs --model small --seq 256 --batch 64 "${p[@]}"
 run graphs124 "$bench" --trainer --cuda-graphs --model 124m --batch 8 "${p[@]}"
 run offload124 "$bench" --trainer --offload --model 124m --batch 8 "${p[@]}"
 
 # What each tool prints: ptrain's Trainer lines name the precision, then
-# " graphs" or " offload", then the model; PyTorch's name eager bf16
-# ("bf16 GPT-2") or "bf16 compiled". The side-by-side runs (graphs,
-# offload) are compared within themselves.
+# " graphs" or " offload", then the model ("GPT-2" or "Llama"); PyTorch's
+# name eager bf16 ("bf16 GPT-2", "bf16 Llama") or "bf16 compiled" (GPT-2)
+# and "bf16 compiled Llama". The side-by-side runs (graphs, offload) are
+# compared within themselves.
 ours="^ptrain trainer bf16 GPT-2"
+llama="^ptrain trainer bf16 Llama"
 echo
 echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || echo unknown)"
 printf '%-44s %10s %10s %8s  %s\n' "target" "ptrain ms" "peer ms" "speed" "goal"
@@ -101,6 +108,10 @@ row "350M bf16 step vs torch.compile" step350 "$ours 350m" \
   torch350 "^pytorch .* bf16 compiled 350m" ""
 row "350M bf16 step vs PyTorch eager" step350 "$ours 350m" \
   torch350 "^pytorch .* bf16 GPT-2 350m" ""
+row "124M Llama bf16 step vs torch.compile" llama124 "$llama 124m" \
+  torch_llama124 "^pytorch .* bf16 compiled Llama 124m" ">= 1.00x"
+row "124M Llama bf16 step vs PyTorch eager" llama124 "$llama 124m" \
+  torch_llama124 "^pytorch .* bf16 Llama 124m" ""
 row "small (L6 C384 T256 B64) graphs vs op by op" \
   graphs_small "^ptrain trainer bf16 graphs GPT-2 small" \
   graphs_small "$ours small" ">= 1.30x"
@@ -111,5 +122,6 @@ row "124M B8 offloaded optimizer vs on the GPU" \
   offload124 "^ptrain trainer bf16 offload GPT-2 124m" \
   offload124 "$ours 124m" ">= 0.67x (within 1.5x)"
 echo "MFU of $peak TFLOP/s: 124M $(mfu step124 "$ours 124m")% (goal >= 37%)," \
-  "350M $(mfu step350 "$ours 350m")% (goal >= 45%)"
+  "350M $(mfu step350 "$ours 350m")% (goal >= 45%)," \
+  "124M Llama $(mfu llama124 "$llama 124m")%"
 echo "(speed: the peer's ms over ptrain's; above 1 ptrain's step is the faster)"

@@ -12,6 +12,7 @@
 //   gpu_throughput --trainer --offload [--model 124m|350m|1.5b|6b] ...
 //   gpu_throughput --trainer --cuda-graphs [--model small --seq 256
 //                  --batch 64] ...
+//   gpu_throughput --trainer --arch llama [--model 124m|350m|small] ...
 //
 // --trainer runs the whole Trainer instead (as ptworker does, without MPI):
 // data loading, the learning-rate schedule, the distributed optimizer's
@@ -28,7 +29,14 @@
 // of their speeds and how many passes were replayed; --model small --seq
 // 256 --batch 64 is a model whose step launches dominate.
 //
-// bench/pytorch_gpt_cuda.py runs the same model in PyTorch on the same GPU.
+// --arch llama (with --trainer) trains a Llama 3-style model of the
+// size instead (LlamaShapeOf): RMSNorm, rotary positions (theta 500000),
+// grouped-query attention, a SwiGLU MLP and an untied head, on GPT-2's
+// vocabulary; its lines name "Llama" where GPT-2's name "GPT-2", and its
+// FLOPs are the engine's count for it (GptFlopsPerToken).
+//
+// bench/pytorch_gpt_cuda.py runs the same model in PyTorch on the same GPU
+// (--arch llama for the Llama).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -51,6 +59,7 @@
 namespace {
 
 struct Args {
+  std::string arch = "gpt";
   std::string model = "124m";
   int batch = 8;
   int steps = 10;
@@ -76,10 +85,37 @@ Shape ShapeOf(const std::string& model) {
   return {12, 12, 768};
 }
 
+// The Llama of a size: GPT-2's layers, heads and width, with a third of
+// the heads as key/value heads (a quarter at 350m, whose 16 heads three
+// does not divide) and the MLP's hidden width by Llama's rule (8C/3
+// rounded up to a multiple of 256), which keeps the MLP's weights near
+// GPT-2's 8C^2.
+struct LlamaShape {
+  int n_kv_head, ffn_hidden;
+};
+LlamaShape LlamaShapeOf(const std::string& model) {
+  if (model == "350m") return {4, 2816};
+  if (model == "small") return {2, 1024};
+  return {4, 2048};
+}
+
+// The rope base of Llama 3.
+constexpr const char* kLlamaRopeTheta = "500000";
+
+// How the output lines name the model.
+const char* ModelName(const Args& a) {
+  return a.arch == "llama" ? "Llama" : "GPT-2";
+}
+
 void AddFlags(CLI::App& app, Args& a) {
+  app.add_option("--arch", a.arch,
+                 "gpt (GPT-2) or llama (a Llama 3-style model of the size: "
+                 "grouped-query attention, SwiGLU, RoPE, untied head; with "
+                 "--trainer, --model 124m, 350m or small)")
+      ->check(CLI::IsMember({"gpt", "llama"}));
   app.add_option("--model", a.model,
-                 "GPT-2 size: 124m or 350m; 1.5b, 6b and small (6 layers "
-                 "of 384) with --trainer")
+                 "size: 124m or 350m; 1.5b, 6b and small (6 layers of "
+                 "384) with --trainer")
       ->check(CLI::IsMember({"124m", "350m", "1.5b", "6b", "small"}));
   app.add_option("--batch", a.batch, "sequences per step")
       ->check(CLI::Range(1, 4096));
@@ -107,8 +143,13 @@ void AddFlags(CLI::App& app, Args& a) {
 
 void Run(const Args& a, bool bf16, bool fused_attention) {
   const Shape shape = ShapeOf(a.model);
-  const ptrain::GptConfig config{shape.n_layer, shape.n_head, shape.n_embd,
-                                 1024,          50257,        50304};
+  ptrain::GptConfig config;
+  config.n_layer = shape.n_layer;
+  config.n_head = shape.n_head;
+  config.n_embd = shape.n_embd;
+  config.block_size = 1024;
+  config.vocab_size = 50257;
+  config.padded_vocab = 50304;
   const int B = a.batch, T = 1024;
   std::string error;
   ptrain::kernels::CudaOptions o;
@@ -211,22 +252,36 @@ double RunTrainer(const Args& a, const std::string& precision,
                   bool offload = false, bool graphs = false) {
   const Shape shape = ShapeOf(a.model);
   const int T = a.seq;
-  auto spec = ptrain::LoadJobSpecFile(
-      "examples/shakespeare-char.yaml",
-      {"model.n_layer=" + std::to_string(shape.n_layer),
-       "model.n_head=" + std::to_string(shape.n_head),
-       "model.n_embd=" + std::to_string(shape.n_embd),
-       "model.block_size=" + std::to_string(T), "data.path=''",
-       "data.tokenizer=''",
-       "data.train_bin=" + RandomTokenFile("train", 1 << 22),
-       "data.val_bin=" + RandomTokenFile("val", 1 << 16),
-       "train.global_batch=" + std::to_string(a.batch),
-       "train.steps=" + std::to_string(a.steps + 2), "train.eval_every=0",
-       "train.sample_tokens=0", "checkpoint.every=0", "checkpoint.dir=''",
-       "resources.device=cuda", "train.precision=" + precision,
-       std::string("train.recompute=") + (a.recompute ? "full" : "none"),
-       std::string("parallel.offload=") + (offload ? "optimizer" : "none"),
-       std::string("train.cuda_graphs=") + (graphs ? "on" : "off")});
+  std::vector<std::string> sets = {
+      "model.n_layer=" + std::to_string(shape.n_layer),
+      "model.n_head=" + std::to_string(shape.n_head),
+      "model.n_embd=" + std::to_string(shape.n_embd),
+      "model.block_size=" + std::to_string(T),
+      "data.path=''",
+      "data.tokenizer=''",
+      "data.train_bin=" + RandomTokenFile("train", 1 << 22),
+      "data.val_bin=" + RandomTokenFile("val", 1 << 16),
+      "train.global_batch=" + std::to_string(a.batch),
+      "train.steps=" + std::to_string(a.steps + 2),
+      "train.eval_every=0",
+      "train.sample_tokens=0",
+      "checkpoint.every=0",
+      "checkpoint.dir=''",
+      "resources.device=cuda",
+      "train.precision=" + precision,
+      std::string("train.recompute=") + (a.recompute ? "full" : "none"),
+      std::string("parallel.offload=") + (offload ? "optimizer" : "none"),
+      std::string("train.cuda_graphs=") + (graphs ? "on" : "off")};
+  if (a.arch == "llama") {
+    const LlamaShape llama = LlamaShapeOf(a.model);
+    sets.insert(sets.end(),
+                {"model.arch=llama",
+                 "model.n_kv_head=" + std::to_string(llama.n_kv_head),
+                 "model.ffn_hidden=" + std::to_string(llama.ffn_hidden),
+                 std::string("model.rope_theta=") + kLlamaRopeTheta,
+                 "model.tie_embeddings=false"});
+  }
+  auto spec = ptrain::LoadJobSpecFile("examples/shakespeare-char.yaml", sets);
   if (!spec.ok()) {
     std::fprintf(stderr, "gpu_throughput: %s\n",
                  std::string(spec.status().message()).c_str());
@@ -238,9 +293,9 @@ double RunTrainer(const Args& a, const std::string& precision,
   opt.quiet = true;
   auto trainer = ptrain::Trainer::Create(*spec, opt);
   if (!trainer.ok()) {
-    std::printf("ptrain trainer %-4s%s GPT-2 %-4s B%-2d T%d: refused: %s\n",
-                precision.c_str(), what, a.model.c_str(), a.batch, T,
-                std::string(trainer.status().message()).c_str());
+    std::printf("ptrain trainer %-4s%s %s %-4s B%-2d T%d: refused: %s\n",
+                precision.c_str(), what, ModelName(a), a.model.c_str(), a.batch,
+                T, std::string(trainer.status().message()).c_str());
     std::fflush(stdout);
     return 0.0;
   }
@@ -257,13 +312,13 @@ double RunTrainer(const Args& a, const std::string& precision,
   const double flops = t.flops_per_step();
   const ptrain::kernels::CudaMemory mem = ptrain::kernels::CudaMemoryInfo();
   std::printf(
-      "ptrain trainer %-4s%s%s GPT-2 %-4s B%-2d T%d: %7.1f ms/step %9.0f "
+      "ptrain trainer %-4s%s%s %s %-4s B%-2d T%d: %7.1f ms/step %9.0f "
       "tok/s %6.1f TFLOP/s  MFU %5.1f%% of %.0f  loss %.3f  GPU memory %.1f "
       "GiB\n",
-      precision.c_str(), a.recompute ? " recompute" : "", what, a.model.c_str(),
-      a.batch, T, secs * 1e3, a.batch * T / secs, flops / secs / 1e12,
-      100.0 * flops / secs / (a.peak_tflops * 1e12), a.peak_tflops, loss,
-      mem.used / double(1 << 30));
+      precision.c_str(), a.recompute ? " recompute" : "", what, ModelName(a),
+      a.model.c_str(), a.batch, T, secs * 1e3, a.batch * T / secs,
+      flops / secs / 1e12, 100.0 * flops / secs / (a.peak_tflops * 1e12),
+      a.peak_tflops, loss, mem.used / double(1 << 30));
   if (graphs) {
     const ptrain::GptStage::GraphCounts g = t.graph_counts();
     std::printf("  passes recorded %lld, replayed %lld, failed %lld\n",
@@ -293,6 +348,18 @@ int main(int argc, char** argv) {
   }
   if (a.graphs && !a.trainer) {
     std::fprintf(stderr, "--cuda-graphs needs --trainer\n");
+    return 2;
+  }
+  // The model-alone run builds GPT-2's GptConfig by hand; the Trainer
+  // builds a Llama's from the job spec.
+  if (a.arch == "llama" && !a.trainer) {
+    std::fprintf(stderr, "--arch llama needs --trainer\n");
+    return 2;
+  }
+  if (a.arch == "llama" && (a.model == "1.5b" || a.model == "6b")) {
+    std::fprintf(stderr,
+                 "--arch llama takes --model 124m, 350m or small, not %s\n",
+                 a.model.c_str());
     return 2;
   }
   if (a.trainer && a.graphs) {

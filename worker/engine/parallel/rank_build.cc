@@ -10,7 +10,12 @@ namespace ptrain {
 
 GptConfig ModelConfig(const v1::JobSpec& spec, int vocab_size) {
   const auto& m = spec.model();
-  GptConfig c{m.n_layer(), m.n_head(), m.n_embd(), m.block_size(), vocab_size};
+  GptConfig c;
+  c.n_layer = m.n_layer();
+  c.n_head = m.n_head();
+  c.n_embd = m.n_embd();
+  c.block_size = m.block_size();
+  c.vocab_size = vocab_size;
   c.arch = m.arch();
   c.tie_embeddings = TiesEmbeddings(m);
   if (m.arch() == "llama") {
