@@ -550,4 +550,21 @@ const std::string& Gpt2Bpe::TokenBytes(int32_t id) const {
   return t_->bytes[id];
 }
 
+std::vector<std::pair<int32_t, int32_t>> Gpt2Bpe::Merges() const {
+  // By value: rank above the merged id.
+  std::vector<std::pair<uint32_t, uint32_t>> by_rank;
+  by_rank.reserve(t_->merges.size());
+  for (const auto& [pair, merge] : t_->merges) {
+    by_rank.emplace_back(merge, pair);
+  }
+  std::sort(by_rank.begin(), by_rank.end());
+  std::vector<std::pair<int32_t, int32_t>> out;
+  out.reserve(by_rank.size());
+  for (const auto& [merge, pair] : by_rank) {
+    out.emplace_back(static_cast<int32_t>(pair >> 16),
+                     static_cast<int32_t>(pair & 0xFFFF));
+  }
+  return out;
+}
+
 }  // namespace ptrain

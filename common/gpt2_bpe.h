@@ -29,6 +29,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -92,6 +93,9 @@ class Gpt2Bpe {
   absl::StatusOr<std::string> Decode(const std::vector<int32_t>& ids) const;
   // The bytes of one id; 0 <= id < kVocabSize (aborts otherwise).
   const std::string& TokenBytes(int32_t id) const;
+  // The merges as (left id, right id), lowest rank first: those that can
+  // apply (both halves tokens; all of GPT-2's), each pair once.
+  std::vector<std::pair<int32_t, int32_t>> Merges() const;
 
   // Splits text into the words BPE merges within (GPT-2's pattern); the
   // words put back together are `text`.

@@ -298,7 +298,8 @@ absl::StatusOr<HfConfig> ParseHfConfig(std::string_view text,
              ": only ", kGpt2, " and ", kLlama, " are implemented");
 }
 
-std::string HfConfigJson(const v1::ModelSpec& m) {
+std::string HfConfigJson(const v1::ModelSpec& m,
+                         absl::string_view torch_dtype) {
   json j;
   if (m.arch() == "llama") {
     const v1::RopeScalingSpec r = RopeScaling(m);
@@ -319,7 +320,7 @@ std::string HfConfigJson(const v1::ModelSpec& m) {
          {"attention_bias", false},
          {"mlp_bias", false},
          {"tie_word_embeddings", TiesEmbeddings(m)},
-         {"torch_dtype", "float32"}};
+         {"torch_dtype", std::string(torch_dtype)}};
     if (r.factor() > 0) {
       j["rope_scaling"] = {
           {"rope_type", "llama3"},
@@ -340,7 +341,7 @@ std::string HfConfigJson(const v1::ModelSpec& m) {
          {"activation_function", "gelu_new"},
          {"layer_norm_epsilon", 1e-5},
          {"tie_word_embeddings", TiesEmbeddings(m)},
-         {"torch_dtype", "float32"}};
+         {"torch_dtype", std::string(torch_dtype)}};
   }
   return j.dump(2) + "\n";
 }

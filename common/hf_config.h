@@ -33,8 +33,10 @@ absl::StatusOr<HfConfig> ParseHfConfig(std::string_view json,
                                        absl::string_view where);
 
 // The config.json of `model` (arch gpt or llama; block_size as the
-// maximum positions), as `ptworker export --hf` writes it.
-std::string HfConfigJson(const v1::ModelSpec& model);
+// maximum positions), as `ptworker export --hf` writes it; `torch_dtype`
+// names the weights' type ("float32", "bfloat16").
+std::string HfConfigJson(const v1::ModelSpec& model,
+                         absl::string_view torch_dtype = "float32");
 
 // The spec's model fields against config.json's: each field the config
 // gives must be the spec's, and block_size at most its positions.

@@ -30,6 +30,9 @@ class SentencePieceModel {
   virtual bool IsByte(int id) const = 0;
   virtual bool IsControl(int id) const = 0;
   virtual bool IsUnknown(int id) const = 0;
+  // The ids of the model's begin of sentence and unknown pieces; -1: none.
+  virtual int begin_of_sentence() const = 0;
+  virtual int unknown() const = 0;
 };
 
 // The model serialized in `bytes`; null with *error set when it does not

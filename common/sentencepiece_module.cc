@@ -46,6 +46,8 @@ class Model : public SentencePieceModel {
   bool IsByte(int id) const override { return sp.IsByte(id); }
   bool IsControl(int id) const override { return sp.IsControl(id); }
   bool IsUnknown(int id) const override { return sp.IsUnknown(id); }
+  int begin_of_sentence() const override { return sp.bos_id(); }
+  int unknown() const override { return sp.unk_id(); }
 };
 
 }  // namespace

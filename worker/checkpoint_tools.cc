@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/confined_fs.h"
 #include "common/exit_codes.h"
+#include "common/hf_tokenizer_export.h"
 #include "common/logging.h"
 #include "common/mesh.h"
 #include "common/spec.h"
@@ -214,42 +215,66 @@ int RunExport(const std::string& checkpoint, const std::string& out,
   });
 }
 
-int RunExportHf(const std::string& checkpoint, const std::string& out) {
+int RunExportHf(const std::string& checkpoint, const std::string& out,
+                const std::string& dtype) {
   return RunTool("export", [&]() -> absl::Status {
+    // Everything is checked before anything is written.
+    SafetensorsDtype weights;
+    if (dtype == "fp32") {
+      weights = SafetensorsDtype::kF32;
+    } else if (dtype == "bf16") {
+      weights = SafetensorsDtype::kBf16;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--hf-dtype=", dtype, ": not one of fp32, bf16 (the weights' type)"));
+    }
     auto fs = ConfinedFs::FromEnvironment();
     if (!fs.ok()) return fs.status();
     auto reader = CheckpointReader::Open(checkpoint, *fs, "--checkpoint");
     if (!reader.ok()) return reader.status();
     if (absl::Status s = fs->Check(out, "--hf"); !s.ok()) return s;
     const CheckpointMeta& meta = (*reader)->meta();
-    // The job's tokenizer.json goes with the model (with the files the
-    // folder holding it has beside it for that tokenizer).
-    std::vector<std::string> tokenizer_files;
     auto spec =
         ParseJobSpec(meta.spec_yaml, {},
                      absl::StrCat("--checkpoint ", checkpoint, ": spec"));
     if (!spec.ok()) return spec.status();
-    const std::string& t = spec->data().tokenizer();
-    if (absl::StartsWith(t, "hf:")) {
-      const std::string json = HfTokenizerFile(t.substr(3));
-      tokenizer_files.push_back(json);
-      const std::string config =
-          (std::filesystem::path(json).parent_path() / "tokenizer_config.json")
-              .string();
-      auto there = fs->Exists(config, "--hf");
-      if (!there.ok()) return there.status();
-      if (*there) tokenizer_files.push_back(config);
+    // The job's tokenizer goes with the model where Hugging Face has one
+    // like it; else a line says why none does.
+    std::vector<HfFile> tokenizer_files;
+    std::string no_tokenizer;
+    if (!meta.vocab.empty()) {
+      no_tokenizer = "the char tokenizer has no Hugging Face equivalent";
+    } else {
+      auto name = DataTokenizerName(spec->data(), *fs);
+      if (!name.ok()) return name.status();
+      if (name->empty()) {
+        no_tokenizer = "the job's token files have no tokenizer beside them";
+      } else if (absl::StartsWith(*name, "llmc:")) {
+        no_tokenizer = absl::StrCat("llm.c's tokenizer file ", name->substr(5),
+                                    " only decodes");
+      } else {
+        const std::string field = "--hf: the job's data.tokenizer";
+        auto files = HfTokenizerFiles(*name, meta.model.block_size, field,
+                                      fs->Reader(field, int64_t{1} << 30));
+        if (!files.ok()) return files.status();
+        tokenizer_files = std::move(*files);
+      }
     }
-    absl::Status s =
-        ExportHf(**reader, meta.model, out, tokenizer_files, *fs, "--hf");
-    if (s.ok()) {
-      std::printf(
-          "wrote %s (Hugging Face %s, fp32%s) from %s\n", out.c_str(),
-          meta.model.arch == "llama" ? "LlamaForCausalLM" : "GPT2LMHeadModel",
-          tokenizer_files.empty() ? "" : ", tokenizer.json",
-          checkpoint.c_str());
+    absl::Status s = ExportHf(**reader, meta.model, out, tokenizer_files, *fs,
+                              "--hf", weights);
+    if (!s.ok()) return s;
+    std::string written;
+    for (const HfFile& f : tokenizer_files) {
+      absl::StrAppend(&written, ", ", f.name);
     }
-    return s;
+    std::printf(
+        "wrote %s (Hugging Face %s, %s%s) from %s\n", out.c_str(),
+        meta.model.arch == "llama" ? "LlamaForCausalLM" : "GPT2LMHeadModel",
+        dtype.c_str(), written.c_str(), checkpoint.c_str());
+    if (!no_tokenizer.empty()) {
+      std::printf("wrote no tokenizer files: %s\n", no_tokenizer.c_str());
+    }
+    return absl::OkStatus();
   });
 }
 

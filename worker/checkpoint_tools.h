@@ -21,11 +21,15 @@ namespace ptrain {
 int RunExport(const std::string& checkpoint, const std::string& out,
               const std::string& tokenizer_out);
 
-// `ptworker export --checkpoint CHECKPOINT --hf OUT`: the checkpoint's
-// model as a Hugging Face folder (hf_checkpoint.h's ExportHf): config.json,
-// fp32 safetensors, and the job's tokenizer.json where data.tokenizer is
-// hf:PATH; confined to PTRAIN_DATA_ROOTS.
-int RunExportHf(const std::string& checkpoint, const std::string& out);
+// `ptworker export --checkpoint CHECKPOINT --hf OUT [--hf-dtype DTYPE]`:
+// the checkpoint's model as a Hugging Face folder (hf_checkpoint.h's
+// ExportHf): config.json, safetensors in DTYPE (fp32, bit-exact, or bf16),
+// and the job's tokenizer (common/hf_tokenizer_export.h: gpt2, spm:MODEL,
+// hf:PATH, or the tokenizer beside its token files), or a line saying why
+// there is none (the char tokenizer); confined to PTRAIN_DATA_ROOTS. A
+// DTYPE of another name is refused (exit 2) before anything is read.
+int RunExportHf(const std::string& checkpoint, const std::string& out,
+                const std::string& dtype);
 
 // `ptworker sample`'s flags; unset ones take the job's train.sample_*.
 struct SampleFlags {

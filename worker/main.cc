@@ -87,7 +87,7 @@ void AddRankFlags(CLI::App& app, ptrain::RankFlags* f) {
 
 struct ExportCommand {
   CLI::App* app = nullptr;
-  std::string checkpoint, out, tokenizer_out, hf_out;
+  std::string checkpoint, out, tokenizer_out, hf_out, hf_dtype = "fp32";
 };
 
 void AddExportCommand(CLI::App& app, ExportCommand* e) {
@@ -101,8 +101,15 @@ void AddExportCommand(CLI::App& app, ExportCommand* e) {
   CLI::Option* hf = e->app->add_option(
       "--hf", e->hf_out,
       "output folder: a Hugging Face model (config.json, safetensors, the "
-      "job's tokenizer.json)");
+      "job's tokenizer: tokenizer.json for gpt2 and hf:, tokenizer.model "
+      "for spm:, none for char)");
   llmc->excludes(hf);
+  e->app
+      ->add_option("--hf-dtype", e->hf_dtype,
+                   "the Hugging Face weights' type: fp32 (default; export "
+                   "then import is bit-exact) or bf16 (rounded to nearest "
+                   "even)")
+      ->needs(hf);
   e->app->require_option(1, 0);
   e->app->add_option("--llmc-tokenizer", e->tokenizer_out,
                      "also write the job's tokenizer as llm.c's tokenizer "
@@ -252,7 +259,8 @@ int Run(int argc, char** argv) {
     if (ptrain::WorldRank() != 0) return 0;
     if (!export_command.hf_out.empty()) {
       return ptrain::RunExportHf(export_command.checkpoint,
-                                 export_command.hf_out);
+                                 export_command.hf_out,
+                                 export_command.hf_dtype);
     }
     return ptrain::RunExport(export_command.checkpoint, export_command.out,
                              export_command.tokenizer_out);

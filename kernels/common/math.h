@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define PT_HD __host__ __device__ __forceinline__
@@ -208,6 +209,22 @@ PT_HD void RopeRotate(float* x1, float* x2, float c, float s, bool inverse) {
     *x1 = a * c - b * s;
     *x2 = b * c + a * s;
   }
+}
+
+// x rounded to the nearest bf16, ties to even, as its 16 bits; a NaN stays
+// a (quiet) NaN, where rounding its bits could carry it into infinity.
+PT_HD uint16_t RoundToBf16(float x) {
+#if defined(__CUDA_ARCH__)
+  uint32_t u = __float_as_uint(x);
+#else
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+#endif
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    return static_cast<uint16_t>((u >> 16) | 0x40u);
+  }
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
 }
 
 }  // namespace ptrain::kernels::math

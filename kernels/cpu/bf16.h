@@ -9,17 +9,13 @@
 #include <dnnl.hpp>
 #include <vector>
 
+#include "kernels/common/math.h"
+
 namespace ptrain::kernels::internal {
 
-// x to the nearest bf16, ties to even; a NaN stays a (quiet) NaN, where
-// rounding its bits could carry it into infinity.
-inline uint16_t RoundToBf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
+// x to the nearest bf16, ties to even (the formula the checkpoint's bf16
+// export rounds by too).
+using math::RoundToBf16;
 
 // A bf16 value as the float it stands for (exact).
 inline float FromBf16(uint16_t x) {

@@ -22,10 +22,12 @@
 
 #include "absl/strings/str_format.h"
 #include "common/spec.h"
+#include "common/tokenizer.h"
 #include "common/utf8.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/shell.h"
 #include "worker/engine/checkpoint/checkpoint.h"
+#include "worker/engine/checkpoint/safetensors.h"
 
 namespace {
 
@@ -1051,6 +1053,140 @@ TEST_F(PtworkerCli, LlamaGoesOutToAHuggingFaceFolderAndBackBitExactly) {
   EXPECT_GT(bytes.size(), 1000u);
   EXPECT_TRUE(bytes == ReadAll(hf2 / "model.safetensors"));
   EXPECT_EQ(ReadAll(hf1 / "config.json"), ReadAll(hf2 / "config.json"));
+}
+
+// The job's tokenizer goes with a Hugging Face export: for gpt2 a
+// tokenizer.json that, opened as hf:, encodes as "gpt2" does; for spm:MODEL
+// the model's own bytes as tokenizer.model; for char none, and a line says
+// so. --hf-dtype bf16 writes BF16 tensors and says bfloat16; another value
+// is one error line naming the flag and its values, exit 2, nothing written.
+TEST_F(PtworkerCli, HuggingFaceExportCarriesTheJobsTokenizer) {
+  // Shakespeare's first lines: the text of each job, and the SentencePiece
+  // model's.
+  const fs::path text_path = dir_ / "text.txt";
+  std::vector<std::string> lines;
+  {
+    std::istringstream in(
+        ReadAll(fs::path(PT_SOURCE_DIR) / "data/tinyshakespeare.txt"));
+    std::ofstream text(text_path);
+    for (std::string line; lines.size() < 2000 && std::getline(in, line);) {
+      lines.push_back(line);
+      text << line << "\n";
+    }
+  }
+  const auto train = [&](const std::string& tokenizer, const fs::path& ckpt) {
+    const Result r = RunPtworker(
+        Small() + "--set data.tokenizer=" + tokenizer +
+        " --set data.path=" + text_path.string() +
+        " --set train.steps=1 --set checkpoint.dir=" + ckpt.string());
+    fs::remove(log_);
+    return r.code;
+  };
+  const fs::path out = dir_ / "stdout.txt";
+
+  // gpt2, in fp32 and in bf16.
+  ASSERT_EQ(train("gpt2", dir_ / "gpt2"), 0);
+  const std::string gpt2_step = (dir_ / "gpt2" / "step-00000001").string();
+  const fs::path hf = dir_ / "hf_gpt2", bf16 = dir_ / "hf_bf16";
+  auto [r, said] = RunPtworkerStdout(
+      "export --checkpoint " + gpt2_step + " --hf " + hf.string(), out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(said.find("fp32, tokenizer.json, tokenizer_config.json"),
+            std::string::npos)
+      << said;
+  auto exported = ptrain::OpenTokenizer("hf:" + hf.string(), "test");
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  auto builtin = ptrain::OpenTokenizer("gpt2", "test");
+  ASSERT_TRUE(builtin.ok());
+  const std::string sample =
+      "It's 10:45 -- \"naïve\" café, Ωmega!\n\n   spaces\ttabs 12345 日本語";
+  EXPECT_EQ((*exported)->Encode(sample), (*builtin)->Encode(sample));
+  EXPECT_EQ((*exported)->Decode((*builtin)->Encode(sample)), sample);
+  const auto config =
+      nlohmann::json::parse(ReadAll(hf / "tokenizer_config.json"));
+  EXPECT_EQ(config.at("tokenizer_class"), "GPT2Tokenizer");
+  EXPECT_EQ(config.at("model_max_length"), 64);  // the example's block_size
+  EXPECT_EQ(
+      nlohmann::json::parse(ReadAll(hf / "config.json")).at("torch_dtype"),
+      "float32");
+
+  r = RunPtworker("export --checkpoint " + gpt2_step + " --hf " +
+                  bf16.string() + " --hf-dtype bf16");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(
+      nlohmann::json::parse(ReadAll(bf16 / "config.json")).at("torch_dtype"),
+      "bfloat16");
+  auto weights =
+      ptrain::SafetensorsSource::Open((bf16 / "model.safetensors").string());
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  for (const ptrain::SafetensorsEntry& e : (*weights)->header().tensors) {
+    EXPECT_EQ(e.dtype, ptrain::SafetensorsDtype::kBf16) << e.name;
+  }
+  EXPECT_EQ(ReadAll(bf16 / "tokenizer.json"), ReadAll(hf / "tokenizer.json"));
+
+  for (const char* bad : {"fp16", "BF16", "\"\""}) {
+    const fs::path none = dir_ / "hf_none";
+    const Result refused =
+        RunPtworker("export --checkpoint " + gpt2_step + " --hf " +
+                    none.string() + " --hf-dtype " + bad);
+    EXPECT_EQ(refused.code, 2) << refused.err;
+    EXPECT_NE(refused.err.find("not one of fp32, bf16"), std::string::npos)
+        << refused.err;
+    EXPECT_NE(refused.err.find("--hf-dtype="), std::string::npos)
+        << refused.err;
+    EXPECT_EQ(std::count(refused.err.begin(), refused.err.end(), '\n'), 1)
+        << refused.err;
+    EXPECT_FALSE(fs::exists(none));
+  }
+  const Result llmc_dtype =
+      RunPtworker("export --checkpoint " + gpt2_step + " --llmc " +
+                  (dir_ / "m.bin").string() + " --hf-dtype bf16");
+  EXPECT_EQ(llmc_dtype.code, 2) << llmc_dtype.err;
+  EXPECT_NE(llmc_dtype.err.find("--hf-dtype"), std::string::npos)
+      << llmc_dtype.err;
+  EXPECT_FALSE(fs::exists(dir_ / "m.bin"));
+
+  // spm:MODEL, the model ptrain trains.
+  const fs::path model = dir_ / "shakespeare.model";
+  size_t next = 0;
+  ASSERT_TRUE(ptrain::TrainSentencePiece(
+                  [&](std::string* line) {
+                    if (next == lines.size()) return false;
+                    *line = lines[next++];
+                    return true;
+                  },
+                  400, "bpe", model.string())
+                  .ok());
+  ASSERT_EQ(train("spm:" + model.string(), dir_ / "spm"), 0);
+  const fs::path hf_spm = dir_ / "hf_spm";
+  r = RunPtworker("export --checkpoint " +
+                  (dir_ / "spm" / "step-00000001").string() + " --hf " +
+                  hf_spm.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(ReadAll(hf_spm / "tokenizer.model") == ReadAll(model));
+  EXPECT_FALSE(fs::exists(hf_spm / "tokenizer.json"));
+  const auto spm_config =
+      nlohmann::json::parse(ReadAll(hf_spm / "tokenizer_config.json"));
+  EXPECT_EQ(spm_config.at("tokenizer_class"), "LlamaTokenizer");
+  EXPECT_EQ(spm_config.at("eos_token"), "</s>");
+
+  // char: no tokenizer files, a line saying so.
+  ASSERT_EQ(train("char", dir_ / "char"), 0);
+  const fs::path hf_char = dir_ / "hf_char";
+  std::tie(r, said) = RunPtworkerStdout(
+      "export --checkpoint " + (dir_ / "char" / "step-00000001").string() +
+          " --hf " + hf_char.string(),
+      out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(said.find("wrote no tokenizer files: the char tokenizer has no "
+                      "Hugging Face equivalent"),
+            std::string::npos)
+      << said;
+  EXPECT_TRUE(fs::exists(hf_char / "model.safetensors"));
+  for (const char* name :
+       {"tokenizer.json", "tokenizer_config.json", "tokenizer.model"}) {
+    EXPECT_FALSE(fs::exists(hf_char / name)) << name;
+  }
 }
 
 TEST_F(PtworkerCli, MfuAboveOneIsWarnedOnceNamingTheTooLowPeak) {

@@ -381,7 +381,7 @@ TEST(TokenData, ALargeTextIsSentToPrepare) {
 
 // Token files decode through the tokenizer file beside them (auto), or the
 // one data.tokenizer names; without either there is none. A damaged
-// tokenizer file is an error naming it.
+// tokenizer file is an error naming it. DataTokenizerName names each.
 TEST(TokenData, TokenFilesFindTheirTokenizer) {
   const std::string dir = TempPath("prepared");
   std::filesystem::remove_all(dir);
@@ -401,6 +401,12 @@ TEST(TokenData, TokenFilesFindTheirTokenizer) {
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_EQ(none->text_tokenizer(), nullptr);
   EXPECT_EQ(none->vocab_size, 50257);
+  const auto resolved = [&] {
+    auto n = DataTokenizerName(spec);
+    EXPECT_TRUE(n.ok()) << n.status();
+    return n.ok() ? *n : "(error)";
+  };
+  EXPECT_EQ(resolved(), "");
 
   // GPT-2's pieces: GPT-2's tokenizer, which encodes prompts too.
   ASSERT_TRUE(WriteLlmcTokenizer(**gpt2, dir + "/c_tokenizer.bin").ok());
@@ -411,6 +417,7 @@ TEST(TokenData, TokenFilesFindTheirTokenizer) {
     ASSERT_NE(data->text_tokenizer(), nullptr) << name;
     EXPECT_TRUE(data->text_tokenizer()->can_encode());
     EXPECT_EQ(data->text_tokenizer()->Decode(ids), (*gpt2)->Decode(ids));
+    EXPECT_EQ(resolved(), "gpt2") << name;
   }
   // Other pieces: a tokenizer that decodes only.
   struct WithEnd : CharTokenizer {
@@ -424,6 +431,7 @@ TEST(TokenData, TokenFilesFindTheirTokenizer) {
   ASSERT_NE(decodes->text_tokenizer(), nullptr);
   EXPECT_FALSE(decodes->text_tokenizer()->can_encode());
   EXPECT_EQ(decodes->text_tokenizer()->Decode({7, 4, 11}), "he");
+  EXPECT_EQ(resolved(), "llmc:" + dir + "/c_tokenizer.bin");
   // A SentencePiece model beside the shards comes first.
   const std::vector<std::string> lines(200, "the cat sat on the mat again");
   size_t next = 0;
@@ -440,12 +448,14 @@ TEST(TokenData, TokenFilesFindTheirTokenizer) {
   ASSERT_NE(spm->text_tokenizer(), nullptr);
   EXPECT_TRUE(spm->text_tokenizer()->can_encode());
   EXPECT_EQ(spm->text_tokenizer()->size(), 300);
+  EXPECT_EQ(resolved(), "spm:" + dir + "/c_spm.model");
   std::filesystem::remove(dir + "/c_spm.model");
   spec.set_tokenizer("gpt2");
   auto named = LoadTokenData(spec, 0, 4);
   ASSERT_TRUE(named.ok()) << named.status();
   ASSERT_NE(named->text_tokenizer(), nullptr);
   EXPECT_TRUE(named->text_tokenizer()->can_encode());
+  EXPECT_EQ(resolved(), "gpt2");
 
   std::ofstream(dir + "/c_tokenizer.bin") << "not a tokenizer file";
   spec.set_tokenizer("auto");
@@ -457,6 +467,7 @@ TEST(TokenData, TokenFilesFindTheirTokenizer) {
   EXPECT_NE(damaged.status().message().find("c_tokenizer.bin"),
             std::string::npos)
       << damaged.status();
+  EXPECT_FALSE(DataTokenizerName(spec).ok());
   std::filesystem::remove_all(dir);
 }
 

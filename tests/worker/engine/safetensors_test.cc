@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/hf_config.h"
+#include "nlohmann/json.hpp"
 #include "worker/engine/checkpoint/hf_checkpoint.h"
 #include "worker/engine/model/plan.h"
 
@@ -257,6 +260,11 @@ GptConfig LlamaConfigForTest() {
   return c;
 }
 
+std::string ReadAll(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+
 GptConfig Gpt2ConfigForTest() {
   GptConfig c{2, 2, 8, 8, 11};
   c.padded_vocab = 128;
@@ -300,7 +308,9 @@ TEST_F(SafetensorsTest, AHuggingFaceFolderWrittenReadsBackBitExactly) {
     for (int64_t shard : {int64_t{1} << 30, int64_t{2000}}) {
       const std::string out =
           (dir_ / (c.arch + std::to_string(shard))).string();
-      ASSERT_TRUE(ExportHf(src, c, out, {}, ConfinedFs(), "--hf", shard).ok());
+      ASSERT_TRUE(ExportHf(src, c, out, {}, ConfinedFs(), "--hf",
+                           SafetensorsDtype::kF32, shard)
+                      .ok());
       EXPECT_EQ(fs::exists(out + "/model.safetensors.index.json"),
                 shard == 2000);
       EXPECT_EQ(fs::exists(out + "/model.safetensors"), shard != 2000);
@@ -321,6 +331,105 @@ TEST_F(SafetensorsTest, AHuggingFaceFolderWrittenReadsBackBitExactly) {
         EXPECT_EQ(config->model.rope_scaling().factor(), 8.0);
       }
     }
+  }
+}
+
+// The bf16 nearest x, ties to even, found by arithmetic on doubles rather
+// than by the bits the writer adds: the two bf16 values either side of x
+// (x's bits cut to 16, and one bf16 step further from zero), the nearer,
+// on a tie the one whose last bit is 0. For finite x below bf16's largest.
+float NearestBf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const uint32_t lo_bits = u & 0xFFFF0000u, hi_bits = lo_bits + 0x10000u;
+  float lo, hi;
+  std::memcpy(&lo, &lo_bits, 4);
+  std::memcpy(&hi, &hi_bits, 4);
+  const double to_lo = std::fabs(double{x} - lo),
+               to_hi = std::fabs(double{hi} - x);
+  if (to_lo != to_hi) return to_lo < to_hi ? lo : hi;
+  return (lo_bits & 0x10000u) == 0 ? lo : hi;
+}
+
+float FromBits(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// --hf-dtype bf16: every tensor stored as BF16, each weight the bf16
+// nearest it (ties to even: exact halfway values among them); read back,
+// those bf16 values exactly. config.json says bfloat16; shards count 2
+// bytes an element (a size that splits fp32 in two holds bf16 whole).
+TEST_F(SafetensorsTest, ABf16FolderReadsBackAsTheWeightsRoundedToNearestEven) {
+  for (const GptConfig& c : {LlamaConfigForTest(), Gpt2ConfigForTest()}) {
+    std::map<std::string, std::vector<float>> values;
+    RandomModel(c, &values);
+    // Halfway cases (down to even, up to even, negative, subnormal), one
+    // just past halfway, values bf16 holds as they are.
+    const std::vector<float> special = {FromBits(0x3F808000),
+                                        FromBits(0x3F818000),
+                                        FromBits(0xBF818000),
+                                        FromBits(0x00018000),
+                                        FromBits(0x3F808001),
+                                        FromBits(0x3F800000),
+                                        0.0f,
+                                        -0.0f,
+                                        1e30f,
+                                        -3.0e-20f};
+    MapSource src;
+    std::map<std::string, std::vector<float>> rounded;
+    for (const ParamInfo& p : GptTensors(c)) {
+      std::vector<float>& v = values[p.name];
+      if (p.name == "wte") std::copy(special.begin(), special.end(), v.begin());
+      src.Add(p.name, p.global_shape, v);
+      for (const float x : v) rounded[p.name].push_back(NearestBf16(x));
+    }
+    ASSERT_EQ(rounded["wte"][0], FromBits(0x3F800000));
+    ASSERT_EQ(rounded["wte"][1], FromBits(0x3F820000));
+    ASSERT_EQ(rounded["wte"][2], FromBits(0xBF820000));
+    ASSERT_EQ(rounded["wte"][3], FromBits(0x00020000));
+    ASSERT_EQ(rounded["wte"][4], FromBits(0x3F810000));
+    // The model's tensors less a tied head, as the folder holds them.
+    int64_t stored = 0;
+    for (const HfTensorName& n : HfTensorNames(c, "")) {
+      stored += ShapeNumel(n.hf_shape);
+    }
+    const std::string one = (dir_ / (c.arch + "_bf16")).string();
+    ASSERT_TRUE(ExportHf(src, c, one, {}, ConfinedFs(), "--hf",
+                         SafetensorsDtype::kBf16, stored * 4 / 2 + 64)
+                    .ok());
+    EXPECT_FALSE(fs::exists(one + "/model.safetensors.index.json"));
+    auto file = SafetensorsSource::Open(one + "/model.safetensors");
+    ASSERT_TRUE(file.ok()) << file.status();
+    for (const SafetensorsEntry& e : (*file)->header().tensors) {
+      EXPECT_EQ(e.dtype, SafetensorsDtype::kBf16) << e.name;
+    }
+    EXPECT_EQ(static_cast<int64_t>(fs::file_size(one + "/model.safetensors")),
+              (*file)->header().data_begin + stored * 2);
+    ExpectReadsBack(one, c, rounded);
+    const std::string config = ReadAll(one + "/config.json");
+    EXPECT_NE(config.find("\"torch_dtype\": \"bfloat16\""), std::string::npos)
+        << config;
+    // Sharded: the index counts 2 bytes an element.
+    const std::string sharded = (dir_ / (c.arch + "_bf16_shards")).string();
+    ASSERT_TRUE(ExportHf(src, c, sharded, {}, ConfinedFs(), "--hf",
+                         SafetensorsDtype::kBf16, 2000)
+                    .ok());
+    ExpectReadsBack(sharded, c, rounded);
+    const auto index = nlohmann::json::parse(
+        ReadAll(sharded + "/model.safetensors.index.json"));
+    EXPECT_EQ(index["metadata"]["total_size"], stored * 2);
+    // fp32 of the same size: two shards, the exact weights.
+    const std::string f32 = (dir_ / (c.arch + "_f32")).string();
+    ASSERT_TRUE(ExportHf(src, c, f32, {}, ConfinedFs(), "--hf",
+                         SafetensorsDtype::kF32, stored * 4 / 2 + 64)
+                    .ok());
+    EXPECT_TRUE(fs::exists(f32 + "/model.safetensors.index.json"));
+    ExpectReadsBack(f32, c, values);
+    EXPECT_NE(
+        ReadAll(f32 + "/config.json").find("\"torch_dtype\": \"float32\""),
+        std::string::npos);
   }
 }
 

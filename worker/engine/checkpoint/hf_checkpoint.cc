@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <set>
 #include <string>
 #include <utility>
@@ -287,9 +286,13 @@ absl::Status WriteText(const ConfinedFs& fs, const std::string& path,
 
 absl::Status ExportHf(TensorSource& source, const GptConfig& config,
                       const std::string& out,
-                      const std::vector<std::string>& tokenizer_files,
+                      const std::vector<HfFile>& tokenizer_files,
                       const ConfinedFs& fs, const std::string& field,
-                      int64_t shard_bytes) {
+                      SafetensorsDtype dtype, int64_t shard_bytes) {
+  if (dtype != SafetensorsDtype::kF32 && dtype != SafetensorsDtype::kBf16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": the weights are written in F32 or BF16"));
+  }
   const std::vector<HfTensorName> names =
       HfTensorNames(config, config.arch == "gpt" ? "transformer." : "");
   // Shards in the tensors' order, each at most shard_bytes (a larger
@@ -297,22 +300,14 @@ absl::Status ExportHf(TensorSource& source, const GptConfig& config,
   std::vector<std::vector<SafetensorsTensorOut>> shards(1);
   int64_t in_shard = 0, total = 0;
   for (const HfTensorName& n : names) {
-    const int64_t bytes = ShapeNumel(n.hf_shape) * 4;
+    const int64_t bytes = ShapeNumel(n.hf_shape) * SafetensorsDtypeBytes(dtype);
     if (in_shard > 0 && in_shard + bytes > shard_bytes) {
       shards.emplace_back();
       in_shard = 0;
     }
-    shards.back().push_back({n.hf, n.hf_shape});
+    shards.back().push_back({n.hf, n.hf_shape, dtype});
     in_shard += bytes;
     total += bytes;
-  }
-  // The tokenizer files are read before anything is written.
-  std::vector<std::pair<std::string, std::string>> copies;
-  for (const std::string& f : tokenizer_files) {
-    auto text = fs.ReadFile(f, field, int64_t{1} << 30);
-    if (!text.ok()) return text.status();
-    copies.emplace_back(std::filesystem::path(f).filename().string(),
-                        std::move(*text));
   }
   if (absl::Status s = fs.MakeDirs(out, field); !s.ok()) return s;
   HfView view(source, names);
@@ -339,15 +334,17 @@ absl::Status ExportHf(TensorSource& source, const GptConfig& config,
       return s;
     }
   }
-  for (const auto& [name, text] : copies) {
+  for (const HfFile& f : tokenizer_files) {
     if (absl::Status s =
-            WriteText(fs, absl::StrCat(out, "/", name), field, text);
+            WriteText(fs, absl::StrCat(out, "/", f.name), field, f.bytes);
         !s.ok()) {
       return s;
     }
   }
-  return WriteText(fs, absl::StrCat(out, "/config.json"), field,
-                   HfConfigJson(ModelFields(config)));
+  return WriteText(
+      fs, absl::StrCat(out, "/config.json"), field,
+      HfConfigJson(ModelFields(config),
+                   dtype == SafetensorsDtype::kBf16 ? "bfloat16" : "float32"));
 }
 
 }  // namespace ptrain

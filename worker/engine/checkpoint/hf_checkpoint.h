@@ -10,7 +10,8 @@
 // LlamaForCausalLM, whose gate and up projections are two tensors where
 // ptrain stacks them in one (mlp.gate_up_proj.weight). Read, each rank
 // reads the byte ranges of the slices it holds, never a whole file.
-// Written in fp32: export then import is bit-exact.
+// Written in fp32 (export then import is bit-exact) or bf16 (each weight
+// rounded to nearest even).
 #ifndef PTRAIN_WORKER_ENGINE_CHECKPOINT_HF_CHECKPOINT_H_
 #define PTRAIN_WORKER_ENGINE_CHECKPOINT_HF_CHECKPOINT_H_
 
@@ -23,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/confined_fs.h"
+#include "common/hf_tokenizer_export.h"
 #include "worker/engine/checkpoint/checkpoint.h"
 #include "worker/engine/checkpoint/safetensors.h"
 #include "worker/engine/model/plan.h"
@@ -69,16 +71,18 @@ class HfSource : public TensorSource {
 
 // Writes `config`'s model from `source` (ptrain's names, global boxes) to
 // the folder `out` (created; files already there are replaced):
-// config.json, the weights in fp32 in shards of at most `shard_bytes` (5 GB)
-// (one file, model.safetensors, when they fit; else
+// config.json (its torch_dtype `dtype`'s), the weights in `dtype` (F32 or
+// BF16) in shards of at most `shard_bytes` (5 GB, counted in `dtype`'s
+// bytes) (one file, model.safetensors, when they fit; else
 // model-0000i-of-0000n.safetensors and model.safetensors.index.json), and
-// `tokenizer_files` (copied: a tokenizer.json and what is beside it).
-// Each file is written beside its name and renamed. Errors name `field`.
+// `tokenizer_files` (hf_tokenizer_export.h's HfTokenizerFiles). Each file
+// is written beside its name and renamed. Errors name `field`.
 absl::Status ExportHf(TensorSource& source, const GptConfig& config,
                       const std::string& out,
-                      const std::vector<std::string>& tokenizer_files,
+                      const std::vector<HfFile>& tokenizer_files,
                       const ConfinedFs& fs = ConfinedFs(),
                       const std::string& field = "--hf",
+                      SafetensorsDtype dtype = SafetensorsDtype::kF32,
                       int64_t shard_bytes = int64_t{5000} * 1000 * 1000);
 
 }  // namespace ptrain

@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/common/math.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/checkpoint/checkpoint_internal.h"
 #include "worker/engine/checkpoint/checkpoint_json.h"
@@ -297,10 +299,16 @@ absl::Status WriteSafetensors(
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": tensor '", t.name, "' has no dimensions"));
     }
-    const int64_t bytes = ShapeNumel(t.shape) * 4;
-    header[t.name] = {{"dtype", "F32"},
-                      {"shape", t.shape},
-                      {"data_offsets", {at, at + bytes}}};
+    if (t.dtype == SafetensorsDtype::kF16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": tensor '", t.name,
+                       "': F16 is not written (F32, BF16 are)"));
+    }
+    const int64_t bytes = ShapeNumel(t.shape) * SafetensorsDtypeBytes(t.dtype);
+    header[t.name] = {
+        {"dtype", t.dtype == SafetensorsDtype::kBf16 ? "BF16" : "F32"},
+        {"shape", t.shape},
+        {"data_offsets", {at, at + bytes}}};
     at += bytes;
   }
   std::string text = header.dump();
@@ -317,8 +325,10 @@ absl::Status WriteSafetensors(
         !s.ok()) {
       return s;
     }
-    // A tensor at a time, in slabs of its leading dimension of about 16 MiB.
+    // A tensor at a time, in slabs of its leading dimension of about 16 MiB
+    // of fp32.
     std::vector<float> buf;
+    std::vector<uint16_t> bf16;
     for (const SafetensorsTensorOut& t : tensors) {
       if (ShapeNumel(t.shape) == 0) continue;
       const int64_t row = ShapeNumel(t.shape) / t.shape[0];
@@ -330,7 +340,15 @@ absl::Status WriteSafetensors(
         const int64_t n = (box.hi[0] - box.lo[0]) * row;
         buf.resize(n);
         if (auto s = source.Read(t.name, box, buf.data()); !s.ok()) return s;
-        if (auto s = w.Write(reinterpret_cast<const char*>(buf.data()), n * 4);
+        const char* bytes = reinterpret_cast<const char*>(buf.data());
+        if (t.dtype == SafetensorsDtype::kBf16) {
+          bf16.resize(n);
+          for (int64_t i = 0; i < n; ++i) {
+            bf16[i] = kernels::math::RoundToBf16(buf[i]);
+          }
+          bytes = reinterpret_cast<const char*>(bf16.data());
+        }
+        if (auto s = w.Write(bytes, n * SafetensorsDtypeBytes(t.dtype));
             !s.ok()) {
           return s;
         }

@@ -6,8 +6,9 @@
 // to strings. The tensors' bytes are the whole rest of the file: no two
 // overlap and none is left out. Tensors are row-major, little-endian.
 //
-// ptrain reads F32, BF16 and F16 (into fp32, exactly) and writes F32; a
-// file with any other dtype is refused naming the tensor.
+// ptrain reads F32, BF16 and F16 (into fp32, exactly) and writes F32 and
+// BF16 (rounded to nearest even); a file with any other dtype is refused
+// naming the tensor.
 #ifndef PTRAIN_WORKER_ENGINE_CHECKPOINT_SAFETENSORS_H_
 #define PTRAIN_WORKER_ENGINE_CHECKPOINT_SAFETENSORS_H_
 
@@ -75,15 +76,18 @@ class SafetensorsSource : public TensorSource {
   std::map<std::string, size_t> index_;  // name -> header_.tensors[i]
 };
 
-// One tensor to write: its name and global shape; the values come from a
-// TensorSource (its whole box).
+// One tensor to write: its name, global shape and the dtype it is stored
+// in (F32 or BF16); the values come from a TensorSource (its whole box).
 struct SafetensorsTensorOut {
   std::string name;
   std::vector<int64_t> shape;
+  SafetensorsDtype dtype = SafetensorsDtype::kF32;
 };
 
-// Writes `tensors` (fp32, in this order) and `metadata` to `path`, beside it
-// first and renamed: never a half-written file. Errors name `field`.
+// Writes `tensors` (in this order; F32 as read, BF16 each value rounded to
+// the nearest bf16, ties to even) and `metadata` to `path`, beside it first
+// and renamed: never a half-written file. Errors name `field`; F16 is not
+// written (InvalidArgument).
 absl::Status WriteSafetensors(
     const std::string& path, const std::vector<SafetensorsTensorOut>& tensors,
     TensorSource& source, const std::map<std::string, std::string>& metadata,

@@ -529,24 +529,30 @@ std::string CharTokenizer::Piece(int32_t id) const {
   return out;
 }
 
-absl::StatusOr<std::shared_ptr<const Tokenizer>> OpenDataTokenizer(
-    const v1::DataSpec& spec, const ConfinedFs& fs) {
+namespace {
+
+// data.tokenizer's tokenizer for `spec`, by name (DataTokenizerName), with
+// the field that named it and, for llm.c's tokenizer file, the tokenizer
+// read from it.
+struct DataTokenizer {
+  std::string name;
+  std::string field;
+  std::unique_ptr<Tokenizer> llmc;
+};
+
+absl::StatusOr<DataTokenizer> ResolveDataTokenizer(const v1::DataSpec& spec,
+                                                   const ConfinedFs& fs) {
   const std::string& name = spec.tokenizer();
-  const ReadFile read = [&fs](const std::string& path) {
-    return fs.ReadFile(path, "data.tokenizer");
-  };
   if (IsTokenizerName(name)) {
-    auto t = OpenTokenizer(name, "data.tokenizer", read);
-    if (!t.ok()) return t.status();
-    return std::shared_ptr<const Tokenizer>(std::move(*t));
+    return DataTokenizer{name, "data.tokenizer", nullptr};
   }
-  if (!spec.path().empty()) return nullptr;  // char
+  if (!spec.path().empty()) return DataTokenizer{};  // char
   // Token files: what `ptworker prepare` wrote beside them, if anything.
   const std::string& pattern = spec.train_bin();
   const size_t slash = pattern.rfind('/');
   const size_t name_at = slash == std::string::npos ? 0 : slash + 1;
   const size_t train = pattern.rfind("_train");
-  if (train == std::string::npos || train < name_at) return nullptr;
+  if (train == std::string::npos || train < name_at) return DataTokenizer{};
   const std::string prefix = pattern.substr(0, train);
   const auto beside = [&](const std::string& path) {
     auto exists = fs.Exists(path, "data.train_bin");
@@ -555,12 +561,10 @@ absl::StatusOr<std::shared_ptr<const Tokenizer>> OpenDataTokenizer(
   // The SentencePiece model it trained, which also encodes prompts.
   const std::string model = prefix + "_spm.model";
   if (beside(model)) {
-    auto t = OpenTokenizer("spm:" + model, "data.train_bin", read);
-    if (!t.ok()) return t.status();
-    return std::shared_ptr<const Tokenizer>(std::move(*t));
+    return DataTokenizer{"spm:" + model, "data.train_bin", nullptr};
   }
   const std::string path = prefix + "_tokenizer.bin";
-  if (!beside(path)) return nullptr;
+  if (!beside(path)) return DataTokenizer{};
   auto t = ReadLlmcTokenizer(
       path, "data.train_bin: the tokenizer file",
       [&fs](const std::string& p) { return fs.ReadFile(p, "data.train_bin"); });
@@ -569,10 +573,36 @@ absl::StatusOr<std::shared_ptr<const Tokenizer>> OpenDataTokenizer(
   if ((*t)->size() == kGpt2VocabSize) {
     auto gpt2 = OpenTokenizer("gpt2", "data.train_bin");
     if (gpt2.ok() && SamePieces(**t, **gpt2)) {
-      return std::shared_ptr<const Tokenizer>(std::move(*gpt2));
+      return DataTokenizer{"gpt2", "data.train_bin", nullptr};
     }
   }
-  return std::shared_ptr<const Tokenizer>(std::move(*t));
+  return DataTokenizer{"llmc:" + path, "data.train_bin", std::move(*t)};
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> DataTokenizerName(const v1::DataSpec& spec,
+                                              const ConfinedFs& fs) {
+  auto t = ResolveDataTokenizer(spec, fs);
+  if (!t.ok()) return t.status();
+  return std::move(t->name);
+}
+
+absl::StatusOr<std::shared_ptr<const Tokenizer>> OpenDataTokenizer(
+    const v1::DataSpec& spec, const ConfinedFs& fs) {
+  auto t = ResolveDataTokenizer(spec, fs);
+  if (!t.ok()) return t.status();
+  if (t->llmc != nullptr) {
+    return std::shared_ptr<const Tokenizer>(std::move(t->llmc));
+  }
+  if (t->name.empty()) return nullptr;
+  const std::string field = t->field;
+  auto opened =
+      OpenTokenizer(t->name, field, [&fs, &field](const std::string& path) {
+        return fs.ReadFile(path, field);
+      });
+  if (!opened.ok()) return opened.status();
+  return std::shared_ptr<const Tokenizer>(std::move(*opened));
 }
 
 namespace {

@@ -184,6 +184,13 @@ constexpr int64_t kValPieceTokens = 256;
 // characters from).
 absl::StatusOr<std::shared_ptr<const Tokenizer>> OpenDataTokenizer(
     const v1::DataSpec& spec, const ConfinedFs& fs = ConfinedFs());
+// The name of the tokenizer OpenDataTokenizer opens: data.tokenizer where
+// it is one OpenTokenizer takes (gpt2, spm:PATH, hf:PATH); for token files,
+// "spm:PREFIX_spm.model", "gpt2" (llm.c's tokenizer file of GPT-2's
+// pieces) or "llmc:PREFIX_tokenizer.bin" (another, which only decodes);
+// "" where it opens none.
+absl::StatusOr<std::string> DataTokenizerName(
+    const v1::DataSpec& spec, const ConfinedFs& fs = ConfinedFs());
 
 // Loads the data of `spec` through `fs` (confined to the data roots),
 // checking it against the model's vocabulary (model_vocab_size 0: take the
