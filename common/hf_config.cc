@@ -298,8 +298,8 @@ absl::StatusOr<HfConfig> ParseHfConfig(std::string_view text,
              ": only ", kGpt2, " and ", kLlama, " are implemented");
 }
 
-std::string HfConfigJson(const v1::ModelSpec& m,
-                         absl::string_view torch_dtype) {
+std::string HfConfigJson(const v1::ModelSpec& m, absl::string_view torch_dtype,
+                         HfTokenIds tokens) {
   json j;
   if (m.arch() == "llama") {
     const v1::RopeScalingSpec r = RopeScaling(m);
@@ -343,6 +343,8 @@ std::string HfConfigJson(const v1::ModelSpec& m,
          {"tie_word_embeddings", TiesEmbeddings(m)},
          {"torch_dtype", std::string(torch_dtype)}};
   }
+  if (tokens.bos >= 0) j["bos_token_id"] = tokens.bos;
+  if (tokens.eos >= 0) j["eos_token_id"] = tokens.eos;
   return j.dump(2) + "\n";
 }
 

@@ -32,11 +32,19 @@ struct HfConfig {
 absl::StatusOr<HfConfig> ParseHfConfig(std::string_view json,
                                        absl::string_view where);
 
+// The ids of the tokens a model's text begins and ends with, as
+// config.json gives them (bos_token_id, eos_token_id); -1: not given.
+struct HfTokenIds {
+  int bos = -1, eos = -1;
+};
+
 // The config.json of `model` (arch gpt or llama; block_size as the
 // maximum positions), as `ptworker export --hf` writes it; `torch_dtype`
-// names the weights' type ("float32", "bfloat16").
+// names the weights' type ("float32", "bfloat16"); `tokens` the
+// tokenizer's special ids, where it has them.
 std::string HfConfigJson(const v1::ModelSpec& model,
-                         absl::string_view torch_dtype = "float32");
+                         absl::string_view torch_dtype = "float32",
+                         HfTokenIds tokens = {});
 
 // The spec's model fields against config.json's: each field the config
 // gives must be the spec's, and block_size at most its positions.

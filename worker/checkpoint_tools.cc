@@ -241,6 +241,7 @@ int RunExportHf(const std::string& checkpoint, const std::string& out,
     // The job's tokenizer goes with the model where Hugging Face has one
     // like it; else a line says why none does.
     std::vector<HfFile> tokenizer_files;
+    HfTokenIds tokens;
     std::string no_tokenizer;
     if (!meta.vocab.empty()) {
       no_tokenizer = "the char tokenizer has no Hugging Face equivalent";
@@ -258,10 +259,15 @@ int RunExportHf(const std::string& checkpoint, const std::string& out,
                                       fs->Reader(field, int64_t{1} << 30));
         if (!files.ok()) return files.status();
         tokenizer_files = std::move(*files);
+        // Its special ids go into config.json (generation stops at eos).
+        auto tokenizer =
+            OpenTokenizer(*name, field, fs->Reader(field, int64_t{1} << 30));
+        if (!tokenizer.ok()) return tokenizer.status();
+        tokens = {(*tokenizer)->begin_of_text(), (*tokenizer)->end_of_text()};
       }
     }
     absl::Status s = ExportHf(**reader, meta.model, out, tokenizer_files, *fs,
-                              "--hf", weights);
+                              "--hf", weights, kHfShardBytes, tokens);
     if (!s.ok()) return s;
     std::string written;
     for (const HfFile& f : tokenizer_files) {

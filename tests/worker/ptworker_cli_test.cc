@@ -1106,9 +1106,12 @@ TEST_F(PtworkerCli, HuggingFaceExportCarriesTheJobsTokenizer) {
       nlohmann::json::parse(ReadAll(hf / "tokenizer_config.json"));
   EXPECT_EQ(config.at("tokenizer_class"), "GPT2Tokenizer");
   EXPECT_EQ(config.at("model_max_length"), 64);  // the example's block_size
-  EXPECT_EQ(
-      nlohmann::json::parse(ReadAll(hf / "config.json")).at("torch_dtype"),
-      "float32");
+  const auto model_config = nlohmann::json::parse(ReadAll(hf / "config.json"));
+  EXPECT_EQ(model_config.at("torch_dtype"), "float32");
+  // Generation stops at the tokenizer's end of text (GPT-2's published
+  // configuration has it begin the text too).
+  EXPECT_EQ(model_config.at("eos_token_id"), 50256);
+  EXPECT_EQ(model_config.at("bos_token_id"), 50256);
 
   r = RunPtworker("export --checkpoint " + gpt2_step + " --hf " +
                   bf16.string() + " --hf-dtype bf16");
@@ -1169,6 +1172,11 @@ TEST_F(PtworkerCli, HuggingFaceExportCarriesTheJobsTokenizer) {
       nlohmann::json::parse(ReadAll(hf_spm / "tokenizer_config.json"));
   EXPECT_EQ(spm_config.at("tokenizer_class"), "LlamaTokenizer");
   EXPECT_EQ(spm_config.at("eos_token"), "</s>");
+  // The model's <s> and </s> (TrainSentencePiece: 1 and 2).
+  const auto spm_model_config =
+      nlohmann::json::parse(ReadAll(hf_spm / "config.json"));
+  EXPECT_EQ(spm_model_config.at("bos_token_id"), 1);
+  EXPECT_EQ(spm_model_config.at("eos_token_id"), 2);
 
   // char: no tokenizer files, a line saying so.
   ASSERT_EQ(train("char", dir_ / "char"), 0);
@@ -1183,6 +1191,8 @@ TEST_F(PtworkerCli, HuggingFaceExportCarriesTheJobsTokenizer) {
             std::string::npos)
       << said;
   EXPECT_TRUE(fs::exists(hf_char / "model.safetensors"));
+  EXPECT_FALSE(nlohmann::json::parse(ReadAll(hf_char / "config.json"))
+                   .contains("eos_token_id"));
   for (const char* name :
        {"tokenizer.json", "tokenizer_config.json", "tokenizer.model"}) {
     EXPECT_FALSE(fs::exists(hf_char / name)) << name;

@@ -288,7 +288,8 @@ absl::Status ExportHf(TensorSource& source, const GptConfig& config,
                       const std::string& out,
                       const std::vector<HfFile>& tokenizer_files,
                       const ConfinedFs& fs, const std::string& field,
-                      SafetensorsDtype dtype, int64_t shard_bytes) {
+                      SafetensorsDtype dtype, int64_t shard_bytes,
+                      HfTokenIds tokens) {
   if (dtype != SafetensorsDtype::kF32 && dtype != SafetensorsDtype::kBf16) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": the weights are written in F32 or BF16"));
@@ -344,7 +345,8 @@ absl::Status ExportHf(TensorSource& source, const GptConfig& config,
   return WriteText(
       fs, absl::StrCat(out, "/config.json"), field,
       HfConfigJson(ModelFields(config),
-                   dtype == SafetensorsDtype::kBf16 ? "bfloat16" : "float32"));
+                   dtype == SafetensorsDtype::kBf16 ? "bfloat16" : "float32",
+                   tokens));
 }
 
 }  // namespace ptrain

@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/confined_fs.h"
+#include "common/hf_config.h"
 #include "common/hf_tokenizer_export.h"
 #include "worker/engine/checkpoint/checkpoint.h"
 #include "worker/engine/checkpoint/safetensors.h"
@@ -69,21 +70,26 @@ class HfSource : public TensorSource {
   std::map<std::string, std::vector<Piece>> pieces_;
 };
 
+// The largest shard an export writes: 5 GB, as Hugging Face's own.
+inline constexpr int64_t kHfShardBytes = int64_t{5000} * 1000 * 1000;
+
 // Writes `config`'s model from `source` (ptrain's names, global boxes) to
 // the folder `out` (created; files already there are replaced):
 // config.json (its torch_dtype `dtype`'s), the weights in `dtype` (F32 or
 // BF16) in shards of at most `shard_bytes` (5 GB, counted in `dtype`'s
 // bytes) (one file, model.safetensors, when they fit; else
 // model-0000i-of-0000n.safetensors and model.safetensors.index.json), and
-// `tokenizer_files` (hf_tokenizer_export.h's HfTokenizerFiles). Each file
-// is written beside its name and renamed. Errors name `field`.
+// `tokenizer_files` (hf_tokenizer_export.h's HfTokenizerFiles), and in
+// config.json the tokenizer's special ids `tokens`. Each file is written
+// beside its name and renamed. Errors name `field`.
 absl::Status ExportHf(TensorSource& source, const GptConfig& config,
                       const std::string& out,
                       const std::vector<HfFile>& tokenizer_files,
                       const ConfinedFs& fs = ConfinedFs(),
                       const std::string& field = "--hf",
                       SafetensorsDtype dtype = SafetensorsDtype::kF32,
-                      int64_t shard_bytes = int64_t{5000} * 1000 * 1000);
+                      int64_t shard_bytes = kHfShardBytes,
+                      HfTokenIds tokens = {});
 
 }  // namespace ptrain
 
