@@ -229,19 +229,25 @@ int64_t moe_dispatch_plan(int32_t* slots, int32_t* order, int32_t* counts,
   const int64_t block_tokens = (N + blocks - 1) / blocks;
   // rank[b·E + e]: the pairs of expert e in blocks before b (after the scan).
   std::vector<int64_t> rank(blocks * E, 0);
-  internal::ParallelFor(
-      blocks,
-      [&](int64_t b0, int64_t b1) {
-        for (int64_t b = b0; b < b1; b++) {
-          int64_t* r = rank.data() + b * E;
-          const int64_t end = std::min<int64_t>(N, (b + 1) * block_tokens) * k;
-          for (int64_t i = b * block_tokens * k; i < end; i++) {
-            PT_CHECK(experts[i] >= 0 && experts[i] < E, "an expert index");
-            r[experts[i]]++;
+  // visit(i, r) for each pair i of each block, r its block's row of rank,
+  // the blocks over the thread team.
+  auto each_pair = [&](const auto& visit) {
+    internal::ParallelFor(
+        blocks,
+        [&](int64_t b0, int64_t b1) {
+          for (int64_t b = b0; b < b1; b++) {
+            int64_t* r = rank.data() + b * E;
+            const int64_t end =
+                std::min<int64_t>(N, (b + 1) * block_tokens) * k;
+            for (int64_t i = b * block_tokens * k; i < end; i++) visit(i, r);
           }
-        }
-      },
-      /*align=*/1);
+        },
+        /*align=*/1);
+  };
+  each_pair([&](int64_t i, int64_t* r) {
+    PT_CHECK(experts[i] >= 0 && experts[i] < E, "an expert index");
+    r[experts[i]]++;
+  });
   offsets[0] = 0;
   for (int e = 0; e < E; e++) {
     int64_t total = 0;
@@ -255,26 +261,17 @@ int64_t moe_dispatch_plan(int32_t* slots, int32_t* order, int32_t* counts,
     offsets[e + 1] = offsets[e] + counts[e];
   }
   const int32_t M = offsets[E];
-  internal::ParallelFor(
-      blocks,
-      [&](int64_t b0, int64_t b1) {
-        for (int64_t b = b0; b < b1; b++) {
-          int64_t* r = rank.data() + b * E;
-          const int64_t end = std::min<int64_t>(N, (b + 1) * block_tokens) * k;
-          for (int64_t i = b * block_tokens * k; i < end; i++) {
-            const int e = experts[i];
-            const int64_t at = r[e]++;
-            if (capacity > 0 && at >= capacity) {
-              slots[i] = -1;
-              continue;
-            }
-            const int32_t s = static_cast<int32_t>(offsets[e] + at);
-            slots[i] = s;
-            order[s] = static_cast<int32_t>(i);
-          }
-        }
-      },
-      /*align=*/1);
+  each_pair([&](int64_t i, int64_t* r) {
+    const int e = experts[i];
+    const int64_t at = r[e]++;
+    if (capacity > 0 && at >= capacity) {
+      slots[i] = -1;
+      return;
+    }
+    const int32_t s = static_cast<int32_t>(offsets[e] + at);
+    slots[i] = s;
+    order[s] = static_cast<int32_t>(i);
+  });
   std::fill(order + M, order + pairs, -1);
   return pairs - M;
 }

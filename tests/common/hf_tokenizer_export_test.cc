@@ -26,6 +26,7 @@
 #include "common/sentencepiece_model.h"
 #include "common/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/files.h"
 
 namespace ptrain {
 namespace {
@@ -34,19 +35,10 @@ using json = nlohmann::json;
 using Ids = std::vector<int32_t>;
 
 std::string TempDir(const std::string& name) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/hf_tok_export_",
-                                       name, "_", getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
+  return testing::FreshTempDir("hf_tok_export", name);
 }
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using testing::ReadAll;
 
 void WriteAll(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;

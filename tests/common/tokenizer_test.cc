@@ -12,24 +12,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/utf8.h"
+#include "tests/testing/files.h"
 
 namespace ptrain {
 namespace {
 
 std::string TempDir(const std::string& name) {
-  const std::string dir =
-      absl::StrCat(::testing::TempDir(), "/tokenizer_", name, "_", getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
+  return testing::FreshTempDir("tokenizer", name);
 }
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using testing::ReadAll;
 
 // Lines of the repository's Shakespeare, up to `bytes`.
 std::vector<std::string> ShakespeareLines(size_t bytes) {

@@ -21,6 +21,7 @@
 #include "kernels/cpu/bf16.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/ops.h"
+#include "tests/testing/finite_difference.h"
 
 namespace ptrain::kernels {
 namespace {
@@ -73,28 +74,10 @@ double Dot(const Vec& a, const Vec& b) {
 
 std::vector<float> ToFloat(const Vec& v) { return {v.begin(), v.end()}; }
 
-// Largest |analytic - numeric| / max(1, |analytic|, |numeric|) over the
-// elements of *x, numeric being the central difference of loss(); prints it.
+// tests/testing/finite_difference.h's, at this file's step and tolerance.
 double MaxGradError(const std::string& name, Vec* x, const Vec& analytic,
                     const std::function<double()>& loss) {
-  double maxdiff = 0;
-  double maxrel = 0;
-  for (size_t i = 0; i < x->size(); i++) {
-    const double saved = (*x)[i];
-    (*x)[i] = saved + kStep;
-    const double plus = loss();
-    (*x)[i] = saved - kStep;
-    const double minus = loss();
-    (*x)[i] = saved;
-    const double numeric = (plus - minus) / (2 * kStep);
-    const double diff = std::abs(analytic[i] - numeric);
-    maxdiff = std::max(maxdiff, diff);
-    maxrel = std::max(maxrel, diff / std::max({1.0, std::abs(analytic[i]),
-                                               std::abs(numeric)}));
-  }
-  std::printf("%-28s maxdiff %.3e  maxrel %.3e  (tol %.0e)\n", name.c_str(),
-              maxdiff, maxrel, kGradTol);
-  return maxrel;
+  return testing::MaxGradError(name, x, analytic, loss, kStep, kGradTol);
 }
 
 // What backward() leaves in `buffers`, run once on zeros (`fresh`) and once

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
+#include "tests/testing/finite_difference.h"
 
 namespace ptrain::kernels {
 namespace {
@@ -57,27 +58,10 @@ Vec Random(size_t n, std::mt19937_64* rng, double lo = -1.0, double hi = 1.0) {
   return v;
 }
 
-// Largest |analytic - numeric| / max(1, |analytic|, |numeric|) over the
-// elements of *x, numeric being the central difference of loss(); prints it.
+// tests/testing/finite_difference.h's, at this file's step and tolerance.
 double MaxGradError(const std::string& name, Vec* x, const Vec& analytic,
                     const std::function<double()>& loss) {
-  double maxdiff = 0, maxrel = 0;
-  for (size_t i = 0; i < x->size(); i++) {
-    const double saved = (*x)[i];
-    (*x)[i] = saved + kStep;
-    const double plus = loss();
-    (*x)[i] = saved - kStep;
-    const double minus = loss();
-    (*x)[i] = saved;
-    const double numeric = (plus - minus) / (2 * kStep);
-    const double diff = std::abs(analytic[i] - numeric);
-    maxdiff = std::max(maxdiff, diff);
-    maxrel = std::max(maxrel, diff / std::max({1.0, std::abs(analytic[i]),
-                                               std::abs(numeric)}));
-  }
-  std::printf("%-32s maxdiff %.3e  maxrel %.3e  (tol %.0e)\n", name.c_str(),
-              maxdiff, maxrel, kGradTol);
-  return maxrel;
+  return testing::MaxGradError(name, x, analytic, loss, kStep, kGradTol);
 }
 
 double MaxDiff(const Vec& a, const Vec& b) {
