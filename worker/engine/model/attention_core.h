@@ -41,6 +41,10 @@ class AttentionCore {
         act_div_(act_div),
         buffers_(buffers) {}
 
+  // The width of this rank's keys (and of its values): a cached
+  // position's in generation.
+  int64_t Kl() const { return (row_ - Cl_) / 2; }
+
   // atty (B,T,Cl) from qkv (B,T,Cl+2Kl), both in the stored type; `att`
   // keeps what Backward reads (the probabilities or the log-sum-exp).
   void Forward(float* atty, float* att, float* qkv, int B, int T);

@@ -56,8 +56,6 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
       graphs_(o.graphs),
       Cl_(config.n_embd / o.tp.size()),
       NHl_(config.n_head / o.tp.size()),
-      KVHl_(config.kv_heads_local(o.tp.size())),
-      Kl_(KVHl_ * (config.n_embd / config.n_head)),
       Vl_(config.padded_vocab / o.tp.size()),
       vocab_begin_(o.tp.rank() * (config.padded_vocab / o.tp.size())),
       store_(o.store != nullptr ? o.store : this),
@@ -123,8 +121,9 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
   work_.datt = w.datt;
   work_.max_BT = d.BT;
   ce_stats_ = w.ce_stats;
-  attention_ = AttentionCore(ops_, cp_, Cl_, NHl_, KVHl_, act_div_,
-                             {/*ring=*/w.ring, /*widen=*/w.dfch_gelu});
+  attention_ =
+      AttentionCore(ops_, cp_, Cl_, NHl_, config.kv_heads_local(o.tp.size()),
+                    act_div_, {/*ring=*/w.ring, /*widen=*/w.dfch_gelu});
   work_.attention = &attention_;
 }
 
@@ -255,7 +254,7 @@ void GptStage::Decode(const int32_t* tokens, const float* hidden, int n,
   PT_CHECK(n >= 1 && n <= decode_max() && pos >= 0 && pos + n <= CacheT(),
            "a generation step past the stage's buffers or its cache");
   if (kv_.empty()) {
-    kv_ = kernels::Buffer(ops_, 2 * int64_t{n_blocks_} * CacheT() * Kl_);
+    kv_ = kernels::Buffer(ops_, 2 * n_blocks_ * CacheT() * attention_.Kl());
   }
   // A step of a few positions of a small model is less work per kernel
   // than waking the CPU's thread team costs: it runs on this thread alone
@@ -350,7 +349,7 @@ void GptStage::ForwardPass(int slot, const int32_t* tokens, const float* hidden,
     pass.cache_T = CacheT();
   }
   for (int b = 0; b < n_blocks_; ++b) {
-    if (decode) pass.cache = kv_.data() + 2 * b * int64_t{CacheT()} * Kl_;
+    if (decode) pass.cache = kv_.data() + 2 * b * CacheT() * attention_.Kl();
     blocks_.Forward(pass, Acts(S, b), b, /*recomputing=*/false);
   }
   const float* x = BlockOutput(S, n_blocks_ - 1);

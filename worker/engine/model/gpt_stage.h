@@ -251,9 +251,7 @@ class GptStage : private UnitStore {
   const CpGroup cp_;
   const bool graphs_;  // StageOptions::graphs
   PassRecorder recorder_;
-  // KVHl_: the key/value heads this rank attends with (kv_heads_local),
-  // Kl_ their width (a cached position's keys, and its values).
-  const int Cl_, NHl_, KVHl_, Kl_, Vl_, vocab_begin_;
+  const int Cl_, NHl_, Vl_, vocab_begin_;
   int64_t buffer_size_ = 0;
   // Where each block row is in a slot (activation_table.h).
   StageRows rows_;

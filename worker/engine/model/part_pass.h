@@ -62,7 +62,7 @@ class PartPass {
     // backward, in one layer's slab shared by every slot).
     bool selective = false;
     // A Decode step at position `pos` (else -1): this block's cache of
-    // keys then values, (KVHl,cache_T,hs) each (GptStage::Kl_).
+    // keys then values, (KVHl,cache_T,hs) each (AttentionCore::Kl).
     int pos = -1;
     float* cache = nullptr;
     int cache_T = 0;
