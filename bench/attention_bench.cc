@@ -8,6 +8,7 @@
 // time.
 //
 //   build/bench/attention_bench [--rounds R] [--channels C] [--heads NH]
+//                               [--kv-heads KVH]
 #include <omp.h>
 
 #include <algorithm>
@@ -32,30 +33,36 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 
 int main(int argc, char** argv) {
   CLI::App app{"CPU attention: probabilities kept vs recomputed"};
-  int rounds = 10, C = 384, NH = 6;
+  int rounds = 10, C = 384, NH = 6, KVH = 0;
   app.add_option("--rounds", rounds, "runs per form (best is printed)")
       ->check(CLI::Range(1, 1000));
   app.add_option("--channels", C, "C")->check(CLI::Range(1, 8192));
   app.add_option("--heads", NH, "NH (divides C)")->check(CLI::Range(1, 256));
+  app.add_option("--kv-heads", KVH, "KVH key/value heads (divides NH; 0: NH)")
+      ->check(CLI::Range(0, 256));
   CLI11_PARSE(app, argc, argv);
-  if (C % NH != 0) {
-    std::fprintf(stderr, "--heads must divide --channels\n");
+  if (KVH == 0) KVH = NH;
+  if (C % NH != 0 || NH % KVH != 0) {
+    std::fprintf(stderr,
+                 "--heads must divide --channels, --kv-heads --heads\n");
     return 2;
   }
+  const int R = C + 2 * (C / NH) * KVH;  // an input row's width
   using ptrain::kernels::attention_backward;
   using ptrain::kernels::attention_forward;
   using ptrain::kernels::flash_attention_backward;
   using ptrain::kernels::flash_attention_forward;
   std::printf(
-      "C%d NH%d, %d threads, best of %d; the CPU backend switches at T=%lld\n"
+      "C%d NH%d KVH%d, %d threads, best of %d; the CPU backend switches at "
+      "T=%lld\n"
       "     T  B | kept (T,T): fwd ms  bwd ms   MB | row lse: fwd ms  bwd ms"
       "   MB | time ratio | bf16 kept: fwd ms  bwd ms   MB | fp32/bf16\n",
-      C, NH, omp_get_max_threads(), rounds,
+      C, NH, KVH, omp_get_max_threads(), rounds,
       static_cast<long long>(ptrain::kernels::kFlashAttentionT));
   const bool bf16 = ptrain::kernels::CpuHasBf16();
   for (int T : {64, 256, 512, 1024, 2048}) {
     const int B = std::max(1, 4096 / T);  // 4096 positions a batch
-    const size_t n3 = size_t(B) * T * 3 * C, n1 = size_t(B) * T * C;
+    const size_t n3 = size_t(B) * T * R, n1 = size_t(B) * T * C;
     std::vector<float> inp(n3), dout(n1), out(n1), dinp(n3),
         att(size_t(B) * NH * T * T), datt(att.size()), lse(size_t(B) * NH * T);
     for (size_t i = 0; i < n3; i++) inp[i] = 0.5f * std::sin(0.37f * i);
@@ -65,25 +72,25 @@ int main(int argc, char** argv) {
       if (bf16) {
         const auto t0 = Clock::now();
         ptrain::kernels::attention_forward_bf16(out.data(), att.data(),
-                                                inp.data(), B, T, C, NH, NH);
+                                                inp.data(), B, T, C, NH, KVH);
         const auto t1 = Clock::now();
         ptrain::kernels::attention_backward_bf16(dinp.data(), nullptr,
                                                  dout.data(), inp.data(),
-                                                 att.data(), B, T, C, NH, NH);
+                                                 att.data(), B, T, C, NH, KVH);
         f3 = std::min(f3, Seconds(t0, t1));
         b3 = std::min(b3, Seconds(t1, Clock::now()));
       }
       const auto t0 = Clock::now();
-      attention_forward(out.data(), att.data(), inp.data(), B, T, C, NH, NH);
+      attention_forward(out.data(), att.data(), inp.data(), B, T, C, NH, KVH);
       const auto t1 = Clock::now();
       attention_backward(dinp.data(), datt.data(), dout.data(), inp.data(),
-                         att.data(), B, T, C, NH, NH);
+                         att.data(), B, T, C, NH, KVH);
       const auto t2 = Clock::now();
       flash_attention_forward(out.data(), lse.data(), inp.data(), B, T, C, NH,
-                              NH);
+                              KVH);
       const auto t3 = Clock::now();
       flash_attention_backward(dinp.data(), dout.data(), inp.data(), out.data(),
-                               lse.data(), B, T, C, NH, NH);
+                               lse.data(), B, T, C, NH, KVH);
       const auto t4 = Clock::now();
       f1 = std::min(f1, Seconds(t0, t1));
       b1 = std::min(b1, Seconds(t1, t2));
