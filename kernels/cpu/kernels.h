@@ -219,9 +219,9 @@ void attention_backward(F* dinp, F* datt, const F* dout, const F* inp,
 // kFlashAttentionT. att holds the probabilities rounded, (B,NH,T,T) bf16
 // (half the floats), written only on and below the diagonal; the backward
 // needs no datt (null allowed). Fast only where CpuHasBf16().
-// Grouped rows (KVH < NH) are laid out as multi-head attention's in the
-// bf16 copy the products read, and the key/value gradients summed back
-// over each group.
+// Grouped rows (KVH < NH) are read as they are, each key/value head once;
+// a key/value head's gradient sums its group's in one order, whatever the
+// thread count.
 void attention_forward_bf16(float* out, float* att, const float* inp, int B,
                             int T, int C, int NH, int KVH);
 void attention_backward_bf16(float* dinp, float* datt, const float* dout,
@@ -249,8 +249,8 @@ using math::ZigzagPosition;
 // attention's pieces). qkv (B,Tl,C+2K) holds the queries as
 // attention_forward's inp; kv rows of kv_stride floats hold key heads in
 // columns [0,K) and value heads in [K,2K) (another rank's qkv + C with
-// stride C+2K, or packed, 2K). The forward folds the block into out (B,Tl,C) and lse
-// (B,NH,Tl), each row's log-sum-exp of its scaled scores so far, by the
+// stride C+2K, or packed, 2K). The forward folds the block into out (B,Tl,C)
+// and lse (B,NH,Tl), each row's log-sum-exp of its scaled scores so far, by the
 // log-sum-exp rule (`first`: starts them); a row that sees no key of the
 // block is left as it was. Over every rank's block, in any order, out is
 // attention_forward's at the rows' positions. The backward of one block
@@ -271,9 +271,9 @@ void attention_block_backward(F* dqkv, F* dkv, const F* dout, const F* qkv,
 // (B = 1), over a cache of every earlier position's keys and values:
 // generation without recomputing the prefix. qkv is (n,C+2K) as inp above;
 // kcache and vcache are (KVH,capacity,hs) each, and rows [0, pos) of every
-// key/value head must hold the earlier positions. The new keys and values are written
-// to rows [pos, pos + n), then out (n,C) row i attends to rows [0, pos + i].
-// pos + n <= capacity.
+// key/value head must hold the earlier positions. The new keys and values are
+// written to rows [pos, pos + n), then out (n,C) row i attends to rows [0, pos
+// + i]. pos + n <= capacity.
 template <typename F>
 void attention_decode(F* out, F* kcache, F* vcache, const F* qkv, int n,
                       int pos, int C, int NH, int KVH, int capacity);

@@ -1950,31 +1950,50 @@ TEST(GroupedQueryAttentionTest, EveryKernelIsMultiHeadOverRepeatedHeads) {
   }
 }
 
-// The bf16 kernels lay grouped rows out as multi-head rows in their
-// rounded copy: the same products as over the repeated heads.
+// The bf16 kernels read grouped rows as they are, a unit's heads sharing
+// one key/value head (broadcast over their batched products): the same
+// forward as multi-head attention's over the repeated heads, bit for bit;
+// the same gradient up to the fp32 sum over a group, which is one unit's,
+// in one order whatever the thread count. Over several tiles, a sequence
+// or two, and thread counts whose units take one or several heads.
 TEST(GroupedQueryAttentionTest, Bf16KernelsAreMultiHeadOverRepeatedHeads) {
   if (!CpuHasBf16()) GTEST_SKIP() << kNoBf16;
-  const GroupedProblem p(/*B=*/2, /*T=*/70, /*NH=*/4, /*KVH=*/2, /*hs=*/8, 47);
-  const int64_t n = int64_t{p.B} * p.T * p.C;
-  const std::vector<float> full = ToFloat(p.full), grouped = ToFloat(p.grouped),
-                           dout = ToFloat(p.dout);
-  std::vector<float> att((int64_t{p.B} * p.NH * p.T * p.T + 1) / 2),
-      att_g(att.size()), want(n), got(n);
-  attention_forward_bf16(want.data(), att.data(), full.data(), p.B, p.T, p.C,
-                         p.NH, p.NH);
-  attention_forward_bf16(got.data(), att_g.data(), grouped.data(), p.B, p.T,
-                         p.C, p.NH, p.KVH);
-  EXPECT_EQ(got, want);
-  EXPECT_EQ(att_g, att);
-  std::vector<float> dfull(full.size(), 0.0f), dg(grouped.size(), 0.0f);
-  attention_backward_bf16(dfull.data(), nullptr, dout.data(), full.data(),
-                          att.data(), p.B, p.T, p.C, p.NH, p.NH);
-  attention_backward_bf16(dg.data(), nullptr, dout.data(), grouped.data(),
-                          att.data(), p.B, p.T, p.C, p.NH, p.KVH);
-  const Vec sum = p.Sum(Vec(dfull.begin(), dfull.end()));
-  for (size_t i = 0; i < dg.size(); ++i) {
-    ASSERT_NEAR(dg[i], sum[i], 1e-6 * (1 + std::fabs(sum[i]))) << i;
+  const int saved = omp_get_max_threads();
+  for (int B : {1, 2}) {
+    for (int KVH : {1, 2}) {
+      const GroupedProblem p(B, /*T=*/130, /*NH=*/4, KVH, /*hs=*/8, 47 + KVH);
+      const int64_t n = int64_t{p.B} * p.T * p.C;
+      const std::vector<float> full = ToFloat(p.full),
+                               grouped = ToFloat(p.grouped),
+                               dout = ToFloat(p.dout);
+      std::vector<float> dg_one;
+      for (int threads : {1, 2, 3}) {
+        SCOPED_TRACE(::testing::Message() << "B " << B << " KVH " << KVH << ", "
+                                          << threads << " threads");
+        omp_set_num_threads(threads);
+        std::vector<float> att((int64_t{p.B} * p.NH * p.T * p.T + 1) / 2),
+            att_g(att.size()), want(n), got(n);
+        attention_forward_bf16(want.data(), att.data(), full.data(), p.B, p.T,
+                               p.C, p.NH, p.NH);
+        attention_forward_bf16(got.data(), att_g.data(), grouped.data(), p.B,
+                               p.T, p.C, p.NH, p.KVH);
+        EXPECT_EQ(got, want);
+        EXPECT_EQ(att_g, att);
+        std::vector<float> dfull(full.size(), 0.0f), dg(grouped.size(), 0.0f);
+        attention_backward_bf16(dfull.data(), nullptr, dout.data(), full.data(),
+                                att.data(), p.B, p.T, p.C, p.NH, p.NH);
+        attention_backward_bf16(dg.data(), nullptr, dout.data(), grouped.data(),
+                                att.data(), p.B, p.T, p.C, p.NH, p.KVH);
+        const Vec sum = p.Sum(Vec(dfull.begin(), dfull.end()));
+        for (size_t i = 0; i < dg.size(); ++i) {
+          ASSERT_NEAR(dg[i], sum[i], 1e-6 * (1 + std::fabs(sum[i]))) << i;
+        }
+        if (dg_one.empty()) dg_one = dg;
+        EXPECT_EQ(dg, dg_one);
+      }
+    }
   }
+  omp_set_num_threads(saved);
 }
 
 TEST(GroupedQueryAttentionTest, DecodeCachesEachKeyValueHeadOnce) {
