@@ -176,6 +176,22 @@ int GroupHeads(int B, int NH, int span) {
   return 1;
 }
 
+// Unit u of g query heads a sequence: its sequence b, first head h0, and
+// the offsets of its query rows and of its key/value head's key rows (its
+// values a.K() further) in the (B,T,R) rows.
+struct Unit {
+  int64_t b;
+  int h0;
+  int64_t q, k;
+};
+Unit UnitAt(int64_t u, int g, int T, const math::AttentionHeads& a) {
+  const int units = a.NH / g;
+  const int64_t b = u / units;
+  const int h0 = static_cast<int>(u % units) * g;
+  const int64_t seq = b * T * a.row();
+  return {b, h0, seq + a.q(h0), seq + a.k(a.Kv(h0))};
+}
+
 }  // namespace
 
 void attention_forward_bf16(float* out, float* att, const float* inp, int B,
@@ -191,10 +207,9 @@ void attention_forward_bf16(float* out, float* att, const float* inp, int B,
   internal::RoundRowsToBf16(rows, inp, int64_t{B} * T, R, R);
 #pragma omp parallel for schedule(static)
   for (int64_t u = 0; u < int64_t{B} * units; ++u) {
-    const int64_t b = u / units;
-    const int h0 = static_cast<int>(u % units) * g;
-    const uint16_t* q = rows + b * T * R + a.q(h0);
-    const uint16_t* k = rows + b * T * R + a.k(a.Kv(h0));
+    const auto [b, h0, q_at, k_at] = UnitAt(u, g, T, a);
+    const uint16_t* q = rows + q_at;
+    const uint16_t* k = rows + k_at;
     const uint16_t* v = k + a.K();
     uint16_t* p = probs + (b * NH + h0) * T * T;
     float* scores = Scratch<float>(1, int64_t{g} * kTile * T);
@@ -241,10 +256,9 @@ void attention_backward_bf16(float* dinp, float* datt, const float* dout,
   const int tiles = (T + kTile - 1) / kTile;
 #pragma omp parallel for schedule(static)
   for (int64_t u = 0; u < int64_t{B} * units; ++u) {
-    const int64_t b = u / units;
-    const int h0 = static_cast<int>(u % units) * g;
-    const uint16_t* q = rows + b * T * R + a.q(h0);
-    const uint16_t* k = rows + b * T * R + a.k(a.Kv(h0));
+    const auto [b, h0, q_at, k_at] = UnitAt(u, g, T, a);
+    const uint16_t* q = rows + q_at;
+    const uint16_t* k = rows + k_at;
     const uint16_t* v = k + a.K();
     const uint16_t* d_y = dy + b * T * C + a.q(h0);
     const uint16_t* p = probs + (b * NH + h0) * T * T;
@@ -252,8 +266,8 @@ void attention_backward_bf16(float* dinp, float* datt, const float* dout,
     // rounded, (g,T,T).
     float* dprobs = Scratch<float>(1, int64_t{g} * kTile * T);
     uint16_t* ds = Scratch<uint16_t>(2, int64_t{g} * T * T);
-    float* dq = dinp + b * T * R + a.q(h0);
-    float* dk = dinp + b * T * R + a.k(a.Kv(h0));
+    float* dq = dinp + q_at;
+    float* dk = dinp + k_at;
     float* dv = dk + a.K();
     for (int i = 0; i < tiles; ++i) {
       const int t0 = i * kTile, t1 = std::min(T, t0 + kTile);
