@@ -2566,11 +2566,13 @@ TEST_F(NodesTest, ANewNodeTakesNoJobUntilAnOperatorApprovesIt) {
   std::this_thread::sleep_for(std::chrono::seconds(3));
   EXPECT_EQ(State(id), "JOB_STATE_QUEUED");
   EXPECT_EQ(Get(id)["job"].value("attempts", 0), 0);
-  // Kept across a restart; the daemon comes back still waiting.
+  // Kept across a restart; the daemon comes back still waiting. Its
+  // registration time is read before the restart: the daemon may register
+  // again before the restarted coordinator is first asked.
+  const int64_t before = Int(Nodes()["node-a"], "registered_unix_ms");
   StopCoordinator(SIGKILL);
   StartCoordinator("127.0.0.1" + port_, flags);
   EXPECT_TRUE(Nodes()["node-a"].value("pending_approval", false));
-  const int64_t before = Int(Nodes()["node-a"], "registered_unix_ms");
   ASSERT_TRUE(WaitFor(
       [&] {
         const json n = Nodes()["node-a"];
