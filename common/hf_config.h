@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/hf_tokenizer_export.h"
 #include "ptrain/v1/job.pb.h"
 
 namespace ptrain {
@@ -31,12 +32,6 @@ struct HfConfig {
 // the key and the rule.
 absl::StatusOr<HfConfig> ParseHfConfig(std::string_view json,
                                        absl::string_view where);
-
-// The ids of the tokens a model's text begins and ends with, as
-// config.json gives them (bos_token_id, eos_token_id); -1: not given.
-struct HfTokenIds {
-  int bos = -1, eos = -1;
-};
 
 // The config.json of `model` (arch gpt or llama; block_size as the
 // maximum positions), as `ptworker export --hf` writes it; `torch_dtype`

@@ -138,15 +138,21 @@ std::string Gpt2TokenizerJson() {
   return tokenizer.dump(2) + "\n";
 }
 
-absl::StatusOr<std::vector<HfFile>> HfTokenizerFiles(
-    absl::string_view name, int max_length, absl::string_view field,
-    const ReadFile& read_file) {
+absl::StatusOr<std::vector<HfFile>> HfTokenizerFiles(absl::string_view name,
+                                                     int max_length,
+                                                     absl::string_view field,
+                                                     const ReadFile& read_file,
+                                                     HfTokenIds* ids) {
+  const bool want_ids = ids != nullptr;
+  HfTokenIds unused;
+  if (!want_ids) ids = &unused;
   const auto read = [&](const std::string& path,
                         size_t limit) -> absl::StatusOr<std::string> {
     if (read_file) return read_file(path);
     return ReadBoundedFile(field, path, limit);
   };
   if (name == "gpt2") {
+    *ids = {Gpt2Bpe::kEndOfText, Gpt2Bpe::kEndOfText};
     return std::vector<HfFile>{
         {"tokenizer.json", Gpt2TokenizerJson()},
         {"tokenizer_config.json", Gpt2Config(max_length)}};
@@ -160,6 +166,16 @@ absl::StatusOr<std::vector<HfFile>> HfTokenizerFiles(
     const std::string path = HfTokenizerFile(name.substr(3));
     auto text = read(path, kMaxTokenizerJsonBytes);
     if (!text.ok()) return text.status();
+    // Its end of text as the tokenizer reads it, from the text read here
+    // (only when asked: the files themselves are copied as they are).
+    if (want_ids) {
+      auto tokenizer = OpenTokenizer(
+          name, field, [&](const std::string&) -> absl::StatusOr<std::string> {
+            return *text;
+          });
+      if (!tokenizer.ok()) return tokenizer.status();
+      *ids = {-1, (*tokenizer)->end_of_text()};
+    }
     std::vector<HfFile> files = {{"tokenizer.json", std::move(*text)}};
     const std::string config =
         (std::filesystem::path(path).parent_path() / "tokenizer_config.json")
@@ -183,6 +199,7 @@ absl::StatusOr<std::vector<HfFile>> HfTokenizerFiles(
         absl::StrCat(field, ": spm:", path,
                      ": not a SentencePiece model that loads (", error, ")"));
   }
+  *ids = {model->begin_of_sentence(), model->end_of_sentence()};
   std::string config = SentencePieceConfig(*model, max_length);
   return std::vector<HfFile>{{"tokenizer.model", std::move(*bytes)},
                              {"tokenizer_config.json", std::move(config)}};

@@ -17,6 +17,12 @@
 
 namespace ptrain {
 
+// The ids of the tokens a model's text begins and ends with, as
+// config.json gives them (bos_token_id, eos_token_id); -1: not given.
+struct HfTokenIds {
+  int bos = -1, eos = -1;
+};
+
 // One file of the folder: its name there and its bytes.
 struct HfFile {
   std::string name;
@@ -46,10 +52,14 @@ std::string Gpt2TokenizerJson();
 // positions). Files are read through `read_file` (null: read directly;
 // NotFound for the tokenizer_config.json beside a tokenizer.json means
 // there is none). Errors name `field`; InvalidArgument for another name or
-// a SentencePiece model that does not load.
+// a SentencePiece model that does not load. `ids`, when given, receives
+// the tokenizer's special ids from the files as read (a tokenizer.json is
+// then opened as `hf:` opens it, and its errors returned): gpt2's <|endoftext|>
+// as bos and eos (as GPT-2's published configuration has them), a
+// SentencePiece model's <s> and </s>, a tokenizer.json's end of text.
 absl::StatusOr<std::vector<HfFile>> HfTokenizerFiles(
     absl::string_view name, int max_length, absl::string_view field,
-    const ReadFile& read_file = nullptr);
+    const ReadFile& read_file = nullptr, HfTokenIds* ids = nullptr);
 
 }  // namespace ptrain
 

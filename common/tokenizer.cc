@@ -32,7 +32,6 @@ class Gpt2Tokenizer : public Tokenizer {
   Gpt2Tokenizer() : bpe_(Gpt2Bpe::Builtin()) {}
   int size() const override { return Gpt2Bpe::kVocabSize; }
   int32_t end_of_text() const override { return Gpt2Bpe::kEndOfText; }
-  int32_t begin_of_text() const override { return Gpt2Bpe::kEndOfText; }
   std::vector<int32_t> Encode(std::string_view text) const override {
     // Words this thread merged, for the one vocabulary compiled in (the
     // cache bounds itself).
@@ -74,7 +73,6 @@ class SentencePieceTokenizer : public Tokenizer {
   }
   int size() const override { return sp_->size(); }
   int32_t end_of_text() const override { return sp_->end_of_sentence(); }
-  int32_t begin_of_text() const override { return sp_->begin_of_sentence(); }
   std::vector<int32_t> Encode(std::string_view text) const override {
     const std::vector<int> ids = sp_->Encode(text);
     return std::vector<int32_t>(ids.begin(), ids.end());

@@ -32,10 +32,6 @@ class Tokenizer {
   // The id that separates documents (GPT-2's <|endoftext|>, a
   // SentencePiece model's end of sentence); -1 when there is none.
   virtual int32_t end_of_text() const { return -1; }
-  // The id a model's text begins with, where the tokenizer names one (a
-  // SentencePiece model's beginning of sentence; GPT-2's, as its published
-  // configuration has it, is its end of text); -1 when there is none.
-  virtual int32_t begin_of_text() const { return -1; }
   // The ids of `text`; safe to call from several threads at once.
   virtual std::vector<int32_t> Encode(std::string_view text) const = 0;
   // The text of `ids` (bytes, not always UTF-8: a sampled id may end in

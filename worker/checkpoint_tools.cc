@@ -255,15 +255,12 @@ int RunExportHf(const std::string& checkpoint, const std::string& out,
                                     " only decodes");
       } else {
         const std::string field = "--hf: the job's data.tokenizer";
-        auto files = HfTokenizerFiles(*name, meta.model.block_size, field,
-                                      fs->Reader(field, int64_t{1} << 30));
+        // Its special ids go into config.json (generation stops at eos).
+        auto files =
+            HfTokenizerFiles(*name, meta.model.block_size, field,
+                             fs->Reader(field, int64_t{1} << 30), &tokens);
         if (!files.ok()) return files.status();
         tokenizer_files = std::move(*files);
-        // Its special ids go into config.json (generation stops at eos).
-        auto tokenizer =
-            OpenTokenizer(*name, field, fs->Reader(field, int64_t{1} << 30));
-        if (!tokenizer.ok()) return tokenizer.status();
-        tokens = {(*tokenizer)->begin_of_text(), (*tokenizer)->end_of_text()};
       }
     }
     absl::Status s = ExportHf(**reader, meta.model, out, tokenizer_files, *fs,
