@@ -90,6 +90,18 @@ int KvHeads(const v1::ModelSpec& model) {
                                                           : model.n_head();
 }
 
+v1::MoeSpec MoeOf(const v1::ModelSpec& model) {
+  v1::MoeSpec moe = model.moe();
+  if (moe.experts() == 0) return v1::MoeSpec();
+  if (moe.top_k() == 0) moe.set_top_k(2);
+  if (moe.every() == 0) moe.set_every(1);
+  if (moe.expert_hidden() == 0) moe.set_expert_hidden(FfnHidden(model));
+  if (moe.router().empty()) moe.set_router("softmax");
+  if (!moe.has_aux_loss_coef()) moe.set_aux_loss_coef(0.01);
+  if (moe.balance().empty()) moe.set_balance("aux");
+  return moe;
+}
+
 int FfnHidden(const v1::ModelSpec& model) {
   const int64_t C = model.n_embd();
   if (model.arch() != "llama") return static_cast<int>(4 * C);
@@ -165,6 +177,7 @@ v1::JobSpec DefaultJobSpec() {
   model->set_init_from("");
   model->set_tie_embeddings(true);
   model->mutable_rope_scaling();  // present, as every section (all 0)
+  model->mutable_moe();
 
   v1::DataSpec* data = spec.mutable_data();
   data->set_path("");

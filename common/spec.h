@@ -97,6 +97,10 @@ bool TiesEmbeddings(const v1::ModelSpec& model);
 // multiple of multiple_of, 256 where 0). For arch gpt: n_head and 4C.
 int KvHeads(const v1::ModelSpec& model);
 int FfnHidden(const v1::ModelSpec& model);
+// model.moe with its defaults (docs/job-spec.md): top_k 2, every 1,
+// expert_hidden FfnHidden, router softmax, aux_loss_coef 0.01, balance
+// aux; all zero (experts 0) where the model has no experts.
+v1::MoeSpec MoeOf(const v1::ModelSpec& model);
 // arch llama's RMSNorm epsilon (1e-5 where 0), RoPE base (10000 where 0)
 // and Llama 3 scaling (factor as given, 0: none; low_freq_factor 1,
 // high_freq_factor 4, original_context 8192 where 0): the one place their

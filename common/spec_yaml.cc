@@ -107,6 +107,12 @@ void EmitMessage(const Message& msg, YAML::Emitter* out) {
   for (int i = 0; i < desc->field_count(); ++i) {
     const FieldDescriptor* f = desc->field(i);
     if (f->is_repeated()) continue;  // none in JobSpec; AssignNode refuses them
+    // An optional scalar left out stays out: its absence means a default
+    // of its own (model.moe.aux_loss_coef), not 0.
+    if (f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE &&
+        f->has_presence() && !refl->HasField(msg, f)) {
+      continue;
+    }
     *out << YAML::Key << f->name() << YAML::Value;
     switch (f->cpp_type()) {
       case FieldDescriptor::CPPTYPE_MESSAGE:

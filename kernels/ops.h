@@ -13,6 +13,8 @@
 #define PTRAIN_KERNELS_OPS_H_
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -303,6 +305,65 @@ class Ops {
                               int H) = 0;
   virtual void swiglu_backward(float* dgate_up, const float* dout,
                                ConstAct gate_up, int64_t rows, int H) = 0;
+  // Mixture-of-Experts routing and dispatch (kernels/cpu/kernels.h moe_*,
+  // where each is defined): fp32 tensors; int32 indices and counts in the
+  // backend's memory (AllocTokens'). The defaults stop the process: a
+  // backend without them is refused MoE jobs before they start.
+  virtual void moe_router_forward(int32_t* experts, float* weights,
+                                  float* scores, const float* logits,
+                                  const float* bias, int N, int E, int k,
+                                  math::RouterScore kind, bool normalize) {
+    Unsupported("moe_router_forward");
+  }
+  virtual void moe_router_backward(float* dlogits, const float* dweights,
+                                   const int32_t* experts, const float* scores,
+                                   int N, int E, int k, math::RouterScore kind,
+                                   bool normalize) {
+    Unsupported("moe_router_backward");
+  }
+  // The load-balancing loss of each run of `segment` tokens (N/segment of
+  // them, a sequence each), as moe_aux_loss: returns the sum of their
+  // values, on the host, and adds dloss times each one's gradient into
+  // dlogits (null: the values only).
+  virtual double moe_aux_loss(float* dlogits, const float* scores,
+                              const int32_t* experts, float coef, float dloss,
+                              int N, int segment, int E, int k,
+                              math::RouterScore kind) {
+    Unsupported("moe_aux_loss");
+  }
+  virtual double moe_z_loss(float* dlogits, const float* logits, float coef,
+                            float dloss, int N, int E) {
+    Unsupported("moe_z_loss");
+  }
+  // moe_dispatch_plan, its offsets also copied to host_offsets (E+1, host
+  // memory: the experts' matmuls are sized by them).
+  virtual int64_t moe_dispatch_plan(int32_t* slots, int32_t* order,
+                                    int32_t* counts, int32_t* offsets,
+                                    int32_t* host_offsets,
+                                    const int32_t* experts, int N, int k, int E,
+                                    int capacity, int segment) {
+    Unsupported("moe_dispatch_plan");
+  }
+  virtual void moe_permute_forward(float* out, const float* inp,
+                                   const int32_t* order, int M, int k, int C) {
+    Unsupported("moe_permute_forward");
+  }
+  virtual void moe_permute_backward(float* dinp, const float* dout,
+                                    const int32_t* slots, int N, int k, int C) {
+    Unsupported("moe_permute_backward");
+  }
+  virtual void moe_unpermute_forward(float* out, const float* inp,
+                                     const float* weights, const int32_t* slots,
+                                     int N, int k, int C) {
+    Unsupported("moe_unpermute_forward");
+  }
+  virtual void moe_unpermute_backward(float* dinp, float* dweights,
+                                      const float* dout, const float* inp,
+                                      const float* weights,
+                                      const int32_t* slots, int N, int k,
+                                      int C) {
+    Unsupported("moe_unpermute_backward");
+  }
   virtual void bias_forward(float* out, const float* bias, int64_t rows,
                             int OC) = 0;
   virtual void residual_forward(float* out, const float* inp1,
@@ -440,6 +501,14 @@ class Ops {
     for (int i = 0; i < n; ++i) {
       sums[runs[i].tag] += SumSquares(x + runs[i].begin, runs[i].count);
     }
+  }
+
+ protected:
+  // Stops the process: `op` is not on this backend.
+  [[noreturn]] void Unsupported(const char* op) const {
+    std::fprintf(stderr, "fatal: %s is not implemented on the %s backend\n", op,
+                 name().c_str());
+    std::abort();
   }
 };
 

@@ -157,6 +157,10 @@ PT_HD int ZigzagPosition(int t, int Tl, int cp, int rank) {
   return t < chunk ? rank * chunk + t : (2 * cp - 1 - rank) * chunk + t - chunk;
 }
 
+// A Mixture-of-Experts router's score of each expert: softmax over a
+// token's E logits, or the sigmoid of each logit on its own.
+enum class RouterScore { kSoftmax, kSigmoid };
+
 // Rotary positions (RoPE): the frequencies of a head of hs channels,
 // channel i < hs/2 paired with i + hs/2 ("rotate half") and turned by the
 // angle p·inv_freq(i) at position p. inv_freq(i) = theta^(-2i/hs); with a

@@ -368,9 +368,8 @@ void crossentropy_parallel_backward(F* dlogits, const F* probs,
 // token chooses (k <= E), C channels, and M the (token, choice) pairs kept
 // after capacity: M = N·k less the dropped. A pair (t, j) is indexed t·k + j.
 //
-// The router's score of each expert: softmax over the E logits of a token,
-// or the sigmoid of each logit on its own.
-enum class RouterScore { kSoftmax, kSigmoid };
+// The router's score of each expert: math::RouterScore.
+using math::RouterScore;
 
 // scores (N,E): each token's scores, saved for backward; experts (N,k): the
 // k experts of highest selection score s[e] + bias[e], highest first, ties
@@ -414,7 +413,8 @@ F moe_z_loss(F* dlogits, const F* logits, F coef, F dloss, int N, int E);
 // The dispatch plan of experts (N,k): the pairs in a stable order grouped
 // by expert (expert 0's first, each expert's in pair order, so in token
 // order), expert e's at [offsets[e], offsets[e+1]) of it. capacity > 0 keeps
-// at most that many pairs per expert, the first in token order, and drops
+// at most that many pairs per expert in each segment of `segment` tokens
+// (0: all N; it divides N), the segment's first in token order, and drops
 // the rest; 0 drops none. Writes counts (E): pairs kept per expert; offsets
 // (E+1): their running sum from 0, offsets[E] = M; slots (N,k): each pair's
 // position in the order, -1 when dropped; order (N·k): order[s] = the pair
@@ -422,7 +422,7 @@ F moe_z_loss(F* dlogits, const F* logits, F coef, F dloss, int N, int E);
 // Every expert index must lie in [0, E); N·k must fit int32.
 int64_t moe_dispatch_plan(int32_t* slots, int32_t* order, int32_t* counts,
                           int32_t* offsets, const int32_t* experts, int N,
-                          int k, int E, int capacity);
+                          int k, int E, int capacity, int segment = 0);
 
 // out (M,C) row s = inp (N,C) row of the token of pair order[s]: the
 // experts' input, packed in plan order.

@@ -217,20 +217,44 @@ F moe_z_loss(F* dlogits, const F* logits, F coef, F dloss, int N, int E) {
 // that expert's pairs in token order, so capacity keeps the first ones.
 int64_t moe_dispatch_plan(int32_t* slots, int32_t* order, int32_t* counts,
                           int32_t* offsets, const int32_t* experts, int N,
-                          int k, int E, int capacity) {
+                          int k, int E, int capacity, int segment) {
   const int64_t pairs = int64_t{N} * k;
   PT_CHECK(pairs <= INT32_MAX, "the dispatch plan's N·k fits int32");
   PT_CHECK(capacity >= 0, "an expert capacity is 0 (none) or positive");
+  if (segment <= 0) segment = N;
+  PT_CHECK(N % segment == 0, "capacity segments tile the tokens");
+  for (int64_t i = 0; i < pairs; i++) {
+    PT_CHECK(experts[i] >= 0 && experts[i] < E, "an expert index");
+  }
+  // kept[i]: pair i is within its expert's capacity in its segment (the
+  // segment's first `capacity` pairs naming the expert, in pair order).
+  std::vector<uint8_t> kept(pairs, 1);
+  if (capacity > 0) {
+    internal::ParallelFor(
+        N / segment,
+        [&](int64_t s0, int64_t s1) {
+          std::vector<int64_t> seen(E);
+          for (int64_t s = s0; s < s1; s++) {
+            std::fill(seen.begin(), seen.end(), 0);
+            const int64_t end = (s + 1) * segment * k;
+            for (int64_t i = s * segment * k; i < end; i++) {
+              kept[i] = seen[experts[i]]++ < capacity;
+            }
+          }
+        },
+        /*align=*/1);
+  }
   // Blocks of at least 1024 tokens, at most one per thread; the plan itself
   // is unique whatever the blocks.
   constexpr int64_t kMinBlockTokens = 1024;
   const int64_t blocks = std::max<int64_t>(
       1, std::min<int64_t>(omp_get_max_threads(), N / kMinBlockTokens));
   const int64_t block_tokens = (N + blocks - 1) / blocks;
-  // rank[b·E + e]: the pairs of expert e in blocks before b (after the scan).
+  // rank[b·E + e]: the kept pairs of expert e in blocks before b (after the
+  // scan).
   std::vector<int64_t> rank(blocks * E, 0);
-  // visit(i, r) for each pair i of each block, r its block's row of rank,
-  // the blocks over the thread team.
+  // visit(i, r) for each kept pair i of each block, r its block's row of
+  // rank, the blocks over the thread team.
   auto each_pair = [&](const auto& visit) {
     internal::ParallelFor(
         blocks,
@@ -239,15 +263,18 @@ int64_t moe_dispatch_plan(int32_t* slots, int32_t* order, int32_t* counts,
             int64_t* r = rank.data() + b * E;
             const int64_t end =
                 std::min<int64_t>(N, (b + 1) * block_tokens) * k;
-            for (int64_t i = b * block_tokens * k; i < end; i++) visit(i, r);
+            for (int64_t i = b * block_tokens * k; i < end; i++) {
+              if (kept[i]) {
+                visit(i, r);
+              } else {
+                slots[i] = -1;
+              }
+            }
           }
         },
         /*align=*/1);
   };
-  each_pair([&](int64_t i, int64_t* r) {
-    PT_CHECK(experts[i] >= 0 && experts[i] < E, "an expert index");
-    r[experts[i]]++;
-  });
+  each_pair([&](int64_t i, int64_t* r) { r[experts[i]]++; });
   offsets[0] = 0;
   for (int e = 0; e < E; e++) {
     int64_t total = 0;
@@ -256,19 +283,13 @@ int64_t moe_dispatch_plan(int32_t* slots, int32_t* order, int32_t* counts,
       rank[b * E + e] = total;
       total += n;
     }
-    counts[e] = static_cast<int32_t>(
-        capacity > 0 ? std::min<int64_t>(total, capacity) : total);
+    counts[e] = static_cast<int32_t>(total);
     offsets[e + 1] = offsets[e] + counts[e];
   }
   const int32_t M = offsets[E];
   each_pair([&](int64_t i, int64_t* r) {
-    const int e = experts[i];
-    const int64_t at = r[e]++;
-    if (capacity > 0 && at >= capacity) {
-      slots[i] = -1;
-      return;
-    }
-    const int32_t s = static_cast<int32_t>(offsets[e] + at);
+    const int32_t s =
+        static_cast<int32_t>(offsets[experts[i]] + r[experts[i]]++);
     slots[i] = s;
     order[s] = static_cast<int32_t>(i);
   });

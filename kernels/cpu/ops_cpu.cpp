@@ -389,6 +389,67 @@ class CpuBackend final : public Ops {
     }
     kernels::swiglu_forward(out, gate_up.f32(), rows, H);
   }
+  void moe_router_forward(int32_t* experts, float* weights, float* scores,
+                          const float* logits, const float* bias, int N, int E,
+                          int k, math::RouterScore kind,
+                          bool normalize) override {
+    kernels::moe_router_forward<float>(experts, weights, scores, logits, bias,
+                                       N, E, k, kind, normalize);
+  }
+  void moe_router_backward(float* dlogits, const float* dweights,
+                           const int32_t* experts, const float* scores, int N,
+                           int E, int k, math::RouterScore kind,
+                           bool normalize) override {
+    kernels::moe_router_backward<float>(dlogits, dweights, experts, scores, N,
+                                        E, k, kind, normalize);
+  }
+  double moe_aux_loss(float* dlogits, const float* scores,
+                      const int32_t* experts, float coef, float dloss, int N,
+                      int segment, int E, int k,
+                      math::RouterScore kind) override {
+    double sum = 0;
+    for (int t = 0; t < N; t += segment) {
+      const int64_t at = t;
+      sum += kernels::moe_aux_loss<float>(
+          dlogits != nullptr ? dlogits + at * E : nullptr, scores + at * E,
+          experts + at * k, coef, dloss, segment, E, k, kind);
+    }
+    return sum;
+  }
+  double moe_z_loss(float* dlogits, const float* logits, float coef,
+                    float dloss, int N, int E) override {
+    return kernels::moe_z_loss<float>(dlogits, logits, coef, dloss, N, E);
+  }
+  int64_t moe_dispatch_plan(int32_t* slots, int32_t* order, int32_t* counts,
+                            int32_t* offsets, int32_t* host_offsets,
+                            const int32_t* experts, int N, int k, int E,
+                            int capacity, int segment) override {
+    const int64_t dropped = kernels::moe_dispatch_plan(
+        slots, order, counts, offsets, experts, N, k, E, capacity, segment);
+    std::copy(offsets, offsets + E + 1, host_offsets);
+    return dropped;
+  }
+  void moe_permute_forward(float* out, const float* inp, const int32_t* order,
+                           int M, int k, int C) override {
+    kernels::moe_permute_forward<float>(out, inp, order, M, k, C);
+  }
+  void moe_permute_backward(float* dinp, const float* dout,
+                            const int32_t* slots, int N, int k,
+                            int C) override {
+    kernels::moe_permute_backward<float>(dinp, dout, slots, N, k, C);
+  }
+  void moe_unpermute_forward(float* out, const float* inp, const float* weights,
+                             const int32_t* slots, int N, int k,
+                             int C) override {
+    kernels::moe_unpermute_forward<float>(out, inp, weights, slots, N, k, C);
+  }
+  void moe_unpermute_backward(float* dinp, float* dweights, const float* dout,
+                              const float* inp, const float* weights,
+                              const int32_t* slots, int N, int k,
+                              int C) override {
+    kernels::moe_unpermute_backward<float>(dinp, dweights, dout, inp, weights,
+                                           slots, N, k, C);
+  }
   void swiglu_backward(float* dgate_up, const float* dout, ConstAct gate_up,
                        int64_t rows, int H) override {
     if (Bf16(gate_up)) {

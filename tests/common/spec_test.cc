@@ -178,7 +178,7 @@ TEST(ParseJobSpec, UnknownNestedKeyIsRefusedNamingTheDottedPath) {
                "n_layer, n_head, n_embd, block_size, vocab_size, "
                "init_from, tie_embeddings, n_kv_head, norm_eps, rope_theta, "
                "rope_scaling, ffn_hidden, multiple_of, "
-               "ffn_dim_multiplier (line 4, column 3)"));
+               "ffn_dim_multiplier, moe (line 4, column 3)"));
 }
 
 TEST(ParseJobSpec, DuplicateKeyIsRefused) {
@@ -327,6 +327,50 @@ TEST(ValidateJobSpec, MinimalSpecIsValid) { MustParse(kMinimal); }
 // arch llama: its fields take their defaults where 0, and are refused on
 // arch gpt; key/value heads divide the query heads, and tp divides them or
 // they divide tp; heads are of even size (rotary positions turn pairs).
+TEST(ValidateJobSpec, MoeFieldsTheirDefaultsAndRules) {
+  const v1::MoeSpec moe =
+      MoeOf(MustParse(kMinimal, {"model.moe.experts=8"}).model());
+  EXPECT_EQ(moe.top_k(), 2);
+  EXPECT_EQ(moe.every(), 1);
+  EXPECT_EQ(moe.expert_hidden(), 512);  // the dense MLP's: 4C
+  EXPECT_EQ(moe.router(), "softmax");
+  EXPECT_EQ(moe.aux_loss_coef(), 0.01);
+  EXPECT_EQ(moe.balance(), "aux");
+  EXPECT_EQ(MoeOf(MustParse(kMinimal, {"model.moe.experts=8",
+                                       "model.moe.aux_loss_coef=0"})
+                      .model())
+                .aux_loss_coef(),
+            0.0);
+  EXPECT_EQ(MoeOf(MustParse(kMinimal).model()).experts(), 0);
+  MustParse(kMinimal,
+            {"model.arch=llama", "model.moe.experts=4", "model.moe.top_k=4",
+             "model.moe.router=sigmoid", "model.moe.capacity_factor=1.25",
+             "model.moe.shared_experts=1", "parallel.tp=2"});
+  EXPECT_EQ(OverrideError({"model.moe.top_k=2"}),
+            "model.moe needs model.moe.experts >= 1 (every other model.moe "
+            "field applies to experts)");
+  EXPECT_EQ(OverrideError({"model.moe.experts=4", "model.moe.top_k=5"}),
+            "model.moe.top_k=5 is more than model.moe.experts=4");
+  EXPECT_EQ(
+      OverrideError({"model.moe.experts=4", "model.moe.capacity_factor=-1"}),
+      "model.moe.capacity_factor=-1 must be between 0 and 1000");
+  EXPECT_EQ(OverrideError({"model.moe.experts=4", "model.moe.router=tanh"}),
+            "model.moe.router='tanh' must be one of softmax, sigmoid");
+  EXPECT_EQ(OverrideError({"model.moe.experts=4", "model.moe.expert_hidden=6",
+                           "parallel.tp=4"}),
+            "parallel.tp=4 does not divide model.moe.expert_hidden=6 (each "
+            "expert is split over tp)");
+  EXPECT_EQ(OverrideError({"model.moe.experts=4", "model.moe.every=2"}),
+            "model.moe.every=2: MoE MLPs in only some blocks are not "
+            "supported yet; use 1 (every block)");
+  EXPECT_EQ(OverrideError({"model.moe.experts=4", "parallel.cp=2"}),
+            "parallel.cp=2 with model.moe: routing a sequence split over cp "
+            "ranks is not supported yet; use parallel.cp=1");
+  EXPECT_EQ(OverrideError({"model.moe.experts=4", "resources.device=cuda"}),
+            "model.moe with resources.device=cuda: the experts' CUDA kernels "
+            "are not written yet; use resources.device=cpu");
+}
+
 TEST(ValidateJobSpec, LlamaFieldsAndTheirRules) {
   const v1::JobSpec llama = MustParse(kMinimal, {"model.arch=llama"});
   EXPECT_EQ(KvHeads(llama.model()), 4);

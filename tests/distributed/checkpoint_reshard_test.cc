@@ -211,24 +211,17 @@ TEST_F(Reshard, EveryLayoutLoadsEveryLayoutsCheckpoint) {
   }
 }
 
-// A Llama's checkpoints between layouts that hold its key/value heads
-// differently: whole on one rank, split over tp 2, replicated over tp 4 (2
-// heads for 4 ranks), sharded by ZeRO-3 under tp 2 with SP, and in a
-// pipeline; each loads into every other and goes on as the single rank.
-TEST_F(Reshard, LlamaCheckpointsMoveBetweenSplitAndReplicatedKeyValueHeads) {
-  const std::vector<std::string> llama = {
-      "model.arch=llama", "model.n_kv_head=2", "model.ffn_hidden=72",
-      "model.tie_embeddings=false", "model.rope_theta=500000"};
-  const Layout layouts[] = {{"llama_single", 1, 0, 1, false},
-                            {"llama_tp2", 1, 0, 2, false},
-                            {"llama_tp4", 1, 0, 4, false},
-                            {"llama_dp2_tp2_zero3_sp", 2, 3, 2, true},
-                            {"llama_pp2", 1, 0, 1, false, 2}};
+// Each layout's checkpoint of the model `model` (overrides), saved at step
+// kSave, loads into every layout and goes on as the single rank (the
+// first layout) does.
+void EveryCheckpointResumesOnEveryLayout(const std::string& tag,
+                                         const std::vector<std::string>& model,
+                                         const std::vector<Layout>& layouts) {
   std::vector<float> ref;
-  const std::string root = Root() + "/llama";
+  const std::string root = Root() + "/" + tag;
   OnLayout(
       layouts[0], root + "/straight", "",
-      [&](Trainer& t) { ref = Steps(t, 0, kEnd); }, "40", llama);
+      [&](Trainer& t) { ref = Steps(t, 0, kEnd); }, "40", model);
   ref.resize(kEnd);
   MPI_Bcast(ref.data(), kEnd, MPI_FLOAT, 0, MPI_COMM_WORLD);
   for (const Layout& from : layouts) {
@@ -240,7 +233,7 @@ TEST_F(Reshard, LlamaCheckpointsMoveBetweenSplitAndReplicatedKeyValueHeads) {
           auto saved = t.checkpoints().SaveCheckpointAt(kSave);
           EXPECT_TRUE(saved.ok()) << saved.status();
         },
-        "40", llama);
+        "40", model);
     for (const Layout& to : layouts) {
       OnLayout(
           to, root + "/scratch", dir + "/step-0000000" + std::to_string(kSave),
@@ -258,9 +251,40 @@ TEST_F(Reshard, LlamaCheckpointsMoveBetweenSplitAndReplicatedKeyValueHeads) {
             }
             EXPECT_LE(diff, 1e-5) << from.name << " -> " << to.name;
           },
-          "40", llama);
+          "40", model);
     }
   }
+}
+
+// A Llama's checkpoints between layouts that hold its key/value heads
+// differently: whole on one rank, split over tp 2, replicated over tp 4 (2
+// heads for 4 ranks), sharded by ZeRO-3 under tp 2 with SP, and in a
+// pipeline.
+TEST_F(Reshard, LlamaCheckpointsMoveBetweenSplitAndReplicatedKeyValueHeads) {
+  EveryCheckpointResumesOnEveryLayout(
+      "llama",
+      {"model.arch=llama", "model.n_kv_head=2", "model.ffn_hidden=72",
+       "model.tie_embeddings=false", "model.rope_theta=500000"},
+      {{"llama_single", 1, 0, 1, false},
+       {"llama_tp2", 1, 0, 2, false},
+       {"llama_tp4", 1, 0, 4, false},
+       {"llama_dp2_tp2_zero3_sp", 2, 3, 2, true},
+       {"llama_pp2", 1, 0, 1, false, 2}});
+}
+
+// A Mixture-of-Experts model's checkpoints (its experts split over tp,
+// sharded by ZeRO, in pipeline stages), with a capacity that drops tokens,
+// optimizer state included.
+TEST_F(Reshard, MoeCheckpointsMoveBetweenLayouts) {
+  EveryCheckpointResumesOnEveryLayout(
+      "moe",
+      {"model.moe.experts=4", "model.moe.expert_hidden=24",
+       "model.moe.shared_experts=1", "model.moe.capacity_factor=1",
+       "model.moe.z_loss_coef=0.001"},
+      {{"moe_single", 1, 0, 1, false},
+       {"moe_tp2", 1, 0, 2, false},
+       {"moe_dp2_tp2_zero3_sp", 2, 3, 2, true},
+       {"moe_dp2_pp2_zero1", 2, 1, 1, false, 2}});
 }
 
 TEST_F(Reshard, ShardedLayoutReadsOnlyItsShare) {

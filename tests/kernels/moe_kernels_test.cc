@@ -384,17 +384,18 @@ struct Plan {
   int64_t dropped;
 };
 
-Plan MakePlan(const Ints& experts, int N, int k, int E, int capacity) {
+Plan MakePlan(const Ints& experts, int N, int k, int E, int capacity,
+              int segment = 0) {
   Plan p{Ints(N * k, -7), Ints(N * k, -7), Ints(E, -7), Ints(E + 1, -7), 0};
-  p.dropped =
-      moe_dispatch_plan(p.slots.data(), p.order.data(), p.counts.data(),
-                        p.offsets.data(), experts.data(), N, k, E, capacity);
+  p.dropped = moe_dispatch_plan(p.slots.data(), p.order.data(), p.counts.data(),
+                                p.offsets.data(), experts.data(), N, k, E,
+                                capacity, segment);
   return p;
 }
 
 // Every property the plan promises, checked from its definition.
 void ExpectPlanHolds(const Plan& p, const Ints& experts, int N, int k, int E,
-                     int capacity) {
+                     int capacity, int segment = 0) {
   const int pairs = N * k;
   const int M = p.offsets[E];
   EXPECT_EQ(p.offsets[0], 0);
@@ -427,10 +428,14 @@ void ExpectPlanHolds(const Plan& p, const Ints& experts, int N, int k, int E,
       }
     }
   }
-  // Of each expert's pairs in token order, the first `capacity` are kept.
+  // Of each expert's pairs of a segment in token order, the first
+  // `capacity` are kept.
   std::vector<int> taken(E, 0);
   int64_t dropped = 0;
   for (int i = 0; i < pairs; i++) {
+    if (segment > 0 && i % (segment * k) == 0) {
+      std::fill(taken.begin(), taken.end(), 0);
+    }
     const bool keep = capacity == 0 || taken[experts[i]]++ < capacity;
     EXPECT_EQ(p.slots[i] >= 0, keep) << "pair " << i;
     dropped += !keep;
@@ -484,17 +489,29 @@ TEST(MoeDispatchTest, CapacityDropsEachExpertsLaterTokens) {
   }
 }
 
+TEST(MoeDispatchTest, CapacityIsCountedInEachSegment) {
+  // Each sequence of 8 tokens keeps up to `capacity` of each expert's:
+  // more kept in all than one capacity over the whole batch.
+  constexpr int N = 48;
+  const Ints experts = RoutedExperts(N, kE, kK, 11);
+  const Plan whole = MakePlan(experts, N, kK, kE, 2);
+  const Plan seg = MakePlan(experts, N, kK, kE, 2, 8);
+  ExpectPlanHolds(seg, experts, N, kK, kE, 2, 8);
+  EXPECT_LT(seg.dropped, whole.dropped);
+  EXPECT_GT(seg.dropped, 0);
+}
+
 TEST(MoeDispatchTest, LongPlanHoldsAndIsTheSameWhateverTheThreadCount) {
   // Enough tokens for several blocks of the counting sort.
   constexpr int N = 5000, E = 16, k = 2;
   const Ints experts = RoutedExperts(N, E, k, 10);
   const int saved = omp_get_max_threads();
   omp_set_num_threads(1);
-  const Plan one = MakePlan(experts, N, k, E, 700);
-  ExpectPlanHolds(one, experts, N, k, E, 700);
+  const Plan one = MakePlan(experts, N, k, E, 70, 500);
+  ExpectPlanHolds(one, experts, N, k, E, 70, 500);
   for (int threads : {2, 3, 4}) {
     omp_set_num_threads(threads);
-    const Plan many = MakePlan(experts, N, k, E, 700);
+    const Plan many = MakePlan(experts, N, k, E, 70, 500);
     EXPECT_EQ(many.slots, one.slots) << threads << " threads";
     EXPECT_EQ(many.order, one.order) << threads << " threads";
     EXPECT_EQ(many.counts, one.counts) << threads << " threads";

@@ -839,6 +839,29 @@ TEST_F(CheckpointTest, ModelSettingThatShapesDoNotShowIsChecked) {
       << s;
 }
 
+// A Mixture-of-Experts checkpoint records its experts; a model with other
+// experts (or none) refuses it naming them, before any tensor's name.
+TEST_F(CheckpointTest, ACheckpointOfOtherExpertsIsRefusedNamingThem) {
+  const v1::JobSpec spec =
+      Spec(2, 0, {"model.moe.experts=4", "model.moe.expert_hidden=16"});
+  auto t = Make(spec);
+  ASSERT_TRUE(t->checkpoints().SaveCheckpointAt(0).ok());
+  auto reader = CheckpointReader::Open(StepDir(0));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_TRUE((*reader)
+                  ->CheckCompatible(t->model().config(), t->store().layout())
+                  .ok());
+  GptConfig other = t->model().config();
+  other.moe.experts = 8;
+  const absl::Status s = (*reader)->CheckCompatible(other, t->store().layout());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("model.moe.experts=4, shared_experts=0 and "
+                             "expert_hidden=16 in the checkpoint but 8, 0 "
+                             "and 16 in the model"),
+            std::string::npos)
+      << s;
+}
+
 // model.tie_embeddings=false: the head's own table is saved and resumed
 // with the rest, bit for bit; a tied model refuses the checkpoint (whose
 // tensors it would all find) and the untied one a tied checkpoint, naming

@@ -226,6 +226,32 @@ absl::Status CheckpointReader::LoadProgressAndModel(const json& m) {
     c.rope.low_freq_factor = static_cast<float>(low);
     c.rope.high_freq_factor = static_cast<float>(high);
   }
+  // Absent where the model has no experts.
+  if (s.ok() && (*model)->contains("moe")) {
+    auto moe = ObjectAt(**model, "model", "moe");
+    if (!moe.ok()) return Damaged(moe.status());
+    GptConfig::Moe& e = c.moe;
+    std::string router;
+    double capacity = 0, aux = 0, z = 0;
+    check(Int32(**moe, "model.moe", "experts", 1, 1 << 10, &e.experts));
+    check(Int32(**moe, "model.moe", "top_k", 1, e.experts, &e.top_k));
+    check(Int32(**moe, "model.moe", "shared_experts", 0, 64, &e.shared));
+    check(
+        Int32(**moe, "model.moe", "expert_hidden", 1, kMaxModelDim, &e.hidden));
+    check(String(**moe, "model.moe", "router", 16, &router));
+    check(Number(**moe, "model.moe", "capacity_factor", 0, 1e3, &capacity));
+    check(Number(**moe, "model.moe", "aux_loss_coef", 0, 1e3, &aux));
+    check(Number(**moe, "model.moe", "z_loss_coef", 0, 1e3, &z));
+    if (s.ok() && router != "softmax" && router != "sigmoid") {
+      return Damaged("model.moe.router=\"" + router +
+                     "\" is neither softmax nor sigmoid");
+    }
+    e.router = router == "sigmoid" ? kernels::math::RouterScore::kSigmoid
+                                   : kernels::math::RouterScore::kSoftmax;
+    e.capacity_factor = static_cast<float>(capacity);
+    e.aux_coef = static_cast<float>(aux);
+    e.z_coef = static_cast<float>(z);
+  }
   if (!s.ok()) return Damaged(s);
   return absl::OkStatus();
 }
@@ -354,6 +380,17 @@ absl::Status CheckpointReader::CheckOwnModel() const {
 
 absl::Status CheckpointReader::CheckCompatible(
     const GptConfig& model, const std::vector<ParamInfo>& layout) const {
+  // The experts first: their tensors' names say less.
+  const GptConfig::Moe &theirs = meta_.model.moe, &ours = model.moe;
+  if (theirs.experts != ours.experts || theirs.shared != ours.shared ||
+      theirs.hidden != ours.hidden) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint '", dir_, "' does not fit the model: model.moe.experts=",
+        theirs.experts, ", shared_experts=", theirs.shared,
+        " and expert_hidden=", theirs.hidden, " in the checkpoint but ",
+        ours.experts, ", ", ours.shared, " and ", ours.hidden,
+        " in the model"));
+  }
   for (const ParamInfo& p : layout) {
     for (const std::string& n :
          {p.name, ExpAvgName(p.name), ExpAvgSqName(p.name)}) {

@@ -74,6 +74,20 @@ json MetaToJson(const CheckpointMeta& m) {
                      {"high_freq_factor", c.rope.high_freq_factor},
                      {"original_context", c.rope.original_context}};
   }
+  if (m.model.has_moe()) {
+    const GptConfig::Moe& e = m.model.moe;
+    j["model"]["moe"] = {
+        {"experts", e.experts},
+        {"top_k", e.top_k},
+        {"shared_experts", e.shared},
+        {"expert_hidden", e.hidden},
+        {"router", e.router == kernels::math::RouterScore::kSigmoid
+                       ? "sigmoid"
+                       : "softmax"},
+        {"capacity_factor", e.capacity_factor},
+        {"aux_loss_coef", e.aux_coef},
+        {"z_loss_coef", e.z_coef}};
+  }
   // Every dimension of the mesh, 1 where meta does not give it.
   for (const MeshDimension& d : MeshDimensions()) {
     const std::string name(d.name);

@@ -294,6 +294,12 @@ absl::Status ExportHf(TensorSource& source, const GptConfig& config,
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": the weights are written in F32 or BF16"));
   }
+  if (config.has_moe()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field,
+        ": a Mixture-of-Experts model (model.moe) is not written in "
+        "a Hugging Face layout yet"));
+  }
   const std::vector<HfTensorName> names =
       HfTensorNames(config, config.arch == "gpt" ? "transformer." : "");
   // Shards in the tensors' order, each at most shard_bytes (a larger

@@ -20,6 +20,8 @@ StageActivationDims StageActivationDims::Of(const GptConfig& config, int max_B,
   const int64_t NHl = config.n_head / tp;
   d.Kl = int64_t{config.kv_heads_local(tp)} * (config.n_embd / config.n_head);
   d.Hl = config.hidden() / tp;
+  d.tp = tp;
+  d.moe = config.moe;
   d.Vl = config.padded_vocab / tp;
   d.BT = SatMul(max_B, max_T);
   d.BTs = SatMul(max_B, sp ? max_T / tp : max_T);

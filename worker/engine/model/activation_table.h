@@ -67,6 +67,8 @@ struct StageActivationDims {
   bool last = false;
   bool split = false;  // StageOptions::split_backward
   int cp = 1;          // StageOptions::cp's size: the ring's buffers
+  int tp = 1;
+  GptConfig::Moe moe;  // the model's experts (the MoE MLP's rows)
   // Elements of `rows` × `width` in the stored type, as floats.
   int64_t Stored(int64_t rows, int64_t width) const;
   static StageActivationDims Of(const GptConfig& config, int max_B, int max_T,

@@ -305,6 +305,7 @@ PartPass::Shared GptStage::Pass(int B, int T, const TpGroup& g) const {
   s.tp = g;
   s.cp = cp_;
   s.work = &work_;
+  s.losses = &part_losses_;
   s.act_div = act_div_;
   s.B = B;
   s.T = T;
@@ -442,6 +443,7 @@ void GptStage::BackwardPass(int slot, const int32_t* tokens,
   if (first()) st.BeginBackward(emb_unit_);
   PartPass::Shared pass = Pass(B, T, tp_);
   pass.split = split;
+  pass.dloss = dloss;
   if (last()) {
     HeadBackward(S, targets, dloss, pass);
   } else {

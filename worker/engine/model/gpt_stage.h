@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/spec.h"
@@ -117,6 +118,9 @@ class GptStage : private UnitStore {
   // probabilities, and Backward computes the gradient from them.
   float Forward(int slot, const int32_t* tokens, const float* hidden,
                 const int32_t* targets, int B, int T, float dloss = 0.0f);
+  // What the block parts' own losses added up to in the forwards since the
+  // last call (the MoE balance and z losses, microbatch means as Forward's).
+  double TakePartLosses() { return std::exchange(part_losses_, 0.0); }
   // Backward of the microbatch in `slot` (its Forward had targets on the
   // last stage). Last stage: `dloss` is 1/(tokens of the whole optimizer
   // step), the Forward's when it had one; other stages: `dout` (B,Ts,C)
@@ -292,7 +296,8 @@ class GptStage : private UnitStore {
   // Backward working set, shared by every slot and layer (the blocks'
   // BlockWork and the head's).
   BlockWork work_;
-  float* ce_stats_;  // (3,B,T)
+  mutable double part_losses_ = 0;  // PartPass::AddLoss's sum
+  float* ce_stats_;                 // (3,B,T)
   // Training's attention of every block over the whole sequence (ring
   // attention under cp), with the ring's buffers.
   AttentionCore attention_;

@@ -57,12 +57,13 @@ void ModelParts::AddPair(std::unique_ptr<NormPart> norm,
 
 namespace {
 
-const ModelParts* Gpt2(bool tied) {
+const ModelParts* Gpt2(bool tied, bool moe) {
   auto* p = new ModelParts();
   p->AddEmbedding(TokenEmbeddingPart());
   p->AddEmbedding(PositionEmbeddingPart());
   p->AddPair(LayerNormPart("ln_1", 0), MultiHeadAttentionPart());
-  p->AddPair(LayerNormPart("ln_2", 2), GeluMlpPart());
+  p->AddPair(LayerNormPart("ln_2", 2),
+             moe ? MoeMlpPart(/*swiglu=*/false) : GeluMlpPart());
   p->SetOutput(LayerNormPart("ln_f", 0),
                tied ? TiedHeadPart() : UntiedHeadPart());
   return p;
@@ -71,11 +72,12 @@ const ModelParts* Gpt2(bool tied) {
 // Llama: the token embedding (positions are rotary, inside attention);
 // per block RMSNorm, grouped-query attention, RMSNorm, a SwiGLU MLP; a
 // final RMSNorm and the head.
-const ModelParts* Llama(bool tied) {
+const ModelParts* Llama(bool tied, bool moe) {
   auto* p = new ModelParts();
   p->AddEmbedding(TokenEmbeddingPart());
   p->AddPair(RmsNormPart("ln_1", 0), GroupedQueryAttentionPart());
-  p->AddPair(RmsNormPart("ln_2", 2), SwigluMlpPart());
+  p->AddPair(RmsNormPart("ln_2", 2),
+             moe ? MoeMlpPart(/*swiglu=*/true) : SwigluMlpPart());
   p->SetOutput(RmsNormPart("ln_f", 0),
                tied ? TiedHeadPart() : UntiedHeadPart());
   return p;
@@ -84,21 +86,20 @@ const ModelParts* Llama(bool tied) {
 }  // namespace
 
 const ModelParts& Gpt2Parts() {
-  static const ModelParts* parts = Gpt2(/*tied=*/true);
+  static const ModelParts* parts = Gpt2(/*tied=*/true, /*moe=*/false);
   return *parts;
 }
 
 const ModelParts& ModelPartsOf(const GptConfig& config) {
   PT_CHECK(config.arch == "gpt" || config.arch == "llama",
            "a model.arch without parts");
-  if (config.arch == "llama") {
-    static const ModelParts* tied = Llama(/*tied=*/true);
-    static const ModelParts* untied = Llama(/*tied=*/false);
-    return config.tie_embeddings ? *tied : *untied;
-  }
-  if (config.tie_embeddings) return Gpt2Parts();
-  static const ModelParts* untied = Gpt2(/*tied=*/false);
-  return *untied;
+  // By arch (gpt, llama), tied head, MoE MLP.
+  static const ModelParts* const all[2][2][2] = {
+      {{Gpt2(false, false), Gpt2(false, true)},
+       {&Gpt2Parts(), Gpt2(true, true)}},
+      {{Llama(false, false), Llama(false, true)},
+       {Llama(true, false), Llama(true, true)}}};
+  return *all[config.arch == "llama"][config.tie_embeddings][config.has_moe()];
 }
 
 }  // namespace ptrain

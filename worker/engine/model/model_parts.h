@@ -181,15 +181,16 @@ const ModelParts& Gpt2Parts();
 // with an untied head where config.tie_embeddings is false); "llama" is
 // the token embedding, blocks of RMSNorm, grouped-query attention with
 // rotary positions, RMSNorm and a SwiGLU MLP, a final RMSNorm and the head
-// (tied or not). Another name
+// (tied or not). With config.moe's experts, the MLP is MoeMlpPart (GELU
+// experts for gpt, SwiGLU for llama). Another name
 // is a programming error (the spec was validated): PT_CHECK fails.
 const ModelParts& ModelPartsOf(const GptConfig& config);
 
 // What every attention part keeps: the attention's grouped qkv row
-// (B,T,Cl+2Kl; multi-head attention's 3Cl) and its output (B,T,Cl), in the stored type, and what attention
-// keeps for its backward (recomputed under selective recomputation); and
-// the FLOPs of its scores and mix a token (2·C·T multiply-adds each
-// forward, twice that backward).
+// (B,T,Cl+2Kl; multi-head attention's 3Cl) and its output (B,T,Cl), in the
+// stored type, and what attention keeps for its backward (recomputed under
+// selective recomputation); and the FLOPs of its scores and mix a token (2·C·T
+// multiply-adds each forward, twice that backward).
 std::vector<ActivationRow> AttentionRows(const StageActivationDims& d);
 double AttentionScoreFlops(const GptConfig& config, int T);
 
@@ -216,6 +217,10 @@ std::unique_ptr<SublayerPart> GeluMlpPart();
 std::unique_ptr<SublayerPart> GroupedQueryAttentionPart();
 // parts/swiglu_mlp.cc: mlp.gate_up_proj, mlp.down_proj (config.hidden()).
 std::unique_ptr<SublayerPart> SwigluMlpPart();
+// parts/moe_mlp.cc: mlp.router, mlp.experts.<e>.* and mlp.shared.* (the
+// dense MLP's tensors, without biases: SwiGLU's with `swiglu`, else GELU's),
+// config.moe's experts.
+std::unique_ptr<SublayerPart> MoeMlpPart(bool swiglu);
 
 }  // namespace ptrain
 

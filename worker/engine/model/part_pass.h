@@ -52,6 +52,12 @@ class PartPass {
     const BlockWork* work = nullptr;
     int64_t act_div = 1;  // stored elements per float (2: bf16 rows)
     int B = 0, T = 0;     // the microbatch (T: whole positions on this rank)
+    // The backward's gradient of the loss per token (what a part adds a
+    // loss of its own with, as the head's cross-entropy is added).
+    float dloss = 0.0f;
+    // Where a part adds the value of a loss of its own (a microbatch's mean,
+    // as the head's cross-entropy; null: nowhere).
+    double* losses = nullptr;
     int C = 0, Cl = 0, NHl = 0;
     // A split backward's input-gradient pass (B): the linear layers'
     // weight gradients wait for W, their output gradients stay in the
@@ -99,6 +105,10 @@ class PartPass {
   int Cl() const { return s_.Cl; }
   int NHl() const { return s_.NHl; }
   int64_t act_div() const { return s_.act_div; }
+  float dloss() const { return s_.dloss; }
+  void AddLoss(double v) const {
+    if (s_.losses != nullptr) *s_.losses += v;
+  }
   bool split() const { return s_.split; }
   bool selective() const { return s_.selective; }
   bool decoding() const { return s_.pos >= 0; }

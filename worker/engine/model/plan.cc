@@ -219,6 +219,8 @@ std::vector<ParamInfo> LayoutUnits(const std::vector<ParamInfo>& tensors,
       continue;
     }
     if (t.unit != global_unit) {
+      // A unit's tensors lie together (a part lists its own so).
+      PT_CHECK(t.unit > global_unit, "a unit's tensors are not contiguous");
       if (unit >= 0) close_unit();
       global_unit = t.unit;
       ++unit;

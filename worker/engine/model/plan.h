@@ -11,6 +11,7 @@
 #define PTRAIN_WORKER_ENGINE_MODEL_PLAN_H_
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -43,6 +44,22 @@ struct GptConfig {
   int n_kv_head = 0;  // 0: n_head
   kernels::math::Rope rope{};
   int ffn_hidden = 0;  // 0: 4·n_embd
+  // model.moe (MoeOf, common/spec.h): the MLP as `experts` routed experts
+  // of `hidden` channels each, top_k per token, and `shared` experts every
+  // token passes through (one MLP of shared·hidden); experts 0: dense.
+  struct Moe {
+    int experts = 0, top_k = 0, shared = 0, hidden = 0;
+    kernels::math::RouterScore router = kernels::math::RouterScore::kSoftmax;
+    float capacity_factor = 0, aux_coef = 0, z_coef = 0;
+    // The most of a sequence's T tokens an expert takes: ceil(capacity
+    // factor · T · top_k / experts); 0: no limit.
+    int Capacity(int T) const {
+      if (capacity_factor <= 0) return 0;
+      return static_cast<int>(std::ceil(static_cast<double>(capacity_factor) *
+                                        T * top_k / experts));
+    }
+  } moe;
+  bool has_moe() const { return moe.experts > 0; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int hidden() const { return ffn_hidden > 0 ? ffn_hidden : 4 * n_embd; }
   // The key and value heads a rank of tp computes with: its share where tp

@@ -29,6 +29,18 @@ GptConfig ModelConfig(const v1::JobSpec& spec, int vocab_size) {
     c.rope.high_freq_factor = static_cast<float>(r.high_freq_factor());
     c.rope.original_context = r.original_context();
   }
+  if (const v1::MoeSpec moe = MoeOf(m); moe.experts() > 0) {
+    c.moe.experts = moe.experts();
+    c.moe.top_k = moe.top_k();
+    c.moe.shared = moe.shared_experts();
+    c.moe.hidden = moe.expert_hidden();
+    c.moe.router = moe.router() == "sigmoid"
+                       ? kernels::math::RouterScore::kSigmoid
+                       : kernels::math::RouterScore::kSoftmax;
+    c.moe.capacity_factor = static_cast<float>(moe.capacity_factor());
+    c.moe.aux_coef = static_cast<float>(moe.aux_loss_coef());
+    c.moe.z_coef = static_cast<float>(moe.z_loss_coef());
+  }
   c.padded_vocab = PaddedVocab(vocab_size, JobLayout(spec).degree("tp"));
   return c;
 }

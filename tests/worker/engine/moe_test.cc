@@ -1,0 +1,267 @@
+// The Mixture-of-Experts MLP (parts/moe_mlp.cc) on one rank: its gradients
+// are the central differences of the whole objective (the cross-entropy
+// plus the balance and z losses the stage reports), for GELU and SwiGLU
+// experts, with shared experts, dropless and with a capacity that drops
+// tokens; one expert chosen by every token is the dense MLP.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "worker/engine/model/gpt_stage.h"
+#include "worker/engine/model/plan.h"
+#include "worker/engine/model/rng.h"
+
+namespace ptrain {
+namespace {
+
+constexpr int kB = 2, kT = 8;
+
+GptConfig MoeConfig(bool llama, float capacity_factor) {
+  GptConfig c;
+  c.n_layer = 1;
+  c.n_head = 2;
+  c.n_embd = 12;
+  c.block_size = kT;
+  c.vocab_size = 13;
+  c.padded_vocab = 128;
+  if (llama) {
+    c.arch = "llama";
+    c.ffn_hidden = 16;
+  }
+  c.moe.experts = 4;
+  c.moe.top_k = 2;
+  c.moe.shared = 1;
+  c.moe.hidden = 10;
+  c.moe.capacity_factor = capacity_factor;
+  c.moe.aux_coef = 0.1f;
+  c.moe.z_coef = 0.01f;
+  return c;
+}
+
+std::unique_ptr<GptStage> Stage(const GptConfig& c) {
+  StageOptions o;
+  o.max_B = kB;
+  o.max_T = kT;
+  return std::make_unique<GptStage>(c, BuildPlan(c, {}), o);
+}
+
+const ParamInfo& Tensor(const GptStage& s, const std::string& name) {
+  for (const ParamInfo& p : s.layout()) {
+    if (p.name == name) return p;
+  }
+  ADD_FAILURE() << "no tensor " << name;
+  return s.layout().front();
+}
+
+struct Batch {
+  std::vector<int32_t> in, tg;
+};
+Batch MakeBatch(const GptConfig& c) {
+  Batch b{std::vector<int32_t>(kB * kT), std::vector<int32_t>(kB * kT)};
+  for (int i = 0; i < kB * kT; ++i) {
+    b.in[i] = CounterRandom64(7, 1, i) % c.vocab_size;
+    b.tg[i] = CounterRandom64(7, 2, i) % c.vocab_size;
+  }
+  return b;
+}
+
+// The objective whose gradient Backward(dloss = 1) accumulates: B·T times
+// the mean cross-entropy plus the parts' losses.
+double Objective(GptStage& s, const Batch& b) {
+  const double ce = s.Forward(0, b.in.data(), nullptr, b.tg.data(), kB, kT);
+  return double{kB} * kT * (ce + s.TakePartLosses());
+}
+
+struct Case {
+  bool llama;
+  float capacity_factor;
+};
+
+class MoeGradient : public ::testing::TestWithParam<Case> {};
+
+TEST_P(MoeGradient, GradientsAreTheObjectivesCentralDifferences) {
+  const GptConfig c = MoeConfig(GetParam().llama, GetParam().capacity_factor);
+  auto stage = Stage(c);
+  stage->InitParams(5);
+  // Router logits far apart next to the steps below, so that a step never
+  // changes which experts a token chooses (the objective is not smooth
+  // there).
+  // The experts' weights larger too, for gradients well above the
+  // differences' rounding (SwiGLU's product of two small layers is tiny at
+  // initialisation).
+  for (const ParamInfo& p : stage->layout()) {
+    const bool router = p.name == "h.0.mlp.router.weight";
+    if (!router && p.name.find(".mlp.") == std::string::npos) continue;
+    for (int64_t i = 0; i < p.numel; ++i) {
+      stage->params()[p.offset + i] *= router ? 60 : 8;
+    }
+  }
+  const Batch b = MakeBatch(c);
+  stage->ZeroGrad();
+  Objective(*stage, b);
+  stage->Backward(0, b.in.data(), b.tg.data(), /*dloss=*/1.0f, nullptr);
+  const std::string first = c.arch == "llama" ? "gate_up_proj" : "c_fc";
+  const std::string second = c.arch == "llama" ? "down_proj" : "c_proj";
+  for (const std::string& name :
+       {std::string("mlp.router.weight"), "mlp.experts.0." + first + ".weight",
+        "mlp.experts.3." + second + ".weight",
+        "mlp.shared." + first + ".weight", "mlp.shared." + second + ".weight",
+        std::string("ln_2.weight")}) {
+    const ParamInfo& p = Tensor(*stage, "h.0." + name);
+    double err2 = 0, num2 = 0;
+    const int64_t stride = std::max<int64_t>(1, p.numel / 16);
+    for (int64_t i = 0; i < p.numel; i += stride) {
+      float* w = stage->params() + p.offset + i;
+      const float saved = *w;
+      const float h = 1e-2f * std::max(1.0f, std::fabs(saved));
+      *w = saved + h;
+      const double plus = Objective(*stage, b);
+      *w = saved - h;
+      const double minus = Objective(*stage, b);
+      *w = saved;
+      const double numeric = (plus - minus) / (2.0 * h);
+      const double analytic = stage->grads()[p.offset + i];
+      err2 += (analytic - numeric) * (analytic - numeric);
+      num2 += numeric * numeric;
+    }
+    const double rel = std::sqrt(err2 / num2);
+    std::printf("%-36s |numeric| %.3e  relative error %.3e\n", name.c_str(),
+                std::sqrt(num2), rel);
+    EXPECT_GT(num2, 1e-6) << name << ": no gradient to check";
+    EXPECT_LT(rel, 2e-2) << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Experts, MoeGradient,
+                         ::testing::Values(Case{false, 0.0f}, Case{true, 0.0f},
+                                           Case{false, 1.0f}, Case{true, 1.0f}),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return std::string(i.param.llama ? "SwiGLU"
+                                                            : "GELU") +
+                                  (i.param.capacity_factor > 0 ? "Capacity"
+                                                               : "Dropless");
+                         });
+
+// A capacity factor of 1 drops tokens here (the router's scores are
+// skewed by its scaled weights), and dropping changes the loss.
+TEST(MoeCapacity, ATightCapacityDropsTokensAndChangesTheLoss) {
+  auto loss = [](float capacity_factor) {
+    const GptConfig c = MoeConfig(false, capacity_factor);
+    auto stage = Stage(c);
+    stage->InitParams(5);
+    const ParamInfo& router = Tensor(*stage, "h.0.mlp.router.weight");
+    for (int64_t i = 0; i < router.numel; ++i) {
+      stage->params()[router.offset + i] *= 60;
+    }
+    return Objective(*stage, MakeBatch(c));
+  };
+  EXPECT_NE(loss(0.5f), loss(0.0f));
+  // A capacity no sequence reaches drops nothing.
+  EXPECT_EQ(loss(8.0f), loss(0.0f));
+}
+
+// Routing, capacity and the balance losses are per sequence: a batch in
+// two microbatches of one sequence accumulates the gradients of the batch
+// in one, and the same part losses, tokens dropped or not.
+TEST(MoeMlp, MicrobatchesAccumulateTheWholeBatch) {
+  for (float capacity_factor : {0.0f, 1.0f}) {
+    const GptConfig c = MoeConfig(true, capacity_factor);
+    auto whole = Stage(c), half = Stage(c);
+    whole->InitParams(3);
+    half->InitParams(3);
+    whole->ZeroGrad();
+    half->ZeroGrad();
+    const Batch b = MakeBatch(c);
+    const float dloss = 1.0f / (kB * kT);
+    const double l = Objective(*whole, b);
+    whole->Backward(0, b.in.data(), b.tg.data(), dloss, nullptr);
+    double l2 = 0;
+    for (int s = 0; s < kB; ++s) {
+      const int32_t* in = b.in.data() + s * kT;
+      const int32_t* tg = b.tg.data() + s * kT;
+      l2 += double{kT} *
+            (half->Forward(0, in, nullptr, tg, 1, kT) + half->TakePartLosses());
+      half->Backward(0, in, tg, dloss, nullptr);
+    }
+    EXPECT_NEAR(l, l2, 1e-4 * l);
+    double diff = 0, scale = 0;
+    for (int64_t i = 0; i < whole->buffer_size(); ++i) {
+      diff = std::max(diff,
+                      double{std::fabs(whole->grads()[i] - half->grads()[i])});
+      scale = std::max(scale, double{std::fabs(whole->grads()[i])});
+    }
+    EXPECT_GT(scale, 0.0);
+    EXPECT_LE(diff, 1e-5 * scale) << "capacity factor " << capacity_factor;
+  }
+}
+
+// One expert that every token chooses with weight 1 (softmax over one
+// logit), no shared experts and no balance losses, is the dense MLP: the
+// same loss and the same gradients, given the same weights.
+TEST(MoeMlp, OneExpertIsTheDenseMlp) {
+  for (bool llama : {false, true}) {
+    GptConfig moe = MoeConfig(llama, 0.0f);
+    moe.moe = {};
+    moe.moe.experts = 1;
+    moe.moe.top_k = 1;
+    GptConfig dense = moe;
+    dense.moe = {};
+    moe.moe.hidden = dense.hidden();
+    auto a = Stage(dense), e = Stage(moe);
+    a->InitParams(9);
+    e->InitParams(9);
+    const std::string first = llama ? "gate_up_proj" : "c_fc";
+    const std::string second = llama ? "down_proj" : "c_proj";
+    // Every tensor but the MLP's is named alike; the expert takes the
+    // dense MLP's weights.
+    for (const ParamInfo& p : e->layout()) {
+      std::string name = p.name;
+      const std::string expert = "mlp.experts.0.";
+      if (name.find("mlp.router") != std::string::npos) continue;
+      if (const size_t at = name.find(expert); at != std::string::npos) {
+        name.replace(at, expert.size(), "mlp.");
+      }
+      const ParamInfo& q = Tensor(*a, name);
+      ASSERT_EQ(q.numel, p.numel) << name;
+      std::copy(a->params() + q.offset, a->params() + q.offset + q.numel,
+                e->params() + p.offset);
+    }
+    const Batch b = MakeBatch(moe);
+    a->ZeroGrad();
+    e->ZeroGrad();
+    const float la = a->Forward(0, b.in.data(), nullptr, b.tg.data(), kB, kT);
+    const float le = e->Forward(0, b.in.data(), nullptr, b.tg.data(), kB, kT);
+    EXPECT_NEAR(le, la, 1e-6) << (llama ? "llama" : "gpt");
+    a->Backward(0, b.in.data(), b.tg.data(), 1.0f / (kB * kT), nullptr);
+    e->Backward(0, b.in.data(), b.tg.data(), 1.0f / (kB * kT), nullptr);
+    const ParamInfo& pe = Tensor(*e, "h.0.mlp.experts.0." + second + ".weight");
+    const ParamInfo& pa = Tensor(*a, "h.0.mlp." + second + ".weight");
+    const ParamInfo& we = Tensor(*e, "wte");
+    const ParamInfo& wa = Tensor(*a, "wte");
+    double diff = 0, scale = 0;
+    for (const auto& [x, y] : {std::pair{&pe, &pa}, std::pair{&we, &wa}}) {
+      for (int64_t i = 0; i < x->numel; ++i) {
+        const double g = a->grads()[y->offset + i];
+        diff = std::max(diff, std::fabs(e->grads()[x->offset + i] - g));
+        scale = std::max(scale, std::fabs(g));
+      }
+    }
+    EXPECT_GT(scale, 0.0);
+    EXPECT_LE(diff, 1e-5 * scale) << (llama ? "llama" : "gpt");
+    // The router's gradient is zero: one expert's score is 1 whatever it.
+    const ParamInfo& r = Tensor(*e, "h.0.mlp.router.weight");
+    for (int64_t i = 0; i < r.numel; ++i) {
+      EXPECT_EQ(e->grads()[r.offset + i], 0.0f);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ptrain
