@@ -387,6 +387,9 @@ std::vector<std::string> BaseOverrides(int n_layer, bool untied, bool llama,
 
 struct RunResult {
   std::vector<float> losses;
+  // Each step's token choices dropped past an expert's capacity, over the
+  // MoE layers and the global batch.
+  std::vector<double> dropped;
   std::map<std::string, std::vector<float>> params;  // by name, unpadded
 };
 
@@ -434,7 +437,15 @@ std::map<std::string, std::vector<float>> GlobalParams(Trainer& trainer,
 
 RunResult Train(Trainer& trainer, MPI_Comm comm, int steps) {
   RunResult r;
-  for (int s = 0; s < steps; ++s) r.losses.push_back(trainer.TrainStep(s).loss);
+  for (int s = 0; s < steps; ++s) {
+    const StepResult step = trainer.TrainStep(s);
+    r.losses.push_back(step.loss);
+    double dropped = 0;
+    for (const ExpertLoad::Layer& l : step.experts.layers) {
+      dropped += l.dropped;
+    }
+    r.dropped.push_back(dropped);
+  }
   r.params = GlobalParams(trainer, comm);
   return r;
 }
@@ -625,6 +636,11 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
         "maxdiff %.2e (%s); tolerance 1e-5%s\n",
         layout.name.c_str(), Device().c_str(), loss_diff, ref.losses.front(),
         ref.losses.back(), param_diff, worst.c_str(), twin_note.c_str());
+  }
+  // A capacity counted per sequence drops the same tokens on every layout.
+  EXPECT_EQ(got.dropped, ref.dropped) << layout.name;
+  if (layout.moe == "capacity") {
+    EXPECT_GT(ref.dropped.front(), 0) << "the capacity drops no token";
   }
   (*runs)[layout.name] = std::move(got);
   EXPECT_LE(loss_diff, 1e-5) << layout.name;

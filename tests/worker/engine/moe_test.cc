@@ -75,8 +75,9 @@ Batch MakeBatch(const GptConfig& c) {
 // The objective whose gradient Backward(dloss = 1) accumulates: B·T times
 // the mean cross-entropy plus the parts' losses.
 double Objective(GptStage& s, const Batch& b) {
+  s.part_stats().Clear();
   const double ce = s.Forward(0, b.in.data(), nullptr, b.tg.data(), kB, kT);
-  return double{kB} * kT * (ce + s.TakePartLosses());
+  return double{kB} * kT * (ce + s.part_stats().losses);
 }
 
 struct Case {
@@ -163,6 +164,23 @@ TEST(MoeCapacity, ATightCapacityDropsTokensAndChangesTheLoss) {
     return Objective(*stage, MakeBatch(c));
   };
   EXPECT_NE(loss(0.5f), loss(0.0f));
+  // The stage counts each layer's load: the tokens kept per expert and the
+  // choices dropped add up to the microbatch's choices.
+  const GptConfig c = MoeConfig(false, 0.5f);
+  auto stage = Stage(c);
+  stage->InitParams(5);
+  Objective(*stage, MakeBatch(c));
+  const PartStats& stats = stage->part_stats();
+  ASSERT_EQ(stats.tokens.size(), 1u);
+  const std::vector<double>& kept = stats.tokens.at(0);
+  ASSERT_EQ(kept.size(), 4u);
+  double sum = 0;
+  for (double n : kept) {
+    EXPECT_LE(n, kB * c.moe.Capacity(kT));
+    sum += n;
+  }
+  EXPECT_GT(stats.dropped.at(0), 0);
+  EXPECT_EQ(sum + stats.dropped.at(0), kB * kT * c.moe.top_k);
   // A capacity no sequence reaches drops nothing.
   EXPECT_EQ(loss(8.0f), loss(0.0f));
 }
@@ -186,8 +204,9 @@ TEST(MoeMlp, MicrobatchesAccumulateTheWholeBatch) {
     for (int s = 0; s < kB; ++s) {
       const int32_t* in = b.in.data() + s * kT;
       const int32_t* tg = b.tg.data() + s * kT;
-      l2 += double{kT} *
-            (half->Forward(0, in, nullptr, tg, 1, kT) + half->TakePartLosses());
+      half->part_stats().Clear();
+      const float ce = half->Forward(0, in, nullptr, tg, 1, kT);
+      l2 += double{kT} * (ce + half->part_stats().losses);
       half->Backward(0, in, tg, dloss, nullptr);
     }
     EXPECT_NEAR(l, l2, 1e-4 * l);

@@ -11,7 +11,7 @@ namespace ptrain {
 BlockStack::BlockStack(const ModelParts& parts, const GptConfig& config,
                        const std::vector<ParamInfo>& layout, int first_layer,
                        int n_blocks)
-    : parts_list_(parts), n_blocks_(n_blocks) {
+    : parts_list_(parts), first_layer_(first_layer), n_blocks_(n_blocks) {
   parts_ = static_cast<int>(parts.block.size());
   PT_CHECK(parts_ >= 2 && parts_ <= kMaxParts &&
                parts_ == 2 * static_cast<int>(parts.pairs.size()),
@@ -84,6 +84,8 @@ std::array<bool, BlockStack::kMaxRows> BlockStack::Deferred(const Rows& rows,
 void BlockStack::Forward(PartPass::Shared s, const Rows& rows, int b,
                          bool recomputing) const {
   s.kind = PartPass::Kind::kForward;
+  s.stats = &stats_;
+  s.layer = first_layer_ + b;
   const std::array<bool, kMaxRows> none{};
   const int pairs = parts_ / 2;
   float* proj = s.work->proj;
@@ -110,6 +112,8 @@ void BlockStack::Backward(PartPass::Shared s, const Rows& rows, int b,
                           bool recompute) const {
   if (recompute) Forward(s, rows, b, /*recomputing=*/true);
   s.kind = PartPass::Kind::kBackward;
+  s.stats = &stats_;
+  s.layer = first_layer_ + b;
   std::vector<std::function<void()>> after;
   s.after_block = &after;
   const Variant v = s.split ? kBackwardSplit : kBackward;
@@ -132,6 +136,8 @@ void BlockStack::BackwardWeights(PartPass::Shared s, const Rows& rows, int b,
                                  bool recompute) const {
   if (recompute) Forward(s, rows, b, /*recomputing=*/true);
   s.kind = PartPass::Kind::kWeights;
+  s.stats = &stats_;
+  s.layer = first_layer_ + b;
   const std::array<bool, kMaxRows> none{};
   for (int i = parts_ / 2 - 1; i >= 0; --i) {
     const auto [norm, sublayer] = parts_list_.pairs[i];

@@ -50,6 +50,8 @@ class BlockStack {
   // A split backward's W for local block b.
   void BackwardWeights(PartPass::Shared s, const Rows& rows, int b,
                        bool recompute) const;
+  // What the parts counted over the passes (PartStats), until cleared.
+  PartStats& stats() const { return stats_; }
 
  private:
   // Which of the pass's Begin/End calls reach the store.
@@ -66,7 +68,8 @@ class BlockStack {
   std::array<bool, kMaxRows> Deferred(const Rows& rows, int q) const;
 
   const ModelParts& parts_list_;
-  const int n_blocks_;
+  const int first_layer_, n_blocks_;
+  mutable PartStats stats_;
   int parts_ = 0, max_tensors_ = 0;
   std::vector<int> tensor_counts_;  // by block part
   std::vector<PartPass::Place> places_;

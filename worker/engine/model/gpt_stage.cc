@@ -305,7 +305,6 @@ PartPass::Shared GptStage::Pass(int B, int T, const TpGroup& g) const {
   s.tp = g;
   s.cp = cp_;
   s.work = &work_;
-  s.losses = &part_losses_;
   s.act_div = act_div_;
   s.B = B;
   s.T = T;

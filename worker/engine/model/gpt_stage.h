@@ -13,7 +13,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "common/spec.h"
@@ -118,9 +117,7 @@ class GptStage : private UnitStore {
   // probabilities, and Backward computes the gradient from them.
   float Forward(int slot, const int32_t* tokens, const float* hidden,
                 const int32_t* targets, int B, int T, float dloss = 0.0f);
-  // What the block parts' own losses added up to in the forwards since the
-  // last call (the MoE balance and z losses, microbatch means as Forward's).
-  double TakePartLosses() { return std::exchange(part_losses_, 0.0); }
+  PartStats& part_stats() const { return blocks_.stats(); }  // parts' counts
   // Backward of the microbatch in `slot` (its Forward had targets on the
   // last stage). Last stage: `dloss` is 1/(tokens of the whole optimizer
   // step), the Forward's when it had one; other stages: `dout` (B,Ts,C)
@@ -281,23 +278,20 @@ class GptStage : private UnitStore {
   // The tensors of each part before the blocks (the embeddings), which the
   // stage brackets with the embedding unit's Begin and End.
   std::vector<std::vector<PartPass::Place>> embed_places_;
-  int emb_unit_ = -1, final_unit_ = -1;
-  // The head's wte: emb_unit_ on a stage that embeds, else the tied copy in
-  // the final unit; the places of the head's and the final norm's tensors.
-  int head_unit_ = -1;
+  // Units: the embedding's, the final; the head's wte's (emb_unit_ where
+  // the stage embeds, else the final). The head's and final norm's places.
+  int emb_unit_ = -1, final_unit_ = -1, head_unit_ = -1;
   std::vector<PartPass::Place> head_places_, final_places_;
   // The blocks, part by part.
   BlockStack blocks_;
 
-  kernels::Buffer acts_;
-  kernels::Buffer kv_;  // generation's key/value cache (Decode)
+  kernels::Buffer acts_, kv_;  // kv_: generation's key/value cache
   int64_t acts_used_ = 0;
   std::vector<Slot> slots_;
   // Backward working set, shared by every slot and layer (the blocks'
   // BlockWork and the head's).
   BlockWork work_;
-  mutable double part_losses_ = 0;  // PartPass::AddLoss's sum
-  float* ce_stats_;                 // (3,B,T)
+  float* ce_stats_;  // (3,B,T)
   // Training's attention of every block over the whole sequence (ring
   // attention under cp), with the ring's buffers.
   AttentionCore attention_;

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -20,6 +21,16 @@
 #include "worker/engine/model/unit_store.h"
 
 namespace ptrain {
+
+// What the block parts count over the passes since the reader last cleared
+// it: their own losses' values (PartPass::AddLoss) and each MoE layer's
+// expert load (PartPass::AddLoad), by global layer.
+struct PartStats {
+  double losses = 0;
+  std::map<int, std::vector<double>> tokens;  // kept per expert
+  std::map<int, double> dropped;              // choices dropped
+  void Clear() { *this = PartStats(); }
+};
 
 // The working set every block pass shares (activation_table.h's
 // StageWorking), sized for the stage's largest microbatch.
@@ -55,9 +66,9 @@ class PartPass {
     // The backward's gradient of the loss per token (what a part adds a
     // loss of its own with, as the head's cross-entropy is added).
     float dloss = 0.0f;
-    // Where a part adds the value of a loss of its own (a microbatch's mean,
-    // as the head's cross-entropy; null: nowhere).
-    double* losses = nullptr;
+    // What the parts count (BlockStack's), and the block's layer.
+    PartStats* stats = nullptr;
+    int layer = -1;
     int C = 0, Cl = 0, NHl = 0;
     // A split backward's input-gradient pass (B): the linear layers'
     // weight gradients wait for W, their output gradients stay in the
@@ -106,9 +117,14 @@ class PartPass {
   int NHl() const { return s_.NHl; }
   int64_t act_div() const { return s_.act_div; }
   float dloss() const { return s_.dloss; }
+  // A loss of the part's own: its value, a microbatch's mean as the head's
+  // cross-entropy is.
   void AddLoss(double v) const {
-    if (s_.losses != nullptr) *s_.losses += v;
+    if (s_.stats != nullptr) s_.stats->losses += v;
   }
+  // An MoE layer's routing: `offsets` (E+1, host) of the tokens kept per
+  // expert, and the choices dropped.
+  void AddLoad(const int32_t* offsets, int E, int64_t dropped) const;
   bool split() const { return s_.split; }
   bool selective() const { return s_.selective; }
   bool decoding() const { return s_.pos >= 0; }
@@ -157,6 +173,15 @@ class PartPass {
   const bool* deferred_;
   const bool recomputing_;
 };
+
+inline void PartPass::AddLoad(const int32_t* offsets, int E,
+                              int64_t dropped) const {
+  if (s_.stats == nullptr) return;
+  std::vector<double>& tokens = s_.stats->tokens[s_.layer];
+  tokens.resize(E);
+  for (int e = 0; e < E; ++e) tokens[e] += offsets[e + 1] - offsets[e];
+  s_.stats->dropped[s_.layer] += static_cast<double>(dropped);
+}
 
 inline void PartPass::Begin(int i) const {
   if (!places_[i].begins) return;

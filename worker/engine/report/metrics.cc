@@ -162,8 +162,36 @@ absl::StatusOr<std::unique_ptr<RankMetrics>> RankMetrics::Start(
       "Steps found bad (train.anomaly) by kind: nan (a NaN or Inf loss or "
       "gradient norm) or spike (a loss above spike_factor times the median).",
       m->base_, "kind", {"nan", "spike"});
+  auto gauges = [&](const char* name, const char* help) {
+    return &p8s::BuildGauge().Name(name).Help(help).Register(reg);
+  };
+  m->moe_tokens_ = gauges("ptrain_moe_expert_tokens",
+                          "Tokens each expert of an MoE layer took in the "
+                          "last step, over the global batch.");
+  m->moe_imbalance_ = gauges("ptrain_moe_imbalance_ratio",
+                             "An MoE layer's busiest expert's tokens over "
+                             "the mean in the last step (1: even).");
+  m->moe_aux_ = gauges("ptrain_moe_aux_loss",
+                       "The MoE balance and z losses' value in the last step "
+                       "(added to the training loss).");
+  m->moe_dropped_ = counters("ptrain_moe_dropped_total",
+                             "Token choices an MoE layer dropped past an "
+                             "expert's capacity.");
   m->exposer_->RegisterCollectable(m->registry_);
   return m;
+}
+
+void RankMetrics::OnExperts(const ExpertLoad& load) {
+  for (const ExpertLoad::Layer& l : load.layers) {
+    const std::string layer = std::to_string(l.layer);
+    const auto at = With(base_, "layer", layer);
+    for (size_t e = 0; e < l.tokens.size(); ++e) {
+      moe_tokens_->Add(With(at, "expert", std::to_string(e))).Set(l.tokens[e]);
+    }
+    moe_imbalance_->Add(at).Set(l.imbalance());
+    moe_dropped_->Add(at).Increment(l.dropped);
+  }
+  moe_aux_->Add(base_).Set(load.aux_loss);
 }
 
 void RankMetrics::OnAnomaly(const std::string& kind) {

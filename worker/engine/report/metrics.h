@@ -21,6 +21,7 @@
 #include "prometheus/registry.h"
 #include "worker/engine/comm/comm.h"
 #include "worker/engine/model/gpt_stage.h"
+#include "worker/engine/report/expert_load.h"
 
 namespace ptrain {
 
@@ -75,6 +76,11 @@ class RankMetrics {
   // ptrain_anomalies_total{kind}: a bad step (train.anomaly), "nan" or
   // "spike", whatever was done about it.
   void OnAnomaly(const std::string& kind);
+  // A Mixture-of-Experts step: ptrain_moe_expert_tokens{layer,expert} (the
+  // step's tokens kept per expert), ptrain_moe_imbalance_ratio{layer}
+  // (busiest over mean), ptrain_moe_dropped_total{layer} and
+  // ptrain_moe_aux_loss. Set by the run's first rank only.
+  void OnExperts(const ExpertLoad& load);
   // Brings ptrain_comm_{seconds,bytes}_total up to `stats` (cumulative).
   void UpdateComm(const CommStats& stats);
 
@@ -103,6 +109,9 @@ class RankMetrics {
   std::map<std::pair<std::string, std::string>, CommStat> comm_seen_;
   prometheus::Counter* comm_exposed_ = nullptr;
   std::map<std::string, prometheus::Counter*> anomalies_;  // by kind
+  prometheus::Family<prometheus::Gauge>*moe_tokens_ = nullptr,
+  *moe_imbalance_ = nullptr, *moe_aux_ = nullptr;
+  prometheus::Family<prometheus::Counter>* moe_dropped_ = nullptr;
   double exposed_seen_ = 0.0;  // CommStats::ExposedSeconds already added
 };
 

@@ -163,15 +163,46 @@ absl::Status RunReport::Step(int64_t step, const StepResult& r,
         {"mfu", mfu},
         {"grad_norm", r.grad_norm},
         {"comm_exposed_ms", r.comm_exposed * 1e3}});
-  if (!options_.quiet &&
-      (step == 1 || step % train.log_every() == 0 || step == train.steps())) {
+  const bool logged =
+      step == 1 || step % train.log_every() == 0 || step == train.steps();
+  if (!options_.quiet && logged) {
     spdlog::info(
         "step {:>6}/{} | loss {:.6f} | lr {:.2e} | norm {:.3f} | {:.1f} ms | "
         "{:.0f} tok/s | MFU {:.1f}%",
         step, train.steps(), r.loss, r.lr, r.grad_norm, r.seconds * 1e3,
         tok_per_s, 100.0 * mfu);
   }
+  if (!r.experts.layers.empty()) Experts(step, r.experts, logged);
   return absl::OkStatus();
+}
+
+void RunReport::Experts(int64_t step, const ExpertLoad& load, bool logged) {
+  if (!log_rank()) return;  // every rank has the same figures
+  if (options_.metrics != nullptr) options_.metrics->OnExperts(load);
+  if (!logged) return;
+  nlohmann::json layers = nlohmann::json::array();
+  double dropped = 0, choices = 0, worst = 0;
+  int worst_layer = 0;
+  for (const ExpertLoad::Layer& l : load.layers) {
+    layers.push_back({{"layer", l.layer},
+                      {"tokens", l.tokens},
+                      {"dropped", l.dropped},
+                      {"imbalance", l.imbalance()}});
+    dropped += l.dropped;
+    for (double n : l.tokens) choices += n;
+    if (l.imbalance() > worst) worst = l.imbalance(), worst_layer = l.layer;
+  }
+  choices += dropped;
+  Emit({{"type", "experts"},
+        {"step", step},
+        {"aux_loss", load.aux_loss},
+        {"layers", std::move(layers)}});
+  if (options_.quiet) return;
+  spdlog::info(
+      "step {:>6} | experts: imbalance {:.2f} (layer {}) | dropped {:.0f} "
+      "({:.2f}%) | balance loss {:.5f}",
+      step, worst, worst_layer, dropped,
+      choices > 0 ? 100.0 * dropped / choices : 0.0, load.aux_loss);
 }
 
 void RunReport::Eval(int64_t step, float val_loss) {

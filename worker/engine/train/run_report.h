@@ -75,6 +75,9 @@ class RunReport {
 
  private:
   bool log_rank() const { return dims_->world_rank() == 0; }
+  // A Mixture-of-Experts step's load: metrics each step, the run log's
+  // experts record and a line on `logged` steps.
+  void Experts(int64_t step, const ExpertLoad& load, bool logged);
 
   const v1::JobSpec& spec_;
   const TrainerOptions& options_;

@@ -12,6 +12,7 @@
 #include "common/confined_fs.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/checkpoint/checkpoint.h"
+#include "worker/engine/report/expert_load.h"
 #include "worker/engine/report/metrics.h"
 #include "worker/engine/report/rank_step.h"
 
@@ -94,6 +95,7 @@ struct StepResult {
   // them, recorded once the GPU has passed them, so they may fall in a
   // later step's).
   double comm_exposed = 0.0;
+  ExpertLoad experts;  // a Mixture-of-Experts model's routing
 };
 
 }  // namespace ptrain

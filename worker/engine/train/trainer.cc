@@ -15,13 +15,12 @@
 #include "spdlog/spdlog.h"
 #include "worker/engine/model/flops.h"
 #include "worker/engine/parallel/memory_estimate.h"
+#include "worker/engine/train/expert_report.h"
 #include "worker/engine/train/rank_device.h"
 
 namespace ptrain {
 
-namespace {
 using Clock = std::chrono::steady_clock;
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const v1::JobSpec& spec, const TrainerOptions& options,
@@ -50,8 +49,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     }
   }
 
-  // More threads than any machine has cores is a mistake, and each one
-  // costs a stack.
+  // More threads than cores is a mistake, and each costs a stack.
   constexpr int kMaxThreadsPerRank = 1024;
   if (spec.resources().threads_per_rank() > kMaxThreadsPerRank) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -290,6 +288,7 @@ StepResult Trainer::TrainStep(int64_t step) {
   FlightRecorder* recorder = dims_->flight_recorder();
   if (recorder != nullptr) recorder->SetStep(step + 1);
   store_->BeginStep();
+  ClearExpertLoad(chunks_);
   auto t = Clock::now();
   feed_->FillStep(step);
   r.phases.data += SecondsSince(t);
@@ -303,6 +302,7 @@ StepResult Trainer::TrainStep(int64_t step) {
   if (Communicator* pp = dims_->pp_comm()) pp->AllReduce(&loss_sum, 1);
   r.loss = static_cast<float>(SumOverReplicas(loss_sum) /
                               (b.microbatches * b.replicas()));
+  r.experts = CollectExpertLoad(chunks_, *dims_, b);
   r.lr = LearningRate(spec_.train(), step);
   r.grad_norm = optimizer_->Step(static_cast<float>(r.lr)).grad_norm;
   r.phases.optimizer = SecondsSince(t);

@@ -250,6 +250,7 @@ class MoeMlp : public SublayerPart {
       Plan();
       ops_.moe_permute_forward(packed_, x_, route_.order, M(), k, C_);
       if (p_.recomputing() || p_.decoding()) return;
+      p_.AddLoad(offsets_.data(), E, dropped_);
       // The balance losses' values: the sequences' mean, the tokens'.
       double loss = 0;
       if (m_.aux_coef > 0) {
@@ -413,10 +414,10 @@ class MoeMlp : public SublayerPart {
     }
     void Plan() {
       offsets_.resize(m_.experts + 1);
-      ops_.moe_dispatch_plan(route_.slots, route_.order, route_.counts,
-                             route_.offsets, offsets_.data(), route_.experts,
-                             static_cast<int>(N_), m_.top_k, m_.experts,
-                             p_.decoding() ? 0 : m_.Capacity(T_), T_);
+      dropped_ = ops_.moe_dispatch_plan(
+          route_.slots, route_.order, route_.counts, route_.offsets,
+          offsets_.data(), route_.experts, static_cast<int>(N_), m_.top_k,
+          m_.experts, p_.decoding() ? 0 : m_.Capacity(T_), T_);
     }
     // The forward's plan's offsets, on the host.
     void ReadPlan() {
@@ -438,6 +439,7 @@ class MoeMlp : public SublayerPart {
     const int64_t N_, Hl_, Sl_;
     RouteRows route_;
     std::vector<int32_t> offsets_;
+    int64_t dropped_ = 0;
     float *x_, *partial_, *dout_, *packed_, *dpacked_, *dlogits_, *dweights_;
     float *act_, *dact_, *dhidden_, *dshared_;
   };

@@ -1,0 +1,48 @@
+#include "worker/engine/train/expert_report.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace ptrain {
+
+void ClearExpertLoad(const std::vector<std::unique_ptr<GptStage>>& chunks) {
+  for (const auto& chunk : chunks) chunk->part_stats().Clear();
+}
+
+ExpertLoad CollectExpertLoad(
+    const std::vector<std::unique_ptr<GptStage>>& chunks,
+    const ParallelDims& dims, const RankBuild& build) {
+  ExpertLoad out;
+  const GptConfig& c = build.model;
+  if (!c.has_moe()) return out;
+  const int L = c.n_layer, E = c.moe.experts;
+  // Per layer: E tokens, then dropped; then the losses.
+  const int64_t width = E + 1;
+  std::vector<double> all(L * width + 1, 0.0);
+  if (dims.tp_rank() == 0 && dims.cp_rank() == 0) {
+    for (const auto& chunk : chunks) {
+      const PartStats& s = chunk->part_stats();
+      for (const auto& [layer, tokens] : s.tokens) {
+        std::copy(tokens.begin(), tokens.end(), all.begin() + layer * width);
+      }
+      for (const auto& [layer, dropped] : s.dropped) {
+        all[layer * width + E] = dropped;
+      }
+      all[L * width] += s.losses;
+    }
+  }
+  if (Communicator* world = dims.world_comm()) {
+    world->AllReduce(all.data(), static_cast<int64_t>(all.size()));
+  }
+  for (int l = 0; l < L; ++l) {
+    ExpertLoad::Layer layer;
+    layer.layer = l;
+    layer.tokens.assign(all.begin() + l * width, all.begin() + l * width + E);
+    layer.dropped = all[l * width + E];
+    out.layers.push_back(std::move(layer));
+  }
+  out.aux_loss = all[L * width] / (build.microbatches * build.replicas());
+  return out;
+}
+
+}  // namespace ptrain
