@@ -1358,8 +1358,25 @@ TEST_F(DiagnoseTest, StoppedRankIsNamedLiveAndWhenTheHangEndsTheAttempt) {
   ASSERT_GT(victim, 0);
   ASSERT_EQ(kill(victim, SIGSTOP), 0);
   // Live: the running attempt's ranks are asked for dumps; rank 3 cannot
-  // answer, its process is in state T.
-  const json live = Diagnosis(id);
+  // answer, its process is in state T. The others may complete a call or
+  // two before they block on it: the analysis is taken once two in a row
+  // find them in the same calls (ptctl's text below must show those).
+  json live;
+  std::string seen;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        live = Diagnosis(id);
+        std::string where;
+        for (int r : {0, 1, 2}) {
+          if (live.contains("ranks") && live["ranks"].size() > 3) {
+            where += live["ranks"][r].value("where", "") + "\n";
+          }
+        }
+        const bool settled = !where.empty() && where == seen;
+        seen = where;
+        return settled;
+      },
+      60));
   EXPECT_EQ(live.value("culprits", json::array()), json::array({3}))
       << live.dump(1);
   EXPECT_EQ(RankState(live, 3), "stopped") << live.dump(1);
