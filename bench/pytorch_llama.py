@@ -1,9 +1,11 @@
 #!/usr/bin/python3
 """A Llama in PyTorch from the published formulas (RMSNorm, rotary positions
 with Llama 3's frequency scaling, grouped-query attention, SwiGLU), the
-reference ptrain's arch llama is checked against.
+reference ptrain's arch llama is checked against; with --experts, Mixtral's
+Mixture-of-Experts MLP (a softmax router, the top 2 experts' scores
+normalised to sum 1, SwiGLU experts), the reference of model.moe.
 
-    /usr/bin/python3 bench/pytorch_llama.py OUT_DIR [--rope-scaling]
+    /usr/bin/python3 bench/pytorch_llama.py OUT_DIR [--rope-scaling] [--experts E]
 
 writes a Hugging Face model folder of random weights (config.json,
 model.safetensors) of a 4-layer model (n_head 8, n_kv_head 2, untied head,
@@ -33,6 +35,7 @@ THETA = 500000.0
 HYPER = dict(lr=3e-3, min_lr=3e-4, warmup=2, steps=20, wd=0.1, clip=1.0,
              b1=0.9, b2=0.95, eps=1e-8)
 NORM_EPS = 1e-5
+TOP_K, EXPERT_H = 2, 48  # with --experts: experts a token, their width
 
 
 def write_safetensors(path, tensors):
@@ -79,7 +82,22 @@ def rotate(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def llama_forward(p, idx, targets, freqs):
+def moe_mlp(p, h, a, experts):
+    """Mixtral's sparse MLP: each token's top 2 experts by softmax score,
+    their outputs weighted by the two scores over their sum."""
+    probs = (a @ p[h + "block_sparse_moe.gate.weight"].T).softmax(dim=-1)
+    top, chosen = probs.topk(TOP_K, dim=-1)
+    weights = top / top.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(a)
+    for e in range(experts):
+        x = h + f"block_sparse_moe.experts.{e}."
+        w = (weights * (chosen == e)).sum(dim=-1, keepdim=True)
+        y = F.silu(a @ p[x + "w1.weight"].T) * (a @ p[x + "w3.weight"].T)
+        out = out + w * (y @ p[x + "w2.weight"].T)
+    return out
+
+
+def llama_forward(p, idx, targets, freqs, experts):
     hs = C // NH
     x = p["model.embed_tokens.weight"][idx]
     angle = torch.arange(T, dtype=torch.float32)[:, None] * freqs[None, :]
@@ -99,6 +117,9 @@ def llama_forward(p, idx, targets, freqs):
         y = (att @ v).transpose(1, 2).reshape(B, T, C)
         x = x + y @ p[h + "self_attn.o_proj.weight"].T
         a = rms_norm(x, p[h + "post_attention_layernorm.weight"])
+        if experts:
+            x = x + moe_mlp(p, h, a, experts)
+            continue
         g = F.silu(a @ p[h + "mlp.gate_proj.weight"].T) * (a @ p[h + "mlp.up_proj.weight"].T)
         x = x + g @ p[h + "mlp.down_proj.weight"].T
     logits = rms_norm(x, p["model.norm.weight"]) @ p["lm_head.weight"].T
@@ -109,7 +130,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--rope-scaling", action="store_true")
+    ap.add_argument("--experts", type=int, default=0)
     args = ap.parse_args()
+    experts = args.experts
     torch.set_num_threads(1)
     os.makedirs(args.out, exist_ok=True)
     scaling = ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -127,10 +150,18 @@ def main():
             h + "self_attn.k_proj.weight": (KVH * hs, C),
             h + "self_attn.v_proj.weight": (KVH * hs, C),
             h + "self_attn.o_proj.weight": (C, NH * hs),
-            h + "post_attention_layernorm.weight": (C,),
-            h + "mlp.gate_proj.weight": (H, C),
-            h + "mlp.up_proj.weight": (H, C),
-            h + "mlp.down_proj.weight": (C, H)})
+            h + "post_attention_layernorm.weight": (C,)})
+        if not experts:
+            shapes.update({h + "mlp.gate_proj.weight": (H, C),
+                           h + "mlp.up_proj.weight": (H, C),
+                           h + "mlp.down_proj.weight": (C, H)})
+            continue
+        shapes[h + "block_sparse_moe.gate.weight"] = (experts, C)
+        for e in range(experts):
+            x = h + f"block_sparse_moe.experts.{e}."
+            shapes.update({x + "w1.weight": (EXPERT_H, C),
+                           x + "w3.weight": (EXPERT_H, C),
+                           x + "w2.weight": (C, EXPERT_H)})
     weights = {}
     for name, shape in shapes.items():
         if len(shape) == 1:  # norms: around one
@@ -146,6 +177,12 @@ def main():
               "rms_norm_eps": NORM_EPS, "rope_theta": THETA,
               "rope_scaling": scaling, "hidden_act": "silu",
               "tie_word_embeddings": False, "torch_dtype": "float32"}
+    if experts:
+        config.update({"architectures": ["MixtralForCausalLM"],
+                       "model_type": "mixtral", "intermediate_size": EXPERT_H,
+                       "num_local_experts": experts,
+                       "num_experts_per_tok": TOP_K,
+                       "router_aux_loss_coef": 0.0, "sliding_window": None})
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
 
@@ -163,7 +200,7 @@ def main():
     losses = []
     for step in range(hp["steps"] + 1):
         opt.zero_grad()
-        loss = llama_forward(p, idx, tgt, freqs)
+        loss = llama_forward(p, idx, tgt, freqs, experts)
         losses.append(loss.item())
         if step == hp["steps"]:
             break
@@ -176,13 +213,15 @@ def main():
     hyper = [hp[k] for k in ("lr", "min_lr", "warmup", "steps", "wd", "clip",
                              "b1", "b2", "eps")]
     write_records(os.path.join(args.out, "reference.bin"), [
-        ("config", np.array([L, NH, KVH, C, H, V, B, T], dtype=np.float32)),
+        ("config", np.array([L, NH, KVH, C, EXPERT_H if experts else H, V, B,
+                             T], dtype=np.float32)),
         ("hyper", np.array(hyper)),
         ("inputs", idx.numpy().astype(np.float32)),
         ("targets", tgt.numpy().astype(np.float32)),
         ("losses", np.array(losses))])
     print(f"wrote {args.out}: losses {losses[0]:.6f} -> {losses[-1]:.6f}"
-          f"{' (rope scaling)' if scaling else ''}")
+          f"{' (rope scaling)' if scaling else ''}"
+          f"{f' ({experts} experts)' if experts else ''}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ using json = nlohmann::json;
 
 constexpr char kGpt2[] = "GPT2LMHeadModel";
 constexpr char kLlama[] = "LlamaForCausalLM";
+constexpr char kMixtral[] = "MixtralForCausalLM";
 
 absl::Status Bad(absl::string_view where, auto&&... parts) {
   return absl::InvalidArgumentError(absl::StrCat(where, ": ", parts...));
@@ -159,31 +160,72 @@ absl::StatusOr<HfConfig> Gpt2Config(const json& j, absl::string_view where) {
   return c;
 }
 
-absl::StatusOr<HfConfig> LlamaConfig(const json& j, absl::string_view where) {
-  int64_t L = 0, NH = 0, KVH = 0, C = 0, H = 0, P = 0, V = 0, head_dim = 0,
-          ptp = 0;
+// Llama 3's rope_scaling, where config.json has one, into m.
+absl::Status ReadRopeScaling(const json& j, absl::string_view where,
+                             v1::ModelSpec* m) {
+  const json* r = Get(j, "rope_scaling");
+  if (r == nullptr) return absl::OkStatus();
+  if (!r->is_object()) {
+    return Bad(where, "'rope_scaling' is ", r->type_name(),
+               ", not an object or null");
+  }
+  std::string type;
+  for (const char* key : {"rope_type", "type"}) {
+    if (const json* t = Get(*r, key); t != nullptr && type.empty()) {
+      type = Text(*t);
+    }
+  }
+  if (type != "llama3") {
+    return Bad(where, "'rope_scaling.rope_type'=", type,
+               ": only Llama 3's scaling (llama3) is implemented");
+  }
+  double factor = 0, low = 0, high = 0;
+  int64_t original = 0;
+  const std::string at = absl::StrCat(where, ": rope_scaling");
+  if (absl::Status s = First({
+          Number(*r, "factor", 1e-6, 1e6, -1, at, &factor),
+          Number(*r, "low_freq_factor", 1e-6, 1e6, 1, at, &low),
+          Number(*r, "high_freq_factor", 1e-6, 1e6, 4, at, &high),
+          Int(*r, "original_max_position_embeddings", 1, 1 << 24, -1, at,
+              &original),
+      });
+      !s.ok()) {
+    return s;
+  }
+  if (factor <= 0) return Bad(at, "'factor' is missing");
+  if (high <= low) {
+    return Bad(at, "'high_freq_factor'=", high,
+               " must be greater than low_freq_factor=", low);
+  }
+  v1::RopeScalingSpec* rs = m->mutable_rope_scaling();
+  rs->set_factor(factor);
+  rs->set_low_freq_factor(low);
+  rs->set_high_freq_factor(high);
+  rs->set_original_context(static_cast<int>(original));
+  return absl::OkStatus();
+}
+
+// What Llama and Mixtral share: the embedding, the attention, the norms and
+// rotary positions, the activation. The MLP's width is the caller's.
+absl::StatusOr<HfConfig> LlamaBody(const json& j, absl::string_view where) {
+  int64_t L = 0, NH = 0, KVH = 0, C = 0, P = 0, V = 0, head_dim = 0, ptp = 0;
   double eps = 0, theta = 0;
-  bool tie = false, attention_bias = false, mlp_bias = false;
+  bool tie = false, attention_bias = false;
   const json* a = Get(j, "hidden_act");
   const std::string act = a != nullptr ? Text(*a) : "silu";
   if (absl::Status s = First({
           Int(j, "num_hidden_layers", 1, 1 << 12, -1, where, &L),
           Int(j, "num_attention_heads", 1, 1 << 12, -1, where, &NH),
           Int(j, "hidden_size", 1, 1 << 17, -1, where, &C),
-          Int(j, "intermediate_size", 1, 1 << 20, -1, where, &H),
           Int(j, "max_position_embeddings", 1, 1 << 24, 2048, where, &P),
           Int(j, "vocab_size", 1, 1 << 24, 32000, where, &V),
           Number(j, "rms_norm_eps", 0, 1, 1e-6, where, &eps),
           Number(j, "rope_theta", 1, 1e12, 10000, where, &theta),
           Flag(j, "tie_word_embeddings", false, where, &tie),
           Flag(j, "attention_bias", false, where, &attention_bias),
-          Flag(j, "mlp_bias", false, where, &mlp_bias),
           Int(j, "pretraining_tp", 1, 1 << 12, 1, where, &ptp),
           Unsupported(j, "sliding_window", json(), "sliding-window attention",
                       where),
-          Unsupported(j, "num_local_experts", json(), "a mixture of experts",
-                      where),
-          Unsupported(j, "num_experts", json(), "a mixture of experts", where),
           Unsupported(j, "qk_norm", false, "query/key normalization", where),
       });
       !s.ok()) {
@@ -202,9 +244,10 @@ absl::StatusOr<HfConfig> LlamaConfig(const json& j, absl::string_view where) {
     return Bad(where, "'hidden_act'=", act,
                ": only SwiGLU's SiLU (silu) is implemented");
   }
-  if (attention_bias || mlp_bias) {
-    return Bad(where, attention_bias ? "'attention_bias'" : "'mlp_bias'",
-               "=true: biases in Llama's layers are not implemented");
+  if (attention_bias) {
+    return Bad(where,
+               "'attention_bias'=true: biases in Llama's layers are not "
+               "implemented");
   }
   if (ptp != 1) {
     return Bad(where, "'pretraining_tp'=", ptp,
@@ -226,51 +269,75 @@ absl::StatusOr<HfConfig> LlamaConfig(const json& j, absl::string_view where) {
   m.set_n_head(static_cast<int>(NH));
   m.set_n_kv_head(static_cast<int>(KVH));
   m.set_n_embd(static_cast<int>(C));
-  m.set_ffn_hidden(static_cast<int>(H));
   m.set_vocab_size(static_cast<int>(V));
   m.set_tie_embeddings(tie);
   m.set_norm_eps(eps);
   m.set_rope_theta(theta);
-  if (const json* r = Get(j, "rope_scaling")) {
-    if (!r->is_object()) {
-      return Bad(where, "'rope_scaling' is ", r->type_name(),
-                 ", not an object or null");
-    }
-    std::string type;
-    for (const char* key : {"rope_type", "type"}) {
-      if (const json* t = Get(*r, key); t != nullptr && type.empty()) {
-        type = Text(*t);
-      }
-    }
-    if (type != "llama3") {
-      return Bad(where, "'rope_scaling.rope_type'=", type,
-                 ": only Llama 3's scaling (llama3) is implemented");
-    }
-    double factor = 0, low = 0, high = 0;
-    int64_t original = 0;
-    const std::string at = absl::StrCat(where, ": rope_scaling");
-    if (absl::Status s = First({
-            Number(*r, "factor", 1e-6, 1e6, -1, at, &factor),
-            Number(*r, "low_freq_factor", 1e-6, 1e6, 1, at, &low),
-            Number(*r, "high_freq_factor", 1e-6, 1e6, 4, at, &high),
-            Int(*r, "original_max_position_embeddings", 1, 1 << 24, -1, at,
-                &original),
-        });
-        !s.ok()) {
-      return s;
-    }
-    if (factor <= 0) return Bad(at, "'factor' is missing");
-    if (high <= low) {
-      return Bad(at, "'high_freq_factor'=", high,
-                 " must be greater than low_freq_factor=", low);
-    }
-    v1::RopeScalingSpec* rs = m.mutable_rope_scaling();
-    rs->set_factor(factor);
-    rs->set_low_freq_factor(low);
-    rs->set_high_freq_factor(high);
-    rs->set_original_context(static_cast<int>(original));
-  }
+  if (absl::Status s = ReadRopeScaling(j, where, &m); !s.ok()) return s;
   c.max_positions = static_cast<int>(P);
+  return c;
+}
+
+absl::StatusOr<HfConfig> LlamaConfig(const json& j, absl::string_view where) {
+  absl::StatusOr<HfConfig> c = LlamaBody(j, where);
+  if (!c.ok()) return c;
+  int64_t H = 0;
+  bool mlp_bias = false;
+  if (absl::Status s = First({
+          Int(j, "intermediate_size", 1, 1 << 20, -1, where, &H),
+          Flag(j, "mlp_bias", false, where, &mlp_bias),
+          Unsupported(j, "num_local_experts", json(), "a mixture of experts",
+                      where),
+          Unsupported(j, "num_experts", json(), "a mixture of experts", where),
+      });
+      !s.ok()) {
+    return s;
+  }
+  if (mlp_bias) {
+    return Bad(where,
+               "'mlp_bias'=true: biases in Llama's layers are not implemented");
+  }
+  c->model.set_ffn_hidden(static_cast<int>(H));
+  return c;
+}
+
+// Mixtral: Llama's body with a Mixture-of-Experts MLP (softmax router, the
+// chosen scores normalised, no shared experts) of SwiGLU experts
+// intermediate_size wide.
+absl::StatusOr<HfConfig> MixtralConfig(const json& j, absl::string_view where) {
+  absl::StatusOr<HfConfig> c = LlamaBody(j, where);
+  if (!c.ok()) return c;
+  int64_t H = 0, E = 0, k = 0;
+  double aux = 0, jitter = 0;
+  if (absl::Status s = First({
+          Int(j, "intermediate_size", 1, 1 << 20, -1, where, &H),
+          Int(j, "num_local_experts", 1, 1 << 10, 8, where, &E),
+          Int(j, "num_experts_per_tok", 1, 1 << 10, 2, where, &k),
+          Number(j, "router_aux_loss_coef", 0, 1e3, 0.001, where, &aux),
+          Number(j, "router_jitter_noise", 0, 1e3, 0, where, &jitter),
+      });
+      !s.ok()) {
+    return s;
+  }
+  if (k > E) {
+    return Bad(where, "'num_experts_per_tok'=", k,
+               " is more than num_local_experts=", E);
+  }
+  if (k == 1) {
+    return Bad(where,
+               "'num_experts_per_tok'=1: one expert a token is weighted by "
+               "its score here, by 1 in Mixtral");
+  }
+  if (jitter != 0) {
+    return Bad(where, "'router_jitter_noise'=", jitter,
+               ": router jitter is not implemented");
+  }
+  c->model.set_ffn_hidden(static_cast<int>(H));
+  v1::MoeSpec* moe = c->model.mutable_moe();
+  moe->set_experts(static_cast<int>(E));
+  moe->set_top_k(static_cast<int>(k));
+  moe->set_expert_hidden(static_cast<int>(H));
+  moe->set_aux_loss_coef(aux);
   return c;
 }
 
@@ -290,12 +357,17 @@ absl::StatusOr<HfConfig> ParseHfConfig(std::string_view text,
     arch = (*a)[0].get<std::string>();
   } else if (const json* t = Get(j, "model_type"); t && t->is_string()) {
     const std::string type = t->get<std::string>();
-    arch = type == "gpt2" ? kGpt2 : type == "llama" ? kLlama : type;
+    arch = type == "gpt2"      ? kGpt2
+           : type == "llama"   ? kLlama
+           : type == "mixtral" ? kMixtral
+                               : type;
   }
   if (arch == kGpt2) return Gpt2Config(j, where);
   if (arch == kLlama) return LlamaConfig(j, where);
+  if (arch == kMixtral) return MixtralConfig(j, where);
   return Bad(where, "'architectures'=", arch.empty() ? "(none)" : arch,
-             ": only ", kGpt2, " and ", kLlama, " are implemented");
+             ": only ", kGpt2, ", ", kLlama, " and ", kMixtral,
+             " are implemented");
 }
 
 std::string HfConfigJson(const v1::ModelSpec& m, absl::string_view torch_dtype,
@@ -303,8 +375,10 @@ std::string HfConfigJson(const v1::ModelSpec& m, absl::string_view torch_dtype,
   json j;
   if (m.arch() == "llama") {
     const v1::RopeScalingSpec r = RopeScaling(m);
-    j = {{"architectures", {kLlama}},
-         {"model_type", "llama"},
+    const v1::MoeSpec moe = MoeOf(m);
+    const bool mixtral = moe.experts() > 0;
+    j = {{"architectures", {mixtral ? kMixtral : kLlama}},
+         {"model_type", mixtral ? "mixtral" : "llama"},
          {"hidden_size", m.n_embd()},
          {"intermediate_size", FfnHidden(m)},
          {"num_hidden_layers", m.n_layer()},
@@ -321,6 +395,14 @@ std::string HfConfigJson(const v1::ModelSpec& m, absl::string_view torch_dtype,
          {"mlp_bias", false},
          {"tie_word_embeddings", TiesEmbeddings(m)},
          {"torch_dtype", std::string(torch_dtype)}};
+    if (mixtral) {
+      j["intermediate_size"] = moe.expert_hidden();
+      j["num_local_experts"] = moe.experts();
+      j["num_experts_per_tok"] = moe.top_k();
+      j["router_aux_loss_coef"] = moe.aux_loss_coef();
+      j["sliding_window"] = nullptr;
+      j.erase("mlp_bias");
+    }
     if (r.factor() > 0) {
       j["rope_scaling"] = {
           {"rope_type", "llama3"},
@@ -366,6 +448,18 @@ absl::Status CheckSpecAgainstHf(const v1::ModelSpec& spec,
         {"n_kv_head", KvHeads(spec), KvHeads(hf)},
         {"ffn_hidden", FfnHidden(spec), FfnHidden(hf)}}) {
     if (ours != theirs) return differ(field, ours, theirs);
+  }
+  const v1::MoeSpec e = MoeOf(spec), f = MoeOf(hf);
+  for (auto [field, ours, theirs] :
+       {std::tuple<const char*, int, int>{"moe.experts", e.experts(),
+                                          f.experts()},
+        {"moe.top_k", e.top_k(), f.top_k()},
+        {"moe.shared_experts", e.shared_experts(), f.shared_experts()},
+        {"moe.expert_hidden", e.expert_hidden(), f.expert_hidden()}}) {
+    if (ours != theirs) return differ(field, ours, theirs);
+  }
+  if (f.experts() > 0 && e.router() != f.router()) {
+    return differ("moe.router", e.router(), f.router());
   }
   if (spec.vocab_size() != 0 && spec.vocab_size() != hf.vocab_size()) {
     return differ("vocab_size", spec.vocab_size(), hf.vocab_size());

@@ -1,12 +1,14 @@
 // A Hugging Face model folder's config.json as ptrain's model fields
 // (model.init_from: hf:DIR, and what `ptworker export --hf` writes back):
 // GPT2LMHeadModel (model_type gpt2) as arch gpt, LlamaForCausalLM
-// (model_type llama) as arch llama. What ptrain does not implement is
-// refused naming the key: another architecture, an activation other than
-// GPT-2's tanh GELU or Llama's SiLU, biases in Llama's attention or MLP, a
-// head_dim other than hidden_size / num_attention_heads, a sliding window,
-// a rope_scaling other than Llama 3's, experts, and GPT-2's layer-scaled
-// or upcast attention.
+// (model_type llama) as arch llama, MixtralForCausalLM (model_type
+// mixtral) as arch llama with model.moe (softmax router, no shared
+// experts). What ptrain does not implement is refused naming the key:
+// another architecture, an activation other than GPT-2's tanh GELU or
+// Llama's SiLU, biases in Llama's attention or MLP, a head_dim other than
+// hidden_size / num_attention_heads, a sliding window, a rope_scaling other
+// than Llama 3's, experts in a Llama, Mixtral's router jitter or one
+// expert a token, and GPT-2's layer-scaled or upcast attention.
 #ifndef PTRAIN_COMMON_HF_CONFIG_H_
 #define PTRAIN_COMMON_HF_CONFIG_H_
 
@@ -33,9 +35,9 @@ struct HfConfig {
 absl::StatusOr<HfConfig> ParseHfConfig(std::string_view json,
                                        absl::string_view where);
 
-// The config.json of `model` (arch gpt or llama; block_size as the
-// maximum positions), as `ptworker export --hf` writes it; `torch_dtype`
-// names the weights' type ("float32", "bfloat16"); `tokens` the
+// The config.json of `model` (arch gpt or llama, with experts Mixtral's;
+// block_size as the maximum positions), as `ptworker export --hf` writes it;
+// `torch_dtype` names the weights' type ("float32", "bfloat16"); `tokens` the
 // tokenizer's special ids, where it has them.
 std::string HfConfigJson(const v1::ModelSpec& model,
                          absl::string_view torch_dtype = "float32",

@@ -769,11 +769,6 @@ absl::Status ValidateMoe(const v1::JobSpec& spec) {
                  " with model.moe: routing a sequence split over cp ranks is "
                  "not supported yet; use parallel.cp=1");
   }
-  if (absl::StartsWith(spec.model().init_from(), kHfPrefix)) {
-    return Error("model.init_from=", EchoQuoted(spec.model().init_from()),
-                 " with model.moe: Hugging Face Mixture-of-Experts layouts "
-                 "are not read yet");
-  }
   if (SpecDevice(spec) == Device::kCuda) {
     return Error(
         "model.moe with resources.device=cuda: the experts' CUDA "

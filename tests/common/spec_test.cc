@@ -521,8 +521,8 @@ TEST(ParseHfConfig, WhatIsNotImplementedIsRefusedByName) {
                 "'num_key_value_heads'=3 does not divide num_attention_heads="
                 "8"},
            Case{R"({"architectures": ["MistralForCausalLM"]})",
-                "'architectures'=MistralForCausalLM: only GPT2LMHeadModel and "
-                "LlamaForCausalLM are implemented"},
+                "'architectures'=MistralForCausalLM: only GPT2LMHeadModel, "
+                "LlamaForCausalLM and MixtralForCausalLM are implemented"},
            Case{R"({"architectures": ["LlamaForCausalLM"],
                     "rope_scaling": {"rope_type": "yarn", "factor": 4},
                     "hidden_size": 64, "intermediate_size": 160,
@@ -544,6 +544,80 @@ TEST(ParseHfConfig, WhatIsNotImplementedIsRefusedByName) {
     EXPECT_EQ(c.status().message(), "config.json: " + k.message) << k.text;
   }
   EXPECT_TRUE(ParseHfConfig(base, "config.json").ok());
+}
+
+// A Mixtral's config.json (Mixtral 8x7B's fields at a small size): arch
+// llama with model.moe; what ptrain's experts cannot be is refused by key;
+// the config ptrain writes for such a model reads back as it.
+constexpr char kMixtralConfig[] = R"({
+  "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+  "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+  "num_attention_heads": 8, "num_key_value_heads": 2,
+  "max_position_embeddings": 32768, "vocab_size": 300,
+  "num_local_experts": 8, "num_experts_per_tok": 2,
+  "router_aux_loss_coef": 0.02, "router_jitter_noise": 0.0,
+  "output_router_logits": false, "rms_norm_eps": 1e-05,
+  "rope_theta": 1000000.0, "sliding_window": null, "hidden_act": "silu",
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16"})";
+
+TEST(ParseHfConfig, MixtralIsLlamaWithExperts) {
+  absl::StatusOr<HfConfig> c = ParseHfConfig(kMixtralConfig, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const v1::ModelSpec& m = c->model;
+  EXPECT_EQ(m.arch(), "llama");
+  EXPECT_EQ(KvHeads(m), 2);
+  const v1::MoeSpec moe = MoeOf(m);
+  EXPECT_EQ(moe.experts(), 8);
+  EXPECT_EQ(moe.top_k(), 2);
+  EXPECT_EQ(moe.expert_hidden(), 96);
+  EXPECT_EQ(moe.shared_experts(), 0);
+  EXPECT_EQ(moe.router(), "softmax");
+  EXPECT_EQ(moe.aux_loss_coef(), 0.02);
+  // Written back and read again: the same model.
+  v1::ModelSpec spec = m;
+  spec.set_block_size(64);
+  absl::StatusOr<HfConfig> back =
+      ParseHfConfig(HfConfigJson(spec), "config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(CheckSpecAgainstHf(spec, *back, "config.json").ok());
+  EXPECT_EQ(MoeOf(back->model).experts(), 8);
+  EXPECT_EQ(back->max_positions, 64);
+  // A spec of other experts is refused against the config, naming both.
+  v1::ModelSpec other = spec;
+  other.mutable_moe()->set_experts(4);
+  EXPECT_EQ(CheckSpecAgainstHf(other, *c, "config.json").message(),
+            "config.json: model.moe.experts=4 in the spec but 8 in the "
+            "Hugging Face config; leave it out to take the config's, or give "
+            "the same");
+  const std::string base(kMixtralConfig);
+  auto with = [&](const std::string& key, const std::string& value) {
+    std::string text = base;
+    const size_t at = text.find("\"" + key + "\"");
+    if (at != std::string::npos) {
+      const size_t end = text.find_first_of(",}", at);
+      text.replace(at, end - at, absl::StrCat("\"", key, "\": ", value));
+    } else {
+      text.insert(text.rfind('}'), absl::StrCat(", \"", key, "\": ", value));
+    }
+    return text;
+  };
+  for (const auto& [text, message] :
+       std::vector<std::pair<std::string, std::string>>{
+           {with("num_experts_per_tok", "1"),
+            "'num_experts_per_tok'=1: one expert a token is weighted by its "
+            "score here, by 1 in Mixtral"},
+           {with("num_experts_per_tok", "9"),
+            "'num_experts_per_tok'=9 is more than num_local_experts=8"},
+           {with("router_jitter_noise", "0.1"),
+            "'router_jitter_noise'=0.1: router jitter is not implemented"},
+           {with("sliding_window", "4096"),
+            "'sliding_window'=4096: sliding-window attention is not "
+            "implemented"},
+       }) {
+    absl::StatusOr<HfConfig> bad = ParseHfConfig(text, "config.json");
+    ASSERT_FALSE(bad.ok()) << text;
+    EXPECT_EQ(bad.status().message(), "config.json: " + message) << text;
+  }
 }
 
 TEST(ValidateJobSpec, TpMustDivideNHead) {

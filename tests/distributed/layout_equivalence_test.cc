@@ -74,7 +74,7 @@ struct Layout {
   // model.moe: "" none, else 4 experts (top 2, one shared) as "dropless"
   // or "capacity" (capacity_factor 1, which drops tokens): against the
   // single rank's run of the same model.
-  std::string moe;
+  std::string moe{};
   int world() const { return dp * tp * pp * cp; }
 };
 

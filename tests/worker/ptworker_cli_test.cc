@@ -1055,6 +1055,47 @@ TEST_F(PtworkerCli, LlamaGoesOutToAHuggingFaceFolderAndBackBitExactly) {
   EXPECT_EQ(ReadAll(hf1 / "config.json"), ReadAll(hf2 / "config.json"));
 }
 
+// A Llama with experts goes out as Mixtral and back the same way, bit for
+// bit; a spec of other experts is refused against the folder's config.
+TEST_F(PtworkerCli, MixtralGoesOutToAHuggingFaceFolderAndBackBitExactly) {
+  const std::string moe =
+      Small() +
+      "--set model.arch=llama --set model.n_head=4 --set model.n_kv_head=2 "
+      "--set model.tie_embeddings=false --set model.moe.experts=4 "
+      "--set model.moe.expert_hidden=32 ";
+  const fs::path first = dir_ / "first";
+  ASSERT_EQ(RunPtworker(moe + "--set train.steps=2 --set checkpoint.dir=" +
+                        first.string())
+                .code,
+            0);
+  fs::remove(log_);
+  const fs::path hf1 = dir_ / "hf1", hf2 = dir_ / "hf2";
+  Result r =
+      RunPtworker("export --checkpoint " + (first / "step-00000002").string() +
+                  " --hf " + hf1.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(ReadAll(hf1 / "config.json").find("\"MixtralForCausalLM\""),
+            std::string::npos);
+  const std::string from = "--set model.init_from=hf:" + hf1.string() + " ";
+  ExpectRefused(RunPtworker(moe + from + "--set model.moe.experts=8"),
+                "model.moe.experts=8 in the spec but 4 in the Hugging Face "
+                "config");
+  const fs::path second = dir_ / "second";
+  ASSERT_EQ(RunPtworker(moe + from +
+                        "--set train.steps=1 --set train.lr=1e-30 "
+                        "--set train.min_lr=1e-30 --set checkpoint.dir=" +
+                        second.string())
+                .code,
+            0);
+  r = RunPtworker("export --checkpoint " + (second / "step-00000001").string() +
+                  " --hf " + hf2.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string bytes = ReadAll(hf1 / "model.safetensors");
+  EXPECT_GT(bytes.size(), 1000u);
+  EXPECT_TRUE(bytes == ReadAll(hf2 / "model.safetensors"));
+  EXPECT_EQ(ReadAll(hf1 / "config.json"), ReadAll(hf2 / "config.json"));
+}
+
 // The job's tokenizer goes with a Hugging Face export: for gpt2 a
 // tokenizer.json that, opened as hf:, encodes as "gpt2" does; for spm:MODEL
 // the model's own bytes as tokenizer.model; for char none, and a line says

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_split.h"
 #include "common/hf_config.h"
+#include "common/spec.h"
 #include "kernels/cpu/kernels.h"
 #include "tests/worker/engine/reference_io.h"
 #include "worker/engine/checkpoint/hf_checkpoint.h"
@@ -61,6 +62,16 @@ TEST_P(LlamaReference, LossesOfTwentyAdamWStepsTrackPyTorch) {
     c.rope.low_freq_factor = static_cast<float>(rs.low_freq_factor());
     c.rope.high_freq_factor = static_cast<float>(rs.high_freq_factor());
     c.rope.original_context = rs.original_context();
+  }
+  // Mixtral's folder: its experts (no balance loss: the reference's
+  // objective is the cross-entropy alone).
+  const v1::MoeSpec moe = MoeOf(hf->model);
+  if (moe.experts() > 0) {
+    c.moe.experts = moe.experts();
+    c.moe.top_k = moe.top_k();
+    c.moe.hidden = moe.expert_hidden();
+    c.moe.aux_coef = static_cast<float>(moe.aux_loss_coef());
+    EXPECT_EQ(c.moe.aux_coef, 0.0f);
   }
   c.padded_vocab = PaddedVocab(V, 1);
   EXPECT_EQ(hf->model.n_kv_head(), KVH);
@@ -122,8 +133,9 @@ TEST_P(LlamaReference, LossesOfTwentyAdamWStepsTrackPyTorch) {
   EXPECT_LT(want.back(), want.front() - 1.0);
 }
 
-// 0: rope_theta 500000; 1: with Llama 3's rope scaling.
-INSTANTIATE_TEST_SUITE_P(Folders, LlamaReference, ::testing::Values(0, 1));
+// 0: rope_theta 500000; 1: with Llama 3's rope scaling; 2: Mixtral's
+// experts.
+INSTANTIATE_TEST_SUITE_P(Folders, LlamaReference, ::testing::Values(0, 1, 2));
 
 }  // namespace
 }  // namespace ptrain

@@ -11,9 +11,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -265,6 +267,16 @@ std::string ReadAll(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(f)), {});
 }
 
+// A Llama with 3 experts a block, 2 a token (Mixtral's layout).
+GptConfig MixtralConfigForTest() {
+  GptConfig c = LlamaConfigForTest();
+  c.rope.factor = 0.0f;  // Mixtral's config has no rope scaling
+  c.moe.experts = 3;
+  c.moe.top_k = 2;
+  c.moe.hidden = 12;
+  return c;
+}
+
 GptConfig Gpt2ConfigForTest() {
   GptConfig c{2, 2, 8, 8, 11};
   c.padded_vocab = 128;
@@ -302,12 +314,14 @@ void ExpectReadsBack(const std::string& dir, const GptConfig& c,
 // Export then import: the same bits, in one file and in shards with an
 // index; the config read back is the model's.
 TEST_F(SafetensorsTest, AHuggingFaceFolderWrittenReadsBackBitExactly) {
-  for (const GptConfig& c : {LlamaConfigForTest(), Gpt2ConfigForTest()}) {
+  for (const GptConfig& c :
+       {LlamaConfigForTest(), Gpt2ConfigForTest(), MixtralConfigForTest()}) {
     std::map<std::string, std::vector<float>> values;
     MapSource src = RandomModel(c, &values);
     for (int64_t shard : {int64_t{1} << 30, int64_t{2000}}) {
-      const std::string out =
-          (dir_ / (c.arch + std::to_string(shard))).string();
+      const std::string out = (dir_ / (c.arch + std::to_string(c.moe.experts) +
+                                       std::to_string(shard)))
+                                  .string();
       ASSERT_TRUE(ExportHf(src, c, out, {}, ConfinedFs(), "--hf",
                            SafetensorsDtype::kF32, shard)
                       .ok());
@@ -324,7 +338,11 @@ TEST_F(SafetensorsTest, AHuggingFaceFolderWrittenReadsBackBitExactly) {
       EXPECT_EQ(config->model.vocab_size(), c.vocab_size);
       EXPECT_EQ(config->max_positions, c.block_size);
       EXPECT_EQ(config->model.tie_embeddings(), c.tie_embeddings);
-      if (c.arch == "llama") {
+      if (c.has_moe()) {
+        EXPECT_EQ(config->model.moe().experts(), 3);
+        EXPECT_EQ(config->model.moe().top_k(), 2);
+        EXPECT_EQ(config->model.moe().expert_hidden(), 12);
+      } else if (c.arch == "llama") {
         EXPECT_EQ(config->model.n_kv_head(), 2);
         EXPECT_EQ(config->model.ffn_hidden(), 24);
         EXPECT_EQ(config->model.rope_theta(), 500000.0);
@@ -487,6 +505,63 @@ TEST_F(SafetensorsTest, HuggingFaceLayoutsAreThePublishedOnes) {
   }
   EXPECT_EQ((*file)->Find("model.layers.0.self_attn.k_proj.weight")->shape,
             (std::vector<int64_t>{8, 16}));  // 2 key heads of 4
+}
+
+// Experts in Mixtral's names: the router is block_sparse_moe.gate, each
+// expert's gate and up halves w1 and w3, its down projection w2. Experts
+// Mixtral cannot hold are refused naming why, nothing written.
+TEST_F(SafetensorsTest, ExpertsAreWrittenAsMixtralsOrRefused) {
+  const GptConfig c = MixtralConfigForTest();
+  std::map<std::string, std::vector<float>> values;
+  MapSource src = RandomModel(c, &values);
+  const std::string out = (dir_ / "mixtral").string();
+  ASSERT_TRUE(ExportHf(src, c, out, {}).ok());
+  auto file = SafetensorsSource::Open(out + "/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto read = [&](const std::string& name, std::vector<int64_t> shape) {
+    const SafetensorsEntry* e = (*file)->Find(name);
+    EXPECT_NE(e, nullptr) << name;
+    if (e == nullptr) return std::vector<float>();
+    EXPECT_EQ(e->shape, shape) << name;
+    std::vector<float> w(ShapeNumel(e->shape));
+    EXPECT_TRUE((*file)->Read(name, WholeBox(e->shape), w.data()).ok());
+    return w;
+  };
+  EXPECT_EQ(read("model.layers.1.block_sparse_moe.gate.weight", {3, 16}),
+            values.at("h.1.mlp.router.weight"));
+  const std::vector<float>& gate_up =
+      values.at("h.1.mlp.experts.2.gate_up_proj.weight");
+  const std::string at = "model.layers.1.block_sparse_moe.experts.2.";
+  const std::vector<float> w1 = read(at + "w1.weight", {12, 16});
+  const std::vector<float> w3 = read(at + "w3.weight", {12, 16});
+  EXPECT_TRUE(std::equal(w1.begin(), w1.end(), gate_up.begin()));
+  EXPECT_TRUE(std::equal(w3.begin(), w3.end(), gate_up.begin() + 12 * 16));
+  EXPECT_EQ(read(at + "w2.weight", {16, 12}),
+            values.at("h.1.mlp.experts.2.down_proj.weight"));
+  for (auto [edit, why] :
+       std::vector<std::pair<std::function<void(GptConfig&)>, std::string>>{
+           {[](GptConfig& m) { m.moe.shared = 1; },
+            "Mixtral has no shared experts"},
+           {[](GptConfig& m) {
+              m.moe.router = kernels::math::RouterScore::kSigmoid;
+            },
+            "Mixtral's router is a softmax"},
+           {[](GptConfig& m) { m.moe.top_k = 1; },
+            "Mixtral weighs one expert a token by 1"},
+           {[](GptConfig& m) { m.rope.factor = 8; },
+            "Mixtral's config has no rope scaling"}}) {
+    GptConfig bad = c;
+    edit(bad);
+    std::map<std::string, std::vector<float>> v;
+    MapSource s = RandomModel(bad, &v);
+    const std::string where = (dir_ / "refused").string();
+    const absl::Status st = ExportHf(s, bad, where, {}, ConfinedFs(), "--hf");
+    EXPECT_EQ(st.message(),
+              "--hf: the model's experts (model.moe) have no Hugging Face "
+              "layout: " +
+                  why);
+    EXPECT_FALSE(fs::exists(where + "/config.json")) << why;
+  }
 }
 
 // A folder whose tensors are not the model's: one missing, one misshapen,

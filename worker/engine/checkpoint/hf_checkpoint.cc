@@ -57,6 +57,17 @@ v1::ModelSpec ModelFields(const GptConfig& c) {
       r->set_original_context(c.rope.original_context);
     }
   }
+  if (c.has_moe()) {
+    v1::MoeSpec* moe = m.mutable_moe();
+    moe->set_experts(c.moe.experts);
+    moe->set_top_k(c.moe.top_k);
+    moe->set_shared_experts(c.moe.shared);
+    moe->set_expert_hidden(c.moe.hidden);
+    moe->set_router(c.moe.router == kernels::math::RouterScore::kSigmoid
+                        ? "sigmoid"
+                        : "softmax");
+    moe->set_aux_loss_coef(Decimal(c.moe.aux_coef));
+  }
   return m;
 }
 
@@ -74,6 +85,25 @@ absl::Status ReadPiece(TensorSource& file, const std::string& name,
     for (int64_t j = 0; j < cols; ++j) dst[i * cols + j] = buf[j * rows + i];
   }
   return absl::OkStatus();
+}
+
+// Experts are written as Mixtral's, which has what Llama has and a router
+// of softmax scores, the chosen ones normalised: no shared experts, no
+// sigmoid router, more than one expert a token, no rope scaling (Mixtral's
+// config has none).
+absl::Status MixtralCanHold(const GptConfig& c, const std::string& field) {
+  if (!c.has_moe()) return absl::OkStatus();
+  const char* why = c.arch != "llama" ? "Hugging Face has no GPT-2 with experts"
+                    : c.moe.shared > 0 ? "Mixtral has no shared experts"
+                    : c.moe.router != kernels::math::RouterScore::kSoftmax
+                        ? "Mixtral's router is a softmax"
+                    : c.moe.top_k < 2 ? "Mixtral weighs one expert a token by 1"
+                    : c.rope.factor > 0 ? "Mixtral's config has no rope scaling"
+                                        : nullptr;
+  if (why == nullptr) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field,
+      ": the model's experts (model.moe) have no Hugging Face layout: ", why));
 }
 
 }  // namespace
@@ -112,6 +142,26 @@ std::vector<HfTensorName> HfTensorNames(const GptConfig& c,
         const int64_t H = g[0] / 2;
         out.push_back({at + "mlp.gate_proj.weight", p.name, {H, g[1]}, 0});
         out.push_back({at + "mlp.up_proj.weight", p.name, {H, g[1]}, H});
+        continue;
+      }
+      // Mixtral's experts: w1 the gate, w3 the up projection, w2 down.
+      if (absl::StartsWith(part, "mlp.experts.")) {
+        const std::string expert =
+            absl::StrCat(at, "block_sparse_moe.experts.",
+                         part.substr(12, part.find('.', 12) - 12), ".");
+        if (absl::EndsWith(part, ".gate_up_proj.weight")) {
+          const int64_t H = g[0] / 2;
+          out.push_back({expert + "w1.weight", p.name, {H, g[1]}, 0});
+          out.push_back({expert + "w3.weight", p.name, {H, g[1]}, H});
+          continue;
+        }
+        n.hf = expert + "w2.weight";  // down_proj
+        out.push_back(std::move(n));
+        continue;
+      }
+      if (part == "mlp.router.weight") {
+        n.hf = at + "block_sparse_moe.gate.weight";
+        out.push_back(std::move(n));
         continue;
       }
       n.hf = at + (part == "ln_1.weight"   ? "input_layernorm.weight"
@@ -294,12 +344,7 @@ absl::Status ExportHf(TensorSource& source, const GptConfig& config,
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": the weights are written in F32 or BF16"));
   }
-  if (config.has_moe()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field,
-        ": a Mixture-of-Experts model (model.moe) is not written in "
-        "a Hugging Face layout yet"));
-  }
+  if (absl::Status s = MixtralCanHold(config, field); !s.ok()) return s;
   const std::vector<HfTensorName> names =
       HfTensorNames(config, config.arch == "gpt" ? "transformer." : "");
   // Shards in the tensors' order, each at most shard_bytes (a larger

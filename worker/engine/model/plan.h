@@ -58,7 +58,8 @@ struct GptConfig {
       return static_cast<int>(std::ceil(static_cast<double>(capacity_factor) *
                                         T * top_k / experts));
     }
-  } moe;
+  };
+  Moe moe{};
   bool has_moe() const { return moe.experts > 0; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int hidden() const { return ffn_hidden > 0 ? ffn_hidden : 4 * n_embd; }
