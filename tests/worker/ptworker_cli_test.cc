@@ -115,6 +115,9 @@ class PtworkerCli : public ::testing::Test {
            "--set train.eval_every=0 --set train.eval_batches=1 "
            "--set train.sample_tokens=0 ";
   }
+  // A Hugging Face round trip of `model` (defined with its tests).
+  void ExpectHuggingFaceRoundTrip(const std::string& model,
+                                  const std::string& architecture);
   void ExpectRefused(const Result& r, const std::string& needle) {
     EXPECT_EQ(r.code, 2) << r.err;
     EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
@@ -1001,47 +1004,27 @@ TEST_F(PtworkerCli, Gpt2ModelSamplesTextAndExportsItsTokenizer) {
   EXPECT_FALSE(fs::exists(char_tok));
 }
 
-// An MFU above 100% is never shown without saying that the peak it
-// divides by is too low (here a --peak-gflops far below any CPU's): one
-// warning naming the value.
-// A Llama's checkpoint exported as a Hugging Face folder, a run started
-// from that folder (with a learning rate too small to move a weight), its
-// checkpoint exported again: the same bytes. A spec that disagrees with the
-// folder's config.json is refused naming the field, nothing written.
-TEST_F(PtworkerCli, LlamaGoesOutToAHuggingFaceFolderAndBackBitExactly) {
-  const std::string llama =
-      Small() +
-      "--set model.arch=llama --set model.n_head=4 --set model.n_kv_head=2 "
-      "--set model.tie_embeddings=false --set model.rope_theta=500000 ";
-  const fs::path first = dir_ / "first";
-  ASSERT_EQ(RunPtworker(llama + "--set train.steps=2 --set checkpoint.dir=" +
+// `model`'s checkpoint exported as a Hugging Face folder (dir_/hf1, its
+// config.json naming `architecture`), a run started from that folder with
+// a learning rate too small to move a weight, its checkpoint exported again
+// (dir_/hf2): the same bytes. The first run's checkpoints are in
+// dir_/first.
+void PtworkerCli::ExpectHuggingFaceRoundTrip(const std::string& model,
+                                             const std::string& architecture) {
+  const fs::path first = dir_ / "first", second = dir_ / "second";
+  const fs::path hf1 = dir_ / "hf1", hf2 = dir_ / "hf2";
+  ASSERT_EQ(RunPtworker(model + "--set train.steps=2 --set checkpoint.dir=" +
                         first.string())
                 .code,
             0);
-  fs::remove(log_);
-  const fs::path hf1 = dir_ / "hf1", hf2 = dir_ / "hf2";
-  // llm.c's format is GPT-2's: refused, nothing written.
   Result r =
       RunPtworker("export --checkpoint " + (first / "step-00000002").string() +
-                  " --llmc " + (dir_ / "m.bin").string());
-  EXPECT_EQ(r.code, 2) << r.err;
-  EXPECT_NE(r.err.find("--llmc: the model is model.arch=llama"),
-            std::string::npos)
-      << r.err;
-  EXPECT_FALSE(fs::exists(dir_ / "m.bin"));
-  r = RunPtworker("export --checkpoint " + (first / "step-00000002").string() +
                   " --hf " + hf1.string());
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(ReadAll(hf1 / "config.json").find("\"LlamaForCausalLM\""),
+  EXPECT_NE(ReadAll(hf1 / "config.json").find("\"" + architecture + "\""),
             std::string::npos);
-  const std::string from = "--set model.init_from=hf:" + hf1.string() + " ";
-  // The example's spec says arch gpt.
-  ExpectRefused(RunPtworker(Small() + from + "--set train.steps=1"),
-                "model.arch=gpt in the spec but llama in the Hugging Face "
-                "config");
-  const fs::path second = dir_ / "second";
-  ASSERT_EQ(RunPtworker(llama + from +
-                        "--set train.steps=1 --set train.lr=1e-30 "
+  ASSERT_EQ(RunPtworker(model + "--set model.init_from=hf:" + hf1.string() +
+                        " --set train.steps=1 --set train.lr=1e-30 "
                         "--set train.min_lr=1e-30 --set checkpoint.dir=" +
                         second.string())
                 .code,
@@ -1053,47 +1036,48 @@ TEST_F(PtworkerCli, LlamaGoesOutToAHuggingFaceFolderAndBackBitExactly) {
   EXPECT_GT(bytes.size(), 1000u);
   EXPECT_TRUE(bytes == ReadAll(hf2 / "model.safetensors"));
   EXPECT_EQ(ReadAll(hf1 / "config.json"), ReadAll(hf2 / "config.json"));
+  fs::remove(log_);
 }
 
-// A Llama with experts goes out as Mixtral and back the same way, bit for
-// bit; a spec of other experts is refused against the folder's config.
+// A Llama goes out to a Hugging Face folder and back bit for bit. A spec
+// that disagrees with the folder's config.json is refused naming the
+// field, and llm.c's format (GPT-2's) refuses the model; nothing written.
+TEST_F(PtworkerCli, LlamaGoesOutToAHuggingFaceFolderAndBackBitExactly) {
+  ExpectHuggingFaceRoundTrip(
+      Small() +
+          "--set model.arch=llama --set model.n_head=4 "
+          "--set model.n_kv_head=2 --set model.tie_embeddings=false "
+          "--set model.rope_theta=500000 ",
+      "LlamaForCausalLM");
+  Result r = RunPtworker("export --checkpoint " +
+                         (dir_ / "first" / "step-00000002").string() +
+                         " --llmc " + (dir_ / "m.bin").string());
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--llmc: the model is model.arch=llama"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "m.bin"));
+  // The example's spec says arch gpt.
+  ExpectRefused(RunPtworker(Small() + "--set model.init_from=hf:" +
+                            (dir_ / "hf1").string() + " --set train.steps=1"),
+                "model.arch=gpt in the spec but llama in the Hugging Face "
+                "config");
+}
+
+// A Llama with experts goes out as Mixtral and back the same way; a spec of
+// other experts is refused against the folder's config.
 TEST_F(PtworkerCli, MixtralGoesOutToAHuggingFaceFolderAndBackBitExactly) {
   const std::string moe =
       Small() +
       "--set model.arch=llama --set model.n_head=4 --set model.n_kv_head=2 "
       "--set model.tie_embeddings=false --set model.moe.experts=4 "
       "--set model.moe.expert_hidden=32 ";
-  const fs::path first = dir_ / "first";
-  ASSERT_EQ(RunPtworker(moe + "--set train.steps=2 --set checkpoint.dir=" +
-                        first.string())
-                .code,
-            0);
-  fs::remove(log_);
-  const fs::path hf1 = dir_ / "hf1", hf2 = dir_ / "hf2";
-  Result r =
-      RunPtworker("export --checkpoint " + (first / "step-00000002").string() +
-                  " --hf " + hf1.string());
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(ReadAll(hf1 / "config.json").find("\"MixtralForCausalLM\""),
-            std::string::npos);
-  const std::string from = "--set model.init_from=hf:" + hf1.string() + " ";
-  ExpectRefused(RunPtworker(moe + from + "--set model.moe.experts=8"),
-                "model.moe.experts=8 in the spec but 4 in the Hugging Face "
-                "config");
-  const fs::path second = dir_ / "second";
-  ASSERT_EQ(RunPtworker(moe + from +
-                        "--set train.steps=1 --set train.lr=1e-30 "
-                        "--set train.min_lr=1e-30 --set checkpoint.dir=" +
-                        second.string())
-                .code,
-            0);
-  r = RunPtworker("export --checkpoint " + (second / "step-00000001").string() +
-                  " --hf " + hf2.string());
-  ASSERT_EQ(r.code, 0) << r.err;
-  const std::string bytes = ReadAll(hf1 / "model.safetensors");
-  EXPECT_GT(bytes.size(), 1000u);
-  EXPECT_TRUE(bytes == ReadAll(hf2 / "model.safetensors"));
-  EXPECT_EQ(ReadAll(hf1 / "config.json"), ReadAll(hf2 / "config.json"));
+  ExpectHuggingFaceRoundTrip(moe, "MixtralForCausalLM");
+  ExpectRefused(
+      RunPtworker(moe + "--set model.init_from=hf:" + (dir_ / "hf1").string() +
+                  " --set model.moe.experts=8"),
+      "model.moe.experts=8 in the spec but 4 in the Hugging Face "
+      "config");
 }
 
 // The job's tokenizer goes with a Hugging Face export: for gpt2 a
@@ -1240,6 +1224,9 @@ TEST_F(PtworkerCli, HuggingFaceExportCarriesTheJobsTokenizer) {
   }
 }
 
+// An MFU above 100% is never shown without saying that the peak it
+// divides by is too low (here a --peak-gflops far below any CPU's): one
+// warning naming the value.
 TEST_F(PtworkerCli, MfuAboveOneIsWarnedOnceNamingTheTooLowPeak) {
   std::string args = Small() + "--set train.steps=5 --set train.log_every=1";
   const size_t peak = args.find("--peak-gflops 100 ");

@@ -130,6 +130,38 @@ TEST(RankMetrics, PageCarriesDesignNamesLabelsAndLastValues) {
 // A rank of a context-parallel job carries its cp coordinate as a label,
 // and its ring's traffic is group="cp"; other jobs' series have no cp_rank
 // (the page above).
+// A Mixture-of-Experts step: tokens per layer and expert, the imbalance,
+// the dropped choices (counted up), the balance loss.
+TEST(RankMetrics, ExpertLoadIsOnThePageByLayerAndExpert) {
+  auto m = RankMetrics::Start("127.0.0.1:0", {"moe", "node1", 0, {}});
+  ASSERT_TRUE(m.ok()) << m.status();
+  ExpertLoad load;
+  load.layers.push_back({0, {30, 10, 20, 20}, 5});
+  load.layers.push_back({1, {20, 20, 20, 20}, 0});
+  load.aux_loss = 0.0125;
+  (*m)->OnExperts(load);
+  load.layers[0].dropped = 2;
+  (*m)->OnExperts(load);
+  const std::string page = HttpGet((*m)->port(), "/metrics");
+  for (const std::string& line : std::vector<std::string>{
+           "ptrain_moe_expert_tokens{expert=\"0\",job=\"moe\",layer=\"0\","
+           "node=\"node1\",rank=\"0\"} 30",
+           "ptrain_moe_expert_tokens{expert=\"3\",job=\"moe\",layer=\"1\","
+           "node=\"node1\",rank=\"0\"} 20",
+           "ptrain_moe_imbalance_ratio{job=\"moe\",layer=\"0\",node=\"node1\","
+           "rank=\"0\"} 1.5",
+           "ptrain_moe_imbalance_ratio{job=\"moe\",layer=\"1\",node=\"node1\","
+           "rank=\"0\"} 1",
+           "ptrain_moe_dropped_total{job=\"moe\",layer=\"0\",node=\"node1\","
+           "rank=\"0\"} 7",
+           "ptrain_moe_aux_loss{job=\"moe\",node=\"node1\",rank=\"0\"} "
+           "0.0125",
+       }) {
+    EXPECT_NE(page.find(line + "\n"), std::string::npos) << line << "\n"
+                                                         << page;
+  }
+}
+
 TEST(RankMetrics, ContextParallelRanksCarryTheirCpRankAndGroup) {
   RankLabels labels{
       "long", "node2", 5, {{"dp", 0}, {"tp", 1}, {"pp", 0}, {"cp", 1}}};

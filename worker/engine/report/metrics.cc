@@ -162,23 +162,35 @@ absl::StatusOr<std::unique_ptr<RankMetrics>> RankMetrics::Start(
       "Steps found bad (train.anomaly) by kind: nan (a NaN or Inf loss or "
       "gradient norm) or spike (a loss above spike_factor times the median).",
       m->base_, "kind", {"nan", "spike"});
-  auto gauges = [&](const char* name, const char* help) {
-    return &p8s::BuildGauge().Name(name).Help(help).Register(reg);
-  };
-  m->moe_tokens_ = gauges("ptrain_moe_expert_tokens",
-                          "Tokens each expert of an MoE layer took in the "
-                          "last step, over the global batch.");
-  m->moe_imbalance_ = gauges("ptrain_moe_imbalance_ratio",
-                             "An MoE layer's busiest expert's tokens over "
-                             "the mean in the last step (1: even).");
-  m->moe_aux_ = gauges("ptrain_moe_aux_loss",
-                       "The MoE balance and z losses' value in the last step "
-                       "(added to the training loss).");
-  m->moe_dropped_ = counters("ptrain_moe_dropped_total",
-                             "Token choices an MoE layer dropped past an "
-                             "expert's capacity.");
+  m->RegisterExperts(reg);
   m->exposer_->RegisterCollectable(m->registry_);
   return m;
+}
+
+void RankMetrics::RegisterExperts(prometheus::Registry& reg) {
+  struct Gauges {
+    prometheus::Family<prometheus::Gauge>** family;
+    const char *name, *help;
+  };
+  for (const Gauges& g : {
+           Gauges{&moe_tokens_, "ptrain_moe_expert_tokens",
+                  "Tokens each expert of an MoE layer took in the last step, "
+                  "over the global batch."},
+           Gauges{&moe_imbalance_, "ptrain_moe_imbalance_ratio",
+                  "An MoE layer's busiest expert's tokens over the mean in "
+                  "the last step (1: even)."},
+           Gauges{&moe_aux_, "ptrain_moe_aux_loss",
+                  "The MoE balance and z losses' value in the last step "
+                  "(added to the training loss)."},
+       }) {
+    *g.family = &p8s::BuildGauge().Name(g.name).Help(g.help).Register(reg);
+  }
+  moe_dropped_ = &p8s::BuildCounter()
+                      .Name("ptrain_moe_dropped_total")
+                      .Help(
+                          "Token choices an MoE layer dropped past an "
+                          "expert's capacity.")
+                      .Register(reg);
 }
 
 void RankMetrics::OnExperts(const ExpertLoad& load) {

@@ -87,6 +87,8 @@ class RankMetrics {
  private:
   RankMetrics() = default;
   prometheus::Counter& Phase(const std::string& phase);
+  // The Mixture-of-Experts families OnExperts sets.
+  void RegisterExperts(prometheus::Registry& reg);
 
   RankLabels labels_;
   std::map<std::string, std::string> base_;  // the labels every series has
