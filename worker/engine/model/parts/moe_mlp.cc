@@ -44,6 +44,10 @@ namespace {
 
 enum Row { kLogits, kScores, kWeights, kRoute, kHidden, kOut, kShared };
 
+// The first linear's width for a hidden layer of h channels: SwiGLU's gate
+// and up halves, or GELU's one.
+int64_t GateWidth(bool swiglu, int64_t h) { return swiglu ? 2 * h : h; }
+
 // Where the routing's int32 arrays lie in its row.
 struct RouteRows {
   int32_t *experts, *slots, *order, *counts, *offsets;
@@ -193,8 +197,7 @@ class MoeMlp : public SublayerPart {
   static int SecondTensor(const GptConfig::Moe& m, int e) {
     return 1 + m.experts + (m.shared > 0 ? 1 : 0) + e;
   }
-  // The first linear's width for a hidden layer of h channels.
-  int64_t Gate(int64_t h) const { return swiglu_ ? 2 * h : h; }
+  int64_t Gate(int64_t h) const { return GateWidth(swiglu_, h); }
 
   // One pass's buffers and sizes.
   class Work {
@@ -251,32 +254,37 @@ class MoeMlp : public SublayerPart {
       ops_.moe_permute_forward(packed_, x_, route_.order, M(), k, C_);
       if (p_.recomputing() || p_.decoding()) return;
       p_.AddLoad(offsets_.data(), E, dropped_);
-      // The balance losses' values: the sequences' mean, the tokens'.
+      p_.AddLoss(BalanceLosses(nullptr, 0.0f));
+    }
+
+    // The balance loss (each sequence's, their mean) and the z-loss (the
+    // tokens' mean): their value over the microbatch; with dlogits, their
+    // gradient added to it, `dloss` being the training loss's per token.
+    double BalanceLosses(float* dlogits, float dloss) {
+      const int N = static_cast<int>(N_), E = m_.experts;
       double loss = 0;
       if (m_.aux_coef > 0) {
-        loss += ops_.moe_aux_loss(nullptr, p_.Row(kScores), route_.experts,
-                                  m_.aux_coef, 1.0f, static_cast<int>(N_), T_,
-                                  E, k, m_.router) /
+        loss += ops_.moe_aux_loss(dlogits, p_.Row(kScores), route_.experts,
+                                  m_.aux_coef, dloss * T_, N, T_, E, m_.top_k,
+                                  m_.router) /
                 B_;
       }
       if (m_.z_coef > 0) {
-        loss += ops_.moe_z_loss(nullptr, logits, m_.z_coef, 1.0f,
-                                static_cast<int>(N_), E);
+        loss += ops_.moe_z_loss(dlogits, p_.Row(kLogits), m_.z_coef,
+                                dloss * static_cast<float>(N_), N, E);
       }
-      p_.AddLoss(loss);
+      return loss;
     }
 
     // The experts' first linear and activation's input: the hidden row.
     void ExpertsForward() {
       float* hidden = p_.Row(kHidden);
       const int64_t G = Gate(Hl_);
-      for (int e = 0; e < m_.experts; ++e) {
-        const int n = Count(e);
-        if (n == 0) continue;
-        ops_.matmul_forward(hidden + Offset(e) * G, packed_ + Offset(e) * C_,
+      ForEachExpert([&](int e, int64_t at, int n) {
+        ops_.matmul_forward(hidden + at * G, packed_ + at * C_,
                             p_.Weight(FirstTensor(e)), nullptr, 1, n, C_,
                             static_cast<int>(G));
-      }
+      });
       if (m_.shared > 0) {
         ops_.matmul_forward(
             p_.Row(kShared), x_, p_.Weight(FirstTensor(m_.experts)), nullptr, 1,
@@ -288,13 +296,11 @@ class MoeMlp : public SublayerPart {
     void SecondForward() {
       float* y = p_.Row(kOut);
       Activate(act_, p_.Row(kHidden), M(), Hl_);
-      for (int e = 0; e < m_.experts; ++e) {
-        const int n = Count(e);
-        if (n == 0) continue;
-        ops_.matmul_forward(y + Offset(e) * C_, act_ + Offset(e) * Hl_,
+      ForEachExpert([&](int e, int64_t at, int n) {
+        ops_.matmul_forward(y + at * C_, act_ + at * Hl_,
                             p_.Weight(SecondTensor(m_, e)), nullptr, 1, n,
                             static_cast<int>(Hl_), C_);
-      }
+      });
     }
 
     // out (B,Ts,C): the weighted experts' outputs and the shared MLP's,
@@ -329,14 +335,12 @@ class MoeMlp : public SublayerPart {
       }
       const float* hidden = p_.Row(kHidden);
       Activate(act_, hidden, M(), Hl_);
-      for (int e = 0; e < E; ++e) {
-        const int n = Count(e);
-        if (n == 0) continue;
-        ops_.matmul_backward(
-            dact_ + Offset(e) * Hl_, p_.Grad(SecondTensor(m_, e)), nullptr,
-            dpacked_ + Offset(e) * C_, act_ + Offset(e) * Hl_,
-            p_.Weight(SecondTensor(m_, e)), 1, n, static_cast<int>(Hl_), C_);
-      }
+      ForEachExpert([&](int e, int64_t at, int n) {
+        ops_.matmul_backward(dact_ + at * Hl_, p_.Grad(SecondTensor(m_, e)),
+                             nullptr, dpacked_ + at * C_, act_ + at * Hl_,
+                             p_.Weight(SecondTensor(m_, e)), 1, n,
+                             static_cast<int>(Hl_), C_);
+      });
       ActivationBackward(dhidden_, dact_, hidden, M(), Hl_);
       if (m_.shared == 0) return;
       const float* h = p_.Row(kShared);
@@ -355,14 +359,12 @@ class MoeMlp : public SublayerPart {
       ops_.moe_permute_forward(packed_, x_, route_.order, M(), k, C_);
       // Each expert's packed input gradient over its output gradient,
       // which SecondBackward is done with.
-      for (int e = 0; e < E; ++e) {
-        const int n = Count(e);
-        if (n == 0) continue;
-        ops_.matmul_backward(
-            dpacked_ + Offset(e) * C_, p_.Grad(FirstTensor(e)), nullptr,
-            dhidden_ + Offset(e) * G, packed_ + Offset(e) * C_,
-            p_.Weight(FirstTensor(e)), 1, n, C_, static_cast<int>(G));
-      }
+      ForEachExpert([&](int e, int64_t at, int n) {
+        ops_.matmul_backward(dpacked_ + at * C_, p_.Grad(FirstTensor(e)),
+                             nullptr, dhidden_ + at * G, packed_ + at * C_,
+                             p_.Weight(FirstTensor(e)), 1, n, C_,
+                             static_cast<int>(G));
+      });
       ops_.Zero(partial_, N_ * C_);
       ops_.moe_permute_backward(partial_, dpacked_, route_.slots, N, k, C_);
       if (m_.shared > 0) {
@@ -378,14 +380,7 @@ class MoeMlp : public SublayerPart {
       ops_.Zero(dlogits_, N_ * E);
       ops_.moe_router_backward(dlogits_, dweights_, route_.experts,
                                p_.Row(kScores), N, E, k, m_.router, k > 1);
-      if (m_.aux_coef > 0) {
-        ops_.moe_aux_loss(dlogits_, p_.Row(kScores), route_.experts,
-                          m_.aux_coef, p_.dloss() * T_, N, T_, E, k, m_.router);
-      }
-      if (m_.z_coef > 0) {
-        ops_.moe_z_loss(dlogits_, p_.Row(kLogits), m_.z_coef,
-                        p_.dloss() * static_cast<float>(N_), N, E);
-      }
+      BalanceLosses(dlogits_, p_.dloss());
       ops_.matmul_backward(packed_, p_.Grad(kRouterTensor), nullptr, dlogits_,
                            x_, p_.Weight(kRouterTensor), 1, N, C_, E);
       const int Ts = p_.Ts();
@@ -395,7 +390,7 @@ class MoeMlp : public SublayerPart {
     }
 
    private:
-    int64_t Gate(int64_t h) const { return swiglu_ ? 2 * h : h; }
+    int64_t Gate(int64_t h) const { return GateWidth(swiglu_, h); }
     // act (rows,h) from the hidden layer's rows (rows,Gate(h)).
     void Activate(float* act, const float* hidden, int64_t rows, int64_t h) {
       if (swiglu_) {
@@ -428,6 +423,13 @@ class MoeMlp : public SublayerPart {
                   m_.experts + 1);
     }
     int M() const { return offsets_[m_.experts]; }
+    // fn(e, first row, rows) for each expert with rows in the plan.
+    template <typename Fn>
+    void ForEachExpert(Fn fn) const {
+      for (int e = 0; e < m_.experts; ++e) {
+        if (Count(e) > 0) fn(e, Offset(e), Count(e));
+      }
+    }
     int64_t Offset(int e) const { return offsets_[e]; }
     int Count(int e) const { return offsets_[e + 1] - offsets_[e]; }
 
