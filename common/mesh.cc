@@ -26,6 +26,10 @@ const std::vector<MeshDimension>& MeshDimensions() {
        [](v1::ParallelSpec* p, int32_t d) { p->set_cp(d); },
        /*rank_place=*/1, /*node_local=*/true, /*named_at_one=*/false,
        /*point_to_point=*/true, ""},
+      {"ep", [](const v1::ParallelSpec& p) { return p.ep(); },
+       [](v1::ParallelSpec* p, int32_t d) { p->set_ep(d); },
+       /*rank_place=*/-1, /*node_local=*/false, /*named_at_one=*/false,
+       /*point_to_point=*/false, "", /*within=*/"dp", /*complement=*/"edp"},
   };
   return kDimensions;
 }
@@ -45,8 +49,15 @@ int ParallelLayout::degree(std::string_view name) const {
 
 int64_t ParallelLayout::world_size() const {
   int64_t product = 1;
-  for (int d : degrees) product *= d;
+  for (int i : RankOrder()) product *= degrees[i];
   return product;
+}
+
+int64_t ParallelLayout::group_size(std::string_view name) const {
+  const MeshDimension& d = MeshDimensions()[MeshDimensionIndex(name)];
+  int64_t size = degree(name);
+  if (!d.also_spans.empty()) size *= degree(d.also_spans);
+  return size;
 }
 
 int64_t ParallelLayout::node_local_ranks() const {
@@ -68,20 +79,30 @@ std::string ParallelLayout::FactorsSpelt(std::string_view first,
   const auto& dims = MeshDimensions();
   std::vector<std::string> names, values;
   for (size_t i = 0; i < dims.size(); ++i) {
+    if (!dims[i].within.empty()) continue;  // no factor of the world
     if (!all && !dims[i].named_at_one && degrees[i] <= 1) continue;
     names.push_back(absl::StrCat(std::string(names.empty() ? first : each),
                                  std::string(dims[i].name)));
     values.push_back(absl::StrCat(degrees[i]));
   }
+  std::string carved;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i].within.empty() || degrees[i] <= 1) continue;
+    carved += absl::StrCat(" (", std::string(each), std::string(dims[i].name),
+                           "=", degrees[i], " within ", std::string(each),
+                           std::string(dims[i].within), ")");
+  }
   return absl::StrCat(absl::StrJoin(names, " × "), " = ",
-                      absl::StrJoin(values, " × "));
+                      absl::StrJoin(values, " × "), carved);
 }
 
 const std::vector<int>& RankOrder() {
   static const std::vector<int>* order = [] {
     const auto& dims = MeshDimensions();
-    auto* o = new std::vector<int>(dims.size());
-    for (size_t i = 0; i < dims.size(); ++i) (*o)[i] = static_cast<int>(i);
+    auto* o = new std::vector<int>();
+    for (size_t i = 0; i < dims.size(); ++i) {
+      if (dims[i].within.empty()) o->push_back(static_cast<int>(i));
+    }
     std::stable_sort(o->begin(), o->end(), [&](int a, int b) {
       return dims[a].rank_place < dims[b].rank_place;
     });
@@ -96,6 +117,20 @@ std::vector<int> ParallelLayout::Coordinates(int world_rank) const {
   for (int i : RankOrder()) {
     coords[i] = static_cast<int>((world_rank / stride) % degrees[i]);
     stride *= degrees[i];
+  }
+  // A carved dimension: the rank's index in the group it is carved from
+  // (the group's own dimension varying slowest, as its members are
+  // ordered), modulo its degree.
+  const auto& dims = MeshDimensions();
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i].within.empty()) continue;
+    const int g = MeshDimensionIndex(dims[i].within);
+    int64_t index = coords[g];
+    if (!dims[g].also_spans.empty()) {
+      const int a = MeshDimensionIndex(dims[g].also_spans);
+      index = index * degrees[a] + coords[a];
+    }
+    coords[i] = static_cast<int>(index % degrees[i]);
   }
   return coords;
 }

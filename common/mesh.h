@@ -7,9 +7,10 @@
 //
 // Adding a dimension: its field in job.proto (ParallelSpec) and one row in
 // MeshDimensions (mesh.cc). Its default (1), its range (1..kMaxDegree), its
-// factor in the world size, its group, coordinate, checkpoint layout key,
-// metrics label, run-log key and flight-recorder group follow from the
-// row; rules tying it to other fields go in spec_validate.cc.
+// factor in the world size (or, carved out of another's group, its place
+// in that group), its group, coordinate, checkpoint layout key, metrics
+// label, run-log key and flight-recorder group follow from the row; rules
+// tying it to other fields go in spec_validate.cc.
 #ifndef PTRAIN_COMMON_MESH_H_
 #define PTRAIN_COMMON_MESH_H_
 
@@ -46,15 +47,24 @@ struct MeshDimension {
   // Another dimension whose ranks this one's group also gathers: dp's
   // group spans dp × cp, the ranks holding the same weights. "" if none.
   std::string_view also_spans;
+  // Carved out of another dimension's group rather than adding ranks: ep
+  // splits each dp group (dp × cp ranks) into groups of ep consecutive
+  // members. It is no factor of the world size and has no rank place; its
+  // degree divides that group's size, and the members of the carved group
+  // holding the same coordinate in it form its complement (`complement`:
+  // "edp", the ranks holding the same experts). "" if none.
+  std::string_view within;
+  std::string_view complement;
 };
 
 // Every dimension, in the order specs, messages and checkpoints list them:
-// dp, tp, pp, cp.
+// dp, tp, pp, cp, ep.
 const std::vector<MeshDimension>& MeshDimensions();
 // The index in MeshDimensions() of `name`; PT_CHECKs that it is one.
 int MeshDimensionIndex(std::string_view name);
-// The indices of MeshDimensions() in rank order, the fastest varying first
-// (by rank_place).
+// The indices of MeshDimensions() that are factors of the world size
+// (not carved out of another's group) in rank order, the fastest varying
+// first (by rank_place).
 const std::vector<int>& RankOrder();
 
 // A job's parallel layout: each dimension's degree and the options of the
@@ -71,13 +81,18 @@ struct ParallelLayout {
 
   // The degree of dimension `name` (PT_CHECKs that it is one).
   int degree(std::string_view name) const;
-  // The product of the degrees, in 64 bits (each degree is an int32).
+  // The product of the degrees of the world's factors (every dimension
+  // not carved out of another's group), in 64 bits (each is an int32).
   int64_t world_size() const;
+  // The size of dimension `name`'s group: its degree, times that of the
+  // dimension it also spans (dp's: dp·cp).
+  int64_t group_size(std::string_view name) const;
   // The ranks of one node-local group of every node-local dimension
   // together (tp × cp): the ranks a job's placement keeps on one node.
   int64_t node_local_ranks() const;
-  // "parallel.dp × parallel.tp × parallel.pp = 2 × 1 × 1", each dimension
-  // named at one or above 1.
+  // "parallel.dp × parallel.tp × parallel.pp = 2 × 1 × 1": the world's
+  // factors, each named at one or above 1, then a carved dimension above 1
+  // as " (parallel.ep=2 within parallel.dp)".
   std::string Factors() const;
   // The same product spelt `first` + name, then `each` + name for the
   // others, naming every dimension if `all`: Factors() is
@@ -85,7 +100,8 @@ struct ParallelLayout {
   std::string FactorsSpelt(std::string_view first, std::string_view each,
                            bool all) const;
   // This rank's coordinate in each dimension (by index) from its world
-  // rank, and back.
+  // rank: a carved dimension's is its place in the carved group (ep:
+  // the rank's index among the dp·cp ranks of its dp group, modulo ep).
   std::vector<int> Coordinates(int world_rank) const;
 };
 

@@ -710,7 +710,12 @@ absl::StatusOr<std::vector<int>> PipelineStageLayers(const v1::ParallelSpec& p,
 // engine does not run yet with experts, refused naming the field.
 absl::Status ValidateMoe(const v1::JobSpec& spec) {
   const v1::MoeSpec& given = spec.model().moe();
+  const v1::ParallelSpec& p = spec.parallel();
   if (given.experts() == 0) {
+    if (p.ep() > 1) {
+      return Error("parallel.ep=", p.ep(),
+                   " needs model.moe.experts (the experts ep splits)");
+    }
     if (given.top_k() != 0 || given.every() != 0 ||
         given.shared_experts() != 0 || given.expert_hidden() != 0 ||
         !given.router().empty() || given.capacity_factor() != 0 ||
@@ -749,7 +754,19 @@ absl::Status ValidateMoe(const v1::JobSpec& spec) {
     return Error("model.moe.top_k=", moe.top_k(),
                  " is more than model.moe.experts=", moe.experts());
   }
-  const int tp = spec.parallel().tp();
+  if (const int64_t group = int64_t{p.dp()} * p.cp(); group % p.ep() != 0) {
+    return Error("parallel.ep=", p.ep(),
+                 " does not divide parallel.dp=", p.dp(),
+                 " × parallel.cp=", p.cp(), " = ", group,
+                 " (the experts' ranks are carved out of the data-parallel "
+                 "ones)");
+  }
+  if (moe.experts() % p.ep() != 0) {
+    return Error("parallel.ep=", p.ep(),
+                 " does not divide model.moe.experts=", moe.experts(),
+                 " (each ep rank holds as many experts)");
+  }
+  const int tp = p.tp();
   if (moe.expert_hidden() % tp != 0) {
     return Error("parallel.tp=", tp,
                  " does not divide model.moe.expert_hidden=",
@@ -764,8 +781,8 @@ absl::Status ValidateMoe(const v1::JobSpec& spec) {
   if (moe.balance() == "bias") {
     return Error("model.moe.balance=bias is not supported yet; use aux");
   }
-  if (spec.parallel().cp() > 1) {
-    return Error("parallel.cp=", spec.parallel().cp(),
+  if (p.cp() > 1) {
+    return Error("parallel.cp=", p.cp(),
                  " with model.moe: routing a sequence split over cp ranks is "
                  "not supported yet; use parallel.cp=1");
   }

@@ -47,6 +47,27 @@ TEST(Mesh, FactorsNameCpOnlyAboveOne) {
   EXPECT_EQ(ParallelWorldSize(Degrees(2, 4, 1, 2)), 16);
 }
 
+// ep is carved out of each dp group (dp × cp ranks, cp varying fastest):
+// consecutive members share an ep group, and a rank's ep coordinate is its
+// place there. It adds no ranks, and the factors name it apart.
+TEST(Mesh, ExpertParallelIsCarvedOutOfTheDataParallelGroup) {
+  v1::ParallelSpec p = Degrees(4, 2, 1, 2);
+  p.set_ep(4);
+  const ParallelLayout l = LayoutOf(p);
+  EXPECT_EQ(l.world_size(), 16);
+  EXPECT_EQ(l.group_size("dp"), 8);
+  const int dp = MeshDimensionIndex("dp"), cp = MeshDimensionIndex("cp"),
+            ep = MeshDimensionIndex("ep");
+  for (int rank = 0; rank < 16; ++rank) {
+    const std::vector<int> c = l.Coordinates(rank);
+    EXPECT_EQ(c[ep], (c[dp] * 2 + c[cp]) % 4) << rank;
+  }
+  EXPECT_EQ(l.Factors(),
+            "parallel.dp × parallel.tp × parallel.pp × parallel.cp = 4 × 2 × "
+            "1 × 2 (parallel.ep=4 within parallel.dp)");
+  EXPECT_EQ(LayoutOf(Degrees(2, 1, 1, 1)).degree("ep"), 1);
+}
+
 // ptcoord keeps tp × cp consecutive ranks on one node.
 TEST(Mesh, NodeLocalRanksAreTpTimesCp) {
   EXPECT_EQ(LayoutOf(Degrees(4, 2, 2, 3)).node_local_ranks(), 6);

@@ -371,6 +371,28 @@ TEST(ValidateJobSpec, MoeFieldsTheirDefaultsAndRules) {
             "are not written yet; use resources.device=cpu");
 }
 
+// parallel.ep: experts split over ep of the dp × cp ranks (no ranks of its
+// own); it divides them and the experts, and needs experts to split.
+TEST(ValidateJobSpec, ExpertParallelDividesTheDataParallelRanksAndExperts) {
+  const v1::JobSpec spec = MustParse(
+      kMinimal, {"model.moe.experts=4", "parallel.dp=4", "parallel.ep=2"});
+  EXPECT_EQ(JobWorldSize(spec), 4);  // ep adds no ranks
+  EXPECT_EQ(spec.parallel().ep(), 2);
+  EXPECT_EQ(MustParse(kMinimal).parallel().ep(), 1);  // the default
+  EXPECT_EQ(OverrideError({"parallel.ep=2"}),
+            "parallel.ep=2 needs model.moe.experts (the experts ep splits)");
+  EXPECT_EQ(OverrideError({"model.moe.experts=4", "parallel.dp=3",
+                           "train.global_batch=6", "parallel.ep=2"}),
+            "parallel.ep=2 does not divide parallel.dp=3 × parallel.cp=1 = 3 "
+            "(the experts' ranks are carved out of the data-parallel ones)");
+  EXPECT_EQ(
+      OverrideError({"model.moe.experts=6", "parallel.dp=4", "parallel.ep=4"}),
+      "parallel.ep=4 does not divide model.moe.experts=6 (each ep rank "
+      "holds as many experts)");
+  EXPECT_EQ(OverrideError({"model.moe.experts=4", "parallel.ep=0"}),
+            "parallel.ep=0 must be between 1 and 65536");
+}
+
 TEST(ValidateJobSpec, LlamaFieldsAndTheirRules) {
   const v1::JobSpec llama = MustParse(kMinimal, {"model.arch=llama"});
   EXPECT_EQ(KvHeads(llama.model()), 4);

@@ -12,10 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "common/spec.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/comm/comm.h"
 #include "worker/engine/comm/comm_mpi.h"
 #include "worker/engine/comm/flight_recorder.h"
+#include "worker/engine/parallel/parallel_dims.h"
 
 namespace ptrain {
 namespace {
@@ -84,6 +86,81 @@ TEST(CommOpNameTest, NamesAreTheMetricsOpLabels) {
   EXPECT_STREQ(CommOpName(CommOp::kSend), "send");
   EXPECT_STREQ(CommOpName(CommOp::kRecv), "recv");
   EXPECT_STREQ(CommOpName(CommOp::kBarrier), "barrier");
+  EXPECT_STREQ(CommOpName(CommOp::kAllToAll), "all_to_all");
+}
+
+// Rank r sends (r + 2·d) % 3 elements to rank d (none to some, the most
+// to others; its own block included), each telling sender, receiver and
+// position apart.
+int64_t AllToAllCount(int from, int to) { return (from + 2 * to) % 3; }
+float AllToAllValue(int from, int to, int64_t i) {
+  return static_cast<float>(100 * from + 10 * to + i);
+}
+
+void ExpectAllToAll(Communicator& c, bool base) {
+  const int n = c.size(), me = c.rank();
+  std::vector<int64_t> send_counts(n), recv_counts(n);
+  std::vector<float> send, want;
+  for (int d = 0; d < n; ++d) {
+    send_counts[d] = AllToAllCount(me, d);
+    recv_counts[d] = AllToAllCount(d, me);
+    for (int64_t i = 0; i < send_counts[d]; ++i) {
+      send.push_back(AllToAllValue(me, d, i));
+    }
+    for (int64_t i = 0; i < recv_counts[d]; ++i) {
+      want.push_back(AllToAllValue(d, me, i));
+    }
+  }
+  std::vector<float> got(want.size() + 1, -1.0f);
+  if (base) {
+    c.Communicator::AllToAllV(send.data(), send_counts.data(), got.data(),
+                              recv_counts.data());
+  } else {
+    c.AllToAllV(send.data(), send_counts.data(), got.data(),
+                recv_counts.data());
+  }
+  EXPECT_EQ(got.back(), -1.0f) << "wrote past the received blocks";
+  got.pop_back();
+  EXPECT_TRUE(ElementsEqual(got, want));
+}
+
+// Expert parallelism's groups (ParallelDims): ep 2 carved out of dp 4 puts
+// consecutive dp ranks together, and each rank's experts are held by the
+// ranks of its ep coordinate (edp). Under 4 ranks.
+TEST(ParallelDimsTest, ExpertGroupsAreConsecutiveDataParallelRanks) {
+  if (WorldSize() != 4) GTEST_SKIP() << "a mesh of 4 ranks";
+  v1::ParallelSpec p = DefaultJobSpec().parallel();
+  p.set_dp(4);
+  p.set_ep(2);
+  auto dims = ParallelDims::Create(p, MPI_COMM_WORLD);
+  ASSERT_TRUE(dims.ok()) << dims.status();
+  const int me = WorldRank();
+  EXPECT_EQ((*dims)->coordinate("ep"), me % 2);
+  auto members = [&](Communicator* c) {
+    std::vector<float> all(c->size());
+    const float mine = static_cast<float>(me);
+    c->AllGather(&mine, all.data(), 1);
+    return all;
+  };
+  ASSERT_NE((*dims)->ep_comm(), nullptr);
+  ASSERT_NE((*dims)->edp_comm(), nullptr);
+  const float first = static_cast<float>(me - me % 2);
+  EXPECT_EQ(members((*dims)->ep_comm()),
+            (std::vector<float>{first, first + 1}));
+  EXPECT_EQ(members((*dims)->edp_comm()),
+            (std::vector<float>{float(me % 2), float(me % 2 + 2)}));
+  EXPECT_EQ((*dims)->ep_comm()->group(), "ep");
+  EXPECT_EQ((*dims)->edp_comm()->group(), "edp");
+  EXPECT_EQ((*dims)->compute_groups().expert_dp, (*dims)->edp_comm());
+}
+
+// MPI_Alltoallv, and the point-to-point one every communicator has.
+TEST(MpiCommunicatorTest, AllToAllVDeliversEachBlockToItsRankInOrder) {
+  auto stats = std::make_shared<CommStats>();
+  auto c = World(stats);
+  ExpectAllToAll(*c, /*base=*/false);
+  ExpectAllToAll(*c, /*base=*/true);
+  EXPECT_EQ(stats->Get("world", CommOp::kAllToAll).calls, 1);
 }
 
 TEST(MpiCommunicatorTest, RankAndSizeAreThoseOfTheWrappedComm) {

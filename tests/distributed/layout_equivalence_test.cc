@@ -75,6 +75,8 @@ struct Layout {
   // or "capacity" (capacity_factor 1, which drops tokens): against the
   // single rank's run of the same model.
   std::string moe{};
+  // parallel.ep: the experts split over ep of the dp ranks.
+  int ep = 1;
   int world() const { return dp * tp * pp * cp; }
 };
 
@@ -305,6 +307,26 @@ std::vector<Layout> AllLayouts() {
     out.push_back(
         moe({k + "llama_pp2_1f1b_dp2_zero3", 2, 1, 3, 4, false, 2, "1f1b"},
             kind, true));
+    // Expert parallelism: the experts split over ep of the dp ranks, their
+    // tokens moved by all-to-all, their gradients summed (and ZeRO
+    // sharding them) over the dp/ep ranks holding the same ones.
+    auto ep = [&](Layout l, int degree, bool is_llama = false) {
+      l.name = k + "ep" + std::to_string(degree) + "_" + l.name;
+      l.ep = degree;
+      return moe(l, kind, is_llama);
+    };
+    out.push_back(ep({"dp2", 2, 1, 0, 1, false}, 2));
+    out.push_back(ep({"dp4_mb2_zero1", 4, 1, 1, 2, false}, 2));
+    out.push_back(ep({"dp4_mb2_zero3", 4, 1, 3, 2, false}, 4));
+    out.push_back(ep({"dp4_mb2", 4, 1, 0, 2, false}, 4));
+    out.push_back(ep({"dp2_tp2_zero3_sp", 2, 2, 3, 1, true}, 2));
+    out.push_back(ep({"pp2_1f1b_dp2_zero1_selective", 2, 1, 1, 4, false, 2,
+                      "1f1b", 1, 4, "selective"},
+                     2));
+    out.push_back(ep({"pp2_zb1p_dp2_tp2_sp", 2, 2, 0, 4, true, 2, "zb1p"}, 2));
+    out.push_back(
+        ep({"dp2_recompute", 2, 1, 2, 1, false, 1, "1f1b", 1, 4, "full"}, 2));
+    out.push_back(ep({"llama_dp2_tp2_zero1_sp", 2, 2, 1, 1, true}, 2, true));
   }
   return out;
 }
@@ -541,6 +563,7 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
   overrides.push_back("train.recompute=" + layout.recompute);
   overrides.push_back("parallel.pp=" + std::to_string(layout.pp));
   overrides.push_back("parallel.cp=" + std::to_string(layout.cp));
+  overrides.push_back("parallel.ep=" + std::to_string(layout.ep));
   if (layout.graphs) overrides.push_back("train.cuda_graphs=on");
   overrides.push_back("parallel.schedule=" + layout.schedule);
   overrides.push_back("parallel.virtual_stages=" +

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
@@ -29,8 +30,32 @@ const char* CommOpName(CommOp op) {
       return "recv";
     case CommOp::kBarrier:
       return "barrier";
+    case CommOp::kAllToAll:
+      return "all_to_all";
   }
   return "unknown";
+}
+
+void Communicator::AllToAllV(const float* send, const int64_t* send_counts,
+                             float* recv, const int64_t* recv_counts) {
+  const int n = size(), me = rank();
+  std::vector<std::unique_ptr<CommHandle>> pending;
+  int64_t sent = 0, received = 0;
+  for (int r = 0; r < n; ++r) {
+    if (r == me) {
+      std::memcpy(recv + received, send + sent, sizeof(float) * send_counts[r]);
+    } else {
+      if (recv_counts[r] > 0) {
+        pending.push_back(RecvAsync(recv + received, recv_counts[r], r, 0));
+      }
+      if (send_counts[r] > 0) {
+        pending.push_back(SendAsync(send + sent, send_counts[r], r, 0));
+      }
+    }
+    sent += send_counts[r];
+    received += recv_counts[r];
+  }
+  for (auto& h : pending) h->Wait();
 }
 
 void CommStats::Record(const std::string& group, CommOp op, double seconds,

@@ -27,10 +27,11 @@ enum class CommOp {
   kBroadcast,
   kSend,
   kRecv,
-  kBarrier
+  kBarrier,
+  kAllToAll
 };
 // "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv",
-// "barrier": the `op` label of the metrics.
+// "barrier", "all_to_all": the `op` label of the metrics.
 const char* CommOpName(CommOp op);
 
 struct CommStat {
@@ -93,6 +94,13 @@ class Communicator {
   virtual void Send(const float* data, int64_t count, int peer, int tag) = 0;
   virtual void Recv(float* data, int64_t count, int peer, int tag) = 0;
   virtual void Barrier() = 0;
+  // Each rank sends send_counts[r] elements to rank r and receives
+  // recv_counts[r] from it (size() counts each, agreeing pairwise), the
+  // blocks packed in rank order in send and recv (which do not overlap).
+  // This one: point-to-point to the peers and a copy of this rank's own
+  // block, in host memory.
+  virtual void AllToAllV(const float* send, const int64_t* send_counts,
+                         float* recv, const int64_t* recv_counts);
 
   virtual std::unique_ptr<CommHandle> AllReduceAsync(float* data,
                                                      int64_t count) = 0;
@@ -130,6 +138,11 @@ struct ComputeGroups {
   // summed over it. Null elsewhere.
   Communicator* embedding = nullptr;
   bool sequence_parallel = false;
+  // ep > 1 (else null): the MoE layers' all-to-all group, and the ranks
+  // holding the same experts (dp·cp/ep), over which their gradients are
+  // summed and ZeRO shards them.
+  Communicator* ep = nullptr;
+  Communicator* expert_dp = nullptr;
 };
 
 // The one way ranks agree that something went wrong before they go on to

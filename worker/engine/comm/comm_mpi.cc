@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/check.h"
 #include "common/seconds.h"
@@ -226,6 +227,27 @@ class MpiCommunicator : public Communicator {
 
   void Barrier() override {
     Blocking(CommOp::kBarrier, 0, [&] { PT_MPI_CHECK(MPI_Barrier(comm_)); });
+  }
+
+  void AllToAllV(const float* send, const int64_t* send_counts, float* recv,
+                 const int64_t* recv_counts) override {
+    std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
+    int64_t s_at = 0, r_at = 0;
+    for (int r = 0; r < size_; ++r) {
+      sc[r] = MpiCount(send_counts[r], CommOp::kAllToAll);
+      rc[r] = MpiCount(recv_counts[r], CommOp::kAllToAll);
+      sd[r] = MpiCount(s_at, CommOp::kAllToAll);
+      rd[r] = MpiCount(r_at, CommOp::kAllToAll);
+      s_at += send_counts[r];
+      r_at += recv_counts[r];
+    }
+    // The bytes this rank sends, as a send's are counted.
+    Blocking(CommOp::kAllToAll, s_at * static_cast<int64_t>(sizeof(float)),
+             [&] {
+               PT_MPI_CHECK(MPI_Alltoallv(send, sc.data(), sd.data(), MPI_FLOAT,
+                                          recv, rc.data(), rd.data(), MPI_FLOAT,
+                                          comm_));
+             });
   }
 
   std::unique_ptr<CommHandle> AllReduceAsync(float* data,

@@ -23,6 +23,7 @@ StageActivationDims StageActivationDims::Of(const GptConfig& config, int max_B,
   d.tp = tp;
   d.moe = config.moe;
   d.Vl = config.padded_vocab / tp;
+  d.T = max_T;
   d.BT = SatMul(max_B, max_T);
   d.BTs = SatMul(max_B, sp ? max_T / tp : max_T);
   // What attention keeps: the backend says; with none, the (B,NH,T,T)

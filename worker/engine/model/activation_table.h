@@ -52,6 +52,7 @@ struct StageSlot {
 // when `ops` is given, else the most any backend keeps).
 struct StageActivationDims {
   int64_t C = 0, L = 0, Cl = 0, Vl = 0, BT = 0, BTs = 0;
+  int64_t T = 0;  // a microbatch sequence's positions on this rank
   // Channels of the key (and of the value) heads on this rank, and of the
   // MLP's hidden layer (GPT-2's: Cl and 4Cl).
   int64_t Kl = 0, Hl = 0;

@@ -47,8 +47,8 @@ BlockStack::BlockStack(const ModelParts& parts, const GptConfig& config,
         const int k = tensors[q][i].unit;
         auto set = [&](Variant v, bool begins, bool ends) {
           PartPass::Place p = found[i];
-          p.begins = begins;
-          p.ends = ends;
+          p.begins = begins && p.unit >= 0;  // another ep rank's expert: none
+          p.ends = ends && p.unit >= 0;
           places_[Index(v, b, q) + i] = p;
         };
         set(kForward, q == first[k], q == last[k]);
@@ -160,6 +160,10 @@ std::vector<PartPass::Place> PlacesOf(const ModelPart& part,
     const std::string name = prefix + t.name;
     auto it = std::find_if(layout.begin(), layout.end(),
                            [&](const ParamInfo& p) { return p.name == name; });
+    if (it == layout.end() && t.expert >= 0) {
+      places.push_back({-1, 0});  // an expert another ep rank holds
+      continue;
+    }
     PT_CHECK(it != layout.end(), ("the layout has no " + name).c_str());
     places.push_back({it->unit, it->unit_offset});
   }

@@ -77,7 +77,8 @@ class BlockStack {
 
 // The places of `part`'s tensors in `layout`, named `prefix` and their
 // names, none beginning or ending its unit (the caller brackets them).
-// PT_CHECKs that the layout holds each.
+// PT_CHECKs that the layout holds each but the routed experts other ep
+// ranks hold (unit -1).
 std::vector<PartPass::Place> PlacesOf(const ModelPart& part,
                                       const GptConfig& config,
                                       const std::vector<ParamInfo>& layout,

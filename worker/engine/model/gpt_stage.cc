@@ -53,6 +53,7 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
       recompute_(o.recompute),
       split_(o.split_backward),
       cp_(o.cp),
+      ep_(o.ep),
       graphs_(o.graphs),
       Cl_(config.n_embd / o.tp.size()),
       NHl_(config.n_head / o.tp.size()),
@@ -304,6 +305,7 @@ PartPass::Shared GptStage::Pass(int B, int T, const TpGroup& g) const {
   s.config = &config_;
   s.tp = g;
   s.cp = cp_;
+  s.ep = ep_;
   s.work = &work_;
   s.act_div = act_div_;
   s.B = B;

@@ -60,6 +60,7 @@ struct StageOptions {
   // not split: it computes every position on every cp rank, its cache as
   // long as the whole sequence.
   CpGroup cp;
+  Communicator* ep = nullptr;  // ep > 1: the MoE layers' all-to-all group
   // The backward runs as two passes (BackwardInput, then BackwardWeights):
   // each slot also keeps, per layer, the output gradients of the block's
   // four linear layers from the one to the other.
@@ -71,8 +72,7 @@ struct StageOptions {
   // before the last records every forward. Only for a stage without tp or
   // cp whose store communicates nothing inside a pass (ZeRO 0, dp 1:
   // common/spec.h CudaGraphsUnsupported), without split_backward. Where a
-  // capture fails the pass runs op by op, with a warning
-  // (graph_counts()).
+  // capture fails the pass runs op by op, with a warning (graph_counts()).
   bool graphs = false;
 };
 
@@ -104,13 +104,12 @@ class GptStage : private UnitStore {
   void InitParams(uint64_t seed);
   void ZeroGrad();
 
-  // Pointers to tokens and targets are host memory; every float pointer in
-  // and out is the backend's.
-  // One microbatch's forward into `slot`. First stage: `tokens` (B,T).
-  // Other stages: `hidden` (B,Ts,C), the previous stage's output. Last stage
-  // with `targets`: returns the mean loss over the B·T positions and keeps
-  // what backward needs; without targets returns 0 and leaves logits()
-  // valid. Other stages: output() holds (B,Ts,C) for the next stage.
+  // (Tokens and targets are in host memory, floats in the backend's.) One
+  // microbatch's forward into `slot`. First stage: `tokens` (B,T). Other
+  // stages: `hidden` (B,Ts,C), the previous stage's output. Last stage with
+  // `targets`: returns the mean loss over the B·T positions and keeps what
+  // backward needs; without targets returns 0 and leaves logits() valid.
+  // Other stages: output() holds (B,Ts,C) for the next stage.
   // `dloss` non-zero (training, last stage with targets): the loss's
   // gradient of the logits is computed with the loss (the fused
   // classifier), for the Backward with that dloss; 0 keeps the
@@ -126,12 +125,11 @@ class GptStage : private UnitStore {
   void Backward(int slot, const int32_t* tokens, const int32_t* targets,
                 float dloss, const float* dout);
   // The same backward in two passes (split_backward stages only): the
-  // input-gradient pass B (arguments and dinput() as Backward's; the
-  // LayerNorm and embedding gradients too), which keeps the linear layers'
-  // output gradients in the slot, and later the weight pass W, which
-  // accumulates the linear layers' weight and bias gradients from them.
-  // The slot is not reused in between. Together they accumulate what
-  // Backward does, bit for bit.
+  // input-gradient pass B (arguments and dinput() as Backward's; the norm
+  // and embedding gradients too), which keeps the linear layers' output
+  // gradients in the slot, and later the weight pass W, which accumulates
+  // the linear layers' weight gradients from them (the slot is not reused
+  // in between): together what Backward does, bit for bit.
   void BackwardInput(int slot, const int32_t* tokens, const int32_t* targets,
                      float dloss, const float* dout);
   void BackwardWeights(int slot);
@@ -140,12 +138,11 @@ class GptStage : private UnitStore {
   // forward of the n tokens at positions [pos, pos + n), attending to the
   // positions before them that earlier Decode calls cached (a Decode at pos
   // 0 starts a new sequence). First stage: `tokens` (n); others: `hidden`
-  // (n,C), the previous stage's output(0). Afterwards output(0) holds
-  // (n,C) for the next stage, or logits(0) the (n,Vl) logits. Uses slot 0
-  // and a cache of 2·L·max_T·cp·Cl floats, allocated at the first call (not
-  // in memory(): generation only). Every position is computed on every rank
-  // of the tensor-parallel group, with or without sequence parallelism, and
-  // of the cp group (no ring: each holds the whole cache).
+  // (n,C), the previous stage's output(0). Afterwards output(0) holds (n,C)
+  // for the next stage, or logits(0) the (n,Vl) logits. Uses slot 0 and a
+  // cache of 2·L·max_T·cp·Cl floats, allocated at the first call (not in
+  // memory()). Every rank of the tp group (with or without sequence
+  // parallelism) and of the cp group (no ring) computes every position.
   void Decode(const int32_t* tokens, const float* hidden, int n, int pos);
   // The most positions one Decode takes (the slot's buffers' size).
   int decode_max() const { return max_B_ * tp_.SeqLocal(max_T_); }
@@ -250,6 +247,7 @@ class GptStage : private UnitStore {
   const Recompute recompute_;
   const bool split_;  // StageOptions::split_backward
   const CpGroup cp_;
+  Communicator* const ep_;
   const bool graphs_;  // StageOptions::graphs
   PassRecorder recorder_;
   const int Cl_, NHl_, Vl_, vocab_begin_;

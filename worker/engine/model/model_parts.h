@@ -36,11 +36,13 @@ struct PartTensor {
   // Normal init scaled by 1/sqrt(2L): a projection onto the residual
   // stream (GPT-2's two per block).
   bool residual_projection = false;
-  int unit = 0;  // its ZeRO unit within its block (a block's are 0..3)
+  int unit = 0;  // its ZeRO unit within its block (a block's are 0..7)
   // Its tensor-parallel plan entry: how tp slices it, and whether its
   // gradient is summed over tp under sequence parallelism.
   TpSplit split = TpSplit::kReplicated;
   bool sequence_partial = false;
+  // A routed expert's index (ParamInfo::expert); -1: not an expert's.
+  int expert = -1;
 };
 
 // A norm's vector over the channels (n_embd): its weight or its bias,

@@ -60,6 +60,8 @@ class PartPass {
     TpGroup tp;
     // The group splitting the sequence (none in generation).
     CpGroup cp;
+    // The group the MoE layers' experts are split over (null: ep = 1).
+    Communicator* ep = nullptr;
     const BlockWork* work = nullptr;
     int64_t act_div = 1;  // stored elements per float (2: bf16 rows)
     int B = 0, T = 0;     // the microbatch (T: whole positions on this rank)
@@ -107,6 +109,7 @@ class PartPass {
   const GptConfig& config() const { return *s_.config; }
   const TpGroup& tp() const { return s_.tp; }
   const CpGroup& cp() const { return s_.cp; }
+  Communicator* ep() const { return s_.ep; }
   const BlockWork& work() const { return *s_.work; }
   const LayerContext& scratch() const { return s_.work->scratch; }
   int B() const { return s_.B; }
@@ -125,6 +128,7 @@ class PartPass {
   // An MoE layer's routing: `offsets` (E+1, host) of the tokens kept per
   // expert, and the choices dropped.
   void AddLoad(const int32_t* offsets, int E, int64_t dropped) const;
+  int layer() const { return s_.layer; }
   bool split() const { return s_.split; }
   bool selective() const { return s_.selective; }
   bool decoding() const { return s_.pos >= 0; }

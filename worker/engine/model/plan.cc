@@ -197,6 +197,15 @@ void SplitStages(std::vector<ParamInfo>* tensors,
   }
 }
 
+void KeepExperts(std::vector<ParamInfo>* tensors, const GptConfig& config,
+                 int ep_rank) {
+  if (!config.has_moe() || config.moe.ep == 1) return;
+  const int n = config.local_experts(), first = ep_rank * n;
+  std::erase_if(*tensors, [&](const ParamInfo& p) {
+    return p.expert >= 0 && (p.expert < first || p.expert >= first + n);
+  });
+}
+
 std::vector<ParamInfo> LayoutUnits(const std::vector<ParamInfo>& tensors,
                                    int stage, int pad) {
   return LayoutUnits(tensors, std::vector<int>{stage}, pad);
@@ -224,6 +233,9 @@ std::vector<ParamInfo> LayoutUnits(const std::vector<ParamInfo>& tensors,
       if (unit >= 0) close_unit();
       global_unit = t.unit;
       ++unit;
+    } else {
+      PT_CHECK((t.expert >= 0) == (out.back().expert >= 0),
+               "a unit mixes routed experts' tensors with others");
     }
     ParamInfo p = t;
     p.unit = unit;
@@ -241,6 +253,7 @@ std::vector<UnitRange> Units(const std::vector<ParamInfo>& layout, int pad) {
   for (const ParamInfo& p : layout) {
     UnitRange& u = units[p.unit];
     if (p.unit_offset == 0) u.begin = p.offset;
+    u.expert = p.expert >= 0;
     u.size = std::max(u.size, p.unit_offset + p.numel);
   }
   for (UnitRange& u : units) u.size = (u.size + pad - 1) / pad * pad;
@@ -284,6 +297,7 @@ std::vector<ParamInfo> BuildPlan(const GptConfig& config,
            "one layer count per pipeline stage");
   SplitStages(&tensors, stage_layers);
   ApplyTensorParallel(&tensors, config, o.tp, o.tp_rank);
+  KeepExperts(&tensors, config, o.ep_rank);
   return LayoutUnits(tensors, RankStages(o), o.pad);
 }
 

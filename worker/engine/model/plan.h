@@ -49,6 +49,9 @@ struct GptConfig {
   // token passes through (one MLP of shared·hidden); experts 0: dense.
   struct Moe {
     int experts = 0, top_k = 0, shared = 0, hidden = 0;
+    // parallel.ep: the ranks the routed experts are split over, each
+    // holding experts/ep of them.
+    int ep = 1;
     kernels::math::RouterScore router = kernels::math::RouterScore::kSoftmax;
     float capacity_factor = 0, aux_coef = 0, z_coef = 0;
     // The most of a sequence's T tokens an expert takes: ceil(capacity
@@ -61,6 +64,8 @@ struct GptConfig {
   };
   Moe moe{};
   bool has_moe() const { return moe.experts > 0; }
+  // The routed experts each ep rank holds.
+  int local_experts() const { return moe.experts / moe.ep; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int hidden() const { return ffn_hidden > 0 ? ffn_hidden : 4 * n_embd; }
   // The key and value heads a rank of tp computes with: its share where tp
@@ -135,6 +140,10 @@ struct ParamInfo {
   // summed over tp with or without sp: key and value heads fewer than tp
   // ranks (each rank computes with one of them).
   bool tp_partial = false;
+  // A routed expert's tensor (model.moe): the expert's index, held by one
+  // rank of each ep group (KeepExperts), its gradients summed and sharded
+  // over the ranks holding it; -1 for every other tensor.
+  int expert = -1;
 
   // From SplitStages: the pipeline stage that holds it (the virtual stage
   // under an interleaved schedule: pipeline rank stage % pp holds it).
@@ -207,6 +216,11 @@ std::vector<int> EvenStageLayers(int n_layer, int pp);
 void ApplyTensorParallel(std::vector<ParamInfo>* tensors,
                          const GptConfig& config, int tp, int tp_rank);
 
+// 3b. Keeps of the routed experts' tensors those of rank `ep_rank` of
+// config.moe.ep: experts [ep_rank·E/ep, (ep_rank+1)·E/ep) of every layer.
+void KeepExperts(std::vector<ParamInfo>* tensors, const GptConfig& config,
+                 int ep_rank);
+
 // 4. Keeps the tensors of `stage` and lays them out in ZeRO units — [wte
 // wpe] on the first stage; per block [ln_1 c_attn] [attn.c_proj] [ln_2
 // c_fc] [mlp.c_proj]; [ln_f] on the last — each unit padded to a multiple
@@ -228,6 +242,8 @@ std::vector<ParamInfo> StageSlice(const std::vector<ParamInfo>& layout,
 // A unit's place in the flat buffer: [begin, begin + size), size padded.
 struct UnitRange {
   int64_t begin = 0, size = 0;
+  // Its tensors are routed experts' (a unit holds only experts' or none).
+  bool expert = false;
 };
 std::vector<UnitRange> Units(const std::vector<ParamInfo>& layout, int pad);
 
@@ -235,13 +251,14 @@ std::vector<UnitRange> Units(const std::vector<ParamInfo>& layout, int pad);
 struct PlanOptions {
   int tp = 1, tp_rank = 0;
   int pp = 1, pp_rank = 0;
-  int pad = 1;  // dp: ZeRO's shard count
+  int pad = 1;  // dp·cp: ZeRO's shard count (a multiple of an expert's)
   // Model chunks per pipeline rank (interleaved schedule): the model is
   // split into pp·v virtual stages and rank r holds stages r, r+pp, ...
   int virtual_stages = 1;
   // Layers of each of the pp·v stages (PipelineStageLayers of the spec);
   // empty: EvenStageLayers.
   std::vector<int> stage_layers;
+  int ep_rank = 0;  // which experts/ep of each MoE layer's experts it holds
 };
 
 // The virtual stages pipeline rank `pp_rank` holds, in increasing order.

@@ -43,10 +43,12 @@ std::string PlanKey(const ParamInfo& p) {
 }
 
 // The global unit of a tensor before LayoutUnits numbers them per stage:
-// 0 embeddings, 1 + 4l + k block l's k-th, 4L + 1 ln_f.
+// 0 embeddings, 1 + kBlockUnits·l + k block l's k-th, after the blocks
+// ln_f's (a block's units need not all be used).
+constexpr int kBlockUnits = 8;
 int GlobalUnit(int layer, int unit_in_block, bool final_norm, int L) {
-  if (final_norm) return 4 * L + 1;
-  return layer < 0 ? 0 : 1 + 4 * layer + unit_in_block;
+  if (final_norm) return kBlockUnits * L + 1;
+  return layer < 0 ? 0 : 1 + kBlockUnits * layer + unit_in_block;
 }
 
 }  // namespace
@@ -82,6 +84,7 @@ std::vector<ParamInfo> GptTensors(const GptConfig& cfg) {
                      ? (t.residual_projection ? proj_std : std)
                      : 0.0;
     p.unit = unit;
+    p.expert = t.expert;
     p.boxes = {WholeBox(p.global_shape)};
     p.numel = ShapeNumel(p.shape);
     out.push_back(std::move(p));

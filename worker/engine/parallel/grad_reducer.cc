@@ -13,51 +13,72 @@ namespace {
 constexpr int kEmbSlot = 0, kFinalSlot = 1, kBlockSlot = 2;
 }  // namespace
 
+UnitGroups::UnitGroups(int dense_size, Communicator* dp_group,
+                       Communicator* expert_group) {
+  dense = {dense_size, dp_group != nullptr ? dp_group->rank() : 0, dp_group};
+  expert = expert_group == nullptr ? dense
+                                   : Group{expert_group->size(),
+                                           expert_group->rank(), expert_group};
+}
+
+UnitGroups::UnitGroups(int dense_size, int expert_size) {
+  dense.size = dense_size;
+  expert.size = expert_size > 0 ? expert_size : dense_size;
+}
+
 GradReducer::GradReducer(const std::vector<UnitRange>& units, int emb_unit,
-                         int final_unit, int dp, int zero, int microbatches,
-                         int64_t bucket_bytes, Communicator* dp_group,
+                         int final_unit, const UnitGroups& groups, int zero,
+                         int microbatches, int64_t bucket_bytes,
                          kernels::Ops* ops)
     : units_(units),
       emb_unit_(emb_unit),
       final_unit_(final_unit),
-      dp_(dp),
+      groups_(groups),
       zero_(zero),
       bucket_bytes_(bucket_bytes),
       reduce_into_shard_(microbatches == 1),
-      comm_(dp_group),
       ops_(ops) {
   const std::vector<int64_t> sizes =
-      SlotSizes(units_, emb_unit_, final_unit_, zero_);
+      SlotSizes(units_, emb_unit_, final_unit_, zero_, &groups_);
   for (int s = 0; s < 4; ++s) {
     scratch_[s] = kernels::Buffer(ops_, sizes[s]);
     // With one microbatch a unit is reduced once per step, straight into
     // the (zeroed) shard; only accumulation needs a staging buffer.
-    if (!reduce_into_shard_)
-      staging_[s] = kernels::Buffer(ops_, sizes[s] / dp_);
+    if (!reduce_into_shard_) staging_[s] = kernels::Buffer(ops_, sizes[4 + s]);
   }
 }
 
 std::vector<int64_t> GradReducer::SlotSizes(const std::vector<UnitRange>& units,
                                             int emb_unit, int final_unit,
-                                            int zero) {
-  if (zero < 2) return std::vector<int64_t>(4, 0);
-  // Block units differ in size; their shared slots fit the largest.
-  int64_t block_max = 0;
+                                            int zero,
+                                            const UnitGroups* shards) {
+  std::vector<int64_t> sizes(8, 0);
+  if (zero < 2) return sizes;
+  // Slot s takes the embedding's, the final unit's, or (2, 3) any block
+  // unit: each fits the largest unit it takes, and its staging the largest
+  // shard of one.
   for (int u = 0; u < static_cast<int>(units.size()); ++u) {
-    if (u != emb_unit && u != final_unit) {
-      block_max = std::max(block_max, units[u].size);
+    const int first = u == emb_unit ? 0 : u == final_unit ? 1 : 2;
+    const int last = first == 2 ? 3 : first;
+    for (int s = first; s <= last; ++s) {
+      sizes[s] = std::max(sizes[s], units[u].size);
+      if (shards != nullptr) {
+        sizes[4 + s] = std::max(sizes[4 + s], shards->ShardSize(units[u]));
+      }
     }
   }
-  return {emb_unit >= 0 ? units[emb_unit].size : 0,
-          final_unit >= 0 ? units[final_unit].size : 0, block_max, block_max};
+  return sizes;
 }
 
 int64_t GradReducer::ScratchFloats(const std::vector<UnitRange>& units,
-                                   int emb_unit, int final_unit, int dp,
-                                   int zero, int microbatches) {
+                                   int emb_unit, int final_unit,
+                                   const UnitGroups& groups, int zero,
+                                   int microbatches) {
+  const std::vector<int64_t> sizes =
+      SlotSizes(units, emb_unit, final_unit, zero, &groups);
   int64_t n = 0;
-  for (int64_t size : SlotSizes(units, emb_unit, final_unit, zero)) {
-    n += size + (microbatches == 1 ? 0 : size / dp);
+  for (int s = 0; s < 4; ++s) {
+    n += sizes[s] + (microbatches == 1 ? 0 : sizes[4 + s]);
   }
   return n;
 }
@@ -110,28 +131,45 @@ void GradReducer::UnitDone(int u) {
     float* out = reduce_into_shard_ ? grad_shard_ + (*shard_offset_)[u]
                                     : staging_[slot].data();
     p.handle =
-        comm_->ReduceScatterAsync(scratch_[slot].data(), out, ShardSize(u));
+        CommOf(u)->ReduceScatterAsync(scratch_[slot].data(), out, ShardSize(u));
     p.unit = u;
     p.slot = slot;
-  } else if (!last_microbatch_ || (zero_ == 0 && dp_ == 1)) {
-    return;  // gradients keep accumulating locally, or there is no one else
+  } else if (!last_microbatch_) {
+    return;  // gradients keep accumulating locally
   } else if (zero_ == 1) {
-    p.handle = comm_->ReduceScatterAsync(grads_full_ + units_[u].begin,
-                                         grad_shard_ + (*shard_offset_)[u],
-                                         ShardSize(u));
+    p.handle = CommOf(u)->ReduceScatterAsync(grads_full_ + units_[u].begin,
+                                             grad_shard_ + (*shard_offset_)[u],
+                                             ShardSize(u));
   } else {
     // Units finish in descending memory order, so a bucket is the contiguous
-    // range from the last unit added up to the first.
-    if (bucket_hi_ < 0) bucket_hi_ = units_[u].begin + units_[u].size;
-    bucket_lo_ = units_[u].begin;
-    const int64_t bytes =
-        (bucket_hi_ - bucket_lo_) * static_cast<int64_t>(sizeof(float));
-    if (bytes < bucket_bytes_ && bucket_lo_ != 0) return;
-    p.handle = comm_->AllReduceAsync(grads_full_ + bucket_lo_,
-                                     bucket_hi_ - bucket_lo_);
-    bucket_lo_ = bucket_hi_ = -1;
+    // range from the last unit added up to the first, of units of one group
+    // (a unit whose group is this rank alone ends it).
+    const UnitRange& unit = units_[u];
+    const bool alone = groups_.Of(unit).size == 1;
+    if (bucket_hi_ >= 0 && (alone || bucket_expert_ != unit.expert)) {
+      FlushBucket();
+    }
+    if (!alone) {
+      if (bucket_hi_ < 0) bucket_hi_ = unit.begin + unit.size;
+      bucket_lo_ = unit.begin;
+      bucket_expert_ = unit.expert;
+      const int64_t bytes =
+          (bucket_hi_ - bucket_lo_) * static_cast<int64_t>(sizeof(float));
+      if (bytes >= bucket_bytes_) FlushBucket();
+    }
+    if (unit.begin == 0 && bucket_hi_ >= 0) FlushBucket();
+    return;
   }
   pending_.push_back(std::move(p));
+}
+
+void GradReducer::FlushBucket() {
+  const UnitGroups::Group& g = bucket_expert_ ? groups_.expert : groups_.dense;
+  Pending p;
+  p.handle =
+      g.comm->AllReduceAsync(grads_full_ + bucket_lo_, bucket_hi_ - bucket_lo_);
+  pending_.push_back(std::move(p));
+  bucket_lo_ = bucket_hi_ = -1;
 }
 
 void GradReducer::Complete(Pending& p) {
@@ -165,7 +203,9 @@ void GradReducer::Finish() {
   const double blocked =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
           .count();
-  if (comm_ != nullptr) comm_->stats().RecordExposed(blocked);
+  if (groups_.dense.comm != nullptr) {
+    groups_.dense.comm->stats().RecordExposed(blocked);
+  }
 }
 
 int64_t GradReducer::scratch_bytes() const {

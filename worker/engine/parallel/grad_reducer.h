@@ -26,14 +26,34 @@
 
 namespace ptrain {
 
+// The groups a unit's gradients are summed over: the dp group, or for the
+// routed experts' units (UnitRange::expert) the ranks holding the same
+// experts.
+struct UnitGroups {
+  struct Group {
+    int size = 1, rank = 0;
+    Communicator* comm = nullptr;  // null: size 1 without MPI
+  };
+  Group dense, expert;
+  // `dense_size` ranks over dp_group; `expert_group` null: the same.
+  UnitGroups(int dense_size, Communicator* dp_group,
+             Communicator* expert_group);
+  // Sizes alone (memory estimates): expert_size 0 is dense_size.
+  UnitGroups(int dense_size, int expert_size);
+  const Group& Of(const UnitRange& u) const {
+    return u.expert ? expert : dense;
+  }
+  int64_t ShardSize(const UnitRange& u) const { return u.size / Of(u).size; }
+};
+
 class GradReducer {
  public:
   // emb_unit / final_unit: the units that stay in backward for the whole
   // pass (-1 when the stage has none); every other unit is a block unit.
   // The scratch lives in `ops`' memory (not owned), like the gradients.
   GradReducer(const std::vector<UnitRange>& units, int emb_unit, int final_unit,
-              int dp, int zero, int microbatches, int64_t bucket_bytes,
-              Communicator* dp_group, kernels::Ops* ops);
+              const UnitGroups& groups, int zero, int microbatches,
+              int64_t bucket_bytes, kernels::Ops* ops);
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
 
@@ -62,7 +82,8 @@ class GradReducer {
   // The floats of scratch and staging a reducer with these arguments
   // allocates (memory estimates).
   static int64_t ScratchFloats(const std::vector<UnitRange>& units,
-                               int emb_unit, int final_unit, int dp, int zero,
+                               int emb_unit, int final_unit,
+                               const UnitGroups& groups, int zero,
                                int microbatches);
 
  private:
@@ -71,18 +92,22 @@ class GradReducer {
     int unit = -1;  // zero >= 2: the unit whose scratch is being reduced
     int slot = -1;  // its scratch slot
   };
-  // Scratch size of each slot (0 with zero < 2).
+  // Scratch size of each slot (0 with zero < 2), and of its staging (the
+  // largest shard of a unit it takes).
   static std::vector<int64_t> SlotSizes(const std::vector<UnitRange>& units,
-                                        int emb_unit, int final_unit, int zero);
-  int64_t ShardSize(int u) const { return units_[u].size / dp_; }
+                                        int emb_unit, int final_unit, int zero,
+                                        const UnitGroups* shards = nullptr);
+  int64_t ShardSize(int u) const { return groups_.ShardSize(units_[u]); }
+  Communicator* CommOf(int u) const { return groups_.Of(units_[u]).comm; }
   int SlotOf(int u) const;
   void Complete(Pending& p);  // after its handle finished
 
   const std::vector<UnitRange> units_;
-  const int emb_unit_, final_unit_, dp_, zero_;
+  const int emb_unit_, final_unit_;
+  const UnitGroups groups_;
+  const int zero_;
   const int64_t bucket_bytes_;
   const bool reduce_into_shard_;  // zero 2-3 with a single microbatch
-  Communicator* comm_;
   kernels::Ops* ops_;
   float* grads_full_ = nullptr;
   float* grad_shard_ = nullptr;
@@ -98,6 +123,8 @@ class GradReducer {
   std::deque<Pending> pending_;
   bool last_microbatch_ = true;
   int64_t bucket_lo_ = -1, bucket_hi_ = -1;
+  bool bucket_expert_ = false;  // the bucket's units are experts'
+  void FlushBucket();           // all-reduces the bucket (zero 0)
 };
 
 }  // namespace ptrain

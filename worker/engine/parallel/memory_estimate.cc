@@ -63,8 +63,8 @@ MemoryEstimate EstimateRankMemory(const RankBuild& b, bool async_copy) {
                             : b.precision == Precision::kBf16
                                 ? &kernels::CpuBf16Ops()
                                 : &kernels::CpuOps();
-  const ZeroStore::Footprint f =
-      ZeroStore::Measure(BuildPlan(b.model, b.plan), b.replicas(), b.zero);
+  const ZeroStore::Footprint f = ZeroStore::Measure(
+      BuildPlan(b.model, b.plan), b.replicas(), b.zero, b.expert_replicas());
   MemoryEstimate e;
   e.gpu = b.device == Device::kCuda;
   e.offload = b.offload_optimizer;

@@ -166,32 +166,50 @@ void DistributedOptimizer::ReduceSequencePartial() {
 
 double DistributedOptimizer::GlobalNormSquared() {
   const float* grads = store_->update_grads();
-  // [tp-split parts, tp-replicated tensors]: the first summed over tp, the
-  // second (the same on every tp rank) counted once.
-  double sq[2] = {0.0, 0.0};
+  // [tp-split parts, routed experts' (tp-split), tp-replicated tensors]:
+  // the first two summed over tp, the last (the same on every tp rank)
+  // counted once.
+  double sq[3] = {0.0, 0.0, 0.0};
   const bool tp = groups_.tp != nullptr && groups_.tp->size() > 1;
   if (store_->ops().device() != kernels::Device::kCpu && !tp &&
-      groups_.embedding == nullptr) {
-    // Without tp and a tied copy every element of the buffer counts once
-    // (the padding is zero): one reduction, one wait for the device.
-    sq[1] = store_->ops().SumSquares(grads, store_->update_size());
+      groups_.embedding == nullptr && groups_.ep == nullptr) {
+    // Without tp, a tied copy and experts apart every element of the
+    // buffer counts once (the padding is zero): one reduction, one wait
+    // for the device.
+    sq[2] = store_->ops().SumSquares(grads, store_->update_size());
   } else {
-    if (norm_runs_.empty()) {
+    if (norm_runs_.empty() && expert_runs_.empty()) {
       // The same stretches every step: tagged once, 1 where tp-replicated.
       store_->ForEachUpdateStretch(
           [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
             if (p.tied_copy) return;  // counted on stage 0
-            norm_runs_.push_back({at, hi - lo, p.tp_replicated() ? 1 : 0});
+            auto& runs = p.expert >= 0 ? expert_runs_ : norm_runs_;
+            runs.push_back({at, hi - lo, p.tp_replicated() ? 1 : 0});
           });
     }
+    double dense[2] = {0.0, 0.0}, experts[2] = {0.0, 0.0};
     store_->ops().SumSquaresRuns(grads, norm_runs_.data(),
-                                 static_cast<int>(norm_runs_.size()), sq);
+                                 static_cast<int>(norm_runs_.size()), dense);
+    if (!expert_runs_.empty()) {
+      store_->ops().SumSquaresRuns(grads, expert_runs_.data(),
+                                   static_cast<int>(expert_runs_.size()),
+                                   experts);
+    }
+    sq[0] = dense[0];
+    sq[1] = experts[0] + experts[1];
+    sq[2] = dense[1];
   }
-  if (store_->sharded() && groups_.dp != nullptr) groups_.dp->AllReduce(sq, 2);
+  if (store_->sharded() && groups_.dp != nullptr) {
+    groups_.dp->AllReduce(sq, 3);
+  } else if (groups_.ep != nullptr) {
+    // Whole, each ep rank's experts are its own (sharded, the dp group's
+    // sum counted each once).
+    groups_.ep->AllReduce(&sq[1], 1);
+  }
   if (groups_.tp != nullptr && groups_.tp->size() > 1) {
-    groups_.tp->AllReduce(sq, 1);
+    groups_.tp->AllReduce(sq, 2);
   }
-  double total = sq[0] + sq[1];
+  double total = sq[0] + sq[1] + sq[2];
   if (groups_.pp != nullptr && groups_.pp->size() > 1) {
     groups_.pp->AllReduce(&total, 1);
   }

@@ -139,8 +139,8 @@ class DistributedOptimizer {
   kernels::Buffer pack_;
   kernels::Buffer tied_;
   // The gradient norm's stretches (tag 1: tp-replicated), in the order of
-  // ForEachUpdateStretch; built at the first norm.
-  std::vector<kernels::Ops::Run> norm_runs_;
+  // ForEachUpdateStretch, the routed experts' apart; built at the first norm.
+  std::vector<kernels::Ops::Run> norm_runs_, expert_runs_;
 };
 
 }  // namespace ptrain

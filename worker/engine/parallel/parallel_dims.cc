@@ -97,6 +97,9 @@ absl::StatusOr<std::unique_ptr<ParallelDims>> ParallelDims::Single(
   d->world_group_ = MakeSelfCommunicator("world", d->stats_);
   for (Axis& a : d->axes_) {
     a.group = MakeSelfCommunicator(std::string(a.dim->name), d->stats_);
+    if (!a.dim->complement.empty()) {
+      a.rest = MakeSelfCommunicator(std::string(a.dim->complement), d->stats_);
+    }
   }
   return d;
 }
@@ -122,6 +125,7 @@ absl::StatusOr<std::unique_ptr<ParallelDims>> ParallelDims::Create(
   // coordinates (and, for dp, on all but cp's: the ranks holding the same
   // weights); the key orders members by their coordinates within it.
   for (Axis& a : d->axes_) {
+    if (!a.dim->within.empty()) continue;
     auto spanned = [&a](const Axis& b) {
       return &b == &a ||
              (!a.dim->also_spans.empty() && b.dim->name == a.dim->also_spans);
@@ -129,6 +133,21 @@ absl::StatusOr<std::unique_ptr<ParallelDims>> ParallelDims::Create(
     const int color =
         d->RankOrderIndex([&](const Axis& b) { return !spanned(b); });
     MPI_Comm_split(world, color, d->RankOrderIndex(spanned), &a.comm);
+  }
+  // A carved dimension's groups: ep consecutive members of the group it is
+  // carved from, and its complement, the members with its coordinate.
+  for (Axis& a : d->axes_) {
+    if (a.dim->within.empty()) continue;
+    const Axis& g = d->axis(a.dim->within);
+    auto in_group = [&](const Axis& b) {
+      return &b == &g || b.dim->name == g.dim->also_spans;
+    };
+    const int others =
+        d->RankOrderIndex([&](const Axis& b) { return !in_group(b); });
+    const int index = d->RankOrderIndex(in_group), n = a.degree;
+    const int size = static_cast<int>(d->layout_.group_size(g.dim->name));
+    MPI_Comm_split(world, others * size + index / n, index % n, &a.comm);
+    MPI_Comm_split(world, others * size + index % n, index / n, &a.rest_comm);
   }
   // The embedding group: stage 0 and the last stage of one pipeline (the
   // tied embedding and head); only those ranks, and only when pp > 1.
@@ -145,7 +164,12 @@ absl::StatusOr<std::unique_ptr<ParallelDims>> ParallelDims::Create(
     return MakeMpiCommunicator(comm, name, d->stats_, d->recorder_);
   };
   d->world_group_ = group(world, "world");
-  for (Axis& a : d->axes_) a.group = group(a.comm, std::string(a.dim->name));
+  for (Axis& a : d->axes_) {
+    a.group = group(a.comm, std::string(a.dim->name));
+    if (a.rest_comm != MPI_COMM_NULL) {
+      a.rest = group(a.rest_comm, std::string(a.dim->complement));
+    }
+  }
   if (d->emb_comm_ != MPI_COMM_NULL) {
     d->embedding_group_ = group(d->emb_comm_, "embedding");
   }
@@ -158,7 +182,9 @@ ParallelDims::~ParallelDims() {
   embedding_group_.reset();
   for (Axis& a : axes_) {
     a.group.reset();
+    a.rest.reset();
     if (a.comm != MPI_COMM_NULL) MPI_Comm_free(&a.comm);
+    if (a.rest_comm != MPI_COMM_NULL) MPI_Comm_free(&a.rest_comm);
   }
   if (emb_comm_ != MPI_COMM_NULL) MPI_Comm_free(&emb_comm_);
 }
@@ -184,6 +210,8 @@ void ParallelDims::AttachDevice(kernels::Ops* device_ops) {
     } else {
       collective.insert(collective.end() - 1, a.group.get());
     }
+    if (a.rest != nullptr)
+      collective.insert(collective.end() - 1, a.rest.get());
   }
   for (Communicator* g : collective) {
     if (g == nullptr) continue;
@@ -220,6 +248,12 @@ Communicator* ParallelDims::Working(std::string_view name) const {
 }
 
 Communicator* ParallelDims::tp_comm() const { return Working("tp"); }
+Communicator* ParallelDims::ep_comm() const { return Working("ep"); }
+
+Communicator* ParallelDims::edp_comm() const {
+  const Axis& a = axis("ep");
+  return a.degree > 1 ? OnDevice(a.rest.get()) : nullptr;
+}
 Communicator* ParallelDims::pp_comm() const { return Working("pp"); }
 Communicator* ParallelDims::cp_comm() const { return Working("cp"); }
 
@@ -230,7 +264,8 @@ Communicator* ParallelDims::embedding_comm() const {
 
 ComputeGroups ParallelDims::compute_groups() const {
   return ComputeGroups{dp_comm(), tp_comm(),        pp_comm(),
-                       cp_comm(), embedding_comm(), sequence_parallel()};
+                       cp_comm(), embedding_comm(), sequence_parallel(),
+                       ep_comm(), edp_comm()};
 }
 
 std::string ParallelDims::ToString() const {

@@ -66,6 +66,7 @@ class ParallelDims {
   int tp() const { return degree("tp"); }
   int pp() const { return degree("pp"); }
   int cp() const { return degree("cp"); }
+  int ep() const { return degree("ep"); }
   int zero() const { return layout_.zero; }
   bool sequence_parallel() const { return layout_.sequence_parallel; }
   int microbatches() const { return layout_.microbatches; }
@@ -127,6 +128,11 @@ class ParallelDims {
   Communicator* tp_comm() const;
   Communicator* pp_comm() const;
   Communicator* cp_comm() const;
+  // ep > 1: the ranks among which an MoE layer's experts are split (its
+  // tokens' all-to-all), and the ranks holding the same experts (their
+  // gradients are summed, and ZeRO shards them, over it).
+  Communicator* ep_comm() const;
+  Communicator* edp_comm() const;
   Communicator* embedding_comm() const;
   ComputeGroups compute_groups() const;
 
@@ -143,6 +149,9 @@ class ParallelDims {
     int degree = 1, coord = 0;
     MPI_Comm comm = MPI_COMM_NULL;
     std::unique_ptr<Communicator> group;
+    // A carved dimension's complement group (MeshDimension::complement).
+    MPI_Comm rest_comm = MPI_COMM_NULL;
+    std::unique_ptr<Communicator> rest;
   };
   const Axis& axis(std::string_view name) const {
     return axes_[MeshDimensionIndex(name)];

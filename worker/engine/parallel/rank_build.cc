@@ -40,12 +40,14 @@ GptConfig ModelConfig(const v1::JobSpec& spec, int vocab_size) {
     c.moe.capacity_factor = static_cast<float>(moe.capacity_factor());
     c.moe.aux_coef = static_cast<float>(moe.aux_loss_coef());
     c.moe.z_coef = static_cast<float>(moe.z_loss_coef());
+    c.moe.ep = JobLayout(spec).degree("ep");
   }
   c.padded_vocab = PaddedVocab(vocab_size, JobLayout(spec).degree("tp"));
   return c;
 }
 
-PlanOptions SpecPlan(const v1::JobSpec& spec, int tp_rank, int pp_rank) {
+PlanOptions SpecPlan(const v1::JobSpec& spec, int tp_rank, int pp_rank,
+                     int ep_rank) {
   const ParallelLayout p = JobLayout(spec);
   PlanOptions plan;
   plan.tp = p.degree("tp");
@@ -53,6 +55,7 @@ PlanOptions SpecPlan(const v1::JobSpec& spec, int tp_rank, int pp_rank) {
   plan.pp = p.degree("pp");
   plan.pp_rank = pp_rank;
   plan.pad = p.degree("dp") * p.degree("cp");
+  plan.ep_rank = ep_rank;
   plan.virtual_stages = p.virtual_stages;
   absl::StatusOr<std::vector<int>> layers = JobStageLayers(spec);
   PT_CHECK(layers.ok(), std::string(layers.status().message()).c_str());
@@ -61,7 +64,7 @@ PlanOptions SpecPlan(const v1::JobSpec& spec, int tp_rank, int pp_rank) {
 }
 
 RankBuild RankBuild::Of(const v1::JobSpec& spec, int vocab_size, int tp_rank,
-                        int pp_rank) {
+                        int pp_rank, int ep_rank) {
   const ParallelLayout p = JobLayout(spec);
   RankBuild b;
   b.model = ModelConfig(spec, vocab_size);
@@ -74,6 +77,7 @@ RankBuild RankBuild::Of(const v1::JobSpec& spec, int vocab_size, int tp_rank,
   b.tp = p.degree("tp");
   b.pp = p.degree("pp");
   b.cp = p.degree("cp");
+  b.ep = p.degree("ep");
   b.micro_B = b.global_batch / (b.dp * b.microbatches);
   b.virtual_stages = p.virtual_stages;
   b.sequence_parallel = p.sequence_parallel;
@@ -83,7 +87,7 @@ RankBuild RankBuild::Of(const v1::JobSpec& spec, int vocab_size, int tp_rank,
                        /*reduce_once_per_step=*/b.pp > 1,
                        /*bf16_weights=*/b.precision == Precision::kBf16};
   b.offload_optimizer = p.offload_optimizer;
-  b.plan = SpecPlan(spec, tp_rank, pp_rank);
+  b.plan = SpecPlan(spec, tp_rank, pp_rank, ep_rank);
   b.stages = RankStages(b.plan);
   b.slots =
       ChunkSlots(b.schedule, b.pp, pp_rank, b.microbatches, b.virtual_stages);

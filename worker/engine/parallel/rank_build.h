@@ -27,6 +27,7 @@ struct RankBuild {
   int micro_B = 1;       // sequences per microbatch on one dp rank
   int microbatches = 1;  // per optimizer step
   int dp = 1, tp = 1, pp = 1, cp = 1;
+  int ep = 1;  // the ranks of dp × cp each MoE layer's experts split over
   int virtual_stages = 1;  // model chunks per pipeline rank
   bool sequence_parallel = false;
   ScheduleKind schedule = ScheduleKind::k1F1B;
@@ -44,6 +45,9 @@ struct RankBuild {
   // The ranks holding the same weights, over which gradients are summed
   // and ZeRO shards: dp × cp.
   int replicas() const { return dp * cp; }
+  // The ranks holding the same routed experts, over which their gradients
+  // are summed and ZeRO shards them.
+  int expert_replicas() const { return replicas() / ep; }
   int n_stages() const { return pp * virtual_stages; }
   bool last_stage(int chunk) const { return stages[chunk] == n_stages() - 1; }
 
@@ -51,7 +55,7 @@ struct RankBuild {
   // vocabulary of `vocab_size` (model.vocab_size, or the data's when that
   // is 0).
   static RankBuild Of(const v1::JobSpec& spec, int vocab_size, int tp_rank,
-                      int pp_rank);
+                      int pp_rank, int ep_rank = 0);
 
   // Chunk c's stage options as far as the build decides them (the caller
   // adds the tensor-parallel group, the store and the backend).
@@ -65,7 +69,8 @@ GptConfig ModelConfig(const v1::JobSpec& spec, int vocab_size);
 // The plan options of the rank at (tp_rank, pp_rank) of a validated spec's
 // mesh: degrees, ZeRO padding (over dp × cp), virtual stages and each
 // stage's layers.
-PlanOptions SpecPlan(const v1::JobSpec& spec, int tp_rank, int pp_rank);
+PlanOptions SpecPlan(const v1::JobSpec& spec, int tp_rank, int pp_rank,
+                     int ep_rank = 0);
 
 }  // namespace ptrain
 

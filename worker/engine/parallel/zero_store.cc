@@ -23,15 +23,15 @@ int UnitOf(const std::vector<ParamInfo>& layout, const char* name) {
 
 ZeroStore::Sizes ZeroStore::ComputeSizes(const std::vector<ParamInfo>& layout,
                                          const std::vector<UnitRange>& units,
-                                         int dp, int zero, int grad_zero,
-                                         bool bf16_weights) {
+                                         const UnitGroups& groups, int zero,
+                                         int grad_zero, bool bf16_weights) {
   Sizes z;
   z.emb_unit = UnitOf(layout, "wte");
   z.final_unit = UnitOf(layout, "ln_f.weight");
   z.total = units.empty() ? 0 : units.back().begin + units.back().size;
   int64_t block_max = 0;
   for (int u = 0; u < static_cast<int>(units.size()); ++u) {
-    z.shard_total += units[u].size / dp;
+    z.shard_total += groups.ShardSize(units[u]);
     if (u != z.emb_unit && u != z.final_unit) {
       block_max = std::max(block_max, units[u].size);
     }
@@ -54,17 +54,19 @@ ZeroStore::Sizes ZeroStore::ComputeSizes(const std::vector<ParamInfo>& layout,
 }
 
 ZeroStore::Footprint ZeroStore::Measure(const std::vector<ParamInfo>& layout,
-                                        int dp, const ZeroOptions& o) {
+                                        int dp, const ZeroOptions& o,
+                                        int expert_dp) {
   const std::vector<UnitRange> units = Units(layout, dp);
+  const UnitGroups groups(dp, expert_dp);
   const Sizes z =
-      ComputeSizes(layout, units, dp, o.zero, GradZero(o), o.bf16_weights);
+      ComputeSizes(layout, units, groups, o.zero, GradZero(o), o.bf16_weights);
   Footprint f;
   f.params = z.params_full + z.shard + z.params16;
   for (int s = 0; s < kSlots; ++s) {
     f.params += z.gathered[s] + z.gathered16[s];
   }
   f.grads = z.grads_full + z.shard +
-            GradReducer::ScratchFloats(units, z.emb_unit, z.final_unit, dp,
+            GradReducer::ScratchFloats(units, z.emb_unit, z.final_unit, groups,
                                        GradZero(o), o.microbatches);
   f.update = o.zero >= 1 ? z.shard_total : z.total;
   return f;
@@ -72,25 +74,27 @@ ZeroStore::Footprint ZeroStore::Measure(const std::vector<ParamInfo>& layout,
 
 ZeroStore::ZeroStore(std::vector<ParamInfo> layout, int dp,
                      const ZeroOptions& o, Communicator* dp_group,
-                     kernels::Ops* ops)
+                     kernels::Ops* ops, Communicator* expert_group)
     : dp_(dp),
-      dp_rank_(dp_group != nullptr ? dp_group->rank() : 0),
       zero_(o.zero),
       grad_zero_(GradZero(o)),
       bf16_weights_(o.bf16_weights),
-      comm_(dp_group),
+      groups_(dp, dp_group, expert_group),
       layout_(std::move(layout)),
       units_(Units(layout_, dp)),
       n_units_(static_cast<int>(units_.size())),
       ops_(ops != nullptr ? ops : &kernels::CpuOps()) {
-  PT_CHECK(comm_ != nullptr || (dp_ == 1 && zero_ == 0),
+  Communicator* comm = groups_.dense.comm;
+  PT_CHECK(comm != nullptr || (dp_ == 1 && zero_ == 0),
            "dp > 1 or zero > 0 needs a dp group");
-  PT_CHECK(comm_ == nullptr || comm_->size() == dp_,
+  PT_CHECK(comm == nullptr || comm->size() == dp_,
            "the dp group's size differs from dp");
+  PT_CHECK(dp_ % groups_.expert.size == 0,
+           "the experts' group does not divide the dp group");
   PT_CHECK(!bf16_weights_ || ops_->activation_type() == kernels::DType::kBf16,
            "a bf16 copy of the weights on a backend that computes in fp32");
   const Sizes z =
-      ComputeSizes(layout_, units_, dp_, zero_, grad_zero_, bf16_weights_);
+      ComputeSizes(layout_, units_, groups_, zero_, grad_zero_, bf16_weights_);
   emb_unit_ = z.emb_unit;
   final_unit_ = z.final_unit;
   total_ = z.total;
@@ -110,9 +114,9 @@ ZeroStore::ZeroStore(std::vector<ParamInfo> layout, int dp,
     gathered_[s] = kernels::Buffer(ops_, z.gathered[s]);
     gathered16_[s] = kernels::Buffer(ops_, z.gathered16[s]);
   }
-  reducer_ = std::make_unique<GradReducer>(units_, emb_unit_, final_unit_, dp_,
-                                           grad_zero_, o.microbatches,
-                                           o.bucket_bytes, comm_, ops_);
+  reducer_ = std::make_unique<GradReducer>(units_, emb_unit_, final_unit_,
+                                           groups_, grad_zero_, o.microbatches,
+                                           o.bucket_bytes, ops_);
   reducer_->Attach(grads_full_.empty() ? nullptr : grads_full_.data(),
                    grad_shard_.empty() ? nullptr : grad_shard_.data(),
                    &shard_offset_);
@@ -197,7 +201,8 @@ float* ZeroStore::update_grads() {
 }
 
 void ZeroStore::Gather(int u, float* dst) {
-  comm_->AllGather(param_shard_.data() + shard_offset_[u], dst, ShardSize(u));
+  CommOf(u)->AllGather(param_shard_.data() + shard_offset_[u], dst,
+                       ShardSize(u));
 }
 
 void ZeroStore::GatherUpdatedParams() {
@@ -287,8 +292,8 @@ void ZeroStore::GatherFor(int u, int next) {
   prefetch_.unit = next;
   prefetch_.slot = other;
   prefetch_.handle =
-      comm_->AllGatherAsync(param_shard_.data() + shard_offset_[next],
-                            gathered_[other].data(), ShardSize(next));
+      CommOf(next)->AllGatherAsync(param_shard_.data() + shard_offset_[next],
+                                   gathered_[other].data(), ShardSize(next));
 }
 
 void ZeroStore::DropPrefetch() {

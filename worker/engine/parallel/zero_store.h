@@ -17,8 +17,11 @@
 // the stage's 1/pp of the model. Zero 3 still shards the weights.
 //
 // Units (plan.h) are each padded to a multiple of dp and sharded evenly:
-// rank r owns the r-th 1/dp of every unit. When gradients are reduced is
-// the GradReducer's business (grad_reducer.h), the update the
+// rank r owns the r-th 1/dp of every unit. Under expert parallelism the
+// routed experts' units (UnitRange::expert) belong to the smaller group of
+// the ranks holding the same experts (dp/ep of them, dividing dp): their
+// gradients are summed, and they are sharded, over it. When gradients are
+// reduced is the GradReducer's business (grad_reducer.h), the update the
 // DistributedOptimizer's (optimizer.h). Not thread-safe.
 #ifndef PTRAIN_WORKER_ENGINE_PARALLEL_ZERO_STORE_H_
 #define PTRAIN_WORKER_ENGINE_PARALLEL_ZERO_STORE_H_
@@ -51,9 +54,12 @@ class ZeroStore : public UnitStore {
  public:
   // `layout` is BuildPlan's with pad = dp. dp_group may be null when dp = 1
   // and zero = 0 (nothing to communicate). `ops` (null: the CPU) holds the
-  // buffers (dp_group must then communicate its memory).
+  // buffers (dp_group must then communicate its memory). expert_group: the
+  // ranks holding the same routed experts, for the experts' units (null:
+  // the dp group).
   ZeroStore(std::vector<ParamInfo> layout, int dp, const ZeroOptions& options,
-            Communicator* dp_group, kernels::Ops* ops = nullptr);
+            Communicator* dp_group, kernels::Ops* ops = nullptr,
+            Communicator* expert_group = nullptr);
   ZeroStore(const ZeroStore&) = delete;
   ZeroStore& operator=(const ZeroStore&) = delete;
 
@@ -129,12 +135,13 @@ class ZeroStore : public UnitStore {
 
   // What a ZeroStore over `layout` allocates, in floats, without building
   // one (memory estimates): the same numbers memory() reports / 4.
+  // expert_dp: the size of the group holding the same experts (0: dp).
   struct Footprint {
     int64_t params = 0, grads = 0;
     int64_t update = 0;  // update_size(): Adam keeps two floats per element
   };
   static Footprint Measure(const std::vector<ParamInfo>& layout, int dp,
-                           const ZeroOptions& options);
+                           const ZeroOptions& options, int expert_dp = 0);
 
   // UnitStore.
   const float* Params(int u) override;
@@ -161,18 +168,20 @@ class ZeroStore : public UnitStore {
     int64_t params16 = 0, gathered16[kSlots] = {0, 0, 0, 0};
   };
   static Sizes ComputeSizes(const std::vector<ParamInfo>& layout,
-                            const std::vector<UnitRange>& units, int dp,
-                            int zero, int grad_zero, bool bf16_weights);
+                            const std::vector<UnitRange>& units,
+                            const UnitGroups& groups, int zero, int grad_zero,
+                            bool bf16_weights);
   // The ZeRO stage gradients are handled by: zero, but 1 for zero 2-3
   // reduced once per step.
   static int GradZero(const ZeroOptions& o) {
     return o.reduce_once_per_step && o.zero >= 2 ? 1 : o.zero;
   }
-  int64_t ShardSize(int u) const { return units_[u].size / dp_; }
+  int64_t ShardSize(int u) const { return groups_.ShardSize(units_[u]); }
   // First element of this rank's shard of unit u in the full buffer.
   int64_t ShardBegin(int u) const {
-    return units_[u].begin + dp_rank_ * ShardSize(u);
+    return units_[u].begin + groups_.Of(units_[u]).rank * ShardSize(u);
   }
+  Communicator* CommOf(int u) const { return groups_.Of(units_[u]).comm; }
   // Gathered-weight slot (zero 3) holding unit u's weights: the embedding
   // and the final unit have their own (they bracket the whole pass), blocks
   // take turns in two; -1 where u is in none.
@@ -181,9 +190,9 @@ class ZeroStore : public UnitStore {
   // n fp32 values rounded into a bf16 buffer (the compute copy).
   void RoundInto(void* dst, const float* src, int64_t n);
 
-  const int dp_, dp_rank_, zero_, grad_zero_;
+  const int dp_, zero_, grad_zero_;
   const bool bf16_weights_;
-  Communicator* comm_;
+  const UnitGroups groups_;
   std::vector<ParamInfo> layout_;
   std::vector<UnitRange> units_;
   const int n_units_;

@@ -134,7 +134,7 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
       data_(std::move(data)),
       dims_(dims),
       build_(RankBuild::Of(spec_, data_.vocab_size, dims->tp_rank(),
-                           dims->pp_rank())) {
+                           dims->pp_rank(), dims->coordinate("ep"))) {
   if (spec_.resources().threads_per_rank() > 0) {
     omp_set_num_threads(spec_.resources().threads_per_rank());
   }
@@ -152,10 +152,9 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
     dims_->AttachDevice(device_ops_.get());
   }
   const ComputeGroups groups = dims_->compute_groups();
-  // The backend that computes (the bf16 CPU one under bf16): the store's
-  // bf16 copy of the weights is made for its matmuls.
+  // The store's bf16 weight copy is made for compute_ops()' matmuls.
   store_ = std::make_unique<ZeroStore>(layout, b.replicas(), b.zero, groups.dp,
-                                       compute_ops());
+                                       compute_ops(), groups.expert_dp);
   order_ = b.pp > 1 ? PipelineOrder(b.schedule, b.pp, dims_->pp_rank(),
                                     b.microbatches, b.virtual_stages)
                     : PipelineRuntime::SequentialOrder(b.microbatches);
@@ -187,6 +186,7 @@ void Trainer::BuildChunks(const std::vector<ParamInfo>& layout) {
     StageOptions stage = b.Stage(c);
     stage.tp = TpGroup{groups.tp, b.sequence_parallel};
     stage.cp = CpGroup{groups.cp};
+    stage.ep = groups.ep;
     stage.store = slices_.back().get();
     stage.ops = compute_ops();
     stage.graphs = graphs;

@@ -5,13 +5,25 @@
 // output is its experts' outputs weighted by the router; `shared` experts,
 // one MLP of shared·hidden channels, add their output for every token.
 //
-// Tensors: mlp.router.weight (E,C), replicated over tp, and the first linear
-// of every expert and of the shared MLP in the block's third unit; their
-// second linears in its fourth. An expert is split over tp as the dense MLP
+// Tensors: mlp.router.weight (E,C), replicated over tp, and the shared
+// MLP's two linears in the block's third unit; the routed experts' first
+// linears in its fourth, their second linears in its fifth (a unit holds
+// experts' tensors or none: under expert parallelism their gradients are
+// summed over other ranks). An expert is split over tp as the dense MLP
 // is (first linear by columns, second by rows), so every tp rank routes
 // every token of the microbatch (the input is gathered under sequence
 // parallelism) and the experts' partial outputs are summed over tp as the
 // dense MLP's are.
+//
+// Expert parallelism (config.moe.ep > 1): each rank of the ep group holds
+// E/ep consecutive experts. A rank routes its own tokens over all E; the
+// per-expert counts go to the experts' ranks first (one small all-to-all),
+// then the packed rows (an all-to-all of rows), which the receiver orders
+// by expert (each expert's rows by source rank: the one-rank order) and
+// computes; its outputs go back the same way. The backward sends the
+// outputs' gradients and returns the inputs'. The received rows are kept
+// for the backward, up to LocalRows of them: a dispatch past it fails,
+// naming the layer, the expert and the counts.
 //
 // Balance: the load-balancing loss and the router z-loss are added to the
 // training loss with weights aux_coef and z_coef, each over a sequence (the
@@ -23,18 +35,22 @@
 //
 // Rows (fp32; indices as int32 in float slots): the router's logits and
 // scores (N,E), its weights (N,k), the routing (experts, slots, order:
-// N·k each; counts E; offsets E+1), the experts' hidden layer before its
-// activation (N·k rows at most, dropless) and their outputs (N·k,C), and
-// the shared MLP's hidden layer (N,shared·hidden/tp, or twice for SwiGLU).
-// N = B·T, the whole microbatch.
+// N·k each; counts E; offsets E+1; the counts received by expert and
+// source, E), the local experts' hidden layer before its activation
+// (LocalRows) and their outputs in this rank's packed order (N·k,C), the
+// shared MLP's hidden layer (N,shared·hidden/tp, or twice for SwiGLU) and,
+// under ep, the rows received (LocalRows,C). N = B·T, the whole microbatch.
 //
 // A split backward's B computes the weight gradients too (W only ends the
 // units): zero-bubble schedules run, with less of the backward to fill the
 // bubble with.
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "worker/engine/model/activation_table.h"
 #include "worker/engine/model/model_parts.h"
 #include "worker/engine/model/part_pass.h"
@@ -42,15 +58,35 @@
 namespace ptrain {
 namespace {
 
-enum Row { kLogits, kScores, kWeights, kRoute, kHidden, kOut, kShared };
+enum Row { kLogits, kScores, kWeights, kRoute, kHidden, kOut, kShared, kIn };
 
 // The first linear's width for a hidden layer of h channels: SwiGLU's gate
 // and up halves, or GELU's one.
 int64_t GateWidth(bool swiglu, int64_t h) { return swiglu ? 2 * h : h; }
 
+// A rank's experts take, dropless, at most this many times their share of
+// the ep group's choices per microbatch.
+constexpr int kDroplessSlack = 2;
+
+// The rows a rank's experts take from one microbatch of B sequences of T
+// positions on each rank of its ep group, at most: all N·k choices of its
+// own (ep 1); else the most its E/ep experts keep of the B·ep sequences
+// at the capacity, dropless kDroplessSlack times their share; never more
+// than every choice of the group.
+int64_t LocalRows(const GptConfig::Moe& m, int64_t B, int64_t T) {
+  const int64_t Nk = SatMul(SatMul(B, T), m.top_k);
+  if (m.ep == 1) return Nk;
+  const int64_t all = SatMul(Nk, m.ep);
+  const int cap = m.Capacity(static_cast<int>(T));
+  const int64_t bound =
+      cap > 0 ? SatMul(SatMul(m.experts / m.ep, cap), SatMul(B, m.ep))
+              : SatMul(Nk, kDroplessSlack);
+  return std::min(all, bound);
+}
+
 // Where the routing's int32 arrays lie in its row.
 struct RouteRows {
-  int32_t *experts, *slots, *order, *counts, *offsets;
+  int32_t *experts, *slots, *order, *counts, *offsets, *received;
   RouteRows(float* row, int64_t N, int k, int E) {
     auto* p = reinterpret_cast<int32_t*>(row);
     const int64_t Nk = N * k;
@@ -59,9 +95,10 @@ struct RouteRows {
     order = p + 2 * Nk;
     counts = p + 3 * Nk;
     offsets = counts + E;
+    received = offsets + E + 1;
   }
   static int64_t Floats(int64_t N, int k, int E) {
-    return 3 * N * k + 2 * int64_t{E} + 1;
+    return 3 * N * k + 3 * int64_t{E} + 1;
   }
 };
 
@@ -71,8 +108,11 @@ class MoeMlp : public SublayerPart {
 
   std::vector<PartTensor> Tensors(const GptConfig& c) const override {
     const GptConfig::Moe& m = c.moe;
-    const int64_t C = c.n_embd, H = m.hidden;
+    const int64_t C = c.n_embd, H = m.hidden, S = int64_t{m.shared} * H;
     using Init = ParamInfo::Init;
+    const std::string first = swiglu_ ? ".gate_up_proj" : ".c_fc";
+    const std::string second = swiglu_ ? ".down_proj" : ".c_proj";
+    const TpSplit gate = swiglu_ ? TpSplit::kStacked2 : TpSplit::kColumn;
     std::vector<PartTensor> out = {{"mlp.router.weight",
                                     {m.experts, C},
                                     Init::kNormal,
@@ -80,35 +120,43 @@ class MoeMlp : public SublayerPart {
                                     2,
                                     TpSplit::kReplicated,
                                     false}};
-    // The first linears (the third unit), then the second linears (the
-    // fourth): a unit's tensors lie together.
-    const std::string first = swiglu_ ? ".gate_up_proj" : ".c_fc";
-    const std::string second = swiglu_ ? ".down_proj" : ".c_proj";
-    const int n = m.experts + (m.shared > 0 ? 1 : 0);
-    auto prefix = [&](int e) {
-      return e < m.experts ? "mlp.experts." + std::to_string(e)
-                           : std::string("mlp.shared");
-    };
-    auto hidden = [&](int e) {
-      return e < m.experts ? H : int64_t{m.shared} * H;
-    };
-    for (int e = 0; e < n; ++e) {
-      out.push_back({prefix(e) + first + ".weight",
-                     {swiglu_ ? 2 * hidden(e) : hidden(e), C},
+    if (m.shared > 0) {
+      out.push_back({"mlp.shared" + first + ".weight",
+                     {Gate(S), C},
                      Init::kNormal,
                      false,
                      2,
-                     swiglu_ ? TpSplit::kStacked2 : TpSplit::kColumn,
+                     gate,
                      false});
-    }
-    for (int e = 0; e < n; ++e) {
-      out.push_back({prefix(e) + second + ".weight",
-                     {C, hidden(e)},
+      out.push_back({"mlp.shared" + second + ".weight",
+                     {C, S},
                      Init::kNormal,
                      true,
-                     3,
+                     2,
                      TpSplit::kRow,
                      false});
+    }
+    // The routed experts' first linears (the fourth unit), then their
+    // second linears (the fifth): a unit's tensors lie together.
+    for (int e = 0; e < m.experts; ++e) {
+      out.push_back({"mlp.experts." + std::to_string(e) + first + ".weight",
+                     {Gate(H), C},
+                     Init::kNormal,
+                     false,
+                     3,
+                     gate,
+                     false,
+                     e});
+    }
+    for (int e = 0; e < m.experts; ++e) {
+      out.push_back({"mlp.experts." + std::to_string(e) + second + ".weight",
+                     {C, H},
+                     Init::kNormal,
+                     true,
+                     4,
+                     TpSplit::kRow,
+                     false,
+                     e});
     }
     return out;
   }
@@ -116,30 +164,35 @@ class MoeMlp : public SublayerPart {
   std::vector<ActivationRow> Rows(const StageActivationDims& d) const override {
     const GptConfig::Moe& m = d.moe;
     const int64_t N = d.BT, Nk = SatMul(N, m.top_k);
+    const int64_t R = LocalRows(m, d.T > 0 ? d.BT / d.T : 0, d.T);
     return {
         {"mlp.logits", SatMul(N, m.experts)},
         {"mlp.scores", SatMul(N, m.experts)},
         {"mlp.weights", Nk},
         {"mlp.route", RouteRows::Floats(N, m.top_k, m.experts)},
-        {"mlp.hidden", SatMul(Nk, Gate(int64_t{m.hidden} / d.tp))},
+        {"mlp.hidden", SatMul(R, Gate(int64_t{m.hidden} / d.tp))},
         {"mlp.out", SatMul(Nk, d.C)},
-        {"mlp.shared", SatMul(N, Gate(int64_t{m.shared} * m.hidden / d.tp))}};
+        {"mlp.shared", SatMul(N, Gate(int64_t{m.shared} * m.hidden / d.tp))},
+        {"mlp.received", m.ep > 1 ? SatMul(R, d.C) : 0}};
   }
 
   // hidden_a: the gathered input, the partial output (or the input's
-  // gradient), the gathered output gradient, the packed rows and their
-  // gradients, the router's gradients; hidden_b: an activation, its
-  // gradient and the hidden layer's gradient (the experts', then the
-  // shared MLP's).
+  // gradient), the gathered output gradient (the shared MLP's output in
+  // the forward), the packed rows and their gradients, the router's
+  // gradients and, under ep, two buffers of the received rows; hidden_b:
+  // an activation, its gradient and the hidden layer's gradient (the
+  // experts', then the shared MLP's).
   int64_t HiddenFloats(const StageActivationDims& d) const override {
     const GptConfig::Moe& m = d.moe;
     const int64_t N = d.BT, Nk = SatMul(N, m.top_k);
+    const int64_t R = LocalRows(m, d.T > 0 ? d.BT / d.T : 0, d.T);
     const int64_t Hl = m.hidden / d.tp,
                   Sl = int64_t{m.shared} * m.hidden / d.tp;
-    const int64_t a =
-        SatMul(3 * N, d.C) + SatMul(2 * Nk, d.C) + SatMul(N, m.experts) + Nk;
-    const int64_t b = 2 * std::max(SatMul(Nk, Hl), SatMul(N, Sl)) +
-                      SatMul(Nk, Gate(Hl)) + SatMul(N, Gate(Sl));
+    const int64_t a = SatAdd(
+        SatMul(3 * N, d.C) + SatMul(2 * Nk, d.C) + SatMul(N, m.experts) + Nk,
+        m.ep > 1 ? SatMul(2 * R, d.C) : 0);
+    const int64_t b = 2 * std::max(SatMul(R, Hl), SatMul(N, Sl)) +
+                      SatMul(R, Gate(Hl)) + SatMul(N, Gate(Sl));
     return std::max(a, b);
   }
 
@@ -158,45 +211,48 @@ class MoeMlp : public SublayerPart {
     w.Gather(in);
     p.Begin(kRouterTensor);
     w.Route();
-    w.ExpertsForward();
+    w.SharedForward();
     p.End(kRouterTensor);
-    p.Begin(SecondTensor(p.config().moe, 0));
+    p.Begin(w.first());
+    w.FirstForward();
+    p.End(w.first());
+    p.Begin(w.second());
     w.SecondForward();
     // Full recomputation's forward again stops at the rows the backward
     // reads.
     if (!p.recomputing()) w.Combine(out);
-    p.End(SecondTensor(p.config().moe, 0));
+    p.End(w.second());
   }
 
   // One unit at a time (a ZeRO-3 store holds one block unit and
-  // prefetches the next): the second linears' backward, then the first
-  // linears' and the router's.
+  // prefetches the next): the experts' second linears' backward, their
+  // first linears', then the shared MLP's and the router's.
   void Backward(const PartPass& p, float* din, const float* dout,
                 kernels::ConstAct in) const override {
     Work w(p, swiglu_);
     w.Gather(in);
-    p.Begin(SecondTensor(p.config().moe, 0));
+    p.Begin(w.second());
     w.SecondBackward(dout);
-    if (!p.split()) p.End(SecondTensor(p.config().moe, 0));
+    if (!p.split()) p.End(w.second());
+    p.Begin(w.first());
+    w.FirstBackward();
+    if (!p.split()) p.End(w.first());
     p.Begin(kRouterTensor);
-    w.FirstBackward(din);
+    w.RouterBackward(din);
     p.Poll();
     if (!p.split()) p.End(kRouterTensor);
   }
 
   void BackwardWeights(const PartPass& p, kernels::ConstAct) const override {
-    p.End(SecondTensor(p.config().moe, 0));
+    Work w(p, swiglu_);
+    p.End(w.second());
+    p.End(w.first());
     p.End(kRouterTensor);
     p.Poll();
   }
 
  private:
   static constexpr int kRouterTensor = 0;
-  // Expert e's (e = E: the shared MLP's) first and second linear.
-  static int FirstTensor(int e) { return 1 + e; }
-  static int SecondTensor(const GptConfig::Moe& m, int e) {
-    return 1 + m.experts + (m.shared > 0 ? 1 : 0) + e;
-  }
   int64_t Gate(int64_t h) const { return GateWidth(swiglu_, h); }
 
   // One pass's buffers and sizes.
@@ -213,7 +269,12 @@ class MoeMlp : public SublayerPart {
           N_(int64_t{p.B()} * p.T()),
           Hl_(m_.hidden / p.tp().size()),
           Sl_(int64_t{m_.shared} * m_.hidden / p.tp().size()),
+          El_(m_.experts / m_.ep),
+          e0_(p.ep() != nullptr ? p.ep()->rank() * El_ : 0),
+          R_max_(LocalRows(m_, p.B(), p.T())),
           route_(p.Row(kRoute), N_, m_.top_k, m_.experts) {
+      PT_CHECK((p.ep() != nullptr ? p.ep()->size() : 1) == m_.ep,
+               "the ep group's size differs from model.moe's ep");
       const int64_t Nk = N_ * m_.top_k;
       float* a = p.work().hidden_a;
       x_ = a;
@@ -223,12 +284,18 @@ class MoeMlp : public SublayerPart {
       dpacked_ = packed_ + Nk * C_;
       dlogits_ = dpacked_ + Nk * C_;
       dweights_ = dlogits_ + N_ * m_.experts;
-      const int64_t act = std::max(Nk * Hl_, N_ * Sl_);
+      mine_ = dweights_ + Nk;
+      moved_ = mine_ + (m_.ep > 1 ? R_max_ * C_ : 0);
+      const int64_t act = std::max(R_max_ * Hl_, N_ * Sl_);
       act_ = p.work().hidden_b;
       dact_ = act_ + act;
       dhidden_ = dact_ + act;
-      dshared_ = dhidden_ + Nk * Gate(Hl_);
+      dshared_ = dhidden_ + R_max_ * Gate(Hl_);
     }
+
+    // The tensors whose units hold this rank's routed experts.
+    int first() const { return 1 + SharedTensors() + e0_; }
+    int second() const { return first() + m_.experts; }
 
     // x_ (N,C), fp32: the whole microbatch's input.
     void Gather(kernels::ConstAct in) {
@@ -241,7 +308,8 @@ class MoeMlp : public SublayerPart {
       sequence_gather(x_, local, B_, T_, C_, p_.tp(), p_.scratch().a, ops_);
     }
 
-    // The router's rows and the dispatch plan, then the packed input.
+    // The router's rows and the dispatch plan, the packed input, and the
+    // rows of this rank's experts (received, under ep).
     void Route() {
       const int E = m_.experts, k = m_.top_k;
       float* logits = p_.Row(kLogits);
@@ -252,9 +320,26 @@ class MoeMlp : public SublayerPart {
                               m_.router, k > 1);
       Plan();
       ops_.moe_permute_forward(packed_, x_, route_.order, M(), k, C_);
+      if (m_.ep > 1) {
+        ExchangeCounts();
+        Dispatch(p_.Row(kIn), packed_);
+      }
       if (p_.recomputing() || p_.decoding()) return;
       p_.AddLoad(offsets_.data(), E, dropped_);
       p_.AddLoss(BalanceLosses(nullptr, 0.0f));
+    }
+
+    // The shared MLP's hidden row and (not recomputing) its output, kept
+    // in dout_ until Combine.
+    void SharedForward() {
+      if (m_.shared == 0) return;
+      ops_.matmul_forward(p_.Row(kShared), x_, p_.Weight(1), nullptr, 1,
+                          static_cast<int>(N_), C_,
+                          static_cast<int>(Gate(Sl_)));
+      if (p_.recomputing()) return;
+      Activate(act_, p_.Row(kShared), N_, Sl_);
+      ops_.matmul_forward(dout_, act_, p_.Weight(2), nullptr, 1,
+                          static_cast<int>(N_), static_cast<int>(Sl_), C_);
     }
 
     // The balance loss (each sequence's, their mean) and the z-loss (the
@@ -276,54 +361,45 @@ class MoeMlp : public SublayerPart {
       return loss;
     }
 
-    // The experts' first linear and activation's input: the hidden row.
-    void ExpertsForward() {
+    // The local experts' first linear: the hidden row.
+    void FirstForward() {
       float* hidden = p_.Row(kHidden);
+      const float* in = Input();
       const int64_t G = Gate(Hl_);
-      ForEachExpert([&](int e, int64_t at, int n) {
-        ops_.matmul_forward(hidden + at * G, packed_ + at * C_,
-                            p_.Weight(FirstTensor(e)), nullptr, 1, n, C_,
+      ForEachExpert([&](int i, int64_t at, int n) {
+        ops_.matmul_forward(hidden + at * G, in + at * C_,
+                            p_.Weight(first() + i), nullptr, 1, n, C_,
                             static_cast<int>(G));
       });
-      if (m_.shared > 0) {
-        ops_.matmul_forward(
-            p_.Row(kShared), x_, p_.Weight(FirstTensor(m_.experts)), nullptr, 1,
-            static_cast<int>(N_), C_, static_cast<int>(Gate(Sl_)));
-      }
     }
 
-    // The experts' outputs (the out row) from the hidden row.
+    // The experts' outputs, in this rank's packed order (the out row).
     void SecondForward() {
-      float* y = p_.Row(kOut);
-      Activate(act_, p_.Row(kHidden), M(), Hl_);
-      ForEachExpert([&](int e, int64_t at, int n) {
+      float* y = m_.ep > 1 ? mine_ : p_.Row(kOut);
+      Activate(act_, p_.Row(kHidden), Rows(), Hl_);
+      ForEachExpert([&](int i, int64_t at, int n) {
         ops_.matmul_forward(y + at * C_, act_ + at * Hl_,
-                            p_.Weight(SecondTensor(m_, e)), nullptr, 1, n,
+                            p_.Weight(second() + i), nullptr, 1, n,
                             static_cast<int>(Hl_), C_);
       });
+      if (m_.ep > 1) Return(p_.Row(kOut), mine_);
     }
 
     // out (B,Ts,C): the weighted experts' outputs and the shared MLP's,
     // summed over tp.
     void Combine(float* out) {
-      const int k = m_.top_k;
       ops_.moe_unpermute_forward(partial_, p_.Row(kOut), p_.Row(kWeights),
-                                 route_.slots, static_cast<int>(N_), k, C_);
-      if (m_.shared > 0) {
-        Activate(act_, p_.Row(kShared), N_, Sl_);
-        ops_.matmul_forward(packed_, act_,
-                            p_.Weight(SecondTensor(m_, m_.experts)), nullptr, 1,
-                            static_cast<int>(N_), static_cast<int>(Sl_), C_);
-        ops_.Add(partial_, packed_, N_ * C_);
-      }
+                                 route_.slots, static_cast<int>(N_), m_.top_k,
+                                 C_);
+      if (m_.shared > 0) ops_.Add(partial_, dout_, N_ * C_);
       sequence_reduce(out, partial_, B_, T_, C_, p_.tp(), p_.scratch().a, ops_);
     }
 
-    // The gradients of the second linears' weights, and of the experts'
-    // and the shared MLP's hidden layers (kept in hidden_b for
-    // FirstBackward); the router weights' gradient.
+    // The second linears' weight gradients and the experts' hidden
+    // layers' gradient (kept in hidden_b for FirstBackward); the router
+    // weights' gradient.
     void SecondBackward(const float* dout) {
-      const int E = m_.experts, k = m_.top_k, N = static_cast<int>(N_);
+      const int k = m_.top_k, N = static_cast<int>(N_);
       ReadPlan();
       sequence_gather(dout_, dout, B_, T_, C_, p_.tp(), p_.scratch().a, ops_);
       ops_.moe_unpermute_backward(dpacked_, dweights_, dout_, p_.Row(kOut),
@@ -333,43 +409,57 @@ class MoeMlp : public SublayerPart {
       if (p_.tp().comm != nullptr) {
         p_.tp().comm->AllReduce(dweights_, N_ * k);
       }
+      float* dy = dpacked_;
+      if (m_.ep > 1) {
+        Dispatch(mine_, dpacked_);
+        dy = mine_;
+      }
       const float* hidden = p_.Row(kHidden);
-      Activate(act_, hidden, M(), Hl_);
-      ForEachExpert([&](int e, int64_t at, int n) {
-        ops_.matmul_backward(dact_ + at * Hl_, p_.Grad(SecondTensor(m_, e)),
-                             nullptr, dpacked_ + at * C_, act_ + at * Hl_,
-                             p_.Weight(SecondTensor(m_, e)), 1, n,
+      Activate(act_, hidden, Rows(), Hl_);
+      ForEachExpert([&](int i, int64_t at, int n) {
+        ops_.matmul_backward(dact_ + at * Hl_, p_.Grad(second() + i), nullptr,
+                             dy + at * C_, act_ + at * Hl_,
+                             p_.Weight(second() + i), 1, n,
                              static_cast<int>(Hl_), C_);
       });
-      ActivationBackward(dhidden_, dact_, hidden, M(), Hl_);
-      if (m_.shared == 0) return;
-      const float* h = p_.Row(kShared);
-      Activate(act_, h, N_, Sl_);
-      ops_.matmul_backward(dact_, p_.Grad(SecondTensor(m_, E)), nullptr, dout_,
-                           act_, p_.Weight(SecondTensor(m_, E)), 1, N,
-                           static_cast<int>(Sl_), C_);
-      ActivationBackward(dshared_, dact_, h, N_, Sl_);
+      ActivationBackward(dhidden_, dact_, hidden, Rows(), Hl_);
     }
 
-    // din (B,Ts,C) and the first linears' and the router's weight
-    // gradients.
-    void FirstBackward(float* din) {
-      const int E = m_.experts, k = m_.top_k, N = static_cast<int>(N_);
+    // The first linears' weight gradients, and the input's gradient
+    // through the experts (partial_, before the sum over tp).
+    void FirstBackward() {
+      const int k = m_.top_k, N = static_cast<int>(N_);
       const int64_t G = Gate(Hl_);
-      ops_.moe_permute_forward(packed_, x_, route_.order, M(), k, C_);
-      // Each expert's packed input gradient over its output gradient,
-      // which SecondBackward is done with.
-      ForEachExpert([&](int e, int64_t at, int n) {
-        ops_.matmul_backward(dpacked_ + at * C_, p_.Grad(FirstTensor(e)),
-                             nullptr, dhidden_ + at * G, packed_ + at * C_,
-                             p_.Weight(FirstTensor(e)), 1, n, C_,
+      if (m_.ep == 1) {
+        ops_.moe_permute_forward(packed_, x_, route_.order, M(), k, C_);
+      }
+      const float* in = Input();
+      // Each expert's input gradient over its output gradient, which
+      // SecondBackward is done with.
+      float* dx = m_.ep > 1 ? mine_ : dpacked_;
+      ForEachExpert([&](int i, int64_t at, int n) {
+        ops_.matmul_backward(dx + at * C_, p_.Grad(first() + i), nullptr,
+                             dhidden_ + at * G, in + at * C_,
+                             p_.Weight(first() + i), 1, n, C_,
                              static_cast<int>(G));
       });
+      if (m_.ep > 1) Return(dpacked_, mine_);
       ops_.Zero(partial_, N_ * C_);
       ops_.moe_permute_backward(partial_, dpacked_, route_.slots, N, k, C_);
+    }
+
+    // The shared MLP's backward, din (B,Ts,C), and the router's weight
+    // gradient.
+    void RouterBackward(float* din) {
+      const int E = m_.experts, k = m_.top_k, N = static_cast<int>(N_);
       if (m_.shared > 0) {
-        ops_.matmul_backward(packed_, p_.Grad(FirstTensor(E)), nullptr,
-                             dshared_, x_, p_.Weight(FirstTensor(E)), 1, N, C_,
+        const float* h = p_.Row(kShared);
+        Activate(act_, h, N_, Sl_);
+        ops_.matmul_backward(dact_, p_.Grad(2), nullptr, dout_, act_,
+                             p_.Weight(2), 1, N, static_cast<int>(Sl_), C_);
+        ActivationBackward(dshared_, dact_, h, N_, Sl_);
+        ops_.matmul_backward(packed_, p_.Grad(1), nullptr, dshared_, x_,
+                             p_.Weight(1), 1, N, C_,
                              static_cast<int>(Gate(Sl_)));
         ops_.Add(partial_, packed_, N_ * C_);
       }
@@ -391,6 +481,7 @@ class MoeMlp : public SublayerPart {
 
    private:
     int64_t Gate(int64_t h) const { return GateWidth(swiglu_, h); }
+    int SharedTensors() const { return m_.shared > 0 ? 2 : 0; }
     // act (rows,h) from the hidden layer's rows (rows,Gate(h)).
     void Activate(float* act, const float* hidden, int64_t rows, int64_t h) {
       if (swiglu_) {
@@ -413,25 +504,139 @@ class MoeMlp : public SublayerPart {
           route_.slots, route_.order, route_.counts, route_.offsets,
           offsets_.data(), route_.experts, static_cast<int>(N_), m_.top_k,
           m_.experts, p_.decoding() ? 0 : m_.Capacity(T_), T_);
+      if (m_.ep == 1) Local(offsets_);
     }
-    // The forward's plan's offsets, on the host.
+    // The forward's plan's offsets (and the counts received), on the host.
     void ReadPlan() {
-      offsets_.resize(m_.experts + 1);
+      const int E = m_.experts;
+      std::vector<int32_t> host(2 * E + 1);
       static_assert(sizeof(int32_t) == sizeof(float));
-      ops_.ToHost(reinterpret_cast<float*>(offsets_.data()),
-                  reinterpret_cast<const float*>(route_.offsets),
-                  m_.experts + 1);
+      ops_.ToHost(reinterpret_cast<float*>(host.data()),
+                  reinterpret_cast<const float*>(route_.offsets), 2 * E + 1);
+      offsets_.assign(host.begin(), host.begin() + E + 1);
+      if (m_.ep == 1) {
+        Local(offsets_);
+        return;
+      }
+      received_.assign(host.begin() + E + 1, host.end());
+      Received();
     }
-    int M() const { return offsets_[m_.experts]; }
-    // fn(e, first row, rows) for each expert with rows in the plan.
-    template <typename Fn>
-    void ForEachExpert(Fn fn) const {
-      for (int e = 0; e < m_.experts; ++e) {
-        if (Count(e) > 0) fn(e, Offset(e), Count(e));
+    // The local experts' rows: `offsets` of theirs (ep 1: every expert's).
+    void Local(const std::vector<int32_t>& offsets) {
+      local_.assign(offsets.begin(), offsets.end());
+    }
+
+    // Under ep: each rank's counts per expert to the experts' ranks; what
+    // this rank's experts receive, by source and expert, kept in the route
+    // row for the backward.
+    void ExchangeCounts() {
+      const int E = m_.experts;
+      std::vector<float> mine(E), theirs(E);
+      for (int e = 0; e < E; ++e) mine[e] = static_cast<float>(Count(e));
+      const std::vector<int64_t> each(m_.ep, El_);
+      p_.ep()->AllToAllV(mine.data(), each.data(), theirs.data(), each.data());
+      received_.resize(E);
+      for (int i = 0; i < E; ++i)
+        received_[i] = static_cast<int32_t>(theirs[i]);
+      ops_.FromHost(reinterpret_cast<float*>(route_.received),
+                    reinterpret_cast<const float*>(received_.data()), E);
+      Received();
+    }
+    // From received_: the local experts' offsets and each (source, expert)
+    // block's place in the all-to-all's order (by source) and in the
+    // experts' (by expert); fails past the buffers.
+    void Received() {
+      const int ep = m_.ep;
+      local_.assign(El_ + 1, 0);
+      for (int s = 0; s < ep; ++s) {
+        for (int i = 0; i < El_; ++i) local_[i + 1] += received_[s * El_ + i];
+      }
+      for (int i = 0; i < El_; ++i) local_[i + 1] += local_[i];
+      if (local_[El_] > R_max_) Overflow();
+      by_source_.resize(ep * El_);
+      by_expert_.resize(ep * El_);
+      int64_t at = 0;
+      std::vector<int64_t> next(local_.begin(), local_.end() - 1);
+      for (int s = 0; s < ep; ++s) {
+        for (int i = 0; i < El_; ++i) {
+          by_source_[s * El_ + i] = at;
+          by_expert_[s * El_ + i] = next[i];
+          at += received_[s * El_ + i];
+          next[i] += received_[s * El_ + i];
+        }
       }
     }
-    int64_t Offset(int e) const { return offsets_[e]; }
+    [[noreturn]] void Overflow() const {
+      int worst = 0;
+      for (int i = 1; i < El_; ++i) {
+        if (local_[i + 1] - local_[i] > local_[worst + 1] - local_[worst]) {
+          worst = i;
+        }
+      }
+      std::string from;
+      for (int s = 0; s < m_.ep; ++s) {
+        absl::StrAppend(&from, s > 0 ? ", " : "", received_[s * El_ + worst]);
+      }
+      const std::string what = absl::StrCat(
+          "layer ", p_.layer(), ": expert ", e0_ + worst, " received ",
+          local_[worst + 1] - local_[worst], " rows (by ep rank: ", from,
+          "); this rank's experts ", local_[El_], " rows, past their ", R_max_,
+          "-row buffer (dropless routing takes at most ", kDroplessSlack,
+          "× a rank's share; set model.moe.capacity_factor to bound it)");
+      PT_CHECK(false, what.c_str());
+      std::abort();
+    }
+    // Rows to the experts' ranks: `packed` (this rank's, by expert) into
+    // `received` (the local experts', by expert then source), through
+    // moved_.
+    void Dispatch(float* received, const float* packed) {
+      std::vector<int64_t> send(m_.ep), recv(m_.ep);
+      Counts(send.data(), recv.data());
+      p_.ep()->AllToAllV(packed, send.data(), moved_, recv.data());
+      Regroup(received, moved_, /*to_experts=*/true);
+    }
+    // The way back: the local experts' rows `rows` (by expert; not
+    // moved_) to the ranks they came from, into `packed` (this rank's, by
+    // expert).
+    void Return(float* packed, float* rows) {
+      std::vector<int64_t> send(m_.ep), recv(m_.ep);
+      Counts(send.data(), recv.data());
+      Regroup(moved_, rows, /*to_experts=*/false);
+      p_.ep()->AllToAllV(moved_, recv.data(), packed, send.data());
+    }
+    // Elements this rank sends to each ep rank's experts, and receives
+    // from each for its own.
+    void Counts(int64_t* send, int64_t* recv) const {
+      for (int r = 0; r < m_.ep; ++r) {
+        send[r] = (int64_t{offsets_[(r + 1) * El_]} - offsets_[r * El_]) * C_;
+        recv[r] = 0;
+        for (int i = 0; i < El_; ++i) recv[r] += received_[r * El_ + i];
+        recv[r] *= C_;
+      }
+    }
+    // The received rows between the all-to-all's order and the experts'.
+    void Regroup(float* dst, const float* src, bool to_experts) {
+      for (int b = 0; b < m_.ep * El_; ++b) {
+        const int64_t n = received_[b];
+        if (n == 0) continue;
+        const int64_t from = to_experts ? by_source_[b] : by_expert_[b];
+        const int64_t to = to_experts ? by_expert_[b] : by_source_[b];
+        ops_.Copy(dst + to * C_, src + from * C_, n * C_);
+      }
+    }
+    // The local experts' input rows, by expert.
+    const float* Input() const { return m_.ep > 1 ? p_.Row(kIn) : packed_; }
+    int M() const { return offsets_[m_.experts]; }
+    int64_t Rows() const { return local_[El_]; }
     int Count(int e) const { return offsets_[e + 1] - offsets_[e]; }
+    // fn(local expert, first row, rows) for each local expert with rows.
+    template <typename Fn>
+    void ForEachExpert(Fn fn) const {
+      for (int i = 0; i < El_; ++i) {
+        const int n = local_[i + 1] - local_[i];
+        if (n > 0) fn(i, int64_t{local_[i]}, n);
+      }
+    }
 
     const PartPass& p_;
     kernels::Ops& ops_;
@@ -439,10 +644,14 @@ class MoeMlp : public SublayerPart {
     const bool swiglu_;
     const int B_, T_, C_;
     const int64_t N_, Hl_, Sl_;
+    const int El_, e0_;
+    const int64_t R_max_;
     RouteRows route_;
-    std::vector<int32_t> offsets_;
+    std::vector<int32_t> offsets_, received_;
+    std::vector<int64_t> local_, by_source_, by_expert_;
     int64_t dropped_ = 0;
     float *x_, *partial_, *dout_, *packed_, *dpacked_, *dlogits_, *dweights_;
+    float *mine_, *moved_;
     float *act_, *dact_, *dhidden_, *dshared_;
   };
 
