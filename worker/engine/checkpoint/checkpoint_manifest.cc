@@ -242,12 +242,12 @@ absl::Status CheckpointReader::LoadProgressAndModel(const json& m) {
     check(Number(**moe, "model.moe", "capacity_factor", 0, 1e3, &capacity));
     check(Number(**moe, "model.moe", "aux_loss_coef", 0, 1e3, &aux));
     check(Number(**moe, "model.moe", "z_loss_coef", 0, 1e3, &z));
-    if (s.ok() && router != "softmax" && router != "sigmoid") {
+    const auto named = RouterNamed(router);
+    if (s.ok() && !named.has_value()) {
       return Damaged("model.moe.router=\"" + router +
                      "\" is neither softmax nor sigmoid");
     }
-    e.router = router == "sigmoid" ? kernels::math::RouterScore::kSigmoid
-                                   : kernels::math::RouterScore::kSoftmax;
+    if (named.has_value()) e.router = *named;
     e.capacity_factor = static_cast<float>(capacity);
     e.aux_coef = static_cast<float>(aux);
     e.z_coef = static_cast<float>(z);

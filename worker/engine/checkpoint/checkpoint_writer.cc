@@ -81,9 +81,7 @@ json MetaToJson(const CheckpointMeta& m) {
         {"top_k", e.top_k},
         {"shared_experts", e.shared},
         {"expert_hidden", e.hidden},
-        {"router", e.router == kernels::math::RouterScore::kSigmoid
-                       ? "sigmoid"
-                       : "softmax"},
+        {"router", RouterName(e.router)},
         {"capacity_factor", e.capacity_factor},
         {"aux_loss_coef", e.aux_coef},
         {"z_loss_coef", e.z_coef}};

@@ -63,9 +63,7 @@ v1::ModelSpec ModelFields(const GptConfig& c) {
     moe->set_top_k(c.moe.top_k);
     moe->set_shared_experts(c.moe.shared);
     moe->set_expert_hidden(c.moe.hidden);
-    moe->set_router(c.moe.router == kernels::math::RouterScore::kSigmoid
-                        ? "sigmoid"
-                        : "softmax");
+    moe->set_router(RouterName(c.moe.router));
     moe->set_aux_loss_coef(Decimal(c.moe.aux_coef));
   }
   return m;

@@ -301,6 +301,19 @@ std::vector<ParamInfo> BuildPlan(const GptConfig& config,
   return LayoutUnits(tensors, RankStages(o), o.pad);
 }
 
+const char* RouterName(kernels::math::RouterScore router) {
+  return router == kernels::math::RouterScore::kSigmoid ? "sigmoid"
+                                                        : "softmax";
+}
+
+std::optional<kernels::math::RouterScore> RouterNamed(std::string_view name) {
+  for (auto r : {kernels::math::RouterScore::kSoftmax,
+                 kernels::math::RouterScore::kSigmoid}) {
+    if (name == RouterName(r)) return r;
+  }
+  return std::nullopt;
+}
+
 int64_t SatAdd(int64_t a, int64_t b) {
   int64_t r;
   return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;

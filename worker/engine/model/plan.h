@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/common/math.h"
@@ -75,6 +76,11 @@ struct GptConfig {
     return kv_heads() % tp == 0 ? kv_heads() / tp : 1;
   }
 };
+
+// model.moe.router's names ("softmax", "sigmoid") of the router scores,
+// and back (nullopt for any other name).
+const char* RouterName(kernels::math::RouterScore router);
+std::optional<kernels::math::RouterScore> RouterNamed(std::string_view name);
 
 // V rounded up to a multiple of 128·tp.
 int PaddedVocab(int V, int tp);
