@@ -171,23 +171,57 @@ std::string EventKind(const std::string& m) {
 
 namespace {
 
-// The newest `sample` record among the lines of `text`, newest first:
-// {"step", "text"}, or null. A line cut at the start of a partial read is
-// skipped by the parser failing on it.
-json NewestSample(std::string_view text) {
+// A `sample` record's {"step", "text"}; null for anything else.
+json SampleOf(const json& rec) {
+  if (rec.contains("text") && rec["text"].is_string()) {
+    return json{{"step", rec["step"]}, {"text", rec["text"]}};
+  }
+  return nullptr;
+}
+
+// An `experts` record's {"step", "layers"}, each layer's `layer`, `tokens`,
+// `dropped` and `imbalance` checked; null for anything else.
+json ExpertsRecordOf(const json& rec) {
+  if (!rec.contains("layers") || !rec["layers"].is_array()) return nullptr;
+  json layers = json::array();
+  for (const json& l : rec["layers"]) {
+    if (!l.is_object() || !l.contains("layer") ||
+        !l["layer"].is_number_integer() || !l.contains("tokens") ||
+        !l["tokens"].is_array() || !l.contains("dropped") ||
+        !l["dropped"].is_number() || !l.contains("imbalance") ||
+        !l["imbalance"].is_number()) {
+      return nullptr;
+    }
+    for (const json& t : l["tokens"]) {
+      if (!t.is_number()) return nullptr;
+    }
+    layers.push_back({{"layer", l["layer"]},
+                      {"tokens", l["tokens"]},
+                      {"dropped", l["dropped"]},
+                      {"imbalance", l["imbalance"]}});
+  }
+  return json{{"step", rec["step"]}, {"layers", std::move(layers)}};
+}
+
+// The newest record of `type` among the lines of `text`, newest first, as
+// `of` makes it (null when it refuses one: an older one is looked for),
+// or null. A line cut at the start of a partial read is skipped by the
+// parser failing on it.
+json NewestRecord(std::string_view text, const std::string& type,
+                  json (*of)(const json&)) {
+  const std::string tag = "\"" + type + "\"";
   while (!text.empty()) {
     size_t end = text.size();
     while (end > 0 && text[end - 1] == '\n') --end;
     const size_t start = text.rfind('\n', end == 0 ? 0 : end - 1);
     const size_t from = start == std::string_view::npos ? 0 : start + 1;
     const std::string_view line = text.substr(from, end - from);
-    if (absl::StrContains(absl::string_view(line.data(), line.size()),
-                          "\"sample\"")) {
+    if (absl::StrContains(absl::string_view(line.data(), line.size()), tag)) {
       json rec = json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (rec.is_object() && rec.value("type", "") == "sample" &&
-          rec.contains("step") && rec["step"].is_number_integer() &&
-          rec.contains("text") && rec["text"].is_string()) {
-        return json{{"step", rec["step"]}, {"text", rec["text"]}};
+      if (rec.is_object() && rec.value("type", "") == type &&
+          rec.contains("step") && rec["step"].is_number_integer()) {
+        json got = of(rec);
+        if (!got.is_null()) return got;
       }
     }
     if (start == std::string_view::npos) break;
@@ -242,11 +276,20 @@ json LatestSamples::Of(const std::string& path, int64_t max_bytes) {
   // Whole lines only: a record still being written is read next time.
   const size_t whole = got->bytes.rfind('\n') + 1;  // 0 when none
   Seen& seen = it->second;
-  json newer = NewestSample(std::string_view(got->bytes).substr(0, whole));
+  const std::string_view lines = std::string_view(got->bytes).substr(0, whole);
+  json newer = NewestRecord(lines, "sample", &SampleOf);
   if (!newer.is_null()) seen.sample = std::move(newer);
+  json load = NewestRecord(lines, "experts", &ExpertsRecordOf);
+  if (!load.is_null()) seen.experts = std::move(load);
   seen.scanned = got->start + static_cast<int64_t>(whole);
   seen.asked = ++clock_;
   return seen.sample;
+}
+
+json LatestSamples::ExpertsOf(const std::string& path) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = seen_.find(path);
+  return it != seen_.end() ? it->second.experts : json(nullptr);
 }
 
 int64_t LatestSamples::bytes_read() const {
@@ -316,14 +359,19 @@ ApiReply JobApi(Coordinator& c, LatestSamples& samples, const std::string& id,
                         {"kind", EventKind(message)}});
     }
   }
-  // The newest sample: the latest attempt's, else an earlier one's.
-  json sample = nullptr;
+  // The newest sample and expert load: the latest attempt's, else an
+  // earlier one's.
+  json sample = nullptr, experts = nullptr;
   for (int n = job.attempts(); n >= 1 && n > job.attempts() - 3; --n) {
     absl::StatusOr<Coordinator::LogSource> src = c.Logs(id, n);
     if (!src.ok()) break;
-    sample =
-        samples.Of((std::filesystem::path(src->dir) / "run.jsonl").string(),
-                   int64_t{1} << 20);
+    const std::string log =
+        (std::filesystem::path(src->dir) / "run.jsonl").string();
+    sample = samples.Of(log, int64_t{1} << 20);
+    if (experts.is_null()) {
+      experts = samples.ExpertsOf(log);
+      if (!experts.is_null()) experts["attempt"] = n;
+    }
     if (!sample.is_null()) {
       sample["attempt"] = n;
       break;
@@ -334,7 +382,8 @@ ApiReply JobApi(Coordinator& c, LatestSamples& samples, const std::string& id,
                     {"attempts", std::move(attempts)},
                     {"checkpoints", std::move(checkpoints)},
                     {"events", std::move(events)},
-                    {"sample", std::move(sample)}}};
+                    {"sample", std::move(sample)},
+                    {"experts", std::move(experts)}}};
 }
 
 ApiReply MetricsApi(Coordinator& c, const std::string& id, const ApiQuery& q) {

@@ -35,11 +35,11 @@ inline constexpr size_t kUiMaxParamBytes = 64;
 
 // GET /api/v1/jobs[?state=STATE&limit=N]
 ApiReply JobsApi(Coordinator& c, const ApiQuery& q);
-// The newest `sample` record (docs/run-log.md) of each run log the UI
-// shows, kept by path, so that a page polling a job reads only what its
-// log gained since the last poll (run logs only grow; a log that shrank was
-// replaced and is read again). At most `max_logs` logs are kept, the least
-// recently asked for forgotten first. Thread-safe; the logs are read
+// The newest `sample` and `experts` records (docs/run-log.md) of each run
+// log the UI shows, kept by path, so that a page polling a job reads only
+// what its log gained since the last poll (run logs only grow; a log that
+// shrank was replaced and is read again). At most `max_logs` logs are kept, the
+// least recently asked for forgotten first. Thread-safe; the logs are read
 // outside its mutex (a slow file holds only the page that asked for it),
 // as regular files only, links not followed (ReadFileTail).
 class LatestSamples {
@@ -49,6 +49,10 @@ class LatestSamples {
   // in at most its last `max_bytes` the first time; null when there is none
   // (or the file cannot be read).
   nlohmann::json Of(const std::string& path, int64_t max_bytes);
+  // {"step", "layers": [{"layer", "tokens", "dropped", "imbalance"}]} of
+  // the newest `experts` record Of found in the log at `path` (a
+  // Mixture-of-Experts job's expert load); null when there is none.
+  nlohmann::json ExpertsOf(const std::string& path) const;
   // Bytes read from run logs so far (tests: a poll reads only what was
   // appended).
   int64_t bytes_read() const;
@@ -56,7 +60,7 @@ class LatestSamples {
  private:
   struct Seen {
     int64_t scanned = 0;  // up to the end of its last whole line
-    nlohmann::json sample;
+    nlohmann::json sample, experts;
     uint64_t asked = 0;  // when it was last asked for (a counter)
   };
   const size_t max_logs_;

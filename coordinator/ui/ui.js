@@ -507,6 +507,7 @@
     const key = [evs.length, evs.length && evs[evs.length - 1].unix_ms, cps.length, last].join('|');
     S.events = evs;
     drawSample(d.sample);
+    drawExperts(d.experts);
     if (key === S.listKey) return;
     S.listKey = key;
     $('events').replaceChildren(...evs.slice().reverse().map(e => {
@@ -527,6 +528,35 @@
   function drawSample(s) {
     $('sample').textContent = s ? s.text : '';
     $('sample-info').textContent = s ? 'step ' + s.step + ' · attempt ' + s.attempt : 'none yet';
+  }
+
+  // A Mixture-of-Experts job's newest expert load: one row per MoE layer, one cell per expert
+  // (its share of the layer's tokens, shaded by its load over the mean), the imbalance and the
+  // choices dropped.
+  function drawExperts(x) {
+    const panel = $('experts-panel');
+    panel.hidden = !x || !x.layers || !x.layers.length;
+    if (panel.hidden) return;
+    const E = Math.max(...x.layers.map(l => l.tokens.length));
+    $('experts-info').textContent = 'step ' + x.step + ' · attempt ' + x.attempt;
+    const head = el('tr', null, el('th', null, 'layer'),
+      ...Array.from({length: E}, (_, e) => el('th', null, String(e))),
+      el('th', null, 'imbalance'), el('th', null, 'dropped'));
+    const rows = x.layers.map(l => {
+      const total = l.tokens.reduce((a, t) => a + t, 0);
+      const mean = total / Math.max(1, l.tokens.length);
+      const cells = l.tokens.map((t, e) => {
+        const cell = el('td', {title: 'expert ' + e + ': ' + t + ' tokens'},
+                        total > 0 ? (100 * t / total).toFixed(1) + '%' : '—');
+        const over = mean > 0 ? Math.min(1, t / mean / 3) : 0;
+        cell.style.background = 'rgba(37, 99, 235, ' + over.toFixed(3) + ')';
+        if (over > 0.6) cell.style.color = '#fff';
+        return cell;
+      });
+      return el('tr', {'data-layer': String(l.layer)}, el('th', null, String(l.layer)), ...cells,
+                el('td', null, fmtNum(l.imbalance, 2)), el('td', null, String(l.dropped)));
+    });
+    $('experts').replaceChildren(el('thead', null, head), el('tbody', null, ...rows));
   }
 
   function drawLoss(S, chart) {

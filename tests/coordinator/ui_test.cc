@@ -395,6 +395,44 @@ TEST(LatestSamplesTest, APollReadsOnlyWhatTheLogGained) {
   fs::remove_all(dir);
 }
 
+// A Mixture-of-Experts job's expert load: the newest well-formed
+// `experts` record of the log (one with a layer lacking its counts is
+// passed over), found by the same reads as the sample.
+TEST(LatestSamplesTest, TheNewestExpertLoadIsKeptBesideTheSample) {
+  const fs::path dir =
+      fs::temp_directory_path() / absl::StrCat("ptrain-experts-", ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string log = (dir / "run.jsonl").string();
+  LatestSamples samples;
+  std::ofstream(log) << R"({"type":"step","step":1,"loss":4.1})"
+                        "\n";
+  EXPECT_TRUE(samples.Of(log, 1 << 20).is_null());
+  EXPECT_TRUE(samples.ExpertsOf(log).is_null()) << "a dense job's log";
+  std::ofstream(log, std::ios::app)
+      << R"({"type":"experts","step":1,"aux_loss":0.05,"layers":[)"
+         R"({"layer":0,"tokens":[30,10],"dropped":2,"imbalance":1.5}]})"
+         "\n"
+         R"({"type":"experts","step":2,"layers":[{"layer":0,"tokens":[1]}]})"
+         "\n";
+  samples.Of(log, 1 << 20);
+  EXPECT_EQ(samples.ExpertsOf(log),
+            json::parse(R"({"step":1,"layers":[{"layer":0,"tokens":[30,10],)"
+                        R"("dropped":2,"imbalance":1.5}]})"));
+  std::ofstream(log, std::ios::app)
+      << R"({"type":"experts","step":50,"layers":[)"
+         R"({"layer":0,"tokens":[20,20],"dropped":0,"imbalance":1},)"
+         R"({"layer":1,"tokens":[40,0],"dropped":0,"imbalance":2}]})"
+         "\n";
+  samples.Of(log, 1 << 20);
+  const json e = samples.ExpertsOf(log);
+  EXPECT_EQ(e["step"], 50);
+  ASSERT_EQ(e["layers"].size(), 2u);
+  EXPECT_EQ(e["layers"][1]["tokens"], json::parse("[40,0]"));
+  EXPECT_TRUE(samples.ExpertsOf((dir / "other.jsonl").string()).is_null());
+  fs::remove_all(dir);
+}
+
 TEST(JobStateNamesTest, LowerNamesRoundTripAndNothingElseParses) {
   const std::vector<std::string> names = LowerStateNames();
   EXPECT_EQ(names.size(), 7u);

@@ -261,11 +261,13 @@ def main():
               wait_for(final, 300, "the job to end") == "succeeded")
 
         # A running job cancelled: once ended it shows its state alone, not
-        # also "cancelling".
+        # also "cancelling". It is a Mixture-of-Experts model: its page shows
+        # the expert load.
         cancelled = subprocess.run(
             [ptctl, "submit", os.path.join(src, "examples/shakespeare-char.yaml"),
-             "--set", "train.steps=100000", "--set", "model.n_layer=1",
-             "--set", "model.n_embd=32", "--set", f"checkpoint.dir={tmp}/ck"],
+             "--set", "train.steps=100000", "--set", "model.n_layer=2",
+             "--set", "model.n_embd=32", "--set", "model.moe.experts=4",
+             "--set", f"checkpoint.dir={tmp}/ck"],
             env=cenv, capture_output=True, text=True,
             check=True).stdout.split()[0]
 
@@ -273,7 +275,12 @@ def main():
             status, body = http(f"{ui}api/v1/jobs/{j}", TOKEN)
             return json.loads(body)["job"]["state"] if status == 200 else ""
 
+        def experts_of(j):
+            status, body = http(f"{ui}api/v1/jobs/{j}", TOKEN)
+            return json.loads(body).get("experts") if status == 200 else None
+
         wait_for(lambda: state_of(cancelled) == "running", 60, "job 2 to run")
+        wait_for(lambda: experts_of(cancelled), 60, "job 2's expert load")
         subprocess.run([ptctl, "cancel", cancelled], env=cenv, check=True,
                        capture_output=True)
         wait_for(lambda: state_of(cancelled) == "cancelled", 60,
@@ -337,6 +344,29 @@ def main():
         drawn = drawn_pixels(shot, browser.rect("chart-rank-step"), dpr)
         check("the per-rank chart has drawn", drawn > 100, f"{drawn} pixels")
         check("no script error on the page", not browser.errors,
+              browser.errors)
+        check("a dense job's page shows no expert load",
+              browser.eval("document.querySelector('#experts-panel').hidden"))
+
+        # The MoE job's page: one heat-map row per layer, one cell per
+        # expert, and the shares of each row add up to all its tokens.
+        browser.goto(f"{ui}jobs/{cancelled}")
+        wait_for(lambda: browser.eval("document.body.dataset.loaded") == "1",
+                 30, "the MoE job's page")
+        time.sleep(0.5)
+        shape = browser.eval(
+            "[...document.querySelectorAll('#experts tbody tr')]"
+            ".map(r => r.querySelectorAll('td').length)")
+        check("the expert-load panel has a row of 4 experts (+ imbalance, "
+              "dropped) per MoE layer", shape == [6, 6], shape)
+        shares = browser.eval(
+            "[...document.querySelectorAll('#experts tbody tr')].map(r => "
+            "[...r.querySelectorAll('td')].slice(0, 4)"
+            ".reduce((a, td) => a + parseFloat(td.textContent), 0))")
+        check("each layer's shares add up to 100%",
+              shares and all(abs(x - 100) < 0.5 for x in shares), shares)
+        browser.screenshot(f"{artifacts}/experts.png")
+        check("no script error on the MoE job's page", not browser.errors,
               browser.errors)
 
         browser.goto(f"{ui}nodes")
