@@ -71,16 +71,10 @@ int main(int argc, char** argv) {
     ptrain::MpiTrainer run = ptrain::MakeMpiTrainer(Overrides(a, cp));
     auto& tr = *run.trainer;
     auto& stats = *run.dims->comm_stats();
-    for (int s = 0; s < a.warmup; ++s) tr.TrainStep(s);
-    stats.Reset();
-    double total = 0;
-    float loss = 0;
-    for (int s = a.warmup; s < a.warmup + a.steps; ++s) {
-      const ptrain::StepResult r = tr.TrainStep(s);
-      total += r.seconds;
-      loss = r.loss;
-    }
-    const double mean = total / a.steps;
+    const ptrain::MeasuredSteps measured =
+        ptrain::MeasureSteps(run, a.warmup, a.steps);
+    const double mean = measured.mean;
+    const float loss = measured.loss;
     const auto& mc = run.spec.model();
     const double B = a.batch, T = mc.block_size(), C = mc.n_embd(),
                  L = mc.n_layer();

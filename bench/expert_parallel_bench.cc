@@ -84,16 +84,10 @@ int main(int argc, char** argv) {
         ptrain::MakeMpiTrainer(Overrides(a, mpi.size, a.ep));
     auto& tr = *run.trainer;
     auto& stats = *run.dims->comm_stats();
-    for (int s = 0; s < a.warmup; ++s) tr.TrainStep(s);
-    stats.Reset();
-    double total = 0;
-    float loss = 0;
-    for (int s = a.warmup; s < a.warmup + a.steps; ++s) {
-      const ptrain::StepResult r = tr.TrainStep(s);
-      total += r.seconds;
-      loss = r.loss;
-    }
-    const double mean = total / a.steps;
+    const ptrain::MeasuredSteps measured =
+        ptrain::MeasureSteps(run, a.warmup, a.steps);
+    const double mean = measured.mean;
+    const float loss = measured.loss;
     const auto& mc = run.spec.model();
     const double tokens = double(a.batch) * mc.block_size();
     // The experts this rank holds: their weights, gradients and Adam's two

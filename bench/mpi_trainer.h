@@ -58,6 +58,26 @@ inline MpiTrainer MakeMpiTrainer(const std::vector<std::string>& overrides) {
   return t;
 }
 
+// A benchmark's measured steps: `warmup` steps, the communication counters
+// reset, then `steps` more: their mean seconds and the last one's loss.
+struct MeasuredSteps {
+  double mean = 0;
+  float loss = 0;
+};
+inline MeasuredSteps MeasureSteps(MpiTrainer& run, int warmup, int steps) {
+  for (int s = 0; s < warmup; ++s) run.trainer->TrainStep(s);
+  run.dims->comm_stats()->Reset();
+  MeasuredSteps m;
+  double total = 0;
+  for (int s = warmup; s < warmup + steps; ++s) {
+    const StepResult r = run.trainer->TrainStep(s);
+    total += r.seconds;
+    m.loss = r.loss;
+  }
+  m.mean = total / steps;
+  return m;
+}
+
 }  // namespace ptrain
 
 #endif  // PTRAIN_BENCH_MPI_TRAINER_H_

@@ -75,12 +75,8 @@ int main(int argc, char** argv) {
     const auto* spec = &run.spec;
     auto& tr = *run.trainer;
     auto& stats = *run.dims->comm_stats();
-    for (int s = 0; s < a.warmup; ++s) tr.TrainStep(s);
-    stats.Reset();
-    double total = 0;
-    for (int s = a.warmup; s < a.warmup + a.steps; ++s) {
-      total += tr.TrainStep(s).seconds;
-    }
+    const double total =
+        ptrain::MeasureSteps(run, a.warmup, a.steps).mean * a.steps;
     const auto& mc = spec->model();
     const double B = spec->train().global_batch(), T = mc.block_size(),
                  C = mc.n_embd(), L = mc.n_layer();

@@ -99,6 +99,9 @@ v1::MoeSpec MoeOf(const v1::ModelSpec& model) {
   if (moe.router().empty()) moe.set_router("softmax");
   if (!moe.has_aux_loss_coef()) moe.set_aux_loss_coef(0.01);
   if (moe.balance().empty()) moe.set_balance("aux");
+  if (moe.balance() == "bias" && !moe.has_bias_update_rate()) {
+    moe.set_bias_update_rate(0.001);
+  }
   return moe;
 }
 

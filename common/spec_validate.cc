@@ -720,7 +720,7 @@ absl::Status ValidateMoe(const v1::JobSpec& spec) {
         given.shared_experts() != 0 || given.expert_hidden() != 0 ||
         !given.router().empty() || given.capacity_factor() != 0 ||
         given.aux_loss_coef() != 0 || given.z_loss_coef() != 0 ||
-        !given.balance().empty()) {
+        !given.balance().empty() || given.has_bias_update_rate()) {
       return Error(
           "model.moe needs model.moe.experts >= 1 (every other "
           "model.moe field applies to experts)");
@@ -738,6 +738,8 @@ absl::Status ValidateMoe(const v1::JobSpec& spec) {
                   1e3),
           InRange("model.moe.aux_loss_coef", given.aux_loss_coef(), 0.0, 1e3),
           InRange("model.moe.z_loss_coef", given.z_loss_coef(), 0.0, 1e3),
+          InRange("model.moe.bias_update_rate", given.bias_update_rate(), 0.0,
+                  1.0),
       });
       !s.ok()) {
     return s;
@@ -778,8 +780,11 @@ absl::Status ValidateMoe(const v1::JobSpec& spec) {
                  ": MoE MLPs in only some blocks are not supported yet; "
                  "use 1 (every block)");
   }
-  if (moe.balance() == "bias") {
-    return Error("model.moe.balance=bias is not supported yet; use aux");
+  if (given.has_bias_update_rate() && moe.balance() != "bias") {
+    return Error(
+        "model.moe.bias_update_rate applies to "
+        "model.moe.balance=bias, not '",
+        moe.balance(), "'");
   }
   if (p.cp() > 1) {
     return Error("parallel.cp=", p.cp(),

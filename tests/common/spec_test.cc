@@ -360,6 +360,17 @@ TEST(ValidateJobSpec, MoeFieldsTheirDefaultsAndRules) {
                            "parallel.tp=4"}),
             "parallel.tp=4 does not divide model.moe.expert_hidden=6 (each "
             "expert is split over tp)");
+  const v1::MoeSpec bias = MoeOf(
+      MustParse(kMinimal, {"model.moe.experts=4", "model.moe.balance=bias"})
+          .model());
+  EXPECT_EQ(bias.bias_update_rate(), 0.001);  // DeepSeek-V3's
+  EXPECT_EQ(
+      OverrideError({"model.moe.experts=4", "model.moe.bias_update_rate=0.01"}),
+      "model.moe.bias_update_rate applies to model.moe.balance=bias, "
+      "not 'aux'");
+  EXPECT_EQ(OverrideError({"model.moe.experts=4", "model.moe.balance=bias",
+                           "model.moe.bias_update_rate=2"}),
+            "model.moe.bias_update_rate=2 must be between 0 and 1");
   EXPECT_EQ(OverrideError({"model.moe.experts=4", "model.moe.every=2"}),
             "model.moe.every=2: MoE MLPs in only some blocks are not "
             "supported yet; use 1 (every block)");

@@ -71,9 +71,10 @@ struct Layout {
   // query heads, rotary positions with Llama 3's scaling, SwiGLU, RMSNorm):
   // against the single rank's run of the same model.
   bool llama = false;
-  // model.moe: "" none, else 4 experts (top 2, one shared) as "dropless"
-  // or "capacity" (capacity_factor 1, which drops tokens): against the
-  // single rank's run of the same model.
+  // model.moe: "" none, else 4 experts (top 2, one shared) as "dropless",
+  // "capacity" (capacity_factor 1, which drops tokens) or "bias" (dropless,
+  // balanced by the selection bias instead of the loss): against the single
+  // rank's run of the same model.
   std::string moe{};
   // parallel.ep: the experts split over ep of the dp ranks.
   int ep = 1;
@@ -328,6 +329,17 @@ std::vector<Layout> AllLayouts() {
         ep({"dp2_recompute", 2, 1, 2, 1, false, 1, "1f1b", 1, 4, "full"}, 2));
     out.push_back(ep({"llama_dp2_tp2_zero1_sp", 2, 2, 1, 1, true}, 2, true));
   }
+  // Auxiliary-loss-free balancing: each layer's selection bias moved after
+  // every step by the global load, alike on every layout (sharded by ZeRO,
+  // in pipeline stages, beside experts split over ep).
+  out.push_back(moe({"moe_bias_dp2_zero1", 2, 1, 1, 1, false}, "bias"));
+  out.push_back(moe(
+      {"moe_bias_pp2_1f1b_dp2_tp2_sp", 2, 2, 0, 4, true, 2, "1f1b"}, "bias"));
+  {
+    Layout l = moe({"moe_bias_ep2_dp4_mb2_zero3", 4, 1, 3, 2, false}, "bias");
+    l.ep = 2;
+    out.push_back(l);
+  }
   return out;
 }
 
@@ -391,6 +403,13 @@ std::vector<std::string> BaseOverrides(int n_layer, bool untied, bool llama,
       o.push_back(f);
     }
     if (moe == "capacity") o.push_back("model.moe.capacity_factor=1");
+    if (moe == "bias") {
+      for (const char* f :
+           {"model.moe.balance=bias", "model.moe.aux_loss_coef=0",
+            "model.moe.bias_update_rate=0.01"}) {
+        o.push_back(f);
+      }
+    }
   }
   if (!llama) {
     o.push_back("model.n_embd=36");

@@ -17,6 +17,9 @@
 #include "worker/engine/model/gpt_stage.h"
 #include "worker/engine/model/plan.h"
 #include "worker/engine/model/rng.h"
+#include "worker/engine/parallel/zero_store.h"
+#include "worker/engine/report/expert_load.h"
+#include "worker/engine/train/expert_report.h"
 
 namespace ptrain {
 namespace {
@@ -280,6 +283,79 @@ TEST(MoeMlp, OneExpertIsTheDenseMlp) {
       EXPECT_EQ(e->grads()[r.offset + i], 0.0f);
     }
   }
+}
+
+// balance: bias: the selection bias picks the experts but weighs nothing
+// and has no gradient. A large bias on expert 3 makes every token choose
+// it; the loss changes (other experts' outputs), the bias's gradient stays
+// zero.
+TEST(MoeBias, TheBiasChoosesTheExpertsAndHasNoGradient) {
+  GptConfig c = MoeConfig(false, 0.0f);
+  c.moe.bias = true;
+  c.moe.bias_rate = 0.001f;
+  auto s = Stage(c);
+  s->InitParams(5);
+  const Batch b = MakeBatch(c);
+  s->part_stats().Clear();
+  const float even = s->Forward(0, b.in.data(), nullptr, b.tg.data(), kB, kT);
+  const ParamInfo& bias = Tensor(*s, "h.0.mlp.router.expert_bias");
+  ASSERT_EQ(bias.numel, 4);
+  for (int64_t i = 0; i < bias.numel; ++i) {
+    EXPECT_EQ(s->params()[bias.offset + i], 0.0f) << "zero at first";
+  }
+  s->params()[bias.offset + 3] = 100.0f;
+  s->part_stats().Clear();
+  s->ZeroGrad();
+  const float pushed = s->Forward(0, b.in.data(), nullptr, b.tg.data(), kB, kT);
+  EXPECT_NE(pushed, even);
+  const std::vector<double>& tokens = s->part_stats().tokens.at(0);
+  EXPECT_EQ(tokens[3], double{kB} * kT) << "every token chose expert 3";
+  s->Backward(0, b.in.data(), b.tg.data(), 1.0f / (kB * kT), nullptr);
+  for (int64_t i = 0; i < bias.numel; ++i) {
+    EXPECT_EQ(s->grads()[bias.offset + i], 0.0f);
+  }
+}
+
+// MoveExpertBias: each expert's bias moves by the rate against its load,
+// up below the layer's mean, down above it, not at it; in every ZeRO
+// stage's update buffer (the shard it updates).
+TEST(MoeBias, EachStepMovesTheBiasAgainstTheLoad) {
+  GptConfig c = MoeConfig(false, 0.0f);
+  c.n_layer = 2;
+  c.moe.bias = true;
+  c.moe.bias_rate = 0.25f;
+  ExpertLoad load;
+  load.layers = {{0, {10, 30, 20, 20}, 0}, {1, {0, 0, 0, 80}, 0}};
+  // Two steps: layer 0 (mean 20) moves once, layer 1 (mean 20) twice.
+  const std::vector<std::vector<float>> want = {{0.25f, -0.25f, 0, 0},
+                                                {0.5f, 0.5f, 0.5f, -0.5f}};
+  ZeroStore store(BuildPlan(c, {}), 1, ZeroOptions{}, nullptr);
+  store.InitParams(1);
+  MoveExpertBias(store, load, c);
+  load.layers[0].tokens = {20, 20, 20, 20};
+  load.layers[1].tokens = {10, 10, 10, 50};
+  MoveExpertBias(store, load, c);
+  for (int l = 0; l < 2; ++l) {
+    const std::string name =
+        "h." + std::to_string(l) + ".mlp.router.expert_bias";
+    store.ForEachUpdateStretch(
+        [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
+          if (p.name != name) return;
+          for (int64_t i = lo; i < hi; ++i) {
+            EXPECT_EQ(store.update_params()[at + i - lo], want[l][i])
+                << name << "[" << i << "]";
+          }
+        });
+  }
+  GptConfig aux = c;
+  aux.moe.bias = false;
+  ZeroStore none(BuildPlan(aux, {}), 1, ZeroOptions{}, nullptr);
+  none.InitParams(1);
+  const std::vector<float> before(none.update_params(),
+                                  none.update_params() + none.update_size());
+  MoveExpertBias(none, load, aux);
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), none.update_params()))
+      << "balance: aux moves nothing";
 }
 
 }  // namespace

@@ -251,6 +251,13 @@ absl::Status CheckpointReader::LoadProgressAndModel(const json& m) {
     e.capacity_factor = static_cast<float>(capacity);
     e.aux_coef = static_cast<float>(aux);
     e.z_coef = static_cast<float>(z);
+    // balance: bias (absent: aux).
+    if ((*moe)->contains("bias_update_rate")) {
+      double rate = 0;
+      check(Number(**moe, "model.moe", "bias_update_rate", 0, 1, &rate));
+      e.bias = true;
+      e.bias_rate = static_cast<float>(rate);
+    }
   }
   if (!s.ok()) return Damaged(s);
   return absl::OkStatus();

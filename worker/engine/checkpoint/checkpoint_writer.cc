@@ -76,15 +76,15 @@ json MetaToJson(const CheckpointMeta& m) {
   }
   if (m.model.has_moe()) {
     const GptConfig::Moe& e = m.model.moe;
-    j["model"]["moe"] = {
-        {"experts", e.experts},
-        {"top_k", e.top_k},
-        {"shared_experts", e.shared},
-        {"expert_hidden", e.hidden},
-        {"router", RouterName(e.router)},
-        {"capacity_factor", e.capacity_factor},
-        {"aux_loss_coef", e.aux_coef},
-        {"z_loss_coef", e.z_coef}};
+    j["model"]["moe"] = {{"experts", e.experts},
+                         {"top_k", e.top_k},
+                         {"shared_experts", e.shared},
+                         {"expert_hidden", e.hidden},
+                         {"router", RouterName(e.router)},
+                         {"capacity_factor", e.capacity_factor},
+                         {"aux_loss_coef", e.aux_coef},
+                         {"z_loss_coef", e.z_coef}};
+    if (e.bias) j["model"]["moe"]["bias_update_rate"] = e.bias_rate;
   }
   // Every dimension of the mesh, 1 where meta does not give it.
   for (const MeshDimension& d : MeshDimensions()) {

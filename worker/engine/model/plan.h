@@ -55,6 +55,12 @@ struct GptConfig {
     int ep = 1;
     kernels::math::RouterScore router = kernels::math::RouterScore::kSoftmax;
     float capacity_factor = 0, aux_coef = 0, z_coef = 0;
+    // balance: bias (DeepSeek-V3's auxiliary-loss-free balancing): each
+    // layer's selection bias (mlp.router.expert_bias, E), added to the
+    // scores when choosing experts, never to the weights, moved by
+    // bias_rate after each step against the expert's load.
+    bool bias = false;
+    float bias_rate = 0;
     // The most of a sequence's T tokens an expert takes: ceil(capacity
     // factor · T · top_k / experts); 0: no limit.
     int Capacity(int T) const {

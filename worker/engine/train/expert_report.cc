@@ -1,7 +1,11 @@
 #include "worker/engine/train/expert_report.h"
 
 #include <algorithm>
+#include <map>
 #include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
 
 namespace ptrain {
 
@@ -43,6 +47,39 @@ ExpertLoad CollectExpertLoad(
   }
   out.aux_loss = all[L * width] / (build.microbatches * build.replicas());
   return out;
+}
+
+void MoveExpertBias(ZeroStore& store, const ExpertLoad& load,
+                    const GptConfig& model) {
+  if (!model.has_moe() || !model.moe.bias) return;
+  const int E = model.moe.experts;
+  std::map<int, std::vector<float>> step;  // by layer
+  for (const ExpertLoad::Layer& l : load.layers) {
+    double mean = 0;
+    for (double t : l.tokens) mean += t;
+    mean /= E;
+    std::vector<float>& d = step[l.layer];
+    d.resize(E);
+    for (int e = 0; e < E; ++e) {
+      const double t = l.tokens[e];
+      d[e] = t < mean   ? model.moe.bias_rate
+             : t > mean ? -model.moe.bias_rate
+                        : 0.0f;
+    }
+  }
+  float* params = store.update_params();
+  kernels::Ops& ops = store.ops();
+  std::vector<float> host;
+  store.ForEachUpdateStretch(
+      [&](const ParamInfo& p, int64_t lo, int64_t hi, int64_t at) {
+        if (!absl::EndsWith(p.name, ".mlp.router.expert_bias")) return;
+        const auto it = step.find(p.layer);
+        if (it == step.end()) return;
+        host.resize(hi - lo);
+        ops.ToHost(host.data(), params + at, hi - lo);
+        for (int64_t i = lo; i < hi; ++i) host[i - lo] += it->second[i];
+        ops.FromHost(params + at, host.data(), hi - lo);
+      });
 }
 
 }  // namespace ptrain

@@ -9,6 +9,7 @@
 #include "worker/engine/model/gpt_stage.h"
 #include "worker/engine/parallel/parallel_dims.h"
 #include "worker/engine/parallel/rank_build.h"
+#include "worker/engine/parallel/zero_store.h"
 #include "worker/engine/report/expert_load.h"
 
 namespace ptrain {
@@ -23,6 +24,16 @@ void ClearExpertLoad(const std::vector<std::unique_ptr<GptStage>>& chunks);
 ExpertLoad CollectExpertLoad(
     const std::vector<std::unique_ptr<GptStage>>& chunks,
     const ParallelDims& dims, const RankBuild& build);
+
+// model.moe.balance: bias (DeepSeek-V3's auxiliary-loss-free balancing):
+// moves each MoE layer's selection bias (mlp.router.expert_bias) by the
+// model's bias_rate for each expert, up where the expert took fewer of the
+// layer's tokens in `load` than their mean, down where it took more, in
+// the weights the optimizer updates next (before its step, which leaves
+// them: their gradient is zero). Every rank alike, from the global load;
+// nothing for a model without the bias.
+void MoveExpertBias(ZeroStore& store, const ExpertLoad& load,
+                    const GptConfig& model);
 
 }  // namespace ptrain
 

@@ -297,12 +297,13 @@ StepResult Trainer::TrainStep(int64_t step) {
                           b.T_local(), dloss, &r.phases);
   t = Clock::now();
   if (recorder != nullptr) recorder->Enter(FlightPhase::kOptimizer);
-  // The last stage computed the losses: every stage learns them. Each cp
-  // rank's are means over as many positions: their mean is the sequence's.
+  // Every stage learns the last one's losses; the cp ranks' mean is the
+  // sequence's.
   if (Communicator* pp = dims_->pp_comm()) pp->AllReduce(&loss_sum, 1);
   r.loss = static_cast<float>(SumOverReplicas(loss_sum) /
                               (b.microbatches * b.replicas()));
   r.experts = CollectExpertLoad(chunks_, *dims_, b);
+  MoveExpertBias(*store_, r.experts, b.model);
   r.lr = LearningRate(spec_.train(), step);
   r.grad_norm = optimizer_->Step(static_cast<float>(r.lr)).grad_norm;
   r.phases.optimizer = SecondsSince(t);

@@ -120,6 +120,17 @@ class MoeMlp : public SublayerPart {
                                     2,
                                     TpSplit::kReplicated,
                                     false}};
+    if (m.bias) {
+      // Moved after each step (MoveExpertBias), never by the optimizer: its
+      // gradient is zero.
+      out.push_back({"mlp.router.expert_bias",
+                     {m.experts},
+                     Init::kZeros,
+                     false,
+                     2,
+                     TpSplit::kReplicated,
+                     false});
+    }
     if (m.shared > 0) {
       out.push_back({"mlp.shared" + first + ".weight",
                      {Gate(S), C},
@@ -294,7 +305,7 @@ class MoeMlp : public SublayerPart {
     }
 
     // The tensors whose units hold this rank's routed experts.
-    int first() const { return 1 + SharedTensors() + e0_; }
+    int first() const { return Shared(0) + SharedTensors() + e0_; }
     int second() const { return first() + m_.experts; }
 
     // x_ (N,C), fp32: the whole microbatch's input.
@@ -316,8 +327,8 @@ class MoeMlp : public SublayerPart {
       ops_.matmul_forward(logits, x_, p_.Weight(kRouterTensor), nullptr, 1,
                           static_cast<int>(N_), C_, E);
       ops_.moe_router_forward(route_.experts, p_.Row(kWeights), p_.Row(kScores),
-                              logits, nullptr, static_cast<int>(N_), E, k,
-                              m_.router, k > 1);
+                              logits, m_.bias ? p_.Param(1) : nullptr,
+                              static_cast<int>(N_), E, k, m_.router, k > 1);
       Plan();
       ops_.moe_permute_forward(packed_, x_, route_.order, M(), k, C_);
       if (m_.ep > 1) {
@@ -333,12 +344,12 @@ class MoeMlp : public SublayerPart {
     // in dout_ until Combine.
     void SharedForward() {
       if (m_.shared == 0) return;
-      ops_.matmul_forward(p_.Row(kShared), x_, p_.Weight(1), nullptr, 1,
+      ops_.matmul_forward(p_.Row(kShared), x_, p_.Weight(Shared(0)), nullptr, 1,
                           static_cast<int>(N_), C_,
                           static_cast<int>(Gate(Sl_)));
       if (p_.recomputing()) return;
       Activate(act_, p_.Row(kShared), N_, Sl_);
-      ops_.matmul_forward(dout_, act_, p_.Weight(2), nullptr, 1,
+      ops_.matmul_forward(dout_, act_, p_.Weight(Shared(1)), nullptr, 1,
                           static_cast<int>(N_), static_cast<int>(Sl_), C_);
     }
 
@@ -455,11 +466,12 @@ class MoeMlp : public SublayerPart {
       if (m_.shared > 0) {
         const float* h = p_.Row(kShared);
         Activate(act_, h, N_, Sl_);
-        ops_.matmul_backward(dact_, p_.Grad(2), nullptr, dout_, act_,
-                             p_.Weight(2), 1, N, static_cast<int>(Sl_), C_);
+        ops_.matmul_backward(dact_, p_.Grad(Shared(1)), nullptr, dout_, act_,
+                             p_.Weight(Shared(1)), 1, N, static_cast<int>(Sl_),
+                             C_);
         ActivationBackward(dshared_, dact_, h, N_, Sl_);
-        ops_.matmul_backward(packed_, p_.Grad(1), nullptr, dshared_, x_,
-                             p_.Weight(1), 1, N, C_,
+        ops_.matmul_backward(packed_, p_.Grad(Shared(0)), nullptr, dshared_, x_,
+                             p_.Weight(Shared(0)), 1, N, C_,
                              static_cast<int>(Gate(Sl_)));
         ops_.Add(partial_, packed_, N_ * C_);
       }
@@ -482,6 +494,9 @@ class MoeMlp : public SublayerPart {
    private:
     int64_t Gate(int64_t h) const { return GateWidth(swiglu_, h); }
     int SharedTensors() const { return m_.shared > 0 ? 2 : 0; }
+    // The shared MLP's first (0) or second (1) linear, after the router's
+    // tensors.
+    int Shared(int i) const { return 1 + (m_.bias ? 1 : 0) + i; }
     // act (rows,h) from the hidden layer's rows (rows,Gate(h)).
     void Activate(float* act, const float* hidden, int64_t rows, int64_t h) {
       if (swiglu_) {
