@@ -49,6 +49,42 @@ constexpr int64_t kMaxLayers = 1 << 16;
 // A character is at most four bytes of UTF-8.
 constexpr int64_t kMaxVocabBytes = int64_t{4} * CharTokenizer::kMaxSize;
 
+// A manifest's model.moe into `e`: the first field that is wrong.
+absl::Status ReadMoe(const json& moe, GptConfig::Moe* e) {
+  absl::Status s = absl::OkStatus();
+  auto check = [&](absl::Status next) {
+    if (s.ok()) s = std::move(next);
+  };
+  std::string router;
+  double capacity = 0, aux = 0, z = 0;
+  check(Int32(moe, "model.moe", "experts", 1, 1 << 10, &e->experts));
+  check(Int32(moe, "model.moe", "top_k", 1, e->experts, &e->top_k));
+  check(Int32(moe, "model.moe", "shared_experts", 0, 64, &e->shared));
+  check(Int32(moe, "model.moe", "expert_hidden", 1, kMaxModelDim, &e->hidden));
+  check(String(moe, "model.moe", "router", 16, &router));
+  check(Number(moe, "model.moe", "capacity_factor", 0, 1e3, &capacity));
+  check(Number(moe, "model.moe", "aux_loss_coef", 0, 1e3, &aux));
+  check(Number(moe, "model.moe", "z_loss_coef", 0, 1e3, &z));
+  if (!s.ok()) return s;
+  const auto named = RouterNamed(router);
+  if (!named.has_value()) {
+    return absl::InvalidArgumentError("model.moe.router=\"" + router +
+                                      "\" is neither softmax nor sigmoid");
+  }
+  e->router = *named;
+  e->capacity_factor = static_cast<float>(capacity);
+  e->aux_coef = static_cast<float>(aux);
+  e->z_coef = static_cast<float>(z);
+  // balance: bias (absent: aux).
+  if (moe.contains("bias_update_rate")) {
+    double rate = 0;
+    check(Number(moe, "model.moe", "bias_update_rate", 0, 1, &rate));
+    e->bias = true;
+    e->bias_rate = static_cast<float>(rate);
+  }
+  return s;
+}
+
 }  // namespace
 
 absl::Status CheckpointReader::Damaged(const std::string& what) const {
@@ -230,34 +266,7 @@ absl::Status CheckpointReader::LoadProgressAndModel(const json& m) {
   if (s.ok() && (*model)->contains("moe")) {
     auto moe = ObjectAt(**model, "model", "moe");
     if (!moe.ok()) return Damaged(moe.status());
-    GptConfig::Moe& e = c.moe;
-    std::string router;
-    double capacity = 0, aux = 0, z = 0;
-    check(Int32(**moe, "model.moe", "experts", 1, 1 << 10, &e.experts));
-    check(Int32(**moe, "model.moe", "top_k", 1, e.experts, &e.top_k));
-    check(Int32(**moe, "model.moe", "shared_experts", 0, 64, &e.shared));
-    check(
-        Int32(**moe, "model.moe", "expert_hidden", 1, kMaxModelDim, &e.hidden));
-    check(String(**moe, "model.moe", "router", 16, &router));
-    check(Number(**moe, "model.moe", "capacity_factor", 0, 1e3, &capacity));
-    check(Number(**moe, "model.moe", "aux_loss_coef", 0, 1e3, &aux));
-    check(Number(**moe, "model.moe", "z_loss_coef", 0, 1e3, &z));
-    const auto named = RouterNamed(router);
-    if (s.ok() && !named.has_value()) {
-      return Damaged("model.moe.router=\"" + router +
-                     "\" is neither softmax nor sigmoid");
-    }
-    if (named.has_value()) e.router = *named;
-    e.capacity_factor = static_cast<float>(capacity);
-    e.aux_coef = static_cast<float>(aux);
-    e.z_coef = static_cast<float>(z);
-    // balance: bias (absent: aux).
-    if ((*moe)->contains("bias_update_rate")) {
-      double rate = 0;
-      check(Number(**moe, "model.moe", "bias_update_rate", 0, 1, &rate));
-      e.bias = true;
-      e.bias_rate = static_cast<float>(rate);
-    }
+    check(ReadMoe(**moe, &c.moe));
   }
   if (!s.ok()) return Damaged(s);
   return absl::OkStatus();

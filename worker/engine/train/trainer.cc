@@ -297,8 +297,7 @@ StepResult Trainer::TrainStep(int64_t step) {
                           b.T_local(), dloss, &r.phases);
   t = Clock::now();
   if (recorder != nullptr) recorder->Enter(FlightPhase::kOptimizer);
-  // Every stage learns the last one's losses; the cp ranks' mean is the
-  // sequence's.
+  // Every stage learns the last one's losses (cp ranks': the mean).
   if (Communicator* pp = dims_->pp_comm()) pp->AllReduce(&loss_sum, 1);
   r.loss = static_cast<float>(SumOverReplicas(loss_sum) /
                               (b.microbatches * b.replicas()));
