@@ -862,6 +862,35 @@ TEST_F(CheckpointTest, ACheckpointOfOtherExpertsIsRefusedNamingThem) {
       << s;
 }
 
+// balance: bias: the manifest records the rate (the model reads the bias
+// with it), the biases are tensors of the checkpoint, and a model balanced
+// by the loss alone is refused a checkpoint without them.
+TEST_F(CheckpointTest, TheSelectionBiasIsSavedWithItsRate) {
+  const v1::JobSpec spec =
+      Spec(2, 0, {"model.moe.experts=4", "model.moe.expert_hidden=16",
+                  "model.moe.balance=bias", "model.moe.bias_update_rate=0.5"});
+  auto t = Make(spec);
+  ASSERT_TRUE(t->checkpoints().SaveCheckpointAt(0).ok());
+  auto reader = CheckpointReader::Open(StepDir(0));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_TRUE((*reader)->meta().model.moe.bias);
+  EXPECT_EQ((*reader)->meta().model.moe.bias_rate, 0.5f);
+  EXPECT_TRUE((*reader)
+                  ->CheckCompatible(t->model().config(), t->store().layout())
+                  .ok());
+  auto aux = Make(Spec(2, 0,
+                       {"model.moe.experts=4", "model.moe.expert_hidden=16"}));
+  ASSERT_TRUE(aux->checkpoints().SaveCheckpointAt(1).ok());
+  auto plain = CheckpointReader::Open(StepDir(1));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE((*plain)->meta().model.moe.bias);
+  const absl::Status s = (*plain)->CheckCompatible(t->model().config(),
+                                                   t->store().layout());
+  EXPECT_NE(s.message().find("has no tensor h.0.mlp.router.expert_bias"),
+            std::string::npos)
+      << s;
+}
+
 // model.tie_embeddings=false: the head's own table is saved and resumed
 // with the rest, bit for bit; a tied model refuses the checkpoint (whose
 // tensors it would all find) and the untied one a tied checkpoint, naming
