@@ -270,10 +270,11 @@ int RunExportHf(const std::string& checkpoint, const std::string& out,
     for (const HfFile& f : tokenizer_files) {
       absl::StrAppend(&written, ", ", f.name);
     }
-    std::printf(
-        "wrote %s (Hugging Face %s, %s%s) from %s\n", out.c_str(),
-        meta.model.arch == "llama" ? "LlamaForCausalLM" : "GPT2LMHeadModel",
-        dtype.c_str(), written.c_str(), checkpoint.c_str());
+    std::printf("wrote %s (Hugging Face %s, %s%s) from %s\n", out.c_str(),
+                meta.model.arch != "llama" ? "GPT2LMHeadModel"
+                : meta.model.has_moe()     ? "MixtralForCausalLM"
+                                           : "LlamaForCausalLM",
+                dtype.c_str(), written.c_str(), checkpoint.c_str());
     if (!no_tokenizer.empty()) {
       std::printf("wrote no tokenizer files: %s\n", no_tokenizer.c_str());
     }
