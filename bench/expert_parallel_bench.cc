@@ -97,13 +97,10 @@ int main(int argc, char** argv) {
       if (p.expert >= 0) expert_floats += double(p.numel);
     }
     const double expert_bytes = 4 * 4 * expert_floats;
-    double a2a_seconds = 0, a2a_bytes = 0, a2a_calls = 0;
-    for (const auto& [key, st] : stats.Snapshot()) {
-      if (key.first != "ep" || key.second != "all_to_all") continue;
-      a2a_seconds += st.seconds / a.steps;
-      a2a_bytes += double(st.bytes) / a.steps;
-      a2a_calls += double(st.calls) / a.steps;
-    }
+    const ptrain::CommStat a2a = stats.Get("ep", ptrain::CommOp::kAllToAll);
+    const double a2a_seconds = a2a.seconds / a.steps,
+                 a2a_bytes = double(a2a.bytes) / a.steps,
+                 a2a_calls = double(a2a.calls) / a.steps;
     const ptrain::MemoryEstimate est =
         ptrain::EstimateRankMemory(run.spec, tr.data().vocab_size);
     if (mpi.rank == 0) {

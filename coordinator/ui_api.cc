@@ -203,31 +203,39 @@ json ExpertsRecordOf(const json& rec) {
   return json{{"step", rec["step"]}, {"layers", std::move(layers)}};
 }
 
-// The newest record of `type` among the lines of `text`, newest first, as
-// `of` makes it (null when it refuses one: an older one is looked for),
-// or null. A line cut at the start of a partial read is skipped by the
-// parser failing on it.
-json NewestRecord(std::string_view text, const std::string& type,
-                  json (*of)(const json&)) {
-  const std::string tag = "\"" + type + "\"";
-  while (!text.empty()) {
+// The newest `sample` record (SampleOf) and the newest `experts` record
+// (ExpertsRecordOf) among the lines of `text`, in one walk from its end
+// (a record either makes null is passed over for an older one); null for
+// each not found. A line cut at the start of a partial read is skipped by
+// the parser failing on it.
+struct NewestRecords {
+  json sample = nullptr, experts = nullptr;
+};
+NewestRecords FindNewest(std::string_view text) {
+  NewestRecords out;
+  while (!text.empty() && (out.sample.is_null() || out.experts.is_null())) {
     size_t end = text.size();
     while (end > 0 && text[end - 1] == '\n') --end;
     const size_t start = text.rfind('\n', end == 0 ? 0 : end - 1);
     const size_t from = start == std::string_view::npos ? 0 : start + 1;
-    const std::string_view line = text.substr(from, end - from);
-    if (absl::StrContains(absl::string_view(line.data(), line.size()), tag)) {
+    const absl::string_view line(text.data() + from, end - from);
+    const bool sample = out.sample.is_null() &&
+                        absl::StrContains(line, "\"sample\""),
+               experts = out.experts.is_null() &&
+                         absl::StrContains(line, "\"experts\"");
+    if (sample || experts) {
       json rec = json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (rec.is_object() && rec.value("type", "") == type &&
-          rec.contains("step") && rec["step"].is_number_integer()) {
-        json got = of(rec);
-        if (!got.is_null()) return got;
+      if (rec.is_object() && rec.contains("step") &&
+          rec["step"].is_number_integer()) {
+        const std::string type = rec.value("type", "");
+        if (sample && type == "sample") out.sample = SampleOf(rec);
+        if (experts && type == "experts") out.experts = ExpertsRecordOf(rec);
       }
     }
     if (start == std::string_view::npos) break;
     text = text.substr(0, start);
   }
-  return nullptr;
+  return out;
 }
 
 }  // namespace
@@ -277,10 +285,9 @@ json LatestSamples::Of(const std::string& path, int64_t max_bytes) {
   const size_t whole = got->bytes.rfind('\n') + 1;  // 0 when none
   Seen& seen = it->second;
   const std::string_view lines = std::string_view(got->bytes).substr(0, whole);
-  json newer = NewestRecord(lines, "sample", &SampleOf);
-  if (!newer.is_null()) seen.sample = std::move(newer);
-  json load = NewestRecord(lines, "experts", &ExpertsRecordOf);
-  if (!load.is_null()) seen.experts = std::move(load);
+  NewestRecords newer = FindNewest(lines);
+  if (!newer.sample.is_null()) seen.sample = std::move(newer.sample);
+  if (!newer.experts.is_null()) seen.experts = std::move(newer.experts);
   seen.scanned = got->start + static_cast<int64_t>(whole);
   seen.asked = ++clock_;
   return seen.sample;
