@@ -774,11 +774,11 @@ absl::Status ValidateMoe(const v1::JobSpec& spec) {
                  " does not divide model.moe.expert_hidden=",
                  moe.expert_hidden(), " (each expert is split over tp)");
   }
-  // Not yet run by the engine: refused rather than ignored.
-  if (moe.every() > 1) {
+  if (moe.every() > spec.model().n_layer()) {
     return Error("model.moe.every=", moe.every(),
-                 ": MoE MLPs in only some blocks are not supported yet; "
-                 "use 1 (every block)");
+                 " is more than model.n_layer=", spec.model().n_layer(),
+                 ": no block would have experts (the MoE MLP is in blocks "
+                 "every−1, 2·every−1, ...)");
   }
   if (given.has_bias_update_rate() && moe.balance() != "bias") {
     return Error(

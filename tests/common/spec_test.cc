@@ -371,9 +371,14 @@ TEST(ValidateJobSpec, MoeFieldsTheirDefaultsAndRules) {
   EXPECT_EQ(OverrideError({"model.moe.experts=4", "model.moe.balance=bias",
                            "model.moe.bias_update_rate=2"}),
             "model.moe.bias_update_rate=2 must be between 0 and 1");
-  EXPECT_EQ(OverrideError({"model.moe.experts=4", "model.moe.every=2"}),
-            "model.moe.every=2: MoE MLPs in only some blocks are not "
-            "supported yet; use 1 (every block)");
+  EXPECT_EQ(MustParse(kMinimal, {"model.moe.experts=4", "model.moe.every=4"})
+                .model()
+                .moe()
+                .every(),
+            4);
+  EXPECT_EQ(OverrideError({"model.moe.experts=4", "model.moe.every=5"}),
+            "model.moe.every=5 is more than model.n_layer=4: no block would "
+            "have experts (the MoE MLP is in blocks every−1, 2·every−1, ...)");
   EXPECT_EQ(OverrideError({"model.moe.experts=4", "parallel.cp=2"}),
             "parallel.cp=2 with model.moe: routing a sequence split over cp "
             "ranks is not supported yet; use parallel.cp=1");

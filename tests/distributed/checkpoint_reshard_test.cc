@@ -294,6 +294,19 @@ TEST_F(Reshard, MoeCheckpointsMoveBetweenLayouts) {
        {"moe_dp2_pp2_ep2_zero1", 2, 1, 1, false, 2, 1, 1, 0, 1, 2}});
 }
 
+// model.moe.every=2: dense MLPs in blocks 0 and 2 beside the experts of
+// blocks 1 and 3, each a stage's under pp 2, moved between ep 4, ep 2 in
+// pipeline stages and one rank.
+TEST_F(Reshard, InterleavedMoeCheckpointsMoveBetweenLayouts) {
+  EveryCheckpointResumesOnEveryLayout(
+      "moe_every2",
+      {"model.moe.experts=4", "model.moe.expert_hidden=24",
+       "model.moe.every=2"},
+      {{"every2_single", 1, 0, 1, false},
+       {"every2_dp4_ep4_zero3", 4, 3, 1, false, 1, 1, 1, 0, 1, 4},
+       {"every2_dp2_pp2_ep2_zero1", 2, 1, 1, false, 2, 1, 1, 0, 1, 2}});
+}
+
 TEST_F(Reshard, ShardedLayoutReadsOnlyItsShare) {
   // A model several checksum chunks large, saved by one rank.
   const std::string dir = Root() + "/wide";

@@ -72,9 +72,10 @@ struct Layout {
   // against the single rank's run of the same model.
   bool llama = false;
   // model.moe: "" none, else 4 experts (top 2, one shared) as "dropless",
-  // "capacity" (capacity_factor 1, which drops tokens) or "bias" (dropless,
-  // balanced by the selection bias instead of the loss): against the single
-  // rank's run of the same model.
+  // "capacity" (capacity_factor 1, which drops tokens), "bias" (dropless,
+  // balanced by the selection bias instead of the loss) or "every2"
+  // (dropless, experts in every second block): against the single rank's
+  // run of the same model.
   std::string moe{};
   // parallel.ep: the experts split over ep of the dp ranks.
   int ep = 1;
@@ -340,6 +341,24 @@ std::vector<Layout> AllLayouts() {
     l.ep = 2;
     out.push_back(l);
   }
+  // model.moe.every=2: the dense MLP in blocks 0 and 2, experts in 1 and 3
+  // (a pipeline stage of each), over the dense rows' places in the MoE
+  // rows and their own for a split backward.
+  auto every2 = [&](Layout l, int ep, bool is_llama = false) {
+    l.name = "moe_every2_" + l.name;
+    l.ep = ep;
+    return moe(l, "every2", is_llama);
+  };
+  out.push_back(every2({"dp2_zero1", 2, 1, 1, 1, false}, 1));
+  out.push_back(every2({"ep2_dp4_mb2_zero3", 4, 1, 3, 2, false}, 2));
+  out.push_back(
+      every2({"ep2_pp2_zb1p_dp2_tp2_sp", 2, 2, 0, 4, true, 2, "zb1p"}, 2));
+  out.push_back(every2({"pp2_1f1b_dp2_zero1_selective", 2, 1, 1, 4, false, 2,
+                        "1f1b", 1, 4, "selective"},
+                       1));
+  out.push_back(
+      every2({"dp2_recompute", 2, 1, 2, 1, false, 1, "1f1b", 1, 4, "full"}, 2));
+  out.push_back(every2({"llama_dp2_tp2_zero1_sp", 2, 2, 1, 1, true}, 1, true));
   return out;
 }
 
@@ -403,6 +422,7 @@ std::vector<std::string> BaseOverrides(int n_layer, bool untied, bool llama,
       o.push_back(f);
     }
     if (moe == "capacity") o.push_back("model.moe.capacity_factor=1");
+    if (moe == "every2") o.push_back("model.moe.every=2");
     if (moe == "bias") {
       for (const char* f :
            {"model.moe.balance=bias", "model.moe.aux_loss_coef=0",

@@ -855,9 +855,34 @@ TEST_F(CheckpointTest, ACheckpointOfOtherExpertsIsRefusedNamingThem) {
   other.moe.experts = 8;
   const absl::Status s = (*reader)->CheckCompatible(other, t->store().layout());
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(s.message().find("model.moe.experts=4, shared_experts=0 and "
-                             "expert_hidden=16 in the checkpoint but 8, 0 "
-                             "and 16 in the model"),
+  EXPECT_NE(s.message().find("model.moe.experts=4, shared_experts=0, "
+                             "expert_hidden=16 and every=1 in the checkpoint "
+                             "but 8, 0, 16 and 1 in the model"),
+            std::string::npos)
+      << s;
+}
+
+// model.moe.every: the manifest records it, a model of it resumes the
+// checkpoint, and one with MoE MLPs in other blocks is refused, naming it.
+TEST_F(CheckpointTest, ACheckpointOfMoeInOtherBlocksIsRefusedNamingEvery) {
+  const v1::JobSpec spec =
+      Spec(2, 0,
+           {"model.moe.experts=4", "model.moe.expert_hidden=16",
+            "model.moe.every=2"});
+  auto t = Make(spec);
+  ASSERT_TRUE(t->checkpoints().SaveCheckpointAt(0).ok());
+  auto reader = CheckpointReader::Open(StepDir(0));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->meta().model.moe.every, 2);
+  EXPECT_TRUE((*reader)
+                  ->CheckCompatible(t->model().config(), t->store().layout())
+                  .ok());
+  GptConfig other = t->model().config();
+  other.moe.every = 1;
+  const absl::Status s = (*reader)->CheckCompatible(other, t->store().layout());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("every=2 in the checkpoint but 4, 0, 16 and 1 in "
+                             "the model"),
             std::string::npos)
       << s;
 }
@@ -867,8 +892,9 @@ TEST_F(CheckpointTest, ACheckpointOfOtherExpertsIsRefusedNamingThem) {
 // by the loss alone is refused a checkpoint without them.
 TEST_F(CheckpointTest, TheSelectionBiasIsSavedWithItsRate) {
   const v1::JobSpec spec =
-      Spec(2, 0, {"model.moe.experts=4", "model.moe.expert_hidden=16",
-                  "model.moe.balance=bias", "model.moe.bias_update_rate=0.5"});
+      Spec(2, 0,
+           {"model.moe.experts=4", "model.moe.expert_hidden=16",
+            "model.moe.balance=bias", "model.moe.bias_update_rate=0.5"});
   auto t = Make(spec);
   ASSERT_TRUE(t->checkpoints().SaveCheckpointAt(0).ok());
   auto reader = CheckpointReader::Open(StepDir(0));
@@ -878,14 +904,14 @@ TEST_F(CheckpointTest, TheSelectionBiasIsSavedWithItsRate) {
   EXPECT_TRUE((*reader)
                   ->CheckCompatible(t->model().config(), t->store().layout())
                   .ok());
-  auto aux = Make(Spec(2, 0,
-                       {"model.moe.experts=4", "model.moe.expert_hidden=16"}));
+  auto aux =
+      Make(Spec(2, 0, {"model.moe.experts=4", "model.moe.expert_hidden=16"}));
   ASSERT_TRUE(aux->checkpoints().SaveCheckpointAt(1).ok());
   auto plain = CheckpointReader::Open(StepDir(1));
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_FALSE((*plain)->meta().model.moe.bias);
-  const absl::Status s = (*plain)->CheckCompatible(t->model().config(),
-                                                   t->store().layout());
+  const absl::Status s =
+      (*plain)->CheckCompatible(t->model().config(), t->store().layout());
   EXPECT_NE(s.message().find("has no tensor h.0.mlp.router.expert_bias"),
             std::string::npos)
       << s;

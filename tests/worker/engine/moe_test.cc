@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -224,6 +225,23 @@ TEST(MoeMlp, MicrobatchesAccumulateTheWholeBatch) {
   }
 }
 
+// Gives `moe`'s tensors the weights of `dense`'s: every tensor but the
+// router is named alike, expert 0's as the dense MLP's.
+void CopyDenseWeights(GptStage& dense, GptStage* moe) {
+  for (const ParamInfo& p : moe->layout()) {
+    std::string name = p.name;
+    const std::string expert = "mlp.experts.0.";
+    if (name.find("mlp.router") != std::string::npos) continue;
+    if (const size_t at = name.find(expert); at != std::string::npos) {
+      name.replace(at, expert.size(), "mlp.");
+    }
+    const ParamInfo& q = Tensor(dense, name);
+    ASSERT_EQ(q.numel, p.numel) << name;
+    std::copy(dense.params() + q.offset, dense.params() + q.offset + q.numel,
+              moe->params() + p.offset);
+  }
+}
+
 // One expert that every token chooses with weight 1 (softmax over one
 // logit), no shared experts and no balance losses, is the dense MLP: the
 // same loss and the same gradients, given the same weights.
@@ -239,22 +257,8 @@ TEST(MoeMlp, OneExpertIsTheDenseMlp) {
     auto a = Stage(dense), e = Stage(moe);
     a->InitParams(9);
     e->InitParams(9);
-    const std::string first = llama ? "gate_up_proj" : "c_fc";
     const std::string second = llama ? "down_proj" : "c_proj";
-    // Every tensor but the MLP's is named alike; the expert takes the
-    // dense MLP's weights.
-    for (const ParamInfo& p : e->layout()) {
-      std::string name = p.name;
-      const std::string expert = "mlp.experts.0.";
-      if (name.find("mlp.router") != std::string::npos) continue;
-      if (const size_t at = name.find(expert); at != std::string::npos) {
-        name.replace(at, expert.size(), "mlp.");
-      }
-      const ParamInfo& q = Tensor(*a, name);
-      ASSERT_EQ(q.numel, p.numel) << name;
-      std::copy(a->params() + q.offset, a->params() + q.offset + q.numel,
-                e->params() + p.offset);
-    }
+    CopyDenseWeights(*a, e.get());
     const Batch b = MakeBatch(moe);
     a->ZeroGrad();
     e->ZeroGrad();
@@ -281,6 +285,91 @@ TEST(MoeMlp, OneExpertIsTheDenseMlp) {
     const ParamInfo& r = Tensor(*e, "h.0.mlp.router.weight");
     for (int64_t i = 0; i < r.numel; ++i) {
       EXPECT_EQ(e->grads()[r.offset + i], 0.0f);
+    }
+  }
+}
+
+// model.moe.every=2: blocks 0 and 2 have the dense MLP's tensors (its
+// biases too) and no router, blocks 1 and 3 the experts; with one expert
+// weighing 1 the model is the dense one (the same loss and gradients, the
+// dense blocks' and the experts' alike, in a split backward too), and only
+// the MoE blocks report a load.
+TEST(MoeMlp, EverySecondBlockIsDense) {
+  for (bool llama : {false, true}) {
+    GptConfig moe = MoeConfig(llama, 0.0f);
+    moe.n_layer = 4;
+    moe.moe = {};
+    moe.moe.experts = 1;
+    moe.moe.top_k = 1;
+    moe.moe.every = 2;
+    GptConfig dense = moe;
+    dense.moe = {};
+    moe.moe.hidden = dense.hidden();
+    const std::string first = llama ? "gate_up_proj" : "c_fc";
+    const std::string second = llama ? "down_proj" : "c_proj";
+    std::set<std::string> names;
+    for (const ParamInfo& p : GptTensors(moe)) names.insert(p.name);
+    for (int l : {0, 2}) {
+      const std::string at = "h." + std::to_string(l) + ".mlp.";
+      EXPECT_EQ(names.count(at + first + ".weight"), 1u) << at;
+      EXPECT_EQ(names.count(at + "router.weight"), 0u) << at;
+      EXPECT_EQ(names.count(at + "experts.0." + first + ".weight"), 0u) << at;
+    }
+    for (int l : {1, 3}) {
+      const std::string at = "h." + std::to_string(l) + ".mlp.";
+      EXPECT_EQ(names.count(at + first + ".weight"), 0u) << at;
+      EXPECT_EQ(names.count(at + "router.weight"), 1u) << at;
+    }
+    if (!llama) {
+      EXPECT_EQ(names.count("h.2.mlp.c_fc.bias"), 1u);
+    }
+    for (bool split : {false, true}) {
+      StageOptions o;
+      o.max_B = kB;
+      o.max_T = kT;
+      o.split_backward = split;
+      GptStage a(dense, BuildPlan(dense, {}), o), e(moe, BuildPlan(moe, {}), o);
+      a.InitParams(9);
+      e.InitParams(9);
+      CopyDenseWeights(a, &e);
+      const Batch b = MakeBatch(moe);
+      a.ZeroGrad();
+      e.ZeroGrad();
+      e.part_stats().Clear();
+      const float la = a.Forward(0, b.in.data(), nullptr, b.tg.data(), kB, kT);
+      const float le = e.Forward(0, b.in.data(), nullptr, b.tg.data(), kB, kT);
+      EXPECT_NEAR(le, la, 1e-6) << (llama ? "llama" : "gpt");
+      std::vector<int> loaded;
+      for (const auto& [layer, tokens] : e.part_stats().tokens) {
+        loaded.push_back(layer);
+      }
+      EXPECT_EQ(loaded, (std::vector<int>{1, 3}));
+      for (GptStage* s : {&a, &e}) {
+        const float dloss = 1.0f / (kB * kT);
+        if (split) {
+          s->BackwardInput(0, b.in.data(), b.tg.data(), dloss, nullptr);
+          s->BackwardWeights(0);
+        } else {
+          s->Backward(0, b.in.data(), b.tg.data(), dloss, nullptr);
+        }
+      }
+      for (const std::string& name :
+           {"h.0.mlp." + first + ".weight", "h.2.mlp." + second + ".weight",
+            "h.3.mlp.experts.0." + second + ".weight", std::string("wte")}) {
+        std::string dense_name = name;
+        if (const size_t at = name.find("experts.0."); at != std::string::npos)
+          dense_name.erase(at, 10);
+        const ParamInfo& pe = Tensor(e, name);
+        const ParamInfo& pa = Tensor(a, dense_name);
+        double diff = 0, scale = 0;
+        for (int64_t i = 0; i < pe.numel; ++i) {
+          const double g = a.grads()[pa.offset + i];
+          diff = std::max(diff, std::fabs(e.grads()[pe.offset + i] - g));
+          scale = std::max(scale, std::fabs(g));
+        }
+        EXPECT_GT(scale, 0.0) << name;
+        EXPECT_LE(diff, 1e-5 * scale) << name << (split ? " split" : "");
+      }
     }
   }
 }

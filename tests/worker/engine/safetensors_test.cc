@@ -548,6 +548,8 @@ TEST_F(SafetensorsTest, ExpertsAreWrittenAsMixtralsOrRefused) {
             "Mixtral's router is a softmax"},
            {[](GptConfig& m) { m.moe.top_k = 1; },
             "Mixtral weighs one expert a token by 1"},
+           {[](GptConfig& m) { m.moe.every = 2; },
+            "every Mixtral block has experts"},
            {[](GptConfig& m) { m.rope.factor = 8; },
             "Mixtral's config has no rope scaling"}}) {
     GptConfig bad = c;

@@ -61,6 +61,10 @@ absl::Status ReadMoe(const json& moe, GptConfig::Moe* e) {
   check(Int32(moe, "model.moe", "top_k", 1, e->experts, &e->top_k));
   check(Int32(moe, "model.moe", "shared_experts", 0, 64, &e->shared));
   check(Int32(moe, "model.moe", "expert_hidden", 1, kMaxModelDim, &e->hidden));
+  // every (absent: 1, every block).
+  if (moe.contains("every")) {
+    check(Int32(moe, "model.moe", "every", 1, 1 << 12, &e->every));
+  }
   check(String(moe, "model.moe", "router", 16, &router));
   check(Number(moe, "model.moe", "capacity_factor", 0, 1e3, &capacity));
   check(Number(moe, "model.moe", "aux_loss_coef", 0, 1e3, &aux));
@@ -375,13 +379,14 @@ absl::Status CheckpointReader::CheckOwnModel() const {
   // table built for the comparison is no larger than the manifest.)
   const GptConfig& c = meta_.model;
   const ModelParts& parts = ModelPartsOf(c);
-  auto count = [&](const std::vector<std::unique_ptr<ModelPart>>& of) {
-    int64_t n = 0;
-    for (const auto& part : of) n += part->Tensors(c).size();
-    return n;
-  };
-  const int64_t needed = 3 * (count(parts.block) * c.n_layer +
-                              count(parts.before) + count(parts.after));
+  int64_t count = 0;
+  for (const auto* list : {&parts.before, &parts.after}) {
+    for (const auto& part : *list) count += part->Tensors(c).size();
+  }
+  for (int l = 0; l < c.n_layer; ++l) {
+    for (const auto& part : parts.block) count += part->TensorsAt(c, l).size();
+  }
+  const int64_t needed = 3 * count;
   if (static_cast<int64_t>(shapes_.size()) < needed) {
     return Damaged(absl::StrCat("model.n_layer=", c.n_layer, " needs ", needed,
                                 " tensors but the manifest has ",
@@ -399,13 +404,13 @@ absl::Status CheckpointReader::CheckCompatible(
   // The experts first: their tensors' names say less.
   const GptConfig::Moe &theirs = meta_.model.moe, &ours = model.moe;
   if (theirs.experts != ours.experts || theirs.shared != ours.shared ||
-      theirs.hidden != ours.hidden) {
+      theirs.hidden != ours.hidden || theirs.every != ours.every) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint '", dir_, "' does not fit the model: model.moe.experts=",
         theirs.experts, ", shared_experts=", theirs.shared,
-        " and expert_hidden=", theirs.hidden, " in the checkpoint but ",
-        ours.experts, ", ", ours.shared, " and ", ours.hidden,
-        " in the model"));
+        ", expert_hidden=", theirs.hidden, " and every=", theirs.every,
+        " in the checkpoint but ", ours.experts, ", ", ours.shared, ", ",
+        ours.hidden, " and ", ours.every, " in the model"));
   }
   for (const ParamInfo& p : layout) {
     for (const std::string& n :

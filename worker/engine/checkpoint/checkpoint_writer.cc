@@ -85,6 +85,7 @@ json MetaToJson(const CheckpointMeta& m) {
                          {"aux_loss_coef", e.aux_coef},
                          {"z_loss_coef", e.z_coef}};
     if (e.bias) j["model"]["moe"]["bias_update_rate"] = e.bias_rate;
+    if (e.every > 1) j["model"]["moe"]["every"] = e.every;
   }
   // Every dimension of the mesh, 1 where meta does not give it.
   for (const MeshDimension& d : MeshDimensions()) {

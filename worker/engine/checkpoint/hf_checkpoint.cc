@@ -97,6 +97,7 @@ absl::Status MixtralCanHold(const GptConfig& c, const std::string& field) {
                         ? "Mixtral's router is a softmax"
                     : c.moe.top_k < 2 ? "Mixtral weighs one expert a token by 1"
                     : c.moe.bias      ? "Mixtral's router has no selection bias"
+                    : c.moe.every > 1 ? "every Mixtral block has experts"
                     : c.rope.factor > 0 ? "Mixtral's config has no rope scaling"
                                         : nullptr;
   if (why == nullptr) return absl::OkStatus();

@@ -5,6 +5,8 @@
 #include <map>
 #include <string>
 
+#include "common/check.h"
+
 namespace ptrain {
 
 StageActivationDims StageActivationDims::Of(const GptConfig& config, int max_B,
@@ -98,6 +100,8 @@ StageRows BlockRows(const ModelParts& parts, const StageActivationDims& d) {
       }
       t.rows.push_back(row);
     }
+    PT_CHECK(static_cast<int>(t.rows.size()) - t.first.back() <= kMaxPartRows,
+             "a block part with more than kMaxPartRows rows");
   }
   return t;
 }

@@ -16,35 +16,43 @@ BlockStack::BlockStack(const ModelParts& parts, const GptConfig& config,
   PT_CHECK(parts_ >= 2 && parts_ <= kMaxParts &&
                parts_ == 2 * static_cast<int>(parts.pairs.size()),
            "a block is one to four (norm, sublayer) pairs");
-  std::vector<std::vector<PartTensor>> tensors;
-  int units = 0;
-  for (const auto& part : parts.block) {
-    tensors.push_back(part->Tensors(config));
-    tensor_counts_.push_back(static_cast<int>(tensors.back().size()));
-    max_tensors_ =
-        std::max(max_tensors_, static_cast<int>(tensors.back().size()));
-    for (const PartTensor& t : tensors.back())
-      units = std::max(units, t.unit + 1);
-  }
-  // Per unit of a block: the first and last part (block order) with a
-  // tensor in it, and the first that has a weight pass (a sublayer).
-  std::vector<int> first(units, parts_), last(units, -1), w_end(units, parts_);
-  for (int q = 0; q < parts_; ++q) {
-    for (const PartTensor& t : tensors[q]) {
-      first[t.unit] = std::min(first[t.unit], q);
-      last[t.unit] = std::max(last[t.unit], q);
-      if (q % 2 == 1) w_end[t.unit] = std::min(w_end[t.unit], q);
+  // By block, then part: its tensors in that block (parts may differ by
+  // layer: PartPass::TensorsAt).
+  std::vector<std::vector<std::vector<PartTensor>>> tensors(n_blocks_);
+  for (int b = 0; b < n_blocks_; ++b) {
+    for (const auto& part : parts.block) {
+      tensors[b].push_back(part->TensorsAt(config, first_layer + b));
+      max_tensors_ =
+          std::max(max_tensors_, static_cast<int>(tensors[b].back().size()));
     }
+  }
+  for (const auto& part : parts.block) {
+    tensor_counts_.push_back(static_cast<int>(part->Tensors(config).size()));
   }
   places_.resize(static_cast<size_t>(kVariants) * n_blocks_ * parts_ *
                  max_tensors_);
   for (int b = 0; b < n_blocks_; ++b) {
+    const std::vector<std::vector<PartTensor>>& of = tensors[b];
+    int units = 0;
+    for (const auto& list : of) {
+      for (const PartTensor& t : list) units = std::max(units, t.unit + 1);
+    }
+    // Per unit of the block: the first and last part (block order) with a
+    // tensor in it, and the first that has a weight pass (a sublayer).
+    std::vector<int> first(units, parts_), last(units, -1),
+        w_end(units, parts_);
+    for (int q = 0; q < parts_; ++q) {
+      for (const PartTensor& t : of[q]) {
+        first[t.unit] = std::min(first[t.unit], q);
+        last[t.unit] = std::max(last[t.unit], q);
+        if (q % 2 == 1) w_end[t.unit] = std::min(w_end[t.unit], q);
+      }
+    }
     for (int q = 0; q < parts_; ++q) {
       const std::vector<PartPass::Place> found =
-          PlacesOf(*parts.block[q], config, layout,
-                   absl::StrCat("h.", first_layer + b, "."));
+          PlacesOf(of[q], layout, absl::StrCat("h.", first_layer + b, "."));
       for (size_t i = 0; i < found.size(); ++i) {
-        const int k = tensors[q][i].unit;
+        const int k = of[q][i].unit;
         auto set = [&](Variant v, bool begins, bool ends) {
           PartPass::Place p = found[i];
           p.begins = begins && p.unit >= 0;  // another ep rank's expert: none
@@ -151,12 +159,11 @@ void BlockStack::BackwardWeights(PartPass::Shared s, const Rows& rows, int b,
   }
 }
 
-std::vector<PartPass::Place> PlacesOf(const ModelPart& part,
-                                      const GptConfig& config,
+std::vector<PartPass::Place> PlacesOf(const std::vector<PartTensor>& tensors,
                                       const std::vector<ParamInfo>& layout,
                                       const std::string& prefix) {
   std::vector<PartPass::Place> places;
-  for (const PartTensor& t : part.Tensors(config)) {
+  for (const PartTensor& t : tensors) {
     const std::string name = prefix + t.name;
     auto it = std::find_if(layout.begin(), layout.end(),
                            [&](const ParamInfo& p) { return p.name == name; });
@@ -168,6 +175,13 @@ std::vector<PartPass::Place> PlacesOf(const ModelPart& part,
     places.push_back({it->unit, it->unit_offset});
   }
   return places;
+}
+
+std::vector<PartPass::Place> PlacesOf(const ModelPart& part,
+                                      const GptConfig& config,
+                                      const std::vector<ParamInfo>& layout,
+                                      const std::string& prefix) {
+  return PlacesOf(part.Tensors(config), layout, prefix);
 }
 
 }  // namespace ptrain

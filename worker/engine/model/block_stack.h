@@ -22,7 +22,7 @@ namespace ptrain {
 
 class BlockStack {
  public:
-  static constexpr int kMaxParts = 8, kMaxRows = 8;
+  static constexpr int kMaxParts = 8, kMaxRows = kMaxPartRows;
   // One block's activations: each part's rows (block order, its Rows
   // order; null where a row is not kept) and the residual stream: x[0] the
   // block's input, x[i] after pair i's sublayer is added, x[pairs] its
@@ -81,6 +81,10 @@ class BlockStack {
 // ranks hold (unit -1).
 std::vector<PartPass::Place> PlacesOf(const ModelPart& part,
                                       const GptConfig& config,
+                                      const std::vector<ParamInfo>& layout,
+                                      const std::string& prefix);
+// The same for a block part's `tensors` in one block (its TensorsAt).
+std::vector<PartPass::Place> PlacesOf(const std::vector<PartTensor>& tensors,
                                       const std::vector<ParamInfo>& layout,
                                       const std::string& prefix);
 

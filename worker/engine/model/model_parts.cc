@@ -63,7 +63,8 @@ const ModelParts* Gpt2(bool tied, bool moe) {
   p->AddEmbedding(PositionEmbeddingPart());
   p->AddPair(LayerNormPart("ln_1", 0), MultiHeadAttentionPart());
   p->AddPair(LayerNormPart("ln_2", 2),
-             moe ? MoeMlpPart(/*swiglu=*/false) : GeluMlpPart());
+             moe ? InterleavedMlpPart(GeluMlpPart(), MoeMlpPart(false))
+                 : GeluMlpPart());
   p->SetOutput(LayerNormPart("ln_f", 0),
                tied ? TiedHeadPart() : UntiedHeadPart());
   return p;
@@ -77,7 +78,8 @@ const ModelParts* Llama(bool tied, bool moe) {
   p->AddEmbedding(TokenEmbeddingPart());
   p->AddPair(RmsNormPart("ln_1", 0), GroupedQueryAttentionPart());
   p->AddPair(RmsNormPart("ln_2", 2),
-             moe ? MoeMlpPart(/*swiglu=*/true) : SwigluMlpPart());
+             moe ? InterleavedMlpPart(SwigluMlpPart(), MoeMlpPart(true))
+                 : SwigluMlpPart());
   p->SetOutput(RmsNormPart("ln_f", 0),
                tied ? TiedHeadPart() : UntiedHeadPart());
   return p;

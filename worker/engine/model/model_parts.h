@@ -53,6 +53,9 @@ PartTensor ChannelVector(std::string name, const GptConfig& config,
 
 struct StageActivationDims;  // activation_table.h
 
+// The most rows a part keeps (its Rows and SplitRows together).
+constexpr int kMaxPartRows = 12;
+
 // A row of activations a part keeps from its forward to its backward.
 struct ActivationRow {
   std::string name;    // unique in a block: "attn.qkv"
@@ -76,7 +79,14 @@ struct SplitRow {
 class ModelPart {
  public:
   virtual ~ModelPart() = default;
+  // Every tensor it may have: a block part's, of any layer.
   virtual std::vector<PartTensor> Tensors(const GptConfig& config) const = 0;
+  // A block part's tensors in block `layer` (Tensors but where the part
+  // differs by layer).
+  virtual std::vector<PartTensor> TensorsAt(const GptConfig& config,
+                                            int /*layer*/) const {
+    return Tensors(config);
+  }
   // Its rows of the activation table (PartPass::Row 0, 1, ...), then a
   // split backward's (following them), for a stage of these sizes.
   virtual std::vector<ActivationRow> Rows(const StageActivationDims&) const {
@@ -184,7 +194,8 @@ const ModelParts& Gpt2Parts();
 // the token embedding, blocks of RMSNorm, grouped-query attention with
 // rotary positions, RMSNorm and a SwiGLU MLP, a final RMSNorm and the head
 // (tied or not). With config.moe's experts, the MLP is MoeMlpPart (GELU
-// experts for gpt, SwiGLU for llama). Another name
+// experts for gpt, SwiGLU for llama) in every model.moe.every-th block and
+// the dense one in the others (InterleavedMlpPart). Another name
 // is a programming error (the spec was validated): PT_CHECK fails.
 const ModelParts& ModelPartsOf(const GptConfig& config);
 
@@ -223,6 +234,10 @@ std::unique_ptr<SublayerPart> SwigluMlpPart();
 // dense MLP's tensors, without biases: SwiGLU's with `swiglu`, else GELU's),
 // config.moe's experts.
 std::unique_ptr<SublayerPart> MoeMlpPart(bool swiglu);
+// parts/interleaved_mlp.cc: `moe` in the blocks config.moe.HasExperts
+// names (model.moe.every), `dense` in the others.
+std::unique_ptr<SublayerPart> InterleavedMlpPart(
+    std::unique_ptr<SublayerPart> dense, std::unique_ptr<SublayerPart> moe);
 
 }  // namespace ptrain
 

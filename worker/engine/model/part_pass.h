@@ -141,6 +141,11 @@ class PartPass {
 
   // Row i of the part's activations (its Rows order) for this block.
   float* Row(int i) const { return rows_[i]; }
+  // The same pass over other rows (a part running another's passes over
+  // rows of its own order: InterleavedMlpPart).
+  PartPass WithRows(float* const* rows, const bool* deferred) const {
+    return PartPass(s_, places_, rows, deferred, recomputing_);
+  }
   // Row i shares memory with a row that a part later in the backward still
   // reads: write it with AfterBlock.
   bool Deferred(int i) const { return deferred_[i]; }

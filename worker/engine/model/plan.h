@@ -50,6 +50,13 @@ struct GptConfig {
   // token passes through (one MLP of shared·hidden); experts 0: dense.
   struct Moe {
     int experts = 0, top_k = 0, shared = 0, hidden = 0;
+    // model.moe.every: an MoE MLP in every `every`-th block (layers every−1,
+    // 2·every−1, ...: the last of each run of `every`), the arch's dense MLP
+    // in the others.
+    int every = 1;
+    bool HasExperts(int layer) const {
+      return every <= 1 || (layer + 1) % every == 0;
+    }
     // parallel.ep: the ranks the routed experts are split over, each
     // holding experts/ep of them.
     int ep = 1;

@@ -101,7 +101,7 @@ std::vector<ParamInfo> GptTensors(const GptConfig& cfg) {
   }
   for (int l = 0; l < L; ++l) {
     for (const auto& part : parts.block) {
-      for (const PartTensor& t : part->Tensors(cfg)) {
+      for (const PartTensor& t : part->TensorsAt(cfg, l)) {
         add(t, absl::StrCat("h.", l, ".", t.name), l,
             GlobalUnit(l, t.unit, false, L));
       }

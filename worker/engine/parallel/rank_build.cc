@@ -34,6 +34,7 @@ GptConfig ModelConfig(const v1::JobSpec& spec, int vocab_size) {
     c.moe.top_k = moe.top_k();
     c.moe.shared = moe.shared_experts();
     c.moe.hidden = moe.expert_hidden();
+    c.moe.every = moe.every();
     c.moe.router = RouterNamed(moe.router()).value();  // validated
     c.moe.capacity_factor = static_cast<float>(moe.capacity_factor());
     c.moe.aux_coef = static_cast<float>(moe.aux_loss_coef());

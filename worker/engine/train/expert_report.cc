@@ -39,6 +39,7 @@ ExpertLoad CollectExpertLoad(
     world->AllReduce(all.data(), static_cast<int64_t>(all.size()));
   }
   for (int l = 0; l < L; ++l) {
+    if (!c.moe.HasExperts(l)) continue;  // a dense MLP's block
     ExpertLoad::Layer layer;
     layer.layer = l;
     layer.tokens.assign(all.begin() + l * width, all.begin() + l * width + E);
