@@ -786,11 +786,6 @@ absl::Status ValidateMoe(const v1::JobSpec& spec) {
         "model.moe.balance=bias, not '",
         moe.balance(), "'");
   }
-  if (p.cp() > 1) {
-    return Error("parallel.cp=", p.cp(),
-                 " with model.moe: routing a sequence split over cp ranks is "
-                 "not supported yet; use parallel.cp=1");
-  }
   if (SpecDevice(spec) == Device::kCuda) {
     return Error(
         "model.moe with resources.device=cuda: the experts' CUDA "

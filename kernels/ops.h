@@ -324,11 +324,14 @@ class Ops {
   // The load-balancing loss of each run of `segment` tokens (N/segment of
   // them, a sequence each), as moe_aux_loss: returns the sum of their
   // values, on the host, and adds dloss times each one's gradient into
-  // dlogits (null: the values only).
+  // dlogits (null: the values only). `counts` (N/segment × E, host; null:
+  // each run's own): each run's sequence's pairs per expert, the sequence
+  // being `length` tokens of which the run is part (context parallelism).
   virtual double moe_aux_loss(float* dlogits, const float* scores,
                               const int32_t* experts, float coef, float dloss,
                               int N, int segment, int E, int k,
-                              math::RouterScore kind) {
+                              math::RouterScore kind, const float* counts,
+                              int length) {
     Unsupported("moe_aux_loss");
   }
   virtual double moe_z_loss(float* dlogits, const float* logits, float coef,
@@ -336,12 +339,13 @@ class Ops {
     Unsupported("moe_z_loss");
   }
   // moe_dispatch_plan, its offsets also copied to host_offsets (E+1, host
-  // memory: the experts' matmuls are sized by them).
+  // memory: the experts' matmuls are sized by them); `base` in host memory.
   virtual int64_t moe_dispatch_plan(int32_t* slots, int32_t* order,
                                     int32_t* counts, int32_t* offsets,
                                     int32_t* host_offsets,
                                     const int32_t* experts, int N, int k, int E,
-                                    int capacity, int segment) {
+                                    int capacity, int segment,
+                                    const int32_t* base) {
     Unsupported("moe_dispatch_plan");
   }
   virtual void moe_permute_forward(float* out, const float* inp,

@@ -400,9 +400,15 @@ void moe_router_backward(F* dlogits, const F* dweights, const int32_t* experts,
 // gradient of the training loss with respect to aux; null dlogits: the value
 // only). scores and experts are moe_router_forward's (f counts every
 // choice, capacity drops or not).
+// Part of a sequence of `length` tokens (context parallelism: the others
+// on other ranks): `counts` (E) are the whole sequence's pairs per expert,
+// f_e = counts[e] / (length·k) and P_e sums these N tokens over length; the
+// value returned is then this part's share of aux, the parts' values
+// summing to the sequence's. counts null: the N tokens are the sequence.
 template <typename F>
 F moe_aux_loss(F* dlogits, const F* scores, const int32_t* experts, F coef,
-               F dloss, int N, int E, int k, RouterScore kind);
+               F dloss, int N, int E, int k, RouterScore kind,
+               const F* counts = nullptr, int length = 0);
 
 // The router z-loss (ST-MoE): z = coef · (1/N) Σ_t logsumexp(logits[t])²,
 // which keeps the logits small. Returns z and adds dloss · dz / dlogits
@@ -415,14 +421,18 @@ F moe_z_loss(F* dlogits, const F* logits, F coef, F dloss, int N, int E);
 // order), expert e's at [offsets[e], offsets[e+1]) of it. capacity > 0 keeps
 // at most that many pairs per expert in each segment of `segment` tokens
 // (0: all N; it divides N), the segment's first in token order, and drops
-// the rest; 0 drops none. Writes counts (E): pairs kept per expert; offsets
+// the rest; 0 drops none. `base` (N/segment × E; null: zeros): each
+// segment's pairs per expert before it in its sequence that are not among
+// the N (context parallelism: on other ranks), counted against the
+// capacity first. Writes counts (E): pairs kept per expert; offsets
 // (E+1): their running sum from 0, offsets[E] = M; slots (N,k): each pair's
 // position in the order, -1 when dropped; order (N·k): order[s] = the pair
 // at position s for s < M, -1 past it. Returns the number dropped, N·k - M.
 // Every expert index must lie in [0, E); N·k must fit int32.
 int64_t moe_dispatch_plan(int32_t* slots, int32_t* order, int32_t* counts,
                           int32_t* offsets, const int32_t* experts, int N,
-                          int k, int E, int capacity, int segment = 0);
+                          int k, int E, int capacity, int segment = 0,
+                          const int32_t* base = nullptr);
 
 // out (M,C) row s = inp (N,C) row of the token of pair order[s]: the
 // experts' input, packed in plan order.

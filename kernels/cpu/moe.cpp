@@ -135,7 +135,8 @@ void moe_router_backward(F* dlogits, const F* dweights, const int32_t* experts,
 // by N: the value does not depend on the thread count.
 template <typename F>
 F moe_aux_loss(F* dlogits, const F* scores, const int32_t* experts, F coef,
-               F dloss, int N, int E, int k, RouterScore kind) {
+               F dloss, int N, int E, int k, RouterScore kind, const F* counts,
+               int length) {
   if (N <= 0) return F(0);
   std::vector<double> count(E, 0.0), prob(E, 0.0);
   internal::ColumnSums<1, double>(
@@ -146,9 +147,16 @@ F moe_aux_loss(F* dlogits, const F* scores, const int32_t* experts, F coef,
           partial[0][experts[i]] += 1;
         }
       });
+  if (counts != nullptr) {
+    PT_CHECK(length >= N, "a sequence's part is no longer than it");
+    for (int e = 0; e < E; e++) count[e] = counts[e];
+  } else {
+    length = N;
+  }
+  const double L = length;
   std::vector<F> a(E);
   for (int e = 0; e < E; e++) {
-    a[e] = F(dloss * coef * E * count[e] / (double(N) * k) / N);
+    a[e] = F(dloss * coef * E * count[e] / (L * k) / L);
   }
   internal::ColumnSums<1, double>(
       N, E, {prob.data()},
@@ -179,7 +187,7 @@ F moe_aux_loss(F* dlogits, const F* scores, const int32_t* experts, F coef,
       });
   double aux = 0;
   for (int e = 0; e < E; e++) {
-    aux += count[e] / (double(N) * k) * (prob[e] / N);
+    aux += count[e] / (L * k) * (prob[e] / L);
   }
   return F(coef * E * aux);
 }
@@ -217,7 +225,8 @@ F moe_z_loss(F* dlogits, const F* logits, F coef, F dloss, int N, int E) {
 // that expert's pairs in token order, so capacity keeps the first ones.
 int64_t moe_dispatch_plan(int32_t* slots, int32_t* order, int32_t* counts,
                           int32_t* offsets, const int32_t* experts, int N,
-                          int k, int E, int capacity, int segment) {
+                          int k, int E, int capacity, int segment,
+                          const int32_t* base) {
   const int64_t pairs = int64_t{N} * k;
   PT_CHECK(pairs <= INT32_MAX, "the dispatch plan's N·k fits int32");
   PT_CHECK(capacity >= 0, "an expert capacity is 0 (none) or positive");
@@ -235,7 +244,11 @@ int64_t moe_dispatch_plan(int32_t* slots, int32_t* order, int32_t* counts,
         [&](int64_t s0, int64_t s1) {
           std::vector<int64_t> seen(E);
           for (int64_t s = s0; s < s1; s++) {
-            std::fill(seen.begin(), seen.end(), 0);
+            if (base != nullptr) {
+              std::copy(base + s * E, base + (s + 1) * E, seen.begin());
+            } else {
+              std::fill(seen.begin(), seen.end(), 0);
+            }
             const int64_t end = (s + 1) * segment * k;
             for (int64_t i = s * segment * k; i < end; i++) {
               kept[i] = seen[experts[i]]++ < capacity;
@@ -390,7 +403,7 @@ void moe_unpermute_backward(F* dinp, F* dweights, const F* dout, const F* inp,
   template void moe_router_backward<F>(F*, const F*, const int32_t*, const F*, \
                                        int, int, int, RouterScore, bool);      \
   template F moe_aux_loss<F>(F*, const F*, const int32_t*, F, F, int, int,     \
-                             int, RouterScore);                                \
+                             int, RouterScore, const F*, int);                 \
   template F moe_z_loss<F>(F*, const F*, F, F, int, int);                      \
   template void moe_permute_forward<F>(F*, const F*, const int32_t*, int, int, \
                                        int);                                   \

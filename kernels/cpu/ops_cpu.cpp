@@ -405,14 +405,15 @@ class CpuBackend final : public Ops {
   }
   double moe_aux_loss(float* dlogits, const float* scores,
                       const int32_t* experts, float coef, float dloss, int N,
-                      int segment, int E, int k,
-                      math::RouterScore kind) override {
+                      int segment, int E, int k, math::RouterScore kind,
+                      const float* counts, int length) override {
     double sum = 0;
     for (int t = 0; t < N; t += segment) {
       const int64_t at = t;
       sum += kernels::moe_aux_loss<float>(
           dlogits != nullptr ? dlogits + at * E : nullptr, scores + at * E,
-          experts + at * k, coef, dloss, segment, E, k, kind);
+          experts + at * k, coef, dloss, segment, E, k, kind,
+          counts != nullptr ? counts + at / segment * E : nullptr, length);
     }
     return sum;
   }
@@ -423,9 +424,11 @@ class CpuBackend final : public Ops {
   int64_t moe_dispatch_plan(int32_t* slots, int32_t* order, int32_t* counts,
                             int32_t* offsets, int32_t* host_offsets,
                             const int32_t* experts, int N, int k, int E,
-                            int capacity, int segment) override {
-    const int64_t dropped = kernels::moe_dispatch_plan(
-        slots, order, counts, offsets, experts, N, k, E, capacity, segment);
+                            int capacity, int segment,
+                            const int32_t* base) override {
+    const int64_t dropped =
+        kernels::moe_dispatch_plan(slots, order, counts, offsets, experts, N, k,
+                                   E, capacity, segment, base);
     std::copy(offsets, offsets + E + 1, host_offsets);
     return dropped;
   }

@@ -379,9 +379,11 @@ TEST(ValidateJobSpec, MoeFieldsTheirDefaultsAndRules) {
   EXPECT_EQ(OverrideError({"model.moe.experts=4", "model.moe.every=5"}),
             "model.moe.every=5 is more than model.n_layer=4: no block would "
             "have experts (the MoE MLP is in blocks every−1, 2·every−1, ...)");
-  EXPECT_EQ(OverrideError({"model.moe.experts=4", "parallel.cp=2"}),
-            "parallel.cp=2 with model.moe: routing a sequence split over cp "
-            "ranks is not supported yet; use parallel.cp=1");
+  EXPECT_EQ(MustParse(kMinimal,
+                      {"model.moe.experts=4", "parallel.cp=2", "parallel.ep=2"})
+                .parallel()
+                .ep(),
+            2);  // ep carved out of the cp ranks
   EXPECT_EQ(OverrideError({"model.moe.experts=4", "resources.device=cuda"}),
             "model.moe with resources.device=cuda: the experts' CUDA kernels "
             "are not written yet; use resources.device=cpu");

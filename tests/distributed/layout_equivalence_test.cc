@@ -329,6 +329,29 @@ std::vector<Layout> AllLayouts() {
     out.push_back(
         ep({"dp2_recompute", 2, 1, 2, 1, false, 1, "1f1b", 1, 4, "full"}, 2));
     out.push_back(ep({"llama_dp2_tp2_zero1_sp", 2, 2, 1, 1, true}, 2, true));
+    // Context parallelism: each sequence's tokens zigzag over the cp
+    // ranks; a chunk's pairs count against the capacity after those of its
+    // sequence's chunks before it on other ranks, and the balance loss
+    // sums its counts over cp. ep is carved out of dp × cp.
+    auto moe_cp = [&](Layout l, int degree, int ep_degree = 1,
+                      bool is_llama = false) {
+      l.name = k + l.name;
+      l.cp = degree;
+      l.ep = ep_degree;
+      return moe(l, kind, is_llama);
+    };
+    out.push_back(moe_cp({"cp2", 1, 1, 0, 1, false}, 2));
+    out.push_back(moe_cp({"cp4_zero1", 1, 1, 1, 1, false}, 4));
+    out.push_back(moe_cp({"cp2_ep2", 1, 1, 0, 1, false}, 2, 2));
+    out.push_back(moe_cp({"dp2_cp2_ep2_zero3_mb2", 2, 1, 3, 2, false}, 2, 2));
+    out.push_back(moe_cp({"dp2_cp2_ep4_zero1", 2, 1, 1, 1, false}, 2, 4));
+    out.push_back(moe_cp({"tp2_cp2_sp", 1, 2, 0, 1, true}, 2));
+    out.push_back(moe_cp({"pp2_1f1b_cp2", 1, 1, 0, 4, false, 2, "1f1b"}, 2));
+    out.push_back(
+        moe_cp({"pp2_zb1p_dp2_cp2_ep2", 2, 1, 0, 4, false, 2, "zb1p"}, 2, 2));
+    out.push_back(moe_cp(
+        {"cp2_recompute", 1, 1, 0, 1, false, 1, "1f1b", 1, 4, "full"}, 2));
+    out.push_back(moe_cp({"llama_cp2_ep2", 1, 1, 0, 1, false}, 2, 2, true));
   }
   // Auxiliary-loss-free balancing: each layer's selection bias moved after
   // every step by the global load, alike on every layout (sharded by ZeRO,
@@ -451,6 +474,8 @@ struct RunResult {
   // Each step's token choices dropped past an expert's capacity, over the
   // MoE layers and the global batch.
   std::vector<double> dropped;
+  // Each step's balance and z losses and tokens kept, as reported.
+  std::vector<double> aux, kept;
   std::map<std::string, std::vector<float>> params;  // by name, unpadded
 };
 
@@ -501,11 +526,14 @@ RunResult Train(Trainer& trainer, MPI_Comm comm, int steps) {
   for (int s = 0; s < steps; ++s) {
     const StepResult step = trainer.TrainStep(s);
     r.losses.push_back(step.loss);
-    double dropped = 0;
+    double dropped = 0, kept = 0;
     for (const ExpertLoad::Layer& l : step.experts.layers) {
       dropped += l.dropped;
+      for (double n : l.tokens) kept += n;
     }
     r.dropped.push_back(dropped);
+    r.kept.push_back(kept);
+    r.aux.push_back(step.experts.aux_loss);
   }
   r.params = GlobalParams(trainer, comm);
   return r;
@@ -701,6 +729,14 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
   }
   // A capacity counted per sequence drops the same tokens on every layout.
   EXPECT_EQ(got.dropped, ref.dropped) << layout.name;
+  // Reported alike: the tokens the experts kept and the parts' losses
+  // (summed over cp ranks, each a part of its sequences').
+  EXPECT_EQ(got.kept, ref.kept) << layout.name;
+  ASSERT_EQ(got.aux.size(), ref.aux.size());
+  for (size_t s = 0; s < ref.aux.size(); ++s) {
+    EXPECT_NEAR(got.aux[s], ref.aux[s], 1e-5 * std::max(1.0, ref.aux[s]))
+        << layout.name << " step " << s;
+  }
   if (layout.moe == "capacity") {
     EXPECT_GT(ref.dropped.front(), 0) << "the capacity drops no token";
   }

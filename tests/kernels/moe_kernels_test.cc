@@ -299,6 +299,40 @@ TEST(MoeAuxLossTest, ValueIsTheFormulaAndGradientMatchesFiniteDifferences) {
   }
 }
 
+// A sequence split into parts (context parallelism): each part given the
+// whole sequence's counts and length returns its share, the shares
+// summing to the whole's value, and each part's gradient rows are the
+// whole's.
+TEST(MoeAuxLossTest, PartsOfASequenceSumToItsLossWithItsGradient) {
+  constexpr double kCoef = 0.3, kDloss = 0.7;
+  constexpr int kParts[] = {5, 8};  // kN = 13 tokens in two parts
+  std::mt19937_64 rng(8);
+  const Vec logits = Random(kN * kE, &rng, -2, 2);
+  for (RouterScore kind : {RouterScore::kSoftmax, RouterScore::kSigmoid}) {
+    const Routed<double> r =
+        Route(logits, nullptr, kN, kE, kK, Case{kind, false});
+    Vec whole(kN * kE, 0.0);
+    const double aux =
+        moe_aux_loss(whole.data(), r.scores.data(), r.experts.data(), kCoef,
+                     kDloss, kN, kE, kK, kind);
+    Vec counts(kE, 0.0);
+    for (int32_t e : r.experts) counts[e] += 1;
+    double sum = 0;
+    int t0 = 0;
+    for (int n : kParts) {
+      Vec part(n * kE, 0.0);
+      sum += moe_aux_loss(part.data(), r.scores.data() + t0 * kE,
+                          r.experts.data() + t0 * kK, kCoef, kDloss, n, kE, kK,
+                          kind, counts.data(), kN);
+      for (int i = 0; i < n * kE; i++) {
+        EXPECT_NEAR(part[i], whole[t0 * kE + i], kExactTol) << i;
+      }
+      t0 += n;
+    }
+    EXPECT_NEAR(sum, aux, kExactTol);
+  }
+}
+
 TEST(MoeAuxLossTest, IsTheCoefficientWhenRoutingIsUniform) {
   // Equal logits (P_e = 1/E) and every expert chosen equally often
   // (f_e = 1/E): aux = coef · E · E · (1/E²).
@@ -499,6 +533,41 @@ TEST(MoeDispatchTest, CapacityIsCountedInEachSegment) {
   ExpectPlanHolds(seg, experts, N, kK, kE, 2, 8);
   EXPECT_LT(seg.dropped, whole.dropped);
   EXPECT_GT(seg.dropped, 0);
+}
+
+// Context parallelism: a sequence of 4 chunks of 6 tokens, rank 0 holding
+// chunks 0 and 3, rank 1 chunks 1 and 2. Each rank's plan over its two
+// chunks, each counted after the pairs of the chunks before it (base),
+// keeps exactly the pairs the whole sequence's plan keeps.
+TEST(MoeDispatchTest, ChunksCountedAfterTheirSequencesEarlierOnesDropAlike) {
+  constexpr int kChunk = 6, kChunks = 4, kCap = 3;
+  const Ints experts = RoutedExperts(kChunk * kChunks, kE, kK, 12);
+  const Plan whole = MakePlan(experts, kChunk * kChunks, kK, kE, kCap);
+  ASSERT_GT(whole.dropped, 0);
+  const int width = kChunk * kK;
+  for (const std::array<int, 2> held : {std::array{0, 3}, {1, 2}}) {
+    Ints local, base(2 * kE, 0);
+    for (int j = 0; j < 2; j++) {
+      const int g = held[j];
+      local.insert(local.end(), experts.begin() + g * width,
+                   experts.begin() + (g + 1) * width);
+      for (int i = 0; i < g * width; i++) base[j * kE + experts[i]]++;
+    }
+    Plan p{Ints(2 * width), Ints(2 * width), Ints(kE), Ints(kE + 1), 0};
+    p.dropped = moe_dispatch_plan(
+        p.slots.data(), p.order.data(), p.counts.data(), p.offsets.data(),
+        local.data(), 2 * kChunk, kK, kE, kCap, kChunk, base.data());
+    int64_t dropped = 0;
+    for (int j = 0; j < 2; j++) {
+      for (int i = 0; i < width; i++) {
+        const bool kept = whole.slots[held[j] * width + i] >= 0;
+        EXPECT_EQ(p.slots[j * width + i] >= 0, kept)
+            << "chunk " << held[j] << " pair " << i;
+        dropped += kept ? 0 : 1;
+      }
+    }
+    EXPECT_EQ(p.dropped, dropped);
+  }
 }
 
 TEST(MoeDispatchTest, LongPlanHoldsAndIsTheSameWhateverTheThreadCount) {

@@ -23,7 +23,9 @@ ExpertLoad CollectExpertLoad(
   // Per layer: E tokens, then dropped; then the losses.
   const int64_t width = E + 1;
   std::vector<double> all(L * width + 1, 0.0);
-  if (dims.tp_rank() == 0 && dims.cp_rank() == 0) {
+  // tp ranks route the same tokens; cp ranks each their own, and their
+  // losses are parts of their sequences' (MoeMlpPart).
+  if (dims.tp_rank() == 0) {
     for (const auto& chunk : chunks) {
       const PartStats& s = chunk->part_stats();
       for (const auto& [layer, tokens] : s.tokens) {
@@ -46,7 +48,7 @@ ExpertLoad CollectExpertLoad(
     layer.dropped = all[l * width + E];
     out.layers.push_back(std::move(layer));
   }
-  out.aux_loss = all[L * width] / (build.microbatches * build.replicas());
+  out.aux_loss = all[L * width] / (build.microbatches * build.dp);
   return out;
 }
 

@@ -69,15 +69,16 @@ int64_t GateWidth(bool swiglu, int64_t h) { return swiglu ? 2 * h : h; }
 constexpr int kDroplessSlack = 2;
 
 // The rows a rank's experts take from one microbatch of B sequences of T
-// positions on each rank of its ep group, at most: all N·k choices of its
+// positions (of T·cp: context parallelism) on each rank of its ep group, at
+// most: all N·k choices of its
 // own (ep 1); else the most its E/ep experts keep of the B·ep sequences
 // at the capacity, dropless kDroplessSlack times their share; never more
 // than every choice of the group.
-int64_t LocalRows(const GptConfig::Moe& m, int64_t B, int64_t T) {
+int64_t LocalRows(const GptConfig::Moe& m, int64_t B, int64_t T, int cp) {
   const int64_t Nk = SatMul(SatMul(B, T), m.top_k);
   if (m.ep == 1) return Nk;
   const int64_t all = SatMul(Nk, m.ep);
-  const int cap = m.Capacity(static_cast<int>(T));
+  const int cap = m.Capacity(static_cast<int>(SatMul(T, cp)));
   const int64_t bound =
       cap > 0 ? SatMul(SatMul(m.experts / m.ep, cap), SatMul(B, m.ep))
               : SatMul(Nk, kDroplessSlack);
@@ -175,7 +176,7 @@ class MoeMlp : public SublayerPart {
   std::vector<ActivationRow> Rows(const StageActivationDims& d) const override {
     const GptConfig::Moe& m = d.moe;
     const int64_t N = d.BT, Nk = SatMul(N, m.top_k);
-    const int64_t R = LocalRows(m, d.T > 0 ? d.BT / d.T : 0, d.T);
+    const int64_t R = LocalRows(m, d.T > 0 ? d.BT / d.T : 0, d.T, d.cp);
     return {
         {"mlp.logits", SatMul(N, m.experts)},
         {"mlp.scores", SatMul(N, m.experts)},
@@ -196,7 +197,7 @@ class MoeMlp : public SublayerPart {
   int64_t HiddenFloats(const StageActivationDims& d) const override {
     const GptConfig::Moe& m = d.moe;
     const int64_t N = d.BT, Nk = SatMul(N, m.top_k);
-    const int64_t R = LocalRows(m, d.T > 0 ? d.BT / d.T : 0, d.T);
+    const int64_t R = LocalRows(m, d.T > 0 ? d.BT / d.T : 0, d.T, d.cp);
     const int64_t Hl = m.hidden / d.tp,
                   Sl = int64_t{m.shared} * m.hidden / d.tp;
     const int64_t a = SatAdd(
@@ -282,7 +283,9 @@ class MoeMlp : public SublayerPart {
           Sl_(int64_t{m_.shared} * m_.hidden / p.tp().size()),
           El_(m_.experts / m_.ep),
           e0_(p.ep() != nullptr ? p.ep()->rank() * El_ : 0),
-          R_max_(LocalRows(m_, p.B(), p.T())),
+          cp_(p.cp().size()),
+          Tg_(T_ * cp_),
+          R_max_(LocalRows(m_, p.B(), p.T(), p.cp().size())),
           route_(p.Row(kRoute), N_, m_.top_k, m_.experts) {
       PT_CHECK((p.ep() != nullptr ? p.ep()->size() : 1) == m_.ep,
                "the ep group's size differs from model.moe's ep");
@@ -356,20 +359,74 @@ class MoeMlp : public SublayerPart {
     // The balance loss (each sequence's, their mean) and the z-loss (the
     // tokens' mean): their value over the microbatch; with dlogits, their
     // gradient added to it, `dloss` being the training loss's per token.
+    // Under cp each sequence's balance loss is over its pairs on every cp
+    // rank (their counts summed over cp), and each rank's value is its
+    // part: the cp ranks' values sum to the microbatch's.
     double BalanceLosses(float* dlogits, float dloss) {
       const int N = static_cast<int>(N_), E = m_.experts;
       double loss = 0;
       if (m_.aux_coef > 0) {
+        std::vector<float> counts;
+        if (cp_ > 1) {
+          counts = PairCounts(T_);
+          p_.cp().comm->AllReduce(counts.data(),
+                                  static_cast<int64_t>(counts.size()));
+        }
         loss += ops_.moe_aux_loss(dlogits, p_.Row(kScores), route_.experts,
-                                  m_.aux_coef, dloss * T_, N, T_, E, m_.top_k,
-                                  m_.router) /
+                                  m_.aux_coef, dloss * Tg_, N, T_, E, m_.top_k,
+                                  m_.router, cp_ > 1 ? counts.data() : nullptr,
+                                  Tg_) /
                 B_;
       }
       if (m_.z_coef > 0) {
         loss += ops_.moe_z_loss(dlogits, p_.Row(kLogits), m_.z_coef,
-                                dloss * static_cast<float>(N_), N, E);
+                                dloss * static_cast<float>(N_), N, E) /
+                cp_;
       }
       return loss;
+    }
+    // The pairs naming each expert in each run of `segment` tokens
+    // (N_/segment × E).
+    std::vector<float> PairCounts(int segment) const {
+      const int64_t Nk = N_ * m_.top_k;
+      std::vector<int32_t> experts(Nk);
+      static_assert(sizeof(int32_t) == sizeof(float));
+      ops_.ToHost(reinterpret_cast<float*>(experts.data()),
+                  reinterpret_cast<const float*>(route_.experts), Nk);
+      std::vector<float> counts(N_ / segment * m_.experts, 0.0f);
+      for (int64_t i = 0; i < Nk; ++i) {
+        counts[i / m_.top_k / segment * m_.experts + experts[i]] += 1;
+      }
+      return counts;
+    }
+    // Under cp with a capacity: each local chunk's (two a sequence,
+    // kernels::math::ZigzagPosition's) pairs per expert in its sequence's
+    // chunks before it, on every cp rank ((B·2) × E).
+    std::vector<int32_t> ChunkBase() const {
+      const int E = m_.experts, r = p_.cp().rank();
+      const std::vector<float> mine = PairCounts(T_ / 2);
+      const int64_t n = static_cast<int64_t>(mine.size());
+      std::vector<float> all(n * cp_);
+      p_.cp().comm->AllGather(mine.data(), all.data(), n);
+      // Global chunk g of a sequence is local chunk g < cp ? 0 : 1 of rank
+      // g < cp ? g : 2·cp−1−g.
+      auto at = [&](int b, int g, int e) {
+        const int q = g < cp_ ? g : 2 * cp_ - 1 - g, j = g < cp_ ? 0 : 1;
+        return all[q * n + (int64_t{b} * 2 + j) * E + e];
+      };
+      std::vector<int32_t> base(mine.size(), 0);
+      for (int b = 0; b < B_; ++b) {
+        for (int j = 0; j < 2; ++j) {
+          const int g = j == 0 ? r : 2 * cp_ - 1 - r;
+          for (int before = 0; before < g; ++before) {
+            for (int e = 0; e < E; ++e) {
+              base[(b * 2 + j) * E + e] +=
+                  static_cast<int32_t>(at(b, before, e));
+            }
+          }
+        }
+      }
+      return base;
     }
 
     // The local experts' first linear: the hidden row.
@@ -513,12 +570,19 @@ class MoeMlp : public SublayerPart {
         ops_.gelu_backward(dhidden, hidden, dact, rows * h);
       }
     }
+    // Capacity per sequence: under cp each of its chunks here counts after
+    // its pairs in the chunks before it (ChunkBase).
     void Plan() {
       offsets_.resize(m_.experts + 1);
+      const int capacity = p_.decoding() ? 0 : m_.Capacity(Tg_);
+      const bool chunked = cp_ > 1 && capacity > 0;
+      const std::vector<int32_t> base =
+          chunked ? ChunkBase() : std::vector<int32_t>{};
       dropped_ = ops_.moe_dispatch_plan(
           route_.slots, route_.order, route_.counts, route_.offsets,
           offsets_.data(), route_.experts, static_cast<int>(N_), m_.top_k,
-          m_.experts, p_.decoding() ? 0 : m_.Capacity(T_), T_);
+          m_.experts, capacity, chunked ? T_ / 2 : T_,
+          chunked ? base.data() : nullptr);
       if (m_.ep == 1) Local(offsets_);
     }
     // The forward's plan's offsets (and the counts received), on the host.
@@ -660,6 +724,9 @@ class MoeMlp : public SublayerPart {
     const int B_, T_, C_;
     const int64_t N_, Hl_, Sl_;
     const int El_, e0_;
+    // Context parallelism: the ranks a sequence is split over, and its
+    // whole length (T_ of it here, in two zigzag chunks).
+    const int cp_, Tg_;
     const int64_t R_max_;
     RouteRows route_;
     std::vector<int32_t> offsets_, received_;
