@@ -99,6 +99,11 @@ class DeviceCollectives {
                                 int64_t count) = 0;
   virtual int64_t AllGather(const float* send, float* recv, int64_t count) = 0;
   virtual int64_t Broadcast(float* data, int64_t count, int root) = 0;
+  // Blocks of send_counts[r] elements to each rank r and of recv_counts[r]
+  // from it, packed in rank order (Communicator::AllToAllV): one group of
+  // sends and receives.
+  virtual int64_t AllToAllV(const float* send, const int64_t* send_counts,
+                            float* recv, const int64_t* recv_counts) = 0;
   // exposed: time how long the backend's stream stalls on the wait (an
   // operation meant to be hidden behind the backend's work).
   virtual void Join(int64_t k, bool exposed) = 0;

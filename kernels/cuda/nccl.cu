@@ -75,6 +75,26 @@ class NcclCollectives final : public DeviceCollectives {
       PT_CUDA_CHECK(ncclAllGather(send, recv, count, ncclFloat32, comm_, s));
     });
   }
+  int64_t AllToAllV(const float* send, const int64_t* send_counts, float* recv,
+                    const int64_t* recv_counts) override {
+    return Issue([&](cudaStream_t s) {
+      PT_CUDA_CHECK(ncclGroupStart());
+      int64_t sent = 0, received = 0;
+      for (int r = 0; r < size_; ++r) {
+        if (send_counts[r] > 0) {
+          PT_CUDA_CHECK(
+              ncclSend(send + sent, send_counts[r], ncclFloat32, r, comm_, s));
+        }
+        if (recv_counts[r] > 0) {
+          PT_CUDA_CHECK(ncclRecv(recv + received, recv_counts[r], ncclFloat32,
+                                 r, comm_, s));
+        }
+        sent += send_counts[r];
+        received += recv_counts[r];
+      }
+      PT_CUDA_CHECK(ncclGroupEnd());
+    });
+  }
   int64_t Broadcast(float* data, int64_t count, int root) override {
     return Issue([&](cudaStream_t s) {
       PT_CUDA_CHECK(

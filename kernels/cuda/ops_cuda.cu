@@ -56,6 +56,8 @@ CudaBackend::~CudaBackend() {
   }
   if (times_.enabled()) times_.Print();
   cudaFree(scratch_.p);
+  cudaFree(moe_floats_.p);
+  cudaFree(moe_ints_.p);
   for (GrowOnly<__nv_bfloat16>& b : bf16_) cudaFree(b.p);
   for (GrowOnly<float>& b : unpacked_) cudaFree(b.p);
   cudaFree(adam_runs_.dev.p);

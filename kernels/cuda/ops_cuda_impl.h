@@ -352,6 +352,37 @@ class CudaBackend final : public Ops {
                       int H) override;
   void swiglu_backward(float* dgate_up, const float* dout, ConstAct gate_up,
                        int64_t rows, int H) override;
+  // Mixture-of-Experts (moe.cu).
+  void moe_router_forward(int32_t* experts, float* weights, float* scores,
+                          const float* logits, const float* bias, int N, int E,
+                          int k, math::RouterScore kind,
+                          bool normalize) override;
+  void moe_router_backward(float* dlogits, const float* dweights,
+                           const int32_t* experts, const float* scores, int N,
+                           int E, int k, math::RouterScore kind,
+                           bool normalize) override;
+  double moe_aux_loss(float* dlogits, const float* scores,
+                      const int32_t* experts, float coef, float dloss, int N,
+                      int segment, int E, int k, math::RouterScore kind,
+                      const float* counts, int length) override;
+  double moe_z_loss(float* dlogits, const float* logits, float coef,
+                    float dloss, int N, int E) override;
+  int64_t moe_dispatch_plan(int32_t* slots, int32_t* order, int32_t* counts,
+                            int32_t* offsets, int32_t* host_offsets,
+                            const int32_t* experts, int N, int k, int E,
+                            int capacity, int segment,
+                            const int32_t* base) override;
+  void moe_permute_forward(float* out, const float* inp, const int32_t* order,
+                           int M, int k, int C) override;
+  void moe_permute_backward(float* dinp, const float* dout,
+                            const int32_t* slots, int N, int k, int C) override;
+  void moe_unpermute_forward(float* out, const float* inp, const float* weights,
+                             const int32_t* slots, int N, int k,
+                             int C) override;
+  void moe_unpermute_backward(float* dinp, float* dweights, const float* dout,
+                              const float* inp, const float* weights,
+                              const int32_t* slots, int N, int k,
+                              int C) override;
   void bias_forward(float* out, const float* bias, int64_t rows,
                     int OC) override;
   void residual_forward(float* out, const float* inp1, const float* inp2,
@@ -614,6 +645,9 @@ class CudaBackend final : public Ops {
   void* workspace_ = nullptr;
   double* sum_ = nullptr;  // Reduce's sum; SumSquaresRuns' two
   GrowOnly<float> scratch_;
+  // The Mixture-of-Experts ops' scratch (moe.cu).
+  GrowOnly<float> moe_floats_;
+  GrowOnly<int32_t> moe_ints_;
   // Column sums' per-chunk partials (layernorm.cu).
   GrowOnly<float> partials_;
   // A matmul's shape, alignments, types and epilogue: the algorithm

@@ -386,7 +386,7 @@ TEST(ValidateJobSpec, MoeFieldsTheirDefaultsAndRules) {
             2);  // ep carved out of the cp ranks
   EXPECT_EQ(OverrideError({"model.moe.experts=4", "resources.device=cuda"}),
             "model.moe with resources.device=cuda: the experts' CUDA kernels "
-            "are not written yet; use resources.device=cpu");
+            "have not been verified on a GPU yet; use resources.device=cpu");
 }
 
 // parallel.ep: experts split over ep of the dp × cp ranks (no ranks of its

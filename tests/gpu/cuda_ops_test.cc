@@ -1459,26 +1459,53 @@ TEST_P(CudaOpsTest, AdamWUpdate) {
 // The whole model: the same GptStage code on each backend (the CPU twin of
 // the GPU's precision), same initialisation, ten AdamW steps on the same
 // batches.
-TEST_P(CudaOpsTest, GptStageTrainsAsOnTheCpuForTenSteps) {
-  GptConfig config{/*n_layer=*/2,       /*n_head=*/4,
+void TrainTenStepsAsOnTheCpu(CudaOpsTest* test, const GptConfig& config);
+
+GptConfig SmallGpt() {
+  return GptConfig{/*n_layer=*/2,       /*n_head=*/4,
                    /*n_embd=*/64,
                    /*block_size=*/64,   /*vocab_size=*/200,
                    /*padded_vocab=*/256};
+}
+
+TEST_P(CudaOpsTest, GptStageTrainsAsOnTheCpuForTenSteps) {
+  TrainTenStepsAsOnTheCpu(this, SmallGpt());
+}
+
+// The same with Mixture-of-Experts MLPs (experts in the second block, with
+// a shared one, a capacity that drops tokens and both balance losses):
+// the MoE ops and one matmul per expert on the GPU.
+TEST_P(CudaOpsTest, MoeGptStageTrainsAsOnTheCpuForTenSteps) {
+  GptConfig config = SmallGpt();
+  config.moe.experts = 4;
+  config.moe.top_k = 2;
+  config.moe.shared = 1;
+  config.moe.hidden = 32;
+  config.moe.every = 2;
+  config.moe.capacity_factor = 1.0f;
+  config.moe.aux_coef = 0.01f;
+  config.moe.z_coef = 0.001f;
+  TrainTenStepsAsOnTheCpu(this, config);
+}
+
+void TrainTenStepsAsOnTheCpu(CudaOpsTest* test, const GptConfig& config) {
+  Ops* gpu = test->gpu_.get();
+  const bool bf16 = test->bf16();
   constexpr int B = 2, T = 32;
   StageOptions o;
   o.max_B = B;
   o.max_T = T;
   // The CPU twin: under bf16 compute the bf16 CPU backend, which stores the
   // same activations in bf16.
-  o.ops = bf16() ? &kernels::CpuBf16Ops() : &kernels::CpuOps();
+  o.ops = bf16 ? &kernels::CpuBf16Ops() : &kernels::CpuOps();
   GptStage cpu_model(config, BuildPlan(config, {}), o);
-  o.ops = gpu_.get();
+  o.ops = gpu;
   GptStage gpu_model(config, BuildPlan(config, {}), o);
   cpu_model.InitParams(1234);
   gpu_model.InitParams(1234);
   const int64_t n = cpu_model.buffer_size();
-  kernels::Buffer cm(&cpu(), n), cv(&cpu(), n), gm(gpu_.get(), n),
-      gv(gpu_.get(), n);
+  kernels::Buffer cm(&test->cpu(), n), cv(&test->cpu(), n), gm(gpu, n),
+      gv(gpu, n);
   std::mt19937 gen(7);
   double worst_loss = 0.0;
   for (int step = 1; step <= 10; ++step) {
@@ -1499,24 +1526,182 @@ TEST_P(CudaOpsTest, GptStageTrainsAsOnTheCpuForTenSteps) {
                        nullptr);
     if (step == 1) {
       Vec grads(n);
-      gpu_->ToHost(grads.data(), gpu_model.grads(), n);
-      Check("model gradients, step 1", grads,
-            Vec(cpu_model.grads(), cpu_model.grads() + n), true);
+      gpu->ToHost(grads.data(), gpu_model.grads(), n);
+      test->Check("model gradients, step 1", grads,
+                  Vec(cpu_model.grads(), cpu_model.grads() + n), true);
     }
     const double rel = std::fabs(gpu_loss - cpu_loss) / cpu_loss;
     worst_loss = std::max(worst_loss, rel);
     std::printf("  step %2d loss cpu %.6f gpu %.6f\n", step, cpu_loss,
                 gpu_loss);
-    cpu().adamw_update(cpu_model.params(), cm.data(), cv.data(),
-                       cpu_model.grads(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f,
-                       step, 1.0f);
-    gpu_->adamw_update(gpu_model.params(), gm.data(), gv.data(),
-                       gpu_model.grads(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f,
-                       step, 1.0f);
+    test->cpu().adamw_update(cpu_model.params(), cm.data(), cv.data(),
+                             cpu_model.grads(), n, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                             0.0f, step, 1.0f);
+    gpu->adamw_update(gpu_model.params(), gm.data(), gv.data(),
+                      gpu_model.grads(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f,
+                      step, 1.0f);
   }
   std::printf("  worst relative loss difference over 10 steps: %.3g\n",
               worst_loss);
-  EXPECT_LE(worst_loss, GetParam() ? 1e-2 : 1e-4);
+  EXPECT_LE(worst_loss, bf16 ? 1e-2 : 1e-4);
+}
+
+// int32 values on the GPU (AllocTokens' memory), from and to the host.
+class DevInts {
+ public:
+  DevInts(Ops* ops, const std::vector<int32_t>& host)
+      : ops_(ops), n_(static_cast<int64_t>(host.size())) {
+    p_ = ops->AllocTokens(n_);
+    ops->FromHost(reinterpret_cast<float*>(p_),
+                  reinterpret_cast<const float*>(host.data()), n_);
+  }
+  ~DevInts() { ops_->FreeTokens(p_); }
+  int32_t* get() { return p_; }
+  std::vector<int32_t> Host() {
+    std::vector<int32_t> v(n_);
+    ops_->ToHost(reinterpret_cast<float*>(v.data()),
+                 reinterpret_cast<const float*>(p_), n_);
+    return v;
+  }
+
+ private:
+  Ops* ops_;
+  int64_t n_;
+  int32_t* p_;
+};
+
+// The Mixture-of-Experts ops against their CPU twins: the router (the same
+// experts, its scores, weights and backward), the balance loss (whole
+// sequences, and parts of one given its counts) and the z-loss (values and
+// gradients), the dispatch plan (dropless, with a capacity per sequence,
+// and after a base: the same plan, integer for integer) and the
+// permutations both ways.
+TEST_P(CudaOpsTest, MixtureOfExpertsOpsAsOnTheCpu) {
+  constexpr int N = kB * kT, E = 8, k = 2;
+  using kernels::math::RouterScore;
+  const Vec bias = Random(E, 90, 0.1f);
+  for (RouterScore kind : {RouterScore::kSoftmax, RouterScore::kSigmoid}) {
+    const char* name = kind == RouterScore::kSoftmax ? "softmax" : "sigmoid";
+    std::printf(" %s router\n", name);
+    const Vec logits = Random(N * E, 91, 2.0f);
+    std::vector<int32_t> experts(N * k);
+    Vec weights(N * k), scores(N * E);
+    cpu().moe_router_forward(experts.data(), weights.data(), scores.data(),
+                             logits.data(), bias.data(), N, E, k, kind, true);
+    Dev g_logits(gpu_.get(), logits), g_bias(gpu_.get(), bias),
+        g_weights(gpu_.get(), weights), g_scores(gpu_.get(), scores);
+    DevInts g_experts(gpu_.get(), std::vector<int32_t>(N * k, -1));
+    gpu_->moe_router_forward(g_experts.get(), g_weights.get(), g_scores.get(),
+                             g_logits.get(), g_bias.get(), N, E, k, kind, true);
+    EXPECT_EQ(g_experts.Host(), experts) << name;
+    Check("moe scores", g_scores.Host(), scores);
+    Check("moe weights", g_weights.Host(), weights);
+    const Vec dweights = Random(N * k, 92);
+    Vec dlogits = Random(N * E, 93);
+    Dev g_dw(gpu_.get(), dweights), g_dlogits(gpu_.get(), dlogits);
+    cpu().moe_router_backward(dlogits.data(), dweights.data(), experts.data(),
+                              scores.data(), N, E, k, kind, true);
+    gpu_->moe_router_backward(g_dlogits.get(), g_dw.get(), g_experts.get(),
+                              g_scores.get(), N, E, k, kind, true);
+    Check("moe router dlogits", g_dlogits.Host(), dlogits);
+    // The balance loss per sequence of kT, then over the first half of each
+    // sequence given the whole sequences' counts.
+    Vec counts(kB * E, 0.0f);
+    for (int i = 0; i < N * k; ++i) counts[i / k / kT * E + experts[i]] += 1;
+    for (bool parts : {false, true}) {
+      const int segment = parts ? kT / 2 : kT;
+      Vec part_counts;
+      for (int s = 0; s < N / segment; ++s) {
+        const int b = parts ? s / 2 : s;
+        part_counts.insert(part_counts.end(), counts.begin() + b * E,
+                           counts.begin() + (b + 1) * E);
+      }
+      const float* given = parts ? part_counts.data() : nullptr;
+      Vec d = dlogits;
+      Dev g_d(gpu_.get(), d);
+      const double want =
+          cpu().moe_aux_loss(d.data(), scores.data(), experts.data(), 0.3f,
+                             0.7f, N, segment, E, k, kind, given, kT);
+      const double got =
+          gpu_->moe_aux_loss(g_d.get(), g_scores.get(), g_experts.get(), 0.3f,
+                             0.7f, N, segment, E, k, kind, given, kT);
+      EXPECT_NEAR(got, want, 1e-5 * std::fabs(want)) << name << parts;
+      Check(parts ? "moe aux dlogits (parts)" : "moe aux dlogits", g_d.Host(),
+            d);
+    }
+    Vec dz = dlogits;
+    Dev g_dz(gpu_.get(), dz);
+    const double z_want =
+        cpu().moe_z_loss(dz.data(), logits.data(), 0.2f, 0.6f, N, E);
+    const double z_got =
+        gpu_->moe_z_loss(g_dz.get(), g_logits.get(), 0.2f, 0.6f, N, E);
+    EXPECT_NEAR(z_got, z_want, 1e-5 * std::fabs(z_want)) << name;
+    Check("moe z dlogits", g_dz.Host(), dz);
+  }
+  // The plan over the router's experts, then the permutations over it.
+  std::vector<int32_t> experts(N * k);
+  {
+    Vec weights(N * k), scores(N * E);
+    cpu().moe_router_forward(experts.data(), weights.data(), scores.data(),
+                             Random(N * E, 94, 2.0f).data(), nullptr, N, E, k,
+                             RouterScore::kSoftmax, true);
+  }
+  std::vector<int32_t> base(2 * kB * E);
+  for (size_t i = 0; i < base.size(); ++i)
+    base[i] = static_cast<int32_t>(i % 5);
+  struct PlanCase {
+    int capacity, segment;
+    const int32_t* base;
+  };
+  for (const PlanCase c : {PlanCase{0, kT, nullptr}, PlanCase{6, kT, nullptr},
+                           PlanCase{4, kT / 2, base.data()}}) {
+    std::vector<int32_t> slots(N * k), order(N * k), counts(E), offsets(E + 1),
+        host(E + 1), g_host(E + 1);
+    const int64_t dropped = cpu().moe_dispatch_plan(
+        slots.data(), order.data(), counts.data(), offsets.data(), host.data(),
+        experts.data(), N, k, E, c.capacity, c.segment, c.base);
+    DevInts g_experts(gpu_.get(), experts), g_slots(gpu_.get(), slots),
+        g_order(gpu_.get(), order), g_counts(gpu_.get(), counts),
+        g_offsets(gpu_.get(), offsets);
+    const int64_t g_dropped = gpu_->moe_dispatch_plan(
+        g_slots.get(), g_order.get(), g_counts.get(), g_offsets.get(),
+        g_host.data(), g_experts.get(), N, k, E, c.capacity, c.segment, c.base);
+    EXPECT_EQ(g_dropped, dropped) << c.capacity;
+    EXPECT_EQ(g_host, host) << c.capacity;
+    EXPECT_EQ(g_slots.Host(), slots) << c.capacity;
+    EXPECT_EQ(g_order.Host(), order) << c.capacity;
+    EXPECT_EQ(g_counts.Host(), counts) << c.capacity;
+    EXPECT_EQ(g_offsets.Host(), offsets) << c.capacity;
+    if (c.capacity == 0) continue;
+    ASSERT_GT(dropped, 0) << "the capacity drops no pair";
+    const int M = host[E];
+    const Vec x = Random(N * kC, 95), y = Random(M * kC, 96),
+              w = Random(N * k, 97), dout = Random(N * kC, 98);
+    Vec packed(M * kC), combined(N * kC), dx = Random(N * kC, 99),
+                                          dy(M * kC, 0.0f), dw(N * k);
+    Dev g_x(gpu_.get(), x), g_y(gpu_.get(), y), g_w(gpu_.get(), w),
+        g_dout(gpu_.get(), dout), g_packed(gpu_.get(), packed),
+        g_combined(gpu_.get(), combined), g_dx(gpu_.get(), dx),
+        g_dy(gpu_.get(), dy), g_dw(gpu_.get(), dw);
+    cpu().moe_permute_forward(packed.data(), x.data(), order.data(), M, k, kC);
+    gpu_->moe_permute_forward(g_packed.get(), g_x.get(), g_order.get(), M, k,
+                              kC);
+    Check("moe permute", g_packed.Host(), packed);
+    cpu().moe_permute_backward(dx.data(), y.data(), slots.data(), N, k, kC);
+    gpu_->moe_permute_backward(g_dx.get(), g_y.get(), g_slots.get(), N, k, kC);
+    Check("moe permute backward", g_dx.Host(), dx);
+    cpu().moe_unpermute_forward(combined.data(), y.data(), w.data(),
+                                slots.data(), N, k, kC);
+    gpu_->moe_unpermute_forward(g_combined.get(), g_y.get(), g_w.get(),
+                                g_slots.get(), N, k, kC);
+    Check("moe unpermute", g_combined.Host(), combined);
+    cpu().moe_unpermute_backward(dy.data(), dw.data(), dout.data(), y.data(),
+                                 w.data(), slots.data(), N, k, kC);
+    gpu_->moe_unpermute_backward(g_dy.get(), g_dw.get(), g_dout.get(),
+                                 g_y.get(), g_w.get(), g_slots.get(), N, k, kC);
+    Check("moe unpermute dinp", g_dy.Host(), dy);
+    Check("moe unpermute dweights", g_dw.Host(), dw);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Compute, CudaOpsTest, ::testing::Values(false, true),

@@ -91,6 +91,17 @@ TEST_F(NcclCommunicatorTest, CollectivesOfOneRankKeepTheirContracts) {
   double sum = 2.5;
   nccl_->AllReduce(&sum, 1);
   EXPECT_EQ(sum, 2.5);
+
+  // The all-to-all of one rank copies its own block: GPU buffers through
+  // NCCL (its time recorded as the group's all_to_all), mixed ones staged.
+  const int64_t counts[] = {n};
+  kernels::Buffer moved(ops_.get(), n);
+  nccl_->AllToAllV(x.data(), counts, moved.data(), counts);
+  EXPECT_EQ(Host(moved), values);
+  std::vector<float> back(n, 0.0f);
+  nccl_->AllToAllV(moved.data(), counts, back.data(), counts);
+  EXPECT_EQ(back, values);
+  EXPECT_EQ(nccl_->stats().Get("dp", CommOp::kAllToAll).calls, 1);
 }
 
 TEST_F(NcclCommunicatorTest, RunsInOrderWithTheKernelsAroundIt) {

@@ -78,6 +78,21 @@ class NcclCommunicator : public Communicator {
     }
     nccl_->Join(NcclBroadcast(data, count, root), false);
   }
+  // GPU buffers: NCCL's grouped sends and receives; else the host's.
+  void AllToAllV(const float* send, const int64_t* send_counts, float* recv,
+                 const int64_t* recv_counts) override {
+    if (RouteOf(send, recv) == Route::kHost) {
+      return inner_->AllToAllV(send, send_counts, recv, recv_counts);
+    }
+    if (RouteOf(send, recv) == Route::kStaged) {
+      return StagedAllToAllV(send, send_counts, recv, recv_counts);
+    }
+    int64_t bytes = 0;
+    for (int r = 0; r < size(); ++r) bytes += send_counts[r];
+    nccl_->Join(Record(nccl_->AllToAllV(send, send_counts, recv, recv_counts),
+                       CommOp::kAllToAll, bytes * int64_t{sizeof(float)}),
+                false);
+  }
   void Send(const float* data, int64_t count, int peer, int tag) override {
     staged_->Send(data, count, peer, tag);
   }
@@ -137,6 +152,27 @@ class NcclCommunicator : public Communicator {
   }
   bool OnDevice(const void* p) const {
     return p != nullptr && ops_->IsDeviceMemory(p);
+  }
+  // One buffer on the GPU, the other on the host: through host copies.
+  void StagedAllToAllV(const float* send, const int64_t* send_counts,
+                       float* recv, const int64_t* recv_counts) {
+    int64_t sent = 0, received = 0;
+    for (int r = 0; r < size(); ++r) {
+      sent += send_counts[r];
+      received += recv_counts[r];
+    }
+    std::vector<float> out(sent), in(received);
+    if (OnDevice(send)) {
+      ops_->ToHost(out.data(), send, sent);
+    } else {
+      std::memcpy(out.data(), send, sizeof(float) * sent);
+    }
+    inner_->AllToAllV(out.data(), send_counts, in.data(), recv_counts);
+    if (OnDevice(recv)) {
+      ops_->FromHost(recv, in.data(), received);
+    } else {
+      std::memcpy(recv, in.data(), sizeof(float) * received);
+    }
   }
   // Each issues the operation on the communication stream and returns its
   // number (DeviceCollectives).
