@@ -161,6 +161,69 @@ PT_HD int ZigzagPosition(int t, int Tl, int cp, int rank) {
 // token's E logits, or the sigmoid of each logit on its own.
 enum class RouterScore { kSoftmax, kSigmoid };
 
+// Keeps a router's normalised weights finite where every chosen score has
+// underflowed to 0 (sigmoids of very negative logits); far below any score
+// that has not.
+constexpr double kRouterNormEps = 1e-20;
+
+// One token's experts ex (k): those of highest s[e] + bias[e] (bias null:
+// s[e]), highest first, the lower index first among equals: an insertion
+// into the sorted row, which moves an entry only past strictly lower keys.
+template <typename F>
+PT_HD void RouterTopK(int32_t* ex, const F* s, const F* bias, int E, int k) {
+  int filled = 0;
+  for (int e = 0; e < E; e++) {
+    const F v = bias != nullptr ? s[e] + bias[e] : s[e];
+    if (filled == k) {
+      const int32_t last = ex[k - 1];
+      if (!(v > (bias != nullptr ? s[last] + bias[last] : s[last]))) continue;
+    }
+    int i = filled < k ? filled++ : k - 1;
+    for (; i > 0; i--) {
+      const int32_t before = ex[i - 1];
+      if (!(v > (bias != nullptr ? s[before] + bias[before] : s[before]))) {
+        break;
+      }
+      ex[i] = before;
+    }
+    ex[i] = e;
+  }
+}
+
+// The chosen scores' sum, the weights' denominator when normalised.
+template <typename F>
+PT_HD F RouterChosenSum(const F* s, const int32_t* ex, int k) {
+  F sum = 0;
+  for (int j = 0; j < k; j++) sum += s[ex[j]];
+  return sum + F(kRouterNormEps);
+}
+
+// One token's router backward, experts held fixed: dx (E) += the gradient
+// through its weights of dw (k). With S the chosen scores' sum and w_j =
+// s_j / S (normalised): dL/ds_j = (dw_j − Σ_i dw_i w_i) / S, else dw_j,
+// nonzero only at the k chosen experts; then through the scores: softmax
+// dx_e = p_e (ds_e − Σ_f ds_f p_f), sigmoid dx_e = ds_e σ(1−σ).
+template <typename F>
+PT_HD void RouterBackwardRow(F* dx, const F* dw, const int32_t* ex, const F* s,
+                             int E, int k, RouterScore kind, bool normalize) {
+  F inv = 1, shift = 0;
+  if (normalize) {
+    inv = F(1) / RouterChosenSum(s, ex, k);
+    for (int j = 0; j < k; j++) shift += dw[j] * s[ex[j]] * inv;
+  }
+  if (kind == RouterScore::kSoftmax) {
+    F dot = 0;
+    for (int j = 0; j < k; j++) dot += (dw[j] - shift) * inv * s[ex[j]];
+    for (int e = 0; e < E; e++) dx[e] -= s[e] * dot;
+    for (int j = 0; j < k; j++) dx[ex[j]] += s[ex[j]] * (dw[j] - shift) * inv;
+  } else {
+    for (int j = 0; j < k; j++) {
+      const F sj = s[ex[j]];
+      dx[ex[j]] += (dw[j] - shift) * inv * sj * (F(1) - sj);
+    }
+  }
+}
+
 // Rotary positions (RoPE): the frequencies of a head of hs channels,
 // channel i < hs/2 paired with i + hs/2 ("rotate half") and turned by the
 // angle p·inv_freq(i) at position p. inv_freq(i) = theta^(-2i/hs); with a

@@ -18,10 +18,6 @@ namespace ptrain::kernels {
 
 namespace {
 
-// Keeps a normalised row finite where every chosen score has underflowed to
-// 0 (sigmoids of very negative logits); far below any score that has not.
-constexpr double kNormEps = 1e-20;
-
 // One token's scores s (E) from its logits x (E).
 template <typename F>
 void Scores(F* s, const F* x, int E, RouterScore kind) {
@@ -36,30 +32,6 @@ void Scores(F* s, const F* x, int E, RouterScore kind) {
       s[e] = math::SigmoidFromExp(internal::Exp(-x[e]));
     }
   }
-}
-
-// ex (k) = the k experts of highest s[e] + bias[e], highest first, the lower
-// index first among equals: an insertion into the sorted row, which moves
-// an entry only past strictly lower keys.
-template <typename F>
-void TopK(int32_t* ex, const F* s, const F* bias, int E, int k) {
-  auto key = [&](int e) { return bias ? s[e] + bias[e] : s[e]; };
-  int filled = 0;
-  for (int e = 0; e < E; e++) {
-    const F v = key(e);
-    if (filled == k && !(v > key(ex[k - 1]))) continue;
-    int i = filled < k ? filled++ : k - 1;
-    for (; i > 0 && v > key(ex[i - 1]); i--) ex[i] = ex[i - 1];
-    ex[i] = e;
-  }
-}
-
-// The sum of the chosen scores, the weights' denominator when normalised.
-template <typename F>
-F ChosenSum(const F* s, const int32_t* ex, int k) {
-  F sum = 0;
-  for (int j = 0; j < k; j++) sum += s[ex[j]];
-  return sum + F(kNormEps);
 }
 
 }  // namespace
@@ -77,18 +49,16 @@ void moe_router_forward(int32_t* experts, F* weights, F* scores,
           int32_t* ex = experts + t * k;
           F* w = weights + t * k;
           Scores(s, logits + t * E, E, kind);
-          TopK(ex, s, bias, E, k);
-          const F inv = normalize ? F(1) / ChosenSum(s, ex, k) : F(1);
+          math::RouterTopK(ex, s, bias, E, k);
+          const F inv =
+              normalize ? F(1) / math::RouterChosenSum(s, ex, k) : F(1);
           for (int j = 0; j < k; j++) w[j] = s[ex[j]] * inv;
         }
       },
       /*align=*/1);
 }
 
-// With S the chosen scores' sum and w_j = s_j / S (normalised):
-//   dL/ds_j = (dw_j - Σ_i dw_i w_i) / S, else dL/ds_j = dw_j,
-// nonzero only at the k chosen experts. Then through the scores:
-//   softmax: dx_e = p_e (ds_e - Σ_f ds_f p_f);  sigmoid: dx_e = ds_e σ(1-σ).
+// Each token's math::RouterBackwardRow.
 template <typename F>
 void moe_router_backward(F* dlogits, const F* dweights, const int32_t* experts,
                          const F* scores, int N, int E, int k, RouterScore kind,
@@ -97,32 +67,9 @@ void moe_router_backward(F* dlogits, const F* dweights, const int32_t* experts,
       N,
       [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; t++) {
-          const F* s = scores + t * E;
-          const int32_t* ex = experts + t * k;
-          const F* dw = dweights + t * k;
-          F* dx = dlogits + t * E;
-          F inv = 1, shift = 0;
-          if (normalize) {
-            inv = F(1) / ChosenSum(s, ex, k);
-            for (int j = 0; j < k; j++) shift += dw[j] * s[ex[j]] * inv;
-          }
-          // ds_j = (dw_j - shift) * inv at expert ex[j].
-          if (kind == RouterScore::kSoftmax) {
-            F dot = 0;
-            for (int j = 0; j < k; j++) {
-              dot += (dw[j] - shift) * inv * s[ex[j]];
-            }
-#pragma omp simd
-            for (int e = 0; e < E; e++) dx[e] -= s[e] * dot;
-            for (int j = 0; j < k; j++) {
-              dx[ex[j]] += s[ex[j]] * (dw[j] - shift) * inv;
-            }
-          } else {
-            for (int j = 0; j < k; j++) {
-              const F sj = s[ex[j]];
-              dx[ex[j]] += (dw[j] - shift) * inv * sj * (F(1) - sj);
-            }
-          }
+          math::RouterBackwardRow(dlogits + t * E, dweights + t * k,
+                                  experts + t * k, scores + t * E, E, k, kind,
+                                  normalize);
         }
       },
       /*align=*/1);
@@ -167,7 +114,7 @@ F moe_aux_loss(F* dlogits, const F* scores, const int32_t* experts, F coef,
           if (kind == RouterScore::kSigmoid) {
             F sum = 0;
             for (int e = 0; e < E; e++) sum += s[e];
-            inv = F(1) / (sum + F(kNormEps));
+            inv = F(1) / (sum + F(math::kRouterNormEps));
           }
           for (int e = 0; e < E; e++) partial[0][e] += s[e] * inv;
           if (!dlogits) continue;

@@ -16,19 +16,6 @@ namespace ptrain::kernels::cuda_impl {
 
 namespace {
 
-// Keeps a normalised row finite where every chosen score underflowed.
-constexpr float kNormEps = 1e-20f;
-
-__device__ float RouterKey(const float* s, const float* bias, int e) {
-  return bias != nullptr ? s[e] + bias[e] : s[e];
-}
-
-__device__ float ChosenSum(const float* s, const int32_t* ex, int k) {
-  float sum = 0;
-  for (int j = 0; j < k; j++) sum += s[ex[j]];
-  return sum + kNormEps;
-}
-
 __global__ void RouterForwardKernel(int32_t* experts, float* weights,
                                     float* scores, const float* logits,
                                     const float* bias, int N, int E, int k,
@@ -49,17 +36,9 @@ __global__ void RouterForwardKernel(int32_t* experts, float* weights,
       const float inv = 1.0f / sum;
       for (int e = 0; e < E; e++) s[e] *= inv;
     }
-    // The CPU's insertion: highest key first, the lower index among equals.
     int32_t* ex = experts + t * k;
-    int filled = 0;
-    for (int e = 0; e < E; e++) {
-      const float v = RouterKey(s, bias, e);
-      if (filled == k && !(v > RouterKey(s, bias, ex[k - 1]))) continue;
-      int i = filled < k ? filled++ : k - 1;
-      for (; i > 0 && v > RouterKey(s, bias, ex[i - 1]); i--) ex[i] = ex[i - 1];
-      ex[i] = e;
-    }
-    const float inv = normalize ? 1.0f / ChosenSum(s, ex, k) : 1.0f;
+    math::RouterTopK(ex, s, bias, E, k);
+    const float inv = normalize ? 1.0f / math::RouterChosenSum(s, ex, k) : 1.0f;
     for (int j = 0; j < k; j++) weights[t * k + j] = s[ex[j]] * inv;
   });
 }
@@ -67,28 +46,10 @@ __global__ void RouterForwardKernel(int32_t* experts, float* weights,
 __global__ void RouterBackwardKernel(float* dlogits, const float* dweights,
                                      const int32_t* experts,
                                      const float* scores, int N, int E, int k,
-                                     bool sigmoid, bool normalize) {
+                                     math::RouterScore kind, bool normalize) {
   ForEachIndex(N, [&](int64_t t) {
-    const float* s = scores + t * E;
-    const int32_t* ex = experts + t * k;
-    const float* dw = dweights + t * k;
-    float* dx = dlogits + t * E;
-    float inv = 1, shift = 0;
-    if (normalize) {
-      inv = 1.0f / ChosenSum(s, ex, k);
-      for (int j = 0; j < k; j++) shift += dw[j] * s[ex[j]] * inv;
-    }
-    if (!sigmoid) {
-      float dot = 0;
-      for (int j = 0; j < k; j++) dot += (dw[j] - shift) * inv * s[ex[j]];
-      for (int e = 0; e < E; e++) dx[e] -= s[e] * dot;
-      for (int j = 0; j < k; j++) dx[ex[j]] += s[ex[j]] * (dw[j] - shift) * inv;
-    } else {
-      for (int j = 0; j < k; j++) {
-        const float sj = s[ex[j]];
-        dx[ex[j]] += (dw[j] - shift) * inv * sj * (1.0f - sj);
-      }
-    }
+    math::RouterBackwardRow(dlogits + t * E, dweights + t * k, experts + t * k,
+                            scores + t * E, E, k, kind, normalize);
   });
 }
 
@@ -102,7 +63,7 @@ __global__ void ScoreNormKernel(float* inv, const float* scores, int N, int E,
     }
     float sum = 0;
     for (int e = 0; e < E; e++) sum += scores[t * E + e];
-    inv[t] = 1.0f / (sum + kNormEps);
+    inv[t] = 1.0f / (sum + static_cast<float>(math::kRouterNormEps));
   });
 }
 
@@ -344,7 +305,7 @@ void CudaBackend::moe_router_backward(float* dlogits, const float* dweights,
                                       const float* scores, int N, int E, int k,
                                       math::RouterScore kind, bool normalize) {
   Run("moe_router_backward", RouterBackwardKernel, Blocks(N), dlogits, dweights,
-      experts, scores, N, E, k, kind == math::RouterScore::kSigmoid, normalize);
+      experts, scores, N, E, k, kind, normalize);
 }
 
 double CudaBackend::moe_aux_loss(float* dlogits, const float* scores,
