@@ -10,6 +10,7 @@
 
 #include "common/check.h"
 #include "kernels/common/math.h"
+#include "kernels/common/moe_args.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vec_math.h"
@@ -40,7 +41,7 @@ template <typename F>
 void moe_router_forward(int32_t* experts, F* weights, F* scores,
                         const F* logits, const F* bias, int N, int E, int k,
                         RouterScore kind, bool normalize) {
-  PT_CHECK(k >= 1 && k <= E, "the router chooses 1 to E experts per token");
+  CheckRouterChoices(k, E);
   internal::ParallelFor(
       N,
       [&](int64_t t0, int64_t t1) {
@@ -175,10 +176,7 @@ int64_t moe_dispatch_plan(int32_t* slots, int32_t* order, int32_t* counts,
                           int k, int E, int capacity, int segment,
                           const int32_t* base) {
   const int64_t pairs = int64_t{N} * k;
-  PT_CHECK(pairs <= INT32_MAX, "the dispatch plan's N·k fits int32");
-  PT_CHECK(capacity >= 0, "an expert capacity is 0 (none) or positive");
-  if (segment <= 0) segment = N;
-  PT_CHECK(N % segment == 0, "capacity segments tile the tokens");
+  segment = DispatchSegment(N, k, capacity, segment);
   for (int64_t i = 0; i < pairs; i++) {
     PT_CHECK(experts[i] >= 0 && experts[i] < E, "an expert index");
   }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/common/math.h"
+#include "kernels/common/moe_args.h"
 #include "kernels/cuda/ops_cuda_impl.h"
 
 namespace ptrain::kernels::cuda_impl {
@@ -294,7 +295,7 @@ void CudaBackend::moe_router_forward(int32_t* experts, float* weights,
                                      float* scores, const float* logits,
                                      const float* bias, int N, int E, int k,
                                      math::RouterScore kind, bool normalize) {
-  PT_CHECK(k >= 1 && k <= E, "the router chooses 1 to E experts per token");
+  CheckRouterChoices(k, E);
   Run("moe_router_forward", RouterForwardKernel, Blocks(N), experts, weights,
       scores, logits, bias, N, E, k, kind == math::RouterScore::kSigmoid,
       normalize);
@@ -368,10 +369,7 @@ int64_t CudaBackend::moe_dispatch_plan(int32_t* slots, int32_t* order,
                                        int E, int capacity, int segment,
                                        const int32_t* base) {
   const int64_t pairs = int64_t{N} * k;
-  PT_CHECK(pairs <= INT32_MAX, "the dispatch plan's N·k fits int32");
-  PT_CHECK(capacity >= 0, "an expert capacity is 0 (none) or positive");
-  if (segment <= 0) segment = N;
-  PT_CHECK(N % segment == 0, "capacity segments tile the tokens");
+  segment = DispatchSegment(N, k, capacity, segment);
   const int segments = N / segment;
   // Scratch: kept (pairs), seen and the base (segments × E each).
   int32_t* kept = Grow(&moe_ints_, pairs + 2 * int64_t{segments} * E);
