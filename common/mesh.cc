@@ -124,15 +124,22 @@ std::vector<int> ParallelLayout::Coordinates(int world_rank) const {
   const auto& dims = MeshDimensions();
   for (size_t i = 0; i < dims.size(); ++i) {
     if (dims[i].within.empty()) continue;
-    const int g = MeshDimensionIndex(dims[i].within);
-    int64_t index = coords[g];
-    if (!dims[g].also_spans.empty()) {
-      const int a = MeshDimensionIndex(dims[g].also_spans);
-      index = index * degrees[a] + coords[a];
-    }
-    coords[i] = static_cast<int>(index % degrees[i]);
+    coords[i] =
+        static_cast<int>(GroupIndex(dims[i].within, coords) % degrees[i]);
   }
   return coords;
+}
+
+int64_t ParallelLayout::GroupIndex(std::string_view name,
+                                   const std::vector<int>& coords) const {
+  const int g = MeshDimensionIndex(name);
+  const MeshDimension& d = MeshDimensions()[g];
+  int64_t index = coords[g];
+  if (!d.also_spans.empty()) {
+    const int a = MeshDimensionIndex(d.also_spans);
+    index = index * degrees[a] + coords[a];
+  }
+  return index;
 }
 
 ParallelLayout LayoutOf(const v1::ParallelSpec& p) {
@@ -147,6 +154,7 @@ ParallelLayout LayoutOf(const v1::ParallelSpec& p) {
   l.schedule = p.schedule();
   l.bucket_bytes = p.bucket_bytes();
   l.offload_optimizer = p.offload() == "optimizer";
+  l.expert_tp = p.expert_tp();
   return l;
 }
 

@@ -78,6 +78,7 @@ struct ParallelLayout {
   std::string schedule;  // parallel.schedule as written
   int64_t bucket_bytes = 0;
   bool offload_optimizer = false;  // parallel.offload=optimizer
+  int expert_tp = 0;               // parallel.expert_tp as written (0: tp)
 
   // The degree of dimension `name` (PT_CHECKs that it is one).
   int degree(std::string_view name) const;
@@ -103,6 +104,12 @@ struct ParallelLayout {
   // rank: a carved dimension's is its place in the carved group (ep:
   // the rank's index among the dp·cp ranks of its dp group, modulo ep).
   std::vector<int> Coordinates(int world_rank) const;
+  // A rank's index among the members of its group of dimension `name`,
+  // from its coordinates: its coordinate there, and where the group also
+  // spans another dimension, that one's varying fastest (dp's: dp_rank·cp
+  // + cp_rank), the order the group's members are ranked in.
+  int64_t GroupIndex(std::string_view name,
+                     const std::vector<int>& coords) const;
 };
 
 ParallelLayout LayoutOf(const v1::ParallelSpec& spec);

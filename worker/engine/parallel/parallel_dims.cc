@@ -144,7 +144,9 @@ absl::StatusOr<std::unique_ptr<ParallelDims>> ParallelDims::Create(
     };
     const int others =
         d->RankOrderIndex([&](const Axis& b) { return !in_group(b); });
-    const int index = d->RankOrderIndex(in_group), n = a.degree;
+    const int index = static_cast<int>(
+        d->layout_.GroupIndex(g.dim->name, d->layout_.Coordinates(rank)));
+    const int n = a.degree;
     const int size = static_cast<int>(d->layout_.group_size(g.dim->name));
     MPI_Comm_split(world, others * size + index / n, index % n, &a.comm);
     MPI_Comm_split(world, others * size + index % n, index / n, &a.rest_comm);
