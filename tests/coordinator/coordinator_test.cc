@@ -616,6 +616,12 @@ TEST_F(CoordinatorTest, HostileFilesInTheAttemptFolderHoldNothingUp) {
   std::string id;
   auto c = MakeWithHangingJob(&id);
   const fs::path a = AttemptDir(id, 1);
+  // The attempt's process opens its logs after it is started (between fork
+  // and exec): replaced before that, they would be opened (created) again.
+  for (int i = 0; i < 200 && !fs::exists(a / "stderr.log"); ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(fs::exists(a / "stderr.log"));
   fs::create_directories(a / "flight");
   const std::vector<fs::path> fifos = {a / "flight/rank-00001.jsonl",
                                        a / "stderr.log", a / "run.jsonl"};

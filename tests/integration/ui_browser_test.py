@@ -95,17 +95,29 @@ class Browser:
                     raise SystemExit(f"FAIL: {method}: {msg['error']}")
                 return msg["result"]
 
-    def eval(self, expr):
-        r = self.call("Runtime.evaluate", expression=expr, returnByValue=True,
-                      awaitPromise=True)
+    # DevTools' answers to an evaluation the page left mid-way: it
+    # navigated (a form submitted, a link followed) before the answer.
+    NAVIGATED = ("Inspected target navigated or closed",
+                 "Cannot find context with specified id")
+
+    def eval(self, expr, navigating=False):
+        """The expression's value; None, while `navigating`, when the page
+        left before answering (the caller's wait asks again)."""
+        try:
+            r = self.call("Runtime.evaluate", expression=expr,
+                          returnByValue=True, awaitPromise=True)
+        except SystemExit as e:
+            if navigating and any(m in str(e) for m in self.NAVIGATED):
+                return None
+            raise
         if "exceptionDetails" in r:
             raise SystemExit(f"FAIL: {expr}: {r['exceptionDetails']}")
         return r["result"].get("value")
 
     def goto(self, url):
         self.call("Page.navigate", url=url)
-        wait_for(lambda: self.eval("document.readyState") == "complete", 30,
-                 f"{url} to load")
+        wait_for(lambda: self.eval("document.readyState", navigating=True)
+                 == "complete", 30, f"{url} to load")
 
     def rect(self, element_id):
         """The element's box in CSS pixels of the page (x, y, w, h)."""
@@ -305,9 +317,10 @@ def main():
         browser.goto(f"{ui}login")
         browser.eval(f"document.querySelector('input[name=token]').value = "
                      f"{json.dumps(TOKEN)}; document.querySelector('form')"
-                     f".submit(); true")
-        wait_for(lambda: browser.eval("location.pathname") == "/" and
-                 browser.eval("document.readyState") == "complete", 30,
+                     f".submit(); true", navigating=True)
+        wait_for(lambda: browser.eval("location.pathname", navigating=True)
+                 == "/" and browser.eval("document.readyState",
+                                         navigating=True) == "complete", 30,
                  "the jobs page")
         row = wait_for(lambda: browser.eval(
             f"(r => r && r.dataset.state)(document.querySelector("
