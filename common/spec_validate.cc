@@ -716,6 +716,10 @@ absl::Status ValidateMoe(const v1::JobSpec& spec) {
       return Error("parallel.ep=", p.ep(),
                    " needs model.moe.experts (the experts ep splits)");
     }
+    if (p.expert_tp() != 0) {
+      return Error("parallel.expert_tp=", p.expert_tp(),
+                   " needs model.moe.experts (the experts it splits)");
+    }
     if (given.top_k() != 0 || given.every() != 0 ||
         given.shared_experts() != 0 || given.expert_hidden() != 0 ||
         !given.router().empty() || given.capacity_factor() != 0 ||
@@ -769,10 +773,30 @@ absl::Status ValidateMoe(const v1::JobSpec& spec) {
                  " (each ep rank holds as many experts)");
   }
   const int tp = p.tp();
-  if (moe.expert_hidden() % tp != 0) {
-    return Error("parallel.tp=", tp,
-                 " does not divide model.moe.expert_hidden=",
-                 moe.expert_hidden(), " (each expert is split over tp)");
+  if (absl::Status s = InRange("parallel.expert_tp", p.expert_tp(), 0, tp);
+      !s.ok()) {
+    return s;
+  }
+  if (p.expert_tp() > 0 && tp % p.expert_tp() != 0) {
+    return Error("parallel.expert_tp=", p.expert_tp(),
+                 " does not divide parallel.tp=", tp,
+                 " (the tp group is cut into runs of expert_tp ranks, each "
+                 "holding its own experts)");
+  }
+  const int etp = p.expert_tp() > 0 ? p.expert_tp() : tp;
+  if (const int64_t split = int64_t{p.ep()} * (tp / etp);
+      moe.experts() % split != 0) {
+    return Error("parallel.ep=", p.ep(),
+                 " × parallel.tp/parallel.expert_tp=", tp / etp, " = ", split,
+                 " does not divide model.moe.experts=", moe.experts(),
+                 " (each rank holds as many experts)");
+  }
+  if (moe.expert_hidden() % etp != 0) {
+    return Error(
+        p.expert_tp() > 0 ? "parallel.expert_tp=" : "parallel.tp=", etp,
+        " does not divide model.moe.expert_hidden=", moe.expert_hidden(),
+        " (each expert is split over ", p.expert_tp() > 0 ? "expert_tp" : "tp",
+        ")");
   }
   if (moe.every() > spec.model().n_layer()) {
     return Error("model.moe.every=", moe.every(),

@@ -411,6 +411,43 @@ TEST(ValidateJobSpec, ExpertParallelDividesTheDataParallelRanksAndExperts) {
             "parallel.ep=0 must be between 1 and 65536");
 }
 
+// parallel.expert_tp: each expert split over expert_tp of the tp ranks (0,
+// the default: all of them); it divides tp, and the slices of the tp
+// group times ep divide the experts.
+TEST(ValidateJobSpec, ExpertTensorParallelDividesTensorParallelAndExperts) {
+  EXPECT_EQ(MustParse(kMinimal).parallel().expert_tp(), 0);
+  const v1::JobSpec spec = MustParse(
+      kMinimal,
+      {"model.moe.experts=4", "parallel.tp=4", "parallel.expert_tp=2"});
+  EXPECT_EQ(spec.parallel().expert_tp(), 2);
+  EXPECT_EQ(JobWorldSize(spec), 4);  // no ranks of its own
+  EXPECT_EQ(OverrideError({"parallel.expert_tp=1"}),
+            "parallel.expert_tp=1 needs model.moe.experts (the experts it "
+            "splits)");
+  EXPECT_EQ(OverrideError({"model.moe.experts=4", "parallel.tp=2",
+                           "parallel.expert_tp=4"}),
+            "parallel.expert_tp=4 must be between 0 and 2");
+  EXPECT_EQ(OverrideError({"model.moe.experts=4", "parallel.expert_tp=-1"}),
+            "parallel.expert_tp=-1 must be between 0 and 1");
+  EXPECT_EQ(
+      OverrideError({"model.moe.experts=4", "model.n_head=6", "model.n_embd=96",
+                     "parallel.tp=6", "parallel.expert_tp=4"}),
+      "parallel.expert_tp=4 does not divide parallel.tp=6 (the tp "
+      "group is cut into runs of expert_tp ranks, each holding its "
+      "own experts)");
+  EXPECT_EQ(
+      OverrideError({"model.moe.experts=4", "parallel.dp=2", "parallel.ep=2",
+                     "parallel.tp=4", "parallel.expert_tp=1"}),
+      "parallel.ep=2 × parallel.tp/parallel.expert_tp=4 = 8 does not "
+      "divide model.moe.experts=4 (each rank holds as many experts)");
+  EXPECT_EQ(OverrideError({"model.moe.experts=4", "model.moe.expert_hidden=6",
+                           "parallel.tp=4", "parallel.expert_tp=4"}),
+            "parallel.expert_tp=4 does not divide model.moe.expert_hidden=6 "
+            "(each expert is split over expert_tp)");
+  MustParse(kMinimal, {"model.moe.experts=4", "model.moe.expert_hidden=6",
+                       "parallel.tp=4", "parallel.expert_tp=2"});
+}
+
 TEST(ValidateJobSpec, LlamaFieldsAndTheirRules) {
   const v1::JobSpec llama = MustParse(kMinimal, {"model.arch=llama"});
   EXPECT_EQ(KvHeads(llama.model()), 4);

@@ -42,7 +42,8 @@ struct Layout {
   int microbatches = 1;
   int first_stage_layers = 0;  // 0: an even split
   int cp = 1;
-  int ep = 1;  // the experts split over ep of the dp ranks
+  int ep = 1;         // the experts split over ep of the dp ranks
+  int expert_tp = 0;  // parallel.expert_tp (0: tp)
   int world() const { return dp * tp * pp * cp; }
 };
 const Layout kLayouts[] = {{"single", 1, 0, 1, false},
@@ -102,6 +103,7 @@ v1::JobSpec Spec(const Layout& l, const std::string& ckpt_dir,
       "parallel.pp=" + std::to_string(l.pp),
       "parallel.cp=" + std::to_string(l.cp),
       "parallel.ep=" + std::to_string(l.ep),
+      "parallel.expert_tp=" + std::to_string(l.expert_tp),
       std::string("parallel.sequence_parallel=") + (l.sp ? "true" : "false"),
       "parallel.microbatches=" + std::to_string(l.microbatches),
       "parallel.virtual_stages=" + std::to_string(l.virtual_stages),
@@ -278,7 +280,9 @@ TEST_F(Reshard, LlamaCheckpointsMoveBetweenSplitAndReplicatedKeyValueHeads) {
 // over ep ranks, sharded by ZeRO over the ranks holding the same ones, in
 // pipeline stages), with a capacity that drops tokens, optimizer state
 // included: from ep 4 to one rank, from one rank to ep 2 with tp 2, from
-// pp 2 with ep 2 to one rank, and every other way.
+// pp 2 with ep 2 to one rank, between experts split over tp and experts
+// whole on each tp rank (parallel.expert_tp=1, with and without ep), and
+// every other way.
 TEST_F(Reshard, MoeCheckpointsMoveBetweenLayouts) {
   EveryCheckpointResumesOnEveryLayout(
       "moe",
@@ -291,7 +295,9 @@ TEST_F(Reshard, MoeCheckpointsMoveBetweenLayouts) {
        {"moe_dp2_pp2_zero1", 2, 1, 1, false, 2},
        {"moe_dp4_ep4_zero1", 4, 1, 1, false, 1, 1, 1, 0, 1, 4},
        {"moe_dp2_ep2_tp2_zero3_sp", 2, 3, 2, true, 1, 1, 1, 0, 1, 2},
-       {"moe_dp2_pp2_ep2_zero1", 2, 1, 1, false, 2, 1, 1, 0, 1, 2}});
+       {"moe_dp2_pp2_ep2_zero1", 2, 1, 1, false, 2, 1, 1, 0, 1, 2},
+       {"moe_tp2_etp1", 1, 0, 2, false, 1, 1, 1, 0, 1, 1, 1},
+       {"moe_dp2_ep2_tp2_etp1_zero3_sp", 2, 3, 2, true, 1, 1, 1, 0, 1, 2, 1}});
 }
 
 // model.moe.every=2: dense MLPs in blocks 0 and 2 beside the experts of

@@ -79,6 +79,9 @@ struct Layout {
   std::string moe{};
   // parallel.ep: the experts split over ep of the dp ranks.
   int ep = 1;
+  // parallel.expert_tp (0: tp): below tp, the tp group's slices of
+  // expert_tp ranks hold different experts.
+  int expert_tp = 0;
   int world() const { return dp * tp * pp * cp; }
 };
 
@@ -352,6 +355,28 @@ std::vector<Layout> AllLayouts() {
     out.push_back(moe_cp(
         {"cp2_recompute", 1, 1, 0, 1, false, 1, "1f1b", 1, 4, "full"}, 2));
     out.push_back(moe_cp({"llama_cp2_ep2", 1, 1, 0, 1, false}, 2, 2, true));
+    // parallel.expert_tp below tp: each slice of expert_tp tp ranks holds
+    // its own experts (split over it), all tp ranks routing every token;
+    // with SP, ep, each kind of pipeline, cp and recomputation.
+    auto etp = [&](Layout l, int degree, int ep_degree = 1, int cp_degree = 1,
+                   bool is_llama = false) {
+      l.name = k + "etp" + std::to_string(degree) + "_" + l.name;
+      l.expert_tp = degree;
+      l.ep = ep_degree;
+      l.cp = cp_degree;
+      return moe(l, kind, is_llama);
+    };
+    out.push_back(etp({"tp2_sp", 1, 2, 0, 1, true}, 1));
+    out.push_back(etp({"tp4_mb2", 1, 4, 0, 2, false}, 1));
+    out.push_back(etp({"tp4_dp2_zero1", 2, 4, 1, 1, false}, 2));
+    out.push_back(etp({"ep2_dp2_tp2_zero3_sp", 2, 2, 3, 1, true}, 1, 2));
+    out.push_back(
+        etp({"ep2_pp2_zb1p_dp2_tp2_sp", 2, 2, 0, 4, true, 2, "zb1p"}, 1, 2));
+    out.push_back(etp({"tp2_cp2_sp", 1, 2, 0, 1, true}, 1, 1, 2));
+    out.push_back(etp(
+        {"dp2_tp2_recompute", 2, 2, 2, 1, false, 1, "1f1b", 1, 4, "full"}, 1));
+    out.push_back(
+        etp({"llama_dp2_tp2_zero1_sp", 2, 2, 1, 1, true}, 1, 1, 1, true));
   }
   // Auxiliary-loss-free balancing: each layer's selection bias moved after
   // every step by the global load, alike on every layout (sharded by ZeRO,
@@ -631,6 +656,7 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
   overrides.push_back("parallel.pp=" + std::to_string(layout.pp));
   overrides.push_back("parallel.cp=" + std::to_string(layout.cp));
   overrides.push_back("parallel.ep=" + std::to_string(layout.ep));
+  overrides.push_back("parallel.expert_tp=" + std::to_string(layout.expert_tp));
   if (layout.graphs) overrides.push_back("train.cuda_graphs=on");
   overrides.push_back("parallel.schedule=" + layout.schedule);
   overrides.push_back("parallel.virtual_stages=" +

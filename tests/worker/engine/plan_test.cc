@@ -328,6 +328,55 @@ TEST(ApplyTensorParallel, RanksTileEveryTensorExactly) {
   }
 }
 
+// Routed experts over tp slices (parallel.expert_tp) and ep: every element
+// of every expert's tensors is held by exactly one (tp, ep) rank, a slice
+// of expert_tp ranks holding tp/expert_tp's share of the experts and each
+// of its ranks 1/expert_tp of each.
+TEST(KeepExperts, EveryExpertElementLivesOnOneRankOfTpSlicesAndEp) {
+  for (int tp : {1, 2, 4}) {
+    for (int etp = 1; etp <= tp; etp *= 2) {
+      for (int ep : {1, 2}) {
+        if (4 % (ep * (tp / etp)) != 0) continue;
+        GptConfig c = Config(tp);
+        c.moe.experts = 4;
+        c.moe.top_k = 2;
+        c.moe.hidden = 24;
+        c.moe.ep = ep;
+        c.moe.expert_tp = etp;
+        std::map<std::string, std::map<int64_t, int>> seen;
+        std::map<std::string, int64_t> numel;
+        for (int r = 0; r < tp; ++r) {
+          for (int e = 0; e < ep; ++e) {
+            std::vector<ParamInfo> t = GptTensors(c);
+            ApplyTensorParallel(&t, c, tp, r);
+            KeepExperts(&t, c, tp, r, e);
+            int experts = 0;
+            for (const ParamInfo& p : t) {
+              if (p.expert < 0) continue;
+              ++experts;
+              numel[p.name] = ShapeNumel(p.global_shape);
+              // Its slice's experts, 1/etp of each.
+              EXPECT_EQ(p.numel * etp, numel[p.name]) << p.name;
+              EXPECT_EQ(p.expert / (4 / (tp / etp)), r / etp) << p.name;
+              for (int64_t i = 0; i < p.numel; ++i) {
+                ++seen[p.name][*GlobalIndex(p, i)];
+              }
+            }
+            // Two linears an expert in each of 4 layers.
+            EXPECT_EQ(experts, 2 * 4 * c.moe.LocalExperts(tp));
+          }
+        }
+        ASSERT_EQ(seen.size(), size_t{2 * 4 * 4});
+        for (const auto& [name, counts] : seen) {
+          ASSERT_EQ(static_cast<int64_t>(counts.size()), numel[name])
+              << name << " tp=" << tp << " expert_tp=" << etp << " ep=" << ep;
+          for (const auto& [index, n] : counts) ASSERT_EQ(n, 1) << name;
+        }
+      }
+    }
+  }
+}
+
 TEST(ApplyTensorParallel, RefusesADegreeThatDoesNotDivideTheHeads) {
   GptConfig c = Config(3);
   std::vector<ParamInfo> t = GptTensors(c);

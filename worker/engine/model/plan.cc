@@ -198,9 +198,11 @@ void SplitStages(std::vector<ParamInfo>* tensors,
 }
 
 void KeepExperts(std::vector<ParamInfo>* tensors, const GptConfig& config,
-                 int ep_rank) {
-  if (!config.has_moe() || config.moe.ep == 1) return;
-  const int n = config.local_experts(), first = ep_rank * n;
+                 int tp, int tp_rank, int ep_rank) {
+  if (!config.has_moe()) return;
+  const int n = config.moe.LocalExperts(tp);
+  if (n == config.moe.experts) return;
+  const int first = config.moe.FirstExpert(tp, tp_rank, ep_rank);
   std::erase_if(*tensors, [&](const ParamInfo& p) {
     return p.expert >= 0 && (p.expert < first || p.expert >= first + n);
   });
@@ -297,13 +299,12 @@ std::vector<ParamInfo> BuildPlan(const GptConfig& config,
            "one layer count per pipeline stage");
   SplitStages(&tensors, stage_layers);
   ApplyTensorParallel(&tensors, config, o.tp, o.tp_rank);
-  KeepExperts(&tensors, config, o.ep_rank);
+  KeepExperts(&tensors, config, o.tp, o.tp_rank, o.ep_rank);
   return LayoutUnits(tensors, RankStages(o), o.pad);
 }
 
 const char* RouterName(kernels::math::RouterScore router) {
-  return router == kernels::math::RouterScore::kSigmoid ? "sigmoid"
-                                                        : "softmax";
+  return router == kernels::math::RouterScore::kSigmoid ? "sigmoid" : "softmax";
 }
 
 std::optional<kernels::math::RouterScore> RouterNamed(std::string_view name) {

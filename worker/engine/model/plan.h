@@ -60,6 +60,24 @@ struct GptConfig {
     // parallel.ep: the ranks the routed experts are split over, each
     // holding experts/ep of them.
     int ep = 1;
+    // parallel.expert_tp: the tp ranks each expert is split over (0: all
+    // of tp). Below tp, the tp group's tp/expert_tp slices (consecutive
+    // runs of expert_tp ranks) hold different experts: every tp rank
+    // routes the whole microbatch, and each slice computes the tokens of
+    // its own experts (expert parallelism over tp without an all-to-all:
+    // the tokens are already there).
+    int expert_tp = 0;
+    int ExpertTp(int tp) const { return expert_tp > 0 ? expert_tp : tp; }
+    int Slices(int tp) const { return tp / ExpertTp(tp); }
+    // The routed experts one rank holds.
+    int LocalExperts(int tp) const { return experts / (ep * Slices(tp)); }
+    // The first of them on tp rank `tp_rank` and ep rank `ep_rank`: slice
+    // tp_rank/expert_tp holds the slice's experts/slices consecutive
+    // experts, split over its ep group as ep splits them all.
+    int FirstExpert(int tp, int tp_rank, int ep_rank) const {
+      return tp_rank / ExpertTp(tp) * (experts / Slices(tp)) +
+             ep_rank * LocalExperts(tp);
+    }
     kernels::math::RouterScore router = kernels::math::RouterScore::kSoftmax;
     float capacity_factor = 0, aux_coef = 0, z_coef = 0;
     // balance: bias (DeepSeek-V3's auxiliary-loss-free balancing): each
@@ -78,8 +96,6 @@ struct GptConfig {
   };
   Moe moe{};
   bool has_moe() const { return moe.experts > 0; }
-  // The routed experts each ep rank holds.
-  int local_experts() const { return moe.experts / moe.ep; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int hidden() const { return ffn_hidden > 0 ? ffn_hidden : 4 * n_embd; }
   // The key and value heads a rank of tp computes with: its share where tp
@@ -235,10 +251,11 @@ std::vector<int> EvenStageLayers(int n_layer, int pp);
 void ApplyTensorParallel(std::vector<ParamInfo>* tensors,
                          const GptConfig& config, int tp, int tp_rank);
 
-// 3b. Keeps of the routed experts' tensors those of rank `ep_rank` of
-// config.moe.ep: experts [ep_rank·E/ep, (ep_rank+1)·E/ep) of every layer.
+// 3b. Keeps of the routed experts' tensors those of the rank at `tp_rank`
+// of `tp` and `ep_rank` of config.moe.ep: its LocalExperts from
+// FirstExpert (Moe) of every layer.
 void KeepExperts(std::vector<ParamInfo>* tensors, const GptConfig& config,
-                 int ep_rank);
+                 int tp, int tp_rank, int ep_rank);
 
 // 4. Keeps the tensors of `stage` and lays them out in ZeRO units — [wte
 // wpe] on the first stage; per block [ln_1 c_attn] [attn.c_proj] [ln_2

@@ -134,6 +134,10 @@ void ApplyTensorParallel(std::vector<ParamInfo>* tensors, const GptConfig& cfg,
         p.tp_partial = true;
       }
     }
+    // A routed expert is split over its slice's expert_tp ranks (Moe::
+    // ExpertTp), the rank's place in it tp_rank % expert_tp.
+    const int n = p.expert >= 0 ? cfg.moe.ExpertTp(tp) : tp;
+    const int at = r % n;
     const std::vector<int64_t>& g = p.global_shape;
     Box box = WholeBox(g);
     switch (p.split) {
@@ -142,36 +146,36 @@ void ApplyTensorParallel(std::vector<ParamInfo>* tensors, const GptConfig& cfg,
         p.boxes = {box};
         break;
       case TpSplit::kColumn: {
-        const int64_t n = g[0] / tp;
+        const int64_t rows = g[0] / n;
         p.shape = g;
-        p.shape[0] = n;
-        box.lo[0] = r * n;
-        box.hi[0] = (r + 1) * n;
+        p.shape[0] = rows;
+        box.lo[0] = at * rows;
+        box.hi[0] = (at + 1) * rows;
         p.boxes = {box};
         break;
       }
       case TpSplit::kRow: {
-        const int64_t n = g[1] / tp;
-        p.shape = {g[0], n};
-        box.lo[1] = r * n;
-        box.hi[1] = (r + 1) * n;
+        const int64_t cols = g[1] / n;
+        p.shape = {g[0], cols};
+        box.lo[1] = at * cols;
+        box.hi[1] = (at + 1) * cols;
         p.boxes = {box};
         break;
       }
       case TpSplit::kQkv:
       case TpSplit::kStacked2: {
         // Equal parts of dim 0 (q, k and v: C rows each); this rank's
-        // rows of each: [r·n, (r+1)·n) of the part.
+        // rows of each: [at·each, (at+1)·each) of the part.
         const int parts = p.split == TpSplit::kQkv ? 3 : 2;
         const int64_t rows = p.split == TpSplit::kQkv ? C : g[0] / 2;
-        const int64_t n = p.split == TpSplit::kQkv ? Cl : rows / tp;
+        const int64_t each = p.split == TpSplit::kQkv ? Cl : rows / n;
         p.shape = g;
-        p.shape[0] = parts * n;
+        p.shape[0] = parts * each;
         p.boxes.clear();
         for (int part = 0; part < parts; ++part) {
           Box b = box;
-          b.lo[0] = part * rows + r * n;
-          b.hi[0] = part * rows + (r + 1) * n;
+          b.lo[0] = part * rows + at * each;
+          b.hi[0] = part * rows + (at + 1) * each;
           p.boxes.push_back(b);
         }
         break;

@@ -40,6 +40,7 @@ GptConfig ModelConfig(const v1::JobSpec& spec, int vocab_size) {
     c.moe.aux_coef = static_cast<float>(moe.aux_loss_coef());
     c.moe.z_coef = static_cast<float>(moe.z_loss_coef());
     c.moe.ep = JobLayout(spec).degree("ep");
+    c.moe.expert_tp = JobLayout(spec).expert_tp;
     c.moe.bias = moe.balance() == "bias";
     c.moe.bias_rate = static_cast<float>(moe.bias_update_rate());
   }

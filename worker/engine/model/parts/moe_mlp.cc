@@ -13,7 +13,10 @@
 // is (first linear by columns, second by rows), so every tp rank routes
 // every token of the microbatch (the input is gathered under sequence
 // parallelism) and the experts' partial outputs are summed over tp as the
-// dense MLP's are.
+// dense MLP's are. With parallel.expert_tp below tp (Moe::ExpertTp), each
+// slice of expert_tp tp ranks holds its own experts, split over those
+// ranks: it computes its experts' rows, zeroes the other slices' (in the
+// packed output and input gradient), and the sum over tp adds the slices.
 //
 // Expert parallelism (config.moe.ep > 1): each rank of the ep group holds
 // E/ep consecutive experts. A rank routes its own tokens over all E; the
@@ -70,18 +73,21 @@ constexpr int kDroplessSlack = 2;
 
 // The rows a rank's experts take from one microbatch of B sequences of T
 // positions (of T·cp: context parallelism) on each rank of its ep group, at
-// most: all N·k choices of its
-// own (ep 1); else the most its E/ep experts keep of the B·ep sequences
-// at the capacity, dropless kDroplessSlack times their share; never more
-// than every choice of the group.
-int64_t LocalRows(const GptConfig::Moe& m, int64_t B, int64_t T, int cp) {
+// most: all N·k choices of its own (one rank holding every expert); else
+// the most its experts (LocalExperts: E/ep, over the tp group's `slices`
+// too) keep of the B·ep sequences at the capacity, dropless
+// kDroplessSlack times their share; never more than every choice of the
+// group.
+int64_t LocalRows(const GptConfig::Moe& m, int64_t B, int64_t T, int cp,
+                  int slices) {
   const int64_t Nk = SatMul(SatMul(B, T), m.top_k);
-  if (m.ep == 1) return Nk;
+  if (m.ep == 1 && slices == 1) return Nk;
   const int64_t all = SatMul(Nk, m.ep);
   const int cap = m.Capacity(static_cast<int>(SatMul(T, cp)));
   const int64_t bound =
-      cap > 0 ? SatMul(SatMul(m.experts / m.ep, cap), SatMul(B, m.ep))
-              : SatMul(Nk, kDroplessSlack);
+      cap > 0
+          ? SatMul(SatMul(m.experts / (m.ep * slices), cap), SatMul(B, m.ep))
+          : SatMul(Nk, kDroplessSlack) / slices;
   return std::min(all, bound);
 }
 
@@ -176,13 +182,15 @@ class MoeMlp : public SublayerPart {
   std::vector<ActivationRow> Rows(const StageActivationDims& d) const override {
     const GptConfig::Moe& m = d.moe;
     const int64_t N = d.BT, Nk = SatMul(N, m.top_k);
-    const int64_t R = LocalRows(m, d.T > 0 ? d.BT / d.T : 0, d.T, d.cp);
+    const int64_t R = LocalRows(m, d.T > 0 ? d.BT / d.T : 0, d.T, d.cp,
+                                m.Slices(static_cast<int>(d.tp)));
     return {
         {"mlp.logits", SatMul(N, m.experts)},
         {"mlp.scores", SatMul(N, m.experts)},
         {"mlp.weights", Nk},
         {"mlp.route", RouteRows::Floats(N, m.top_k, m.experts)},
-        {"mlp.hidden", SatMul(R, Gate(int64_t{m.hidden} / d.tp))},
+        {"mlp.hidden", SatMul(R, Gate(int64_t{m.hidden} /
+                                      m.ExpertTp(static_cast<int>(d.tp))))},
         {"mlp.out", SatMul(Nk, d.C)},
         {"mlp.shared", SatMul(N, Gate(int64_t{m.shared} * m.hidden / d.tp))},
         {"mlp.received", m.ep > 1 ? SatMul(R, d.C) : 0}};
@@ -197,8 +205,10 @@ class MoeMlp : public SublayerPart {
   int64_t HiddenFloats(const StageActivationDims& d) const override {
     const GptConfig::Moe& m = d.moe;
     const int64_t N = d.BT, Nk = SatMul(N, m.top_k);
-    const int64_t R = LocalRows(m, d.T > 0 ? d.BT / d.T : 0, d.T, d.cp);
-    const int64_t Hl = m.hidden / d.tp,
+    const int tp = static_cast<int>(d.tp);
+    const int64_t R =
+        LocalRows(m, d.T > 0 ? d.BT / d.T : 0, d.T, d.cp, m.Slices(tp));
+    const int64_t Hl = m.hidden / m.ExpertTp(tp),
                   Sl = int64_t{m.shared} * m.hidden / d.tp;
     const int64_t a = SatAdd(
         SatMul(3 * N, d.C) + SatMul(2 * Nk, d.C) + SatMul(N, m.experts) + Nk,
@@ -279,16 +289,21 @@ class MoeMlp : public SublayerPart {
           T_(p.T()),
           C_(p.C()),
           N_(int64_t{p.B()} * p.T()),
-          Hl_(m_.hidden / p.tp().size()),
+          Hl_(m_.hidden / m_.ExpertTp(p.tp().size())),
           Sl_(int64_t{m_.shared} * m_.hidden / p.tp().size()),
-          El_(m_.experts / m_.ep),
-          e0_(p.ep() != nullptr ? p.ep()->rank() * El_ : 0),
+          El_(m_.LocalExperts(p.tp().size())),
+          e0_(m_.FirstExpert(p.tp().size(), p.tp().rank(),
+                             p.ep() != nullptr ? p.ep()->rank() : 0)),
+          b0_(m_.FirstExpert(p.tp().size(), p.tp().rank(), 0)),
+          slices_(m_.Slices(p.tp().size())),
           cp_(p.cp().size()),
           Tg_(T_ * cp_),
-          R_max_(LocalRows(m_, p.B(), p.T(), p.cp().size())),
+          R_max_(LocalRows(m_, p.B(), p.T(), p.cp().size(), slices_)),
           route_(p.Row(kRoute), N_, m_.top_k, m_.experts) {
       PT_CHECK((p.ep() != nullptr ? p.ep()->size() : 1) == m_.ep,
                "the ep group's size differs from model.moe's ep");
+      PT_CHECK(p.tp().size() % m_.ExpertTp(p.tp().size()) == 0,
+               "model.moe's expert_tp does not divide the tp group");
       const int64_t Nk = N_ * m_.top_k;
       float* a = p.work().hidden_a;
       x_ = a;
@@ -336,7 +351,7 @@ class MoeMlp : public SublayerPart {
       ops_.moe_permute_forward(packed_, x_, route_.order, M(), k, C_);
       if (m_.ep > 1) {
         ExchangeCounts();
-        Dispatch(p_.Row(kIn), packed_);
+        Dispatch(p_.Row(kIn), packed_ + Sent() * C_);
       }
       if (p_.recomputing() || p_.decoding()) return;
       p_.AddLoad(offsets_.data(), E, dropped_);
@@ -443,14 +458,16 @@ class MoeMlp : public SublayerPart {
 
     // The experts' outputs, in this rank's packed order (the out row).
     void SecondForward() {
-      float* y = m_.ep > 1 ? mine_ : p_.Row(kOut);
+      float* out = p_.Row(kOut);
+      float* y = m_.ep > 1 ? mine_ : out + Mine() * C_;
+      OthersZero(out);
       Activate(act_, p_.Row(kHidden), Rows(), Hl_);
       ForEachExpert([&](int i, int64_t at, int n) {
         ops_.matmul_forward(y + at * C_, act_ + at * Hl_,
                             p_.Weight(second() + i), nullptr, 1, n,
                             static_cast<int>(Hl_), C_);
       });
-      if (m_.ep > 1) Return(p_.Row(kOut), mine_);
+      if (m_.ep > 1) Return(out + Sent() * C_, mine_);
     }
 
     // out (B,Ts,C): the weighted experts' outputs and the shared MLP's,
@@ -477,9 +494,9 @@ class MoeMlp : public SublayerPart {
       if (p_.tp().comm != nullptr) {
         p_.tp().comm->AllReduce(dweights_, N_ * k);
       }
-      float* dy = dpacked_;
+      float* dy = dpacked_ + Mine() * C_;
       if (m_.ep > 1) {
-        Dispatch(mine_, dpacked_);
+        Dispatch(mine_, dpacked_ + Sent() * C_);
         dy = mine_;
       }
       const float* hidden = p_.Row(kHidden);
@@ -504,14 +521,15 @@ class MoeMlp : public SublayerPart {
       const float* in = Input();
       // Each expert's input gradient over its output gradient, which
       // SecondBackward is done with.
-      float* dx = m_.ep > 1 ? mine_ : dpacked_;
+      float* dx = m_.ep > 1 ? mine_ : dpacked_ + Mine() * C_;
       ForEachExpert([&](int i, int64_t at, int n) {
         ops_.matmul_backward(dx + at * C_, p_.Grad(first() + i), nullptr,
                              dhidden_ + at * G, in + at * C_,
                              p_.Weight(first() + i), 1, n, C_,
                              static_cast<int>(G));
       });
-      if (m_.ep > 1) Return(dpacked_, mine_);
+      if (m_.ep > 1) Return(dpacked_ + Sent() * C_, mine_);
+      OthersZero(dpacked_);
       ops_.Zero(partial_, N_ * C_);
       ops_.moe_permute_backward(partial_, dpacked_, route_.slots, N, k, C_);
     }
@@ -583,7 +601,7 @@ class MoeMlp : public SublayerPart {
           offsets_.data(), route_.experts, static_cast<int>(N_), m_.top_k,
           m_.experts, capacity, chunked ? T_ / 2 : T_,
           chunked ? base.data() : nullptr);
-      if (m_.ep == 1) Local(offsets_);
+      if (m_.ep == 1) Local();
     }
     // The forward's plan's offsets (and the counts received), on the host.
     void ReadPlan() {
@@ -594,31 +612,36 @@ class MoeMlp : public SublayerPart {
                   reinterpret_cast<const float*>(route_.offsets), 2 * E + 1);
       offsets_.assign(host.begin(), host.begin() + E + 1);
       if (m_.ep == 1) {
-        Local(offsets_);
+        Local();
         return;
       }
-      received_.assign(host.begin() + E + 1, host.end());
+      received_.assign(host.begin() + E + 1,
+                       host.begin() + E + 1 + int64_t{m_.ep} * El_);
       Received();
     }
-    // The local experts' rows: `offsets` of theirs (ep 1: every expert's).
-    void Local(const std::vector<int32_t>& offsets) {
-      local_.assign(offsets.begin(), offsets.end());
+    // Without ep the local experts' rows are this rank's own: their counts
+    // as received from one source.
+    void Local() {
+      received_.resize(El_);
+      for (int i = 0; i < El_; ++i) received_[i] = Count(e0_ + i);
+      Received();
     }
 
     // Under ep: each rank's counts per expert to the experts' ranks; what
     // this rank's experts receive, by source and expert, kept in the route
     // row for the backward.
     void ExchangeCounts() {
-      const int E = m_.experts;
-      std::vector<float> mine(E), theirs(E);
-      for (int e = 0; e < E; ++e) mine[e] = static_cast<float>(Count(e));
+      const int n = m_.ep * El_;  // the experts of this rank's tp slice
+      std::vector<float> mine(n), theirs(n);
+      for (int e = 0; e < n; ++e) mine[e] = static_cast<float>(Count(b0_ + e));
       const std::vector<int64_t> each(m_.ep, El_);
       p_.ep()->AllToAllV(mine.data(), each.data(), theirs.data(), each.data());
-      received_.resize(E);
-      for (int i = 0; i < E; ++i)
+      received_.resize(n);
+      for (int i = 0; i < n; ++i) {
         received_[i] = static_cast<int32_t>(theirs[i]);
+      }
       ops_.FromHost(reinterpret_cast<float*>(route_.received),
-                    reinterpret_cast<const float*>(received_.data()), E);
+                    reinterpret_cast<const float*>(received_.data()), n);
       Received();
     }
     // From received_: the local experts' offsets and each (source, expert)
@@ -687,7 +710,9 @@ class MoeMlp : public SublayerPart {
     // from each for its own.
     void Counts(int64_t* send, int64_t* recv) const {
       for (int r = 0; r < m_.ep; ++r) {
-        send[r] = (int64_t{offsets_[(r + 1) * El_]} - offsets_[r * El_]) * C_;
+        send[r] =
+            (int64_t{offsets_[b0_ + (r + 1) * El_]} - offsets_[b0_ + r * El_]) *
+            C_;
         recv[r] = 0;
         for (int i = 0; i < El_; ++i) recv[r] += received_[r * El_ + i];
         recv[r] *= C_;
@@ -704,7 +729,22 @@ class MoeMlp : public SublayerPart {
       }
     }
     // The local experts' input rows, by expert.
-    const float* Input() const { return m_.ep > 1 ? p_.Row(kIn) : packed_; }
+    const float* Input() const {
+      return m_.ep > 1 ? p_.Row(kIn) : packed_ + Mine() * C_;
+    }
+    // The packed rows (by expert) of this rank's own experts (without
+    // ep), and of its tp slice's experts, which it sends to their ep ranks.
+    int64_t Mine() const { return offsets_[e0_]; }
+    int64_t Sent() const { return offsets_[b0_]; }
+    // With the tp group in slices, zeroes the packed rows `rows` (M, C)
+    // of the other slices' experts: the combine sums the slices' outputs
+    // over tp, and the input gradient their parts.
+    void OthersZero(float* rows) {
+      if (slices_ == 1) return;
+      const int64_t lo = Sent(), hi = offsets_[b0_ + m_.ep * El_];
+      ops_.Zero(rows, lo * C_);
+      ops_.Zero(rows + hi * C_, (M() - hi) * C_);
+    }
     int M() const { return offsets_[m_.experts]; }
     int64_t Rows() const { return local_[El_]; }
     int Count(int e) const { return offsets_[e + 1] - offsets_[e]; }
@@ -723,7 +763,9 @@ class MoeMlp : public SublayerPart {
     const bool swiglu_;
     const int B_, T_, C_;
     const int64_t N_, Hl_, Sl_;
-    const int El_, e0_;
+    // The routed experts here (E/ep, over the tp slices too), the first of
+    // them, the first of this rank's tp slice, and the slices.
+    const int El_, e0_, b0_, slices_;
     // Context parallelism: the ranks a sequence is split over, and its
     // whole length (T_ of it here, in two zigzag chunks).
     const int cp_, Tg_;
