@@ -4,11 +4,14 @@
 // of the step, the bytes it moves, the experts' memory per rank (weights,
 // gradients and Adam's moments of the experts this rank holds) and the
 // memory estimate. Figures only; never passes or fails on time.
-// bench/expert_parallel.sh runs ep=1 and ep=2 on 2 ranks side by side.
+// With --tp, the ranks are dp × tp, and --expert-tp splits each expert
+// over that many of the tp ranks (parallel.expert_tp; 0: all of them).
+// bench/expert_parallel.sh runs ep=1 and ep=2 on 2 ranks side by side, and
+// tp=2 with expert_tp 2 and 1.
 //
-//   mpirun -n DP build/bench/expert_parallel_bench --ep EP [--config S|M]
-//          [--experts E] [--top-k K] [--batch B] [--capacity-factor F]
-//          [--steps N] [--warmup N]
+//   mpirun -n DP·TP build/bench/expert_parallel_bench --ep EP [--tp TP]
+//          [--expert-tp N] [--config S|M] [--experts E] [--top-k K]
+//          [--batch B] [--capacity-factor F] [--steps N] [--warmup N]
 #include <mpi.h>
 #include <omp.h>
 
@@ -26,7 +29,8 @@ namespace {
 
 struct Args {
   std::string config = "M";
-  int ep = 1, experts = 8, top_k = 2, batch = 8, steps = 3, warmup = 1;
+  int ep = 1, tp = 1, expert_tp = 0, experts = 8, top_k = 2, batch = 8,
+      steps = 3, warmup = 1;
   double capacity_factor = 0;
 };
 
@@ -35,6 +39,11 @@ void AddFlags(CLI::App& app, Args& a) {
       ->check(CLI::IsMember({"S", "M"}));
   app.add_option("--ep", a.ep, "parallel.ep (divides the ranks)")
       ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--tp", a.tp, "parallel.tp (divides the ranks)")
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--expert-tp", a.expert_tp,
+                 "parallel.expert_tp (divides --tp; 0: all of tp)")
+      ->check(CLI::Range(0, 1 << 16));
   app.add_option("--experts", a.experts, "model.moe.experts")
       ->check(CLI::Range(1, 1 << 10));
   app.add_option("--top-k", a.top_k, "model.moe.top_k")
@@ -58,7 +67,9 @@ std::vector<std::string> Overrides(const Args& a, int dp, int ep) {
         "model.moe.capacity_factor=" + std::to_string(a.capacity_factor),
         "train.global_batch=" + std::to_string(a.batch),
         std::string("train.precision=fp32"),
-        "parallel.dp=" + std::to_string(dp),
+        "parallel.dp=" + std::to_string(dp / a.tp),
+        "parallel.tp=" + std::to_string(a.tp),
+        "parallel.expert_tp=" + std::to_string(a.expert_tp),
         "parallel.ep=" + std::to_string(ep),
         "train.steps=" + std::to_string(a.warmup + a.steps)}) {
     o.push_back(f);
@@ -105,11 +116,12 @@ int main(int argc, char** argv) {
         ptrain::EstimateRankMemory(run.spec, tr.data().vocab_size);
     if (mpi.rank == 0) {
       std::printf(
-          "config %s, %d experts top-%d, %s, dp=%d ep=%d, B=%d T=%d, %d "
-          "thread(s)/rank\n",
+          "config %s, %d experts top-%d, %s, dp=%d tp=%d expert_tp=%d ep=%d, "
+          "B=%d T=%d, %d thread(s)/rank\n",
           a.config.c_str(), a.experts, a.top_k,
-          a.capacity_factor > 0 ? "capacity" : "dropless", mpi.size, a.ep,
-          a.batch, mc.block_size(), omp_get_max_threads());
+          a.capacity_factor > 0 ? "capacity" : "dropless", mpi.size / a.tp,
+          a.tp, a.expert_tp > 0 ? a.expert_tp : a.tp, a.ep, a.batch,
+          mc.block_size(), omp_get_max_threads());
       std::printf("  %.1f ms/step, %.0f tok/s, last loss %.6f\n", mean * 1e3,
                   tokens / mean, loss);
       std::printf(
