@@ -3,9 +3,13 @@
 with Llama 3's frequency scaling, grouped-query attention, SwiGLU), the
 reference ptrain's arch llama is checked against; with --experts, Mixtral's
 Mixture-of-Experts MLP (a softmax router, the top 2 experts' scores
-normalised to sum 1, SwiGLU experts), the reference of model.moe.
+normalised to sum 1, SwiGLU experts), the reference of model.moe; with
+--qwen3, Qwen3's attention (heads of head_dim 16 apart from the width, each
+query and key head RMS-normalised before rotary positions) and, with
+--experts, Qwen3-MoE's layout (experts in every second block, the others
+dense; the router `mlp.gate`, experts' gate_proj, up_proj and down_proj).
 
-    /usr/bin/python3 bench/pytorch_llama.py OUT_DIR [--rope-scaling] [--experts E]
+    /usr/bin/python3 bench/pytorch_llama.py OUT_DIR [--rope-scaling] [--experts E] [--qwen3]
 
 writes a Hugging Face model folder of random weights (config.json,
 model.safetensors) of a 4-layer model (n_head 8, n_kv_head 2, untied head,
@@ -36,6 +40,7 @@ HYPER = dict(lr=3e-3, min_lr=3e-4, warmup=2, steps=20, wd=0.1, clip=1.0,
              b1=0.9, b2=0.95, eps=1e-8)
 NORM_EPS = 1e-5
 TOP_K, EXPERT_H = 2, 48  # with --experts: experts a token, their width
+QWEN3_HD, SPARSE_STEP = 16, 2  # with --qwen3: head_dim, decoder_sparse_step
 
 
 def write_safetensors(path, tensors):
@@ -82,23 +87,43 @@ def rotate(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def moe_mlp(p, h, a, experts):
-    """Mixtral's sparse MLP: each token's top 2 experts by softmax score,
-    their outputs weighted by the two scores over their sum."""
-    probs = (a @ p[h + "block_sparse_moe.gate.weight"].T).softmax(dim=-1)
+def moe_names(h, qwen3):
+    """The router's name, and each expert's gate, up and down projections':
+    Mixtral's or Qwen3-MoE's."""
+    if qwen3:
+        return (h + "mlp.gate.weight",
+                lambda e: [h + f"mlp.experts.{e}.{n}_proj.weight"
+                           for n in ("gate", "up", "down")])
+    return (h + "block_sparse_moe.gate.weight",
+            lambda e: [h + f"block_sparse_moe.experts.{e}.{n}.weight"
+                       for n in ("w1", "w3", "w2")])
+
+
+def moe_mlp(p, h, a, experts, qwen3):
+    """The sparse MLP (Mixtral's, Qwen3-MoE's with norm_topk_prob): each
+    token's top 2 experts by softmax score, their outputs weighted by the two
+    scores over their sum."""
+    gate, expert = moe_names(h, qwen3)
+    probs = (a @ p[gate].T).softmax(dim=-1)
     top, chosen = probs.topk(TOP_K, dim=-1)
     weights = top / top.sum(dim=-1, keepdim=True)
     out = torch.zeros_like(a)
     for e in range(experts):
-        x = h + f"block_sparse_moe.experts.{e}."
+        w1, w3, w2 = expert(e)
         w = (weights * (chosen == e)).sum(dim=-1, keepdim=True)
-        y = F.silu(a @ p[x + "w1.weight"].T) * (a @ p[x + "w3.weight"].T)
-        out = out + w * (y @ p[x + "w2.weight"].T)
+        y = F.silu(a @ p[w1].T) * (a @ p[w3].T)
+        out = out + w * (y @ p[w2].T)
     return out
 
 
-def llama_forward(p, idx, targets, freqs, experts):
-    hs = C // NH
+def sparse(l, experts, qwen3):
+    """Block l's MLP has experts: every block (Mixtral), every SPARSE_STEP-th
+    (Qwen3-MoE's decoder_sparse_step: blocks 1, 3, ...)."""
+    return experts and (not qwen3 or (l + 1) % SPARSE_STEP == 0)
+
+
+def llama_forward(p, idx, targets, freqs, experts, qwen3):
+    hs = QWEN3_HD if qwen3 else C // NH
     x = p["model.embed_tokens.weight"][idx]
     angle = torch.arange(T, dtype=torch.float32)[:, None] * freqs[None, :]
     cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
@@ -106,19 +131,23 @@ def llama_forward(p, idx, targets, freqs, experts):
     for l in range(L):
         h = f"model.layers.{l}."
         a = rms_norm(x, p[h + "input_layernorm.weight"])
-        q = (a @ p[h + "self_attn.q_proj.weight"].T).view(B, T, NH, hs).transpose(1, 2)
-        k = (a @ p[h + "self_attn.k_proj.weight"].T).view(B, T, KVH, hs).transpose(1, 2)
+        q = (a @ p[h + "self_attn.q_proj.weight"].T).view(B, T, NH, hs)
+        k = (a @ p[h + "self_attn.k_proj.weight"].T).view(B, T, KVH, hs)
+        if qwen3:
+            q = rms_norm(q, p[h + "self_attn.q_norm.weight"])
+            k = rms_norm(k, p[h + "self_attn.k_norm.weight"])
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = (a @ p[h + "self_attn.v_proj.weight"].T).view(B, T, KVH, hs).transpose(1, 2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         k = k.repeat_interleave(NH // KVH, dim=1)
         v = v.repeat_interleave(NH // KVH, dim=1)
         att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)
         att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        y = (att @ v).transpose(1, 2).reshape(B, T, NH * hs)
         x = x + y @ p[h + "self_attn.o_proj.weight"].T
         a = rms_norm(x, p[h + "post_attention_layernorm.weight"])
-        if experts:
-            x = x + moe_mlp(p, h, a, experts)
+        if sparse(l, experts, qwen3):
+            x = x + moe_mlp(p, h, a, experts, qwen3)
             continue
         g = F.silu(a @ p[h + "mlp.gate_proj.weight"].T) * (a @ p[h + "mlp.up_proj.weight"].T)
         x = x + g @ p[h + "mlp.down_proj.weight"].T
@@ -131,15 +160,16 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--rope-scaling", action="store_true")
     ap.add_argument("--experts", type=int, default=0)
+    ap.add_argument("--qwen3", action="store_true")
     args = ap.parse_args()
-    experts = args.experts
+    experts, qwen3 = args.experts, args.qwen3
     torch.set_num_threads(1)
     os.makedirs(args.out, exist_ok=True)
     scaling = ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
                if args.rope_scaling else None)
     gen = torch.Generator().manual_seed(61)
-    hs = C // NH
+    hs = QWEN3_HD if qwen3 else C // NH
     shapes = {"model.embed_tokens.weight": (V, C), "model.norm.weight": (C,),
               "lm_head.weight": (V, C)}
     for l in range(L):
@@ -151,17 +181,20 @@ def main():
             h + "self_attn.v_proj.weight": (KVH * hs, C),
             h + "self_attn.o_proj.weight": (C, NH * hs),
             h + "post_attention_layernorm.weight": (C,)})
-        if not experts:
+        if qwen3:
+            shapes.update({h + "self_attn.q_norm.weight": (hs,),
+                           h + "self_attn.k_norm.weight": (hs,)})
+        if not sparse(l, experts, qwen3):
             shapes.update({h + "mlp.gate_proj.weight": (H, C),
                            h + "mlp.up_proj.weight": (H, C),
                            h + "mlp.down_proj.weight": (C, H)})
             continue
-        shapes[h + "block_sparse_moe.gate.weight"] = (experts, C)
+        gate, expert = moe_names(h, qwen3)
+        shapes[gate] = (experts, C)
         for e in range(experts):
-            x = h + f"block_sparse_moe.experts.{e}."
-            shapes.update({x + "w1.weight": (EXPERT_H, C),
-                           x + "w3.weight": (EXPERT_H, C),
-                           x + "w2.weight": (C, EXPERT_H)})
+            w1, w3, w2 = expert(e)
+            shapes.update({w1: (EXPERT_H, C), w3: (EXPERT_H, C),
+                           w2: (C, EXPERT_H)})
     weights = {}
     for name, shape in shapes.items():
         if len(shape) == 1:  # norms: around one
@@ -177,7 +210,20 @@ def main():
               "rms_norm_eps": NORM_EPS, "rope_theta": THETA,
               "rope_scaling": scaling, "hidden_act": "silu",
               "tie_word_embeddings": False, "torch_dtype": "float32"}
-    if experts:
+    if qwen3:
+        config.update({"architectures": ["Qwen3ForCausalLM"],
+                       "model_type": "qwen3", "head_dim": hs,
+                       "attention_bias": False, "use_sliding_window": False,
+                       "sliding_window": None, "max_window_layers": L})
+    if qwen3 and experts:
+        config.update({"architectures": ["Qwen3MoeForCausalLM"],
+                       "model_type": "qwen3_moe",
+                       "moe_intermediate_size": EXPERT_H,
+                       "num_experts": experts, "num_experts_per_tok": TOP_K,
+                       "norm_topk_prob": True,
+                       "decoder_sparse_step": SPARSE_STEP,
+                       "mlp_only_layers": [], "router_aux_loss_coef": 0.0})
+    elif experts:
         config.update({"architectures": ["MixtralForCausalLM"],
                        "model_type": "mixtral", "intermediate_size": EXPERT_H,
                        "num_local_experts": experts,
@@ -200,7 +246,7 @@ def main():
     losses = []
     for step in range(hp["steps"] + 1):
         opt.zero_grad()
-        loss = llama_forward(p, idx, tgt, freqs, experts)
+        loss = llama_forward(p, idx, tgt, freqs, experts, qwen3)
         losses.append(loss.item())
         if step == hp["steps"]:
             break
@@ -213,7 +259,8 @@ def main():
     hyper = [hp[k] for k in ("lr", "min_lr", "warmup", "steps", "wd", "clip",
                              "b1", "b2", "eps")]
     write_records(os.path.join(args.out, "reference.bin"), [
-        ("config", np.array([L, NH, KVH, C, EXPERT_H if experts else H, V, B,
+        ("config", np.array([L, NH, KVH, C,
+                             EXPERT_H if experts and not qwen3 else H, V, B,
                              T], dtype=np.float32)),
         ("hyper", np.array(hyper)),
         ("inputs", idx.numpy().astype(np.float32)),
@@ -221,7 +268,8 @@ def main():
         ("losses", np.array(losses))])
     print(f"wrote {args.out}: losses {losses[0]:.6f} -> {losses[-1]:.6f}"
           f"{' (rope scaling)' if scaling else ''}"
-          f"{f' ({experts} experts)' if experts else ''}")
+          f"{f' ({experts} experts)' if experts else ''}"
+          f"{' (qwen3)' if qwen3 else ''}")
 
 
 if __name__ == "__main__":

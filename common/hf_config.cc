@@ -23,6 +23,8 @@ using json = nlohmann::json;
 constexpr char kGpt2[] = "GPT2LMHeadModel";
 constexpr char kLlama[] = "LlamaForCausalLM";
 constexpr char kMixtral[] = "MixtralForCausalLM";
+constexpr char kQwen3[] = "Qwen3ForCausalLM";
+constexpr char kQwen3Moe[] = "Qwen3MoeForCausalLM";
 
 absl::Status Bad(absl::string_view where, auto&&... parts) {
   return absl::InvalidArgumentError(absl::StrCat(where, ": ", parts...));
@@ -205,9 +207,12 @@ absl::Status ReadRopeScaling(const json& j, absl::string_view where,
   return absl::OkStatus();
 }
 
-// What Llama and Mixtral share: the embedding, the attention, the norms and
-// rotary positions, the activation. The MLP's width is the caller's.
-absl::StatusOr<HfConfig> LlamaBody(const json& j, absl::string_view where) {
+// What Llama, Mixtral and Qwen3 share: the embedding, the attention, the
+// norms and rotary positions, the activation. The MLP's width is the
+// caller's. Qwen3's attention normalises its query and key heads
+// (model.qk_norm); its sliding window is off unless use_sliding_window.
+absl::StatusOr<HfConfig> LlamaBody(const json& j, absl::string_view where,
+                                   bool qwen3 = false) {
   int64_t L = 0, NH = 0, KVH = 0, C = 0, P = 0, V = 0, head_dim = 0, ptp = 0;
   double eps = 0, theta = 0;
   bool tie = false, attention_bias = false;
@@ -224,8 +229,10 @@ absl::StatusOr<HfConfig> LlamaBody(const json& j, absl::string_view where) {
           Flag(j, "tie_word_embeddings", false, where, &tie),
           Flag(j, "attention_bias", false, where, &attention_bias),
           Int(j, "pretraining_tp", 1, 1 << 12, 1, where, &ptp),
-          Unsupported(j, "sliding_window", json(), "sliding-window attention",
-                      where),
+          qwen3 ? Unsupported(j, "use_sliding_window", false,
+                              "sliding-window attention", where)
+                : Unsupported(j, "sliding_window", json(),
+                              "sliding-window attention", where),
           Unsupported(j, "qk_norm", false, "query/key normalization", where),
       });
       !s.ok()) {
@@ -253,10 +260,13 @@ absl::StatusOr<HfConfig> LlamaBody(const json& j, absl::string_view where) {
     return Bad(where, "'pretraining_tp'=", ptp,
                ": sliced projections are not implemented");
   }
-  if (C % NH != 0 || head_dim != C / NH) {
+  if (C % NH != 0) {
+    return Bad(where, "'num_attention_heads'=", NH,
+               " does not divide hidden_size=", C);
+  }
+  if (head_dim % 2 != 0) {
     return Bad(where, "'head_dim'=", head_dim,
-               ": heads must be hidden_size / num_attention_heads = ", C / NH,
-               " wide");
+               " is odd; rotary positions turn channel pairs of each head");
   }
   if (NH % KVH != 0) {
     return Bad(where, "'num_key_value_heads'=", KVH,
@@ -269,17 +279,20 @@ absl::StatusOr<HfConfig> LlamaBody(const json& j, absl::string_view where) {
   m.set_n_head(static_cast<int>(NH));
   m.set_n_kv_head(static_cast<int>(KVH));
   m.set_n_embd(static_cast<int>(C));
+  if (head_dim != C / NH) m.set_head_dim(static_cast<int>(head_dim));
   m.set_vocab_size(static_cast<int>(V));
   m.set_tie_embeddings(tie);
   m.set_norm_eps(eps);
   m.set_rope_theta(theta);
+  m.set_qk_norm(qwen3);
   if (absl::Status s = ReadRopeScaling(j, where, &m); !s.ok()) return s;
   c.max_positions = static_cast<int>(P);
   return c;
 }
 
-absl::StatusOr<HfConfig> LlamaConfig(const json& j, absl::string_view where) {
-  absl::StatusOr<HfConfig> c = LlamaBody(j, where);
+absl::StatusOr<HfConfig> LlamaConfig(const json& j, absl::string_view where,
+                                     bool qwen3 = false) {
+  absl::StatusOr<HfConfig> c = LlamaBody(j, where, qwen3);
   if (!c.ok()) return c;
   int64_t H = 0;
   bool mlp_bias = false;
@@ -341,6 +354,59 @@ absl::StatusOr<HfConfig> MixtralConfig(const json& j, absl::string_view where) {
   return c;
 }
 
+// Qwen3-MoE: Qwen3's body with experts (softmax router, the chosen scores
+// normalised: norm_topk_prob) moe_intermediate_size wide in every
+// decoder_sparse_step-th block (model.moe.every), the dense MLP
+// intermediate_size wide in the others.
+absl::StatusOr<HfConfig> Qwen3MoeConfig(const json& j,
+                                        absl::string_view where) {
+  absl::StatusOr<HfConfig> c = LlamaBody(j, where, /*qwen3=*/true);
+  if (!c.ok()) return c;
+  int64_t H = 0, EH = 0, E = 0, k = 0, step = 0;
+  double aux = 0;
+  bool normalize = true;
+  if (absl::Status s = First({
+          Int(j, "intermediate_size", 1, 1 << 20, -1, where, &H),
+          Int(j, "moe_intermediate_size", 1, 1 << 20, -1, where, &EH),
+          Int(j, "num_experts", 1, 1 << 10, -1, where, &E),
+          Int(j, "num_experts_per_tok", 1, 1 << 10, 8, where, &k),
+          Int(j, "decoder_sparse_step", 1, 1 << 12, 1, where, &step),
+          Number(j, "router_aux_loss_coef", 0, 1e3, 0.001, where, &aux),
+          Flag(j, "norm_topk_prob", false, where, &normalize),
+      });
+      !s.ok()) {
+    return s;
+  }
+  if (const json* only = Get(j, "mlp_only_layers");
+      only != nullptr && !(only->is_array() && only->empty())) {
+    return Bad(where, "'mlp_only_layers'=", only->dump(),
+               ": dense blocks other than decoder_sparse_step's are not "
+               "implemented");
+  }
+  if (k > E) {
+    return Bad(where, "'num_experts_per_tok'=", k,
+               " is more than num_experts=", E);
+  }
+  if (!normalize || k == 1) {
+    return Bad(where, "'norm_topk_prob'=", normalize ? "true" : "false",
+               " with num_experts_per_tok=", k,
+               ": only the chosen scores normalised to sum 1, of 2 or more "
+               "experts, are implemented");
+  }
+  if (step > c->model.n_layer()) {
+    return Bad(where, "'decoder_sparse_step'=", step,
+               " is more than num_hidden_layers=", c->model.n_layer());
+  }
+  c->model.set_ffn_hidden(static_cast<int>(H));
+  v1::MoeSpec* moe = c->model.mutable_moe();
+  moe->set_experts(static_cast<int>(E));
+  moe->set_top_k(static_cast<int>(k));
+  moe->set_expert_hidden(static_cast<int>(EH));
+  moe->set_every(static_cast<int>(step));
+  moe->set_aux_loss_coef(aux);
+  return c;
+}
+
 }  // namespace
 
 absl::StatusOr<HfConfig> ParseHfConfig(std::string_view text,
@@ -357,17 +423,21 @@ absl::StatusOr<HfConfig> ParseHfConfig(std::string_view text,
     arch = (*a)[0].get<std::string>();
   } else if (const json* t = Get(j, "model_type"); t && t->is_string()) {
     const std::string type = t->get<std::string>();
-    arch = type == "gpt2"      ? kGpt2
-           : type == "llama"   ? kLlama
-           : type == "mixtral" ? kMixtral
-                               : type;
+    arch = type == "gpt2"        ? kGpt2
+           : type == "llama"     ? kLlama
+           : type == "mixtral"   ? kMixtral
+           : type == "qwen3"     ? kQwen3
+           : type == "qwen3_moe" ? kQwen3Moe
+                                 : type;
   }
   if (arch == kGpt2) return Gpt2Config(j, where);
   if (arch == kLlama) return LlamaConfig(j, where);
   if (arch == kMixtral) return MixtralConfig(j, where);
+  if (arch == kQwen3) return LlamaConfig(j, where, /*qwen3=*/true);
+  if (arch == kQwen3Moe) return Qwen3MoeConfig(j, where);
   return Bad(where, "'architectures'=", arch.empty() ? "(none)" : arch,
-             ": only ", kGpt2, ", ", kLlama, " and ", kMixtral,
-             " are implemented");
+             ": only ", kGpt2, ", ", kLlama, ", ", kMixtral, ", ", kQwen3,
+             " and ", kQwen3Moe, " are implemented");
 }
 
 std::string HfConfigJson(const v1::ModelSpec& m, absl::string_view torch_dtype,
@@ -376,15 +446,22 @@ std::string HfConfigJson(const v1::ModelSpec& m, absl::string_view torch_dtype,
   if (m.arch() == "llama") {
     const v1::RopeScalingSpec r = RopeScaling(m);
     const v1::MoeSpec moe = MoeOf(m);
-    const bool mixtral = moe.experts() > 0;
-    j = {{"architectures", {mixtral ? kMixtral : kLlama}},
-         {"model_type", mixtral ? "mixtral" : "llama"},
+    // Query/key norms make the model a Qwen3 (with experts Qwen3-MoE);
+    // else a Llama (with experts Mixtral).
+    const bool experts = moe.experts() > 0, qwen3 = m.qk_norm();
+    const char* arch =
+        qwen3 ? (experts ? kQwen3Moe : kQwen3) : (experts ? kMixtral : kLlama);
+    const char* type = qwen3 ? (experts ? "qwen3_moe" : "qwen3")
+                             : (experts ? "mixtral" : "llama");
+    const bool mixtral = experts && !qwen3;
+    j = {{"architectures", {arch}},
+         {"model_type", type},
          {"hidden_size", m.n_embd()},
          {"intermediate_size", FfnHidden(m)},
          {"num_hidden_layers", m.n_layer()},
          {"num_attention_heads", m.n_head()},
          {"num_key_value_heads", KvHeads(m)},
-         {"head_dim", m.n_embd() / m.n_head()},
+         {"head_dim", HeadDim(m)},
          {"max_position_embeddings", m.block_size()},
          {"vocab_size", m.vocab_size()},
          {"rms_norm_eps", NormEps(m)},
@@ -402,6 +479,20 @@ std::string HfConfigJson(const v1::ModelSpec& m, absl::string_view torch_dtype,
       j["router_aux_loss_coef"] = moe.aux_loss_coef();
       j["sliding_window"] = nullptr;
       j.erase("mlp_bias");
+    }
+    if (qwen3) {
+      j["use_sliding_window"] = false;
+      j["sliding_window"] = nullptr;
+      j.erase("mlp_bias");
+    }
+    if (qwen3 && experts) {
+      j["moe_intermediate_size"] = moe.expert_hidden();
+      j["num_experts"] = moe.experts();
+      j["num_experts_per_tok"] = moe.top_k();
+      j["norm_topk_prob"] = true;
+      j["decoder_sparse_step"] = moe.every();
+      j["mlp_only_layers"] = json::array();
+      j["router_aux_loss_coef"] = moe.aux_loss_coef();
     }
     if (r.factor() > 0) {
       j["rope_scaling"] = {
@@ -446,7 +537,8 @@ absl::Status CheckSpecAgainstHf(const v1::ModelSpec& spec,
         {"n_head", spec.n_head(), hf.n_head()},
         {"n_embd", spec.n_embd(), hf.n_embd()},
         {"n_kv_head", KvHeads(spec), KvHeads(hf)},
-        {"ffn_hidden", FfnHidden(spec), FfnHidden(hf)}}) {
+        {"ffn_hidden", FfnHidden(spec), FfnHidden(hf)},
+        {"head_dim", HeadDim(spec), HeadDim(hf)}}) {
     if (ours != theirs) return differ(field, ours, theirs);
   }
   const v1::MoeSpec e = MoeOf(spec), f = MoeOf(hf);
@@ -455,7 +547,8 @@ absl::Status CheckSpecAgainstHf(const v1::ModelSpec& spec,
                                           f.experts()},
         {"moe.top_k", e.top_k(), f.top_k()},
         {"moe.shared_experts", e.shared_experts(), f.shared_experts()},
-        {"moe.expert_hidden", e.expert_hidden(), f.expert_hidden()}}) {
+        {"moe.expert_hidden", e.expert_hidden(), f.expert_hidden()},
+        {"moe.every", e.every(), f.every()}}) {
     if (ours != theirs) return differ(field, ours, theirs);
   }
   if (f.experts() > 0 && e.router() != f.router()) {
@@ -463,6 +556,10 @@ absl::Status CheckSpecAgainstHf(const v1::ModelSpec& spec,
   }
   if (spec.vocab_size() != 0 && spec.vocab_size() != hf.vocab_size()) {
     return differ("vocab_size", spec.vocab_size(), hf.vocab_size());
+  }
+  if (spec.qk_norm() != hf.qk_norm()) {
+    return differ("qk_norm", spec.qk_norm() ? "true" : "false",
+                  hf.qk_norm() ? "true" : "false");
   }
   if (TiesEmbeddings(spec) != TiesEmbeddings(hf)) {
     return differ("tie_embeddings", TiesEmbeddings(spec) ? "true" : "false",

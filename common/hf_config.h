@@ -3,12 +3,15 @@
 // GPT2LMHeadModel (model_type gpt2) as arch gpt, LlamaForCausalLM
 // (model_type llama) as arch llama, MixtralForCausalLM (model_type
 // mixtral) as arch llama with model.moe (softmax router, no shared
-// experts). What ptrain does not implement is refused naming the key:
-// another architecture, an activation other than GPT-2's tanh GELU or
-// Llama's SiLU, biases in Llama's attention or MLP, a head_dim other than
-// hidden_size / num_attention_heads, a sliding window, a rope_scaling other
-// than Llama 3's, experts in a Llama, Mixtral's router jitter or one
-// expert a token, and GPT-2's layer-scaled or upcast attention.
+// experts), Qwen3ForCausalLM (qwen3) as arch llama with model.qk_norm and
+// model.head_dim, Qwen3MoeForCausalLM (qwen3_moe) as that with model.moe
+// (every decoder_sparse_step-th block). What ptrain does not implement is
+// refused naming the key: another architecture, an activation other than
+// GPT-2's tanh GELU or Llama's SiLU, biases in Llama's attention or MLP, an
+// odd head_dim, a sliding window, a rope_scaling other than Llama 3's,
+// experts in a Llama, Mixtral's router jitter or one expert a token,
+// Qwen3-MoE's unnormalised scores or mlp_only_layers, and GPT-2's
+// layer-scaled or upcast attention.
 #ifndef PTRAIN_COMMON_HF_CONFIG_H_
 #define PTRAIN_COMMON_HF_CONFIG_H_
 
@@ -36,6 +39,7 @@ absl::StatusOr<HfConfig> ParseHfConfig(std::string_view json,
                                        absl::string_view where);
 
 // The config.json of `model` (arch gpt or llama, with experts Mixtral's;
+// with query/key norms Qwen3's or Qwen3-MoE's;
 // block_size as the maximum positions), as `ptworker export --hf` writes it;
 // `torch_dtype` names the weights' type ("float32", "bfloat16"); `tokens` the
 // tokenizer's special ids, where it has them.

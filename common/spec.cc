@@ -90,6 +90,11 @@ int KvHeads(const v1::ModelSpec& model) {
                                                           : model.n_head();
 }
 
+int HeadDim(const v1::ModelSpec& model) {
+  return model.head_dim() > 0 ? model.head_dim()
+                              : model.n_embd() / std::max(1, model.n_head());
+}
+
 v1::MoeSpec MoeOf(const v1::ModelSpec& model) {
   v1::MoeSpec moe = model.moe();
   if (moe.experts() == 0) return v1::MoeSpec();

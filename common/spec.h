@@ -97,6 +97,8 @@ bool TiesEmbeddings(const v1::ModelSpec& model);
 // multiple of multiple_of, 256 where 0). For arch gpt: n_head and 4C.
 int KvHeads(const v1::ModelSpec& model);
 int FfnHidden(const v1::ModelSpec& model);
+// An attention head's channels: model.head_dim, or n_embd / n_head.
+int HeadDim(const v1::ModelSpec& model);
 // model.moe with its defaults (docs/job-spec.md): top_k 2, every 1,
 // expert_hidden FfnHidden, router softmax, aux_loss_coef 0.01, balance
 // aux; all zero (experts 0) where the model has no experts.

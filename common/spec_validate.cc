@@ -168,6 +168,8 @@ absl::Status ValidateLlamaFields(const v1::ModelSpec& m) {
         {"ffn_hidden", m.ffn_hidden() != 0},
         {"multiple_of", m.multiple_of() != 0},
         {"ffn_dim_multiplier", m.ffn_dim_multiplier() != 0},
+        {"head_dim", m.head_dim() != 0},
+        {"qk_norm", m.qk_norm()},
     };
     for (const auto& [field, set] : given) {
       if (set) {
@@ -186,6 +188,7 @@ absl::Status ValidateLlamaFields(const v1::ModelSpec& m) {
           InRange("model.multiple_of", m.multiple_of(), 0, 1 << 16),
           InRange("model.ffn_dim_multiplier", m.ffn_dim_multiplier(), 0.0,
                   64.0),
+          InRange("model.head_dim", m.head_dim(), 0, 1 << 12),
           InRange("model.rope_scaling.factor", r.factor(), 0.0, 1e6),
           InRange("model.rope_scaling.low_freq_factor", r.low_freq_factor(),
                   0.0, 1e6),
@@ -201,7 +204,11 @@ absl::Status ValidateLlamaFields(const v1::ModelSpec& m) {
     return Error("model.n_kv_head=", m.n_kv_head(),
                  " does not divide model.n_head=", m.n_head());
   }
-  if ((m.n_embd() / m.n_head()) % 2 != 0) {
+  if (m.head_dim() > 0 && m.head_dim() % 2 != 0) {
+    return Error("model.head_dim=", m.head_dim(),
+                 " is odd; rotary positions turn channel pairs of each head");
+  }
+  if (m.head_dim() == 0 && (m.n_embd() / m.n_head()) % 2 != 0) {
     return Error("model.n_embd / model.n_head = ", m.n_embd() / m.n_head(),
                  " is odd; rotary positions turn channel pairs of each head");
   }

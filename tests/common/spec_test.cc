@@ -171,14 +171,14 @@ TEST(ParseJobSpec, UnknownTopLevelKeyIsRefusedNamingIt) {
 TEST(ParseJobSpec, UnknownNestedKeyIsRefusedNamingTheDottedPath) {
   const std::string msg =
       ParseError(absl::StrCat(kMinimal, "model:\n  n_layers: 4\n"));
-  EXPECT_TRUE(
-      Contains(msg,
-               "model.n_layers: unknown key (did you mean n_layer?); "
-               "expected one of arch, "
-               "n_layer, n_head, n_embd, block_size, vocab_size, "
-               "init_from, tie_embeddings, n_kv_head, norm_eps, rope_theta, "
-               "rope_scaling, ffn_hidden, multiple_of, "
-               "ffn_dim_multiplier, moe (line 4, column 3)"));
+  EXPECT_TRUE(Contains(
+      msg,
+      "model.n_layers: unknown key (did you mean n_layer?); "
+      "expected one of arch, "
+      "n_layer, n_head, n_embd, block_size, vocab_size, "
+      "init_from, tie_embeddings, n_kv_head, norm_eps, rope_theta, "
+      "rope_scaling, ffn_hidden, multiple_of, "
+      "ffn_dim_multiplier, moe, head_dim, qk_norm (line 4, column 3)"));
 }
 
 TEST(ParseJobSpec, DuplicateKeyIsRefused) {
@@ -586,9 +586,9 @@ TEST(ParseHfConfig, WhatIsNotImplementedIsRefusedByName) {
                 "implemented"},
            Case{with("qk_norm", "true"),
                 "'qk_norm'=true: query/key normalization is not implemented"},
-           Case{with("head_dim", "16"),
-                "'head_dim'=16: heads must be hidden_size / "
-                "num_attention_heads = 8 wide"},
+           Case{with("head_dim", "7"),
+                "'head_dim'=7 is odd; rotary positions turn channel pairs of "
+                "each head"},
            Case{with("hidden_act", "\"gelu\""),
                 "'hidden_act'=gelu: only SwiGLU's SiLU (silu) is implemented"},
            Case{with("attention_bias", "true"),
@@ -599,7 +599,8 @@ TEST(ParseHfConfig, WhatIsNotImplementedIsRefusedByName) {
                 "8"},
            Case{R"({"architectures": ["MistralForCausalLM"]})",
                 "'architectures'=MistralForCausalLM: only GPT2LMHeadModel, "
-                "LlamaForCausalLM and MixtralForCausalLM are implemented"},
+                "LlamaForCausalLM, MixtralForCausalLM, Qwen3ForCausalLM and "
+                "Qwen3MoeForCausalLM are implemented"},
            Case{R"({"architectures": ["LlamaForCausalLM"],
                     "rope_scaling": {"rope_type": "yarn", "factor": 4},
                     "hidden_size": 64, "intermediate_size": 160,
@@ -621,6 +622,124 @@ TEST(ParseHfConfig, WhatIsNotImplementedIsRefusedByName) {
     EXPECT_EQ(c.status().message(), "config.json: " + k.message) << k.text;
   }
   EXPECT_TRUE(ParseHfConfig(base, "config.json").ok());
+}
+
+// Heads apart from the width (Qwen3's, Gemma's head_dim): model.head_dim,
+// written back as it was read; the default width's stays unset.
+TEST(ParseHfConfig, AHeadDimApartFromTheWidthIsModelHeadDim) {
+  std::string text(kLlamaConfig);
+  text.replace(text.find("\"head_dim\": 8"), 13, "\"head_dim\": 16");
+  absl::StatusOr<HfConfig> c = ParseHfConfig(text, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model.head_dim(), 16);
+  EXPECT_EQ(HeadDim(c->model), 16);
+  v1::ModelSpec written = c->model;
+  written.set_block_size(64);
+  absl::StatusOr<HfConfig> back =
+      ParseHfConfig(HfConfigJson(written), "config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->model.head_dim(), 16);
+  absl::StatusOr<HfConfig> plain = ParseHfConfig(kLlamaConfig, "config.json");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->model.head_dim(), 0);
+  EXPECT_EQ(HeadDim(plain->model), 8);
+  EXPECT_EQ(OverrideError({"model.head_dim=16"}),
+            "model.head_dim applies to model.arch=llama, not 'gpt'");
+  EXPECT_EQ(OverrideError({"model.arch=llama", "model.head_dim=15"}),
+            "model.head_dim=15 is odd; rotary positions turn channel pairs of "
+            "each head");
+}
+
+// A Qwen3-MoE's config.json (Qwen3-30B-A3B's fields at a small size): arch
+// llama with head_dim apart from the width, query/key norms and experts in
+// every decoder_sparse_step-th block; written back and read again, the same
+// model; what ptrain's experts cannot be is refused by key.
+constexpr char kQwen3MoeConfig[] = R"({
+  "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+  "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
+  "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+  "head_dim": 16, "max_position_embeddings": 40960, "vocab_size": 300,
+  "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": true,
+  "decoder_sparse_step": 2, "mlp_only_layers": [],
+  "router_aux_loss_coef": 0.001, "output_router_logits": false,
+  "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "rope_scaling": null,
+  "attention_bias": false, "attention_dropout": 0.0,
+  "use_sliding_window": false, "sliding_window": null,
+  "max_window_layers": 4, "hidden_act": "silu",
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16"})";
+
+TEST(ParseHfConfig, Qwen3MoeIsLlamaWithQueryKeyNormsAndExperts) {
+  absl::StatusOr<HfConfig> c = ParseHfConfig(kQwen3MoeConfig, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const v1::ModelSpec& m = c->model;
+  EXPECT_EQ(m.arch(), "llama");
+  EXPECT_TRUE(m.qk_norm());
+  EXPECT_EQ(HeadDim(m), 16);
+  EXPECT_EQ(FfnHidden(m), 96);
+  const v1::MoeSpec moe = MoeOf(m);
+  EXPECT_EQ(moe.experts(), 8);
+  EXPECT_EQ(moe.top_k(), 2);
+  EXPECT_EQ(moe.expert_hidden(), 32);
+  EXPECT_EQ(moe.every(), 2);
+  EXPECT_EQ(moe.aux_loss_coef(), 0.001);
+  v1::ModelSpec spec = m;
+  spec.set_block_size(64);
+  const std::string written = HfConfigJson(spec);
+  EXPECT_NE(written.find("\"Qwen3MoeForCausalLM\""), std::string::npos)
+      << written;
+  absl::StatusOr<HfConfig> back = ParseHfConfig(written, "config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(CheckSpecAgainstHf(spec, *back, "config.json").ok());
+  EXPECT_TRUE(back->model.qk_norm());
+  EXPECT_EQ(MoeOf(back->model).every(), 2);
+  // Without experts: Qwen3, dense.
+  v1::ModelSpec dense = spec;
+  dense.clear_moe();
+  absl::StatusOr<HfConfig> qwen3 =
+      ParseHfConfig(HfConfigJson(dense), "config.json");
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status();
+  EXPECT_TRUE(qwen3->model.qk_norm());
+  EXPECT_EQ(MoeOf(qwen3->model).experts(), 0);
+  EXPECT_NE(HfConfigJson(dense).find("\"Qwen3ForCausalLM\""),
+            std::string::npos);
+  // Another every is refused against the config, naming both.
+  v1::ModelSpec other = spec;
+  other.mutable_moe()->set_every(1);
+  EXPECT_EQ(CheckSpecAgainstHf(other, *c, "config.json").message(),
+            "config.json: model.moe.every=1 in the spec but 2 in the "
+            "Hugging Face config; leave it out to take the config's, or give "
+            "the same");
+  const std::string base(kQwen3MoeConfig);
+  auto with = [&](const std::string& key, const std::string& value) {
+    std::string text = base;
+    const size_t at = text.find("\"" + key + "\"");
+    const size_t end = text.find_first_of(",}", at);
+    text.replace(at, end - at, absl::StrCat("\"", key, "\": ", value));
+    return text;
+  };
+  struct Case {
+    std::string text, message;
+  };
+  for (const Case& k : {
+           Case{with("norm_topk_prob", "false"),
+                "'norm_topk_prob'=false with num_experts_per_tok=2: only the "
+                "chosen scores normalised to sum 1, of 2 or more experts, are "
+                "implemented"},
+           Case{with("mlp_only_layers", "[0]"),
+                "'mlp_only_layers'=[0]: dense blocks other than "
+                "decoder_sparse_step's are not implemented"},
+           Case{with("use_sliding_window", "true"),
+                "'use_sliding_window'=true: sliding-window attention is not "
+                "implemented"},
+           Case{with("decoder_sparse_step", "5"),
+                "'decoder_sparse_step'=5 is more than num_hidden_layers=4"},
+           Case{with("num_experts_per_tok", "9"),
+                "'num_experts_per_tok'=9 is more than num_experts=8"},
+       }) {
+    absl::StatusOr<HfConfig> bad = ParseHfConfig(k.text, "config.json");
+    ASSERT_FALSE(bad.ok()) << k.text;
+    EXPECT_EQ(bad.status().message(), "config.json: " + k.message);
+  }
 }
 
 // A Mixtral's config.json (Mixtral 8x7B's fields at a small size): arch

@@ -1,5 +1,6 @@
 // The central promise, checked: every parallel layout computes what one rank
-// computes. Each row trains the same small GPT for 50 steps (MoE: 30) on a
+// computes. Each row trains the same small GPT for 50 steps (MoE and
+// query/key norms: 30) on a
 // layout and
 // compares every step's loss and the final weights with the single-rank run
 // (max relative difference <= 1e-5, printed). The rows are every
@@ -71,6 +72,10 @@ struct Layout {
   // query heads, rotary positions with Llama 3's scaling, SwiGLU, RMSNorm):
   // against the single rank's run of the same model.
   bool llama = false;
+  // model.head_dim (llama), with model.qk_norm (Qwen3's attention): heads
+  // of 16 channels, 4 of them 64 wide against the stream's 40, each query
+  // and key head normalised.
+  int head_dim = 0;
   // model.moe: "" none, else 4 experts (top 2, one shared) as "dropless",
   // "capacity" (capacity_factor 1, which drops tokens), "bias" (dropless,
   // balanced by the selection bias instead of the loss) or "every2"
@@ -282,6 +287,24 @@ std::vector<Layout> AllLayouts() {
       {"llama_cp2_recompute", 1, 1, 0, 1, false, 1, "1f1b", 1, 4, "full"}, 2));
   out.push_back(
       llama(untied({"llama_untied_dp2_tp2_zero3_sp", 2, 2, 3, 1, true})));
+  // Qwen3's attention: heads apart from the width (model.head_dim), the
+  // query and output projections 64 wide over a stream of 40, and each
+  // query and key head normalised (model.qk_norm, the norms' gradients
+  // summed over tp); split over tp 2 and 4 (its key and value heads then
+  // replicated), over cp, pipelines and recomputation.
+  auto head_dim = [&](Layout l, int cp_degree = 1) {
+    l.name = "llama_qknorm_hd16_" + l.name;
+    l.head_dim = 16;
+    return llama(l, cp_degree);
+  };
+  out.push_back(head_dim({"dp2_zero3", 2, 1, 3, 1, false}));
+  out.push_back(head_dim({"dp2_tp2_zero1_sp", 2, 2, 1, 1, true}));
+  out.push_back(head_dim({"tp4_sp", 1, 4, 0, 1, true}));
+  out.push_back(head_dim({"tp2_cp2_sp", 1, 2, 0, 1, true}, 2));
+  out.push_back(head_dim({"pp2_zb1p_dp2_zero3_selective", 2, 1, 3, 4, false, 2,
+                          "zb1p", 1, 4, "selective"}));
+  out.push_back(
+      head_dim({"dp2_recompute", 2, 1, 0, 1, false, 1, "1f1b", 1, 4, "full"}));
   // Mixture-of-Experts: experts split over tp as the dense MLP is, routed
   // per sequence (a microbatch differs from layout to layout), with the
   // balance and z losses.
@@ -437,11 +460,19 @@ std::vector<Layout> DeviceLayouts() {
 // experts, a decision rounding can flip where two scores all but tie, and
 // once flipped the runs part for good (two of the dropless rows here did
 // at steps 41 and 46 of 50, after tracking within 1e-7). 30 steps keep the
-// rows clear of that and still train past the first ones.
-int Steps(const std::string& moe) { return moe.empty() ? 50 : 30; }
+// rows clear of that and still train past the first ones. 30 for rows
+// with query/key norms too: a head's query is the same for any scale of its
+// q_proj rows, so their gradient has no part along them, and Adam turns
+// each layout's rounding there into updates of their own (over 50 steps the
+// dp2 row tracked within 1.2e-7 to step 21, then parted, 1.2e-6 by step 29
+// and 1.2e-5 by step 38; head_dim alone tracks within 7e-7).
+int Steps(const std::string& moe, int head_dim = 0) {
+  return moe.empty() && head_dim == 0 ? 50 : 30;
+}
 
 std::vector<std::string> BaseOverrides(int n_layer, bool untied, bool llama,
-                                       const std::string& moe) {
+                                       const std::string& moe,
+                                       int head_dim = 0) {
   // Odd widths so that units pad differently for every dp.
   // A learning rate at which training is stable: at 3e-3 the loss bounces
   // and the run amplifies fp32 rounding (any change of summation order)
@@ -455,7 +486,7 @@ std::vector<std::string> BaseOverrides(int n_layer, bool untied, bool llama,
       "model.n_head=4",
       "model.block_size=16",
       "train.global_batch=8",
-      "train.steps=" + std::to_string(Steps(moe)),
+      "train.steps=" + std::to_string(Steps(moe, head_dim)),
       "train.lr=1e-3",
       "train.warmup_steps=4",
       "train.grad_clip=0.5",
@@ -490,6 +521,10 @@ std::vector<std::string> BaseOverrides(int n_layer, bool untied, bool llama,
         "model.rope_scaling.factor=8",
         "model.rope_scaling.original_context=8"}) {
     o.push_back(f);
+  }
+  if (head_dim > 0) {
+    o.push_back("model.head_dim=" + std::to_string(head_dim));
+    o.push_back("model.qk_norm=true");
   }
   return o;
 }
@@ -567,21 +602,22 @@ RunResult Train(Trainer& trainer, MPI_Comm comm, int steps) {
 // The single-rank run of the model with `n_layer` layers (and an untied
 // head; Llama's).
 const RunResult& Reference(int n_layer, bool untied, bool llama,
-                           const std::string& moe) {
-  using Key = std::tuple<int, bool, bool, std::string>;
+                           const std::string& moe, int head_dim) {
+  using Key = std::tuple<int, bool, bool, std::string, int>;
   static std::map<Key, RunResult>* refs = new std::map<Key, RunResult>;
-  const Key key{n_layer, untied, llama, moe};
+  const Key key{n_layer, untied, llama, moe, head_dim};
   if (auto it = refs->find(key); it != refs->end()) return it->second;
   RunResult& ref = (*refs)[key];
   {
-    auto spec = LoadJobSpecFile("examples/shakespeare-char.yaml",
-                                BaseOverrides(n_layer, untied, llama, moe));
+    auto spec =
+        LoadJobSpecFile("examples/shakespeare-char.yaml",
+                        BaseOverrides(n_layer, untied, llama, moe, head_dim));
     EXPECT_TRUE(spec.ok()) << spec.status();
     TrainerOptions opt;
     opt.peak_flops = 1e12;
     auto trainer = Trainer::Create(*spec, opt);
     EXPECT_TRUE(trainer.ok()) << trainer.status();
-    ref = Train(**trainer, MPI_COMM_NULL, Steps(moe));
+    ref = Train(**trainer, MPI_COMM_NULL, Steps(moe, head_dim));
   }
   return ref;
 }
@@ -634,8 +670,8 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   ASSERT_GE(world, layout.world()) << "run under mpirun -n " << layout.world();
-  const RunResult& ref =
-      Reference(layout.n_layer, layout.untied, layout.llama, layout.moe);
+  const RunResult& ref = Reference(layout.n_layer, layout.untied, layout.llama,
+                                   layout.moe, layout.head_dim);
 
   MPI_Comm comm;
   const bool member = WorldRank() < layout.world();
@@ -645,8 +681,8 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
     MPI_Barrier(MPI_COMM_WORLD);
     return;
   }
-  auto overrides =
-      BaseOverrides(layout.n_layer, layout.untied, layout.llama, layout.moe);
+  auto overrides = BaseOverrides(layout.n_layer, layout.untied, layout.llama,
+                                 layout.moe, layout.head_dim);
   overrides.push_back("parallel.dp=" + std::to_string(layout.dp));
   overrides.push_back("parallel.tp=" + std::to_string(layout.tp));
   overrides.push_back(std::string("parallel.sequence_parallel=") +
@@ -692,12 +728,12 @@ TEST_P(LayoutEquivalence, LossesAndFinalWeightsTrackTheSingleRankRun) {
       if (p.layer >= 0) have.insert(p.layer);
     }
     EXPECT_EQ(have, want) << "pipeline rank " << (*dims)->pp_rank();
-    got = Train(**trainer, comm, Steps(layout.moe));
+    got = Train(**trainer, comm, Steps(layout.moe, layout.head_dim));
   }
   MPI_Comm_free(&comm);
 
   double loss_diff = 0;
-  for (int s = 0; s < Steps(layout.moe); ++s) {
+  for (int s = 0; s < Steps(layout.moe, layout.head_dim); ++s) {
     loss_diff = std::max(
         loss_diff,
         double(std::fabs(got.losses[s] - ref.losses[s]) / ref.losses[s]));

@@ -55,6 +55,9 @@ TEST_P(LlamaReference, LossesOfTwentyAdamWStepsTrackPyTorch) {
   c.ffn_hidden = H;
   c.tie_embeddings = false;
   c.norm_eps = static_cast<float>(hf->model.norm_eps());
+  // Qwen3's attention: heads apart from the width, query/key norms.
+  c.head_dim = hf->model.head_dim();
+  c.qk_norm = hf->model.qk_norm();
   c.rope.theta = static_cast<float>(hf->model.rope_theta());
   const v1::RopeScalingSpec& rs = hf->model.rope_scaling();
   c.rope.factor = static_cast<float>(rs.factor());
@@ -70,6 +73,7 @@ TEST_P(LlamaReference, LossesOfTwentyAdamWStepsTrackPyTorch) {
     c.moe.experts = moe.experts();
     c.moe.top_k = moe.top_k();
     c.moe.hidden = moe.expert_hidden();
+    c.moe.every = moe.every();
     c.moe.aux_coef = static_cast<float>(moe.aux_loss_coef());
     EXPECT_EQ(c.moe.aux_coef, 0.0f);
   }
@@ -134,8 +138,10 @@ TEST_P(LlamaReference, LossesOfTwentyAdamWStepsTrackPyTorch) {
 }
 
 // 0: rope_theta 500000; 1: with Llama 3's rope scaling; 2: Mixtral's
-// experts.
-INSTANTIATE_TEST_SUITE_P(Folders, LlamaReference, ::testing::Values(0, 1, 2));
+// experts; 3: Qwen3 (head_dim 16 over a width of 64 in 8 heads, query/key
+// norms); 4: Qwen3-MoE (the same with experts in blocks 1 and 3).
+INSTANTIATE_TEST_SUITE_P(Folders, LlamaReference,
+                         ::testing::Values(0, 1, 2, 3, 4));
 
 }  // namespace
 }  // namespace ptrain

@@ -566,6 +566,49 @@ TEST_F(SafetensorsTest, ExpertsAreWrittenAsMixtralsOrRefused) {
   }
 }
 
+// A Qwen3-MoE (query/key norms, heads of 8 over a width of 16 in 4 heads,
+// experts in block 1 of 2): Qwen3-MoE's names (the router mlp.gate, each
+// expert's gate_proj, up_proj and down_proj, the dense block's MLP as
+// Llama's, the norms under self_attn), its config, and every tensor read
+// back bit for bit.
+TEST_F(SafetensorsTest, Qwen3MoeIsWrittenInItsLayoutAndReadsBack) {
+  GptConfig c = MixtralConfigForTest();
+  c.qk_norm = true;
+  c.head_dim = 8;
+  c.moe.every = 2;
+  std::map<std::string, std::vector<float>> values;
+  MapSource src = RandomModel(c, &values);
+  const std::string out = (dir_ / "qwen3moe").string();
+  ASSERT_TRUE(ExportHf(src, c, out, {}).ok());
+  auto file = SafetensorsSource::Open(out + "/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  for (const auto& [name, shape] :
+       std::vector<std::pair<std::string, std::vector<int64_t>>>{
+           {"model.layers.1.mlp.gate.weight", {3, 16}},
+           {"model.layers.1.mlp.experts.2.gate_proj.weight", {12, 16}},
+           {"model.layers.1.mlp.experts.2.up_proj.weight", {12, 16}},
+           {"model.layers.1.mlp.experts.2.down_proj.weight", {16, 12}},
+           {"model.layers.0.mlp.gate_proj.weight", {24, 16}},
+           {"model.layers.0.self_attn.q_proj.weight", {32, 16}},
+           {"model.layers.0.self_attn.o_proj.weight", {16, 32}},
+           {"model.layers.0.self_attn.k_proj.weight", {16, 16}},
+           {"model.layers.0.self_attn.q_norm.weight", {8}},
+           {"model.layers.1.self_attn.k_norm.weight", {8}}}) {
+    const SafetensorsEntry* e = (*file)->Find(name);
+    ASSERT_NE(e, nullptr) << name;
+    EXPECT_EQ(e->shape, shape) << name;
+  }
+  EXPECT_EQ((*file)->Find("model.layers.1.block_sparse_moe.gate.weight"),
+            nullptr);
+  ExpectReadsBack(out, c, values);
+  auto config = ParseHfConfig(ReadAll(out + "/config.json"), "config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->model.qk_norm());
+  EXPECT_EQ(config->model.head_dim(), 8);
+  EXPECT_EQ(config->model.moe().every(), 2);
+  EXPECT_EQ(config->model.moe().experts(), 3);
+}
+
 // A folder whose tensors are not the model's: one missing, one misshapen,
 // one too many; an index that names a file outside the folder. Each named.
 TEST_F(SafetensorsTest, AFolderThatIsNotTheModelIsRefusedNamingTheTensor) {

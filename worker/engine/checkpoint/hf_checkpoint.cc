@@ -49,6 +49,8 @@ v1::ModelSpec ModelFields(const GptConfig& c) {
     m.set_ffn_hidden(c.hidden());
     m.set_norm_eps(Decimal(c.norm_eps));
     m.set_rope_theta(Decimal(c.rope.theta));
+    if (c.head_dim > 0) m.set_head_dim(c.head_dim);
+    m.set_qk_norm(c.qk_norm);
     if (c.rope.factor > 0) {
       v1::RopeScalingSpec* r = m.mutable_rope_scaling();
       r->set_factor(Decimal(c.rope.factor));
@@ -65,6 +67,7 @@ v1::ModelSpec ModelFields(const GptConfig& c) {
     moe->set_expert_hidden(c.moe.hidden);
     moe->set_router(RouterName(c.moe.router));
     moe->set_aux_loss_coef(Decimal(c.moe.aux_coef));
+    moe->set_every(c.moe.every);
   }
   return m;
 }
@@ -85,22 +88,26 @@ absl::Status ReadPiece(TensorSource& file, const std::string& name,
   return absl::OkStatus();
 }
 
-// Experts are written as Mixtral's, which has what Llama has and a router
-// of softmax scores, the chosen ones normalised: no shared experts, no
-// sigmoid router, more than one expert a token, no rope scaling (Mixtral's
-// config has none).
+// Experts are written as Mixtral's (Qwen3-MoE's, with query/key norms),
+// which has what Llama has and a router of softmax scores, the chosen ones
+// normalised: no shared experts, no sigmoid router, more than one expert a
+// token; Mixtral's experts in every block and no rope scaling (its config
+// has none), Qwen3-MoE's in every decoder_sparse_step-th.
 absl::Status MixtralCanHold(const GptConfig& c, const std::string& field) {
   if (!c.has_moe()) return absl::OkStatus();
-  const char* why = c.arch != "llama" ? "Hugging Face has no GPT-2 with experts"
-                    : c.moe.shared > 0 ? "Mixtral has no shared experts"
-                    : c.moe.router != kernels::math::RouterScore::kSoftmax
-                        ? "Mixtral's router is a softmax"
-                    : c.moe.top_k < 2 ? "Mixtral weighs one expert a token by 1"
-                    : c.moe.bias      ? "Mixtral's router has no selection bias"
-                    : c.moe.every > 1 ? "every Mixtral block has experts"
-                    : c.rope.factor > 0 ? "Mixtral's config has no rope scaling"
-                                        : nullptr;
-  if (why == nullptr) return absl::OkStatus();
+  const std::string f = c.qk_norm ? "Qwen3-MoE" : "Mixtral";
+  const std::string why =
+      c.arch != "llama"  ? "Hugging Face has no GPT-2 with experts"
+      : c.moe.shared > 0 ? f + " has no shared experts"
+      : c.moe.router != kernels::math::RouterScore::kSoftmax
+          ? f + "'s router is a softmax"
+      : c.moe.top_k < 2   ? f + " weighs one expert a token by 1"
+      : c.moe.bias        ? f + "'s router has no selection bias"
+      : c.qk_norm         ? ""
+      : c.moe.every > 1   ? "every " + f + " block has experts"
+      : c.rope.factor > 0 ? f + "'s config has no rope scaling"
+                          : "";
+  if (why.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       field,
       ": the model's experts (model.moe) have no Hugging Face layout: ", why));
@@ -144,23 +151,32 @@ std::vector<HfTensorName> HfTensorNames(const GptConfig& c,
         out.push_back({at + "mlp.up_proj.weight", p.name, {H, g[1]}, H});
         continue;
       }
-      // Mixtral's experts: w1 the gate, w3 the up projection, w2 down.
+      // Mixtral's experts: w1 the gate, w3 the up projection, w2 down;
+      // Qwen3-MoE's: gate_proj, up_proj, down_proj under mlp.
+      const bool qwen3 = c.qk_norm;
       if (absl::StartsWith(part, "mlp.experts.")) {
-        const std::string expert =
-            absl::StrCat(at, "block_sparse_moe.experts.",
-                         part.substr(12, part.find('.', 12) - 12), ".");
+        const std::string expert = absl::StrCat(
+            at, qwen3 ? "mlp.experts." : "block_sparse_moe.experts.",
+            part.substr(12, part.find('.', 12) - 12), ".");
         if (absl::EndsWith(part, ".gate_up_proj.weight")) {
           const int64_t H = g[0] / 2;
-          out.push_back({expert + "w1.weight", p.name, {H, g[1]}, 0});
-          out.push_back({expert + "w3.weight", p.name, {H, g[1]}, H});
+          out.push_back({expert + (qwen3 ? "gate_proj.weight" : "w1.weight"),
+                         p.name,
+                         {H, g[1]},
+                         0});
+          out.push_back({expert + (qwen3 ? "up_proj.weight" : "w3.weight"),
+                         p.name,
+                         {H, g[1]},
+                         H});
           continue;
         }
-        n.hf = expert + "w2.weight";  // down_proj
+        n.hf = expert + (qwen3 ? "down_proj.weight" : "w2.weight");
         out.push_back(std::move(n));
         continue;
       }
       if (part == "mlp.router.weight") {
-        n.hf = at + "block_sparse_moe.gate.weight";
+        n.hf =
+            at + (qwen3 ? "mlp.gate.weight" : "block_sparse_moe.gate.weight");
         out.push_back(std::move(n));
         continue;
       }

@@ -18,10 +18,12 @@ StageActivationDims StageActivationDims::Of(const GptConfig& config, int max_B,
   StageActivationDims d;
   d.C = config.n_embd;
   d.L = layers;
-  d.Cl = config.n_embd / tp;
+  d.Cl = config.attention_channels() / tp;
   const int64_t NHl = config.n_head / tp;
-  d.Kl = int64_t{config.kv_heads_local(tp)} * (config.n_embd / config.n_head);
+  d.Kl = int64_t{config.kv_heads_local(tp)} * config.head_size();
   d.Hl = config.hidden() / tp;
+  d.hs = config.head_size();
+  d.qk_norm = config.qk_norm;
   d.tp = tp;
   d.moe = config.moe;
   d.Vl = config.padded_vocab / tp;

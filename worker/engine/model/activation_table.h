@@ -70,6 +70,10 @@ struct StageActivationDims {
   int cp = 1;          // StageOptions::cp's size: the ring's buffers
   int tp = 1;
   GptConfig::Moe moe;  // the model's experts (the MoE MLP's rows)
+  // An attention head's channels, and whether its query and key heads are
+  // normalised (GptConfig::qk_norm: the norms' rows).
+  int64_t hs = 0;
+  bool qk_norm = false;
   // Elements of `rows` × `width` in the stored type, as floats.
   int64_t Stored(int64_t rows, int64_t width) const;
   static StageActivationDims Of(const GptConfig& config, int max_B, int max_T,

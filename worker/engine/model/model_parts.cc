@@ -32,7 +32,8 @@ std::vector<ActivationRow> AttentionRows(const StageActivationDims& d) {
 }
 
 double AttentionScoreFlops(const GptConfig& config, int T) {
-  return 12.0 * config.n_embd * static_cast<double>(T);
+  return 12.0 * static_cast<double>(config.attention_channels()) *
+         static_cast<double>(T);
 }
 
 void ModelParts::AddEmbedding(std::unique_ptr<EmbeddingPart> part) {

@@ -43,6 +43,10 @@ struct PartTensor {
   bool sequence_partial = false;
   // A routed expert's index (ParamInfo::expert); -1: not an expert's.
   int expert = -1;
+  // Replicated over tp, each tp rank's gradient a part of the whole,
+  // summed over tp with or without sequence parallelism (ParamInfo::
+  // tp_partial): a weight every rank applies to its own heads.
+  bool tp_partial = false;
 };
 
 // A norm's vector over the channels (n_embd): its weight or its bias,

@@ -43,6 +43,10 @@ struct GptConfig {
   // heads (n_head: multi-head attention), rotary positions, the MLP's
   // hidden width (GPT-2's: 4C).
   int n_kv_head = 0;  // 0: n_head
+  int head_dim = 0;   // an attention head's channels; 0: n_embd / n_head
+  // Each query and key head RMS-normalised over its channels before rotary
+  // positions (Qwen3's q_norm and k_norm).
+  bool qk_norm = false;
   kernels::math::Rope rope{};
   int ffn_hidden = 0;  // 0: 4·n_embd
   // model.moe (MoeOf, common/spec.h): the MLP as `experts` routed experts
@@ -97,6 +101,10 @@ struct GptConfig {
   Moe moe{};
   bool has_moe() const { return moe.experts > 0; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int head_size() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
+  // The query heads' channels (the attention's width): n_embd unless
+  // head_dim is set apart from it.
+  int64_t attention_channels() const { return int64_t{n_head} * head_size(); }
   int hidden() const { return ffn_hidden > 0 ? ffn_hidden : 4 * n_embd; }
   // The key and value heads a rank of tp computes with: its share where tp
   // divides them, else the one its query heads read (every rank holds them

@@ -22,6 +22,7 @@ using Init = ParamInfo::Init;
 struct TpRule {
   TpSplit split;
   bool sequence_partial;  // gradient summed over tp under sp
+  bool tp_partial;        // gradient summed over tp always
 };
 std::map<std::string, TpRule> TpPlan(const GptConfig& cfg) {
   std::map<std::string, TpRule> plan;
@@ -29,7 +30,7 @@ std::map<std::string, TpRule> TpPlan(const GptConfig& cfg) {
   for (const auto* list : {&parts.before, &parts.block, &parts.after}) {
     for (const auto& part : *list) {
       for (const PartTensor& t : part->Tensors(cfg)) {
-        plan[t.name] = TpRule{t.split, t.sequence_partial};
+        plan[t.name] = TpRule{t.split, t.sequence_partial, t.tp_partial};
       }
     }
   }
@@ -126,6 +127,7 @@ void ApplyTensorParallel(std::vector<ParamInfo>* tensors, const GptConfig& cfg,
     auto rule = plan.find(PlanKey(p));
     p.split = rule == plan.end() ? TpSplit::kReplicated : rule->second.split;
     p.sequence_partial = rule != plan.end() && rule->second.sequence_partial;
+    p.tp_partial = rule != plan.end() && rule->second.tp_partial;
     if (p.split == TpSplit::kKvHeads) {
       if (cfg.kv_heads() % tp == 0) {
         p.split = TpSplit::kColumn;

@@ -20,6 +20,8 @@ GptConfig ModelConfig(const v1::JobSpec& spec, int vocab_size) {
   c.tie_embeddings = TiesEmbeddings(m);
   if (m.arch() == "llama") {
     c.n_kv_head = KvHeads(m);
+    c.head_dim = m.head_dim();
+    c.qk_norm = m.qk_norm();
     c.ffn_hidden = FfnHidden(m);
     c.norm_eps = static_cast<float>(NormEps(m));
     c.rope.theta = static_cast<float>(RopeTheta(m));
