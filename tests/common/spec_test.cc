@@ -650,6 +650,20 @@ TEST(ParseHfConfig, AHeadDimApartFromTheWidthIsModelHeadDim) {
             "each head");
 }
 
+// A config.json's text with `key` set to `value` (JSON): its flat value
+// replaced where it has the key, else the key added.
+std::string WithKey(std::string text, const std::string& key,
+                    const std::string& value) {
+  const size_t at = text.find("\"" + key + "\"");
+  if (at != std::string::npos) {
+    const size_t end = text.find_first_of(",}", at);
+    text.replace(at, end - at, absl::StrCat("\"", key, "\": ", value));
+  } else {
+    text.insert(text.rfind('}'), absl::StrCat(", \"", key, "\": ", value));
+  }
+  return text;
+}
+
 // A Qwen3-MoE's config.json (Qwen3-30B-A3B's fields at a small size): arch
 // llama with head_dim apart from the width, query/key norms and experts in
 // every decoder_sparse_step-th block; written back and read again, the same
@@ -709,13 +723,8 @@ TEST(ParseHfConfig, Qwen3MoeIsLlamaWithQueryKeyNormsAndExperts) {
             "config.json: model.moe.every=1 in the spec but 2 in the "
             "Hugging Face config; leave it out to take the config's, or give "
             "the same");
-  const std::string base(kQwen3MoeConfig);
-  auto with = [&](const std::string& key, const std::string& value) {
-    std::string text = base;
-    const size_t at = text.find("\"" + key + "\"");
-    const size_t end = text.find_first_of(",}", at);
-    text.replace(at, end - at, absl::StrCat("\"", key, "\": ", value));
-    return text;
+  auto with = [](const std::string& key, const std::string& value) {
+    return WithKey(kQwen3MoeConfig, key, value);
   };
   struct Case {
     std::string text, message;
@@ -785,17 +794,8 @@ TEST(ParseHfConfig, MixtralIsLlamaWithExperts) {
             "config.json: model.moe.experts=4 in the spec but 8 in the "
             "Hugging Face config; leave it out to take the config's, or give "
             "the same");
-  const std::string base(kMixtralConfig);
-  auto with = [&](const std::string& key, const std::string& value) {
-    std::string text = base;
-    const size_t at = text.find("\"" + key + "\"");
-    if (at != std::string::npos) {
-      const size_t end = text.find_first_of(",}", at);
-      text.replace(at, end - at, absl::StrCat("\"", key, "\": ", value));
-    } else {
-      text.insert(text.rfind('}'), absl::StrCat(", \"", key, "\": ", value));
-    }
-    return text;
+  auto with = [](const std::string& key, const std::string& value) {
+    return WithKey(kMixtralConfig, key, value);
   };
   for (const auto& [text, message] :
        std::vector<std::pair<std::string, std::string>>{
