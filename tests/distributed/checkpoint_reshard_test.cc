@@ -276,6 +276,24 @@ TEST_F(Reshard, LlamaCheckpointsMoveBetweenSplitAndReplicatedKeyValueHeads) {
        {"llama_pp2", 1, 0, 1, false, 2}});
 }
 
+// A Qwen3-MoE's checkpoints (heads apart from the width, query/key norms
+// replicated over tp, experts in blocks 1 and 3): between one rank, tp 4
+// (its key/value heads replicated), ZeRO-3 under tp 2 with SP, and experts
+// whole on each tp rank split over ep 2.
+TEST_F(Reshard, Qwen3MoeCheckpointsMoveBetweenLayouts) {
+  EveryCheckpointResumesOnEveryLayout(
+      "qwen3",
+      {"model.arch=llama", "model.n_kv_head=2", "model.ffn_hidden=72",
+       "model.head_dim=16", "model.qk_norm=true", "model.tie_embeddings=false",
+       "model.moe.experts=4", "model.moe.every=2",
+       "model.moe.expert_hidden=24"},
+      {{"qwen3_single", 1, 0, 1, false},
+       {"qwen3_tp4", 1, 0, 4, false},
+       {"qwen3_dp2_tp2_zero3_sp", 2, 3, 2, true},
+       {"qwen3_dp2_ep2_tp2_etp1_zero1_sp", 2, 1, 2, true, 1, 1, 1, 0, 1, 2,
+        1}});
+}
+
 // A Mixture-of-Experts model's checkpoints (its experts split over tp and
 // over ep ranks, sharded by ZeRO over the ranks holding the same ones, in
 // pipeline stages), with a capacity that drops tokens, optimizer state

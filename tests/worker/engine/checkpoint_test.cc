@@ -887,6 +887,42 @@ TEST_F(CheckpointTest, ACheckpointOfMoeInOtherBlocksIsRefusedNamingEvery) {
       << s;
 }
 
+// Qwen3's attention: the manifest records head_dim and qk_norm, a model of
+// them resumes the checkpoint, and one of other heads or without the norms
+// is refused naming them, before any tensor's shape or name.
+TEST_F(CheckpointTest, ACheckpointOfOtherHeadsOrNormsIsRefusedNamingThem) {
+  const v1::JobSpec spec = Spec(
+      2, 0, {"model.arch=llama", "model.head_dim=16", "model.qk_norm=true"});
+  auto t = Make(spec);
+  ASSERT_TRUE(t->checkpoints().SaveCheckpointAt(0).ok());
+  auto reader = CheckpointReader::Open(StepDir(0));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->meta().model.head_dim, 16);
+  EXPECT_TRUE((*reader)->meta().model.qk_norm);
+  EXPECT_TRUE((*reader)
+                  ->CheckCompatible(t->model().config(), t->store().layout())
+                  .ok());
+  for (auto [edit, want] :
+       std::vector<std::pair<std::function<void(GptConfig&)>, std::string>>{
+           {[](GptConfig& c) { c.head_dim = 0; },
+            "heads of 16 channels (model.head_dim) and model.qk_norm=true in "
+            "the checkpoint but 12 and true in the model"},
+           {[](GptConfig& c) { c.qk_norm = false; },
+            "heads of 16 channels (model.head_dim) and model.qk_norm=true in "
+            "the checkpoint but 16 and false in the model"}}) {
+    GptConfig other = t->model().config();
+    edit(other);
+    const absl::Status s =
+        (*reader)->CheckCompatible(other, t->store().layout());
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(s.message().find(want), std::string::npos) << s;
+  }
+  // Resumed from it: the same tensors, bit for bit.
+  auto resumed = Make(spec, StepDir(0));
+  ASSERT_NE(resumed, nullptr);
+  EXPECT_EQ(resumed->checkpoints().start_step(), 0);
+}
+
 // balance: bias: the manifest records the rate (the model reads the bias
 // with it), the biases are tensors of the checkpoint, and a model balanced
 // by the loss alone is refused a checkpoint without them.

@@ -245,6 +245,13 @@ absl::Status CheckpointReader::LoadProgressAndModel(const json& m) {
     check(Int32(**model, "model", "n_kv_head", 1, c.n_head, &c.n_kv_head));
     check(
         Int32(**model, "model", "ffn_hidden", 1, kMaxModelDim, &c.ffn_hidden));
+    // Absent: heads of the width, no query/key norms.
+    if ((*model)->contains("head_dim")) {
+      check(Int32(**model, "model", "head_dim", 2, kMaxModelDim, &c.head_dim));
+    }
+    if ((*model)->contains("qk_norm")) {
+      check(Bool(**model, "model", "qk_norm", &c.qk_norm));
+    }
     double eps = 0, theta = 0, factor = 0, low = 0, high = 0;
     check(Number(**model, "model", "norm_eps", 0, 1, &eps));
     auto rope = ObjectAt(**model, "model", "rope");
@@ -411,6 +418,18 @@ absl::Status CheckpointReader::CheckCompatible(
         ", expert_hidden=", theirs.hidden, " and every=", theirs.every,
         " in the checkpoint but ", ours.experts, ", ", ours.shared, ", ",
         ours.hidden, " and ", ours.every, " in the model"));
+  }
+  // The attention's heads and norms (Qwen3's), before the tensors they
+  // shape and name.
+  const GptConfig& their = meta_.model;
+  if (their.head_size() != model.head_size() ||
+      their.qk_norm != model.qk_norm) {
+    auto name = [](bool b) { return b ? "true" : "false"; };
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint '", dir_, "' does not fit the model: heads of ",
+        their.head_size(), " channels (model.head_dim) and model.qk_norm=",
+        name(their.qk_norm), " in the checkpoint but ", model.head_size(),
+        " and ", name(model.qk_norm), " in the model"));
   }
   for (const ParamInfo& p : layout) {
     for (const std::string& n :

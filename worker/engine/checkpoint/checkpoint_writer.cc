@@ -67,6 +67,10 @@ json MetaToJson(const CheckpointMeta& m) {
     model["arch"] = c.arch;
     model["n_kv_head"] = c.kv_heads();
     model["ffn_hidden"] = c.hidden();
+    // Written where set: a checkpoint without them has heads of the width
+    // and no query/key norms.
+    if (c.head_dim > 0) model["head_dim"] = c.head_dim;
+    if (c.qk_norm) model["qk_norm"] = true;
     model["norm_eps"] = c.norm_eps;
     model["rope"] = {{"theta", c.rope.theta},
                      {"factor", c.rope.factor},
