@@ -91,6 +91,16 @@ int64_t LocalRows(const GptConfig::Moe& m, int64_t B, int64_t T, int cp,
   return std::min(all, bound);
 }
 
+// The index (in Tensors' order) of this rank's first routed expert's first
+// linear: after the router's tensors and the shared MLP's two; the second
+// linears follow every expert's first.
+int FirstExpertTensor(const PartPass& p) {
+  const GptConfig::Moe& m = p.config().moe;
+  return 1 + (m.bias ? 1 : 0) + (m.shared > 0 ? 2 : 0) +
+         m.FirstExpert(p.tp().size(), p.tp().rank(),
+                       p.ep() != nullptr ? p.ep()->rank() : 0);
+}
+
 // Where the routing's int32 arrays lie in its row.
 struct RouteRows {
   int32_t *experts, *slots, *order, *counts, *offsets, *received;
@@ -266,9 +276,9 @@ class MoeMlp : public SublayerPart {
   }
 
   void BackwardWeights(const PartPass& p, kernels::ConstAct) const override {
-    Work w(p, swiglu_);
-    p.End(w.second());
-    p.End(w.first());
+    const int first = FirstExpertTensor(p);
+    p.End(first + p.config().moe.experts);
+    p.End(first);
     p.End(kRouterTensor);
     p.Poll();
   }
@@ -323,7 +333,7 @@ class MoeMlp : public SublayerPart {
     }
 
     // The tensors whose units hold this rank's routed experts.
-    int first() const { return Shared(0) + SharedTensors() + e0_; }
+    int first() const { return FirstExpertTensor(p_); }
     int second() const { return first() + m_.experts; }
 
     // x_ (N,C), fp32: the whole microbatch's input.
@@ -568,7 +578,6 @@ class MoeMlp : public SublayerPart {
 
    private:
     int64_t Gate(int64_t h) const { return GateWidth(swiglu_, h); }
-    int SharedTensors() const { return m_.shared > 0 ? 2 : 0; }
     // The shared MLP's first (0) or second (1) linear, after the router's
     // tensors.
     int Shared(int i) const { return 1 + (m_.bias ? 1 : 0) + i; }
