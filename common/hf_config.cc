@@ -440,6 +440,12 @@ absl::StatusOr<HfConfig> ParseHfConfig(std::string_view text,
              " and ", kQwen3Moe, " are implemented");
 }
 
+const char* HfArchitecture(bool llama, bool experts, bool qk_norm) {
+  if (!llama) return kGpt2;
+  if (qk_norm) return experts ? kQwen3Moe : kQwen3;
+  return experts ? kMixtral : kLlama;
+}
+
 std::string HfConfigJson(const v1::ModelSpec& m, absl::string_view torch_dtype,
                          HfTokenIds tokens) {
   json j;
@@ -449,8 +455,7 @@ std::string HfConfigJson(const v1::ModelSpec& m, absl::string_view torch_dtype,
     // Query/key norms make the model a Qwen3 (with experts Qwen3-MoE);
     // else a Llama (with experts Mixtral).
     const bool experts = moe.experts() > 0, qwen3 = m.qk_norm();
-    const char* arch =
-        qwen3 ? (experts ? kQwen3Moe : kQwen3) : (experts ? kMixtral : kLlama);
+    const char* arch = HfArchitecture(true, experts, qwen3);
     const char* type = qwen3 ? (experts ? "qwen3_moe" : "qwen3")
                              : (experts ? "mixtral" : "llama");
     const bool mixtral = experts && !qwen3;

@@ -38,6 +38,12 @@ struct HfConfig {
 absl::StatusOr<HfConfig> ParseHfConfig(std::string_view json,
                                        absl::string_view where);
 
+// The Hugging Face architecture a model is written as: GPT2LMHeadModel
+// (not llama), else Qwen3 with query/key norms, Llama without (each
+// Mixture-of-Experts with experts: Qwen3MoeForCausalLM,
+// MixtralForCausalLM).
+const char* HfArchitecture(bool llama, bool experts, bool qk_norm);
+
 // The config.json of `model` (arch gpt or llama, with experts Mixtral's;
 // with query/key norms Qwen3's or Qwen3-MoE's;
 // block_size as the maximum positions), as `ptworker export --hf` writes it;

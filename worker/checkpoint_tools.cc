@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/confined_fs.h"
 #include "common/exit_codes.h"
+#include "common/hf_config.h"
 #include "common/hf_tokenizer_export.h"
 #include "common/logging.h"
 #include "common/mesh.h"
@@ -271,9 +272,8 @@ int RunExportHf(const std::string& checkpoint, const std::string& out,
       absl::StrAppend(&written, ", ", f.name);
     }
     std::printf("wrote %s (Hugging Face %s, %s%s) from %s\n", out.c_str(),
-                meta.model.arch != "llama" ? "GPT2LMHeadModel"
-                : meta.model.has_moe()     ? "MixtralForCausalLM"
-                                           : "LlamaForCausalLM",
+                HfArchitecture(meta.model.arch == "llama", meta.model.has_moe(),
+                               meta.model.qk_norm),
                 dtype.c_str(), written.c_str(), checkpoint.c_str());
     if (!no_tokenizer.empty()) {
       std::printf("wrote no tokenizer files: %s\n", no_tokenizer.c_str());
