@@ -422,8 +422,12 @@ absl::Status CheckpointReader::CheckCompatible(
   // The attention's heads and norms (Qwen3's), before the tensors they
   // shape and name.
   const GptConfig& their = meta_.model;
-  if (their.head_size() != model.head_size() ||
-      their.qk_norm != model.qk_norm) {
+  // Heads apart from the width only: a width or head count that differs
+  // is left to the checks below, which name it.
+  auto apart = [](const GptConfig& c) {
+    return c.head_dim > 0 && c.head_dim != c.n_embd / c.n_head ? c.head_dim : 0;
+  };
+  if (apart(their) != apart(model) || their.qk_norm != model.qk_norm) {
     auto name = [](bool b) { return b ? "true" : "false"; };
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint '", dir_, "' does not fit the model: heads of ",
