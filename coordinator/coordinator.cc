@@ -48,6 +48,28 @@ std::string NewJobUid(const std::string& name) {
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
+std::function<absl::StatusOr<UserTable>()> UsersLoader(
+    const CoordinatorOptions& o) {
+  if (!o.users_file.empty()) {
+    return [path = o.users_file] { return UserTable::Load(path); };
+  }
+  if (!o.token_file.empty()) {
+    return [path = o.token_file]() -> absl::StatusOr<UserTable> {
+      absl::StatusOr<std::vector<std::string>> t =
+          LoadTokenFile(path, "--token-file");
+      if (!t.ok()) return t.status();
+      return UserTable::FromTokens(*t);
+    };
+  }
+  return [tokens = o.user_tokens]() -> absl::StatusOr<UserTable> {
+    if (tokens.empty()) {
+      return absl::InvalidArgumentError(
+          "no users: give --users-file (or --token-file)");
+    }
+    return UserTable::FromTokens(tokens);
+  };
+}
+
 std::string LocalHostName() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
@@ -80,6 +102,15 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
       NodeRegistry::Create(c->store_.get(), c->options_.nodes);
   if (!nodes.ok()) return nodes.status();
   c->nodes_ = std::move(*nodes);
+  absl::StatusOr<std::unique_ptr<Users>> users =
+      Users::Create(UsersLoader(c->options_));
+  if (!users.ok()) return users.status();
+  c->users_ = std::move(*users);
+  absl::StatusOr<std::unique_ptr<AuditLog>> audit =
+      AuditLog::Open((fs::path(c->options_.state_dir) / "audit.jsonl").string(),
+                     c->options_.audit_max_bytes, c->options_.audit_keep);
+  if (!audit.ok()) return audit.status();
+  c->audit_ = std::move(*audit);
   // The one place that knows which backend runs the attempts.
   if (c->options_.slurm) {
     c->backend_ = NewSlurmBackend(c->options_);
@@ -215,9 +246,23 @@ Coordinator::Entry* Coordinator::Find(const std::string& id) {
   return it == jobs_.end() ? nullptr : &it->second;
 }
 
-absl::Status Coordinator::AuthenticateUser(
+absl::StatusOr<Caller> Coordinator::AuthenticateUser(
     const std::optional<std::string>& authorization) const {
-  return CheckBearer(authorization, options_.user_tokens);
+  return users_->Authenticate(authorization);
+}
+
+absl::Status Coordinator::ReloadUsers() { return users_->Reload(); }
+
+std::shared_ptr<const UserTable> Coordinator::UsersNow() const {
+  return users_->table();
+}
+
+absl::StatusOr<std::string> Coordinator::JobOwner(const std::string& id) const {
+  if (id.empty()) return absl::InvalidArgumentError("job_id is empty");
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return UnknownJob(id);
+  return it->second.record.job.owner();
 }
 
 absl::Status Coordinator::AuthenticateRank(
@@ -295,13 +340,15 @@ absl::StatusOr<JobRecord> Coordinator::NewJobRecord(
 
 absl::StatusOr<v1::Job> Coordinator::Submit(
     const std::string& spec_yaml, const std::vector<std::string>& overrides,
-    const std::string& from_job, int64_t from_step) {
+    const std::string& from_job, int64_t from_step, const std::string& owner) {
   absl::StatusOr<JobRecord> r =
       NewJobRecord(spec_yaml, overrides, from_job, from_step);
   if (!r.ok()) return r.status();
+  r->job.set_owner(owner);
   const int world = r->job.world_size();
   absl::MutexLock lock(&mu_);
-  const std::string event = absl::StrCat("submitted (", world, " slots)");
+  const std::string event =
+      absl::StrCat("submitted", By(owner), " (", world, " slots)");
   absl::StatusOr<JobRecord> stored =
       store_->InsertJob(std::move(*r), event, NowMs());
   if (!stored.ok()) return stored.status();
@@ -412,8 +459,8 @@ absl::StatusOr<v1::GetJobResponse> Coordinator::Get(const std::string& id,
   return out;
 }
 
-absl::StatusOr<std::vector<v1::Job>> Coordinator::List(v1::JobState state,
-                                                       int limit) {
+absl::StatusOr<std::vector<v1::Job>> Coordinator::List(
+    v1::JobState state, int limit, const std::string& owner) {
   if (limit < 0 || limit > kMaxListLimit) {
     return absl::InvalidArgumentError(
         absl::StrCat("limit=", limit, " must be in [0, ", kMaxListLimit, "]"));
@@ -425,7 +472,8 @@ absl::StatusOr<std::vector<v1::Job>> Coordinator::List(v1::JobState state,
   std::vector<const Entry*> picked;
   absl::MutexLock lock(&mu_);
   for (const auto& [id, e] : jobs_) {
-    if (state == v1::JOB_STATE_UNSPECIFIED || e.record.job.state() == state) {
+    if ((state == v1::JOB_STATE_UNSPECIFIED || e.record.job.state() == state) &&
+        (owner.empty() || e.record.job.owner() == owner)) {
       picked.push_back(&e);
     }
   }
@@ -441,7 +489,8 @@ absl::StatusOr<std::vector<v1::Job>> Coordinator::List(v1::JobState state,
   return out;
 }
 
-absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& id) {
+absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& id,
+                                            const std::string& by) {
   if (id.empty()) return absl::InvalidArgumentError("job_id is empty");
   absl::MutexLock lock(&mu_);
   Entry* e = Find(id);
@@ -457,9 +506,9 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& id) {
   if (waiting) {
     job.set_state(v1::JOB_STATE_CANCELLED);
     job.set_finished_unix_ms(NowMs());
-    u.event = "cancelled before it ran";
+    u.event = absl::StrCat("cancelled", By(by), " before it ran");
   } else {
-    u.event = "cancel requested";
+    u.event = absl::StrCat("cancel requested", By(by));
   }
   // Not written, not done: the caller may try again.
   if (absl::Status s = Commit(*e, std::move(u)); !s.ok()) return s;
@@ -470,7 +519,8 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& id) {
   return e->record.job;
 }
 
-absl::StatusOr<v1::Job> Coordinator::Pause(const std::string& id) {
+absl::StatusOr<v1::Job> Coordinator::Pause(const std::string& id,
+                                           const std::string& by) {
   if (id.empty()) return absl::InvalidArgumentError("job_id is empty");
   absl::MutexLock lock(&mu_);
   Entry* e = Find(id);
@@ -498,28 +548,23 @@ absl::StatusOr<v1::Job> Coordinator::Pause(const std::string& id) {
   const bool waiting = run == running_.end();
   if (waiting) {
     job.set_state(v1::JOB_STATE_PAUSED);
-    u.event = "paused before it ran";
+    u.event = absl::StrCat("paused", By(by), " before it ran");
   } else {
     job.set_pause_requested(true);
-    u.event = "pause requested";
+    u.event = absl::StrCat("pause requested", By(by));
   }
   if (absl::Status s = Commit(*e, std::move(u)); !s.ok()) return s;
   if (!waiting) {
-    Running& r = run->second;
     // The ranks save and exit 3; killed a hang timeout later if they do
-    // not (or at once when the attempt cannot be asked: steps since the
-    // last checkpoint are lost then).
-    if (r.handle != nullptr && backend_->AskToStop(*r.handle)) {
-      r.stop_asked_at = absl::Now();
-    } else {
-      BeginKill(*e, "");
-    }
+    // not.
+    RequestStop(*e, run->second);
     wake_.Signal();
   }
   return e->record.job;
 }
 
-absl::StatusOr<v1::Job> Coordinator::Resume(const std::string& id) {
+absl::StatusOr<v1::Job> Coordinator::Resume(const std::string& id,
+                                            const std::string& by) {
   if (id.empty()) return absl::InvalidArgumentError("job_id is empty");
   absl::MutexLock lock(&mu_);
   Entry* e = Find(id);
@@ -534,7 +579,7 @@ absl::StatusOr<v1::Job> Coordinator::Resume(const std::string& id) {
   JobUpdate u;
   u.record = e->record;
   u.record.job.set_state(v1::JOB_STATE_QUEUED);
-  u.event = "resumed: queued again";
+  u.event = absl::StrCat("resumed", By(by), ": queued again");
   if (absl::Status s = Commit(*e, std::move(u)); !s.ok()) return s;
   wake_.Signal();
   return e->record.job;

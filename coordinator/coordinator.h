@@ -32,6 +32,7 @@
 #include "absl/time/time.h"
 #include "common/spec.h"
 #include "coordinator/attempt_backend.h"
+#include "coordinator/audit.h"
 #include "coordinator/auth_throttle.h"
 #include "coordinator/nodes.h"
 #include "coordinator/rank_times.h"
@@ -39,6 +40,7 @@
 #include "coordinator/slurm.h"
 #include "coordinator/state_dir.h"
 #include "coordinator/store.h"
+#include "coordinator/users.h"
 #include "ptrain/v1/coordinator.pb.h"
 
 namespace ptrain {
@@ -59,7 +61,15 @@ struct CoordinatorOptions {
   // 0..local_gpus-1); -1: every GPU the driver shows. Not used on nodes or
   // under Slurm.
   int local_gpus = -1;
-  std::vector<std::string> user_tokens;  // JobService bearer tokens
+  // The users of JobService (users.h): `users_file` when given (reread by
+  // ReloadUsers), else the tokens of `token_file` (reread too) or
+  // `user_tokens`, each token an admin named token-N.
+  std::string users_file;
+  std::string token_file;
+  std::vector<std::string> user_tokens;
+  // STATE/audit.jsonl turns over at this size; so many older files kept.
+  size_t audit_max_bytes = size_t{64} << 20;
+  size_t audit_keep = 5;
   std::vector<std::string>
       data_roots;         // absolute; spec paths must lie under one
   std::string work_root;  // relative spec paths resolve here
@@ -149,8 +159,20 @@ class Coordinator {
   // change the store refuses (disk full) is retried by the next pass.
   void Tick();
 
-  absl::Status AuthenticateUser(
+  // The user whose token `authorization` carries; Unauthenticated when
+  // none is.
+  absl::StatusOr<Caller> AuthenticateUser(
       const std::optional<std::string>& authorization) const;
+  // SIGHUP: reads the users (or token) file again. On an error the users
+  // stay as they were and the error is returned (ptcoord logs it).
+  absl::Status ReloadUsers();
+  // The users as they are now.
+  std::shared_ptr<const UserTable> UsersNow() const;
+  // Every state-changing request (service.cc, audit.h).
+  AuditLog& audit() { return *audit_; }
+  // Job `id`'s owner ("" when none was recorded); NotFound for an unknown
+  // job, InvalidArgument for an empty id.
+  absl::StatusOr<std::string> JobOwner(const std::string& id) const;
   // OK when the bearer token is the running attempt's (its SHA-256 matches);
   // Unauthenticated otherwise, also for an unknown job or one with no
   // attempt running (a token dies with its attempt).
@@ -159,11 +181,13 @@ class Coordinator {
       const std::optional<std::string>& authorization);
 
   // `from_job` (and `from_step`, 0: its newest checkpoint): start from
-  // that job's checkpoint (SubmitJobRequest.from_job).
+  // that job's checkpoint (SubmitJobRequest.from_job). `owner`: the
+  // authenticated user who submits it (Job.owner).
   absl::StatusOr<v1::Job> Submit(const std::string& spec_yaml,
                                  const std::vector<std::string>& overrides,
                                  const std::string& from_job = "",
-                                 int64_t from_step = 0);
+                                 int64_t from_step = 0,
+                                 const std::string& owner = "");
   // SubmitJobRequest.dry_run: refused as Submit would refuse; else what the
   // job would be (ptworker --dry-run of its spec) and where it would start
   // now, or why it would wait. Stores and starts nothing.
@@ -172,13 +196,21 @@ class Coordinator {
       const std::string& from_job = "", int64_t from_step = 0);
   absl::StatusOr<v1::GetJobResponse> Get(const std::string& id,
                                          bool include_loss_history);
-  absl::StatusOr<std::vector<v1::Job>> List(v1::JobState state, int limit);
-  absl::StatusOr<v1::Job> Cancel(const std::string& id);
+  // `owner` not empty: only that user's jobs.
+  absl::StatusOr<std::vector<v1::Job>> List(v1::JobState state, int limit,
+                                            const std::string& owner = "");
+  // The job actions below name the user who asked (`by`, "" for none) in
+  // the job's event.
+  absl::StatusOr<v1::Job> Cancel(const std::string& id,
+                                 const std::string& by = "");
   // PauseJob / ResumeJob (coordinator.proto).
-  absl::StatusOr<v1::Job> Pause(const std::string& id);
-  absl::StatusOr<v1::Job> Resume(const std::string& id);
+  absl::StatusOr<v1::Job> Pause(const std::string& id,
+                                const std::string& by = "");
+  absl::StatusOr<v1::Job> Resume(const std::string& id,
+                                 const std::string& by = "");
   // ExtendJob (coordinator.proto).
-  absl::StatusOr<v1::Job> Extend(const std::string& id, int64_t steps);
+  absl::StatusOr<v1::Job> Extend(const std::string& id, int64_t steps,
+                                 const std::string& by = "");
   // DeleteJob (coordinator.proto): forgets an ended job, its checkpoint
   // folder removed too with `purge`.
   absl::StatusOr<v1::DeleteJobResponse> Delete(const std::string& id,
@@ -331,6 +363,9 @@ class Coordinator {
     // When the attempt was asked (AskToStop: pause, grow back) to save a
     // checkpoint at the end of its step and exit 3.
     std::optional<absl::Time> stop_asked_at;
+    // Asked to stop before any rank was heard from: asked again once one
+    // is (RequestStop).
+    bool stop_wanted = false;
     int64_t newest_checkpoint = -1;  // reported by this attempt
     // When each rank last said which step it completed (ReportAlive's
     // times, ReportProgress): where a rank is that does not answer.
@@ -436,6 +471,13 @@ class Coordinator {
                            const std::string& resolved, JobUpdate& u) const;
   void BeginKill(Entry& e, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks the attempt's ranks to save the step they are in and exit 3
+  // (pause, preemption). Asked before any rank was heard from, they are
+  // asked again once one is (stop_wanted, SuperviseAttempt): mpirun
+  // forwards no signal to ranks it has not started yet. An attempt that
+  // cannot be asked is ended instead (BeginKill): steps since its newest
+  // checkpoint are lost.
+  void RequestStop(Entry& e, Running& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // diagnosis.cc: for an attempt found hung, asks its ranks for dumps and,
   // once their analysis is made (run.analysed, by a later tick off the
   // lock), commits it as an event (run.hang_summary); true then, false
@@ -509,6 +551,8 @@ class Coordinator {
   const CoordinatorOptions options_;
   const std::unique_ptr<Store> store_;
   std::unique_ptr<NodeRegistry> nodes_;  // set by Create
+  std::unique_ptr<Users> users_;         // set by Create
+  std::unique_ptr<AuditLog> audit_;      // set by Create
   AuthThrottle auth_throttle_;
   // Runs the attempts (local, nodes or Slurm); set by Create.
   std::unique_ptr<AttemptBackend> backend_;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -26,6 +27,16 @@ namespace ptrain {
 inline absl::Status UnknownJob(const std::string& id) {
   return absl::NotFoundError(absl::StrCat("no job ", EchoQuoted(id)));
 }
+
+// " by USER" for a job event of an action a user asked for; "" for none.
+inline std::string By(const std::string& user) {
+  return user.empty() ? "" : absl::StrCat(" by ", user);
+}
+
+// The users of JobService as `o` names them (CoordinatorOptions.users_file,
+// token_file, user_tokens): what Users::Create and each reload read.
+std::function<absl::StatusOr<UserTable>()> UsersLoader(
+    const CoordinatorOptions& o);
 
 // Waiting to be scheduled.
 inline bool IsWaiting(v1::JobState s) {

@@ -137,7 +137,8 @@ absl::Status Coordinator::SetForkSource(const std::string& from_job,
 }
 
 absl::StatusOr<v1::Job> Coordinator::Extend(const std::string& id,
-                                            int64_t steps) {
+                                            int64_t steps,
+                                            const std::string& by) {
   if (id.empty()) return absl::InvalidArgumentError("job_id is empty");
   absl::MutexLock lock(&mu_);
   Entry* e = Find(id);
@@ -172,7 +173,7 @@ absl::StatusOr<v1::Job> Coordinator::Extend(const std::string& id,
   job.set_state(v1::JOB_STATE_QUEUED);
   job.set_finished_unix_ms(0);
   job.clear_error();
-  u.event = absl::StrCat("extended from ", was, " to ", steps,
+  u.event = absl::StrCat("extended", By(by), " from ", was, " to ", steps,
                          " steps: queued again");
   if (absl::Status s = Commit(*e, std::move(u)); !s.ok()) return s;
   wake_.Signal();

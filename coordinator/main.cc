@@ -32,6 +32,51 @@ int Fail(const absl::Status& s, int exit_code) {
   return Fail(std::string(s.message()), exit_code);
 }
 
+// `ptcoord users add NAME --role ROLE`: what it takes.
+struct AddUser {
+  std::string name, role, users_file;
+  ptrain::Quota quota;
+};
+
+CLI::App* AddUsersCommand(CLI::App& app, AddUser& a) {
+  CLI::App* users = app.add_subcommand(
+      "users", "manage the users file (--users-file) and exit");
+  users->require_subcommand(1);
+  CLI::App* add = users->add_subcommand(
+      "add",
+      "print a new token for user NAME (added with --role when new) and "
+      "append its SHA-256 to the users file; send ptcoord SIGHUP to load it");
+  add->add_option("NAME", a.name, "user name")->required();
+  add->add_option("--role", a.role, "admin|member|viewer")
+      ->required()
+      ->check(CLI::IsMember({"admin", "member", "viewer"}));
+  add->add_option("--users-file", a.users_file, "the users file")->required();
+  add->add_option("--quota-slots", a.quota.slots,
+                  "a new user's limit on slots its running jobs hold (0: none)")
+      ->check(CLI::NonNegativeNumber);
+  add->add_option("--quota-gpus", a.quota.gpus,
+                  "a new user's limit on GPUs (0: none)")
+      ->check(CLI::NonNegativeNumber);
+  add->add_option("--quota-running-jobs", a.quota.running_jobs,
+                  "a new user's limit on jobs running at once (0: none)")
+      ->check(CLI::NonNegativeNumber);
+  return add;
+}
+
+int RunAddUser(const AddUser& a) {
+  absl::StatusOr<std::string> token = ptrain::AddUserToken(
+      a.users_file, a.name, *ptrain::RoleOfName(a.role), a.quota);
+  if (!token.ok()) return Fail(token.status(), 2);
+  std::printf("%s\n", token->c_str());
+  std::fflush(stdout);  // the token first, where both streams meet
+  std::fprintf(stderr,
+               "ptcoord: the token of %s (shown once, stored nowhere) is "
+               "above; %s now holds its SHA-256. A running ptcoord loads it "
+               "on SIGHUP.\n",
+               a.name.c_str(), a.users_file.c_str());
+  return 0;
+}
+
 int Run(int argc, char** argv) {
   // Everything ptcoord writes (database, tokens, logs, the attempts' files)
   // is its user's alone.
@@ -40,7 +85,10 @@ int Run(int argc, char** argv) {
       "ptcoord: ptrain's control plane (jobs, scheduling, supervision)"};
   ptrain::PtcoordFlags flags;
   ptrain::AddFlags(app, flags);
+  AddUser add_user;
+  CLI::App* add = AddUsersCommand(app, add_user);
   CLI11_PARSE(app, argc, argv);
+  if (*add) return RunAddUser(add_user);
   ptrain::SetupLogging(flags.log_level);
 
   // Signals are taken by one thread with sigwait; block them everywhere first.
@@ -48,6 +96,7 @@ int Run(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);  // reload the users
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
@@ -88,7 +137,17 @@ int Run(int argc, char** argv) {
                o.local_slots, absl::StrJoin(o.data_roots, ","), o.work_root);
 
   int sig = 0;
-  sigwait(&signals, &sig);
+  for (;;) {
+    sigwait(&signals, &sig);
+    if (sig != SIGHUP) break;
+    if (absl::Status s = c->ReloadUsers(); s.ok()) {
+      spdlog::info("SIGHUP: users reloaded ({} users)",
+                   c->UsersNow()->users().size());
+    } else {
+      spdlog::error("SIGHUP: users not reloaded, the old ones stay: {}",
+                    std::string(s.message()));
+    }
+  }
   spdlog::info("signal {}: stopping (running jobs keep running)", sig);
   rpc->running.server->Shutdown(std::chrono::system_clock::now() +
                                 std::chrono::seconds(2));

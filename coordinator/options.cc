@@ -19,6 +19,7 @@
 #include "common/process.h"
 #include "coordinator/auth.h"
 #include "coordinator/launcher.h"
+#include "coordinator/users.h"
 #include "spdlog/spdlog.h"
 
 namespace ptrain {
@@ -185,12 +186,26 @@ std::optional<Refusal> LoadTokenFiles(const PtcoordFlags& f,
   }
   o->nodes.require_approval = f.require_node_approval;
   std::vector<std::string> short_tokens;
+  if (!f.users_file.empty() && !f.token_file.empty()) {
+    return Refusal{
+        "--users-file and --token-file: give one (a users file names each "
+        "token's user and role; docs/users.md says how to move to one)"};
+  }
+  if (!f.users_file.empty()) {
+    const std::string path = fs::absolute(f.users_file).string();
+    absl::StatusOr<UserTable> t = UserTable::Load(path);
+    if (!t.ok()) return Refuse(t.status(), 2);
+    o->users_file = path;
+  }
   if (!f.token_file.empty()) {
     absl::StatusOr<std::vector<std::string>> t =
         LoadTokenFile(f.token_file, "--token-file", &short_tokens);
     if (!t.ok()) return Refuse(t.status(), 2);
     o->user_tokens = std::move(*t);
+    o->token_file = fs::absolute(f.token_file).string();
   }
+  o->audit_max_bytes = static_cast<size_t>(f.audit_max_mb * (1 << 20));
+  o->audit_keep = static_cast<size_t>(f.audit_keep);
   if (!f.join_token_file.empty()) {
     absl::StatusOr<std::vector<std::string>> t =
         LoadTokenFile(f.join_token_file, "--join-token-file", &short_tokens);
@@ -277,10 +292,11 @@ std::optional<Refusal> SetPaths(const PtcoordFlags& f, CoordinatorOptions* o) {
   return std::nullopt;
 }
 
-// Without --token-file: the token in STATE/user-token, generated once.
+// Without --users-file or --token-file: the token in STATE/user-token,
+// generated once, an admin's.
 std::optional<Refusal> SetDefaultUserToken(const PtcoordFlags& f,
                                            CoordinatorOptions* o) {
-  if (!f.token_file.empty()) return std::nullopt;
+  if (!f.token_file.empty() || !f.users_file.empty()) return std::nullopt;
   const std::string token_file =
       (fs::path(o->state_dir) / "user-token").string();
   if (!fs::exists(token_file)) {
@@ -294,6 +310,7 @@ std::optional<Refusal> SetDefaultUserToken(const PtcoordFlags& f,
       LoadTokenFile(token_file, "user token file");
   if (!t.ok()) return Refuse(t.status(), 2);
   o->user_tokens = std::move(*t);
+  o->token_file = token_file;
   return std::nullopt;
 }
 
@@ -344,7 +361,18 @@ void AddFlags(CLI::App& app, PtcoordFlags& f) {
       ->check(CLI::Range(0, 4096));
   app.add_option(
       "--token-file", f.token_file,
-      "user tokens, one per line (default: generate STATE_DIR/user-token)");
+      "user tokens, one per line, each an admin named token-N (default: "
+      "generate STATE_DIR/user-token); see --users-file");
+  app.add_option("--users-file", f.users_file,
+                 "users, roles, token hashes and quotas (YAML, "
+                 "docs/users.md); reread on SIGHUP; `ptcoord users add` "
+                 "makes tokens");
+  app.add_option("--audit-max-mb", f.audit_max_mb,
+                 "STATE_DIR/audit.jsonl turns over at this size")
+      ->check(CLI::Range(0.01, 1e6));
+  app.add_option("--audit-keep", f.audit_keep,
+                 "older audit files kept (audit.1.jsonl ...)")
+      ->check(CLI::Range(1, 1000));
   app.add_option(
       "--data-root", f.data_roots,
       "directory that spec paths must lie under (repeatable; default: "

@@ -20,7 +20,9 @@ namespace ptrain {
 struct PtcoordFlags {
   std::string listen = "127.0.0.1:7070";
   std::string state_dir = "ptcoord-state";
-  std::string token_file;
+  std::string token_file, users_file;
+  double audit_max_mb = 64;
+  int audit_keep = 5;
   std::string ptworker, mpirun = "mpirun", work_root, advertise;
   std::string log_level = "info";
   std::vector<std::string> data_roots;

@@ -14,6 +14,7 @@
 #include "common/bounded_file.h"
 #include "common/job_state.h"
 #include "common/thread_entry.h"
+#include "coordinator/access.h"
 #include "ptrain/v1/coordinator.grpc.pb.h"
 #include "ptrain/v1/node.grpc.pb.h"
 
@@ -140,58 +141,67 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* ctx,
                                       const v1::SubmitJobRequest* req,
                                       v1::SubmitJobResponse* resp) override {
-    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
+    Call call(this, ctx, "SubmitJob", req->dry_run() ? "dry run" : "");
+    if (!call.ok()) return call.Done();
     std::vector<std::string> overrides(req->overrides().begin(),
                                        req->overrides().end());
     if (req->dry_run()) {
       absl::StatusOr<v1::DryRun> d = c_->DryRunSubmit(
           req->spec_yaml(), overrides, req->from_job(), req->from_step());
       if (d.ok()) *resp->mutable_dry_run() = std::move(*d);
-      return Done(ctx, d.status());
+      return call.Done(d.status());
     }
-    absl::StatusOr<v1::Job> job = c_->Submit(req->spec_yaml(), overrides,
-                                             req->from_job(), req->from_step());
-    if (job.ok()) *resp->mutable_job() = std::move(*job);
-    return Done(ctx, job.status());
+    absl::StatusOr<v1::Job> job =
+        c_->Submit(req->spec_yaml(), overrides, req->from_job(),
+                   req->from_step(), call.user());
+    if (job.ok()) {
+      call.set_target(job->id());
+      *resp->mutable_job() = std::move(*job);
+    }
+    return call.Done(job.status());
   }
 
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx,
                                    const v1::GetJobRequest* req,
                                    v1::GetJobResponse* resp) override {
-    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
+    Call call(this, ctx, "GetJob", req->job_id());
+    if (!call.ok()) return call.Done();
     absl::StatusOr<v1::GetJobResponse> r =
         c_->Get(req->job_id(), req->include_loss_history());
     if (r.ok()) *resp = std::move(*r);
-    return Done(ctx, r.status());
+    return call.Done(r.status());
   }
 
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
                                      const v1::ListJobsRequest* req,
                                      v1::ListJobsResponse* resp) override {
-    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
+    Call call(this, ctx, "ListJobs");
+    if (!call.ok()) return call.Done();
     absl::StatusOr<std::vector<v1::Job>> jobs =
-        c_->List(req->state(), req->limit());
+        c_->List(req->state(), req->limit(), req->owner());
     if (jobs.ok()) {
       for (v1::Job& j : *jobs) *resp->add_jobs() = std::move(j);
     }
-    return Done(ctx, jobs.status());
+    return call.Done(jobs.status());
   }
 
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* ctx,
                                       const v1::CancelJobRequest* req,
                                       v1::CancelJobResponse* resp) override {
-    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
-    absl::StatusOr<v1::Job> job = c_->Cancel(req->job_id());
+    Call call(this, ctx, "CancelJob", req->job_id());
+    if (!call.ok()) return call.Done();
+    absl::StatusOr<v1::Job> job = c_->Cancel(req->job_id(), call.user());
     if (job.ok()) *resp->mutable_job() = std::move(*job);
-    return Done(ctx, job.status());
+    return call.Done(job.status());
   }
 
   grpc::ServerUnaryReactor* ListEvents(grpc::CallbackServerContext* ctx,
                                        const v1::ListEventsRequest* req,
                                        v1::ListEventsResponse* resp) override {
-    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
+    Call call(this, ctx, "ListEvents", req->job_id());
+    if (!call.ok()) return call.Done();
     if (req->job_id().empty()) {
-      return Done(ctx, absl::InvalidArgumentError("job_id is empty"));
+      return call.Done(absl::InvalidArgumentError("job_id is empty"));
     }
     auto events = c_->Events(req->job_id());
     if (events.ok()) {
@@ -201,75 +211,99 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
         e->set_message(std::move(message));
       }
     }
-    return Done(ctx, events.status());
+    return call.Done(events.status());
   }
 
   grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* ctx,
                                       const v1::DeleteJobRequest* req,
                                       v1::DeleteJobResponse* resp) override {
-    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
+    Call call(this, ctx, "DeleteJob", req->job_id());
+    if (!call.ok()) return call.Done();
     absl::StatusOr<v1::DeleteJobResponse> r =
         c_->Delete(req->job_id(), req->purge());
     if (r.ok()) *resp = std::move(*r);
-    return Done(ctx, r.status());
+    return call.Done(r.status());
   }
 
   grpc::ServerUnaryReactor* PauseJob(grpc::CallbackServerContext* ctx,
                                      const v1::PauseJobRequest* req,
                                      v1::PauseJobResponse* resp) override {
-    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
-    absl::StatusOr<v1::Job> job = c_->Pause(req->job_id());
+    Call call(this, ctx, "PauseJob", req->job_id());
+    if (!call.ok()) return call.Done();
+    absl::StatusOr<v1::Job> job = c_->Pause(req->job_id(), call.user());
     if (job.ok()) *resp->mutable_job() = std::move(*job);
-    return Done(ctx, job.status());
+    return call.Done(job.status());
   }
 
   grpc::ServerUnaryReactor* ResumeJob(grpc::CallbackServerContext* ctx,
                                       const v1::ResumeJobRequest* req,
                                       v1::ResumeJobResponse* resp) override {
-    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
-    absl::StatusOr<v1::Job> job = c_->Resume(req->job_id());
+    Call call(this, ctx, "ResumeJob", req->job_id());
+    if (!call.ok()) return call.Done();
+    absl::StatusOr<v1::Job> job = c_->Resume(req->job_id(), call.user());
     if (job.ok()) *resp->mutable_job() = std::move(*job);
-    return Done(ctx, job.status());
+    return call.Done(job.status());
   }
 
   grpc::ServerUnaryReactor* ExtendJob(grpc::CallbackServerContext* ctx,
                                       const v1::ExtendJobRequest* req,
                                       v1::ExtendJobResponse* resp) override {
-    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
-    absl::StatusOr<v1::Job> job = c_->Extend(req->job_id(), req->steps());
+    Call call(this, ctx, "ExtendJob", req->job_id());
+    if (!call.ok()) return call.Done();
+    absl::StatusOr<v1::Job> job =
+        c_->Extend(req->job_id(), req->steps(), call.user());
     if (job.ok()) *resp->mutable_job() = std::move(*job);
-    return Done(ctx, job.status());
+    return call.Done(job.status());
   }
 
   grpc::ServerUnaryReactor* ListCheckpoints(
       grpc::CallbackServerContext* ctx, const v1::ListCheckpointsRequest* req,
       v1::ListCheckpointsResponse* resp) override {
-    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
+    Call call(this, ctx, "ListCheckpoints", req->job_id());
+    if (!call.ok()) return call.Done();
     absl::StatusOr<std::vector<v1::Checkpoint>> cps =
         c_->Checkpoints(req->job_id());
     if (cps.ok()) {
       for (v1::Checkpoint& c : *cps) *resp->add_checkpoints() = std::move(c);
     }
-    return Done(ctx, cps.status());
+    return call.Done(cps.status());
   }
 
   grpc::ServerUnaryReactor* DiagnoseJob(
       grpc::CallbackServerContext* ctx, const v1::DiagnoseJobRequest* req,
       v1::DiagnoseJobResponse* resp) override {
-    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
+    auto call = std::make_shared<Call>(this, ctx, "DiagnoseJob", req->job_id());
+    if (!call->ok()) return call->Done();
     Coordinator* c = c_;
-    return new ThreadedUnary([c, req, resp] {
+    return new ThreadedUnary([c, req, resp, call] {
       absl::StatusOr<v1::DiagnoseJobResponse> d =
           c->Diagnose(req->job_id(), req->attempt());
       if (d.ok()) *resp = std::move(*d);
+      call->Audit(d.status());
       return d.status();
     });
+  }
+
+  grpc::ServerUnaryReactor* WhoAmI(grpc::CallbackServerContext* ctx,
+                                   const v1::WhoAmIRequest*,
+                                   v1::WhoAmIResponse* resp) override {
+    Call call(this, ctx, "WhoAmI");
+    if (!call.ok()) return call.Done();
+    resp->set_user(call.user());
+    resp->set_role(RoleName(call.caller().role));
+    if (const User* u = c_->UsersNow()->Find(call.user()); u != nullptr) {
+      resp->mutable_quota()->set_slots(u->quota.slots);
+      resp->mutable_quota()->set_gpus(u->quota.gpus);
+      resp->mutable_quota()->set_running_jobs(u->quota.running_jobs);
+    }
+    return call.Done(absl::OkStatus());
   }
 
   grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(
       grpc::CallbackServerContext* ctx,
       const v1::WatchJobRequest* req) override {
-    const absl::Status auth = Authenticate(ctx);
+    const absl::Status auth =
+        Call(this, ctx, "WatchJob", req->job_id()).status();
     const std::string id = req->job_id();
     Coordinator* c = c_;
     return new ThreadedWriter<v1::JobEvent>(
@@ -300,7 +334,8 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   grpc::ServerWriteReactor<v1::LogChunk>* StreamLogs(
       grpc::CallbackServerContext* ctx,
       const v1::StreamLogsRequest* req) override {
-    const absl::Status auth = Authenticate(ctx);
+    const absl::Status auth =
+        Call(this, ctx, "StreamLogs", req->job_id()).status();
     const v1::StreamLogsRequest r = *req;
     Coordinator* c = c_;
     return new ThreadedWriter<v1::LogChunk>(
@@ -371,54 +406,125 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   grpc::ServerUnaryReactor* ListNodes(grpc::CallbackServerContext* ctx,
                                       const v1::ListNodesRequest*,
                                       v1::ListNodesResponse* resp) override {
-    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
+    Call call(this, ctx, "ListNodes");
+    if (!call.ok()) return call.Done();
     for (v1::Node& n : c_->ListNodes()) *resp->add_nodes() = std::move(n);
-    return Done(ctx, absl::OkStatus());
+    return call.Done(absl::OkStatus());
   }
 
   grpc::ServerUnaryReactor* DrainNode(grpc::CallbackServerContext* ctx,
                                       const v1::DrainNodeRequest* req,
                                       v1::DrainNodeResponse* resp) override {
-    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
+    Call call(this, ctx, "DrainNode", req->name());
+    if (!call.ok()) return call.Done();
     if (req->name().empty()) {
-      return Done(ctx, absl::InvalidArgumentError("name is empty"));
+      return call.Done(absl::InvalidArgumentError("name is empty"));
     }
     absl::StatusOr<v1::Node> n = c_->DrainNode(req->name(), req->drain());
     if (n.ok()) *resp->mutable_node() = std::move(*n);
-    return Done(ctx, n.status());
+    return call.Done(n.status());
   }
 
   grpc::ServerUnaryReactor* ForgetNode(grpc::CallbackServerContext* ctx,
                                        const v1::ForgetNodeRequest* req,
                                        v1::ForgetNodeResponse*) override {
-    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
+    Call call(this, ctx, "ForgetNode", req->name());
+    if (!call.ok()) return call.Done();
     if (req->name().empty()) {
-      return Done(ctx, absl::InvalidArgumentError("name is empty"));
+      return call.Done(absl::InvalidArgumentError("name is empty"));
     }
-    return Done(ctx, c_->ForgetNode(req->name()));
+    return call.Done(c_->ForgetNode(req->name()));
   }
 
   grpc::ServerUnaryReactor* ApproveNode(
       grpc::CallbackServerContext* ctx, const v1::ApproveNodeRequest* req,
       v1::ApproveNodeResponse* resp) override {
-    if (absl::Status a = Authenticate(ctx); !a.ok()) return Done(ctx, a);
+    Call call(this, ctx, "ApproveNode", req->name());
+    if (!call.ok()) return call.Done();
     if (req->name().empty()) {
-      return Done(ctx, absl::InvalidArgumentError("name is empty"));
+      return call.Done(absl::InvalidArgumentError("name is empty"));
     }
     absl::StatusOr<v1::Node> n = c_->ApproveNode(req->name());
     if (n.ok()) *resp->mutable_node() = std::move(*n);
-    return Done(ctx, n.status());
+    return call.Done(n.status());
   }
 
  private:
-  absl::Status Authenticate(grpc::CallbackServerContext* ctx) const {
-    return Throttled(c_, ctx, CredentialKind::kUser,
-                     [&] { return CheckCredentials(ctx); });
+  // One request: its caller authenticated (through the throttle) and the
+  // rule `rpc` of the access table checked, for a job's rule against the
+  // job's owner. Done() finishes a unary call; an audited rule's outcome,
+  // refusals included, goes to the audit log (once).
+  class Call {
+   public:
+    Call(const JobServiceImpl* s, grpc::CallbackServerContext* ctx,
+         absl::string_view rpc, std::string target = "")
+        : s_(s),
+          ctx_(ctx),
+          rule_(FindAccessRule(rpc)),
+          rpc_(rpc),
+          target_(std::move(target)),
+          peer_(ctx->peer()) {
+      status_ = s_->Check(ctx, rule_, target_, &caller_);
+    }
+    bool ok() const { return status_.ok(); }
+    const absl::Status& status() const { return status_; }
+    const Caller& caller() const { return caller_; }
+    const std::string& user() const { return caller_.user; }
+    void set_target(std::string t) { target_ = std::move(t); }
+    // Writes the outcome `s` when the rule is audited.
+    void Audit(const absl::Status& s) {
+      if (audited_ || (rule_ != nullptr && !rule_->audited)) return;
+      audited_ = true;
+      s_->c_->audit().Write(
+          AuditRecord{NowMs(), caller_.user,
+                      caller_.user.empty() ? "" : RoleName(caller_.role), peer_,
+                      rpc_, target_, s});
+    }
+    grpc::ServerUnaryReactor* Done(const absl::Status& s) {
+      Audit(s);
+      return ptrain::Done(ctx_, s);
+    }
+    grpc::ServerUnaryReactor* Done() { return Done(status_); }
+
+   private:
+    const JobServiceImpl* const s_;
+    grpc::CallbackServerContext* const ctx_;
+    const AccessRule* const rule_;
+    const std::string rpc_;
+    std::string target_;
+    const std::string peer_;
+    absl::Status status_;
+    Caller caller_;
+    bool audited_ = false;
+  };
+
+  // Authenticates the caller into `caller`, then checks `rule` (null: the
+  // table has none, refused) on job `job`.
+  absl::Status Check(grpc::CallbackServerContext* ctx, const AccessRule* rule,
+                     const std::string& job, Caller* caller) const {
+    const absl::Status auth = Throttled(c_, ctx, CredentialKind::kUser, [&] {
+      absl::StatusOr<Caller> who = CheckCredentials(ctx);
+      if (who.ok()) *caller = *who;
+      return who.status();
+    });
+    if (!auth.ok()) return auth;
+    if (rule == nullptr) {
+      return absl::PermissionDeniedError(
+          "this RPC has no rule in the access table");
+    }
+    std::string owner;
+    if (rule->access == Access::kOwnJob && caller->role == Role::kMember) {
+      absl::StatusOr<std::string> o = c_->JobOwner(job);
+      if (!o.ok()) return o.status();
+      owner = *o;
+    }
+    return Authorize(*caller, *rule, job, owner);
   }
 
   // With --tls-client-ca, a verified client certificate first; then the
   // user token either way.
-  absl::Status CheckCredentials(grpc::CallbackServerContext* ctx) const {
+  absl::StatusOr<Caller> CheckCredentials(
+      grpc::CallbackServerContext* ctx) const {
     if (require_client_cert_) {
       const std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
       if (auth == nullptr || !auth->IsPeerAuthenticated()) {

@@ -234,7 +234,22 @@ void Coordinator::SuperviseAttempt(Entry& e, Running& run, absl::Time now) {
     run.kill_at = now + options_.cancel_grace;
     return;
   }
+  if (run.stop_wanted && !run.heard.empty() && !run.kill_at.has_value()) {
+    // Asked before any rank was heard from: once more, now that they run.
+    run.stop_wanted = false;
+    backend_->AskToStop(*run.handle);
+  }
   CheckHang(e, run, now);
+}
+
+void Coordinator::RequestStop(Entry& e, Running& run) {
+  if (run.stop_asked_at.has_value() || run.kill_at.has_value()) return;
+  if (run.handle != nullptr && backend_->AskToStop(*run.handle)) {
+    run.stop_asked_at = absl::Now();
+    run.stop_wanted = run.heard.empty();
+  } else {
+    BeginKill(e, "");
+  }
 }
 
 void Coordinator::CheckHang(Entry& e, Running& run, absl::Time now) {

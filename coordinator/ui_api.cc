@@ -87,6 +87,7 @@ json Summary(const v1::Job& job) {
   const v1::Progress& p = job.progress();
   json j = {{"id", job.id()},
             {"name", job.name()},
+            {"owner", job.owner()},
             {"state", LowerStateName(job.state())},
             {"attempts", job.attempts()},
             {"world_size", job.world_size()},

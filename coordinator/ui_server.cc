@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "common/bounded_file.h"
 #include "common/incbin.h"
+#include "coordinator/access.h"
 #include "coordinator/auth_throttle.h"
 #include "coordinator/bounded_http.h"
 #include "coordinator/ui_api.h"
@@ -530,6 +531,31 @@ CoordinatorUi::Response CoordinatorUi::Login(const Request& r) const {
   return out;
 }
 
+// The access table's name of the route `path` answers (access.h: "GET
+// /api/v1/jobs/ID"); "" for a path no route answers.
+std::string UiRoute(const std::string& path) {
+  if (path == "/" || path == "/nodes") return absl::StrCat("GET ", path);
+  if (absl::StartsWith(path, "/jobs/") && IsJobId(path.substr(6))) {
+    return "GET /jobs/ID";
+  }
+  if (path == "/static/ui.js" || path == "/static/ui.css" ||
+      path == "/static/chart.js") {
+    return "GET /static/*";
+  }
+  const std::vector<absl::string_view> parts =
+      absl::StrSplit(absl::string_view(path).substr(1), '/');
+  if (parts.size() < 3 || parts[0] != "api" || parts[1] != "v1") return "";
+  if (parts.size() == 3 && (parts[2] == "jobs" || parts[2] == "nodes")) {
+    return absl::StrCat("GET /api/v1/", parts[2]);
+  }
+  if (parts[2] != "jobs" || parts.size() > 5 || !IsJobId(parts[3])) return "";
+  if (parts.size() == 4) return "GET /api/v1/jobs/ID";
+  if (parts[4] == "metrics" || parts[4] == "log") {
+    return absl::StrCat("GET /api/v1/jobs/ID/", parts[4]);
+  }
+  return "";
+}
+
 CoordinatorUi::Response CoordinatorUi::Route(const Request& r) const {
   const std::string& p = r.path;
   if (loopback_ && !IsOwnLoopbackHost(r.host, port_.load(), tls_)) {
@@ -575,7 +601,8 @@ CoordinatorUi::Response CoordinatorUi::Route(const Request& r) const {
   // No token at all is no guess; a wrong one counts against the peer.
   if (!authorization.has_value()) return unauthenticated();
   if (std::optional<Response> wait = Throttled(r, api)) return *wait;
-  if (!c_->AuthenticateUser(authorization).ok()) {
+  const absl::StatusOr<Caller> caller = c_->AuthenticateUser(authorization);
+  if (!caller.ok()) {
     c_->auth_throttle().Failed(r.peer, CredentialKind::kUser, absl::Now());
     return unauthenticated();
   }
@@ -584,11 +611,25 @@ CoordinatorUi::Response CoordinatorUi::Route(const Request& r) const {
     out.headers.push_back({"Allow", "GET, HEAD"});
     return out;
   }
-  if (p == "/") return Page("index");
-  if (p == "/nodes") return Page("nodes");
-  if (absl::StartsWith(p, "/jobs/") && IsJobId(p.substr(6))) {
-    return Page("job");
+  const std::string route = UiRoute(p);
+  if (route.empty()) {
+    if (api) return Reply({404, nlohmann::json{{"error", "no such route"}}});
+    return Text(404, "text/plain", "not found\n");
   }
+  // The route's rule in the access table.
+  const AccessRule* rule = FindAccessRule(route);
+  const absl::Status allowed =
+      rule == nullptr ? absl::PermissionDeniedError(absl::StrCat(
+                            route, " has no rule in the access table"))
+                      : Authorize(*caller, *rule);
+  if (!allowed.ok()) {
+    if (api) return Reply(ApiError(403, std::string(allowed.message())));
+    return Text(403, "text/plain; charset=utf-8",
+                absl::StrCat(allowed.message(), "\n"));
+  }
+  if (route == "GET /") return Page("index");
+  if (route == "GET /nodes") return Page("nodes");
+  if (route == "GET /jobs/ID") return Page("job");
   if (p == "/static/ui.js") {
     return Text(200, "text/javascript; charset=utf-8",
                 PT_INCBIN_VIEW(ptrain_ui_js));
@@ -599,31 +640,19 @@ CoordinatorUi::Response CoordinatorUi::Route(const Request& r) const {
   if (p == "/static/chart.js") {
     return Text(200, "text/javascript; charset=utf-8", chart_js_);
   }
-  if (!api) return Text(404, "text/plain", "not found\n");
   std::variant<ApiQuery, Response> q = ParseQuery(r.query);
   if (auto* bad = std::get_if<Response>(&q)) return *bad;
   const ApiQuery& query = std::get<ApiQuery>(q);
-  // /api/v1/jobs[/ID[/metrics|/log]], /api/v1/nodes
-  const std::vector<absl::string_view> parts =
-      absl::StrSplit(absl::string_view(p).substr(1), '/');
-  ApiReply reply{404, nlohmann::json{{"error", "no such route"}}};
-  if (parts.size() >= 3 && parts[0] == "api" && parts[1] == "v1") {
-    if (parts.size() == 3 && parts[2] == "jobs") {
-      reply = JobsApi(*c_, query);
-    } else if (parts.size() == 3 && parts[2] == "nodes") {
-      reply = NodesApi(*c_, query);
-    } else if (parts[2] == "jobs" && parts.size() <= 5 && IsJobId(parts[3])) {
-      const std::string id(parts[3]);
-      if (parts.size() == 4) {
-        reply = JobApi(*c_, samples_, id, query);
-      } else if (parts[4] == "metrics") {
-        reply = MetricsApi(*c_, id, query);
-      } else if (parts[4] == "log") {
-        reply = LogApi(*c_, id, query);
-      }
-    }
+  if (route == "GET /api/v1/jobs") return Reply(JobsApi(*c_, query));
+  if (route == "GET /api/v1/nodes") return Reply(NodesApi(*c_, query));
+  // /api/v1/jobs/ID[/metrics|/log]
+  const std::string id(
+      std::vector<absl::string_view>(absl::StrSplit(p.substr(1), '/'))[3]);
+  if (route == "GET /api/v1/jobs/ID/metrics") {
+    return Reply(MetricsApi(*c_, id, query));
   }
-  return Reply(reply);
+  if (route == "GET /api/v1/jobs/ID/log") return Reply(LogApi(*c_, id, query));
+  return Reply(JobApi(*c_, samples_, id, query));
 }
 
 }  // namespace ptrain

@@ -111,6 +111,10 @@ class CoordinatorUi {
   std::atomic<int> port_{0};  // set once listening; read by its threads
 };
 
+// The access table's name of the route that answers `path` (access.h:
+// "GET /api/v1/jobs/ID"); "" for a path no route answers (404).
+std::string UiRoute(const std::string& path);
+
 // Whether `host` (of host:port) names this machine only: localhost,
 // 127.0.0.0/8 or ::1.
 bool IsLoopbackHost(const std::string& host);

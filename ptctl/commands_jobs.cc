@@ -180,9 +180,10 @@ int Get(Client& client, const std::string& id) {
   const auto& p = j.progress();
   const std::string ending = Ending(j);
   std::printf(
-      "id:        %s\nname:      %s\nstate:     %s%s\nattempts:  %d\nslots:    "
-      " %d\n",
-      j.id().c_str(), j.name().c_str(), StateName(j.state()).c_str(),
+      "id:        %s\nname:      %s\nowner:     %s\nstate:     %s%s\nattempts: "
+      " %d\nslots:     %d\n",
+      j.id().c_str(), j.name().c_str(),
+      j.owner().empty() ? "-" : j.owner().c_str(), StateName(j.state()).c_str(),
       ending.empty() ? "" : (" (" + ending + ")").c_str(), j.attempts(),
       j.world_size());
   std::printf(
@@ -231,9 +232,41 @@ int Get(Client& client, const std::string& id) {
   return 0;
 }
 
-int List(Client& client, int limit, const std::string& state) {
+int WhoAmI(Client& client) {
+  v1::WhoAmIResponse resp;
+  auto ctx = client.Context();
+  const grpc::Status s =
+      client.stub().WhoAmI(ctx.get(), v1::WhoAmIRequest(), &resp);
+  if (!s.ok()) return RpcError(client.options(), s);
+  if (client.options().output == "json") {
+    std::printf("%s\n", ProtoJson(resp, true).c_str());
+    return 0;
+  }
+  const auto limit = [](int v) {
+    return v == 0 ? std::string("-") : absl::StrCat(v);
+  };
+  std::printf(
+      "user:      %s\nrole:      %s\nquota:     slots %s, gpus %s, "
+      "running jobs %s\n",
+      resp.user().c_str(), resp.role().c_str(),
+      limit(resp.quota().slots()).c_str(), limit(resp.quota().gpus()).c_str(),
+      limit(resp.quota().running_jobs()).c_str());
+  return 0;
+}
+
+int List(Client& client, int limit, const std::string& state,
+         const std::string& owner, bool mine) {
   v1::ListJobsRequest req;
   req.set_limit(limit);
+  req.set_owner(owner);
+  if (mine) {
+    v1::WhoAmIResponse me;
+    auto ctx = client.Context();
+    const grpc::Status s =
+        client.stub().WhoAmI(ctx.get(), v1::WhoAmIRequest(), &me);
+    if (!s.ok()) return RpcError(client.options(), s);
+    req.set_owner(me.user());
+  }
   if (!state.empty()) {  // one of the names --state's check allows
     req.set_state(StateOfLowerName(absl::AsciiStrToLower(state))
                       .value_or(v1::JOB_STATE_UNSPECIFIED));

@@ -25,8 +25,13 @@ int Submit(Client& client, const std::string& file,
 int Get(Client& client, const std::string& id);
 
 // Lists jobs. `limit`: the newest N (0: all); `state`: a JobState name without
-// its prefix, any case ("" = every state).
-int List(Client& client, int limit, const std::string& state);
+// its prefix, any case ("" = every state); `owner`: only that user's ("" =
+// everyone's); `mine`: only the caller's.
+int List(Client& client, int limit, const std::string& state,
+         const std::string& owner = "", bool mine = false);
+
+// `whoami`: the caller's user name, role and quota.
+int WhoAmI(Client& client);
 
 // Cancels job `id` (idempotent); prints "ID STATE".
 int Cancel(Client& client, const std::string& id);

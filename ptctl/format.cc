@@ -78,12 +78,13 @@ std::string Duration(double seconds) {
 }
 
 void PrintJobsTable(const std::vector<v1::Job>& jobs) {
-  std::printf("%-10s %-24s %-11s %8s %13s %9s %8s\n", "ID", "NAME", "STATE",
-              "ATTEMPTS", "STEP", "LOSS", "AGE");
+  std::printf("%-10s %-24s %-12s %-11s %8s %13s %9s %8s\n", "ID", "NAME",
+              "OWNER", "STATE", "ATTEMPTS", "STEP", "LOSS", "AGE");
   for (const v1::Job& j : jobs) {
     const auto& p = j.progress();
-    std::printf("%-10s %-24s %-11s %8d %13s %s %8s\n", j.id().c_str(),
-                j.name().c_str(), StateName(j.state()).c_str(), j.attempts(),
+    std::printf("%-10s %-24s %-12s %-11s %8d %13s %s %8s\n", j.id().c_str(),
+                j.name().c_str(), j.owner().empty() ? "-" : j.owner().c_str(),
+                StateName(j.state()).c_str(), j.attempts(),
                 absl::StrCat(p.step(), "/", p.total_steps()).c_str(),
                 PadLeft(Figure(HasSteps(p), p.loss()), 9).c_str(),
                 Ago(j.created_unix_ms()).c_str());

@@ -30,9 +30,10 @@ using ptrain::ptctl::Options;
 
 // What the subcommands take.
 struct Args {
-  std::string file, job, node, list_state, from;
+  std::string file, job, node, list_state, from, owner;
   std::vector<std::string> sets;
-  bool watch = false, follow = false, purge = false, dry_run = false;
+  bool watch = false, follow = false, purge = false, dry_run = false,
+       mine = false;
   int attempt = 0, list_limit = 0, rank = -1;
   int64_t steps = 0;
 };
@@ -40,7 +41,7 @@ struct Args {
 struct Subcommands {
   CLI::App *submit, *get, *list, *logs, *events, *cancel, *pause, *resume,
       *extend, *del, *watch, *checkpoints, *diagnose, *nodes, *approve, *drain,
-      *uncordon, *forget;
+      *uncordon, *forget, *whoami;
 };
 
 // The flags every subcommand takes, their defaults from the environment.
@@ -97,6 +98,12 @@ Subcommands AddSubcommands(CLI::App& app, Args& a) {
       ->check(CLI::Range(0, 10000));
   c.list->add_option("--state", a.list_state, "only jobs in this state")
       ->check(CLI::IsMember(ptrain::LowerStateNames(), CLI::ignore_case));
+  CLI::Option* mine =
+      c.list->add_flag("--mine", a.mine, "only the jobs I submitted");
+  c.list->add_option("--owner", a.owner, "only this user's jobs")
+      ->excludes(mine);
+  c.whoami = app.add_subcommand(
+      "whoami", "show the user my token is, its role and its quota");
   c.logs = app.add_subcommand("logs", "print an attempt's output");
   c.logs->add_option("JOB", a.job)->required();
   c.logs->add_flag("-f,--follow", a.follow,
@@ -177,7 +184,10 @@ int Dispatch(const Subcommands& c, const Args& a,
     return cmd::Submit(client, a.file, a.sets, a.watch, a.dry_run, a.from);
   }
   if (*c.get) return cmd::Get(client, a.job);
-  if (*c.list) return cmd::List(client, a.list_limit, a.list_state);
+  if (*c.list) {
+    return cmd::List(client, a.list_limit, a.list_state, a.owner, a.mine);
+  }
+  if (*c.whoami) return cmd::WhoAmI(client);
   if (*c.logs) return cmd::Logs(client, a.job, a.follow, a.attempt, a.rank);
   if (*c.cancel) return cmd::Cancel(client, a.job);
   if (*c.pause) return cmd::PauseOrResume(client, a.job, true);

@@ -200,6 +200,7 @@
     return el('tr', {'data-job': j.id, 'data-state': j.state},
       el('td', null, badge(j.state), flag && el('span', {class: 'flag'}, flag)),
       job,
+      el('td', {class: 'owner'}, j.owner || '—'),
       el('td', null, progressCell(j.step, j.steps)),
       el('td', {class: 'num'}, fmtNum(j.loss),
          isNum(j.val_loss) && el('div', {class: 'sub'}, 'val ' + fmtNum(j.val_loss))),
@@ -479,7 +480,7 @@
       ['attempts', String(j.attempts)], ['ETA', fmtDur(j.eta_s)], ['loss', fmtNum(j.loss)],
       ['val loss', fmtNum(j.val_loss)], ['tok/s', fmtRate(j.tok_per_s)],
       ['MFU', isNum(j.mfu) ? (100 * j.mfu).toFixed(1) + ' %' : '—'], ['lr', fmtNum(j.lr, 3)],
-      ['world size', String(j.world_size)], ['run time', fmtDur(run)],
+      ['owner', j.owner || '—'], ['world size', String(j.world_size)], ['run time', fmtDur(run)],
       ['submitted', fmtTime(j.created_ms)], ['placement', placement || '—'],
     ];
     $('job-stats').replaceChildren(...stats.map(s => el('div', null, el('dt', null, s[0]), el('dd', null, s[1]))));

@@ -369,7 +369,7 @@ TEST_F(CoordinatorTest, UnknownJobIsNotFoundAndRankAuthFails) {
   EXPECT_EQ(c->Cancel("job-0042").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(c->AuthenticateRank("job-0042", "Bearer x").code(),
             absl::StatusCode::kUnauthenticated);
-  EXPECT_EQ(c->AuthenticateUser("Bearer nope").code(),
+  EXPECT_EQ(c->AuthenticateUser("Bearer nope").status().code(),
             absl::StatusCode::kUnauthenticated);
   EXPECT_TRUE(c->AuthenticateUser("Bearer user").ok());
 }

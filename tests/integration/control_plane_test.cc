@@ -392,7 +392,9 @@ TEST_F(ControlPlaneTest, CancelRunningJobLeavesNoRankProcess) {
   // `ptctl events`: its story, oldest first, a line each.
   Result events = Ptctl("events " + id);
   EXPECT_EQ(events.rc, 0) << events.out;
-  const size_t submitted = events.out.find("  submitted (2 slots)\n");
+  // --token-file tokens are admins named token-N.
+  const size_t submitted =
+      events.out.find("  submitted by token-1 (2 slots)\n");
   const size_t started = events.out.find("  attempt 1 started");
   const size_t cancelled = events.out.find("  cancelled (attempt 1 ended)");
   EXPECT_NE(submitted, std::string::npos) << events.out;
