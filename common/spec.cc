@@ -250,6 +250,8 @@ v1::JobSpec DefaultJobSpec() {
   restart->set_hang_timeout_s(300);
   restart->set_allow_shrink(false);
   restart->set_allow_grow(false);
+  restart->set_preemptible(true);
+  spec.set_priority("normal");
   return spec;
 }
 

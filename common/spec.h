@@ -166,6 +166,24 @@ absl::StatusOr<std::vector<int>> PipelineStageLayers(
 // Checks ranges and cross-field rules (degrees dividing heads, layers, batch).
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
+// Job priorities (JobSpec.priority): the words and the range of numbers.
+inline constexpr int kPriorityLow = 200;
+inline constexpr int kPriorityNormal = 500;
+inline constexpr int kPriorityHigh = 800;
+inline constexpr int kMaxPriority = 1000;
+
+// `text` as a priority: "low", "normal" ("" too), "high", or a whole number
+// in [0, kMaxPriority]. InvalidArgument naming `priority` and the rule.
+absl::StatusOr<int> PriorityValue(std::string_view text);
+
+// A priority as a user reads it: "high (800)", or "650".
+std::string PriorityWords(int priority);
+
+// restart.preemptible, unset meaning true.
+inline bool Preemptible(const v1::JobSpec& spec) {
+  return !spec.restart().has_preemptible() || spec.restart().preemptible();
+}
+
 // Valid but likely unintended choices, each a sentence naming the fields
 // (e.g. fewer microbatches than pipeline stages under 1F1B: the bubble
 // dominates). ptctl prints them before sending; ptworker logs them.

@@ -5,6 +5,7 @@
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>
 
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -647,6 +648,9 @@ absl::Status ValidateResources(const v1::JobSpec& spec) {
 
 absl::Status ValidateRestart(const v1::JobSpec& spec) {
   const v1::RestartSpec& r = spec.restart();
+  if (absl::StatusOr<int> p = PriorityValue(spec.priority()); !p.ok()) {
+    return p.status();
+  }
   return First({
       CheckFinite(r, "restart"),
       InRange("restart.max_restarts", r.max_restarts(), 0, 1 << 16),
@@ -655,6 +659,35 @@ absl::Status ValidateRestart(const v1::JobSpec& spec) {
 }
 
 }  // namespace
+
+absl::StatusOr<int> PriorityValue(std::string_view text) {
+  if (text.empty() || text == "normal") return kPriorityNormal;
+  if (text == "low") return kPriorityLow;
+  if (text == "high") return kPriorityHigh;
+  int v = -1;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (ec != std::errc() || ptr != end || v < 0 || v > kMaxPriority) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "priority: ", EchoQuoted(absl::string_view(text.data(), text.size())),
+        " is not low, normal, high or a whole number in [0, ", kMaxPriority,
+        "]"));
+  }
+  return v;
+}
+
+std::string PriorityWords(int priority) {
+  switch (priority) {
+    case kPriorityLow:
+      return "low (200)";
+    case kPriorityNormal:
+      return "normal (500)";
+    case kPriorityHigh:
+      return "high (800)";
+    default:
+      return absl::StrCat(priority);
+  }
+}
 
 absl::StatusOr<std::vector<int>> PipelineStageLayers(const v1::ParallelSpec& p,
                                                      int n_layer) {

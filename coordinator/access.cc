@@ -28,6 +28,8 @@ constexpr AccessRule kRules[] = {
     {"DeleteJob", Access::kOwnJob, true},
     {"ListEvents", Access::kRead, false},
     {"WhoAmI", Access::kRead, false},
+    {"SetJobPriority", Access::kOwnJob, true},
+    {"ListQueue", Access::kRead, false},
     // The web UI (ui_server.cc): read-only pages and their JSON.
     {"GET /", Access::kRead, false},
     {"GET /nodes", Access::kRead, false},

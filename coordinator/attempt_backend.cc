@@ -10,6 +10,10 @@ absl::Status AttemptBackend::Admit(const v1::JobSpec& /*spec*/,
   return absl::OkStatus();
 }
 
+int AttemptBackend::FreeSlotCount(const RunningJobs& /*running*/) const {
+  return -1;
+}
+
 std::string AttemptBackend::FreeSlots(const RunningJobs& /*running*/) const {
   return "more slots than are free";
 }

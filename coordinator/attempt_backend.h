@@ -116,13 +116,16 @@ class AttemptBackend {
   // than this host has). Where nodes may join later, or Slurm queues, OK.
   virtual absl::Status Admit(const v1::JobSpec& spec, int world) const;
   // Where the waiting `job` starts now beside the jobs of `running`;
-  // nullopt when it must wait (and, the queue being strict FIFO, so must
+  // nullopt when it must wait (and, unless backfill lets them pass, so must
   // every job behind it).
   virtual std::optional<AttemptPlace> Place(const v1::Job& job,
                                             const RunningJobs& running) = 0;
   // What is free beside `running`, said as what a job that did not fit
   // needs: "more slots than the 2 of 4 free on this host (--local-slots)".
   virtual std::string FreeSlots(const RunningJobs& running) const;
+  // How many slots are free beside `running`; -1 where the backend does
+  // not know (Slurm).
+  virtual int FreeSlotCount(const RunningJobs& running) const;
   // Whether the running, shrunk `job` fits at its full size now beside
   // `others` (its own slots counted free): the state machine then stops it
   // to grow back. False where the backend cannot tell (Slurm places) or

@@ -189,6 +189,12 @@ class LocalBackend : public MpirunBackend {
     return place;
   }
 
+  int FreeSlotCount(const RunningJobs& running) const override {
+    int used = 0;
+    for (const v1::Job* r : running) used += r->world_size();
+    return std::max(0, scheduler_.total_slots() - used);
+  }
+
   std::string FreeSlots(const RunningJobs& running) const override {
     int used = 0;
     for (const v1::Job* r : running) used += r->world_size();

@@ -197,6 +197,12 @@ class NodesBackend : public MpirunBackend {
     return options_.nodes.timeout + absl::Seconds(2);
   }
 
+  int FreeSlotCount(const RunningJobs& running) const override {
+    int free = 0;
+    for (const FreeNode& n : FreeNodes(running, /*gpus=*/false)) free += n.free;
+    return free;
+  }
+
   std::string FreeSlots(const RunningJobs& running) const override {
     int free = 0;
     std::vector<std::string> each;

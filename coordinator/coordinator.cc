@@ -136,6 +136,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
       e.version = 1;
     }
   }
+  c->ReplayUsage();
   c->Recover();
   return c;
 }
@@ -146,6 +147,7 @@ Coordinator::Coordinator(CoordinatorOptions options,
       store_(std::move(store)),
       lock_fd_(lock_fd),
       started_(absl::Now()),
+      fair_share_(options_.fairshare_half_life),
       advertise_(options_.advertise_address) {}
 
 void Coordinator::SetAdvertiseAddress(const std::string& address) {
@@ -332,6 +334,7 @@ absl::StatusOr<JobRecord> Coordinator::NewJobRecord(
   if (!ckpt_root.empty())
     ckpt->set_dir((fs::path(ckpt_root) / r.job.uid()).string());
   *r.job.mutable_spec() = *spec;
+  r.job.set_priority(*PriorityValue(spec->priority()));  // validated
   if (absl::Status s = SetForkSource(from_job, from_step, &r); !s.ok()) {
     return s;
   }
@@ -340,11 +343,25 @@ absl::StatusOr<JobRecord> Coordinator::NewJobRecord(
 
 absl::StatusOr<v1::Job> Coordinator::Submit(
     const std::string& spec_yaml, const std::vector<std::string>& overrides,
-    const std::string& from_job, int64_t from_step, const std::string& owner) {
+    const std::string& from_job, int64_t from_step, const Caller& by) {
   absl::StatusOr<JobRecord> r =
       NewJobRecord(spec_yaml, overrides, from_job, from_step);
   if (!r.ok()) return r.status();
+  const std::string& owner = by.user;
   r->job.set_owner(owner);
+  if (!Preemptible(r->job.spec()) && by.role != Role::kAdmin) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "restart.preemptible: false protects a job from preemption and needs "
+        "role admin; ",
+        owner, " is a ", RoleName(by.role)));
+  }
+  if (const User* u = users_->table()->Find(owner); u != nullptr) {
+    const bool gpus = OnGpus(r->job.spec());
+    const std::string never = NeverFitsQuota(
+        owner, u->quota,
+        Holding{r->job.world_size(), gpus ? r->job.world_size() : 0, 1});
+    if (!never.empty()) return absl::InvalidArgumentError(never);
+  }
   const int world = r->job.world_size();
   absl::MutexLock lock(&mu_);
   const std::string event =
@@ -414,16 +431,20 @@ absl::StatusOr<v1::DryRun> Coordinator::DryRunSubmit(
   absl::MutexLock lock(&mu_);
   int ahead = 0;
   for (const auto& [id, e] : jobs_) {
-    if (IsWaiting(e.record.job.state())) ++ahead;
+    if (IsWaiting(e.record.job.state()) &&
+        e.record.job.priority() >= r->job.priority()) {
+      ++ahead;
+    }
   }
   r->job.set_id("dry-run");
   const std::optional<AttemptPlace> place =
       backend_->Place(r->job, RunningJobsBut());
   if (ahead > 0) {
-    // Strict FIFO: it would start after every job waiting now.
+    // Jobs of its priority or higher come first (the order among those of
+    // its own depends on their owners' fair share).
     out.set_waits(absl::StrCat(
         ahead, ahead == 1 ? " job is" : " jobs are",
-        " queued ahead of it (the queue is first in, first out)",
+        " queued ahead of it (of its priority or higher)",
         place.has_value() ? "; its ranks would fit beside the running jobs"
                           : ""));
   } else if (!place.has_value()) {
@@ -443,7 +464,7 @@ absl::StatusOr<v1::GetJobResponse> Coordinator::Get(const std::string& id,
     absl::MutexLock lock(&mu_);
     Entry* e = Find(id);
     if (e == nullptr) return UnknownJob(id);
-    *out.mutable_job() = e->record.job;
+    *out.mutable_job() = Shown(*e);
   }
   absl::StatusOr<std::vector<v1::Attempt>> attempts = store_->ListAttempts(id);
   if (!attempts.ok()) return attempts.status();
@@ -485,7 +506,7 @@ absl::StatusOr<std::vector<v1::Job>> Coordinator::List(
                            : picked.size() - limit;
   std::vector<v1::Job> out;
   for (size_t i = first; i < picked.size(); ++i)
-    out.push_back(picked[i]->record.job);
+    out.push_back(Shown(*picked[i]));
   return out;
 }
 
@@ -836,13 +857,100 @@ int Coordinator::UsedSlots() const {
 }
 
 RunningJobs Coordinator::RunningJobsBut(const std::string& except) const {
+  return RunningJobsExcept({except});
+}
+
+RunningJobs Coordinator::RunningJobsExcept(
+    const std::set<std::string>& except) const {
   RunningJobs out;
   for (const auto& [id, run] : running_) {
     auto it = jobs_.find(id);
-    if (id != except && it != jobs_.end())
+    if (!except.count(id) && it != jobs_.end())
       out.push_back(&it->second.record.job);
   }
   return out;
+}
+
+v1::Job Coordinator::Shown(const Entry& e) {
+  v1::Job job = e.record.job;
+  if (!e.waiting.empty()) {
+    job.set_waiting(e.waiting);
+    job.set_queue_position(e.queue_position);
+  }
+  return job;
+}
+
+absl::StatusOr<v1::Job> Coordinator::SetPriority(const std::string& id,
+                                                 const std::string& priority,
+                                                 const std::string& by) {
+  if (id.empty()) return absl::InvalidArgumentError("job_id is empty");
+  absl::StatusOr<int> value = PriorityValue(priority);
+  if (!value.ok()) return value.status();
+  absl::MutexLock lock(&mu_);
+  Entry* e = Find(id);
+  if (e == nullptr) return UnknownJob(id);
+  const v1::Job& now = e->record.job;
+  if (IsFinal(now.state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", id, " is ", StateName(now.state()),
+                     ": an ended job has no priority to change"));
+  }
+  if (now.priority() == *value) return Shown(*e);
+  JobUpdate u;
+  u.record = e->record;
+  u.record.job.set_priority(*value);
+  u.event = absl::StrCat("priority set to ", PriorityWords(*value), By(by),
+                         " (was ", PriorityWords(now.priority()), ")");
+  if (absl::Status s = Commit(*e, std::move(u)); !s.ok()) return s;
+  wake_.Signal();
+  return Shown(*e);
+}
+
+std::vector<v1::Job> Coordinator::Queue() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::Job> out;
+  for (const std::string& id : queue_) {
+    auto it = jobs_.find(id);
+    if (it != jobs_.end() && IsWaiting(it->second.record.job.state())) {
+      out.push_back(Shown(it->second));
+    }
+  }
+  return out;
+}
+
+std::map<std::string, Coordinator::UserUsage> Coordinator::UsageByUser() const {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, UserUsage> out = totals_;
+  for (auto& [user, u] : out) u.running_jobs = u.slots = u.gpus = 0;
+  for (const v1::Job* job : RunningJobsBut()) {
+    UserUsage& u = out[job->owner()];
+    ++u.running_jobs;
+    u.slots += job->world_size();
+    if (OnGpus(job->spec())) u.gpus += job->world_size();
+  }
+  return out;
+}
+
+void Coordinator::ReplayUsage() {
+  // What the stored attempts held, decayed to now: the fair share goes on
+  // across restarts of ptcoord.
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  for (const auto& [id, e] : jobs_) {
+    absl::StatusOr<std::vector<v1::Attempt>> attempts =
+        store_->ListAttempts(id);
+    if (!attempts.ok()) continue;
+    for (const v1::Attempt& a : *attempts) {
+      if (a.started_unix_ms() <= 0) continue;
+      const absl::Time from = absl::FromUnixMillis(a.started_unix_ms());
+      const absl::Time to = a.finished_unix_ms() > 0
+                                ? absl::FromUnixMillis(a.finished_unix_ms())
+                                : now;
+      fair_share_.Charge(e.record.job.owner(), e.record.job.world_size(), from,
+                         std::min(to, now));
+    }
+  }
+  charged_ = now;
 }
 
 }  // namespace ptrain

@@ -1,10 +1,11 @@
-// The control plane's logic: the job state machine. Job lifecycle, FIFO
-// gang scheduling, supervising attempts, restarts, recovery after a ptcoord
-// restart; where and how an attempt runs is its AttemptBackend's business
-// (attempt_backend.h: this host, the registered nodes, or Slurm). Plain C++
-// over absl::Status; service.cc translates gRPC onto it. Thread-safe.
-// Durable state changes are written to the store first and applied in
-// memory only once written, so memory is never ahead of disk.
+// The control plane's logic: the job state machine. Job lifecycle, gang
+// scheduling by priority, fair share and quotas, preemption, supervising
+// attempts, restarts, recovery after a ptcoord restart; where and how an
+// attempt runs is its AttemptBackend's business (attempt_backend.h: this host,
+// the registered nodes, or Slurm). Plain C++ over absl::Status; service.cc
+// translates gRPC onto it. Thread-safe. Durable state changes are written to
+// the store first and applied in memory only once written, so memory is never
+// ahead of disk.
 //
 // The class is defined over several files: coordinator.cc (creation and the
 // job API), job_lineage.cc (going on from a checkpoint: --from, extend),
@@ -20,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -35,6 +37,7 @@
 #include "coordinator/audit.h"
 #include "coordinator/auth_throttle.h"
 #include "coordinator/nodes.h"
+#include "coordinator/queue_policy.h"
 #include "coordinator/rank_times.h"
 #include "coordinator/reports.h"
 #include "coordinator/slurm.h"
@@ -67,6 +70,13 @@ struct CoordinatorOptions {
   std::string users_file;
   std::string token_file;
   std::vector<std::string> user_tokens;
+  // How long a running job asked to stop for one of higher priority has
+  // to save its step and exit before it is killed (it then resumes from
+  // its newest checkpoint).
+  absl::Duration preempt_grace = absl::Seconds(120);
+  // Each user's decayed usage, by which jobs of one priority are ordered
+  // (queue_policy.h), halves in this time.
+  absl::Duration fairshare_half_life = absl::Hours(24 * 7);
   // STATE/audit.jsonl turns over at this size; so many older files kept.
   size_t audit_max_bytes = size_t{64} << 20;
   size_t audit_keep = 5;
@@ -181,13 +191,15 @@ class Coordinator {
       const std::optional<std::string>& authorization);
 
   // `from_job` (and `from_step`, 0: its newest checkpoint): start from
-  // that job's checkpoint (SubmitJobRequest.from_job). `owner`: the
-  // authenticated user who submits it (Job.owner).
+  // that job's checkpoint (SubmitJobRequest.from_job). `by`: the
+  // authenticated user who submits it (Job.owner); only an admin may
+  // submit a job with restart.preemptible false (PermissionDenied), and a
+  // job beyond its owner's quota at once is refused (InvalidArgument).
   absl::StatusOr<v1::Job> Submit(const std::string& spec_yaml,
                                  const std::vector<std::string>& overrides,
                                  const std::string& from_job = "",
                                  int64_t from_step = 0,
-                                 const std::string& owner = "");
+                                 const Caller& by = {"", Role::kAdmin});
   // SubmitJobRequest.dry_run: refused as Submit would refuse; else what the
   // job would be (ptworker --dry-run of its spec) and where it would start
   // now, or why it would wait. Stores and starts nothing.
@@ -211,6 +223,25 @@ class Coordinator {
   // ExtendJob (coordinator.proto).
   absl::StatusOr<v1::Job> Extend(const std::string& id, int64_t steps,
                                  const std::string& by = "");
+  // SetJobPriority (coordinator.proto).
+  absl::StatusOr<v1::Job> SetPriority(const std::string& id,
+                                      const std::string& priority,
+                                      const std::string& by = "");
+  // ListQueue: the waiting jobs in the order they would start, with why
+  // each waits (Job.waiting, Job.queue_position), as the last scheduling
+  // pass saw them.
+  std::vector<v1::Job> Queue() const;
+  // What each user's jobs hold and have used (ptcoord's metrics): running
+  // jobs, their slots and GPUs now, and slot- and GPU-seconds since this
+  // ptcoord started (not decayed).
+  struct UserUsage {
+    int running_jobs = 0;
+    int slots = 0;
+    int gpus = 0;
+    double slot_seconds = 0;
+    double gpu_seconds = 0;
+  };
+  std::map<std::string, UserUsage> UsageByUser() const;
   // DeleteJob (coordinator.proto): forgets an ended job, its checkpoint
   // folder removed too with `purge`.
   absl::StatusOr<v1::DeleteJobResponse> Delete(const std::string& id,
@@ -366,6 +397,9 @@ class Coordinator {
     // Asked to stop before any rank was heard from: asked again once one
     // is (RequestStop).
     bool stop_wanted = false;
+    // Being stopped for this waiting job of higher priority (a
+    // preemption): its end requeues it, whatever its exit code.
+    std::string preempted_for;
     int64_t newest_checkpoint = -1;  // reported by this attempt
     // When each rank last said which step it completed (ReportAlive's
     // times, ReportProgress): where a rank is that does not answer.
@@ -397,6 +431,10 @@ class Coordinator {
     JobRecord record;
     uint64_t version = 0;
     std::string message;
+    // While it waits: why, and its place in the queue (Job.waiting,
+    // queue_position), from the last scheduling pass.
+    std::string waiting;
+    int queue_position = 0;
   };
 
   Coordinator(CoordinatorOptions options, std::unique_ptr<Store> store,
@@ -413,9 +451,27 @@ class Coordinator {
   void CommitEvent(Entry& e, const std::string& event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // scheduling.cc: starts waiting jobs where the backend places them
-  // (strict FIFO), then stops shrunk jobs that can grow back.
+  // scheduling.cc: starts waiting jobs where the backend places them, in
+  // the queue's order (queue_policy.h: priority, fair share, submission),
+  // within their owners' quotas, backfilling behind a blocked head only
+  // where that does not delay it, and preempts jobs of lower priority for
+  // the head; then stops shrunk jobs that can grow back.
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Requeues PREEMPTED jobs (their attempts ended): QUEUED again.
+  void RequeuePreempted() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks the running jobs `victims` to stop for `head`.
+  void Preempt(const std::vector<std::string>& victims, const Entry& head)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds what the running jobs held since the last charge to each owner's
+  // fair-share usage and totals.
+  void ChargeUsage(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Charges the stored attempts to their owners' fair share (Create).
+  void ReplayUsage();
+  // The job as users see it: with why it waits.
+  static v1::Job Shown(const Entry& e);
+  // The queue's view of the running jobs (queue_policy.h).
+  std::vector<RunningJob> RunningForQueue() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void GrowBack() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts an attempt of the job where `place` says, with its shrunk spec
   // when it has one.
@@ -546,6 +602,9 @@ class Coordinator {
   absl::StatusOr<std::string> DescribeRun(const v1::JobSpec& spec) const;
   RunningJobs RunningJobsBut(const std::string& except = "") const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The jobs of the running attempts but those of `except`.
+  RunningJobs RunningJobsExcept(const std::set<std::string>& except) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Entry* Find(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;
@@ -566,6 +625,13 @@ class Coordinator {
   // counters never go down while this ptcoord runs.
   int64_t deleted_restarts_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, int64_t> deleted_requeues_ ABSL_GUARDED_BY(mu_);
+  // Each user's decayed usage (the queue's fair share) and undecayed
+  // totals, charged up to `charged_` (ChargeUsage).
+  FairShare fair_share_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, UserUsage> totals_ ABSL_GUARDED_BY(mu_);
+  absl::Time charged_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // The waiting jobs in queue order, from the last scheduling pass.
+  std::vector<std::string> queue_ ABSL_GUARDED_BY(mu_);
   // When ForgetExpiredJobs last looked.
   absl::Time retention_checked_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   RankTimesBoard rank_times_;
@@ -586,7 +652,7 @@ class Coordinator {
 // without a failure of its own, so without using up a restart.
 inline constexpr v1::AttemptEnd kRequeueEnds[] = {
     v1::ATTEMPT_END_PAUSED, v1::ATTEMPT_END_STOPPED, v1::ATTEMPT_END_NODE_LOST,
-    v1::ATTEMPT_END_GROWN, v1::ATTEMPT_END_LOST};
+    v1::ATTEMPT_END_GROWN,  v1::ATTEMPT_END_LOST,    v1::ATTEMPT_END_PREEMPTED};
 int64_t NowMs();
 
 }  // namespace ptrain

@@ -70,10 +70,41 @@ std::string CoordinatorHttp::MetricsText(const Coordinator& c) {
               "Attempts that ended without a failure of the job's own and "
               "were requeued or paused, over all jobs, by reason: paused, "
               "stopped (SIGUSR1, exit 3), node_lost, grown (stopped to grow "
-              "back), lost (no exit code). Not restarts.")
+              "back), lost (no exit code), preempted (for a job of higher "
+              "priority). Not restarts.")
           .Register(registry);
   for (const auto& [reason, n] : c.Requeues()) {
     requeues.Add({{"reason", reason}}).Increment(static_cast<double>(n));
+  }
+  // Per user (every user of the users file, zero included): what a team's
+  // members hold now and have used since this ptcoord started.
+  auto& user_jobs = prometheus::BuildGauge()
+                        .Name("ptrain_user_running_jobs")
+                        .Help("Running jobs per owner.")
+                        .Register(registry);
+  auto& user_slots = prometheus::BuildGauge()
+                         .Name("ptrain_user_slots")
+                         .Help("Slots the running jobs of each owner hold.")
+                         .Register(registry);
+  auto& user_slot_s =
+      prometheus::BuildCounter()
+          .Name("ptrain_user_slot_seconds_total")
+          .Help("Slot-seconds each owner's jobs held since ptcoord started.")
+          .Register(registry);
+  auto& user_gpu_s =
+      prometheus::BuildCounter()
+          .Name("ptrain_user_gpu_seconds_total")
+          .Help("GPU-seconds each owner's jobs held since ptcoord started.")
+          .Register(registry);
+  std::map<std::string, Coordinator::UserUsage> usage = c.UsageByUser();
+  for (const User& u : c.UsersNow()->users()) usage[u.name];
+  for (const auto& [user, u] : usage) {
+    const std::map<std::string, std::string> labels = {
+        {"user", user.empty() ? "-" : user}};
+    user_jobs.Add(labels).Set(u.running_jobs);
+    user_slots.Add(labels).Set(u.slots);
+    user_slot_s.Add(labels).Increment(u.slot_seconds);
+    user_gpu_s.Add(labels).Increment(u.gpu_seconds);
   }
   // Per unfinished job, so a rule can tell one job restarting often; the
   // spec's name is `name` (a scraped `job` label would be Prometheus's).

@@ -42,6 +42,10 @@ CLI::App* AddUsersCommand(CLI::App& app, AddUser& a) {
   CLI::App* users = app.add_subcommand(
       "users", "manage the users file (--users-file) and exit");
   users->require_subcommand(1);
+  users->footer(
+      "add NAME --role admin|member|viewer --users-file FILE [--quota-slots "
+      "N] [--quota-gpus N] [--quota-running-jobs N]: see `ptcoord users add "
+      "--help`");
   CLI::App* add = users->add_subcommand(
       "add",
       "print a new token for user NAME (added with --role when new) and "

@@ -206,6 +206,8 @@ std::optional<Refusal> LoadTokenFiles(const PtcoordFlags& f,
   }
   o->audit_max_bytes = static_cast<size_t>(f.audit_max_mb * (1 << 20));
   o->audit_keep = static_cast<size_t>(f.audit_keep);
+  o->preempt_grace = absl::Seconds(f.preempt_grace_s);
+  o->fairshare_half_life = absl::Hours(f.fairshare_half_life_h);
   if (!f.join_token_file.empty()) {
     absl::StatusOr<std::vector<std::string>> t =
         LoadTokenFile(f.join_token_file, "--join-token-file", &short_tokens);
@@ -370,6 +372,16 @@ void AddFlags(CLI::App& app, PtcoordFlags& f) {
   app.add_option("--audit-max-mb", f.audit_max_mb,
                  "STATE_DIR/audit.jsonl turns over at this size")
       ->check(CLI::Range(0.01, 1e6));
+  app.add_option("--preempt-grace-s", f.preempt_grace_s,
+                 "how long a job preempted for one of higher priority has to "
+                 "save its step and stop before it is killed (it then goes "
+                 "on from its newest checkpoint)")
+      ->check(CLI::Range(1.0, 86400.0));
+  app.add_option("--fairshare-half-life", f.fairshare_half_life_h,
+                 "hours in which a user's past usage (slot-seconds) halves; "
+                 "among queued jobs of one priority the user of the least "
+                 "goes first")
+      ->check(CLI::Range(0.0001, 1e6));
   app.add_option("--audit-keep", f.audit_keep,
                  "older audit files kept (audit.1.jsonl ...)")
       ->check(CLI::Range(1, 1000));

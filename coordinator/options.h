@@ -22,6 +22,8 @@ struct PtcoordFlags {
   std::string state_dir = "ptcoord-state";
   std::string token_file, users_file;
   double audit_max_mb = 64;
+  double preempt_grace_s = 120;
+  double fairshare_half_life_h = 24 * 7;
   int audit_keep = 5;
   std::string ptworker, mpirun = "mpirun", work_root, advertise;
   std::string log_level = "info";

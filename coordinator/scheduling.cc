@@ -1,7 +1,10 @@
 // Scheduling and launching for the job state machine (coordinator.h): the
-// waiting jobs, oldest first, start where the backend places them (strict
-// FIFO: the first that does not fit holds the queue); shrunk jobs grow back
-// once their full size fits. Also the node API (drain, forget, the daemons'
+// waiting jobs start where the backend places them in the queue's order
+// (queue_policy.h: priority, fair share, submission), within their owners'
+// quotas; the first that does not fit is the head, which preempts running
+// jobs of lower priority and which the jobs behind it pass only where that
+// does not delay it (EASY backfill); shrunk jobs grow back once their full
+// size fits. Also the node API (drain, forget, the daemons'
 // Exec authorization), which reads the placements of running attempts.
 #include <algorithm>
 #include <filesystem>
@@ -36,23 +39,186 @@ void SetSlotsUsed(const std::map<std::string, int>& used, v1::Node* n) {
 }  // namespace
 
 void Coordinator::Schedule() {
+  RequeuePreempted();
+  const absl::Time now = absl::Now();
   std::vector<Entry*> waiting;
   for (auto& [id, e] : jobs_) {
+    e.waiting.clear();
+    e.queue_position = 0;
     if (IsWaiting(e.record.job.state())) waiting.push_back(&e);
   }
-  std::sort(waiting.begin(), waiting.end(), [](const Entry* a, const Entry* b) {
-    return a->record.seq < b->record.seq;
-  });
+  // The queue's order: priority, then the owner's fair share, then
+  // submission (queue_policy.h).
+  std::map<std::string, double> usage;
   for (Entry* e : waiting) {
+    const std::string& owner = e->record.job.owner();
+    if (!usage.count(owner)) usage[owner] = fair_share_.Usage(owner, now);
+  }
+  const auto key = [&](const Entry* e) {
+    return QueueKey{e->record.job.priority(), usage[e->record.job.owner()],
+                    e->record.seq};
+  };
+  std::sort(waiting.begin(), waiting.end(),
+            [&](const Entry* a, const Entry* b) {
+              return StartsBefore(key(a), key(b));
+            });
+  queue_.clear();
+  for (Entry* e : waiting) queue_.push_back(e->record.job.id());
+  // What each user's running jobs hold, as jobs start in this pass.
+  std::map<std::string, Holding> held;
+  const auto need_of = [](const v1::Job& job) {
+    return Holding{job.world_size(), OnGpus(job.spec()) ? job.world_size() : 0,
+                   1};
+  };
+  for (const v1::Job* job : RunningJobsBut()) {
+    Holding& h = held[job->owner()];
+    const Holding n = need_of(*job);
+    h.slots += n.slots;
+    h.gpus += n.gpus;
+    h.jobs += 1;
+  }
+  const std::shared_ptr<const UserTable> users = users_->table();
+  const Entry* head = nullptr;
+  int position = 0;
+  for (Entry* e : waiting) {
+    const v1::Job& job = e->record.job;
+    e->queue_position = ++position;
+    const Holding need = need_of(job);
+    if (const User* u = users->Find(job.owner()); u != nullptr) {
+      // Over its owner's quota a job waits without holding up the queue.
+      e->waiting = QuotaReason(job.owner(), u->quota, held[job.owner()], need);
+      if (!e->waiting.empty()) continue;
+    }
     // Placed beside what the jobs launched so far in this pass hold.
     const std::optional<AttemptPlace> place =
-        backend_->Place(e->record.job, RunningJobsBut());
-    // Strict FIFO: the first job that does not fit holds the queue, and
-    // queued jobs come before growing ones.
-    if (!place.has_value()) return;
+        backend_->Place(job, RunningJobsBut());
+    if (head != nullptr) {
+      // Behind a blocked head: only where the head's planned start stays.
+      const bool keeps =
+          place.has_value() &&
+          BackfillKeepsHeadStart(
+              RunningForQueue(),
+              [&](const std::set<std::string>& gone, bool with_candidate) {
+                RunningJobs left = RunningJobsExcept(gone);
+                v1::Job candidate;
+                if (with_candidate) {
+                  candidate = job;
+                  candidate.clear_placement();
+                  for (const v1::Placement& p : place->placement) {
+                    *candidate.add_placement() = p;
+                  }
+                  left.push_back(&candidate);
+                }
+                return backend_->Place(head->record.job, left).has_value();
+              });
+      if (!keeps) {
+        e->waiting =
+            absl::StrCat("behind ", head->record.job.id(), " (",
+                         PriorityWords(head->record.job.priority()), ")");
+        continue;
+      }
+    } else if (!place.has_value()) {
+      head = e;
+      // Already preempting for it: wait for those jobs to save and stop.
+      std::vector<std::string> stopping;
+      for (const auto& [id, run] : running_) {
+        if (run.preempted_for == job.id()) stopping.push_back(id);
+      }
+      if (stopping.empty()) {
+        stopping = PickVictims(RunningForQueue(), job.priority(),
+                               [&](const std::set<std::string>& victims) {
+                                 return backend_
+                                     ->Place(job, RunningJobsExcept(victims))
+                                     .has_value();
+                               });
+        Preempt(stopping, *e);
+      }
+      if (!stopping.empty()) {
+        e->waiting = absl::StrCat("preempting ", absl::StrJoin(stopping, ", "),
+                                  ", saving");
+      } else {
+        const int free = backend_->FreeSlotCount(RunningJobsBut());
+        e->waiting = free >= 0
+                         ? absl::StrCat("needs ", job.world_size(), " slots, ",
+                                        free, " free")
+                         : absl::StrCat("needs ", job.world_size(), " slots: ",
+                                        backend_->FreeSlots(RunningJobsBut()));
+      }
+      continue;
+    }
     Launch(*e, *place);
+    Holding& h = held[job.owner()];
+    h.slots += need.slots;
+    h.gpus += need.gpus;
+    h.jobs += 1;
   }
   GrowBack();
+}
+
+void Coordinator::RequeuePreempted() {
+  for (auto& [id, e] : jobs_) {
+    if (e.record.job.state() != v1::JOB_STATE_PREEMPTED) continue;
+    JobUpdate u;
+    u.record = e.record;
+    u.record.job.set_state(v1::JOB_STATE_QUEUED);
+    u.event = absl::StrCat(
+        "queued again after its preemption: resumes from "
+        "its newest checkpoint when room returns");
+    if (absl::Status s = Commit(e, std::move(u)); !s.ok()) LogStoreError(e, s);
+  }
+}
+
+void Coordinator::Preempt(const std::vector<std::string>& victims,
+                          const Entry& head) {
+  const v1::Job& h = head.record.job;
+  for (const std::string& id : victims) {
+    auto run = running_.find(id);
+    if (run == running_.end()) continue;
+    Entry& e = jobs_[id];
+    run->second.preempted_for = h.id();
+    CommitEvent(e, absl::StrCat("preempted for ", h.id(), " (priority ",
+                                PriorityWords(h.priority()), ", of ",
+                                h.owner().empty() ? "-" : h.owner(),
+                                "): asked to save its step and stop"));
+    RequestStop(e, run->second);
+  }
+}
+
+std::vector<RunningJob> Coordinator::RunningForQueue() const {
+  std::vector<RunningJob> out;
+  for (const auto& [id, run] : running_) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;
+    const v1::Job& job = it->second.record.job;
+    RunningJob r;
+    r.id = id;
+    r.priority = job.priority();
+    // One being stopped ends now; it cannot be preempted again.
+    const bool stopping = run.stop_asked_at.has_value() ||
+                          run.kill_at.has_value() || run.end.has_value() ||
+                          !run.preempted_for.empty() || job.pause_requested() ||
+                          job.cancel_requested();
+    r.eta_s = stopping ? std::optional<double>(0) : EtaSeconds(job);
+    r.preemptible = Preemptible(job.spec()) && !stopping;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+void Coordinator::ChargeUsage(absl::Time now) {
+  if (charged_ == absl::InfinitePast() || now <= charged_) {
+    charged_ = now;
+    return;
+  }
+  const double dt = absl::ToDoubleSeconds(now - charged_);
+  for (const v1::Job* job : RunningJobsBut()) {
+    const int slots = job->world_size();
+    fair_share_.Charge(job->owner(), slots, charged_, now);
+    UserUsage& t = totals_[job->owner()];
+    t.slot_seconds += slots * dt;
+    if (OnGpus(job->spec())) t.gpu_seconds += slots * dt;
+  }
+  charged_ = now;
 }
 
 void Coordinator::GrowBack() {

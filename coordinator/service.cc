@@ -153,7 +153,7 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
     }
     absl::StatusOr<v1::Job> job =
         c_->Submit(req->spec_yaml(), overrides, req->from_job(),
-                   req->from_step(), call.user());
+                   req->from_step(), call.caller());
     if (job.ok()) {
       call.set_target(job->id());
       *resp->mutable_job() = std::move(*job);
@@ -282,6 +282,26 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
       call->Audit(d.status());
       return d.status();
     });
+  }
+
+  grpc::ServerUnaryReactor* SetJobPriority(
+      grpc::CallbackServerContext* ctx, const v1::SetJobPriorityRequest* req,
+      v1::SetJobPriorityResponse* resp) override {
+    Call call(this, ctx, "SetJobPriority", req->job_id());
+    if (!call.ok()) return call.Done();
+    absl::StatusOr<v1::Job> job =
+        c_->SetPriority(req->job_id(), req->priority(), call.user());
+    if (job.ok()) *resp->mutable_job() = std::move(*job);
+    return call.Done(job.status());
+  }
+
+  grpc::ServerUnaryReactor* ListQueue(grpc::CallbackServerContext* ctx,
+                                      const v1::ListQueueRequest*,
+                                      v1::ListQueueResponse* resp) override {
+    Call call(this, ctx, "ListQueue");
+    if (!call.ok()) return call.Done();
+    for (v1::Job& j : c_->Queue()) *resp->add_jobs() = std::move(j);
+    return call.Done(absl::OkStatus());
   }
 
   grpc::ServerUnaryReactor* WhoAmI(grpc::CallbackServerContext* ctx,

@@ -189,6 +189,7 @@ void Coordinator::Supervise() {
     nodes_->LeaveOut(late);
   }
   last_supervised_ = now;
+  ChargeUsage(now);
   std::vector<std::string> ids;
   for (const auto& [id, run] : running_) ids.push_back(id);
   for (const std::string& id : ids) {
@@ -255,11 +256,22 @@ void Coordinator::RequestStop(Entry& e, Running& run) {
 void Coordinator::CheckHang(Entry& e, Running& run, absl::Time now) {
   const int64_t timeout_s = e.record.job.spec().restart().hang_timeout_s();
   // Asked to save and stop (pause, grow back): ranks still running a hang
-  // timeout later are killed.
-  if (run.stop_asked_at.has_value() && !run.kill_at.has_value() &&
-      now - *run.stop_asked_at > absl::Seconds(timeout_s)) {
-    BeginKill(e, "");
-    return;
+  // timeout later are killed; preempted ones past the preemption's grace
+  // (they go on from their newest checkpoint).
+  if (run.stop_asked_at.has_value() && !run.kill_at.has_value()) {
+    const absl::Duration grace = run.preempted_for.empty()
+                                     ? absl::Seconds(timeout_s)
+                                     : options_.preempt_grace;
+    if (now - *run.stop_asked_at > grace) {
+      if (!run.preempted_for.empty()) {
+        CommitEvent(
+            e, absl::StrCat("did not stop within the preemption's grace (",
+                            absl::FormatDuration(options_.preempt_grace),
+                            "): killed, to go on from its newest checkpoint"));
+      }
+      BeginKill(e, "");
+      return;
+    }
   }
   const absl::Duration silent = now - run.last_report;
   if (run.kill_at.has_value()) return;
@@ -400,6 +412,16 @@ v1::AttemptEnd Coordinator::DecideEnd(const Running& run, int exit_code,
     u.event =
         absl::StrCat("succeeded on attempt ", n, resolved.empty() ? "" : " (",
                      resolved, resolved.empty() ? "" : ")");
+  } else if (!run.preempted_for.empty() && !pausing) {
+    // Stopped (or, past the grace, killed) for a job of higher priority:
+    // not a failure, and no restart used. Queued again by the next pass.
+    how = v1::ATTEMPT_END_PREEMPTED;
+    job.set_error("");
+    job.set_state(v1::JOB_STATE_PREEMPTED);
+    u.event = absl::StrCat("preempted for ", run.preempted_for, " after step ",
+                           job.progress().step(), " (attempt ", n,
+                           " ended with exit code ", exit_code,
+                           "; not counted as a restart)");
   } else if (pausing) {
     // Exit 3 when its ranks saved and stopped as asked; whatever else
     // ended it, it waits for ResumeJob now.

@@ -19,6 +19,7 @@
 #include "common/process.h"
 #include "common/proto_json.h"
 #include "common/utf8.h"
+#include "coordinator/queue_policy.h"
 
 namespace ptrain {
 
@@ -114,15 +115,13 @@ json Summary(const v1::Job& job) {
     j["lr"] = p.lr();
   }
   if (p.has_val_loss()) j["val_loss"] = p.val_loss();
-  // Steps left at the tokens a step takes and the last step's speed.
-  const double tokens_per_step =
-      static_cast<double>(job.spec().train().global_batch()) *
-      job.spec().model().block_size();
-  const int64_t left = job.spec().train().steps() - p.step();
-  if (job.state() == v1::JOB_STATE_RUNNING && p.tok_per_s() > 0 &&
-      tokens_per_step > 0 && left >= 0) {
-    j["eta_s"] = static_cast<double>(left) * tokens_per_step / p.tok_per_s();
+  if (const std::optional<double> eta = EtaSeconds(job)) j["eta_s"] = *eta;
+  // Why a waiting job waits, and its place in the queue.
+  if (!job.waiting().empty()) {
+    j["waiting"] = job.waiting();
+    j["queue_position"] = job.queue_position();
   }
+  j["priority"] = job.priority();
   return j;
 }
 
@@ -158,6 +157,7 @@ std::string EventKind(const std::string& m) {
   const auto has = [&](absl::string_view s) { return absl::StrContains(m, s); };
   if (absl::StartsWith(m, "submitted")) return "submitted";
   if (has("rolled back")) return "rollback";
+  if (has("preempt")) return "preempt";
   if (has("shrunk")) return "shrink";
   if (has("grow")) return "grow";
   if (has("lost") || has("requeued")) return "node_lost";

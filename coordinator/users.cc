@@ -2,6 +2,11 @@
 // yaml-cpp, whose marks give the line a refusal names.
 #include "coordinator/users.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -391,7 +396,17 @@ absl::StatusOr<std::string> AddUserToken(const std::string& path,
       next.empty() ? absl::InvalidArgumentError("no text appended")
                    : UserTable::Parse(next, "the new users file");
   if (!reread.ok() || !same(*reread)) next = UsersYaml(want);
+  // The file keeps its owner (root adding a user to the file of the user
+  // ptcoord runs as), which a replacement would not.
+  struct stat before;
+  const bool existed = stat(path.c_str(), &before) == 0;
   if (absl::Status s = ReplacePrivateFile(path, next); !s.ok()) return s;
+  if (existed && chown(path.c_str(), before.st_uid, before.st_gid) != 0) {
+    return absl::UnavailableError(absl::StrCat("--users-file ", path,
+                                               ": written, but its owner could "
+                                               "not be kept: ",
+                                               std::strerror(errno)));
+  }
   return token;
 }
 

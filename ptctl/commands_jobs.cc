@@ -186,6 +186,12 @@ int Get(Client& client, const std::string& id) {
       j.owner().empty() ? "-" : j.owner().c_str(), StateName(j.state()).c_str(),
       ending.empty() ? "" : (" (" + ending + ")").c_str(), j.attempts(),
       j.world_size());
+  std::printf("priority:  %s%s\n", PriorityWords(j.priority()).c_str(),
+              Preemptible(j.spec()) ? "" : ", not preemptible");
+  if (!j.waiting().empty()) {
+    std::printf("waiting:   #%d in the queue: %s\n", j.queue_position(),
+                j.waiting().c_str());
+  }
   std::printf(
       "step:      %lld/%lld\nloss:      %s\nval_loss:  %s\ntok/s:     %s\n",
       static_cast<long long>(p.step()), static_cast<long long>(p.total_steps()),
@@ -229,6 +235,38 @@ int Get(Client& client, const std::string& id) {
             : absl::StrCat(" slurm job ", a.slurm_job_id()).c_str(),
         a.dir().c_str());
   }
+  return 0;
+}
+
+int Priority(Client& client, const std::string& id,
+             const std::string& priority) {
+  v1::SetJobPriorityRequest req;
+  req.set_job_id(id);
+  req.set_priority(priority);
+  v1::SetJobPriorityResponse resp;
+  auto ctx = client.Context();
+  const grpc::Status s = client.stub().SetJobPriority(ctx.get(), req, &resp);
+  if (!s.ok()) return RpcError(client.options(), s);
+  if (client.options().output == "json") {
+    std::printf("%s\n", ProtoJson(resp, true).c_str());
+    return 0;
+  }
+  std::printf("%s priority %s\n", resp.job().id().c_str(),
+              PriorityWords(resp.job().priority()).c_str());
+  return 0;
+}
+
+int Queue(Client& client) {
+  v1::ListQueueResponse resp;
+  auto ctx = client.Context();
+  const grpc::Status s =
+      client.stub().ListQueue(ctx.get(), v1::ListQueueRequest(), &resp);
+  if (!s.ok()) return RpcError(client.options(), s);
+  if (client.options().output == "json") {
+    std::printf("%s\n", ProtoJson(resp, true).c_str());
+    return 0;
+  }
+  PrintQueueTable({resp.jobs().begin(), resp.jobs().end()});
   return 0;
 }
 

@@ -33,6 +33,14 @@ int List(Client& client, int limit, const std::string& state,
 // `whoami`: the caller's user name, role and quota.
 int WhoAmI(Client& client);
 
+// `priority JOB P`: sets job `id`'s priority (low, normal, high, 0..1000).
+int Priority(Client& client, const std::string& id,
+             const std::string& priority);
+
+// `queue`: the waiting jobs in the order they would start, each with why it
+// waits.
+int Queue(Client& client);
+
 // Cancels job `id` (idempotent); prints "ID STATE".
 int Cancel(Client& client, const std::string& id);
 

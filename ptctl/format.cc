@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/job_state.h"
+#include "common/spec.h"
 
 namespace ptrain::ptctl {
 
@@ -88,6 +89,18 @@ void PrintJobsTable(const std::vector<v1::Job>& jobs) {
                 absl::StrCat(p.step(), "/", p.total_steps()).c_str(),
                 PadLeft(Figure(HasSteps(p), p.loss()), 9).c_str(),
                 Ago(j.created_unix_ms()).c_str());
+  }
+}
+
+void PrintQueueTable(const std::vector<v1::Job>& jobs) {
+  std::printf("%3s %-10s %-12s %-13s %5s %8s  %s\n", "#", "ID", "OWNER",
+              "PRIORITY", "SLOTS", "WAITING", "WHY");
+  for (const v1::Job& j : jobs) {
+    std::printf("%3d %-10s %-12s %-13s %5d %8s  %s\n", j.queue_position(),
+                j.id().c_str(), j.owner().empty() ? "-" : j.owner().c_str(),
+                PriorityWords(j.priority()).c_str(), j.world_size(),
+                Ago(j.created_unix_ms()).c_str(),
+                j.waiting().empty() ? "starting" : j.waiting().c_str());
   }
 }
 

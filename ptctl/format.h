@@ -44,6 +44,10 @@ std::string Duration(double seconds);
 // Prints `jobs` as a table on stdout, a line a job.
 void PrintJobsTable(const std::vector<v1::Job>& jobs);
 
+// Prints the waiting `jobs` (ListQueue) in the order they would start: place,
+// id, owner, priority, slots, and why each waits.
+void PrintQueueTable(const std::vector<v1::Job>& jobs);
+
 // "UP", "DOWN", or "?".
 const char* NodeStateName(v1::NodeState s);
 

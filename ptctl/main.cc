@@ -30,7 +30,7 @@ using ptrain::ptctl::Options;
 
 // What the subcommands take.
 struct Args {
-  std::string file, job, node, list_state, from, owner;
+  std::string file, job, node, list_state, from, owner, priority;
   std::vector<std::string> sets;
   bool watch = false, follow = false, purge = false, dry_run = false,
        mine = false;
@@ -41,7 +41,7 @@ struct Args {
 struct Subcommands {
   CLI::App *submit, *get, *list, *logs, *events, *cancel, *pause, *resume,
       *extend, *del, *watch, *checkpoints, *diagnose, *nodes, *approve, *drain,
-      *uncordon, *forget, *whoami;
+      *uncordon, *forget, *whoami, *priority, *queue;
 };
 
 // The flags every subcommand takes, their defaults from the environment.
@@ -104,6 +104,15 @@ Subcommands AddSubcommands(CLI::App& app, Args& a) {
       ->excludes(mine);
   c.whoami = app.add_subcommand(
       "whoami", "show the user my token is, its role and its quota");
+  c.priority = app.add_subcommand(
+      "priority",
+      "change a job's priority: low, normal, high or 0..1000 (higher starts "
+      "first and may preempt lower)");
+  c.priority->add_option("JOB", a.job)->required();
+  c.priority->add_option("PRIORITY", a.priority)->required();
+  c.queue = app.add_subcommand(
+      "queue",
+      "the waiting jobs in the order they would start, and why each waits");
   c.logs = app.add_subcommand("logs", "print an attempt's output");
   c.logs->add_option("JOB", a.job)->required();
   c.logs->add_flag("-f,--follow", a.follow,
@@ -188,6 +197,8 @@ int Dispatch(const Subcommands& c, const Args& a,
     return cmd::List(client, a.list_limit, a.list_state, a.owner, a.mine);
   }
   if (*c.whoami) return cmd::WhoAmI(client);
+  if (*c.priority) return cmd::Priority(client, a.job, a.priority);
+  if (*c.queue) return cmd::Queue(client);
   if (*c.logs) return cmd::Logs(client, a.job, a.follow, a.attempt, a.rank);
   if (*c.cancel) return cmd::Cancel(client, a.job);
   if (*c.pause) return cmd::PauseOrResume(client, a.job, true);

@@ -9,7 +9,7 @@
   const ACTIVE = new Set(['queued', 'running', 'restarting']);
   const KIND_COLORS = {
     submitted: '#6b7280', attempt: '#2563eb', restart: '#ea580c', node_lost: '#dc2626',
-    shrink: '#9333ea', grow: '#16a34a', pause: '#0891b2', rollback: '#a16207',
+    shrink: '#9333ea', grow: '#16a34a', pause: '#0891b2', preempt: '#c026d3', rollback: '#a16207',
     checkpoint: '#0d9488', hang: '#be123c', cancel: '#111827', other: '#9ca3af',
   };
   const RANK_HUES = [221, 0, 152, 32, 271, 190, 330, 84];
@@ -198,7 +198,9 @@
                    el('div', {class: 'sub mono'}, j.id));
     if (j.error) job.append(el('div', {class: 'sub err', title: j.error}, j.error));
     return el('tr', {'data-job': j.id, 'data-state': j.state},
-      el('td', null, badge(j.state), flag && el('span', {class: 'flag'}, flag)),
+      el('td', null, badge(j.state), flag && el('span', {class: 'flag'}, flag),
+         j.waiting && el('div', {class: 'sub waiting', title: 'place ' + j.queue_position + ' in the queue'},
+                         '#' + j.queue_position + ' ' + j.waiting)),
       job,
       el('td', {class: 'owner'}, j.owner || '—'),
       el('td', null, progressCell(j.step, j.steps)),

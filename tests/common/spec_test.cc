@@ -78,6 +78,8 @@ v1::JobSpec MustParse(const std::string& yaml,
 TEST(DefaultJobSpec, HasTheDocumentedDefaults) {
   const v1::JobSpec s = DefaultJobSpec();
   EXPECT_EQ(s.name(), "");
+  EXPECT_EQ(s.priority(), "normal");
+  EXPECT_TRUE(s.restart().preemptible());
   EXPECT_EQ(s.model().arch(), "gpt");
   EXPECT_EQ(s.model().n_layer(), 4);
   EXPECT_EQ(s.model().n_head(), 4);
@@ -125,6 +127,27 @@ TEST(DefaultJobSpec, HasTheDocumentedDefaults) {
   EXPECT_EQ(s.resources().threads_per_rank(), 0);
   EXPECT_EQ(s.restart().max_restarts(), 3);
   EXPECT_EQ(s.restart().hang_timeout_s(), 300);
+}
+
+TEST(ParseJobSpec, PriorityIsAWordOrAWholeNumberUpTo1000) {
+  EXPECT_EQ(*PriorityValue(MustParse(kMinimal, {"priority=high"}).priority()),
+            kPriorityHigh);
+  EXPECT_EQ(*PriorityValue(MustParse(kMinimal, {"priority=700"}).priority()),
+            700);
+  EXPECT_EQ(*PriorityValue(MustParse(kMinimal).priority()), kPriorityNormal);
+  EXPECT_EQ(*PriorityValue(""), kPriorityNormal);
+  EXPECT_EQ(*PriorityValue("low"), kPriorityLow);
+  for (const char* bad :
+       {"priority=1001", "priority=-1", "priority=urgent", "priority=7.5"}) {
+    const std::string e = OverrideError({bad});
+    EXPECT_NE(e.find("priority:"), std::string::npos) << e;
+    EXPECT_NE(e.find("[0, 1000]"), std::string::npos) << e;
+  }
+  EXPECT_FALSE(MustParse(kMinimal, {"restart.preemptible=false"})
+                   .restart()
+                   .preemptible());
+  EXPECT_EQ(PriorityWords(800), "high (800)");
+  EXPECT_EQ(PriorityWords(650), "650");
 }
 
 TEST(ParseJobSpec, FieldsMissingFromTheFileKeepTheirDefaults) {

@@ -467,11 +467,9 @@ TEST_F(CoordinatorTest, AttemptsSayWhyTheyEndedAndOnlyFailuresAreRestarts) {
         for (const v1::Attempt& a : got->attempts()) out.push_back(a.end());
         return out;
       };
-  std::map<std::string, int64_t> requeued = {{"grown", 0},
-                                             {"lost", 0},
-                                             {"node_lost", 0},
-                                             {"paused", 0},
-                                             {"stopped", 0}};
+  std::map<std::string, int64_t> requeued = {{"grown", 0},     {"lost", 0},
+                                             {"node_lost", 0}, {"paused", 0},
+                                             {"preempted", 0}, {"stopped", 0}};
   EXPECT_EQ(c->Requeues(), requeued);
 
   // Attempt 1 exits 3 (stopped as asked), attempt 2 0.

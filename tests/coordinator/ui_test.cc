@@ -435,7 +435,7 @@ TEST(LatestSamplesTest, TheNewestExpertLoadIsKeptBesideTheSample) {
 
 TEST(JobStateNamesTest, LowerNamesRoundTripAndNothingElseParses) {
   const std::vector<std::string> names = LowerStateNames();
-  EXPECT_EQ(names.size(), 7u);
+  EXPECT_EQ(names.size(), 8u);
   for (const std::string& n : names) {
     ASSERT_TRUE(StateOfLowerName(n).has_value()) << n;
     EXPECT_EQ(LowerStateName(*StateOfLowerName(n)), n);
@@ -447,6 +447,13 @@ TEST(JobStateNamesTest, LowerNamesRoundTripAndNothingElseParses) {
 
 TEST_F(UiTest, EventKindsNameWhatHappened) {
   EXPECT_EQ(EventKind("submitted (2 slots)"), "submitted");
+  EXPECT_EQ(EventKind("submitted by alice (2 slots)"), "submitted");
+  EXPECT_EQ(EventKind("preempted for job-0003 (priority high (800), of "
+                      "carol): asked to save its step and stop"),
+            "preempt");
+  EXPECT_EQ(EventKind("queued again after its preemption: resumes from its "
+                      "newest checkpoint when room returns"),
+            "preempt");
   EXPECT_EQ(EventKind("attempt 2 started"), "attempt");
   EXPECT_EQ(EventKind("attempt 1 failed (restart 1 of 3): exit 9"), "restart");
   EXPECT_EQ(EventKind("rolled back at step 40 (loss spike) to the checkpoint "

@@ -18,6 +18,7 @@
 #include "coordinator/ui_server.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/files.h"
 
 namespace ptrain {
 namespace {
@@ -27,10 +28,7 @@ namespace fs = std::filesystem;
 std::string Hash(const std::string& token) { return Sha256Hex(token); }
 
 std::string ReadFile(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+  return ptrain::testing::ReadAll(p.string());
 }
 
 class TempDir {

@@ -241,6 +241,8 @@ def flag_checks(segs):
         name = pt_name(seg.program)
         if name:
             sub = ptctl_subcommand(seg) if name == "ptctl" else ""
+            if name == "ptcoord" and seg.words[1:3] == ["users", "add"]:
+                sub = "users add"
             checks.append((name, sub, doc_flags(seg)))
     return checks
 
@@ -546,7 +548,7 @@ class Runner:
     def help_text(self, name, sub):
         binary = self.build / PT_BINARIES[name]
         texts = []
-        for argv in ([str(binary), "--help"], [str(binary), sub, "--help"] if sub else None):
+        for argv in ([str(binary), "--help"], [str(binary), *sub.split(), "--help"] if sub else None):
             if argv:
                 r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
                 texts.append(r.stdout + r.stderr)

@@ -36,6 +36,7 @@
 #include "nlohmann/json.hpp"
 #include "ptrain/v1/coordinator.grpc.pb.h"
 #include "ptrain/v1/node.grpc.pb.h"
+#include "tests/testing/process.h"
 
 namespace {
 
@@ -99,15 +100,7 @@ pid_t Spawn(const std::string& cmd, const fs::path& out) {
   return pid;
 }
 
-bool WaitFor(const std::function<bool()>& done, int seconds) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  return done();
-}
+using ptrain::testing::WaitFor;
 
 class ControlPlaneTest : public ::testing::Test {
  protected:

@@ -27,6 +27,7 @@
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "ptrain/v1/coordinator.grpc.pb.h"
+#include "tests/testing/files.h"
 #include "tests/testing/process.h"
 
 namespace {
@@ -34,29 +35,17 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using ptrain::testing::RunCapturing;
+using ptrain::testing::WaitFor;
+
+std::string ReadFile(const fs::path& p) {
+  return ptrain::testing::ReadAll(p.string());
+}
 
 // A job of a few quick steps.
 const char* const kSmall =
     " --set model.n_layer=1 --set model.n_embd=32 --set model.n_head=2"
     " --set train.eval_every=0 --set train.sample_every=0"
     " --set train.log_every=1 --set train.steps=4";
-
-bool WaitFor(const std::function<bool()>& done, int seconds) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  return done();
-}
-
-std::string ReadFile(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 class MultiUserTest : public ::testing::Test {
  protected:
@@ -91,23 +80,24 @@ class MultiUserTest : public ::testing::Test {
   }
 
   // `ptcoord users add NAME --role ROLE`: the token it printed.
-  std::string AddUser(const std::string& name, const std::string& role) {
+  std::string AddUser(const std::string& name, const std::string& role,
+                      const std::string& extra = "") {
     const auto [rc, out] =
         RunCapturing(absl::StrCat(PT_PTCOORD, " users add ", name, " --role ",
-                                  role, " --users-file ", users_));
+                                  role, " --users-file ", users_, " ", extra));
     EXPECT_EQ(rc, 0) << out;
     // The token is its stdout's one line, before what it says on stderr.
     return out.substr(0, out.find('\n'));
   }
 
-  void Start(const std::vector<std::string>& extra = {}) {
+  void Start(const std::vector<std::string>& extra = {}, int slots = 4) {
     std::vector<std::string> argv = {PT_PTCOORD,
                                      "--listen",
                                      "127.0.0.1:0",
                                      "--state-dir",
                                      (dir_ / "state").string(),
                                      "--local-slots",
-                                     "4",
+                                     std::to_string(slots),
                                      "--users-file",
                                      users_,
                                      "--data-root",
@@ -168,15 +158,39 @@ class MultiUserTest : public ::testing::Test {
     }
     return n;
   }
-  std::string State(const std::string& id) {
+  json Job(const std::string& id) {
     const auto [rc, out] = Ptctl("root", "-o json get " + id);
     json j = json::parse(out, nullptr, false);
-    if (rc != 0 || j.is_discarded() || !j.contains("job")) return "";
-    return j["job"].value("state", "");
+    if (rc != 0 || j.is_discarded() || !j.contains("job"))
+      return json::object();
+    return j["job"];
+  }
+  std::string State(const std::string& id) {
+    return Job(id).value("state", "");
+  }
+  int64_t Step(const std::string& id) {
+    const json p = Job(id).value("progress", json::object());
+    return p.contains("step") ? std::stoll(p["step"].get<std::string>()) : 0;
+  }
+  // The final training loss, exactly as stored (JSON's shortest text of the
+  // double that round-trips).
+  std::string FinalLoss(const std::string& id) {
+    return Job(id)
+        .value("progress", json::object())
+        .value("loss", json())
+        .dump();
+  }
+  std::string Events(const std::string& id) {
+    return Ptctl("vera", "events " + id).second;
+  }
+  bool WaitState(const std::string& id, const std::string& state, int s = 300) {
+    return WaitFor([&] { return State(id) == "JOB_STATE_" + state; }, s);
   }
   std::unique_ptr<grpc::ClientContext> Ctx(const std::string& user) {
     auto ctx = std::make_unique<grpc::ClientContext>();
-    ctx->AddMetadata("authorization", "Bearer " + tokens_[user]);
+    if (!user.empty()) {
+      ctx->AddMetadata("authorization", "Bearer " + tokens_[user]);
+    }
     ctx->set_deadline(std::chrono::system_clock::now() +
                       std::chrono::seconds(20));
     return ctx;
@@ -355,6 +369,19 @@ TEST_F(MultiUserTest, EveryRpcHasOneRuleAndEveryRoleGetsWhatItSays) {
          v1::WhoAmIResponse resp;
          return stub.WhoAmI(Ctx(u).get(), v1::WhoAmIRequest(), &resp);
        }},
+      {"SetJobPriority",
+       [&](const std::string& u) {
+         v1::SetJobPriorityRequest req;
+         req.set_job_id(job);
+         req.set_priority("low");
+         v1::SetJobPriorityResponse resp;
+         return stub.SetJobPriority(Ctx(u).get(), req, &resp);
+       }},
+      {"ListQueue",
+       [&](const std::string& u) {
+         v1::ListQueueResponse resp;
+         return stub.ListQueue(Ctx(u).get(), v1::ListQueueRequest(), &resp);
+       }},
   };
   // Denied roles first, so that an allowed action (a cancel) comes after
   // every refusal of it. bob is a member who does not own the job.
@@ -368,8 +395,16 @@ TEST_F(MultiUserTest, EveryRpcHasOneRuleAndEveryRoleGetsWhatItSays) {
           "JobService");
   ASSERT_NE(service, nullptr);
   ASSERT_GT(service->method_count(), 15);
+  // In the proto's order, DeleteJob last: once the owner has deleted the
+  // job, another member's call on it is NOT_FOUND, no longer a refusal.
+  std::vector<std::string> order;
   for (int i = 0; i < service->method_count(); ++i) {
-    const std::string rpc = service->method(i)->name();
+    if (service->method(i)->name() != "DeleteJob") {
+      order.push_back(service->method(i)->name());
+    }
+  }
+  order.push_back("DeleteJob");
+  for (const std::string& rpc : order) {
     const ptrain::AccessRule* rule = ptrain::FindAccessRule(rpc);
     ASSERT_NE(rule, nullptr) << rpc << " has no rule in the access table";
     ASSERT_TRUE(calls.count(rpc)) << rpc << " is not called by this test";
@@ -427,12 +462,17 @@ TEST_F(MultiUserTest, EveryRpcHasOneRuleAndEveryRoleGetsWhatItSays) {
   ASSERT_TRUE(jobs);
   EXPECT_EQ(json::parse(jobs->body)["jobs"][0].value("owner", ""), "alice");
 
-  // An unknown token is UNAUTHENTICATED, whatever it asks (last: each
-  // counts against this peer's throttle, of 20 refusals at once).
+  // No token is UNAUTHENTICATED, whatever it asks; so is an unknown one
+  // (last, and on fewer RPCs than the throttle's 20 refusals at once: each
+  // counts against this peer).
   tokens_["mallory"] = std::string(64, 'a');
+  int guesses = 0;
   for (const auto& [rpc, call] : calls) {
-    EXPECT_EQ(call("mallory").error_code(), grpc::StatusCode::UNAUTHENTICATED)
-        << rpc;
+    EXPECT_EQ(call("").error_code(), grpc::StatusCode::UNAUTHENTICATED) << rpc;
+    if (++guesses < 18) {
+      EXPECT_EQ(call("mallory").error_code(), grpc::StatusCode::UNAUTHENTICATED)
+          << rpc;
+    }
   }
   httplib::Result wrong = ui.Get(
       "/api/v1/jobs", {{"Authorization", "Bearer " + tokens_["mallory"]}});
@@ -605,6 +645,194 @@ TEST_F(MultiUserTest, ABadUsersFileIsRefusedAtStartNamingTheLine) {
                    " --token-file ", users_));
   EXPECT_EQ(rc, 2);
   EXPECT_TRUE(absl::StrContains(out, "give one")) << out;
+}
+
+// A job of high priority that cannot be placed preempts the fewest running
+// jobs of lower priority that make room: two low jobs, each asked to save
+// the step it is in and stop. They go PREEMPTED, then QUEUED, and once the
+// high job is done resume from that checkpoint; every job ends SUCCEEDED,
+// no restart is used, and each preempted job's final loss is bit-identical
+// to the same job's uninterrupted run.
+TEST_F(MultiUserTest, AHighPriorityJobPreemptsTwoLowOnesThatLoseNothing) {
+  Start({"--preempt-grace-s", "120"});
+  const std::string low = " --set parallel.dp=2 --set train.steps=300";
+  const std::string a = Submit("alice", low + " --set priority=low");
+  const std::string b = Submit("bob", low + " --set priority=low");
+  ASSERT_TRUE(WaitFor([&] { return Step(a) >= 20 && Step(b) >= 20; }, 300))
+      << Events(a) << Events(b);
+  const std::string high = Submit(
+      "carol", " --set parallel.dp=4 --set train.steps=40 --set priority=high");
+  for (const std::string& id : {a, b}) {
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          return absl::StrContains(Events(id),
+                                   "queued again after its preemption");
+        },
+        300))
+        << Events(id);
+    EXPECT_TRUE(absl::StrContains(Events(id), "preempted for " + high))
+        << Events(id);
+  }
+  ASSERT_TRUE(WaitState(high, "SUCCEEDED")) << Events(high);
+  for (const std::string& id : {a, b}) {
+    ASSERT_TRUE(WaitState(id, "SUCCEEDED")) << Events(id);
+    const json j = Job(id);
+    EXPECT_EQ(j["requeues"].value("preempted", 0), 1) << j.dump();
+    EXPECT_EQ(j.value("attempts", 0), 2) << j.dump();
+    // The second attempt resumed where the first stopped, not from 0.
+    EXPECT_TRUE(absl::StrContains(Events(id), "not counted as a restart"))
+        << Events(id);
+    const std::string events = Events(id);
+    const size_t at =
+        events.find("attempt 2 resumed from the checkpoint at step ");
+    ASSERT_NE(at, std::string::npos) << events;
+    const int64_t resumed = std::stoll(events.substr(
+        at +
+        std::string("attempt 2 resumed from the checkpoint at step ").size()));
+    EXPECT_GE(resumed, 20) << events;
+    EXPECT_LT(resumed, 300) << events;
+  }
+  // The high job started only once both had stopped.
+  EXPECT_TRUE(absl::StrContains(Events(high), "submitted by carol"));
+  // The same jobs, uninterrupted.
+  const std::string ra = Submit("alice", low + " --set priority=low");
+  const std::string rb = Submit("bob", low + " --set priority=low");
+  for (const std::string& id : {ra, rb}) {
+    ASSERT_TRUE(WaitState(id, "SUCCEEDED")) << Events(id);
+    EXPECT_EQ(Job(id)["requeues"].value("preempted", 0), 0);
+  }
+  EXPECT_EQ(FinalLoss(a), FinalLoss(ra));
+  EXPECT_EQ(FinalLoss(b), FinalLoss(rb));
+  EXPECT_NE(FinalLoss(a), "null");
+}
+
+// A job over its owner's quota waits, saying why, without holding up the
+// queue: another user's job behind it starts. One that could never fit the
+// quota is refused at submit. `ptctl queue` lists the waiting jobs in the
+// order they would start, each with its reason, and the web UI's list says
+// the same.
+TEST_F(MultiUserTest, QuotaWaitsSayWhyAndTheQueueListsThemInOrder) {
+  tokens_["quinn"] = AddUser("quinn", "member", "--quota-slots 2");
+  Start();
+  const std::string runs = " --set parallel.dp=2 --set train.steps=100000";
+  const std::string first = Submit("quinn", runs);
+  ASSERT_TRUE(WaitState(first, "RUNNING"));
+  const std::string second = Submit("quinn", runs);
+  const std::string other = Submit("bob", " --set train.steps=100000");
+  ASSERT_TRUE(WaitState(other, "RUNNING")) << Events(other);
+  EXPECT_EQ(State(second), "JOB_STATE_QUEUED");
+  const auto [rc, queue] = Ptctl("vera", "queue");
+  EXPECT_EQ(rc, 0) << queue;
+  EXPECT_TRUE(absl::StrContains(queue, second)) << queue;
+  EXPECT_TRUE(absl::StrContains(queue, "user quinn at quota: 2/2 slots"))
+      << queue;
+  EXPECT_EQ(Job(second).value("waiting", ""), "user quinn at quota: 2/2 slots");
+  // One more slot-taking job of bob's: needs 2, 1 free.
+  const std::string big = Submit("bob", runs);
+  ASSERT_TRUE(WaitFor(
+      [&] { return Job(big).value("waiting", "") == "needs 2 slots, 1 free"; },
+      30))
+      << Job(big).dump();
+  const auto [qrc, order] = Ptctl("vera", "-o json queue");
+  const json q = json::parse(order);
+  ASSERT_EQ(q["jobs"].size(), 2u) << order;
+  std::set<std::string> ids;
+  for (const json& j : q["jobs"]) ids.insert(j.value("id", ""));
+  EXPECT_EQ(ids, (std::set<std::string>{second, big}));
+  EXPECT_EQ(q["jobs"][0].value("queue_position", 0), 1) << order;
+  EXPECT_EQ(q["jobs"][1].value("queue_position", 0), 2) << order;
+  // The UI's list says the same.
+  httplib::Client ui(std::string(absl::StripSuffix(ui_, "/")));
+  httplib::Result r =
+      ui.Get("/api/v1/jobs", {{"Authorization", "Bearer " + tokens_["vera"]}});
+  ASSERT_TRUE(r);
+  bool said = false;
+  const json listed = json::parse(r->body);
+  for (const json& j : listed["jobs"]) {
+    if (j.value("id", "") == second) {
+      said = j.value("waiting", "") == "user quinn at quota: 2/2 slots";
+    }
+  }
+  EXPECT_TRUE(said) << r->body;
+  // More than the quota at once: refused, nothing stored.
+  const auto [brc, bad] = Ptctl(
+      "quinn", absl::StrCat("submit examples/shakespeare-char.yaml", kSmall,
+                            " --set checkpoint.dir=", (dir_ / "ckpt").string(),
+                            " --set parallel.dp=4"));
+  EXPECT_EQ(brc, 2) << bad;
+  EXPECT_TRUE(absl::StrContains(bad, "could never run")) << bad;
+  EXPECT_EQ(List("root").size(), 4u);
+  // Room again within quinn's quota: the waiting one starts.
+  ASSERT_EQ(Ptctl("bob", "cancel " + big).first, 0);
+  ASSERT_EQ(Ptctl("quinn", "cancel " + first).first, 0);
+  ASSERT_TRUE(WaitState(second, "RUNNING", 120)) << Events(second);
+}
+
+// Among queued jobs of one priority, the user of the smallest decayed usage
+// goes first: alice, who has used the slot, waits behind bob's job
+// submitted after hers.
+TEST_F(MultiUserTest, FairShareStartsTheLighterUsersJobFirst) {
+  Start({}, /*slots=*/1);
+  const std::string a1 = Submit("alice", " --set train.steps=150");
+  ASSERT_TRUE(WaitState(a1, "RUNNING"));
+  ASSERT_TRUE(WaitFor([&] { return Step(a1) >= 10; }, 120));
+  const std::string a2 = Submit("alice", " --set train.steps=20");
+  const std::string b1 = Submit("bob", " --set train.steps=20");
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const json q =
+            json::parse(Ptctl("vera", "-o json queue").second, nullptr, false);
+        return !q.is_discarded() && q.contains("jobs") &&
+               q["jobs"].size() == 2 && q["jobs"][0].value("id", "") == b1;
+      },
+      30))
+      << Ptctl("vera", "queue").second;
+  EXPECT_TRUE(absl::StrContains(Job(a2).value("waiting", ""), "behind " + b1))
+      << Job(a2).dump();
+  for (const std::string& id : {a1, a2, b1}) {
+    ASSERT_TRUE(WaitState(id, "SUCCEEDED")) << Events(id);
+  }
+  const auto started = [&](const std::string& id) {
+    return std::stoll(Job(id).value("started_unix_ms", "0"));
+  };
+  EXPECT_LT(started(b1), started(a2));
+}
+
+// Priorities and protection: a member may not protect a job from
+// preemption (restart.preemptible: false is an admin's), a priority out of
+// range is refused naming the rule, a member may not change the priority
+// of another user's job, and a change is an event naming who made it.
+TEST_F(MultiUserTest, PriorityRulesAndProtectionAreEnforced) {
+  Start();
+  const auto submit = [&](const std::string& user, const std::string& sets) {
+    return Ptctl(user, absl::StrCat("submit examples/shakespeare-char.yaml",
+                                    kSmall, " --set checkpoint.dir=",
+                                    (dir_ / "ckpt").string(), sets));
+  };
+  const auto [prc, protect] =
+      submit("alice", " --set restart.preemptible=false");
+  EXPECT_NE(prc, 0);
+  EXPECT_TRUE(absl::StrContains(protect, "PERMISSION_DENIED")) << protect;
+  EXPECT_TRUE(absl::StrContains(protect, "needs role admin")) << protect;
+  const auto [orc, out_of_range] = submit("alice", " --set priority=1001");
+  EXPECT_EQ(orc, 2) << out_of_range;
+  EXPECT_TRUE(absl::StrContains(out_of_range, "priority")) << out_of_range;
+  EXPECT_TRUE(List("root").empty());
+  const auto [arc, admin] = submit(
+      "root", " --set restart.preemptible=false --set train.steps=100000");
+  ASSERT_EQ(arc, 0) << admin;
+  const std::string job = admin.substr(0, admin.find('\n'));
+  const std::string mine = Submit("alice", " --set train.steps=100000");
+  EXPECT_NE(Ptctl("alice", "priority " + mine + " 2000").first, 0);
+  const auto [drc, denied] = Ptctl("bob", "priority " + mine + " high");
+  EXPECT_TRUE(absl::StrContains(denied, "belongs to alice")) << denied;
+  ASSERT_EQ(Ptctl("alice", "priority " + mine + " high").first, 0);
+  EXPECT_EQ(Job(mine).value("priority", 0), 800);
+  EXPECT_TRUE(
+      absl::StrContains(Events(mine), "priority set to high (800) by alice"))
+      << Events(mine);
+  const auto [grc, shown] = Ptctl("vera", "get " + job);
+  EXPECT_TRUE(absl::StrContains(shown, "not preemptible")) << shown;
 }
 
 }  // namespace

@@ -43,6 +43,11 @@ grep -qx "StateDirectory=ptrain" "$tmp/ptcoord.service" || {
   echo "FAIL: ptcoord.service has no StateDirectory"
   failed=1
 }
+# A reload is SIGHUP: ptcoord rereads its users file.
+grep -qx 'ExecReload=/bin/kill -HUP $MAINPID' "$tmp/ptcoord.service" || {
+  echo "FAIL: ptcoord.service has no reload (SIGHUP) for its users file"
+  failed=1
+}
 # Attempts survive a restart of ptcoord (it re-adopts them).
 grep -qx "KillMode=process" "$tmp/ptcoord.service" || {
   echo "FAIL: ptcoord.service would kill running jobs when restarted"

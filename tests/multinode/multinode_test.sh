@@ -7,7 +7,8 @@
 #
 # Scenarios: two_nodes, node_death_shrink, node_returns_grow,
 # node_death_spare, link_cut, node_frozen, daemon_killed, refusals,
-# coordinator_restart, coordinator_lost, rank_stopped. Needs root and iproute2;
+# coordinator_restart, coordinator_lost, rank_stopped, preemption. Needs root
+# and iproute2;
 # exits 77 (skipped) with a message when namespaces cannot be made here.
 # Everything (namespaces, processes, files) is removed on exit, failed or
 # not. Figures are printed as "FIGURE name value".
@@ -22,7 +23,7 @@ case $SCENARIO in
   two_nodes) N=11 ;; node_death_shrink) N=12 ;; node_death_spare) N=13 ;;
   link_cut) N=14 ;; daemon_killed) N=15 ;; refusals) N=16 ;;
   coordinator_restart) N=17 ;; node_frozen) N=18 ;; node_returns_grow) N=19 ;;
-  coordinator_lost) N=20 ;; rank_stopped) N=21 ;;
+  coordinator_lost) N=20 ;; rank_stopped) N=21 ;; preemption) N=22 ;;
   *) echo "unknown scenario $SCENARIO" >&2; exit 2 ;;
 esac
 export MN_PREFIX="pm$N" MN_SUBNET3="10.78.$N"
@@ -169,6 +170,37 @@ mn_up 3 >/dev/null
 start_coordinator
 
 case $SCENARIO in
+preemption)
+  # A job of low priority holds both nodes; one of high priority preempts
+  # it: its ranks save the step they are in and stop, the high job runs,
+  # and the low one resumes from that step on the nodes and ends with the
+  # final loss of an uninterrupted run, bit for bit.
+  start_node 1; start_node 2; wait_nodes_up 1 2
+  low=$(submit --set train.steps=200 --set checkpoint.every=50 --set priority=low)
+  wait_step "$low" 20 90 || fail "no progress"
+  high=$(submit --set train.steps=20 --set priority=high)
+  for _ in $(seq 240); do
+    events "$low" | grep -q "queued again after its preemption" && break
+    sleep 0.5
+  done
+  events "$low" | grep -q "preempted for $high" || fail "$low was not preempted: $(events "$low")"
+  wait_state "$high" SUCCEEDED 180 || fail "$high did not succeed: $(events "$high")"
+  wait_state "$low" SUCCEEDED 240 || fail "$low did not succeed: $(events "$low")"
+  [[ $(jget "$low" "j['requeues'].get('preempted', 0)") == 1 ]] ||
+    fail "requeues: $(jget "$low" "j['requeues']")"
+  resumed=$(events "$low" | sed -n 's/^attempt 2 resumed from the checkpoint at step \([0-9]*\).*/\1/p')
+  [[ -n $resumed && $resumed -ge 20 && $resumed -lt 200 ]] ||
+    fail "attempt 2 did not resume from the preempted step: $(events "$low")"
+  echo "FIGURE preempted_at_step $resumed"
+  nodes_loss=$(final_loss "$T/state/jobs/$low/attempt-2/run.jsonl")
+  (cd "$SRC" && OMP_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1 mpirun --allow-run-as-root --oversubscribe \
+      -n 4 "$PTWORKER" --config "$T/state/jobs/$low/spec.yaml" --log-json "$T/local.jsonl" \
+      --set "checkpoint.dir=$T/local-ckpt" --set checkpoint.every=0 > "$T/local.log" 2>&1) || fail "local mpirun failed"
+  local_loss=$(final_loss "$T/local.jsonl")
+  echo "final loss: preempted on nodes $nodes_loss, uninterrupted $local_loss"
+  [[ $nodes_loss == "$local_loss" ]] || fail "final loss differs: $nodes_loss vs $local_loss"
+  ;;
+
 two_nodes)
   # dp=2 x tp=2 over two nodes of 2 slots: each tp pair inside one node;
   # the final loss equals plain mpirun on one host, bit for bit.

@@ -6,12 +6,14 @@ local`, or on pretend nodes made of network and PID namespaces, `--variant
 nodes`) while a seeded fault injector kills ranks (SIGKILL), stops ranks
 past their hang timeout (SIGSTOP, then SIGCONT), kills ptcoord -9 and
 restarts it on the same state, fills the checkpoint disk (a tmpfs) for a
-while, and on nodes kills a node's ptworkerd or the whole node and brings
-it back. All the while a client polls every endpoint of ptcoord's web UI
+while, submits a short job of high priority that preempts running ones
+(they save the step they are in and resume from it), and on nodes kills a
+node's ptworkerd or the whole node and brings it back. All the while a client polls every endpoint of ptcoord's web UI
 and a slowloris client holds as many connections to it as it is let.
 Then every job must have ended SUCCEEDED, every step any attempt trained
 must have the loss the same job trained without faults has at that step,
-bit for bit (resume is deterministic), no job may have trained a step past
+bit for bit (resume is deterministic), every preempting job must have
+ended SUCCEEDED too, no job may have trained a step past
 the attempt that finished it nor started an attempt after it succeeded,
 the store must pass its integrity checks, and the UI must have answered
 every poll within UI_SECONDS but while ptcoord was down for a fault.
@@ -210,6 +212,7 @@ class Soak:
         self.stopped = {}  # pid -> time to SIGCONT it
         self.faults = collections.Counter()
         self.jobs = []  # (id, overrides, world)
+        self.preemptors = []  # ids of the jobs of high priority submitted
         self.mounted = False
         self.nodes_up = False
         self.down = []  # (from, to): ptcoord killed until it listened again
@@ -443,6 +446,23 @@ class Soak:
             self.start_coordinator()
             self.down.append((down_from, time.time()))
             log("ptcoord killed -9 and restarted")
+        elif kind == "preempt":
+            # Two slots at high priority: where they are not free, the
+            # fewest running jobs that free them are preempted.
+            if not self.ranks():
+                return False
+            _, sets = self.overrides(1)  # the dp=2 layout
+            sets = [x for x in sets if not x.startswith(("name=",
+                                                         "train.steps="))]
+            sets += [f"name=soak-preempt-{len(self.preemptors)}",
+                     "train.steps=30", "priority=high"]
+            args = ["submit", os.path.join(self.a.src, "examples",
+                                           "shakespeare-char.yaml")]
+            for x in sets:
+                args += ["--set", x]
+            job_id = self.ptctl(*args).stdout.split()[0]
+            self.preemptors.append(job_id)
+            log(f"preempt: {job_id} of high priority submitted")
         elif kind == "disk_full":
             seconds = self.rng.uniform(1.0, 4.0)
             log(f"checkpoint disk full for {seconds:.1f} s")
@@ -483,6 +503,7 @@ class Soak:
     def check(self, refs, started, ui):
         lost = [f"ui: {f}" for f in ui.failures(self.down)[:10]]
         restarts = 0
+        preempted = 0
         steps = self.a.steps
         db = sqlite3.connect(os.path.join(self.state, "ptcoord.db"))
         integrity = db.execute("PRAGMA integrity_check").fetchone()[0]
@@ -552,11 +573,18 @@ class Soak:
                     why.append(f"checkpoint {c['dir']} is not whole")
             if why:
                 lost.append(f"{job_id} (soak-{i}): " + "; ".join(why[:4]))
+            preempted += int(job.get("requeues", {}).get("preempted", 0))
+        for job_id in self.preemptors:
+            job = self.job(job_id)["job"]
+            if job.get("state") != "JOB_STATE_SUCCEEDED":
+                lost.append(f"{job_id} (preempting): ended {job.get('state')}:"
+                            f" {job.get('error', '')}")
         wall = time.time() - started
         print(f"SOAK {self.a.variant}: {len(self.jobs)} jobs, "
               f"{sum(self.faults.values())} faults "
               f"({', '.join(f'{k} {v}' for k, v in sorted(self.faults.items()))}), "
-              f"{restarts} restarts, {wall:.0f} s wall, {len(lost)} lost")
+              f"{restarts} restarts, {preempted} preemptions, "
+              f"{wall:.0f} s wall, {len(lost)} lost")
         print(ui.summary())
         for line in lost:
             print(f"LOST: {line}")
@@ -567,7 +595,8 @@ class Soak:
     def run(self):
         started = time.time()
         self.mount_disk()
-        kinds = ["rank_kill", "rank_stop", "coordinator_kill", "disk_full"]
+        kinds = ["rank_kill", "rank_stop", "coordinator_kill", "disk_full",
+                 "preempt"]
         if self.a.variant == "nodes":
             kinds += ["daemon_kill", "node_kill"]
             with open(os.path.join(self.t, "join"), "w") as f:
@@ -591,7 +620,8 @@ class Soak:
         deadline = time.time() + self.a.timeout_s
         while time.time() < deadline:
             self.resume_stopped()
-            states = [self.job(j)["job"].get("state") for j, _, _ in self.jobs]
+            states = [self.job(j)["job"].get("state")
+                      for j in [j for j, _, _ in self.jobs] + self.preemptors]
             final = all(s in ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED",
                               "JOB_STATE_CANCELLED") for s in states)
             if final and not self.stopped:

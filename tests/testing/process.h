@@ -7,8 +7,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <functional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -40,6 +43,18 @@ inline std::pair<int, std::string> RunCapturing(const std::string& command) {
   while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
   const int status = pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// Polls `done` every 200 ms until it holds or `seconds` pass; whether it
+// held (asked once more at the deadline). A generous deadline, not a timing.
+inline bool WaitFor(const std::function<bool()>& done, int seconds) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return done();
 }
 
 }  // namespace ptrain::testing
