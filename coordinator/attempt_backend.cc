@@ -14,6 +14,10 @@ int AttemptBackend::FreeSlotCount(const RunningJobs& /*running*/) const {
   return -1;
 }
 
+bool AttemptBackend::QueuesItself() const { return false; }
+
+int AttemptBackend::TotalSlots() { return -1; }
+
 std::string AttemptBackend::FreeSlots(const RunningJobs& /*running*/) const {
   return "more slots than are free";
 }

@@ -126,6 +126,14 @@ class AttemptBackend {
   // How many slots are free beside `running`; -1 where the backend does
   // not know (Slurm).
   virtual int FreeSlotCount(const RunningJobs& running) const;
+  // Whether the backend queues attempts itself (Slurm): Place never makes a
+  // job wait, its attempts start at once and Poll says kQueued until the
+  // backend runs them. Preemption then looks at those queued attempts, and
+  // at TotalSlots.
+  virtual bool QueuesItself() const;
+  // How many ranks the backend's resources hold at once (Slurm: the up
+  // nodes' CPUs of the partition); -1 when it cannot tell now.
+  virtual int TotalSlots();
   // Whether the running, shrunk `job` fits at its full size now beside
   // `others` (its own slots counted free): the state machine then stops it
   // to grow back. False where the backend cannot tell (Slurm places) or

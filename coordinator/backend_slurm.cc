@@ -163,6 +163,10 @@ class SlurmBackend : public AttemptBackend {
     SlurmAttempt& a = Slurm(handle);
     if (a.orphan.has_value()) return a.orphan->Poll(ending);
     AttemptStatus status;
+    // Between queries, what the last one said of a job Slurm still queues.
+    if (a.state == "PENDING" || a.state == "CONFIGURING") {
+      status.state = AttemptStatus::kQueued;
+    }
     if (now < a.next_poll) return status;
     a.next_poll = now + kPollEvery;
     absl::StatusOr<SlurmJob> job = QuerySlurmJob(a.slurm_id);
@@ -190,6 +194,30 @@ class SlurmBackend : public AttemptBackend {
     a.state = job->state;
     a.nodes = job->nodes;
     return EndOf(a, *job, ending);
+  }
+
+  // Pause and preemption: SIGUSR1 to the ranks (srun's tasks) only, as
+  // for a dump; they save the step they are in and exit 3, which srun and
+  // the batch script pass on.
+  bool CanAskToStop() const override { return true; }
+  bool AskToStop(AttemptHandle& handle) override {
+    SlurmAttempt& a = Slurm(handle);
+    if (a.orphan.has_value()) return a.orphan->SignalLauncher(SIGUSR1);
+    return CancelSlurmJob(a.slurm_id, "USR1", /*batch_too=*/false).ok();
+  }
+
+  bool QueuesItself() const override { return true; }
+
+  // The partition's up CPUs as one-CPU tasks; asked of Slurm at most once a
+  // second.
+  int TotalSlots() override {
+    const absl::Time now = absl::Now();
+    if (now < slots_asked_ + kPollEvery) return slots_;
+    slots_asked_ = now;
+    absl::StatusOr<std::vector<int>> cpus =
+        SlurmUpNodeCpus(options_.slurm_options.partition);
+    slots_ = cpus.ok() ? SlurmTaskCapacity(*cpus, 1, 0) : -1;
+    return slots_;
   }
 
   bool AskToDump(AttemptHandle& handle, const v1::Job& /*job*/,
@@ -247,6 +275,8 @@ class SlurmBackend : public AttemptBackend {
 
  private:
   const CoordinatorOptions& options_;
+  int slots_ = -1;
+  absl::Time slots_asked_ = absl::InfinitePast();
 };
 
 }  // namespace

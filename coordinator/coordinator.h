@@ -400,6 +400,9 @@ class Coordinator {
     // Being stopped for this waiting job of higher priority (a
     // preemption): its end requeues it, whatever its exit code.
     std::string preempted_for;
+    // Queued by its backend (Slurm PENDING), not running yet: what
+    // preemption under such a backend looks at.
+    bool backend_queued = false;
     int64_t newest_checkpoint = -1;  // reported by this attempt
     // When each rank last said which step it completed (ReportAlive's
     // times, ReportProgress): where a rank is that does not answer.
@@ -457,6 +460,10 @@ class Coordinator {
   // where that does not delay it, and preempts jobs of lower priority for
   // the head; then stops shrunk jobs that can grow back.
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Under a backend that queues attempts itself (Slurm): the queued
+  // attempt of the highest priority preempts running ones of lower
+  // priority, the fewest whose slots make room for it.
+  void PreemptForBackendQueue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Requeues PREEMPTED jobs (their attempts ended): QUEUED again.
   void RequeuePreempted() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Asks the running jobs `victims` to stop for `head`.

@@ -152,7 +152,54 @@ void Coordinator::Schedule() {
     h.gpus += need.gpus;
     h.jobs += 1;
   }
+  if (backend_->QueuesItself()) PreemptForBackendQueue();
   GrowBack();
+}
+
+void Coordinator::PreemptForBackendQueue() {
+  const Entry* head = nullptr;
+  for (const auto& [id, run] : running_) {
+    const Entry& e = jobs_[id];
+    if (!run.backend_queued || run.kill_at.has_value() || run.end.has_value()) {
+      continue;
+    }
+    if (head == nullptr ||
+        StartsBefore(
+            QueueKey{e.record.job.priority(), 0, e.record.seq},
+            QueueKey{head->record.job.priority(), 0, head->record.seq})) {
+      head = &e;
+    }
+  }
+  if (head == nullptr) return;
+  const std::string& head_id = head->record.job.id();
+  int used = 0;
+  std::map<std::string, int> holds;
+  for (const auto& [id, run] : running_) {
+    if (run.preempted_for == head_id) return;  // already making room
+    if (run.backend_queued) continue;
+    holds[id] = jobs_[id].record.job.world_size();
+    used += holds[id];
+  }
+  std::vector<RunningJob> running;
+  for (RunningJob& r : RunningForQueue()) {
+    if (holds.count(r.id)) running.push_back(std::move(r));
+  }
+  // Asked of the backend only when a job of lower priority runs.
+  if (std::none_of(running.begin(), running.end(), [&](const RunningJob& r) {
+        return r.preemptible && r.priority < head->record.job.priority();
+      })) {
+    return;
+  }
+  const int total = backend_->TotalSlots();
+  const int need = head->record.job.world_size();
+  if (total < 0 || total - used >= need) return;
+  Preempt(PickVictims(running, head->record.job.priority(),
+                      [&](const std::set<std::string>& victims) {
+                        int freed = 0;
+                        for (const std::string& v : victims) freed += holds[v];
+                        return total - used + freed >= need;
+                      }),
+          *head);
 }
 
 void Coordinator::RequeuePreempted() {
@@ -284,6 +331,8 @@ void Coordinator::Launch(Entry& e, const AttemptPlace& place) {
   Running& run = running_[id];
   run.attempt_dir = attempt_dir;
   run.last_report = absl::Now();
+  // Queued by such a backend until its first poll says it runs.
+  run.backend_queued = backend_->QueuesItself();
   absl::StatusOr<std::string> job_dir =
       PrepareJobDir(options_.state_dir, id, spec, e.record.job.world_size(),
                     options_.tls_ca_pem, place.nodes);

@@ -206,6 +206,7 @@ void Coordinator::SuperviseAttempt(Entry& e, Running& run, absl::Time now) {
     // Queued by its backend (Slurm) is not a hang: the timer starts when
     // it runs.
     if (status.state == AttemptStatus::kQueued) run.last_report = now;
+    run.backend_queued = status.state == AttemptStatus::kQueued;
     ending = status.state == AttemptStatus::kEnding;
     if (status.state == AttemptStatus::kEnded) run.end = std::move(status);
   }

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/process.h"
 #include "coordinator/access.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -704,6 +705,49 @@ TEST_F(MultiUserTest, AHighPriorityJobPreemptsTwoLowOnesThatLoseNothing) {
   EXPECT_EQ(FinalLoss(a), FinalLoss(ra));
   EXPECT_EQ(FinalLoss(b), FinalLoss(rb));
   EXPECT_NE(FinalLoss(a), "null");
+}
+
+// A victim that cannot save in time (its ranks stopped) is killed once the
+// preemption's grace has passed and goes on from its newest checkpoint:
+// still no restart used, still the uninterrupted run's final loss.
+TEST_F(MultiUserTest, AVictimPastThePreemptionsGraceIsKilledAndLosesNothing) {
+  Start({"--preempt-grace-s", "3"});
+  const std::string sets =
+      " --set parallel.dp=4 --set train.steps=200 --set checkpoint.every=10";
+  const std::string low = Submit("alice", sets + " --set priority=low");
+  ASSERT_TRUE(WaitFor([&] { return Step(low) >= 30; }, 300)) << Events(low);
+  const std::string uid = Job(low).value("uid", "");
+  const std::vector<pid_t> ranks =
+      ptrain::ProcessesWithEnv({"PTRAIN_JOB_UID=" + uid});
+  ASSERT_FALSE(ranks.empty());
+  for (pid_t p : ranks) kill(p, SIGSTOP);
+  const std::string high =
+      Submit("carol",
+             " --set parallel.dp=4 --set train.steps=20 --set "
+             "priority=high");
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return absl::StrContains(Events(low),
+                                 "queued again after its preemption");
+      },
+      120))
+      << Events(low);
+  for (pid_t p : ranks) kill(p, SIGCONT);  // gone already: killed
+  EXPECT_TRUE(absl::StrContains(Events(low),
+                                "did not stop within the preemption's grace"))
+      << Events(low);
+  ASSERT_TRUE(WaitState(high, "SUCCEEDED")) << Events(high);
+  ASSERT_TRUE(WaitState(low, "SUCCEEDED")) << Events(low);
+  const json j = Job(low);
+  EXPECT_EQ(j["requeues"].value("preempted", 0), 1) << j.dump();
+  EXPECT_EQ(j.value("attempts", 0), 2) << j.dump();
+  EXPECT_TRUE(absl::StrContains(Events(low),
+                                "attempt 2 resumed from the "
+                                "checkpoint at step"))
+      << Events(low);
+  const std::string ref = Submit("alice", sets + " --set priority=low");
+  ASSERT_TRUE(WaitState(ref, "SUCCEEDED")) << Events(ref);
+  EXPECT_EQ(FinalLoss(low), FinalLoss(ref));
 }
 
 // A job over its owner's quota waits, saying why, without holding up the

@@ -5,7 +5,8 @@
 #
 #   slurm_test.sh SCENARIO BUILD_DIR SOURCE_DIR
 #
-# Scenarios: succeeds, cancel, rank_killed (one node, localhost), and
+# Scenarios: succeeds, cancel, rank_killed, rank_stopped, preemption (one
+# node, localhost), and
 # node_death (two pretend nodes of tests/multinode/cluster.sh, one slurmd
 # each). Root only; exits 77 (skipped) with a message when Slurm's daemons
 # are not installed. Figures are printed as "FIGURE name value".
@@ -106,7 +107,10 @@ step_of() {
 CTLD_PORT=$(free_port)
 SLURMD_PORT=$(free_port)
 LISTEN=127.0.0.1
-NODES="NodeName=localhost CPUs=$(nproc) State=UNKNOWN"
+NODE_CPUS=$(nproc)
+# Two CPUs, which one job of two ranks fills, whatever the machine has.
+[[ $SCENARIO == preemption ]] && NODE_CPUS=2
+NODES="NodeName=localhost CPUs=$NODE_CPUS State=UNKNOWN"
 CTLD_HOST=localhost
 if [[ $MODE == netns ]]; then
   mn_down >/dev/null 2>&1 || true
@@ -190,10 +194,52 @@ SETS=(--set model.n_layer=2 --set model.n_embd=32 --set model.n_head=2
 submit() { "$PTCTL" submit "$SRC/examples/shakespeare-char.yaml" "${SETS[@]}" "$@" | head -n1; }
 
 case $SCENARIO in
+preemption)
+  # A job of low priority holds the node's two CPUs; one of high priority
+  # waits in Slurm's queue, and ptcoord preempts the low one (scancel
+  # --signal=USR1 to its ranks: they save the step they are in and exit
+  # 3). The high job runs; the low one, queued again, resumes from that
+  # step and ends with the final loss of an uninterrupted run, bit for bit.
+  low=$(submit --set train.steps=200 --set checkpoint.every=50 --set priority=low)
+  wait_for 90 bash -c "[[ \$(\"$PTCTL\" -o json get $low | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"job\"][\"progress\"].get(\"step\", 0))') -ge 20 ]]" ||
+    fail "no progress"
+  high=$(submit --set train.steps=20 --set priority=high)
+  for _ in $(seq 360); do
+    events "$low" | grep -q "queued again after its preemption" && break
+    sleep 0.5
+  done
+  events "$low" | grep -q "preempted for $high" || fail "$low was not preempted: $(events "$low")"
+  wait_for 180 bash -c "[[ \$(\"$PTCTL\" -o json get $high | grep -o 'JOB_STATE_[A-Z]*' | head -1) == JOB_STATE_SUCCEEDED ]]" ||
+    fail "$high did not succeed: $(events "$high")"
+  wait_for 240 bash -c "[[ \$(\"$PTCTL\" -o json get $low | grep -o 'JOB_STATE_[A-Z]*' | head -1) == JOB_STATE_SUCCEEDED ]]" ||
+    fail "$low did not succeed: $(events "$low")"
+  resumed=$(events "$low" | sed -n 's/^attempt 2 resumed from the checkpoint at step \([0-9]*\).*/\1/p')
+  [[ -n $resumed && $resumed -ge 20 && $resumed -lt 200 ]] ||
+    fail "attempt 2 did not resume from the preempted step: $(events "$low")"
+  echo "FIGURE preempted_at_step $resumed"
+  last_loss() {
+    python3 -c "
+import json, sys
+last = None
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r.get('type') == 'step': last = r
+print(repr(last['loss']))" "$1"
+  }
+  slurm_loss=$(last_loss "$T/state/jobs/$low/attempt-2/run.jsonl")
+  (cd "$SRC" && OMP_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1 mpirun --allow-run-as-root --oversubscribe \
+      -n 2 "$BUILD/worker/ptworker" --config "$T/state/jobs/$low/spec.yaml" --log-json "$T/local.jsonl" \
+      --set "checkpoint.dir=$T/local-ckpt" --set checkpoint.every=0 > "$T/local.log" 2>&1) || fail "local mpirun failed"
+  local_loss=$(last_loss "$T/local.jsonl")
+  echo "final loss: preempted under Slurm $slurm_loss, uninterrupted $local_loss"
+  [[ $slurm_loss == "$local_loss" ]] || fail "final loss differs: $slurm_loss vs $local_loss; $(events "$low")"
+  ;;
 succeeds)
   # Submit -> SUCCEEDED with its loss history, the attempt a Slurm job.
   t0=$(now)
-  id=$(submit --set train.steps=60 --set checkpoint.every=20)
+  # Steps enough that its ranks still run when their CPUs are looked at
+  # (60 could end first on an idle machine).
+  id=$(submit --set train.steps=600 --set checkpoint.every=200)
   wait_for 60 bash -c "[[ \$(\"$PTCTL\" -o json get $id | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"job\"][\"progress\"].get(\"step\", 0))') -ge 1 ]]" ||
     fail "no first step"
   echo "FIGURE slurm_submit_to_first_step_s $(since "$t0")"
@@ -222,7 +268,7 @@ print(f"loss {first:.3f} -> {last:.3f} over {len(h)} points; Slurm job {sid}")' 
   events "$id" | grep -q "is Slurm job [0-9]* (ptrain-$id-1)" || fail "no Slurm job event"
   events "$id" | grep -q "RUNNING on localhost" || fail "no RUNNING event"
   # srun --label: rank 1's lines carry "1: ", and ptctl logs --rank 1 has only those.
-  "$PTCTL" logs "$id" --rank 0 | grep -q '^0: .*step *60/60' || fail "ptctl logs --rank 0"
+  "$PTCTL" logs "$id" --rank 0 | grep -q '^0: .*step *600/600' || fail "ptctl logs --rank 0"
   # The same submission to a ptcoord with the local launcher, for the
   # launch-time figure side by side.
   "$PTCOORD" --listen 127.0.0.1:0 --state-dir "$T/local-state" --launcher local \
