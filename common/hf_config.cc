@@ -26,6 +26,27 @@ constexpr char kMixtral[] = "MixtralForCausalLM";
 constexpr char kQwen3[] = "Qwen3ForCausalLM";
 constexpr char kQwen3Moe[] = "Qwen3MoeForCausalLM";
 
+// Each architecture read and written here with its config's model_type:
+// a config without `architectures` is read by its model_type, and a config
+// written names both.
+struct HfModel {
+  const char* arch;
+  const char* type;
+};
+constexpr HfModel kHfModels[] = {{kGpt2, "gpt2"},
+                                 {kLlama, "llama"},
+                                 {kMixtral, "mixtral"},
+                                 {kQwen3, "qwen3"},
+                                 {kQwen3Moe, "qwen3_moe"}};
+
+// The model_type of `arch` (one of kHfModels).
+const char* ModelTypeOf(absl::string_view arch) {
+  for (const HfModel& m : kHfModels) {
+    if (arch == m.arch) return m.type;
+  }
+  return "";
+}
+
 absl::Status Bad(absl::string_view where, auto&&... parts) {
   return absl::InvalidArgumentError(absl::StrCat(where, ": ", parts...));
 }
@@ -422,13 +443,10 @@ absl::StatusOr<HfConfig> ParseHfConfig(std::string_view text,
     }
     arch = (*a)[0].get<std::string>();
   } else if (const json* t = Get(j, "model_type"); t && t->is_string()) {
-    const std::string type = t->get<std::string>();
-    arch = type == "gpt2"        ? kGpt2
-           : type == "llama"     ? kLlama
-           : type == "mixtral"   ? kMixtral
-           : type == "qwen3"     ? kQwen3
-           : type == "qwen3_moe" ? kQwen3Moe
-                                 : type;
+    arch = t->get<std::string>();
+    for (const HfModel& m : kHfModels) {
+      if (arch == m.type) arch = m.arch;
+    }
   }
   if (arch == kGpt2) return Gpt2Config(j, where);
   if (arch == kLlama) return LlamaConfig(j, where);
@@ -456,8 +474,7 @@ std::string HfConfigJson(const v1::ModelSpec& m, absl::string_view torch_dtype,
     // else a Llama (with experts Mixtral).
     const bool experts = moe.experts() > 0, qwen3 = m.qk_norm();
     const char* arch = HfArchitecture(true, experts, qwen3);
-    const char* type = qwen3 ? (experts ? "qwen3_moe" : "qwen3")
-                             : (experts ? "mixtral" : "llama");
+    const char* type = ModelTypeOf(arch);
     const bool mixtral = experts && !qwen3;
     j = {{"architectures", {arch}},
          {"model_type", type},
@@ -509,7 +526,7 @@ std::string HfConfigJson(const v1::ModelSpec& m, absl::string_view torch_dtype,
     }
   } else {
     j = {{"architectures", {kGpt2}},
-         {"model_type", "gpt2"},
+         {"model_type", ModelTypeOf(kGpt2)},
          {"n_layer", m.n_layer()},
          {"n_head", m.n_head()},
          {"n_embd", m.n_embd()},

@@ -156,15 +156,8 @@ live_in_node() {
   done
   echo $n
 }
-final_loss() {  # run.jsonl -> the last training step's loss, as written
-  python3 -c "
-import json,sys
-last = None
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if r.get('type') == 'step': last = r
-print(repr(last['loss']))" "$1"
-}
+# shellcheck source=../testing/run_log.sh
+source "$SRC/tests/testing/run_log.sh"  # final_loss
 
 mn_up 3 >/dev/null
 start_coordinator

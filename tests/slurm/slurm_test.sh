@@ -17,6 +17,8 @@ BUILD=$(cd "${2:?build dir}" && pwd)
 SRC=$(cd "${3:?source dir}" && pwd)
 PTCOORD=$BUILD/coordinator/ptcoord
 PTCTL=$BUILD/ptctl/ptctl
+# shellcheck source=../testing/run_log.sh
+source "$SRC/tests/testing/run_log.sh"  # final_loss
 
 if [[ $(id -u) != 0 ]]; then echo "SKIP: the Slurm tests need root"; exit 77; fi
 for tool in slurmctld slurmd sbatch scontrol squeue scancel munged; do
@@ -217,20 +219,11 @@ preemption)
   [[ -n $resumed && $resumed -ge 20 && $resumed -lt 200 ]] ||
     fail "attempt 2 did not resume from the preempted step: $(events "$low")"
   echo "FIGURE preempted_at_step $resumed"
-  last_loss() {
-    python3 -c "
-import json, sys
-last = None
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if r.get('type') == 'step': last = r
-print(repr(last['loss']))" "$1"
-  }
-  slurm_loss=$(last_loss "$T/state/jobs/$low/attempt-2/run.jsonl")
+  slurm_loss=$(final_loss "$T/state/jobs/$low/attempt-2/run.jsonl")
   (cd "$SRC" && OMP_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1 mpirun --allow-run-as-root --oversubscribe \
       -n 2 "$BUILD/worker/ptworker" --config "$T/state/jobs/$low/spec.yaml" --log-json "$T/local.jsonl" \
       --set "checkpoint.dir=$T/local-ckpt" --set checkpoint.every=0 > "$T/local.log" 2>&1) || fail "local mpirun failed"
-  local_loss=$(last_loss "$T/local.jsonl")
+  local_loss=$(final_loss "$T/local.jsonl")
   echo "final loss: preempted under Slurm $slurm_loss, uninterrupted $local_loss"
   [[ $slurm_loss == "$local_loss" ]] || fail "final loss differs: $slurm_loss vs $local_loss; $(events "$low")"
   ;;
