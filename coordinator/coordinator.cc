@@ -356,10 +356,8 @@ absl::StatusOr<v1::Job> Coordinator::Submit(
         owner, " is a ", RoleName(by.role)));
   }
   if (const User* u = users_->table()->Find(owner); u != nullptr) {
-    const bool gpus = OnGpus(r->job.spec());
-    const std::string never = NeverFitsQuota(
-        owner, u->quota,
-        Holding{r->job.world_size(), gpus ? r->job.world_size() : 0, 1});
+    const std::string never =
+        NeverFitsQuota(owner, u->quota, HoldingOf(r->job));
     if (!never.empty()) return absl::InvalidArgumentError(never);
   }
   const int world = r->job.world_size();
@@ -923,10 +921,11 @@ std::map<std::string, Coordinator::UserUsage> Coordinator::UsageByUser() const {
   std::map<std::string, UserUsage> out = totals_;
   for (auto& [user, u] : out) u.running_jobs = u.slots = u.gpus = 0;
   for (const v1::Job* job : RunningJobsBut()) {
+    const Holding h = HoldingOf(*job);
     UserUsage& u = out[job->owner()];
-    ++u.running_jobs;
-    u.slots += job->world_size();
-    if (OnGpus(job->spec())) u.gpus += job->world_size();
+    u.running_jobs += h.jobs;
+    u.slots += h.slots;
+    u.gpus += h.gpus;
   }
   return out;
 }

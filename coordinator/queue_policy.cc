@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/scheduler.h"
 
 namespace ptrain {
 
@@ -54,6 +55,11 @@ double FairShare::Usage(const std::string& user, absl::Time now) const {
   const absl::Duration age =
       std::max(absl::ZeroDuration(), now - it->second.at);
   return it->second.value * Halving(age, half_life_);
+}
+
+Holding HoldingOf(const v1::Job& job) {
+  return Holding{job.world_size(), OnGpus(job.spec()) ? job.world_size() : 0,
+                 1};
 }
 
 bool StartsBefore(const QueueKey& a, const QueueKey& b) {

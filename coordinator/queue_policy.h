@@ -64,7 +64,17 @@ struct Holding {
   int slots = 0;
   int gpus = 0;
   int jobs = 0;
+  Holding& operator+=(const Holding& o) {
+    slots += o.slots;
+    gpus += o.gpus;
+    jobs += o.jobs;
+    return *this;
+  }
 };
+
+// What one running `job` holds: its ranks' slots, as many GPUs for a GPU
+// job, and one job.
+Holding HoldingOf(const v1::Job& job);
 
 // Why a job needing `need` waits for its owner `user`'s quota `q` while the
 // user's running jobs hold `held` ("user alice at quota: 8/8 slots"); ""

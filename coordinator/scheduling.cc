@@ -66,16 +66,8 @@ void Coordinator::Schedule() {
   for (Entry* e : waiting) queue_.push_back(e->record.job.id());
   // What each user's running jobs hold, as jobs start in this pass.
   std::map<std::string, Holding> held;
-  const auto need_of = [](const v1::Job& job) {
-    return Holding{job.world_size(), OnGpus(job.spec()) ? job.world_size() : 0,
-                   1};
-  };
   for (const v1::Job* job : RunningJobsBut()) {
-    Holding& h = held[job->owner()];
-    const Holding n = need_of(*job);
-    h.slots += n.slots;
-    h.gpus += n.gpus;
-    h.jobs += 1;
+    held[job->owner()] += HoldingOf(*job);
   }
   const std::shared_ptr<const UserTable> users = users_->table();
   const Entry* head = nullptr;
@@ -83,7 +75,7 @@ void Coordinator::Schedule() {
   for (Entry* e : waiting) {
     const v1::Job& job = e->record.job;
     e->queue_position = ++position;
-    const Holding need = need_of(job);
+    const Holding need = HoldingOf(job);
     if (const User* u = users->Find(job.owner()); u != nullptr) {
       // Over its owner's quota a job waits without holding up the queue.
       e->waiting = QuotaReason(job.owner(), u->quota, held[job.owner()], need);
@@ -147,10 +139,7 @@ void Coordinator::Schedule() {
       continue;
     }
     Launch(*e, *place);
-    Holding& h = held[job.owner()];
-    h.slots += need.slots;
-    h.gpus += need.gpus;
-    h.jobs += 1;
+    held[job.owner()] += need;
   }
   if (backend_->QueuesItself()) PreemptForBackendQueue();
   GrowBack();
@@ -259,11 +248,11 @@ void Coordinator::ChargeUsage(absl::Time now) {
   }
   const double dt = absl::ToDoubleSeconds(now - charged_);
   for (const v1::Job* job : RunningJobsBut()) {
-    const int slots = job->world_size();
-    fair_share_.Charge(job->owner(), slots, charged_, now);
+    const Holding h = HoldingOf(*job);
+    fair_share_.Charge(job->owner(), h.slots, charged_, now);
     UserUsage& t = totals_[job->owner()];
-    t.slot_seconds += slots * dt;
-    if (OnGpus(job->spec())) t.gpu_seconds += slots * dt;
+    t.slot_seconds += h.slots * dt;
+    t.gpu_seconds += h.gpus * dt;
   }
   charged_ = now;
 }
