@@ -1,6 +1,7 @@
 // ptctl: the command line over ptcoord's JobService (submit, get, list, logs,
 // cancel, pause, resume, delete, watch, checkpoints, diagnose, and the nodes of
-// a cluster: nodes, nodes approve, drain, uncordon, forget-node), in plain text
+// a cluster: nodes, nodes approve, drain, uncordon, forget-node) and the
+// layout planner (plan, which needs no ptcoord), in plain text
 // or TLS (--tls-ca). Spec files are checked here with the same library ptcoord
 // uses, before anything is sent. This file is its wiring: flags and subcommands
 // (CLI11) to the commands of commands_jobs.h, commands_nodes.h and watch.h,
@@ -19,6 +20,7 @@
 #include "common/thread_entry.h"
 #include "ptctl/commands_jobs.h"
 #include "ptctl/commands_nodes.h"
+#include "ptctl/commands_plan.h"
 #include "ptctl/connection.h"
 #include "ptctl/format.h"
 #include "ptctl/watch.h"
@@ -36,12 +38,13 @@ struct Args {
        mine = false;
   int attempt = 0, list_limit = 0, rank = -1;
   int64_t steps = 0;
+  ptrain::ptctl::PlanArgs plan;
 };
 
 struct Subcommands {
   CLI::App *submit, *get, *list, *logs, *events, *cancel, *pause, *resume,
       *extend, *del, *watch, *checkpoints, *diagnose, *nodes, *approve, *drain,
-      *uncordon, *forget, *whoami, *priority, *queue;
+      *uncordon, *forget, *whoami, *priority, *queue, *plan;
 };
 
 // The flags every subcommand takes, their defaults from the environment.
@@ -71,6 +74,26 @@ void AddGlobalFlags(CLI::App& app, Options& o) {
                  "PTCTL_TLS_CERT)");
   app.add_option("--tls-key", o.tls_key,
                  "the key of --tls-cert (or PTCTL_TLS_KEY)");
+}
+
+// `plan`: the layout planner (no ptcoord).
+CLI::App* AddPlanCommand(CLI::App& app, ptrain::ptctl::PlanArgs& a) {
+  CLI::App* plan = app.add_subcommand(
+      "plan",
+      "the best layouts of a job's model on a cluster, predicted from a "
+      "hardware profile (no ptcoord needed)");
+  plan->add_option("FILE", a.file, "job spec")->required();
+  plan->add_option("--set", a.sets,
+                   "override a field, e.g. --set train.global_batch=512");
+  plan->add_option("--nodes", a.nodes, "nodes (default 1)");
+  plan->add_option("--gpus-per-node", a.gpus_per_node,
+                   "GPUs a node (CPU profiles: ranks a node; default 8)");
+  plan->add_option("--profile", a.profile,
+                   "a shipped profile (a100, h100, h200) or a profile file "
+                   "(ptworker profile)")
+      ->required();
+  plan->add_flag("--fixed", a.fixed, "cost only the spec's own layout");
+  return plan;
 }
 
 Subcommands AddSubcommands(CLI::App& app, Args& a) {
@@ -182,6 +205,7 @@ Subcommands AddSubcommands(CLI::App& app, Args& a) {
       "forget a node that is down and idle (reinstalled, retired): its name "
       "may register afresh");
   c.forget->add_option("NODE", a.node, "node name")->required();
+  c.plan = AddPlanCommand(app, a.plan);
   return c;
 }
 
@@ -238,6 +262,11 @@ int Run(int argc, char** argv) {
   const auto from = [&app](const char* flag, const char* env) {
     return std::string(app.count(flag) > 0 ? flag : env);
   };
+  // plan needs no coordinator.
+  if (*subcommands.plan) {
+    args.plan.json = o.output == "json";
+    return ptrain::ptctl::Plan(args.plan);
+  }
   if (app.count("--server") > 0) o.server_from = "--server";
   o.token_from = from("--token", "PTCTL_TOKEN");
   o.tls_ca_from = from("--tls-ca", "PTCTL_TLS_CA");

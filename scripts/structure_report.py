@@ -34,20 +34,24 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOPS = ["worker", "coordinator", "ptctl", "common", "kernels"]
+TOPS = ["worker", "coordinator", "ptctl", "common", "kernels", "planner"]
 # The folders of the processes (ptworker + ptworkerd/ptrsh, ptcoord, ptctl)
 # and what they may include besides themselves.
 PROCESS_DIRS = ["worker/engine", "worker/daemon", "worker", "coordinator",
                 "ptctl"]
-SHARED_DIRS = ["common", "kernels", "proto"]
+# planner/ (the layout planner) is shared by ptctl, ptcoord and ptworker.
+SHARED_DIRS = ["common", "kernels", "proto", "planner"]
 HEADERS = (".h", ".cuh")
 BODIES = (".cc", ".cpp", ".cu")
 EXTS = HEADERS + BODIES
 CUDA_EXTS = (".cu", ".cuh")
 SKIP_DIRS = {"tests", "test", "bench", "fuzz", "build", "generated"}
 GENERATED = re.compile(r"\.pb\.(h|cc)$")
-# worker/ (ptworker: its main and the units beside it) builds on the engine.
-ALLOWED = {"worker": {"worker/engine"}}
+# worker/ (ptworker: its main and the units beside it) builds on the engine;
+# the planner costs a layout with the engine's own layout code (RankBuild,
+# the memory estimate, the schedules, the model's tensor table: the
+# ptrain_layout and ptrain_model libraries), so that its memory is the job's.
+ALLOWED = {"worker": {"worker/engine"}, "planner": {"worker/engine"}}
 # What worker/ may include from kernels/: the interface and its factory,
 # and the per-element formulas both backends share (no backend's code).
 WORKER_KERNEL_HEADERS = {"kernels/ops.h", "kernels/backends.h",
@@ -285,8 +289,9 @@ def check_process_includes(files):
     for f in files:
         src = folder(f)
         if src not in PROCESS_DIRS:
-            # Shared code includes only shared code.
-            allowed = set(SHARED_DIRS)
+            # Shared code includes only shared code (and what ALLOWED
+            # names).
+            allowed = set(SHARED_DIRS) | ALLOWED.get(src, set())
         else:
             allowed = {src} | set(SHARED_DIRS) | ALLOWED.get(src, set())
         for no, target in includes(f):

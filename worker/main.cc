@@ -5,7 +5,10 @@
 // --checkpoint DIR [--prompt TEXT] [--tokens N]...` prints text its model
 // generates; `ptworker prepare --tokenizer
 // gpt2|spm:MODEL|hf:TOKENIZER_JSON|spm-train:VOCAB --input 'corpus/*.txt' --out
-// data/NAME` turns text files into llm.c token shards (docs/data.md). Exit
+// data/NAME` turns text files into llm.c token shards (docs/data.md);
+// `ptworker profile [--device cpu|cuda] --out PROFILE.json [--quick]`,
+// alone or under mpirun, measures this machine's kernels and links for a
+// layout planner (worker/profile.h). Exit
 // codes: 0 done, 1 runtime failure, 2 bad input (spec, data, flags, layout, a
 // damaged or foreign checkpoint, a path outside the data roots, a model that
 // does not fit in memory) with one error line on stderr from the lowest failing
@@ -29,7 +32,8 @@
 //
 // This file is wiring: flags, then the unit that runs them: setup.h and
 // train.h (a training rank), checkpoint_tools.h (export, sample),
-// prepare.h (prepare), signals.h (stop signals), threads.h, exit_status.h.
+// prepare.h (prepare), profile.h (profile), signals.h (stop signals),
+// threads.h, exit_status.h.
 #include <mpi.h>
 
 #include <cstdint>
@@ -45,6 +49,7 @@
 #include "worker/dry_run.h"
 #include "worker/exit_status.h"
 #include "worker/prepare.h"
+#include "worker/profile.h"
 #include "worker/setup.h"
 #include "worker/signals.h"
 #include "worker/threads.h"
@@ -211,6 +216,29 @@ void AddPrepareCommand(CLI::App& app, PrepareCommand* p) {
                      "use)");
 }
 
+struct ProfileCommand {
+  CLI::App* app = nullptr;
+  ptrain::ProfileFlags flags;
+};
+
+void AddProfileCommand(CLI::App& app, ProfileCommand* p) {
+  ptrain::ProfileFlags& f = p->flags;
+  p->app = app.add_subcommand(
+      "profile",
+      "measure this machine's matmuls, attention, memory bandwidth, "
+      "optimizer and (under mpirun) links; write them as a hardware profile "
+      "(JSON)");
+  p->app->add_option("--device", f.device,
+                     "cpu (default) or cuda (this rank's GPU)");
+  p->app
+      ->add_option("--out", f.out,
+                   "the profile's path (its folder must exist; replaced "
+                   "atomically)")
+      ->required();
+  p->app->add_flag("--quick", f.quick,
+                   "smaller grids and fewer repetitions (seconds, for CI)");
+}
+
 // ptworker without a subcommand: one rank of a training run.
 int Train(const ptrain::RankFlags& flags, const ptrain::NodeShare& node) {
   if (flags.config_path.empty()) {
@@ -238,6 +266,8 @@ int Run(int argc, char** argv) {
   AddSampleCommand(app, &sample_command);
   PrepareCommand prepare_command;
   AddPrepareCommand(app, &prepare_command);
+  ProfileCommand profile_command;
+  AddProfileCommand(app, &profile_command);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -272,6 +302,10 @@ int Run(int argc, char** argv) {
   if (prepare_command.app->parsed()) {
     if (ptrain::WorldRank() != 0) return 0;
     return ptrain::RunPrepare(prepare_command.flags, node);
+  }
+  // profile runs on every rank (its links are between them).
+  if (profile_command.app->parsed()) {
+    return ptrain::RunProfile(profile_command.flags, node);
   }
   return Train(flags, node);
 }

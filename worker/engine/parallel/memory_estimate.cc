@@ -57,14 +57,20 @@ int64_t MemoryEstimate::device() const {
 }
 
 MemoryEstimate EstimateRankMemory(const RankBuild& b, bool async_copy) {
+  return EstimateRankMemory(
+      b, async_copy,
+      ZeroStore::Measure(BuildPlan(b.model, b.plan), b.replicas(), b.zero,
+                         b.expert_replicas()));
+}
+
+MemoryEstimate EstimateRankMemory(const RankBuild& b, bool async_copy,
+                                  const ZeroStore::Footprint& f) {
   // What attention and the MLP keep: the CPU backend of the job's precision
   // says; on a GPU (not loaded here) the most any backend keeps.
   const kernels::Ops* ops = b.device != Device::kCpu ? nullptr
                             : b.precision == Precision::kBf16
                                 ? &kernels::CpuBf16Ops()
                                 : &kernels::CpuOps();
-  const ZeroStore::Footprint f = ZeroStore::Measure(
-      BuildPlan(b.model, b.plan), b.replicas(), b.zero, b.expert_replicas());
   MemoryEstimate e;
   e.gpu = b.device == Device::kCuda;
   e.offload = b.offload_optimizer;

@@ -17,6 +17,7 @@
 #include "ptrain/v1/job.pb.h"
 #include "worker/engine/model/plan.h"
 #include "worker/engine/parallel/rank_build.h"
+#include "worker/engine/parallel/zero_store.h"
 
 namespace ptrain {
 
@@ -39,6 +40,11 @@ struct MemoryEstimate {
 // The rank `build` describes; `async_copy`: checkpoint.async_save with
 // checkpoints on.
 MemoryEstimate EstimateRankMemory(const RankBuild& build, bool async_copy);
+// The same with the rank's parameter footprint already measured
+// (ZeroStore::Measure of its plan): the layout planner measures each
+// stage's once for the layouts that share it.
+MemoryEstimate EstimateRankMemory(const RankBuild& build, bool async_copy,
+                                  const ZeroStore::Footprint& footprint);
 
 // A rank of pipeline stage `stage` of a validated spec (every rank of a
 // stage needs the same: its tp, cp and dp peers hold equal parts).

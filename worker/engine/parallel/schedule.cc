@@ -2,9 +2,7 @@
 #include "worker/engine/parallel/schedule.h"
 
 #include <algorithm>
-#include <map>
 #include <numeric>
-#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
@@ -190,8 +188,16 @@ PipelineSimulation SimulateOrders(
                static_cast<int>(weight.size()) == pp,
            "one forward, backward and weight time per rank");
   const int stages = pp * v;
-  // Finish time of (kind, microbatch, virtual stage) once scheduled.
-  std::map<std::tuple<int, int, int>, double> done;
+  int m = 0;
+  for (const auto& o : orders) {
+    for (const PipeAction& a : o) m = std::max(m, a.microbatch + 1);
+  }
+  // Finish time of (kind, microbatch, virtual stage) once scheduled; -1
+  // before. A flat table: the planner simulates thousands of layouts.
+  std::vector<double> done(size_t{3} * m * stages, -1.0);
+  const auto at = [&](int kind, int mb, int s) -> double& {
+    return done[(static_cast<size_t>(kind) * m + mb) * stages + s];
+  };
   std::vector<size_t> next(pp, 0);
   std::vector<double> free_at(pp, 0.0), busy(pp, 0.0);
   size_t left = 0;
@@ -206,24 +212,22 @@ PipelineSimulation SimulateOrders(
         const bool fwd = a.kind == PipeAction::kForward;
         // Forward needs the previous virtual stage's forward; backward its
         // own forward and the next virtual stage's backward; W its own B.
-        std::vector<std::tuple<int, int, int>> needs;
-        if (fwd && s > 0) needs.push_back({0, a.microbatch, s - 1});
+        double needs[2];
+        int n = 0;
+        if (fwd && s > 0) needs[n++] = at(0, a.microbatch, s - 1);
         if (a.kind == PipeAction::kBackward) {
-          needs.push_back({0, a.microbatch, s});
-          if (s < stages - 1) needs.push_back({1, a.microbatch, s + 1});
+          needs[n++] = at(0, a.microbatch, s);
+          if (s < stages - 1) needs[n++] = at(1, a.microbatch, s + 1);
         }
-        if (a.kind == PipeAction::kWeight) {
-          needs.push_back({1, a.microbatch, s});
-        }
+        if (a.kind == PipeAction::kWeight) needs[n++] = at(1, a.microbatch, s);
         double start = free_at[r];
         bool ready = true;
-        for (const auto& n : needs) {
-          auto it = done.find(n);
-          if (it == done.end()) {
+        for (int i = 0; i < n; ++i) {
+          if (needs[i] < 0) {
             ready = false;
             break;
           }
-          start = std::max(start, it->second);
+          start = std::max(start, needs[i]);
         }
         if (!ready) break;
         // Each chunk holds 1/v of a rank's layers.
@@ -233,7 +237,7 @@ PipelineSimulation SimulateOrders(
                          v;
         free_at[r] = start + t;
         busy[r] += t;
-        done[{static_cast<int>(a.kind), a.microbatch, s}] = start + t;
+        at(static_cast<int>(a.kind), a.microbatch, s) = start + t;
         ++next[r];
         --left;
         progress = true;
