@@ -166,6 +166,14 @@ absl::StatusOr<std::vector<int>> PipelineStageLayers(
 // Checks ranges and cross-field rules (degrees dividing heads, layers, batch).
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
+// Whether the spec leaves its layout to the planner (`parallel: auto`),
+// which ptcoord resolves at submit (docs/planner.md).
+bool IsAutoLayout(const v1::JobSpec& spec);
+// What runs ranks (ptworker) asks of a spec beyond ValidateJobSpec: a
+// layout written out. InvalidArgument for `parallel: auto`, saying where
+// it is resolved.
+absl::Status CheckLayoutResolved(const v1::JobSpec& spec);
+
 // Job priorities (JobSpec.priority): the words and the range of numbers.
 inline constexpr int kPriorityLow = 200;
 inline constexpr int kPriorityNormal = 500;

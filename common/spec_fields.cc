@@ -299,10 +299,21 @@ absl::Status AssignNode(const YAML::Node& node, const FieldDescriptor* field,
   }
   const std::string expected = ExpectedKind(field);
   if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+    // A section with a `layout` field (parallel) may be written as one
+    // word: `parallel: auto` is `parallel: {layout: auto}`.
+    const FieldDescriptor* layout =
+        field->message_type()->FindFieldByName("layout");
+    if (layout != nullptr && node.IsScalar() && node.Scalar() == "auto") {
+      Message* section = refl->MutableMessage(msg, field);
+      section->GetReflection()->SetString(section, layout, "auto");
+      return absl::OkStatus();
+    }
     if (!node.IsMap()) {
-      return FieldError(
-          origin, path,
-          absl::StrCat("expected ", expected, ", got ", Describe(node)), mark);
+      return FieldError(origin, path,
+                        absl::StrCat("expected ", expected,
+                                     layout != nullptr ? " or auto" : "",
+                                     ", got ", Describe(node)),
+                        mark);
     }
     return MapOntoMessage(node, refl->MutableMessage(msg, field), path, origin);
   }

@@ -4,6 +4,7 @@
 // a --set.
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>
+#include <google/protobuf/text_format.h>
 
 #include <charconv>
 #include <cmath>
@@ -363,6 +364,37 @@ absl::Status ValidateContextParallel(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// `parallel: auto` leaves the layout to the planner (ptcoord resolves it
+// at submit): no degree or option it chooses may be set beside it. Only
+// bucket_bytes and offload are the spec's own; a field at its default is
+// taken as unset.
+absl::Status ValidateAutoLayout(const v1::JobSpec& spec) {
+  const v1::ParallelSpec& p = spec.parallel();
+  if (p.layout().empty()) return absl::OkStatus();
+  if (p.layout() != "auto") {
+    return Error("parallel.layout=", EchoQuoted(p.layout()),
+                 ": expected auto (the planner chooses the layout) or no "
+                 "value (the layout is the other fields)");
+  }
+  const v1::ParallelSpec defaults = DefaultJobSpec().parallel();
+  const pb::Descriptor* d = v1::ParallelSpec::descriptor();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const pb::FieldDescriptor* f = d->field(i);
+    if (f->name() == "layout" || f->name() == "bucket_bytes" ||
+        f->name() == "offload") {
+      continue;
+    }
+    std::string set, unset;
+    pb::TextFormat::PrintFieldValueToString(p, f, -1, &set);
+    pb::TextFormat::PrintFieldValueToString(defaults, f, -1, &unset);
+    if (set == unset) continue;
+    return Error("parallel: auto chooses parallel.", f->name(),
+                 " itself: remove parallel.", f->name(), " (", set,
+                 "), or write the whole layout out instead of auto");
+  }
+  return absl::OkStatus();
+}
+
 // The degrees of parallelism, the world they make, and the ZeRO stage.
 absl::Status ValidateDegrees(const v1::JobSpec& spec) {
   const v1::ParallelSpec& p = spec.parallel();
@@ -457,6 +489,7 @@ absl::Status ValidateSequenceParallel(const v1::ParallelSpec& p,
 absl::Status ValidateParallel(const v1::JobSpec& spec) {
   const v1::ParallelSpec& p = spec.parallel();
   const v1::ModelSpec& m = spec.model();
+  if (absl::Status s = ValidateAutoLayout(spec); !s.ok()) return s;
   if (absl::Status s = ValidateDegrees(spec); !s.ok()) return s;
   if (absl::Status s = First({
           InRange("parallel.microbatches", p.microbatches(), 1, 1 << 20),
@@ -859,6 +892,19 @@ absl::Status ValidateMoe(const v1::JobSpec& spec) {
         "resources.device=cpu");
   }
   return absl::OkStatus();
+}
+
+bool IsAutoLayout(const v1::JobSpec& spec) {
+  return spec.parallel().layout() == "auto";
+}
+
+absl::Status CheckLayoutResolved(const v1::JobSpec& spec) {
+  if (!IsAutoLayout(spec)) return absl::OkStatus();
+  return Error(
+      "parallel: auto: ranks run a layout, and the planner chooses one when "
+      "the job is submitted to ptcoord (started with --planner-profile); "
+      "submit it with ptctl submit, or write the layout out (ptctl plan "
+      "proposes one)");
 }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {

@@ -18,6 +18,8 @@ bool AttemptBackend::QueuesItself() const { return false; }
 
 int AttemptBackend::TotalSlots() { return -1; }
 
+ClusterShape AttemptBackend::Shape(const v1::JobSpec& /*spec*/) { return {}; }
+
 std::string AttemptBackend::FreeSlots(const RunningJobs& /*running*/) const {
   return "more slots than are free";
 }

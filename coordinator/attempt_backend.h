@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "coordinator/auto_layout.h"
 #include "coordinator/launcher.h"
 #include "coordinator/scheduler.h"
 #include "ptrain/v1/coordinator.pb.h"
@@ -134,6 +135,11 @@ class AttemptBackend {
   // How many ranks the backend's resources hold at once (Slurm: the up
   // nodes' CPUs of the partition); -1 when it cannot tell now.
   virtual int TotalSlots();
+  // The cluster a `parallel: auto` job of `spec` is planned on
+  // (auto_layout.h): the nodes that are up, busy or not, and the ranks
+  // each holds (a GPU job: its GPUs; at most resources.ranks_per_node).
+  // No node ({0, 0}) where the backend cannot tell.
+  virtual ClusterShape Shape(const v1::JobSpec& spec);
   // Whether the running, shrunk `job` fits at its full size now beside
   // `others` (its own slots counted free): the state machine then stops it
   // to grow back. False where the backend cannot tell (Slurm places) or

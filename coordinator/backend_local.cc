@@ -160,6 +160,11 @@ class LocalBackend : public MpirunBackend {
     return absl::OkStatus();
   }
 
+  ClusterShape Shape(const v1::JobSpec& spec) override {
+    return ShapeOf(
+        {OnGpus(spec) ? scheduler_.total_gpus() : scheduler_.total_slots()}, 0);
+  }
+
   std::optional<AttemptPlace> Place(const v1::Job& job,
                                     const RunningJobs& running) override {
     const bool gpus = TakesLocalGpus(job.spec());

@@ -64,6 +64,14 @@ class NodesBackend : public MpirunBackend {
     return place;
   }
 
+  // Every up node, with all its slots (a GPU job: GPUs), busy or not.
+  ClusterShape Shape(const v1::JobSpec& spec) override {
+    std::vector<int> ranks;
+    for (const FreeNode& n : FreeNodes({}, OnGpus(spec)))
+      ranks.push_back(n.free);
+    return ShapeOf(ranks, spec.resources().ranks_per_node());
+  }
+
   bool FitsFullSize(const v1::Job& job, const RunningJobs& others) override {
     return !PlaceOn(FreeNodes(others, OnGpus(job.spec())), job.spec()).empty();
   }

@@ -220,6 +220,18 @@ class SlurmBackend : public AttemptBackend {
     return slots_;
   }
 
+  // The partition's up nodes, each as many ranks as its CPUs hold of
+  // resources.threads_per_rank.
+  ClusterShape Shape(const v1::JobSpec& spec) override {
+    absl::StatusOr<std::vector<int>> cpus =
+        SlurmUpNodeCpus(options_.slurm_options.partition);
+    if (!cpus.ok()) return {};
+    const int per_rank = std::max(1, spec.resources().threads_per_rank());
+    std::vector<int> ranks;
+    for (int c : *cpus) ranks.push_back(c / per_rank);
+    return ShapeOf(ranks, spec.resources().ranks_per_node());
+  }
+
   bool AskToDump(AttemptHandle& handle, const v1::Job& /*job*/,
                  const std::string& /*attempt_uid*/,
                  ProcessStates* /*seen*/) override {

@@ -27,6 +27,7 @@
 #include "common/spec.h"
 #include "common/thread_entry.h"
 #include "coordinator/auth.h"
+#include "coordinator/auto_layout.h"
 #include "coordinator/coordinator_internal.h"
 #include "coordinator/launcher.h"
 #include "coordinator/paths.h"
@@ -306,6 +307,17 @@ absl::StatusOr<JobRecord> Coordinator::NewJobRecord(
   absl::StatusOr<v1::JobSpec> spec =
       ParseJobSpec(spec_yaml, overrides, "job spec", read);
   if (!spec.ok()) return spec.status();
+  // `parallel: auto`: the planner's layout over the cluster as it is now,
+  // kept with the job (the spec stored is the one that runs).
+  v1::PlannedLayout plan;
+  if (IsAutoLayout(*spec)) {
+    if (absl::Status s =
+            ResolveAutoLayout(options_.planner_profile.get(),
+                              backend_->Shape(*spec), &*spec, &plan);
+        !s.ok()) {
+      return s;
+    }
+  }
   const int world = WorldSize(*spec);
   // On nodes a job waits for slots (and GPUs) that may join later; Slurm
   // queues it. On its own host ptcoord knows now.
@@ -334,6 +346,7 @@ absl::StatusOr<JobRecord> Coordinator::NewJobRecord(
   if (!ckpt_root.empty())
     ckpt->set_dir((fs::path(ckpt_root) / r.job.uid()).string());
   *r.job.mutable_spec() = *spec;
+  if (plan.ByteSizeLong() > 0) *r.job.mutable_plan() = std::move(plan);
   r.job.set_priority(*PriorityValue(spec->priority()));  // validated
   if (absl::Status s = SetForkSource(from_job, from_step, &r); !s.ok()) {
     return s;
@@ -362,8 +375,11 @@ absl::StatusOr<v1::Job> Coordinator::Submit(
   }
   const int world = r->job.world_size();
   absl::MutexLock lock(&mu_);
-  const std::string event =
+  std::string event =
       absl::StrCat("submitted", By(owner), " (", world, " slots)");
+  if (r->job.has_plan()) {
+    absl::StrAppend(&event, "; ", PlannedLayoutEvent(r->job.plan()));
+  }
   absl::StatusOr<JobRecord> stored =
       store_->InsertJob(std::move(*r), event, NowMs());
   if (!stored.ok()) return stored.status();
@@ -421,6 +437,7 @@ absl::StatusOr<v1::DryRun> Coordinator::DryRunSubmit(
   if (!r.ok()) return r.status();
   v1::DryRun out;
   out.set_world_size(r->job.world_size());
+  if (r->job.has_plan()) *out.mutable_plan() = r->job.plan();
   // What the ranks would build, said by ptworker itself (no lock held: it
   // reads the data for its vocabulary).
   absl::StatusOr<std::string> report = DescribeRun(r->job.spec());

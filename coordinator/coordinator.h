@@ -44,6 +44,7 @@
 #include "coordinator/state_dir.h"
 #include "coordinator/store.h"
 #include "coordinator/users.h"
+#include "planner/profile.h"
 #include "ptrain/v1/coordinator.pb.h"
 
 namespace ptrain {
@@ -131,6 +132,9 @@ struct CoordinatorOptions {
   // CIDR of the network nodes reach each other and ptcoord on; OpenMPI's
   // out-of-band and TCP transports are confined to it. "" = any.
   std::string cluster_network;
+  // The hardware `parallel: auto` jobs are planned on (auto_layout.h);
+  // null: such jobs are refused at submit.
+  std::shared_ptr<const planner::HardwareProfile> planner_profile;
 };
 
 // Bounds on what a client may send (and kMaxSpecBytes of common/spec.h).

@@ -20,6 +20,7 @@
 #include "coordinator/auth.h"
 #include "coordinator/launcher.h"
 #include "coordinator/users.h"
+#include "planner/profile.h"
 #include "spdlog/spdlog.h"
 
 namespace ptrain {
@@ -244,8 +245,14 @@ std::optional<Refusal> SetPaths(const PtcoordFlags& f, CoordinatorOptions* o) {
   o->work_root =
       f.work_root.empty() ? repo.string() : fs::absolute(f.work_root).string();
   std::vector<std::string> data_roots = f.data_roots;
-  if (data_roots.empty())
+  if (data_roots.empty()) {
     data_roots = {(repo / "data").string(), (repo / "checkpoints").string()};
+    // Where the examples checkpoint (checkpoint.dir: checkpoints/...): a
+    // fresh checkout has no such folder, and ranks confined to the data
+    // roots could not make one. Made if it can be; else the ranks say so.
+    fs::create_directories(repo / "checkpoints", ec);
+    ec.clear();
+  }
   // Resolved (symlinks followed) as the ranks get them in PTRAIN_DATA_ROOTS,
   // where ':' separates them.
   for (const std::string& r : data_roots) {
@@ -454,6 +461,10 @@ void AddFlags(CLI::App& app, PtcoordFlags& f) {
   app.add_option("--cluster-network", f.cluster_network,
                  "CIDR of the network nodes and ptcoord share (e.g. "
                  "10.0.0.0/24); OpenMPI's TCP is confined to it");
+  app.add_option("--planner-profile", f.planner_profile,
+                 "the hardware `parallel: auto` jobs are planned on: a100, "
+                 "h100, h200, or a file `ptworker profile` wrote (default: "
+                 "none, and such jobs are refused)");
   app.add_option("--tls-cert", f.tls_cert,
                  "serve TLS with this certificate (PEM, chain leaf first)");
   app.add_option("--tls-key", f.tls_key, "the private key of --tls-cert (PEM)");
@@ -475,6 +486,16 @@ std::optional<Refusal> OptionsFromFlags(const PtcoordFlags& flags,
   if (std::optional<Refusal> r = LoadTokenFiles(flags, options)) return r;
   if (std::optional<Refusal> r = SetPaths(flags, options)) return r;
   if (std::optional<Refusal> r = SetDefaultUserToken(flags, options)) return r;
+  if (!flags.planner_profile.empty()) {
+    absl::StatusOr<planner::HardwareProfile> profile =
+        planner::LoadProfile(flags.planner_profile);
+    if (!profile.ok()) {
+      return Refusal{absl::StrCat("--planner-profile ", flags.planner_profile,
+                                  ": ", profile.status().message())};
+    }
+    options->planner_profile =
+        std::make_shared<const planner::HardwareProfile>(std::move(*profile));
+  }
   return SetLauncher(flags, options);
 }
 

@@ -43,6 +43,7 @@ struct PtcoordFlags {
   std::string launcher, slurm_partition, slurm_account, slurm_extra;
   double slurm_node_grace_s = 30;
   std::string ptrsh, cluster_network;
+  std::string planner_profile;
   std::string tls_cert, tls_key, tls_client_ca, tls_ca;
 };
 

@@ -272,6 +272,25 @@ absl::Status NothingFits(const PlanInput& input, const Cluster& cluster,
 
 }  // namespace
 
+SearchOptions AutoLayoutOptions(const v1::JobSpec& spec) {
+  SearchOptions options;
+  options.top = 1;
+  options.rejected = 0;
+  const std::string recompute = spec.train().recompute();
+  if (recompute != DefaultJobSpec().train().recompute()) {
+    options.accept = [recompute](const v1::JobSpec& s) {
+      return s.train().recompute() == recompute;
+    };
+  }
+  return options;
+}
+
+void AdoptLayout(const v1::JobSpec& planned, v1::JobSpec* spec) {
+  *spec->mutable_parallel() = planned.parallel();
+  spec->mutable_parallel()->clear_layout();
+  spec->mutable_train()->set_recompute(planned.train().recompute());
+}
+
 std::string LayoutWords(const v1::JobSpec& spec) {
   const ParallelLayout l = JobLayout(spec);
   std::string s;
@@ -409,6 +428,15 @@ absl::StatusOr<PlanResult> PlanLayouts(const PlanInput& input,
   }
   done();
   return result;
+}
+
+std::string PlannedLayoutWords(const v1::PlannedLayout& plan) {
+  return absl::StrFormat(
+      "%s (profile %s on %d node(s) × %d ranks, %d layouts): predicted %.4g s "
+      "a step, %.4g tokens/s, %.3g GiB a rank",
+      plan.layout(), plan.profile(), plan.nodes(), plan.ranks_per_node(),
+      plan.layouts_considered(), plan.step_s(), plan.tokens_per_s(),
+      static_cast<double>(plan.memory_bytes()) / (int64_t{1} << 30));
 }
 
 }  // namespace ptrain::planner

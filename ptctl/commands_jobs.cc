@@ -1,12 +1,16 @@
 // See commands_jobs.h.
 #include "ptctl/commands_jobs.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -15,6 +19,7 @@
 #include "common/mesh.h"
 #include "common/proto_json.h"
 #include "common/spec.h"
+#include "planner/search.h"
 #include "ptctl/format.h"
 #include "ptctl/watch.h"
 
@@ -78,9 +83,43 @@ std::string PlacementWords(
   return absl::StrJoin(where, ", ");
 }
 
-// A dry run's answer: ptworker's report, then where the job would start or
-// why it would wait.
+// A job's step as its ranks ran it: the median over its training points
+// but the first tenth (warm-up), from the global tokens a second each
+// reports.
+struct MeasuredStep {
+  double seconds = 0;
+  int steps = 0;
+};
+std::optional<MeasuredStep> MeasureStep(Client& client, const v1::Job& job) {
+  v1::GetJobRequest req;
+  req.set_job_id(job.id());
+  req.set_include_loss_history(true);
+  v1::GetJobResponse resp;
+  auto ctx = client.Context();
+  if (!client.stub().GetJob(ctx.get(), req, &resp).ok()) return std::nullopt;
+  std::vector<double> speeds;
+  for (const v1::LossPoint& point : resp.loss_history()) {
+    if (point.tok_per_s() > 0) speeds.push_back(point.tok_per_s());
+  }
+  if (speeds.size() > 1) {
+    speeds.erase(speeds.begin(),
+                 speeds.begin() + std::max<size_t>(1, speeds.size() / 10));
+  }
+  if (speeds.empty()) return std::nullopt;
+  std::sort(speeds.begin(), speeds.end());
+  const double median = speeds[speeds.size() / 2];
+  const double tokens = static_cast<double>(job.spec().train().global_batch()) *
+                        job.spec().model().block_size();
+  return MeasuredStep{tokens / median, static_cast<int>(speeds.size())};
+}
+
+// A dry run's answer: the planner's layout (parallel: auto), ptworker's
+// report, then where the job would start or why it would wait.
 void PrintDryRun(const v1::DryRun& d) {
+  if (d.has_plan()) {
+    std::printf("# parallel: auto: %s\n",
+                planner::PlannedLayoutWords(d.plan()).c_str());
+  }
   std::printf("%s", d.report().c_str());
   if (!d.waits().empty()) {
     std::printf("# submitted now, it would wait: %s\n", d.waits().c_str());
@@ -205,6 +244,18 @@ int Get(Client& client, const std::string& id) {
   if (const int spec_dp = JobLayout(j.spec()).degree("dp");
       j.dp() != 0 && j.dp() != spec_dp) {
     std::printf("layout:    shrunk to dp=%d (spec dp=%d)\n", j.dp(), spec_dp);
+  }
+  if (j.has_plan()) {
+    std::printf("planned:   %s\n",
+                planner::PlannedLayoutWords(j.plan()).c_str());
+    if (HasSteps(p) && j.plan().step_s() > 0) {
+      if (std::optional<MeasuredStep> m = MeasureStep(client, j)) {
+        std::printf(
+            "measured:  %.4g s a step, the median of %d (%+.0f%% of the "
+            "prediction)\n",
+            m->seconds, m->steps, 100.0 * (m->seconds / j.plan().step_s() - 1));
+      }
+    }
   }
   if (j.placement_size() > 0) {
     std::printf("nodes:     %s\n", PlacementWords(j.placement()).c_str());

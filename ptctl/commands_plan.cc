@@ -136,6 +136,15 @@ int Plan(const PlanArgs& a) {
   cluster.threads_per_rank = spec->resources().threads_per_rank();
   planner::SearchOptions options;
   options.fixed = a.fixed;
+  if (IsAutoLayout(*spec)) {
+    // As ptcoord would search it, with as many layouts shown as asked.
+    if (a.fixed) {
+      return fail(absl::InvalidArgumentError(
+          "--fixed: the spec says parallel: auto and has no layout of its "
+          "own to cost; drop --fixed to see what the planner chooses"));
+    }
+    options.accept = planner::AutoLayoutOptions(*spec).accept;
+  }
   const planner::PlanInput input = planner::PlanInputOf(*spec, *profile);
   absl::StatusOr<planner::PlanResult> result =
       planner::PlanLayouts(input, cluster, *profile, options);

@@ -35,6 +35,7 @@ int DryRun(const RankFlags& flags) {
       LoadJobSpecFile(flags.config_path, flags.overrides, "--config",
                       fs->Reader("model.init_from", 1 << 20));
   if (!spec.ok()) return Refuse(spec.status());
+  if (absl::Status s = CheckLayoutResolved(*spec); !s.ok()) return Refuse(s);
   absl::StatusOr<TokenData> data =
       LoadTokenData(spec->data(), spec->model().vocab_size(),
                     spec->model().block_size(), *fs);

@@ -191,6 +191,7 @@ absl::Status BuildRank(const RankFlags& flags, const NodeShare& node,
   auto spec = LoadJobSpecFile(flags.config_path, flags.overrides, "--config",
                               spec_fs->Reader("model.init_from", 1 << 20));
   if (!spec.ok()) return spec.status();
+  if (absl::Status s = CheckLayoutResolved(*spec); !s.ok()) return s;
   if (rank->reporter != nullptr) {
     // Loading data, weights and a checkpoint ends no step: without signs
     // of life a large file would look like a hang.

@@ -183,6 +183,47 @@ TEST(ParseJobSpec, DesignExampleParsesToTheExpectedValues) {
   EXPECT_TRUE(differencer.Compare(got, expected)) << diff;
 }
 
+// `parallel: auto` (and `--set parallel=auto`) leaves the layout to
+// ptcoord's planner: the spec validates with the default degrees, says it
+// is auto, and is refused where ranks would run it.
+TEST(ParseJobSpec, ParallelAutoIsALayoutLeftToThePlanner) {
+  for (const v1::JobSpec& spec :
+       {MustParse(absl::StrCat(kMinimal, "parallel: auto\n")),
+        MustParse(kMinimal, {"parallel=auto"}),
+        MustParse(absl::StrCat(kMinimal,
+                               "parallel: {layout: auto, bucket_bytes: "
+                               "1048576}\n"))}) {
+    EXPECT_TRUE(IsAutoLayout(spec));
+    EXPECT_EQ(JobWorldSize(spec), 1);
+    const absl::Status resolved = CheckLayoutResolved(spec);
+    EXPECT_EQ(resolved.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(Contains(resolved.message(), "ptctl submit"));
+    // Printed (ptctl submit --dry-run) and read back, it is the same.
+    EXPECT_TRUE(
+        MessageDifferencer::Equals(MustParse(JobSpecToYaml(spec)), spec));
+  }
+  const v1::JobSpec written = MustParse(kMinimal, {"parallel.dp=1"});
+  EXPECT_FALSE(IsAutoLayout(written));
+  EXPECT_TRUE(CheckLayoutResolved(written).ok());
+}
+
+TEST(ParseJobSpec, ParallelAutoRefusesAChoiceOfItsOwnNamingIt) {
+  EXPECT_TRUE(Contains(
+      ParseError(absl::StrCat(kMinimal, "parallel: auto\n"), {"parallel.tp=2"}),
+      "parallel: auto chooses parallel.tp itself: remove "
+      "parallel.tp (2)"));
+  EXPECT_TRUE(Contains(
+      OverrideError({"parallel.layout=auto", "parallel.microbatches=4"}),
+      "parallel: auto chooses parallel.microbatches"));
+  EXPECT_TRUE(Contains(OverrideError({"parallel.layout=fastest"}),
+                       "parallel.layout='fastest': expected auto"));
+  EXPECT_TRUE(Contains(ParseError(absl::StrCat(kMinimal, "parallel: fast\n")),
+                       "parallel: expected a map of fields or auto"));
+  // Other sections take no single word.
+  EXPECT_TRUE(Contains(ParseError(absl::StrCat(kMinimal, "train: auto\n")),
+                       "train: expected a map of fields, got"));
+}
+
 TEST(ParseJobSpec, UnknownTopLevelKeyIsRefusedNamingIt) {
   const std::string msg = ParseError(absl::StrCat(kMinimal, "n_layer: 4\n"));
   EXPECT_TRUE(Contains(msg,

@@ -36,6 +36,7 @@
 #include "nlohmann/json.hpp"
 #include "ptrain/v1/coordinator.grpc.pb.h"
 #include "ptrain/v1/node.grpc.pb.h"
+#include "tests/testing/cpu_profile.h"
 #include "tests/testing/process.h"
 
 namespace {
@@ -1132,6 +1133,49 @@ TEST_F(ControlPlaneTest, DryRunSaysWhatAJobWouldBeAndSubmitsNothing) {
       << waits.out;
   EXPECT_EQ(ListJobs().size(), 1u);
   EXPECT_EQ(Ptctl("cancel " + id).rc, 0);
+}
+
+// `parallel: auto`: refused by a ptcoord without --planner-profile, naming
+// it; with one, the job runs (to the end) the layout `ptctl plan` proposes
+// first for ptcoord's 4 slots, and `ptctl get` holds the measured step
+// against the prediction.
+TEST_F(ControlPlaneTest, AutoLayoutRunsWhatThePlannerProposes) {
+  const std::string sets =
+      " --set parallel=auto --set model.vocab_size=65 --set model.n_layer=2"
+      " --set model.n_embd=32 --set model.n_head=2 --set train.steps=20"
+      " --set train.sample_every=0 --set checkpoint.dir=" +
+      (dir_ / "ckpt").string();
+  const Result refused = Ptctl("submit examples/shakespeare-char.yaml" + sets);
+  EXPECT_EQ(refused.rc, 2) << refused.out;
+  EXPECT_TRUE(absl::StrContains(refused.out, "--planner-profile"))
+      << refused.out;
+  EXPECT_TRUE(ListJobs().empty());
+
+  const std::string profile = (dir_ / "cpu-profile.json").string();
+  std::ofstream(profile) << ptrain::testing::kCpuProfile;
+  StopCoordinator(SIGTERM);
+  StartCoordinator("127.0.0.1:0", {"--planner-profile", profile});
+  const Result plan =
+      Ptctl("-o json plan examples/shakespeare-char.yaml" + sets +
+            " --nodes 1 --gpus-per-node 4 --profile " + profile);
+  ASSERT_EQ(plan.rc, 0) << plan.out;
+  const json proposed = json::parse(plan.out, nullptr, false);
+  ASSERT_FALSE(proposed.is_discarded()) << plan.out;
+  const std::string best = proposed["best"][0].value("layout", "");
+  ASSERT_FALSE(best.empty()) << plan.out;
+
+  const Result submitted =
+      Ptctl("submit examples/shakespeare-char.yaml --watch" + sets);
+  ASSERT_EQ(submitted.rc, 0) << submitted.out;
+  const std::string id = submitted.out.substr(0, submitted.out.find('\n'));
+  const json job = Get(id)["job"];
+  EXPECT_EQ(job.value("state", ""), "JOB_STATE_SUCCEEDED") << job.dump();
+  EXPECT_EQ(job["plan"].value("layout", ""), best) << job.dump();
+  EXPECT_EQ(job["plan"].value("profile", ""), "test-cpu");
+  EXPECT_EQ(job["spec"]["parallel"].value("layout", "?"), "") << job.dump();
+  const Result get = Ptctl("get " + id);
+  EXPECT_TRUE(absl::StrContains(get.out, "planned:   " + best)) << get.out;
+  EXPECT_TRUE(absl::StrContains(get.out, "measured:  ")) << get.out;
 }
 
 // `ptctl extend JOB --steps N`: a SUCCEEDED job runs on from its last

@@ -14,38 +14,15 @@
 #include "planner/cost_model.h"
 #include "planner/profile.h"
 #include "planner/search.h"
+#include "tests/testing/cpu_profile.h"
 #include "worker/engine/parallel/memory_estimate.h"
 
 namespace ptrain::planner {
 namespace {
 
-constexpr char kCpuProfile[] = R"({
-  "format": "ptrain-profile/1", "name": "test-cpu", "source": "written by hand",
-  "device": "cpu", "memory_bytes": 25769803776, "cores": 2,
-  "matmul": [
-    {"precision": "fp32", "pass": "forward", "m": 256, "n": 256, "k": 256, "threads": 1, "flops_per_s": 2e10},
-    {"precision": "fp32", "pass": "forward", "m": 1024, "n": 1024, "k": 1024, "threads": 1, "flops_per_s": 4e10},
-    {"precision": "fp32", "pass": "forward", "m": 1024, "n": 1024, "k": 1024, "threads": 2, "flops_per_s": 7e10},
-    {"precision": "fp32", "pass": "forward", "m": 256, "n": 256, "k": 256, "threads": 2, "flops_per_s": 3e10},
-    {"precision": "fp32", "pass": "backward", "m": 1024, "n": 1024, "k": 1024, "threads": 1, "flops_per_s": 3e10},
-    {"precision": "fp32", "pass": "backward", "m": 1024, "n": 1024, "k": 1024, "threads": 2, "flops_per_s": 5e10}
-  ],
-  "attention": [
-    {"precision": "fp32", "B": 4, "T": 256, "C": 256, "heads": 4, "threads": 1, "forward_s": 0.002, "backward_s": 0.005},
-    {"precision": "fp32", "B": 4, "T": 256, "C": 256, "heads": 4, "threads": 2, "forward_s": 0.001, "backward_s": 0.003}
-  ],
-  "elementwise_bytes_per_s": 1e10,
-  "optimizer_params_per_s": 5e8,
-  "links": {"intra_node": {
-    "allreduce": {"alpha_s": 2e-5, "bus_bytes_per_s": 3e9},
-    "allgather": {"alpha_s": 2e-5, "bus_bytes_per_s": 3e9},
-    "reduce_scatter": {"alpha_s": 2e-5, "bus_bytes_per_s": 3e9},
-    "sendrecv": {"alpha_s": 1e-5, "bus_bytes_per_s": 4e9},
-    "alltoall": {"alpha_s": 3e-5, "bus_bytes_per_s": 2e9}}}
-})";
-
 HardwareProfile Cpu() {
-  absl::StatusOr<HardwareProfile> p = ParseProfile(kCpuProfile, "test");
+  absl::StatusOr<HardwareProfile> p =
+      ParseProfile(testing::kCpuProfile, "test");
   EXPECT_TRUE(p.ok()) << p.status();
   return *p;
 }
@@ -130,7 +107,7 @@ TEST(Profile, EachMalformedFieldIsNamed) {
       {"\"cores\": 2,", "", "cores is missing"},
   };
   for (const Case& c : cases) {
-    std::string text = kCpuProfile;
+    std::string text = testing::kCpuProfile;
     const size_t at = text.find(c.from);
     ASSERT_NE(at, std::string::npos) << c.from;
     text.replace(at, c.from.size(), c.to);
