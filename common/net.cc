@@ -130,6 +130,14 @@ bool IsWildcardHost(absl::string_view host) {
   return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
 }
 
+std::string HostName(absl::string_view fallback) {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') {
+    return std::string(fallback);
+  }
+  return buf;
+}
+
 std::string AdvertiseHost(absl::string_view bind,
                           absl::string_view explicit_host,
                           absl::string_view peer, absl::string_view fallback) {

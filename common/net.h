@@ -13,6 +13,10 @@
 
 namespace ptrain {
 
+// This machine's name (gethostname(2)); `fallback` when it has none to
+// give.
+std::string HostName(absl::string_view fallback = "localhost");
+
 // Splits "host:port", "[v6]:port" into host (without brackets) and port.
 // InvalidArgument when there is no port.
 absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/digest.h"
 #include "common/gpu_inventory.h"
+#include "common/net.h"
 #include "coordinator/backend_mpirun.h"
 #include "coordinator/coordinator.h"
 #include "spdlog/spdlog.h"
@@ -171,7 +172,7 @@ class LocalBackend : public MpirunBackend {
     int used = 0;
     for (const v1::Job* r : running) used += r->world_size();
     const int gpus_used =
-        static_cast<int>(GpusHeld(running)[LocalHostName()].size());
+        static_cast<int>(GpusHeld(running)[HostName()].size());
     const QueuedJob queued{job.id(), job.world_size(),
                            gpus ? job.world_size() : 0};
     if (scheduler_.Pick({queued}, used, gpus_used).empty()) return std::nullopt;
@@ -180,14 +181,13 @@ class LocalBackend : public MpirunBackend {
     // placement on this host (mpirun still runs it locally, without a
     // hostfile of nodes).
     place.placement =
-        PlacementOf({{LocalHostName(), job.world_size()}}, running, gpus);
+        PlacementOf({{HostName(), job.world_size()}}, running, gpus);
     if (!slot_cpus_.empty()) {
       // Slots no running job's CPUs touch: as many are free as the count
       // above says, but for attempts of an older ptcoord that recorded
       // none (then this one runs unbound).
-      for (int cpu :
-           TakeSlotCpus(slot_cpus_, CpusHeld(running)[LocalHostName()],
-                        job.world_size())) {
+      for (int cpu : TakeSlotCpus(slot_cpus_, CpusHeld(running)[HostName()],
+                                  job.world_size())) {
         place.placement[0].add_cpus(cpu);
       }
     }
@@ -211,7 +211,7 @@ class LocalBackend : public MpirunBackend {
       absl::StrAppend(
           &out, ", or, on resources.device=cuda, more GPUs than the ",
           scheduler_.total_gpus() -
-              static_cast<int>(GpusHeld(running)[LocalHostName()].size()),
+              static_cast<int>(GpusHeld(running)[HostName()].size()),
           " free");
     }
     return out;

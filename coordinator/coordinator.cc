@@ -23,6 +23,7 @@
 #include "common/bounded_file.h"
 #include "common/exit_codes.h"
 #include "common/job_state.h"
+#include "common/net.h"
 #include "common/private_file.h"
 #include "common/spec.h"
 #include "common/thread_entry.h"
@@ -69,12 +70,6 @@ std::function<absl::StatusOr<UserTable>()> UsersLoader(
     }
     return UserTable::FromTokens(tokens);
   };
-}
-
-std::string LocalHostName() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
-  return buf;
 }
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
@@ -804,7 +799,7 @@ std::vector<Coordinator::RankEndpoint> Coordinator::Endpoints() const {
     const v1::Job& job = it->second.record.job;
     for (const auto& [rank, address] : run.endpoints) {
       // Ranks fill the placement's nodes in order (mpirun maps by slot).
-      std::string node = LocalHostName();
+      std::string node = HostName();
       int first = 0;
       for (const v1::Placement& p : job.placement()) {
         if (rank >= first && rank < first + p.ranks()) node = p.node();

@@ -51,10 +51,6 @@ namespace ptrain {
 
 struct AttemptFacts;  // flight_analysis.h
 
-// This host's name ("localhost" when it has none): the node of jobs run on
-// ptcoord's own host.
-std::string LocalHostName();
-
 struct CoordinatorOptions {
   // ptcoord.db, jobs/ and the lock file live here. Created 0700; refused
   // when another user owns it or group/others may write it; held by one

@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/job_state.h"
+#include "common/net.h"
 #include "common/private_file.h"
 #include "common/process.h"
 #include "common/spec.h"
@@ -56,7 +57,7 @@ bool HasAnsweredDumps(const std::string& attempt_dir) {
 // The state letter of a process of this host (/proc/PID/stat), "gone"
 // when there is none, "" for another host's.
 std::string LocalProcessState(const std::string& host, int pid) {
-  if (host != LocalHostName() || pid <= 0) return "";
+  if (host != HostName() || pid <= 0) return "";
   return ProcessState(pid);
 }
 

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/net.h"
 #include "nlohmann/json.hpp"
 
 namespace ptrain {
@@ -149,7 +150,7 @@ std::string CoordinatorHttp::MetricsText(const Coordinator& c) {
   } else {
     // On one machine ptcoord's host is the node.
     by_state["up"] = 1;
-    const std::string host = LocalHostName();
+    const std::string host = HostName();
     slots.Add({{"node", host}, {"kind", "total"}}).Set(c.options().local_slots);
     slots.Add({{"node", host}, {"kind", "used"}}).Set(c.LocalSlotsUsed());
   }

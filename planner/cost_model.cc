@@ -524,12 +524,9 @@ Prediction CostModel::Time(const v1::JobSpec& spec, bool simulate) {
 }
 
 void CostModel::Memory(const v1::JobSpec& spec, Prediction* p) {
-  const ParallelLayout layout = JobLayout(spec);
-  const int pp = layout.degree("pp");
-  const bool async_copy =
-      spec.checkpoint().async_save() && !spec.checkpoint().dir().empty();
+  const bool async_copy = AsyncCheckpointCopy(spec);
   MemoryEstimate most;
-  for (int rank : {0, std::min(1, pp - 1), pp - 1}) {
+  for (int rank : FullestStageCandidates(JobLayout(spec).degree("pp"))) {
     const RankBuild b = RankBuild::Of(spec, vocab_size_, 0, rank);
     const auto key = std::make_tuple(
         b.tp, b.pp, b.virtual_stages, b.replicas(), b.zero.zero, b.ep, rank,

@@ -26,6 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "common/exit_codes.h"
 #include "common/logging.h"
+#include "common/net.h"
 #include "common/private_file.h"
 #include "kernels/backends.h"
 #include "nlohmann/json.hpp"
@@ -138,12 +139,6 @@ void QuietBarrier() {
     if (done) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-}
-
-std::string HostName() {
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
-  return name;
 }
 
 std::string UtcNow() {

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/confined_fs.h"
 #include "common/mesh.h"
+#include "common/net.h"
 #include "common/spec.h"
 #include "spdlog/spdlog.h"
 #include "worker/checkpoint_folder.h"
@@ -245,9 +246,7 @@ absl::Status BuildRank(const RankFlags& flags, const NodeShare& node,
 
 absl::Status SetUpRank(const RankFlags& flags, const NodeShare& node,
                        Rank* rank) {
-  char host[256] = "";
-  gethostname(host, sizeof(host) - 1);
-  rank->host = host;
+  rank->host = HostName("");
   absl::Status setup;
   try {
     setup = BuildRank(flags, node, rank);

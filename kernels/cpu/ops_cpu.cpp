@@ -7,6 +7,7 @@
 
 #include "common/check.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/footprint.h"
 #include "kernels/ops.h"
 
 namespace ptrain::kernels {
@@ -117,10 +118,9 @@ class CpuBackend final : public Ops {
                          int t0) override {
     kernels::position_backward(dwpe, dout, B, T, C, t0);
   }
-  // bf16 keeps LayerNorm outputs in bf16, the values its matmuls would
-  // round them to: the same products, without the rounding pass.
+  // What it keeps of activations: CpuFootprint's (kernels/footprint.h).
   DType activation_type() const override {
-    return bf16_ ? DType::kBf16 : DType::kF32;
+    return CpuFootprint(bf16_).activation_type();
   }
   void layernorm_forward(Act out, float* mean, float* rstd, const float* inp,
                          const float* weight, const float* bias, int B, int T,
@@ -286,7 +286,7 @@ class CpuBackend final : public Ops {
     gelu_backward(dinp.f32(), inp, dgelu, rows * C);
   }
   int64_t gelu_saved_floats(int64_t rows, int C) const override {
-    return bf16_ ? (rows * C + 1) / 2 : 0;
+    return CpuFootprint(bf16_).gelu_saved_floats(rows, C);
   }
   // From kFlashAttentionT positions on, attention keeps one float per query
   // row (flash_attention_forward's log-sum-exp) and needs no scratch; below
@@ -344,16 +344,13 @@ class CpuBackend final : public Ops {
       kernels::attention_backward(dinp, datt, dout, x, att, B, T, C, NH, KVH);
     }
   }
-  // bf16 keeps the probabilities rounded: two in a float.
   int64_t attention_saved_floats(int64_t B, int64_t T, int C,
                                  int NH) const override {
-    if (T >= kFlashAttentionT) return B * NH * T;
-    return bf16_ ? (B * NH * T * T + 1) / 2 : B * NH * T * T;
+    return CpuFootprint(bf16_).attention_saved_floats(B, T, C, NH);
   }
-  // bf16 works in per-thread scratch.
   int64_t attention_scratch_floats(int64_t B, int64_t T, int C,
                                    int NH) const override {
-    return T >= kFlashAttentionT || bf16_ ? 0 : B * NH * T * T;
+    return CpuFootprint(bf16_).attention_scratch_floats(B, T, C, NH);
   }
   void attention_decode(Act out, float* kcache, float* vcache, ConstAct qkv,
                         int n, int pos, int C, int NH, int KVH,

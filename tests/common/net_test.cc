@@ -5,6 +5,9 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <string>
 
@@ -12,6 +15,25 @@
 
 namespace ptrain {
 namespace {
+
+// In a UTS namespace of its own (root): the name set there, and the
+// fallback once the name is empty.
+TEST(HostName, IsTheMachinesNameElseTheFallback) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (unshare(CLONE_NEWUTS) != 0) _exit(77);
+    if (sethostname("node-a", 6) != 0 || HostName() != "node-a") _exit(1);
+    if (sethostname("", 0) != 0 || HostName("node") != "node") _exit(2);
+    if (HostName() != "localhost") _exit(3);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "no UTS namespace here";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
 
 TEST(SplitHostPort, SplitsNamesV4AndBracketedV6) {
   auto a = SplitHostPort("node1:7070");

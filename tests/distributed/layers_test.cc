@@ -87,7 +87,7 @@ class LayersTest : public ::testing::TestWithParam<bool> {
     rank_ = g_.rank();
     a_.assign(static_cast<size_t>(kB) * kT * kOC, 0.0f);
     b_.assign(a_.size(), 0.0f);
-    s_ = LayerContext{a_.data(), b_.data()};
+    s_ = LayerContext{a_.data(), b_.data(), &kernels::CpuOps()};
   }
   // Positions this rank holds outside the tensor-parallel regions.
   int Ts() const { return g_.SeqLocal(kT); }
@@ -120,7 +120,7 @@ class LayersTest : public ::testing::TestWithParam<bool> {
   // Scratch of the single-rank reference.
   Vec ra_ = Vec(static_cast<size_t>(kB) * kT * kOC),
       rb_ = Vec(static_cast<size_t>(kB) * kT * kOC);
-  LayerContext one_{ra_.data(), rb_.data()};
+  LayerContext one_{ra_.data(), rb_.data(), &kernels::CpuOps()};
 };
 
 TEST_P(LayersTest, ColumnParallelLinearMatchesOneRank) {
@@ -299,22 +299,25 @@ TEST_P(LayersTest, VocabParallelCrossEntropyMatchesOneRank) {
   const float dloss = 1.0f / (kB * kT);
   Vec losses(kB * kT), probs(logits.size()), dlogits(logits.size(), 0.5f),
       stats(3 * kB * kT);
-  vocab_crossentropy_forward(losses.data(), probs.data(), logits.data(),
-                             targets.data(), kB, kT, 0, kVp, kV, TpGroup{},
-                             stats.data(), LayerContext{});
-  vocab_crossentropy_backward(dlogits.data(), probs.data(), targets.data(),
-                              dloss, kB, kT, 0, kVp, LayerContext{});
+  vocab_crossentropy_forward(
+      losses.data(), probs.data(), logits.data(), targets.data(), kB, kT, 0,
+      kVp, kV, TpGroup{}, stats.data(),
+      LayerContext{nullptr, nullptr, &kernels::CpuOps()});
+  vocab_crossentropy_backward(
+      dlogits.data(), probs.data(), targets.data(), dloss, kB, kT, 0, kVp,
+      LayerContext{nullptr, nullptr, &kernels::CpuOps()});
 
   const int Vl = kVp / tp_, v0 = rank_ * Vl;
   const Vec my_logits = Cols(logits, kVp, v0, Vl);
   Vec my_losses(kB * kT), my_probs(my_logits.size()),
       my_dlogits(my_logits.size(), 0.5f);
-  vocab_crossentropy_forward(my_losses.data(), my_probs.data(),
-                             my_logits.data(), targets.data(), kB, kT, v0, Vl,
-                             kV, g_, stats.data(), LayerContext{});
-  vocab_crossentropy_backward(my_dlogits.data(), my_probs.data(),
-                              targets.data(), dloss, kB, kT, v0, Vl,
-                              LayerContext{});
+  vocab_crossentropy_forward(
+      my_losses.data(), my_probs.data(), my_logits.data(), targets.data(), kB,
+      kT, v0, Vl, kV, g_, stats.data(),
+      LayerContext{nullptr, nullptr, &kernels::CpuOps()});
+  vocab_crossentropy_backward(
+      my_dlogits.data(), my_probs.data(), targets.data(), dloss, kB, kT, v0, Vl,
+      LayerContext{nullptr, nullptr, &kernels::CpuOps()});
   Check("crossentropy losses", my_losses, losses);
   Check("crossentropy probs", my_probs, Cols(probs, kVp, v0, Vl));
   Check("crossentropy dlogits", my_dlogits, Cols(dlogits, kVp, v0, Vl));
@@ -328,9 +331,9 @@ TEST_P(LayersTest, VocabParallelCrossEntropyMatchesOneRank) {
   // bit, what the forward and the backward leave: the same ops in the same
   // order, with the same communication.
   Vec fused = my_logits, fused_losses(kB * kT, -1.0f);
-  vocab_crossentropy_forward_backward(fused_losses.data(), fused.data(),
-                                      targets.data(), dloss, kB, kT, v0, Vl, kV,
-                                      g_, stats.data(), LayerContext{});
+  vocab_crossentropy_forward_backward(
+      fused_losses.data(), fused.data(), targets.data(), dloss, kB, kT, v0, Vl,
+      kV, g_, stats.data(), LayerContext{nullptr, nullptr, &kernels::CpuOps()});
   EXPECT_EQ(fused_losses, my_losses);
   EXPECT_EQ(fused, my_dlogits);
 }

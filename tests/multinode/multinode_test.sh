@@ -7,7 +7,8 @@
 #
 # Scenarios: two_nodes, node_death_shrink, node_returns_grow,
 # node_death_spare, link_cut, node_frozen, daemon_killed, refusals,
-# coordinator_restart, coordinator_lost, rank_stopped, preemption. Needs root
+# coordinator_restart, coordinator_lost, rank_stopped, preemption,
+# auto_layout. Needs root
 # and iproute2;
 # exits 77 (skipped) with a message when namespaces cannot be made here.
 # Everything (namespaces, processes, files) is removed on exit, failed or
@@ -24,6 +25,7 @@ case $SCENARIO in
   link_cut) N=14 ;; daemon_killed) N=15 ;; refusals) N=16 ;;
   coordinator_restart) N=17 ;; node_frozen) N=18 ;; node_returns_grow) N=19 ;;
   coordinator_lost) N=20 ;; rank_stopped) N=21 ;; preemption) N=22 ;;
+  auto_layout) N=23 ;;
   *) echo "unknown scenario $SCENARIO" >&2; exit 2 ;;
 esac
 export MN_PREFIX="pm$N" MN_SUBNET3="10.78.$N"
@@ -89,11 +91,13 @@ chmod 600 "$T/join"
 # ptcoord on the bridge; PORT fixed after the first start so a restarted
 # one is found at the same address.
 PORT=0
+COORD_EXTRA=()
 start_coordinator() {
   "$PTCOORD" --listen "$(mn_host_addr):$PORT" --state-dir "$T/state" \
     --join-token-file "$T/join" --node-timeout-s 6 \
     --cluster-network "$MN_SUBNET3.0/24" --cancel-grace-s 3 \
-    --work-root "$SRC" --metrics-listen "$(mn_host_addr):0" >> "$T/ptcoord.log" 2>&1 &
+    --work-root "$SRC" --metrics-listen "$(mn_host_addr):0" \
+    "${COORD_EXTRA[@]}" >> "$T/ptcoord.log" 2>&1 &
   COORD_PID=$!
   rm -f "$T/state/address.seen"
   mn_wait_for 20 test -s "$T/state/address" || fail "ptcoord did not start"
@@ -163,6 +167,46 @@ mn_up 3 >/dev/null
 start_coordinator
 
 case $SCENARIO in
+auto_layout)
+  # parallel: auto on two nodes of 2 slots: ptcoord, started with a
+  # profile, plans on 2 nodes × 2 ranks as `ptctl plan` does, and the job
+  # runs that layout over both nodes to the end.
+  (cd "$SRC" && OMPI_MCA_mpi_yield_when_idle=1 mpirun --allow-run-as-root --oversubscribe \
+      -n 2 "$PTWORKER" profile --quick --out "$T/profile.json" > "$T/profile.log" 2>&1) ||
+    fail "ptworker profile failed"
+  # The pretend nodes' link is this host's too: the measured one stands
+  # for it.
+  python3 - "$T/profile.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+p["links"]["inter_node"] = p["links"]["intra_node"]
+json.dump(p, open(sys.argv[1], "w"))
+PY
+  kill "$COORD_PID"; wait "$COORD_PID" 2>/dev/null || true
+  COORD_EXTRA=(--planner-profile "$T/profile.json")
+  start_coordinator
+  start_node 1; start_node 2; wait_nodes_up 1 2
+  AUTO_SETS=(--set parallel=auto --set model.vocab_size=65 --set model.n_layer=2
+    --set model.n_embd=32 --set model.n_head=2 --set train.steps=20
+    --set train.sample_every=0 --set "checkpoint.dir=$CKPT")
+  want=$("$PTCTL" -o json plan "$SRC/examples/shakespeare-char.yaml" "${AUTO_SETS[@]}" \
+      --nodes 2 --gpus-per-node 2 --profile "$T/profile.json" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["best"][0]["layout"])') ||
+    fail "ptctl plan failed"
+  id=$("$PTCTL" submit "$SRC/examples/shakespeare-char.yaml" "${AUTO_SETS[@]}" | head -n1)
+  wait_state "$id" SUCCEEDED 120 || fail "$id did not succeed: $(events "$id")"
+  [[ $(jget "$id" "j['plan']['layout']") == "$want" ]] ||
+    fail "planned $(jget "$id" "j['plan']"), ptctl plan proposes $want"
+  [[ $(jget "$id" "(j['plan']['nodes'], j['plan']['ranks_per_node'], j['world_size'])") == "(2, 2, 4)" ]] ||
+    fail "plan: $(jget "$id" "j['plan']"), world $(jget "$id" "j['world_size']")"
+  [[ $(jget "$id" "j['placement']") == *"${MN_PREFIX}node1"*"'ranks': 2"*"${MN_PREFIX}node2"*"'ranks': 2"* ]] ||
+    fail "placement: $(jget "$id" "j['placement']")"
+  events "$id" | grep -q "layout chosen by the planner: $want (profile" ||
+    fail "no event of the choice: $(events "$id")"
+  "$PTCTL" get "$id" | grep -q '^measured: ' || fail "ptctl get: $("$PTCTL" get "$id")"
+  echo "FIGURE auto_layout_chosen $want"
+  ;;
+
 preemption)
   # A job of low priority holds both nodes; one of high priority preempts
   # it: its ranks save the step they are in and stop, the high job runs,

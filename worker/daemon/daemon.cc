@@ -22,6 +22,7 @@
 #include "common/echo.h"
 #include "common/exit_codes.h"
 #include "common/gpu_inventory.h"
+#include "common/net.h"
 #include "common/process.h"
 #include "spdlog/spdlog.h"
 
@@ -75,12 +76,6 @@ std::optional<std::string> Authorization(const grpc::ServerContext& ctx) {
 }
 
 }  // namespace
-
-std::string HostName() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "node";
-  return buf;
-}
 
 v1::NodeSpec DescribeNode(const std::string& name, int slots, int gpus) {
   v1::NodeSpec spec;
@@ -214,9 +209,7 @@ grpc::Status Daemon::DumpAttempt(grpc::ServerContext* ctx,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "attempt_uid must be set");
   }
-  char host[256] = "";
-  gethostname(host, sizeof(host) - 1);
-  resp->set_host(host);
+  resp->set_host(HostName(""));
   for (const AttemptRank& p : Attempts::Ranks(req->attempt_uid())) {
     // A stopped rank keeps it pending: it dumps once it runs again.
     kill(p.pid, SIGUSR2);

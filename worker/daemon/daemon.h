@@ -34,9 +34,6 @@
 
 namespace ptrain {
 
-// This host's name ("node" when it has none to give).
-std::string HostName();
-
 // What this host offers as node `name`: `slots` ranks at once, `gpus` GPUs
 // (-1: those the driver shows, common/gpu_inventory.h), its cores and
 // memory, this daemon's version. No address: the caller's to set.

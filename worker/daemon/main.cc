@@ -37,8 +37,9 @@ namespace {
 using ptrain::kExitBadInput;
 
 struct Flags {
-  std::string coordinator, name = ptrain::HostName(), token_file, advertise,
-                           tls_ca, listen = "0.0.0.0:7071", log_level = "info";
+  std::string coordinator, name = ptrain::HostName("node"), token_file,
+                           advertise, tls_ca, listen = "0.0.0.0:7071",
+                           log_level = "info";
   int slots =
       static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int orphan_timeout_s = 60;

@@ -1300,7 +1300,7 @@ TEST(DistributedOptimizer, OffloadedStepIsTheStepOnTheBackend) {
     SCOPED_TRACE(bf16 ? "bf16" : "fp32");
     ZeroOptions zo;
     zo.bf16_weights = bf16;
-    kernels::Ops* ops = bf16 ? &kernels::CpuBf16Ops() : nullptr;
+    kernels::Ops* ops = bf16 ? &kernels::CpuBf16Ops() : &kernels::CpuOps();
     ZeroStore plain_store(layout, 1, zo, nullptr, ops);
     ZeroStore off_store(layout, 1, zo, nullptr, ops);
     plain_store.InitParams(3);

@@ -374,7 +374,8 @@ TEST(MoeBias, EachStepMovesTheBiasAgainstTheLoad) {
   // Two steps: layer 0 (mean 20) moves once, layer 1 (mean 20) twice.
   const std::vector<std::vector<float>> want = {{0.25f, -0.25f, 0, 0},
                                                 {0.5f, 0.5f, 0.5f, -0.5f}};
-  ZeroStore store(BuildPlan(c, {}), 1, ZeroOptions{}, nullptr);
+  ZeroStore store(BuildPlan(c, {}), 1, ZeroOptions{}, nullptr,
+                  &kernels::CpuOps());
   store.InitParams(1);
   MoveExpertBias(store, load, c);
   load.layers[0].tokens = {20, 20, 20, 20};
@@ -394,7 +395,8 @@ TEST(MoeBias, EachStepMovesTheBiasAgainstTheLoad) {
   }
   GptConfig aux = c;
   aux.moe.bias = false;
-  ZeroStore none(BuildPlan(aux, {}), 1, ZeroOptions{}, nullptr);
+  ZeroStore none(BuildPlan(aux, {}), 1, ZeroOptions{}, nullptr,
+                 &kernels::CpuOps());
   none.InitParams(1);
   const std::vector<float> before(none.update_params(),
                                   none.update_params() + none.update_size());

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/net.h"
 #include "common/private_file.h"
 #include "nlohmann/json.hpp"
 
@@ -178,8 +179,7 @@ int64_t FlightRecorder::ProgressAgeMillis() const {
 }
 
 std::string FlightRecorder::Dump(const std::string& reason) const {
-  char host[256] = "";
-  gethostname(host, sizeof(host) - 1);
+  const std::string host = HostName("");
   std::lock_guard<std::mutex> lock(mu_);
   nlohmann::ordered_json groups = nlohmann::ordered_json::object();
   for (size_t g = 0; g < group_names_.size(); ++g) {

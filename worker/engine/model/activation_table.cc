@@ -9,12 +9,10 @@
 
 namespace ptrain {
 
-StageActivationDims StageActivationDims::Of(const GptConfig& config, int max_B,
-                                            int max_T, int slots, int tp,
-                                            bool sp, Recompute recompute,
-                                            int layers, bool last,
-                                            const kernels::Ops* ops, bool split,
-                                            int cp) {
+StageActivationDims StageActivationDims::Of(
+    const GptConfig& config, int max_B, int max_T, int slots, int tp, bool sp,
+    Recompute recompute, int layers, bool last,
+    const kernels::ActivationFootprint* ops, bool split, int cp) {
   StageActivationDims d;
   d.C = config.n_embd;
   d.L = layers;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/spec.h"
+#include "kernels/footprint.h"
 #include "kernels/ops.h"
 #include "worker/engine/model/model_parts.h"
 #include "worker/engine/model/plan.h"
@@ -48,8 +49,8 @@ struct StageSlot {
   float dloss = 0.0f;
 };
 
-// The sizes a stage's activation slabs are laid out by (the backend's
-// when `ops` is given, else the most any backend keeps).
+// The sizes a stage's activation slabs are laid out by (what the backend
+// keeps when `ops` is given, else the most any backend keeps).
 struct StageActivationDims {
   int64_t C = 0, L = 0, Cl = 0, Vl = 0, BT = 0, BTs = 0;
   int64_t T = 0;  // a microbatch sequence's positions on this rank
@@ -78,7 +79,8 @@ struct StageActivationDims {
   int64_t Stored(int64_t rows, int64_t width) const;
   static StageActivationDims Of(const GptConfig& config, int max_B, int max_T,
                                 int slots, int tp, bool sp, Recompute recompute,
-                                int layers, bool last, const kernels::Ops* ops,
+                                int layers, bool last,
+                                const kernels::ActivationFootprint* ops,
                                 bool split, int cp);
 };
 // The backward's working set inside the activation buffer.

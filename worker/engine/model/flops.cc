@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/bounded_file.h"
+#include "common/net.h"
 #include "kernels/backends.h"
 #include "nlohmann/json.hpp"
 
@@ -70,8 +71,7 @@ double BestPeakFlops(double measured, const std::string& key,
 }
 
 std::string PeakCacheKey(const std::string& what, int threads) {
-  char host[256] = "";
-  gethostname(host, sizeof(host) - 1);
+  const std::string host = HostName("");
   std::string cpu = "unknown cpu";
   std::ifstream info("/proc/cpuinfo");
   for (std::string line; std::getline(info, line);) {

@@ -7,11 +7,13 @@
 #include <climits>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "kernels/footprint.h"
 #include "spdlog/spdlog.h"
 
 namespace ptrain {
@@ -83,9 +85,10 @@ GptStage::GptStage(const GptConfig& config, std::vector<ParamInfo> layout,
   }
   FindTensors();
 
-  const ActivationDims d = ActivationDims::Of(config, max_B_, max_T_, o.slots,
-                                              tp, tp_.sp, recompute_, n_blocks_,
-                                              last(), ops_, split_, cp_.size());
+  const kernels::OpsFootprint footprint(*ops_);
+  const ActivationDims d = ActivationDims::Of(
+      config, max_B_, max_T_, o.slots, tp, tp_.sp, recompute_, n_blocks_,
+      last(), &footprint, split_, cp_.size());
   PT_CHECK(cp_.size() == 1 ||
                (max_T_ % 2 == 0 && d.att >= int64_t{max_B_} * NHl_ * max_T_),
            "context parallelism needs an even number of positions per rank "
@@ -179,10 +182,13 @@ int64_t GptStage::ActivationFloats(const GptConfig& config, int max_B,
                                    Recompute recompute, int layers, bool last,
                                    const kernels::Ops* ops, bool split_backward,
                                    int cp) {
+  std::optional<kernels::OpsFootprint> footprint;
+  if (ops != nullptr) footprint.emplace(*ops);
   return ptrain::ActivationFloats(
       ModelPartsOf(config),
       ActivationDims::Of(config, max_B, max_T, slots, tp, sp, recompute, layers,
-                         last, ops, split_backward, cp));
+                         last, footprint.has_value() ? &*footprint : nullptr,
+                         split_backward, cp));
 }
 
 void GptStage::InitParams(uint64_t seed) {

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "common/check.h"
 #include "kernels/ops.h"
 #include "worker/engine/comm/comm.h"
 
@@ -56,14 +57,15 @@ struct CpGroup {
 
 // What every layer call runs with: two scratch buffers of B·T·C floats,
 // reused by every call (nothing in them outlives a call), and the backend
-// whose memory holds every buffer passed (null: the CPU's); the group's
-// communicator must communicate that memory.
+// whose memory holds every buffer passed (kernels::CpuOps() for the CPU's);
+// the group's communicator must communicate that memory.
 struct LayerContext {
   float* a = nullptr;
   float* b = nullptr;
   kernels::Ops* backend = nullptr;
   kernels::Ops& ops() const {
-    return backend != nullptr ? *backend : kernels::CpuOps();
+    PT_CHECK(backend != nullptr, "a layer call without its backend");
+    return *backend;
   }
 };
 

@@ -15,7 +15,9 @@
 #include "common/check.h"
 #include "common/mesh.h"
 #include "common/spec.h"
-#include "worker/engine/model/gpt_stage.h"
+#include "kernels/footprint.h"
+#include "worker/engine/model/activation_table.h"
+#include "worker/engine/model/model_parts.h"
 #include "worker/engine/parallel/zero_store.h"
 
 namespace ptrain {
@@ -67,10 +69,10 @@ MemoryEstimate EstimateRankMemory(const RankBuild& b, bool async_copy,
                                   const ZeroStore::Footprint& f) {
   // What attention and the MLP keep: the CPU backend of the job's precision
   // says; on a GPU (not loaded here) the most any backend keeps.
-  const kernels::Ops* ops = b.device != Device::kCpu ? nullptr
-                            : b.precision == Precision::kBf16
-                                ? &kernels::CpuBf16Ops()
-                                : &kernels::CpuOps();
+  const kernels::ActivationFootprint* ops =
+      b.device != Device::kCpu
+          ? nullptr
+          : &kernels::CpuFootprint(b.precision == Precision::kBf16);
   MemoryEstimate e;
   e.gpu = b.device == Device::kCuda;
   e.offload = b.offload_optimizer;
@@ -83,32 +85,36 @@ MemoryEstimate EstimateRankMemory(const RankBuild& b, bool async_copy,
   for (int c = 0; c < b.chunks(); ++c) {
     e.activations =
         SatAdd(e.activations,
-               SatMul(GptStage::ActivationFloats(
-                          b.model, b.micro_B, b.T_local(), b.slots[c], b.tp,
-                          b.sequence_parallel, b.recompute,
-                          b.plan.stage_layers[b.stages[c]], b.last_stage(c),
-                          ops, b.Stage(c).split_backward, b.cp),
+               SatMul(ActivationFloats(
+                          ModelPartsOf(b.model),
+                          StageActivationDims::Of(
+                              b.model, b.micro_B, b.T_local(), b.slots[c], b.tp,
+                              b.sequence_parallel, b.recompute,
+                              b.plan.stage_layers[b.stages[c]], b.last_stage(c),
+                              ops, b.Stage(c).split_backward, b.cp)),
                       kFloat));
   }
   return e;
 }
 
+bool AsyncCheckpointCopy(const v1::JobSpec& spec) {
+  return spec.checkpoint().async_save() && !spec.checkpoint().dir().empty();
+}
+
+std::array<int, 3> FullestStageCandidates(int pp) {
+  return {0, std::min(1, pp - 1), pp - 1};
+}
+
 MemoryEstimate EstimateStageMemory(const v1::JobSpec& spec, int vocab_size,
                                    int stage) {
-  const bool async_copy =
-      spec.checkpoint().async_save() && !spec.checkpoint().dir().empty();
   return EstimateRankMemory(
-      RankBuild::Of(spec, vocab_size, /*tp_rank=*/0, stage), async_copy);
+      RankBuild::Of(spec, vocab_size, /*tp_rank=*/0, stage),
+      AsyncCheckpointCopy(spec));
 }
 
 MemoryEstimate EstimateRankMemory(const v1::JobSpec& spec, int vocab_size) {
-  const int pp = JobLayout(spec).degree("pp");
-  // The rank that needs the most: ranks differ in their tensors (the first
-  // embeds, the last holds the head) and in microbatches in flight (fewer
-  // further down a pipeline), so the candidates are the first, the second
-  // (the fullest of the middle ones) and the last.
   MemoryEstimate most;
-  for (int rank : {0, std::min(1, pp - 1), pp - 1}) {
+  for (int rank : FullestStageCandidates(JobLayout(spec).degree("pp"))) {
     const MemoryEstimate e = EstimateStageMemory(spec, vocab_size, rank);
     if (rank == 0 || e.total() > most.total()) most = e;
   }

@@ -10,6 +10,7 @@
 #ifndef PTRAIN_WORKER_ENGINE_PARALLEL_MEMORY_ESTIMATE_H_
 #define PTRAIN_WORKER_ENGINE_PARALLEL_MEMORY_ESTIMATE_H_
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -45,6 +46,18 @@ MemoryEstimate EstimateRankMemory(const RankBuild& build, bool async_copy);
 // stage's once for the layouts that share it.
 MemoryEstimate EstimateRankMemory(const RankBuild& build, bool async_copy,
                                   const ZeroStore::Footprint& footprint);
+
+// Whether the ranks of `spec` keep a copy of their state to checkpoint
+// from (checkpoint.async_save with checkpoints on): EstimateRankMemory's
+// `async_copy`.
+bool AsyncCheckpointCopy(const v1::JobSpec& spec);
+
+// The pipeline stages one of whose ranks needs the most of a pipeline of
+// `pp`: ranks differ in their tensors (the first embeds, the last holds
+// the head) and in microbatches in flight (fewer further down a pipeline),
+// so the first, the second (the fullest of the middle ones) and the last
+// (repeated where pp < 3).
+std::array<int, 3> FullestStageCandidates(int pp);
 
 // A rank of pipeline stage `stage` of a validated spec (every rank of a
 // stage needs the same: its tp, cp and dp peers hold equal parts).

@@ -83,7 +83,8 @@ ZeroStore::ZeroStore(std::vector<ParamInfo> layout, int dp,
       layout_(std::move(layout)),
       units_(Units(layout_, dp)),
       n_units_(static_cast<int>(units_.size())),
-      ops_(ops != nullptr ? ops : &kernels::CpuOps()) {
+      ops_(ops) {
+  PT_CHECK(ops_ != nullptr, "a store needs the backend holding its buffers");
   Communicator* comm = groups_.dense.comm;
   PT_CHECK(comm != nullptr || (dp_ == 1 && zero_ == 0),
            "dp > 1 or zero > 0 needs a dp group");

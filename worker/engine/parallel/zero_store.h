@@ -53,12 +53,12 @@ struct ZeroOptions {
 class ZeroStore : public UnitStore {
  public:
   // `layout` is BuildPlan's with pad = dp. dp_group may be null when dp = 1
-  // and zero = 0 (nothing to communicate). `ops` (null: the CPU) holds the
-  // buffers (dp_group must then communicate its memory). expert_group: the
-  // ranks holding the same routed experts, for the experts' units (null:
-  // the dp group).
+  // and zero = 0 (nothing to communicate). `ops` (kernels::CpuOps() for the
+  // CPU) holds the buffers (dp_group must then communicate its memory).
+  // expert_group: the ranks holding the same routed experts, for the experts'
+  // units (null: the dp group).
   ZeroStore(std::vector<ParamInfo> layout, int dp, const ZeroOptions& options,
-            Communicator* dp_group, kernels::Ops* ops = nullptr,
+            Communicator* dp_group, kernels::Ops* ops,
             Communicator* expert_group = nullptr);
   ZeroStore(const ZeroStore&) = delete;
   ZeroStore& operator=(const ZeroStore&) = delete;

@@ -153,8 +153,10 @@ Trainer::Trainer(const v1::JobSpec& spec, const TrainerOptions& options,
   }
   const ComputeGroups groups = dims_->compute_groups();
   // The store's bf16 weight copy is made for compute_ops()' matmuls.
-  store_ = std::make_unique<ZeroStore>(layout, b.replicas(), b.zero, groups.dp,
-                                       compute_ops(), groups.expert_dp);
+  store_ = std::make_unique<ZeroStore>(
+      layout, b.replicas(), b.zero, groups.dp,
+      compute_ops() != nullptr ? compute_ops() : &kernels::CpuOps(),
+      groups.expert_dp);
   order_ = b.pp > 1 ? PipelineOrder(b.schedule, b.pp, dims_->pp_rank(),
                                     b.microbatches, b.virtual_stages)
                     : PipelineRuntime::SequentialOrder(b.microbatches);
