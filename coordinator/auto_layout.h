@@ -1,17 +1,16 @@
-// `parallel: auto`, resolved when a job is submitted: the layout search of
-// `ptctl plan` (planner/search.h) over the nodes the coordinator's backend
-// can place ranks on, with the hardware profile ptcoord was started with
-// (--planner-profile). The job is stored, and runs, with the fastest
-// layout that fits; the choice and its prediction stay with the job
-// (Job.plan) for `ptctl get` to hold against the measured step.
+// `parallel: auto`, resolved when a job is submitted: the coordinator asks
+// its LayoutPlanner (CoordinatorOptions::plan_layout; ptcoord's comes from
+// layout_planner.h, with the hardware of --planner-profile) for the fastest
+// layout over the nodes its backend can place ranks on. The job is stored,
+// and runs, with that layout; the choice and its prediction stay with the
+// job (Job.plan) for `ptctl get` to hold against the measured step.
 #ifndef PTRAIN_COORDINATOR_AUTO_LAYOUT_H_
 #define PTRAIN_COORDINATOR_AUTO_LAYOUT_H_
 
-#include <string>
+#include <functional>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "planner/profile.h"
 #include "ptrain/v1/coordinator.pb.h"
 #include "ptrain/v1/job.pb.h"
 
@@ -30,18 +29,14 @@ struct ClusterShape {
 ClusterShape ShapeOf(const std::vector<int>& ranks_each, int ranks_per_node);
 
 // Replaces the auto layout of `spec` (parallel and, unless the spec sets
-// it, train.recompute) with the fastest layout that fits on `shape` as
-// `profile` predicts it, and describes the choice in `plan`.
-// InvalidArgument, naming what is wrong: no profile (`profile` null), a
-// profile of another device than the job's, a cluster no layout fits.
-absl::Status ResolveAutoLayout(const planner::HardwareProfile* profile,
-                               const ClusterShape& shape, v1::JobSpec* spec,
-                               v1::PlannedLayout* plan);
+// it, train.recompute) with the fastest layout that fits on the shape, and
+// describes the choice in `plan`; InvalidArgument, naming what is wrong,
+// where none can be chosen.
+using LayoutPlanner = std::function<absl::Status(
+    const ClusterShape& shape, v1::JobSpec* spec, v1::PlannedLayout* plan)>;
 
-// The job event of the choice: "layout chosen by the planner: dp=4 tp=4
-// ... (profile h100 on 2 node(s) × 8 ranks, 412 layouts): predicted 1.21 s
-// a step, ...", and the plan's notes.
-std::string PlannedLayoutEvent(const v1::PlannedLayout& plan);
+// What a coordinator without a planner says to a `parallel: auto` job.
+absl::Status NoLayoutPlanner();
 
 }  // namespace ptrain
 

@@ -24,11 +24,11 @@
 #include "common/exit_codes.h"
 #include "common/job_state.h"
 #include "common/net.h"
+#include "common/planned_layout.h"
 #include "common/private_file.h"
 #include "common/spec.h"
 #include "common/thread_entry.h"
 #include "coordinator/auth.h"
-#include "coordinator/auto_layout.h"
 #include "coordinator/coordinator_internal.h"
 #include "coordinator/launcher.h"
 #include "coordinator/paths.h"
@@ -306,9 +306,9 @@ absl::StatusOr<JobRecord> Coordinator::NewJobRecord(
   // kept with the job (the spec stored is the one that runs).
   v1::PlannedLayout plan;
   if (IsAutoLayout(*spec)) {
+    if (!options_.plan_layout) return NoLayoutPlanner();
     if (absl::Status s =
-            ResolveAutoLayout(options_.planner_profile.get(),
-                              backend_->Shape(*spec), &*spec, &plan);
+            options_.plan_layout(backend_->Shape(*spec), &*spec, &plan);
         !s.ok()) {
       return s;
     }

@@ -36,6 +36,7 @@
 #include "coordinator/attempt_backend.h"
 #include "coordinator/audit.h"
 #include "coordinator/auth_throttle.h"
+#include "coordinator/auto_layout.h"
 #include "coordinator/nodes.h"
 #include "coordinator/queue_policy.h"
 #include "coordinator/rank_times.h"
@@ -44,7 +45,6 @@
 #include "coordinator/state_dir.h"
 #include "coordinator/store.h"
 #include "coordinator/users.h"
-#include "planner/profile.h"
 #include "ptrain/v1/coordinator.pb.h"
 
 namespace ptrain {
@@ -128,9 +128,10 @@ struct CoordinatorOptions {
   // CIDR of the network nodes reach each other and ptcoord on; OpenMPI's
   // out-of-band and TCP transports are confined to it. "" = any.
   std::string cluster_network;
-  // The hardware `parallel: auto` jobs are planned on (auto_layout.h);
-  // null: such jobs are refused at submit.
-  std::shared_ptr<const planner::HardwareProfile> planner_profile;
+  // The layouts of `parallel: auto` jobs (auto_layout.h; ptcoord's:
+  // PlannerWith of layout_planner.h); empty: such jobs are refused at
+  // submit.
+  LayoutPlanner plan_layout;
 };
 
 // Bounds on what a client may send (and kMaxSpecBytes of common/spec.h).

@@ -19,6 +19,7 @@
 #include "common/process.h"
 #include "coordinator/auth.h"
 #include "coordinator/launcher.h"
+#include "coordinator/layout_planner.h"
 #include "coordinator/users.h"
 #include "planner/profile.h"
 #include "spdlog/spdlog.h"
@@ -493,8 +494,8 @@ std::optional<Refusal> OptionsFromFlags(const PtcoordFlags& flags,
       return Refusal{absl::StrCat("--planner-profile ", flags.planner_profile,
                                   ": ", profile.status().message())};
     }
-    options->planner_profile =
-        std::make_shared<const planner::HardwareProfile>(std::move(*profile));
+    options->plan_layout = PlannerWith(
+        std::make_shared<const planner::HardwareProfile>(std::move(*profile)));
   }
   return SetLauncher(flags, options);
 }

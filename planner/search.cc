@@ -430,13 +430,4 @@ absl::StatusOr<PlanResult> PlanLayouts(const PlanInput& input,
   return result;
 }
 
-std::string PlannedLayoutWords(const v1::PlannedLayout& plan) {
-  return absl::StrFormat(
-      "%s (profile %s on %d node(s) × %d ranks, %d layouts): predicted %.4g s "
-      "a step, %.4g tokens/s, %.3g GiB a rank",
-      plan.layout(), plan.profile(), plan.nodes(), plan.ranks_per_node(),
-      plan.layouts_considered(), plan.step_s(), plan.tokens_per_s(),
-      static_cast<double>(plan.memory_bytes()) / (int64_t{1} << 30));
-}
-
 }  // namespace ptrain::planner

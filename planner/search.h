@@ -86,11 +86,6 @@ void AdoptLayout(const v1::JobSpec& planned, v1::JobSpec* spec);
 // line.
 std::string LayoutWords(const v1::JobSpec& spec);
 
-// A choice of `parallel: auto` as the job's event and `ptctl get` say it:
-// "dp=2 tp=2 ... (profile h100 on 2 node(s) × 8 ranks, 412 layouts):
-// predicted 1.21 s a step, 2.71e+04 tokens/s, 21.3 GiB a rank".
-std::string PlannedLayoutWords(const v1::PlannedLayout& plan);
-
 }  // namespace ptrain::planner
 
 #endif  // PTRAIN_PLANNER_SEARCH_H_

@@ -17,9 +17,9 @@
 #include "common/exit_codes.h"
 #include "common/job_state.h"
 #include "common/mesh.h"
+#include "common/planned_layout.h"
 #include "common/proto_json.h"
 #include "common/spec.h"
-#include "planner/search.h"
 #include "ptctl/format.h"
 #include "ptctl/watch.h"
 
@@ -117,8 +117,7 @@ std::optional<MeasuredStep> MeasureStep(Client& client, const v1::Job& job) {
 // report, then where the job would start or why it would wait.
 void PrintDryRun(const v1::DryRun& d) {
   if (d.has_plan()) {
-    std::printf("# parallel: auto: %s\n",
-                planner::PlannedLayoutWords(d.plan()).c_str());
+    std::printf("# parallel: auto: %s\n", PlannedLayoutWords(d.plan()).c_str());
   }
   std::printf("%s", d.report().c_str());
   if (!d.waits().empty()) {
@@ -246,8 +245,7 @@ int Get(Client& client, const std::string& id) {
     std::printf("layout:    shrunk to dp=%d (spec dp=%d)\n", j.dp(), spec_dp);
   }
   if (j.has_plan()) {
-    std::printf("planned:   %s\n",
-                planner::PlannedLayoutWords(j.plan()).c_str());
+    std::printf("planned:   %s\n", PlannedLayoutWords(j.plan()).c_str());
     if (HasSteps(p) && j.plan().step_s() > 0) {
       if (std::optional<MeasuredStep> m = MeasureStep(client, j)) {
         std::printf(

@@ -1,9 +1,7 @@
-// `parallel: auto` at submit: the job is stored (and runs) with the
-// planner's fastest layout over the slots the coordinator's backend has,
-// keeps the prediction, and is refused, with nothing stored, where no
-// profile or no node can plan it.
-#include "coordinator/auto_layout.h"
-
+// `parallel: auto` at submit (the coordinator with ptcoord's planner): the job
+// is stored (and runs) with the planner's fastest layout over the slots the
+// coordinator's backend has, keeps the prediction, and is refused, with nothing
+// stored, where no profile or no node can plan it.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -13,9 +11,11 @@
 
 #include "common/spec.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/layout_planner.h"
 #include "gtest/gtest.h"
 #include "planner/profile.h"
 #include "planner/search.h"
+#include "tests/testing/coordinator_options.h"
 #include "tests/testing/cpu_profile.h"
 #include "tests/testing/files.h"
 
@@ -46,14 +46,7 @@ class AutoLayoutTest : public ::testing::Test {
         ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_ / "data");
     std::ofstream(dir_ / "data" / "x.txt") << "some text to train on\n";
-    options_.state_dir = (dir_ / "state").string();
-    options_.local_slots = 2;
-    options_.user_tokens = {"user"};
-    options_.data_roots = {(dir_ / "data").string()};
-    options_.work_root = dir_.string();
-    options_.ptworker = "/bin/true";
-    options_.mpirun = "/bin/true";
-    options_.advertise_address = "127.0.0.1:1";
+    options_ = testing::LocalCoordinatorOptions(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -86,8 +79,8 @@ class AutoLayoutTest : public ::testing::Test {
 
 TEST_F(AutoLayoutTest,
        TheJobRunsThePlannersFastestLayoutAndKeepsItsPrediction) {
-  options_.planner_profile =
-      std::make_shared<const planner::HardwareProfile>(CpuProfile());
+  options_.plan_layout = PlannerWith(
+      std::make_shared<const planner::HardwareProfile>(CpuProfile()));
   auto c = Make();
   ASSERT_NE(c, nullptr);
   auto job = c->Submit(kSpec, {});
@@ -129,8 +122,8 @@ TEST_F(AutoLayoutTest,
 }
 
 TEST_F(AutoLayoutTest, ARecomputationTheSpecNamesIsKept) {
-  options_.planner_profile =
-      std::make_shared<const planner::HardwareProfile>(CpuProfile());
+  options_.plan_layout = PlannerWith(
+      std::make_shared<const planner::HardwareProfile>(CpuProfile()));
   auto c = Make();
   ASSERT_NE(c, nullptr);
   for (const std::string recompute : {"none", "full"}) {
@@ -161,10 +154,11 @@ TEST_F(AutoLayoutTest, WhatCannotBePlannedIsRefusedAndNothingStored) {
        "parallel: auto on 1 node(s) × 2 ranks"},
   };
   for (const Case& k : cases) {
-    options_.planner_profile =
+    options_.plan_layout =
         k.profile
-            ? std::make_shared<const planner::HardwareProfile>(CpuProfile())
-            : nullptr;
+            ? PlannerWith(std::make_shared<const planner::HardwareProfile>(
+                  CpuProfile()))
+            : LayoutPlanner();
     auto c = Make();
     ASSERT_NE(c, nullptr);
     auto job = c->Submit(kSpec, k.sets);

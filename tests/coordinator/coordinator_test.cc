@@ -34,6 +34,7 @@
 #include "coordinator/launcher.h"
 #include "gtest/gtest.h"
 #include "tests/testing/committed_checkpoint.h"
+#include "tests/testing/coordinator_options.h"
 #include "tests/testing/old_store.h"
 
 namespace ptrain {
@@ -125,14 +126,8 @@ class CoordinatorTest : public ::testing::Test {
     setenv("FAKE_MODE", "ok", 1);
     setenv("FAKE_CKPT_ROOT", (dir_ / "data" / "ckpt").c_str(), 1);
     setenv("FAKE_GO", (dir_ / "go").c_str(), 1);
-    options_.state_dir = (dir_ / "state").string();
-    options_.local_slots = 2;
-    options_.user_tokens = {"user"};
-    options_.data_roots = {(dir_ / "data").string()};
-    options_.work_root = dir_.string();
-    options_.ptworker = "/bin/true";
+    options_ = testing::LocalCoordinatorOptions(dir_);
     options_.mpirun = fake.string();
-    options_.advertise_address = "127.0.0.1:1";
     options_.cancel_grace = absl::Milliseconds(500);
   }
   void TearDown() override {

@@ -30,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/coordinator_options.h"
 #include "tests/testing/raw_http.h"
 
 namespace ptrain {
@@ -60,15 +61,9 @@ class UiTest : public ::testing::Test {
     std::ofstream(dir_ / "fake_mpirun") << "#!/bin/sh\nexec sleep 100\n";
     fs::permissions(dir_ / "fake_mpirun", fs::perms::owner_all);
     std::ofstream(dir_ / "chart.js") << "/* Chart.js */";
-    CoordinatorOptions o;
-    o.state_dir = (dir_ / "state").string();
-    o.local_slots = 2;
+    CoordinatorOptions o = testing::LocalCoordinatorOptions(dir_);
     o.user_tokens = {"user-token"};
-    o.data_roots = {(dir_ / "data").string()};
-    o.work_root = dir_.string();
-    o.ptworker = "/bin/true";
     o.mpirun = (dir_ / "fake_mpirun").string();
-    o.advertise_address = "127.0.0.1:1";
     o.cancel_grace = absl::Milliseconds(100);
     o.loss_points_per_series = 10;
     auto c = Coordinator::Create(o);

@@ -164,27 +164,28 @@ live_in_node() {
 source "$SRC/tests/testing/run_log.sh"  # final_loss
 
 mn_up 3 >/dev/null
-start_coordinator
-
-case $SCENARIO in
-auto_layout)
-  # parallel: auto on two nodes of 2 slots: ptcoord, started with a
-  # profile, plans on 2 nodes × 2 ranks as `ptctl plan` does, and the job
-  # runs that layout over both nodes to the end.
+if [[ $SCENARIO == auto_layout ]]; then
+  # ptcoord plans parallel: auto jobs with a profile of this host
+  # (measured under mpirun, quick); the pretend nodes' link is this host's
+  # too, so the measured one stands for it.
   (cd "$SRC" && OMPI_MCA_mpi_yield_when_idle=1 mpirun --allow-run-as-root --oversubscribe \
       -n 2 "$PTWORKER" profile --quick --out "$T/profile.json" > "$T/profile.log" 2>&1) ||
-    fail "ptworker profile failed"
-  # The pretend nodes' link is this host's too: the measured one stands
-  # for it.
+    fail "ptworker profile failed: $(tail -n 20 "$T/profile.log")"
   python3 - "$T/profile.json" <<'PY'
 import json, sys
 p = json.load(open(sys.argv[1]))
 p["links"]["inter_node"] = p["links"]["intra_node"]
 json.dump(p, open(sys.argv[1], "w"))
 PY
-  kill "$COORD_PID"; wait "$COORD_PID" 2>/dev/null || true
   COORD_EXTRA=(--planner-profile "$T/profile.json")
-  start_coordinator
+fi
+start_coordinator
+
+case $SCENARIO in
+auto_layout)
+  # parallel: auto on two nodes of 2 slots: ptcoord plans on 2 nodes × 2
+  # ranks as `ptctl plan` does, and the job runs that layout over both
+  # nodes to the end.
   start_node 1; start_node 2; wait_nodes_up 1 2
   AUTO_SETS=(--set parallel=auto --set model.vocab_size=65 --set model.n_layer=2
     --set model.n_embd=32 --set model.n_head=2 --set train.steps=20
