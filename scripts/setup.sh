@@ -29,7 +29,8 @@ done
 # pre-tokenizer; SentencePiece; RE2 (GPT-2's pattern, which the fuzz target
 # holds the pre-tokenizer to); PCRE2 (the patterns of Hugging Face
 # tokenizer.json files, which need lookahead); cpp-httplib serves ptcoord's web UI, and
-# Chart.js draws its charts.
+# Chart.js draws its charts; zstd and zlib decompress corpora for prepare,
+# simdjson reads their JSON lines.
 # python3 prints the demo's sample.
 PACKAGES=(
   build-essential cmake pkg-config
@@ -38,7 +39,7 @@ PACKAGES=(
   prometheus-cpp-dev libspdlog-dev libyaml-cpp-dev libsqlite3-dev libcli11-dev
   nlohmann-json3-dev libxxhash-dev libicu-dev
   libdnnl-dev ocl-icd-opencl-dev libopenblas-dev
-  libssl-dev
+  libssl-dev libzstd-dev zlib1g-dev libsimdjson-dev
   libcpp-httplib-dev libjs-chart.js
   python3
 )

@@ -198,9 +198,17 @@ void AddPrepareCommand(CLI::App& app, PrepareCommand* p) {
                      "spm-train's model: bpe (default) or unigram");
   p->app
       ->add_option("--input", f.inputs,
-                   "a text file or a glob pattern ('corpus/*.txt'), each "
-                   "file one document (repeatable)")
+                   "a file, a folder or a glob pattern ('corpus/*.txt'), "
+                   "repeatable: .txt files are one document each, .jsonl "
+                   "and .json files one a line (--field); each may be .gz "
+                   "or .zst")
       ->required();
+  p->app->add_option("--field", f.field,
+                     "JSON lines: the field that holds a document's text, a "
+                     "dotted path for nested ones (default: text)");
+  p->app->add_flag("--skip-bad-lines", f.skip_bad_lines,
+                   "JSON lines: leave out (and count) a line that is not "
+                   "JSON or lacks the field, instead of refusing it");
   p->app
       ->add_option("--out", f.out,
                    "output folder (created; its parent must exist); its "

@@ -42,6 +42,7 @@
 #include "nlohmann/json.hpp"
 #include "worker/engine/data/token_file.h"
 #include "worker/exit_status.h"
+#include "worker/prepare_decode.h"
 #include "worker/prepare_output.h"
 #include "worker/prepare_plan.h"
 
@@ -150,12 +151,30 @@ ChunkOut EncodeChunk(const Chunk& c, const InputFile& in,
   // SentencePiece reads UTF-8: what is not becomes U+FFFD here, the same
   // way every time.
   if (out.bad_utf8 >= 0 && !bytes_level) text = ToValidUtf8(text);
-  const std::vector<int32_t> ids = tokenizer.Encode(text);
-  out.tokens.reserve(ids.size() + 1);
-  if (c.first) {
-    out.tokens.push_back(static_cast<uint32_t>(tokenizer.end_of_text()));
+  const uint32_t eot = static_cast<uint32_t>(tokenizer.end_of_text());
+  if (!in.documents) {
+    const std::vector<int32_t> ids = tokenizer.Encode(text);
+    out.tokens.reserve(ids.size() + 1);
+    if (c.first) out.tokens.push_back(eot);
+    out.tokens.insert(out.tokens.end(), ids.begin(), ids.end());
+    return out;
   }
-  out.tokens.insert(out.tokens.end(), ids.begin(), ids.end());
+  // Documents separated by NUL: each encoded alone, end of text before
+  // each one that starts here (a NUL before it, or the chunk's `first`).
+  bool starts = c.first;
+  for (size_t at = 0;;) {
+    const size_t nul = text.find('\0', at);
+    const std::string_view doc = std::string_view(text).substr(
+        at, nul == std::string::npos ? std::string::npos : nul - at);
+    if (!doc.empty()) {
+      if (starts) out.tokens.push_back(eot);
+      const std::vector<int32_t> ids = tokenizer.Encode(doc);
+      out.tokens.insert(out.tokens.end(), ids.begin(), ids.end());
+    }
+    if (nul == std::string::npos) break;
+    starts = true;
+    at = nul + 1;
+  }
   return out;
 }
 
@@ -339,6 +358,11 @@ class LineReader {
               : n.status();
       return false;
     }
+    // A decoded file's documents are lines of their own.
+    if (inputs_[file_].documents) {
+      std::replace(buf_.begin() + static_cast<std::ptrdiff_t>(old), buf_.end(),
+                   '\0', '\n');
+    }
     at_ += want;
     return true;
   }
@@ -418,8 +442,22 @@ class Preparation {
         return s;
       }
     }
+    // JSON lines and compressed inputs are decoded into --out first (a
+    // complete preparation needs them no more).
+    decoding_ = std::any_of(
+        inputs_.begin(), inputs_.end(),
+        [](const InputFile& in) { return KindOf(in.path).decoded(); });
+    if (decoding_) {
+      if (!manifest_.is_null() && manifest_["complete"].get<bool>()) {
+        plan_.total_bytes = manifest_["input_bytes"].get<int64_t>();
+        return Complete();
+      }
+      if (f_.before_create && !out_.exists) f_.before_create();
+      if (absl::Status s = MakeOut(); !s.ok()) return s;
+      if (absl::Status s = Decode(); !s.ok()) return Abandon(s);
+    }
     auto plan = MakePlan(inputs_, f_, fs_);
-    if (!plan.ok()) return plan.status();
+    if (!plan.ok()) return Abandon(plan.status());
     plan_ = std::move(*plan);
     if (!manifest_.is_null()) {
       if (manifest_["chunks"].get<int64_t>() !=
@@ -432,13 +470,18 @@ class Preparation {
       }
       if (manifest_["complete"].get<bool>()) return Complete();
     }
-    if (f_.before_create && !out_.exists) f_.before_create();
+    if (f_.before_create && !out_.exists && !made_dir_) f_.before_create();
     // Bad input past this point leaves no new file (the folder itself
     // goes if this run made it).
     absl::Status s = Write();
-    if (!s.ok() && IsInputError(s) && made_dir_) {
-      dir_ = UniqueFd();
-      ::rmdir(out_.path.c_str());
+    if (!s.ok()) return Abandon(s);
+    if (decoding_) {
+      // The shards are whole: the decoded text is needed no more.
+      if (absl::Status r = fs_.RemoveAll(DecodedDir(), "--out");
+          !r.ok() && !f_.quiet) {
+        std::fprintf(stderr, "ptworker: warning: %s\n",
+                     std::string(r.message()).c_str());
+      }
     }
     if (!s.ok()) return s;
     return result_;
@@ -497,8 +540,62 @@ class Preparation {
     return result_;
   }
 
-  absl::Status Write() {
-    if (!out_.exists) {
+  std::string DecodedDir() const {
+    return out_.path + "/" + out_.name + "_decoded";
+  }
+
+  // The inputs as the plan reads them: JSON lines and compressed files
+  // decoded into DecodedDir (prepare_decode.h).
+  absl::Status Decode() {
+    auto there = fs_.Exists(DecodedDir(), "--out");
+    if (!there.ok()) return there.status();
+    made_decoded_ = !*there;
+    const int threads = f_.threads > 0
+                            ? f_.threads
+                            : static_cast<int>(std::max(
+                                  1u, std::thread::hardware_concurrency()));
+    const auto start = std::chrono::steady_clock::now();
+    auto decoded = DecodeInputs(
+        inputs_, f_, DecodedDir(), threads, fs_, [](const std::string& w) {
+          std::fprintf(stderr, "ptworker: warning: %s\n", w.c_str());
+        });
+    if (!decoded.ok()) return decoded.status();
+    inputs_ = std::move(*decoded);
+    int64_t total = 0;
+    for (const InputFile& in : inputs_) total += in.size;
+    if (total == 0) {
+      return Bad("--input: the inputs hold no text (", inputs_.size(), " file",
+                 inputs_.size() == 1 ? "" : "s", ", each empty once decoded)");
+    }
+    if (!f_.quiet) {
+      std::fprintf(
+          stderr,
+          "ptworker: JSON lines and compressed inputs decoded into %s in "
+          "%.1f s; %.1f MB of text in all\n",
+          DecodedDir().c_str(),
+          std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                        start)
+              .count(),
+          static_cast<double>(total) / 1e6);
+    }
+    return absl::OkStatus();
+  }
+
+  // `s`, bad input leaving nothing this run made: the decoded folder, if
+  // it made it, and --out, if it made that.
+  absl::Status Abandon(absl::Status s) {
+    if (s.ok() || !IsInputError(s)) return s;
+    if (made_decoded_) (void)fs_.RemoveAll(DecodedDir(), "--out");
+    if (made_dir_) {
+      dir_ = UniqueFd();
+      ::rmdir(out_.path.c_str());
+    }
+    return s;
+  }
+
+  // --out, made and locked if it was not there.
+  absl::Status MakeOut() {
+    if (!out_.exists && !made_dir_) {
       if (::mkdir(out_.path.c_str(), 0755) != 0) {
         if (errno == EEXIST) {
           // Another run made it since this one looked: it is that run's.
@@ -512,6 +609,11 @@ class Preparation {
       made_dir_ = true;
       if (absl::Status s = Lock(); !s.ok()) return s;
     }
+    return absl::OkStatus();
+  }
+
+  absl::Status Write() {
+    if (absl::Status s = MakeOut(); !s.ok()) return s;
     if (absl::Status s = MakeTokenizerFiles(); !s.ok()) return s;
     // Checked: from here on, files are written.
     if (absl::Status s = RemoveTemporaries(); !s.ok()) return s;
@@ -720,8 +822,9 @@ class Preparation {
       }
       if (out.bad_utf8 >= 0 && warned.insert(c.file).second) {
         progress.Warn(absl::StrCat(
-            inputs_[c.file].path, ": not UTF-8 at byte ",
+            inputs_[c.file].name(), ": not UTF-8 at byte ",
             c.begin + out.bad_utf8,
+            inputs_[c.file].shown.empty() ? "" : " of its text",
             bytes_level ? "; encoded as bytes"
                         : "; each byte that is not UTF-8 encoded as U+FFFD"));
       }
@@ -831,6 +934,7 @@ class Preparation {
   // The model and tokenizer file to write (name in --out, bytes).
   std::vector<std::pair<std::string, std::string>> tokenizer_files_;
   bool made_dir_ = false, unnamed_ = false;
+  bool decoding_ = false, made_decoded_ = false;
   UniqueFd dir_;
   int64_t tokens_ = 0, committed_ = 0;
   int val_shards_ = 0, train_shards_ = 0;

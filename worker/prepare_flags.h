@@ -36,6 +36,11 @@ struct PrepareFlags {
   double val_fraction = 0.005;      // [0, 0.5]; 0: no validation shard
   int64_t shard_tokens = 100'000'000;
   int threads = 0;  // encoding threads; 0: the cores this process may use
+  // JSON lines: the field that holds a document's text, a dotted path
+  // into nested objects ("meta.text"); and whether a line that is not
+  // JSON or lacks it is left out and counted (else it is refused).
+  std::string field = "text";
+  bool skip_bad_lines = false;
 
   // Not flags. The chunk size, 0: the tokenizer's (kPrepareChunkBytes for
   // gpt2, kPrepareSpmChunkBytes for SentencePiece); tests make it small.

@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "common/private_file.h"
 #include "worker/engine/data/token_file.h"
+#include "worker/prepare_decode.h"
 
 namespace ptrain::prepare_internal {
 namespace {
@@ -124,11 +125,19 @@ json Settings(const PrepareFlags& f, const TokenizerChoice& c,
     in.push_back(
         {{"path", i.absolute}, {"size", i.size}, {"mtime_ns", i.mtime_ns}});
   }
-  return {{"tokenizer", tok},
-          {"inputs", in},
-          {"val_fraction", f.val_fraction},
-          {"shard_tokens", f.shard_tokens},
-          {"chunk_bytes", f.chunk_bytes}};
+  json settings = {{"tokenizer", tok},
+                   {"inputs", in},
+                   {"val_fraction", f.val_fraction},
+                   {"shard_tokens", f.shard_tokens},
+                   {"chunk_bytes", f.chunk_bytes}};
+  // What changes the text of JSON lines, where there are some.
+  if (std::any_of(inputs.begin(), inputs.end(), [](const InputFile& i) {
+        return KindOf(i.path).json_lines;
+      })) {
+    settings["field"] = f.field;
+    settings["skip_bad_lines"] = f.skip_bad_lines;
+  }
+  return settings;
 }
 
 namespace {
@@ -168,11 +177,13 @@ std::string Differences(const json& was, const json& now) {
   for (const auto& [key, flag] :
        {std::pair<const char*, const char*>{"val_fraction", "--val-fraction"},
         {"shard_tokens", "--shard-tokens"},
-        {"chunk_bytes", "the chunk size"}}) {
+        {"chunk_bytes", "the chunk size"},
+        {"field", "--field"},
+        {"skip_bad_lines", "--skip-bad-lines"}}) {
     const json w = was.value(key, json());
-    if (w != now.at(key)) {
-      d.push_back(
-          absl::StrCat(flag, " was ", w.dump(), ", now ", now.at(key).dump()));
+    const json n = now.value(key, json());
+    if (w != n) {
+      d.push_back(absl::StrCat(flag, " was ", w.dump(), ", now ", n.dump()));
     }
   }
   const json& iw = was.at("inputs");

@@ -22,6 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/tokenizer.h"
+#include "worker/prepare_decode.h"
 
 namespace ptrain {
 namespace prepare_internal {
@@ -114,6 +115,32 @@ int64_t MtimeNs(const struct stat& st) {
 
 }  // namespace
 
+// The corpus files (IsCorpusFileName) in folder `dir` and below, sorted
+// by path; hidden entries (".git") left out, symlinks to files followed.
+absl::StatusOr<std::vector<std::string>> CorpusFilesIn(const std::string& dir,
+                                                       const std::string& field,
+                                                       const ConfinedFs& fs) {
+  std::vector<std::string> files;
+  std::vector<std::string> folders = {dir};
+  while (!folders.empty()) {
+    const std::string at = folders.back();
+    folders.pop_back();
+    auto entries = fs.List(at, field);
+    if (!entries.ok()) return entries.status();
+    for (const ConfinedFs::Entry& e : *entries) {
+      if (e.name.empty() || e.name[0] == '.') continue;
+      const std::string p = (stdfs::path(at) / e.name).string();
+      if (e.is_dir) {
+        folders.push_back(p);
+      } else if (IsCorpusFileName(e.name)) {
+        files.push_back(p);
+      }
+    }
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
 absl::StatusOr<std::vector<InputFile>> ResolveInputs(
     const std::vector<std::string>& patterns, const ConfinedFs& fs) {
   if (patterns.empty()) return Bad("--input: give at least one file");
@@ -136,21 +163,32 @@ absl::StatusOr<std::vector<InputFile>> ResolveInputs(
       }
     }
     int matched = 0;
-    for (const std::string& path : paths) {
+    // Past these, the files found in a folder it names.
+    const size_t named = paths.size();
+    for (size_t k = 0; k < paths.size(); ++k) {
+      const std::string path = paths[k];
+      const bool given = !wild && k < named;
       if (absl::Status s = fs.Check(path, field); !s.ok()) return s;
       struct stat st {};
       if (::stat(path.c_str(), &st) != 0) {
-        if (!wild && errno == ENOENT) return Bad(field, ": no such file");
-        if (!wild) return Errno("read", field);
+        if (given && errno == ENOENT) return Bad(field, ": no such file");
+        if (given) return Errno("read", field);
         continue;  // vanished since glob listed it
       }
-      if (!S_ISREG(st.st_mode)) {
-        if (!wild) {
-          return Bad(field, ": not a file",
-                     S_ISDIR(st.st_mode) ? " (a folder: give a pattern such "
-                                           "as 'folder/*.txt')"
-                                         : "");
+      if (S_ISDIR(st.st_mode) && given) {
+        // A folder: the files in it and below that prepare reads.
+        auto found = CorpusFilesIn(path, field, fs);
+        if (!found.ok()) return found.status();
+        if (found->empty()) {
+          return Bad(field,
+                     ": a folder with no .txt, .jsonl or .json file (or one "
+                     "of them as .gz or .zst) in it or below");
         }
+        paths.insert(paths.end(), found->begin(), found->end());
+        continue;
+      }
+      if (!S_ISREG(st.st_mode)) {
+        if (given) return Bad(field, ": not a file");
         continue;  // a pattern's folders are not documents
       }
       ++matched;
@@ -307,7 +345,15 @@ absl::StatusOr<Plan> MakePlan(const std::vector<InputFile>& inputs,
       // End of text before a document's start, and where the text before
       // went to the other split: each split's stream then reads as
       // documents.
-      const bool first = s == 0 || is_val != last_val;
+      bool first = s == 0 || is_val != last_val;
+      if (!first && in.documents) {
+        // A chunk that starts a document of a decoded file (its first
+        // byte after a NUL) starts with end of text too.
+        char before = 0;
+        auto r = ReadAt(fd->get(), &before, 1, s - 1, in.path);
+        if (!r.ok()) return r.status();
+        first = *r == 1 && before == '\0';
+      }
       (is_val ? val : train).push_back({i, s, e, first, is_val});
       if (is_val) plan.val_bytes += e - s;
       if (is_val && e == ranges[r].second) ++r;

@@ -5,6 +5,7 @@
 // the cut points, which tests read too.
 //
 // The units: prepare_plan.cc (this, and prepare.h's cut points),
+// prepare_decode.cc (JSON lines and compressed inputs into text files),
 // prepare_output.cc (the output folder, shard files, the manifest),
 // prepare.cc (encoding, the Preparation that runs it, Prepare).
 #ifndef PTRAIN_WORKER_PREPARE_PLAN_H_
@@ -109,6 +110,12 @@ struct InputFile {
   std::string absolute;  // what the manifest records
   int64_t size = 0;
   int64_t mtime_ns = 0;
+  // Documents separated by NUL bytes, end of text between them (decoded
+  // JSON lines, prepare_decode.h); else the file is one document.
+  bool documents = false;
+  // The input it was decoded from, as named in messages; "": `path`.
+  std::string shown;
+  const std::string& name() const { return shown.empty() ? path : shown; }
 };
 
 // Every --input's files in order: a pattern's matches sorted (glob(3)),

@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 #include <sys/file.h>
 #include <unistd.h>
+#include <zlib.h>
+#include <zstd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -1094,6 +1096,259 @@ TEST_F(PrepareTest, AVocabularyPastUint16WritesVersion2ShardsTheLoaderReads) {
     high = *std::max_element(in.begin(), in.end()) > 65535;
   }
   EXPECT_TRUE(high);
+}
+
+// ---------------------------------------------------------------- corpora
+
+// JSON lines of `docs` in field "text", other fields beside it.
+std::string JsonLines(const std::vector<std::string>& docs) {
+  std::string out;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    out +=
+        nlohmann::json({{"id", i}, {"text", docs[i]}, {"lang", "en"}}).dump() +
+        "\n";
+  }
+  return out;
+}
+
+void WriteGzip(const fs::path& path, const std::string& bytes) {
+  gzFile g = ::gzopen(path.c_str(), "wb");
+  ASSERT_NE(g, nullptr);
+  // Two members: gzip -d reads them as one stream, and so must prepare.
+  const size_t half = bytes.size() / 2;
+  ASSERT_EQ(::gzwrite(g, bytes.data(), static_cast<unsigned>(half)),
+            static_cast<int>(half));
+  ASSERT_EQ(::gzclose(g), Z_OK);
+  g = ::gzopen(path.c_str(), "ab");
+  ASSERT_NE(g, nullptr);
+  ASSERT_EQ(::gzwrite(g, bytes.data() + half,
+                      static_cast<unsigned>(bytes.size() - half)),
+            static_cast<int>(bytes.size() - half));
+  ASSERT_EQ(::gzclose(g), Z_OK);
+}
+
+void WriteZstd(const fs::path& path, const std::string& bytes) {
+  std::string out(ZSTD_compressBound(bytes.size()), '\0');
+  const size_t n =
+      ZSTD_compress(out.data(), out.size(), bytes.data(), bytes.size(), 3);
+  ASSERT_FALSE(ZSTD_isError(n));
+  out.resize(n);
+  WriteAll(path, out);
+}
+
+// The documents the corpus tests share: long ones (cut into many chunks,
+// a chunk holding the end of one and the start of the next) and short.
+std::vector<std::string> Documents() {
+  const std::string s = Shakespeare(40000);
+  return {s.substr(0, 9000),  "A short one.", Tricky(),
+          s.substr(9000, 50), s.substr(9050), "caf\xC3\xA9 \xE6\x97\xA5"};
+}
+
+// The stream of documents as prepare writes them: end of text, then
+// each one's ids.
+std::vector<uint16_t> Stream(const std::vector<std::string>& docs) {
+  std::vector<uint16_t> want;
+  for (const std::string& d : docs) {
+    want.push_back(kEot);
+    for (int32_t id : Gpt2().Encode(d)) want.push_back(id);
+  }
+  return want;
+}
+
+// Each line of a JSON lines file is a document: end of text before each,
+// each encoded whole although chunks cut across them.
+TEST_F(PrepareTest, EachJsonLineIsADocumentEncodedWhole) {
+  Corpus({});
+  const std::vector<std::string> docs = Documents();
+  WriteAll(dir_ / "corpus" / "a.jsonl", JsonLines(docs));
+  WriteAll(dir_ / "corpus" / "b.txt", "a text file after it\n");
+  PrepareFlags f = Flags("out");
+  f.inputs = {(dir_ / "corpus" / "a.jsonl").string(),
+              (dir_ / "corpus" / "b.txt").string()};
+  f.val_fraction = 0;
+  auto r = Prepare(f);
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<std::string> all = docs;
+  all.push_back("a text file after it\n");
+  EXPECT_EQ(Tokens("out", "train"), Stream(all));
+  // The decoded text is gone once the shards are whole.
+  EXPECT_FALSE(fs::exists(dir_ / "out" / "out_decoded"));
+}
+
+// The same text compressed gives the same shards, byte for byte, with a
+// validation split: gzip (two members), zstd, JSON lines and text.
+TEST_F(PrepareTest, CompressedInputsGiveTheShardsOfTheirText) {
+  Corpus({});
+  const std::string lines = JsonLines(Documents());
+  const std::string text = Shakespeare(20000);
+  fs::create_directories(dir_ / "plain");
+  fs::create_directories(dir_ / "packed");
+  WriteAll(dir_ / "plain" / "a.jsonl", lines);
+  WriteAll(dir_ / "plain" / "b.txt", text);
+  WriteAll(dir_ / "plain" / "c.jsonl", lines);
+  WriteGzip(dir_ / "packed" / "a.jsonl.gz", lines);
+  WriteZstd(dir_ / "packed" / "b.txt.zst", text);
+  WriteZstd(dir_ / "packed" / "c.jsonl.zst", lines);
+  std::map<std::string, std::string> trees[2];
+  int k = 0;
+  for (const char* corpus : {"plain", "packed"}) {
+    PrepareFlags f = Flags(corpus);
+    f.out = (dir_ / "o" / corpus / "out").string();
+    fs::create_directories(dir_ / "o" / corpus);
+    f.inputs = {(dir_ / corpus).string()};  // a folder
+    auto r = Prepare(f);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_GT(r->val_shards, 0);
+    trees[k] = Tree(f.out);
+    trees[k].erase("out_prepare.json");  // names its inputs
+    ++k;
+  }
+  EXPECT_GT(trees[0].size(), 5u);
+  EXPECT_TRUE(trees[0] == trees[1]);
+  for (const auto& [k, v] : trees[0]) {
+    EXPECT_EQ(v.size(), trees[1][k].size()) << k;
+  }
+}
+
+// A chunk that starts right after a separator (a document without a
+// line or space to cut at, one byte shorter than the chunk) starts with
+// end of text.
+TEST_F(PrepareTest, ADocumentThatStartsAChunkHasItsEndOfText) {
+  Corpus({});
+  const std::vector<std::string> docs = {std::string(2047, 'a'),
+                                         std::string(3000, 'b'), "c"};
+  WriteAll(dir_ / "corpus" / "a.jsonl", JsonLines(docs));
+  PrepareFlags f = Flags("out");
+  f.inputs = {(dir_ / "corpus" / "a.jsonl").string()};
+  f.val_fraction = 0;
+  auto r = Prepare(f);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Tokens("out", "train"), Stream(docs));
+}
+
+TEST_F(PrepareTest, TheFieldMayBeANestedOne) {
+  Corpus({});
+  WriteAll(dir_ / "corpus" / "a.jsonl",
+           "{\"meta\": {\"body\": \"first\"}, \"text\": \"not this\"}\n"
+           "\n"
+           "{\"meta\": {\"body\": \"second\\nline\"}}\r\n");
+  PrepareFlags f = Flags("out");
+  f.inputs = {(dir_ / "corpus" / "a.jsonl").string()};
+  f.val_fraction = 0;
+  f.field = "meta.body";
+  auto r = Prepare(f);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Tokens("out", "train"), Stream({"first", "second\nline"}));
+}
+
+// A bad line is refused naming the file and line, and leaves nothing;
+// with --skip-bad-lines it is left out and counted.
+TEST_F(PrepareTest, ABadJsonLineIsRefusedOrSkippedAndCounted) {
+  Corpus({});
+  const fs::path a = dir_ / "corpus" / "a.jsonl";
+  struct Case {
+    std::string line, says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"{\"text\": \"cut", "a.jsonl:2: not JSON"},
+           {"{\"body\": \"x\"}", "a.jsonl:2: no field text"},
+           {"{\"text\": 7}", "a.jsonl:2: field text is not a string"},
+           {"[\"text\"]", "a.jsonl:2: no field text"}}) {
+    WriteAll(a, "{\"text\": \"good\"}\n" + c.line + "\n{\"text\": \"too\"}\n");
+    PrepareFlags f = Flags("out");
+    f.inputs = {a.string()};
+    f.val_fraction = 0;
+    ExpectRefused(f, "out", {c.says, "--skip-bad-lines"});
+    f.skip_bad_lines = true;
+    ::testing::internal::CaptureStderr();
+    auto r = Prepare(f);
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(Tokens("out", "train"), Stream({"good", "too"}));
+    EXPECT_NE(err.find("a.jsonl: 1 bad line left out"), std::string::npos)
+        << err;
+    fs::remove_all(dir_ / "out");
+  }
+}
+
+TEST_F(PrepareTest, ATruncatedCompressedInputIsRefused) {
+  Corpus({});
+  const std::string lines = JsonLines(Documents());
+  WriteGzip(dir_ / "corpus" / "a.jsonl.gz", lines);
+  WriteZstd(dir_ / "corpus" / "b.jsonl.zst", lines);
+  for (const char* name : {"a.jsonl.gz", "b.jsonl.zst"}) {
+    const fs::path p = dir_ / "corpus" / name;
+    const std::string whole = ReadAll(p);
+    WriteAll(p, whole.substr(0, whole.size() - 9));
+    PrepareFlags f = Flags("out");
+    f.inputs = {p.string()};
+    ExpectRefused(f, "out", {name, "truncated"});
+    WriteAll(p, whole);
+  }
+  // Not compressed at all.
+  WriteAll(dir_ / "corpus" / "c.jsonl.zst", lines);
+  PrepareFlags f = Flags("out");
+  f.inputs = {(dir_ / "corpus" / "c.jsonl.zst").string()};
+  ExpectRefused(f, "out", {"c.jsonl.zst: not zstd"});
+}
+
+// A run stopped as a crash would stop it, in the middle of its shards,
+// continues to the bytes of one that was not, its decoded inputs reused.
+TEST_F(PrepareTest, AStoppedRunOfJsonLinesContinuesToTheSameBytes) {
+  Corpus({});
+  WriteZstd(dir_ / "corpus" / "a.jsonl.zst", JsonLines(Documents()));
+  WriteGzip(dir_ / "corpus" / "b.jsonl.gz", JsonLines({Shakespeare(30000)}));
+  PrepareFlags f = Flags("ref");
+  f.inputs = {(dir_ / "corpus").string()};
+  ASSERT_TRUE(Prepare(f).ok());
+  fs::create_directories(dir_ / "again");
+  f.out = (dir_ / "again" / "ref").string();
+  f.stop_after_shards = 3;
+  ASSERT_EQ(Prepare(f).status().code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(fs::is_directory(dir_ / "again" / "ref" / "ref_decoded"));
+  WriteAll(dir_ / "again" / "ref" / "ref_decoded" / "x.txt.99.tmp", "half");
+  f.stop_after_shards = 0;
+  f.threads = 1;
+  auto done = Prepare(f);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_FALSE(done->already_complete);
+  EXPECT_TRUE(Tree(f.out) == Tree(dir_ / "ref"));
+  auto again = Prepare(f);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->already_complete);
+  // Another field is another preparation.
+  f.field = "body";
+  ExpectRefused(f, "again/ref", {"--field was \"text\", now \"body\""});
+}
+
+TEST_F(PrepareTest, AFolderGivesItsCorpusFilesInOrder) {
+  Corpus({});
+  fs::create_directories(dir_ / "corpus" / "sub");
+  fs::create_directories(dir_ / "corpus" / ".git");
+  WriteAll(dir_ / "corpus" / "b.jsonl", JsonLines({"bee"}));
+  WriteAll(dir_ / "corpus" / "sub" / "a.txt", "ay");
+  WriteAll(dir_ / "corpus" / "README.md", "not a document");
+  WriteAll(dir_ / "corpus" / ".git" / "c.txt", "hidden");
+  WriteAll(dir_ / "corpus" / "c.txt", "sea");
+  PrepareFlags f = Flags("out");
+  f.inputs = {(dir_ / "corpus").string()};
+  f.val_fraction = 0;
+  auto r = Prepare(f);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Tokens("out", "train"), Stream({"bee", "sea", "ay"}));
+  fs::remove_all(dir_ / "corpus" / "sub");
+  fs::remove(dir_ / "corpus" / "b.jsonl");
+  fs::remove(dir_ / "corpus" / "c.txt");
+  f.out = (dir_ / "none").string();
+  ExpectRefused(f, "none", {"a folder with no .txt, .jsonl or .json file"});
+}
+
+TEST_F(PrepareTest, JsonLinesWithoutTextAreRefused) {
+  Corpus({});
+  WriteAll(dir_ / "corpus" / "a.jsonl", "{\"text\": \"\"}\n\n");
+  PrepareFlags f = Flags("out");
+  f.inputs = {(dir_ / "corpus" / "a.jsonl").string()};
+  ExpectRefused(f, "out", {"the inputs hold no text"});
 }
 
 }  // namespace

@@ -182,6 +182,28 @@ TEST_F(PtworkerPrepare, BadInputsExit2NamingTheFlagAndWriteNothing) {
                 "--input: every file the inputs name is empty");
 }
 
+// JSON lines through the command: a bad line exits 2 naming the file and
+// line; --skip-bad-lines and --field reach the preparation.
+TEST_F(PtworkerPrepare, JsonLinesFlagsAndABadLine) {
+  const fs::path lines = dir_ / "corpus" / "c.jsonl";
+  WriteAll(lines,
+           "{\"body\": \"one document\"}\n{\"body\": 3}\n"
+           "{\"body\": \"two\"}\n");
+  const std::string args = "--tokenizer gpt2 --input " + lines.string() +
+                           " --val-fraction 0 --field body --out " +
+                           (dir_ / "out").string();
+  ExpectRefused(args, "--input " + lines.string() +
+                          ":2: field body is not a string but number");
+  const Result r = Run(args + " --skip-bad-lines");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find(lines.string() + ": 1 bad line left out "
+                                        "(--skip-bad-lines); the first, line "
+                                        "2: field body is not a string"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(fs::exists(dir_ / "out" / "out_train_000000.bin"));
+}
+
 TEST_F(PtworkerPrepare, BadTokenizersExit2NamingTheFlagAndWriteNothing) {
   const std::string out = "--out " + (dir_ / "out").string() + " ";
   ExpectRefused("--tokenizer gpt3 " + Corpus() + out,
