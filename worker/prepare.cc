@@ -483,7 +483,6 @@ class Preparation {
                      std::string(r.message()).c_str());
       }
     }
-    if (!s.ok()) return s;
     return result_;
   }
 
@@ -540,6 +539,12 @@ class Preparation {
     return result_;
   }
 
+  // --threads, or the machine's cores.
+  int64_t ThreadsWanted() const {
+    return f_.threads > 0 ? f_.threads
+                          : std::max(1u, std::thread::hardware_concurrency());
+  }
+
   std::string DecodedDir() const {
     return out_.path + "/" + out_.name + "_decoded";
   }
@@ -550,10 +555,7 @@ class Preparation {
     auto there = fs_.Exists(DecodedDir(), "--out");
     if (!there.ok()) return there.status();
     made_decoded_ = !*there;
-    const int threads = f_.threads > 0
-                            ? f_.threads
-                            : static_cast<int>(std::max(
-                                  1u, std::thread::hardware_concurrency()));
+    const int threads = static_cast<int>(ThreadsWanted());
     const auto start = std::chrono::steady_clock::now();
     auto decoded = DecodeInputs(
         inputs_, f_, DecodedDir(), threads, fs_, [](const std::string& w) {
@@ -791,9 +793,7 @@ class Preparation {
     const bool bytes_level = choice_.kind == TokenizerKind::kGpt2 ||
                              choice_.kind == TokenizerKind::kHf;
     const Tokenizer& tokenizer = *tokenizer_;
-    const int64_t want =
-        f_.threads > 0 ? f_.threads
-                       : std::max(1u, std::thread::hardware_concurrency());
+    const int64_t want = ThreadsWanted();
     const int threads =
         static_cast<int>(std::max<int64_t>(1, std::min(want, n - first)));
     // In memory at most: 2·threads + 2 chunks, or 8 MiB of text a thread

@@ -58,7 +58,20 @@ class FileSource {
       return static_cast<size_t>(r);
     }
   }
-  const std::string& name() const { return name_; }
+  // Its decompression failed (`codec`'s reason `why`) after `text`
+  // bytes of output.
+  absl::Status Corrupt(absl::string_view codec, absl::string_view why,
+                       int64_t text) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--input ", name_, ": not ", codec, ", or corrupt (", why,
+                     ") after ", text, " bytes of text"));
+  }
+  // Its compressed `stream` ended before its end, after `text` bytes.
+  absl::Status Truncated(absl::string_view stream, int64_t text) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--input ", name_, ": truncated: the ", stream,
+                     " ends early, after ", text, " bytes of text"));
+  }
 
  private:
   UniqueFd fd_;
@@ -111,18 +124,13 @@ class GzipSource final : public ByteSource {
       if (rc == Z_STREAM_END) {
         member_ended_ = true;
       } else if (rc != Z_OK && rc != Z_BUF_ERROR) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--input ", file_.name(), ": not gzip, or corrupt (",
-                         z_.msg != nullptr ? z_.msg : "zlib error", ") after ",
-                         total_ + made, " bytes of text"));
+        return file_.Corrupt("gzip", z_.msg != nullptr ? z_.msg : "zlib error",
+                             total_ + static_cast<int64_t>(made));
       }
       total_ += static_cast<int64_t>(made);
       if (made > 0) return made;
       if (eof_ && z_.avail_in == 0 && !member_ended_) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--input ", file_.name(),
-                         ": truncated: the gzip stream ends early, after ",
-                         total_, " bytes of text"));
+        return file_.Truncated("gzip stream", total_);
       }
     }
   }
@@ -155,19 +163,14 @@ class ZstdSource final : public ByteSource {
       ZSTD_outBuffer out{dst, cap, 0};
       const size_t rc = ZSTD_decompressStream(d_, &out, &buf_);
       if (ZSTD_isError(rc)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--input ", file_.name(), ": not zstd, or corrupt (",
-                         ZSTD_getErrorName(rc), ") after ", total_ + out.pos,
-                         " bytes of text"));
+        return file_.Corrupt("zstd", ZSTD_getErrorName(rc),
+                             total_ + static_cast<int64_t>(out.pos));
       }
       last_ = rc;
       total_ += static_cast<int64_t>(out.pos);
       if (out.pos > 0) return out.pos;
       if (eof_ && buf_.pos == buf_.size && last_ != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--input ", file_.name(),
-                         ": truncated: the zstd frame ends early, after ",
-                         total_, " bytes of text"));
+        return file_.Truncated("zstd frame", total_);
       }
     }
   }
@@ -371,8 +374,7 @@ absl::StatusOr<InputFile> DecodeOne(const InputFile& in, const PrepareFlags& f,
     got.path = path;
     got.absolute = path;
     got.size = st.st_size;
-    got.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 +
-                   st.st_mtim.tv_nsec;
+    got.mtime_ns = MtimeNs(st);
     return absl::OkStatus();
   };
   auto there = fs.Exists(name, "--out");

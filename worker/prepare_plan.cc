@@ -106,14 +106,12 @@ absl::Status CheckNumbers(const PrepareFlags& f) {
 
 // ---------------------------------------------------------------- inputs
 
-namespace {
-
 int64_t MtimeNs(const struct stat& st) {
   return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 +
          st.st_mtim.tv_nsec;
 }
 
-}  // namespace
+namespace {
 
 // The corpus files (IsCorpusFileName) in folder `dir` and below, sorted
 // by path; hidden entries (".git") left out, symlinks to files followed.
@@ -140,6 +138,8 @@ absl::StatusOr<std::vector<std::string>> CorpusFilesIn(const std::string& dir,
   std::sort(files.begin(), files.end());
   return files;
 }
+
+}  // namespace
 
 absl::StatusOr<std::vector<InputFile>> ResolveInputs(
     const std::vector<std::string>& patterns, const ConfinedFs& fs) {

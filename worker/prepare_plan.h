@@ -11,6 +11,8 @@
 #ifndef PTRAIN_WORKER_PREPARE_PLAN_H_
 #define PTRAIN_WORKER_PREPARE_PLAN_H_
 
+#include <sys/stat.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -117,6 +119,9 @@ struct InputFile {
   std::string shown;
   const std::string& name() const { return shown.empty() ? path : shown; }
 };
+
+// A file's modification time in nanoseconds, as InputFile records it.
+int64_t MtimeNs(const struct stat& st);
 
 // Every --input's files in order: a pattern's matches sorted (glob(3)),
 // each file once (the first time it is named).
