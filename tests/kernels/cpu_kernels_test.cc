@@ -2400,6 +2400,33 @@ TEST(SumSquaresTest, MatchesSimpleLoop) {
   EXPECT_EQ(sum_squares(x.data(), 0), 0.0);
 }
 
+// The order of the additions is fixed (kernels/cpu/adamw.cpp): blocks of
+// 2^14 elements, element i of a block in lane i % 8, the lanes added as a
+// tree, the blocks in order. The same bits on any thread count, and the
+// same as that order computed one element at a time here (test code is
+// built at -O1: not vectorized), so not the compiler's vector width: the
+// gradient norm and the clipped update are the same on every CPU.
+TEST(SumSquaresTest, OneOrderWhateverTheThreadsAndTheVectorWidth) {
+  std::mt19937_64 rng(12);
+  const std::vector<float> x = ToFloat(Random(3 * 16384 + 1237, &rng));
+  const int64_t n = static_cast<int64_t>(x.size());
+  double want = 0;
+  for (int64_t b = 0; b < n; b += 16384) {
+    double lane[8] = {};
+    for (int64_t i = b; i < std::min(n, b + 16384); ++i) {
+      lane[(i - b) % 8] += double(x[i]) * double(x[i]);  // exact products
+    }
+    want += ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+            ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  }
+  const int threads = omp_get_max_threads();
+  for (int t : {1, 2, 3, 5}) {
+    omp_set_num_threads(t);
+    EXPECT_EQ(sum_squares(x.data(), n), want) << t << " threads";
+  }
+  omp_set_num_threads(threads);
+}
+
 // bf16 training needs bf16 tensor cores (compute capability 8.0): older
 // GPUs are refused with their capability and the rule; 8.0 and newer pass.
 TEST(CudaCapability, Bf16NeedsComputeCapabilityEight) {

@@ -1,15 +1,16 @@
-// Checkpoints written by an earlier build resume bit-exactly. The fixture
-// (tests/worker/engine/fixtures/checkpoint_c705f18) holds a checkpoint that
-// c705f18's ptworker wrote at step 4 of a small job, the losses and
-// gradient norms it trained after resuming it to step 8, the SHA-256 of its
-// state at step 8, and the CPU (oneDNN's ISA) and thread count those were
-// trained with. This build loads the same checkpoint: saved again, its state
-// is the same bytes (anywhere); trained on, it gives the same losses and
-// state (where the CPU and threads are the fixture's, since the sums of a
-// matmul depend on both).
-#include <dnnl.h>
+// Checkpoints written by an earlier build resume as that build resumed
+// them. The fixture (tests/worker/engine/fixtures/checkpoint_c705f18) holds
+// a checkpoint that c705f18's ptworker wrote at step 4 of a small job and
+// the losses and gradient norms it trained after resuming it to step 8.
+// This build loads the same checkpoint: saved again, its state is the same
+// bytes; trained on, it gives the earlier build's losses and norms to a
+// relative 1e-6 on any CPU. (Bit for bit only on the fixture's own CPU: the
+// weight gradients' matmuls sum in blocks oneDNN sizes by the caches, which
+// moves their last bits from one CPU model to another even at the same
+// instruction set and thread count. What a resume can lose instead — Adam's
+// step count, the learning-rate schedule's place, the data position — moves
+// the loss by 1e-4 or more within these four steps.)
 #include <gtest/gtest.h>
-#include <omp.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -19,7 +20,6 @@
 #include <string>
 #include <vector>
 
-#include "common/digest.h"
 #include "common/spec.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/train/trainer.h"
@@ -92,16 +92,7 @@ TEST_F(CheckpointCompat, AnEarlierBuildsCheckpointLoadsBitExactly) {
          "is not the same bytes";
 }
 
-TEST_F(CheckpointCompat, AnEarlierBuildsCheckpointTrainsOnBitExactly) {
-  const auto& on = expected_["trained_on"];
-  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
-  if (isa != on["dnnl_cpu_isa"].get<unsigned>() ||
-      omp_get_max_threads() != on["omp_threads"].get<int>()) {
-    GTEST_SKIP() << "the fixture's losses were trained with oneDNN ISA "
-                 << on["dnnl_cpu_isa"] << " on " << on["omp_threads"]
-                 << " threads; this is ISA " << isa << " on "
-                 << omp_get_max_threads();
-  }
+TEST_F(CheckpointCompat, AnEarlierBuildsCheckpointTrainsOnAsItDid) {
   std::unique_ptr<Trainer> trainer = Resume();
   ASSERT_NE(trainer, nullptr);
   ASSERT_TRUE(trainer->Run().ok());
@@ -116,16 +107,13 @@ TEST_F(CheckpointCompat, AnEarlierBuildsCheckpointTrainsOnBitExactly) {
   ASSERT_EQ(steps.size(), want.size());
   for (size_t i = 0; i < steps.size(); ++i) {
     EXPECT_EQ(steps[i]["step"], want[i]["step"]);
-    // Exact: the float loss and the double norm as the earlier build logged
-    // them.
-    EXPECT_EQ(steps[i]["loss"].get<double>(), want[i]["loss"].get<double>())
-        << "step " << want[i]["step"];
-    EXPECT_EQ(steps[i]["grad_norm"].get<double>(),
-              want[i]["grad_norm"].get<double>())
-        << "step " << want[i]["step"];
+    for (const char* field : {"loss", "grad_norm"}) {
+      const double got = steps[i][field].get<double>();
+      const double earlier = want[i][field].get<double>();
+      EXPECT_NEAR(got, earlier, 1e-6 * earlier)
+          << field << " at step " << want[i]["step"];
+    }
   }
-  EXPECT_EQ(Sha256Hex(ReadAll(root_ / "new/step-00000008/shard-00000.bin")),
-            expected_["shard_sha256_at_step_8"].get<std::string>());
 }
 
 }  // namespace
