@@ -95,6 +95,29 @@ int HeadDim(const v1::ModelSpec& model) {
                               : model.n_embd() / std::max(1, model.n_head());
 }
 
+std::string TrainFilesPrefix(std::string_view train_bin) {
+  const size_t slash = train_bin.rfind('/');
+  const size_t name_at = slash == std::string_view::npos ? 0 : slash + 1;
+  const size_t train = train_bin.rfind("_train");
+  if (train == std::string_view::npos || train < name_at) return "";
+  return std::string(train_bin.substr(0, train));
+}
+
+std::string BlendSourceName(const v1::BlendSource& source) {
+  if (!source.name().empty()) return source.name();
+  const std::string prefix = TrainFilesPrefix(source.train_bin());
+  return prefix.substr(prefix.rfind('/') + 1);  // npos + 1: all of it
+}
+
+v1::DataSpec BlendSourceData(const v1::DataSpec& data, int i) {
+  v1::DataSpec one;
+  one.set_tokenizer(data.tokenizer());
+  one.set_val_fraction(data.val_fraction());
+  one.set_train_bin(data.blend(i).train_bin());
+  one.set_val_bin(data.blend(i).val_bin());
+  return one;
+}
+
 v1::MoeSpec MoeOf(const v1::ModelSpec& model) {
   v1::MoeSpec moe = model.moe();
   if (moe.experts() == 0) return v1::MoeSpec();

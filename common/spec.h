@@ -111,6 +111,16 @@ double NormEps(const v1::ModelSpec& model);
 double RopeTheta(const v1::ModelSpec& model);
 v1::RopeScalingSpec RopeScaling(const v1::ModelSpec& model);
 
+// The path of token files' pattern up to its file name's last "_train"
+// (data/web/web_train_*.bin: data/web/web), where `ptworker prepare`
+// writes what belongs to them; "" where the file name has none.
+std::string TrainFilesPrefix(std::string_view train_bin);
+// A blend source's name: its own, else the file name of its train files'
+// prefix (data/web/web_train_*.bin: web); "" where neither gives one.
+std::string BlendSourceName(const v1::BlendSource& source);
+// The data of blend source i alone: its token files with data.tokenizer.
+v1::DataSpec BlendSourceData(const v1::DataSpec& data, int i);
+
 // A JobSpec with every field at its documented default (docs/job-spec.md).
 v1::JobSpec DefaultJobSpec();
 

@@ -295,7 +295,34 @@ absl::Status AssignNode(const YAML::Node& node, const FieldDescriptor* field,
   const Reflection* refl = msg->GetReflection();
   const YAML::Mark mark = node.Mark();
   if (field->is_repeated()) {
-    return FieldError(origin, path, "list fields are not supported", mark);
+    if (field->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE) {
+      return FieldError(origin, path, "list fields are not supported", mark);
+    }
+    // A list of sections (data.blend): the whole list, replacing any
+    // earlier one, entry i named PATH[i] in errors.
+    if (!node.IsSequence()) {
+      return FieldError(origin, path,
+                        absl::StrCat("expected a list of maps of fields, got ",
+                                     Describe(node)),
+                        mark);
+    }
+    refl->ClearField(msg, field);
+    for (size_t i = 0; i < node.size(); ++i) {
+      const YAML::Node entry = node[i];
+      const std::string at = absl::StrCat(path, "[", i, "]");
+      if (!entry.IsMap()) {
+        return FieldError(
+            origin, at,
+            absl::StrCat("expected a map of fields, got ", Describe(entry)),
+            entry.Mark());
+      }
+      if (absl::Status s =
+              MapOntoMessage(entry, refl->AddMessage(msg, field), at, origin);
+          !s.ok()) {
+        return s;
+      }
+    }
+    return absl::OkStatus();
   }
   const std::string expected = ExpectedKind(field);
   if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -108,11 +109,19 @@ absl::Status CheckStrings(const pb::Message& msg, absl::string_view section) {
   for (int i = 0; i < desc->field_count(); ++i) {
     const pb::FieldDescriptor* f = desc->field(i);
     const std::string field = JoinPath(section, f->name());
-    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE &&
-        !f->is_repeated()) {
-      if (absl::Status s = CheckStrings(refl->GetMessage(msg, f), field);
-          !s.ok()) {
-        return s;
+    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (!f->is_repeated()) {
+        if (absl::Status s = CheckStrings(refl->GetMessage(msg, f), field);
+            !s.ok()) {
+          return s;
+        }
+      }
+      for (int j = 0; f->is_repeated() && j < refl->FieldSize(msg, f); ++j) {
+        if (absl::Status s = CheckStrings(refl->GetRepeatedMessage(msg, f, j),
+                                          absl::StrCat(field, "[", j, "]"));
+            !s.ok()) {
+          return s;
+        }
       }
       continue;
     }
@@ -303,6 +312,48 @@ absl::Status ValidateTokenizer(const v1::DataSpec& d) {
                "hf:TOKENIZER_JSON");
 }
 
+// data.blend: token files only, each source both splits, weights finite,
+// not negative and not all zero, names unique.
+absl::Status ValidateBlend(const v1::DataSpec& d) {
+  if (!d.path().empty() || !d.train_bin().empty() || !d.val_bin().empty()) {
+    return Error(
+        "data.blend replaces data.path and data.train_bin/data.val_bin; "
+        "give the sources' files in data.blend only");
+  }
+  double total = 0;
+  std::set<std::string> names;
+  for (int i = 0; i < d.blend_size(); ++i) {
+    const v1::BlendSource& b = d.blend(i);
+    const std::string at = absl::StrCat("data.blend[", i, "]");
+    if (b.train_bin().empty() || b.val_bin().empty()) {
+      return Error(at,
+                   ": give both train_bin and val_bin (llm.c token "
+                   "files or patterns of shards)");
+    }
+    if (!std::isfinite(b.weight()) || b.weight() < 0) {
+      return Error(at, ".weight=", b.weight(), " must be a finite number >= 0");
+    }
+    total += b.weight();
+    const std::string name = BlendSourceName(b);
+    if (name.empty()) {
+      return Error(at, ": give it a name (its train_bin ",
+                   EchoQuoted(b.train_bin()),
+                   " has no file name up to \"_train\" to take one from)");
+    }
+    if (!names.insert(name).second) {
+      return Error(at, ": the name ", EchoQuoted(name),
+                   " is another source's too; names tell sources apart in "
+                   "the run log and metrics");
+    }
+  }
+  if (!(total > 0)) {
+    return Error(
+        "data.blend: the weights are all 0; give at least one "
+        "source a weight > 0");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateData(const v1::JobSpec& spec) {
   const v1::DataSpec& d = spec.data();
   if (absl::Status s = CheckFinite(d, "data"); !s.ok()) return s;
@@ -310,6 +361,7 @@ absl::Status ValidateData(const v1::JobSpec& spec) {
   const bool has_path = !d.path().empty();
   const bool has_train_bin = !d.train_bin().empty();
   const bool has_val_bin = !d.val_bin().empty();
+  if (d.blend_size() > 0) return ValidateBlend(d);
   if (has_path && (has_train_bin || has_val_bin)) {
     return Error(
         "data.path and data.train_bin/data.val_bin are mutually exclusive; "

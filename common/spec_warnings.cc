@@ -25,9 +25,11 @@ using spec_internal::OtherStagesOf;
 std::string UnevenStagesAdvice(const v1::JobSpec& spec) {
   const v1::ParallelSpec& p = spec.parallel();
   const v1::ModelSpec& m = spec.model();
-  const int vocab = m.vocab_size() > 0                 ? m.vocab_size()
-                    : !spec.data().train_bin().empty() ? kGpt2VocabSize
-                                                       : 0;
+  const bool token_files =
+      !spec.data().train_bin().empty() || spec.data().blend_size() > 0;
+  const int vocab = m.vocab_size() > 0 ? m.vocab_size()
+                    : token_files      ? kGpt2VocabSize
+                                       : 0;
   const int64_t stages = int64_t{p.pp()} * p.virtual_stages();
   if (stages < 2 || vocab == 0 || p.first_stage_layers() != 0 ||
       p.last_stage_layers() != 0) {

@@ -106,7 +106,21 @@ void EmitMessage(const Message& msg, YAML::Emitter* out) {
   *out << YAML::BeginMap;
   for (int i = 0; i < desc->field_count(); ++i) {
     const FieldDescriptor* f = desc->field(i);
-    if (f->is_repeated()) continue;  // none in JobSpec; AssignNode refuses them
+    if (f->is_repeated()) {
+      // Lists of sections (data.blend); an empty one as [].
+      if (f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE) continue;
+      *out << YAML::Key << f->name() << YAML::Value;
+      if (refl->FieldSize(msg, f) == 0) {
+        *out << YAML::Flow << YAML::BeginSeq << YAML::EndSeq;
+        continue;
+      }
+      *out << YAML::BeginSeq;
+      for (int j = 0; j < refl->FieldSize(msg, f); ++j) {
+        EmitMessage(refl->GetRepeatedMessage(msg, f, j), out);
+      }
+      *out << YAML::EndSeq;
+      continue;
+    }
     // An optional scalar left out stays out: its absence means a default
     // of its own (model.moe.aux_loss_coef), not 0.
     if (f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE &&

@@ -151,12 +151,19 @@ absl::Status ConfineSpecPaths(v1::JobSpec* spec, const std::string& base_dir,
       {"data.val_bin", spec->mutable_data()->mutable_val_bin()},
       {"checkpoint.dir", spec->mutable_checkpoint()->mutable_dir()},
   };
-  for (const Field& f : fields) {
-    if (f.value->empty()) continue;
-    absl::StatusOr<std::string> p =
-        ConfinePath(f.name, *f.value, base_dir, roots);
+  std::vector<std::pair<std::string, std::string*>> confined;
+  for (const Field& f : fields) confined.emplace_back(f.name, f.value);
+  for (int i = 0; i < spec->data().blend_size(); ++i) {
+    v1::BlendSource* b = spec->mutable_data()->mutable_blend(i);
+    const std::string at = absl::StrCat("data.blend[", i, "].");
+    confined.emplace_back(at + "train_bin", b->mutable_train_bin());
+    confined.emplace_back(at + "val_bin", b->mutable_val_bin());
+  }
+  for (const auto& [name, value] : confined) {
+    if (value->empty()) continue;
+    absl::StatusOr<std::string> p = ConfinePath(name, *value, base_dir, roots);
     if (!p.ok()) return p.status();
-    *f.value = *p;
+    *value = *p;
   }
   struct Prefixed {
     const char* name;
@@ -238,6 +245,18 @@ absl::Status CheckSpecInputsExist(const v1::JobSpec& spec) {
     if (absl::Status s = CheckInputExists(in.name, in.path, in.may_be_pattern);
         !s.ok()) {
       return s;
+    }
+  }
+  for (int i = 0; i < spec.data().blend_size(); ++i) {
+    const v1::BlendSource& b = spec.data().blend(i);
+    const std::string at = absl::StrCat("data.blend[", i, "].");
+    for (const auto& [field, path] :
+         {std::pair{at + "train_bin", &b.train_bin()},
+          std::pair{at + "val_bin", &b.val_bin()}}) {
+      if (path->empty()) continue;
+      if (absl::Status s = CheckInputExists(field, *path, true); !s.ok()) {
+        return s;
+      }
     }
   }
   return absl::OkStatus();

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "gtest/gtest.h"
 
@@ -116,6 +117,40 @@ TEST_F(PathsTest, ResolvedPathsHoldNoDotDotAndNoSymlink) {
   auto p = ResolvePath("data/x/../link/./y/../z", base_.string());
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(*p, (base_ / "outside" / "z").string());
+}
+
+// A blend's sources are confined and checked as data.train_bin/val_bin
+// are, each named by its place in the list.
+TEST_F(PathsTest, BlendSourcesAreConfinedAndCheckedNamingTheSource) {
+  v1::JobSpec spec;
+  v1::BlendSource* web = spec.mutable_data()->add_blend();
+  web->set_train_bin("data/web_train_*.bin");
+  web->set_val_bin("data/web_val.bin");
+  v1::BlendSource* code = spec.mutable_data()->add_blend();
+  code->set_train_bin("data/code_train.bin");
+  code->set_val_bin("data/link/code_val.bin");
+  const absl::Status out = ConfineSpecPaths(&spec, base_.string(), roots_);
+  EXPECT_NE(out.message().find("data.blend[1].val_bin"),
+            absl::string_view::npos)
+      << out;
+  code->set_val_bin("data/code_val.bin");
+  ASSERT_TRUE(ConfineSpecPaths(&spec, base_.string(), roots_).ok());
+  EXPECT_EQ(spec.data().blend(0).train_bin(),
+            (base_ / "data" / "web_train_*.bin").string());
+  const absl::Status missing = CheckSpecInputsExist(spec);
+  EXPECT_NE(missing.message().find("data.blend[0].train_bin: no file matches"),
+            absl::string_view::npos)
+      << missing;
+  for (const char* name :
+       {"web_train_0.bin", "web_val.bin", "code_train.bin"}) {
+    std::ofstream(base_ / "data" / name) << "x";
+  }
+  const absl::Status val = CheckSpecInputsExist(spec);
+  EXPECT_NE(val.message().find("data.blend[1].val_bin"),
+            absl::string_view::npos)
+      << val;
+  std::ofstream(base_ / "data" / "code_val.bin") << "x";
+  EXPECT_TRUE(CheckSpecInputsExist(spec).ok());
 }
 
 TEST_F(PathsTest, SpecFieldsAreCheckedAndRewritten) {

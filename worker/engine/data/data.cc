@@ -18,9 +18,11 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/check.h"
+#include "common/echo.h"
 #include "common/spec.h"
 #include "unicode/utf8.h"
 #include "worker/engine/data/token_file.h"
@@ -547,13 +549,13 @@ absl::StatusOr<DataTokenizer> ResolveDataTokenizer(const v1::DataSpec& spec,
     return DataTokenizer{name, "data.tokenizer", nullptr};
   }
   if (!spec.path().empty()) return DataTokenizer{};  // char
+  // A blend's sources share one (LoadTokenData checks): the first's.
+  if (spec.blend_size() > 0) {
+    return ResolveDataTokenizer(BlendSourceData(spec, 0), fs);
+  }
   // Token files: what `ptworker prepare` wrote beside them, if anything.
-  const std::string& pattern = spec.train_bin();
-  const size_t slash = pattern.rfind('/');
-  const size_t name_at = slash == std::string::npos ? 0 : slash + 1;
-  const size_t train = pattern.rfind("_train");
-  if (train == std::string::npos || train < name_at) return DataTokenizer{};
-  const std::string prefix = pattern.substr(0, train);
+  const std::string prefix = TrainFilesPrefix(spec.train_bin());
+  if (prefix.empty()) return DataTokenizer{};
   const auto beside = [&](const std::string& path) {
     auto exists = fs.Exists(path, "data.train_bin");
     return exists.ok() && *exists;
@@ -678,11 +680,95 @@ absl::StatusOr<int> VocabSize(int model_vocab_size, const Tokenizer* tokenizer,
   return model_vocab_size != 0 ? model_vocab_size : tokenizer->size();
 }
 
+// Whether two of DataTokenizerName's names are one tokenizer: the same
+// name, or files of one kind (spm:, llmc:) with the same bytes, as two
+// corpora prepared with one tokenizer have beside them.
+absl::StatusOr<bool> SameTokenizer(const std::string& a, const std::string& b,
+                                   const std::string& field,
+                                   const ConfinedFs& fs) {
+  if (a == b) return true;
+  for (absl::string_view kind : {"spm:", "llmc:"}) {
+    if (!absl::StartsWith(a, kind) || !absl::StartsWith(b, kind)) continue;
+    auto first = fs.ReadFile(a.substr(kind.size()), field);
+    if (!first.ok()) return first.status();
+    auto second = fs.ReadFile(b.substr(kind.size()), field);
+    if (!second.ok()) return second.status();
+    return *first == *second;
+  }
+  return false;
+}
+
+// data.blend: each source's token files as data.train_bin/val_bin load
+// them, under the first source's tokenizer, which every other must share.
+absl::StatusOr<TokenData> LoadBlend(const v1::DataSpec& spec,
+                                    int model_vocab_size, int block_size,
+                                    const ConfinedFs& fs) {
+  TokenData data;
+  double total = 0;
+  for (const v1::BlendSource& b : spec.blend()) total += b.weight();
+  std::string first_tokenizer;
+  for (int i = 0; i < spec.blend_size(); ++i) {
+    const v1::DataSpec one = BlendSourceData(spec, i);
+    const std::string at = absl::StrCat("data.blend[", i, "]");
+    const std::string name = BlendSourceName(spec.blend(i));
+    auto tokenizer = DataTokenizerName(one, fs);
+    if (!tokenizer.ok()) return tokenizer.status();
+    if (i == 0) {
+      first_tokenizer = *tokenizer;
+      auto words = OpenDataTokenizer(one, fs);
+      if (!words.ok()) return words.status();
+      data.words = std::move(*words);
+      auto vocab =
+          VocabSize(model_vocab_size, data.words.get(), kGpt2VocabSize);
+      if (!vocab.ok()) return vocab.status();
+      data.vocab_size = *vocab;
+    } else {
+      auto same =
+          SameTokenizer(first_tokenizer, *tokenizer, at + ".train_bin", fs);
+      if (!same.ok()) return same.status();
+      if (!*same) {
+        const auto shown = [](const std::string& t) {
+          return t.empty() ? std::string("none") : EchoQuoted(t);
+        };
+        return absl::InvalidArgumentError(absl::StrCat(
+            at, " (", name, "): its tokenizer (", shown(*tokenizer),
+            ") is not data.blend[0]'s (", shown(first_tokenizer),
+            "); a blend's sources are token ids of one vocabulary: prepare "
+            "them with the same --tokenizer"));
+      }
+    }
+    BlendPart part{name, spec.blend(i).weight() / total};
+    for (const bool train : {true, false}) {
+      const std::string field = at + (train ? ".train_bin" : ".val_bin");
+      auto shards = ReadTokenFiles(
+          field, train ? one.train_bin() : one.val_bin(), data.vocab_size, fs);
+      if (!shards.ok()) return shards.status();
+      const int64_t longest = LongestShard(*shards);
+      if (longest < int64_t{block_size} + 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, " (", name, "): its longest file holds ",
+                         longest, " tokens; model.block_size=", block_size,
+                         " needs ", int64_t{block_size} + 1, " in one file"));
+      }
+      TokenShards& split = train ? data.train : data.val;
+      (train ? part.train_begin : part.val_begin) = split.size();
+      for (TokenStream& stream : *shards) split.push_back(std::move(stream));
+      (train ? part.train_end : part.val_end) = split.size();
+    }
+    data.blend.push_back(std::move(part));
+  }
+  data.digest = TokenDigest(data.train, data.val);
+  return data;
+}
+
 }  // namespace
 
 absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
                                         int model_vocab_size, int block_size,
                                         const ConfinedFs& fs) {
+  if (spec.blend_size() > 0) {
+    return LoadBlend(spec, model_vocab_size, block_size, fs);
+  }
   TokenData data;
   auto words = OpenDataTokenizer(spec, fs);
   if (!words.ok()) return words.status();
@@ -791,8 +877,9 @@ int64_t TokenCount(const TokenShards& shards) {
   return n;
 }
 
-BatchSampler::BatchSampler(const TokenShards* shards, int T, int global_batch,
-                           uint64_t seed, std::string_view stream)
+BatchSampler::BatchSampler(absl::Span<const TokenStream> shards, int T,
+                           int global_batch, uint64_t seed,
+                           std::string_view stream)
     : shards_(shards),
       T_(T),
       global_batch_(global_batch),
@@ -801,7 +888,7 @@ BatchSampler::BatchSampler(const TokenShards* shards, int T, int global_batch,
   // Starting positions 0 .. n-T-1 of a shard of n tokens leave room for the
   // shifted target.
   starts_.push_back(0);
-  for (const TokenStream& s : *shards_) {
+  for (const TokenStream& s : shards_) {
     const uint64_t n = s.size() > static_cast<size_t>(T) ? s.size() - T : 0;
     starts_.push_back(starts_.back() + n);
   }
@@ -817,7 +904,7 @@ void BatchSampler::Fill(int64_t b, int first, int count, int32_t* inputs,
     // The shard k with starts_[k] <= start < starts_[k + 1].
     const size_t k = std::upper_bound(starts_.begin(), starts_.end(), start) -
                      starts_.begin() - 1;
-    const TokenStream& s = (*shards_)[k];
+    const TokenStream& s = shards_[k];
     const auto copy = [&](const auto* src) {
       for (int t = 0; t < T_; ++t) {
         inputs[static_cast<int64_t>(i) * T_ + t] = src[t];

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "common/confined_fs.h"
 #include "common/tokenizer.h"
 #include "ptrain/v1/job.pb.h"
@@ -138,8 +139,19 @@ class TokenStream {
 using TokenShards = std::vector<TokenStream>;
 int64_t TokenCount(const TokenShards& shards);
 
+// A source of a blend (data.blend): its shards are train[train_begin,
+// train_end) and val[val_begin, val_end) of the TokenData.
+struct BlendPart {
+  std::string name;
+  double weight = 0;  // its share of the training sequences (sum 1)
+  size_t train_begin = 0, train_end = 0, val_begin = 0, val_end = 0;
+};
+
 struct TokenData {
+  // A blend's shards: every source's in the order of data.blend.
   TokenShards train, val;
+  // data.blend's sources; empty for one source (data.path, train_bin).
+  std::vector<BlendPart> blend;
   int vocab_size = 0;
   // Set for text data under the char tokenizer: the vocabulary recorded
   // with the model.
@@ -232,15 +244,19 @@ absl::Status WriteTokenFile(const std::string& path,
 // rank fills only its own sequences.
 class BatchSampler {
  public:
-  BatchSampler(const TokenShards* shards, int T, int global_batch,
+  BatchSampler(absl::Span<const TokenStream> shards, int T, int global_batch,
                uint64_t seed, std::string_view stream);
+  BatchSampler(const TokenShards* shards, int T, int global_batch,
+               uint64_t seed, std::string_view stream)
+      : BatchSampler(absl::MakeConstSpan(*shards), T, global_batch, seed,
+                     stream) {}
   // inputs and targets are (count,T): sequences [first, first+count) of
   // batch b; targets are inputs shifted by one token.
   void Fill(int64_t b, int first, int count, int32_t* inputs,
             int32_t* targets) const;
 
  private:
-  const TokenShards* shards_;
+  absl::Span<const TokenStream> shards_;
   // starts_[k]: the sequence starts in shards before k (size + 1 entries).
   std::vector<uint64_t> starts_;
   const int T_, global_batch_;

@@ -95,7 +95,13 @@ absl::StatusOr<std::unique_ptr<RankMetrics>> RankMetrics::Start(
   };
   m->step_ = gauge("ptrain_step", "Optimizer steps completed.");
   m->loss_ = gauge("ptrain_train_loss", "Mean loss of the last global batch.");
-  m->val_loss_ = gauge("ptrain_val_loss", "Last validation loss.");
+  m->val_loss_family_ = &p8s::BuildGauge()
+                             .Name("ptrain_val_loss")
+                             .Help(
+                                 "Last validation loss (a blend's "
+                                 "sources: each, label source).")
+                             .Register(reg);
+  m->val_loss_ = &m->val_loss_family_->Add(m->base_);
   m->tok_per_s_ =
       gauge("ptrain_tokens_per_second", "Global tokens per second, last step.");
   m->mfu_ = gauge("ptrain_mfu_ratio",
@@ -237,7 +243,21 @@ void RankMetrics::OnStep(int64_t step, double loss, double seconds,
   Phase("bubble").Increment(phases.bubble);
 }
 
-void RankMetrics::OnEval(double val_loss) { val_loss_->Set(val_loss); }
+void RankMetrics::OnEval(
+    double val_loss,
+    const std::vector<std::pair<std::string, double>>& sources) {
+  val_loss_->Set(val_loss);
+  for (const auto& [name, loss] : sources) {
+    auto it = val_loss_by_source_.find(name);
+    if (it == val_loss_by_source_.end()) {
+      it = val_loss_by_source_
+               .emplace(name,
+                        &val_loss_family_->Add(With(base_, "source", name)))
+               .first;
+    }
+    it->second->Set(loss);
+  }
+}
 
 void RankMetrics::OnCheckpoint(double seconds) {
   checkpoint_seconds_->Observe(seconds);

@@ -58,7 +58,9 @@ class RankMetrics {
   // ptrain_mfu_ratio, ptrain_step_seconds, ptrain_phase_seconds_total.
   void OnStep(int64_t step, double loss, double seconds, double tok_per_s,
               double mfu, const PhaseSeconds& phases);
-  void OnEval(double val_loss);
+  // The validation loss, and a blend's per source (label `source`).
+  void OnEval(double val_loss,
+              const std::vector<std::pair<std::string, double>>& sources = {});
   // ptrain_checkpoint_seconds; also moves
   // ptrain_last_checkpoint_timestamp_seconds to now once the job has a
   // checkpoint policy.
@@ -95,6 +97,9 @@ class RankMetrics {
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Gauge *step_, *loss_, *val_loss_, *tok_per_s_, *mfu_;
+  // ptrain_val_loss's family, and its series of each blend source.
+  prometheus::Family<prometheus::Gauge>* val_loss_family_ = nullptr;
+  std::map<std::string, prometheus::Gauge*> val_loss_by_source_;
   prometheus::Histogram *step_seconds_, *checkpoint_seconds_;
   std::map<std::string, prometheus::Gauge*> memory_;
   prometheus::Family<prometheus::Gauge>* gpu_memory_family_ = nullptr;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/mesh.h"
 #include "common/spec.h"
 #include "kernels/backends.h"
@@ -173,6 +174,19 @@ absl::Status RunReport::Step(int64_t step, const StepResult& r,
         tok_per_s, 100.0 * mfu);
   }
   if (!r.experts.layers.empty()) Experts(step, r.experts, logged);
+  for (const StepFeed::EpochBegun& e : r.epochs_begun) {
+    const std::string name = BlendSourceName(spec_.data().blend(e.source));
+    if (log_rank()) {
+      spdlog::info(
+          "step {:>6} | data.blend source {} begins epoch {}: it ran out, "
+          "its windows come again in another order",
+          step, name, e.epoch);
+    }
+    Emit({{"type", "epoch"},
+          {"step", step},
+          {"source", name},
+          {"epoch", e.epoch}});
+  }
   return absl::OkStatus();
 }
 
@@ -205,10 +219,23 @@ void RunReport::Experts(int64_t step, const ExpertLoad& load, bool logged) {
       choices > 0 ? 100.0 * dropped / choices : 0.0, load.aux_loss);
 }
 
-void RunReport::Eval(int64_t step, float val_loss) {
-  if (options_.metrics != nullptr) options_.metrics->OnEval(val_loss);
-  spdlog::info("step {:>6} | val loss {:.6f}", step, val_loss);
-  Emit({{"type", "eval"}, {"step", step}, {"val_loss", val_loss}});
+void RunReport::Eval(int64_t step, const EvalResult& val,
+                     const std::vector<BlendPart>& blend) {
+  std::vector<std::pair<std::string, double>> sources;
+  nlohmann::json by_source = nlohmann::json::object();
+  std::string line;
+  for (size_t k = 0; k < val.sources.size(); ++k) {
+    sources.emplace_back(blend[k].name, val.sources[k]);
+    by_source[blend[k].name] = val.sources[k];
+    absl::StrAppend(&line, " | ", blend[k].name, " ",
+                    absl::StrFormat("%.6f", val.sources[k]));
+  }
+  if (options_.metrics != nullptr) options_.metrics->OnEval(val.loss, sources);
+  spdlog::info("step {:>6} | val loss {:.6f}{}", step, val.loss, line);
+  nlohmann::json record = {
+      {"type", "eval"}, {"step", step}, {"val_loss", val.loss}};
+  if (!sources.empty()) record["val_loss_by_source"] = std::move(by_source);
+  Emit(record);
 }
 
 void RunReport::Sample(int64_t step, const std::string& text) {

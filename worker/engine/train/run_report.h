@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "kernels/ops.h"
@@ -66,7 +67,9 @@ class RunReport {
   // where the loss is not finite.
   absl::Status Step(int64_t step, const StepResult& r, double flops_per_step,
                     bool gpu);
-  void Eval(int64_t step, float val_loss);
+  // A validation pass; `blend` names a blend's sources (empty: none).
+  void Eval(int64_t step, const EvalResult& val,
+            const std::vector<BlendPart>& blend);
   void Sample(int64_t step, const std::string& text);
   // A committed checkpoint: `blocked`, seconds the loop waited for it;
   // `written`, a background save's seconds to write this rank's shard.

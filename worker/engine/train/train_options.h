@@ -8,10 +8,12 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/confined_fs.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/checkpoint/checkpoint.h"
+#include "worker/engine/data/step_feed.h"
 #include "worker/engine/report/expert_load.h"
 #include "worker/engine/report/metrics.h"
 #include "worker/engine/report/rank_step.h"
@@ -96,6 +98,15 @@ struct StepResult {
   // later step's).
   double comm_exposed = 0.0;
   ExpertLoad experts;  // a Mixture-of-Experts model's routing
+  // The blend sources whose data began another epoch in this step.
+  std::vector<StepFeed::EpochBegun> epochs_begun;
+};
+
+// A validation pass: the loss of the data (a blend's: the sources' weighted
+// by their shares) and each source's (data.blend; else empty).
+struct EvalResult {
+  float loss = 0.0f;
+  std::vector<float> sources;
 };
 
 }  // namespace ptrain

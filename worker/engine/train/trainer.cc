@@ -292,7 +292,7 @@ StepResult Trainer::TrainStep(int64_t step) {
   store_->BeginStep();
   ClearExpertLoad(chunks_);
   auto t = Clock::now();
-  feed_->FillStep(step);
+  r.epochs_begun = feed_->FillStep(step);
   r.phases.data += SecondsSince(t);
   double loss_sum =
       runtime_->TrainStep(order_, feed_->inputs(), feed_->targets(), b.micro_B,
@@ -313,24 +313,33 @@ StepResult Trainer::TrainStep(int64_t step) {
   return r;
 }
 
-float Trainer::Evaluate() {
+EvalResult Trainer::EvaluateSources() {
   const RankBuild& b = build_;
-  double sum = 0.0;
-  int64_t count = 0;
   const int local = b.global_batch / b.dp;
   const int dp_rank = dims_->dp_rank();
-  for (int batch = 0; batch < spec_.train().eval_batches(); ++batch) {
-    for (int first = dp_rank * local; first < (dp_rank + 1) * local;
-         first += b.micro_B) {
-      feed_->FillEval(batch, first);
-      sum += runtime_->Forward(feed_->inputs(), feed_->targets(), b.micro_B,
-                               b.T_local());
-      ++count;
+  std::vector<double> losses;
+  for (int source = 0; source < feed_->eval_sources(); ++source) {
+    double sum = 0.0;
+    int64_t count = 0;
+    for (int batch = 0; batch < spec_.train().eval_batches(); ++batch) {
+      for (int first = dp_rank * local; first < (dp_rank + 1) * local;
+           first += b.micro_B) {
+        feed_->FillEval(source, batch, first);
+        sum += runtime_->Forward(feed_->inputs(), feed_->targets(), b.micro_B,
+                                 b.T_local());
+        ++count;
+      }
     }
+    if (Communicator* pp = dims_->pp_comm()) pp->AllReduce(&sum, 1);
+    losses.push_back(SumOverReplicas(sum) /
+                     SumOverReplicas(static_cast<double>(count)));
   }
-  if (Communicator* pp = dims_->pp_comm()) pp->AllReduce(&sum, 1);
-  return static_cast<float>(SumOverReplicas(sum) /
-                            SumOverReplicas(static_cast<double>(count)));
+  EvalResult r;
+  r.loss = static_cast<float>(feed_->ValLoss(losses));
+  if (!data_.blend.empty()) {
+    r.sources.assign(losses.begin(), losses.end());
+  }
+  return r;
 }
 
 }  // namespace ptrain

@@ -60,8 +60,10 @@ class Trainer {
 
   // One optimizer step (0-based index) over the global batch of that step.
   StepResult TrainStep(int64_t step);
-  // Mean loss over train.eval_batches fixed validation batches.
-  float Evaluate();
+  // Mean loss over train.eval_batches fixed validation batches (of each
+  // blend source).
+  EvalResult EvaluateSources();
+  float Evaluate() { return EvaluateSources().loss; }
 
   // Its checkpoints (resume, saves, rollbacks), its samples and its data.
   Checkpointer& checkpoints() { return *checkpointer_; }

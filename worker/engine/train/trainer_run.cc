@@ -79,11 +79,11 @@ absl::Status Trainer::Run() {
 }
 
 void Trainer::EvaluateAndReport(int64_t step) {
-  const float val = [&] {
+  const EvalResult val = [&] {
     Busy busy = report_->Scope(FlightPhase::kEval, "evaluating");
-    return Evaluate();
+    return EvaluateSources();
   }();
-  report_->Eval(step, val);
+  report_->Eval(step, val, data_.blend);
 }
 
 void Trainer::SampleAndReport(int64_t step) {
