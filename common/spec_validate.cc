@@ -110,18 +110,14 @@ absl::Status CheckStrings(const pb::Message& msg, absl::string_view section) {
     const pb::FieldDescriptor* f = desc->field(i);
     const std::string field = JoinPath(section, f->name());
     if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
-      if (!f->is_repeated()) {
-        if (absl::Status s = CheckStrings(refl->GetMessage(msg, f), field);
-            !s.ok()) {
-          return s;
-        }
-      }
-      for (int j = 0; f->is_repeated() && j < refl->FieldSize(msg, f); ++j) {
-        if (absl::Status s = CheckStrings(refl->GetRepeatedMessage(msg, f, j),
-                                          absl::StrCat(field, "[", j, "]"));
-            !s.ok()) {
-          return s;
-        }
+      // A section, or each of a list of sections (data.blend[j]).
+      const int n = f->is_repeated() ? refl->FieldSize(msg, f) : 1;
+      for (int j = 0; j < n; ++j) {
+        absl::Status s = f->is_repeated()
+                             ? CheckStrings(refl->GetRepeatedMessage(msg, f, j),
+                                            absl::StrCat(field, "[", j, "]"))
+                             : CheckStrings(refl->GetMessage(msg, f), field);
+        if (!s.ok()) return s;
       }
       continue;
     }

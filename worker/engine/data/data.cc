@@ -590,21 +590,31 @@ absl::StatusOr<std::string> DataTokenizerName(const v1::DataSpec& spec,
   return std::move(t->name);
 }
 
-absl::StatusOr<std::shared_ptr<const Tokenizer>> OpenDataTokenizer(
-    const v1::DataSpec& spec, const ConfinedFs& fs) {
-  auto t = ResolveDataTokenizer(spec, fs);
-  if (!t.ok()) return t.status();
-  if (t->llmc != nullptr) {
-    return std::shared_ptr<const Tokenizer>(std::move(t->llmc));
+namespace {
+
+// The tokenizer ResolveDataTokenizer named (null where none).
+absl::StatusOr<std::shared_ptr<const Tokenizer>> OpenResolved(
+    DataTokenizer t, const ConfinedFs& fs) {
+  if (t.llmc != nullptr) {
+    return std::shared_ptr<const Tokenizer>(std::move(t.llmc));
   }
-  if (t->name.empty()) return nullptr;
-  const std::string field = t->field;
+  if (t.name.empty()) return nullptr;
+  const std::string field = t.field;
   auto opened =
-      OpenTokenizer(t->name, field, [&fs, &field](const std::string& path) {
+      OpenTokenizer(t.name, field, [&fs, &field](const std::string& path) {
         return fs.ReadFile(path, field);
       });
   if (!opened.ok()) return opened.status();
   return std::shared_ptr<const Tokenizer>(std::move(*opened));
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const Tokenizer>> OpenDataTokenizer(
+    const v1::DataSpec& spec, const ConfinedFs& fs) {
+  auto t = ResolveDataTokenizer(spec, fs);
+  if (!t.ok()) return t.status();
+  return OpenResolved(std::move(*t), fs);
 }
 
 namespace {
@@ -711,11 +721,12 @@ absl::StatusOr<TokenData> LoadBlend(const v1::DataSpec& spec,
     const v1::DataSpec one = BlendSourceData(spec, i);
     const std::string at = absl::StrCat("data.blend[", i, "]");
     const std::string name = BlendSourceName(spec.blend(i));
-    auto tokenizer = DataTokenizerName(one, fs);
-    if (!tokenizer.ok()) return tokenizer.status();
+    auto resolved = ResolveDataTokenizer(one, fs);
+    if (!resolved.ok()) return resolved.status();
+    const std::string tokenizer = resolved->name;
     if (i == 0) {
-      first_tokenizer = *tokenizer;
-      auto words = OpenDataTokenizer(one, fs);
+      first_tokenizer = tokenizer;
+      auto words = OpenResolved(std::move(*resolved), fs);
       if (!words.ok()) return words.status();
       data.words = std::move(*words);
       auto vocab =
@@ -724,14 +735,14 @@ absl::StatusOr<TokenData> LoadBlend(const v1::DataSpec& spec,
       data.vocab_size = *vocab;
     } else {
       auto same =
-          SameTokenizer(first_tokenizer, *tokenizer, at + ".train_bin", fs);
+          SameTokenizer(first_tokenizer, tokenizer, at + ".train_bin", fs);
       if (!same.ok()) return same.status();
       if (!*same) {
         const auto shown = [](const std::string& t) {
           return t.empty() ? std::string("none") : EchoQuoted(t);
         };
         return absl::InvalidArgumentError(absl::StrCat(
-            at, " (", name, "): its tokenizer (", shown(*tokenizer),
+            at, " (", name, "): its tokenizer (", shown(tokenizer),
             ") is not data.blend[0]'s (", shown(first_tokenizer),
             "); a blend's sources are token ids of one vocabulary: prepare "
             "them with the same --tokenizer"));
