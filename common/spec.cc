@@ -109,6 +109,13 @@ std::string BlendSourceName(const v1::BlendSource& source) {
   return prefix.substr(prefix.rfind('/') + 1);  // npos + 1: all of it
 }
 
+bool IsBlendSourceName(std::string_view name) {
+  return !name.empty() && name.size() <= kMaxBlendNameBytes &&
+         std::none_of(name.begin(), name.end(), [](char c) {
+           return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+         });
+}
+
 v1::DataSpec BlendSourceData(const v1::DataSpec& data, int i) {
   v1::DataSpec one;
   one.set_tokenizer(data.tokenizer());

@@ -118,6 +118,12 @@ std::string TrainFilesPrefix(std::string_view train_bin);
 // A blend source's name: its own, else the file name of its train files'
 // prefix (data/web/web_train_*.bin: web); "" where neither gives one.
 std::string BlendSourceName(const v1::BlendSource& source);
+// data.blend's bounds: sources, and a name's bytes (names label metrics and
+// ride in progress reports; no control characters either).
+inline constexpr int kMaxBlendSources = 64;
+inline constexpr size_t kMaxBlendNameBytes = 64;
+// 1 to kMaxBlendNameBytes bytes, none a control character.
+bool IsBlendSourceName(std::string_view name);
 // The data of blend source i alone: its token files with data.tokenizer.
 v1::DataSpec BlendSourceData(const v1::DataSpec& data, int i);
 

@@ -316,6 +316,10 @@ absl::Status ValidateBlend(const v1::DataSpec& d) {
         "data.blend replaces data.path and data.train_bin/data.val_bin; "
         "give the sources' files in data.blend only");
   }
+  if (d.blend_size() > kMaxBlendSources) {
+    return Error("data.blend: ", d.blend_size(), " sources; at most ",
+                 kMaxBlendSources);
+  }
   double total = 0;
   std::set<std::string> names;
   for (int i = 0; i < d.blend_size(); ++i) {
@@ -335,6 +339,12 @@ absl::Status ValidateBlend(const v1::DataSpec& d) {
       return Error(at, ": give it a name (its train_bin ",
                    EchoQuoted(b.train_bin()),
                    " has no file name up to \"_train\" to take one from)");
+    }
+    if (!IsBlendSourceName(name)) {
+      return Error(at, ": the name ", EchoQuoted(name), " must be at most ",
+                   kMaxBlendNameBytes,
+                   " bytes without control characters (it labels the "
+                   "source's metrics)");
     }
     if (!names.insert(name).second) {
       return Error(at, ": the name ", EchoQuoted(name),

@@ -65,6 +65,9 @@ absl::Status Coordinator::ReportProgress(const v1::ReportProgressRequest& r) {
   point.set_step(r.step());
   point.set_loss(r.is_eval() ? 0.0 : r.loss());
   point.set_val_loss(r.is_eval() ? r.val_loss() : 0.0);
+  if (r.is_eval()) {
+    *point.mutable_val_loss_by_source() = r.val_loss_by_source();
+  }
   point.set_attempt(r.attempt());
   if (!r.is_eval()) {
     point.set_tok_per_s(r.tok_per_s());

@@ -117,6 +117,8 @@ bool Coordinator::RecoverFromRunLog(const Entry& e, const RunLogSummary& log,
     q.set_step(rec.step);
     q.set_loss(eval ? 0.0 : rec.loss);
     q.set_val_loss(eval ? rec.val_loss : 0.0);
+    q.mutable_val_loss_by_source()->insert(rec.val_loss_by_source.begin(),
+                                           rec.val_loss_by_source.end());
     q.set_attempt(job.attempts());
     if (!eval) {
       q.set_tok_per_s(rec.tok_per_s);

@@ -76,6 +76,26 @@ absl::Status CheckFigure(absl::string_view field, double v) {
   return absl::OkStatus();
 }
 
+// val_loss_by_source: at most data.blend's sources, each named as the
+// spec's rule says, each loss a figure.
+absl::Status CheckSourceLosses(
+    const google::protobuf::Map<std::string, double>& losses) {
+  if (losses.size() > static_cast<size_t>(kMaxBlendSources)) {
+    return Invalid("val_loss_by_source has ", losses.size(),
+                   " sources; at most ", kMaxBlendSources);
+  }
+  for (const auto& [name, loss] : losses) {
+    const std::string field =
+        absl::StrCat("val_loss_by_source[", Shown(name), "]");
+    if (!IsBlendSourceName(name)) {
+      return Invalid(field, ": a source name is 1 to ", kMaxBlendNameBytes,
+                     " bytes without control characters");
+    }
+    if (absl::Status s = CheckFigure(field, loss); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 bool IsDnsName(absl::string_view host) {
   if (host.empty() || host.size() > 253) return false;
   size_t label = 0;
@@ -156,6 +176,7 @@ absl::Status ValidateProgress(const v1::ReportProgressRequest& r,
   if (s.ok()) s = CheckFigure("tok_per_s", r.tok_per_s());
   if (s.ok()) s = CheckFigure("mfu", r.mfu());
   if (s.ok()) s = CheckFigure("lr", r.lr());
+  if (s.ok()) s = CheckSourceLosses(r.val_loss_by_source());
   // What the report says is well formed; now whether it fits what came
   // before it.
   if (s.ok() && r.step() < ctx.last_step) {
@@ -353,6 +374,15 @@ std::optional<RunLogRecord> ParseRunLogLine(absl::string_view line,
     if (!number("val_loss", &rec.val_loss)) return std::nullopt;
     as_report.set_val_loss(rec.val_loss);
     as_report.set_is_eval(true);
+    if (auto by = j.find("val_loss_by_source"); by != j.end()) {
+      if (!by->is_object()) return std::nullopt;
+      for (const auto& [name, loss] : by->items()) {
+        if (!loss.is_number()) return std::nullopt;
+        rec.val_loss_by_source[name] = loss.get<double>();
+      }
+      as_report.mutable_val_loss_by_source()->insert(
+          rec.val_loss_by_source.begin(), rec.val_loss_by_source.end());
+    }
   } else if (t == "end") {
     rec.kind = RunLogRecord::kEnd;
     if (rec.step != ctx.total_steps) return std::nullopt;

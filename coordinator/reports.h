@@ -7,6 +7,7 @@
 #define PTRAIN_COORDINATOR_REPORTS_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -93,9 +94,10 @@ struct RunLogRecord {
   // kEnd: the run finished every step (ptworker's last record).
   enum Kind { kStep, kEval, kCheckpoint, kEnd } kind = kStep;
   int64_t step = 0;
-  double loss = 0, lr = 0, tok_per_s = 0, mfu = 0;  // kStep
-  double val_loss = 0;                              // kEval
-  std::string dir;                                  // kCheckpoint
+  double loss = 0, lr = 0, tok_per_s = 0, mfu = 0;   // kStep
+  double val_loss = 0;                               // kEval
+  std::map<std::string, double> val_loss_by_source;  // kEval of a blend
+  std::string dir;                                   // kCheckpoint
 };
 
 // Parses one line of a run log. nullopt for a line of another type or one

@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "common/digest.h"
 #include "common/echo.h"
+#include "nlohmann/json.hpp"
 
 namespace ptrain {
 namespace {
@@ -51,7 +52,8 @@ CREATE TABLE IF NOT EXISTS loss_history (
   attempt INTEGER NOT NULL, step INTEGER NOT NULL, loss REAL NOT NULL,
   val_loss REAL NOT NULL, tok_per_s REAL NOT NULL DEFAULT 0,
   mfu REAL NOT NULL DEFAULT 0, lr REAL NOT NULL DEFAULT 0,
-  unix_ms INTEGER NOT NULL DEFAULT 0);
+  unix_ms INTEGER NOT NULL DEFAULT 0,
+  val_loss_by_source TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS loss_job ON loss_history (job_id);
 CREATE INDEX IF NOT EXISTS loss_attempt_step
   ON loss_history (job_id, attempt, step);
@@ -247,6 +249,13 @@ absl::Status Store::Migrate() {
       absl::Status a = Exec(absl::StrCat("ALTER TABLE loss_history ADD COLUMN ",
                                          column, " NOT NULL DEFAULT 0;")
                                 .c_str());
+      if (!a.ok()) return a;
+    }
+    // Evaluations stored before blends were reported have no sources.
+    if (!loss_columns->count("val_loss_by_source")) {
+      absl::Status a = Exec(
+          "ALTER TABLE loss_history ADD COLUMN val_loss_by_source TEXT NOT "
+          "NULL DEFAULT '';");
       if (!a.ok()) return a;
     }
     // Nodes registered by an older ptcoord have no secret: the next
@@ -453,7 +462,15 @@ absl::Status Store::AddLossPointLocked(const std::string& job_id,
                                        const v1::LossPoint& p) {
   Stmt q(db_,
          "INSERT INTO loss_history (job_id, attempt, step, loss, val_loss, "
-         "tok_per_s, mfu, lr, unix_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)");
+         "tok_per_s, mfu, lr, unix_ms, val_loss_by_source) VALUES (?, ?, ?, "
+         "?, ?, ?, ?, ?, ?, ?)");
+  // Each source's loss as a JSON object ("" for none).
+  std::string by_source;
+  if (!p.val_loss_by_source().empty()) {
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& [name, loss] : p.val_loss_by_source()) j[name] = loss;
+    by_source = j.dump();
+  }
   q.Bind(1, job_id)
       .Bind(2, static_cast<int64_t>(p.attempt()))
       .Bind(3, p.step())
@@ -462,7 +479,8 @@ absl::Status Store::AddLossPointLocked(const std::string& job_id,
       .Bind(6, p.tok_per_s())
       .Bind(7, p.mfu())
       .Bind(8, p.lr())
-      .Bind(9, p.unix_ms());
+      .Bind(9, p.unix_ms())
+      .Bind(10, by_source);
   return q.Run();
 }
 
@@ -503,7 +521,8 @@ absl::StatusOr<std::vector<v1::LossPoint>> Store::LossHistory(
   }
   Stmt q(db_,
          "SELECT attempt, step, loss, val_loss, tok_per_s, mfu, lr, unix_ms, "
-         "id FROM loss_history WHERE job_id=? AND id>? ORDER BY id");
+         "id, val_loss_by_source FROM loss_history WHERE job_id=? AND id>? "
+         "ORDER BY id");
   q.Bind(1, job_id).Bind(2, after);
   s = q.status();
   if (!s.ok()) return s;
@@ -527,6 +546,17 @@ absl::StatusOr<std::vector<v1::LossPoint>> Store::LossHistory(
     p.set_mfu(q.Double(5));
     p.set_lr(q.Double(6));
     p.set_unix_ms(q.Int(7));
+    if (const std::string by = q.Text(9); !by.empty()) {
+      // Written by AddLossPoint as an object; anything else reads as none.
+      const nlohmann::json j = nlohmann::json::parse(by, nullptr, false);
+      if (j.is_object()) {
+        for (const auto& [name, loss] : j.items()) {
+          if (loss.is_number()) {
+            (*p.mutable_val_loss_by_source())[name] = loss.get<double>();
+          }
+        }
+      }
+    }
   }
   if (!s.ok()) return s;
   if (stored != nullptr) *stored = seen[0] + seen[1];

@@ -141,6 +141,11 @@ json PointJson(const v1::LossPoint& p) {
   if (eval) {
     j["val_loss"] = p.val_loss();
     j["loss"] = j["tok_per_s"] = j["mfu"] = j["lr"] = nullptr;
+    // A blend's: each source's loss by name.
+    if (!p.val_loss_by_source().empty()) {
+      json& by = j["val_loss_by_source"] = json::object();
+      for (const auto& [name, loss] : p.val_loss_by_source()) by[name] = loss;
+    }
   } else {
     j["val_loss"] = nullptr;
     j["loss"] = p.loss();

@@ -107,11 +107,11 @@ ProgressReporter::FromEnvironment() {
   if (!absl::SimpleAtoi(Env("OMPI_COMM_WORLD_RANK"), &rank)) rank = 0;
   double grace_s = 0;
   if (const std::string g = Env("PTRAIN_COORDINATOR_GRACE_S");
-      !g.empty() && (!absl::SimpleAtod(g, &grace_s) || !(grace_s >= 0) ||
-                     grace_s > 1e7)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "PTRAIN_COORDINATOR_GRACE_S='", g,
-        "' is not a number of seconds in [0, 1e7]"));
+      !g.empty() &&
+      (!absl::SimpleAtod(g, &grace_s) || !(grace_s >= 0) || grace_s > 1e7)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PTRAIN_COORDINATOR_GRACE_S='", g,
+                     "' is not a number of seconds in [0, 1e7]"));
   }
   std::string tls_ca_pem;
   if (const std::string ca = Env("PTRAIN_TLS_CA"); !ca.empty()) {
@@ -168,6 +168,14 @@ void ProgressReporter::OnRecord(const nlohmann::json& record) {
     p.set_is_eval(type == "eval");
     p.set_loss(Number(record, "loss"));
     p.set_val_loss(Number(record, "val_loss"));
+    if (auto by = record.find("val_loss_by_source");
+        by != record.end() && by->is_object()) {
+      for (const auto& [name, loss] : by->items()) {
+        if (loss.is_number()) {
+          (*p.mutable_val_loss_by_source())[name] = loss.get<double>();
+        }
+      }
+    }
     p.set_tok_per_s(Number(record, "tok_per_s"));
     p.set_mfu(Number(record, "mfu"));
     p.set_lr(Number(record, "lr"));

@@ -367,7 +367,7 @@
     const base = '/api/v1/jobs/' + encodeURIComponent(id);
     const S = {
       since: null, rankSince: null, rankAttempt: null, t0: null, world: 0, ranks: new Map(),
-      train: [], val: [], tok: [], mfu: [], lr: [], timeline: [], events: [],
+      train: [], val: [], valBy: new Map(), tok: [], mfu: [], lr: [], timeline: [], events: [],
       job: null, listKey: '', logKey: '',
     };
     $('job-name').textContent = id;  // until the first answer, or for good if there is none
@@ -406,7 +406,7 @@
   function appendMetrics(S, m) {
     if (S.since != null && m.next_since < S.since) {  // ptcoord's history restarted: start over
       Object.assign(S, {since: null, rankSince: null, rankAttempt: null, ranks: new Map(),
-                        train: [], val: [], tok: [], mfu: [], lr: [], timeline: []});
+                        train: [], val: [], valBy: new Map(), tok: [], mfu: [], lr: [], timeline: []});
       return;
     }
     const push = (arr, x, y) => {
@@ -418,6 +418,10 @@
       S.timeline.push({t: p.unix_ms, step: p.step});
       push(S.train, p.step, p.loss);
       push(S.val, p.step, p.val_loss);
+      for (const [name, loss] of Object.entries(p.val_loss_by_source || {})) {  // a blend's sources
+        if (!S.valBy.has(name)) S.valBy.set(name, []);
+        push(S.valBy.get(name), p.step, loss);
+      }
       push(S.tok, p.step, p.tok_per_s);
       push(S.mfu, p.step, isNum(p.mfu) ? 100 * p.mfu : null);
       push(S.lr, p.step, p.lr);
@@ -570,6 +574,16 @@
     d[0].borderWidth = a > 0 ? 1 : 1.5;
     d[1].data = a > 0 ? ema(S.train, a) : [];
     d[2].data = S.val.slice();
+    // After them, one dashed series per blend source, in name order.
+    const sources = Array.from(S.valBy.keys()).sort();
+    d.length = 3 + sources.length;
+    sources.forEach((name, i) => {
+      if (!d[3 + i] || d[3 + i].label !== 'val ' + name) {
+        d[3 + i] = series('val ' + name, rankColor(i), {borderWidth: 1.5, borderDash: [5, 3], pointRadius: 2});
+      }
+      d[3 + i].data = S.valBy.get(name).slice();
+    });
+    document.body.dataset.valSources = sources.join(',');
     chart.options.scales.y.type = $('log-scale').checked ? 'logarithmic' : 'linear';
     chart.$eventLines = S.timeline.length ? S.events.map(e => ({
       x: stepAt(S, e.unix_ms), color: KIND_COLORS[e.kind] || KIND_COLORS.other, text: e.message,

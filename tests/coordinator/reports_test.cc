@@ -44,6 +44,14 @@ v1::ReportProgressRequest GoodProgress() {
 
 TEST(ReportsTest, ProgressWithinTheRulesPasses) {
   EXPECT_TRUE(ValidateProgress(GoodProgress(), kCtx).ok());
+  v1::ReportProgressRequest blend = GoodProgress();
+  for (int i = 0; i < 64; ++i) {
+    (*blend.mutable_val_loss_by_source())[std::to_string(i) +
+                                          std::string(62, 'w')] = 2.5;
+  }
+  (*blend.mutable_val_loss_by_source())["0" + std::string(62, 'w')] = 0;
+  EXPECT_TRUE(ValidateProgress(blend, kCtx).ok())
+      << ValidateProgress(blend, kCtx);
   v1::ReportProgressRequest zero = GoodProgress();
   zero.set_step(0);
   zero.set_rank(0);
@@ -72,6 +80,32 @@ TEST(ReportsTest, EachProgressFieldIsCheckedAndNamed) {
       {"tok_per_s", [](auto& r, double, double) { r.set_tok_per_s(-1); }},
       {"mfu", [](auto& r, double, double i) { r.set_mfu(-i); }},
       {"lr", [](auto& r, double n, double) { r.set_lr(n); }},
+      {"val_loss_by_source['web']",
+       [](auto& r, double n, double) {
+         (*r.mutable_val_loss_by_source())["web"] = n;
+       }},
+      {"val_loss_by_source['web']",
+       [](auto& r, double, double) {
+         (*r.mutable_val_loss_by_source())["web"] = -1;
+       }},
+      {"val_loss_by_source['']",
+       [](auto& r, double, double) {
+         (*r.mutable_val_loss_by_source())[""] = 1;
+       }},
+      {"val_loss_by_source['a?b']",
+       [](auto& r, double, double) {
+         (*r.mutable_val_loss_by_source())["a\nb"] = 1;
+       }},
+      {"val_loss_by_source[",
+       [](auto& r, double, double) {
+         (*r.mutable_val_loss_by_source())[std::string(65, 'x')] = 1;
+       }},
+      {"val_loss_by_source has 65 sources",
+       [](auto& r, double, double) {
+         for (int i = 0; i < 65; ++i) {
+           (*r.mutable_val_loss_by_source())["s" + std::to_string(i)] = 1;
+         }
+       }},
   };
   for (const Case& c : cases) {
     v1::ReportProgressRequest r = GoodProgress();
@@ -369,27 +403,37 @@ TEST(ReportsTest, RunLogLinesAreCheckedLikeReports) {
   auto eval = line(R"({"type":"eval","step":7,"val_loss":2.0})");
   ASSERT_TRUE(eval.has_value());
   EXPECT_EQ(eval->val_loss, 2.0);
+  auto blend = line(
+      R"({"type":"eval","step":7,"val_loss":2.0,"val_loss_by_source":{"web":1.5,"code":3.5}})");
+  ASSERT_TRUE(blend.has_value());
+  EXPECT_EQ(blend->val_loss_by_source,
+            (std::map<std::string, double>{{"web", 1.5}, {"code", 3.5}}));
   auto ckpt =
       line(R"({"type":"checkpoint","step":7,"dir":"/c/step-00000007"})");
   ASSERT_TRUE(ckpt.has_value());
   EXPECT_EQ(ckpt->dir, "/c/step-00000007");
-  for (const char* bad : {
-           "",
-           "{",
-           "[]",
-           "null",
-           R"({"type":"sample","step":1,"text":"x"})",
-           R"({"type":"step","loss":1})",                     // no step
-           R"({"type":"step","step":"7","loss":1})",          // step a string
-           R"({"type":"step","step":7.5,"loss":1})",          // not integral
-           R"({"type":"step","step":101,"loss":1})",          // past the end
-           R"({"type":"step","step":7,"loss":-1})",           // negative
-           R"({"type":"step","step":7,"loss":"x"})",          // not a number
-           R"({"type":"step","step":7,"loss":1e999})",        // infinite
-           R"({"type":"step","step":18446744073709551615})",  // wraps negative
-           R"({"type":"checkpoint","step":7,"dir":"/etc"})",
-           R"({"type":"checkpoint","step":7})",
-       }) {
+  for (
+      const char* bad : {
+          "",
+          "{",
+          "[]",
+          "null",
+          R"({"type":"sample","step":1,"text":"x"})",
+          R"({"type":"step","loss":1})",                     // no step
+          R"({"type":"step","step":"7","loss":1})",          // step a string
+          R"({"type":"step","step":7.5,"loss":1})",          // not integral
+          R"({"type":"step","step":101,"loss":1})",          // past the end
+          R"({"type":"step","step":7,"loss":-1})",           // negative
+          R"({"type":"step","step":7,"loss":"x"})",          // not a number
+          R"({"type":"step","step":7,"loss":1e999})",        // infinite
+          R"({"type":"step","step":18446744073709551615})",  // wraps negative
+          R"({"type":"checkpoint","step":7,"dir":"/etc"})",
+          R"({"type":"checkpoint","step":7})",
+          R"({"type":"eval","step":7,"val_loss":2,"val_loss_by_source":[1]})",
+          R"({"type":"eval","step":7,"val_loss":2,"val_loss_by_source":{"w":"x"}})",
+          R"({"type":"eval","step":7,"val_loss":2,"val_loss_by_source":{"w":-1}})",
+          R"({"type":"eval","step":7,"val_loss":2,"val_loss_by_source":{"":1}})",
+      }) {
     EXPECT_FALSE(line(bad).has_value()) << bad;
   }
 }

@@ -160,6 +160,31 @@ TEST_F(StoreTest, LossHistoryThinsEachSeriesEvenly) {
   EXPECT_EQ(stored, 0);
 }
 
+// A blend job's evaluation point keeps each source's loss by name; other
+// points have none, also those of a database from before the column (the
+// older-database test below).
+TEST_F(StoreTest, AnEvaluationKeepsEachSourcesLoss) {
+  auto store = Store::Open(TempDb());
+  ASSERT_TRUE(store.ok()) << store.status();
+  v1::LossPoint train, eval;
+  train.set_step(4);
+  train.set_loss(3.0);
+  eval.set_step(4);
+  eval.set_val_loss(2.5);
+  (*eval.mutable_val_loss_by_source())["web"] = 2.25;
+  (*eval.mutable_val_loss_by_source())["code \"x\""] = 3.25;
+  ASSERT_TRUE((*store)->AddLossPoint("job-0001", train).ok());
+  ASSERT_TRUE((*store)->AddLossPoint("job-0001", eval).ok());
+  auto h = (*store)->LossHistory("job-0001", 0);
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_EQ(h->size(), 2u);
+  EXPECT_TRUE((*h)[0].val_loss_by_source().empty());
+  const auto& by = (*h)[1].val_loss_by_source();
+  ASSERT_EQ(by.size(), 2u);
+  EXPECT_EQ(by.at("web"), 2.25);
+  EXPECT_EQ(by.at("code \"x\""), 3.25);
+}
+
 // What a restarted ptcoord asks before adding an attempt's logged points:
 // the newest training and evaluation step that attempt's reports stored.
 TEST_F(StoreTest, LastLossStepsArePerAttemptAndSeries) {
@@ -240,6 +265,7 @@ INSERT INTO loss_history (job_id, attempt, step, loss, val_loss) VALUES
   EXPECT_EQ((*all)[3].mfu(), 0.3);
   EXPECT_EQ((*all)[3].lr(), 1e-4);
   EXPECT_EQ((*all)[3].unix_ms(), 1234);
+  EXPECT_TRUE((*all)[1].val_loss_by_source().empty());
   int64_t since_third = 0;
   ASSERT_TRUE(
       (*store)->LossHistory("job-0001", 0, nullptr, 0, &since_third).ok());

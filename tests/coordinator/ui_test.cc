@@ -460,6 +460,28 @@ TEST_F(UiTest, EventKindsNameWhatHappened) {
   EXPECT_EQ(EventKind("rank 0 metrics at 127.0.0.1:9"), "other");
 }
 
+// A blend job's evaluation, as the rank reports it, reaches the page with
+// each source's loss; a training point has none.
+TEST_F(UiTest, ABlendsEvaluationPointCarriesEachSourcesLoss) {
+  const std::string id = RunningJob();
+  Progress(id, 5, 3.0);
+  v1::ReportProgressRequest r;
+  r.set_job_id(id);
+  r.set_attempt(1);
+  r.set_step(5);
+  r.set_is_eval(true);
+  r.set_val_loss(2.6);
+  (*r.mutable_val_loss_by_source())["web"] = 2.5;
+  (*r.mutable_val_loss_by_source())["code"] = 3.0;
+  ASSERT_TRUE(c_->ReportProgress(r).ok());
+  const json m = GetJson("/api/v1/jobs/" + id + "/metrics");
+  ASSERT_EQ(m["points"].size(), 2u) << m;
+  EXPECT_FALSE(m["points"][0].contains("val_loss_by_source")) << m;
+  EXPECT_EQ(m["points"][1]["val_loss"], 2.6);
+  EXPECT_EQ(m["points"][1]["val_loss_by_source"],
+            json({{"web", 2.5}, {"code", 3.0}}));
+}
+
 TEST_F(UiTest, MetricsAreThinnedThenContinueFromTheCursor) {
   const std::string id = RunningJob();
   for (int s = 1; s <= 30; ++s) Progress(id, s, 10.0 - s * 0.1);

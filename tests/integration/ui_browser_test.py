@@ -9,7 +9,8 @@ screenshot), its per-rank panel has one series per rank, its events list
 holds the restart; the nodes page shows the local host; signing out
 through a page's form (a POST, with the page's own Origin) clears the
 cookie; without the token every page and endpoint is 401 and shows no
-job. Then without a browser:
+job; a blend job's loss chart has a validation series per source. Then
+without a browser:
 with ptcoord's TLS the UI is HTTPS and its cookie Secure; --ui-listen off
 loopback without TLS, or on a port in use, is refused at start (exit 2,
 the reason named). The screenshots stay in ARTIFACTS (jobs.png, job.png,
@@ -25,6 +26,7 @@ import shutil
 import signal
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import tempfile
@@ -198,6 +200,13 @@ def check_tls_and_refusals(ptcoord, tmp, check):
         p.wait()
 
 
+def write_token_file(path, tokens):
+    """An llm.c token file of uint16 tokens (no tokenizer beside it)."""
+    header = [20240520, 1, len(tokens)] + [0] * 253
+    with open(path, "wb") as f:
+        f.write(struct.pack(f"<256i{len(tokens)}H", *header, *tokens))
+
+
 def drawn_pixels(image, rect, dpr):
     """Pixels unlike the background (the commonest colour) in the inner part
     of `rect` (CSS pixels), where the chart's lines are."""
@@ -274,11 +283,22 @@ def main():
 
         # A running job cancelled: once ended it shows its state alone, not
         # also "cancelling". It is a Mixture-of-Experts model: its page shows
-        # the expert load.
+        # the expert load; and it trains on a blend of two sources: its loss
+        # chart has a validation series per source.
+        blend = []
+        for k, name in enumerate(["web", "code"]):
+            tokens = [(7 * i + k) % 60 for i in range(2000)]
+            for split in ["train", "val"]:
+                write_token_file(f"{tmp}/ck/{name}_{split}.bin", tokens)
+            blend.append(f"{{train_bin: {tmp}/ck/{name}_train.bin, val_bin: "
+                         f"{tmp}/ck/{name}_val.bin, weight: {1 - k * 0.5}}}")
         cancelled = subprocess.run(
             [ptctl, "submit", os.path.join(src, "examples/shakespeare-char.yaml"),
              "--set", "train.steps=100000", "--set", "model.n_layer=2",
              "--set", "model.n_embd=32", "--set", "model.moe.experts=4",
+             "--set", "model.vocab_size=64", "--set", "data.path=''",
+             "--set", f"data.blend=[{', '.join(blend)}]",
+             "--set", "train.eval_every=5", "--set", "train.sample_tokens=0",
              "--set", f"checkpoint.dir={tmp}/ck"],
             env=cenv, capture_output=True, text=True,
             check=True).stdout.split()[0]
@@ -291,8 +311,17 @@ def main():
             status, body = http(f"{ui}api/v1/jobs/{j}", TOKEN)
             return json.loads(body).get("experts") if status == 200 else None
 
+        def sources_of(j):
+            status, body = http(f"{ui}api/v1/jobs/{j}/metrics", TOKEN)
+            if status != 200:
+                return None
+            return [p["val_loss_by_source"] for p in json.loads(body)["points"]
+                    if p.get("val_loss_by_source")]
+
         wait_for(lambda: state_of(cancelled) == "running", 60, "job 2 to run")
         wait_for(lambda: experts_of(cancelled), 60, "job 2's expert load")
+        wait_for(lambda: len(sources_of(cancelled) or []) >= 2, 60,
+                 "job 2's second evaluation")
         subprocess.run([ptctl, "cancel", cancelled], env=cenv, check=True,
                        capture_output=True)
         wait_for(lambda: state_of(cancelled) == "cancelled", 60,
@@ -379,6 +408,14 @@ def main():
         check("each layer's shares add up to 100%",
               shares and all(abs(x - 100) < 0.5 for x in shares), shares)
         browser.screenshot(f"{artifacts}/experts.png")
+        sources = browser.eval("document.body.dataset.valSources")
+        check("the blend job's loss chart has a validation series per source",
+              sources == "code,web", sources)
+        points = browser.eval(
+            "Chart.getChart('chart-loss').data.datasets.slice(3)"
+            ".map(d => d.data.length)")
+        check("each source's series holds the job's evaluations",
+              points and len(points) == 2 and min(points) >= 2, points)
         check("no script error on the MoE job's page", not browser.errors,
               browser.errors)
 

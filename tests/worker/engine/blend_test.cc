@@ -227,7 +227,7 @@ TEST(BlendSpec, ReadsAListOfSourcesAndWritesItBack) {
 TEST(BlendSpec, BadSourcesAreRefusedNamingTheFieldAndTheRule) {
   const std::string a = "train_bin: a_train.bin, val_bin: a_val.bin";
   const std::string b = "train_bin: b_train.bin, val_bin: b_val.bin";
-  const std::vector<std::pair<std::string, std::string>> cases = {
+  std::vector<std::pair<std::string, std::string>> cases = {
       {"  blend:\n    - {" + a + ", weight: -1}\n",
        "data.blend[0].weight=-1 must be a finite number >= 0"},
       {"  blend:\n    - {" + a + ", weight: 0}\n    - {" + b + ", weight: 0}\n",
@@ -249,7 +249,17 @@ TEST(BlendSpec, BadSourcesAreRefusedNamingTheFieldAndTheRule) {
       {"  blend:\n    - 3\n", "data.blend[0]: expected a map of fields"},
       {"  blend:\n    - {" + a + ", wieght: 1}\n",
        "data.blend[0].wieght: unknown key"},
+      {"  blend:\n    - {" + a + ", weight: 1, name: " + std::string(65, 'n') +
+           "}\n",
+       "data.blend[0]: the name 'nnn"},
+      {"  blend:\n    - {" + a + ", weight: 1, name: \"a\\tb\"}\n",
+       "must be at most 64 bytes without control characters"},
   };
+  std::string many = "  blend:\n";
+  for (int i = 0; i < 65; ++i) {
+    many += "    - {" + a + ", weight: 1, name: s" + std::to_string(i) + "}\n";
+  }
+  cases.push_back({many, "data.blend: 65 sources; at most 64"});
   for (const auto& [yaml, want] : cases) {
     auto spec = Parse(yaml);
     ASSERT_FALSE(spec.ok()) << yaml;
