@@ -106,13 +106,9 @@ void BlendSampler::Fill(int64_t b, int first, int count, int32_t* inputs,
                      starts.begin() - 1;
     const TokenStream& shard =
         data_->train[data_->blend[d.source].train_begin + k];
-    const size_t at = static_cast<size_t>(d.window - starts[k]) * T_;
-    int32_t* in = inputs + static_cast<int64_t>(i) * T_;
-    int32_t* out = targets + static_cast<int64_t>(i) * T_;
-    for (int t = 0; t < T_; ++t) {
-      in[t] = shard[at + t];
-      out[t] = shard[at + t + 1];
-    }
+    shard.CopyWindow(static_cast<size_t>(d.window - starts[k]) * T_, T_,
+                     inputs + static_cast<int64_t>(i) * T_,
+                     targets + static_cast<int64_t>(i) * T_);
   }
 }
 

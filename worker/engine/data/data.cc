@@ -107,22 +107,26 @@ absl::StatusOr<TokenHeader> CheckTokenHeader(absl::string_view head,
   return h;
 }
 
+// A token file is read at load in pieces of this many bytes.
+constexpr int64_t kReadPieceBytes = int64_t{32} << 20;
+
 // Ok when every token is below vocab_size, else the error naming the first
-// that is not.
+// that is not (tokens[i] is position base + i of the file).
 template <typename Token>
 absl::Status CheckTokensInVocabulary(const Token* tokens, int64_t count,
                                      int vocab_size, absl::string_view field,
-                                     absl::string_view path) {
-  // The first offender over all threads (a file can be gigabytes).
-  int64_t first = count;
-#pragma omp parallel for schedule(static) reduction(min : first)
-  for (int64_t i = 0; i < count; ++i) {
-    if (tokens[i] >= static_cast<uint32_t>(vocab_size) && i < first) first = i;
-  }
-  if (first == count) return absl::OkStatus();
+                                     absl::string_view path, int64_t base = 0) {
+  // The largest id, in vector registers (a corpus can be terabytes); only
+  // past the vocabulary is the first offender looked for.
+  Token most = 0;
+  for (int64_t i = 0; i < count; ++i)
+    most = tokens[i] > most ? tokens[i] : most;
+  if (most < static_cast<uint32_t>(vocab_size)) return absl::OkStatus();
+  int64_t first = 0;
+  while (tokens[first] < static_cast<uint32_t>(vocab_size)) ++first;
   return absl::InvalidArgumentError(absl::StrCat(
-      field, ": token ", tokens[first], " at position ", first, " of '", path,
-      "' is outside the model's vocabulary of ", vocab_size));
+      field, ": token ", tokens[first], " at position ", base + first, " of '",
+      path, "' is outside the model's vocabulary of ", vocab_size));
 }
 
 // A read of a mapped token file past its end (the file was truncated while
@@ -252,18 +256,20 @@ absl::StatusOr<std::vector<std::string>> TokenFiles(const std::string& field,
   return files;  // glob sorts them
 }
 
-// Every file `value` names, mapped and checked, in order.
+// Every file `value` names, mapped and checked, in order, each added to
+// `digest` as it is read.
 absl::StatusOr<TokenShards> ReadTokenFiles(const std::string& field,
                                            const std::string& value,
-                                           int vocab_size,
-                                           const ConfinedFs& fs) {
+                                           int vocab_size, const ConfinedFs& fs,
+                                           DataDigest* digest) {
   auto files = TokenFiles(field, value, fs);
   if (!files.ok()) return files.status();
   TokenShards shards;
   for (const std::string& path : *files) {
     auto fd = fs.Open(path, O_RDONLY, field);
     if (!fd.ok()) return fd.status();
-    auto stream = TokenStream::MapTokenFile(fd->get(), field, path, vocab_size);
+    auto stream =
+        TokenStream::MapTokenFile(fd->get(), field, path, vocab_size, digest);
     if (!stream.ok()) return stream.status();
     shards.push_back(std::move(*stream));
   }
@@ -279,21 +285,16 @@ int64_t LongestShard(const TokenShards& shards) {
   return most;
 }
 
-// XXH64 over each split's tokens, then its token count.
+// The digest of splits held in memory (data.path's).
 uint64_t TokenDigest(const TokenShards& train, const TokenShards& val) {
-  XXH64_state_t* state = XXH64_createState();
-  XXH64_reset(state, 0);
+  DataDigest digest;
   for (const TokenShards* split : {&train, &val}) {
-    uint64_t count = 0;
     for (const TokenStream& s : *split) {
-      XXH64_update(state, s.bytes(), s.size() * s.token_bytes());
-      count += s.size();
+      digest.Add(s.bytes(), s.size() * s.token_bytes());
     }
-    XXH64_update(state, &count, sizeof(count));
+    digest.EndSplit(TokenCount(*split));
   }
-  const uint64_t digest = XXH64_digest(state);
-  XXH64_freeState(state);
-  return digest;
+  return digest.value();
 }
 
 }  // namespace
@@ -351,6 +352,7 @@ TokenStream& TokenStream::operator=(TokenStream&& o) noexcept {
   o.guard_ = -1;
   size_ = o.size_;
   wide_ = o.wide_;
+  read_ = o.read_.load();
   // A moved vector keeps its storage: the pointers stay valid either way.
   data_ = map_ != nullptr || wide_ ? o.data_ : owned_.data();
   data32_ = map_ != nullptr || !wide_ ? o.data32_ : owned32_.data();
@@ -364,6 +366,29 @@ TokenStream& TokenStream::operator=(TokenStream&& o) noexcept {
 }
 
 TokenStream::~TokenStream() { Reset(); }
+
+void TokenStream::CopyWindow(size_t at, int T, int32_t* inputs,
+                             int32_t* targets) const {
+  const auto copy = [&](const auto* src) {
+    for (int t = 0; t < T; ++t) {
+      inputs[t] = src[t];
+      targets[t] = src[t + 1];
+    }
+  };
+  if (wide_) {
+    copy(data32_ + at);
+  } else {
+    copy(data_ + at);
+  }
+  if (map_ != nullptr) read_.store(true, std::memory_order_relaxed);
+}
+
+void TokenStream::ReleasePages() const {
+  if (map_ == nullptr || !read_.exchange(false)) return;
+  // Whatever the faults mapped: the windows' pages, the pages around them
+  // (fault-around) and whole large folios.
+  ::madvise(map_, map_bytes_, MADV_DONTNEED);
+}
 
 void TokenStream::Reset() {
   UnregisterMapping(guard_);
@@ -379,10 +404,24 @@ void TokenStream::Reset() {
   size_ = 0;
 }
 
+DataDigest::DataDigest() : state_(XXH64_createState()) {
+  XXH64_reset(state_, 0);
+}
+DataDigest::~DataDigest() { XXH64_freeState(state_); }
+void DataDigest::Add(const void* bytes, size_t n) {
+  XXH64_update(state_, bytes, n);
+}
+void DataDigest::EndSplit(int64_t tokens) {
+  const uint64_t count = static_cast<uint64_t>(tokens);
+  XXH64_update(state_, &count, sizeof(count));
+}
+uint64_t DataDigest::value() const { return XXH64_digest(state_); }
+
 absl::StatusOr<TokenStream> TokenStream::MapTokenFile(int fd,
                                                       absl::string_view field,
                                                       absl::string_view path,
-                                                      int vocab_size) {
+                                                      int vocab_size,
+                                                      DataDigest* digest) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     return absl::InternalError(absl::StrCat(field, ": cannot stat '", path,
@@ -409,21 +448,51 @@ absl::StatusOr<TokenStream> TokenStream::MapTokenFile(int fd,
     return absl::InternalError(absl::StrCat(field, ": cannot map '", path,
                                             "': ", std::strerror(errno)));
   }
+  // Windows are drawn at random places: a fault reads its own pages, not
+  // megabytes around them (read-around), which would also stay resident.
+  ::madvise(map, st.st_size, MADV_RANDOM);
   out.map_ = map;
   out.map_bytes_ = st.st_size;
   out.guard_ = RegisterMapping(static_cast<const char*>(map), st.st_size, path);
   // The body starts 1024 bytes into a page-aligned mapping: aligned.
   const char* body = static_cast<const char*>(map) + sizeof(head);
   out.size_ = h->count;
-  absl::Status s;
   if (out.wide_) {
     out.data32_ = reinterpret_cast<const uint32_t*>(body);
-    s = CheckTokensInVocabulary(out.data32_, h->count, vocab_size, field, path);
   } else {
     out.data_ = reinterpret_cast<const uint16_t*>(body);
-    s = CheckTokensInVocabulary(out.data_, h->count, vocab_size, field, path);
   }
-  if (!s.ok()) return s;
+  // Read once, in pieces, not through the mapping: the rank keeps none of
+  // the file resident (its pages stay in the page cache), whatever its
+  // size, and large reads go faster than a fault per page.
+  const int tb = h->token_bytes();
+  const int64_t piece = std::min<int64_t>(h->count, kReadPieceBytes / tb);
+  std::vector<char> buf(static_cast<size_t>(piece) * tb);
+  for (int64_t at = 0; at < h->count; at += piece) {
+    const int64_t n = std::min(piece, h->count - at);
+    const size_t bytes = static_cast<size_t>(n) * tb;
+    for (size_t got = 0; got < bytes;) {
+      const ssize_t r =
+          ::pread(fd, buf.data() + got, bytes - got,
+                  static_cast<off_t>(sizeof(head) + at * tb + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) {
+        return absl::DataLossError(absl::StrCat(
+            field, ": cannot read '", path, "' at token ", at, ": ",
+            r < 0 ? std::strerror(errno) : "the file is shorter than mapped"));
+      }
+      got += static_cast<size_t>(r);
+    }
+    const absl::Status s =
+        out.wide_ ? CheckTokensInVocabulary(
+                        reinterpret_cast<const uint32_t*>(buf.data()), n,
+                        vocab_size, field, path, at)
+                  : CheckTokensInVocabulary(
+                        reinterpret_cast<const uint16_t*>(buf.data()), n,
+                        vocab_size, field, path, at);
+    if (!s.ok()) return s;
+    if (digest != nullptr) digest->Add(buf.data(), bytes);
+  }
   return out;
 }
 
@@ -748,27 +817,35 @@ absl::StatusOr<TokenData> LoadBlend(const v1::DataSpec& spec,
             "them with the same --tokenizer"));
       }
     }
-    BlendPart part{name, spec.blend(i).weight() / total};
-    for (const bool train : {true, false}) {
-      const std::string field = at + (train ? ".train_bin" : ".val_bin");
-      auto shards = ReadTokenFiles(
-          field, train ? one.train_bin() : one.val_bin(), data.vocab_size, fs);
+    data.blend.push_back({name, spec.blend(i).weight() / total});
+  }
+  // Every source's train files, then every source's validation files: the
+  // order of the digest, which each file joins as it is read.
+  DataDigest digest;
+  for (const bool train : {true, false}) {
+    TokenShards& split = train ? data.train : data.val;
+    for (int i = 0; i < spec.blend_size(); ++i) {
+      BlendPart& part = data.blend[i];
+      const std::string field = absl::StrCat("data.blend[", i, "]",
+                                             train ? ".train_bin" : ".val_bin");
+      const v1::BlendSource& b = spec.blend(i);
+      auto shards = ReadTokenFiles(field, train ? b.train_bin() : b.val_bin(),
+                                   data.vocab_size, fs, &digest);
       if (!shards.ok()) return shards.status();
       const int64_t longest = LongestShard(*shards);
       if (longest < int64_t{block_size} + 1) {
         return absl::InvalidArgumentError(
-            absl::StrCat(field, " (", name, "): its longest file holds ",
+            absl::StrCat(field, " (", part.name, "): its longest file holds ",
                          longest, " tokens; model.block_size=", block_size,
                          " needs ", int64_t{block_size} + 1, " in one file"));
       }
-      TokenShards& split = train ? data.train : data.val;
       (train ? part.train_begin : part.val_begin) = split.size();
       for (TokenStream& stream : *shards) split.push_back(std::move(stream));
       (train ? part.train_end : part.val_end) = split.size();
     }
-    data.blend.push_back(std::move(part));
+    digest.EndSplit(TokenCount(split));
   }
-  data.digest = TokenDigest(data.train, data.val);
+  data.digest = digest.value();
   return data;
 }
 
@@ -822,16 +899,20 @@ absl::StatusOr<TokenData> LoadTokenData(const v1::DataSpec& spec,
     auto vocab = VocabSize(model_vocab_size, data.words.get(), kGpt2VocabSize);
     if (!vocab.ok()) return vocab.status();
     data.vocab_size = *vocab;
-    auto train =
-        ReadTokenFiles("data.train_bin", spec.train_bin(), data.vocab_size, fs);
+    DataDigest digest;
+    auto train = ReadTokenFiles("data.train_bin", spec.train_bin(),
+                                data.vocab_size, fs, &digest);
     if (!train.ok()) return train.status();
-    auto val =
-        ReadTokenFiles("data.val_bin", spec.val_bin(), data.vocab_size, fs);
+    digest.EndSplit(TokenCount(*train));
+    auto val = ReadTokenFiles("data.val_bin", spec.val_bin(), data.vocab_size,
+                              fs, &digest);
     if (!val.ok()) return val.status();
+    digest.EndSplit(TokenCount(*val));
     data.train = std::move(*train);
     data.val = std::move(*val);
+    data.digest = digest.value();
   }
-  data.digest = TokenDigest(data.train, data.val);
+  if (!spec.path().empty()) data.digest = TokenDigest(data.train, data.val);
   // A sequence and its shifted target lie in one shard.
   const int64_t need = int64_t{block_size} + 1;
   const int64_t train = LongestShard(data.train), val = LongestShard(data.val);
@@ -915,18 +996,9 @@ void BatchSampler::Fill(int64_t b, int first, int count, int32_t* inputs,
     // The shard k with starts_[k] <= start < starts_[k + 1].
     const size_t k = std::upper_bound(starts_.begin(), starts_.end(), start) -
                      starts_.begin() - 1;
-    const TokenStream& s = shards_[k];
-    const auto copy = [&](const auto* src) {
-      for (int t = 0; t < T_; ++t) {
-        inputs[static_cast<int64_t>(i) * T_ + t] = src[t];
-        targets[static_cast<int64_t>(i) * T_ + t] = src[t + 1];
-      }
-    };
-    if (s.wide()) {
-      copy(s.data32() + (start - starts_[k]));
-    } else {
-      copy(s.data() + (start - starts_[k]));
-    }
+    shards_[k].CopyWindow(start - starts_[k], T_,
+                          inputs + static_cast<int64_t>(i) * T_,
+                          targets + static_cast<int64_t>(i) * T_);
   }
 }
 

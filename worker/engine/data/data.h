@@ -7,6 +7,7 @@
 #ifndef PTRAIN_WORKER_ENGINE_DATA_DATA_H_
 #define PTRAIN_WORKER_ENGINE_DATA_DATA_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -20,6 +21,8 @@
 #include "common/confined_fs.h"
 #include "common/tokenizer.h"
 #include "ptrain/v1/job.pb.h"
+
+struct XXH64_state_s;  // xxhash.h's streaming state
 
 namespace ptrain {
 
@@ -78,6 +81,25 @@ void AppendChar(char32_t c, std::string* out);
 // the file, from a SIGBUS handler) and the job restarts from its last
 // checkpoint. Data tools write a new file and rename it, which a running
 // job does not see.
+// The digest of a job's tokens (TokenData::digest, which checkpoints
+// record): XXH64 over the training split's tokens as they lie in their
+// files, in order, then its token count (uint64), then the same of the
+// validation split.
+class DataDigest {
+ public:
+  DataDigest();
+  ~DataDigest();
+  DataDigest(const DataDigest&) = delete;
+  DataDigest& operator=(const DataDigest&) = delete;
+  void Add(const void* bytes, size_t n);
+  // The end of a split of `tokens` tokens.
+  void EndSplit(int64_t tokens);
+  uint64_t value() const;
+
+ private:
+  XXH64_state_s* state_;
+};
+
 class TokenStream {
  public:
   TokenStream() = default;
@@ -93,12 +115,15 @@ class TokenStream {
 
   // The llm.c token file open as `fd` (`field` and `path` name it in
   // errors): its header checked as ParseTokenFile checks it, its body
-  // mapped (version 1: narrow, version 2: wide), every token checked to be
-  // below vocab_size.
+  // mapped (version 1: narrow, version 2: wide) and read once, in pieces
+  // (not through the mapping, so that none of it stays resident: a corpus
+  // larger than memory loads), every token checked to be below vocab_size
+  // and, with `digest`, added to it.
   static absl::StatusOr<TokenStream> MapTokenFile(int fd,
                                                   absl::string_view field,
                                                   absl::string_view path,
-                                                  int vocab_size);
+                                                  int vocab_size,
+                                                  DataDigest* digest = nullptr);
 
   size_t size() const { return size_; }
   bool wide() const { return wide_; }
@@ -119,6 +144,16 @@ class TokenStream {
   size_t token_bytes() const { return wide_ ? 4 : 2; }
   bool mapped() const { return map_ != nullptr; }
 
+  // A sequence of T tokens from `at` (at + T < size()): inputs the tokens
+  // at..at+T-1, targets at+1..at+T, as int32.
+  void CopyWindow(size_t at, int T, int32_t* inputs, int32_t* targets) const;
+  // A mapped stream that CopyWindow read since the last call: its pages
+  // leave this process's resident memory (MADV_DONTNEED; they stay in the
+  // page cache, shared by the machine's ranks, and a later read faults
+  // them back in). The step feed calls it after each batch, so that a
+  // rank's resident memory does not grow with the corpus it has read.
+  void ReleasePages() const;
+
  private:
   void Reset();
 
@@ -131,6 +166,8 @@ class TokenStream {
   const uint32_t* data32_ = nullptr;
   bool wide_ = false;
   size_t size_ = 0;
+  // CopyWindow read it since ReleasePages (which a const stream may do).
+  mutable std::atomic<bool> read_{false};
 };
 
 // The tokens of a split: the runs of a text that belong to it, in order

@@ -64,6 +64,8 @@ std::vector<StepFeed::EpochBegun> StepFeed::FillStep(int64_t step) {
       Fill(*train_, batch, first, inputs, targets);
     }
   }
+  // What the batch read leaves resident memory (TokenStream::ReleasePages).
+  for (const TokenStream& shard : data_->train) shard.ReleasePages();
   std::vector<EpochBegun> begun;
   if (blend_ == nullptr) return begun;
   const std::vector<int64_t> after =
@@ -78,6 +80,7 @@ std::vector<StepFeed::EpochBegun> StepFeed::FillStep(int64_t step) {
 
 void StepFeed::FillEval(int source, int64_t batch, int first) {
   Fill(vals_[source], batch, first, inputs_.data(), targets_.data());
+  for (const TokenStream& shard : data_->val) shard.ReleasePages();
 }
 
 double StepFeed::ValLoss(const std::vector<double>& per_source) const {
