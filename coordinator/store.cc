@@ -465,12 +465,10 @@ absl::Status Store::AddLossPointLocked(const std::string& job_id,
          "tok_per_s, mfu, lr, unix_ms, val_loss_by_source) VALUES (?, ?, ?, "
          "?, ?, ?, ?, ?, ?, ?)");
   // Each source's loss as a JSON object ("" for none).
-  std::string by_source;
-  if (!p.val_loss_by_source().empty()) {
-    nlohmann::json j = nlohmann::json::object();
-    for (const auto& [name, loss] : p.val_loss_by_source()) j[name] = loss;
-    by_source = j.dump();
-  }
+  const std::string by_source =
+      p.val_loss_by_source().empty()
+          ? ""
+          : nlohmann::json(p.val_loss_by_source()).dump();
   q.Bind(1, job_id)
       .Bind(2, static_cast<int64_t>(p.attempt()))
       .Bind(3, p.step())

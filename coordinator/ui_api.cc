@@ -143,8 +143,7 @@ json PointJson(const v1::LossPoint& p) {
     j["loss"] = j["tok_per_s"] = j["mfu"] = j["lr"] = nullptr;
     // A blend's: each source's loss by name.
     if (!p.val_loss_by_source().empty()) {
-      json& by = j["val_loss_by_source"] = json::object();
-      for (const auto& [name, loss] : p.val_loss_by_source()) by[name] = loss;
+      j["val_loss_by_source"] = p.val_loss_by_source();
     }
   } else {
     j["val_loss"] = nullptr;

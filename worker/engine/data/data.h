@@ -73,14 +73,6 @@ class CharTokenizer : public Tokenizer {
 // as UTF-8.
 void AppendChar(char32_t c, std::string* out);
 
-// A read-only run of tokens: a vector of its own (text data), or the body
-// of an llm.c token file mapped read-only, whose pages the kernel shares
-// among every rank of the machine that maps the file and reads only where
-// batches are drawn. Rewriting a mapped file in place is undefined for the
-// run that maps it; truncating it ends the rank (exit 1, a message naming
-// the file, from a SIGBUS handler) and the job restarts from its last
-// checkpoint. Data tools write a new file and rename it, which a running
-// job does not see.
 // The digest of a job's tokens (TokenData::digest, which checkpoints
 // record): XXH64 over the training split's tokens as they lie in their
 // files, in order, then its token count (uint64), then the same of the
@@ -100,6 +92,14 @@ class DataDigest {
   XXH64_state_s* state_;
 };
 
+// A read-only run of tokens: a vector of its own (text data), or the body
+// of an llm.c token file mapped read-only, whose pages the kernel shares
+// among every rank of the machine that maps the file and reads only where
+// batches are drawn. Rewriting a mapped file in place is undefined for the
+// run that maps it; truncating it ends the rank (exit 1, a message naming
+// the file, from a SIGBUS handler) and the job restarts from its last
+// checkpoint. Data tools write a new file and rename it, which a running
+// job does not see.
 class TokenStream {
  public:
   TokenStream() = default;
