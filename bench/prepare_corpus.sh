@@ -9,20 +9,24 @@
 #   jsonl  the .jsonl file
 #   zst    the .jsonl file compressed with zstd (-3)
 #   gz     the .jsonl file compressed with gzip (-6)
-# Prints, for each, the whole command's seconds, MB of document text a
-# second (the same text in each) and its ratio to text's, and the peak
-# resident memory (ru_maxrss), and whether all four wrote the same shards
+# Prints, for each, the whole command's seconds (the fastest of ROUNDS,
+# default 3); MB of document text a second (the same text in each) and
+# its ratio to text's; MB of input a second, as the corpus ships before
+# compression (the .txt, or the JSON lines with their other fields: what
+# each form's reader goes through) and its ratio to text's; the peak
+# resident memory (ru_maxrss); and whether all four wrote the same shards
 # (they must: the same documents, end of text between them, give the same
 # tokens; the .txt holds the blank lines too, so only the JSON forms are
 # held to the bytes).
 #
-#   bench/prepare_corpus.sh [INPUT_MB] [THREADS]
+#   bench/prepare_corpus.sh [INPUT_MB] [THREADS] [ROUNDS]
 #   (ptworker built in build/, or $PTRAIN_BUILD; TMPDIR holds the corpus,
 #   its decoded copy and the shards: about 4 × INPUT_MB)
 set -eu
 cd "$(dirname "$0")/.."
 mb=${1:-200}
 threads=${2:-$(nproc)}
+rounds=${3:-3}
 bin=$(realpath "${PTRAIN_BUILD:-build}/worker/ptworker")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -62,37 +66,49 @@ print(sum(len(json.loads(l)['text'].encode()) for l in open(sys.argv[1], encodin
 echo "document text: $text_mb MB; .jsonl.zst $(($(stat -c %s "$tmp/c.jsonl.zst") / 1000000)) MB," \
   ".jsonl.gz $(($(stat -c %s "$tmp/c.jsonl.gz") / 1000000)) MB; $threads threads, $(nproc) cores"
 
-# measure NAME INPUT: one preparation; prints "NAME seconds MB/s peak_MiB".
-measure() {
-  python3 - "$bin" "$1" "$2" "$tmp" "$threads" "$text_mb" <<'PY'
-import resource, subprocess, sys, time
-bin, name, inp, tmp, threads, text_mb = sys.argv[1:7]
-start = time.monotonic()
-r = subprocess.run([bin, "prepare", "--tokenizer", "gpt2", "--input", inp,
-                    "--out", f"{tmp}/{name}/out", "--threads", threads,
-                    "--val-fraction", "0"],
-                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-seconds = time.monotonic() - start
-if r.returncode != 0:
-    sys.exit(f"{name}: exit {r.returncode}: {r.stderr}")
-peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-print(f"{name} {seconds:.2f} {float(text_mb) / seconds:.2f} {peak:.0f}")
+# Each form ROUNDS times, the forms taking turns (the machine's drift falls
+# on all alike); its fastest round counts.
+python3 - "$bin" "$tmp" "$threads" "$text_mb" "$rounds" <<'PY'
+import filecmp, os, shutil, subprocess, sys, time
+bin, tmp, threads, text_mb, rounds = sys.argv[1:6]
+text_mb, rounds = float(text_mb), int(rounds)
+forms = [("text", "c.txt"), ("jsonl", "c.jsonl"), ("zst", "c.jsonl.zst"),
+         ("gz", "c.jsonl.gz")]
+input_mb = {"c.txt": os.path.getsize(f"{tmp}/c.txt") / 1e6}
+for _, f in forms[1:]:
+    input_mb[f] = os.path.getsize(f"{tmp}/c.jsonl") / 1e6
+best, peak = {}, {}
+for _ in range(rounds):
+    for name, f in forms:
+        shutil.rmtree(f"{tmp}/{name}", ignore_errors=True)
+        os.mkdir(f"{tmp}/{name}")
+        start = time.monotonic()
+        p = subprocess.Popen([bin, "prepare", "--tokenizer", "gpt2", "--input",
+                              f"{tmp}/{f}", "--out", f"{tmp}/{name}/out",
+                              "--threads", threads, "--val-fraction", "0"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True)
+        err = p.stderr.read()
+        _, status, usage = os.wait4(p.pid, 0)
+        seconds = time.monotonic() - start
+        if status != 0:
+            sys.exit(f"{name}: exit status {status}: {err}")
+        best[name] = min(best.get(name, seconds), seconds)
+        peak[name] = max(peak.get(name, 0), usage.ru_maxrss / 1024)
+print(f"{'form':6} {'seconds':>8} {'text MB/s':>10} {'x text':>7} "
+      f"{'input MB/s':>11} {'x text':>7} {'peak MiB':>9}")
+base = input_base = None
+for name, f in forms:
+    t = best[name]
+    rate, in_rate = text_mb / t, input_mb[f] / t
+    base = base or rate
+    input_base = input_base or in_rate
+    print(f"{name:6} {t:8.2f} {rate:10.2f} {rate / base:7.2f} "
+          f"{in_rate:11.2f} {in_rate / input_base:7.2f} {peak[name]:9.0f}")
+shards = [b for b in sorted(os.listdir(f"{tmp}/jsonl/out"))
+          if b.startswith("out_train_")]
+same = all(filecmp.cmp(f"{tmp}/jsonl/out/{b}", f"{tmp}/{name}/out/{b}",
+                       shallow=False)
+           for name in ("zst", "gz") for b in shards)
+print(f"the JSON forms wrote the same shards: {'yes' if same else 'no'}")
 PY
-}
-
-printf '%-6s %9s %9s %8s %10s\n' form seconds "MB/s" "x text" "peak MiB"
-base=""
-for form in text:c.txt jsonl:c.jsonl zst:c.jsonl.zst gz:c.jsonl.gz; do
-  name=${form%%:*}
-  mkdir "$tmp/$name"
-  set -- $(measure "$name" "$tmp/${form#*:}")
-  [ -n "$base" ] || base=$3
-  printf '%-6s %9s %9s %8.2f %10s\n' "$1" "$2" "$3" "$(awk "BEGIN{print $3 / $base}")" "$4"
-done
-same=yes
-for name in zst gz; do
-  for f in "$tmp/jsonl/out"/out_train_*.bin; do
-    cmp -s "$f" "$tmp/$name/out/$(basename "$f")" || same=no
-  done
-done
-echo "the JSON forms wrote the same shards: $same"

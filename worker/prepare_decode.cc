@@ -12,8 +12,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -230,12 +234,20 @@ class DecodedFile {
     buf_.clear();
     return s;
   }
+  // Writes `bytes` and starts their writeback, so that Finish's sync has
+  // little left to wait for.
   absl::Status WriteAll(std::string_view bytes) {
+    const off_t from = written_;
     while (!bytes.empty()) {
       const ssize_t w = ::write(fd_.get(), bytes.data(), bytes.size());
       if (w < 0 && errno == EINTR) continue;
       if (w < 0) return Errno("write", tmp_);
       bytes.remove_prefix(static_cast<size_t>(w));
+      written_ += w;
+    }
+    if (written_ > from) {
+      (void)::sync_file_range(fd_.get(), from, written_ - from,
+                              SYNC_FILE_RANGE_WRITE);
     }
     return absl::OkStatus();
   }
@@ -245,6 +257,7 @@ class DecodedFile {
   UniqueFd fd_;
   std::string buf_;
   int64_t size_ = 0;
+  off_t written_ = 0;
   bool finished_ = false;
 };
 
@@ -259,108 +272,247 @@ std::string DecodedName(const InputFile& in, const InputKind& kind,
   return Hex64(XXH64(key.data(), key.size(), 0)) + ".txt";
 }
 
-// JSON lines: each line's field, NUL between documents.
-absl::Status DecodeJsonLines(ByteSource& src, const InputFile& in,
-                             const PrepareFlags& f, DecodedFile& out,
-                             DecodeCounts* counts) {
-  JsonField field(f.field);
-  std::string buf;
-  size_t pos = 0;    // where the unread part of buf starts
-  int64_t line = 0;  // the number of the line at pos
-  bool eof = false;
-  bool skipping = false;  // the rest of a line too long to hold
-  std::vector<char> block(kBlock);
-  const auto bad = [&](int64_t number, const std::string& why) {
-    if (!f.skip_bad_lines) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--input ", in.path, ":", number, ": ", why,
-          " (--skip-bad-lines leaves such lines out and counts them)"));
-    }
-    if (counts->bad_lines++ == 0) {
-      counts->first_bad = number;
-      counts->first_why = why;
-    }
-    return absl::OkStatus();
-  };
-  for (;;) {
-    const char* nl = static_cast<const char*>(
-        std::memchr(buf.data() + pos, '\n', buf.size() - pos));
-    if (nl == nullptr && !eof) {
-      if (static_cast<int64_t>(buf.size() - pos) > kPrepareMaxJsonLineBytes) {
-        if (!skipping) {
-          if (absl::Status s = bad(
-                  line + 1, absl::StrCat("a line longer than ",
-                                         kPrepareMaxJsonLineBytes >> 20,
-                                         " MiB (the most one line may hold)"));
-              !s.ok()) {
-            return s;
-          }
-          skipping = true;
-        }
-        buf.clear();
-        pos = 0;
-      }
-      buf.erase(0, pos);
-      pos = 0;
-      auto n = src.Read(block.data(), block.size());
-      if (!n.ok()) return n.status();
-      if (*n == 0) {
-        eof = true;
-      } else {
-        buf.append(block.data(), *n);
-      }
-      continue;
-    }
-    const size_t end =
-        nl != nullptr ? static_cast<size_t>(nl - buf.data()) : buf.size();
-    if (pos == end && nl == nullptr) break;  // the end, after a '\n'
-    ++line;
-    std::string_view text(buf.data() + pos, end - pos);
-    pos = end + (nl != nullptr ? 1 : 0);
-    if (skipping) {
-      skipping = false;
-      continue;
-    }
-    if (absl::StripAsciiWhitespace(absl::string_view(text.data(), text.size()))
+// "N MiB" or "N bytes".
+std::string SizeText(int64_t bytes) {
+  return bytes % (int64_t{1} << 20) == 0 ? absl::StrCat(bytes >> 20, " MiB")
+                                         : absl::StrCat(bytes, " bytes");
+}
+
+std::string TooLong(int64_t max) {
+  return absl::StrCat("a line longer than ", SizeText(max),
+                      " (the most one line may hold)");
+}
+
+// A run of whole lines of one JSON-lines input (the last may lack its
+// '\n' at the input's end), or one line too long to hold; decoded on any
+// thread, then committed in input order.
+struct Piece {
+  std::string lines;
+  bool too_long = false;  // stands for one line longer than the limit
+  // What decoding found; line numbers count from the piece's first.
+  std::string text;  // its documents, NUL between
+  int64_t line_count = 0;
+  int64_t documents = 0, empty = 0, nuls = 0, bad = 0;
+  int64_t first_bad = 0;
+  std::string first_why;
+};
+
+// Each line of `p` through `field`. Without --skip-bad-lines it stops at
+// the first bad line: that one is refused.
+void DecodePiece(Piece& p, JsonField& field, const DecodeLimits& limits,
+                 bool skip_bad_lines) {
+  if (p.too_long) {
+    p.line_count = p.bad = p.first_bad = 1;
+    p.first_why = TooLong(limits.max_line_bytes);
+    return;
+  }
+  std::string_view rest = p.lines;
+  while (!rest.empty()) {
+    const size_t nl = rest.find('\n');
+    const std::string_view line = rest.substr(0, nl);
+    rest.remove_prefix(nl == std::string_view::npos ? rest.size() : nl + 1);
+    ++p.line_count;
+    if (absl::StripAsciiWhitespace(absl::string_view(line.data(), line.size()))
             .empty()) {
       continue;
     }
-    if (static_cast<int64_t>(text.size()) > kPrepareMaxJsonLineBytes) {
-      if (absl::Status s =
-              bad(line, absl::StrCat("a line longer than ",
-                                     kPrepareMaxJsonLineBytes >> 20,
-                                     " MiB (the most one line may hold)"));
-          !s.ok()) {
-        return s;
-      }
-      continue;
-    }
-    auto doc = field.Text(text, &counts->nuls);
-    if (!doc.ok()) {
-      if (absl::Status s = bad(line, std::string(doc.status().message()));
-          !s.ok()) {
-        return s;
-      }
-      continue;
-    }
-    if (doc->empty()) {
-      ++counts->empty;
-      continue;
-    }
-    if (counts->documents > 0) {
-      if (absl::Status s = out.Append(std::string_view("\0", 1)); !s.ok()) {
-        return s;
+    std::string why;
+    if (static_cast<int64_t>(line.size()) > limits.max_line_bytes) {
+      why = TooLong(limits.max_line_bytes);
+    } else {
+      const size_t before = p.text.size();
+      if (p.documents > 0) p.text.push_back('\0');
+      const size_t start = p.text.size();
+      if (absl::Status s = field.AppendText(line, &p.text, &p.nuls); !s.ok()) {
+        p.text.resize(before);
+        why = std::string(s.message());
+      } else if (p.text.size() == start) {
+        p.text.resize(before);
+        ++p.empty;
+        continue;
+      } else {
+        ++p.documents;
+        continue;
       }
     }
-    if (absl::Status s = out.Append(*doc); !s.ok()) return s;
-    ++counts->documents;
-    if (nl == nullptr) break;
+    if (p.bad++ == 0) {
+      p.first_bad = p.line_count;
+      p.first_why = std::move(why);
+    }
+    if (!skip_bad_lines) return;
   }
+}
+
+// Cuts what `src` reads into pieces of about `limits.piece_bytes` of
+// whole lines, in order, to `emit`, which says false to stop. A line
+// longer than the limit goes as a piece of its own, `too_long`, its bytes
+// dropped as they come.
+absl::Status CutPieces(ByteSource& src, const DecodeLimits& limits,
+                       const std::function<bool(Piece)>& emit) {
+  const size_t piece =
+      static_cast<size_t>(std::max<int64_t>(1, limits.piece_bytes));
+  const size_t max_line = static_cast<size_t>(limits.max_line_bytes);
+  std::vector<char> block(std::min(kBlock, piece));
+  std::string cur;
+  size_t tail = 0;        // where cur's unfinished line starts
+  bool skipping = false;  // the rest of a line too long to hold
+  // The piece takes cur's buffer; cur keeps what follows its first n
+  // bytes (part of a line), and room for a piece more.
+  const auto cut = [&](size_t n) {
+    Piece p;
+    p.lines = std::move(cur);
+    cur.clear();
+    cur.reserve(piece + block.size());
+    cur.append(p.lines, n);
+    p.lines.resize(n);
+    p.lines.reserve(n + kJsonLinePadding);
+    tail -= n;
+    return emit(std::move(p));
+  };
+  for (;;) {
+    auto n = src.Read(block.data(), block.size());
+    if (!n.ok()) return n.status();
+    if (*n == 0) break;
+    std::string_view got(block.data(), *n);
+    if (skipping) {
+      const size_t nl = got.find('\n');
+      if (nl == std::string_view::npos) continue;
+      got.remove_prefix(nl + 1);
+      skipping = false;
+    }
+    const size_t old = cur.size();
+    cur.append(got);
+    if (const void* nl = ::memrchr(cur.data() + old, '\n', got.size())) {
+      tail = static_cast<size_t>(static_cast<const char*>(nl) - cur.data()) + 1;
+    }
+    if (cur.size() - tail > max_line) {
+      if (tail > 0 && !cut(tail)) return absl::OkStatus();
+      Piece p;
+      p.too_long = true;
+      if (!emit(std::move(p))) return absl::OkStatus();
+      cur.clear();
+      tail = 0;
+      skipping = true;
+    } else if (cur.size() >= piece && tail > 0) {
+      if (!cut(tail)) return absl::OkStatus();
+    }
+  }
+  if (!cur.empty()) (void)cut(cur.size());
   return absl::OkStatus();
 }
 
+// Writes decoded pieces to the decoded file in input order, numbering
+// lines across them.
+class PieceWriter {
+ public:
+  PieceWriter(const InputFile& in, const PrepareFlags& f, DecodedFile& out,
+              DecodeCounts* counts)
+      : in_(in), f_(f), out_(out), counts_(counts) {}
+
+  absl::Status Commit(const Piece& p) {
+    if (p.bad > 0) {
+      const int64_t number = lines_ + p.first_bad;
+      if (!f_.skip_bad_lines) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--input ", in_.path, ":", number, ": ", p.first_why,
+            " (--skip-bad-lines leaves such lines out and counts them)"));
+      }
+      if (counts_->bad_lines == 0) {
+        counts_->first_bad = number;
+        counts_->first_why = p.first_why;
+      }
+      counts_->bad_lines += p.bad;
+    }
+    counts_->empty += p.empty;
+    counts_->nuls += p.nuls;
+    lines_ += p.line_count;
+    if (p.documents == 0) return absl::OkStatus();
+    if (counts_->documents > 0) {
+      if (absl::Status s = out_.Append(std::string_view("\0", 1)); !s.ok()) {
+        return s;
+      }
+    }
+    counts_->documents += p.documents;
+    return out_.Append(p.text);
+  }
+
+ private:
+  const InputFile& in_;
+  const PrepareFlags& f_;
+  DecodedFile& out_;
+  DecodeCounts* counts_;
+  int64_t lines_ = 0;  // lines committed
+};
+
+// JSON lines: each line's field, NUL between documents. One thread cuts
+// the input into pieces; `threads` decode them, at most two each in
+// flight, and the one that completes the next in order writes it.
+absl::Status DecodeJsonLines(ByteSource& src, const InputFile& in,
+                             const PrepareFlags& f, int threads,
+                             const DecodeLimits& limits, DecodedFile& out,
+                             DecodeCounts* counts) {
+  PieceWriter writer(in, f, out, counts);
+  if (threads <= 1) {
+    JsonField field(f.field);
+    absl::Status failed;
+    absl::Status read = CutPieces(src, limits, [&](Piece p) {
+      DecodePiece(p, field, limits, f.skip_bad_lines);
+      failed = writer.Commit(p);
+      return failed.ok();
+    });
+    return failed.ok() ? read : failed;
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::pair<int64_t, Piece>> todo;  // cut, to decode
+  std::map<int64_t, Piece> done;               // decoded, awaiting their turn
+  int64_t cut = 0, written = 0;
+  bool finished = false;  // nothing more will be cut
+  absl::Status failed;
+  const int64_t most = 2 * static_cast<int64_t>(threads);
+  const auto work = [&] {
+    JsonField field(f.field);
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return !todo.empty() || finished || !failed.ok(); });
+      if (!failed.ok() || todo.empty()) return;
+      auto [k, p] = std::move(todo.front());
+      todo.pop_front();
+      lock.unlock();
+      DecodePiece(p, field, limits, f.skip_bad_lines);
+      lock.lock();
+      done.emplace(k, std::move(p));
+      while (failed.ok() && !done.empty() && done.begin()->first == written) {
+        failed = writer.Commit(done.begin()->second);
+        done.erase(done.begin());
+        ++written;
+      }
+      cv.notify_all();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(work);
+  absl::Status read = CutPieces(src, limits, [&](Piece p) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return cut - written < most || !failed.ok(); });
+    if (!failed.ok()) return false;
+    todo.emplace_back(cut++, std::move(p));
+    cv.notify_all();
+    return true;
+  });
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    finished = true;
+  }
+  cv.notify_all();
+  for (std::thread& t : pool) t.join();
+  // A bad line comes before where the input failed to read.
+  return failed.ok() ? read : failed;
+}
+
 absl::StatusOr<InputFile> DecodeOne(const InputFile& in, const PrepareFlags& f,
-                                    const std::string& dir,
+                                    const std::string& dir, int threads,
+                                    const DecodeLimits& limits,
                                     const ConfinedFs& fs,
                                     DecodeCounts* counts) {
   const InputKind kind = KindOf(in.path);
@@ -390,7 +542,9 @@ absl::StatusOr<InputFile> DecodeOne(const InputFile& in, const PrepareFlags& f,
   DecodedFile out(fs, absl::StrCat(name, ".", ::getpid(), ".tmp"), name);
   if (absl::Status s = out.Open(); !s.ok()) return s;
   if (kind.json_lines) {
-    if (absl::Status s = DecodeJsonLines(*src, in, f, out, counts); !s.ok()) {
+    if (absl::Status s =
+            DecodeJsonLines(*src, in, f, threads, limits, out, counts);
+        !s.ok()) {
       return s;
     }
   } else {
@@ -449,6 +603,8 @@ std::unique_ptr<ByteSource> OpenByteSource(UniqueFd fd, Codec codec,
   return std::make_unique<PlainSource>(std::move(file));
 }
 
+static_assert(kJsonLinePadding >= simdjson::SIMDJSON_PADDING);
+
 struct JsonField::Parser {
   simdjson::dom::parser dom;
 };
@@ -458,11 +614,11 @@ JsonField::JsonField(const std::string& field)
 
 JsonField::~JsonField() = default;
 
-absl::StatusOr<std::string> JsonField::Text(std::string_view line,
-                                            int64_t* nuls) {
+absl::Status JsonField::AppendText(std::string_view line, std::string* out,
+                                   int64_t* nuls) {
   simdjson::dom::element at;
   if (simdjson::error_code e =
-          parser_->dom.parse(line.data(), line.size()).get(at);
+          parser_->dom.parse(line.data(), line.size(), false).get(at);
       e != simdjson::SUCCESS) {
     return Bad("not JSON (", simdjson::error_message(e), ")");
   }
@@ -503,22 +659,25 @@ absl::StatusOr<std::string> JsonField::Text(std::string_view line,
     }
     return Bad("field ", walked, " is not a string but ", type);
   }
-  std::string text;
-  text.reserve(value.size());
+  if (std::memchr(value.data(), '\0', value.size()) == nullptr) {
+    out->append(value);
+    return absl::OkStatus();
+  }
   for (char c : value) {
     if (c == '\0') {
       ++*nuls;
     } else {
-      text.push_back(c);
+      out->push_back(c);
     }
   }
-  return text;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<InputFile>> DecodeInputs(
     const std::vector<InputFile>& inputs, const PrepareFlags& f,
     const std::string& dir, int threads, const ConfinedFs& fs,
-    const std::function<void(const std::string&)>& warn) {
+    const std::function<void(const std::string&)>& warn,
+    const DecodeLimits& limits) {
   std::vector<size_t> todo;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (KindOf(inputs[i].path).decoded()) todo.push_back(i);
@@ -540,12 +699,14 @@ absl::StatusOr<std::vector<InputFile>> DecodeInputs(
                                              absl::UnknownError("not run"));
   std::vector<DecodeCounts> counts(todo.size());
   std::atomic<size_t> next{0};
+  // Files side by side, each on its share of the threads.
+  const int n = std::max(1, std::min(threads, static_cast<int>(todo.size())));
+  const int each = std::max(1, threads / n);
   const auto work = [&] {
     for (size_t k; (k = next.fetch_add(1)) < todo.size();) {
-      got[k] = DecodeOne(inputs[todo[k]], f, dir, fs, &counts[k]);
+      got[k] = DecodeOne(inputs[todo[k]], f, dir, each, limits, fs, &counts[k]);
     }
   };
-  const int n = std::max(1, std::min(threads, static_cast<int>(todo.size())));
   std::vector<std::thread> pool;
   for (int t = 1; t < n; ++t) pool.emplace_back(work);
   work();

@@ -31,6 +31,17 @@ namespace ptrain::prepare_internal {
 // --skip-bad-lines): decoding holds one line and its parse at a time.
 inline constexpr int64_t kPrepareMaxJsonLineBytes = int64_t{64} << 20;
 
+// JSON lines are decoded in pieces of about this many bytes of whole
+// lines, on several threads, and written in input order: the decoded file
+// is the same whatever the threads and the piece size.
+inline constexpr int64_t kDecodePieceBytes = int64_t{4} << 20;
+
+// The sizes above; tests make them small.
+struct DecodeLimits {
+  int64_t piece_bytes = kDecodePieceBytes;
+  int64_t max_line_bytes = kPrepareMaxJsonLineBytes;
+};
+
 enum class Codec { kNone, kGzip, kZstd };
 
 // What an input holds, by its name's ending: .gz or .zst compressed;
@@ -60,6 +71,8 @@ class ByteSource {
 std::unique_ptr<ByteSource> OpenByteSource(UniqueFd fd, Codec codec,
                                            std::string name);
 
+inline constexpr size_t kJsonLinePadding = 64;
+
 // The text of one field of JSON lines, line by line: `field` is "text",
 // or a dotted path into nested objects ("meta.body"). Parsed with
 // simdjson, the whole line checked (UTF-8 included). Not thread-safe: one
@@ -68,10 +81,13 @@ class JsonField {
  public:
   explicit JsonField(const std::string& field);
   ~JsonField();
-  // The field's text in `line`; InvalidArgument saying why not (not JSON,
-  // no such field, not a string). NUL characters are left out and counted
-  // in `nuls`.
-  absl::StatusOr<std::string> Text(std::string_view line, int64_t* nuls);
+  // Appends the field's text in `line` to `out`; InvalidArgument saying
+  // why not (not JSON, no such field, not a string), `out` unchanged. NUL
+  // characters are left out and counted in `nuls`. The kJsonLinePadding
+  // bytes past `line`'s end must be readable, whatever they hold (the
+  // parser reads ahead in blocks): the rest of a buffer, or its capacity.
+  absl::Status AppendText(std::string_view line, std::string* out,
+                          int64_t* nuls);
 
  private:
   struct Parser;
@@ -90,19 +106,21 @@ struct DecodeCounts {
 };
 
 // Decodes the inputs that need it (KindOf) into `dir` (made if missing)
-// on up to `threads` threads, one file each; a file already there under
-// its name (a digest of the input's path, size, mtime and the flags that
-// change its text) is reused. Returns the inputs as the plan reads them:
-// text files as they are, the others' decoded files (their `documents`
-// set for JSON lines, `shown` the input's name). Bad input (a bad line
-// without --skip-bad-lines, a corrupt or truncated stream, a line too
+// on up to `threads` threads: files side by side, and the pieces of a
+// file's JSON lines (`limits`) when there are fewer files than threads.
+// A file already there under its name (a digest of the input's path, size,
+// mtime and the flags that change its text) is reused. Returns the inputs as
+// the plan reads them: text files as they are, the others' decoded files (their
+// `documents` set for JSON lines, `shown` the input's name). Bad input (a bad
+// line without --skip-bad-lines, a corrupt or truncated stream, a line too
 // long) is InvalidArgument naming the file and line; the first in input
 // order is returned whatever the threads did. `warn` gets one line a file
 // for what was skipped or left out.
 absl::StatusOr<std::vector<InputFile>> DecodeInputs(
     const std::vector<InputFile>& inputs, const PrepareFlags& f,
     const std::string& dir, int threads, const ConfinedFs& fs,
-    const std::function<void(const std::string&)>& warn);
+    const std::function<void(const std::string&)>& warn,
+    const DecodeLimits& limits = {});
 
 }  // namespace ptrain::prepare_internal
 

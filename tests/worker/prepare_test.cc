@@ -28,12 +28,14 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/byte_level.h"
 #include "common/confined_fs.h"
 #include "common/tokenizer.h"
 #include "common/utf8.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/data/data.h"
+#include "worker/prepare_decode.h"
 #include "worker/prepare_plan.h"
 
 namespace ptrain {
@@ -1341,6 +1343,95 @@ TEST_F(PrepareTest, AFolderGivesItsCorpusFilesInOrder) {
   fs::remove(dir_ / "corpus" / "c.txt");
   f.out = (dir_ / "none").string();
   ExpectRefused(f, "none", {"a folder with no .txt, .jsonl or .json file"});
+}
+
+// JSON lines decode to the same text whatever the pieces they are cut in
+// and the threads that decode them: documents in order, NUL between;
+// bad lines counted, and the first named by its line in the whole file.
+TEST_F(PrepareTest, JsonLinesDecodeAlikeInAnyPiecesOnAnyThreads) {
+  using prepare_internal::DecodeInputs;
+  using prepare_internal::DecodeLimits;
+  constexpr int64_t kMaxLine = 200;
+  const std::string s = Shakespeare(6000);
+  std::string lines;
+  std::string want;  // the decoded text
+  int64_t line = 0, documents = 0, first_bad = 0, bad = 0;
+  const auto good = [&](const std::string& text) {
+    lines += nlohmann::json({{"text", text}}).dump() + "\n";
+    ++line;
+    if (documents++ > 0) want.push_back('\0');
+    want += text;
+  };
+  const auto refused = [&](const std::string& raw) {
+    lines += raw + "\n";
+    if (++bad == 1) first_bad = line + 1;
+    ++line;
+  };
+  for (int i = 0; i < 40; ++i) {
+    good(s.substr(i * 101 % 5000, i % 7 * 13 + 1));
+    if (i == 9) refused(std::string(kMaxLine + 1, 'x'));  // too long
+    if (i == 17) refused("{\"text\": \"cut");
+    if (i == 23) {
+      lines += "  \t\r\n";  // whitespace: no document, not bad
+      ++line;
+      lines += "{\"text\": \"\"}\n";  // empty: left out, counted apart
+      ++line;
+    }
+    if (i == 31) {
+      // A line too long whose bytes come in several reads and pieces.
+      refused("{\"text\": \"" + std::string(3 * kMaxLine, 'y') + "\"}");
+    }
+  }
+  good("the last line, without its end");
+  lines.pop_back();
+  WriteAll(dir_ / "corpus" / "a.jsonl", lines);
+  WriteZstd(dir_ / "corpus" / "b.jsonl.zst", lines);
+  const std::string where = absl::StrCat(":", first_bad,
+                                         ": a line longer "
+                                         "than ",
+                                         kMaxLine, " bytes");
+  for (const char* name : {"a.jsonl", "b.jsonl.zst"}) {
+    auto inputs = prepare_internal::ResolveInputs(
+        {(dir_ / "corpus" / name).string()}, {});
+    ASSERT_TRUE(inputs.ok()) << inputs.status();
+    for (int64_t piece : {1, 5, 64, 300, 4096, 1 << 20}) {
+      for (int threads : {1, 2, 3}) {
+        SCOPED_TRACE(
+            absl::StrCat(name, " piece ", piece, " threads ", threads));
+        const std::string dir =
+            (dir_ / absl::StrCat("d", piece, "_", threads)).string();
+        PrepareFlags f = Flags("out");
+        f.skip_bad_lines = true;
+        std::vector<std::string> warned;
+        const auto warn = [&](const std::string& w) { warned.push_back(w); };
+        const DecodeLimits limits{piece, kMaxLine};
+        auto got = DecodeInputs(*inputs, f, dir, threads, {}, warn, limits);
+        ASSERT_TRUE(got.ok()) << got.status();
+        ASSERT_EQ(got->size(), 1u);
+        EXPECT_TRUE((*got)[0].documents);
+        EXPECT_EQ(ReadAll((*got)[0].path), want);
+        const std::string& path = (*inputs)[0].path;
+        EXPECT_EQ(
+            warned,
+            std::vector<std::string>(
+                {absl::StrCat(path, ": ", bad,
+                              " bad lines left out (--skip-bad-lines); "
+                              "the first, line ",
+                              first_bad, where.substr(where.find(':', 1)),
+                              " (the most one line may hold)"),
+                 absl::StrCat(path, ": 1 document with empty text left out")}));
+        fs::remove_all(dir);
+        // Without --skip-bad-lines, the first bad line is refused.
+        f.skip_bad_lines = false;
+        got = DecodeInputs(*inputs, f, dir, threads, {}, warn, limits);
+        ASSERT_FALSE(got.ok());
+        EXPECT_NE(got.status().message().find(std::string(name) + where),
+                  std::string_view::npos)
+            << got.status();
+        fs::remove_all(dir);
+      }
+    }
+  }
 }
 
 TEST_F(PrepareTest, JsonLinesWithoutTextAreRefused) {
